@@ -1,0 +1,46 @@
+# kvxfer build. `make test` installs what it needs (Debian packages) first.
+SHELL := /bin/bash
+GO ?= go
+DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler
+BENCHTIME ?= 1x
+PKGS ?= ./...
+
+.PHONY: all deps build test check fmt vet staticcheck bench demo
+
+all: build
+
+## deps: install the Debian packages the project needs, when missing.
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: all present"; fi
+
+build: deps
+	$(GO) build $(PKGS)
+	$(GO) build -o bin/kvxfer ./cmd/kvxfer
+
+## test: the README's test command.
+test: deps
+	$(GO) test -race -count=1 $(PKGS)
+
+fmt:
+	@out=$$(gofmt -l . ); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+staticcheck:
+	$(GO) tool staticcheck $(PKGS)
+
+## check: gofmt, vet, staticcheck, then the tests.
+check: deps fmt vet staticcheck test
+
+## bench: every testing.B benchmark once per size (BENCHTIME=1s for real figures).
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)

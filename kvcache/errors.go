@@ -1,0 +1,20 @@
+package kvcache
+
+import "errors"
+
+// Sentinel errors. Each is wrapped with the offending field and value.
+var (
+	ErrBadLayout        = errors.New("kvcache: bad layout")
+	ErrBadRegion        = errors.New("kvcache: bad region")
+	ErrMisalignedChunk  = errors.New("kvcache: misaligned chunk")
+	ErrBadChunk         = errors.New("kvcache: bad chunk")
+	ErrOutOfBlocks      = errors.New("kvcache: out of blocks")
+	ErrDoubleFree       = errors.New("kvcache: double free")
+	ErrBlockPinned      = errors.New("kvcache: block pinned")
+	ErrBlockQuarantined = errors.New("kvcache: block quarantined")
+	ErrUnknownBlock     = errors.New("kvcache: unknown block")
+	ErrNotPinned        = errors.New("kvcache: block not pinned")
+	ErrBadParallelism   = errors.New("kvcache: bad parallelism")
+	ErrMissingSource    = errors.New("kvcache: missing source block")
+	ErrBadPlan          = errors.New("kvcache: bad plan input")
+)

@@ -1,0 +1,91 @@
+package kvcache
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// MemKind says where a region's memory lives.
+type MemKind uint8
+
+const (
+	// HostMem is CPU-addressable memory.
+	HostMem MemKind = iota
+	// DeviceMem is GPU memory; Bytes() is nil for it.
+	DeviceMem
+)
+
+func (k MemKind) String() string {
+	switch k {
+	case HostMem:
+		return "host"
+	case DeviceMem:
+		return "device"
+	}
+	return fmt.Sprintf("MemKind(%d)", uint8(k))
+}
+
+// Region is one contiguous span of memory that a pool carves into blocks and
+// that the data plane registers. Offsets in Segments are relative to Base.
+type Region struct {
+	// Base is the address of the first byte.
+	Base uintptr
+	// Len is the size in bytes.
+	Len uint64
+	// Kind says whether the memory is host or device memory.
+	Kind MemKind
+	// Device is the GPU ordinal for DeviceMem.
+	Device int
+
+	buf []byte // the Go allocation backing a host region (keeps it alive)
+}
+
+// NewHostRegion allocates a zeroed Go-owned host region of n bytes.
+func NewHostRegion(n uint64) (*Region, error) {
+	if n == 0 {
+		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
+	}
+	buf := make([]byte, n)
+	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf}, nil
+}
+
+// ExternalRegion wraps memory allocated elsewhere (a serving framework, the
+// cuda package, a shared-memory mapping). The caller keeps it alive and
+// mapped for the region's whole life.
+func ExternalRegion(base uintptr, n uint64, kind MemKind, device int) (*Region, error) {
+	if base == 0 {
+		return nil, fmt.Errorf("%w: base address 0", ErrBadRegion)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
+	}
+	if kind != HostMem && kind != DeviceMem {
+		return nil, fmt.Errorf("%w: memory kind %v", ErrBadRegion, kind)
+	}
+	return &Region{Base: base, Len: n, Kind: kind, Device: device}, nil
+}
+
+// HostBytesRegion wraps an existing host byte slice (for example an mmap'd
+// shared-memory file) without copying it.
+func HostBytesRegion(b []byte) (*Region, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
+	}
+	return &Region{Base: uintptr(unsafe.Pointer(&b[0])), Len: uint64(len(b)), Kind: HostMem, buf: b}, nil
+}
+
+// Bytes returns the region as a byte slice, or nil for device memory.
+func (r *Region) Bytes() []byte {
+	if r.Kind != HostMem {
+		return nil
+	}
+	if r.buf != nil {
+		return r.buf
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(r.Base)), r.Len) //nolint:govet // external host memory kept alive by its owner
+}
+
+// Contains reports whether [off, off+n) lies inside the region.
+func (r *Region) Contains(off, n uint64) bool {
+	return off <= r.Len && n <= r.Len-off
+}

@@ -1,0 +1,70 @@
+package rdma
+
+import "github.com/kvxfer/kvxfer/kvcache"
+
+// Agent is one process's endpoint on a data-plane backend. It registers local
+// memory, says how peers reach it, and connects to peers. An Agent is safe for
+// concurrent use; each Endpoint is used by one owner (a sender worker).
+type Agent interface {
+	// Backend is the backend's name ("loopback", "shm", "ucx", …).
+	Backend() string
+	// Register makes a region writable by peers holding its RemoteRegion.
+	Register(r *kvcache.Region) (Registration, error)
+	// Deregister revokes a registration. With posted, unfinished writes
+	// into or out of the region it fails with ErrRegionBusy and changes
+	// nothing.
+	Deregister(reg Registration) error
+	// Address is what a peer passes to Connect (sent in the control
+	// plane's Hello).
+	Address() []byte
+	// Connect opens an endpoint to the agent at a peer address.
+	Connect(peer []byte) (Endpoint, error)
+	// Close closes every endpoint and registration. Idempotent.
+	Close() error
+}
+
+// Registration is a registered local region.
+type Registration interface {
+	// Region is the registered memory.
+	Region() *kvcache.Region
+	// Remote is what a peer needs to write into this region.
+	Remote() RemoteRegion
+}
+
+// RemoteRegion names a peer's registered region: an opaque key (which may
+// embed a secret the backend checks) and the region's length.
+type RemoteRegion struct {
+	Key []byte
+	Len uint64
+}
+
+// Batch is one op's writes: every segment copies from Src (local) to Dst
+// (remote). Segment offsets are relative to each region's base.
+type Batch struct {
+	Src      Registration
+	Dst      RemoteRegion
+	Segments []kvcache.Segment
+	// Done receives the batch's outcome exactly once, on a backend
+	// goroutine, unless Post returned an error (then it is never called).
+	// nil means success; a failure is a *SegmentError or wraps a sentinel.
+	// Done must not block.
+	Done func(err error)
+}
+
+// Endpoint is a connection to one peer agent. Its methods are called by one
+// goroutine at a time (its owner); completions arrive on backend goroutines.
+type Endpoint interface {
+	// Post submits a batch and returns at once. A batch refused before it
+	// reaches the wire (out of range, bad key, endpoint closed, peer gone)
+	// returns the error and Done is not called; otherwise Done is called
+	// exactly once.
+	Post(b Batch) error
+	// Flush calls done once every batch posted earlier on this endpoint has
+	// landed or failed. done gets nil, or the error that made the endpoint
+	// unusable.
+	Flush(done func(err error))
+	// Close tears the endpoint down. When it returns, no write posted on
+	// this endpoint can land anywhere any more; every batch not yet
+	// completed completes with ErrEndpointClosed. Idempotent.
+	Close() error
+}
