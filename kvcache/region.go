@@ -49,20 +49,32 @@ func NewHostRegion(n uint64) (*Region, error) {
 	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf}, nil
 }
 
-// ExternalRegion wraps memory allocated elsewhere (a serving framework, the
-// cuda package, a shared-memory mapping). The caller keeps it alive and
-// mapped for the region's whole life.
-func ExternalRegion(base uintptr, n uint64, kind MemKind, device int) (*Region, error) {
+// ExternalHostRegion wraps host memory allocated elsewhere (a serving
+// framework, a pinned-memory allocator, a shared-memory mapping). The caller
+// keeps it alive and mapped for the region's whole life.
+func ExternalHostRegion(p unsafe.Pointer, n uint64) (*Region, error) {
+	if p == nil {
+		return nil, fmt.Errorf("%w: base address 0", ErrBadRegion)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
+	}
+	return &Region{Base: uintptr(p), Len: n, Kind: HostMem, buf: unsafe.Slice((*byte)(p), n)}, nil
+}
+
+// ExternalDeviceRegion wraps GPU memory (a device pointer, not addressable
+// by the CPU) allocated elsewhere, for example by the cuda package.
+func ExternalDeviceRegion(base uintptr, n uint64, device int) (*Region, error) {
 	if base == 0 {
 		return nil, fmt.Errorf("%w: base address 0", ErrBadRegion)
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
 	}
-	if kind != HostMem && kind != DeviceMem {
-		return nil, fmt.Errorf("%w: memory kind %v", ErrBadRegion, kind)
+	if device < 0 {
+		return nil, fmt.Errorf("%w: device %d", ErrBadRegion, device)
 	}
-	return &Region{Base: base, Len: n, Kind: kind, Device: device}, nil
+	return &Region{Base: base, Len: n, Kind: DeviceMem, Device: device}, nil
 }
 
 // HostBytesRegion wraps an existing host byte slice (for example an mmap'd
@@ -79,10 +91,7 @@ func (r *Region) Bytes() []byte {
 	if r.Kind != HostMem {
 		return nil
 	}
-	if r.buf != nil {
-		return r.buf
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(r.Base)), r.Len) //nolint:govet // external host memory kept alive by its owner
+	return r.buf
 }
 
 // Contains reports whether [off, off+n) lies inside the region.

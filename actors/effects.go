@@ -1,0 +1,121 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Effect is one thing a step asks its shell to do. Effects are plain data;
+// a step never performs I/O itself.
+type Effect interface{ effect() }
+
+// Pin pins source blocks of one layer group (context side).
+type Pin struct {
+	Group int
+	IDs   []kvcache.BlockID
+}
+
+// Unpin drops pins taken by Pin.
+type Unpin struct {
+	Group int
+	IDs   []kvcache.BlockID
+}
+
+// WatchFence asks the shell to report TxFenceFired for a chunk once the
+// chunk's fence fires.
+type WatchFence struct{ Chunk int }
+
+// Submit hands one op's batch to the stream's worker.
+type Submit struct {
+	Worker   int
+	Peer     int
+	Op       OpRef
+	Route    *Route
+	Segments []kvcache.Segment
+	Bytes    uint64
+}
+
+// Flush asks a worker to flush its endpoint to a peer and report TxFlushed.
+type Flush struct {
+	Worker  int
+	Peer    int
+	Request string
+	Route   *Route
+}
+
+// CloseEndpoint asks a worker to close its endpoint to a peer (retiring
+// every in-doubt op on it) and report the retired ops.
+type CloseEndpoint struct {
+	Worker int
+	Peer   int
+	Route  *Route
+}
+
+// SendFrame sends a control frame to a peer through a worker, after
+// everything queued on that worker before it.
+type SendFrame struct {
+	Worker int
+	To     messages.PeerID
+	Frame  messages.Frame
+}
+
+// TimerKind names a session timer.
+type TimerKind uint8
+
+// Timer kinds.
+const (
+	TimerDeadline TimerKind = iota + 1
+	TimerDrain
+)
+
+// StartTimer asks the shell to deliver a Timeout message of Kind at At.
+type StartTimer struct {
+	Kind TimerKind
+	At   time.Time
+}
+
+// Finish reports a session's outcome to its handle.
+type Finish struct{ Outcome Outcome }
+
+// ReleaseDest returns destination blocks to the generation pool.
+type ReleaseDest struct{ Blocks [][]kvcache.BlockID }
+
+// Stop stops the session actor; it has released everything it held.
+type Stop struct{}
+
+// Log is a structured log line.
+type Log struct {
+	Level string
+	Msg   string
+	Err   error
+}
+
+func (Pin) effect()           {}
+func (Unpin) effect()         {}
+func (WatchFence) effect()    {}
+func (Submit) effect()        {}
+func (Flush) effect()         {}
+func (CloseEndpoint) effect() {}
+func (SendFrame) effect()     {}
+func (StartTimer) effect()    {}
+func (Finish) effect()        {}
+func (ReleaseDest) effect()   {}
+func (Stop) effect()          {}
+func (Log) effect()           {}
+
+// Outcome is a session's terminal result as its handle sees it.
+type Outcome struct {
+	Request string
+	// Status is the terminal state's name (DONE, FAILED, READY, …).
+	Status string
+	OK     bool
+	Err    error
+	Bytes  uint64
+	// Blocks are the destination blocks per group of a READY request; the
+	// handle owns them from then on.
+	Blocks [][]kvcache.BlockID
+	// Payload is the context side's opaque payload on READY.
+	Payload []byte
+}

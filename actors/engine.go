@@ -1,0 +1,259 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// EngineConfig is a validated engine configuration (the root package builds
+// it from the user's Config).
+type EngineConfig struct {
+	Self       messages.PeerID
+	Topology   Topology
+	Workers    int
+	Agent      rdma.Agent
+	Region     *kvcache.Region
+	Pools      *Pools
+	Link       Link
+	Timeout    time.Duration
+	DrainGrace time.Duration
+	Clock      func() time.Time
+	Log        zerolog.Logger
+	Recorder   Recorder
+}
+
+// Engine is one engine rank's actor tree: listener, senders (workers), tx
+// and rx supervisors.
+type Engine struct {
+	cfg      EngineConfig
+	sys      *actor.ActorSystem
+	reg      rdma.Registration
+	env      *shellEnv
+	tx, rx   *actor.PID
+	listenPI *actor.PID
+	senders  *actor.PID
+	lis      Listener
+	stats    *Counters
+	hello    *messages.Hello
+}
+
+// StartEngine builds the actor tree and starts listening.
+func StartEngine(cfg EngineConfig) (*Engine, error) {
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("%w: workers = %d, must be ≥ 1", ErrBadRequest, cfg.Workers)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	reg, err := cfg.Agent.Register(cfg.Region)
+	if err != nil {
+		return nil, fmt.Errorf("register pool region: %w", err)
+	}
+	zl := cfg.Log
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
+	}))
+	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
+	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder}
+
+	// senders: a supervisor whose children are the workers.
+	workerSup := actor.NewOneForOneStrategy(10, 10*time.Second, func(any) actor.Directive { return actor.RestartDirective })
+	ready := make(chan []*actor.PID, 1)
+	e.senders = sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*actor.Started); ok {
+			pids := make([]*actor.PID, cfg.Workers)
+			for i := range pids {
+				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats)
+				w := &workerActor{slot: slot}
+				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
+			}
+			ready <- pids
+		}
+	}, actor.WithSupervisor(workerSup)))
+	e.env.workers = <-ready
+
+	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
+	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]bool{}}
+	}))
+	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers,
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
+	}))
+	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
+	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+		return &listener{env: e.env, tx: e.tx, rx: e.rx}
+	}))
+
+	topo := cfg.Topology
+	pools := make([]messages.PoolGeometry, len(topo.Pools))
+	for g, pg := range topo.Pools {
+		pools[g] = messages.PoolGeometry{Offset: pg.Offset, BlockBytes: pg.BlockBytes, Blocks: int32(pg.Blocks)}
+	}
+	rr := reg.Remote()
+	e.hello = &messages.Hello{From: cfg.Self, Backend: cfg.Agent.Backend(), AgentAddr: cfg.Agent.Address(),
+		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
+		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
+		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools}
+	lis, err := cfg.Link.Listen(e.hello, func(f messages.Frame) { sys.Root.Send(e.listenPI, f) })
+	if err != nil {
+		sys.Shutdown()
+		_ = cfg.Agent.Deregister(reg)
+		return nil, err
+	}
+	e.lis = lis
+	return e, nil
+}
+
+// Hello is what this engine tells its peers about itself.
+func (e *Engine) Hello() *messages.Hello { return e.hello }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() *Counters { return e.stats }
+
+// TxHandle is the context side's handle on one request.
+type TxHandle struct {
+	*Handle
+	e       *Engine
+	pid     *actor.PID
+	request string
+}
+
+// Chunk hands one prefill chunk to the session. fence fires when the
+// chunk's KV is written; nil means it already is.
+func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
+	if fence == nil {
+		fence = FiredFence{}
+	}
+	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src}, fence: fence})
+}
+
+// Cancel cancels the request; Done still fires only after the session has
+// drained and released its pins.
+func (h *TxHandle) Cancel() { h.e.sys.Root.Send(h.pid, TxCancel{}) }
+
+// Crash makes the session panic (tests and chaos only).
+func (h *TxHandle) Crash() { h.e.sys.Root.Send(h.pid, &txPanicNow{}) }
+
+// Send opens the context side of a request. Done fires after the session
+// released every pin: the serving process may then free its source blocks.
+func (e *Engine) Send(request string, promptLen int, deadline time.Time, payload []byte) (*TxHandle, error) {
+	if request == "" || len(request) > messages.MaxRequestIDLen {
+		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(request), messages.MaxRequestIDLen)
+	}
+	if len(payload) > messages.MaxPayload {
+		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, request, len(payload), messages.MaxPayload)
+	}
+	h := NewHandle()
+	reply := make(chan txOpenReply, 1)
+	e.sys.Root.Send(e.tx, &txOpenReq{request: request, start: TxStart{PromptLen: promptLen, Deadline: deadline, Payload: payload}, handle: h, reply: reply})
+	r := <-reply
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &TxHandle{Handle: h, e: e, pid: r.pid, request: request}, nil
+}
+
+// RxHandle is the generation side's handle on one request.
+type RxHandle struct {
+	*Handle
+	e       *Engine
+	request string
+}
+
+// Receive opens the generation side of a request: it allocates destination
+// blocks (waiting while the pool is full) and asks the context ranks to
+// write. Done fires at the logical outcome; a READY outcome's blocks belong
+// to the caller, who frees them with Engine.FreeBlocks.
+func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
+	h := NewHandle()
+	reply := make(chan rxOpenReply, 1)
+	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply})
+	r := <-reply
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &RxHandle{Handle: h, e: e, request: req.ID}, nil
+}
+
+// Cancel cancels the request. Destination blocks are freed once every
+// writer is quiescent.
+func (h *RxHandle) Cancel() {
+	h.e.sys.Root.Send(h.e.rx, &rxCancelReq{request: h.request})
+}
+
+type rxCancelReq struct{ request string }
+
+// FreeBlocks frees blocks handed over by a READY outcome.
+func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Pools.Free(blocks) }
+
+// Pools is the engine's block pools.
+func (e *Engine) Pools() *Pools { return e.cfg.Pools }
+
+// CrashWorker makes worker i panic (tests and chaos only).
+func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], WorkerCrash{}) }
+
+// ErrUndrained is returned by Close when sessions could not drain in time.
+var ErrUndrained = errors.New("actors: sessions did not drain")
+
+// Close cancels every live session, waits until each has drained and
+// released its pages or ctx ends, then stops the workers and the tree. It
+// reports the requests that could not drain; their pages stay pinned.
+func (e *Engine) Close(ctx context.Context) error {
+	txDrained, rxDrained := make(chan struct{}), make(chan struct{})
+	e.sys.Root.Send(e.tx, &closeReq{drained: txDrained})
+	e.sys.Root.Send(e.rx, &closeReq{drained: rxDrained})
+	var err error
+	for _, ch := range []chan struct{}{txDrained, rxDrained} {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = e.undrained()
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = e.lis.Close()
+	_ = e.sys.Root.PoisonFuture(e.listenPI).Wait()
+	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
+	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
+	_ = e.sys.Root.PoisonFuture(e.senders).Wait()
+	if derr := e.cfg.Agent.Deregister(e.reg); derr != nil && err == nil {
+		err = derr
+	}
+	e.sys.Shutdown()
+	return err
+}
+
+func (e *Engine) undrained() error {
+	reply := make(chan []string, 2)
+	for _, pid := range []*actor.PID{e.tx, e.rx} {
+		f := e.sys.Root.RequestFuture(pid, &listSessions{}, time.Second)
+		r, ferr := f.Result()
+		if ferr != nil {
+			reply <- nil
+			continue
+		}
+		reply <- r.([]string)
+	}
+	var ids []string
+	ids = append(ids, <-reply...)
+	ids = append(ids, <-reply...)
+	sort.Strings(ids)
+	return fmt.Errorf("%w: %d sessions still draining: %v", ErrUndrained, len(ids), ids)
+}
+
+type listSessions struct{}

@@ -1,0 +1,105 @@
+package actors
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Link is the control-plane seam between engines: an engine listens for
+// frames addressed to it, and each worker dials its own connection to each
+// peer. The in-memory MemLink implements it inside one process; the ZeroMQ
+// control plane implements it between processes.
+type Link interface {
+	// Listen registers self's Hello and delivers every frame addressed to
+	// self to deliver, in the order each connection sent them. deliver
+	// must not block.
+	Listen(self *messages.Hello, deliver func(messages.Frame)) (Listener, error)
+	// Dial opens a connection to peer, owned by one goroutine at a time.
+	Dial(peer messages.PeerID) (Conn, error)
+	// Hello returns what peer said about itself, once known.
+	Hello(peer messages.PeerID) (*messages.Hello, error)
+}
+
+// Listener stops a Listen.
+type Listener interface{ Close() error }
+
+// Conn sends frames to one peer, in order.
+type Conn interface {
+	Send(f messages.Frame) error
+	Close() error
+}
+
+// MemLink is an in-process Link: a hub of engines keyed by PeerID.
+type MemLink struct {
+	mu    sync.RWMutex
+	peers map[messages.PeerID]*memPeer
+}
+
+type memPeer struct {
+	hello   *messages.Hello
+	deliver func(messages.Frame)
+}
+
+var _ Link = (*MemLink)(nil)
+
+// NewMemLink returns an empty hub.
+func NewMemLink() *MemLink { return &MemLink{peers: map[messages.PeerID]*memPeer{}} }
+
+// Listen implements Link.
+func (l *MemLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (Listener, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, dup := l.peers[self.From]; dup {
+		return nil, fmt.Errorf("%w: %s already listening", ErrBadRequest, self.From)
+	}
+	l.peers[self.From] = &memPeer{hello: self, deliver: deliver}
+	return memListener{l, self.From}, nil
+}
+
+type memListener struct {
+	l  *MemLink
+	id messages.PeerID
+}
+
+func (m memListener) Close() error {
+	m.l.mu.Lock()
+	delete(m.l.peers, m.id)
+	m.l.mu.Unlock()
+	return nil
+}
+
+// Dial implements Link.
+func (l *MemLink) Dial(peer messages.PeerID) (Conn, error) {
+	return &memConn{l: l, to: peer}, nil
+}
+
+// Hello implements Link.
+func (l *MemLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	p := l.peers[peer]
+	if p == nil {
+		return nil, fmt.Errorf("%w: %s", ErrPeerGone, peer)
+	}
+	return p.hello, nil
+}
+
+type memConn struct {
+	l  *MemLink
+	to messages.PeerID
+}
+
+func (c *memConn) Send(f messages.Frame) error {
+	c.l.mu.RLock()
+	p := c.l.peers[c.to]
+	c.l.mu.RUnlock()
+	if p == nil {
+		return fmt.Errorf("%w: %s", ErrPeerGone, c.to)
+	}
+	p.deliver(f)
+	return nil
+}
+
+func (c *memConn) Close() error { return nil }

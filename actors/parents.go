@@ -1,0 +1,422 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// tombstones remembers recently finished requests so that a late frame for
+// one gets a definite answer instead of reopening it.
+type tombstones struct {
+	ring []string
+	at   int
+	set  map[string]bool
+}
+
+func newTombstones(n int) *tombstones {
+	return &tombstones{ring: make([]string, n), set: map[string]bool{}}
+}
+
+func (t *tombstones) add(id string) {
+	if old := t.ring[t.at]; old != "" {
+		delete(t.set, old)
+	}
+	t.ring[t.at] = id
+	t.set[id] = true
+	t.at = (t.at + 1) % len(t.ring)
+}
+
+func (t *tombstones) has(id string) bool { return t.set[id] }
+
+// Messages to the tx and rx supervisors.
+type (
+	txOpenReq struct {
+		request string
+		start   TxStart
+		handle  *Handle
+		reply   chan txOpenReply
+	}
+	txOpenReply struct {
+		pid *actor.PID
+		err error
+	}
+	rxOpenReq struct {
+		req    RxRequest
+		handle *Handle
+		reply  chan rxOpenReply
+	}
+	rxOpenReply struct {
+		pid *actor.PID
+		err error
+	}
+	closeReq struct{ drained chan struct{} }
+	// blocksFreed wakes the rx supervisor's allocation queue.
+	blocksFreed    struct{}
+	rxQueueTimeout struct{ request string }
+)
+
+// RxRequest is what the generation side asks for.
+type RxRequest struct {
+	ID        string
+	PromptLen int
+	// Context is the context instance and its parallelism.
+	Context         string
+	ContextParallel kvcache.Parallel
+	// PrefixHitBlocks[g] is the number of leading blocks of group g the
+	// receiver already holds (prefix reuse); nil for none.
+	PrefixHitBlocks []int
+	Deadline        time.Time
+}
+
+type sessionTable struct {
+	pids     map[string]*actor.PID
+	closing  chan struct{}
+	draining bool
+}
+
+func (t *sessionTable) list(side string) []string {
+	out := make([]string, 0, len(t.pids))
+	for id := range t.pids {
+		out = append(out, side+":"+id)
+	}
+	return out
+}
+
+func (t *sessionTable) maybeDrained() {
+	if t.draining && len(t.pids) == 0 && t.closing != nil {
+		close(t.closing)
+		t.closing = nil
+	}
+}
+
+// txParent supervises TxSessions and routes context-side frames to them.
+type txParent struct {
+	env      *shellEnv
+	topo     Topology
+	self     messages.PeerID
+	link     Link
+	cfg      TxConfig
+	sessions sessionTable
+	tombs    *tombstones
+	handles  map[string]bool
+}
+
+func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
+	cfg := p.cfg
+	cfg.Request = id
+	a := &txActor{env: p.env, s: NewTxSession(cfg)}
+	props := actor.PropsFromProducer(func() actor.Actor { return a },
+		actor.WithSupervisor(sessionSupervisor))
+	pid := ctx.Spawn(props)
+	p.sessions.pids[id] = pid
+	return pid
+}
+
+func (p *txParent) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *txOpenReq:
+		if p.sessions.draining {
+			m.reply <- txOpenReply{err: ErrClosed}
+			return
+		}
+		if p.handles[m.request] || p.tombs.has(m.request) {
+			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s already sent", ErrBadRequest, m.request)}
+			return
+		}
+		pid := p.sessions.pids[m.request]
+		if pid == nil {
+			pid = p.spawn(ctx, m.request)
+		}
+		p.handles[m.request] = true
+		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
+		m.reply <- txOpenReply{pid: pid}
+	case *messages.RequestData:
+		p.onRequestData(ctx, m)
+	case *messages.Cancel:
+		pid := p.sessions.pids[m.RequestID]
+		if pid == nil {
+			// Nothing of ours touches that request: we are quiescent.
+			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
+			return
+		}
+		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), Epoch: m.Epoch})
+	case *sessionStopped:
+		delete(p.sessions.pids, m.request)
+		delete(p.handles, m.request)
+		p.tombs.add(m.request)
+		p.sessions.maybeDrained()
+	case *closeReq:
+		p.sessions.draining = true
+		p.sessions.closing = m.drained
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, TxCancel{Reason: ErrClosed})
+		}
+		p.sessions.maybeDrained()
+	case *listSessions:
+		ctx.Respond(p.sessions.list("tx"))
+	}
+}
+
+// genIndex maps a generation peer to its rank index in its instance, from
+// its Hello.
+func (p *txParent) genIndex(from messages.PeerID) int {
+	return int(from.Rank)
+}
+
+func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, f messages.Frame) {
+	w := WorkerFor(request, to, len(p.env.workers))
+	ctx.Send(p.env.workers[w], &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
+}
+
+func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
+	pid := p.sessions.pids[rd.RequestID]
+	if pid == nil {
+		if p.tombs.has(rd.RequestID) || p.sessions.draining {
+			p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
+				Status: messages.StatusFailed, Error: "request already finished on the context side"})
+			return
+		}
+		pid = p.spawn(ctx, rd.RequestID)
+	}
+	hello, err := p.link.Hello(rd.From)
+	var route *Route
+	var expected []int
+	if err == nil {
+		route, expected, err = ResolveRequest(p.topo, hello, rd)
+	}
+	ctx.Send(pid, TxPeerRequest{Peer: p.genIndex(rd.From), Epoch: rd.Epoch, Route: route, Expected: expected, Err: err})
+}
+
+// sessionSupervisor restarts a panicking session (its state survives in the
+// shell, which fails the request and keeps draining).
+var sessionSupervisor = actor.NewOneForOneStrategy(3, time.Minute, func(any) actor.Directive {
+	return actor.RestartDirective
+})
+
+// rxParent supervises RxSessions, allocates destination blocks (queueing
+// requests while the pool is full) and routes generation-side frames.
+type rxParent struct {
+	env      *shellEnv
+	topo     Topology
+	self     messages.PeerID
+	workers  int
+	sessions sessionTable
+	entries  map[string]*rxEntry
+	queue    []*rxOpenReq
+	epoch    uint64
+}
+
+type rxEntry struct {
+	pid     *actor.PID
+	epoch   uint64
+	writers map[messages.PeerID]int
+}
+
+func (p *rxParent) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *rxOpenReq:
+		if p.sessions.draining {
+			m.reply <- rxOpenReply{err: ErrClosed}
+			return
+		}
+		if p.entries[m.req.ID] != nil {
+			m.reply <- rxOpenReply{err: fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)}
+			return
+		}
+		counts, err := p.needed(m.req)
+		if err != nil {
+			m.reply <- rxOpenReply{err: err}
+			return
+		}
+		m.reply <- rxOpenReply{}
+		p.queue = append(p.queue, m)
+		if !m.req.Deadline.IsZero() {
+			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
+			time.AfterFunc(time.Until(m.req.Deadline), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
+		}
+		_ = counts
+		p.drainQueue(ctx)
+	case *blocksFreed:
+		p.drainQueue(ctx)
+	case *rxQueueTimeout:
+		for i, q := range p.queue {
+			if q.req.ID == m.request {
+				p.queue = append(p.queue[:i], p.queue[i+1:]...)
+				q.handle.finish(Outcome{Request: q.req.ID, Status: RxTimedOut.String(),
+					Err: fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID)})
+				break
+			}
+		}
+		p.sessions.maybeDrained()
+	case *messages.Result:
+		p.route(ctx, m.RequestID, m.From, m)
+	case *messages.CancelAck:
+		p.route(ctx, m.RequestID, m.From, m)
+	case *sessionStopped:
+		delete(p.sessions.pids, m.request)
+		delete(p.entries, m.request)
+		p.sessions.maybeDrained()
+		p.drainQueue(ctx)
+	case *closeReq:
+		p.sessions.draining = true
+		p.sessions.closing = m.drained
+		for _, q := range p.queue {
+			q.handle.finish(Outcome{Request: q.req.ID, Status: RxCancelled.String(), Err: ErrClosed})
+		}
+		p.queue = nil
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, RxCancel{Reason: ErrClosed})
+		}
+		p.sessions.maybeDrained()
+	case *rxCancelReq:
+		for i, q := range p.queue {
+			if q.req.ID == m.request {
+				p.queue = append(p.queue[:i], p.queue[i+1:]...)
+				q.handle.finish(Outcome{Request: q.req.ID, Status: RxCancelled.String(), Err: ErrCancelled})
+				return
+			}
+		}
+		if e := p.entries[m.request]; e != nil {
+			ctx.Send(e.pid, RxCancel{})
+		}
+	case *listSessions:
+		ctx.Respond(p.sessions.list("rx"))
+	}
+}
+
+func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
+	e := p.entries[id]
+	if e == nil {
+		p.env.stats.FramesStale.Add(1)
+		return
+	}
+	w, ok := e.writers[from]
+	if !ok {
+		p.env.stats.FramesRejected.Add(1)
+		p.env.log.Warn().Str("request", id).Str("peer", from.String()).Msg("frame from a peer that is not a writer of the request")
+		return
+	}
+	ctx.Send(e.pid, RxFrame{Writer: w, Frame: f})
+}
+
+// needed computes the destination block counts per group for a request.
+func (p *rxParent) needed(r RxRequest) ([]int, error) {
+	if r.ID == "" || len(r.ID) > messages.MaxRequestIDLen {
+		return nil, fmt.Errorf("%w: request id length %d", ErrBadRequest, len(r.ID))
+	}
+	if r.PromptLen < 1 {
+		return nil, fmt.Errorf("%w: request %s prompt length %d", ErrBadRequest, r.ID, r.PromptLen)
+	}
+	l := p.topo.Layout
+	shape, err := l.Shape(p.topo.Parallel, p.topo.Rank)
+	if err != nil {
+		return nil, err
+	}
+	counts := make([]int, len(l.Groups))
+	for g, grp := range l.Groups {
+		if len(shape.Layers[g]) == 0 {
+			continue
+		}
+		hit := 0
+		if g < len(r.PrefixHitBlocks) {
+			hit = r.PrefixHitBlocks[g]
+		}
+		first, end := kvcache.NeededRange(r.PromptLen, grp.Window, l.TokensPerBlock, hit)
+		counts[g] = end - first
+		if counts[g] > p.topo.Pools[g].Blocks {
+			return nil, fmt.Errorf("%w: request %s group %d needs %d blocks, pool holds %d",
+				kvcache.ErrOutOfBlocks, r.ID, g, counts[g], p.topo.Pools[g].Blocks)
+		}
+	}
+	return counts, nil
+}
+
+// drainQueue starts queued requests, in order, while blocks are free.
+func (p *rxParent) drainQueue(ctx actor.Context) {
+	for len(p.queue) > 0 {
+		q := p.queue[0]
+		counts, _ := p.needed(q.req)
+		blocks, err := p.env.pools.Alloc(counts)
+		if err != nil {
+			return // wait for blocksFreed
+		}
+		p.queue = p.queue[1:]
+		p.start(ctx, q, blocks)
+	}
+}
+
+func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
+	l := p.topo.Layout
+	p.epoch++
+	epoch := uint64(p.env.clock().UnixNano())<<8 | p.epoch&0xff
+	groups := make([]messages.GroupDest, len(l.Groups))
+	for g, grp := range l.Groups {
+		hit := 0
+		if g < len(q.req.PrefixHitBlocks) {
+			hit = q.req.PrefixHitBlocks[g]
+		}
+		first, _ := kvcache.NeededRange(q.req.PromptLen, grp.Window, l.TokensPerBlock, hit)
+		ids := make([]int32, len(blocks[g]))
+		for i, b := range blocks[g] {
+			ids[i] = int32(b)
+		}
+		groups[g] = messages.GroupDest{First: int32(first), Blocks: ids}
+	}
+	var deadline int64
+	if !q.req.Deadline.IsZero() {
+		deadline = q.req.Deadline.UnixNano()
+	}
+	pm, err := kvcache.NewPeerMap(l, q.req.ContextParallel, p.topo.Parallel)
+	if err != nil {
+		_ = p.env.pools.Free(blocks)
+		q.handle.finish(Outcome{Request: q.req.ID, Status: RxFailed.String(), Err: fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err)})
+		return
+	}
+	entry := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
+	var writers []RxWriter
+	for i, r := range pm.WritersOf(p.topo.Rank) {
+		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
+		entry.writers[peer] = i
+		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(q.req.ID, peer, p.workers),
+			Request: &messages.RequestData{RequestID: q.req.ID, Epoch: epoch, From: p.self,
+				GenParallel: messages.Parallel{TP: int32(p.topo.Parallel.TP), PP: int32(p.topo.Parallel.PP)},
+				GenTP:       int32(p.topo.Rank.TP), GenPP: int32(p.topo.Rank.PP),
+				PromptLen: int32(q.req.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
+	}
+	a := &rxActor{env: p.env, handle: q.handle, s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
+		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks})}
+	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
+	entry.pid = pid
+	p.entries[q.req.ID] = entry
+	p.sessions.pids[q.req.ID] = pid
+}
+
+// listener validates every frame that arrives and routes it.
+type listener struct {
+	env *shellEnv
+	tx  *actor.PID
+	rx  *actor.PID
+}
+
+func (l *listener) Receive(ctx actor.Context) {
+	f, ok := ctx.Message().(messages.Frame)
+	if !ok {
+		return
+	}
+	if err := f.Validate(); err != nil {
+		l.env.stats.FramesRejected.Add(1)
+		l.env.log.Warn().Err(err).Msg("control frame rejected")
+		return
+	}
+	switch f.(type) {
+	case *messages.RequestData, *messages.Cancel:
+		ctx.Send(l.tx, f)
+	case *messages.Result, *messages.CancelAck:
+		ctx.Send(l.rx, f)
+	}
+}

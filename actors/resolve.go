@@ -1,0 +1,122 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Topology is what an engine rank knows about itself for planning.
+type Topology struct {
+	Layout     kvcache.Layout
+	LayoutHash uint64
+	Parallel   kvcache.Parallel
+	Rank       kvcache.Rank
+	Pools      []kvcache.PoolGeometry
+}
+
+// routePlanner plans one stream: per layer group, the kvcache plan for the
+// link and the receiver's destination blocks.
+type routePlanner struct {
+	tpb   int
+	plans []*kvcache.Plan
+	dst   []kvcache.BlockRun
+}
+
+func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcache.Segment) ([]kvcache.Segment, uint64, error) {
+	var bytes uint64
+	for g, plan := range p.plans {
+		if plan == nil {
+			continue
+		}
+		var run kvcache.BlockRun
+		if g < len(src) {
+			run = src[g]
+		}
+		sIDs, dIDs, err := kvcache.Project(c, p.tpb, run, p.dst[g])
+		if err != nil {
+			return nil, 0, fmt.Errorf("group %d: %w", g, err)
+		}
+		if len(sIDs) == 0 {
+			continue
+		}
+		if buf, err = plan.Append(buf, sIDs, dIDs); err != nil {
+			return nil, 0, fmt.Errorf("group %d: %w", g, err)
+		}
+		bytes += plan.Bytes(len(sIDs))
+	}
+	return buf, bytes, nil
+}
+
+// ResolveRequest turns a generation rank's RequestData and Hello into the
+// context rank's route to it, and lists every generation rank index this
+// rank writes to for requests of that generation instance. Every field
+// that refers to the receiver's pool is checked here; an error names it.
+func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestData) (*Route, []int, error) {
+	if hello.LayoutHash != self.LayoutHash {
+		return nil, nil, fmt.Errorf("%w: request %s: peer %s layout hash %#x, ours %#x",
+			ErrBadRequest, rd.RequestID, rd.From, hello.LayoutHash, self.LayoutHash)
+	}
+	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
+	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}
+	pm, err := kvcache.NewPeerMap(self.Layout, self.Parallel, genPar)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
+	}
+	var expected []int
+	for _, l := range pm.From(self.Rank) {
+		expected = append(expected, genPar.Index(l.Gen))
+	}
+	if !genPar.Contains(genRank) || genPar.Index(genRank) != int(rd.From.Rank) {
+		return nil, expected, fmt.Errorf("%w: request %s: sender rank %d does not match generation rank %v of %v",
+			ErrBadRequest, rd.RequestID, rd.From.Rank, genRank, genPar)
+	}
+	link, ok := pm.Link(self.Rank, genRank)
+	if !ok {
+		return nil, expected, fmt.Errorf("%w: request %s: generation rank %v is not a peer of context rank %v",
+			ErrBadRequest, rd.RequestID, genRank, self.Rank)
+	}
+	groups := len(self.Layout.Groups)
+	if len(rd.Groups) != groups || len(hello.Pools) != groups {
+		return nil, expected, fmt.Errorf("%w: request %s: %d destination groups, %d peer pools, layout has %d",
+			ErrBadRequest, rd.RequestID, len(rd.Groups), len(hello.Pools), groups)
+	}
+	ctxShape, err := pm.CtxShape(self.Rank)
+	if err != nil {
+		return nil, expected, err
+	}
+	genShape, err := pm.GenShape(genRank)
+	if err != nil {
+		return nil, expected, err
+	}
+	maxBlocks := self.Layout.BlocksFor(int(rd.PromptLen))
+	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups)}
+	for g := 0; g < groups; g++ {
+		d := rd.Groups[g]
+		pg := hello.Pools[g]
+		if int(d.First)+len(d.Blocks) > maxBlocks {
+			return nil, expected, fmt.Errorf("%w: request %s group %d: blocks [%d,%d) beyond prompt of %d blocks",
+				ErrBadRequest, rd.RequestID, g, d.First, int(d.First)+len(d.Blocks), maxBlocks)
+		}
+		ids := make([]kvcache.BlockID, len(d.Blocks))
+		for i, b := range d.Blocks {
+			if b >= pg.Blocks {
+				return nil, expected, fmt.Errorf("%w: request %s group %d: destination block %d outside pool of %d",
+					ErrBadRequest, rd.RequestID, g, b, pg.Blocks)
+			}
+			ids[i] = kvcache.BlockID(b)
+		}
+		rp.dst[g] = kvcache.BlockRun{First: int(d.First), IDs: ids}
+		if len(link.Layers[g]) == 0 {
+			continue
+		}
+		dstGeom := kvcache.PoolGeometry{Offset: pg.Offset, BlockBytes: pg.BlockBytes, Blocks: int(pg.Blocks)}
+		plan, err := kvcache.NewPlan(self.Layout, ctxShape, genShape, link, g, self.Pools[g], dstGeom)
+		if err != nil {
+			return nil, expected, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
+		}
+		rp.plans[g] = plan
+	}
+	return &Route{Peer: rd.From, AgentAddr: hello.AgentAddr, RegionKey: hello.Region.Key, RegionLen: hello.Region.Len, Planner: rp}, expected, nil
+}

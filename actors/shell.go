@@ -1,0 +1,309 @@
+package actors
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Counters are an engine's monotonically increasing event counts.
+type Counters struct {
+	OpsPosted      atomic.Int64
+	WorkerRestarts atomic.Int64
+	FramesUnsent   atomic.Int64
+	FramesRejected atomic.Int64
+	FramesStale    atomic.Int64
+	SessionPanics  atomic.Int64
+	PinErrors      atomic.Int64
+}
+
+// Fence says when a chunk's KV is written. OnReady calls f exactly once,
+// from any goroutine, when the producer finished (err nil) or failed.
+type Fence interface {
+	OnReady(f func(err error))
+}
+
+// FiredFence is a fence that has already fired (host memory).
+type FiredFence struct{}
+
+// OnReady implements Fence.
+func (FiredFence) OnReady(f func(error)) { f(nil) }
+
+// ManualFence fires when Fire is called; tests use it to hold a chunk.
+type ManualFence struct {
+	mu    sync.Mutex
+	fired bool
+	err   error
+	cbs   []func(error)
+}
+
+// OnReady implements Fence.
+func (m *ManualFence) OnReady(f func(error)) {
+	m.mu.Lock()
+	if m.fired {
+		err := m.err
+		m.mu.Unlock()
+		f(err)
+		return
+	}
+	m.cbs = append(m.cbs, f)
+	m.mu.Unlock()
+}
+
+// Fire fires the fence once; later calls do nothing.
+func (m *ManualFence) Fire(err error) {
+	m.mu.Lock()
+	if m.fired {
+		m.mu.Unlock()
+		return
+	}
+	m.fired, m.err = true, err
+	cbs := m.cbs
+	m.cbs = nil
+	m.mu.Unlock()
+	for _, f := range cbs {
+		f(err)
+	}
+}
+
+// Handle receives a session's outcome exactly once.
+type Handle struct {
+	once sync.Once
+	done chan Outcome
+}
+
+// NewHandle returns a handle whose Done channel is buffered for one outcome.
+func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1)} }
+
+// Done delivers the outcome once.
+func (h *Handle) Done() <-chan Outcome { return h.done }
+
+func (h *Handle) finish(o Outcome) {
+	h.once.Do(func() { h.done <- o; close(h.done) })
+}
+
+// shellEnv is what session shells share with their engine.
+type shellEnv struct {
+	pools    *Pools
+	workers  []*actor.PID
+	clock    func() time.Time
+	log      zerolog.Logger
+	stats    *Counters
+	recorder Recorder
+}
+
+// txChunkMsg carries a chunk and its fence from the handle to the shell.
+type txChunkMsg struct {
+	TxChunk
+	fence Fence
+}
+
+// sessionStopped tells a parent that a session released everything.
+type sessionStopped struct {
+	request string
+	outcome Outcome
+}
+
+// txActor is the protoactor shell of a TxSession.
+type txActor struct {
+	env      *shellEnv
+	s        *TxSession
+	handle   *Handle
+	fence    Fence // the fence of the chunk being stepped
+	fences   map[int]Fence
+	timers   []*time.Timer
+	panicked bool
+}
+
+func (a *txActor) Receive(ctx actor.Context) {
+	now := a.env.clock()
+	var eff []Effect
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if a.panicked {
+			a.panicked = false
+			a.env.stats.SessionPanics.Add(1)
+			eff = a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now)
+		} else {
+			eff = a.s.Init(now)
+		}
+	case *actor.Restarting:
+		a.panicked = true
+		return
+	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+		return
+	case txChunkMsg:
+		a.fence = m.fence
+		eff = a.step(ctx, m.TxChunk, now)
+		a.fence = nil
+	case *txPanicNow:
+		panic("tx session: panic requested")
+	case *txSetHandle:
+		a.handle = m.h
+		eff = a.step(ctx, m.start, now)
+	default:
+		eff = a.step(ctx, m, now)
+	}
+	a.exec(ctx, eff, now)
+}
+
+type txPanicNow struct{}
+type txSetHandle struct {
+	h     *Handle
+	start TxStart
+}
+
+func (a *txActor) step(ctx actor.Context, m any, now time.Time) []Effect {
+	if a.env.recorder != nil {
+		a.env.recorder.Record(ctx.Self().Id, m, now)
+	}
+	return a.s.Step(m, now)
+}
+
+func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
+	for _, e := range eff {
+		switch e := e.(type) {
+		case Pin:
+			if err := a.env.pools.Pin(e.Group, e.IDs); err != nil {
+				a.env.stats.PinErrors.Add(1)
+				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("pin")
+			}
+		case Unpin:
+			if err := a.env.pools.Unpin(e.Group, e.IDs); err != nil {
+				a.env.stats.PinErrors.Add(1)
+				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("unpin")
+			}
+		case WatchFence:
+			f := a.fence
+			if f == nil {
+				f = FiredFence{}
+			}
+			sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
+			f.OnReady(func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) })
+		case Submit:
+			ctx.Send(a.env.workers[e.Worker], &workerSubmit{Submit: e, session: ctx.Self()})
+		case Flush:
+			ctx.Send(a.env.workers[e.Worker], &workerFlush{Flush: e, session: ctx.Self()})
+		case CloseEndpoint:
+			ctx.Send(a.env.workers[e.Worker], &workerClose{CloseEndpoint: e, session: ctx.Self()})
+		case SendFrame:
+			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
+		case StartTimer:
+			a.timers = append(a.timers, startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
+		case Finish:
+			if a.handle != nil {
+				a.handle.finish(e.Outcome)
+			}
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request, outcome: e.Outcome})
+		case Stop:
+			for _, t := range a.timers {
+				t.Stop()
+			}
+			ctx.Stop(ctx.Self())
+		case Log:
+			logEffect(a.env.log, e)
+		}
+	}
+}
+
+func startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) *time.Timer {
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	d := e.At.Sub(now)
+	if d < 0 {
+		d = 0
+	}
+	return time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+}
+
+func logEffect(log zerolog.Logger, e Log) {
+	ev := log.Info()
+	switch e.Level {
+	case "warn":
+		ev = log.Warn()
+	case "error":
+		ev = log.Error()
+	case "debug":
+		ev = log.Debug()
+	}
+	ev.Err(e.Err).Msg(e.Msg)
+}
+
+// rxActor is the protoactor shell of an RxSession.
+type rxActor struct {
+	env      *shellEnv
+	s        *RxSession
+	handle   *Handle
+	timers   []*time.Timer
+	panicked bool
+}
+
+func (a *rxActor) Receive(ctx actor.Context) {
+	now := a.env.clock()
+	var eff []Effect
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if a.panicked {
+			a.panicked = false
+			a.env.stats.SessionPanics.Add(1)
+			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
+		} else {
+			eff = a.step(ctx, RxBegin{}, now)
+		}
+	case *actor.Restarting:
+		a.panicked = true
+		return
+	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+		return
+	default:
+		eff = a.step(ctx, m, now)
+	}
+	for _, e := range eff {
+		switch e := e.(type) {
+		case SendFrame:
+			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
+		case StartTimer:
+			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{}))
+		case Finish:
+			a.handle.finish(e.Outcome)
+		case ReleaseDest:
+			if err := a.env.pools.Free(e.Blocks); err != nil {
+				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("free destination blocks")
+			}
+		case Stop:
+			for _, t := range a.timers {
+				t.Stop()
+			}
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request})
+			ctx.Stop(ctx.Self())
+		case Log:
+			logEffect(a.env.log, e)
+		}
+	}
+}
+
+func (a *rxActor) step(ctx actor.Context, m any, now time.Time) []Effect {
+	if a.env.recorder != nil {
+		a.env.recorder.Record(ctx.Self().Id, m, now)
+	}
+	return a.s.Step(m, now)
+}
+
+// Recorder receives every message a session steps on (the trace seam).
+type Recorder interface {
+	Record(actor string, msg any, at time.Time)
+}
+
+// blockCounts returns len(ids) per group.
+func blockCounts(b [][]kvcache.BlockID) []int {
+	out := make([]int, len(b))
+	for g := range b {
+		out[g] = len(b[g])
+	}
+	return out
+}

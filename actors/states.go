@@ -1,0 +1,63 @@
+package actors
+
+import "fmt"
+
+// TxState is a context-side session's state.
+//
+//	INIT → READY → TRANSFERRING → DONE
+//	any non-terminal → FAILED | CANCELLED
+//
+// INIT: no peer has asked for the request yet. READY: at least one peer's
+// RequestData is known. TRANSFERRING: an op reached a worker. The first
+// terminal state wins and is never overwritten.
+type TxState uint8
+
+// TxSession states.
+const (
+	TxInit TxState = iota
+	TxReady
+	TxTransferring
+	TxDone
+	TxFailed
+	TxCancelled
+)
+
+var txNames = [...]string{"INIT", "READY", "TRANSFERRING", "DONE", "FAILED", "CANCELLED"}
+
+func (s TxState) String() string {
+	if int(s) < len(txNames) {
+		return txNames[s]
+	}
+	return fmt.Sprintf("TxState(%d)", uint8(s))
+}
+
+// Terminal reports whether s is DONE, FAILED or CANCELLED.
+func (s TxState) Terminal() bool { return s >= TxDone }
+
+// RxState is a generation-side session's state.
+//
+//	REQUESTED → RECEIVING → READY
+//	any non-terminal → FAILED | CANCELLED | TIMED_OUT
+type RxState uint8
+
+// RxSession states.
+const (
+	RxRequested RxState = iota
+	RxReceiving
+	RxReady
+	RxFailed
+	RxCancelled
+	RxTimedOut
+)
+
+var rxNames = [...]string{"REQUESTED", "RECEIVING", "READY", "FAILED", "CANCELLED", "TIMED_OUT"}
+
+func (s RxState) String() string {
+	if int(s) < len(rxNames) {
+		return rxNames[s]
+	}
+	return fmt.Sprintf("RxState(%d)", uint8(s))
+}
+
+// Terminal reports whether s is READY, FAILED, CANCELLED or TIMED_OUT.
+func (s RxState) Terminal() bool { return s >= RxReady }

@@ -1,0 +1,612 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Messages a TxSession steps on. The shell turns handle calls, control
+// frames, fence callbacks, worker reports and timers into these.
+type (
+	// TxStart: Engine.Send was called for the request.
+	TxStart struct {
+		PromptLen int
+		Deadline  time.Time
+		Payload   []byte
+	}
+	// TxChunk: the serving process handed over one prefill chunk; Src
+	// holds its source blocks per layer group.
+	TxChunk struct {
+		Chunk kvcache.Chunk
+		Src   []kvcache.BlockRun
+	}
+	// TxFenceFired: chunk Index's KV is written (or its producer failed).
+	TxFenceFired struct {
+		Index int
+		Err   error
+	}
+	// TxPeerRequest: a generation rank's RequestData, resolved into a
+	// route by the shell. Expected lists every generation rank index this
+	// context rank must write to for the request. Err is set when the
+	// request could not be resolved (bad blocks, mismatched peer).
+	TxPeerRequest struct {
+		Peer     int
+		Epoch    uint64
+		Route    *Route
+		Expected []int
+		Err      error
+	}
+	// TxCompleted: a worker reports the exactly-once outcome of an op's
+	// batch. Refused means it never reached the backend.
+	TxCompleted struct {
+		Op      OpRef
+		Err     error
+		Refused bool
+	}
+	// TxFlushed: a worker flushed the endpoint to Peer.
+	TxFlushed struct {
+		Peer int
+		Err  error
+	}
+	// TxInDoubt: a worker lost track of these ops (it crashed).
+	TxInDoubt struct {
+		Ops    []OpRef
+		Reason error
+	}
+	// TxRetired: a worker closed the endpoint of these ops; none of them
+	// can write any more.
+	TxRetired struct{ Ops []OpRef }
+	// TxCancel: the local serving process cancelled the request.
+	TxCancel struct{ Reason error }
+	// TxPeerCancel: a generation rank cancelled the request.
+	TxPeerCancel struct {
+		Peer  int
+		Epoch uint64
+	}
+	// TxTimeout: a session timer fired.
+	TxTimeout struct{ Kind TimerKind }
+	// TxPanic: the session's shell recovered a panic.
+	TxPanic struct{ Err error }
+)
+
+// op is one batch of writes for one stream and one chunk.
+type op struct {
+	chunk int
+	state OpState
+	segs  []kvcache.Segment
+	bytes uint64
+}
+
+type streamPhase uint8
+
+const (
+	streamOpen     streamPhase = iota // admitting ops
+	streamFlushing                    // last op landed, flush requested
+	streamFinished                    // terminal frame sent
+)
+
+// stream is the context-side state for one (request, generation rank).
+type stream struct {
+	peer      int
+	epoch     uint64
+	worker    int
+	route     *Route
+	ops       []op
+	admitted  int // chunks considered (an op, or a no-op)
+	next      int // next op to submit; ops leave in order
+	phase     streamPhase
+	bytes     uint64
+	retired   bool // some op was retired by closing its endpoint
+	cancelled bool // the peer sent Cancel: answer CancelAck
+}
+
+type chunkRec struct {
+	c        kvcache.Chunk
+	src      []kvcache.BlockRun
+	fired    bool
+	fenceErr error
+	pinned   bool
+}
+
+// TxConfig is what a TxSession knows at birth.
+type TxConfig struct {
+	Request    string
+	Self       messages.PeerID
+	Workers    int
+	DrainGrace time.Duration
+	// Timeout bounds a session that never gets Send or never gets a peer.
+	Timeout time.Duration
+}
+
+// TxSession is the context-side state machine of one request: its chunks,
+// its streams (one per generation rank it writes to) and their ops.
+// It is driven only through Step.
+type TxSession struct {
+	cfg      TxConfig
+	state    TxState
+	err      error
+	started  bool
+	promptLn int
+	payload  []byte
+	chunks   []chunkRec
+	streams  map[int]*stream
+	order    []int // stream peers in arrival order (deterministic iteration)
+	expected map[int]bool
+	stopped  bool
+	eff      []Effect
+	// Violations records illegal transitions (tests assert it stays empty).
+	Violations []string
+	// LateCompletions counts completions for ops that were already quiescent.
+	LateCompletions int
+}
+
+// NewTxSession returns a session in INIT.
+func NewTxSession(cfg TxConfig) *TxSession {
+	if cfg.Workers < 1 {
+		cfg.Workers = 1
+	}
+	return &TxSession{cfg: cfg, streams: map[int]*stream{}}
+}
+
+// State is the session's state.
+func (s *TxSession) State() TxState { return s.state }
+
+// Err is the first terminal error (nil for DONE).
+func (s *TxSession) Err() error { return s.err }
+
+// Stopped reports whether the session released everything and stopped.
+func (s *TxSession) Stopped() bool { return s.stopped }
+
+// Init returns the effects of a new session: its orphan deadline.
+func (s *TxSession) Init(now time.Time) []Effect {
+	if s.cfg.Timeout > 0 {
+		return []Effect{StartTimer{Kind: TimerDeadline, At: now.Add(s.cfg.Timeout)}}
+	}
+	return nil
+}
+
+// Step applies one message and returns the effects to execute, in order.
+func (s *TxSession) Step(msg any, now time.Time) []Effect {
+	s.eff = s.eff[:0:0]
+	if s.stopped {
+		return nil
+	}
+	switch m := msg.(type) {
+	case TxStart:
+		s.onStart(m, now)
+	case TxChunk:
+		s.onChunk(m)
+	case TxFenceFired:
+		s.onFence(m)
+	case TxPeerRequest:
+		s.onPeerRequest(m)
+	case TxCompleted:
+		s.onCompleted(m)
+	case TxFlushed:
+		s.onFlushed(m)
+	case TxInDoubt:
+		for _, r := range m.Ops {
+			if o := s.opOf(r); o != nil && (o.state == OpSubmitting || o.state == OpSubmitted) {
+				s.setOp(r, o, OpInDoubt)
+			}
+		}
+		s.fail(TxFailed, m.Reason)
+		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: now.Add(s.cfg.DrainGrace)})
+	case TxRetired:
+		for _, r := range m.Ops {
+			if o := s.opOf(r); o != nil && o.state == OpInDoubt {
+				s.setOp(r, o, OpRetired)
+				s.streams[r.Peer].retired = true
+			}
+		}
+	case TxCancel:
+		err := m.Reason
+		if err == nil {
+			err = ErrCancelled
+		}
+		s.fail(TxCancelled, err)
+	case TxPeerCancel:
+		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
+			st.cancelled = true
+			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
+		}
+	case TxTimeout:
+		s.onTimeout(m, now)
+	case TxPanic:
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: %v", ErrSessionCrashed, s.cfg.Request, m.Err))
+	default:
+		s.Violations = append(s.Violations, fmt.Sprintf("unknown message %T", msg))
+	}
+	s.progress()
+	return s.eff
+}
+
+func (s *TxSession) onStart(m TxStart, now time.Time) {
+	if s.started {
+		return
+	}
+	s.started = true
+	s.promptLn = m.PromptLen
+	s.payload = m.Payload
+	if !m.Deadline.IsZero() {
+		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
+	}
+}
+
+func (s *TxSession) onChunk(m TxChunk) {
+	if s.state.Terminal() {
+		// No op is admitted after the outcome: nothing is pinned, the
+		// serving process keeps its pages.
+		return
+	}
+	idx := len(s.chunks)
+	s.chunks = append(s.chunks, chunkRec{c: m.Chunk, src: m.Src, pinned: true})
+	for g, run := range m.Src {
+		if len(run.IDs) > 0 {
+			s.eff = append(s.eff, Pin{Group: g, IDs: run.IDs})
+		}
+	}
+	s.eff = append(s.eff, WatchFence{Chunk: idx})
+	for _, p := range s.order {
+		s.admit(s.streams[p])
+	}
+}
+
+func (s *TxSession) onFence(m TxFenceFired) {
+	if m.Index < 0 || m.Index >= len(s.chunks) || s.chunks[m.Index].fired {
+		s.Violations = append(s.Violations, fmt.Sprintf("fence %d: unknown or fired twice", m.Index))
+		return
+	}
+	s.chunks[m.Index].fired = true
+	s.chunks[m.Index].fenceErr = m.Err
+	if m.Err != nil {
+		s.fail(TxFailed, fmt.Errorf("%w: request %s chunk %d: %v", ErrFence, s.cfg.Request, m.Index, m.Err))
+	}
+}
+
+func (s *TxSession) onPeerRequest(m TxPeerRequest) {
+	if m.Err != nil {
+		s.fail(TxFailed, m.Err)
+		return
+	}
+	if old := s.streams[m.Peer]; old != nil {
+		// A duplicate RequestData for the same epoch changes nothing.
+		if old.epoch != m.Epoch {
+			s.fail(TxFailed, fmt.Errorf("%w: request %s: peer %d sent epoch %d after %d", ErrBadRequest, s.cfg.Request, m.Peer, m.Epoch, old.epoch))
+		}
+		return
+	}
+	if s.expected == nil {
+		s.expected = map[int]bool{}
+		for _, p := range m.Expected {
+			s.expected[p] = true
+		}
+	}
+	if !s.expected[m.Peer] {
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: rank %d is not a peer of this rank", ErrBadRequest, s.cfg.Request, m.Peer))
+		return
+	}
+	st := &stream{peer: m.Peer, epoch: m.Epoch, route: m.Route,
+		worker: WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers)}
+	s.streams[m.Peer] = st
+	s.order = append(s.order, m.Peer)
+	if s.state.Terminal() {
+		// Too late to write: answer at once (nothing was admitted).
+		s.finishStream(st)
+		return
+	}
+	if s.state == TxInit {
+		s.state = TxReady
+	}
+	s.admit(st)
+}
+
+// admit turns every chunk the stream has not seen into an op (or a no-op
+// when the chunk lies outside what the peer needs).
+func (s *TxSession) admit(st *stream) {
+	for st.admitted < len(s.chunks) {
+		ci := st.admitted
+		st.admitted++
+		c := s.chunks[ci]
+		segs, bytes, err := st.route.Planner.Plan(c.c, c.src, nil)
+		if err != nil {
+			s.fail(TxFailed, fmt.Errorf("request %s chunk %d for %s: %w", s.cfg.Request, ci, st.route.Peer, err))
+			return
+		}
+		if len(segs) == 0 {
+			continue
+		}
+		st.ops = append(st.ops, op{chunk: ci, state: OpAdmitted, segs: segs, bytes: bytes})
+	}
+}
+
+func (s *TxSession) onCompleted(m TxCompleted) {
+	o := s.opOf(m.Op)
+	if o == nil {
+		s.Violations = append(s.Violations, fmt.Sprintf("completion for unknown op %v", m.Op))
+		return
+	}
+	st := s.streams[m.Op.Peer]
+	switch o.state {
+	case OpSubmitting, OpSubmitted:
+		if m.Refused {
+			s.setOp(m.Op, o, OpNotSubmitted)
+		} else {
+			s.setOp(m.Op, o, OpBackendDone)
+			if m.Err == nil {
+				st.bytes += o.bytes
+			}
+		}
+		if m.Err != nil {
+			s.fail(TxFailed, fmt.Errorf("%w: request %s op %v: %v", ErrPeerFailed, s.cfg.Request, m.Op, m.Err))
+		}
+	case OpInDoubt:
+		// A late completion proves the op quiescent; the logical
+		// outcome (already terminal) does not change.
+		s.setOp(m.Op, o, OpRetired)
+		s.LateCompletions++
+	default:
+		s.LateCompletions++
+	}
+}
+
+func (s *TxSession) onFlushed(m TxFlushed) {
+	st := s.streams[m.Peer]
+	if st == nil || st.phase != streamFlushing {
+		return
+	}
+	if m.Err != nil {
+		s.fail(TxFailed, fmt.Errorf("%w: request %s flush to %s: %v", ErrPeerFailed, s.cfg.Request, st.route.Peer, m.Err))
+		st.phase = streamOpen // send the failure once quiescent
+		return
+	}
+	if s.state.Terminal() {
+		return // the terminal frame goes out in progress()
+	}
+	st.phase = streamFinished
+	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
+		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
+		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload,
+	}})
+}
+
+func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
+	switch m.Kind {
+	case TimerDeadline:
+		if s.state.Terminal() {
+			return
+		}
+		s.fail(TxFailed, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
+		inDoubt := false
+		s.eachOp(func(r OpRef, o *op) {
+			if o.state == OpSubmitting || o.state == OpSubmitted {
+				s.setOp(r, o, OpInDoubt)
+				inDoubt = true
+			}
+		})
+		if inDoubt {
+			s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: now.Add(s.cfg.DrainGrace)})
+		}
+	case TimerDrain:
+		// Ops still in doubt after the grace period: close their
+		// endpoints, which proves them quiescent.
+		for _, p := range s.order {
+			st := s.streams[p]
+			for i := range st.ops {
+				if st.ops[i].state == OpInDoubt {
+					s.eff = append(s.eff, CloseEndpoint{Worker: st.worker, Peer: st.peer, Route: st.route})
+					break
+				}
+			}
+		}
+	}
+}
+
+// fail records the first terminal outcome; later ones change nothing.
+func (s *TxSession) fail(to TxState, err error) {
+	if s.state.Terminal() {
+		return
+	}
+	s.state = to
+	s.err = err
+	s.eff = append(s.eff, Log{Level: "warn", Msg: "tx session " + s.cfg.Request + " " + to.String(), Err: err})
+}
+
+// progress submits what can leave, finishes streams and releases the
+// session when everything is quiescent.
+func (s *TxSession) progress() {
+	terminal := s.state.Terminal()
+	for _, p := range s.order {
+		st := s.streams[p]
+		if terminal {
+			// Ops that never left stay behind: once their fence fired they
+			// are NOT_SUBMITTED (the pages were only ever read by us).
+			for i := st.next; i < len(st.ops); i++ {
+				o := &st.ops[i]
+				if o.state == OpAdmitted && s.chunks[o.chunk].fired {
+					s.setOp(OpRef{s.cfg.Request, st.peer, i}, o, OpNotSubmitted)
+				}
+			}
+			if st.phase != streamFinished && streamQuiescent(st) {
+				s.finishStream(st)
+			}
+			continue
+		}
+		for st.next < len(st.ops) {
+			o := &st.ops[st.next]
+			c := s.chunks[o.chunk]
+			if !c.fired {
+				break
+			}
+			ref := OpRef{s.cfg.Request, st.peer, st.next}
+			s.setOp(ref, o, OpSubmitting)
+			s.eff = append(s.eff, Submit{Worker: st.worker, Peer: st.peer, Op: ref, Route: st.route, Segments: o.segs, Bytes: o.bytes})
+			if s.state == TxReady || s.state == TxInit {
+				s.state = TxTransferring
+			}
+			st.next++
+		}
+		if st.phase == streamOpen && s.lastSeen(st) && allDone(st) {
+			st.phase = streamFlushing
+			s.eff = append(s.eff, Flush{Worker: st.worker, Peer: st.peer, Request: s.cfg.Request, Route: st.route})
+		}
+	}
+	if !terminal && s.expected != nil && len(s.expected) > 0 {
+		done := true
+		for p := range s.expected {
+			st := s.streams[p]
+			if st == nil || st.phase != streamFinished {
+				done = false
+				break
+			}
+		}
+		if done {
+			s.state = TxDone
+		}
+	}
+	s.maybeRelease()
+}
+
+func (s *TxSession) lastSeen(st *stream) bool {
+	if st.admitted == 0 || st.admitted != len(s.chunks) {
+		return false
+	}
+	return s.chunks[len(s.chunks)-1].c.Last
+}
+
+func allDone(st *stream) bool {
+	for i := range st.ops {
+		if st.ops[i].state != OpBackendDone {
+			return false
+		}
+	}
+	return true
+}
+
+func streamQuiescent(st *stream) bool {
+	for i := range st.ops {
+		if !st.ops[i].state.Quiescent() {
+			return false
+		}
+	}
+	return true
+}
+
+// finishStream sends the stream's terminal frame; it is only called when
+// every op of the stream is quiescent, so the peer may free its pages.
+func (s *TxSession) finishStream(st *stream) {
+	st.phase = streamFinished
+	if st.cancelled {
+		s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.CancelAck{
+			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self}})
+		return
+	}
+	status := messages.StatusFailed
+	switch {
+	case st.retired:
+		status = messages.StatusInDoubt
+	case s.state == TxCancelled:
+		status = messages.StatusCancelled
+	}
+	text := ""
+	if s.err != nil {
+		text = s.err.Error()
+		if len(text) > messages.MaxErrorLen {
+			text = text[:messages.MaxErrorLen]
+		}
+	}
+	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
+		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text}})
+}
+
+// Quiescent reports whether no op of any stream may still touch a page and
+// every chunk's fence has fired.
+func (s *TxSession) Quiescent() bool {
+	for i := range s.chunks {
+		if s.chunks[i].pinned && !s.chunks[i].fired {
+			return false
+		}
+	}
+	for _, st := range s.streams {
+		if !streamQuiescent(st) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *TxSession) maybeRelease() {
+	if !s.state.Terminal() || s.stopped || !s.Quiescent() {
+		return
+	}
+	for _, st := range s.streams {
+		if st.phase != streamFinished {
+			return
+		}
+	}
+	for i := range s.chunks {
+		c := &s.chunks[i]
+		if !c.pinned {
+			continue
+		}
+		c.pinned = false
+		for g, run := range c.src {
+			if len(run.IDs) > 0 {
+				s.eff = append(s.eff, Unpin{Group: g, IDs: run.IDs})
+			}
+		}
+	}
+	var bytes uint64
+	for _, st := range s.streams {
+		bytes += st.bytes
+	}
+	s.eff = append(s.eff, Finish{Outcome: Outcome{Request: s.cfg.Request, Status: s.state.String(),
+		OK: s.state == TxDone, Err: s.err, Bytes: bytes}}, Stop{})
+	s.stopped = true
+}
+
+func (s *TxSession) opOf(r OpRef) *op {
+	st := s.streams[r.Peer]
+	if st == nil || r.Seq < 0 || r.Seq >= len(st.ops) || r.Request != s.cfg.Request {
+		return nil
+	}
+	return &st.ops[r.Seq]
+}
+
+func (s *TxSession) eachOp(f func(OpRef, *op)) {
+	for _, p := range s.order {
+		st := s.streams[p]
+		for i := range st.ops {
+			f(OpRef{s.cfg.Request, p, i}, &st.ops[i])
+		}
+	}
+}
+
+func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
+	if !LegalOpTransition(o.state, to) {
+		s.Violations = append(s.Violations, fmt.Sprintf("op %v: illegal %v → %v", r, o.state, to))
+	}
+	o.state = to
+}
+
+// OpStates returns every op's state, keyed by reference (for tests, the
+// simulator and replay).
+func (s *TxSession) OpStates() map[OpRef]OpState {
+	out := map[OpRef]OpState{}
+	s.eachOp(func(r OpRef, o *op) { out[r] = o.state })
+	return out
+}
+
+// PinnedChunks returns the indexes of chunks whose pages are still pinned.
+func (s *TxSession) PinnedChunks() []int {
+	var out []int
+	for i := range s.chunks {
+		if s.chunks[i].pinned {
+			out = append(out, i)
+		}
+	}
+	return out
+}

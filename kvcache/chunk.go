@@ -1,0 +1,88 @@
+package kvcache
+
+import "fmt"
+
+// Chunks slices a prompt of promptLen tokens into prefill chunks of
+// chunkTokens tokens each: every chunk starts and, except the last, ends on
+// a block boundary; the last one may be shorter and end mid-block. A chunk
+// size at or above promptLen gives a single chunk with Last set.
+//
+// Errors: chunkTokens that is not a positive multiple of tokensPerBlock
+// wraps ErrMisalignedChunk (chunks are never rounded); promptLen < 0 or
+// tokensPerBlock < 1 wraps ErrBadChunk. An empty prompt (promptLen == 0)
+// has no chunks: Chunks returns an empty slice and no error.
+func Chunks(promptLen, chunkTokens, tokensPerBlock int) ([]Chunk, error) {
+	if tokensPerBlock < 1 {
+		return nil, fmt.Errorf("%w: TokensPerBlock = %d, must be ≥ 1", ErrBadChunk, tokensPerBlock)
+	}
+	if promptLen < 0 {
+		return nil, fmt.Errorf("%w: prompt length %d, must be ≥ 0", ErrBadChunk, promptLen)
+	}
+	if chunkTokens < 1 || chunkTokens%tokensPerBlock != 0 {
+		return nil, fmt.Errorf("%w: chunk size %d tokens is not a positive multiple of TokensPerBlock %d",
+			ErrMisalignedChunk, chunkTokens, tokensPerBlock)
+	}
+	out := make([]Chunk, 0, (promptLen+chunkTokens-1)/chunkTokens)
+	for start := 0; start < promptLen; start += chunkTokens {
+		end := start + min(chunkTokens, promptLen-start)
+		out = append(out, Chunk{Start: start, End: end, FirstBlock: start / tokensPerBlock, Last: end == promptLen})
+	}
+	return out, nil
+}
+
+// Validate checks a chunk supplied from outside (a serving framework or a
+// peer) against a prompt of promptLen tokens and blocks of tokensPerBlock
+// tokens. It returns an error naming the chunk and the offending value:
+// wrapping ErrMisalignedChunk when Start, or End of a chunk other than the
+// last, is not a multiple of tokensPerBlock; wrapping ErrBadChunk when the
+// chunk is empty or out of [0, promptLen], when FirstBlock ≠ Start /
+// tokensPerBlock, when Last disagrees with End == promptLen, or when
+// promptLen < 0 or tokensPerBlock < 1.
+func (c Chunk) Validate(promptLen, tokensPerBlock int) error {
+	switch {
+	case tokensPerBlock < 1:
+		return fmt.Errorf("%w: %v: TokensPerBlock = %d, must be ≥ 1", ErrBadChunk, c, tokensPerBlock)
+	case promptLen < 0:
+		return fmt.Errorf("%w: %v: prompt length %d, must be ≥ 0", ErrBadChunk, c, promptLen)
+	case c.Start < 0:
+		return fmt.Errorf("%w: %v: Start %d, must be ≥ 0", ErrBadChunk, c, c.Start)
+	case c.End <= c.Start:
+		return fmt.Errorf("%w: %v: empty, End %d must be > Start %d", ErrBadChunk, c, c.End, c.Start)
+	case c.End > promptLen:
+		return fmt.Errorf("%w: %v: End %d is past the prompt length %d", ErrBadChunk, c, c.End, promptLen)
+	case c.Start%tokensPerBlock != 0:
+		return fmt.Errorf("%w: %v: Start %d is not a multiple of TokensPerBlock %d",
+			ErrMisalignedChunk, c, c.Start, tokensPerBlock)
+	case c.FirstBlock != c.Start/tokensPerBlock:
+		return fmt.Errorf("%w: %v: FirstBlock %d, must be Start/TokensPerBlock = %d",
+			ErrBadChunk, c, c.FirstBlock, c.Start/tokensPerBlock)
+	case c.Last != (c.End == promptLen):
+		return fmt.Errorf("%w: %v: Last = %t but End %d and prompt length %d",
+			ErrBadChunk, c, c.Last, c.End, promptLen)
+	case !c.Last && c.End%tokensPerBlock != 0:
+		return fmt.Errorf("%w: %v: End %d of a chunk that is not the last is not a multiple of TokensPerBlock %d",
+			ErrMisalignedChunk, c, c.End, tokensPerBlock)
+	}
+	return nil
+}
+
+// Blocks returns the global block indices [first, end) the chunk writes:
+// first = Start/tokensPerBlock (equal to FirstBlock for a valid chunk) and
+// end = ⌈End/tokensPerBlock⌉, so a last chunk ending mid-block covers that
+// block. tokensPerBlock < 1 or an empty chunk yields an empty range.
+func (c Chunk) Blocks(tokensPerBlock int) (first, end int) {
+	if tokensPerBlock < 1 || c.End <= c.Start || c.Start < 0 {
+		return 0, 0
+	}
+	return c.Start / tokensPerBlock, (c.End + tokensPerBlock - 1) / tokensPerBlock
+}
+
+// String formats the chunk as "chunk [Start, End) block FirstBlock", with
+// " last" appended for the last chunk.
+func (c Chunk) String() string {
+	s := fmt.Sprintf("chunk [%d, %d) block %d", c.Start, c.End, c.FirstBlock)
+	if c.Last {
+		s += " last"
+	}
+	return s
+}

@@ -1,0 +1,319 @@
+package messages
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Version is the control-plane protocol version carried in every frame.
+const Version uint32 = 1
+
+// Bounds on decoded fields. A frame beyond them is hostile or broken.
+const (
+	MaxRequestIDLen = 256
+	MaxInstanceLen  = 128
+	MaxGroups       = 16
+	MaxBlocks       = 1 << 20
+	MaxErrorLen     = 1024
+	MaxPayload      = 4096
+	MaxRank         = 1 << 16
+)
+
+// ErrInvalid is wrapped by every validation failure.
+var ErrInvalid = errors.New("messages: invalid frame")
+
+// PeerID names one rank of one engine instance.
+type PeerID struct {
+	Instance string
+	Rank     int32
+}
+
+func (p PeerID) String() string { return fmt.Sprintf("%s/%d", p.Instance, p.Rank) }
+
+// Parallel is an instance's tensor- and pipeline-parallel size.
+type Parallel struct {
+	TP int32
+	PP int32
+}
+
+// GroupDest is one layer group's destination: global block indices
+// First..First+len(Blocks)-1 live in the receiver's physical Blocks.
+type GroupDest struct {
+	First  int32
+	Blocks []int32
+}
+
+// Status is a writer's terminal outcome for one request.
+type Status uint8
+
+const (
+	// StatusUnknown is the zero value; never valid on the wire.
+	StatusUnknown Status = iota
+	// StatusSuccess: every byte landed (the writer flushed).
+	StatusSuccess
+	// StatusFailed: the writer failed; it is quiescent.
+	StatusFailed
+	// StatusInDoubt: the writer retired its writes by closing the
+	// endpoint; it is quiescent, the bytes are not trustworthy.
+	StatusInDoubt
+	// StatusCancelled: the context side cancelled; it is quiescent.
+	StatusCancelled
+)
+
+var statusNames = [...]string{"UNKNOWN", "SUCCESS", "FAILED", "IN_DOUBT", "CANCELLED"}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Frame is any control-plane frame.
+type Frame interface {
+	// Validate range-checks every field; errors wrap ErrInvalid.
+	Validate() error
+	// Request is the request the frame names ("" for none).
+	Request() string
+	// Sender is the peer that sent it.
+	Sender() PeerID
+}
+
+// RemoteRegion is a registered region a peer may write into.
+type RemoteRegion struct {
+	Key []byte
+	Len uint64
+}
+
+// Hello introduces an engine rank to a peer: how to reach its data plane,
+// the region a writer targets, and the layout it was built for.
+type Hello struct {
+	From       PeerID
+	Backend    string
+	AgentAddr  []byte
+	Region     RemoteRegion
+	LayoutHash uint64
+	Parallel   Parallel
+	// Rank is the sender's (tp, pp) coordinate in its instance.
+	TP, PP int32
+	// Pools places each layer group's block pool inside Region.
+	Pools []PoolGeometry
+}
+
+// PoolGeometry places one layer group's pool in a region: block i occupies
+// [Offset + i*BlockBytes, Offset + (i+1)*BlockBytes).
+type PoolGeometry struct {
+	Offset     uint64
+	BlockBytes uint64
+	Blocks     int32
+}
+
+// RequestData asks a context rank to write one request's KV into the
+// sender's (a generation rank's) blocks.
+type RequestData struct {
+	RequestID string
+	Epoch     uint64
+	From      PeerID
+	// GenParallel and (GenTP, GenPP) place the receiver in its instance,
+	// so the writer can compute the peer map.
+	GenParallel Parallel
+	GenTP       int32
+	GenPP       int32
+	PromptLen   int32
+	Groups      []GroupDest
+	// DeadlineUnixNano is when the receiver gives up (0 = none).
+	DeadlineUnixNano int64
+}
+
+// Result is a writer's terminal outcome for one request; the writer is
+// quiescent for that request when it sends one.
+type Result struct {
+	RequestID string
+	Epoch     uint64
+	From      PeerID
+	Status    Status
+	Bytes     uint64
+	Error     string
+	// Payload is a small opaque value from the context side (first token).
+	Payload []byte
+}
+
+// Cancel asks a writer to stop; it answers CancelAck once quiescent.
+type Cancel struct {
+	RequestID string
+	Epoch     uint64
+	From      PeerID
+	Reason    string
+}
+
+// CancelAck says the writer is quiescent for the request.
+type CancelAck struct {
+	RequestID string
+	Epoch     uint64
+	From      PeerID
+}
+
+// Heartbeat proves a peer is alive.
+type Heartbeat struct {
+	From PeerID
+	Seq  uint64
+}
+
+func (m *Hello) Request() string       { return "" }
+func (m *RequestData) Request() string { return m.RequestID }
+func (m *Result) Request() string      { return m.RequestID }
+func (m *Cancel) Request() string      { return m.RequestID }
+func (m *CancelAck) Request() string   { return m.RequestID }
+func (m *Heartbeat) Request() string   { return "" }
+
+func (m *Hello) Sender() PeerID       { return m.From }
+func (m *RequestData) Sender() PeerID { return m.From }
+func (m *Result) Sender() PeerID      { return m.From }
+func (m *Cancel) Sender() PeerID      { return m.From }
+func (m *CancelAck) Sender() PeerID   { return m.From }
+func (m *Heartbeat) Sender() PeerID   { return m.From }
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+func (p PeerID) validate() error {
+	if p.Instance == "" || len(p.Instance) > MaxInstanceLen {
+		return invalid("sender instance length %d, want 1..%d", len(p.Instance), MaxInstanceLen)
+	}
+	if p.Rank < 0 || p.Rank >= MaxRank {
+		return invalid("sender rank %d, want 0..%d", p.Rank, MaxRank-1)
+	}
+	return nil
+}
+
+func validateRequestID(id string) error {
+	if id == "" || len(id) > MaxRequestIDLen {
+		return invalid("request id length %d, want 1..%d", len(id), MaxRequestIDLen)
+	}
+	return nil
+}
+
+func (p Parallel) validate(what string) error {
+	if p.TP < 1 || p.TP > 1024 || p.PP < 1 || p.PP > 1024 {
+		return invalid("%s parallel TP=%d PP=%d, want 1..1024 each", what, p.TP, p.PP)
+	}
+	return nil
+}
+
+// Validate implements Frame.
+func (m *Hello) Validate() error {
+	if err := m.From.validate(); err != nil {
+		return err
+	}
+	if m.Backend == "" || len(m.Backend) > 32 {
+		return invalid("hello backend %q", m.Backend)
+	}
+	if len(m.AgentAddr) == 0 || len(m.AgentAddr) > 4096 {
+		return invalid("hello agent address length %d, want 1..4096", len(m.AgentAddr))
+	}
+	if len(m.Region.Key) == 0 || len(m.Region.Key) > 4096 {
+		return invalid("hello region key length %d, want 1..4096", len(m.Region.Key))
+	}
+	if err := m.Parallel.validate("hello"); err != nil {
+		return err
+	}
+	if m.TP < 0 || m.TP >= m.Parallel.TP || m.PP < 0 || m.PP >= m.Parallel.PP {
+		return invalid("hello rank tp=%d pp=%d outside TP=%d PP=%d", m.TP, m.PP, m.Parallel.TP, m.Parallel.PP)
+	}
+	if len(m.Pools) == 0 || len(m.Pools) > MaxGroups {
+		return invalid("hello: %d pools, want 1..%d", len(m.Pools), MaxGroups)
+	}
+	for g, p := range m.Pools {
+		if p.Blocks < 0 || p.Blocks > MaxBlocks || p.BlockBytes == 0 {
+			return invalid("hello: pool %d blocks %d block bytes %d", g, p.Blocks, p.BlockBytes)
+		}
+		end := p.Offset + uint64(p.Blocks)*p.BlockBytes
+		if end < p.Offset || end > m.Region.Len {
+			return invalid("hello: pool %d ends at %d past region length %d", g, end, m.Region.Len)
+		}
+	}
+	return nil
+}
+
+// Validate implements Frame. Block ids are checked against the receiver's
+// pool by the writer, which knows the pool's size.
+func (m *RequestData) Validate() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	if err := m.From.validate(); err != nil {
+		return err
+	}
+	if err := m.GenParallel.validate("generation"); err != nil {
+		return err
+	}
+	if m.GenTP < 0 || m.GenTP >= m.GenParallel.TP || m.GenPP < 0 || m.GenPP >= m.GenParallel.PP {
+		return invalid("request %s: generation rank tp=%d pp=%d outside TP=%d PP=%d",
+			m.RequestID, m.GenTP, m.GenPP, m.GenParallel.TP, m.GenParallel.PP)
+	}
+	if m.PromptLen < 0 {
+		return invalid("request %s: prompt length %d", m.RequestID, m.PromptLen)
+	}
+	if len(m.Groups) == 0 || len(m.Groups) > MaxGroups {
+		return invalid("request %s: %d layer groups, want 1..%d", m.RequestID, len(m.Groups), MaxGroups)
+	}
+	total := 0
+	for g, d := range m.Groups {
+		if d.First < 0 {
+			return invalid("request %s: group %d first block %d", m.RequestID, g, d.First)
+		}
+		total += len(d.Blocks)
+		if total > MaxBlocks {
+			return invalid("request %s: more than %d destination blocks", m.RequestID, MaxBlocks)
+		}
+		for i, b := range d.Blocks {
+			if b < 0 {
+				return invalid("request %s: group %d block[%d] = %d", m.RequestID, g, i, b)
+			}
+		}
+	}
+	return nil
+}
+
+// Validate implements Frame.
+func (m *Result) Validate() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	if err := m.From.validate(); err != nil {
+		return err
+	}
+	if m.Status == StatusUnknown || int(m.Status) >= len(statusNames) {
+		return invalid("request %s: result status %d", m.RequestID, m.Status)
+	}
+	if len(m.Error) > MaxErrorLen {
+		return invalid("request %s: error text length %d > %d", m.RequestID, len(m.Error), MaxErrorLen)
+	}
+	if len(m.Payload) > MaxPayload {
+		return invalid("request %s: payload length %d > %d", m.RequestID, len(m.Payload), MaxPayload)
+	}
+	return nil
+}
+
+// Validate implements Frame.
+func (m *Cancel) Validate() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	if len(m.Reason) > MaxErrorLen {
+		return invalid("request %s: cancel reason length %d > %d", m.RequestID, len(m.Reason), MaxErrorLen)
+	}
+	return m.From.validate()
+}
+
+// Validate implements Frame.
+func (m *CancelAck) Validate() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	return m.From.validate()
+}
+
+// Validate implements Frame.
+func (m *Heartbeat) Validate() error { return m.From.validate() }

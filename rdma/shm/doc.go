@@ -1,0 +1,44 @@
+// Package shm is the rdma backend for processes on one host: the receiver's
+// region lives in a shared-memory file, which the sender maps and writes
+// into directly, so a batch lands in the receiver's pool with one memory
+// copy and no help from the receiver. Pure Go (mmap through syscall).
+//
+// # Regions
+//
+// NewRegion creates a file in Dir() (/dev/shm where it exists), maps it and
+// returns the mapping's data part as a kvcache.Region (HostBytesRegion): the
+// receiver builds its pool on it. Only such regions can receive writes; any
+// host region can be a batch's source. The file starts with a one-page
+// header: magic, version, data length, a random file id, the owning agent's
+// nonce, the current registration's 128-bit secret and a Lease word (batches
+// in flight, retired, owner gone) that every process updates atomically.
+// Files are created with mode 0600: the file system's permissions are the
+// access control between users; the secret guards against stale and
+// misdirected keys, as an RDMA rkey does.
+//
+// # Keys and addresses
+//
+// An agent's Address is "shm:<pid>:<nonce>". A file-backed registration's
+// RemoteRegion.Key carries the owner's nonce, the file's id, the
+// registration's secret and the file's base name. A sender's endpoint maps
+// the named file on first use (one mapping per file per endpoint, kept until
+// the endpoint closes) and refuses with rdma.ErrBadKey a key whose file,
+// file id, owner or secret does not match, or whose registration was revoked;
+// with rdma.ErrPeerGone one whose owner agent closed.
+//
+// # Busy regions across processes
+//
+// Post acquires the destination's Lease in the shared header (and the
+// source's lease) before it accepts a batch, and the copier releases both
+// just before Done; the receiver's Deregister retires the lease only when no
+// batch of any process is in flight (else rdma.ErrRegionBusy). A sender that
+// dies with batches in flight leaves the count up: Deregister then refuses
+// until the receiver closes its agent (which revokes whatever is in flight).
+//
+// # Goroutines
+//
+// Each endpoint copies on its own goroutine (rdma/internal/copier); Done runs
+// there in post order. Endpoint.Close waits for that goroutine to stop, then
+// unmaps the endpoint's mappings. The rules of package rdma hold as written
+// there.
+package shm

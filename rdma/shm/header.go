@@ -1,0 +1,66 @@
+package shm
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/rdma/internal/copier"
+)
+
+// headerSize is the header page at the start of every region file; the
+// region's data follows it.
+const headerSize = 4096
+
+// fileMagic starts every region file; its last two bytes are the layout
+// version.
+const fileMagic = "KVXSHM01"
+
+// header is the layout of a region file's first page. Fields written once at
+// creation (magic … fileID) are plain; the rest change while other processes
+// read them and are accessed atomically only.
+type header struct {
+	magic   [8]byte
+	dataOff uint64
+	dataLen uint64
+	fileID  [16]byte
+	lease   copier.Lease
+	secret  [2]atomic.Uint64 // of the current registration; zero when none
+	owner   [2]atomic.Uint64 // nonce of the registering agent
+}
+
+// Compile-time check: the header fits its page.
+var _ [headerSize - unsafe.Sizeof(header{})]byte
+
+// headerOf returns the header at the start of a mapping of at least
+// headerSize bytes (page-aligned, so every field is aligned).
+func headerOf(mem []byte) *header {
+	return (*header)(unsafe.Pointer(&mem[0]))
+}
+
+// words splits 16 bytes into the two words the header stores.
+func words(b [16]byte) [2]uint64 {
+	return [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+}
+
+func (h *header) setSecret(s [16]byte) {
+	w := words(s)
+	h.secret[0].Store(w[0])
+	h.secret[1].Store(w[1])
+}
+
+func (h *header) secretIs(s [16]byte) bool {
+	w := words(s)
+	return h.secret[0].Load() == w[0] && h.secret[1].Load() == w[1]
+}
+
+func (h *header) setOwner(n [16]byte) {
+	w := words(n)
+	h.owner[0].Store(w[0])
+	h.owner[1].Store(w[1])
+}
+
+func (h *header) ownerIs(n [16]byte) bool {
+	w := words(n)
+	return h.owner[0].Load() == w[0] && h.owner[1].Load() == w[1]
+}

@@ -1,0 +1,58 @@
+package shm
+
+import (
+	"encoding/hex"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// mapping is a sender's map of a peer's region file.
+type mapping struct {
+	fileID [16]byte
+	path   string
+	mem    []byte // header page, then data
+	hdr    *header
+	data   []byte
+}
+
+// openMapping maps the file that k names and checks that it is the region k
+// was issued for. Errors wrap rdma.ErrBadKey.
+func openMapping(k regionKey) (*mapping, error) {
+	path := filepath.Join(Dir(), k.name)
+	f, err := os.OpenFile(path, os.O_RDWR|openNoFollow, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
+	}
+	size := fi.Size()
+	if !fi.Mode().IsRegular() || size <= headerSize || size > math.MaxInt {
+		return nil, fmt.Errorf("%w: %s (%v, %d bytes) is not a region file", rdma.ErrBadKey, path, fi.Mode(), size)
+	}
+	mem, err := mapFile(f, int(size))
+	if err != nil {
+		return nil, fmt.Errorf("%w: map %s: %v", rdma.ErrBadKey, path, err)
+	}
+	h := headerOf(mem)
+	switch {
+	case string(h.magic[:]) != fileMagic || h.dataOff != headerSize || h.dataLen != uint64(size)-headerSize:
+		err = fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, h.magic[:], h.dataOff, h.dataLen)
+	case h.fileID != k.fileID:
+		err = fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
+			hex.EncodeToString(h.fileID[:]), hex.EncodeToString(k.fileID[:]))
+	}
+	if err != nil {
+		unmapFile(mem)
+		return nil, err
+	}
+	return &mapping{fileID: k.fileID, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
+}
+
+func (m *mapping) close() error { return unmapFile(m.mem) }

@@ -1,0 +1,18 @@
+//go:build !linux
+
+package shm
+
+import (
+	"errors"
+	"os"
+)
+
+func mapFile(*os.File, int) ([]byte, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func unmapFile([]byte) error { return errors.ErrUnsupported }
+
+func processGone(int) bool { return false }
+
+const openNoFollow = 0

@@ -1,0 +1,142 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// maxNameLen bounds a region file's base name (it travels in every key).
+const maxNameLen = 200
+
+// sharedFile is a region file created by this process with NewRegion.
+type sharedFile struct {
+	name   string
+	path   string
+	mem    []byte // the whole mapping: header page, then data
+	hdr    *header
+	region *kvcache.Region
+
+	// guarded by files.mu
+	registered bool
+	closed     bool
+}
+
+// files maps the regions NewRegion returned to their files, so Register can
+// tell a shared region from private memory.
+var files = struct {
+	mu sync.Mutex
+	m  map[*kvcache.Region]*sharedFile
+}{m: make(map[*kvcache.Region]*sharedFile)}
+
+// NewRegion creates the shared-memory file Dir()/name (mode 0600; it must not
+// exist), sized for n bytes of data after the header page, maps it and
+// returns its data as a host region that this package's agents can register
+// to receive writes from other processes. An empty name picks a unique one.
+//
+// The io.Closer revokes the file for every sender, unmaps it and removes it;
+// it fails with rdma.ErrRegionBusy while the region is registered. After it
+// the region's memory must not be touched.
+func NewRegion(name string, n uint64) (*kvcache.Region, io.Closer, error) {
+	if name == "" {
+		var r [8]byte
+		rand.Read(r[:])
+		name = fmt.Sprintf("kvxfer-%d-%s", os.Getpid(), hex.EncodeToString(r[:]))
+	}
+	if err := checkName(name); err != nil {
+		return nil, nil, fmt.Errorf("shm: new region: %w", err)
+	}
+	if n == 0 || n > math.MaxInt-headerSize {
+		return nil, nil, fmt.Errorf("shm: new region %q: %w: length %d (want 1…%d)", name, kvcache.ErrBadRegion, n, uint64(math.MaxInt-headerSize))
+	}
+	path := filepath.Join(Dir(), name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|openNoFollow, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shm: new region: %w", err)
+	}
+	size := int(n) + headerSize
+	mem, err := func() ([]byte, error) {
+		defer f.Close()
+		if err := f.Truncate(int64(size)); err != nil {
+			return nil, err
+		}
+		return mapFile(f, size)
+	}()
+	if err != nil {
+		os.Remove(path)
+		return nil, nil, fmt.Errorf("shm: new region %s (%d bytes): %w", path, n, err)
+	}
+	h := headerOf(mem)
+	copy(h.magic[:], fileMagic)
+	h.dataOff = headerSize
+	h.dataLen = n
+	rand.Read(h.fileID[:])
+	h.lease.Reset(true) // not registered yet
+
+	region, err := kvcache.HostBytesRegion(mem[headerSize:size:size])
+	if err != nil { // cannot happen: n > 0
+		unmapFile(mem)
+		os.Remove(path)
+		return nil, nil, fmt.Errorf("shm: new region %s: %w", path, err)
+	}
+	sf := &sharedFile{name: name, path: path, mem: mem, hdr: h, region: region}
+	files.mu.Lock()
+	files.m[region] = sf
+	files.mu.Unlock()
+	return region, regionCloser{sf}, nil
+}
+
+// checkName accepts a plain file name.
+func checkName(name string) error {
+	if name == "" || len(name) > maxNameLen || name == "." || name == ".." ||
+		strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%w: region file name %q is not a plain name of 1…%d bytes", kvcache.ErrBadRegion, name, maxNameLen)
+	}
+	return nil
+}
+
+// lookupFile returns the shared file behind r, or nil for other memory.
+func lookupFile(r *kvcache.Region) *sharedFile {
+	files.mu.Lock()
+	defer files.mu.Unlock()
+	return files.m[r]
+}
+
+// regionCloser is the io.Closer NewRegion returns.
+type regionCloser struct{ f *sharedFile }
+
+// Close revokes, unmaps and removes the region file. Idempotent.
+func (c regionCloser) Close() error {
+	f := c.f
+	files.mu.Lock()
+	defer files.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	if f.registered {
+		return fmt.Errorf("shm: close region %s: %w: still registered (deregister it or close its agent first)", f.path, rdma.ErrRegionBusy)
+	}
+	f.closed = true
+	delete(files.m, f.region)
+	f.hdr.lease.ForceRetire(true) // senders holding a mapping see the owner gone
+	f.hdr = nil
+	uerr := unmapFile(f.mem)
+	f.mem = nil
+	rerr := os.Remove(f.path)
+	if uerr != nil {
+		return fmt.Errorf("shm: close region %s: %w", f.path, uerr)
+	}
+	if rerr != nil {
+		return fmt.Errorf("shm: close region: %w", rerr)
+	}
+	return nil
+}
