@@ -32,7 +32,7 @@ func (p *Pools) Groups() int { return len(p.pools) }
 // Geometry returns group g's pool geometry inside the region.
 func (p *Pools) Geometry(g int) kvcache.PoolGeometry {
 	pl := p.pools[g]
-	return kvcache.PoolGeometry{Offset: pl.Offset(0), BlockBytes: pl.BlockBytes(), Blocks: pl.Stats().Total}
+	return kvcache.PoolGeometry{Offset: pl.Offset(0), BlockBytes: pl.BlockBytes(), Blocks: pl.Len()}
 }
 
 // Alloc allocates counts[g] blocks in every group, all or nothing.

@@ -1,0 +1,163 @@
+package kvxfer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("kvxfer: bad config")
+
+// Defaults.
+const (
+	DefaultWorkers         = 4
+	DefaultPoolBytes       = 1 << 30
+	DefaultTransferTimeout = 30 * time.Second
+	DefaultDrainGrace      = 5 * time.Second
+	DefaultBackend         = "loopback"
+	DefaultInstance        = "kvxfer"
+)
+
+// Config configures one engine rank. Zero values take the defaults above.
+type Config struct {
+	// Instance names the engine instance (all ranks of one serving
+	// instance share it).
+	Instance string
+	// Parallel is the instance's TP × PP; Rank is this engine's rank in it.
+	Parallel kvcache.Parallel
+	Rank     kvcache.Rank
+	// Model is a preset name (kvcache.Presets); Layout overrides it.
+	Model  string
+	Layout *kvcache.Layout
+	// TokensPerBlock overrides the layout's block size when > 0.
+	TokensPerBlock int
+	// PoolBytes is the size of the engine's block pool region.
+	PoolBytes uint64
+	// Workers is the number of sender workers (env KVXFER_WORKERS); < 1 is
+	// an error.
+	Workers int
+	// Backend names the data plane ("loopback"); Agent, when set, is used
+	// instead.
+	Backend string
+	Agent   rdma.Agent
+	// Link is the control plane; nil uses the process-wide in-memory link.
+	Link actors.Link
+	// TransferTimeout bounds a request (overridable per request).
+	TransferTimeout time.Duration
+	// DrainGrace is how long in-doubt writes may take to complete before
+	// their endpoint is closed to retire them.
+	DrainGrace time.Duration
+	// Logger receives the engine's logs (default: disabled).
+	Logger *zerolog.Logger
+	// Recorder, when set, receives every message each session steps on.
+	Recorder actors.Recorder
+
+	workersSet bool
+}
+
+// WithEnv applies KVXFER_* environment variables that are set, returning
+// an error naming the variable and value when one is invalid.
+func (c Config) WithEnv() (Config, error) {
+	if v, ok := os.LookupEnv("KVXFER_WORKERS"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: not an integer", ErrConfig, v)
+		}
+		c.Workers = n
+		c.workersSet = true
+	}
+	if v, ok := os.LookupEnv("KVXFER_BACKEND"); ok {
+		c.Backend = v
+	}
+	return c, nil
+}
+
+// resolved is a validated config with every default applied.
+type resolved struct {
+	Config
+	layout kvcache.Layout
+	shape  kvcache.Shape
+}
+
+func (c Config) resolve() (resolved, error) {
+	r := resolved{Config: c}
+	if r.Instance == "" {
+		r.Instance = DefaultInstance
+	}
+	if r.Parallel.TP == 0 && r.Parallel.PP == 0 {
+		r.Parallel = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	if r.Workers == 0 && !r.workersSet {
+		r.Workers = DefaultWorkers
+	}
+	if r.Workers < 1 {
+		return r, fmt.Errorf("%w: Workers = %d, must be ≥ 1", ErrConfig, r.Workers)
+	}
+	if r.PoolBytes == 0 {
+		r.PoolBytes = DefaultPoolBytes
+	}
+	if r.TransferTimeout == 0 {
+		r.TransferTimeout = DefaultTransferTimeout
+	}
+	if r.TransferTimeout < 0 {
+		return r, fmt.Errorf("%w: TransferTimeout = %v, must be > 0", ErrConfig, r.TransferTimeout)
+	}
+	if r.DrainGrace == 0 {
+		r.DrainGrace = DefaultDrainGrace
+	}
+	if r.DrainGrace < 0 {
+		return r, fmt.Errorf("%w: DrainGrace = %v, must be > 0", ErrConfig, r.DrainGrace)
+	}
+	if r.Backend == "" {
+		r.Backend = DefaultBackend
+	}
+	if r.Agent == nil && r.Backend != "loopback" {
+		return r, fmt.Errorf("%w: Backend = %q: unknown in-process backend (known: loopback; pass Agent for others)", ErrConfig, r.Backend)
+	}
+	switch {
+	case r.Layout != nil:
+		r.layout = r.Layout.Clone()
+	case r.Model != "":
+		l, err := kvcache.Preset(r.Model)
+		if err != nil {
+			return r, fmt.Errorf("%w: Model: %w", ErrConfig, err)
+		}
+		r.layout = l
+	default:
+		return r, fmt.Errorf("%w: neither Model nor Layout set", ErrConfig)
+	}
+	if r.TokensPerBlock > 0 {
+		r.layout = r.layout.WithTokensPerBlock(r.TokensPerBlock)
+	}
+	if err := r.layout.Validate(); err != nil {
+		return r, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err := r.Parallel.Validate(r.layout); err != nil {
+		return r, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if !r.Parallel.Contains(r.Rank) {
+		return r, fmt.Errorf("%w: Rank %v outside %v", ErrConfig, r.Rank, r.Parallel)
+	}
+	shape, err := r.layout.Shape(r.Parallel, r.Rank)
+	if err != nil {
+		return r, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	r.shape = shape
+	var perSet uint64
+	for g := range r.layout.Groups {
+		perSet += shape.BlockBytes(r.layout, g)
+	}
+	if perSet == 0 || r.PoolBytes/perSet < 1 {
+		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
+	}
+	return r, nil
+}

@@ -1,0 +1,275 @@
+package kvxfer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+)
+
+// Re-exported so that an embedder needs only this package for the common
+// path.
+type (
+	// Fence says when a chunk's KV is written.
+	Fence = actors.Fence
+	// Outcome is a request's terminal result.
+	Outcome = actors.Outcome
+	// ManualFence fires when told to.
+	ManualFence = actors.ManualFence
+)
+
+var (
+	defaultLinkOnce sync.Once
+	defaultLink     *actors.MemLink
+)
+
+// DefaultLink is the process-wide in-memory control link used when
+// Config.Link is nil: engines started in one process find each other by
+// instance and rank.
+func DefaultLink() *actors.MemLink {
+	defaultLinkOnce.Do(func() { defaultLink = actors.NewMemLink() })
+	return defaultLink
+}
+
+// Engine is one running engine rank.
+type Engine struct {
+	cfg    resolved
+	inner  *actors.Engine
+	agent  rdma.Agent
+	ownsAg bool
+	region *kvcache.Region
+	pools  *actors.Pools
+}
+
+// Start validates cfg, carves the pool region into one pool per layer
+// group, registers it with the data plane and starts the actor tree.
+func Start(ctx context.Context, cfg Config) (*Engine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	log := zerolog.Nop()
+	if r.Logger != nil {
+		log = r.Logger.With().Str("engine", fmt.Sprintf("%s/%d", r.Instance, r.Parallel.Index(r.Rank))).Logger()
+	}
+	e := &Engine{cfg: r}
+	e.region, err = kvcache.NewHostRegion(r.PoolBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	var pools []*kvcache.Pool
+	var geoms []kvcache.PoolGeometry
+	var perSet uint64
+	groups := len(r.layout.Groups)
+	for g := 0; g < groups; g++ {
+		perSet += r.shape.BlockBytes(r.layout, g)
+	}
+	blocks := int(r.PoolBytes / perSet)
+	var off uint64
+	for g := 0; g < groups; g++ {
+		bb, n := r.shape.BlockBytes(r.layout, g), blocks
+		if bb == 0 { // this rank holds no layer of the group
+			bb, n = 1, 1
+		}
+		p, err := kvcache.NewPool(e.region, off, bb, n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: group %d pool: %w", ErrConfig, g, err)
+		}
+		pools = append(pools, p)
+		geoms = append(geoms, kvcache.PoolGeometry{Offset: off, BlockBytes: bb, Blocks: n})
+		off += bb * uint64(n)
+	}
+	e.pools = actors.NewPools(pools)
+	e.agent = r.Agent
+	if e.agent == nil {
+		e.agent = loopback.New()
+		e.ownsAg = true
+	}
+	link := r.Link
+	if link == nil {
+		link = DefaultLink()
+	}
+	self := messages.PeerID{Instance: r.Instance, Rank: int32(r.Parallel.Index(r.Rank))}
+	inner, err := actors.StartEngine(actors.EngineConfig{
+		Self: self,
+		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
+			Rank: r.Rank, Pools: geoms},
+		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
+		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: r.Recorder,
+	})
+	if err != nil {
+		if e.ownsAg {
+			_ = e.agent.Close()
+		}
+		return nil, err
+	}
+	e.inner = inner
+	return e, nil
+}
+
+// Layout is the engine's (whole-model) layout.
+func (e *Engine) Layout() kvcache.Layout { return e.cfg.layout }
+
+// Shape is what this rank holds of the layout.
+func (e *Engine) Shape() kvcache.Shape { return e.cfg.shape }
+
+// Pools is the engine's block pools: the serving process allocates source
+// blocks from them and frees READY destination blocks into them.
+func (e *Engine) Pools() *actors.Pools { return e.pools }
+
+// Region is the engine's registered pool memory.
+func (e *Engine) Region() *kvcache.Region { return e.region }
+
+// Stats are the engine's counters.
+func (e *Engine) Stats() *actors.Counters { return e.inner.Stats() }
+
+// SendRequest describes the context side of a request.
+type SendRequest struct {
+	ID        string
+	PromptLen int
+	// Timeout overrides Config.TransferTimeout when > 0.
+	Timeout time.Duration
+	// Payload is returned to the generation side with SUCCESS (first
+	// token, draft tokens); at most messages.MaxPayload bytes.
+	Payload []byte
+}
+
+// TxHandle is the context side's handle on one request.
+type TxHandle struct {
+	inner *actors.TxHandle
+	req   SendRequest
+	tpb   int
+	mu    sync.Mutex
+	next  int // the next chunk's Start
+	done  bool
+}
+
+// Send opens the context side of a request, typically when prefill starts.
+// Done fires after every pin is released: then the caller may free the
+// source blocks.
+func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
+	if req.PromptLen < 1 {
+		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
+	}
+	t := req.Timeout
+	if t <= 0 {
+		t = e.cfg.TransferTimeout
+	}
+	h, err := e.inner.Send(req.ID, req.PromptLen, time.Now().Add(t), req.Payload)
+	if err != nil {
+		return nil, err
+	}
+	return &TxHandle{inner: h, req: req, tpb: e.cfg.layout.TokensPerBlock}, nil
+}
+
+// Chunk hands over one prefill chunk: tokens [c.Start, c.End) whose KV sits
+// in src (per layer group, the source blocks of global block indices
+// src[g].First…). fence fires when the KV is written; nil means it is.
+// A misaligned or out-of-order chunk is rejected with an error naming it,
+// and nothing is pinned.
+func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done {
+		return fmt.Errorf("%w: request %s: chunk %v after the last chunk", actors.ErrBadChunk, h.req.ID, c)
+	}
+	if err := c.Validate(h.req.PromptLen, h.tpb); err != nil {
+		return fmt.Errorf("request %s: %w", h.req.ID, err)
+	}
+	if c.Start != h.next {
+		return fmt.Errorf("%w: request %s: chunk starts at token %d, expected %d", actors.ErrBadChunk, h.req.ID, c.Start, h.next)
+	}
+	h.next = c.End
+	h.done = c.Last
+	h.inner.Chunk(c, src, fence)
+	return nil
+}
+
+// Cancel cancels the request. Done still fires only after the pins drop.
+func (h *TxHandle) Cancel() { h.inner.Cancel() }
+
+// Done delivers the outcome once, after the session released every pin.
+func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
+
+// ReceiveRequest describes the generation side of a request.
+type ReceiveRequest struct {
+	ID        string
+	PromptLen int
+	// Context names the context instance and its parallelism.
+	Context         string
+	ContextParallel kvcache.Parallel
+	// PrefixHitBlocks[g]: leading blocks of group g already held.
+	PrefixHitBlocks []int
+	// Timeout overrides Config.TransferTimeout when > 0.
+	Timeout time.Duration
+}
+
+// RxHandle is the generation side's handle on one request.
+type RxHandle struct {
+	inner *actors.RxHandle
+}
+
+// Receive opens the generation side of a request. Destination blocks are
+// allocated (waiting while the pool is full, until the deadline). Done
+// delivers READY with the blocks — the caller owns them and frees them with
+// Engine.FreeBlocks — or the failure; on failure kvxfer frees the blocks
+// itself once every writer is quiescent.
+func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t := req.Timeout
+	if t <= 0 {
+		t = e.cfg.TransferTimeout
+	}
+	deadline := time.Now().Add(t)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	cp := req.ContextParallel
+	if cp.TP == 0 && cp.PP == 0 {
+		cp = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	h, err := e.inner.Receive(actors.RxRequest{ID: req.ID, PromptLen: req.PromptLen, Context: req.Context,
+		ContextParallel: cp, PrefixHitBlocks: req.PrefixHitBlocks, Deadline: deadline})
+	if err != nil {
+		return nil, err
+	}
+	return &RxHandle{inner: h}, nil
+}
+
+// Cancel cancels the request.
+func (h *RxHandle) Cancel() { h.inner.Cancel() }
+
+// Done delivers the outcome once.
+func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
+
+// FreeBlocks frees destination blocks handed over by a READY outcome.
+func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
+
+// CrashWorker makes sender worker i panic (chaos testing).
+func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
+
+// Close cancels live requests, waits for every session to drain and release
+// its pages (or ctx to end), then stops the engine. It reports the requests
+// that could not drain by ctx's end; their pages stay pinned.
+func (e *Engine) Close(ctx context.Context) error {
+	err := e.inner.Close(ctx)
+	if e.ownsAg {
+		if cerr := e.agent.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

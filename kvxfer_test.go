@@ -1,0 +1,308 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// smallLayout is a two-group layout (full + sliding window) small enough
+// for byte-exact checks.
+func smallLayout() kvcache.Layout {
+	return kvcache.Layout{Name: "test", Layers: 4, KVHeads: 4, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: []kvcache.LayerGroup{
+			{Name: "full", Layers: []int{0, 2}},
+			{Name: "swa", Layers: []int{1, 3}, Window: 40},
+		}}
+}
+
+type cluster struct {
+	link     *actors.MemLink
+	ctx, gen []*kvxfer.Engine
+	ctxPar   kvcache.Parallel
+	genPar   kvcache.Parallel
+}
+
+func startCluster(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int) *cluster {
+	t.Helper()
+	c := &cluster{link: actors.NewMemLink(), ctxPar: ctxPar, genPar: genPar}
+	start := func(inst string, p kvcache.Parallel, i int) *kvxfer.Engine {
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
+			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: c.link, TransferTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatalf("start %s rank %d: %v", inst, i, err)
+		}
+		return e
+	}
+	for i := 0; i < ctxPar.Size(); i++ {
+		c.ctx = append(c.ctx, start("ctx", ctxPar, i))
+	}
+	for i := 0; i < genPar.Size(); i++ {
+		c.gen = append(c.gen, start("gen", genPar, i))
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, e := range append(c.ctx, c.gen...) {
+			if err := e.Close(ctx); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	})
+	return c
+}
+
+// pattern is the byte a context rank holds at (layer, part, head, token, b):
+// a function of the model coordinates only, so every rank that holds the
+// same coordinate holds the same byte.
+func pattern(req, layer, part, head, token, b int) byte {
+	return byte(req*131 + layer*31 + part*17 + head*7 + token*3 + b)
+}
+
+// fill writes the pattern into block id of group g of engine e for global
+// block index blk.
+func fill(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int) {
+	s := e.Shape()
+	geom := e.Pools().Geometry(g)
+	buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
+	i := 0
+	for _, layer := range s.Layers[g] {
+		for part := 0; part < l.Parts(); part++ {
+			for h := s.HeadLo; h < s.HeadHi; h++ {
+				for tok := 0; tok < l.TokensPerBlock; tok++ {
+					for b := 0; b < l.TokenBytes(); b++ {
+						buf[i] = pattern(req, layer, part, h, blk*l.TokensPerBlock+tok, b)
+						i++
+					}
+				}
+			}
+		}
+	}
+}
+
+// verify checks the destination blocks of a READY request; it returns the
+// number of bytes checked.
+func verify(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, promptLen int, blocks [][]kvcache.BlockID, req int) int {
+	t.Helper()
+	s := e.Shape()
+	n := 0
+	for g, grp := range l.Groups {
+		if len(s.Layers[g]) == 0 {
+			continue
+		}
+		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		geom := e.Pools().Geometry(g)
+		for bi, id := range blocks[g] {
+			blk := first + bi
+			buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
+			i := 0
+			for _, layer := range s.Layers[g] {
+				for part := 0; part < l.Parts(); part++ {
+					for h := s.HeadLo; h < s.HeadHi; h++ {
+						for tok := 0; tok < l.TokensPerBlock; tok++ {
+							for b := 0; b < l.TokenBytes(); b++ {
+								want := pattern(req, layer, part, h, blk*l.TokensPerBlock+tok, b)
+								if buf[i] != want {
+									t.Fatalf("req %d group %d block %d layer %d part %d head %d token %d byte %d: got %d want %d",
+										req, g, blk, layer, part, h, tok, b, buf[i], want)
+								}
+								i++
+								n++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// transfer runs one request across the cluster: every gen rank receives,
+// every ctx rank sends in chunks with fresh source blocks.
+func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, promptLen, chunkTokens int, rxFirst bool) {
+	t.Helper()
+	var rxs []*kvxfer.RxHandle
+	receive := func() {
+		for _, g := range c.gen {
+			h, err := g.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen,
+				Context: "ctx", ContextParallel: c.ctxPar})
+			if err != nil {
+				t.Fatalf("receive: %v", err)
+			}
+			rxs = append(rxs, h)
+		}
+	}
+	if rxFirst {
+		receive()
+	}
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nblk := l.BlocksFor(promptLen)
+	var txs []*kvxfer.TxHandle
+	var srcs [][][]kvcache.BlockID
+	for _, e := range c.ctx {
+		counts := make([]int, len(l.Groups))
+		for g := range counts {
+			if len(e.Shape().Layers[g]) > 0 {
+				counts[g] = nblk
+			}
+		}
+		src, err := e.Pools().Alloc(counts)
+		if err != nil {
+			t.Fatalf("alloc source: %v", err)
+		}
+		srcs = append(srcs, src)
+		h, err := e.Send(kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+		if err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		txs = append(txs, h)
+	}
+	if !rxFirst {
+		receive()
+	}
+	for _, ch := range chunks {
+		b0, b1 := ch.Blocks(l.TokensPerBlock)
+		for i, e := range c.ctx {
+			runs := make([]kvcache.BlockRun, len(l.Groups))
+			for g := range l.Groups {
+				if len(srcs[i][g]) == 0 {
+					continue
+				}
+				for b := b0; b < b1; b++ {
+					fill(e, l, g, srcs[i][g][b], b, req)
+				}
+				runs[g] = kvcache.BlockRun{First: b0, IDs: srcs[i][g][b0:b1]}
+			}
+			if err := txs[i].Chunk(ch, runs, nil); err != nil {
+				t.Fatalf("chunk %v: %v", ch, err)
+			}
+		}
+	}
+	for i, h := range txs {
+		o := waitOutcome(t, h.Done())
+		if !o.OK {
+			t.Fatalf("tx %s rank %d: %s %v", id, i, o.Status, o.Err)
+		}
+		if err := c.ctx[i].Pools().Free(srcs[i]); err != nil {
+			t.Fatalf("free source after Done: %v", err)
+		}
+	}
+	for i, h := range rxs {
+		o := waitOutcome(t, h.Done())
+		if !o.OK {
+			t.Fatalf("rx %s rank %d: %s %v", id, i, o.Status, o.Err)
+		}
+		if n := verify(t, c.gen[i], l, promptLen, o.Blocks, req); n == 0 && promptLen > 0 {
+			t.Fatalf("rx %s rank %d: no byte verified", id, i)
+		}
+		if err := c.gen[i].FreeBlocks(o.Blocks); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitOutcome(t *testing.T, ch <-chan kvxfer.Outcome) kvxfer.Outcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(30 * time.Second):
+		t.Fatal("no outcome within 30s")
+	}
+	return kvxfer.Outcome{}
+}
+
+func checkNoLeaks(t *testing.T, c *cluster) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		used := 0
+		for _, e := range append(c.ctx, c.gen...) {
+			used += e.Pools().Used()
+		}
+		if used == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d blocks still used", used)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
+
+func TestTransferMultiPeer(t *testing.T) {
+	l := smallLayout()
+	cases := []struct {
+		name     string
+		ctx, gen kvcache.Parallel
+	}{
+		{"TP1-TP1", kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}},
+		{"TP2-TP4", kvcache.Parallel{TP: 2, PP: 1}, kvcache.Parallel{TP: 4, PP: 1}},
+		{"TP4-TP2", kvcache.Parallel{TP: 4, PP: 1}, kvcache.Parallel{TP: 2, PP: 1}},
+		{"PP2-PP1", kvcache.Parallel{TP: 1, PP: 2}, kvcache.Parallel{TP: 1, PP: 1}},
+		{"TP2PP2-TP1PP1", kvcache.Parallel{TP: 2, PP: 2}, kvcache.Parallel{TP: 1, PP: 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, l, tc.ctx, tc.gen, 2)
+			for i, promptLen := range []int{100, 16, 64, 130} {
+				transfer(t, c, l, fmt.Sprintf("%s-r%d", tc.name, i), i+1, promptLen, 32, i%2 == 0)
+			}
+			checkNoLeaks(t, c)
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	l := smallLayout()
+	bad := l
+	bad.KVHeads = 0
+	cases := []struct {
+		name string
+		cfg  kvxfer.Config
+		want string
+	}{
+		{"workers", kvxfer.Config{Layout: &l, Workers: -1}, "Workers = -1"},
+		{"backend", kvxfer.Config{Layout: &l, Backend: "carrier-pigeon"}, `Backend = "carrier-pigeon"`},
+		{"layout", kvxfer.Config{Layout: &bad}, "KVHeads = 0"},
+		{"model", kvxfer.Config{Model: "gpt-17"}, "gpt-17"},
+		{"none", kvxfer.Config{}, "neither Model nor Layout"},
+		{"rank", kvxfer.Config{Layout: &l, Rank: kvcache.Rank{TP: 3}}, "Rank"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := kvxfer.Start(context.Background(), tc.cfg)
+			if !errors.Is(err, kvxfer.ErrConfig) {
+				t.Fatalf("err = %v, want ErrConfig", err)
+			}
+			if got := err.Error(); !contains(got, tc.want) {
+				t.Fatalf("err = %q, want it to name %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) == 0 || (len(s) >= len(sub) && (func() bool {
+		for i := 0; i+len(sub) <= len(s); i++ {
+			if s[i:i+len(sub)] == sub {
+				return true
+			}
+		}
+		return false
+	})())
+}

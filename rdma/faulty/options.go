@@ -1,0 +1,88 @@
+package faulty
+
+import (
+	"time"
+)
+
+// Option configures an Agent.
+type Option func(*config)
+
+type config struct {
+	seed  uint64
+	clock Clock
+	rules []rule
+}
+
+// kind is a kind of fault.
+type kind uint8
+
+const (
+	kindFail kind = iota + 1
+	kindPartial
+	kindHang
+	kindDelay
+	kindSlow
+	kindPeerGone
+)
+
+func (k kind) String() string {
+	switch k {
+	case kindFail:
+		return "fail"
+	case kindPartial:
+		return "partial"
+	case kindHang:
+		return "hang"
+	case kindDelay:
+		return "delay"
+	case kindSlow:
+		return "slow"
+	case kindPeerGone:
+		return "peer-gone"
+	}
+	return "kind(?)"
+}
+
+// rule is one fault and the batches it hits.
+type rule struct {
+	kind   kind
+	match  Match
+	prefix int           // kindPartial
+	delay  time.Duration // kindDelay
+	gate   *Gate         // kindSlow
+}
+
+// WithSeed seeds the endpoints' random streams (default 0).
+func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
+
+// WithClock sets the clock Delay waits on (default: real time).
+func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
+
+// Fail fails the batches m matches without posting them.
+func Fail(m Match) Option { return addRule(rule{kind: kindFail, match: m}) }
+
+// Partial posts only the first prefix segments of the batches m matches and
+// fails them naming segment prefix (the last segment when prefix is not
+// below the batch's length).
+func Partial(m Match, prefix int) Option {
+	return addRule(rule{kind: kindPartial, match: m, prefix: max(prefix, 0)})
+}
+
+// Hang posts the batches m matches but withholds their Done until the
+// endpoint closes.
+func Hang(m Match) Option { return addRule(rule{kind: kindHang, match: m}) }
+
+// Delay calls the Done of the batches m matches d after they completed, on
+// the configured Clock.
+func Delay(m Match, d time.Duration) Option {
+	return addRule(rule{kind: kindDelay, match: m, delay: d})
+}
+
+// Slow holds the Done of the batches m matches until g opens.
+func Slow(m Match, g *Gate) Option { return addRule(rule{kind: kindSlow, match: m, gate: g}) }
+
+// PeerGone fails the first batch m matches, and every later one, with
+// rdma.ErrPeerGone at Post.
+func PeerGone(m Match) Option { return addRule(rule{kind: kindPeerGone, match: m}) }
+
+func addRule(r rule) Option { return func(c *config) { c.rules = append(c.rules, r) } }
