@@ -174,22 +174,28 @@ func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, prompt
 	if !rxFirst {
 		receive()
 	}
+	// Each chunk is handed over before its KV is written, with a fence
+	// that fires once it is: a write that left before its fence would
+	// copy stale bytes (caught by verify, and by -race).
 	for _, ch := range chunks {
 		b0, b1 := ch.Blocks(l.TokensPerBlock)
 		for i, e := range c.ctx {
 			runs := make([]kvcache.BlockRun, len(l.Groups))
 			for g := range l.Groups {
-				if len(srcs[i][g]) == 0 {
-					continue
+				if len(srcs[i][g]) > 0 {
+					runs[g] = kvcache.BlockRun{First: b0, IDs: srcs[i][g][b0:b1]}
 				}
-				for b := b0; b < b1; b++ {
-					fill(e, l, g, srcs[i][g][b], b, req)
-				}
-				runs[g] = kvcache.BlockRun{First: b0, IDs: srcs[i][g][b0:b1]}
 			}
-			if err := txs[i].Chunk(ch, runs, nil); err != nil {
+			f := &kvxfer.ManualFence{}
+			if err := txs[i].Chunk(ch, runs, f); err != nil {
 				t.Fatalf("chunk %v: %v", ch, err)
 			}
+			for g := range l.Groups {
+				for b := b0; b < b1 && len(srcs[i][g]) > 0; b++ {
+					fill(e, l, g, srcs[i][g][b], b, req)
+				}
+			}
+			f.Fire(nil)
 		}
 	}
 	for i, h := range txs {

@@ -139,9 +139,12 @@ func (a *txActor) Receive(ctx actor.Context) {
 	case *actor.Stopping, *actor.Stopped, *actor.Restart:
 		return
 	case txChunkMsg:
+		// The fence must be in place while the effects run: WatchFence
+		// takes it.
 		a.fence = m.fence
-		eff = a.step(ctx, m.TxChunk, now)
+		a.exec(ctx, a.step(ctx, m.TxChunk, now), now)
 		a.fence = nil
+		return
 	case *txPanicNow:
 		panic("tx session: panic requested")
 	case *txSetHandle:

@@ -1,0 +1,352 @@
+// Package demo is kvxfer's main job: one process, a context engine and a
+// generation engine on the embedded loopback backend, a batch of requests
+// with chunked prefill, run once pipelined (each chunk leaves as soon as
+// its fence fires) and once transferring only after prefill ends. Every
+// transferred byte is verified and every block accounted for.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Options configures a demo run.
+type Options struct {
+	Model       string
+	Requests    int
+	MinTokens   int
+	MaxTokens   int
+	ChunkTokens int
+	// PoolBytes caps each side's pool, so requests wait for blocks.
+	PoolBytes uint64
+	// Compute is the simulated prefill time of one chunk.
+	Compute     time.Duration
+	Workers     int
+	Concurrency int
+	Seed        uint64
+	// TokensPerBlock overrides the preset's block size when > 0.
+	TokensPerBlock int
+}
+
+// DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of
+// 512 to 8k tokens, 2 GiB pools.
+func DefaultOptions() Options {
+	return Options{Model: "Llama-3.1-8B", Requests: 16, MinTokens: 512, MaxTokens: 8192, ChunkTokens: 512,
+		PoolBytes: 2 << 30, Compute: 15 * time.Millisecond, Workers: 4, Concurrency: 4, Seed: 1}
+}
+
+// Mode is one way of running the batch.
+type Mode struct {
+	Name      string
+	Pipelined bool
+}
+
+// Row is one mode's figures.
+type Row struct {
+	Mode          string
+	Requests      int
+	Bytes         uint64
+	Wall          time.Duration
+	BytesPerSec   float64
+	ExposedP50    time.Duration
+	ExposedP99    time.Duration
+	Hidden        float64 // fraction of transfer time hidden behind prefill
+	BytesVerified uint64
+	Mismatches    int
+	LeakedBlocks  int
+	exposed       []time.Duration
+}
+
+// Report is a whole run.
+type Report struct {
+	Options Options
+	Rows    []Row
+}
+
+// OK reports whether every byte matched and no block leaked.
+func (r Report) OK() bool {
+	for _, row := range r.Rows {
+		if row.Mismatches > 0 || row.LeakedBlocks > 0 || row.BytesVerified != row.Bytes {
+			return false
+		}
+	}
+	return len(r.Rows) > 0
+}
+
+// Run runs both modes and returns the report. progress receives one line
+// per finished request (nil for none).
+func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
+	if o.Requests < 1 || o.MinTokens < 1 || o.MaxTokens < o.MinTokens || o.Concurrency < 1 {
+		return Report{}, fmt.Errorf("demo: bad options: requests %d, tokens %d..%d, concurrency %d",
+			o.Requests, o.MinTokens, o.MaxTokens, o.Concurrency)
+	}
+	rng := rand.New(rand.NewPCG(o.Seed, 0x6b7678666572))
+	prompts := make([]int, o.Requests)
+	for i := range prompts {
+		// Spread evenly from Min to Max, shuffled.
+		if o.Requests == 1 {
+			prompts[i] = o.MaxTokens
+		} else {
+			prompts[i] = o.MinTokens + (o.MaxTokens-o.MinTokens)*i/(o.Requests-1)
+		}
+	}
+	rng.Shuffle(len(prompts), func(i, j int) { prompts[i], prompts[j] = prompts[j], prompts[i] })
+	rep := Report{Options: o}
+	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
+		row, err := runMode(ctx, o, m, prompts, progress)
+		if err != nil {
+			return rep, fmt.Errorf("demo %s: %w", m.Name, err)
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	// Fraction hidden: per request, 1 - exposed(pipelined)/exposed(after
+	// prefill), where the latter is the whole transfer, exposed.
+	p, s := rep.Rows[0].exposed, rep.Rows[1].exposed
+	var fr []float64
+	for i := range p {
+		if s[i] > 0 {
+			fr = append(fr, 1-float64(p[i])/float64(s[i]))
+		}
+	}
+	sort.Float64s(fr)
+	if len(fr) > 0 {
+		rep.Rows[0].Hidden = fr[len(fr)/2]
+	}
+	return rep, nil
+}
+
+type pair struct {
+	ctx, gen *kvxfer.Engine
+	link     *actors.MemLink
+}
+
+func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (Row, error) {
+	link := actors.NewMemLink()
+	start := func(inst string) (*kvxfer.Engine, error) {
+		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
+			Workers: o.Workers, Link: link, TransferTimeout: 5 * time.Minute})
+	}
+	ce, err := start("ctx-" + m.Name)
+	if err != nil {
+		return Row{}, err
+	}
+	ge, err := start("gen-" + m.Name)
+	if err != nil {
+		_ = ce.Close(ctx)
+		return Row{}, err
+	}
+	row := Row{Mode: m.Name, Requests: len(prompts), exposed: make([]time.Duration, len(prompts))}
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, o.Concurrency)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i, n := range prompts {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i, n int) {
+			defer func() { <-sem; wg.Done() }()
+			res, err := runRequest(ctx, o, m, ce, ge, i, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			row.Bytes += res.bytes
+			row.BytesVerified += res.verified
+			row.Mismatches += res.mismatches
+			row.exposed[i] = res.exposed
+			if progress != nil {
+				fmt.Fprintf(progress, "  %-13s request %2d  %5d tokens  %8.1f MiB  exposed %v\n", m.Name, i, n,
+					float64(res.bytes)/(1<<20), res.exposed.Round(10*time.Microsecond))
+			}
+		}(i, n)
+	}
+	wg.Wait()
+	row.Wall = time.Since(t0)
+	row.BytesPerSec = float64(row.Bytes) / row.Wall.Seconds()
+	row.LeakedBlocks = ce.Pools().Used() + ge.Pools().Used()
+	ex := append([]time.Duration(nil), row.exposed...)
+	sort.Slice(ex, func(a, b int) bool { return ex[a] < ex[b] })
+	row.ExposedP50 = ex[len(ex)/2]
+	row.ExposedP99 = ex[(len(ex)*99)/100]
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cerr := errors.Join(ce.Close(cctx), ge.Close(cctx))
+	return row, errors.Join(firstErr, cerr)
+}
+
+type reqResult struct {
+	bytes, verified uint64
+	mismatches      int
+	exposed         time.Duration
+}
+
+func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i, promptLen int) (reqResult, error) {
+	var res reqResult
+	l := ce.Layout()
+	id := fmt.Sprintf("%s-%d", m.Name, i)
+	nblk := l.BlocksFor(promptLen)
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = nblk
+	}
+	// Source blocks first, then destination: a request never holds
+	// destination blocks while it waits for source blocks, so requests
+	// waiting for pool space cannot deadlock.
+	src, err := ce.Pools().AllocWait(ctx, counts)
+	if err != nil {
+		return res, err
+	}
+	rx, err := ge.Receive(ctx, kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx-" + m.Name})
+	if err != nil {
+		_ = ce.Pools().Free(src)
+		return res, err
+	}
+	tx, err := ce.Send(kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+	if err != nil {
+		_ = ce.Pools().Free(src)
+		rx.Cancel()
+		return res, err
+	}
+	chunks, err := kvcache.Chunks(promptLen, o.ChunkTokens, l.TokensPerBlock)
+	if err != nil {
+		return res, err
+	}
+	runs := func(c kvcache.Chunk) []kvcache.BlockRun {
+		b0, b1 := c.Blocks(l.TokensPerBlock)
+		out := make([]kvcache.BlockRun, len(l.Groups))
+		for g := range out {
+			out[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
+		}
+		return out
+	}
+	compute := func(c kvcache.Chunk) {
+		t := time.Now()
+		b0, b1 := c.Blocks(l.TokensPerBlock)
+		for g := range l.Groups {
+			for b := b0; b < b1; b++ {
+				fillBlock(blockBytes(ce, g, src[g][b]), i, g, b)
+			}
+		}
+		if rest := o.Compute - time.Since(t); rest > 0 {
+			time.Sleep(rest) // simulated prefill compute
+		}
+	}
+	var lastFence time.Time
+	if m.Pipelined {
+		for _, c := range chunks {
+			f := &actors.ManualFence{}
+			if err := tx.Chunk(c, runs(c), f); err != nil {
+				return res, err
+			}
+			compute(c)
+			lastFence = time.Now()
+			f.Fire(nil)
+		}
+	} else {
+		for _, c := range chunks {
+			compute(c)
+		}
+		lastFence = time.Now()
+		for _, c := range chunks {
+			if err := tx.Chunk(c, runs(c), nil); err != nil {
+				return res, err
+			}
+		}
+	}
+	ro := <-rx.Done()
+	res.exposed = time.Since(lastFence)
+	to := <-tx.Done()
+	if err := ce.Pools().Free(src); err != nil {
+		return res, fmt.Errorf("request %s: free source: %w", id, err)
+	}
+	if !ro.OK || !to.OK {
+		return res, fmt.Errorf("request %s: rx %s (%v), tx %s (%v)", id, ro.Status, ro.Err, to.Status, to.Err)
+	}
+	res.bytes = ro.Bytes
+	for g, grp := range l.Groups {
+		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		for bi, dst := range ro.Blocks[g] {
+			b := blockBytes(ge, g, dst)
+			if checkBlock(b, i, g, first+bi) {
+				res.verified += uint64(len(b))
+			} else {
+				res.mismatches++
+			}
+		}
+	}
+	if err := ge.FreeBlocks(ro.Blocks); err != nil {
+		return res, fmt.Errorf("request %s: free destination: %w", id, err)
+	}
+	return res, nil
+}
+
+func blockBytes(e *kvxfer.Engine, g int, id kvcache.BlockID) []byte {
+	geom := e.Pools().Geometry(g)
+	off := geom.Offset + uint64(id)*geom.BlockBytes
+	return e.Region().Bytes()[off : off+geom.BlockBytes]
+}
+
+// words views an 8-byte-aligned block as uint64 words.
+func words(b []byte) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+}
+
+func seed(req, g, blk int) uint64 {
+	return uint64(req+1)*0x9E3779B97F4A7C15 ^ uint64(g+1)*0xBF58476D1CE4E5B9 ^ uint64(blk+1)*0x94D049BB133111EB
+}
+
+// fillBlock writes the block's pattern: word k = seed + k*odd constant, so
+// every word of every block of every request differs.
+func fillBlock(b []byte, req, g, blk int) {
+	w := words(b)
+	s := seed(req, g, blk)
+	for k := range w {
+		w[k] = s + uint64(k)*0xD6E8FEB86659FD93
+	}
+}
+
+func checkBlock(b []byte, req, g, blk int) bool {
+	w := words(b)
+	s := seed(req, g, blk)
+	for k := range w {
+		if w[k] != s+uint64(k)*0xD6E8FEB86659FD93 {
+			return false
+		}
+	}
+	return true
+}
+
+// Print writes the report table.
+func (r Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nkvxfer demo: %s, %d requests of %d..%d tokens, chunks of %d tokens, %v compute per chunk, pools %d MiB, %d workers\n\n",
+		r.Options.Model, r.Options.Requests, r.Options.MinTokens, r.Options.MaxTokens, r.Options.ChunkTokens,
+		r.Options.Compute, r.Options.PoolBytes>>20, r.Options.Workers)
+	fmt.Fprintf(w, "%-14s %8s %10s %8s %12s %12s %8s %14s %7s\n", "mode", "requests", "GiB", "GB/s", "exposed p50", "exposed p99", "hidden", "bytes verified", "leaked")
+	for _, row := range r.Rows {
+		hidden := "-"
+		if row.Hidden != 0 {
+			hidden = fmt.Sprintf("%.1f%%", row.Hidden*100)
+		}
+		fmt.Fprintf(w, "%-14s %8d %10.2f %8.2f %12v %12v %8s %14d %7d\n", row.Mode, row.Requests,
+			float64(row.Bytes)/(1<<30), row.BytesPerSec/1e9, row.ExposedP50.Round(10*time.Microsecond),
+			row.ExposedP99.Round(10*time.Microsecond), hidden, row.BytesVerified, row.LeakedBlocks)
+	}
+	if r.OK() {
+		fmt.Fprintln(w, "\nOK: every transferred byte verified, 0 leaked blocks")
+	} else {
+		fmt.Fprintln(w, "\nFAILED: byte mismatch or leaked blocks")
+	}
+}
