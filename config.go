@@ -3,6 +3,7 @@ package kvxfer
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"os"
 	"strconv"
 	"time"
@@ -50,7 +51,7 @@ type Config struct {
 	Backend string
 	Agent   rdma.Agent
 	// Link is the control plane; nil uses the process-wide in-memory link.
-	Link actors.Link
+	Link control.Link
 	// TransferTimeout bounds a request (overridable per request).
 	TransferTimeout time.Duration
 	// DrainGrace is how long in-doubt writes may take to complete before

@@ -3,6 +3,7 @@ package kvxfer
 import (
 	"context"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"sync"
 	"time"
 
@@ -28,14 +29,14 @@ type (
 
 var (
 	defaultLinkOnce sync.Once
-	defaultLink     *actors.MemLink
+	defaultLink     *control.MemLink
 )
 
 // DefaultLink is the process-wide in-memory control link used when
 // Config.Link is nil: engines started in one process find each other by
 // instance and rank.
-func DefaultLink() *actors.MemLink {
-	defaultLinkOnce.Do(func() { defaultLink = actors.NewMemLink() })
+func DefaultLink() *control.MemLink {
+	defaultLinkOnce.Do(func() { defaultLink = control.NewMemLink() })
 	return defaultLink
 }
 

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -27,7 +27,7 @@ func smallLayout() kvcache.Layout {
 }
 
 type cluster struct {
-	link     *actors.MemLink
+	link     *control.MemLink
 	ctx, gen []*kvxfer.Engine
 	ctxPar   kvcache.Parallel
 	genPar   kvcache.Parallel
@@ -35,7 +35,7 @@ type cluster struct {
 
 func startCluster(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int) *cluster {
 	t.Helper()
-	c := &cluster{link: actors.NewMemLink(), ctxPar: ctxPar, genPar: genPar}
+	c := &cluster{link: control.NewMemLink(), ctxPar: ctxPar, genPar: genPar}
 	start := func(inst string, p kvcache.Parallel, i int) *kvxfer.Engine {
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
 			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: c.link, TransferTimeout: 20 * time.Second})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"log/slog"
 	"sort"
 	"time"
@@ -25,7 +26,7 @@ type EngineConfig struct {
 	Agent      rdma.Agent
 	Region     *kvcache.Region
 	Pools      *Pools
-	Link       Link
+	Link       control.Link
 	Timeout    time.Duration
 	DrainGrace time.Duration
 	Clock      func() time.Time
@@ -43,7 +44,7 @@ type Engine struct {
 	tx, rx   *actor.PID
 	listenPI *actor.PID
 	senders  *actor.PID
-	lis      Listener
+	lis      control.Listener
 	stats    *Counters
 	hello    *messages.Hello
 }

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -99,7 +100,7 @@ type txParent struct {
 	env      *shellEnv
 	topo     Topology
 	self     messages.PeerID
-	link     Link
+	link     control.Link
 	cfg      TxConfig
 	sessions sessionTable
 	tombs    *tombstones

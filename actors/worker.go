@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -53,9 +54,9 @@ type workerSlot struct {
 	idx      int
 	agent    rdma.Agent
 	reg      rdma.Registration
-	link     Link
+	link     control.Link
 	eps      map[string]rdma.Endpoint
-	conns    map[messages.PeerID]Conn
+	conns    map[messages.PeerID]control.Conn
 	inflight map[OpRef]inflight
 	log      zerolog.Logger
 	stats    *Counters
@@ -69,9 +70,9 @@ type workerActor struct {
 	slot *workerSlot
 }
 
-func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link Link, log zerolog.Logger, stats *Counters) *workerSlot {
+func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link,
-		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]Conn{},
+		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]control.Conn{},
 		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats}
 }
 
@@ -200,7 +201,7 @@ func (s *workerSlot) send(to messages.PeerID, f messages.Frame) {
 	}
 	if err := c.Send(f); err != nil {
 		s.stats.FramesUnsent.Add(1)
-		if !errors.Is(err, ErrPeerGone) {
+		if !errors.Is(err, control.ErrPeerGone) {
 			s.log.Warn().Err(err).Str("peer", to.String()).Msg("send failed")
 		}
 		_ = c.Close()

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/control"
 	"io"
 	"math/rand/v2"
 	"sort"
@@ -128,11 +129,11 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 
 type pair struct {
 	ctx, gen *kvxfer.Engine
-	link     *actors.MemLink
+	link     *control.MemLink
 }
 
 func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (Row, error) {
-	link := actors.NewMemLink()
+	link := control.NewMemLink()
 	start := func(inst string) (*kvxfer.Engine, error) {
 		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
 			Workers: o.Workers, Link: link, TransferTimeout: 5 * time.Minute})

@@ -1,10 +1,18 @@
-package actors
+package control
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Sentinel errors of the control plane.
+var (
+	ErrPeerGone  = errors.New("control: peer gone")
+	ErrDuplicate = errors.New("control: already listening")
+	ErrClosed    = errors.New("control: closed")
 )
 
 // Link is the control-plane seam between engines: an engine listens for
@@ -52,7 +60,7 @@ func (l *MemLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (Li
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, dup := l.peers[self.From]; dup {
-		return nil, fmt.Errorf("%w: %s already listening", ErrBadRequest, self.From)
+		return nil, fmt.Errorf("%w: %s", ErrDuplicate, self.From)
 	}
 	l.peers[self.From] = &memPeer{hello: self, deliver: deliver}
 	return memListener{l, self.From}, nil
