@@ -25,6 +25,10 @@ build: deps
 	$(GO) build $(PKGS)
 	$(GO) build -o bin/kvxfer ./cmd/kvxfer
 
+## demo: the README's run command (the main job).
+demo: deps
+	$(GO) run ./cmd/kvxfer demo
+
 ## test: the README's test command.
 test: deps
 	$(GO) test -race -count=1 $(PKGS)

@@ -62,6 +62,7 @@ func (e *env) src(n uint64, seed uint64) side {
 	if err != nil {
 		e.t.Fatalf("NewSrc(%d): %v", n, err)
 	}
+	e.t.Cleanup(e.closeAgents) // before the region's release; see dst
 	reg, err := e.p.Sender.Register(r)
 	if err != nil {
 		e.t.Fatalf("sender Register(%d bytes): %v", n, err)

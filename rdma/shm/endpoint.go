@@ -89,6 +89,8 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *mapping, error) {
 			return k, nil, err
 		}
 		e.maps[k.fileID] = m
+	} else if m.name != k.name {
+		return k, nil, fmt.Errorf("%w: key names file %q, its region is file %q", rdma.ErrBadKey, k.name, m.name)
 	}
 	if rr.Len != uint64(len(m.data)) {
 		return k, nil, fmt.Errorf("%w: remote region length %d, region %s is %d bytes", rdma.ErrBadKey, rr.Len, m.path, len(m.data))

@@ -13,6 +13,7 @@ import (
 // mapping is a sender's map of a peer's region file.
 type mapping struct {
 	fileID [16]byte
+	name   string // the file's base name
 	path   string
 	mem    []byte // header page, then data
 	hdr    *header
@@ -52,7 +53,7 @@ func openMapping(k regionKey) (*mapping, error) {
 		unmapFile(mem)
 		return nil, err
 	}
-	return &mapping{fileID: k.fileID, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
+	return &mapping{fileID: k.fileID, name: k.name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
 }
 
 func (m *mapping) close() error { return unmapFile(m.mem) }
