@@ -28,7 +28,10 @@ type Route struct {
 
 // WorkerFor is the one routing function from (request, peer) to a worker:
 // fixed for the stream's life, so a stream's ops, FAILED and CANCEL leave in
-// the order they were queued.
+// the order they were queued. A request's streams start at a worker chosen
+// by the request's hash and take consecutive workers by peer rank, so the
+// streams of one request spread over distinct workers when there are
+// enough of them.
 func WorkerFor(request string, peer messages.PeerID, workers int) int {
 	if workers <= 1 {
 		return 0
@@ -37,6 +40,5 @@ func WorkerFor(request string, peer messages.PeerID, workers int) int {
 	_, _ = h.Write([]byte(request))
 	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(peer.Instance))
-	_, _ = h.Write([]byte{byte(peer.Rank), byte(peer.Rank >> 8), byte(peer.Rank >> 16), byte(peer.Rank >> 24)})
-	return int(h.Sum64() % uint64(workers))
+	return int((h.Sum64() + uint64(uint32(peer.Rank))) % uint64(workers))
 }

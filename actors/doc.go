@@ -1,0 +1,41 @@
+// Package actors is kvxfer's engine: the context-side TxSession (with one
+// stream per generation rank it writes to), the generation-side RxSession,
+// sender workers, their supervisors, and the protoactor shells that run them.
+//
+// # Pure steps, thin shells
+//
+// Each session is a pure state machine: Step(msg, now) returns effects
+// (Pin, Unpin, WatchFence, Submit, Flush, CloseEndpoint, SendFrame,
+// StartTimer, Finish, ReleaseDest, Stop, Log) as data, with no I/O, clock,
+// randomness or blocking inside. The shells (txActor, rxActor, workerActor,
+// the supervisors) execute effects and turn callbacks — fences, backend
+// completions, timers, control frames — into messages. Tests, the simulator
+// and trace replay drive the same steps directly.
+//
+// # Ordering and ownership
+//
+//   - A stream's op state lives in its TxSession alone: admission, the drain
+//     decision and the release happen in one actor, so no op can be admitted
+//     after the session decided it had drained.
+//   - A stream is bound to one worker by WorkerFor(request, peer); the worker
+//     is the only user of its endpoints and control connections, so a
+//     stream's ops, its FAILED and its CANCEL leave in the order queued.
+//   - Ops leave in admission order; an op whose fence fired waits for the
+//     ops before it.
+//
+// # The one rule
+//
+// A page is freed, reused or unpinned only when every op that references it
+// is quiescent (NOT_SUBMITTED, BACKEND_DONE or RETIRED) and every pinned
+// chunk's fence has fired. Timeouts, cancels and errors change the logical
+// outcome at once; the physical release waits. A stream sends its terminal
+// frame (Result or CancelAck) only when it is quiescent, so the generation
+// side may free destination pages on that frame.
+//
+// # Deviation from DESIGN.md §7
+//
+// Streams are state machines inside their TxSession actor rather than child
+// actors: the session and its streams share pins and the drain decision, and
+// one actor makes "admission and drain in the same actor" true by
+// construction while saving a mailbox hop per chunk.
+package actors
