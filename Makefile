@@ -5,7 +5,7 @@ DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler
 BENCHTIME ?= 1x
 PKGS ?= ./...
 
-.PHONY: all deps build test check fmt vet staticcheck bench demo
+.PHONY: all deps build test check fmt vet staticcheck bench demo proto
 
 all: build
 
@@ -48,3 +48,10 @@ check: deps fmt vet staticcheck test
 ## bench: every testing.B benchmark once per size (BENCHTIME=1s for real figures).
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## proto: regenerate messages/pb from messages/proto/kvxfer.proto with Debian's
+## protoc and the protoc-gen-go pinned as a tool in go.mod (commit the output).
+proto: deps
+	protoc --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
+		--go_out=. --go_opt=module=github.com/kvxfer/kvxfer \
+		messages/proto/kvxfer.proto

@@ -3,6 +3,7 @@ package messages
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 )
 
 // Version is the control-plane protocol version carried in every frame.
@@ -228,8 +229,15 @@ func (m *Hello) Validate() error {
 		if p.Blocks < 0 || p.Blocks > MaxBlocks || p.BlockBytes == 0 {
 			return invalid("hello: pool %d blocks %d block bytes %d", g, p.Blocks, p.BlockBytes)
 		}
-		end := p.Offset + uint64(p.Blocks)*p.BlockBytes
-		if end < p.Offset || end > m.Region.Len {
+		// Blocks*BlockBytes and Offset+size may each overflow uint64: a
+		// wrapped end would place the pool's blocks outside the region.
+		hi, size := bits.Mul64(uint64(p.Blocks), p.BlockBytes)
+		end, carry := bits.Add64(p.Offset, size, 0)
+		if hi != 0 || carry != 0 {
+			return invalid("hello: pool %d (%d blocks of %d bytes at offset %d) ends past 2^64, past region length %d",
+				g, p.Blocks, p.BlockBytes, p.Offset, m.Region.Len)
+		}
+		if end > m.Region.Len {
 			return invalid("hello: pool %d ends at %d past region length %d", g, end, m.Region.Len)
 		}
 	}

@@ -7,5 +7,13 @@
 // before any field is used; a frame that fails validation is rejected with a
 // reason naming the field and value, and never reaches a session.
 //
-// The package imports nothing of the project.
+// On the wire (DESIGN.md §6) every frame is one protobuf Envelope
+// (proto/kvxfer.proto, generated into package pb by `make proto`) carrying
+// Version. Encode validates before it writes, so an invalid frame never
+// reaches the wire; Decode rejects input over MaxFrameBytes, another
+// version, an unknown frame type or any out-of-range field, with an error
+// wrapping ErrInvalid, and never panics on any input. Both are safe for
+// concurrent use; a decoded frame shares no memory with the input.
+//
+// The package imports nothing of the project but its generated pb.
 package messages

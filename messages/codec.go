@@ -1,0 +1,335 @@
+package messages
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvxfer/kvxfer/messages/pb"
+)
+
+// MaxFrameBytes bounds one encoded frame; Decode rejects a longer input
+// before parsing it, and a transport should set its own message-size limit
+// (ZMQ_MAXMSGSIZE) to it.
+//
+// The largest valid frame is a RequestData naming MaxBlocks destination
+// blocks: each block is one packed varint of at most 5 bytes (a
+// non-negative int32), 5 MiB in all, plus well under 8 KiB of headers
+// (request id, sender, MaxGroups group headers). TestMaxFrameFits encodes
+// that worst case and checks it fits.
+const MaxFrameBytes = 6 << 20
+
+// ErrVersion is wrapped, beside ErrInvalid, when a frame carries a protocol
+// version other than Version.
+var ErrVersion = errors.New("messages: unsupported protocol version")
+
+// Encode returns the wire encoding of f: an Envelope carrying Version and
+// the frame. It validates f first and never encodes an invalid frame; every
+// error wraps ErrInvalid. Text fields must also be valid UTF-8 (proto3
+// strings); pass free-form text through TruncateText first.
+func Encode(f Frame) ([]byte, error) { return AppendEncode(nil, f) }
+
+// AppendEncode appends the wire encoding of f to dst, as Encode does. On
+// error it returns dst unchanged in length.
+func AppendEncode(dst []byte, f Frame) ([]byte, error) {
+	env, err := toWire(f)
+	if err != nil {
+		return dst, err
+	}
+	out, err := proto.MarshalOptions{}.MarshalAppend(dst, env)
+	if err != nil {
+		return dst, invalid("encode %T: %v", f, err)
+	}
+	if n := len(out) - len(dst); n > MaxFrameBytes {
+		return dst, invalid("encode %T: %d bytes exceeds MaxFrameBytes %d", f, n, MaxFrameBytes)
+	}
+	return out, nil
+}
+
+// Decode parses one wire frame and returns it only if every field is in
+// range: the input is at most MaxFrameBytes, the version is Version, the
+// body is a known frame type, every integer converts without truncation and
+// the frame passes Validate. Every error wraps ErrInvalid and names the
+// field and value. Decode never panics, whatever b holds, and does not
+// retain b. Unknown fields inside a known frame are ignored.
+func Decode(b []byte) (Frame, error) {
+	if len(b) > MaxFrameBytes {
+		return nil, invalid("frame of %d bytes exceeds MaxFrameBytes %d", len(b), MaxFrameBytes)
+	}
+	var env pb.Envelope
+	if err := proto.Unmarshal(b, &env); err != nil {
+		return nil, invalid("malformed frame of %d bytes: %v", len(b), err)
+	}
+	if v := env.GetVersion(); v != Version {
+		return nil, fmt.Errorf("%w: %w %d, want %d", ErrInvalid, ErrVersion, v, Version)
+	}
+	f, err := fromWire(&env)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// TruncateText makes s fit a frame's text field (Result.Error,
+// Cancel.Reason): invalid UTF-8 is replaced with U+FFFD and the result is
+// cut to at most limit bytes on a rune boundary.
+func TruncateText(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if limit < 0 {
+		limit = 0
+	}
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// toWire validates f and builds its Envelope. The Envelope aliases f's
+// slices; it is only read, by Marshal.
+func toWire(f Frame) (*pb.Envelope, error) {
+	env := &pb.Envelope{Version: Version}
+	switch m := f.(type) {
+	case nil:
+		return nil, invalid("encode: nil frame")
+	case *Hello:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "sender instance", m.From.Instance, "backend", m.Backend); err != nil {
+			return nil, err
+		}
+		pools := make([]*pb.PoolGeometry, len(m.Pools))
+		for i, p := range m.Pools {
+			pools[i] = &pb.PoolGeometry{Offset: p.Offset, BlockBytes: p.BlockBytes, Blocks: p.Blocks}
+		}
+		env.Body = &pb.Envelope_Hello{Hello: &pb.Hello{
+			From:       peerToWire(m.From),
+			Backend:    m.Backend,
+			AgentAddr:  m.AgentAddr,
+			Region:     &pb.RemoteRegion{Key: m.Region.Key, Len: m.Region.Len},
+			LayoutHash: m.LayoutHash,
+			Parallel:   &pb.Parallel{Tp: m.Parallel.TP, Pp: m.Parallel.PP},
+			Tp:         m.TP,
+			Pp:         m.PP,
+			Pools:      pools,
+		}}
+	case *RequestData:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "request id", m.RequestID, "sender instance", m.From.Instance); err != nil {
+			return nil, err
+		}
+		groups := make([]*pb.GroupDest, len(m.Groups))
+		for i, g := range m.Groups {
+			groups[i] = &pb.GroupDest{First: g.First, Blocks: g.Blocks}
+		}
+		env.Body = &pb.Envelope_RequestData{RequestData: &pb.RequestData{
+			RequestId:        m.RequestID,
+			Epoch:            m.Epoch,
+			From:             peerToWire(m.From),
+			GenParallel:      &pb.Parallel{Tp: m.GenParallel.TP, Pp: m.GenParallel.PP},
+			GenTp:            m.GenTP,
+			GenPp:            m.GenPP,
+			PromptLen:        m.PromptLen,
+			Groups:           groups,
+			DeadlineUnixNano: m.DeadlineUnixNano,
+		}}
+	case *Result:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "request id", m.RequestID, "sender instance", m.From.Instance, "error text", m.Error); err != nil {
+			return nil, err
+		}
+		env.Body = &pb.Envelope_Result{Result: &pb.Result{
+			RequestId: m.RequestID,
+			Epoch:     m.Epoch,
+			From:      peerToWire(m.From),
+			Status:    pb.Status(m.Status),
+			Bytes:     m.Bytes,
+			Error:     m.Error,
+			Payload:   m.Payload,
+		}}
+	case *Cancel:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "request id", m.RequestID, "sender instance", m.From.Instance, "cancel reason", m.Reason); err != nil {
+			return nil, err
+		}
+		env.Body = &pb.Envelope_Cancel{Cancel: &pb.Cancel{
+			RequestId: m.RequestID,
+			Epoch:     m.Epoch,
+			From:      peerToWire(m.From),
+			Reason:    m.Reason,
+		}}
+	case *CancelAck:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "request id", m.RequestID, "sender instance", m.From.Instance); err != nil {
+			return nil, err
+		}
+		env.Body = &pb.Envelope_CancelAck{CancelAck: &pb.CancelAck{
+			RequestId: m.RequestID,
+			Epoch:     m.Epoch,
+			From:      peerToWire(m.From),
+		}}
+	case *Heartbeat:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "sender instance", m.From.Instance); err != nil {
+			return nil, err
+		}
+		env.Body = &pb.Envelope_Heartbeat{Heartbeat: &pb.Heartbeat{
+			From: peerToWire(m.From),
+			Seq:  m.Seq,
+		}}
+	default:
+		return nil, invalid("encode: frame type %T has no wire encoding", f)
+	}
+	return env, nil
+}
+
+// checkText validates f, then checks that each named text field (pairs of
+// name, value) is valid UTF-8, as proto3 requires of strings.
+func checkText(f Frame, fields ...string) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	for i := 0; i+1 < len(fields); i += 2 {
+		if !utf8.ValidString(fields[i+1]) {
+			return invalid("encode %T (request %q, sender %s): %s is not valid UTF-8",
+				f, f.Request(), f.Sender(), fields[i])
+		}
+	}
+	return nil
+}
+
+// fromWire converts a decoded Envelope's body to its frame. Only narrowing
+// conversions are checked here; Validate checks the rest.
+func fromWire(env *pb.Envelope) (Frame, error) {
+	switch body := env.GetBody().(type) {
+	case *pb.Envelope_Hello:
+		m := body.Hello
+		pools := make([]PoolGeometry, len(m.GetPools()))
+		for i, p := range m.GetPools() {
+			pools[i] = PoolGeometry{Offset: p.GetOffset(), BlockBytes: p.GetBlockBytes(), Blocks: p.GetBlocks()}
+		}
+		return &Hello{
+			From:       peerFromWire(m.GetFrom()),
+			Backend:    m.GetBackend(),
+			AgentAddr:  nonEmpty(m.GetAgentAddr()),
+			Region:     RemoteRegion{Key: nonEmpty(m.GetRegion().GetKey()), Len: m.GetRegion().GetLen()},
+			LayoutHash: m.GetLayoutHash(),
+			Parallel:   Parallel{TP: m.GetParallel().GetTp(), PP: m.GetParallel().GetPp()},
+			TP:         m.GetTp(),
+			PP:         m.GetPp(),
+			Pools:      nonEmpty(pools),
+		}, nil
+	case *pb.Envelope_RequestData:
+		m := body.RequestData
+		groups := make([]GroupDest, len(m.GetGroups()))
+		for i, g := range m.GetGroups() {
+			// The decoded message is ours alone: alias its blocks.
+			groups[i] = GroupDest{First: g.GetFirst(), Blocks: nonEmpty(g.GetBlocks())}
+		}
+		return &RequestData{
+			RequestID:        m.GetRequestId(),
+			Epoch:            m.GetEpoch(),
+			From:             peerFromWire(m.GetFrom()),
+			GenParallel:      Parallel{TP: m.GetGenParallel().GetTp(), PP: m.GetGenParallel().GetPp()},
+			GenTP:            m.GetGenTp(),
+			GenPP:            m.GetGenPp(),
+			PromptLen:        m.GetPromptLen(),
+			Groups:           nonEmpty(groups),
+			DeadlineUnixNano: m.GetDeadlineUnixNano(),
+		}, nil
+	case *pb.Envelope_Result:
+		m := body.Result
+		r := &Result{
+			RequestID: m.GetRequestId(),
+			Epoch:     m.GetEpoch(),
+			From:      peerFromWire(m.GetFrom()),
+			Bytes:     m.GetBytes(),
+			Error:     m.GetError(),
+			Payload:   nonEmpty(m.GetPayload()),
+		}
+		// Status is an open enum (any int32) on the wire; it becomes the
+		// uint8 Status only once it is known to be a defined value.
+		s := m.GetStatus()
+		if s <= pb.Status_STATUS_UNKNOWN || int64(s) >= int64(len(statusNames)) {
+			// Check the rest first, so that the message names a request
+			// id and sender of bounded length.
+			probe := *r
+			probe.Status = StatusSuccess
+			if err := probe.Validate(); err != nil {
+				return nil, err
+			}
+			return nil, invalid("request %s from %s: result status %d, want 1..%d",
+				r.RequestID, r.From, int32(s), len(statusNames)-1)
+		}
+		r.Status = Status(s)
+		return r, nil
+	case *pb.Envelope_Cancel:
+		m := body.Cancel
+		return &Cancel{
+			RequestID: m.GetRequestId(),
+			Epoch:     m.GetEpoch(),
+			From:      peerFromWire(m.GetFrom()),
+			Reason:    m.GetReason(),
+		}, nil
+	case *pb.Envelope_CancelAck:
+		m := body.CancelAck
+		return &CancelAck{
+			RequestID: m.GetRequestId(),
+			Epoch:     m.GetEpoch(),
+			From:      peerFromWire(m.GetFrom()),
+		}, nil
+	case *pb.Envelope_Heartbeat:
+		m := body.Heartbeat
+		return &Heartbeat{From: peerFromWire(m.GetFrom()), Seq: m.GetSeq()}, nil
+	case nil:
+		if num, ok := firstUnknownField(env); ok {
+			return nil, invalid("unknown frame type (envelope field %d)", num)
+		}
+		return nil, invalid("frame has no body")
+	default:
+		return nil, invalid("frame body %T has no conversion", body)
+	}
+}
+
+// firstUnknownField names the first field of env that this version does not
+// know, for the rejection message (a peer speaking a newer dialect).
+func firstUnknownField(env *pb.Envelope) (protowire.Number, bool) {
+	num, _, n := protowire.ConsumeTag(env.ProtoReflect().GetUnknown())
+	return num, n > 0
+}
+
+func peerToWire(p PeerID) *pb.PeerID { return &pb.PeerID{Instance: p.Instance, Rank: p.Rank} }
+
+func peerFromWire(p *pb.PeerID) PeerID {
+	return PeerID{Instance: p.GetInstance(), Rank: p.GetRank()}
+}
+
+// nonEmpty maps an empty slice to nil, so that a decoded frame is canonical
+// whether or not the sender wrote an empty field.
+func nonEmpty[S ~[]E, E any](s S) S {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}

@@ -1,0 +1,406 @@
+package messages_test
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"pgregory.net/rapid"
+
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/messages/pb"
+)
+
+func mustEncode(t testing.TB, f messages.Frame) []byte {
+	t.Helper()
+	b, err := messages.Encode(f)
+	if err != nil {
+		t.Fatalf("Encode(%T): %v", f, err)
+	}
+	return b
+}
+
+func TestRoundTrip(t *testing.T) {
+	for name, f := range sampleFrames() {
+		t.Run(name, func(t *testing.T) {
+			b := mustEncode(t, f)
+			got, err := messages.Decode(b)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if want := canonical(f); !reflect.DeepEqual(got, want) {
+				t.Fatalf("round trip:\n got %#v\nwant %#v", got, want)
+			}
+			// AppendEncode appends the same bytes after a prefix.
+			prefix := []byte("zmq-identity")
+			out, err := messages.AppendEncode(prefix, f)
+			if err != nil {
+				t.Fatalf("AppendEncode: %v", err)
+			}
+			if !bytes.Equal(out[:len(prefix)], []byte("zmq-identity")) || !bytes.Equal(out[len(prefix):], b) {
+				t.Fatalf("AppendEncode = %x, want prefix then %x", out, b)
+			}
+		})
+	}
+}
+
+func TestRoundTripProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		f := drawFrame(t)
+		if err := f.Validate(); err != nil {
+			t.Fatalf("generator drew an invalid frame: %v", err)
+		}
+		b, err := messages.Encode(f)
+		if err != nil {
+			t.Fatalf("Encode(%T): %v", f, err)
+		}
+		if len(b) > messages.MaxFrameBytes {
+			t.Fatalf("encoded %d bytes > MaxFrameBytes", len(b))
+		}
+		got, err := messages.Decode(b)
+		if err != nil {
+			t.Fatalf("Decode: %v", err)
+		}
+		if want := canonical(f); !reflect.DeepEqual(got, want) {
+			t.Fatalf("round trip:\n got %#v\nwant %#v", got, want)
+		}
+	})
+}
+
+// TestMaxFrameFits pins MaxFrameBytes to MaxBlocks: the largest valid
+// frame encodes, fits, and decodes.
+func TestMaxFrameFits(t *testing.T) {
+	f := maxRequestData()
+	b := mustEncode(t, f)
+	t.Logf("largest RequestData: %d bytes, MaxFrameBytes %d", len(b), messages.MaxFrameBytes)
+	if len(b) > messages.MaxFrameBytes {
+		t.Fatalf("largest valid frame is %d bytes > MaxFrameBytes %d", len(b), messages.MaxFrameBytes)
+	}
+	got, err := messages.Decode(b)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if !reflect.DeepEqual(got, canonical(f)) {
+		t.Fatal("largest frame did not round-trip")
+	}
+}
+
+// Hand-built wire bytes, bypassing Encode's validation.
+
+func varintField(b []byte, num protowire.Number, v uint64) []byte {
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func bytesField(b []byte, num protowire.Number, v []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func rawEnvelope(version uint64, body protowire.Number, msg []byte) []byte {
+	return bytesField(varintField(nil, 1, version), body, msg)
+}
+
+func rawPeer(instance string, rank uint64) []byte {
+	return varintField(bytesField(nil, 1, []byte(instance)), 2, rank)
+}
+
+func rawHeartbeat() []byte { return bytesField(nil, 1, rawPeer("p", 0)) }
+
+func rawResult(requestID string, status uint64) []byte {
+	b := bytesField(nil, 1, []byte(requestID))
+	b = varintField(b, 2, 1)
+	b = bytesField(b, 3, rawPeer("ctx-0", 1))
+	return varintField(b, 4, status)
+}
+
+const (
+	fieldHello       = 2
+	fieldRequestData = 3
+	fieldResult      = 4
+	fieldHeartbeat   = 7
+)
+
+// marshalPB encodes a generated message as it is, with no validation.
+func marshalPB(t *testing.T, env *pb.Envelope) []byte {
+	t.Helper()
+	b, err := proto.Marshal(env)
+	if err != nil {
+		t.Fatalf("proto.Marshal: %v", err)
+	}
+	return b
+}
+
+func pbPeer() *pb.PeerID { return &pb.PeerID{Instance: "gen-0", Rank: 0} }
+
+func pbRequestData(groups ...*pb.GroupDest) *pb.Envelope {
+	return &pb.Envelope{Version: messages.Version, Body: &pb.Envelope_RequestData{RequestData: &pb.RequestData{
+		RequestId: "req-1", Epoch: 1, From: pbPeer(),
+		GenParallel: &pb.Parallel{Tp: 1, Pp: 1}, Groups: groups,
+	}}}
+}
+
+func pbResult(r *pb.Result) *pb.Envelope {
+	if r.RequestId == "" {
+		r.RequestId = "req-1"
+	}
+	if r.From == nil {
+		r.From = pbPeer()
+	}
+	if r.Status == 0 {
+		r.Status = pb.Status_STATUS_SUCCESS
+	}
+	return &pb.Envelope{Version: messages.Version, Body: &pb.Envelope_Result{Result: r}}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	valid := mustEncode(t, sampleResult())
+	hello := func(mod func(h *pb.Hello)) *pb.Envelope {
+		h := &pb.Hello{
+			From: pbPeer(), Backend: "ucx", AgentAddr: []byte{1},
+			Region:   &pb.RemoteRegion{Key: []byte{1}, Len: 1 << 20},
+			Parallel: &pb.Parallel{Tp: 1, Pp: 1},
+			Pools:    []*pb.PoolGeometry{{Offset: 0, BlockBytes: 1 << 10, Blocks: 1024}},
+		}
+		mod(h)
+		return &pb.Envelope{Version: messages.Version, Body: &pb.Envelope_Hello{Hello: h}}
+	}
+	// nest is a version and then depth unknown groups, one in another.
+	nest := func(depth int) []byte {
+		b := varintField(nil, 1, 1)
+		for range depth {
+			b = protowire.AppendTag(b, 50, protowire.StartGroupType)
+		}
+		for range depth {
+			b = protowire.AppendTag(b, 50, protowire.EndGroupType)
+		}
+		return b
+	}
+	deep := nest(100)
+	manyGroups := make([]*pb.GroupDest, messages.MaxGroups+1)
+	for i := range manyGroups {
+		manyGroups[i] = &pb.GroupDest{Blocks: []int32{1}}
+	}
+
+	tests := []struct {
+		name    string
+		in      []byte
+		want    string // in the error text
+		version bool   // the error also wraps ErrVersion
+	}{
+		{"empty input", nil, "version 0, want 1", true},
+		{"version 0", rawEnvelope(0, fieldHeartbeat, rawHeartbeat()), "version 0, want 1", true},
+		{"version 2", rawEnvelope(2, fieldHeartbeat, rawHeartbeat()), "version 2, want 1", true},
+		{"version as bytes", bytesField(nil, 1, []byte{1}), "version 0, want 1", true},
+		{"no body", varintField(nil, 1, 1), "frame has no body", false},
+		{"unknown frame type", rawEnvelope(1, 99, rawHeartbeat()), "unknown frame type (envelope field 99)", false},
+		{"status unknown", rawEnvelope(1, fieldResult, rawResult("req-1", 0)), "result status 0", false},
+		{"status past last", rawEnvelope(1, fieldResult, rawResult("req-1", 5)), "result status 5, want 1..4", false},
+		{"status 257 not truncated to SUCCESS", rawEnvelope(1, fieldResult, rawResult("req-1", 257)), "result status 257", false},
+		{"status negative", rawEnvelope(1, fieldResult, rawResult("req-1", math.MaxUint64)), "result status -1", false},
+		{"status bad with long request id", rawEnvelope(1, fieldResult, rawResult(strings.Repeat("x", 300), 9)), "request id length 300", false},
+		{"oversize", make([]byte, messages.MaxFrameBytes+1), "exceeds MaxFrameBytes", false},
+		{"truncated", valid[:len(valid)-1], "malformed frame", false},
+		{"garbage", []byte{0xff, 0xff, 0xff, 0xff}, "malformed frame", false},
+		{"invalid utf-8 request id", rawEnvelope(1, fieldResult, rawResult("req-\xff", 1)), "malformed frame", false},
+		{"unknown groups nested", deep, "unknown frame type (envelope field 50)", false},
+		{"unknown groups nested too deep", nest(20000), "malformed frame", false},
+		{"missing sender", rawEnvelope(1, fieldHeartbeat, nil), "sender instance length 0", false},
+		{"rank as 32-bit -1", rawEnvelope(1, fieldHeartbeat, bytesField(nil, 1, rawPeer("p", 0xffffffff))), "sender rank -1", false},
+		{"rank too large", rawEnvelope(1, fieldHeartbeat, bytesField(nil, 1, rawPeer("p", messages.MaxRank))), "sender rank 65536", false},
+		{"request id absent", rawEnvelope(1, fieldResult, varintField(bytesField(nil, 3, rawPeer("p", 0)), 4, 1)), "request id length 0", false},
+		{"request id too long", marshalPB(t, pbResult(&pb.Result{RequestId: strings.Repeat("r", messages.MaxRequestIDLen+1)})), "request id length 257", false},
+		{"error text too long", marshalPB(t, pbResult(&pb.Result{Error: strings.Repeat("e", messages.MaxErrorLen+1)})), "error text length 1025", false},
+		{"payload too long", marshalPB(t, pbResult(&pb.Result{Payload: make([]byte, messages.MaxPayload+1)})), "payload length 4097", false},
+		{"negative block", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: []int32{3, -1}})), "group 0 block[1] = -1", false},
+		{"negative first", marshalPB(t, pbRequestData(&pb.GroupDest{First: -5, Blocks: []int32{3}})), "group 0 first block -5", false},
+		{"no groups", marshalPB(t, pbRequestData()), "0 layer groups", false},
+		{"too many groups", marshalPB(t, pbRequestData(manyGroups...)), "17 layer groups", false},
+		{"too many blocks", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: make([]int32, messages.MaxBlocks+1)})), "more than 1048576 destination blocks", false},
+		{"hello without pools", marshalPB(t, hello(func(h *pb.Hello) { h.Pools = nil })), "0 pools", false},
+		{"hello pool past region", marshalPB(t, hello(func(h *pb.Hello) { h.Region.Len = 1<<20 - 1 })), "past region length", false},
+		{"hello pool overflows", marshalPB(t, hello(func(h *pb.Hello) {
+			h.Pools[0] = &pb.PoolGeometry{Offset: math.MaxUint64 - 10, BlockBytes: 1 << 10, Blocks: 1}
+		})), "past region length", false},
+		{"hello pool size overflows", marshalPB(t, hello(func(h *pb.Hello) {
+			h.Region.Len = math.MaxUint64
+			h.Pools[0] = &pb.PoolGeometry{Offset: 0, BlockBytes: 1 << 63, Blocks: 2} // 2 * 2^63 wraps to 0
+		})), "ends past 2^64", false},
+		{"hello rank outside parallel", marshalPB(t, hello(func(h *pb.Hello) { h.Tp = 1 })), "hello rank tp=1", false},
+		{"hello missing region", marshalPB(t, hello(func(h *pb.Hello) { h.Region = nil })), "region key length 0", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := messages.Decode(tc.in)
+			if err == nil {
+				t.Fatalf("Decode accepted %#v", f)
+			}
+			if f != nil {
+				t.Errorf("Decode returned frame %#v with error", f)
+			}
+			if !errors.Is(err, messages.ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if got := errors.Is(err, messages.ErrVersion); got != tc.version {
+				t.Errorf("errors.Is(err, ErrVersion) = %v, want %v (err %v)", got, tc.version, err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDecodeIgnoresUnknownFields: a field this version does not know,
+// inside a known frame, is skipped (and not kept).
+func TestDecodeIgnoresUnknownFields(t *testing.T) {
+	body := varintField(rawHeartbeat(), 2, 42)
+	body = bytesField(body, 15, []byte("from the future"))
+	b := varintField(rawEnvelope(1, fieldHeartbeat, body), 20, 1)
+	f, err := messages.Decode(b)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	want := &messages.Heartbeat{From: messages.PeerID{Instance: "p"}, Seq: 42}
+	if !reflect.DeepEqual(f, want) {
+		t.Fatalf("got %#v, want %#v", f, want)
+	}
+}
+
+// TestDecodeEveryPrefixAndSuffix splits every sample at every byte: each
+// part decodes to a valid frame or is rejected with ErrInvalid.
+func TestDecodeEveryPrefixAndSuffix(t *testing.T) {
+	for name, f := range sampleFrames() {
+		t.Run(name, func(t *testing.T) {
+			b := mustEncode(t, f)
+			for i := 0; i <= len(b); i++ {
+				checkDecodes(t, b[:i])
+				checkDecodes(t, b[i:])
+			}
+		})
+	}
+}
+
+// checkDecodes asserts Decode's contract on arbitrary input: an error
+// wrapping ErrInvalid, or a valid frame that survives a re-encode.
+func checkDecodes(t testing.TB, b []byte) {
+	t.Helper()
+	f, err := messages.Decode(b)
+	if err != nil {
+		if !errors.Is(err, messages.ErrInvalid) {
+			t.Fatalf("Decode(%x): error %v does not wrap ErrInvalid", b, err)
+		}
+		if f != nil {
+			t.Fatalf("Decode(%x): frame %#v with error %v", b, f, err)
+		}
+		return
+	}
+	if err := f.Validate(); err != nil {
+		t.Fatalf("Decode(%x) returned an invalid frame: %v", b, err)
+	}
+	b2, err := messages.Encode(f)
+	if err != nil {
+		t.Fatalf("Decode(%x) = %#v, which does not encode: %v", b, f, err)
+	}
+	f2, err := messages.Decode(b2)
+	if err != nil {
+		t.Fatalf("re-encoded %#v does not decode: %v", f, err)
+	}
+	if !reflect.DeepEqual(f, f2) {
+		t.Fatalf("re-encode changed the frame:\n got %#v\nwant %#v", f2, f)
+	}
+}
+
+type foreignFrame struct{ messages.Heartbeat }
+
+func TestEncodeRejects(t *testing.T) {
+	badUTF8 := sampleResult()
+	badUTF8.Status, badUTF8.Payload, badUTF8.Error = messages.StatusFailed, nil, "cut \xe2\x82"
+	tests := []struct {
+		name string
+		f    messages.Frame
+		want string
+	}{
+		{"nil", nil, "nil frame"},
+		{"typed nil", (*messages.Result)(nil), "nil *messages.Result"},
+		{"foreign type", &foreignFrame{}, "has no wire encoding"},
+		{"invalid", &messages.Heartbeat{}, "sender instance length 0"},
+		{"unknown status", &messages.Result{RequestID: "r", From: testPeer}, "result status 0"},
+		{"status out of range", &messages.Result{RequestID: "r", From: testPeer, Status: 9}, "result status 9"},
+		{"invalid utf-8 error text", badUTF8, "error text is not valid UTF-8"},
+		{"invalid utf-8 instance", &messages.Heartbeat{From: messages.PeerID{Instance: "\xff"}}, "sender instance is not valid UTF-8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := []byte("prefix")
+			out, err := messages.AppendEncode(dst, tc.f)
+			if err == nil {
+				t.Fatalf("AppendEncode accepted %#v", tc.f)
+			}
+			if !errors.Is(err, messages.ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+			if string(out) != "prefix" {
+				t.Errorf("AppendEncode returned %q on error, want dst unchanged", out)
+			}
+		})
+	}
+}
+
+func TestTruncateText(t *testing.T) {
+	tests := []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"abcdef", 3, "abc"},
+		{"a€b", 2, "a"}, // € is 3 bytes: never cut inside it
+		{"a€b", 4, "a€"},
+		{"bad\xffbyte", 100, "bad\uFFFDbyte"},
+		{"anything", 0, ""},
+		{"anything", -1, ""},
+	}
+	for _, tc := range tests {
+		got := messages.TruncateText(tc.in, tc.max)
+		if got != tc.want {
+			t.Errorf("TruncateText(%q, %d) = %q, want %q", tc.in, tc.max, got, tc.want)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		s := rapid.String().Draw(t, "s")
+		n := rapid.IntRange(0, 64).Draw(t, "max")
+		got := messages.TruncateText(s, n)
+		if len(got) > n || !utf8.ValidString(got) {
+			t.Fatalf("TruncateText(%q, %d) = %q: %d bytes, valid %v", s, n, got, len(got), utf8.ValidString(got))
+		}
+	})
+}
+
+// TestDecodeDoesNotRetainInput: the caller may reuse its buffer (a ZeroMQ
+// message) as soon as Decode returns.
+func TestDecodeDoesNotRetainInput(t *testing.T) {
+	for name, f := range sampleFrames() {
+		t.Run(name, func(t *testing.T) {
+			b := mustEncode(t, f)
+			got, err := messages.Decode(b)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			clear(b)
+			if want := canonical(f); !reflect.DeepEqual(got, want) {
+				t.Fatalf("frame changed with its input buffer:\n got %#v\nwant %#v", got, want)
+			}
+		})
+	}
+}

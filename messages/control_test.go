@@ -1,0 +1,34 @@
+package messages_test
+
+import (
+	"math/big"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// TestHelloPoolsInsideRegion: whatever the geometry, a Hello that passes
+// Validate places every block of every pool inside its region (computed
+// without overflow).
+func TestHelloPoolsInsideRegion(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		h := sampleHello()
+		h.Region.Len = rapid.Uint64().Draw(t, "regionLen")
+		h.Pools = []messages.PoolGeometry{{
+			Offset:     rapid.Uint64().Draw(t, "offset"),
+			BlockBytes: rapid.OneOf(rapid.Uint64(), rapid.Uint64Range(1, 1<<24), rapid.Just(uint64(1)<<63)).Draw(t, "blockBytes"),
+			Blocks:     rapid.Int32Range(0, messages.MaxBlocks).Draw(t, "blocks"),
+		}}
+		if h.Validate() != nil {
+			return
+		}
+		p := h.Pools[0]
+		end := new(big.Int).Mul(big.NewInt(int64(p.Blocks)), new(big.Int).SetUint64(p.BlockBytes))
+		end.Add(end, new(big.Int).SetUint64(p.Offset))
+		if end.Cmp(new(big.Int).SetUint64(h.Region.Len)) > 0 {
+			t.Fatalf("valid Hello's pool %+v ends at %s past region length %d", p, end, h.Region.Len)
+		}
+	})
+}
