@@ -52,7 +52,6 @@ type (
 		reply  chan rxOpenReply
 	}
 	rxOpenReply struct {
-		pid *actor.PID
 		err error
 	}
 	closeReq struct{ drained chan struct{} }
@@ -145,7 +144,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
-		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), Epoch: m.Epoch})
+		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
 		delete(p.handles, m.request)
@@ -190,7 +189,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
 	}
-	ctx.Send(pid, TxPeerRequest{Peer: p.genIndex(rd.From), Epoch: rd.Epoch, Route: route, Expected: expected, Err: err})
+	ctx.Send(pid, TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch, Route: route, Expected: expected, Err: err})
 }
 
 // sessionSupervisor restarts a panicking session (its state survives in the

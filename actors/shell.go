@@ -8,8 +8,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
-
-	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // Counters are an engine's monotonically increasing event counts.
@@ -116,7 +114,6 @@ type txActor struct {
 	s        *TxSession
 	handle   *Handle
 	fence    Fence // the fence of the chunk being stepped
-	fences   map[int]Fence
 	timers   []*time.Timer
 	panicked bool
 }
@@ -300,13 +297,4 @@ func (a *rxActor) step(ctx actor.Context, m any, now time.Time) []Effect {
 // Recorder receives every message a session steps on (the trace seam).
 type Recorder interface {
 	Record(actor string, msg any, at time.Time)
-}
-
-// blockCounts returns len(ids) per group.
-func blockCounts(b [][]kvcache.BlockID) []int {
-	out := make([]int, len(b))
-	for g := range b {
-		out[g] = len(b[g])
-	}
-	return out
 }

@@ -34,6 +34,7 @@ type (
 	// request could not be resolved (bad blocks, mismatched peer).
 	TxPeerRequest struct {
 		Peer     int
+		From     messages.PeerID
 		Epoch    uint64
 		Route    *Route
 		Expected []int
@@ -64,6 +65,7 @@ type (
 	// TxPeerCancel: a generation rank cancelled the request.
 	TxPeerCancel struct {
 		Peer  int
+		From  messages.PeerID
 		Epoch uint64
 	}
 	// TxTimeout: a session timer fired.
@@ -131,6 +133,7 @@ type TxSession struct {
 	started  bool
 	promptLn int
 	payload  []byte
+	deadline time.Time // TxStart's deadline (zero: none)
 	chunks   []chunkRec
 	streams  map[int]*stream
 	order    []int // stream peers in arrival order (deterministic iteration)
@@ -212,6 +215,10 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
 			st.cancelled = true
 			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
+		} else {
+			// Nothing of this session writes that epoch of that peer's
+			// blocks: acknowledge at once.
+			s.replyTo(m.From, m.Epoch, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 		}
 	case TxTimeout:
 		s.onTimeout(m, now)
@@ -231,6 +238,7 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 	s.started = true
 	s.promptLn = m.PromptLen
 	s.payload = m.Payload
+	s.deadline = m.Deadline
 	if !m.Deadline.IsZero() {
 		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
 	}
@@ -270,12 +278,15 @@ func (s *TxSession) onFence(m TxFenceFired) {
 func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 	if m.Err != nil {
 		s.fail(TxFailed, m.Err)
+		s.rejectPeer(m, m.Err)
 		return
 	}
 	if old := s.streams[m.Peer]; old != nil {
 		// A duplicate RequestData for the same epoch changes nothing.
 		if old.epoch != m.Epoch {
-			s.fail(TxFailed, fmt.Errorf("%w: request %s: peer %d sent epoch %d after %d", ErrBadRequest, s.cfg.Request, m.Peer, m.Epoch, old.epoch))
+			err := fmt.Errorf("%w: request %s: peer %d sent epoch %d after %d", ErrBadRequest, s.cfg.Request, m.Peer, m.Epoch, old.epoch)
+			s.fail(TxFailed, err)
+			s.rejectPeer(m, err)
 		}
 		return
 	}
@@ -286,7 +297,9 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		}
 	}
 	if !s.expected[m.Peer] {
-		s.fail(TxFailed, fmt.Errorf("%w: request %s: rank %d is not a peer of this rank", ErrBadRequest, s.cfg.Request, m.Peer))
+		err := fmt.Errorf("%w: request %s: rank %d is not a peer of this rank", ErrBadRequest, s.cfg.Request, m.Peer)
+		s.fail(TxFailed, err)
+		s.rejectPeer(m, err)
 		return
 	}
 	st := &stream{peer: m.Peer, epoch: m.Epoch, route: m.Route,
@@ -302,6 +315,22 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.state = TxReady
 	}
 	s.admit(st)
+}
+
+// rejectPeer answers a RequestData that opened no stream: nothing was
+// admitted for it, so the peer may free its blocks at once.
+func (s *TxSession) rejectPeer(m TxPeerRequest, err error) {
+	s.replyTo(m.From, m.Epoch, &messages.Result{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self,
+		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+}
+
+// replyTo sends a frame to a peer that has no stream (a zero From — the
+// tests' anonymous peers — gets nothing).
+func (s *TxSession) replyTo(to messages.PeerID, epoch uint64, f messages.Frame) {
+	if to.Instance == "" {
+		return
+	}
+	s.eff = append(s.eff, SendFrame{Worker: WorkerFor(s.cfg.Request, to, s.cfg.Workers), To: to, Frame: f})
 }
 
 // admit turns every chunk the stream has not seen into an op (or a no-op
@@ -376,9 +405,14 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 	switch m.Kind {
 	case TimerDeadline:
-		if s.state.Terminal() {
+		if s.started && !s.deadline.IsZero() && now.Before(s.deadline) {
+			// The orphan timer (TxConfig.Timeout): Send came with a later
+			// deadline of its own, which rules.
 			return
 		}
+		// A decided outcome (cancel, error) does not change, but the
+		// deadline still bounds the physical drain: ops in flight go
+		// IN_DOUBT and their endpoints are closed after the grace.
 		s.fail(TxFailed, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
 		inDoubt := false
 		s.eachOp(func(r OpRef, o *op) {
@@ -513,10 +547,7 @@ func (s *TxSession) finishStream(st *stream) {
 	}
 	text := ""
 	if s.err != nil {
-		text = s.err.Error()
-		if len(text) > messages.MaxErrorLen {
-			text = text[:messages.MaxErrorLen]
-		}
+		text = messages.TruncateText(s.err.Error(), messages.MaxErrorLen)
 	}
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text}})

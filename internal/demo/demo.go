@@ -127,10 +127,6 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	return rep, nil
 }
 
-type pair struct {
-	ctx, gen *kvxfer.Engine
-	link     *control.MemLink
-}
 
 func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (Row, error) {
 	link := control.NewMemLink()

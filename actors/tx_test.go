@@ -1,0 +1,1144 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// This file drives TxSession.Step directly: no protoactor, no goroutines,
+// no sleeps. A fake Planner plans one segment per chunk (bytes = tokens),
+// or nothing for chunks it is told to skip; a fake clock is a time.Time the
+// test advances.
+//
+// Every race test below names the guard in tx.go that rules its race out.
+// Each was checked by hand: the guard was removed from a copy of tx.go, the
+// test was run and seen to fail, and tx.go was copied back.
+
+const testBlockTokens = 16
+
+var testEpoch0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakePlanner plans one segment per chunk with bytes = tokens. A chunk whose
+// Start is in skip lies outside the peer's blocks (an empty plan); one whose
+// Start is in fail makes Plan return that error.
+type fakePlanner struct {
+	skip map[int]bool
+	fail map[int]error
+}
+
+func (p *fakePlanner) Plan(c kvcache.Chunk, _ []kvcache.BlockRun, buf []kvcache.Segment) ([]kvcache.Segment, uint64, error) {
+	if err := p.fail[c.Start]; err != nil {
+		return buf, 0, err
+	}
+	if p.skip[c.Start] || c.Tokens() == 0 {
+		return buf, 0, nil
+	}
+	n := uint64(c.Tokens())
+	return append(buf, kvcache.Segment{Src: uint64(c.Start), Dst: uint64(c.Start), Len: n}), n, nil
+}
+
+func genPeer(p int) messages.PeerID { return messages.PeerID{Instance: "gen", Rank: int32(p)} }
+
+// testChunk builds the chunk [start, end) with its source blocks: block i of
+// group g has ID g*1000+i. groups is the number of layer groups.
+func testChunk(start, end int, last bool, groups int) TxChunk {
+	first := start / testBlockTokens
+	endBlock := (end + testBlockTokens - 1) / testBlockTokens
+	src := make([]kvcache.BlockRun, groups)
+	for g := range src {
+		src[g].First = first
+		for b := first; b < endBlock; b++ {
+			src[g].IDs = append(src[g].IDs, kvcache.BlockID(g*1000+b))
+		}
+	}
+	return TxChunk{Chunk: kvcache.Chunk{Start: start, End: end, FirstBlock: first, Last: last}, Src: src}
+}
+
+type pinKey struct {
+	group int
+	id    kvcache.BlockID
+}
+
+// txHarness wraps a TxSession with a fake clock, fake routes and the checks
+// every step must pass, whatever the test: no violation, no Pin or Submit
+// after a terminal outcome, a terminal state never changes, Unpin only when
+// every op is quiescent and every watched fence fired, Unpin only of what
+// was pinned, Finish at most once, nothing after Stop.
+type txHarness struct {
+	t        testing.TB
+	s        *TxSession
+	now      time.Time
+	groups   int
+	planners map[int]*fakePlanner
+	routes   map[int]*Route
+	watched  map[int]bool // WatchFence seen
+	fired    map[int]bool // TxFenceFired sent
+	pins     map[pinKey]int
+	finishes []Outcome
+	stopped  bool
+}
+
+type txOpts struct {
+	timeout time.Duration // TxConfig.Timeout (orphan bound)
+	groups  int
+}
+
+func newTxHarness(t testing.TB, o txOpts) (*txHarness, []Effect) {
+	if o.groups == 0 {
+		o.groups = 1
+	}
+	h := &txHarness{
+		t:        t,
+		now:      testEpoch0,
+		groups:   o.groups,
+		planners: map[int]*fakePlanner{},
+		routes:   map[int]*Route{},
+		watched:  map[int]bool{},
+		fired:    map[int]bool{},
+		pins:     map[pinKey]int{},
+	}
+	h.s = NewTxSession(TxConfig{Request: "r1", Self: messages.PeerID{Instance: "ctx", Rank: 0},
+		Workers: 1, DrainGrace: 5 * time.Second, Timeout: o.timeout})
+	return h, h.s.Init(h.now)
+}
+
+func (h *txHarness) planner(p int) *fakePlanner {
+	if h.planners[p] == nil {
+		h.planners[p] = &fakePlanner{skip: map[int]bool{}, fail: map[int]error{}}
+	}
+	return h.planners[p]
+}
+
+func (h *txHarness) route(p int) *Route {
+	if h.routes[p] == nil {
+		h.routes[p] = &Route{Peer: genPeer(p), AgentAddr: []byte(fmt.Sprintf("gen-%d", p)), Planner: h.planner(p)}
+	}
+	return h.routes[p]
+}
+
+func (h *txHarness) advance(d time.Duration) { h.now = h.now.Add(d) }
+
+// step feeds one message and checks the invariants every step must keep.
+func (h *txHarness) step(msg any) []Effect {
+	h.t.Helper()
+	before := h.s.State()
+	if f, ok := msg.(TxFenceFired); ok {
+		h.fired[f.Index] = true
+	}
+	effs := h.s.Step(msg, h.now)
+	if len(h.s.Violations) > 0 {
+		h.t.Fatalf("%T: violations %v", msg, h.s.Violations)
+	}
+	if h.stopped && len(effs) > 0 {
+		h.t.Fatalf("%T after Stop: effects %s", msg, fmtEffects(effs))
+	}
+	if before.Terminal() && h.s.State() != before {
+		h.t.Fatalf("%T: terminal state %v overwritten by %v", msg, before, h.s.State())
+	}
+	for _, e := range effs {
+		switch e := e.(type) {
+		case Pin:
+			if before.Terminal() {
+				h.t.Fatalf("%T: Pin after terminal %v", msg, before)
+			}
+			for _, id := range e.IDs {
+				h.pins[pinKey{e.Group, id}]++
+			}
+		case Submit:
+			if before.Terminal() {
+				h.t.Fatalf("%T: Submit %v after terminal %v", msg, e.Op, before)
+			}
+		case WatchFence:
+			h.watched[e.Chunk] = true
+		case Unpin:
+			for _, id := range e.IDs {
+				k := pinKey{e.Group, id}
+				if h.pins[k] == 0 {
+					h.t.Fatalf("%T: Unpin of %v not pinned", msg, k)
+				}
+				h.pins[k]--
+			}
+			for r, st := range h.s.OpStates() {
+				if !st.Quiescent() {
+					h.t.Fatalf("%T: Unpin while op %v is %v", msg, r, st)
+				}
+			}
+			for c := range h.watched {
+				if !h.fired[c] {
+					h.t.Fatalf("%T: Unpin while chunk %d's fence has not fired", msg, c)
+				}
+			}
+		case Finish:
+			h.finishes = append(h.finishes, e.Outcome)
+			if len(h.finishes) > 1 {
+				h.t.Fatalf("%T: second Finish %+v", msg, e.Outcome)
+			}
+		case Stop:
+			h.stopped = true
+		}
+	}
+	return effs
+}
+
+func (h *txHarness) start(prompt int, deadline time.Duration) []Effect {
+	h.t.Helper()
+	m := TxStart{PromptLen: prompt, Payload: []byte("tok")}
+	if deadline > 0 {
+		m.Deadline = h.now.Add(deadline)
+	}
+	return h.step(m)
+}
+
+func (h *txHarness) chunk(start, end int, last bool) []Effect {
+	h.t.Helper()
+	return h.step(testChunk(start, end, last, h.groups))
+}
+
+func (h *txHarness) request(peer int, expected ...int) []Effect {
+	h.t.Helper()
+	return h.step(TxPeerRequest{Peer: peer, Epoch: 1, Route: h.route(peer), Expected: expected})
+}
+
+func (h *txHarness) fence(i int) []Effect {
+	h.t.Helper()
+	return h.step(TxFenceFired{Index: i})
+}
+
+func (h *txHarness) complete(peer, seq int, err error) []Effect {
+	h.t.Helper()
+	return h.step(TxCompleted{Op: h.op(peer, seq), Err: err})
+}
+
+func (h *txHarness) flushed(peer int, err error) []Effect {
+	h.t.Helper()
+	return h.step(TxFlushed{Peer: peer, Err: err})
+}
+
+func (h *txHarness) op(peer, seq int) OpRef { return OpRef{Request: "r1", Peer: peer, Seq: seq} }
+
+func (h *txHarness) opState(peer, seq int) OpState {
+	h.t.Helper()
+	st, ok := h.s.OpStates()[h.op(peer, seq)]
+	if !ok {
+		h.t.Fatalf("no op %v", h.op(peer, seq))
+	}
+	return st
+}
+
+func (h *txHarness) wantState(want TxState) {
+	h.t.Helper()
+	if got := h.s.State(); got != want {
+		h.t.Fatalf("state = %v, want %v (err %v)", got, want, h.s.Err())
+	}
+}
+
+func (h *txHarness) wantOp(peer, seq int, want OpState) {
+	h.t.Helper()
+	if got := h.opState(peer, seq); got != want {
+		h.t.Fatalf("op %v = %v, want %v", h.op(peer, seq), got, want)
+	}
+}
+
+// wantReleased checks the end of a session: every pin dropped, one Finish
+// with the given status, stopped.
+func (h *txHarness) wantReleased(status TxState, errIs error) Outcome {
+	h.t.Helper()
+	if !h.s.Stopped() || !h.stopped {
+		h.t.Fatalf("not stopped (state %v, ops %v, pinned %v)", h.s.State(), h.s.OpStates(), h.s.PinnedChunks())
+	}
+	for k, n := range h.pins {
+		if n != 0 {
+			h.t.Fatalf("block %v still pinned %d times", k, n)
+		}
+	}
+	if len(h.s.PinnedChunks()) != 0 {
+		h.t.Fatalf("pinned chunks %v after release", h.s.PinnedChunks())
+	}
+	if len(h.finishes) != 1 {
+		h.t.Fatalf("%d Finish effects, want 1", len(h.finishes))
+	}
+	out := h.finishes[0]
+	if out.Status != status.String() || out.OK != (status == TxDone) {
+		h.t.Fatalf("outcome %s ok=%v, want %v", out.Status, out.OK, status)
+	}
+	if errIs != nil && !errors.Is(out.Err, errIs) {
+		h.t.Fatalf("outcome err %v, want %v", out.Err, errIs)
+	}
+	if errIs == nil && status == TxDone && out.Err != nil {
+		h.t.Fatalf("DONE with err %v", out.Err)
+	}
+	return out
+}
+
+// effectsOf returns the effects of type T, in order.
+func effectsOf[T Effect](effs []Effect) []T {
+	var out []T
+	for _, e := range effs {
+		if x, ok := e.(T); ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func hasEffect[T Effect](effs []Effect) bool { return len(effectsOf[T](effs)) > 0 }
+
+// wantNo fails if effs holds an effect of any of the named kinds.
+func wantNo(t testing.TB, what string, effs []Effect, kinds ...string) {
+	t.Helper()
+	for _, e := range effs {
+		name := strings.TrimPrefix(fmt.Sprintf("%T", e), "actors.")
+		if slices.Contains(kinds, name) {
+			t.Fatalf("%s: unexpected %s in %s", what, name, fmtEffects(effs))
+		}
+	}
+}
+
+// framesTo returns the control frames sent to peer p.
+func framesTo(effs []Effect, p int) []messages.Frame {
+	var out []messages.Frame
+	for _, f := range effectsOf[SendFrame](effs) {
+		if f.To == genPeer(p) {
+			out = append(out, f.Frame)
+		}
+	}
+	return out
+}
+
+// wantResult checks that effs send exactly one Result with status to p.
+func wantResult(t testing.TB, effs []Effect, p int, status messages.Status) *messages.Result {
+	t.Helper()
+	fs := framesTo(effs, p)
+	if len(fs) != 1 {
+		t.Fatalf("frames to peer %d: %d, want 1 Result %v (effects %s)", p, len(fs), status, fmtEffects(effs))
+	}
+	r, ok := fs[0].(*messages.Result)
+	if !ok || r.Status != status {
+		t.Fatalf("frame to peer %d: %s, want Result %v", p, fmtFrame(fs[0]), status)
+	}
+	return r
+}
+
+// submits returns the refs of Submit effects in order.
+func submits(effs []Effect) []OpRef {
+	var out []OpRef
+	for _, s := range effectsOf[Submit](effs) {
+		out = append(out, s.Op)
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------------
+// The races of DESIGN.md §3, one regression test each.
+
+// TestRace_CancelWhileOpWaitsForFence: a cancel arrives while an op waits for
+// its chunk's fence. The op is already ADMITTED and counted, so the pages
+// stay pinned until the fence fires and the op settles (NOT_SUBMITTED: it
+// never leaves once the session is terminal).
+//
+// Guards, each removed by hand and seen to fail this test:
+//   - progress: `if !c.fired { break }` (the op is submitted before its
+//     fence fires: "Submit before the fence" fails);
+//   - progress, terminal branch: `&& s.chunks[o.chunk].fired` (the op is
+//     declared NOT_SUBMITTED while the producer may still write the chunk,
+//     and the peer hears CANCELLED before that: "cancel while the op waits
+//     for its fence: unexpected SendFrame" fails);
+//   - progress, terminal branch: `&& streamQuiescent(st)` (same failure);
+//   - maybeRelease: `!s.Quiescent()` (the no-peer case: nothing holds the
+//     release back but the chunk's unfired fence, so Unpin comes at the
+//     cancel and the harness's "Unpin while chunk 0's fence has not fired"
+//     fails).
+func TestRace_CancelWhileOpWaitsForFence(t *testing.T) {
+	t.Run("with peer", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{groups: 2})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		effs := h.chunk(0, 32, true)
+		if got := len(effectsOf[Pin](effs)); got != 2 || !hasEffect[WatchFence](effs) {
+			t.Fatalf("chunk: want 2 Pins and a WatchFence, got %s", fmtEffects(effs))
+		}
+		wantNo(t, "Submit before the fence", effs, "Submit")
+		h.wantOp(1, 0, OpAdmitted)
+
+		effs = h.step(TxCancel{})
+		h.wantState(TxCancelled)
+		wantNo(t, "cancel while the op waits for its fence", effs, "Unpin", "Finish", "Stop", "SendFrame", "Submit")
+		h.wantOp(1, 0, OpAdmitted)
+		if h.s.Quiescent() || !slices.Equal(h.s.PinnedChunks(), []int{0}) {
+			t.Fatalf("after cancel: quiescent=%v pinned=%v, want pinned [0]", h.s.Quiescent(), h.s.PinnedChunks())
+		}
+
+		effs = h.fence(0)
+		wantNo(t, "fence after cancel", effs, "Submit")
+		h.wantOp(1, 0, OpNotSubmitted)
+		wantResult(t, effs, 1, messages.StatusCancelled)
+		if got := len(effectsOf[Unpin](effs)); got != 2 {
+			t.Fatalf("fence after cancel: %d Unpins, want 2: %s", got, fmtEffects(effs))
+		}
+		h.wantReleased(TxCancelled, ErrCancelled)
+	})
+	t.Run("before any peer", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.chunk(0, 32, true)
+		effs := h.step(TxCancel{})
+		h.wantState(TxCancelled)
+		wantNo(t, "cancel before the fence", effs, "Unpin", "Finish", "Stop")
+		effs = h.fence(0)
+		if !hasEffect[Unpin](effs) {
+			t.Fatalf("fence after cancel: no Unpin: %s", fmtEffects(effs))
+		}
+		h.wantReleased(TxCancelled, ErrCancelled)
+	})
+}
+
+// TestRace_PeerFailsWhileOtherPeerStillReads: peer 1's write fails while
+// peer 2's write of the same source pages is still in flight. The session
+// fails at once, peer 1 (quiescent) hears FAILED at once, but peer 2 hears
+// nothing and nothing is unpinned until peer 2's op settles. Peer 2's own
+// later error does not replace the first one.
+//
+// Guards, each removed by hand and seen to fail this test:
+//   - progress, terminal branch: `&& streamQuiescent(st)` (peer 2 gets its
+//     FAILED Result, and may free its pages, while our write still lands in
+//     them: "frames to peer 2" fails);
+//   - fail: `if s.state.Terminal() { return }` (peer 2's error replaces
+//     peer 1's: "outcome err ... want boom" fails).
+//
+// Removing only `!s.Quiescent()` in maybeRelease does NOT fail this test:
+// maybeRelease also waits for every stream to be finished, and a stream is
+// finished only when its ops are quiescent (defence in depth).
+func TestRace_PeerFailsWhileOtherPeerStillReads(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, time.Minute)
+	h.request(1, 1, 2)
+	h.request(2, 1, 2)
+	h.chunk(0, 32, true)
+	effs := h.fence(0)
+	if got := submits(effs); !slices.Equal(got, []OpRef{h.op(1, 0), h.op(2, 0)}) {
+		t.Fatalf("submits %v", got)
+	}
+	h.wantState(TxTransferring)
+
+	effs = h.complete(1, 0, errors.New("boom"))
+	h.wantState(TxFailed)
+	if !errors.Is(h.s.Err(), ErrPeerFailed) {
+		t.Fatalf("err %v, want ErrPeerFailed", h.s.Err())
+	}
+	wantResult(t, effs, 1, messages.StatusFailed)
+	if fs := framesTo(effs, 2); len(fs) != 0 {
+		t.Fatalf("frames to peer 2 while its op is in flight: %v", fs)
+	}
+	wantNo(t, "peer 1 failed, peer 2 still reads", effs, "Unpin", "Finish", "Stop")
+	h.wantOp(2, 0, OpSubmitting)
+	if !slices.Equal(h.s.PinnedChunks(), []int{0}) {
+		t.Fatalf("pinned %v", h.s.PinnedChunks())
+	}
+
+	effs = h.complete(2, 0, errors.New("second"))
+	wantResult(t, effs, 2, messages.StatusFailed)
+	if !hasEffect[Unpin](effs) {
+		t.Fatalf("no Unpin once peer 2 settled: %s", fmtEffects(effs))
+	}
+	out := h.wantReleased(TxFailed, ErrPeerFailed)
+	if !strings.Contains(out.Err.Error(), "boom") {
+		t.Fatalf("outcome err %v, want boom (first error wins)", out.Err)
+	}
+}
+
+// TestRace_NoAdmitAfterDrain: a chunk that arrives after the terminal outcome
+// is not admitted: no Pin, no WatchFence, no op, no Submit; a peer that asks
+// after the outcome gets its terminal Result at once and no op.
+//
+// Guard, removed by hand and seen to fail this test: onChunk's
+// `if s.state.Terminal() { return }` (the harness's "Pin after terminal"
+// fails).
+func TestRace_NoAdmitAfterDrain(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(64, time.Minute)
+	h.request(1, 1, 2)
+	h.chunk(0, 32, false)
+	h.fence(0)
+	h.wantOp(1, 0, OpSubmitting)
+
+	h.step(TxCancel{})
+	h.wantState(TxCancelled)
+
+	effs := h.chunk(32, 64, true)
+	if len(effs) != 0 {
+		t.Fatalf("chunk after cancel: %s", fmtEffects(effs))
+	}
+	if got := len(h.s.OpStates()); got != 1 {
+		t.Fatalf("%d ops after a late chunk, want 1", got)
+	}
+	if !slices.Equal(h.s.PinnedChunks(), []int{0}) {
+		t.Fatalf("pinned %v, want [0]", h.s.PinnedChunks())
+	}
+
+	effs = h.request(2, 1, 2)
+	wantResult(t, effs, 2, messages.StatusCancelled)
+	wantNo(t, "request after cancel", effs, "Submit", "Pin", "Unpin", "Finish")
+
+	effs = h.complete(1, 0, nil)
+	wantResult(t, effs, 1, messages.StatusCancelled)
+	if u := effectsOf[Unpin](effs); len(u) != 1 || !slices.Equal(u[0].IDs, []kvcache.BlockID{0, 1}) {
+		t.Fatalf("unpins %v, want chunk 0's blocks only", u)
+	}
+	h.wantReleased(TxCancelled, ErrCancelled)
+}
+
+// TestRace_SecondWriterCannotResurrectOp: op state has one writer (the
+// session); a completion or refusal for an op that is already quiescent
+// changes nothing, is counted in LateCompletions, and is no violation.
+//
+// Guard, removed by hand and seen to fail this test: onCompleted's
+// `case OpSubmitting, OpSubmitted:` widened to every state (a duplicate
+// completion moves a quiescent op again: "violations [... illegal
+// BACKEND_DONE → BACKEND_DONE]" fails).
+func TestRace_SecondWriterCannotResurrectOp(t *testing.T) {
+	t.Run("duplicate completion of a done op", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.complete(1, 0, nil)
+		if !hasEffect[Flush](effs) {
+			t.Fatalf("no Flush after the last op: %s", fmtEffects(effs))
+		}
+		effs = h.complete(1, 0, errors.New("dup"))
+		if len(effs) != 0 || h.s.LateCompletions != 1 {
+			t.Fatalf("duplicate completion: effects %s, late %d", fmtEffects(effs), h.s.LateCompletions)
+		}
+		h.wantState(TxTransferring)
+		h.wantOp(1, 0, OpBackendDone)
+		effs = h.flushed(1, nil)
+		if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 32 {
+			t.Fatalf("bytes %d, want 32", r.Bytes)
+		}
+		h.wantReleased(TxDone, nil)
+	})
+	t.Run("completion after refusal", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.step(TxCompleted{Op: h.op(1, 0), Err: errors.New("connect refused"), Refused: true})
+		h.wantOp(1, 0, OpNotSubmitted)
+		h.wantState(TxFailed)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrPeerFailed)
+		// The session stopped: a second report is dropped whole.
+		if effs := h.complete(1, 0, nil); len(effs) != 0 {
+			t.Fatalf("after stop: %s", fmtEffects(effs))
+		}
+	})
+	t.Run("completion after retirement", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(64, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, false)
+		h.chunk(32, 64, true)
+		h.fence(0)
+		h.fence(1)
+		h.step(TxInDoubt{Ops: []OpRef{h.op(1, 0), h.op(1, 1)}, Reason: ErrWorkerCrashed})
+		h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+		h.wantOp(1, 0, OpRetired)
+		// Op 0 is retired; its late completion changes nothing.
+		effs := h.complete(1, 0, nil)
+		if len(effs) != 0 || h.s.LateCompletions != 1 {
+			t.Fatalf("late completion of a retired op: %s, late %d", fmtEffects(effs), h.s.LateCompletions)
+		}
+		h.wantOp(1, 0, OpRetired)
+		// Op 1 is in doubt; its completion proves it quiescent (RETIRED).
+		h.complete(1, 1, errors.New("endpoint closed"))
+		h.wantOp(1, 1, OpRetired)
+		if h.s.LateCompletions != 2 {
+			t.Fatalf("late %d, want 2", h.s.LateCompletions)
+		}
+		h.wantReleased(TxFailed, ErrWorkerCrashed)
+	})
+}
+
+// TestRace_LateCompletionAfterTimeout: the deadline passes with an op in
+// flight. The outcome is FAILED (ErrTimeout) at once, the op is IN_DOUBT,
+// a drain timer starts, nothing is released. A late completion retires the
+// op (recorded physically), the outcome does not change, and only then are
+// the pages unpinned. If the op is still in doubt when the drain timer
+// fires, the endpoint is closed, which retires it.
+//
+// Guards, each removed by hand and seen to fail this test:
+//   - onTimeout: `s.setOp(r, o, OpInDoubt)` (the op stays SUBMITTING and
+//     no drain timer starts: "op ... = SUBMITTING, want IN_DOUBT" fails);
+//   - onCompleted: the `case OpInDoubt:` branch folded into the
+//     SUBMITTING/SUBMITTED branch (the late completion is an illegal
+//     IN_DOUBT → BACKEND_DONE: "violations" fails).
+func TestRace_LateCompletionAfterTimeout(t *testing.T) {
+	setup := func(t *testing.T) *txHarness {
+		h, _ := newTxHarness(t, txOpts{})
+		effs := h.start(32, 10*time.Second)
+		if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDeadline || !ts[0].At.Equal(testEpoch0.Add(10*time.Second)) {
+			t.Fatalf("start: %s", fmtEffects(effs))
+		}
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.advance(10 * time.Second)
+		effs = h.step(TxTimeout{Kind: TimerDeadline})
+		h.wantState(TxFailed)
+		if !errors.Is(h.s.Err(), ErrTimeout) {
+			t.Fatalf("err %v, want ErrTimeout", h.s.Err())
+		}
+		h.wantOp(1, 0, OpInDoubt)
+		if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDrain || !ts[0].At.Equal(h.now.Add(5*time.Second)) {
+			t.Fatalf("timeout: want a drain timer at +5s: %s", fmtEffects(effs))
+		}
+		wantNo(t, "timeout with an op in flight", effs, "Unpin", "Finish", "Stop", "SendFrame")
+		return h
+	}
+	t.Run("late completion", func(t *testing.T) {
+		h := setup(t)
+		effs := h.complete(1, 0, nil)
+		h.wantOp(1, 0, OpRetired)
+		if h.s.LateCompletions != 1 {
+			t.Fatalf("late %d, want 1", h.s.LateCompletions)
+		}
+		wantResult(t, effs, 1, messages.StatusFailed)
+		if !hasEffect[Unpin](effs) {
+			t.Fatalf("no Unpin after the late completion: %s", fmtEffects(effs))
+		}
+		out := h.wantReleased(TxFailed, ErrTimeout)
+		if out.Bytes != 0 {
+			t.Fatalf("bytes %d counted from an op that was in doubt", out.Bytes)
+		}
+		// The drain timer fires after the stop: nothing happens.
+		if effs := h.step(TxTimeout{Kind: TimerDrain}); len(effs) != 0 {
+			t.Fatalf("drain after stop: %s", fmtEffects(effs))
+		}
+	})
+	t.Run("drain closes the endpoint", func(t *testing.T) {
+		h := setup(t)
+		h.advance(5 * time.Second)
+		effs := h.step(TxTimeout{Kind: TimerDrain})
+		ce := effectsOf[CloseEndpoint](effs)
+		if len(ce) != 1 || ce[0].Peer != 1 || ce[0].Route != h.route(1) {
+			t.Fatalf("drain: want CloseEndpoint peer 1: %s", fmtEffects(effs))
+		}
+		wantNo(t, "drain before retirement", effs, "Unpin", "Finish", "SendFrame")
+		effs = h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+		h.wantOp(1, 0, OpRetired)
+		wantResult(t, effs, 1, messages.StatusInDoubt)
+		h.wantReleased(TxFailed, ErrTimeout)
+	})
+}
+
+// TestRace_WorkerPanicWithSubmittedOps: a worker dies with an op in flight.
+// The op is IN_DOUBT, the session FAILED at once, a drain timer starts; the
+// worker's restart closes the endpoint (TxRetired): the op is RETIRED, the
+// peer hears IN_DOUBT (its bytes are not trustworthy), and only then are
+// the pages unpinned.
+//
+// Guards, each removed by hand and seen to fail this test:
+//   - TxRetired: `s.streams[r.Peer].retired = true` (the peer hears FAILED
+//     instead of IN_DOUBT: "want Result IN_DOUBT" fails);
+//   - TxInDoubt: `s.setOp(r, o, OpInDoubt)` (the op stays SUBMITTING and
+//     TxRetired cannot retire it: "op ... = SUBMITTING, want IN_DOUBT"
+//     fails).
+func TestRace_WorkerPanicWithSubmittedOps(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(64, time.Minute)
+	h.request(1, 1)
+	h.chunk(0, 32, false)
+	h.chunk(32, 64, true)
+	h.fence(0)
+	h.fence(1)
+	h.complete(1, 0, nil)
+
+	crash := fmt.Errorf("%w: worker 0", ErrWorkerCrashed)
+	effs := h.step(TxInDoubt{Ops: []OpRef{h.op(1, 1)}, Reason: crash})
+	h.wantState(TxFailed)
+	h.wantOp(1, 0, OpBackendDone)
+	h.wantOp(1, 1, OpInDoubt)
+	if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDrain {
+		t.Fatalf("in doubt: want a drain timer: %s", fmtEffects(effs))
+	}
+	wantNo(t, "ops in doubt", effs, "Unpin", "Finish", "Stop", "SendFrame")
+
+	effs = h.step(TxRetired{Ops: []OpRef{h.op(1, 1)}})
+	h.wantOp(1, 1, OpRetired)
+	r := wantResult(t, effs, 1, messages.StatusInDoubt)
+	if r.Bytes != 32 {
+		t.Fatalf("bytes %d, want 32 (op 0 only)", r.Bytes)
+	}
+	if got := len(effectsOf[Unpin](effs)); got != 2 {
+		t.Fatalf("%d Unpins, want 2: %s", got, fmtEffects(effs))
+	}
+	h.wantReleased(TxFailed, ErrWorkerCrashed)
+	// The closed endpoint's Done callback reports after the stop.
+	if effs := h.complete(1, 1, errors.New("endpoint closed")); len(effs) != 0 {
+		t.Fatalf("after stop: %s", fmtEffects(effs))
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Outcomes and ordering.
+
+// TestTx_FirstTerminalOutcomeWins: a late successful flush after FAILED does
+// not produce DONE; a cancel after DONE changes nothing.
+//
+// Guard, removed by hand and seen to fail this test: fail's
+// `if s.state.Terminal() { return }` ("cancel after DONE": the harness's
+// "terminal state DONE overwritten by CANCELLED" fails).
+func TestTx_FirstTerminalOutcomeWins(t *testing.T) {
+	t.Run("late flush after FAILED", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1, 2)
+		h.request(2, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.complete(1, 0, nil)
+		if f := effectsOf[Flush](effs); len(f) != 1 || f[0].Peer != 1 {
+			t.Fatalf("want Flush peer 1: %s", fmtEffects(effs))
+		}
+		// The session crashes with peer 1's flush outstanding and peer 2's
+		// op in flight.
+		effs = h.step(TxPanic{Err: errors.New("nil map")})
+		h.wantState(TxFailed)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		effs = h.flushed(1, nil)
+		if len(effs) != 0 {
+			t.Fatalf("late flush after FAILED: %s", fmtEffects(effs))
+		}
+		h.wantState(TxFailed)
+		effs = h.complete(2, 0, nil)
+		wantResult(t, effs, 2, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrSessionCrashed)
+	})
+	t.Run("cancel after DONE", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(64, time.Minute)
+		h.request(1, 1)
+		// Chunk 1 lies outside peer 1's blocks: DONE does not wait for its
+		// fence, the release does.
+		h.planner(1).skip[32] = true
+		h.chunk(0, 32, false)
+		h.chunk(32, 64, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		effs := h.flushed(1, nil)
+		wantResult(t, effs, 1, messages.StatusSuccess)
+		h.wantState(TxDone)
+		wantNo(t, "DONE with chunk 1's fence pending", effs, "Unpin", "Finish", "Stop")
+
+		effs = h.step(TxCancel{})
+		h.wantState(TxDone)
+		if len(effs) != 0 {
+			t.Fatalf("cancel after DONE: %s", fmtEffects(effs))
+		}
+		effs = h.step(TxFenceFired{Index: 1, Err: errors.New("late producer error")})
+		h.wantState(TxDone)
+		if got := len(effectsOf[Unpin](effs)); got != 2 {
+			t.Fatalf("%d Unpins, want 2: %s", got, fmtEffects(effs))
+		}
+		out := h.wantReleased(TxDone, nil)
+		if out.Bytes != 32 {
+			t.Fatalf("bytes %d, want 32", out.Bytes)
+		}
+		if effs := h.step(TxCancel{}); len(effs) != 0 {
+			t.Fatalf("cancel after stop: %s", fmtEffects(effs))
+		}
+	})
+}
+
+// TestTx_ChunksBeforeAndAfterRequest: chunks may come before and after the
+// peer's RequestData; ops leave in order, and an op whose fence fired
+// waits for the earlier ops' fences.
+//
+// Guard, removed by hand and seen to fail this test: progress's
+// `if !c.fired { break }` ("submits at request [op 0 op 1]: op 1 must wait
+// for op 0's fence" fails).
+func TestTx_ChunksBeforeAndAfterRequest(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{groups: 2})
+	h.start(96, time.Minute)
+	h.chunk(0, 32, false)
+	h.chunk(32, 64, false)
+	h.wantState(TxInit)
+	if effs := h.fence(1); len(effs) != 0 {
+		t.Fatalf("fence without peer: %s", fmtEffects(effs))
+	}
+	effs := h.request(1, 1)
+	if got := submits(effs); len(got) != 0 {
+		t.Fatalf("submits at request %v: op 1 must wait for op 0's fence", got)
+	}
+	h.wantState(TxReady)
+	h.wantOp(1, 0, OpAdmitted)
+	h.wantOp(1, 1, OpAdmitted)
+
+	effs = h.fence(0)
+	if got := submits(effs); !slices.Equal(got, []OpRef{h.op(1, 0), h.op(1, 1)}) {
+		t.Fatalf("submits %v, want op 0 then op 1", got)
+	}
+	h.wantState(TxTransferring)
+	effs = h.chunk(64, 96, true)
+	wantNo(t, "chunk 2 before its fence", effs, "Submit")
+	h.wantOp(1, 2, OpAdmitted)
+	h.complete(1, 0, nil)
+	h.complete(1, 1, nil)
+	effs = h.fence(2)
+	if got := submits(effs); !slices.Equal(got, []OpRef{h.op(1, 2)}) {
+		t.Fatalf("submits %v, want op 2", got)
+	}
+	if s := effectsOf[Submit](effs)[0]; s.Bytes != 32 || len(s.Segments) != 1 || s.Segments[0].Src != 64 || s.Route != h.route(1) {
+		t.Fatalf("submit %+v", s)
+	}
+	effs = h.complete(1, 2, nil)
+	if !hasEffect[Flush](effs) {
+		t.Fatalf("no Flush: %s", fmtEffects(effs))
+	}
+	effs = h.flushed(1, nil)
+	if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 96 || string(r.Payload) != "tok" || r.Epoch != 1 {
+		t.Fatalf("result %+v", r)
+	}
+	if got := len(effectsOf[Unpin](effs)); got != 6 {
+		t.Fatalf("%d Unpins, want 6 (3 chunks × 2 groups)", got)
+	}
+	out := h.wantReleased(TxDone, nil)
+	if out.Bytes != 96 {
+		t.Fatalf("bytes %d, want 96", out.Bytes)
+	}
+}
+
+// TestTx_SuccessOnlyAfterFlush: no Flush before the last chunk is seen and
+// every op is BACKEND_DONE; no Result SUCCESS, DONE or Finish before the
+// flush is acknowledged; a failed flush fails the request.
+func TestTx_SuccessOnlyAfterFlush(t *testing.T) {
+	t.Run("ok", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(64, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, false)
+		h.fence(0)
+		effs := h.complete(1, 0, nil)
+		wantNo(t, "op 0 done, last chunk not seen", effs, "Flush", "SendFrame")
+		h.chunk(32, 64, true)
+		h.fence(1)
+		effs = h.complete(1, 1, nil)
+		if f := effectsOf[Flush](effs); len(f) != 1 || f[0].Peer != 1 || f[0].Request != "r1" {
+			t.Fatalf("want Flush peer 1: %s", fmtEffects(effs))
+		}
+		wantNo(t, "flush outstanding", effs, "SendFrame", "Finish", "Unpin")
+		h.wantState(TxTransferring)
+		effs = h.flushed(1, nil)
+		wantResult(t, effs, 1, messages.StatusSuccess)
+		h.wantReleased(TxDone, nil)
+	})
+	t.Run("flush fails", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		effs := h.flushed(1, errors.New("peer gone"))
+		h.wantState(TxFailed)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrPeerFailed)
+	})
+}
+
+// TestTx_MultiPeerFanOut: with three expected peers the session is DONE only
+// when all three streams finished; a peer whose plan is empty for a chunk
+// gets no op for it.
+func TestTx_MultiPeerFanOut(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(64, time.Minute)
+	h.planner(3).skip[0] = true // peer 3 needs only the second chunk
+	for p := 1; p <= 3; p++ {
+		h.request(p, 1, 2, 3)
+	}
+	h.chunk(0, 32, false)
+	h.chunk(32, 64, true)
+	effs := h.fence(0)
+	effs = append(effs, h.fence(1)...)
+	want := []OpRef{h.op(1, 0), h.op(2, 0), h.op(1, 1), h.op(2, 1), h.op(3, 0)}
+	if got := submits(effs); len(got) != len(want) {
+		t.Fatalf("submits %v, want %v", got, want)
+	}
+	if got := len(h.s.OpStates()); got != 5 {
+		t.Fatalf("%d ops, want 5", got)
+	}
+	for _, r := range want {
+		h.complete(r.Peer, r.Seq, nil)
+	}
+	for p := 1; p <= 2; p++ {
+		effs = h.flushed(p, nil)
+		wantResult(t, effs, p, messages.StatusSuccess)
+		h.wantState(TxTransferring)
+		wantNo(t, "not every stream finished", effs, "Finish", "Unpin")
+	}
+	effs = h.flushed(3, nil)
+	if r := wantResult(t, effs, 3, messages.StatusSuccess); r.Bytes != 32 {
+		t.Fatalf("peer 3 bytes %d, want 32", r.Bytes)
+	}
+	out := h.wantReleased(TxDone, nil)
+	if out.Bytes != 32*5 {
+		t.Fatalf("bytes %d, want %d", out.Bytes, 32*5)
+	}
+}
+
+// TestTx_PeerCancel: a peer's Cancel cancels the session; the peer gets its
+// CancelAck only once the session is quiescent, the other peer a Result
+// CANCELLED; a Cancel of another epoch is ignored.
+func TestTx_PeerCancel(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, time.Minute)
+	h.request(1, 1, 2)
+	h.request(2, 1, 2)
+	h.chunk(0, 32, true)
+	h.fence(0)
+
+	if effs := h.step(TxPeerCancel{Peer: 1, Epoch: 9}); len(effs) != 0 {
+		t.Fatalf("stale cancel: %s", fmtEffects(effs))
+	}
+	h.wantState(TxTransferring)
+
+	effs := h.step(TxPeerCancel{Peer: 1, Epoch: 1})
+	h.wantState(TxCancelled)
+	if !errors.Is(h.s.Err(), ErrPeerCancelled) {
+		t.Fatalf("err %v", h.s.Err())
+	}
+	wantNo(t, "cancel with ops in flight", effs, "SendFrame", "Unpin", "Finish")
+	effs = h.complete(1, 0, nil)
+	fs := framesTo(effs, 1)
+	if len(fs) != 1 {
+		t.Fatalf("frames to peer 1: %v", fs)
+	}
+	if a, ok := fs[0].(*messages.CancelAck); !ok || a.Epoch != 1 || a.RequestID != "r1" {
+		t.Fatalf("frame to peer 1: %s, want CancelAck", fmtFrame(fs[0]))
+	}
+	wantNo(t, "peer 2 still in flight", effs, "Unpin", "Finish")
+	effs = h.complete(2, 0, nil)
+	wantResult(t, effs, 2, messages.StatusCancelled)
+	h.wantReleased(TxCancelled, ErrPeerCancelled)
+}
+
+// TestTx_OrphanTimeout: a session that never gets Send (TxStart) is bounded
+// by TxConfig.Timeout; the peer that asked hears FAILED.
+func TestTx_OrphanTimeout(t *testing.T) {
+	t.Run("with peer", func(t *testing.T) {
+		h, init := newTxHarness(t, txOpts{timeout: 30 * time.Second})
+		if ts := effectsOf[StartTimer](init); len(ts) != 1 || ts[0].Kind != TimerDeadline || !ts[0].At.Equal(testEpoch0.Add(30*time.Second)) {
+			t.Fatalf("init: %s", fmtEffects(init))
+		}
+		h.request(1, 1)
+		h.wantState(TxReady)
+		h.advance(30 * time.Second)
+		effs := h.step(TxTimeout{Kind: TimerDeadline})
+		r := wantResult(t, effs, 1, messages.StatusFailed)
+		if !strings.Contains(r.Error, "deadline") {
+			t.Fatalf("error text %q", r.Error)
+		}
+		h.wantReleased(TxFailed, ErrTimeout)
+	})
+	t.Run("no peer", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
+		effs := h.step(TxTimeout{Kind: TimerDeadline})
+		wantNo(t, "orphan without peer", effs, "SendFrame")
+		h.wantReleased(TxFailed, ErrTimeout)
+	})
+}
+
+// TestTx_BadPeerRequests: an unresolvable RequestData, a rank that is not a
+// peer, a second epoch and a planner error each fail the request.
+func TestTx_BadPeerRequests(t *testing.T) {
+	t.Run("resolve error", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		bad := fmt.Errorf("%w: no hello from gen/1", ErrBadRequest)
+		h.step(TxPeerRequest{Peer: 1, Epoch: 1, Err: bad})
+		h.wantState(TxFailed)
+		h.wantReleased(TxFailed, ErrBadRequest)
+	})
+	t.Run("resolve error with chunk in flight", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.step(TxPeerRequest{Peer: 2, Epoch: 1, Err: ErrBadRequest})
+		h.wantState(TxFailed)
+		wantNo(t, "peer 1 in flight", effs, "Unpin", "Finish", "SendFrame")
+		effs = h.complete(1, 0, nil)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrBadRequest)
+	})
+	t.Run("not a peer", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		effs := h.request(2, 1)
+		h.wantState(TxFailed)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		if fs := framesTo(effs, 2); len(fs) != 0 {
+			t.Fatalf("frames to the stranger: %v", fs)
+		}
+		h.wantReleased(TxFailed, ErrBadRequest)
+	})
+	t.Run("duplicate and second epoch", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		if effs := h.request(1, 1); len(effs) != 0 {
+			t.Fatalf("duplicate RequestData: %s", fmtEffects(effs))
+		}
+		h.wantState(TxReady)
+		effs := h.step(TxPeerRequest{Peer: 1, Epoch: 2, Route: h.route(1), Expected: []int{1}})
+		h.wantState(TxFailed)
+		if r := wantResult(t, effs, 1, messages.StatusFailed); r.Epoch != 1 {
+			t.Fatalf("result epoch %d, want the stream's epoch 1", r.Epoch)
+		}
+		h.wantReleased(TxFailed, ErrBadRequest)
+	})
+	t.Run("planner error", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.planner(1).fail[0] = kvcache.ErrMisalignedChunk
+		effs := h.chunk(0, 32, true)
+		h.wantState(TxFailed)
+		// No op was admitted: the peer hears FAILED at once, the pages
+		// wait for the fence.
+		wantResult(t, effs, 1, messages.StatusFailed)
+		wantNo(t, "planner error before the fence", effs, "Unpin", "Finish", "Submit")
+		effs = h.fence(0)
+		if !hasEffect[Unpin](effs) {
+			t.Fatalf("no Unpin at the fence: %s", fmtEffects(effs))
+		}
+		h.wantReleased(TxFailed, kvcache.ErrMisalignedChunk)
+	})
+	t.Run("fence error", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		effs := h.step(TxFenceFired{Index: 0, Err: errors.New("cuda event failed")})
+		wantNo(t, "fence error", effs, "Submit")
+		h.wantOp(1, 0, OpNotSubmitted)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrFence)
+	})
+}
+
+// TestTx_ViolationsAreRecorded: the invariant checks themselves work — a
+// fence that fires twice and a completion for an unknown op are recorded.
+func TestTx_ViolationsAreRecorded(t *testing.T) {
+	s := NewTxSession(TxConfig{Request: "r1"})
+	s.Step(TxStart{PromptLen: 32}, testEpoch0)
+	s.Step(testChunk(0, 32, true, 1), testEpoch0)
+	s.Step(TxFenceFired{Index: 0}, testEpoch0)
+	s.Step(TxFenceFired{Index: 0}, testEpoch0)
+	s.Step(TxCompleted{Op: OpRef{Request: "r1", Peer: 4, Seq: 0}}, testEpoch0)
+	s.Step("nonsense", testEpoch0)
+	if len(s.Violations) != 3 {
+		t.Fatalf("violations %q, want 3", s.Violations)
+	}
+}
+
+// TestTx_DeadlineBoundsDrainAfterCancel: the outcome is already decided (a
+// cancel) while an op is in flight and its backend never answers. The
+// deadline still bounds the physical drain: the op goes IN_DOUBT, the drain
+// timer closes its endpoint, and the session releases. Without that, the
+// pages stay pinned and the handle waits until the engine closes.
+//
+// Regression: onTimeout returned early on a terminal state (restore
+// `if s.state.Terminal() { return }` there and this test and the property
+// test fail: "op ... = SUBMITTING, want IN_DOUBT").
+func TestTx_DeadlineBoundsDrainAfterCancel(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, 10*time.Second)
+	h.request(1, 1)
+	h.chunk(0, 32, true)
+	h.fence(0)
+	h.step(TxCancel{})
+	h.wantState(TxCancelled)
+	h.advance(10 * time.Second)
+	effs := h.step(TxTimeout{Kind: TimerDeadline})
+	h.wantState(TxCancelled)
+	h.wantOp(1, 0, OpInDoubt)
+	if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDrain {
+		t.Fatalf("deadline after cancel: want a drain timer: %s", fmtEffects(effs))
+	}
+	h.advance(5 * time.Second)
+	effs = h.step(TxTimeout{Kind: TimerDrain})
+	if !hasEffect[CloseEndpoint](effs) {
+		t.Fatalf("drain: want CloseEndpoint: %s", fmtEffects(effs))
+	}
+	effs = h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+	wantResult(t, effs, 1, messages.StatusInDoubt)
+	h.wantReleased(TxCancelled, ErrCancelled)
+}
+
+// TestTx_OrphanTimerDoesNotCutALongerDeadline: TxConfig.Timeout bounds a
+// session that never gets Send; once Send set a later deadline of its own
+// (a per-request timeout longer than the engine's), the orphan timer
+// changes nothing and the request's own deadline rules.
+//
+// Regression: onTimeout did not tell the two deadline timers apart (drop
+// the `now.Before(s.deadline)` check and this test fails: the orphan timer
+// fails a healthy request).
+func TestTx_OrphanTimerDoesNotCutALongerDeadline(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
+	h.request(1, 1)
+	h.advance(time.Second)
+	h.start(32, 2*time.Minute) // deadline at +2m1s
+	h.chunk(0, 32, true)
+	h.fence(0)
+	h.advance(29 * time.Second)
+	if effs := h.step(TxTimeout{Kind: TimerDeadline}); len(effs) != 0 {
+		t.Fatalf("orphan timer after Send: %s", fmtEffects(effs))
+	}
+	h.wantState(TxTransferring)
+	h.complete(1, 0, nil)
+	wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+	h.wantReleased(TxDone, nil)
+}
+
+// TestTx_RejectedPeerGetsAnAnswer: a RequestData that opens no stream (it
+// could not be resolved, or came with a second epoch) is answered with a
+// FAILED Result at once, and a Cancel for a stream this session does not
+// have is acknowledged at once — otherwise the peer would hold its
+// destination blocks until it declared us dead. Checked to fail by removing
+// the rejectPeer / replyTo calls in tx.go.
+func TestTx_RejectedPeerGetsAnAnswer(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	from := genPeer(3)
+	effs := h.step(TxPeerRequest{Peer: 3, From: from, Epoch: 7, Err: ErrBadRequest})
+	var res *messages.Result
+	for _, e := range effs {
+		if sf, ok := e.(SendFrame); ok && sf.To == from {
+			res, _ = sf.Frame.(*messages.Result)
+		}
+	}
+	if res == nil || res.Status != messages.StatusFailed || res.Epoch != 7 {
+		t.Fatalf("no FAILED result with epoch 7 to %v in %v", from, effs)
+	}
+	effs = h.step(TxPeerCancel{Peer: 3, From: from, Epoch: 7})
+	var ack *messages.CancelAck
+	for _, e := range effs {
+		if sf, ok := e.(SendFrame); ok && sf.To == from {
+			ack, _ = sf.Frame.(*messages.CancelAck)
+		}
+	}
+	if ack == nil || ack.Epoch != 7 {
+		t.Fatalf("no CancelAck with epoch 7 to %v in %v", from, effs)
+	}
+}

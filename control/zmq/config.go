@@ -1,0 +1,191 @@
+package zmq
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultHeartbeatMisses   = 3
+	DefaultSendHWM           = 1000
+	// DefaultMaxFrameBytes admits the largest frame messages can encode.
+	DefaultMaxFrameBytes = messages.MaxFrameBytes
+)
+
+// oversizeSlack is how far past MaxFrameBytes a message may go and still be
+// read (and rejected, counted) by the listener; libzmq drops the connection
+// of a peer announcing a longer one (ZMQ_MAXMSGSIZE), before allocating it.
+const oversizeSlack = 64 << 10
+
+// Config configures a Link. Zero fields take the defaults above.
+type Config struct {
+	// Bind is the ROUTER's endpoint ("tcp://127.0.0.1:0", "ipc:///run/x").
+	// A tcp port 0 (or *) picks a free port; Endpoint reports the real one.
+	Bind string
+	// Peers is the static directory: each peer's ROUTER endpoint. AddPeer
+	// adds more.
+	Peers map[messages.PeerID]string
+	// Curve holds the keys; ignored when Insecure.
+	Curve Curve
+	// Insecure turns CURVE off (NULL mechanism, no ZAP): demo runs only.
+	Insecure bool
+	// Logger receives warnings (insecure mode, rejected frames, refused
+	// handshakes). The zero Logger discards.
+	Logger zerolog.Logger
+	// HeartbeatInterval is the period of heartbeats (default 1s). A
+	// negative interval turns heartbeats and liveness tracking off.
+	HeartbeatInterval time.Duration
+	// HeartbeatMisses is how many intervals of silence make a peer down
+	// (default 3).
+	HeartbeatMisses int
+	// OnPeerDown is called, on the listener goroutine, when a peer that
+	// said Hello falls silent; it must not block. Optional.
+	OnPeerDown func(messages.PeerID)
+	// MaxFrameBytes bounds one incoming frame (default and maximum
+	// messages.MaxFrameBytes).
+	MaxFrameBytes int
+	// SendHWM is each Conn's send queue in frames (default 1000); past it
+	// Send returns ErrQueueFull.
+	SendHWM int
+	// Clock tells the listener the time (default time.Now).
+	Clock func() time.Time
+}
+
+// Curve holds a link's CURVE keys, all Z85 (40 characters).
+type Curve struct {
+	// Public and Secret are the link's keypair: its ROUTER's server key and
+	// its DEALERs' client key. Public may be empty (derived from Secret).
+	Public, Secret string
+	// AllowedPeers are the client public keys the ROUTER admits.
+	AllowedPeers []string
+	// PeerServerKeys is each peer's server public key, which a DEALER
+	// needs to connect. SetPeerServerKey adds more.
+	PeerServerKeys map[messages.PeerID]string
+}
+
+// Errors of package zmq; see also control.ErrClosed, control.ErrDuplicate
+// and control.ErrPeerGone, which it wraps where they apply.
+var (
+	ErrConfig        = errors.New("control/zmq: bad config")
+	ErrNotListening  = errors.New("control/zmq: not listening")
+	ErrQueueFull     = errors.New("control/zmq: send queue full")
+	ErrFrameTooLarge = errors.New("control/zmq: frame too large")
+	ErrNoServerKey   = errors.New("control/zmq: no CURVE server key for peer")
+)
+
+// GenerateKeys returns a new CURVE keypair in Z85 (for `kvxfer keygen`).
+func GenerateKeys() (public, secret string, err error) {
+	if !zmq4.HasCurve() {
+		return "", "", fmt.Errorf("%w: libzmq was built without CURVE", ErrConfig)
+	}
+	return zmq4.NewCurveKeypair()
+}
+
+// z85Alphabet is ZeroMQ's Z85 character set (RFC 32).
+const z85Alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+// checkKey reports whether key is a Z85 CURVE key (40 characters).
+func checkKey(what, key string) error {
+	if len(key) != 40 {
+		return fmt.Errorf("%w: %s: CURVE key of %d characters, want 40 (Z85)", ErrConfig, what, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if !strings.ContainsRune(z85Alphabet, rune(key[i])) {
+			return fmt.Errorf("%w: %s: character %q at %d is not Z85", ErrConfig, what, key[i], i)
+		}
+	}
+	return nil
+}
+
+// normalize validates c and fills in defaults.
+func (c Config) normalize() (Config, error) {
+	if c.Bind == "" {
+		return c, fmt.Errorf("%w: empty Bind endpoint", ErrConfig)
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatMisses <= 0 {
+		c.HeartbeatMisses = DefaultHeartbeatMisses
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if c.MaxFrameBytes < 0 || c.MaxFrameBytes > messages.MaxFrameBytes {
+		return c, fmt.Errorf("%w: MaxFrameBytes %d, want 1..%d", ErrConfig, c.MaxFrameBytes, messages.MaxFrameBytes)
+	}
+	if c.SendHWM <= 0 {
+		c.SendHWM = DefaultSendHWM
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	peers := make(map[messages.PeerID]string, len(c.Peers))
+	for id, ep := range c.Peers {
+		if ep == "" {
+			return c, fmt.Errorf("%w: peer %s: empty endpoint", ErrConfig, id)
+		}
+		peers[id] = ep
+	}
+	c.Peers = peers
+	if c.Insecure {
+		c.Curve = Curve{}
+		return c, nil
+	}
+	if !zmq4.HasCurve() {
+		return c, fmt.Errorf("%w: libzmq was built without CURVE (use Insecure for demos)", ErrConfig)
+	}
+	if err := checkKey("secret key", c.Curve.Secret); err != nil {
+		return c, err
+	}
+	pub, err := zmq4.AuthCurvePublic(c.Curve.Secret)
+	if err != nil {
+		return c, fmt.Errorf("%w: deriving the public key: %v", ErrConfig, err)
+	}
+	if c.Curve.Public != "" && c.Curve.Public != pub {
+		return c, fmt.Errorf("%w: public key %s does not match the secret key", ErrConfig, c.Curve.Public)
+	}
+	c.Curve.Public = pub
+	allowed := make([]string, 0, len(c.Curve.AllowedPeers))
+	for i, k := range c.Curve.AllowedPeers {
+		if err := checkKey(fmt.Sprintf("allowed peer %d", i), k); err != nil {
+			return c, err
+		}
+		allowed = append(allowed, k)
+	}
+	c.Curve.AllowedPeers = allowed
+	keys := make(map[messages.PeerID]string, len(c.Curve.PeerServerKeys))
+	for id, k := range c.Curve.PeerServerKeys {
+		if err := checkKey("server key of "+id.String(), k); err != nil {
+			return c, err
+		}
+		keys[id] = k
+	}
+	c.Curve.PeerServerKeys = keys
+	return c, nil
+}
+
+// heartbeats reports whether heartbeats and liveness tracking are on.
+func (c *Config) heartbeats() bool { return c.HeartbeatInterval > 0 }
+
+// pollInterval is how long the listener waits in one poll: short enough to
+// notice Close and expire peers promptly.
+func (c *Config) pollInterval() time.Duration {
+	d := 50 * time.Millisecond
+	if c.heartbeats() && c.HeartbeatInterval/2 < d {
+		d = c.HeartbeatInterval / 2
+	}
+	if d < time.Millisecond {
+		d = time.Millisecond
+	}
+	return d
+}

@@ -1,0 +1,126 @@
+package zmq
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// downLog records OnPeerDown calls.
+type downLog struct {
+	mu    sync.Mutex
+	peers []messages.PeerID
+	at    []time.Time
+}
+
+func (d *downLog) record(p messages.PeerID) {
+	d.mu.Lock()
+	d.peers = append(d.peers, p)
+	d.at = append(d.at, time.Now())
+	d.mu.Unlock()
+}
+
+func (d *downLog) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.peers)
+}
+
+func (d *downLog) get(i int) (messages.PeerID, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.peers[i], d.at[i]
+}
+
+// Stopping a link makes its peer's OnPeerDown fire within
+// interval×(misses+2), once; it fires again only after the peer came back
+// and went silent again.
+func TestHeartbeatPeerDown(t *testing.T) {
+	const (
+		interval = 20 * time.Millisecond
+		misses   = 3
+		bound    = interval * (misses + 2)
+	)
+	downs := &downLog{}
+	a := listen(t, pid("ctx", 0), Config{Insecure: true, HeartbeatInterval: interval, HeartbeatMisses: misses, OnPeerDown: downs.record})
+	bID := pid("gen", 0)
+	startB := func(agent string) *Link {
+		l, err := New(Config{Insecure: true, Bind: "tcp://127.0.0.1:0", HeartbeatInterval: interval, HeartbeatMisses: misses,
+			Peers: map[messages.PeerID]string{a.id: a.link.Endpoint()}, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Listen(helloOf(bID, agent), func(messages.Frame) {}); err != nil {
+			l.Close()
+			t.Fatal(err)
+		}
+		if err := a.link.AddPeer(bID, l.Endpoint()); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	helloIs := func(agent string) func() bool {
+		return func() bool {
+			h, err := a.link.Hello(bID)
+			return err == nil && string(h.AgentAddr) == "agent-"+agent
+		}
+	}
+
+	b1 := startB("1")
+	waitFor(t, patience, "b's first Hello", helloIs("1"))
+	if n := downs.count(); n != 0 {
+		t.Fatalf("OnPeerDown fired %d times while b was alive", n)
+	}
+	stopped := time.Now()
+	b1.Close()
+	waitFor(t, patience, "OnPeerDown", func() bool { return downs.count() == 1 })
+	p, at := downs.get(0)
+	if p != bID {
+		t.Fatalf("OnPeerDown(%s), want %s", p, bID)
+	}
+	took := at.Sub(stopped)
+	t.Logf("OnPeerDown %v after b stopped (bound %v)", took, bound)
+	if took > bound {
+		t.Errorf("OnPeerDown fired %v after b stopped, want within interval×(misses+2) = %v", took, bound)
+	}
+	if _, err := a.link.Hello(bID); !errors.Is(err, control.ErrPeerGone) {
+		t.Fatalf("Hello of a down peer: %v, want ErrPeerGone", err)
+	}
+
+	// b comes back (a new incarnation), then stops again.
+	b2 := startB("2")
+	defer b2.Close()
+	waitFor(t, patience, "b's second Hello", helloIs("2"))
+	if n := downs.count(); n != 1 {
+		t.Fatalf("OnPeerDown fired %d times, want still 1 after b came back", n)
+	}
+	b2.Close()
+	waitFor(t, patience, "the second OnPeerDown", func() bool { return downs.count() == 2 })
+	if p, _ := downs.get(1); p != bID {
+		t.Fatalf("second OnPeerDown(%s), want %s", p, bID)
+	}
+}
+
+// Heartbeats alone introduce a link to the peers in its directory.
+func TestHeartbeatSaysHello(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(mode(secure), func(t *testing.T) {
+			a, b := pair(t, secure, Config{HeartbeatInterval: 10 * time.Millisecond, HeartbeatMisses: 1000})
+			waitFor(t, patience, "Hellos both ways", func() bool {
+				_, errA := a.link.Hello(b.id)
+				_, errB := b.link.Hello(a.id)
+				return errA == nil && errB == nil
+			})
+			if a.in.len()+b.in.len() != 0 {
+				t.Fatal("a Hello or Heartbeat was delivered as a frame")
+			}
+			if r := a.link.Rejected() + b.link.Rejected(); r != 0 {
+				t.Fatalf("%d heartbeat frames rejected", r)
+			}
+		})
+	}
+}

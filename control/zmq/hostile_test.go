@@ -1,0 +1,192 @@
+package zmq
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// rawDealer is a bare zmq4 DEALER in its own context, speaking whatever
+// bytes a test gives it. Only the goroutine that made it may use it.
+type rawDealer struct {
+	ctx  *zmq4.Context
+	sock *zmq4.Socket
+}
+
+func dialRaw(t testing.TB, endpoint string) *rawDealer {
+	t.Helper()
+	ctx, err := zmq4.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ctx.NewSocket(zmq4.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Connect(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	return &rawDealer{ctx, s}
+}
+
+func (r *rawDealer) send(t testing.TB, parts ...[]byte) {
+	t.Helper()
+	if _, err := r.sock.SendMessage(parts); err != nil {
+		t.Errorf("raw send: %v", err)
+	}
+}
+
+func (r *rawDealer) close() {
+	r.sock.Close()
+	r.ctx.Term()
+}
+
+func mustEncode(t testing.TB, f messages.Frame) []byte {
+	t.Helper()
+	b, err := encode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Hostile bytes on one connection are each rejected and counted, while an
+// honest Conn's frames keep arriving, in order.
+func TestHostileInputRejectedHonestServed(t *testing.T) {
+	const maxFrame = 4096
+	a := listen(t, pid("ctx", 0), Config{Insecure: true, MaxFrameBytes: maxFrame})
+	b := listen(t, pid("gen", 0), Config{Insecure: true})
+	introduce(t, b, a)
+	evil := pid("evil", 7)
+
+	// The hostile messages, each of which must be rejected exactly once.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var hostile [][][]byte
+	for range 50 { // random bytes
+		junk := make([]byte, 1+rng.IntN(300))
+		for i := range junk {
+			junk[i] = byte(rng.Uint32())
+		}
+		hostile = append(hostile, [][]byte{junk})
+	}
+	valid := mustEncode(t, result(evil, 1))
+	for cut := 1; cut < len(valid); cut += 3 { // truncated frames
+		hostile = append(hostile, [][]byte{valid[:cut]})
+	}
+	hostile = append(hostile,
+		[][]byte{{}},                                // empty
+		[][]byte{make([]byte, maxFrame+1)},          // oversize
+		[][]byte{valid, valid},                      // two payload parts
+		[][]byte{valid},                             // a valid frame before Hello
+		[][]byte{mustEncode(t, helloOf(a.id, "x"))}, // Hello claiming the listener's own id
+	)
+	// Past MaxFrameBytes+64KiB libzmq drops the connection before reading:
+	// not counted, and it must not disturb anyone else.
+	huge := make([]byte, maxFrame+oversizeSlack+1)
+
+	// The raw socket lives on its own goroutine until the test has seen
+	// the outcome (closing it, linger 0, would drop what is still queued).
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		raw := dialRaw(t, a.link.Endpoint())
+		defer raw.close()
+		for _, m := range hostile {
+			raw.send(t, m...)
+		}
+		raw.send(t, huge)
+		<-done
+	}()
+	defer wg.Wait()
+	defer close(done)
+
+	const n = 300
+	conn, err := b.link.Dial(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for i := range n {
+		if err := conn.Send(result(b.id, i)); err != nil {
+			t.Fatalf("honest send %d: %v", i, err)
+		}
+	}
+
+	waitFor(t, patience, "the honest frames", func() bool { return a.in.len() >= n })
+	waitFor(t, patience, "every hostile message rejected", func() bool { return a.link.Rejected() >= int64(len(hostile)) })
+	if got, want := a.link.Rejected(), int64(len(hostile)); got != want {
+		t.Fatalf("Rejected() = %d, want %d", got, want)
+	}
+	got := a.in.snapshot()
+	if len(got) != n {
+		t.Fatalf("delivered %d frames, want the %d honest ones", len(got), n)
+	}
+	for i, f := range got {
+		if r, ok := f.(*messages.Result); !ok || r.From != b.id || r.Epoch != uint64(i) {
+			t.Fatalf("frame %d = %+v, want honest Result %d", i, f, i)
+		}
+	}
+	if _, err := a.link.Hello(evil); err == nil {
+		t.Fatal("a hostile connection's sender got into the directory")
+	}
+
+	// The listener still serves: a new honest frame after all that.
+	if err := conn.Send(result(b.id, n)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "a frame after the attack", func() bool { return a.in.len() == n+1 })
+}
+
+// A connection speaks only for the PeerID of its Hello.
+func TestSpoofedSenderRejected(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(mode(secure), func(t *testing.T) {
+			a, b := pair(t, secure, Config{})
+			victim := pid("gen", 1)
+			conn, err := b.link.Dial(a.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// b's own Conn sends frames naming another sender.
+			if err := conn.Send(result(victim, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Send(&messages.Cancel{RequestID: "r", Epoch: 1, From: victim}); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Send(&messages.Heartbeat{From: victim, Seq: 1}); err != nil {
+				t.Fatal(err)
+			}
+			// A second Hello on the same connection may not change its PeerID.
+			if err := conn.Send(helloOf(victim, "forged")); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Send(result(victim, 2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Send(result(b.id, 3)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, patience, "b's genuine frame", func() bool { return a.in.len() == 1 })
+			if got := a.link.Rejected(); got != 5 {
+				t.Fatalf("Rejected() = %d, want 5", got)
+			}
+			if f := a.in.snapshot()[0]; f.Sender() != b.id {
+				t.Fatalf("delivered %+v, want only b's genuine frame", f)
+			}
+			if _, err := a.link.Hello(victim); err == nil {
+				t.Fatal("the forged Hello was stored")
+			}
+		})
+	}
+}

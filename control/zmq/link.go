@@ -1,0 +1,436 @@
+package zmq
+
+import (
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Bounds on what peers can make a listener remember.
+const (
+	// maxPeers bounds the directory (PeerIDs learned from Hellos).
+	maxPeers = 4096
+	// maxConns bounds the connections (routing ids) a listener binds.
+	maxConns = 16384
+)
+
+// zapDomain is the ZAP domain of every link's ROUTER; each link has its
+// own context and so its own ZAP handler.
+const zapDomain = "kvxfer"
+
+// Link is a control.Link over ZeroMQ. Its methods are safe for concurrent
+// use; each Conn it dials belongs to one goroutine at a time.
+type Link struct {
+	cfg       Config
+	log       zerolog.Logger
+	rejectLog zerolog.Logger // sampled: a hostile peer cannot flood the log
+	zctx      *zmq4.Context
+
+	rejected atomic.Int64
+	refused  atomic.Int64
+	closing  atomic.Bool
+
+	mu        sync.Mutex
+	peers     map[messages.PeerID]*peerInfo
+	allowed   map[string]bool // CURVE client keys the ZAP handler admits
+	self      *messages.Hello
+	selfHello []byte // self, encoded once
+	endpoint  string
+	stop      chan struct{} // closed to stop the listener and heartbeats
+	stopped   bool
+	closed    bool
+	refs      int // the link itself plus each open Conn; the context ends at 0
+	wg        sync.WaitGroup
+}
+
+// peerInfo is one directory entry. Fields are guarded by Link.mu except
+// incarnation, which Conns read without the lock.
+type peerInfo struct {
+	endpoint  string
+	serverKey string
+	hello     *messages.Hello
+	key       string // CURVE key the PeerID is bound to, while alive
+	down      bool
+	// incarnation counts connections on which the peer said Hello; a Conn
+	// repeats its own Hello when it changes (the peer may have restarted).
+	incarnation atomic.Uint64
+}
+
+var _ control.Link = (*Link)(nil)
+
+// New validates cfg and returns a Link that has not started listening.
+func New(cfg Config) (*Link, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	zctx, err := zmq4.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("control/zmq: new context: %w", err)
+	}
+	l := &Link{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		rejectLog: cfg.Logger.Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
+		zctx:      zctx,
+		peers:     map[messages.PeerID]*peerInfo{},
+		allowed:   map[string]bool{},
+		refs:      1,
+	}
+	for id, ep := range cfg.Peers {
+		l.peerLocked(id).endpoint = ep
+	}
+	for id, k := range cfg.Curve.PeerServerKeys {
+		l.peerLocked(id).serverKey = k
+	}
+	for _, k := range cfg.Curve.AllowedPeers {
+		l.allowed[k] = true
+	}
+	if cfg.Insecure {
+		l.log.Warn().Str("bind", cfg.Bind).
+			Msg("control/zmq: INSECURE control plane: no CURVE authentication or encryption; any host that reaches the endpoint can speak for any peer")
+	}
+	return l, nil
+}
+
+// peerLocked returns id's directory entry, creating it. Callers hold l.mu.
+func (l *Link) peerLocked(id messages.PeerID) *peerInfo {
+	p := l.peers[id]
+	if p == nil {
+		p = &peerInfo{}
+		l.peers[id] = p
+	}
+	return p
+}
+
+// AddPeer adds (or moves) a peer's ROUTER endpoint to the directory. The
+// heartbeat goroutine starts beating it within one interval.
+func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
+	if endpoint == "" {
+		return fmt.Errorf("%w: peer %s: empty endpoint", ErrConfig, id)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("%w: add peer %s", control.ErrClosed, id)
+	}
+	l.peerLocked(id).endpoint = endpoint
+	return nil
+}
+
+// SetPeerServerKey records a peer's CURVE server public key (Z85).
+func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
+	if err := checkKey("server key of "+id.String(), key); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.peerLocked(id).serverKey = key
+	return nil
+}
+
+// AllowKey admits one more CURVE client public key (Z85) at the ROUTER,
+// for handshakes from now on. A DEALER refused earlier does not retry
+// (libzmq ends a session that failed authentication): the peer must dial
+// again.
+func (l *Link) AllowKey(public string) error {
+	if err := checkKey("allowed peer", public); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.allowed[public] = true
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *Link) keyAllowed(public string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.allowed[public]
+}
+
+// Endpoint is the ROUTER's bound endpoint with the real port ("" before
+// Listen).
+func (l *Link) Endpoint() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.endpoint
+}
+
+// PublicKey is the link's CURVE public key ("" when insecure): what peers
+// put in AllowedPeers and PeerServerKeys.
+func (l *Link) PublicKey() string { return l.cfg.Curve.Public }
+
+// Rejected counts frames the listener dropped: malformed, oversize,
+// undecodable, invalid, or from a connection that had not said Hello or
+// named another sender.
+func (l *Link) Rejected() int64 { return l.rejected.Load() }
+
+// Refused counts handshakes the ZAP handler refused (unknown CURVE keys).
+func (l *Link) Refused() int64 { return l.refused.Load() }
+
+// Listen implements control.Link: it binds the ROUTER, starts the listener
+// goroutine and, unless heartbeats are off, the heartbeat goroutine. A
+// Link listens once; closing the Listener stops both goroutines.
+func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
+	if self == nil || deliver == nil {
+		return nil, fmt.Errorf("%w: Listen needs a Hello and a deliver func", ErrConfig)
+	}
+	hello, err := encode(self)
+	if err != nil {
+		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)
+	}
+	if len(hello) > l.cfg.MaxFrameBytes {
+		return nil, fmt.Errorf("%w: listen as %s: Hello of %d bytes exceeds MaxFrameBytes %d",
+			ErrFrameTooLarge, self.From, len(hello), l.cfg.MaxFrameBytes)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, fmt.Errorf("%w: listen as %s", control.ErrClosed, self.From)
+	}
+	if l.self != nil {
+		return nil, fmt.Errorf("%w: %s (as %s)", control.ErrDuplicate, self.From, l.self.From)
+	}
+	router, zap, endpoint, err := l.bind()
+	if err != nil {
+		return nil, err
+	}
+	l.self, l.selfHello, l.endpoint = self, hello, endpoint
+	l.stop = make(chan struct{})
+	s := &listener{
+		l:       l,
+		router:  router,
+		zap:     zap,
+		deliver: deliver,
+		self:    self.From,
+		conns:   map[string]*binding{},
+		live:    newLiveness(l.liveTimeout()),
+	}
+	l.wg.Add(1)
+	go s.serve(l.stop)
+	if l.cfg.heartbeats() {
+		l.wg.Add(1)
+		go l.beat(l.stop, self.From, hello)
+	}
+	return listenerHandle{l}, nil
+}
+
+func (l *Link) liveTimeout() time.Duration {
+	if !l.cfg.heartbeats() {
+		return 0
+	}
+	return l.cfg.HeartbeatInterval * time.Duration(l.cfg.HeartbeatMisses)
+}
+
+// bind makes the ZAP handler (unless insecure) and the ROUTER. Both go to
+// the listener goroutine, which alone uses and closes them.
+func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
+	fail := func(what string, e error) (*zmq4.Socket, *zmq4.Socket, string, error) {
+		closeSocket(router)
+		closeSocket(zap)
+		return nil, nil, "", fmt.Errorf("control/zmq: listen on %s: %s: %w", l.cfg.Bind, what, e)
+	}
+	if !l.cfg.Insecure {
+		// The ZAP handler must be bound before the ROUTER accepts a
+		// handshake: libzmq admits CURVE clients when no handler is there.
+		if zap, err = l.zctx.NewSocket(zmq4.REP); err != nil {
+			return fail("ZAP socket", err)
+		}
+		if err = zap.SetLinger(0); err != nil {
+			return fail("ZAP linger", err)
+		}
+		if err = zap.Bind("inproc://zeromq.zap.01"); err != nil {
+			return fail("ZAP bind", err)
+		}
+	}
+	if router, err = l.zctx.NewSocket(zmq4.ROUTER); err != nil {
+		return fail("ROUTER socket", err)
+	}
+	if err = router.SetLinger(0); err != nil {
+		return fail("linger", err)
+	}
+	if err = router.SetMaxmsgsize(int64(l.cfg.MaxFrameBytes + oversizeSlack)); err != nil {
+		return fail("max message size", err)
+	}
+	if !l.cfg.Insecure {
+		if err = router.SetCurveServer(1); err != nil {
+			return fail("CURVE server", err)
+		}
+		if err = router.SetCurveSecretkey(l.cfg.Curve.Secret); err != nil {
+			return fail("CURVE secret key", err)
+		}
+		if err = router.SetZapDomain(zapDomain); err != nil {
+			return fail("ZAP domain", err)
+		}
+	}
+	if err = router.Bind(l.cfg.Bind); err != nil {
+		return fail("bind", err)
+	}
+	if endpoint, err = router.GetLastEndpoint(); err != nil {
+		return fail("last endpoint", err)
+	}
+	return router, zap, endpoint, nil
+}
+
+// Dial implements control.Link: a new DEALER to peer's ROUTER, which says
+// the link's Hello first. The link must be listening (Dial sends its Hello).
+func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("%w: dial %s", control.ErrClosed, peer)
+	}
+	if l.selfHello == nil {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("%w: dial %s: Listen first (a Conn starts with the link's Hello)", ErrNotListening, peer)
+	}
+	info := l.peers[peer]
+	if info == nil || info.endpoint == "" {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("%w: dial %s: no endpoint in the directory", control.ErrPeerGone, peer)
+	}
+	endpoint, serverKey, hello := info.endpoint, info.serverKey, l.selfHello
+	l.refs++
+	l.mu.Unlock()
+
+	c := &Conn{l: l, peer: peer, info: info, helloInc: info.incarnation.Load()}
+	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM)
+	if err != nil {
+		l.release()
+		return nil, err
+	}
+	c.sock = sock
+	if err := c.sendRaw(hello, "Hello"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newDealer makes a DEALER connected to a peer's ROUTER: a random routing
+// id (kept across reconnects), CURVE client unless insecure, and a receive
+// side that holds one tiny message (a ROUTER never answers on it).
+func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm int) (*zmq4.Socket, error) {
+	if !l.cfg.Insecure && serverKey == "" {
+		return nil, fmt.Errorf("%w: %s", ErrNoServerKey, peer)
+	}
+	s, err := l.zctx.NewSocket(zmq4.DEALER)
+	if err != nil {
+		return nil, fmt.Errorf("control/zmq: dial %s: %w", peer, err)
+	}
+	set := func(what string, e error) {
+		if e != nil && err == nil {
+			err = fmt.Errorf("control/zmq: dial %s at %s: %s: %w", peer, endpoint, what, e)
+		}
+	}
+	set("linger", s.SetLinger(0))
+	set("send HWM", s.SetSndhwm(hwm))
+	set("receive HWM", s.SetRcvhwm(1))
+	set("max message size", s.SetMaxmsgsize(64<<10))
+	set("routing id", s.SetIdentity(routingID()))
+	if !l.cfg.Insecure {
+		set("CURVE server key", s.SetCurveServerkey(serverKey))
+		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
+		set("CURVE secret key", s.SetCurveSecretkey(l.cfg.Curve.Secret))
+	}
+	set("connect", s.Connect(endpoint))
+	if err != nil {
+		closeSocket(s)
+		return nil, err
+	}
+	return s, nil
+}
+
+// routingID is a DEALER's random routing id: 16 bytes, the first non-zero
+// (ZeroMQ reserves ids starting with a zero byte).
+func routingID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[0] = 'k'
+	return string(b[:])
+}
+
+func closeSocket(s *zmq4.Socket) {
+	if s == nil {
+		return
+	}
+	_ = s.SetLinger(0)
+	_ = s.Close()
+}
+
+// Hello implements control.Link: the latest Hello peer said, while it is
+// alive; control.ErrPeerGone when unknown or down.
+func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.self != nil && peer == l.self.From {
+		return l.self, nil
+	}
+	info := l.peers[peer]
+	switch {
+	case info == nil || info.hello == nil:
+		return nil, fmt.Errorf("%w: %s has not said Hello", control.ErrPeerGone, peer)
+	case info.down:
+		return nil, fmt.Errorf("%w: %s missed %d heartbeats", control.ErrPeerGone, peer, l.cfg.HeartbeatMisses)
+	}
+	return info.hello, nil
+}
+
+// Close stops the listener and heartbeat goroutines (their sockets close
+// with linger 0). The zmq context ends once every Conn is closed too.
+func (l *Link) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.closing.Store(true)
+	l.mu.Unlock()
+	l.stopListening()
+	l.release()
+	return nil
+}
+
+// stopListening stops the goroutines Listen started and waits for them.
+func (l *Link) stopListening() {
+	l.mu.Lock()
+	stop := l.stop
+	first := stop != nil && !l.stopped
+	l.stopped = true
+	l.mu.Unlock()
+	if first {
+		close(stop)
+	}
+	l.wg.Wait()
+}
+
+// release drops one reference to the zmq context and terminates it at zero.
+func (l *Link) release() {
+	l.mu.Lock()
+	l.refs--
+	last := l.refs == 0
+	l.mu.Unlock()
+	if last {
+		if err := l.zctx.Term(); err != nil {
+			l.log.Warn().Err(err).Msg("control/zmq: terminating the zmq context")
+		}
+	}
+}
+
+type listenerHandle struct{ l *Link }
+
+// Close stops the listener and heartbeat goroutines.
+func (h listenerHandle) Close() error {
+	h.l.stopListening()
+	return nil
+}

@@ -1,0 +1,266 @@
+package zmq
+
+import (
+	"fmt"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// maxBatch bounds the messages the listener reads per poll, so the ZAP
+// handler and Close are served under load.
+const maxBatch = 256
+
+// listener is the state of the listener goroutine, which alone touches
+// router and zap.
+type listener struct {
+	l       *Link
+	router  *zmq4.Socket
+	zap     *zmq4.Socket // nil when insecure
+	deliver func(messages.Frame)
+	self    messages.PeerID
+	conns   map[string]*binding // by ROUTER routing id
+	live    *liveness
+	// deniedLogged holds refused CURVE keys already logged.
+	deniedLogged map[string]bool
+}
+
+// binding is what a connection said it is in its Hello.
+type binding struct {
+	peer messages.PeerID
+	key  string // authenticated CURVE key ("" when insecure)
+}
+
+// serve is the listener goroutine: it polls the ROUTER and the ZAP handler
+// until stop is closed, then closes both.
+func (s *listener) serve(stop <-chan struct{}) {
+	defer s.l.wg.Done()
+	defer closeSocket(s.router)
+	defer closeSocket(s.zap)
+	poller := zmq4.NewPoller()
+	poller.Add(s.router, zmq4.POLLIN)
+	if s.zap != nil {
+		poller.Add(s.zap, zmq4.POLLIN)
+	}
+	every := s.l.cfg.pollInterval()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		polled, err := poller.Poll(every)
+		if err != nil {
+			s.l.log.Error().Err(err).Msg("control/zmq: listener poll failed; listener stops")
+			return
+		}
+		for _, p := range polled {
+			switch p.Socket {
+			case s.zap:
+				s.serveZAP()
+			case s.router:
+				s.drain()
+			}
+		}
+		s.live.expire(s.l.cfg.Clock(), s.down)
+	}
+}
+
+// drain reads up to maxBatch messages from the ROUTER without waiting.
+func (s *listener) drain() {
+	for range maxBatch {
+		id, payload, key, parts, err := s.recv()
+		if err != nil {
+			if !isAgain(err) {
+				s.l.log.Warn().Err(err).Msg("control/zmq: listener receive")
+			}
+			return
+		}
+		s.handle(id, payload, key, parts)
+	}
+}
+
+// recv reads one ROUTER message: the routing id, the first payload part,
+// the connection's authenticated CURVE key and the number of payload
+// parts. Parts past the first are read and dropped.
+//
+// The key (ZAP User-Id) is read from the payload part: libzmq attaches the
+// connection's metadata to the parts the peer sent, but not always to the
+// routing-id part the ROUTER prepends (not when zmq_poll prefetched it).
+func (s *listener) recv() (id string, payload []byte, key string, parts int, err error) {
+	first, err := s.router.RecvBytes(zmq4.DONTWAIT)
+	if err != nil {
+		return "", nil, "", 0, err
+	}
+	id = string(first)
+	for {
+		more, err := s.router.GetRcvmore()
+		if err != nil {
+			return "", nil, "", 0, err
+		}
+		if !more {
+			return id, payload, key, parts, nil
+		}
+		var part []byte
+		if parts == 0 && s.zap != nil {
+			var meta map[string]string
+			part, meta, err = s.router.RecvBytesWithMetadata(0, "User-Id")
+			key = meta["User-Id"]
+		} else {
+			part, err = s.router.RecvBytes(0)
+		}
+		if err != nil {
+			return "", nil, "", 0, err
+		}
+		if parts == 0 {
+			payload = part
+		}
+		parts++
+	}
+}
+
+// handle checks one message and stores, notes or delivers its frame.
+func (s *listener) handle(id string, payload []byte, key string, parts int) {
+	b := s.conns[id]
+	if parts != 1 {
+		s.reject(id, b, "envelope has %d payload parts, want 1", parts)
+		return
+	}
+	if len(payload) > s.l.cfg.MaxFrameBytes {
+		s.reject(id, b, "frame of %d bytes exceeds MaxFrameBytes %d", len(payload), s.l.cfg.MaxFrameBytes)
+		return
+	}
+	f, err := decode(payload)
+	if err != nil {
+		s.reject(id, b, "decode: %v", err)
+		return
+	}
+	now := s.l.cfg.Clock()
+	if h, ok := f.(*messages.Hello); ok {
+		s.hello(id, key, b, h, now)
+		return
+	}
+	switch {
+	case b == nil:
+		s.reject(id, b, "%T from %s before Hello on this connection", f, f.Sender())
+		return
+	case s.zap != nil && key != b.key:
+		s.reject(id, b, "%T: connection's CURVE key changed from %s to %s", f, b.key, key)
+		return
+	case f.Sender() != b.peer:
+		s.reject(id, b, "%T of request %q claims sender %s on a connection that said Hello as %s",
+			f, f.Request(), f.Sender(), b.peer)
+		return
+	}
+	s.alive(b.peer, now)
+	if _, ok := f.(*messages.Heartbeat); ok {
+		return
+	}
+	s.deliver(f)
+}
+
+// hello binds a connection to the PeerID of its Hello and stores the Hello.
+func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time.Time) {
+	p := h.From
+	switch {
+	case p == s.self:
+		s.reject(id, b, "Hello claims our own id %s", p)
+		return
+	case b != nil && b.peer != p:
+		s.reject(id, b, "Hello as %s on a connection bound to %s", p, b.peer)
+		return
+	case s.zap != nil && key == "":
+		s.reject(id, b, "Hello as %s on a connection without a CURVE key", p)
+		return
+	case b != nil && b.key != key:
+		s.reject(id, b, "Hello as %s: connection's CURVE key changed from %s to %s", p, b.key, key)
+		return
+	case b == nil && len(s.conns) >= maxConns && !s.forgetDownConns():
+		s.reject(id, b, "Hello as %s: already %d connections", p, len(s.conns))
+		return
+	}
+	l := s.l
+	l.mu.Lock()
+	info := l.peers[p]
+	if info == nil && len(l.peers) >= maxPeers {
+		l.mu.Unlock()
+		s.reject(id, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
+		return
+	}
+	if info == nil {
+		info = l.peerLocked(p)
+	}
+	if s.zap != nil && info.key != "" && info.key != key && !s.live.isDown(p) {
+		bound := info.key
+		l.mu.Unlock()
+		s.reject(id, b, "Hello as %s from CURVE key %s: the peer is bound to key %s", p, key, bound)
+		return
+	}
+	info.key = key
+	info.hello = h
+	info.down = false
+	if b == nil {
+		info.incarnation.Add(1)
+	}
+	l.mu.Unlock()
+	if b == nil {
+		s.conns[id] = &binding{peer: p, key: key}
+	}
+	if s.live.hello(p, now) {
+		l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
+	}
+}
+
+// forgetDownConns drops the bindings of connections whose peer is down,
+// to make room; it reports whether any went.
+func (s *listener) forgetDownConns() bool {
+	n := len(s.conns)
+	for id, b := range s.conns {
+		if s.live.isDown(b.peer) {
+			delete(s.conns, id)
+		}
+	}
+	return len(s.conns) < n
+}
+
+// alive notes a sign of life from a peer that said Hello.
+func (s *listener) alive(p messages.PeerID, now time.Time) {
+	if !s.live.seen(p, now) {
+		return
+	}
+	s.l.mu.Lock()
+	if info := s.l.peers[p]; info != nil {
+		info.down = false
+	}
+	s.l.mu.Unlock()
+	s.l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
+}
+
+// down marks a silent peer down and tells OnPeerDown.
+func (s *listener) down(p messages.PeerID) {
+	s.l.mu.Lock()
+	if info := s.l.peers[p]; info != nil {
+		info.down = true
+	}
+	s.l.mu.Unlock()
+	s.l.log.Warn().Stringer("peer", p).Dur("silence", s.live.timeout).Msg("control/zmq: peer down (missed heartbeats)")
+	if s.l.cfg.OnPeerDown != nil {
+		s.l.cfg.OnPeerDown(p)
+	}
+}
+
+// reject counts and logs (sampled) a dropped message.
+func (s *listener) reject(id string, b *binding, format string, args ...any) {
+	s.l.rejected.Add(1)
+	ev := s.l.rejectLog.Warn()
+	if !ev.Enabled() {
+		return
+	}
+	ev = ev.Hex("conn", []byte(id))
+	if b != nil {
+		ev = ev.Stringer("peer", b.peer)
+	}
+	ev.Str("reason", fmt.Sprintf(format, args...)).Msg("control/zmq: frame rejected")
+}

@@ -1,0 +1,78 @@
+package zmq
+
+import (
+	"time"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// liveness tracks when each peer was last heard from and which are down.
+// It is pure (time comes in as an argument) and owned by the listener
+// goroutine.
+//
+// A peer is tracked from its first Hello. States: alive —(silence ≥
+// timeout)→ down —(heard from)→ alive. expire reports each alive→down
+// transition once.
+type liveness struct {
+	timeout time.Duration // 0: never expire
+	peers   map[messages.PeerID]*lifeState
+}
+
+type lifeState struct {
+	last time.Time
+	down bool
+}
+
+func newLiveness(timeout time.Duration) *liveness {
+	return &liveness{timeout: timeout, peers: map[messages.PeerID]*lifeState{}}
+}
+
+// hello starts tracking p (or refreshes it) at now; it reports whether p
+// was down (it came back).
+func (l *liveness) hello(p messages.PeerID, now time.Time) (back bool) {
+	s := l.peers[p]
+	if s == nil {
+		l.peers[p] = &lifeState{last: now}
+		return false
+	}
+	return l.refresh(s, now)
+}
+
+// seen records a sign of life from a tracked peer at now; untracked peers
+// are ignored. It reports whether p was down.
+func (l *liveness) seen(p messages.PeerID, now time.Time) (back bool) {
+	s := l.peers[p]
+	if s == nil {
+		return false
+	}
+	return l.refresh(s, now)
+}
+
+func (l *liveness) refresh(s *lifeState, now time.Time) bool {
+	if now.After(s.last) {
+		s.last = now
+	}
+	back := s.down
+	s.down = false
+	return back
+}
+
+// isDown reports whether p is tracked and down.
+func (l *liveness) isDown(p messages.PeerID) bool {
+	s := l.peers[p]
+	return s != nil && s.down
+}
+
+// expire marks down every alive peer silent for at least the timeout and
+// calls fn for each, once per alive→down transition.
+func (l *liveness) expire(now time.Time, fn func(messages.PeerID)) {
+	if l.timeout <= 0 {
+		return
+	}
+	for p, s := range l.peers {
+		if !s.down && now.Sub(s.last) >= l.timeout {
+			s.down = true
+			fn(p)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package zmq
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+func TestLivenessDownOnceAgainOnlyAfterReturn(t *testing.T) {
+	const timeout = 3 * time.Second
+	t0 := time.Unix(1000, 0)
+	l := newLiveness(timeout)
+	p := pid("ctx", 0)
+	var downs []messages.PeerID
+	expire := func(now time.Time) { l.expire(now, func(p messages.PeerID) { downs = append(downs, p) }) }
+
+	if back := l.hello(p, t0); back {
+		t.Fatal("first hello reported a return")
+	}
+	expire(t0.Add(timeout - time.Nanosecond))
+	if len(downs) != 0 {
+		t.Fatalf("down before %v of silence: %v", timeout, downs)
+	}
+	l.seen(p, t0.Add(time.Second))
+	expire(t0.Add(time.Second + timeout - time.Nanosecond))
+	if len(downs) != 0 {
+		t.Fatalf("a heartbeat did not push the deadline: %v", downs)
+	}
+	expire(t0.Add(time.Second + timeout))
+	if len(downs) != 1 || downs[0] != p || !l.isDown(p) {
+		t.Fatalf("downs = %v, isDown = %v; want one down for %s", downs, l.isDown(p), p)
+	}
+	expire(t0.Add(time.Hour))
+	if len(downs) != 1 {
+		t.Fatalf("down reported again without a return: %v", downs)
+	}
+	if back := l.seen(p, t0.Add(time.Hour)); !back {
+		t.Fatal("a sign of life from a down peer did not report its return")
+	}
+	if l.isDown(p) {
+		t.Fatal("peer still down after it was heard from")
+	}
+	expire(t0.Add(time.Hour + timeout))
+	if len(downs) != 2 {
+		t.Fatalf("downs = %v, want a second down after the return", downs)
+	}
+}
+
+func TestLivenessIgnoresPeersWithoutHello(t *testing.T) {
+	l := newLiveness(time.Second)
+	t0 := time.Unix(0, 0)
+	l.seen(pid("x", 1), t0)
+	called := false
+	l.expire(t0.Add(time.Hour), func(messages.PeerID) { called = true })
+	if called {
+		t.Fatal("a peer that never said Hello went down")
+	}
+}
+
+func TestLivenessOffNeverExpires(t *testing.T) {
+	l := newLiveness(0)
+	t0 := time.Unix(0, 0)
+	l.hello(pid("x", 1), t0)
+	l.expire(t0.Add(24*time.Hour), func(messages.PeerID) { t.Fatal("expired with liveness off") })
+}
