@@ -1131,6 +1131,8 @@ func TestTx_RejectedPeerGetsAnAnswer(t *testing.T) {
 	if res == nil || res.Status != messages.StatusFailed || res.Epoch != 7 {
 		t.Fatalf("no FAILED result with epoch 7 to %v in %v", from, effs)
 	}
+	// A live session (the first one released and stopped at once).
+	h, _ = newTxHarness(t, txOpts{})
 	effs = h.step(TxPeerCancel{Peer: 3, From: from, Epoch: 7})
 	var ack *messages.CancelAck
 	for _, e := range effs {
