@@ -203,6 +203,15 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Poo
 // Pools is the engine's block pools.
 func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 
+// PeerDown tells the engine that the control plane declared a peer dead:
+// every session with a stream to it or a writer from it fails, its ops in
+// flight are retired by closing their endpoints, and pages are released as
+// each session drains.
+func (e *Engine) PeerDown(peer messages.PeerID) {
+	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
+	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
+}
+
 // CrashWorker makes worker i panic (tests and chaos only).
 func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], WorkerCrash{}) }
 

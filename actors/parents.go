@@ -55,6 +55,8 @@ type (
 		err error
 	}
 	closeReq struct{ drained chan struct{} }
+	// peerDown: the control plane declared a peer dead.
+	peerDown struct{ peer messages.PeerID }
 	// blocksFreed wakes the rx supervisor's allocation queue.
 	blocksFreed    struct{}
 	rxQueueTimeout struct{ request string }
@@ -159,6 +161,10 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.sessions.maybeDrained()
 	case *listSessions:
 		ctx.Respond(p.sessions.list("tx"))
+	case *peerDown:
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, TxPeerGone{Peer: m.peer})
+		}
 	}
 }
 
@@ -286,6 +292,12 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 	case *listSessions:
 		ctx.Respond(p.sessions.list("rx"))
+	case *peerDown:
+		for _, e := range p.entries {
+			if w, ok := e.writers[m.peer]; ok {
+				ctx.Send(e.pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+			}
+		}
 	}
 }
 

@@ -68,6 +68,10 @@ type (
 		From  messages.PeerID
 		Epoch uint64
 	}
+	// TxPeerGone: the control plane declared a peer dead (missed
+	// heartbeats). Its stream fails; ops in flight to it go IN_DOUBT and
+	// its endpoint is closed, which retires them.
+	TxPeerGone struct{ Peer messages.PeerID }
 	// TxTimeout: a session timer fired.
 	TxTimeout struct{ Kind TimerKind }
 	// TxPanic: the session's shell recovered a panic.
@@ -220,6 +224,8 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 			// blocks: acknowledge at once.
 			s.replyTo(m.From, m.Epoch, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 		}
+	case TxPeerGone:
+		s.onPeerGone(m, now)
 	case TxTimeout:
 		s.onTimeout(m, now)
 	case TxPanic:
@@ -400,6 +406,26 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
 		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload,
 	}})
+}
+
+func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
+	for _, p := range s.order {
+		st := s.streams[p]
+		if st.route.Peer != m.Peer || st.phase == streamFinished {
+			continue
+		}
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: %s", ErrPeerGone, s.cfg.Request, m.Peer))
+		doubt := false
+		for i := range st.ops {
+			if o := &st.ops[i]; o.state == OpSubmitting || o.state == OpSubmitted {
+				s.setOp(OpRef{s.cfg.Request, p, i}, o, OpInDoubt)
+				doubt = true
+			}
+		}
+		if doubt {
+			s.eff = append(s.eff, CloseEndpoint{Worker: st.worker, Peer: st.peer, Route: st.route})
+		}
+	}
 }
 
 func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {

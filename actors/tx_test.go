@@ -1144,3 +1144,42 @@ func TestTx_RejectedPeerGetsAnAnswer(t *testing.T) {
 		t.Fatalf("no CancelAck with epoch 7 to %v in %v", from, effs)
 	}
 }
+
+// TestTx_PeerGoneRetiresInFlightOps: a peer declared dead fails the
+// session; its ops in flight go IN_DOUBT and its endpoint is closed; the
+// pins drop only once the close retired them.
+func TestTx_PeerGoneRetiresInFlightOps(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.request(1, 1)
+	h.chunk(0, 32, true)
+	h.fence(0)
+	effs := h.step(TxPeerGone{Peer: genPeer(1)})
+	if h.s.State() != TxFailed {
+		t.Fatalf("state %v, want FAILED", h.s.State())
+	}
+	closed := false
+	for _, e := range effs {
+		switch e.(type) {
+		case CloseEndpoint:
+			closed = true
+		case Unpin:
+			t.Fatalf("unpin while the op is in doubt: %v", effs)
+		}
+	}
+	if !closed {
+		t.Fatalf("no CloseEndpoint in %v", effs)
+	}
+	if st := h.s.OpStates()[h.op(1, 0)]; st != OpInDoubt {
+		t.Fatalf("op state %v, want IN_DOUBT", st)
+	}
+	effs = h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+	unpinned := false
+	for _, e := range effs {
+		if _, ok := e.(Unpin); ok {
+			unpinned = true
+		}
+	}
+	if !unpinned || !h.s.Stopped() {
+		t.Fatalf("after retirement: unpinned %v stopped %v: %v", unpinned, h.s.Stopped(), effs)
+	}
+}
