@@ -43,6 +43,10 @@ type Config struct {
 	TokensPerBlock int
 	// PoolBytes is the size of the engine's block pool region.
 	PoolBytes uint64
+	// Region, when set, is the pool memory (for example a shared-memory
+	// region the shm backend can write into, or memory a serving framework
+	// allocated); PoolBytes is then its length.
+	Region *kvcache.Region
 	// Workers is the number of sender workers (env KVXFER_WORKERS); < 1 is
 	// an error.
 	Workers int
@@ -102,6 +106,12 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Workers < 1 {
 		return r, fmt.Errorf("%w: Workers = %d, must be ≥ 1", ErrConfig, r.Workers)
+	}
+	if r.Region != nil {
+		if r.PoolBytes != 0 && r.PoolBytes != r.Region.Len {
+			return r, fmt.Errorf("%w: PoolBytes = %d but Region is %d bytes", ErrConfig, r.PoolBytes, r.Region.Len)
+		}
+		r.PoolBytes = r.Region.Len
 	}
 	if r.PoolBytes == 0 {
 		r.PoolBytes = DefaultPoolBytes

@@ -65,9 +65,11 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		log = r.Logger.With().Str("engine", fmt.Sprintf("%s/%d", r.Instance, r.Parallel.Index(r.Rank))).Logger()
 	}
 	e := &Engine{cfg: r}
-	e.region, err = kvcache.NewHostRegion(r.PoolBytes)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	e.region = r.Region
+	if e.region == nil {
+		if e.region, err = kvcache.NewHostRegion(r.PoolBytes); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
 	}
 	var pools []*kvcache.Pool
 	var geoms []kvcache.PoolGeometry
@@ -131,6 +133,13 @@ func (e *Engine) Pools() *actors.Pools { return e.pools }
 
 // Region is the engine's registered pool memory.
 func (e *Engine) Region() *kvcache.Region { return e.region }
+
+// Hello is what the engine tells its peers about itself.
+func (e *Engine) Hello() *messages.Hello { return e.inner.Hello() }
+
+// PeerDown tells the engine a peer is dead (the control plane's heartbeat
+// callback): its sessions fail and drain, pages are released.
+func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }
 
 // Stats are the engine's counters.
 func (e *Engine) Stats() *actors.Counters { return e.inner.Stats() }
