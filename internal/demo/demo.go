@@ -127,7 +127,6 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	return rep, nil
 }
 
-
 func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (Row, error) {
 	link := control.NewMemLink()
 	start := func(inst string) (*kvxfer.Engine, error) {
