@@ -16,8 +16,9 @@
 //     endpoint from another goroutine; Endpoint.Close is safe against that.
 //   - Completions (Batch.Done, the Flush callback) run on backend goroutines,
 //     never inside Post. They must not block, and must not call Close on the
-//     endpoint that runs them (Close waits for that very goroutine). They may
-//     Post or Flush.
+//     endpoint that runs them or on its agent (Close waits for that very
+//     goroutine). They may Post, Flush and Deregister: a batch's regions are
+//     no longer busy by the time its Done runs.
 //   - Done callbacks of one endpoint run one at a time, in post order, with a
 //     Flush callback in its place among them (the in-order completion of a
 //     reliable connection). A backend whose transport completes out of order

@@ -35,28 +35,33 @@ func testDeregisterBusy(t *testing.T, e *env) {
 	}
 	recv(t, entered, "Done of batch A")
 
-	doneB := make(chan error, 1)
-	if err := ep.Post(rdma.Batch{Src: srcB.reg, Dst: dstB.reg.Remote(), Segments: whole, Done: func(err error) { doneB <- err }}); err != nil {
+	// Inside its Done, batch B is no longer in flight: both its regions
+	// deregister there already.
+	doneB := make(chan [3]error, 1)
+	if err := ep.Post(rdma.Batch{Src: srcB.reg, Dst: dstB.reg.Remote(), Segments: whole, Done: func(err error) {
+		doneB <- [3]error{err, e.p.Sender.Deregister(srcB.reg), e.p.Receiver.Deregister(dstB.reg)}
+	}}); err != nil {
 		t.Fatalf("Post B: %v", err)
 	}
 	mustFail(t, "Deregister of pending batch B's source", e.p.Sender.Deregister(srcB.reg), rdma.ErrRegionBusy)
 	mustFail(t, "Deregister of pending batch B's destination", e.p.Receiver.Deregister(dstB.reg), rdma.ErrRegionBusy)
 	select {
-	case err := <-doneB:
-		t.Fatalf("batch B completed (%v) while batch A's Done was still running: completions out of order", err)
+	case errs := <-doneB:
+		t.Fatalf("batch B completed (%v) while batch A's Done was still running: completions out of order", errs[0])
 	default:
 	}
 
 	release()
-	if err := recv(t, doneB, "Done of batch B"); err != nil {
-		t.Fatalf("batch B after the refused Deregisters: %v", err)
+	errs := recv(t, doneB, "Done of batch B")
+	if errs[0] != nil {
+		t.Fatalf("batch B after the refused Deregisters: %v", errs[0])
 	}
 	if !bytes.Equal(dstB.bytes, srcB.bytes) {
 		t.Errorf("batch B's data did not land intact after the refused Deregisters")
 	}
 	for what, err := range map[string]error{
+		"source B, inside its Done": errs[1], "destination B, inside its Done": errs[2],
 		"source A": e.p.Sender.Deregister(srcA.reg), "destination A": e.p.Receiver.Deregister(dstA.reg),
-		"source B": e.p.Sender.Deregister(srcB.reg), "destination B": e.p.Receiver.Deregister(dstB.reg),
 	} {
 		if err != nil {
 			t.Errorf("Deregister %s after completion: %v", what, err)

@@ -65,13 +65,13 @@ func worker(ep rdma.Endpoint, src, dst side, model []byte, base, n uint64, batch
 			}
 		}})
 		if err != nil {
-			return fmt.Errorf("Post batch %d: %w", b, err)
+			return fmt.Errorf("post batch %d: %w", b, err)
 		}
 	}
 	ch := make(chan error, 1)
 	ep.Flush(func(err error) { ch <- err })
 	if err := <-ch; err != nil {
-		return fmt.Errorf("Flush: %w", err)
+		return fmt.Errorf("flush: %w", err)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -98,7 +98,7 @@ func (a *Agent) share(reg *registration, f *sharedFile) error {
 	case f.registered:
 		return fmt.Errorf("%s: register %s: %w: already registered", a, f.path, rdma.ErrRegionBusy)
 	}
-	k := regionKey{kind: kindFile, owner: a.addr.nonce, fileID: f.hdr.fileID, name: f.name}
+	k := regionKey{kind: kindFile, owner: a.addr.nonce, fileID: f.hdr.fileID, name: []byte(f.name)}
 	rand.Read(k.secret[:])
 	f.hdr.setSecret(k.secret)
 	f.hdr.setOwner(a.addr.nonce)
@@ -125,6 +125,7 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 	if !r.lease.TryRetire() {
 		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, r.lease.InFlight())
 	}
+	r.dead.Store(true)
 	if f := r.file; f != nil {
 		files.mu.Lock()
 		f.hdr.setSecret([16]byte{})
@@ -182,6 +183,7 @@ func (a *Agent) Close() error {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		for r := range a.regs {
+			r.dead.Store(true)
 			r.lease.ForceRetire(true)
 			if f := r.file; f != nil {
 				files.mu.Lock()

@@ -47,6 +47,14 @@ func TestCrossProcessChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := shm.New()
+	t.Cleanup(func() { // on failure too: no file left behind
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	reg, err := a.Register(r)
 	if err != nil {
 		t.Fatal(err)
@@ -79,12 +87,6 @@ func TestCrossProcessChild(t *testing.T) {
 				t.Errorf("byte %d: got %#02x, want %#02x", i, r.Bytes()[i], want[i])
 			} else {
 				fmt.Println("VERIFIED")
-			}
-			if err := a.Close(); err != nil {
-				t.Error(err)
-			}
-			if err := c.Close(); err != nil {
-				t.Error(err)
 			}
 			return
 		default:
@@ -197,19 +199,20 @@ func TestCrossProcess(t *testing.T) {
 
 // child is the re-executed receiver.
 type child struct {
-	cmd    *exec.Cmd
-	stdin  *bufio.Writer
-	closer interface{ Close() error }
-	lines  chan string
-	stderr *lockedBuffer
-	exited chan error
+	cmd     *exec.Cmd
+	stdin   *bufio.Writer
+	closer  interface{ Close() error }
+	lines   chan string
+	stderr  *lockedBuffer
+	exited  chan struct{} // closed once Wait returned exitErr
+	exitErr error
 }
 
 func startChild(t *testing.T) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
-	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
+	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -234,15 +237,25 @@ func startChild(t *testing.T) *child {
 	}()
 	go func() {
 		<-scanned // Wait closes stdout: read it all first
-		c.exited <- cmd.Wait()
+		c.exitErr = cmd.Wait()
+		close(c.exited)
 	}()
 	t.Cleanup(func() {
 		c.closer.Close()
-		select {
-		case <-c.exited:
-		case <-time.After(waitLimit):
-			cmd.Process.Kill()
-			<-c.exited
+		deadline := time.NewTimer(waitLimit)
+		defer deadline.Stop()
+		lines := c.lines
+		for {
+			select {
+			case _, ok := <-lines: // keep the scanner moving until EOF
+				if !ok {
+					lines = nil
+				}
+			case <-c.exited:
+				return
+			case <-deadline.C:
+				cmd.Process.Kill()
+			}
 		}
 	})
 	return c
@@ -283,10 +296,12 @@ func (c *child) send(t *testing.T, line string) {
 func (c *child) wait(t *testing.T) {
 	t.Helper()
 	c.closer.Close()
-	for range c.lines { // drain what is left
+	for line := range c.lines { // drain what is left
+		t.Logf("receiver: %s", line)
 	}
-	if err := wait(t, c.exited, "receiver exit"); err != nil {
-		t.Fatalf("receiver: %v; stderr:\n%s", err, c.stderr)
+	wait(t, c.exited, "receiver exit")
+	if c.exitErr != nil {
+		t.Fatalf("receiver: %v; stderr:\n%s", c.exitErr, c.stderr)
 	}
 }
 

@@ -40,6 +40,9 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if !ok || src == nil || src.agent != e.agent {
 		return fmt.Errorf("%s: post: source %T: %w: not a registration of agent %s", e.name, b.Src, rdma.ErrUnregistered, e.agent)
 	}
+	if src.dead.Load() {
+		return fmt.Errorf("%s: post: source registration %d: %w: deregistered", e.name, src.id, rdma.ErrUnregistered)
+	}
 	k, m, err := e.resolve(b.Dst)
 	if err != nil {
 		return fmt.Errorf("%s: post: %w", e.name, err)
@@ -89,7 +92,7 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *mapping, error) {
 			return k, nil, err
 		}
 		e.maps[k.fileID] = m
-	} else if m.name != k.name {
+	} else if m.name != string(k.name) {
 		return k, nil, fmt.Errorf("%w: key names file %q, its region is file %q", rdma.ErrBadKey, k.name, m.name)
 	}
 	if rr.Len != uint64(len(m.data)) {

@@ -26,7 +26,7 @@ type regionKey struct {
 	owner  [16]byte
 	fileID [16]byte
 	secret [16]byte
-	name   string
+	name   []byte // the file's base name; aliases the key's bytes
 	reg    uint64
 }
 
@@ -69,10 +69,7 @@ func parseKey(b []byte) (regionKey, error) {
 		}
 		copy(k.fileID[:], rest)
 		copy(k.secret[:], rest[16:])
-		k.name = string(rest[33:])
-		if err := checkName(k.name); err != nil {
-			return bad(err.Error())
-		}
+		k.name = rest[33:] // checked by openMapping before it names a file
 	default:
 		return bad(fmt.Sprintf("unknown region kind %q", k.kind))
 	}

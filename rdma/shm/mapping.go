@@ -23,7 +23,11 @@ type mapping struct {
 // openMapping maps the file that k names and checks that it is the region k
 // was issued for. Errors wrap rdma.ErrBadKey.
 func openMapping(k regionKey) (*mapping, error) {
-	path := filepath.Join(Dir(), k.name)
+	name := string(k.name)
+	if err := checkName(name); err != nil {
+		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
+	}
+	path := filepath.Join(Dir(), name)
 	f, err := os.OpenFile(path, os.O_RDWR|openNoFollow, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
@@ -53,7 +57,7 @@ func openMapping(k regionKey) (*mapping, error) {
 		unmapFile(mem)
 		return nil, err
 	}
-	return &mapping{fileID: k.fileID, name: k.name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
+	return &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
 }
 
 func (m *mapping) close() error { return unmapFile(m.mem) }

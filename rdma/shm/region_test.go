@@ -168,3 +168,44 @@ func TestConnectToDeadProcess(t *testing.T) {
 		t.Errorf("Connect to a process that does not exist: %v, want ErrPeerGone", err)
 	}
 }
+
+// TestStaleSharedSource: a shared region used as a source, deregistered and
+// closed (unmapped), is refused as a source without touching its memory.
+func TestStaleSharedSource(t *testing.T) {
+	sender, receiver := shm.New(), shm.New()
+	defer sender.Close()
+	defer receiver.Close()
+	sr, sc, err := shm.NewRegion("", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sreg, err := sender.Register(sr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr, dc, err := shm.NewRegion("", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	dreg, err := receiver.Register(dr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer receiver.Deregister(dreg)
+	ep, err := sender.Connect(receiver.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if err := sender.Deregister(sreg); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = ep.Post(rdma.Batch{Src: sreg, Dst: dreg.Remote(), Segments: []kvcache.Segment{{Len: 8}}, Done: func(err error) { t.Errorf("Done(%v)", err) }})
+	if !errors.Is(err, rdma.ErrUnregistered) {
+		t.Errorf("Post from a deregistered, unmapped source: %v, want ErrUnregistered", err)
+	}
+}

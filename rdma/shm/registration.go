@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"sync/atomic"
+
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
@@ -17,6 +19,9 @@ type registration struct {
 	lease  *copier.Lease // the file header's lease, or own
 	own    copier.Lease
 	remote rdma.RemoteRegion
+	// dead is set once the registration is revoked, before its file may
+	// be unmapped: a stale registration never touches lease again.
+	dead atomic.Bool
 }
 
 var _ rdma.Registration = (*registration)(nil)

@@ -1,0 +1,114 @@
+package rdmabench
+
+import (
+	"fmt"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// sizeName is 4KiB, 64KiB, 1MiB, 16MiB, …
+func sizeName(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+func backends() []string { return append([]string{Copy}, Backends()...) }
+
+// bench runs b.N operations of shape s on backend.
+func bench(b *testing.B, backend string, s Shape) {
+	r, err := NewRig(backend, s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	// Warm up (pages, caches, the copier goroutine), so that a short run
+	// such as -benchtime 20x measures the steady state.
+	if err := r.Run(16); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(s.Bytes()))
+	b.ReportAllocs()
+	b.ResetTimer()
+	if err := r.Run(b.N); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*s.Segments)/b.Elapsed().Seconds(), "segs/s")
+	if err := r.Verify(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkPost is Post bandwidth, one segment per batch, per size; the copy
+// sub-benchmark is Go's copy of the same bytes in the same run.
+func BenchmarkPost(b *testing.B) {
+	for _, size := range []uint64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
+		for _, backend := range backends() {
+			b.Run(sizeName(size)+"/"+backend, func(b *testing.B) {
+				bench(b, backend, Shape{SegmentBytes: size, Segments: 1})
+			})
+		}
+	}
+}
+
+// BenchmarkSegments is segments/s for batches of 256 scattered 4 KiB
+// segments.
+func BenchmarkSegments(b *testing.B) {
+	for _, backend := range backends() {
+		b.Run("4KiBx256/"+backend, func(b *testing.B) {
+			bench(b, backend, Shape{SegmentBytes: 4 << 10, Segments: 256})
+		})
+	}
+}
+
+func TestMeasure(t *testing.T) {
+	for _, backend := range backends() {
+		res, err := Measure(backend, Shape{SegmentBytes: 64 << 10, Segments: 4}, Config{Rounds: 3, MinBytes: 4 << 20})
+		if err != nil {
+			t.Fatalf("%s: %v", backend, err)
+		}
+		if res.BytesPerSec <= 0 || res.CopyBytesPerSec <= 0 || res.Ratio <= 0 || res.Rounds != 3 || res.OpsPerSample != 16 {
+			t.Errorf("%s: implausible result %+v", backend, res)
+		}
+	}
+}
+
+func TestNewRigRefuses(t *testing.T) {
+	if _, err := NewRig("rdma-over-carrier-pigeon", Shape{SegmentBytes: 1, Segments: 1}); err == nil {
+		t.Error("unknown backend accepted")
+	}
+	if _, err := NewRig(Copy, Shape{SegmentBytes: 0, Segments: 1}); err == nil {
+		t.Error("empty shape accepted")
+	}
+}
+
+func TestMedian(t *testing.T) {
+	if m := median([]float64{3, 1, 2}); m != 2 {
+		t.Errorf("median(3,1,2) = %v", m)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median(4,1,3,2) = %v", m)
+	}
+}
+
+func TestLayoutWritesEachSlotOnce(t *testing.T) {
+	for _, k := range []int{1, 2, 7, 14, 256} {
+		seen := make(map[uint64]bool)
+		for _, s := range layout(Shape{SegmentBytes: 8, Segments: k}) {
+			if seen[s.Dst] || s.Dst >= uint64(8*k) {
+				t.Fatalf("k=%d: destination %d repeated or out of range", k, s.Dst)
+			}
+			seen[s.Dst] = true
+		}
+	}
+}

@@ -1,0 +1,13 @@
+// Package rdmabench measures the rdma backends' raw Post throughput beside
+// Go's copy of the same bytes, for testing.B benchmarks and for the CLI's
+// `kvxfer bench raw`, which share its Rig.
+//
+// A Rig connects a sender and a receiver agent of one backend in this
+// process (for shm, the destination is a shared-memory file, so the copy
+// path is the one a separate receiver process sees), with a source and a
+// destination region sized for one operation of a Shape. Run posts
+// operations back to back with a bounded window in flight, as a sender
+// worker does, and waits until all completed; Copy does the same operations
+// with Go's copy between plain buffers. Measure alternates the two several
+// times and reports medians, because these machines are noisy.
+package rdmabench

@@ -1,0 +1,98 @@
+package rdmabench
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Config sets how Measure samples.
+type Config struct {
+	// Rounds is how many times the backend and the copy alternate
+	// (default 5).
+	Rounds int
+	// MinBytes is the least each sample moves (default 256 MiB); a sample
+	// is at least one operation.
+	MinBytes uint64
+}
+
+// Result is one shape's measurement: medians over the rounds.
+type Result struct {
+	Backend         string  `json:"backend"`
+	SizeBytes       uint64  `json:"size_bytes"`
+	Segments        int     `json:"segments"`
+	BytesPerSec     float64 `json:"bytes_per_sec"`
+	CopyBytesPerSec float64 `json:"copy_bytes_per_sec"`
+	// Ratio is BytesPerSec / CopyBytesPerSec.
+	Ratio          float64 `json:"ratio"`
+	SegmentsPerSec float64 `json:"segments_per_sec"`
+	Rounds         int     `json:"rounds"`
+	OpsPerSample   int     `json:"ops_per_sample"`
+}
+
+// Measure builds a rig for backend and shape s, warms it, then alternates a
+// backend sample and a copy sample cfg.Rounds times, and reports the median
+// rate of each. It checks the bytes landed.
+func Measure(backend string, s Shape, cfg Config) (Result, error) {
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 5
+	}
+	if cfg.MinBytes == 0 {
+		cfg.MinBytes = 256 << 20
+	}
+	r, err := NewRig(backend, s)
+	if err != nil {
+		return Result{}, err
+	}
+	defer r.Close()
+
+	opBytes := s.Bytes()
+	ops := int(max(1, (cfg.MinBytes+opBytes-1)/opBytes))
+	// Warm up: fault every page in, start the goroutines.
+	if err := r.Run(min(ops, Window)); err != nil {
+		return Result{}, fmt.Errorf("rdmabench: %s warm-up: %w", backend, err)
+	}
+	r.Copy(1)
+
+	rates := make([]float64, 0, cfg.Rounds)
+	copyRates := make([]float64, 0, cfg.Rounds)
+	for range cfg.Rounds {
+		start := time.Now()
+		if err := r.Run(ops); err != nil {
+			return Result{}, fmt.Errorf("rdmabench: %s: %w", backend, err)
+		}
+		rates = append(rates, rate(ops, opBytes, time.Since(start)))
+		start = time.Now()
+		r.Copy(ops)
+		copyRates = append(copyRates, rate(ops, opBytes, time.Since(start)))
+	}
+	if err := r.Verify(); err != nil {
+		return Result{}, err
+	}
+	res := Result{
+		Backend:         backend,
+		SizeBytes:       s.SegmentBytes,
+		Segments:        s.Segments,
+		BytesPerSec:     median(rates),
+		CopyBytesPerSec: median(copyRates),
+		Rounds:          cfg.Rounds,
+		OpsPerSample:    ops,
+	}
+	res.Ratio = res.BytesPerSec / res.CopyBytesPerSec
+	res.SegmentsPerSec = res.BytesPerSec / float64(s.SegmentBytes)
+	return res, nil
+}
+
+func rate(ops int, opBytes uint64, d time.Duration) float64 {
+	return float64(ops) * float64(opBytes) / max(d.Seconds(), 1e-9)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}

@@ -1,0 +1,264 @@
+package rdmabench
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// Copy is the pseudo-backend whose Run is Go's copy.
+const Copy = "copy"
+
+// Backends are the backends a Rig can run besides Copy.
+func Backends() []string { return []string{loopback.Backend, shm.Backend} }
+
+// Shape is what one operation moves: Segments segments of SegmentBytes
+// each.
+type Shape struct {
+	SegmentBytes uint64
+	Segments     int
+}
+
+// Bytes is the size of one operation.
+func (s Shape) Bytes() uint64 { return s.SegmentBytes * uint64(s.Segments) }
+
+// Window is how many operations a Rig keeps in flight.
+const Window = 256
+
+// Rig is one backend's sender and receiver, connected, with regions for one
+// operation. Not safe for concurrent use.
+type Rig struct {
+	backend string
+	shape   Shape
+	segs    []kvcache.Segment
+
+	// Go's copy between plain buffers, the baseline.
+	copySrc, copyDst []byte
+
+	sender, receiver rdma.Agent
+	ep               rdma.Endpoint
+	src              rdma.Registration
+	dst              rdma.RemoteRegion
+	dstBytes         []byte // the receiver's memory, for Verify
+	dstCloser        io.Closer
+
+	// Completion accounting, updated by Done on the backend's goroutine.
+	inflight atomic.Int64
+	waiting  atomic.Bool
+	wake     chan struct{}
+	failed   atomic.Pointer[error]
+	done     func(error)
+}
+
+// NewRig builds a rig for backend (Copy, or one of Backends()).
+func NewRig(backend string, s Shape) (r *Rig, err error) {
+	if s.SegmentBytes == 0 || s.Segments < 1 {
+		return nil, fmt.Errorf("rdmabench: shape %d segments of %d bytes: want at least one segment of at least one byte", s.Segments, s.SegmentBytes)
+	}
+	n := s.Bytes()
+	r = &Rig{backend: backend, shape: s, segs: layout(s), wake: make(chan struct{}, 1)}
+	r.done = r.complete
+	r.copySrc, r.copyDst = make([]byte, n), make([]byte, n)
+	fill(r.copySrc)
+
+	switch backend {
+	case Copy:
+		return r, nil
+	case loopback.Backend:
+		net := loopback.NewNetwork()
+		r.sender, r.receiver = loopback.New(loopback.WithNetwork(net)), loopback.New(loopback.WithNetwork(net))
+	case shm.Backend:
+		r.sender, r.receiver = shm.New(), shm.New()
+	default:
+		return nil, fmt.Errorf("rdmabench: unknown backend %q (want %s, %q)", backend, quoted(Backends()), Copy)
+	}
+	defer func() {
+		if err != nil {
+			r.Close()
+		}
+	}()
+
+	srcRegion, err := kvcache.HostBytesRegion(r.copySrc)
+	if err != nil {
+		return nil, err
+	}
+	if r.src, err = r.sender.Register(srcRegion); err != nil {
+		return nil, err
+	}
+	var dstRegion *kvcache.Region
+	if backend == shm.Backend {
+		dstRegion, r.dstCloser, err = shm.NewRegion("", n)
+	} else {
+		dstRegion, err = kvcache.NewHostRegion(n)
+	}
+	if err != nil {
+		return nil, err
+	}
+	reg, err := r.receiver.Register(dstRegion)
+	if err != nil {
+		return nil, err
+	}
+	r.dst = reg.Remote()
+	r.dstBytes = dstRegion.Bytes()
+	if r.ep, err = r.sender.Connect(r.receiver.Address()); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// layout places segment i at source offset i and destination slot
+// (i*7) mod k, so destinations are scattered but each is written once.
+func layout(s Shape) []kvcache.Segment {
+	segs := make([]kvcache.Segment, s.Segments)
+	stride := 7
+	for gcd(stride, s.Segments) != 1 {
+		stride++
+	}
+	for i := range segs {
+		segs[i] = kvcache.Segment{
+			Src: uint64(i) * s.SegmentBytes,
+			Dst: uint64(i*stride%s.Segments) * s.SegmentBytes,
+			Len: s.SegmentBytes,
+		}
+	}
+	return segs
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func fill(b []byte) {
+	x := uint32(2463534242)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+}
+
+func quoted(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprint(q)
+}
+
+// Backend is the rig's backend.
+func (r *Rig) Backend() string { return r.backend }
+
+// Shape is the rig's operation.
+func (r *Rig) Shape() Shape { return r.shape }
+
+// Run performs n operations through the rig's backend, at most Window in
+// flight, and returns once all completed: the first error, if any.
+func (r *Rig) Run(n int) error {
+	if r.backend == Copy {
+		r.Copy(n)
+		return nil
+	}
+	b := rdma.Batch{Src: r.src, Dst: r.dst, Segments: r.segs, Done: r.done}
+	for range n {
+		if r.inflight.Load() >= Window {
+			r.waitBelow(Window / 2)
+		}
+		r.inflight.Add(1)
+		if err := r.ep.Post(b); err != nil {
+			r.inflight.Add(-1)
+			r.waitBelow(0)
+			return err
+		}
+	}
+	r.waitBelow(0)
+	if p := r.failed.Swap(nil); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// complete is every batch's Done.
+func (r *Rig) complete(err error) {
+	if err != nil {
+		r.fail(err)
+	}
+	if n := r.inflight.Add(-1); n <= Window/2 && r.waiting.Load() {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// fail records the first error (out of line: taking err's address makes it
+// escape, which would allocate on every call of complete).
+func (r *Rig) fail(err error) { r.failed.CompareAndSwap(nil, &err) }
+
+// waitBelow parks until at most limit operations are in flight (limit must
+// be at most Window/2: completions wake the poster only below that).
+func (r *Rig) waitBelow(limit int64) {
+	for r.inflight.Load() > limit {
+		r.waiting.Store(true)
+		if r.inflight.Load() > limit {
+			<-r.wake
+		}
+		r.waiting.Store(false)
+	}
+}
+
+// Copy performs n operations with Go's copy between the rig's plain
+// buffers.
+func (r *Rig) Copy(n int) {
+	src, dst := r.copySrc, r.copyDst
+	for range n {
+		for _, s := range r.segs {
+			copy(dst[s.Dst:s.Dst+s.Len], src[s.Src:s.Src+s.Len])
+		}
+	}
+}
+
+// Verify checks, after Run, that the destination holds each segment's
+// source bytes.
+func (r *Rig) Verify() error {
+	dst := r.dstBytes
+	if r.backend == Copy {
+		dst = r.copyDst
+	}
+	for i, s := range r.segs {
+		if !bytes.Equal(dst[s.Dst:s.Dst+s.Len], r.copySrc[s.Src:s.Src+s.Len]) {
+			return fmt.Errorf("rdmabench: %s: segment %d %+v did not land", r.backend, i, s)
+		}
+	}
+	return nil
+}
+
+// Close releases the rig. Idempotent.
+func (r *Rig) Close() error {
+	var errs []error
+	if r.ep != nil {
+		errs = append(errs, r.ep.Close())
+		r.ep = nil
+	}
+	for _, a := range []rdma.Agent{r.sender, r.receiver} {
+		if a != nil {
+			errs = append(errs, a.Close())
+		}
+	}
+	r.sender, r.receiver = nil, nil
+	if r.dstCloser != nil {
+		errs = append(errs, r.dstCloser.Close())
+		r.dstCloser = nil
+	}
+	return errors.Join(errs...)
+}
