@@ -42,6 +42,7 @@ func DefaultLink() *control.MemLink {
 
 // Engine is one running engine rank.
 type Engine struct {
+	ownsRg bool
 	cfg    resolved
 	inner  *actors.Engine
 	agent  rdma.Agent
@@ -70,6 +71,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		if e.region, err = kvcache.NewHostRegion(r.PoolBytes); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
+		e.ownsRg = true
 	}
 	var pools []*kvcache.Pool
 	var geoms []kvcache.PoolGeometry
@@ -114,6 +116,9 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if err != nil {
 		if e.ownsAg {
 			_ = e.agent.Close()
+		}
+		if e.ownsRg {
+			_ = e.region.Close()
 		}
 		return nil, err
 	}
@@ -280,6 +285,12 @@ func (e *Engine) Close(ctx context.Context) error {
 		if cerr := e.agent.Close(); cerr != nil && err == nil {
 			err = cerr
 		}
+	}
+	// Unmap the pool only when every session drained: with pages still
+	// pinned or writes in doubt the memory stays mapped (leaked, not
+	// reused) rather than risk a late write into freed memory.
+	if e.ownsRg && err == nil {
+		err = e.region.Close()
 	}
 	return err
 }

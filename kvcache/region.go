@@ -37,7 +37,8 @@ type Region struct {
 	// Device is the GPU ordinal for DeviceMem.
 	Device int
 
-	buf []byte // the Go allocation backing a host region (keeps it alive)
+	buf     []byte       // the memory backing a host region (keeps it alive)
+	release func() error // unmaps memory this package mapped; nil otherwise
 }
 
 // NewHostRegion allocates a zeroed Go-owned host region of n bytes.
@@ -45,8 +46,22 @@ func NewHostRegion(n uint64) (*Region, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
 	}
-	buf := make([]byte, n)
-	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf}, nil
+	buf, release := allocHost(n)
+	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf, release: release}, nil
+}
+
+// Close releases memory the region allocated itself (large host regions are
+// mapped directly); for other regions it does nothing. The region must not
+// be used afterwards, and nothing may still write into it: its owner (an
+// engine) closes it only after every writer is quiescent. Idempotent.
+func (r *Region) Close() error {
+	if r.release == nil {
+		return nil
+	}
+	f := r.release
+	r.release = nil
+	r.buf = nil
+	return f()
 }
 
 // ExternalHostRegion wraps host memory allocated elsewhere (a serving

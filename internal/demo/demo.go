@@ -17,6 +17,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -143,6 +145,14 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		return Row{}, err
 	}
 	row := Row{Mode: m.Name, Requests: len(prompts), exposed: make([]time.Duration, len(prompts))}
+	// The scheduler admits a request only when the generation side can
+	// take it, as a disaggregated server's router does: prefill never
+	// starts for a request whose destination blocks are not there.
+	var genBlocks int64
+	for _, st := range ge.Pools().Stats() {
+		genBlocks += int64(st.Total)
+	}
+	admit := semaphore.NewWeighted(genBlocks)
 	var mu sync.Mutex
 	var firstErr error
 	sem := make(chan struct{}, o.Concurrency)
@@ -153,7 +163,15 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		wg.Add(1)
 		go func(i, n int) {
 			defer func() { <-sem; wg.Done() }()
+			need := int64(len(ge.Layout().Groups) * ge.Layout().BlocksFor(n))
+			if err := admit.Acquire(ctx, need); err != nil {
+				mu.Lock()
+				firstErr = errors.Join(firstErr, err)
+				mu.Unlock()
+				return
+			}
 			res, err := runRequest(ctx, o, m, ce, ge, i, n)
+			admit.Release(need)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {
