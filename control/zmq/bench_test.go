@@ -13,27 +13,9 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// benchPair makes two links that know each other, delivering into
-// channels (a deliver func must not block: a full channel fails the
-// benchmark).
-func benchPair(b *testing.B, secure bool) (a, g *Link, aID, gID messages.PeerID, toA, toG chan messages.Frame) {
+// benchPair makes two links that know each other, delivering to da and dg.
+func benchPair(b *testing.B, secure bool, da, dg func(messages.Frame)) (a, g *Link, aID, gID messages.PeerID) {
 	b.Helper()
-	toA, toG = make(chan messages.Frame, 1024), make(chan messages.Frame, 1024)
-	var dropped atomic.Int64
-	into := func(ch chan messages.Frame) func(messages.Frame) {
-		return func(f messages.Frame) {
-			select {
-			case ch <- f:
-			default:
-				dropped.Add(1)
-			}
-		}
-	}
-	b.Cleanup(func() {
-		if n := dropped.Load(); n != 0 {
-			b.Errorf("%d frames dropped by a full test mailbox", n)
-		}
-	})
 	ca, cg := Config{Insecure: !secure}, Config{Insecure: !secure}
 	if secure {
 		ka, kg := newKeys(b), newKeys(b)
@@ -41,8 +23,8 @@ func benchPair(b *testing.B, secure bool) (a, g *Link, aID, gID messages.PeerID,
 		cg.Curve = Curve{Secret: kg.secret, AllowedPeers: []string{ka.public}}
 	}
 	aID, gID = pid("ctx", 0), pid("gen", 0)
-	a = listenWith(b, aID, ca, into(toA))
-	g = listenWith(b, gID, cg, into(toG))
+	a = listenWith(b, aID, ca, da)
+	g = listenWith(b, gID, cg, dg)
 	for _, x := range []struct {
 		l    *Link
 		id   messages.PeerID
@@ -57,7 +39,25 @@ func benchPair(b *testing.B, secure bool) (a, g *Link, aID, gID messages.PeerID,
 			}
 		}
 	}
-	return a, g, aID, gID, toA, toG
+	return a, g, aID, gID
+}
+
+// mailbox is a deliver func into a buffered channel that never blocks: a
+// full channel counts a drop, which fails the benchmark.
+func mailbox(b *testing.B, ch chan messages.Frame) func(messages.Frame) {
+	var dropped atomic.Int64
+	b.Cleanup(func() {
+		if n := dropped.Load(); n != 0 {
+			b.Errorf("%d frames dropped by a full test mailbox", n)
+		}
+	})
+	return func(f messages.Frame) {
+		select {
+		case ch <- f:
+		default:
+			dropped.Add(1)
+		}
+	}
 }
 
 // sendRetry sends f, yielding while the queue is full.
@@ -79,7 +79,8 @@ func sendRetry(b *testing.B, c control.Conn, f messages.Frame) {
 func BenchmarkPingPong(b *testing.B) {
 	for _, secure := range []bool{false, true} {
 		b.Run(mode(secure), func(b *testing.B) {
-			a, g, aID, gID, toA, toG := benchPair(b, secure)
+			toA, toG := make(chan messages.Frame, 16), make(chan messages.Frame, 16)
+			a, g, aID, gID := benchPair(b, secure, mailbox(b, toA), mailbox(b, toG))
 			ab, err := a.Dial(gID)
 			if err != nil {
 				b.Fatal(err)
@@ -140,24 +141,27 @@ func BenchmarkPingPong(b *testing.B) {
 func BenchmarkOneWay(b *testing.B) {
 	for _, secure := range []bool{false, true} {
 		b.Run(mode(secure), func(b *testing.B) {
-			a, _, aID, gID, _, toG := benchPair(b, secure)
+			// gen's deliver counts; the last expected frame closes done.
+			var got, want atomic.Int64
+			want.Store(1)
+			done := make(chan struct{}, 1)
+			count := func(messages.Frame) {
+				if got.Add(1) == want.Load() {
+					done <- struct{}{}
+				}
+			}
+			a, _, aID, gID := benchPair(b, secure, func(messages.Frame) {}, count)
 			ab, err := a.Dial(gID)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer ab.Close()
 			f := result(aID, 0)
-			sendRetry(b, ab, f)
-			<-toG
+			sendRetry(b, ab, f) // warm up: the connection is up
+			<-done
 			enc, _ := encode(f)
 			b.SetBytes(int64(len(enc)))
-			done := make(chan struct{})
-			go func() {
-				for range b.N {
-					<-toG
-				}
-				close(done)
-			}()
+			want.Store(1 + int64(b.N))
 			b.ResetTimer()
 			t0 := time.Now()
 			for i := range b.N {

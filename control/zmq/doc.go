@@ -32,7 +32,10 @@
 // (inproc://zeromq.zap.01 is per context) belongs to it alone, and the
 // listener goroutine serves ZAP requests from the same poll loop as the
 // ROUTER. A refused handshake is counted (Refused) and never reaches the
-// ROUTER: the peer's frames are never seen, its Hello never stored.
+// ROUTER: the peer's frames are never seen, its Hello never stored. libzmq
+// ends a session that failed authentication for good (no reconnect), so a
+// peer admitted later (AllowKey) must dial again; a heartbeat socket that
+// was refused stays silent until its link restarts.
 //
 // Insecure links use the NULL mechanism with no ZAP at all; New logs a
 // warning. Frames are then neither authenticated nor encrypted.
@@ -60,6 +63,11 @@
 // marks the peer alive; every other frame goes to deliver, in the order its
 // connection sent it. Any accepted frame counts as a sign of life.
 //
+// Bounds: a listener binds at most 16384 connections (bindings of peers
+// that are down are forgotten first when full) and learns at most 4096
+// PeerIDs; past that, Hellos are rejected. Each Conn queues at most
+// Config.SendHWM frames; heartbeat sockets a few.
+//
 // Dialers set a random routing id on each DEALER, so a transparent TCP
 // reconnect keeps its binding. A peer that restarts loses its bindings; a
 // Conn therefore sends its Hello again before its next frame whenever the
@@ -77,5 +85,12 @@
 // called once, on the listener goroutine (it must not block). It is called
 // again only after the peer was heard from again and fell silent again.
 //
-// deliver and OnPeerDown run on the listener goroutine and must not block.
+// deliver and OnPeerDown run on the listener goroutine and must not block
+// (nor close the link, which waits for that goroutine).
+//
+// # Time
+//
+// Liveness reads Config.Clock, so a test can drive it; heartbeats are sent
+// on a real ticker. The liveness rules themselves are a pure type
+// (liveness) tested with fabricated times.
 package zmq

@@ -3,8 +3,11 @@ package zmq
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
@@ -122,5 +125,73 @@ func TestHeartbeatSaysHello(t *testing.T) {
 				t.Fatalf("%d heartbeat frames rejected", r)
 			}
 		})
+	}
+}
+
+// fakeClock is a Config.Clock a test moves by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// The listener judges silence by the injected clock, not the wall clock:
+// with a one-hour interval, moving the clock three hours makes a peer that
+// said Hello down at the next poll.
+func TestInjectedClockDrivesPeerDown(t *testing.T) {
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	downs := &downLog{}
+	a := listen(t, pid("ctx", 0), Config{Insecure: true, HeartbeatInterval: time.Hour, HeartbeatMisses: 3,
+		Clock: clock.now, OnPeerDown: downs.record})
+	b := listen(t, pid("gen", 0), Config{Insecure: true})
+	introduce(t, b, a)
+	conn, err := b.link.Dial(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(t, patience, "b's Hello", func() bool { _, err := a.link.Hello(b.id); return err == nil })
+	clock.advance(3*time.Hour - time.Nanosecond)
+	// A frame after the move proves the listener has polled since; still alive.
+	if err := conn.Send(result(b.id, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "a frame", func() bool { return a.in.len() == 1 })
+	if n := downs.count(); n != 0 {
+		t.Fatalf("down after less than misses×interval of (fake) silence: %d", n)
+	}
+	clock.advance(3 * time.Hour)
+	waitFor(t, patience, "OnPeerDown on the fake clock", func() bool { return downs.count() == 1 })
+	if p, _ := downs.get(0); p != b.id {
+		t.Fatalf("OnPeerDown(%s), want %s", p, b.id)
+	}
+	// Any frame is a sign of life: b is back, Hello works again.
+	if err := conn.Send(result(b.id, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "b back", func() bool { _, err := a.link.Hello(b.id); return err == nil })
+}
+
+// Closing the Listener stops the link's goroutines; the link still closes.
+func TestListenerCloseStopsGoroutines(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	l, err := New(Config{Insecure: true, Bind: "tcp://127.0.0.1:0", HeartbeatInterval: 10 * time.Millisecond,
+		Peers: map[messages.PeerID]string{pid("gen", 0): "tcp://127.0.0.1:1"}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := l.Listen(helloOf(pid("ctx", 0), "1"), func(messages.Frame) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, before)
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
