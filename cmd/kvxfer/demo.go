@@ -14,10 +14,11 @@ import (
 
 // demoFlags holds `kvxfer demo`'s flags.
 type demoFlags struct {
-	o        demo.Options
-	pool     string
-	json     bool
-	progress bool
+	o         demo.Options
+	pool      string
+	json      bool
+	progress  bool
+	processes int
 }
 
 func newDemoCmd() *cobra.Command {
@@ -39,7 +40,13 @@ exits non-zero if a byte differs or a block leaks.`,
 			f.o.PoolBytes = n
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
-			return runDemo(ctx, cmd, f)
+			switch f.processes {
+			case 1:
+				return runDemo(ctx, cmd, f)
+			case 2:
+				return runTwoProcesses(ctx, cmd, f)
+			}
+			return fmt.Errorf("--processes = %d: want 1 or 2", f.processes)
 		},
 	}
 	fl := cmd.Flags()
@@ -55,6 +62,7 @@ exits non-zero if a byte differs or a block leaks.`,
 	fl.StringVar(&f.pool, "pool", "2GiB", "each side's pool size")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fl.BoolVar(&f.progress, "progress", true, "print a line per finished request")
+	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process (loopback); 2: separate ctx and gen processes (ZeroMQ + shared memory)")
 	return cmd
 }
 

@@ -251,7 +251,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		b0, b1 := c.Blocks(l.TokensPerBlock)
 		for g := range l.Groups {
 			for b := b0; b < b1; b++ {
-				fillBlock(blockBytes(ce, g, src[g][b]), i, g, b)
+				FillBlock(blockBytes(ce, g, src[g][b]), i, g, b)
 			}
 		}
 		if rest := o.Compute - time.Since(t); rest > 0 {
@@ -294,7 +294,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
 		for bi, dst := range ro.Blocks[g] {
 			b := blockBytes(ge, g, dst)
-			if checkBlock(b, i, g, first+bi) {
+			if CheckBlock(b, i, g, first+bi) {
 				res.verified += uint64(len(b))
 			} else {
 				res.mismatches++
@@ -322,9 +322,9 @@ func seed(req, g, blk int) uint64 {
 	return uint64(req+1)*0x9E3779B97F4A7C15 ^ uint64(g+1)*0xBF58476D1CE4E5B9 ^ uint64(blk+1)*0x94D049BB133111EB
 }
 
-// fillBlock writes the block's pattern: word k = seed + k*odd constant, so
+// FillBlock writes the block's pattern: word k = seed + k*odd constant, so
 // every word of every block of every request differs.
-func fillBlock(b []byte, req, g, blk int) {
+func FillBlock(b []byte, req, g, blk int) {
 	w := words(b)
 	s := seed(req, g, blk)
 	for k := range w {
@@ -332,7 +332,8 @@ func fillBlock(b []byte, req, g, blk int) {
 	}
 }
 
-func checkBlock(b []byte, req, g, blk int) bool {
+// CheckBlock reports whether b holds FillBlock's pattern for (req, g, blk).
+func CheckBlock(b []byte, req, g, blk int) bool {
 	w := words(b)
 	s := seed(req, g, blk)
 	for k := range w {

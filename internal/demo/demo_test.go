@@ -30,15 +30,15 @@ func TestSmallDemo(t *testing.T) {
 
 func TestCheckBlockDetectsCorruption(t *testing.T) {
 	b := make([]byte, 4096)
-	fillBlock(b, 1, 0, 3)
-	if !checkBlock(b, 1, 0, 3) {
+	FillBlock(b, 1, 0, 3)
+	if !CheckBlock(b, 1, 0, 3) {
 		t.Fatal("fresh block does not check")
 	}
-	if checkBlock(b, 1, 0, 4) {
+	if CheckBlock(b, 1, 0, 4) {
 		t.Fatal("block of another index checks")
 	}
 	b[4095] ^= 1
-	if checkBlock(b, 1, 0, 3) {
+	if CheckBlock(b, 1, 0, 3) {
 		t.Fatal("flipped bit not detected")
 	}
 }

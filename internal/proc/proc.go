@@ -1,0 +1,379 @@
+// Package proc runs kvxfer's two roles as separate OS processes: a context
+// process that prefills (simulated) and pushes chunks, and a generation
+// process that receives and verifies every byte. They talk over the ZeroMQ
+// control link (CURVE unless insecure) and write over the shared-memory
+// backend. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
+// thin wrappers; the two-process tests re-execute the test binary into
+// these roles.
+package proc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/demo"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// Options configures one role process.
+type Options struct {
+	// Instance names this process's engine; Peer names the other's.
+	Instance, Peer string
+	// Bind is this process's ROUTER endpoint; PeerEndpoint the other's.
+	Bind, PeerEndpoint string
+	// SecretKey is this process's CURVE secret key and PeerPublicKey the
+	// peer's public key (Z85); both empty only with Insecure.
+	SecretKey, PeerPublicKey string
+	Insecure                 bool
+
+	Model          string
+	TokensPerBlock int
+	PoolBytes      uint64
+	Workers        int
+
+	Requests, MinTokens, MaxTokens, ChunkTokens int
+	Compute                                     time.Duration
+	Concurrency                                 int
+	Seed                                        uint64
+
+	Heartbeat       time.Duration
+	HeartbeatMisses int
+	Timeout         time.Duration
+	Log             zerolog.Logger
+}
+
+// Report is what a role prints (one JSON object) when it ends.
+type Report struct {
+	Role          string  `json:"role"`
+	Requests      int     `json:"requests"`
+	OK            int     `json:"ok"`
+	Failed        int     `json:"failed"`
+	Bytes         uint64  `json:"bytes"`
+	BytesVerified uint64  `json:"bytes_verified"`
+	Mismatches    int     `json:"mismatches"`
+	LeakedBlocks  int     `json:"leaked_blocks"`
+	PeerDown      bool    `json:"peer_down"`
+	Seconds       float64 `json:"seconds"`
+	FirstError    string  `json:"first_error,omitempty"`
+}
+
+// Prompts is the request list both roles derive from the seed.
+func Prompts(o Options) []int {
+	rng := rand.New(rand.NewPCG(o.Seed, 0x70726f63))
+	out := make([]int, o.Requests)
+	for i := range out {
+		out[i] = o.MinTokens + rng.IntN(o.MaxTokens-o.MinTokens+1)
+	}
+	return out
+}
+
+// RequestID names request i.
+func RequestID(i int) string { return fmt.Sprintf("req-%d", i) }
+
+func (o Options) validate() error {
+	if o.Requests < 1 || o.MinTokens < 1 || o.MaxTokens < o.MinTokens || o.Concurrency < 1 {
+		return fmt.Errorf("proc: requests %d, tokens %d..%d, concurrency %d", o.Requests, o.MinTokens, o.MaxTokens, o.Concurrency)
+	}
+	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
+		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
+	}
+	return nil
+}
+
+// node is one process's engine and link.
+type node struct {
+	eng     *kvxfer.Engine
+	link    *zmq.Link
+	closers []io.Closer
+	down    chan struct{}
+	once    sync.Once
+}
+
+func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error) {
+	n := &node{down: make(chan struct{})}
+	peer := messages.PeerID{Instance: o.Peer, Rank: 0}
+	zc := zmq.Config{Bind: o.Bind, Peers: map[messages.PeerID]string{peer: o.PeerEndpoint},
+		Insecure: o.Insecure, Logger: o.Log, HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses}
+	if !o.Insecure {
+		zc.Curve = zmq.Curve{Secret: o.SecretKey, AllowedPeers: []string{o.PeerPublicKey},
+			PeerServerKeys: map[messages.PeerID]string{peer: o.PeerPublicKey}}
+	}
+	var engp atomic.Pointer[kvxfer.Engine]
+	zc.OnPeerDown = func(p messages.PeerID) {
+		if e := engp.Load(); e != nil {
+			e.PeerDown(p)
+		}
+		if p == peer {
+			n.once.Do(func() { close(n.down) })
+		}
+	}
+	link, err := zmq.New(zc)
+	if err != nil {
+		return nil, err
+	}
+	n.link = link
+	agent := shm.New()
+	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, TokensPerBlock: o.TokensPerBlock,
+		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
+		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log})
+	if err != nil {
+		_ = link.Close()
+		_ = agent.Close()
+		return nil, err
+	}
+	n.eng = eng
+	engp.Store(eng)
+	n.closers = append(n.closers, agent)
+	return n, nil
+}
+
+func (n *node) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := n.eng.Close(ctx)
+	for _, c := range n.closers {
+		err = errors.Join(err, c.Close())
+	}
+	return errors.Join(err, n.link.Close())
+}
+
+// RunGen is the generation role: receive every request, verify every byte,
+// free, and report.
+func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
+	rep := Report{Role: "gen", Requests: o.Requests}
+	if err := o.validate(); err != nil {
+		return rep, err
+	}
+	name := fmt.Sprintf("kvxfer-%s-%d", o.Instance, os.Getpid())
+	region, rc, err := shm.NewRegion(name, o.PoolBytes)
+	if err != nil {
+		return rep, err
+	}
+	n, err := start(ctx, o, region)
+	if err != nil {
+		_ = rc.Close()
+		return rep, err
+	}
+	n.closers = append(n.closers, rc)
+	t0 := time.Now()
+	var mu sync.Mutex
+	fail := func(err error) {
+		mu.Lock()
+		rep.Failed++
+		if rep.FirstError == "" {
+			rep.FirstError = err.Error()
+		}
+		mu.Unlock()
+	}
+	sem := make(chan struct{}, o.Concurrency)
+	var wg sync.WaitGroup
+	l := n.eng.Layout()
+	for i, pl := range Prompts(o) {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i, pl int) {
+			defer func() { <-sem; wg.Done() }()
+			h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
+			if err != nil {
+				fail(err)
+				return
+			}
+			res := <-h.Done()
+			if !res.OK {
+				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
+				return
+			}
+			var verified uint64
+			bad := 0
+			for g, grp := range l.Groups {
+				first, _ := kvcache.NeededRange(pl, grp.Window, l.TokensPerBlock, 0)
+				geom := n.eng.Pools().Geometry(g)
+				for bi, id := range res.Blocks[g] {
+					off := geom.Offset + uint64(id)*geom.BlockBytes
+					b := n.eng.Region().Bytes()[off : off+geom.BlockBytes]
+					if demo.CheckBlock(b, i, g, first+bi) {
+						verified += uint64(len(b))
+					} else {
+						bad++
+					}
+				}
+			}
+			err = n.eng.FreeBlocks(res.Blocks)
+			mu.Lock()
+			rep.OK++
+			rep.Bytes += res.Bytes
+			rep.BytesVerified += verified
+			rep.Mismatches += bad
+			mu.Unlock()
+			if err != nil {
+				fail(err)
+			}
+		}(i, pl)
+	}
+	wg.Wait()
+	return finish(n, rep, t0, out)
+}
+
+// RunCtx is the context role: prefill every request (simulated compute,
+// pattern-filled KV), hand each chunk over with a fence as it completes,
+// and report. If the generation peer goes down, outstanding requests are
+// cancelled (they can no longer complete).
+func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
+	rep := Report{Role: "ctx", Requests: o.Requests}
+	if err := o.validate(); err != nil {
+		return rep, err
+	}
+	n, err := start(ctx, o, nil)
+	if err != nil {
+		return rep, err
+	}
+	t0 := time.Now()
+	var mu sync.Mutex
+	fail := func(err error) {
+		mu.Lock()
+		rep.Failed++
+		if rep.FirstError == "" {
+			rep.FirstError = err.Error()
+		}
+		mu.Unlock()
+	}
+	l := n.eng.Layout()
+	sem := make(chan struct{}, o.Concurrency)
+	var wg sync.WaitGroup
+	for i, pl := range Prompts(o) {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i, pl int) {
+			defer func() { <-sem; wg.Done() }()
+			if err := ctxRequest(ctx, o, n, l, i, pl); err != nil {
+				fail(err)
+				return
+			}
+			mu.Lock()
+			rep.OK++
+			mu.Unlock()
+		}(i, pl)
+	}
+	wg.Wait()
+	select {
+	case <-n.down:
+		rep.PeerDown = true
+	default:
+	}
+	return finish(n, rep, t0, out)
+}
+
+func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl int) error {
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(pl)
+	}
+	src, err := n.eng.Pools().AllocWait(ctx, counts)
+	if err != nil {
+		return err
+	}
+	tx, err := n.eng.Send(kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
+	if err != nil {
+		_ = n.eng.Pools().Free(src)
+		return err
+	}
+	chunks, err := kvcache.Chunks(pl, o.ChunkTokens, l.TokensPerBlock)
+	if err != nil {
+		tx.Cancel()
+		<-tx.Done()
+		_ = n.eng.Pools().Free(src)
+		return err
+	}
+	region := n.eng.Region().Bytes()
+	for _, c := range chunks {
+		b0, b1 := c.Blocks(l.TokensPerBlock)
+		runs := make([]kvcache.BlockRun, len(l.Groups))
+		for g := range runs {
+			runs[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
+		}
+		f := &kvxfer.ManualFence{}
+		if err := tx.Chunk(c, runs, f); err != nil {
+			f.Fire(err)
+			break
+		}
+		t := time.Now()
+		for g := range l.Groups {
+			geom := n.eng.Pools().Geometry(g)
+			for b := b0; b < b1; b++ {
+				off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
+				demo.FillBlock(region[off:off+geom.BlockBytes], i, g, b)
+			}
+		}
+		if rest := o.Compute - time.Since(t); rest > 0 {
+			time.Sleep(rest) // simulated prefill compute
+		}
+		f.Fire(nil)
+		select {
+		case <-n.down:
+			tx.Cancel()
+		default:
+		}
+	}
+	var res kvxfer.Outcome
+	select {
+	case res = <-tx.Done():
+	case <-n.down:
+		tx.Cancel()
+		res = <-tx.Done()
+	}
+	// Done fires only after every pin dropped: the source blocks are ours.
+	if err := n.eng.Pools().Free(src); err != nil {
+		return err
+	}
+	if !res.OK {
+		return fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
+	}
+	return nil
+}
+
+func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {
+	rep.Seconds = time.Since(t0).Seconds()
+	rep.LeakedBlocks = n.eng.Pools().Used()
+	err := n.close()
+	if out != nil {
+		b, _ := json.Marshal(rep)
+		fmt.Fprintln(out, string(b))
+	}
+	return rep, err
+}
+
+// KeyFiles reads a secret key file and the peer's public key file written
+// by `kvxfer keygen`.
+func KeyFiles(secretFile, peerPublicFile string) (secret, peerPublic string, err error) {
+	s, err := os.ReadFile(filepath.Clean(secretFile))
+	if err != nil {
+		return "", "", err
+	}
+	p, err := os.ReadFile(filepath.Clean(peerPublicFile))
+	if err != nil {
+		return "", "", err
+	}
+	return trim(string(s)), trim(string(p)), nil
+}
+
+func trim(s string) string {
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
