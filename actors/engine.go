@@ -90,7 +90,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]bool{}}
 	}))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers,
+		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
 	}))
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })

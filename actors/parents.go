@@ -215,7 +215,14 @@ type rxParent struct {
 	entries  map[string]*rxEntry
 	queue    []*rxOpenReq
 	epoch    uint64
+	down     rxDown
+	link     control.Link
 }
+
+// rxDown remembers peers the control plane declared dead until one of
+// their frames arrives again: a session that needs a dead writer fails at
+// once instead of waiting for its deadline.
+type rxDown map[messages.PeerID]bool
 
 type rxEntry struct {
 	pid     *actor.PID
@@ -293,6 +300,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *listSessions:
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
+		if p.down == nil {
+			p.down = rxDown{}
+		}
+		p.down[m.peer] = true
 		for _, e := range p.entries {
 			if w, ok := e.writers[m.peer]; ok {
 				ctx.Send(e.pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
@@ -302,6 +313,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 }
 
 func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
+	delete(p.down, from) // it speaks again
 	e := p.entries[id]
 	if e == nil {
 		p.env.stats.FramesStale.Add(1)
@@ -406,6 +418,16 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	entry.pid = pid
 	p.entries[q.req.ID] = entry
 	p.sessions.pids[q.req.ID] = pid
+	for peer, w := range entry.writers {
+		if p.down[peer] && p.link != nil {
+			if _, err := p.link.Hello(peer); err == nil {
+				delete(p.down, peer) // the control plane hears it again
+			}
+		}
+		if p.down[peer] {
+			ctx.Send(pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s is down", ErrPeerGone, peer)})
+		}
+	}
 }
 
 // listener validates every frame that arrives and routes it.
