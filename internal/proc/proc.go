@@ -54,7 +54,10 @@ type Options struct {
 	Heartbeat       time.Duration
 	HeartbeatMisses int
 	Timeout         time.Duration
-	Log             zerolog.Logger
+	Log             zerolog.Logger `json:"-"`
+	// Progress, when set, gets a line "ready <request>" (gen) or "done
+	// <request>" (ctx) as each request completes.
+	Progress io.Writer `json:"-"`
 }
 
 // Report is what a role prints (one JSON object) when it ends.
@@ -188,6 +191,12 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		wg.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
+			select {
+			case <-n.down:
+				fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
+				return
+			default:
+			}
 			h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
 			if err != nil {
 				fail(err)
@@ -215,6 +224,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			}
 			err = n.eng.FreeBlocks(res.Blocks)
 			mu.Lock()
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "ready %s\n", RequestID(i))
+			}
 			rep.OK++
 			rep.Bytes += res.Bytes
 			rep.BytesVerified += verified
@@ -226,6 +238,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	select {
+	case <-n.down:
+		rep.PeerDown = true
+	default:
+	}
 	return finish(n, rep, t0, out)
 }
 
@@ -265,6 +282,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				return
 			}
 			mu.Lock()
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "done %s\n", RequestID(i))
+			}
 			rep.OK++
 			mu.Unlock()
 		}(i, pl)

@@ -1,0 +1,251 @@
+// Package twoproc runs kvxfer's context and generation roles as two real
+// OS processes (the test binary re-executed into each role) over the
+// ZeroMQ control link with CURVE and the shared-memory backend, and kills
+// them with SIGKILL mid-transfer.
+package twoproc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/proc"
+)
+
+const (
+	roleEnv = "KVXFER_TEST_ROLE"
+	optsEnv = "KVXFER_TEST_OPTS"
+)
+
+// rounds is the number of kill rounds per crash test: 10 in CI (CI set),
+// 2 otherwise; -rounds overrides.
+var rounds = flag.Int("rounds", defaultRounds(), "kill rounds per crash test")
+
+func defaultRounds() int {
+	if os.Getenv("CI") != "" {
+		return 10
+	}
+	return 2
+}
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(roleEnv); role != "" {
+		os.Exit(runRole(role))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runRole is the child process.
+func runRole(role string) int {
+	var o proc.Options
+	if err := json.Unmarshal([]byte(os.Getenv(optsEnv)), &o); err != nil {
+		fmt.Fprintln(os.Stderr, "bad options:", err)
+		return 2
+	}
+	o.Progress = os.Stdout
+	var err error
+	switch role {
+	case "gen":
+		_, err = proc.RunGen(context.Background(), o, os.Stdout)
+	case "ctx":
+		_, err = proc.RunCtx(context.Background(), o, os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, role+":", err)
+		return 1
+	}
+	return 0
+}
+
+type child struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	report chan proc.Report
+	done   chan error
+}
+
+func spawn(t *testing.T, role string, o proc.Options) *child {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), roleEnv+"="+role, optsEnv+"="+string(b))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, lines: make(chan string, 1024), report: make(chan proc.Report, 1), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "{") {
+				var r proc.Report
+				if json.Unmarshal([]byte(line), &r) == nil {
+					c.report <- r
+				}
+				continue
+			}
+			select {
+			case c.lines <- line:
+			default:
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+		c.done <- cmd.Wait()
+		close(c.lines)
+	}()
+	return c
+}
+
+// waitLine waits for a progress line with the prefix, with a deadline.
+func (c *child) waitLine(t *testing.T, prefix string, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				t.Fatalf("process ended before a %q line", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no %q line within %v", prefix, d)
+		}
+	}
+}
+
+func (c *child) wait(t *testing.T, d time.Duration) (proc.Report, error) {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		select {
+		case r := <-c.report:
+			return r, err
+		default:
+			return proc.Report{}, fmt.Errorf("no report (exit: %v)", err)
+		}
+	case <-time.After(d):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		t.Fatalf("process did not end within %v", d)
+	}
+	return proc.Report{}, nil
+}
+
+func options(t *testing.T, requests int, compute time.Duration) (gen, ctx proc.Options) {
+	t.Helper()
+	dir := t.TempDir()
+	base := proc.Options{Model: "Llama-3.1-8B", TokensPerBlock: 16, PoolBytes: 256 << 20, Workers: 2,
+		Requests: requests, MinTokens: 64, MaxTokens: 512, ChunkTokens: 64, Compute: compute, Concurrency: 2,
+		Seed: uint64(time.Now().UnixNano()), Heartbeat: 100 * time.Millisecond, HeartbeatMisses: 3, Timeout: 20 * time.Second}
+	gpub, gsec, err := zmq.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpub, csec, err := zmq.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, ctx = base, base
+	gen.Instance, gen.Peer = "gen", "ctx"
+	ctx.Instance, ctx.Peer = "ctx", "gen"
+	gen.Bind = "ipc://" + filepath.Join(dir, "gen.sock")
+	ctx.Bind = "ipc://" + filepath.Join(dir, "ctx.sock")
+	gen.PeerEndpoint, ctx.PeerEndpoint = ctx.Bind, gen.Bind
+	gen.SecretKey, gen.PeerPublicKey = gsec, cpub
+	ctx.SecretKey, ctx.PeerPublicKey = csec, gpub
+	return gen, ctx
+}
+
+// TestTwoProcessTransfer: every request moves between two processes and
+// every byte is verified on the generation side; nothing leaks on either.
+func TestTwoProcessTransfer(t *testing.T) {
+	g, c := options(t, 6, 0)
+	gen := spawn(t, "gen", g)
+	ctx := spawn(t, "ctx", c)
+	cr, cerr := ctx.wait(t, 2*time.Minute)
+	gr, gerr := gen.wait(t, 2*time.Minute)
+	if cerr != nil || gerr != nil {
+		t.Fatalf("ctx: %v %+v; gen: %v %+v", cerr, cr, gerr, gr)
+	}
+	if gr.OK != 6 || gr.Bytes == 0 || gr.BytesVerified != gr.Bytes || gr.Mismatches != 0 || gr.LeakedBlocks != 0 {
+		t.Fatalf("gen report %+v", gr)
+	}
+	if cr.OK != 6 || cr.LeakedBlocks != 0 {
+		t.Fatalf("ctx report %+v", cr)
+	}
+}
+
+// TestKillGenerationMidTransfer: SIGKILL the generation process while
+// requests are in flight. The context process must notice (heartbeats),
+// fail or cancel the affected requests, retire their ops and release every
+// page, then exit with 0 leaked blocks.
+func TestKillGenerationMidTransfer(t *testing.T) {
+	for r := 0; r < *rounds; r++ {
+		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
+			g, c := options(t, 40, 2*time.Millisecond)
+			gen := spawn(t, "gen", g)
+			ctx := spawn(t, "ctx", c)
+			gen.waitLine(t, "ready", time.Minute)
+			_ = gen.cmd.Process.Kill()
+			killed := time.Now()
+			_, _ = gen.wait(t, time.Minute)
+			cr, _ := ctx.wait(t, time.Minute)
+			t.Logf("ctx ended %v after the kill (heartbeat timeout %v): %+v", time.Since(killed).Round(time.Millisecond),
+				time.Duration(c.HeartbeatMisses)*c.Heartbeat, cr)
+			if cr.LeakedBlocks != 0 {
+				t.Fatalf("ctx leaked %d blocks", cr.LeakedBlocks)
+			}
+			if !cr.PeerDown || cr.Failed == 0 {
+				t.Fatalf("ctx did not see the generation process die: %+v", cr)
+			}
+		})
+	}
+}
+
+// TestKillContextMidTransfer: SIGKILL the context process mid-transfer.
+// The generation process must fail the requests it waits for and free their
+// destination pages once the writer is known dead, then exit with 0 leaked
+// blocks and every completed request verified.
+func TestKillContextMidTransfer(t *testing.T) {
+	for r := 0; r < *rounds; r++ {
+		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
+			g, c := options(t, 40, 2*time.Millisecond)
+			gen := spawn(t, "gen", g)
+			ctx := spawn(t, "ctx", c)
+			gen.waitLine(t, "ready", time.Minute)
+			_ = ctx.cmd.Process.Kill()
+			killed := time.Now()
+			_, _ = ctx.wait(t, time.Minute)
+			gr, _ := gen.wait(t, time.Minute)
+			t.Logf("gen ended %v after the kill: %+v", time.Since(killed).Round(time.Millisecond), gr)
+			if gr.LeakedBlocks != 0 {
+				t.Fatalf("gen leaked %d blocks", gr.LeakedBlocks)
+			}
+			if gr.Failed == 0 || !gr.PeerDown || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
+				t.Fatalf("gen report %+v", gr)
+			}
+		})
+	}
+}
