@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -28,5 +30,33 @@ func BenchmarkChunkOverhead(b *testing.B) {
 		b.ReportMetric(float64(r.P50.Nanoseconds()), "p50-ns")
 		b.ReportMetric(float64(r.P99.Nanoseconds()), "p99-ns")
 		b.ReportMetric(r.OpsPerSec, "chunk-ops/s")
+	}
+}
+
+func TestWorkersRuns(t *testing.T) {
+	r, err := Workers(context.Background(), 2, 20, 0, []int{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OpsPerSec[1] <= 0 || r.OpsPerSec[2] <= 0 {
+		t.Fatalf("implausible %+v", r)
+	}
+}
+
+// BenchmarkWorkers: 4 peers and 1 peer over a backend whose every post
+// costs the worker 200 µs; 1 worker against 4.
+func BenchmarkWorkers(b *testing.B) {
+	for _, peers := range []int{4, 1} {
+		b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				r, err := Workers(context.Background(), peers, 400, 200*time.Microsecond, []int{1, 4})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.OpsPerSec[1], "ops/s-1w")
+				b.ReportMetric(r.OpsPerSec[4], "ops/s-4w")
+				b.ReportMetric(r.OpsPerSec[4]/r.OpsPerSec[1], "ratio-4w/1w")
+			}
+		})
 	}
 }

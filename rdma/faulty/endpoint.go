@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -69,6 +70,9 @@ func (e *endpoint) pick(seq uint64) *rule {
 // Post applies the batch's fault. A batch that reaches the wrapped endpoint
 // is posted with the lock held, so its completion finds its entry queued.
 func (e *endpoint) Post(b rdma.Batch) error {
+	if d := e.agent.cfg.postCost; d > 0 {
+		time.Sleep(d) // the modelled posting cost, paid by the caller
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {

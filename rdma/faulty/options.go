@@ -8,9 +8,10 @@ import (
 type Option func(*config)
 
 type config struct {
-	seed  uint64
-	clock Clock
-	rules []rule
+	seed     uint64
+	clock    Clock
+	rules    []rule
+	postCost time.Duration
 }
 
 // kind is a kind of fault.
@@ -51,6 +52,13 @@ type rule struct {
 	delay  time.Duration // kindDelay
 	gate   *Gate         // kindSlow
 }
+
+// WithPostCost makes every Post take d on the caller's goroutine before
+// it does anything else: the CPU cost of posting a batch (building work
+// requests, ringing the doorbell) that a sender worker pays, which is what
+// several workers parallelise. It is a cost model for benchmarks, not a
+// fault: outcomes are unchanged.
+func WithPostCost(d time.Duration) Option { return func(c *config) { c.postCost = d } }
 
 // WithSeed seeds the endpoints' random streams (default 0).
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
