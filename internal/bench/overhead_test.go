@@ -60,3 +60,29 @@ func BenchmarkWorkers(b *testing.B) {
 		})
 	}
 }
+
+func TestPipeliningRuns(t *testing.T) {
+	r, err := Pipelining(context.Background(), "Llama-3.1-8B", 32, 2, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OneChunk <= 0 || r.Exposed <= 0 || r.Serial <= 0 {
+		t.Fatalf("implausible %+v", r)
+	}
+}
+
+// BenchmarkPipelining: Llama-3.1-8B, chunks of 256 tokens (32 MiB), 8
+// chunks, 10 ms compute per chunk (more than a chunk's transfer).
+func BenchmarkPipelining(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		r, err := Pipelining(context.Background(), "Llama-3.1-8B", 256, 8, 10*time.Millisecond, 7)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(r.OneChunk.Microseconds()), "one-chunk-us")
+		b.ReportMetric(float64(r.Exposed.Microseconds()), "exposed-us")
+		b.ReportMetric(float64(r.Bound.Microseconds()), "bound-us")
+		b.ReportMetric(float64(r.Serial.Microseconds()), "serial-us")
+		b.ReportMetric(1-float64(r.Exposed)/float64(r.Serial), "hidden")
+	}
+}

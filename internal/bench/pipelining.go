@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// PipeliningResult compares the exposed latency of a pipelined request
+// (from its last chunk's fence to READY) with one chunk's whole transfer.
+type PipeliningResult struct {
+	ChunkTokens int
+	ChunkBytes  uint64
+	Chunks      int
+	Compute     time.Duration
+	// OneChunk is the median fence→READY latency of a one-chunk request:
+	// one chunk's transfer, fully exposed.
+	OneChunk time.Duration
+	// Exposed is the median fence→READY latency of the last chunk of a
+	// pipelined Chunks-chunk request with Compute per chunk.
+	Exposed time.Duration
+	// Serial is the median fence→READY latency when all chunks are handed
+	// over only after prefill ends.
+	Serial time.Duration
+	// Bound is 1.1 × OneChunk + 100 µs.
+	Bound time.Duration
+}
+
+// Pipelining measures, on the loopback backend with the given preset,
+// reps requests of each kind, one at a time.
+func Pipelining(ctx context.Context, model string, chunkTokens, chunks int, compute time.Duration, reps int) (PipeliningResult, error) {
+	link := control.NewMemLink()
+	l, err := kvcache.Preset(model)
+	if err != nil {
+		return PipeliningResult{}, err
+	}
+	prompt := chunkTokens * chunks
+	pool := uint64(l.BlocksFor(prompt)+8) * uint64(l.BlockBytes(0)) * uint64(len(l.Groups))
+	start := func(inst string) (*kvxfer.Engine, error) {
+		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: pool, Link: link, TransferTimeout: time.Minute})
+	}
+	ce, err := start("ctx")
+	if err != nil {
+		return PipeliningResult{}, err
+	}
+	defer func() { _ = ce.Close(ctx) }()
+	ge, err := start("gen")
+	if err != nil {
+		return PipeliningResult{}, err
+	}
+	defer func() { _ = ge.Close(ctx) }()
+	r := PipeliningResult{ChunkTokens: chunkTokens, Chunks: chunks, Compute: compute,
+		ChunkBytes: uint64(chunkTokens * l.BytesPerToken())}
+	var one, pipe, serial []time.Duration
+	for i := 0; i < reps; i++ {
+		d, err := exposed(ctx, ce, ge, l, fmt.Sprintf("one-%d", i), chunkTokens, chunkTokens, 0, true)
+		if err != nil {
+			return r, err
+		}
+		one = append(one, d)
+		if d, err = exposed(ctx, ce, ge, l, fmt.Sprintf("pipe-%d", i), prompt, chunkTokens, compute, true); err != nil {
+			return r, err
+		}
+		pipe = append(pipe, d)
+		if d, err = exposed(ctx, ce, ge, l, fmt.Sprintf("serial-%d", i), prompt, chunkTokens, compute, false); err != nil {
+			return r, err
+		}
+		serial = append(serial, d)
+	}
+	r.OneChunk, r.Exposed, r.Serial = median(one), median(pipe), median(serial)
+	r.Bound = r.OneChunk*11/10 + 100*time.Microsecond
+	return r, nil
+}
+
+func median(d []time.Duration) time.Duration {
+	sort.Slice(d, func(a, b int) bool { return d[a] < d[b] })
+	return d[len(d)/2]
+}
+
+// exposed runs one request and returns the time from its last fence to the
+// generation side's READY.
+func exposed(ctx context.Context, ce, ge *kvxfer.Engine, l kvcache.Layout, id string, prompt, chunkTokens int, compute time.Duration, pipelined bool) (time.Duration, error) {
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(prompt)
+	}
+	src, err := ce.Pools().Alloc(counts)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = ce.Pools().Free(src) }()
+	rx, err := ge.Receive(ctx, kvxfer.ReceiveRequest{ID: id, PromptLen: prompt, Context: "ctx"})
+	if err != nil {
+		return 0, err
+	}
+	tx, err := ce.Send(kvxfer.SendRequest{ID: id, PromptLen: prompt})
+	if err != nil {
+		return 0, err
+	}
+	cs, err := kvcache.Chunks(prompt, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		return 0, err
+	}
+	runs := func(c kvcache.Chunk) []kvcache.BlockRun {
+		b0, b1 := c.Blocks(l.TokensPerBlock)
+		out := make([]kvcache.BlockRun, len(l.Groups))
+		for g := range out {
+			out[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
+		}
+		return out
+	}
+	var last time.Time
+	if pipelined {
+		for _, c := range cs {
+			f := &kvxfer.ManualFence{}
+			if err := tx.Chunk(c, runs(c), f); err != nil {
+				return 0, err
+			}
+			time.Sleep(compute) // simulated prefill of this chunk
+			last = time.Now()
+			f.Fire(nil)
+		}
+	} else {
+		time.Sleep(compute * time.Duration(len(cs)))
+		last = time.Now()
+		for _, c := range cs {
+			if err := tx.Chunk(c, runs(c), nil); err != nil {
+				return 0, err
+			}
+		}
+	}
+	o := <-rx.Done()
+	d := time.Since(last)
+	to := <-tx.Done()
+	if !o.OK || !to.OK {
+		return 0, fmt.Errorf("%s: rx %s %v, tx %s %v", id, o.Status, o.Err, to.Status, to.Err)
+	}
+	return d, ge.FreeBlocks(o.Blocks)
+}
