@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -311,4 +312,111 @@ func contains(s, sub string) bool {
 		}
 		return false
 	})())
+}
+
+// hostile is a fake generation peer on a MemLink: it says a Hello of its
+// choosing and records the frames sent back to it.
+type hostile struct {
+	id     messages.PeerID
+	frames chan messages.Frame
+	conn   control.Conn
+}
+
+func newHostile(t *testing.T, c *cluster, hello messages.Hello) *hostile {
+	t.Helper()
+	h := &hostile{id: hello.From, frames: make(chan messages.Frame, 64)}
+	lis, err := c.link.Listen(&hello, func(f messages.Frame) { h.frames <- f })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	if h.conn, err = c.link.Dial(messages.PeerID{Instance: "ctx", Rank: 0}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *hostile) expectResult(t *testing.T, request string, want messages.Status, mention string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case f := <-h.frames:
+			r, ok := f.(*messages.Result)
+			if !ok || r.RequestID != request {
+				continue
+			}
+			if r.Status != want || !contains(r.Error, mention) {
+				t.Fatalf("result for %s: %s %q, want %s naming %q", request, r.Status, r.Error, want, mention)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("no result for %s", request)
+		}
+	}
+}
+
+// TestHostilePeerFrames: a peer sends frames with out-of-range blocks, a
+// mismatched layout hash, results for unknown requests, stale epochs and
+// invalid fields. Each is rejected (the named request fails with a reason,
+// or the frame is counted and dropped); an honest transfer running beside
+// them completes with every byte verified and nothing leaks.
+func TestHostilePeerFrames(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	c := startCluster(t, l, one, one, 2)
+	good := *c.gen[0].Hello()
+	good.From = messages.PeerID{Instance: "evil", Rank: 0}
+	evil := newHostile(t, c, good)
+	badHash := good
+	badHash.From = messages.PeerID{Instance: "evil-hash", Rank: 0}
+	badHash.LayoutHash ^= 0xdead
+	evilHash := newHostile(t, c, badHash)
+
+	rd := func(id string, from messages.PeerID, blocks ...int32) *messages.RequestData {
+		return &messages.RequestData{RequestID: id, Epoch: 1, From: from, GenParallel: messages.Parallel{TP: 1, PP: 1},
+			PromptLen: 32, Groups: []messages.GroupDest{{First: 0, Blocks: blocks}, {First: 0, Blocks: blocks}}}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		transfer(t, c, l, "honest", 5, 100, 32, true)
+	}()
+	// Out-of-range destination block: the request fails, naming the block.
+	if err := evil.conn.Send(rd("oob", evil.id, 0, 1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	evil.expectResult(t, "oob", messages.StatusFailed, "outside pool")
+	// More blocks than the prompt has.
+	if err := evil.conn.Send(rd("toolong", evil.id, 0, 1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	evil.expectResult(t, "toolong", messages.StatusFailed, "beyond prompt")
+	// Mismatched layout hash: named with both values.
+	if err := evilHash.conn.Send(rd("hash", evilHash.id, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	evilHash.expectResult(t, "hash", messages.StatusFailed, "layout hash")
+	// Invalid frames are rejected before any session sees them.
+	before := c.ctx[0].Stats().FramesRejected.Load()
+	bad := rd("neg", evil.id, -5)
+	_ = evil.conn.Send(bad)
+	_ = evil.conn.Send(&messages.Result{RequestID: "x", From: evil.id, Status: 99})
+	// Results for unknown requests at the generation side are counted.
+	genConn, err := c.link.Dial(messages.PeerID{Instance: "gen", Rank: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleBefore := c.gen[0].Stats().FramesStale.Load()
+	_ = genConn.Send(&messages.Result{RequestID: "nobody", Epoch: 3, From: evil.id, Status: messages.StatusSuccess})
+	<-done
+	deadline := time.Now().Add(10 * time.Second)
+	for c.ctx[0].Stats().FramesRejected.Load() < before+2 || c.gen[0].Stats().FramesStale.Load() < staleBefore+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("rejections %d (from %d), stale %d (from %d)", c.ctx[0].Stats().FramesRejected.Load(), before,
+				c.gen[0].Stats().FramesStale.Load(), staleBefore)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	checkNoLeaks(t, c)
 }
