@@ -5,7 +5,7 @@ DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler
 BENCHTIME ?= 1x
 PKGS ?= ./...
 
-.PHONY: all deps build test check fmt vet staticcheck bench demo proto
+.PHONY: all deps build test check fmt vet staticcheck bench demo fuzz proto
 
 all: build
 
@@ -29,9 +29,23 @@ build: deps
 demo: deps
 	$(GO) run ./cmd/kvxfer demo
 
-## test: the README's test command.
+## test: the README's test command: every package under the race
+## detector, then a short slice of every fuzz target.
 test: deps
 	$(GO) test -race -count=1 $(PKGS)
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
+
+FUZZTIME ?= 2m
+FUZZTIME_CI ?= 10s
+FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit
+
+## fuzz: run every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 fmt:
 	@out=$$(gofmt -l . ); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -55,3 +69,12 @@ proto: deps
 	protoc --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--go_out=. --go_opt=module=github.com/kvxfer/kvxfer \
 		messages/proto/kvxfer.proto
+
+## sim: the deterministic simulator (test/sim) over SEEDS seeds on every core;
+## prints seeds/s, fault kinds fired and race coverage per 1,000 seeds, and for
+## each failing seed a command that reproduces it and the path of its trace.
+SEEDS ?= 10000
+SEEDBASE ?= 1
+.PHONY: sim
+sim:
+	$(GO) test ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE)
