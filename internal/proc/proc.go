@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,7 +42,9 @@ type Options struct {
 	SecretKey, PeerPublicKey string
 	Insecure                 bool
 
-	Model          string
+	Model string
+	// Layout, when set, overrides Model.
+	Layout         *kvcache.Layout
 	TokensPerBlock int
 	PoolBytes      uint64
 	Workers        int
@@ -72,7 +75,10 @@ type Report struct {
 	LeakedBlocks  int     `json:"leaked_blocks"`
 	PeerDown      bool    `json:"peer_down"`
 	Seconds       float64 `json:"seconds"`
-	FirstError    string  `json:"first_error,omitempty"`
+	// LatencyP50Us and LatencyP99Us (gen): Receive → READY per request.
+	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
+	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
+	FirstError   string  `json:"first_error,omitempty"`
 }
 
 // Prompts is the request list both roles derive from the seed.
@@ -131,7 +137,7 @@ func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error
 	}
 	n.link = link
 	agent := shm.New()
-	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, TokensPerBlock: o.TokensPerBlock,
+	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
 		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
 		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log})
 	if err != nil {
@@ -186,6 +192,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
 	l := n.eng.Layout()
+	var lat []time.Duration
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -197,12 +204,14 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				return
 			default:
 			}
+			t := time.Now()
 			h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
 			if err != nil {
 				fail(err)
 				return
 			}
 			res := <-h.Done()
+			d := time.Since(t)
 			if !res.OK {
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
 				return
@@ -227,6 +236,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			if o.Progress != nil {
 				fmt.Fprintf(o.Progress, "ready %s\n", RequestID(i))
 			}
+			lat = append(lat, d)
 			rep.OK++
 			rep.Bytes += res.Bytes
 			rep.BytesVerified += verified
@@ -242,6 +252,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	case <-n.down:
 		rep.PeerDown = true
 	default:
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		rep.LatencyP50Us = float64(lat[len(lat)/2].Nanoseconds()) / 1e3
+		rep.LatencyP99Us = float64(lat[len(lat)*99/100].Nanoseconds()) / 1e3
 	}
 	return finish(n, rep, t0, out)
 }

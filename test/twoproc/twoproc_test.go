@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 const (
@@ -76,7 +77,7 @@ type child struct {
 	done   chan error
 }
 
-func spawn(t *testing.T, role string, o proc.Options) *child {
+func spawn(t testing.TB, role string, o proc.Options) *child {
 	t.Helper()
 	b, err := json.Marshal(o)
 	if err != nil {
@@ -135,7 +136,7 @@ func (c *child) waitLine(t *testing.T, prefix string, d time.Duration) {
 	}
 }
 
-func (c *child) wait(t *testing.T, d time.Duration) (proc.Report, error) {
+func (c *child) wait(t testing.TB, d time.Duration) (proc.Report, error) {
 	t.Helper()
 	select {
 	case err := <-c.done:
@@ -153,7 +154,7 @@ func (c *child) wait(t *testing.T, d time.Duration) (proc.Report, error) {
 	return proc.Report{}, nil
 }
 
-func options(t *testing.T, requests int, compute time.Duration) (gen, ctx proc.Options) {
+func options(t testing.TB, requests int, compute time.Duration) (gen, ctx proc.Options) {
 	t.Helper()
 	dir := t.TempDir()
 	base := proc.Options{Model: "Llama-3.1-8B", TokensPerBlock: 16, PoolBytes: 256 << 20, Workers: 2,
@@ -245,6 +246,38 @@ func TestKillContextMidTransfer(t *testing.T) {
 			}
 			if gr.Failed == 0 || !gr.PeerDown || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
 				t.Fatalf("gen report %+v", gr)
+			}
+		})
+	}
+}
+
+// BenchmarkControlRoundTrip: RequestData → Result for tiny (2 bytes per
+// token) transfers between two processes, one request at a time and 64 in
+// flight: per-request p50/p99 (Receive → READY on the generation side) and
+// requests per second.
+func BenchmarkControlRoundTrip(b *testing.B) {
+	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
+		Groups: kvcache.FullAttention(1)}
+	for _, conc := range []int{1, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				g, c := options(b, 2000, 0)
+				for _, o := range []*proc.Options{&g, &c} {
+					o.Layout, o.Model, o.TokensPerBlock = &tiny, "", 0
+					o.MinTokens, o.MaxTokens, o.ChunkTokens, o.Concurrency = 1, 1, 1, conc
+					o.PoolBytes = 1 << 20
+					o.Heartbeat = time.Second
+				}
+				gen := spawn(b, "gen", g)
+				ctx := spawn(b, "ctx", c)
+				cr, cerr := ctx.wait(b, 2*time.Minute)
+				gr, gerr := gen.wait(b, 2*time.Minute)
+				if cerr != nil || gerr != nil || gr.OK != 2000 {
+					b.Fatalf("ctx %v %+v gen %v %+v", cerr, cr, gerr, gr)
+				}
+				b.ReportMetric(gr.LatencyP50Us, "p50-us")
+				b.ReportMetric(gr.LatencyP99Us, "p99-us")
+				b.ReportMetric(float64(gr.OK)/gr.Seconds, "req/s")
 			}
 		})
 	}
