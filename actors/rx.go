@@ -56,6 +56,10 @@ type RxConfig struct {
 	Writers  []RxWriter
 	// Blocks are the destination blocks per group the session owns.
 	Blocks [][]kvcache.BlockID
+	// CancelResend is how often a decided session sends Cancel again to
+	// writers that have not answered (any frame may be lost); 0 sends it
+	// once.
+	CancelResend time.Duration
 }
 
 // RxSession is the generation-side state machine of one request.
@@ -68,6 +72,7 @@ type RxSession struct {
 	payload []byte
 	stopped bool
 	handed  bool // blocks handed to the handle (READY)
+	now     time.Time
 	eff     []Effect
 	// StaleFrames counts frames of another epoch or after the writer stopped.
 	StaleFrames int
@@ -102,7 +107,7 @@ func (s *RxSession) WritersQuiescent() bool {
 
 // Step applies one message and returns the effects to execute.
 func (s *RxSession) Step(msg any, now time.Time) []Effect {
-	s.eff = nil
+	s.eff, s.now = nil, now
 	if s.stopped {
 		if f, ok := msg.(RxFrame); ok && f.Frame != nil {
 			s.StaleFrames++
@@ -133,6 +138,13 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 		}
 		s.terminal(RxCancelled, fmt.Errorf("%w: request %s", err, s.cfg.Request))
 	case RxTimeout:
+		if s.state.Terminal() {
+			// The resend timer (or the deadline after another outcome).
+			if s.cfg.CancelResend > 0 {
+				s.cancelPending()
+			}
+			break
+		}
 		s.terminal(RxTimedOut, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
 	case RxPeerGone:
 		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending {
@@ -218,12 +230,25 @@ func (s *RxSession) terminal(to RxState, err error) {
 		return
 	}
 	s.eff = append(s.eff, Log{Level: "warn", Msg: "rx session " + s.cfg.Request + " " + to.String(), Err: err})
+	s.cancelPending()
+}
+
+// cancelPending sends Cancel to every writer still pending and, as any
+// frame may be lost, arms a timer to send it again (CancelResend): Cancel
+// is idempotent, and a writer that is done with the request (or never
+// heard of it) answers CancelAck, so the blocks are not held forever.
+func (s *RxSession) cancelPending() {
+	sent := false
 	for i, w := range s.writers {
 		if w == writerPending {
 			wr := s.cfg.Writers[i]
 			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
-				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: to.String()}})
+				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String()}})
+			sent = true
 		}
+	}
+	if sent && s.cfg.CancelResend > 0 {
+		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: s.now.Add(s.cfg.CancelResend)})
 	}
 }
 

@@ -138,12 +138,14 @@ type TxSession struct {
 	promptLn int
 	payload  []byte
 	deadline time.Time // TxStart's deadline (zero: none)
-	chunks   []chunkRec
-	streams  map[int]*stream
-	order    []int // stream peers in arrival order (deterministic iteration)
-	expected map[int]bool
-	stopped  bool
-	eff      []Effect
+	// deadlineTimers counts deadline timers armed and not yet fired.
+	deadlineTimers int
+	chunks         []chunkRec
+	streams        map[int]*stream
+	order          []int // stream peers in arrival order (deterministic iteration)
+	expected       map[int]bool
+	stopped        bool
+	eff            []Effect
 	// Violations records illegal transitions (tests assert it stays empty).
 	Violations []string
 	// LateCompletions counts completions for ops that were already quiescent.
@@ -170,6 +172,7 @@ func (s *TxSession) Stopped() bool { return s.stopped }
 // Init returns the effects of a new session: its orphan deadline.
 func (s *TxSession) Init(now time.Time) []Effect {
 	if s.cfg.Timeout > 0 {
+		s.deadlineTimers++
 		return []Effect{StartTimer{Kind: TimerDeadline, At: now.Add(s.cfg.Timeout)}}
 	}
 	return nil
@@ -246,12 +249,13 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 	s.payload = m.Payload
 	s.deadline = m.Deadline
 	if !m.Deadline.IsZero() {
+		s.deadlineTimers++
 		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
 	}
 }
 
 func (s *TxSession) onChunk(m TxChunk) {
-	if s.state.Terminal() {
+	if s.state.Terminal() && !Mutations.AdmitAfterDrain {
 		// No op is admitted after the outcome: nothing is pinned, the
 		// serving process keeps its pages.
 		return
@@ -373,6 +377,7 @@ func (s *TxSession) onCompleted(m TxCompleted) {
 			s.setOp(m.Op, o, OpBackendDone)
 			if m.Err == nil {
 				st.bytes += o.bytes
+				s.mutLateSuccess()
 			}
 		}
 		if m.Err != nil {
@@ -431,9 +436,15 @@ func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
 func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 	switch m.Kind {
 	case TimerDeadline:
+		s.deadlineTimers--
 		if s.started && !s.deadline.IsZero() && now.Before(s.deadline) {
 			// The orphan timer (TxConfig.Timeout): Send came with a later
-			// deadline of its own, which rules.
+			// deadline of its own, which rules. With no deadline timer
+			// left (the wall clock stepped back), arm one for it.
+			if s.deadlineTimers <= 0 {
+				s.deadlineTimers++
+				s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: s.deadline})
+			}
 			return
 		}
 		// A decided outcome (cancel, error) does not change, but the
@@ -596,6 +607,7 @@ func (s *TxSession) Quiescent() bool {
 }
 
 func (s *TxSession) maybeRelease() {
+	s.mutUnpinEarly()
 	if !s.state.Terminal() || s.stopped || !s.Quiescent() {
 		return
 	}

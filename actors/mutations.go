@@ -1,0 +1,46 @@
+package actors
+
+// Mutations are test-only fault switches used by test/sim to prove that it
+// catches bugs. Never set them outside tests: each one breaks a rule of
+// DESIGN.md §3 on purpose. They are package variables, so a test that sets
+// one must not run in parallel with other tests of the engine and must
+// reset it when it ends.
+var Mutations struct {
+	// UnpinOnCancelWithoutDrain unpins a CANCELLED session's source pages
+	// at once, without waiting for its ops to become quiescent.
+	UnpinOnCancelWithoutDrain bool
+	// LateSuccessOverwritesFailed lets a successful completion that arrives
+	// after the session FAILED reopen it (and so let it end DONE).
+	LateSuccessOverwritesFailed bool
+	// AdmitAfterDrain admits chunks (pins and ops) after the session's
+	// outcome is decided.
+	AdmitAfterDrain bool
+}
+
+// mutUnpinEarly is mutation UnpinOnCancelWithoutDrain: a CANCELLED
+// session's pinned chunks are unpinned before it drains.
+func (s *TxSession) mutUnpinEarly() {
+	if !Mutations.UnpinOnCancelWithoutDrain || s.state != TxCancelled || s.stopped {
+		return
+	}
+	for i := range s.chunks {
+		c := &s.chunks[i]
+		if !c.pinned {
+			continue
+		}
+		c.pinned = false
+		for g, run := range c.src {
+			if len(run.IDs) > 0 {
+				s.eff = append(s.eff, Unpin{Group: g, IDs: run.IDs})
+			}
+		}
+	}
+}
+
+// mutLateSuccess is mutation LateSuccessOverwritesFailed: a successful
+// completion reopens a FAILED session.
+func (s *TxSession) mutLateSuccess() {
+	if Mutations.LateSuccessOverwritesFailed && s.state == TxFailed {
+		s.state, s.err = TxTransferring, nil
+	}
+}

@@ -1,0 +1,505 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// Errors of the simulated backend.
+var (
+	errRegistration = errors.New("sim backend: remote registration unusable")
+	errBatch        = errors.New("sim backend: batch failed")
+	errPartial      = errors.New("sim backend: batch failed after a partial write")
+	errGone         = fmt.Errorf("sim backend: %w", rdma.ErrPeerGone)
+)
+
+// Messages a simulated worker receives (besides the session's effects).
+type (
+	wSubmit struct {
+		actors.Submit
+		sess *txSess
+	}
+	wFlush struct {
+		actors.Flush
+		sess *txSess
+	}
+	wBatchDone struct {
+		op   actors.OpRef
+		sess *txSess
+		err  error
+	}
+	wFlushDone struct {
+		peer int
+		err  error
+	}
+)
+
+type inflightRec struct {
+	sess *txSess
+	key  string
+}
+
+// worker is a simulated sender worker: it does what actors/worker.go does
+// with Submit, Flush, CloseEndpoint and SendFrame, over a simulated
+// backend whose batches land (copy bytes into the receiver's region) at a
+// scheduled virtual time.
+type worker struct {
+	s        *Sim
+	c        *ctxRank
+	inc      int
+	idx      int
+	nm       string
+	eps      map[string]*endpoint
+	inflight map[actors.OpRef]inflightRec
+}
+
+func (w *worker) name() string {
+	if w.nm == "" {
+		w.nm = fmt.Sprintf("ctx%d.%d/w%d", w.c.idx, w.inc, w.idx)
+	}
+	return w.nm
+}
+
+func (w *worker) live() bool { return w.c.live(w.inc) }
+
+// endpoint is one worker's connection to one generation incarnation.
+type endpoint struct {
+	w        *worker
+	key      string
+	gen      *genRank
+	genInc   int
+	closed   bool
+	doomed   bool          // the peer is dead; detection pending
+	detectAt time.Duration // when the death is detected
+	broken   error         // detected: every post and flush fails
+	pending  []*batch
+	waiters  []wFlushWaiter
+}
+
+type wFlushWaiter struct {
+	peer int
+	sess *txSess
+}
+
+// batch is one posted op.
+type batch struct {
+	w       *worker
+	ep      *endpoint
+	sess    *txSess
+	op      actors.OpRef
+	segs    []kvcache.Segment
+	src     *ctxRank
+	srcInc  int
+	gen     *genRank
+	genInc  int
+	epoch   uint64
+	err     error
+	partial uint64 // bytes written before failing (errPartial)
+	late    bool
+	settled bool
+}
+
+func (w *worker) toSession(ts *txSess, msg any) { w.s.sendTx(w.name(), ts, msg) }
+
+func (w *worker) submit(m wSubmit) {
+	s := w.s
+	if !w.live() {
+		return
+	}
+	ts := m.sess
+	if st := ts.s.State(); st.Terminal() && !ts.stop {
+		s.reached(RaceSubmitAfterFail)
+	}
+	// Record first: a crash from here on knows the op.
+	w.inflight[m.Op] = inflightRec{sess: ts, key: string(m.Route.AgentAddr)}
+	ep, err := w.endpoint(m.Route)
+	if err == nil {
+		err = w.post(ep, m)
+	}
+	if err != nil {
+		delete(w.inflight, m.Op)
+		w.toSession(ts, actors.TxCompleted{Op: m.Op, Err: err, Refused: true})
+	}
+}
+
+func (w *worker) endpoint(r *actors.Route) (*endpoint, error) {
+	key := string(r.AgentAddr)
+	if ep := w.eps[key]; ep != nil {
+		return ep, nil
+	}
+	meta, ok := w.c.routes[r]
+	if !ok {
+		w.s.failf("%s: Submit on a route the parent never resolved", w.name())
+		return nil, errBatch
+	}
+	g := w.s.gen[meta.gen]
+	if !g.live(meta.genInc) {
+		return nil, fmt.Errorf("worker %d: connect to %s: %w", w.idx, r.Peer, rdma.ErrPeerGone)
+	}
+	ep := &endpoint{w: w, key: key, gen: g, genInc: meta.genInc}
+	w.eps[key] = ep
+	return ep, nil
+}
+
+func (w *worker) post(ep *endpoint, m wSubmit) error {
+	s, c := w.s, w.c
+	if s.faults.registrationDown(c.idx, s.vt) {
+		s.fired(FaultRegistration)
+		return errRegistration
+	}
+	if ep.broken != nil {
+		return ep.broken
+	}
+	meta := c.routes[m.Route]
+	if meta.request != m.Op.Request {
+		s.failf("%s: op %v posted on the route of request %s", w.name(), m.Op, meta.request)
+		return errBatch
+	}
+	for _, seg := range m.Segments {
+		if !s.srcPinned(c, seg.Src, seg.Src+seg.Len, m.Op, "posted") {
+			return errBatch
+		}
+	}
+	b := &batch{w: w, ep: ep, sess: m.sess, op: m.Op, segs: m.Segments, src: c, srcInc: c.inc,
+		gen: ep.gen, genInc: ep.genInc, epoch: meta.epoch}
+	c.posted++
+	ep.gen.postedTo++
+	if ep.doomed {
+		// The peer is dead: the batch can never land; it fails when the
+		// death is detected.
+		b.settled = true
+		s.at(max(ep.detectAt, s.vt), w.name(), wBatchDone{b.op, b.sess, rdma.ErrPeerGone}, func() { w.batchDone(b.op, b.sess, errGone) })
+		return nil
+	}
+	land := s.vt + s.between(50*time.Microsecond, 2*time.Millisecond)
+	if s.chance(s.faults.pLate) {
+		// A completion that straggles past the session's deadline: around
+		// the deadline and its drain grace, or much later.
+		if dl := m.sess.deadlineVT; dl > s.vt && s.r.IntN(4) > 0 {
+			land = max(land, dl+s.between(0, s.drainGrace*3/2))
+		} else {
+			land += s.between(20*time.Millisecond, 150*time.Millisecond)
+		}
+		m.sess.lateOps[m.Op] = true
+		b.late = true
+	}
+	if end := s.faults.partitioned(c.idx, ep.gen.idx, s.vt, land); end > 0 {
+		s.fired(FaultPartition)
+		land = max(land, end+s.between(50*time.Microsecond, time.Millisecond))
+	}
+	var total uint64
+	for _, seg := range m.Segments {
+		total += seg.Len
+	}
+	switch {
+	case s.chance(s.faults.pBatchFail):
+		b.err = errBatch
+	case s.chance(s.faults.pPartial) && total >= 2:
+		b.err = errPartial
+		b.partial = 1 + uint64(s.r.Int64N(int64(total-1)))
+	}
+	ep.pending = append(ep.pending, b)
+	s.batches = append(s.batches, b)
+	s.at(land, "backend", b.op, func() { s.land(b) })
+	return nil
+}
+
+// srcPinned asserts that the source bytes [lo, hi) lie in pinned blocks.
+func (s *Sim) srcPinned(c *ctxRank, lo, hi uint64, op actors.OpRef, what string) bool {
+	ok := true
+	blocksOf(c.pools, lo, hi, func(g int, id kvcache.BlockID) {
+		if !ok {
+			return
+		}
+		if st, _ := c.pools[g].State(id); st != kvcache.BlockPinned {
+			s.failf("%s: a write of op %v %s reading group %d block %d, which is %v", c.name(), op, what, g, id, st)
+			ok = false
+		}
+	})
+	return ok
+}
+
+// land applies a batch: its bytes land in the receiver's region now.
+func (s *Sim) land(b *batch) {
+	if b.settled {
+		return
+	}
+	switch {
+	case b.ep.closed:
+		s.failf("backend: a write of op %v lands after its endpoint closed", b.op)
+		return
+	case !b.src.live(b.srcInc) || !b.gen.live(b.genInc):
+		s.failf("backend: a write of op %v lands across a dead incarnation", b.op)
+		return
+	}
+	budget := ^uint64(0)
+	switch b.err {
+	case errBatch:
+		budget = 0
+		s.fired(FaultBatchFailure)
+	case errPartial:
+		budget = b.partial
+		s.fired(FaultPartialWrite)
+	}
+	src, dst := b.src.region.Bytes(), b.gen.region.Bytes()
+	for _, seg := range b.segs {
+		n := min(seg.Len, budget)
+		if n == 0 {
+			break
+		}
+		budget -= n
+		if !s.srcPinned(b.src, seg.Src, seg.Src+n, b.op, "landing") {
+			return
+		}
+		if !s.dstOwned(b, seg.Dst, seg.Dst+n) {
+			return
+		}
+		copy(dst[seg.Dst:seg.Dst+n], src[seg.Src:seg.Src+n])
+	}
+	s.settle(b)
+	w, err := b.w, b.err
+	s.mail("backend", w.name(), s.between(10*time.Microsecond, 300*time.Microsecond), wBatchDone{b.op, b.sess, err}, func() { w.batchDone(b.op, b.sess, err) })
+}
+
+// dstOwned asserts the physical half of the rule on the destination side:
+// a write lands only in blocks its request's session still owns.
+func (s *Sim) dstOwned(b *batch, lo, hi uint64) bool {
+	ok := true
+	g := b.gen
+	blocksOf(g.pools, lo, hi, func(grp int, id kvcache.BlockID) {
+		if !ok {
+			return
+		}
+		o := g.owner[grp][id]
+		if o == nil || o.req.id != b.op.Request || o.epoch != b.epoch {
+			who := "nobody (free)"
+			if o != nil {
+				who = fmt.Sprintf("%s epoch %d", o.req.id, o.epoch)
+			}
+			s.failf("backend: write of op %v (epoch %d) lands in %s group %d block %d, owned by %s",
+				b.op, b.epoch, g.name(), grp, id, who)
+			ok = false
+		}
+	})
+	return ok
+}
+
+// settle takes a batch off the in-flight lists.
+func (s *Sim) settle(b *batch) {
+	b.settled = true
+	if i := slices.Index(s.batches, b); i >= 0 {
+		s.batches = slices.Delete(s.batches, i, i+1)
+	}
+	ep := b.ep
+	if i := slices.Index(ep.pending, b); i >= 0 {
+		ep.pending = slices.Delete(ep.pending, i, i+1)
+	}
+	ep.checkWaiters()
+}
+
+// batchDone is the backend's Done callback reaching the worker: the op
+// leaves the in-flight table and its session hears the outcome (even when
+// a close already retired it).
+func (w *worker) batchDone(op actors.OpRef, ts *txSess, err error) {
+	if !w.live() {
+		return
+	}
+	delete(w.inflight, op)
+	w.toSession(ts, actors.TxCompleted{Op: op, Err: err})
+}
+
+func (w *worker) flush(m wFlush) {
+	if !w.live() {
+		return
+	}
+	ep := w.eps[string(m.Route.AgentAddr)]
+	if ep == nil {
+		w.toSession(m.sess, actors.TxFlushed{Peer: m.Peer})
+		return
+	}
+	ep.waiters = append(ep.waiters, wFlushWaiter{peer: m.Peer, sess: m.sess})
+	if ep.broken != nil {
+		ep.failWaiters(ep.broken)
+		return
+	}
+	ep.checkWaiters()
+}
+
+// checkWaiters completes flushes once nothing posted before them is pending.
+func (ep *endpoint) checkWaiters() {
+	if len(ep.waiters) == 0 || len(ep.pending) > 0 || ep.doomed || ep.closed {
+		return
+	}
+	s, w := ep.w.s, ep.w
+	ws := ep.waiters
+	ep.waiters = nil
+	d := s.between(10*time.Microsecond, 300*time.Microsecond)
+	if end := s.faults.partitioned(w.c.idx, ep.gen.idx, s.vt, s.vt+d); end > 0 {
+		s.fired(FaultPartition)
+		d = end - s.vt + d
+	}
+	for _, wt := range ws {
+		msg := wFlushDone{peer: wt.peer}
+		s.mail("backend", w.name(), d, msg, func() {
+			if w.live() {
+				w.toSession(wt.sess, actors.TxFlushed{Peer: wt.peer})
+			}
+		})
+	}
+}
+
+func (ep *endpoint) failWaiters(err error) {
+	s, w := ep.w.s, ep.w
+	ws := ep.waiters
+	ep.waiters = nil
+	for _, wt := range ws {
+		msg := wFlushDone{peer: wt.peer, err: err}
+		s.mail("backend", w.name(), s.hop(), msg, func() {
+			if w.live() {
+				w.toSession(wt.sess, actors.TxFlushed{Peer: wt.peer, Err: err})
+			}
+		})
+	}
+}
+
+// closeEndpoint is workerSlot.closeEndpoint: after it no write of the
+// endpoint can land; every unfinished batch completes with
+// ErrEndpointClosed, and the ops in flight on it are reported retired.
+func (w *worker) closeEndpoint(key string) {
+	s := w.s
+	if !w.live() {
+		return
+	}
+	ep := w.eps[key]
+	if ep == nil {
+		return
+	}
+	delete(w.eps, key)
+	ep.closed = true
+	for _, b := range slices.Clone(ep.pending) {
+		s.settle(b)
+		op, ts := b.op, b.sess
+		s.mail("backend", w.name(), s.hop(), wBatchDone{op, ts, rdma.ErrEndpointClosed}, func() { w.batchDone(op, ts, rdma.ErrEndpointClosed) })
+	}
+	ep.failWaiters(rdma.ErrEndpointClosed)
+	retired := map[*txSess][]actors.OpRef{}
+	for ref, in := range w.inflight {
+		if in.key == key {
+			retired[in.sess] = append(retired[in.sess], ref)
+			delete(w.inflight, ref)
+		}
+	}
+	for _, ts := range sortedKeys(retired) {
+		ops := retired[ts]
+		slices.SortFunc(ops, opLess)
+		w.toSession(ts, actors.TxRetired{Ops: ops})
+	}
+}
+
+// crash is a worker panic and its supervisor's restart (workerSlot.restart):
+// every op in flight is in doubt, then every endpoint is closed.
+func (w *worker) crash() {
+	s := w.s
+	if !w.live() {
+		return
+	}
+	s.fired(FaultWorkerPanic)
+	doubt := map[*txSess][]actors.OpRef{}
+	for ref, in := range w.inflight {
+		doubt[in.sess] = append(doubt[in.sess], ref)
+		if st := in.sess.s.OpStates()[ref]; st == actors.OpSubmitted || st == actors.OpSubmitting {
+			s.reached(RaceWorkerPanicSubmitted)
+		}
+	}
+	for _, ts := range sortedKeys(doubt) {
+		ops := doubt[ts]
+		slices.SortFunc(ops, opLess)
+		w.toSession(ts, actors.TxInDoubt{Ops: ops, Reason: fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, w.idx)})
+	}
+	keys := make([]string, 0, len(w.eps))
+	for k := range w.eps {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		w.closeEndpoint(k)
+	}
+}
+
+func (w *worker) send(e actors.SendFrame) {
+	if !w.live() {
+		return
+	}
+	w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
+}
+
+func sortedKeys(m map[*txSess][]actors.OpRef) []*txSess {
+	out := make([]*txSess, 0, len(m))
+	for ts := range m {
+		out = append(out, ts)
+	}
+	slices.SortFunc(out, func(a, b *txSess) int {
+		switch {
+		case a.name < b.name:
+			return -1
+		case a.name > b.name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// genDied fails every endpoint to a dead generation incarnation: nothing
+// more lands there; posted batches fail when the death is detected.
+func (s *Sim) genDied(g *genRank, inc int) {
+	detect := s.between(time.Millisecond, 10*time.Millisecond)
+	for _, c := range s.ctx {
+		if !c.alive {
+			continue
+		}
+		for _, w := range c.workers {
+			keys := make([]string, 0)
+			for k, ep := range w.eps {
+				if ep.gen == g && ep.genInc == inc {
+					keys = append(keys, k)
+				}
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				ep := w.eps[k]
+				ep.doomed = true
+				ep.detectAt = s.vt + detect
+				// Batches still in flight never land; each fails when the
+				// death is detected.
+				for _, b := range slices.Clone(ep.pending) {
+					s.settle(b)
+					s.after(detect, w.name(), wBatchDone{b.op, b.sess, rdma.ErrPeerGone}, func() { w.batchDone(b.op, b.sess, errGone) })
+				}
+				s.after(detect, w.name(), "peer gone", func() {
+					if !w.live() {
+						return
+					}
+					ep.broken = errGone
+					ep.failWaiters(ep.broken)
+				})
+			}
+		}
+	}
+}
+
+// ctxDied drops every write of a dead context incarnation: its process
+// is gone, nothing it posted lands any more.
+func (s *Sim) ctxDied(c *ctxRank) {
+	for _, b := range slices.Clone(s.batches) {
+		if b.src == c && b.srcInc == c.inc {
+			s.settle(b)
+		}
+	}
+}

@@ -1,0 +1,478 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// scheduleFaults turns the seed's plan into events.
+func (s *Sim) scheduleFaults() {
+	p := &s.faults
+	for _, t := range p.crashes {
+		s.at(t, "chaos", "WorkerCrash", func() { s.crashWorker() })
+	}
+	for _, d := range p.deaths {
+		s.at(d.at, "chaos", "death", func() { s.kill(d) })
+	}
+	for _, t := range p.jumps {
+		s.at(t, "chaos", "clockJump", func() { s.jumpClock() })
+	}
+	for _, t := range p.malformed {
+		s.at(t, "chaos", "malformed", func() { s.injectMalformed() })
+	}
+	for _, t := range p.sessPanics {
+		s.at(t, "chaos", "sessionPanic", func() { s.panicSession() })
+	}
+	if s.cfg.SuspectPartitions {
+		for _, pt := range p.partitions {
+			// Each side stops hearing the other's heartbeats.
+			if t := pt.w.from + s.between(2*time.Millisecond, 15*time.Millisecond); t < pt.w.to {
+				s.at(t, "chaos", "peerDown", func() { s.declareDown(false, pt.ctx, pt.gen) })
+			}
+			if t := pt.w.from + s.between(2*time.Millisecond, 15*time.Millisecond); t < pt.w.to {
+				s.at(t, "chaos", "peerDown", func() { s.declareDown(true, pt.gen, pt.ctx) })
+			}
+		}
+	}
+}
+
+func (s *Sim) crashWorker() {
+	var live []*ctxRank
+	for _, c := range s.ctx {
+		if c.alive {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	c := live[s.r.IntN(len(live))]
+	w := c.workers[s.r.IntN(len(c.workers))]
+	s.mail("chaos", w.name(), 0, actors.WorkerCrash{}, func() { w.crash() })
+}
+
+// kill is a rank's death: everything of its incarnation is gone, and its
+// peers find out (the backend at once for writes in flight, the failure
+// detector after a while).
+func (s *Sim) kill(d death) {
+	if d.gen {
+		g := s.gen[d.rank]
+		if !g.alive {
+			return
+		}
+		pending := false
+		for _, b := range s.batches {
+			pending = pending || b.gen == g && b.genInc == g.inc
+		}
+		s.fired(classify(pending, g.postedTo > 0))
+		inc := g.inc
+		s.genDied(g, inc)
+		g.alive = false
+		s.detect(true, d.rank, inc)
+		if d.back > 0 {
+			s.at(d.back, "chaos", "return", func() {
+				s.fired(FaultPeerReturn)
+				g.inc++
+				g.boot()
+				s.detectFor(true, g.idx)
+			})
+		}
+		return
+	}
+	c := s.ctx[d.rank]
+	if !c.alive {
+		return
+	}
+	pending := false
+	for _, b := range s.batches {
+		pending = pending || b.src == c && b.srcInc == c.inc
+	}
+	s.fired(classify(pending, c.posted > 0))
+	inc := c.inc
+	s.ctxDied(c)
+	c.alive = false
+	s.detect(false, d.rank, inc)
+	if d.back > 0 {
+		s.at(d.back, "chaos", "return", func() {
+			s.fired(FaultPeerReturn)
+			c.inc++
+			c.boot()
+			s.detectFor(false, c.idx)
+		})
+	}
+}
+
+// detect is the control plane's failure detector (heartbeats): once a
+// dead incarnation has been silent for a while, and only if the rank has
+// not come back meanwhile, every live rank on the other side hears
+// Engine.PeerDown for it.
+func (s *Sim) detect(gen bool, rank, inc int) {
+	s.after(s.between(2*time.Millisecond, 15*time.Millisecond), "chaos", "peerDown", func() {
+		if gen {
+			if g := s.gen[rank]; g.alive || g.inc != inc {
+				return
+			}
+			s.declareDown(true, rank, -1)
+			return
+		}
+		if c := s.ctx[rank]; c.alive || c.inc != inc {
+			return
+		}
+		s.declareDown(false, rank, -1)
+	})
+}
+
+// detectFor is the failure detector of a rank that just booted: peers on
+// the other side that are dead, and stay dead for a while, are declared to
+// it.
+func (s *Sim) detectFor(gen bool, rank int) {
+	if gen {
+		g, inc := s.gen[rank], s.gen[rank].inc
+		for _, c := range s.ctx {
+			if !c.alive {
+				cinc := c.inc
+				s.after(s.between(2*time.Millisecond, 15*time.Millisecond), "chaos", "peerDown", func() {
+					if g.live(inc) && !c.alive && c.inc == cinc {
+						g.peerDown(c.self)
+					}
+				})
+			}
+		}
+		return
+	}
+	c, inc := s.ctx[rank], s.ctx[rank].inc
+	for _, g := range s.gen {
+		if !g.alive {
+			ginc := g.inc
+			s.after(s.between(2*time.Millisecond, 15*time.Millisecond), "chaos", "peerDown", func() {
+				if c.live(inc) && !g.alive && g.inc == ginc {
+					c.peerDown(g.self)
+				}
+			})
+		}
+	}
+}
+
+// declareDown delivers Engine.PeerDown for a rank to every live rank on
+// the other side (only to rank `only` when it is not -1).
+func (s *Sim) declareDown(gen bool, rank, only int) {
+	if gen {
+		peer := messages.PeerID{Instance: "gen", Rank: int32(rank)}
+		for _, c := range s.ctx {
+			if c.alive && (only < 0 || c.idx == only) {
+				c.peerDown(peer)
+			}
+		}
+		return
+	}
+	peer := messages.PeerID{Instance: "ctx", Rank: int32(rank)}
+	for _, g := range s.gen {
+		if g.alive && (only < 0 || g.idx == only) {
+			g.peerDown(peer)
+		}
+	}
+}
+
+func classify(pending, posted bool) Fault {
+	switch {
+	case pending:
+		return FaultPeerDeathDuringPost
+	case posted:
+		return FaultPeerDeathAfterPost
+	}
+	return FaultPeerDeathBeforePost
+}
+
+func (s *Sim) jumpClock() {
+	d := s.between(5*time.Millisecond, 200*time.Millisecond)
+	if s.r.IntN(2) == 0 {
+		d = -d
+	}
+	s.fired(FaultClockJump)
+	if i := s.r.IntN(len(s.ctx) + len(s.gen)); i < len(s.ctx) {
+		s.ctx[i].skew += d
+	} else {
+		s.gen[i-len(s.ctx)].skew += d
+	}
+}
+
+func (s *Sim) panicSession() {
+	var txs []*txSess
+	var rxs []*rxSess
+	for _, c := range s.ctx {
+		if c.alive {
+			for _, ts := range sortedSessions(c.sessions) {
+				if !ts.stop {
+					txs = append(txs, ts)
+				}
+			}
+		}
+	}
+	for _, g := range s.gen {
+		if g.alive {
+			for _, id := range sortedIDs(g.entries) {
+				if rs := g.entries[id]; !rs.stop {
+					rxs = append(rxs, rs)
+				}
+			}
+		}
+	}
+	n := len(txs) + len(rxs)
+	if n == 0 {
+		return
+	}
+	s.fired(FaultSessionPanic)
+	if i := s.r.IntN(n); i < len(txs) {
+		s.sendTx("supervisor", txs[i], actors.TxPanic{Err: errors.New("sim: nil map write")})
+	} else {
+		s.sendRx("supervisor", rxs[i-len(txs)], actors.RxPanic{Err: errors.New("sim: index out of range")})
+	}
+}
+
+// injectMalformed delivers a malformed or unresolvable frame to a rank's
+// listener: it must be rejected there (Validate) or, for a well-formed
+// RequestData naming blocks the receiver does not have, by
+// ResolveRequest — and the engine must keep serving everyone else.
+func (s *Sim) injectMalformed() {
+	r := s.r
+	toGen := r.IntN(3) == 0
+	id := "bogus-" + fmt.Sprint(s.bogus)
+	s.bogus++
+	if r.IntN(3) == 0 {
+		id = s.reqs[r.IntN(len(s.reqs))].id
+	}
+	ctxPeer := messages.PeerID{Instance: "ctx", Rank: int32(r.IntN(len(s.ctx)))}
+	genPeer := messages.PeerID{Instance: "gen", Rank: int32(r.IntN(len(s.gen)))}
+	var f messages.Frame
+	if toGen {
+		g := s.gen[r.IntN(len(s.gen))]
+		if !g.alive {
+			return
+		}
+		switch r.IntN(3) {
+		case 0:
+			f = &messages.Result{RequestID: id, From: ctxPeer, Status: messages.Status(5 + r.IntN(5))}
+		case 1:
+			f = &messages.CancelAck{RequestID: strings.Repeat("x", messages.MaxRequestIDLen+1), From: ctxPeer}
+		default:
+			f = &messages.Result{RequestID: id, From: messages.PeerID{Rank: -1}, Status: messages.StatusSuccess}
+		}
+		s.fired(FaultMalformed)
+		if f.Validate() == nil {
+			s.failf("messages: a malformed %T passed Validate: %+v", f, f)
+			return
+		}
+		g.onFrame(f)
+		return
+	}
+	c := s.ctx[r.IntN(len(s.ctx))]
+	if !c.alive {
+		return
+	}
+	switch r.IntN(5) {
+	case 0:
+		f = &messages.Cancel{RequestID: id, From: messages.PeerID{Instance: "", Rank: 3}}
+	case 1:
+		f = &messages.RequestData{RequestID: "", From: genPeer, GenParallel: messages.Parallel{TP: 1, PP: 1}}
+	case 2:
+		if _, err := messages.Decode(garbage(r.Uint64())); err == nil {
+			return // by chance a valid frame: nothing malformed arrived
+		}
+		s.fired(FaultMalformed)
+		return
+	default:
+		rd := s.bogusRequest(id, genPeer)
+		if rd == nil {
+			return
+		}
+		s.fired(FaultMalformed)
+		c.onFrame(rd)
+		return
+	}
+	s.fired(FaultMalformed)
+	if f.Validate() == nil {
+		s.failf("messages: a malformed %T passed Validate: %+v", f, f)
+		return
+	}
+	c.onFrame(f)
+}
+
+func garbage(x uint64) []byte {
+	b := make([]byte, 1+x%40)
+	for i := range b {
+		x = x*6364136223846793005 + 1442695040888963407
+		b[i] = byte(x >> 56)
+	}
+	return b
+}
+
+// bogusRequest is a well-formed RequestData from a real generation rank
+// that no writer may act on: its blocks lie outside the receiver's pool,
+// its group count is wrong, or its blocks run past the prompt.
+func (s *Sim) bogusRequest(id string, from messages.PeerID) *messages.RequestData {
+	r := s.r
+	g := s.gen[from.Rank]
+	if !g.alive {
+		return nil
+	}
+	l := s.layout
+	prompt := 1 + r.IntN(8*l.TokensPerBlock)
+	groups := make([]messages.GroupDest, len(l.Groups))
+	for i := range groups {
+		groups[i] = messages.GroupDest{Blocks: []int32{0}}
+	}
+	switch r.IntN(3) {
+	case 0:
+		gi := r.IntN(len(groups))
+		groups[gi].Blocks = []int32{int32(g.hello.Pools[gi].Blocks) + int32(r.IntN(4))}
+	case 1:
+		groups = append(groups, messages.GroupDest{})
+	default:
+		groups[0].First = int32(l.BlocksFor(prompt))
+	}
+	rd := &messages.RequestData{RequestID: id, Epoch: r.Uint64(), From: from,
+		GenParallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
+		GenTP:       int32(g.rank.TP), GenPP: int32(g.rank.PP), PromptLen: int32(prompt), Groups: groups}
+	if err := rd.Validate(); err != nil {
+		s.failf("sim: bogus RequestData is not well formed: %v", err)
+		return nil
+	}
+	s.bogusFrames = append(s.bogusFrames, rd)
+	return rd
+}
+
+func (s *Sim) isBogus(rd *messages.RequestData) bool {
+	for _, b := range s.bogusFrames {
+		if b == rd {
+			return true
+		}
+	}
+	return false
+}
+
+// checkEnd runs once the queue is empty: every session stopped, every
+// request terminal, every block back in its pool.
+func (s *Sim) checkEnd() {
+	for _, c := range s.ctx {
+		if !c.alive {
+			continue
+		}
+		for _, ts := range sortedSessions(c.sessions) {
+			s.failf("%s never stopped: state %v, ops %v, pinned chunks %v", ts.name, ts.s.State(), ts.s.OpStates(), ts.s.PinnedChunks())
+			return
+		}
+		for _, a := range c.apps {
+			if !a.freed {
+				s.failf("%s: source blocks never freed (done %v)", a.name(), a.done)
+				return
+			}
+		}
+		for _, w := range c.workers {
+			if len(w.inflight) > 0 {
+				s.failf("%s: ops still in flight at the end: %d", w.name(), len(w.inflight))
+				return
+			}
+		}
+		for g, p := range c.pools {
+			if st := p.Stats(); st.Free != st.Total {
+				s.failf("%s group %d: %d blocks leaked (%+v)", c.name(), g, st.Total-st.Free, st)
+				return
+			}
+		}
+		s.checkPools(c.name(), c.pools)
+	}
+	for _, g := range s.gen {
+		if !g.alive {
+			continue
+		}
+		for _, id := range sortedIDs(g.entries) {
+			rs := g.entries[id]
+			s.failf("%s never stopped: state %v, writers quiescent %v", rs.name, rs.s.State(), rs.s.WritersQuiescent())
+			return
+		}
+		for _, a := range g.apps {
+			if !a.done {
+				s.failf("%s: request never terminal", a.nm)
+				return
+			}
+		}
+		for grp, p := range g.pools {
+			if st := p.Stats(); st.Free != st.Total {
+				s.failf("%s group %d: %d blocks leaked (%+v)", g.name(), grp, st.Total-st.Free, st)
+				return
+			}
+		}
+		s.checkPools(g.name(), g.pools)
+	}
+	if len(s.batches) > 0 {
+		s.failf("%d batches never settled", len(s.batches))
+		return
+	}
+	if s.calm {
+		// A context rank the peer map gives no link (MLA with a larger
+		// context TP) is never asked: its Send ends FAILED at the deadline.
+		writers := 0
+		for _, c := range s.ctx {
+			if len(s.pm.From(c.rank)) > 0 {
+				writers++
+			}
+		}
+		want := len(s.reqs)
+		if s.res.Ready != want*len(s.gen) || s.res.NotReady != 0 || s.res.TxDone != want*writers || s.res.TxNotDone != want*(len(s.ctx)-writers) {
+			s.failf("calm seed (no faults): gen READY %d / other %d, ctx DONE %d / other %d; want every one of %d requests READY on %d ranks and DONE on %d",
+				s.res.Ready, s.res.NotReady, s.res.TxDone, s.res.TxNotDone, want, len(s.gen), writers)
+		}
+	}
+}
+
+// summarize renders a message for the trace.
+func summarize(m any) string {
+	switch m := m.(type) {
+	case actors.TxChunk:
+		return fmt.Sprintf("%v src=%v", m.Chunk, m.Src)
+	case wSubmit:
+		return fmt.Sprintf("op=%v worker=%d segs=%d bytes=%d", m.Op, m.Worker, len(m.Segments), m.Bytes)
+	case wFlush:
+		return fmt.Sprintf("peer=%d worker=%d", m.Peer, m.Worker)
+	case wBatchDone:
+		return fmt.Sprintf("op=%v err=%v", m.op, m.err)
+	case wFlushDone:
+		return fmt.Sprintf("peer=%d err=%v", m.peer, m.err)
+	case actors.CloseEndpoint:
+		return fmt.Sprintf("peer=%d worker=%d", m.Peer, m.Worker)
+	case actors.SendFrame:
+		return fmt.Sprintf("worker=%d to=%v %s", m.Worker, m.To, frameSummary(m.Frame))
+	case actors.TxPeerRequest:
+		return fmt.Sprintf("peer=%d epoch=%d expected=%v err=%v", m.Peer, m.Epoch, m.Expected, m.Err)
+	case actors.RxFrame:
+		return fmt.Sprintf("writer=%d %s", m.Writer, frameSummary(m.Frame))
+	case messages.Frame:
+		return frameSummary(m)
+	case actors.TxStart:
+		return fmt.Sprintf("prompt=%d deadline=%s", m.PromptLen, m.Deadline.Format(time.StampMicro))
+	}
+	return fmt.Sprintf("%+v", m)
+}
+
+func frameSummary(f messages.Frame) string {
+	switch f := f.(type) {
+	case *messages.RequestData:
+		n := 0
+		for _, g := range f.Groups {
+			n += len(g.Blocks)
+		}
+		return fmt.Sprintf("RequestData %s epoch=%d from=%v blocks=%d", f.RequestID, f.Epoch, f.From, n)
+	case *messages.Result:
+		return fmt.Sprintf("Result %s epoch=%d from=%v %v bytes=%d err=%q", f.RequestID, f.Epoch, f.From, f.Status, f.Bytes, f.Error)
+	case *messages.Cancel:
+		return fmt.Sprintf("Cancel %s epoch=%d from=%v", f.RequestID, f.Epoch, f.From)
+	case *messages.CancelAck:
+		return fmt.Sprintf("CancelAck %s epoch=%d from=%v", f.RequestID, f.Epoch, f.From)
+	}
+	return fmt.Sprintf("%T", f)
+}

@@ -1,0 +1,631 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// ctxRank is one context rank: its pools, workers, the tx parent's table
+// and its TxSessions. A death discards it all; a return boots a fresh
+// incarnation.
+type ctxRank struct {
+	s          *Sim
+	idx        int
+	rank       kvcache.Rank
+	inc        int
+	alive      bool
+	self       messages.PeerID
+	poolBlocks int
+	pad        uint64
+	skew       time.Duration
+
+	shape   kvcache.Shape
+	topo    actors.Topology
+	region  *kvcache.Region
+	pools   []*kvcache.Pool
+	guard   *actors.Pools
+	workers []*worker
+
+	sessions map[string]*txSess
+	tombs    map[string]bool
+	handles  map[string]bool
+	routes   map[*actors.Route]routeMeta
+	apps     []*ctxApp
+	posted   int    // batches ever posted by this incarnation
+	maxFrame uint64 // highest frame number delivered (reorder detection)
+	nm       string
+}
+
+// routeMeta is what the simulator knows about a route it resolved.
+type routeMeta struct {
+	gen, genInc int
+	epoch       uint64
+	request     string
+}
+
+func (c *ctxRank) name() string { return c.nm }
+
+func (c *ctxRank) now() time.Time { return epoch0.Add(c.s.vt + c.skew) }
+
+// live reports whether incarnation inc of the rank is the one running.
+func (c *ctxRank) live(inc int) bool { return c.alive && c.inc == inc }
+
+func (c *ctxRank) boot() {
+	s := c.s
+	c.nm = fmt.Sprintf("ctx%d.%d", c.idx, c.inc)
+	shape, err := s.layout.Shape(s.ctxPar, c.rank)
+	if err != nil {
+		s.failf("ctx shape: %v", err)
+		return
+	}
+	c.shape = shape
+	region, pools, geoms, err := rankPools(s.layout, shape, c.poolBlocks, c.pad)
+	if err != nil {
+		s.failf("ctx pools: %v", err)
+		return
+	}
+	c.alive = true
+	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
+	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
+	c.sessions, c.tombs, c.handles = map[string]*txSess{}, map[string]bool{}, map[string]bool{}
+	c.routes = map[*actors.Route]routeMeta{}
+	c.posted, c.maxFrame, c.apps = 0, 0, nil
+	c.workers = nil
+	for i := range s.ctxW {
+		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,
+			eps: map[string]*endpoint{}, inflight: map[actors.OpRef]inflightRec{}})
+	}
+}
+
+func (c *ctxRank) parentName() string { return c.name() + "/parent" }
+
+// txSess is one TxSession and what the simulator tracks about it.
+type txSess struct {
+	c     *ctxRank
+	inc   int
+	id    string
+	name  string
+	s     *actors.TxSession
+	app   *ctxApp
+	stop  bool
+	first actors.TxState
+	// decided: first holds the first terminal state; opsAtDecision is the
+	// number of ops then (no op may be admitted after).
+	decided       bool
+	opsAtDecision int
+	violations    int
+	deadlineFired bool
+	deadlineVT    time.Duration // when its deadline timer fires (virtual time)
+	appFinished   bool          // Finish went to the serving process
+	chunkOf       []int         // session chunk index → request chunk index
+	curChunk      int           // request chunk being stepped
+	opSegs        map[actors.OpRef][]kvcache.Segment
+	opEpoch       map[actors.OpRef]uint64
+	lateOps       map[actors.OpRef]bool
+}
+
+func (c *ctxRank) spawn(id string) *txSess {
+	s := c.s
+	ts := &txSess{c: c, inc: c.inc, id: id, name: c.name() + "/tx/" + id,
+		opSegs: map[actors.OpRef][]kvcache.Segment{}, opEpoch: map[actors.OpRef]uint64{}, lateOps: map[actors.OpRef]bool{}}
+	ts.s = actors.NewTxSession(actors.TxConfig{Request: id, Self: c.self, Workers: s.ctxW,
+		DrainGrace: s.drainGrace, Timeout: s.orphan})
+	c.sessions[id] = ts
+	ts.deadlineVT = s.vt + s.orphan
+	s.execTx(ts, ts.s.Init(c.now()))
+	return ts
+}
+
+// sendTx mails msg to a session.
+func (s *Sim) sendTx(from string, ts *txSess, msg any) {
+	s.mail(from, ts.name, s.hop(), msg, func() { s.stepTx(ts, msg) })
+}
+
+// stepTx delivers one message to a TxSession and checks the session's
+// invariants against the effects it returns.
+func (s *Sim) stepTx(ts *txSess, msg any) {
+	c := ts.c
+	if !c.live(ts.inc) || ts.stop {
+		return // dead letter
+	}
+	before := ts.s.State()
+	opsBefore := ts.s.OpStates()
+	s.txRaces(ts, msg, before, opsBefore)
+	effs := ts.s.Step(msg, c.now())
+	after := ts.s.State()
+	if len(ts.s.Violations) > ts.violations {
+		s.failf("%s: %T: violations %v", ts.name, msg, ts.s.Violations[ts.violations:])
+		return
+	}
+	if before.Terminal() && after != before {
+		s.failf("%s: %T: first terminal outcome %v overwritten by %v", ts.name, msg, before, after)
+		return
+	}
+	ops := ts.s.OpStates()
+	if after.Terminal() && !ts.decided {
+		ts.decided, ts.first, ts.opsAtDecision = true, after, len(ops)
+	}
+	if ts.decided && before.Terminal() && len(ops) > ts.opsAtDecision {
+		s.failf("%s: %T: op admitted after the outcome %v (%d ops, %d at the decision)", ts.name, msg, ts.first, len(ops), ts.opsAtDecision)
+		return
+	}
+	if tm, ok := msg.(actors.TxTimeout); ok && tm.Kind == actors.TimerDeadline && after.Terminal() {
+		ts.deadlineFired = true
+	}
+	if cm, ok := msg.(actors.TxCompleted); ok && ts.lateOps[cm.Op] && ts.deadlineFired {
+		delete(ts.lateOps, cm.Op)
+		s.fired(FaultLateCompletion)
+	}
+	for i, e := range effs {
+		switch e := e.(type) {
+		case actors.Pin:
+			if before.Terminal() {
+				s.failf("%s: %T: Pin after the outcome %v", ts.name, msg, before)
+				return
+			}
+		case actors.Unpin:
+			for r, st := range ops {
+				if !st.Quiescent() {
+					s.failf("%s: %T: Unpin of group %d blocks %v while op %v is %v (DESIGN.md §3)", ts.name, msg, e.Group, e.IDs, r, st)
+					return
+				}
+			}
+			s.checkNoReader(c, ts, e.Group, e.IDs, "Unpin")
+		case actors.Submit:
+			if after.Terminal() {
+				s.failf("%s: %T: Submit %v with the session %v", ts.name, msg, e.Op, after)
+				return
+			}
+			if st := ops[e.Op]; st != actors.OpSubmitting {
+				s.failf("%s: %T: Submit %v of an op that is %v", ts.name, msg, e.Op, st)
+				return
+			}
+			ts.opSegs[e.Op] = e.Segments
+			ts.opEpoch[e.Op] = c.routes[e.Route].epoch
+		case actors.SendFrame:
+			if epoch, ok := terminalEpoch(e.Frame); ok {
+				// A terminal frame lets the receiver of that epoch free its
+				// blocks: every op that wrote them must be quiescent.
+				for r, st := range ops {
+					if int32(r.Peer) == e.To.Rank && ts.opEpoch[r] == epoch && !st.Quiescent() {
+						s.failf("%s: %T: terminal frame (epoch %d) to %v while op %v is %v", ts.name, msg, epoch, e.To, r, st)
+						return
+					}
+				}
+			}
+		case actors.Finish:
+			if !ts.decided || e.Outcome.Status != ts.first.String() {
+				s.failf("%s: %T: Finish %s, first outcome %v", ts.name, msg, e.Outcome.Status, ts.first)
+				return
+			}
+			if !ts.s.Quiescent() || len(ts.s.PinnedChunks()) > 0 {
+				s.failf("%s: %T: Finish while not quiescent (pinned chunks %v)", ts.name, msg, ts.s.PinnedChunks())
+				return
+			}
+			if i+2 != len(effs) {
+				s.failf("%s: %T: Finish not followed by Stop at the end", ts.name, msg)
+				return
+			}
+		}
+	}
+	s.execTx(ts, effs)
+	s.checkPools(c.name(), c.pools)
+}
+
+// terminalEpoch returns the epoch of a frame that lets its receiver free
+// its blocks (a Result other than SUCCESS, or a CancelAck).
+func terminalEpoch(f messages.Frame) (uint64, bool) {
+	switch f := f.(type) {
+	case *messages.Result:
+		return f.Epoch, f.Status != messages.StatusSuccess
+	case *messages.CancelAck:
+		return f.Epoch, true
+	}
+	return 0, false
+}
+
+// txRaces counts the DESIGN.md §3 races a message reaches.
+func (s *Sim) txRaces(ts *txSess, msg any, before actors.TxState, ops map[actors.OpRef]actors.OpState) {
+	switch m := msg.(type) {
+	case actors.TxCancel, actors.TxPeerCancel:
+		if before.Terminal() {
+			return
+		}
+		for _, st := range ops {
+			if st == actors.OpAdmitted {
+				s.reached(RaceCancelWhileFence)
+				return
+			}
+		}
+	case actors.TxChunk:
+		if before.Terminal() {
+			s.reached(RaceAdmitAfterDrain)
+		}
+	case actors.TxCompleted:
+		st, ok := ops[m.Op]
+		if !ok {
+			return
+		}
+		if (st == actors.OpInDoubt || st == actors.OpRetired) && ts.deadlineFired {
+			s.reached(RaceLateCompletion)
+		}
+		if m.Err == nil || (st != actors.OpSubmitting && st != actors.OpSubmitted) {
+			return
+		}
+		mine := srcBlocks(ts.c, ts.opSegs[m.Op])
+		for r, ost := range ops {
+			if r.Peer == m.Op.Peer || (ost != actors.OpSubmitting && ost != actors.OpSubmitted) {
+				continue
+			}
+			for k := range srcBlocks(ts.c, ts.opSegs[r]) {
+				if mine[k] {
+					s.reached(RaceFailWhileReading)
+					return
+				}
+			}
+		}
+	}
+}
+
+type blockKey struct {
+	g  int
+	id kvcache.BlockID
+}
+
+// srcBlocks is the set of source pages (blocks) segments read.
+func srcBlocks(c *ctxRank, segs []kvcache.Segment) map[blockKey]bool {
+	out := map[blockKey]bool{}
+	for _, seg := range segs {
+		blocksOf(c.pools, seg.Src, seg.Src+seg.Len, func(g int, id kvcache.BlockID) { out[blockKey{g, id}] = true })
+	}
+	return out
+}
+
+// checkNoReader asserts the physical half of the rule on the source side:
+// no posted, unsettled write still reads the blocks being unpinned or freed.
+func (s *Sim) checkNoReader(c *ctxRank, ts *txSess, g int, ids []kvcache.BlockID, what string) {
+	for _, b := range s.batches {
+		if b.src != c || b.srcInc != c.inc {
+			continue
+		}
+		for _, id := range ids {
+			lo, hi := blockRange(c.pools[g], id)
+			for _, seg := range b.segs {
+				if seg.Src < hi && lo < seg.Src+seg.Len {
+					s.failf("%s: %s of group %d block %d while batch of op %v (posted, not landed) still reads it",
+						ts.name, what, g, id, b.op)
+					return
+				}
+			}
+		}
+	}
+}
+
+// execTx executes a TxSession's effects the way txActor does.
+func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
+	c := ts.c
+	for _, e := range effs {
+		if s.fail != nil {
+			return
+		}
+		switch e := e.(type) {
+		case actors.Pin:
+			if err := c.guard.Pin(e.Group, e.IDs); err != nil {
+				s.failf("%s: Pin: %v", ts.name, err)
+			}
+		case actors.Unpin:
+			if err := c.guard.Unpin(e.Group, e.IDs); err != nil {
+				s.failf("%s: Unpin: %v", ts.name, err)
+			}
+		case actors.WatchFence:
+			s.watchFence(ts, e.Chunk)
+		case actors.Submit:
+			w := c.workers[e.Worker]
+			msg := wSubmit{Submit: e, sess: ts}
+			s.mail(ts.name, w.name(), s.hop(), msg, func() { w.submit(msg) })
+		case actors.Flush:
+			w := c.workers[e.Worker]
+			msg := wFlush{Flush: e, sess: ts}
+			s.mail(ts.name, w.name(), s.hop(), msg, func() { w.flush(msg) })
+		case actors.CloseEndpoint:
+			w := c.workers[e.Worker]
+			s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
+		case actors.SendFrame:
+			w := c.workers[e.Worker]
+			s.mail(ts.name, w.name(), s.hop(), e, func() { w.send(e) })
+		case actors.StartTimer:
+			d := max(e.At.Sub(c.now()), 0)
+			msg := actors.TxTimeout{Kind: e.Kind}
+			s.after(d, ts.name, msg, func() {
+				if !ts.stop {
+					s.stepTx(ts, msg)
+				}
+			})
+		case actors.Finish:
+			ok := e.Outcome.OK
+			if ok {
+				s.res.TxDone++
+			} else {
+				s.res.TxNotDone++
+			}
+			if ts.app != nil {
+				a := ts.app
+				ts.appFinished = true
+				s.mail(ts.name, a.name(), s.hop(), e, func() { a.finished() })
+			}
+			s.mail(ts.name, c.parentName(), s.hop(), "sessionStopped", func() {
+				if !c.live(ts.inc) {
+					return
+				}
+				if c.sessions[ts.id] == ts {
+					delete(c.sessions, ts.id)
+				}
+				delete(c.handles, ts.id)
+				c.tombs[ts.id] = true
+				// Engine.Send may have adopted the session after it stopped
+				// but before this message reached the parent: its TxStart
+				// went to a dead actor. The parent finishes the handle it
+				// gave out (Handle.finish is idempotent). parents.go does
+				// not do this yet; Config.SendRace models it as it is.
+				if a := ts.app; a != nil && !ts.appFinished && !s.cfg.SendRace {
+					s.mail(c.parentName(), a.name(), s.hop(), e, func() { a.finished() })
+				}
+			})
+		case actors.Stop:
+			ts.stop = true
+		case actors.ReleaseDest:
+			s.failf("%s: a TxSession released destination blocks", ts.name)
+		case actors.Log:
+		default:
+			s.failf("%s: unknown effect %T", ts.name, e)
+		}
+	}
+}
+
+// watchFence schedules a chunk's fence: the serving process writes the
+// chunk's KV into its source blocks, then the fence fires.
+func (s *Sim) watchFence(ts *txSess, idx int) {
+	if idx != len(ts.chunkOf) {
+		s.failf("%s: WatchFence %d out of order (%d chunks watched)", ts.name, idx, len(ts.chunkOf))
+		return
+	}
+	ts.chunkOf = append(ts.chunkOf, ts.curChunk)
+	a := ts.app
+	var err error
+	if s.chance(s.faults.pFence) {
+		err = errors.New("sim: producer kernel failed")
+	}
+	msg := actors.TxFenceFired{Index: idx, Err: err}
+	s.after(s.between(200*time.Microsecond, 4*time.Millisecond), ts.name, msg, func() {
+		if !ts.c.live(ts.inc) || ts.stop {
+			return
+		}
+		if err != nil {
+			s.fired(FaultFence)
+		} else if a != nil && !a.freed {
+			a.writeChunk(ts.chunkOf[idx])
+		}
+		s.stepTx(ts, msg)
+	})
+}
+
+// onFrame is the context rank's listener and tx parent.
+func (c *ctxRank) onFrame(f messages.Frame) {
+	s := c.s
+	if err := f.Validate(); err != nil {
+		return // rejected, counted by the real listener
+	}
+	switch m := f.(type) {
+	case *messages.RequestData:
+		c.onRequestData(m)
+	case *messages.Cancel:
+		ts := c.sessions[m.RequestID]
+		if ts == nil {
+			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
+			return
+		}
+		s.sendTx(c.parentName(), ts, actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch})
+	}
+}
+
+// peerDown is txParent's peerDown (Engine.PeerDown): every session hears
+// that a generation rank was declared dead.
+func (c *ctxRank) peerDown(peer messages.PeerID) {
+	for _, ts := range sortedSessions(c.sessions) {
+		c.s.sendTx(c.parentName(), ts, actors.TxPeerGone{Peer: peer})
+	}
+}
+
+func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
+	w := c.workers[actors.WorkerFor(request, to, len(c.workers))]
+	e := actors.SendFrame{Worker: w.idx, To: to, Frame: f}
+	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(e) })
+}
+
+func (c *ctxRank) onRequestData(rd *messages.RequestData) {
+	s := c.s
+	ts := c.sessions[rd.RequestID]
+	if ts == nil {
+		if c.tombs[rd.RequestID] {
+			c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+				Status: messages.StatusFailed, Error: "request already finished on the context side"})
+			return
+		}
+		ts = c.spawn(rd.RequestID)
+	}
+	hello, err := s.hello(rd.From)
+	var route *actors.Route
+	var expected []int
+	if err == nil {
+		route, expected, err = actors.ResolveRequest(c.topo, hello, rd)
+	}
+	if route != nil {
+		gi := int(rd.From.Rank)
+		c.routes[route] = routeMeta{gen: gi, genInc: s.gen[gi].inc, epoch: rd.Epoch, request: rd.RequestID}
+	}
+	if bogus := s.isBogus(rd); bogus && err == nil {
+		s.failf("%s: ResolveRequest accepted a malformed RequestData for %s: %+v", c.name(), rd.RequestID, rd.Groups)
+		return
+	}
+	s.sendTx(c.parentName(), ts, actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
+		Route: route, Expected: expected, Err: err})
+}
+
+// ctxApp is the context side's serving process for one request on one
+// rank: it allocates source blocks, hands chunks over, writes each chunk's
+// KV before its fence fires, and frees its blocks once Done fires.
+type ctxApp struct {
+	q      *request
+	c      *ctxRank
+	inc    int
+	ts     *txSess
+	blocks [][]kvcache.BlockID
+	done   bool
+	freed  bool
+	nm     string
+}
+
+func (a *ctxApp) name() string { return a.nm }
+
+func (s *Sim) scheduleCtxApp(q *request, c *ctxRank) {
+	s.at(q.ctxStart, c.name()+"/app/"+q.id, "send", func() {
+		if !c.alive {
+			return
+		}
+		a := &ctxApp{q: q, c: c, inc: c.inc, nm: c.name() + "/app/" + q.id}
+		c.apps = append(c.apps, a)
+		a.start()
+	})
+}
+
+func (a *ctxApp) start() {
+	s, c, q := a.c.s, a.c, a.q
+	blocks := s.layout.BlocksFor(q.promptLen)
+	counts := make([]int, len(s.layout.Groups))
+	for g := range counts {
+		if len(c.shape.Layers[g]) > 0 {
+			counts[g] = blocks
+		}
+	}
+	ids, err := c.guard.Alloc(counts)
+	if err != nil {
+		s.failf("%s: source blocks: %v", a.name(), err)
+		return
+	}
+	a.blocks = ids
+	// Engine.Send: the tx parent opens (or adopts) the session.
+	if c.handles[q.id] || c.tombs[q.id] {
+		a.finished()
+		return
+	}
+	ts := c.sessions[q.id]
+	if ts == nil {
+		ts = c.spawn(q.id)
+	}
+	c.handles[q.id] = true
+	ts.app, a.ts = a, ts
+	ts.deadlineVT = min(ts.deadlineVT, s.vt+q.ctxDeadline)
+	s.sendTx(a.name(), ts, actors.TxStart{PromptLen: q.promptLen, Deadline: c.now().Add(q.ctxDeadline), Payload: q.payload})
+	t := s.vt
+	for i := range q.chunks {
+		t += s.between(100*time.Microsecond, 3*time.Millisecond)
+		s.at(t, a.name(), "chunk", func() { a.handChunk(i) })
+	}
+	if s.chance(s.faults.cancelCtx) {
+		s.at(s.vt+s.between(0, q.ctxDeadline), a.name(), "cancel", func() {
+			if !c.live(a.inc) || a.done {
+				return
+			}
+			s.fired(FaultCancelCtx)
+			s.sendTx(a.name(), ts, actors.TxCancel{})
+		})
+	}
+}
+
+// handChunk is TxHandle.Chunk for request chunk i.
+func (a *ctxApp) handChunk(i int) {
+	s, c := a.c.s, a.c
+	if !c.live(a.inc) || a.done {
+		return
+	}
+	ch := a.q.chunks[i]
+	first, end := ch.Blocks(s.layout.TokensPerBlock)
+	src := make([]kvcache.BlockRun, len(s.layout.Groups))
+	for g := range src {
+		if len(a.blocks[g]) > 0 {
+			src[g] = kvcache.BlockRun{First: first, IDs: a.blocks[g][first:end]}
+		}
+	}
+	msg := actors.TxChunk{Chunk: ch, Src: src}
+	ts := a.ts
+	s.mail(a.name(), ts.name, s.hop(), msg, func() {
+		ts.curChunk = i
+		s.stepTx(ts, msg)
+	})
+}
+
+// writeChunk writes the KV of request chunk i into its source blocks.
+func (a *ctxApp) writeChunk(i int) {
+	s, c := a.c.s, a.c
+	first, end := a.q.chunks[i].Blocks(s.layout.TokensPerBlock)
+	for g, ids := range a.blocks {
+		if len(ids) == 0 {
+			continue
+		}
+		for b := first; b < end; b++ {
+			buf := c.pools[g].Block(ids[b])
+			walkBlock(s.layout, c.shape, g, a.q.idx, b, func(off int, want byte) bool {
+				buf[off] = want
+				return true
+			})
+		}
+	}
+}
+
+// finished is Done firing: the serving process frees its source blocks.
+func (a *ctxApp) finished() {
+	s, c := a.c.s, a.c
+	if !c.live(a.inc) || a.done {
+		return
+	}
+	a.done = true
+	s.after(s.between(0, time.Millisecond), a.name(), "free", func() {
+		if !c.live(a.inc) || a.freed {
+			return
+		}
+		a.freed = true
+		for g, ids := range a.blocks {
+			if a.ts != nil {
+				s.checkNoReader(c, a.ts, g, ids, "Free")
+			}
+		}
+		if err := c.guard.Free(a.blocks); err != nil {
+			s.failf("%s: freeing source blocks after Done: %v", a.name(), err)
+		}
+		s.checkPools(c.name(), c.pools)
+	})
+}
+
+// sortedSessions returns a rank's live sessions in name order.
+func sortedSessions(m map[string]*txSess) []*txSess {
+	out := make([]*txSess, 0, len(m))
+	for _, ts := range m {
+		out = append(out, ts)
+	}
+	slices.SortFunc(out, func(a, b *txSess) int {
+		if a.name < b.name {
+			return -1
+		}
+		if a.name > b.name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}

@@ -1,0 +1,87 @@
+// Package sim is kvxfer's deterministic simulator (DESIGN.md §8): one
+// goroutine, a seeded PCG (math/rand/v2) and one queue ordered by virtual
+// time then sequence number drive the real step functions — every
+// actors.TxSession of a context instance (TP a × PP b) and every
+// actors.RxSession of a generation instance (TP c × PP d) — with a
+// simulated backend, clock and control link, and check invariants after
+// every step.
+//
+// # The model
+//
+// A seed draws a small layout (kvcache types, tiny head dimensions, full or
+// sliding-window groups, sometimes MLA), both instances' parallelism, the
+// workers, a few requests (prompt, chunking, prefix hits, start times and
+// deadlines) and a fault plan. Each rank has real kvcache pools over a host
+// region, driven through actors.Pools, so pins and frees are real and
+// CheckInvariants runs after every step. Routes come from
+// actors.ResolveRequest with the generation rank's Hello, so plans are the
+// real ones; destination blocks are allocated as actors/parents.go does.
+//
+// The shells are models of the real ones: the tx parent (sessions,
+// tombstones, replies), the rx parent (allocation queue, routing by
+// writer), sender workers (what actors/worker.go does with Submit, Flush,
+// CloseEndpoint, SendFrame and a restart: TxInDoubt, then close every
+// endpoint, which retires its ops), and the serving processes (Send and
+// chunks, Receive, cancel, and freeing blocks after Done). A batch lands —
+// its segments are copied between the two regions — at a scheduled time; a
+// closed endpoint's batches never land and complete with
+// rdma.ErrEndpointClosed, as the rdma.Endpoint contract says. A serving
+// process writes each chunk's KV (a function of global coordinates only)
+// just before the chunk's fence fires, so a receiver can check its bytes
+// without trusting the plan code.
+//
+// Mailboxes are FIFO per (sender, receiver); the control link encodes and
+// decodes every frame and is FIFO per connection (a worker's DEALER to a
+// peer), as ZeroMQ over TCP is: reordering happens across connections.
+// A rank's death takes its incarnation's state, its in-flight frames (both
+// ways) and its in-flight writes with it; a return boots a fresh
+// incarnation (new region, new agent address). The control plane's
+// failure detector is modelled as heartbeats: a rank that died and stays
+// silent for a while is declared to every live rank on the other side (and
+// to any that boots later) through the engine's own peer-down path —
+// TxPeerGone to every tx session, RxPeerGone to every rx session it writes
+// for, the rx parent's down set; a rank that came back first is never
+// declared. Partitions delay frames and writes until the heal and are not
+// declared (Config.SuspectPartitions declares them, to show why that is
+// unsafe).
+//
+// Two shell behaviours are modelled as they should be, with a switch to
+// model actors/parents.go as it is (see Config): the tx parent finishes the
+// handle of a session that stopped before Engine.Send adopted it
+// (SendRace), and the rx parent fails a request whose writer is declared
+// dead before any RequestData leaves (PeerDownRace).
+//
+// # Invariants
+//
+// After every step: a session's Violations stay empty; the first terminal
+// outcome is never overwritten and Finish reports it; no Pin and no new op
+// after the outcome; an Unpin only when every op is quiescent and no
+// posted, unsettled write reads the blocks (DESIGN.md §3's rule, checked
+// logically and physically); a terminal frame (Result other than SUCCESS,
+// CancelAck) only when every op that wrote that epoch is quiescent;
+// ReleaseDest only when no posted write may still land in the blocks; a
+// write reads only pinned source blocks and lands only in blocks its
+// request's session still owns, never after its endpoint closed; every
+// pool passes CheckInvariants; a READY request's bytes equal what the
+// sources wrote (at READY and again when its blocks are freed).
+//
+// At the end (the queue is empty): every session stopped and terminal,
+// every request answered, every block back in its pool (none leaked or
+// quarantined), nothing in flight. In a calm seed (no faults, long
+// deadlines) every request must end READY and DONE.
+//
+// # Faults and coverage
+//
+// Fault and Race list the fault kinds a seed may inject and the races of
+// DESIGN.md §3; Result counts which fired. TestSeeds fails when any of
+// them is reached in fewer than one seed in 1,000. TestMutations turns on
+// each actors.Mutations switch and requires a failing seed within 1,000.
+//
+// # Reproducing a failure
+//
+// A failing seed is reported with a command that reproduces it
+// (go test ./test/sim -run 'TestSeed$' -seed=N -v) and the path of its
+// trace: JSON lines of every message delivered to every actor (actor,
+// per-actor sequence number, type, payload summary, virtual time). `make
+// sim SEEDS=N` runs N seeds on every core.
+package sim

@@ -1,0 +1,273 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// Fault is one kind of fault the simulator injects. A seed chooses which
+// kinds are enabled and their parameters; a kind counts as fired in a seed
+// when it actually changed what some actor saw.
+type Fault uint8
+
+// Fault kinds.
+const (
+	// FaultWorkerPanic: a sender worker panics and restarts (its ops go
+	// IN_DOUBT, its endpoints are closed, then they are retired).
+	FaultWorkerPanic Fault = iota
+	// FaultPeerDeathBeforePost: a rank dies before any write to or from it
+	// was posted.
+	FaultPeerDeathBeforePost
+	// FaultPeerDeathDuringPost: a rank dies with writes to or from it in
+	// flight.
+	FaultPeerDeathDuringPost
+	// FaultPeerDeathAfterPost: a rank dies after writes to or from it were
+	// posted and have all settled.
+	FaultPeerDeathAfterPost
+	// FaultPeerReturn: a dead rank comes back (a fresh incarnation).
+	FaultPeerReturn
+	// FaultDrop: a control frame is lost.
+	FaultDrop
+	// FaultDuplicate: a control frame is delivered twice.
+	FaultDuplicate
+	// FaultReorder: frames to one receiver, on different connections, are
+	// delivered in another order than they were sent (per-connection FIFO
+	// holds, as with ZeroMQ over TCP).
+	FaultReorder
+	// FaultDelay: a control frame (and those behind it on its connection)
+	// is held back for a long time.
+	FaultDelay
+	// FaultPartition: the link between a context and a generation rank is
+	// cut and later healed (frames and writes wait for the heal).
+	FaultPartition
+	// FaultLateCompletion: a backend completion arrives after the
+	// session's deadline.
+	FaultLateCompletion
+	// FaultBatchFailure: a posted batch fails without writing.
+	FaultBatchFailure
+	// FaultPartialWrite: a posted batch writes only some of its bytes, then
+	// fails.
+	FaultPartialWrite
+	// FaultRegistration: the backend refuses a batch before it reaches the
+	// wire (remote registration unusable).
+	FaultRegistration
+	// FaultCancelCtx: the context side's serving process cancels.
+	FaultCancelCtx
+	// FaultCancelGen: the generation side's serving process cancels.
+	FaultCancelGen
+	// FaultClockJump: a rank's wall clock jumps forward or backward.
+	FaultClockJump
+	// FaultMalformed: a malformed or unresolvable control frame arrives.
+	FaultMalformed
+	// FaultSessionPanic: a session's shell recovers a panic.
+	FaultSessionPanic
+	// FaultFence: a chunk's fence fails (the producer failed).
+	FaultFence
+
+	numFaults
+)
+
+var faultNames = [numFaults]string{
+	"worker panic+restart", "peer death before post", "peer death during post", "peer death after post",
+	"peer death then return", "control dropped", "control duplicated", "control reordered", "control delayed",
+	"partition then heal", "completion after deadline", "batch failure", "partial write", "registration failure",
+	"cancel (context side)", "cancel (generation side)", "clock jump", "malformed control frame",
+	"session panic", "fence failure",
+}
+
+func (f Fault) String() string { return faultNames[f] }
+
+// Race is one of the races DESIGN.md §3 rules out by construction.
+type Race uint8
+
+// Races.
+const (
+	// RaceCancelWhileFence: a cancel arrives while an op waits for its
+	// fence.
+	RaceCancelWhileFence Race = iota
+	// RaceFailWhileReading: one peer's write fails while another peer's
+	// write still reads the same source pages.
+	RaceFailWhileReading
+	// RaceAdmitAfterDrain: a chunk arrives after the session decided its
+	// outcome (admission would race the drain).
+	RaceAdmitAfterDrain
+	// RaceSubmitAfterFail: a worker posts an op after another path failed
+	// its session.
+	RaceSubmitAfterFail
+	// RaceLateCompletion: a backend completion arrives after a timeout put
+	// its op IN_DOUBT.
+	RaceLateCompletion
+	// RaceWorkerPanicSubmitted: a worker panics with ops SUBMITTED.
+	RaceWorkerPanicSubmitted
+
+	numRaces
+)
+
+var raceNames = [numRaces]string{
+	"cancel while an op waits for its fence", "write fails while another reads the pages",
+	"chunk after the outcome (admit vs drain)", "worker posts an op its session already failed",
+	"late completion after a timeout", "worker panics with ops SUBMITTED",
+}
+
+func (r Race) String() string { return raceNames[r] }
+
+// window is a virtual-time interval [from, to).
+type window struct{ from, to time.Duration }
+
+func (w window) overlaps(a, b time.Duration) bool { return a < w.to && b >= w.from }
+
+// death is one rank's death (and, when back > 0, its return).
+type death struct {
+	gen  bool // a generation rank (else a context rank)
+	rank int
+	at   time.Duration
+	back time.Duration // return time; 0 = stays dead
+}
+
+// partition cuts the link between one context rank and one generation rank.
+type partition struct {
+	ctx, gen int
+	w        window
+}
+
+// plan is the faults one seed injects.
+type plan struct {
+	on [numFaults]bool
+
+	pDrop, pDup, pDelay, pReorder float64
+	pBatchFail, pPartial, pLate   float64
+	pFence                        float64
+
+	crashes    []time.Duration // worker panics (rank and worker drawn at the time)
+	deaths     []death
+	partitions []partition
+	regWindows []window // registration failures on one context rank
+	regRank    int
+	jumps      []time.Duration
+	malformed  []time.Duration
+	sessPanics []time.Duration
+	cancelCtx  float64 // per request and rank: probability of a cancel
+	cancelGen  float64
+}
+
+// newPlan draws the seed's faults: each kind is enabled with some
+// probability, then its parameters are drawn.
+func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration, density float64) plan {
+	var p plan
+	for f := range numFaults {
+		p.on[f] = r.Float64() < density
+	}
+	// Most faults strike while transfers run; some at any time.
+	at := func() time.Duration {
+		if r.IntN(4) > 0 {
+			return time.Duration(r.Int64N(int64(active)))
+		}
+		return time.Duration(r.Int64N(int64(horizon)))
+	}
+	// A peer death is one fault whose flavour (before, during, after
+	// posting) is decided by when it strikes.
+	if p.on[FaultPeerDeathBeforePost] || p.on[FaultPeerDeathDuringPost] || p.on[FaultPeerDeathAfterPost] {
+		n := 1 + r.IntN(2)
+		for range n {
+			d := death{gen: r.IntN(2) == 0, at: at()}
+			if d.gen {
+				d.rank = r.IntN(genRanks)
+			} else {
+				d.rank = r.IntN(ctxRanks)
+			}
+			if p.on[FaultPeerReturn] || r.IntN(3) == 0 {
+				d.back = d.at + time.Millisecond + time.Duration(r.Int64N(int64(40*time.Millisecond)))
+			}
+			p.deaths = append(p.deaths, d)
+		}
+	}
+	if p.on[FaultWorkerPanic] {
+		for range 1 + r.IntN(4) {
+			p.crashes = append(p.crashes, at())
+		}
+	}
+	if p.on[FaultDrop] {
+		p.pDrop = 0.02 + 0.1*r.Float64()
+	}
+	if p.on[FaultDuplicate] {
+		p.pDup = 0.05 + 0.2*r.Float64()
+	}
+	if p.on[FaultDelay] {
+		p.pDelay = 0.05 + 0.2*r.Float64()
+	}
+	if p.on[FaultReorder] {
+		p.pReorder = 0.2 + 0.5*r.Float64()
+	}
+	if p.on[FaultPartition] {
+		for range 1 + r.IntN(2) {
+			from := at()
+			p.partitions = append(p.partitions, partition{ctx: r.IntN(ctxRanks), gen: r.IntN(genRanks),
+				w: window{from, from + time.Millisecond + time.Duration(r.Int64N(int64(80*time.Millisecond)))}})
+		}
+	}
+	if p.on[FaultLateCompletion] {
+		p.pLate = 0.05 + 0.2*r.Float64()
+	}
+	if p.on[FaultBatchFailure] {
+		p.pBatchFail = 0.05 + 0.15*r.Float64()
+	}
+	if p.on[FaultPartialWrite] {
+		p.pPartial = 0.05 + 0.15*r.Float64()
+	}
+	if p.on[FaultRegistration] {
+		p.regRank = r.IntN(ctxRanks)
+		for range 1 + r.IntN(2) {
+			from := time.Duration(r.Int64N(int64(active)))
+			p.regWindows = append(p.regWindows, window{from, from + time.Millisecond + time.Duration(r.Int64N(int64(30*time.Millisecond)))})
+		}
+	}
+	if p.on[FaultCancelCtx] {
+		p.cancelCtx = 0.2 + 0.5*r.Float64()
+	}
+	if p.on[FaultCancelGen] {
+		p.cancelGen = 0.2 + 0.5*r.Float64()
+	}
+	if p.on[FaultClockJump] {
+		for range 1 + r.IntN(2) {
+			p.jumps = append(p.jumps, at())
+		}
+	}
+	if p.on[FaultMalformed] {
+		for range 1 + r.IntN(4) {
+			p.malformed = append(p.malformed, at())
+		}
+	}
+	if p.on[FaultSessionPanic] {
+		for range 1 + r.IntN(2) {
+			p.sessPanics = append(p.sessPanics, at())
+		}
+	}
+	if p.on[FaultFence] {
+		p.pFence = 0.05 + 0.1*r.Float64()
+	}
+	return p
+}
+
+// partitioned returns the end of the partition between ctx rank c and gen
+// rank g that overlaps [a, b], or 0.
+func (p *plan) partitioned(c, g int, a, b time.Duration) time.Duration {
+	var end time.Duration
+	for _, pt := range p.partitions {
+		if pt.ctx == c && pt.gen == g && pt.w.overlaps(a, b) {
+			end = max(end, pt.w.to)
+		}
+	}
+	return end
+}
+
+func (p *plan) registrationDown(rank int, t time.Duration) bool {
+	if rank != p.regRank {
+		return false
+	}
+	for _, w := range p.regWindows {
+		if t >= w.from && t < w.to {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,119 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// linkKey is one control connection: a worker's DEALER to a peer's ROUTER.
+type linkKey struct {
+	fromGen           bool
+	from, inc, worker int
+	to                int
+}
+
+// linkSend is the simulated control link (ZeroMQ): every frame is encoded
+// and decoded, delivered FIFO per connection, and subject to the seed's
+// faults — loss, duplication, delay, cross-connection reordering, and
+// partitions (frames wait for the heal). Frames to or from an incarnation
+// that dies in the meantime are lost with it.
+func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, f messages.Frame) {
+	b, err := messages.Encode(f)
+	if err != nil {
+		s.failf("a step produced a frame the codec refuses: %T: %v", f, err)
+		return
+	}
+	toGen := to.Instance == "gen"
+	if !toGen && to.Instance != "ctx" || to.Rank < 0 ||
+		toGen && int(to.Rank) >= len(s.gen) || !toGen && int(to.Rank) >= len(s.ctx) {
+		return // no such peer: the dial fails
+	}
+	if toGen == fromGen {
+		s.failf("frame %T from %v side to its own side %v", f, fromGen, to)
+		return
+	}
+	var toInc int
+	var toName string
+	if toGen {
+		g := s.gen[to.Rank]
+		if !g.alive {
+			return
+		}
+		toInc, toName = g.inc, g.nm
+	} else {
+		c := s.ctx[to.Rank]
+		if !c.alive {
+			return
+		}
+		toInc, toName = c.inc, c.name()
+	}
+	if s.chance(s.faults.pDrop) {
+		s.fired(FaultDrop)
+		return
+	}
+	lat := s.between(20*time.Microsecond, 400*time.Microsecond)
+	if s.chance(s.faults.pReorder) {
+		lat += s.between(0, 4*time.Millisecond)
+	}
+	if s.chance(s.faults.pDelay) {
+		s.fired(FaultDelay)
+		lat += s.between(5*time.Millisecond, 60*time.Millisecond)
+	}
+	ci, gi := from, int(to.Rank)
+	if fromGen {
+		ci, gi = gi, ci
+	}
+	if end := s.faults.partitioned(ci, gi, s.vt, s.vt+lat); end > 0 {
+		s.fired(FaultPartition)
+		lat = end - s.vt + s.between(20*time.Microsecond, 400*time.Microsecond)
+	}
+	k := linkKey{fromGen: fromGen, from: from, inc: inc, worker: worker, to: int(to.Rank)}
+	t := max(s.vt+lat, s.links[k])
+	s.links[k] = t
+	s.frameSeq++
+	n := s.frameSeq
+	deliver := func() {
+		if fromGen && !s.gen[from].live(inc) || !fromGen && !s.ctx[from].live(inc) {
+			return
+		}
+		fr, err := messages.Decode(b)
+		if err != nil {
+			s.failf("the codec refuses a frame it encoded: %v", err)
+			return
+		}
+		if toGen {
+			g := s.gen[to.Rank]
+			if !g.live(toInc) {
+				return
+			}
+			s.noteOrder(&g.maxFrame, n)
+			g.onFrame(fr)
+		} else {
+			c := s.ctx[to.Rank]
+			if !c.live(toInc) {
+				return
+			}
+			s.noteOrder(&c.maxFrame, n)
+			c.onFrame(fr)
+		}
+	}
+	name := toName + "/listener"
+	s.at(t, name, f, deliver)
+	if s.chance(s.faults.pDup) {
+		s.fired(FaultDuplicate)
+		s.at(t, name, f, deliver)
+	}
+}
+
+// noteOrder counts a frame delivered after a frame sent later (on another
+// connection) as a reordering.
+func (s *Sim) noteOrder(maxSeen *uint64, n uint64) {
+	if n < *maxSeen {
+		if s.faults.on[FaultReorder] {
+			s.fired(FaultReorder)
+		}
+		return
+	}
+	*maxSeen = n
+}

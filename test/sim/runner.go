@@ -1,0 +1,210 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sweep is the outcome of many seeds.
+type Sweep struct {
+	Seeds    int
+	Elapsed  time.Duration
+	Failures []*Failure // sorted by seed
+	// SeedsWithFault[k] and SeedsWithRace[r] count the seeds in which a
+	// fault kind fired or a race was reached; FaultsFired[k] counts firings.
+	SeedsWithFault [numFaults]int
+	FaultsFired    [numFaults]int
+	SeedsWithRace  [numRaces]int
+	Events         int
+	Ready          int
+	NotReady       int
+}
+
+// RunSeeds runs seeds base, base+1, …, base+n-1 on GOMAXPROCS goroutines
+// (each seed's simulation is single-threaded) with cfg (its Seed set per
+// run) and aggregates them. With
+// stopEarly it stops handing out seeds after the first failure.
+func RunSeeds(base uint64, n int, stopEarly bool, cfg Config) *Sweep {
+	sw := &Sweep{}
+	var next atomic.Int64
+	var stop atomic.Bool
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				c := cfg
+				c.Seed = base + uint64(i)
+				res := Run(c)
+				mu.Lock()
+				sw.add(res)
+				mu.Unlock()
+				if res.Failure != nil && stopEarly {
+					stop.Store(true)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	sw.Elapsed = time.Since(start)
+	slices.SortFunc(sw.Failures, func(a, b *Failure) int {
+		switch {
+		case a.Seed < b.Seed:
+			return -1
+		case a.Seed > b.Seed:
+			return 1
+		}
+		return 0
+	})
+	return sw
+}
+
+func (sw *Sweep) add(r *Result) {
+	sw.Seeds++
+	sw.Events += r.Events
+	sw.Ready += r.Ready
+	sw.NotReady += r.NotReady
+	if r.Failure != nil {
+		sw.Failures = append(sw.Failures, r.Failure)
+	}
+	for k, n := range r.Faults {
+		sw.FaultsFired[k] += n
+		if n > 0 {
+			sw.SeedsWithFault[k]++
+		}
+	}
+	for k, n := range r.Races {
+		if n > 0 {
+			sw.SeedsWithRace[k]++
+		}
+	}
+}
+
+// SeedsPerSecond is the sweep's throughput.
+func (sw *Sweep) SeedsPerSecond() float64 { return float64(sw.Seeds) / sw.Elapsed.Seconds() }
+
+// Uncovered lists the fault kinds and races reached in fewer than one seed
+// in 1,000 (at least one seed when fewer than 1,000 ran).
+func (sw *Sweep) Uncovered() []string {
+	need := max(1, sw.Seeds/1000)
+	var out []string
+	for k := range numFaults {
+		if sw.SeedsWithFault[k] < need {
+			out = append(out, fmt.Sprintf("fault %q: %d seeds of %d", Fault(k), sw.SeedsWithFault[k], sw.Seeds))
+		}
+	}
+	for k := range numRaces {
+		if sw.SeedsWithRace[k] < need {
+			out = append(out, fmt.Sprintf("race %q: %d seeds of %d", Race(k), sw.SeedsWithRace[k], sw.Seeds))
+		}
+	}
+	return out
+}
+
+// Report is the sweep's coverage table.
+func (sw *Sweep) Report() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d seeds in %v: %.0f seeds/s, %d events (%.0f/seed), gen sessions READY %d, other %d, failures %d\n",
+		sw.Seeds, sw.Elapsed.Round(time.Millisecond), sw.SeedsPerSecond(), sw.Events, float64(sw.Events)/float64(max(sw.Seeds, 1)),
+		sw.Ready, sw.NotReady, len(sw.Failures))
+	per := func(n int) float64 { return 1000 * float64(n) / float64(max(sw.Seeds, 1)) }
+	fmt.Fprintf(&b, "%-44s %14s %16s\n", "fault kind", "seeds per 1000", "firings per 1000")
+	for k := range numFaults {
+		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", Fault(k), per(sw.SeedsWithFault[k]), per(sw.FaultsFired[k]))
+	}
+	fmt.Fprintf(&b, "%-44s %14s\n", "race (DESIGN.md §3)", "seeds per 1000")
+	for k := range numRaces {
+		fmt.Fprintf(&b, "%-44s %14.1f\n", Race(k), per(sw.SeedsWithRace[k]))
+	}
+	return b.String()
+}
+
+// WriteTrace writes a run's trace as JSON lines to a new file under dir
+// (os.TempDir() when empty) and returns its path.
+func WriteTrace(dir string, r *Result) (string, error) {
+	f, err := os.CreateTemp(dir, fmt.Sprintf("kvxfer-sim-seed%d-*.jsonl", r.Seed))
+	if err != nil {
+		return "", err
+	}
+	if err := EncodeTrace(f, r.Trace); err != nil {
+		_ = f.Close()
+		return "", err
+	}
+	return f.Name(), f.Close()
+}
+
+// EncodeTrace writes trace records as JSON lines.
+func EncodeTrace(w io.Writer, trace []TraceRecord) error {
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for i := range trace {
+		if err := enc.Encode(&trace[i]); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// FailureKinds groups failures by their message with numbers masked, most
+// frequent first, with the first seed of each.
+func (sw *Sweep) FailureKinds() []string {
+	type kind struct {
+		n    int
+		seed uint64
+	}
+	kinds := map[string]*kind{}
+	var order []string
+	for _, f := range sw.Failures {
+		k := masked.ReplaceAllString(maskNumbers(f.Msg), "[#…]")
+		if len(k) > 160 {
+			k = k[:160]
+		}
+		if kinds[k] == nil {
+			kinds[k] = &kind{seed: f.Seed}
+			order = append(order, k)
+		}
+		kinds[k].n++
+	}
+	slices.SortStableFunc(order, func(a, b string) int { return kinds[b].n - kinds[a].n })
+	out := make([]string, len(order))
+	for i, k := range order {
+		out[i] = fmt.Sprintf("%5d× (first seed %d) %s", kinds[k].n, kinds[k].seed, k)
+	}
+	return out
+}
+
+var masked = regexp.MustCompile(`\[[# ]*#\]`)
+
+func maskNumbers(s string) string {
+	var b strings.Builder
+	digit := false
+	for _, r := range s {
+		if r >= '0' && r <= '9' || digit && (r >= 'a' && r <= 'f' || r == 'x') {
+			if !digit {
+				b.WriteByte('#')
+			}
+			digit = true
+			continue
+		}
+		digit = false
+		b.WriteRune(r)
+	}
+	return b.String()
+}

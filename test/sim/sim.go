@@ -1,0 +1,260 @@
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Config is one simulation run.
+type Config struct {
+	// Seed determines everything: topology, workload, faults, timings.
+	Seed uint64
+	// Trace records every message delivered to every actor.
+	Trace bool
+	// MaxEvents bounds the run (0: a default); hitting it is a failure.
+	MaxEvents int
+	// SendRace models actors/parents.go as it is: Engine.Send may adopt a
+	// session that has stopped (its sessionStopped not yet processed by
+	// the tx parent), and that handle's Done never fires. By default the
+	// simulated tx parent finishes the handle on sessionStopped.
+	SendRace bool
+	// SuspectPartitions lets the failure detector declare a partitioned
+	// (alive) peer dead, as heartbeats cannot tell the two apart: each
+	// side of a long partition hears Engine.PeerDown for the other.
+	SuspectPartitions bool
+	// PeerDownRace models actors/parents.go's rxParent.start as it is: a
+	// session whose writer is declared dead gets RxPeerGone, yet its
+	// RequestData still leaves and reaches the writer if it came back, and
+	// the writer then writes into blocks the session released. By default
+	// the simulated rx parent fails such a request before any RequestData
+	// leaves.
+	PeerDownRace bool
+}
+
+// Failure is the first invariant a run broke.
+type Failure struct {
+	Seed  uint64
+	At    time.Duration // virtual time
+	Actor string
+	Msg   string
+}
+
+func (f *Failure) Error() string {
+	return fmt.Sprintf("seed %d at %v (%s): %s", f.Seed, f.At, f.Actor, f.Msg)
+}
+
+// Result is what one run reports.
+type Result struct {
+	Seed    uint64
+	Failure *Failure
+	// Faults[k] counts how often fault kind k fired; Races[r] how often
+	// race r was reached.
+	Faults [numFaults]int
+	Races  [numRaces]int
+	// Events is the number of messages delivered.
+	Events int
+	// Ready, Failed count generation sessions by outcome; TxDone counts
+	// context sessions that ended DONE.
+	Ready, NotReady, TxDone, TxNotDone int
+	// Trace holds the delivered messages when Config.Trace is set.
+	Trace []TraceRecord
+}
+
+// Summary is a one-line description of the run.
+func (r *Result) Summary() string {
+	return fmt.Sprintf("seed %d: %d events, gen READY %d / other %d, ctx DONE %d / other %d",
+		r.Seed, r.Events, r.Ready, r.NotReady, r.TxDone, r.TxNotDone)
+}
+
+// TraceRecord is one delivered message: JSON lines of these are a run's
+// trace (DESIGN.md §8).
+type TraceRecord struct {
+	T     int64  `json:"t_ns"` // virtual time
+	Actor string `json:"actor"`
+	Seq   int    `json:"seq"` // per-actor sequence number
+	Type  string `json:"type"`
+	Msg   string `json:"msg"`
+}
+
+// epoch0 is virtual time zero on every rank's wall clock (before jumps).
+var epoch0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type event struct {
+	at    time.Duration
+	seq   uint64
+	actor string
+	msg   any
+	fn    func()
+}
+
+type eventHeap []*event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}
+
+type fifoKey struct{ from, to string }
+
+// Sim is one deterministic run: one goroutine, one queue ordered by
+// virtual time then sequence number, and the real step functions of every
+// session of a context and a generation instance.
+type Sim struct {
+	cfg     Config
+	r       *rand.Rand
+	vt      time.Duration
+	seq     uint64
+	q       eventHeap
+	fifo    map[fifoKey]time.Duration
+	res     *Result
+	fail    *Failure
+	current string // actor being stepped (for failures)
+
+	actorSeq map[string]int
+
+	faults plan
+
+	layout     kvcache.Layout
+	layoutHash uint64
+	ctxPar     kvcache.Parallel
+	genPar     kvcache.Parallel
+	pm         *kvcache.PeerMap
+	ctx        []*ctxRank
+	gen        []*genRank
+	reqs       []*request
+	ctxW, genW int
+	drainGrace time.Duration
+	// cancelResend is RxConfig.CancelResend.
+	cancelResend time.Duration
+	orphan       time.Duration
+
+	links       map[linkKey]time.Duration
+	bogusFrames []*messages.RequestData
+	batches     []*batch // posted, not yet landed or dropped
+	frameSeq    uint64
+	bogus       int
+	lastStart   time.Duration
+	activeEnd   time.Duration // when the last transfer should be over
+	calm        bool          // no faults: every request must succeed
+}
+
+// Run executes one seed and checks every invariant along the way.
+func Run(cfg Config) *Result {
+	if cfg.MaxEvents == 0 {
+		cfg.MaxEvents = 400_000
+	}
+	s := &Sim{
+		cfg:   cfg,
+		r:     rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
+		fifo:  map[fifoKey]time.Duration{},
+		links: map[linkKey]time.Duration{},
+		res:   &Result{Seed: cfg.Seed},
+	}
+	if cfg.Trace {
+		s.actorSeq = map[string]int{}
+	}
+	s.setup()
+	for s.fail == nil && len(s.q) > 0 {
+		if s.res.Events >= cfg.MaxEvents {
+			s.failf("no quiescence after %d events", s.res.Events)
+			break
+		}
+		e := heap.Pop(&s.q).(*event)
+		s.vt = e.at
+		s.res.Events++
+		s.current = e.actor
+		if cfg.Trace {
+			s.record(e)
+		}
+		e.fn()
+	}
+	if s.fail == nil {
+		s.current = "end"
+		s.checkEnd()
+	}
+	s.res.Failure = s.fail
+	return s.res
+}
+
+func (s *Sim) record(e *event) {
+	n := s.actorSeq[e.actor]
+	s.actorSeq[e.actor] = n + 1
+	s.res.Trace = append(s.res.Trace, TraceRecord{T: int64(e.at), Actor: e.actor, Seq: n,
+		Type: fmt.Sprintf("%T", e.msg), Msg: summarize(e.msg)})
+}
+
+// at schedules fn (delivering msg to actor) at virtual time t.
+func (s *Sim) at(t time.Duration, actor string, msg any, fn func()) {
+	if t < s.vt {
+		t = s.vt
+	}
+	s.seq++
+	heap.Push(&s.q, &event{at: t, seq: s.seq, actor: actor, msg: msg, fn: fn})
+}
+
+// after schedules fn d from now.
+func (s *Sim) after(d time.Duration, actor string, msg any, fn func()) { s.at(s.vt+d, actor, msg, fn) }
+
+// mail delivers msg from one actor to another after d, never before an
+// earlier message on the same (from, to) pair: a mailbox is FIFO per sender.
+func (s *Sim) mail(from, to string, d time.Duration, msg any, fn func()) {
+	k := fifoKey{from, to}
+	t := max(s.vt+d, s.fifo[k])
+	s.fifo[k] = t
+	s.at(t, to, msg, fn)
+}
+
+// hop is the latency of one in-process mailbox hop.
+func (s *Sim) hop() time.Duration { return time.Duration(s.r.Int64N(int64(200 * time.Microsecond))) }
+
+func (s *Sim) failf(format string, args ...any) {
+	if s.fail != nil {
+		return
+	}
+	s.fail = &Failure{Seed: s.cfg.Seed, At: s.vt, Actor: s.current, Msg: fmt.Sprintf(format, args...)}
+}
+
+func (s *Sim) fired(f Fault)  { s.res.Faults[f]++ }
+func (s *Sim) reached(r Race) { s.res.Races[r]++ }
+
+// between returns a duration uniformly in [lo, hi).
+func (s *Sim) between(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(s.r.Int64N(int64(hi-lo)))
+}
+
+func (s *Sim) chance(p float64) bool { return p > 0 && s.r.Float64() < p }
+
+// opLess orders op references deterministically.
+func opLess(a, b actors.OpRef) int {
+	switch {
+	case a.Request != b.Request:
+		if a.Request < b.Request {
+			return -1
+		}
+		return 1
+	case a.Peer != b.Peer:
+		return a.Peer - b.Peer
+	}
+	return a.Seq - b.Seq
+}
