@@ -65,6 +65,11 @@ type Config struct {
 	Logger *zerolog.Logger
 	// Recorder, when set, receives every message each session steps on.
 	Recorder actors.Recorder
+	// TracePath, when set, records a replayable trace of every session
+	// (package trace, `kvxfer replay`) to this file, which Start creates
+	// and Engine.Close flushes and closes. Each engine needs its own file.
+	// With Recorder also set, both receive every message.
+	TracePath string
 
 	workersSet bool
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/trace"
 )
 
 // Re-exported so that an embedder needs only this package for the common
@@ -49,6 +50,7 @@ type Engine struct {
 	ownsAg bool
 	region *kvcache.Region
 	pools  *actors.Pools
+	trace  *trace.Writer // Config.TracePath's, closed by Close
 }
 
 // Start validates cfg, carves the pool region into one pool per layer
@@ -106,14 +108,30 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		link = DefaultLink()
 	}
 	self := messages.PeerID{Instance: r.Instance, Rank: int32(r.Parallel.Index(r.Rank))}
+	rec := r.Recorder
+	if r.TracePath != "" {
+		if e.trace, err = trace.Create(r.TracePath); err != nil {
+			if e.ownsAg {
+				_ = e.agent.Close()
+			}
+			if e.ownsRg {
+				_ = e.region.Close()
+			}
+			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
+		}
+		rec = trace.Tee(e.trace, r.Recorder)
+	}
 	inner, err := actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
 			Rank: r.Rank, Pools: geoms},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
-		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: r.Recorder,
+		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec,
 	})
 	if err != nil {
+		if e.trace != nil {
+			_ = e.trace.Close()
+		}
 		if e.ownsAg {
 			_ = e.agent.Close()
 		}
@@ -281,6 +299,12 @@ func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
 // that could not drain by ctx's end; their pages stay pinned.
 func (e *Engine) Close(ctx context.Context) error {
 	err := e.inner.Close(ctx)
+	if e.trace != nil {
+		// Every session has stopped: the trace is complete.
+		if terr := e.trace.Close(); terr != nil && err == nil {
+			err = fmt.Errorf("trace %s: %w", e.cfg.TracePath, terr)
+		}
+	}
 	if e.ownsAg {
 		if cerr := e.agent.Close(); cerr != nil && err == nil {
 			err = cerr

@@ -66,7 +66,11 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
 	}))
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
-	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder}
+	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self}
+	if tr, ok := cfg.Recorder.(Tracer); ok {
+		e.env.tracer = tr
+		tr.Engine(EngineInfo{Self: cfg.Self, Topology: cfg.Topology, Workers: cfg.Workers})
+	}
 
 	// senders: a supervisor whose children are the workers.
 	workerSup := actor.NewOneForOneStrategy(10, 10*time.Second, func(any) actor.Directive { return actor.RestartDirective })
@@ -87,7 +91,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]bool{}}
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{}}
 	}))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,

@@ -105,7 +105,7 @@ type txParent struct {
 	cfg      TxConfig
 	sessions sessionTable
 	tombs    *tombstones
-	handles  map[string]bool
+	handles  map[string]*Handle
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -126,7 +126,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			m.reply <- txOpenReply{err: ErrClosed}
 			return
 		}
-		if p.handles[m.request] || p.tombs.has(m.request) {
+		if p.handles[m.request] != nil || p.tombs.has(m.request) {
 			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s already sent", ErrBadRequest, m.request)}
 			return
 		}
@@ -134,7 +134,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		if pid == nil {
 			pid = p.spawn(ctx, m.request)
 		}
-		p.handles[m.request] = true
+		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
 		m.reply <- txOpenReply{pid: pid}
 	case *messages.RequestData:
@@ -149,6 +149,12 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
+		// The session finishes its handle itself; if it stopped before a
+		// Send adopted it (the handle then went to a dead actor), this
+		// does (Handle.finish is once-only).
+		if h := p.handles[m.request]; h != nil {
+			h.finish(m.outcome)
+		}
 		delete(p.handles, m.request)
 		p.tombs.add(m.request)
 		p.sessions.maybeDrained()
@@ -195,7 +201,8 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
 	}
-	ctx.Send(pid, TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch, Route: route, Expected: expected, Err: err})
+	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
+		Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }
 
 // sessionSupervisor restarts a panicking session (its state survives in the
@@ -401,6 +408,23 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		q.handle.finish(Outcome{Request: q.req.ID, Status: RxFailed.String(), Err: fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err)})
 		return
 	}
+	// A writer the control plane declared dead (and does not hear again)
+	// fails the request before any RequestData leaves: were it to come
+	// back, it must not write into blocks this request no longer owns.
+	for _, r := range pm.WritersOf(p.topo.Rank) {
+		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
+		if p.down[peer] && p.link != nil {
+			if _, err := p.link.Hello(peer); err == nil {
+				delete(p.down, peer) // the control plane hears it again
+			}
+		}
+		if p.down[peer] {
+			_ = p.env.pools.Free(blocks)
+			q.handle.finish(Outcome{Request: q.req.ID, Status: RxFailed.String(),
+				Err: fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer)})
+			return
+		}
+	}
 	entry := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
 	var writers []RxWriter
 	for i, r := range pm.WritersOf(p.topo.Rank) {
@@ -412,22 +436,14 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 				GenTP:       int32(p.topo.Rank.TP), GenPP: int32(p.topo.Rank.PP),
 				PromptLen: int32(q.req.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
+	// CancelResend: a decided session asks writers that have not answered
+	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
 	a := &rxActor{env: p.env, handle: q.handle, s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
-		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks})}
+		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second})}
 	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
 	entry.pid = pid
 	p.entries[q.req.ID] = entry
 	p.sessions.pids[q.req.ID] = pid
-	for peer, w := range entry.writers {
-		if p.down[peer] && p.link != nil {
-			if _, err := p.link.Hello(peer); err == nil {
-				delete(p.down, peer) // the control plane hears it again
-			}
-		}
-		if p.down[peer] {
-			ctx.Send(pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s is down", ErrPeerGone, peer)})
-		}
-	}
 }
 
 // listener validates every frame that arrives and routes it.

@@ -8,6 +8,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // Counters are an engine's monotonically increasing event counts.
@@ -94,12 +96,22 @@ type shellEnv struct {
 	log      zerolog.Logger
 	stats    *Counters
 	recorder Recorder
+	tracer   Tracer // recorder, when it is a Tracer
+	self     messages.PeerID
 }
 
 // txChunkMsg carries a chunk and its fence from the handle to the shell.
 type txChunkMsg struct {
 	TxChunk
 	fence Fence
+}
+
+// txPeerRequestMsg carries a resolved RequestData from the tx parent to the
+// shell with what resolved it, for the tracer.
+type txPeerRequestMsg struct {
+	TxPeerRequest
+	hello *messages.Hello
+	rd    *messages.RequestData
 }
 
 // sessionStopped tells a parent that a session released everything.
@@ -116,6 +128,8 @@ type txActor struct {
 	fence    Fence // the fence of the chunk being stepped
 	timers   []*time.Timer
 	panicked bool
+	path     string        // actor path for the recorder
+	tr       SessionTracer // nil unless tracing
 }
 
 func (a *txActor) Receive(ctx actor.Context) {
@@ -128,7 +142,12 @@ func (a *txActor) Receive(ctx actor.Context) {
 			a.env.stats.SessionPanics.Add(1)
 			eff = a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
+			cfg := a.s.cfg
+			a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
 			eff = a.s.Init(now)
+			if a.tr != nil {
+				a.tr.Stepped(a.s, eff)
+			}
 		}
 	case *actor.Restarting:
 		a.panicked = true
@@ -147,6 +166,11 @@ func (a *txActor) Receive(ctx actor.Context) {
 	case *txSetHandle:
 		a.handle = m.h
 		eff = a.step(ctx, m.start, now)
+	case txPeerRequestMsg:
+		if a.tr != nil {
+			a.tr.Resolved(m.hello, m.rd)
+		}
+		eff = a.step(ctx, m.TxPeerRequest, now)
 	default:
 		eff = a.step(ctx, m, now)
 	}
@@ -159,11 +183,8 @@ type txSetHandle struct {
 	start TxStart
 }
 
-func (a *txActor) step(ctx actor.Context, m any, now time.Time) []Effect {
-	if a.env.recorder != nil {
-		a.env.recorder.Record(ctx.Self().Id, m, now)
-	}
-	return a.s.Step(m, now)
+func (a *txActor) step(_ actor.Context, m any, now time.Time) []Effect {
+	return traced(a.env, a.path, a.tr, a.s, m, now)
 }
 
 func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
@@ -241,6 +262,8 @@ type rxActor struct {
 	handle   *Handle
 	timers   []*time.Timer
 	panicked bool
+	path     string        // actor path for the recorder
+	tr       SessionTracer // nil unless tracing
 }
 
 func (a *rxActor) Receive(ctx actor.Context) {
@@ -253,6 +276,11 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			a.env.stats.SessionPanics.Add(1)
 			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
+			cfg := a.s.cfg
+			a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
+			if a.tr != nil {
+				a.tr.Stepped(a.s, nil)
+			}
 			eff = a.step(ctx, RxBegin{}, now)
 		}
 	case *actor.Restarting:
@@ -287,14 +315,6 @@ func (a *rxActor) Receive(ctx actor.Context) {
 	}
 }
 
-func (a *rxActor) step(ctx actor.Context, m any, now time.Time) []Effect {
-	if a.env.recorder != nil {
-		a.env.recorder.Record(ctx.Self().Id, m, now)
-	}
-	return a.s.Step(m, now)
-}
-
-// Recorder receives every message a session steps on (the trace seam).
-type Recorder interface {
-	Record(actor string, msg any, at time.Time)
+func (a *rxActor) step(_ actor.Context, m any, now time.Time) []Effect {
+	return traced(a.env, a.path, a.tr, a.s, m, now)
 }

@@ -23,6 +23,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true, // a failed run prints its error, not the usage
 		SilenceErrors: false,
 	}
-	root.AddCommand(newBenchCmd(), newDemoCmd(), newCtxCmd(), newGenCmd(), newKeygenCmd())
+	root.AddCommand(newBenchCmd(), newDemoCmd(), newCtxCmd(), newGenCmd(), newKeygenCmd(), newReplayCmd(), newTraceCmd())
 	return root
 }

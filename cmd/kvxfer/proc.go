@@ -53,6 +53,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
 	fl.DurationVar(&f.o.Timeout, "timeout", f.o.Timeout, "per-request transfer timeout")
 	fl.StringVar(&f.logLevel, "log-level", "warn", "log level (debug, info, warn, error)")
+	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file (kvxfer replay, kvxfer trace export)")
 }
 
 func (f *roleFlags) resolve() error {

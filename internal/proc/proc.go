@@ -57,7 +57,10 @@ type Options struct {
 	Heartbeat       time.Duration
 	HeartbeatMisses int
 	Timeout         time.Duration
-	Log             zerolog.Logger `json:"-"`
+	// TracePath, when set, records this process's engine to a trace file
+	// (kvxfer.Config.TracePath).
+	TracePath string
+	Log       zerolog.Logger `json:"-"`
 	// Progress, when set, gets a line "ready <request>" (gen) or "done
 	// <request>" (ctx) as each request completes.
 	Progress io.Writer `json:"-"`
@@ -139,7 +142,7 @@ func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error
 	agent := shm.New()
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
 		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
-		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log})
+		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log, TracePath: o.TracePath})
 	if err != nil {
 		_ = link.Close()
 		_ = agent.Close()
@@ -383,8 +386,11 @@ func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl
 
 func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	rep.Seconds = time.Since(t0).Seconds()
-	rep.LeakedBlocks = n.eng.Pools().Used()
+	// A failed request's handle fires at its logical outcome; its pages
+	// are released when its writers are quiescent. Close waits for every
+	// session to drain, so what is still used after it is a leak.
 	err := n.close()
+	rep.LeakedBlocks = n.eng.Pools().Used()
 	if out != nil {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(out, string(b))

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+func newReplayCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "replay TRACE...",
+		Short: "Re-run a recorded trace through the session step functions and check it reproduces",
+		Long: `replay reads a trace written with --trace (kvxfer.Config.TracePath), rebuilds
+every session from its birth record, steps each recorded message in per-actor
+sequence order at its recorded time, and compares the state after each step
+with the one recorded. It prints the final state of every session, or the
+first divergence (actor, sequence, field, expected, got) and exits non-zero.
+Each trace file is replayed on its own (a two-process run writes one per
+process).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out := cmd.OutOrStdout()
+			diverged := 0
+			for i, path := range args {
+				res, err := trace.ReplayFile(path)
+				if err != nil {
+					return fmt.Errorf("replay %s: %w", path, err)
+				}
+				if !res.Identical() {
+					diverged++
+				}
+				if asJSON {
+					b, err := json.Marshal(struct {
+						Trace string `json:"trace"`
+						*trace.Result
+					}{path, res})
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(out, string(b))
+					continue
+				}
+				if i > 0 {
+					fmt.Fprintln(out)
+				}
+				if len(args) > 1 {
+					fmt.Fprintf(out, "%s:\n", path)
+				}
+				res.Print(out)
+			}
+			if diverged > 0 {
+				return fmt.Errorf("replay diverged in %d of %d traces", diverged, len(args))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each trace's result as one JSON object")
+	return cmd
+}

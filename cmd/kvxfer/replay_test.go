@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// recordTransfer runs one request between two traced in-process engines
+// and returns their trace files.
+func recordTransfer(t *testing.T) (ctxTrace, genTrace string) {
+	t.Helper()
+	dir := t.TempDir()
+	l := kvcache.Layout{Name: "test", Layers: 2, KVHeads: 2, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(2)}
+	link := control.NewMemLink()
+	ctxTrace, genTrace = filepath.Join(dir, "ctx.jsonl"), filepath.Join(dir, "gen.jsonl")
+	start := func(inst, path string) *kvxfer.Engine {
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: 1 << 20,
+			Workers: 1, Link: link, TransferTimeout: 10 * time.Second, TracePath: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	ce, ge := start("ctx", ctxTrace), start("gen", genTrace)
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 40, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(kvxfer.SendRequest{ID: "r1", PromptLen: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []kvcache.Chunk{{Start: 0, End: 32, FirstBlock: 0}, {Start: 32, End: 40, FirstBlock: 2, Last: true}} {
+		b0, b1 := c.Blocks(16)
+		if err := tx.Chunk(c, []kvcache.BlockRun{{First: b0, IDs: src[0][b0:b1]}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ch := range []<-chan kvxfer.Outcome{tx.Done(), rx.Done()} {
+		select {
+		case o := <-ch:
+			if !o.OK {
+				t.Fatalf("%s: %v", o.Status, o.Err)
+			}
+			if o.Blocks != nil {
+				_ = ge.FreeBlocks(o.Blocks)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("no outcome")
+		}
+	}
+	_ = ce.Pools().Free(src)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, e := range []*kvxfer.Engine{ce, ge} {
+		if err := e.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctxTrace, genTrace
+}
+
+func TestReplayCmd(t *testing.T) {
+	ctxTrace, genTrace := recordTransfer(t)
+	out, err := run("replay", ctxTrace, genTrace)
+	if err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	if strings.Count(out, "identical: 1 session") != 2 || !strings.Contains(out, "DONE") || !strings.Contains(out, "READY") {
+		t.Fatalf("replay output:\n%s", out)
+	}
+
+	out, err = run("replay", "--json", ctxTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Trace    string `json:"trace"`
+		Steps    int    `json:"steps"`
+		Matched  int    `json:"matched"`
+		Sessions []struct {
+			State string `json:"state"`
+		} `json:"sessions"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Trace != ctxTrace || res.Steps == 0 ||
+		len(res.Sessions) != 1 || res.Sessions[0].State != "DONE" {
+		t.Fatalf("replay --json: %v\n%s", err, out)
+	}
+
+	// Corrupt the generation side's result: replay fails and names it.
+	b, err := os.ReadFile(genTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte(strings.Replace(string(b), `"Status":1`, `"Status":2`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run("replay", bad)
+	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, "seq      2") {
+		t.Fatalf("replay of a corrupted trace: %v\n%s", err, out)
+	}
+
+	if _, err := run("replay"); err == nil {
+		t.Fatal("replay without a trace succeeded")
+	}
+	if _, err := run("replay", filepath.Join(t.TempDir(), "missing.jsonl")); err == nil {
+		t.Fatal("replay of a missing file succeeded")
+	}
+}
+
+func TestTraceExportCmd(t *testing.T) {
+	ctxTrace, _ := recordTransfer(t)
+	dst := filepath.Join(t.TempDir(), "timeline.json")
+	out, err := run("trace", "export", "--perfetto", ctxTrace, dst)
+	if err != nil {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		TraceEvents []map[string]any `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || len(doc.TraceEvents) == 0 {
+		t.Fatalf("timeline: %v\n%s", err, b)
+	}
+	if !strings.Contains(out, "1 sessions") || !strings.Contains(out, "op slices") {
+		t.Fatalf("export output: %s", out)
+	}
+	if _, err := run("trace", "export", ctxTrace, dst); err == nil || !strings.Contains(err.Error(), "--perfetto") {
+		t.Fatalf("export without a format: %v", err)
+	}
+}

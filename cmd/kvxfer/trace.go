@@ -1,0 +1,54 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+func newTraceCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "trace",
+		Short: "Work with recorded traces (see also kvxfer replay)",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(newTraceExportCmd())
+	return cmd
+}
+
+func newTraceExportCmd() *cobra.Command {
+	var perfetto bool
+	cmd := &cobra.Command{
+		Use:   "export --perfetto TRACE OUT.json",
+		Short: "Turn a trace into a timeline that Perfetto or chrome://tracing opens",
+		Long: `export --perfetto writes a trace as Chrome trace-event JSON, which
+ui.perfetto.dev and chrome://tracing open:
+  - one process per engine ("engine ctx/0"), one thread track per session
+    ("tx req-3"), with a slice for the session's life (birth to release),
+    nested slices for its states (INIT, READY, TRANSFERRING, DONE, …),
+    and an instant for every message it stepped on (category timeout,
+    peer, worker or local; the message, its effects and the state after
+    it are in the instant's arguments);
+  - async slices for ops, one group per request and peer, from the step
+    that submitted an op to the step that made it quiescent (its outcome
+    is on the end event).
+Timestamps are microseconds since the trace began.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !perfetto {
+				return fmt.Errorf("choose an output format: --perfetto (the only one so far)")
+			}
+			st, err := trace.ExportPerfettoFile(args[0], args[1])
+			if err != nil {
+				return fmt.Errorf("export %s: %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d events — %d engines, %d sessions, %d state slices, %d message instants, %d op slices\n",
+				args[1], st.Events, st.Engines, st.Sessions, st.States, st.Instants, st.Ops)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&perfetto, "perfetto", false, "write Chrome trace-event JSON for Perfetto / chrome://tracing")
+	return cmd
+}

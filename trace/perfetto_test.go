@@ -1,0 +1,141 @@
+package trace_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+type chromeEvent struct {
+	Name string         `json:"name"`
+	Cat  string         `json:"cat"`
+	Ph   string         `json:"ph"`
+	Ts   float64        `json:"ts"`
+	Dur  *float64       `json:"dur"`
+	Pid  int            `json:"pid"`
+	Tid  int            `json:"tid"`
+	ID   string         `json:"id"`
+	Args map[string]any `json:"args"`
+}
+
+// TestExportPerfetto exports real traces and checks the timeline: valid
+// JSON, one track per session, an instant per step, an op slice (begin and
+// end) per Submit effect, and state slices nested in session slices.
+func TestExportPerfetto(t *testing.T) {
+	ctxTrace, genTrace := recordScenarios(t)
+	for _, path := range []string{ctxTrace, genTrace} {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			res := replayFile(t, path)
+			submits := 0
+			for _, l := range readLines(t, path) {
+				if post, ok := l["post"].(map[string]any); ok {
+					for _, e := range asSlice(post["eff"]) {
+						if strings.HasPrefix(e.(string), "Submit ") {
+							submits++
+						}
+					}
+				}
+			}
+			out := filepath.Join(t.TempDir(), "out.json")
+			st, err := trace.ExportPerfettoFile(path, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc struct {
+				TraceEvents     []chromeEvent `json:"traceEvents"`
+				DisplayTimeUnit string        `json:"displayTimeUnit"`
+			}
+			if err := json.Unmarshal(b, &doc); err != nil {
+				t.Fatalf("not JSON: %v", err)
+			}
+			count := map[string]int{}
+			sessions := map[[2]int]chromeEvent{}
+			begins := map[string]chromeEvent{}
+			for _, e := range doc.TraceEvents {
+				count[e.Ph+" "+e.Cat+e.Name]++
+				if e.Ph != "M" && e.Ts < 0 {
+					t.Errorf("negative timestamp: %+v", e)
+				}
+				switch {
+				case e.Ph == "X" && e.Cat == "session":
+					sessions[[2]int{e.Pid, e.Tid}] = e
+				case e.Ph == "b":
+					begins[e.ID] = e
+				case e.Ph == "e":
+					bg, ok := begins[e.ID]
+					if !ok || bg.Name != e.Name || e.Ts < bg.Ts {
+						t.Errorf("op end %+v without a matching begin (%+v)", e, bg)
+					}
+					delete(begins, e.ID)
+				}
+			}
+			if len(begins) != 0 {
+				t.Errorf("%d op slices never end", len(begins))
+			}
+			n := func(ph, cat string) int {
+				c := 0
+				for _, e := range doc.TraceEvents {
+					if e.Ph == ph && e.Cat == cat {
+						c++
+					}
+				}
+				return c
+			}
+			checks := []struct {
+				what      string
+				got, want int
+			}{
+				{"process_name", count["M process_name"], 1},
+				{"thread_name", count["M thread_name"], len(res.Sessions)},
+				{"session slices", n("X", "session"), len(res.Sessions)},
+				{"instants", n("i", "timeout") + n("i", "peer") + n("i", "worker") + n("i", "local"), res.Steps},
+				{"op begins", n("b", "op"), submits},
+				{"op ends", n("e", "op"), submits},
+				{"events", len(doc.TraceEvents), st.Events},
+				{"stats.Sessions", st.Sessions, len(res.Sessions)},
+				{"stats.Instants", st.Instants, res.Steps},
+				{"stats.Ops", st.Ops, submits},
+				{"stats.States", st.States, n("X", "state")},
+			}
+			for _, c := range checks {
+				if c.got != c.want {
+					t.Errorf("%s: %d, want %d", c.what, c.got, c.want)
+				}
+			}
+			for _, e := range doc.TraceEvents {
+				if e.Ph != "X" || e.Cat != "state" {
+					continue
+				}
+				s, ok := sessions[[2]int{e.Pid, e.Tid}]
+				if !ok || e.Ts < s.Ts || e.Ts+*e.Dur > s.Ts+*s.Dur+1e-3 {
+					t.Errorf("state slice %+v not inside its session slice %+v", e, s)
+				}
+			}
+			if strings.Contains(path, "ctx") && submits == 0 {
+				t.Error("the context trace submitted no op")
+			}
+			t.Logf("%s: %d events: %+v", filepath.Base(path), len(doc.TraceEvents), st)
+		})
+	}
+}
+
+func asSlice(v any) []any {
+	s, _ := v.([]any)
+	return s
+}
+
+func TestExportPerfettoMalformed(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := trace.ExportPerfetto(strings.NewReader("nope\n"), &out); err == nil {
+		t.Fatal("export of a non-trace succeeded")
+	}
+}

@@ -1,0 +1,102 @@
+package trace
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the trace format version this package writes and reads.
+const Version = 1
+
+// Record kinds.
+const (
+	KindTrace     = "trace"
+	KindEngine    = "engine"
+	KindBirth     = "birth"
+	KindStep      = "step"
+	KindMsg       = "msg"
+	KindTruncated = "truncated"
+)
+
+// Sides of a session.
+const (
+	SideTx = "tx"
+	SideRx = "rx"
+)
+
+// ErrFormat is wrapped by every error about a malformed trace.
+var ErrFormat = errors.New("trace: malformed trace")
+
+// Record is one line of a trace (see the package doc for each kind).
+type Record struct {
+	Kind    string          `json:"kind"`
+	Version int             `json:"version,omitempty"`
+	Actor   string          `json:"actor,omitempty"`
+	Seq     int             `json:"seq,omitempty"`
+	Engine  string          `json:"engine,omitempty"`
+	Side    string          `json:"side,omitempty"`
+	Request string          `json:"request,omitempty"`
+	T       int64           `json:"t"`
+	Type    string          `json:"type,omitempty"`
+	Msg     json.RawMessage `json:"msg,omitempty"`
+	Post    *Digest         `json:"post,omitempty"`
+	Panic   bool            `json:"panic,omitempty"`
+	// Line is the record's line in its file (not written).
+	Line int `json:"-"`
+}
+
+// maxLine bounds one record: an RxConfig naming messages.MaxBlocks blocks
+// is the largest a valid run writes (a few MiB).
+const maxLine = 64 << 20
+
+// Reader reads a trace record by record.
+type Reader struct {
+	sc      *bufio.Scanner
+	line    int
+	started bool
+}
+
+// NewReader reads records from r.
+func NewReader(r io.Reader) *Reader {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
+	return &Reader{sc: sc}
+}
+
+// Next returns the next record, or io.EOF after the last. The first record
+// must be the trace header of a version this package reads; blank lines
+// are skipped.
+func (r *Reader) Next() (*Record, error) {
+	for r.sc.Scan() {
+		r.line++
+		b := r.sc.Bytes()
+		if len(b) == 0 {
+			continue
+		}
+		var rec Record
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return nil, fmt.Errorf("%w: line %d: %v", ErrFormat, r.line, err)
+		}
+		rec.Line = r.line
+		if !r.started {
+			if rec.Kind != KindTrace {
+				return nil, fmt.Errorf("%w: line %d: first record is %q, want the %q header", ErrFormat, r.line, rec.Kind, KindTrace)
+			}
+			if rec.Version != Version {
+				return nil, fmt.Errorf("%w: line %d: version %d, this kvxfer reads version %d", ErrFormat, r.line, rec.Version, Version)
+			}
+			r.started = true
+		}
+		return &rec, nil
+	}
+	if err := r.sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: after line %d: %v", ErrFormat, r.line, err)
+	}
+	if !r.started {
+		return nil, fmt.Errorf("%w: empty trace", ErrFormat)
+	}
+	return nil, io.EOF
+}

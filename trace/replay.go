@@ -1,0 +1,361 @@
+package trace
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+)
+
+// Divergence is the first step at which replay did not reproduce the
+// recorded run.
+type Divergence struct {
+	Actor string
+	// Session names the actor's session ("tx req-3 on ctx/0").
+	Session string
+	Seq     int
+	// Type is the message's type ("TxCompleted"); "birth" for the birth.
+	Type string
+	Line int
+	// Field is the first digest field that differs ("state", "err",
+	// "eff[2]", …), or what else went wrong ("seq", "resolve", "panic",
+	// "decode", "birth").
+	Field    string
+	Expected string
+	Got      string
+}
+
+func (d *Divergence) Error() string {
+	return fmt.Sprintf("replay diverged at %s (%s) seq %d %s (line %d): %s: expected %q, got %q",
+		d.Actor, d.Session, d.Seq, d.Type, d.Line, d.Field, d.Expected, d.Got)
+}
+
+// SessionResult is one session's final state after replay.
+type SessionResult struct {
+	Actor   string `json:"actor"`
+	Engine  string `json:"engine"`
+	Side    string `json:"side"`
+	Request string `json:"request"`
+	State   string `json:"state"`
+	Err     string `json:"err,omitempty"`
+	Stopped bool   `json:"stopped"`
+	// Steps is the number of messages replayed (the birth not counted).
+	Steps int `json:"steps"`
+	// Diverged: this session's replay stopped at a divergence.
+	Diverged bool `json:"diverged,omitempty"`
+}
+
+// Result is what Replay found.
+type Result struct {
+	// Records is the number of records read; Births the sessions born and
+	// Steps the messages replayed; Matched the births and steps whose
+	// digest matched the recording.
+	Records int `json:"records"`
+	Births  int `json:"births"`
+	Steps   int `json:"steps"`
+	Matched int `json:"matched"`
+	Engines int `json:"engines"`
+	// Skipped counts "msg" records (plain Record calls), which carry no
+	// birth to replay from.
+	Skipped int `json:"skipped,omitempty"`
+	// Truncated: the Writer hit its bound; sessions may end early.
+	Truncated bool            `json:"truncated,omitempty"`
+	Sessions  []SessionResult `json:"sessions"`
+	// Divergence is the first divergence in file order (nil: identical);
+	// Diverged counts the sessions that diverged.
+	Divergence *Divergence `json:"divergence,omitempty"`
+	Diverged   int         `json:"diverged,omitempty"`
+}
+
+// Identical reports whether every step reproduced its recorded digest.
+func (r *Result) Identical() bool { return r.Divergence == nil }
+
+// replayed is one session being replayed.
+type replayed struct {
+	res  SessionResult
+	tx   *actors.TxSession
+	rx   *actors.RxSession
+	topo *actors.Topology
+	seq  int
+	dead bool
+}
+
+// session is the session being replayed; nil when its birth failed.
+func (s *replayed) session() any {
+	switch {
+	case s.tx != nil:
+		return s.tx
+	case s.rx != nil:
+		return s.rx
+	}
+	return nil
+}
+
+func (s *replayed) name() string {
+	return fmt.Sprintf("%s %s on %s", s.res.Side, s.res.Request, s.res.Engine)
+}
+
+// ReplayFile replays the trace at path.
+func ReplayFile(path string) (*Result, error) {
+	f, err := os.Open(filepath.Clean(path))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Replay(f)
+}
+
+// Replay re-runs a trace's recorded inputs through the sessions' step
+// functions and compares each step's digest with the recorded one. A
+// divergence is reported in the Result, not as an error; the error is for
+// a trace that cannot be read.
+func Replay(r io.Reader) (*Result, error) {
+	rd := NewReader(r)
+	res := &Result{}
+	engines := map[string]*actors.Topology{}
+	sessions := map[string]*replayed{}
+	var order []*replayed
+	for {
+		rec, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Records++
+		switch rec.Kind {
+		case KindTrace:
+		case KindEngine:
+			var info actors.EngineInfo
+			if err := json.Unmarshal(rec.Msg, &info); err != nil {
+				return res, fmt.Errorf("%w: line %d: engine: %v", ErrFormat, rec.Line, err)
+			}
+			engines[rec.Engine] = &info.Topology
+			res.Engines++
+		case KindBirth:
+			if sessions[rec.Actor] != nil {
+				return res, fmt.Errorf("%w: line %d: second birth of %s", ErrFormat, rec.Line, rec.Actor)
+			}
+			s := &replayed{res: SessionResult{Actor: rec.Actor, Engine: rec.Engine, Side: rec.Side, Request: rec.Request}}
+			sessions[rec.Actor] = s
+			order = append(order, s)
+			res.Births++
+			s.birth(rec, engines[rec.Engine], res)
+		case KindStep:
+			s := sessions[rec.Actor]
+			if s == nil {
+				return res, fmt.Errorf("%w: line %d: step of %s before its birth", ErrFormat, rec.Line, rec.Actor)
+			}
+			if !s.dead {
+				res.Steps++
+				s.step(rec, res)
+			}
+		case KindMsg:
+			res.Skipped++
+		case KindTruncated:
+			res.Truncated = true
+		default:
+			return res, fmt.Errorf("%w: line %d: unknown record kind %q", ErrFormat, rec.Line, rec.Kind)
+		}
+	}
+	for _, s := range order {
+		if sess := s.session(); sess != nil {
+			d := DigestOf(sess, nil)
+			s.res.State, s.res.Err, s.res.Stopped = d.State, d.Err, d.Stopped
+		}
+		res.Sessions = append(res.Sessions, s.res)
+	}
+	slices.SortStableFunc(res.Sessions, func(a, b SessionResult) int {
+		return strings.Compare(a.Engine+"\x00"+a.Side+"\x00"+a.Request, b.Engine+"\x00"+b.Side+"\x00"+b.Request)
+	})
+	return res, nil
+}
+
+// diverge records a divergence of s at rec and stops replaying s.
+func (s *replayed) diverge(res *Result, rec *Record, field, expected, got string) {
+	s.dead = true
+	s.res.Diverged = true
+	res.Diverged++
+	if res.Divergence == nil {
+		typ := rec.Type
+		if rec.Kind == KindBirth {
+			typ = "birth"
+		}
+		res.Divergence = &Divergence{Actor: rec.Actor, Session: s.name(), Seq: rec.Seq, Type: typ, Line: rec.Line,
+			Field: field, Expected: expected, Got: got}
+	}
+}
+
+func (s *replayed) birth(rec *Record, topo *actors.Topology, res *Result) {
+	at := time.Unix(0, rec.T)
+	var eff []actors.Effect
+	switch rec.Side {
+	case SideTx:
+		var cfg actors.TxConfig
+		if err := json.Unmarshal(rec.Msg, &cfg); err != nil {
+			s.diverge(res, rec, "decode", "a TxConfig", err.Error())
+			return
+		}
+		s.tx = actors.NewTxSession(cfg)
+		eff = s.tx.Init(at)
+	case SideRx:
+		var cfg actors.RxConfig
+		if err := json.Unmarshal(rec.Msg, &cfg); err != nil {
+			s.diverge(res, rec, "decode", "an RxConfig", err.Error())
+			return
+		}
+		s.rx = actors.NewRxSession(cfg)
+	default:
+		s.diverge(res, rec, "birth", "side tx or rx", rec.Side)
+		return
+	}
+	s.topo = topo
+	s.check(rec, eff, res)
+}
+
+// check compares the session's digest with the recorded one.
+func (s *replayed) check(rec *Record, eff []actors.Effect, res *Result) {
+	if rec.Post == nil {
+		s.diverge(res, rec, "post", "a digest", "none recorded")
+		return
+	}
+	if field, want, got, ok := rec.Post.Diff(DigestOf(s.session(), eff)); !ok {
+		s.diverge(res, rec, field, want, got)
+		return
+	}
+	res.Matched++
+}
+
+func (s *replayed) step(rec *Record, res *Result) {
+	if rec.Seq != s.seq+1 {
+		s.diverge(res, rec, "seq", fmt.Sprint(s.seq+1), fmt.Sprintf("%d (a record is missing)", rec.Seq))
+		return
+	}
+	s.seq = rec.Seq
+	s.res.Steps++
+	msg, err := decodeMsg(rec.Type, rec.Msg)
+	if err != nil {
+		s.diverge(res, rec, "decode", rec.Type, err.Error())
+		return
+	}
+	if pr, ok := msg.(peerRequest); ok {
+		m, rerr := s.resolve(pr)
+		if rerr != nil {
+			s.diverge(res, rec, "resolve "+rerr.field, rerr.expected, rerr.got)
+			return
+		}
+		msg = m
+	}
+	at := time.Unix(0, rec.T)
+	eff, panicked := s.stepOn(msg, at)
+	switch {
+	case rec.Panic && panicked == "":
+		s.diverge(res, rec, "panic", "the step panics", "no panic")
+	case rec.Panic:
+		res.Matched++
+	case panicked != "":
+		s.diverge(res, rec, "panic", "no panic", panicked)
+	default:
+		s.check(rec, eff, res)
+	}
+}
+
+// stepOn steps the session, recovering a panic as the shell's supervisor
+// would.
+func (s *replayed) stepOn(msg any, at time.Time) (eff []actors.Effect, panicked string) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = fmt.Sprint(p)
+		}
+	}()
+	if s.tx != nil {
+		return s.tx.Step(msg, at), ""
+	}
+	return s.rx.Step(msg, at), ""
+}
+
+// resolveError says how a route did not rebuild as recorded.
+type resolveError struct{ field, expected, got string }
+
+// resolve rebuilds a TxPeerRequest's Route from the recorded Hello and
+// RequestData, as the tx parent built it, and checks that the error and
+// the expected peers come out as recorded.
+func (s *replayed) resolve(pr peerRequest) (actors.TxPeerRequest, *resolveError) {
+	m := pr.msg
+	if pr.hello == nil {
+		// The control plane did not know the peer: no route, the
+		// recorded error stands.
+		if m.Err == nil {
+			return m, &resolveError{"inputs", "a Hello and RequestData", "none recorded"}
+		}
+		return m, nil
+	}
+	if pr.rd == nil {
+		return m, &resolveError{"inputs", "a RequestData", "none recorded"}
+	}
+	if s.topo == nil {
+		return m, &resolveError{"topology", "an engine record for " + s.res.Engine, "none"}
+	}
+	route, expected, err := actors.ResolveRequest(*s.topo, pr.hello, pr.rd)
+	if got, want := errString(err), errString(m.Err); got != want {
+		return m, &resolveError{"err", want, got}
+	}
+	if !slices.Equal(expected, m.Expected) {
+		return m, &resolveError{"expected", fmt.Sprint(m.Expected), fmt.Sprint(expected)}
+	}
+	m.Route, m.Expected = route, expected
+	if err != nil {
+		m.Err = err
+	}
+	return m, nil
+}
+
+// Print writes the result: the final state of every session and a summary
+// line, or the divergence.
+func (r *Result) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENGINE\tSIDE\tREQUEST\tSTATE\tSTEPS\tSTOPPED\tERROR")
+	for _, s := range r.Sessions {
+		state := s.State
+		if s.Diverged {
+			state += " (diverged)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%t\t%s\n", s.Engine, s.Side, s.Request, state, s.Steps, s.Stopped, oneLine(s.Err, 100))
+	}
+	_ = tw.Flush()
+	if r.Truncated {
+		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
+	}
+	if d := r.Divergence; d != nil {
+		fmt.Fprintf(w, "DIVERGED: %d of %d sessions; first at line %d:\n", r.Diverged, len(r.Sessions), d.Line)
+		fmt.Fprintf(w, "  actor    %s (%s)\n  seq      %d (%s)\n  field    %s\n  expected %s\n  got      %s\n",
+			d.Actor, d.Session, d.Seq, d.Type, d.Field, d.Expected, d.Got)
+		return
+	}
+	fmt.Fprintf(w, "identical: %s on %s; %d records, %d births and %d steps replayed, every digest matched\n",
+		plural(len(r.Sessions), "session"), plural(r.Engines, "engine"), r.Records, r.Births, r.Steps)
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}

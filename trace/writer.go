@@ -1,0 +1,358 @@
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// DefaultMaxBytes bounds a trace file unless WithMaxBytes says otherwise.
+const DefaultMaxBytes = 1 << 30
+
+// ErrClosed is returned by a Writer's Flush after Close.
+var ErrClosed = errors.New("trace: writer closed")
+
+// Option configures a Writer.
+type Option func(*options)
+
+type options struct {
+	maxBytes int64
+	bufSize  int
+	clock    func() time.Time
+}
+
+// WithMaxBytes bounds the trace at n bytes (0: unbounded). Past it the
+// Writer writes one "truncated" record and drops the rest.
+func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
+
+// WithBufferSize sets the write buffer's size (default 256 KiB).
+func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
+
+// WithClock sets the clock of the header and "truncated" records (tests).
+func WithClock(f func() time.Time) Option { return func(o *options) { o.clock = f } }
+
+// Writer writes a trace: it is the actors.Tracer an engine records into.
+// It is safe for concurrent use; each session encodes its records on its
+// own goroutine and the Writer appends whole lines under a mutex.
+type Writer struct {
+	mu        sync.Mutex
+	bw        *bufio.Writer
+	closer    io.Closer
+	o         options
+	bytes     int64
+	records   int64
+	dropped   int64
+	truncated bool
+	closed    bool
+	err       error
+}
+
+var _ actors.Tracer = (*Writer)(nil)
+
+// NewWriter writes a trace to w (the caller closes w after Close).
+func NewWriter(w io.Writer, opts ...Option) *Writer {
+	o := options{maxBytes: DefaultMaxBytes, bufSize: 256 << 10, clock: time.Now}
+	for _, f := range opts {
+		f(&o)
+	}
+	t := &Writer{bw: bufio.NewWriterSize(w, o.bufSize), o: o}
+	t.writeRecord(&Record{Kind: KindTrace, Version: Version, T: o.clock().UnixNano()})
+	return t
+}
+
+// Create creates (or truncates) the file at path and writes a trace to
+// it; Close closes the file.
+func Create(path string, opts ...Option) (*Writer, error) {
+	f, err := os.Create(filepath.Clean(path))
+	if err != nil {
+		return nil, err
+	}
+	w := NewWriter(f, opts...)
+	w.closer = f
+	return w, nil
+}
+
+// Stats counts what a Writer wrote and dropped.
+type Stats struct {
+	Records, Bytes, Dropped int64
+	Truncated               bool
+}
+
+// Stats returns the Writer's counters.
+func (w *Writer) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return Stats{Records: w.records, Bytes: w.bytes, Dropped: w.dropped, Truncated: w.truncated}
+}
+
+// Flush writes buffered records to the underlying writer.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	if w.err == nil {
+		w.err = w.bw.Flush()
+	}
+	return w.err
+}
+
+// Close flushes the trace and closes the file Create opened. Records that
+// arrive later are dropped. It reports the first write error.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return w.err
+	}
+	w.closed = true
+	if w.err == nil {
+		w.err = w.bw.Flush()
+	}
+	if w.closer != nil {
+		if err := w.closer.Close(); err != nil && w.err == nil {
+			w.err = err
+		}
+	}
+	return w.err
+}
+
+// writeRecord encodes and appends one record (header records only: they
+// are rare, so encoding under the lock is fine).
+func (w *Writer) writeRecord(r *Record) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		w.mu.Lock()
+		w.dropped++
+		if w.err == nil {
+			w.err = err
+		}
+		w.mu.Unlock()
+		return
+	}
+	w.append(append(b, '\n'))
+}
+
+// append writes one encoded line, or drops it once the trace is closed,
+// failed or full.
+func (w *Writer) append(line []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.err != nil || w.truncated {
+		w.dropped++
+		return
+	}
+	if w.o.maxBytes > 0 && w.bytes+int64(len(line)) > w.o.maxBytes {
+		w.truncated = true
+		w.dropped++
+		b, _ := json.Marshal(&Record{Kind: KindTruncated, T: w.o.clock().UnixNano()})
+		w.write(append(b, '\n'))
+		return
+	}
+	w.write(line)
+}
+
+func (w *Writer) write(line []byte) {
+	if _, err := w.bw.Write(line); err != nil {
+		w.err = err
+		return
+	}
+	w.bytes += int64(len(line))
+	w.records++
+}
+
+// Engine implements actors.Tracer: it records the engine's topology.
+func (w *Writer) Engine(info actors.EngineInfo) {
+	msg, err := json.Marshal(info)
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	w.writeRecord(&Record{Kind: KindEngine, Engine: info.Self.String(), T: w.o.clock().UnixNano(), Msg: msg})
+}
+
+func (w *Writer) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+}
+
+// Record implements actors.Recorder for callers other than an engine's
+// sessions: it writes a "msg" record, which replay skips.
+func (w *Writer) Record(actor string, msg any, at time.Time) {
+	typ, wire := encodeMsg(msg, nil, nil)
+	raw, err := json.Marshal(wire)
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	w.writeRecord(&Record{Kind: KindMsg, Actor: actor, T: at.UnixNano(), Type: typ, Msg: raw})
+}
+
+// Session implements actors.Tracer: it records the session's birth and
+// returns the recorder of its steps.
+func (w *Writer) Session(actor string, b actors.Birth) actors.SessionTracer {
+	s := &session{w: w, actor: actor}
+	s.enc = json.NewEncoder(&s.buf)
+	r := &s.pending
+	*r = Record{Kind: KindBirth, Actor: actor, Engine: b.Engine.String(), T: b.At.UnixNano()}
+	var cfg any
+	switch {
+	case b.Tx != nil:
+		r.Side, r.Request, r.Type, cfg = SideTx, b.Tx.Request, "TxConfig", b.Tx
+	case b.Rx != nil:
+		r.Side, r.Request, r.Type, cfg = SideRx, b.Rx.Request, "RxConfig", b.Rx
+	default:
+		return nil
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		w.fail(err)
+		return nil
+	}
+	r.Msg = raw
+	s.has = true
+	return s
+}
+
+// session records one session's steps. Its methods run on the session's
+// actor only.
+type session struct {
+	w       *Writer
+	actor   string
+	seq     int
+	pending Record // the birth or message awaiting its digest
+	has     bool
+	hello   *messages.Hello
+	rd      *messages.RequestData
+	buf     bytes.Buffer
+	enc     *json.Encoder
+}
+
+func (s *session) Resolved(hello *messages.Hello, rd *messages.RequestData) {
+	s.hello, s.rd = hello, rd
+}
+
+func (s *session) Record(msg any, at time.Time) {
+	if s.has {
+		// The previous step panicked: it got no digest.
+		s.pending.Panic = true
+		s.flush()
+	}
+	typ, wire := encodeMsg(msg, s.hello, s.rd)
+	s.hello, s.rd = nil, nil
+	s.seq++
+	s.pending = Record{Kind: KindStep, Actor: s.actor, Seq: s.seq, T: at.UnixNano(), Type: typ}
+	s.has = true
+	if wire == nil {
+		return
+	}
+	raw, err := json.Marshal(wire)
+	if err != nil {
+		s.w.fail(err)
+		return
+	}
+	s.pending.Msg = raw
+}
+
+func (s *session) Stepped(session any, eff []actors.Effect) {
+	if !s.has {
+		return
+	}
+	d := DigestOf(session, eff)
+	s.pending.Post = &d
+	s.flush()
+}
+
+func (s *session) flush() {
+	s.has = false
+	s.buf.Reset()
+	if err := s.enc.Encode(&s.pending); err != nil {
+		s.w.fail(err)
+		return
+	}
+	s.w.append(s.buf.Bytes())
+	s.pending = Record{}
+}
+
+// Tee returns a recorder that records into t and also hands every message
+// to r (a Recorder of the caller's own, as kvxfer.Config.Recorder beside
+// Config.TracePath).
+func Tee(t actors.Tracer, r actors.Recorder) actors.Tracer {
+	if r == nil {
+		return t
+	}
+	return &tee{t: t, r: r}
+}
+
+type tee struct {
+	t actors.Tracer
+	r actors.Recorder
+}
+
+func (t *tee) Record(actor string, msg any, at time.Time) {
+	t.t.Record(actor, msg, at)
+	t.r.Record(actor, msg, at)
+}
+
+func (t *tee) Engine(info actors.EngineInfo) {
+	t.t.Engine(info)
+	if o, ok := t.r.(actors.Tracer); ok {
+		o.Engine(info)
+	}
+}
+
+func (t *tee) Session(actor string, b actors.Birth) actors.SessionTracer {
+	st := &teeSession{actor: actor, r: t.r, a: t.t.Session(actor, b)}
+	if o, ok := t.r.(actors.Tracer); ok {
+		st.b = o.Session(actor, b)
+	}
+	return st
+}
+
+type teeSession struct {
+	actor string
+	r     actors.Recorder
+	a, b  actors.SessionTracer
+}
+
+func (s *teeSession) Record(msg any, at time.Time) {
+	if s.a != nil {
+		s.a.Record(msg, at)
+	}
+	if s.b != nil {
+		s.b.Record(msg, at)
+	} else {
+		s.r.Record(s.actor, msg, at)
+	}
+}
+
+func (s *teeSession) Resolved(hello *messages.Hello, rd *messages.RequestData) {
+	if s.a != nil {
+		s.a.Resolved(hello, rd)
+	}
+	if s.b != nil {
+		s.b.Resolved(hello, rd)
+	}
+}
+
+func (s *teeSession) Stepped(session any, eff []actors.Effect) {
+	if s.a != nil {
+		s.a.Stepped(session, eff)
+	}
+	if s.b != nil {
+		s.b.Stepped(session, eff)
+	}
+}

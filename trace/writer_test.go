@@ -1,0 +1,230 @@
+package trace
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// rxConfig is a one-writer generation session.
+func rxConfig(id string) actors.RxConfig {
+	return actors.RxConfig{Request: id, Epoch: 7, Self: gen0, Deadline: at.Add(time.Second),
+		Writers: []actors.RxWriter{{Peer: ctx1, Worker: 1, Request: &messages.RequestData{RequestID: id, Epoch: 7, From: gen0}}}}
+}
+
+// driveRx runs an RxSession the way its shell does — birth, then for each
+// message Record, Step, Stepped — and returns how many steps panicked.
+func driveRx(tr actors.Tracer, actor string, cfg actors.RxConfig, msgs ...any) (panics int) {
+	s := actors.NewRxSession(cfg)
+	st := tr.Session(actor, actors.Birth{Engine: gen0, At: at, Rx: &cfg})
+	st.Stepped(s, nil)
+	for i, m := range msgs {
+		now := at.Add(time.Duration(i+1) * time.Millisecond)
+		st.Record(m, now)
+		func() {
+			defer func() {
+				if recover() != nil {
+					panics++
+				}
+			}()
+			eff := s.Step(m, now)
+			st.Stepped(s, eff)
+		}()
+	}
+	return panics
+}
+
+func success(id string) actors.RxFrame {
+	return actors.RxFrame{Writer: 0, Frame: &messages.Result{RequestID: id, Epoch: 7, From: ctx1, Status: messages.StatusSuccess, Bytes: 4096}}
+}
+
+func replayBytes(t *testing.T, b []byte) *Result {
+	t.Helper()
+	res, err := Replay(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("replay: %v\n%s", err, b)
+	}
+	return res
+}
+
+// TestWriterConcurrent: many sessions record at once (run with -race);
+// every line is whole and the trace replays identically.
+func TestWriterConcurrent(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf, WithBufferSize(512)) // small: many flushes under contention
+	w.Engine(actors.EngineInfo{Self: gen0, Workers: 2})
+	const n = 64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("r%d", i)
+			var msgs []any
+			switch i % 3 {
+			case 0:
+				msgs = []any{actors.RxBegin{}, success(id)}
+			case 1:
+				msgs = []any{actors.RxBegin{}, actors.RxCancel{}, actors.RxFrame{Writer: 0, Frame: &messages.CancelAck{RequestID: id, Epoch: 7, From: ctx1}}}
+			case 2:
+				msgs = []any{actors.RxBegin{}, actors.RxTimeout{}, actors.RxPeerGone{Writer: 0, Err: errors.New("gone")}, success(id)}
+			}
+			driveRx(w, fmt.Sprintf("gen/0/$1/$%d", i), rxConfig(id), msgs...)
+		}()
+	}
+	wg.Wait()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res := replayBytes(t, buf.Bytes())
+	if !res.Identical() || len(res.Sessions) != n || res.Births != n || res.Matched != res.Births+res.Steps {
+		t.Fatalf("%+v", res)
+	}
+	for _, s := range res.Sessions {
+		want := map[int]string{0: "READY", 1: "CANCELLED", 2: "TIMED_OUT"}
+		var i int
+		_, _ = fmt.Sscanf(s.Request, "r%d", &i)
+		if s.State != want[i%3] || !s.Stopped {
+			t.Errorf("%s: %s stopped=%t, want %s", s.Request, s.State, s.Stopped, want[i%3])
+		}
+	}
+	if st := w.Stats(); st.Records != int64(res.Records) || st.Dropped != 0 {
+		t.Errorf("stats %+v, replay read %d records", st, res.Records)
+	}
+}
+
+// TestWriterPanickingStep: a step that panics is recorded without a
+// digest, and replay reproduces the panic.
+func TestWriterPanickingStep(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	cfg := rxConfig("p")
+	// A typed-nil Result makes RxSession.Step panic; the shell then steps
+	// RxPanic.
+	panics := driveRx(w, "gen/0/$1/$2", cfg, actors.RxBegin{}, actors.RxFrame{Writer: 0, Frame: (*messages.Result)(nil)},
+		actors.RxPanic{Err: errors.New("restarted after panic")})
+	if panics != 1 {
+		t.Fatalf("%d panics, want 1", panics)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"panic":true`) {
+		t.Fatalf("no panic record:\n%s", buf.String())
+	}
+	res := replayBytes(t, buf.Bytes())
+	if !res.Identical() || res.Steps != 3 || res.Sessions[0].State != "FAILED" {
+		t.Fatalf("%+v %+v", res, res.Divergence)
+	}
+}
+
+func TestWriterMaxBytes(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf, WithMaxBytes(2000))
+	for i := range 10 {
+		driveRx(w, fmt.Sprintf("gen/0/$1/$%d", i), rxConfig(fmt.Sprint(i)), actors.RxBegin{}, success(fmt.Sprint(i)))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := w.Stats()
+	if !st.Truncated || st.Dropped == 0 || st.Bytes > 2000 {
+		t.Fatalf("stats %+v", st)
+	}
+	res := replayBytes(t, buf.Bytes())
+	if !res.Truncated || !res.Identical() {
+		t.Fatalf("%+v", res)
+	}
+	var out strings.Builder
+	res.Print(&out)
+	if !strings.Contains(out.String(), "truncated") {
+		t.Errorf("print does not say the trace was truncated:\n%s", out.String())
+	}
+}
+
+func TestWriterClosed(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := buf.Len()
+	driveRx(w, "gen/0/$1/$2", rxConfig("late"), actors.RxBegin{})
+	w.Record("x", actors.RxBegin{}, at)
+	if buf.Len() != n || w.Stats().Dropped != 3 {
+		t.Fatalf("wrote after Close: %d → %d bytes, stats %+v", n, buf.Len(), w.Stats())
+	}
+	if err := w.Flush(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Flush after Close: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+func TestWriterError(t *testing.T) {
+	w := NewWriter(failingWriter{}, WithBufferSize(16))
+	driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{})
+	if err := w.Close(); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("Close: %v, want the write error", err)
+	}
+}
+
+// plain is a Recorder that is not a Tracer.
+type plain struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (p *plain) Record(actor string, msg any, _ time.Time) {
+	p.mu.Lock()
+	p.msgs = append(p.msgs, fmt.Sprintf("%s %T", actor, msg))
+	p.mu.Unlock()
+}
+
+func TestTee(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	p := &plain{}
+	tr := Tee(w, p)
+	driveRx(tr, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"gen/0/$1/$2 actors.RxBegin", "gen/0/$1/$2 actors.RxFrame"}
+	if fmt.Sprint(p.msgs) != fmt.Sprint(want) {
+		t.Fatalf("plain recorder got %v, want %v", p.msgs, want)
+	}
+	if res := replayBytes(t, buf.Bytes()); !res.Identical() || res.Steps != 2 {
+		t.Fatalf("%+v", res)
+	}
+	if Tee(w, nil) != actors.Tracer(w) {
+		t.Fatal("Tee with no recorder should be the tracer itself")
+	}
+}
+
+// TestReplayPlainRecords: records from Writer.Record (no birth) are
+// skipped, not replayed.
+func TestReplayPlainRecords(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	w.Record("sim/ctx", actors.TxTimeout{Kind: actors.TimerDeadline}, at)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res := replayBytes(t, buf.Bytes())
+	if res.Skipped != 1 || !res.Identical() {
+		t.Fatalf("%+v", res)
+	}
+}
