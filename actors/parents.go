@@ -148,6 +148,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
 	case *sessionStopped:
+		if pid := p.sessions.pids[m.request]; pid != nil {
+			ctx.Poison(pid) // after whatever this parent already sent it
+		}
 		delete(p.sessions.pids, m.request)
 		// The session finishes its handle itself; if it stopped before a
 		// Send adopted it (the handle then went to a dead actor), this

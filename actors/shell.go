@@ -223,10 +223,13 @@ func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
 			}
 			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request, outcome: e.Outcome})
 		case Stop:
+			// The tx supervisor poisons the session once it has taken it
+			// off its table: frames it forwarded before that are still in
+			// this mailbox, and the stopped session answers them instead of
+			// letting them fall into dead letters.
 			for _, t := range a.timers {
 				t.Stop()
 			}
-			ctx.Stop(ctx.Self())
 		case Log:
 			logEffect(a.env.log, e)
 		}

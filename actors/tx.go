@@ -182,7 +182,8 @@ func (s *TxSession) Init(now time.Time) []Effect {
 func (s *TxSession) Step(msg any, now time.Time) []Effect {
 	s.eff = s.eff[:0:0]
 	if s.stopped {
-		return nil
+		s.afterStop(msg)
+		return s.eff
 	}
 	switch m := msg.(type) {
 	case TxStart:
@@ -325,6 +326,21 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.state = TxReady
 	}
 	s.admit(st)
+}
+
+// afterStop answers what reaches a released session (frames its supervisor
+// forwarded before it learnt of the stop): nothing of the session writes
+// any more, so a RequestData gets a FAILED Result and a Cancel an ack.
+func (s *TxSession) afterStop(msg any) {
+	switch m := msg.(type) {
+	case TxPeerRequest:
+		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
+			return // a duplicate of a request already answered
+		}
+		s.rejectPeer(m, fmt.Errorf("%w: request %s already finished on the context side (%s)", ErrBadRequest, s.cfg.Request, s.state))
+	case TxPeerCancel:
+		s.replyTo(m.From, m.Epoch, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
+	}
 }
 
 // rejectPeer answers a RequestData that opened no stream: nothing was

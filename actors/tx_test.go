@@ -1183,3 +1183,31 @@ func TestTx_PeerGoneRetiresInFlightOps(t *testing.T) {
 		t.Fatalf("after retirement: unpinned %v stopped %v: %v", unpinned, h.s.Stopped(), effs)
 	}
 }
+
+// TestTx_StoppedSessionAnswersLateFrames: a RequestData or Cancel that
+// reaches a session after it released everything (its supervisor forwarded
+// it before learning of the stop) is answered, not dropped: otherwise the
+// generation side would wait for its deadline. Checked to fail by making
+// Step return nil for a stopped session again.
+func TestTx_StoppedSessionAnswersLateFrames(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.step(TxCancel{})
+	if !h.s.Stopped() {
+		t.Fatal("a cancelled session with nothing in flight did not stop")
+	}
+	from := genPeer(1)
+	effs := h.s.Step(TxPeerRequest{Peer: 1, From: from, Epoch: 4, Route: h.route(1), Expected: []int{1}}, h.now)
+	if len(effs) != 1 {
+		t.Fatalf("effects %v, want one FAILED result", effs)
+	}
+	if r, ok := effs[0].(SendFrame).Frame.(*messages.Result); !ok || r.Status != messages.StatusFailed || r.Epoch != 4 {
+		t.Fatalf("effect %v, want a FAILED result with epoch 4", effs[0])
+	}
+	effs = h.s.Step(TxPeerCancel{Peer: 1, From: from, Epoch: 4}, h.now)
+	if len(effs) != 1 {
+		t.Fatalf("effects %v, want one CancelAck", effs)
+	}
+	if _, ok := effs[0].(SendFrame).Frame.(*messages.CancelAck); !ok {
+		t.Fatalf("effect %v, want a CancelAck", effs[0])
+	}
+}
