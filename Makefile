@@ -30,9 +30,11 @@ demo: deps
 	$(GO) run ./cmd/kvxfer demo
 
 ## test: the README's test command: every package under the race
-## detector, then a short slice of every fuzz target.
+## detector (the simulator runs 200 seeds there), the simulator's 2,000
+## seeds without it, then a short slice of every fuzz target.
 test: deps
 	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -count=1 ./test/sim
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
 
 FUZZTIME ?= 2m
