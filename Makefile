@@ -27,7 +27,9 @@ build: deps
 
 ## demo: the README's run command (the main job).
 demo: deps
-	$(GO) run ./cmd/kvxfer demo
+	$(GO) build -o bin/kvxfer ./cmd/kvxfer
+	./bin/kvxfer demo
+	./bin/kvxfer demo --processes 2
 
 ## test: the README's test command: every package under the race
 ## detector (the simulator runs 200 seeds there), the simulator's 2,000

@@ -171,8 +171,12 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	name := fmt.Sprintf("kvxfer-%s-%d", o.Instance, os.Getpid())
-	region, rc, err := shm.NewRegion(name, o.PoolBytes)
+	if n, err := SweepStale(o.Instance); err != nil {
+		o.Log.Warn().Err(err).Msg("sweeping stale pool files")
+	} else if n > 0 {
+		o.Log.Info().Int("files", n).Msg("removed pool files of dead generation processes")
+	}
+	region, rc, err := shm.NewRegion(regionName(o.Instance, os.Getpid()), o.PoolBytes)
 	if err != nil {
 		return rep, err
 	}

@@ -45,7 +45,14 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
 		os.Exit(runRole(role))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		// Generation processes killed by the crash tests cannot remove
+		// their shared-memory pool files: remove them here.
+		if _, err := proc.SweepStale("gen"); err != nil {
+			fmt.Fprintln(os.Stderr, "sweep:", err)
+		}
+		os.Exit(code)
+	}))
 }
 
 // runRole is the child process.
