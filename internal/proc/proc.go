@@ -60,6 +60,9 @@ type Options struct {
 	// TracePath, when set, records this process's engine to a trace file
 	// (kvxfer.Config.TracePath).
 	TracePath string
+	// MetricsAddr, when set, serves the engine's Prometheus metrics
+	// (kvxfer.Config.MetricsAddr); the bound address is logged.
+	MetricsAddr string
 	Log       zerolog.Logger `json:"-"`
 	// Progress, when set, gets a line "ready <request>" (gen) or "done
 	// <request>" (ctx) as each request completes.
@@ -142,11 +145,14 @@ func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error
 	agent := shm.New()
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
 		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
-		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log, TracePath: o.TracePath})
+		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log, TracePath: o.TracePath, MetricsAddr: o.MetricsAddr})
 	if err != nil {
 		_ = link.Close()
 		_ = agent.Close()
 		return nil, err
+	}
+	if a := eng.MetricsAddr(); a != "" {
+		o.Log.Info().Str("url", "http://"+a+"/metrics").Msg("metrics")
 	}
 	n.eng = eng
 	engp.Store(eng)
@@ -200,23 +206,30 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var wg sync.WaitGroup
 	l := n.eng.Layout()
 	var lat []time.Duration
+	// Requests are opened in index order on both sides, so both pools
+	// are allocated in one global order: the oldest unfinished request
+	// always holds blocks on both sides and completes, and a full pool
+	// cannot deadlock the pair (a serving router does the same by
+	// admitting a request to prefill only once decode can take it).
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
+		select {
+		case <-n.down:
+			fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
+			<-sem
+			continue
+		default:
+		}
+		t := time.Now()
+		h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
+		if err != nil {
+			fail(err)
+			<-sem
+			continue
+		}
 		wg.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			select {
-			case <-n.down:
-				fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
-				return
-			default:
-			}
-			t := time.Now()
-			h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
-			if err != nil {
-				fail(err)
-				return
-			}
 			res := <-h.Done()
 			d := time.Since(t)
 			if !res.OK {
@@ -296,10 +309,21 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var wg sync.WaitGroup
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
+		// Source blocks in index order (see RunGen).
+		counts := make([]int, len(l.Groups))
+		for g := range counts {
+			counts[g] = l.BlocksFor(pl)
+		}
+		src, err := n.eng.Pools().AllocWait(ctx, counts)
+		if err != nil {
+			fail(err)
+			<-sem
+			continue
+		}
 		wg.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			if err := ctxRequest(ctx, o, n, l, i, pl); err != nil {
+			if err := ctxRequest(ctx, o, n, l, i, pl, src); err != nil {
 				fail(err)
 				return
 			}
@@ -320,15 +344,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	return finish(n, rep, t0, out)
 }
 
-func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl int) error {
-	counts := make([]int, len(l.Groups))
-	for g := range counts {
-		counts[g] = l.BlocksFor(pl)
-	}
-	src, err := n.eng.Pools().AllocWait(ctx, counts)
-	if err != nil {
-		return err
-	}
+func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID) error {
 	tx, err := n.eng.Send(kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
