@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvxfer/kvxfer/control"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -70,6 +71,12 @@ type Config struct {
 	// and Engine.Close flushes and closes. Each engine needs its own file.
 	// With Recorder also set, both receive every message.
 	TracePath string
+	// MetricsAddr, when set ("127.0.0.1:9464"; port 0 picks a free one),
+	// serves the engine's Prometheus metrics (package metrics documents
+	// each) over HTTP on /metrics at that address until Close;
+	// Engine.MetricsAddr reports the bound address. Empty: no metrics are
+	// kept and no server runs.
+	MetricsAddr string
 
 	workersSet bool
 }
@@ -135,6 +142,11 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Backend == "" {
 		r.Backend = DefaultBackend
+	}
+	if r.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(r.MetricsAddr); err != nil {
+			return r, fmt.Errorf("%w: MetricsAddr = %q: %w", ErrConfig, r.MetricsAddr, err)
+		}
 	}
 	if r.Agent == nil && r.Backend != "loopback" {
 		return r, fmt.Errorf("%w: Backend = %q: unknown in-process backend (known: loopback; pass Agent for others)", ErrConfig, r.Backend)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/metrics"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/trace"
@@ -51,6 +52,9 @@ type Engine struct {
 	region *kvcache.Region
 	pools  *actors.Pools
 	trace  *trace.Writer // Config.TracePath's, closed by Close
+	// metrics and their server: nil unless Config.MetricsAddr is set.
+	metrics    *metrics.Set
+	metricsSrv *metrics.Server
 }
 
 // Start validates cfg, carves the pool region into one pool per layer
@@ -121,14 +125,32 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		}
 		rec = trace.Tee(e.trace, r.Recorder)
 	}
+	if r.MetricsAddr != "" {
+		e.metrics = metrics.New(self.String())
+		if e.metricsSrv, err = metrics.Serve(r.MetricsAddr, e.metrics.Handler()); err != nil {
+			if e.trace != nil {
+				_ = e.trace.Close()
+			}
+			if e.ownsAg {
+				_ = e.agent.Close()
+			}
+			if e.ownsRg {
+				_ = e.region.Close()
+			}
+			return nil, fmt.Errorf("kvxfer: MetricsAddr: %w", err)
+		}
+	}
 	inner, err := actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
 			Rank: r.Rank, Pools: geoms},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
-		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec,
+		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec, Metrics: e.metrics,
 	})
 	if err != nil {
+		if e.metricsSrv != nil {
+			_ = e.metricsSrv.Close(ctx)
+		}
 		if e.trace != nil {
 			_ = e.trace.Close()
 		}
@@ -166,6 +188,20 @@ func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }
 
 // Stats are the engine's counters.
 func (e *Engine) Stats() *actors.Counters { return e.inner.Stats() }
+
+// Metrics is the engine's Prometheus metric set (package metrics), nil
+// when Config.MetricsAddr is empty. Its Registry can be gathered into an
+// embedder's own exposition as well.
+func (e *Engine) Metrics() *metrics.Set { return e.metrics }
+
+// MetricsAddr is the address the metrics server is bound to (Config.MetricsAddr
+// with its port resolved), or "" when metrics are off.
+func (e *Engine) MetricsAddr() string {
+	if e.metricsSrv == nil {
+		return ""
+	}
+	return e.metricsSrv.Addr()
+}
 
 // SendRequest describes the context side of a request.
 type SendRequest struct {
@@ -231,6 +267,10 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 
 // Cancel cancels the request. Done still fires only after the pins drop.
 func (h *TxHandle) Cancel() { h.inner.Cancel() }
+
+// Crash makes the request's session panic (chaos testing): the supervisor
+// restarts it, the request fails, and it still drains before releasing.
+func (h *TxHandle) Crash() { h.inner.Crash() }
 
 // Done delivers the outcome once, after the session released every pin.
 func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
@@ -299,6 +339,12 @@ func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
 // that could not drain by ctx's end; their pages stay pinned.
 func (e *Engine) Close(ctx context.Context) error {
 	err := e.inner.Close(ctx)
+	if e.metricsSrv != nil {
+		// Scrapes may watch the drain until here.
+		if merr := e.metricsSrv.Close(ctx); merr != nil && err == nil {
+			err = fmt.Errorf("kvxfer: metrics server: %w", merr)
+		}
+	}
 	if e.trace != nil {
 		// Every session has stopped: the trace is complete.
 		if terr := e.trace.Close(); terr != nil && err == nil {

@@ -32,6 +32,16 @@
 // frame (Result or CancelAck) only when it is quiescent, so the generation
 // side may free destination pages on that frame.
 //
+// # Metrics
+//
+// With EngineConfig.Metrics set, the shells keep package metrics' series up
+// to date (metrics.go): after each step a session's meter compares the
+// session's state, its streams' bytes and the states of the ops still in
+// flight with what it saw last, and moves the gauges, counters and
+// histograms by the difference. Steps know nothing of metrics, and the
+// meter's cost is O(streams + ops in flight) per message, with label
+// children resolved once per engine. Without Metrics every meter is nil.
+//
 // # Deviation from DESIGN.md §7
 //
 // Streams are state machines inside their TxSession actor rather than child

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/metrics"
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
@@ -32,6 +33,10 @@ type EngineConfig struct {
 	Clock      func() time.Time
 	Log        zerolog.Logger
 	Recorder   Recorder
+	// Metrics, when set, receives the engine's metrics (package metrics);
+	// nil turns them off. A Set serves one engine: a second engine on the
+	// same Set fails to start.
+	Metrics *metrics.Set
 }
 
 // Engine is one engine rank's actor tree: listener, senders (workers), tx
@@ -67,6 +72,17 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	}))
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self}
+	if cfg.Metrics != nil {
+		groups := make([]string, len(cfg.Topology.Layout.Groups))
+		for g, grp := range cfg.Topology.Layout.Groups {
+			groups[g] = grp.Name
+		}
+		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups); err != nil {
+			sys.Shutdown()
+			_ = cfg.Agent.Deregister(reg)
+			return nil, err
+		}
+	}
 	if tr, ok := cfg.Recorder.(Tracer); ok {
 		e.env.tracer = tr
 		tr.Engine(EngineInfo{Self: cfg.Self, Topology: cfg.Topology, Workers: cfg.Workers})
@@ -185,7 +201,7 @@ type RxHandle struct {
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
-	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply})
+	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock()})
 	r := <-reply
 	if r.err != nil {
 		return nil, r.err
@@ -212,6 +228,7 @@ func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 // flight are retired by closing their endpoints, and pages are released as
 // each session drains.
 func (e *Engine) PeerDown(peer messages.PeerID) {
+	e.env.meters.peerDown(peer)
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
 }

@@ -50,6 +50,7 @@ type (
 		req    RxRequest
 		handle *Handle
 		reply  chan rxOpenReply
+		at     time.Time // when Receive was called
 	}
 	rxOpenReply struct {
 		err error
@@ -111,7 +112,7 @@ type txParent struct {
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
-	a := &txActor{env: p.env, s: NewTxSession(cfg)}
+	a := &txActor{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
 	props := actor.PropsFromProducer(func() actor.Actor { return a },
 		actor.WithSupervisor(sessionSupervisor))
 	pid := ctx.Spawn(props)
@@ -192,6 +193,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	pid := p.sessions.pids[rd.RequestID]
 	if pid == nil {
 		if p.tombs.has(rd.RequestID) || p.sessions.draining {
+			p.env.meters.reject(rejectStale)
 			p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 				Status: messages.StatusFailed, Error: "request already finished on the context side"})
 			return
@@ -203,6 +205,9 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	var expected []int
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
+	}
+	if err != nil {
+		p.env.meters.reject(rejectUnresolved)
 	}
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
@@ -270,8 +275,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		for i, q := range p.queue {
 			if q.req.ID == m.request {
 				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				q.handle.finish(Outcome{Request: q.req.ID, Status: RxTimedOut.String(),
-					Err: fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID)})
+				p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
 				break
 			}
 		}
@@ -289,7 +293,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
 		for _, q := range p.queue {
-			q.handle.finish(Outcome{Request: q.req.ID, Status: RxCancelled.String(), Err: ErrClosed})
+			p.finishQueued(q, RxCancelled, ErrClosed)
 		}
 		p.queue = nil
 		for _, pid := range p.sessions.pids {
@@ -300,7 +304,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		for i, q := range p.queue {
 			if q.req.ID == m.request {
 				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				q.handle.finish(Outcome{Request: q.req.ID, Status: RxCancelled.String(), Err: ErrCancelled})
+				p.finishQueued(q, RxCancelled, ErrCancelled)
 				return
 			}
 		}
@@ -322,16 +326,25 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	}
 }
 
+// finishQueued ends a request that has no session (yet): its handle gets
+// the outcome at once, after the metrics (as a session's shell does).
+func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
+	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock())
+	q.handle.finish(Outcome{Request: q.req.ID, Status: st.String(), Err: err})
+}
+
 func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
 	delete(p.down, from) // it speaks again
 	e := p.entries[id]
 	if e == nil {
 		p.env.stats.FramesStale.Add(1)
+		p.env.meters.reject(rejectStale)
 		return
 	}
 	w, ok := e.writers[from]
 	if !ok {
 		p.env.stats.FramesRejected.Add(1)
+		p.env.meters.reject(rejectNotWriter)
 		p.env.log.Warn().Str("request", id).Str("peer", from.String()).Msg("frame from a peer that is not a writer of the request")
 		return
 	}
@@ -408,7 +421,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	pm, err := kvcache.NewPeerMap(l, q.req.ContextParallel, p.topo.Parallel)
 	if err != nil {
 		_ = p.env.pools.Free(blocks)
-		q.handle.finish(Outcome{Request: q.req.ID, Status: RxFailed.String(), Err: fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err)})
+		p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err))
 		return
 	}
 	// A writer the control plane declared dead (and does not hear again)
@@ -423,8 +436,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		}
 		if p.down[peer] {
 			_ = p.env.pools.Free(blocks)
-			q.handle.finish(Outcome{Request: q.req.ID, Status: RxFailed.String(),
-				Err: fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer)})
+			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer))
 			return
 		}
 	}
@@ -441,7 +453,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
-	a := &rxActor{env: p.env, handle: q.handle, s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
+	a := &rxActor{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second})}
 	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
 	entry.pid = pid
@@ -463,6 +475,7 @@ func (l *listener) Receive(ctx actor.Context) {
 	}
 	if err := f.Validate(); err != nil {
 		l.env.stats.FramesRejected.Add(1)
+		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
 		return
 	}

@@ -98,6 +98,7 @@ type shellEnv struct {
 	recorder Recorder
 	tracer   Tracer // recorder, when it is a Tracer
 	self     messages.PeerID
+	meters   *meters // nil: metrics off
 }
 
 // txChunkMsg carries a chunk and its fence from the handle to the shell.
@@ -130,6 +131,7 @@ type txActor struct {
 	panicked bool
 	path     string        // actor path for the recorder
 	tr       SessionTracer // nil unless tracing
+	meter    *txMeter      // nil: metrics off
 }
 
 func (a *txActor) Receive(ctx actor.Context) {
@@ -148,11 +150,19 @@ func (a *txActor) Receive(ctx actor.Context) {
 			if a.tr != nil {
 				a.tr.Stepped(a.s, eff)
 			}
+			if a.meter != nil {
+				a.meter.born(a.s, now)
+			}
 		}
 	case *actor.Restarting:
 		a.panicked = true
 		return
-	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+	case *actor.Stopped:
+		if a.meter != nil {
+			a.meter.close() // when the session could not release
+		}
+		return
+	case *actor.Stopping, *actor.Restart:
 		return
 	case txChunkMsg:
 		// The fence must be in place while the effects run: WatchFence
@@ -184,7 +194,11 @@ type txSetHandle struct {
 }
 
 func (a *txActor) step(_ actor.Context, m any, now time.Time) []Effect {
-	return traced(a.env, a.path, a.tr, a.s, m, now)
+	eff := traced(a.env, a.path, a.tr, a.s, m, now)
+	if a.meter != nil {
+		a.meter.stepped(a.s, m, now)
+	}
+	return eff
 }
 
 func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
@@ -267,6 +281,7 @@ type rxActor struct {
 	panicked bool
 	path     string        // actor path for the recorder
 	tr       SessionTracer // nil unless tracing
+	meter    *rxMeter      // nil: metrics off
 }
 
 func (a *rxActor) Receive(ctx actor.Context) {
@@ -284,12 +299,20 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			if a.tr != nil {
 				a.tr.Stepped(a.s, nil)
 			}
+			if a.meter != nil {
+				a.meter.born(a.s, now)
+			}
 			eff = a.step(ctx, RxBegin{}, now)
 		}
 	case *actor.Restarting:
 		a.panicked = true
 		return
-	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+	case *actor.Stopped:
+		if a.meter != nil {
+			a.meter.close() // when the session could not release
+		}
+		return
+	case *actor.Stopping, *actor.Restart:
 		return
 	default:
 		eff = a.step(ctx, m, now)
@@ -319,5 +342,9 @@ func (a *rxActor) Receive(ctx actor.Context) {
 }
 
 func (a *rxActor) step(_ actor.Context, m any, now time.Time) []Effect {
-	return traced(a.env, a.path, a.tr, a.s, m, now)
+	eff := traced(a.env, a.path, a.tr, a.s, m, now)
+	if a.meter != nil {
+		a.meter.stepped(a.s, now)
+	}
+	return eff
 }

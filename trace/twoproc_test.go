@@ -21,7 +21,7 @@ func TestTwoProcessReplay(t *testing.T) {
 	const requests = 6
 	base := proc.Options{Model: "Llama-3.1-8B", TokensPerBlock: 16, PoolBytes: 128 << 20, Workers: 2,
 		Requests: requests, MinTokens: 64, MaxTokens: 384, ChunkTokens: 64, Concurrency: 2, Seed: 7,
-		Heartbeat: 100 * time.Millisecond, HeartbeatMisses: 10, Timeout: 30 * time.Second}
+		Heartbeat: time.Second, HeartbeatMisses: 5, Timeout: 30 * time.Second}
 	gpub, gsec, err := zmq.GenerateKeys()
 	if err != nil {
 		t.Fatal(err)

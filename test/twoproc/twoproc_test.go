@@ -166,7 +166,7 @@ func options(t testing.TB, requests int, compute time.Duration) (gen, ctx proc.O
 	dir := t.TempDir()
 	base := proc.Options{Model: "Llama-3.1-8B", TokensPerBlock: 16, PoolBytes: 256 << 20, Workers: 2,
 		Requests: requests, MinTokens: 64, MaxTokens: 512, ChunkTokens: 64, Compute: compute, Concurrency: 2,
-		Seed: uint64(time.Now().UnixNano()), Heartbeat: 100 * time.Millisecond, HeartbeatMisses: 3, Timeout: 20 * time.Second}
+		Seed: uint64(time.Now().UnixNano()), Heartbeat: time.Second, HeartbeatMisses: 5, Timeout: 20 * time.Second}
 	gpub, gsec, err := zmq.GenerateKeys()
 	if err != nil {
 		t.Fatal(err)
@@ -184,6 +184,16 @@ func options(t testing.TB, requests int, compute time.Duration) (gen, ctx proc.O
 	gen.SecretKey, gen.PeerPublicKey = gsec, cpub
 	ctx.SecretKey, ctx.PeerPublicKey = csec, gpub
 	return gen, ctx
+}
+
+// fastDeath shortens the heartbeat for the crash tests (200 ms × 5: a peer
+// is declared dead 1 s after it falls silent) — long enough that a loaded
+// CI machine does not declare a live peer dead, short enough to measure.
+func fastDeath(g, c proc.Options) (proc.Options, proc.Options) {
+	for _, o := range []*proc.Options{&g, &c} {
+		o.Heartbeat, o.HeartbeatMisses = 200*time.Millisecond, 5
+	}
+	return g, c
 }
 
 // TestTwoProcessTransfer: every request moves between two processes and
@@ -212,7 +222,7 @@ func TestTwoProcessTransfer(t *testing.T) {
 func TestKillGenerationMidTransfer(t *testing.T) {
 	for r := 0; r < *rounds; r++ {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
-			g, c := options(t, 40, 2*time.Millisecond)
+			g, c := fastDeath(options(t, 40, 2*time.Millisecond))
 			gen := spawn(t, "gen", g)
 			ctx := spawn(t, "ctx", c)
 			gen.waitLine(t, "ready", time.Minute)
@@ -239,7 +249,7 @@ func TestKillGenerationMidTransfer(t *testing.T) {
 func TestKillContextMidTransfer(t *testing.T) {
 	for r := 0; r < *rounds; r++ {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
-			g, c := options(t, 40, 2*time.Millisecond)
+			g, c := fastDeath(options(t, 40, 2*time.Millisecond))
 			gen := spawn(t, "gen", g)
 			ctx := spawn(t, "ctx", c)
 			gen.waitLine(t, "ready", time.Minute)

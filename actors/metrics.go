@@ -1,0 +1,403 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/metrics"
+)
+
+// This file is the shells' side of package metrics: an engine's metric
+// children, resolved once when the engine starts (every label value but a
+// heartbeat's peer is known then), and per-session meters that watch a
+// session from its shell after each step. Steps know nothing of metrics.
+// With EngineConfig.Metrics nil every meter is nil and the shells skip
+// them with one nil check per message.
+
+// failReason is a failure's label: the short name of the first sentinel
+// error the outcome wraps, in this order.
+type failReason uint8
+
+const (
+	reasonClosed failReason = iota
+	reasonCancelled
+	reasonPeerCancelled
+	reasonTimeout
+	reasonPeerGone
+	reasonWorkerCrashed
+	reasonSessionCrashed
+	reasonFence
+	reasonPeerFailed
+	reasonBadChunk
+	reasonBadRequest
+	reasonOther
+	numReasons
+)
+
+var failReasons = [numReasons]struct {
+	name string
+	err  error
+}{
+	{"closed", ErrClosed},
+	{"cancelled", ErrCancelled},
+	{"peer_cancelled", ErrPeerCancelled},
+	{"timeout", ErrTimeout},
+	{"peer_gone", ErrPeerGone},
+	{"worker_crashed", ErrWorkerCrashed},
+	{"session_crashed", ErrSessionCrashed},
+	{"fence", ErrFence},
+	{"peer_failed", ErrPeerFailed},
+	{"bad_chunk", ErrBadChunk},
+	{"bad_request", ErrBadRequest},
+	{"other", nil},
+}
+
+func reasonOf(err error) failReason {
+	for r := range reasonOther {
+		if errors.Is(err, failReasons[r].err) {
+			return r
+		}
+	}
+	return reasonOther
+}
+
+// rejectReason is a rejected frame's label.
+type rejectReason uint8
+
+const (
+	rejectInvalid    rejectReason = iota // failed validation at the listener
+	rejectNotWriter                      // from a peer that is not a writer of the request
+	rejectStale                          // for a request that is unknown here or already finished
+	rejectUnresolved                     // a RequestData that could not be resolved into a route
+	numRejects
+)
+
+var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved"}
+
+// meters are an engine's resolved metric children. Every method is safe
+// on a nil *meters (metrics off) and on any goroutine.
+type meters struct {
+	set              *metrics.Set
+	bytesTx, bytesRx prometheus.Counter
+	txDur            [len(txNames)]prometheus.Observer
+	rxDur            [len(rxNames)]prometheus.Observer
+	chunkWrite       prometheus.Observer
+	ops              [len(opStateNames)]prometheus.Gauge
+	inDoubt          prometheus.Gauge
+	txSessions       [len(txNames)]prometheus.Gauge
+	rxSessions       [len(rxNames)]prometheus.Gauge
+	txFail, rxFail   [numReasons]prometheus.Counter
+	rejected         [numRejects]prometheus.Counter
+}
+
+// newMeters resolves set's children and registers the engine's counters
+// and its pools, both read at scrape time. groups names the pools' layer
+// groups.
+func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string) (*meters, error) {
+	m := &meters{set: set,
+		bytesTx:    set.BytesTransferred.WithLabelValues(metrics.SideTx),
+		bytesRx:    set.BytesTransferred.WithLabelValues(metrics.SideRx),
+		chunkWrite: set.ChunkWriteLatency,
+		inDoubt:    set.OpsInDoubt,
+	}
+	for i, n := range txNames {
+		m.txDur[i] = set.TransferDuration.WithLabelValues(metrics.SideTx, n)
+		m.txSessions[i] = set.Sessions.WithLabelValues(metrics.SideTx, n)
+	}
+	for i, n := range rxNames {
+		m.rxDur[i] = set.TransferDuration.WithLabelValues(metrics.SideRx, n)
+		m.rxSessions[i] = set.Sessions.WithLabelValues(metrics.SideRx, n)
+	}
+	for i, n := range opStateNames {
+		m.ops[i] = set.Ops.WithLabelValues(n)
+	}
+	for r, fr := range failReasons {
+		m.txFail[r] = set.Failures.WithLabelValues(metrics.SideTx, fr.name)
+		m.rxFail[r] = set.Failures.WithLabelValues(metrics.SideRx, fr.name)
+	}
+	for r, n := range rejectNames {
+		m.rejected[r] = set.FramesRejected.WithLabelValues(n)
+	}
+	for _, c := range []struct {
+		name, help string
+		v          interface{ Load() int64 }
+	}{
+		{"worker_restarts_total", "Sender workers restarted after a panic.", &stats.WorkerRestarts},
+		{"ops_posted_total", "Ops posted to the data-plane backend.", &stats.OpsPosted},
+		{"frames_unsent_total", "Control frames a worker could not send (dial or send failed).", &stats.FramesUnsent},
+		{"session_panics_total", "Sessions restarted after a panic.", &stats.SessionPanics},
+		{"pin_errors_total", "Pin or unpin calls the pools refused.", &stats.PinErrors},
+	} {
+		v := c.v
+		if err := set.CounterFunc(c.name, c.help, func() float64 { return float64(v.Load()) }); err != nil {
+			return nil, fmt.Errorf("metrics: %s: %w", c.name, err)
+		}
+	}
+	err := set.Pools(func() []metrics.PoolBlocks {
+		st := pools.Stats()
+		out := make([]metrics.PoolBlocks, len(st))
+		for g, s := range st {
+			name := strconv.Itoa(g)
+			if g < len(groups) && groups[g] != "" {
+				name = groups[g]
+			}
+			out[g] = metrics.PoolBlocks{Group: name, Free: s.Free, Allocated: s.Used - s.Pinned, Pinned: s.Pinned, Quarantined: s.Quarantined}
+		}
+		return out
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metrics: pools: %w", err)
+	}
+	return m, nil
+}
+
+func (m *meters) reject(r rejectReason) {
+	if m != nil {
+		m.rejected[r].Inc()
+	}
+}
+
+// peerDown counts a peer the control plane declared down.
+func (m *meters) peerDown(peer messages.PeerID) {
+	if m != nil {
+		m.set.HeartbeatMisses.WithLabelValues(peer.String()).Inc()
+	}
+}
+
+// rxUnstarted records a request that ended before its session started
+// (queued for blocks, cancelled, closed, or refused).
+func (m *meters) rxUnstarted(st RxState, err error, since, now time.Time) {
+	if m == nil || int(st) >= len(m.rxDur) {
+		return
+	}
+	m.rxDur[st].Observe(now.Sub(since).Seconds())
+	if st != RxReady {
+		m.rxFail[reasonOf(err)].Inc()
+	}
+}
+
+// txSession returns a meter for a new tx session (nil when metrics are
+// off).
+func (m *meters) txSession() *txMeter {
+	if m == nil {
+		return nil
+	}
+	return &txMeter{m: m}
+}
+
+// rxSession returns a meter for a new rx session whose Receive arrived at
+// since (nil when metrics are off).
+func (m *meters) rxSession(since time.Time) *rxMeter {
+	if m == nil {
+		return nil
+	}
+	return &rxMeter{m: m, since: since}
+}
+
+// txMeter watches one TxSession from its shell. It mirrors the state of
+// every op that may still change and, after each step, compares only
+// those: ops before a stream's first non-quiescent one are final, and
+// while the session is undecided ops the stream has not submitted yet are
+// ADMITTED. A step therefore costs O(streams + ops in flight), and nothing
+// allocates but the amortised growth of the per-chunk and per-op slices.
+type txMeter struct {
+	m       *meters
+	open    bool // counted in the gauges
+	state   TxState
+	since   time.Time   // Send (TxStart), else the session's birth
+	chunkAt []time.Time // when each chunk was handed over
+	streams []streamMeter
+	counts  [len(opStateNames)]float64 // this session's share of the ops gauges
+}
+
+type streamMeter struct {
+	st     *stream   // a session never replaces a stream
+	lo     int       // ops [0, lo) are quiescent: final
+	states []OpState // the op states last seen
+	bytes  uint64
+}
+
+// born counts a new session; it runs once, when the actor starts.
+func (t *txMeter) born(s *TxSession, now time.Time) {
+	t.open, t.state, t.since = true, s.State(), now
+	t.m.txSessions[t.state].Inc()
+}
+
+// stepped updates the metrics after s stepped on msg at now.
+func (t *txMeter) stepped(s *TxSession, msg any, now time.Time) {
+	if !t.open {
+		return
+	}
+	switch m := msg.(type) {
+	case TxStart:
+		t.since = now
+	case TxCompleted:
+		if m.Err == nil && !m.Refused {
+			t.landed(s, m.Op, now)
+		}
+	}
+	for len(t.chunkAt) < len(s.chunks) {
+		t.chunkAt = append(t.chunkAt, now)
+	}
+	t.sync(s)
+	if st := s.State(); st != t.state {
+		t.m.txSessions[t.state].Dec()
+		t.m.txSessions[st].Inc()
+		t.state = st
+		if st == TxFailed || st == TxCancelled {
+			t.m.txFail[reasonOf(s.Err())].Inc()
+		}
+	}
+	if s.Stopped() {
+		// Finish went out with Stop: the handle's Done fires now.
+		t.m.txDur[t.state].Observe(now.Sub(t.since).Seconds())
+		t.close()
+	}
+}
+
+// landed observes the chunk-to-write latency of op r, which the step just
+// took from SUBMITTING to BACKEND_DONE (the mirror is not yet synced).
+func (t *txMeter) landed(s *TxSession, r OpRef, now time.Time) {
+	st := s.streams[r.Peer]
+	if st == nil || r.Request != s.cfg.Request || r.Seq < 0 || r.Seq >= len(st.ops) || st.ops[r.Seq].state != OpBackendDone {
+		return
+	}
+	for i := range t.streams {
+		sm := &t.streams[i]
+		if sm.st != st {
+			continue
+		}
+		if r.Seq >= len(sm.states) || (sm.states[r.Seq] != OpSubmitting && sm.states[r.Seq] != OpSubmitted) {
+			return // already done before this step: a duplicate
+		}
+		if c := st.ops[r.Seq].chunk; c < len(t.chunkAt) {
+			t.m.chunkWrite.Observe(now.Sub(t.chunkAt[c]).Seconds())
+		}
+		return
+	}
+}
+
+// sync brings the ops gauges and the bytes counter up to s.
+func (t *txMeter) sync(s *TxSession) {
+	undecided := !s.state.Terminal()
+	var d [len(opStateNames)]int32 // this step's moves, applied once per state
+	for len(t.streams) < len(s.order) {
+		t.streams = append(t.streams, streamMeter{st: s.streams[s.order[len(t.streams)]]})
+	}
+	for i := range t.streams {
+		sm := &t.streams[i]
+		st := sm.st
+		if st.bytes != sm.bytes {
+			t.m.bytesTx.Add(float64(st.bytes - sm.bytes))
+			sm.bytes = st.bytes
+		}
+		for len(sm.states) < len(st.ops) {
+			sm.states = append(sm.states, OpAdmitted)
+			d[OpAdmitted]++
+		}
+		hi := len(st.ops)
+		if undecided && st.next < hi {
+			hi = st.next // the rest are ADMITTED, waiting for their turn
+		}
+		for j := sm.lo; j < hi; j++ {
+			if now := st.ops[j].state; now != sm.states[j] {
+				d[sm.states[j]]--
+				d[now]++
+				sm.states[j] = now
+			}
+		}
+		for sm.lo < len(sm.states) && sm.states[sm.lo].Quiescent() {
+			sm.lo++
+		}
+	}
+	for st, n := range d {
+		if n != 0 {
+			t.add(OpState(st), float64(n))
+		}
+	}
+}
+
+func (t *txMeter) add(st OpState, d float64) {
+	t.counts[st] += d
+	t.m.ops[st].Add(d)
+	if st == OpInDoubt {
+		t.m.inDoubt.Add(d)
+	}
+}
+
+// close takes the session out of the gauges; it runs when the session
+// released everything, or when its actor stops without having done so.
+func (t *txMeter) close() {
+	if !t.open {
+		return
+	}
+	t.open = false
+	t.m.txSessions[t.state].Dec()
+	for st, n := range t.counts {
+		if n != 0 {
+			t.add(OpState(st), -n)
+		}
+	}
+}
+
+// rxMeter watches one RxSession from its shell.
+type rxMeter struct {
+	m       *meters
+	open    bool
+	decided bool
+	state   RxState
+	since   time.Time // Receive
+	bytes   uint64
+	stale   int
+}
+
+func (r *rxMeter) born(s *RxSession, now time.Time) {
+	r.open, r.state = true, s.State()
+	if r.since.IsZero() {
+		r.since = now
+	}
+	r.m.rxSessions[r.state].Inc()
+}
+
+func (r *rxMeter) stepped(s *RxSession, now time.Time) {
+	if s.StaleFrames != r.stale {
+		// Duplicate, stale-epoch or late frames: the session ignored them.
+		r.m.rejected[rejectStale].Add(float64(s.StaleFrames - r.stale))
+		r.stale = s.StaleFrames
+	}
+	if !r.open {
+		return
+	}
+	if s.bytes != r.bytes {
+		r.m.bytesRx.Add(float64(s.bytes - r.bytes))
+		r.bytes = s.bytes
+	}
+	if st := s.State(); st != r.state {
+		r.m.rxSessions[r.state].Dec()
+		r.m.rxSessions[st].Inc()
+		r.state = st
+		if st.Terminal() && !r.decided {
+			// Finish went out: the handle's Done fires now.
+			r.decided = true
+			r.m.rxDur[st].Observe(now.Sub(r.since).Seconds())
+			if st != RxReady {
+				r.m.rxFail[reasonOf(s.Err())].Inc()
+			}
+		}
+	}
+	if s.Stopped() {
+		r.close()
+	}
+}
+
+func (r *rxMeter) close() {
+	if r.open {
+		r.open = false
+		r.m.rxSessions[r.state].Dec()
+	}
+}

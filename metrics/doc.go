@@ -1,0 +1,66 @@
+// Package metrics is kvxfer's Prometheus exposition: one Set of metrics per
+// engine, in a registry of its own, and a small HTTP server for it.
+//
+// # Contract
+//
+// An engine started with Config.MetricsAddr set makes a Set (New), serves
+// it on MetricsAddr at /metrics (Serve) and shuts the server down in
+// Engine.Close. With MetricsAddr empty there is no Set, no server, and the
+// shells pay one nil check per message. Several engines in one process
+// never share a registry (the process-wide default registry is never
+// used); every series carries the constant label engine="instance/rank",
+// so Handler can serve several engines' registries on one port.
+//
+// The engine's shells (package actors) update the metrics after the pure
+// steps ran, from the messages and the session state; steps know nothing
+// of metrics. Every label value except a heartbeat miss's peer is known
+// when the engine starts, so the shells resolve the label children once
+// then: an update on the chunk path is an atomic add or a histogram
+// observation, with no allocation and no label lookup (a session's meter
+// only grows its per-chunk and per-op bookkeeping by amortised appends). Pool occupancy and
+// the engine's plain counters (actors.Counters) are read only when scraped.
+//
+// A Set's metrics are safe for concurrent use. Serve owns one goroutine;
+// Server.Close waits for it.
+//
+// # Metrics
+//
+// Every name has the kvxfer_ prefix and every series the engine label.
+// tx is the context (sending) side, rx the generation (receiving) side.
+//
+//	name                                type       labels          meaning
+//	kvxfer_bytes_transferred_total      counter    side            tx: bytes of ops whose write completed without error (BACKEND_DONE), added as each op lands;
+//	                                                               rx: bytes the writers' Results report, added as each Result arrives
+//	kvxfer_transfer_duration_seconds    histogram  side, outcome   tx: Engine.Send to Done (after every pin is released), outcome DONE | FAILED | CANCELLED;
+//	                                                               rx: Engine.Receive to the outcome (queueing for blocks included), outcome READY | FAILED | CANCELLED | TIMED_OUT
+//	kvxfer_chunk_write_latency_seconds  histogram  -               a chunk handed over (TxHandle.Chunk reached its session) to one of its ops BACKEND_DONE
+//	                                                               without error; one observation per op (per generation rank the chunk goes to)
+//	kvxfer_ops                          gauge      state           ops of live tx sessions by state: ADMITTED, NOT_SUBMITTED, SUBMITTING, SUBMITTED,
+//	                                                               BACKEND_DONE, IN_DOUBT, RETIRED; a session's ops leave the gauge when it releases
+//	kvxfer_ops_in_doubt                 gauge      -               kvxfer_ops{state="IN_DOUBT"}: writes whose outcome is unknown until their endpoint is
+//	                                                               flushed or closed (their pages stay pinned)
+//	kvxfer_sessions                     gauge      side, state     live sessions by state; tx: INIT, READY, TRANSFERRING, DONE, FAILED, CANCELLED;
+//	                                                               rx: REQUESTED, RECEIVING, READY, FAILED, CANCELLED, TIMED_OUT. A terminal state
+//	                                                               counts a session that is decided and still draining; rx requests waiting for
+//	                                                               destination blocks have no session yet
+//	kvxfer_failures_total               counter    side, reason    requests that ended without success, counted when decided; reason is the first
+//	                                                               sentinel the error wraps: closed, cancelled, peer_cancelled, timeout, peer_gone,
+//	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, other
+//	                                                               (the actors.Err* sentinels of the same names; closed: Engine.Close)
+//	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener),
+//	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
+//	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
+//	                                                               that could not be resolved into a route; the request fails)
+//	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
+//	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
+//	                                                               OnPeerDown); peer is "instance/rank"
+//	kvxfer_pool_blocks                  gauge      group, state    blocks of each layer group's pool by state: free, allocated (no pin), pinned,
+//	                                                               quarantined; they sum to the pool's size. Sampled at scrape
+//	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
+//	kvxfer_frames_unsent_total          counter    -               control frames a worker could not send (dial or send failed)
+//	kvxfer_session_panics_total         counter    -               sessions restarted after a panic
+//	kvxfer_pin_errors_total             counter    -               pin or unpin calls the pools refused
+//
+// Buckets: TransferBuckets (100 µs to 60 s) and ChunkWriteBuckets (10 µs to
+// 10 s).
+package metrics

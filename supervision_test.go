@@ -1,0 +1,145 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/faulty"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+)
+
+// faultyPair starts a context engine on a faulty(loopback) agent and a
+// generation engine on loopback, one worker each.
+func faultyPair(t *testing.T, l kvcache.Layout, opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
+	t.Helper()
+	link := control.NewMemLink()
+	net := loopback.NewNetwork()
+	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), opts...)
+	gag := loopback.New(loopback.WithNetwork(net))
+	var err error
+	ce, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
+		Workers: 1, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ge, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
+		Workers: 1, Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := errors.Join(ce.Close(ctx), ge.Close(ctx), ag.Close(), gag.Close()); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return ce, ge
+}
+
+// TestWorkerCrashWithOpsInFlight: the sender worker panics while an op's
+// batch is posted and held by the backend (it hangs until its endpoint
+// closes). The supervisor restarts the worker; the op becomes IN_DOUBT and
+// is retired by closing the endpoint; only then are the source pins
+// dropped. The request fails on both sides, nothing leaks, and the
+// restarted worker serves the next request.
+func TestWorkerCrashWithOpsInFlight(t *testing.T) {
+	l := smallLayout()
+	var hung atomic.Bool // hang exactly one batch, whatever its endpoint
+	ce, ge := faultyPair(t, l, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "crash", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(kvxfer.SendRequest{ID: "crash", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0]}, {First: 0, IDs: src[1]}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the op is posted (held by the Hang fault), then crash.
+	deadline := time.Now().Add(10 * time.Second)
+	for ce.Stats().OpsPosted.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("op never posted")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	ce.CrashWorker(0)
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, actors.ErrWorkerCrashed) {
+		t.Fatalf("tx outcome %s %v, want FAILED by a worker crash", o.Status, o.Err)
+	}
+	// Done fired: every pin dropped, so the source blocks can be freed.
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx outcome %s, want a failure", ro.Status)
+	}
+	if ce.Stats().WorkerRestarts.Load() != 1 {
+		t.Fatalf("worker restarts %d, want 1", ce.Stats().WorkerRestarts.Load())
+	}
+	// The restarted worker serves the next request, bytes verified.
+	transfer(t, c, l, "after-crash", 3, 100, 32, true)
+	checkNoLeaks(t, c)
+}
+
+// TestSessionPanicFailsAndDrains: a TxSession that panics fails its
+// request, still waits for its op to settle, and releases its pins.
+func TestSessionPanicFailsAndDrains(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "p", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(kvxfer.SendRequest{ID: "p", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &kvxfer.ManualFence{}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
+		t.Fatal(err)
+	}
+	tx.Crash()
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("Done (%s) before the held chunk's fence fired: pins dropped under a pending write", o.Status)
+	default:
+	}
+	f.Fire(nil)
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx outcome %s %v, want FAILED by a session crash", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx outcome %s, want a failure", ro.Status)
+	}
+	checkNoLeaks(t, c)
+}
