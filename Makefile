@@ -82,3 +82,10 @@ SEEDBASE ?= 1
 .PHONY: sim
 sim:
 	$(GO) test ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE)
+
+## gpu-check: kvxfer's checks on one GPU (test/gpu/gpu-check.sh): discovery,
+## the cudaipc conformance suite, the device-pool demo and cudaipc's
+## bandwidth beside raw cuMemcpyDtoD. Exits 0 after saying so without a GPU.
+.PHONY: gpu-check
+gpu-check:
+	GO=$(GO) test/gpu/gpu-check.sh

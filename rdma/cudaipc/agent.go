@@ -1,0 +1,245 @@
+package cudaipc
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// Backend is the cudaipc backend's name.
+const Backend = "cudaipc"
+
+// Agent is an rdma.Agent for GPU-to-GPU writes between processes of one
+// node. It is safe for concurrent use.
+type Agent struct {
+	dev    *cuda.Device
+	poller *cuda.Poller
+	addr   address
+	bytes  []byte // addr, encoded
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+
+	mu      sync.Mutex
+	nextReg uint64
+	nextEp  uint64
+	regs    map[*registration]struct{}
+	eps     map[*endpoint]struct{}
+}
+
+var _ rdma.Agent = (*Agent)(nil)
+
+// New starts an agent of this process on a GPU (WithDevice, default 0).
+// Without a usable GPU or CUDA driver it returns an error wrapping
+// cuda.ErrNoDevice.
+func New(opts ...Option) (*Agent, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.poller == nil {
+		o.poller = cuda.DefaultPoller()
+	}
+	dev, err := cuda.OpenDevice(o.device)
+	if err != nil {
+		return nil, fmt.Errorf("cudaipc: %w", err)
+	}
+	a := &Agent{
+		dev:    dev,
+		poller: o.poller,
+		regs:   make(map[*registration]struct{}),
+		eps:    make(map[*endpoint]struct{}),
+	}
+	a.addr.pid = os.Getpid()
+	rand.Read(a.addr.nonce[:])
+	a.bytes = []byte(a.addr.String())
+	return a, nil
+}
+
+// Backend returns "cudaipc".
+func (a *Agent) Backend() string { return Backend }
+
+// Address returns "cudaipc:<pid>:<nonce>".
+func (a *Agent) Address() []byte { return append([]byte(nil), a.bytes...) }
+
+// Device is the GPU the agent copies with. The agent closes it in Close:
+// allocate memory that outlives the agent from a Device of your own
+// (cuda.OpenDevice).
+func (a *Agent) Device() *cuda.Device { return a.dev }
+
+func (a *Agent) String() string { return a.addr.String() }
+
+// Register registers a device region (kvcache.DeviceMem) that lies inside
+// one cuMemAlloc allocation: peers holding its RemoteRegion can write into
+// it, and this agent's endpoints can read it as a source. Host memory is
+// refused (kvcache.ErrBadRegion): use a host backend for it.
+func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
+	if r == nil {
+		return nil, fmt.Errorf("%s: register: %w: nil region", a, kvcache.ErrBadRegion)
+	}
+	if a.closed.Load() {
+		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
+	}
+	if r.Kind != kvcache.DeviceMem {
+		return nil, fmt.Errorf("%s: register %s region at %#x (%d bytes): %w: cudaipc registers device memory only",
+			a, r.Kind, r.Base, r.Len, kvcache.ErrBadRegion)
+	}
+	ptr := cuda.DevicePtr(r.Base)
+	base, size, err := a.dev.AddressRange(ptr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: register device region at %#x (%d bytes): %w: not device memory of a cuMemAlloc allocation: %v",
+			a, r.Base, r.Len, kvcache.ErrBadRegion, err)
+	}
+	off := uint64(ptr - base)
+	if off > size || r.Len > size-off {
+		return nil, fmt.Errorf("%s: register device region at %#x (%d bytes): %w: it runs past its allocation [%#x, +%d)",
+			a, r.Base, r.Len, kvcache.ErrBadRegion, uintptr(base), size)
+	}
+	h, err := a.dev.IPCHandle(base)
+	if err != nil {
+		return nil, fmt.Errorf("%s: register device region at %#x: %w", a, r.Base, err)
+	}
+	reg := &registration{agent: a, region: r, ptr: ptr, alloc: base}
+	reg.key = regionKey{owner: a.addr.nonce, pid: a.addr.pid, handle: h, offset: off, length: r.Len}
+	rand.Read(reg.key.fileID[:])
+	rand.Read(reg.key.secret[:])
+	ctl, err := createControl(controlPath(a.addr.pid, reg.key.fileID))
+	if err != nil {
+		return nil, fmt.Errorf("%s: register: control file: %w", a, err)
+	}
+	c := ctl.c
+	copy(c.magic[:], controlMagic)
+	c.fileID, c.handle, c.offset, c.length = reg.key.fileID, h, off, r.Len
+	c.setOwner(a.addr.nonce)
+	c.setSecret(reg.key.secret) // descriptor, owner and secret first: whoever acquires sees them
+	c.lease.Reset(false)
+	reg.ctl = ctl
+	reg.remote = rdma.RemoteRegion{Key: reg.key.encode(), Len: r.Len}
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed.Load() {
+		reg.revoke(false)
+		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
+	}
+	a.nextReg++
+	reg.id = a.nextReg
+	a.regs[reg] = struct{}{}
+	exportLocal(reg)
+	return reg, nil
+}
+
+// revoke retires a registration's lease (marking its owner gone when gone),
+// clears its secret, removes its control file and unmaps it. Peers that
+// mapped the file see the retirement; later ones find no file.
+func (r *registration) revoke(gone bool) error {
+	r.dead.Store(true)
+	unexportLocal(r)
+	c := r.ctl.c
+	c.lease.ForceRetire(gone)
+	c.setSecret([16]byte{})
+	return errors.Join(os.Remove(r.ctl.path), r.ctl.close())
+}
+
+// Deregister revokes reg. With batches of any process in flight from or
+// into it, it fails with rdma.ErrRegionBusy and changes nothing.
+func (a *Agent) Deregister(reg rdma.Registration) error {
+	r, ok := reg.(*registration)
+	if !ok || r == nil || r.agent != a {
+		return fmt.Errorf("%s: deregister %T: %w: not a registration of this agent", a, reg, rdma.ErrUnregistered)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.regs[r]; !ok {
+		return fmt.Errorf("%s: deregister registration %d: %w: already deregistered", a, r.id, rdma.ErrUnregistered)
+	}
+	if !r.ctl.c.lease.TryRetire() {
+		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, r.ctl.c.lease.InFlight())
+	}
+	delete(a.regs, r)
+	if err := r.revoke(false); err != nil {
+		return fmt.Errorf("%s: deregister registration %d: %w", a, r.id, err)
+	}
+	return nil
+}
+
+// Connect opens an endpoint to the agent at peer: a stream on this agent's
+// GPU. It fails with rdma.ErrPeerGone when the peer's process does not
+// exist.
+func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
+	if a.closed.Load() {
+		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
+	}
+	pa, err := parseAddress(peer)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect: %w", a, err)
+	}
+	if pa.pid != a.addr.pid && processGone(pa.pid) {
+		return nil, fmt.Errorf("%s: connect %s: %w: no process %d", a, pa, rdma.ErrPeerGone, pa.pid)
+	}
+	s, err := a.dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect %s: %w", a, pa, err)
+	}
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed.Load() {
+		s.Close()
+		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
+	}
+	a.nextEp++
+	e := &endpoint{agent: a, peer: pa, stream: s, q: a.poller.NewQueue(), targets: make(map[[16]byte]*target)}
+	e.name = fmt.Sprintf("cudaipc endpoint %d of %s → %s", a.nextEp, a, pa)
+	a.eps[e] = struct{}{}
+	return e, nil
+}
+
+// Close closes every endpoint (each waits for its copies), revokes every
+// registration — peers' later posts into them fail with rdma.ErrPeerGone
+// (or rdma.ErrBadKey for a peer that never used the key) — and releases
+// the device. Idempotent.
+func (a *Agent) Close() error {
+	var errs []error
+	a.closeOnce.Do(func() {
+		a.mu.Lock()
+		a.closed.Store(true)
+		eps := make([]*endpoint, 0, len(a.eps))
+		for e := range a.eps {
+			eps = append(eps, e)
+		}
+		a.mu.Unlock()
+
+		for _, e := range eps {
+			if err := e.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+
+		a.mu.Lock()
+		for r := range a.regs {
+			if err := r.revoke(true); err != nil {
+				errs = append(errs, fmt.Errorf("%s: revoke registration %d: %w", a, r.id, err))
+			}
+			delete(a.regs, r)
+		}
+		a.mu.Unlock()
+		if err := a.dev.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func (a *Agent) forget(e *endpoint) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.eps, e)
+}

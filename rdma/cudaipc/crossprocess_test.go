@@ -1,0 +1,240 @@
+package cudaipc_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// childEnv makes the test binary, re-executed, act as the receiver.
+const childEnv = "KVXFER_CUDAIPC_CHILD"
+
+// crossLen is the receiver's region size; crossOff its offset in the
+// allocation.
+const crossLen, crossOff = 8 << 20, 4096
+
+// The receiver's protocol, one line each way:
+//
+//	child:  READY <address> <key hex> <len>
+//	parent: DEREGISTER           child: DEREGISTER busy|ok|<error>
+//	parent: VERIFY <seed>        child: VERIFIED | MISMATCH <offset>
+//
+// VERIFY deregisters first; then the child closes its agent and exits.
+const readyPrefix = "KVXFER-CUDAIPC READY "
+
+// TestCrossProcessChild is the receiver; it does nothing unless
+// re-executed by TestCrossProcess.
+func TestCrossProcessChild(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		t.Skip("runs only as TestCrossProcess's child")
+	}
+	d := gpu(t)
+	m := devMem(t, d, crossLen+2*crossOff, 0)
+	a := agent(t)
+	defer a.Close() // before VERIFY returns: the agent closes before the memory is freed
+	reg, err := a.Register(region(t, m, crossOff, crossLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := reg.Remote()
+	fmt.Printf("%s%s %s %d\n", readyPrefix, a.Address(), hex.EncodeToString(rr.Key), rr.Len)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		switch cmd {
+		case "DEREGISTER":
+			switch err := a.Deregister(reg); {
+			case errors.Is(err, rdma.ErrRegionBusy):
+				fmt.Println("DEREGISTER busy")
+			case err == nil:
+				fmt.Println("DEREGISTER ok")
+			default:
+				fmt.Println("DEREGISTER", err)
+			}
+		case "VERIFY":
+			seed, _ := strconv.ParseUint(arg, 10, 8)
+			if err := a.Deregister(reg); err != nil {
+				fmt.Println("MISMATCH deregister:", err)
+				return
+			}
+			got := read(t, d, m.Ptr(), crossLen+2*crossOff)
+			want := pattern(crossLen+2*crossOff, 0)
+			copy(want[crossOff:crossOff+crossLen], pattern(crossLen, byte(seed)))
+			if i := firstDiff(got, want); i >= 0 {
+				fmt.Println("MISMATCH", i)
+				return
+			}
+			fmt.Println("VERIFIED")
+			return
+		}
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+// TestCrossProcess: a receiver process registers a region inside a device
+// allocation; this process maps it through its IPC handle and writes it in
+// shuffled batches. While a batch is pending, the receiver's Deregister is
+// refused as busy; once flushed, the receiver finds every byte, and the
+// bytes around its region untouched. After the receiver exited, posts fail
+// with ErrPeerGone.
+func TestCrossProcess(t *testing.T) {
+	requireGPU(t)
+	child := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1")
+	child.Env = append(os.Environ(), childEnv+"=1")
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	child.Stderr = &stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := false
+	defer func() {
+		if !exited {
+			stdin.Close()
+			child.Process.Kill()
+			child.Wait()
+		}
+	}()
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(prefix string) string {
+		t.Helper()
+		deadline := time.After(60 * time.Second)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("receiver exited before %q; stderr:\n%s", prefix, stderr.String())
+				}
+				if strings.HasPrefix(l, prefix) {
+					return strings.TrimPrefix(l, prefix)
+				}
+			case <-deadline:
+				t.Fatalf("no %q from the receiver", prefix)
+			}
+		}
+	}
+	f := strings.Fields(next(readyPrefix))
+	if len(f) != 3 {
+		t.Fatalf("bad READY line %q", f)
+	}
+	key, _ := hex.DecodeString(f[1])
+	n, _ := strconv.ParseUint(f[2], 10, 64)
+	dst := rdma.RemoteRegion{Key: key, Len: n}
+
+	d := gpu(t)
+	const seed = 9
+	sm := devMem(t, d, crossLen, seed)
+	a := agent(t)
+	src, err := a.Register(region(t, sm, 0, crossLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := a.Connect([]byte(f[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+
+	// Batch A blocks in its Done, so batch B stays pending behind it.
+	const chunk = 256 << 10
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(unblock) }) }
+	defer release()
+	first := []kvcache.Segment{{Src: 0, Dst: 0, Len: chunk}}
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: first, Done: func(err error) {
+		if err != nil {
+			t.Errorf("batch A: %v", err)
+		}
+		close(entered)
+		<-unblock
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	var segs []kvcache.Segment
+	for off := uint64(chunk); off < crossLen; off += chunk {
+		segs = append(segs, kvcache.Segment{Src: off, Dst: off, Len: chunk})
+	}
+	for i := range segs { // a fixed shuffle
+		j := (i * 7919) % len(segs)
+		segs[i], segs[j] = segs[j], segs[i]
+	}
+	failed := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: segs, Done: func(err error) {
+		if err != nil {
+			failed <- err
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(stdin, "DEREGISTER")
+	if got := next("DEREGISTER "); got != "busy" {
+		t.Errorf("receiver's Deregister with a batch pending: %q, want busy", got)
+	}
+	release()
+	flushed := make(chan error, 1)
+	ep.Flush(func(err error) { flushed <- err })
+	if err := wait(t, flushed, "Flush"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("batch B: %v", err)
+	default:
+	}
+	fmt.Fprintf(stdin, "VERIFY %d\n", seed)
+	if got := next(""); got != "VERIFIED" {
+		t.Fatalf("receiver: %s; stderr:\n%s", got, stderr.String())
+	}
+	stdin.Close()
+	err = child.Wait()
+	exited = true
+	if err != nil {
+		t.Fatalf("receiver: %v\n%s", err, stderr.String())
+	}
+	err = ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: first, Done: func(error) { t.Error("Done of a refused post") }})
+	if !errors.Is(err, rdma.ErrPeerGone) {
+		t.Errorf("Post after the receiver exited: %v, want ErrPeerGone", err)
+	}
+	if _, err := a.Connect([]byte(f[0])); !errors.Is(err, rdma.ErrPeerGone) {
+		t.Errorf("Connect after the receiver exited: %v, want ErrPeerGone", err)
+	}
+}

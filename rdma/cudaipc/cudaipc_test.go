@@ -1,0 +1,127 @@
+package cudaipc_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
+	"github.com/kvxfer/kvxfer/rdma/rdmatest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// requireGPU skips t unless the driver under test (the real one, or
+// $KVXFER_LIBCUDA's) has a device.
+func requireGPU(t *testing.T) {
+	t.Helper()
+	d, err := cuda.OpenDevice(0)
+	if errors.Is(err, cuda.ErrNoDevice) {
+		t.Skipf("needs a GPU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+}
+
+// agent starts an agent closed at cleanup.
+func agent(t *testing.T) *cudaipc.Agent {
+	t.Helper()
+	a, err := cudaipc.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Errorf("agent Close: %v", err)
+		}
+	})
+	return a
+}
+
+// TestNewWithoutDevice: without a GPU, New fails cleanly with
+// cuda.ErrNoDevice.
+func TestNewWithoutDevice(t *testing.T) {
+	a, err := cudaipc.New()
+	if err == nil {
+		a.Close()
+		t.Skip("a GPU is present")
+	}
+	if !errors.Is(err, cuda.ErrNoDevice) {
+		t.Fatalf("New without a GPU: %v, want cuda.ErrNoDevice", err)
+	}
+	t.Logf("New: %v", err)
+}
+
+func pair(t *testing.T) rdmatest.Pair {
+	s, err := newMirror()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newMirror()
+	if err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // runs after the suite closed both agents
+		for _, m := range []*mirror{s, r} {
+			if err := m.failures(); err != nil {
+				t.Errorf("mirror: %v", err)
+			}
+		}
+	})
+	return rdmatest.Pair{Sender: s, Receiver: r, NewDst: kvcache.NewHostRegion}
+}
+
+// TestConformance runs the rdma conformance suite on the GPU, through the
+// mirror (see mirror_test.go). Both agents live in this process, so
+// destinations are reached by address; TestCrossProcess covers IPC
+// handles.
+func TestConformance(t *testing.T) {
+	requireGPU(t)
+	rdmatest.Run(t, pair)
+}
+
+// childTests are the tests TestFakeDriver runs against the fake driver.
+const childTests = "^(TestConformance|TestCrossProcess|TestRegister|TestCloseNoLateWrite|TestSubRegion)$"
+
+// TestFakeDriver runs the GPU tests of this package in a child process
+// against the fake driver (cuda/cudatest), so that the backend's logic is
+// exercised on machines without a GPU too.
+func TestFakeDriver(t *testing.T) {
+	if p := os.Getenv(cuda.LibraryEnv); p != "" {
+		t.Skipf("the driver under test is chosen already ($%s=%s)", cuda.LibraryEnv, p)
+	}
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	lib, err := cudatest.BuildFake(t.TempDir())
+	if err != nil {
+		t.Skipf("no fake driver: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+childTests, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=20")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("GPU tests on the fake driver: %v\n%s", err, out)
+	}
+	for l := range strings.Lines(string(out)) {
+		if strings.HasPrefix(l, "--- ") {
+			t.Log(strings.TrimSpace(l))
+		}
+		if strings.HasPrefix(l, "--- SKIP") {
+			t.Errorf("a GPU test skipped on the fake driver: %s", l)
+		}
+	}
+	if !strings.Contains(string(out), "--- PASS: TestConformance") {
+		t.Errorf("TestConformance did not pass on the fake driver:\n%s", out)
+	}
+}

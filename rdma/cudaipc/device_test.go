@@ -1,0 +1,225 @@
+package cudaipc_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// gpu opens device 0 for the test's memory, closed at cleanup. Open it,
+// and allocate, before starting agents: cleanups run last-in first-out, so
+// the agents close before the memory is freed.
+func gpu(t *testing.T) *cuda.Device {
+	t.Helper()
+	requireGPU(t)
+	d, err := cuda.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("device Close: %v", err)
+		}
+	})
+	return d
+}
+
+// devMem allocates n bytes on d, filled with pattern(seed), freed at
+// cleanup.
+func devMem(t *testing.T, d *cuda.Device, n uint64, seed byte) *cuda.Memory {
+	t.Helper()
+	m, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Free(); err != nil {
+			t.Errorf("Free: %v", err)
+		}
+	})
+	if err := d.CopyHtoD(m.Ptr(), pattern(int(n), seed)); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// region wraps [off, off+n) of m as a device region.
+func region(t *testing.T, m *cuda.Memory, off, n uint64) *kvcache.Region {
+	t.Helper()
+	r, err := kvcache.ExternalDeviceRegion(uintptr(m.Ptr())+uintptr(off), n, m.Device().Ordinal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// read copies n bytes at p to the host.
+func read(t *testing.T, d *cuda.Device, p cuda.DevicePtr, n uint64) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if err := d.CopyDtoH(b, p); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*13) ^ seed ^ byte(i>>11)
+	}
+	return b
+}
+
+// wait waits for one error from ch.
+func wait(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no %s", what)
+		return nil
+	}
+}
+
+// TestRegister: host memory, memory outside any allocation and regions
+// running past their allocation are refused; a region inside an
+// allocation registers.
+func TestRegister(t *testing.T) {
+	d := gpu(t)
+	m := devMem(t, d, 1<<16, 1)
+	a := agent(t)
+	h, _ := kvcache.NewHostRegion(4096)
+	if _, err := a.Register(h); !errors.Is(err, kvcache.ErrBadRegion) {
+		t.Errorf("Register(host region) = %v, want ErrBadRegion", err)
+	}
+	if _, err := a.Register(nil); !errors.Is(err, kvcache.ErrBadRegion) {
+		t.Errorf("Register(nil) = %v, want ErrBadRegion", err)
+	}
+	if _, err := a.Register(region(t, m, 4096, 1<<16)); !errors.Is(err, kvcache.ErrBadRegion) {
+		t.Errorf("Register(region past its allocation) = %v, want ErrBadRegion", err)
+	}
+	bogus, _ := kvcache.ExternalDeviceRegion(0x1000, 4096, 0)
+	if _, err := a.Register(bogus); !errors.Is(err, kvcache.ErrBadRegion) {
+		t.Errorf("Register(device address outside every allocation) = %v, want ErrBadRegion", err)
+	}
+	reg, err := a.Register(region(t, m, 4096, 8192))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr := reg.Remote(); rr.Len != 8192 || len(rr.Key) == 0 {
+		t.Errorf("Remote() = %+v", rr)
+	}
+	if err := a.Deregister(reg); err != nil {
+		t.Errorf("Deregister: %v", err)
+	}
+}
+
+// TestSubRegion: regions that start inside their allocations, on both
+// sides, are written at the right place and nowhere else.
+func TestSubRegion(t *testing.T) {
+	d := gpu(t)
+	const n, off = 1 << 20, 12345
+	sm := devMem(t, d, n+off, 2)
+	dm := devMem(t, d, n+2*off, 3)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, off, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, off, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	segs := []kvcache.Segment{{Src: 0, Dst: 100, Len: 5000}, {Src: n - 7, Dst: n - 7, Len: 7}, {Src: 77, Dst: 0, Len: 1}}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: segs, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done, "Done"); err != nil {
+		t.Fatal(err)
+	}
+	want := pattern(n+2*off, 3)
+	sb := pattern(n+off, 2)[off:]
+	for _, sg := range segs {
+		copy(want[off+sg.Dst:off+sg.Dst+sg.Len], sb[sg.Src:sg.Src+sg.Len])
+	}
+	if got := read(t, d, dm.Ptr(), n+2*off); !bytes.Equal(got, want) {
+		t.Error("the destination allocation differs from the model")
+	}
+}
+
+// TestCloseNoLateWrite: after Endpoint.Close returns with large batches
+// queued, the destination's device memory no longer changes.
+func TestCloseNoLateWrite(t *testing.T) {
+	d := gpu(t)
+	const n = 8 << 20
+	sm, dm, tmp := devMem(t, d, n, 4), devMem(t, d, n, 5), devMem(t, d, n, 6)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const batches = 32
+	results := make(chan error, batches)
+	for i := range batches {
+		segs := []kvcache.Segment{{Src: 0, Dst: uint64(i%2) * (n / 2), Len: n / 2}}
+		if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: segs, Done: func(err error) { results <- err }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != batches {
+		t.Fatalf("%d of %d batches completed when Close returned", len(results), batches)
+	}
+	for range batches {
+		if err := <-results; err != nil && !errors.Is(err, rdma.ErrEndpointClosed) {
+			t.Errorf("batch: %v", err)
+		}
+	}
+	before := read(t, d, dm.Ptr(), n)
+	// Real work on another endpoint, then look again.
+	other, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	tmpReg, err := r.Register(region(t, tmp, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := other.Post(rdma.Batch{Src: src, Dst: tmpReg.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done, "Done"); err != nil {
+		t.Fatal(err)
+	}
+	if after := read(t, d, dm.Ptr(), n); !bytes.Equal(before, after) {
+		t.Fatal("the destination changed after Close returned: a write landed late")
+	}
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 1}}, Done: func(error) { t.Error("Done of a refused post") }}); !errors.Is(err, rdma.ErrEndpointClosed) {
+		t.Errorf("Post after Close: %v", err)
+	}
+}

@@ -1,0 +1,111 @@
+package cudaipc
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// registration is a device region registered with one agent: its
+// allocation's IPC handle and a control file that peers map to check the
+// key and count their batches in flight.
+type registration struct {
+	agent  *Agent
+	id     uint64
+	region *kvcache.Region
+	ptr    cuda.DevicePtr // the region's base (device address)
+	alloc  cuda.DevicePtr // the base of the allocation that holds it
+	key    regionKey
+	ctl    *controlMap
+	remote rdma.RemoteRegion
+	// dead is set once the registration is revoked, before its control
+	// file is unmapped: a stale registration never touches its lease.
+	dead atomic.Bool
+}
+
+var _ rdma.Registration = (*registration)(nil)
+
+func (r *registration) Region() *kvcache.Region { return r.region }
+
+func (r *registration) Remote() rdma.RemoteRegion {
+	return rdma.RemoteRegion{Key: append([]byte(nil), r.remote.Key...), Len: r.remote.Len}
+}
+
+// exports maps the control-file ids of this process's live registrations
+// to them: a process cannot open its own IPC handles, so an endpoint whose
+// peer lives in the same process finds the allocation here instead.
+var exports = struct {
+	mu sync.Mutex
+	m  map[[16]byte]*registration
+}{m: make(map[[16]byte]*registration)}
+
+func exportLocal(r *registration) {
+	exports.mu.Lock()
+	exports.m[r.key.fileID] = r
+	exports.mu.Unlock()
+}
+
+func unexportLocal(r *registration) {
+	exports.mu.Lock()
+	delete(exports.m, r.key.fileID)
+	exports.mu.Unlock()
+}
+
+func lookupLocal(fileID [16]byte) *registration {
+	exports.mu.Lock()
+	defer exports.mu.Unlock()
+	return exports.m[fileID]
+}
+
+// imports counts this process's mappings of other processes' allocations,
+// per (handle, device): the driver maps a handle once per device and
+// process, and the mapping is closed when its last endpoint closes.
+var imports = struct {
+	mu sync.Mutex
+	m  map[importKey]*imported
+}{m: make(map[importKey]*imported)}
+
+type importKey struct {
+	handle cuda.IPCHandle
+	device int
+}
+
+type imported struct {
+	key  importKey
+	dev  *cuda.Device
+	base cuda.DevicePtr
+	refs int
+}
+
+// openImport maps h on dev (or takes another reference to its mapping).
+func openImport(dev *cuda.Device, h cuda.IPCHandle) (*imported, error) {
+	k := importKey{h, dev.Ordinal()}
+	imports.mu.Lock()
+	defer imports.mu.Unlock()
+	if im := imports.m[k]; im != nil {
+		im.refs++
+		return im, nil
+	}
+	base, err := dev.OpenIPC(h)
+	if err != nil {
+		return nil, err
+	}
+	im := &imported{key: k, dev: dev, base: base, refs: 1}
+	imports.m[k] = im
+	return im, nil
+}
+
+// release drops one reference; the last closes the mapping. Nothing may
+// still copy into it (the caller synchronised its stream).
+func (im *imported) release() error {
+	imports.mu.Lock()
+	defer imports.mu.Unlock()
+	if im.refs--; im.refs > 0 {
+		return nil
+	}
+	delete(imports.m, im.key)
+	return im.dev.CloseIPC(im.base)
+}
