@@ -1,109 +1,255 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"slices"
 	"strings"
-	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
-	"github.com/kvxfer/kvxfer/rdma/rdmabench"
+	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/report"
 )
 
-// newBenchCmd is `kvxfer bench`, the parent of the benchmarks.
-func newBenchCmd() *cobra.Command {
+// scenario is one `kvxfer bench` scenario. Its logic lives in
+// internal/bench (or rdma/rdmabench); here are its flags, how the common
+// settings apply to it, and how its results print.
+type scenario interface {
+	// name is the subcommand; short and long its help; example its
+	// examples.
+	name() string
+	short() string
+	long() string
+	example() string
+	// keys are the common settings it takes, with its own defaults.
+	keys() ([]string, map[string]string)
+	// flags registers its own flags, defaulting to its current values.
+	flags(fs *pflag.FlagSet)
+	// steps is how many progress steps run reports.
+	steps() int
+	// run measures into r, reporting progress.
+	run(ctx context.Context, s config.Settings, p bench.ProgressFunc, r *report.Results) error
+	// print writes its part of r: a table, or JSON lines.
+	print(w io.Writer, r *report.Results, asJSON bool) error
+}
+
+// scenarios are every scenario, fresh (with their defaults), in the order
+// `kvxfer bench` runs them.
+func scenarios() []scenario {
+	return []scenario{newRawScenario(), newOverheadScenario(), newWorkersScenario(), newPipeliningScenario(),
+		newSmallScenario(), newFragmentedScenario(), newE2EScenario()}
+}
+
+func scenarioNames() []string {
+	var names []string
+	for _, s := range scenarios() {
+		names = append(names, s.name())
+	}
+	return names
+}
+
+// benchKeys are the common settings `kvxfer bench` (all scenarios) takes.
+var (
+	benchKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout}
+	benchDefaults = map[string]string{config.Backend: "loopback", config.Timeout: "1m"}
+)
+
+// benchOutput are the flags of every bench command.
+type benchOutput struct {
+	json   bool
+	report string
+}
+
+// newBenchCmd is `kvxfer bench`: with --report or --scenarios it runs
+// scenarios; each is also a subcommand.
+func newBenchCmd(a *app) *cobra.Command {
+	var out benchOutput
+	var chosen []string
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure kvxfer's data plane",
-	}
-	cmd.AddCommand(newBenchRawCmd())
-	return cmd
-}
+		Short: "Measure kvxfer: raw backends, per-chunk overhead, workers, pipelining, small and fragmented requests, end to end",
+		Long: `bench measures kvxfer on this machine. Each scenario is a subcommand; run
+alone, bench runs the scenarios --scenarios names (all of them by default,
+in the order below) with their defaults, prints each one's table (or JSON,
+one object per scenario, with --json) and, with --report DIR, writes
+DIR/README.md, DIR/results.json and PNG plots:
 
-// benchRaw holds `kvxfer bench raw`'s flags.
-type benchRaw struct {
-	backend  string
-	sizes    []string
-	json     bool
-	rounds   int
-	bytes    string
-	segments int
-}
+  raw         a backend's raw Post bandwidth beside Go's copy, by size
+  overhead    the engine's per-chunk path with ~0-byte writes
+  workers     1 sender worker against 4 (4 peers and 1 peer)
+  pipelining  exposed latency against chunk size; one request's chunk timeline
+  small       128- and 512-token requests against the raw peak of the same backend
+  fragmented  shuffled block ids on both sides against fresh pools
+  e2e         whole requests of a preset, pipelined and after prefill
 
-func newBenchRawCmd() *cobra.Command {
-	var o benchRaw
-	cmd := &cobra.Command{
-		Use:   "raw",
-		Short: "Post bandwidth of a backend beside Go's copy of the same bytes",
-		Long: `raw posts batches of segments through a backend (sender and receiver in
-this process; for shm the destination is a shared-memory file) and copies
-the same bytes with Go's copy, alternating the two --rounds times per size,
-and reports the medians and their ratio.`,
-		Example: "  kvxfer bench raw --backend shm --sizes 64KiB,1MiB,16MiB --json",
-		Args:    cobra.NoArgs,
+Run this way, raw also measures 4 and 64 MiB and small also 16- and 32-token
+requests, for the report's bandwidth plot.
+
+Figures on a shared machine are noisy: each scenario alternates what it
+compares within one run and reports medians.`,
+		Example: examples(
+			"every scenario, a Markdown report with plots in bench-report/", "kvxfer bench --report bench-report",
+			"two scenarios, JSON", "kvxfer bench --scenarios small,e2e --json",
+			"one scenario with its own flags", "kvxfer bench small --tokens 128,512 --concurrency 8",
+		),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.run(cmd.OutOrStdout())
+			if out.report == "" && !cmd.Flags().Changed("scenarios") {
+				return cmd.Help()
+			}
+			var run []scenario
+			for _, name := range chosen {
+				i := slices.Index(scenarioNames(), name)
+				if i < 0 {
+					return fmt.Errorf("--scenarios: unknown scenario %q (known: %s)", name, strings.Join(scenarioNames(), ", "))
+				}
+				sc := scenarios()[i]
+				// More sizes than each subcommand's defaults, so that the
+				// report's bandwidth plot has a curve.
+				switch sc := sc.(type) {
+				case *rawScenario:
+					sc.sizes = []string{"64KiB", "1MiB", "4MiB", "16MiB", "64MiB"}
+				case *smallScenario:
+					sc.tokens = []int{16, 32, 128, 512}
+				}
+				run = append(run, sc)
+			}
+			s, err := a.settings(cmd, benchDefaults, benchKeys...)
+			if err != nil {
+				return err
+			}
+			return runScenarios(cmd, a, out, s, run, true)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.backend, "backend", "shm", "backend to measure: "+strings.Join(rdmabench.Backends(), " or "))
-	f.StringSliceVar(&o.sizes, "sizes", []string{"64KiB", "1MiB", "16MiB"}, "segment sizes, comma-separated: bytes, or with a KiB, MiB or GiB suffix")
-	f.BoolVar(&o.json, "json", false, "print one JSON object per size instead of a table")
-	f.IntVar(&o.rounds, "rounds", 5, "how many times backend and copy alternate per size (medians are reported)")
-	f.StringVar(&o.bytes, "bytes", "256MiB", "bytes moved per sample")
-	f.IntVar(&o.segments, "segments", 1, "segments per batch")
+	f.StringSliceVar(&chosen, "scenarios", scenarioNames(), "scenarios to run, comma-separated")
+	config.AddFlags(f, benchDefaults, benchKeys...)
+	cmd.PersistentFlags().BoolVar(&out.json, "json", false, "print JSON lines instead of tables")
+	cmd.PersistentFlags().StringVar(&out.report, "report", "", "also write DIR/README.md, DIR/results.json and PNG plots")
+	for _, sc := range scenarios() {
+		cmd.AddCommand(newScenarioCmd(a, &out, sc))
+	}
 	return cmd
 }
 
-func (o *benchRaw) run(w io.Writer) error {
-	if !slices.Contains(rdmabench.Backends(), o.backend) {
-		return fmt.Errorf("unknown backend %q (want %s)", o.backend, strings.Join(rdmabench.Backends(), " or "))
-	}
-	if o.rounds < 1 {
-		return fmt.Errorf("--rounds %d: want at least 1", o.rounds)
-	}
-	if o.segments < 1 {
-		return fmt.Errorf("--segments %d: want at least 1", o.segments)
-	}
-	minBytes, err := ParseSize(o.bytes)
-	if err != nil {
-		return fmt.Errorf("--bytes: %w", err)
-	}
-	if len(o.sizes) == 0 {
-		return fmt.Errorf("--sizes: no size given")
-	}
-	sizes := make([]uint64, len(o.sizes))
-	for i, s := range o.sizes {
-		if sizes[i], err = ParseSize(s); err != nil {
-			return fmt.Errorf("--sizes: %w", err)
-		}
-	}
-
-	cfg := rdmabench.Config{Rounds: o.rounds, MinBytes: minBytes}
-	enc := json.NewEncoder(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	if !o.json {
-		fmt.Fprintf(tw, "SIZE\tSEGMENTS\t%s GB/s\tCOPY GB/s\tRATIO\t\n", strings.ToUpper(o.backend))
-	}
-	for _, size := range sizes {
-		res, err := rdmabench.Measure(o.backend, rdmabench.Shape{SegmentBytes: size, Segments: o.segments}, cfg)
-		if err != nil {
-			return fmt.Errorf("size %s: %w", FormatSize(size), err)
-		}
-		if o.json {
-			if err := enc.Encode(res); err != nil {
+// newScenarioCmd is `kvxfer bench NAME`.
+func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
+	keys, defaults := sc.keys()
+	cmd := &cobra.Command{
+		Use:     sc.name(),
+		Short:   sc.short(),
+		Long:    sc.long(),
+		Example: sc.example(),
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.settings(cmd, defaults, keys...)
+			if err != nil {
 				return err
 			}
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t\n", FormatSize(size), res.Segments,
-			res.BytesPerSec/1e9, res.CopyBytesPerSec/1e9, res.Ratio)
+			return runScenarios(cmd, a, *out, s, []scenario{sc}, false)
+		},
 	}
-	if o.json {
+	config.AddFlags(cmd.Flags(), defaults, keys...)
+	sc.flags(cmd.Flags())
+	return cmd
+}
+
+// runScenarios runs each scenario with progress, prints it, and writes the
+// report. JSON from several scenarios is one object per scenario.
+func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+	defer stop()
+	w := cmd.OutOrStdout()
+	res := report.Results{Command: commandLine(cmd), Started: time.Now()}
+	for i, sc := range run {
+		a.log.Info().Str("scenario", sc.name()).Msg("bench starting")
+		p := a.newProgress(cmd, sc.steps(), sc.name(), out.json)
+		err := sc.run(ctx, s, p.Step, &res)
+		p.Done()
+		if err != nil {
+			return fmt.Errorf("bench %s: %w", sc.name(), err)
+		}
+		switch {
+		case out.json && several:
+			var buf strings.Builder
+			if err := sc.print(&buf, &res, true); err != nil {
+				return err
+			}
+			if err := printScenarioJSON(w, sc.name(), buf.String()); err != nil {
+				return err
+			}
+		default:
+			if several && i > 0 {
+				fmt.Fprintln(w)
+			}
+			if several && !out.json {
+				fmt.Fprintf(w, "== %s ==\n", sc.name())
+			}
+			if err := sc.print(w, &res, out.json); err != nil {
+				return err
+			}
+		}
+	}
+	res.Elapsed = time.Since(res.Started).Round(time.Millisecond)
+	if out.report == "" {
 		return nil
 	}
-	return tw.Flush()
+	files, err := report.Write(out.report, res)
+	if err != nil {
+		return err
+	}
+	a.log.Info().Strs("files", files).Msg("report written")
+	if !out.json {
+		fmt.Fprintf(w, "\nreport: %s (%d files)\n", files[len(files)-1], len(files))
+	}
+	return nil
 }
+
+// printScenarioJSON wraps a scenario's JSON lines into one object:
+// {"scenario": NAME, "results": [ … ]}.
+func printScenarioJSON(w io.Writer, name, lines string) error {
+	var results []json.RawMessage
+	for _, l := range strings.Split(strings.TrimSpace(lines), "\n") {
+		if l != "" {
+			results = append(results, json.RawMessage(l))
+		}
+	}
+	return json.NewEncoder(w).Encode(struct {
+		Scenario string            `json:"scenario"`
+		Results  []json.RawMessage `json:"results"`
+	}{name, results})
+}
+
+// commandLine is the command as typed, for the report.
+func commandLine(cmd *cobra.Command) string {
+	parts := []string{cmd.CommandPath()}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		parts = append(parts, "--"+f.Name+"="+f.Value.String())
+	})
+	return strings.Join(parts, " ")
+}
+
+// jsonLines writes each value as one JSON line.
+func jsonLines[T any](w io.Writer, vs ...T) error {
+	enc := json.NewEncoder(w)
+	for _, v := range vs {
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func gb(bps float64) string { return fmt.Sprintf("%.2f", bps/1e9) }
+
+func micros(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond)) }
+
+func millis(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }

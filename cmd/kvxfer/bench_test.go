@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,13 +16,44 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // run executes the CLI with args and returns its stdout and error.
 func run(args ...string) (string, error) {
-	root := newRootCmd()
+	out, _, err := runApp(newApp(), args...)
+	return out, err
+}
+
+// runApp executes the CLI on app a and returns stdout, stderr and the error.
+func runApp(a *app, args ...string) (string, string, error) {
+	root := newRootCmdWith(a)
 	var out, errOut bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs(args)
 	err := root.Execute()
-	return out.String(), err
+	return out.String(), errOut.String(), err
+}
+
+// jsonObjects parses one JSON object per line.
+func jsonObjects(t *testing.T, out string) []map[string]any {
+	t.Helper()
+	var objs []map[string]any
+	s := bufio.NewScanner(strings.NewReader(out))
+	s.Buffer(nil, 1<<20)
+	for s.Scan() {
+		var obj map[string]any
+		if err := json.Unmarshal(s.Bytes(), &obj); err != nil {
+			t.Fatalf("line %q: %v", s.Text(), err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+func positive(t *testing.T, obj map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v, ok := obj[k].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %v in %v", k, obj[k], obj)
+		}
+	}
 }
 
 func TestBenchRawJSON(t *testing.T) {
@@ -30,17 +63,8 @@ func TestBenchRawJSON(t *testing.T) {
 			t.Fatalf("%s: %v", backend, err)
 		}
 		var sizes []uint64
-		s := bufio.NewScanner(strings.NewReader(out))
-		for s.Scan() {
-			var obj map[string]any
-			if err := json.Unmarshal(s.Bytes(), &obj); err != nil {
-				t.Fatalf("%s: line %q: %v", backend, s.Text(), err)
-			}
-			for _, k := range []string{"size_bytes", "bytes_per_sec", "copy_bytes_per_sec", "ratio"} {
-				if v, ok := obj[k].(float64); !ok || v <= 0 {
-					t.Errorf("%s: %s = %v in %s", backend, k, obj[k], s.Text())
-				}
-			}
+		for _, obj := range jsonObjects(t, out) {
+			positive(t, obj, "size_bytes", "bytes_per_sec", "copy_bytes_per_sec", "ratio")
 			if obj["backend"] != backend {
 				t.Errorf("backend = %v, want %s", obj["backend"], backend)
 			}
@@ -58,7 +82,7 @@ func TestBenchRawTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) != 2 || !strings.Contains(lines[0], "LOOPBACK GB/s") || !strings.Contains(lines[1], "4KiB") {
+	if len(lines) != 2 || !strings.Contains(lines[0], "BACKEND GB/s") || !strings.Contains(lines[1], "loopback") || !strings.Contains(lines[1], "4KiB") {
 		t.Errorf("table:\n%s", out)
 	}
 	if len(lines) == 2 && len(lines[0]) != len(lines[1]) {
@@ -72,7 +96,7 @@ func TestBenchRawRefuses(t *testing.T) {
 		want string
 	}{
 		{[]string{"--sizes", "64KiB,12XB"}, `"12XB"`},
-		{[]string{"--backend", "carrier-pigeon"}, `"carrier-pigeon"`},
+		{[]string{"--backend", "carrier-pigeon"}, `--backend = "carrier-pigeon": unknown backend`},
 		{[]string{"--bytes", "lots"}, `"lots"`},
 		{[]string{"--rounds", "0"}, "--rounds 0"},
 		{[]string{"--segments", "0"}, "--segments 0"},
@@ -81,6 +105,115 @@ func TestBenchRawRefuses(t *testing.T) {
 		_, err := run(append([]string{"bench", "raw"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("bench raw %v: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
+
+// TestBenchSmallJSON: one object per request size with the fields the
+// issue names.
+func TestBenchSmallJSON(t *testing.T) {
+	out, err := run("bench", "small", "--tokens", "16,32", "--requests", "2", "--concurrency", "2", "--rounds", "1",
+		"--raw-bytes", "4MiB", "--workers", "2", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 2 {
+		t.Fatalf("%d objects, want 2:\n%s", len(objs), out)
+	}
+	for i, obj := range objs {
+		positive(t, obj, "tokens", "bytes_per_sec", "peak_bytes_per_sec", "fraction_of_peak", "request_bytes", "segments_per_request")
+		if want := float64([]int{16, 32}[i]); obj["tokens"] != want {
+			t.Errorf("tokens = %v, want %v", obj["tokens"], want)
+		}
+		if f := obj["fraction_of_peak"].(float64); f != obj["bytes_per_sec"].(float64)/obj["peak_bytes_per_sec"].(float64) {
+			t.Errorf("fraction_of_peak %v is not bytes_per_sec / peak_bytes_per_sec", f)
+		}
+	}
+	// 16 tokens of Llama-3.1-8B at 16 tokens per block: one 2 MiB block.
+	if objs[0]["request_bytes"] != float64(2<<20) {
+		t.Errorf("request_bytes = %v, want %d", objs[0]["request_bytes"], 2<<20)
+	}
+}
+
+func TestBenchScenariosRefuseBadSettings(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"bench", "small", "--backend", "ucx"}, want: `--backend = "ucx": bench small runs loopback or shm`},
+		{args: []string{"bench", "e2e"}, env: map[string]string{"KVXFER_BACKEND": "ucx"}, want: `KVXFER_BACKEND = "ucx": bench e2e runs loopback or shm`},
+		{args: []string{"bench", "fragmented"}, env: map[string]string{"KVXFER_TOKENS_PER_BLOCK": "0"}, want: `KVXFER_TOKENS_PER_BLOCK = "0": must be at least 1`},
+		{args: []string{"bench", "--scenarios", "small,warp"}, want: `unknown scenario "warp"`},
+		{args: []string{"bench", "overhead", "--workers", "x"}, want: `--workers = "x": not an integer`},
+		{args: []string{"bench", "small", "--rounds", "0"}, want: `--rounds 0`},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := run(c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v %v: %v, want an error containing %s", c.env, c.args, err, c.want)
+		}
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+	}
+}
+
+// TestBenchReport runs cheap scenarios from the parent command and checks
+// the JSON (one object per scenario) and the report directory.
+func TestBenchReport(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "report")
+	out, err := run("bench", "--scenarios", "overhead,workers", "--json", "--report", dir)
+	// (overhead and workers run at their defaults here: a few seconds.)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 2 || objs[0]["scenario"] != "overhead" || objs[1]["scenario"] != "workers" {
+		t.Fatalf("objects %v", objs)
+	}
+	if rs, _ := objs[1]["results"].([]any); len(rs) != 2 {
+		t.Errorf("workers results %v, want 4 peers and 1 peer", objs[1]["results"])
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Engine overhead", "Per request:", "## Sender workers", "kvxfer bench"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("README.md lacks %q", want)
+		}
+	}
+}
+
+// TestBenchScenariosRun runs each engine scenario once, tiny, as a table.
+func TestBenchScenariosRun(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"bench", "overhead", "--chunks", "50", "--requests", "20", "--workers", "2"},
+			[]string{"chunk (all queued /s)     50        2", "request (one at a time)     20        2"}},
+		{[]string{"bench", "workers", "--chunks", "8", "--post-cost", "0s"}, []string{"OPS/s 4 WORKERS", "1 peer"[:1]}},
+		{[]string{"bench", "pipelining", "--prompt", "64", "--chunk-sizes", "32,64", "--compute-per-token", "1us", "--reps", "1", "--timeline-chunk", "32"},
+			[]string{"PIPELINED EXPOSED", "timeline pipelined: 2 chunks", "timeline after-prefill: 2 chunks"}},
+		{[]string{"bench", "fragmented", "--tokens", "64", "--requests", "2", "--rounds", "1", "--model", "Qwen3-8B"},
+			[]string{"Qwen3-8B, 16 tokens per block, 64-token requests", "contiguous       1.0", "fragmented "}},
+		{[]string{"bench", "e2e", "--requests", "3", "--min-tokens", "32", "--max-tokens", "96", "--chunk-tokens", "32", "--compute", "1ms",
+			"--concurrency", "2", "--backend", "shm"}, []string{"pipelined", "after-prefill", "shm backend"}},
+	} {
+		out, err := run(c.args...)
+		if err != nil {
+			t.Errorf("%v: %v", c.args, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%v: output lacks %q:\n%s", c.args, w, out)
+			}
 		}
 	}
 }

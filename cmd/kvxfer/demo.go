@@ -4,74 +4,140 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/demo"
 )
 
-// demoFlags holds `kvxfer demo`'s flags.
+// demoKeys are the common settings demo takes, and its defaults.
+var (
+	demoKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr}
+	demoDefaults = map[string]string{config.Pool: "2GiB", config.Backend: "loopback", config.Timeout: "5m"}
+)
+
+// demoFlags holds `kvxfer demo`'s own flags.
 type demoFlags struct {
 	o         demo.Options
-	pool      string
 	json      bool
 	progress  bool
 	processes int
+	// pool and the settings below are resolved from internal/config.
+	pool        string
+	timeout     string
+	metricsAddr string
+	backend     string
 }
 
-func newDemoCmd() *cobra.Command {
+func newDemoCmd(a *app) *cobra.Command {
 	f := demoFlags{o: demo.DefaultOptions()}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the demo workload in one process and verify every byte",
+		Short: "Run the demo workload and verify every byte",
 		Long: `demo starts a context engine and a generation engine in this process on the
 loopback backend and moves a batch of requests with chunked prefill, once
 pipelined (each chunk leaves when its fence fires) and once transferring only
 after prefill ends. It verifies every transferred byte, prints a table and
-exits non-zero if a byte differs or a block leaks.`,
+exits non-zero if a byte differs or a block leaks.
+
+With --processes 2 the two engines run as separate processes (kvxfer ctx and
+kvxfer gen) over ZeroMQ with CURVE and the shared-memory backend.
+
+A progress bar shows finished requests when standard output is a terminal;
+otherwise each finished request is a log line on standard error.`,
+		Example: examples(
+			"the README's demo: 16 Llama-3.1-8B requests of 512..8192 tokens", "kvxfer demo",
+			"a bigger model, more workers, settings from a file overridden by a flag", "kvxfer demo --config kvxfer.yaml --model Llama-3.1-70B --workers 8",
+			"machine-readable", "kvxfer demo --json > demo.json",
+			"two processes, shared memory, metrics of the context engine on :9464 (the generation engine's on :9465)", "kvxfer demo --processes 2 --metrics-addr 127.0.0.1:9464",
+		),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := ParseSize(f.pool)
-			if err != nil {
-				return fmt.Errorf("--pool: %w", err)
+			if f.processes != 1 && f.processes != 2 {
+				return fmt.Errorf("--processes = %d: want 1 or 2", f.processes)
 			}
-			f.o.PoolBytes = n
+			s, err := a.settings(cmd, demoDefaults, demoKeys...)
+			if err != nil {
+				return err
+			}
+			f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers, f.o.Timeout = s.Model, s.Pool, s.TokensPerBlock, s.Workers, s.Timeout
+			f.pool, f.timeout, f.metricsAddr = s.Origin(config.Pool).Raw, s.Timeout.String(), s.MetricsAddr
+			f.backend = s.Backend
+			switch {
+			case s.Backend == "ucx":
+				return s.Invalid(config.Backend, "the demo runs loopback or shm")
+			case f.processes == 2 && s.Origin(config.Backend).Source == config.SourceDefault:
+				f.backend = "shm"
+			case f.processes == 2 && s.Backend != "shm":
+				return s.Invalid(config.Backend, "demo --processes 2 runs across processes: want shm")
+			}
+			f.o.Backend = f.backend
+			if s.MetricsAddr != "" {
+				gen, err := nextPort(s.MetricsAddr)
+				if err != nil {
+					return s.Invalid(config.MetricsAddr, err.Error())
+				}
+				f.o.MetricsAddr, f.o.GenMetricsAddr = s.MetricsAddr, gen
+				f.o.Started = func(mode string, ce, ge *kvxfer.Engine) {
+					a.log.Info().Str("mode", mode).Str("ctx", "http://"+ce.MetricsAddr()+"/metrics").
+						Str("gen", "http://"+ge.MetricsAddr()+"/metrics").Msg("metrics")
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
-			switch f.processes {
-			case 1:
-				return runDemo(ctx, cmd, f)
-			case 2:
-				return runTwoProcesses(ctx, cmd, f)
+			if f.processes == 2 {
+				return runTwoProcesses(ctx, a, cmd, f)
 			}
-			return fmt.Errorf("--processes = %d: want 1 or 2", f.processes)
+			return runDemo(ctx, a, cmd, f)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.o.Model, "model", f.o.Model, "model preset (see kvxfer info)")
+	config.AddFlags(fl, demoDefaults, demoKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")
 	fl.IntVar(&f.o.ChunkTokens, "chunk-tokens", f.o.ChunkTokens, "prefill chunk size in tokens (a multiple of the block size)")
 	fl.DurationVar(&f.o.Compute, "compute", f.o.Compute, "simulated prefill compute time per chunk")
-	fl.IntVar(&f.o.Workers, "workers", f.o.Workers, "sender workers per engine")
 	fl.IntVar(&f.o.Concurrency, "concurrency", f.o.Concurrency, "requests in flight")
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the prompt-length shuffle")
-	fl.StringVar(&f.pool, "pool", "2GiB", "each side's pool size")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
-	fl.BoolVar(&f.progress, "progress", true, "print a line per finished request")
-	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process (loopback); 2: separate ctx and gen processes (ZeroMQ + shared memory)")
+	fl.BoolVar(&f.progress, "progress", true, "report finished requests (a bar on a terminal, log lines otherwise)")
+	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ + shared memory)")
 	return cmd
 }
 
-func runDemo(ctx context.Context, cmd *cobra.Command, f demoFlags) error {
-	out := cmd.OutOrStdout()
-	var progress = cmd.ErrOrStderr()
-	if !f.progress || f.json {
-		progress = nil
+// nextPort is addr with its port plus one (port 0 stays 0).
+func nextPort(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
 	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65534 {
+		return "", fmt.Errorf("port %q leaves no next port for the generation engine", port)
+	}
+	if n == 0 {
+		return addr, nil
+	}
+	return net.JoinHostPort(host, strconv.Itoa(n+1)), nil
+}
+
+func runDemo(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) error {
+	out := cmd.OutOrStdout()
+	var progress io.Writer // one line per finished request, from demo.Run
+	if f.progress {
+		p := a.newProgress(cmd, 2*f.o.Requests, "demo", f.json)
+		defer p.Done()
+		progress = &lineWriter{p: p, total: 2 * f.o.Requests}
+	}
+	a.log.Debug().Str("backend", f.o.Backend).Str("model", f.o.Model).Int("workers", f.o.Workers).Msg("demo starting")
 	rep, err := demo.Run(ctx, f.o, progress)
 	if err != nil {
 		return err

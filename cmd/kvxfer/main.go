@@ -1,12 +1,17 @@
 // Command kvxfer runs kvxfer standalone. Each subcommand lives in its own
-// file and adds itself to the root in newRootCmd: bench (bench.go) now;
-// demo, ctx, gen, replay and info to come.
+// file and adds itself to the root in newRootCmd: demo, ctx and gen
+// (demo.go, proc.go), bench (bench.go, bench_scenarios.go), replay,
+// trace export, keygen and version. The engine commands take their common
+// settings from a YAML file, the environment and flags (internal/config,
+// docs/configuration.md); logs go to standard error through zerolog.
 package main
 
 import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/internal/config"
 )
 
 func main() {
@@ -17,12 +22,35 @@ func main() {
 
 // newRootCmd builds the command tree.
 func newRootCmd() *cobra.Command {
+	return newRootCmdWith(newApp())
+}
+
+func newRootCmdWith(a *app) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "kvxfer",
-		Short:         "kvxfer moves KV-cache pages between LLM serving instances",
+		Use:   "kvxfer",
+		Short: "kvxfer moves KV-cache pages between LLM serving instances",
+		Long: `kvxfer moves a prompt's KV cache, chunk by chunk while prefill runs, from a
+context (prefill) engine into a generation (decode) engine's paged pool.
+This command runs it standalone: a demo, the two roles as separate
+processes, benchmarks, and tools for recorded traces.
+
+Settings common to the engine commands (model, pool, workers, backend,
+timeout, log level, metrics address) come from --config FILE, KVXFER_*
+variables and flags, each overriding the one before: see
+docs/configuration.md.`,
+		Example: examples(
+			"the demo: two engines in this process, every byte verified", "kvxfer demo",
+			"the same across two processes over ZeroMQ and shared memory", "kvxfer demo --processes 2",
+			"every benchmark, with a Markdown report and plots", "kvxfer bench --report bench-report",
+		),
 		SilenceUsage:  true, // a failed run prints its error, not the usage
 		SilenceErrors: false,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return a.setupLog(cmd)
+		},
 	}
-	root.AddCommand(newBenchCmd(), newDemoCmd(), newCtxCmd(), newGenCmd(), newKeygenCmd(), newReplayCmd(), newTraceCmd())
+	root.PersistentFlags().StringVar(&a.configFile, "config", "", "read settings from this YAML file ["+config.ConfigEnv+"] (docs/configuration.md)")
+	config.AddFlags(root.PersistentFlags(), nil, config.LogLevel)
+	root.AddCommand(newBenchCmd(a), newDemoCmd(a), newCtxCmd(a), newGenCmd(a), newKeygenCmd(), newReplayCmd(), newTraceCmd(), newVersionCmd(), newInfoCmd())
 	return root
 }

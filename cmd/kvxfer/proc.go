@@ -10,26 +10,30 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/proc"
+)
+
+// roleKeys are the common settings ctx and gen take, and their defaults.
+var (
+	roleKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr}
+	roleDefaults = map[string]string{config.Pool: "1GiB", config.Backend: "shm", config.Timeout: "1m"}
 )
 
 // roleFlags are the flags `kvxfer ctx` and `kvxfer gen` share.
 type roleFlags struct {
 	o           proc.Options
-	pool        string
 	keyFile     string
 	peerPubFile string
-	logLevel    string
 }
 
 func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
-	f.o = proc.Options{Instance: self, Peer: peer, Model: "Llama-3.1-8B", Workers: 4, Requests: 8,
+	f.o = proc.Options{Instance: self, Peer: peer, Requests: 8,
 		MinTokens: 512, MaxTokens: 4096, ChunkTokens: 512, Compute: 5 * time.Millisecond, Concurrency: 2, Seed: 1,
-		Heartbeat: time.Second, HeartbeatMisses: 3, Timeout: time.Minute}
+		Heartbeat: time.Second, HeartbeatMisses: 3}
 	fl := cmd.Flags()
 	fl.StringVar(&f.o.Instance, "instance", self, "this engine's instance name")
 	fl.StringVar(&f.o.Peer, "peer", peer, "the peer engine's instance name")
@@ -38,10 +42,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.StringVar(&f.keyFile, "key", "", "this engine's CURVE secret key file (kvxfer keygen)")
 	fl.StringVar(&f.peerPubFile, "peer-key", "", "the peer's CURVE public key file")
 	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only)")
-	fl.StringVar(&f.o.Model, "model", f.o.Model, "model preset")
-	fl.IntVar(&f.o.TokensPerBlock, "tokens-per-block", 0, "override the preset's block size")
-	fl.StringVar(&f.pool, "pool", "1GiB", "pool size")
-	fl.IntVar(&f.o.Workers, "workers", f.o.Workers, "sender workers")
+	config.AddFlags(fl, roleDefaults, roleKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")
@@ -51,25 +52,24 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the request list (both roles must agree)")
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
-	fl.DurationVar(&f.o.Timeout, "timeout", f.o.Timeout, "per-request transfer timeout")
-	fl.StringVar(&f.logLevel, "log-level", "warn", "log level (debug, info, warn, error)")
 	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file (kvxfer replay, kvxfer trace export)")
 }
 
-func (f *roleFlags) resolve() error {
-	n, err := ParseSize(f.pool)
+// resolve applies the common settings and checks the role's own flags.
+func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
+	s, err := a.settings(cmd, roleDefaults, roleKeys...)
 	if err != nil {
-		return fmt.Errorf("--pool: %w", err)
+		return err
 	}
-	f.o.PoolBytes = n
+	if s.Backend != "shm" {
+		return s.Invalid(config.Backend, "kvxfer "+cmd.Name()+" runs across processes: want shm")
+	}
+	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
+	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
 	if f.o.Bind == "" || f.o.PeerEndpoint == "" {
 		return fmt.Errorf("--bind and --peer-endpoint are required")
 	}
-	lvl, err := zerolog.ParseLevel(f.logLevel)
-	if err != nil {
-		return fmt.Errorf("--log-level = %q: %w", f.logLevel, err)
-	}
-	f.o.Log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(lvl).With().Timestamp().Str("role", f.o.Instance).Logger()
+	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
 	if f.o.Insecure {
 		f.o.Log.Warn().Msg("--insecure: control plane neither authenticated nor encrypted")
 		return nil
@@ -81,14 +81,22 @@ func (f *roleFlags) resolve() error {
 	return err
 }
 
-func newRoleCmd(use, short string, run func(context.Context, proc.Options, *cobra.Command) error, self, peer string) *cobra.Command {
+func newRoleCmd(a *app, use, short, example string, run func(context.Context, proc.Options, *cobra.Command) error, self, peer string) *cobra.Command {
 	var f roleFlags
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  cobra.NoArgs,
+		Long: short + `.
+
+The two roles derive the same request list from --seed, --requests and the
+token range, so both must be given the same values. Each prints one JSON
+report line on standard output when it ends and exits non-zero if a request
+failed, a byte differed (gen) or a block leaked. kvxfer demo --processes 2
+runs both.`,
+		Example: example,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.resolve(); err != nil {
+			if err := f.resolve(a, cmd); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
@@ -100,8 +108,12 @@ func newRoleCmd(use, short string, run func(context.Context, proc.Options, *cobr
 	return cmd
 }
 
-func newCtxCmd() *cobra.Command {
-	return newRoleCmd("ctx", "Run the context (prefill) role as its own process", func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
+func newCtxCmd(a *app) *cobra.Command {
+	return newRoleCmd(a, "ctx", "Run the context (prefill) role as its own process", examples(
+		"keys for both roles, then the context role (start kvxfer gen first, or after: either order works)",
+		"kvxfer keygen --out ctx && kvxfer keygen --out gen",
+		"", "kvxfer ctx --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --key ctx.key --peer-key gen.pub",
+	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0) {
 			err = fmt.Errorf("ctx: %d failed, %d leaked blocks: %s", rep.Failed, rep.LeakedBlocks, rep.FirstError)
@@ -110,8 +122,12 @@ func newCtxCmd() *cobra.Command {
 	}, "ctx", "gen")
 }
 
-func newGenCmd() *cobra.Command {
-	return newRoleCmd("gen", "Run the generation (decode) role as its own process and verify every byte", func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
+func newGenCmd(a *app) *cobra.Command {
+	return newRoleCmd(a, "gen", "Run the generation (decode) role as its own process and verify every byte", examples(
+		"the generation side of kvxfer ctx's example, metrics on port 9465",
+		"kvxfer gen --bind ipc:///tmp/gen.sock --peer-endpoint ipc:///tmp/ctx.sock --key gen.key --peer-key ctx.pub --metrics-addr 127.0.0.1:9465",
+		"without CURVE (local tests only)", "kvxfer gen --insecure --bind tcp://127.0.0.1:5601 --peer-endpoint tcp://127.0.0.1:5600",
+	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes) {
 			err = fmt.Errorf("gen: %d failed, %d mismatched blocks, %d leaked blocks: %s", rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError)
@@ -125,7 +141,10 @@ func newKeygenCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keygen",
 		Short: "Write a CURVE key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub",
-		Args:  cobra.NoArgs,
+		Example: examples(
+			"writes ctx.key and ctx.pub", "kvxfer keygen --out ctx",
+		),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pub, sec, err := zmq.GenerateKeys()
 			if err != nil {
@@ -148,7 +167,7 @@ func newKeygenCmd() *cobra.Command {
 // runTwoProcesses is `kvxfer demo --processes 2`: it writes keys, spawns
 // `kvxfer gen` and `kvxfer ctx` as separate processes over ipc endpoints
 // and the shared-memory backend, and fails unless both succeed.
-func runTwoProcesses(ctx context.Context, cmd *cobra.Command, f demoFlags) error {
+func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -174,18 +193,26 @@ func runTwoProcesses(ctx context.Context, cmd *cobra.Command, f demoFlags) error
 		"--min-tokens", strconv.Itoa(f.o.MinTokens), "--max-tokens", strconv.Itoa(f.o.MaxTokens),
 		"--chunk-tokens", strconv.Itoa(f.o.ChunkTokens), "--compute", f.o.Compute.String(),
 		"--concurrency", strconv.Itoa(f.o.Concurrency), "--workers", strconv.Itoa(f.o.Workers),
-		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool}
+		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool, "--timeout", f.timeout,
+		"--log-level", a.log.GetLevel().String()}
+	if f.o.TokensPerBlock > 0 {
+		common = append(common, "--tokens-per-block", strconv.Itoa(f.o.TokensPerBlock))
+	}
+	metrics := map[string]string{"ctx": f.o.MetricsAddr, "gen": f.o.GenMetricsAddr}
 	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
 	role := func(name, peer string) *exec.Cmd {
 		args := append([]string{name, "--bind", ep(name), "--peer-endpoint", ep(peer),
 			"--key", filepath.Join(dir, name+".key"), "--peer-key", filepath.Join(dir, peer+".pub")}, common...)
+		if metrics[name] != "" {
+			args = append(args, "--metrics-addr", metrics[name])
+		}
 		c := exec.CommandContext(ctx, self, args...)
 		c.Stdout = cmd.OutOrStdout()
 		c.Stderr = cmd.ErrOrStderr()
 		return c
 	}
 	gen, ctxp := role("gen", "ctx"), role("ctx", "gen")
-	fmt.Fprintf(cmd.ErrOrStderr(), "kvxfer demo --processes 2: gen and ctx processes, CURVE keys in %s, shared-memory backend\n", dir)
+	a.log.Info().Str("keys", dir).Msg("kvxfer demo --processes 2: gen and ctx processes, CURVE, shared-memory backend")
 	if err := gen.Start(); err != nil {
 		return err
 	}

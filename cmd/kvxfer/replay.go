@@ -21,6 +21,11 @@ with the one recorded. It prints the final state of every session, or the
 first divergence (actor, sequence, field, expected, got) and exits non-zero.
 Each trace file is replayed on its own (a two-process run writes one per
 process).`,
+		Example: examples(
+			"replay the traces kvxfer ctx --trace ctx.trace and kvxfer gen --trace gen.trace recorded",
+			"kvxfer replay ctx.trace gen.trace",
+			"one JSON object per trace", "kvxfer replay --json ctx.trace",
+		),
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()

@@ -12,7 +12,10 @@ func newTraceCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "trace",
 		Short: "Work with recorded traces (see also kvxfer replay)",
-		Args:  cobra.NoArgs,
+		Example: examples(
+			"open the result in ui.perfetto.dev", "kvxfer trace export --perfetto ctx.trace ctx.perfetto.json",
+		),
+		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newTraceExportCmd())
 	return cmd
@@ -35,6 +38,11 @@ ui.perfetto.dev and chrome://tracing open:
     that submitted an op to the step that made it quiescent (its outcome
     is on the end event).
 Timestamps are microseconds since the trace began.`,
+		Example: examples(
+			"record, export, then open ctx.perfetto.json in ui.perfetto.dev",
+			"kvxfer ctx --trace ctx.trace --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --insecure",
+			"", "kvxfer trace export --perfetto ctx.trace ctx.perfetto.json",
+		),
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !perfetto {

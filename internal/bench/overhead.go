@@ -166,3 +166,49 @@ func ChunkOverhead(ctx context.Context, n, workers int) (OverheadResult, error) 
 	}
 	return r, nil
 }
+
+// RequestOverheadResult is the engine's whole-request path with a 2-byte
+// request: what every request pays on top of moving its bytes.
+type RequestOverheadResult struct {
+	Requests int `json:"requests"`
+	Workers  int `json:"workers"`
+	// P50 and P99 of Receive → READY, one request in flight.
+	P50 time.Duration `json:"p50_ns"`
+	P99 time.Duration `json:"p99_ns"`
+	// PerSec is requests per second one at a time (1 / mean latency).
+	PerSec float64 `json:"per_sec"`
+	// Breakdown: medians of the setup, data and finish phases.
+	Breakdown Breakdown `json:"breakdown"`
+}
+
+// RequestOverhead moves n one-token, 2-byte requests one at a time
+// between a pair on loopback and reports their latency and its phases.
+func RequestOverhead(ctx context.Context, n, workers int) (RequestOverheadResult, error) {
+	l := tinyLayout()
+	p, err := NewPair(ctx, PairConfig{Layout: l, PoolBytes: 64, Workers: workers, Timeout: time.Minute, Record: true})
+	if err != nil {
+		return RequestOverheadResult{}, err
+	}
+	defer func() { _ = p.Close(ctx) }()
+	if _, err := sample(ctx, p, "warm", 1, 1, 16); err != nil {
+		return RequestOverheadResult{}, err
+	}
+	t0 := time.Now()
+	s, err := sample(ctx, p, "req", 1, 1, n)
+	if err != nil {
+		return RequestOverheadResult{}, err
+	}
+	el := time.Since(t0)
+	r := RequestOverheadResult{Requests: n, Workers: workers, P50: quantile(s.lat, 0.5), P99: quantile(s.lat, 0.99),
+		PerSec: float64(n) / el.Seconds()}
+	var setup, data, finish []time.Duration
+	for _, rr := range s.results {
+		if tl, ok := p.Timeline().Request(rr.ID); ok {
+			if su, d, f, ok := split(rr, tl); ok {
+				setup, data, finish = append(setup, su), append(data, d), append(finish, f)
+			}
+		}
+	}
+	r.Breakdown = Breakdown{Setup: quantile(setup, 0.5), Data: quantile(data, 0.5), Finish: quantile(finish, 0.5)}
+	return r, nil
+}

@@ -86,3 +86,29 @@ func BenchmarkPipelining(b *testing.B) {
 		b.ReportMetric(1-float64(r.Exposed)/float64(r.Serial), "hidden")
 	}
 }
+
+func TestRequestOverheadRuns(t *testing.T) {
+	r, err := RequestOverhead(context.Background(), 50, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.Breakdown
+	if r.P50 <= 0 || r.P99 < r.P50 || r.PerSec <= 0 || b.Setup <= 0 || b.Data <= 0 || b.Finish <= 0 {
+		t.Fatalf("implausible %+v", r)
+	}
+}
+
+// BenchmarkRequestOverhead: 2-byte requests one at a time, 4 workers.
+func BenchmarkRequestOverhead(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		r, err := RequestOverhead(context.Background(), 2000, 4)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(r.P50.Nanoseconds()), "p50-ns")
+		b.ReportMetric(float64(r.P99.Nanoseconds()), "p99-ns")
+		b.ReportMetric(float64(r.Breakdown.Setup.Nanoseconds()), "setup-ns")
+		b.ReportMetric(float64(r.Breakdown.Data.Nanoseconds()), "data-ns")
+		b.ReportMetric(float64(r.Breakdown.Finish.Nanoseconds()), "finish-ns")
+	}
+}

@@ -142,3 +142,96 @@ func exposed(ctx context.Context, ce, ge *kvxfer.Engine, l kvcache.Layout, id st
 	}
 	return d, ge.FreeBlocks(o.Blocks)
 }
+
+// PipeliningSweep is Pipelining at each chunk size for one prompt, with
+// prefill compute proportional to the chunk (computePerToken), so that the
+// whole prefill takes the same time at every size.
+type PipeliningSweep struct {
+	Model           string             `json:"model"`
+	Prompt          int                `json:"prompt_tokens"`
+	ComputePerToken time.Duration      `json:"compute_per_token_ns"`
+	Points          []PipeliningResult `json:"points"`
+}
+
+// SweepPipelining runs Pipelining for each chunk size (each a multiple of
+// the preset's block size dividing prompt).
+func SweepPipelining(ctx context.Context, model string, prompt int, chunkSizes []int, computePerToken time.Duration, reps int, progress ProgressFunc) (PipeliningSweep, error) {
+	sw := PipeliningSweep{Model: model, Prompt: prompt, ComputePerToken: computePerToken}
+	done := 0
+	for _, ct := range chunkSizes {
+		if ct < 1 || prompt%ct != 0 {
+			return sw, fmt.Errorf("bench pipelining: chunk of %d tokens does not divide the %d-token prompt", ct, prompt)
+		}
+		r, err := Pipelining(ctx, model, ct, prompt/ct, computePerToken*time.Duration(ct), reps)
+		if err != nil {
+			return sw, fmt.Errorf("bench pipelining: chunks of %d tokens: %w", ct, err)
+		}
+		sw.Points = append(sw.Points, r)
+		progress.step(&done, len(chunkSizes), fmt.Sprintf("chunks of %d tokens", ct))
+	}
+	return sw, nil
+}
+
+// ChunkBar is one chunk on a request's timeline, as offsets from the start
+// of its prefill: compute (handed over → fence fired; after prefill, the
+// chunk's slot in the prefill), then in transfer (its fence fired → its op
+// completed: waiting for the endpoint, posted, copied).
+type ChunkBar struct {
+	Chunk         int           `json:"chunk"`
+	ComputeStart  time.Duration `json:"compute_start_ns"`
+	ComputeEnd    time.Duration `json:"compute_end_ns"`
+	TransferStart time.Duration `json:"transfer_start_ns"`
+	TransferEnd   time.Duration `json:"transfer_end_ns"`
+}
+
+// ChunkTimeline is one request's chunks and when it was READY.
+type ChunkTimeline struct {
+	Mode    string        `json:"mode"`
+	Chunks  []ChunkBar    `json:"chunks"`
+	Ready   time.Duration `json:"ready_ns"`
+	Exposed time.Duration `json:"exposed_ns"`
+}
+
+// Timelines records one request pipelined and one after prefill (chunks of
+// chunkTokens, compute per chunk) and returns their chunk timelines.
+func Timelines(ctx context.Context, model string, chunkTokens, chunks int, compute time.Duration) ([]ChunkTimeline, error) {
+	l, err := kvcache.Preset(model)
+	if err != nil {
+		return nil, err
+	}
+	prompt := chunkTokens * chunks
+	pool := uint64(l.BlocksFor(prompt)+8) * uint64(l.BlockBytes(0)) * uint64(len(l.Groups))
+	p, err := NewPair(ctx, PairConfig{Layout: l, PoolBytes: pool, Record: true})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = p.Close(ctx) }()
+	if _, err := p.Run(ctx, RequestSpec{ID: "warm", Tokens: prompt, ChunkTokens: chunkTokens}); err != nil {
+		return nil, err
+	}
+	var out []ChunkTimeline
+	for _, pipelined := range []bool{true, false} {
+		mode := map[bool]string{true: "pipelined", false: "after-prefill"}[pipelined]
+		r, err := p.Run(ctx, RequestSpec{ID: mode, Tokens: prompt, ChunkTokens: chunkTokens, Compute: compute, Pipelined: pipelined})
+		if err != nil {
+			return nil, err
+		}
+		tl, ok := p.Timeline().Request(mode)
+		if !ok {
+			return nil, fmt.Errorf("bench timeline: no events recorded for request %s", mode)
+		}
+		t0 := r.ComputeStart
+		ct := ChunkTimeline{Mode: mode, Ready: r.Ready.Sub(t0), Exposed: r.Exposed()}
+		for i, c := range tl.Chunks {
+			b := ChunkBar{Chunk: i, TransferStart: c.Fenced.Sub(t0), TransferEnd: c.Done.Sub(t0)}
+			if pipelined {
+				b.ComputeStart, b.ComputeEnd = c.Handed.Sub(t0), c.Fenced.Sub(t0)
+			} else {
+				b.ComputeStart, b.ComputeEnd = compute*time.Duration(i), compute*time.Duration(i+1)
+			}
+			ct.Chunks = append(ct.Chunks, b)
+		}
+		out = append(out, ct)
+	}
+	return out, nil
+}

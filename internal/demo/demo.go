@@ -22,6 +22,9 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
 // Options configures a demo run.
@@ -40,6 +43,17 @@ type Options struct {
 	Seed        uint64
 	// TokensPerBlock overrides the preset's block size when > 0.
 	TokensPerBlock int
+	// Backend is "loopback" (the default) or "shm": the generation pool is
+	// then a shared-memory file the context engine writes into, as across
+	// processes.
+	Backend string
+	// Timeout bounds each request (default 5 minutes).
+	Timeout time.Duration
+	// MetricsAddr and GenMetricsAddr, when set, serve the context and the
+	// generation engine's Prometheus metrics (kvxfer.Config.MetricsAddr).
+	MetricsAddr, GenMetricsAddr string `json:",omitempty"`
+	// Started, when set, is called once both engines of a mode run.
+	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
 }
 
 // DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of
@@ -129,22 +143,45 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	return rep, nil
 }
 
-func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (Row, error) {
+func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (row Row, err error) {
 	link := control.NewMemLink()
-	start := func(inst string) (*kvxfer.Engine, error) {
-		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
-			Workers: o.Workers, Link: link, TransferTimeout: 5 * time.Minute})
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Minute
 	}
-	ce, err := start("ctx-" + m.Name)
+	var ctxAgent, genAgent rdma.Agent // nil: each engine's own loopback agent
+	var genRegion *kvcache.Region
+	switch o.Backend {
+	case "", loopback.Backend:
+	case shm.Backend:
+		r, c, err := shm.NewRegion("", o.PoolBytes)
+		if err != nil {
+			return Row{}, err
+		}
+		genRegion = r
+		ctxAgent, genAgent = shm.New(), shm.New()
+		// After both engines closed (deferred first, so run last).
+		defer func() { err = errors.Join(err, ctxAgent.Close(), genAgent.Close(), c.Close()) }()
+	default:
+		return Row{}, fmt.Errorf("demo: backend %q: want loopback or shm", o.Backend)
+	}
+	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
+		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
+			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr})
+	}
+	ce, err := start("ctx-"+m.Name, ctxAgent, nil, o.MetricsAddr)
 	if err != nil {
 		return Row{}, err
 	}
-	ge, err := start("gen-" + m.Name)
+	ge, err := start("gen-"+m.Name, genAgent, genRegion, o.GenMetricsAddr)
 	if err != nil {
 		_ = ce.Close(ctx)
 		return Row{}, err
 	}
-	row := Row{Mode: m.Name, Requests: len(prompts), exposed: make([]time.Duration, len(prompts))}
+	if o.Started != nil {
+		o.Started(m.Name, ce, ge)
+	}
+	row = Row{Mode: m.Name, Requests: len(prompts), exposed: make([]time.Duration, len(prompts))}
 	// The scheduler admits a request only when the generation side can
 	// take it, as a disaggregated server's router does: prefill never
 	// starts for a request whose destination blocks are not there.
@@ -157,6 +194,15 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	var firstErr error
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
+	// Fault both pools in before the clock starts, as a serving process
+	// that has run for a while has: a first write into a huge page can
+	// stall for compaction, which no steady-state transfer pays.
+	for _, e := range []*kvxfer.Engine{ce, ge} {
+		b := e.Region().Bytes()
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 0
+		}
+	}
 	t0 := time.Now()
 	for i, n := range prompts {
 		sem <- struct{}{}

@@ -63,7 +63,7 @@ type Options struct {
 	// MetricsAddr, when set, serves the engine's Prometheus metrics
 	// (kvxfer.Config.MetricsAddr); the bound address is logged.
 	MetricsAddr string
-	Log       zerolog.Logger `json:"-"`
+	Log         zerolog.Logger `json:"-"`
 	// Progress, when set, gets a line "ready <request>" (gen) or "done
 	// <request>" (ctx) as each request completes.
 	Progress io.Writer `json:"-"`

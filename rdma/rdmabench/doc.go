@@ -4,10 +4,12 @@
 //
 // A Rig connects a sender and a receiver agent of one backend in this
 // process (for shm, the destination is a shared-memory file, so the copy
-// path is the one a separate receiver process sees), with a source and a
-// destination region sized for one operation of a Shape. Run posts
-// operations back to back with a bounded window in flight, as a sender
-// worker does, and waits until all completed; Copy does the same operations
-// with Go's copy between plain buffers. Measure alternates the two several
-// times and reports medians, because these machines are noisy.
+// path is the one a separate receiver process sees; for ucx it is memory
+// from the receiver's Alloc, UCX's own allocation, and UCX_* apply as
+// usual), with a source and a destination region sized for one operation
+// of a Shape. Run posts operations back to back with a bounded window in
+// flight, as a sender worker does, and waits until all completed; Copy does
+// the same operations with Go's copy between plain buffers. Measure
+// alternates the two several times and reports medians, because these
+// machines are noisy.
 package rdmabench

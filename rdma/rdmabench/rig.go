@@ -11,13 +11,20 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // Copy is the pseudo-backend whose Run is Go's copy.
 const Copy = "copy"
 
-// Backends are the backends a Rig can run besides Copy.
-func Backends() []string { return []string{loopback.Backend, shm.Backend} }
+// Backends are the backends a Rig can run besides Copy (ucx where the
+// binary has it).
+func Backends() []string {
+	if ucx.Available {
+		return []string{loopback.Backend, shm.Backend, ucx.Backend}
+	}
+	return []string{loopback.Backend, shm.Backend}
+}
 
 // Shape is what one operation moves: Segments segments of SegmentBytes
 // each.
@@ -76,6 +83,10 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 		r.sender, r.receiver = loopback.New(loopback.WithNetwork(net)), loopback.New(loopback.WithNetwork(net))
 	case shm.Backend:
 		r.sender, r.receiver = shm.New(), shm.New()
+	case ucx.Backend:
+		if err := r.newUCX(); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("rdmabench: unknown backend %q (want %s, %q)", backend, quoted(Backends()), Copy)
 	}
@@ -93,9 +104,12 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 		return nil, err
 	}
 	var dstRegion *kvcache.Region
-	if backend == shm.Backend {
+	switch backend {
+	case shm.Backend:
 		dstRegion, r.dstCloser, err = shm.NewRegion("", n)
-	} else {
+	case ucx.Backend:
+		dstRegion, r.dstCloser, err = r.receiver.(*ucx.Agent).Alloc(n)
+	default:
 		dstRegion, err = kvcache.NewHostRegion(n)
 	}
 	if err != nil {
@@ -111,6 +125,21 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// newUCX starts the ucx sender and receiver (UCX_* from the environment).
+func (r *Rig) newUCX() error {
+	s, err := ucx.New()
+	if err != nil {
+		return err
+	}
+	d, err := ucx.New()
+	if err != nil {
+		s.Close()
+		return err
+	}
+	r.sender, r.receiver = s, d
+	return nil
 }
 
 // layout places segment i at source offset i and destination slot

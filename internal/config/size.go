@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -17,6 +17,16 @@ var sizeUnits = []struct {
 // KiB, MiB or GiB (case-insensitive), as in "4096", "64KiB", "16MiB". The
 // error quotes the input.
 func ParseSize(s string) (uint64, error) {
+	n, why := parseSize(s)
+	if why != "" {
+		return 0, fmt.Errorf("bad size %q: %s", s, why)
+	}
+	return n, nil
+}
+
+// parseSize is ParseSize with the reason alone (no input quoted), for
+// messages that quote the value themselves.
+func parseSize(s string) (uint64, string) {
 	in := strings.TrimSpace(s)
 	i := strings.IndexFunc(in, func(r rune) bool { return r < '0' || r > '9' })
 	if i < 0 {
@@ -24,11 +34,11 @@ func ParseSize(s string) (uint64, error) {
 	}
 	digits, unit := in[:i], in[i:]
 	if digits == "" {
-		return 0, fmt.Errorf("bad size %q: want a byte count such as 4096, 64KiB or 16MiB", s)
+		return 0, "want a byte count such as 4096, 64KiB or 16MiB"
 	}
 	n, err := strconv.ParseUint(digits, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("bad size %q: %q is not a number", s, digits)
+		return 0, fmt.Sprintf("%q is not a number", digits)
 	}
 	shift, ok := uint(0), unit == ""
 	for _, u := range sizeUnits {
@@ -38,13 +48,13 @@ func ParseSize(s string) (uint64, error) {
 	}
 	switch {
 	case !ok:
-		return 0, fmt.Errorf("bad size %q: unknown unit %q (want B, KiB, MiB or GiB)", s, unit)
+		return 0, fmt.Sprintf("unknown unit %q (want B, KiB, MiB or GiB)", unit)
 	case n == 0:
-		return 0, fmt.Errorf("bad size %q: must be at least 1 byte", s)
+		return 0, "must be at least 1 byte"
 	case n > math.MaxUint64>>shift:
-		return 0, fmt.Errorf("bad size %q: too large", s)
+		return 0, "too large"
 	}
-	return n << shift, nil
+	return n << shift, ""
 }
 
 // FormatSize writes n with the largest unit that divides it: 65536 is

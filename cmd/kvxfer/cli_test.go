@@ -1,0 +1,234 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// settingsLine runs `kvxfer bench overhead` (cheap) at debug level and
+// returns the "settings" log record: where each value came from.
+func settingsLine(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	_, stderr, err := runApp(newApp(), append([]string{"bench", "overhead", "--chunks", "4", "--requests", "4", "--log-level", "debug"}, args...)...)
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, stderr)
+	}
+	for _, line := range strings.Split(stderr, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["message"] == "settings" {
+			return rec
+		}
+	}
+	t.Fatalf("no settings record in:\n%s", stderr)
+	return nil
+}
+
+// TestPrecedenceThroughCLI: flags over env over file over defaults, as a
+// command sees them.
+func TestPrecedenceThroughCLI(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "kvxfer.yaml")
+	if err := os.WriteFile(file, []byte("workers: 2\nmodel: qwen3-8b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"default", nil, nil, "4 (default workers)"},
+		{"file", nil, []string{"--config", file}, "2 (kvxfer.yaml:1: workers)"},
+		{"KVXFER_CONFIG", map[string]string{"KVXFER_CONFIG": file}, nil, "2 (kvxfer.yaml:1: workers)"},
+		{"env over file", map[string]string{"KVXFER_WORKERS": "3"}, []string{"--config", file}, "3 (KVXFER_WORKERS)"},
+		{"flag over env", map[string]string{"KVXFER_WORKERS": "3"}, []string{"--config", file, "--workers", "1"}, "1 (--workers)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			rec := settingsLine(t, c.args...)
+			if rec["workers"] != c.want {
+				t.Errorf("workers %v, want %q", rec["workers"], c.want)
+			}
+		})
+	}
+}
+
+func TestConfigErrorsThroughCLI(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	unknown := write("unknown.yaml", "workers: 2\nwrokers: 3\n")
+	badPool := write("pool.yaml", "pool: 2XB\n")
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"env workers", map[string]string{"KVXFER_WORKERS": "zero"}, []string{"demo"}, `KVXFER_WORKERS = "zero": not an integer`},
+		{"unknown key", nil, []string{"demo", "--config", unknown}, `unknown.yaml:2: unknown key "wrokers"`},
+		{"file pool", nil, []string{"gen", "--config", badPool}, `pool.yaml:1: pool = "2XB": unknown unit "XB"`},
+		{"flag timeout", nil, []string{"demo", "--timeout", "soon"}, `--timeout = "soon": not a duration`},
+		{"env level", map[string]string{"KVXFER_LOG_LEVEL": "loud"}, []string{"version"}, `KVXFER_LOG_LEVEL = "loud": unknown level`},
+		{"ctx backend", map[string]string{"KVXFER_BACKEND": "loopback"}, []string{"ctx", "--insecure", "--bind", "ipc:///x", "--peer-endpoint", "ipc:///y"},
+			`KVXFER_BACKEND = "loopback": kvxfer ctx runs across processes: want shm`},
+		{"demo two processes", nil, []string{"demo", "--processes", "2", "--backend", "loopback"}, `--backend = "loopback": demo --processes 2 runs across processes: want shm`},
+		{"metrics port", nil, []string{"demo", "--metrics-addr", "localhost:65535"}, `--metrics-addr = "localhost:65535": port "65535" leaves no next port`},
+		{"missing file", nil, []string{"demo", "--config", filepath.Join(dir, "absent.yaml")}, "absent.yaml"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			_, err := run(c.args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: %v, want an error containing %s", c.args, err, c.want)
+			}
+		})
+	}
+	// A command that takes no engine settings ignores a bad KVXFER_WORKERS.
+	t.Setenv("KVXFER_WORKERS", "zero")
+	if _, err := run("version"); err != nil {
+		t.Errorf("version with a bad KVXFER_WORKERS: %v", err)
+	}
+}
+
+// TestLogsJSONUnlessTerminal: JSON records when standard error is not a
+// terminal, human-readable ones when it is.
+func TestLogsJSONUnlessTerminal(t *testing.T) {
+	_, stderr, err := runApp(newApp(), "bench", "overhead", "--chunks", "4", "--requests", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	first := strings.SplitN(stderr, "\n", 2)[0]
+	if err := json.Unmarshal([]byte(first), &rec); err != nil || rec["level"] != "info" {
+		t.Errorf("first log line %q is not a JSON info record: %v", first, err)
+	}
+	a := newApp()
+	a.terminal = func(io.Writer) bool { return true }
+	_, stderr, err = runApp(a, "bench", "overhead", "--chunks", "4", "--requests", "4", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(stderr, "{") || !strings.Contains(stderr, "INF") || !strings.Contains(stderr, "bench starting") {
+		t.Errorf("terminal log is not console-formatted:\n%s", stderr)
+	}
+	// --log-level warn silences the info lines.
+	_, stderr, err = runApp(newApp(), "bench", "overhead", "--chunks", "4", "--requests", "4", "--log-level", "warn")
+	if err != nil || stderr != "" {
+		t.Errorf("--log-level warn: %v, stderr %q", err, stderr)
+	}
+}
+
+// TestProgress: a bar on a terminal, log lines otherwise, neither under
+// --json on a terminal.
+func TestProgress(t *testing.T) {
+	demoArgs := []string{"demo", "--requests", "2", "--min-tokens", "32", "--max-tokens", "64", "--chunk-tokens", "32",
+		"--compute", "0s", "--pool", "64MiB", "--workers", "2"}
+	out, stderr, err := runApp(newApp(), demoArgs...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if !strings.Contains(out, "OK: every transferred byte verified") {
+		t.Errorf("demo output:\n%s", out)
+	}
+	if n := strings.Count(stderr, `"task":"demo"`); n != 4 {
+		t.Errorf("%d progress log lines, want 4 (2 requests × 2 modes):\n%s", n, stderr)
+	}
+	a := newApp()
+	a.terminal = func(io.Writer) bool { return true }
+	_, stderr, err = runApp(a, append(demoArgs, "--log-level", "warn")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "demo") || !strings.Contains(stderr, "(3/4)") {
+		t.Errorf("no progress bar on a terminal:\n%q", stderr)
+	}
+	out, stderr, err = runApp(a, append(demoArgs, "--log-level", "warn", "--json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stderr != "" {
+		t.Errorf("progress drawn under --json: %q", stderr)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Errorf("demo --json: %v\n%s", err, out)
+	}
+}
+
+func TestDemoShm(t *testing.T) {
+	out, err := run("demo", "--requests", "2", "--min-tokens", "32", "--max-tokens", "64", "--chunk-tokens", "32",
+		"--compute", "0s", "--pool", "64MiB", "--backend", "shm", "--log-level", "warn", "--metrics-addr", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "OK: every transferred byte verified") {
+		t.Errorf("demo --backend shm:\n%s", out)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := run("version", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v versionInfo
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v.Module == "" || !strings.HasPrefix(v.GoVersion, "go") {
+		t.Errorf("version --json %q: %v", out, err)
+	}
+	out, err = run("version")
+	if err != nil || !strings.HasPrefix(out, "kvxfer ") || !strings.Contains(out, "go1.") {
+		t.Errorf("version: %q, %v", out, err)
+	}
+	got := buildVersion(func() (*debug.BuildInfo, bool) {
+		return &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "github.com/kvxfer/kvxfer", Version: "v0.3.0"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}, {Key: "vcs.modified", Value: "true"}}}, true
+	})
+	want := versionInfo{Module: "github.com/kvxfer/kvxfer", Version: "v0.3.0", GoVersion: "go1.26.0", Platform: got.Platform,
+		Revision: "abc123", Time: "2026-01-02T03:04:05Z", Modified: true}
+	if got != want {
+		t.Errorf("buildVersion = %+v, want %+v", got, want)
+	}
+	if v := buildVersion(func() (*debug.BuildInfo, bool) { return nil, false }); v.Version != "unknown" || v.GoVersion == "" {
+		t.Errorf("no build info: %+v", v)
+	}
+}
+
+// TestEveryCommandHasExamples: --help of every command shows examples.
+func TestEveryCommandHasExamples(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() == "help" || c.Name() == "completion" || c.Hidden {
+			return
+		}
+		if strings.TrimSpace(c.Example) == "" || !strings.Contains(c.Example, "kvxfer") {
+			t.Errorf("%s has no example", c.CommandPath())
+		}
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	root := newRootCmd()
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	walk(root)
+	out, err := run("bench", "small", "--help")
+	if err != nil || !strings.Contains(out, "Examples:") || !strings.Contains(out, "KVXFER_WORKERS") {
+		t.Errorf("bench small --help:\n%s", out)
+	}
+}

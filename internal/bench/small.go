@@ -1,0 +1,355 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
+)
+
+// ProgressFunc is told each time a scenario finishes a step: done of total
+// (total is the same at every call of one scenario), and what the step was.
+type ProgressFunc func(done, total int, what string)
+
+func (f ProgressFunc) step(done *int, total int, what string) {
+	*done++
+	if f != nil {
+		f(*done, total, what)
+	}
+}
+
+// SmallConfig configures Small.
+type SmallConfig struct {
+	// Backend is "loopback" (default) or "shm".
+	Backend string
+	// Model is a preset (default Llama-3.1-8B); TokensPerBlock overrides
+	// its block size (default 16).
+	Model          string
+	TokensPerBlock int
+	// Tokens are the request sizes (default 128 and 512).
+	Tokens []int
+	// Requests per sample (default 32); Concurrency of the concurrent
+	// samples (default 4); Workers per engine (default 4).
+	Requests    int
+	Concurrency int
+	Workers     int
+	// Rounds: raw peak, raw at each size and the engine at each size
+	// alternate this many times (default 3); medians are reported.
+	Rounds int
+	// RawBytes is what each raw sample moves (default 256 MiB).
+	RawBytes uint64
+	Timeout  time.Duration
+	Progress ProgressFunc
+}
+
+func (c *SmallConfig) defaults() {
+	if c.Backend == "" {
+		c.Backend = "loopback"
+	}
+	if c.Model == "" {
+		c.Model = "Llama-3.1-8B"
+	}
+	if c.TokensPerBlock == 0 {
+		c.TokensPerBlock = 16
+	}
+	if len(c.Tokens) == 0 {
+		c.Tokens = []int{128, 512}
+	}
+	if c.Requests == 0 {
+		c.Requests = 32
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+	}
+}
+
+// PeakSizes are the segment sizes whose best raw bandwidth is the peak.
+var PeakSizes = []uint64{1 << 20, 4 << 20, 16 << 20}
+
+// SmallResult compares whole small requests through the engine with the
+// raw peak of the same backend, measured in the same run.
+type SmallResult struct {
+	Backend        string `json:"backend"`
+	Model          string `json:"model"`
+	TokensPerBlock int    `json:"tokens_per_block"`
+	Concurrency    int    `json:"concurrency"`
+	Workers        int    `json:"workers"`
+	Rounds         int    `json:"rounds"`
+	// PeakBytesPerSec is the best, over PeakSizes, of the median raw Post
+	// bandwidth of one segment per batch (rdmabench, one endpoint, 256
+	// batches in flight); PeakSegmentBytes is the size that reached it.
+	PeakBytesPerSec  float64     `json:"peak_bytes_per_sec"`
+	PeakSegmentBytes uint64      `json:"peak_segment_bytes"`
+	Sizes            []SmallSize `json:"sizes"`
+}
+
+// SmallSize is one request size's figures (medians over the rounds).
+type SmallSize struct {
+	Tokens       int    `json:"tokens"`
+	RequestBytes uint64 `json:"request_bytes"`
+	// SegmentsPerRequest and BatchesPerRequest are what the context engine
+	// posted, per request.
+	SegmentsPerRequest float64 `json:"segments_per_request"`
+	BatchesPerRequest  float64 `json:"batches_per_request"`
+	// BytesPerSec is Requests requests' bytes over their wall time with
+	// Concurrency in flight; FractionOfPeak is it over PeakBytesPerSec.
+	BytesPerSec     float64 `json:"bytes_per_sec"`
+	PeakBytesPerSec float64 `json:"peak_bytes_per_sec"`
+	FractionOfPeak  float64 `json:"fraction_of_peak"`
+	// Serial*: the same with one request in flight.
+	SerialBytesPerSec    float64 `json:"serial_bytes_per_sec"`
+	SerialFractionOfPeak float64 `json:"serial_fraction_of_peak"`
+	// RawBytesPerSec is the raw backend with batches of one segment of
+	// RequestBytes: the bound for one request's data.
+	RawBytesPerSec float64 `json:"raw_bytes_per_sec"`
+	// LatencyP50/P99: Receive → READY, one request in flight.
+	LatencyP50 time.Duration `json:"latency_p50_ns"`
+	LatencyP99 time.Duration `json:"latency_p99_ns"`
+	// ConcurrentLatencyP50: the same with Concurrency in flight.
+	ConcurrentLatencyP50 time.Duration `json:"concurrent_latency_p50_ns"`
+	// Breakdown splits the serial latency (medians).
+	Breakdown Breakdown `json:"breakdown"`
+}
+
+// Breakdown splits one request's Receive → READY latency at the context
+// session's events (Timeline): Setup until its op could leave (RequestData
+// reached the session and the chunk's fence fired), Data until the session
+// stepped on the op's completion (worker hop, post, the backend's copy, the
+// completion's hop back), Finish until READY reached the caller (flush,
+// Result frame, the generation session, the handle). RawCopy is the
+// request's bytes at the raw backend's rate at that size: what Data would be
+// with no engine around the copy.
+type Breakdown struct {
+	Setup   time.Duration `json:"setup_ns"`
+	Data    time.Duration `json:"data_ns"`
+	Finish  time.Duration `json:"finish_ns"`
+	RawCopy time.Duration `json:"raw_copy_ns"`
+}
+
+// Small measures whole requests of cfg.Tokens tokens (Receive → READY, KV
+// already written) against the raw peak of the same backend.
+func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
+	cfg.defaults()
+	l, err := kvcache.Preset(cfg.Model)
+	if err != nil {
+		return SmallResult{}, err
+	}
+	l = l.WithTokensPerBlock(cfg.TokensPerBlock)
+	if err := l.Validate(); err != nil {
+		return SmallResult{}, err
+	}
+	res := SmallResult{Backend: cfg.Backend, Model: l.Name, TokensPerBlock: cfg.TokensPerBlock,
+		Concurrency: cfg.Concurrency, Workers: cfg.Workers, Rounds: cfg.Rounds}
+	var maxBytes uint64
+	for _, n := range cfg.Tokens {
+		if n < 1 {
+			return res, fmt.Errorf("bench small: request of %d tokens", n)
+		}
+		maxBytes = max(maxBytes, RequestBytes(l, n))
+	}
+	// Room for every request in flight, and two more being freed.
+	pool := uint64(cfg.Concurrency+2)*(maxBytes+uint64(l.BlockBytes(0))) + 1<<20
+	p, err := NewPair(ctx, PairConfig{Backend: cfg.Backend, Layout: l, PoolBytes: pool, Workers: cfg.Workers, Timeout: cfg.Timeout, Record: true})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = p.Close(ctx) }()
+
+	type samples struct {
+		raw, serial, conc, segs, batches []float64
+		lat, concLat                     []time.Duration
+		setup, data, finish              []time.Duration
+	}
+	per := make([]samples, len(cfg.Tokens))
+	peak := make([][]float64, len(PeakSizes))
+	total := cfg.Rounds * (len(PeakSizes) + 3*len(cfg.Tokens))
+	done := 0
+	// Warm up: touch the pools and start every goroutine.
+	for i, n := range cfg.Tokens {
+		if _, err := sample(ctx, p, fmt.Sprintf("warm-%d", i), n, cfg.Concurrency, 2*cfg.Concurrency+2); err != nil {
+			return res, err
+		}
+	}
+	for r := range cfg.Rounds {
+		for i, size := range PeakSizes {
+			m, err := rdmabench.Measure(cfg.Backend, rdmabench.Shape{SegmentBytes: size, Segments: 1}, rdmabench.Config{Rounds: 1, MinBytes: cfg.RawBytes})
+			if err != nil {
+				return res, err
+			}
+			peak[i] = append(peak[i], m.BytesPerSec)
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", sizeName(size)))
+		}
+		for i, n := range cfg.Tokens {
+			b := RequestBytes(l, n)
+			m, err := rdmabench.Measure(cfg.Backend, rdmabench.Shape{SegmentBytes: b, Segments: 1}, rdmabench.Config{Rounds: 1, MinBytes: cfg.RawBytes})
+			if err != nil {
+				return res, err
+			}
+			per[i].raw = append(per[i].raw, m.BytesPerSec)
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", sizeName(b)))
+
+			s, err := sample(ctx, p, fmt.Sprintf("s%d-%d", r, i), n, 1, max(cfg.Requests/2, 1))
+			if err != nil {
+				return res, err
+			}
+			per[i].serial = append(per[i].serial, s.bytesPerSec)
+			per[i].lat = append(per[i].lat, s.lat...)
+			for _, rr := range s.results {
+				if tl, ok := p.Timeline().Request(rr.ID); ok {
+					if su, d, f, ok := split(rr, tl); ok {
+						per[i].setup = append(per[i].setup, su)
+						per[i].data = append(per[i].data, d)
+						per[i].finish = append(per[i].finish, f)
+					}
+				}
+			}
+			cfg.Progress.step(&done, total, fmt.Sprintf("%d tokens, 1 in flight", n))
+
+			s, err = sample(ctx, p, fmt.Sprintf("c%d-%d", r, i), n, cfg.Concurrency, cfg.Requests)
+			if err != nil {
+				return res, err
+			}
+			per[i].conc = append(per[i].conc, s.bytesPerSec)
+			per[i].concLat = append(per[i].concLat, s.lat...)
+			per[i].segs = append(per[i].segs, s.segments)
+			per[i].batches = append(per[i].batches, s.batches)
+			cfg.Progress.step(&done, total, fmt.Sprintf("%d tokens, %d in flight", n, cfg.Concurrency))
+		}
+	}
+	for i, size := range PeakSizes {
+		if m := medianF(peak[i]); m > res.PeakBytesPerSec {
+			res.PeakBytesPerSec, res.PeakSegmentBytes = m, size
+		}
+	}
+	for i, n := range cfg.Tokens {
+		s := per[i]
+		sz := SmallSize{Tokens: n, RequestBytes: RequestBytes(l, n), SegmentsPerRequest: medianF(s.segs),
+			BatchesPerRequest: medianF(s.batches), BytesPerSec: medianF(s.conc), PeakBytesPerSec: res.PeakBytesPerSec,
+			SerialBytesPerSec: medianF(s.serial), RawBytesPerSec: medianF(s.raw),
+			LatencyP50: quantile(s.lat, 0.5), LatencyP99: quantile(s.lat, 0.99), ConcurrentLatencyP50: quantile(s.concLat, 0.5)}
+		sz.Breakdown = Breakdown{Setup: quantile(s.setup, 0.5), Data: quantile(s.data, 0.5), Finish: quantile(s.finish, 0.5),
+			RawCopy: time.Duration(float64(sz.RequestBytes) / sz.RawBytesPerSec * 1e9)}
+		sz.FractionOfPeak = sz.BytesPerSec / res.PeakBytesPerSec
+		sz.SerialFractionOfPeak = sz.SerialBytesPerSec / res.PeakBytesPerSec
+		res.Sizes = append(res.Sizes, sz)
+	}
+	return res, nil
+}
+
+// split cuts a one-chunk request's latency at its session's events.
+func split(r RequestResult, tl RequestTimeline) (setup, data, finish time.Duration, ok bool) {
+	if len(tl.Chunks) == 0 || tl.PeerRequest.IsZero() {
+		return 0, 0, 0, false
+	}
+	c := tl.Chunks[len(tl.Chunks)-1]
+	if c.Fenced.IsZero() || c.Done.IsZero() {
+		return 0, 0, 0, false
+	}
+	leave := tl.PeerRequest
+	if c.Fenced.After(leave) {
+		leave = c.Fenced
+	}
+	return leave.Sub(r.Start), c.Done.Sub(leave), r.Ready.Sub(c.Done), true
+}
+
+// sampleResult is one batch of requests' figures.
+type sampleResult struct {
+	bytesPerSec       float64
+	segments, batches float64 // per request
+	lat               []time.Duration
+	results           []RequestResult
+}
+
+// sample moves n requests of tokens tokens (one chunk, KV written) with
+// conc in flight and measures their aggregate rate.
+func sample(ctx context.Context, p *Pair, prefix string, tokens, conc, n int) (sampleResult, error) {
+	return sampleSpecs(ctx, p, conc, n, func(i int) RequestSpec {
+		return RequestSpec{ID: fmt.Sprintf("%s-%d", prefix, i), Tokens: tokens}
+	})
+}
+
+func sampleSpecs(ctx context.Context, p *Pair, conc, n int, spec func(i int) RequestSpec) (sampleResult, error) {
+	b0, s0, _ := p.Posts()
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		first   error
+		bytes   uint64
+		results = make([]RequestResult, n)
+	)
+	sem := make(chan struct{}, conc)
+	t0 := time.Now()
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			r, err := p.Run(ctx, spec(i))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				first = err
+			}
+			bytes += r.Bytes
+			results[i] = r
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	if first != nil {
+		return sampleResult{}, first
+	}
+	b1, s1, _ := p.Posts()
+	out := sampleResult{bytesPerSec: float64(bytes) / el.Seconds(), results: results,
+		segments: float64(s1-s0) / float64(n), batches: float64(b1-b0) / float64(n)}
+	for _, r := range results {
+		out.lat = append(out.lat, r.Latency())
+	}
+	return out, nil
+}
+
+func medianF(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+// quantile is the q-quantile (nearest rank) of ds.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func sizeName(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}

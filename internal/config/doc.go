@@ -1,0 +1,28 @@
+// Package config resolves the kvxfer CLI's common settings (model, pool,
+// tokens per block, workers, backend, timeout, log level) from four
+// sources, each overriding the one before it:
+//
+//  1. the built-in default (a command may supply its own, Loader.Defaults);
+//  2. a YAML file (--config FILE or KVXFER_CONFIG), a flat mapping whose
+//     keys are the flag names ("workers: 4", "log-level: debug");
+//  3. the environment: KVXFER_ and the key in upper case with '-' as '_'
+//     (KVXFER_WORKERS, KVXFER_LOG_LEVEL); an empty variable counts as unset;
+//  4. command-line flags (--workers), when given.
+//
+// Every value is checked when it is loaded, whatever the command uses: an
+// invalid one fails with an *Error that names the key, where the value came
+// from and the value, as in
+//
+//	KVXFER_WORKERS = "zero": not an integer
+//	--pool = "2XB": unknown unit "XB" (want B, KiB, MiB or GiB)
+//	kvxfer.yaml:3: timeout = "soon": not a duration such as 30s or 5m
+//
+// An unknown key in the file is rejected with the key and its line named; an
+// unknown KVXFER_ variable only earns a warning (Settings.Warnings), since
+// the environment is shared with other tools and versions.
+//
+// Keys lists the keys; docs/configuration.md documents them in one table
+// (a test keeps the two in step). The package does no I/O beyond reading
+// the file it is given and has no global state: the environment comes in
+// as a lookup function, so tests run in parallel.
+package config

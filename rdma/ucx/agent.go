@@ -1,0 +1,230 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import (
+	"crypto/rand"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// Backend is the ucx backend's name.
+const Backend = "ucx"
+
+// Available says whether this binary has the ucx backend (built with cgo
+// on Linux, without the kvxfer_noucx tag).
+const Available = true
+
+// Agent is an rdma.Agent over one UCP context and worker, driven by one
+// progress goroutine. It is safe for concurrent use.
+type Agent struct {
+	id     agentID
+	secret [32]byte
+	name   string
+	opts   options
+	w      *worker
+
+	// Set by the progress goroutine before New returns.
+	addr     []byte
+	memTypes uint64
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	mu  sync.Mutex
+	eps map[*endpoint]struct{}
+}
+
+var _ rdma.Agent = (*Agent)(nil)
+
+// New creates a UCP context (RMA and active messages, with wakeup) and a
+// worker, configured from the UCX_* environment as UCX reads it, and
+// starts the agent's progress goroutine.
+func New(opts ...Option) (*Agent, error) {
+	a := &Agent{opts: defaultOptions(), eps: make(map[*endpoint]struct{})}
+	for _, o := range opts {
+		o(&a.opts)
+	}
+	rand.Read(a.id[:])
+	rand.Read(a.secret[:])
+	a.name = "ucx agent " + a.id.String()
+	a.w = newWorker(a)
+	ready := make(chan error, 1)
+	go a.w.run(ready)
+	if err := <-ready; err != nil {
+		<-a.w.stopped
+		return nil, fmt.Errorf("ucx: new agent: %w", err)
+	}
+	return a, nil
+}
+
+// Backend returns "ucx".
+func (a *Agent) Backend() string { return Backend }
+
+// Address returns the agent's id and its UCP worker address.
+func (a *Agent) Address() []byte { return append([]byte(nil), a.addr...) }
+
+func (a *Agent) String() string { return a.name }
+
+// MemoryTypes names the memory types this UCX can register ("host", and
+// "cuda" where UCX was built with CUDA support).
+func (a *Agent) MemoryTypes() []string { return memTypeNames(a.memTypes) }
+
+// Register maps the region with ucp_mem_map and packs its rkey into the
+// region's key. Device memory registers only where UCX reports CUDA
+// support.
+func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
+	if r == nil {
+		return nil, fmt.Errorf("%s: register: %w: nil region", a, kvcache.ErrBadRegion)
+	}
+	if r.Len == 0 || r.Base == 0 {
+		return nil, fmt.Errorf("%s: register %s region at %#x (%d bytes): %w: empty", a, r.Kind, r.Base, r.Len, kvcache.ErrBadRegion)
+	}
+	switch r.Kind {
+	case kvcache.HostMem:
+	case kvcache.DeviceMem:
+		if a.memTypes&(1<<memTypeCUDA) == 0 {
+			return nil, fmt.Errorf("%s: register device region at %#x (%d bytes, GPU %d): %w: this UCX has no CUDA memory support (it registers: %s); build UCX with CUDA or stage through host memory",
+				a, r.Base, r.Len, r.Device, kvcache.ErrBadRegion, strings.Join(a.MemoryTypes(), ", "))
+		}
+	default:
+		return nil, fmt.Errorf("%s: register %s region at %#x: %w: unknown memory kind", a, r.Kind, r.Base, kvcache.ErrBadRegion)
+	}
+	if a.closed.Load() {
+		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
+	}
+	c := &call{region: r, done: make(chan struct{})}
+	if !a.w.call(reqRegister, c) {
+		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c.reg, nil
+}
+
+// Alloc allocates an n-byte host region from UCX (ucp_mem_map with
+// UCP_MEM_MAP_ALLOCATE): UCX places it where its transports reach it best,
+// on this host a shared-memory segment that peers of the host map and
+// write into with one memory copy (any host region works as a destination;
+// Go or malloc memory is reached through UCX's software RMA, one copy more).
+// Register it with this agent to receive writes. Closing the returned
+// Closer frees it once it is deregistered; Close of the agent frees it
+// too, after which it must not be touched.
+func (a *Agent) Alloc(n uint64) (*kvcache.Region, io.Closer, error) {
+	if n == 0 {
+		return nil, nil, fmt.Errorf("%s: alloc: %w: length 0", a, kvcache.ErrBadRegion)
+	}
+	c := &call{size: n, done: make(chan struct{})}
+	if !a.w.call(reqAlloc, c) {
+		return nil, nil, fmt.Errorf("%s: alloc: %w", a, rdma.ErrAgentClosed)
+	}
+	if c.err != nil {
+		return nil, nil, c.err
+	}
+	return c.region, allocCloser{a: a, region: c.region}, nil
+}
+
+type allocCloser struct {
+	a      *Agent
+	region *kvcache.Region
+}
+
+func (c allocCloser) Close() error {
+	fc := &call{region: c.region, done: make(chan struct{})}
+	if !c.a.w.call(reqFree, fc) {
+		return nil // the agent closed and freed it
+	}
+	return fc.err
+}
+
+// Deregister revokes reg at every linked peer, then unmaps it. With batches
+// of this agent reading it, or of a peer writing into it, it fails with
+// rdma.ErrRegionBusy and changes nothing.
+func (a *Agent) Deregister(reg rdma.Registration) error {
+	r, ok := reg.(*registration)
+	if !ok || r == nil || r.a != a {
+		return fmt.Errorf("%s: deregister %T: %w: not a registration of this agent", a, reg, rdma.ErrUnregistered)
+	}
+	c := &call{reg: r, done: make(chan struct{})}
+	if !a.w.call(reqDeregister, c) {
+		return fmt.Errorf("%s: deregister registration %d: %w: the agent closed", a, r.id, rdma.ErrUnregistered)
+	}
+	return c.err
+}
+
+// Connect links with the peer agent (once per peer: a handshake over UCP
+// active messages) and opens a UCP endpoint to it.
+func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
+	if a.closed.Load() {
+		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
+	}
+	pa, err := parseAddress(peer)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect: %w", a, err)
+	}
+	c := &call{addr: address{id: pa.id, worker: append([]byte(nil), pa.worker...)}, done: make(chan struct{})}
+	if !a.w.call(reqConnect, c) {
+		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c.ep, nil
+}
+
+// Close closes every endpoint, says goodbye to every linked peer and waits
+// for each to acknowledge (it then writes no more into this agent's
+// regions), unmaps every registration and destroys the worker and the
+// context. Idempotent.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		a.closed.Store(true)
+		a.mu.Lock()
+		eps := make([]*endpoint, 0, len(a.eps))
+		for e := range a.eps {
+			eps = append(eps, e)
+		}
+		a.mu.Unlock()
+		for _, e := range eps {
+			e.requestClose()
+		}
+		c := &call{done: make(chan struct{})}
+		if a.w.call(reqCloseAgent, c) {
+			a.closeErr = c.err
+		}
+		<-a.w.stopped
+		// The worker closed every endpoint, including any a racing
+		// Connect opened after the snapshot: wait for their callbacks.
+		a.mu.Lock()
+		for e := range a.eps {
+			eps = append(eps, e)
+		}
+		clear(a.eps)
+		a.mu.Unlock()
+		for _, e := range eps {
+			e.signal()
+			<-e.stopped
+		}
+	})
+	return a.closeErr
+}
+
+func (a *Agent) adopt(e *endpoint) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.eps[e] = struct{}{}
+}
+
+func (a *Agent) forget(e *endpoint) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.eps, e)
+}

@@ -1,0 +1,561 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// childEnv makes the test binary, re-executed, act as the receiver;
+// childAllocEnv makes it receive into memory from its agent's Alloc.
+const (
+	childEnv      = "KVXFER_UCX_CHILD"
+	childAllocEnv = "KVXFER_UCX_CHILD_ALLOC"
+)
+
+// crossLen is the receiver's region size.
+const crossLen = 8 << 20
+
+// The receiver's protocol, one line each way:
+//
+//	child:  KVXFER-UCX READY <address hex> <key hex> <len>
+//	parent: DEREGISTER           child: DEREGISTER busy|ok|<error>
+//	parent: VERIFY <seed>        child: VERIFIED | MISMATCH <offset>
+//
+// then the child closes its agent and exits (0 when every step passed). A
+// parent that kills the child just waits for READY.
+const readyPrefix = "KVXFER-UCX READY "
+
+// TestCrossProcessChild is the receiver; it does nothing unless re-executed
+// by a cross-process test.
+func TestCrossProcessChild(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		t.Skip("runs only as a cross-process test's child")
+	}
+	a := newAgent(t)
+	var r *kvcache.Region
+	var err error
+	if os.Getenv(childAllocEnv) != "" {
+		r, _, err = a.Alloc(crossLen) // freed by the agent's Close
+	} else {
+		r, err = kvcache.NewHostRegion(crossLen)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+		r.Close()
+	})
+	reg, err := a.Register(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := reg.Remote()
+	fmt.Printf("%s%s %s %d\n", readyPrefix, hex.EncodeToString(a.Address()), hex.EncodeToString(rr.Key), rr.Len)
+
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		switch cmd {
+		case "DEREGISTER":
+			switch err := a.Deregister(reg); {
+			case errors.Is(err, rdma.ErrRegionBusy):
+				fmt.Println("DEREGISTER busy")
+			case err == nil:
+				fmt.Println("DEREGISTER ok")
+			default:
+				fmt.Println("DEREGISTER", err)
+			}
+		case "VERIFY":
+			seed, _ := strconv.ParseUint(arg, 10, 64)
+			if err := a.Deregister(reg); err != nil {
+				t.Errorf("Deregister after the sender flushed: %v", err)
+			}
+			want := make([]byte, crossLen)
+			pattern(want, seed)
+			if i := firstDiff(r.Bytes(), want); i >= 0 {
+				fmt.Println("MISMATCH", i)
+				t.Errorf("byte %d: got %#02x, want %#02x", i, r.Bytes()[i], want[i])
+			} else {
+				fmt.Println("VERIFIED")
+			}
+			return
+		default:
+			t.Fatalf("unknown command %q", in.Text())
+		}
+	}
+}
+
+// remote is the child's READY line, parsed.
+type remote struct {
+	addr []byte
+	dst  rdma.RemoteRegion
+}
+
+func parseReady(t *testing.T, line string) remote {
+	t.Helper()
+	f := strings.Fields(strings.TrimPrefix(line, readyPrefix))
+	if len(f) != 3 {
+		t.Fatalf("bad READY line %q", line)
+	}
+	addr, err1 := hex.DecodeString(f[0])
+	key, err2 := hex.DecodeString(f[1])
+	n, err3 := strconv.ParseUint(f[2], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		t.Fatalf("READY line %q: %v", line, err)
+	}
+	return remote{addr: addr, dst: rdma.RemoteRegion{Key: key, Len: n}}
+}
+
+// TestCrossProcess re-executes the test binary as the receiver, writes a
+// pattern into its region in shuffled segments, and has it check the
+// bytes; on the way it checks that a forged key is refused across
+// processes, that the receiver's Deregister sees the sender's batch in
+// flight, and that posts and connects after the receiver closed fail with
+// ErrPeerGone.
+func TestCrossProcess(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	inMode(t, func(t *testing.T, _ string) {
+		for _, alloc := range []bool{false, true} {
+			t.Run(map[bool]string{false: "host", true: "alloc"}[alloc], func(t *testing.T) { crossProcess(t, alloc) })
+		}
+	})
+}
+
+func crossProcess(t *testing.T, alloc bool) {
+	{
+		child := startChild(t, alloc)
+		rem := parseReady(t, child.expect(t, readyPrefix))
+		n := rem.dst.Len
+
+		a := newAgent(t)
+		defer a.Close()
+		ep, err := a.Connect(rem.addr)
+		if err != nil {
+			t.Fatalf("Connect: %v", err)
+		}
+		defer ep.Close()
+		srcRegion, _ := kvcache.NewHostRegion(n)
+		defer srcRegion.Close()
+		src, err := a.Register(srcRegion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const seed = 42
+		pattern(srcRegion.Bytes(), seed)
+
+		// A forged key (one byte of the packed rkey changed) is refused.
+		bad := bytes.Clone(rem.dst.Key)
+		bad[len(bad)-20] ^= 0xFF
+		err = ep.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: bad, Len: n}, Segments: []kvcache.Segment{{Len: n}},
+			Done: func(err error) { t.Errorf("Done(%v) for a forged key", err) }})
+		if !errors.Is(err, rdma.ErrBadKey) {
+			t.Fatalf("Post with a forged key: %v, want ErrBadKey", err)
+		}
+
+		// Batch A's Done blocks, so batch B stays in flight while the
+		// child tries to deregister.
+		segs := shuffledSegments(n)
+		half := len(segs) / 2
+		entered, unblock := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		release := func() { once.Do(func() { close(unblock) }) }
+		defer release()
+		errs := make(chan error, 2)
+		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs[:half], Done: func(err error) {
+			errs <- err
+			close(entered)
+			<-unblock
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, entered, "batch A's Done")
+		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs[half:], Done: func(err error) { errs <- err }}); err != nil {
+			t.Fatal(err)
+		}
+		child.send(t, "DEREGISTER")
+		if got := child.expect(t, "DEREGISTER "); got != "DEREGISTER busy" {
+			t.Errorf("receiver's Deregister with batch B in flight: %q, want busy", got)
+		}
+		release()
+		flushed := make(chan error, 1)
+		ep.Flush(func(err error) { flushed <- err })
+		if err := wait(t, flushed, "Flush"); err != nil {
+			t.Fatalf("Flush: %v", err)
+		}
+		for range 2 {
+			if err := wait(t, errs, "Done"); err != nil {
+				t.Fatalf("batch: %v", err)
+			}
+		}
+
+		child.send(t, fmt.Sprintf("VERIFY %d", seed))
+		if got := child.expect(t, ""); got != "VERIFIED" {
+			t.Errorf("receiver: %q, want VERIFIED", got)
+		}
+		child.wait(t)
+
+		// The receiver closed its agent (saying bye) and exited.
+		err = ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: []kvcache.Segment{{Len: 1}},
+			Done: func(err error) { t.Errorf("Done(%v) after the receiver exited", err) }})
+		if !errors.Is(err, rdma.ErrPeerGone) {
+			t.Errorf("Post after the receiver exited: %v, want ErrPeerGone", err)
+		}
+		if _, err := a.Connect(rem.addr); !errors.Is(err, rdma.ErrPeerGone) {
+			t.Errorf("Connect to the exited receiver: %v, want ErrPeerGone", err)
+		}
+	}
+}
+
+// TestCrossProcessPeerKilled: the receiver is stopped, batches are posted
+// into it, and it is killed (SIGKILL). Every batch completes exactly once,
+// those that had not landed with ErrPeerGone; later posts are refused; the
+// endpoint and agent close; no goroutine is left (TestMain).
+func TestCrossProcessPeerKilled(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	inMode(t, func(t *testing.T, tls string) {
+		for _, alloc := range []bool{false, true} {
+			t.Run(map[bool]string{false: "host", true: "alloc"}[alloc], func(t *testing.T) { peerKilled(t, tls, alloc) })
+		}
+	})
+}
+
+// peerKilled is TestCrossProcessPeerKilled into a receiver's Go memory, or
+// into its Alloc'd memory: a shared-memory segment on this host, which the
+// sender writes directly, so that writes land even while the receiver is
+// stopped, and writes after it died may land in the segment the sender
+// still maps until UCX notices.
+func peerKilled(t *testing.T, tls string, alloc bool) {
+	{
+		child := startChild(t, alloc)
+		rem := parseReady(t, child.expect(t, readyPrefix))
+		n := rem.dst.Len
+
+		a := newAgent(t)
+		defer a.Close()
+		ep, err := a.Connect(rem.addr)
+		if err != nil {
+			t.Fatalf("Connect: %v", err)
+		}
+		srcRegion, _ := kvcache.NewHostRegion(n)
+		defer srcRegion.Close()
+		src, err := a.Register(srcRegion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One round trip first, so that the endpoint is wired up.
+		ch := make(chan error, 1)
+		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: []kvcache.Segment{{Len: 4096}}, Done: func(err error) { ch <- err }}); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(t, ch, "first batch"); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		const batches = 32
+		var mu sync.Mutex
+		calls := make([]int, batches)
+		errs := make([]error, batches)
+		killed := false
+		afterKill := make([]bool, batches)
+		all := make(chan struct{})
+		total := 0
+		segs := []kvcache.Segment{{Src: 0, Dst: 0, Len: n / 4}, {Src: n / 4, Dst: n / 4, Len: n / 4},
+			{Src: n / 2, Dst: n / 2, Len: n / 4}, {Src: 3 * n / 4, Dst: 3 * n / 4, Len: n / 4}}
+		for i := range batches {
+			if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs, Done: func(err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls[i]++
+				errs[i] = err
+				afterKill[i] = killed
+				if total++; total == batches {
+					close(all)
+				}
+			}}); err != nil {
+				t.Fatalf("Post %d into the stopped receiver: %v", i, err)
+			}
+		}
+		// Give the progress goroutine time to put the batches on the wire
+		// (a scenario, not a wait for a condition).
+		time.Sleep(200 * time.Millisecond)
+		mu.Lock()
+		killed = true
+		before := total
+		mu.Unlock()
+		if err := child.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		child.reap(t)
+		start := time.Now()
+		wait(t, all, "every batch's Done after the kill")
+		t.Logf("%d of %d batches had completed before the kill; the rest completed within %v of it", before, batches, time.Since(start).Round(time.Millisecond))
+
+		mu.Lock()
+		failed := 0
+		for i := range batches {
+			switch {
+			case calls[i] != 1:
+				t.Errorf("batch %d: Done called %d times", i, calls[i])
+			case errs[i] != nil && !errors.Is(errs[i], rdma.ErrPeerGone):
+				t.Errorf("batch %d: Done(%v), want ErrPeerGone", i, errs[i])
+			case errs[i] == nil && afterKill[i]:
+				t.Errorf("batch %d: Done(nil) after the receiver was killed", i)
+			}
+			if errs[i] != nil {
+				failed++
+			}
+		}
+		mu.Unlock()
+		t.Logf("%d of %d batches failed with ErrPeerGone", failed, batches)
+		if (tls == "tcp" || !alloc) && failed != batches {
+			t.Errorf("into a stopped receiver that must progress to take writes, %d of %d batches succeeded", batches-failed, batches)
+		}
+
+		// Later posts are refused (once UCX noticed; until then an
+		// accepted one fails).
+		deadline := time.Now().Add(waitLimit)
+		for {
+			done := make(chan error, 1)
+			err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs[:1], Done: func(err error) { done <- err }})
+			if err != nil {
+				if !errors.Is(err, rdma.ErrPeerGone) {
+					t.Errorf("Post after the kill: %v, want ErrPeerGone", err)
+				}
+				break
+			}
+			if err := wait(t, done, "Done of a post after the kill"); !errors.Is(err, rdma.ErrPeerGone) && (err != nil || !alloc || tls == "tcp") {
+				t.Fatalf("a post accepted after the kill: Done(%v), want ErrPeerGone", err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("posts still accepted %v after the kill", waitLimit)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		flushed := make(chan error, 1)
+		ep.Flush(func(err error) { flushed <- err })
+		if err := wait(t, flushed, "Flush"); !errors.Is(err, rdma.ErrPeerGone) {
+			t.Errorf("Flush after the kill: %v, want ErrPeerGone", err)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- ep.Close() }()
+		if err := wait(t, closed, "endpoint Close"); err != nil {
+			t.Errorf("endpoint Close: %v", err)
+		}
+		go func() { closed <- a.Close() }()
+		if err := wait(t, closed, "agent Close"); err != nil {
+			t.Errorf("agent Close: %v", err)
+		}
+	}
+}
+
+// child is the re-executed receiver.
+type child struct {
+	cmd     *exec.Cmd
+	stdin   *bufio.Writer
+	closer  interface{ Close() error }
+	lines   chan string
+	stderr  *lockedBuffer
+	exited  chan struct{} // closed once Wait returned exitErr
+	exitErr error
+}
+
+func startChild(t *testing.T, alloc bool) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if alloc {
+		cmd.Env = append(cmd.Env, childAllocEnv+"=1")
+	}
+	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd.Stderr = c.stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.stdin, c.closer = bufio.NewWriter(in), in
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		defer close(c.lines)
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			c.lines <- s.Text()
+		}
+	}()
+	go func() {
+		<-scanned // Wait closes stdout: read it all first
+		c.exitErr = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		c.closer.Close()
+		deadline := time.NewTimer(waitLimit)
+		defer deadline.Stop()
+		lines := c.lines
+		for {
+			select {
+			case _, ok := <-lines: // keep the scanner moving until EOF
+				if !ok {
+					lines = nil
+				}
+			case <-c.exited:
+				return
+			case <-deadline.C:
+				cmd.Process.Kill()
+			}
+		}
+	})
+	return c
+}
+
+// expect returns the child's next stdout line starting with prefix,
+// skipping others, under the deadline.
+func (c *child) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	deadline := time.NewTimer(waitLimit)
+	defer deadline.Stop()
+	for {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				t.Fatalf("receiver exited before %q; stderr:\n%s", prefix, c.stderr)
+			}
+			if strings.HasPrefix(line, prefix) && !strings.HasPrefix(line, "=== ") {
+				return line
+			}
+		case <-deadline.C:
+			t.Fatalf("no %q from the receiver within %v; stderr:\n%s", prefix, waitLimit, c.stderr)
+		}
+	}
+}
+
+func (c *child) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := c.stdin.WriteString(line + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.stdin.Flush(); err != nil {
+		t.Fatalf("send %q: %v", line, err)
+	}
+}
+
+// wait waits for the child to exit and fails t unless it exited 0.
+func (c *child) wait(t *testing.T) {
+	t.Helper()
+	c.closer.Close()
+	for line := range c.lines { // drain what is left
+		t.Logf("receiver: %s", line)
+	}
+	wait(t, c.exited, "receiver exit")
+	if c.exitErr != nil {
+		t.Fatalf("receiver: %v; stderr:\n%s", c.exitErr, c.stderr)
+	}
+}
+
+// reap waits for a killed child to be gone.
+func (c *child) reap(t *testing.T) {
+	t.Helper()
+	c.closer.Close()
+	for range c.lines {
+	}
+	wait(t, c.exited, "killed receiver's exit")
+}
+
+const waitLimit = 60 * time.Second
+
+func wait[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(waitLimit)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("no %s within %v", what, waitLimit)
+		panic("unreachable")
+	}
+}
+
+// shuffledSegments covers [0, n) with segments of varied sizes in random
+// order, each writing source offset = destination offset.
+func shuffledSegments(n uint64) []kvcache.Segment {
+	r := rand.New(rand.NewPCG(1, 2))
+	var segs []kvcache.Segment
+	for off := uint64(0); off < n; {
+		l := min(1+r.Uint64N(256<<10), n-off)
+		segs = append(segs, kvcache.Segment{Src: off, Dst: off, Len: l})
+		off += l
+	}
+	r.Shuffle(len(segs), func(i, j int) { segs[i], segs[j] = segs[j], segs[i] })
+	return segs
+}
+
+func pattern(b []byte, seed uint64) {
+	var s [32]byte
+	s[0] = byte(seed)
+	rand.NewChaCha8(s).Read(b)
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,122 @@
+// Package ucx is the rdma backend over UCX (UCP), through cgo against the
+// system's UCX found with pkg-config (Debian: libucx-dev; developed against
+// UCX 1.13.1). Which transports carry the data is UCX's choice (UCX_TLS and
+// the other UCX_* variables as usual): InfiniBand or RoCE verbs where
+// present, shared memory and cma between processes of one host, tcp.
+// Built without cgo, off Linux or with the kvxfer_noucx tag, New fails with
+// ErrUnavailable.
+//
+// # One agent, one worker, one goroutine
+//
+// An Agent owns a UCP context (RMA and active messages, with wakeup) and one
+// single-threaded UCP worker. Every UCX call for them is made by the
+// agent's progress goroutine, locked to its OS thread: Post, Connect,
+// Register, Deregister and Close on other goroutines queue a request and
+// wake it. Between bursts of work it polls for a short spin (WithSpin),
+// then arms the worker and sleeps in Go's netpoller on an epoll fd that
+// holds UCP's event fd and an eventfd that submitters write to; an idle
+// agent wakes once a second for UCX's keepalive (about 0.1% of a core for
+// two linked agents).
+//
+// C never holds a Go pointer: operations carry integer ids, and UCX's
+// callbacks (flush, close, endpoint error, active message) are C functions
+// that append to a C queue the progress goroutine drains after each
+// ucp_worker_progress.
+//
+// # Batches
+//
+// Post checks the batch synchronously (source registration, the key, the
+// ranges), counts it against its source registration and against the
+// peer's destination registration, appends it to the endpoint's completion
+// order and queues it. The progress goroutine posts one ucp_put_nbx per
+// segment (the small batches of a round in one cgo call; no call copies
+// more than 2 MiB, so that the scheduler does not hand the locked
+// goroutine's P to another thread during a long copy), then, for every
+// endpoint that got puts, one ucp_ep_flush_nbx (every 32 batches or 32 MiB,
+// and at the end of each round of requests). A batch is
+// done when that flush completes — in UCX's terms remotely: its bytes are
+// in the peer's memory — or with the first error: a put refused (a
+// *rdma.SegmentError naming the segment), the flush failing (rdma.ErrPeerGone
+// when UCX reports the endpoint failed), or the endpoint closing first. Each
+// endpoint has a dispatcher goroutine that runs Done and Flush callbacks in
+// post order; it spins briefly (yielding) after a callback before it
+// blocks, so a stream of completions costs no thread wakeups. A batch stops
+// counting against its regions just before its Done runs.
+//
+// # Links: keys, revocation, goodbye
+//
+// The first Connect from agent A to agent B links them: A opens a UCP
+// endpoint to B's worker and sends a hello (A's id, address, key secret and
+// live registrations) as an active message; B opens an endpoint back and
+// answers with its own. Data endpoints are separate UCP endpoints (one per
+// rdma.Endpoint), all with peer error handling (UCP_ERR_HANDLING_MODE_PEER
+// and an error callback).
+//
+// A RemoteRegion.Key is
+//
+//	"UCK1" owner-agent-id[16] registration-id base len len(rkey) rkey mac[16]
+//
+// where base is the region's address in the owner's process, rkey the
+// output of ucp_rkey_pack and mac HMAC-SHA256 (truncated) of the rest under
+// the owner's secret, which only linked peers learn. A sender verifies the
+// key once per endpoint (a key altered, truncated or extended, or of
+// another agent, is refused with rdma.ErrBadKey) and unpacks the rkey with
+// ucp_ep_rkey_unpack on the progress goroutine the first time the endpoint
+// uses it, caching it per registration. Deregister revokes the registration
+// at every linked peer and waits for each to answer: a peer with batches in
+// flight into it answers busy, and Deregister then restores it everywhere
+// and fails with rdma.ErrRegionBusy (between the revocation and the
+// restoration, that peer's other endpoints are refused with ErrBadKey for
+// it); otherwise peers refuse its key from then on (ErrBadKey) and it is
+// unmapped. A peer that never answers makes Deregister fail busy after
+// WithRevokeTimeout.
+//
+// Agent.Close closes its endpoints, then says bye to every linked peer and
+// waits (at most WithRevokeTimeout) for each to acknowledge: a peer closes
+// its endpoints to the closing agent (after their writes are flushed) and
+// refuses further posts with rdma.ErrPeerGone before it acknowledges, so
+// nothing lands in the closing agent's memory after Close returns. Then it
+// unmaps every registration and frees every Alloc, and destroys the worker
+// and the context.
+//
+// # Close and what it proves
+//
+// Endpoint.Close refuses new posts, fails the batches not yet handed to UCX
+// (ErrEndpointClosed), waits for the flushes of those on the wire (at most
+// WithCloseTimeout), destroys the endpoint's rkeys and closes the UCP
+// endpoint with UCP_EP_CLOSE_FLAG_FORCE, waiting for the close to complete
+// while the worker progresses, and returns once every callback has run.
+// Writes whose flush completed have landed; there are no others, so after
+// Close returns nothing of the endpoint's can land. Only when the close
+// timeout expires (a peer that is alive but does not progress) does the
+// forced close cut writes that transports such as tcp may still deliver
+// once the peer progresses again: their batches fail with
+// ErrEndpointClosed, which is then not proof of quiescence for that peer.
+//
+// When UCX reports an endpoint failed (the peer died: tcp resets at once,
+// shared memory within about two keepalive intervals, WithKeepalive), its
+// batches fail with rdma.ErrPeerGone, later posts are refused with it, and
+// the endpoint is closed. A failed link fails every endpoint to that peer.
+//
+// # Memory
+//
+// Register maps a region with ucp_mem_map. Host memory always registers;
+// device memory (kvcache.DeviceMem) only where UCX reports CUDA support
+// (Agent.MemoryTypes), else Register fails with kvcache.ErrBadRegion and
+// says so. Alloc gets host memory from UCX itself (UCP_MEM_MAP_ALLOCATE):
+// on one host that is a shared-memory segment that peers write into with
+// one memcpy (put over the posix or sysv transport), where Go or malloc
+// memory is reached through UCX's software RMA over active messages, which
+// costs a copy more and needs the receiver's worker to progress.
+//
+// UCX 1.13's shared-memory transports do not offer peer-failure handling
+// unless UCX_MM_ERROR_HANDLING is set, and endpoints with peer error
+// handling then cannot use them at all (UCX falls back to tcp over the
+// loopback between processes of one host). The agent sets it unless the
+// environment does (WithSharedMemoryErrorHandling); failure detection on
+// shared memory is then UCX's keepalive, set to 1s unless
+// UCX_KEEPALIVE_INTERVAL is set.
+//
+// UCX logs its own errors to stderr (for example when a peer's connection
+// resets); UCX_LOG_LEVEL controls it.
+package ucx

@@ -1,0 +1,329 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/copier"
+)
+
+// remoteKey is a peer's key as an endpoint caches it once verified.
+type remoteKey struct {
+	reg, base, len uint64
+	rkey           []byte // packed, for ucp_ep_rkey_unpack
+}
+
+// entry is one batch, or one Flush, in an endpoint's completion order.
+type entry struct {
+	ep    *endpoint
+	batch rdma.Batch
+	src   *registration
+	key   *remoteKey
+	flush func(error) // a Flush's callback; nil for a batch
+	done  bool        // completed: err is final (always true for a Flush)
+	err   error
+}
+
+// Endpoint states besides open (a terminal one is never left).
+const (
+	epOpen   uint8 = iota
+	epLeft         // the peer agent closed: posts refused, nothing lost
+	epFailed       // the UCP endpoint failed: posts refused, batches failed
+)
+
+// endpoint is an rdma.Endpoint over one UCP endpoint. Post and Flush queue
+// entries in post order; the progress goroutine marks batches done; the
+// endpoint's dispatcher goroutine runs callbacks strictly in that order.
+type endpoint struct {
+	a    *Agent
+	link *link
+	name string
+
+	u     *uep   // progress goroutine only
+	round uint64 // progress goroutine only: last round it was signalled
+
+	mu        sync.Mutex
+	keys      map[string]*remoteKey
+	fifo      []*entry
+	head      int
+	free      []*entry
+	state     uint8
+	err       error // why left or failed
+	closing   atomic.Bool
+	closeReq  bool // Close was called (by its owner or the agent)
+	ucpClosed bool // the progress goroutine closed the UCP endpoint
+	gone      bool // the dispatcher exited
+
+	wake    chan struct{}
+	stopped chan struct{}
+}
+
+var _ rdma.Endpoint = (*endpoint)(nil)
+
+func newEndpoint(a *Agent, l *link, name string) *endpoint {
+	e := &endpoint{
+		a:       a,
+		link:    l,
+		name:    name,
+		keys:    make(map[string]*remoteKey),
+		wake:    make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+	}
+	go e.dispatch()
+	return e
+}
+
+func (e *endpoint) String() string { return e.name }
+
+// refusal says why a post must be refused now. Called with mu held.
+func (e *endpoint) refusal() error {
+	switch {
+	case e.closeReq:
+		return fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed)
+	case e.state != epOpen:
+		return fmt.Errorf("%s: %w", e.name, e.err)
+	}
+	return nil
+}
+
+// Post checks the batch (source registration, key, ranges), counts it
+// against both regions and queues it for the progress goroutine.
+func (e *endpoint) Post(b rdma.Batch) error {
+	src, ok := b.Src.(*registration)
+	if !ok || src == nil || src.a != e.a {
+		return fmt.Errorf("%s: post: source %T: %w: not a registration of agent %s", e.name, b.Src, rdma.ErrUnregistered, e.a)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.refusal(); err != nil {
+		return fmt.Errorf("post: %w", err)
+	}
+	k, err := e.resolve(b.Dst.Key)
+	if err != nil {
+		return fmt.Errorf("%s: post: %w", e.name, err)
+	}
+	if b.Dst.Len != k.len {
+		return fmt.Errorf("%s: post: %w: remote region length %d, registration %d of %s is %d bytes",
+			e.name, rdma.ErrBadKey, b.Dst.Len, k.reg, e.link.peer, k.len)
+	}
+	if err := copier.CheckSegments(b.Segments, src.region.Len, k.len); err != nil {
+		return fmt.Errorf("%s: post: %w", e.name, err)
+	}
+	if !src.acquire() {
+		return fmt.Errorf("%s: post: source registration %d: %w: deregistered", e.name, src.id, rdma.ErrUnregistered)
+	}
+	if err := e.link.acquire(k.reg); err != nil {
+		src.release()
+		return fmt.Errorf("%s: post: %w", e.name, err)
+	}
+	ent := e.newEntry()
+	ent.batch, ent.src, ent.key = b, src, k
+	e.push(ent)
+	if !e.a.w.submit(request{kind: reqPost, ep: e, ent: ent}) {
+		// The agent's worker has stopped: it closed this endpoint, so
+		// closeReq was set above. Not reached; undo all the same.
+		e.fifo = e.fifo[:len(e.fifo)-1]
+		src.release()
+		e.link.release(k.reg)
+		return fmt.Errorf("%s: post: %w", e.name, rdma.ErrEndpointClosed)
+	}
+	return nil
+}
+
+// resolve returns the cached form of key, parsing and verifying it on
+// first use. Called with mu held.
+func (e *endpoint) resolve(key []byte) (*remoteKey, error) {
+	if k := e.keys[string(key)]; k != nil {
+		return k, nil
+	}
+	pk, err := parseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if pk.owner != e.link.peer {
+		return nil, fmt.Errorf("%w: registration %d of agent %s, but this endpoint's peer is agent %s", rdma.ErrBadKey, pk.reg, pk.owner, e.link.peer)
+	}
+	secret, ok := e.link.peerSecret()
+	if !ok {
+		return nil, fmt.Errorf("%w: agent %s has not linked yet", rdma.ErrPeerGone, e.link.peer)
+	}
+	if err := pk.verify(secret[:]); err != nil {
+		return nil, err
+	}
+	k := &remoteKey{reg: pk.reg, base: pk.base, len: pk.len, rkey: append([]byte(nil), pk.rkey...)}
+	if len(e.keys) >= maxCachedKeys {
+		clear(e.keys)
+	}
+	e.keys[string(key)] = k
+	return k, nil
+}
+
+// maxCachedKeys bounds an endpoint's key cache.
+const maxCachedKeys = 4096
+
+// Flush queues a marker behind every batch posted so far; the dispatcher
+// calls done when it reaches it.
+func (e *endpoint) Flush(done func(err error)) {
+	e.mu.Lock()
+	if e.gone {
+		e.mu.Unlock()
+		done(fmt.Errorf("%s: flush: %w", e.name, rdma.ErrEndpointClosed))
+		return
+	}
+	ent := e.newEntry()
+	ent.flush, ent.done = done, true
+	e.push(ent)
+	e.mu.Unlock()
+	e.signal()
+}
+
+// Close closes the UCP endpoint (after the writes already on the wire are
+// acknowledged, or the close timeout) and returns once every callback has
+// run. Idempotent.
+func (e *endpoint) Close() error {
+	if e.requestClose() {
+		e.a.w.submit(request{kind: reqCloseEndpoint, ep: e})
+	}
+	e.signal()
+	<-e.stopped
+	e.a.forget(e)
+	return nil
+}
+
+// requestClose marks the endpoint closing; true the first time.
+func (e *endpoint) requestClose() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closing.Store(true)
+	first := !e.closeReq
+	e.closeReq = true
+	return first
+}
+
+func (e *endpoint) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Called with mu held.
+func (e *endpoint) newEntry() *entry {
+	if n := len(e.free); n > 0 {
+		ent := e.free[n-1]
+		e.free = e.free[:n-1]
+		return ent
+	}
+	return &entry{ep: e}
+}
+
+// Called with mu held.
+func (e *endpoint) push(ent *entry) {
+	if e.head > 0 && e.head == len(e.fifo) {
+		e.fifo, e.head = e.fifo[:0], 0
+	} else if e.head > 1024 && e.head > len(e.fifo)/2 {
+		n := copy(e.fifo, e.fifo[e.head:])
+		clear(e.fifo[n:])
+		e.fifo, e.head = e.fifo[:n], 0
+	}
+	e.fifo = append(e.fifo, ent)
+}
+
+// dispatch runs callbacks in post order as entries complete, until the
+// endpoint is closed and every callback has run. After a callback it keeps
+// looking (yielding its P) for the agent's spin time before it blocks, so
+// that a steady stream of completions costs no thread wakeups.
+func (e *endpoint) dispatch() {
+	defer close(e.stopped)
+	spin := e.a.opts.spin
+	var run []*entry
+	last := time.Now()
+	for {
+		n, exit := e.dispatchReady(&run)
+		if exit {
+			return
+		}
+		now := time.Now()
+		if n > 0 {
+			last = now
+			continue
+		}
+		if now.Sub(last) < spin {
+			runtime.Gosched()
+			continue
+		}
+		<-e.wake
+		last = time.Now()
+	}
+}
+
+// dispatchReady runs the callbacks of the completed entries at the head of
+// the order; exit once the endpoint is closed and drained.
+func (e *endpoint) dispatchReady(run *[]*entry) (n int, exit bool) {
+	e.mu.Lock()
+	r := (*run)[:0]
+	for e.head < len(e.fifo) && e.fifo[e.head].done {
+		r = append(r, e.fifo[e.head])
+		e.fifo[e.head] = nil
+		e.head++
+	}
+	flushErr := e.flushErr()
+	if len(r) == 0 && e.closeReq && e.ucpClosed && e.head == len(e.fifo) {
+		e.gone = true
+		e.mu.Unlock()
+		return 0, true
+	}
+	e.mu.Unlock()
+	*run = r
+	if len(r) == 0 {
+		return 0, false
+	}
+	for _, ent := range r {
+		if ent.flush != nil {
+			ent.flush(flushErr)
+			continue
+		}
+		// Uncount the batch just before its Done: until then a
+		// Deregister of either region is refused.
+		e.link.release(ent.key.reg)
+		ent.src.release()
+		if ent.batch.Done != nil {
+			ent.batch.Done(ent.err)
+		}
+	}
+	e.mu.Lock()
+	for i, ent := range r {
+		*ent = entry{ep: e}
+		e.free = append(e.free, ent)
+		r[i] = nil
+	}
+	e.mu.Unlock()
+	return len(r), false
+}
+
+// flushErr is what a Flush reaching the head of the order reports. Called
+// with mu held.
+func (e *endpoint) flushErr() error {
+	switch {
+	case e.closeReq:
+		return fmt.Errorf("%s: flush: %w", e.name, rdma.ErrEndpointClosed)
+	case e.state == epFailed:
+		return fmt.Errorf("%s: flush: %w", e.name, e.err)
+	}
+	return nil
+}
+
+// setState moves an open endpoint to left or failed.
+func (e *endpoint) setState(s uint8, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == epOpen {
+		e.state, e.err = s, err
+	}
+}

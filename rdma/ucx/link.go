@@ -1,0 +1,163 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// linkState is where an agent stands with one peer agent.
+//
+//	connecting → up → left (the peer said bye)
+//	     └───────┴──→ failed (its endpoint failed, or no answer to hello)
+type linkState uint8
+
+const (
+	linkConnecting linkState = iota
+	linkUp
+	linkLeft
+	linkFailed
+)
+
+func (s linkState) String() string {
+	switch s {
+	case linkConnecting:
+		return "connecting"
+	case linkUp:
+		return "up"
+	case linkLeft:
+		return "left"
+	case linkFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("linkState(%d)", uint8(s))
+}
+
+// link is an agent's association with one peer agent: a control endpoint
+// each way, what this agent knows of the peer's registrations, and how many
+// of this agent's batches are in flight into each of them. Endpoints to
+// the peer share it.
+type link struct {
+	peer agentID
+	addr address // the peer's; worker bytes owned
+	name string
+
+	mu      sync.Mutex
+	state   linkState
+	err     error // why failed or left
+	secret  [32]byte
+	next    uint64          // the peer's registrations from this id on postdate the hello
+	live    map[uint64]bool // the peer's registrations below next that are live
+	revoked map[uint64]bool
+	busy    map[uint64]int // batches in flight into each registration
+
+	// Progress goroutine only.
+	u        *uep              // control endpoint to the peer
+	eps      map[*uep]struct{} // data endpoints to the peer
+	waiters  []*call           // Connects waiting for the handshake
+	deadline time.Time         // of the handshake
+	byeReq   uint64            // our bye, until acknowledged
+	byeBy    time.Time         // deadline of the acknowledgement
+	ackTo    uint64            // the peer's bye, acknowledged once eps is empty
+	ackDue   bool
+}
+
+func newLink(pa address, name string) *link {
+	return &link{
+		peer:    pa.id,
+		addr:    address{id: pa.id, worker: append([]byte(nil), pa.worker...)},
+		name:    name,
+		live:    make(map[uint64]bool),
+		revoked: make(map[uint64]bool),
+		busy:    make(map[uint64]int),
+		eps:     make(map[*uep]struct{}),
+	}
+}
+
+// learn takes the peer's hello or welcome; the link is up.
+func (l *link) learn(m *message) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != linkConnecting {
+		return
+	}
+	l.secret = m.secret
+	l.next = m.nextReg
+	for _, id := range m.live {
+		l.live[id] = true
+	}
+	l.state = linkUp
+}
+
+// setState moves the link to left or failed (the first terminal state
+// wins) and reports whether it changed.
+func (l *link) setState(s linkState, err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == linkLeft || l.state == linkFailed {
+		return false
+	}
+	l.state, l.err = s, err
+	return true
+}
+
+func (l *link) getState() linkState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state
+}
+
+// peerSecret returns the peer's key secret once the link is up.
+func (l *link) peerSecret() ([32]byte, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.secret, l.state != linkConnecting
+}
+
+// acquire counts a batch into registration reg of the peer, or says why it
+// cannot be posted.
+func (l *link) acquire(reg uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case linkLeft, linkFailed:
+		return fmt.Errorf("%w: %v", rdma.ErrPeerGone, l.err)
+	}
+	if l.revoked[reg] || (reg < l.next && !l.live[reg]) {
+		return fmt.Errorf("%w: registration %d of agent %s was revoked (stale key)", rdma.ErrBadKey, reg, l.peer)
+	}
+	l.busy[reg]++
+	return nil
+}
+
+// revoke marks reg revoked unless a batch is in flight into it.
+func (l *link) revoke(reg uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy[reg] > 0 {
+		return false
+	}
+	l.revoked[reg] = true
+	delete(l.live, reg)
+	return true
+}
+
+func (l *link) restore(reg uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.revoked, reg)
+	l.live[reg] = true
+}
+
+// release uncounts a batch into registration reg of the peer.
+func (l *link) release(reg uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy[reg]--; l.busy[reg] <= 0 {
+		delete(l.busy, reg)
+	}
+}

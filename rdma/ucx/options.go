@@ -1,0 +1,94 @@
+package ucx
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Option configures an Agent.
+type Option func(*options)
+
+type options struct {
+	spin      time.Duration
+	busySpin  time.Duration
+	tick      time.Duration
+	keepalive time.Duration
+	close     time.Duration
+	handshake time.Duration
+	revoke    time.Duration
+	mmErrors  bool
+}
+
+func defaultOptions() options {
+	return options{
+		spin:      50 * time.Microsecond,
+		busySpin:  200 * time.Microsecond,
+		tick:      time.Second,
+		keepalive: time.Second,
+		close:     10 * time.Second,
+		handshake: 10 * time.Second,
+		revoke:    10 * time.Second,
+		mmErrors:  true,
+	}
+}
+
+// WithSpin sets how long the progress goroutine keeps polling after its
+// last piece of work before it sleeps on the worker's event fd: idle is the
+// figure with nothing outstanding, busy with operations in flight (default
+// 50µs and 200µs). Zero sleeps at once.
+func WithSpin(idle, busy time.Duration) Option {
+	return func(o *options) { o.spin, o.busySpin = max(idle, 0), max(busy, 0) }
+}
+
+// WithKeepalive sets UCX's keepalive interval, which bounds how long a
+// dead peer goes unnoticed on transports that cannot see it die (shared
+// memory). Default 1s; a UCX_KEEPALIVE_INTERVAL in the environment wins.
+func WithKeepalive(d time.Duration) Option {
+	return func(o *options) { o.keepalive = d }
+}
+
+// WithCloseTimeout bounds how long closing an endpoint waits for writes
+// already on the wire to be acknowledged before it forces the endpoint
+// closed (default 10s). See doc.go for what a forced close does not prove.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(o *options) { o.close = d }
+}
+
+// WithHandshakeTimeout bounds how long Connect waits for the peer agent's
+// answer (default 10s); then Connect fails with rdma.ErrPeerGone.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(o *options) { o.handshake = d }
+}
+
+// WithRevokeTimeout bounds how long Deregister and Close wait for each
+// peer's acknowledgement (default 10s). A Deregister that times out fails
+// with rdma.ErrRegionBusy and changes nothing.
+func WithRevokeTimeout(d time.Duration) Option {
+	return func(o *options) { o.revoke = d }
+}
+
+// WithSharedMemoryErrorHandling says whether UCX's shared-memory transports
+// (posix, sysv) offer peer-failure handling, which their keepalive
+// provides (UCX_MM_ERROR_HANDLING; default yes). UCX 1.13 turns it off, and
+// endpoints with peer error handling, as this backend's are, then cannot
+// use shared memory at all: between processes of one host UCX falls back
+// to tcp over the loopback. A UCX_MM_ERROR_HANDLING, UCX_POSIX_ or
+// UCX_SYSV_ERROR_HANDLING in the environment wins.
+func WithSharedMemoryErrorHandling(on bool) Option {
+	return func(o *options) { o.mmErrors = on }
+}
+
+// configMods is what the agent changes in UCX's configuration, as
+// "NAME=VALUE" lines for ucp_config_modify: only what the environment
+// leaves unset.
+func configMods(o options, getenv func(string) string) string {
+	var mods []string
+	if getenv("UCX_KEEPALIVE_INTERVAL") == "" && o.keepalive > 0 {
+		mods = append(mods, fmt.Sprintf("KEEPALIVE_INTERVAL=%dus", o.keepalive.Microseconds()))
+	}
+	if o.mmErrors && getenv("UCX_MM_ERROR_HANDLING") == "" && getenv("UCX_POSIX_ERROR_HANDLING") == "" && getenv("UCX_SYSV_ERROR_HANDLING") == "" {
+		mods = append(mods, "MM_ERROR_HANDLING=y")
+	}
+	return strings.Join(mods, "\n")
+}

@@ -1,0 +1,78 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// Registration states.
+const (
+	regLive     int32 = iota // usable as a source, its key valid at peers
+	regRevoking              // Deregister in progress: sources refused
+	regDead                  // deregistered, or its agent closed
+)
+
+// registration is a region mapped with ucp_mem_map.
+type registration struct {
+	a      *Agent
+	id     uint64
+	region *kvcache.Region
+	remote rdma.RemoteRegion
+
+	// state and busy order Post against Deregister without a lock: Post
+	// counts itself in busy and then checks state, Deregister sets state
+	// and then checks busy, so one of them sees the other.
+	state atomic.Int32
+	busy  atomic.Int64 // accepted batches reading it whose Done has not run
+
+	memh  C.ucp_mem_h // progress goroutine only
+	alloc *allocation // the Alloc this region came from, if any
+}
+
+// allocation is memory Alloc got from UCX (UCP_MEM_MAP_ALLOCATE): its
+// mapping outlives registrations of it, until it is freed. Progress
+// goroutine only.
+type allocation struct {
+	base uintptr
+	len  uint64
+	memh C.ucp_mem_h
+	reg  *registration // the live registration of it
+}
+
+var _ rdma.Registration = (*registration)(nil)
+
+func (r *registration) Region() *kvcache.Region   { return r.region }
+func (r *registration) Remote() rdma.RemoteRegion { return r.remote }
+
+// acquire counts a batch reading the region; false when it is not live.
+func (r *registration) acquire() bool {
+	r.busy.Add(1)
+	if r.state.Load() != regLive {
+		r.busy.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (r *registration) release() { r.busy.Add(-1) }
+
+// tryRevoke moves a live registration to revoking unless a batch reads it.
+func (r *registration) tryRevoke() bool {
+	if !r.state.CompareAndSwap(regLive, regRevoking) {
+		return false
+	}
+	if r.busy.Load() > 0 {
+		r.state.Store(regLive)
+		return false
+	}
+	return true
+}

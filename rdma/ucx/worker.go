@@ -1,0 +1,795 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// reqKind is what another goroutine asks of the progress goroutine.
+type reqKind uint8
+
+const (
+	reqPost reqKind = iota
+	reqConnect
+	reqRegister
+	reqDeregister
+	reqCloseEndpoint
+	reqCloseAgent
+	reqAlloc
+	reqFree
+)
+
+type request struct {
+	kind reqKind
+	ep   *endpoint
+	ent  *entry
+	call *call
+}
+
+// call is a request its caller waits for.
+type call struct {
+	addr   address
+	region *kvcache.Region
+	size   uint64
+	reg    *registration
+	ep     *endpoint
+	err    error
+	done   chan struct{}
+}
+
+func (c *call) reply(err error) {
+	c.err = err
+	close(c.done)
+}
+
+// uep is one UCP endpoint: a data endpoint (ep set) or a link's control
+// endpoint. Progress goroutine only.
+type uep struct {
+	id    uint64
+	h     C.ucp_ep_h
+	ctx   unsafe.Pointer // the error handler's argument (C memory)
+	name  string
+	link  *link
+	ep    *endpoint
+	rkeys map[uint64]C.ucp_rkey_h // by the peer's registration id
+
+	group   []*entry // issued this round, flushed at its end
+	flushes int      // flushes in flight
+
+	closing  bool
+	force    bool      // close without waiting for the flushes
+	reason   error     // what batches caught by the close get
+	deadline time.Time // of the wait for the flushes
+	closeID  uint64    // the pending ucp_ep_close_nbx
+	closed   bool
+	failed   error // UCX reported the endpoint failed
+}
+
+// flushOp is one ucp_ep_flush_nbx in flight and the batches it completes.
+type flushOp struct {
+	u    *uep
+	ents []*entry
+}
+
+// deregOp is a Deregister waiting for its peers' replies.
+type deregOp struct {
+	reg      *registration
+	c        *call
+	restore  bool // second phase: undoing the revocation
+	waiting  map[*link]uint64
+	busy     string // why it fails
+	deadline time.Time
+}
+
+// worker is an agent's progress goroutine and everything it owns: the UCP
+// worker (single-threaded: every UCX call is made here), the endpoints,
+// links and registrations. Other goroutines reach it through submit.
+type worker struct {
+	a       *Agent
+	c       *C.kvx_worker
+	evfd    int
+	file    *os.File // the epoll fd over UCP's event fd and evfd, in Go's poller
+	raw     syscall.RawConn
+	stopped chan struct{}
+
+	mu     sync.Mutex
+	reqs   []request
+	exited bool
+	parked atomic.Bool
+
+	// Progress goroutine only.
+	spare      []request
+	nextID     uint64
+	ueps       map[uint64]*uep
+	flushes    map[uint64]*flushOp
+	closes     map[uint64]*uep
+	closing    []*uep
+	links      map[agentID]*link
+	linkTimers int // links waiting for a welcome or a bye-ack
+	regs       map[uint64]*registration
+	allocs     map[uintptr]*allocation
+	nextReg    uint64
+	replies    map[uint64]*deregOp
+	deregs     []*deregOp
+	grouped    []*uep
+	touched    []*endpoint
+	round      uint64
+	dirty      bool // links or the shutdown may move on
+	shutdown   *call
+	shutPhase  int
+	done       bool
+	now        time.Time
+	nextTimers time.Time
+	dropped    int // malformed control messages
+	opPool     []*flushOp
+	entPool    [][]*entry
+	evbuf      [256]C.kvx_event
+	cst        C.ucs_status_t // out-parameters of C calls (a local would escape)
+	chunk      [1]C.kvx_seg
+	// A round's small batches, posted together by putPending.
+	pending     []*entry
+	descs       []C.kvx_put_desc
+	segs        []C.kvx_seg
+	fails       [roundBatches]C.long
+	sts         [roundBatches]C.int32_t
+	cprogressed C.uint
+	waitEvents  [2]syscall.EpollEvent
+	waitFn      func(uintptr) bool
+}
+
+func newWorker(a *Agent) *worker {
+	w := &worker{
+		a:       a,
+		stopped: make(chan struct{}),
+		ueps:    make(map[uint64]*uep),
+		flushes: make(map[uint64]*flushOp),
+		closes:  make(map[uint64]*uep),
+		links:   make(map[agentID]*link),
+		regs:    make(map[uint64]*registration),
+		allocs:  make(map[uintptr]*allocation),
+		replies: make(map[uint64]*deregOp),
+		round:   1,
+		pending: make([]*entry, 0, roundBatches),
+		descs:   make([]C.kvx_put_desc, 0, roundBatches),
+	}
+	// RawConn.Read forgets readiness the poller saw before the call, so
+	// look at the epoll fd itself: anything ready, or wait for the next
+	// edge.
+	w.waitFn = func(fd uintptr) bool {
+		n, _ := syscall.EpollWait(int(fd), w.waitEvents[:], 0)
+		return n > 0
+	}
+	return w
+}
+
+// submit queues r for the progress goroutine and wakes it if it sleeps;
+// false once the goroutine has stopped.
+func (w *worker) submit(r request) bool {
+	w.mu.Lock()
+	if w.exited {
+		w.mu.Unlock()
+		return false
+	}
+	w.reqs = append(w.reqs, r)
+	w.mu.Unlock()
+	if w.parked.Load() && w.parked.CompareAndSwap(true, false) {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		syscall.Write(w.evfd, one[:])
+	}
+	return true
+}
+
+// call submits a request and waits for its reply; false once the progress
+// goroutine has stopped.
+func (w *worker) call(kind reqKind, c *call) bool {
+	if !w.submit(request{kind: kind, call: c}) {
+		return false
+	}
+	<-c.done
+	return true
+}
+
+func (w *worker) run(ready chan<- error) {
+	defer close(w.stopped)
+	// Never unlocked: the thread ends with the goroutine, and UCX's
+	// single-threaded worker only ever sees this thread.
+	runtime.LockOSThread()
+	if err := w.open(); err != nil {
+		w.mu.Lock()
+		w.exited = true
+		w.mu.Unlock()
+		ready <- err
+		return
+	}
+	ready <- nil
+	w.loop()
+	w.teardown()
+}
+
+func (w *worker) open() error {
+	mods := C.CString(configMods(w.a.opts, os.Getenv))
+	defer C.free(unsafe.Pointer(mods))
+	var errbuf [256]C.char
+	var c *C.kvx_worker
+	if st := C.kvx_open(&c, mods, &errbuf[0], C.size_t(len(errbuf))); st != ucsOK {
+		return fmt.Errorf("%s", C.GoString(&errbuf[0]))
+	}
+	w.c = c
+	w.evfd = int(c.evfd)
+	w.file = os.NewFile(uintptr(c.epfd), "ucx-worker-epoll")
+	raw, err := w.file.SyscallConn()
+	if err != nil {
+		w.file.Close()
+		C.kvx_close_worker(c)
+		return fmt.Errorf("epoll fd: %w", err)
+	}
+	w.raw = raw
+	worker := C.GoBytes(unsafe.Pointer(c.addr), C.int(c.addr_len))
+	w.a.addr = address{id: w.a.id, worker: worker}.encode()
+	w.a.memTypes = uint64(c.mem_types)
+	return nil
+}
+
+// loop is the progress loop: take requests, progress UCX, handle its
+// events; poll on for a short spin after the last work, then sleep on the
+// worker's event fd (armed) until UCX or a submit wakes it.
+func (w *worker) loop() {
+	last := time.Now()
+	for !w.done {
+		n := w.drain()
+		n += w.poll()
+		w.now = time.Now()
+		w.advance()
+		if n > 0 {
+			last = w.now
+			continue
+		}
+		idle := w.now.Sub(last)
+		if w.busy() {
+			if idle >= w.a.opts.busySpin {
+				w.park(time.Millisecond)
+			}
+		} else if idle >= w.a.opts.spin {
+			w.park(w.a.opts.tick)
+		}
+	}
+}
+
+// busy reports operations in flight: the loop then sleeps at most 1ms and
+// checks deadlines.
+func (w *worker) busy() bool {
+	return len(w.flushes) > 0 || len(w.closes) > 0 || len(w.closing) > 0 ||
+		len(w.replies) > 0 || w.linkTimers > 0 || w.shutdown != nil
+}
+
+// park sleeps until the worker's epoll fd is readable (a UCP event or a
+// submit's eventfd write) or timeout.
+func (w *worker) park(timeout time.Duration) {
+	w.parked.Store(true)
+	w.mu.Lock()
+	pending := len(w.reqs) > 0
+	w.mu.Unlock()
+	if pending || C.kvx_arm(w.c) != ucsOK {
+		w.parked.Store(false)
+		return
+	}
+	w.file.SetReadDeadline(time.Now().Add(timeout))
+	w.raw.Read(w.waitFn) // error: the deadline passed
+	w.parked.Store(false)
+	var buf [8]byte
+	syscall.Read(w.evfd, buf[:]) // reset the eventfd (EAGAIN if a poll woke us)
+}
+
+func (w *worker) newID() uint64 {
+	w.nextID++
+	return w.nextID
+}
+
+// drain handles every queued request, then flushes the endpoints that got
+// writes.
+func (w *worker) drain() int {
+	w.mu.Lock()
+	reqs := w.reqs
+	if len(reqs) == 0 {
+		w.mu.Unlock()
+		return 0
+	}
+	w.reqs = w.spare[:0]
+	w.mu.Unlock()
+	issued, bytes := 0, uint64(0)
+	for i := range reqs {
+		r := &reqs[i]
+		if r.kind == reqPost {
+			bytes += w.issue(r.ep, r.ent)
+			if issued++; issued == roundBatches || bytes >= roundBytes {
+				// Complete what is done so far: the poster refills its
+				// window while the rest is written.
+				issued, bytes = 0, 0
+				w.flushGroups()
+				w.signalTouched()
+			}
+		} else {
+			w.handle(r)
+		}
+		*r = request{}
+	}
+	w.spare = reqs[:0]
+	w.flushGroups()
+	return len(reqs)
+}
+
+// roundBatches and roundBytes bound what the progress goroutine posts
+// before it flushes it and hands the completions on.
+const (
+	roundBatches = 32
+	roundBytes   = 32 << 20
+)
+
+// smallBatch is the most bytes a batch posted with the others of its round
+// in one cgo call may carry.
+const smallBatch = 256 << 10
+
+func (w *worker) handle(r *request) {
+	switch r.kind {
+	case reqConnect:
+		w.connect(r.call)
+	case reqRegister:
+		w.register(r.call)
+	case reqDeregister:
+		w.deregister(r.call)
+	case reqCloseEndpoint:
+		w.startClose(r.ep.u, fmt.Errorf("%s: %w", r.ep.name, rdma.ErrEndpointClosed), true)
+	case reqCloseAgent:
+		w.beginShutdown(r.call)
+	case reqAlloc:
+		w.alloc(r.call)
+	case reqFree:
+		w.free(r.call)
+	}
+}
+
+// poll progresses UCX and handles the events its callbacks recorded.
+func (w *worker) poll() int {
+	total := 0
+	for {
+		k := int(C.kvx_poll(w.c, 64, &w.evbuf[0], C.size_t(len(w.evbuf)), &w.cprogressed))
+		total += int(w.cprogressed) + k
+		for i := range k {
+			w.event(&w.evbuf[i])
+		}
+		if k < len(w.evbuf) {
+			return total
+		}
+	}
+}
+
+func (w *worker) event(ev *C.kvx_event) {
+	id, st := uint64(ev.id), C.ucs_status_t(ev.status)
+	switch ev.kind {
+	case C.KVX_EV_FLUSH:
+		w.onFlush(id, st)
+	case C.KVX_EV_CLOSE:
+		if u := w.closes[id]; u != nil {
+			delete(w.closes, id)
+			w.closedUEP(u)
+		}
+	case C.KVX_EV_EPERR:
+		w.onError(id, st)
+	case C.KVX_EV_AM:
+		b := C.GoBytes(ev.data, C.int(ev.len))
+		C.free(ev.data)
+		w.onMessage(b)
+	}
+}
+
+// advance moves closes, links, deregistrations and the shutdown on, checks
+// deadlines, and wakes the dispatchers of endpoints with completions.
+func (w *worker) advance() {
+	if len(w.closing) > 0 {
+		w.advanceCloses()
+	}
+	if w.busy() && !w.now.Before(w.nextTimers) {
+		w.nextTimers = w.now.Add(time.Millisecond)
+		w.checkTimers()
+	}
+	for w.dirty {
+		w.dirty = false
+		w.stepLinks()
+		if w.shutdown != nil {
+			w.stepShutdown()
+		}
+		if len(w.closing) > 0 {
+			w.advanceCloses()
+		}
+	}
+	w.signalTouched()
+}
+
+// signalTouched wakes the dispatchers of endpoints with completions.
+func (w *worker) signalTouched() {
+	for i, e := range w.touched {
+		e.signal()
+		w.touched[i] = nil
+	}
+	w.touched = w.touched[:0]
+	w.round++
+}
+
+func (w *worker) touch(e *endpoint) {
+	if e.round != w.round {
+		e.round = w.round
+		w.touched = append(w.touched, e)
+	}
+}
+
+// ---- Batches ----
+
+// issue posts a batch's puts, and returns how many bytes they carry; the
+// round's flush of its endpoint completes it.
+func (w *worker) issue(e *endpoint, ent *entry) uint64 {
+	u := e.u
+	switch {
+	case u.closing || u.closed:
+		w.finish(ent, u.reason)
+		return 0
+	case e.closing.Load():
+		w.finish(ent, fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed))
+		return 0
+	}
+	rk, err := w.rkey(u, ent.key)
+	if err != nil {
+		w.finish(ent, err)
+		return 0
+	}
+	var bytes uint64
+	segs := ent.batch.Segments
+	for _, s := range segs {
+		bytes += s.Len
+	}
+	switch {
+	case len(segs) == 0:
+	case bytes <= smallBatch && len(w.pending) < cap(w.pending):
+		// Small: posted with the others of the round in one cgo call.
+		off := len(w.segs)
+		for _, s := range segs {
+			w.segs = append(w.segs, C.kvx_seg{src: C.uint64_t(s.Src), dst: C.uint64_t(s.Dst), len: C.uint64_t(s.Len)})
+		}
+		w.descs = append(w.descs, C.kvx_put_desc{ep: u.h, rkey: rk, memh: ent.src.memh,
+			lbase: C.uint64_t(ent.src.region.Base), rbase: C.uint64_t(ent.key.base), off: C.uint32_t(off), n: C.uint32_t(len(segs))})
+		w.pending = append(w.pending, ent)
+	default:
+		w.putPending() // in order with the ones before
+		if i, st := w.put(u.h, rk, ent, segs); i >= 0 {
+			ent.err = &rdma.SegmentError{Index: i, Segment: segs[i],
+				Err: fmt.Errorf("%s: ucp_put_nbx: %w", e.name, w.statusErr(u, st))}
+		}
+	}
+	if u.group == nil {
+		u.group = w.getEnts()
+		w.grouped = append(w.grouped, u)
+	}
+	u.group = append(u.group, ent)
+	return bytes
+}
+
+// putPending posts the round's small batches, in one cgo call.
+func (w *worker) putPending() {
+	n := len(w.pending)
+	if n == 0 {
+		return
+	}
+	C.kvx_put_many(&w.descs[0], C.size_t(n), &w.segs[0], &w.fails[0], &w.sts[0])
+	for i, ent := range w.pending {
+		if f := int(w.fails[i]); f >= 0 {
+			u, segs := ent.ep.u, ent.batch.Segments
+			ent.err = &rdma.SegmentError{Index: f, Segment: segs[f],
+				Err: fmt.Errorf("%s: ucp_put_nbx: %w", ent.ep.name, w.statusErr(u, C.ucs_status_t(w.sts[i])))}
+		}
+		w.pending[i] = nil
+	}
+	w.pending, w.descs, w.segs = w.pending[:0], w.descs[:0], w.segs[:0]
+}
+
+// put posts segs: runs of segments of at most putRun bytes in one cgo call
+// each, a larger segment in putChunk pieces, one call each. A long cgo call
+// lets the scheduler hand the goroutine's P to another thread (it counts as
+// a system call), and the locked goroutine then waits for one to come back.
+// It returns the index of the first segment UCX refused, or -1.
+func (w *worker) put(h C.ucp_ep_h, rk C.ucp_rkey_h, ent *entry, segs []kvcache.Segment) (int, C.ucs_status_t) {
+	lbase, rbase := C.uint64_t(ent.src.region.Base), C.uint64_t(ent.key.base)
+	for first := 0; first < len(segs); {
+		n, bytes := 0, uint64(0)
+		for first+n < len(segs) && (n == 0 || bytes+segs[first+n].Len <= putRun) {
+			bytes += segs[first+n].Len
+			n++
+		}
+		if n == 1 && bytes > putRun {
+			s := segs[first]
+			for off := uint64(0); off < s.Len; off += putChunk {
+				w.chunk[0] = C.kvx_seg{src: C.uint64_t(s.Src + off), dst: C.uint64_t(s.Dst + off), len: C.uint64_t(min(putChunk, s.Len-off))}
+				if C.kvx_put(h, rk, ent.src.memh, lbase, rbase, &w.chunk[0], 1, &w.cst) >= 0 {
+					return first, w.cst
+				}
+			}
+		} else if i := C.kvx_put(h, rk, ent.src.memh, lbase, rbase, (*C.kvx_seg)(unsafe.Pointer(&segs[first])), C.size_t(n), &w.cst); i >= 0 {
+			return first + int(i), w.cst
+		}
+		first += n
+	}
+	return -1, ucsOK
+}
+
+// putRun bounds the bytes of one cgo call to kvx_put (about 50µs of
+// copying in shared memory); a larger segment goes in putChunk pieces.
+const (
+	putRun   = 2 << 20
+	putChunk = 256 << 10
+)
+
+// rkey returns the endpoint's unpacked rkey for the peer's registration.
+func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
+	if rk, ok := u.rkeys[k.reg]; ok {
+		return rk, nil
+	}
+	var rk C.ucp_rkey_h
+	if st := C.kvx_rkey_unpack(u.h, unsafe.Pointer(&k.rkey[0]), &rk); st != ucsOK {
+		return nil, fmt.Errorf("%s: %w: ucp_ep_rkey_unpack of registration %d: %s", u.name, rdma.ErrBadKey, k.reg, statusText(st))
+	}
+	u.rkeys[k.reg] = rk
+	return rk, nil
+}
+
+// flushGroups flushes every endpoint that got puts this round: the flush
+// completes, in UCX's terms remotely, every put posted before it.
+func (w *worker) flushGroups() {
+	w.putPending()
+	for i, u := range w.grouped {
+		w.grouped[i] = nil
+		ents := u.group
+		u.group = nil
+		id := w.newID()
+		if C.kvx_flush(w.c, u.h, C.uint64_t(id), &w.cst) == 0 {
+			w.completeGroup(u, ents, w.statusErr(u, w.cst))
+			continue
+		}
+		op := w.getOp()
+		op.u, op.ents = u, ents
+		w.flushes[id] = op
+		u.flushes++
+	}
+	w.grouped = w.grouped[:0]
+}
+
+func (w *worker) onFlush(id uint64, st C.ucs_status_t) {
+	op := w.flushes[id]
+	if op == nil {
+		return // its endpoint closed first and failed its batches
+	}
+	delete(w.flushes, id)
+	op.u.flushes--
+	if op.ents != nil {
+		w.completeGroup(op.u, op.ents, w.statusErr(op.u, st))
+	}
+	*op = flushOp{}
+	w.opPool = append(w.opPool, op)
+}
+
+// completeGroup completes batches that were flushed together; a batch that
+// already failed keeps its error.
+func (w *worker) completeGroup(u *uep, ents []*entry, err error) {
+	if len(ents) > 0 {
+		e := ents[0].ep
+		e.mu.Lock()
+		for _, ent := range ents {
+			if !ent.done {
+				if ent.err == nil {
+					ent.err = err
+				}
+				ent.done = true
+			}
+		}
+		e.mu.Unlock()
+		w.touch(e)
+	}
+	clear(ents)
+	w.entPool = append(w.entPool, ents[:0])
+}
+
+// finish completes a batch that was never issued.
+func (w *worker) finish(ent *entry, err error) {
+	e := ent.ep
+	e.mu.Lock()
+	if !ent.done {
+		if ent.err == nil {
+			ent.err = err
+		}
+		ent.done = true
+	}
+	e.mu.Unlock()
+	w.touch(e)
+}
+
+func (w *worker) getEnts() []*entry {
+	if n := len(w.entPool); n > 0 {
+		s := w.entPool[n-1]
+		w.entPool = w.entPool[:n-1]
+		return s
+	}
+	return make([]*entry, 0, 16)
+}
+
+func (w *worker) getOp() *flushOp {
+	if n := len(w.opPool); n > 0 {
+		op := w.opPool[n-1]
+		w.opPool = w.opPool[:n-1]
+		return op
+	}
+	return new(flushOp)
+}
+
+// statusErr turns a completion status into the error of the batches it
+// completes.
+func (w *worker) statusErr(u *uep, st C.ucs_status_t) error {
+	switch {
+	case st == ucsOK:
+		return nil
+	case st == ucsCanceled && u.reason != nil:
+		return u.reason
+	case st == ucsCanceled:
+		return fmt.Errorf("%s: %w", u.name, rdma.ErrEndpointClosed)
+	case u.failed != nil:
+		return u.failed
+	}
+	return fmt.Errorf("%s: %w: %s", u.name, rdma.ErrPeerGone, statusText(st))
+}
+
+// ---- Endpoints ----
+
+func (w *worker) createEP(l *link, name string) (*uep, error) {
+	id := w.newID()
+	var h C.ucp_ep_h
+	var ctx unsafe.Pointer
+	addr := l.addr.worker
+	if st := C.kvx_ep_create(w.c, unsafe.Pointer(&addr[0]), C.uint64_t(id), &h, &ctx); st != ucsOK {
+		return nil, fmt.Errorf("%s: %w: ucp_ep_create: %s", name, rdma.ErrPeerGone, statusText(st))
+	}
+	u := &uep{id: id, h: h, ctx: ctx, name: name, link: l, rkeys: make(map[uint64]C.ucp_rkey_h)}
+	w.ueps[id] = u
+	return u, nil
+}
+
+func (w *worker) onError(id uint64, st C.ucs_status_t) {
+	u := w.ueps[id]
+	if u == nil || u.closed {
+		return
+	}
+	err := fmt.Errorf("%s: %w: UCX reports the endpoint failed: %s", u.name, rdma.ErrPeerGone, statusText(st))
+	if u.failed == nil {
+		u.failed = err
+	}
+	if e := u.ep; e != nil {
+		e.setState(epFailed, err)
+	} else if u.link.u == u {
+		w.failLink(u.link, err)
+	}
+	w.startClose(u, err, false)
+}
+
+// startClose closes u once its flushes completed (wait) or at once; the
+// close itself is forced (ucp_ep_close_nbx with UCP_EP_CLOSE_FLAG_FORCE).
+func (w *worker) startClose(u *uep, reason error, wait bool) {
+	if u == nil || u.closed {
+		return
+	}
+	if !u.closing {
+		u.closing, u.reason = true, reason
+		u.deadline = time.Now().Add(w.a.opts.close)
+		w.closing = append(w.closing, u)
+	}
+	if !wait {
+		u.force = true
+	}
+}
+
+func (w *worker) advanceCloses() {
+	list := w.closing
+	w.closing = nil
+	for _, u := range list {
+		if !u.closed && u.closeID == 0 && (u.force || (u.flushes == 0 && u.group == nil)) {
+			w.closeNow(u)
+		}
+		if !u.closed {
+			w.closing = append(w.closing, u)
+		}
+	}
+}
+
+func (w *worker) closeNow(u *uep) {
+	for reg, rk := range u.rkeys {
+		C.kvx_rkey_destroy(rk)
+		delete(u.rkeys, reg)
+	}
+	id := w.newID()
+	var st C.ucs_status_t
+	if C.kvx_close(w.c, u.h, C.uint64_t(id), &st) == 0 {
+		w.closedUEP(u)
+		return
+	}
+	u.closeID = id
+	w.closes[id] = u
+}
+
+// closedUEP: the UCP endpoint is gone; whatever it had in flight fails.
+func (w *worker) closedUEP(u *uep) {
+	u.closed, u.closeID = true, 0
+	reason := u.reason
+	if reason == nil {
+		reason = fmt.Errorf("%s: %w", u.name, rdma.ErrEndpointClosed)
+	}
+	for id, op := range w.flushes {
+		if op.u == u {
+			delete(w.flushes, id)
+			if op.ents != nil {
+				w.completeGroup(u, op.ents, reason)
+			}
+		}
+	}
+	u.flushes = 0
+	C.kvx_ep_ctx_free(u.ctx)
+	u.ctx = nil
+	delete(w.ueps, u.id)
+	if e := u.ep; e != nil {
+		delete(u.link.eps, u)
+		e.mu.Lock()
+		e.ucpClosed = true
+		e.mu.Unlock()
+		w.touch(e)
+	} else if u.link.u == u {
+		u.link.u = nil
+	}
+	w.dirty = true
+}
+
+// checkTimers fails handshakes, byes, closes and deregistrations whose
+// deadline passed.
+func (w *worker) checkTimers() {
+	now := w.now
+	for _, l := range w.links {
+		if l.u != nil && !l.deadline.IsZero() && now.After(l.deadline) && l.getState() == linkConnecting {
+			w.failLink(l, fmt.Errorf("%w: agent %s did not answer the hello within %v", rdma.ErrPeerGone, l.peer, w.a.opts.handshake))
+		}
+		if l.byeReq != 0 && now.After(l.byeBy) {
+			l.byeReq = 0
+			w.dirty = true
+		}
+	}
+	for _, u := range w.closing {
+		if !u.force && now.After(u.deadline) {
+			u.force = true
+		}
+	}
+	for _, op := range append([]*deregOp(nil), w.deregs...) {
+		if now.After(op.deadline) {
+			w.advanceDereg(op, true)
+		}
+	}
+}

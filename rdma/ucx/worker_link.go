@@ -1,0 +1,561 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// ---- Links: hello, welcome, bye ----
+
+func (w *worker) connect(c *call) {
+	if w.shutdown != nil {
+		c.reply(fmt.Errorf("%s: connect: %w", w.a, rdma.ErrAgentClosed))
+		return
+	}
+	l := w.links[c.addr.id]
+	if l == nil {
+		var err error
+		if l, err = w.newLink(c.addr); err != nil {
+			c.reply(fmt.Errorf("%s: connect: %w", w.a, err))
+			return
+		}
+		l.deadline = time.Now().Add(w.a.opts.handshake)
+		w.send(l, w.hello(msgHello, 0))
+		w.dirty = true
+	}
+	switch l.getState() {
+	case linkUp:
+		w.openEndpoint(l, c)
+	case linkConnecting:
+		l.waiters = append(l.waiters, c)
+	default:
+		c.reply(fmt.Errorf("%s: connect to agent %s: %w", w.a, l.peer, l.errOr()))
+	}
+}
+
+// newLink creates the link to a peer agent and its control endpoint.
+func (w *worker) newLink(pa address) (*link, error) {
+	l := newLink(pa, fmt.Sprintf("%s → agent %s", w.a, pa.id))
+	u, err := w.createEP(l, l.name+" (control)")
+	if err != nil {
+		return nil, err
+	}
+	l.u = u
+	w.links[pa.id] = l
+	return l, nil
+}
+
+func (w *worker) openEndpoint(l *link, c *call) {
+	name := fmt.Sprintf("ucx endpoint %d of %s", w.nextID+1, l.name)
+	u, err := w.createEP(l, name)
+	if err != nil {
+		c.reply(err)
+		return
+	}
+	e := newEndpoint(w.a, l, name)
+	u.ep, e.u = e, u
+	l.eps[u] = struct{}{}
+	w.a.adopt(e)
+	c.ep = e
+	c.reply(nil)
+}
+
+// hello is this agent's hello or welcome: its secret, address and live
+// registrations.
+func (w *worker) hello(kind msgKind, req uint64) *message {
+	m := &message{kind: kind, req: req, from: w.a.id, secret: w.a.secret, addr: w.a.addr, nextReg: w.nextReg + 1}
+	for id, r := range w.regs {
+		if r.state.Load() == regLive {
+			m.live = append(m.live, id)
+		}
+	}
+	return m
+}
+
+// send sends a control message on the link's control endpoint.
+func (w *worker) send(l *link, m *message) bool {
+	u := l.u
+	if u == nil || u.closing || u.closed {
+		return false
+	}
+	b := m.encode()
+	if st := C.kvx_am_send(u.h, unsafe.Pointer(&b[0]), C.size_t(len(b))); st != ucsOK && st != C.UCS_INPROGRESS {
+		w.failLink(l, fmt.Errorf("%s: %w: sending %s: %s", l.name, rdma.ErrPeerGone, m.kind, statusText(st)))
+		return false
+	}
+	return true
+}
+
+func (w *worker) onMessage(b []byte) {
+	m, err := decodeMessage(b)
+	if err != nil {
+		w.dropped++
+		return
+	}
+	l := w.links[m.from]
+	if m.kind == msgHello {
+		w.onHello(m, l)
+		return
+	}
+	if l == nil {
+		w.dropped++
+		return
+	}
+	switch m.kind {
+	case msgWelcome:
+		w.linkUp(l, m)
+	case msgRevoke:
+		ok := l.revoke(m.reg)
+		if ok {
+			for u := range l.eps {
+				if rk, found := u.rkeys[m.reg]; found {
+					C.kvx_rkey_destroy(rk)
+					delete(u.rkeys, m.reg)
+				}
+			}
+		}
+		w.send(l, &message{kind: msgReply, req: m.req, from: w.a.id, ok: ok})
+	case msgRestore:
+		l.restore(m.reg)
+		w.send(l, &message{kind: msgReply, req: m.req, from: w.a.id, ok: true})
+	case msgReply:
+		w.onReply(l, m)
+	case msgBye:
+		w.onBye(l, m)
+	case msgByeAck:
+		if m.req != 0 && l.byeReq == m.req {
+			l.byeReq = 0
+			w.dirty = true
+		}
+	}
+}
+
+func (w *worker) onHello(m *message, l *link) {
+	if w.shutdown != nil {
+		return // the peer's Connect times out: this agent is going away
+	}
+	pa, err := parseAddress(m.addr)
+	if err != nil || pa.id != m.from {
+		w.dropped++
+		return
+	}
+	if l == nil {
+		if l, err = w.newLink(pa); err != nil {
+			return
+		}
+	}
+	if st := l.getState(); st == linkLeft || st == linkFailed {
+		return
+	}
+	w.send(l, w.hello(msgWelcome, m.req))
+	w.linkUp(l, m)
+}
+
+// linkUp takes the peer's hello or welcome and opens the endpoints that
+// waited for it.
+func (w *worker) linkUp(l *link, m *message) {
+	l.learn(m)
+	if l.getState() != linkUp {
+		return
+	}
+	for _, c := range l.waiters {
+		w.openEndpoint(l, c)
+	}
+	l.waiters = nil
+	w.dirty = true
+}
+
+// onBye: the peer is closing. Close the endpoints to it (after their
+// writes are acknowledged), then acknowledge (stepLinks).
+func (w *worker) onBye(l *link, m *message) {
+	err := fmt.Errorf("%w: agent %s closed", rdma.ErrPeerGone, l.peer)
+	if l.setState(linkLeft, err) {
+		for _, c := range l.waiters {
+			c.reply(fmt.Errorf("%s: connect: %w", w.a, err))
+		}
+		l.waiters = nil
+		for u := range l.eps {
+			u.ep.setState(epLeft, err)
+			w.startClose(u, fmt.Errorf("%s: %w", u.name, err), true)
+		}
+		w.peerGone(l)
+	}
+	l.ackTo, l.ackDue = m.req, true
+	w.dirty = true
+}
+
+// failLink: the peer is unreachable (its control endpoint failed, or it
+// never answered). Its endpoints are forced closed.
+func (w *worker) failLink(l *link, err error) {
+	l.setState(linkFailed, err)
+	for _, c := range l.waiters {
+		c.reply(fmt.Errorf("%s: connect: %w", w.a, err))
+	}
+	l.waiters = nil
+	for u := range l.eps {
+		u.ep.setState(epFailed, err)
+		w.startClose(u, fmt.Errorf("%s: %w", u.name, err), false)
+	}
+	w.startClose(l.u, err, false)
+	l.byeReq, l.ackDue = 0, false
+	w.peerGone(l)
+	w.dirty = true
+}
+
+// stepLinks acknowledges byes whose endpoints have closed and counts the
+// links with a deadline.
+func (w *worker) stepLinks() {
+	w.linkTimers = 0
+	for _, l := range w.links {
+		if l.ackDue && len(l.eps) == 0 {
+			l.ackDue = false
+			w.send(l, &message{kind: msgByeAck, req: l.ackTo, from: w.a.id})
+			if w.shutdown == nil {
+				w.closeLink(l)
+			}
+		}
+		if (l.u != nil && l.getState() == linkConnecting) || l.byeReq != 0 {
+			w.linkTimers++
+		}
+	}
+}
+
+// closeLink closes the control endpoint once what was sent on it is
+// delivered.
+func (w *worker) closeLink(l *link) {
+	u := l.u
+	if u == nil || u.closing || u.closed {
+		return
+	}
+	id := w.newID()
+	var st C.ucs_status_t
+	if C.kvx_flush(w.c, u.h, C.uint64_t(id), &st) != 0 {
+		op := w.getOp()
+		op.u = u
+		w.flushes[id] = op
+		u.flushes++
+	}
+	w.startClose(u, fmt.Errorf("%s: %w", l.name, rdma.ErrEndpointClosed), true)
+}
+
+func (l *link) errOr() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	return rdma.ErrPeerGone
+}
+
+// ---- Registrations ----
+
+func (w *worker) register(c *call) {
+	if w.shutdown != nil {
+		c.reply(fmt.Errorf("%s: register: %w", w.a, rdma.ErrAgentClosed))
+		return
+	}
+	r := c.region
+	reg := &registration{a: w.a, region: r}
+	if al := w.allocs[r.Base]; al != nil && r.Kind == kvcache.HostMem && al.len == r.Len {
+		if al.reg != nil {
+			c.reply(fmt.Errorf("%s: register region at %#x: %w: already registered (registration %d)", w.a, r.Base, rdma.ErrRegionBusy, al.reg.id))
+			return
+		}
+		reg.memh, reg.alloc = al.memh, al
+	} else {
+		mt := C.int(0) // UCS_MEMORY_TYPE_HOST
+		if r.Kind == kvcache.DeviceMem {
+			mt = memTypeCUDA
+		}
+		if st := C.kvx_mem_map(w.c, C.uint64_t(r.Base), C.uint64_t(r.Len), mt, &reg.memh); st != ucsOK {
+			c.reply(fmt.Errorf("%s: register %s region at %#x (%d bytes): %w: ucp_mem_map: %s", w.a, r.Kind, r.Base, r.Len, kvcache.ErrBadRegion, statusText(st)))
+			return
+		}
+	}
+	var buf unsafe.Pointer
+	var n C.size_t
+	if st := C.kvx_rkey_pack(w.c, reg.memh, &buf, &n); st != ucsOK {
+		if reg.alloc == nil {
+			C.kvx_mem_unmap(w.c, reg.memh)
+		}
+		c.reply(fmt.Errorf("%s: register %s region at %#x (%d bytes): ucp_rkey_pack: %s", w.a, r.Kind, r.Base, r.Len, statusText(st)))
+		return
+	}
+	rkey := C.GoBytes(buf, C.int(n))
+	C.kvx_rkey_buffer_release(buf)
+	w.nextReg++
+	reg.id = w.nextReg
+	k := regionKey{owner: w.a.id, reg: reg.id, base: uint64(r.Base), len: r.Len, rkey: rkey}
+	reg.remote = rdma.RemoteRegion{Key: k.encode(w.a.secret[:]), Len: r.Len}
+	if reg.alloc != nil {
+		reg.alloc.reg = reg
+	}
+	w.regs[reg.id] = reg
+	c.reg = reg
+	c.reply(nil)
+}
+
+// unmap releases a registration's UCX mapping (an allocation's memory
+// stays until it is freed).
+func (w *worker) unmap(r *registration) {
+	r.state.Store(regDead)
+	if r.alloc != nil {
+		r.alloc.reg = nil
+	} else if r.memh != nil {
+		C.kvx_mem_unmap(w.c, r.memh)
+	}
+	r.memh = nil
+	delete(w.regs, r.id)
+}
+
+// alloc allocates host memory with UCP_MEM_MAP_ALLOCATE.
+func (w *worker) alloc(c *call) {
+	if w.shutdown != nil {
+		c.reply(fmt.Errorf("%s: alloc: %w", w.a, rdma.ErrAgentClosed))
+		return
+	}
+	al := &allocation{len: c.size}
+	var p unsafe.Pointer
+	if st := C.kvx_mem_alloc(w.c, C.uint64_t(c.size), &al.memh, &p); st != ucsOK {
+		c.reply(fmt.Errorf("%s: alloc %d bytes: ucp_mem_map(UCP_MEM_MAP_ALLOCATE): %s", w.a, c.size, statusText(st)))
+		return
+	}
+	r, err := kvcache.ExternalHostRegion(p, c.size)
+	if err != nil {
+		C.kvx_mem_unmap(w.c, al.memh)
+		c.reply(err)
+		return
+	}
+	al.base = r.Base
+	w.allocs[al.base] = al
+	c.region = r
+	c.reply(nil)
+}
+
+// free releases an allocation that no registration uses.
+func (w *worker) free(c *call) {
+	al := w.allocs[c.region.Base]
+	switch {
+	case al == nil:
+		c.reply(nil) // freed already, or by the agent's Close
+	case al.reg != nil:
+		c.reply(fmt.Errorf("%s: free region at %#x: %w: registration %d uses it (deregister it first)", w.a, al.base, rdma.ErrRegionBusy, al.reg.id))
+	default:
+		C.kvx_mem_unmap(w.c, al.memh)
+		delete(w.allocs, al.base)
+		c.reply(nil)
+	}
+}
+
+// deregister revokes the registration at every peer (each refuses while
+// batches of its are in flight into it), then unmaps it.
+func (w *worker) deregister(c *call) {
+	r := c.reg
+	switch {
+	case w.regs[r.id] != r:
+		c.reply(fmt.Errorf("%s: deregister registration %d: %w: already deregistered", w.a, r.id, rdma.ErrUnregistered))
+		return
+	case r.state.Load() == regRevoking:
+		c.reply(fmt.Errorf("%s: deregister registration %d: %w: a deregistration is in progress", w.a, r.id, rdma.ErrRegionBusy))
+		return
+	case !r.tryRevoke():
+		c.reply(fmt.Errorf("%s: deregister registration %d: %w: %d batches of this agent read it", w.a, r.id, rdma.ErrRegionBusy, r.busy.Load()))
+		return
+	}
+	op := &deregOp{reg: r, c: c, waiting: make(map[*link]uint64), deadline: time.Now().Add(w.a.opts.revoke)}
+	w.deregs = append(w.deregs, op)
+	w.ask(op, msgRevoke)
+	w.advanceDereg(op, false)
+}
+
+// ask sends a revoke or restore to every peer that may hold the key.
+func (w *worker) ask(op *deregOp, kind msgKind) {
+	for _, l := range w.links {
+		if st := l.getState(); st != linkUp && st != linkConnecting {
+			continue
+		}
+		req := w.newID()
+		if w.send(l, &message{kind: kind, req: req, from: w.a.id, reg: op.reg.id}) {
+			op.waiting[l] = req
+			w.replies[req] = op
+		}
+	}
+}
+
+func (w *worker) onReply(l *link, m *message) {
+	op := w.replies[m.req]
+	if op == nil || op.waiting[l] != m.req {
+		return
+	}
+	delete(w.replies, m.req)
+	delete(op.waiting, l)
+	if !m.ok && !op.restore && op.busy == "" {
+		op.busy = fmt.Sprintf("agent %s has batches in flight into it", l.peer)
+	}
+	w.advanceDereg(op, false)
+}
+
+// peerGone: a peer that left or failed writes no more; it answers nothing.
+func (w *worker) peerGone(l *link) {
+	for _, op := range append([]*deregOp(nil), w.deregs...) {
+		if req, ok := op.waiting[l]; ok {
+			delete(op.waiting, l)
+			delete(w.replies, req)
+			w.advanceDereg(op, false)
+		}
+	}
+}
+
+func (w *worker) advanceDereg(op *deregOp, timedOut bool) {
+	if len(op.waiting) > 0 {
+		if !timedOut {
+			return
+		}
+		for l, req := range op.waiting {
+			delete(w.replies, req)
+			if op.busy == "" {
+				op.busy = fmt.Sprintf("agent %s did not answer within %v", l.peer, w.a.opts.revoke)
+			}
+		}
+		clear(op.waiting)
+	}
+	r := op.reg
+	if !op.restore {
+		if op.busy == "" {
+			w.unmap(r)
+			w.endDereg(op, nil)
+			return
+		}
+		r.state.Store(regLive)
+		op.restore = true
+		op.deadline = time.Now().Add(w.a.opts.revoke)
+		w.ask(op, msgRestore)
+		if len(op.waiting) > 0 {
+			return
+		}
+	}
+	w.endDereg(op, fmt.Errorf("%s: deregister registration %d: %w: %s", w.a, r.id, rdma.ErrRegionBusy, op.busy))
+}
+
+func (w *worker) endDereg(op *deregOp, err error) {
+	for i, o := range w.deregs {
+		if o == op {
+			w.deregs = append(w.deregs[:i], w.deregs[i+1:]...)
+			break
+		}
+	}
+	op.c.reply(err)
+}
+
+// ---- Shutdown ----
+
+// beginShutdown starts Agent.Close: close every endpoint, then say bye to
+// every peer and wait for the acknowledgements, then close the control
+// endpoints, then tear down (stepShutdown).
+func (w *worker) beginShutdown(c *call) {
+	w.shutdown = c
+	for _, l := range w.links {
+		for _, wc := range l.waiters {
+			wc.reply(fmt.Errorf("%s: connect: %w", w.a, rdma.ErrAgentClosed))
+		}
+		l.waiters = nil
+	}
+	for _, op := range w.deregs {
+		for _, req := range op.waiting {
+			delete(w.replies, req)
+		}
+		if op.restore {
+			op.reg.state.Store(regLive)
+		}
+		op.c.reply(fmt.Errorf("%s: deregister registration %d: %w", w.a, op.reg.id, rdma.ErrAgentClosed))
+	}
+	w.deregs = nil
+	for _, u := range w.ueps {
+		if e := u.ep; e != nil {
+			e.requestClose()
+			w.startClose(u, fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed), true)
+		}
+	}
+	w.shutPhase = 1
+	w.dirty = true
+}
+
+func (w *worker) stepShutdown() {
+	if w.shutPhase == 1 {
+		for _, u := range w.ueps {
+			if u.ep != nil {
+				return
+			}
+		}
+		for _, l := range w.links {
+			if l.getState() != linkUp {
+				continue
+			}
+			req := w.newID()
+			if w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) {
+				l.byeReq, l.byeBy = req, time.Now().Add(w.a.opts.revoke)
+			}
+		}
+		w.shutPhase = 2
+		w.stepLinks()
+	}
+	if w.shutPhase == 2 {
+		for _, l := range w.links {
+			if l.byeReq != 0 || (l.ackDue && l.u != nil && !l.u.closing) {
+				return
+			}
+		}
+		for _, l := range w.links {
+			w.closeLink(l)
+		}
+		w.shutPhase = 3
+		w.advanceCloses()
+	}
+	if w.shutPhase == 3 && len(w.ueps) == 0 {
+		w.done = true
+	}
+}
+
+// teardown unmaps every registration and destroys the worker and context.
+func (w *worker) teardown() {
+	for _, r := range w.regs {
+		w.unmap(r)
+	}
+	for base, al := range w.allocs {
+		C.kvx_mem_unmap(w.c, al.memh)
+		delete(w.allocs, base)
+	}
+	w.mu.Lock()
+	w.exited = true
+	late := w.reqs
+	w.reqs = nil
+	w.mu.Unlock()
+	for _, r := range late {
+		switch r.kind {
+		case reqConnect, reqRegister, reqAlloc:
+			r.call.reply(fmt.Errorf("%s: %w", w.a, rdma.ErrAgentClosed))
+		case reqFree:
+			r.call.reply(nil)
+		case reqPost: // not reached: every endpoint closed before the loop ended
+			w.finish(r.ent, fmt.Errorf("%s: %w", r.ep.name, rdma.ErrEndpointClosed))
+			r.ep.signal()
+		case reqDeregister:
+			r.call.reply(fmt.Errorf("%s: deregister: %w: the agent closed", w.a, rdma.ErrUnregistered))
+		}
+	}
+	C.kvx_close_worker(w.c)
+	w.c = nil
+	w.file.Close()
+	w.shutdown.reply(nil)
+}
