@@ -67,7 +67,10 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		return nil, fmt.Errorf("register pool region: %w", err)
 	}
 	zl := cfg.Log
-	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+	// Dead letters (a late completion or timer aimed at a stopped session)
+	// start protoactor's log throttle, a goroutine that lives one throttle
+	// interval: keep it short so that a closed engine leaves nothing behind.
+	sys := actor.NewActorSystem(actor.WithDeadLetterThrottleInterval(10*time.Millisecond), actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
 	}))
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}

@@ -33,11 +33,11 @@
 // more than 2 MiB, so that the scheduler does not hand the locked
 // goroutine's P to another thread during a long copy), then, for every
 // endpoint that got puts, one ucp_ep_flush_nbx (every 32 batches or 32 MiB,
-// and at the end of each round of requests). A batch is
-// done when that flush completes — in UCX's terms remotely: its bytes are
-// in the peer's memory — or with the first error: a put refused (a
-// *rdma.SegmentError naming the segment), the flush failing (rdma.ErrPeerGone
-// when UCX reports the endpoint failed), or the endpoint closing first. Each
+// and at the end of each round of requests). A batch is done when that
+// flush completes — in UCX's terms remotely: its bytes are in the peer's
+// memory — or with the first error: a put refused (a *rdma.SegmentError
+// naming the segment), the flush failing (rdma.ErrPeerGone when UCX reports
+// the endpoint failed), or the endpoint closing first. Each
 // endpoint has a dispatcher goroutine that runs Done and Flush callbacks in
 // post order; it spins briefly (yielding) after a callback before it
 // blocks, so a stream of completions costs no thread wakeups. A batch stops

@@ -125,7 +125,10 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	ent := e.newEntry()
 	ent.batch, ent.src, ent.key = b, src, k
 	e.push(ent)
-	if !e.a.w.submit(request{kind: reqPost, ep: e, ent: ent}) {
+	// What the progress goroutine needs to post the batch travels in the
+	// request, which it reads in order, rather than in the entry, which
+	// this goroutine has just written.
+	if !e.a.w.submit(request{kind: reqPost, ep: e, ent: ent, src: src, key: k, segs: b.Segments}) {
 		// The agent's worker has stopped: it closed this endpoint, so
 		// closeReq was set above. Not reached; undo all the same.
 		e.fifo = e.fifo[:len(e.fifo)-1]

@@ -23,7 +23,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		spin:      50 * time.Microsecond,
-		busySpin:  200 * time.Microsecond,
+		busySpin:  50 * time.Microsecond,
 		tick:      time.Second,
 		keepalive: time.Second,
 		close:     10 * time.Second,
@@ -36,7 +36,9 @@ func defaultOptions() options {
 // WithSpin sets how long the progress goroutine keeps polling after its
 // last piece of work before it sleeps on the worker's event fd: idle is the
 // figure with nothing outstanding, busy with operations in flight (default
-// 50µs and 200µs). Zero sleeps at once.
+// 50µs each). Zero sleeps at once. On a machine with few cores, spinning
+// takes time from the threads that do the work (the peer's, in one
+// process); on a dedicated core it saves a wakeup per burst.
 func WithSpin(idle, busy time.Duration) Option {
 	return func(o *options) { o.spin, o.busySpin = max(idle, 0), max(busy, 0) }
 }

@@ -246,21 +246,22 @@ void kvx_close_worker(kvx_worker *w)
 		free(w->ev[i].data);
 	}
 	free(w->ev);
+	free(w->segs);
 	free(w);
 }
 
-size_t kvx_poll(kvx_worker *w, unsigned max, kvx_event *out, size_t cap, unsigned *progressed)
+size_t kvx_poll(kvx_worker *w, unsigned max)
 {
 	unsigned n = 0, r;
 	do {
 		r = ucp_worker_progress(w->worker);
 		n += r;
-	} while (r != 0 && --max != 0 && w->nev < cap);
-	*progressed = n;
-	size_t k = w->nev < cap ? w->nev : cap;
-	memcpy(out, w->ev, k * sizeof(*out));
+	} while (r != 0 && --max != 0 && w->nev < KVX_EVENTS);
+	w->progressed = n;
+	size_t k = w->nev < KVX_EVENTS ? w->nev : KVX_EVENTS;
+	memcpy(w->out, w->ev, k * sizeof(*w->out));
 	if (k < w->nev) {
-		memmove(w->ev, w->ev + k, (w->nev - k) * sizeof(*out));
+		memmove(w->ev, w->ev + k, (w->nev - k) * sizeof(*w->ev));
 	}
 	w->nev -= k;
 	return k;
@@ -296,22 +297,22 @@ ucs_status_t kvx_ep_create(kvx_worker *w, const void *addr, uint64_t id, ucp_ep_
 
 void kvx_ep_ctx_free(void *ctx) { free(ctx); }
 
-static int kvx_track(ucs_status_ptr_t r, kvx_op *op, ucs_status_t *st)
+static int kvx_track(kvx_worker *w, ucs_status_ptr_t r, kvx_op *op)
 {
 	if (r == NULL) {
 		free(op);
-		*st = UCS_OK;
+		w->st = UCS_OK;
 		return 0;
 	}
 	if (UCS_PTR_IS_ERR(r)) {
 		free(op);
-		*st = UCS_PTR_STATUS(r);
+		w->st = UCS_PTR_STATUS(r);
 		return 0;
 	}
 	return 1;
 }
 
-int kvx_flush(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st)
+int kvx_flush(kvx_worker *w, ucp_ep_h ep, uint64_t id)
 {
 	kvx_op *op = kvx_op_new(w, KVX_EV_FLUSH, id);
 	ucp_request_param_t p;
@@ -319,10 +320,10 @@ int kvx_flush(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st)
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.cb.send = kvx_op_done;
 	p.user_data = op;
-	return kvx_track(ucp_ep_flush_nbx(ep, &p), op, st);
+	return kvx_track(w, ucp_ep_flush_nbx(ep, &p), op);
 }
 
-int kvx_close(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st)
+int kvx_close(kvx_worker *w, ucp_ep_h ep, uint64_t id)
 {
 	kvx_op *op = kvx_op_new(w, KVX_EV_CLOSE, id);
 	ucp_request_param_t p;
@@ -331,7 +332,7 @@ int kvx_close(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st)
 	p.cb.send = kvx_op_done;
 	p.user_data = op;
 	p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-	return kvx_track(ucp_ep_close_nbx(ep, &p), op, st);
+	return kvx_track(w, ucp_ep_close_nbx(ep, &p), op);
 }
 
 ucs_status_t kvx_am_send(ucp_ep_h ep, const void *buf, size_t len)
@@ -359,8 +360,8 @@ ucs_status_t kvx_am_send(ucp_ep_h ep, const void *buf, size_t len)
 	return UCS_INPROGRESS;
 }
 
-long kvx_put(ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint64_t rbase,
-             const kvx_seg *segs, size_t n, ucs_status_t *st)
+static long kvx_put_segs(ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint64_t rbase,
+                         const kvx_seg *segs, size_t n, ucs_status_t *st)
 {
 	ucp_request_param_t p;
 	memset(&p, 0, sizeof(p));
@@ -388,12 +389,36 @@ long kvx_put(ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint6
 	return -1;
 }
 
-void kvx_put_many(const kvx_put_desc *d, size_t n, const kvx_seg *segs, long *fail, int32_t *st)
+int kvx_segs(kvx_worker *w, size_t n)
+{
+	if (n <= w->segcap) {
+		return 1;
+	}
+	size_t cap = w->segcap ? w->segcap : 64;
+	while (cap < n) {
+		cap *= 2;
+	}
+	kvx_seg *segs = realloc(w->segs, cap * sizeof(*segs));
+	if (segs == NULL) {
+		return 0;
+	}
+	w->segs = segs;
+	w->segcap = cap;
+	return 1;
+}
+
+long kvx_put(kvx_worker *w, ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint64_t rbase, size_t n)
+{
+	return kvx_put_segs(ep, rkey, memh, lbase, rbase, w->segs, n, &w->st);
+}
+
+void kvx_put_many(kvx_worker *w, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
+		const kvx_put_desc *d = &w->descs[i];
 		ucs_status_t s;
-		fail[i] = kvx_put(d[i].ep, d[i].rkey, d[i].memh, d[i].lbase, d[i].rbase, segs + d[i].off, d[i].n, &s);
-		st[i] = (int32_t)s;
+		w->fails[i] = kvx_put_segs(d->ep, d->rkey, d->memh, d->lbase, d->rbase, w->segs + d->off, d->n, &s);
+		w->sts[i] = (int32_t)s;
 	}
 }
 

@@ -30,6 +30,19 @@ typedef struct {
 	uint64_t src, dst, len;
 } kvx_seg;
 
+// kvx_put_desc is one batch's puts for kvx_put_many: segments off..off+n of
+// the worker's segment array.
+typedef struct {
+	ucp_ep_h   ep;
+	ucp_rkey_h rkey;
+	ucp_mem_h  memh;
+	uint64_t   lbase, rbase;
+	uint32_t   off, n;
+} kvx_put_desc;
+
+#define KVX_EVENTS 256 // events moved to Go per kvx_poll
+#define KVX_DESCS  32  // batches per kvx_put_many
+
 typedef struct kvx_worker {
 	ucp_context_h  ctx;
 	ucp_worker_h   worker;
@@ -39,8 +52,19 @@ typedef struct kvx_worker {
 	int            efd;  // UCP's event fd
 	int            evfd; // eventfd other goroutines write to wake the worker
 	int            epfd; // epoll over efd and evfd (owned by Go once opened)
-	kvx_event     *ev;
+	kvx_event     *ev;   // the callbacks' queue
 	size_t         nev, cap;
+
+	// Scratch space the Go side fills and reads, so that the hot calls
+	// take no Go pointer (cgo would check, and box, every one).
+	kvx_event      out[KVX_EVENTS];   // kvx_poll's events
+	unsigned       progressed;        // kvx_poll's progress count
+	ucs_status_t   st;                // kvx_put's, kvx_flush's, kvx_close's status
+	kvx_put_desc   descs[KVX_DESCS];  // kvx_put_many's batches
+	long           fails[KVX_DESCS];  // and their results
+	int32_t        sts[KVX_DESCS];
+	kvx_seg       *segs;              // segments for kvx_put and kvx_put_many
+	size_t         segcap;
 } kvx_worker;
 
 // kvx_open creates a context (RMA, AM, WAKEUP) and a single-threaded worker.
@@ -49,37 +73,31 @@ ucs_status_t kvx_open(kvx_worker **out, const char *mods, char *err, size_t errl
 void kvx_close_worker(kvx_worker *w);
 
 // kvx_poll progresses the worker until it reports nothing (at most max
-// rounds), then moves up to cap events into out. *progressed is the sum of
-// ucp_worker_progress results; the result is the number of events moved.
-size_t kvx_poll(kvx_worker *w, unsigned max, kvx_event *out, size_t cap, unsigned *progressed);
+// rounds), then moves up to KVX_EVENTS events into w->out and returns how
+// many; w->progressed is the sum of ucp_worker_progress results.
+size_t kvx_poll(kvx_worker *w, unsigned max);
 ucs_status_t kvx_arm(kvx_worker *w);
 
 ucs_status_t kvx_ep_create(kvx_worker *w, const void *addr, uint64_t id, ucp_ep_h *ep, void **ctx);
 void kvx_ep_ctx_free(void *ctx);
-// kvx_flush and kvx_close report completion now (returns 0, *st set) or later
-// through an event with id (returns 1).
-int kvx_flush(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st);
-int kvx_close(kvx_worker *w, ucp_ep_h ep, uint64_t id, ucs_status_t *st);
+// kvx_flush and kvx_close report completion now (returns 0, w->st set) or
+// later through an event with id (returns 1).
+int kvx_flush(kvx_worker *w, ucp_ep_h ep, uint64_t id);
+int kvx_close(kvx_worker *w, ucp_ep_h ep, uint64_t id);
 ucs_status_t kvx_am_send(ucp_ep_h ep, const void *buf, size_t len);
 
-// kvx_put_desc is one batch's puts for kvx_put_many: segments off..off+n of
-// the segment array.
-typedef struct {
-	ucp_ep_h   ep;
-	ucp_rkey_h rkey;
-	ucp_mem_h  memh;
-	uint64_t   lbase, rbase;
-	uint32_t   off, n;
-} kvx_put_desc;
 
-// kvx_put_many is kvx_put for n batches in one call; fail[i] and st[i] are
-// batch i's results.
-void kvx_put_many(const kvx_put_desc *d, size_t n, const kvx_seg *segs, long *fail, int32_t *st);
+// kvx_segs makes room for n segments in w->segs; 0 when out of memory.
+int kvx_segs(kvx_worker *w, size_t n);
 
-// kvx_put posts one put per non-empty segment; it returns the index of the
-// first segment that failed to post (*st its status), or -1.
-long kvx_put(ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint64_t rbase,
-             const kvx_seg *segs, size_t n, ucs_status_t *st);
+// kvx_put posts one put per non-empty segment of w->segs[0..n); it returns
+// the index of the first segment that failed to post (w->st its status), or
+// -1.
+long kvx_put(kvx_worker *w, ucp_ep_h ep, ucp_rkey_h rkey, ucp_mem_h memh, uint64_t lbase, uint64_t rbase, size_t n);
+
+// kvx_put_many is kvx_put for the batches w->descs[0..n); w->fails[i] and
+// w->sts[i] are batch i's results.
+void kvx_put_many(kvx_worker *w, size_t n);
 
 ucs_status_t kvx_mem_map(kvx_worker *w, uint64_t addr, uint64_t len, int mem_type, ucp_mem_h *memh);
 // kvx_mem_alloc allocates len bytes of host memory where UCX's transports

@@ -9,19 +9,7 @@ package ucx
 */
 import "C"
 
-import (
-	"fmt"
-	"unsafe"
-
-	"github.com/kvxfer/kvxfer/kvcache"
-)
-
-// A kvcache.Segment is passed to kvx_put as a kvx_seg: same size, same
-// field order (checked here at compile time).
-var (
-	_ [unsafe.Sizeof(kvcache.Segment{}) - unsafe.Sizeof(C.kvx_seg{})]byte
-	_ [unsafe.Sizeof(C.kvx_seg{}) - unsafe.Sizeof(kvcache.Segment{})]byte
-)
+import "fmt"
 
 // UCS status values the Go side tests for.
 const (

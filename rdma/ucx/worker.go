@@ -42,6 +42,10 @@ type request struct {
 	ep   *endpoint
 	ent  *entry
 	call *call
+	// A post's batch, as issue needs it.
+	src  *registration
+	key  *remoteKey
+	segs []kvcache.Segment
 }
 
 // call is a request its caller waits for.
@@ -141,15 +145,10 @@ type worker struct {
 	dropped    int // malformed control messages
 	opPool     []*flushOp
 	entPool    [][]*entry
-	evbuf      [256]C.kvx_event
-	cst        C.ucs_status_t // out-parameters of C calls (a local would escape)
-	chunk      [1]C.kvx_seg
-	// A round's small batches, posted together by putPending.
+	// A round's small batches, posted together by putPending; their
+	// segments fill w.c.segs from 0 to nsegs.
 	pending     []*entry
-	descs       []C.kvx_put_desc
-	segs        []C.kvx_seg
-	fails       [roundBatches]C.long
-	sts         [roundBatches]C.int32_t
+	nsegs       int
 	cprogressed C.uint
 	waitEvents  [2]syscall.EpollEvent
 	waitFn      func(uintptr) bool
@@ -167,8 +166,7 @@ func newWorker(a *Agent) *worker {
 		allocs:  make(map[uintptr]*allocation),
 		replies: make(map[uint64]*deregOp),
 		round:   1,
-		pending: make([]*entry, 0, roundBatches),
-		descs:   make([]C.kvx_put_desc, 0, roundBatches),
+		pending: make([]*entry, 0, C.KVX_DESCS),
 	}
 	// RawConn.Read forgets readiness the poller saw before the call, so
 	// look at the epoll fd itself: anything ready, or wait for the next
@@ -231,6 +229,9 @@ func (w *worker) open() error {
 	var errbuf [256]C.char
 	var c *C.kvx_worker
 	if st := C.kvx_open(&c, mods, &errbuf[0], C.size_t(len(errbuf))); st != ucsOK {
+		if tls, ok := os.LookupEnv("UCX_TLS"); ok {
+			return fmt.Errorf("%s (UCX_TLS=%q)", C.GoString(&errbuf[0]), tls)
+		}
 		return fmt.Errorf("%s", C.GoString(&errbuf[0]))
 	}
 	w.c = c
@@ -319,7 +320,7 @@ func (w *worker) drain() int {
 	for i := range reqs {
 		r := &reqs[i]
 		if r.kind == reqPost {
-			bytes += w.issue(r.ep, r.ent)
+			bytes += w.issue(r)
 			if issued++; issued == roundBatches || bytes >= roundBytes {
 				// Complete what is done so far: the poster refills its
 				// window while the rest is written.
@@ -371,12 +372,12 @@ func (w *worker) handle(r *request) {
 func (w *worker) poll() int {
 	total := 0
 	for {
-		k := int(C.kvx_poll(w.c, 64, &w.evbuf[0], C.size_t(len(w.evbuf)), &w.cprogressed))
-		total += int(w.cprogressed) + k
+		k := int(C.kvx_poll(w.c, 64))
+		total += int(w.c.progressed) + k
 		for i := range k {
-			w.event(&w.evbuf[i])
+			w.event(&w.c.out[i])
 		}
-		if k < len(w.evbuf) {
+		if k < C.KVX_EVENTS {
 			return total
 		}
 	}
@@ -445,7 +446,8 @@ func (w *worker) touch(e *endpoint) {
 
 // issue posts a batch's puts, and returns how many bytes they carry; the
 // round's flush of its endpoint completes it.
-func (w *worker) issue(e *endpoint, ent *entry) uint64 {
+func (w *worker) issue(r *request) uint64 {
+	e, ent := r.ep, r.ent
 	u := e.u
 	switch {
 	case u.closing || u.closed:
@@ -455,30 +457,31 @@ func (w *worker) issue(e *endpoint, ent *entry) uint64 {
 		w.finish(ent, fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed))
 		return 0
 	}
-	rk, err := w.rkey(u, ent.key)
+	rk, err := w.rkey(u, r.key)
 	if err != nil {
 		w.finish(ent, err)
 		return 0
 	}
 	var bytes uint64
-	segs := ent.batch.Segments
+	segs := r.segs
 	for _, s := range segs {
 		bytes += s.Len
 	}
 	switch {
 	case len(segs) == 0:
-	case bytes <= smallBatch && len(w.pending) < cap(w.pending):
+	case bytes <= smallBatch && len(w.pending) < C.KVX_DESCS && C.kvx_segs(w.c, C.size_t(w.nsegs+len(segs))) != 0:
 		// Small: posted with the others of the round in one cgo call.
-		off := len(w.segs)
-		for _, s := range segs {
-			w.segs = append(w.segs, C.kvx_seg{src: C.uint64_t(s.Src), dst: C.uint64_t(s.Dst), len: C.uint64_t(s.Len)})
+		cs := w.segs()
+		for i, s := range segs {
+			cs[w.nsegs+i] = C.kvx_seg{src: C.uint64_t(s.Src), dst: C.uint64_t(s.Dst), len: C.uint64_t(s.Len)}
 		}
-		w.descs = append(w.descs, C.kvx_put_desc{ep: u.h, rkey: rk, memh: ent.src.memh,
-			lbase: C.uint64_t(ent.src.region.Base), rbase: C.uint64_t(ent.key.base), off: C.uint32_t(off), n: C.uint32_t(len(segs))})
+		w.c.descs[len(w.pending)] = C.kvx_put_desc{ep: u.h, rkey: rk, memh: r.src.memh,
+			lbase: C.uint64_t(r.src.region.Base), rbase: C.uint64_t(r.key.base), off: C.uint32_t(w.nsegs), n: C.uint32_t(len(segs))}
+		w.nsegs += len(segs)
 		w.pending = append(w.pending, ent)
 	default:
 		w.putPending() // in order with the ones before
-		if i, st := w.put(u.h, rk, ent, segs); i >= 0 {
+		if i, st := w.put(u.h, rk, r); i >= 0 {
 			ent.err = &rdma.SegmentError{Index: i, Segment: segs[i],
 				Err: fmt.Errorf("%s: ucp_put_nbx: %w", e.name, w.statusErr(u, st))}
 		}
@@ -497,16 +500,21 @@ func (w *worker) putPending() {
 	if n == 0 {
 		return
 	}
-	C.kvx_put_many(&w.descs[0], C.size_t(n), &w.segs[0], &w.fails[0], &w.sts[0])
+	C.kvx_put_many(w.c, C.size_t(n))
 	for i, ent := range w.pending {
-		if f := int(w.fails[i]); f >= 0 {
-			u, segs := ent.ep.u, ent.batch.Segments
+		if f := int(w.c.fails[i]); f >= 0 {
+			segs := ent.batch.Segments
 			ent.err = &rdma.SegmentError{Index: f, Segment: segs[f],
-				Err: fmt.Errorf("%s: ucp_put_nbx: %w", ent.ep.name, w.statusErr(u, C.ucs_status_t(w.sts[i])))}
+				Err: fmt.Errorf("%s: ucp_put_nbx: %w", ent.ep.name, w.statusErr(ent.ep.u, C.ucs_status_t(w.c.sts[i])))}
 		}
 		w.pending[i] = nil
 	}
-	w.pending, w.descs, w.segs = w.pending[:0], w.descs[:0], w.segs[:0]
+	w.pending, w.nsegs = w.pending[:0], 0
+}
+
+// segs is the C worker's segment array as a slice (C memory).
+func (w *worker) segs() []C.kvx_seg {
+	return unsafe.Slice(w.c.segs, w.c.segcap)
 }
 
 // put posts segs: runs of segments of at most putRun bytes in one cgo call
@@ -514,24 +522,34 @@ func (w *worker) putPending() {
 // lets the scheduler hand the goroutine's P to another thread (it counts as
 // a system call), and the locked goroutine then waits for one to come back.
 // It returns the index of the first segment UCX refused, or -1.
-func (w *worker) put(h C.ucp_ep_h, rk C.ucp_rkey_h, ent *entry, segs []kvcache.Segment) (int, C.ucs_status_t) {
-	lbase, rbase := C.uint64_t(ent.src.region.Base), C.uint64_t(ent.key.base)
+func (w *worker) put(h C.ucp_ep_h, rk C.ucp_rkey_h, r *request) (int, C.ucs_status_t) {
+	segs, memh := r.segs, r.src.memh
+	lbase, rbase := C.uint64_t(r.src.region.Base), C.uint64_t(r.key.base)
 	for first := 0; first < len(segs); {
 		n, bytes := 0, uint64(0)
 		for first+n < len(segs) && (n == 0 || bytes+segs[first+n].Len <= putRun) {
 			bytes += segs[first+n].Len
 			n++
 		}
+		if C.kvx_segs(w.c, C.size_t(n)) == 0 {
+			return first, C.UCS_ERR_NO_MEMORY
+		}
+		cs := w.segs()
 		if n == 1 && bytes > putRun {
 			s := segs[first]
 			for off := uint64(0); off < s.Len; off += putChunk {
-				w.chunk[0] = C.kvx_seg{src: C.uint64_t(s.Src + off), dst: C.uint64_t(s.Dst + off), len: C.uint64_t(min(putChunk, s.Len-off))}
-				if C.kvx_put(h, rk, ent.src.memh, lbase, rbase, &w.chunk[0], 1, &w.cst) >= 0 {
-					return first, w.cst
+				cs[0] = C.kvx_seg{src: C.uint64_t(s.Src + off), dst: C.uint64_t(s.Dst + off), len: C.uint64_t(min(putChunk, s.Len-off))}
+				if C.kvx_put(w.c, h, rk, memh, lbase, rbase, 1) >= 0 {
+					return first, w.c.st
 				}
 			}
-		} else if i := C.kvx_put(h, rk, ent.src.memh, lbase, rbase, (*C.kvx_seg)(unsafe.Pointer(&segs[first])), C.size_t(n), &w.cst); i >= 0 {
-			return first + int(i), w.cst
+		} else {
+			for i, s := range segs[first : first+n] {
+				cs[i] = C.kvx_seg{src: C.uint64_t(s.Src), dst: C.uint64_t(s.Dst), len: C.uint64_t(s.Len)}
+			}
+			if i := C.kvx_put(w.c, h, rk, memh, lbase, rbase, C.size_t(n)); i >= 0 {
+				return first + int(i), w.c.st
+			}
 		}
 		first += n
 	}
@@ -567,8 +585,8 @@ func (w *worker) flushGroups() {
 		ents := u.group
 		u.group = nil
 		id := w.newID()
-		if C.kvx_flush(w.c, u.h, C.uint64_t(id), &w.cst) == 0 {
-			w.completeGroup(u, ents, w.statusErr(u, w.cst))
+		if C.kvx_flush(w.c, u.h, C.uint64_t(id)) == 0 {
+			w.completeGroup(u, ents, w.statusErr(u, w.c.st))
 			continue
 		}
 		op := w.getOp()
@@ -729,8 +747,7 @@ func (w *worker) closeNow(u *uep) {
 		delete(u.rkeys, reg)
 	}
 	id := w.newID()
-	var st C.ucs_status_t
-	if C.kvx_close(w.c, u.h, C.uint64_t(id), &st) == 0 {
+	if C.kvx_close(w.c, u.h, C.uint64_t(id)) == 0 {
 		w.closedUEP(u)
 		return
 	}

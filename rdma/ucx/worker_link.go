@@ -239,8 +239,7 @@ func (w *worker) closeLink(l *link) {
 		return
 	}
 	id := w.newID()
-	var st C.ucs_status_t
-	if C.kvx_flush(w.c, u.h, C.uint64_t(id), &st) != 0 {
+	if C.kvx_flush(w.c, u.h, C.uint64_t(id)) != 0 {
 		op := w.getOp()
 		op.u = u
 		w.flushes[id] = op
@@ -312,10 +311,9 @@ func (w *worker) unmap(r *registration) {
 	r.state.Store(regDead)
 	if r.alloc != nil {
 		r.alloc.reg = nil
-	} else if r.memh != nil {
+	} else {
 		C.kvx_mem_unmap(w.c, r.memh)
 	}
-	r.memh = nil
 	delete(w.regs, r.id)
 }
 
