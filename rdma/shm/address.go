@@ -1,43 +1,26 @@
 package shm
 
 import (
-	"encoding/hex"
-	"fmt"
-	"strconv"
-	"strings"
-
-	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/agentaddr"
 )
 
 const addrScheme = "shm"
 
-// address is a parsed agent address: the agent's process and its nonce.
+// address is a parsed agent address ("shm:<pid>:<nonce>", see
+// rdma/internal/agentaddr).
 type address struct {
 	pid   int
 	nonce [16]byte
 }
 
-func (a address) String() string {
-	return fmt.Sprintf("%s:%d:%s", addrScheme, a.pid, hex.EncodeToString(a.nonce[:]))
-}
+func (a address) String() string { return agentaddr.Format(addrScheme, uint64(a.pid), a.nonce) }
 
-// parseAddress parses "shm:<pid>:<nonce>"; errors wrap rdma.ErrBadAddress
-// and quote the input.
+// parseAddress parses an address of this backend; errors wrap
+// rdma.ErrBadAddress and quote the input.
 func parseAddress(b []byte) (address, error) {
-	var a address
-	parts := strings.Split(string(b), ":")
-	if len(parts) != 3 || parts[0] != addrScheme {
-		return a, fmt.Errorf("%w: %q is not %s:<pid>:<nonce>", rdma.ErrBadAddress, b, addrScheme)
+	n, nonce, err := agentaddr.Parse(addrScheme, "pid", 1<<31-1, b)
+	if err != nil {
+		return address{}, err
 	}
-	pid, err := strconv.Atoi(parts[1])
-	if err != nil || pid <= 0 {
-		return a, fmt.Errorf("%w: %q: pid %q is not a positive integer", rdma.ErrBadAddress, b, parts[1])
-	}
-	n, err := hex.DecodeString(parts[2])
-	if err != nil || len(n) != len(a.nonce) {
-		return a, fmt.Errorf("%w: %q: nonce %q is not %d hex bytes", rdma.ErrBadAddress, b, parts[2], len(a.nonce))
-	}
-	a.pid = pid
-	copy(a.nonce[:], n)
-	return a, nil
+	return address{pid: int(n), nonce: nonce}, nil
 }
