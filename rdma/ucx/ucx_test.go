@@ -265,8 +265,11 @@ func TestIdleCPU(t *testing.T) {
 		used := cpuTime(t) - before
 		pct := 100 * used.Seconds() / window.Seconds()
 		t.Logf("idle: %v of CPU in %v (%.2f%% of one core) for the whole process, two linked agents", used, window, pct)
-		if pct > 5 {
-			t.Errorf("idle agents used %.1f%% of a core, want under 5%%", pct)
+		// Not a speed target: a busy-polling progress loop burns a whole
+		// core; event-driven progress burns ~0.1%. The bound is far from
+		// both so a loaded machine cannot trip it.
+		if pct > 50 {
+			t.Errorf("idle agents used %.1f%% of a core: the progress loop is polling, want it asleep on its fds", pct)
 		}
 	})
 }
