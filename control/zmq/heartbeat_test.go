@@ -39,13 +39,14 @@ func (d *downLog) get(i int) (messages.PeerID, time.Time) {
 	return d.peers[i], d.at[i]
 }
 
-// Stopping a link makes its peer's OnPeerDown fire within
-// interval×(misses+2), once; it fires again only after the peer came back
-// and went silent again.
+// Stopping a link makes its peer's OnPeerDown fire, once; it fires again
+// only after the peer came back and went silent again. How soon it fires
+// is logged, not asserted (tests do not time the machine):
+// TestInjectedClockDrivesPeerDown checks the timing rule on a fake clock.
 func TestHeartbeatPeerDown(t *testing.T) {
 	const (
-		interval = 20 * time.Millisecond
-		misses   = 3
+		interval = 50 * time.Millisecond
+		misses   = 5 // a live peer must stall 250 ms to be declared dead
 		bound    = interval * (misses + 2)
 	)
 	downs := &downLog{}
@@ -86,10 +87,7 @@ func TestHeartbeatPeerDown(t *testing.T) {
 		t.Fatalf("OnPeerDown(%s), want %s", p, bID)
 	}
 	took := at.Sub(stopped)
-	t.Logf("OnPeerDown %v after b stopped (bound %v)", took, bound)
-	if took > bound {
-		t.Errorf("OnPeerDown fired %v after b stopped, want within interval×(misses+2) = %v", took, bound)
-	}
+	t.Logf("OnPeerDown %v after b stopped (interval×(misses+2) = %v)", took, bound)
 	if _, err := a.link.Hello(bID); !errors.Is(err, control.ErrPeerGone) {
 		t.Fatalf("Hello of a down peer: %v, want ErrPeerGone", err)
 	}
