@@ -125,10 +125,22 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	tx.Crash()
+	// Once the restarted session has stepped on its panic, its outcome is
+	// decided; it must still hold the pins while the chunk's fence is held.
+	deadline := time.Now().Add(10 * time.Second)
+	for ce.Stats().SessionPanics.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the session never restarted after its panic")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
 	select {
 	case o := <-tx.Done():
 		t.Fatalf("Done (%s) before the held chunk's fence fired: pins dropped under a pending write", o.Status)
 	default:
+	}
+	if st := ce.Pools().Stats()[0]; st.Pinned != 2 {
+		t.Fatalf("%d source blocks pinned after the panic, want the held chunk's 2", st.Pinned)
 	}
 	f.Fire(nil)
 	o := waitOutcome(t, tx.Done())

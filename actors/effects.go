@@ -66,8 +66,14 @@ type TimerKind uint8
 
 // Timer kinds.
 const (
+	// TimerDeadline is a request's own deadline (Send's, or Receive's).
 	TimerDeadline TimerKind = iota + 1
+	// TimerDrain bounds how long in-doubt ops may take before their
+	// endpoints are closed (rx: the Cancel re-send period).
 	TimerDrain
+	// TimerOrphan bounds a tx session that never gets Send (it was opened
+	// by a peer's RequestData); Send's own deadline supersedes it.
+	TimerOrphan
 )
 
 // StartTimer asks the shell to deliver a Timeout message of Kind at At.

@@ -199,6 +199,9 @@ func (m *txModel) randomStep() {
 	if len(m.timers[TimerDrain]) > 0 {
 		add("drain", 3)
 	}
+	if len(m.timers[TimerOrphan]) > 0 {
+		add("orphan", 1)
+	}
 	if len(m.doubted) > 0 {
 		add("retire", 4)
 	}
@@ -288,6 +291,8 @@ func (m *txModel) randomStep() {
 		m.fireTimer(TimerDeadline)
 	case "drain":
 		m.fireTimer(TimerDrain)
+	case "orphan":
+		m.fireTimer(TimerOrphan)
 	case "panic":
 		m.step(TxPanic{Err: errors.New("nil map")})
 	case "bad-request":
@@ -466,7 +471,7 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 	case TxTimeout:
 		// Unless it was the orphan timer overtaken by Send's own deadline,
 		// a deadline leaves nothing in flight: every such op is in doubt.
-		if msg.Kind == TimerDeadline && (m.deadline.IsZero() || !m.now.Before(m.deadline)) {
+		if msg.Kind == TimerDeadline || (msg.Kind == TimerOrphan && (!m.started || m.deadline.IsZero())) {
 			for r, st := range ops {
 				if st == OpSubmitting || st == OpSubmitted {
 					rt.Fatalf("%T: op %v still %v after the deadline", msg, r, st)

@@ -101,8 +101,11 @@ func TestScenario_Tx(t *testing.T) {
 			if d.HasArg("kind") {
 				var k string
 				d.ScanArgs(t, "kind", &k)
-				if k == "drain" {
+				switch k {
+				case "drain":
 					kind = TimerDrain
+				case "orphan":
+					kind = TimerOrphan
 				}
 			}
 			effs = h.step(TxTimeout{Kind: kind})
@@ -273,10 +276,7 @@ func fmtEffect(e Effect) string {
 	case SendFrame:
 		return fmt.Sprintf("send %v %s", e.To, fmtFrame(e.Frame))
 	case StartTimer:
-		kind := "deadline"
-		if e.Kind == TimerDrain {
-			kind = "drain"
-		}
+		kind := map[TimerKind]string{TimerDeadline: "deadline", TimerDrain: "drain", TimerOrphan: "orphan"}[e.Kind]
 		return fmt.Sprintf("timer %s at=+%v", kind, e.At.Sub(testEpoch0))
 	case Finish:
 		o := e.Outcome

@@ -141,18 +141,20 @@ func (a *txActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		if a.panicked {
 			a.panicked = false
+			// Counted once its effects ran, so the count says the session
+			// has failed and acted on it.
+			a.exec(ctx, a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now), now)
 			a.env.stats.SessionPanics.Add(1)
-			eff = a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now)
-		} else {
-			cfg := a.s.cfg
-			a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
-			eff = a.s.Init(now)
-			if a.tr != nil {
-				a.tr.Stepped(a.s, eff)
-			}
-			if a.meter != nil {
-				a.meter.born(a.s, now)
-			}
+			return
+		}
+		cfg := a.s.cfg
+		a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
+		eff = a.s.Init(now)
+		if a.tr != nil {
+			a.tr.Stepped(a.s, eff)
+		}
+		if a.meter != nil {
+			a.meter.born(a.s, now)
 		}
 	case *actor.Restarting:
 		a.panicked = true

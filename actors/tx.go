@@ -138,14 +138,12 @@ type TxSession struct {
 	promptLn int
 	payload  []byte
 	deadline time.Time // TxStart's deadline (zero: none)
-	// deadlineTimers counts deadline timers armed and not yet fired.
-	deadlineTimers int
-	chunks         []chunkRec
-	streams        map[int]*stream
-	order          []int // stream peers in arrival order (deterministic iteration)
-	expected       map[int]bool
-	stopped        bool
-	eff            []Effect
+	chunks   []chunkRec
+	streams  map[int]*stream
+	order    []int // stream peers in arrival order (deterministic iteration)
+	expected map[int]bool
+	stopped  bool
+	eff      []Effect
 	// Violations records illegal transitions (tests assert it stays empty).
 	Violations []string
 	// LateCompletions counts completions for ops that were already quiescent.
@@ -172,8 +170,7 @@ func (s *TxSession) Stopped() bool { return s.stopped }
 // Init returns the effects of a new session: its orphan deadline.
 func (s *TxSession) Init(now time.Time) []Effect {
 	if s.cfg.Timeout > 0 {
-		s.deadlineTimers++
-		return []Effect{StartTimer{Kind: TimerDeadline, At: now.Add(s.cfg.Timeout)}}
+		return []Effect{StartTimer{Kind: TimerOrphan, At: now.Add(s.cfg.Timeout)}}
 	}
 	return nil
 }
@@ -250,7 +247,6 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 	s.payload = m.Payload
 	s.deadline = m.Deadline
 	if !m.Deadline.IsZero() {
-		s.deadlineTimers++
 		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
 	}
 }
@@ -451,32 +447,13 @@ func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
 
 func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 	switch m.Kind {
+	case TimerOrphan:
+		if s.started && !s.deadline.IsZero() {
+			return // Send came with a deadline of its own, which rules
+		}
+		s.expire(now)
 	case TimerDeadline:
-		s.deadlineTimers--
-		if s.started && !s.deadline.IsZero() && now.Before(s.deadline) {
-			// The orphan timer (TxConfig.Timeout): Send came with a later
-			// deadline of its own, which rules. With no deadline timer
-			// left (the wall clock stepped back), arm one for it.
-			if s.deadlineTimers <= 0 {
-				s.deadlineTimers++
-				s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: s.deadline})
-			}
-			return
-		}
-		// A decided outcome (cancel, error) does not change, but the
-		// deadline still bounds the physical drain: ops in flight go
-		// IN_DOUBT and their endpoints are closed after the grace.
-		s.fail(TxFailed, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
-		inDoubt := false
-		s.eachOp(func(r OpRef, o *op) {
-			if o.state == OpSubmitting || o.state == OpSubmitted {
-				s.setOp(r, o, OpInDoubt)
-				inDoubt = true
-			}
-		})
-		if inDoubt {
-			s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: now.Add(s.cfg.DrainGrace)})
-		}
+		s.expire(now)
 	case TimerDrain:
 		// Ops still in doubt after the grace period: close their
 		// endpoints, which proves them quiescent.
@@ -489,6 +466,23 @@ func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 				}
 			}
 		}
+	}
+}
+
+// expire applies a passed deadline. A decided outcome (cancel, error) does
+// not change, but the deadline still bounds the physical drain: ops in
+// flight go IN_DOUBT and their endpoints are closed after the grace.
+func (s *TxSession) expire(now time.Time) {
+	s.fail(TxFailed, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
+	inDoubt := false
+	s.eachOp(func(r OpRef, o *op) {
+		if o.state == OpSubmitting || o.state == OpSubmitted {
+			s.setOp(r, o, OpInDoubt)
+			inDoubt = true
+		}
+	})
+	if inDoubt {
+		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: now.Add(s.cfg.DrainGrace)})
 	}
 }
 

@@ -936,13 +936,13 @@ func TestTx_PeerCancel(t *testing.T) {
 func TestTx_OrphanTimeout(t *testing.T) {
 	t.Run("with peer", func(t *testing.T) {
 		h, init := newTxHarness(t, txOpts{timeout: 30 * time.Second})
-		if ts := effectsOf[StartTimer](init); len(ts) != 1 || ts[0].Kind != TimerDeadline || !ts[0].At.Equal(testEpoch0.Add(30*time.Second)) {
+		if ts := effectsOf[StartTimer](init); len(ts) != 1 || ts[0].Kind != TimerOrphan || !ts[0].At.Equal(testEpoch0.Add(30*time.Second)) {
 			t.Fatalf("init: %s", fmtEffects(init))
 		}
 		h.request(1, 1)
 		h.wantState(TxReady)
 		h.advance(30 * time.Second)
-		effs := h.step(TxTimeout{Kind: TimerDeadline})
+		effs := h.step(TxTimeout{Kind: TimerOrphan})
 		r := wantResult(t, effs, 1, messages.StatusFailed)
 		if !strings.Contains(r.Error, "deadline") {
 			t.Fatalf("error text %q", r.Error)
@@ -951,7 +951,7 @@ func TestTx_OrphanTimeout(t *testing.T) {
 	})
 	t.Run("no peer", func(t *testing.T) {
 		h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
-		effs := h.step(TxTimeout{Kind: TimerDeadline})
+		effs := h.step(TxTimeout{Kind: TimerOrphan})
 		wantNo(t, "orphan without peer", effs, "SendFrame")
 		h.wantReleased(TxFailed, ErrTimeout)
 	})
@@ -1092,9 +1092,12 @@ func TestTx_DeadlineBoundsDrainAfterCancel(t *testing.T) {
 // (a per-request timeout longer than the engine's), the orphan timer
 // changes nothing and the request's own deadline rules.
 //
-// Regression: onTimeout did not tell the two deadline timers apart (drop
-// the `now.Before(s.deadline)` check and this test fails: the orphan timer
-// fails a healthy request).
+// Regression: onTimeout did not tell the two timers apart (make the orphan
+// timer expire the session whatever Send said and this test fails: the
+// orphan timer fails a healthy request). The orphan timer has its own kind,
+// so it does not depend on the clock either: it is ignored even when the
+// wall clock stepped back (the simulator's clock-jump fault once found a
+// session that dropped its own deadline timer for the orphan's).
 func TestTx_OrphanTimerDoesNotCutALongerDeadline(t *testing.T) {
 	h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
 	h.request(1, 1)
@@ -1103,7 +1106,7 @@ func TestTx_OrphanTimerDoesNotCutALongerDeadline(t *testing.T) {
 	h.chunk(0, 32, true)
 	h.fence(0)
 	h.advance(29 * time.Second)
-	if effs := h.step(TxTimeout{Kind: TimerDeadline}); len(effs) != 0 {
+	if effs := h.step(TxTimeout{Kind: TimerOrphan}); len(effs) != 0 {
 		t.Fatalf("orphan timer after Send: %s", fmtEffects(effs))
 	}
 	h.wantState(TxTransferring)

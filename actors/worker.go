@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvxfer/kvxfer/control"
+	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -33,6 +34,12 @@ type (
 		session *actor.PID
 		err     error
 	}
+	// endpointClosed comes back from a closer goroutine once Close has
+	// returned: the ops that were in flight on the endpoint are retired.
+	endpointClosed struct {
+		retired map[*actor.PID][]OpRef
+		err     error
+	}
 	flushDone struct {
 		peer    int
 		session *actor.PID
@@ -60,12 +67,12 @@ type workerSlot struct {
 	inflight map[OpRef]inflight
 	log      zerolog.Logger
 	stats    *Counters
+	closing  sync.WaitGroup // closer goroutines still running
 }
 
 // workerActor is the protoactor shell of one sender worker. It never
 // blocks on the network: posts return at once and completions come back as
-// messages. Closing an endpoint waits for the backend's copier to stop,
-// which is bounded.
+// messages, and endpoints are closed on closer goroutines.
 type workerActor struct {
 	slot *workerSlot
 }
@@ -114,6 +121,13 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	case *workerClose:
 		key := string(m.Route.AgentAddr)
 		s.closeEndpoint(ctx, key)
+	case *endpointClosed:
+		if m.err != nil {
+			s.log.Warn().Err(m.err).Msg("endpoint close")
+		}
+		for pid, ops := range m.retired {
+			ctx.Send(pid, TxRetired{Ops: ops})
+		}
 	case *workerSend:
 		s.send(m.To, m.Frame)
 	case WorkerCrash:
@@ -123,9 +137,13 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		s.log.Warn().Int("in_flight", len(s.inflight)).Msg("worker restarting: ops in doubt, closing endpoints")
 		s.restart(ctx)
 	case *actor.Stopping:
+		// Shutting down: wait for every closer, so that once the worker has
+		// stopped no write of its endpoints can land and no goroutine of it
+		// is left. (The only wait a worker does, at the end of its life.)
 		for key := range s.eps {
 			s.closeEndpoint(ctx, key)
 		}
+		s.closing.Wait()
 		for id, c := range s.conns {
 			_ = c.Close()
 			delete(s.conns, id)
@@ -146,17 +164,18 @@ func (s *workerSlot) endpoint(r *Route) (rdma.Endpoint, error) {
 	return ep, nil
 }
 
-// closeEndpoint closes one endpoint; after Close returns no write of it can
-// land, so every op in flight on it is retired.
+// closeEndpoint retires one endpoint without blocking the worker: it leaves
+// the endpoint table at once (later ops to that peer connect afresh), and a
+// closer goroutine calls Close, which may wait for the backend (a copier to
+// stop, a UCX forced close). Only when Close has returned can no write of
+// the endpoint land, so only then does endpointClosed retire the ops that
+// were in flight on it.
 func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	ep := s.eps[key]
 	if ep == nil {
 		return
 	}
 	delete(s.eps, key)
-	if err := ep.Close(); err != nil {
-		s.log.Warn().Err(err).Msg("endpoint close")
-	}
 	retired := map[*actor.PID][]OpRef{}
 	for ref, in := range s.inflight {
 		if in.peer == key {
@@ -164,9 +183,13 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 			delete(s.inflight, ref)
 		}
 	}
-	for pid, ops := range retired {
-		ctx.Send(pid, TxRetired{Ops: ops})
-	}
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	s.closing.Add(1)
+	go func() {
+		defer s.closing.Done()
+		err := ep.Close()
+		sys.Root.Send(self, &endpointClosed{retired: retired, err: err})
+	}()
 }
 
 // restart handles a crash: every op in flight is in doubt until its

@@ -133,7 +133,7 @@ func ParseOps(s string) (map[int]string, error) {
 	return out, nil
 }
 
-var timerNames = map[actors.TimerKind]string{actors.TimerDeadline: "deadline", actors.TimerDrain: "drain"}
+var timerNames = map[actors.TimerKind]string{actors.TimerDeadline: "deadline", actors.TimerDrain: "drain", actors.TimerOrphan: "orphan"}
 
 // TimerName names a timer kind.
 func TimerName(k actors.TimerKind) string {
