@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/cpu"
+
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 )
@@ -45,9 +47,14 @@ type endpoint struct {
 	link *link
 	name string
 
-	u     *uep   // progress goroutine only
-	round uint64 // progress goroutine only: last round it was signalled
+	u       *uep   // progress goroutine only
+	round   uint64 // progress goroutine only: last round it was signalled
+	closing atomic.Bool
 
+	// What follows is written by posters and the dispatcher on every
+	// batch; the fields above, which the progress goroutine reads per
+	// batch, stay on other cache lines.
+	_         cpu.CacheLinePad
 	mu        sync.Mutex
 	keys      map[string]*remoteKey
 	fifo      []*entry
@@ -55,10 +62,9 @@ type endpoint struct {
 	free      []*entry
 	state     uint8
 	err       error // why left or failed
-	closing   atomic.Bool
-	closeReq  bool // Close was called (by its owner or the agent)
-	ucpClosed bool // the progress goroutine closed the UCP endpoint
-	gone      bool // the dispatcher exited
+	closeReq  bool  // Close was called (by its owner or the agent)
+	ucpClosed bool  // the progress goroutine closed the UCP endpoint
+	gone      bool  // the dispatcher exited
 
 	wake    chan struct{}
 	stopped chan struct{}

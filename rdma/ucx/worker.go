@@ -469,7 +469,7 @@ func (w *worker) issue(r *request) uint64 {
 	}
 	switch {
 	case len(segs) == 0:
-	case bytes <= smallBatch && len(w.pending) < C.KVX_DESCS && C.kvx_segs(w.c, C.size_t(w.nsegs+len(segs))) != 0:
+	case bytes <= smallBatch && len(w.pending) < C.KVX_DESCS && w.ensureSegs(w.nsegs+len(segs)):
 		// Small: posted with the others of the round in one cgo call.
 		cs := w.segs()
 		for i, s := range segs {
@@ -512,6 +512,12 @@ func (w *worker) putPending() {
 	w.pending, w.nsegs = w.pending[:0], 0
 }
 
+// ensureSegs grows the C worker's segment array to hold n segments; false
+// when out of memory. The common case costs no cgo call.
+func (w *worker) ensureSegs(n int) bool {
+	return n <= int(w.c.segcap) || C.kvx_segs(w.c, C.size_t(n)) != 0
+}
+
 // segs is the C worker's segment array as a slice (C memory).
 func (w *worker) segs() []C.kvx_seg {
 	return unsafe.Slice(w.c.segs, w.c.segcap)
@@ -531,7 +537,7 @@ func (w *worker) put(h C.ucp_ep_h, rk C.ucp_rkey_h, r *request) (int, C.ucs_stat
 			bytes += segs[first+n].Len
 			n++
 		}
-		if C.kvx_segs(w.c, C.size_t(n)) == 0 {
+		if !w.ensureSegs(n) {
 			return first, C.UCS_ERR_NO_MEMORY
 		}
 		cs := w.segs()
