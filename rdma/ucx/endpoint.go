@@ -28,6 +28,7 @@ type entry struct {
 	src   *registration
 	key   *remoteKey
 	flush func(error) // a Flush's callback; nil for a batch
+	seq   uint64      // its place in the endpoint's order, from 1
 	done  bool        // completed: err is final (always true for a Flush)
 	err   error
 }
@@ -50,6 +51,10 @@ type endpoint struct {
 	u       *uep   // progress goroutine only
 	round   uint64 // progress goroutine only: last round it was signalled
 	closing atomic.Bool
+	// doneSeq: every entry up to this seq has completed (the progress
+	// goroutine publishes it when a flush succeeds); entries completed
+	// otherwise are marked done.
+	doneSeq atomic.Uint64
 
 	// What follows is written by posters and the dispatcher on every
 	// batch; the fields above, which the progress goroutine reads per
@@ -59,6 +64,7 @@ type endpoint struct {
 	keys      map[string]*remoteKey
 	fifo      []*entry
 	head      int
+	posted    uint64 // seq of the last entry pushed
 	free      []*entry
 	state     uint8
 	err       error // why left or failed
@@ -134,10 +140,11 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	// What the progress goroutine needs to post the batch travels in the
 	// request, which it reads in order, rather than in the entry, which
 	// this goroutine has just written.
-	if !e.a.w.submit(request{kind: reqPost, ep: e, ent: ent, src: src, key: k, segs: b.Segments}) {
+	if !e.a.w.submit(request{kind: reqPost, ep: e, ent: ent, seq: ent.seq, src: src, key: k, segs: b.Segments}) {
 		// The agent's worker has stopped: it closed this endpoint, so
 		// closeReq was set above. Not reached; undo all the same.
 		e.fifo = e.fifo[:len(e.fifo)-1]
+		e.posted--
 		src.release()
 		e.link.release(k.reg)
 		return fmt.Errorf("%s: post: %w", e.name, rdma.ErrEndpointClosed)
@@ -241,6 +248,8 @@ func (e *endpoint) push(ent *entry) {
 		clear(e.fifo[n:])
 		e.fifo, e.head = e.fifo[:n], 0
 	}
+	e.posted++
+	ent.seq = e.posted
 	e.fifo = append(e.fifo, ent)
 }
 
@@ -277,7 +286,8 @@ func (e *endpoint) dispatch() {
 func (e *endpoint) dispatchReady(run *[]*entry) (n int, exit bool) {
 	e.mu.Lock()
 	r := (*run)[:0]
-	for e.head < len(e.fifo) && e.fifo[e.head].done {
+	done := e.doneSeq.Load()
+	for e.head < len(e.fifo) && (e.fifo[e.head].done || e.fifo[e.head].seq <= done) {
 		r = append(r, e.fifo[e.head])
 		e.fifo[e.head] = nil
 		e.head++

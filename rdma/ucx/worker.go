@@ -43,6 +43,7 @@ type request struct {
 	ent  *entry
 	call *call
 	// A post's batch, as issue needs it.
+	seq  uint64 // its entry's place in the endpoint's order
 	src  *registration
 	key  *remoteKey
 	segs []kvcache.Segment
@@ -75,8 +76,10 @@ type uep struct {
 	ep    *endpoint
 	rkeys map[uint64]C.ucp_rkey_h // by the peer's registration id
 
-	group   []*entry // issued this round, flushed at its end
-	flushes int      // flushes in flight
+	group     []*entry   // issued this round, flushed at its end
+	groupLast uint64     // the seq of the group's last batch
+	pend      []*flushOp // flushes not yet settled, oldest first
+	flushes   int        // flushes in flight
 
 	closing  bool
 	force    bool      // close without waiting for the flushes
@@ -87,10 +90,15 @@ type uep struct {
 	failed   error // UCX reported the endpoint failed
 }
 
-// flushOp is one ucp_ep_flush_nbx in flight and the batches it completes.
+// flushOp is one ucp_ep_flush_nbx and the batches it completes. Flushes of
+// an endpoint settle in the order they were issued (see settle).
 type flushOp struct {
-	u    *uep
-	ents []*entry
+	u       *uep
+	id      uint64 // in w.flushes while in flight
+	ents    []*entry
+	last    uint64 // seq of the last batch in ents
+	settled bool
+	err     error
 }
 
 // deregOp is a Deregister waiting for its peers' replies.
@@ -491,6 +499,7 @@ func (w *worker) issue(r *request) uint64 {
 		w.grouped = append(w.grouped, u)
 	}
 	u.group = append(u.group, ent)
+	u.groupLast = r.seq
 	return bytes
 }
 
@@ -588,19 +597,29 @@ func (w *worker) flushGroups() {
 	w.putPending()
 	for i, u := range w.grouped {
 		w.grouped[i] = nil
-		ents := u.group
+		op := w.flush(u)
+		op.ents, op.last = u.group, u.groupLast
 		u.group = nil
-		id := w.newID()
-		if C.kvx_flush(w.c, u.h, C.uint64_t(id)) == 0 {
-			w.completeGroup(u, ents, w.statusErr(u, w.c.st))
-			continue
-		}
-		op := w.getOp()
-		op.u, op.ents = u, ents
+		w.settle(u)
+	}
+	w.grouped = w.grouped[:0]
+}
+
+// flush starts a ucp_ep_flush_nbx on u and queues its op on the endpoint;
+// the op is settled at once when UCX completes the flush inline.
+func (w *worker) flush(u *uep) *flushOp {
+	op := w.getOp()
+	op.u = u
+	id := w.newID()
+	if C.kvx_flush(w.c, u.h, C.uint64_t(id)) == 0 {
+		op.settled, op.err = true, w.statusErr(u, w.c.st)
+	} else {
+		op.id = id
 		w.flushes[id] = op
 		u.flushes++
 	}
-	w.grouped = w.grouped[:0]
+	u.pend = append(u.pend, op)
+	return op
 }
 
 func (w *worker) onFlush(id uint64, st C.ucs_status_t) {
@@ -610,11 +629,43 @@ func (w *worker) onFlush(id uint64, st C.ucs_status_t) {
 	}
 	delete(w.flushes, id)
 	op.u.flushes--
-	if op.ents != nil {
-		w.completeGroup(op.u, op.ents, w.statusErr(op.u, st))
+	op.settled, op.err = true, w.statusErr(op.u, st)
+	w.settle(op.u)
+}
+
+// settle completes the batches of u's settled flushes, oldest first, up to
+// the first one still in flight. A flush that succeeded completes its
+// batches by publishing its last seq to the endpoint, without touching
+// them (their cache lines belong to the goroutines that post and dispatch
+// them); a failed one marks each batch.
+func (w *worker) settle(u *uep) {
+	n := 0
+	for _, op := range u.pend {
+		if !op.settled {
+			break
+		}
+		n++
+		switch {
+		case len(op.ents) == 0:
+		case op.err == nil:
+			e := u.ep
+			e.doneSeq.Store(op.last)
+			w.touch(e)
+		default:
+			w.completeGroup(u, op.ents, op.err)
+		}
+		clear(op.ents)
+		if op.ents != nil {
+			w.entPool = append(w.entPool, op.ents[:0])
+		}
+		*op = flushOp{}
+		w.opPool = append(w.opPool, op)
 	}
-	*op = flushOp{}
-	w.opPool = append(w.opPool, op)
+	if n > 0 {
+		rest := copy(u.pend, u.pend[n:])
+		clear(u.pend[rest:])
+		u.pend = u.pend[:rest]
+	}
 }
 
 // completeGroup completes batches that were flushed together; a batch that
@@ -634,8 +685,6 @@ func (w *worker) completeGroup(u *uep, ents []*entry, err error) {
 		e.mu.Unlock()
 		w.touch(e)
 	}
-	clear(ents)
-	w.entPool = append(w.entPool, ents[:0])
 }
 
 // finish completes a batch that was never issued.
@@ -768,14 +817,13 @@ func (w *worker) closedUEP(u *uep) {
 	if reason == nil {
 		reason = fmt.Errorf("%s: %w", u.name, rdma.ErrEndpointClosed)
 	}
-	for id, op := range w.flushes {
-		if op.u == u {
-			delete(w.flushes, id)
-			if op.ents != nil {
-				w.completeGroup(u, op.ents, reason)
-			}
+	for _, op := range u.pend {
+		if !op.settled {
+			delete(w.flushes, op.id)
+			op.settled, op.err = true, reason
 		}
 	}
+	w.settle(u)
 	u.flushes = 0
 	C.kvx_ep_ctx_free(u.ctx)
 	u.ctx = nil

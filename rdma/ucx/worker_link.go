@@ -238,13 +238,8 @@ func (w *worker) closeLink(l *link) {
 	if u == nil || u.closing || u.closed {
 		return
 	}
-	id := w.newID()
-	if C.kvx_flush(w.c, u.h, C.uint64_t(id)) != 0 {
-		op := w.getOp()
-		op.u = u
-		w.flushes[id] = op
-		u.flushes++
-	}
+	w.flush(u)
+	w.settle(u)
 	w.startClose(u, fmt.Errorf("%s: %w", l.name, rdma.ErrEndpointClosed), true)
 }
 
