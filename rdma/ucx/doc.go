@@ -13,7 +13,7 @@
 // agent's progress goroutine, locked to its OS thread: Post, Connect,
 // Register, Deregister and Close on other goroutines queue a request and
 // wake it. Between bursts of work it polls for a short spin (WithSpin),
-// then arms the worker and sleeps in Go's netpoller on an epoll fd that
+// then arms the worker and sleeps in epoll_wait on an epoll fd that
 // holds UCP's event fd and an eventfd that submitters write to; an idle
 // agent wakes once a second for UCX's keepalive (about 0.1% of a core for
 // two linked agents).

@@ -205,23 +205,12 @@ ucs_status_t kvx_open(kvx_worker **out, const char *mods, char *err, size_t errl
 		st = UCS_ERR_IO_ERROR;
 		goto fail;
 	}
-	// Go's poller takes the epoll fd: it must not block.
-	int fl = fcntl(w->epfd, F_GETFL);
-	if (fl < 0 || fcntl(w->epfd, F_SETFL, fl | O_NONBLOCK) != 0) {
-		snprintf(err, errlen, "fcntl(O_NONBLOCK): %m");
-		st = UCS_ERR_IO_ERROR;
-		goto fail;
-	}
 	*out = w;
 	return UCS_OK;
 
 fail:
 	if (cfg != NULL) {
 		ucp_config_release(cfg);
-	}
-	if (w->epfd >= 0) {
-		close(w->epfd);
-		w->epfd = -1;
 	}
 	kvx_close_worker(w);
 	return st;
@@ -241,7 +230,9 @@ void kvx_close_worker(kvx_worker *w)
 	if (w->evfd >= 0) {
 		close(w->evfd);
 	}
-	// epfd belongs to Go's os.File once kvx_open succeeded.
+	if (w->epfd >= 0) {
+		close(w->epfd);
+	}
 	for (size_t i = 0; i < w->nev; i++) {
 		free(w->ev[i].data);
 	}

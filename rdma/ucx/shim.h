@@ -51,7 +51,7 @@ typedef struct kvx_worker {
 	uint64_t       mem_types;
 	int            efd;  // UCP's event fd
 	int            evfd; // eventfd other goroutines write to wake the worker
-	int            epfd; // epoll over efd and evfd (owned by Go once opened)
+	int            epfd; // epoll over efd and evfd
 	kvx_event     *ev;   // the callbacks' queue
 	size_t         nev, cap;
 

@@ -549,6 +549,5 @@ func (w *worker) teardown() {
 	}
 	C.kvx_close_worker(w.c)
 	w.c = nil
-	w.file.Close()
 	w.shutdown.reply(nil)
 }
