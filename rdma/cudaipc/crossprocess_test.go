@@ -2,20 +2,18 @@ package cudaipc_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/rdmatest"
 )
 
 // childEnv makes the test binary, re-executed, act as the receiver.
@@ -72,7 +70,7 @@ func TestCrossProcessChild(t *testing.T) {
 			got := read(t, d, m.Ptr(), crossLen+2*crossOff)
 			want := pattern(crossLen+2*crossOff, 0)
 			copy(want[crossOff:crossOff+crossLen], pattern(crossLen, byte(seed)))
-			if i := firstDiff(got, want); i >= 0 {
+			if i := rdmatest.FirstDiff(got, want); i >= 0 {
 				fmt.Println("MISMATCH", i)
 				return
 			}
@@ -80,18 +78,6 @@ func TestCrossProcessChild(t *testing.T) {
 			return
 		}
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return len(a)
 }
 
 // TestCrossProcess: a receiver process registers a region inside a device
@@ -102,55 +88,8 @@ func firstDiff(a, b []byte) int {
 // with ErrPeerGone.
 func TestCrossProcess(t *testing.T) {
 	requireGPU(t)
-	child := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1")
-	child.Env = append(os.Environ(), childEnv+"=1")
-	stdin, err := child.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	child.Stderr = &stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := false
-	defer func() {
-		if !exited {
-			stdin.Close()
-			child.Process.Kill()
-			child.Wait()
-		}
-	}()
-	lines := make(chan string, 16)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	next := func(prefix string) string {
-		t.Helper()
-		deadline := time.After(60 * time.Second)
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("receiver exited before %q; stderr:\n%s", prefix, stderr.String())
-				}
-				if strings.HasPrefix(l, prefix) {
-					return strings.TrimPrefix(l, prefix)
-				}
-			case <-deadline:
-				t.Fatalf("no %q from the receiver", prefix)
-			}
-		}
-	}
-	f := strings.Fields(next(readyPrefix))
+	child := rdmatest.StartChild(t, "TestCrossProcessChild", childEnv+"=1")
+	f := strings.Fields(strings.TrimPrefix(child.Expect(t, readyPrefix), readyPrefix))
 	if len(f) != 3 {
 		t.Fatalf("bad READY line %q", f)
 	}
@@ -205,8 +144,8 @@ func TestCrossProcess(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintln(stdin, "DEREGISTER")
-	if got := next("DEREGISTER "); got != "busy" {
+	child.Send(t, "DEREGISTER")
+	if got := child.Expect(t, "DEREGISTER "); got != "DEREGISTER busy" {
 		t.Errorf("receiver's Deregister with a batch pending: %q, want busy", got)
 	}
 	release()
@@ -220,16 +159,11 @@ func TestCrossProcess(t *testing.T) {
 		t.Fatalf("batch B: %v", err)
 	default:
 	}
-	fmt.Fprintf(stdin, "VERIFY %d\n", seed)
-	if got := next(""); got != "VERIFIED" {
-		t.Fatalf("receiver: %s; stderr:\n%s", got, stderr.String())
+	child.Send(t, fmt.Sprintf("VERIFY %d", seed))
+	if got := child.Expect(t, ""); got != "VERIFIED" {
+		t.Fatalf("receiver: %s", got)
 	}
-	stdin.Close()
-	err = child.Wait()
-	exited = true
-	if err != nil {
-		t.Fatalf("receiver: %v\n%s", err, stderr.String())
-	}
+	child.Wait(t)
 	err = ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: first, Done: func(error) { t.Error("Done of a refused post") }})
 	if !errors.Is(err, rdma.ErrPeerGone) {
 		t.Errorf("Post after the receiver exited: %v, want ErrPeerGone", err)

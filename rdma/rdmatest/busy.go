@@ -33,7 +33,7 @@ func testDeregisterBusy(t *testing.T, e *env) {
 	}}); err != nil {
 		t.Fatalf("Post A: %v", err)
 	}
-	recv(t, entered, "Done of batch A")
+	Recv(t, entered, "Done of batch A")
 
 	// Inside its Done, batch B is no longer in flight: both its regions
 	// deregister there already.
@@ -52,7 +52,7 @@ func testDeregisterBusy(t *testing.T, e *env) {
 	}
 
 	release()
-	errs := recv(t, doneB, "Done of batch B")
+	errs := Recv(t, doneB, "Done of batch B")
 	if errs[0] != nil {
 		t.Fatalf("batch B after the refused Deregisters: %v", errs[0])
 	}

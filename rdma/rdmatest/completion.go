@@ -66,7 +66,7 @@ func testFlushOrder(t *testing.T, e *env) {
 		})
 	}
 	for r := range rounds {
-		if got := recv(t, seen, "Flush callback"); got != (r+1)*per {
+		if got := Recv(t, seen, "Flush callback"); got != (r+1)*per {
 			t.Errorf("Flush %d ran after %d batches completed, want exactly %d (every earlier batch, no later one)", r, got, (r+1)*per)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +12,8 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
-// waitLimit bounds every wait of the suite.
-const waitLimit = 60 * time.Second
+// WaitLimit bounds every wait of the suite and of its helpers.
+const WaitLimit = 60 * time.Second
 
 // env is one subtest's pair of agents and helpers around it.
 type env struct {
@@ -68,7 +67,7 @@ func (e *env) src(n uint64, seed uint64) side {
 		e.t.Fatalf("sender Register(%d bytes): %v", n, err)
 	}
 	s := side{reg: reg, bytes: r.Bytes()}
-	fill(s.bytes, seed)
+	Pattern(s.bytes, seed)
 	return s
 }
 
@@ -89,7 +88,7 @@ func (e *env) dst(n uint64, seed uint64) side {
 		e.t.Fatalf("receiver Register(%d bytes): %v", n, err)
 	}
 	s := side{reg: reg, bytes: r.Bytes()}
-	fill(s.bytes, seed)
+	Pattern(s.bytes, seed)
 	return s
 }
 
@@ -113,7 +112,7 @@ func (e *env) flush(ep rdma.Endpoint) error {
 	e.t.Helper()
 	ch := make(chan error, 1)
 	ep.Flush(func(err error) { ch <- err })
-	return recv(e.t, ch, "Flush callback")
+	return Recv(e.t, ch, "Flush callback")
 }
 
 // post posts one batch and waits for its outcome.
@@ -123,30 +122,22 @@ func (e *env) post(ep rdma.Endpoint, src, dst side, segs []kvcache.Segment) erro
 	if err := ep.Post(rdma.Batch{Src: src.reg, Dst: dst.reg.Remote(), Segments: segs, Done: func(err error) { ch <- err }}); err != nil {
 		e.t.Fatalf("Post(%d segments): %v", len(segs), err)
 	}
-	return recv(e.t, ch, "Done")
+	return Recv(e.t, ch, "Done")
 }
 
-// recv waits for one value under the suite's deadline.
-func recv[T any](t *testing.T, ch <-chan T, what string) T {
+// Recv waits for one value from ch under the suite's deadline, and fails
+// t without one.
+func Recv[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
-	timer := time.NewTimer(waitLimit)
+	timer := time.NewTimer(WaitLimit)
 	defer timer.Stop()
 	select {
 	case v := <-ch:
 		return v
 	case <-timer.C:
-		t.Fatalf("no %s within %v", what, waitLimit)
+		t.Fatalf("no %s within %v", what, WaitLimit)
 		panic("unreachable")
 	}
-}
-
-// fill writes a reproducible random pattern.
-func fill(b []byte, seed uint64) {
-	var s [32]byte
-	s[0], s[1], s[2], s[3] = byte(seed), byte(seed>>8), byte(seed>>16), byte(seed>>24)
-	s[4], s[5], s[6], s[7] = byte(seed>>32), byte(seed>>40), byte(seed>>48), byte(seed>>56)
-	c := rand.NewChaCha8(s)
-	c.Read(b)
 }
 
 // apply copies segs from src into model, as a backend must into dst.

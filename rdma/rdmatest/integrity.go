@@ -57,7 +57,7 @@ func testIntegrity(t *testing.T, e *env) {
 	r := rand.New(rand.NewPCG(7, 11))
 
 	for round := range 8 {
-		fill(src.bytes, uint64(100+round))
+		Pattern(src.bytes, uint64(100+round))
 		segs := randomSegments(r, n, n)
 		if round == 0 { // the extremes: one byte, and a whole 1 MiB segment
 			segs = []kvcache.Segment{{Src: n - 1, Dst: 0, Len: 1}, {Src: 0, Dst: n - maxSegment, Len: maxSegment}}
@@ -73,7 +73,7 @@ func testIntegrity(t *testing.T, e *env) {
 				t.Fatalf("round %d: Post batch %d (%d segments): %v", round, p, hi-lo, err)
 			}
 		}
-		recv(t, tl.all, "Done of every batch")
+		Recv(t, tl.all, "Done of every batch")
 		tl.exactlyOnce(t)
 		for p, err := range tl.errs {
 			if err != nil {

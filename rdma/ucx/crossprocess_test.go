@@ -8,9 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/rdmatest"
 )
 
 // childEnv makes the test binary, re-executed, act as the receiver;
@@ -91,8 +90,8 @@ func TestCrossProcessChild(t *testing.T) {
 				t.Errorf("Deregister after the sender flushed: %v", err)
 			}
 			want := make([]byte, crossLen)
-			pattern(want, seed)
-			if i := firstDiff(r.Bytes(), want); i >= 0 {
+			rdmatest.Pattern(want, seed)
+			if i := rdmatest.FirstDiff(r.Bytes(), want); i >= 0 {
 				fmt.Println("MISMATCH", i)
 				t.Errorf("byte %d: got %#02x, want %#02x", i, r.Bytes()[i], want[i])
 			} else {
@@ -146,7 +145,7 @@ func TestCrossProcess(t *testing.T) {
 func crossProcess(t *testing.T, alloc bool) {
 	{
 		child := startChild(t, alloc)
-		rem := parseReady(t, child.expect(t, readyPrefix))
+		rem := parseReady(t, child.Expect(t, readyPrefix))
 		n := rem.dst.Len
 
 		a := newAgent(t)
@@ -163,7 +162,7 @@ func crossProcess(t *testing.T, alloc bool) {
 			t.Fatal(err)
 		}
 		const seed = 42
-		pattern(srcRegion.Bytes(), seed)
+		rdmatest.Pattern(srcRegion.Bytes(), seed)
 
 		// A forged key (one byte of the packed rkey changed) is refused.
 		bad := bytes.Clone(rem.dst.Key)
@@ -176,7 +175,7 @@ func crossProcess(t *testing.T, alloc bool) {
 
 		// Batch A's Done blocks, so batch B stays in flight while the
 		// child tries to deregister.
-		segs := shuffledSegments(n)
+		segs := rdmatest.ShuffledSegments(n)
 		half := len(segs) / 2
 		entered, unblock := make(chan struct{}), make(chan struct{})
 		var once sync.Once
@@ -190,31 +189,31 @@ func crossProcess(t *testing.T, alloc bool) {
 		}}); err != nil {
 			t.Fatal(err)
 		}
-		wait(t, entered, "batch A's Done")
+		rdmatest.Recv(t, entered, "batch A's Done")
 		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs[half:], Done: func(err error) { errs <- err }}); err != nil {
 			t.Fatal(err)
 		}
-		child.send(t, "DEREGISTER")
-		if got := child.expect(t, "DEREGISTER "); got != "DEREGISTER busy" {
+		child.Send(t, "DEREGISTER")
+		if got := child.Expect(t, "DEREGISTER "); got != "DEREGISTER busy" {
 			t.Errorf("receiver's Deregister with batch B in flight: %q, want busy", got)
 		}
 		release()
 		flushed := make(chan error, 1)
 		ep.Flush(func(err error) { flushed <- err })
-		if err := wait(t, flushed, "Flush"); err != nil {
+		if err := rdmatest.Recv(t, flushed, "Flush"); err != nil {
 			t.Fatalf("Flush: %v", err)
 		}
 		for range 2 {
-			if err := wait(t, errs, "Done"); err != nil {
+			if err := rdmatest.Recv(t, errs, "Done"); err != nil {
 				t.Fatalf("batch: %v", err)
 			}
 		}
 
-		child.send(t, fmt.Sprintf("VERIFY %d", seed))
-		if got := child.expect(t, ""); got != "VERIFIED" {
+		child.Send(t, fmt.Sprintf("VERIFY %d", seed))
+		if got := child.Expect(t, ""); got != "VERIFIED" {
 			t.Errorf("receiver: %q, want VERIFIED", got)
 		}
-		child.wait(t)
+		child.Wait(t)
 
 		// The receiver closed its agent (saying bye) and exited.
 		err = ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: []kvcache.Segment{{Len: 1}},
@@ -251,7 +250,7 @@ func TestCrossProcessPeerKilled(t *testing.T) {
 func peerKilled(t *testing.T, tls string, alloc bool) {
 	{
 		child := startChild(t, alloc)
-		rem := parseReady(t, child.expect(t, readyPrefix))
+		rem := parseReady(t, child.Expect(t, readyPrefix))
 		n := rem.dst.Len
 
 		a := newAgent(t)
@@ -271,11 +270,11 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: []kvcache.Segment{{Len: 4096}}, Done: func(err error) { ch <- err }}); err != nil {
 			t.Fatal(err)
 		}
-		if err := wait(t, ch, "first batch"); err != nil {
+		if err := rdmatest.Recv(t, ch, "first batch"); err != nil {
 			t.Fatal(err)
 		}
 
-		if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		const batches = 32
@@ -309,12 +308,12 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 		killed = true
 		before := total
 		mu.Unlock()
-		if err := child.cmd.Process.Kill(); err != nil {
+		if err := child.Process().Kill(); err != nil {
 			t.Fatal(err)
 		}
-		child.reap(t)
+		child.Reap(t)
 		start := time.Now()
-		wait(t, all, "every batch's Done after the kill")
+		rdmatest.Recv(t, all, "every batch's Done after the kill")
 		t.Logf("%d of %d batches had completed before the kill; the rest completed within %v of it", before, batches, time.Since(start).Round(time.Millisecond))
 
 		mu.Lock()
@@ -340,7 +339,7 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 
 		// Later posts are refused (once UCX noticed; until then an
 		// accepted one fails).
-		deadline := time.Now().Add(waitLimit)
+		deadline := time.Now().Add(rdmatest.WaitLimit)
 		for {
 			done := make(chan error, 1)
 			err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: segs[:1], Done: func(err error) { done <- err }})
@@ -350,212 +349,37 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 				}
 				break
 			}
-			if err := wait(t, done, "Done of a post after the kill"); !errors.Is(err, rdma.ErrPeerGone) && (err != nil || !alloc || tls == "tcp") {
+			if err := rdmatest.Recv(t, done, "Done of a post after the kill"); !errors.Is(err, rdma.ErrPeerGone) && (err != nil || !alloc || tls == "tcp") {
 				t.Fatalf("a post accepted after the kill: Done(%v), want ErrPeerGone", err)
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("posts still accepted %v after the kill", waitLimit)
+				t.Fatalf("posts still accepted %v after the kill", rdmatest.WaitLimit)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		flushed := make(chan error, 1)
 		ep.Flush(func(err error) { flushed <- err })
-		if err := wait(t, flushed, "Flush"); !errors.Is(err, rdma.ErrPeerGone) {
+		if err := rdmatest.Recv(t, flushed, "Flush"); !errors.Is(err, rdma.ErrPeerGone) {
 			t.Errorf("Flush after the kill: %v, want ErrPeerGone", err)
 		}
 		closed := make(chan error, 1)
 		go func() { closed <- ep.Close() }()
-		if err := wait(t, closed, "endpoint Close"); err != nil {
+		if err := rdmatest.Recv(t, closed, "endpoint Close"); err != nil {
 			t.Errorf("endpoint Close: %v", err)
 		}
 		go func() { closed <- a.Close() }()
-		if err := wait(t, closed, "agent Close"); err != nil {
+		if err := rdmatest.Recv(t, closed, "agent Close"); err != nil {
 			t.Errorf("agent Close: %v", err)
 		}
 	}
 }
 
-// child is the re-executed receiver.
-type child struct {
-	cmd     *exec.Cmd
-	stdin   *bufio.Writer
-	closer  interface{ Close() error }
-	lines   chan string
-	stderr  *lockedBuffer
-	exited  chan struct{} // closed once Wait returned exitErr
-	exitErr error
-}
-
-func startChild(t *testing.T, alloc bool) *child {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+// startChild starts the receiver, allocating its region with Alloc when
+// alloc is set.
+func startChild(t *testing.T, alloc bool) *rdmatest.Child {
+	env := []string{childEnv + "=1"}
 	if alloc {
-		cmd.Env = append(cmd.Env, childAllocEnv+"=1")
+		env = append(env, childAllocEnv+"=1")
 	}
-	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	cmd.Stderr = c.stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.stdin, c.closer = bufio.NewWriter(in), in
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		defer close(c.lines)
-		s := bufio.NewScanner(out)
-		for s.Scan() {
-			c.lines <- s.Text()
-		}
-	}()
-	go func() {
-		<-scanned // Wait closes stdout: read it all first
-		c.exitErr = cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		c.closer.Close()
-		deadline := time.NewTimer(waitLimit)
-		defer deadline.Stop()
-		lines := c.lines
-		for {
-			select {
-			case _, ok := <-lines: // keep the scanner moving until EOF
-				if !ok {
-					lines = nil
-				}
-			case <-c.exited:
-				return
-			case <-deadline.C:
-				cmd.Process.Kill()
-			}
-		}
-	})
-	return c
-}
-
-// expect returns the child's next stdout line starting with prefix,
-// skipping others, under the deadline.
-func (c *child) expect(t *testing.T, prefix string) string {
-	t.Helper()
-	deadline := time.NewTimer(waitLimit)
-	defer deadline.Stop()
-	for {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				t.Fatalf("receiver exited before %q; stderr:\n%s", prefix, c.stderr)
-			}
-			if strings.HasPrefix(line, prefix) && !strings.HasPrefix(line, "=== ") {
-				return line
-			}
-		case <-deadline.C:
-			t.Fatalf("no %q from the receiver within %v; stderr:\n%s", prefix, waitLimit, c.stderr)
-		}
-	}
-}
-
-func (c *child) send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := c.stdin.WriteString(line + "\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.stdin.Flush(); err != nil {
-		t.Fatalf("send %q: %v", line, err)
-	}
-}
-
-// wait waits for the child to exit and fails t unless it exited 0.
-func (c *child) wait(t *testing.T) {
-	t.Helper()
-	c.closer.Close()
-	for line := range c.lines { // drain what is left
-		t.Logf("receiver: %s", line)
-	}
-	wait(t, c.exited, "receiver exit")
-	if c.exitErr != nil {
-		t.Fatalf("receiver: %v; stderr:\n%s", c.exitErr, c.stderr)
-	}
-}
-
-// reap waits for a killed child to be gone.
-func (c *child) reap(t *testing.T) {
-	t.Helper()
-	c.closer.Close()
-	for range c.lines {
-	}
-	wait(t, c.exited, "killed receiver's exit")
-}
-
-const waitLimit = 60 * time.Second
-
-func wait[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	timer := time.NewTimer(waitLimit)
-	defer timer.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timer.C:
-		t.Fatalf("no %s within %v", what, waitLimit)
-		panic("unreachable")
-	}
-}
-
-// shuffledSegments covers [0, n) with segments of varied sizes in random
-// order, each writing source offset = destination offset.
-func shuffledSegments(n uint64) []kvcache.Segment {
-	r := rand.New(rand.NewPCG(1, 2))
-	var segs []kvcache.Segment
-	for off := uint64(0); off < n; {
-		l := min(1+r.Uint64N(256<<10), n-off)
-		segs = append(segs, kvcache.Segment{Src: off, Dst: off, Len: l})
-		off += l
-	}
-	r.Shuffle(len(segs), func(i, j int) { segs[i], segs[j] = segs[j], segs[i] })
-	return segs
-}
-
-func pattern(b []byte, seed uint64) {
-	var s [32]byte
-	s[0] = byte(seed)
-	rand.NewChaCha8(s).Read(b)
-}
-
-func firstDiff(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return len(a)
-}
-
-// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	return rdmatest.StartChild(t, "TestCrossProcessChild", env...)
 }
