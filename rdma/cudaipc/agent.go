@@ -11,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/host"
 )
 
 // Backend is the cudaipc backend's name.
@@ -181,7 +182,7 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: connect: %w", a, err)
 	}
-	if pa.pid != a.addr.pid && processGone(pa.pid) {
+	if pa.pid != a.addr.pid && host.ProcessGone(pa.pid) {
 		return nil, fmt.Errorf("%s: connect %s: %w: no process %d", a, pa, rdma.ErrPeerGone, pa.pid)
 	}
 	s, err := a.dev.NewStream()

@@ -3,11 +3,9 @@ package cudaipc
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -15,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
+	"github.com/kvxfer/kvxfer/rdma/internal/host"
 )
 
 // controlSize is the size of a control file: one page.
@@ -77,21 +76,7 @@ func (c *control) describes(k regionKey) bool {
 
 // Dir holds control files: /dev/shm where it is a directory, else
 // os.TempDir(). Every process of a host computes the same Dir.
-func Dir() string {
-	dirOnce.Do(func() {
-		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-			dir = "/dev/shm"
-		} else {
-			dir = os.TempDir()
-		}
-	})
-	return dir
-}
-
-var (
-	dirOnce sync.Once
-	dir     string
-)
+func Dir() string { return host.Dir() }
 
 // controlPath names the control file of fileID registered by process pid.
 func controlPath(pid int, fileID [16]byte) string {
@@ -157,9 +142,4 @@ func mapControl(f *os.File, path string) (*controlMap, error) {
 
 func (m *controlMap) close() error {
 	return os.NewSyscallError("munmap", syscall.Munmap(m.mem))
-}
-
-// processGone reports whether no process pid exists.
-func processGone(pid int) bool {
-	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
+	"github.com/kvxfer/kvxfer/rdma/internal/host"
 )
 
 // endpoint is a connection to one peer agent: a CUDA stream on which its
@@ -55,7 +56,7 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if e.closed {
 		return fmt.Errorf("%s: post: %w", e.name, rdma.ErrEndpointClosed)
 	}
-	if e.peer.pid != e.agent.addr.pid && processGone(e.peer.pid) {
+	if e.peer.pid != e.agent.addr.pid && host.ProcessGone(e.peer.pid) {
 		// Its allocations died with it: do not copy into a mapping of
 		// them.
 		return fmt.Errorf("%s: post: %w: no process %d", e.name, rdma.ErrPeerGone, e.peer.pid)

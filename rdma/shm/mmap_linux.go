@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"os"
 	"syscall"
 )
@@ -28,11 +27,6 @@ func mapFile(f *os.File, size int) ([]byte, error) {
 
 func unmapFile(mem []byte) error {
 	return os.NewSyscallError("munmap", syscall.Munmap(mem))
-}
-
-// processGone reports whether no process pid exists.
-func processGone(pid int) bool {
-	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 const openNoFollow = syscall.O_NOFOLLOW

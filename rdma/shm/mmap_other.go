@@ -13,6 +13,4 @@ func mapFile(*os.File, int) ([]byte, error) {
 
 func unmapFile([]byte) error { return errors.ErrUnsupported }
 
-func processGone(int) bool { return false }
-
 const openNoFollow = 0
