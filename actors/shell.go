@@ -289,11 +289,11 @@ type rxActor struct {
 func (a *rxActor) Receive(ctx actor.Context) {
 	now := a.env.clock()
 	var eff []Effect
+	restarted := false
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
 		if a.panicked {
-			a.panicked = false
-			a.env.stats.SessionPanics.Add(1)
+			a.panicked, restarted = false, true
 			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
 			cfg := a.s.cfg
@@ -340,6 +340,10 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		case Log:
 			logEffect(a.env.log, e)
 		}
+	}
+	if restarted {
+		// Counted once its effects ran, as for a TxSession.
+		a.env.stats.SessionPanics.Add(1)
 	}
 }
 
