@@ -76,10 +76,11 @@ type uep struct {
 	ep    *endpoint
 	rkeys map[uint64]C.ucp_rkey_h // by the peer's registration id
 
-	group     []*entry   // issued this round, flushed at its end
-	groupLast uint64     // the seq of the group's last batch
-	pend      []*flushOp // flushes not yet settled, oldest first
-	flushes   int        // flushes in flight
+	group     []*entry // issued this round, flushed at its end
+	groupLast uint64   // the seq of the group's last batch
+	// Flushes issued and not yet settled in order, oldest first: empty, or
+	// the first is still in flight (settle drains the settled prefix).
+	pend []*flushOp
 
 	closing  bool
 	force    bool      // close without waiting for the flushes
@@ -605,7 +606,6 @@ func (w *worker) flush(u *uep) *flushOp {
 	} else {
 		op.id = id
 		w.flushes[id] = op
-		u.flushes++
 	}
 	u.pend = append(u.pend, op)
 	return op
@@ -617,7 +617,6 @@ func (w *worker) onFlush(id uint64, st C.ucs_status_t) {
 		return // its endpoint closed first and failed its batches
 	}
 	delete(w.flushes, id)
-	op.u.flushes--
 	op.settled, op.err = true, w.statusErr(op.u, st)
 	w.settle(op.u)
 }
@@ -776,7 +775,7 @@ func (w *worker) advanceCloses() {
 	list := w.closing
 	w.closing = nil
 	for _, u := range list {
-		if !u.closed && u.closeID == 0 && (u.force || (u.flushes == 0 && u.group == nil)) {
+		if !u.closed && u.closeID == 0 && (u.force || (len(u.pend) == 0 && u.group == nil)) {
 			w.closeNow(u)
 		}
 		if !u.closed {
@@ -813,7 +812,6 @@ func (w *worker) closedUEP(u *uep) {
 		}
 	}
 	w.settle(u)
-	u.flushes = 0
 	C.kvx_ep_ctx_free(u.ctx)
 	u.ctx = nil
 	delete(w.ueps, u.id)
