@@ -11,8 +11,8 @@ func TestDirIsADirectory(t *testing.T) {
 	if err != nil || !fi.IsDir() {
 		t.Fatalf("Dir() = %q: %v, %v", Dir(), fi, err)
 	}
-	if Dir() != Dir() {
-		t.Fatal("Dir changed between calls")
+	if first, again := Dir(), Dir(); first != again {
+		t.Fatalf("Dir changed between calls: %q, then %q", first, again)
 	}
 }
 
