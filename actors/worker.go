@@ -3,12 +3,12 @@ package actors
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -40,7 +40,10 @@ type (
 		retired map[*actor.PID][]OpRef
 		err     error
 	}
-	flushDone struct {
+	// endpointOpened comes back from a connector goroutine once Connect
+	// has returned: its result waits in the slot's opened table.
+	endpointOpened struct{ key string }
+	flushDone      struct {
 		peer    int
 		session *actor.PID
 		err     error
@@ -56,7 +59,7 @@ type inflight struct {
 
 // workerSlot is a worker's state that survives restarts: its endpoints, its
 // control connections and the ops it has in flight. Only the worker actor
-// touches it.
+// touches it, but for opened, which connector goroutines fill.
 type workerSlot struct {
 	idx      int
 	agent    rdma.Agent
@@ -67,12 +70,23 @@ type workerSlot struct {
 	inflight map[OpRef]inflight
 	log      zerolog.Logger
 	stats    *Counters
-	closing  sync.WaitGroup // closer goroutines still running
+	// connecting holds, per peer whose Connect is running, the submits,
+	// flushes and closes for it that came meanwhile, in arrival order.
+	connecting map[string][]any
+	openedMu   sync.Mutex
+	opened     map[string]connectResult // Connect results not yet taken
+	background sync.WaitGroup           // closer and connector goroutines still running
+}
+
+type connectResult struct {
+	ep  rdma.Endpoint
+	err error
 }
 
 // workerActor is the protoactor shell of one sender worker. It never
 // blocks on the network: posts return at once and completions come back as
-// messages, and endpoints are closed on closer goroutines.
+// messages, and endpoints are opened on connector goroutines and closed on
+// closer goroutines.
 type workerActor struct {
 	slot *workerSlot
 }
@@ -80,7 +94,8 @@ type workerActor struct {
 func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link,
 		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]control.Conn{},
-		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats}
+		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats,
+		connecting: map[string][]any{}, opened: map[string]connectResult{}}
 }
 
 func (w *workerActor) Receive(ctx actor.Context) {
@@ -89,38 +104,18 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	case *workerSubmit:
 		// Record first: if anything below panics, the restart knows the op.
 		s.inflight[m.Op] = inflight{session: m.session, peer: string(m.Route.AgentAddr)}
-		ep, err := s.endpoint(m.Route)
-		if err == nil {
-			sys := ctx.ActorSystem()
-			self := ctx.Self()
-			ref, sess := m.Op, m.session
-			err = ep.Post(rdma.Batch{Src: s.reg, Dst: rdma.RemoteRegion{Key: m.Route.RegionKey, Len: m.Route.RegionLen},
-				Segments: m.Segments, Done: func(err error) {
-					sys.Root.Send(self, &batchDone{op: ref, session: sess, err: err})
-				}})
-		}
-		if err != nil {
-			delete(s.inflight, m.Op)
-			ctx.Send(m.session, TxCompleted{Op: m.Op, Err: err, Refused: true})
-			return
-		}
-		s.stats.OpsPosted.Add(1)
+		s.submit(ctx, m)
 	case *batchDone:
 		delete(s.inflight, m.op)
 		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
 	case *workerFlush:
-		ep := s.eps[string(m.Route.AgentAddr)]
-		if ep == nil {
-			ctx.Send(m.session, TxFlushed{Peer: m.Peer})
-			return
-		}
-		sys, self, peer, sess := ctx.ActorSystem(), ctx.Self(), m.Peer, m.session
-		ep.Flush(func(err error) { sys.Root.Send(self, &flushDone{peer: peer, session: sess, err: err}) })
+		s.flush(ctx, m)
 	case *flushDone:
 		ctx.Send(m.session, TxFlushed{Peer: m.peer, Err: m.err})
 	case *workerClose:
-		key := string(m.Route.AgentAddr)
-		s.closeEndpoint(ctx, key)
+		s.close(ctx, m)
+	case *endpointOpened:
+		s.connected(ctx, m.key)
 	case *endpointClosed:
 		if m.err != nil {
 			s.log.Warn().Err(m.err).Msg("endpoint close")
@@ -143,7 +138,15 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		for key := range s.eps {
 			s.closeEndpoint(ctx, key)
 		}
-		s.closing.Wait()
+		s.background.Wait()
+		// What connectors opened after the actor last looked: nothing
+		// will post through it.
+		for key, r := range s.opened {
+			if r.ep != nil {
+				_ = r.ep.Close()
+			}
+			delete(s.opened, key)
+		}
 		for id, c := range s.conns {
 			_ = c.Close()
 			delete(s.conns, id)
@@ -151,17 +154,123 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	}
 }
 
-func (s *workerSlot) endpoint(r *Route) (rdma.Endpoint, error) {
-	key := string(r.AgentAddr)
-	if ep := s.eps[key]; ep != nil {
-		return ep, nil
+// submit posts an op's batch through its peer's endpoint, once there is
+// one; the op is refused if the endpoint cannot be opened or the post is
+// refused.
+func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
+	key := string(m.Route.AgentAddr)
+	if s.wait(key, m) {
+		return
 	}
-	ep, err := s.agent.Connect(r.AgentAddr)
+	ep := s.eps[key]
+	if ep == nil {
+		s.connect(ctx, m.Route, m)
+		return
+	}
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	ref, sess := m.Op, m.session
+	err := ep.Post(rdma.Batch{Src: s.reg, Dst: rdma.RemoteRegion{Key: m.Route.RegionKey, Len: m.Route.RegionLen},
+		Segments: m.Segments, Done: func(err error) {
+			sys.Root.Send(self, &batchDone{op: ref, session: sess, err: err})
+		}})
 	if err != nil {
-		return nil, fmt.Errorf("worker %d: connect to %s: %w", s.idx, r.Peer, err)
+		s.refuse(ctx, m, err)
+		return
 	}
-	s.eps[key] = ep
-	return ep, nil
+	s.stats.OpsPosted.Add(1)
+}
+
+// refuse answers an op that was never posted.
+func (s *workerSlot) refuse(ctx actor.Context, m *workerSubmit, err error) {
+	delete(s.inflight, m.Op)
+	ctx.Send(m.session, TxCompleted{Op: m.Op, Err: err, Refused: true})
+}
+
+// flush flushes the peer's endpoint behind everything posted to it; with
+// no endpoint there is nothing to flush.
+func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
+	key := string(m.Route.AgentAddr)
+	if s.wait(key, m) {
+		return
+	}
+	ep := s.eps[key]
+	if ep == nil {
+		ctx.Send(m.session, TxFlushed{Peer: m.Peer})
+		return
+	}
+	sys, self, peer, sess := ctx.ActorSystem(), ctx.Self(), m.Peer, m.session
+	ep.Flush(func(err error) { sys.Root.Send(self, &flushDone{peer: peer, session: sess, err: err}) })
+}
+
+func (s *workerSlot) close(ctx actor.Context, m *workerClose) {
+	key := string(m.Route.AgentAddr)
+	if s.wait(key, m) {
+		return
+	}
+	s.closeEndpoint(ctx, key)
+}
+
+// wait queues m behind the Connect running for key, if there is one.
+func (s *workerSlot) wait(key string, m any) bool {
+	q, ok := s.connecting[key]
+	if ok {
+		s.connecting[key] = append(q, m)
+	}
+	return ok
+}
+
+// connect opens an endpoint to r's peer without blocking the worker: a
+// connector goroutine calls Connect (which may wait for the peer, a UCX
+// handshake for instance), leaves the result in opened and tells the
+// worker, which then handles m and whatever came for that peer meanwhile,
+// in order.
+func (s *workerSlot) connect(ctx actor.Context, r *Route, m any) {
+	key := string(r.AgentAddr)
+	s.connecting[key] = []any{m}
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	agent, addr, idx, peer := s.agent, r.AgentAddr, s.idx, r.Peer
+	s.background.Add(1)
+	go func() {
+		defer s.background.Done()
+		ep, err := agent.Connect(addr)
+		if err != nil {
+			err = fmt.Errorf("worker %d: connect to %s: %w", idx, peer, err)
+		}
+		s.openedMu.Lock()
+		s.opened[key] = connectResult{ep: ep, err: err}
+		s.openedMu.Unlock()
+		sys.Root.Send(self, &endpointOpened{key: key})
+	}()
+}
+
+// connected takes a connector's result and handles what waited for it.
+func (s *workerSlot) connected(ctx actor.Context, key string) {
+	s.openedMu.Lock()
+	r, ok := s.opened[key]
+	delete(s.opened, key)
+	s.openedMu.Unlock()
+	if !ok {
+		return
+	}
+	queue := s.connecting[key]
+	delete(s.connecting, key)
+	if r.err == nil {
+		s.eps[key] = r.ep
+	}
+	for _, m := range queue {
+		switch m := m.(type) {
+		case *workerSubmit:
+			if r.err != nil {
+				s.refuse(ctx, m, r.err)
+				continue
+			}
+			s.submit(ctx, m)
+		case *workerFlush:
+			s.flush(ctx, m)
+		case *workerClose:
+			s.close(ctx, m)
+		}
+	}
 }
 
 // closeEndpoint retires one endpoint without blocking the worker: it leaves
@@ -184,23 +293,43 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		}
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	s.closing.Add(1)
+	s.background.Add(1)
 	go func() {
-		defer s.closing.Done()
+		defer s.background.Done()
 		err := ep.Close()
 		sys.Root.Send(self, &endpointClosed{retired: retired, err: err})
 	}()
 }
 
-// restart handles a crash: every op in flight is in doubt until its
-// endpoint is closed, which retires it.
+// restart handles a crash: every op posted on an endpoint is in doubt
+// until the endpoint is closed, which retires it; ops never posted are
+// refused.
 func (s *workerSlot) restart(ctx actor.Context) {
+	crashed := fmt.Errorf("%w: worker %d", ErrWorkerCrashed, s.idx)
+	// Submits waiting for a Connect are not posted after all; flushes and
+	// closes keep waiting.
+	for key, q := range s.connecting {
+		kept := q[:0]
+		for _, m := range q {
+			if _, ok := m.(*workerSubmit); !ok {
+				kept = append(kept, m)
+			}
+		}
+		s.connecting[key] = kept
+	}
 	doubt := map[*actor.PID][]OpRef{}
 	for ref, in := range s.inflight {
+		if s.eps[in.peer] == nil {
+			// No endpoint to its peer (ops posted on one are retired when
+			// it closes): the op was never posted.
+			delete(s.inflight, ref)
+			ctx.Send(in.session, TxCompleted{Op: ref, Err: crashed, Refused: true})
+			continue
+		}
 		doubt[in.session] = append(doubt[in.session], ref)
 	}
 	for pid, ops := range doubt {
-		ctx.Send(pid, TxInDoubt{Ops: ops, Reason: fmt.Errorf("%w: worker %d", ErrWorkerCrashed, s.idx)})
+		ctx.Send(pid, TxInDoubt{Ops: ops, Reason: crashed})
 	}
 	for key := range s.eps {
 		s.closeEndpoint(ctx, key)
