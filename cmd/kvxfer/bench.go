@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/report"
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
 // scenario is one `kvxfer bench` scenario. Its logic lives in
@@ -137,7 +138,26 @@ compares within one run and reports medians.`,
 	for _, sc := range scenarios() {
 		cmd.AddCommand(newScenarioCmd(a, &out, sc))
 	}
+	cmd.AddCommand(newRawPeerCmd())
 	return cmd
+}
+
+// newRawPeerCmd is `kvxfer bench raw-peer`, the receiver process of `bench
+// raw --peer-process` (hidden: the sender starts it).
+func newRawPeerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "raw-peer",
+		Short:  "The receiver process of bench raw --peer-process",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			spec := os.Getenv(rdmabench.PeerEnv)
+			if spec == "" {
+				return fmt.Errorf("raw-peer is started by bench raw --peer-process ($%s is not set)", rdmabench.PeerEnv)
+			}
+			return rdmabench.ServePeer(spec, cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
 }
 
 // newScenarioCmd is `kvxfer bench NAME`.

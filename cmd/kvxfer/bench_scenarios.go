@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -28,6 +29,7 @@ type rawScenario struct {
 	rounds   int
 	bytes    string
 	segments int
+	peer     bool
 	results  []rdmabench.Result
 }
 
@@ -41,14 +43,16 @@ func (*rawScenario) short() string {
 }
 func (*rawScenario) long() string {
 	return `raw posts batches of segments through a backend (sender and receiver in
-this process; for shm the destination is a shared-memory file) and copies
-the same bytes with Go's copy, alternating the two --rounds times per size,
-and reports the medians and their ratio. Run from kvxfer bench without a
-backend set, it measures loopback and shm.`
+this process, or with --peer-process the receiver in a child process, as
+ucx_perftest runs its server; for shm the destination is a shared-memory
+file) and copies the same bytes with Go's copy, alternating the two --rounds
+times per size, and reports the medians and their ratio. Run from kvxfer
+bench without a backend set, it measures loopback and shm.`
 }
 func (*rawScenario) example() string {
 	return examples("", "kvxfer bench raw --backend shm --sizes 64KiB,1MiB,16MiB --json",
-		"many small segments per batch", "kvxfer bench raw --backend loopback --sizes 4KiB --segments 256")
+		"many small segments per batch", "kvxfer bench raw --backend loopback --sizes 4KiB --segments 256",
+		"the receiver in another process", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB")
 }
 func (*rawScenario) keys() ([]string, map[string]string) {
 	return []string{config.Backend}, map[string]string{config.Backend: "shm"}
@@ -58,6 +62,7 @@ func (r *rawScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&r.rounds, "rounds", r.rounds, "how many times backend and copy alternate per size (medians are reported)")
 	f.StringVar(&r.bytes, "bytes", r.bytes, "bytes moved per sample")
 	f.IntVar(&r.segments, "segments", r.segments, "segments per batch")
+	f.BoolVar(&r.peer, "peer-process", r.peer, "receive in a child process (shm and ucx)")
 }
 func (r *rawScenario) steps() int { return 2 * len(r.sizes) }
 
@@ -95,6 +100,13 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 		}
 	}
 	cfg := rdmabench.Config{Rounds: r.rounds, MinBytes: minBytes}
+	if r.peer {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--peer-process: %w", err)
+		}
+		cfg.Peer = []string{exe, "bench", "raw-peer"}
+	}
 	done, total := 0, len(backends)*len(sizes)
 	r.results = nil
 	for _, b := range backends {

@@ -10,9 +10,23 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(rdmabench.PeerEnv) != "" {
+		// bench raw --peer-process re-executed this test binary as its
+		// receiver: run the command it asked for.
+		root := newRootCmd()
+		root.SetArgs([]string{"bench", "raw-peer"})
+		if err := root.Execute(); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // run executes the CLI with args and returns its stdout and error.
 func run(args ...string) (string, error) {
@@ -73,6 +87,22 @@ func TestBenchRawJSON(t *testing.T) {
 		if len(sizes) != 2 || sizes[0] != 4096 || sizes[1] != 65536 {
 			t.Errorf("%s: sizes %v, want [4096 65536], one object each", backend, sizes)
 		}
+	}
+}
+
+// TestBenchRawPeerProcess: with --peer-process the receiver is a child
+// process (this binary, re-executed), which verifies the bytes landed.
+func TestBenchRawPeerProcess(t *testing.T) {
+	out, err := run("bench", "raw", "--backend", "shm", "--peer-process", "--sizes", "64KiB", "--json", "--rounds", "1", "--bytes", "1MiB")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 1 || objs[0]["peer_process"] != true || objs[0]["bytes_per_sec"].(float64) <= 0 {
+		t.Fatalf("want one result with peer_process true and a rate, got %v", objs)
+	}
+	if _, err := run("bench", "raw", "--backend", "loopback", "--peer-process", "--sizes", "4KiB", "--rounds", "1", "--bytes", "64KiB"); err == nil || !strings.Contains(err.Error(), `"loopback"`) {
+		t.Errorf("--peer-process with loopback: %v, want an error naming the backend", err)
 	}
 }
 

@@ -14,6 +14,9 @@ type Config struct {
 	// MinBytes is the least each sample moves (default 256 MiB); a sample
 	// is at least one operation.
 	MinBytes uint64
+	// Peer, when set, is the command of a receiver process (see
+	// NewPeerRig); otherwise the receiver is in this process.
+	Peer []string
 }
 
 // Result is one shape's measurement: medians over the rounds.
@@ -28,6 +31,8 @@ type Result struct {
 	SegmentsPerSec float64 `json:"segments_per_sec"`
 	Rounds         int     `json:"rounds"`
 	OpsPerSample   int     `json:"ops_per_sample"`
+	// PeerProcess: the receiver was another process.
+	PeerProcess bool `json:"peer_process,omitempty"`
 }
 
 // Measure builds a rig for backend and shape s, warms it, then alternates a
@@ -40,7 +45,13 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 	if cfg.MinBytes == 0 {
 		cfg.MinBytes = 256 << 20
 	}
-	r, err := NewRig(backend, s)
+	var r *Rig
+	var err error
+	if cfg.Peer != nil {
+		r, err = NewPeerRig(backend, s, cfg.Peer)
+	} else {
+		r, err = NewRig(backend, s)
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -77,6 +88,7 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 		CopyBytesPerSec: median(copyRates),
 		Rounds:          cfg.Rounds,
 		OpsPerSample:    ops,
+		PeerProcess:     cfg.Peer != nil,
 	}
 	res.Ratio = res.BytesPerSec / res.CopyBytesPerSec
 	res.SegmentsPerSec = res.BytesPerSec / float64(s.SegmentBytes)

@@ -1,7 +1,6 @@
 package rdmabench
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +54,7 @@ type Rig struct {
 	dst              rdma.RemoteRegion
 	dstBytes         []byte // the receiver's memory, for Verify
 	dstCloser        io.Closer
+	peer             *peer // the receiver's process, if not this one
 
 	// Completion accounting, updated by Done on the backend's goroutine.
 	inflight atomic.Int64
@@ -64,17 +64,25 @@ type Rig struct {
 	done     func(error)
 }
 
-// NewRig builds a rig for backend (Copy, or one of Backends()).
-func NewRig(backend string, s Shape) (r *Rig, err error) {
+// newRig is a rig's buffers, before any agent.
+func newRig(backend string, s Shape) (*Rig, error) {
 	if s.SegmentBytes == 0 || s.Segments < 1 {
 		return nil, fmt.Errorf("rdmabench: shape %d segments of %d bytes: want at least one segment of at least one byte", s.Segments, s.SegmentBytes)
 	}
 	n := s.Bytes()
-	r = &Rig{backend: backend, shape: s, segs: layout(s), wake: make(chan struct{}, 1)}
+	r := &Rig{backend: backend, shape: s, segs: layout(s), wake: make(chan struct{}, 1)}
 	r.done = r.complete
 	r.copySrc, r.copyDst = make([]byte, n), make([]byte, n)
 	fill(r.copySrc)
+	return r, nil
+}
 
+// NewRig builds a rig for backend (Copy, or one of Backends()).
+func NewRig(backend string, s Shape) (r *Rig, err error) {
+	if r, err = newRig(backend, s); err != nil {
+		return nil, err
+	}
+	n := s.Bytes()
 	switch backend {
 	case Copy:
 		return r, nil
@@ -96,11 +104,7 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 		}
 	}()
 
-	srcRegion, err := kvcache.HostBytesRegion(r.copySrc)
-	if err != nil {
-		return nil, err
-	}
-	if r.src, err = r.sender.Register(srcRegion); err != nil {
+	if err := r.registerSource(); err != nil {
 		return nil, err
 	}
 	var dstRegion *kvcache.Region
@@ -125,6 +129,51 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// NewPeerRig builds a rig for backend (shm or ucx) whose receiver is
+// another process: argv, which must call ServePeer (see PeerEnv).
+func NewPeerRig(backend string, s Shape, argv []string) (r *Rig, err error) {
+	if r, err = newRig(backend, s); err != nil {
+		return nil, err
+	}
+	p, addr, dst, err := startPeer(argv, backend, s)
+	if err != nil {
+		return nil, err
+	}
+	r.peer, r.dst = p, dst
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.Close())
+		}
+	}()
+	switch backend {
+	case shm.Backend:
+		r.sender = shm.New()
+	case ucx.Backend:
+		a, err := ucx.New()
+		if err != nil {
+			return nil, err
+		}
+		r.sender = a
+	}
+	if err := r.registerSource(); err != nil {
+		return nil, err
+	}
+	if r.ep, err = r.sender.Connect(addr); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// registerSource registers the rig's source buffer with the sender.
+func (r *Rig) registerSource() error {
+	region, err := kvcache.HostBytesRegion(r.copySrc)
+	if err != nil {
+		return err
+	}
+	r.src, err = r.sender.Register(region)
+	return err
 }
 
 // newUCX starts the ucx sender and receiver (UCX_* from the environment).
@@ -260,14 +309,15 @@ func (r *Rig) Copy(n int) {
 // Verify checks, after Run, that the destination holds each segment's
 // source bytes.
 func (r *Rig) Verify() error {
+	if r.peer != nil {
+		return r.peer.verify()
+	}
 	dst := r.dstBytes
 	if r.backend == Copy {
 		dst = r.copyDst
 	}
-	for i, s := range r.segs {
-		if !bytes.Equal(dst[s.Dst:s.Dst+s.Len], r.copySrc[s.Src:s.Src+s.Len]) {
-			return fmt.Errorf("rdmabench: %s: segment %d %+v did not land", r.backend, i, s)
-		}
+	if i := firstMismatch(dst, r.copySrc, r.segs); i >= 0 {
+		return fmt.Errorf("rdmabench: %s: segment %d %+v did not land", r.backend, i, r.segs[i])
 	}
 	return nil
 }
@@ -288,6 +338,10 @@ func (r *Rig) Close() error {
 	if r.dstCloser != nil {
 		errs = append(errs, r.dstCloser.Close())
 		r.dstCloser = nil
+	}
+	if r.peer != nil {
+		errs = append(errs, r.peer.close())
+		r.peer = nil
 	}
 	return errors.Join(errs...)
 }

@@ -5,34 +5,39 @@
 # For each round and each size, alternating which goes first:
 #   ucx_perftest -t ucp_put_bw -s SIZE   (a server and a client process on
 #                                          127.0.0.1, ucx-utils)
-#   kvxfer bench raw --backend ucx --sizes SIZE --rounds 1 --json
+#   kvxfer bench raw --backend ucx --peer-process --sizes SIZE --rounds 1 --json
 # then prints, per size, the median bandwidth of each, and their ratio.
 #
-# Usage: test/bench/ucx_vs_perftest.sh [-r ROUNDS] [-s SIZES] [-b BYTES]
+# Usage: test/bench/ucx_vs_perftest.sh [-r ROUNDS] [-s SIZES] [-b BYTES] [-i]
 #   -r ROUNDS  rounds (default 5)
 #   -s SIZES   comma-separated sizes with KiB/MiB suffix (default 64KiB,1MiB,16MiB)
 #   -b BYTES   bytes moved per sample by each tool (default 256MiB)
+#   -i         kvxfer's receiver in the sending process (default: a child
+#              process, as ucx_perftest runs a server and a client)
 # Environment:
 #   UCX_TLS    as usual; unset means UCX's own choice. Both tools see it.
 #   KVXFER     a kvxfer binary to use (default: go build ./cmd/kvxfer).
 #
 # What is compared: ucx_perftest's put bandwidth between two processes,
 # from and into memory UCX allocated (its ucp_put_bw buffers), endpoints
-# without error handling; kvxfer's rig has both agents in one process, the
-# destination from ucx.Agent.Alloc (UCP_MEM_MAP_ALLOCATE), endpoints with
-# peer error handling, a window of 256 batches of one segment each, every
-# batch flushed (remote completion) before its Done.
+# without error handling; kvxfer's rig sends from one process into another
+# (with -i, both agents in one process), the destination from
+# ucx.Agent.Alloc (UCP_MEM_MAP_ALLOCATE), endpoints with peer error
+# handling, a window of 256 batches of one segment each, every batch
+# flushed (remote completion) before its Done.
 set -euo pipefail
 
 rounds=5
 sizes=64KiB,1MiB,16MiB
 bytes=256MiB
-while getopts "r:s:b:h" opt; do
+peer=--peer-process
+while getopts "r:s:b:ih" opt; do
 	case $opt in
 	r) rounds=$OPTARG ;;
 	s) sizes=$OPTARG ;;
 	b) bytes=$OPTARG ;;
-	*) sed -n '2,24p' "$0"; exit 2 ;;
+	i) peer= ;;
+	*) sed -n '2,28p' "$0"; exit 2 ;;
 	esac
 done
 
@@ -88,13 +93,13 @@ perftest() {
 
 # kvxfer SIZE → bytes/s
 kvxfer() {
-	"$KVXFER" bench raw --backend ucx --sizes "$1" --rounds 1 --bytes "$bytes" --json 2>"$tmp/kvxfer.err" |
+	"$KVXFER" bench raw --backend ucx $peer --sizes "$1" --rounds 1 --bytes "$bytes" --json 2>"$tmp/kvxfer.err" |
 		awk -F'"bytes_per_sec":' 'NF > 1 { split($2, a, ","); printf "%.0f\n", a[1] }' ||
 		{ cat "$tmp/kvxfer.err" >&2; exit 1; }
 }
 
 IFS=, read -ra size_list <<<"$sizes"
-echo "UCX_TLS=${UCX_TLS-<unset>}  rounds=$rounds  bytes/sample=$bytes  $(ucx_info -v | sed -n 's/^# \(Version .*\)/UCX \1/p')" >&2
+echo "UCX_TLS=${UCX_TLS-<unset>}  rounds=$rounds  bytes/sample=$bytes  kvxfer receiver: ${peer:+child process}${peer:-same process}  $(ucx_info -v | sed -n 's/^# \(Version .*\)/UCX \1/p')" >&2
 for r in $(seq "$rounds"); do
 	for s in "${size_list[@]}"; do
 		b=$(bytes_of "$s")
