@@ -39,9 +39,13 @@
 // naming the segment), the flush failing (rdma.ErrPeerGone when UCX reports
 // the endpoint failed), or the endpoint closing first. Each
 // endpoint has a dispatcher goroutine that runs Done and Flush callbacks in
-// post order; it spins briefly (yielding) after a callback before it
-// blocks, so a stream of completions costs no thread wakeups. A batch stops
-// counting against its regions just before its Done runs.
+// post order. While batches are outstanding it naps (a 20µs futex wait,
+// ended early by the progress goroutine when that runs out of work) rather
+// than spin or block: a stream of completions then costs the progress
+// thread neither a wakeup per round nor a CPU that a spinner would take
+// from it on a small machine; a dispatcher that finds itself on the
+// progress thread's CPU moves off it before it naps (see nap.go). A batch
+// stops counting against its regions just before its Done runs.
 //
 // # Links: keys, revocation, goodbye
 //

@@ -50,6 +50,7 @@ type endpoint struct {
 
 	u       *uep   // progress goroutine only
 	round   uint64 // progress goroutine only: last round it was signalled
+	idle    uint64 // progress goroutine only: last idle point it was listed for
 	closing atomic.Bool
 	// doneSeq: every entry up to this seq has completed (the progress
 	// goroutine publishes it when a flush succeeds); entries completed
@@ -74,6 +75,11 @@ type endpoint struct {
 
 	wake    chan struct{}
 	stopped chan struct{}
+
+	// The dispatcher writes this on every nap; the progress goroutine
+	// reads the wake channel above on every round.
+	_      cpu.CacheLinePad
+	napper napper
 }
 
 var _ rdma.Endpoint = (*endpoint)(nil)
@@ -254,36 +260,55 @@ func (e *endpoint) push(ent *entry) {
 }
 
 // dispatch runs callbacks in post order as entries complete, until the
-// endpoint is closed and every callback has run. After a callback it keeps
-// looking (yielding its P) for the agent's spin time before it blocks, so
-// that a steady stream of completions costs no thread wakeups.
+// endpoint is closed and every callback has run. After running callbacks
+// it yields once, so that the goroutines they woke run before it looks
+// again, and keeps looking (yielding) for the dispatch spin, which catches
+// the completion of a batch posted back at once without a wakeup. Then,
+// while entries are outstanding, it naps (see napper) for up to the nap
+// window since its last callback, and otherwise blocks until the progress
+// goroutine signals. A nap ends early when the progress goroutine runs out
+// of work, so a lone batch's completion waits for no timer.
 func (e *endpoint) dispatch() {
 	defer close(e.stopped)
-	spin := e.a.opts.spin
+	o := &e.a.opts
 	var run []*entry
 	last := time.Now()
+	yielded := true
+	signalled := func() bool { return len(e.wake) > 0 }
 	for {
-		n, exit := e.dispatchReady(&run)
-		if exit {
+		// What dispatchReady reads below includes every completion
+		// signalled before this receive.
+		select {
+		case <-e.wake:
+		default:
+		}
+		n, outstanding, exit := e.dispatchReady(&run)
+		switch {
+		case exit:
 			return
-		}
-		now := time.Now()
-		if n > 0 {
-			last = now
-			continue
-		}
-		if now.Sub(last) < spin {
+		case n > 0:
+			last, yielded = time.Now(), false
+		case !yielded:
+			yielded = true
 			runtime.Gosched()
-			continue
+		case time.Since(last) < o.dispatchSpin:
+			runtime.Gosched()
+		case outstanding && time.Since(last) < o.napWindow:
+			if cpu := currentCPU(); cpu == e.a.w.progressCPU() {
+				moveOff(cpu)
+			}
+			e.napper.nap(o.nap, signalled)
+		default:
+			<-e.wake
+			last = time.Now()
 		}
-		<-e.wake
-		last = time.Now()
 	}
 }
 
 // dispatchReady runs the callbacks of the completed entries at the head of
-// the order; exit once the endpoint is closed and drained.
-func (e *endpoint) dispatchReady(run *[]*entry) (n int, exit bool) {
+// the order; outstanding says entries remain that have not completed; exit
+// once the endpoint is closed and drained.
+func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) {
 	e.mu.Lock()
 	r := (*run)[:0]
 	done := e.doneSeq.Load()
@@ -293,15 +318,16 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, exit bool) {
 		e.head++
 	}
 	flushErr := e.flushErr()
-	if len(r) == 0 && e.closeReq && e.ucpClosed && e.head == len(e.fifo) {
+	outstanding = e.head < len(e.fifo)
+	if len(r) == 0 && e.closeReq && e.ucpClosed && !outstanding {
 		e.gone = true
 		e.mu.Unlock()
-		return 0, true
+		return 0, false, true
 	}
 	e.mu.Unlock()
 	*run = r
 	if len(r) == 0 {
-		return 0, false
+		return 0, outstanding, false
 	}
 	for _, ent := range r {
 		if ent.flush != nil {
@@ -323,7 +349,7 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, exit bool) {
 		r[i] = nil
 	}
 	e.mu.Unlock()
-	return len(r), false
+	return len(r), outstanding, false
 }
 
 // flushErr is what a Flush reaching the head of the order reports. Called

@@ -18,18 +18,25 @@ type options struct {
 	handshake time.Duration
 	revoke    time.Duration
 	mmErrors  bool
+	// An endpoint dispatcher's waits (see endpoint.dispatch).
+	dispatchSpin time.Duration
+	nap          time.Duration
+	napWindow    time.Duration
 }
 
 func defaultOptions() options {
 	return options{
-		spin:      50 * time.Microsecond,
-		busySpin:  50 * time.Microsecond,
-		tick:      time.Second,
-		keepalive: time.Second,
-		close:     10 * time.Second,
-		handshake: 10 * time.Second,
-		revoke:    10 * time.Second,
-		mmErrors:  true,
+		spin:         50 * time.Microsecond,
+		busySpin:     50 * time.Microsecond,
+		tick:         time.Second,
+		keepalive:    time.Second,
+		close:        10 * time.Second,
+		handshake:    10 * time.Second,
+		revoke:       10 * time.Second,
+		mmErrors:     true,
+		dispatchSpin: 10 * time.Microsecond,
+		nap:          20 * time.Microsecond,
+		napWindow:    time.Millisecond,
 	}
 }
 

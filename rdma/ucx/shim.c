@@ -1,6 +1,9 @@
 //go:build cgo && linux && !kvxfer_noucx
 
+#define _GNU_SOURCE // sched_getcpu
 #include "shim.h"
+
+#include <sched.h>
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -243,6 +246,7 @@ void kvx_close_worker(kvx_worker *w)
 
 size_t kvx_poll(kvx_worker *w, unsigned max)
 {
+	__atomic_store_n(&w->cpu, sched_getcpu(), __ATOMIC_RELAXED);
 	unsigned n = 0, r;
 	do {
 		r = ucp_worker_progress(w->worker);

@@ -65,6 +65,7 @@ typedef struct kvx_worker {
 	int32_t        sts[KVX_DESCS];
 	kvx_seg       *segs;              // segments for kvx_put and kvx_put_many
 	size_t         segcap;
+	int            cpu;               // where kvx_poll last ran (other threads read it)
 } kvx_worker;
 
 // kvx_open creates a context (RMA, AM, WAKEUP) and a single-threaded worker.

@@ -144,6 +144,8 @@ type worker struct {
 	grouped    []*uep
 	touched    []*endpoint
 	round      uint64
+	napping    []*endpoint // signalled since the last idle point
+	idleRound  uint64
 	dirty      bool // links or the shutdown may move on
 	shutdown   *call
 	shutPhase  int
@@ -163,17 +165,18 @@ type worker struct {
 
 func newWorker(a *Agent) *worker {
 	w := &worker{
-		a:       a,
-		stopped: make(chan struct{}),
-		ueps:    make(map[uint64]*uep),
-		flushes: make(map[uint64]*flushOp),
-		closes:  make(map[uint64]*uep),
-		links:   make(map[agentID]*link),
-		regs:    make(map[uint64]*registration),
-		allocs:  make(map[uintptr]*allocation),
-		replies: make(map[uint64]*deregOp),
-		round:   1,
-		pending: make([]*entry, 0, C.KVX_DESCS),
+		a:         a,
+		stopped:   make(chan struct{}),
+		ueps:      make(map[uint64]*uep),
+		flushes:   make(map[uint64]*flushOp),
+		closes:    make(map[uint64]*uep),
+		links:     make(map[agentID]*link),
+		regs:      make(map[uint64]*registration),
+		allocs:    make(map[uintptr]*allocation),
+		replies:   make(map[uint64]*deregOp),
+		round:     1,
+		idleRound: 1,
+		pending:   make([]*entry, 0, C.KVX_DESCS),
 	}
 	return w
 }
@@ -257,6 +260,7 @@ func (w *worker) loop() {
 			last = w.now
 			continue
 		}
+		w.wakeNappers()
 		idle := w.now.Sub(last)
 		if w.busy() {
 			if idle >= w.a.opts.busySpin {
@@ -423,14 +427,39 @@ func (w *worker) advance() {
 	w.signalTouched()
 }
 
-// signalTouched wakes the dispatchers of endpoints with completions.
+// signalTouched wakes the dispatchers of endpoints with completions (a
+// parked one; a napping one wakes on its own, or at the next idle point).
 func (w *worker) signalTouched() {
 	for i, e := range w.touched {
 		e.signal()
+		if e.idle != w.idleRound {
+			e.idle = w.idleRound
+			w.napping = append(w.napping, e)
+		}
 		w.touched[i] = nil
 	}
 	w.touched = w.touched[:0]
 	w.round++
+}
+
+// wakeNappers ends the naps of the dispatchers signalled since the last
+// idle point: with nothing left to do, the progress goroutine's futex wake
+// costs no stream anything, and a lone completion waits for no timer.
+func (w *worker) wakeNappers() {
+	if len(w.napping) == 0 {
+		return
+	}
+	for i, e := range w.napping {
+		e.napper.wake()
+		w.napping[i] = nil
+	}
+	w.napping = w.napping[:0]
+	w.idleRound++
+}
+
+// progressCPU is the CPU the progress thread last polled on.
+func (w *worker) progressCPU() int {
+	return int(atomic.LoadInt32((*int32)(unsafe.Pointer(&w.c.cpu))))
 }
 
 func (w *worker) touch(e *endpoint) {
