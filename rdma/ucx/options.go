@@ -18,7 +18,13 @@ type options struct {
 	handshake time.Duration
 	revoke    time.Duration
 	mmErrors  bool
-	// An endpoint dispatcher's waits (see endpoint.dispatch).
+	// An endpoint dispatcher's waits (see endpoint.dispatch): it spins
+	// dispatchSpin after its last callback, then naps while batches are
+	// outstanding until napWindow after it, then blocks. A nap lasts nap
+	// plus the kernel's timer slack (50µs by default), so a 50µs window is
+	// about one nap: a stream whose completions come at least that often
+	// (shared memory: every round, tens of µs) keeps napping; a sparser
+	// one (tcp: a flush group every few ms) blocks, which wakes less.
 	dispatchSpin time.Duration
 	nap          time.Duration
 	napWindow    time.Duration
@@ -36,7 +42,7 @@ func defaultOptions() options {
 		mmErrors:     true,
 		dispatchSpin: 10 * time.Microsecond,
 		nap:          20 * time.Microsecond,
-		napWindow:    time.Millisecond,
+		napWindow:    50 * time.Microsecond,
 	}
 }
 
