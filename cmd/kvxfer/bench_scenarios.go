@@ -30,6 +30,7 @@ type rawScenario struct {
 	bytes    string
 	segments int
 	peer     bool
+	pause    time.Duration
 	results  []rdmabench.Result
 }
 
@@ -52,7 +53,8 @@ bench without a backend set, it measures loopback and shm.`
 func (*rawScenario) example() string {
 	return examples("", "kvxfer bench raw --backend shm --sizes 64KiB,1MiB,16MiB --json",
 		"many small segments per batch", "kvxfer bench raw --backend loopback --sizes 4KiB --segments 256",
-		"the receiver in another process", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB")
+		"the receiver in another process", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB",
+		"bursts after 200ms idle", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB --pause 200ms")
 }
 func (*rawScenario) keys() ([]string, map[string]string) {
 	return []string{config.Backend}, map[string]string{config.Backend: "shm"}
@@ -63,6 +65,7 @@ func (r *rawScenario) flags(f *pflag.FlagSet) {
 	f.StringVar(&r.bytes, "bytes", r.bytes, "bytes moved per sample")
 	f.IntVar(&r.segments, "segments", r.segments, "segments per batch")
 	f.BoolVar(&r.peer, "peer-process", r.peer, "receive in a child process (shm and ucx)")
+	f.DurationVar(&r.pause, "pause", r.pause, "idle this long before each backend sample: a burst after a pause rather than a stream")
 }
 func (r *rawScenario) steps() int { return 2 * len(r.sizes) }
 
@@ -86,6 +89,9 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 	if r.segments < 1 {
 		return fmt.Errorf("--segments %d: want at least 1", r.segments)
 	}
+	if r.pause < 0 {
+		return fmt.Errorf("--pause %v: want zero or more", r.pause)
+	}
 	minBytes, err := config.ParseSize(r.bytes)
 	if err != nil {
 		return fmt.Errorf("--bytes: %w", err)
@@ -99,7 +105,7 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 			return fmt.Errorf("--sizes: %w", err)
 		}
 	}
-	cfg := rdmabench.Config{Rounds: r.rounds, MinBytes: minBytes}
+	cfg := rdmabench.Config{Rounds: r.rounds, MinBytes: minBytes, Pause: r.pause}
 	if r.peer {
 		exe, err := os.Executable()
 		if err != nil {

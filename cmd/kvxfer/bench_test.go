@@ -106,6 +106,19 @@ func TestBenchRawPeerProcess(t *testing.T) {
 	}
 }
 
+// TestBenchRawPause: --pause idles before each backend sample and is
+// reported with the result.
+func TestBenchRawPause(t *testing.T) {
+	out, err := run("bench", "raw", "--backend", "loopback", "--sizes", "4KiB", "--rounds", "2", "--bytes", "64KiB", "--pause", "2ms", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 1 || objs[0]["pause_seconds"] != 0.002 || objs[0]["bytes_per_sec"].(float64) <= 0 {
+		t.Fatalf("want one result with pause_seconds 0.002 and a rate, got %v", objs)
+	}
+}
+
 func TestBenchRawTable(t *testing.T) {
 	out, err := run("bench", "raw", "--backend", "loopback", "--sizes", "4096", "--rounds", "1", "--bytes", "64KiB")
 	if err != nil {
@@ -130,6 +143,8 @@ func TestBenchRawRefuses(t *testing.T) {
 		{[]string{"--bytes", "lots"}, `"lots"`},
 		{[]string{"--rounds", "0"}, "--rounds 0"},
 		{[]string{"--segments", "0"}, "--segments 0"},
+		{[]string{"--pause", "-1ms"}, "--pause -1ms"},
+		{[]string{"--pause", "soon"}, `"soon"`},
 		{[]string{"extra"}, "extra"},
 	} {
 		_, err := run(append([]string{"bench", "raw"}, c.args...)...)

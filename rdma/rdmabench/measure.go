@@ -17,6 +17,10 @@ type Config struct {
 	// Peer, when set, is the command of a receiver process (see
 	// NewPeerRig); otherwise the receiver is in this process.
 	Peer []string
+	// Pause, when set, idles the rig that long before each backend sample,
+	// so that the sample is a burst after a pause (threads asleep, as
+	// between a serving process's requests) rather than part of a stream.
+	Pause time.Duration
 }
 
 // Result is one shape's measurement: medians over the rounds.
@@ -33,6 +37,9 @@ type Result struct {
 	OpsPerSample   int     `json:"ops_per_sample"`
 	// PeerProcess: the receiver was another process.
 	PeerProcess bool `json:"peer_process,omitempty"`
+	// PauseSeconds is Config.Pause: how long the rig idled before each
+	// backend sample.
+	PauseSeconds float64 `json:"pause_seconds,omitempty"`
 }
 
 // Measure builds a rig for backend and shape s, warms it, then alternates a
@@ -68,6 +75,9 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 	rates := make([]float64, 0, cfg.Rounds)
 	copyRates := make([]float64, 0, cfg.Rounds)
 	for range cfg.Rounds {
+		if cfg.Pause > 0 {
+			time.Sleep(cfg.Pause)
+		}
 		start := time.Now()
 		if err := r.Run(ops); err != nil {
 			return Result{}, fmt.Errorf("rdmabench: %s: %w", backend, err)
@@ -89,6 +99,7 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 		Rounds:          cfg.Rounds,
 		OpsPerSample:    ops,
 		PeerProcess:     cfg.Peer != nil,
+		PauseSeconds:    cfg.Pause.Seconds(),
 	}
 	res.Ratio = res.BytesPerSec / res.CopyBytesPerSec
 	res.SegmentsPerSec = res.BytesPerSec / float64(s.SegmentBytes)
