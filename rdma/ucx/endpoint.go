@@ -294,7 +294,7 @@ func (e *endpoint) dispatch() {
 		case time.Since(last) < o.dispatchSpin:
 			runtime.Gosched()
 		case outstanding && time.Since(last) < o.napWindow:
-			if cpu := currentCPU(); cpu == e.a.w.progressCPU() {
+			if cpu := currentCPU(); cpu >= 0 && cpu == e.a.w.progressCPU() {
 				moveOff(cpu)
 			}
 			e.napper.nap(o.nap, signalled)

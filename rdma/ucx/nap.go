@@ -61,10 +61,13 @@ func (n *napper) wake() {
 	}
 }
 
-// currentCPU is the CPU the calling thread runs on.
+// currentCPU is the CPU the calling thread runs on, or -1 where getcpu
+// is refused (a sandbox).
 func currentCPU() int {
 	var cpu uint32
-	unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0)
+	if _, _, errno := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); errno != 0 {
+		return -1
+	}
 	return int(cpu)
 }
 

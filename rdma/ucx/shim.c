@@ -105,6 +105,7 @@ ucs_status_t kvx_open(kvx_worker **out, const char *mods, char *err, size_t errl
 		return UCS_ERR_NO_MEMORY;
 	}
 	w->efd = w->evfd = w->epfd = -1;
+	w->cpu = -1; // until kvx_poll runs (sched_getcpu: -1 if it fails)
 
 	st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {

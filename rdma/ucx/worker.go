@@ -457,7 +457,7 @@ func (w *worker) wakeNappers() {
 	w.idleRound++
 }
 
-// progressCPU is the CPU the progress thread last polled on.
+// progressCPU is the CPU the progress thread last polled on (-1: unknown).
 func (w *worker) progressCPU() int {
 	return int(atomic.LoadInt32((*int32)(unsafe.Pointer(&w.c.cpu))))
 }
