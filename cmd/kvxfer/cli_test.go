@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"os"
 	"path/filepath"
@@ -84,8 +85,8 @@ func TestConfigErrorsThroughCLI(t *testing.T) {
 		{"flag timeout", nil, []string{"demo", "--timeout", "soon"}, `--timeout = "soon": not a duration`},
 		{"env level", map[string]string{"KVXFER_LOG_LEVEL": "loud"}, []string{"version"}, `KVXFER_LOG_LEVEL = "loud": unknown level`},
 		{"ctx backend", map[string]string{"KVXFER_BACKEND": "loopback"}, []string{"ctx", "--insecure", "--bind", "ipc:///x", "--peer-endpoint", "ipc:///y"},
-			`KVXFER_BACKEND = "loopback": kvxfer ctx runs across processes: want shm`},
-		{"demo two processes", nil, []string{"demo", "--processes", "2", "--backend", "loopback"}, `--backend = "loopback": demo --processes 2 runs across processes: want shm`},
+			`KVXFER_BACKEND = "loopback": kvxfer ctx runs across processes: want shm or ucx`},
+		{"demo two processes", nil, []string{"demo", "--processes", "2", "--backend", "loopback"}, `--backend = "loopback": demo --processes 2 runs across processes: want shm or ucx`},
 		{"metrics port", nil, []string{"demo", "--metrics-addr", "localhost:65535"}, `--metrics-addr = "localhost:65535": port "65535" leaves no next port`},
 		{"missing file", nil, []string{"demo", "--config", filepath.Join(dir, "absent.yaml")}, "absent.yaml"},
 	} {
@@ -179,6 +180,40 @@ func TestDemoShm(t *testing.T) {
 	}
 	if !strings.Contains(out, "OK: every transferred byte verified") {
 		t.Errorf("demo --backend shm:\n%s", out)
+	}
+}
+
+// TestDemoUCX: the one-process demo over two UCX agents verifies every
+// byte.
+func TestDemoUCX(t *testing.T) {
+	if !ucx.Available {
+		t.Skip("built without the ucx backend")
+	}
+	out, err := run("demo", "--requests", "2", "--min-tokens", "32", "--max-tokens", "64", "--chunk-tokens", "32",
+		"--compute", "0s", "--pool", "64MiB", "--backend", "ucx", "--log-level", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "OK: every transferred byte verified") {
+		t.Errorf("demo --backend ucx:\n%s", out)
+	}
+}
+
+// TestCrossProcessBackend: ctx, gen and demo --processes 2 default to ucx
+// where this binary has it, else shm, and take either.
+func TestCrossProcessBackend(t *testing.T) {
+	want := "shm"
+	if ucx.Available {
+		want = "ucx"
+	}
+	if got := crossProcessBackend(); got != want {
+		t.Errorf("default cross-process backend %q, want %q", got, want)
+	}
+	for _, cmd := range []string{"ctx", "gen"} {
+		out, err := run(cmd, "--help")
+		if err != nil || !strings.Contains(out, `(default `+want+`)`) {
+			t.Errorf("%s --help: %v; want the backend flag to default to %s:\n%s", cmd, err, want, out)
+		}
 	}
 }
 

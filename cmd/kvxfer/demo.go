@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"net"
 	"os"
@@ -42,13 +43,14 @@ func newDemoCmd(a *app) *cobra.Command {
 		Use:   "demo",
 		Short: "Run the demo workload and verify every byte",
 		Long: `demo starts a context engine and a generation engine in this process on the
-loopback backend and moves a batch of requests with chunked prefill, once
+loopback backend (or --backend shm or ucx) and moves a batch of requests with chunked prefill, once
 pipelined (each chunk leaves when its fence fires) and once transferring only
 after prefill ends. It verifies every transferred byte, prints a table and
 exits non-zero if a byte differs or a block leaks.
 
 With --processes 2 the two engines run as separate processes (kvxfer ctx and
-kvxfer gen) over ZeroMQ with CURVE and the shared-memory backend.
+kvxfer gen) over ZeroMQ with CURVE and, by default, the ucx backend (shm in a
+build without UCX).
 
 A progress bar shows finished requests when standard output is a terminal;
 otherwise each finished request is a log line on standard error.`,
@@ -71,12 +73,14 @@ otherwise each finished request is a log line on standard error.`,
 			f.pool, f.timeout, f.metricsAddr = s.Origin(config.Pool).Raw, s.Timeout.String(), s.MetricsAddr
 			f.backend = s.Backend
 			switch {
-			case s.Backend == "ucx":
-				return s.Invalid(config.Backend, "the demo runs loopback or shm")
 			case f.processes == 2 && s.Origin(config.Backend).Source == config.SourceDefault:
-				f.backend = "shm"
-			case f.processes == 2 && s.Backend != "shm":
-				return s.Invalid(config.Backend, "demo --processes 2 runs across processes: want shm")
+				f.backend = crossProcessBackend()
+			case f.processes == 2:
+				if err := checkCrossProcessBackend(s, "demo --processes 2"); err != nil {
+					return err
+				}
+			case s.Backend == ucx.Backend && !ucx.Available:
+				return s.Invalid(config.Backend, ucx.ErrUnavailable.Error())
 			}
 			f.o.Backend = f.backend
 			if s.MetricsAddr != "" {

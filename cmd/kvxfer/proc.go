@@ -15,13 +15,38 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // roleKeys are the common settings ctx and gen take, and their defaults.
 var (
 	roleKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr}
-	roleDefaults = map[string]string{config.Pool: "1GiB", config.Backend: "shm", config.Timeout: "1m"}
+	roleDefaults = map[string]string{config.Pool: "1GiB", config.Backend: crossProcessBackend(), config.Timeout: "1m"}
 )
+
+// crossProcessBackend is the default data plane between processes: ucx
+// when this binary has it (UCX picks shared memory, RDMA or TCP), else shm.
+func crossProcessBackend() string {
+	if ucx.Available {
+		return ucx.Backend
+	}
+	return shm.Backend
+}
+
+// checkCrossProcessBackend refuses a backend that cannot join processes.
+func checkCrossProcessBackend(s config.Settings, what string) error {
+	switch s.Backend {
+	case shm.Backend:
+		return nil
+	case ucx.Backend:
+		if !ucx.Available {
+			return s.Invalid(config.Backend, ucx.ErrUnavailable.Error())
+		}
+		return nil
+	}
+	return s.Invalid(config.Backend, what+" runs across processes: want shm or ucx")
+}
 
 // roleFlags are the flags `kvxfer ctx` and `kvxfer gen` share.
 type roleFlags struct {
@@ -61,9 +86,10 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	if s.Backend != "shm" {
-		return s.Invalid(config.Backend, "kvxfer "+cmd.Name()+" runs across processes: want shm")
+	if err := checkCrossProcessBackend(s, "kvxfer "+cmd.Name()); err != nil {
+		return err
 	}
+	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
 	if f.o.Bind == "" || f.o.PeerEndpoint == "" {
@@ -91,8 +117,9 @@ func newRoleCmd(a *app, use, short, example string, run func(context.Context, pr
 The two roles derive the same request list from --seed, --requests and the
 token range, so both must be given the same values. Each prints one JSON
 report line on standard output when it ends and exits non-zero if a request
-failed, a byte differed (gen) or a block leaked. kvxfer demo --processes 2
-runs both.`,
+failed, a byte differed (gen) or a block leaked. Both must use the same
+--backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
+or TCP) or shm. kvxfer demo --processes 2 runs both.`,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -166,7 +193,7 @@ func newKeygenCmd() *cobra.Command {
 
 // runTwoProcesses is `kvxfer demo --processes 2`: it writes keys, spawns
 // `kvxfer gen` and `kvxfer ctx` as separate processes over ipc endpoints
-// and the shared-memory backend, and fails unless both succeed.
+// and the demo's backend (shm or ucx), and fails unless both succeed.
 func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) error {
 	self, err := os.Executable()
 	if err != nil {
@@ -194,7 +221,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 		"--chunk-tokens", strconv.Itoa(f.o.ChunkTokens), "--compute", f.o.Compute.String(),
 		"--concurrency", strconv.Itoa(f.o.Concurrency), "--workers", strconv.Itoa(f.o.Workers),
 		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool, "--timeout", f.timeout,
-		"--log-level", a.log.GetLevel().String()}
+		"--log-level", a.log.GetLevel().String(), "--backend", f.backend}
 	if f.o.TokensPerBlock > 0 {
 		common = append(common, "--tokens-per-block", strconv.Itoa(f.o.TokensPerBlock))
 	}
@@ -212,7 +239,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 		return c
 	}
 	gen, ctxp := role("gen", "ctx"), role("ctx", "gen")
-	a.log.Info().Str("keys", dir).Msg("kvxfer demo --processes 2: gen and ctx processes, CURVE, shared-memory backend")
+	a.log.Info().Str("keys", dir).Str("backend", f.backend).Msg("kvxfer demo --processes 2: gen and ctx processes, CURVE")
 	if err := gen.Start(); err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // Options configures a demo run.
@@ -43,9 +44,10 @@ type Options struct {
 	Seed        uint64
 	// TokensPerBlock overrides the preset's block size when > 0.
 	TokensPerBlock int
-	// Backend is "loopback" (the default) or "shm": the generation pool is
+	// Backend is "loopback" (the default), "shm" (the generation pool is
 	// then a shared-memory file the context engine writes into, as across
-	// processes.
+	// processes) or "ucx" (two UCX agents; the pool is memory the
+	// generation agent allocated).
 	Backend string
 	// Timeout bounds each request (default 5 minutes).
 	Timeout time.Duration
@@ -162,8 +164,28 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		ctxAgent, genAgent = shm.New(), shm.New()
 		// After both engines closed (deferred first, so run last).
 		defer func() { err = errors.Join(err, ctxAgent.Close(), genAgent.Close(), c.Close()) }()
+	case ucx.Backend:
+		ca, err := ucx.New()
+		if err != nil {
+			return Row{}, err
+		}
+		ga, err := ucx.New()
+		if err != nil {
+			return Row{}, errors.Join(err, ca.Close())
+		}
+		// The generation pool in memory UCX allocated: its transports
+		// write that with one copy (a Go heap destination goes through
+		// UCX's software RMA).
+		r, c, err := ga.Alloc(o.PoolBytes)
+		if err != nil {
+			return Row{}, errors.Join(err, ca.Close(), ga.Close())
+		}
+		genRegion = r
+		ctxAgent, genAgent = ca, ga
+		// The writer's agent first, then the pool, then its owner.
+		defer func() { err = errors.Join(err, ctxAgent.Close(), c.Close(), genAgent.Close()) }()
 	default:
-		return Row{}, fmt.Errorf("demo: backend %q: want loopback or shm", o.Backend)
+		return Row{}, fmt.Errorf("demo: backend %q: want loopback, shm or ucx", o.Backend)
 	}
 	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
 		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,

@@ -1,8 +1,8 @@
 // Package proc runs kvxfer's two roles as separate OS processes: a context
 // process that prefills (simulated) and pushes chunks, and a generation
 // process that receives and verifies every byte. They talk over the ZeroMQ
-// control link (CURVE unless insecure) and write over the shared-memory
-// backend. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
+// control link (CURVE unless insecure) and write over the shared-memory or
+// the ucx backend. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
 // thin wrappers; the two-process tests re-execute the test binary into
 // these roles.
 package proc
@@ -28,7 +28,9 @@ import (
 	"github.com/kvxfer/kvxfer/internal/demo"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // Options configures one role process.
@@ -41,6 +43,10 @@ type Options struct {
 	// peer's public key (Z85); both empty only with Insecure.
 	SecretKey, PeerPublicKey string
 	Insecure                 bool
+
+	// Backend is the data plane both processes use: shm (also when empty)
+	// or ucx. Both must use the same.
+	Backend string
 
 	Model string
 	// Layout, when set, overrides Model.
@@ -104,6 +110,11 @@ func (o Options) validate() error {
 	if o.Requests < 1 || o.MinTokens < 1 || o.MaxTokens < o.MinTokens || o.Concurrency < 1 {
 		return fmt.Errorf("proc: requests %d, tokens %d..%d, concurrency %d", o.Requests, o.MinTokens, o.MaxTokens, o.Concurrency)
 	}
+	switch o.Backend {
+	case "", shm.Backend, ucx.Backend:
+	default:
+		return fmt.Errorf("proc: backend %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
+	}
 	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
 		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
 	}
@@ -119,7 +130,27 @@ type node struct {
 	once    sync.Once
 }
 
-func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error) {
+// newAgent is the backend's agent for this process.
+func newAgent(o Options) (rdma.Agent, error) {
+	if o.Backend == ucx.Backend {
+		return ucx.New()
+	}
+	return shm.New(), nil
+}
+
+// newPool is the generation process's pool memory: a shared-memory file
+// the context process maps (shm), or memory UCX allocated, which its
+// shared-memory and RDMA transports write with one copy (ucx).
+func newPool(o Options, agent rdma.Agent) (*kvcache.Region, io.Closer, error) {
+	if a, ok := agent.(*ucx.Agent); ok {
+		return a.Alloc(o.PoolBytes)
+	}
+	return shm.NewRegion(regionName(o.Instance, os.Getpid()), o.PoolBytes)
+}
+
+// start starts this process's engine on agent (which the node then owns)
+// and region (nil: the engine allocates its pool).
+func start(ctx context.Context, o Options, agent rdma.Agent, region *kvcache.Region) (*node, error) {
 	n := &node{down: make(chan struct{})}
 	peer := messages.PeerID{Instance: o.Peer, Rank: 0}
 	zc := zmq.Config{Bind: o.Bind, Peers: map[messages.PeerID]string{peer: o.PeerEndpoint},
@@ -139,10 +170,10 @@ func start(ctx context.Context, o Options, region *kvcache.Region) (*node, error
 	}
 	link, err := zmq.New(zc)
 	if err != nil {
+		_ = agent.Close()
 		return nil, err
 	}
 	n.link = link
-	agent := shm.New()
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
 		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
 		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log, TracePath: o.TracePath, MetricsAddr: o.MetricsAddr})
@@ -182,11 +213,16 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	} else if n > 0 {
 		o.Log.Info().Int("files", n).Msg("removed pool files of dead generation processes")
 	}
-	region, rc, err := shm.NewRegion(regionName(o.Instance, os.Getpid()), o.PoolBytes)
+	agent, err := newAgent(o)
 	if err != nil {
 		return rep, err
 	}
-	n, err := start(ctx, o, region)
+	region, rc, err := newPool(o, agent)
+	if err != nil {
+		_ = agent.Close()
+		return rep, err
+	}
+	n, err := start(ctx, o, agent, region)
 	if err != nil {
 		_ = rc.Close()
 		return rep, err
@@ -290,7 +326,11 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	n, err := start(ctx, o, nil)
+	agent, err := newAgent(o)
+	if err != nil {
+		return rep, err
+	}
+	n, err := start(ctx, o, agent, nil)
 	if err != nil {
 		return rep, err
 	}

@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -20,6 +21,10 @@ const Backend = "ucx"
 // Available says whether this binary has the ucx backend (built with cgo
 // on Linux, without the kvxfer_noucx tag).
 const Available = true
+
+// ErrUnavailable is what New returns in a build without the ucx backend;
+// this build never returns it.
+var ErrUnavailable = errors.New("ucx: backend not built in (needs cgo on Linux and UCX's headers and libraries through pkg-config)")
 
 // Agent is an rdma.Agent over one UCP context and worker, driven by one
 // progress goroutine. It is safe for concurrent use.

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"os"
 	"os/exec"
@@ -199,7 +201,29 @@ func fastDeath(g, c proc.Options) (proc.Options, proc.Options) {
 // TestTwoProcessTransfer: every request moves between two processes and
 // every byte is verified on the generation side; nothing leaks on either.
 func TestTwoProcessTransfer(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) { testTwoProcessTransfer(t, b) })
+	}
+}
+
+// backends are the data planes the two-process tests run over: shm, and
+// ucx when this binary has it.
+func backends() []string {
+	if ucx.Available {
+		return []string{shm.Backend, ucx.Backend}
+	}
+	return []string{shm.Backend}
+}
+
+// on sets both roles' backend.
+func on(b string, g, c proc.Options) (proc.Options, proc.Options) {
+	g.Backend, c.Backend = b, b
+	return g, c
+}
+
+func testTwoProcessTransfer(t *testing.T, b string) {
 	g, c := options(t, 6, 0)
+	g, c = on(b, g, c)
 	gen := spawn(t, "gen", g)
 	ctx := spawn(t, "ctx", c)
 	cr, cerr := ctx.wait(t, 2*time.Minute)
@@ -220,9 +244,16 @@ func TestTwoProcessTransfer(t *testing.T) {
 // fail or cancel the affected requests, retire their ops and release every
 // page, then exit with 0 leaked blocks.
 func TestKillGenerationMidTransfer(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) { testKillGenerationMidTransfer(t, b) })
+	}
+}
+
+func testKillGenerationMidTransfer(t *testing.T, b string) {
 	for r := 0; r < *rounds; r++ {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
 			g, c := fastDeath(options(t, 40, 2*time.Millisecond))
+			g, c = on(b, g, c)
 			gen := spawn(t, "gen", g)
 			ctx := spawn(t, "ctx", c)
 			gen.waitLine(t, "ready", time.Minute)
@@ -247,9 +278,16 @@ func TestKillGenerationMidTransfer(t *testing.T) {
 // destination pages once the writer is known dead, then exit with 0 leaked
 // blocks and every completed request verified.
 func TestKillContextMidTransfer(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) { testKillContextMidTransfer(t, b) })
+	}
+}
+
+func testKillContextMidTransfer(t *testing.T, b string) {
 	for r := 0; r < *rounds; r++ {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
 			g, c := fastDeath(options(t, 40, 2*time.Millisecond))
+			g, c = on(b, g, c)
 			gen := spawn(t, "gen", g)
 			ctx := spawn(t, "ctx", c)
 			gen.waitLine(t, "ready", time.Minute)
