@@ -45,6 +45,10 @@ type Agent struct {
 
 	mu  sync.Mutex
 	eps map[*endpoint]struct{}
+
+	// prefaults are the goroutines filling the page tables of peers'
+	// memory mapped by this agent (see prefault); Close waits for them.
+	prefaults sync.WaitGroup
 }
 
 var _ rdma.Agent = (*Agent)(nil)
@@ -134,6 +138,9 @@ func (a *Agent) Alloc(n uint64) (*kvcache.Region, io.Closer, error) {
 	if c.err != nil {
 		return nil, nil, c.err
 	}
+	// Faulted in now, as shm.NewRegion's memory is, rather than a page at
+	// a time under the first transfers.
+	prefault(uintptr(c.region.Base), c.region.Len)
 	return c.region, allocCloser{a: a, region: c.region}, nil
 }
 
@@ -218,6 +225,8 @@ func (a *Agent) Close() error {
 			e.signal()
 			<-e.stopped
 		}
+		// The worker unmapped what they fill: they end at once.
+		a.prefaults.Wait()
 	})
 	return a.closeErr
 }

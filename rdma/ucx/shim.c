@@ -472,3 +472,11 @@ ucs_status_t kvx_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *rkey)
 void kvx_rkey_destroy(ucp_rkey_h rkey) { ucp_rkey_destroy(rkey); }
 
 const char *kvx_status_string(ucs_status_t st) { return ucs_status_string(st); }
+
+ucs_status_t kvx_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, uintptr_t *local)
+{
+	void *p = NULL;
+	ucs_status_t st = ucp_rkey_ptr(rkey, raddr, &p);
+	*local = (uintptr_t)p;
+	return st;
+}

@@ -107,6 +107,9 @@ ucs_status_t kvx_mem_alloc(kvx_worker *w, uint64_t len, ucp_mem_h *memh, void **
 ucs_status_t kvx_rkey_pack(kvx_worker *w, ucp_mem_h memh, void **rkey, size_t *rkey_len);
 void kvx_mem_unmap(kvx_worker *w, ucp_mem_h memh);
 void kvx_rkey_buffer_release(void *buf);
+// kvx_rkey_ptr: where the remote address raddr of rkey is mapped in this
+// process (UCX's shared-memory transports), or an error status.
+ucs_status_t kvx_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, uintptr_t *local);
 ucs_status_t kvx_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *rkey);
 void kvx_rkey_destroy(ucp_rkey_h rkey);
 const char *kvx_status_string(ucs_status_t st);

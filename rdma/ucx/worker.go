@@ -607,6 +607,14 @@ func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
 		return nil, fmt.Errorf("%s: %w: ucp_ep_rkey_unpack of registration %d: %s", u.name, rdma.ErrBadKey, k.reg, statusText(st))
 	}
 	u.rkeys[k.reg] = rk
+	var local C.uintptr_t
+	if C.kvx_rkey_ptr(rk, C.uint64_t(k.base), &local) == ucsOK && local != 0 {
+		w.a.prefaults.Add(1)
+		go func() {
+			defer w.a.prefaults.Done()
+			prefault(uintptr(local), k.len)
+		}()
+	}
 	return rk, nil
 }
 
