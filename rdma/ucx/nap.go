@@ -11,6 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Futex operations (linux/futex.h; x/sys/unix does not name them).
+const (
+	futexWaitPrivate = 0 | 128 // FUTEX_WAIT | FUTEX_PRIVATE_FLAG
+	futexWakePrivate = 1 | 128 // FUTEX_WAKE | FUTEX_PRIVATE_FLAG
+)
+
 // napper is what an endpoint's dispatcher sleeps on while batches are
 // outstanding: a futex word, 1 while it naps. A nap ends when its time is
 // up (the kernel's timer wakes the thread, at no cost to any other) or
@@ -25,12 +31,6 @@ import (
 // from the progress thread, and every yield looks for an idle P to start
 // an M on, which is often the progress goroutine's own P while it is in a
 // cgo call.
-// Futex operations (linux/futex.h; x/sys/unix does not name them).
-const (
-	futexWaitPrivate = 0 | 128 // FUTEX_WAIT | FUTEX_PRIVATE_FLAG
-	futexWakePrivate = 1 | 128 // FUTEX_WAKE | FUTEX_PRIVATE_FLAG
-)
-
 type napper struct {
 	word atomic.Uint32
 }

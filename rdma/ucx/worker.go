@@ -607,6 +607,8 @@ func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
 		return nil, fmt.Errorf("%s: %w: ucp_ep_rkey_unpack of registration %d: %s", u.name, rdma.ErrBadKey, k.reg, statusText(st))
 	}
 	u.rkeys[k.reg] = rk
+	// Where UCX mapped the peer's memory in this process (shared-memory
+	// transports only): fill its page tables off this goroutine.
 	var local C.uintptr_t
 	if C.kvx_rkey_ptr(rk, C.uint64_t(k.base), &local) == ucsOK && local != 0 {
 		w.a.prefaults.Add(1)
