@@ -102,6 +102,32 @@ func TestNewRigRefuses(t *testing.T) {
 	}
 }
 
+func TestWindowFor(t *testing.T) {
+	for _, c := range []struct {
+		s    Shape
+		want int
+	}{
+		{Shape{SegmentBytes: 4 << 10, Segments: 1}, MaxWindow},
+		{Shape{SegmentBytes: 64 << 10, Segments: 1}, 1024},
+		{Shape{SegmentBytes: 128 << 10, Segments: 1}, 512},
+		{Shape{SegmentBytes: 64 << 10, Segments: 4}, 256},
+		{Shape{SegmentBytes: 1 << 20, Segments: 1}, MinWindow},
+		{Shape{SegmentBytes: 16 << 20, Segments: 1}, MinWindow},
+	} {
+		if got := WindowFor(c.s); got != c.want {
+			t.Errorf("WindowFor(%d x %d B) = %d, want %d", c.s.Segments, c.s.SegmentBytes, got, c.want)
+		}
+	}
+	r, err := NewRig(Copy, Shape{SegmentBytes: 64 << 10, Segments: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Window() != 1024 {
+		t.Errorf("a 64 KiB rig keeps %d in flight, want 1024", r.Window())
+	}
+}
+
 func TestMedian(t *testing.T) {
 	if m := median([]float64{3, 1, 2}); m != 2 {
 		t.Errorf("median(3,1,2) = %v", m)

@@ -67,7 +67,7 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 	opBytes := s.Bytes()
 	ops := int(max(1, (cfg.MinBytes+opBytes-1)/opBytes))
 	// Warm up: fault every page in, start the goroutines.
-	if err := r.Run(min(ops, Window)); err != nil {
+	if err := r.Run(min(ops, r.Window())); err != nil {
 		return Result{}, fmt.Errorf("rdmabench: %s warm-up: %w", backend, err)
 	}
 	r.Copy(1)

@@ -23,8 +23,9 @@
 # without error handling; kvxfer's rig sends from one process into another
 # (with -i, both agents in one process), the destination from
 # ucx.Agent.Alloc (UCP_MEM_MAP_ALLOCATE), endpoints with peer error
-# handling, a window of 256 batches of one segment each, every batch
-# flushed (remote completion) before its Done.
+# handling, a window of batches of one segment each (enough for 64 MiB,
+# 256 to 1024 of them), every batch flushed (remote completion) before its
+# Done.
 set -euo pipefail
 
 rounds=5
@@ -63,9 +64,13 @@ perftest() {
 	local size=$1 n warm port out srv
 	n=$(($(bytes_of "$bytes") / size))
 	((n < 4)) && n=4
-	# The same warm-up as kvxfer's rig: one window (256 operations), at most
+	# The same warm-up as kvxfer's rig: one window (rdmabench.WindowFor:
+	# enough operations for 64 MiB, at least 256 and at most 1024), at most
 	# one sample.
-	warm=$((n < 256 ? n : 256))
+	warm=$(((64 << 20) / size))
+	((warm < 256)) && warm=256
+	((warm > 1024)) && warm=1024
+	((warm > n)) && warm=$n
 	for try in 1 2 3 4 5; do
 		port=$((20000 + RANDOM % 20000))
 		ucx_perftest -t ucp_put_bw -s "$size" -n "$n" -w "$warm" -f -p "$port" >"$tmp/server" 2>&1 &
