@@ -133,7 +133,11 @@ type node struct {
 // newAgent is the backend's agent for this process.
 func newAgent(o Options) (rdma.Agent, error) {
 	if o.Backend == ucx.Backend {
-		return ucx.New()
+		a, err := ucx.New()
+		if err != nil {
+			return nil, fmt.Errorf("%w (backend ucx; --backend shm runs without UCX)", err)
+		}
+		return a, nil
 	}
 	return shm.New(), nil
 }
