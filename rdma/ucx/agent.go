@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"strings"
 	"sync"
@@ -61,6 +62,11 @@ func New(opts ...Option) (*Agent, error) {
 	for _, o := range opts {
 		o(&a.opts)
 	}
+	for _, c := range a.opts.cpus {
+		if c < 0 || c >= cpuSetSize {
+			return nil, fmt.Errorf("ucx: new agent: progress CPU %d: want 0..%d", c, cpuSetSize-1)
+		}
+	}
 	rand.Read(a.id[:])
 	rand.Read(a.secret[:])
 	a.name = "ucx agent " + a.id.String()
@@ -73,6 +79,9 @@ func New(opts ...Option) (*Agent, error) {
 	}
 	return a, nil
 }
+
+// cpuSetSize is how many CPUs an affinity mask names.
+const cpuSetSize = len(unix.CPUSet{}) * 64
 
 // Backend returns "ucx".
 func (a *Agent) Backend() string { return Backend }

@@ -16,7 +16,7 @@
 // then arms the worker and sleeps in epoll_wait on an epoll fd that
 // holds UCP's event fd and an eventfd that submitters write to; an idle
 // agent wakes once a second for UCX's keepalive (about 0.1% of a core for
-// two linked agents).
+// two linked agents). WithProgressCPUs pins that thread.
 //
 // C never holds a Go pointer: operations carry integer ids, and UCX's
 // callbacks (flush, close, endpoint error, active message) are C functions

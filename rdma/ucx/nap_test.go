@@ -127,3 +127,49 @@ func TestMoveOff(t *testing.T) {
 		t.Errorf("affinity %v after moveOff, was %v", after, before)
 	}
 }
+
+// TestProgressCPUs: WithProgressCPUs pins the progress thread (it polls on
+// the CPU given, and only there); a CPU out of range is refused by New.
+func TestProgressCPUs(t *testing.T) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SchedSetaffinity(0, &allowed); err != nil {
+		t.Skipf("this sandbox refuses sched_setaffinity: %v", err)
+	}
+	cpu := -1
+	for c := range cpuSetSize {
+		if allowed.IsSet(c) {
+			cpu = c // the last allowed CPU: not always the one New runs on
+		}
+	}
+	a, err := New(WithProgressCPUs(cpu))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var got unix.CPUSet
+	if err := unix.SchedGetaffinity(a.w.tid, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Count() != 1 || !got.IsSet(cpu) {
+		t.Fatalf("progress thread's affinity %v, want CPU %d alone", got, cpu)
+	}
+	// The progress thread records its CPU on every poll; make it poll.
+	deadline := time.Now().Add(30 * time.Second)
+	for a.w.progressCPU() == -1 && time.Now().Before(deadline) {
+		if _, c, err := a.Alloc(4096); err == nil {
+			c.Close()
+		}
+	}
+	if got := a.w.progressCPU(); got != cpu {
+		t.Fatalf("progress thread polled on CPU %d, pinned to %d", got, cpu)
+	}
+	for _, bad := range []int{-1, cpuSetSize} {
+		if b, err := New(WithProgressCPUs(bad)); err == nil {
+			b.Close()
+			t.Errorf("WithProgressCPUs(%d) accepted", bad)
+		}
+	}
+}

@@ -18,6 +18,7 @@ type options struct {
 	handshake time.Duration
 	revoke    time.Duration
 	mmErrors  bool
+	cpus      []int // the progress thread's affinity (none: the scheduler's choice)
 	// An endpoint dispatcher's waits (see endpoint.dispatch): it spins
 	// dispatchSpin after its last callback, then naps while batches are
 	// outstanding until napWindow after it, then blocks. A nap lasts nap
@@ -54,6 +55,18 @@ func defaultOptions() options {
 // process); on a dedicated core it saves a wakeup per burst.
 func WithSpin(idle, busy time.Duration) Option {
 	return func(o *options) { o.spin, o.busySpin = max(idle, 0), max(busy, 0) }
+}
+
+// WithProgressCPUs pins the agent's progress thread, the one thread that
+// makes every UCX call and, over shared memory, every copy, to these CPUs
+// (sched_setaffinity), as UCX's and NIXL's progress-thread affinity
+// settings do: on a machine with cores to spare, a CPU of its own near the
+// NIC. Other goroutines still run wherever the scheduler puts them (an
+// endpoint's dispatcher moves off the progress thread's CPU before it
+// naps). New fails if a CPU is out of range or the affinity is refused.
+// None (the default) leaves the thread to the scheduler.
+func WithProgressCPUs(cpus ...int) Option {
+	return func(o *options) { o.cpus = append([]int(nil), cpus...) }
 }
 
 // WithKeepalive sets UCX's keepalive interval, which bounds how long a

@@ -11,6 +11,7 @@ import "C"
 import (
 	"encoding/binary"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"runtime"
 	"sync"
@@ -126,6 +127,7 @@ type worker struct {
 	reqs   []request
 	exited bool
 	parked atomic.Bool
+	tid    int // the progress thread's id, set before New returns
 
 	// Progress goroutine only.
 	spare      []request
@@ -214,7 +216,12 @@ func (w *worker) run(ready chan<- error) {
 	// Never unlocked: the thread ends with the goroutine, and UCX's
 	// single-threaded worker only ever sees this thread.
 	runtime.LockOSThread()
-	if err := w.open(); err != nil {
+	w.tid = unix.Gettid()
+	err := w.pin()
+	if err == nil {
+		err = w.open()
+	}
+	if err != nil {
 		w.mu.Lock()
 		w.exited = true
 		w.mu.Unlock()
@@ -224,6 +231,21 @@ func (w *worker) run(ready chan<- error) {
 	ready <- nil
 	w.loop()
 	w.teardown()
+}
+
+// pin applies WithProgressCPUs to this, the progress thread.
+func (w *worker) pin() error {
+	if len(w.a.opts.cpus) == 0 {
+		return nil
+	}
+	var set unix.CPUSet
+	for _, c := range w.a.opts.cpus {
+		set.Set(c)
+	}
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("progress thread affinity %v: %w", w.a.opts.cpus, err)
+	}
+	return nil
 }
 
 func (w *worker) open() error {
