@@ -3,7 +3,6 @@ package kvxfer
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"net"
 	"os"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 )

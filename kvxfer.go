@@ -3,13 +3,13 @@ package kvxfer
 import (
 	"context"
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"

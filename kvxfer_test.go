@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -181,14 +181,8 @@ func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, prompt
 	for _, ch := range chunks {
 		b0, b1 := ch.Blocks(l.TokensPerBlock)
 		for i, e := range c.ctx {
-			runs := make([]kvcache.BlockRun, len(l.Groups))
-			for g := range l.Groups {
-				if len(srcs[i][g]) > 0 {
-					runs[g] = kvcache.BlockRun{First: b0, IDs: srcs[i][g][b0:b1]}
-				}
-			}
 			f := &kvxfer.ManualFence{}
-			if err := txs[i].Chunk(ch, runs, f); err != nil {
+			if err := txs[i].Chunk(ch, ch.Runs(l.TokensPerBlock, srcs[i]), f); err != nil {
 				t.Fatalf("chunk %v: %v", ch, err)
 			}
 			for g := range l.Groups {

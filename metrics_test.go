@@ -172,11 +172,7 @@ func begin(t *testing.T, c *cluster, l kvcache.Layout, id string, promptLen, chu
 		t.Fatal(err)
 	}
 	for _, ch := range chunks {
-		b0, b1 := ch.Blocks(l.TokensPerBlock)
-		runs := make([]kvcache.BlockRun, len(l.Groups))
-		for g := range runs {
-			runs[g] = kvcache.BlockRun{First: b0, IDs: f.src[g][b0:b1]}
-		}
+		runs := ch.Runs(l.TokensPerBlock, f.src)
 		fence := &kvxfer.ManualFence{}
 		if err := f.tx.Chunk(ch, runs, fence); err != nil {
 			t.Fatal(err)

@@ -2,11 +2,11 @@ package actors
 
 import (
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )

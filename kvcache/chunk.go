@@ -77,6 +77,20 @@ func (c Chunk) Blocks(tokensPerBlock int) (first, end int) {
 	return c.Start / tokensPerBlock, (c.End + tokensPerBlock - 1) / tokensPerBlock
 }
 
+// Runs is the chunk's blocks as one run per group over a request's block
+// ids: ids[g] lists group g's blocks from block 0. A group with no blocks
+// (ids[g] empty) gets an empty run.
+func (c Chunk) Runs(tokensPerBlock int, ids [][]BlockID) []BlockRun {
+	b0, b1 := c.Blocks(tokensPerBlock)
+	runs := make([]BlockRun, len(ids))
+	for g, gi := range ids {
+		if len(gi) > 0 {
+			runs[g] = BlockRun{First: b0, IDs: gi[b0:b1]}
+		}
+	}
+	return runs
+}
+
 // String formats the chunk as "chunk [Start, End) block FirstBlock", with
 // " last" appended for the last chunk.
 func (c Chunk) String() string {

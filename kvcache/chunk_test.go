@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -141,5 +142,14 @@ func TestChunkBlocksAndString(t *testing.T) {
 		if s := tt.c.String(); s != tt.str {
 			t.Errorf("String() = %q, want %q", s, tt.str)
 		}
+	}
+}
+
+func TestChunkRuns(t *testing.T) {
+	ids := [][]BlockID{{10, 11, 12, 13}, nil, {20, 21, 22, 23}}
+	runs := Chunk{64, 100, 2, true}.Runs(32, ids)
+	want := []BlockRun{{First: 2, IDs: []BlockID{12, 13}}, {}, {First: 2, IDs: []BlockID{22, 23}}}
+	if !reflect.DeepEqual(runs, want) {
+		t.Errorf("Runs = %+v, want %+v", runs, want)
 	}
 }

@@ -144,17 +144,10 @@ func (c *cluster) send(t *testing.T, r *request) {
 // returns the fences.
 func (c *cluster) chunk(t *testing.T, r *request, ch kvcache.Chunk) []*kvxfer.ManualFence {
 	t.Helper()
-	b0, b1 := ch.Blocks(c.l.TokensPerBlock)
 	var fences []*kvxfer.ManualFence
 	for i := range c.ctx {
-		runs := make([]kvcache.BlockRun, len(c.l.Groups))
-		for g := range c.l.Groups {
-			if len(r.srcs[i][g]) > 0 {
-				runs[g] = kvcache.BlockRun{First: b0, IDs: r.srcs[i][g][b0:b1]}
-			}
-		}
 		f := &kvxfer.ManualFence{}
-		if err := r.txs[i].Chunk(ch, runs, f); err != nil {
+		if err := r.txs[i].Chunk(ch, ch.Runs(c.l.TokensPerBlock, r.srcs[i]), f); err != nil {
 			t.Fatalf("chunk %v: %v", ch, err)
 		}
 		fences = append(fences, f)

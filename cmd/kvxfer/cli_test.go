@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // settingsLine runs `kvxfer bench overhead` (cheap) at debug level and

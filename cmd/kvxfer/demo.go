@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"net"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/demo"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // demoKeys are the common settings demo takes, and its defaults.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
 // FragmentedConfig configures Fragmented.
@@ -109,7 +110,7 @@ func Fragmented(ctx context.Context, cfg FragmentedConfig) (FragmentedResult, er
 		}
 	}
 	side := func(i int) FragmentedSide {
-		return FragmentedSide{SegmentsPerRequest: medianF(segs[i]), BytesPerSec: medianF(bw[i]), LatencyP50: quantile(lat[i], 0.5)}
+		return FragmentedSide{SegmentsPerRequest: rdmabench.Median(segs[i]), BytesPerSec: rdmabench.Median(bw[i]), LatencyP50: quantile(lat[i], 0.5)}
 	}
 	res.Contiguous, res.Fragmented = side(0), side(1)
 	res.Ratio = res.Fragmented.BytesPerSec / res.Contiguous.BytesPerSec

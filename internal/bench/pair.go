@@ -243,14 +243,7 @@ func (p *Pair) Run(ctx context.Context, spec RequestSpec) (RequestResult, error)
 		<-rx.Done()
 		return res, err
 	}
-	runs := func(c kvcache.Chunk) []kvcache.BlockRun {
-		b0, b1 := c.Blocks(l.TokensPerBlock)
-		out := make([]kvcache.BlockRun, len(l.Groups))
-		for g := range out {
-			out[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
-		}
-		return out
-	}
+	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }
 	res.ComputeStart = time.Now()
 	if spec.Pipelined {
 		for _, c := range chunks {

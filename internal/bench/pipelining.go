@@ -111,14 +111,7 @@ func exposed(ctx context.Context, ce, ge *kvxfer.Engine, l kvcache.Layout, id st
 	if err != nil {
 		return 0, err
 	}
-	runs := func(c kvcache.Chunk) []kvcache.BlockRun {
-		b0, b1 := c.Blocks(l.TokensPerBlock)
-		out := make([]kvcache.BlockRun, len(l.Groups))
-		for g := range out {
-			out[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
-		}
-		return out
-	}
+	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }
 	var last time.Time
 	if pipelined {
 		for _, c := range cs {

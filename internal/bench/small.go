@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -187,7 +188,7 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 				return res, err
 			}
 			peak[i] = append(peak[i], m.BytesPerSec)
-			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", sizeName(size)))
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", config.FormatSize(size)))
 		}
 		for i, n := range cfg.Tokens {
 			b := RequestBytes(l, n)
@@ -196,7 +197,7 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 				return res, err
 			}
 			per[i].raw = append(per[i].raw, m.BytesPerSec)
-			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", sizeName(b)))
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", config.FormatSize(b)))
 
 			s, err := sample(ctx, p, fmt.Sprintf("s%d-%d", r, i), n, 1, max(cfg.Requests/2, 1))
 			if err != nil {
@@ -227,15 +228,15 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 		}
 	}
 	for i, size := range PeakSizes {
-		if m := medianF(peak[i]); m > res.PeakBytesPerSec {
+		if m := rdmabench.Median(peak[i]); m > res.PeakBytesPerSec {
 			res.PeakBytesPerSec, res.PeakSegmentBytes = m, size
 		}
 	}
 	for i, n := range cfg.Tokens {
 		s := per[i]
-		sz := SmallSize{Tokens: n, RequestBytes: RequestBytes(l, n), SegmentsPerRequest: medianF(s.segs),
-			BatchesPerRequest: medianF(s.batches), BytesPerSec: medianF(s.conc), PeakBytesPerSec: res.PeakBytesPerSec,
-			SerialBytesPerSec: medianF(s.serial), RawBytesPerSec: medianF(s.raw),
+		sz := SmallSize{Tokens: n, RequestBytes: RequestBytes(l, n), SegmentsPerRequest: rdmabench.Median(s.segs),
+			BatchesPerRequest: rdmabench.Median(s.batches), BytesPerSec: rdmabench.Median(s.conc), PeakBytesPerSec: res.PeakBytesPerSec,
+			SerialBytesPerSec: rdmabench.Median(s.serial), RawBytesPerSec: rdmabench.Median(s.raw),
 			LatencyP50: quantile(s.lat, 0.5), LatencyP99: quantile(s.lat, 0.99), ConcurrentLatencyP50: quantile(s.concLat, 0.5)}
 		sz.Breakdown = Breakdown{Setup: quantile(s.setup, 0.5), Data: quantile(s.data, 0.5), Finish: quantile(s.finish, 0.5),
 			RawCopy: time.Duration(float64(sz.RequestBytes) / sz.RawBytesPerSec * 1e9)}
@@ -318,19 +319,6 @@ func sampleSpecs(ctx context.Context, p *Pair, conc, n int, spec func(i int) Req
 	return out, nil
 }
 
-func medianF(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-}
-
 // quantile is the q-quantile (nearest rank) of ds.
 func quantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
@@ -340,16 +328,4 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	slices.Sort(s)
 	i := int(q*float64(len(s))+0.5) - 1
 	return s[min(max(i, 0), len(s)-1)]
-}
-
-func sizeName(n uint64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/control"
 	"io"
 	"math/rand/v2"
 	"sort"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -306,14 +306,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 	if err != nil {
 		return res, err
 	}
-	runs := func(c kvcache.Chunk) []kvcache.BlockRun {
-		b0, b1 := c.Blocks(l.TokensPerBlock)
-		out := make([]kvcache.BlockRun, len(l.Groups))
-		for g := range out {
-			out[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
-		}
-		return out
-	}
+	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }
 	compute := func(c kvcache.Chunk) {
 		t := time.Now()
 		b0, b1 := c.Blocks(l.TokensPerBlock)

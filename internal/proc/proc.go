@@ -403,17 +403,13 @@ func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl
 	}
 	region := n.eng.Region().Bytes()
 	for _, c := range chunks {
-		b0, b1 := c.Blocks(l.TokensPerBlock)
-		runs := make([]kvcache.BlockRun, len(l.Groups))
-		for g := range runs {
-			runs[g] = kvcache.BlockRun{First: b0, IDs: src[g][b0:b1]}
-		}
 		f := &kvxfer.ManualFence{}
-		if err := tx.Chunk(c, runs, f); err != nil {
+		if err := tx.Chunk(c, c.Runs(l.TokensPerBlock, src), f); err != nil {
 			f.Fire(err)
 			break
 		}
 		t := time.Now()
+		b0, b1 := c.Blocks(l.TokensPerBlock)
 		for g := range l.Groups {
 			geom := n.eng.Pools().Geometry(g)
 			for b := b0; b < b1; b++ {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/internal/config"
 )
 
 func TestMain(m *testing.M) {
@@ -17,19 +19,6 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
-}
-
-// sizeName is 4KiB, 64KiB, 1MiB, 16MiB, …
-func sizeName(n uint64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
 }
 
 func backends() []string { return append([]string{Copy}, Backends()...) }
@@ -64,7 +53,7 @@ func bench(b *testing.B, backend string, s Shape) {
 func BenchmarkPost(b *testing.B) {
 	for _, size := range []uint64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
 		for _, backend := range backends() {
-			b.Run(sizeName(size)+"/"+backend, func(b *testing.B) {
+			b.Run(config.FormatSize(size)+"/"+backend, func(b *testing.B) {
 				bench(b, backend, Shape{SegmentBytes: size, Segments: 1})
 			})
 		}
@@ -129,11 +118,14 @@ func TestWindowFor(t *testing.T) {
 }
 
 func TestMedian(t *testing.T) {
-	if m := median([]float64{3, 1, 2}); m != 2 {
-		t.Errorf("median(3,1,2) = %v", m)
+	if m := Median([]float64{3, 1, 2}); m != 2 {
+		t.Errorf("Median(3,1,2) = %v", m)
 	}
-	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
-		t.Errorf("median(4,1,3,2) = %v", m)
+	if m := Median(nil); m != 0 {
+		t.Errorf("Median(none) = %v", m)
+	}
+	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("Median(4,1,3,2) = %v", m)
 	}
 }
 

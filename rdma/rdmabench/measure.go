@@ -94,8 +94,8 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 		Backend:         backend,
 		SizeBytes:       s.SegmentBytes,
 		Segments:        s.Segments,
-		BytesPerSec:     median(rates),
-		CopyBytesPerSec: median(copyRates),
+		BytesPerSec:     Median(rates),
+		CopyBytesPerSec: Median(copyRates),
 		Rounds:          cfg.Rounds,
 		OpsPerSample:    ops,
 		PeerProcess:     cfg.Peer != nil,
@@ -110,7 +110,12 @@ func rate(ops int, opBytes uint64, d time.Duration) float64 {
 	return float64(ops) * float64(opBytes) / max(d.Seconds(), 1e-9)
 }
 
-func median(xs []float64) float64 {
+// Median is the median of xs (the mean of the middle two for an even
+// count; 0 for none).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	if n := len(s); n%2 == 1 {

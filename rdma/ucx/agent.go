@@ -6,11 +6,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"

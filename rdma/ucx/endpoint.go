@@ -270,7 +270,6 @@ func (e *endpoint) push(ent *entry) {
 // of work, so a lone batch's completion waits for no timer.
 func (e *endpoint) dispatch() {
 	defer close(e.stopped)
-	o := &e.a.opts
 	var run []*entry
 	last := time.Now()
 	yielded := true
@@ -291,19 +290,32 @@ func (e *endpoint) dispatch() {
 		case !yielded:
 			yielded = true
 			runtime.Gosched()
-		case time.Since(last) < o.dispatchSpin:
+		case time.Since(last) < dispatchSpin:
 			runtime.Gosched()
-		case outstanding && time.Since(last) < o.napWindow:
+		case outstanding && time.Since(last) < napWindow:
 			if cpu := currentCPU(); cpu >= 0 && cpu == e.a.w.progressCPU() {
 				moveOff(cpu)
 			}
-			e.napper.nap(o.nap, signalled)
+			e.napper.nap(napFor, signalled)
 		default:
 			<-e.wake
 			last = time.Now()
 		}
 	}
 }
+
+// A dispatcher's waits: it spins dispatchSpin after its last callback,
+// then naps napFor at a time while batches are outstanding until napWindow
+// after it, then blocks. A nap lasts napFor plus the kernel's timer slack
+// (50µs by default), so a 50µs window is about one nap: a stream whose
+// completions come at least that often (shared memory: every round, tens
+// of µs) keeps napping; a sparser one (tcp: a flush group every few ms)
+// blocks, which wakes less.
+const (
+	dispatchSpin = 10 * time.Microsecond
+	napFor       = 20 * time.Microsecond
+	napWindow    = 50 * time.Microsecond
+)
 
 // dispatchReady runs the callbacks of the completed entries at the head of
 // the order; outstanding says entries remain that have not completed; exit

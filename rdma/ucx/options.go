@@ -19,31 +19,18 @@ type options struct {
 	revoke    time.Duration
 	mmErrors  bool
 	cpus      []int // the progress thread's affinity (none: the scheduler's choice)
-	// An endpoint dispatcher's waits (see endpoint.dispatch): it spins
-	// dispatchSpin after its last callback, then naps while batches are
-	// outstanding until napWindow after it, then blocks. A nap lasts nap
-	// plus the kernel's timer slack (50µs by default), so a 50µs window is
-	// about one nap: a stream whose completions come at least that often
-	// (shared memory: every round, tens of µs) keeps napping; a sparser
-	// one (tcp: a flush group every few ms) blocks, which wakes less.
-	dispatchSpin time.Duration
-	nap          time.Duration
-	napWindow    time.Duration
 }
 
 func defaultOptions() options {
 	return options{
-		spin:         50 * time.Microsecond,
-		busySpin:     50 * time.Microsecond,
-		tick:         time.Second,
-		keepalive:    time.Second,
-		close:        10 * time.Second,
-		handshake:    10 * time.Second,
-		revoke:       10 * time.Second,
-		mmErrors:     true,
-		dispatchSpin: 10 * time.Microsecond,
-		nap:          20 * time.Microsecond,
-		napWindow:    50 * time.Microsecond,
+		spin:      50 * time.Microsecond,
+		busySpin:  50 * time.Microsecond,
+		tick:      time.Second,
+		keepalive: time.Second,
+		close:     10 * time.Second,
+		handshake: 10 * time.Second,
+		revoke:    10 * time.Second,
+		mmErrors:  true,
 	}
 }
 

@@ -11,7 +11,6 @@ import "C"
 import (
 	"encoding/binary"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"runtime"
 	"sync"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"

@@ -10,8 +10,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/kvxfer/kvxfer/rdma/shm"
-	"github.com/kvxfer/kvxfer/rdma/ucx"
 	"io"
 	"os"
 	"os/exec"
@@ -25,6 +23,8 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 const (
