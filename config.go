@@ -48,8 +48,9 @@ type Config struct {
 	// region the shm backend can write into, or memory a serving framework
 	// allocated); PoolBytes is then its length.
 	Region *kvcache.Region
-	// Workers is the number of sender workers (env KVXFER_WORKERS); < 1 is
-	// an error.
+	// Workers is the number of sender workers (env KVXFER_WORKERS). The
+	// zero value means DefaultWorkers (4); a negative value is an error, and
+	// so is KVXFER_WORKERS=0 (an explicit setting below 1).
 	Workers int
 	// Backend names the data plane ("loopback"); Agent, when set, is used
 	// instead.

@@ -217,6 +217,7 @@ type SendRequest struct {
 // TxHandle is the context side's handle on one request.
 type TxHandle struct {
 	inner *actors.TxHandle
+	e     *Engine
 	req   SendRequest
 	tpb   int
 	mu    sync.Mutex
@@ -239,17 +240,27 @@ func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &TxHandle{inner: h, req: req, tpb: e.cfg.layout.TokensPerBlock}, nil
+	return &TxHandle{inner: h, e: e, req: req, tpb: e.cfg.layout.TokensPerBlock}, nil
 }
 
 // Chunk hands over one prefill chunk: tokens [c.Start, c.End) whose KV sits
 // in src (per layer group, the source blocks of global block indices
 // src[g].First…). fence fires when the KV is written; nil means it is.
-// A misaligned or out-of-order chunk is rejected with an error naming it,
-// and nothing is pinned.
+// A misaligned or out-of-order chunk, or one whose source blocks do not
+// cover what it holds of a layer group or are not allocated, is rejected
+// with an error naming the chunk and the blocks; nothing is pinned and the
+// request goes on (the caller may hand a corrected chunk).
+//
+// Once the request's outcome is decided (it failed, timed out or was
+// cancelled, here or by the peer), Chunk returns an error wrapping
+// ErrRequestFailed and the outcome's cause, so that prefill can stop
+// computing; Done still fires only after the drain.
 func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if d := h.inner.Decided(); d != nil && d.Err != nil {
+		return fmt.Errorf("%w: request %s is %s, chunk %v not taken: %w", ErrRequestFailed, h.req.ID, d.Status, c, d.Err)
+	}
 	if h.done {
 		return fmt.Errorf("%w: request %s: chunk %v after the last chunk", actors.ErrBadChunk, h.req.ID, c)
 	}
@@ -259,9 +270,44 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	if c.Start != h.next {
 		return fmt.Errorf("%w: request %s: chunk starts at token %d, expected %d", actors.ErrBadChunk, h.req.ID, c.Start, h.next)
 	}
+	if err := h.checkSources(c, src); err != nil {
+		return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
+	}
 	h.next = c.End
 	h.done = c.Last
 	h.inner.Chunk(c, src, fence)
+	return nil
+}
+
+// checkSources refuses a chunk whose source blocks cannot be pinned: for
+// every layer group this rank holds, src must cover the chunk's blocks that
+// the group keeps resident (a sliding-window group keeps only the window's
+// suffix), and every block it names must be allocated in the engine's pool.
+func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
+	l, shape := h.e.cfg.layout, h.e.cfg.shape
+	if len(src) > len(l.Groups) {
+		return fmt.Errorf("%w: %d source runs for %d layer groups", actors.ErrBadChunk, len(src), len(l.Groups))
+	}
+	for g, grp := range l.Groups {
+		var run kvcache.BlockRun
+		if g < len(src) {
+			run = src[g]
+		}
+		if len(shape.Layers[g]) > 0 {
+			rFirst, rEnd := kvcache.ResidentRange(h.req.PromptLen, grp.Window, h.tpb)
+			lo := max(c.FirstBlock, rFirst)
+			hi := min(c.FirstBlock+(c.End-c.Start+h.tpb-1)/h.tpb, rEnd)
+			if lo < hi && (run.First > lo || run.End() < hi) {
+				return fmt.Errorf("%w: group %d needs source blocks of global blocks [%d,%d), the chunk names [%d,%d)",
+					kvcache.ErrMissingSource, g, lo, hi, run.First, run.End())
+			}
+		}
+		if len(run.IDs) > 0 {
+			if err := h.e.pools.Held(g, run.IDs); err != nil {
+				return fmt.Errorf("%w: %w", actors.ErrPin, err)
+			}
+		}
+	}
 	return nil
 }
 

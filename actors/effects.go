@@ -11,8 +11,10 @@ import (
 // a step never performs I/O itself.
 type Effect interface{ effect() }
 
-// Pin pins source blocks of one layer group (context side).
+// Pin pins source blocks of one layer group of chunk Chunk (context side),
+// all or nothing. A refusal comes back to the session as TxPinFailed.
 type Pin struct {
+	Chunk int
 	Group int
 	IDs   []kvcache.BlockID
 }
@@ -61,6 +63,16 @@ type SendFrame struct {
 	Frame  messages.Frame
 }
 
+// SendRequestData sends writer Writer's RequestData (generation side)
+// through a worker, which reports to the session whether the control plane
+// took it (RxSent).
+type SendRequestData struct {
+	Writer int
+	Worker int
+	To     messages.PeerID
+	Frame  *messages.RequestData
+}
+
 // TimerKind names a session timer.
 type TimerKind uint8
 
@@ -74,12 +86,22 @@ const (
 	// TimerOrphan bounds a tx session that never gets Send (it was opened
 	// by a peer's RequestData); Send's own deadline supersedes it.
 	TimerOrphan
+	// TimerResend re-sends RequestData the control plane refused (rx).
+	TimerResend
 )
 
 // StartTimer asks the shell to deliver a Timeout message of Kind at At.
 type StartTimer struct {
 	Kind TimerKind
 	At   time.Time
+}
+
+// Decide tells the handle the session's logical outcome the moment it is
+// decided, before the drain: the serving process can stop computing
+// chunks. Finish, after the release, still carries the final Outcome.
+type Decide struct {
+	Status string
+	Err    error
 }
 
 // Finish reports a session's outcome to its handle.
@@ -98,18 +120,20 @@ type Log struct {
 	Err   error
 }
 
-func (Pin) effect()           {}
-func (Unpin) effect()         {}
-func (WatchFence) effect()    {}
-func (Submit) effect()        {}
-func (Flush) effect()         {}
-func (CloseEndpoint) effect() {}
-func (SendFrame) effect()     {}
-func (StartTimer) effect()    {}
-func (Finish) effect()        {}
-func (ReleaseDest) effect()   {}
-func (Stop) effect()          {}
-func (Log) effect()           {}
+func (Pin) effect()             {}
+func (Unpin) effect()           {}
+func (WatchFence) effect()      {}
+func (Submit) effect()          {}
+func (Flush) effect()           {}
+func (CloseEndpoint) effect()   {}
+func (SendFrame) effect()       {}
+func (SendRequestData) effect() {}
+func (StartTimer) effect()      {}
+func (Finish) effect()          {}
+func (Decide) effect()          {}
+func (ReleaseDest) effect()     {}
+func (Stop) effect()            {}
+func (Log) effect()             {}
 
 // Outcome is a session's terminal result as its handle sees it.
 type Outcome struct {

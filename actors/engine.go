@@ -98,7 +98,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids := make([]*actor.PID, cfg.Workers)
 			for i := range pids {
-				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats)
+				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, cfg.Clock)
 				w := &workerActor{slot: slot}
 				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
 			}

@@ -1,6 +1,10 @@
 package actors
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/kvxfer/kvxfer/rdma"
+)
 
 // Sentinel errors of the engine's actors.
 var (
@@ -13,7 +17,14 @@ var (
 	ErrSessionCrashed = errors.New("actors: session crashed")
 	ErrBadChunk       = errors.New("actors: bad chunk")
 	ErrBadRequest     = errors.New("actors: bad request")
-	ErrPeerGone       = errors.New("actors: peer gone")
-	ErrClosed         = errors.New("actors: engine closed")
-	ErrUnknownRequest = errors.New("actors: unknown request")
+	// ErrPeerGone is the one "peer gone" sentinel of the engine
+	// (rdma.ErrPeerGone; control.ErrPeerGone is the same value): a
+	// session that fails because a peer died matches it with errors.Is
+	// whichever layer noticed.
+	ErrPeerGone = rdma.ErrPeerGone
+	ErrClosed   = errors.New("actors: engine closed")
+	ErrPin      = errors.New("actors: source blocks not pinned")
+	// ErrMismatch: the two sides disagree about a request (prompt length,
+	// bytes written against bytes planned, layout).
+	ErrMismatch = errors.New("actors: context and generation disagree")
 )

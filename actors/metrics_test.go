@@ -258,8 +258,8 @@ func TestRxMeter(t *testing.T) {
 	if g := value(mt.rxSessions[RxReceiving]); g != 1 {
 		t.Fatalf("sessions{RECEIVING} %v", g)
 	}
-	step(RxFrame{Writer: 0, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(0), Status: messages.StatusSuccess, Bytes: 100}})
-	if g := value(mt.bytesRx); g != 100 {
+	step(RxFrame{Writer: 0, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(0), Status: messages.StatusSuccess, Bytes: 32}})
+	if g := value(mt.bytesRx); g != 32 {
 		t.Fatalf("rx bytes %v", g)
 	}
 	step(RxCancel{})

@@ -24,16 +24,7 @@ func (s *TxSession) mutUnpinEarly() {
 		return
 	}
 	for i := range s.chunks {
-		c := &s.chunks[i]
-		if !c.pinned {
-			continue
-		}
-		c.pinned = false
-		for g, run := range c.src {
-			if len(run.IDs) > 0 {
-				s.eff = append(s.eff, Unpin{Group: g, IDs: run.IDs})
-			}
-		}
+		s.unpinChunk(&s.chunks[i])
 	}
 }
 

@@ -210,7 +210,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		p.env.meters.reject(rejectUnresolved)
 	}
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
-		Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }
 
 // sessionSupervisor restarts a panicking session (its state survives in the
@@ -445,7 +445,15 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	for i, r := range pm.WritersOf(p.topo.Rank) {
 		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
 		entry.writers[peer] = i
-		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(q.req.ID, peer, p.workers),
+		// What this writer must write, from this rank's own plan: every
+		// destination block of every group it carries layers of.
+		var want uint64
+		if link, ok := pm.Link(r, p.topo.Rank); ok {
+			for g := range blocks {
+				want += uint64(len(blocks[g])) * link.BytesPerBlock(l, g)
+			}
+		}
+		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(q.req.ID, peer, p.workers), Bytes: want,
 			Request: &messages.RequestData{RequestID: q.req.ID, Epoch: epoch, From: p.self,
 				GenParallel: messages.Parallel{TP: int32(p.topo.Parallel.TP), PP: int32(p.topo.Parallel.PP)},
 				GenTP:       int32(p.topo.Rank.TP), GenPP: int32(p.topo.Rank.PP),

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -91,6 +92,39 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 		}
 		p.cond.Wait()
 	}
+}
+
+// Held checks that every id of group g is held by its owner (allocated,
+// pinned or not), as a source block must be before Pin: the error wraps
+// kvcache.ErrBlockFree (or the pool's error) and names every bad block, up
+// to a few.
+func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g < 0 || g >= len(p.pools) {
+		return fmt.Errorf("%w: group %d of %d", kvcache.ErrUnknownBlock, g, len(p.pools))
+	}
+	var bad []string
+	var first error
+	for _, id := range ids {
+		st, err := p.pools[g].State(id)
+		if err == nil && (st == kvcache.BlockAllocated || st == kvcache.BlockPinned) {
+			continue
+		}
+		if err == nil {
+			err = fmt.Errorf("%w: block %d is %v", kvcache.ErrBlockFree, id, st)
+		}
+		if first == nil {
+			first = err
+		}
+		if len(bad) < 8 {
+			bad = append(bad, fmt.Sprint(id))
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return fmt.Errorf("group %d: source blocks [%s] not held (of %d named): %w", g, strings.Join(bad, " "), len(ids), first)
 }
 
 // Free frees blocks per group.

@@ -53,6 +53,7 @@ type txModel struct {
 	now      time.Time
 	expected []int
 	routes   map[int]*Route
+	prompt   int // see withPrompt
 	chunks   []TxChunk
 	sent     int
 	started  bool
@@ -323,6 +324,7 @@ func (m *txModel) step(msg any) {
 	if f, ok := msg.(TxFenceFired); ok {
 		m.fired[f.Index] = true
 	}
+	msg = withPrompt(msg, &m.prompt)
 	effs := m.s.Step(msg, m.now)
 	m.apply(msg, effs, before)
 }

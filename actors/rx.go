@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -19,8 +20,19 @@ type (
 	}
 	// RxCancel: the local serving process cancelled the request.
 	RxCancel struct{ Reason error }
-	// RxTimeout: the request's deadline passed.
-	RxTimeout struct{}
+	// RxTimeout: a session timer fired: the request's deadline (Kind
+	// TimerDeadline, or zero), the Cancel re-send period (TimerDrain), or
+	// the RequestData re-send backoff (TimerResend).
+	RxTimeout struct{ Kind TimerKind }
+	// RxSent: the worker tried to hand writer Writer's RequestData to the
+	// control plane. Err nil means the control plane took it (it may have
+	// reached the writer: the proof rules apply from then on); an error
+	// means it did not leave this process, so that writer cannot be
+	// writing for this request.
+	RxSent struct {
+		Writer int
+		Err    error
+	}
 	// RxPeerGone: a writer's endpoint is closed or its process is dead;
 	// it can write no more.
 	RxPeerGone struct {
@@ -45,7 +57,27 @@ type RxWriter struct {
 	Worker int
 	// Request is the RequestData to send it.
 	Request *messages.RequestData
+	// Bytes is what the writer must write, from this rank's own plan: a
+	// SUCCESS reporting any other count fails the request (READY is exact).
+	Bytes uint64
 }
+
+// delivery is what a session knows of a writer's RequestData.
+type delivery uint8
+
+const (
+	deliverySending   delivery = iota // handed to the worker, no answer yet
+	deliveryRefused                   // did not leave this process (will be re-sent)
+	deliveryDelivered                 // the control plane took it
+)
+
+// Re-send backoff for a RequestData the control plane refused (the peer
+// not connected yet, its queue full): first after resendFirst, doubling up
+// to resendMax, until the deadline.
+const (
+	resendFirst = 20 * time.Millisecond
+	resendMax   = time.Second
+)
 
 // RxConfig is what an RxSession knows at birth.
 type RxConfig struct {
@@ -68,6 +100,10 @@ type RxSession struct {
 	state   RxState
 	err     error
 	writers []writerState
+	sent    []delivery
+	sendErr []error         // the last refusal of each writer's RequestData
+	backoff []time.Duration // the next re-send delay of each writer
+	resend  bool            // a re-send timer is armed
 	bytes   uint64
 	payload []byte
 	stopped bool
@@ -80,7 +116,9 @@ type RxSession struct {
 
 // NewRxSession returns a session in REQUESTED.
 func NewRxSession(cfg RxConfig) *RxSession {
-	return &RxSession{cfg: cfg, writers: make([]writerState, len(cfg.Writers))}
+	n := len(cfg.Writers)
+	return &RxSession{cfg: cfg, writers: make([]writerState, n), sent: make([]delivery, n),
+		sendErr: make([]error, n), backoff: make([]time.Duration, n)}
 }
 
 // State is the session's state.
@@ -123,8 +161,8 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 		if !s.cfg.Deadline.IsZero() {
 			s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: s.cfg.Deadline})
 		}
-		for _, w := range s.cfg.Writers {
-			s.eff = append(s.eff, SendFrame{Worker: w.Worker, To: w.Peer, Frame: w.Request})
+		for i := range s.cfg.Writers {
+			s.sendRequest(i)
 		}
 		if len(s.cfg.Writers) == 0 {
 			s.terminal(RxReady, nil)
@@ -137,7 +175,20 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			err = ErrCancelled
 		}
 		s.terminal(RxCancelled, fmt.Errorf("%w: request %s", err, s.cfg.Request))
+	case RxSent:
+		s.onSent(m)
 	case RxTimeout:
+		if m.Kind == TimerResend {
+			s.resend = false
+			if !s.state.Terminal() {
+				for i, d := range s.sent {
+					if d == deliveryRefused && s.writers[i] == writerPending {
+						s.sendRequest(i)
+					}
+				}
+			}
+			break
+		}
 		if s.state.Terminal() {
 			// The resend timer (or the deadline after another outcome).
 			if s.cfg.CancelResend > 0 {
@@ -145,14 +196,14 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			}
 			break
 		}
-		s.terminal(RxTimedOut, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
+		s.terminal(RxTimedOut, fmt.Errorf("%w: request %s%s", ErrTimeout, s.cfg.Request, s.undelivered()))
 	case RxPeerGone:
 		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending {
 			s.writers[m.Writer] = writerStopped
-			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s: %v", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
+			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s: %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
 		}
 	case RxPanic:
-		s.terminal(RxFailed, fmt.Errorf("%w: request %s: %v", ErrSessionCrashed, s.cfg.Request, m.Err))
+		s.terminal(RxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	}
 	s.maybeRelease()
 	return s.eff
@@ -180,6 +231,15 @@ func (s *RxSession) onFrame(m RxFrame) {
 	switch f := m.Frame.(type) {
 	case *messages.Result:
 		s.bytes += f.Bytes
+		if want := s.cfg.Writers[m.Writer].Bytes; f.Status == messages.StatusSuccess && f.Bytes != want {
+			// The writer is done (a Result is its terminal frame), but it
+			// did not write what this rank planned: another prompt length,
+			// another layout, a short source. Never READY.
+			s.writers[m.Writer] = writerStopped
+			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s reported SUCCESS with %d bytes written, this rank planned %d",
+				ErrMismatch, s.cfg.Request, f.From, f.Bytes, want))
+			return
+		}
 		if f.Status == messages.StatusSuccess {
 			s.writers[m.Writer] = writerSucceeded
 			if len(f.Payload) > 0 {
@@ -211,6 +271,65 @@ func (s *RxSession) allSucceeded() bool {
 	return true
 }
 
+// sendRequest hands writer i's RequestData to its worker, which answers
+// RxSent.
+func (s *RxSession) sendRequest(i int) {
+	w := s.cfg.Writers[i]
+	s.sent[i] = deliverySending
+	s.eff = append(s.eff, SendRequestData{Writer: i, Worker: w.Worker, To: w.Peer, Frame: w.Request})
+}
+
+// onSent records whether a RequestData left. One that did not is re-sent
+// with backoff while the request is live; once the outcome is decided, a
+// writer whose RequestData never left cannot be writing, so it is
+// quiescent for this request.
+func (s *RxSession) onSent(m RxSent) {
+	if m.Writer < 0 || m.Writer >= len(s.sent) || s.sent[m.Writer] != deliverySending {
+		return
+	}
+	if m.Err == nil {
+		s.sent[m.Writer] = deliveryDelivered
+		return
+	}
+	s.sent[m.Writer] = deliveryRefused
+	s.sendErr[m.Writer] = m.Err
+	if s.state.Terminal() {
+		s.neverReached(m.Writer)
+		return
+	}
+	d := s.backoff[m.Writer]
+	if d == 0 {
+		d = resendFirst
+	}
+	s.backoff[m.Writer] = min(2*d, resendMax)
+	if !s.resend {
+		s.resend = true
+		s.eff = append(s.eff, StartTimer{Kind: TimerResend, At: s.now.Add(d)})
+	}
+}
+
+// neverReached marks a pending writer whose RequestData never left this
+// process as quiescent: it never learnt of the request.
+func (s *RxSession) neverReached(i int) {
+	if s.writers[i] == writerPending {
+		s.writers[i] = writerStopped
+		s.eff = append(s.eff, Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: RequestData never reached writer %s",
+			s.cfg.Request, s.cfg.Writers[i].Peer), Err: s.sendErr[i]})
+	}
+}
+
+// undelivered names, for an error text, the writers whose RequestData has
+// not left this process, with the control plane's last reason.
+func (s *RxSession) undelivered() string {
+	var b strings.Builder
+	for i, d := range s.sent {
+		if d == deliveryRefused && s.writers[i] == writerPending {
+			fmt.Fprintf(&b, "; RequestData never reached writer %s (%v)", s.cfg.Writers[i].Peer, s.sendErr[i])
+		}
+	}
+	return b.String()
+}
+
 // terminal records the first terminal outcome, tells the handle at once,
 // and asks every writer still pending to stop.
 func (s *RxSession) terminal(to RxState, err error) {
@@ -230,6 +349,11 @@ func (s *RxSession) terminal(to RxState, err error) {
 		return
 	}
 	s.eff = append(s.eff, Log{Level: "warn", Msg: "rx session " + s.cfg.Request + " " + to.String(), Err: err})
+	for i, d := range s.sent {
+		if d == deliveryRefused {
+			s.neverReached(i)
+		}
+	}
 	s.cancelPending()
 }
 
@@ -240,7 +364,7 @@ func (s *RxSession) terminal(to RxState, err error) {
 func (s *RxSession) cancelPending() {
 	sent := false
 	for i, w := range s.writers {
-		if w == writerPending {
+		if w == writerPending && s.sent[i] != deliveryRefused {
 			wr := s.cfg.Writers[i]
 			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
 				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String()}})

@@ -37,7 +37,7 @@ func newRxHarness(t testing.TB, writers int, deadline time.Duration) *rxHarness 
 		cfg.Deadline = testEpoch0.Add(deadline)
 	}
 	for w := range writers {
-		cfg.Writers = append(cfg.Writers, RxWriter{Peer: ctxPeer(w), Worker: w % 2,
+		cfg.Writers = append(cfg.Writers, RxWriter{Peer: ctxPeer(w), Worker: w % 2, Bytes: 32,
 			Request: &messages.RequestData{RequestID: "r1", Epoch: 7, From: cfg.Self}})
 	}
 	return &rxHarness{t: t, s: NewRxSession(cfg), now: testEpoch0}
@@ -126,23 +126,23 @@ func TestRx_ReadyWhenAllWritersSucceed(t *testing.T) {
 	if ts := effectsOf[StartTimer](effs); len(ts) != 1 || !ts[0].At.Equal(testEpoch0.Add(10*time.Second)) {
 		t.Fatalf("begin: want the deadline timer: %s", fmtEffects(effs))
 	}
-	sends := effectsOf[SendFrame](effs)
-	if len(sends) != 2 || sends[0].To != ctxPeer(0) || sends[1].To != ctxPeer(1) || sends[1].Worker != 1 {
+	sends := effectsOf[SendRequestData](effs)
+	if len(sends) != 2 || sends[0].To != ctxPeer(0) || sends[1].To != ctxPeer(1) || sends[1].Worker != 1 || sends[1].Writer != 1 {
 		t.Fatalf("begin: want RequestData to both writers: %s", fmtEffects(effs))
 	}
-	if effs := h.result(0, messages.StatusSuccess, 64); len(effs) != 0 {
+	if effs := h.result(0, messages.StatusSuccess, 32); len(effs) != 0 {
 		t.Fatalf("first success: %s", fmtEffects(effs))
 	}
 	h.wantState(RxReceiving)
 	effs = h.step(RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(1),
-		Status: messages.StatusSuccess, Bytes: 64, Payload: []byte("tok")}})
+		Status: messages.StatusSuccess, Bytes: 32, Payload: []byte("tok")}})
 	h.wantState(RxReady)
 	wantNo(t, "READY", effs, "ReleaseDest", "SendFrame")
 	if len(h.finishes) != 1 || !h.s.Stopped() {
 		t.Fatalf("finishes %v stopped %v", h.finishes, h.s.Stopped())
 	}
 	out := h.finishes[0]
-	if !out.OK || out.Bytes != 128 || string(out.Payload) != "tok" || !slices.EqualFunc(out.Blocks, testRxBlocks, slices.Equal) {
+	if !out.OK || out.Bytes != 64 || string(out.Payload) != "tok" || !slices.EqualFunc(out.Blocks, testRxBlocks, slices.Equal) {
 		t.Fatalf("outcome %+v", out)
 	}
 }

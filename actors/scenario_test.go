@@ -29,7 +29,10 @@ import (
 //	new [timeout=30s] [groups=2]        a fresh session (prints Init's effects)
 //	start prompt=64 [deadline=60s]      TxStart (payload "tok")
 //	chunk start=0 end=32 [last]         TxChunk (16-token blocks)
-//	request peer=1 expected=(1,2) [epoch=1] [skip=(0,32)] [err=text]
+//	request peer=1 expected=(1,2) [epoch=1] [skip=(0,32)] [err=text] [prompt=N]
+//	                                    (prompt: the peer's planned prompt; default Send's)
+//	submitted peer=1 op=0               TxSubmitted (the worker posted the op)
+//	pin-failed chunk=0 group=1 [err=text]  TxPinFailed
 //	fence chunk=0 [err=text]            TxFenceFired
 //	complete peer=1 op=0 [err=text] [refused]
 //	flush peer=1 [err=text]             TxFlushed
@@ -46,7 +49,11 @@ import (
 //	result writer=0 status=success [bytes=32] [epoch=7] [payload=x] [err=text]
 //	cancel-ack writer=0 [epoch=7]
 //	gone writer=0 [err=text]            RxPeerGone
-//	cancel | timeout | panic
+//	sent writer=0 [err=text]            RxSent (the RequestData left, or not)
+//	cancel | timeout [kind=resend] | panic
+//
+// An rx session's writers must each write want bytes (new want=64, the
+// default) for READY.
 
 func TestScenario_Tx(t *testing.T) {
 	var h *txHarness
@@ -76,7 +83,8 @@ func TestScenario_Tx(t *testing.T) {
 			for _, c := range intsArg(t, d, "skip") {
 				h.planner(p).skip[c] = true
 			}
-			m := TxPeerRequest{Peer: p, Epoch: uint64(intArg(t, d, "epoch", 1)), Expected: intsArg(t, d, "expected")}
+			m := TxPeerRequest{Peer: p, Epoch: uint64(intArg(t, d, "epoch", 1)), Expected: intsArg(t, d, "expected"),
+				PromptLen: intArg(t, d, "prompt", 0)}
 			if err := errArg(t, d); err != nil {
 				m.Err = err
 			} else {
@@ -85,6 +93,10 @@ func TestScenario_Tx(t *testing.T) {
 			effs = h.step(m)
 		case "fence":
 			effs = h.step(TxFenceFired{Index: intArg(t, d, "chunk", 0), Err: errArg(t, d)})
+		case "submitted":
+			effs = h.step(TxSubmitted{Op: h.op(intArg(t, d, "peer", 1), intArg(t, d, "op", 0))})
+		case "pin-failed":
+			effs = h.step(TxPinFailed{Chunk: intArg(t, d, "chunk", 0), Group: intArg(t, d, "group", 0), Err: errArg(t, d)})
 		case "complete":
 			effs = h.step(TxCompleted{Op: h.op(intArg(t, d, "peer", 1), intArg(t, d, "op", 0)),
 				Err: errArg(t, d), Refused: d.HasArg("refused")})
@@ -127,7 +139,8 @@ func TestScenario_Tx(t *testing.T) {
 		}
 		var b strings.Builder
 		for _, e := range effs {
-			if _, ok := e.(Log); ok {
+			switch e.(type) {
+			case Log, Decide: // the outcome line says it
 				continue
 			}
 			b.WriteString(fmtEffect(e))
@@ -155,6 +168,9 @@ func TestScenario_Rx(t *testing.T) {
 		switch d.Cmd {
 		case "new":
 			h = newRxHarness(t, intArg(t, d, "writers", 1), durArg(t, d, "deadline", 0))
+			for i := range h.s.cfg.Writers {
+				h.s.cfg.Writers[i].Bytes = uint64(intArg(t, d, "want", 64))
+			}
 		case "begin":
 			effs = h.step(RxBegin{})
 		case "result":
@@ -185,7 +201,15 @@ func TestScenario_Rx(t *testing.T) {
 		case "cancel":
 			effs = h.step(RxCancel{})
 		case "timeout":
-			effs = h.step(RxTimeout{})
+			kind := TimerDeadline
+			if d.HasArg("kind") {
+				var k string
+				d.ScanArgs(t, "kind", &k)
+				kind = map[string]TimerKind{"deadline": TimerDeadline, "drain": TimerDrain, "resend": TimerResend}[k]
+			}
+			effs = h.step(RxTimeout{Kind: kind})
+		case "sent":
+			effs = h.step(RxSent{Writer: intArg(t, d, "writer", 0), Err: errArg(t, d)})
 		case "panic":
 			effs = h.step(RxPanic{Err: errors.New("injected panic")})
 		default:
@@ -193,7 +217,8 @@ func TestScenario_Rx(t *testing.T) {
 		}
 		var b strings.Builder
 		for _, e := range effs {
-			if _, ok := e.(Log); ok {
+			switch e.(type) {
+			case Log, Decide: // the outcome line says it
 				continue
 			}
 			b.WriteString(fmtEffect(e))
@@ -275,8 +300,10 @@ func fmtEffect(e Effect) string {
 		return fmt.Sprintf("close-endpoint p%d", e.Peer)
 	case SendFrame:
 		return fmt.Sprintf("send %v %s", e.To, fmtFrame(e.Frame))
+	case SendRequestData:
+		return fmt.Sprintf("send %v %s (reported)", e.To, fmtFrame(e.Frame))
 	case StartTimer:
-		kind := map[TimerKind]string{TimerDeadline: "deadline", TimerDrain: "drain", TimerOrphan: "orphan"}[e.Kind]
+		kind := map[TimerKind]string{TimerDeadline: "deadline", TimerDrain: "drain", TimerOrphan: "orphan", TimerResend: "resend"}[e.Kind]
 		return fmt.Sprintf("timer %s at=+%v", kind, e.At.Sub(testEpoch0))
 	case Finish:
 		o := e.Outcome

@@ -74,9 +74,16 @@ func (m *ManualFence) Fire(err error) {
 
 // Handle receives a session's outcome exactly once.
 type Handle struct {
-	once sync.Once
-	done chan Outcome
+	once    sync.Once
+	done    chan Outcome
+	decided atomic.Pointer[Decide]
 }
+
+// Decided returns the session's logical outcome once it is decided (before
+// the drain and Done), or nil while the request is live.
+func (h *Handle) Decided() *Decide { return h.decided.Load() }
+
+func (h *Handle) decide(d Decide) { h.decided.CompareAndSwap(nil, &d) }
 
 // NewHandle returns a handle whose Done channel is buffered for one outcome.
 func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1)} }
@@ -85,7 +92,11 @@ func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1)} }
 func (h *Handle) Done() <-chan Outcome { return h.done }
 
 func (h *Handle) finish(o Outcome) {
-	h.once.Do(func() { h.done <- o; close(h.done) })
+	h.once.Do(func() {
+		h.decide(Decide{Status: o.Status, Err: o.Err})
+		h.done <- o
+		close(h.done)
+	})
 }
 
 // shellEnv is what session shells share with their engine.
@@ -132,6 +143,9 @@ type txActor struct {
 	path     string        // actor path for the recorder
 	tr       SessionTracer // nil unless tracing
 	meter    *txMeter      // nil: metrics off
+	// feedback holds the failures of effects being executed (a refused
+	// pin), stepped as messages right after the effects that caused them.
+	feedback []any
 }
 
 func (a *txActor) Receive(ctx actor.Context) {
@@ -203,13 +217,27 @@ func (a *txActor) step(_ actor.Context, m any, now time.Time) []Effect {
 	return eff
 }
 
+// exec runs a step's effects, then steps what failed among them, in order,
+// until nothing more fails.
 func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
+	a.run(ctx, eff, now)
+	for len(a.feedback) > 0 {
+		m := a.feedback[0]
+		a.feedback = a.feedback[1:]
+		a.run(ctx, a.step(ctx, m, now), now)
+	}
+}
+
+func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 	for _, e := range eff {
 		switch e := e.(type) {
 		case Pin:
 			if err := a.env.pools.Pin(e.Group, e.IDs); err != nil {
+				// The refusal goes back to the session before anything else
+				// reaches it: the chunk's fence cannot have been stepped
+				// yet, so none of its ops has left.
 				a.env.stats.PinErrors.Add(1)
-				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("pin")
+				a.feedback = append(a.feedback, TxPinFailed{Chunk: e.Chunk, Group: e.Group, Err: err})
 			}
 		case Unpin:
 			if err := a.env.pools.Unpin(e.Group, e.IDs); err != nil {
@@ -233,6 +261,10 @@ func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
 			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
 		case StartTimer:
 			a.timers = append(a.timers, startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
+		case Decide:
+			if a.handle != nil {
+				a.handle.decide(e)
+			}
 		case Finish:
 			if a.handle != nil {
 				a.handle.finish(e.Outcome)
@@ -323,8 +355,11 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		switch e := e.(type) {
 		case SendFrame:
 			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
+		case SendRequestData:
+			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
+				report: ctx.Self(), writer: e.Writer})
 		case StartTimer:
-			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{}))
+			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
 		case Finish:
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:

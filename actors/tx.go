@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -33,13 +34,26 @@ type (
 	// context rank must write to for the request. Err is set when the
 	// request could not be resolved (bad blocks, mismatched peer).
 	TxPeerRequest struct {
-		Peer     int
-		From     messages.PeerID
-		Epoch    uint64
-		Route    *Route
-		Expected []int
-		Err      error
+		Peer  int
+		From  messages.PeerID
+		Epoch uint64
+		// PromptLen is the prompt length the generation rank planned its
+		// blocks for; it must equal Send's.
+		PromptLen int
+		Route     *Route
+		Expected  []int
+		Err       error
 	}
+	// TxPinFailed: the shell could not pin chunk Chunk's source blocks of
+	// group Group (blocks not allocated, freed, or out of range). Nothing of
+	// that group is pinned; the request fails.
+	TxPinFailed struct {
+		Chunk, Group int
+		Err          error
+	}
+	// TxSubmitted: the worker handed the op's batch to the backend (the
+	// post returned); the op is SUBMITTED.
+	TxSubmitted struct{ Op OpRef }
 	// TxCompleted: a worker reports the exactly-once outcome of an op's
 	// batch. Refused means it never reached the backend.
 	TxCompleted struct {
@@ -98,6 +112,7 @@ const (
 type stream struct {
 	peer      int
 	epoch     uint64
+	promptLen int // what the peer planned for
 	worker    int
 	route     *Route
 	ops       []op
@@ -114,7 +129,8 @@ type chunkRec struct {
 	src      []kvcache.BlockRun
 	fired    bool
 	fenceErr error
-	pinned   bool
+	pinned   bool   // some group's pin is held
+	pins     []bool // per group: its Pin is held
 }
 
 // TxConfig is what a TxSession knows at birth.
@@ -193,6 +209,12 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.onPeerRequest(m)
 	case TxCompleted:
 		s.onCompleted(m)
+	case TxSubmitted:
+		if o := s.opOf(m.Op); o != nil && o.state == OpSubmitting {
+			s.setOp(m.Op, o, OpSubmitted)
+		}
+	case TxPinFailed:
+		s.onPinFailed(m)
 	case TxFlushed:
 		s.onFlushed(m)
 	case TxInDoubt:
@@ -230,7 +252,7 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 	case TxTimeout:
 		s.onTimeout(m, now)
 	case TxPanic:
-		s.fail(TxFailed, fmt.Errorf("%w: request %s: %v", ErrSessionCrashed, s.cfg.Request, m.Err))
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	default:
 		s.Violations = append(s.Violations, fmt.Sprintf("unknown message %T", msg))
 	}
@@ -249,6 +271,21 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 	if !m.Deadline.IsZero() {
 		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
 	}
+	// RequestData that came before Send: each peer must have planned for
+	// the prompt Send describes, or its READY would cover unwritten blocks.
+	for _, p := range s.order {
+		if st := s.streams[p]; st.promptLen != s.promptLn {
+			s.fail(TxFailed, s.promptMismatch(st.route.Peer, st.promptLen))
+			return
+		}
+	}
+}
+
+// promptMismatch names both prompt lengths of a request whose generation
+// rank planned for another prompt than the one Send describes.
+func (s *TxSession) promptMismatch(peer messages.PeerID, theirs int) error {
+	return fmt.Errorf("%w: request %s: generation rank %s planned a prompt of %d tokens, Send has %d tokens",
+		ErrMismatch, s.cfg.Request, peer, theirs, s.promptLn)
 }
 
 func (s *TxSession) onChunk(m TxChunk) {
@@ -258,12 +295,14 @@ func (s *TxSession) onChunk(m TxChunk) {
 		return
 	}
 	idx := len(s.chunks)
-	s.chunks = append(s.chunks, chunkRec{c: m.Chunk, src: m.Src, pinned: true})
+	rec := chunkRec{c: m.Chunk, src: m.Src, pins: make([]bool, len(m.Src))}
 	for g, run := range m.Src {
 		if len(run.IDs) > 0 {
-			s.eff = append(s.eff, Pin{Group: g, IDs: run.IDs})
+			rec.pins[g], rec.pinned = true, true
+			s.eff = append(s.eff, Pin{Chunk: idx, Group: g, IDs: run.IDs})
 		}
 	}
+	s.chunks = append(s.chunks, rec)
 	s.eff = append(s.eff, WatchFence{Chunk: idx})
 	for _, p := range s.order {
 		s.admit(s.streams[p])
@@ -278,8 +317,24 @@ func (s *TxSession) onFence(m TxFenceFired) {
 	s.chunks[m.Index].fired = true
 	s.chunks[m.Index].fenceErr = m.Err
 	if m.Err != nil {
-		s.fail(TxFailed, fmt.Errorf("%w: request %s chunk %d: %v", ErrFence, s.cfg.Request, m.Index, m.Err))
+		s.fail(TxFailed, fmt.Errorf("%w: request %s chunk %d: %w", ErrFence, s.cfg.Request, m.Index, m.Err))
 	}
+}
+
+// onPinFailed records that a group of a chunk holds no pin (the pool
+// refused it, all or nothing) and fails the request: its ops must not read
+// pages the serving process does not hold. The ops stay ADMITTED until the
+// chunk's fence fires, then become NOT_SUBMITTED; nothing was posted.
+func (s *TxSession) onPinFailed(m TxPinFailed) {
+	if m.Chunk < 0 || m.Chunk >= len(s.chunks) || m.Group < 0 || m.Group >= len(s.chunks[m.Chunk].pins) ||
+		!s.chunks[m.Chunk].pins[m.Group] {
+		s.Violations = append(s.Violations, fmt.Sprintf("pin failure for chunk %d group %d: not pinned", m.Chunk, m.Group))
+		return
+	}
+	c := &s.chunks[m.Chunk]
+	c.pins[m.Group] = false
+	c.pinned = slices.Contains(c.pins, true)
+	s.fail(TxFailed, fmt.Errorf("%w: request %s chunk %d (%v) group %d: %w", ErrPin, s.cfg.Request, m.Chunk, c.c, m.Group, m.Err))
 }
 
 func (s *TxSession) onPeerRequest(m TxPeerRequest) {
@@ -297,6 +352,12 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		}
 		return
 	}
+	if s.started && m.PromptLen != s.promptLn {
+		err := s.promptMismatch(m.From, m.PromptLen)
+		s.fail(TxFailed, err)
+		s.rejectPeer(m, err)
+		return
+	}
 	if s.expected == nil {
 		s.expected = map[int]bool{}
 		for _, p := range m.Expected {
@@ -309,7 +370,7 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.rejectPeer(m, err)
 		return
 	}
-	st := &stream{peer: m.Peer, epoch: m.Epoch, route: m.Route,
+	st := &stream{peer: m.Peer, epoch: m.Epoch, route: m.Route, promptLen: m.PromptLen,
 		worker: WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers)}
 	s.streams[m.Peer] = st
 	s.order = append(s.order, m.Peer)
@@ -393,7 +454,7 @@ func (s *TxSession) onCompleted(m TxCompleted) {
 			}
 		}
 		if m.Err != nil {
-			s.fail(TxFailed, fmt.Errorf("%w: request %s op %v: %v", ErrPeerFailed, s.cfg.Request, m.Op, m.Err))
+			s.fail(TxFailed, fmt.Errorf("%w: request %s op %v: %w", ErrPeerFailed, s.cfg.Request, m.Op, m.Err))
 		}
 	case OpInDoubt:
 		// A late completion proves the op quiescent; the logical
@@ -411,7 +472,7 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 		return
 	}
 	if m.Err != nil {
-		s.fail(TxFailed, fmt.Errorf("%w: request %s flush to %s: %v", ErrPeerFailed, s.cfg.Request, st.route.Peer, m.Err))
+		s.fail(TxFailed, fmt.Errorf("%w: request %s flush to %s: %w", ErrPeerFailed, s.cfg.Request, st.route.Peer, m.Err))
 		st.phase = streamOpen // send the failure once quiescent
 		return
 	}
@@ -493,7 +554,8 @@ func (s *TxSession) fail(to TxState, err error) {
 	}
 	s.state = to
 	s.err = err
-	s.eff = append(s.eff, Log{Level: "warn", Msg: "tx session " + s.cfg.Request + " " + to.String(), Err: err})
+	s.eff = append(s.eff, Decide{Status: to.String(), Err: err},
+		Log{Level: "warn", Msg: "tx session " + s.cfg.Request + " " + to.String(), Err: err})
 }
 
 // progress submits what can leave, finishes streams and releases the
@@ -546,6 +608,7 @@ func (s *TxSession) progress() {
 		}
 		if done {
 			s.state = TxDone
+			s.eff = append(s.eff, Decide{Status: TxDone.String()})
 		}
 	}
 	s.maybeRelease()
@@ -627,16 +690,7 @@ func (s *TxSession) maybeRelease() {
 		}
 	}
 	for i := range s.chunks {
-		c := &s.chunks[i]
-		if !c.pinned {
-			continue
-		}
-		c.pinned = false
-		for g, run := range c.src {
-			if len(run.IDs) > 0 {
-				s.eff = append(s.eff, Unpin{Group: g, IDs: run.IDs})
-			}
-		}
+		s.unpinChunk(&s.chunks[i])
 	}
 	var bytes uint64
 	for _, st := range s.streams {
@@ -645,6 +699,20 @@ func (s *TxSession) maybeRelease() {
 	s.eff = append(s.eff, Finish{Outcome: Outcome{Request: s.cfg.Request, Status: s.state.String(),
 		OK: s.state == TxDone, Err: s.err, Bytes: bytes}}, Stop{})
 	s.stopped = true
+}
+
+// unpinChunk drops every pin the chunk holds.
+func (s *TxSession) unpinChunk(c *chunkRec) {
+	if !c.pinned {
+		return
+	}
+	c.pinned = false
+	for g, run := range c.src {
+		if c.pins[g] {
+			c.pins[g] = false
+			s.eff = append(s.eff, Unpin{Group: g, IDs: run.IDs})
+		}
+	}
 }
 
 func (s *TxSession) opOf(r OpRef) *op {

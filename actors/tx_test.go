@@ -83,6 +83,10 @@ type txHarness struct {
 	pins     map[pinKey]int
 	finishes []Outcome
 	stopped  bool
+	// prompt fills the PromptLen of a TxPeerRequest that names none: the
+	// prompt of the TxStart stepped, or set by a test whose RequestData
+	// comes first.
+	prompt int
 }
 
 type txOpts struct {
@@ -132,6 +136,7 @@ func (h *txHarness) step(msg any) []Effect {
 	if f, ok := msg.(TxFenceFired); ok {
 		h.fired[f.Index] = true
 	}
+	msg = withPrompt(msg, &h.prompt)
 	effs := h.s.Step(msg, h.now)
 	if len(h.s.Violations) > 0 {
 		h.t.Fatalf("%T: violations %v", msg, h.s.Violations)
@@ -1100,6 +1105,7 @@ func TestTx_DeadlineBoundsDrainAfterCancel(t *testing.T) {
 // session that dropped its own deadline timer for the orphan's).
 func TestTx_OrphanTimerDoesNotCutALongerDeadline(t *testing.T) {
 	h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
+	h.prompt = 32 // the RequestData comes first, planned for Send's prompt
 	h.request(1, 1)
 	h.advance(time.Second)
 	h.start(32, 2*time.Minute) // deadline at +2m1s
@@ -1213,4 +1219,22 @@ func TestTx_StoppedSessionAnswersLateFrames(t *testing.T) {
 	if _, ok := effs[0].(SendFrame).Frame.(*messages.CancelAck); !ok {
 		t.Fatalf("effect %v, want a CancelAck", effs[0])
 	}
+}
+
+// withPrompt records a TxStart's prompt in *prompt and gives a
+// TxPeerRequest that names no prompt (and no error) that one: the tests'
+// generation ranks plan for the prompt the context side sends.
+func withPrompt(msg any, prompt *int) any {
+	switch m := msg.(type) {
+	case TxStart:
+		if *prompt == 0 {
+			*prompt = m.PromptLen
+		}
+	case TxPeerRequest:
+		if m.PromptLen == 0 && m.Err == nil {
+			m.PromptLen = *prompt
+			return m
+		}
+	}
+	return msg
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -27,7 +28,12 @@ type (
 		CloseEndpoint
 		session *actor.PID
 	}
-	workerSend struct{ SendFrame }
+	workerSend struct {
+		SendFrame
+		// report, when set, gets RxSent{Writer: writer} with the outcome.
+		report *actor.PID
+		writer int
+	}
 	// batchDone comes back from the backend's completion callback.
 	batchDone struct {
 		op      OpRef
@@ -69,6 +75,7 @@ type workerSlot struct {
 	conns    map[messages.PeerID]control.Conn
 	inflight map[OpRef]inflight
 	log      zerolog.Logger
+	warn     *logSampler // per-peer warnings
 	stats    *Counters
 	// connecting holds, per peer whose Connect is running, the submits,
 	// flushes and closes for it that came meanwhile, in arrival order.
@@ -91,8 +98,8 @@ type workerActor struct {
 	slot *workerSlot
 }
 
-func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters) *workerSlot {
-	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link,
+func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, clock func() time.Time) *workerSlot {
+	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, warn: newLogSampler(clock),
 		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]control.Conn{},
 		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats,
 		connecting: map[string][]any{}, opened: map[string]connectResult{}}
@@ -124,7 +131,10 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			ctx.Send(pid, TxRetired{Ops: ops})
 		}
 	case *workerSend:
-		s.send(m.To, m.Frame)
+		err := s.send(m.To, m.Frame)
+		if m.report != nil {
+			ctx.Send(m.report, RxSent{Writer: m.writer, Err: err})
+		}
 	case WorkerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
@@ -178,6 +188,7 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 		return
 	}
 	s.stats.OpsPosted.Add(1)
+	ctx.Send(m.session, TxSubmitted{Op: m.Op})
 }
 
 // refuse answers an op that was never posted.
@@ -340,23 +351,32 @@ func (s *workerSlot) restart(ctx actor.Context) {
 	}
 }
 
-func (s *workerSlot) send(to messages.PeerID, f messages.Frame) {
+// sampled is a warning about peer of a kind, rate-limited per (peer, kind).
+func (s *workerSlot) sampled(peer messages.PeerID, kind string) *zerolog.Event {
+	return s.warn.event(s.log, peer.String(), kind)
+}
+
+// send hands f to the control plane's connection to peer to; an error
+// means the frame did not leave this process.
+func (s *workerSlot) send(to messages.PeerID, f messages.Frame) error {
 	c := s.conns[to]
 	if c == nil {
 		var err error
 		if c, err = s.link.Dial(to); err != nil {
 			s.stats.FramesUnsent.Add(1)
-			s.log.Warn().Err(err).Str("peer", to.String()).Msg("dial failed")
-			return
+			s.sampled(to, "dial").Err(err).Str("peer", to.String()).Msg("dial failed")
+			return err
 		}
 		s.conns[to] = c
 	}
 	if err := c.Send(f); err != nil {
 		s.stats.FramesUnsent.Add(1)
 		if !errors.Is(err, control.ErrPeerGone) {
-			s.log.Warn().Err(err).Str("peer", to.String()).Msg("send failed")
+			s.sampled(to, "send").Err(err).Str("peer", to.String()).Msg("send failed")
 		}
 		_ = c.Close()
 		delete(s.conns, to)
+		return err
 	}
+	return nil
 }

@@ -173,6 +173,19 @@ type PeerLink struct {
 	Layers [][]int
 }
 
+// BytesPerBlock is what the link moves per block of layer group g of
+// layout l: the carried heads of each carried layer, for every part (K and
+// V, or the one MLA latent). It is the same figure as the link's Plan's
+// BytesPerBlock, computed without either side's pool geometry, so that the
+// receiving side knows exactly what each writer must write.
+func (k PeerLink) BytesPerBlock(l Layout, g int) uint64 {
+	if g < 0 || g >= len(k.Layers) {
+		return 0
+	}
+	return uint64(len(k.Layers[g])) * uint64(l.Parts()) * uint64(k.HeadHi-k.HeadLo) *
+		uint64(l.TokensPerBlock) * uint64(l.TokenBytes())
+}
+
 // PeerMap is the static map of which context rank writes which part of the
 // KV cache to which generation rank, for one (layout, context parallelism,
 // generation parallelism) triple.

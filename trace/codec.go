@@ -19,10 +19,11 @@ type (
 	}
 	// txPeerRequest replaces Route by what built it.
 	txPeerRequest struct {
-		Peer     int
-		From     messages.PeerID
-		Epoch    uint64
-		Expected []int                 `json:",omitempty"`
+		Peer      int
+		From      messages.PeerID
+		Epoch     uint64
+		PromptLen int                   `json:",omitempty"`
+		Expected  []int                 `json:",omitempty"`
 		Err      *string               `json:",omitempty"`
 		Hello    *messages.Hello       `json:",omitempty"`
 		Data     *messages.RequestData `json:",omitempty"`
@@ -35,6 +36,14 @@ type (
 	txFlushed struct {
 		Peer int
 		Err  *string `json:",omitempty"`
+	}
+	txPinFailed struct {
+		Chunk, Group int
+		Err          *string `json:",omitempty"`
+	}
+	rxSent struct {
+		Writer int
+		Err    *string `json:",omitempty"`
 	}
 	txInDoubt struct {
 		Ops    []actors.OpRef
@@ -157,12 +166,18 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 	case actors.TxFenceFired:
 		return "TxFenceFired", txFenceFired{Index: m.Index, Err: errText(m.Err)}
 	case actors.TxPeerRequest:
-		return "TxPeerRequest", txPeerRequest{Peer: m.Peer, From: m.From, Epoch: m.Epoch, Expected: m.Expected,
+		return "TxPeerRequest", txPeerRequest{Peer: m.Peer, From: m.From, Epoch: m.Epoch, PromptLen: m.PromptLen, Expected: m.Expected,
 			Err: errText(m.Err), Hello: hello, Data: rd}
 	case actors.TxCompleted:
 		return "TxCompleted", txCompleted{Op: m.Op, Err: errText(m.Err), Refused: m.Refused}
 	case actors.TxFlushed:
 		return "TxFlushed", txFlushed{Peer: m.Peer, Err: errText(m.Err)}
+	case actors.TxSubmitted:
+		return "TxSubmitted", m
+	case actors.TxPinFailed:
+		return "TxPinFailed", txPinFailed{Chunk: m.Chunk, Group: m.Group, Err: errText(m.Err)}
+	case actors.RxSent:
+		return "RxSent", rxSent{Writer: m.Writer, Err: errText(m.Err)}
 	case actors.TxInDoubt:
 		return "TxInDoubt", txInDoubt{Ops: m.Ops, Reason: errText(m.Reason)}
 	case actors.TxRetired:
@@ -219,7 +234,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 	case "TxPeerRequest":
 		var w txPeerRequest
 		if err = unmarshal(raw, &w); err == nil {
-			out = peerRequest{msg: actors.TxPeerRequest{Peer: w.Peer, From: w.From, Epoch: w.Epoch,
+			out = peerRequest{msg: actors.TxPeerRequest{Peer: w.Peer, From: w.From, Epoch: w.Epoch, PromptLen: w.PromptLen,
 				Expected: w.Expected, Err: textErr(w.Err)}, hello: w.Hello, rd: w.Data}
 		}
 	case "TxCompleted":
@@ -231,6 +246,18 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		var w txFlushed
 		if err = unmarshal(raw, &w); err == nil {
 			out = actors.TxFlushed{Peer: w.Peer, Err: textErr(w.Err)}
+		}
+	case "TxSubmitted":
+		out, err = decodeAs[actors.TxSubmitted](raw)
+	case "TxPinFailed":
+		var w txPinFailed
+		if err = unmarshal(raw, &w); err == nil {
+			out = actors.TxPinFailed{Chunk: w.Chunk, Group: w.Group, Err: textErr(w.Err)}
+		}
+	case "RxSent":
+		var w rxSent
+		if err = unmarshal(raw, &w); err == nil {
+			out = actors.RxSent{Writer: w.Writer, Err: textErr(w.Err)}
 		}
 	case "TxInDoubt":
 		var w txInDoubt

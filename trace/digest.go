@@ -133,7 +133,8 @@ func ParseOps(s string) (map[int]string, error) {
 	return out, nil
 }
 
-var timerNames = map[actors.TimerKind]string{actors.TimerDeadline: "deadline", actors.TimerDrain: "drain", actors.TimerOrphan: "orphan"}
+var timerNames = map[actors.TimerKind]string{actors.TimerDeadline: "deadline", actors.TimerDrain: "drain", actors.TimerOrphan: "orphan",
+	actors.TimerResend: "resend"}
 
 // TimerName names a timer kind.
 func TimerName(k actors.TimerKind) string {
@@ -147,7 +148,7 @@ func TimerName(k actors.TimerKind) string {
 func EffectString(e actors.Effect) string {
 	switch e := e.(type) {
 	case actors.Pin:
-		return fmt.Sprintf("Pin g%d %s", e.Group, idsString(e.IDs))
+		return fmt.Sprintf("Pin chunk%d g%d %s", e.Chunk, e.Group, idsString(e.IDs))
 	case actors.Unpin:
 		return fmt.Sprintf("Unpin g%d %s", e.Group, idsString(e.IDs))
 	case actors.WatchFence:
@@ -160,6 +161,10 @@ func EffectString(e actors.Effect) string {
 		return fmt.Sprintf("CloseEndpoint w%d peer%d", e.Worker, e.Peer)
 	case actors.SendFrame:
 		return fmt.Sprintf("SendFrame w%d %s %s", e.Worker, e.To, FrameString(e.Frame))
+	case actors.SendRequestData:
+		return fmt.Sprintf("SendRequestData w%d writer%d %s %s", e.Worker, e.Writer, e.To, FrameString(e.Frame))
+	case actors.Decide:
+		return "Decide " + e.Status
 	case actors.StartTimer:
 		return fmt.Sprintf("StartTimer %s at=%d", TimerName(e.Kind), e.At.UnixNano())
 	case actors.Finish:

@@ -101,7 +101,8 @@ func TestReplayCmd(t *testing.T) {
 		t.Fatalf("replay --json: %v\n%s", err, out)
 	}
 
-	// Corrupt the generation side's result: replay fails and names it.
+	// Corrupt the generation side's result: replay fails and names it
+	// (its step 3: RxBegin, RxSent for the RequestData, then the Result).
 	b, err := os.ReadFile(genTrace)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestReplayCmd(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run("replay", bad)
-	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, "seq      2") {
+	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, "seq      3") {
 		t.Fatalf("replay of a corrupted trace: %v\n%s", err, out)
 	}
 

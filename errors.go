@@ -1,0 +1,39 @@
+package kvxfer
+
+import (
+	"errors"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// Errors an embedder matches with errors.Is. An Outcome's Err, and every
+// error the engine returns, wraps the sentinel of its cause all the way
+// from the layer that found it.
+var (
+	// ErrRequestFailed: the request's outcome is already decided (failed,
+	// timed out or cancelled); TxHandle.Chunk returns it so that prefill
+	// can stop. The error also wraps the outcome's cause.
+	ErrRequestFailed = errors.New("kvxfer: request failed")
+	// ErrPeerGone: a peer died or could not be reached (one sentinel for
+	// the control plane, the data plane and the sessions).
+	ErrPeerGone = rdma.ErrPeerGone
+	// ErrTimeout: the request's deadline passed.
+	ErrTimeout = actors.ErrTimeout
+	// ErrCancelled: the request was cancelled on this side.
+	ErrCancelled = actors.ErrCancelled
+	// ErrPeerCancelled: the peer cancelled the request.
+	ErrPeerCancelled = actors.ErrPeerCancelled
+	// ErrMismatch: the two sides disagree about the request (prompt
+	// length, bytes written against bytes planned, layout).
+	ErrMismatch = actors.ErrMismatch
+	// ErrPin: a chunk's source blocks could not be pinned.
+	ErrPin = actors.ErrPin
+	// ErrBadChunk: a chunk is misaligned, out of order or after the last.
+	ErrBadChunk = actors.ErrBadChunk
+	// ErrMisalignedChunk: a non-final chunk ends mid-block.
+	ErrMisalignedChunk = kvcache.ErrMisalignedChunk
+	// ErrMissingSource: a chunk's source blocks do not cover it.
+	ErrMissingSource = kvcache.ErrMissingSource
+)
