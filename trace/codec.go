@@ -24,9 +24,9 @@ type (
 		Epoch     uint64
 		PromptLen int                   `json:",omitempty"`
 		Expected  []int                 `json:",omitempty"`
-		Err      *string               `json:",omitempty"`
-		Hello    *messages.Hello       `json:",omitempty"`
-		Data     *messages.RequestData `json:",omitempty"`
+		Err       *string               `json:",omitempty"`
+		Hello     *messages.Hello       `json:",omitempty"`
+		Data      *messages.RequestData `json:",omitempty"`
 	}
 	txCompleted struct {
 		Op      actors.OpRef
