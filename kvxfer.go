@@ -258,8 +258,8 @@ func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
 func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if d := h.inner.Decided(); d != nil && d.Err != nil {
-		return fmt.Errorf("%w: request %s is %s, chunk %v not taken: %w", ErrRequestFailed, h.req.ID, d.Status, c, d.Err)
+	if err := h.Err(); err != nil {
+		return fmt.Errorf("chunk %v not taken: %w", c, err)
 	}
 	if h.done {
 		return fmt.Errorf("%w: request %s: chunk %v after the last chunk", actors.ErrBadChunk, h.req.ID, c)
@@ -307,6 +307,17 @@ func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 				return fmt.Errorf("%w: %w", actors.ErrPin, err)
 			}
 		}
+	}
+	return nil
+}
+
+// Err returns nil while the request is live, and once its outcome is
+// decided an error wrapping ErrRequestFailed and the cause (before Done,
+// which waits for the drain): a cheap check for prefill to stop early. A
+// request that ended DONE has no error.
+func (h *TxHandle) Err() error {
+	if d := h.inner.Decided(); d != nil && d.Err != nil {
+		return fmt.Errorf("%w: request %s is %s: %w", ErrRequestFailed, h.req.ID, d.Status, d.Err)
 	}
 	return nil
 }

@@ -1,0 +1,244 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Regression tests for "READY means the bytes asked for". Each was checked
+// against the code before the fix (git stash of the fix, test run, seen to
+// fail as its comment says).
+
+var tp1 = kvcache.Parallel{TP: 1, PP: 1}
+
+// waitDecided polls the context handle until its outcome is decided.
+func waitDecided(t *testing.T, h *kvxfer.TxHandle) error {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("context side not decided within 10s")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	return h.Err()
+}
+
+// sendAll hands the whole prompt over in chunkTokens chunks from freshly
+// allocated source blocks and returns them (the caller frees them after
+// Done).
+func sendAll(t *testing.T, e *kvxfer.Engine, h *kvxfer.TxHandle, l kvcache.Layout, promptLen, chunkTokens int) ([][]kvcache.BlockID, error) {
+	t.Helper()
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(promptLen)
+	}
+	src, err := e.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatalf("alloc: %v", err)
+	}
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := h.Chunk(c, c.Runs(l.TokensPerBlock, src), nil); err != nil {
+			return src, err
+		}
+	}
+	return src, nil
+}
+
+// Item 1: a generation side that planned 1024 tokens and a context side
+// that sends 512 must not end READY (before: READY and DONE, half the
+// blocks never written). Both sides fail naming both lengths, nothing
+// leaks.
+func TestPromptLengthMismatchFailsBothSides(t *testing.T) {
+	l := smallLayout()
+	for _, rxFirst := range []bool{true, false} {
+		c := startCluster(t, l, tp1, tp1, 2)
+		var rx *kvxfer.RxHandle
+		receive := func() {
+			var err error
+			rx, err = c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "mm", PromptLen: 256, Context: "ctx"})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rxFirst {
+			receive()
+		}
+		tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "mm", PromptLen: 128})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rxFirst {
+			receive()
+		}
+		src, _ := sendAll(t, c.ctx[0], tx, l, 128, 64) // a chunk may be refused once decided
+		to, ro := waitOutcome(t, tx.Done()), waitOutcome(t, rx.Done())
+		for side, o := range map[string]kvxfer.Outcome{"ctx": to, "gen": ro} {
+			if o.OK || !errors.Is(o.Err, kvxfer.ErrMismatch) && side == "ctx" {
+				t.Fatalf("rxFirst=%v %s: %s %v, want a failure wrapping ErrMismatch", rxFirst, side, o.Status, o.Err)
+			}
+			if o.OK {
+				t.Fatalf("rxFirst=%v %s READY/DONE on a mismatched prompt", rxFirst, side)
+			}
+		}
+		if !strings.Contains(to.Err.Error(), "256") || !strings.Contains(to.Err.Error(), "128") {
+			t.Fatalf("ctx error does not name both prompt lengths: %v", to.Err)
+		}
+		if err := c.ctx[0].Pools().Free(src); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, c)
+	}
+}
+
+// Item 1, the receiver's own check: a writer's SUCCESS must carry the
+// bytes this rank planned. Exercised at the step level (a lying writer);
+// here the honest path still ends READY with every byte verified, so the
+// check does not refuse what is right.
+func TestExactBytesStillReady(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 2, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 2)
+	transfer(t, c, l, "exact", 3, 200, 64, true)
+	checkNoLeaks(t, c)
+}
+
+// Item 2: a chunk naming source blocks that were never allocated, or fewer
+// source blocks than it covers, is refused by Chunk at once, naming them;
+// nothing is pinned and the request goes on (before: the refused pin was
+// only counted and the request ended DONE + READY).
+func TestChunkRefusesBadSources(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "pin", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "pin", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
+	never := []kvcache.BlockRun{{First: 0, IDs: []kvcache.BlockID{7, 8, 9, 10}}, {First: 0, IDs: []kvcache.BlockID{7, 8, 9, 10}}}
+	err = tx.Chunk(ch, never, nil)
+	if !errors.Is(err, kvxfer.ErrPin) || !errors.Is(err, kvcache.ErrBlockFree) || !strings.Contains(err.Error(), "[7 8 9 10]") {
+		t.Fatalf("chunk of never-allocated blocks: %v, want ErrPin naming [7 8 9 10]", err)
+	}
+	src, err := c.ctx[0].Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1]}}
+	if err := tx.Chunk(ch, short, nil); !errors.Is(err, kvxfer.ErrMissingSource) || !strings.Contains(err.Error(), "group 0") {
+		t.Fatalf("chunk with 2 of 4 source blocks: %v, want ErrMissingSource naming group 0", err)
+	}
+	if st := c.ctx[0].Pools().Stats(); st[0].Pinned != 0 || st[1].Pinned != 0 {
+		t.Fatalf("refused chunks pinned blocks: %+v", st)
+	}
+	// The request goes on with a correct chunk.
+	if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatalf("correct chunk after refusals: %v", err)
+	}
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("tx %s %v", o.Status, o.Err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if !o.OK {
+		t.Fatalf("rx %s %v", o.Status, o.Err)
+	}
+	if err := c.gen[0].FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ctx[0].Pools().Free(src); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// Item 3: a Receive naming a context instance that does not exist times
+// out and its blocks are freed: its RequestData never left, so no writer
+// can be writing (before: the blocks stayed allocated and Close failed with
+// "sessions did not drain").
+func TestNeverConnectedWriterFreesBlocks(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "typo", PromptLen: 64,
+		Context: "ctx-typo", Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrTimeout) || !strings.Contains(o.Err.Error(), "never reached writer ctx-typo/0") {
+		t.Fatalf("%s %v, want TIMED_OUT naming the unreached writer", o.Status, o.Err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// Item 4: once the request is decided, Chunk returns an error wrapping
+// ErrRequestFailed and the cause, so prefill can stop (before: nil, and the
+// only signal was Done after the drain).
+func TestChunkAfterOutcomeReturnsError(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "stop", PromptLen: 128, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "stop", PromptLen: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := c.ctx[0].Pools().Alloc([]int{8, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, _ := kvcache.Chunks(128, 64, l.TokensPerBlock)
+	if err := tx.Chunk(chunks[0], chunks[0].Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	rx.Cancel()
+	if err := waitDecided(t, tx); !errors.Is(err, kvxfer.ErrRequestFailed) || !errors.Is(err, kvxfer.ErrPeerCancelled) {
+		t.Fatalf("Err after the peer cancelled: %v", err)
+	}
+	err = tx.Chunk(chunks[1], chunks[1].Runs(l.TokensPerBlock, src), nil)
+	if !errors.Is(err, kvxfer.ErrRequestFailed) || !errors.Is(err, kvxfer.ErrPeerCancelled) {
+		t.Fatalf("Chunk after the outcome: %v, want ErrRequestFailed wrapping ErrPeerCancelled", err)
+	}
+	if o := waitOutcome(t, tx.Done()); o.OK {
+		t.Fatalf("tx %s after cancel", o.Status)
+	}
+	waitOutcome(t, rx.Done())
+	if err := c.ctx[0].Pools().Free(src); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// Item 7: an outcome's error keeps its chain: a writer declared dead
+// matches the one ErrPeerGone (before: formatted with %v, and three
+// different sentinels, so errors.Is was false).
+func TestPeerGoneMatchesOneSentinel(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "gone", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The generation side learns its writer is gone (the request's session
+	// exists once Receive returned).
+	c.gen[0].PeerDown(c.ctx[0].Hello().From)
+	o := waitOutcome(t, rx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Fatalf("rx %s %v, want a failure matching kvxfer.ErrPeerGone", o.Status, o.Err)
+	}
+	checkNoLeaks(t, c)
+}
