@@ -182,6 +182,14 @@ func (e *Engine) Region() *kvcache.Region { return e.region }
 // Hello is what the engine tells its peers about itself.
 func (e *Engine) Hello() *messages.Hello { return e.inner.Hello() }
 
+// CheckPeer compares a peer's Hello with this engine: nil when both serve
+// the same layout, else an error wrapping ErrMismatch that names both
+// models and both layout hashes (every request between the two would fail
+// with it).
+func (e *Engine) CheckPeer(h *messages.Hello) error {
+	return actors.LayoutMismatch(actors.Topology{Layout: e.cfg.layout, LayoutHash: e.cfg.layout.Hash()}, h)
+}
+
 // PeerDown tells the engine a peer is dead (the control plane's heartbeat
 // callback): its sessions fail and drain, pages are released.
 func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }

@@ -49,14 +49,33 @@ func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcac
 	return buf, bytes, nil
 }
 
+// modelName is what a Hello says the layout is: its name, or "unnamed".
+func modelName(l kvcache.Layout) string {
+	if l.Name == "" {
+		return "unnamed"
+	}
+	return messages.TruncateText(l.Name, messages.MaxModelLen)
+}
+
+// LayoutMismatch compares a peer's Hello with this rank's layout: nil when
+// they serve the same layout, else an error wrapping ErrMismatch that names
+// both models and both hashes. Engines log it when the Hello arrives, and
+// every request between the two fails with it.
+func LayoutMismatch(self Topology, hello *messages.Hello) error {
+	if hello.LayoutHash == self.LayoutHash {
+		return nil
+	}
+	return fmt.Errorf("%w: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)",
+		ErrMismatch, hello.From, hello.Model, hello.LayoutHash, modelName(self.Layout), self.LayoutHash)
+}
+
 // ResolveRequest turns a generation rank's RequestData and Hello into the
 // context rank's route to it, and lists every generation rank index this
 // rank writes to for requests of that generation instance. Every field
 // that refers to the receiver's pool is checked here; an error names it.
 func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestData) (*Route, []int, error) {
 	if hello.LayoutHash != self.LayoutHash {
-		return nil, nil, fmt.Errorf("%w: request %s: peer %s layout hash %#x, ours %#x",
-			ErrBadRequest, rd.RequestID, rd.From, hello.LayoutHash, self.LayoutHash)
+		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, LayoutMismatch(self, hello))
 	}
 	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
 	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}

@@ -123,6 +123,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Tp:         m.TP,
 			Pp:         m.PP,
 			Pools:      pools,
+			Model:      m.Model,
 		}}
 	case *RequestData:
 		if m == nil {
@@ -239,6 +240,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			TP:         m.GetTp(),
 			PP:         m.GetPp(),
 			Pools:      nonEmpty(pools),
+			Model:      m.GetModel(),
 		}, nil
 	case *pb.Envelope_RequestData:
 		m := body.RequestData

@@ -99,7 +99,13 @@ type Hello struct {
 	TP, PP int32
 	// Pools places each layer group's block pool inside Region.
 	Pools []PoolGeometry
+	// Model names the layout the sender serves (informational: a mismatch
+	// names both models; LayoutHash decides). At most MaxModelLen bytes.
+	Model string
 }
+
+// MaxModelLen bounds Hello.Model.
+const MaxModelLen = 128
 
 // PoolGeometry places one layer group's pool in a region: block i occupies
 // [Offset + i*BlockBytes, Offset + (i+1)*BlockBytes).
@@ -209,6 +215,9 @@ func (m *Hello) Validate() error {
 	}
 	if m.Backend == "" || len(m.Backend) > 32 {
 		return invalid("hello backend %q", m.Backend)
+	}
+	if len(m.Model) > MaxModelLen {
+		return invalid("hello model name of %d bytes, want at most %d", len(m.Model), MaxModelLen)
 	}
 	if len(m.AgentAddr) == 0 || len(m.AgentAddr) > 4096 {
 		return invalid("hello agent address length %d, want 1..4096", len(m.AgentAddr))

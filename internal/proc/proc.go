@@ -91,6 +91,22 @@ type Report struct {
 	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
 	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
 	FirstError   string  `json:"first_error,omitempty"`
+	// Errors lists the first failures, one line each (request: status:
+	// cause), up to maxReportErrors.
+	Errors []string `json:"errors,omitempty"`
+}
+
+const maxReportErrors = 8
+
+// failed records one failed request in the report.
+func (r *Report) failed(err error) {
+	r.Failed++
+	if r.FirstError == "" {
+		r.FirstError = err.Error()
+	}
+	if len(r.Errors) < maxReportErrors {
+		r.Errors = append(r.Errors, err.Error())
+	}
 }
 
 // Prompts is the request list both roles derive from the seed.
@@ -236,11 +252,22 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
-		rep.Failed++
-		if rep.FirstError == "" {
-			rep.FirstError = err.Error()
-		}
+		rep.failed(err)
 		mu.Unlock()
+	}
+	// Say where we wait, then wait (up to the transfer timeout) for the
+	// context process's Hello: a peer that is not running, speaks with
+	// another key or serves another model is named now, once, instead of
+	// by every request at its deadline.
+	peer := messages.PeerID{Instance: o.Peer, Rank: 0}
+	o.Log.Info().Str("listening", n.link.Endpoint()).Str("peer", peer.String()).Str("peer_endpoint", o.PeerEndpoint).
+		Msg("waiting for the context process")
+	if err := waitPeer(ctx, n, peer, o); err != nil {
+		o.Log.Error().Err(err).Msg("context process")
+		for i := range Prompts(o) {
+			fail(fmt.Errorf("%s: %w", RequestID(i), err))
+		}
+		return finish(n, rep, t0, out)
 	}
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
@@ -342,10 +369,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
-		rep.Failed++
-		if rep.FirstError == "" {
-			rep.FirstError = err.Error()
-		}
+		rep.failed(err)
 		mu.Unlock()
 	}
 	l := n.eng.Layout()
@@ -442,6 +466,30 @@ func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl
 		return fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
 	}
 	return nil
+}
+
+// errPeerSilent: the peer process said nothing within the wait.
+var errPeerSilent = errors.New("proc: peer said nothing")
+
+// waitPeer waits until peer's Hello arrives (polling with the transfer
+// timeout as deadline) and checks it serves the same layout.
+func waitPeer(ctx context.Context, n *node, peer messages.PeerID, o Options) error {
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		h, err := n.link.Hello(peer)
+		if err == nil {
+			return n.eng.CheckPeer(h)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			how := "is it running, and do both sides use the same CURVE keys (or both --insecure)?"
+			return fmt.Errorf("%w: %s at %s within %v: %s", errPeerSilent, peer, o.PeerEndpoint, timeout, how)
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
 }
 
 func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {

@@ -521,16 +521,20 @@ func (x *RemoteRegion) GetLen() uint64 {
 
 // Hello introduces an engine rank to a peer.
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
-	AgentAddr     []byte                 `protobuf:"bytes,3,opt,name=agent_addr,json=agentAddr,proto3" json:"agent_addr,omitempty"`
-	Region        *RemoteRegion          `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
-	LayoutHash    uint64                 `protobuf:"varint,5,opt,name=layout_hash,json=layoutHash,proto3" json:"layout_hash,omitempty"`
-	Parallel      *Parallel              `protobuf:"bytes,6,opt,name=parallel,proto3" json:"parallel,omitempty"`
-	Tp            int32                  `protobuf:"varint,7,opt,name=tp,proto3" json:"tp,omitempty"`
-	Pp            int32                  `protobuf:"varint,8,opt,name=pp,proto3" json:"pp,omitempty"`
-	Pools         []*PoolGeometry        `protobuf:"bytes,9,rep,name=pools,proto3" json:"pools,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	From       *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Backend    string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	AgentAddr  []byte                 `protobuf:"bytes,3,opt,name=agent_addr,json=agentAddr,proto3" json:"agent_addr,omitempty"`
+	Region     *RemoteRegion          `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	LayoutHash uint64                 `protobuf:"varint,5,opt,name=layout_hash,json=layoutHash,proto3" json:"layout_hash,omitempty"`
+	Parallel   *Parallel              `protobuf:"bytes,6,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	Tp         int32                  `protobuf:"varint,7,opt,name=tp,proto3" json:"tp,omitempty"`
+	Pp         int32                  `protobuf:"varint,8,opt,name=pp,proto3" json:"pp,omitempty"`
+	Pools      []*PoolGeometry        `protobuf:"bytes,9,rep,name=pools,proto3" json:"pools,omitempty"`
+	// model names the layout the sender serves (a preset name or the
+	// layout's own name), so that a mismatch names both models, not only
+	// their hashes. Informational: layout_hash decides.
+	Model         string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -626,6 +630,13 @@ func (x *Hello) GetPools() []*PoolGeometry {
 		return x.Pools
 	}
 	return nil
+}
+
+func (x *Hello) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
 }
 
 // RequestData asks a context rank to write one request's KV into the
@@ -1045,7 +1056,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\xb9\x02\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\xcf\x02\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1057,7 +1068,9 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\bparallel\x18\x06 \x01(\v2\x13.kvxfer.v1.ParallelR\bparallel\x12\x0e\n" +
 	"\x02tp\x18\a \x01(\x05R\x02tp\x12\x0e\n" +
 	"\x02pp\x18\b \x01(\x05R\x02pp\x12-\n" +
-	"\x05pools\x18\t \x03(\v2\x17.kvxfer.v1.PoolGeometryR\x05pools\"\xca\x02\n" +
+	"\x05pools\x18\t \x03(\v2\x17.kvxfer.v1.PoolGeometryR\x05pools\x12\x14\n" +
+	"\x05model\x18\n" +
+	" \x01(\tR\x05model\"\xca\x02\n" +
 	"\vRequestData\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +

@@ -1,0 +1,73 @@
+package twoproc
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/internal/proc"
+)
+
+// Process-level regressions of "READY means the bytes asked for": what a
+// user gets from `kvxfer ctx` and `kvxfer gen` started with mismatched
+// workloads, or with no context process at all. Before the fix, mismatched
+// seeds reported "ok" on both sides with unwritten READY blocks, and a gen
+// with no ctx ended after minutes with most of its pool leaked.
+
+// bothLengths matches a failure that names both prompt lengths.
+var bothLengths = regexp.MustCompile(`planned a prompt of \d+ tokens, Send has \d+ tokens`)
+
+// TestMismatchedWorkloadsFailNamingBothLengths: the two processes derive
+// their prompts from different seeds (or different --max-tokens): every
+// request whose lengths differ fails on both sides with a reason naming
+// both lengths; whatever ends READY is verified byte for byte; nothing
+// leaks.
+func TestMismatchedWorkloadsFailNamingBothLengths(t *testing.T) {
+	cases := map[string]func(g proc.Options, c *proc.Options){
+		"seed":       func(g proc.Options, c *proc.Options) { c.Seed = g.Seed + 1 },
+		"max-tokens": func(g proc.Options, c *proc.Options) { c.MaxTokens = g.MaxTokens / 2 },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			g, c := options(t, 6, 0)
+			mutate(g, &c)
+			gen := spawn(t, "gen", g)
+			ctx := spawn(t, "ctx", c)
+			cr, _ := ctx.wait(t, 2*time.Minute)
+			gr, _ := gen.wait(t, 2*time.Minute)
+			t.Logf("gen %+v\nctx %+v", gr, cr)
+			if gr.Failed == 0 || cr.Failed == 0 {
+				t.Fatalf("mismatched workloads, yet nothing failed: gen %+v ctx %+v", gr, cr)
+			}
+			for side, errs := range map[string][]string{"gen": gr.Errors, "ctx": cr.Errors} {
+				for _, e := range errs {
+					if !bothLengths.MatchString(e) {
+						t.Errorf("%s failure does not name both prompt lengths: %s", side, e)
+					}
+				}
+			}
+			if gr.LeakedBlocks != 0 || cr.LeakedBlocks != 0 || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
+				t.Fatalf("gen %+v ctx %+v", gr, cr)
+			}
+		})
+	}
+}
+
+// TestGenWithoutContextExitsAndFrees: `kvxfer gen` with no context process
+// and a 5 s timeout names the missing peer and ends within 15 s, every
+// request failed, 0 blocks leaked.
+func TestGenWithoutContextExitsAndFrees(t *testing.T) {
+	g, _ := options(t, 4, 0)
+	g.Timeout = 5 * time.Second
+	start := time.Now()
+	gen := spawn(t, "gen", g)
+	gr, _ := gen.wait(t, 15*time.Second)
+	t.Logf("gen ended after %v: %+v", time.Since(start).Round(time.Millisecond), gr)
+	if gr.Failed != 4 || gr.OK != 0 || gr.LeakedBlocks != 0 {
+		t.Fatalf("gen report %+v", gr)
+	}
+	if !strings.Contains(gr.FirstError, "ctx/0") || !strings.Contains(gr.FirstError, "said nothing") {
+		t.Fatalf("the failure does not name the silent peer: %q", gr.FirstError)
+	}
+}
