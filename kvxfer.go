@@ -220,6 +220,11 @@ type SendRequest struct {
 	// Payload is returned to the generation side with SUCCESS (first
 	// token, draft tokens); at most messages.MaxPayload bytes.
 	Payload []byte
+	// Generation, when set, names the generation instance the request is
+	// for (a disaggregated router knows it): RequestData for the request
+	// from any other instance is refused and cannot touch it. Empty: the
+	// first RequestData that validates binds the request to its instance.
+	Generation string
 }
 
 // TxHandle is the context side's handle on one request.
@@ -244,7 +249,7 @@ func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	h, err := e.inner.Send(req.ID, req.PromptLen, time.Now().Add(t), req.Payload)
+	h, err := e.inner.Send(req.ID, req.PromptLen, time.Now().Add(t), req.Payload, req.Generation)
 	if err != nil {
 		return nil, err
 	}

@@ -110,7 +110,8 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{}}
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{},
+			warn: newLogSampler(cfg.Clock)}
 	}))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
@@ -173,7 +174,12 @@ func (h *TxHandle) Crash() { h.e.sys.Root.Send(h.pid, &txPanicNow{}) }
 
 // Send opens the context side of a request. Done fires after the session
 // released every pin: the serving process may then free its source blocks.
-func (e *Engine) Send(request string, promptLen int, deadline time.Time, payload []byte) (*TxHandle, error) {
+//
+// generation, when not empty, names the generation instance the request
+// is for (a disaggregated router knows it); RequestData from any other
+// instance is then refused. Empty: the first RequestData that validates
+// binds the request to its instance.
+func (e *Engine) Send(request string, promptLen int, deadline time.Time, payload []byte, generation string) (*TxHandle, error) {
 	if request == "" || len(request) > messages.MaxRequestIDLen {
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(request), messages.MaxRequestIDLen)
 	}
@@ -182,7 +188,8 @@ func (e *Engine) Send(request string, promptLen int, deadline time.Time, payload
 	}
 	h := NewHandle()
 	reply := make(chan txOpenReply, 1)
-	e.sys.Root.Send(e.tx, &txOpenReq{request: request, start: TxStart{PromptLen: promptLen, Deadline: deadline, Payload: payload}, handle: h, reply: reply})
+	e.sys.Root.Send(e.tx, &txOpenReq{request: request, start: TxStart{PromptLen: promptLen, Deadline: deadline, Payload: payload},
+		generation: generation, handle: h, reply: reply})
 	r := <-reply
 	if r.err != nil {
 		return nil, r.err

@@ -74,10 +74,11 @@ const (
 	rejectNotWriter                      // from a peer that is not a writer of the request
 	rejectStale                          // for a request that is unknown here or already finished
 	rejectUnresolved                     // a RequestData that could not be resolved into a route
+	rejectNotBound                       // from another generation instance than the request's
 	numRejects
 )
 
-var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved"}
+var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound"}
 
 // meters are an engine's resolved metric children. Every method is safe
 // on a nil *meters (metrics off) and on any goroutine.

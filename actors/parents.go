@@ -37,10 +37,11 @@ func (t *tombstones) has(id string) bool { return t.set[id] }
 // Messages to the tx and rx supervisors.
 type (
 	txOpenReq struct {
-		request string
-		start   TxStart
-		handle  *Handle
-		reply   chan txOpenReply
+		request    string
+		start      TxStart
+		generation string // the generation instance, when Send names it
+		handle     *Handle
+		reply      chan txOpenReply
 	}
 	txOpenReply struct {
 		pid *actor.PID
@@ -107,6 +108,12 @@ type txParent struct {
 	sessions sessionTable
 	tombs    *tombstones
 	handles  map[string]*Handle
+	// bound fixes each live request's generation instance: named by Send,
+	// or else the instance of the first RequestData that resolved. Frames
+	// of the request from any other instance are refused and do not touch
+	// it.
+	bound map[string]string
+	warn  *logSampler // refusals, per (peer, reason)
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -132,8 +139,19 @@ func (p *txParent) Receive(ctx actor.Context) {
 			return
 		}
 		pid := p.sessions.pids[m.request]
+		if b := p.bound[m.request]; pid != nil && m.generation != "" && b != "" && b != m.generation {
+			// A RequestData from another instance opened the session
+			// first: Send's word decides; that session is that instance's
+			// mistake, not this request.
+			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s: generation instance %s already asked for it, Send names %s",
+				ErrBadRequest, m.request, b, m.generation)}
+			return
+		}
 		if pid == nil {
 			pid = p.spawn(ctx, m.request)
+		}
+		if m.generation != "" {
+			p.bind(m.request, m.generation)
 		}
 		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
@@ -142,6 +160,11 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.onRequestData(ctx, m)
 	case *messages.Cancel:
 		pid := p.sessions.pids[m.RequestID]
+		if b := p.bound[m.RequestID]; pid != nil && b != m.From.Instance {
+			// Not the request's instance: nothing of ours writes for it.
+			p.env.meters.reject(rejectNotBound)
+			pid = nil
+		}
 		if pid == nil {
 			// Nothing of ours touches that request: we are quiescent.
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
@@ -160,6 +183,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			h.finish(m.outcome)
 		}
 		delete(p.handles, m.request)
+		delete(p.bound, m.request)
 		p.tombs.add(m.request)
 		p.sessions.maybeDrained()
 	case *closeReq:
@@ -189,16 +213,41 @@ func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, 
 	ctx.Send(p.env.workers[w], &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
 
+func (p *txParent) bind(request, instance string) {
+	if p.bound == nil {
+		p.bound = map[string]string{}
+	}
+	p.bound[request] = instance
+}
+
+// refuse answers a RequestData that touches no session: FAILED to its
+// sender, counted, and forgotten (no session, no tombstone).
+func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejectReason, err error) {
+	p.env.meters.reject(why)
+	p.env.stats.FramesRejected.Add(1)
+	p.warn.event(p.env.log, rd.From.String(), rejectNames[why]).Err(err).Str("request", rd.RequestID).Msg("RequestData refused")
+	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
+		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+}
+
+// onRequestData validates a RequestData against the sender's Hello and
+// the request's generation instance before it may touch any state: one
+// that fails creates no session and no tombstone, so a hostile or broken
+// peer cannot poison a request that has not started. Only the request's
+// own instance can fail it.
 func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	pid := p.sessions.pids[rd.RequestID]
-	if pid == nil {
-		if p.tombs.has(rd.RequestID) || p.sessions.draining {
-			p.env.meters.reject(rejectStale)
-			p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
-				Status: messages.StatusFailed, Error: "request already finished on the context side"})
-			return
-		}
-		pid = p.spawn(ctx, rd.RequestID)
+	if pid == nil && (p.tombs.has(rd.RequestID) || p.sessions.draining) {
+		p.env.meters.reject(rejectStale)
+		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
+			Status: messages.StatusFailed, Error: "request already finished on the context side"})
+		return
+	}
+	bound := p.bound[rd.RequestID]
+	if bound != "" && bound != rd.From.Instance {
+		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",
+			ErrBadRequest, rd.RequestID, bound, rd.From.Instance))
+		return
 	}
 	hello, err := p.link.Hello(rd.From)
 	var route *Route
@@ -206,9 +255,19 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
 	}
+	if err != nil && bound == "" {
+		// Nobody has claimed the request: this frame does not get to.
+		p.refuse(ctx, rd, rejectUnresolved, err)
+		return
+	}
 	if err != nil {
+		// The request's own instance cannot be served: its session fails.
 		p.env.meters.reject(rejectUnresolved)
 	}
+	if pid == nil {
+		pid = p.spawn(ctx, rd.RequestID)
+	}
+	p.bind(rd.RequestID, rd.From.Instance)
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }

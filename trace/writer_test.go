@@ -16,7 +16,7 @@ import (
 // rxConfig is a one-writer generation session.
 func rxConfig(id string) actors.RxConfig {
 	return actors.RxConfig{Request: id, Epoch: 7, Self: gen0, Deadline: at.Add(time.Second),
-		Writers: []actors.RxWriter{{Peer: ctx1, Worker: 1, Request: &messages.RequestData{RequestID: id, Epoch: 7, From: gen0}}}}
+		Writers: []actors.RxWriter{{Peer: ctx1, Worker: 1, Bytes: 4096, Request: &messages.RequestData{RequestID: id, Epoch: 7, From: gen0}}}}
 }
 
 // driveRx runs an RxSession the way its shell does — birth, then for each

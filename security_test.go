@@ -1,0 +1,157 @@
+package kvxfer_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Regressions of "an authenticated peer must not fail requests that are
+// not its own", at the engine level over the in-memory link (the same
+// parent step runs behind the ZeroMQ link). Each was checked against the
+// code before the fix, where it failed as its comment says.
+
+// rogue is a peer that speaks on the link with a copy of a real rank's
+// Hello under another identity, and records what it is answered.
+type rogue struct {
+	mu     sync.Mutex
+	frames []messages.Frame
+	id     messages.PeerID
+}
+
+func newRogue(t *testing.T, c *cluster, id messages.PeerID) *rogue {
+	t.Helper()
+	r := &rogue{id: id}
+	h := *c.gen[0].Hello()
+	h.From = id
+	lis, err := c.link.Listen(&h, func(f messages.Frame) {
+		r.mu.Lock()
+		r.frames = append(r.frames, f)
+		r.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	return r
+}
+
+func (r *rogue) send(t *testing.T, c *cluster, f messages.Frame) {
+	t.Helper()
+	conn, err := c.link.Dial(c.ctx[0].Hello().From)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Send(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wait polls until the rogue got a frame match accepts.
+func (r *rogue) wait(t *testing.T, what string, match func(messages.Frame) bool) messages.Frame {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r.mu.Lock()
+		for _, f := range r.frames {
+			if match(f) {
+				r.mu.Unlock()
+				return f
+			}
+		}
+		r.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 10s", what)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
+
+// waitFailed polls until the rogue got a FAILED Result for request id.
+func (r *rogue) waitFailed(t *testing.T, id string) *messages.Result {
+	t.Helper()
+	return r.wait(t, "FAILED Result for "+id, func(f messages.Frame) bool {
+		res, ok := f.(*messages.Result)
+		return ok && res.RequestID == id && res.Status == messages.StatusFailed
+	}).(*messages.Result)
+}
+
+// requestData is what the generation rank would ask for request id of
+// promptLen tokens, with the given destination blocks per group.
+func requestData(from messages.PeerID, id string, promptLen int, blocks [][]int32) *messages.RequestData {
+	groups := make([]messages.GroupDest, len(blocks))
+	for g := range blocks {
+		groups[g] = messages.GroupDest{Blocks: blocks[g]}
+	}
+	return &messages.RequestData{RequestID: id, Epoch: 1, From: from, GenParallel: messages.Parallel{TP: 1, PP: 1},
+		PromptLen: int32(promptLen), Groups: groups}
+}
+
+// Issue 15 item 4: a RequestData that fails validation (block ids outside
+// the pool) naming a request before the context side called Send creates
+// no state: it is answered FAILED and forgotten, and the honest Send of
+// that request later works (before: a failed, remembered session, and Send
+// refused with "already sent").
+func TestHostileRequestDataCreatesNoState(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	r := newRogue(t, c, messages.PeerID{Instance: "evil", Rank: 0})
+	r.send(t, c, requestData(r.id, "req-4", 64, [][]int32{{1 << 30, 1<<30 + 1, 1<<30 + 2, 1<<30 + 3}, {0, 1, 2, 3}}))
+	res := r.waitFailed(t, "req-4")
+	if !strings.Contains(res.Error, "outside pool") {
+		t.Fatalf("refusal does not say why: %q", res.Error)
+	}
+	transfer(t, c, l, "req-4", 4, 64, 32, false)
+	checkNoLeaks(t, c)
+}
+
+// Issue 15 item 3: a request's generation instance is fixed by Send (or the
+// first RequestData that validates); a RequestData for it from another
+// instance is refused and does not touch it (before: "evil-ctxside/0" was
+// accepted as generation rank 0 of any request, and its Cancel cancelled
+// it).
+func TestRequestDataFromAnotherInstanceIsRefused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	r := newRogue(t, c, messages.PeerID{Instance: "evil-ctxside", Rank: 0})
+	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "bound", PromptLen: 64, Generation: "gen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A valid RequestData (blocks inside the pool) from the wrong instance.
+	r.send(t, c, requestData(r.id, "bound", 64, [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}))
+	if res := r.waitFailed(t, "bound"); !strings.Contains(res.Error, "is for generation instance gen, not evil-ctxside") {
+		t.Fatalf("refusal: %q", res.Error)
+	}
+	// Its Cancel is answered (nothing of ours writes for it) but cancels
+	// nothing: the context side answers in order, so once the ack is here
+	// the Cancel has been handled.
+	r.send(t, c, &messages.Cancel{RequestID: "bound", Epoch: 1, From: r.id, Reason: "evil"})
+	r.wait(t, "CancelAck", func(f messages.Frame) bool { _, ok := f.(*messages.CancelAck); return ok })
+	if tx.Err() != nil {
+		t.Fatalf("the rogue's frames decided the request: %v", tx.Err())
+	}
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bound", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sendAll(t, c.ctx[0], tx, l, 64, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("tx %s %v", o.Status, o.Err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if !o.OK {
+		t.Fatalf("rx %s %v", o.Status, o.Err)
+	}
+	_ = c.gen[0].FreeBlocks(o.Blocks)
+	_ = c.ctx[0].Pools().Free(src)
+	checkNoLeaks(t, c)
+}
