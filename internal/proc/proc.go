@@ -144,6 +144,8 @@ type node struct {
 	closers []io.Closer
 	down    chan struct{}
 	once    sync.Once
+	stop    chan struct{} // closed by close: stops watchPeer
+	watch   sync.WaitGroup
 }
 
 // newAgent is the backend's agent for this process.
@@ -208,10 +210,39 @@ func start(ctx context.Context, o Options, agent rdma.Agent, region *kvcache.Reg
 	n.eng = eng
 	engp.Store(eng)
 	n.closers = append(n.closers, agent)
+	n.stop = make(chan struct{})
+	n.watch.Add(1)
+	go n.watchPeer(peer, o)
 	return n, nil
 }
 
+// watchPeer logs, once, when the peer's Hello arrives: that it is there,
+// or that it serves another model (naming both), so a deployment mistake
+// shows at startup rather than as failed requests.
+func (n *node) watchPeer(peer messages.PeerID, o Options) {
+	defer n.watch.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if h, err := n.link.Hello(peer); err == nil {
+			if err := n.eng.CheckPeer(h); err != nil {
+				o.Log.Error().Err(err).Msg("peer serves another model: every request with it will fail")
+			} else {
+				o.Log.Info().Str("peer", peer.String()).Str("model", h.Model).Msg("peer said Hello")
+			}
+			return
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func (n *node) close() error {
+	close(n.stop)
+	n.watch.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := n.eng.Close(ctx)

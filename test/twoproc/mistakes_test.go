@@ -71,3 +71,26 @@ func TestGenWithoutContextExitsAndFrees(t *testing.T) {
 		t.Fatalf("the failure does not name the silent peer: %q", gr.FirstError)
 	}
 }
+
+// TestModelMismatchNamedAtHello: ctx serves Llama-3.1-8B, gen Qwen3-8B.
+// The generation process names both models as soon as the context
+// process's Hello arrives, fails every request with that reason instead of
+// waiting for each one's 20 s deadline, and leaks nothing (before: found
+// per request, after startup looked healthy).
+func TestModelMismatchNamedAtHello(t *testing.T) {
+	g, c := options(t, 4, 0)
+	g.Model = "Qwen3-8B"
+	gen := spawn(t, "gen", g)
+	ctx := spawn(t, "ctx", c)
+	gr, _ := gen.wait(t, 15*time.Second) // well inside the 20 s transfer timeout
+	_ = ctx.cmd.Process.Kill()
+	_, _ = ctx.wait(t, time.Minute)
+	if gr.Failed != 4 || gr.LeakedBlocks != 0 {
+		t.Fatalf("gen report %+v", gr)
+	}
+	for _, m := range []string{`"Llama-3.1-8B"`, `"Qwen3-8B"`} {
+		if !strings.Contains(gr.FirstError, m) {
+			t.Fatalf("the failure does not name model %s: %q", m, gr.FirstError)
+		}
+	}
+}
