@@ -111,3 +111,13 @@ func (c *memConn) Send(f messages.Frame) error {
 }
 
 func (c *memConn) Close() error { return nil }
+
+// RejectCounter is implemented by a Link that refuses frames before they
+// are delivered (the ZeroMQ link); an engine publishes its counts as
+// kvxfer_frames_rejected_total{reason}.
+type RejectCounter interface {
+	// FramesRejected returns how many frames the link rejected so far,
+	// by reason. The set of reasons is fixed (every one is present, zero
+	// or not) and counts only grow.
+	FramesRejected() map[string]int64
+}
