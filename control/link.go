@@ -13,6 +13,10 @@ var (
 	ErrPeerGone  = errors.New("control: peer gone")
 	ErrDuplicate = errors.New("control: already listening")
 	ErrClosed    = errors.New("control: closed")
+	// ErrQueueFull is backpressure: the frame was not queued (the peer is
+	// slow or unreachable), the Conn stays usable and what it queued
+	// before stays queued, so a caller keeps the Conn.
+	ErrQueueFull = errors.New("control: send queue full")
 )
 
 // Link is the control-plane seam between engines: an engine listens for

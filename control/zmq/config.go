@@ -10,6 +10,7 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -100,12 +101,22 @@ type Curve struct {
 // Errors of package zmq; see also control.ErrClosed, control.ErrDuplicate
 // and control.ErrPeerGone, which it wraps where they apply.
 var (
-	ErrConfig        = errors.New("control/zmq: bad config")
-	ErrNotListening  = errors.New("control/zmq: not listening")
-	ErrQueueFull     = errors.New("control/zmq: send queue full")
-	ErrFrameTooLarge = errors.New("control/zmq: frame too large")
-	ErrNoServerKey   = errors.New("control/zmq: no CURVE server key for peer")
+	ErrConfig              = errors.New("control/zmq: bad config")
+	ErrNotListening        = errors.New("control/zmq: not listening")
+	ErrQueueFull     error = &sentinel{"control/zmq: send queue full", control.ErrQueueFull}
+	ErrFrameTooLarge       = errors.New("control/zmq: frame too large")
+	ErrNoServerKey         = errors.New("control/zmq: no CURVE server key for peer")
 )
+
+// sentinel is an error of this package that is also one of package
+// control's (errors.Is matches both).
+type sentinel struct {
+	msg  string
+	base error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.base }
 
 // GenerateKeys returns a new CURVE keypair in Z85 (for `kvxfer keygen`).
 func GenerateKeys() (public, secret string, err error) {

@@ -312,8 +312,8 @@ func TestSendQueueFullDoesNotBlock(t *testing.T) {
 			break
 		}
 	}
-	if !errors.Is(full, ErrQueueFull) {
-		t.Fatalf("sending to a peer nobody serves: %v, want ErrQueueFull", full)
+	if !errors.Is(full, ErrQueueFull) || !errors.Is(full, control.ErrQueueFull) {
+		t.Fatalf("sending to a peer nobody serves: %v, want ErrQueueFull (and control.ErrQueueFull)", full)
 	}
 	accepted := 0
 	for i := range 1000 {
