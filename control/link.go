@@ -13,6 +13,10 @@ var (
 	ErrPeerGone  = errors.New("control: peer gone")
 	ErrDuplicate = errors.New("control: already listening")
 	ErrClosed    = errors.New("control: closed")
+	// ErrQueueFull is backpressure: the frame was not queued (the peer is
+	// slow or unreachable), the Conn stays usable and what it queued
+	// before stays queued, so a caller keeps the Conn.
+	ErrQueueFull = errors.New("control: send queue full")
 )
 
 // Link is the control-plane seam between engines: an engine listens for
@@ -111,3 +115,13 @@ func (c *memConn) Send(f messages.Frame) error {
 }
 
 func (c *memConn) Close() error { return nil }
+
+// RejectCounter is implemented by a Link that refuses frames before they
+// are delivered (the ZeroMQ link); an engine publishes its counts as
+// kvxfer_frames_rejected_total{reason}.
+type RejectCounter interface {
+	// FramesRejected returns how many frames the link rejected so far,
+	// by reason. The set of reasons is fixed (every one is present, zero
+	// or not) and counts only grow.
+	FramesRejected() map[string]int64
+}

@@ -3,12 +3,14 @@ package zmq
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -17,6 +19,12 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultHeartbeatMisses   = 3
 	DefaultSendHWM           = 1000
+	// DefaultTerminalBacklog is how many terminal frames (Result, Cancel,
+	// CancelAck) each Conn holds back for a peer whose send queue is full
+	// before it refuses one: room for one FAILED result of a few thousand
+	// sessions at once, at most about 20 MiB for frames of the largest
+	// size (a FAILED result is a few hundred bytes).
+	DefaultTerminalBacklog = 4096
 	// DefaultMaxFrameBytes admits the largest frame messages can encode.
 	DefaultMaxFrameBytes = messages.MaxFrameBytes
 )
@@ -54,8 +62,17 @@ type Config struct {
 	// messages.MaxFrameBytes).
 	MaxFrameBytes int
 	// SendHWM is each Conn's send queue in frames (default 1000); past it
-	// Send returns ErrQueueFull.
+	// Send refuses a RequestData with ErrQueueFull. Terminal frames
+	// (Result, Cancel, CancelAck) are never refused for it: they wait in
+	// the Conn's terminal backlog.
 	SendHWM int
+	// TerminalBacklog bounds each Conn's terminal backlog in frames
+	// (default DefaultTerminalBacklog): terminal frames that found the
+	// send queue full wait there, in order, and are sent as soon as the
+	// queue has room. Past it (a peer unreachable for long) Send returns
+	// ErrQueueFull for terminal frames too. Size it to the sessions a
+	// peer can have at once.
+	TerminalBacklog int
 	// Clock tells the listener the time (default time.Now).
 	Clock func() time.Time
 }
@@ -65,22 +82,41 @@ type Curve struct {
 	// Public and Secret are the link's keypair: its ROUTER's server key and
 	// its DEALERs' client key. Public may be empty (derived from Secret).
 	Public, Secret string
-	// AllowedPeers are the client public keys the ROUTER admits.
+	// AllowedPeers are client public keys the ROUTER admits at the
+	// handshake. Admission is not identity: a connection's frames must
+	// name a sender its key is bound to, by Identities or by being that
+	// sender's server key in PeerServerKeys (a link's one keypair is both
+	// its server and its client key). A key bound to nothing is admitted
+	// but every frame on it is rejected (reason identity).
 	AllowedPeers []string
+	// Identities bind client keys to the instance (and ranks) each may
+	// speak for; their keys are admitted too. AddIdentity adds more.
+	Identities []Identity
 	// PeerServerKeys is each peer's server public key, which a DEALER
-	// needs to connect. SetPeerServerKey adds more.
+	// needs to connect; each also binds that key to that peer's PeerID.
+	// SetPeerServerKey adds more.
 	PeerServerKeys map[messages.PeerID]string
 }
 
 // Errors of package zmq; see also control.ErrClosed, control.ErrDuplicate
 // and control.ErrPeerGone, which it wraps where they apply.
 var (
-	ErrConfig        = errors.New("control/zmq: bad config")
-	ErrNotListening  = errors.New("control/zmq: not listening")
-	ErrQueueFull     = errors.New("control/zmq: send queue full")
-	ErrFrameTooLarge = errors.New("control/zmq: frame too large")
-	ErrNoServerKey   = errors.New("control/zmq: no CURVE server key for peer")
+	ErrConfig              = errors.New("control/zmq: bad config")
+	ErrNotListening        = errors.New("control/zmq: not listening")
+	ErrQueueFull     error = &sentinel{"control/zmq: send queue full", control.ErrQueueFull}
+	ErrFrameTooLarge       = errors.New("control/zmq: frame too large")
+	ErrNoServerKey         = errors.New("control/zmq: no CURVE server key for peer")
 )
+
+// sentinel is an error of this package that is also one of package
+// control's (errors.Is matches both).
+type sentinel struct {
+	msg  string
+	base error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.base }
 
 // GenerateKeys returns a new CURVE keypair in Z85 (for `kvxfer keygen`).
 func GenerateKeys() (public, secret string, err error) {
@@ -126,6 +162,9 @@ func (c Config) normalize() (Config, error) {
 	if c.SendHWM <= 0 {
 		c.SendHWM = DefaultSendHWM
 	}
+	if c.TerminalBacklog <= 0 {
+		c.TerminalBacklog = DefaultTerminalBacklog
+	}
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
@@ -163,6 +202,15 @@ func (c Config) normalize() (Config, error) {
 		allowed = append(allowed, k)
 	}
 	c.Curve.AllowedPeers = allowed
+	idents := make([]Identity, 0, len(c.Curve.Identities))
+	for i, id := range c.Curve.Identities {
+		if err := id.check(fmt.Sprintf("identity %d", i)); err != nil {
+			return c, err
+		}
+		id.Ranks = slices.Clone(id.Ranks)
+		idents = append(idents, id)
+	}
+	c.Curve.Identities = idents
 	keys := make(map[messages.PeerID]string, len(c.Curve.PeerServerKeys))
 	for id, k := range c.Curve.PeerServerKeys {
 		if err := checkKey("server key of "+id.String(), k); err != nil {

@@ -2,7 +2,9 @@ package zmq
 
 import (
 	"fmt"
+	"sync"
 	"syscall"
+	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
 
@@ -10,15 +12,38 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// Conn is one worker's connection to one peer: a DEALER it alone uses.
-// Frames arrive in the order Send accepted them. Send never blocks.
+// Retry bounds of a terminal backlog's flusher: it tries again after
+// minFlushWait, doubling up to maxFlushWait while the queue stays full.
+const (
+	minFlushWait = time.Millisecond
+	maxFlushWait = 50 * time.Millisecond
+)
+
+// Conn is one worker's connection to one peer: a DEALER, used by the
+// goroutine that holds the Conn and, while a terminal backlog waits, by
+// that backlog's flusher, one at a time under mu (libzmq sockets may move
+// between threads across a full memory barrier). Frames arrive in the
+// order Send accepted them. Send never blocks.
+//
+// Terminal frames (Result, Cancel, CancelAck) are never refused for queue
+// space: when the socket's queue (SendHWM) is full they wait, in order, in
+// the Conn's terminal backlog (at most Config.TerminalBacklog frames),
+// which a flusher goroutine moves into the socket as it drains. While a
+// backlog waits, every later frame must queue behind it (order), so a
+// RequestData is refused (ErrQueueFull) and a terminal frame joins it.
 type Conn struct {
-	l        *Link
-	peer     messages.PeerID
-	info     *peerInfo
+	l    *Link
+	peer messages.PeerID
+	info *peerInfo
+	stop chan struct{} // closed by Close: the flusher ends
+
+	mu       sync.Mutex
 	sock     *zmq4.Socket
 	helloInc uint64 // the peer's incarnation when this Conn last said Hello
 	closed   bool
+	backlog  [][]byte // terminal frames (and the Hellos before them) waiting for room
+	flushing bool     // a flusher goroutine is running
+	flusher  sync.WaitGroup
 }
 
 var _ control.Conn = (*Conn)(nil)
@@ -26,13 +51,27 @@ var _ control.Conn = (*Conn)(nil)
 // Peer is the peer this Conn sends to.
 func (c *Conn) Peer() messages.PeerID { return c.peer }
 
+// terminal reports whether f ends or answers a request: such frames are
+// never dropped for queue space.
+func terminal(f messages.Frame) bool {
+	switch f.(type) {
+	case *messages.Result, *messages.Cancel, *messages.CancelAck:
+		return true
+	}
+	return false
+}
+
 // Send implements control.Conn: it encodes f and queues it without
-// blocking. It returns ErrQueueFull when the send high-water mark is
-// reached (the peer is slow or unreachable), ErrFrameTooLarge past
-// MaxFrameBytes, a messages.ErrInvalid error for an invalid frame, and
-// control.ErrClosed after Close (of the Conn or the Link).
+// blocking. It returns ErrQueueFull when the send queue is full (the peer
+// is slow or unreachable) for a RequestData, or for a terminal frame when
+// the terminal backlog is full too; ErrFrameTooLarge past MaxFrameBytes; a
+// messages.ErrInvalid error for an invalid frame; and control.ErrClosed
+// after Close (of the Conn or the Link).
+//
+// An ErrQueueFull leaves the Conn usable, and what it queued before
+// stays queued: closing the Conn on it would drop that.
 func (c *Conn) Send(f messages.Frame) error {
-	if c.closed || c.l.closing.Load() {
+	if c.l.closing.Load() {
 		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)
 	}
 	b, err := encode(f)
@@ -43,39 +82,171 @@ func (c *Conn) Send(f messages.Frame) error {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)
+	}
 	// The peer said Hello on a connection we had not seen: it may have
 	// restarted and forgotten ours, so say Hello again before this frame.
-	if inc := c.info.incarnation.Load(); inc != c.helloInc {
-		if err := c.sendRaw(c.l.selfHello, "Hello"); err != nil {
+	inc := c.info.incarnation.Load()
+	needHello := inc != c.helloInc
+	if len(c.backlog) == 0 {
+		err := error(nil)
+		if needHello {
+			if err = c.trySendLocked(c.l.selfHello, "Hello"); err == nil {
+				c.helloInc, needHello = inc, false
+			}
+		}
+		if err == nil {
+			if err = c.trySendLocked(b, fmt.Sprintf("%T", f)); err == nil {
+				return nil
+			}
+		}
+		if !isAgain(err) {
 			return err
 		}
+	}
+	if !terminal(f) {
+		c.l.stats.queueFull.Add(1)
+		if len(c.backlog) > 0 {
+			return fmt.Errorf("%w: %T of request %q to %s: %d terminal frames wait for room (SendHWM %d)",
+				ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
+		}
+		return fmt.Errorf("%w: %T of request %q to %s: %d frames queued (SendHWM)",
+			ErrQueueFull, f, f.Request(), c.peer, c.l.cfg.SendHWM)
+	}
+	need := 1
+	if needHello {
+		need++
+	}
+	if len(c.backlog)+need > c.l.cfg.TerminalBacklog {
+		c.l.stats.queueFull.Add(1)
+		return fmt.Errorf("%w: %T of request %q to %s: terminal backlog full (%d frames wait behind %d queued; TerminalBacklog): the peer has taken nothing for long",
+			ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
+	}
+	if needHello {
+		c.backlog = append(c.backlog, c.l.selfHello)
 		c.helloInc = inc
 	}
-	return c.sendRaw(b, fmt.Sprintf("%T", f))
-}
-
-// sendRaw queues one encoded frame without blocking.
-func (c *Conn) sendRaw(b []byte, what string) error {
-	if _, err := c.sock.SendBytes(b, zmq4.DONTWAIT); err != nil {
-		if isAgain(err) {
-			return fmt.Errorf("%w: %s to %s: %d frames queued", ErrQueueFull, what, c.peer, c.l.cfg.SendHWM)
-		}
-		return fmt.Errorf("control/zmq: send %s to %s: %w", what, c.peer, err)
+	c.backlog = append(c.backlog, b)
+	c.l.stats.backlogged.Add(1)
+	if !c.flushing {
+		c.flushing = true
+		c.flusher.Add(1)
+		go c.flush()
 	}
 	return nil
 }
 
-// Close implements control.Conn: linger 0, so unsent frames are dropped.
+// flush is a backlog's flusher: it moves the backlog into the socket as
+// the queue drains, retrying with backoff, and ends when the backlog is
+// empty or the Conn or the Link is closed.
+func (c *Conn) flush() {
+	defer c.flusher.Done()
+	wait := minFlushWait
+	for {
+		c.mu.Lock()
+		moved := false
+		for len(c.backlog) > 0 && !c.closed {
+			err := c.trySendLocked(c.backlog[0], "backlog")
+			if isAgain(err) {
+				break
+			}
+			if err != nil {
+				// The socket refuses for good (the context is ending).
+				c.l.warn(c.peer.String(), "backlog").Err(err).Int("dropped", len(c.backlog)).
+					Msg("control/zmq: terminal backlog dropped")
+				c.backlog = nil
+				break
+			}
+			c.backlog[0] = nil
+			c.backlog = c.backlog[1:]
+			moved = true
+		}
+		if len(c.backlog) == 0 || c.closed {
+			c.backlog = nil
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if moved {
+			wait = minFlushWait
+		} else if wait < maxFlushWait {
+			wait *= 2
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-c.stop:
+			t.Stop()
+		case <-c.l.done:
+			t.Stop()
+			c.mu.Lock()
+			c.backlog, c.flushing = nil, false
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+// sendNow queues one encoded frame on a Conn no one else holds yet.
+func (c *Conn) sendNow(b []byte, what string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.trySendLocked(b, what)
+	if isAgain(err) {
+		c.l.stats.queueFull.Add(1)
+		return fmt.Errorf("%w: %s to %s: %d frames queued (SendHWM)", ErrQueueFull, what, c.peer, c.l.cfg.SendHWM)
+	}
+	return err
+}
+
+// trySendLocked queues one encoded frame without blocking; a full queue
+// returns the bare EAGAIN (isAgain). Callers hold c.mu.
+//
+// libzmq learns that the I/O thread has taken queued messages from
+// commands that a send processes at most about once a millisecond, so a
+// burst can find the queue "full" when it is not. On EAGAIN, reading
+// ZMQ_EVENTS processes those commands at once; if the socket then says it
+// can send, the frame is tried once more.
+func (c *Conn) trySendLocked(b []byte, what string) error {
+	_, err := c.sock.SendBytes(b, zmq4.DONTWAIT)
+	if isAgain(err) {
+		if ev, e := c.sock.GetEvents(); e == nil && ev&zmq4.POLLOUT != 0 {
+			_, err = c.sock.SendBytes(b, zmq4.DONTWAIT)
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case isAgain(err):
+		return err
+	}
+	return fmt.Errorf("control/zmq: send %s to %s: %w", what, c.peer, err)
+}
+
+// Close implements control.Conn: linger 0, so unsent frames, the
+// terminal backlog included, are dropped.
 func (c *Conn) Close() error {
+	c.mu.Lock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
+	c.backlog = nil
 	closeSocket(c.sock)
+	close(c.stop)
+	c.mu.Unlock()
+	c.flusher.Wait()
 	c.l.release()
 	return nil
 }
 
 // isAgain reports whether a non-blocking zmq call found nothing to do
 // (EAGAIN): a full send queue, or no message to receive.
-func isAgain(err error) bool { return zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) }
+func isAgain(err error) bool {
+	return err != nil && zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN)
+}

@@ -11,20 +11,47 @@
 //     hands them to the listener goroutine, which alone uses and closes them;
 //   - one DEALER per directory peer, owned by the heartbeat goroutine, which
 //     says Hello and then sends a Heartbeat every HeartbeatInterval;
-//   - one DEALER per Conn returned by Dial, owned by the goroutine that holds
-//     the Conn (a sender worker). Conn.Send never blocks: when the socket's
-//     send high-water mark is reached it returns ErrQueueFull.
+//   - one DEALER per Conn returned by Dial, used by the goroutine that
+//     holds the Conn (a sender worker) and, while the Conn has a terminal
+//     backlog, by that backlog's flusher goroutine, one at a time under the
+//     Conn's mutex. Conn.Send never blocks (see Send queues below).
 //
-// Close stops both goroutines, which close their sockets with linger 0. The
-// context is terminated when the Link is closed and its last Conn is closed.
+// Close stops both goroutines, which close their sockets with linger 0, and
+// every flusher. The context is terminated when the Link is closed and its
+// last Conn is closed.
+//
+// # Send queues
+//
+// Each Conn queues at most Config.SendHWM frames in its socket. When that
+// queue is full (the peer is slow, unreachable, or refuses our key):
+//
+//   - a RequestData (or Hello) is refused with ErrQueueFull; it was not
+//     queued, the Conn stays usable and what it queued before stays queued;
+//   - a terminal frame (Result, Cancel, CancelAck) is never refused for the
+//     queue: it waits in the Conn's terminal backlog, in order, and a
+//     flusher goroutine moves the backlog into the socket as the queue
+//     drains (retrying every 1..50ms). While a backlog waits, every later
+//     frame queues behind it: a RequestData is refused, a terminal frame
+//     joins it. The backlog is bounded too (Config.TerminalBacklog, 4096
+//     frames by default: a peer that takes nothing for long cannot make us
+//     grow without bound); past it, terminal frames get ErrQueueFull
+//     ("terminal backlog full").
+//
+// Only heartbeats are shed: a heartbeat socket that cannot queue a beat
+// drops it (the peer then sees silence, which is the truth). Closing a
+// Conn drops whatever it still queues, its backlog included, so a caller
+// keeps a Conn on ErrQueueFull. Stats counts refusals (QueueFull) and
+// frames that waited in a backlog (Backlogged).
 //
 // # Authentication (CURVE and ZAP)
 //
 // Unless Config.Insecure, the ROUTER is a CURVE server with the link's
 // secret key, Conns and heartbeats are CURVE clients that know each peer's
 // server key (Curve.PeerServerKeys), and every incoming handshake is put to
-// the link's own ZAP handler, which admits only Curve.AllowedPeers (and keys
-// added with AllowKey). zmq4's AuthStart/AuthCurveAdd are not used: they are
+// the link's own ZAP handler, which admits only the keys of
+// Curve.AllowedPeers and Curve.Identities (and those added with AllowKey
+// and AddIdentity), and hands the ROUTER the key as the connection's
+// User-Id. zmq4's AuthStart/AuthCurveAdd are not used: they are
 // process-global (one handler goroutine and unsynchronised policy maps for the
 // whole process, bound in the default context only), so two links in a
 // process, or a link and any other zmq4 user, would share and race on one
@@ -37,27 +64,57 @@
 // peer admitted later (AllowKey) must dial again; a heartbeat socket that
 // was refused stays silent until its link restarts.
 //
+// # Identity: a key speaks only for what it is bound to
+//
+// Admission is not identity. Each key is bound to the PeerIDs it may
+// speak for, from two sources:
+//
+//   - Curve.Identities (and AddIdentity): the key may speak as any rank of
+//     Instance, or only as Ranks when they are given;
+//   - PeerServerKeys (and SetPeerServerKey): a link uses one keypair as its
+//     ROUTER's server key and its DEALERs' client key, so the server key we
+//     hold for a PeerID also binds that key to that PeerID. This keeps the
+//     older form (AllowedPeers plus PeerServerKeys of the same keys) secure
+//     and working unchanged.
+//
+// A key admitted (AllowedPeers, AllowKey) but bound to nothing speaks for
+// no one: every frame on its connections is rejected (New logs a warning
+// for each such key). There is no "any PeerID" binding.
+//
+// The listener reads the User-Id with every message, and rejects (reason
+// identity) a frame, Hello included, whose sender its key may not speak
+// for. Besides, a PeerID stays bound to the key of its first Hello while it
+// is alive: a Hello for it from another key that may also speak for it (a
+// key rotation binds two keys to one instance) is rejected (reason taken);
+// a Hello from the same key is a reconnect or a new incarnation and is
+// accepted.
+//
 // Insecure links use the NULL mechanism with no ZAP at all; New logs a
 // warning. Frames are then neither authenticated nor encrypted.
 //
 // # What the listener accepts
 //
 // Every message on the ROUTER is checked in this order, and a failure is a
-// logged (sampled) and counted rejection (Rejected), never a delivery:
+// counted rejection (Stats.Rejected, by RejectReason) and a throttled log
+// line, never a delivery:
 //
-//  1. envelope: exactly one payload part after the routing id;
-//  2. size: at most Config.MaxFrameBytes (libzmq itself drops the connection
-//     of a peer announcing more than MaxFrameBytes+64 KiB, before allocating;
-//     those are not counted here);
-//  3. messages.Decode: version, type and every field range-checked;
-//  4. binding: a connection (a ROUTER routing id) must say Hello first, and
-//     every later frame on it must name the Hello's PeerID as Sender; a
-//     second Hello on the connection may not change the PeerID; in CURVE
-//     mode the connection's authenticated key must not change either, and a
-//     PeerID stays bound to the key of its first Hello while it is alive.
-//     A peer can therefore not speak for another PeerID (spoofing) unless it
-//     holds that peer's secret key; in insecure mode it can still claim any
-//     PeerID on its own connection.
+//  1. envelope: exactly one payload part after the routing id (envelope);
+//  2. size: at most Config.MaxFrameBytes (oversize; libzmq itself drops the
+//     connection of a peer announcing more than MaxFrameBytes+64 KiB, before
+//     allocating; those are not counted here);
+//  3. messages.Decode: version, type and every field range-checked (decode);
+//  4. identity, in CURVE mode: the connection has a key, it has not
+//     changed, and it may speak for the frame's sender (identity);
+//  5. binding: a connection (a ROUTER routing id) must say Hello first
+//     (no_hello), and every later frame on it must name the Hello's PeerID
+//     as Sender; a second Hello on the connection may not change the
+//     PeerID, nor claim the listener's own (sender); a PeerID stays bound
+//     to the key of its first Hello while it is alive (taken); bounds
+//     (full).
+//
+// A peer can therefore not speak for a PeerID its key is not bound to,
+// whatever key it holds; in insecure mode it can still claim any PeerID on
+// its own connection.
 //
 // Hello is stored in the directory (Hello(peer) returns it); Heartbeat only
 // marks the peer alive; every other frame goes to deliver, in the order its
@@ -66,7 +123,18 @@
 // Bounds: a listener binds at most 16384 connections (bindings of peers
 // that are down are forgotten first when full) and learns at most 4096
 // PeerIDs; past that, Hellos are rejected. Each Conn queues at most
-// Config.SendHWM frames; heartbeat sockets a few.
+// Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
+// heartbeat sockets a few.
+//
+// # Logs and counters
+//
+// Warnings about peers (rejected frames, refused handshakes, dropped
+// backlogs) go through a control.Throttle: a few lines per (peer, kind),
+// then one per 10 seconds saying how many were held back, so a flood from
+// or to one peer cannot flood the log nor hide another peer's warnings.
+// Every rejection is counted whatever is logged: Stats, and
+// FramesRejected (control.RejectCounter) for the engine's
+// kvxfer_frames_rejected_total{reason}.
 //
 // Dialers set a random routing id on each DEALER, so a transparent TCP
 // reconnect keeps its binding. A peer that restarts loses its bindings; a

@@ -39,6 +39,40 @@ func result(from messages.PeerID, i int) *messages.Result {
 	}
 }
 
+// requestData is a valid RequestData (not a terminal frame).
+func requestData(from messages.PeerID, i int) *messages.RequestData {
+	return &messages.RequestData{RequestID: fmt.Sprintf("req-%d", i), Epoch: uint64(i), From: from,
+		GenParallel: messages.Parallel{TP: 1, PP: 1}, PromptLen: 32, Groups: []messages.GroupDest{{Blocks: []int32{5}}}}
+}
+
+// frameOf is the i-th frame of a mixed sequence from from: RequestData,
+// a Result, a Cancel and a CancelAck in turn, each naming request req-i.
+func frameOf(from messages.PeerID, i int) messages.Frame {
+	id := fmt.Sprintf("req-%d", i)
+	switch i % 4 {
+	case 0:
+		return requestData(from, i)
+	case 1:
+		return result(from, i)
+	case 2:
+		return &messages.Cancel{RequestID: id, Epoch: uint64(i), From: from, Reason: "test"}
+	}
+	return &messages.CancelAck{RequestID: id, Epoch: uint64(i), From: from}
+}
+
+// terminalOf is the i-th terminal frame from from: a FAILED Result, a
+// Cancel and a CancelAck in turn, each naming request req-i.
+func terminalOf(from messages.PeerID, i int) messages.Frame {
+	id := fmt.Sprintf("req-%d", i)
+	switch i % 3 {
+	case 0:
+		return &messages.Result{RequestID: id, Epoch: uint64(i), From: from, Status: messages.StatusFailed, Error: "peer unreachable"}
+	case 1:
+		return &messages.Cancel{RequestID: id, Epoch: uint64(i), From: from, Reason: "test"}
+	}
+	return &messages.CancelAck{RequestID: id, Epoch: uint64(i), From: from}
+}
+
 // inbox collects delivered frames; deliver never blocks for long.
 type inbox struct {
 	mu     sync.Mutex

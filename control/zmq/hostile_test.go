@@ -2,11 +2,15 @@ package zmq
 
 import (
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -188,5 +192,107 @@ func TestSpoofedSenderRejected(t *testing.T) {
 				t.Fatal("the forged Hello was stored")
 			}
 		})
+	}
+}
+
+// logLines is a concurrency-safe log sink that keeps each line.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.lines = append(l.lines, string(p))
+	l.mu.Unlock()
+	return len(p), nil
+}
+
+// count returns how many lines contain every one of subs.
+func (l *logLines) count(subs ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+next:
+	for _, line := range l.lines {
+		for _, s := range subs {
+			if !strings.Contains(line, s) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// TestRejectionsCountedByReasonAndThrottled: a flood of hostile frames is
+// counted exactly, by reason (Stats, FramesRejected for
+// kvxfer_frames_rejected_total{reason}), and logged a few lines per
+// (sender, reason): the flood neither floods the log nor hides a
+// rejection of another kind that follows it.
+//
+// Regression (issue 15 item 5): the listener's rejections went through
+// one sampler for all peers and reasons (20 lines a second); checked by
+// putting that sampler back in reject: the flood logs 20 decode lines, past
+// the bound, and the no_hello rejection after it is not logged.
+func TestRejectionsCountedByReasonAndThrottled(t *testing.T) {
+	const flood = 3000
+	logs := &logLines{}
+	a, err := New(Config{Insecure: true, Bind: "tcp://127.0.0.1:0", HeartbeatInterval: -1,
+		Logger: zerolog.New(logs).Level(zerolog.WarnLevel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	in := &inbox{}
+	if _, err := a.Listen(helloOf(pid("ctx", 0), "1"), in.deliver); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		raw := dialRaw(t, a.Endpoint())
+		defer raw.close()
+		for range flood {
+			raw.send(t, []byte{0xff, 0x01}) // undecodable
+		}
+		raw.send(t, mustEncode(t, result(pid("evil", 1), 1))) // valid, but before any Hello
+		<-done
+	}()
+	defer wg.Wait()
+	defer close(done)
+
+	waitFor(t, patience, "every hostile frame rejected", func() bool { return a.Rejected() >= flood+1 })
+	elapsed := time.Since(start)
+	st := a.Stats()
+	for _, r := range RejectReasons() {
+		want := int64(0)
+		switch r {
+		case RejectDecode:
+			want = flood
+		case RejectNoHello:
+			want = 1
+		}
+		if st.Rejected[r] != want {
+			t.Errorf("Stats().Rejected[%s] = %d, want %d", r, st.Rejected[r], want)
+		}
+		if got := a.FramesRejected()[r.String()]; got != want {
+			t.Errorf("FramesRejected()[%q] = %d, want %d", r, got, want)
+		}
+	}
+	// A burst per (sender, reason), then one line per period: the bound
+	// grows with the time the test took, not with the flood.
+	maxLines := control.DefaultThrottleBurst + 1 + int(elapsed/control.DefaultThrottleEvery)
+	if n := logs.count("frame rejected", `"reason":"decode"`); n < 1 || n > maxLines {
+		t.Errorf("%d log lines for %d undecodable frames, want 1..%d", n, flood, maxLines)
+	}
+	if n := logs.count("frame rejected", `"reason":"no_hello"`); n != 1 {
+		t.Errorf("%d log lines for the frame before Hello, want 1 (not hidden by the flood)", n)
+	}
+	if st.WarningsHeld < flood-int64(maxLines) {
+		t.Errorf("Stats().WarningsHeld = %d, want at least %d", st.WarningsHeld, flood-maxLines)
 	}
 }

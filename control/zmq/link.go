@@ -29,18 +29,20 @@ const zapDomain = "kvxfer"
 // Link is a control.Link over ZeroMQ. Its methods are safe for concurrent
 // use; each Conn it dials belongs to one goroutine at a time.
 type Link struct {
-	cfg       Config
-	log       zerolog.Logger
-	rejectLog zerolog.Logger // sampled: a hostile peer cannot flood the log
-	zctx      *zmq4.Context
+	cfg  Config
+	log  zerolog.Logger
+	zctx *zmq4.Context
 
-	rejected atomic.Int64
-	refused  atomic.Int64
+	stats    counters
+	throttle *control.Throttle // per (peer, kind) warnings
+	idents   atomic.Pointer[identities]
 	closing  atomic.Bool
+	done     chan struct{} // closed by Close: Conns' backlogs stop flushing
 
 	mu        sync.Mutex
 	peers     map[messages.PeerID]*peerInfo
-	allowed   map[string]bool // CURVE client keys the ZAP handler admits
+	allowed   map[string]bool       // CURVE client keys the ZAP handler admits
+	explicit  map[string][]Identity // Curve.Identities and AddIdentity, by key; copied on write
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
 	endpoint  string
@@ -77,13 +79,15 @@ func New(cfg Config) (*Link, error) {
 		return nil, fmt.Errorf("control/zmq: new context: %w", err)
 	}
 	l := &Link{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		rejectLog: cfg.Logger.Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
-		zctx:      zctx,
-		peers:     map[messages.PeerID]*peerInfo{},
-		allowed:   map[string]bool{},
-		refs:      1,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		throttle: control.NewThrottle(0, 0, 0),
+		zctx:     zctx,
+		done:     make(chan struct{}),
+		peers:    map[messages.PeerID]*peerInfo{},
+		allowed:  map[string]bool{},
+		explicit: map[string][]Identity{},
+		refs:     1,
 	}
 	for id, ep := range cfg.Peers {
 		l.peerLocked(id).endpoint = ep
@@ -93,6 +97,17 @@ func New(cfg Config) (*Link, error) {
 	}
 	for _, k := range cfg.Curve.AllowedPeers {
 		l.allowed[k] = true
+	}
+	for _, id := range cfg.Curve.Identities {
+		l.explicit[id.PublicKey] = append(l.explicit[id.PublicKey], id)
+		l.allowed[id.PublicKey] = true
+	}
+	l.rebuildIdentitiesLocked()
+	for _, k := range cfg.Curve.AllowedPeers {
+		if !l.idents.Load().bound(k) {
+			l.log.Warn().Str("key", k).
+				Msg("control/zmq: allowed CURVE key is bound to no identity (Curve.Identities, PeerServerKeys): its frames are rejected until AddIdentity or SetPeerServerKey binds it")
+		}
 	}
 	if cfg.Insecure {
 		l.log.Warn().Str("bind", cfg.Bind).
@@ -134,13 +149,15 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.peerLocked(id).serverKey = key
+	l.rebuildIdentitiesLocked()
 	return nil
 }
 
 // AllowKey admits one more CURVE client public key (Z85) at the ROUTER,
-// for handshakes from now on. A DEALER refused earlier does not retry
-// (libzmq ends a session that failed authentication): the peer must dial
-// again.
+// for handshakes from now on; its frames are accepted only for the
+// identities it is bound to (AddIdentity, SetPeerServerKey). A DEALER
+// refused earlier does not retry (libzmq ends a session that failed
+// authentication): the peer must dial again.
 func (l *Link) AllowKey(public string) error {
 	if err := checkKey("allowed peer", public); err != nil {
 		return err
@@ -168,14 +185,6 @@ func (l *Link) Endpoint() string {
 // PublicKey is the link's CURVE public key ("" when insecure): what peers
 // put in AllowedPeers and PeerServerKeys.
 func (l *Link) PublicKey() string { return l.cfg.Curve.Public }
-
-// Rejected counts frames the listener dropped: malformed, oversize,
-// undecodable, invalid, or from a connection that had not said Hello or
-// named another sender.
-func (l *Link) Rejected() int64 { return l.rejected.Load() }
-
-// Refused counts handshakes the ZAP handler refused (unknown CURVE keys).
-func (l *Link) Refused() int64 { return l.refused.Load() }
 
 // Listen implements control.Link: it binds the ROUTER, starts the listener
 // goroutine and, unless heartbeats are off, the heartbeat goroutine. A
@@ -302,14 +311,13 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 	l.refs++
 	l.mu.Unlock()
 
-	c := &Conn{l: l, peer: peer, info: info, helloInc: info.incarnation.Load()}
 	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM)
 	if err != nil {
 		l.release()
 		return nil, err
 	}
-	c.sock = sock
-	if err := c.sendRaw(hello, "Hello"); err != nil {
+	c := &Conn{l: l, peer: peer, info: info, sock: sock, helloInc: info.incarnation.Load(), stop: make(chan struct{})}
+	if err := c.sendNow(hello, "Hello"); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -395,6 +403,7 @@ func (l *Link) Close() error {
 	}
 	l.closed = true
 	l.closing.Store(true)
+	close(l.done)
 	l.mu.Unlock()
 	l.stopListening()
 	l.release()

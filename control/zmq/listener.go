@@ -125,17 +125,32 @@ func (s *listener) recv() (id string, payload []byte, key string, parts int, err
 func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	b := s.conns[id]
 	if parts != 1 {
-		s.reject(id, b, "envelope has %d payload parts, want 1", parts)
+		s.reject(RejectEnvelope, id, key, b, "envelope has %d payload parts, want 1", parts)
 		return
 	}
 	if len(payload) > s.l.cfg.MaxFrameBytes {
-		s.reject(id, b, "frame of %d bytes exceeds MaxFrameBytes %d", len(payload), s.l.cfg.MaxFrameBytes)
+		s.reject(RejectOversize, id, key, b, "frame of %d bytes exceeds MaxFrameBytes %d", len(payload), s.l.cfg.MaxFrameBytes)
 		return
 	}
 	f, err := decode(payload)
 	if err != nil {
-		s.reject(id, b, "decode: %v", err)
+		s.reject(RejectDecode, id, key, b, "decode: %v", err)
 		return
+	}
+	// In CURVE mode a frame may only name a sender its key is bound to.
+	if s.zap != nil {
+		switch {
+		case key == "":
+			s.reject(RejectIdentity, id, key, b, "%T from %s on a connection without a CURVE key", f, f.Sender())
+			return
+		case b != nil && key != b.key:
+			s.reject(RejectIdentity, id, key, b, "%T: connection's CURVE key changed from %s to %s", f, b.key, key)
+			return
+		case !s.l.keyPermits(key, f.Sender()):
+			s.reject(RejectIdentity, id, key, b, "%T claims sender %s, which CURVE key %s may not speak for",
+				f, f.Sender(), key)
+			return
+		}
 	}
 	now := s.l.cfg.Clock()
 	if h, ok := f.(*messages.Hello); ok {
@@ -144,13 +159,10 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	}
 	switch {
 	case b == nil:
-		s.reject(id, b, "%T from %s before Hello on this connection", f, f.Sender())
-		return
-	case s.zap != nil && key != b.key:
-		s.reject(id, b, "%T: connection's CURVE key changed from %s to %s", f, b.key, key)
+		s.reject(RejectNoHello, id, key, b, "%T from %s before Hello on this connection", f, f.Sender())
 		return
 	case f.Sender() != b.peer:
-		s.reject(id, b, "%T of request %q claims sender %s on a connection that said Hello as %s",
+		s.reject(RejectSender, id, key, b, "%T of request %q claims sender %s on a connection that said Hello as %s",
 			f, f.Request(), f.Sender(), b.peer)
 		return
 	}
@@ -166,19 +178,13 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	p := h.From
 	switch {
 	case p == s.self:
-		s.reject(id, b, "Hello claims our own id %s", p)
+		s.reject(RejectSender, id, key, b, "Hello claims our own id %s", p)
 		return
 	case b != nil && b.peer != p:
-		s.reject(id, b, "Hello as %s on a connection bound to %s", p, b.peer)
-		return
-	case s.zap != nil && key == "":
-		s.reject(id, b, "Hello as %s on a connection without a CURVE key", p)
-		return
-	case b != nil && b.key != key:
-		s.reject(id, b, "Hello as %s: connection's CURVE key changed from %s to %s", p, b.key, key)
+		s.reject(RejectSender, id, key, b, "Hello as %s on a connection bound to %s", p, b.peer)
 		return
 	case b == nil && len(s.conns) >= maxConns && !s.forgetDownConns():
-		s.reject(id, b, "Hello as %s: already %d connections", p, len(s.conns))
+		s.reject(RejectFull, id, key, b, "Hello as %s: already %d connections", p, len(s.conns))
 		return
 	}
 	l := s.l
@@ -186,7 +192,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	info := l.peers[p]
 	if info == nil && len(l.peers) >= maxPeers {
 		l.mu.Unlock()
-		s.reject(id, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
+		s.reject(RejectFull, id, key, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
 		return
 	}
 	if info == nil {
@@ -195,7 +201,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	if s.zap != nil && info.key != "" && info.key != key && !s.live.isDown(p) {
 		bound := info.key
 		l.mu.Unlock()
-		s.reject(id, b, "Hello as %s from CURVE key %s: the peer is bound to key %s", p, key, bound)
+		s.reject(RejectTaken, id, key, b, "Hello as %s from CURVE key %s: the peer is alive and bound to key %s", p, key, bound)
 		return
 	}
 	info.key = key
@@ -251,16 +257,27 @@ func (s *listener) down(p messages.PeerID) {
 	}
 }
 
-// reject counts and logs (sampled) a dropped message.
-func (s *listener) reject(id string, b *binding, format string, args ...any) {
-	s.l.rejected.Add(1)
-	ev := s.l.rejectLog.Warn()
+// reject counts a dropped message by reason and logs it, throttled per
+// (sender, reason): the connection's PeerID once it said Hello, else its
+// CURVE key, else the connection.
+func (s *listener) reject(r RejectReason, id, key string, b *binding, format string, args ...any) {
+	s.l.stats.rejected[r].Add(1)
+	who := ""
+	switch {
+	case b != nil:
+		who = b.peer.String()
+	case key != "":
+		who = "key " + key
+	default:
+		who = fmt.Sprintf("conn %x", id)
+	}
+	ev := s.l.warn(who, "rejected "+r.String())
 	if !ev.Enabled() {
 		return
 	}
-	ev = ev.Hex("conn", []byte(id))
+	ev = ev.Hex("conn", []byte(id)).Stringer("reason", r)
 	if b != nil {
 		ev = ev.Stringer("peer", b.peer)
 	}
-	ev.Str("reason", fmt.Sprintf(format, args...)).Msg("control/zmq: frame rejected")
+	ev.Str("why", fmt.Sprintf(format, args...)).Msg("control/zmq: frame rejected")
 }

@@ -45,7 +45,7 @@ func (s *listener) zapReply(req [][]byte) [][]byte {
 		version, reqID = req[0], req[1]
 	}
 	deny := func(why string, key string, address []byte) [][]byte {
-		s.l.refused.Add(1)
+		s.l.stats.refused.Add(1)
 		s.logRefused(why, key, string(address))
 		return [][]byte{version, reqID, []byte(zapDenied), []byte("NO ACCESS"), {}, {}}
 	}
@@ -78,6 +78,10 @@ func (s *listener) logRefused(why, key, address string) {
 		}
 		s.deniedLogged[key] = true
 	}
-	s.l.rejectLog.Warn().Str("reason", why).Str("key", key).Str("address", address).
+	who := key
+	if who == "" {
+		who = "address " + address
+	}
+	s.l.warn(who, "handshake").Str("reason", why).Str("key", key).Str("address", address).
 		Msg("control/zmq: handshake refused")
 }

@@ -1,6 +1,6 @@
 // Package config resolves the kvxfer CLI's common settings (model, pool,
-// tokens per block, workers, backend, timeout, log level) from four
-// sources, each overriding the one before it:
+// tokens per block, workers, backend, timeout, log level, metrics address,
+// CURVE identities) from four sources, each overriding the one before it:
 //
 //  1. the built-in default (a command may supply its own, Loader.Defaults);
 //  2. a YAML file (--config FILE or KVXFER_CONFIG), a flat mapping whose

@@ -48,6 +48,8 @@ const (
 	Timeout        = "timeout"
 	LogLevel       = "log-level"
 	MetricsAddr    = "metrics-addr"
+	// CurveIdentities binds CURVE public keys to what each may speak for.
+	CurveIdentities = "curve-identities"
 )
 
 // ConfigEnv names the YAML file when --config is not given.
@@ -139,6 +141,14 @@ var Keys = []Key{
 			_ = host // empty: every interface
 			s.MetricsAddr = raw
 			return ""
+		}},
+	{Name: CurveIdentities, Env: "KVXFER_CURVE_IDENTITIES", Type: "list",
+		DefaultDoc: "none (each peer key is bound to that peer only)",
+		Usage:      "CURVE public keys and what each may speak for: INSTANCE[/RANKS]=KEY, separated by ';' (gen/0-3=KEY; ctx=KEY2; no ranks: every rank)",
+		apply: func(s *Settings, raw string) string {
+			ids, why := parseIdentities(raw)
+			s.CurveIdentities = ids
+			return why
 		}},
 }
 

@@ -77,6 +77,9 @@ type Settings struct {
 	Timeout        time.Duration
 	LogLevel       zerolog.Level
 	MetricsAddr    string
+	// CurveIdentities bind CURVE client keys to the instance (and ranks)
+	// each may speak for (key curve-identities).
+	CurveIdentities []CurveIdentity
 	// File is the YAML file read ("" when none).
 	File string
 	// Warnings are things worth logging that are not errors (an unknown

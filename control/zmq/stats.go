@@ -1,0 +1,139 @@
+package zmq
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/control"
+)
+
+// RejectReason is why the listener rejected a message; each is counted
+// (Stats.Rejected) and published as kvxfer_frames_rejected_total{reason}.
+type RejectReason uint8
+
+// Reasons, in the order the listener checks them.
+const (
+	// RejectEnvelope: not exactly one payload part after the routing id.
+	RejectEnvelope RejectReason = iota
+	// RejectOversize: longer than Config.MaxFrameBytes.
+	RejectOversize
+	// RejectDecode: messages.Decode refused it (version, type, a field
+	// out of range).
+	RejectDecode
+	// RejectIdentity: the frame's sender is not an identity its CURVE key
+	// is bound to (Curve.Identities, PeerServerKeys), or the connection
+	// has no CURVE key, or its key changed.
+	RejectIdentity
+	// RejectTaken: a Hello for a PeerID that is alive and bound to another
+	// CURVE key.
+	RejectTaken
+	// RejectNoHello: a frame on a connection that has not said Hello.
+	RejectNoHello
+	// RejectSender: a frame (or Hello) naming a PeerID other than the one
+	// its connection said Hello as, or the listener's own.
+	RejectSender
+	// RejectFull: a Hello past the bounds on connections or peers.
+	RejectFull
+	numRejectReasons
+)
+
+var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "identity", "taken", "no_hello", "sender", "full"}
+
+func (r RejectReason) String() string {
+	if r < numRejectReasons {
+		return rejectNames[r]
+	}
+	return fmt.Sprintf("RejectReason(%d)", uint8(r))
+}
+
+// RejectReasons lists every reason, in order.
+func RejectReasons() []RejectReason {
+	out := make([]RejectReason, numRejectReasons)
+	for i := range out {
+		out[i] = RejectReason(i)
+	}
+	return out
+}
+
+// Stats are a Link's counters so far (each only grows).
+type Stats struct {
+	// Rejected counts the messages the listener rejected, by reason.
+	Rejected map[RejectReason]int64
+	// Refused counts handshakes the ZAP handler refused (CURVE keys not
+	// allowed); their frames are never seen.
+	Refused int64
+	// QueueFull counts frames Conn.Send refused for queue space:
+	// RequestData (and Hellos) past SendHWM, and terminal frames past the
+	// terminal backlog (Config.TerminalBacklog).
+	QueueFull int64
+	// Backlogged counts terminal frames (Result, Cancel, CancelAck) that
+	// found the send queue full and waited in their Conn's terminal
+	// backlog instead of being dropped.
+	Backlogged int64
+	// WarningsHeld counts warnings the link did not log because the
+	// same kind about the same peer was logged just before (see
+	// control.Throttle).
+	WarningsHeld int64
+}
+
+// counters are the Link's atomic counters behind Stats.
+type counters struct {
+	rejected     [numRejectReasons]atomic.Int64
+	refused      atomic.Int64
+	queueFull    atomic.Int64
+	backlogged   atomic.Int64
+	warningsHeld atomic.Int64
+}
+
+// Stats returns the link's counters.
+func (l *Link) Stats() Stats {
+	s := Stats{Rejected: make(map[RejectReason]int64, numRejectReasons),
+		Refused: l.stats.refused.Load(), QueueFull: l.stats.queueFull.Load(),
+		Backlogged: l.stats.backlogged.Load(), WarningsHeld: l.stats.warningsHeld.Load()}
+	for r := range numRejectReasons {
+		s.Rejected[r] = l.stats.rejected[r].Load()
+	}
+	return s
+}
+
+// FramesRejected implements control.RejectCounter.
+func (l *Link) FramesRejected() map[string]int64 {
+	out := make(map[string]int64, numRejectReasons)
+	for r := range numRejectReasons {
+		out[r.String()] = l.stats.rejected[r].Load()
+	}
+	return out
+}
+
+var _ control.RejectCounter = (*Link)(nil)
+
+// Rejected counts every message the listener rejected (the sum of
+// Stats.Rejected).
+func (l *Link) Rejected() int64 {
+	var n int64
+	for r := range numRejectReasons {
+		n += l.stats.rejected[r].Load()
+	}
+	return n
+}
+
+// Refused counts handshakes the ZAP handler refused (unknown CURVE keys).
+func (l *Link) Refused() int64 { return l.stats.refused.Load() }
+
+// warn returns a warning event about peer of kind, or nil (which
+// discards; zerolog's methods accept a nil *Event) when the throttle holds
+// it back. A line let through after some were held says how many.
+func (l *Link) warn(peer, kind string) *zerolog.Event {
+	ok, held := l.throttle.Allow(l.cfg.Clock(), peer, kind)
+	if !ok {
+		l.stats.warningsHeld.Add(1)
+		return nil
+	}
+	ev := l.log.Warn()
+	if held > 0 {
+		ev = ev.Int("held_back", held)
+	}
+	return ev
+}
