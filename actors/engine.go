@@ -74,11 +74,15 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
 	}))
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
-	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self}
+	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
+		throttle: control.NewThrottle(0, 0, 0)}
 	if cfg.Metrics != nil {
 		groups := make([]string, len(cfg.Topology.Layout.Groups))
 		for g, grp := range cfg.Topology.Layout.Groups {
 			groups[g] = grp.Name
+		}
+		if rc, ok := cfg.Link.(control.RejectCounter); ok {
+			cfg.Metrics.AddRejectSource(rc.FramesRejected)
 		}
 		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups); err != nil {
 			sys.Shutdown()
@@ -98,7 +102,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids := make([]*actor.PID, cfg.Workers)
 			for i := range pids {
-				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, cfg.Clock)
+				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
 				w := &workerActor{slot: slot}
 				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
 			}
@@ -110,8 +114,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{},
-			warn: newLogSampler(cfg.Clock)}
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{}}
 	}))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,

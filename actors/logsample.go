@@ -1,61 +1,51 @@
 package actors
 
 import (
-	"time"
+	"strings"
 
 	"github.com/rs/zerolog"
 )
 
-// logSampler rate-limits warnings per (peer, kind): the first of a kind
-// for a peer is logged, then at most one per period, carrying how many were
-// suppressed since the last. A hostile or unreachable peer cannot flood the
-// log; every event is still counted by the caller's metrics. It is owned by
-// one actor (no lock). The table is bounded: past maxKeys it forgets
-// everything and starts again, which at worst logs a few lines more.
-type logSampler struct {
-	period time.Duration
-	clock  func() time.Time
-	last   map[sampleKey]*sampleState
-}
-
-type sampleKey struct{ peer, kind string }
-
-type sampleState struct {
-	at         time.Time
-	suppressed int
-}
-
-const (
-	logSamplePeriod = 5 * time.Second
-	logSampleKeys   = 4096
-)
-
-func newLogSampler(clock func() time.Time) *logSampler {
-	return &logSampler{period: logSamplePeriod, clock: clock, last: map[sampleKey]*sampleState{}}
-}
-
-// event returns the event to log for (peer, kind) at level warn, or nil
-// (zerolog's disabled event, on which every call is a no-op) when it is
-// suppressed.
-func (l *logSampler) event(log zerolog.Logger, peer, kind string) *zerolog.Event {
-	now := l.clock()
-	k := sampleKey{peer, kind}
-	st := l.last[k]
-	if st != nil && now.Sub(st.at) < l.period {
-		st.suppressed++
+// warn returns a warning event about peer of a kind, or nil (zerolog's
+// disabled event: every call on it is a no-op) when the engine's throttle
+// holds it back. A hostile or unreachable peer cannot flood the log; what
+// is held back is counted into the next line let through ("held_back"),
+// and every event is still counted by the metrics.
+func (env *shellEnv) warn(peer, kind string) *zerolog.Event {
+	ok, held := env.throttle.Allow(env.clock(), peer, kind)
+	if !ok {
 		return nil
 	}
-	if st == nil {
-		if len(l.last) >= logSampleKeys {
-			clear(l.last)
-		}
-		st = &sampleState{}
-		l.last[k] = st
+	ev := env.log.Warn()
+	if held > 0 {
+		ev = ev.Int("held_back", held)
 	}
-	ev := log.Warn()
-	if st.suppressed > 0 {
-		ev = ev.Int("suppressed", st.suppressed)
-	}
-	st.at, st.suppressed = now, 0
 	return ev
+}
+
+// logEffect writes a step's Log effect; warnings go through the throttle,
+// keyed by their kind (the message without the request id: "tx session
+// FAILED"), so that a burst of failed requests logs a few lines and a count.
+func (env *shellEnv) logEffect(e Log) {
+	var ev *zerolog.Event
+	switch e.Level {
+	case "warn":
+		ev = env.warn("", logKind(e.Msg))
+	case "error":
+		ev = env.log.Error()
+	case "debug":
+		ev = env.log.Debug()
+	default:
+		ev = env.log.Info()
+	}
+	ev.Err(e.Err).Msg(e.Msg)
+}
+
+// logKind is a log message's kind: its first two words and its last.
+func logKind(msg string) string {
+	f := strings.Fields(msg)
+	if len(f) <= 3 {
+		return msg
+	}
+	return f[0] + " " + f[1] + " " + f[len(f)-1]
 }

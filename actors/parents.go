@@ -113,7 +113,6 @@ type txParent struct {
 	// of the request from any other instance are refused and do not touch
 	// it.
 	bound map[string]string
-	warn  *logSampler // refusals, per (peer, reason)
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -225,7 +224,7 @@ func (p *txParent) bind(request, instance string) {
 func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejectReason, err error) {
 	p.env.meters.reject(why)
 	p.env.stats.FramesRejected.Add(1)
-	p.warn.event(p.env.log, rd.From.String(), rejectNames[why]).Err(err).Str("request", rd.RequestID).Msg("RequestData refused")
+	p.env.warn(rd.From.String(), "refused "+rejectNames[why]).Err(err).Str("request", rd.RequestID).Msg("RequestData refused")
 	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
 }

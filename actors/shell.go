@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -110,6 +111,8 @@ type shellEnv struct {
 	tracer   Tracer // recorder, when it is a Tracer
 	self     messages.PeerID
 	meters   *meters // nil: metrics off
+	// throttle rate-limits warnings per (peer, kind), engine-wide.
+	throttle *control.Throttle
 }
 
 // txChunkMsg carries a chunk and its fence from the handle to the shell.
@@ -279,7 +282,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 				t.Stop()
 			}
 		case Log:
-			logEffect(a.env.log, e)
+			a.env.logEffect(e)
 		}
 	}
 }
@@ -291,19 +294,6 @@ func startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) *time.T
 		d = 0
 	}
 	return time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
-}
-
-func logEffect(log zerolog.Logger, e Log) {
-	ev := log.Info()
-	switch e.Level {
-	case "warn":
-		ev = log.Warn()
-	case "error":
-		ev = log.Error()
-	case "debug":
-		ev = log.Debug()
-	}
-	ev.Err(e.Err).Msg(e.Msg)
 }
 
 // rxActor is the protoactor shell of an RxSession.
@@ -373,7 +363,7 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request})
 			ctx.Stop(ctx.Self())
 		case Log:
-			logEffect(a.env.log, e)
+			a.env.logEffect(e)
 		}
 	}
 	if restarted {

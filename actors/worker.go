@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -75,7 +74,7 @@ type workerSlot struct {
 	conns    map[messages.PeerID]control.Conn
 	inflight map[OpRef]inflight
 	log      zerolog.Logger
-	warn     *logSampler // per-peer warnings
+	env      *shellEnv // its warning throttle and clock
 	stats    *Counters
 	// connecting holds, per peer whose Connect is running, the submits,
 	// flushes and closes for it that came meanwhile, in arrival order.
@@ -98,8 +97,8 @@ type workerActor struct {
 	slot *workerSlot
 }
 
-func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, clock func() time.Time) *workerSlot {
-	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, warn: newLogSampler(clock),
+func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, env *shellEnv) *workerSlot {
+	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
 		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]control.Conn{},
 		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats,
 		connecting: map[string][]any{}, opened: map[string]connectResult{}}
@@ -353,7 +352,11 @@ func (s *workerSlot) restart(ctx actor.Context) {
 
 // sampled is a warning about peer of a kind, rate-limited per (peer, kind).
 func (s *workerSlot) sampled(peer messages.PeerID, kind string) *zerolog.Event {
-	return s.warn.event(s.log, peer.String(), kind)
+	ev := s.env.warn(peer.String(), kind)
+	if ev != nil {
+		ev = ev.Int("worker", s.idx)
+	}
+	return ev
 }
 
 // send hands f to the control plane's connection to peer to; an error
@@ -371,6 +374,13 @@ func (s *workerSlot) send(to messages.PeerID, f messages.Frame) error {
 	}
 	if err := c.Send(f); err != nil {
 		s.stats.FramesUnsent.Add(1)
+		if errors.Is(err, control.ErrQueueFull) {
+			// The connection is not up yet or its queue is full: what it
+			// queued stays queued (terminal frames wait in its backlog), so
+			// it is kept; the caller may try again.
+			s.sampled(to, "queue full").Err(err).Str("peer", to.String()).Msg("send refused")
+			return err
+		}
 		if !errors.Is(err, control.ErrPeerGone) {
 			s.sampled(to, "send").Err(err).Str("peer", to.String()).Msg("send failed")
 		}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -33,7 +34,9 @@ var (
 type Set struct {
 	engine string
 	reg    *prometheus.Registry
-	wrap   prometheus.Registerer // reg, adding the engine label
+	// rejects publishes FramesRejected and the sources added to it.
+	rejects *rejectCollector
+	wrap    prometheus.Registerer // reg, adding the engine label
 
 	// BytesTransferred (side): bytes written and proven landed (tx), or
 	// reported written by the writers' Results (rx).
@@ -87,9 +90,47 @@ func New(engine string) *Set {
 	s.HeartbeatMisses = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace,
 		Name: "heartbeat_misses_total", Help: "Peers the control plane declared down (missed heartbeats), by peer."},
 		[]string{"peer"})
+	s.rejects = &rejectCollector{vec: s.FramesRejected}
 	s.wrap.MustRegister(s.BytesTransferred, s.TransferDuration, s.ChunkWriteLatency, s.Ops, s.OpsInDoubt,
-		s.Sessions, s.Failures, s.FramesRejected, s.HeartbeatMisses)
+		s.Sessions, s.Failures, s.rejects, s.HeartbeatMisses)
 	return s
+}
+
+// AddRejectSource adds counts kept elsewhere (the control link's refusals,
+// by reason; counts only grow) to kvxfer_frames_rejected_total: each scrape
+// adds what each reason grew by since the last.
+func (s *Set) AddRejectSource(f func() map[string]int64) {
+	s.rejects.mu.Lock()
+	defer s.rejects.mu.Unlock()
+	s.rejects.srcs = append(s.rejects.srcs, rejectSource{read: f, last: map[string]int64{}})
+}
+
+// rejectCollector is FramesRejected plus the sources it syncs at Collect.
+type rejectCollector struct {
+	vec  *prometheus.CounterVec
+	mu   sync.Mutex
+	srcs []rejectSource
+}
+
+type rejectSource struct {
+	read func() map[string]int64
+	last map[string]int64
+}
+
+func (c *rejectCollector) Describe(ch chan<- *prometheus.Desc) { c.vec.Describe(ch) }
+
+func (c *rejectCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	for _, src := range c.srcs {
+		for reason, n := range src.read() {
+			if d := n - src.last[reason]; d > 0 {
+				c.vec.WithLabelValues(reason).Add(float64(d))
+			}
+			src.last[reason] = n
+		}
+	}
+	c.mu.Unlock()
+	c.vec.Collect(ch)
 }
 
 // Engine is the engine label's value.

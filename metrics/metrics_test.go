@@ -163,3 +163,23 @@ func TestCloseCutsAHungScrape(t *testing.T) {
 	close(release)
 	<-done
 }
+
+// TestRejectSources: counts a control link keeps (by reason) show in
+// kvxfer_frames_rejected_total beside the engine's own, growing by what
+// each reason grew since the last scrape.
+func TestRejectSources(t *testing.T) {
+	s := metrics.New("gen/0")
+	s.FramesRejected.WithLabelValues("stale").Add(2)
+	link := map[string]int64{"identity": 3, "decode": 0}
+	s.AddRejectSource(func() map[string]int64 { return link })
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, metrics.Path, nil))
+		return rec.Body.String()
+	}
+	wantLines(t, scrape(), `kvxfer_frames_rejected_total{engine="gen/0",reason="identity"} 3`,
+		`kvxfer_frames_rejected_total{engine="gen/0",reason="stale"} 2`)
+	link["identity"], link["decode"] = 5, 7
+	wantLines(t, scrape(), `kvxfer_frames_rejected_total{engine="gen/0",reason="identity"} 5`,
+		`kvxfer_frames_rejected_total{engine="gen/0",reason="decode"} 7`)
+}

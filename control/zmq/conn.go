@@ -39,7 +39,8 @@ type Conn struct {
 
 	mu       sync.Mutex
 	sock     *zmq4.Socket
-	helloInc uint64 // the peer's incarnation when this Conn last said Hello
+	helloInc  uint64 // the peer's incarnation when this Conn last said Hello
+	helloSent bool   // this Conn's Hello went out (or waits in the backlog)
 	closed   bool
 	backlog  [][]byte // terminal frames (and the Hellos before them) waiting for room
 	flushing bool     // a flusher goroutine is running
@@ -90,12 +91,12 @@ func (c *Conn) Send(f messages.Frame) error {
 	// The peer said Hello on a connection we had not seen: it may have
 	// restarted and forgotten ours, so say Hello again before this frame.
 	inc := c.info.incarnation.Load()
-	needHello := inc != c.helloInc
+	needHello := !c.helloSent || inc != c.helloInc
 	if len(c.backlog) == 0 {
 		err := error(nil)
 		if needHello {
 			if err = c.trySendLocked(c.l.selfHello, "Hello"); err == nil {
-				c.helloInc, needHello = inc, false
+				c.helloInc, c.helloSent, needHello = inc, true, false
 			}
 		}
 		if err == nil {
@@ -113,7 +114,7 @@ func (c *Conn) Send(f messages.Frame) error {
 			return fmt.Errorf("%w: %T of request %q to %s: %d terminal frames wait for room (SendHWM %d)",
 				ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
 		}
-		return fmt.Errorf("%w: %T of request %q to %s: %d frames queued (SendHWM)",
+		return fmt.Errorf("%w: %T of request %q to %s: not connected, or %d frames queued (SendHWM)",
 			ErrQueueFull, f, f.Request(), c.peer, c.l.cfg.SendHWM)
 	}
 	need := 1
@@ -127,16 +128,40 @@ func (c *Conn) Send(f messages.Frame) error {
 	}
 	if needHello {
 		c.backlog = append(c.backlog, c.l.selfHello)
-		c.helloInc = inc
+		c.helloInc, c.helloSent = inc, true
 	}
-	c.backlog = append(c.backlog, b)
+	c.backlogLocked(b)
 	c.l.stats.backlogged.Add(1)
+	return nil
+}
+
+// backlogLocked appends b to the backlog and starts its flusher if none
+// runs. Callers hold c.mu.
+func (c *Conn) backlogLocked(b []byte) {
+	c.backlog = append(c.backlog, b)
 	if !c.flushing {
 		c.flushing = true
 		c.flusher.Add(1)
 		go c.flush()
 	}
-	return nil
+}
+
+// sayHello queues the Conn's first Hello: at once when the connection is
+// up, else first in the backlog, which the flusher sends as soon as the
+// handshake completes (so the peer learns who dialled it even before a
+// frame follows).
+func (c *Conn) sayHello(hello []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.trySendLocked(hello, "Hello")
+	if isAgain(err) {
+		c.backlogLocked(hello)
+		err = nil
+	}
+	if err == nil {
+		c.helloSent = true
+	}
+	return err
 }
 
 // flush is a backlog's flusher: it moves the backlog into the socket as

@@ -75,7 +75,7 @@ func (b *beater) refresh() {
 			closeSocket(old.sock)
 			delete(b.socks, id)
 		}
-		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2)
+		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false)
 		if err != nil {
 			if !b.failed[id] {
 				b.failed[id] = true

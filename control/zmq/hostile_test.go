@@ -161,6 +161,9 @@ func TestSpoofedSenderRejected(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
+			// The Conn queues only on a connection that is up: wait until
+			// its Hello has arrived.
+			waitFor(t, patience, "b's Hello", func() bool { _, err := a.link.Hello(b.id); return err == nil })
 			// b's own Conn sends frames naming another sender.
 			if err := conn.Send(result(victim, 1)); err != nil {
 				t.Fatal(err)

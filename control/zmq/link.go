@@ -311,13 +311,16 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 	l.refs++
 	l.mu.Unlock()
 
-	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM)
+	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM, true)
 	if err != nil {
 		l.release()
 		return nil, err
 	}
 	c := &Conn{l: l, peer: peer, info: info, sock: sock, helloInc: info.incarnation.Load(), stop: make(chan struct{})}
-	if err := c.sendNow(hello, "Hello"); err != nil {
+	// The connection is usually not up yet (the socket queues only on a
+	// connection that completed its handshake): then the Hello waits in
+	// the backlog, first, until it is.
+	if err := c.sayHello(hello); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -327,7 +330,17 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 // newDealer makes a DEALER connected to a peer's ROUTER: a random routing
 // id (kept across reconnects), CURVE client unless insecure, and a receive
 // side that holds one tiny message (a ROUTER never answers on it).
-func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm int) (*zmq4.Socket, error) {
+//
+// immediate (ZMQ_IMMEDIATE) queues frames only on a connection that has
+// completed its handshake (CURVE included): a frame the socket takes has a
+// live, authenticated peer behind it, and one it refuses (EAGAIN) never
+// leaves this process. Conns use it, so that a RequestData refused while
+// the peer is not up (not running, a wrong key, a typo in its endpoint) is
+// known not to have reached it — the generation side may then free the
+// request's pages at its deadline — rather than waiting in a queue to be
+// delivered after the pages were reused. Heartbeat sockets do not: their
+// Hello must go out as soon as the peer is up.
+func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm int, immediate bool) (*zmq4.Socket, error) {
 	if !l.cfg.Insecure && serverKey == "" {
 		return nil, fmt.Errorf("%w: %s", ErrNoServerKey, peer)
 	}
@@ -345,6 +358,7 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("receive HWM", s.SetRcvhwm(1))
 	set("max message size", s.SetMaxmsgsize(64<<10))
 	set("routing id", s.SetIdentity(routingID()))
+	set("immediate", s.SetImmediate(immediate))
 	if !l.cfg.Insecure {
 		set("CURVE server key", s.SetCurveServerkey(serverKey))
 		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
