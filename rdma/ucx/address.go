@@ -24,7 +24,8 @@ type agentID [16]byte
 func (id agentID) String() string { return hex.EncodeToString(id[:4]) }
 
 // address is a parsed agent address: the agent's id and its UCP worker
-// address (opaque to us; UCX unpacks it in ucp_ep_create).
+// address (UCX unpacks it in ucp_ep_create; parseAddress validates it
+// first, see workeraddr.go).
 //
 //	"UCA1" id[16] len(worker) u32 worker[len] crc32c(all before) u32
 type address struct {
@@ -41,7 +42,10 @@ func (a address) encode() []byte {
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
 }
 
-// parseAddress parses an encoded address; errors wrap rdma.ErrBadAddress.
+// parseAddress parses an encoded address and validates its UCP worker
+// address (validateWorkerAddress), so that no peer's bytes reach
+// ucp_ep_create unchecked; errors wrap rdma.ErrBadAddress, and
+// ErrBadWorkerAddress when the worker address is what is wrong.
 func parseAddress(b []byte) (address, error) {
 	bad := func(why string) (address, error) {
 		return address{}, fmt.Errorf("%w: %d-byte address %.8x…: %s", rdma.ErrBadAddress, len(b), b, why)
@@ -62,6 +66,9 @@ func parseAddress(b []byte) (address, error) {
 	a.worker = b[len(addrMagic)+16+4 : body]
 	if len(a.worker) == 0 {
 		return bad("empty worker address")
+	}
+	if _, err := validateWorkerAddress(a.worker); err != nil {
+		return address{}, fmt.Errorf("%w: agent %s: %w", rdma.ErrBadAddress, a.id, err)
 	}
 	return a, nil
 }

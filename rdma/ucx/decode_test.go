@@ -39,7 +39,7 @@ func TestKeyRoundTrip(t *testing.T) {
 }
 
 func TestAddressRoundTrip(t *testing.T) {
-	a := address{id: agentID{9}, worker: []byte("worker address bytes")}
+	a := address{id: agentID{9}, worker: validAddress(t)}
 	b := a.encode()
 	got, err := parseAddress(b)
 	if err != nil || got.id != a.id || !bytes.Equal(got.worker, a.worker) {
@@ -98,7 +98,7 @@ func FuzzParseKey(f *testing.F) {
 }
 
 func FuzzParseAddress(f *testing.F) {
-	f.Add(address{id: agentID{1}, worker: []byte("w")}.encode())
+	f.Add(address{id: agentID{1}, worker: validAddress(f)}.encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := parseAddress(b)
 		if err != nil {

@@ -49,6 +49,14 @@
 //
 // # Links: keys, revocation, goodbye
 //
+// A peer's agent address (Connect's argument, or the address in a hello)
+// is checked before any of it reaches UCX: its envelope and checksum, then
+// its UCP worker address, walked in UCX 1.13's packed format with a bounds
+// check on every field and the sizes the local transports read
+// (workeraddr.go). UCX's ucp_ep_create trusts those bytes and aborts the
+// process on some malformed ones; a refused address is an error wrapping
+// rdma.ErrBadAddress and ErrBadWorkerAddress.
+//
 // The first Connect from agent A to agent B links them: A opens a UCP
 // endpoint to B's worker and sends a hello (A's id, address, key secret and
 // live registrations) as an active message; B opens an endpoint back and

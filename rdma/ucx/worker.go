@@ -792,6 +792,11 @@ func (w *worker) createEP(l *link, name string) (*uep, error) {
 	var h C.ucp_ep_h
 	var ctx unsafe.Pointer
 	addr := l.addr.worker
+	// parseAddress validated it; checked again here, where it matters:
+	// ucp_ep_create aborts the process on some malformed addresses.
+	if _, err := validateWorkerAddress(addr); err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", name, rdma.ErrBadAddress, err)
+	}
 	if st := C.kvx_ep_create(w.c, unsafe.Pointer(&addr[0]), C.uint64_t(id), &h, &ctx); st != ucsOK {
 		return nil, fmt.Errorf("%s: %w: ucp_ep_create: %s", name, rdma.ErrPeerGone, statusText(st))
 	}
