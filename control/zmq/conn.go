@@ -37,14 +37,14 @@ type Conn struct {
 	info *peerInfo
 	stop chan struct{} // closed by Close: the flusher ends
 
-	mu       sync.Mutex
-	sock     *zmq4.Socket
+	mu        sync.Mutex
+	sock      *zmq4.Socket
 	helloInc  uint64 // the peer's incarnation when this Conn last said Hello
 	helloSent bool   // this Conn's Hello went out (or waits in the backlog)
-	closed   bool
-	backlog  [][]byte // terminal frames (and the Hellos before them) waiting for room
-	flushing bool     // a flusher goroutine is running
-	flusher  sync.WaitGroup
+	closed    bool
+	backlog   [][]byte // terminal frames (and the Hellos before them) waiting for room
+	flushing  bool     // a flusher goroutine is running
+	flusher   sync.WaitGroup
 }
 
 var _ control.Conn = (*Conn)(nil)
