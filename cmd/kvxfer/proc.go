@@ -21,7 +21,7 @@ import (
 
 // roleKeys are the common settings ctx and gen take, and their defaults.
 var (
-	roleKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr}
+	roleKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr, config.CurveIdentities}
 	roleDefaults = map[string]string{config.Pool: "1GiB", config.Backend: crossProcessBackend(), config.Timeout: "1m"}
 )
 
@@ -92,6 +92,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
+	for _, id := range s.CurveIdentities {
+		f.o.Identities = append(f.o.Identities, zmq.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
+	}
 	if f.o.Bind == "" || f.o.PeerEndpoint == "" {
 		return fmt.Errorf("--bind and --peer-endpoint are required")
 	}

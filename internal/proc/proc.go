@@ -43,6 +43,10 @@ type Options struct {
 	// peer's public key (Z85); both empty only with Insecure.
 	SecretKey, PeerPublicKey string
 	Insecure                 bool
+	// Identities binds more CURVE keys to the instances (and ranks) they
+	// may speak for (zmq.Curve.Identities); the peer's key is bound to the
+	// peer already.
+	Identities []zmq.Identity
 
 	// Backend is the data plane both processes use: shm (also when empty)
 	// or ucx. Both must use the same.
@@ -179,7 +183,7 @@ func start(ctx context.Context, o Options, agent rdma.Agent, region *kvcache.Reg
 		Insecure: o.Insecure, Logger: o.Log, HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses}
 	if !o.Insecure {
 		zc.Curve = zmq.Curve{Secret: o.SecretKey, AllowedPeers: []string{o.PeerPublicKey},
-			PeerServerKeys: map[messages.PeerID]string{peer: o.PeerPublicKey}}
+			PeerServerKeys: map[messages.PeerID]string{peer: o.PeerPublicKey}, Identities: o.Identities}
 	}
 	var engp atomic.Pointer[kvxfer.Engine]
 	zc.OnPeerDown = func(p messages.PeerID) {
