@@ -2,12 +2,16 @@ package kvxfer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -154,4 +158,83 @@ func TestRequestDataFromAnotherInstanceIsRefused(t *testing.T) {
 	_ = c.gen[0].FreeBlocks(o.Blocks)
 	_ = c.ctx[0].Pools().Free(src)
 	checkNoLeaks(t, c)
+}
+
+// lockedBuffer is a log sink safe for the engine's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines(substr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), substr)
+}
+
+// Issue 15 item 5: a flood of hostile frames from an authenticated peer of
+// another instance is refused, every frame is counted by reason in
+// kvxfer_frames_rejected_total, and the log gets a few lines, not one per
+// frame (before: about 5,000 warning lines for 9,000 hostile frames, "tx
+// session … FAILED" for each).
+func TestHostileFloodIsCountedNotLogged(t *testing.T) {
+	l := smallLayout()
+	link := control.NewMemLink()
+	var logs lockedBuffer
+	log := zerolog.New(&logs).Level(zerolog.WarnLevel)
+	start := func(inst string) *kvxfer.Engine {
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: 4 << 20,
+			Workers: 2, Link: link, Logger: &log, MetricsAddr: "127.0.0.1:0", TransferTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+		return e
+	}
+	ctxE, genE := start("ctx"), start("gen")
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{genE}, ctxPar: tp1, genPar: tp1}
+	r := newRogue(t, c, messages.PeerID{Instance: "evil", Rank: 0})
+	const flood = 2000
+	// Half name a request bound to gen (refused: not_bound), half carry
+	// blocks outside the pool (refused: unresolved).
+	tx, err := ctxE.Send(kvxfer.SendRequest{ID: "victim", PromptLen: 64, Generation: "gen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range flood {
+		if i%2 == 0 {
+			r.send(t, c, requestData(r.id, "victim", 64, [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}))
+		} else {
+			r.send(t, c, requestData(r.id, fmt.Sprintf("bogus-%d", i), 64, [][]int32{{1 << 30, 1, 2, 3}, {0, 1, 2, 3}}))
+		}
+	}
+	// Every hostile frame is answered FAILED, in order: once the last is,
+	// all are.
+	r.waitFailed(t, fmt.Sprintf("bogus-%d", flood-1))
+	m := scrape(t, ctxE, "ctx/0")
+	for _, reason := range []string{"not_bound", "unresolved"} {
+		if got := m["kvxfer_frames_rejected_total{reason="+reason+"}"]; got != flood/2 {
+			t.Errorf("kvxfer_frames_rejected_total{reason=%s} = %v, want %d", reason, got, flood/2)
+		}
+	}
+	if n := logs.lines("\n"); n > 40 {
+		t.Fatalf("%d log lines for %d hostile frames, want a throttled few", n, flood)
+	}
+	if tx.Err() != nil {
+		t.Fatalf("the flood decided the victim request: %v", tx.Err())
+	}
+	tx.Cancel()
+	waitOutcome(t, tx.Done())
 }
