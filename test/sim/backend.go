@@ -417,7 +417,7 @@ func (w *worker) crash() {
 	doubt := map[*txSess][]actors.OpRef{}
 	for ref, in := range w.inflight {
 		doubt[in.sess] = append(doubt[in.sess], ref)
-		if st := in.sess.s.OpStates()[ref]; st == actors.OpSubmitted || st == actors.OpSubmitting {
+		if in.sess.s.OpStates()[ref] == actors.OpSubmitted {
 			s.reached(RaceWorkerPanicSubmitted)
 		}
 	}

@@ -400,6 +400,10 @@ func (s *Sim) checkEnd() {
 				s.failf("%s: request never terminal", a.nm)
 				return
 			}
+			if rs := a.rs; rs != nil && rs.neverConn && rs.deadlineAt == 1<<62 {
+				s.failf("%s: a writer was never connected and no deadline timer was armed", rs.name)
+				return
+			}
 			if rs := a.rs; rs != nil && rs.neverConn && !rs.released {
 				s.failf("%s: a writer was never connected, yet the blocks were never released (state %v, stopped %v)",
 					rs.name, rs.s.State(), rs.stop)

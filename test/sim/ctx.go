@@ -143,6 +143,12 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	}
 	before := ts.s.State()
 	opsBefore := ts.s.OpStates()
+	if cm, ok := msg.(actors.TxCompleted); ok && !cm.Refused && opsBefore[cm.Op] == actors.OpSubmitting {
+		// The worker reports TxSubmitted when the post returns, before
+		// the completion it forwards later (workerSlot.submit).
+		s.failf("%s: completion of op %v before its TxSubmitted", ts.name, cm.Op)
+		return
+	}
 	s.txRaces(ts, msg, before, opsBefore)
 	effs := ts.s.Step(msg, c.now())
 	after := ts.s.State()

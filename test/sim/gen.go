@@ -126,6 +126,7 @@ type rxSess struct {
 	// ranks' shapes; unreachable, the writer can never be reached
 	// (FaultNeverConnected).
 	left, proof, unreachable []bool
+	refused                  []bool // a RequestData to it was refused
 	reported                 []int64
 	planned                  []uint64
 	neverConn, ncFired       bool
@@ -311,6 +312,9 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			// the session whether it left (workerSlot.send, RxSent).
 			wn := g.workers[e.Worker]
 			inc := rs.inc
+			if e.Writer >= 0 && e.Writer < len(rs.refused) && rs.refused[e.Writer] && !rs.unreachable[e.Writer] {
+				s.fired(FaultControlRefused) // a re-send after a refusal
+			}
 			s.mail(rs.name, wn, s.hop(), e, func() {
 				if !g.live(inc) {
 					return
@@ -322,7 +326,10 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				err := s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
 				if err == nil {
 					rs.left[e.Writer] = true
-				} else if rs.unreachable[e.Writer] && !rs.ncFired {
+				} else {
+					rs.refused[e.Writer] = true
+				}
+				if err != nil && rs.unreachable[e.Writer] && !rs.ncFired {
 					rs.ncFired = true
 					s.fired(FaultNeverConnected)
 				}
@@ -332,6 +339,10 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 		case actors.StartTimer:
 			d := max(e.At.Sub(g.now()), 0)
 			if e.Kind == actors.TimerDeadline {
+				if !e.At.Equal(rs.app.deadline) {
+					s.failf("%s: deadline timer at %v, the Receive's deadline is %v", rs.name, e.At, rs.app.deadline)
+					return
+				}
 				rs.deadlineAt = s.vt + d
 			}
 			msg := actors.RxTimeout{Kind: e.Kind}
@@ -584,6 +595,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.left = append(rs.left, false)
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
+		rs.refused = append(rs.refused, false)
 		rs.reported = append(rs.reported, -1)
 		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))
 		if rs.planned[i] != want {
@@ -604,7 +616,12 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend})
 	a.rs = rs
 	g.entries[q.id] = rs
-	s.sendRx(g.parentName(), rs, actors.RxBegin{})
+	// rxActor steps RxBegin on Started, before any message can reach the
+	// session (a cancel, a frame, a panic): step it now.
+	if s.cfg.Trace {
+		s.record(&event{at: s.vt, actor: rs.name, msg: actors.RxBegin{}})
+	}
+	s.stepRx(rs, actors.RxBegin{})
 	if !s.cfg.PeerDownRace {
 		return
 	}

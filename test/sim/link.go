@@ -47,10 +47,7 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		return errors.New("sim link: wrong side")
 	}
 	if fromGen {
-		if refused, forever := s.faults.refused(from, int(to.Rank), s.vt); refused {
-			if !forever {
-				s.fired(FaultControlRefused)
-			}
+		if refused, _ := s.faults.refused(from, int(to.Rank), s.vt); refused {
 			return fmt.Errorf("%w: %T to %s", errQueueFull, f, to)
 		}
 	}
