@@ -125,7 +125,11 @@ func (w *worker) submit(m wSubmit) {
 	if err != nil {
 		delete(w.inflight, m.Op)
 		w.toSession(ts, actors.TxCompleted{Op: m.Op, Err: err, Refused: true})
+		return
 	}
+	// The post returned: the op is SUBMITTED (workerSlot.submit). Its
+	// completion comes later through this worker, so after this.
+	w.toSession(ts, actors.TxSubmitted{Op: m.Op})
 }
 
 func (w *worker) endpoint(r *actors.Route) (*endpoint, error) {
@@ -413,7 +417,7 @@ func (w *worker) crash() {
 	doubt := map[*txSess][]actors.OpRef{}
 	for ref, in := range w.inflight {
 		doubt[in.sess] = append(doubt[in.sess], ref)
-		if st := in.sess.s.OpStates()[ref]; st == actors.OpSubmitted || st == actors.OpSubmitting {
+		if in.sess.s.OpStates()[ref] == actors.OpSubmitted {
 			s.reached(RaceWorkerPanicSubmitted)
 		}
 	}
@@ -436,7 +440,10 @@ func (w *worker) send(e actors.SendFrame) {
 	if !w.live() {
 		return
 	}
-	w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
+	// A frame the control plane refuses is lost (the context side's
+	// workers report nothing back; the receiver's Cancel re-send and
+	// deadline cover it).
+	_ = w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
 }
 
 func sortedKeys(m map[*txSess][]actors.OpRef) []*txSess {

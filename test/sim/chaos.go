@@ -400,6 +400,15 @@ func (s *Sim) checkEnd() {
 				s.failf("%s: request never terminal", a.nm)
 				return
 			}
+			if rs := a.rs; rs != nil && rs.neverConn && rs.deadlineAt == 1<<62 {
+				s.failf("%s: a writer was never connected and no deadline timer was armed", rs.name)
+				return
+			}
+			if rs := a.rs; rs != nil && rs.neverConn && !rs.released {
+				s.failf("%s: a writer was never connected, yet the blocks were never released (state %v, stopped %v)",
+					rs.name, rs.s.State(), rs.stop)
+				return
+			}
 		}
 		for grp, p := range g.pools {
 			if st := p.Stats(); st.Free != st.Total {
@@ -447,8 +456,10 @@ func summarize(m any) string {
 		return fmt.Sprintf("peer=%d worker=%d", m.Peer, m.Worker)
 	case actors.SendFrame:
 		return fmt.Sprintf("worker=%d to=%v %s", m.Worker, m.To, frameSummary(m.Frame))
+	case actors.SendRequestData:
+		return fmt.Sprintf("writer=%d worker=%d to=%v %s", m.Writer, m.Worker, m.To, frameSummary(m.Frame))
 	case actors.TxPeerRequest:
-		return fmt.Sprintf("peer=%d epoch=%d expected=%v err=%v", m.Peer, m.Epoch, m.Expected, m.Err)
+		return fmt.Sprintf("peer=%d epoch=%d prompt=%d expected=%v err=%v", m.Peer, m.Epoch, m.PromptLen, m.Expected, m.Err)
 	case actors.RxFrame:
 		return fmt.Sprintf("writer=%d %s", m.Writer, frameSummary(m.Frame))
 	case messages.Frame:

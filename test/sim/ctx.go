@@ -108,6 +108,13 @@ type txSess struct {
 	opSegs        map[actors.OpRef][]kvcache.Segment
 	opEpoch       map[actors.OpRef]uint64
 	lateOps       map[actors.OpRef]bool
+	// decide is the Decide effect seen (at most one, at the terminal
+	// transition).
+	decide *actors.Decide
+	// feedback holds the failures of effects being executed (a refused
+	// pin), stepped right after the effects that caused them, before any
+	// other message (txActor.exec).
+	feedback []any
 }
 
 func (c *ctxRank) spawn(id string) *txSess {
@@ -136,6 +143,12 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	}
 	before := ts.s.State()
 	opsBefore := ts.s.OpStates()
+	if cm, ok := msg.(actors.TxCompleted); ok && !cm.Refused && opsBefore[cm.Op] == actors.OpSubmitting {
+		// The worker reports TxSubmitted when the post returns, before
+		// the completion it forwards later (workerSlot.submit).
+		s.failf("%s: completion of op %v before its TxSubmitted", ts.name, cm.Op)
+		return
+	}
 	s.txRaces(ts, msg, before, opsBefore)
 	effs := ts.s.Step(msg, c.now())
 	after := ts.s.State()
@@ -161,6 +174,9 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	if cm, ok := msg.(actors.TxCompleted); ok && ts.lateOps[cm.Op] && ts.deadlineFired {
 		delete(ts.lateOps, cm.Op)
 		s.fired(FaultLateCompletion)
+	}
+	if !s.checkDecide(ts, msg, before, after, effs) {
+		return
 	}
 	for i, e := range effs {
 		switch e := e.(type) {
@@ -204,6 +220,10 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 				s.failf("%s: %T: Finish %s, first outcome %v", ts.name, msg, e.Outcome.Status, ts.first)
 				return
 			}
+			if e.Outcome.OK && s.mismatchedFor(c, ts.id) {
+				s.failf("%s: %T: DONE, yet a generation rank it writes to planned request %s for another prompt length", ts.name, msg, ts.id)
+				return
+			}
 			if !ts.s.Quiescent() || len(ts.s.PinnedChunks()) > 0 {
 				s.failf("%s: %T: Finish while not quiescent (pinned chunks %v)", ts.name, msg, ts.s.PinnedChunks())
 				return
@@ -216,6 +236,60 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	}
 	s.execTx(ts, effs)
 	s.checkPools(c.name(), c.pools)
+	// What failed among the effects goes back to the session at once, in
+	// order, before any other message (txActor.exec).
+	for len(ts.feedback) > 0 && s.fail == nil {
+		m := ts.feedback[0]
+		ts.feedback = ts.feedback[1:]
+		if s.cfg.Trace {
+			s.record(&event{at: s.vt, actor: ts.name, msg: m})
+		}
+		s.stepTx(ts, m)
+	}
+}
+
+// checkDecide checks the Decide effect: exactly one, in the step that
+// makes the outcome terminal, naming that outcome.
+func (s *Sim) checkDecide(ts *txSess, msg any, before, after actors.TxState, effs []actors.Effect) bool {
+	n := 0
+	for _, e := range effs {
+		d, ok := e.(actors.Decide)
+		if !ok {
+			continue
+		}
+		n++
+		switch {
+		case ts.decide != nil:
+			s.failf("%s: %T: second Decide %s (first %s)", ts.name, msg, d.Status, ts.decide.Status)
+		case before.Terminal() || !after.Terminal():
+			s.failf("%s: %T: Decide %s outside the terminal transition (%v → %v)", ts.name, msg, d.Status, before, after)
+		case d.Status != after.String():
+			s.failf("%s: %T: Decide %s, outcome %v", ts.name, msg, d.Status, after)
+		case (d.Err == nil) != (after == actors.TxDone):
+			s.failf("%s: %T: Decide %s with error %v", ts.name, msg, d.Status, d.Err)
+		}
+		ts.decide = &d
+	}
+	if n == 0 && !before.Terminal() && after.Terminal() {
+		s.failf("%s: %T: outcome %v decided without a Decide effect", ts.name, msg, after)
+	}
+	return s.fail == nil
+}
+
+// mismatchedFor reports whether a generation rank that context rank c
+// writes to planned request id for another prompt length than c's Send.
+func (s *Sim) mismatchedFor(c *ctxRank, id string) bool {
+	for _, q := range s.reqs {
+		if q.id != id {
+			continue
+		}
+		for _, link := range s.pm.From(c.rank) {
+			if q.genPrompt[s.genPar.Index(link.Gen)] != q.promptLen {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // terminalEpoch returns the epoch of a frame that lets its receiver free
@@ -317,7 +391,12 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 		switch e := e.(type) {
 		case actors.Pin:
 			if err := c.guard.Pin(e.Group, e.IDs); err != nil {
-				s.failf("%s: Pin: %v", ts.name, err)
+				if a := ts.app; a == nil || !a.freedEarly(e.Group, e.IDs) {
+					s.failf("%s: Pin of blocks the serving process holds refused: %v", ts.name, err)
+					return
+				}
+				s.fired(FaultPinRefused)
+				ts.feedback = append(ts.feedback, actors.TxPinFailed{Chunk: e.Chunk, Group: e.Group, Err: err})
 			}
 		case actors.Unpin:
 			if err := c.guard.Unpin(e.Group, e.IDs); err != nil {
@@ -377,6 +456,11 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 					s.mail(c.parentName(), a.name(), s.hop(), e, func() { a.finished() })
 				}
 			})
+		case actors.Decide:
+			// The handle's Decided: TxHandle.Chunk refuses from now on.
+			if a := ts.app; a != nil && e.Err != nil {
+				a.decided = e.Err
+			}
 		case actors.Stop:
 			ts.stop = true
 		case actors.ReleaseDest:
@@ -469,12 +553,16 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 		gi := int(rd.From.Rank)
 		c.routes[route] = routeMeta{gen: gi, genInc: s.gen[gi].inc, epoch: rd.Epoch, request: rd.RequestID}
 	}
-	if bogus := s.isBogus(rd); bogus && err == nil {
+	bogus := s.isBogus(rd)
+	if bogus && err == nil {
 		s.failf("%s: ResolveRequest accepted a malformed RequestData for %s: %+v", c.name(), rd.RequestID, rd.Groups)
 		return
 	}
+	if q := s.request(rd.RequestID); q != nil && !bogus && int(rd.PromptLen) != q.promptLen {
+		s.fired(FaultPromptMismatch)
+	}
 	s.sendTx(c.parentName(), ts, actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
-		Route: route, Expected: expected, Err: err})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err})
 }
 
 // ctxApp is the context side's serving process for one request on one
@@ -489,6 +577,23 @@ type ctxApp struct {
 	done   bool
 	freed  bool
 	nm     string
+	// decided is the error of the session's Decide (the handle's
+	// Decided): TxHandle.Chunk refuses every chunk from then on.
+	decided error
+	refused bool // a chunk was refused: the serving process stopped
+	// early holds the source blocks it freed before the session pinned
+	// them (FaultPinRefused); they are not freed again.
+	early map[blockKey]bool
+}
+
+// freedEarly reports whether some of ids of group g were freed early.
+func (a *ctxApp) freedEarly(g int, ids []kvcache.BlockID) bool {
+	for _, id := range ids {
+		if a.early[blockKey{g, id}] {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *ctxApp) name() string { return a.nm }
@@ -548,10 +653,16 @@ func (a *ctxApp) start() {
 	}
 }
 
-// handChunk is TxHandle.Chunk for request chunk i.
+// handChunk is TxHandle.Chunk for request chunk i: refused once the
+// session's outcome is decided with an error (the serving process then
+// stops handing chunks), else sent to the session.
 func (a *ctxApp) handChunk(i int) {
 	s, c := a.c.s, a.c
-	if !c.live(a.inc) || a.done {
+	if !c.live(a.inc) || a.done || a.refused {
+		return
+	}
+	if a.decided != nil {
+		a.refused = true
 		return
 	}
 	ch := a.q.chunks[i]
@@ -565,9 +676,45 @@ func (a *ctxApp) handChunk(i int) {
 	msg := actors.TxChunk{Chunk: ch, Src: src}
 	ts := a.ts
 	s.mail(a.name(), ts.name, s.hop(), msg, func() {
+		if c.live(a.inc) && !ts.stop && !ts.s.State().Terminal() && !a.freed && s.chance(s.faults.pPinRefuse) {
+			a.freeOneEarly(src)
+		}
 		ts.curChunk = i
 		s.stepTx(ts, msg)
 	})
+}
+
+// freeOneEarly is a serving process that frees one of a chunk's source
+// blocks after TxHandle.Chunk checked them and before the session pins
+// them: the pool refuses the Pin.
+func (a *ctxApp) freeOneEarly(src []kvcache.BlockRun) {
+	s, c := a.c.s, a.c
+	for g, run := range src {
+		if len(run.IDs) == 0 {
+			continue
+		}
+		id := run.IDs[s.r.IntN(len(run.IDs))]
+		if a.early[blockKey{g, id}] {
+			return
+		}
+		if st, _ := c.pools[g].State(id); st != kvcache.BlockAllocated {
+			return // pinned by an earlier chunk: not freeable
+		}
+		if a.ts != nil {
+			s.checkNoReader(c, a.ts, g, []kvcache.BlockID{id}, "early Free")
+		}
+		blocks := make([][]kvcache.BlockID, len(c.pools))
+		blocks[g] = []kvcache.BlockID{id}
+		if err := c.guard.Free(blocks); err != nil {
+			s.failf("%s: freeing source block %d of group %d: %v", a.name(), id, g, err)
+			return
+		}
+		if a.early == nil {
+			a.early = map[blockKey]bool{}
+		}
+		a.early[blockKey{g, id}] = true
+		return
+	}
 }
 
 // writeChunk writes the KV of request chunk i into its source blocks.
@@ -579,6 +726,9 @@ func (a *ctxApp) writeChunk(i int) {
 			continue
 		}
 		for b := first; b < end; b++ {
+			if a.early[blockKey{g, ids[b]}] {
+				continue // not the serving process's any more
+			}
 			buf := c.pools[g].Block(ids[b])
 			walkBlock(s.layout, c.shape, g, a.q.idx, b, func(off int, want byte) bool {
 				buf[off] = want
@@ -600,12 +750,18 @@ func (a *ctxApp) finished() {
 			return
 		}
 		a.freed = true
+		held := make([][]kvcache.BlockID, len(a.blocks))
 		for g, ids := range a.blocks {
+			for _, id := range ids {
+				if !a.early[blockKey{g, id}] {
+					held[g] = append(held[g], id)
+				}
+			}
 			if a.ts != nil {
-				s.checkNoReader(c, a.ts, g, ids, "Free")
+				s.checkNoReader(c, a.ts, g, held[g], "Free")
 			}
 		}
-		if err := c.guard.Free(a.blocks); err != nil {
+		if err := c.guard.Free(held); err != nil {
 			s.failf("%s: freeing source blocks after Done: %v", a.name(), err)
 		}
 		s.checkPools(c.name(), c.pools)

@@ -18,11 +18,18 @@
 // real ones; destination blocks are allocated as actors/parents.go does.
 //
 // The shells are models of the real ones: the tx parent (sessions,
-// tombstones, replies), the rx parent (allocation queue, routing by
-// writer), sender workers (what actors/worker.go does with Submit, Flush,
-// CloseEndpoint, SendFrame and a restart: TxInDoubt, then close every
+// tombstones, replies, TxPeerRequest with the RequestData's prompt
+// length), the tx shell (a refused Pin stepped back as TxPinFailed right
+// after the effects that caused it; Decide handed to the handle), the rx
+// parent (allocation queue, routing by writer, each writer's planned bytes
+// from kvcache.PeerLink.BytesPerBlock), the rx shell (RxBegin stepped
+// first, as on Started; timers carry their kind), sender workers (what
+// actors/worker.go does with Submit — TxSubmitted once the post returns —,
+// Flush, CloseEndpoint, SendFrame, SendRequestData — RxSent with the
+// control link's answer — and a restart: TxInDoubt, then close every
 // endpoint, which retires its ops), and the serving processes (Send and
-// chunks, Receive, cancel, and freeing blocks after Done). A batch lands —
+// chunks — refused once the handle's Decided carries an error —, Receive,
+// cancel, and freeing blocks after Done). A batch lands —
 // its segments are copied between the two regions — at a scheduled time; a
 // closed endpoint's batches never land and complete with
 // rdma.ErrEndpointClosed, as the rdma.Endpoint contract says. A serving
@@ -33,6 +40,9 @@
 // Mailboxes are FIFO per (sender, receiver); the control link encodes and
 // decodes every frame and is FIFO per connection (a worker's DEALER to a
 // peer), as ZeroMQ over TCP is: reordering happens across connections.
+// A send fails (the frame never leaves) when the peer is in no directory
+// (a context instance that does not exist) or the seed makes the
+// connection refuse frames; a frame to a dead peer is taken and lost.
 // A rank's death takes its incarnation's state, its in-flight frames (both
 // ways) and its in-flight writes with it; a return boots a fresh
 // incarnation (new region, new agent address). The control plane's
@@ -63,7 +73,15 @@
 // write reads only pinned source blocks and lands only in blocks its
 // request's session still owns, never after its endpoint closed; every
 // pool passes CheckInvariants; a READY request's bytes equal what the
-// sources wrote (at READY and again when its blocks are freed).
+// sources wrote (at READY and again when its blocks are freed), and each
+// of its writers reported SUCCESS with exactly the bytes the two ranks'
+// shapes give; ReleaseDest never treats a writer whose RequestData left as
+// quiescent without its terminal frame or death; Decide comes once, at the
+// terminal transition; a completion never precedes its TxSubmitted. A
+// request whose Receive names another prompt length is never READY there,
+// and no context rank writing to that rank ends DONE. A request with a
+// writer that was never connected is decided by its deadline and its
+// blocks are released (at once when no RequestData ever left).
 //
 // At the end (the queue is empty): every session stopped and terminal,
 // every request answered, every block back in its pool (none leaked or

@@ -63,6 +63,23 @@ const (
 	FaultSessionPanic
 	// FaultFence: a chunk's fence fails (the producer failed).
 	FaultFence
+	// FaultPromptMismatch: a generation rank's Receive names another
+	// prompt length than the context side's Send (issue 14): its
+	// RequestData reaches a context rank whose Send disagrees.
+	FaultPromptMismatch
+	// FaultNeverConnected: a Receive names a writer that cannot be reached
+	// for the whole request (a context instance that does not exist, or a
+	// control connection that refuses every frame): its RequestData never
+	// leaves (issue 14).
+	FaultNeverConnected
+	// FaultControlRefused: the control connection refuses a frame for a
+	// while (send queue full, peer not connected yet); a refused
+	// RequestData is re-sent with backoff.
+	FaultControlRefused
+	// FaultPinRefused: the serving process frees a source block between
+	// TxHandle.Chunk's check and the session's Pin, which the pool refuses
+	// (TxPinFailed).
+	FaultPinRefused
 
 	numFaults
 )
@@ -72,7 +89,8 @@ var faultNames = [numFaults]string{
 	"peer death then return", "control dropped", "control duplicated", "control reordered", "control delayed",
 	"partition then heal", "completion after deadline", "batch failure", "partial write", "registration failure",
 	"cancel (context side)", "cancel (generation side)", "clock jump", "malformed control frame",
-	"session panic", "fence failure",
+	"session panic", "fence failure", "prompt length mismatch", "writer never connected",
+	"control refused, RequestData re-sent", "pin refused (source freed)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -130,6 +148,14 @@ type partition struct {
 	w        window
 }
 
+// refusal makes generation rank gen's control connections to context rank
+// ctx refuse every frame during w (Send fails: the frame never leaves).
+type refusal struct {
+	gen, ctx int
+	w        window
+	forever  bool // for the whole run: the writer is never connected
+}
+
 // plan is the faults one seed injects.
 type plan struct {
 	on [numFaults]bool
@@ -148,6 +174,16 @@ type plan struct {
 	sessPanics []time.Duration
 	cancelCtx  float64 // per request and rank: probability of a cancel
 	cancelGen  float64
+	// mismatch is the probability that a request's generation side plans
+	// for another prompt length than its context side sends.
+	mismatch float64
+	// ghost is the probability, per request and generation rank, that the
+	// Receive names a context instance that does not exist.
+	ghost    float64
+	refusals []refusal
+	// pPinRefuse is the probability, per chunk, that the serving process
+	// frees one of its source blocks before the session pins it.
+	pPinRefuse float64
 }
 
 // newPlan draws the seed's faults: each kind is enabled with some
@@ -245,6 +281,29 @@ func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration
 	if p.on[FaultFence] {
 		p.pFence = 0.05 + 0.1*r.Float64()
 	}
+	if p.on[FaultPromptMismatch] {
+		p.mismatch = 0.2 + 0.5*r.Float64()
+	}
+	if p.on[FaultNeverConnected] {
+		// Either some Receives name a context instance that does not
+		// exist, or one link refuses every frame for the whole run.
+		if r.IntN(2) == 0 {
+			p.ghost = 0.1 + 0.4*r.Float64()
+		} else {
+			p.refusals = append(p.refusals, refusal{gen: r.IntN(genRanks), ctx: r.IntN(ctxRanks),
+				w: window{0, 1 << 62}, forever: true})
+		}
+	}
+	if p.on[FaultControlRefused] {
+		for range 1 + r.IntN(3) {
+			from := at()
+			p.refusals = append(p.refusals, refusal{gen: r.IntN(genRanks), ctx: r.IntN(ctxRanks),
+				w: window{from, from + time.Millisecond + time.Duration(r.Int64N(int64(60*time.Millisecond)))}})
+		}
+	}
+	if p.on[FaultPinRefused] {
+		p.pPinRefuse = 0.05 + 0.15*r.Float64()
+	}
 	return p
 }
 
@@ -258,6 +317,17 @@ func (p *plan) partitioned(c, g int, a, b time.Duration) time.Duration {
 		}
 	}
 	return end
+}
+
+// refused reports whether generation rank g's control connections to
+// context rank c refuse frames at t, and whether for the whole run.
+func (p *plan) refused(g, c int, t time.Duration) (refused, forever bool) {
+	for _, rf := range p.refusals {
+		if rf.gen == g && rf.ctx == c && t >= rf.w.from && t < rf.w.to {
+			refused, forever = true, forever || rf.forever
+		}
+	}
+	return refused, forever
 }
 
 func (p *plan) registrationDown(rank int, t time.Duration) bool {

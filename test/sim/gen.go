@@ -115,6 +115,21 @@ type rxSess struct {
 	first   actors.RxState
 	decided bool
 	stop    bool
+	prompt  int // the prompt length its Receive named
+	// deadlineAt is when its deadline timer fires (virtual time).
+	deadlineAt time.Duration
+	released   bool // ReleaseDest executed
+	// Per writer: left, its RequestData left this process (the simulated
+	// link took it); proof, a terminal frame of this epoch or the writer's
+	// death was stepped; reported, the bytes of the SUCCESS it stepped
+	// (-1: none); planned, what it must write, computed from the two
+	// ranks' shapes; unreachable, the writer can never be reached
+	// (FaultNeverConnected).
+	left, proof, unreachable []bool
+	refused                  []bool // a RequestData to it was refused
+	reported                 []int64
+	planned                  []uint64
+	neverConn, ncFired       bool
 }
 
 func (s *Sim) sendRx(from string, rs *rxSess, msg any) {
@@ -134,8 +149,14 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 		s.failf("%s: %T: first terminal outcome %v overwritten by %v", rs.name, msg, before, after)
 		return
 	}
+	s.noteProof(rs, msg)
 	if after.Terminal() && !rs.decided {
 		rs.decided, rs.first = true, after
+		if rs.neverConn && s.vt > rs.deadlineAt {
+			s.failf("%s: %T: a writer is never connected, yet the request was decided (%v) at %v, after its deadline %v",
+				rs.name, msg, after, s.vt, rs.deadlineAt)
+			return
+		}
 	}
 	for _, e := range effs {
 		switch e := e.(type) {
@@ -144,11 +165,25 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 				s.failf("%s: %T: ReleaseDest while a writer may still write", rs.name, msg)
 				return
 			}
+			for w, left := range rs.left {
+				if left && !rs.proof[w] {
+					s.failf("%s: %T: ReleaseDest, yet writer %d's RequestData left and no terminal frame nor death of it was seen",
+						rs.name, msg, w)
+					return
+				}
+			}
+			if !slices.Contains(rs.left, true) && rs.neverConn && s.vt > rs.deadlineAt+5*time.Millisecond {
+				s.failf("%s: %T: no RequestData ever left, yet the blocks were held until %v (deadline %v)", rs.name, msg, s.vt, rs.deadlineAt)
+				return
+			}
 			s.checkNoWriter(g, rs, e.Blocks)
 		case actors.Finish:
 			if !rs.decided || e.Outcome.Status != rs.first.String() {
 				s.failf("%s: %T: Finish %s, first outcome %v", rs.name, msg, e.Outcome.Status, rs.first)
 				return
+			}
+			if e.Outcome.OK {
+				s.checkReady(rs, msg)
 			}
 		}
 	}
@@ -157,6 +192,82 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	}
 	s.execRx(rs, effs)
 	s.checkPools(g.name(), g.pools)
+}
+
+// noteProof records what a message proves about a writer: a terminal
+// frame of this epoch (Result, CancelAck) or its death ends its writes; a
+// SUCCESS also reports its bytes.
+func (s *Sim) noteProof(rs *rxSess, msg any) {
+	switch m := msg.(type) {
+	case actors.RxFrame:
+		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] {
+			return
+		}
+		switch f := m.Frame.(type) {
+		case *messages.Result:
+			if f.Epoch == rs.epoch {
+				rs.proof[m.Writer] = true
+				if f.Status == messages.StatusSuccess {
+					rs.reported[m.Writer] = int64(f.Bytes)
+				}
+			}
+		case *messages.CancelAck:
+			rs.proof[m.Writer] = f.Epoch == rs.epoch
+		}
+	case actors.RxPeerGone:
+		if m.Writer >= 0 && m.Writer < len(rs.proof) {
+			rs.proof[m.Writer] = true
+		}
+	}
+}
+
+// checkReady checks a READY outcome: every writer reported SUCCESS with
+// exactly the bytes this rank's plan needs from it, the Receive named the
+// Send's prompt length, and every writer was reachable.
+func (s *Sim) checkReady(rs *rxSess, msg any) {
+	if rs.prompt != rs.req.promptLen {
+		s.failf("%s: %T: READY, yet its Receive planned %d tokens and the context side sends %d", rs.name, msg, rs.prompt, rs.req.promptLen)
+		return
+	}
+	if rs.neverConn {
+		s.failf("%s: %T: READY with a writer that was never connected", rs.name, msg)
+		return
+	}
+	for w, got := range rs.reported {
+		if got < 0 || uint64(got) != rs.planned[w] {
+			s.failf("%s: %T: READY, yet writer %d reported %d bytes, its plan is %d", rs.name, msg, w, got, rs.planned[w])
+			return
+		}
+	}
+}
+
+// plannedBytes is what context rank c must write to generation rank g for
+// destination blocks blocks, from the two ranks' shapes alone: per group,
+// the layers both hold × parts × the heads both hold (MLA: the latent,
+// replicated) × tokens per block × bytes per token, per block.
+func (s *Sim) plannedBytes(c kvcache.Rank, g *genRank, blocks [][]kvcache.BlockID) uint64 {
+	l := s.layout
+	cs, err := l.Shape(s.ctxPar, c)
+	if err != nil {
+		s.failf("ctx shape: %v", err)
+		return 0
+	}
+	gs := g.shape
+	heads := gs.Heads()
+	if !l.MLA {
+		heads = max(0, min(cs.HeadHi, gs.HeadHi)-max(cs.HeadLo, gs.HeadLo))
+	}
+	var total uint64
+	for grp := range l.Groups {
+		layers := 0
+		for _, L := range cs.Layers[grp] {
+			if slices.Contains(gs.Layers[grp], L) {
+				layers++
+			}
+		}
+		total += uint64(len(blocks[grp])) * uint64(layers*l.Parts()*heads*l.TokensPerBlock*l.TokenBytes())
+	}
+	return total
 }
 
 // checkNoWriter asserts the rule on the destination side: no posted,
@@ -193,12 +304,49 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			inc := rs.inc
 			s.mail(rs.name, wn, s.hop(), e, func() {
 				if g.live(inc) {
-					s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
+					_ = s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
 				}
+			})
+		case actors.SendRequestData:
+			// The worker hands the frame to the control plane and tells
+			// the session whether it left (workerSlot.send, RxSent).
+			wn := g.workers[e.Worker]
+			inc := rs.inc
+			if e.Writer >= 0 && e.Writer < len(rs.refused) && rs.refused[e.Writer] && !rs.unreachable[e.Writer] {
+				s.fired(FaultControlRefused) // a re-send after a refusal
+			}
+			s.mail(rs.name, wn, s.hop(), e, func() {
+				if !g.live(inc) {
+					return
+				}
+				if e.Writer < 0 || e.Writer >= len(rs.left) || e.Frame == nil || e.Frame.Epoch != rs.epoch {
+					s.failf("%s: SendRequestData for writer %d, epoch %v", rs.name, e.Writer, e.Frame)
+					return
+				}
+				err := s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
+				if err == nil {
+					rs.left[e.Writer] = true
+				} else {
+					rs.refused[e.Writer] = true
+				}
+				if err != nil && rs.unreachable[e.Writer] && !rs.ncFired {
+					rs.ncFired = true
+					s.fired(FaultNeverConnected)
+				}
+				msg := actors.RxSent{Writer: e.Writer, Err: err}
+				s.mail(wn, rs.name, s.hop(), msg, func() { s.stepRx(rs, msg) })
 			})
 		case actors.StartTimer:
 			d := max(e.At.Sub(g.now()), 0)
-			s.after(d, rs.name, actors.RxTimeout{}, func() { s.stepRx(rs, actors.RxTimeout{}) })
+			if e.Kind == actors.TimerDeadline {
+				if !e.At.Equal(rs.app.deadline) {
+					s.failf("%s: deadline timer at %v, the Receive's deadline is %v", rs.name, e.At, rs.app.deadline)
+					return
+				}
+				rs.deadlineAt = s.vt + d
+			}
+			msg := actors.RxTimeout{Kind: e.Kind}
+			s.after(d, rs.name, msg, func() { s.stepRx(rs, msg) })
 		case actors.Finish:
 			if e.Outcome.OK {
 				s.res.Ready++
@@ -209,6 +357,7 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				rs.app.done = true
 			}
 		case actors.ReleaseDest:
+			rs.released = true
 			g.release(rs, e.Blocks, "ReleaseDest")
 		case actors.Stop:
 			rs.stop = true
@@ -306,6 +455,8 @@ type genApp struct {
 	g        *genRank
 	inc      int
 	nm       string
+	prompt   int    // the prompt length the Receive names
+	context  string // the context instance the Receive names
 	rs       *rxSess
 	counts   []int
 	deadline time.Time
@@ -319,7 +470,10 @@ func (s *Sim) scheduleGenApp(q *request, g *genRank) {
 		if !g.alive {
 			return
 		}
-		a := &genApp{q: q, g: g, inc: g.inc, nm: g.nm + "/app/" + q.id}
+		a := &genApp{q: q, g: g, inc: g.inc, nm: g.nm + "/app/" + q.id, prompt: q.genPrompt[g.idx], context: "ctx"}
+		if q.ghost[g.idx] {
+			a.context = ghostInstance
+		}
 		g.apps = append(g.apps, a)
 		a.receive()
 	})
@@ -333,7 +487,7 @@ func (a *genApp) receive() {
 		if len(g.shape.Layers[grp]) == 0 {
 			continue
 		}
-		first, end := kvcache.NeededRange(q.promptLen, lg.Window, l.TokensPerBlock, q.prefixHit[grp])
+		first, end := kvcache.NeededRange(a.prompt, lg.Window, l.TokensPerBlock, q.prefixHit[grp])
 		a.counts[grp] = end - first
 	}
 	a.deadline = g.now().Add(q.genDeadline)
@@ -392,7 +546,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		// A request that needs a writer the control plane declared dead
 		// fails before any RequestData leaves (see Config.PeerDownRace).
 		for _, r := range s.pm.WritersOf(g.rank) {
-			peer := messages.PeerID{Instance: "ctx", Rank: int32(s.ctxPar.Index(r))}
+			peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
 			if g.down[peer] && s.ctx[peer.Rank].alive {
 				delete(g.down, peer) // the control plane hears it again
 			}
@@ -410,7 +564,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 	epoch := uint64(g.now().UnixNano())<<8 | g.epoch&0xff
 	groups := make([]messages.GroupDest, len(l.Groups))
 	for grp, lg := range l.Groups {
-		first, _ := kvcache.NeededRange(q.promptLen, lg.Window, l.TokensPerBlock, q.prefixHit[grp])
+		first, _ := kvcache.NeededRange(a.prompt, lg.Window, l.TokensPerBlock, q.prefixHit[grp])
 		ids := make([]int32, len(blocks[grp]))
 		for i, b := range blocks[grp] {
 			ids[i] = int32(b)
@@ -418,16 +572,36 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		groups[grp] = messages.GroupDest{First: int32(first), Blocks: ids}
 	}
 	rs := &rxSess{g: g, inc: g.inc, req: q, name: g.nm + "/rx/" + q.id, app: a, epoch: epoch,
-		writers: map[messages.PeerID]int{}, blocks: blocks}
+		writers: map[messages.PeerID]int{}, blocks: blocks, prompt: a.prompt, deadlineAt: 1 << 62}
 	var writers []actors.RxWriter
 	for i, r := range s.pm.WritersOf(g.rank) {
-		peer := messages.PeerID{Instance: "ctx", Rank: int32(s.ctxPar.Index(r))}
+		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
 		rs.writers[peer] = i
-		writers = append(writers, actors.RxWriter{Peer: peer, Worker: actors.WorkerFor(q.id, peer, s.genW),
+		// What this writer must write, as rxParent.start computes it.
+		var want uint64
+		if link, ok := s.pm.Link(r, g.rank); ok {
+			for grp := range blocks {
+				want += uint64(len(blocks[grp])) * link.BytesPerBlock(l, grp)
+			}
+		}
+		writers = append(writers, actors.RxWriter{Peer: peer, Worker: actors.WorkerFor(q.id, peer, s.genW), Bytes: want,
 			Request: &messages.RequestData{RequestID: q.id, Epoch: epoch, From: g.self,
 				GenParallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
 				GenTP:       int32(g.rank.TP), GenPP: int32(g.rank.PP),
-				PromptLen: int32(q.promptLen), Groups: groups, DeadlineUnixNano: a.deadline.UnixNano()}})
+				PromptLen: int32(a.prompt), Groups: groups, DeadlineUnixNano: a.deadline.UnixNano()}})
+		_, deaf := s.faults.refused(g.idx, int(peer.Rank), 0)
+		unreachable := a.context == ghostInstance || deaf
+		rs.neverConn = rs.neverConn || unreachable
+		rs.left = append(rs.left, false)
+		rs.proof = append(rs.proof, false)
+		rs.unreachable = append(rs.unreachable, unreachable)
+		rs.refused = append(rs.refused, false)
+		rs.reported = append(rs.reported, -1)
+		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))
+		if rs.planned[i] != want {
+			s.failf("%s: %s must write %d bytes by kvcache.PeerLink.BytesPerBlock, %d by the two ranks' shapes", rs.name, peer, want, rs.planned[i])
+			return
+		}
 	}
 	for grp, ids := range blocks {
 		for _, id := range ids {
@@ -442,14 +616,19 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend})
 	a.rs = rs
 	g.entries[q.id] = rs
-	s.sendRx(g.parentName(), rs, actors.RxBegin{})
+	// rxActor steps RxBegin on Started, before any message can reach the
+	// session (a cancel, a frame, a panic): step it now.
+	if s.cfg.Trace {
+		s.record(&event{at: s.vt, actor: rs.name, msg: actors.RxBegin{}})
+	}
+	s.stepRx(rs, actors.RxBegin{})
 	if !s.cfg.PeerDownRace {
 		return
 	}
 	// actors/parents.go today: the session is told its writer is gone, but
 	// its RequestData still leaves — and reaches the writer if it is back.
 	for i, r := range s.pm.WritersOf(g.rank) {
-		peer := messages.PeerID{Instance: "ctx", Rank: int32(s.ctxPar.Index(r))}
+		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
 		if g.down[peer] && s.ctx[peer.Rank].alive {
 			delete(g.down, peer) // the control plane hears it again
 		}

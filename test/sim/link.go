@@ -1,10 +1,17 @@
 package sim
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
+
+// errQueueFull is the simulated control connection's refusal: the frame
+// does not leave this process (as control/zmq's ErrQueueFull).
+var errQueueFull = errors.New("sim link: send queue full")
 
 // linkKey is one control connection: a worker's DEALER to a peer's ROUTER.
 type linkKey struct {
@@ -18,39 +25,50 @@ type linkKey struct {
 // faults — loss, duplication, delay, cross-connection reordering, and
 // partitions (frames wait for the heal). Frames to or from an incarnation
 // that dies in the meantime are lost with it.
-func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, f messages.Frame) {
+//
+// It returns an error when the frame does not leave this process, as
+// control.Link's Dial and Conn.Send do: a peer that is in no directory (the
+// dial fails), or a connection the seed's plan makes refuse frames (send
+// queue full). A frame to a dead peer is taken and lost, as ZeroMQ queues
+// frames for a peer that does not answer.
+func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, f messages.Frame) error {
 	b, err := messages.Encode(f)
 	if err != nil {
 		s.failf("a step produced a frame the codec refuses: %T: %v", f, err)
-		return
+		return err
 	}
 	toGen := to.Instance == "gen"
 	if !toGen && to.Instance != "ctx" || to.Rank < 0 ||
 		toGen && int(to.Rank) >= len(s.gen) || !toGen && int(to.Rank) >= len(s.ctx) {
-		return // no such peer: the dial fails
+		return fmt.Errorf("%w: dial %s: no endpoint in the directory", control.ErrPeerGone, to)
 	}
 	if toGen == fromGen {
 		s.failf("frame %T from %v side to its own side %v", f, fromGen, to)
-		return
+		return errors.New("sim link: wrong side")
+	}
+	if fromGen {
+		if refused, _ := s.faults.refused(from, int(to.Rank), s.vt); refused {
+			return fmt.Errorf("%w: %T to %s", errQueueFull, f, to)
+		}
 	}
 	var toInc int
 	var toName string
 	if toGen {
 		g := s.gen[to.Rank]
 		if !g.alive {
-			return
+			return nil
 		}
 		toInc, toName = g.inc, g.nm
 	} else {
 		c := s.ctx[to.Rank]
 		if !c.alive {
-			return
+			return nil
 		}
 		toInc, toName = c.inc, c.name()
 	}
 	if s.chance(s.faults.pDrop) {
 		s.fired(FaultDrop)
-		return
+		return nil
 	}
 	lat := s.between(20*time.Microsecond, 400*time.Microsecond)
 	if s.chance(s.faults.pReorder) {
@@ -104,6 +122,7 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		s.fired(FaultDuplicate)
 		s.at(t, name, f, deliver)
 	}
+	return nil
 }
 
 // noteOrder counts a frame delivered after a frame sent later (on another

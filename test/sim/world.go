@@ -22,7 +22,27 @@ type request struct {
 	ctxDeadline time.Duration // after ctxStart
 	genDeadline time.Duration // after genStart
 	payload     []byte
+	// genPrompt is, per generation rank, the prompt length its Receive
+	// names: promptLen, but another length under FaultPromptMismatch.
+	genPrompt []int
+	// ghost marks the generation ranks whose Receive names a context
+	// instance that does not exist (FaultNeverConnected).
+	ghost []bool
 }
+
+// request returns the request with that id, or nil.
+func (s *Sim) request(id string) *request {
+	for _, q := range s.reqs {
+		if q.id == id {
+			return q
+		}
+	}
+	return nil
+}
+
+// ghostInstance is the context instance a Receive names under
+// FaultNeverConnected: no such instance exists.
+const ghostInstance = "ctx-gone"
 
 // setup draws the seed's world: layout, parallelism, ranks and their pools,
 // requests and faults, and schedules the serving processes and faults.
@@ -63,7 +83,6 @@ func (s *Sim) setup() {
 	}
 	nReq := 1 + r.IntN(8)
 	tpb := s.layout.TokensPerBlock
-	var ctxBlocks, genMax, genSum int
 	for i := range nReq {
 		q := &request{idx: i, id: fmt.Sprintf("req-%d", i)}
 		q.promptLen = 1 + r.IntN(16*tpb)
@@ -93,9 +112,34 @@ func (s *Sim) setup() {
 		s.lastStart = max(s.lastStart, q.ctxStart+q.ctxDeadline, q.genStart+q.genDeadline)
 		s.activeEnd = max(s.activeEnd, q.ctxStart+time.Duration(len(q.chunks))*3*time.Millisecond+5*time.Millisecond)
 		s.reqs = append(s.reqs, q)
+	}
+	s.faults = newPlan(r, s.ctxPar.Size(), s.genPar.Size(), s.activeEnd, s.lastStart+20*time.Millisecond, density)
+	var ctxBlocks, genMax, genSum int
+	for _, q := range s.reqs {
+		q.genPrompt = make([]int, s.genPar.Size())
+		q.ghost = make([]bool, s.genPar.Size())
+		other := q.promptLen
+		if s.chance(s.faults.mismatch) {
+			// Another prompt length, shorter or longer (possibly the same
+			// number of blocks), on every generation rank or some.
+			for other == q.promptLen {
+				other = 1 + r.IntN(16*tpb)
+			}
+		}
+		all := r.IntN(2) == 0
+		blocks := s.layout.BlocksFor(q.promptLen)
 		ctxBlocks += blocks
-		genMax = max(genMax, blocks)
-		genSum += blocks
+		most := blocks
+		for gi := range q.genPrompt {
+			q.genPrompt[gi] = q.promptLen
+			if other != q.promptLen && (all || gi == 0 || r.IntN(2) == 0) {
+				q.genPrompt[gi] = other
+			}
+			q.ghost[gi] = s.chance(s.faults.ghost)
+			most = max(most, s.layout.BlocksFor(q.genPrompt[gi]))
+		}
+		genMax = max(genMax, most)
+		genSum += most
 	}
 	genBlocks := max(genMax, genSum*(5+r.IntN(8))/10)
 	pad := uint64(0)
@@ -114,7 +158,6 @@ func (s *Sim) setup() {
 		g.boot()
 		s.gen = append(s.gen, g)
 	}
-	s.faults = newPlan(r, len(s.ctx), len(s.gen), s.activeEnd, s.lastStart+20*time.Millisecond, density)
 	for _, q := range s.reqs {
 		for _, c := range s.ctx {
 			s.scheduleCtxApp(q, c)
