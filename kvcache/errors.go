@@ -4,11 +4,15 @@ import "errors"
 
 // Sentinel errors. Each is wrapped with the offending field and value.
 var (
-	ErrBadLayout        = errors.New("kvcache: bad layout")
-	ErrBadRegion        = errors.New("kvcache: bad region")
-	ErrMisalignedChunk  = errors.New("kvcache: misaligned chunk")
-	ErrBadChunk         = errors.New("kvcache: bad chunk")
-	ErrOutOfBlocks      = errors.New("kvcache: out of blocks")
+	ErrBadLayout       = errors.New("kvcache: bad layout")
+	ErrBadRegion       = errors.New("kvcache: bad region")
+	ErrMisalignedChunk = errors.New("kvcache: misaligned chunk")
+	ErrBadChunk        = errors.New("kvcache: bad chunk")
+	ErrOutOfBlocks     = errors.New("kvcache: out of blocks")
+	// ErrPoolTooSmall is a request for more blocks than a pool holds in
+	// all: unlike ErrOutOfBlocks (too few free now), no Free can ever
+	// satisfy it, so a caller that waits for blocks must fail at once.
+	ErrPoolTooSmall     = errors.New("kvcache: pool too small")
 	ErrDoubleFree       = errors.New("kvcache: double free")
 	ErrBlockPinned      = errors.New("kvcache: block pinned")
 	ErrBlockQuarantined = errors.New("kvcache: block quarantined")

@@ -134,12 +134,17 @@ func NewPool(region *Region, offset uint64, blockBytes uint64, blocks int) (*Poo
 }
 
 // Alloc takes n blocks off the free list and marks them allocated. It is
-// all-or-nothing: when fewer than n blocks are free it returns an error
-// wrapping ErrOutOfBlocks and allocates none. Alloc(0) returns an empty
-// slice; a negative n is an error wrapping ErrBadCount.
+// all-or-nothing: when n exceeds the pool's size it returns an error
+// wrapping ErrPoolTooSmall (no Free can help: do not wait), when fewer than
+// n blocks are free one wrapping ErrOutOfBlocks (a Free may help), and
+// allocates none. Alloc(0) returns an empty slice; a negative n is an error
+// wrapping ErrBadCount.
 func (p *Pool) Alloc(n int) ([]BlockID, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%w: Alloc(%d): count must be ≥ 0", ErrBadCount, n)
+	}
+	if err := p.Geometry().CheckFits(n); err != nil {
+		return nil, err
 	}
 	if n > len(p.free) {
 		return nil, fmt.Errorf("%w: Alloc: requested %d blocks, %d free of %d (%d quarantined)",
@@ -317,6 +322,49 @@ func (p *Pool) Region() *Region { return p.region }
 
 // Len returns the total number of blocks.
 func (p *Pool) Len() int { return len(p.state) }
+
+// Geometry returns where the pool's blocks lie in its region: block 0's
+// offset, the block size and the number of blocks.
+func (p *Pool) Geometry() PoolGeometry {
+	return PoolGeometry{Offset: p.offset, BlockBytes: p.blockBytes, Blocks: len(p.state)}
+}
+
+// CheckFits reports whether a request for n blocks can ever be satisfied by
+// a pool of this geometry, however many blocks are free now. It returns nil
+// when 0 ≤ n ≤ Blocks; an error wrapping ErrPoolTooSmall that names n, the
+// block size, the bytes n blocks take and the pool's size when n > Blocks;
+// and one wrapping ErrBadCount when n < 0. A caller that waits for free
+// blocks (an allocation queue, a semaphore) checks it first and fails at
+// once instead of waiting for ever; the caller adds the request and the
+// layer group to the message.
+func (g PoolGeometry) CheckFits(n int) error {
+	switch {
+	case n < 0:
+		return fmt.Errorf("%w: %d blocks: count must be ≥ 0", ErrBadCount, n)
+	case n <= g.Blocks:
+		return nil
+	}
+	need := ""
+	if hi, lo := bits.Mul64(uint64(n), g.BlockBytes); hi == 0 {
+		need = " (" + formatBytes(lo) + ")"
+	}
+	return fmt.Errorf("%w: need %d blocks of %s%s, the pool holds %d (%s)",
+		ErrPoolTooSmall, n, formatBytes(g.BlockBytes), need, g.Blocks, formatBytes(uint64(g.Blocks)*g.BlockBytes))
+}
+
+// formatBytes writes n with the largest binary unit that divides it, as
+// kvxfer's size flags take it: 10485760 is "10MiB", 1000 is "1000B".
+func formatBytes(n uint64) string {
+	for _, u := range []struct {
+		shift  uint
+		suffix string
+	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%dB", n)
+}
 
 // Stats returns the pool's block counts.
 func (p *Pool) Stats() PoolStats {

@@ -392,6 +392,12 @@ func TestPoolModel(t *testing.T) {
 				k := rapid.IntRange(0, n+1).Draw(t, "n")
 				free := m.stats().Free
 				ids, err := p.Alloc(k)
+				if k > n {
+					if !errors.Is(err, ErrPoolTooSmall) || errors.Is(err, ErrOutOfBlocks) || ids != nil {
+						t.Fatalf("Alloc(%d) of a %d-block pool = %v, %v; want ErrPoolTooSmall", k, n, ids, err)
+					}
+					return
+				}
 				if k > free {
 					if !errors.Is(err, ErrOutOfBlocks) || ids != nil {
 						t.Fatalf("Alloc(%d) with %d free = %v, %v; want ErrOutOfBlocks", k, free, ids, err)

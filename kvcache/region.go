@@ -41,12 +41,21 @@ type Region struct {
 	release func() error // unmaps memory this package mapped; nil otherwise
 }
 
-// NewHostRegion allocates a zeroed Go-owned host region of n bytes.
+// maxHostRegion is the largest host region NewHostRegion allocates (64 TiB,
+// beyond any host's memory).
+const maxHostRegion = 1 << 46
+
+// NewHostRegion allocates a zeroed Go-owned host region of n bytes. A length
+// of 0 or above 64 TiB, or one the kernel refuses to map, is an error
+// wrapping ErrBadRegion.
 func NewHostRegion(n uint64) (*Region, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
 	}
-	buf, release := allocHost(n)
+	buf, release, err := allocHost(n)
+	if err != nil {
+		return nil, err
+	}
 	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf, release: release}, nil
 }
 

@@ -2,22 +2,30 @@
 
 package kvcache
 
-import "syscall"
+import (
+	"fmt"
+	"syscall"
+)
 
 // hugeRegionMin is the size from which host regions are mapped directly
 // and advised to use transparent huge pages: a multi-GiB pool then takes
 // hundreds of times fewer page faults when first touched.
 const hugeRegionMin = 64 << 20
 
-// allocHost returns n zeroed bytes and the function that releases them.
-func allocHost(n uint64) ([]byte, func() error) {
-	if n < hugeRegionMin || n > 1<<46 {
-		return make([]byte, n), nil
+// allocHost returns n zeroed bytes and the function that releases them. A
+// large region the kernel refuses to map is an error, not a heap
+// allocation of the same size (which would end the process).
+func allocHost(n uint64) ([]byte, func() error, error) {
+	if n < hugeRegionMin {
+		return make([]byte, n), nil, nil
+	}
+	if n > maxHostRegion {
+		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
 	}
 	b, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
-		return make([]byte, n), nil
+		return nil, nil, fmt.Errorf("%w: region length %d: mmap: %w", ErrBadRegion, n, err)
 	}
 	_ = syscall.Madvise(b, syscall.MADV_HUGEPAGE) // advice only: fine if refused
-	return b, func() error { return syscall.Munmap(b) }
+	return b, func() error { return syscall.Munmap(b) }, nil
 }

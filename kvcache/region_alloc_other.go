@@ -2,4 +2,11 @@
 
 package kvcache
 
-func allocHost(n uint64) ([]byte, func() error) { return make([]byte, n), nil }
+import "fmt"
+
+func allocHost(n uint64) ([]byte, func() error, error) {
+	if n > maxHostRegion {
+		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
+	}
+	return make([]byte, n), nil, nil
+}

@@ -52,11 +52,17 @@ With --processes 2 the two engines run as separate processes (kvxfer ctx and
 kvxfer gen) over ZeroMQ with CURVE and, by default, the ucx backend (shm in a
 build without UCX).
 
+Each engine's pool is --pool (2GiB by default). When the default cannot hold
+the longest prompt (--max-tokens) of the model, the pool is sized to hold it:
+2560MiB for Llama-3.1-70B, 4GiB for Gemma-3-27B. A --pool you set that is too
+small for a prompt is an error at once, naming the size that fits.
+
 A progress bar shows finished requests when standard output is a terminal;
 otherwise each finished request is a log line on standard error.`,
 		Example: examples(
 			"the README's demo: 16 Llama-3.1-8B requests of 512..8192 tokens", "kvxfer demo",
-			"a bigger model, more workers, settings from a file overridden by a flag", "kvxfer demo --config kvxfer.yaml --model Llama-3.1-70B --workers 8",
+			"a bigger model: pools sized to its 8k-token prompts (2560MiB each)", "kvxfer demo --model Llama-3.1-70B",
+			"more workers, settings from a file overridden by a flag", "kvxfer demo --config kvxfer.yaml --model Llama-3.1-70B --workers 8",
 			"machine-readable", "kvxfer demo --json > demo.json",
 			"two processes, shared memory, metrics of the context engine on :9464 (the generation engine's on :9465)", "kvxfer demo --processes 2 --metrics-addr 127.0.0.1:9464",
 		),
@@ -71,6 +77,16 @@ otherwise each finished request is a log line on standard error.`,
 			}
 			f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers, f.o.Timeout = s.Model, s.Pool, s.TokensPerBlock, s.Workers, s.Timeout
 			f.pool, f.timeout, f.metricsAddr = s.Origin(config.Pool).Raw, s.Timeout.String(), s.MetricsAddr
+			if s.Origin(config.Pool).Source == config.SourceDefault {
+				if err := fitPool(a, &f); err != nil {
+					return err
+				}
+			}
+			// Every option error, a pool too small for a prompt among
+			// them, before anything starts: never a wait.
+			if err := f.o.Check(); err != nil {
+				return err
+			}
 			f.backend = s.Backend
 			switch {
 			case f.processes == 2 && s.Origin(config.Backend).Source == config.SourceDefault:
@@ -117,6 +133,22 @@ otherwise each finished request is a log line on standard error.`,
 	return cmd
 }
 
+// fitPool sizes the default pool to the model: 2GiB holds two 8k-token
+// prompts of Llama-3.1-8B but not one of Llama-3.1-70B (2560MiB) or
+// Gemma-3-27B (3968MiB), so when the longest prompt needs more, the pool
+// grows to hold it (demo.FitPool). A pool the user chose is never changed:
+// if it is too small, Check says so.
+func fitPool(a *app, f *demoFlags) error {
+	pool, err := demo.FitPool(f.o)
+	if err != nil || pool == f.o.PoolBytes {
+		return err
+	}
+	a.log.Info().Str("model", f.o.Model).Int("max_tokens", f.o.MaxTokens).Str("default", f.pool).
+		Str("pool", config.FormatSize(pool)).Msg("pool sized to hold the longest prompt (set --pool to choose)")
+	f.o.PoolBytes, f.pool = pool, config.FormatSize(pool)
+	return nil
+}
+
 // nextPort is addr with its port plus one (port 0 stays 0).
 func nextPort(addr string) (string, error) {
 	host, port, err := net.SplitHostPort(addr)
@@ -141,7 +173,8 @@ func runDemo(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) error
 		defer p.Done()
 		progress = &lineWriter{p: p, total: 2 * f.o.Requests}
 	}
-	a.log.Debug().Str("backend", f.o.Backend).Str("model", f.o.Model).Int("workers", f.o.Workers).Msg("demo starting")
+	a.log.Debug().Str("backend", f.o.Backend).Str("model", f.o.Model).Int("workers", f.o.Workers).
+		Str("pool", config.FormatSize(f.o.PoolBytes)).Msg("demo starting")
 	rep, err := demo.Run(ctx, f.o, progress)
 	if err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sort"
 	"sync"
 	"time"
@@ -27,43 +26,6 @@ import (
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
-
-// Options configures a demo run.
-type Options struct {
-	Model       string
-	Requests    int
-	MinTokens   int
-	MaxTokens   int
-	ChunkTokens int
-	// PoolBytes caps each side's pool, so requests wait for blocks.
-	PoolBytes uint64
-	// Compute is the simulated prefill time of one chunk.
-	Compute     time.Duration
-	Workers     int
-	Concurrency int
-	Seed        uint64
-	// TokensPerBlock overrides the preset's block size when > 0.
-	TokensPerBlock int
-	// Backend is "loopback" (the default), "shm" (the generation pool is
-	// then a shared-memory file the context engine writes into, as across
-	// processes) or "ucx" (two UCX agents; the pool is memory the
-	// generation agent allocated).
-	Backend string
-	// Timeout bounds each request (default 5 minutes).
-	Timeout time.Duration
-	// MetricsAddr and GenMetricsAddr, when set, serve the context and the
-	// generation engine's Prometheus metrics (kvxfer.Config.MetricsAddr).
-	MetricsAddr, GenMetricsAddr string `json:",omitempty"`
-	// Started, when set, is called once both engines of a mode run.
-	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
-}
-
-// DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of
-// 512 to 8k tokens, 2 GiB pools.
-func DefaultOptions() Options {
-	return Options{Model: "Llama-3.1-8B", Requests: 16, MinTokens: 512, MaxTokens: 8192, ChunkTokens: 512,
-		PoolBytes: 2 << 30, Compute: 15 * time.Millisecond, Workers: 4, Concurrency: 4, Seed: 1}
-}
 
 // Mode is one way of running the batch.
 type Mode struct {
@@ -104,23 +66,13 @@ func (r Report) OK() bool {
 }
 
 // Run runs both modes and returns the report. progress receives one line
-// per finished request (nil for none).
+// per finished request (nil for none). Options that Check refuses, a pool
+// too small for a prompt among them, fail before any engine starts.
 func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
-	if o.Requests < 1 || o.MinTokens < 1 || o.MaxTokens < o.MinTokens || o.Concurrency < 1 {
-		return Report{}, fmt.Errorf("demo: bad options: requests %d, tokens %d..%d, concurrency %d",
-			o.Requests, o.MinTokens, o.MaxTokens, o.Concurrency)
+	if err := o.Check(); err != nil {
+		return Report{}, err
 	}
-	rng := rand.New(rand.NewPCG(o.Seed, 0x6b7678666572))
-	prompts := make([]int, o.Requests)
-	for i := range prompts {
-		// Spread evenly from Min to Max, shuffled.
-		if o.Requests == 1 {
-			prompts[i] = o.MaxTokens
-		} else {
-			prompts[i] = o.MinTokens + (o.MaxTokens-o.MinTokens)*i/(o.Requests-1)
-		}
-	}
-	rng.Shuffle(len(prompts), func(i, j int) { prompts[i], prompts[j] = prompts[j], prompts[i] })
+	prompts := o.prompts()
 	rep := Report{Options: o}
 	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
 		row, err := runMode(ctx, o, m, prompts, progress)
@@ -149,7 +101,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	link := control.NewMemLink()
 	timeout := o.Timeout
 	if timeout <= 0 {
-		timeout = 5 * time.Minute
+		timeout = defaultTimeout
 	}
 	var ctxAgent, genAgent rdma.Agent // nil: each engine's own loopback agent
 	var genRegion *kvcache.Region
@@ -204,6 +156,15 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		o.Started(m.Name, ce, ge)
 	}
 	row = Row{Mode: m.Name, Requests: len(prompts), exposed: make([]time.Duration, len(prompts))}
+	// A request larger than a pool would wait for ever on the admission
+	// semaphore below (Acquire of more than its size blocks until ctx
+	// ends): refuse the run before the first request. Check has refused
+	// it already unless the engines carve their pools otherwise.
+	if err := fitsPools(ce, ge, prompts); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return Row{}, errors.Join(err, ce.Close(cctx), ge.Close(cctx))
+	}
 	// The scheduler admits a request only when the generation side can
 	// take it, as a disaggregated server's router does: prefill never
 	// starts for a request whose destination blocks are not there.
@@ -269,6 +230,27 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	return row, errors.Join(firstErr, cerr)
 }
 
+// fitsPools fails, wrapping kvcache.ErrPoolTooSmall, when the longest of
+// prompts needs more blocks in some layer group than either engine's pool
+// holds: the source side allocates every block of the prompt in every
+// group, the admission semaphore counts as many on the generation side.
+func fitsPools(ce, ge *kvxfer.Engine, prompts []int) error {
+	longest, n := longestPrompt(prompts)
+	for _, side := range []struct {
+		name string
+		e    *kvxfer.Engine
+	}{{"context", ce}, {"generation", ge}} {
+		l, pools := side.e.Layout(), side.e.Pools()
+		for g := range pools.Groups() {
+			if err := pools.Geometry(g).CheckFits(l.BlocksFor(n)); err != nil {
+				return fmt.Errorf("demo: request %d (%d tokens of %s), %s pool, layer group %d: %w",
+					longest, n, l.Name, side.name, g, err)
+			}
+		}
+	}
+	return nil
+}
+
 type reqResult struct {
 	bytes, verified uint64
 	mismatches      int
@@ -283,6 +265,10 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 	counts := make([]int, len(l.Groups))
 	for g := range counts {
 		counts[g] = nblk
+	}
+	chunks, err := kvcache.Chunks(promptLen, o.ChunkTokens, l.TokensPerBlock)
+	if err != nil {
+		return res, fmt.Errorf("request %s: %w", id, err)
 	}
 	// Source blocks first, then destination: a request never holds
 	// destination blocks while it waits for source blocks, so requests
@@ -302,9 +288,17 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		rx.Cancel()
 		return res, err
 	}
-	chunks, err := kvcache.Chunks(promptLen, o.ChunkTokens, l.TokensPerBlock)
-	if err != nil {
-		return res, err
+	// abandon ends a request whose chunk was refused: it cancels both
+	// sides and frees the source blocks once the context side released
+	// its pins, so that the requests waiting for blocks still get them.
+	abandon := func(err error) (reqResult, error) {
+		tx.Cancel()
+		rx.Cancel()
+		<-tx.Done()
+		if ro := <-rx.Done(); ro.OK {
+			err = errors.Join(err, ge.FreeBlocks(ro.Blocks))
+		}
+		return res, errors.Join(err, ce.Pools().Free(src))
 	}
 	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }
 	compute := func(c kvcache.Chunk) {
@@ -324,7 +318,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		for _, c := range chunks {
 			f := &actors.ManualFence{}
 			if err := tx.Chunk(c, runs(c), f); err != nil {
-				return res, err
+				return abandon(err)
 			}
 			compute(c)
 			lastFence = time.Now()
@@ -337,7 +331,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		lastFence = time.Now()
 		for _, c := range chunks {
 			if err := tx.Chunk(c, runs(c), nil); err != nil {
-				return res, err
+				return abandon(err)
 			}
 		}
 	}

@@ -1,0 +1,264 @@
+package demo
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// ErrBadOption is a demo option out of its range. The message names the
+// option by its `kvxfer demo` flag, the value and what the flag accepts.
+var ErrBadOption = errors.New("demo: bad option")
+
+// bad is the error for a value of flag outside what it accepts (want).
+func bad(flag string, value any, want string) error {
+	return fmt.Errorf("%w: --%s = %v: %s", ErrBadOption, flag, value, want)
+}
+
+// Options configures a demo run.
+type Options struct {
+	Model       string
+	Requests    int
+	MinTokens   int
+	MaxTokens   int
+	ChunkTokens int
+	// PoolBytes caps each side's pool, so requests wait for blocks
+	// (0: kvxfer.DefaultPoolBytes). A prompt that needs more blocks than
+	// the pool holds is an error at once (Check); FitPool sizes a pool to
+	// the model.
+	PoolBytes uint64
+	// Compute is the simulated prefill time of one chunk.
+	Compute     time.Duration
+	Workers     int
+	Concurrency int
+	Seed        uint64
+	// TokensPerBlock overrides the preset's block size when > 0.
+	TokensPerBlock int
+	// Backend is "loopback" (the default), "shm" (the generation pool is
+	// then a shared-memory file the context engine writes into, as across
+	// processes) or "ucx" (two UCX agents; the pool is memory the
+	// generation agent allocated).
+	Backend string
+	// Timeout bounds each request (default 5 minutes).
+	Timeout time.Duration
+	// MetricsAddr and GenMetricsAddr, when set, serve the context and the
+	// generation engine's Prometheus metrics (kvxfer.Config.MetricsAddr).
+	MetricsAddr, GenMetricsAddr string `json:",omitempty"`
+	// Started, when set, is called once both engines of a mode run.
+	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
+}
+
+// DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of
+// 512 to 8k tokens, 2 GiB pools.
+func DefaultOptions() Options {
+	return Options{Model: "Llama-3.1-8B", Requests: 16, MinTokens: 512, MaxTokens: 8192, ChunkTokens: 512,
+		PoolBytes: 2 << 30, Compute: 15 * time.Millisecond, Workers: 4, Concurrency: 4, Seed: 1}
+}
+
+// defaultTimeout bounds each request when Options.Timeout is 0.
+const defaultTimeout = 5 * time.Minute
+
+// maxRequests bounds Options.Requests: a run keeps a few words per request.
+const maxRequests = 1 << 20
+
+// fitStep is the granule FitPool rounds a model-sized pool up to.
+const fitStep = 256 << 20
+
+// Check validates o before any engine starts, so that a run either starts
+// or fails at once; it never leaves a request waiting for blocks it can
+// never get. It returns the first problem: an error wrapping ErrBadOption
+// for an option out of range (naming the flag, the value and the range or
+// the choices), or one wrapping kvcache.ErrPoolTooSmall when a prompt needs
+// more blocks than a pool of o.PoolBytes holds (naming the request, the
+// numbers and the --pool that fits). A PoolBytes of 0 stands for
+// kvxfer.DefaultPoolBytes, a Workers of 0 for kvxfer.DefaultWorkers, a
+// Timeout of 0 for 5 minutes and a TokensPerBlock of 0 for the model's.
+func (o Options) Check() error {
+	l, err := o.layout()
+	if err != nil {
+		return err
+	}
+	switch {
+	case o.Requests < 1 || o.Requests > maxRequests:
+		return bad("requests", o.Requests, fmt.Sprintf("want 1 to %d", maxRequests))
+	case o.MinTokens < 1:
+		return bad("min-tokens", o.MinTokens, "want at least 1")
+	case o.MaxTokens < o.MinTokens:
+		return bad("max-tokens", o.MaxTokens, fmt.Sprintf("want at least --min-tokens (%d)", o.MinTokens))
+	case o.ChunkTokens < 1 || o.ChunkTokens%l.TokensPerBlock != 0:
+		return bad("chunk-tokens", o.ChunkTokens, fmt.Sprintf("want a positive multiple of the block size, %d tokens (--tokens-per-block)", l.TokensPerBlock))
+	case o.Concurrency < 1:
+		return bad("concurrency", o.Concurrency, "want at least 1")
+	case o.Workers < 0:
+		return bad("workers", o.Workers, fmt.Sprintf("want at least 1 (0: %d)", kvxfer.DefaultWorkers))
+	case o.Compute < 0:
+		return bad("compute", o.Compute, "want 0 or more")
+	case o.Timeout < 0:
+		return bad("timeout", o.Timeout, fmt.Sprintf("want more than 0 (0: %v)", defaultTimeout))
+	}
+	switch o.Backend {
+	case "", loopback.Backend, shm.Backend, ucx.Backend:
+	default:
+		return bad("backend", fmt.Sprintf("%q", o.Backend), fmt.Sprintf("want %s, %s or %s", loopback.Backend, shm.Backend, ucx.Backend))
+	}
+	return o.checkPool(l)
+}
+
+// checkPool fails when some prompt of o needs more blocks, in some layer
+// group, than an engine carves out of a pool of o.PoolBytes.
+func (o Options) checkPool(l kvcache.Layout) error {
+	pool := o.PoolBytes
+	if pool == 0 {
+		pool = kvxfer.DefaultPoolBytes
+	}
+	geoms, err := poolGeometries(l, pool)
+	if err != nil {
+		return err
+	}
+	longest, n := longestPrompt(o.prompts())
+	for g, geom := range geoms {
+		if err := geom.CheckFits(l.BlocksFor(n)); err != nil {
+			need, nerr := poolFor(l, n)
+			use := "a larger pool"
+			if nerr == nil {
+				use = "--pool ≥ " + config.FormatSize(roundUp(need, 1<<20))
+			}
+			return fmt.Errorf("demo: --pool = %s is too small: request %d (%d tokens of %s), layer group %d: %w; use %s",
+				config.FormatSize(pool), longest, n, l.Name, g, err, use)
+		}
+	}
+	return nil
+}
+
+// PoolFor returns the smallest pool, in bytes, in which each engine of a
+// demo run holds o's longest prompt (MaxTokens) in every layer group. Its
+// error wraps ErrBadOption for an unknown model or block size, or a prompt
+// whose pool would not fit in 64 bits.
+func PoolFor(o Options) (uint64, error) {
+	l, err := o.layout()
+	if err != nil {
+		return 0, err
+	}
+	return poolFor(l, o.MaxTokens)
+}
+
+// layout is o's model layout with o's block size.
+func (o Options) layout() (kvcache.Layout, error) {
+	l, err := kvcache.Preset(o.Model)
+	if err != nil {
+		return l, bad("model", fmt.Sprintf("%q", o.Model), "unknown model (known: "+strings.Join(kvcache.Presets(), ", ")+")")
+	}
+	switch {
+	case o.TokensPerBlock < 0:
+		return l, bad("tokens-per-block", o.TokensPerBlock, fmt.Sprintf("want at least 1 (0: the model's, %d)", l.TokensPerBlock))
+	case o.TokensPerBlock > 0:
+		l = l.WithTokensPerBlock(o.TokensPerBlock)
+		if err := l.Validate(); err != nil {
+			return l, bad("tokens-per-block", o.TokensPerBlock, err.Error())
+		}
+	}
+	return l, nil
+}
+
+// FitPool returns the pool a demo of o runs with when the user chose none:
+// o.PoolBytes, or, when o's longest prompt needs more (Llama-3.1-70B's 8k
+// tokens take 2560MiB, Gemma-3-27B's 3968MiB), that need rounded up to a
+// multiple of 256MiB. Each of the two engines of a mode has a pool that
+// size; a pool that holds one longest prompt runs the longest prompts one
+// at a time.
+func FitPool(o Options) (uint64, error) {
+	need, err := PoolFor(o)
+	if err != nil {
+		return 0, err
+	}
+	return max(o.PoolBytes, roundUp(need, fitStep)), nil
+}
+
+// poolFor is the bytes a pool needs for n tokens of l in every layer group:
+// kvxfer.Start gives every group PoolBytes / (one block of each group)
+// blocks (a single rank, tensor and pipeline parallelism 1).
+func poolFor(l kvcache.Layout, n int) (uint64, error) {
+	if n < 1 {
+		return 0, bad("max-tokens", n, "want at least 1")
+	}
+	set, err := blockSet(l)
+	if err != nil {
+		return 0, err
+	}
+	hi, need := bits.Mul64(uint64(l.BlocksFor(n)), set)
+	if hi != 0 {
+		return 0, bad("max-tokens", n, fmt.Sprintf("its %d blocks of %d bytes do not fit in 64 bits", l.BlocksFor(n), set))
+	}
+	return need, nil
+}
+
+// poolGeometries is how kvxfer.Start carves a pool of poolBytes for l.
+func poolGeometries(l kvcache.Layout, poolBytes uint64) ([]kvcache.PoolGeometry, error) {
+	set, err := blockSet(l)
+	if err != nil {
+		return nil, err
+	}
+	geoms := make([]kvcache.PoolGeometry, len(l.Groups))
+	var off uint64
+	for g := range l.Groups {
+		bb := uint64(l.BlockBytes(g))
+		geoms[g] = kvcache.PoolGeometry{Offset: off, BlockBytes: bb, Blocks: int(poolBytes / set)}
+		off += bb * (poolBytes / set)
+	}
+	return geoms, nil
+}
+
+// blockSet is the bytes of one block of every layer group of l on a single
+// rank.
+func blockSet(l kvcache.Layout) (uint64, error) {
+	p := kvcache.Parallel{TP: 1, PP: 1}
+	shape, err := l.Shape(p, kvcache.Rank{})
+	if err != nil {
+		return 0, fmt.Errorf("%w: model %s: %w", ErrBadOption, l.Name, err)
+	}
+	var set uint64
+	for g := range l.Groups {
+		set += shape.BlockBytes(l, g)
+	}
+	return set, nil
+}
+
+func roundUp(n, step uint64) uint64 { return (n + step - 1) / step * step }
+
+// prompts are the prompt lengths of o's requests, request i's at index i:
+// spread evenly from MinTokens to MaxTokens (MaxTokens alone for one
+// request), shuffled by Seed.
+func (o Options) prompts() []int {
+	rng := rand.New(rand.NewPCG(o.Seed, 0x6b7678666572))
+	prompts := make([]int, o.Requests)
+	for i := range prompts {
+		if o.Requests == 1 {
+			prompts[i] = o.MaxTokens
+		} else {
+			prompts[i] = o.MinTokens + (o.MaxTokens-o.MinTokens)*i/(o.Requests-1)
+		}
+	}
+	rng.Shuffle(len(prompts), func(i, j int) { prompts[i], prompts[j] = prompts[j], prompts[i] })
+	return prompts
+}
+
+// longestPrompt returns the first request with the longest prompt, and
+// that prompt's length.
+func longestPrompt(prompts []int) (request, tokens int) {
+	for i, n := range prompts {
+		if n > prompts[request] {
+			request = i
+		}
+	}
+	return request, prompts[request]
+}

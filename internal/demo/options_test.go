@@ -1,0 +1,160 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// smallOptions is a demo that runs in well under a second.
+func smallOptions() Options {
+	return Options{Model: "Llama-3.1-8B", Requests: 2, MinTokens: 64, MaxTokens: 256, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Workers: 2, Concurrency: 2, Seed: 7, TokensPerBlock: 16}
+}
+
+// TestRunOptionErrorsNameTheValue (issue 18): each bad option is refused
+// before anything starts, naming its flag, the value and what it accepts.
+// Checked to fail before the fix: Run answered "demo: bad options:
+// requests 0, tokens 64..256, concurrency 2" (every value, not the bad
+// one), ran with a negative --compute, --timeout or --tokens-per-block,
+// and failed a misaligned --chunk-tokens only once requests ran (a
+// request's source blocks then leaked, and with more requests than fit
+// the rest waited for them for ever).
+func TestRunOptionErrorsNameTheValue(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*Options)
+		want string
+	}{
+		{"model", func(o *Options) { o.Model = "NoSuchModel" }, `--model = "NoSuchModel": unknown model (known: Llama-3.1-8B, Llama-3.1-70B,`},
+		{"requests", func(o *Options) { o.Requests = 0 }, "--requests = 0: want 1 to 1048576"},
+		{"min-tokens", func(o *Options) { o.MinTokens = -5 }, "--min-tokens = -5: want at least 1"},
+		{"max-tokens", func(o *Options) { o.MaxTokens = 10 }, "--max-tokens = 10: want at least --min-tokens (64)"},
+		{"chunk-tokens", func(o *Options) { o.ChunkTokens = 100 }, "--chunk-tokens = 100: want a positive multiple of the block size, 16 tokens (--tokens-per-block)"},
+		{"chunk-tokens 0", func(o *Options) { o.ChunkTokens = 0 }, "--chunk-tokens = 0: want a positive multiple"},
+		{"tokens-per-block", func(o *Options) { o.TokensPerBlock = -1 }, "--tokens-per-block = -1: want at least 1 (0: the model's, 32)"},
+		{"concurrency", func(o *Options) { o.Concurrency = 0 }, "--concurrency = 0: want at least 1"},
+		{"workers", func(o *Options) { o.Workers = -2 }, "--workers = -2: want at least 1 (0: 4)"},
+		{"compute", func(o *Options) { o.Compute = -time.Second }, "--compute = -1s: want 0 or more"},
+		{"timeout", func(o *Options) { o.Timeout = -time.Second }, "--timeout = -1s: want more than 0 (0: 5m0s)"},
+		{"backend", func(o *Options) { o.Backend = "carrier-pigeon" }, `--backend = "carrier-pigeon": want loopback, shm or ucx`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := smallOptions()
+			c.edit(&o)
+			ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+			defer cancel()
+			_, err := Run(ctx, o, nil)
+			if !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Run = %v\nwant ErrBadOption containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestCheckPoolForBigModels: the 2GiB default cannot hold one 8k-token
+// prompt of Llama-3.1-70B (256 blocks of 10MiB) or Gemma-3-27B, and Check
+// says so with the numbers and the --pool that fits, before any engine
+// starts.
+func TestCheckPoolForBigModels(t *testing.T) {
+	for _, c := range []struct{ model, want string }{
+		{"Llama-3.1-70B", "tokens of Llama-3.1-70B), layer group 0: kvcache: pool too small: need 256 blocks of 10MiB (2560MiB), the pool holds 204 (2040MiB); use --pool ≥ 2560MiB"},
+		{"Gemma-3-27B", "tokens of Gemma-3-27B), layer group 0: kvcache: pool too small: need 256 blocks of 13MiB (3328MiB), the pool holds 132 (1716MiB); use --pool ≥ 3968MiB"},
+	} {
+		o := DefaultOptions()
+		o.Model = c.model
+		err := o.Check()
+		if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.HasPrefix(err.Error(), "demo: --pool = 2GiB is too small: request ") ||
+			!strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Check = %v\nwant kvcache.ErrPoolTooSmall ending %q", c.model, err, c.want)
+		}
+	}
+}
+
+// TestFitPool: the pool `kvxfer demo --model M` runs with when --pool is
+// not set holds the longest prompt of every preset, stays 2GiB where that
+// already suffices (the README's Llama-3.1-8B demo is unchanged), and is
+// the smallest multiple of 256MiB that fits otherwise.
+func TestFitPool(t *testing.T) {
+	want := map[string]uint64{"Llama-3.1-8B": 2 << 30, "Llama-3.1-70B": 2560 << 20, "Gemma-3-27B": 4 << 30}
+	for _, m := range kvcache.Presets() {
+		o := DefaultOptions()
+		o.Model = m
+		pool, err := FitPool(o)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		need, err := PoolFor(o)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		if w, ok := want[m]; ok && pool != w {
+			t.Errorf("%s: FitPool = %d MiB, want %d MiB", m, pool>>20, w>>20)
+		}
+		if pool < need || (pool > DefaultOptions().PoolBytes && (pool%fitStep != 0 || pool-need >= fitStep)) {
+			t.Errorf("%s: FitPool = %d bytes for a need of %d", m, pool, need)
+		}
+		o.PoolBytes = pool
+		if err := o.Check(); err != nil {
+			t.Errorf("%s with the fitted pool: %v", m, err)
+		}
+	}
+	o := DefaultOptions()
+	o.Model = "NoSuchModel"
+	if _, err := FitPool(o); !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), `--model = "NoSuchModel"`) {
+		t.Errorf("FitPool of an unknown model = %v", err)
+	}
+}
+
+// TestPoolForMatchesEngine: PoolFor and Check follow how kvxfer.Start
+// carves a pool into layer groups: PoolFor(o) bytes give every group
+// exactly the longest prompt's blocks, one byte less one block fewer.
+func TestPoolForMatchesEngine(t *testing.T) {
+	for _, model := range []string{"Llama-3.1-8B", "Gemma-3-27B"} { // one layer group, two
+		o := smallOptions()
+		o.Model = model
+		need, err := PoolFor(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := func(pool uint64) []int {
+			t.Helper()
+			e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "pool-for", Model: model, PoolBytes: pool,
+				TokensPerBlock: o.TokensPerBlock, Workers: 1, Link: control.NewMemLink()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := e.Close(context.Background()); err != nil {
+					t.Error(err)
+				}
+			}()
+			var n []int
+			for g := range e.Pools().Groups() {
+				n = append(n, e.Pools().Geometry(g).Blocks)
+			}
+			return n
+		}
+		nblk := o.MaxTokens / o.TokensPerBlock
+		for _, c := range []struct {
+			pool uint64
+			want int
+		}{{need, nblk}, {need - 1, nblk - 1}} {
+			got := blocks(c.pool)
+			if !slices.Equal(got, slices.Repeat([]int{c.want}, len(got))) {
+				t.Errorf("%s: a %d-byte pool has %v blocks per group, want %d", model, c.pool, got, c.want)
+			}
+			o.PoolBytes = c.pool
+			if err := o.Check(); (err == nil) != (c.want == nblk) {
+				t.Errorf("%s: Check with a %d-byte pool = %v", model, c.pool, err)
+			}
+		}
+	}
+}
