@@ -98,6 +98,12 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.o.Bind == "" || f.o.PeerEndpoint == "" {
 		return fmt.Errorf("--bind and --peer-endpoint are required")
 	}
+	if err := zmq.CheckEndpoint(f.o.Bind); err != nil {
+		return fmt.Errorf("--bind: %w", err)
+	}
+	if err := zmq.CheckEndpoint(f.o.PeerEndpoint); err != nil {
+		return fmt.Errorf("--peer-endpoint: %w", err)
+	}
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
 	if f.o.Insecure {
 		f.o.Log.Warn().Msg("--insecure: control plane neither authenticated nor encrypted")
@@ -106,8 +112,13 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.keyFile == "" || f.peerPubFile == "" {
 		return fmt.Errorf("--key and --peer-key are required unless --insecure")
 	}
-	f.o.SecretKey, f.o.PeerPublicKey, err = proc.KeyFiles(f.keyFile, f.peerPubFile)
-	return err
+	if f.o.SecretKey, err = config.ReadSecretKey(f.keyFile); err != nil {
+		return fmt.Errorf("--key: %w", err)
+	}
+	if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
+		return fmt.Errorf("--peer-key: %w", err)
+	}
+	return nil
 }
 
 func newRoleCmd(a *app, use, short, example string, run func(context.Context, proc.Options, *cobra.Command) error, self, peer string) *cobra.Command {
@@ -167,10 +178,19 @@ func newGenCmd(a *app) *cobra.Command {
 }
 
 func newKeygenCmd() *cobra.Command {
-	var out string
+	var (
+		out   string
+		force bool
+	)
 	cmd := &cobra.Command{
 		Use:   "keygen",
 		Short: "Write a CURVE key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub",
+		Long: `Write a CURVE key pair: PREFIX.key, this engine's secret key (its --key, mode
+0600), and PREFIX.pub, its public key (the peer's --peer-key). Each file
+says in its header which key it holds (ZeroMQ certificate format), so a
+public key given as --key is refused by name. An existing key file is not
+overwritten unless --force: peers holding the old public key would no
+longer admit the engine.`,
 		Example: examples(
 			"writes ctx.key and ctx.pub", "kvxfer keygen --out ctx",
 		),
@@ -180,17 +200,16 @@ func newKeygenCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := os.WriteFile(out+".key", []byte(sec+"\n"), 0o600); err != nil {
+			secPath, pubPath, err := config.WriteKeyPair(out, pub, sec, force)
+			if err != nil {
 				return err
 			}
-			if err := os.WriteFile(out+".pub", []byte(pub+"\n"), 0o644); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s.key and %s.pub\n", out, out)
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (secret key) and %s (public key %s)\n", secPath, pubPath, pub)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "kvxfer", "path prefix of the key files")
+	cmd.Flags().BoolVar(&force, "force", false, "overwrite existing key files")
 	return cmd
 }
 
@@ -212,10 +231,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, name+".key"), []byte(sec), 0o600); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name+".pub"), []byte(pub), 0o644); err != nil {
+		if _, _, err := config.WriteKeyPair(filepath.Join(dir, name), pub, sec, false); err != nil {
 			return err
 		}
 	}

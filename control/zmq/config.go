@@ -106,6 +106,13 @@ var (
 	ErrQueueFull     error = &sentinel{"control/zmq: send queue full", control.ErrQueueFull}
 	ErrFrameTooLarge       = errors.New("control/zmq: frame too large")
 	ErrNoServerKey         = errors.New("control/zmq: no CURVE server key for peer")
+	// ErrEndpointInUse: Listen found its ipc:// path held by a live
+	// process (libzmq would silently take the path over).
+	ErrEndpointInUse = errors.New("control/zmq: endpoint in use")
+	// ErrHandshakeFailed: the handshake with a peer failed (PeerState.Err).
+	ErrHandshakeFailed = errors.New("control/zmq: handshake failed")
+	// ErrNoHeartbeats: PeerState needs heartbeats (HeartbeatInterval ≥ 0).
+	ErrNoHeartbeats = errors.New("control/zmq: heartbeats are off")
 )
 
 // sentinel is an error of this package that is also one of package
@@ -144,8 +151,8 @@ func checkKey(what, key string) error {
 
 // normalize validates c and fills in defaults.
 func (c Config) normalize() (Config, error) {
-	if c.Bind == "" {
-		return c, fmt.Errorf("%w: empty Bind endpoint", ErrConfig)
+	if err := CheckEndpoint(c.Bind); err != nil {
+		return c, fmt.Errorf("%w (Bind)", err)
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
@@ -170,8 +177,8 @@ func (c Config) normalize() (Config, error) {
 	}
 	peers := make(map[messages.PeerID]string, len(c.Peers))
 	for id, ep := range c.Peers {
-		if ep == "" {
-			return c, fmt.Errorf("%w: peer %s: empty endpoint", ErrConfig, id)
+		if err := CheckEndpoint(ep); err != nil {
+			return c, fmt.Errorf("%w (peer %s)", err, id)
 		}
 		peers[id] = ep
 	}

@@ -216,18 +216,6 @@ func (c *Conn) flush() {
 	}
 }
 
-// sendNow queues one encoded frame on a Conn no one else holds yet.
-func (c *Conn) sendNow(b []byte, what string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	err := c.trySendLocked(b, what)
-	if isAgain(err) {
-		c.l.stats.queueFull.Add(1)
-		return fmt.Errorf("%w: %s to %s: %d frames queued (SendHWM)", ErrQueueFull, what, c.peer, c.l.cfg.SendHWM)
-	}
-	return err
-}
-
 // trySendLocked queues one encoded frame without blocking; a full queue
 // returns the bare EAGAIN (isAgain). Callers hold c.mu.
 //

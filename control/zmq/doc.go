@@ -10,7 +10,11 @@
 //     REP socket bound to the context's ZAP endpoint. Listen creates both and
 //     hands them to the listener goroutine, which alone uses and closes them;
 //   - one DEALER per directory peer, owned by the heartbeat goroutine, which
-//     says Hello and then sends a Heartbeat every HeartbeatInterval;
+//     says Hello and then sends a Heartbeat every HeartbeatInterval, and,
+//     for each, the PAIR socket connected to that DEALER's socket monitor
+//     (inproc), owned by the same goroutine, which polls them between
+//     beats and closes both (monitor stopped first) when the peer's socket
+//     is remade or the link closes;
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal
 //     backlog, by that backlog's flusher goroutine, one at a time under the
@@ -63,6 +67,26 @@
 // ends a session that failed authentication for good (no reconnect), so a
 // peer admitted later (AllowKey) must dial again; a heartbeat socket that
 // was refused stays silent until its link restarts.
+//
+// # Startup mistakes are named, on the side that sees them
+//
+// A refused client key is logged by the ZAP handler at warn ("refused
+// CURVE handshake from ADDRESS: key PREFIX is not allowed"), throttled per
+// key. The client learns it from its heartbeat DEALER's socket monitor
+// (handshake succeeded, failed: auth, protocol, no detail; connected,
+// disconnected), which also names a wrong server key (the server hangs up
+// during the handshake) and a CURVE/insecure mismatch: the link logs
+// "CURVE handshake with PEER at ENDPOINT failed: REASON" at warn
+// (throttled per peer) and PeerState(peer) reports the connection's
+// ConnState and the reason, for an embedder to print while it waits for a
+// peer's Hello. Only heartbeat sockets are watched: PeerState needs
+// heartbeats on.
+//
+// Endpoints must name a transport: "127.0.0.1:5000" is refused (ErrConfig)
+// with "did you mean tcp://127.0.0.1:5000?". Listen refuses an ipc:// path
+// a live process accepts on (ErrEndpointInUse): libzmq would unlink the
+// path and take it over. A socket file nobody accepts on (its process
+// died) is stale and replaced.
 //
 // # Identity: a key speaks only for what it is bound to
 //

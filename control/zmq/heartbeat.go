@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"fmt"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
@@ -8,18 +9,22 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// beatSock is the heartbeat goroutine's DEALER to one peer.
+// beatSock is the heartbeat goroutine's DEALER to one peer and the PAIR
+// socket that receives its monitor events.
 type beatSock struct {
+	peer      messages.PeerID
 	sock      *zmq4.Socket
+	mon       *zmq4.Socket // nil when the monitor could not be set up
 	endpoint  string
 	serverKey string
 	info      *peerInfo
 	helloInc  uint64
 	needHello bool
+	watch     connWatch
 }
 
 // beater is the state of the heartbeat goroutine, which alone touches its
-// sockets.
+// sockets (DEALERs and their monitors' PAIRs).
 type beater struct {
 	l     *Link
 	self  messages.PeerID
@@ -28,26 +33,113 @@ type beater struct {
 	// failed remembers peers whose socket could not be made, to log once.
 	failed map[messages.PeerID]bool
 	seq    uint64
+	monSeq uint64
 }
 
 // beat is the heartbeat goroutine: every interval it (re)connects to the
 // directory's peers and sends each a Heartbeat, preceded by the link's
 // Hello on a new socket, when the peer has a new incarnation, and every
-// HeartbeatMisses beats.
+// HeartbeatMisses beats. Between beats it reads the sockets' monitor
+// events (PeerState).
 func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 	defer l.wg.Done()
 	b := &beater{l: l, self: self, hello: hello, socks: map[messages.PeerID]*beatSock{}, failed: map[messages.PeerID]bool{}}
 	defer b.closeAll()
-	t := time.NewTicker(l.cfg.HeartbeatInterval)
-	defer t.Stop()
+	next := time.Now()
 	for {
-		b.refresh()
-		b.send()
+		if now := time.Now(); !now.Before(next) {
+			b.refresh()
+			b.send()
+			next = now.Add(l.cfg.HeartbeatInterval)
+		}
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		default:
 		}
+		if err := b.watch(min(time.Until(next), beatPoll)); err != nil {
+			l.log.Error().Err(err).Msg("control/zmq: heartbeat poll failed; heartbeats stop")
+			return
+		}
+	}
+}
+
+// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close.
+const beatPoll = 50 * time.Millisecond
+
+// watch waits up to d for monitor events and applies them.
+func (b *beater) watch(d time.Duration) error {
+	if d < time.Millisecond {
+		d = time.Millisecond
+	}
+	poller := zmq4.NewPoller()
+	byMon := make(map[*zmq4.Socket]*beatSock, len(b.socks))
+	for _, s := range b.socks {
+		if s.mon != nil {
+			poller.Add(s.mon, zmq4.POLLIN)
+			byMon[s.mon] = s
+		}
+	}
+	if len(byMon) == 0 {
+		time.Sleep(d)
+		return nil
+	}
+	polled, err := poller.Poll(d)
+	if err != nil {
+		return err
+	}
+	for _, p := range polled {
+		if s := byMon[p.Socket]; s != nil {
+			b.events(s)
+		}
+	}
+	return nil
+}
+
+// events applies the monitor events waiting for s.
+func (b *beater) events(s *beatSock) {
+	for range maxBatch {
+		ev, _, value, err := s.mon.RecvEvent(zmq4.DONTWAIT)
+		if err != nil {
+			if !isAgain(err) {
+				b.l.log.Warn().Err(err).Stringer("peer", s.peer).Msg("control/zmq: reading a socket monitor")
+			}
+			return
+		}
+		if !s.watch.step(ev, value, b.l.cfg.Clock()) {
+			continue
+		}
+		st := s.watch.state
+		b.l.mu.Lock()
+		if s.info.endpoint == s.endpoint {
+			s.info.conn = st
+		}
+		b.l.mu.Unlock()
+		b.logState(s.peer, st)
+	}
+}
+
+// logState logs a change of a peer's connection state: a failed handshake
+// at warn (throttled), naming the likely mistake; the rest at debug, but
+// a recovery at info.
+func (b *beater) logState(peer messages.PeerID, st PeerState) {
+	switch st.Conn {
+	case ConnHandshakeFailed:
+		what := "CURVE handshake"
+		if b.l.cfg.Insecure {
+			what = "handshake (insecure)"
+		}
+		ev := b.l.warn(peer.String(), "handshake failed")
+		if ev == nil {
+			return
+		}
+		ev.Stringer("peer", peer).Str("endpoint", st.Endpoint).Str("reason", st.Reason).
+			Msgf("control/zmq: %s with %s at %s failed: %s (is %s's public key right? is one side --insecure?)",
+				what, peer, st.Endpoint, st.Reason, peer)
+	case ConnUp:
+		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Msg("control/zmq: connected to peer")
+	default:
+		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Stringer("state", st.Conn).Msg("control/zmq: peer connection")
 	}
 }
 
@@ -72,11 +164,25 @@ func (b *beater) refresh() {
 			continue
 		}
 		if old != nil {
-			closeSocket(old.sock)
+			old.close()
 			delete(b.socks, id)
 		}
-		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false)
+		now := b.l.cfg.Clock()
+		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, info: w.info, needHello: true,
+			watch: connWatch{secure: !b.l.cfg.Insecure, state: PeerState{Conn: ConnConnecting, Endpoint: w.endpoint, Since: now}}}
+		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false, func(sock *zmq4.Socket) error {
+			if err := b.monitor(s, sock); err != nil {
+				b.l.log.Warn().Err(err).Stringer("peer", id).Msg("control/zmq: cannot watch the connection to peer; its handshake errors go unreported")
+			}
+			return nil
+		})
 		if err != nil {
+			if s.mon != nil {
+				closeSocket(s.mon)
+			}
+			b.l.mu.Lock()
+			w.info.connErr = err
+			b.l.mu.Unlock()
 			if !b.failed[id] {
 				b.failed[id] = true
 				b.l.log.Warn().Err(err).Stringer("peer", id).Msg("control/zmq: cannot heartbeat peer")
@@ -84,8 +190,47 @@ func (b *beater) refresh() {
 			continue
 		}
 		delete(b.failed, id)
-		b.socks[id] = &beatSock{sock: sock, endpoint: w.endpoint, serverKey: w.serverKey, info: w.info, needHello: true}
+		s.sock = sock
+		b.l.mu.Lock()
+		w.info.connErr = nil
+		w.info.conn = s.watch.state
+		b.l.mu.Unlock()
+		b.socks[id] = s
 	}
+}
+
+// monitor attaches a socket monitor to s's DEALER sock and connects a
+// PAIR to it, from which watch reads the handshake events. It runs before
+// the DEALER connects, so that no event is missed.
+func (b *beater) monitor(s *beatSock, sock *zmq4.Socket) error {
+	b.monSeq++
+	addr := fmt.Sprintf("inproc://kvxfer.monitor.beat.%d", b.monSeq)
+	if err := sock.Monitor(addr, watchedEvents); err != nil {
+		return fmt.Errorf("control/zmq: monitor of %s: %w", s.peer, err)
+	}
+	mon, err := b.l.zctx.NewSocket(zmq4.PAIR)
+	if err == nil {
+		err = mon.SetLinger(0)
+	}
+	if err == nil {
+		err = mon.Connect(addr)
+	}
+	if err != nil {
+		closeSocket(mon)
+		_ = sock.Monitor("", 0)
+		return fmt.Errorf("control/zmq: monitor of %s: %w", s.peer, err)
+	}
+	s.mon = mon
+	return nil
+}
+
+// close stops the monitor and closes both sockets.
+func (s *beatSock) close() {
+	if s.mon != nil {
+		_ = s.sock.Monitor("", 0)
+	}
+	closeSocket(s.sock)
+	closeSocket(s.mon)
 }
 
 // send sends one round of heartbeats. A full queue (peer unreachable)
@@ -112,7 +257,7 @@ func (b *beater) send() {
 
 func (b *beater) closeAll() {
 	for id, s := range b.socks {
-		closeSocket(s.sock)
+		s.close()
 		delete(b.socks, id)
 	}
 }

@@ -61,6 +61,10 @@ type peerInfo struct {
 	hello     *messages.Hello
 	key       string // CURVE key the PeerID is bound to, while alive
 	down      bool
+	// conn is the heartbeat connection's state, connErr why it could not
+	// be made; both written by the heartbeat goroutine (PeerState).
+	conn    PeerState
+	connErr error
 	// incarnation counts connections on which the peer said Hello; a Conn
 	// repeats its own Hello when it changes (the peer may have restarted).
 	incarnation atomic.Uint64
@@ -129,8 +133,8 @@ func (l *Link) peerLocked(id messages.PeerID) *peerInfo {
 // AddPeer adds (or moves) a peer's ROUTER endpoint to the directory. The
 // heartbeat goroutine starts beating it within one interval.
 func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
-	if endpoint == "" {
-		return fmt.Errorf("%w: peer %s: empty endpoint", ErrConfig, id)
+	if err := CheckEndpoint(endpoint); err != nil {
+		return fmt.Errorf("%w (peer %s)", err, id)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -281,6 +285,11 @@ func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 			return fail("ZAP domain", err)
 		}
 	}
+	if err = checkIPCFree(l.cfg.Bind); err != nil {
+		closeSocket(router)
+		closeSocket(zap)
+		return nil, nil, "", err
+	}
 	if err = router.Bind(l.cfg.Bind); err != nil {
 		return fail("bind", err)
 	}
@@ -311,7 +320,7 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 	l.refs++
 	l.mu.Unlock()
 
-	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM, true)
+	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM, true, nil)
 	if err != nil {
 		l.release()
 		return nil, err
@@ -340,7 +349,11 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 // request's pages at its deadline — rather than waiting in a queue to be
 // delivered after the pages were reused. Heartbeat sockets do not: their
 // Hello must go out as soon as the peer is up.
-func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm int, immediate bool) (*zmq4.Socket, error) {
+//
+// prepare, when not nil, runs on the socket just before it connects (the
+// heartbeat goroutine attaches a socket monitor there, so that no event of
+// the connection is missed).
+func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm int, immediate bool, prepare func(*zmq4.Socket) error) (*zmq4.Socket, error) {
 	if !l.cfg.Insecure && serverKey == "" {
 		return nil, fmt.Errorf("%w: %s", ErrNoServerKey, peer)
 	}
@@ -363,6 +376,9 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 		set("CURVE server key", s.SetCurveServerkey(serverKey))
 		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
 		set("CURVE secret key", s.SetCurveSecretkey(l.cfg.Curve.Secret))
+	}
+	if prepare != nil && err == nil {
+		err = prepare(s)
 	}
 	set("connect", s.Connect(endpoint))
 	if err != nil {

@@ -23,8 +23,6 @@ type listener struct {
 	self    messages.PeerID
 	conns   map[string]*binding // by ROUTER routing id
 	live    *liveness
-	// deniedLogged holds refused CURVE keys already logged.
-	deniedLogged map[string]bool
 }
 
 // binding is what a connection said it is in its Hello.

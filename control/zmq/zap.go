@@ -10,10 +10,6 @@ const (
 	zapDenied = "400"
 )
 
-// maxDeniedLogged bounds the refused keys the listener remembers to log
-// once each.
-const maxDeniedLogged = 1024
-
 // serveZAP answers the ZAP requests waiting on the handler socket. A REP
 // socket must answer each request before reading the next.
 func (s *listener) serveZAP() {
@@ -66,22 +62,34 @@ func (s *listener) zapReply(req [][]byte) [][]byte {
 	return [][]byte{version, reqID, []byte(zapOK), []byte("OK"), []byte(key), {}}
 }
 
-// logRefused logs a refused handshake, once per key (a refused client
-// keeps reconnecting).
+// logRefused logs a refused handshake at warn, throttled per key (or
+// address): a refused client may keep reconnecting.
 func (s *listener) logRefused(why, key, address string) {
+	from := address
+	if from == "" {
+		from = "a local peer" // ipc and inproc connections have no address
+	}
+	who := "address " + address
 	if key != "" {
-		if s.deniedLogged == nil {
-			s.deniedLogged = map[string]bool{}
-		}
-		if s.deniedLogged[key] || len(s.deniedLogged) >= maxDeniedLogged {
-			return
-		}
-		s.deniedLogged[key] = true
+		who = "key " + key
 	}
-	who := key
-	if who == "" {
-		who = "address " + address
+	ev := s.l.warn(who, "handshake refused")
+	if ev == nil {
+		return
 	}
-	s.l.warn(who, "handshake").Str("reason", why).Str("key", key).Str("address", address).
-		Msg("control/zmq: handshake refused")
+	ev = ev.Str("address", address)
+	if key != "" {
+		ev.Str("key", key).Msgf("control/zmq: refused CURVE handshake from %s: key %s is not allowed",
+			from, keyPrefix(key))
+		return
+	}
+	ev.Str("reason", why).Msgf("control/zmq: refused handshake from %s: %s", from, why)
+}
+
+// keyPrefix is the start of a Z85 key: enough to tell keys apart in a log.
+func keyPrefix(key string) string {
+	if len(key) <= 8 {
+		return key
+	}
+	return key[:8] + "…"
 }

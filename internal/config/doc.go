@@ -22,7 +22,13 @@
 // the environment is shared with other tools and versions.
 //
 // Keys lists the keys; docs/configuration.md documents them in one table
-// (a test keeps the two in step). The package does no I/O beyond reading
-// the file it is given and has no global state: the environment comes in
+// (a test keeps the two in step).
+//
+// It also reads and writes CURVE key files (keyfile.go): kvxfer keygen's
+// PREFIX.key and PREFIX.pub say in a header which key they hold, and each
+// loader refuses the other kind by name (ReadSecretKey, ReadPublicKey).
+//
+// The package does no I/O beyond the files it is given and has no global
+// state: the environment comes in
 // as a lookup function, so tests run in parallel.
 package config

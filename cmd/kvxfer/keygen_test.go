@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// kvxfer keygen writes a pair once; a second run names the file it will
+// not overwrite, and --force replaces the pair. (Checked to fail: with
+// config.WriteKeyPair called with force=true always, the second run
+// succeeds and the test reports a nil error.)
+func TestKeygenRefusesToOverwrite(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "ctx")
+	out, err := run("keygen", "--out", prefix)
+	if err != nil || !strings.Contains(out, prefix+".key (secret key)") {
+		t.Fatalf("keygen: %q, %v", out, err)
+	}
+	first, _ := os.ReadFile(prefix + ".pub")
+	_, err = run("keygen", "--out", prefix)
+	if err == nil || !strings.Contains(err.Error(), prefix+".key exists") || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("keygen over an existing pair: %v, want a refusal naming %s.key and --force", err, prefix)
+	}
+	if again, _ := os.ReadFile(prefix + ".pub"); string(again) != string(first) {
+		t.Fatalf("a refused keygen changed %s.pub", prefix)
+	}
+	if _, err := run("keygen", "--out", prefix, "--force"); err != nil {
+		t.Fatalf("keygen --force: %v", err)
+	}
+	if again, _ := os.ReadFile(prefix + ".pub"); string(again) == string(first) {
+		t.Fatalf("keygen --force left %s.pub as it was", prefix)
+	}
+}
+
+// Role commands name the mistakes they can see before they start: a
+// public key file given as --key, a secret key file as --peer-key, and an
+// endpoint without a transport. (Checked to fail: with resolve reading the
+// keys through proc.KeyFiles again, --key ctx.pub is taken as a secret
+// and the error, later, names neither file; with resolve's CheckEndpoint
+// calls removed, zmq.New refuses the endpoint without naming the flag.)
+func TestRoleFlagsNameStartupMistakes(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"ctx", "gen"} {
+		if _, err := run("keygen", "--out", filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(n string) string { return filepath.Join(dir, n) }
+	eps := []string{"--bind", "ipc://" + key("ctx.sock"), "--peer-endpoint", "ipc://" + key("gen.sock")}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"public key as --key", append([]string{"ctx", "--key", key("ctx.pub"), "--peer-key", key("gen.pub")}, eps...),
+			"--key: invalid configuration: key file " + key("ctx.pub") + " holds a CURVE public key, not a secret key"},
+		{"secret key as --peer-key", append([]string{"ctx", "--key", key("ctx.key"), "--peer-key", key("gen.key")}, eps...),
+			"--peer-key: invalid configuration: key file " + key("gen.key") + " holds a CURVE secret key"},
+		{"bind without scheme", []string{"ctx", "--insecure", "--bind", "127.0.0.1:5000", "--peer-endpoint", "tcp://127.0.0.1:5001"},
+			`--bind: control/zmq: bad config: endpoint "127.0.0.1:5000" has no transport: did you mean tcp://127.0.0.1:5000?`},
+		{"peer endpoint without scheme", []string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:5001", "--peer-endpoint", "127.0.0.1:5000"},
+			"--peer-endpoint: control/zmq: bad config: endpoint \"127.0.0.1:5000\" has no transport: did you mean tcp://127.0.0.1:5000?"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := run(c.args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: %v, want an error containing %s", c.args, err, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,200 @@
+package zmq
+
+import (
+	"fmt"
+	"syscall"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// ConnState is what the link's heartbeat connection to a peer has
+// reached, as libzmq's socket monitor reports it.
+//
+// Transitions:
+//
+//	Connecting      → Up | HandshakeFailed
+//	Up              → Down
+//	Down            → Up | HandshakeFailed
+//	HandshakeFailed → Up (the peer was fixed and a reconnect succeeded)
+//
+// A new socket (the peer's endpoint or server key changed) starts again
+// at Connecting. A peer that refused our key (ZAP) stays HandshakeFailed:
+// libzmq does not retry a session refused by authentication.
+type ConnState uint8
+
+const (
+	// ConnConnecting: no handshake has completed or failed yet (the peer
+	// is not listening yet, or its endpoint is wrong, or it is slow).
+	ConnConnecting ConnState = iota
+	// ConnHandshakeFailed: the last handshake failed; PeerState.Reason
+	// says why (a key that is not allowed, a wrong server key, one side
+	// insecure).
+	ConnHandshakeFailed
+	// ConnUp: the handshake completed; frames flow.
+	ConnUp
+	// ConnDown: the connection was up and was lost; libzmq reconnects.
+	ConnDown
+)
+
+func (s ConnState) String() string {
+	switch s {
+	case ConnConnecting:
+		return "connecting"
+	case ConnHandshakeFailed:
+		return "handshake failed"
+	case ConnUp:
+		return "up"
+	case ConnDown:
+		return "down"
+	}
+	return fmt.Sprintf("ConnState(%d)", uint8(s))
+}
+
+// PeerState is the state of the link's heartbeat connection to one
+// directory peer (Link.PeerState). It says whether our side can reach the
+// peer; whether the peer reached us is Hello's business.
+type PeerState struct {
+	Conn ConnState
+	// Reason says why the handshake failed (ConnHandshakeFailed only).
+	Reason string
+	// Endpoint is the peer's endpoint the connection dials.
+	Endpoint string
+	// Since is when Conn last changed (Config.Clock).
+	Since time.Time
+}
+
+func (s PeerState) String() string {
+	if s.Conn == ConnHandshakeFailed {
+		return "handshake failed: " + s.Reason
+	}
+	return s.Conn.String()
+}
+
+// Err is nil unless the handshake failed; then it wraps
+// ErrHandshakeFailed and says why.
+func (s PeerState) Err() error {
+	if s.Conn != ConnHandshakeFailed {
+		return nil
+	}
+	return fmt.Errorf("%w with %s: %s", ErrHandshakeFailed, s.Endpoint, s.Reason)
+}
+
+// PeerState reports the state of the link's heartbeat connection to peer:
+// whether its handshake completed and, if it failed, why. It is known only
+// while the link listens with heartbeats on (ErrNotListening,
+// ErrNoHeartbeats otherwise); a peer without an endpoint in the directory
+// is control.ErrPeerGone; a peer the link cannot dial (no CURVE server
+// key) returns that error (ErrNoServerKey).
+func (l *Link) PeerState(peer messages.PeerID) (PeerState, error) {
+	if !l.cfg.heartbeats() {
+		return PeerState{}, fmt.Errorf("%w: the state of %s is watched on its heartbeat connection", ErrNoHeartbeats, peer)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.self == nil {
+		return PeerState{}, fmt.Errorf("%w: state of %s", ErrNotListening, peer)
+	}
+	info := l.peers[peer]
+	if info == nil || info.endpoint == "" || peer == l.self.From {
+		return PeerState{}, fmt.Errorf("%w: %s: no endpoint in the directory", control.ErrPeerGone, peer)
+	}
+	if info.connErr != nil {
+		return PeerState{}, info.connErr
+	}
+	st := info.conn
+	if st.Endpoint != info.endpoint { // not dialled yet, or moved
+		st = PeerState{Conn: ConnConnecting, Endpoint: info.endpoint, Since: st.Since}
+	}
+	return st, nil
+}
+
+// watchedEvents are the socket-monitor events a heartbeat socket reports.
+const watchedEvents = zmq4.EVENT_CONNECTED | zmq4.EVENT_DISCONNECTED | zmq4.EVENT_HANDSHAKE_SUCCEEDED |
+	zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq4.EVENT_HANDSHAKE_FAILED_AUTH
+
+// connWatch turns a heartbeat socket's monitor events into its PeerState.
+// It is pure (time comes in) and owned by the heartbeat goroutine.
+type connWatch struct {
+	state       PeerState
+	handshaking bool // the transport is connected, the handshake not done
+	secure      bool
+}
+
+// step applies one monitor event; it reports whether the state (or the
+// reason of a failure) changed.
+func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
+	old := w.state
+	switch ev {
+	case zmq4.EVENT_CONNECTED:
+		w.handshaking = true
+		return false
+	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
+		w.handshaking = false
+		w.set(ConnUp, "", now)
+	case zmq4.EVENT_HANDSHAKE_FAILED_AUTH:
+		w.handshaking = false
+		w.set(ConnHandshakeFailed, fmt.Sprintf("the peer refused our key (ZAP status %d): this engine's public key is not among its peer keys", value), now)
+	case zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+		w.handshaking = false
+		w.set(ConnHandshakeFailed, protocolReason(value, w.secure), now)
+	case zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+		w.handshaking = false
+		w.set(ConnHandshakeFailed, closedReason(value, w.secure), now)
+	case zmq4.EVENT_DISCONNECTED:
+		switch {
+		case w.handshaking:
+			w.handshaking = false
+			w.set(ConnHandshakeFailed, closedReason(0, w.secure), now)
+		case w.state.Conn == ConnUp:
+			w.set(ConnDown, "", now)
+		}
+	default:
+		return false
+	}
+	return w.state.Conn != old.Conn || w.state.Reason != old.Reason
+}
+
+func (w *connWatch) set(c ConnState, reason string, now time.Time) {
+	if c != w.state.Conn {
+		w.state.Since = now
+	}
+	w.state.Conn, w.state.Reason = c, reason
+}
+
+// libzmq's ZMQ_PROTOCOL_ERROR_* values (zmq.h) that name a mistake.
+const (
+	protocolErrorCryptographic     = 0x11000001
+	protocolErrorMechanismMismatch = 0x11000002
+)
+
+func protocolReason(code int, secure bool) string {
+	switch code {
+	case protocolErrorMechanismMismatch:
+		if secure {
+			return "security mechanism mismatch: we use CURVE, the peer does not"
+		}
+		return "security mechanism mismatch: we are insecure, the peer uses CURVE"
+	case protocolErrorCryptographic:
+		return "cryptographic error in the handshake: a wrong public key on one side"
+	}
+	return fmt.Sprintf("protocol error 0x%x", code)
+}
+
+// closedReason explains a connection the peer closed before the handshake
+// completed: a CURVE server that cannot decrypt a client's HELLO (the
+// client holds a wrong server key for it) hangs up without a word, and so
+// may a server of another mechanism (the mismatch event may follow).
+func closedReason(errno int, secure bool) string {
+	why := "the peer hung up during the handshake"
+	if errno != 0 {
+		why += " (" + syscall.Errno(errno).Error() + ")"
+	}
+	if secure {
+		why += ", as a CURVE server does when the server key we hold for it is not its key"
+	}
+	return why
+}
