@@ -661,13 +661,14 @@ func (r DemoLoadResult) Print(w io.Writer) {
 		fmt.Fprint(w, stageRows(last))
 		fmt.Fprint(w, row("last completion → flushed", fl), row("flushed → Result at gen session", tr),
 			row("Result → READY", rd), row("= exposed", exp), row("(admission wait, not exposed)", ad), row("(verify, after READY)", vf))
-		fmt.Fprintf(w, "\nper request, ms:\n%-18s %6s %8s %8s %8s %8s %8s %8s %8s\n", "request", "chunks", "exposed", "qown", "qother", "copy", "hops", "finish", "admit")
+		fmt.Fprintf(w, "\nper request, ms:\n%-18s %6s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "request", "chunks", "exposed", "qown", "qother", "copy", "hops",
+			"flush", "result", "ready", "admit")
 		rs := slices.Clone(m.Requests)
 		sort.Slice(rs, func(a, b int) bool { return rs[a].Chunks < rs[b].Chunks })
 		for _, q := range rs {
 			l := q.Last
-			fmt.Fprintf(w, "%-18s %6d %8s %8s %8s %8s %8s %8s %8s\n", q.Request, q.Chunks, ms(q.Exposed), ms(l.QueueOwn), ms(l.QueueOther),
-				ms(l.Copy), ms(l.FenceHop+l.ToPost+l.Back), ms(q.Flush+q.ToResult+q.ToReady), ms(q.Admission))
+			fmt.Fprintf(w, "%-18s %6d %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", q.Request, q.Chunks, ms(q.Exposed), ms(l.QueueOwn), ms(l.QueueOther),
+				ms(l.Copy), ms(l.FenceHop+l.ToPost+l.Back), ms(q.Flush), ms(q.ToResult), ms(q.ToReady), ms(q.Admission))
 		}
 	}
 }
