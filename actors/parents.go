@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -433,9 +434,8 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 		}
 		first, end := kvcache.NeededRange(r.PromptLen, grp.Window, l.TokensPerBlock, hit)
 		counts[g] = end - first
-		if counts[g] > p.topo.Pools[g].Blocks {
-			return nil, fmt.Errorf("%w: request %s group %d needs %d blocks, pool holds %d",
-				kvcache.ErrOutOfBlocks, r.ID, g, counts[g], p.topo.Pools[g].Blocks)
+		if err := p.topo.Pools[g].CheckFits(counts[g]); err != nil {
+			return nil, fmt.Errorf("request %s (%d tokens), layer group %d: %w", r.ID, r.PromptLen, g, err)
 		}
 	}
 	return counts, nil
@@ -447,6 +447,12 @@ func (p *rxParent) drainQueue(ctx actor.Context) {
 		q := p.queue[0]
 		counts, _ := p.needed(q.req)
 		blocks, err := p.env.pools.Alloc(counts)
+		if err != nil && !errors.Is(err, kvcache.ErrOutOfBlocks) {
+			// No free can make it fit: fail it rather than block the queue.
+			p.queue = p.queue[1:]
+			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
+			continue
+		}
 		if err != nil {
 			return // wait for blocksFreed
 		}

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -48,6 +49,9 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 		return nil, fmt.Errorf("%w: %d group counts for %d groups", kvcache.ErrBadPlan, len(counts), len(p.pools))
 	}
 	for g, n := range counts {
+		if err := p.pools[g].Geometry().CheckFits(n); err != nil {
+			return nil, fmt.Errorf("layer group %d: %w", g, err)
+		}
 		if st := p.pools[g].Stats(); n > st.Free {
 			return nil, fmt.Errorf("%w: group %d needs %d blocks, %d free", kvcache.ErrOutOfBlocks, g, n, st.Free)
 		}
@@ -67,15 +71,11 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 }
 
 // AllocWait is Alloc that waits for blocks until ctx ends. A request larger
-// than a pool fails at once.
+// than a pool (kvcache.ErrPoolTooSmall) or otherwise malformed fails at
+// once: it waits only while blocks are in use (kvcache.ErrOutOfBlocks).
 func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for g, n := range counts {
-		if g < len(p.pools) && n > p.pools[g].Stats().Total {
-			return nil, fmt.Errorf("%w: group %d needs %d blocks, pool holds %d", kvcache.ErrOutOfBlocks, g, n, p.pools[g].Stats().Total)
-		}
-	}
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		p.cond.Broadcast()
@@ -86,6 +86,9 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 		ids, err := p.allocLocked(counts)
 		if err == nil {
 			return ids, nil
+		}
+		if !errors.Is(err, kvcache.ErrOutOfBlocks) {
+			return nil, err // too small for the pool, a bad count: no free can help
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())

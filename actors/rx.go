@@ -66,7 +66,8 @@ type RxWriter struct {
 type delivery uint8
 
 const (
-	deliverySending   delivery = iota // handed to the worker, no answer yet
+	deliveryNone      delivery = iota // not handed to a worker yet (before RxBegin)
+	deliverySending                   // handed to the worker, no answer yet
 	deliveryRefused                   // did not leave this process (will be re-sent)
 	deliveryDelivered                 // the control plane took it
 )
@@ -309,7 +310,8 @@ func (s *RxSession) onSent(m RxSent) {
 }
 
 // neverReached marks a pending writer whose RequestData never left this
-// process as quiescent: it never learnt of the request.
+// process (refused, or never handed to a worker: the session was decided
+// before RxBegin) as quiescent: it never learnt of the request.
 func (s *RxSession) neverReached(i int) {
 	if s.writers[i] == writerPending {
 		s.writers[i] = writerStopped
@@ -350,7 +352,7 @@ func (s *RxSession) terminal(to RxState, err error) {
 	}
 	s.eff = append(s.eff, Log{Level: "warn", Msg: "rx session " + s.cfg.Request + " " + to.String(), Err: err})
 	for i, d := range s.sent {
-		if d == deliveryRefused {
+		if d == deliveryRefused || d == deliveryNone {
 			s.neverReached(i)
 		}
 	}
@@ -364,7 +366,7 @@ func (s *RxSession) terminal(to RxState, err error) {
 func (s *RxSession) cancelPending() {
 	sent := false
 	for i, w := range s.writers {
-		if w == writerPending && s.sent[i] != deliveryRefused {
+		if w == writerPending && s.sent[i] != deliveryRefused && s.sent[i] != deliveryNone {
 			wr := s.cfg.Writers[i]
 			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
 				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String()}})

@@ -195,6 +195,12 @@ func (a *txActor) Receive(ctx actor.Context) {
 	case *txSetHandle:
 		a.handle = m.h
 		eff = a.step(ctx, m.start, now)
+		if st := a.s.State(); st.Terminal() {
+			// Decided before Send adopted the session (a peer's frame or a
+			// timer came first): the handle learns it now, so Chunk
+			// refuses at once.
+			a.handle.decide(Decide{Status: st.String(), Err: a.s.Err()})
+		}
 	case txPeerRequestMsg:
 		if a.tr != nil {
 			a.tr.Resolved(m.hello, m.rd)

@@ -6,11 +6,14 @@ import (
 	"sync"
 
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 )
 
 // Sentinel errors of the control plane.
 var (
-	ErrPeerGone  = errors.New("control: peer gone")
+	// ErrPeerGone is the engine's one "peer gone" sentinel
+	// (rdma.ErrPeerGone): errors.Is matches it whichever layer noticed.
+	ErrPeerGone  = rdma.ErrPeerGone
 	ErrDuplicate = errors.New("control: already listening")
 	ErrClosed    = errors.New("control: closed")
 	// ErrQueueFull is backpressure: the frame was not queued (the peer is

@@ -36,7 +36,7 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 // Role commands name the mistakes they can see before they start: a
 // public key file given as --key, a secret key file as --peer-key, and an
 // endpoint without a transport. (Checked to fail: with resolve reading the
-// keys through proc.KeyFiles again, --key ctx.pub is taken as a secret
+// keys as bare files again (no kind check), --key ctx.pub is taken as a secret
 // and the error, later, names neither file; with resolve's CheckEndpoint
 // calls removed, zmq.New refuses the endpoint without naming the flag.)
 func TestRoleFlagsNameStartupMistakes(t *testing.T) {

@@ -139,9 +139,20 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	default:
 		return Row{}, fmt.Errorf("demo: backend %q: want loopback, shm or ucx", o.Backend)
 	}
+	var rec actors.Recorder
+	if o.Probe != nil {
+		rec = o.Probe
+		if ctxAgent == nil {
+			la := loopback.New()
+			defer func() { err = errors.Join(err, la.Close()) }()
+			ctxAgent = la
+		}
+		ctxAgent = o.Probe.Agent(m.Name, ctxAgent)
+	}
 	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
 		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
-			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr})
+			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr,
+			Recorder: rec})
 	}
 	ce, err := start("ctx-"+m.Name, ctxAgent, nil, o.MetricsAddr)
 	if err != nil {
@@ -187,12 +198,14 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		}
 	}
 	t0 := time.Now()
+	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeStart})
 	for i, n := range prompts {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func(i, n int) {
 			defer func() { <-sem; wg.Done() }()
 			need := int64(len(ge.Layout().Groups) * ge.Layout().BlocksFor(n))
+			o.mark(ProbeEvent{Mode: m.Name, Request: fmt.Sprintf("%s-%d", m.Name, i), Chunk: -1, Kind: ProbeAdmit})
 			if err := admit.Acquire(ctx, need); err != nil {
 				mu.Lock()
 				firstErr = errors.Join(firstErr, err)
@@ -218,6 +231,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	}
 	wg.Wait()
 	row.Wall = time.Since(t0)
+	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeEnd})
 	row.BytesPerSec = float64(row.Bytes) / row.Wall.Seconds()
 	row.LeakedBlocks = ce.Pools().Used() + ge.Pools().Used()
 	ex := append([]time.Duration(nil), row.exposed...)
@@ -277,6 +291,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 	if err != nil {
 		return res, err
 	}
+	o.mark(ProbeEvent{Mode: m.Name, Request: id, Chunk: -1, Kind: ProbeAllocated})
 	rx, err := ge.Receive(ctx, kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx-" + m.Name})
 	if err != nil {
 		_ = ce.Pools().Free(src)
@@ -301,42 +316,55 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		return res, errors.Join(err, ce.Pools().Free(src))
 	}
 	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }
-	compute := func(c kvcache.Chunk) {
+	mark := func(chunk int, k ProbeKind, bytes uint64) {
+		o.mark(ProbeEvent{Mode: m.Name, Request: id, Chunk: chunk, Kind: k, Bytes: bytes})
+	}
+	compute := func(k int, c kvcache.Chunk) {
 		t := time.Now()
+		mark(k, ProbeCompute, 0)
 		b0, b1 := c.Blocks(l.TokensPerBlock)
+		var filled uint64
 		for g := range l.Groups {
 			for b := b0; b < b1; b++ {
-				FillBlock(blockBytes(ce, g, src[g][b]), i, g, b)
+				blk := blockBytes(ce, g, src[g][b])
+				FillBlock(blk, i, g, b)
+				filled += uint64(len(blk))
 			}
 		}
+		mark(k, ProbeFilled, filled)
 		if rest := o.Compute - time.Since(t); rest > 0 {
 			time.Sleep(rest) // simulated prefill compute
 		}
 	}
 	var lastFence time.Time
 	if m.Pipelined {
-		for _, c := range chunks {
+		for k, c := range chunks {
 			f := &actors.ManualFence{}
 			if err := tx.Chunk(c, runs(c), f); err != nil {
 				return abandon(err)
 			}
-			compute(c)
+			mark(k, ProbeHanded, 0)
+			compute(k, c)
 			lastFence = time.Now()
+			mark(k, ProbeFence, 0)
 			f.Fire(nil)
 		}
 	} else {
-		for _, c := range chunks {
-			compute(c)
+		for k, c := range chunks {
+			compute(k, c)
 		}
 		lastFence = time.Now()
-		for _, c := range chunks {
+		mark(len(chunks)-1, ProbeFence, 0)
+		for k, c := range chunks {
 			if err := tx.Chunk(c, runs(c), nil); err != nil {
 				return abandon(err)
 			}
+			mark(k, ProbeHanded, 0)
 		}
 	}
 	ro := <-rx.Done()
 	res.exposed = time.Since(lastFence)
+	mark(-1, ProbeReady, 0)
 	to := <-tx.Done()
 	if err := ce.Pools().Free(src); err != nil {
 		return res, fmt.Errorf("request %s: free source: %w", id, err)
@@ -345,6 +373,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		return res, fmt.Errorf("request %s: rx %s (%v), tx %s (%v)", id, ro.Status, ro.Err, to.Status, to.Err)
 	}
 	res.bytes = ro.Bytes
+	mark(-1, ProbeVerify, 0)
 	for g, grp := range l.Groups {
 		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
 		for bi, dst := range ro.Blocks[g] {
@@ -356,6 +385,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 			}
 		}
 	}
+	mark(-1, ProbeVerified, res.verified)
 	if err := ge.FreeBlocks(ro.Blocks); err != nil {
 		return res, fmt.Errorf("request %s: free destination: %w", id, err)
 	}

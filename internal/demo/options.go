@@ -56,6 +56,8 @@ type Options struct {
 	MetricsAddr, GenMetricsAddr string `json:",omitempty"`
 	// Started, when set, is called once both engines of a mode run.
 	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
+	// Probe, when set, observes the run (probe.go).
+	Probe Probe `json:"-"`
 }
 
 // DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of

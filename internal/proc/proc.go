@@ -15,7 +15,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -519,6 +518,11 @@ func waitPeer(ctx context.Context, n *node, peer messages.PeerID, o Options) err
 		if err == nil {
 			return n.eng.CheckPeer(h)
 		}
+		// A handshake the peer refused (a wrong key, one side insecure)
+		// will not heal by waiting: name it now.
+		if st, err := n.link.PeerState(peer); err == nil && st.Conn == zmq.ConnHandshakeFailed {
+			return fmt.Errorf("%s at %s: %w", peer, o.PeerEndpoint, st.Err())
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			how := "is it running, and do both sides use the same CURVE keys (or both --insecure)?"
 			return fmt.Errorf("%w: %s at %s within %v: %s", errPeerSilent, peer, o.PeerEndpoint, timeout, how)
@@ -541,23 +545,3 @@ func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	return rep, err
 }
 
-// KeyFiles reads a secret key file and the peer's public key file written
-// by `kvxfer keygen`.
-func KeyFiles(secretFile, peerPublicFile string) (secret, peerPublic string, err error) {
-	s, err := os.ReadFile(filepath.Clean(secretFile))
-	if err != nil {
-		return "", "", err
-	}
-	p, err := os.ReadFile(filepath.Clean(peerPublicFile))
-	if err != nil {
-		return "", "", err
-	}
-	return trim(string(s)), trim(string(p)), nil
-}
-
-func trim(s string) string {
-	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r' || s[len(s)-1] == ' ') {
-		s = s[:len(s)-1]
-	}
-	return s
-}

@@ -59,6 +59,9 @@ func TestMain(m *testing.M) {
 
 // runRole is the child process.
 func runRole(role string) int {
+	if role == echoRole {
+		return runEcho()
+	}
 	var o proc.Options
 	if err := json.Unmarshal([]byte(os.Getenv(optsEnv)), &o); err != nil {
 		fmt.Fprintln(os.Stderr, "bad options:", err)
@@ -81,6 +84,7 @@ func runRole(role string) int {
 
 type child struct {
 	cmd    *exec.Cmd
+	stdin  io.WriteCloser
 	lines  chan string
 	report chan proc.Report
 	done   chan error
@@ -92,17 +96,28 @@ func spawn(t testing.TB, role string, o proc.Options) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return spawnEnv(t, []string{roleEnv + "=" + role, optsEnv + "=" + string(b)})
+}
+
+// spawnEnv starts the test binary as a child with env added to this
+// process's environment.
+func spawnEnv(t testing.TB, env []string) *child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), roleEnv+"="+role, optsEnv+"="+string(b))
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, lines: make(chan string, 1024), report: make(chan proc.Report, 1), done: make(chan error, 1)}
+	c := &child{cmd: cmd, stdin: in, lines: make(chan string, 1024), report: make(chan proc.Report, 1), done: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -124,6 +139,13 @@ func spawn(t testing.TB, role string, o proc.Options) *child {
 		close(c.lines)
 	}()
 	return c
+}
+
+// stop closes the child's standard input (an echo child exits on it) and
+// waits for it to end.
+func (c *child) stop() {
+	_ = c.stdin.Close()
+	<-c.done
 }
 
 // waitLine waits for a progress line with the prefix, with a deadline.
@@ -309,14 +331,21 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 // BenchmarkControlRoundTrip: RequestData → Result for tiny (2 bytes per
 // token) transfers between two processes, one request at a time and 64 in
 // flight: per-request p50/p99 (Receive → READY on the generation side) and
-// requests per second.
+// requests per second; over ipc:// (as the other tests) and, one at a
+// time, over tcp. Beside it, in the same run, the bare-zmq baseline: a
+// DEALER/ROUTER ping-pong of one 128-byte frame between two processes over
+// tcp and ipc://, with and without CURVE (the engine runs with CURVE).
 func BenchmarkControlRoundTrip(b *testing.B) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
 		Groups: kvcache.FullAttention(1)}
-	for _, conc := range []int{1, 64} {
-		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+	engine := func(conc int, tcp bool) func(b *testing.B) {
+		return func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				g, c := options(b, 2000, 0)
+				if tcp {
+					g.Bind, c.Bind = freeTCP(b), freeTCP(b)
+					g.PeerEndpoint, c.PeerEndpoint = c.Bind, g.Bind
+				}
 				for _, o := range []*proc.Options{&g, &c} {
 					o.Layout, o.Model, o.TokensPerBlock = &tiny, "", 0
 					o.MinTokens, o.MaxTokens, o.ChunkTokens, o.Concurrency = 1, 1, 1, conc
@@ -334,6 +363,26 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				b.ReportMetric(gr.LatencyP99Us, "p99-us")
 				b.ReportMetric(float64(gr.OK)/gr.Seconds, "req/s")
 			}
-		})
+		}
+	}
+	for _, conc := range []int{1, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), engine(conc, false))
+	}
+	b.Run("tcp/concurrency=1", engine(1, true))
+	for _, transport := range []string{"tcp", "ipc"} {
+		for _, curve := range []bool{false, true} {
+			name := "bare-zmq/" + transport
+			if curve {
+				name += "+curve"
+			}
+			b.Run(name, func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					rt := bareRoundTrips(b, transport, curve, 2000)
+					b.ReportMetric(float64(percentile(rt, 0.5))/1e3, "p50-us")
+					b.ReportMetric(float64(percentile(rt, 0.99))/1e3, "p99-us")
+					b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
+				}
+			})
+		}
 	}
 }

@@ -1,0 +1,169 @@
+package twoproc
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+)
+
+// The bare-zmq baseline of BenchmarkControlRoundTrip: a ROUTER in a child
+// process echoes each 128-byte frame a DEALER in this process sends, one
+// in flight, over the same transports the engine uses. No protobuf, no
+// actors, no data plane: what the engine's round trip is measured against.
+
+const (
+	echoRole     = "zmqecho"
+	echoEndpoint = "KVXFER_TEST_ECHO_ENDPOINT"
+	echoSecret   = "KVXFER_TEST_ECHO_SECRET" // empty: no CURVE
+)
+
+// runEcho is the child: bind a ROUTER, say "ready", echo until stdin closes.
+func runEcho() int {
+	r, err := zmq4.NewSocket(zmq4.ROUTER)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "echo:", err)
+		return 1
+	}
+	defer r.Close()
+	if sec := os.Getenv(echoSecret); sec != "" {
+		if err := r.SetCurveServer(1); err != nil {
+			fmt.Fprintln(os.Stderr, "echo:", err)
+			return 1
+		}
+		if err := r.SetCurveSecretkey(sec); err != nil {
+			fmt.Fprintln(os.Stderr, "echo:", err)
+			return 1
+		}
+	}
+	if err := r.SetLinger(0); err != nil {
+		return 1
+	}
+	if err := r.Bind(os.Getenv(echoEndpoint)); err != nil {
+		fmt.Fprintln(os.Stderr, "echo:", err)
+		return 1
+	}
+	go func() { // the parent closes stdin when done
+		_, _ = os.Stdin.Read(make([]byte, 1))
+		os.Exit(0)
+	}()
+	fmt.Println("ready")
+	for {
+		msg, err := r.RecvMessageBytes(0)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "echo:", err)
+			return 1
+		}
+		if _, err := r.SendMessage(msg); err != nil {
+			fmt.Fprintln(os.Stderr, "echo:", err)
+			return 1
+		}
+	}
+}
+
+// freeTCP returns a tcp endpoint on 127.0.0.1 whose port was free a moment
+// ago.
+func freeTCP(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "tcp://" + l.Addr().String()
+}
+
+// bareRoundTrips runs n 128-byte round trips against an echo child and
+// returns each one's duration (after 200 unmeasured).
+func bareRoundTrips(b *testing.B, transport string, curve bool, n int) []time.Duration {
+	b.Helper()
+	ep := freeTCP(b)
+	if transport == "ipc" {
+		ep = "ipc://" + filepath.Join(b.TempDir(), "echo.sock")
+	}
+	env := []string{roleEnv + "=" + echoRole, echoEndpoint + "=" + ep}
+	var srvPub string
+	if curve {
+		pub, sec, err := zmq4.NewCurveKeypair()
+		if err != nil {
+			b.Fatal(err)
+		}
+		srvPub = pub
+		env = append(env, echoSecret+"="+sec)
+	}
+	c := spawnEnv(b, env)
+	deadline := time.After(30 * time.Second)
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				b.Fatal("echo process ended before ready")
+			}
+			ready = strings.HasPrefix(l, "ready")
+		case <-deadline:
+			b.Fatal("echo process not ready within 30 s")
+		}
+	}
+	d, err := zmq4.NewSocket(zmq4.DEALER)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	if curve {
+		pub, sec, err := zmq4.NewCurveKeypair()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range []error{d.SetCurveServerkey(srvPub), d.SetCurvePublickey(pub), d.SetCurveSecretkey(sec)} {
+			if e != nil {
+				b.Fatal(e)
+			}
+		}
+	}
+	if err := d.SetLinger(0); err != nil {
+		b.Fatal(err)
+	}
+	if err := d.Connect(ep); err != nil {
+		b.Fatal(err)
+	}
+	frame := make([]byte, 128)
+	out := make([]time.Duration, 0, n)
+	for i := -200; i < n; i++ {
+		t0 := time.Now()
+		if _, err := d.SendBytes(frame, 0); err != nil {
+			b.Fatal(err)
+		}
+		got, err := d.RecvBytes(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) != len(frame) {
+			b.Fatalf("echo: %d bytes back, sent %d", len(got), len(frame))
+		}
+		if i >= 0 {
+			out = append(out, time.Since(t0))
+		}
+	}
+	c.stop()
+	return out
+}
+
+func percentile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var s time.Duration
+	for _, d := range ds {
+		s += d
+	}
+	return s
+}
