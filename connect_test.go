@@ -88,7 +88,7 @@ func (s *slowConnect) send(id string, gen *kvxfer.Engine) *request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := s.ce.Send(kvxfer.SendRequest{ID: id, PromptLen: 64})
+	tx, err := s.ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,20 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
+// Status is a request's outcome: StatusDone (context side) or StatusReady
+// (generation side) on success, else StatusFailed, StatusCancelled or
+// StatusTimedOut. Outcome.Status carries it.
+type Status = actors.Status
+
+// Outcomes.
+const (
+	StatusDone      = actors.StatusDone
+	StatusReady     = actors.StatusReady
+	StatusFailed    = actors.StatusFailed
+	StatusCancelled = actors.StatusCancelled
+	StatusTimedOut  = actors.StatusTimedOut
+)
+
 // Errors an embedder matches with errors.Is. An Outcome's Err, and every
 // error the engine returns, wraps the sentinel of its cause all the way
 // from the layer that found it.

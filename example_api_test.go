@@ -54,7 +54,7 @@ func ExampleEngine_Send() {
 	rx, _ := decode.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "prefill"})
 
 	src, _ := prefill.Pools().Alloc([]int{layout.BlocksFor(64)})
-	tx, _ := prefill.Send(kvxfer.SendRequest{ID: "r", PromptLen: 64, Payload: []byte("first token")})
+	tx, _ := prefill.Send(context.Background(), kvxfer.SendRequest{ID: "r", PromptLen: 64, Payload: []byte("first token")})
 	chunks, _ := kvcache.Chunks(64, 32, layout.TokensPerBlock)
 	for _, c := range chunks {
 		b0, b1 := c.Blocks(layout.TokensPerBlock)
@@ -86,7 +86,7 @@ func ExampleEngine_Receive() {
 	defer decode.Close(ctx)
 
 	src, _ := prefill.Pools().Alloc([]int{layout.BlocksFor(40)})
-	tx, _ := prefill.Send(kvxfer.SendRequest{ID: "r", PromptLen: 40, Payload: []byte("tok")})
+	tx, _ := prefill.Send(context.Background(), kvxfer.SendRequest{ID: "r", PromptLen: 40, Payload: []byte("tok")})
 	_ = tx.Chunk(kvcache.Chunk{Start: 0, End: 40, FirstBlock: 0, Last: true},
 		[]kvcache.BlockRun{{First: 0, IDs: src[0]}}, nil) // nil fence: already written
 

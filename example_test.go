@@ -37,7 +37,7 @@ func Example() {
 
 	// Context side: the serving framework owns the source blocks.
 	src, _ := prefill.Pools().Alloc([]int{layout.BlocksFor(100)})
-	tx, err := prefill.Send(kvxfer.SendRequest{ID: "req-1", PromptLen: 100})
+	tx, err := prefill.Send(context.Background(), kvxfer.SendRequest{ID: "req-1", PromptLen: 100})
 	if err != nil {
 		panic(err)
 	}

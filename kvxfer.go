@@ -194,8 +194,33 @@ func (e *Engine) CheckPeer(h *messages.Hello) error {
 // callback): its sessions fail and drain, pages are released.
 func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }
 
-// Stats are the engine's counters.
-func (e *Engine) Stats() *actors.Counters { return e.inner.Stats() }
+// Stats are an engine's event counts since Start (monotonic).
+type Stats struct {
+	// OpsPosted: batches of writes handed to the backend.
+	OpsPosted int64
+	// WorkerRestarts: sender workers restarted after a panic.
+	WorkerRestarts int64
+	// FramesUnsent: control frames the control plane refused (the peer
+	// not connected, its queue full, gone).
+	FramesUnsent int64
+	// FramesRejected: control frames refused on arrival (invalid, from a
+	// peer that is not the request's, unresolvable).
+	FramesRejected int64
+	// FramesStale: frames for requests already finished here.
+	FramesStale int64
+	// SessionPanics: sessions restarted after a panic (each failed).
+	SessionPanics int64
+	// PinErrors: source pins (and unpins) the pool refused.
+	PinErrors int64
+}
+
+// Stats returns a snapshot of the engine's counters.
+func (e *Engine) Stats() Stats {
+	c := e.inner.Stats()
+	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
+		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), SessionPanics: c.SessionPanics.Load(),
+		PinErrors: c.PinErrors.Load()}
+}
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil
 // when Config.MetricsAddr is empty. Its Registry can be gathered into an
@@ -239,9 +264,13 @@ type TxHandle struct {
 }
 
 // Send opens the context side of a request, typically when prefill starts.
-// Done fires after every pin is released: then the caller may free the
-// source blocks.
-func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
+// Cancelling ctx cancels the request (as TxHandle.Cancel); its deadline,
+// when earlier than the request's timeout, bounds the request. Done fires
+// after every pin is released: then the caller may free the source blocks.
+func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
 	}
@@ -249,11 +278,17 @@ func (e *Engine) Send(req SendRequest) (*TxHandle, error) {
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	h, err := e.inner.Send(req.ID, req.PromptLen, time.Now().Add(t), req.Payload, req.Generation)
+	deadline := time.Now().Add(t)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	h, err := e.inner.Send(req.ID, req.PromptLen, deadline, req.Payload, req.Generation)
 	if err != nil {
 		return nil, err
 	}
-	return &TxHandle{inner: h, e: e, req: req, tpb: e.cfg.layout.TokensPerBlock}, nil
+	tx := &TxHandle{inner: h, e: e, req: req, tpb: e.cfg.layout.TokensPerBlock}
+	h.AfterFinish(context.AfterFunc(ctx, tx.Cancel))
+	return tx, nil
 }
 
 // Chunk hands over one prefill chunk: tokens [c.Start, c.End) whose KV sits
@@ -363,7 +398,9 @@ type RxHandle struct {
 	inner *actors.RxHandle
 }
 
-// Receive opens the generation side of a request. Destination blocks are
+// Receive opens the generation side of a request. Cancelling ctx cancels
+// the request (as RxHandle.Cancel); its deadline, when earlier than the
+// request's timeout, bounds it. Destination blocks are
 // allocated (waiting while the pool is full, until the deadline). Done
 // delivers READY with the blocks — the caller owns them and frees them with
 // Engine.FreeBlocks — or the failure; on failure kvxfer frees the blocks
@@ -389,7 +426,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	if err != nil {
 		return nil, err
 	}
-	return &RxHandle{inner: h}, nil
+	rx := &RxHandle{inner: h}
+	h.AfterFinish(context.AfterFunc(ctx, rx.Cancel))
+	return rx, nil
 }
 
 // Cancel cancels the request.

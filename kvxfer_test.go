@@ -166,7 +166,7 @@ func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, prompt
 			t.Fatalf("alloc source: %v", err)
 		}
 		srcs = append(srcs, src)
-		h, err := e.Send(kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+		h, err := e.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: promptLen})
 		if err != nil {
 			t.Fatalf("send: %v", err)
 		}
@@ -392,7 +392,7 @@ func TestHostilePeerFrames(t *testing.T) {
 	}
 	evilHash.expectResult(t, "hash", messages.StatusFailed, "layout hash")
 	// Invalid frames are rejected before any session sees them.
-	before := c.ctx[0].Stats().FramesRejected.Load()
+	before := c.ctx[0].Stats().FramesRejected
 	bad := rd("neg", evil.id, -5)
 	_ = evil.conn.Send(bad)
 	_ = evil.conn.Send(&messages.Result{RequestID: "x", From: evil.id, Status: 99})
@@ -401,14 +401,14 @@ func TestHostilePeerFrames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	staleBefore := c.gen[0].Stats().FramesStale.Load()
+	staleBefore := c.gen[0].Stats().FramesStale
 	_ = genConn.Send(&messages.Result{RequestID: "nobody", Epoch: 3, From: evil.id, Status: messages.StatusSuccess})
 	<-done
 	deadline := time.Now().Add(10 * time.Second)
-	for c.ctx[0].Stats().FramesRejected.Load() < before+2 || c.gen[0].Stats().FramesStale.Load() < staleBefore+1 {
+	for c.ctx[0].Stats().FramesRejected < before+2 || c.gen[0].Stats().FramesStale < staleBefore+1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("rejections %d (from %d), stale %d (from %d)", c.ctx[0].Stats().FramesRejected.Load(), before,
-				c.gen[0].Stats().FramesStale.Load(), staleBefore)
+			t.Fatalf("rejections %d (from %d), stale %d (from %d)", c.ctx[0].Stats().FramesRejected, before,
+				c.gen[0].Stats().FramesStale, staleBefore)
 		}
 		time.Sleep(time.Millisecond) // poll with a deadline
 	}

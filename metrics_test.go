@@ -164,7 +164,7 @@ func begin(t *testing.T, c *cluster, l kvcache.Layout, id string, promptLen, chu
 	if f.src, err = c.ctx[0].Pools().Alloc(counts); err != nil {
 		t.Fatal(err)
 	}
-	if f.tx, err = c.ctx[0].Send(kvxfer.SendRequest{ID: id, PromptLen: promptLen}); err != nil {
+	if f.tx, err = c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: promptLen}); err != nil {
 		t.Fatal(err)
 	}
 	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
@@ -304,7 +304,7 @@ func TestMetrics_Failures(t *testing.T) {
 	f.tx.Cancel()
 	f.fire()
 	tx, rx := f.wait(t)
-	if tx.Status != "CANCELLED" || rx.Status != "CANCELLED" {
+	if tx.Status != kvxfer.StatusCancelled || rx.Status != kvxfer.StatusCancelled {
 		t.Fatalf("outcomes %s %v / %s %v", tx.Status, tx.Err, rx.Status, rx.Err)
 	}
 	// The generation side cancels: "cancelled" there, "peer_cancelled" on
@@ -316,7 +316,7 @@ func TestMetrics_Failures(t *testing.T) {
 		return scrape(t, ce, "ctx/0").get(t, "kvxfer_failures_total", "side", "tx", "reason", "peer_cancelled") == 1
 	})
 	f.fire()
-	if tx, rx = f.wait(t); tx.Status != "CANCELLED" || rx.Status != "CANCELLED" {
+	if tx, rx = f.wait(t); tx.Status != kvxfer.StatusCancelled || rx.Status != kvxfer.StatusCancelled {
 		t.Fatalf("outcomes %s %v / %s %v", tx.Status, tx.Err, rx.Status, rx.Err)
 	}
 
@@ -419,7 +419,7 @@ func TestMetrics_QueuedTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := waitOutcome(t, rx.Done()); o.Status != "TIMED_OUT" {
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusTimedOut {
 		t.Fatalf("outcome %s %v", o.Status, o.Err)
 	}
 	if err := ge.Pools().Free(held); err != nil {

@@ -74,7 +74,7 @@ func TestPromptLengthMismatchFailsBothSides(t *testing.T) {
 		if rxFirst {
 			receive()
 		}
-		tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "mm", PromptLen: 128})
+		tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "mm", PromptLen: 128})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +123,7 @@ func TestChunkRefusesBadSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "pin", PromptLen: 64})
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "pin", PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestChunkAfterOutcomeReturnsError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "stop", PromptLen: 128})
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "stop", PromptLen: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,6 +239,36 @@ func TestPeerGoneMatchesOneSentinel(t *testing.T) {
 	o := waitOutcome(t, rx.Done())
 	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
 		t.Fatalf("rx %s %v, want a failure matching kvxfer.ErrPeerGone", o.Status, o.Err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// Send(ctx) and Receive(ctx): cancelling the context cancels the request,
+// and each side ends CANCELLED (its cause matching ErrCancelled or the
+// peer's cancel), with nothing leaked.
+func TestContextCancelCancelsRequest(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	rctx, rcancel := context.WithCancel(context.Background())
+	rx, err := c.gen[0].Receive(rctx, kvxfer.ReceiveRequest{ID: "ctx-rx", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcancel()
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled || !errors.Is(o.Err, kvxfer.ErrCancelled) {
+		t.Fatalf("rx after its context was cancelled: %s %v", o.Status, o.Err)
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	tx, err := c.ctx[0].Send(sctx, kvxfer.SendRequest{ID: "ctx-tx", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scancel()
+	if o := waitOutcome(t, tx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("tx after its context was cancelled: %s %v", o.Status, o.Err)
+	}
+	if _, err := c.ctx[0].Send(sctx, kvxfer.SendRequest{ID: "late", PromptLen: 64}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Send with a cancelled context: %v", err)
 	}
 	checkNoLeaks(t, c)
 }

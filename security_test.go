@@ -123,7 +123,7 @@ func TestRequestDataFromAnotherInstanceIsRefused(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
 	r := newRogue(t, c, messages.PeerID{Instance: "evil-ctxside", Rank: 0})
-	tx, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "bound", PromptLen: 64, Generation: "gen"})
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "bound", PromptLen: 64, Generation: "gen"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestHostileFloodIsCountedNotLogged(t *testing.T) {
 	const flood = 2000
 	// Half name a request bound to gen (refused: not_bound), half carry
 	// blocks outside the pool (refused: unresolved).
-	tx, err := ctxE.Send(kvxfer.SendRequest{ID: "victim", PromptLen: 64, Generation: "gen"})
+	tx, err := ctxE.Send(context.Background(), kvxfer.SendRequest{ID: "victim", PromptLen: 64, Generation: "gen"})
 	if err != nil {
 		t.Fatal(err)
 	}

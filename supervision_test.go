@@ -65,7 +65,7 @@ func TestWorkerCrashWithOpsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: "crash", PromptLen: 64})
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "crash", PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestWorkerCrashWithOpsInFlight(t *testing.T) {
 	}
 	// Wait until the op is posted (held by the Hang fault), then crash.
 	deadline := time.Now().Add(10 * time.Second)
-	for ce.Stats().OpsPosted.Load() == 0 {
+	for ce.Stats().OpsPosted == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("op never posted")
 		}
@@ -93,8 +93,8 @@ func TestWorkerCrashWithOpsInFlight(t *testing.T) {
 	if ro := waitOutcome(t, rx.Done()); ro.OK {
 		t.Fatalf("rx outcome %s, want a failure", ro.Status)
 	}
-	if ce.Stats().WorkerRestarts.Load() != 1 {
-		t.Fatalf("worker restarts %d, want 1", ce.Stats().WorkerRestarts.Load())
+	if ce.Stats().WorkerRestarts != 1 {
+		t.Fatalf("worker restarts %d, want 1", ce.Stats().WorkerRestarts)
 	}
 	// The restarted worker serves the next request, bytes verified.
 	transfer(t, c, l, "after-crash", 3, 100, 32, true)
@@ -115,7 +115,7 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: "p", PromptLen: 64})
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "p", PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 	// Once the restarted session has stepped on its panic, its outcome is
 	// decided; it must still hold the pins while the chunk's fence is held.
 	deadline := time.Now().Add(10 * time.Second)
-	for ce.Stats().SessionPanics.Load() == 0 {
+	for ce.Stats().SessionPanics == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the session never restarted after its panic")
 		}

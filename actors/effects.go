@@ -138,8 +138,9 @@ func (Log) effect()             {}
 // Outcome is a session's terminal result as its handle sees it.
 type Outcome struct {
 	Request string
-	// Status is the terminal state's name (DONE, FAILED, READY, …).
-	Status string
+	// Status is the outcome: DONE or READY (success), FAILED, CANCELLED
+	// or TIMED_OUT.
+	Status Status
 	OK     bool
 	Err    error
 	Bytes  uint64

@@ -389,7 +389,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 // the outcome at once, after the metrics (as a session's shell does).
 func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
 	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock())
-	q.handle.finish(Outcome{Request: q.req.ID, Status: st.String(), Err: err})
+	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 }
 
 func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {

@@ -453,7 +453,7 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			if len(m.finishes) > 1 {
 				rt.Fatalf("%T: second Finish", msg)
 			}
-			if e.Outcome.Status != m.first.String() || e.Outcome.OK != (m.first == TxDone) {
+			if e.Outcome.Status != m.first.Status() || e.Outcome.OK != (m.first == TxDone) {
 				rt.Fatalf("%T: Finish %s ok=%v, first outcome %v", msg, e.Outcome.Status, e.Outcome.OK, m.first)
 			}
 			if i+2 != len(effs) || !isStop(effs[i+1]) {

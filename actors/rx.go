@@ -340,7 +340,7 @@ func (s *RxSession) terminal(to RxState, err error) {
 	}
 	s.state = to
 	s.err = err
-	out := Outcome{Request: s.cfg.Request, Status: to.String(), OK: to == RxReady, Err: err, Bytes: s.bytes}
+	out := Outcome{Request: s.cfg.Request, Status: to.Status(), OK: to == RxReady, Err: err, Bytes: s.bytes}
 	if to == RxReady {
 		out.Blocks = s.cfg.Blocks
 		out.Payload = s.payload

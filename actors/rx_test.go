@@ -60,7 +60,7 @@ func (h *rxHarness) step(msg any) []Effect {
 			if len(h.finishes) > 1 {
 				h.t.Fatalf("%T: second Finish %+v", msg, e.Outcome)
 			}
-			if e.Outcome.Status != h.s.State().String() || e.Outcome.OK != (h.s.State() == RxReady) {
+			if e.Outcome.Status != h.s.State().Status() || e.Outcome.OK != (h.s.State() == RxReady) {
 				h.t.Fatalf("%T: Finish %s ok=%v in state %v", msg, e.Outcome.Status, e.Outcome.OK, h.s.State())
 			}
 		case SendFrame:
@@ -229,7 +229,7 @@ func TestRx_TimeoutThenLateSuccess(t *testing.T) {
 	if !hasEffect[ReleaseDest](effs) || !hasEffect[Stop](effs) {
 		t.Fatalf("late success: want release: %s", fmtEffects(effs))
 	}
-	if h.finishes[0].Status != "TIMED_OUT" || h.finishes[0].OK {
+	if h.finishes[0].Status != StatusTimedOut || h.finishes[0].OK {
 		t.Fatalf("outcome %+v", h.finishes[0])
 	}
 }

@@ -78,6 +78,22 @@ type Handle struct {
 	once    sync.Once
 	done    chan Outcome
 	decided atomic.Pointer[Decide]
+	mu      sync.Mutex
+	after   []func() bool // AfterFinish's, run once the outcome is delivered
+	over    bool
+}
+
+// AfterFinish runs f once the outcome has been delivered (at once if it
+// has been): a context.AfterFunc's stop, for instance.
+func (h *Handle) AfterFinish(f func() bool) {
+	h.mu.Lock()
+	if !h.over {
+		h.after = append(h.after, f)
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	f()
 }
 
 // Decided returns the session's logical outcome once it is decided (before
@@ -94,9 +110,16 @@ func (h *Handle) Done() <-chan Outcome { return h.done }
 
 func (h *Handle) finish(o Outcome) {
 	h.once.Do(func() {
-		h.decide(Decide{Status: o.Status, Err: o.Err})
+		h.decide(Decide{Status: o.Status.String(), Err: o.Err})
 		h.done <- o
 		close(h.done)
+		h.mu.Lock()
+		after := h.after
+		h.after, h.over = nil, true
+		h.mu.Unlock()
+		for _, f := range after {
+			f()
+		}
 	})
 }
 

@@ -61,3 +61,57 @@ func (s RxState) String() string {
 
 // Terminal reports whether s is READY, FAILED, CANCELLED or TIMED_OUT.
 func (s RxState) Terminal() bool { return s >= RxReady }
+
+// Status is a request's terminal outcome as its handle reports it.
+type Status uint8
+
+// Outcomes. DONE is the context side's success, READY the generation
+// side's; a failure is FAILED, CANCELLED or TIMED_OUT.
+const (
+	StatusUnknown Status = iota
+	StatusDone
+	StatusReady
+	StatusFailed
+	StatusCancelled
+	StatusTimedOut
+)
+
+var statusNames = [...]string{"UNKNOWN", "DONE", "READY", "FAILED", "CANCELLED", "TIMED_OUT"}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// OK reports whether s is a success (DONE or READY).
+func (s Status) OK() bool { return s == StatusDone || s == StatusReady }
+
+// Status is a terminal state's outcome (StatusUnknown for a live state).
+func (s TxState) Status() Status {
+	switch s {
+	case TxDone:
+		return StatusDone
+	case TxFailed:
+		return StatusFailed
+	case TxCancelled:
+		return StatusCancelled
+	}
+	return StatusUnknown
+}
+
+// Status is a terminal state's outcome (StatusUnknown for a live state).
+func (s RxState) Status() Status {
+	switch s {
+	case RxReady:
+		return StatusReady
+	case RxFailed:
+		return StatusFailed
+	case RxCancelled:
+		return StatusCancelled
+	case RxTimedOut:
+		return StatusTimedOut
+	}
+	return StatusUnknown
+}

@@ -696,7 +696,7 @@ func (s *TxSession) maybeRelease() {
 	for _, st := range s.streams {
 		bytes += st.bytes
 	}
-	s.eff = append(s.eff, Finish{Outcome: Outcome{Request: s.cfg.Request, Status: s.state.String(),
+	s.eff = append(s.eff, Finish{Outcome: Outcome{Request: s.cfg.Request, Status: s.state.Status(),
 		OK: s.state == TxDone, Err: s.err, Bytes: bytes}}, Stop{})
 	s.stopped = true
 }

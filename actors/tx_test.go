@@ -270,7 +270,7 @@ func (h *txHarness) wantReleased(status TxState, errIs error) Outcome {
 		h.t.Fatalf("%d Finish effects, want 1", len(h.finishes))
 	}
 	out := h.finishes[0]
-	if out.Status != status.String() || out.OK != (status == TxDone) {
+	if out.Status != status.Status() || out.OK != (status == TxDone) {
 		h.t.Fatalf("outcome %s ok=%v, want %v", out.Status, out.OK, status)
 	}
 	if errIs != nil && !errors.Is(out.Err, errIs) {

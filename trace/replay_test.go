@@ -131,7 +131,7 @@ func (c *cluster) send(t *testing.T, r *request) {
 		if err != nil {
 			t.Fatalf("alloc source: %v", err)
 		}
-		h, err := e.Send(kvxfer.SendRequest{ID: r.id, PromptLen: r.pl, Payload: []byte("tok")})
+		h, err := e.Send(context.Background(), kvxfer.SendRequest{ID: r.id, PromptLen: r.pl, Payload: []byte("tok")})
 		if err != nil {
 			t.Fatalf("send %s: %v", r.id, err)
 		}
@@ -162,14 +162,14 @@ func (c *cluster) finish(t *testing.T, r *request) []string {
 	var out []string
 	for i, h := range r.txs {
 		o := wait(t, h.Done())
-		out = append(out, "tx:"+o.Status)
+		out = append(out, "tx:"+o.Status.String())
 		if err := c.ctx[i].Pools().Free(r.srcs[i]); err != nil {
 			t.Fatalf("free source: %v", err)
 		}
 	}
 	for i, h := range r.rxs {
 		o := wait(t, h.Done())
-		out = append(out, "rx:"+o.Status)
+		out = append(out, "rx:"+o.Status.String())
 		if o.OK {
 			if err := c.gen[i].FreeBlocks(o.Blocks); err != nil {
 				t.Fatal(err)
@@ -240,11 +240,11 @@ func scenarios(t *testing.T, c *cluster) (orphan *kvxfer.TxHandle) {
 	r = &request{c: c, id: "bad-fence", pl: 48}
 	c.receive(t, r)
 	c.send(t, r)
-	posted := c.ctx[0].Stats().OpsPosted.Load()
+	posted := c.ctx[0].Stats().OpsPosted
 	for _, f := range c.chunk(t, r, kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}) {
 		f.Fire(nil)
 	}
-	checkFor(t, 10*time.Second, func() bool { return c.ctx[0].Stats().OpsPosted.Load() > posted })
+	checkFor(t, 10*time.Second, func() bool { return c.ctx[0].Stats().OpsPosted > posted })
 	for _, f := range c.chunk(t, r, kvcache.Chunk{Start: 32, End: 48, FirstBlock: 2, Last: true}) {
 		f.Fire(errors.New("prefill kernel failed"))
 	}
@@ -254,7 +254,7 @@ func scenarios(t *testing.T, c *cluster) (orphan *kvxfer.TxHandle) {
 	}
 
 	// An orphan the engine's Close cancels.
-	h, err := c.ctx[0].Send(kvxfer.SendRequest{ID: "orphan", PromptLen: 32})
+	h, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "orphan", PromptLen: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func recordScenarios(t *testing.T) (ctxTrace, genTrace string) {
 	c := startCluster(t, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, dir, nil)
 	orphan := scenarios(t, c)
 	c.close(t)
-	if o := wait(t, orphan.Done()); o.Status != "CANCELLED" || !errors.Is(o.Err, actors.ErrClosed) {
+	if o := wait(t, orphan.Done()); o.Status != actors.StatusCancelled || !errors.Is(o.Err, actors.ErrClosed) {
 		t.Fatalf("orphan: %s %v", o.Status, o.Err)
 	}
 	return filepath.Join(dir, "ctx-0.jsonl"), filepath.Join(dir, "gen-0.jsonl")

@@ -40,7 +40,7 @@ func recordTransfer(t *testing.T) (ctxTrace, genTrace string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: "r1", PromptLen: 40})
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "r1", PromptLen: 40})
 	if err != nil {
 		t.Fatal(err)
 	}

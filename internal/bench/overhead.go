@@ -96,7 +96,7 @@ func runTiny(ctx context.Context, p *tinyPair, id string, n int, paced bool) ([]
 	if err != nil {
 		return nil, 0, err
 	}
-	tx, err := p.ctx.Send(kvxfer.SendRequest{ID: id, PromptLen: n})
+	tx, err := p.ctx.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: n})
 	if err != nil {
 		return nil, 0, err
 	}

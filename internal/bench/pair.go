@@ -237,7 +237,7 @@ func (p *Pair) Run(ctx context.Context, spec RequestSpec) (RequestResult, error)
 	if err != nil {
 		return res, err
 	}
-	tx, err := p.Ctx.Send(kvxfer.SendRequest{ID: spec.ID, PromptLen: spec.Tokens})
+	tx, err := p.Ctx.Send(context.Background(), kvxfer.SendRequest{ID: spec.ID, PromptLen: spec.Tokens})
 	if err != nil {
 		rx.Cancel()
 		<-rx.Done()

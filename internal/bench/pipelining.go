@@ -103,7 +103,7 @@ func exposed(ctx context.Context, ce, ge *kvxfer.Engine, l kvcache.Layout, id st
 	if err != nil {
 		return 0, err
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: id, PromptLen: prompt})
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: prompt})
 	if err != nil {
 		return 0, err
 	}

@@ -86,7 +86,7 @@ func runWorkers(ctx context.Context, l kvcache.Layout, peers, chunks int, postCo
 		}
 		rxs = append(rxs, h)
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: "w", PromptLen: chunks})
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "w", PromptLen: chunks})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -297,7 +297,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		_ = ce.Pools().Free(src)
 		return res, err
 	}
-	tx, err := ce.Send(kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+	tx, err := ce.Send(ctx, kvxfer.SendRequest{ID: id, PromptLen: promptLen})
 	if err != nil {
 		_ = ce.Pools().Free(src)
 		rx.Cancel()

@@ -447,7 +447,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 }
 
 func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID) error {
-	tx, err := n.eng.Send(kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
+	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
 		return err
@@ -544,4 +544,3 @@ func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	}
 	return rep, err
 }
-

@@ -78,7 +78,7 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := prefill.Send(kvxfer.SendRequest{ID: "gpu-1", PromptLen: promptLen})
+	tx, err := prefill.Send(context.Background(), kvxfer.SendRequest{ID: "gpu-1", PromptLen: promptLen})
 	if err != nil {
 		t.Fatal(err)
 	}

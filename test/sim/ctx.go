@@ -216,7 +216,7 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 				}
 			}
 		case actors.Finish:
-			if !ts.decided || e.Outcome.Status != ts.first.String() {
+			if !ts.decided || e.Outcome.Status != ts.first.Status() {
 				s.failf("%s: %T: Finish %s, first outcome %v", ts.name, msg, e.Outcome.Status, ts.first)
 				return
 			}

@@ -178,7 +178,7 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 			}
 			s.checkNoWriter(g, rs, e.Blocks)
 		case actors.Finish:
-			if !rs.decided || e.Outcome.Status != rs.first.String() {
+			if !rs.decided || e.Outcome.Status != rs.first.Status() {
 				s.failf("%s: %T: Finish %s, first outcome %v", rs.name, msg, e.Outcome.Status, rs.first)
 				return
 			}
