@@ -42,6 +42,9 @@ var (
 	// ErrMismatch: the two sides disagree about the request (prompt
 	// length, bytes written against bytes planned, layout).
 	ErrMismatch = actors.ErrMismatch
+	// ErrBadRequest: a request the engine cannot take (its id, prompt
+	// length, blocks or parallelism), named in the error.
+	ErrBadRequest = actors.ErrBadRequest
 	// ErrPin: a chunk's source blocks could not be pinned.
 	ErrPin = actors.ErrPin
 	// ErrBadChunk: a chunk is misaligned, out of order or after the last.

@@ -176,6 +176,21 @@ func (e *Engine) Shape() kvcache.Shape { return e.cfg.shape }
 // blocks from them and frees READY destination blocks into them.
 func (e *Engine) Pools() *actors.Pools { return e.pools }
 
+// Block is the memory of block id of layer group g in the engine's pool
+// region (source blocks to fill, READY destination blocks to read). It
+// returns nil for a group or id outside the pool.
+func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
+	if g < 0 || g >= e.pools.Groups() {
+		return nil
+	}
+	geom := e.pools.Geometry(g)
+	if id < 0 || int(id) >= geom.Blocks {
+		return nil
+	}
+	off := geom.Offset + uint64(id)*geom.BlockBytes
+	return e.region.Bytes()[off : off+geom.BlockBytes : off+geom.BlockBytes]
+}
+
 // Region is the engine's registered pool memory.
 func (e *Engine) Region() *kvcache.Region { return e.region }
 
@@ -250,6 +265,11 @@ type SendRequest struct {
 	// from any other instance is refused and cannot touch it. Empty: the
 	// first RequestData that validates binds the request to its instance.
 	Generation string
+	// GenerationParallel, when set (TP > 0), is the generation instance's
+	// parallelism: a rank that writes to none of its ranks (MLA with a
+	// context TP larger than the generation TP) ends DONE at once, holding
+	// nothing, instead of waiting for a RequestData that never comes.
+	GenerationParallel kvcache.Parallel
 }
 
 // TxHandle is the context side's handle on one request.
@@ -282,7 +302,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	h, err := e.inner.Send(req.ID, req.PromptLen, deadline, req.Payload, req.Generation)
+	h, err := e.inner.Send(actors.TxRequest{ID: req.ID, PromptLen: req.PromptLen, Deadline: deadline, Payload: req.Payload,
+		Generation: req.Generation, GenerationParallel: req.GenerationParallel})
 	if err != nil {
 		return nil, err
 	}
@@ -389,6 +410,15 @@ type ReceiveRequest struct {
 	ContextParallel kvcache.Parallel
 	// PrefixHitBlocks[g]: leading blocks of group g already held.
 	PrefixHitBlocks []int
+	// Blocks, when set, are the destination blocks the serving framework
+	// allocated itself, per layer group: for group g, the blocks of the
+	// global block range kvcache.NeededRange(PromptLen, window of g,
+	// tokens per block, PrefixHitBlocks[g]), in order (none for a group
+	// this rank holds no layer of). kvxfer then neither allocates nor frees
+	// them: READY hands them back, and after a failure RxHandle.Released
+	// says when no write can touch them any more. Nil: kvxfer allocates
+	// from its pool (waiting while it is full).
+	Blocks [][]kvcache.BlockID
 	// Timeout overrides Config.TransferTimeout when > 0.
 	Timeout time.Duration
 }
@@ -400,11 +430,24 @@ type RxHandle struct {
 
 // Receive opens the generation side of a request. Cancelling ctx cancels
 // the request (as RxHandle.Cancel); its deadline, when earlier than the
-// request's timeout, bounds it. Destination blocks are
-// allocated (waiting while the pool is full, until the deadline). Done
-// delivers READY with the blocks — the caller owns them and frees them with
-// Engine.FreeBlocks — or the failure; on failure kvxfer frees the blocks
-// itself once every writer is quiescent.
+// request's timeout, bounds it.
+//
+// The READY contract: Outcome.Blocks[g] are the destination blocks of
+// layer group g for the global block range NeededRange(PromptLen, the
+// group's window, tokens per block, PrefixHitBlocks[g]) — the group's
+// resident blocks (a sliding-window group holds only the window's suffix)
+// past the prefix hits, in order — and every byte of each was written by
+// the context side, exactly as many as this rank planned. From READY on
+// the caller owns them: kvxfer never writes them again.
+//
+// Destination blocks come from req.Blocks (the framework's), or else from
+// the engine's pool (waiting while it is full, until the deadline; a
+// request larger than the pool fails at once with kvcache.ErrPoolTooSmall),
+// and then READY's blocks are freed with Engine.FreeBlocks. Done delivers
+// the outcome as soon as it is decided; after a failure the blocks are
+// released only once every writer is quiescent (RxHandle.Released): kvxfer
+// frees its own then, and the framework may reuse its own then, never
+// before.
 func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -422,7 +465,7 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 		cp = kvcache.Parallel{TP: 1, PP: 1}
 	}
 	h, err := e.inner.Receive(actors.RxRequest{ID: req.ID, PromptLen: req.PromptLen, Context: req.Context,
-		ContextParallel: cp, PrefixHitBlocks: req.PrefixHitBlocks, Deadline: deadline})
+		ContextParallel: cp, PrefixHitBlocks: req.PrefixHitBlocks, Blocks: req.Blocks, Deadline: deadline})
 	if err != nil {
 		return nil, err
 	}
@@ -433,6 +476,13 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 
 // Cancel cancels the request.
 func (h *RxHandle) Cancel() { h.inner.Cancel() }
+
+// Released is closed once no write of the request can touch its
+// destination blocks: at READY, or after a failure once every writer is
+// quiescent (a Result, a CancelAck, its death, or a RequestData that never
+// left). Blocks the framework passed in req.Blocks may be reused from then
+// on, and never before.
+func (h *RxHandle) Released() <-chan struct{} { return h.inner.Released() }
 
 // Done delivers the outcome once.
 func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }

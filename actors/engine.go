@@ -162,6 +162,9 @@ type TxHandle struct {
 // Chunk hands one prefill chunk to the session. fence fires when the
 // chunk's KV is written; nil means it already is.
 func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
+	if h.pid == nil {
+		return // a rank with nothing to write (Send finished it DONE)
+	}
 	if fence == nil {
 		fence = FiredFence{}
 	}
@@ -170,34 +173,68 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
 
 // Cancel cancels the request; Done still fires only after the session has
 // drained and released its pins.
-func (h *TxHandle) Cancel() { h.e.sys.Root.Send(h.pid, TxCancel{}) }
+func (h *TxHandle) Cancel() {
+	if h.pid != nil {
+		h.e.sys.Root.Send(h.pid, TxCancel{})
+	}
+}
 
 // Crash makes the session panic (tests and chaos only).
-func (h *TxHandle) Crash() { h.e.sys.Root.Send(h.pid, &txPanicNow{}) }
+func (h *TxHandle) Crash() {
+	if h.pid != nil {
+		h.e.sys.Root.Send(h.pid, &txPanicNow{})
+	}
+}
+
+// TxRequest is what the context side asks Send for.
+type TxRequest struct {
+	ID        string
+	PromptLen int
+	Deadline  time.Time
+	Payload   []byte
+	// Generation, when not empty, names the generation instance the
+	// request is for (a disaggregated router knows it); RequestData from
+	// any other instance is then refused. Empty: the first RequestData that
+	// validates binds the request to its instance.
+	Generation string
+	// GenerationParallel, when set (TP > 0), is the generation instance's
+	// parallelism. A context rank that writes to none of its ranks (MLA
+	// with a context TP larger than the generation TP: only TP ranks below
+	// the generation TP write) finishes DONE at once, pinning nothing.
+	GenerationParallel kvcache.Parallel
+}
 
 // Send opens the context side of a request. Done fires after the session
 // released every pin: the serving process may then free its source blocks.
-//
-// generation, when not empty, names the generation instance the request
-// is for (a disaggregated router knows it); RequestData from any other
-// instance is then refused. Empty: the first RequestData that validates
-// binds the request to its instance.
-func (e *Engine) Send(request string, promptLen int, deadline time.Time, payload []byte, generation string) (*TxHandle, error) {
-	if request == "" || len(request) > messages.MaxRequestIDLen {
-		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(request), messages.MaxRequestIDLen)
+func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
+	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen {
+		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
 	}
-	if len(payload) > messages.MaxPayload {
-		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, request, len(payload), messages.MaxPayload)
+	if len(req.Payload) > messages.MaxPayload {
+		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, req.ID, len(req.Payload), messages.MaxPayload)
+	}
+	if gp := req.GenerationParallel; gp.TP > 0 {
+		topo := e.cfg.Topology
+		pm, err := kvcache.NewPeerMap(topo.Layout, topo.Parallel, gp)
+		if err != nil {
+			return nil, fmt.Errorf("%w: request %s: generation parallelism %v: %w", ErrBadRequest, req.ID, gp, err)
+		}
+		if len(pm.From(topo.Rank)) == 0 {
+			// Nothing of this rank's KV goes anywhere: done, nothing held.
+			h := NewHandle()
+			h.finish(Outcome{Request: req.ID, Status: StatusDone, OK: true})
+			return &TxHandle{Handle: h, e: e, request: req.ID}, nil
+		}
 	}
 	h := NewHandle()
 	reply := make(chan txOpenReply, 1)
-	e.sys.Root.Send(e.tx, &txOpenReq{request: request, start: TxStart{PromptLen: promptLen, Deadline: deadline, Payload: payload},
-		generation: generation, handle: h, reply: reply})
+	e.sys.Root.Send(e.tx, &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
+		generation: req.Generation, handle: h, reply: reply})
 	r := <-reply
 	if r.err != nil {
 		return nil, r.err
 	}
-	return &TxHandle{Handle: h, e: e, pid: r.pid, request: request}, nil
+	return &TxHandle{Handle: h, e: e, pid: r.pid, request: req.ID}, nil
 }
 
 // RxHandle is the generation side's handle on one request.

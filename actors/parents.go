@@ -75,7 +75,12 @@ type RxRequest struct {
 	// PrefixHitBlocks[g] is the number of leading blocks of group g the
 	// receiver already holds (prefix reuse); nil for none.
 	PrefixHitBlocks []int
-	Deadline        time.Time
+	// Blocks, when set, are the destination blocks the framework allocated,
+	// per layer group: exactly the needed range's count (after prefix hits
+	// and windows). kvxfer then neither allocates nor frees them: the handle
+	// says when the framework may reuse them (Released).
+	Blocks   [][]kvcache.BlockID
+	Deadline time.Time
 }
 
 type sessionTable struct {
@@ -316,17 +321,24 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			return
 		}
 		counts, err := p.needed(m.req)
+		if err == nil && m.req.Blocks != nil {
+			err = p.checkOwned(m.req, counts)
+		}
 		if err != nil {
 			m.reply <- rxOpenReply{err: err}
 			return
 		}
 		m.reply <- rxOpenReply{}
+		if m.req.Blocks != nil {
+			// The framework allocated the blocks: nothing to wait for.
+			p.start(ctx, m, m.req.Blocks)
+			return
+		}
 		p.queue = append(p.queue, m)
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
 			time.AfterFunc(time.Until(m.req.Deadline), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
 		}
-		_ = counts
 		p.drainQueue(ctx)
 	case *blocksFreed:
 		p.drainQueue(ctx)
@@ -386,10 +398,55 @@ func (p *rxParent) Receive(ctx actor.Context) {
 }
 
 // finishQueued ends a request that has no session (yet): its handle gets
-// the outcome at once, after the metrics (as a session's shell does).
+// the outcome at once, after the metrics (as a session's shell does); no
+// RequestData left, so its blocks (if any) are released too.
 func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
 	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
+	q.handle.release()
+}
+
+// unstarted gives back the blocks of a request that failed before its
+// session started (no RequestData left): kvxfer's own go back to the pool,
+// the framework's are the framework's again once the handle says so.
+func (p *rxParent) unstarted(q *rxOpenReq, blocks [][]kvcache.BlockID) {
+	if q.req.Blocks == nil {
+		_ = p.env.pools.Free(blocks)
+	}
+}
+
+// checkOwned validates destination blocks the framework allocated: per
+// layer group, exactly the needed count, each inside the pool, none twice.
+func (p *rxParent) checkOwned(r RxRequest, counts []int) error {
+	if len(r.Blocks) != len(counts) {
+		return fmt.Errorf("%w: request %s: destination blocks for %d layer groups, the layout has %d",
+			ErrBadRequest, r.ID, len(r.Blocks), len(counts))
+	}
+	for g, ids := range r.Blocks {
+		if len(ids) != counts[g] {
+			return fmt.Errorf("%w: request %s layer group %d: %d destination blocks, the request needs %d (prompt %d tokens, %d prefix-hit blocks)",
+				ErrBadRequest, r.ID, g, len(ids), counts[g], r.PromptLen, hitOf(r, g))
+		}
+		seen := make(map[kvcache.BlockID]bool, len(ids))
+		for _, id := range ids {
+			if id < 0 || int(id) >= p.topo.Pools[g].Blocks {
+				return fmt.Errorf("%w: request %s layer group %d: destination block %d outside the pool of %d blocks",
+					ErrBadRequest, r.ID, g, id, p.topo.Pools[g].Blocks)
+			}
+			if seen[id] {
+				return fmt.Errorf("%w: request %s layer group %d: destination block %d named twice", ErrBadRequest, r.ID, g, id)
+			}
+			seen[id] = true
+		}
+	}
+	return nil
+}
+
+func hitOf(r RxRequest, g int) int {
+	if g < len(r.PrefixHitBlocks) {
+		return r.PrefixHitBlocks[g]
+	}
+	return 0
 }
 
 func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
@@ -484,7 +541,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	}
 	pm, err := kvcache.NewPeerMap(l, q.req.ContextParallel, p.topo.Parallel)
 	if err != nil {
-		_ = p.env.pools.Free(blocks)
+		p.unstarted(q, blocks)
 		p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err))
 		return
 	}
@@ -499,7 +556,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			}
 		}
 		if p.down[peer] {
-			_ = p.env.pools.Free(blocks)
+			p.unstarted(q, blocks)
 			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer))
 			return
 		}
@@ -526,7 +583,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
 	a := &rxActor{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
-		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second})}
+		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
 	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
 	entry.pid = pid
 	p.entries[q.req.ID] = entry

@@ -89,6 +89,9 @@ type RxConfig struct {
 	Writers  []RxWriter
 	// Blocks are the destination blocks per group the session owns.
 	Blocks [][]kvcache.BlockID
+	// CallerOwned: the blocks are the framework's; the session's release
+	// hands them back through the handle instead of freeing them.
+	CallerOwned bool
 	// CancelResend is how often a decided session sends Cancel again to
 	// writers that have not answered (any frame may be lost); 0 sends it
 	// once.

@@ -75,13 +75,23 @@ func (m *ManualFence) Fire(err error) {
 
 // Handle receives a session's outcome exactly once.
 type Handle struct {
-	once    sync.Once
-	done    chan Outcome
-	decided atomic.Pointer[Decide]
-	mu      sync.Mutex
-	after   []func() bool // AfterFinish's, run once the outcome is delivered
-	over    bool
+	once     sync.Once
+	done     chan Outcome
+	decided  atomic.Pointer[Decide]
+	mu       sync.Mutex
+	after    []func() bool // AfterFinish's, run once the outcome is delivered
+	over     bool
+	relOnce  sync.Once
+	released chan struct{}
 }
+
+// Released is closed when no write of the request can touch its
+// destination blocks any more (generation side): at READY, or after a
+// failure once every writer is quiescent. A framework that owns its blocks
+// (RxRequest.Blocks) may reuse them from then on, and never before.
+func (h *Handle) Released() <-chan struct{} { return h.released }
+
+func (h *Handle) release() { h.relOnce.Do(func() { close(h.released) }) }
 
 // AfterFinish runs f once the outcome has been delivered (at once if it
 // has been): a context.AfterFunc's stop, for instance.
@@ -103,7 +113,7 @@ func (h *Handle) Decided() *Decide { return h.decided.Load() }
 func (h *Handle) decide(d Decide) { h.decided.CompareAndSwap(nil, &d) }
 
 // NewHandle returns a handle whose Done channel is buffered for one outcome.
-func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1)} }
+func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1), released: make(chan struct{})} }
 
 // Done delivers the outcome once.
 func (h *Handle) Done() <-chan Outcome { return h.done }
@@ -382,6 +392,9 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		case Finish:
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:
+			if a.s.cfg.CallerOwned {
+				break // the framework's: Released tells it below
+			}
 			if err := a.env.pools.Free(e.Blocks); err != nil {
 				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("free destination blocks")
 			}
@@ -389,6 +402,8 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			for _, t := range a.timers {
 				t.Stop()
 			}
+			// Every writer is quiescent: the blocks may be reused.
+			a.handle.release()
 			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request})
 			ctx.Stop(ctx.Self())
 		case Log:

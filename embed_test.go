@@ -1,0 +1,178 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Issue 18 part 2: the framework's own destination block ids, and MLA
+// context ranks with nothing to write.
+
+// ownedBlocks picks destination blocks the way a framework's allocator
+// would (here: the highest ids, never what kvxfer's pool hands out first).
+func ownedBlocks(e *kvxfer.Engine, l kvcache.Layout, promptLen int) [][]kvcache.BlockID {
+	out := make([][]kvcache.BlockID, len(l.Groups))
+	for g, grp := range l.Groups {
+		if len(e.Shape().Layers[g]) == 0 {
+			continue
+		}
+		first, end := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		n := e.Pools().Geometry(g).Blocks
+		for i := range end - first {
+			out[g] = append(out[g], kvcache.BlockID(n-1-i))
+		}
+	}
+	return out
+}
+
+// TestCallerOwnedDestinationBlocks: READY hands back exactly the blocks the
+// framework passed, filled with the right bytes, and kvxfer's pool never
+// allocated or freed any of them.
+func TestCallerOwnedDestinationBlocks(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	owned := ownedBlocks(c.gen[0], l, 100)
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "own", PromptLen: 100, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := c.gen[0].Pools().Used(); used != 0 {
+		t.Fatalf("kvxfer's pool allocated %d blocks for a request that brought its own", used)
+	}
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "own", PromptLen: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sendFilled(t, c.ctx[0], tx, l, 100, 64, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("tx %s %v", o.Status, o.Err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if !o.OK || !slices.EqualFunc(o.Blocks, owned, slices.Equal) {
+		t.Fatalf("rx %s %v blocks %v, want READY with the framework's %v", o.Status, o.Err, o.Blocks, owned)
+	}
+	if n := verify(t, c.gen[0], l, 100, o.Blocks, 9); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	select {
+	case <-rx.Released():
+	default:
+		t.Fatal("READY but the blocks are not released to the framework")
+	}
+	_ = c.ctx[0].Pools().Free(src)
+	checkNoLeaks(t, c)
+}
+
+// TestCallerOwnedBlocksReleasedOnlyAfterQuiescence: after a failure the
+// framework's blocks are released only once the writer is quiescent; a
+// wrong count or an id outside the pool is refused at once naming it.
+func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	owned := ownedBlocks(c.gen[0], l, 64)
+	bad := [][]kvcache.BlockID{owned[0][:1], owned[1]}
+	if _, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bad", PromptLen: 64, Context: "ctx", Blocks: bad}); err == nil {
+		t.Fatal("a wrong number of destination blocks was accepted")
+	}
+	outside := [][]kvcache.BlockID{{0, 1, 2, 1 << 20}, owned[1]}
+	if _, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bad", PromptLen: 64, Context: "ctx", Blocks: outside}); err == nil {
+		t.Fatal("a destination block outside the pool was accepted")
+	}
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "fail", PromptLen: 64, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The context side holds a chunk whose fence has not fired: its op is
+	// admitted, so the writer is not quiescent.
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "fail", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := c.ctx[0].Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := kvcache.Chunk{Start: 0, End: 64, Last: true}
+	fence := &kvxfer.ManualFence{}
+	if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fence); err != nil {
+		t.Fatal(err)
+	}
+	rx.Cancel()
+	if o := waitOutcome(t, rx.Done()); o.OK {
+		t.Fatalf("rx %s after cancel", o.Status)
+	}
+	select {
+	case <-rx.Released():
+		t.Fatal("released while the writer holds an unfired chunk")
+	default:
+	}
+	fence.Fire(nil)
+	waitOutcome(t, tx.Done())
+	<-rx.Released() // the writer's CancelAck or Result arrives after its op settles
+	_ = c.ctx[0].Pools().Free(src)
+	checkNoLeaks(t, c)
+}
+
+// TestMLARankWithNoPeerFinishesAtOnce: with MLA, context TP2 and
+// generation TP1, context TP rank 1 writes to no generation rank. A Send
+// that names the generation parallelism ends DONE at once, holding nothing
+// (before: it waited for a RequestData that never comes and failed at its
+// deadline with its pins held).
+func TestMLARankWithNoPeerFinishesAtOnce(t *testing.T) {
+	l := kvcache.Layout{Name: "mla", Layers: 2, KVHeads: 1, HeadDim: 16, DTypeBytes: 2, TokensPerBlock: 16, MLA: true,
+		Groups: kvcache.FullAttention(2)}
+	c := startCluster(t, l, kvcache.Parallel{TP: 2, PP: 1}, tp1, 2)
+	tx, err := c.ctx[1].Send(context.Background(), kvxfer.SendRequest{ID: "mla", PromptLen: 32, GenerationParallel: tp1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, tx.Done())
+	if o.Status != kvxfer.StatusDone || o.Err != nil {
+		t.Fatalf("%s %v, want DONE at once", o.Status, o.Err)
+	}
+	if _, err := c.ctx[1].Send(context.Background(), kvxfer.SendRequest{ID: "mla2", PromptLen: 32,
+		GenerationParallel: kvcache.Parallel{TP: 1, PP: 3}}); !errors.Is(err, kvxfer.ErrBadRequest) {
+		t.Fatalf("Send with an impossible generation parallelism: %v", err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// sendFilled hands the prompt over in chunks from fresh source blocks,
+// each filled with request req's pattern behind its fence.
+func sendFilled(t *testing.T, e *kvxfer.Engine, h *kvxfer.TxHandle, l kvcache.Layout, promptLen, chunkTokens, req int) ([][]kvcache.BlockID, error) {
+	t.Helper()
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(promptLen)
+	}
+	src, err := e.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chunks {
+		f := &kvxfer.ManualFence{}
+		if err := h.Chunk(ch, ch.Runs(l.TokensPerBlock, src), f); err != nil {
+			return src, err
+		}
+		b0, b1 := ch.Blocks(l.TokensPerBlock)
+		for g := range l.Groups {
+			for b := b0; b < b1; b++ {
+				fill(e, l, g, src[g][b], b, req)
+			}
+		}
+		f.Fire(nil)
+	}
+	return src, nil
+}
