@@ -45,6 +45,11 @@ var (
 	// ErrBadRequest: a request the engine cannot take (its id, prompt
 	// length, blocks or parallelism), named in the error.
 	ErrBadRequest = actors.ErrBadRequest
+	// ErrEngineFailed: a sender worker spent its restart budget; its
+	// requests failed and drained, and the engine refuses new work.
+	ErrEngineFailed = actors.ErrEngineFailed
+	// ErrWorkerCrashed: a sender worker crashed under the request.
+	ErrWorkerCrashed = actors.ErrWorkerCrashed
 	// ErrPin: a chunk's source blocks could not be pinned.
 	ErrPin = actors.ErrPin
 	// ErrBadChunk: a chunk is misaligned, out of order or after the last.

@@ -2,6 +2,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"math/rand/v2"
 	"sync/atomic"
@@ -20,18 +21,24 @@ import (
 // generation engine on loopback, one worker each.
 func faultyPair(t *testing.T, l kvcache.Layout, opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
 	t.Helper()
+	return faultyPairN(t, l, 1, opts...)
+}
+
+// faultyPairN is faultyPair with workers sender workers on each side.
+func faultyPairN(t *testing.T, l kvcache.Layout, workers int, opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
+	t.Helper()
 	link := control.NewMemLink()
 	net := loopback.NewNetwork()
 	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), opts...)
 	gag := loopback.New(loopback.WithNetwork(net))
 	var err error
 	ce, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
-		Workers: 1, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
+		Workers: workers, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ge, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
-		Workers: 1, Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
+		Workers: workers, Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,4 +161,82 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 		t.Fatalf("rx outcome %s, want a failure", ro.Status)
 	}
 	checkNoLeaks(t, c)
+}
+
+// TestWorkerBudgetExhaustedFailsAndDrains: a sender worker crashed past its
+// restart budget (10 restarts within 10 s) is stopped. Before, nothing
+// watched it: the next request's context side never finished, Close
+// returned ErrUndrained and a block stayed pinned. Now the engine fails the
+// requests routed to it (its op in flight, held by the backend, is retired:
+// the worker closed its endpoints as it stopped), refuses new work with
+// ErrEngineFailed, and Close returns nil with nothing pinned.
+func TestWorkerBudgetExhaustedFailsAndDrains(t *testing.T) {
+	l := smallLayout()
+	var hung atomic.Bool
+	ce, ge := faultyPairN(t, l, 2, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	gen0 := ge.Hello().From
+	id := ""
+	for i := 0; id == ""; i++ {
+		if cand := fmt.Sprintf("budget-%d", i); actors.WorkerFor(cand, gen0, 2) == 0 {
+			id = cand
+		}
+	}
+	// Spend the budget but one: ten restarts.
+	for range 10 {
+		ce.CrashWorker(0)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ce.Stats().WorkerRestarts < 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d restarts, want 10", ce.Stats().WorkerRestarts)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
+	if err := tx.Chunk(c0, c0.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	for ce.Stats().OpsPosted == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("op never posted")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	// The eleventh crash with the op in flight: the worker is stopped.
+	ce.CrashWorker(0)
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrEngineFailed) {
+		t.Fatalf("tx %s %v, want FAILED with ErrEngineFailed", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx %s, want a failure", ro.Status)
+	}
+	if got := ce.Stats().WorkerRestarts; got != 10 {
+		t.Fatalf("worker restarts %d, want exactly the budget, 10", got)
+	}
+	if _, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "after", PromptLen: 64}); !errors.Is(err, kvxfer.ErrEngineFailed) {
+		t.Fatalf("Send after the budget: %v, want ErrEngineFailed", err)
+	}
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}}
+	checkNoLeaks(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("Close of a failed engine: %v", err)
+	}
 }

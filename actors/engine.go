@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -52,6 +54,12 @@ type Engine struct {
 	lis      control.Listener
 	stats    *Counters
 	hello    *messages.Hello
+	// parents are tx and rx, for the senders' watch of its workers.
+	parents atomic.Pointer[[2]*actor.PID]
+	// closeOnce makes Close idempotent: a second Close returns the first's
+	// result instead of stopping a stopped actor system.
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // StartEngine builds the actor tree and starts listening.
@@ -98,15 +106,36 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	// senders: a supervisor whose children are the workers.
 	workerSup := actor.NewOneForOneStrategy(10, 10*time.Second, func(any) actor.Directive { return actor.RestartDirective })
 	ready := make(chan []*actor.PID, 1)
+	e.env.dead = make([]atomic.Bool, cfg.Workers)
+	var pids []*actor.PID
 	e.senders = sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
-		if _, ok := ctx.Message().(*actor.Started); ok {
-			pids := make([]*actor.PID, cfg.Workers)
+		switch m := ctx.Message().(type) {
+		case *actor.Started:
+			pids = make([]*actor.PID, cfg.Workers)
 			for i := range pids {
 				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
 				w := &workerActor{slot: slot}
 				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
 			}
 			ready <- pids
+		case *actor.Terminated:
+			// A worker stopped outside Close: its restart budget is spent.
+			// Its Stopping closed its endpoints (no op of it can write),
+			// so its requests fail and drain; the engine refuses new work.
+			if e.env.closing.Load() {
+				return
+			}
+			for i, pid := range pids {
+				if pid.Equal(m.Who) {
+					e.env.dead[i].Store(true)
+					e.env.failed.Store(true)
+					cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
+					if ps := e.parents.Load(); ps != nil {
+						ctx.Send(ps[0], &workerDead{worker: i})
+						ctx.Send(ps[1], &workerDead{worker: i})
+					}
+				}
+			}
 		}
 	}, actor.WithSupervisor(workerSup)))
 	e.env.workers = <-ready
@@ -120,6 +149,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
 	}))
+	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
 	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &listener{env: e.env, tx: e.tx, rx: e.rx}
@@ -213,6 +243,9 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	if len(req.Payload) > messages.MaxPayload {
 		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, req.ID, len(req.Payload), messages.MaxPayload)
 	}
+	if e.env.failed.Load() {
+		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+	}
 	if gp := req.GenerationParallel; gp.TP > 0 {
 		topo := e.cfg.Topology
 		pm, err := kvcache.NewPeerMap(topo.Layout, topo.Parallel, gp)
@@ -249,6 +282,9 @@ type RxHandle struct {
 // write. Done fires at the logical outcome; a READY outcome's blocks belong
 // to the caller, who frees them with Engine.FreeBlocks.
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
+	if e.env.failed.Load() {
+		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+	}
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
 	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock()})
@@ -293,6 +329,11 @@ var ErrUndrained = errors.New("actors: sessions did not drain")
 // released its pages or ctx ends, then stops the workers and the tree. It
 // reports the requests that could not drain; their pages stay pinned.
 func (e *Engine) Close(ctx context.Context) error {
+	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
+	return e.closeErr
+}
+
+func (e *Engine) close(ctx context.Context) error {
 	txDrained, rxDrained := make(chan struct{}), make(chan struct{})
 	e.sys.Root.Send(e.tx, &closeReq{drained: txDrained})
 	e.sys.Root.Send(e.rx, &closeReq{drained: rxDrained})
@@ -308,6 +349,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	_ = e.lis.Close()
+	e.env.closing.Store(true)
 	_ = e.sys.Root.PoisonFuture(e.listenPI).Wait()
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()

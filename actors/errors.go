@@ -23,7 +23,11 @@ var (
 	// whichever layer noticed.
 	ErrPeerGone = rdma.ErrPeerGone
 	ErrClosed   = errors.New("actors: engine closed")
-	ErrPin      = errors.New("actors: source blocks not pinned")
+	// ErrEngineFailed: a sender worker spent its restart budget and was
+	// stopped; its requests failed and drained, and the engine refuses new
+	// work (Close it and start another).
+	ErrEngineFailed = errors.New("actors: engine failed")
+	ErrPin          = errors.New("actors: source blocks not pinned")
 	// ErrMismatch: the two sides disagree about a request (prompt length,
 	// bytes written against bytes planned, layout).
 	ErrMismatch = errors.New("actors: context and generation disagree")

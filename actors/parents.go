@@ -60,6 +60,8 @@ type (
 	closeReq struct{ drained chan struct{} }
 	// peerDown: the control plane declared a peer dead.
 	peerDown struct{ peer messages.PeerID }
+	// workerDead: a sender worker was stopped for good.
+	workerDead struct{ worker int }
 	// blocksFreed wakes the rx supervisor's allocation queue.
 	blocksFreed    struct{}
 	rxQueueTimeout struct{ request string }
@@ -204,6 +206,10 @@ func (p *txParent) Receive(ctx actor.Context) {
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, TxPeerGone{Peer: m.peer})
 		}
+	case *workerDead:
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, TxWorkerDead{Worker: m.worker})
+		}
 	}
 }
 
@@ -215,7 +221,7 @@ func (p *txParent) genIndex(from messages.PeerID) int {
 
 func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, f messages.Frame) {
 	w := WorkerFor(request, to, len(p.env.workers))
-	ctx.Send(p.env.workers[w], &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
+	sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
 
 func (p *txParent) bind(request, instance string) {
@@ -393,6 +399,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			if w, ok := e.writers[m.peer]; ok {
 				ctx.Send(e.pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
 			}
+		}
+	case *workerDead:
+		for _, e := range p.entries {
+			ctx.Send(e.pid, RxWorkerDead{Worker: m.worker})
 		}
 	}
 }

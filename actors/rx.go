@@ -41,6 +41,10 @@ type (
 	}
 	// RxPanic: the session's shell recovered a panic.
 	RxPanic struct{ Err error }
+	// RxWorkerDead: sender worker Worker spent its restart budget and was
+	// stopped; requests whose writers it served fail (their frames now go
+	// through another worker).
+	RxWorkerDead struct{ Worker int }
 )
 
 type writerState uint8
@@ -208,6 +212,14 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 		}
 	case RxPanic:
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
+	case RxWorkerDead:
+		for _, w := range s.cfg.Writers {
+			if w.Worker == m.Worker {
+				s.terminal(RxFailed, fmt.Errorf("%w: request %s: sender worker %d stopped (restart budget spent): %w",
+					ErrWorkerCrashed, s.cfg.Request, m.Worker, ErrEngineFailed))
+				break
+			}
+		}
 	}
 	s.maybeRelease()
 	return s.eff

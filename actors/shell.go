@@ -146,6 +146,41 @@ type shellEnv struct {
 	meters   *meters // nil: metrics off
 	// throttle rate-limits warnings per (peer, kind), engine-wide.
 	throttle *control.Throttle
+	// dead marks workers stopped for good (restart budget spent); failed
+	// is set with the first: the engine refuses new work.
+	dead    []atomic.Bool
+	failed  atomic.Bool
+	closing atomic.Bool
+}
+
+// opWorker is worker i for ops (submit, flush, close), or nil once it is
+// dead: what would have gone to it is never posted.
+func (env *shellEnv) opWorker(i int) *actor.PID {
+	if env.dead != nil && env.dead[i].Load() {
+		return nil
+	}
+	return env.workers[i]
+}
+
+// frameWorker is the worker that sends a control frame routed to worker i:
+// i itself, or the next live one once i is dead (a dead worker's streams
+// have failed, and their terminal frames must still go out); nil when
+// every worker is dead.
+func (env *shellEnv) frameWorker(i int) *actor.PID {
+	for k := range env.workers {
+		j := (i + k) % len(env.workers)
+		if env.dead == nil || !env.dead[j].Load() {
+			return env.workers[j]
+		}
+	}
+	return nil
+}
+
+// sendTo delivers m to pid unless pid is nil (a dead worker).
+func sendTo(ctx actor.Context, pid *actor.PID, m any) {
+	if pid != nil {
+		ctx.Send(pid, m)
+	}
 }
 
 // txChunkMsg carries a chunk and its fence from the handle to the shell.
@@ -294,13 +329,13 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 			sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
 			f.OnReady(func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) })
 		case Submit:
-			ctx.Send(a.env.workers[e.Worker], &workerSubmit{Submit: e, session: ctx.Self()})
+			sendTo(ctx, a.env.opWorker(e.Worker), &workerSubmit{Submit: e, session: ctx.Self()})
 		case Flush:
-			ctx.Send(a.env.workers[e.Worker], &workerFlush{Flush: e, session: ctx.Self()})
+			sendTo(ctx, a.env.opWorker(e.Worker), &workerFlush{Flush: e, session: ctx.Self()})
 		case CloseEndpoint:
-			ctx.Send(a.env.workers[e.Worker], &workerClose{CloseEndpoint: e, session: ctx.Self()})
+			sendTo(ctx, a.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: ctx.Self()})
 		case SendFrame:
-			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
+			sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 		case StartTimer:
 			a.timers = append(a.timers, startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
 		case Decide:
@@ -383,9 +418,15 @@ func (a *rxActor) Receive(ctx actor.Context) {
 	for _, e := range eff {
 		switch e := e.(type) {
 		case SendFrame:
-			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: e})
+			sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 		case SendRequestData:
-			ctx.Send(a.env.workers[e.Worker], &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
+			w := a.env.frameWorker(e.Worker)
+			if w == nil {
+				// No worker left: it never leaves.
+				ctx.Send(ctx.Self(), RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: no sender worker left", ErrEngineFailed)})
+				break
+			}
+			ctx.Send(w, &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
 				report: ctx.Self(), writer: e.Writer})
 		case StartTimer:
 			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))

@@ -54,6 +54,11 @@ type (
 	// TxSubmitted: the worker handed the op's batch to the backend (the
 	// post returned); the op is SUBMITTED.
 	TxSubmitted struct{ Op OpRef }
+	// TxWorkerDead: sender worker Worker spent its restart budget and was
+	// stopped. It closed every endpoint before it stopped (that is its
+	// Stopping), so no op it held can write any more; what was sent to it
+	// after is never posted. Its streams fail.
+	TxWorkerDead struct{ Worker int }
 	// TxCompleted: a worker reports the exactly-once outcome of an op's
 	// batch. Refused means it never reached the backend.
 	TxCompleted struct {
@@ -215,6 +220,8 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		}
 	case TxPinFailed:
 		s.onPinFailed(m)
+	case TxWorkerDead:
+		s.onWorkerDead(m)
 	case TxFlushed:
 		s.onFlushed(m)
 	case TxInDoubt:
@@ -318,6 +325,38 @@ func (s *TxSession) onFence(m TxFenceFired) {
 	s.chunks[m.Index].fenceErr = m.Err
 	if m.Err != nil {
 		s.fail(TxFailed, fmt.Errorf("%w: request %s chunk %d: %w", ErrFence, s.cfg.Request, m.Index, m.Err))
+	}
+}
+
+// onWorkerDead retires every op in flight on the dead worker (its endpoints
+// were closed before it stopped: proof that they are quiescent) and fails
+// the request if any of its streams used it. ADMITTED ops stay for
+// progress(), which makes them NOT_SUBMITTED once their fence fires.
+func (s *TxSession) onWorkerDead(m TxWorkerDead) {
+	used := false
+	for _, p := range s.order {
+		st := s.streams[p]
+		if st.worker != m.Worker {
+			continue
+		}
+		used = true
+		for i := range st.ops {
+			r, o := OpRef{s.cfg.Request, p, i}, &st.ops[i]
+			if o.state == OpSubmitting || o.state == OpSubmitted {
+				s.setOp(r, o, OpInDoubt)
+			}
+			if o.state == OpInDoubt {
+				s.setOp(r, o, OpRetired)
+				st.retired = true
+			}
+		}
+		if st.phase == streamFlushing {
+			st.phase = streamOpen // no flush will answer: the terminal frame goes out once quiescent
+		}
+	}
+	if used {
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: sender worker %d stopped (restart budget spent): %w",
+			ErrWorkerCrashed, s.cfg.Request, m.Worker, ErrEngineFailed))
 	}
 }
 

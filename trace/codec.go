@@ -178,6 +178,10 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "TxPinFailed", txPinFailed{Chunk: m.Chunk, Group: m.Group, Err: errText(m.Err)}
 	case actors.RxSent:
 		return "RxSent", rxSent{Writer: m.Writer, Err: errText(m.Err)}
+	case actors.TxWorkerDead:
+		return "TxWorkerDead", m
+	case actors.RxWorkerDead:
+		return "RxWorkerDead", m
 	case actors.TxInDoubt:
 		return "TxInDoubt", txInDoubt{Ops: m.Ops, Reason: errText(m.Reason)}
 	case actors.TxRetired:
@@ -254,6 +258,10 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		if err = unmarshal(raw, &w); err == nil {
 			out = actors.TxPinFailed{Chunk: w.Chunk, Group: w.Group, Err: textErr(w.Err)}
 		}
+	case "TxWorkerDead":
+		out, err = decodeAs[actors.TxWorkerDead](raw)
+	case "RxWorkerDead":
+		out, err = decodeAs[actors.RxWorkerDead](raw)
 	case "RxSent":
 		var w rxSent
 		if err = unmarshal(raw, &w); err == nil {
