@@ -1,0 +1,93 @@
+package capi
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// BenchGo drives iters transfers of promptLen tokens in chunks of
+// chunkTokens from src to dst through the same Engine and Request calls the
+// C ABI makes (Receive, Send, Chunk with a fence then FenceReady, waiting
+// for both events, freeing the READY blocks), without the C boundary: the
+// baseline of a transfer driven from Python. It returns the wall time and
+// the bytes moved.
+func BenchGo(src, dst *Engine, promptLen, chunkTokens, iters int) (time.Duration, uint64, error) {
+	l := src.eng.Layout()
+	groups := len(l.Groups)
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		return 0, 0, errorf(ErrInvalidArgument, "bench: %v", err)
+	}
+	srcIDs := make([][]kvcache.BlockID, groups)
+	for g := range groups {
+		if srcIDs[g], err = src.AllocBlocks(g, l.BlocksFor(promptLen)); err != nil {
+			return 0, 0, err
+		}
+	}
+	defer func() {
+		for g := range groups {
+			_ = src.FreeBlocks(g, srcIDs[g])
+		}
+	}()
+	var moved uint64
+	evs := make([]Event, 4)
+	start := time.Now()
+	for i := range iters {
+		id := fmt.Sprintf("bench-go-%d-%d", src.h, i)
+		rx, _, err := dst.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen,
+			Context: src.instance}})
+		if err != nil {
+			return 0, 0, err
+		}
+		tx, _, err := src.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: promptLen}})
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, c := range chunks {
+			f, err := tx.Chunk(c.Start, c.End, c.Last, c.Runs(l.TokensPerBlock, srcIDs), true)
+			if err != nil {
+				return 0, 0, err
+			}
+			if err := FenceReady(f); err != nil {
+				return 0, 0, err
+			}
+		}
+		if err := waitEvents(src, evs, tx.h); err != nil {
+			return 0, 0, err
+		}
+		if err := waitEvents(dst, evs, rx.h); err != nil {
+			return 0, 0, err
+		}
+		o, _ := rx.Outcome()
+		if o.Status != kvxfer.StatusReady {
+			return 0, 0, fmt.Errorf("bench: request %s: %s %v", id, o.Status, o.Err)
+		}
+		moved += o.Bytes
+		for g, ids := range o.Blocks {
+			if err := dst.FreeBlocks(g, ids); err != nil {
+				return 0, 0, err
+			}
+		}
+		_ = tx.Release()
+		_ = rx.Release()
+	}
+	return time.Since(start), moved, nil
+}
+
+// waitEvents polls e until request h's event arrives (other events are
+// dropped: the bench owns the engine).
+func waitEvents(e *Engine, evs []Event, h uint64) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		n := e.Poll(evs, time.Second)
+		for _, ev := range evs[:n] {
+			if ev.Request == h {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("bench: no event for request %d in a minute", h)
+}
