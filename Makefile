@@ -101,6 +101,8 @@ gpu-check:
 ## cmd/libkvxfer) with its documented header include/kvxfer.h; fails when the
 ## library's exported kvxfer_* symbols and the header's declarations differ.
 LIBDIR := lib
+# Debian's interpreter, the one python3-numpy/-torch/-pytest install for.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 .PHONY: lib ctest pytest bench-python
 lib:
 	$(GO) build -buildmode=c-shared -o $(LIBDIR)/libkvxfer.so ./cmd/libkvxfer
@@ -118,10 +120,10 @@ ctest: lib
 
 ## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.
 pytest: lib
-	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so python3 -m pytest -q tests
+	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so $(PYTHON) -m pytest -q tests
 
 ## bench-python: per-call cost of a chunk hand-over from Python (p50/p99)
 ## and a Python-driven transfer beside the same transfer driven from Go, in
 ## one process (512-token chunks).
 bench-python: lib
-	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so python3 bench_kvxfer.py
+	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so $(PYTHON) bench_kvxfer.py
