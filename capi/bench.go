@@ -2,6 +2,7 @@ package capi
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
@@ -35,8 +36,8 @@ func BenchGo(src, dst *Engine, promptLen, chunkTokens, iters int) (time.Duration
 	var moved uint64
 	evs := make([]Event, 4)
 	start := time.Now()
-	for i := range iters {
-		id := fmt.Sprintf("bench-go-%d-%d", src.h, i)
+	for range iters {
+		id := fmt.Sprintf("bench-go-%d-%d", src.h, benchSeq.Add(1))
 		rx, _, err := dst.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen,
 			Context: src.instance}})
 		if err != nil {
@@ -76,6 +77,9 @@ func BenchGo(src, dst *Engine, promptLen, chunkTokens, iters int) (time.Duration
 	}
 	return time.Since(start), moved, nil
 }
+
+// benchSeq numbers BenchGo's requests: ids are never reused in a process.
+var benchSeq atomic.Uint64
 
 // waitEvents polls e until request h's event arrives (other events are
 // dropped: the bench owns the engine).

@@ -50,6 +50,7 @@ class RecvSpec:
     prompt_len: int
     block_ids: list
     context: str
+    remote_request_id: str  # the context instance's id of the request
 
 
 @dataclass
@@ -99,8 +100,9 @@ class KvxferSchedulerConnector:
         ids = _block_ids(blocks)
         rid = request.request_id
         if self.role == "consumer" and num_external_tokens > 0:
-            ctx = request.kv_transfer_params["remote_instance"]
-            self._recv[rid] = RecvSpec(len(request.prompt_token_ids), ids, ctx)
+            params = request.kv_transfer_params
+            self._recv[rid] = RecvSpec(len(request.prompt_token_ids), ids, params["remote_instance"],
+                                       params.get("remote_request_id", rid))
         elif self.role == "producer":
             have = self._blocks.setdefault(rid, [[] for _ in ids])
             for g, new in enumerate(ids):
@@ -190,7 +192,7 @@ class KvxferWorkerConnector:
 
     def start_load_kv(self, forward_context=None, **kwargs):
         for rid, spec in self._meta.reqs_to_recv.items():
-            r = self.engine.receive(rid, spec.prompt_len, spec.context, blocks=spec.block_ids)
+            r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
             self._recvs[rid] = r
             self._by_handle[r.handle] = (rid, "recv")
 
