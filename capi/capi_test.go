@@ -205,3 +205,42 @@ func closeBoth(t *testing.T, es ...*Engine) {
 		}
 	}
 }
+
+// BenchmarkReceiveSend is the cost of opening both sides of a request from
+// Go (the actor round trips kvxfer_receive and kvxfer_send make), for
+// comparison with the same calls from Python (make bench-python).
+func BenchmarkReceiveSend(b *testing.B) {
+	cfg := `{"instance":%q,` + tinyLayout + `,"pool_bytes":1048576,"workers":2}`
+	p, _, err := Open(fmt.Sprintf(cfg, "bench-rs-p"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, _, err := Open(fmt.Sprintf(cfg, "bench-rs-d"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	evs := make([]Event, 8)
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprint("rs-", i)
+		rx, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "bench-rs-p"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		tx.Cancel()
+		rx.Cancel()
+		for _, e := range []*Engine{p, d} {
+			for e.Poll(evs, 10*time.Millisecond) == 0 {
+			}
+		}
+		_ = tx.Release()
+		_ = rx.Release()
+		b.StartTimer()
+	}
+	_ = p.Close(5 * time.Second)
+	_ = d.Close(5 * time.Second)
+}

@@ -5,7 +5,8 @@
    512-token chunks.
 2. The same transfer driven from Python through the C ABI and from Go
    (kvxfer_bench_go: the same capi calls without the boundary), on the same
-   two engines in the same process, alternating rounds; the median of each.
+   two engines in the same process: each round runs both back to back, in
+   alternating order; medians, and the median of the per-round ratios.
 
 Prints both as Markdown tables. Options: --rounds, --iters, --prompt,
 --model, --tiny (a 1 KiB/token layout where per-call cost dominates).
@@ -40,10 +41,21 @@ def engines(args, tag):
     return ctx, gen
 
 
-def python_transfer(ctx, gen, src, prompt, iters, tag):
-    """The loop of capi.BenchGo, driven through the C ABI from Python."""
+def alloc_src(ctx, prompt):
+    return [ctx.alloc(g, -(-prompt // ctx.tokens_per_block)) for g in range(len(ctx.groups))]
+
+
+def free_src(ctx, src):
+    for g, ids in enumerate(src):
+        ctx.free(g, ids)
+
+
+def python_transfer(ctx, gen, prompt, iters, tag):
+    """The loop of capi.BenchGo, driven through the C ABI from Python: the
+    same source blocks (allocated first, freed last), the same calls."""
     tpb = ctx.tokens_per_block
     moved = 0
+    src = alloc_src(ctx, prompt)
     t0 = time.perf_counter()
     for i in range(iters):
         rid = "bench-py-%s-%d" % (tag, i)
@@ -62,7 +74,9 @@ def python_transfer(ctx, gen, src, prompt, iters, tag):
             gen.free(g, rx.blocks(g)[1])
         tx.release()
         rx.release()
-    return time.perf_counter() - t0, moved
+    secs = time.perf_counter() - t0
+    free_src(ctx, src)
+    return secs, moved
 
 
 def go_transfer(ctx, gen, prompt, iters):
@@ -73,14 +87,21 @@ def go_transfer(ctx, gen, prompt, iters):
     return secs.value, moved.value
 
 
-def per_call(ctx, gen, src, prompt, requests):
-    """Times kvxfer_chunk (fenced) and kvxfer_fence_ready alone, per call."""
+def per_call(ctx, gen, prompt, requests):
+    """Times kvxfer_chunk (fenced) and kvxfer_fence_ready alone, per call,
+    and kvxfer_receive and kvxfer_send once a request."""
     tpb = ctx.tokens_per_block
-    chunk_ns, ready_ns = [], []
+    src = alloc_src(ctx, prompt)
+    chunk_ns, ready_ns, recv_ns, send_ns = [], [], [], []
     for i in range(requests):
         rid = "bench-call-%d" % i
+        t0 = time.perf_counter_ns()
         rx = gen.receive(rid, prompt, ctx.instance)
+        t1 = time.perf_counter_ns()
         tx = ctx.send(rid, prompt)
+        t2 = time.perf_counter_ns()
+        recv_ns.append(t1 - t0)
+        send_ns.append(t2 - t1)
         for start in range(0, prompt, CHUNK):
             end = min(start + CHUNK, prompt)
             b0, b1 = start // tpb, -(-end // tpb)
@@ -99,7 +120,8 @@ def per_call(ctx, gen, src, prompt, requests):
             gen.free(g, rx.blocks(g)[1])
         tx.release()
         rx.release()
-    return chunk_ns, ready_ns
+    free_src(ctx, src)
+    return chunk_ns, ready_ns, recv_ns, send_ns
 
 
 def pct(xs, p):
@@ -113,21 +135,20 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=200, help="requests timed per call (prompt/512 chunks each)")
     ap.add_argument("--pool-mib", type=int, default=512)
     args = ap.parse_args()
     tag = "%d-%d" % (os.getpid(), args.prompt)
     ctx, gen = engines(args, tag)
     try:
-        src = [ctx.alloc(g, -(-args.prompt // ctx.tokens_per_block)) for g in range(len(ctx.groups))]
         layout = "tiny (%d B/token)" % ctx.info.bytes_per_token if args.tiny else args.model
         per_req = args.prompt * ctx.info.bytes_per_token
         # warm-up
-        python_transfer(ctx, gen, src, args.prompt, 1, tag + "-w")
+        python_transfer(ctx, gen, args.prompt, 1, tag + "-w")
         go_transfer(ctx, gen, args.prompt, 1)
 
-        chunk_ns, ready_ns = per_call(ctx, gen, src, args.prompt, args.calls)
+        chunk_ns, ready_ns, recv_ns, send_ns = per_call(ctx, gen, args.prompt, args.calls)
         print("Per call from Python, %s, %d-token chunks, %d calls:\n" % (layout, CHUNK, len(chunk_ns)))
         print("| call | p50 µs | p99 µs |")
         print("|---|---:|---:|")
@@ -135,24 +156,33 @@ def main():
         print("| kvxfer_fence_ready | %.1f | %.1f |" % (pct(ready_ns, 50), pct(ready_ns, 99)))
         both = [a + b for a, b in zip(chunk_ns, ready_ns)]
         print("| hand-over (both) | %.1f | %.1f |" % (pct(both, 50), pct(both, 99)))
+        print("| kvxfer_receive (once a request) | %.1f | %.1f |" % (pct(recv_ns, 50), pct(recv_ns, 99)))
+        print("| kvxfer_send (once a request) | %.1f | %.1f |" % (pct(send_ns, 50), pct(send_ns, 99)))
 
-        py, go = [], []
+        py, go, ratio = [], [], []
         for r in range(args.rounds):
-            s, b = python_transfer(ctx, gen, src, args.prompt, args.iters, "%s-%d" % (tag, r))
-            assert b == per_req * args.iters, (b, per_req * args.iters)
-            py.append(b / s)
-            s, b = go_transfer(ctx, gen, args.prompt, args.iters)
-            assert b == per_req * args.iters, (b, per_req * args.iters)
-            go.append(b / s)
+            order = ("py", "go") if r % 2 == 0 else ("go", "py")  # neither always goes first
+            got = {}
+            for who in order:
+                if who == "py":
+                    s, b = python_transfer(ctx, gen, args.prompt, args.iters, "%s-%d" % (tag, r))
+                else:
+                    s, b = go_transfer(ctx, gen, args.prompt, args.iters)
+                assert b == per_req * args.iters, (who, b, per_req * args.iters)
+                got[who] = b / s
+            py.append(got["py"])
+            go.append(got["go"])
+            ratio.append(got["py"] / got["go"])
         gp, gg = statistics.median(py), statistics.median(go)
-        print("\nTransfer, %s, %d-token prompt (%.1f MiB) in %d-token chunks, %d requests a round, median of %d "
-              "alternating rounds:\n" % (layout, args.prompt, per_req / 2**20, CHUNK, args.iters, args.rounds))
-        print("| driven from | GiB/s | requests/s | Python ÷ Go |")
+        print("\nTransfer, %s, %d-token prompt (%.1f MiB) in %d-token chunks, %d requests a round, medians of %d "
+              "rounds (Python and Go back to back in each, order alternating):\n"
+              % (layout, args.prompt, per_req / 2**20, CHUNK, args.iters, args.rounds))
+        print("| driven from | GiB/s | requests/s | Python ÷ Go (median of per-round ratios, min–max) |")
         print("|---|---:|---:|---:|")
         print("| Go (kvxfer_bench_go) | %.2f | %.0f | |" % (gg / 2**30, gg / per_req))
-        print("| Python (ctypes) | %.2f | %.0f | %.2f× |" % (gp / 2**30, gp / per_req, gp / gg))
-        for g in range(len(src)):
-            ctx.free(g, src[g])
+        print("| Python (ctypes) | %.2f | %.0f | %.2f× (%.2f–%.2f) |" % (gp / 2**30, gp / per_req,
+                                                                       statistics.median(ratio), min(ratio), max(ratio)))
+        assert ctx.used(0) == 0 and gen.used(0) == 0
     finally:
         ctx.close()
         gen.close()
