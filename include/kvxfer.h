@@ -232,7 +232,10 @@ kvxfer_status kvxfer_poll(kvxfer_engine_t engine, kvxfer_event *events, uint32_t
                           int32_t timeout_ms);
 
 /* Delivers each event to cb (on a library thread) instead of the poll queue;
- * cb == NULL goes back to polling. */
+ * cb == NULL goes back to polling. A callback being replaced may still run
+ * for an event already on its way: keep it callable until
+ * kvxfer_engine_close returns. It may call any function here except
+ * kvxfer_engine_close of its own engine (which waits for it). */
 kvxfer_status kvxfer_set_callback(kvxfer_engine_t engine, kvxfer_callback cb, void *user);
 
 /* The destination blocks of a READY request's group: writes up to cap ids,

@@ -170,7 +170,7 @@ class Engine:
         self._lock = threading.Lock()
         self._evbuf = (_lib.Event * 64)()
         self._got = ctypes.c_uint32()
-        self._cb = None
+        self._cbs = []
         self.callback_errors = []
         info = _lib.EngineInfo()
         _check(lib.kvxfer_engine_info_get(self.handle, ctypes.byref(info)))
@@ -305,7 +305,6 @@ class Engine:
         the library."""
         if fn is None:
             _check(lib.kvxfer_set_callback(self.handle, _lib.CALLBACK(), None))
-            self._cb = None
             return
 
         def trampoline(evp, _user):
@@ -317,7 +316,9 @@ class Engine:
 
         cb = _lib.CALLBACK(trampoline)
         _check(lib.kvxfer_set_callback(self.handle, cb, None))
-        self._cb = cb  # keep the thunk alive while the library holds it
+        # Every thunk stays alive with the engine: one being replaced may
+        # still run for an event already on its way.
+        self._cbs.append(cb)
 
 
 class Fence:

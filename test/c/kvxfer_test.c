@@ -94,6 +94,31 @@ static void test_bad_input(void) {
     CHECK(res == NULL, "the other thread saw its own message");
     CHECK(strstr(kvxfer_last_error(), "req"), "this thread kept its message: %s", kvxfer_last_error());
     CHECK(strcmp(kvxfer_status_name(KVXFER_ERR_BAD_CHUNK), "KVXFER_ERR_BAD_CHUNK") == 0, "status name");
+    CHECK(strcmp(kvxfer_status_name(-3), "KVXFER_ERR_UNKNOWN") == 0, "unknown status name");
+    /* Every call with a bad handle or a NULL output is an error, never a crash. */
+    kvxfer_status st[] = {
+        kvxfer_engine_info_get(5555, NULL),
+        kvxfer_engine_info_get(5555, &(kvxfer_engine_info){0}),
+        kvxfer_engine_group(5555, 0, NULL),
+        kvxfer_blocks_alloc(5555, 0, 4, NULL),
+        kvxfer_blocks_free(5555, 0, NULL, 4),
+        kvxfer_blocks_used(5555, 0, NULL),
+        kvxfer_send(5555, &(kvxfer_send_request){.id = "x", .prompt_len = 16}, &(kvxfer_request_t){0}),
+        kvxfer_send(5555, &(kvxfer_send_request){.id = NULL}, &(kvxfer_request_t){0}),
+        kvxfer_receive(5555, &(kvxfer_receive_request){.id = "x", .context = NULL}, &(kvxfer_request_t){0}),
+        kvxfer_chunk(5555, 0, 16, 1, NULL, 0, NULL),
+        kvxfer_fence_ready(5555),
+        kvxfer_fence_fail(5555, NULL),
+        kvxfer_set_callback(5555, NULL, NULL),
+        kvxfer_request_blocks(5555, 0, NULL, 4, &(uint32_t){0}, NULL),
+        kvxfer_request_payload(5555, NULL, 0, NULL),
+        kvxfer_request_error(5555, NULL, 0),
+        kvxfer_request_release(5555),
+        kvxfer_bench_go(5555, 5556, 16, 16, 1, NULL, NULL),
+    };
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        CHECK(st[i] == KVXFER_ERR_BAD_HANDLE || st[i] == KVXFER_ERR_INVALID_ARGUMENT, "call %zu returned %s", i,
+              kvxfer_status_name(st[i]));
     printf("ok   bad input: status codes and per-thread messages\n");
 }
 
