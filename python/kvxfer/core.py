@@ -168,8 +168,7 @@ class Engine:
         self.memory = memory
         self._events = {}  # request handle -> Event, polled but not yet claimed
         self._lock = threading.Lock()
-        self._evbuf = (_lib.Event * 64)()
-        self._got = ctypes.c_uint32()
+        self._tls = threading.local()  # per-thread poll buffers: any thread may poll
         self._cbs = []
         self.callback_errors = []
         info = _lib.EngineInfo()
@@ -273,8 +272,13 @@ class Engine:
         return self._poll_raw(timeout_ms)
 
     def _poll_raw(self, timeout_ms):
-        _check(lib.kvxfer_poll(self.handle, self._evbuf, len(self._evbuf), ctypes.byref(self._got), timeout_ms))
-        return [Event(self._evbuf[i]) for i in range(self._got.value)]
+        tls = self._tls
+        buf = getattr(tls, "buf", None)
+        if buf is None:
+            buf = tls.buf = (_lib.Event * 64)()
+            tls.got = ctypes.c_uint32()
+        _check(lib.kvxfer_poll(self.handle, buf, len(buf), ctypes.byref(tls.got), timeout_ms))
+        return [Event(buf[i]) for i in range(tls.got.value)]
 
     def wait(self, request, timeout=30.0):
         """The event of request (a Request or handle), polling until it
@@ -345,7 +349,6 @@ class Request:
         self.id = id
         self.prompt_len = prompt_len
         self.side = side
-        self._fence = _lib.fence_t()
 
     def __repr__(self):
         return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
@@ -362,9 +365,12 @@ class Request:
 
     def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None):
         """chunk() with a prebuilt ctypes BlockRun array (the hot path)."""
-        fp = ctypes.byref(self._fence) if fenced else None
-        _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, fp))
-        return Fence(self._fence.value) if fenced else None
+        if not fenced:
+            _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, None))
+            return None
+        f = _lib.fence_t()
+        _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, ctypes.byref(f)))
+        return Fence(f.value)
 
     def cancel(self):
         _check(lib.kvxfer_cancel(self.handle))

@@ -275,3 +275,37 @@ def test_last_error_is_per_thread():
                          "KVXFER_ERR_UNSUPPORTED until the node package lands")
 def test_two_processes():
     pass
+
+
+def test_threads_share_an_engine(pair):
+    """Requests opened, handed over and waited for from several Python
+    threads at once on the same two engines all finish READY/DONE."""
+    import threading
+
+    ctx, gen = pair
+    errors = []
+
+    def run(k):
+        try:
+            src = ctx.alloc(0, 2)
+            for i in range(50):
+                rid = "thr-%d-%d" % (k, i)
+                rx = gen.receive(rid, 32, ctx.instance)
+                tx = ctx.send(rid, 32)
+                tx.chunk(0, 32, [(0, src)]).ready()
+                assert tx.wait().outcome == Outcome.DONE
+                assert rx.wait().outcome == Outcome.READY
+                gen.free(0, rx.blocks(0)[1])
+                tx.release()
+                rx.release()
+            ctx.free(0, src)
+        except BaseException as exc:  # reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert ctx.used(0) == 0 and gen.used(0) == 0
