@@ -244,3 +244,41 @@ func BenchmarkReceiveSend(b *testing.B) {
 	_ = p.Close(5 * time.Second)
 	_ = d.Close(5 * time.Second)
 }
+
+// BenchmarkTransferPhases drives bench_kvxfer.py --tiny's transfer from Go
+// (a 1 KiB/token layout, 2048-token prompts, 512-token chunks) and reports
+// the mean µs per request of each call, beside the Python-driven breakdown
+// bench_kvxfer.py prints.
+func BenchmarkTransferPhases(b *testing.B) {
+	cfg := `{"instance":%q,"layout":{"layers":4,"kv_heads":2,"head_dim":32,"dtype_bytes":2,"tokens_per_block":16},` +
+		`"pool_bytes":536870912,"transfer_timeout_ms":60000}`
+	p, _, err := Open(fmt.Sprintf(cfg, "bench-ph-p"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, _, err := Open(fmt.Sprintf(cfg, "bench-ph-d"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, _, err := BenchGo(p, d, 2048, 512, 10); err != nil { // warm-up
+		b.Fatal(err)
+	}
+	var ph Phases
+	b.ResetTimer()
+	_, moved, err := benchGo(p, d, 2048, 512, b.N, &ph)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(moved) / int64(b.N))
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
+	b.ReportMetric(us(ph.Receive), "receive-µs/req")
+	b.ReportMetric(us(ph.Send), "send-µs/req")
+	b.ReportMetric(us(ph.Chunk), "chunks-µs/req")
+	b.ReportMetric(us(ph.Ready), "readies-µs/req")
+	b.ReportMetric(us(ph.WaitDone), "wait-done-µs/req")
+	b.ReportMetric(us(ph.WaitReady), "wait-ready-µs/req")
+	b.ReportMetric(us(ph.Free), "blocks+free-µs/req")
+	b.ReportMetric(us(ph.Release), "release-µs/req")
+	_ = p.Close(5 * time.Second)
+	_ = d.Close(5 * time.Second)
+}

@@ -3,7 +3,9 @@
 1. The per-call cost of a chunk hand-over from Python: kvxfer_chunk with a
    fence, then kvxfer_fence_ready, each timed alone (p50/p99 in µs), on
    512-token chunks.
-2. The same transfer driven from Python through the C ABI and from Go
+2. Where a Python-driven request's time goes, call by call, while the
+   transfers run.
+3. The same transfer driven from Python through the C ABI and from Go
    (kvxfer_bench_go: the same capi calls without the boundary), on the same
    two engines in the same process: each round runs both back to back, in
    alternating order; medians, and the median of the per-round ratios.
@@ -124,6 +126,53 @@ def per_call(ctx, gen, prompt, requests):
     return chunk_ns, ready_ns, recv_ns, send_ns
 
 
+def in_flow(ctx, gen, prompt, requests):
+    """Mean µs per request spent in each call of python_transfer's loop,
+    while the transfers run (the calls share the CPUs with the copies)."""
+    tpb = ctx.tokens_per_block
+    pc = time.perf_counter
+    t = dict.fromkeys(["kvxfer_receive", "kvxfer_send", "kvxfer_chunk (all chunks)", "kvxfer_fence_ready (all)",
+                       "wait for DONE (poll)", "wait for READY (poll)", "kvxfer_request_blocks + kvxfer_blocks_free",
+                       "kvxfer_request_release x2"], 0.0)
+    src = alloc_src(ctx, prompt)
+    for i in range(requests):
+        rid = "bench-flow-%d" % i
+        a = pc()
+        rx = gen.receive(rid, prompt, ctx.instance)
+        b = pc()
+        tx = ctx.send(rid, prompt)
+        c = pc()
+        t["kvxfer_receive"] += b - a
+        t["kvxfer_send"] += c - b
+        for start in range(0, prompt, CHUNK):
+            end = min(start + CHUNK, prompt)
+            b0, b1 = start // tpb, -(-end // tpb)
+            a = pc()
+            f = tx.chunk(start, end, [(b0, ids[b0:b1]) for ids in src])
+            b = pc()
+            f.ready()
+            c = pc()
+            t["kvxfer_chunk (all chunks)"] += b - a
+            t["kvxfer_fence_ready (all)"] += c - b
+        a = pc()
+        tx.wait()
+        b = pc()
+        rx.wait()
+        c = pc()
+        for g in range(len(src)):
+            gen.free(g, rx.blocks(g)[1])
+        d = pc()
+        tx.release()
+        rx.release()
+        e = pc()
+        t["wait for DONE (poll)"] += b - a
+        t["wait for READY (poll)"] += c - b
+        t["kvxfer_request_blocks + kvxfer_blocks_free"] += d - c
+        t["kvxfer_request_release x2"] += e - d
+    free_src(ctx, src)
+    return {k: v / requests * 1e6 for k, v in t.items()}
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] / 1000
@@ -158,6 +207,14 @@ def main():
         print("| hand-over (both) | %.1f | %.1f |" % (pct(both, 50), pct(both, 99)))
         print("| kvxfer_receive (once a request) | %.1f | %.1f |" % (pct(recv_ns, 50), pct(recv_ns, 99)))
         print("| kvxfer_send (once a request) | %.1f | %.1f |" % (pct(send_ns, 50), pct(send_ns, 99)))
+
+        flow = in_flow(ctx, gen, args.prompt, max(args.iters, 50))
+        print("\nWhere a Python-driven request's time goes, mean µs per request, during transfers:\n")
+        print("| call | µs |")
+        print("|---|---:|")
+        for k, v in flow.items():
+            print("| %s | %.1f |" % (k, v))
+        print("| total | %.1f |" % sum(flow.values()))
 
         py, go, ratio = [], [], []
         for r in range(args.rounds):
