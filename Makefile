@@ -48,7 +48,8 @@ FUZZTIME ?= 2m
 # duration budget ends (golang/go#75804, fixed in Go 1.27); a count has no
 # deadline to race.
 FUZZTIME_CI ?= 40000x
-FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress
+FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
+	./capi:FuzzParseConfig
 
 ## fuzz: run every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 fuzz:
