@@ -3,7 +3,9 @@ package capi
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,4 +283,52 @@ func BenchmarkTransferPhases(b *testing.B) {
 	b.ReportMetric(us(ph.Release), "release-µs/req")
 	_ = p.Close(5 * time.Second)
 	_ = d.Close(5 * time.Second)
+}
+
+// TestCloseRacingOpens: Close while other goroutines keep opening requests
+// returns, every open either succeeds (and its request is released by
+// Close) or is refused with KVXFER_ERR_CLOSED, and no handle is left.
+func TestCloseRacingOpens(t *testing.T) {
+	base := HandleCount()
+	p, d := open(t, "capi-race-p"), open(t, "capi-race-d")
+	var opened [2]atomic.Int64
+	done := make(chan error, 2)
+	for k, e := range []*Engine{p, d} {
+		go func() {
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("race-%d", i)
+				var err error
+				if k == 0 {
+					_, _, err = e.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
+				} else {
+					_, _, err = e.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "capi-race-p"}})
+				}
+				switch {
+				case Code(err) == ErrClosed:
+					done <- nil
+					return
+				case err != nil:
+					done <- fmt.Errorf("open %s: %v (code %v)", id, err, Code(err))
+					return
+				}
+				opened[k].Add(1)
+			}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for opened[0].Load() < 20 || opened[1].Load() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("opened %d sends and %d receives in 10 s", opened[0].Load(), opened[1].Load())
+		}
+		runtime.Gosched()
+	}
+	closeBoth(t, d, p) // the generation side first: its cancels reach a live context side
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
 }

@@ -26,6 +26,11 @@ type Engine struct {
 	eng      *kvxfer.Engine
 	instance string
 
+	// opening is held shared by Send and Receive from their closed check
+	// until their watcher is registered, and exclusively by Close while it
+	// marks the engine closed: no watcher is added once Close waits.
+	opening sync.RWMutex
+
 	mu       sync.Mutex
 	closed   bool
 	events   []Event
@@ -84,15 +89,18 @@ func (e *Engine) Handle() uint64 { return e.h }
 // Close fails every unfired fence, closes the engine (waiting up to
 // timeout for the drain) and releases every handle the engine owns.
 func (e *Engine) Close(timeout time.Duration) error {
+	e.opening.Lock()
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		e.opening.Unlock()
 		return errorf(ErrClosed, "engine %d: already closing", e.h)
 	}
 	e.closed = true
 	fences := e.fences
 	e.fences = map[uint64]*fence{}
 	e.mu.Unlock()
+	e.opening.Unlock()
 	for h, f := range fences {
 		drop(h)
 		f.mf.Fire(fmt.Errorf("%w: engine %d closed before fence %d fired", ErrEngineClosed, e.h, h))
@@ -261,6 +269,8 @@ type ReceiveRequest struct {
 
 // Send opens the context side of a request.
 func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
+	e.opening.RLock()
+	defer e.opening.RUnlock()
 	if err := e.open(); err != nil {
 		return nil, 0, err
 	}
@@ -274,6 +284,8 @@ func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
 
 // Receive opens the generation side of a request.
 func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
+	e.opening.RLock()
+	defer e.opening.RUnlock()
 	if err := e.open(); err != nil {
 		return nil, 0, err
 	}
