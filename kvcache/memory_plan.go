@@ -68,10 +68,27 @@ func NewMemoryPlan(link PeerLink, g int, src, dst *KVMemory) (*Plan, error) {
 		}
 	}
 
+	// One (layer, part) pair's pieces relative to both tensors' bases, in
+	// whichever order gives fewer; every tensor pair shares the strides.
 	headOuter := src.HeadStride >= src.TokenStride
-	pieces := memoryPieces(src, dst, link, g, headOuter)
-	if other := memoryPieces(src, dst, link, g, !headOuter); len(other) < len(pieces) {
-		pieces = other
+	tmpl := tensorPieces(src, dst, link, headOuter)
+	if other := tensorPieces(src, dst, link, !headOuter); len(other) < len(tmpl) {
+		tmpl = other
+	}
+	pieces := make([]Segment, 0, len(tmpl)*len(link.Layers[g])*src.Parts)
+	for _, L := range link.Layers[g] {
+		si, di := src.layerIndex(L), dst.layerIndex(L)
+		for part := range src.Parts {
+			sb, db := src.Base[si][part], dst.Base[di][part]
+			for i, pc := range tmpl {
+				s, d := sb+pc.Src, db+pc.Dst
+				if k := len(pieces) - 1; i == 0 && k >= 0 && pieces[k].Src+pieces[k].Len == s && pieces[k].Dst+pieces[k].Len == d {
+					pieces[k].Len += pc.Len
+					continue
+				}
+				pieces = append(pieces, Segment{Src: s, Dst: d, Len: pc.Len})
+			}
+		}
 	}
 	p := &Plan{
 		pieces: pieces, srcStride: src.BlockStride, dstStride: dst.BlockStride,
@@ -99,11 +116,12 @@ func (m *KVMemory) blockContent() uint64 {
 		uint64(m.TokensPerBlock) * uint64(m.HeadDim) * uint64(m.ElemBytes)
 }
 
-// memoryPieces lists the byte ranges one block pair copies, at block 0 of
-// each side, merged where contiguous on both sides. Within a (layer, part)
-// it walks head vectors head-outer or token-outer; a head vector is one
-// range when its elements are packed on both sides, else one per element.
-func memoryPieces(src, dst *KVMemory, link PeerLink, g int, headOuter bool) []Segment {
+// tensorPieces lists the byte ranges that one (layer, part) of a block
+// pair copies, relative to the two tensors' bases, merged where contiguous
+// on both sides. It walks the link's head vectors head-outer or
+// token-outer; a head vector is one range when its elements are packed on
+// both sides, else one per element.
+func tensorPieces(src, dst *KVMemory, link PeerLink, headOuter bool) []Segment {
 	e := uint64(src.ElemBytes)
 	vec := src.ElemStride == e && dst.ElemStride == e
 	outerN, innerN := src.TokensPerBlock, link.HeadHi-link.HeadLo
@@ -112,8 +130,8 @@ func memoryPieces(src, dst *KVMemory, link PeerLink, g int, headOuter bool) []Se
 		outerN, innerN = innerN, outerN
 		sOut, sIn, dOut, dIn = sIn, sOut, dIn, dOut
 	}
-	sHead := uint64(link.HeadLo-src.HeadLo) * src.HeadStride
-	dHead := uint64(link.HeadLo-dst.HeadLo) * dst.HeadStride
+	sb := uint64(link.HeadLo-src.HeadLo) * src.HeadStride
+	db := uint64(link.HeadLo-dst.HeadLo) * dst.HeadStride
 	var out []Segment
 	add := func(s, d, n uint64) {
 		if k := len(out) - 1; k >= 0 && out[k].Src+out[k].Len == s && out[k].Dst+out[k].Len == d {
@@ -122,21 +140,15 @@ func memoryPieces(src, dst *KVMemory, link PeerLink, g int, headOuter bool) []Se
 		}
 		out = append(out, Segment{Src: s, Dst: d, Len: n})
 	}
-	for _, L := range link.Layers[g] {
-		si, di := src.layerIndex(L), dst.layerIndex(L)
-		for part := range src.Parts {
-			sb, db := src.Base[si][part]+sHead, dst.Base[di][part]+dHead
-			for o := range uint64(outerN) {
-				for n := range uint64(innerN) {
-					s, d := sb+o*sOut+n*sIn, db+o*dOut+n*dIn
-					if vec {
-						add(s, d, uint64(src.HeadDim)*e)
-						continue
-					}
-					for x := range uint64(src.HeadDim) {
-						add(s+x*src.ElemStride, d+x*dst.ElemStride, e)
-					}
-				}
+	for o := range uint64(outerN) {
+		for n := range uint64(innerN) {
+			s, d := sb+o*sOut+n*sIn, db+o*dOut+n*dIn
+			if vec {
+				add(s, d, uint64(src.HeadDim)*e)
+				continue
+			}
+			for x := range uint64(src.HeadDim) {
+				add(s+x*src.ElemStride, d+x*dst.ElemStride, e)
 			}
 		}
 	}
