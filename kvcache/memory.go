@@ -90,8 +90,9 @@ type KVMemory struct {
 	// BlockStride, TokenStride, HeadStride and ElemStride are the byte
 	// distances between consecutive blocks, tokens, heads and elements.
 	BlockStride, TokenStride, HeadStride, ElemStride uint64
-	// RegionLen is the length of the region the offsets are relative to;
-	// every element must lie inside it.
+	// RegionLen is the length of the region the offsets are relative to
+	// (Region.Len of the registered Region, whose Base is the address of
+	// offset 0); every element must lie inside it.
 	RegionLen uint64
 }
 

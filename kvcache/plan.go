@@ -31,6 +31,10 @@ type PoolGeometry struct {
 // part). Across blocks, a piece that starts where the previous segment ends
 // on both sides extends it: runs of block ids consecutive on both sides
 // become one segment. Every segment Append emits is a maximal run.
+//
+// NewPlan builds a plan between two of kvcache's pools; NewMemoryPlan builds
+// one between two KVMemory descriptors (the framework's own layouts), with
+// the same Append, Count and Stats.
 type Plan struct {
 	pieces     []Segment // per block pair, at block 0 of each side; merged
 	perBlock   uint64    // sum of piece lengths
