@@ -224,6 +224,8 @@ func TestMemoryValidateErrors(t *testing.T) {
 		{"layers share a tensor", func(m *KVMemory) { m.Base[1][0] = m.Base[0][1] + 64 },
 			[]string{"layer 1 K at offset 448 overlaps layer 0 V at offset 384"}},
 		{"strides overflow", func(m *KVMemory) { m.TokenStride = 1 << 63 }, []string{"overflow"}},
+		{"too many padded elements", func(m *KVMemory) { m.Heads, m.TokensPerBlock, m.ElemStride = 64, 65536, 4 },
+			[]string{"65536 tokens × 64 heads × 4 elements at element stride 4", "more than 4194304"}},
 		{"base overflow", func(m *KVMemory) { m.Base[1][1] = 1<<64 - 8 }, []string{"layer 1 V at offset 18446744073709551608"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
