@@ -57,7 +57,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer gen.Close(context.Background()) //nolint:errcheck
+	defer gen.Close(context.Background())      //nolint:errcheck
 	if err := gen.WaitPeers(ctx); err != nil { // names a missing or misconfigured peer
 		fmt.Println(err)
 		return
