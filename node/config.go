@@ -150,13 +150,39 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("%s is not a duration string (want \"500ms\", \"30s\")", b)
+		return &durationError{fmt.Sprintf("%s is not a duration string (want \"500ms\", \"30s\")", b)}
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("%q is not a duration (want \"500ms\", \"30s\")", s)
+		return &durationError{fmt.Sprintf("%q is not a duration (want \"500ms\", \"30s\")", s)}
 	}
 	*d = Duration(v)
+	return nil
+}
+
+// durationError is a bad Duration; ParseConfig finds its field.
+type durationError struct{ msg string }
+
+func (e *durationError) Error() string { return e.msg }
+
+// durationFields are Config's Duration fields by JSON name.
+var durationFields = []string{"heartbeat_interval", "transfer_timeout", "drain_grace"}
+
+// badDuration names the first duration field of the JSON object b that
+// does not parse.
+func badDuration(b []byte) error {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	for _, f := range durationFields {
+		if raw, ok := m[f]; ok {
+			var d Duration
+			if err := d.UnmarshalJSON(raw); err != nil {
+				return fmt.Errorf("%w: %s = %s: %v", ErrConfig, f, raw, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -180,6 +206,12 @@ func ParseConfig(b []byte) (Config, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		var te *json.UnmarshalTypeError
+		var de *durationError
+		if errors.As(err, &de) {
+			if named := badDuration(b); named != nil {
+				return c, named
+			}
+		}
 		if errors.As(err, &te) {
 			return c, fmt.Errorf("%w: %s: a JSON %s, want %s", ErrConfig, te.Field, te.Value, te.Type)
 		}
@@ -203,7 +235,7 @@ func show(v any) string {
 	case Duration:
 		return time.Duration(v).String()
 	default:
-		return fmt.Sprintf("%v", v)
+		return fmt.Sprintf("%+v", v)
 	}
 }
 

@@ -73,8 +73,8 @@ func moveOne(t *testing.T, ctxN, genN *node.Node, id string, promptLen int) uint
 // TestTwoNodesMoveBytes: two nodes opened from plain configs (CURVE, ipc
 // endpoints) move a request over each cross-process backend, every byte
 // verified; closing both leaves no block in use. (Checked to fail: with
-// openData handing the engine no region (private memory) the shm and ucx
-// cases fail with the backend's private-memory refusal.)
+// Open passing no Region to kvxfer.Start (the engine's private memory)
+// the shm case fails with the backend's private-memory refusal.)
 func TestTwoNodesMoveBytes(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b, func(t *testing.T) {
