@@ -24,6 +24,8 @@
 //     waiting for ctx/0 at …"; refused CURVE handshakes are logged with the
 //     reason on both sides; a peer serving another model is logged naming
 //     both models as its Hello arrives; WaitPeers returns these as errors.
+//     Node.Receive refuses a request whose writer is not among the peers
+//     and logs a writer that has not said Hello within 2 heartbeats.
 //
 // Config is a plain struct with snake_case JSON names (ParseConfig) so a C
 // ABI can pass it as JSON; every bad value is an error wrapping ErrConfig
@@ -31,7 +33,7 @@
 //
 // The node owns nothing of the transfer: requests go through the root
 // package's *kvxfer.Engine (Node.Engine): Send/Chunk on the context side,
-// Receive/Done/Released on the generation side.
+// Receive (or Node.Receive)/Done/Released on the generation side.
 //
 // # Concurrency
 //

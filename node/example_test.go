@@ -66,9 +66,10 @@ func Example() {
 		return
 	}
 	// kvxfer's pool picks the destination blocks here; a framework that
-	// owns its blocks passes them in ReceiveRequest.Blocks.
+	// owns its blocks passes them in ReceiveRequest.Blocks. Node.Receive
+	// is Engine().Receive that names a writer it has no peer for at once.
 	eng := gen.Engine()
-	rx, err := eng.Receive(ctx, kvxfer.ReceiveRequest{ID: "req-0", PromptLen: 40, Context: "ctx"})
+	rx, err := gen.Receive(ctx, kvxfer.ReceiveRequest{ID: "req-0", PromptLen: 40, Context: "ctx"})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -33,6 +33,9 @@ var (
 	// ErrHandshake: the control link's CURVE handshake with a peer failed
 	// (a wrong key, one side insecure); waiting will not heal it.
 	ErrHandshake = errors.New("node: handshake with peer failed")
+	// ErrUnknownPeer: a request needs a rank that is not among the node's
+	// peers (Node.Receive).
+	ErrUnknownPeer = errors.New("node: not a peer")
 )
 
 // Node is one process's kvxfer rank: its engine, control link, data-plane

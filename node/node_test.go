@@ -41,7 +41,7 @@ func backends() []string {
 // bytes verified on gen.
 func moveOne(t *testing.T, ctxN, genN *node.Node, id string, promptLen int) uint64 {
 	t.Helper()
-	rx, err := genN.Engine().Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx"})
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,5 +334,47 @@ func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 		}
 	case <-time.After(patience):
 		t.Fatal("the request with the dead peer did not end")
+	}
+}
+
+// TestReceiveNamesUnknownAndSilentWriters: Node.Receive refuses at once a
+// request whose writer is not among the node's peers, naming it and the
+// peers there are; a request whose writer is configured but has not said
+// Hello is logged within 3 heartbeat intervals, and still ends (at its
+// deadline) with nothing leaked. (Checked to fail: calling
+// Engine().Receive instead, the first request is accepted and fails only
+// at its deadline.)
+func TestReceiveNamesUnknownAndSilentWriters(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	gc.TransferTimeout = node.Duration(4 * beat)
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "lost", PromptLen: 32, Context: "ctx-typo"})
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "request lost: writer ctx-typo/0") ||
+		!strings.Contains(err.Error(), "(ctx/0)") {
+		t.Fatalf("Receive from an unknown instance: %v, want ErrUnknownPeer naming ctx-typo/0 and ctx/0", err)
+	}
+	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "tp", PromptLen: 32, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 2, PP: 1}})
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "ctx/1") {
+		t.Fatalf("Receive from a TP2 context with only ctx/0 configured: %v, want ErrUnknownPeer naming ctx/1", err)
+	}
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "early", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "request early waits for ctx/0 at " + gc.Peers[0].Endpoint + ", which has not said Hello"
+	within3Beats(t, "the log to say "+want, func() bool { return logs.has(want) })
+	select {
+	case o := <-rx.Done():
+		if o.Status != kvxfer.StatusTimedOut {
+			t.Fatalf("request with a silent writer ended %s: %v", o.Status, o.Err)
+		}
+	case <-time.After(patience):
+		t.Fatal("the request with a silent writer did not end at its deadline")
+	}
+	<-rx.Released()
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use", u)
 	}
 }

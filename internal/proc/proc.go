@@ -239,7 +239,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		default:
 		}
 		t := time.Now()
-		h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
+		h, err := n.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
 		if err != nil {
 			fail(err)
 			<-sem
