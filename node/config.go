@@ -266,13 +266,32 @@ func (c Config) Validate() error {
 	if c.Model == "" && c.Layout == nil {
 		return bad("model", c.Model, "empty: name a preset (%s)", strings.Join(kvcache.Presets(), ", "))
 	}
-	if c.Layout == nil {
-		if _, err := kvcache.Preset(c.Model); err != nil {
+	var layout kvcache.Layout
+	if c.Layout != nil {
+		layout = c.Layout.Clone()
+	} else {
+		var err error
+		if layout, err = kvcache.Preset(c.Model); err != nil {
 			return bad("model", c.Model, "%v", err)
 		}
 	}
 	if c.TokensPerBlock < 0 {
 		return bad("tokens_per_block", c.TokensPerBlock, "must be ≥ 0")
+	}
+	if c.TokensPerBlock > 0 {
+		layout = layout.WithTokensPerBlock(c.TokensPerBlock)
+	}
+	if err := par.kv().Validate(layout); err != nil {
+		return bad("parallel", par, "%v", err)
+	}
+	if shape, err := layout.Shape(par.kv(), c.Rank.kv()); err == nil && c.PoolBytes > 0 {
+		var perSet uint64
+		for g := range layout.Groups {
+			perSet += shape.BlockBytes(layout, g)
+		}
+		if c.PoolBytes < perSet {
+			return bad("pool_bytes", c.PoolBytes, "holds no block: one block of every layer group of %s is %d bytes on this rank", layout.Name, perSet)
+		}
 	}
 	if c.Workers < 0 {
 		return bad("workers", c.Workers, "must be ≥ 1 (0: the default)")

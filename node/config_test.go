@@ -114,6 +114,8 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"peer without instance", peer(0, "instance", ""), []string{`peers[0].instance = ""`}},
 		{"peer without key", peer(0, "public_key_file", ""), []string{"peers[0].public_key_file", "exactly one"}},
 		{"peer is self", set(`{"instance": "ctx", "rank": {"tp": 0, "pp": 0}}`), []string{"peers[0]", "ctx/0", "this node itself"}},
+		{"pool too small", set(`{"pool_bytes": 4096}`), []string{"pool_bytes = 4096", "holds no block"}},
+		{"tp does not divide the heads", set(`{"parallel": {"tp": 3, "pp": 1}, "rank": {"tp": 0, "pp": 0}}`), []string{"parallel = {TP:3 PP:1}"}},
 		{"trailing data", goodJSON + "{}", []string{"trailing data"}},
 	}
 	for _, c := range cases {
