@@ -50,6 +50,10 @@ type Config struct {
 	// PoolBytes sizes the block pool, allocated from the backend so that
 	// peers can write into it (default kvxfer.DefaultPoolBytes, 1 GiB).
 	PoolBytes uint64 `json:"pool_bytes"`
+	// SendOnly marks a rank that only sends (a prefill rank): its pool is
+	// private memory rather than memory peers can write (no /dev/shm file
+	// with shm), and Node.Receive refuses at once.
+	SendOnly bool `json:"send_only"`
 	// Workers is the number of sender workers (default 4).
 	Workers int `json:"workers"`
 

@@ -9,7 +9,8 @@
 //     shm; loopback for peers in this same process.
 //   - Pool memory the backend can write: a shared-memory file (shm) or
 //     memory UCX allocated (ucx); private memory would make every request
-//     fail late.
+//     fail late. A SendOnly node (a prefill rank) keeps private memory and
+//     refuses Node.Receive at once.
 //   - Liveness: heartbeats on the control link; a peer silent for
 //     HeartbeatMisses intervals is handed to Engine.PeerDown (its requests
 //     fail and drain) and to Config.OnPeerDown.

@@ -36,6 +36,8 @@ var (
 	// ErrUnknownPeer: a request needs a rank that is not among the node's
 	// peers (Node.Receive).
 	ErrUnknownPeer = errors.New("node: not a peer")
+	// ErrSendOnly: Node.Receive on a node opened with SendOnly.
+	ErrSendOnly = errors.New("node: send-only node cannot receive")
 )
 
 // Node is one process's kvxfer rank: its engine, control link, data-plane
@@ -190,10 +192,19 @@ func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvca
 	if size == 0 {
 		size = kvxfer.DefaultPoolBytes
 	}
-	switch backend {
-	case loopback.Backend:
+	switch {
+	case backend == loopback.Backend:
 		return loopback.New(), nil, nil, nil
-	case ucx.Backend:
+	case c.SendOnly: // the engine allocates private memory
+		if backend == ucx.Backend {
+			a, err := ucx.New()
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
+			}
+			return a, nil, nil, nil
+		}
+		return shm.New(), nil, nil, nil
+	case backend == ucx.Backend:
 		a, err := ucx.New()
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)

@@ -72,13 +72,15 @@ func moveOne(t *testing.T, ctxN, genN *node.Node, id string, promptLen int) uint
 
 // TestTwoNodesMoveBytes: two nodes opened from plain configs (CURVE, ipc
 // endpoints) move a request over each cross-process backend, every byte
-// verified; closing both leaves no block in use. (Checked to fail: with
+// verified; closing both leaves no block in use. The context node is
+// send-only: its pool is private memory and it refuses to receive. (Checked to fail: with
 // Open passing no Region to kvxfer.Start (the engine's private memory)
 // the shm case fails with the backend's private-memory refusal.)
 func TestTwoNodesMoveBytes(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b, func(t *testing.T) {
 			cc, gc := pair(t, b)
+			cc.SendOnly = true // a prefill rank: private pool memory
 			genN, ctxN := open(t, gc), open(t, cc)
 			if genN.Backend() != b || ctxN.Backend() != b {
 				t.Fatalf("backends %s, %s, want %s", genN.Backend(), ctxN.Backend(), b)
@@ -87,6 +89,9 @@ func TestTwoNodesMoveBytes(t *testing.T) {
 			defer cancel()
 			if err := genN.WaitPeers(ctx); err != nil {
 				t.Fatal(err)
+			}
+			if _, err := ctxN.Receive(ctx, kvxfer.ReceiveRequest{ID: "back", PromptLen: 16, Context: "gen"}); !errors.Is(err, node.ErrSendOnly) {
+				t.Fatalf("Receive on a send-only node: %v, want ErrSendOnly", err)
 			}
 			moveOne(t, ctxN, genN, "req-1", 100)
 			moveOne(t, ctxN, genN, "req-2", 33)

@@ -23,8 +23,11 @@ const helloPatience = 2
 // the peers there are; a writer that has not said Hello within 2
 // heartbeat intervals is logged (with its handshake failure, if any)
 // while the request goes on waiting for it. On the in-process link it is
-// Engine().Receive.
+// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly.
 func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
+	if n.cfg.SendOnly {
+		return nil, fmt.Errorf("%w: request %s: its pool is private memory (send_only)", ErrSendOnly, req.ID)
+	}
 	if n.link == nil {
 		return n.eng.Receive(ctx, req)
 	}

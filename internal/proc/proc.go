@@ -149,14 +149,14 @@ func (o Options) validate() error {
 	return nil
 }
 
-// nodeConfig is the node this role runs on.
-func (o Options) nodeConfig(down func()) node.Config {
+// nodeConfig is the node this role runs on (a context role only sends).
+func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 	backend := o.Backend
 	if backend == "" {
 		backend = shm.Backend
 	}
 	c := node.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
-		PoolBytes: o.PoolBytes, Workers: o.Workers, Backend: backend, Bind: o.Bind,
+		PoolBytes: o.PoolBytes, SendOnly: sendOnly, Workers: o.Workers, Backend: backend, Bind: o.Bind,
 		Peers:    []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: o.PeerPublicKey}},
 		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
 		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
@@ -180,10 +180,10 @@ type role struct {
 	down chan struct{} // closed when the peer is declared dead
 }
 
-func open(ctx context.Context, o Options) (*role, error) {
+func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 	r := &role{down: make(chan struct{})}
 	var once sync.Once
-	n, err := node.Open(ctx, o.nodeConfig(func() { once.Do(func() { close(r.down) }) }))
+	n, err := node.Open(ctx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	n, err := open(ctx, o)
+	n, err := open(ctx, o, false)
 	if err != nil {
 		return rep, err
 	}
@@ -308,7 +308,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	n, err := open(ctx, o)
+	n, err := open(ctx, o, true)
 	if err != nil {
 		return rep, err
 	}
