@@ -91,10 +91,10 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	return e, nil
 }
 
-func snapshot(kvs []*mvccpb.KeyValue) map[string][]byte {
-	s := make(map[string][]byte, len(kvs))
+func snapshot(kvs []*mvccpb.KeyValue) map[string]storedValue {
+	s := make(map[string]storedValue, len(kvs))
 	for _, kv := range kvs {
-		s[string(kv.Key)] = kv.Value
+		s[string(kv.Key)] = storedValue{value: kv.Value, lease: kv.Lease}
 	}
 	return s
 }
@@ -124,7 +124,7 @@ func (e *Etcd) watch(rev int64) {
 			for _, ev := range resp.Events {
 				switch ev.Type {
 				case clientv3.EventTypePut:
-					e.q.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value)...)
+					e.q.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease)...)
 				case clientv3.EventTypeDelete:
 					e.q.push(e.m.del(string(ev.Kv.Key))...)
 				}
@@ -236,8 +236,9 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		kv := kvs[0]
 		old, _, derr := decodeRecord(kv.Value)
 		switch {
-		case derr != nil || old.Peer() != r.Peer():
-			// A value no peer accepts holds the key: replace it.
+		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0:
+			// A value no peer accepts holds the key (malformed, another
+			// rank's, or held by no lease): replace it.
 			resp, err := e.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
 				Then(clientv3.OpPut(key, string(value), clientv3.WithLease(lease))).Commit()

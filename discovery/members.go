@@ -27,6 +27,12 @@ type members struct {
 	rejected uint64
 }
 
+// storedValue is a value read from etcd and the lease that holds it.
+type storedValue struct {
+	value []byte
+	lease int64
+}
+
 type rankState struct {
 	live  *Record
 	floor uint64
@@ -80,13 +86,18 @@ func (m *members) lose(reason string) []Event {
 	return []Event{{Kind: EventLost, Instance: m.self.Instance, Rank: m.self.Rank, Incarnation: m.selfInc, Reason: reason}}
 }
 
-// put applies a value stored at key. A value that does not decode, whose
-// key does not match it, or whose incarnation is stale is rejected and
-// changes nothing.
-func (m *members) put(key string, value []byte) []Event {
+// put applies a value stored at key under lease (0: none). A value that
+// does not decode, whose key does not match it, that no lease holds (every
+// registration has one, and a lease that ended cannot hold a key again:
+// a value without one was written by hand or replayed) or whose
+// incarnation is stale is rejected and changes nothing.
+func (m *members) put(key string, value []byte, lease int64) []Event {
 	id, err := parseKey(m.prefix, key)
 	if err != nil {
 		return m.reject(key, err)
+	}
+	if lease == 0 {
+		return m.reject(key, fmt.Errorf("%w: key %s: the value is attached to no lease", ErrInvalidRecord, key))
 	}
 	r, leaving, err := decodeRecord(value)
 	if err != nil {
@@ -151,7 +162,7 @@ func (m *members) del(key string) []Event {
 // sync applies a full snapshot of the prefix (after the watch lost its
 // place): ranks no longer present went down, then every value is applied
 // as a put, in key order.
-func (m *members) sync(snapshot map[string][]byte) []Event {
+func (m *members) sync(snapshot map[string]storedValue) []Event {
 	var evs []Event
 	ids := make([]messages.PeerID, 0, len(m.ranks))
 	for id := range m.ranks {
@@ -172,7 +183,7 @@ func (m *members) sync(snapshot map[string][]byte) []Event {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		evs = append(evs, m.put(k, snapshot[k])...)
+		evs = append(evs, m.put(k, snapshot[k].value, snapshot[k].lease)...)
 	}
 	return evs
 }
