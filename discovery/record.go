@@ -202,10 +202,14 @@ func (r Record) encode(state string) ([]byte, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(wireRecord{V: RecordVersion, State: state, Instance: r.Instance, Rank: r.Rank,
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // Z85 keys hold '<', '>' and '&'; keep them legible
+	err := enc.Encode(wireRecord{V: RecordVersion, State: state, Instance: r.Instance, Rank: r.Rank,
 		Incarnation: r.Incarnation, ControlEndpoint: r.ControlEndpoint, CurvePublicKey: r.CurvePublicKey,
 		Backend: r.Backend, AgentAddr: r.AgentAddr, LayoutHash: r.LayoutHash,
 		TPSize: r.Parallel.TP, PPSize: r.Parallel.PP, TP: r.TP, PP: r.PP})
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
 }
 
 // DecodeRecord parses and validates a stored value. It never panics; any
