@@ -42,7 +42,9 @@ type Etcd struct {
 	key        string
 	value      []byte
 	lease      clientv3.LeaseID
-	closeOnce  sync.Once
+	// stopKeepalive ends the keepalive of the registration in progress.
+	stopKeepalive context.CancelFunc
+	closeOnce     sync.Once
 
 	// errMu guards err apart from mu: the event queue fails the registry
 	// from inside a push made under mu.
@@ -203,12 +205,16 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	e.mu.Lock()
 	e.lease = lease.ID
 	e.mu.Unlock()
-	ka, err := e.cli.KeepAlive(e.ctx, lease.ID)
+	kctx, kcancel := context.WithCancel(e.ctx)
+	e.mu.Lock()
+	e.stopKeepalive = kcancel
+	e.mu.Unlock()
+	ka, err := e.cli.KeepAlive(kctx, lease.ID)
 	if err != nil {
 		return e.unregister(fmt.Errorf("discovery: etcd: keepalive for %s: %w", key, err), lease.ID)
 	}
 	e.wg.Add(1)
-	go e.keepalive(ka)
+	go e.keepalive(kctx, ka)
 	if err := e.put(ctx, r, key, value, lease.ID); err != nil {
 		return e.unregister(err, lease.ID)
 	}
@@ -277,14 +283,19 @@ func (e *Etcd) waitGone(ctx context.Context, key string, rev int64) error {
 
 // unregister undoes a failed Register.
 func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
+	e.mu.Lock()
+	if e.stopKeepalive != nil {
+		e.stopKeepalive() // before the revoke: a failed Register is no Lost
+	}
+	e.mu.Unlock()
 	if lease != 0 {
 		rctx, cancel := context.WithTimeout(context.Background(), e.opts.dialTimeout)
 		_, _ = e.cli.Revoke(rctx, lease)
 		cancel()
 	}
 	e.mu.Lock()
-	e.registered, e.lease = false, 0
-	e.m.hasSelf = false
+	e.registered, e.lease, e.stopKeepalive = false, 0, nil
+	e.m.unregister()
 	e.mu.Unlock()
 	return err
 }
@@ -292,11 +303,11 @@ func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
 // keepalive drains the lease's keepalive responses; when they stop (the
 // lease expired, was revoked, or etcd could not be reached for a TTL)
 // this rank is out of the cluster.
-func (e *Etcd) keepalive(ka <-chan *clientv3.LeaseKeepAliveResponse) {
+func (e *Etcd) keepalive(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer e.wg.Done()
 	for range ka {
 	}
-	if e.ctx.Err() == nil {
+	if ctx.Err() == nil {
 		e.lose(ReasonKeepaliveStopped)
 	}
 }

@@ -77,6 +77,9 @@ func (m *members) down(r *Record, reason string) []Event {
 	return []Event{{Kind: EventDown, Instance: r.Instance, Rank: r.Rank, Incarnation: r.Incarnation, Reason: reason}}
 }
 
+// unregister forgets this registry's own record after a failed Register.
+func (m *members) unregister() { m.hasSelf, m.selfInc = false, 0 }
+
 // lose reports this registry's own rank out of the cluster, once.
 func (m *members) lose(reason string) []Event {
 	if !m.hasSelf || m.lost {
