@@ -1,9 +1,12 @@
 package discovery
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -122,8 +125,17 @@ func (e *Etcd) watch(rev int64) {
 			if resp.CompactRevision != 0 || resp.Err() != nil {
 				break
 			}
+			// Within one revision (one transaction), apply incarnation keys
+			// before records: a registration writes both at once.
+			evs := slices.Clone(resp.Events)
+			slices.SortStableFunc(evs, func(a, b *clientv3.Event) int {
+				if c := cmp.Compare(a.Kv.ModRevision, b.Kv.ModRevision); c != 0 {
+					return c
+				}
+				return cmp.Compare(incKeyLast(a.Kv.Key), incKeyLast(b.Kv.Key))
+			})
 			e.mu.Lock()
-			for _, ev := range resp.Events {
+			for _, ev := range evs {
 				switch ev.Type {
 				case clientv3.EventTypePut:
 					e.q.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease)...)
@@ -222,12 +234,36 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 }
 
 // put writes the record once the key is free (or holds a value no peer
-// accepts); it waits for an older incarnation's key to go.
+// accepts), together with the rank's incarnation key in one transaction;
+// it waits for an older incarnation's key to go, and refuses an
+// incarnation the incarnation key says was already registered.
 func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, lease clientv3.LeaseID) error {
+	incKey := key + IncarnationSuffix
+	writes := []clientv3.Op{
+		clientv3.OpPut(incKey, string(registration{Incarnation: r.Incarnation, Lease: int64(lease)}.encode())),
+		clientv3.OpPut(key, string(value), clientv3.WithLease(lease)),
+	}
 	for {
+		g, err := e.cli.Get(ctx, incKey)
+		if err != nil {
+			return fmt.Errorf("discovery: etcd: reading %s: %w", incKey, err)
+		}
+		var incRev int64
+		var cur registration
+		if len(g.Kvs) > 0 {
+			incRev = g.Kvs[0].ModRevision
+			// A malformed incarnation key is rewritten (cur stays zero).
+			if c, err := decodeRegistration(g.Kvs[0].Value); err == nil {
+				cur = c
+			}
+			if cur.Incarnation >= r.Incarnation {
+				return fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
+			}
+		}
+		incSame := clientv3.Compare(clientv3.ModRevision(incKey), "=", incRev)
 		resp, err := e.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(value), clientv3.WithLease(lease))).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), incSame).
+			Then(writes...).
 			Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
 			return fmt.Errorf("discovery: etcd: registering %s: %w", key, err)
@@ -237,26 +273,26 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
 		if len(kvs) == 0 {
-			continue // deleted between the compare and the get
+			continue // the incarnation key moved, or the key went meanwhile
 		}
 		kv := kvs[0]
 		old, _, derr := decodeRecord(kv.Value)
 		switch {
-		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0:
+		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0 ||
+			old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease:
 			// A value no peer accepts holds the key (malformed, another
-			// rank's, or held by no lease): replace it.
+			// rank's, held by no lease, or not the rank's registration):
+			// replace it.
 			resp, err := e.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-				Then(clientv3.OpPut(key, string(value), clientv3.WithLease(lease))).Commit()
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision), incSame).
+				Then(writes...).Commit()
 			if err != nil {
-				return fmt.Errorf("discovery: etcd: registering %s over a malformed value: %w", key, err)
+				return fmt.Errorf("discovery: etcd: registering %s over a value no peer accepts: %w", key, err)
 			}
 			if resp.Succeeded {
 				return nil
 			}
 			continue
-		case old.Incarnation >= r.Incarnation:
-			return fmt.Errorf("%w: %s holds incarnation %d, not below %d", ErrStaleIncarnation, key, old.Incarnation, r.Incarnation)
 		}
 		if err := e.waitGone(ctx, key, kv.ModRevision); err != nil {
 			return fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)
@@ -381,4 +417,13 @@ func (e *Etcd) shut() {
 	if e.ownCli {
 		_ = e.cli.Close()
 	}
+}
+
+// incKeyLast orders a revision's events: 0 for an incarnation key, 1 for
+// anything else.
+func incKeyLast(key []byte) int {
+	if bytes.HasSuffix(key, []byte(IncarnationSuffix)) {
+		return 0
+	}
+	return 1
 }

@@ -266,9 +266,7 @@ func TestEtcdMalformedValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The watch still works.
-	if _, err := admin.Put(ctxFor(t, 10*time.Second), Key(cluster, "gen", 3), string(good), clientv3.WithLease(lease.ID)); err != nil {
-		t.Fatal(err)
-	}
+	adminRegister(t, admin, cluster, testRecord("gen", 3, 1), lease.ID)
 	ev := waitEvent(t, a, waitFor, "gen/3 up", func(e Event) bool { return e.Kind != EventRejected })
 	if !isUp("gen", 3, 1)(ev) {
 		t.Errorf("after deleting a malformed key: %v, want UP gen/3#1 first", ev)
@@ -286,20 +284,74 @@ func TestEtcdSupersededIncarnation(t *testing.T) {
 	waitEvent(t, a, waitFor, "ctx/0#1 up", isUp("ctx", 0, 1))
 	admin := newClient(t)
 	defer admin.Close()
-	v, _ := testRecord("ctx", 0, 2).Encode()
 	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Put(ctxFor(t, 10*time.Second), Key(cluster, "ctx", 0), string(v), clientv3.WithLease(lease.ID)); err != nil {
-		t.Fatal(err)
-	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 2), lease.ID)
 	d := waitEvent(t, a, waitFor, "ctx/0#1 down", isDown("ctx", 0, 1))
 	if d.Reason != reasonSuperseded(2) {
 		t.Errorf("reason %q", d.Reason)
 	}
 	waitEvent(t, a, waitFor, "ctx/0#2 up", isUp("ctx", 0, 2))
 	waitEvent(t, old, waitFor, "lost", func(e Event) bool { return e.Kind == EventLost && e.Incarnation == 1 })
+}
+
+// TestEtcdIncarnationKeyOutlivesObservers: an incarnation once
+// registered is refused by registries that never saw it — at Register,
+// and when its record or registration is written back — because the
+// rank's incarnation key still names it under its ended lease.
+func TestEtcdIncarnationKeyOutlivesObservers(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster)
+	if err := a.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []uint64{5, 4} {
+		b := newEtcdRegistry(t, cluster)
+		if err := b.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, inc)); !errors.Is(err, ErrStaleIncarnation) {
+			t.Errorf("a fresh registry registers incarnation %d after 5: %v, want %v", inc, err, ErrStaleIncarnation)
+		}
+	}
+	c := newEtcdRegistry(t, cluster) // started after incarnation 5 left
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := testRecord("ctx", 0, 5).Encode()
+	if _, err := admin.Put(ctxFor(t, 10*time.Second), Key(cluster, "ctx", 0), string(v), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	rej := waitEvent(t, c, waitFor, "incarnation 5 under another lease rejected", func(e Event) bool { return e.Kind == EventRejected })
+	if !errors.Is(rej.Err, ErrStaleIncarnation) {
+		t.Errorf("rejected %v, want %v", rej, ErrStaleIncarnation)
+	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 5), lease.ID)
+	for range 2 { // the incarnation key, then the record
+		rej := waitEvent(t, c, waitFor, "re-registered incarnation 5 rejected", func(e Event) bool { return e.Kind == EventRejected })
+		if !errors.Is(rej.Err, ErrStaleIncarnation) {
+			t.Errorf("rejected %v, want %v", rej, ErrStaleIncarnation)
+		}
+	}
+	if p := c.Peers(); len(p) != 0 {
+		t.Errorf("peers %v, want none", p)
+	}
+	// The hand-made registration holds the key while its lease lives (a
+	// registration under a live lease holds its rank); once it goes, the
+	// next incarnation registers.
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	b := newEtcdRegistry(t, cluster)
+	if err := b.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 6)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, waitFor, "ctx/0#6 up", isUp("ctx", 0, 6))
 }
 
 // TestEtcdOverflowStops: a consumer that does not read stops the

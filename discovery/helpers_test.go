@@ -2,6 +2,8 @@ package discovery
 
 import (
 	"context"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +79,21 @@ func poll(t testing.TB, d time.Duration, what string, cond func() bool) {
 		case <-deadline.C:
 			t.Fatalf("no %s within %v", what, d)
 		}
+	}
+}
+
+// adminRegister writes r as a registration does (the rank's incarnation
+// key and its record under lease, in one transaction), bypassing Register.
+func adminRegister(t testing.TB, c *clientv3.Client, cluster string, r Record, lease clientv3.LeaseID) {
+	t.Helper()
+	v, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Txn(ctxFor(t, 10*time.Second)).Then(
+		clientv3.OpPut(IncarnationKey(cluster, r.Instance, r.Rank), string(registration{Incarnation: r.Incarnation, Lease: int64(lease)}.encode())),
+		clientv3.OpPut(Key(cluster, r.Instance, r.Rank), string(v), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,7 +15,7 @@ const KeyRoot = "/kvxfer/"
 const MaxClusterLen = 64
 
 // CheckCluster accepts a cluster name: 1..MaxClusterLen bytes of letters,
-// digits, '.', '_' and '-' (one etcd key segment).
+// digits, '.', '_' and '-', not starting with '.' (one etcd key segment).
 func CheckCluster(c string) error {
 	if c == "" || len(c) > MaxClusterLen {
 		return fmt.Errorf("%w: cluster name of %d bytes, want 1..%d", ErrInvalidRecord, len(c), MaxClusterLen)
@@ -26,8 +26,8 @@ func CheckCluster(c string) error {
 			return fmt.Errorf("%w: cluster name %q holds %q: want letters, digits, '.', '_' and '-'", ErrInvalidRecord, c, b)
 		}
 	}
-	if c == "." || c == ".." {
-		return fmt.Errorf("%w: cluster name %q", ErrInvalidRecord, c)
+	if c[0] == '.' {
+		return fmt.Errorf("%w: cluster name %q starts with '.'", ErrInvalidRecord, c)
 	}
 	return nil
 }
@@ -41,23 +41,38 @@ func Key(cluster, instance string, rank int32) string {
 	return ClusterPrefix(cluster) + instance + "/" + strconv.FormatInt(int64(rank), 10)
 }
 
-// parseKey splits a key under prefix into its instance and rank. The rank
-// is canonical decimal (no sign, no leading zero), so one rank has one key.
-func parseKey(prefix, key string) (messages.PeerID, error) {
+// IncarnationSuffix ends a rank's incarnation key,
+// /kvxfer/<cluster>/<instance>/<rank>/incarnation: the incarnation last
+// registered for the rank and its lease, written with the record in one
+// transaction and never deleted, so that every registry — also one started
+// later — refuses an incarnation that was ever registered, other than
+// under the lease it was registered with.
+const IncarnationSuffix = "/incarnation"
+
+// IncarnationKey is the rank's incarnation key.
+func IncarnationKey(cluster, instance string, rank int32) string {
+	return Key(cluster, instance, rank) + IncarnationSuffix
+}
+
+// parseKey splits a key under prefix into its instance and rank, and says
+// whether it is the rank's incarnation key. The rank is canonical decimal
+// (no sign, no leading zero), so one rank has one key.
+func parseKey(prefix, key string) (messages.PeerID, bool, error) {
 	rest, ok := strings.CutPrefix(key, prefix)
 	if !ok {
-		return messages.PeerID{}, fmt.Errorf("%w: key %q is not under %q", ErrInvalidRecord, key, prefix)
+		return messages.PeerID{}, false, fmt.Errorf("%w: key %q is not under %q", ErrInvalidRecord, key, prefix)
 	}
+	rest, isInc := strings.CutSuffix(rest, IncarnationSuffix)
 	inst, rs, ok := strings.Cut(rest, "/")
 	if !ok || strings.Contains(rs, "/") {
-		return messages.PeerID{}, fmt.Errorf("%w: key %q, want %s<instance>/<rank>", ErrInvalidRecord, key, prefix)
+		return messages.PeerID{}, false, fmt.Errorf("%w: key %q, want %s<instance>/<rank>[%s]", ErrInvalidRecord, key, prefix, IncarnationSuffix)
 	}
 	if err := checkInstance(inst); err != nil {
-		return messages.PeerID{}, fmt.Errorf("key %q: %w", key, err)
+		return messages.PeerID{}, false, fmt.Errorf("key %q: %w", key, err)
 	}
 	r, err := strconv.ParseInt(rs, 10, 32)
 	if err != nil || r < 0 || r >= messages.MaxRank || strconv.FormatInt(r, 10) != rs {
-		return messages.PeerID{}, fmt.Errorf("%w: key %q: rank %q, want a decimal 0..%d", ErrInvalidRecord, key, rs, messages.MaxRank-1)
+		return messages.PeerID{}, false, fmt.Errorf("%w: key %q: rank %q, want a decimal 0..%d", ErrInvalidRecord, key, rs, messages.MaxRank-1)
 	}
-	return messages.PeerID{Instance: inst, Rank: int32(r)}, nil
+	return messages.PeerID{Instance: inst, Rank: int32(r)}, isInc, nil
 }

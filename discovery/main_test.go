@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,14 +43,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freeURL(t testing.TB) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// freeURLs picks n distinct free ports on 127.0.0.1 (all listeners are
+// held until every port is picked, so the ports differ).
+func freeURLs(n int) ([]url.URL, error) {
+	var out []url.URL
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		out = append(out, url.URL{Scheme: "http", Host: l.Addr().String()})
 	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	return out, nil
 }
 
 // etcdEndpoints starts the shared embedded etcd (quick election: 10 ms
@@ -58,36 +64,14 @@ func freeURL(t testing.TB) url.URL {
 func etcdEndpoints(t testing.TB) []string {
 	t.Helper()
 	testEtcd.once.Do(func() {
-		dir, err := os.MkdirTemp("", "kvxfer-discovery-etcd")
-		if err != nil {
-			testEtcd.err = err
-			return
+		// A port picked free may be taken by another process before etcd
+		// binds it: try a few times.
+		for range 5 {
+			testEtcd.err = startEtcd()
+			if testEtcd.err == nil || !strings.Contains(testEtcd.err.Error(), "address already in use") {
+				return
+			}
 		}
-		cfg := embed.NewConfig()
-		cfg.Name = "discovery-test"
-		cfg.Dir = dir
-		peer, client := freeURL(t), freeURL(t)
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-		cfg.InitialCluster = cfg.Name + "=" + peer.String()
-		cfg.TickMs, cfg.ElectionMs = 10, 100
-		cfg.UnsafeNoFsync = true
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		srv, err := embed.StartEtcd(cfg)
-		if err != nil {
-			os.RemoveAll(dir)
-			testEtcd.err = err
-			return
-		}
-		select {
-		case <-srv.Server.ReadyNotify():
-		case <-time.After(30 * time.Second):
-			srv.Close()
-			os.RemoveAll(dir)
-			testEtcd.err = fmt.Errorf("embedded etcd not ready after 30 s")
-			return
-		}
-		testEtcd.srv, testEtcd.dir, testEtcd.eps = srv, dir, []string{client.Host}
 	})
 	if testEtcd.err != nil {
 		t.Fatalf("embedded etcd: %v", testEtcd.err)
@@ -103,4 +87,39 @@ func newClient(t testing.TB) *clientv3.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+func startEtcd() error {
+	dir, err := os.MkdirTemp("", "kvxfer-discovery-etcd")
+	if err != nil {
+		return err
+	}
+	urls, err := freeURLs(2)
+	if err != nil {
+		return err
+	}
+	peer, client := urls[0], urls[1]
+	cfg := embed.NewConfig()
+	cfg.Name = "discovery-test"
+	cfg.Dir = dir
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.InitialCluster = cfg.Name + "=" + peer.String()
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.UnsafeNoFsync = true
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	srv, err := embed.StartEtcd(cfg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	select {
+	case <-srv.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		srv.Close()
+		os.RemoveAll(dir)
+		return fmt.Errorf("embedded etcd not ready after 30 s")
+	}
+	testEtcd.srv, testEtcd.dir, testEtcd.eps = srv, dir, []string{client.Host}
+	return nil
 }

@@ -20,28 +20,41 @@ func enc(t *testing.T, r Record, state string) []byte {
 
 func kinds(evs []Event) string { return fmt.Sprint(evs) }
 
+// regPut writes r as a registration does: its incarnation key, then the
+// record under lease.
+func regPut(t *testing.T, m *members, r Record, lease int64) []Event {
+	t.Helper()
+	evs := m.put(IncarnationKey(m.cluster, r.Instance, r.Rank), registration{Incarnation: r.Incarnation, Lease: lease}.encode(), 0)
+	return append(evs, m.put(Key(m.cluster, r.Instance, r.Rank), enc(t, r, stateUp), lease)...)
+}
+
 func TestMembersLifecycle(t *testing.T) {
 	m := newMembers("c")
-	k := Key("c", "gen", 1)
+	k, ik := Key("c", "gen", 1), IncarnationKey("c", "gen", 1)
+	rec := func(inc uint64) Record { return testRecord("gen", 1, inc) }
 	steps := []struct {
 		name string
 		do   func() []Event
 		want string
 	}{
-		{"up 5", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 5), stateUp), 1) }, "[UP gen/1#5]"},
-		{"same again", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 5), stateUp), 1) }, "[]"},
-		{"older", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 4), stateUp), 1) }, "[REJECTED"},
-		{"newer supersedes", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 6), stateUp), 2) },
+		{"up 5", func() []Event { return regPut(t, m, rec(5), 1) }, "[UP gen/1#5]"},
+		{"same again", func() []Event { return m.put(k, enc(t, rec(5), stateUp), 1) }, "[]"},
+		{"older", func() []Event { return m.put(k, enc(t, rec(4), stateUp), 1) }, "[REJECTED"},
+		{"newer supersedes", func() []Event { return regPut(t, m, rec(6), 2) },
 			"[DOWN gen/1#5: superseded by incarnation 6 UP gen/1#6]"},
 		{"expiry", func() []Event { return m.del(k) }, "[DOWN gen/1#6: lease expired]"},
 		{"delete again", func() []Event { return m.del(k) }, "[]"},
-		{"dead one back", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 6), stateUp), 3) }, "[REJECTED"},
-		{"up 7", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 7), stateUp), 3) }, "[UP gen/1#7]"},
-		{"leaves", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 7), stateLeaving), 3) }, "[DOWN gen/1#7: left]"},
+		{"dead one back, new lease", func() []Event { return m.put(k, enc(t, rec(6), stateUp), 3) }, "[REJECTED"},
+		{"dead one back, its lease", func() []Event { return m.put(k, enc(t, rec(6), stateUp), 2) }, "[REJECTED"},
+		{"dead one re-registered", func() []Event { return m.put(ik, registration{6, 3}.encode(), 0) }, "[REJECTED"},
+		{"up 7", func() []Event { return regPut(t, m, rec(7), 3) }, "[UP gen/1#7]"},
+		{"leaves", func() []Event { return m.put(k, enc(t, rec(7), stateLeaving), 3) }, "[DOWN gen/1#7: left]"},
 		{"revoked after leaving", func() []Event { return m.del(k) }, "[]"},
-		{"leaving seen again", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 7), stateLeaving), 3) }, "[]"},
-		{"never-up leaving", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 9), stateLeaving), 3) }, "[]"},
-		{"below it", func() []Event { return m.put(k, enc(t, testRecord("gen", 1, 8), stateUp), 3) }, "[REJECTED"},
+		{"leaving seen again", func() []Event { return m.put(k, enc(t, rec(7), stateLeaving), 3) }, "[]"},
+		{"registration backwards", func() []Event { return m.put(ik, registration{6, 9}.encode(), 0) }, "[REJECTED"},
+		{"incarnation key deleted", func() []Event { return m.del(ik) }, "[]"},
+		{"never registered", func() []Event { return m.put(k, enc(t, rec(9), stateUp), 3) }, "[REJECTED"},
+		{"up 9", func() []Event { return regPut(t, m, rec(9), 4) }, "[UP gen/1#9]"},
 	}
 	for _, s := range steps {
 		got := kinds(s.do())
@@ -49,8 +62,8 @@ func TestMembersLifecycle(t *testing.T) {
 			t.Fatalf("%s: %s, want %s", s.name, got, s.want)
 		}
 	}
-	if m.rejected != 3 {
-		t.Errorf("rejected %d, want 3", m.rejected)
+	if m.rejected != 6 {
+		t.Errorf("rejected %d, want 6", m.rejected)
 	}
 }
 
@@ -59,6 +72,7 @@ func TestMembersRejectsWithoutState(t *testing.T) {
 	good := enc(t, testRecord("gen", 1, 5), stateUp)
 	changed := testRecord("gen", 1, 5)
 	changed.ControlEndpoint = "tcp://elsewhere:1"
+	ik := IncarnationKey("c", "gen", 1)
 	cases := []struct {
 		key   string
 		value []byte
@@ -67,6 +81,7 @@ func TestMembersRejectsWithoutState(t *testing.T) {
 	}{
 		{Key("c", "gen", 1), []byte("garbage"), 1, ErrInvalidRecord},
 		{Key("c", "gen", 1), good, 0, ErrInvalidRecord},     // no lease
+		{Key("c", "gen", 1), good, 1, ErrInvalidRecord},     // never registered
 		{Key("c", "gen", 2), good, 1, ErrInvalidRecord},     // another rank's key
 		{Key("other", "gen", 1), good, 1, ErrInvalidRecord}, // another cluster
 		{"/kvxfer/c/gen", good, 1, ErrInvalidRecord},        // no rank
@@ -75,6 +90,11 @@ func TestMembersRejectsWithoutState(t *testing.T) {
 		{"/kvxfer/c/gen/-1", good, 1, ErrInvalidRecord},     // negative
 		{"/kvxfer/c/gen/65536", good, 1, ErrInvalidRecord},  // too large
 		{"/kvxfer/c/g\x00n/1", good, 1, ErrInvalidRecord},   // unprintable
+		{"/kvxfer/c/gen/incarnation", []byte(`{"v":1,"incarnation":"1","lease":"1"}`), 0, ErrInvalidRecord},
+		{ik, []byte("garbage"), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"0","lease":"1"}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"1","lease":"0"}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"1","lease":"1","x":1}`), 0, ErrInvalidRecord},
 	}
 	for _, c := range cases {
 		evs := m.put(c.key, c.value, c.lease)
@@ -85,7 +105,7 @@ func TestMembersRejectsWithoutState(t *testing.T) {
 	if len(m.ranks) != 0 {
 		t.Errorf("rejected values created state: %v", m.ranks)
 	}
-	m.put(Key("c", "gen", 1), good, 1)
+	regPut(t, m, testRecord("gen", 1, 5), 1)
 	evs := m.put(Key("c", "gen", 1), enc(t, changed, stateUp), 1)
 	if len(evs) != 1 || evs[0].Kind != EventRejected || !errors.Is(evs[0].Err, ErrInvalidRecord) {
 		t.Errorf("record changed within an incarnation: %v, want a rejection", evs)
@@ -99,7 +119,7 @@ func TestMembersSelf(t *testing.T) {
 	m := newMembers("c")
 	k := Key("c", "ctx", 0)
 	// An earlier run of this rank is still registered: a peer until it goes.
-	if evs := m.put(k, enc(t, testRecord("ctx", 0, 3), stateUp), 1); kinds(evs) != "[UP ctx/0#3]" {
+	if evs := regPut(t, m, testRecord("ctx", 0, 3), 1); kinds(evs) != "[UP ctx/0#3]" {
 		t.Fatalf("old self: %v", evs)
 	}
 	if err := m.register(testRecord("ctx", 0, 3)); !errors.Is(err, ErrStaleIncarnation) {
@@ -111,7 +131,7 @@ func TestMembersSelf(t *testing.T) {
 	if evs := m.del(k); kinds(evs) != "[DOWN ctx/0#3: lease expired]" {
 		t.Fatalf("old self expires: %v", evs)
 	}
-	if evs := m.put(k, enc(t, testRecord("ctx", 0, 4), stateUp), 2); len(evs) != 0 {
+	if evs := regPut(t, m, testRecord("ctx", 0, 4), 2); len(evs) != 0 {
 		t.Fatalf("own record: %v, want no event", evs)
 	}
 	if p := m.peers(); len(p) != 0 {
@@ -127,15 +147,18 @@ func TestMembersSelf(t *testing.T) {
 
 func TestMembersSync(t *testing.T) {
 	m := newMembers("c")
-	a, b := Key("c", "gen", 0), Key("c", "gen", 1)
-	m.put(a, enc(t, testRecord("gen", 0, 1), stateUp), 1)
-	m.put(b, enc(t, testRecord("gen", 1, 1), stateUp), 1)
+	b := Key("c", "gen", 1)
+	regPut(t, m, testRecord("gen", 0, 1), 1)
+	regPut(t, m, testRecord("gen", 1, 1), 1)
 	// While the watch was broken: gen/0 expired, gen/1 restarted, ctx/0
 	// joined, and garbage appeared.
 	snap := map[string]storedValue{
-		b:                  {enc(t, testRecord("gen", 1, 2), stateUp), 2},
-		Key("c", "ctx", 0): {enc(t, testRecord("ctx", 0, 1), stateUp), 3},
-		Key("c", "ctx", 1): {[]byte("{}"), 3},
+		IncarnationKey("c", "gen", 0): {registration{1, 1}.encode(), 0},
+		IncarnationKey("c", "gen", 1): {registration{2, 2}.encode(), 0},
+		b:                             {enc(t, testRecord("gen", 1, 2), stateUp), 2},
+		IncarnationKey("c", "ctx", 0): {registration{1, 3}.encode(), 0},
+		Key("c", "ctx", 0):            {enc(t, testRecord("ctx", 0, 1), stateUp), 3},
+		Key("c", "ctx", 1):            {[]byte("{}"), 3},
 	}
 	got := kinds(m.sync(snap))
 	want := "[DOWN gen/0#1: lease expired UP ctx/0#1 REJECTED /kvxfer/c/ctx/1: key /kvxfer/c/ctx/1: discovery: invalid record: record version 0, want 1 DOWN gen/1#1: superseded by incarnation 2 UP gen/1#2]"

@@ -254,3 +254,43 @@ func decodeRecord(b []byte) (Record, bool, error) {
 	}
 	return r, leaving, nil
 }
+
+// registration is what a rank's incarnation key holds: the incarnation
+// last registered for the rank and the lease it was registered under.
+type registration struct {
+	Incarnation uint64
+	Lease       int64
+}
+
+type wireRegistration struct {
+	V           int    `json:"v"`
+	Incarnation uint64 `json:"incarnation,string"`
+	Lease       int64  `json:"lease,string"`
+}
+
+func (g registration) encode() []byte {
+	b, _ := json.Marshal(wireRegistration{V: RecordVersion, Incarnation: g.Incarnation, Lease: g.Lease})
+	return b
+}
+
+// decodeRegistration parses an incarnation key's value, as strictly as a
+// record.
+func decodeRegistration(b []byte) (registration, error) {
+	if len(b) == 0 || len(b) > MaxRecordBytes {
+		return registration{}, invalid("incarnation value of %d bytes, want 1..%d", len(b), MaxRecordBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var w wireRegistration
+	if err := dec.Decode(&w); err != nil {
+		return registration{}, invalid("incarnation value is not version %d: %v", RecordVersion, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return registration{}, invalid("incarnation value has bytes after it")
+	}
+	if w.V != RecordVersion || w.Incarnation == 0 || w.Lease == 0 {
+		return registration{}, invalid("incarnation value version %d incarnation %d lease %d, want version %d and both set",
+			w.V, w.Incarnation, w.Lease, RecordVersion)
+	}
+	return registration{Incarnation: w.Incarnation, Lease: w.Lease}, nil
+}
