@@ -14,7 +14,9 @@
 //   - Etcd: records attached to leases kept alive by their ranks, the
 //     cluster's prefix watched by every rank. A key that disappears is a
 //     Down for every peer at once, and its incarnation is refused from then
-//     on.
+//     on — also by registries started later: each rank's incarnation key
+//     (/kvxfer/<cluster>/<instance>/<rank>/incarnation) names the
+//     incarnation last registered and its lease, and is never deleted.
 //
 // It does not own the control link, heartbeats or the decision to free
 // pages: a Down is membership, not proof that the rank's writes are over
