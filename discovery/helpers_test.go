@@ -2,6 +2,8 @@ package discovery
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"strings"
@@ -20,9 +22,12 @@ func testRecord(instance string, rank int32, inc uint64) Record {
 		LayoutHash: 0xfeedface12345678, Parallel: messages.Parallel{TP: 2, PP: 1}, TP: rank % 2}
 }
 
-// clusterName is a cluster of the test's own.
+var clusters atomic.Int64
+
+// clusterName is a cluster of the test's own (also under -count=N, where
+// one etcd serves every run).
 func clusterName(t testing.TB) string {
-	return strings.NewReplacer("/", "-", " ", "-", "#", "-").Replace(t.Name())
+	return fmt.Sprintf("%s-%d", strings.NewReplacer("/", "-", " ", "-", "#", "-").Replace(t.Name()), clusters.Add(1))
 }
 
 // waitEvent reads events until match accepts one, within d; it fails the
