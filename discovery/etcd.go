@@ -104,7 +104,8 @@ func snapshot(kvs []*mvccpb.KeyValue) map[string]storedValue {
 	return s
 }
 
-// fail stops the registry for good with err (Events closes; Err says why).
+// fail stops the registry for good with err: Events delivers what is
+// pending, then closes; Err says why.
 func (e *Etcd) fail(err error) {
 	e.errMu.Lock()
 	if e.err == nil {
@@ -112,6 +113,7 @@ func (e *Etcd) fail(err error) {
 	}
 	e.errMu.Unlock()
 	e.cancel()
+	e.q.end()
 }
 
 // watch follows the prefix from rev; when the watch breaks (compaction,

@@ -126,6 +126,17 @@ func TestEtcdDeadRankExpires(t *testing.T) {
 	if p := a.Peers(); len(p) != 0 {
 		t.Errorf("peers after expiry %v, want none", p)
 	}
+	// The dead rank's registry reported itself Lost, then stopped.
+	lost := waitEvent(t, victim, waitFor, "victim lost", func(e Event) bool { return e.Kind == EventLost })
+	if lost.Incarnation != 5 || lost.Reason != ReasonKeepaliveStopped {
+		t.Errorf("victim %v, want LOST ctx/1#5: %s", lost, ReasonKeepaliveStopped)
+	}
+	for ev := range victim.Events() {
+		t.Errorf("victim after Lost: %v", ev)
+	}
+	if !errors.Is(victim.Err(), ErrClosed) {
+		t.Errorf("victim err %v, want %v", victim.Err(), ErrClosed)
+	}
 
 	// The dead incarnation written back is refused: without a lease (a
 	// replayed or hand-made write; a paused process's own lease is gone),

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -37,6 +38,7 @@ type eventQueue struct {
 	mu      sync.Mutex
 	pending []Event
 	err     error
+	ending  bool // deliver what is pending, then close out
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped sync.Once
@@ -88,13 +90,16 @@ func (q *eventQueue) run() {
 	for {
 		q.mu.Lock()
 		var ev Event
-		have := len(q.pending) > 0
+		have, ending := len(q.pending) > 0, q.ending
 		if have {
 			ev = q.pending[0]
 			q.pending[0] = Event{}
 			q.pending = q.pending[1:]
 		}
 		q.mu.Unlock()
+		if !have && ending {
+			return
+		}
 		if !have {
 			select {
 			case <-q.wake:
@@ -110,6 +115,25 @@ func (q *eventQueue) run() {
 		}
 	}
 }
+
+// end makes the queue deliver what is pending, then close out; later
+// pushes are dropped. It does not wait.
+func (q *eventQueue) end() {
+	q.mu.Lock()
+	q.ending = true
+	if q.err == nil {
+		q.err = errEnded
+	}
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// errEnded marks a queue that takes no more events (end); it is not
+// reported.
+var errEnded = errors.New("discovery: event queue ended")
 
 // close stops delivery (pending events are dropped) and closes out; it
 // waits for the delivering goroutine.

@@ -103,6 +103,9 @@ func (s *Static) Peers() []Record {
 func (s *Static) Err() error {
 	s.q.mu.Lock()
 	defer s.q.mu.Unlock()
+	if s.q.err == errEnded {
+		return nil
+	}
 	return s.q.err
 }
 
