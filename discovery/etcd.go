@@ -86,7 +86,7 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
 	if err != nil {
 		e.shut()
-		return nil, fmt.Errorf("discovery: etcd: reading %s: %w", e.prefix, err)
+		return nil, fmt.Errorf("discovery: etcd %v: reading %s: %w", e.cli.Endpoints(), e.prefix, err)
 	}
 	e.mu.Lock()
 	e.q.push(e.m.sync(snapshot(resp.Kvs))...)

@@ -169,3 +169,38 @@ func TestMembersSync(t *testing.T) {
 		t.Errorf("the same snapshot again: %v, want only the garbage reported", evs)
 	}
 }
+
+// FuzzMembersPut: no key, value or lease panics the table; a rejected
+// put changes no rank's state.
+func FuzzMembersPut(f *testing.F) {
+	good, _ := testRecord("gen", 1, 5).Encode()
+	f.Add(Key("c", "gen", 1), good, int64(1))
+	f.Add(IncarnationKey("c", "gen", 1), registration{5, 1}.encode(), int64(0))
+	f.Add("/kvxfer/c/gen/01", []byte("{}"), int64(7))
+	f.Fuzz(func(t *testing.T, key string, value []byte, lease int64) {
+		m := newMembers("c")
+		for _, r := range []Record{testRecord("gen", 1, 5), testRecord("ctx", 0, 2)} {
+			regPut(t, m, r, 1)
+		}
+		before := fmt.Sprint(m.peers())
+		regs := map[string]registration{}
+		for id, st := range m.ranks {
+			regs[id.String()] = st.reg
+		}
+		evs := m.put(key, value, lease)
+		if len(evs) == 1 && evs[0].Kind == EventRejected {
+			if got := fmt.Sprint(m.peers()); got != before {
+				t.Fatalf("rejected put changed peers: %s -> %s", before, got)
+			}
+			for id, st := range m.ranks {
+				if regs[id.String()] != st.reg {
+					t.Fatalf("rejected put changed %s's registration", id)
+				}
+			}
+			if evs[0].Key != key {
+				t.Fatalf("rejection names %q, not %q", evs[0].Key, key)
+			}
+		}
+		m.del(key)
+	})
+}

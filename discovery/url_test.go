@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseEtcdURL(t *testing.T) {
@@ -52,7 +53,7 @@ func TestParseEtcdURL(t *testing.T) {
 
 func TestOpenSpec(t *testing.T) {
 	for _, spec := range []string{"", "static"} {
-		r, err := Open(ctxFor(t, 5_000_000_000), spec, "c", nil)
+		r, err := Open(ctxFor(t, 5*time.Second), spec, "c", nil)
 		if err != nil {
 			t.Fatalf("%q: %v", spec, err)
 		}
@@ -61,13 +62,18 @@ func TestOpenSpec(t *testing.T) {
 		}
 		_ = r.Close()
 	}
-	if _, err := Open(ctxFor(t, 5_000_000_000), "consul://x:1", "c", nil); !errors.Is(err, ErrInvalidURL) {
+	if _, err := Open(ctxFor(t, 5*time.Second), "consul://x:1", "c", nil); !errors.Is(err, ErrInvalidURL) {
 		t.Errorf("unknown scheme: %v", err)
 	}
-	if _, err := Open(ctxFor(t, 5_000_000_000), "etcd://x", "c", nil); !errors.Is(err, ErrInvalidURL) {
+	if _, err := Open(ctxFor(t, 5*time.Second), "etcd://x", "c", nil); !errors.Is(err, ErrInvalidURL) {
 		t.Errorf("bad etcd URL: %v", err)
 	}
-	if _, err := Open(ctxFor(t, 5_000_000_000), "etcd://x:1", "bad/cluster", nil); !errors.Is(err, ErrInvalidRecord) {
+	if _, err := Open(ctxFor(t, 5*time.Second), "etcd://x:1", "bad/cluster", nil); !errors.Is(err, ErrInvalidRecord) {
 		t.Errorf("bad cluster: %v", err)
+	}
+	// Nothing listens on port 1: Open fails within its dial timeout and
+	// names the endpoint.
+	if _, err := Open(ctxFor(t, 5*time.Second), "etcd://127.0.0.1:1", "c", nil, WithDialTimeout(300*time.Millisecond)); err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Errorf("unreachable etcd: %v, want an error naming it", err)
 	}
 }
