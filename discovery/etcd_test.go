@@ -48,8 +48,13 @@ func TestEtcdTwoRanksFindEachOther(t *testing.T) {
 		t.Errorf("ctx peers %v, want only gen/0", p)
 	}
 
-	// A third registry, started later, learns both from the snapshot.
-	c := newEtcdRegistry(t, cluster)
+	// A third registry, started later through the --discovery URL, learns
+	// both from the snapshot.
+	c, err := Open(ctxFor(t, 10*time.Second), "etcd://"+etcdEndpoints(t)[0], cluster, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	waitEvent(t, c, waitFor, "ctx/0 up at a late watcher", isUp("ctx", 0, 10))
 	waitEvent(t, c, waitFor, "gen/0 up at a late watcher", isUp("gen", 0, 20))
 
