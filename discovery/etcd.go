@@ -188,8 +188,9 @@ func (e *Etcd) lose(reason string) {
 // Register publishes r under its key, attached to a new lease kept alive
 // until Close. When the key still holds an older incarnation of the rank
 // (a previous run whose lease has not expired yet), Register waits for it
-// to go, within ctx. It refuses an incarnation not above the one the key
-// holds, or one this registry saw go down.
+// to go, within ctx. It refuses (ErrStaleIncarnation) an incarnation not
+// above the one the rank's incarnation key names, or one this registry
+// has seen.
 func (e *Etcd) Register(ctx context.Context, r Record) error {
 	value, err := r.Encode()
 	if err != nil {
