@@ -14,6 +14,13 @@ type Topology struct {
 	Parallel   kvcache.Parallel
 	Rank       kvcache.Rank
 	Pools      []kvcache.PoolGeometry
+	// Memory, when set, is this rank's KV memory per layer group as the
+	// serving framework lays it out (NHD, HND, split K/V, MLA or strided;
+	// offsets in the engine's registered region); a context rank plans from
+	// Memory[g] into the receiver's pool. A nil slice or entry means the
+	// pool's own layout (Pools[g]). Block ids are still checked against
+	// Pools[g].Blocks.
+	Memory []*kvcache.KVMemory
 }
 
 // routePlanner plans one stream: per layer group, the kvcache plan for the
@@ -131,7 +138,15 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 			continue
 		}
 		dstGeom := kvcache.PoolGeometry{Offset: pg.Offset, BlockBytes: pg.BlockBytes, Blocks: int(pg.Blocks)}
-		plan, err := kvcache.NewPlan(self.Layout, ctxShape, genShape, link, g, self.Pools[g], dstGeom)
+		var plan *kvcache.Plan
+		if g < len(self.Memory) && self.Memory[g] != nil {
+			var dst *kvcache.KVMemory
+			if dst, err = kvcache.PoolMemory(self.Layout, genShape, g, dstGeom); err == nil {
+				plan, err = kvcache.NewMemoryPlan(link, g, self.Memory[g], dst)
+			}
+		} else {
+			plan, err = kvcache.NewPlan(self.Layout, ctxShape, genShape, link, g, self.Pools[g], dstGeom)
+		}
 		if err != nil {
 			return nil, expected, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
 		}

@@ -30,4 +30,29 @@
 // A plan therefore emits one segment per maximal run of blocks that are
 // consecutive on both sides when a peer takes whole blocks, and one segment
 // per (block, layer, part) when it takes a head sub-range.
+//
+// That is the byte order of kvcache's pools (MemGroupPool), one layout among
+// several.
+//
+// # Memory as the framework lays it out
+//
+// A serving framework keeps its KV cache in its own tensors; a KVMemory
+// describes one rank's memory of one layer group without assuming a byte
+// order: the region offset of each (layer, part) tensor's block 0 and the
+// byte strides of block, token, head and element. Constructors give the
+// common kinds — vLLM's per-layer [2, blocks, block_size, heads, head_dim]
+// (NHDMemory) and its HND variant (HNDMemory), K and V in separate tensors
+// (SplitKVMemory), MLA latent caches (MLAMemory) and the pools above
+// (PoolMemory) — and any other layout is its strides (MemStrided).
+// KVMemory.Validate refuses strides that make elements overlap, a tensor
+// past its region and two tensors sharing a byte (ErrBadMemory).
+//
+// NewMemoryPlan plans a link between two memories, which may differ in kind
+// and in the heads each holds (the PeerMap's tensor-parallel slicing): it
+// copies every head vector the link carries and merges what is contiguous
+// on both sides, so that NHD→NHD and HND→HND copy whole runs of blocks per
+// tensor, a TP gather copies what both sides keep together (per token in
+// NHD, per head range in HND), and NHD→HND copies one head vector per
+// segment. Over two PoolMemory descriptors it emits exactly NewPlan's
+// segments.
 package kvcache

@@ -21,4 +21,8 @@ var (
 	ErrBadParallelism   = errors.New("kvcache: bad parallelism")
 	ErrMissingSource    = errors.New("kvcache: missing source block")
 	ErrBadPlan          = errors.New("kvcache: bad plan input")
+	// ErrBadMemory is a KVMemory descriptor that is inconsistent: strides
+	// that make elements overlap, a tensor past its region, two tensors
+	// sharing bytes, or a descriptor that does not match its peer's.
+	ErrBadMemory = errors.New("kvcache: bad memory descriptor")
 )

@@ -31,15 +31,21 @@ type PoolGeometry struct {
 // part). Across blocks, a piece that starts where the previous segment ends
 // on both sides extends it: runs of block ids consecutive on both sides
 // become one segment. Every segment Append emits is a maximal run.
+//
+// NewPlan builds a plan between two of kvcache's pools; NewMemoryPlan builds
+// one between two KVMemory descriptors (the framework's own layouts), with
+// the same Append, Count and Stats.
 type Plan struct {
-	pieces    []Segment // per block, relative to the block's start; merged
-	perBlock  uint64    // sum of piece lengths
-	src, dst  PoolGeometry
-	whole     bool // one piece covering both whole blocks
-	ctx, gen  Rank
-	group     int
-	srcBlocks uint64
-	dstBlocks uint64
+	pieces     []Segment // per block pair, at block 0 of each side; merged
+	perBlock   uint64    // sum of piece lengths
+	srcStride  uint64    // bytes between consecutive source block ids
+	dstStride  uint64    // bytes between consecutive destination block ids
+	pieceMajor bool      // emit piece by piece, each over every block pair
+	whole      bool      // one piece covering both whole blocks
+	ctx, gen   Rank
+	group      int
+	srcBlocks  uint64
+	dstBlocks  uint64
 }
 
 // NewPlan builds the plan for link, which context shape ctx writes to
@@ -92,7 +98,7 @@ func NewPlan(l Layout, ctx, gen Shape, link PeerLink, g int, src, dst PoolGeomet
 	}
 
 	p := &Plan{
-		src: src, dst: dst, ctx: link.Ctx, gen: link.Gen, group: g,
+		srcStride: src.BlockBytes, dstStride: dst.BlockBytes, ctx: link.Ctx, gen: link.Gen, group: g,
 		srcBlocks: uint64(src.Blocks), dstBlocks: uint64(dst.Blocks),
 	}
 	parts := l.Parts()
@@ -123,13 +129,24 @@ func NewPlan(l Layout, ctx, gen Shape, link PeerLink, g int, src, dst PoolGeomet
 	}
 	p.whole = len(p.pieces) == 1 && p.pieces[0].Src == 0 && p.pieces[0].Dst == 0 &&
 		p.pieces[0].Len == srcBB && srcBB == dstBB
+	for i := range p.pieces {
+		p.pieces[i].Src += src.Offset
+		p.pieces[i].Dst += dst.Offset
+	}
 	return p, nil
 }
 
 // Append appends to out the segments that copy, for each i, source block
 // srcIDs[i] to destination block dstIDs[i], and returns the extended slice.
-// Segments are emitted in block order and never merge with segments that
-// were already in out. With enough capacity in out it does not allocate.
+// Segments never merge with segments that were already in out, and no two
+// consecutive segments Append emits are contiguous on both sides. With
+// enough capacity in out it does not allocate.
+//
+// Segments are emitted in block order, each block's pieces in plan order —
+// except for a plan with several pieces of which some span a whole block
+// stride on both sides (per-layer tensors, as vLLM lays them out): it emits
+// piece by piece, each over every block pair, so that a run of block ids
+// consecutive on both sides becomes one segment per piece.
 //
 // Errors wrap ErrBadPlan and name the value (mismatched lengths, an id
 // outside its pool); out is then returned unextended.
@@ -138,8 +155,27 @@ func (p *Plan) Append(out []Segment, srcIDs, dstIDs []BlockID) ([]Segment, error
 		return out, p.lengthError(srcIDs, dstIDs)
 	}
 	n0 := len(out)
+	if len(p.pieces) == 0 || p.pieceMajor {
+		if err := p.checkIDs(srcIDs, dstIDs); err != nil {
+			return out, err
+		}
+	}
+	if p.pieceMajor {
+		for _, pc := range p.pieces {
+			for i, sid := range srcIDs {
+				s := uint64(sid)*p.srcStride + pc.Src
+				d := uint64(dstIDs[i])*p.dstStride + pc.Dst
+				if k := len(out) - 1; k >= n0 && out[k].Src+out[k].Len == s && out[k].Dst+out[k].Len == d {
+					out[k].Len += pc.Len
+				} else {
+					out = append(out, Segment{Src: s, Dst: d, Len: pc.Len})
+				}
+			}
+		}
+		return out, nil
+	}
 	if len(p.pieces) == 0 {
-		return out, p.checkIDs(srcIDs, dstIDs)
+		return out, nil
 	}
 	first, rest := p.pieces[0], p.pieces[1:]
 	for i, sid := range srcIDs {
@@ -147,8 +183,8 @@ func (p *Plan) Append(out []Segment, srcIDs, dstIDs []BlockID) ([]Segment, error
 		if uint64(int64(sid)) >= p.srcBlocks || uint64(int64(did)) >= p.dstBlocks {
 			return out[:n0], p.idError(i, sid, did)
 		}
-		sb := p.src.Offset + uint64(sid)*p.src.BlockBytes
-		db := p.dst.Offset + uint64(did)*p.dst.BlockBytes
+		sb := uint64(sid) * p.srcStride
+		db := uint64(did) * p.dstStride
 		s, d := sb+first.Src, db+first.Dst
 		if k := len(out) - 1; k >= n0 && out[k].Src+out[k].Len == s && out[k].Dst+out[k].Len == d {
 			out[k].Len += first.Len
@@ -174,12 +210,25 @@ func (p *Plan) Count(srcIDs, dstIDs []BlockID) (int, error) {
 	if len(p.pieces) == 0 || len(srcIDs) == 0 {
 		return 0, nil
 	}
-	first, last := p.pieces[0], p.pieces[len(p.pieces)-1]
 	count := 0
 	var endS, endD uint64
+	if p.pieceMajor {
+		for j, pc := range p.pieces {
+			for i, sid := range srcIDs {
+				s := uint64(sid)*p.srcStride + pc.Src
+				d := uint64(dstIDs[i])*p.dstStride + pc.Dst
+				if (i == 0 && j == 0) || endS != s || endD != d {
+					count++
+				}
+				endS, endD = s+pc.Len, d+pc.Len
+			}
+		}
+		return count, nil
+	}
+	first, last := p.pieces[0], p.pieces[len(p.pieces)-1]
 	for i, sid := range srcIDs {
-		sb := p.src.Offset + uint64(sid)*p.src.BlockBytes
-		db := p.dst.Offset + uint64(dstIDs[i])*p.dst.BlockBytes
+		sb := uint64(sid) * p.srcStride
+		db := uint64(dstIDs[i]) * p.dstStride
 		count += len(p.pieces)
 		if i > 0 && endS == sb+first.Src && endD == db+first.Dst {
 			count--

@@ -1,8 +1,8 @@
-// Package proc runs kvxfer's two roles as separate OS processes: a context
-// process that prefills (simulated) and pushes chunks, and a generation
-// process that receives and verifies every byte. They talk over the ZeroMQ
-// control link (CURVE unless insecure) and write over the shared-memory or
-// the ucx backend. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
+// Package proc is the demo workload of kvxfer's two roles as separate OS
+// processes: a context process that prefills (simulated) and pushes
+// chunks, and a generation process that receives and verifies every byte.
+// Each runs on a node (package node: control link, CURVE, backend, pool,
+// liveness); this package only drives requests and checks bytes. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
 // thin wrappers; the two-process tests re-execute the test binary into
 // these roles.
 package proc
@@ -10,14 +10,11 @@ package proc
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -26,8 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/demo"
 	"github.com/kvxfer/kvxfer/kvcache"
-	"github.com/kvxfer/kvxfer/messages"
-	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -125,14 +121,27 @@ func Prompts(o Options) []int {
 // RequestID names request i.
 func RequestID(i int) string { return fmt.Sprintf("req-%d", i) }
 
+// validate names the first bad demo option and its value (flag names, as
+// `kvxfer ctx` and `kvxfer gen` take them).
 func (o Options) validate() error {
-	if o.Requests < 1 || o.MinTokens < 1 || o.MaxTokens < o.MinTokens || o.Concurrency < 1 {
-		return fmt.Errorf("proc: requests %d, tokens %d..%d, concurrency %d", o.Requests, o.MinTokens, o.MaxTokens, o.Concurrency)
+	switch {
+	case o.Requests < 1:
+		return fmt.Errorf("proc: --requests = %d: must be ≥ 1", o.Requests)
+	case o.MinTokens < 1:
+		return fmt.Errorf("proc: --min-tokens = %d: must be ≥ 1", o.MinTokens)
+	case o.MaxTokens < o.MinTokens:
+		return fmt.Errorf("proc: --max-tokens = %d: must be ≥ --min-tokens (%d)", o.MaxTokens, o.MinTokens)
+	case o.ChunkTokens < 0:
+		return fmt.Errorf("proc: --chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+	case o.Concurrency < 1:
+		return fmt.Errorf("proc: --concurrency = %d: must be ≥ 1", o.Concurrency)
+	case o.Compute < 0:
+		return fmt.Errorf("proc: --compute = %v: must be ≥ 0", o.Compute)
 	}
 	switch o.Backend {
 	case "", shm.Backend, ucx.Backend:
 	default:
-		return fmt.Errorf("proc: backend %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
+		return fmt.Errorf("proc: --backend = %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
 	}
 	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
 		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
@@ -140,119 +149,46 @@ func (o Options) validate() error {
 	return nil
 }
 
-// node is one process's engine and link.
-type node struct {
-	eng     *kvxfer.Engine
-	link    *zmq.Link
-	closers []io.Closer
-	down    chan struct{}
-	once    sync.Once
-	stop    chan struct{} // closed by close: stops watchPeer
-	watch   sync.WaitGroup
-}
-
-// newAgent is the backend's agent for this process.
-func newAgent(o Options) (rdma.Agent, error) {
-	if o.Backend == ucx.Backend {
-		a, err := ucx.New()
-		if err != nil {
-			return nil, fmt.Errorf("%w (backend ucx; --backend shm runs without UCX)", err)
-		}
-		return a, nil
+// nodeConfig is the node this role runs on (a context role only sends).
+func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
+	backend := o.Backend
+	if backend == "" {
+		backend = shm.Backend
 	}
-	return shm.New(), nil
-}
-
-// newPool is the generation process's pool memory: a shared-memory file
-// the context process maps (shm), or memory UCX allocated, which its
-// shared-memory and RDMA transports write with one copy (ucx).
-func newPool(o Options, agent rdma.Agent) (*kvcache.Region, io.Closer, error) {
-	if a, ok := agent.(*ucx.Agent); ok {
-		return a.Alloc(o.PoolBytes)
-	}
-	return shm.NewRegion(regionName(o.Instance, os.Getpid()), o.PoolBytes)
-}
-
-// start starts this process's engine on agent (which the node then owns)
-// and region (nil: the engine allocates its pool).
-func start(ctx context.Context, o Options, agent rdma.Agent, region *kvcache.Region) (*node, error) {
-	n := &node{down: make(chan struct{})}
-	peer := messages.PeerID{Instance: o.Peer, Rank: 0}
-	zc := zmq.Config{Bind: o.Bind, Peers: map[messages.PeerID]string{peer: o.PeerEndpoint},
-		Insecure: o.Insecure, Logger: o.Log, HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses}
-	if !o.Insecure {
-		zc.Curve = zmq.Curve{Secret: o.SecretKey, AllowedPeers: []string{o.PeerPublicKey},
-			PeerServerKeys: map[messages.PeerID]string{peer: o.PeerPublicKey}, Identities: o.Identities}
-	}
-	var engp atomic.Pointer[kvxfer.Engine]
-	zc.OnPeerDown = func(p messages.PeerID) {
-		if e := engp.Load(); e != nil {
-			e.PeerDown(p)
-		}
-		if p == peer {
-			n.once.Do(func() { close(n.down) })
-		}
-	}
-	link, err := zmq.New(zc)
-	if err != nil {
-		_ = agent.Close()
-		return nil, err
-	}
-	n.link = link
-	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
-		PoolBytes: o.PoolBytes, Region: region, Workers: o.Workers, Agent: agent, Link: link,
-		TransferTimeout: o.Timeout, DrainGrace: time.Second, Logger: &o.Log, TracePath: o.TracePath, MetricsAddr: o.MetricsAddr})
-	if err != nil {
-		_ = link.Close()
-		_ = agent.Close()
-		return nil, err
-	}
-	if a := eng.MetricsAddr(); a != "" {
-		o.Log.Info().Str("url", "http://"+a+"/metrics").Msg("metrics")
-	}
-	n.eng = eng
-	engp.Store(eng)
-	n.closers = append(n.closers, agent)
-	n.stop = make(chan struct{})
-	n.watch.Add(1)
-	go n.watchPeer(peer, o)
-	return n, nil
-}
-
-// watchPeer logs, once, when the peer's Hello arrives: that it is there,
-// or that it serves another model (naming both), so a deployment mistake
-// shows at startup rather than as failed requests.
-func (n *node) watchPeer(peer messages.PeerID, o Options) {
-	defer n.watch.Done()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if h, err := n.link.Hello(peer); err == nil {
-			if err := n.eng.CheckPeer(h); err != nil {
-				o.Log.Error().Err(err).Msg("peer serves another model: every request with it will fail")
-			} else {
-				o.Log.Info().Str("peer", peer.String()).Str("model", h.Model).Msg("peer said Hello")
+	c := node.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
+		PoolBytes: o.PoolBytes, SendOnly: sendOnly, Workers: o.Workers, Backend: backend, Bind: o.Bind,
+		Peers:    []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: o.PeerPublicKey}},
+		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
+		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
+		MetricsAddr: o.MetricsAddr, TracePath: o.TracePath, Logger: &o.Log,
+		OnPeerDown: func(instance string, rank int) {
+			if instance == o.Peer && rank == 0 {
+				down()
 			}
-			return
-		}
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
+		},
 	}
+	for _, id := range o.Identities {
+		c.Identities = append(c.Identities, node.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
+	}
+	return c
 }
 
-func (n *node) close() error {
-	close(n.stop)
-	n.watch.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := n.eng.Close(ctx)
-	for _, c := range n.closers {
-		err = errors.Join(err, c.Close())
+// role is one process's node and what the workload watches of it.
+type role struct {
+	*node.Node
+	eng  *kvxfer.Engine
+	down chan struct{} // closed when the peer is declared dead
+}
+
+func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
+	r := &role{down: make(chan struct{})}
+	var once sync.Once
+	n, err := node.Open(ctx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
+	if err != nil {
+		return nil, err
 	}
-	return errors.Join(err, n.link.Close())
+	r.Node, r.eng = n, n.Engine()
+	return r, nil
 }
 
 // RunGen is the generation role: receive every request, verify every byte,
@@ -262,26 +198,10 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	if n, err := SweepStale(o.Instance); err != nil {
-		o.Log.Warn().Err(err).Msg("sweeping stale pool files")
-	} else if n > 0 {
-		o.Log.Info().Int("files", n).Msg("removed pool files of dead generation processes")
-	}
-	agent, err := newAgent(o)
+	n, err := open(ctx, o, false)
 	if err != nil {
 		return rep, err
 	}
-	region, rc, err := newPool(o, agent)
-	if err != nil {
-		_ = agent.Close()
-		return rep, err
-	}
-	n, err := start(ctx, o, agent, region)
-	if err != nil {
-		_ = rc.Close()
-		return rep, err
-	}
-	n.closers = append(n.closers, rc)
 	t0 := time.Now()
 	var mu sync.Mutex
 	fail := func(err error) {
@@ -289,14 +209,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		rep.failed(err)
 		mu.Unlock()
 	}
-	// Say where we wait, then wait (up to the transfer timeout) for the
-	// context process's Hello: a peer that is not running, speaks with
-	// another key or serves another model is named now, once, instead of
-	// by every request at its deadline.
-	peer := messages.PeerID{Instance: o.Peer, Rank: 0}
-	o.Log.Info().Str("listening", n.link.Endpoint()).Str("peer", peer.String()).Str("peer_endpoint", o.PeerEndpoint).
-		Msg("waiting for the context process")
-	if err := waitPeer(ctx, n, peer, o); err != nil {
+	// Wait (up to the transfer timeout) for the context process's Hello:
+	// a peer that is not running, speaks with another key or serves
+	// another model is named now, once, instead of by every request at its
+	// deadline.
+	if err := waitPeer(ctx, n, o); err != nil {
 		o.Log.Error().Err(err).Msg("context process")
 		for i := range Prompts(o) {
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
@@ -322,7 +239,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		default:
 		}
 		t := time.Now()
-		h, err := n.eng.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
+		h, err := n.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
 		if err != nil {
 			fail(err)
 			<-sem
@@ -391,11 +308,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
-	agent, err := newAgent(o)
-	if err != nil {
-		return rep, err
-	}
-	n, err := start(ctx, o, agent, nil)
+	n, err := open(ctx, o, true)
 	if err != nil {
 		return rep, err
 	}
@@ -446,7 +359,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	return finish(n, rep, t0, out)
 }
 
-func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID) error {
+func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID) error {
 	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
@@ -502,41 +415,26 @@ func ctxRequest(ctx context.Context, o Options, n *node, l kvcache.Layout, i, pl
 	return nil
 }
 
-// errPeerSilent: the peer process said nothing within the wait.
-var errPeerSilent = errors.New("proc: peer said nothing")
-
-// waitPeer waits until peer's Hello arrives (polling with the transfer
-// timeout as deadline) and checks it serves the same layout.
-func waitPeer(ctx context.Context, n *node, peer messages.PeerID, o Options) error {
+// waitPeer waits for the peer's Hello, with the transfer timeout as
+// deadline, and checks it serves the same layout.
+func waitPeer(ctx context.Context, n *role, o Options) error {
 	timeout := o.Timeout
 	if timeout <= 0 {
 		timeout = kvxfer.DefaultTransferTimeout
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		h, err := n.link.Hello(peer)
-		if err == nil {
-			return n.eng.CheckPeer(h)
-		}
-		// A handshake the peer refused (a wrong key, one side insecure)
-		// will not heal by waiting: name it now.
-		if st, err := n.link.PeerState(peer); err == nil && st.Conn == zmq.ConnHandshakeFailed {
-			return fmt.Errorf("%s at %s: %w", peer, o.PeerEndpoint, st.Err())
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			how := "is it running, and do both sides use the same CURVE keys (or both --insecure)?"
-			return fmt.Errorf("%w: %s at %s within %v: %s", errPeerSilent, peer, o.PeerEndpoint, timeout, how)
-		}
-		time.Sleep(10 * time.Millisecond) // poll with a deadline
-	}
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no Hello within %v", timeout))
+	defer cancel()
+	return n.WaitPeers(ctx)
 }
 
-func finish(n *node, rep Report, t0 time.Time, out io.Writer) (Report, error) {
+func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	rep.Seconds = time.Since(t0).Seconds()
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every
 	// session to drain, so what is still used after it is a leak.
-	err := n.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := n.Close(ctx)
 	rep.LeakedBlocks = n.eng.Pools().Used()
 	if out != nil {
 		b, _ := json.Marshal(rep)

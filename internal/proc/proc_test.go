@@ -17,10 +17,10 @@ func TestUnusableUCXSaysWhatElse(t *testing.T) {
 	}
 	t.Setenv("UCX_TLS", "no-such-transport")
 	o := Options{Instance: "gen", Peer: "ctx", Bind: "ipc:///nonexistent/gen", PeerEndpoint: "ipc:///nonexistent/ctx",
-		Insecure: true, Backend: ucx.Backend, Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1}
+		Insecure: true, Backend: ucx.Backend, Model: "Llama-3.1-8B", Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1}
 	_, err := RunGen(context.Background(), o, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "no-such-transport") || !strings.Contains(err.Error(), "--backend shm") {
-		t.Fatalf("RunGen with an unusable UCX: %v; want UCX's reason and --backend shm", err)
+	if err == nil || !strings.Contains(err.Error(), "no-such-transport") || !strings.Contains(err.Error(), `"shm" runs without UCX`) {
+		t.Fatalf("RunGen with an unusable UCX: %v; want UCX's reason and the shm way out", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
 )
 
@@ -93,4 +94,43 @@ func TestModelMismatchNamedAtHello(t *testing.T) {
 			t.Fatalf("the failure does not name model %s: %q", m, gr.FirstError)
 		}
 	}
+}
+
+// TestHandshakeMistakesNamedAtStartup: gen is --insecure while ctx uses
+// CURVE, or gen holds a wrong public key for ctx. The generation process
+// names the failed handshake with ctx/0 (not "transfer deadline passed"),
+// fails every request with it well inside the 20 s transfer timeout, and
+// leaks nothing.
+func TestHandshakeMistakesNamedAtStartup(t *testing.T) {
+	cases := map[string]func(g *proc.Options){
+		"one side insecure": func(g *proc.Options) { g.Insecure = true },
+		"wrong peer key":    func(g *proc.Options) { g.PeerPublicKey = otherKey(t) },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			g, c := options(t, 3, 0)
+			g.Heartbeat, c.Heartbeat = 500*time.Millisecond, 500*time.Millisecond
+			mutate(&g)
+			gen := spawn(t, "gen", g)
+			ctx := spawn(t, "ctx", c)
+			gr, _ := gen.wait(t, 15*time.Second) // well inside the 20 s transfer timeout
+			_ = ctx.cmd.Process.Kill()
+			_, _ = ctx.wait(t, time.Minute)
+			if gr.Failed != 3 || gr.LeakedBlocks != 0 {
+				t.Fatalf("gen report %+v", gr)
+			}
+			if !strings.Contains(gr.FirstError, "handshake") || !strings.Contains(gr.FirstError, "ctx/0") {
+				t.Fatalf("the failure does not name the handshake with ctx/0: %q", gr.FirstError)
+			}
+		})
+	}
+}
+
+// otherKey is a CURVE public key nobody here holds the secret of.
+func otherKey(t *testing.T) string {
+	pub, _, err := zmq.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -50,7 +51,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		// Generation processes killed by the crash tests cannot remove
 		// their shared-memory pool files: remove them here.
-		if _, err := proc.SweepStale("gen"); err != nil {
+		if _, err := node.SweepStale("gen"); err != nil {
 			fmt.Fprintln(os.Stderr, "sweep:", err)
 		}
 		os.Exit(code)

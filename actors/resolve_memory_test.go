@@ -1,0 +1,120 @@
+package actors
+
+import (
+	"testing"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// memoryByte is the pattern byte b of element (layer, part, model head,
+// token, dim).
+func memoryByte(layer, part, head, token, dim, b int) byte {
+	return byte(layer*131 + part*71 + head*37 + token*11 + dim*5 + b*3 + 1)
+}
+
+// TestResolveRequestPlansFromFrameworkMemory configures two TP2 context
+// ranks with their KV in vLLM's NHD layout (Topology.Memory) and resolves a
+// TP1 generation rank's request into its kvcache pool: executing both
+// routes' segments must leave every destination element, in the pool's
+// byte order, equal to the source element, written once.
+func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
+	l := kvcache.Layout{Name: "nhd", Layers: 2, KVHeads: 4, HeadDim: 4, DTypeBytes: 2, TokensPerBlock: 4,
+		Groups: kvcache.FullAttention(2)}
+	ctxPar, genPar := kvcache.Parallel{TP: 2, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}
+	pm, err := kvcache.NewPeerMap(l, ctxPar, genPar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, _ := pm.GenShape(kvcache.Rank{})
+	const blocks, prompt = 6, 11 // 3 blocks, the last partial
+	srcIDs := []kvcache.BlockID{4, 5, 0}
+	dstIDs := []int32{1, 2, 5}
+	bb := gs.BlockBytes(l, 0)
+	dst := make([]byte, 16+blocks*bb)
+	count := make([]int, len(dst))
+	hello := &messages.Hello{From: messages.PeerID{Instance: "gen", Rank: 0}, LayoutHash: l.Hash(),
+		Parallel: messages.Parallel{TP: 1, PP: 1},
+		Pools:    []messages.PoolGeometry{{Offset: 16, BlockBytes: bb, Blocks: blocks}}}
+	rd := &messages.RequestData{RequestID: "r1", From: hello.From, GenParallel: hello.Parallel, PromptLen: prompt,
+		Groups: []messages.GroupDest{{First: 0, Blocks: dstIDs}}}
+
+	for tp := range ctxPar.TP {
+		cs, _ := pm.CtxShape(kvcache.Rank{TP: tp})
+		tensor := uint64(2 * blocks * l.TokensPerBlock * cs.Heads() * l.HeadDim * l.DTypeBytes)
+		mem, err := kvcache.NHDMemory(l, cs, 0, blocks, []uint64{0, tensor}, 2*tensor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := make([]byte, 2*tensor)
+		for i, id := range srcIDs {
+			for layer := range l.Layers {
+				for part := range 2 {
+					for tok := range l.TokensPerBlock {
+						for h := range cs.Heads() {
+							for d := range l.HeadDim {
+								off := mem.Base[layer][part] + uint64(id)*mem.BlockStride + uint64(tok)*mem.TokenStride +
+									uint64(h)*mem.HeadStride + uint64(d)*mem.ElemStride
+								for b := range 2 {
+									src[off+uint64(b)] = memoryByte(layer, part, cs.HeadLo+h, i*l.TokensPerBlock+tok, d, b)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		topo := Topology{Layout: l, LayoutHash: l.Hash(), Parallel: ctxPar, Rank: cs.Rank,
+			Pools:  []kvcache.PoolGeometry{{BlockBytes: cs.BlockBytes(l, 0), Blocks: blocks}},
+			Memory: []*kvcache.KVMemory{mem}}
+		route, _, err := ResolveRequest(topo, hello, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		segs, n, err := route.Planner.Plan(kvcache.Chunk{Start: 0, End: prompt, FirstBlock: 0, Last: true},
+			[]kvcache.BlockRun{{First: 0, IDs: srcIDs}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var moved uint64
+		for _, sg := range segs {
+			copy(dst[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
+			for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
+				count[j]++
+			}
+			moved += sg.Len
+		}
+		if moved != n || n != uint64(len(srcIDs))*bb/2 {
+			t.Fatalf("ctx tp%d: segments move %d bytes, planner says %d, want half of %d blocks of %d", tp, moved, n, len(srcIDs), bb)
+		}
+	}
+
+	// The pool's byte order: layer, part, head, token, dim.
+	needed := make([]bool, len(dst))
+	for i, id := range dstIDs {
+		for layer := range l.Layers {
+			for part := range 2 {
+				for h := range l.KVHeads {
+					for tok := range l.TokensPerBlock {
+						for d := range l.HeadDim {
+							for b := range 2 {
+								off := 16 + uint64(id)*bb + uint64((((layer*2+part)*l.KVHeads+h)*l.TokensPerBlock+tok)*l.HeadDim+d)*2 + uint64(b)
+								needed[off] = true
+								want := memoryByte(layer, part, h, i*l.TokensPerBlock+tok, d, b)
+								if dst[off] != want || count[off] != 1 {
+									t.Fatalf("block %d layer %d part %d head %d token %d dim %d byte %d = %#x written %d times, want %#x once",
+										id, layer, part, h, tok, d, b, dst[off], count[off], want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	for off, c := range count {
+		if !needed[off] && c != 0 {
+			t.Fatalf("byte %d outside the destination blocks written %d times", off, c)
+		}
+	}
+}

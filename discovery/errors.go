@@ -1,0 +1,25 @@
+package discovery
+
+import "errors"
+
+// Sentinels, matched with errors.Is. Every error that names a record or a
+// key wraps one of them and says which record, key or value was wrong.
+var (
+	// ErrInvalidRecord: a record failed validation (a field out of range,
+	// a value that does not decode, a key that does not match its value).
+	ErrInvalidRecord = errors.New("discovery: invalid record")
+	// ErrStaleIncarnation: a record's incarnation is not newer than one the
+	// registry already saw for that rank (live or gone). An incarnation
+	// that went down is never accepted again.
+	ErrStaleIncarnation = errors.New("discovery: stale incarnation")
+	// ErrInvalidURL: a discovery URL (etcd://host:port[,host:port]) that
+	// does not parse.
+	ErrInvalidURL = errors.New("discovery: invalid URL")
+	// ErrRegistered: Register was called twice on one registry.
+	ErrRegistered = errors.New("discovery: already registered")
+	// ErrClosed: the registry is closed.
+	ErrClosed = errors.New("discovery: registry closed")
+	// ErrEventOverflow: the consumer of Events fell more than the queue
+	// bound behind; the registry stopped rather than drop or block.
+	ErrEventOverflow = errors.New("discovery: event queue overflow")
+)

@@ -1,0 +1,432 @@
+package discovery
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Etcd is the registry kept in etcd. A rank's record lives at
+// /kvxfer/<cluster>/<instance>/<rank>, attached to a lease of the
+// configured TTL that the registry keeps alive; every registry watches the
+// cluster's prefix. A key that disappears without its rank marking it
+// leaving is a Down with reason "lease expired", for every peer at once,
+// and that incarnation is refused from then on.
+//
+// Values read from etcd are peer bytes: each is decoded and validated
+// (DecodeRecord); one that fails is reported as a Rejected event naming
+// its key, counted (Rejected), and changes nothing.
+type Etcd struct {
+	cli     *clientv3.Client
+	ownCli  bool
+	cluster string
+	prefix  string
+	opts    options
+	q       *eventQueue
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu         sync.Mutex
+	m          *members
+	registered bool
+	closed     bool
+	self       Record
+	key        string
+	value      []byte
+	lease      clientv3.LeaseID
+	// stopKeepalive ends the keepalive of the registration in progress.
+	stopKeepalive context.CancelFunc
+	closeOnce     sync.Once
+
+	// errMu guards err apart from mu: the event queue fails the registry
+	// from inside a push made under mu.
+	errMu sync.Mutex
+	err   error
+}
+
+var _ Registry = (*Etcd)(nil)
+
+// NewEtcd connects to etcd (unless WithClient gives a client), reads the
+// cluster's current members (each an Up on Events) and starts watching.
+func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Option) (*Etcd, error) {
+	if err := CheckCluster(cluster); err != nil {
+		return nil, err
+	}
+	o := buildOptions(opts)
+	e := &Etcd{cluster: cluster, prefix: ClusterPrefix(cluster), opts: o, m: newMembers(cluster)}
+	if o.client != nil {
+		e.cli = o.client
+	} else {
+		if len(endpoints) == 0 {
+			return nil, fmt.Errorf("%w: no etcd endpoint", ErrInvalidURL)
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: o.dialTimeout,
+			Logger: zap.NewNop(), Context: context.Background()})
+		if err != nil {
+			return nil, fmt.Errorf("discovery: etcd %v: %w", endpoints, err)
+		}
+		e.cli, e.ownCli = cli, true
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.q = newEventQueue(o.queue, e.fail)
+
+	gctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
+	if err != nil {
+		e.shut()
+		return nil, fmt.Errorf("discovery: etcd %v: reading %s: %w", e.cli.Endpoints(), e.prefix, err)
+	}
+	e.mu.Lock()
+	e.q.push(e.m.sync(snapshot(resp.Kvs))...)
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go e.watch(resp.Header.Revision + 1)
+	return e, nil
+}
+
+func snapshot(kvs []*mvccpb.KeyValue) map[string]storedValue {
+	s := make(map[string]storedValue, len(kvs))
+	for _, kv := range kvs {
+		s[string(kv.Key)] = storedValue{value: kv.Value, lease: kv.Lease}
+	}
+	return s
+}
+
+// fail stops the registry for good with err: Events delivers what is
+// pending, then closes; Err says why.
+func (e *Etcd) fail(err error) {
+	e.errMu.Lock()
+	if e.err == nil {
+		e.err = err
+	}
+	e.errMu.Unlock()
+	e.cancel()
+	e.q.end()
+}
+
+// watch follows the prefix from rev; when the watch breaks (compaction,
+// lost leader, an error) it reads the prefix again and resumes.
+func (e *Etcd) watch(rev int64) {
+	defer e.wg.Done()
+	backoff := 50 * time.Millisecond
+	for e.ctx.Err() == nil {
+		wch := e.cli.Watch(clientv3.WithRequireLeader(e.ctx), e.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		for resp := range wch {
+			if resp.CompactRevision != 0 || resp.Err() != nil {
+				break
+			}
+			// Within one revision (one transaction), apply incarnation keys
+			// before records: a registration writes both at once.
+			evs := slices.Clone(resp.Events)
+			slices.SortStableFunc(evs, func(a, b *clientv3.Event) int {
+				if c := cmp.Compare(a.Kv.ModRevision, b.Kv.ModRevision); c != 0 {
+					return c
+				}
+				return cmp.Compare(incKeyLast(a.Kv.Key), incKeyLast(b.Kv.Key))
+			})
+			e.mu.Lock()
+			for _, ev := range evs {
+				switch ev.Type {
+				case clientv3.EventTypePut:
+					e.q.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease)...)
+				case clientv3.EventTypeDelete:
+					e.q.push(e.m.del(string(ev.Kv.Key))...)
+				}
+			}
+			e.mu.Unlock()
+			rev = resp.Header.Revision + 1
+		}
+		if e.ctx.Err() != nil {
+			return
+		}
+		if e.cli.Ctx().Err() != nil {
+			e.lose(ReasonKeepaliveStopped)
+			e.fail(fmt.Errorf("%w: its etcd client was closed", ErrClosed))
+			return
+		}
+		// Resynchronise: what happened while the watch was broken shows as
+		// the difference between the table and the prefix now.
+		gctx, cancel := context.WithTimeout(e.ctx, e.opts.dialTimeout)
+		resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-e.ctx.Done():
+				t.Stop()
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		e.mu.Lock()
+		e.q.push(e.m.sync(snapshot(resp.Kvs))...)
+		e.mu.Unlock()
+		rev = resp.Header.Revision + 1
+	}
+}
+
+func (e *Etcd) lose(reason string) {
+	e.mu.Lock()
+	e.q.push(e.m.lose(reason)...)
+	e.mu.Unlock()
+}
+
+// Register publishes r under its key, attached to a new lease kept alive
+// until Close. When the key still holds an older incarnation of the rank
+// (a previous run whose lease has not expired yet), Register waits for it
+// to go, within ctx. It refuses (ErrStaleIncarnation) an incarnation not
+// above the one the rank's incarnation key names, or one this registry
+// has seen.
+func (e *Etcd) Register(ctx context.Context, r Record) error {
+	value, err := r.Encode()
+	if err != nil {
+		return err
+	}
+	key := Key(e.cluster, r.Instance, r.Rank)
+	e.mu.Lock()
+	switch {
+	case e.closed || e.Err() != nil:
+		e.mu.Unlock()
+		return ErrClosed
+	case e.registered:
+		e.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrRegistered, e.self)
+	}
+	if err := e.m.register(r); err != nil {
+		e.mu.Unlock()
+		return err
+	}
+	e.registered, e.self, e.key, e.value = true, r, key, value
+	e.mu.Unlock()
+
+	lease, err := e.cli.Grant(ctx, e.opts.ttlSeconds())
+	if err != nil {
+		return e.unregister(fmt.Errorf("discovery: etcd: lease for %s: %w", key, err), 0)
+	}
+	e.mu.Lock()
+	e.lease = lease.ID
+	e.mu.Unlock()
+	kctx, kcancel := context.WithCancel(e.ctx)
+	e.mu.Lock()
+	e.stopKeepalive = kcancel
+	e.mu.Unlock()
+	ka, err := e.cli.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		return e.unregister(fmt.Errorf("discovery: etcd: keepalive for %s: %w", key, err), lease.ID)
+	}
+	e.wg.Add(1)
+	go e.keepalive(kctx, ka)
+	if err := e.put(ctx, r, key, value, lease.ID); err != nil {
+		return e.unregister(err, lease.ID)
+	}
+	return nil
+}
+
+// put writes the record once the key is free (or holds a value no peer
+// accepts), together with the rank's incarnation key in one transaction;
+// it waits for an older incarnation's key to go, and refuses an
+// incarnation the incarnation key says was already registered.
+func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, lease clientv3.LeaseID) error {
+	incKey := key + IncarnationSuffix
+	writes := []clientv3.Op{
+		clientv3.OpPut(incKey, string(registration{Incarnation: r.Incarnation, Lease: int64(lease)}.encode())),
+		clientv3.OpPut(key, string(value), clientv3.WithLease(lease)),
+	}
+	for {
+		g, err := e.cli.Get(ctx, incKey)
+		if err != nil {
+			return fmt.Errorf("discovery: etcd: reading %s: %w", incKey, err)
+		}
+		var incRev int64
+		var cur registration
+		if len(g.Kvs) > 0 {
+			incRev = g.Kvs[0].ModRevision
+			// A malformed incarnation key is rewritten (cur stays zero).
+			if c, err := decodeRegistration(g.Kvs[0].Value); err == nil {
+				cur = c
+			}
+			if cur.Incarnation >= r.Incarnation {
+				return fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
+			}
+		}
+		incSame := clientv3.Compare(clientv3.ModRevision(incKey), "=", incRev)
+		resp, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), incSame).
+			Then(writes...).
+			Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return fmt.Errorf("discovery: etcd: registering %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			continue // the incarnation key moved, or the key went meanwhile
+		}
+		kv := kvs[0]
+		old, _, derr := decodeRecord(kv.Value)
+		switch {
+		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0 ||
+			old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease:
+			// A value no peer accepts holds the key (malformed, another
+			// rank's, held by no lease, or not the rank's registration):
+			// replace it.
+			resp, err := e.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision), incSame).
+				Then(writes...).Commit()
+			if err != nil {
+				return fmt.Errorf("discovery: etcd: registering %s over a value no peer accepts: %w", key, err)
+			}
+			if resp.Succeeded {
+				return nil
+			}
+			continue
+		}
+		if err := e.waitGone(ctx, key, kv.ModRevision); err != nil {
+			return fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)
+		}
+	}
+}
+
+// waitGone waits until key changes after rev (deleted or rewritten).
+func (e *Etcd) waitGone(ctx context.Context, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.ctx, cancel) // Close ends the wait too
+	defer stop()
+	for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(rev+1)) {
+		if resp.Err() != nil || len(resp.Events) > 0 || resp.CompactRevision != 0 {
+			return nil // look again
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return e.ctx.Err()
+}
+
+// unregister undoes a failed Register.
+func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
+	e.mu.Lock()
+	if e.stopKeepalive != nil {
+		e.stopKeepalive() // before the revoke: a failed Register is no Lost
+	}
+	e.mu.Unlock()
+	if lease != 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), e.opts.dialTimeout)
+		_, _ = e.cli.Revoke(rctx, lease)
+		cancel()
+	}
+	e.mu.Lock()
+	e.registered, e.lease, e.stopKeepalive = false, 0, nil
+	e.m.unregister()
+	e.mu.Unlock()
+	return err
+}
+
+// keepalive drains the lease's keepalive responses; when they stop (the
+// lease expired, was revoked, or etcd could not be reached for a TTL)
+// this rank is out of the cluster.
+func (e *Etcd) keepalive(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	defer e.wg.Done()
+	for range ka {
+	}
+	if ctx.Err() == nil {
+		e.lose(ReasonKeepaliveStopped)
+	}
+}
+
+// Events implements Registry.
+func (e *Etcd) Events() <-chan Event { return e.q.out }
+
+// Peers implements Registry.
+func (e *Etcd) Peers() []Record {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.m.peers()
+}
+
+// Rejected counts the values under the prefix this registry refused.
+func (e *Etcd) Rejected() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.m.rejected
+}
+
+// Err says why Events closed before Close (nil while running or after a
+// plain Close).
+func (e *Etcd) Err() error {
+	e.errMu.Lock()
+	defer e.errMu.Unlock()
+	return e.err
+}
+
+// Close marks the record leaving (peers see Down with reason "left"),
+// revokes the lease, stops watching and closes Events. The error is the
+// failure to withdraw the record, if any (its lease then expires on its
+// own).
+func (e *Etcd) Close() error {
+	var err error
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		registered, failed, lease, key, value, self := e.registered, e.Err() != nil, e.lease, e.key, e.value, e.self
+		e.mu.Unlock()
+		if registered && lease != 0 && !failed && e.cli.Ctx().Err() == nil {
+			err = e.leave(self, key, value, lease)
+		}
+		e.shut()
+	})
+	return err
+}
+
+func (e *Etcd) leave(self Record, key string, value []byte, lease clientv3.LeaseID) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.dialTimeout)
+	defer cancel()
+	var errs []error
+	if leaving, err := self.encode(stateLeaving); err == nil {
+		_, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(key), "=", string(value))).
+			Then(clientv3.OpPut(key, string(leaving), clientv3.WithLease(lease))).Commit()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("discovery: etcd: marking %s leaving: %w", key, err))
+		}
+	}
+	if _, err := e.cli.Revoke(ctx, lease); err != nil {
+		errs = append(errs, fmt.Errorf("discovery: etcd: revoking the lease of %s: %w", key, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Etcd) shut() {
+	e.cancel()
+	e.wg.Wait()
+	e.q.close()
+	if e.ownCli {
+		_ = e.cli.Close()
+	}
+}
+
+// incKeyLast orders a revision's events: 0 for an incarnation key, 1 for
+// anything else.
+func incKeyLast(key []byte) int {
+	if bytes.HasSuffix(key, []byte(IncarnationSuffix)) {
+		return 0
+	}
+	return 1
+}

@@ -1,0 +1,403 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const waitFor = 20 * time.Second
+
+func newEtcdRegistry(t testing.TB, cluster string, opts ...Option) *Etcd {
+	t.Helper()
+	r, err := NewEtcd(ctxFor(t, 10*time.Second), etcdEndpoints(t), cluster, append([]Option{WithTTL(time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// TestEtcdTwoRanksFindEachOther: two registries register and each sees
+// the other Up with the record it registered; a graceful Close is a Down
+// with reason "left".
+func TestEtcdTwoRanksFindEachOther(t *testing.T) {
+	cluster := clusterName(t)
+	a, b := newEtcdRegistry(t, cluster), newEtcdRegistry(t, cluster)
+	ra, rb := testRecord("ctx", 0, 10), testRecord("gen", 0, 20)
+	if err := a.Register(ctxFor(t, 10*time.Second), ra); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Register(ctxFor(t, 10*time.Second), rb); err != nil {
+		t.Fatal(err)
+	}
+	got := waitEvent(t, a, waitFor, "gen/0 up at ctx", isUp("gen", 0, 20))
+	if !recordsEqual(got.Record, rb) {
+		t.Errorf("ctx sees %+v, want %+v", got.Record, rb)
+	}
+	got = waitEvent(t, b, waitFor, "ctx/0 up at gen", isUp("ctx", 0, 10))
+	if !recordsEqual(got.Record, ra) {
+		t.Errorf("gen sees %+v, want %+v", got.Record, ra)
+	}
+	if p := a.Peers(); len(p) != 1 || p[0].Peer() != rb.Peer() {
+		t.Errorf("ctx peers %v, want only gen/0", p)
+	}
+
+	// A third registry, started later through the --discovery URL, learns
+	// both from the snapshot.
+	c, err := Open(ctxFor(t, 10*time.Second), "etcd://"+etcdEndpoints(t)[0], cluster, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitEvent(t, c, waitFor, "ctx/0 up at a late watcher", isUp("ctx", 0, 10))
+	waitEvent(t, c, waitFor, "gen/0 up at a late watcher", isUp("gen", 0, 20))
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	down := waitEvent(t, a, waitFor, "gen/0 down at ctx", isDown("gen", 0, 20))
+	if down.Reason != ReasonLeft {
+		t.Errorf("down reason %q, want %q", down.Reason, ReasonLeft)
+	}
+	if _, ok := <-b.Events(); ok {
+		t.Error("events still open after Close")
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func recordsEqual(a, b Record) bool {
+	ab, aerr := a.Encode()
+	bb, berr := b.Encode()
+	return aerr == nil && berr == nil && string(ab) == string(bb)
+}
+
+// TestEtcdRevokedLeaseIsDown: a rank whose lease is revoked behind its
+// back (as etcd does when it expires) is Down "lease expired" at its
+// peers, and the rank itself learns it is Lost.
+func TestEtcdRevokedLeaseIsDown(t *testing.T) {
+	cluster := clusterName(t)
+	a, b := newEtcdRegistry(t, cluster), newEtcdRegistry(t, cluster)
+	if err := a.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Register(ctxFor(t, 10*time.Second), testRecord("gen", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, a, waitFor, "gen/0 up", isUp("gen", 0, 1))
+	admin := newClient(t)
+	defer admin.Close()
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), b.leaseID()); err != nil {
+		t.Fatal(err)
+	}
+	down := waitEvent(t, a, waitFor, "gen/0 down", isDown("gen", 0, 1))
+	if down.Reason != ReasonLeaseExpired {
+		t.Errorf("reason %q, want %q", down.Reason, ReasonLeaseExpired)
+	}
+	lost := waitEvent(t, b, waitFor, "gen/0 lost", func(e Event) bool { return e.Kind == EventLost })
+	if lost.Instance != "gen" || lost.Rank != 0 || lost.Incarnation != 1 {
+		t.Errorf("lost %v, want gen/0#1", lost)
+	}
+}
+
+// TestEtcdDeadRankExpires: a rank that dies without revoking (its client
+// closed: no keepalive, no leave) is Down "lease expired" at its peers
+// once etcd expires the lease, and its incarnation is refused afterwards.
+func TestEtcdDeadRankExpires(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster)
+	if err := a.Register(ctxFor(t, 10*time.Second), testRecord("gen", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	victimCli := newClient(t)
+	victim := newEtcdRegistry(t, cluster, WithClient(victimCli))
+	if err := victim.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, a, waitFor, "ctx/1 up", isUp("ctx", 1, 5))
+
+	victimCli.Close() // the process dies: no revoke, no leave
+	down := waitEvent(t, a, waitFor, "ctx/1 down", isDown("ctx", 1, 5))
+	if down.Reason != ReasonLeaseExpired {
+		t.Errorf("reason %q, want %q", down.Reason, ReasonLeaseExpired)
+	}
+	if p := a.Peers(); len(p) != 0 {
+		t.Errorf("peers after expiry %v, want none", p)
+	}
+	// The dead rank's registry reported itself Lost, then stopped.
+	lost := waitEvent(t, victim, waitFor, "victim lost", func(e Event) bool { return e.Kind == EventLost })
+	if lost.Incarnation != 5 || lost.Reason != ReasonKeepaliveStopped {
+		t.Errorf("victim %v, want LOST ctx/1#5: %s", lost, ReasonKeepaliveStopped)
+	}
+	for ev := range victim.Events() {
+		t.Errorf("victim after Lost: %v", ev)
+	}
+	if !errors.Is(victim.Err(), ErrClosed) {
+		t.Errorf("victim err %v, want %v", victim.Err(), ErrClosed)
+	}
+
+	// The dead incarnation written back is refused: without a lease (a
+	// replayed or hand-made write; a paused process's own lease is gone),
+	// and with a live lease at or below the incarnation that went down.
+	admin := newClient(t)
+	defer admin.Close()
+	key := Key(cluster, "ctx", 1)
+	put := func(inc uint64, opts ...clientv3.OpOption) {
+		t.Helper()
+		v, _ := testRecord("ctx", 1, inc).Encode()
+		if _, err := admin.Put(ctxFor(t, 10*time.Second), key, string(v), opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rejected := func(want error) {
+		t.Helper()
+		rej := waitEvent(t, a, waitFor, "ctx/1 rejected", func(e Event) bool { return e.Kind == EventRejected })
+		if !errors.Is(rej.Err, want) || rej.Key != key || !strings.Contains(rej.Err.Error(), key) {
+			t.Errorf("rejected %v, want %v at %s", rej, want, key)
+		}
+	}
+	put(5)
+	rejected(ErrInvalidRecord)
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []uint64{5, 4} {
+		put(inc, clientv3.WithLease(lease.ID))
+		rejected(ErrStaleIncarnation)
+	}
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	put(5) // without a lease: stays, refused
+	rejected(ErrInvalidRecord)
+	if p := a.Peers(); len(p) != 0 {
+		t.Errorf("peers after stale writes %v, want none", p)
+	}
+	// A restart with a new incarnation replaces the value no lease holds.
+	c := newEtcdRegistry(t, cluster)
+	if err := c.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 1, 6)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, a, waitFor, "ctx/1#6 up", isUp("ctx", 1, 6))
+}
+
+// TestEtcdRegisterRefusesStaleIncarnation: a registration at or below the
+// incarnation its key holds is refused; one above it waits until the
+// holder's lease goes, then lands.
+func TestEtcdRegisterRefusesStaleIncarnation(t *testing.T) {
+	cluster := clusterName(t)
+	holderCli := newClient(t)
+	holder := newEtcdRegistry(t, cluster, WithClient(holderCli))
+	if err := holder.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 7)); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []uint64{7, 3} {
+		r := newEtcdRegistry(t, cluster)
+		err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, inc))
+		if !errors.Is(err, ErrStaleIncarnation) {
+			t.Errorf("register incarnation %d over 7: %v, want %v", inc, err, ErrStaleIncarnation)
+		}
+	}
+	// A newer incarnation while the old one still holds its lease waits.
+	next := newEtcdRegistry(t, cluster)
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := next.Register(short, testRecord("ctx", 0, 8)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("register over a live holder: %v, want a wait cut by the deadline", err)
+	}
+	// The holder dies; the next incarnation lands once its lease expires.
+	holderCli.Close()
+	watcher := newEtcdRegistry(t, cluster)
+	next2 := newEtcdRegistry(t, cluster)
+	if err := next2.Register(ctxFor(t, waitFor), testRecord("ctx", 0, 9)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, watcher, waitFor, "ctx/0#9 up", isUp("ctx", 0, 9))
+	// A registry that saw incarnation 9 refuses to register 9 itself.
+	if err := watcher.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 9)); !errors.Is(err, ErrStaleIncarnation) {
+		t.Errorf("register an incarnation the registry saw: %v, want %v", err, ErrStaleIncarnation)
+	}
+}
+
+// TestEtcdMalformedValues: values under the prefix that are not records
+// of their key are refused, reported with the key named, counted, and
+// create no state; the watch carries on.
+func TestEtcdMalformedValues(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster)
+	admin := newClient(t)
+	defer admin.Close()
+	good, _ := testRecord("gen", 3, 1).Encode()
+	bad := map[string]string{
+		Key(cluster, "gen", 0):        "not json",
+		Key(cluster, "gen", 1):        `{"v":2}`,
+		Key(cluster, "gen", 2):        strings.Replace(string(good), `"v":1`, `"v":1,"extra":true`, 1),
+		Key(cluster, "other", 3):      string(good), // the key names another rank
+		Key(cluster, "gen", 4) + "/x": string(good),
+		Key(cluster, "gen", 0)[:len(Key(cluster, "gen", 0))-1] + "07": string(good),
+		Key(cluster, "gen", 5): strings.Replace(string(good), `"incarnation":"1"`, `"incarnation":"0"`, 1),
+		Key(cluster, "gen", 6): strings.Repeat("x", MaxRecordBytes+1),
+	}
+	keys := make([]string, 0, len(bad))
+	for k := range bad {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, err := admin.Put(ctxFor(t, 10*time.Second), k, bad[k], clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range keys {
+		ev := waitEvent(t, a, waitFor, "a rejection of "+k, func(e Event) bool { return e.Kind == EventRejected })
+		if ev.Key != k || !strings.Contains(ev.Err.Error(), k) {
+			t.Errorf("rejected %q (%v), want %q named", ev.Key, ev.Err, k)
+		}
+	}
+	if n := a.Rejected(); n != uint64(len(bad)) {
+		t.Errorf("rejected count %d, want %d", n, len(bad))
+	}
+	if p := a.Peers(); len(p) != 0 {
+		t.Errorf("peers %v, want none", p)
+	}
+	// A registry started now sees the same values in its snapshot.
+	b := newEtcdRegistry(t, cluster)
+	for range keys {
+		waitEvent(t, b, waitFor, "a rejection in the snapshot", func(e Event) bool { return e.Kind == EventRejected })
+	}
+	// Deleting a malformed key is no Down.
+	if _, err := admin.Delete(ctxFor(t, 10*time.Second), Key(cluster, "gen", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// The watch still works.
+	adminRegister(t, admin, cluster, testRecord("gen", 3, 1), lease.ID)
+	ev := waitEvent(t, a, waitFor, "gen/3 up", func(e Event) bool { return e.Kind != EventRejected })
+	if !isUp("gen", 3, 1)(ev) {
+		t.Errorf("after deleting a malformed key: %v, want UP gen/3#1 first", ev)
+	}
+}
+
+// TestEtcdSupersededIncarnation: a newer incarnation written over a live
+// one is Down(old, superseded) then Up(new) at peers, and Lost at the old.
+func TestEtcdSupersededIncarnation(t *testing.T) {
+	cluster := clusterName(t)
+	a, old := newEtcdRegistry(t, cluster), newEtcdRegistry(t, cluster)
+	if err := old.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, a, waitFor, "ctx/0#1 up", isUp("ctx", 0, 1))
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 2), lease.ID)
+	d := waitEvent(t, a, waitFor, "ctx/0#1 down", isDown("ctx", 0, 1))
+	if d.Reason != reasonSuperseded(2) {
+		t.Errorf("reason %q", d.Reason)
+	}
+	waitEvent(t, a, waitFor, "ctx/0#2 up", isUp("ctx", 0, 2))
+	waitEvent(t, old, waitFor, "lost", func(e Event) bool { return e.Kind == EventLost && e.Incarnation == 1 })
+}
+
+// TestEtcdIncarnationKeyOutlivesObservers: an incarnation once
+// registered is refused by registries that never saw it — at Register,
+// and when its record or registration is written back — because the
+// rank's incarnation key still names it under its ended lease.
+func TestEtcdIncarnationKeyOutlivesObservers(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster)
+	if err := a.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []uint64{5, 4} {
+		b := newEtcdRegistry(t, cluster)
+		if err := b.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, inc)); !errors.Is(err, ErrStaleIncarnation) {
+			t.Errorf("a fresh registry registers incarnation %d after 5: %v, want %v", inc, err, ErrStaleIncarnation)
+		}
+	}
+	c := newEtcdRegistry(t, cluster) // started after incarnation 5 left
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := testRecord("ctx", 0, 5).Encode()
+	if _, err := admin.Put(ctxFor(t, 10*time.Second), Key(cluster, "ctx", 0), string(v), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	rej := waitEvent(t, c, waitFor, "incarnation 5 under another lease rejected", func(e Event) bool { return e.Kind == EventRejected })
+	if !errors.Is(rej.Err, ErrStaleIncarnation) {
+		t.Errorf("rejected %v, want %v", rej, ErrStaleIncarnation)
+	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 5), lease.ID)
+	for range 2 { // the incarnation key, then the record
+		rej := waitEvent(t, c, waitFor, "re-registered incarnation 5 rejected", func(e Event) bool { return e.Kind == EventRejected })
+		if !errors.Is(rej.Err, ErrStaleIncarnation) {
+			t.Errorf("rejected %v, want %v", rej, ErrStaleIncarnation)
+		}
+	}
+	if p := c.Peers(); len(p) != 0 {
+		t.Errorf("peers %v, want none", p)
+	}
+	// The hand-made registration holds the key while its lease lives (a
+	// registration under a live lease holds its rank); once it goes, the
+	// next incarnation registers.
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	b := newEtcdRegistry(t, cluster)
+	if err := b.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 6)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, waitFor, "ctx/0#6 up", isUp("ctx", 0, 6))
+}
+
+// TestEtcdOverflowStops: a consumer that does not read stops the
+// registry with ErrEventOverflow instead of blocking the watch.
+func TestEtcdOverflowStops(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster, WithEventQueue(2))
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		v, _ := testRecord("gen", int32(i), 1).Encode()
+		if _, err := admin.Put(ctxFor(t, 10*time.Second), Key(cluster, "gen", int32(i)), string(v), clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, waitFor, "the registry to fail", func() bool { return a.Err() != nil })
+	if !errors.Is(a.Err(), ErrEventOverflow) {
+		t.Fatalf("err %v, want %v", a.Err(), ErrEventOverflow)
+	}
+	for range a.Events() {
+	}
+}
+
+// leaseID exposes the registry's lease to tests.
+func (e *Etcd) leaseID() clientv3.LeaseID {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lease
+}

@@ -1,0 +1,260 @@
+package discovery
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// members is the membership table: a state machine without I/O. The etcd
+// shell feeds it what it reads (puts and deletes, in revision order, or a
+// resynchronised snapshot) and delivers the events it returns.
+//
+// Per rank it holds the registration the rank's incarnation key names
+// (incarnation and lease), the live record (if any) and the highest
+// incarnation this table has seen. A record is accepted only when it is
+// the registration's own (same incarnation, same lease) and above what was
+// seen before, so an incarnation that went down is never accepted again:
+// by this table, because it saw it; by a table started later, because the
+// incarnation key still names it, under a lease that has ended.
+type members struct {
+	cluster string
+	prefix  string
+	ranks   map[messages.PeerID]*rankState
+	// self is this registry's own rank once it registers; selfInc its
+	// incarnation. Events about selfInc are not Up/Down but Lost.
+	self     messages.PeerID
+	selfInc  uint64
+	hasSelf  bool
+	lost     bool
+	rejected uint64
+}
+
+// storedValue is a value read from etcd and the lease that holds it.
+type storedValue struct {
+	value []byte
+	lease int64
+}
+
+type rankState struct {
+	reg   registration
+	live  *Record
+	floor uint64
+}
+
+func newMembers(cluster string) *members {
+	return &members{cluster: cluster, prefix: ClusterPrefix(cluster), ranks: map[messages.PeerID]*rankState{}}
+}
+
+func (m *members) isSelf(id messages.PeerID, inc uint64) bool {
+	return m.hasSelf && !m.lost && id == m.self && inc == m.selfInc
+}
+
+// register notes this registry's own record; it fails when the table
+// already saw an incarnation of the rank at or above r's.
+func (m *members) register(r Record) error {
+	if st := m.ranks[r.Peer()]; st != nil && (r.Incarnation <= st.floor || r.Incarnation <= st.reg.Incarnation) {
+		return fmt.Errorf("%w: %s: incarnation %d is not above %d, already seen for %s",
+			ErrStaleIncarnation, Key(m.cluster, r.Instance, r.Rank),
+			r.Incarnation, max(st.floor, st.reg.Incarnation), r.Peer())
+	}
+	m.self, m.selfInc, m.hasSelf, m.lost = r.Peer(), r.Incarnation, true, false
+	return nil
+}
+
+// unregister forgets this registry's own record after a failed Register.
+func (m *members) unregister() { m.hasSelf, m.selfInc = false, 0 }
+
+func (m *members) reject(key string, err error) []Event {
+	m.rejected++
+	return []Event{{Kind: EventRejected, Key: key, Err: err}}
+}
+
+func (m *members) up(r Record) []Event {
+	if m.isSelf(r.Peer(), r.Incarnation) {
+		return nil
+	}
+	return []Event{{Kind: EventUp, Record: r}}
+}
+
+func (m *members) down(r *Record, reason string) []Event {
+	if m.isSelf(r.Peer(), r.Incarnation) {
+		return m.lose(reason)
+	}
+	return []Event{{Kind: EventDown, Instance: r.Instance, Rank: r.Rank, Incarnation: r.Incarnation, Reason: reason}}
+}
+
+// lose reports this registry's own rank out of the cluster, once.
+func (m *members) lose(reason string) []Event {
+	if !m.hasSelf || m.lost {
+		return nil
+	}
+	m.lost = true
+	return []Event{{Kind: EventLost, Instance: m.self.Instance, Rank: m.self.Rank, Incarnation: m.selfInc, Reason: reason}}
+}
+
+// put applies a value stored at key under lease (0: none): a record or an
+// incarnation key. Anything refused changes nothing.
+func (m *members) put(key string, value []byte, lease int64) []Event {
+	id, isInc, err := parseKey(m.prefix, key)
+	if err != nil {
+		return m.reject(key, err)
+	}
+	if isInc {
+		return m.putRegistration(key, id, value)
+	}
+	return m.putRecord(key, id, value, lease)
+}
+
+// putRegistration applies a rank's incarnation key. It only moves forward:
+// to a higher incarnation, or (never) to another lease of the same one.
+func (m *members) putRegistration(key string, id messages.PeerID, value []byte) []Event {
+	g, err := decodeRegistration(value)
+	if err != nil {
+		return m.reject(key, fmt.Errorf("key %s: %w", key, err))
+	}
+	st := m.ranks[id]
+	if st != nil && (g.Incarnation < st.reg.Incarnation || g.Incarnation == st.reg.Incarnation && g.Lease != st.reg.Lease) {
+		return m.reject(key, fmt.Errorf("%w: key %s: incarnation %d under lease %x, after incarnation %d under lease %x",
+			ErrStaleIncarnation, key, g.Incarnation, g.Lease, st.reg.Incarnation, st.reg.Lease))
+	}
+	if st == nil {
+		st = &rankState{}
+		m.ranks[id] = st
+	}
+	st.reg = g
+	return nil
+}
+
+// putRecord applies a record. One that does not decode, does not match its
+// key, is held by no lease (every registration has one, and a lease that
+// ended cannot hold a key again), is not its rank's registration, or is
+// not above the incarnations seen is rejected.
+func (m *members) putRecord(key string, id messages.PeerID, value []byte, lease int64) []Event {
+	r, leaving, err := decodeRecord(value)
+	if err != nil {
+		return m.reject(key, fmt.Errorf("key %s: %w", key, err))
+	}
+	if r.Peer() != id {
+		return m.reject(key, fmt.Errorf("%w: key %s holds the record of %s", ErrInvalidRecord, key, r.Peer()))
+	}
+	if lease == 0 {
+		return m.reject(key, fmt.Errorf("%w: key %s: the value is attached to no lease", ErrInvalidRecord, key))
+	}
+	st := m.ranks[id]
+	switch {
+	case st == nil || st.reg.Incarnation == 0:
+		return m.reject(key, fmt.Errorf("%w: key %s: incarnation %d was never registered (%s names none)",
+			ErrInvalidRecord, key, r.Incarnation, key+IncarnationSuffix))
+	case r.Incarnation > st.reg.Incarnation:
+		return m.reject(key, fmt.Errorf("%w: key %s: incarnation %d was never registered (%s names %d)",
+			ErrInvalidRecord, key, r.Incarnation, key+IncarnationSuffix, st.reg.Incarnation))
+	case r.Incarnation < st.reg.Incarnation || lease != st.reg.Lease:
+		return m.reject(key, fmt.Errorf("%w: key %s: incarnation %d under lease %x; the rank's registration is incarnation %d under lease %x",
+			ErrStaleIncarnation, key, r.Incarnation, lease, st.reg.Incarnation, st.reg.Lease))
+	case st.live != nil && r.Incarnation == st.live.Incarnation:
+		if leaving {
+			old := st.live
+			st.live = nil
+			return m.down(old, ReasonLeft)
+		}
+		if !reflect.DeepEqual(*st.live, r) {
+			return m.reject(key, fmt.Errorf("%w: key %s: the record of incarnation %d changed while it is up", ErrInvalidRecord, key, r.Incarnation))
+		}
+		return nil
+	case r.Incarnation <= st.floor:
+		if leaving && r.Incarnation == st.floor {
+			return nil // a departure already applied (seen again on a resync)
+		}
+		return m.reject(key, fmt.Errorf("%w: key %s: incarnation %d of %s is not above %d, already seen",
+			ErrStaleIncarnation, key, r.Incarnation, id, st.floor))
+	}
+	var evs []Event
+	if st.live != nil {
+		old := st.live
+		st.live = nil
+		evs = m.down(old, reasonSuperseded(r.Incarnation))
+	}
+	st.floor = r.Incarnation
+	if leaving {
+		return evs
+	}
+	st.live = &r
+	return append(evs, m.up(r)...)
+}
+
+// del applies the deletion of key: the incarnation registered there is
+// out, for good. A key that held nothing accepted changes nothing; a
+// deleted incarnation key changes nothing either (the table keeps what it
+// named: forgetting it would let an older incarnation back).
+func (m *members) del(key string) []Event {
+	id, isInc, err := parseKey(m.prefix, key)
+	if err != nil || isInc {
+		return nil
+	}
+	st := m.ranks[id]
+	if st == nil || st.live == nil {
+		return nil
+	}
+	old := st.live
+	st.live = nil
+	return m.down(old, ReasonLeaseExpired)
+}
+
+// sync applies a full snapshot of the prefix (at the start, and after the
+// watch lost its place): ranks no longer present went down; then the
+// incarnation keys, then the records are applied, each in key order.
+func (m *members) sync(snapshot map[string]storedValue) []Event {
+	var evs []Event
+	ids := make([]messages.PeerID, 0, len(m.ranks))
+	for id := range m.ranks {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b messages.PeerID) int { return strings.Compare(a.String(), b.String()) })
+	for _, id := range ids {
+		if st := m.ranks[id]; st.live != nil {
+			k := Key(m.cluster, id.Instance, id.Rank)
+			if _, ok := snapshot[k]; !ok {
+				evs = append(evs, m.del(k)...)
+			}
+		}
+	}
+	keys := make([]string, 0, len(snapshot))
+	for k := range snapshot {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		ai, bi := strings.HasSuffix(a, IncarnationSuffix), strings.HasSuffix(b, IncarnationSuffix)
+		if ai != bi {
+			if ai {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	for _, k := range keys {
+		evs = append(evs, m.put(k, snapshot[k].value, snapshot[k].lease)...)
+	}
+	return evs
+}
+
+// peers lists the live records of other ranks, in key order.
+func (m *members) peers() []Record {
+	var out []Record
+	for _, st := range m.ranks {
+		if st.live != nil && !m.isSelf(st.live.Peer(), st.live.Incarnation) {
+			out = append(out, *st.live)
+		}
+	}
+	slices.SortFunc(out, func(a, b Record) int {
+		if c := strings.Compare(a.Instance, b.Instance); c != 0 {
+			return c
+		}
+		return int(a.Rank - b.Rank)
+	})
+	return out
+}

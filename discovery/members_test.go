@@ -1,0 +1,206 @@
+package discovery
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// The membership table alone, without etcd: what each stored change
+// yields.
+
+func enc(t *testing.T, r Record, state string) []byte {
+	t.Helper()
+	b, err := r.encode(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func kinds(evs []Event) string { return fmt.Sprint(evs) }
+
+// regPut writes r as a registration does: its incarnation key, then the
+// record under lease.
+func regPut(t *testing.T, m *members, r Record, lease int64) []Event {
+	t.Helper()
+	evs := m.put(IncarnationKey(m.cluster, r.Instance, r.Rank), registration{Incarnation: r.Incarnation, Lease: lease}.encode(), 0)
+	return append(evs, m.put(Key(m.cluster, r.Instance, r.Rank), enc(t, r, stateUp), lease)...)
+}
+
+func TestMembersLifecycle(t *testing.T) {
+	m := newMembers("c")
+	k, ik := Key("c", "gen", 1), IncarnationKey("c", "gen", 1)
+	rec := func(inc uint64) Record { return testRecord("gen", 1, inc) }
+	steps := []struct {
+		name string
+		do   func() []Event
+		want string
+	}{
+		{"up 5", func() []Event { return regPut(t, m, rec(5), 1) }, "[UP gen/1#5]"},
+		{"same again", func() []Event { return m.put(k, enc(t, rec(5), stateUp), 1) }, "[]"},
+		{"older", func() []Event { return m.put(k, enc(t, rec(4), stateUp), 1) }, "[REJECTED"},
+		{"newer supersedes", func() []Event { return regPut(t, m, rec(6), 2) },
+			"[DOWN gen/1#5: superseded by incarnation 6 UP gen/1#6]"},
+		{"expiry", func() []Event { return m.del(k) }, "[DOWN gen/1#6: lease expired]"},
+		{"delete again", func() []Event { return m.del(k) }, "[]"},
+		{"dead one back, new lease", func() []Event { return m.put(k, enc(t, rec(6), stateUp), 3) }, "[REJECTED"},
+		{"dead one back, its lease", func() []Event { return m.put(k, enc(t, rec(6), stateUp), 2) }, "[REJECTED"},
+		{"dead one re-registered", func() []Event { return m.put(ik, registration{6, 3}.encode(), 0) }, "[REJECTED"},
+		{"up 7", func() []Event { return regPut(t, m, rec(7), 3) }, "[UP gen/1#7]"},
+		{"leaves", func() []Event { return m.put(k, enc(t, rec(7), stateLeaving), 3) }, "[DOWN gen/1#7: left]"},
+		{"revoked after leaving", func() []Event { return m.del(k) }, "[]"},
+		{"leaving seen again", func() []Event { return m.put(k, enc(t, rec(7), stateLeaving), 3) }, "[]"},
+		{"registration backwards", func() []Event { return m.put(ik, registration{6, 9}.encode(), 0) }, "[REJECTED"},
+		{"incarnation key deleted", func() []Event { return m.del(ik) }, "[]"},
+		{"never registered", func() []Event { return m.put(k, enc(t, rec(9), stateUp), 3) }, "[REJECTED"},
+		{"up 9", func() []Event { return regPut(t, m, rec(9), 4) }, "[UP gen/1#9]"},
+	}
+	for _, s := range steps {
+		got := kinds(s.do())
+		if len(got) < len(s.want) || got[:len(s.want)] != s.want {
+			t.Fatalf("%s: %s, want %s", s.name, got, s.want)
+		}
+	}
+	if m.rejected != 6 {
+		t.Errorf("rejected %d, want 6", m.rejected)
+	}
+}
+
+func TestMembersRejectsWithoutState(t *testing.T) {
+	m := newMembers("c")
+	good := enc(t, testRecord("gen", 1, 5), stateUp)
+	changed := testRecord("gen", 1, 5)
+	changed.ControlEndpoint = "tcp://elsewhere:1"
+	ik := IncarnationKey("c", "gen", 1)
+	cases := []struct {
+		key   string
+		value []byte
+		lease int64
+		want  error
+	}{
+		{Key("c", "gen", 1), []byte("garbage"), 1, ErrInvalidRecord},
+		{Key("c", "gen", 1), good, 0, ErrInvalidRecord},     // no lease
+		{Key("c", "gen", 1), good, 1, ErrInvalidRecord},     // never registered
+		{Key("c", "gen", 2), good, 1, ErrInvalidRecord},     // another rank's key
+		{Key("other", "gen", 1), good, 1, ErrInvalidRecord}, // another cluster
+		{"/kvxfer/c/gen", good, 1, ErrInvalidRecord},        // no rank
+		{"/kvxfer/c/gen/01", good, 1, ErrInvalidRecord},     // not canonical
+		{"/kvxfer/c/gen/1/x", good, 1, ErrInvalidRecord},    // too deep
+		{"/kvxfer/c/gen/-1", good, 1, ErrInvalidRecord},     // negative
+		{"/kvxfer/c/gen/65536", good, 1, ErrInvalidRecord},  // too large
+		{"/kvxfer/c/g\x00n/1", good, 1, ErrInvalidRecord},   // unprintable
+		{"/kvxfer/c/gen/incarnation", []byte(`{"v":1,"incarnation":"1","lease":"1"}`), 0, ErrInvalidRecord},
+		{ik, []byte("garbage"), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"0","lease":"1"}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"1","lease":"0"}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"incarnation":"1","lease":"1","x":1}`), 0, ErrInvalidRecord},
+	}
+	for _, c := range cases {
+		evs := m.put(c.key, c.value, c.lease)
+		if len(evs) != 1 || evs[0].Kind != EventRejected || evs[0].Key != c.key || !errors.Is(evs[0].Err, c.want) {
+			t.Errorf("%q: %v, want one rejection (%v) naming the key", c.key, evs, c.want)
+		}
+	}
+	if len(m.ranks) != 0 {
+		t.Errorf("rejected values created state: %v", m.ranks)
+	}
+	regPut(t, m, testRecord("gen", 1, 5), 1)
+	evs := m.put(Key("c", "gen", 1), enc(t, changed, stateUp), 1)
+	if len(evs) != 1 || evs[0].Kind != EventRejected || !errors.Is(evs[0].Err, ErrInvalidRecord) {
+		t.Errorf("record changed within an incarnation: %v, want a rejection", evs)
+	}
+	if p := m.peers(); len(p) != 1 || p[0].ControlEndpoint != testRecord("gen", 1, 5).ControlEndpoint {
+		t.Errorf("peers %v: want the first record kept", p)
+	}
+}
+
+func TestMembersSelf(t *testing.T) {
+	m := newMembers("c")
+	k := Key("c", "ctx", 0)
+	// An earlier run of this rank is still registered: a peer until it goes.
+	if evs := regPut(t, m, testRecord("ctx", 0, 3), 1); kinds(evs) != "[UP ctx/0#3]" {
+		t.Fatalf("old self: %v", evs)
+	}
+	if err := m.register(testRecord("ctx", 0, 3)); !errors.Is(err, ErrStaleIncarnation) {
+		t.Fatalf("register at a seen incarnation: %v", err)
+	}
+	if err := m.register(testRecord("ctx", 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if evs := m.del(k); kinds(evs) != "[DOWN ctx/0#3: lease expired]" {
+		t.Fatalf("old self expires: %v", evs)
+	}
+	if evs := regPut(t, m, testRecord("ctx", 0, 4), 2); len(evs) != 0 {
+		t.Fatalf("own record: %v, want no event", evs)
+	}
+	if p := m.peers(); len(p) != 0 {
+		t.Errorf("peers %v: want self left out", p)
+	}
+	if evs := m.del(k); kinds(evs) != "[LOST ctx/0#4: lease expired]" {
+		t.Fatalf("own key deleted: %v", evs)
+	}
+	if evs := m.lose(ReasonKeepaliveStopped); len(evs) != 0 {
+		t.Fatalf("lost twice: %v", evs)
+	}
+}
+
+func TestMembersSync(t *testing.T) {
+	m := newMembers("c")
+	b := Key("c", "gen", 1)
+	regPut(t, m, testRecord("gen", 0, 1), 1)
+	regPut(t, m, testRecord("gen", 1, 1), 1)
+	// While the watch was broken: gen/0 expired, gen/1 restarted, ctx/0
+	// joined, and garbage appeared.
+	snap := map[string]storedValue{
+		IncarnationKey("c", "gen", 0): {registration{1, 1}.encode(), 0},
+		IncarnationKey("c", "gen", 1): {registration{2, 2}.encode(), 0},
+		b:                             {enc(t, testRecord("gen", 1, 2), stateUp), 2},
+		IncarnationKey("c", "ctx", 0): {registration{1, 3}.encode(), 0},
+		Key("c", "ctx", 0):            {enc(t, testRecord("ctx", 0, 1), stateUp), 3},
+		Key("c", "ctx", 1):            {[]byte("{}"), 3},
+	}
+	got := kinds(m.sync(snap))
+	want := "[DOWN gen/0#1: lease expired UP ctx/0#1 REJECTED /kvxfer/c/ctx/1: key /kvxfer/c/ctx/1: discovery: invalid record: record version 0, want 1 DOWN gen/1#1: superseded by incarnation 2 UP gen/1#2]"
+	if got != want {
+		t.Errorf("sync:\n got %s\nwant %s", got, want)
+	}
+	if evs := m.sync(snap); len(evs) != 1 || evs[0].Kind != EventRejected {
+		t.Errorf("the same snapshot again: %v, want only the garbage reported", evs)
+	}
+}
+
+// FuzzMembersPut: no key, value or lease panics the table; a rejected
+// put changes no rank's state.
+func FuzzMembersPut(f *testing.F) {
+	good, _ := testRecord("gen", 1, 5).Encode()
+	f.Add(Key("c", "gen", 1), good, int64(1))
+	f.Add(IncarnationKey("c", "gen", 1), registration{5, 1}.encode(), int64(0))
+	f.Add("/kvxfer/c/gen/01", []byte("{}"), int64(7))
+	f.Fuzz(func(t *testing.T, key string, value []byte, lease int64) {
+		m := newMembers("c")
+		for _, r := range []Record{testRecord("gen", 1, 5), testRecord("ctx", 0, 2)} {
+			regPut(t, m, r, 1)
+		}
+		before := fmt.Sprint(m.peers())
+		regs := map[string]registration{}
+		for id, st := range m.ranks {
+			regs[id.String()] = st.reg
+		}
+		evs := m.put(key, value, lease)
+		if len(evs) == 1 && evs[0].Kind == EventRejected {
+			if got := fmt.Sprint(m.peers()); got != before {
+				t.Fatalf("rejected put changed peers: %s -> %s", before, got)
+			}
+			for id, st := range m.ranks {
+				if regs[id.String()] != st.reg {
+					t.Fatalf("rejected put changed %s's registration", id)
+				}
+			}
+			if evs[0].Key != key {
+				t.Fatalf("rejection names %q, not %q", evs[0].Key, key)
+			}
+		}
+		m.del(key)
+	})
+}

@@ -1,0 +1,52 @@
+package discovery
+
+import (
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultTTL is the etcd lease TTL: how long a rank that stopped renewing
+// (dead, paused, cut off from etcd) stays registered.
+const DefaultTTL = 5 * time.Second
+
+// DefaultDialTimeout bounds connecting to etcd.
+const DefaultDialTimeout = 5 * time.Second
+
+// Option configures a registry.
+type Option func(*options)
+
+type options struct {
+	ttl         time.Duration
+	dialTimeout time.Duration
+	client      *clientv3.Client
+	queue       int
+}
+
+func buildOptions(opts []Option) options {
+	o := options{ttl: DefaultTTL, dialTimeout: DefaultDialTimeout, queue: DefaultEventQueue}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// WithTTL sets the etcd lease TTL (rounded up to whole seconds, at least
+// 1 s; etcd raises it to its own minimum, 1.5 election timeouts).
+func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// WithDialTimeout bounds connecting to etcd.
+func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialTimeout = d } }
+
+// WithClient makes the etcd registry use c instead of dialling its own;
+// the registry never closes c.
+func WithClient(c *clientv3.Client) Option { return func(o *options) { o.client = c } }
+
+// WithEventQueue bounds the events held for a slow consumer of Events.
+func WithEventQueue(n int) Option { return func(o *options) { o.queue = n } }
+
+// ttlSeconds is the TTL etcd is asked for.
+func (o options) ttlSeconds() int64 {
+	s := int64((o.ttl + time.Second - 1) / time.Second)
+	return max(s, 1)
+}

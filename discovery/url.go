@@ -1,0 +1,61 @@
+package discovery
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// EtcdScheme is the scheme of an etcd discovery URL.
+const EtcdScheme = "etcd://"
+
+// ParseEtcdURL parses etcd://host:port[,host:port...] into the endpoints
+// an etcd client dials ("host:port" each). Hosts are names, IPv4 addresses
+// or bracketed IPv6 addresses; every endpoint needs its port; no user,
+// path, query or fragment. Errors wrap ErrInvalidURL and name the part
+// that is wrong.
+func ParseEtcdURL(s string) ([]string, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w %q: "+format, append([]any{ErrInvalidURL, s}, args...)...)
+	}
+	rest, ok := strings.CutPrefix(s, EtcdScheme)
+	if !ok {
+		if i := strings.Index(s, "://"); i >= 0 {
+			return nil, bad("scheme %q, want etcd:// (TLS to etcd is not supported yet)", s[:i])
+		}
+		return nil, bad("want etcd://host:port[,host:port]")
+	}
+	if rest == "" {
+		return nil, bad("no endpoint after etcd://")
+	}
+	if i := strings.IndexAny(rest, "/?#@ "); i >= 0 {
+		return nil, bad("%q at %d: want only host:port endpoints separated by commas", rest[i], len(EtcdScheme)+i)
+	}
+	var eps []string
+	seen := map[string]bool{}
+	for i, ep := range strings.Split(rest, ",") {
+		if ep == "" {
+			return nil, bad("endpoint %d is empty", i+1)
+		}
+		host, port, err := net.SplitHostPort(ep)
+		if err != nil {
+			return nil, bad("endpoint %d %q: want host:port ([v6addr]:port for IPv6)", i+1, ep)
+		}
+		if host == "" {
+			return nil, bad("endpoint %d %q has no host", i+1, ep)
+		}
+		if strings.Contains(host, ":") && net.ParseIP(host) == nil {
+			return nil, bad("endpoint %d %q: host %q is not an IPv6 address", i+1, ep, host)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
+			return nil, bad("endpoint %d %q: port %q, want 1..65535", i+1, ep, port)
+		}
+		if seen[ep] {
+			return nil, bad("endpoint %q is listed twice", ep)
+		}
+		seen[ep] = true
+		eps = append(eps, ep)
+	}
+	return eps, nil
+}

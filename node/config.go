@@ -1,0 +1,407 @@
+package node
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// ErrConfig is wrapped by every configuration error; the message names the
+// field (by its JSON name) and the value that was wrong.
+var ErrConfig = errors.New("node: bad config")
+
+// BackendAuto picks the data plane: ucx when this binary has it (UCX then
+// chooses shared memory, RDMA or TCP), else shm.
+const BackendAuto = "auto"
+
+// Config is everything Open needs. It is a plain struct so that it can come
+// from JSON (ParseConfig; field names in snake_case) as well as from Go.
+// Zero values take the defaults documented on each field.
+type Config struct {
+	// Instance names this serving instance (every rank of it shares the
+	// name). Default "kvxfer".
+	Instance string `json:"instance"`
+	// Parallel is the instance's tensor × pipeline parallelism (default
+	// 1×1) and Rank this process's rank in it. Peers see this node as
+	// rank Parallel.Index(Rank) of Instance.
+	Parallel Parallel `json:"parallel"`
+	Rank     Rank     `json:"rank"`
+
+	// Model is a layout preset (kvcache.Presets: "Llama-3.1-8B", …);
+	// Layout, a Go-only field, overrides it. TokensPerBlock overrides the
+	// layout's block size when > 0.
+	Model          string          `json:"model"`
+	Layout         *kvcache.Layout `json:"-"`
+	TokensPerBlock int             `json:"tokens_per_block"`
+	// PoolBytes sizes the block pool, allocated from the backend so that
+	// peers can write into it (default kvxfer.DefaultPoolBytes, 1 GiB).
+	PoolBytes uint64 `json:"pool_bytes"`
+	// SendOnly marks a rank that only sends (a prefill rank): its pool is
+	// private memory rather than memory peers can write (no /dev/shm file
+	// with shm), and Node.Receive refuses at once.
+	SendOnly bool `json:"send_only"`
+	// Workers is the number of sender workers (default 4).
+	Workers int `json:"workers"`
+
+	// Backend is the data plane: "auto" (the default), "ucx", "shm", or
+	// "loopback" (peers in this same process only).
+	Backend string `json:"backend"`
+
+	// Bind is this node's control endpoint ("tcp://10.0.0.1:5600",
+	// "ipc:///run/kvxfer/gen0.sock"; tcp port 0 picks a free port, see
+	// Node.Endpoint). Required unless Backend is "loopback", where an empty
+	// Bind uses the in-process control link.
+	Bind string `json:"bind"`
+	// Peers are the other ranks this node talks to (static membership).
+	Peers []Peer `json:"peers"`
+
+	// Insecure turns CURVE off: no authentication, no encryption. Local
+	// demos only.
+	Insecure bool `json:"insecure"`
+	// KeyFile is this node's CURVE secret key file (`kvxfer keygen`);
+	// SecretKey the same key inline (Z85). Exactly one unless Insecure.
+	KeyFile   string `json:"key_file"`
+	SecretKey string `json:"secret_key"`
+	// Identities bind more CURVE client keys to the instance (and ranks)
+	// they may speak for; each peer's key is bound to that peer already.
+	Identities []Identity `json:"identities"`
+
+	// HeartbeatInterval (default "1s") and HeartbeatMisses (default 3):
+	// a peer silent for Misses intervals is down, and every request with
+	// it fails and drains (Engine.PeerDown).
+	HeartbeatInterval Duration `json:"heartbeat_interval"`
+	HeartbeatMisses   int      `json:"heartbeat_misses"`
+	// TransferTimeout bounds a request (default 30s); DrainGrace is how
+	// long in-doubt writes may take before their endpoint is closed
+	// (default 5s).
+	TransferTimeout Duration `json:"transfer_timeout"`
+	DrainGrace      Duration `json:"drain_grace"`
+
+	// MetricsAddr serves Prometheus metrics ("127.0.0.1:9464"); TracePath
+	// records a replayable trace. Both optional.
+	MetricsAddr string `json:"metrics_addr"`
+	TracePath   string `json:"trace_path"`
+
+	// Logger receives the node's and the engine's logs (default: none).
+	Logger *zerolog.Logger `json:"-"`
+	// OnPeerDown, when set, is called after the engine learned that a peer
+	// fell silent (instance and rank index as in Peer). It must not block.
+	OnPeerDown func(instance string, rank int) `json:"-"`
+}
+
+// Parallel is an instance's tensor × pipeline parallelism.
+type Parallel struct {
+	TP int `json:"tp"`
+	PP int `json:"pp"`
+}
+
+// Rank is one rank's tensor position and pipeline stage.
+type Rank struct {
+	TP int `json:"tp"`
+	PP int `json:"pp"`
+}
+
+// Peer is one rank of another instance, reached at Endpoint.
+type Peer struct {
+	// Instance is the peer's instance name.
+	Instance string `json:"instance"`
+	// Parallel is the peer instance's parallelism (default 1×1) and Rank
+	// the peer's rank in it: the peer is rank Parallel.Index(Rank), the
+	// index kvxfer uses when a ReceiveRequest names the peer's instance
+	// and parallelism.
+	Parallel Parallel `json:"parallel"`
+	Rank     Rank     `json:"rank"`
+	// Endpoint is the peer's control endpoint (its Bind).
+	Endpoint string `json:"endpoint"`
+	// PublicKeyFile is the peer's CURVE public key file; PublicKey the
+	// same key inline (Z85). Exactly one unless Insecure.
+	PublicKeyFile string `json:"public_key_file"`
+	PublicKey     string `json:"public_key"`
+}
+
+// Identity binds a CURVE client key to the instance (and rank indexes) it
+// may speak for.
+type Identity struct {
+	PublicKey     string  `json:"public_key"`
+	PublicKeyFile string  `json:"public_key_file"`
+	Instance      string  `json:"instance"`
+	Ranks         []int32 `json:"ranks"`
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("500ms", "30s").
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration string; a bare number is refused (its
+// unit would be a guess).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return &durationError{fmt.Sprintf("%s is not a duration string (want \"500ms\", \"30s\")", b)}
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return &durationError{fmt.Sprintf("%q is not a duration (want \"500ms\", \"30s\")", s)}
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// durationError is a bad Duration; ParseConfig finds its field.
+type durationError struct{ msg string }
+
+func (e *durationError) Error() string { return e.msg }
+
+// durationFields are Config's Duration fields by JSON name.
+var durationFields = []string{"heartbeat_interval", "transfer_timeout", "drain_grace"}
+
+// badDuration names the first duration field of the JSON object b that
+// does not parse.
+func badDuration(b []byte) error {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	for _, f := range durationFields {
+		if raw, ok := m[f]; ok {
+			var d Duration
+			if err := d.UnmarshalJSON(raw); err != nil {
+				return fmt.Errorf("%w: %s = %s: %v", ErrConfig, f, raw, err)
+			}
+		}
+	}
+	return nil
+}
+
+// kv converts to kvcache's types.
+func (p Parallel) kv() kvcache.Parallel { return kvcache.Parallel{TP: p.TP, PP: p.PP} }
+func (r Rank) kv() kvcache.Rank         { return kvcache.Rank{TP: r.TP, PP: r.PP} }
+
+// orOne is p with a zero value read as 1×1.
+func (p Parallel) orOne() Parallel {
+	if p.TP == 0 && p.PP == 0 {
+		return Parallel{TP: 1, PP: 1}
+	}
+	return p
+}
+
+// ParseConfig decodes a JSON config (unknown fields are refused) and
+// validates it. Every error wraps ErrConfig and names the field and value.
+func ParseConfig(b []byte) (Config, error) {
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		var te *json.UnmarshalTypeError
+		var de *durationError
+		if errors.As(err, &de) {
+			if named := badDuration(b); named != nil {
+				return c, named
+			}
+		}
+		if errors.As(err, &te) {
+			return c, fmt.Errorf("%w: %s: a JSON %s, want %s", ErrConfig, te.Field, te.Value, te.Type)
+		}
+		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if dec.More() {
+		return c, fmt.Errorf("%w: trailing data after the JSON object", ErrConfig)
+	}
+	return c, c.Validate()
+}
+
+// bad is a configuration error naming field and value.
+func bad(field string, value any, format string, args ...any) error {
+	return fmt.Errorf("%w: %s = %s: %s", ErrConfig, field, show(value), fmt.Sprintf(format, args...))
+}
+
+func show(v any) string {
+	switch v := v.(type) {
+	case string:
+		return fmt.Sprintf("%q", v)
+	case Duration:
+		return time.Duration(v).String()
+	default:
+		return fmt.Sprintf("%+v", v)
+	}
+}
+
+// backend is the data plane the config asks for, with auto resolved.
+func (c Config) backend() string {
+	switch c.Backend {
+	case "", BackendAuto:
+		if ucx.Available {
+			return ucx.Backend
+		}
+		return shm.Backend
+	}
+	return c.Backend
+}
+
+// Validate checks every field without touching files or the network.
+func (c Config) Validate() error {
+	if len(c.Instance) > messages.MaxInstanceLen {
+		return bad("instance", c.Instance, "longer than %d bytes", messages.MaxInstanceLen)
+	}
+	par := c.Parallel.orOne()
+	if par.TP < 1 || par.PP < 1 {
+		return bad("parallel", par, "tp and pp must be ≥ 1")
+	}
+	if !par.kv().Contains(c.Rank.kv()) {
+		return bad("rank", c.Rank, "outside this instance's parallel %+v (tp in 0..%d, pp in 0..%d)", par, par.TP-1, par.PP-1)
+	}
+	if c.Model == "" && c.Layout == nil {
+		return bad("model", c.Model, "empty: name a preset (%s)", strings.Join(kvcache.Presets(), ", "))
+	}
+	var layout kvcache.Layout
+	if c.Layout != nil {
+		layout = c.Layout.Clone()
+	} else {
+		var err error
+		if layout, err = kvcache.Preset(c.Model); err != nil {
+			return bad("model", c.Model, "%v", err)
+		}
+	}
+	if c.TokensPerBlock < 0 {
+		return bad("tokens_per_block", c.TokensPerBlock, "must be ≥ 0")
+	}
+	if c.TokensPerBlock > 0 {
+		layout = layout.WithTokensPerBlock(c.TokensPerBlock)
+	}
+	if err := par.kv().Validate(layout); err != nil {
+		return bad("parallel", par, "%v", err)
+	}
+	if shape, err := layout.Shape(par.kv(), c.Rank.kv()); err == nil && c.PoolBytes > 0 {
+		var perSet uint64
+		for g := range layout.Groups {
+			perSet += shape.BlockBytes(layout, g)
+		}
+		if c.PoolBytes < perSet {
+			return bad("pool_bytes", c.PoolBytes, "holds no block: one block of every layer group of %s is %d bytes on this rank", layout.Name, perSet)
+		}
+	}
+	if c.Workers < 0 {
+		return bad("workers", c.Workers, "must be ≥ 1 (0: the default)")
+	}
+	switch c.Backend {
+	case "", BackendAuto, shm.Backend, loopback.Backend:
+	case ucx.Backend:
+		if !ucx.Available {
+			return bad("backend", c.Backend, "%v (backend \"shm\" runs without UCX)", ucx.ErrUnavailable)
+		}
+	default:
+		return bad("backend", c.Backend, "want %q, %q, %q or %q", BackendAuto, ucx.Backend, shm.Backend, loopback.Backend)
+	}
+	inProcess := c.Backend == loopback.Backend && c.Bind == ""
+	if inProcess {
+		if len(c.Peers) > 0 {
+			return bad("bind", c.Bind, "empty (the in-process link) but %d peers are listed: give a bind endpoint", len(c.Peers))
+		}
+	} else if err := zmq.CheckEndpoint(c.Bind); err != nil {
+		return bad("bind", c.Bind, "%v", trimZmq(err))
+	}
+	if c.HeartbeatInterval < 0 {
+		return bad("heartbeat_interval", c.HeartbeatInterval, "must be > 0 (liveness needs heartbeats)")
+	}
+	if c.HeartbeatMisses < 0 {
+		return bad("heartbeat_misses", c.HeartbeatMisses, "must be ≥ 1")
+	}
+	if c.TransferTimeout < 0 {
+		return bad("transfer_timeout", c.TransferTimeout, "must be > 0")
+	}
+	if c.DrainGrace < 0 {
+		return bad("drain_grace", c.DrainGrace, "must be > 0")
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return bad("metrics_addr", c.MetricsAddr, "%v (want HOST:PORT)", err)
+		}
+	}
+	if !c.Insecure && !inProcess {
+		if (c.KeyFile == "") == (c.SecretKey == "") {
+			return bad("key_file", c.KeyFile, "give exactly one of key_file and secret_key (or insecure: true)")
+		}
+	}
+	seen := map[messages.PeerID]int{}
+	pars := map[string]Parallel{}
+	for i, p := range c.Peers {
+		f := fmt.Sprintf("peers[%d]", i)
+		if p.Instance == "" || len(p.Instance) > messages.MaxInstanceLen {
+			return bad(f+".instance", p.Instance, "want 1..%d bytes", messages.MaxInstanceLen)
+		}
+		pp := p.Parallel.orOne()
+		if pp.TP < 1 || pp.PP < 1 {
+			return bad(f+".parallel", pp, "tp and pp must be ≥ 1")
+		}
+		if !pp.kv().Contains(p.Rank.kv()) {
+			return bad(f+".rank", p.Rank, "outside %s's parallel %+v (tp in 0..%d, pp in 0..%d)", p.Instance, pp, pp.TP-1, pp.PP-1)
+		}
+		if prev, ok := pars[p.Instance]; ok && prev != pp {
+			return bad(f+".parallel", pp, "another peer of %s says %+v: one instance has one parallelism", p.Instance, prev)
+		}
+		pars[p.Instance] = pp
+		id := p.id()
+		if j, ok := seen[id]; ok {
+			return bad(f+".rank", p.Rank, "%s is also peers[%d]", id, j)
+		}
+		seen[id] = i
+		if p.Instance == c.instance() && pp == par && p.Rank == c.Rank {
+			return bad(f, id.String(), "is this node itself")
+		}
+		if err := zmq.CheckEndpoint(p.Endpoint); err != nil {
+			return bad(f+".endpoint", p.Endpoint, "%v", trimZmq(err))
+		}
+		if !c.Insecure && (p.PublicKeyFile == "") == (p.PublicKey == "") {
+			return bad(f+".public_key_file", p.PublicKeyFile, "give exactly one of public_key_file and public_key (or insecure: true)")
+		}
+	}
+	for i, id := range c.Identities {
+		f := fmt.Sprintf("identities[%d]", i)
+		if id.Instance == "" {
+			return bad(f+".instance", id.Instance, "empty")
+		}
+		if (id.PublicKey == "") == (id.PublicKeyFile == "") {
+			return bad(f+".public_key_file", id.PublicKeyFile, "give exactly one of public_key_file and public_key")
+		}
+	}
+	return nil
+}
+
+// trimZmq drops zmq's "bad config" prefix (ours says it already).
+func trimZmq(err error) string {
+	return strings.TrimPrefix(err.Error(), zmq.ErrConfig.Error()+": ")
+}
+
+func (c Config) instance() string {
+	if c.Instance == "" {
+		return kvxfer.DefaultInstance
+	}
+	return c.Instance
+}
+
+// self is this node's control-plane identity.
+func (c Config) self() messages.PeerID {
+	return messages.PeerID{Instance: c.instance(), Rank: int32(c.Parallel.orOne().kv().Index(c.Rank.kv()))}
+}
+
+// id is the peer's control-plane identity: rank Parallel.Index(Rank).
+func (p Peer) id() messages.PeerID {
+	return messages.PeerID{Instance: p.Instance, Rank: int32(p.Parallel.orOne().kv().Index(p.Rank.kv()))}
+}

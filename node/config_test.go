@@ -1,0 +1,146 @@
+package node_test
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// goodJSON is a complete, valid config as a C caller would pass it.
+const goodJSON = `{
+  "instance": "gen", "parallel": {"tp": 2, "pp": 1}, "rank": {"tp": 1, "pp": 0},
+  "model": "Llama-3.1-8B", "tokens_per_block": 32, "pool_bytes": 1073741824, "workers": 4,
+  "backend": "shm", "bind": "tcp://10.0.0.2:5601",
+  "peers": [
+    {"instance": "ctx", "parallel": {"tp": 2, "pp": 1}, "rank": {"tp": 0, "pp": 0},
+     "endpoint": "tcp://10.0.0.1:5600", "public_key_file": "ctx0.pub"},
+    {"instance": "ctx", "parallel": {"tp": 2, "pp": 1}, "rank": {"tp": 1, "pp": 0},
+     "endpoint": "tcp://10.0.0.1:5610", "public_key_file": "ctx1.pub"}
+  ],
+  "key_file": "gen1.key",
+  "identities": [{"public_key_file": "router.pub", "instance": "router"}],
+  "heartbeat_interval": "500ms", "heartbeat_misses": 4,
+  "transfer_timeout": "30s", "drain_grace": "2s",
+  "metrics_addr": "127.0.0.1:9465", "trace_path": "gen1.trace"
+}`
+
+// TestParseConfigReadsEveryField: every snake_case name lands in its field
+// and a marshalled Config parses back to itself.
+func TestParseConfigReadsEveryField(t *testing.T) {
+	c, err := node.ParseConfig([]byte(goodJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Instance != "gen" || c.Parallel != (node.Parallel{TP: 2, PP: 1}) || c.Rank != (node.Rank{TP: 1}) ||
+		c.TokensPerBlock != 32 || c.PoolBytes != 1<<30 || len(c.Peers) != 2 || c.Peers[1].Rank.TP != 1 ||
+		c.Peers[1].Endpoint != "tcp://10.0.0.1:5610" || c.KeyFile != "gen1.key" || c.Identities[0].Instance != "router" ||
+		time.Duration(c.HeartbeatInterval) != 500*time.Millisecond || c.HeartbeatMisses != 4 ||
+		time.Duration(c.TransferTimeout) != 30*time.Second || c.MetricsAddr != "127.0.0.1:9465" || c.TracePath != "gen1.trace" {
+		t.Fatalf("parsed %+v", c)
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := node.ParseConfig(b)
+	if err != nil {
+		t.Fatalf("a marshalled config does not parse: %v\n%s", err, b)
+	}
+	if !reflect.DeepEqual(again, c) {
+		t.Fatalf("round trip changed the config:\n%+v\n%+v", c, again)
+	}
+}
+
+// TestParseConfigNamesBadValues: each bad value is refused with ErrConfig
+// and a message naming the field and the value.
+func TestParseConfigNamesBadValues(t *testing.T) {
+	set := func(patch string) string {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(goodJSON), &m); err != nil {
+			t.Fatal(err)
+		}
+		var p map[string]any
+		if err := json.Unmarshal([]byte(patch), &p); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range p {
+			if v == nil {
+				delete(m, k)
+			} else {
+				m[k] = v
+			}
+		}
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	peer := func(i int, field string, v any) string {
+		var m map[string]any
+		_ = json.Unmarshal([]byte(goodJSON), &m)
+		m["peers"].([]any)[i].(map[string]any)[field] = v
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	cases := []struct {
+		name, json string
+		want       []string
+	}{
+		{"unknown field", set(`{"bnid": "tcp://x:1"}`), []string{`unknown field "bnid"`}},
+		{"wrong type", set(`{"workers": "four"}`), []string{"workers", "string"}},
+		{"duration as a number", set(`{"transfer_timeout": 30}`), []string{"transfer_timeout", "30", "duration"}},
+		{"bad duration", set(`{"heartbeat_interval": "1 sec"}`), []string{"heartbeat_interval", `"1 sec"`}},
+		{"negative duration", set(`{"drain_grace": "-1s"}`), []string{"drain_grace = -1s"}},
+		{"bind without transport", set(`{"bind": "127.0.0.1:5000"}`), []string{`bind = "127.0.0.1:5000"`, "did you mean tcp://127.0.0.1:5000?"}},
+		{"no bind", set(`{"bind": null}`), []string{`bind = ""`}},
+		{"unknown backend", set(`{"backend": "carrier-pigeon"}`), []string{`backend = "carrier-pigeon"`}},
+		{"unknown model", set(`{"model": "Llama-9"}`), []string{`model = "Llama-9"`}},
+		{"no model", set(`{"model": null}`), []string{`model = ""`, "Llama-3.1-8B"}},
+		{"rank outside parallel", set(`{"rank": {"tp": 2, "pp": 0}}`), []string{"rank = {TP:2 PP:0}", "outside"}},
+		{"zero tp", set(`{"parallel": {"tp": 0, "pp": 2}}`), []string{"parallel = {TP:0 PP:2}"}},
+		{"negative workers", set(`{"workers": -1}`), []string{"workers = -1"}},
+		{"negative misses", set(`{"heartbeat_misses": -2}`), []string{"heartbeat_misses = -2"}},
+		{"metrics address", set(`{"metrics_addr": "9465"}`), []string{`metrics_addr = "9465"`}},
+		{"no key", set(`{"key_file": null}`), []string{"key_file", "insecure"}},
+		{"two keys", set(`{"secret_key": "x"}`), []string{"key_file", "exactly one"}},
+		{"peer rank outside its parallel", peer(1, "rank", map[string]int{"tp": 2}), []string{"peers[1].rank = {TP:2 PP:0}", "outside ctx's parallel"}},
+		{"peer twice", peer(1, "rank", map[string]int{"tp": 0}), []string{"peers[1].rank", "ctx/0 is also peers[0]"}},
+		{"one instance, two parallelisms", peer(1, "parallel", map[string]int{"tp": 4, "pp": 1}), []string{"peers[1].parallel = {TP:4 PP:1}", "{TP:2 PP:1}"}},
+		{"peer endpoint", peer(0, "endpoint", "/run/ctx.sock"), []string{`peers[0].endpoint = "/run/ctx.sock"`, "ipc:///run/ctx.sock"}},
+		{"peer without instance", peer(0, "instance", ""), []string{`peers[0].instance = ""`}},
+		{"peer without key", peer(0, "public_key_file", ""), []string{"peers[0].public_key_file", "exactly one"}},
+		{"peer is self", set(`{"instance": "ctx", "rank": {"tp": 0, "pp": 0}}`), []string{"peers[0]", "ctx/0", "this node itself"}},
+		{"pool too small", set(`{"pool_bytes": 4096}`), []string{"pool_bytes = 4096", "holds no block"}},
+		{"tp does not divide the heads", set(`{"parallel": {"tp": 3, "pp": 1}, "rank": {"tp": 0, "pp": 0}}`), []string{"parallel = {TP:3 PP:1}"}},
+		{"trailing data", goodJSON + "{}", []string{"trailing data"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := node.ParseConfig([]byte(c.json))
+			if !errors.Is(err, node.ErrConfig) {
+				t.Fatalf("ParseConfig = %v, want ErrConfig", err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestUCXBackendWithoutUCXNamed: asking for ucx in a build without it
+// names the backend and the way out.
+func TestUCXBackendWithoutUCXNamed(t *testing.T) {
+	if ucx.Available {
+		t.Skip("this build has the ucx backend")
+	}
+	_, err := node.ParseConfig([]byte(strings.Replace(goodJSON, `"backend": "shm"`, `"backend": "ucx"`, 1)))
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), `backend = "ucx"`) || !strings.Contains(err.Error(), `"shm"`) {
+		t.Fatalf("ParseConfig(backend ucx) = %v", err)
+	}
+}

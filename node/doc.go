@@ -1,0 +1,49 @@
+// Package node is the one entry point a serving process needs to take part
+// in kvxfer across processes and machines: Open wires what each process
+// needs, so that no embedder copies kvxfer's internals.
+//
+//   - The control link: a ZeroMQ ROUTER bound at Config.Bind, a static
+//     directory of peers (instance, rank, endpoint, CURVE public key), CURVE
+//     keys from key files (`kvxfer keygen`) or inline, unless Insecure.
+//   - The data plane: ucx where this binary has it (ucx.Available), else
+//     shm; loopback for peers in this same process.
+//   - Pool memory the backend can write: a shared-memory file (shm) or
+//     memory UCX allocated (ucx); private memory would make every request
+//     fail late. A SendOnly node (a prefill rank) keeps private memory and
+//     refuses Node.Receive at once.
+//   - Liveness: heartbeats on the control link; a peer silent for
+//     HeartbeatMisses intervals is handed to Engine.PeerDown (its requests
+//     fail and drain) and to Config.OnPeerDown.
+//   - Stale pool files of killed processes of this instance are swept at
+//     Open (SweepStale).
+//   - Identity: a peer given as (instance, parallel, rank) is rank
+//     Parallel.Index(rank) on the wire, the index kvxfer computes when a
+//     ReceiveRequest names that instance and parallelism; a rank outside its
+//     parallelism, two peers with one identity or one instance with two
+//     parallelisms is refused by name.
+//   - Startup mistakes are named at once: Open logs "listening on …,
+//     waiting for ctx/0 at …"; refused CURVE handshakes are logged with the
+//     reason on both sides; a peer serving another model is logged naming
+//     both models as its Hello arrives; WaitPeers returns these as errors.
+//     Node.Receive refuses a request whose writer is not among the peers
+//     and logs a writer that has not said Hello within 2 heartbeats.
+//
+// Config is a plain struct with snake_case JSON names (ParseConfig) so a C
+// ABI can pass it as JSON; every bad value is an error wrapping ErrConfig
+// that names the field and the value.
+//
+// The node owns nothing of the transfer: requests go through the root
+// package's *kvxfer.Engine (Node.Engine): Send/Chunk on the context side,
+// Receive (or Node.Receive)/Done/Released on the generation side.
+//
+// # Concurrency
+//
+// Open returns a Node whose methods are safe for concurrent use, except
+// that nothing may be called after Close has returned. Engine's methods
+// are the root package's (safe for concurrent use). WaitPeers may be
+// called from any number of goroutines; it polls the link and only reads.
+// Close is idempotent; it waits for the node's watcher goroutine and for
+// the engine to drain (bounded by its ctx), then closes the link, the
+// agent and the pool, in that order. Config.OnPeerDown and the logger are
+// called from the link's goroutines and must not block.
+package node

@@ -1,0 +1,372 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// Errors of package node besides ErrConfig.
+var (
+	// ErrPeerSilent: a peer said nothing (no Hello) before WaitPeers' ctx
+	// ended.
+	ErrPeerSilent = errors.New("node: peer said nothing")
+	// ErrHandshake: the control link's CURVE handshake with a peer failed
+	// (a wrong key, one side insecure); waiting will not heal it.
+	ErrHandshake = errors.New("node: handshake with peer failed")
+	// ErrUnknownPeer: a request needs a rank that is not among the node's
+	// peers (Node.Receive).
+	ErrUnknownPeer = errors.New("node: not a peer")
+	// ErrSendOnly: Node.Receive on a node opened with SendOnly.
+	ErrSendOnly = errors.New("node: send-only node cannot receive")
+)
+
+// Node is one process's kvxfer rank: its engine, control link, data-plane
+// agent and pool memory, wired together.
+type Node struct {
+	cfg     Config
+	log     zerolog.Logger
+	eng     *kvxfer.Engine
+	link    *zmq.Link // nil on the in-process link
+	agent   rdma.Agent
+	pool    io.Closer // the pool memory's closer (nil: the engine's own)
+	backend string
+	peers   []Peer
+
+	stop      chan struct{} // closed by Close: stops watch
+	watch     sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts a node: it sweeps pool files left by killed processes of
+// this instance, opens the data-plane agent, allocates pool memory the
+// backend can write, opens the control link (CURVE unless Insecure) with
+// heartbeats wired to Engine.PeerDown, starts the engine, and logs where it
+// listens and which peers it waits for. A peer's Hello is checked as it
+// arrives: one serving another model is logged naming both models. On
+// error nothing stays open.
+func Open(ctx context.Context, cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{})}
+	n.log = zerolog.Nop()
+	if cfg.Logger != nil {
+		n.log = *cfg.Logger
+	}
+	self := cfg.self()
+	n.log = n.log.With().Str("node", self.String()).Logger()
+	zc, err := cfg.linkConfig()
+	if err != nil {
+		return nil, err
+	}
+	if removed, err := SweepStale(self.Instance); err != nil {
+		n.log.Warn().Err(err).Msg("sweeping stale pool files")
+	} else if removed > 0 {
+		n.log.Info().Int("files", removed).Msg("removed pool files of dead processes of this instance")
+	}
+	var region *kvcache.Region
+	if n.agent, region, n.pool, err = openData(cfg, n.backend, self); err != nil {
+		return nil, err
+	}
+	var link control.Link
+	var engp atomic.Pointer[kvxfer.Engine]
+	if zc != nil {
+		zc.Logger = n.log
+		zc.OnPeerDown = func(p messages.PeerID) {
+			if e := engp.Load(); e != nil {
+				e.PeerDown(p)
+			}
+			n.log.Warn().Str("peer", p.String()).Msg("peer fell silent: its requests fail")
+			if cfg.OnPeerDown != nil {
+				cfg.OnPeerDown(p.Instance, int(p.Rank))
+			}
+		}
+		if n.link, err = zmq.New(*zc); err != nil {
+			n.closeData()
+			return nil, fmt.Errorf("node: control link: %w", err)
+		}
+		link = n.link
+	}
+	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
+		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region,
+		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
+		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr})
+	if err != nil {
+		if n.link != nil {
+			_ = n.link.Close()
+		}
+		n.closeData()
+		return nil, fmt.Errorf("node: %s: %w", self, err)
+	}
+	n.eng = eng
+	engp.Store(eng)
+	if a := eng.MetricsAddr(); a != "" {
+		n.log.Info().Str("url", "http://"+a+"/metrics").Msg("metrics")
+	}
+	n.logListening()
+	if n.link != nil && len(n.peers) > 0 {
+		n.watch.Add(1)
+		go n.watchPeers()
+	}
+	return n, nil
+}
+
+// linkConfig is the control link's config, keys read from their files;
+// nil for the in-process link.
+func (c Config) linkConfig() (*zmq.Config, error) {
+	if c.Backend == loopback.Backend && c.Bind == "" {
+		return nil, nil
+	}
+	zc := &zmq.Config{Bind: c.Bind, Peers: map[messages.PeerID]string{}, Insecure: c.Insecure,
+		HeartbeatInterval: time.Duration(c.HeartbeatInterval), HeartbeatMisses: c.HeartbeatMisses}
+	for _, p := range c.Peers {
+		zc.Peers[p.id()] = p.Endpoint
+	}
+	if c.Insecure {
+		return zc, nil
+	}
+	secret := c.SecretKey
+	if c.KeyFile != "" {
+		var err error
+		if secret, err = config.ReadSecretKey(c.KeyFile); err != nil {
+			return nil, fmt.Errorf("%w: key_file: %w", ErrConfig, err)
+		}
+	}
+	zc.Curve = zmq.Curve{Secret: secret, PeerServerKeys: map[messages.PeerID]string{}}
+	for i, p := range c.Peers {
+		key, err := publicKey(fmt.Sprintf("peers[%d]", i), p.PublicKey, p.PublicKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		zc.Curve.PeerServerKeys[p.id()] = key
+		zc.Curve.AllowedPeers = append(zc.Curve.AllowedPeers, key)
+	}
+	for i, id := range c.Identities {
+		key, err := publicKey(fmt.Sprintf("identities[%d]", i), id.PublicKey, id.PublicKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		zc.Curve.Identities = append(zc.Curve.Identities, zmq.Identity{PublicKey: key, Instance: id.Instance, Ranks: id.Ranks})
+	}
+	return zc, nil
+}
+
+// publicKey is an inline key or the one in file.
+func publicKey(field, inline, file string) (string, error) {
+	if file == "" {
+		return inline, nil
+	}
+	k, err := config.ReadPublicKey(file)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s.public_key_file: %w", ErrConfig, field, err)
+	}
+	return k, nil
+}
+
+// openData opens the backend's agent and pool memory the backend can
+// write: a shared-memory file (shm), memory UCX allocated (ucx), or none
+// (loopback: the engine allocates host memory).
+func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvcache.Region, io.Closer, error) {
+	size := c.PoolBytes
+	if size == 0 {
+		size = kvxfer.DefaultPoolBytes
+	}
+	switch {
+	case backend == loopback.Backend:
+		return loopback.New(), nil, nil, nil
+	case c.SendOnly: // the engine allocates private memory
+		if backend == ucx.Backend {
+			a, err := ucx.New()
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
+			}
+			return a, nil, nil, nil
+		}
+		return shm.New(), nil, nil, nil
+	case backend == ucx.Backend:
+		a, err := ucx.New()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
+		}
+		region, closer, err := a.Alloc(size)
+		if err != nil {
+			_ = a.Close()
+			return nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
+		}
+		return a, region, closer, nil
+	default:
+		a := shm.New()
+		region, closer, err := shm.NewRegion(regionName(self, os.Getpid()), size)
+		if err != nil {
+			_ = a.Close()
+			return nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
+		}
+		return a, region, closer, nil
+	}
+}
+
+// closeData closes the agent, then the pool memory (which the agent no
+// longer has registered).
+func (n *Node) closeData() error {
+	err := n.agent.Close()
+	if n.pool != nil {
+		err = errors.Join(err, n.pool.Close())
+	}
+	return err
+}
+
+// logListening says where this node listens and which peers it waits for.
+func (n *Node) logListening() {
+	where := "the in-process link"
+	if n.link != nil {
+		where = n.link.Endpoint()
+	}
+	var waits []string
+	for _, p := range n.peers {
+		waits = append(waits, p.id().String()+" at "+p.Endpoint)
+	}
+	msg := "listening on " + where
+	if len(waits) > 0 {
+		msg += ", waiting for " + strings.Join(waits, ", ")
+	}
+	n.log.Info().Str("backend", n.backend).Msg(msg)
+}
+
+// watchPeers logs, once per peer, when its Hello arrives: that it is
+// there, or that it serves another model (naming both), so that a
+// deployment mistake shows at startup rather than as failed requests.
+func (n *Node) watchPeers() {
+	defer n.watch.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	left := make(map[messages.PeerID]bool, len(n.peers))
+	for _, p := range n.peers {
+		left[p.id()] = true
+	}
+	for len(left) > 0 {
+		for id := range left {
+			h, err := n.link.Hello(id)
+			if err != nil {
+				continue
+			}
+			delete(left, id)
+			if err := n.eng.CheckPeer(h); err != nil {
+				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+			} else {
+				n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
+			}
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Engine is the node's engine: Send, Receive, Pools, Block, Stats.
+func (n *Node) Engine() *kvxfer.Engine { return n.eng }
+
+// Endpoint is the control endpoint the node listens on (a tcp port 0
+// resolved); empty on the in-process link.
+func (n *Node) Endpoint() string {
+	if n.link == nil {
+		return ""
+	}
+	return n.link.Endpoint()
+}
+
+// PublicKey is the node's CURVE public key (Z85); empty when insecure or
+// on the in-process link.
+func (n *Node) PublicKey() string {
+	if n.link == nil {
+		return ""
+	}
+	return n.link.PublicKey()
+}
+
+// Backend is the data plane in use ("ucx", "shm" or "loopback").
+func (n *Node) Backend() string { return n.backend }
+
+// WaitPeers waits until every configured peer said Hello and checks that
+// each serves this node's layout. It returns early, naming the peer, when
+// a handshake failed (a wrong key, one side insecure: ErrHandshake) or a
+// peer serves another model (an error naming both models); when ctx ends
+// first, an error wrapping ErrPeerSilent names the silent peers.
+func (n *Node) WaitPeers(ctx context.Context) error {
+	if n.link == nil || len(n.peers) == 0 {
+		return nil
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var silent []string
+		for _, p := range n.peers {
+			id := p.id()
+			if h, err := n.link.Hello(id); err == nil {
+				if err := n.eng.CheckPeer(h); err != nil {
+					return fmt.Errorf("node: %s at %s: %w", id, p.Endpoint, err)
+				}
+				continue
+			}
+			if st, err := n.link.PeerState(id); err == nil && st.Conn == zmq.ConnHandshakeFailed {
+				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, p.Endpoint, st.Err())
+			}
+			silent = append(silent, id.String()+" at "+p.Endpoint)
+		}
+		if len(silent) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s (%v): is it running, and do both sides use the same CURVE keys (or both insecure)?",
+				ErrPeerSilent, strings.Join(silent, ", "), context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Close closes the engine (cancelling live requests and waiting, up to
+// ctx's end, for every session to drain), then the control link, the
+// agent and the pool memory. When a session could not drain, the pool
+// memory stays mapped (a late write must not land in freed memory) and the
+// error says which. Close is idempotent.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		close(n.stop)
+		n.watch.Wait()
+		err := n.eng.Close(ctx)
+		if n.link != nil {
+			err = errors.Join(err, n.link.Close())
+		}
+		if err == nil {
+			err = n.closeData()
+		} else {
+			err = errors.Join(err, n.agent.Close())
+		}
+		n.closeErr = err
+	})
+	return n.closeErr
+}

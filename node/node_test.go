@@ -1,0 +1,385 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(exampleChildEnv); cfg != "" {
+		os.Exit(runExampleContext(cfg)) // the example's context process
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// backends are the cross-process data planes this binary has.
+func backends() []string {
+	if ucx.Available {
+		return []string{shm.Backend, ucx.Backend}
+	}
+	return []string{shm.Backend}
+}
+
+// moveOne receives a request on gen, sends it from ctx and returns the
+// bytes verified on gen.
+func moveOne(t *testing.T, ctxN, genN *node.Node, id string, promptLen int) uint64 {
+	t.Helper()
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := send(ctxN.Engine(), kvxfer.SendRequest{ID: id, PromptLen: promptLen}, pattern); err != nil {
+		t.Fatal(err)
+	}
+	var o kvxfer.Outcome
+	select {
+	case o = <-rx.Done():
+	case <-time.After(patience):
+		t.Fatalf("%s: no outcome within %v", id, patience)
+	}
+	if !o.OK {
+		t.Fatalf("%s: %s: %v", id, o.Status, o.Err)
+	}
+	n, err := verify(genN.Engine(), id, o.Blocks, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != o.Bytes || n == 0 {
+		t.Fatalf("%s: verified %d bytes, READY says %d", id, n, o.Bytes)
+	}
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestTwoNodesMoveBytes: two nodes opened from plain configs (CURVE, ipc
+// endpoints) move a request over each cross-process backend, every byte
+// verified; closing both leaves no block in use. The context node is
+// send-only: its pool is private memory and it refuses to receive. (Checked to fail: with
+// Open passing no Region to kvxfer.Start (the engine's private memory)
+// the shm case fails with the backend's private-memory refusal.)
+func TestTwoNodesMoveBytes(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) {
+			cc, gc := pair(t, b)
+			cc.SendOnly = true // a prefill rank: private pool memory
+			genN, ctxN := open(t, gc), open(t, cc)
+			if genN.Backend() != b || ctxN.Backend() != b {
+				t.Fatalf("backends %s, %s, want %s", genN.Backend(), ctxN.Backend(), b)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			if err := genN.WaitPeers(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ctxN.Receive(ctx, kvxfer.ReceiveRequest{ID: "back", PromptLen: 16, Context: "gen"}); !errors.Is(err, node.ErrSendOnly) {
+				t.Fatalf("Receive on a send-only node: %v, want ErrSendOnly", err)
+			}
+			moveOne(t, ctxN, genN, "req-1", 100)
+			moveOne(t, ctxN, genN, "req-2", 33)
+			if u := genN.Engine().Pools().Used() + ctxN.Engine().Pools().Used(); u != 0 {
+				t.Fatalf("%d blocks in use after both requests", u)
+			}
+		})
+	}
+}
+
+// TestLoopbackInProcess: with the loopback backend and no bind, two nodes
+// of one process use the in-process link.
+func TestLoopbackInProcess(t *testing.T) {
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: loopback.Backend}
+	cc, gc := base, base
+	cc.Instance, gc.Instance = "ctx", "gen"
+	ctxN, genN := open(t, cc), open(t, gc)
+	if genN.Endpoint() != "" || genN.PublicKey() != "" {
+		t.Fatalf("in-process node reports endpoint %q key %q", genN.Endpoint(), genN.PublicKey())
+	}
+	moveOne(t, ctxN, genN, "loop", 50)
+}
+
+// TestPeerRankIsParallelIndex: the context instance runs TP2 as two
+// nodes; the generation node lists them as (parallel TP2, rank tp 0) and
+// (TP2, tp 1). A Receive naming the context's parallelism reaches both at
+// rank indexes 0 and 1 and gets every head of every block.
+func TestPeerRankIsParallelIndex(t *testing.T) {
+	dir := t.TempDir()
+	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
+	tp2 := node.Parallel{TP: 2, PP: 1}
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, Insecure: true,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience)}
+	gc := base
+	gc.Instance, gc.Bind = "gen", ep("gen")
+	var ctxs []*node.Node
+	for r := range 2 {
+		gc.Peers = append(gc.Peers, node.Peer{Instance: "ctx", Parallel: tp2, Rank: node.Rank{TP: r}, Endpoint: ep(fmt.Sprint("ctx", r))})
+		cc := base
+		cc.Instance, cc.Parallel, cc.Rank, cc.Bind = "ctx", tp2, node.Rank{TP: r}, ep(fmt.Sprint("ctx", r))
+		cc.Peers = []node.Peer{{Instance: "gen", Endpoint: ep("gen")}}
+		ctxs = append(ctxs, open(t, cc))
+	}
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genN.Engine().Receive(ctx, kvxfer.ReceiveRequest{ID: "tp", PromptLen: 40, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 2, PP: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, c := range ctxs {
+		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "tp", PromptLen: 40}, blockPattern) }()
+	}
+	for range ctxs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := <-rx.Done()
+	if !o.OK {
+		t.Fatalf("%s: %v", o.Status, o.Err)
+	}
+	if n, err := verify(genN.Engine(), "tp", o.Blocks, blockPattern); err != nil || n != o.Bytes {
+		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
+	}
+	_ = genN.Engine().FreeBlocks(o.Blocks)
+}
+
+// TestStartupLogsWhereItListensAndWaits: Open says where it listens and
+// which peer it waits for, at once. (Checked to fail: with logListening's
+// call removed the wait times out.)
+func TestStartupLogsWhereItListensAndWaits(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	logs := logged(t, &gc)
+	open(t, gc)
+	want := "listening on " + gc.Bind + ", waiting for ctx/0 at " + gc.Peers[0].Endpoint
+	within3Beats(t, "the log to say "+want, func() bool { return logs.has(want) })
+}
+
+// TestModelMismatchNamedWithinThreeBeats: ctx serves Llama-3.1-8B, gen
+// Qwen3-8B. The generation node logs both models as the Hello arrives and
+// WaitPeers returns that error, within 3 heartbeat intervals. (Checked to
+// fail: with watchPeers' CheckPeer call removed the log wait times out.)
+func TestModelMismatchNamedWithinThreeBeats(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Layout, gc.Layout = nil, nil
+	cc.Model, gc.Model = "Llama-3.1-8B", "Qwen3-8B"
+	cc.PoolBytes, gc.PoolBytes = 8<<20, 8<<20
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	start := time.Now()
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if err == nil || errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), `"Llama-3.1-8B"`) || !strings.Contains(err.Error(), `"Qwen3-8B"`) {
+		t.Fatalf("WaitPeers after %v: %v, want an error naming both models", time.Since(start), err)
+	}
+	within3Beats(t, "the log to name both models", func() bool {
+		return logs.has("peer serves another model") && logs.has(`Llama-3.1-8B`) && logs.has(`Qwen3-8B`)
+	})
+}
+
+// TestWrongPeerKeyNamedOnBothSides: ctx holds a wrong public key for gen,
+// so it neither admits gen's key nor can reach gen. Within 3 heartbeat
+// intervals gen's WaitPeers returns ErrHandshake naming ctx/0 and its
+// endpoint ("the peer refused our key"), ctx logs the refused key, and
+// both log their failed handshake with the reason. (Checked to fail: with
+// WaitPeers' PeerState check removed it waits out its ctx and returns
+// ErrPeerSilent.)
+func TestWrongPeerKeyNamedOnBothSides(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Peers[0].PublicKey = newKeys(t).public
+	glog, clog := logged(t, &gc), logged(t, &cc)
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) ||
+		!strings.Contains(err.Error(), "refused our key") {
+		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0 at %s and the refused key", err, cc.Bind)
+	}
+	within3Beats(t, "gen to log its refused handshake", func() bool {
+		return glog.has("CURVE handshake with ctx/0 at " + cc.Bind + " failed: the peer refused our key")
+	})
+	within3Beats(t, "ctx to log the key it refused", func() bool {
+		return clog.has("refused CURVE handshake") && clog.has("is not allowed")
+	})
+	within3Beats(t, "ctx to log its failed handshake", func() bool {
+		return clog.has("CURVE handshake with gen/0 at " + gc.Bind + " failed")
+	})
+}
+
+// TestInsecureMismatchNamed: gen is insecure, ctx uses CURVE. Within 3
+// heartbeat intervals gen's WaitPeers returns ErrHandshake naming ctx/0,
+// and both sides log a failed handshake that points at --insecure.
+func TestInsecureMismatchNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	gc.Insecure = true
+	glog, clog := logged(t, &gc), logged(t, &cc)
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) {
+		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0", err)
+	}
+	within3Beats(t, "gen to log the failed handshake", func() bool {
+		return glog.has("handshake (insecure) with ctx/0 at "+cc.Bind+" failed") && glog.has("is one side --insecure?")
+	})
+	within3Beats(t, "ctx to log the failed handshake", func() bool {
+		return clog.has("handshake with gen/0 at "+gc.Bind+" failed") && clog.has("is one side --insecure?")
+	})
+}
+
+// TestSilentPeerNamed: no ctx process at all; WaitPeers returns
+// ErrPeerSilent naming the peer and its endpoint when its ctx ends.
+func TestSilentPeerNamed(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 at "+gc.Peers[0].Endpoint) {
+		t.Fatalf("WaitPeers = %v, want ErrPeerSilent naming ctx/0", err)
+	}
+}
+
+// TestPublicKeyFileAsSecretRefused: key files say which key they hold; a
+// public key file given as key_file is refused naming the file, before
+// anything opens.
+func TestPublicKeyFileAsSecretRefused(t *testing.T) {
+	dir := t.TempDir()
+	_, gc := pair(t, shm.Backend)
+	pub := filepath.Join(dir, "gen.pub")
+	k := newKeys(t)
+	if err := os.WriteFile(pub, config.FormatPublicKeyFile(k.public), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gc.SecretKey, gc.KeyFile = "", pub
+	_, err := node.Open(context.Background(), gc)
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), "key_file") || !strings.Contains(err.Error(), pub) ||
+		!strings.Contains(err.Error(), "public key") {
+		t.Fatalf("Open with a public key as key_file: %v, want an error naming key_file and %s", err, pub)
+	}
+}
+
+// TestLiveIPCPathRefused: a second node binding the ipc path a live node
+// listens on is refused naming the endpoint; the first keeps serving.
+func TestLiveIPCPathRefused(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	genN := open(t, gc)
+	thief := gc
+	thief.Instance = "thief"
+	_, err := node.Open(context.Background(), thief)
+	if err == nil || !strings.Contains(err.Error(), gc.Bind+" is in use by a live process") {
+		t.Fatalf("Open on a live ipc path: %v, want a refusal naming %s", err, gc.Bind)
+	}
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatalf("the path's owner no longer reached: %v", err)
+	}
+}
+
+// TestPeerDownReachesEngineAndCallback: when ctx closes, gen's engine and
+// OnPeerDown learn it within the heartbeat timeout.
+func TestPeerDownReachesEngineAndCallback(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	var down atomic.Value
+	gc.OnPeerDown = func(instance string, rank int) { down.Store(fmt.Sprintf("%s/%d", instance, rank)) }
+	genN := open(t, gc)
+	ctxN, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genN.Engine().Receive(ctx, kvxfer.ReceiveRequest{ID: "orphan", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctxN.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctxN.Close(ctx); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	// Silence is declared after HeartbeatMisses (3) intervals.
+	waitFor(t, 6*beat, "OnPeerDown(ctx/0)", func() bool { return down.Load() == "ctx/0" })
+	select {
+	case o := <-rx.Done():
+		if o.OK {
+			t.Fatalf("a request from a dead peer ended %s", o.Status)
+		}
+	case <-time.After(patience):
+		t.Fatal("the request with the dead peer did not end")
+	}
+}
+
+// TestReceiveNamesUnknownAndSilentWriters: Node.Receive refuses at once a
+// request whose writer is not among the node's peers, naming it and the
+// peers there are; a request whose writer is configured but has not said
+// Hello is logged within 3 heartbeat intervals, and still ends (at its
+// deadline) with nothing leaked. (Checked to fail: calling
+// Engine().Receive instead, the first request is accepted and fails only
+// at its deadline.)
+func TestReceiveNamesUnknownAndSilentWriters(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	gc.TransferTimeout = node.Duration(4 * beat)
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "lost", PromptLen: 32, Context: "ctx-typo"})
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "request lost: writer ctx-typo/0") ||
+		!strings.Contains(err.Error(), "(ctx/0)") {
+		t.Fatalf("Receive from an unknown instance: %v, want ErrUnknownPeer naming ctx-typo/0 and ctx/0", err)
+	}
+	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "tp", PromptLen: 32, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 2, PP: 1}})
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "ctx/1") {
+		t.Fatalf("Receive from a TP2 context with only ctx/0 configured: %v, want ErrUnknownPeer naming ctx/1", err)
+	}
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "early", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "request early waits for ctx/0 at " + gc.Peers[0].Endpoint + ", which has not said Hello"
+	within3Beats(t, "the log to say "+want, func() bool { return logs.has(want) })
+	select {
+	case o := <-rx.Done():
+		if o.Status != kvxfer.StatusTimedOut {
+			t.Fatalf("request with a silent writer ended %s: %v", o.Status, o.Err)
+		}
+	case <-time.After(patience):
+		t.Fatal("the request with a silent writer did not end at its deadline")
+	}
+	<-rx.Released()
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use", u)
+	}
+}

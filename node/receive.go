@@ -1,0 +1,134 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// helloPatience is how many heartbeat intervals a request waits for a
+// writer's first Hello before the node logs that it waits.
+const helloPatience = 2
+
+// Receive is Engine().Receive with the mistakes this node can see named
+// at once instead of at the request's deadline: a writer (a rank of
+// req.Context under req.ContextParallel that this rank needs) that is not
+// among the node's peers fails the call with ErrUnknownPeer naming it and
+// the peers there are; a writer that has not said Hello within 2
+// heartbeat intervals is logged (with its handshake failure, if any)
+// while the request goes on waiting for it. On the in-process link it is
+// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly.
+func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
+	if n.cfg.SendOnly {
+		return nil, fmt.Errorf("%w: request %s: its pool is private memory (send_only)", ErrSendOnly, req.ID)
+	}
+	if n.link == nil {
+		return n.eng.Receive(ctx, req)
+	}
+	writers, err := n.writersOf(req)
+	if err != nil { // the engine names a bad parallelism itself
+		return n.eng.Receive(ctx, req)
+	}
+	var unknown, silent []Peer
+	for _, w := range writers {
+		p, ok := n.peer(w)
+		switch {
+		case !ok:
+			unknown = append(unknown, Peer{Instance: w.Instance, Endpoint: w.String()})
+		case !n.saidHello(w):
+			silent = append(silent, p)
+		}
+	}
+	if len(unknown) > 0 {
+		var names, known []string
+		for _, u := range unknown {
+			names = append(names, u.Endpoint)
+		}
+		for _, p := range n.peers {
+			known = append(known, p.id().String())
+		}
+		return nil, fmt.Errorf("%w: request %s: writer %s is not among this node's peers (%s)",
+			ErrUnknownPeer, req.ID, strings.Join(names, ", "), strings.Join(known, ", "))
+	}
+	h, err := n.eng.Receive(ctx, req)
+	if err != nil || len(silent) == 0 {
+		return h, err
+	}
+	n.watch.Add(1)
+	go n.awaitHello(req.ID, silent, h)
+	return h, nil
+}
+
+// writersOf are the context ranks this rank needs for req.
+func (n *Node) writersOf(req kvxfer.ReceiveRequest) ([]messages.PeerID, error) {
+	cp := req.ContextParallel
+	if cp.TP == 0 && cp.PP == 0 {
+		cp = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	pm, err := kvcache.NewPeerMap(n.eng.Layout(), cp, n.cfg.Parallel.orOne().kv())
+	if err != nil {
+		return nil, err
+	}
+	var out []messages.PeerID
+	for _, r := range pm.WritersOf(n.cfg.Rank.kv()) {
+		out = append(out, messages.PeerID{Instance: req.Context, Rank: int32(cp.Index(r))})
+	}
+	return out, nil
+}
+
+// peer is the configured peer with identity id.
+func (n *Node) peer(id messages.PeerID) (Peer, bool) {
+	for _, p := range n.peers {
+		if p.id() == id {
+			return p, true
+		}
+	}
+	return Peer{}, false
+}
+
+func (n *Node) saidHello(id messages.PeerID) bool {
+	_, err := n.link.Hello(id)
+	return err == nil
+}
+
+// heartbeat is the link's heartbeat interval.
+func (n *Node) heartbeat() time.Duration {
+	if n.cfg.HeartbeatInterval > 0 {
+		return time.Duration(n.cfg.HeartbeatInterval)
+	}
+	return zmq.DefaultHeartbeatInterval
+}
+
+// awaitHello logs, once, each writer of request id that has not said
+// Hello after helloPatience heartbeat intervals, unless the request ended
+// first.
+func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
+	defer n.watch.Done()
+	t := time.NewTimer(helloPatience * n.heartbeat())
+	defer t.Stop()
+	select {
+	case <-n.stop:
+		return
+	case <-h.Done():
+		return
+	case <-t.C:
+	}
+	for _, p := range writers {
+		w := p.id()
+		if n.saidHello(w) {
+			continue
+		}
+		ev := n.log.Warn().Str("request", id).Str("peer", w.String()).Str("endpoint", p.Endpoint)
+		if st, err := n.link.PeerState(w); err == nil && st.Conn == zmq.ConnHandshakeFailed {
+			ev.Str("reason", st.Reason).Msgf("request %s waits for %s at %s, whose handshake failed: %s", id, w, p.Endpoint, st.Reason)
+			continue
+		}
+		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: is it running?", id, w, p.Endpoint, helloPatience)
+	}
+}

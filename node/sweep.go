@@ -1,0 +1,59 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// regionName is the shared-memory file of a node's pool:
+// kvxfer-INSTANCE-PID for rank 0, kvxfer-INSTANCE-PID.RANK for the others.
+func regionName(self messages.PeerID, pid int) string {
+	if self.Rank == 0 {
+		return fmt.Sprintf("kvxfer-%s-%d", self.Instance, pid)
+	}
+	return fmt.Sprintf("kvxfer-%s-%d.%d", self.Instance, pid, self.Rank)
+}
+
+// SweepStale removes the shared-memory pool files of earlier processes of
+// instance that are gone (killed before they could remove their own): a
+// file named for a process that no longer exists can have no writer left
+// that this process would disturb. It returns how many it removed. Open
+// calls it; a supervisor that restarts killed ranks may call it too.
+func SweepStale(instance string) (int, error) {
+	prefix := "kvxfer-" + instance + "-"
+	entries, err := os.ReadDir(shm.Dir())
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, ".")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue // another instance's (its name goes on with "-"), or ours
+		}
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			continue // alive (or not ours to judge)
+		}
+		if err := os.Remove(filepath.Join(shm.Dir(), name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
