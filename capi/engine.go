@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 )
 
 // Event is one finished request (kvxfer_event).
@@ -24,6 +25,7 @@ type Event struct {
 type Engine struct {
 	h        uint64
 	eng      *kvxfer.Engine
+	node     *node.Node // set when opened by OpenNode: Close closes it
 	instance string
 
 	// opening is held shared by Send and Receive from their closed check
@@ -107,7 +109,12 @@ func (e *Engine) Close(timeout time.Duration) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	err := e.eng.Close(ctx)
+	var err error
+	if e.node != nil {
+		err = e.node.Close(ctx)
+	} else {
+		err = e.eng.Close(ctx)
+	}
 	if err != nil && ctx.Err() != nil {
 		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close after %v: %w", e.h, timeout, err)}
 	}
@@ -289,7 +296,13 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	if err := e.open(); err != nil {
 		return nil, 0, err
 	}
-	rx, err := e.eng.Receive(context.Background(), req.ReceiveRequest)
+	var rx *kvxfer.RxHandle
+	var err error
+	if e.node != nil {
+		rx, err = e.node.Receive(context.Background(), req.ReceiveRequest) // checks the writers are peers
+	} else {
+		rx, err = e.eng.Receive(context.Background(), req.ReceiveRequest)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("engine %d: receive %q: %w", e.h, req.ID, err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 )
 
 // Status is a C ABI status code (kvxfer_status in include/kvxfer.h).
@@ -102,6 +103,11 @@ var codeMap = []struct {
 	{ErrEngineClosed, ErrClosed},
 	{ErrFenceFailed, ErrFence},
 	{kvxfer.ErrConfig, ErrConfig},
+	{node.ErrConfig, ErrConfig},
+	{node.ErrUnknownPeer, ErrBadRequest},
+	{node.ErrSendOnly, ErrBadRequest},
+	{node.ErrHandshake, ErrPeerGone},
+	{node.ErrPeerSilent, ErrPeerGone},
 	{kvxfer.ErrMisalignedChunk, ErrBadChunk},
 	{kvxfer.ErrMissingSource, ErrBadChunk},
 	{kvxfer.ErrBadChunk, ErrBadChunk},

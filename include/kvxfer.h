@@ -168,7 +168,8 @@ const char *kvxfer_last_error(void);
 const char *kvxfer_status_name(int32_t status);
 
 /* Opens an in-process engine (loopback data plane; engines in one process
- * find each other by instance name). config_json is an object:
+ * find each other by instance name); kvxfer_node_open is the cross-process
+ * one. config_json is an object:
  *   instance (string), model (preset name) or layout {layers, kv_heads,
  *   head_dim, dtype_bytes, tokens_per_block, mla, groups: [{name, layers,
  *   window}]}, tokens_per_block, tp, pp, rank_tp, rank_pp, pool_bytes,
@@ -181,10 +182,31 @@ const char *kvxfer_status_name(int32_t status);
 kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t pool_bytes,
                                  kvxfer_engine_t *out);
 
-/* Opens a node: control link, data plane and pool for cross-process use,
- * from a JSON config. Not wired in this build: returns
- * KVXFER_ERR_UNSUPPORTED until the node package lands. */
+/* Opens a node, one rank of kvxfer across processes and machines (package
+ * node): a ZeroMQ control link (CURVE unless "insecure"), the data plane
+ * (ucx where the library has it, else shm), pool memory peers can write,
+ * heartbeats that fail a silent peer's requests. config_json is node's JSON
+ * config: instance, parallel {tp, pp}, rank {tp, pp}, model,
+ * tokens_per_block, pool_bytes, send_only, workers, backend ("auto", "ucx",
+ * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
+ * public_key | public_key_file}], insecure, secret_key | key_file,
+ * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
+ * drain_grace ("1s"-style durations), metrics_addr, trace_path. The handle
+ * is an engine handle: every engine call above works on it (the pool is the
+ * node's: see kvxfer_engine_info_get), and kvxfer_engine_close closes the
+ * node. */
 kvxfer_status kvxfer_node_open(const char *config_json, kvxfer_engine_t *out);
+
+/* The node's bound control endpoint (a tcp port 0 resolved), NUL-terminated;
+ * KVXFER_ERR_BUFFER_TOO_SMALL names the size needed. */
+kvxfer_status kvxfer_node_endpoint(kvxfer_engine_t node, char *buf, uint32_t cap);
+/* The node's CURVE public key (Z85, 40 characters), "" when insecure. */
+kvxfer_status kvxfer_node_public_key(kvxfer_engine_t node, char *buf, uint32_t cap);
+/* Waits up to timeout_ms for every configured peer to say Hello
+ * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named). */
+kvxfer_status kvxfer_node_wait_peers(kvxfer_engine_t node, int32_t timeout_ms);
+/* A new CURVE keypair, Z85: public and secret each need 41 bytes. */
+kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
 
 /* Fails every unfired fence, cancels live requests, waits up to timeout_ms
  * for every session to drain, then stops the engine and releases every

@@ -17,7 +17,6 @@ void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, void *us
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -107,9 +106,85 @@ func kvxfer_engine_open(cfg *C.char, pool unsafe.Pointer, poolBytes C.uint64_t, 
 //export kvxfer_node_open
 func kvxfer_node_open(cfg *C.char, out *C.kvxfer_engine_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_node_open")
-	return fail(&capi.Error{Code: capi.ErrUnsupported, Err: errors.New(
-		"kvxfer_node_open: this build has no node package (cross-process control link and data plane); " +
-			"use kvxfer_engine_open for engines in one process")})
+	if cfg == nil {
+		return fail(nullArg("kvxfer_node_open", "config_json"))
+	}
+	if out == nil {
+		return fail(nullArg("kvxfer_node_open", "out"))
+	}
+	_, h, err := capi.OpenNode(C.GoString(cfg))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_engine_t(h)
+	return 0
+}
+
+// putString copies s and a NUL into buf of cap bytes.
+func putString(fn string, s string, buf *C.char, cap C.uint32_t) error {
+	if buf == nil {
+		return nullArg(fn, "buf")
+	}
+	if len(s)+1 > int(cap) {
+		return &capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf("%s: %d bytes needed, cap is %d", fn, len(s)+1, cap)}
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), cap)
+	dst[copy(dst, s)] = 0
+	return nil
+}
+
+//export kvxfer_node_endpoint
+func kvxfer_node_endpoint(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_endpoint")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	s, err := e.Endpoint()
+	if err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_node_endpoint", s, buf, cap))
+}
+
+//export kvxfer_node_public_key
+func kvxfer_node_public_key(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_public_key")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	s, err := e.PublicKey()
+	if err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_node_public_key", s, buf, cap))
+}
+
+//export kvxfer_node_wait_peers
+func kvxfer_node_wait_peers(eh C.kvxfer_engine_t, timeoutMs C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_wait_peers")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(e.WaitPeers(timeoutOf(timeoutMs)))
+}
+
+//export kvxfer_keygen
+func kvxfer_keygen(public, secret *C.char) (st C.int32_t) {
+	defer guard(&st, "kvxfer_keygen")
+	if public == nil || secret == nil {
+		return fail(nullArg("kvxfer_keygen", "public or secret"))
+	}
+	pub, sec, err := capi.Keygen()
+	if err != nil {
+		return fail(err)
+	}
+	if err := putString("kvxfer_keygen", pub, public, 41); err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_keygen", sec, secret, 41))
 }
 
 //export kvxfer_engine_close

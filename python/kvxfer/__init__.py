@@ -16,11 +16,13 @@ from .core import (
     Event,
     Fence,
     KvxferError,
+    Node,
     Outcome,
     Request,
     Status,
     buffer_address,
     handle_count,
+    keygen,
     node_open,
 )
 
@@ -30,10 +32,12 @@ __all__ = [
     "Event",
     "Fence",
     "KvxferError",
+    "Node",
     "Outcome",
     "Request",
     "Status",
     "buffer_address",
     "handle_count",
+    "keygen",
     "node_open",
 ]

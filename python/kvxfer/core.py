@@ -134,11 +134,25 @@ def handle_count():
 
 
 def node_open(config):
-    """A node for cross-process use: not in this build of libkvxfer
-    (raises KvxferError with Status.UNSUPPORTED until the node package lands)."""
-    h = _lib.engine_t()
-    _check(lib.kvxfer_node_open(json.dumps(config).encode(), ctypes.byref(h)))
-    return h.value
+    """Opens a Node (see Node)."""
+    return Node(config)
+
+
+def keygen():
+    """A new CURVE keypair (public, secret), Z85 strings."""
+    pub, sec = ctypes.create_string_buffer(41), ctypes.create_string_buffer(41)
+    _check(lib.kvxfer_keygen(pub, sec))
+    return pub.value.decode(), sec.value.decode()
+
+
+def _json(config):
+    """(JSON text, the config as a dict or None when it does not parse)."""
+    if isinstance(config, str):
+        try:
+            return config, json.loads(config)
+        except ValueError:
+            return config, None  # the library names what is wrong
+    return json.dumps(config), config
 
 
 class Engine:
@@ -152,19 +166,15 @@ class Engine:
     """
 
     def __init__(self, config, memory=None):
-        if isinstance(config, str):
-            js = config
-            try:
-                cfg = json.loads(config)
-            except ValueError:
-                cfg = None  # the library names what is wrong
-        else:
-            cfg, js = config, json.dumps(config)
-        self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
+        js, cfg = _json(config)
         addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
         h = _lib.engine_t()
         _check(lib.kvxfer_engine_open(js.encode(), addr, nbytes, ctypes.byref(h)))
-        self.handle = h.value
+        self._setup(h.value, cfg, memory)
+
+    def _setup(self, handle, cfg, memory):
+        self.handle = handle
+        self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
         self.memory = memory
         self._events = {}  # request handle -> Event, polled but not yet claimed
         self._lock = threading.Lock()
@@ -323,6 +333,37 @@ class Engine:
         # Every thunk stays alive with the engine: one being replaced may
         # still run for an event already on its way.
         self._cbs.append(cb)
+
+
+class Node(Engine):
+    """One rank of kvxfer across processes (kvxfer_node_open): a ZeroMQ
+    control link with CURVE, the ucx or shm data plane, pool memory peers can
+    write (its own: see info.pool_base and block_address), heartbeats.
+    config is node's JSON config as a dict or string; every Engine method
+    works on a Node."""
+
+    def __init__(self, config):
+        js, cfg = _json(config)
+        h = _lib.engine_t()
+        _check(lib.kvxfer_node_open(js.encode(), ctypes.byref(h)))
+        self._setup(h.value, cfg, None)
+
+    def _string(self, fn):
+        buf = ctypes.create_string_buffer(512)
+        _check(fn(self.handle, buf, len(buf)))
+        return buf.value.decode()
+
+    def endpoint(self):
+        """The bound control endpoint (a tcp port 0 resolved)."""
+        return self._string(lib.kvxfer_node_endpoint)
+
+    def public_key(self):
+        """The node's CURVE public key (Z85), "" when insecure."""
+        return self._string(lib.kvxfer_node_public_key)
+
+    def wait_peers(self, timeout_ms=10000):
+        """Waits for every configured peer's Hello."""
+        _check(lib.kvxfer_node_wait_peers(self.handle, timeout_ms))
 
 
 class Fence:

@@ -81,7 +81,13 @@ static void test_bad_input(void) {
     CHECK(strstr(kvxfer_last_error(), "modle"), "message names the unknown key");
     CHECK(kvxfer_engine_open("{\"model\":\"no-such-model\"}", NULL, 0, &e) == KVXFER_ERR_CONFIG, "unknown model");
     CHECK(strstr(kvxfer_last_error(), "no-such-model"), "message names the model");
-    CHECK(kvxfer_node_open("{}", &e) == KVXFER_ERR_UNSUPPORTED, "node_open");
+    CHECK(kvxfer_node_open("{}", &e) == KVXFER_ERR_CONFIG, "node_open without a model");
+    CHECK(strstr(kvxfer_last_error(), "model"), "message names the field: %s", kvxfer_last_error());
+    char ep[64];
+    CHECK(kvxfer_node_endpoint(999999, ep, sizeof ep) == KVXFER_ERR_BAD_HANDLE, "endpoint of a bad handle");
+    char pub[41], sec[41];
+    OK(kvxfer_keygen(pub, sec));
+    CHECK(strlen(pub) == 40 && strlen(sec) == 40 && strcmp(pub, sec) != 0, "keygen: %s", pub);
     CHECK(kvxfer_engine_close(424242, 100) == KVXFER_ERR_BAD_HANDLE, "close a bad handle");
     CHECK(strstr(kvxfer_last_error(), "424242"), "message names the handle");
     CHECK(kvxfer_poll(1, NULL, 4, NULL, 0) == KVXFER_ERR_INVALID_ARGUMENT, "poll NULL got");
@@ -144,6 +150,9 @@ static void test_transfer(void) {
     OK(kvxfer_engine_group(d, 0, &dgi));
     CHECK(gi.block_bytes == 2 * 2 * 2 * 16 * 4 * 2, "block bytes %llu", (unsigned long long)gi.block_bytes);
     CHECK(kvxfer_engine_group(p, 5, &gi) == KVXFER_ERR_INVALID_ARGUMENT, "group 5");
+    char ep[64];
+    CHECK(kvxfer_node_endpoint(p, ep, sizeof ep) == KVXFER_ERR_INVALID_ARGUMENT, "endpoint of an in-process engine");
+    CHECK(strstr(kvxfer_last_error(), "not a node"), "message: %s", kvxfer_last_error());
 
     const int prompt = 100, nblocks = 7; /* 100 tokens: 7 blocks of 16 */
     int32_t src[7];
