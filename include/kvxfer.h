@@ -17,7 +17,8 @@
  *    runs on a thread the library owns, and must not unwind (no C++ exception,
  *    no longjmp) through the library.
  *  - Memory is registered as a pointer: kvxfer_engine_open's pool (or one the
- *    engine allocates). Block b of layer group g lives at
+ *    engine allocates); a node (kvxfer_node_open) allocates its own, memory
+ *    its peers can write, found with kvxfer_engine_info_get. Block b of layer group g lives at
  *    pool + group.offset + b * group.block_bytes, its bytes ordered
  *    layer, part (K then V), head, token, dim (outermost first): a
  *    "cross-layer" block, HND inside each layer.
