@@ -12,7 +12,7 @@ import (
 // BenchGo drives iters transfers of promptLen tokens in chunks of
 // chunkTokens from src to dst through the same Engine and Request calls the
 // C ABI makes (Receive, Send, Chunk with a fence then FenceReady, waiting
-// for both events, freeing the READY blocks), without the C boundary: the
+// for both events, FreeBlocks of the READY request), without the C boundary: the
 // baseline of a transfer driven from Python. It returns the wall time and
 // the bytes moved.
 func BenchGo(src, dst *Engine, promptLen, chunkTokens, iters int) (time.Duration, uint64, error) {
@@ -93,10 +93,8 @@ func benchGo(src, dst *Engine, promptLen, chunkTokens, iters int, ph *Phases) (t
 			return 0, 0, fmt.Errorf("bench: request %s: %s %v", id, o.Status, o.Err)
 		}
 		moved += o.Bytes
-		for g, ids := range o.Blocks {
-			if err := dst.FreeBlocks(g, ids); err != nil {
-				return 0, 0, err
-			}
+		if err := rx.FreeBlocks(); err != nil {
+			return 0, 0, err
 		}
 		t3 := time.Now()
 		_ = tx.Release()

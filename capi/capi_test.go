@@ -279,7 +279,7 @@ func BenchmarkTransferPhases(b *testing.B) {
 	b.ReportMetric(us(ph.Ready), "readies-µs/req")
 	b.ReportMetric(us(ph.WaitDone), "wait-done-µs/req")
 	b.ReportMetric(us(ph.WaitReady), "wait-ready-µs/req")
-	b.ReportMetric(us(ph.Free), "blocks+free-µs/req")
+	b.ReportMetric(us(ph.Free), "free-blocks-µs/req")
 	b.ReportMetric(us(ph.Release), "release-µs/req")
 	_ = p.Close(5 * time.Second)
 	_ = d.Close(5 * time.Second)

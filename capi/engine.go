@@ -359,8 +359,9 @@ type Request struct {
 	promptLen int
 	prefix    []int
 
-	mu  sync.Mutex
-	out *kvxfer.Outcome
+	mu    sync.Mutex
+	out   *kvxfer.Outcome
+	freed bool // FreeBlocks ran
 }
 
 // LookupRequest returns the request of handle h.
@@ -476,6 +477,28 @@ func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
 	}
 	first, _ := kvcache.NeededRange(r.promptLen, l.Groups[g].Window, l.TokensPerBlock, hit)
 	return ids, first, nil
+}
+
+// FreeBlocks frees a READY outcome's destination blocks into the engine's
+// pool (blocks kvxfer allocated: not the framework's own), once.
+func (r *Request) FreeBlocks() error {
+	o, err := r.Outcome()
+	if err != nil {
+		return err
+	}
+	if o.Status != kvxfer.StatusReady {
+		return errorf(ErrInvalidArgument, "request %d (%q) is %s, not READY: it has no blocks", r.h, r.id, o.Status)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.freed {
+		return errorf(ErrInvalidArgument, "request %d (%q): its blocks are already freed", r.h, r.id)
+	}
+	if err := r.e.eng.FreeBlocks(o.Blocks); err != nil {
+		return fmt.Errorf("request %d (%q): %w", r.h, r.id, err)
+	}
+	r.freed = true
+	return nil
 }
 
 // Release frees the handle of a finished request.

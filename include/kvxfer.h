@@ -270,6 +270,10 @@ kvxfer_status kvxfer_request_blocks(kvxfer_request_t request, uint32_t group, in
 kvxfer_status kvxfer_request_payload(kvxfer_request_t request, void *buf, uint32_t cap, uint32_t *n);
 /* The outcome's message ("" on success) into buf (NUL-terminated, truncated). */
 kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t cap);
+/* Frees a READY request's destination blocks into the engine's pool (those
+ * the engine allocated; not blocks the caller passed in), once: the same as
+ * kvxfer_blocks_free on each group's kvxfer_request_blocks, in one call. */
+kvxfer_status kvxfer_request_free_blocks(kvxfer_request_t request);
 /* Frees a finished request's handle (KVXFER_ERR_NOT_FINISHED before its event). */
 kvxfer_status kvxfer_request_release(kvxfer_request_t request);
 

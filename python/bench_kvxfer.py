@@ -72,8 +72,7 @@ def python_transfer(ctx, gen, prompt, iters, tag):
         if ev.outcome != Outcome.READY:
             raise RuntimeError("request %s: %s %s" % (rid, ev.outcome.name, rx.error_message()))
         moved += ev.bytes
-        for g in range(len(src)):
-            gen.free(g, rx.blocks(g)[1])
+        rx.free_blocks()
         tx.release()
         rx.release()
     secs = time.perf_counter() - t0
@@ -132,7 +131,7 @@ def in_flow(ctx, gen, prompt, requests):
     tpb = ctx.tokens_per_block
     pc = time.perf_counter
     t = dict.fromkeys(["kvxfer_receive", "kvxfer_send", "kvxfer_chunk (all chunks)", "kvxfer_fence_ready (all)",
-                       "wait for DONE (poll)", "wait for READY (poll)", "kvxfer_request_blocks + kvxfer_blocks_free",
+                       "wait for DONE (poll)", "wait for READY (poll)", "kvxfer_request_free_blocks",
                        "kvxfer_request_release x2"], 0.0)
     src = alloc_src(ctx, prompt)
     for i in range(requests):
@@ -159,15 +158,14 @@ def in_flow(ctx, gen, prompt, requests):
         b = pc()
         rx.wait()
         c = pc()
-        for g in range(len(src)):
-            gen.free(g, rx.blocks(g)[1])
+        rx.free_blocks()
         d = pc()
         tx.release()
         rx.release()
         e = pc()
         t["wait for DONE (poll)"] += b - a
         t["wait for READY (poll)"] += c - b
-        t["kvxfer_request_blocks + kvxfer_blocks_free"] += d - c
+        t["kvxfer_request_free_blocks"] += d - c
         t["kvxfer_request_release x2"] += e - d
     free_src(ctx, src)
     return {k: v / requests * 1e6 for k, v in t.items()}

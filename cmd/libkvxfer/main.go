@@ -575,6 +575,16 @@ func kvxfer_request_error(rh C.kvxfer_request_t, buf *C.char, cap C.uint32_t) (s
 	return 0
 }
 
+//export kvxfer_request_free_blocks
+func kvxfer_request_free_blocks(rh C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_free_blocks")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(r.FreeBlocks())
+}
+
 //export kvxfer_request_release
 func kvxfer_request_release(rh C.kvxfer_request_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_release")

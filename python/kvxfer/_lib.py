@@ -118,6 +118,7 @@ _PROTOTYPES = {
     "kvxfer_request_blocks": (_st, [request_t, ctypes.c_uint32, _i32p, ctypes.c_uint32, _u32p, _i32p]),
     "kvxfer_request_payload": (_st, [request_t, ctypes.c_void_p, ctypes.c_uint32, _u32p]),
     "kvxfer_request_error": (_st, [request_t, ctypes.c_char_p, ctypes.c_uint32]),
+    "kvxfer_request_free_blocks": (_st, [request_t]),
     "kvxfer_request_release": (_st, [request_t]),
     "kvxfer_handle_count": (ctypes.c_uint64, []),
     "kvxfer_bench_go": (_st, [engine_t, engine_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,

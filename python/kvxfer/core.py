@@ -422,12 +422,13 @@ class Request:
     def blocks(self, group=0):
         """(first global block, [destination block ids]) of a READY request."""
         n, first = ctypes.c_uint32(), ctypes.c_int32()
-        st = lib.kvxfer_request_blocks(self.handle, group, None, 0, ctypes.byref(n), ctypes.byref(first))
-        if st not in (0, Status.BUFFER_TOO_SMALL):
-            _check(st)
-        ids = (ctypes.c_int32 * n.value)()
-        _check(lib.kvxfer_request_blocks(self.handle, group, ids, n.value, ctypes.byref(n), ctypes.byref(first)))
-        return first.value, list(ids)
+        ids = (ctypes.c_int32 * 256)()
+        st = lib.kvxfer_request_blocks(self.handle, group, ids, len(ids), ctypes.byref(n), ctypes.byref(first))
+        if st == Status.BUFFER_TOO_SMALL:
+            ids = (ctypes.c_int32 * n.value)()
+            st = lib.kvxfer_request_blocks(self.handle, group, ids, n.value, ctypes.byref(n), ctypes.byref(first))
+        _check(st)
+        return first.value, list(ids[: n.value])
 
     def payload(self):
         n = ctypes.c_uint32()
@@ -442,6 +443,10 @@ class Request:
         buf = ctypes.create_string_buffer(1024)
         _check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
         return buf.value.decode("utf-8", "replace")
+
+    def free_blocks(self):
+        """Frees a READY request's engine-allocated destination blocks."""
+        _check(lib.kvxfer_request_free_blocks(self.handle))
 
     def release(self):
         _check(lib.kvxfer_request_release(self.handle))

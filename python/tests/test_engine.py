@@ -108,7 +108,15 @@ def test_numpy_pool_and_engine_allocated_destination():
         for s, d in zip(src, dst):
             want = bytes(arr[g.offset + s * g.block_bytes:g.offset + (s + 1) * g.block_bytes])
             assert gen.block_bytes(0, d) == want
-        gen.free(0, dst)
+        assert gen.used(0) == 2
+        rx.free_blocks()  # the READY blocks back to the pool in one call
+        assert gen.used(0) == 0
+        with pytest.raises(KvxferError) as e:
+            rx.free_blocks()
+        assert e.value.status == Status.INVALID_ARGUMENT and "already freed" in e.value.message
+        with pytest.raises(KvxferError) as e:
+            tx.free_blocks()  # DONE: a context side has no destination blocks
+        assert e.value.status == Status.INVALID_ARGUMENT and "not READY" in e.value.message
         ctx.free(0, src)
         tx.release()
         rx.release()
