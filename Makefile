@@ -1,7 +1,8 @@
 # kvxfer build. `make test` installs what it needs (Debian packages) first.
 SHELL := /bin/bash
 GO ?= go
-DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler
+DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler \
+	python3-numpy python3-torch python3-pytest
 BENCHTIME ?= 1x
 PKGS ?= ./...
 
@@ -37,6 +38,8 @@ demo: deps
 test: deps
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) test -count=1 ./test/sim
+	$(MAKE) --no-print-directory ctest
+	$(MAKE) --no-print-directory pytest
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
 
 FUZZTIME ?= 2m
@@ -45,7 +48,8 @@ FUZZTIME ?= 2m
 # duration budget ends (golang/go#75804, fixed in Go 1.27); a count has no
 # deadline to race.
 FUZZTIME_CI ?= 40000x
-FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress
+FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
+	./capi:FuzzParseConfig
 
 ## fuzz: run every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 fuzz:
@@ -93,3 +97,34 @@ sim:
 .PHONY: gpu-check
 gpu-check:
 	GO=$(GO) test/gpu/gpu-check.sh
+
+## lib: the C ABI, lib/libkvxfer.so (cgo -buildmode=c-shared, from
+## cmd/libkvxfer) with its documented header include/kvxfer.h; fails when the
+## library's exported kvxfer_* symbols and the header's declarations differ.
+LIBDIR := lib
+# Debian's interpreter, the one python3-numpy/-torch/-pytest install for.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+.PHONY: lib ctest pytest bench-python
+lib:
+	$(GO) build -buildmode=c-shared -o $(LIBDIR)/libkvxfer.so ./cmd/libkvxfer
+	@rm -f $(LIBDIR)/libkvxfer.h
+	@diff <(nm -D --defined-only $(LIBDIR)/libkvxfer.so | awk '$$3 ~ /^kvxfer_/ {print $$3}' | sort) \
+		<(grep -oE '\bkvxfer_[a-z_]+\(' include/kvxfer.h | tr -d '(' | sort -u) \
+		|| { echo "lib: libkvxfer.so exports (<) and include/kvxfer.h declares (>) differ"; exit 1; }
+	@echo "lib: $(LIBDIR)/libkvxfer.so, include/kvxfer.h (ABI $$(sed -n 's/^#define KVXFER_ABI_VERSION //p' include/kvxfer.h))"
+
+## ctest: the C ABI's test program (test/c) against lib/libkvxfer.so.
+ctest: lib
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/kvxfer_test test/c/kvxfer_test.c \
+		-L$(LIBDIR) -lkvxfer -lpthread -Wl,-rpath,'$$ORIGIN'
+	$(LIBDIR)/kvxfer_test
+
+## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.
+pytest: lib
+	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so $(PYTHON) -m pytest -q tests
+
+## bench-python: per-call cost of a chunk hand-over from Python (p50/p99)
+## and a Python-driven transfer beside the same transfer driven from Go, in
+## one process (512-token chunks).
+bench-python: lib
+	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so $(PYTHON) bench_kvxfer.py

@@ -1,0 +1,334 @@
+package capi
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const tinyLayout = `"layout":{"layers":2,"kv_heads":2,"head_dim":4,"dtype_bytes":2,"tokens_per_block":16}`
+
+func open(t *testing.T, instance string) *Engine {
+	t.Helper()
+	e, h, err := Open(fmt.Sprintf(`{"instance":%q,%s,"pool_bytes":65536,"workers":2}`, instance, tinyLayout), nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h == 0 || h != e.Handle() {
+		t.Fatalf("handle %d, engine says %d", h, e.Handle())
+	}
+	return e
+}
+
+func waitFor(t *testing.T, e *Engine, h uint64) Event {
+	t.Helper()
+	evs := make([]Event, 4)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		n := e.Poll(evs, 100*time.Millisecond)
+		for _, ev := range evs[:n] {
+			if ev.Request == h {
+				return ev
+			}
+			t.Fatalf("event for request %d while waiting for %d", ev.Request, h)
+		}
+	}
+	t.Fatalf("no event for request %d in 10 s", h)
+	return Event{}
+}
+
+func TestCode(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want Status
+	}{
+		{nil, OK},
+		{fmt.Errorf("chunk: %w", kvxfer.ErrMisalignedChunk), ErrBadChunk},
+		{fmt.Errorf("%w: request r is FAILED: %w", kvxfer.ErrRequestFailed, kvxfer.ErrTimeout), ErrRequestFailed},
+		{fmt.Errorf("outcome: %w", kvxfer.ErrTimeout), ErrTimeout},
+		{fmt.Errorf("x: %w", ErrFenceFailed), ErrFence},
+		{fmt.Errorf("x: %w", kvcache.ErrOutOfBlocks), ErrOutOfBlocks},
+		{errorf(ErrBufferTooSmall, "small"), ErrBufferTooSmall},
+		{errors.New("unmapped"), ErrInternal},
+	} {
+		if got := Code(c.err); got != c.want {
+			t.Errorf("Code(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+	if s := ErrFence.String(); s != "KVXFER_ERR_FENCE" {
+		t.Errorf("ErrFence.String() = %q", s)
+	}
+}
+
+func TestParseConfigNamesWhatIsWrong(t *testing.T) {
+	for _, c := range []struct{ js, needle string }{
+		{``, "empty"},
+		{`{"model":`, "unexpected EOF"},
+		{`{"modle":"x"}`, "modle"},
+		{`{"tp":"two"}`, "tp"},
+		{`{"model":"x"} {}`, "after the object"},
+	} {
+		_, err := ParseConfig(c.js)
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
+			t.Errorf("ParseConfig(%q) = %v, want a config error naming %q", c.js, err, c.needle)
+		}
+	}
+	c, err := ParseConfig(`{"instance":"a","tp":2,"transfer_timeout_ms":1500}`)
+	if err != nil || c.TP != 2 || c.TransferTimeoutMs != 1500 {
+		t.Fatalf("%+v %v", c, err)
+	}
+}
+
+// TestTransferFenceAndHandles: a fenced transfer end to end, a fence fires
+// once, a handle of the wrong kind is refused naming it, and releasing
+// and closing leave the table empty.
+func TestTransferFenceAndHandles(t *testing.T) {
+	base := HandleCount()
+	p, d := open(t, "capi-p"), open(t, "capi-d")
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "capi-p"}, UserData: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "r", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LookupRequest(p.Handle()); Code(err) != ErrBadHandle || !strings.Contains(err.Error(), "engine") {
+		t.Fatalf("an engine handle as a request: %v", err)
+	}
+	if err := tx.Release(); Code(err) != ErrNotFinished {
+		t.Fatalf("release before the outcome: %v", err)
+	}
+	f, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := FenceReady(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := FenceReady(f); Code(err) != ErrBadHandle {
+		t.Fatalf("second FenceReady: %v", err)
+	}
+	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK {
+		t.Fatalf("tx %+v", ev)
+	}
+	ev := waitFor(t, d, rh)
+	if ev.Outcome != OutcomeReady || ev.UserData != 5 || ev.Bytes != 2*p.Info().BytesPerToken*16 {
+		t.Fatalf("rx %+v, want READY of %d bytes", ev, 2*p.Info().BytesPerToken*16)
+	}
+	ids, first, err := rx.Blocks(0)
+	if err != nil || first != 0 || len(ids) != 2 {
+		t.Fatalf("blocks %v first %d: %v", ids, first, err)
+	}
+	if err := d.FreeBlocks(0, ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.FreeBlocks(0, src); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Request{tx, rx} {
+		if err := r.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := LookupRequest(th); Code(err) != ErrBadHandle {
+		t.Fatalf("released request still found: %v", err)
+	}
+	closeBoth(t, p, d)
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
+
+// TestCloseFailsUnfiredFences: Close does not wait forever on a fence the
+// caller never fires; it fails it, drains, and releases every handle.
+func TestCloseFailsUnfiredFences(t *testing.T) {
+	base := HandleCount()
+	p, d := open(t, "capi-p2"), open(t, "capi-d2")
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "capi-p2"}}); err != nil {
+		t.Fatal(err)
+	}
+	tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "r", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeBoth(t, p, d)
+	if err := FenceReady(f); Code(err) != ErrBadHandle {
+		t.Fatalf("fence after close: %v", err)
+	}
+	if _, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "late", PromptLen: 32}}); Code(err) != ErrClosed {
+		t.Fatalf("send after close: %v", err)
+	}
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
+
+func TestBenchGoMovesEveryByte(t *testing.T) {
+	p, d := open(t, "capi-bp"), open(t, "capi-bd")
+	_, moved, err := BenchGo(p, d, 100, 32, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 3 * 7 * 16 * p.Info().BytesPerToken; moved != want {
+		t.Fatalf("moved %d bytes, want %d", moved, want)
+	}
+	closeBoth(t, p, d)
+}
+
+func closeBoth(t *testing.T, es ...*Engine) {
+	t.Helper()
+	for _, e := range es {
+		if err := e.Close(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReceiveSend is the cost of opening both sides of a request from
+// Go (the actor round trips kvxfer_receive and kvxfer_send make), for
+// comparison with the same calls from Python (make bench-python).
+func BenchmarkReceiveSend(b *testing.B) {
+	cfg := `{"instance":%q,` + tinyLayout + `,"pool_bytes":1048576,"workers":2}`
+	p, _, err := Open(fmt.Sprintf(cfg, "bench-rs-p"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, _, err := Open(fmt.Sprintf(cfg, "bench-rs-d"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	evs := make([]Event, 8)
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprint("rs-", i)
+		rx, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "bench-rs-p"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		tx.Cancel()
+		rx.Cancel()
+		for _, e := range []*Engine{p, d} {
+			for e.Poll(evs, 10*time.Millisecond) == 0 {
+			}
+		}
+		_ = tx.Release()
+		_ = rx.Release()
+		b.StartTimer()
+	}
+	_ = p.Close(5 * time.Second)
+	_ = d.Close(5 * time.Second)
+}
+
+// BenchmarkTransferPhases drives bench_kvxfer.py --tiny's transfer from Go
+// (a 1 KiB/token layout, 2048-token prompts, 512-token chunks) and reports
+// the mean µs per request of each call, beside the Python-driven breakdown
+// bench_kvxfer.py prints.
+func BenchmarkTransferPhases(b *testing.B) {
+	cfg := `{"instance":%q,"layout":{"layers":4,"kv_heads":2,"head_dim":32,"dtype_bytes":2,"tokens_per_block":16},` +
+		`"pool_bytes":536870912,"transfer_timeout_ms":60000}`
+	p, _, err := Open(fmt.Sprintf(cfg, "bench-ph-p"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, _, err := Open(fmt.Sprintf(cfg, "bench-ph-d"), nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, _, err := BenchGo(p, d, 2048, 512, 10); err != nil { // warm-up
+		b.Fatal(err)
+	}
+	var ph Phases
+	b.ResetTimer()
+	_, moved, err := benchGo(p, d, 2048, 512, b.N, &ph)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(moved) / int64(b.N))
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
+	b.ReportMetric(us(ph.Receive), "receive-µs/req")
+	b.ReportMetric(us(ph.Send), "send-µs/req")
+	b.ReportMetric(us(ph.Chunk), "chunks-µs/req")
+	b.ReportMetric(us(ph.Ready), "readies-µs/req")
+	b.ReportMetric(us(ph.WaitDone), "wait-done-µs/req")
+	b.ReportMetric(us(ph.WaitReady), "wait-ready-µs/req")
+	b.ReportMetric(us(ph.Free), "free-blocks-µs/req")
+	b.ReportMetric(us(ph.Release), "release-µs/req")
+	_ = p.Close(5 * time.Second)
+	_ = d.Close(5 * time.Second)
+}
+
+// TestCloseRacingOpens: Close while other goroutines keep opening requests
+// returns, every open either succeeds (and its request is released by
+// Close) or is refused with KVXFER_ERR_CLOSED, and no handle is left.
+func TestCloseRacingOpens(t *testing.T) {
+	base := HandleCount()
+	p, d := open(t, "capi-race-p"), open(t, "capi-race-d")
+	var opened [2]atomic.Int64
+	done := make(chan error, 2)
+	for k, e := range []*Engine{p, d} {
+		go func() {
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("race-%d", i)
+				var err error
+				if k == 0 {
+					_, _, err = e.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
+				} else {
+					_, _, err = e.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "capi-race-p"}})
+				}
+				switch {
+				case Code(err) == ErrClosed:
+					done <- nil
+					return
+				case err != nil:
+					done <- fmt.Errorf("open %s: %v (code %v)", id, err, Code(err))
+					return
+				}
+				opened[k].Add(1)
+			}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for opened[0].Load() < 20 || opened[1].Load() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("opened %d sends and %d receives in 10 s", opened[0].Load(), opened[1].Load())
+		}
+		runtime.Gosched()
+	}
+	closeBoth(t, d, p) // the generation side first: its cancels reach a live context side
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}

@@ -1,0 +1,117 @@
+package capi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Config is an engine's JSON config (kvxfer_engine_open). Zero values take
+// kvxfer.Config's defaults.
+type Config struct {
+	Instance          string  `json:"instance"`
+	Model             string  `json:"model"`
+	Layout            *Layout `json:"layout"`
+	TokensPerBlock    int     `json:"tokens_per_block"`
+	TP                int     `json:"tp"`
+	PP                int     `json:"pp"`
+	RankTP            int     `json:"rank_tp"`
+	RankPP            int     `json:"rank_pp"`
+	PoolBytes         uint64  `json:"pool_bytes"`
+	Workers           int     `json:"workers"`
+	TransferTimeoutMs int64   `json:"transfer_timeout_ms"`
+	DrainGraceMs      int64   `json:"drain_grace_ms"`
+	Backend           string  `json:"backend"`
+	MetricsAddr       string  `json:"metrics_addr"`
+}
+
+// Layout is kvcache.Layout in JSON.
+type Layout struct {
+	Name           string  `json:"name"`
+	Layers         int     `json:"layers"`
+	KVHeads        int     `json:"kv_heads"`
+	HeadDim        int     `json:"head_dim"`
+	DTypeBytes     int     `json:"dtype_bytes"`
+	TokensPerBlock int     `json:"tokens_per_block"`
+	MLA            bool    `json:"mla"`
+	Groups         []Group `json:"groups"`
+}
+
+// Group is kvcache.LayerGroup in JSON; no groups means one full-attention
+// group of every layer.
+type Group struct {
+	Name   string `json:"name"`
+	Layers []int  `json:"layers"`
+	Window int    `json:"window"`
+}
+
+// ParseConfig decodes a JSON config strictly: an unknown key, a value of
+// the wrong type or trailing data is an error naming it.
+func ParseConfig(js string) (Config, error) {
+	var c Config
+	if js == "" {
+		return c, errorf(ErrConfig, "config JSON is empty")
+	}
+	d := json.NewDecoder(bytes.NewReader([]byte(js)))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&c); err != nil {
+		return c, errorf(ErrConfig, "config JSON %q: %v", clip(js), err)
+	}
+	if _, err := d.Token(); !errors.Is(err, io.EOF) {
+		return c, errorf(ErrConfig, "config JSON %q: data after the object", clip(js))
+	}
+	return c, nil
+}
+
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
+}
+
+// engineConfig is c as a kvxfer.Config.
+func (c Config) engineConfig() (kvxfer.Config, error) {
+	if c.TransferTimeoutMs < 0 || c.DrainGraceMs < 0 {
+		return kvxfer.Config{}, errorf(ErrConfig, "transfer_timeout_ms = %d, drain_grace_ms = %d: must be ≥ 0",
+			c.TransferTimeoutMs, c.DrainGraceMs)
+	}
+	kc := kvxfer.Config{
+		Instance: c.Instance, Model: c.Model, TokensPerBlock: c.TokensPerBlock,
+		Parallel: kvcache.Parallel{TP: c.TP, PP: c.PP}, Rank: kvcache.Rank{TP: c.RankTP, PP: c.RankPP},
+		PoolBytes: c.PoolBytes, Workers: c.Workers, Backend: c.Backend, MetricsAddr: c.MetricsAddr,
+		TransferTimeout: time.Duration(c.TransferTimeoutMs) * time.Millisecond,
+		DrainGrace:      time.Duration(c.DrainGraceMs) * time.Millisecond,
+	}
+	if c.Workers == 0 {
+		env, err := kc.WithEnv()
+		if err != nil {
+			return kc, err
+		}
+		kc = env
+	}
+	if c.Layout != nil {
+		l := kvcache.Layout{Name: c.Layout.Name, Layers: c.Layout.Layers, KVHeads: c.Layout.KVHeads,
+			HeadDim: c.Layout.HeadDim, DTypeBytes: c.Layout.DTypeBytes, TokensPerBlock: c.Layout.TokensPerBlock,
+			MLA: c.Layout.MLA}
+		if len(c.Layout.Groups) == 0 {
+			l.Groups = kvcache.FullAttention(c.Layout.Layers)
+		}
+		for _, g := range c.Layout.Groups {
+			l.Groups = append(l.Groups, kvcache.LayerGroup{Name: g.Name, Layers: g.Layers, Window: g.Window})
+		}
+		kc.Layout = &l
+	}
+	if kc.Parallel.TP == 0 && kc.Parallel.PP != 0 {
+		kc.Parallel.TP = 1
+	}
+	if kc.Parallel.PP == 0 && kc.Parallel.TP != 0 {
+		kc.Parallel.PP = 1
+	}
+	return kc, nil
+}

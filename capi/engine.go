@@ -1,0 +1,526 @@
+package capi
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
+)
+
+// Event is one finished request (kvxfer_event).
+type Event struct {
+	Request  uint64
+	Outcome  int32
+	Error    Status
+	Bytes    uint64
+	UserData uint64
+}
+
+// Engine is an open engine and the requests and fences it owns.
+type Engine struct {
+	h        uint64
+	eng      *kvxfer.Engine
+	node     *node.Node // set when opened by OpenNode: Close closes it
+	instance string
+
+	// opening is held shared by Send and Receive from their closed check
+	// until their watcher is registered, and exclusively by Close while it
+	// marks the engine closed: no watcher is added once Close waits.
+	opening sync.RWMutex
+
+	mu       sync.Mutex
+	closed   bool
+	events   []Event
+	wake     chan struct{} // closed and replaced when an event is queued
+	notify   func(Event)   // set: events go here instead of the queue
+	requests map[uint64]*Request
+	fences   map[uint64]*fence
+	watchers sync.WaitGroup
+}
+
+// Open starts an engine from a JSON config. pool, when not nil, is the
+// caller's memory of poolBytes bytes, which must outlive the engine.
+func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, uint64, error) {
+	c, err := ParseConfig(configJSON)
+	if err != nil {
+		return nil, 0, err
+	}
+	kc, err := c.engineConfig()
+	if err != nil {
+		return nil, 0, err
+	}
+	if pool != nil {
+		if c.PoolBytes != 0 && c.PoolBytes != poolBytes {
+			return nil, 0, errorf(ErrConfig, "pool_bytes = %d in the config but the pool passed is %d bytes", c.PoolBytes, poolBytes)
+		}
+		r, err := kvcache.ExternalHostRegion(pool, poolBytes)
+		if err != nil {
+			return nil, 0, errorf(ErrInvalidArgument, "pool %p of %d bytes: %v", pool, poolBytes, err)
+		}
+		kc.Region, kc.PoolBytes = r, poolBytes
+	} else if poolBytes != 0 && c.PoolBytes == 0 {
+		kc.PoolBytes = poolBytes
+	}
+	eng, err := kvxfer.Start(context.Background(), kc)
+	if err != nil {
+		return nil, 0, err
+	}
+	inst := kc.Instance
+	if inst == "" {
+		inst = kvxfer.DefaultInstance
+	}
+	e := &Engine{eng: eng, instance: inst, wake: make(chan struct{}), requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
+	e.h = put(e)
+	return e, e.h, nil
+}
+
+// LookupEngine returns the engine of handle h.
+func LookupEngine(h uint64) (*Engine, error) { return lookup[*Engine](h, "engine") }
+
+// Inner is the kvxfer engine.
+func (e *Engine) Inner() *kvxfer.Engine { return e.eng }
+
+// Handle is the engine's handle.
+func (e *Engine) Handle() uint64 { return e.h }
+
+// Close fails every unfired fence, closes the engine (waiting up to
+// timeout for the drain) and releases every handle the engine owns.
+func (e *Engine) Close(timeout time.Duration) error {
+	e.opening.Lock()
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		e.opening.Unlock()
+		return errorf(ErrClosed, "engine %d: already closing", e.h)
+	}
+	e.closed = true
+	fences := e.fences
+	e.fences = map[uint64]*fence{}
+	e.mu.Unlock()
+	e.opening.Unlock()
+	for h, f := range fences {
+		drop(h)
+		f.mf.Fire(fmt.Errorf("%w: engine %d closed before fence %d fired", ErrEngineClosed, e.h, h))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var err error
+	if e.node != nil {
+		err = e.node.Close(ctx)
+	} else {
+		err = e.eng.Close(ctx)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close after %v: %w", e.h, timeout, err)}
+	}
+	if err == nil {
+		e.watchers.Wait()
+	}
+	e.mu.Lock()
+	for h := range e.requests {
+		drop(h)
+	}
+	e.requests = map[uint64]*Request{}
+	e.events = nil
+	e.mu.Unlock()
+	drop(e.h)
+	return err
+}
+
+// SetNotify sends every later event to f (on a goroutine of the engine)
+// instead of the poll queue; nil goes back to the queue.
+func (e *Engine) SetNotify(f func(Event)) {
+	e.mu.Lock()
+	e.notify = f
+	e.mu.Unlock()
+}
+
+// Poll moves up to len(out) queued events into out; with wait > 0 it waits
+// up to wait for the first one.
+func (e *Engine) Poll(out []Event, wait time.Duration) int {
+	var timer *time.Timer
+	for {
+		e.mu.Lock()
+		n := copy(out, e.events)
+		if n > 0 {
+			e.events = append(e.events[:0], e.events[n:]...)
+		}
+		wake := e.wake
+		closed := e.closed
+		e.mu.Unlock()
+		if n > 0 || wait <= 0 || len(out) == 0 || closed {
+			if timer != nil {
+				timer.Stop()
+			}
+			return n
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			wait = 0
+		}
+	}
+}
+
+func (e *Engine) post(ev Event) {
+	e.mu.Lock()
+	if f := e.notify; f != nil {
+		e.mu.Unlock()
+		f(ev)
+		return
+	}
+	e.events = append(e.events, ev)
+	close(e.wake)
+	e.wake = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// AllocBlocks allocates n blocks of group g from the engine's pool.
+func (e *Engine) AllocBlocks(g, n int) ([]kvcache.BlockID, error) {
+	if err := e.checkGroup(g); err != nil {
+		return nil, err
+	}
+	counts := make([]int, e.eng.Pools().Groups())
+	counts[g] = n
+	ids, err := e.eng.Pools().Alloc(counts)
+	if err != nil {
+		return nil, fmt.Errorf("engine %d: %d blocks of group %d: %w", e.h, n, g, err)
+	}
+	return ids[g], nil
+}
+
+// FreeBlocks frees blocks of group g.
+func (e *Engine) FreeBlocks(g int, ids []kvcache.BlockID) error {
+	if err := e.checkGroup(g); err != nil {
+		return err
+	}
+	b := make([][]kvcache.BlockID, e.eng.Pools().Groups())
+	b[g] = ids
+	if err := e.eng.Pools().Free(b); err != nil {
+		return fmt.Errorf("engine %d group %d: %w", e.h, g, err)
+	}
+	return nil
+}
+
+// UsedBlocks is the number of blocks of group g in use.
+func (e *Engine) UsedBlocks(g int) (int, error) {
+	if err := e.checkGroup(g); err != nil {
+		return 0, err
+	}
+	s := e.eng.Pools().Stats()[g]
+	return s.Total - s.Free, nil
+}
+
+func (e *Engine) checkGroup(g int) error {
+	if n := e.eng.Pools().Groups(); g < 0 || g >= n {
+		return errorf(ErrInvalidArgument, "engine %d: layer group %d outside [0,%d)", e.h, g, n)
+	}
+	return nil
+}
+
+// Info is what the engine rank holds (kvxfer_engine_info).
+type Info struct {
+	Groups, TokensPerBlock, KVHeads, HeadDim, DTypeBytes, Parts int
+	PoolBase                                                    uintptr
+	PoolBytes, BytesPerToken                                    uint64
+}
+
+// Info describes the engine.
+func (e *Engine) Info() Info {
+	l, s := e.eng.Layout(), e.eng.Shape()
+	var perTok uint64
+	for g := range l.Groups {
+		perTok += uint64(len(s.Layers[g]) * l.Parts() * s.Heads() * l.TokenBytes())
+	}
+	r := e.eng.Region()
+	return Info{Groups: len(l.Groups), TokensPerBlock: l.TokensPerBlock, KVHeads: s.Heads(), HeadDim: l.HeadDim,
+		DTypeBytes: l.DTypeBytes, Parts: l.Parts(), PoolBase: r.Base, PoolBytes: r.Len, BytesPerToken: perTok}
+}
+
+// GroupInfo is one layer group's pool (kvxfer_group_info).
+type GroupInfo struct {
+	Offset, BlockBytes uint64
+	Blocks, Layers     int
+	Window             int
+}
+
+// Group describes layer group g's pool.
+func (e *Engine) Group(g int) (GroupInfo, error) {
+	if err := e.checkGroup(g); err != nil {
+		return GroupInfo{}, err
+	}
+	geom := e.eng.Pools().Geometry(g)
+	return GroupInfo{Offset: geom.Offset, BlockBytes: geom.BlockBytes, Blocks: geom.Blocks,
+		Layers: len(e.eng.Shape().Layers[g]), Window: e.eng.Layout().Groups[g].Window}, nil
+}
+
+// SendRequest is kvxfer_send_request.
+type SendRequest struct {
+	kvxfer.SendRequest
+	UserData uint64
+}
+
+// ReceiveRequest is kvxfer_receive_request.
+type ReceiveRequest struct {
+	kvxfer.ReceiveRequest
+	UserData uint64
+}
+
+// Send opens the context side of a request.
+func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
+	e.opening.RLock()
+	defer e.opening.RUnlock()
+	if err := e.open(); err != nil {
+		return nil, 0, err
+	}
+	tx, err := e.eng.Send(context.Background(), req.SendRequest)
+	if err != nil {
+		return nil, 0, fmt.Errorf("engine %d: send %q: %w", e.h, req.ID, err)
+	}
+	r := &Request{e: e, id: req.ID, tx: tx, userData: req.UserData, tpb: e.eng.Layout().TokensPerBlock}
+	return r, e.adopt(r, tx.Done(), nil), nil
+}
+
+// Receive opens the generation side of a request.
+func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
+	e.opening.RLock()
+	defer e.opening.RUnlock()
+	if err := e.open(); err != nil {
+		return nil, 0, err
+	}
+	var rx *kvxfer.RxHandle
+	var err error
+	if e.node != nil {
+		rx, err = e.node.Receive(context.Background(), req.ReceiveRequest) // checks the writers are peers
+	} else {
+		rx, err = e.eng.Receive(context.Background(), req.ReceiveRequest)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("engine %d: receive %q: %w", e.h, req.ID, err)
+	}
+	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
+		prefix: append([]int(nil), req.PrefixHitBlocks...)}
+	return r, e.adopt(r, rx.Done(), rx.Released()), nil
+}
+
+func (e *Engine) open() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errorf(ErrClosed, "engine %d is closed", e.h)
+	}
+	return nil
+}
+
+// adopt gives r a handle and watches for its outcome (and, for the
+// generation side, the release of its blocks) to post its event.
+func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan struct{}) uint64 {
+	r.h = put(r)
+	e.mu.Lock()
+	e.requests[r.h] = r
+	e.mu.Unlock()
+	e.watchers.Add(1)
+	go func() {
+		defer e.watchers.Done()
+		o := <-done
+		if released != nil {
+			<-released
+		}
+		r.mu.Lock()
+		r.out = &o
+		r.mu.Unlock()
+		ev := Event{Request: r.h, Outcome: outcomeCode(o.Status), Bytes: o.Bytes, UserData: r.userData}
+		if o.Err != nil {
+			ev.Error = Code(o.Err)
+		}
+		e.post(ev)
+	}()
+	return r.h
+}
+
+// Request is one request's handle.
+type Request struct {
+	e        *Engine
+	h        uint64
+	id       string
+	tx       *kvxfer.TxHandle
+	rx       *kvxfer.RxHandle
+	userData uint64
+	tpb      int
+	// promptLen and prefix (PrefixHitBlocks) place a READY outcome's blocks.
+	promptLen int
+	prefix    []int
+
+	mu    sync.Mutex
+	out   *kvxfer.Outcome
+	freed bool // FreeBlocks ran
+}
+
+// LookupRequest returns the request of handle h.
+func LookupRequest(h uint64) (*Request, error) { return lookup[*Request](h, "request") }
+
+// fence is a chunk's fence, fired by FenceReady or FenceFail.
+type fence struct {
+	e  *Engine
+	mf *kvxfer.ManualFence
+}
+
+// Chunk hands over tokens [start, end) from the source blocks runs (one per
+// layer group). withFence: the chunk waits for FenceReady on the returned
+// fence handle; otherwise its KV is taken as written.
+func (r *Request) Chunk(start, end int, last bool, runs []kvcache.BlockRun, withFence bool) (uint64, error) {
+	if r.tx == nil {
+		return 0, errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+	}
+	if start < 0 || end < start {
+		return 0, errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
+	}
+	c := kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last}
+	if !withFence {
+		if err := r.tx.Chunk(c, runs, nil); err != nil {
+			return 0, err
+		}
+		return 0, nil
+	}
+	f := &fence{e: r.e, mf: &kvxfer.ManualFence{}}
+	if err := r.tx.Chunk(c, runs, f.mf); err != nil {
+		return 0, err
+	}
+	h := put(f)
+	r.e.mu.Lock()
+	if r.e.closed { // Close already failed the fences it knew of
+		r.e.mu.Unlock()
+		drop(h)
+		f.mf.Fire(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, r.e.h))
+		return 0, errorf(ErrClosed, "engine %d is closed", r.e.h)
+	}
+	r.e.fences[h] = f
+	r.e.mu.Unlock()
+	return h, nil
+}
+
+// FenceReady fires fence h: its chunk's KV is written. FenceFail fails it
+// (and its request) with reason. Either releases the handle.
+func FenceReady(h uint64) error { return fireFence(h, nil) }
+
+// FenceFail fails fence h with reason.
+func FenceFail(h uint64, reason string) error {
+	return fireFence(h, fmt.Errorf("%w: fence %d: %s", ErrFenceFailed, h, reason))
+}
+
+func fireFence(h uint64, err error) error {
+	f, lerr := lookup[*fence](h, "fence")
+	if lerr != nil {
+		return lerr
+	}
+	f.e.mu.Lock()
+	_, live := f.e.fences[h]
+	delete(f.e.fences, h)
+	f.e.mu.Unlock()
+	if !live {
+		return errorf(ErrBadHandle, "fence handle %d: already fired", h)
+	}
+	drop(h)
+	f.mf.Fire(err)
+	return nil
+}
+
+// Cancel cancels the request; a no-op once it finished.
+func (r *Request) Cancel() {
+	if r.tx != nil {
+		r.tx.Cancel()
+	} else {
+		r.rx.Cancel()
+	}
+}
+
+// Outcome is the request's outcome, or an ErrNotFinished error before its
+// event.
+func (r *Request) Outcome() (kvxfer.Outcome, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.out == nil {
+		return kvxfer.Outcome{}, errorf(ErrNotFinished, "request %d (%q) has not finished", r.h, r.id)
+	}
+	return *r.out, nil
+}
+
+// Blocks are a READY outcome's destination blocks of group g and the global
+// index of the first.
+func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
+	o, err := r.Outcome()
+	if err != nil {
+		return nil, 0, err
+	}
+	if o.Status != kvxfer.StatusReady {
+		return nil, 0, errorf(ErrInvalidArgument, "request %d (%q) is %s, not READY: it has no blocks", r.h, r.id, o.Status)
+	}
+	if err := r.e.checkGroup(g); err != nil {
+		return nil, 0, err
+	}
+	var ids []kvcache.BlockID
+	if g < len(o.Blocks) {
+		ids = o.Blocks[g]
+	}
+	l := r.e.eng.Layout()
+	hit := 0
+	if g < len(r.prefix) {
+		hit = r.prefix[g]
+	}
+	first, _ := kvcache.NeededRange(r.promptLen, l.Groups[g].Window, l.TokensPerBlock, hit)
+	return ids, first, nil
+}
+
+// FreeBlocks frees a READY outcome's destination blocks into the engine's
+// pool (blocks kvxfer allocated: not the framework's own), once.
+func (r *Request) FreeBlocks() error {
+	o, err := r.Outcome()
+	if err != nil {
+		return err
+	}
+	if o.Status != kvxfer.StatusReady {
+		return errorf(ErrInvalidArgument, "request %d (%q) is %s, not READY: it has no blocks", r.h, r.id, o.Status)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.freed {
+		return errorf(ErrInvalidArgument, "request %d (%q): its blocks are already freed", r.h, r.id)
+	}
+	if err := r.e.eng.FreeBlocks(o.Blocks); err != nil {
+		return fmt.Errorf("request %d (%q): %w", r.h, r.id, err)
+	}
+	r.freed = true
+	return nil
+}
+
+// Release frees the handle of a finished request.
+func (r *Request) Release() error {
+	if _, err := r.Outcome(); err != nil {
+		return err
+	}
+	r.e.mu.Lock()
+	delete(r.e.requests, r.h)
+	r.e.mu.Unlock()
+	drop(r.h)
+	return nil
+}
+
+// ErrorMessage is the outcome's error message, "" on success.
+func (r *Request) ErrorMessage() (string, error) {
+	o, err := r.Outcome()
+	if err != nil {
+		return "", err
+	}
+	if o.Err == nil {
+		return "", nil
+	}
+	return o.Err.Error(), nil
+}

@@ -1,0 +1,22 @@
+// The C side of libkvxfer: the per-thread error message and the callback
+// trampoline. Go code that runs for a C call runs on the caller's thread,
+// so kvxfer_set_error stores into the caller's own buffer.
+#include <string.h>
+
+#include "kvxfer.h"
+
+static __thread char kvxfer_error_buf[1024];
+
+__attribute__((visibility("hidden"))) void kvxfer_set_error(const char *msg, size_t n) {
+    if (n >= sizeof kvxfer_error_buf) {
+        n = sizeof kvxfer_error_buf - 1;
+    }
+    if (n > 0) {
+        memcpy(kvxfer_error_buf, msg, n);
+    }
+    kvxfer_error_buf[n] = 0;
+}
+
+const char *kvxfer_last_error(void) { return kvxfer_error_buf; }
+
+__attribute__((visibility("hidden"))) void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, void *user) { cb(ev, user); }

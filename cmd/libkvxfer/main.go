@@ -1,0 +1,618 @@
+// Command libkvxfer is kvxfer's C ABI, built with -buildmode=c-shared into
+// libkvxfer.so (`make lib`); include/kvxfer.h declares and documents it.
+// Each exported function converts its C arguments, calls package capi and
+// returns a status code; a failure's message goes to the calling thread's
+// buffer (kvxfer_last_error). No Go pointer is handed to C: handles are
+// integers from capi's table, and what C passes in is copied.
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include -DKVXFER_TYPES_ONLY
+#include <stdlib.h>
+#include "kvxfer.h"
+
+void kvxfer_set_error(const char *msg, size_t n);
+void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, void *user);
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime/debug"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/capi"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+func main() {}
+
+// abiVersion is KVXFER_ABI_VERSION of include/kvxfer.h.
+const abiVersion = 1
+
+var statusCStrings = func() []*C.char {
+	out := make([]*C.char, capi.ErrInternal+1)
+	for i := range out {
+		out[i] = C.CString(capi.Status(i).String()) // static for the process's life
+	}
+	return out
+}()
+
+var unknownStatus = C.CString("KVXFER_ERR_UNKNOWN")
+
+// fail records err's message for the calling thread and returns its code.
+func fail(err error) C.int32_t {
+	msg := err.Error()
+	if msg == "" {
+		C.kvxfer_set_error(nil, 0)
+	} else {
+		C.kvxfer_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	}
+	return C.int32_t(capi.Code(err))
+}
+
+func status(err error) C.int32_t {
+	if err == nil {
+		return 0
+	}
+	return fail(err)
+}
+
+// guard turns a panic into KVXFER_ERR_INTERNAL with the stack: no panic
+// may unwind into C.
+func guard(st *C.int32_t, fn string) {
+	if r := recover(); r != nil {
+		*st = fail(&capi.Error{Code: capi.ErrInternal, Err: fmt.Errorf("%s: panic: %v\n%s", fn, r, debug.Stack())})
+	}
+}
+
+func nullArg(fn, name string) error {
+	return &capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf("%s: %s is NULL", fn, name)}
+}
+
+//export kvxfer_abi_version
+func kvxfer_abi_version() C.int32_t { return abiVersion }
+
+//export kvxfer_status_name
+func kvxfer_status_name(s C.int32_t) *C.char {
+	if s >= 0 && int(s) < len(statusCStrings) {
+		return statusCStrings[s]
+	}
+	return unknownStatus
+}
+
+//export kvxfer_handle_count
+func kvxfer_handle_count() C.uint64_t { return C.uint64_t(capi.HandleCount()) }
+
+//export kvxfer_engine_open
+func kvxfer_engine_open(cfg *C.char, pool unsafe.Pointer, poolBytes C.uint64_t, out *C.kvxfer_engine_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_open")
+	if cfg == nil {
+		return fail(nullArg("kvxfer_engine_open", "config_json"))
+	}
+	if out == nil {
+		return fail(nullArg("kvxfer_engine_open", "out"))
+	}
+	_, h, err := capi.Open(C.GoString(cfg), pool, uint64(poolBytes))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_engine_t(h)
+	return 0
+}
+
+//export kvxfer_node_open
+func kvxfer_node_open(cfg *C.char, out *C.kvxfer_engine_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_open")
+	if cfg == nil {
+		return fail(nullArg("kvxfer_node_open", "config_json"))
+	}
+	if out == nil {
+		return fail(nullArg("kvxfer_node_open", "out"))
+	}
+	_, h, err := capi.OpenNode(C.GoString(cfg))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_engine_t(h)
+	return 0
+}
+
+// putString copies s and a NUL into buf of cap bytes.
+func putString(fn string, s string, buf *C.char, cap C.uint32_t) error {
+	if buf == nil {
+		return nullArg(fn, "buf")
+	}
+	if len(s)+1 > int(cap) {
+		return &capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf("%s: %d bytes needed, cap is %d", fn, len(s)+1, cap)}
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), cap)
+	dst[copy(dst, s)] = 0
+	return nil
+}
+
+//export kvxfer_node_endpoint
+func kvxfer_node_endpoint(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_endpoint")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	s, err := e.Endpoint()
+	if err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_node_endpoint", s, buf, cap))
+}
+
+//export kvxfer_node_public_key
+func kvxfer_node_public_key(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_public_key")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	s, err := e.PublicKey()
+	if err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_node_public_key", s, buf, cap))
+}
+
+//export kvxfer_node_wait_peers
+func kvxfer_node_wait_peers(eh C.kvxfer_engine_t, timeoutMs C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_node_wait_peers")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(e.WaitPeers(timeoutOf(timeoutMs)))
+}
+
+//export kvxfer_keygen
+func kvxfer_keygen(public, secret *C.char) (st C.int32_t) {
+	defer guard(&st, "kvxfer_keygen")
+	if public == nil || secret == nil {
+		return fail(nullArg("kvxfer_keygen", "public or secret"))
+	}
+	pub, sec, err := capi.Keygen()
+	if err != nil {
+		return fail(err)
+	}
+	if err := putString("kvxfer_keygen", pub, public, 41); err != nil {
+		return fail(err)
+	}
+	return status(putString("kvxfer_keygen", sec, secret, 41))
+}
+
+//export kvxfer_engine_close
+func kvxfer_engine_close(eh C.kvxfer_engine_t, timeoutMs C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_close")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	if timeoutMs < 0 {
+		return fail(&capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf("kvxfer_engine_close: timeout_ms %d < 0", timeoutMs)})
+	}
+	return status(e.Close(time.Duration(timeoutMs) * time.Millisecond))
+}
+
+//export kvxfer_engine_info_get
+func kvxfer_engine_info_get(eh C.kvxfer_engine_t, out *C.kvxfer_engine_info) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_info_get")
+	if out == nil {
+		return fail(nullArg("kvxfer_engine_info_get", "out"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	i := e.Info()
+	*out = C.kvxfer_engine_info{groups: C.uint32_t(i.Groups), tokens_per_block: C.uint32_t(i.TokensPerBlock),
+		kv_heads: C.uint32_t(i.KVHeads), head_dim: C.uint32_t(i.HeadDim), dtype_bytes: C.uint32_t(i.DTypeBytes),
+		parts: C.uint32_t(i.Parts), pool_base: C.uint64_t(i.PoolBase), pool_bytes: C.uint64_t(i.PoolBytes),
+		bytes_per_token: C.uint64_t(i.BytesPerToken)}
+	return 0
+}
+
+//export kvxfer_engine_group
+func kvxfer_engine_group(eh C.kvxfer_engine_t, g C.uint32_t, out *C.kvxfer_group_info) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_group")
+	if out == nil {
+		return fail(nullArg("kvxfer_engine_group", "out"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	gi, err := e.Group(int(g))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_group_info{offset: C.uint64_t(gi.Offset), block_bytes: C.uint64_t(gi.BlockBytes),
+		blocks: C.uint32_t(gi.Blocks), layers: C.uint32_t(gi.Layers), window: C.int32_t(gi.Window)}
+	return 0
+}
+
+//export kvxfer_blocks_alloc
+func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids *C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_blocks_alloc")
+	if ids == nil && n > 0 {
+		return fail(nullArg("kvxfer_blocks_alloc", "ids"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	got, err := e.AllocBlocks(int(g), int(n))
+	if err != nil {
+		return fail(err)
+	}
+	dst := unsafe.Slice(ids, n)
+	for i, id := range got {
+		dst[i] = C.int32_t(id)
+	}
+	return 0
+}
+
+//export kvxfer_blocks_free
+func kvxfer_blocks_free(eh C.kvxfer_engine_t, g C.uint32_t, ids *C.int32_t, n C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_blocks_free")
+	if ids == nil && n > 0 {
+		return fail(nullArg("kvxfer_blocks_free", "ids"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(e.FreeBlocks(int(g), blockIDs(ids, n)))
+}
+
+//export kvxfer_blocks_used
+func kvxfer_blocks_used(eh C.kvxfer_engine_t, g C.uint32_t, out *C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_blocks_used")
+	if out == nil {
+		return fail(nullArg("kvxfer_blocks_used", "out"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	n, err := e.UsedBlocks(int(g))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.uint32_t(n)
+	return 0
+}
+
+func blockIDs(p *C.int32_t, n C.uint32_t) []kvcache.BlockID {
+	if n == 0 {
+		return nil
+	}
+	out := make([]kvcache.BlockID, n)
+	for i, v := range unsafe.Slice(p, n) {
+		out[i] = kvcache.BlockID(v)
+	}
+	return out
+}
+
+// runs copies n block runs; fn and arg name them in errors.
+func runs(fn, arg string, p *C.kvxfer_block_run, n C.uint32_t) ([]kvcache.BlockRun, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, nullArg(fn, arg)
+	}
+	out := make([]kvcache.BlockRun, n)
+	for g, r := range unsafe.Slice(p, n) {
+		if r.ids == nil && r.count > 0 {
+			return nil, nullArg(fn, fmt.Sprintf("%s[%d].ids", arg, g))
+		}
+		out[g] = kvcache.BlockRun{First: int(r.first), IDs: blockIDs(r.ids, r.count)}
+	}
+	return out, nil
+}
+
+func timeoutOf(ms C.int32_t) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+//export kvxfer_send
+func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_send")
+	if req == nil {
+		return fail(nullArg("kvxfer_send", "req"))
+	}
+	if out == nil {
+		return fail(nullArg("kvxfer_send", "out"))
+	}
+	if req.id == nil {
+		return fail(nullArg("kvxfer_send", "req->id"))
+	}
+	if req.payload == nil && req.payload_len > 0 {
+		return fail(nullArg("kvxfer_send", "req->payload"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
+		Timeout: timeoutOf(req.timeout_ms)}, UserData: uint64(req.user_data)}
+	if req.payload_len > 0 {
+		sr.Payload = C.GoBytes(req.payload, C.int(req.payload_len))
+	}
+	if req.generation != nil {
+		sr.Generation = C.GoString(req.generation)
+	}
+	_, h, err := e.Send(sr)
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_request_t(h)
+	return 0
+}
+
+//export kvxfer_chunk
+func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
+	fence *C.kvxfer_fence_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_chunk")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	src, err := runs("kvxfer_chunk", "runs", rs, groups)
+	if err != nil {
+		return fail(err)
+	}
+	f, err := r.Chunk(int(start), int(end), last != 0, src, fence != nil)
+	if err != nil {
+		return fail(err)
+	}
+	if fence != nil {
+		*fence = C.kvxfer_fence_t(f)
+	}
+	return 0
+}
+
+//export kvxfer_fence_ready
+func kvxfer_fence_ready(fh C.kvxfer_fence_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_fence_ready")
+	return status(capi.FenceReady(uint64(fh)))
+}
+
+//export kvxfer_fence_fail
+func kvxfer_fence_fail(fh C.kvxfer_fence_t, reason *C.char) (st C.int32_t) {
+	defer guard(&st, "kvxfer_fence_fail")
+	why := "(no reason given)"
+	if reason != nil {
+		why = C.GoString(reason)
+	}
+	return status(capi.FenceFail(uint64(fh), why))
+}
+
+//export kvxfer_receive
+func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_receive")
+	if req == nil {
+		return fail(nullArg("kvxfer_receive", "req"))
+	}
+	if out == nil {
+		return fail(nullArg("kvxfer_receive", "out"))
+	}
+	if req.id == nil {
+		return fail(nullArg("kvxfer_receive", "req->id"))
+	}
+	if req.context == nil {
+		return fail(nullArg("kvxfer_receive", "req->context"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
+		Context: C.GoString(req.context), ContextParallel: kvcache.Parallel{TP: int(req.context_tp), PP: int(req.context_pp)},
+		Timeout: timeoutOf(req.timeout_ms)}, UserData: uint64(req.user_data)}
+	if req.blocks != nil {
+		rs, err := runs("kvxfer_receive", "req->blocks", req.blocks, req.groups)
+		if err != nil {
+			return fail(err)
+		}
+		rr.Blocks = make([][]kvcache.BlockID, len(rs))
+		for g, r := range rs {
+			rr.Blocks[g] = r.IDs
+		}
+	}
+	if req.prefix_hit_blocks != nil && req.groups > 0 {
+		for _, v := range unsafe.Slice(req.prefix_hit_blocks, req.groups) {
+			rr.PrefixHitBlocks = append(rr.PrefixHitBlocks, int(v))
+		}
+	}
+	_, h, err := e.Receive(rr)
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.kvxfer_request_t(h)
+	return 0
+}
+
+//export kvxfer_cancel
+func kvxfer_cancel(rh C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_cancel")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	r.Cancel()
+	return 0
+}
+
+//export kvxfer_poll
+func kvxfer_poll(eh C.kvxfer_engine_t, events *C.kvxfer_event, n C.uint32_t, got *C.uint32_t, timeoutMs C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_poll")
+	if got == nil {
+		return fail(nullArg("kvxfer_poll", "got"))
+	}
+	*got = 0
+	if events == nil && n > 0 {
+		return fail(nullArg("kvxfer_poll", "events"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	var stack [64]capi.Event
+	buf := stack[:min(int(n), len(stack))]
+	k := e.Poll(buf, timeoutOf(timeoutMs))
+	dst := unsafe.Slice(events, n)
+	for i, ev := range buf[:k] {
+		dst[i] = cEvent(ev)
+	}
+	*got = C.uint32_t(k)
+	return 0
+}
+
+func cEvent(ev capi.Event) C.kvxfer_event {
+	return C.kvxfer_event{request: C.kvxfer_request_t(ev.Request), outcome: C.int32_t(ev.Outcome),
+		error: C.int32_t(ev.Error), bytes: C.uint64_t(ev.Bytes), user_data: C.uint64_t(ev.UserData)}
+}
+
+//export kvxfer_set_callback
+func kvxfer_set_callback(eh C.kvxfer_engine_t, cb C.kvxfer_callback, user unsafe.Pointer) (st C.int32_t) {
+	defer guard(&st, "kvxfer_set_callback")
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	if cb == nil {
+		e.SetNotify(nil)
+		return 0
+	}
+	e.SetNotify(func(ev capi.Event) {
+		cev := cEvent(ev)
+		C.kvxfer_invoke_callback(cb, &cev, user)
+	})
+	return 0
+}
+
+//export kvxfer_request_blocks
+func kvxfer_request_blocks(rh C.kvxfer_request_t, g C.uint32_t, ids *C.int32_t, cap C.uint32_t, n *C.uint32_t, first *C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_blocks")
+	if n == nil {
+		return fail(nullArg("kvxfer_request_blocks", "n"))
+	}
+	if ids == nil && cap > 0 {
+		return fail(nullArg("kvxfer_request_blocks", "ids"))
+	}
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	got, f, err := r.Blocks(int(g))
+	if err != nil {
+		return fail(err)
+	}
+	*n = C.uint32_t(len(got))
+	if first != nil {
+		*first = C.int32_t(f)
+	}
+	if len(got) > int(cap) {
+		return fail(&capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf(
+			"kvxfer_request_blocks: request %d group %d has %d blocks, cap is %d", rh, g, len(got), cap)})
+	}
+	dst := unsafe.Slice(ids, cap)
+	for i, id := range got {
+		dst[i] = C.int32_t(id)
+	}
+	return 0
+}
+
+//export kvxfer_request_payload
+func kvxfer_request_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, cap C.uint32_t, n *C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_payload")
+	if n == nil {
+		return fail(nullArg("kvxfer_request_payload", "n"))
+	}
+	if buf == nil && cap > 0 {
+		return fail(nullArg("kvxfer_request_payload", "buf"))
+	}
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	o, err := r.Outcome()
+	if err != nil {
+		return fail(err)
+	}
+	*n = C.uint32_t(len(o.Payload))
+	if len(o.Payload) > int(cap) {
+		return fail(&capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf(
+			"kvxfer_request_payload: request %d payload is %d bytes, cap is %d", rh, len(o.Payload), cap)})
+	}
+	copy(unsafe.Slice((*byte)(buf), cap), o.Payload)
+	return 0
+}
+
+//export kvxfer_request_error
+func kvxfer_request_error(rh C.kvxfer_request_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_error")
+	if buf == nil || cap == 0 {
+		return fail(nullArg("kvxfer_request_error", "buf (or cap 0)"))
+	}
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	msg, err := r.ErrorMessage()
+	if err != nil {
+		return fail(err)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), cap)
+	k := copy(dst[:cap-1], msg)
+	dst[k] = 0
+	return 0
+}
+
+//export kvxfer_request_free_blocks
+func kvxfer_request_free_blocks(rh C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_free_blocks")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(r.FreeBlocks())
+}
+
+//export kvxfer_request_release
+func kvxfer_request_release(rh C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_release")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	return status(r.Release())
+}
+
+//export kvxfer_bench_go
+func kvxfer_bench_go(sh, dh C.kvxfer_engine_t, promptLen, chunkTokens, iters C.int32_t, seconds *C.double, bytes *C.uint64_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_bench_go")
+	if seconds == nil || bytes == nil {
+		return fail(nullArg("kvxfer_bench_go", "seconds or bytes"))
+	}
+	src, err := capi.LookupEngine(uint64(sh))
+	if err != nil {
+		return fail(err)
+	}
+	dst, err := capi.LookupEngine(uint64(dh))
+	if err != nil {
+		return fail(err)
+	}
+	d, b, err := capi.BenchGo(src, dst, int(promptLen), int(chunkTokens), int(iters))
+	if err != nil {
+		return fail(err)
+	}
+	*seconds, *bytes = C.double(d.Seconds()), C.uint64_t(b)
+	return 0
+}

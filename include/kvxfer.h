@@ -1,0 +1,295 @@
+/*
+ * kvxfer.h: the C ABI of libkvxfer.so, kvxfer's KV-cache transfer engine
+ * for disaggregated LLM serving (`make lib` builds both).
+ *
+ * Contract
+ *
+ *  - Handles are opaque 64-bit integers from one process-wide table (0 is
+ *    never a valid handle). No Go pointer crosses the boundary: the library
+ *    hands out integers and copies what the caller passes in.
+ *  - Every call returns a kvxfer_status. On failure it also leaves a message
+ *    naming the value that was wrong, retrievable on the calling thread with
+ *    kvxfer_last_error() (errno-style: a successful call leaves the previous
+ *    message in place). Bad input (a bad handle, a null pointer, bad JSON, a
+ *    misaligned chunk) is an error status, never a crash.
+ *  - Completions are polled: kvxfer_poll() returns finished requests as
+ *    kvxfer_event records. A callback (kvxfer_set_callback) is optional; it
+ *    runs on a thread the library owns, and must not unwind (no C++ exception,
+ *    no longjmp) through the library.
+ *  - Memory is registered as a pointer: kvxfer_engine_open's pool (or one the
+ *    engine allocates); a node (kvxfer_node_open) allocates its own, memory
+ *    its peers can write, found with kvxfer_engine_info_get. Block b of layer group g lives at
+ *    pool + group.offset + b * group.block_bytes, its bytes ordered
+ *    layer, part (K then V), head, token, dim (outermost first): a
+ *    "cross-layer" block, HND inside each layer.
+ *  - All calls are safe from any thread.
+ *
+ * Lifecycle of a request: kvxfer_send (context side) or kvxfer_receive
+ * (generation side) returns a request handle; its completion arrives once as
+ * an event; kvxfer_request_blocks / kvxfer_request_payload read its outcome;
+ * kvxfer_request_release frees the handle. kvxfer_engine_close releases every
+ * handle the engine still owns.
+ */
+#ifndef KVXFER_H
+#define KVXFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI this header describes; kvxfer_abi_version() returns the library's.
+ * Bumped on any incompatible change to a declaration below. */
+#define KVXFER_ABI_VERSION 1
+
+/* Status codes: what every call returns. */
+typedef enum kvxfer_status {
+    KVXFER_OK = 0,
+    KVXFER_ERR_INVALID_ARGUMENT = 1, /* a null pointer, a negative count, bad value */
+    KVXFER_ERR_BAD_HANDLE = 2,       /* no such handle, or a handle of another kind */
+    KVXFER_ERR_CONFIG = 3,           /* bad config JSON or a config the engine refuses */
+    KVXFER_ERR_BAD_CHUNK = 4,        /* misaligned, out of order, after the last, sources missing */
+    KVXFER_ERR_BAD_REQUEST = 5,      /* a request the engine cannot take (id, length, blocks) */
+    KVXFER_ERR_REQUEST_FAILED = 6,   /* the request's outcome is already decided */
+    KVXFER_ERR_PIN = 7,              /* source blocks not allocated in the pool */
+    KVXFER_ERR_TIMEOUT = 8,          /* the request's deadline passed */
+    KVXFER_ERR_CANCELLED = 9,        /* cancelled on this side */
+    KVXFER_ERR_PEER_CANCELLED = 10,  /* cancelled by the peer */
+    KVXFER_ERR_PEER_GONE = 11,       /* a peer died or could not be reached */
+    KVXFER_ERR_MISMATCH = 12,        /* the two sides disagree (length, bytes, layout) */
+    KVXFER_ERR_FENCE = 13,           /* a chunk's fence failed */
+    KVXFER_ERR_ENGINE_FAILED = 14,   /* the engine failed and refuses work */
+    KVXFER_ERR_OUT_OF_BLOCKS = 15,   /* the pool has too few free blocks */
+    KVXFER_ERR_BUFFER_TOO_SMALL = 16,/* an output buffer is too small (the size needed is returned) */
+    KVXFER_ERR_NOT_FINISHED = 17,    /* the request has no outcome yet */
+    KVXFER_ERR_UNSUPPORTED = 18,     /* not available in this build */
+    KVXFER_ERR_CLOSED = 19,          /* the engine is closed or closing */
+    KVXFER_ERR_INTERNAL = 20         /* a bug in kvxfer (a recovered panic); the message says where */
+} kvxfer_status;
+
+/* A request's outcome (kvxfer_event.outcome). */
+typedef enum kvxfer_outcome {
+    KVXFER_OUTCOME_DONE = 1,      /* context side: every byte written, every pin dropped */
+    KVXFER_OUTCOME_READY = 2,     /* generation side: the destination blocks hold the KV */
+    KVXFER_OUTCOME_FAILED = 3,
+    KVXFER_OUTCOME_CANCELLED = 4,
+    KVXFER_OUTCOME_TIMED_OUT = 5
+} kvxfer_outcome;
+
+typedef uint64_t kvxfer_engine_t;
+typedef uint64_t kvxfer_request_t;
+typedef uint64_t kvxfer_fence_t;
+
+/* One finished request. Posted once per request: a context-side request
+ * after its session released every pin (its source blocks may be freed);
+ * a generation-side request once its outcome is decided and no write can
+ * touch its destination blocks any more. */
+typedef struct kvxfer_event {
+    kvxfer_request_t request;
+    int32_t outcome;   /* kvxfer_outcome */
+    int32_t error;     /* kvxfer_status of the cause; KVXFER_OK on success */
+    uint64_t bytes;    /* bytes written (context side) or received */
+    uint64_t user_data;/* as passed to kvxfer_send / kvxfer_receive */
+} kvxfer_event;
+
+/* Consecutive global blocks of one request in one layer group: global block
+ * first + i lives in pool block ids[i]. */
+typedef struct kvxfer_block_run {
+    int32_t first;
+    uint32_t count;
+    const int32_t *ids;
+} kvxfer_block_run;
+
+/* What one engine rank holds and where its pool lives. */
+typedef struct kvxfer_engine_info {
+    uint32_t groups;           /* layer groups (one block pool each) */
+    uint32_t tokens_per_block;
+    uint32_t kv_heads;         /* heads this rank holds */
+    uint32_t head_dim;
+    uint32_t dtype_bytes;
+    uint32_t parts;            /* 2 (K, V) or 1 (MLA latent) */
+    uint64_t pool_base;        /* address of the pool */
+    uint64_t pool_bytes;
+    uint64_t bytes_per_token;  /* this rank's KV bytes per token, all groups */
+} kvxfer_engine_info;
+
+typedef struct kvxfer_group_info {
+    uint64_t offset;      /* pool offset of block 0 */
+    uint64_t block_bytes; /* stride between blocks */
+    uint32_t blocks;      /* block ids are [0, blocks) */
+    uint32_t layers;      /* layers of the group this rank holds */
+    int32_t window;       /* attention window in tokens, 0 = full */
+    uint32_t reserved;
+} kvxfer_group_info;
+
+/* The context side of a request (kvxfer_send). Strings are copied. */
+typedef struct kvxfer_send_request {
+    const char *id;
+    int32_t prompt_len;
+    int32_t timeout_ms;          /* 0: the engine's transfer timeout */
+    const void *payload;         /* handed to the generation side on READY; may be NULL */
+    uint32_t payload_len;
+    const char *generation;      /* the generation instance, or NULL: first to ask */
+    uint64_t user_data;
+} kvxfer_send_request;
+
+/* The generation side of a request (kvxfer_receive). */
+typedef struct kvxfer_receive_request {
+    const char *id;
+    int32_t prompt_len;
+    int32_t timeout_ms;
+    const char *context;         /* the context instance */
+    int32_t context_tp;          /* its parallelism; 0, 0 means 1 x 1 */
+    int32_t context_pp;
+    /* Destination blocks the caller allocated itself, one run per layer
+     * group (NULL: the engine allocates from its pool, and READY's blocks
+     * are freed with kvxfer_blocks_free). */
+    const kvxfer_block_run *blocks;
+    uint32_t groups;             /* entries in blocks (and in prefix_hit_blocks) */
+    const int32_t *prefix_hit_blocks; /* per group, may be NULL */
+    uint64_t user_data;
+} kvxfer_receive_request;
+
+typedef void (*kvxfer_callback)(const kvxfer_event *event, void *user);
+
+/* KVXFER_TYPES_ONLY (internal): the library's cgo preamble takes the types
+ * without the prototypes, which cgo redeclares without const. */
+#ifndef KVXFER_TYPES_ONLY
+
+/* The library's KVXFER_ABI_VERSION. */
+int32_t kvxfer_abi_version(void);
+
+/* The message of the calling thread's last failed call ("" if none). The
+ * buffer is the thread's own and stays valid until its next failed call. */
+const char *kvxfer_last_error(void);
+
+/* The name of a status code ("KVXFER_ERR_BAD_CHUNK"), static storage. */
+const char *kvxfer_status_name(int32_t status);
+
+/* Opens an in-process engine (loopback data plane; engines in one process
+ * find each other by instance name); kvxfer_node_open is the cross-process
+ * one. config_json is an object:
+ *   instance (string), model (preset name) or layout {layers, kv_heads,
+ *   head_dim, dtype_bytes, tokens_per_block, mla, groups: [{name, layers,
+ *   window}]}, tokens_per_block, tp, pp, rank_tp, rank_pp, pool_bytes,
+ *   workers, transfer_timeout_ms, drain_grace_ms, backend ("loopback"),
+ *   metrics_addr.
+ * Unknown keys are refused, naming them. pool, when not NULL, is the
+ * caller's memory of pool_bytes bytes (it must outlive the engine and
+ * pool_bytes must agree with the config's pool_bytes when that is set);
+ * NULL lets the engine allocate it. */
+kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t pool_bytes,
+                                 kvxfer_engine_t *out);
+
+/* Opens a node, one rank of kvxfer across processes and machines (package
+ * node): a ZeroMQ control link (CURVE unless "insecure"), the data plane
+ * (ucx where the library has it, else shm), pool memory peers can write,
+ * heartbeats that fail a silent peer's requests. config_json is node's JSON
+ * config: instance, parallel {tp, pp}, rank {tp, pp}, model,
+ * tokens_per_block, pool_bytes, send_only, workers, backend ("auto", "ucx",
+ * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
+ * public_key | public_key_file}], insecure, secret_key | key_file,
+ * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
+ * drain_grace ("1s"-style durations), metrics_addr, trace_path. The handle
+ * is an engine handle: every engine call above works on it (the pool is the
+ * node's: see kvxfer_engine_info_get), and kvxfer_engine_close closes the
+ * node. */
+kvxfer_status kvxfer_node_open(const char *config_json, kvxfer_engine_t *out);
+
+/* The node's bound control endpoint (a tcp port 0 resolved), NUL-terminated;
+ * KVXFER_ERR_BUFFER_TOO_SMALL names the size needed. */
+kvxfer_status kvxfer_node_endpoint(kvxfer_engine_t node, char *buf, uint32_t cap);
+/* The node's CURVE public key (Z85, 40 characters), "" when insecure. */
+kvxfer_status kvxfer_node_public_key(kvxfer_engine_t node, char *buf, uint32_t cap);
+/* Waits up to timeout_ms for every configured peer to say Hello
+ * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named). */
+kvxfer_status kvxfer_node_wait_peers(kvxfer_engine_t node, int32_t timeout_ms);
+/* A new CURVE keypair, Z85: public and secret each need 41 bytes. */
+kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
+
+/* Fails every unfired fence, cancels live requests, waits up to timeout_ms
+ * for every session to drain, then stops the engine and releases every
+ * handle it owns. KVXFER_ERR_TIMEOUT: some requests did not drain (their
+ * pool memory stays mapped); the handles are released all the same. */
+kvxfer_status kvxfer_engine_close(kvxfer_engine_t engine, int32_t timeout_ms);
+
+kvxfer_status kvxfer_engine_info_get(kvxfer_engine_t engine, kvxfer_engine_info *out);
+kvxfer_status kvxfer_engine_group(kvxfer_engine_t engine, uint32_t group, kvxfer_group_info *out);
+
+/* Allocates n blocks of layer group `group` from the engine's pool into ids
+ * (source blocks to fill before a chunk; all or nothing). */
+kvxfer_status kvxfer_blocks_alloc(kvxfer_engine_t engine, uint32_t group, uint32_t n, int32_t *ids);
+/* Frees blocks kvxfer_blocks_alloc or a READY outcome handed out. */
+kvxfer_status kvxfer_blocks_free(kvxfer_engine_t engine, uint32_t group, const int32_t *ids, uint32_t n);
+/* Blocks of group in use (allocated or pinned). */
+kvxfer_status kvxfer_blocks_used(kvxfer_engine_t engine, uint32_t group, uint32_t *out);
+
+/* Opens the context side of a request (typically when prefill starts). */
+kvxfer_status kvxfer_send(kvxfer_engine_t engine, const kvxfer_send_request *req, kvxfer_request_t *out);
+
+/* Hands over one prefill chunk: tokens [start, end) whose KV sits in the
+ * source blocks runs[0..groups) (one run per layer group). start, and end of
+ * every chunk but the last, are multiples of tokens_per_block; chunks come
+ * in order; last marks the chunk ending at prompt_len.
+ * fence == NULL: the KV is already written. Otherwise *fence receives a
+ * fence handle and the chunk is sent once kvxfer_fence_ready (or failed with
+ * kvxfer_fence_fail) is called on it; either call releases the fence handle.
+ * A refused chunk pins nothing, creates no fence, and the request goes on. */
+kvxfer_status kvxfer_chunk(kvxfer_request_t request, int32_t start, int32_t end, int32_t last,
+                           const kvxfer_block_run *runs, uint32_t groups, kvxfer_fence_t *fence);
+kvxfer_status kvxfer_fence_ready(kvxfer_fence_t fence);
+/* Fails the chunk, and so the request (KVXFER_ERR_FENCE), with reason. */
+kvxfer_status kvxfer_fence_fail(kvxfer_fence_t fence, const char *reason);
+
+/* Opens the generation side of a request. */
+kvxfer_status kvxfer_receive(kvxfer_engine_t engine, const kvxfer_receive_request *req, kvxfer_request_t *out);
+
+/* Cancels a live request (its event still arrives); no-op once finished. */
+kvxfer_status kvxfer_cancel(kvxfer_request_t request);
+
+/* Moves up to n finished events into events; *got is how many. Never blocks
+ * when timeout_ms is 0; else waits up to timeout_ms for the first event. */
+kvxfer_status kvxfer_poll(kvxfer_engine_t engine, kvxfer_event *events, uint32_t n, uint32_t *got,
+                          int32_t timeout_ms);
+
+/* Delivers each event to cb (on a library thread) instead of the poll queue;
+ * cb == NULL goes back to polling. A callback being replaced may still run
+ * for an event already on its way: keep it callable until
+ * kvxfer_engine_close returns. It may call any function here except
+ * kvxfer_engine_close of its own engine (which waits for it). */
+kvxfer_status kvxfer_set_callback(kvxfer_engine_t engine, kvxfer_callback cb, void *user);
+
+/* The destination blocks of a READY request's group: writes up to cap ids,
+ * *n is the count (KVXFER_ERR_BUFFER_TOO_SMALL if cap < *n). *first is the
+ * global index of the first block. */
+kvxfer_status kvxfer_request_blocks(kvxfer_request_t request, uint32_t group, int32_t *ids, uint32_t cap,
+                                    uint32_t *n, int32_t *first);
+/* The context side's payload of a READY request, as kvxfer_request_blocks. */
+kvxfer_status kvxfer_request_payload(kvxfer_request_t request, void *buf, uint32_t cap, uint32_t *n);
+/* The outcome's message ("" on success) into buf (NUL-terminated, truncated). */
+kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t cap);
+/* Frees a READY request's destination blocks into the engine's pool (those
+ * the engine allocated; not blocks the caller passed in), once: the same as
+ * kvxfer_blocks_free on each group's kvxfer_request_blocks, in one call. */
+kvxfer_status kvxfer_request_free_blocks(kvxfer_request_t request);
+/* Frees a finished request's handle (KVXFER_ERR_NOT_FINISHED before its event). */
+kvxfer_status kvxfer_request_release(kvxfer_request_t request);
+
+/* Live handles of every kind in the process (for leak checks). */
+uint64_t kvxfer_handle_count(void);
+
+/* Benchmark aid: drives iters transfers of prompt_len tokens in chunks of
+ * chunk_tokens from engine src to engine dst entirely in Go (the same calls
+ * the C ABI makes, without the boundary), for comparison with a transfer
+ * driven through this ABI. *seconds is the wall time, *bytes the bytes moved. */
+kvxfer_status kvxfer_bench_go(kvxfer_engine_t src, kvxfer_engine_t dst, int32_t prompt_len,
+                              int32_t chunk_tokens, int32_t iters, double *seconds, uint64_t *bytes);
+
+#endif /* KVXFER_TYPES_ONLY */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVXFER_H */

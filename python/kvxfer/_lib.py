@@ -1,0 +1,156 @@
+"""ctypes declarations of include/kvxfer.h and the loading of libkvxfer.so.
+
+The library is found at $KVXFER_LIB, else next to this package, else in the
+repository's lib/ (where `make lib` puts it).
+"""
+
+import ctypes
+import os
+
+ABI_VERSION = 1  # KVXFER_ABI_VERSION this package was written against
+
+engine_t = ctypes.c_uint64
+request_t = ctypes.c_uint64
+fence_t = ctypes.c_uint64
+
+
+class Event(ctypes.Structure):
+    _fields_ = [
+        ("request", request_t),
+        ("outcome", ctypes.c_int32),
+        ("error", ctypes.c_int32),
+        ("bytes", ctypes.c_uint64),
+        ("user_data", ctypes.c_uint64),
+    ]
+
+
+class BlockRun(ctypes.Structure):
+    _fields_ = [
+        ("first", ctypes.c_int32),
+        ("count", ctypes.c_uint32),
+        ("ids", ctypes.POINTER(ctypes.c_int32)),
+    ]
+
+
+class EngineInfo(ctypes.Structure):
+    _fields_ = [
+        ("groups", ctypes.c_uint32),
+        ("tokens_per_block", ctypes.c_uint32),
+        ("kv_heads", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32),
+        ("dtype_bytes", ctypes.c_uint32),
+        ("parts", ctypes.c_uint32),
+        ("pool_base", ctypes.c_uint64),
+        ("pool_bytes", ctypes.c_uint64),
+        ("bytes_per_token", ctypes.c_uint64),
+    ]
+
+
+class GroupInfo(ctypes.Structure):
+    _fields_ = [
+        ("offset", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint32),
+        ("layers", ctypes.c_uint32),
+        ("window", ctypes.c_int32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+class SendRequest(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_char_p),
+        ("prompt_len", ctypes.c_int32),
+        ("timeout_ms", ctypes.c_int32),
+        ("payload", ctypes.c_void_p),
+        ("payload_len", ctypes.c_uint32),
+        ("generation", ctypes.c_char_p),
+        ("user_data", ctypes.c_uint64),
+    ]
+
+
+class ReceiveRequest(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_char_p),
+        ("prompt_len", ctypes.c_int32),
+        ("timeout_ms", ctypes.c_int32),
+        ("context", ctypes.c_char_p),
+        ("context_tp", ctypes.c_int32),
+        ("context_pp", ctypes.c_int32),
+        ("blocks", ctypes.POINTER(BlockRun)),
+        ("groups", ctypes.c_uint32),
+        ("prefix_hit_blocks", ctypes.POINTER(ctypes.c_int32)),
+        ("user_data", ctypes.c_uint64),
+    ]
+
+
+CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(Event), ctypes.c_void_p)
+
+_u32p = ctypes.POINTER(ctypes.c_uint32)
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_st = ctypes.c_int32
+
+_PROTOTYPES = {
+    "kvxfer_abi_version": (ctypes.c_int32, []),
+    "kvxfer_last_error": (ctypes.c_char_p, []),
+    "kvxfer_status_name": (ctypes.c_char_p, [ctypes.c_int32]),
+    "kvxfer_engine_open": (_st, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(engine_t)]),
+    "kvxfer_node_open": (_st, [ctypes.c_char_p, ctypes.POINTER(engine_t)]),
+    "kvxfer_node_endpoint": (_st, [engine_t, ctypes.c_char_p, ctypes.c_uint32]),
+    "kvxfer_node_public_key": (_st, [engine_t, ctypes.c_char_p, ctypes.c_uint32]),
+    "kvxfer_node_wait_peers": (_st, [engine_t, ctypes.c_int32]),
+    "kvxfer_keygen": (_st, [ctypes.c_char_p, ctypes.c_char_p]),
+    "kvxfer_engine_close": (_st, [engine_t, ctypes.c_int32]),
+    "kvxfer_engine_info_get": (_st, [engine_t, ctypes.POINTER(EngineInfo)]),
+    "kvxfer_engine_group": (_st, [engine_t, ctypes.c_uint32, ctypes.POINTER(GroupInfo)]),
+    "kvxfer_blocks_alloc": (_st, [engine_t, ctypes.c_uint32, ctypes.c_uint32, _i32p]),
+    "kvxfer_blocks_free": (_st, [engine_t, ctypes.c_uint32, _i32p, ctypes.c_uint32]),
+    "kvxfer_blocks_used": (_st, [engine_t, ctypes.c_uint32, _u32p]),
+    "kvxfer_send": (_st, [engine_t, ctypes.POINTER(SendRequest), ctypes.POINTER(request_t)]),
+    "kvxfer_chunk": (_st, [request_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(BlockRun),
+                           ctypes.c_uint32, ctypes.POINTER(fence_t)]),
+    "kvxfer_fence_ready": (_st, [fence_t]),
+    "kvxfer_fence_fail": (_st, [fence_t, ctypes.c_char_p]),
+    "kvxfer_receive": (_st, [engine_t, ctypes.POINTER(ReceiveRequest), ctypes.POINTER(request_t)]),
+    "kvxfer_cancel": (_st, [request_t]),
+    "kvxfer_poll": (_st, [engine_t, ctypes.POINTER(Event), ctypes.c_uint32, _u32p, ctypes.c_int32]),
+    "kvxfer_set_callback": (_st, [engine_t, CALLBACK, ctypes.c_void_p]),
+    "kvxfer_request_blocks": (_st, [request_t, ctypes.c_uint32, _i32p, ctypes.c_uint32, _u32p, _i32p]),
+    "kvxfer_request_payload": (_st, [request_t, ctypes.c_void_p, ctypes.c_uint32, _u32p]),
+    "kvxfer_request_error": (_st, [request_t, ctypes.c_char_p, ctypes.c_uint32]),
+    "kvxfer_request_free_blocks": (_st, [request_t]),
+    "kvxfer_request_release": (_st, [request_t]),
+    "kvxfer_handle_count": (ctypes.c_uint64, []),
+    "kvxfer_bench_go": (_st, [engine_t, engine_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                              ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_uint64)]),
+}
+
+
+def _candidates():
+    env = os.environ.get("KVXFER_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "libkvxfer.so"), os.path.join(here, "..", "..", "lib", "libkvxfer.so")]
+
+
+def load():
+    tried = []
+    for path in _candidates():
+        if os.path.exists(path):
+            lib = ctypes.CDLL(path)
+            break
+        tried.append(path)
+    else:
+        raise OSError("libkvxfer.so not found (tried %s); run `make lib` or set KVXFER_LIB" % ", ".join(tried))
+    for name, (res, args) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    got = lib.kvxfer_abi_version()
+    if got != ABI_VERSION:
+        raise OSError("libkvxfer.so at %s has ABI %d, this package needs %d" % (path, got, ABI_VERSION))
+    return lib
+
+
+lib = load()

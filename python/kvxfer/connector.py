@@ -1,0 +1,239 @@
+"""A connector shaped like vLLM's KV connector (KVConnectorBase_V1 in
+vllm/distributed/kv_transfer/kv_connector/v1/base.py), so a framework
+engineer sees where each kvxfer call goes. It does not import vLLM: the
+method names and arguments mirror the base class, and the objects vLLM
+passes are read by duck typing (request.request_id,
+request.prompt_token_ids, request.kv_transfer_params,
+scheduler_output.num_scheduled_tokens, blocks.get_block_ids()).
+
+Roles, as in vLLM:
+
+  Scheduler side (KvxferSchedulerConnector), in the scheduler process:
+    get_num_new_matched_tokens  generation side: the whole prompt is
+                                external and loads asynchronously
+    update_state_after_alloc    records the block ids vLLM allocated
+    build_connector_meta        per step: what each worker receives
+                                (kvxfer_receive) and which prefill
+                                chunks it hands over (kvxfer_chunk)
+    request_finished            context side: keep the blocks until the
+                                send is DONE, tell the generation side
+                                where the KV comes from
+
+  Worker side (KvxferWorkerConnector), in each worker:
+    register_kv_caches /        opens the engine over vLLM's KV memory
+    register_cross_layers_kv_cache
+    start_load_kv               kvxfer_receive into vLLM's block ids
+    wait_for_layer_load         nothing: kvxfer moves whole blocks
+    save_kv_layer               nothing per layer
+    wait_for_save               the step's chunks: kvxfer_send on the
+                                first, then kvxfer_chunk with a fence made
+                                ready once the step's KV is written
+    get_finished                polled events: (sent, received) ids
+    shutdown                    kvxfer_engine_close
+
+Memory: kvxfer's block holds every layer of one block ("cross-layer"
+blocks, vLLM's prefer_cross_layer_blocks), HND within a layer:
+one tensor of shape (num_blocks, num_layers, 2, num_kv_heads, block_size,
+head_size); vLLM's per-layer cache kv[:, i] viewed as (num_blocks, 2,
+block_size, num_kv_heads, head_size) with HND strides. The framework owns
+every block id: the worker marks the whole pool allocated to it, so kvxfer's
+allocator is never used.
+"""
+
+from dataclasses import dataclass, field
+
+from .core import Engine, Outcome
+
+
+@dataclass
+class RecvSpec:
+    prompt_len: int
+    block_ids: list
+    context: str
+    remote_request_id: str  # the context instance's id of the request
+
+
+@dataclass
+class SendSpec:
+    prompt_len: int
+    block_ids: list
+    chunks: list = field(default_factory=list)  # [(start, end)] computed this step
+
+
+@dataclass
+class KvxferConnectorMetadata:
+    """Scheduler -> worker, once per step (vLLM's KVConnectorMetadata)."""
+
+    reqs_to_recv: dict = field(default_factory=dict)  # request id -> RecvSpec
+    reqs_to_send: dict = field(default_factory=dict)  # request id -> SendSpec
+
+
+def _block_ids(blocks):
+    if hasattr(blocks, "get_block_ids"):
+        blocks = blocks.get_block_ids()
+    return [list(g) for g in blocks]
+
+
+class KvxferSchedulerConnector:
+    """The scheduler side. role: "producer" (context/prefill instance) or
+    "consumer" (generation/decode instance)."""
+
+    def __init__(self, instance, role, tokens_per_block):
+        if role not in ("producer", "consumer"):
+            raise ValueError("role %r: producer or consumer" % (role,))
+        self.instance = instance
+        self.role = role
+        self.tpb = tokens_per_block
+        self._recv = {}      # request id -> RecvSpec, until the next meta
+        self._blocks = {}    # producer: request id -> block ids per group
+        self._computed = {}  # producer: request id -> tokens handed over
+        self._prompt = {}
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        """(tokens loaded from the context instance, load is asynchronous)."""
+        params = request.kv_transfer_params or {}
+        if self.role == "consumer" and params.get("do_remote_prefill"):
+            return len(request.prompt_token_ids) - num_computed_tokens, True
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        ids = _block_ids(blocks)
+        rid = request.request_id
+        if self.role == "consumer" and num_external_tokens > 0:
+            params = request.kv_transfer_params
+            self._recv[rid] = RecvSpec(len(request.prompt_token_ids), ids, params["remote_instance"],
+                                       params.get("remote_request_id", rid))
+        elif self.role == "producer":
+            have = self._blocks.setdefault(rid, [[] for _ in ids])
+            for g, new in enumerate(ids):
+                have[g].extend(new)
+            self._prompt[rid] = len(request.prompt_token_ids)
+            self._computed.setdefault(rid, 0)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = KvxferConnectorMetadata(reqs_to_recv=self._recv)
+        self._recv = {}
+        if self.role == "producer":
+            for rid, n in scheduler_output.num_scheduled_tokens.items():
+                if rid not in self._prompt:
+                    continue
+                start = self._computed[rid]
+                end = min(start + n, self._prompt[rid])
+                if end <= start:
+                    continue
+                self._computed[rid] = end
+                meta.reqs_to_send[rid] = SendSpec(self._prompt[rid], [list(g) for g in self._blocks[rid]],
+                                                  [(start, end)])
+        return meta
+
+    def request_finished(self, request, block_ids):
+        """(keep the blocks until get_finished reports the send, params for
+        the generation side)."""
+        rid = request.request_id
+        self._blocks.pop(rid, None)
+        self._computed.pop(rid, None)
+        if self.role == "producer" and self._prompt.pop(rid, None) is not None:
+            return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": rid}
+        return False, None
+
+    def update_connector_output(self, connector_output):
+        return None
+
+
+class KvxferWorkerConnector:
+    """The worker side: one engine rank over the worker's KV memory."""
+
+    def __init__(self, config):
+        self.config = dict(config)
+        self.engine = None
+        self._meta = None
+        self._sends = {}    # request id -> Request (context side)
+        self._recvs = {}    # request id -> Request (generation side)
+        self._by_handle = {}
+        self._sent_done = set()
+        self._recv_done = set()
+        self.failed = {}    # request id -> Event of a request that did not succeed
+
+    # Registration -----------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches):
+        """vLLM's per-layer caches: they must be per-layer views of one
+        cross-layer tensor (register_cross_layers_kv_cache takes it)."""
+        tensors = list(kv_caches.values())
+        base = tensors[0]._base if getattr(tensors[0], "_base", None) is not None else None
+        if base is None or any(t._base is not base for t in tensors):
+            raise ValueError("kvxfer needs cross-layer blocks: per-layer caches that are views of one tensor "
+                             "of shape (num_blocks, num_layers, 2, num_kv_heads, block_size, head_size)")
+        self.register_cross_layers_kv_cache(base)
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        nbytes = kv_cache.numel() * kv_cache.element_size()
+        cfg = dict(self.config)
+        cfg["pool_bytes"] = nbytes
+        self.engine = Engine(cfg, memory=kv_cache)
+        g = self.engine.groups[0]
+        stride = kv_cache.stride(0) * kv_cache.element_size()
+        if g.offset != 0 or g.block_bytes != stride or g.blocks != kv_cache.shape[0]:
+            self.engine.close()
+            raise ValueError("kvxfer block geometry (offset %d, %d bytes, %d blocks) differs from the tensor's "
+                             "(%d bytes per block, %d blocks)" % (g.offset, g.block_bytes, g.blocks, stride,
+                                                                  kv_cache.shape[0]))
+        # The framework owns every block id: kvxfer's allocator is unused.
+        for grp, gi in enumerate(self.engine.groups):
+            self.engine.alloc(grp, gi.blocks)
+
+    # Per step ---------------------------------------------------------------
+
+    def bind_connector_metadata(self, connector_metadata):
+        self._meta = connector_metadata
+
+    def clear_connector_metadata(self):
+        self._meta = None
+
+    def start_load_kv(self, forward_context=None, **kwargs):
+        for rid, spec in self._meta.reqs_to_recv.items():
+            r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
+            self._recvs[rid] = r
+            self._by_handle[r.handle] = (rid, "recv")
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs):
+        return None
+
+    def wait_for_save(self):
+        """The step's KV is written (on a GPU: record an event here and make
+        the fence ready when it completes)."""
+        tpb = self.engine.tokens_per_block
+        for rid, spec in self._meta.reqs_to_send.items():
+            r = self._sends.get(rid)
+            if r is None:
+                r = self.engine.send(rid, spec.prompt_len)
+                self._sends[rid] = r
+                self._by_handle[r.handle] = (rid, "send")
+            for start, end in spec.chunks:
+                b0, b1 = start // tpb, -(-end // tpb)
+                runs = [(b0, ids[b0:b1]) for ids in spec.block_ids]
+                r.chunk(start, end, runs).ready()
+
+    def get_finished(self, finished_req_ids):
+        """(ids whose send is DONE, ids whose receive finished): vLLM frees
+        or schedules them. A request that failed is reported as finished
+        too, and kept in self.failed with its event."""
+        if self.engine is not None:
+            for ev in self.engine.poll():
+                rid, side = self._by_handle.pop(ev.request)
+                req = (self._sends if side == "send" else self._recvs).pop(rid)
+                if ev.outcome not in (Outcome.DONE, Outcome.READY):
+                    self.failed[rid] = ev
+                req.release()
+                (self._sent_done if side == "send" else self._recv_done).add(rid)
+        sent, self._sent_done = self._sent_done, set()
+        recv, self._recv_done = self._recv_done, set()
+        return (sent or None), (recv or None)
+
+    def shutdown(self):
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

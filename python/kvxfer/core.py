@@ -1,0 +1,452 @@
+"""Engines, requests and fences over libkvxfer.so (standard library only)."""
+
+import ctypes
+import enum
+import json
+import threading
+import time
+import traceback
+
+from . import _lib
+from ._lib import lib
+
+
+class Status(enum.IntEnum):
+    """kvxfer_status: what every call of the C ABI returns."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    BAD_HANDLE = 2
+    CONFIG = 3
+    BAD_CHUNK = 4
+    BAD_REQUEST = 5
+    REQUEST_FAILED = 6
+    PIN = 7
+    TIMEOUT = 8
+    CANCELLED = 9
+    PEER_CANCELLED = 10
+    PEER_GONE = 11
+    MISMATCH = 12
+    FENCE = 13
+    ENGINE_FAILED = 14
+    OUT_OF_BLOCKS = 15
+    BUFFER_TOO_SMALL = 16
+    NOT_FINISHED = 17
+    UNSUPPORTED = 18
+    CLOSED = 19
+    INTERNAL = 20
+
+
+class Outcome(enum.IntEnum):
+    """kvxfer_outcome: how a request ended."""
+
+    DONE = 1
+    READY = 2
+    FAILED = 3
+    CANCELLED = 4
+    TIMED_OUT = 5
+
+
+class KvxferError(Exception):
+    """A call refused: status is the Status, the message names the value."""
+
+    def __init__(self, status, message):
+        try:
+            status = Status(status)
+        except ValueError:
+            pass
+        super().__init__("%s: %s" % (getattr(status, "name", status), message))
+        self.status = status
+        self.message = message
+
+
+def _check(st):
+    if st != 0:
+        raise KvxferError(st, lib.kvxfer_last_error().decode("utf-8", "replace"))
+
+
+class Event:
+    """One finished request (kvxfer_event)."""
+
+    __slots__ = ("request", "outcome", "error", "bytes", "user_data")
+
+    def __init__(self, ev):
+        self.request = ev.request
+        self.outcome = Outcome(ev.outcome)
+        self.error = Status(ev.error)
+        self.bytes = ev.bytes
+        self.user_data = ev.user_data
+
+    @property
+    def ok(self):
+        return self.outcome in (Outcome.DONE, Outcome.READY)
+
+    def __repr__(self):
+        return "Event(request=%d, %s, error=%s, bytes=%d)" % (self.request, self.outcome.name, self.error.name, self.bytes)
+
+
+def buffer_address(mem):
+    """(address, nbytes) of contiguous host memory: a PyTorch CPU tensor
+    (data_ptr()), anything with __array_interface__ (NumPy), or a writable
+    buffer (bytearray, memoryview)."""
+    if hasattr(mem, "data_ptr") and hasattr(mem, "element_size"):  # torch.Tensor
+        if getattr(mem, "device", None) is not None and mem.device.type != "cpu":
+            raise ValueError("tensor on %s: this build registers host memory only" % mem.device)
+        if not mem.is_contiguous():
+            raise ValueError("tensor of shape %s is not contiguous" % (tuple(mem.shape),))
+        return mem.data_ptr(), mem.numel() * mem.element_size()
+    ai = getattr(mem, "__array_interface__", None)
+    if ai is not None:
+        if ai.get("strides") is not None and not mem.flags["C_CONTIGUOUS"]:
+            raise ValueError("array of shape %s is not C-contiguous" % (ai["shape"],))
+        addr, readonly = ai["data"]
+        if readonly:
+            raise ValueError("array is read-only")
+        return addr, mem.nbytes
+    view = memoryview(mem)
+    if view.readonly or not view.contiguous:
+        raise ValueError("buffer is read-only or not contiguous")
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes
+
+
+def _ids_array(ids):
+    ids = [int(i) for i in ids]
+    return (ctypes.c_int32 * len(ids))(*ids)
+
+
+def _runs(runs):
+    """A ctypes BlockRun array for [(first, ids), ...] (one per layer group),
+    and the id arrays that must stay alive while it is used."""
+    arr = (_lib.BlockRun * len(runs))()
+    keep = []
+    for g, (first, ids) in enumerate(runs):
+        a = _ids_array(ids)
+        keep.append(a)
+        arr[g].first = first
+        arr[g].count = len(a)
+        arr[g].ids = ctypes.cast(a, ctypes.POINTER(ctypes.c_int32))
+    return arr, keep
+
+
+def handle_count():
+    """Live handles of every kind in the process (engines, requests, fences)."""
+    return lib.kvxfer_handle_count()
+
+
+def node_open(config):
+    """Opens a Node (see Node)."""
+    return Node(config)
+
+
+def keygen():
+    """A new CURVE keypair (public, secret), Z85 strings."""
+    pub, sec = ctypes.create_string_buffer(41), ctypes.create_string_buffer(41)
+    _check(lib.kvxfer_keygen(pub, sec))
+    return pub.value.decode(), sec.value.decode()
+
+
+def _json(config):
+    """(JSON text, the config as a dict or None when it does not parse)."""
+    if isinstance(config, str):
+        try:
+            return config, json.loads(config)
+        except ValueError:
+            return config, None  # the library names what is wrong
+    return json.dumps(config), config
+
+
+class Engine:
+    """An in-process engine rank (loopback data plane): engines in one process
+    find each other by instance name.
+
+    config is a dict (or JSON string) as kvxfer_engine_open documents it.
+    memory, when given, is the pool: a PyTorch CPU tensor, a NumPy array or a
+    writable buffer, kept alive by the engine; block b of group g is at byte
+    offset group(g).offset + b * group(g).block_bytes in it.
+    """
+
+    def __init__(self, config, memory=None):
+        js, cfg = _json(config)
+        addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
+        h = _lib.engine_t()
+        _check(lib.kvxfer_engine_open(js.encode(), addr, nbytes, ctypes.byref(h)))
+        self._setup(h.value, cfg, memory)
+
+    def _setup(self, handle, cfg, memory):
+        self.handle = handle
+        self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
+        self.memory = memory
+        self._events = {}  # request handle -> Event, polled but not yet claimed
+        self._lock = threading.Lock()
+        self._tls = threading.local()  # per-thread poll buffers: any thread may poll
+        self._cbs = []
+        self.callback_errors = []
+        info = _lib.EngineInfo()
+        _check(lib.kvxfer_engine_info_get(self.handle, ctypes.byref(info)))
+        self.info = info
+        self.groups = []
+        for g in range(info.groups):
+            gi = _lib.GroupInfo()
+            _check(lib.kvxfer_engine_group(self.handle, g, ctypes.byref(gi)))
+            self.groups.append(gi)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def tokens_per_block(self):
+        return self.info.tokens_per_block
+
+    def close(self, timeout_ms=5000):
+        """Fails unfired fences, drains, stops; releases every handle the
+        engine owns. Idempotent."""
+        if self.handle:
+            h, self.handle = self.handle, 0
+            _check(lib.kvxfer_engine_close(h, timeout_ms))
+
+    # Pool blocks -----------------------------------------------------------
+
+    def alloc(self, group, n):
+        """n source blocks of group from the engine's pool."""
+        ids = (ctypes.c_int32 * n)()
+        _check(lib.kvxfer_blocks_alloc(self.handle, group, n, ids))
+        return list(ids)
+
+    def free(self, group, ids):
+        a = _ids_array(ids)
+        _check(lib.kvxfer_blocks_free(self.handle, group, a, len(a)))
+
+    def used(self, group=0):
+        n = ctypes.c_uint32()
+        _check(lib.kvxfer_blocks_used(self.handle, group, ctypes.byref(n)))
+        return n.value
+
+    def block_address(self, group, block):
+        gi = self.groups[group]
+        return self.info.pool_base + gi.offset + block * gi.block_bytes
+
+    def block_bytes(self, group, block):
+        """A copy of one block's bytes."""
+        return ctypes.string_at(self.block_address(group, block), self.groups[group].block_bytes)
+
+    # Requests --------------------------------------------------------------
+
+    def send(self, id, prompt_len, payload=b"", timeout_ms=0, generation=None, user_data=0):
+        """Opens the context side of request id."""
+        payload = bytes(payload)
+        buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
+        req = _lib.SendRequest(id.encode(), prompt_len, timeout_ms,
+                               ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None, len(payload),
+                               generation.encode() if generation else None, user_data)
+        h = _lib.request_t()
+        _check(lib.kvxfer_send(self.handle, ctypes.byref(req), ctypes.byref(h)))
+        return Request(self, h.value, id, prompt_len, "send")
+
+    def receive(self, id, prompt_len, context, blocks=None, prefix_hit_blocks=None, context_tp=0, context_pp=0,
+                timeout_ms=0, user_data=0):
+        """Opens the generation side of request id. blocks, when given, are
+        the caller's destination block ids per layer group (a list of lists);
+        else the engine allocates them from its pool."""
+        req = _lib.ReceiveRequest(id.encode(), prompt_len, timeout_ms, context.encode(), context_tp, context_pp,
+                                  None, 0, None, user_data)
+        keep = []
+        if blocks is not None:
+            arr, keep = _runs([(0, ids) for ids in blocks])
+            req.blocks = arr
+            req.groups = len(blocks)
+            keep.append(arr)
+        if prefix_hit_blocks is not None:
+            ph = _ids_array(prefix_hit_blocks)
+            if blocks is not None and len(ph) != len(blocks):
+                raise ValueError("prefix_hit_blocks has %d groups, blocks %d" % (len(ph), len(blocks)))
+            req.prefix_hit_blocks = ph
+            req.groups = len(ph)
+            keep.append(ph)
+        h = _lib.request_t()
+        _check(lib.kvxfer_receive(self.handle, ctypes.byref(req), ctypes.byref(h)))
+        return Request(self, h.value, id, prompt_len, "receive")
+
+    # Completions -----------------------------------------------------------
+
+    def poll(self, timeout_ms=0):
+        """Finished events not yet claimed by wait(), waiting up to
+        timeout_ms for the first (the GIL is released while waiting)."""
+        with self._lock:
+            out = list(self._events.values())
+            self._events.clear()
+        if out:
+            return out
+        return self._poll_raw(timeout_ms)
+
+    def _poll_raw(self, timeout_ms):
+        tls = self._tls
+        buf = getattr(tls, "buf", None)
+        if buf is None:
+            buf = tls.buf = (_lib.Event * 64)()
+            tls.got = ctypes.c_uint32()
+        _check(lib.kvxfer_poll(self.handle, buf, len(buf), ctypes.byref(tls.got), timeout_ms))
+        return [Event(buf[i]) for i in range(tls.got.value)]
+
+    def wait(self, request, timeout=30.0):
+        """The event of request (a Request or handle), polling until it
+        arrives or timeout seconds pass (then TimeoutError)."""
+        h = request.handle if isinstance(request, Request) else request
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                ev = self._events.pop(h, None)
+            if ev is not None:
+                return ev
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no event for request handle %d in %.1f s" % (h, timeout))
+            for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
+                if e.request == h:
+                    ev = e
+                else:
+                    with self._lock:
+                        self._events[e.request] = e
+            if ev is not None:
+                return ev
+
+    def set_callback(self, fn):
+        """Delivers each later event to fn(Event) on a library thread instead
+        of the poll queue; None goes back to polling. An exception fn raises
+        is caught, printed and appended to callback_errors: it never reaches
+        the library."""
+        if fn is None:
+            _check(lib.kvxfer_set_callback(self.handle, _lib.CALLBACK(), None))
+            return
+
+        def trampoline(evp, _user):
+            try:
+                fn(Event(evp.contents))
+            except BaseException as exc:  # noqa: B036 - nothing may unwind into C
+                self.callback_errors.append(exc)
+                traceback.print_exc()
+
+        cb = _lib.CALLBACK(trampoline)
+        _check(lib.kvxfer_set_callback(self.handle, cb, None))
+        # Every thunk stays alive with the engine: one being replaced may
+        # still run for an event already on its way.
+        self._cbs.append(cb)
+
+
+class Node(Engine):
+    """One rank of kvxfer across processes (kvxfer_node_open): a ZeroMQ
+    control link with CURVE, the ucx or shm data plane, pool memory peers can
+    write (its own: see info.pool_base and block_address), heartbeats.
+    config is node's JSON config as a dict or string; every Engine method
+    works on a Node."""
+
+    def __init__(self, config):
+        js, cfg = _json(config)
+        h = _lib.engine_t()
+        _check(lib.kvxfer_node_open(js.encode(), ctypes.byref(h)))
+        self._setup(h.value, cfg, None)
+
+    def _string(self, fn):
+        buf = ctypes.create_string_buffer(512)
+        _check(fn(self.handle, buf, len(buf)))
+        return buf.value.decode()
+
+    def endpoint(self):
+        """The bound control endpoint (a tcp port 0 resolved)."""
+        return self._string(lib.kvxfer_node_endpoint)
+
+    def public_key(self):
+        """The node's CURVE public key (Z85), "" when insecure."""
+        return self._string(lib.kvxfer_node_public_key)
+
+    def wait_peers(self, timeout_ms=10000):
+        """Waits for every configured peer's Hello."""
+        _check(lib.kvxfer_node_wait_peers(self.handle, timeout_ms))
+
+
+class Fence:
+    """A chunk's fence: ready() once its KV is written, or fail(reason)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def ready(self):
+        _check(lib.kvxfer_fence_ready(self.handle))
+
+    def fail(self, reason):
+        _check(lib.kvxfer_fence_fail(self.handle, reason.encode()))
+
+
+class Request:
+    """One request's handle (send or receive side)."""
+
+    def __init__(self, engine, handle, id, prompt_len, side):
+        self.engine = engine
+        self.handle = handle
+        self.id = id
+        self.prompt_len = prompt_len
+        self.side = side
+
+    def __repr__(self):
+        return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
+
+    def chunk(self, start, end, runs, last=None, fenced=True):
+        """Hands over tokens [start, end) whose KV sits in runs: one
+        (first global block, [block ids]) per layer group. fenced: returns a
+        Fence to call ready() on once the KV is written; else the KV is taken
+        as written and None is returned."""
+        if last is None:
+            last = end == self.prompt_len
+        arr, keep = _runs(runs)
+        return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep)
+
+    def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None):
+        """chunk() with a prebuilt ctypes BlockRun array (the hot path)."""
+        if not fenced:
+            _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, None))
+            return None
+        f = _lib.fence_t()
+        _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, ctypes.byref(f)))
+        return Fence(f.value)
+
+    def cancel(self):
+        _check(lib.kvxfer_cancel(self.handle))
+
+    def wait(self, timeout=30.0):
+        return self.engine.wait(self, timeout)
+
+    def blocks(self, group=0):
+        """(first global block, [destination block ids]) of a READY request."""
+        n, first = ctypes.c_uint32(), ctypes.c_int32()
+        ids = (ctypes.c_int32 * 256)()
+        st = lib.kvxfer_request_blocks(self.handle, group, ids, len(ids), ctypes.byref(n), ctypes.byref(first))
+        if st == Status.BUFFER_TOO_SMALL:
+            ids = (ctypes.c_int32 * n.value)()
+            st = lib.kvxfer_request_blocks(self.handle, group, ids, n.value, ctypes.byref(n), ctypes.byref(first))
+        _check(st)
+        return first.value, list(ids[: n.value])
+
+    def payload(self):
+        n = ctypes.c_uint32()
+        st = lib.kvxfer_request_payload(self.handle, None, 0, ctypes.byref(n))
+        if st not in (0, Status.BUFFER_TOO_SMALL):
+            _check(st)
+        buf = ctypes.create_string_buffer(n.value)
+        _check(lib.kvxfer_request_payload(self.handle, buf, n.value, ctypes.byref(n)))
+        return buf.raw[: n.value]
+
+    def error_message(self):
+        buf = ctypes.create_string_buffer(1024)
+        _check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
+        return buf.value.decode("utf-8", "replace")
+
+    def free_blocks(self):
+        """Frees a READY request's engine-allocated destination blocks."""
+        _check(lib.kvxfer_request_free_blocks(self.handle))
+
+    def release(self):
+        _check(lib.kvxfer_request_release(self.handle))

@@ -1,0 +1,48 @@
+import itertools
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kvxfer  # noqa: E402
+
+_names = itertools.count()
+
+
+def unique(prefix):
+    """A name no other test in the process uses (engines of one process
+    share the in-memory control link and find each other by instance)."""
+    return "%s-%d-%d" % (prefix, os.getpid(), next(_names))
+
+
+def small_config(instance, **kw):
+    cfg = {"instance": instance, "layout": {"name": "tiny", "layers": 4, "kv_heads": 2, "head_dim": 8,
+                                            "dtype_bytes": 2, "tokens_per_block": 16},
+           "pool_bytes": 1 << 20, "transfer_timeout_ms": 10000, "workers": 2}
+    cfg.update(kw)
+    return cfg
+
+
+def wait_until(cond, timeout=10.0, what="condition"):
+    """Polls cond() until true or the deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def pair():
+    """A context and a generation engine of the tiny layout, closed after
+    the test; the handle table must be back where it was."""
+    before = kvxfer.handle_count()
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    gen = kvxfer.Engine(small_config(unique("gen")))
+    yield ctx, gen
+    ctx.close()
+    gen.close()
+    assert kvxfer.handle_count() == before

@@ -1,0 +1,92 @@
+"""The vLLM-shaped connector end to end: a prefill instance computes a
+prompt in chunks and hands each over from wait_for_save; the decode
+instance loads it into its own block table; the KV is equal per layer."""
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+import kvxfer
+from kvxfer.connector import (
+    KvxferSchedulerConnector,
+    KvxferWorkerConnector,
+)
+
+from conftest import unique
+
+LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 64
+
+
+def worker(instance):
+    cache = torch.zeros((NBLOCKS, LAYERS, 2, HEADS, TPB, HEAD), dtype=torch.bfloat16)
+    layers = {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(LAYERS)}
+    w = KvxferWorkerConnector({"instance": instance, "workers": 2, "transfer_timeout_ms": 10000,
+                               "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD,
+                                          "dtype_bytes": 2, "tokens_per_block": TPB}})
+    w.register_kv_caches(layers)
+    return w, layers
+
+
+def finished(w, side, rid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sent, recv = w.get_finished(set())
+        if rid in ((sent if side == "send" else recv) or ()):
+            return
+        time.sleep(0.001)
+    raise AssertionError("%s of %s not finished in %.0f s" % (side, rid, timeout))
+
+
+def test_connector_prefill_to_decode():
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name)
+    wd, d_layers = worker(d_name)
+    try:
+        prompt = 200
+        req = SimpleNamespace(request_id="cmpl-1", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        nb = -(-prompt // TPB)
+        p_blocks = [list(range(NBLOCKS - 1, NBLOCKS - 1 - 3 * nb, -3))]  # vLLM's block table, not contiguous
+        assert sp.get_num_new_matched_tokens(req, 0) == (0, False)
+        sp.update_state_after_alloc(req, p_blocks, 0)
+        torch.manual_seed(11)
+        truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+        done = 0
+        while done < prompt:  # chunked prefill, 64 tokens a step
+            step = min(64, prompt - done)
+            for i, layer in enumerate(p_layers.values()):  # the forward pass writes KV
+                for t in range(done, done + step):
+                    layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
+            wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-1": step})))
+            wp.start_load_kv(None)
+            for name, layer in p_layers.items():
+                wp.save_kv_layer(name, layer, None)
+            wp.wait_for_save()
+            wp.clear_connector_metadata()
+            done += step
+        keep, params = sp.request_finished(req, p_blocks)
+        assert keep and params["remote_instance"] == p_name
+
+        dreq = SimpleNamespace(request_id="cmpl-1-decode", prompt_token_ids=list(range(prompt)),
+                               kv_transfer_params=params)
+        assert sd.get_num_new_matched_tokens(dreq, 0) == (prompt, True)
+        d_blocks = [list(range(1, 1 + 2 * nb, 2))]
+        sd.update_state_after_alloc(dreq, d_blocks, prompt)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        for name in d_layers:
+            wd.wait_for_layer_load(name)
+        wd.clear_connector_metadata()
+        finished(wd, "recv", "cmpl-1-decode")
+        finished(wp, "send", "cmpl-1")
+        assert wp.failed == {} and wd.failed == {}
+        for i, layer in enumerate(d_layers.values()):
+            for t in range(prompt):
+                assert torch.equal(layer[d_blocks[0][t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before

@@ -1,0 +1,280 @@
+"""Two engines in one Python process over libkvxfer.so."""
+
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import kvxfer
+from kvxfer import KvxferError, Outcome, Status
+
+from conftest import small_config, unique, wait_until
+
+# The tiny layout of conftest: 4 layers, 2 KV heads, head size 8, bf16,
+# 16 tokens per block.
+LAYERS, HEADS, HEAD, TPB = 4, 2, 8, 16
+
+
+def cross_layer_cache(num_blocks):
+    """vLLM's cross-layer KV cache: one tensor, block-major, every layer of
+    a block together, HND within a layer."""
+    return torch.zeros((num_blocks, LAYERS, 2, HEADS, TPB, HEAD), dtype=torch.bfloat16)
+
+
+def per_layer_views(cache):
+    """The per-layer caches vLLM's attention reads: kv[:, i] as (num_blocks,
+    2, block_size, num_kv_heads, head_size), HND strides."""
+    return {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(LAYERS)}
+
+
+def test_torch_cpu_transfer_in_vllm_layout():
+    """The prefill side writes K and V through vLLM-shaped per-layer views
+    into its block table; the decode side receives into its own block table
+    (other ids); every token of every layer, head and part is equal."""
+    nblocks = 32
+    src_cache, dst_cache = cross_layer_cache(nblocks), cross_layer_cache(nblocks)
+    pool = nblocks * LAYERS * 2 * HEADS * TPB * HEAD * 2
+    before = kvxfer.handle_count()
+    ctx = kvxfer.Engine(small_config(unique("ctx"), pool_bytes=pool), memory=src_cache)
+    gen = kvxfer.Engine(small_config(unique("gen"), pool_bytes=pool), memory=dst_cache)
+    try:
+        assert ctx.info.pool_base == src_cache.data_ptr()
+        assert ctx.groups[0].block_bytes == src_cache.stride(0) * 2 and ctx.groups[0].blocks == nblocks
+        prompt = 150  # 10 blocks, the last one partly filled
+        n = -(-prompt // TPB)
+        src_ids = ctx.alloc(0, n)
+        dst_ids = [nblocks - 1 - 2 * i for i in range(n)]  # the framework's own, not kvxfer's
+        torch.manual_seed(7)
+        truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+        src_layers = per_layer_views(src_cache)
+        for i, layer in enumerate(src_layers.values()):
+            for t in range(prompt):
+                layer[src_ids[t // TPB], :, t % TPB] = truth[i, :, t]
+
+        rx = gen.receive("vllm-1", prompt, ctx.instance, blocks=[dst_ids])
+        tx = ctx.send("vllm-1", prompt, payload=b"first-token")
+        for start in range(0, prompt, 64):
+            end = min(start + 64, prompt)
+            b0, b1 = start // TPB, -(-end // TPB)
+            fence = tx.chunk(start, end, [(b0, src_ids[b0:b1])])
+            fence.ready()
+        ev = tx.wait()
+        assert ev.outcome == Outcome.DONE and ev.error == Status.OK, ev
+        ev = rx.wait()
+        assert ev.outcome == Outcome.READY, (ev, rx.error_message())
+        assert rx.blocks(0) == (0, dst_ids)
+        assert rx.payload() == b"first-token"
+
+        dst_layers = per_layer_views(dst_cache)
+        compared = 0
+        for i, layer in enumerate(dst_layers.values()):
+            for t in range(prompt):
+                got = layer[dst_ids[t // TPB], :, t % TPB]
+                assert torch.equal(got, truth[i, :, t]), "layer %d token %d" % (i, t)
+                compared += got.numel()
+        assert compared == LAYERS * 2 * prompt * HEADS * HEAD
+        assert not torch.equal(dst_cache[dst_ids[0]], torch.zeros_like(dst_cache[0]))
+        tx.release()
+        rx.release()
+        ctx.free(0, src_ids)
+        assert ctx.used(0) == 0 and gen.used(0) == 0  # the framework's ids never touched kvxfer's pool
+    finally:
+        ctx.close()
+        gen.close()
+    assert kvxfer.handle_count() == before
+
+
+def test_numpy_pool_and_engine_allocated_destination():
+    arr = np.zeros(1 << 20, dtype=np.uint8)
+    before = kvxfer.handle_count()
+    with kvxfer.Engine(small_config(unique("ctx")), memory=arr) as ctx, \
+            kvxfer.Engine(small_config(unique("gen"))) as gen:
+        assert ctx.info.pool_base == arr.__array_interface__["data"][0]
+        g = ctx.groups[0]
+        src = ctx.alloc(0, 2)
+        rng = np.random.default_rng(3)
+        for b in src:
+            arr[g.offset + b * g.block_bytes:g.offset + (b + 1) * g.block_bytes] = \
+                rng.integers(0, 256, g.block_bytes, dtype=np.uint8)
+        rx = gen.receive("np-1", 32, ctx.instance)
+        tx = ctx.send("np-1", 32)
+        assert tx.chunk(0, 32, [(0, src)], fenced=False) is None
+        assert rx.wait().outcome == Outcome.READY
+        assert tx.wait().outcome == Outcome.DONE
+        first, dst = rx.blocks(0)
+        assert first == 0 and len(dst) == 2
+        for s, d in zip(src, dst):
+            want = bytes(arr[g.offset + s * g.block_bytes:g.offset + (s + 1) * g.block_bytes])
+            assert gen.block_bytes(0, d) == want
+        assert gen.used(0) == 2
+        rx.free_blocks()  # the READY blocks back to the pool in one call
+        assert gen.used(0) == 0
+        with pytest.raises(KvxferError) as e:
+            rx.free_blocks()
+        assert e.value.status == Status.INVALID_ARGUMENT and "already freed" in e.value.message
+        with pytest.raises(KvxferError) as e:
+            tx.free_blocks()  # DONE: a context side has no destination blocks
+        assert e.value.status == Status.INVALID_ARGUMENT and "not READY" in e.value.message
+        ctx.free(0, src)
+        tx.release()
+        rx.release()
+    assert kvxfer.handle_count() == before
+
+
+def test_cancel_both_sides(pair):
+    ctx, gen = pair
+    rx = gen.receive("cancel-rx", 32, ctx.instance)
+    rx.cancel()
+    ev = rx.wait()
+    assert (ev.outcome, ev.error) == (Outcome.CANCELLED, Status.CANCELLED)
+    assert "cancel" in rx.error_message()
+    rx.release()
+
+    src = ctx.alloc(0, 2)
+    tx = ctx.send("cancel-tx", 32)
+    fence = tx.chunk(0, 32, [(0, src)])
+    tx.cancel()
+    with pytest.raises(KvxferError) as e:
+        tx.release()  # the unfired fence holds the pins: no outcome yet
+    assert e.value.status == Status.NOT_FINISHED
+    fence.ready()
+    ev = tx.wait()
+    assert ev.outcome == Outcome.CANCELLED, ev
+    tx.release()
+    ctx.free(0, src)
+
+
+def test_timeout(pair):
+    ctx, gen = pair
+    rx = gen.receive("timeout-1", 32, ctx.instance, timeout_ms=100)  # no sender ever comes
+    ev = rx.wait()
+    assert (ev.outcome, ev.error) == (Outcome.TIMED_OUT, Status.TIMEOUT)
+    rx.release()
+
+
+def test_failed_fence(pair):
+    ctx, gen = pair
+    rx = gen.receive("fence-1", 64, ctx.instance)
+    tx = ctx.send("fence-1", 64)
+    src = ctx.alloc(0, 4)
+    tx.chunk(0, 32, [(0, src[:2])]).ready()
+    tx.chunk(32, 64, [(2, src[2:])]).fail("cudaEventSynchronize: illegal address")
+    ev = tx.wait()
+    assert (ev.outcome, ev.error) == (Outcome.FAILED, Status.FENCE), ev
+    assert "illegal address" in tx.error_message()
+    ev = rx.wait()
+    assert ev.outcome != Outcome.READY, ev
+    with pytest.raises(KvxferError) as e:
+        rx.blocks(0)
+    assert e.value.status == Status.INVALID_ARGUMENT
+    tx.release()
+    rx.release()
+    ctx.free(0, src)
+
+
+def test_bad_input_is_an_error_naming_the_value(pair):
+    ctx, gen = pair
+    src = ctx.alloc(0, 2)
+    tx = ctx.send("bad-1", 32)
+    with pytest.raises(KvxferError) as e:
+        tx.chunk(0, 20, [(0, src[:2])], last=False)  # ends mid-block
+    assert e.value.status == Status.BAD_CHUNK and "20" in e.value.message
+    with pytest.raises(KvxferError) as e:
+        tx.chunk(16, 32, [(1, src[1:])])  # skips the first block
+    assert e.value.status == Status.BAD_CHUNK and "expected 0" in e.value.message
+    with pytest.raises(KvxferError) as e:
+        tx.chunk(0, 32, [(0, [src[0], 999])])  # a block outside the pool
+    assert e.value.status in (Status.PIN, Status.INVALID_ARGUMENT) and "999" in e.value.message
+    tx.chunk(0, 32, [(0, src)], fenced=False)  # the request went on
+    tx.cancel()
+    tx.wait()
+    tx.release()
+    ctx.free(0, src)
+
+    for call, status, needle in [
+        (lambda: kvxfer.Engine("{\"model\": "), Status.CONFIG, "model"),
+        (lambda: kvxfer.Engine({"model": "Llama-3.1-8B", "tokens": 3}), Status.CONFIG, "tokens"),
+        (lambda: kvxfer.Engine({"model": "no-such-model"}), Status.CONFIG, "no-such-model"),
+        (lambda: ctx.send("x", 0), Status.BAD_REQUEST, "0"),
+        (lambda: ctx.alloc(7, 1), Status.INVALID_ARGUMENT, "7"),
+        (lambda: ctx.free(0, [5]), Status.INVALID_ARGUMENT, "5"),
+        (lambda: kvxfer.Request(ctx, 123456789, "x", 1, "send").cancel(), Status.BAD_HANDLE, "123456789"),
+        (lambda: kvxfer.Fence(ctx.handle).ready(), Status.BAD_HANDLE, "engine"),
+        (lambda: kvxfer.node_open({"instance": "n"}), Status.CONFIG, "model"),
+        (lambda: kvxfer.Node({"instance": "n", "model": "Llama-3.1-8B", "bnd": "x"}), Status.CONFIG, "bnd"),
+    ]:
+        with pytest.raises(KvxferError) as e:
+            call()
+        assert e.value.status == status, (e.value, status)
+        assert needle in e.value.message, (needle, e.value.message)
+    with pytest.raises(ValueError):
+        kvxfer.Engine(small_config(unique("x")), memory=torch.zeros((64, 64)).t())  # not contiguous
+    with pytest.raises(KvxferError) as e:
+        kvxfer.Engine(small_config(unique("x"), pool_bytes=4096), memory=np.zeros(8192, np.uint8))
+    assert e.value.status == Status.CONFIG and "8192" in e.value.message
+
+
+def test_handle_table_empty_after_1000_requests(pair):
+    ctx, gen = pair
+    base = kvxfer.handle_count()
+    src = ctx.alloc(0, 2)
+    for i in range(1000):
+        rid = "many-%d" % i
+        rx = gen.receive(rid, 32, ctx.instance)
+        tx = ctx.send(rid, 32)
+        tx.chunk(0, 32, [(0, src)]).ready()
+        assert tx.wait().outcome == Outcome.DONE
+        assert rx.wait().outcome == Outcome.READY
+        gen.free(0, rx.blocks(0)[1])
+        tx.release()
+        rx.release()
+    assert kvxfer.handle_count() == base
+    assert gen.used(0) == 0
+    ctx.free(0, src)
+
+
+def test_exception_in_callback_does_not_kill_the_process(pair, capsys):
+    ctx, gen = pair
+    seen = []
+
+    def cb(ev):
+        seen.append(ev)
+        if len(seen) == 1:
+            raise RuntimeError("boom in a callback")
+
+    gen.set_callback(cb)
+    for i in range(2):
+        rx = gen.receive("cb-%d" % i, 32, ctx.instance)
+        rx.cancel()
+        wait_until(lambda: len(seen) == i + 1, what="callback %d" % i)
+        rx.release()
+    assert len(gen.callback_errors) == 1 and "boom" in str(gen.callback_errors[0])
+    assert [e.outcome for e in seen] == [Outcome.CANCELLED, Outcome.CANCELLED]
+    assert "boom in a callback" in capsys.readouterr().err
+    gen.set_callback(None)
+    rx = gen.receive("cb-poll", 32, ctx.instance)
+    rx.cancel()
+    assert rx.wait().outcome == Outcome.CANCELLED  # back to polling
+    rx.release()
+    gc.collect()
+
+
+def test_last_error_is_per_thread():
+    import threading
+
+    lib = kvxfer._lib.lib
+    assert lib.kvxfer_cancel(111) == Status.BAD_HANDLE
+    other = []
+
+    def run():
+        lib.kvxfer_engine_close(222, 0)
+        other.append(lib.kvxfer_last_error())
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert b"222" in other[0]
+    assert b"111" in lib.kvxfer_last_error()
+    assert ctypes.string_at(lib.kvxfer_status_name(Status.FENCE)) == b"KVXFER_ERR_FENCE"

@@ -1,0 +1,71 @@
+"""Two Python processes move KV through kvxfer nodes (kvxfer_node_open):
+ZeroMQ control with CURVE, over shm and over ucx; every byte is verified on
+the generation side. A failed fence in the context process fails the
+request in both."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import kvxfer
+
+from conftest import unique
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twoproc_child.py")
+
+
+def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
+    (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
+    ctx_name, gen_name = unique("tp-ctx"), unique("tp-gen")
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
+        common = {"model": "Llama-3.1-8B", "tokens_per_block": 16, "pool_bytes": 64 << 20, "backend": backend, "workers": 2,
+                  "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+        ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
+                       peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
+        gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
+                       peers=[{"instance": ctx_name, "endpoint": ctx_ep, "public_key": ctx_pub}])
+        want = "FAILED" if fail_fence else None
+        jobs = {
+            "ctx": {"role": "ctx", "config": ctx_cfg, "prompt": prompt, "chunk": chunk, "request": "tp-1",
+                    "fail_fence": fail_fence, "want": want or "DONE"},
+            "gen": {"role": "gen", "config": gen_cfg, "prompt": prompt, "request": "tp-1", "context": ctx_name,
+                    "want": want or "READY"},
+        }
+        procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for k, job in jobs.items()}
+        out = {}
+        for k, p in procs.items():
+            try:
+                stdout, stderr = p.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                for q in procs.values():
+                    q.kill()
+                raise
+            lines = stdout.strip().splitlines()
+            out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
+        return out
+
+
+@pytest.mark.parametrize("backend", ["shm", "ucx"])
+def test_two_processes_verify_every_byte(backend):
+    out = run_pair(backend)
+    for k, (rc, res, err) in out.items():
+        assert rc == 0, (k, res, err)
+    ctx, gen = out["ctx"][1], out["gen"][1]
+    assert ctx["outcome"] == "DONE" and gen["outcome"] == "READY", out
+    assert gen["verified"] == 19 * 16 * 128 * 1024  # 300 tokens: 19 blocks of 16 tokens × 128 KiB
+    assert gen["payload"] == "tok-42"
+
+
+def test_two_processes_failed_fence():
+    out = run_pair("shm", fail_fence=True)
+    for k, (rc, res, err) in out.items():
+        assert rc == 0, (k, res, err)
+    ctx, gen = out["ctx"][1], out["gen"][1]
+    assert ctx["error"] == "FENCE" and "kernel failed" in ctx["message"], ctx
+    assert gen["outcome"] == "FAILED", gen

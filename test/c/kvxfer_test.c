@@ -1,0 +1,270 @@
+/* The C ABI's test program (`make ctest`): every check prints what it saw
+ * and the program exits 1 on the first failure. Built against
+ * include/kvxfer.h and lib/libkvxfer.so. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvxfer.h"
+
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, " (last error: %s)\n", kvxfer_last_error());  \
+            exit(1);                                                      \
+        }                                                                 \
+    } while (0)
+
+#define OK(call)                                                          \
+    do {                                                                  \
+        kvxfer_status st_ = (call);                                       \
+        CHECK(st_ == KVXFER_OK, "%s returned %s", #call, kvxfer_status_name(st_)); \
+    } while (0)
+
+static const char *LAYOUT =
+    "\"layout\":{\"layers\":2,\"kv_heads\":2,\"head_dim\":4,\"dtype_bytes\":2,\"tokens_per_block\":16}";
+
+static kvxfer_engine_t open_engine(const char *instance, void *pool, uint64_t pool_bytes) {
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "{\"instance\":\"%s\",%s,\"pool_bytes\":%llu,\"transfer_timeout_ms\":10000}",
+             instance, LAYOUT, (unsigned long long)pool_bytes);
+    kvxfer_engine_t e = 0;
+    OK(kvxfer_engine_open(cfg, pool, pool_bytes, &e));
+    CHECK(e != 0, "engine handle 0");
+    return e;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Polls e until the event of request r arrives (10 s deadline). */
+static kvxfer_event wait_event(kvxfer_engine_t e, kvxfer_request_t r) {
+    double deadline = now() + 10;
+    while (now() < deadline) {
+        kvxfer_event ev[8];
+        uint32_t got = 0;
+        OK(kvxfer_poll(e, ev, 8, &got, 100));
+        for (uint32_t i = 0; i < got; i++) {
+            if (ev[i].request == r) return ev[i];
+            fprintf(stderr, "unexpected event for request %llu\n", (unsigned long long)ev[i].request);
+            exit(1);
+        }
+    }
+    CHECK(0, "no event for request %llu in 10 s", (unsigned long long)r);
+    kvxfer_event none = {0};
+    return none;
+}
+
+static uint8_t pattern(int req, uint64_t block, uint64_t byte) { return (uint8_t)(req * 31 + block * 7 + byte * 13 + 1); }
+
+static void *thread_error(void *arg) {
+    (void)arg;
+    kvxfer_status st = kvxfer_cancel(777777);
+    if (st != KVXFER_ERR_BAD_HANDLE || !strstr(kvxfer_last_error(), "777777")) return (void *)1;
+    return NULL;
+}
+
+static void test_bad_input(void) {
+    kvxfer_engine_t e = 0;
+    CHECK(kvxfer_abi_version() == KVXFER_ABI_VERSION, "abi %d, header %d", kvxfer_abi_version(), KVXFER_ABI_VERSION);
+    CHECK(kvxfer_engine_open(NULL, NULL, 0, &e) == KVXFER_ERR_INVALID_ARGUMENT, "NULL config");
+    CHECK(strstr(kvxfer_last_error(), "config_json"), "message names the argument");
+    CHECK(kvxfer_engine_open("{\"model\": ", NULL, 0, &e) == KVXFER_ERR_CONFIG, "truncated JSON");
+    CHECK(kvxfer_engine_open("{\"modle\":\"x\"}", NULL, 0, &e) == KVXFER_ERR_CONFIG, "unknown key");
+    CHECK(strstr(kvxfer_last_error(), "modle"), "message names the unknown key");
+    CHECK(kvxfer_engine_open("{\"model\":\"no-such-model\"}", NULL, 0, &e) == KVXFER_ERR_CONFIG, "unknown model");
+    CHECK(strstr(kvxfer_last_error(), "no-such-model"), "message names the model");
+    CHECK(kvxfer_node_open("{}", &e) == KVXFER_ERR_CONFIG, "node_open without a model");
+    CHECK(strstr(kvxfer_last_error(), "model"), "message names the field: %s", kvxfer_last_error());
+    char ep[64];
+    CHECK(kvxfer_node_endpoint(999999, ep, sizeof ep) == KVXFER_ERR_BAD_HANDLE, "endpoint of a bad handle");
+    char pub[41], sec[41];
+    OK(kvxfer_keygen(pub, sec));
+    CHECK(strlen(pub) == 40 && strlen(sec) == 40 && strcmp(pub, sec) != 0, "keygen: %s", pub);
+    CHECK(kvxfer_engine_close(424242, 100) == KVXFER_ERR_BAD_HANDLE, "close a bad handle");
+    CHECK(strstr(kvxfer_last_error(), "424242"), "message names the handle");
+    CHECK(kvxfer_poll(1, NULL, 4, NULL, 0) == KVXFER_ERR_INVALID_ARGUMENT, "poll NULL got");
+    /* Each thread keeps its own message. */
+    CHECK(kvxfer_send(99, NULL, NULL) == KVXFER_ERR_INVALID_ARGUMENT, "send NULL req");
+    pthread_t t;
+    void *res;
+    pthread_create(&t, NULL, thread_error, NULL);
+    pthread_join(t, &res);
+    CHECK(res == NULL, "the other thread saw its own message");
+    CHECK(strstr(kvxfer_last_error(), "req"), "this thread kept its message: %s", kvxfer_last_error());
+    CHECK(strcmp(kvxfer_status_name(KVXFER_ERR_BAD_CHUNK), "KVXFER_ERR_BAD_CHUNK") == 0, "status name");
+    CHECK(strcmp(kvxfer_status_name(-3), "KVXFER_ERR_UNKNOWN") == 0, "unknown status name");
+    /* Every call with a bad handle or a NULL output is an error, never a crash. */
+    kvxfer_status st[] = {
+        kvxfer_engine_info_get(5555, NULL),
+        kvxfer_engine_info_get(5555, &(kvxfer_engine_info){0}),
+        kvxfer_engine_group(5555, 0, NULL),
+        kvxfer_blocks_alloc(5555, 0, 4, NULL),
+        kvxfer_blocks_free(5555, 0, NULL, 4),
+        kvxfer_blocks_used(5555, 0, NULL),
+        kvxfer_send(5555, &(kvxfer_send_request){.id = "x", .prompt_len = 16}, &(kvxfer_request_t){0}),
+        kvxfer_send(5555, &(kvxfer_send_request){.id = NULL}, &(kvxfer_request_t){0}),
+        kvxfer_receive(5555, &(kvxfer_receive_request){.id = "x", .context = NULL}, &(kvxfer_request_t){0}),
+        kvxfer_chunk(5555, 0, 16, 1, NULL, 0, NULL),
+        kvxfer_fence_ready(5555),
+        kvxfer_fence_fail(5555, NULL),
+        kvxfer_set_callback(5555, NULL, NULL),
+        kvxfer_request_blocks(5555, 0, NULL, 4, &(uint32_t){0}, NULL),
+        kvxfer_request_payload(5555, NULL, 0, NULL),
+        kvxfer_request_error(5555, NULL, 0),
+        kvxfer_request_release(5555),
+        kvxfer_bench_go(5555, 5556, 16, 16, 1, NULL, NULL),
+    };
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        CHECK(st[i] == KVXFER_ERR_BAD_HANDLE || st[i] == KVXFER_ERR_INVALID_ARGUMENT, "call %zu returned %s", i,
+              kvxfer_status_name(st[i]));
+    printf("ok   bad input: status codes and per-thread messages\n");
+}
+
+static int callback_events;
+static void on_event(const kvxfer_event *ev, void *user) {
+    (void)ev;
+    __atomic_add_fetch((int *)user, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A transfer from caller-owned pool memory to an engine-allocated pool,
+ * fenced chunks, payload, data verified byte for byte. */
+static void test_transfer(void) {
+    uint64_t pool_bytes = 1 << 20;
+    uint8_t *pool = aligned_alloc(4096, pool_bytes);
+    kvxfer_engine_t p = open_engine("c-prefill", pool, pool_bytes);
+    kvxfer_engine_t d = open_engine("c-decode", NULL, pool_bytes);
+    kvxfer_engine_info info;
+    OK(kvxfer_engine_info_get(p, &info));
+    CHECK(info.pool_base == (uint64_t)(uintptr_t)pool, "pool base %llx", (unsigned long long)info.pool_base);
+    CHECK(info.groups == 1 && info.tokens_per_block == 16 && info.parts == 2, "info");
+    kvxfer_group_info gi, dgi;
+    OK(kvxfer_engine_group(p, 0, &gi));
+    OK(kvxfer_engine_group(d, 0, &dgi));
+    CHECK(gi.block_bytes == 2 * 2 * 2 * 16 * 4 * 2, "block bytes %llu", (unsigned long long)gi.block_bytes);
+    CHECK(kvxfer_engine_group(p, 5, &gi) == KVXFER_ERR_INVALID_ARGUMENT, "group 5");
+    char ep[64];
+    CHECK(kvxfer_node_endpoint(p, ep, sizeof ep) == KVXFER_ERR_INVALID_ARGUMENT, "endpoint of an in-process engine");
+    CHECK(strstr(kvxfer_last_error(), "not a node"), "message: %s", kvxfer_last_error());
+
+    const int prompt = 100, nblocks = 7; /* 100 tokens: 7 blocks of 16 */
+    int32_t src[7];
+    OK(kvxfer_blocks_alloc(p, 0, nblocks, src));
+    for (int b = 0; b < nblocks; b++)
+        for (uint64_t i = 0; i < gi.block_bytes; i++) pool[gi.offset + src[b] * gi.block_bytes + i] = pattern(1, b, i);
+
+    kvxfer_receive_request rr = {.id = "c-r1", .prompt_len = prompt, .context = "c-prefill", .user_data = 11};
+    kvxfer_request_t rx, tx;
+    OK(kvxfer_receive(d, &rr, &rx));
+    kvxfer_send_request sr = {.id = "c-r1", .prompt_len = prompt, .payload = "tok", .payload_len = 3, .user_data = 22};
+    OK(kvxfer_send(p, &sr, &tx));
+
+    /* A misaligned chunk is refused, naming it; nothing pinned, no fence. */
+    kvxfer_block_run run = {.first = 0, .count = 2, .ids = src};
+    kvxfer_fence_t f = 0;
+    CHECK(kvxfer_chunk(tx, 0, 20, 0, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "misaligned chunk");
+    CHECK(strstr(kvxfer_last_error(), "20"), "message names the end: %s", kvxfer_last_error());
+    CHECK(f == 0, "no fence for a refused chunk");
+    CHECK(kvxfer_chunk(tx, 0, 32, 0, NULL, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "NULL runs");
+    CHECK(kvxfer_chunk(rx, 0, 32, 0, &run, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "chunk on a receive");
+
+    /* Two fenced chunks of 64 and 36 tokens. */
+    run.count = 4;
+    OK(kvxfer_chunk(tx, 0, 64, 0, &run, 1, &f));
+    OK(kvxfer_fence_ready(f));
+    CHECK(kvxfer_fence_ready(f) == KVXFER_ERR_BAD_HANDLE, "a fence fires once");
+    kvxfer_block_run run2 = {.first = 4, .count = 3, .ids = src + 4};
+    OK(kvxfer_chunk(tx, 64, 100, 1, &run2, 1, &f));
+    /* The context side cannot finish while a fence is unfired. */
+    CHECK(kvxfer_request_release(tx) == KVXFER_ERR_NOT_FINISHED, "release before the event");
+    OK(kvxfer_fence_ready(f));
+
+    kvxfer_event ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK && ev.user_data == 22, "tx outcome %d error %d",
+          ev.outcome, ev.error);
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY && ev.user_data == 11, "rx outcome %d error %d", ev.outcome, ev.error);
+    CHECK(ev.bytes == (uint64_t)nblocks * gi.block_bytes, "rx bytes %llu", (unsigned long long)ev.bytes);
+
+    int32_t dst[8];
+    uint32_t n = 0;
+    int32_t first = -1;
+    CHECK(kvxfer_request_blocks(rx, 0, dst, 2, &n, &first) == KVXFER_ERR_BUFFER_TOO_SMALL && n == 7, "small buffer");
+    OK(kvxfer_request_blocks(rx, 0, dst, 8, &n, &first));
+    CHECK(n == 7 && first == 0, "n %u first %d", n, first);
+    kvxfer_engine_info dinfo;
+    OK(kvxfer_engine_info_get(d, &dinfo));
+    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
+    uint64_t checked = 0;
+    for (uint32_t b = 0; b < n; b++)
+        for (uint64_t i = 0; i < dgi.block_bytes; i++, checked++)
+            CHECK(dpool[dgi.offset + dst[b] * dgi.block_bytes + i] == pattern(1, b, i), "block %u byte %llu", b,
+                  (unsigned long long)i);
+    char payload[8];
+    OK(kvxfer_request_payload(rx, payload, sizeof payload, &n));
+    CHECK(n == 3 && memcmp(payload, "tok", 3) == 0, "payload");
+    OK(kvxfer_blocks_free(d, 0, dst, 7));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    CHECK(kvxfer_request_release(tx) == KVXFER_ERR_BAD_HANDLE, "double release");
+    printf("ok   transfer: %llu bytes verified, payload delivered\n", (unsigned long long)checked);
+
+    /* A failed fence fails the request on both sides. */
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-r2", .prompt_len = 32, .context = "c-prefill"}, &rx));
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-r2", .prompt_len = 32}, &tx));
+    run.count = 2;
+    OK(kvxfer_chunk(tx, 0, 32, 1, &run, 1, &f));
+    OK(kvxfer_fence_fail(f, "cuda event error 700"));
+    ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_FAILED && ev.error == KVXFER_ERR_FENCE, "failed fence: outcome %d error %s",
+          ev.outcome, kvxfer_status_name(ev.error));
+    char msg[512];
+    OK(kvxfer_request_error(tx, msg, sizeof msg));
+    CHECK(strstr(msg, "cuda event error 700"), "message carries the reason: %s", msg);
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome != KVXFER_OUTCOME_READY, "rx after a failed fence: %d", ev.outcome);
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_request_release(rx));
+    printf("ok   failed fence: tx %s\n", kvxfer_status_name(KVXFER_ERR_FENCE));
+
+    /* Cancel, delivered by callback. */
+    OK(kvxfer_set_callback(d, on_event, &callback_events));
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-r3", .prompt_len = 32, .context = "c-prefill"}, &rx));
+    OK(kvxfer_cancel(rx));
+    double deadline = now() + 10;
+    while (__atomic_load_n(&callback_events, __ATOMIC_SEQ_CST) == 0 && now() < deadline) {
+        uint32_t got;
+        kvxfer_event none[1];
+        OK(kvxfer_poll(d, none, 1, &got, 10)); /* nothing queued while the callback is set */
+        CHECK(got == 0, "an event went to the queue with a callback set");
+    }
+    CHECK(callback_events == 1, "callback events %d", callback_events);
+    OK(kvxfer_request_error(rx, msg, sizeof msg));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_set_callback(d, NULL, NULL));
+    printf("ok   cancel via callback: %s\n", msg);
+
+    OK(kvxfer_blocks_free(p, 0, src, nblocks));
+    uint32_t used = 99;
+    OK(kvxfer_blocks_used(p, 0, &used));
+    CHECK(used == 0, "source pool used %u", used);
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    free(pool);
+    printf("ok   close: handle table empty\n");
+}
+
+int main(void) {
+    test_bad_input();
+    test_transfer();
+    printf("PASS\n");
+    return 0;
+}
