@@ -394,10 +394,6 @@ func (h *TxHandle) Err() error {
 // Cancel cancels the request. Done still fires only after the pins drop.
 func (h *TxHandle) Cancel() { h.inner.Cancel() }
 
-// Crash makes the request's session panic (chaos testing): the supervisor
-// restarts it, the request fails, and it still drains before releasing.
-func (h *TxHandle) Crash() { h.inner.Crash() }
-
 // Done delivers the outcome once, after the session released every pin.
 func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
@@ -489,9 +485,6 @@ func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
 // FreeBlocks frees destination blocks handed over by a READY outcome.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
-
-// CrashWorker makes sender worker i panic (chaos testing).
-func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
 
 // Close cancels live requests, waits for every session to drain and release
 // its pages (or ctx to end), then stops the engine. It reports the requests

@@ -1,9 +1,11 @@
+//go:build kvxfer_invariants
+
 package kvxfer_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"

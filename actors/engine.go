@@ -209,13 +209,6 @@ func (h *TxHandle) Cancel() {
 	}
 }
 
-// Crash makes the session panic (tests and chaos only).
-func (h *TxHandle) Crash() {
-	if h.pid != nil {
-		h.e.sys.Root.Send(h.pid, &txPanicNow{})
-	}
-}
-
 // TxRequest is what the context side asks Send for.
 type TxRequest struct {
 	ID        string
@@ -318,9 +311,6 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
 }
-
-// CrashWorker makes worker i panic (tests and chaos only).
-func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], WorkerCrash{}) }
 
 // ErrUndrained is returned by Close when sessions could not drain in time.
 var ErrUndrained = errors.New("actors: sessions did not drain")

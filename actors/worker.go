@@ -53,8 +53,9 @@ type (
 		session *actor.PID
 		err     error
 	}
-	// WorkerCrash makes a worker panic (tests and chaos only).
-	WorkerCrash struct{}
+	// workerCrash makes a worker panic: crash injection, sent only by
+	// builds with the kvxfer_invariants tag (Engine.CrashWorker).
+	workerCrash struct{}
 )
 
 type inflight struct {
@@ -134,7 +135,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if m.report != nil {
 			ctx.Send(m.report, RxSent{Writer: m.writer, Err: err})
 		}
-	case WorkerCrash:
+	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
 		s.stats.WorkerRestarts.Add(1)

@@ -53,7 +53,7 @@ func (s *Sim) crashWorker() {
 	}
 	c := live[s.r.IntN(len(live))]
 	w := c.workers[s.r.IntN(len(c.workers))]
-	s.mail("chaos", w.name(), 0, actors.WorkerCrash{}, func() { w.crash() })
+	s.mail("chaos", w.name(), 0, workerCrash{}, func() { w.crash() })
 }
 
 // kill is a rank's death: everything of its incarnation is gone, and its
@@ -487,3 +487,7 @@ func frameSummary(f messages.Frame) string {
 	}
 	return fmt.Sprintf("%T", f)
 }
+
+// workerCrash is the message that makes a simulated worker panic (the
+// engine's crash injection, present only in kvxfer_invariants builds).
+type workerCrash struct{}

@@ -152,8 +152,8 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	s.txRaces(ts, msg, before, opsBefore)
 	effs := ts.s.Step(msg, c.now())
 	after := ts.s.State()
-	if len(ts.s.Violations) > ts.violations {
-		s.failf("%s: %T: violations %v", ts.name, msg, ts.s.Violations[ts.violations:])
+	if len(ts.s.Violations()) > ts.violations {
+		s.failf("%s: %T: violations %v", ts.name, msg, ts.s.Violations()[ts.violations:])
 		return
 	}
 	if before.Terminal() && after != before {

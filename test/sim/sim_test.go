@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/kvxfer/kvxfer/actors"
 )
 
 var (
@@ -20,16 +18,6 @@ var (
 	flagSendRace = flag.Bool("send-race", false, "model actors/parents.go's Send/stop race as it is (Config.SendRace)")
 	flagMutation = flag.String("mutation", "", "turn one actors.Mutations switch on for TestSeed and TestSeeds: "+strings.Join(mutationNames(), ", "))
 )
-
-// mutations are the bug switches the simulator must catch.
-var mutations = []struct {
-	name string
-	on   *bool
-}{
-	{"unpin-on-cancel", &actors.Mutations.UnpinOnCancelWithoutDrain},
-	{"late-success", &actors.Mutations.LateSuccessOverwritesFailed},
-	{"admit-after-drain", &actors.Mutations.AdmitAfterDrain},
-}
 
 func mutationNames() []string {
 	var out []string
@@ -52,7 +40,7 @@ func setMutation(t *testing.T, name string) {
 			return
 		}
 	}
-	t.Fatalf("unknown -mutation %q (known: %s)", name, strings.Join(mutationNames(), ", "))
+	t.Fatalf("unknown -mutation %q (known: %s; the switches exist only with -tags kvxfer_invariants)", name, strings.Join(mutationNames(), ", "))
 }
 
 func reproduce(seed uint64) string {
@@ -145,26 +133,4 @@ func traceHash(t *testing.T, r *Result) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(b.Bytes())
-}
-
-// TestMutations proves the simulator catches bugs: with each mutation
-// switch on, some seed among the first 1,000 must fail. It does not run in
-// parallel with anything (the switches are package variables).
-func TestMutations(t *testing.T) {
-	for _, m := range mutations {
-		t.Run(m.name, func(t *testing.T) {
-			setMutation(t, m.name)
-			const limit = 1000
-			const batch = 50
-			for base := uint64(1); base <= limit; base += batch {
-				sw := RunSeeds(base, batch, true, Config{})
-				if len(sw.Failures) > 0 {
-					f := sw.Failures[0]
-					t.Logf("caught after %d seeds (seed %d): %v", f.Seed, f.Seed, f.Msg)
-					return
-				}
-			}
-			t.Fatalf("mutation %s not caught in %d seeds", m.name, limit)
-		})
-	}
 }
