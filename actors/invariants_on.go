@@ -2,54 +2,7 @@
 
 package actors
 
-import "fmt"
-
-// Invariants is true in builds with the kvxfer_invariants tag: sessions
-// record Violations, and Mutations and crash injection exist.
-const Invariants = true
-
-// Mutations are fault switches used by test/sim to prove that it catches
-// bugs. Each one breaks a rule of DESIGN.md §3 on purpose. They are
-// package variables, so a test that sets one must not run in parallel with
-// other tests of the engine and must reset it when it ends. They exist
-// only in builds with the kvxfer_invariants tag.
-var Mutations struct {
-	// UnpinOnCancelWithoutDrain unpins a CANCELLED session's source pages
-	// at once, without waiting for its ops to become quiescent.
-	UnpinOnCancelWithoutDrain bool
-	// LateSuccessOverwritesFailed lets a successful completion that arrives
-	// after the session FAILED reopen it (and so let it end DONE).
-	LateSuccessOverwritesFailed bool
-	// AdmitAfterDrain admits chunks (pins and ops) after the session's
-	// outcome is decided.
-	AdmitAfterDrain bool
-}
-
-// violate records an illegal transition.
-func (s *TxSession) violate(format string, args ...any) {
-	s.violations = append(s.violations, fmt.Sprintf(format, args...))
-}
-
-func mutAdmitAfterDrain() bool { return Mutations.AdmitAfterDrain }
-
-// mutUnpinEarly is mutation UnpinOnCancelWithoutDrain: a CANCELLED
-// session's pinned chunks are unpinned before it drains.
-func (s *TxSession) mutUnpinEarly() {
-	if !Mutations.UnpinOnCancelWithoutDrain || s.state != TxCancelled || s.stopped {
-		return
-	}
-	for i := range s.chunks {
-		s.unpinChunk(&s.chunks[i])
-	}
-}
-
-// mutLateSuccess is mutation LateSuccessOverwritesFailed: a successful
-// completion reopens a FAILED session.
-func (s *TxSession) mutLateSuccess() {
-	if Mutations.LateSuccessOverwritesFailed && s.state == TxFailed {
-		s.state, s.err = TxTransferring, nil
-	}
-}
+// Crash injection, only in builds with the kvxfer_invariants tag.
 
 // WorkerCrash makes a worker panic (crash injection).
 type WorkerCrash = workerCrash

@@ -232,7 +232,7 @@ func (a *txActor) Receive(ctx actor.Context) {
 			a.env.stats.SessionPanics.Add(1)
 			return
 		}
-		cfg := a.s.cfg
+		cfg := a.s.Config()
 		a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
 		eff = a.s.Init(now)
 		if a.tr != nil {
@@ -319,7 +319,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 		case Unpin:
 			if err := a.env.pools.Unpin(e.Group, e.IDs); err != nil {
 				a.env.stats.PinErrors.Add(1)
-				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("unpin")
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("unpin")
 			}
 		case WatchFence:
 			f := a.fence
@@ -346,7 +346,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 			if a.handle != nil {
 				a.handle.finish(e.Outcome)
 			}
-			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request, outcome: e.Outcome})
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request, outcome: e.Outcome})
 		case Stop:
 			// The tx supervisor poisons the session once it has taken it
 			// off its table: frames it forwarded before that are still in
@@ -392,7 +392,7 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			a.panicked, restarted = false, true
 			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
-			cfg := a.s.cfg
+			cfg := a.s.Config()
 			a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
 			if a.tr != nil {
 				a.tr.Stepped(a.s, nil)
@@ -433,11 +433,11 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		case Finish:
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:
-			if a.s.cfg.CallerOwned {
+			if a.s.Config().CallerOwned {
 				break // the framework's: Released tells it below
 			}
 			if err := a.env.pools.Free(e.Blocks); err != nil {
-				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("free destination blocks")
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("free destination blocks")
 			}
 		case Stop:
 			for _, t := range a.timers {
@@ -445,7 +445,7 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			}
 			// Every writer is quiescent: the blocks may be reused.
 			a.handle.release()
-			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request})
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request})
 			ctx.Stop(ctx.Self())
 		case Log:
 			a.env.logEffect(e)

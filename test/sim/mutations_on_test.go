@@ -5,18 +5,18 @@ package sim
 import (
 	"testing"
 
-	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
 )
 
 // mutations are the bug switches the simulator must catch
-// (actors.Mutations, present in kvxfer_invariants builds only).
+// (core.Mutations, present in kvxfer_invariants builds only).
 var mutations = []struct {
 	name string
 	on   *bool
 }{
-	{"unpin-on-cancel", &actors.Mutations.UnpinOnCancelWithoutDrain},
-	{"late-success", &actors.Mutations.LateSuccessOverwritesFailed},
-	{"admit-after-drain", &actors.Mutations.AdmitAfterDrain},
+	{"unpin-on-cancel", &core.Mutations.UnpinOnCancelWithoutDrain},
+	{"late-success", &core.Mutations.LateSuccessOverwritesFailed},
+	{"admit-after-drain", &core.Mutations.AdmitAfterDrain},
 }
 
 // TestMutations proves the simulator catches bugs: with each mutation

@@ -1,6 +1,6 @@
 //go:build kvxfer_invariants
 
-package actors
+package core
 
 import "testing"
 

@@ -1,6 +1,6 @@
 //go:build !kvxfer_invariants
 
-package actors
+package core
 
 // Invariants is false in a default build: sessions record no Violations,
 // and there are no Mutations and no crash injection.

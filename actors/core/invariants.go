@@ -1,4 +1,4 @@
-package actors
+package core
 
 // Invariant checks and test switches (DESIGN.md §7: test hooks live behind
 // a build tag). A default build records no invariant violations, has every
@@ -7,7 +7,8 @@ package actors
 //
 //   - TxSession.Violations lists illegal transitions (invariants_on.go);
 //   - Mutations, the fault switches test/sim must catch;
-//   - TxHandle.Crash and Engine.CrashWorker, crash injection.
+//   - crash injection in package actors (TxHandle.Crash,
+//     Engine.CrashWorker).
 
 // Violations lists the illegal transitions the session saw (an op moved
 // against OpState's transition table, a fence that fired twice, a
