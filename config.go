@@ -63,6 +63,10 @@ type Config struct {
 	// DrainGrace is how long in-doubt writes may take to complete before
 	// their endpoint is closed to retire them.
 	DrainGrace time.Duration
+	// Clock is the engine's time: request deadlines and every timer of its
+	// actors (default: actors.SystemClock; tests pass an
+	// actors.FakeClock to drive deadlines without waiting).
+	Clock actors.Clock
 	// Logger receives the engine's logs (default: disabled).
 	Logger *zerolog.Logger
 	// Recorder, when set, receives every message each session steps on.
@@ -143,6 +147,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Backend == "" {
 		r.Backend = DefaultBackend
+	}
+	if r.Clock == nil {
+		r.Clock = actors.SystemClock{}
 	}
 	if r.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(r.MetricsAddr); err != nil {

@@ -145,7 +145,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
 			Rank: r.Rank, Pools: geoms},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
-		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec, Metrics: e.metrics,
+		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
 	})
 	if err != nil {
 		if e.metricsSrv != nil {
@@ -298,7 +298,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	deadline := time.Now().Add(t)
+	deadline := e.cfg.Clock.Now().Add(t)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -452,7 +452,7 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	deadline := time.Now().Add(t)
+	deadline := e.cfg.Clock.Now().Add(t)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}

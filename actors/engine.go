@@ -32,9 +32,10 @@ type EngineConfig struct {
 	Link       control.Link
 	Timeout    time.Duration
 	DrainGrace time.Duration
-	Clock      func() time.Time
-	Log        zerolog.Logger
-	Recorder   Recorder
+	// Clock is the engine's time (nil: SystemClock).
+	Clock    Clock
+	Log      zerolog.Logger
+	Recorder Recorder
 	// Metrics, when set, receives the engine's metrics (package metrics);
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
@@ -68,7 +69,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		return nil, fmt.Errorf("%w: workers = %d, must be ≥ 1", ErrBadRequest, cfg.Workers)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = SystemClock{}
 	}
 	reg, err := cfg.Agent.Register(cfg.Region)
 	if err != nil {
@@ -280,7 +281,7 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	}
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
-	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock()})
+	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
 	r := <-reply
 	if r.err != nil {
 		return nil, r.err

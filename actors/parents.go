@@ -343,7 +343,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.queue = append(p.queue, m)
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
-			time.AfterFunc(time.Until(m.req.Deadline), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
+			p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
 		}
 		p.drainQueue(ctx)
 	case *blocksFreed:
@@ -411,7 +411,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 // the outcome at once, after the metrics (as a session's shell does); no
 // RequestData left, so its blocks (if any) are released too.
 func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
-	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock())
+	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock.Now())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 	q.handle.release()
 }
@@ -531,7 +531,7 @@ func (p *rxParent) drainQueue(ctx actor.Context) {
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
 	l := p.topo.Layout
 	p.epoch++
-	epoch := uint64(p.env.clock().UnixNano())<<8 | p.epoch&0xff
+	epoch := uint64(p.env.clock.Now().UnixNano())<<8 | p.epoch&0xff
 	groups := make([]messages.GroupDest, len(l.Groups))
 	for g, grp := range l.Groups {
 		hit := 0

@@ -137,7 +137,7 @@ func (h *Handle) finish(o Outcome) {
 type shellEnv struct {
 	pools    *Pools
 	workers  []*actor.PID
-	clock    func() time.Time
+	clock    Clock
 	log      zerolog.Logger
 	stats    *Counters
 	recorder Recorder
@@ -209,7 +209,7 @@ type txActor struct {
 	s        *TxSession
 	handle   *Handle
 	fence    Fence // the fence of the chunk being stepped
-	timers   []*time.Timer
+	timers   []Timer
 	panicked bool
 	path     string        // actor path for the recorder
 	tr       SessionTracer // nil unless tracing
@@ -220,7 +220,7 @@ type txActor struct {
 }
 
 func (a *txActor) Receive(ctx actor.Context) {
-	now := a.env.clock()
+	now := a.env.clock.Now()
 	var eff []Effect
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
@@ -337,7 +337,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 		case SendFrame:
 			sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 		case StartTimer:
-			a.timers = append(a.timers, startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
+			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
 		case Decide:
 			if a.handle != nil {
 				a.handle.decide(e)
@@ -361,13 +361,11 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 	}
 }
 
-func startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) *time.Timer {
+// startTimer arms a step's timer on the engine's clock: msg comes back to
+// the actor at e.At.
+func (env *shellEnv) startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) Timer {
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	d := e.At.Sub(now)
-	if d < 0 {
-		d = 0
-	}
-	return time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+	return env.clock.AfterFunc(max(e.At.Sub(now), 0), func() { sys.Root.Send(self, msg) })
 }
 
 // rxActor is the protoactor shell of an RxSession.
@@ -375,7 +373,7 @@ type rxActor struct {
 	env      *shellEnv
 	s        *RxSession
 	handle   *Handle
-	timers   []*time.Timer
+	timers   []Timer
 	panicked bool
 	path     string        // actor path for the recorder
 	tr       SessionTracer // nil unless tracing
@@ -383,7 +381,7 @@ type rxActor struct {
 }
 
 func (a *rxActor) Receive(ctx actor.Context) {
-	now := a.env.clock()
+	now := a.env.clock.Now()
 	var eff []Effect
 	restarted := false
 	switch m := ctx.Message().(type) {
@@ -429,7 +427,7 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			ctx.Send(w, &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
 				report: ctx.Self(), writer: e.Writer})
 		case StartTimer:
-			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
+			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
 		case Finish:
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:
