@@ -225,6 +225,9 @@ type Stats struct {
 	FramesStale int64
 	// SessionPanics: sessions restarted after a panic (each failed).
 	SessionPanics int64
+	// SessionPanicsPastBudget: session panics after the session's restart
+	// budget was spent (it was resumed to drain, not restarted).
+	SessionPanicsPastBudget int64
 	// PinErrors: source pins (and unpins) the pool refused.
 	PinErrors int64
 }
@@ -234,7 +237,8 @@ func (e *Engine) Stats() Stats {
 	c := e.inner.Stats()
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), SessionPanics: c.SessionPanics.Load(),
-		PinErrors: c.PinErrors.Load()}
+		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
+		PinErrors:               c.PinErrors.Load()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

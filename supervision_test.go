@@ -165,6 +165,82 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 	checkNoLeaks(t, c)
 }
 
+// TestSessionBudgetExhaustedFailsAndDrains: a TxSession crashed eight
+// times, with a chunk's fence held, is restarted exactly its budget, three
+// times (before, the strategy sat on the session's own props and governed
+// its children, of which it has none: eight crashes gave eight restarts);
+// the five panics past the budget resume it instead of stopping it, so it
+// still holds the held chunk's pins until the fence fires, then fails its
+// request by the crash, drains and releases: nothing pinned, Close nil.
+func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "b", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "b", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &kvxfer.ManualFence{}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		tx.Crash()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ce.Stats().SessionPanicsPastBudget < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d panics past the budget, want 5", ce.Stats().SessionPanicsPastBudget)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if got := ce.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
+	}
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("Done (%s) before the held chunk's fence fired: pins dropped under a pending write", o.Status)
+	default:
+	}
+	if st := ce.Pools().Stats()[0]; st.Pinned != 2 {
+		t.Fatalf("%d source blocks pinned after the panics, want the held chunk's 2", st.Pinned)
+	}
+	f.Fire(nil)
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx outcome %s %v, want FAILED by a session crash", o.Status, o.Err)
+	}
+	for g, st := range ce.Pools().Stats() {
+		if st.Pinned != 0 {
+			t.Fatalf("group %d: %d blocks pinned after Done", g, st.Pinned)
+		}
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx outcome %s, want a failure", ro.Status)
+	}
+	if got := ce.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d after the drain, want 3", got)
+	}
+	checkNoLeaks(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
 // TestWorkerBudgetExhaustedFailsAndDrains: a sender worker crashed past its
 // restart budget (10 restarts within 10 s) is stopped. Before, nothing
 // watched it: the next request's context side never finished, Close

@@ -105,7 +105,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	}
 
 	// senders: a supervisor whose children are the workers.
-	workerSup := actor.NewOneForOneStrategy(10, 10*time.Second, func(any) actor.Directive { return actor.RestartDirective })
+	workerSup := actor.NewOneForOneStrategy(workerRestarts, workerRestartWindow, func(any) actor.Directive { return actor.RestartDirective })
 	ready := make(chan []*actor.PID, 1)
 	e.env.dead = make([]atomic.Bool, cfg.Workers)
 	var pids []*actor.PID
@@ -115,8 +115,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 			pids = make([]*actor.PID, cfg.Workers)
 			for i := range pids {
 				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
-				w := &workerActor{slot: slot}
-				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
+				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return &workerActor{slot: slot} }))
 			}
 			ready <- pids
 		case *actor.Terminated:
@@ -145,11 +144,11 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{}}
-	}))
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
-	}))
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
 	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {

@@ -126,10 +126,8 @@ type txParent struct {
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
-	a := &txActor{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
-	props := actor.PropsFromProducer(func() actor.Actor { return a },
-		actor.WithSupervisor(sessionSupervisor))
-	pid := ctx.Spawn(props)
+	c := &txCell{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
+	pid := ctx.Spawn(actor.PropsFromProducer(c.produce))
 	p.sessions.pids[id] = pid
 	return pid
 }
@@ -282,12 +280,6 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }
-
-// sessionSupervisor restarts a panicking session (its state survives in the
-// shell, which fails the request and keeps draining).
-var sessionSupervisor = actor.NewOneForOneStrategy(3, time.Minute, func(any) actor.Directive {
-	return actor.RestartDirective
-})
 
 // rxParent supervises RxSessions, allocates destination blocks (queueing
 // requests while the pool is full) and routes generation-side frames.
@@ -592,9 +584,9 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
-	a := &rxActor{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
+	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
-	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
+	pid := ctx.Spawn(actor.PropsFromProducer(c.produce))
 	entry.pid = pid
 	p.entries[q.req.ID] = entry
 	p.sessions.pids[q.req.ID] = pid

@@ -21,7 +21,10 @@ type Counters struct {
 	FramesRejected atomic.Int64
 	FramesStale    atomic.Int64
 	SessionPanics  atomic.Int64
-	PinErrors      atomic.Int64
+	// SessionPanicsPastBudget counts session panics after the session's
+	// restart budget was spent (each resumed it to drain; not a restart).
+	SessionPanicsPastBudget atomic.Int64
+	PinErrors               atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,
@@ -203,17 +206,36 @@ type sessionStopped struct {
 	outcome Outcome
 }
 
-// txActor is the protoactor shell of a TxSession.
+// txCell is what a TxSession's actor keeps across restarts: the session
+// itself (its chunks, streams and ops outlive a panic of the shell), its
+// handle, its timers and its tracer and meter. Each incarnation of the
+// actor is a fresh txActor over the same cell.
+type txCell struct {
+	env    *shellEnv
+	s      *TxSession
+	handle *Handle
+	timers []Timer
+	path   string        // actor path for the recorder
+	tr     SessionTracer // nil unless tracing
+	meter  *txMeter      // nil: metrics off
+	// incarnations counts the actors produced for the session: the first
+	// is its birth, each later one a restart after a panic.
+	incarnations int
+}
+
+// produce is the session's actor.Producer: a fresh shell per incarnation.
+func (c *txCell) produce() actor.Actor {
+	c.incarnations++
+	return &txActor{txCell: c, restarted: c.incarnations > 1}
+}
+
+// txActor is the protoactor shell of a TxSession: one incarnation.
 type txActor struct {
-	env      *shellEnv
-	s        *TxSession
-	handle   *Handle
-	fence    Fence // the fence of the chunk being stepped
-	timers   []Timer
-	panicked bool
-	path     string        // actor path for the recorder
-	tr       SessionTracer // nil unless tracing
-	meter    *txMeter      // nil: metrics off
+	*txCell
+	// restarted: this incarnation follows a panic (its parent's strategy
+	// restarted it); on Started it fails the request and goes on draining.
+	restarted bool
+	fence     Fence // the fence of the chunk being stepped
 	// feedback holds the failures of effects being executed (a refused
 	// pin), stepped as messages right after the effects that caused them.
 	feedback []any
@@ -224,8 +246,7 @@ func (a *txActor) Receive(ctx actor.Context) {
 	var eff []Effect
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		if a.panicked {
-			a.panicked = false
+		if a.restarted {
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it.
 			a.exec(ctx, a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now), now)
@@ -241,15 +262,12 @@ func (a *txActor) Receive(ctx actor.Context) {
 		if a.meter != nil {
 			a.meter.born(a.s, now)
 		}
-	case *actor.Restarting:
-		a.panicked = true
-		return
 	case *actor.Stopped:
 		if a.meter != nil {
 			a.meter.close() // when the session could not release
 		}
 		return
-	case *actor.Stopping, *actor.Restart:
+	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
 	case txChunkMsg:
 		// The fence must be in place while the effects run: WatchFence
@@ -368,26 +386,39 @@ func (env *shellEnv) startTimer(ctx actor.Context, e StartTimer, now time.Time, 
 	return env.clock.AfterFunc(max(e.At.Sub(now), 0), func() { sys.Root.Send(self, msg) })
 }
 
-// rxActor is the protoactor shell of an RxSession.
+// rxCell is what an RxSession's actor keeps across restarts (as txCell).
+type rxCell struct {
+	env    *shellEnv
+	s      *RxSession
+	handle *Handle
+	timers []Timer
+	path   string        // actor path for the recorder
+	tr     SessionTracer // nil unless tracing
+	meter  *rxMeter      // nil: metrics off
+	// incarnations counts the actors produced for the session.
+	incarnations int
+}
+
+// produce is the session's actor.Producer: a fresh shell per incarnation.
+func (c *rxCell) produce() actor.Actor {
+	c.incarnations++
+	return &rxActor{rxCell: c, restarted: c.incarnations > 1}
+}
+
+// rxActor is the protoactor shell of an RxSession: one incarnation.
 type rxActor struct {
-	env      *shellEnv
-	s        *RxSession
-	handle   *Handle
-	timers   []Timer
-	panicked bool
-	path     string        // actor path for the recorder
-	tr       SessionTracer // nil unless tracing
-	meter    *rxMeter      // nil: metrics off
+	*rxCell
+	restarted bool // this incarnation follows a panic
 }
 
 func (a *rxActor) Receive(ctx actor.Context) {
 	now := a.env.clock.Now()
 	var eff []Effect
-	restarted := false
+	restarting := false // the Started of an incarnation after a panic
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		if a.panicked {
-			a.panicked, restarted = false, true
+		if a.restarted {
+			restarting = true
 			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
 			cfg := a.s.Config()
@@ -400,15 +431,12 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			}
 			eff = a.step(ctx, RxBegin{}, now)
 		}
-	case *actor.Restarting:
-		a.panicked = true
-		return
 	case *actor.Stopped:
 		if a.meter != nil {
 			a.meter.close() // when the session could not release
 		}
 		return
-	case *actor.Stopping, *actor.Restart:
+	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
 	default:
 		eff = a.step(ctx, m, now)
@@ -449,7 +477,7 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			a.env.logEffect(e)
 		}
 	}
-	if restarted {
+	if restarting {
 		// Counted once its effects ran, as for a TxSession.
 		a.env.stats.SessionPanics.Add(1)
 	}
