@@ -108,6 +108,9 @@ type resolved struct {
 	Config
 	layout kvcache.Layout
 	shape  kvcache.Shape
+	// blocks is the number of blocks of each layer group's pool: PoolBytes
+	// holds that many block sets (one block of every group each).
+	blocks int
 }
 
 func (c Config) resolve() (resolved, error) {
@@ -195,5 +198,6 @@ func (c Config) resolve() (resolved, error) {
 	if perSet == 0 || r.PoolBytes/perSet < 1 {
 		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
 	}
+	r.blocks = int(r.PoolBytes / perSet)
 	return r, nil
 }

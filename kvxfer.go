@@ -59,7 +59,7 @@ type Engine struct {
 
 // Start validates cfg, carves the pool region into one pool per layer
 // group, registers it with the data plane and starts the actor tree.
-func Start(ctx context.Context, cfg Config) (*Engine, error) {
+func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -71,6 +71,15 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if r.Logger != nil {
 		log = r.Logger.With().Str("engine", fmt.Sprintf("%s/%d", r.Instance, r.Parallel.Index(r.Rank))).Logger()
 	}
+	// undo closes, last first, what Start opened when a later step fails.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	e := &Engine{cfg: r}
 	e.region = r.Region
 	if e.region == nil {
@@ -78,18 +87,13 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		e.ownsRg = true
+		undo = append(undo, func() { _ = e.region.Close() })
 	}
 	var pools []*kvcache.Pool
 	var geoms []kvcache.PoolGeometry
-	var perSet uint64
-	groups := len(r.layout.Groups)
-	for g := 0; g < groups; g++ {
-		perSet += r.shape.BlockBytes(r.layout, g)
-	}
-	blocks := int(r.PoolBytes / perSet)
 	var off uint64
-	for g := 0; g < groups; g++ {
-		bb, n := r.shape.BlockBytes(r.layout, g), blocks
+	for g := range r.layout.Groups {
+		bb, n := r.shape.BlockBytes(r.layout, g), r.blocks
 		if bb == 0 { // this rank holds no layer of the group
 			bb, n = 1, 1
 		}
@@ -106,6 +110,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if e.agent == nil {
 		e.agent = loopback.New()
 		e.ownsAg = true
+		undo = append(undo, func() { _ = e.agent.Close() })
 	}
 	link := r.Link
 	if link == nil {
@@ -115,32 +120,19 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	rec := r.Recorder
 	if r.TracePath != "" {
 		if e.trace, err = trace.Create(r.TracePath); err != nil {
-			if e.ownsAg {
-				_ = e.agent.Close()
-			}
-			if e.ownsRg {
-				_ = e.region.Close()
-			}
 			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
 		}
+		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)
 	}
 	if r.MetricsAddr != "" {
 		e.metrics = metrics.New(self.String())
 		if e.metricsSrv, err = metrics.Serve(r.MetricsAddr, e.metrics.Handler()); err != nil {
-			if e.trace != nil {
-				_ = e.trace.Close()
-			}
-			if e.ownsAg {
-				_ = e.agent.Close()
-			}
-			if e.ownsRg {
-				_ = e.region.Close()
-			}
 			return nil, fmt.Errorf("kvxfer: MetricsAddr: %w", err)
 		}
+		undo = append(undo, func() { _ = e.metricsSrv.Close(ctx) })
 	}
-	inner, err := actors.StartEngine(actors.EngineConfig{
+	e.inner, err = actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
 			Rank: r.Rank, Pools: geoms},
@@ -148,21 +140,8 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
 	})
 	if err != nil {
-		if e.metricsSrv != nil {
-			_ = e.metricsSrv.Close(ctx)
-		}
-		if e.trace != nil {
-			_ = e.trace.Close()
-		}
-		if e.ownsAg {
-			_ = e.agent.Close()
-		}
-		if e.ownsRg {
-			_ = e.region.Close()
-		}
 		return nil, err
 	}
-	e.inner = inner
 	return e, nil
 }
 

@@ -64,7 +64,7 @@ type Engine struct {
 }
 
 // StartEngine builds the actor tree and starts listening.
-func StartEngine(cfg EngineConfig) (*Engine, error) {
+func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	if cfg.Workers < 1 {
 		return nil, fmt.Errorf("%w: workers = %d, must be ≥ 1", ErrBadRequest, cfg.Workers)
 	}
@@ -75,6 +75,11 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register pool region: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			_ = cfg.Agent.Deregister(reg)
+		}
+	}()
 	zl := cfg.Log
 	// Dead letters (a late completion or timer aimed at a stopped session)
 	// start protoactor's log throttle, a goroutine that lives one throttle
@@ -82,6 +87,11 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	sys := actor.NewActorSystem(actor.WithDeadLetterThrottleInterval(10*time.Millisecond), actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
 	}))
+	defer func() {
+		if err != nil {
+			sys.Shutdown()
+		}
+	}()
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
 		throttle: control.NewThrottle(0, 0, 0)}
@@ -94,8 +104,6 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 			cfg.Metrics.AddRejectSource(rc.FramesRejected)
 		}
 		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups); err != nil {
-			sys.Shutdown()
-			_ = cfg.Agent.Deregister(reg)
 			return nil, err
 		}
 	}
@@ -165,13 +173,9 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
-	lis, err := cfg.Link.Listen(e.hello, func(f messages.Frame) { sys.Root.Send(e.listenPI, f) })
-	if err != nil {
-		sys.Shutdown()
-		_ = cfg.Agent.Deregister(reg)
+	if e.lis, err = cfg.Link.Listen(e.hello, func(f messages.Frame) { sys.Root.Send(e.listenPI, f) }); err != nil {
 		return nil, err
 	}
-	e.lis = lis
 	return e, nil
 }
 

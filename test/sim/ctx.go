@@ -450,9 +450,8 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				// Engine.Send may have adopted the session after it stopped
 				// but before this message reached the parent: its TxStart
 				// went to a dead actor. The parent finishes the handle it
-				// gave out (Handle.finish is idempotent). parents.go does
-				// not do this yet; Config.SendRace models it as it is.
-				if a := ts.app; a != nil && !ts.appFinished && !s.cfg.SendRace {
+				// gave out (Handle.finish is idempotent), as parents.go does.
+				if a := ts.app; a != nil && !ts.appFinished {
 					s.mail(c.parentName(), a.name(), s.hop(), e, func() { a.finished() })
 				}
 			})

@@ -55,11 +55,10 @@
 // declared (Config.SuspectPartitions declares them, to show why that is
 // unsafe).
 //
-// Two shell behaviours are modelled as they should be, with a switch to
-// model actors/parents.go as it is (see Config): the tx parent finishes the
-// handle of a session that stopped before Engine.Send adopted it
-// (SendRace), and the rx parent fails a request whose writer is declared
-// dead before any RequestData leaves (PeerDownRace).
+// As actors/parents.go does, the tx parent finishes the handle of a
+// session that stopped before Engine.Send adopted it, and the rx parent
+// fails a request whose writer is declared dead before any RequestData
+// leaves.
 //
 // # Invariants
 //

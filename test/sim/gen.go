@@ -542,22 +542,20 @@ func (g *genRank) drainQueue() {
 // the session.
 func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 	s, q, l := g.s, a.q, g.s.layout
-	if !s.cfg.PeerDownRace {
-		// A request that needs a writer the control plane declared dead
-		// fails before any RequestData leaves (see Config.PeerDownRace).
-		for _, r := range s.pm.WritersOf(g.rank) {
-			peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
-			if g.down[peer] && s.ctx[peer.Rank].alive {
-				delete(g.down, peer) // the control plane hears it again
+	// A request that needs a writer the control plane declared dead
+	// fails before any RequestData leaves, as parents.go's start does.
+	for _, r := range s.pm.WritersOf(g.rank) {
+		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
+		if g.down[peer] && s.ctx[peer.Rank].alive {
+			delete(g.down, peer) // the control plane hears it again
+		}
+		if g.down[peer] {
+			if err := g.guard.Free(blocks); err != nil {
+				s.failf("%s: %v", a.nm, err)
 			}
-			if g.down[peer] {
-				if err := g.guard.Free(blocks); err != nil {
-					s.failf("%s: %v", a.nm, err)
-				}
-				a.done = true
-				s.res.NotReady++
-				return
-			}
+			a.done = true
+			s.res.NotReady++
+			return
 		}
 	}
 	g.epoch++
@@ -622,20 +620,6 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		s.record(&event{at: s.vt, actor: rs.name, msg: actors.RxBegin{}})
 	}
 	s.stepRx(rs, actors.RxBegin{})
-	if !s.cfg.PeerDownRace {
-		return
-	}
-	// actors/parents.go today: the session is told its writer is gone, but
-	// its RequestData still leaves — and reaches the writer if it is back.
-	for i, r := range s.pm.WritersOf(g.rank) {
-		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
-		if g.down[peer] && s.ctx[peer.Rank].alive {
-			delete(g.down, peer) // the control plane hears it again
-		}
-		if g.down[peer] {
-			s.sendRx(g.parentName(), rs, actors.RxPeerGone{Writer: i, Err: fmt.Errorf("%w: %s is down", actors.ErrPeerGone, peer)})
-		}
-	}
 }
 
 // ready is Done firing with READY: the serving process uses the blocks,

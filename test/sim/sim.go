@@ -19,22 +19,10 @@ type Config struct {
 	Trace bool
 	// MaxEvents bounds the run (0: a default); hitting it is a failure.
 	MaxEvents int
-	// SendRace models actors/parents.go as it is: Engine.Send may adopt a
-	// session that has stopped (its sessionStopped not yet processed by
-	// the tx parent), and that handle's Done never fires. By default the
-	// simulated tx parent finishes the handle on sessionStopped.
-	SendRace bool
 	// SuspectPartitions lets the failure detector declare a partitioned
 	// (alive) peer dead, as heartbeats cannot tell the two apart: each
 	// side of a long partition hears Engine.PeerDown for the other.
 	SuspectPartitions bool
-	// PeerDownRace models actors/parents.go's rxParent.start as it is: a
-	// session whose writer is declared dead gets RxPeerGone, yet its
-	// RequestData still leaves and reaches the writer if it came back, and
-	// the writer then writes into blocks the session released. By default
-	// the simulated rx parent fails such a request before any RequestData
-	// leaves.
-	PeerDownRace bool
 }
 
 // Failure is the first invariant a run broke.

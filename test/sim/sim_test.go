@@ -14,8 +14,6 @@ var (
 	flagBase     = flag.Uint64("seedbase", 1, "first seed TestSeeds runs")
 	flagSeed     = flag.Int64("seed", -1, "the seed TestSeed runs and traces (-1: check determinism on seed 1)")
 	flagSuspect  = flag.Bool("suspect-partitions", false, "let the failure detector declare partitioned peers dead (Config.SuspectPartitions)")
-	flagDownRace = flag.Bool("peer-down-race", false, "model actors/parents.go's rxParent.start peer-down shortcut as it is (Config.PeerDownRace)")
-	flagSendRace = flag.Bool("send-race", false, "model actors/parents.go's Send/stop race as it is (Config.SendRace)")
 	flagMutation = flag.String("mutation", "", "turn one actors.Mutations switch on for TestSeed and TestSeeds: "+strings.Join(mutationNames(), ", "))
 )
 
@@ -45,14 +43,8 @@ func setMutation(t *testing.T, name string) {
 
 func reproduce(seed uint64) string {
 	cmd := fmt.Sprintf("go test ./test/sim -run 'TestSeed$' -seed=%d -v", seed)
-	if *flagSendRace {
-		cmd += " -send-race"
-	}
 	if *flagSuspect {
 		cmd += " -suspect-partitions"
-	}
-	if *flagDownRace {
-		cmd += " -peer-down-race"
 	}
 	if *flagMutation != "" {
 		cmd += " -mutation=" + *flagMutation
@@ -64,7 +56,7 @@ func reproduce(seed uint64) string {
 // and reports the seed, the command that reproduces it and the trace file.
 func reportFailure(t *testing.T, f *Failure) {
 	t.Helper()
-	res := Run(Config{Seed: f.Seed, Trace: true, SendRace: *flagSendRace, SuspectPartitions: *flagSuspect, PeerDownRace: *flagDownRace})
+	res := Run(Config{Seed: f.Seed, Trace: true, SuspectPartitions: *flagSuspect})
 	path, err := WriteTrace("", res)
 	if err != nil {
 		path = "(not written: " + err.Error() + ")"
@@ -77,7 +69,7 @@ func reportFailure(t *testing.T, f *Failure) {
 // and every DESIGN.md §3 race was reached in at least one seed in 1,000.
 func TestSeeds(t *testing.T) {
 	setMutation(t, *flagMutation)
-	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SendRace: *flagSendRace, SuspectPartitions: *flagSuspect, PeerDownRace: *flagDownRace})
+	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SuspectPartitions: *flagSuspect})
 	t.Log("\n" + sw.Report())
 	if len(sw.Failures) > 0 {
 		t.Log("failures by kind:\n" + strings.Join(sw.FailureKinds(), "\n"))
@@ -116,7 +108,7 @@ func TestSeed(t *testing.T) {
 		}
 		return
 	}
-	res := Run(Config{Seed: uint64(*flagSeed), Trace: true, SendRace: *flagSendRace, SuspectPartitions: *flagSuspect, PeerDownRace: *flagDownRace})
+	res := Run(Config{Seed: uint64(*flagSeed), Trace: true, SuspectPartitions: *flagSuspect})
 	path, err := WriteTrace("", res)
 	if err != nil {
 		t.Fatal(err)
