@@ -202,6 +202,9 @@ type Stats struct {
 	FramesRejected int64
 	// FramesStale: frames for requests already finished here.
 	FramesStale int64
+	// FramesShed: RequestData and Cancel frames refused because their
+	// peer had too many frames in flight inside the engine.
+	FramesShed int64
 	// SessionPanics: sessions restarted after a panic (each failed).
 	SessionPanics int64
 	// SessionPanicsPastBudget: session panics after the session's restart
@@ -215,7 +218,7 @@ type Stats struct {
 func (e *Engine) Stats() Stats {
 	c := e.inner.Stats()
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
-		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), SessionPanics: c.SessionPanics.Load(),
+		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
 		PinErrors:               c.PinErrors.Load()}
 }

@@ -36,6 +36,10 @@ type EngineConfig struct {
 	Clock    Clock
 	Log      zerolog.Logger
 	Recorder Recorder
+	// FrameCredits is how many control frames of one peer the engine holds
+	// at most before it refuses that peer's RequestData and Cancel (0:
+	// DefaultFrameCredits); terminal frames always pass (credits.go).
+	FrameCredits int
 	// Metrics, when set, receives the engine's metrics (package metrics);
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
@@ -94,7 +98,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}()
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
-		throttle: control.NewThrottle(0, 0, 0)}
+		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits)}
 	if cfg.Metrics != nil {
 		groups := make([]string, len(cfg.Topology.Layout.Groups))
 		for g, grp := range cfg.Topology.Layout.Groups {
@@ -173,10 +177,25 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
-	if e.lis, err = cfg.Link.Listen(e.hello, func(f messages.Frame) { sys.Root.Send(e.listenPI, f) }); err != nil {
+	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// deliver takes a frame from the control link: into the listener's
+// mailbox while its peer has credits, else refused at once (never a
+// terminal frame).
+func (e *Engine) deliver(f messages.Frame) {
+	if !e.env.credits.take(f) {
+		e.stats.FramesShed.Add(1)
+		from := f.Sender()
+		if ev := e.env.warn(from.String(), "shed"); ev != nil {
+			ev.Str("peer", from.String()).Str("request", f.Request()).Msg("control frame refused: the peer's frame credits are spent")
+		}
+		return
+	}
+	e.sys.Root.Send(e.listenPI, f)
 }
 
 // Hello is what this engine tells its peers about itself.

@@ -163,7 +163,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		m.reply <- txOpenReply{pid: pid}
 	case *messages.RequestData:
 		p.onRequestData(ctx, m)
+		p.env.credits.give(m)
 	case *messages.Cancel:
+		defer p.env.credits.give(m)
 		pid := p.sessions.pids[m.RequestID]
 		if b := p.bound[m.RequestID]; pid != nil && b != m.From.Instance {
 			// Not the request's instance: nothing of ours writes for it.
@@ -351,8 +353,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.sessions.maybeDrained()
 	case *messages.Result:
 		p.route(ctx, m.RequestID, m.From, m)
+		p.env.credits.give(m)
 	case *messages.CancelAck:
 		p.route(ctx, m.RequestID, m.From, m)
+		p.env.credits.give(m)
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
 		delete(p.entries, m.request)
@@ -605,6 +609,7 @@ func (l *listener) Receive(ctx actor.Context) {
 		return
 	}
 	if err := f.Validate(); err != nil {
+		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
@@ -612,8 +617,10 @@ func (l *listener) Receive(ctx actor.Context) {
 	}
 	switch f.(type) {
 	case *messages.RequestData, *messages.Cancel:
-		ctx.Send(l.tx, f)
+		ctx.Send(l.tx, f) // its parent gives the credit back
 	case *messages.Result, *messages.CancelAck:
 		ctx.Send(l.rx, f)
+	default:
+		l.env.credits.give(f)
 	}
 }

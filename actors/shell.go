@@ -20,7 +20,10 @@ type Counters struct {
 	FramesUnsent   atomic.Int64
 	FramesRejected atomic.Int64
 	FramesStale    atomic.Int64
-	SessionPanics  atomic.Int64
+	// FramesShed counts RequestData and Cancel frames refused because
+	// their peer's frame credits were spent (credits.go).
+	FramesShed    atomic.Int64
+	SessionPanics atomic.Int64
 	// SessionPanicsPastBudget counts session panics after the session's
 	// restart budget was spent (each resumed it to drain; not a restart).
 	SessionPanicsPastBudget atomic.Int64
@@ -149,6 +152,8 @@ type shellEnv struct {
 	meters   *meters // nil: metrics off
 	// throttle rate-limits warnings per (peer, kind), engine-wide.
 	throttle *control.Throttle
+	// credits bounds each peer's frames in flight inside the engine.
+	credits *frameCredits
 	// dead marks workers stopped for good (restart budget spent); failed
 	// is set with the first: the engine refuses new work.
 	dead    []atomic.Bool
