@@ -7,33 +7,11 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
-
-// tombstones remembers recently finished requests so that a late frame for
-// one gets a definite answer instead of reopening it.
-type tombstones struct {
-	ring []string
-	at   int
-	set  map[string]bool
-}
-
-func newTombstones(n int) *tombstones {
-	return &tombstones{ring: make([]string, n), set: map[string]bool{}}
-}
-
-func (t *tombstones) add(id string) {
-	if old := t.ring[t.at]; old != "" {
-		delete(t.set, old)
-	}
-	t.ring[t.at] = id
-	t.set[id] = true
-	t.at = (t.at + 1) % len(t.ring)
-}
-
-func (t *tombstones) has(id string) bool { return t.set[id] }
 
 // Messages to the tx and rx supervisors.
 type (
@@ -107,20 +85,17 @@ func (t *sessionTable) maybeDrained() {
 }
 
 // txParent supervises TxSessions and routes context-side frames to them.
+// Its decisions are core.TxTable's; it keeps the sessions' PIDs and the
+// handles Send gave out.
 type txParent struct {
 	env      *shellEnv
 	topo     Topology
 	self     messages.PeerID
 	link     control.Link
 	cfg      TxConfig
+	table    *core.TxTable
 	sessions sessionTable
-	tombs    *tombstones
 	handles  map[string]*Handle
-	// bound fixes each live request's generation instance: named by Send,
-	// or else the instance of the first RequestData that resolved. Frames
-	// of the request from any other instance are refused and do not touch
-	// it.
-	bound map[string]string
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -135,28 +110,14 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 func (p *txParent) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *txOpenReq:
-		if p.sessions.draining {
-			m.reply <- txOpenReply{err: ErrClosed}
-			return
-		}
-		if p.handles[m.request] != nil || p.tombs.has(m.request) {
-			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s already sent", ErrBadRequest, m.request)}
+		spawn, err := p.table.Open(m.request, m.generation)
+		if err != nil {
+			m.reply <- txOpenReply{err: err}
 			return
 		}
 		pid := p.sessions.pids[m.request]
-		if b := p.bound[m.request]; pid != nil && m.generation != "" && b != "" && b != m.generation {
-			// A RequestData from another instance opened the session
-			// first: Send's word decides; that session is that instance's
-			// mistake, not this request.
-			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s: generation instance %s already asked for it, Send names %s",
-				ErrBadRequest, m.request, b, m.generation)}
-			return
-		}
-		if pid == nil {
+		if spawn {
 			pid = p.spawn(ctx, m.request)
-		}
-		if m.generation != "" {
-			p.bind(m.request, m.generation)
 		}
 		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
@@ -166,18 +127,17 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.env.credits.give(m)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
-		pid := p.sessions.pids[m.RequestID]
-		if b := p.bound[m.RequestID]; pid != nil && b != m.From.Instance {
+		deliver, notBound := p.table.Cancel(m)
+		if notBound {
 			// Not the request's instance: nothing of ours writes for it.
 			p.env.meters.reject(rejectNotBound)
-			pid = nil
 		}
-		if pid == nil {
+		if !deliver {
 			// Nothing of ours touches that request: we are quiescent.
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
-		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
+		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
 	case *sessionStopped:
 		if pid := p.sessions.pids[m.request]; pid != nil {
 			ctx.Poison(pid) // after whatever this parent already sent it
@@ -190,14 +150,13 @@ func (p *txParent) Receive(ctx actor.Context) {
 			h.finish(m.outcome)
 		}
 		delete(p.handles, m.request)
-		delete(p.bound, m.request)
-		p.tombs.add(m.request)
+		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 	case *closeReq:
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
-		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxCancel{Reason: ErrClosed})
+		for _, id := range p.table.Close() {
+			ctx.Send(p.sessions.pids[id], TxCancel{Reason: ErrClosed})
 		}
 		p.sessions.maybeDrained()
 	case *listSessions:
@@ -224,13 +183,6 @@ func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, 
 	sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
 
-func (p *txParent) bind(request, instance string) {
-	if p.bound == nil {
-		p.bound = map[string]string{}
-	}
-	p.bound[request] = instance
-}
-
 // refuse answers a RequestData that touches no session: FAILED to its
 // sender, counted, and forgotten (no session, no tombstone).
 func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejectReason, err error) {
@@ -247,15 +199,13 @@ func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejec
 // peer cannot poison a request that has not started. Only the request's
 // own instance can fail it.
 func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
-	pid := p.sessions.pids[rd.RequestID]
-	if pid == nil && (p.tombs.has(rd.RequestID) || p.sessions.draining) {
+	switch v, bound := p.table.RequestData(rd); v {
+	case core.RequestDataStale:
 		p.env.meters.reject(rejectStale)
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side"})
 		return
-	}
-	bound := p.bound[rd.RequestID]
-	if bound != "" && bound != rd.From.Instance {
+	case core.RequestDataNotBound:
 		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",
 			ErrBadRequest, rd.RequestID, bound, rd.From.Instance))
 		return
@@ -266,7 +216,8 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
 	}
-	if err != nil && bound == "" {
+	refuse, spawn := p.table.Resolved(rd, err)
+	if refuse {
 		// Nobody has claimed the request: this frame does not get to.
 		p.refuse(ctx, rd, rejectUnresolved, err)
 		return
@@ -275,10 +226,10 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		// The request's own instance cannot be served: its session fails.
 		p.env.meters.reject(rejectUnresolved)
 	}
-	if pid == nil {
+	pid := p.sessions.pids[rd.RequestID]
+	if spawn {
 		pid = p.spawn(ctx, rd.RequestID)
 	}
-	p.bind(rd.RequestID, rd.From.Instance)
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }

@@ -17,9 +17,13 @@
 // actors.ResolveRequest with the generation rank's Hello, so plans are the
 // real ones; destination blocks are allocated as actors/parents.go does.
 //
-// The shells are models of the real ones: the tx parent (sessions,
-// tombstones, replies, TxPeerRequest with the RequestData's prompt
-// length), the tx shell (a refused Pin stepped back as TxPinFailed right
+// The tx parent's decisions are the real ones: core.TxTable, as
+// actors/parents.go drives it (Send's adoption, tombstones, the generation
+// instance a request is bound to, refusals of unresolvable RequestData
+// nobody claimed, Cancel answered at once). The rest of the shells are
+// models of the real ones: the tx parent's I/O (spawning sessions,
+// replies, TxPeerRequest with the RequestData's prompt length), the tx
+// shell (a refused Pin stepped back as TxPinFailed right
 // after the effects that caused it; Decide handed to the handle), the rx
 // parent (allocation queue, routing by writer, each writer's planned bytes
 // from kvcache.PeerLink.BytesPerBlock), the rx shell (RxBegin stepped
