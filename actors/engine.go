@@ -160,7 +160,8 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
+			table:    core.NewRxTable(cfg.Self, cfg.Topology.Layout, cfg.Topology.Parallel, cfg.Topology.Rank, cfg.Workers),
+			sessions: sessionTable{pids: map[string]*actor.PID{}}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })

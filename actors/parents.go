@@ -235,29 +235,18 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 }
 
 // rxParent supervises RxSessions, allocates destination blocks (queueing
-// requests while the pool is full) and routes generation-side frames.
+// requests while the pool is full) and routes generation-side frames. Its
+// writers, epochs and down set are core.RxTable's; it keeps the sessions'
+// PIDs and the allocation queue.
 type rxParent struct {
 	env      *shellEnv
 	topo     Topology
 	self     messages.PeerID
 	workers  int
+	table    *core.RxTable
 	sessions sessionTable
-	entries  map[string]*rxEntry
 	queue    []*rxOpenReq
-	epoch    uint64
-	down     rxDown
 	link     control.Link
-}
-
-// rxDown remembers peers the control plane declared dead until one of
-// their frames arrives again: a session that needs a dead writer fails at
-// once instead of waiting for its deadline.
-type rxDown map[messages.PeerID]bool
-
-type rxEntry struct {
-	pid     *actor.PID
-	epoch   uint64
-	writers map[messages.PeerID]int
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
@@ -267,7 +256,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			m.reply <- rxOpenReply{err: ErrClosed}
 			return
 		}
-		if p.entries[m.req.ID] != nil {
+		if p.table.Started(m.req.ID) {
 			m.reply <- rxOpenReply{err: fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)}
 			return
 		}
@@ -303,14 +292,14 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
-		p.route(ctx, m.RequestID, m.From, m)
+		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *messages.CancelAck:
-		p.route(ctx, m.RequestID, m.From, m)
+		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
-		delete(p.entries, m.request)
+		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 		p.drainQueue(ctx)
 	case *closeReq:
@@ -332,24 +321,18 @@ func (p *rxParent) Receive(ctx actor.Context) {
 				return
 			}
 		}
-		if e := p.entries[m.request]; e != nil {
-			ctx.Send(e.pid, RxCancel{})
+		if pid := p.sessions.pids[m.request]; pid != nil {
+			ctx.Send(pid, RxCancel{})
 		}
 	case *listSessions:
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
-		if p.down == nil {
-			p.down = rxDown{}
-		}
-		p.down[m.peer] = true
-		for _, e := range p.entries {
-			if w, ok := e.writers[m.peer]; ok {
-				ctx.Send(e.pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
-			}
+		for _, r := range p.table.PeerDown(m.peer) {
+			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
 		}
 	case *workerDead:
-		for _, e := range p.entries {
-			ctx.Send(e.pid, RxWorkerDead{Worker: m.worker})
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, RxWorkerDead{Worker: m.worker})
 		}
 	}
 }
@@ -406,22 +389,18 @@ func hitOf(r RxRequest, g int) int {
 	return 0
 }
 
-func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
-	delete(p.down, from) // it speaks again
-	e := p.entries[id]
-	if e == nil {
+func (p *rxParent) route(ctx actor.Context, f messages.Frame) {
+	switch v, w := p.table.Route(f); v {
+	case core.RxRouteStale:
 		p.env.stats.FramesStale.Add(1)
 		p.env.meters.reject(rejectStale)
-		return
-	}
-	w, ok := e.writers[from]
-	if !ok {
+	case core.RxRouteNotWriter:
 		p.env.stats.FramesRejected.Add(1)
 		p.env.meters.reject(rejectNotWriter)
-		p.env.log.Warn().Str("request", id).Str("peer", from.String()).Msg("frame from a peer that is not a writer of the request")
-		return
+		p.env.log.Warn().Str("request", f.Request()).Str("peer", f.Sender().String()).Msg("frame from a peer that is not a writer of the request")
+	case core.RxRouteDeliver:
+		ctx.Send(p.sessions.pids[f.Request()], RxFrame{Writer: w, Frame: f})
 	}
-	ctx.Send(e.pid, RxFrame{Writer: w, Frame: f})
 }
 
 // needed computes the destination block counts per group for a request.
@@ -476,75 +455,29 @@ func (p *rxParent) drainQueue(ctx actor.Context) {
 }
 
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
-	l := p.topo.Layout
-	p.epoch++
-	epoch := uint64(p.env.clock.Now().UnixNano())<<8 | p.epoch&0xff
-	groups := make([]messages.GroupDest, len(l.Groups))
-	for g, grp := range l.Groups {
-		hit := 0
-		if g < len(q.req.PrefixHitBlocks) {
-			hit = q.req.PrefixHitBlocks[g]
+	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel,
+		PrefixHitBlocks: q.req.PrefixHitBlocks, Deadline: q.req.Deadline}
+	// A writer the control plane declared dead and does not hear again
+	// fails the request before any RequestData leaves (RxTable.Start).
+	for _, peer := range p.table.DownWriters(o) {
+		if p.link == nil {
+			continue
 		}
-		first, _ := kvcache.NeededRange(q.req.PromptLen, grp.Window, l.TokensPerBlock, hit)
-		ids := make([]int32, len(blocks[g]))
-		for i, b := range blocks[g] {
-			ids[i] = int32(b)
+		if _, err := p.link.Hello(peer); err == nil {
+			p.table.Heard(peer)
 		}
-		groups[g] = messages.GroupDest{First: int32(first), Blocks: ids}
 	}
-	var deadline int64
-	if !q.req.Deadline.IsZero() {
-		deadline = q.req.Deadline.UnixNano()
-	}
-	pm, err := kvcache.NewPeerMap(l, q.req.ContextParallel, p.topo.Parallel)
+	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)
-		p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err))
+		p.finishQueued(q, RxFailed, err)
 		return
-	}
-	// A writer the control plane declared dead (and does not hear again)
-	// fails the request before any RequestData leaves: were it to come
-	// back, it must not write into blocks this request no longer owns.
-	for _, r := range pm.WritersOf(p.topo.Rank) {
-		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
-		if p.down[peer] && p.link != nil {
-			if _, err := p.link.Hello(peer); err == nil {
-				delete(p.down, peer) // the control plane hears it again
-			}
-		}
-		if p.down[peer] {
-			p.unstarted(q, blocks)
-			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer))
-			return
-		}
-	}
-	entry := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
-	var writers []RxWriter
-	for i, r := range pm.WritersOf(p.topo.Rank) {
-		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
-		entry.writers[peer] = i
-		// What this writer must write, from this rank's own plan: every
-		// destination block of every group it carries layers of.
-		var want uint64
-		if link, ok := pm.Link(r, p.topo.Rank); ok {
-			for g := range blocks {
-				want += uint64(len(blocks[g])) * link.BytesPerBlock(l, g)
-			}
-		}
-		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(q.req.ID, peer, p.workers), Bytes: want,
-			Request: &messages.RequestData{RequestID: q.req.ID, Epoch: epoch, From: p.self,
-				GenParallel: messages.Parallel{TP: int32(p.topo.Parallel.TP), PP: int32(p.topo.Parallel.PP)},
-				GenTP:       int32(p.topo.Rank.TP), GenPP: int32(p.topo.Rank.PP),
-				PromptLen: int32(q.req.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
 	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
-	pid := ctx.Spawn(actor.PropsFromProducer(c.produce))
-	entry.pid = pid
-	p.entries[q.req.ID] = entry
-	p.sessions.pids[q.req.ID] = pid
+	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
 // listener validates every frame that arrives and routes it.

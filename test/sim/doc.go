@@ -17,16 +17,17 @@
 // actors.ResolveRequest with the generation rank's Hello, so plans are the
 // real ones; destination blocks are allocated as actors/parents.go does.
 //
-// The tx parent's decisions are the real ones: core.TxTable, as
-// actors/parents.go drives it (Send's adoption, tombstones, the generation
-// instance a request is bound to, refusals of unresolvable RequestData
-// nobody claimed, Cancel answered at once). The rest of the shells are
-// models of the real ones: the tx parent's I/O (spawning sessions,
-// replies, TxPeerRequest with the RequestData's prompt length), the tx
-// shell (a refused Pin stepped back as TxPinFailed right
-// after the effects that caused it; Decide handed to the handle), the rx
-// parent (allocation queue, routing by writer, each writer's planned bytes
-// from kvcache.PeerLink.BytesPerBlock), the rx shell (RxBegin stepped
+// The parents' decisions are the real ones, as actors/parents.go drives
+// them: core.TxTable (Send's adoption, tombstones, the generation instance
+// a request is bound to, refusals of unresolvable RequestData nobody
+// claimed, Cancel answered at once) and core.RxTable (each writer's
+// RequestData, worker and planned bytes, the epoch, routing by writer, the
+// down set). The rest of the shells are models of the real ones: the tx
+// parent's I/O (spawning sessions, replies, TxPeerRequest with the
+// RequestData's prompt length), the tx shell (a refused Pin stepped back
+// as TxPinFailed right after the effects that caused it; Decide handed to
+// the handle), the rx parent's allocation queue (its planned bytes are
+// checked against the two ranks' shapes), the rx shell (RxBegin stepped
 // first, as on Started; timers carry their kind), sender workers (what
 // actors/worker.go does with Submit — TxSubmitted once the post returns —,
 // Flush, CloseEndpoint, SendFrame, SendRequestData — RxSent with the
