@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -245,7 +244,7 @@ type rxParent struct {
 	workers  int
 	table    *core.RxTable
 	sessions sessionTable
-	queue    []*rxOpenReq
+	queue    core.AllocQueue[*rxOpenReq]
 	link     control.Link
 }
 
@@ -274,7 +273,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			p.start(ctx, m, m.req.Blocks)
 			return
 		}
-		p.queue = append(p.queue, m)
+		p.queue.Push(m.req.ID, counts, m)
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
 			p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
@@ -283,12 +282,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *blocksFreed:
 		p.drainQueue(ctx)
 	case *rxQueueTimeout:
-		for i, q := range p.queue {
-			if q.req.ID == m.request {
-				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
-				break
-			}
+		if q, ok := p.queue.Remove(m.request); ok {
+			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
@@ -305,21 +300,17 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *closeReq:
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
-		for _, q := range p.queue {
+		for _, q := range p.queue.Clear() {
 			p.finishQueued(q, RxCancelled, ErrClosed)
 		}
-		p.queue = nil
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
 		}
 		p.sessions.maybeDrained()
 	case *rxCancelReq:
-		for i, q := range p.queue {
-			if q.req.ID == m.request {
-				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				p.finishQueued(q, RxCancelled, ErrCancelled)
-				return
-			}
+		if q, ok := p.queue.Remove(m.request); ok {
+			p.finishQueued(q, RxCancelled, ErrCancelled)
+			return
 		}
 		if pid := p.sessions.pids[m.request]; pid != nil {
 			ctx.Send(pid, RxCancel{})
@@ -434,24 +425,14 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 	return counts, nil
 }
 
-// drainQueue starts queued requests, in order, while blocks are free.
+// drainQueue starts queued requests, in order, while blocks are free; one
+// that no free can make fit fails rather than block the queue.
 func (p *rxParent) drainQueue(ctx actor.Context) {
-	for len(p.queue) > 0 {
-		q := p.queue[0]
-		counts, _ := p.needed(q.req)
-		blocks, err := p.env.pools.Alloc(counts)
-		if err != nil && !errors.Is(err, kvcache.ErrOutOfBlocks) {
-			// No free can make it fit: fail it rather than block the queue.
-			p.queue = p.queue[1:]
+	p.queue.Drain(p.env.pools.Alloc,
+		func(q *rxOpenReq, blocks [][]kvcache.BlockID) { p.start(ctx, q, blocks) },
+		func(q *rxOpenReq, err error) {
 			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
-			continue
-		}
-		if err != nil {
-			return // wait for blocksFreed
-		}
-		p.queue = p.queue[1:]
-		p.start(ctx, q, blocks)
-	}
+		})
 }
 
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {

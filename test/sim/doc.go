@@ -22,11 +22,12 @@
 // a request is bound to, refusals of unresolvable RequestData nobody
 // claimed, Cancel answered at once) and core.RxTable (each writer's
 // RequestData, worker and planned bytes, the epoch, routing by writer, the
-// down set). The rest of the shells are models of the real ones: the tx
+// down set) with core.AllocQueue (requests start in arrival order while
+// blocks last; one that can never fit fails). The rest of the shells are models of the real ones: the tx
 // parent's I/O (spawning sessions, replies, TxPeerRequest with the
 // RequestData's prompt length), the tx shell (a refused Pin stepped back
 // as TxPinFailed right after the effects that caused it; Decide handed to
-// the handle), the rx parent's allocation queue (its planned bytes are
+// the handle), the rx parent's I/O (each writer's planned bytes are
 // checked against the two ranks' shapes), the rx shell (RxBegin stepped
 // first, as on Started; timers carry their kind), sender workers (what
 // actors/worker.go does with Submit — TxSubmitted once the post returns —,

@@ -38,7 +38,7 @@ type genRank struct {
 	// table is the real rx parent's table (core.RxTable): writers and
 	// epochs of started requests, the down set, the writers' plan.
 	table    *core.RxTable
-	queue    []*genApp
+	queue    core.AllocQueue[*genApp] // the real rx parent's queue
 	apps     []*genApp
 	owner    [][]*rxSess // per group, per block: the session whose request owns it
 	postedTo int         // batches ever posted to this incarnation
@@ -84,7 +84,7 @@ func (g *genRank) boot() {
 	}
 	g.entries = map[string]*rxSess{}
 	g.table = core.NewRxTable(g.self, s.layout, s.genPar, g.rank, s.genW)
-	g.queue, g.apps = nil, nil
+	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
 	for i := range s.genW {
@@ -486,7 +486,7 @@ func (a *genApp) receive() {
 	}
 	a.deadline = g.now().Add(q.genDeadline)
 	a.queued = true
-	g.queue = append(g.queue, a)
+	g.queue.Push(q.id, a.counts, a)
 	s.after(q.genDeadline, a.nm, "queueTimeout", func() {
 		if g.live(a.inc) && a.queued {
 			g.unqueue(a)
@@ -513,23 +513,22 @@ func (a *genApp) receive() {
 }
 
 func (g *genRank) unqueue(a *genApp) {
-	if i := slices.Index(g.queue, a); i >= 0 {
-		g.queue = slices.Delete(g.queue, i, i+1)
-	}
+	g.queue.Remove(a.q.id)
 	a.queued = false
 }
 
-// drainQueue starts queued requests, in order, while blocks are free.
+// drainQueue is rxParent.drainQueue: queued requests start in order
+// while blocks are free; one that can never fit fails.
 func (g *genRank) drainQueue() {
-	for len(g.queue) > 0 {
-		a := g.queue[0]
-		blocks, err := g.guard.Alloc(a.counts)
-		if err != nil {
-			return
-		}
-		g.unqueue(a)
-		g.start(a, blocks)
-	}
+	g.queue.Drain(g.guard.Alloc,
+		func(a *genApp, blocks [][]kvcache.BlockID) {
+			a.queued = false
+			g.start(a, blocks)
+		},
+		func(a *genApp, err error) {
+			a.queued, a.done = false, true
+			g.s.res.NotReady++
+		})
 }
 
 // start is rxParent.start: the epoch, the RequestData for every writer and
