@@ -473,17 +473,15 @@ func (l *listener) Receive(ctx actor.Context) {
 	if !ok {
 		return
 	}
-	if err := f.Validate(); err != nil {
+	switch dest, err := core.RouteFrame(f); dest {
+	case core.FrameRejected:
 		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
-		return
-	}
-	switch f.(type) {
-	case *messages.RequestData, *messages.Cancel:
+	case core.FrameToTx:
 		ctx.Send(l.tx, f) // its parent gives the credit back
-	case *messages.Result, *messages.CancelAck:
+	case core.FrameToRx:
 		ctx.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)

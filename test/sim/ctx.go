@@ -502,8 +502,8 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 // onFrame is the context rank's listener and tx parent.
 func (c *ctxRank) onFrame(f messages.Frame) {
 	s := c.s
-	if err := f.Validate(); err != nil {
-		return // rejected, counted by the real listener
+	if dest, _ := core.RouteFrame(f); dest != core.FrameToTx {
+		return // rejected (counted by the real listener), or not the tx parent's
 	}
 	switch m := f.(type) {
 	case *messages.RequestData:

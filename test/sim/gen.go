@@ -407,13 +407,8 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 // onFrame is the generation rank's listener and rx parent.
 func (g *genRank) onFrame(f messages.Frame) {
 	s := g.s
-	if err := f.Validate(); err != nil {
-		return
-	}
-	switch f.(type) {
-	case *messages.Result, *messages.CancelAck:
-	default:
-		return
+	if dest, _ := core.RouteFrame(f); dest != core.FrameToRx {
+		return // rejected, or not the rx parent's
 	}
 	v, w := g.table.Route(f)
 	if v != core.RxRouteDeliver {
