@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/actors"
 )
 
 var (
@@ -42,7 +44,13 @@ func setMutation(t *testing.T, name string) {
 }
 
 func reproduce(seed uint64) string {
-	cmd := fmt.Sprintf("go test ./test/sim -run 'TestSeed$' -seed=%d -v", seed)
+	tags := ""
+	if actors.Invariants {
+		// The failure may be an invariant violation or a mutation: both
+		// exist only in this build.
+		tags = "-tags kvxfer_invariants "
+	}
+	cmd := fmt.Sprintf("go test %s./test/sim -run 'TestSeed$' -seed=%d -v", tags, seed)
 	if *flagSuspect {
 		cmd += " -suspect-partitions"
 	}
