@@ -25,6 +25,14 @@ type RxTable struct {
 	seq     uint64
 	entries map[string]*rxEntry
 	down    map[messages.PeerID]bool
+	// maps caches the peer map of each context parallelism seen (a peer
+	// map depends only on the layout and the two parallelisms).
+	maps map[kvcache.Parallel]peerMap
+}
+
+type peerMap struct {
+	pm  *kvcache.PeerMap
+	err error
 }
 
 type rxEntry struct {
@@ -36,7 +44,7 @@ type rxEntry struct {
 // par, whose engine is self and has workers sender workers.
 func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
 	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
-		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}}
+		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{}}
 }
 
 // RxOpen is what a request's start needs of Engine.Receive.
@@ -52,7 +60,12 @@ type RxOpen struct {
 
 // writers are the context ranks that write to this rank for o.
 func (t *RxTable) writers(o RxOpen) ([]kvcache.Rank, *kvcache.PeerMap, error) {
-	pm, err := kvcache.NewPeerMap(t.layout, o.ContextParallel, t.par)
+	m, ok := t.maps[o.ContextParallel]
+	if !ok {
+		m.pm, m.err = kvcache.NewPeerMap(t.layout, o.ContextParallel, t.par)
+		t.maps[o.ContextParallel] = m
+	}
+	pm, err := m.pm, m.err
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, o.Request, err)
 	}

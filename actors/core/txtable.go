@@ -146,25 +146,30 @@ func (t *TxTable) Live() []string {
 // Draining reports whether Close was called.
 func (t *TxTable) Draining() bool { return t.draining }
 
-// tombstones remembers recently finished requests so that a late frame for
-// one gets a definite answer instead of reopening it.
+// tombstones remembers the last n finished requests so that a late frame
+// for one gets a definite answer instead of reopening it. Its ring grows
+// as requests finish, up to n, then wraps.
 type tombstones struct {
+	n    int
 	ring []string
-	at   int
+	at   int // next slot to overwrite once the ring is full
 	set  map[string]bool
 }
 
 func newTombstones(n int) tombstones {
-	return tombstones{ring: make([]string, max(n, 1)), set: map[string]bool{}}
+	return tombstones{n: max(n, 1), set: map[string]bool{}}
 }
 
 func (t *tombstones) add(id string) {
-	if old := t.ring[t.at]; old != "" {
-		delete(t.set, old)
+	if len(t.ring) < t.n {
+		t.ring = append(t.ring, id)
+		t.set[id] = true
+		return
 	}
+	delete(t.set, t.ring[t.at])
 	t.ring[t.at] = id
 	t.set[id] = true
-	t.at = (t.at + 1) % len(t.ring)
+	t.at = (t.at + 1) % t.n
 }
 
 func (t *tombstones) has(id string) bool { return t.set[id] }
