@@ -9,5 +9,10 @@ package kvxfer
 // request fails, and it still drains before releasing.
 func (h *TxHandle) Crash() { h.inner.Crash() }
 
+// Crash makes the request's session panic, once it has one: the
+// supervisor restarts it, the request fails, and it still waits for its
+// writers before releasing the blocks.
+func (h *RxHandle) Crash() { h.inner.Crash() }
+
 // CrashWorker makes sender worker i panic.
 func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }

@@ -321,6 +321,10 @@ func (h *RxHandle) Cancel() {
 
 type rxCancelReq struct{ request string }
 
+// rxCrashReq asks the rx parent to make a session panic (crash injection,
+// sent only by kvxfer_invariants builds: RxHandle.Crash).
+type rxCrashReq struct{ request string }
+
 // FreeBlocks frees blocks handed over by a READY outcome.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Pools.Free(blocks) }
 

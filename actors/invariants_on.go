@@ -17,3 +17,7 @@ func (h *TxHandle) Crash() {
 
 // CrashWorker makes worker i panic (crash injection).
 func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], workerCrash{}) }
+
+// Crash makes the request's session panic (crash injection), once it has
+// one (a request still waiting for blocks has none: nothing happens).
+func (h *RxHandle) Crash() { h.e.sys.Root.Send(h.e.rx, &rxCrashReq{request: h.request}) }

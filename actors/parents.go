@@ -307,6 +307,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
 		}
 		p.sessions.maybeDrained()
+	case *rxCrashReq:
+		if pid := p.sessions.pids[m.request]; pid != nil {
+			ctx.Send(pid, &rxPanicNow{})
+		}
 	case *rxCancelReq:
 		if q, ok := p.queue.Remove(m.request); ok {
 			p.finishQueued(q, RxCancelled, ErrCancelled)

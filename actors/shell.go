@@ -304,6 +304,7 @@ func (a *txActor) Receive(ctx actor.Context) {
 }
 
 type txPanicNow struct{}
+type rxPanicNow struct{}
 type txSetHandle struct {
 	h     *Handle
 	start TxStart
@@ -443,6 +444,8 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		return
 	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
+	case *rxPanicNow:
+		panic("rx session: panic requested")
 	default:
 		eff = a.step(ctx, m, now)
 	}
