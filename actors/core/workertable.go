@@ -115,6 +115,12 @@ func (t *WorkerTable[S, E]) Keys() []string {
 	return keys
 }
 
+// Lookup returns key's open endpoint, if any, without queueing anything.
+func (t *WorkerTable[S, E]) Lookup(key string) (ep E, open bool) {
+	ep, open = t.eps[key]
+	return ep, open
+}
+
 // InFlight is the number of ops in flight.
 func (t *WorkerTable[S, E]) InFlight() int { return len(t.inflight) }
 

@@ -373,8 +373,8 @@ func (s *Sim) checkEnd() {
 			}
 		}
 		for _, w := range c.workers {
-			if len(w.inflight) > 0 {
-				s.failf("%s: ops still in flight at the end: %d", w.name(), len(w.inflight))
+			if n := w.tbl.InFlight(); n > 0 {
+				s.failf("%s: ops still in flight at the end: %d", w.name(), n)
 				return
 			}
 		}

@@ -81,7 +81,7 @@ func (c *ctxRank) boot() {
 	c.workers = nil
 	for i := range s.ctxW {
 		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,
-			eps: map[string]*endpoint{}, inflight: map[actors.OpRef]inflightRec{}})
+			tbl: core.NewWorkerTable[*txSess, *endpoint]()})
 	}
 }
 

@@ -23,7 +23,10 @@
 // claimed, Cancel answered at once) and core.RxTable (each writer's
 // RequestData, worker and planned bytes, the epoch, routing by writer, the
 // down set) with core.AllocQueue (requests start in arrival order while
-// blocks last; one that can never fit fails). The rest of the shells are models of the real ones: the tx
+// blocks last; one that can never fit fails), and each sender worker's
+// decisions are core.WorkerTable's (its endpoints, its ops in flight, what
+// closing an endpoint retires, what a crash puts in doubt; connects are
+// synchronous here). The rest of the shells are models of the real ones: the tx
 // parent's I/O (spawning sessions, replies, TxPeerRequest with the
 // RequestData's prompt length), the tx shell (a refused Pin stepped back
 // as TxPinFailed right after the effects that caused it; Decide handed to

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -232,17 +231,3 @@ func (s *Sim) between(lo, hi time.Duration) time.Duration {
 }
 
 func (s *Sim) chance(p float64) bool { return p > 0 && s.r.Float64() < p }
-
-// opLess orders op references deterministically.
-func opLess(a, b actors.OpRef) int {
-	switch {
-	case a.Request != b.Request:
-		if a.Request < b.Request {
-			return -1
-		}
-		return 1
-	case a.Peer != b.Peer:
-		return a.Peer - b.Peer
-	}
-	return a.Seq - b.Seq
-}
