@@ -35,9 +35,12 @@ demo: deps
 ## test: the README's test command: every package under the race
 ## detector (the simulator runs 200 seeds there), the simulator's 2,000
 ## seeds without it, then a short slice of every fuzz target.
+## Tests build with the kvxfer_invariants tag: invariant checks, mutations
+## and crash injection (a default build has none of them).
+TESTTAGS ?= kvxfer_invariants
 test: deps
-	$(GO) test -race -count=1 $(PKGS)
-	$(GO) test -count=1 ./test/sim
+	$(GO) test -race -count=1 -tags $(TESTTAGS) $(PKGS)
+	$(GO) test -count=1 -tags $(TESTTAGS) ./test/sim
 	$(MAKE) --no-print-directory ctest
 	$(MAKE) --no-print-directory pytest
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
@@ -89,7 +92,7 @@ SEEDS ?= 10000
 SEEDBASE ?= 1
 .PHONY: sim
 sim:
-	$(GO) test ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE)
+	$(GO) test -tags $(TESTTAGS) ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE)
 
 ## gpu-check: kvxfer's checks on one GPU (test/gpu/gpu-check.sh): discovery,
 ## the cudaipc conformance suite, the device-pool demo and cudaipc's

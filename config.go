@@ -63,6 +63,10 @@ type Config struct {
 	// DrainGrace is how long in-doubt writes may take to complete before
 	// their endpoint is closed to retire them.
 	DrainGrace time.Duration
+	// Clock is the engine's time: request deadlines and every timer of its
+	// actors (default: actors.SystemClock; tests pass an
+	// actors.FakeClock to drive deadlines without waiting).
+	Clock actors.Clock
 	// Logger receives the engine's logs (default: disabled).
 	Logger *zerolog.Logger
 	// Recorder, when set, receives every message each session steps on.
@@ -104,6 +108,9 @@ type resolved struct {
 	Config
 	layout kvcache.Layout
 	shape  kvcache.Shape
+	// blocks is the number of blocks of each layer group's pool: PoolBytes
+	// holds that many block sets (one block of every group each).
+	blocks int
 }
 
 func (c Config) resolve() (resolved, error) {
@@ -143,6 +150,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Backend == "" {
 		r.Backend = DefaultBackend
+	}
+	if r.Clock == nil {
+		r.Clock = actors.SystemClock{}
 	}
 	if r.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(r.MetricsAddr); err != nil {
@@ -188,5 +198,6 @@ func (c Config) resolve() (resolved, error) {
 	if perSet == 0 || r.PoolBytes/perSet < 1 {
 		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
 	}
+	r.blocks = int(r.PoolBytes / perSet)
 	return r, nil
 }

@@ -59,7 +59,7 @@ type Engine struct {
 
 // Start validates cfg, carves the pool region into one pool per layer
 // group, registers it with the data plane and starts the actor tree.
-func Start(ctx context.Context, cfg Config) (*Engine, error) {
+func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -71,6 +71,15 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if r.Logger != nil {
 		log = r.Logger.With().Str("engine", fmt.Sprintf("%s/%d", r.Instance, r.Parallel.Index(r.Rank))).Logger()
 	}
+	// undo closes, last first, what Start opened when a later step fails.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	e := &Engine{cfg: r}
 	e.region = r.Region
 	if e.region == nil {
@@ -78,18 +87,13 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		e.ownsRg = true
+		undo = append(undo, func() { _ = e.region.Close() })
 	}
 	var pools []*kvcache.Pool
 	var geoms []kvcache.PoolGeometry
-	var perSet uint64
-	groups := len(r.layout.Groups)
-	for g := 0; g < groups; g++ {
-		perSet += r.shape.BlockBytes(r.layout, g)
-	}
-	blocks := int(r.PoolBytes / perSet)
 	var off uint64
-	for g := 0; g < groups; g++ {
-		bb, n := r.shape.BlockBytes(r.layout, g), blocks
+	for g := range r.layout.Groups {
+		bb, n := r.shape.BlockBytes(r.layout, g), r.blocks
 		if bb == 0 { // this rank holds no layer of the group
 			bb, n = 1, 1
 		}
@@ -106,6 +110,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if e.agent == nil {
 		e.agent = loopback.New()
 		e.ownsAg = true
+		undo = append(undo, func() { _ = e.agent.Close() })
 	}
 	link := r.Link
 	if link == nil {
@@ -115,54 +120,28 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	rec := r.Recorder
 	if r.TracePath != "" {
 		if e.trace, err = trace.Create(r.TracePath); err != nil {
-			if e.ownsAg {
-				_ = e.agent.Close()
-			}
-			if e.ownsRg {
-				_ = e.region.Close()
-			}
 			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
 		}
+		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)
 	}
 	if r.MetricsAddr != "" {
 		e.metrics = metrics.New(self.String())
 		if e.metricsSrv, err = metrics.Serve(r.MetricsAddr, e.metrics.Handler()); err != nil {
-			if e.trace != nil {
-				_ = e.trace.Close()
-			}
-			if e.ownsAg {
-				_ = e.agent.Close()
-			}
-			if e.ownsRg {
-				_ = e.region.Close()
-			}
 			return nil, fmt.Errorf("kvxfer: MetricsAddr: %w", err)
 		}
+		undo = append(undo, func() { _ = e.metricsSrv.Close(ctx) })
 	}
-	inner, err := actors.StartEngine(actors.EngineConfig{
+	e.inner, err = actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
 			Rank: r.Rank, Pools: geoms},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
-		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec, Metrics: e.metrics,
+		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
 	})
 	if err != nil {
-		if e.metricsSrv != nil {
-			_ = e.metricsSrv.Close(ctx)
-		}
-		if e.trace != nil {
-			_ = e.trace.Close()
-		}
-		if e.ownsAg {
-			_ = e.agent.Close()
-		}
-		if e.ownsRg {
-			_ = e.region.Close()
-		}
 		return nil, err
 	}
-	e.inner = inner
 	return e, nil
 }
 
@@ -223,8 +202,14 @@ type Stats struct {
 	FramesRejected int64
 	// FramesStale: frames for requests already finished here.
 	FramesStale int64
+	// FramesShed: RequestData and Cancel frames refused because their
+	// peer had too many frames in flight inside the engine.
+	FramesShed int64
 	// SessionPanics: sessions restarted after a panic (each failed).
 	SessionPanics int64
+	// SessionPanicsPastBudget: session panics after the session's restart
+	// budget was spent (it was resumed to drain, not restarted).
+	SessionPanicsPastBudget int64
 	// PinErrors: source pins (and unpins) the pool refused.
 	PinErrors int64
 }
@@ -233,8 +218,9 @@ type Stats struct {
 func (e *Engine) Stats() Stats {
 	c := e.inner.Stats()
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
-		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), SessionPanics: c.SessionPanics.Load(),
-		PinErrors: c.PinErrors.Load()}
+		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
+		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
+		PinErrors:               c.PinErrors.Load()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil
@@ -298,7 +284,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	deadline := time.Now().Add(t)
+	deadline := e.cfg.Clock.Now().Add(t)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -394,10 +380,6 @@ func (h *TxHandle) Err() error {
 // Cancel cancels the request. Done still fires only after the pins drop.
 func (h *TxHandle) Cancel() { h.inner.Cancel() }
 
-// Crash makes the request's session panic (chaos testing): the supervisor
-// restarts it, the request fails, and it still drains before releasing.
-func (h *TxHandle) Crash() { h.inner.Crash() }
-
 // Done delivers the outcome once, after the session released every pin.
 func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
@@ -456,7 +438,7 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	if t <= 0 {
 		t = e.cfg.TransferTimeout
 	}
-	deadline := time.Now().Add(t)
+	deadline := e.cfg.Clock.Now().Add(t)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -489,9 +471,6 @@ func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
 // FreeBlocks frees destination blocks handed over by a READY outcome.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
-
-// CrashWorker makes sender worker i panic (chaos testing).
-func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
 
 // Close cancels live requests, waits for every session to drain and release
 // its pages (or ctx to end), then stops the engine. It reports the requests

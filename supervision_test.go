@@ -1,9 +1,11 @@
+//go:build kvxfer_invariants
+
 package kvxfer_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -161,6 +163,151 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 		t.Fatalf("rx outcome %s, want a failure", ro.Status)
 	}
 	checkNoLeaks(t, c)
+}
+
+// TestSessionBudgetExhaustedFailsAndDrains: a TxSession crashed eight
+// times, with a chunk's fence held, is restarted exactly its budget, three
+// times (before, the strategy sat on the session's own props and governed
+// its children, of which it has none: eight crashes gave eight restarts);
+// the five panics past the budget resume it instead of stopping it, so it
+// still holds the held chunk's pins until the fence fires, then fails its
+// request by the crash, drains and releases: nothing pinned, Close nil.
+func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "b", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "b", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &kvxfer.ManualFence{}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		tx.Crash()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ce.Stats().SessionPanicsPastBudget < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d panics past the budget, want 5", ce.Stats().SessionPanicsPastBudget)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if got := ce.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
+	}
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("Done (%s) before the held chunk's fence fired: pins dropped under a pending write", o.Status)
+	default:
+	}
+	if st := ce.Pools().Stats()[0]; st.Pinned != 2 {
+		t.Fatalf("%d source blocks pinned after the panics, want the held chunk's 2", st.Pinned)
+	}
+	f.Fire(nil)
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx outcome %s %v, want FAILED by a session crash", o.Status, o.Err)
+	}
+	for g, st := range ce.Pools().Stats() {
+		if st.Pinned != 0 {
+			t.Fatalf("group %d: %d blocks pinned after Done", g, st.Pinned)
+		}
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx outcome %s, want a failure", ro.Status)
+	}
+	if got := ce.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d after the drain, want 3", got)
+	}
+	checkNoLeaks(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// TestRxSessionBudgetExhaustedFailsAndDrains: an RxSession crashed eight
+// times is restarted exactly its budget, three times; its request fails by
+// the crash at the first restart, and the session still holds its
+// destination blocks until its writer is quiescent — the writer's chunk is
+// held by its fence, so the CancelAck comes only after the fence fires —
+// then releases them: nothing used on either side, Close nil.
+func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "rb", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "rb", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &kvxfer.ManualFence{}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		rx.Crash()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ge.Stats().SessionPanicsPastBudget < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d panics past the budget, want 5", ge.Stats().SessionPanicsPastBudget)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if got := ge.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
+	}
+	ro := waitOutcome(t, rx.Done())
+	if ro.OK || !errors.Is(ro.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("rx outcome %s %v, want FAILED by a session crash", ro.Status, ro.Err)
+	}
+	select {
+	case <-rx.Released():
+		t.Fatal("destination blocks released while the writer's chunk is still held")
+	default:
+	}
+	f.Fire(nil)
+	select {
+	case <-rx.Released():
+	case <-time.After(10 * time.Second):
+		t.Fatal("destination blocks never released after the writer drained")
+	}
+	if to := waitOutcome(t, tx.Done()); to.OK {
+		t.Fatalf("tx outcome %s, want a failure", to.Status)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free after Done: %v", err)
+	}
+	checkNoLeaks(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ge.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
 }
 
 // TestWorkerBudgetExhaustedFailsAndDrains: a sender worker crashed past its

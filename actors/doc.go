@@ -1,16 +1,15 @@
-// Package actors is kvxfer's engine: the context-side TxSession (with one
-// stream per generation rank it writes to), the generation-side RxSession,
-// sender workers, their supervisors, and the protoactor shells that run them.
+// Package actors is kvxfer's engine: the protoactor shells that run the
+// pure steps of package core (TxSession, RxSession), the sender workers,
+// the tx and rx parents, the listener and their supervision.
 //
 // # Pure steps, thin shells
 //
-// Each session is a pure state machine: Step(msg, now) returns effects
-// (Pin, Unpin, WatchFence, Submit, Flush, CloseEndpoint, SendFrame,
-// StartTimer, Finish, ReleaseDest, Stop, Log) as data, with no I/O, clock,
-// randomness or blocking inside. The shells (txActor, rxActor, workerActor,
-// the supervisors) execute effects and turn callbacks — fences, backend
-// completions, timers, control frames — into messages. Tests, the simulator
-// and trace replay drive the same steps directly.
+// Each session is a pure state machine in package core: Step(msg, now)
+// returns effects as data, with no I/O, clock, randomness or blocking
+// inside. The shells (txActor, rxActor, workerActor, the parents) execute
+// effects and turn callbacks — fences, backend completions, timers,
+// control frames — into messages. Tests, the simulator and trace replay
+// drive the same steps directly. steps.go re-exports core's names here.
 //
 // # Ordering and ownership
 //

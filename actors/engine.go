@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -32,9 +33,14 @@ type EngineConfig struct {
 	Link       control.Link
 	Timeout    time.Duration
 	DrainGrace time.Duration
-	Clock      func() time.Time
-	Log        zerolog.Logger
-	Recorder   Recorder
+	// Clock is the engine's time (nil: SystemClock).
+	Clock    Clock
+	Log      zerolog.Logger
+	Recorder Recorder
+	// FrameCredits is how many control frames of one peer the engine holds
+	// at most before it refuses that peer's RequestData and Cancel (0:
+	// DefaultFrameCredits); terminal frames always pass (credits.go).
+	FrameCredits int
 	// Metrics, when set, receives the engine's metrics (package metrics);
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
@@ -63,17 +69,22 @@ type Engine struct {
 }
 
 // StartEngine builds the actor tree and starts listening.
-func StartEngine(cfg EngineConfig) (*Engine, error) {
+func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	if cfg.Workers < 1 {
 		return nil, fmt.Errorf("%w: workers = %d, must be ≥ 1", ErrBadRequest, cfg.Workers)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = SystemClock{}
 	}
 	reg, err := cfg.Agent.Register(cfg.Region)
 	if err != nil {
 		return nil, fmt.Errorf("register pool region: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			_ = cfg.Agent.Deregister(reg)
+		}
+	}()
 	zl := cfg.Log
 	// Dead letters (a late completion or timer aimed at a stopped session)
 	// start protoactor's log throttle, a goroutine that lives one throttle
@@ -81,9 +92,14 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	sys := actor.NewActorSystem(actor.WithDeadLetterThrottleInterval(10*time.Millisecond), actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(zerolog.NewSlogHandler(zl.With().Str("component", "protoactor").Logger().Level(zerolog.WarnLevel)))
 	}))
+	defer func() {
+		if err != nil {
+			sys.Shutdown()
+		}
+	}()
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
-		throttle: control.NewThrottle(0, 0, 0)}
+		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits)}
 	if cfg.Metrics != nil {
 		groups := make([]string, len(cfg.Topology.Layout.Groups))
 		for g, grp := range cfg.Topology.Layout.Groups {
@@ -93,8 +109,6 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 			cfg.Metrics.AddRejectSource(rc.FramesRejected)
 		}
 		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups); err != nil {
-			sys.Shutdown()
-			_ = cfg.Agent.Deregister(reg)
 			return nil, err
 		}
 	}
@@ -104,7 +118,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	}
 
 	// senders: a supervisor whose children are the workers.
-	workerSup := actor.NewOneForOneStrategy(10, 10*time.Second, func(any) actor.Directive { return actor.RestartDirective })
+	workerSup := actor.NewOneForOneStrategy(workerRestarts, workerRestartWindow, func(any) actor.Directive { return actor.RestartDirective })
 	ready := make(chan []*actor.PID, 1)
 	e.env.dead = make([]atomic.Bool, cfg.Workers)
 	var pids []*actor.PID
@@ -114,8 +128,7 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 			pids = make([]*actor.PID, cfg.Workers)
 			for i := range pids {
 				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
-				w := &workerActor{slot: slot}
-				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
+				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return &workerActor{slot: slot} }))
 			}
 			ready <- pids
 		case *actor.Terminated:
@@ -143,12 +156,13 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, tombs: newTombstones(4096), handles: map[string]*Handle{}}
-	}))
+			table: core.NewTxTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
-			sessions: sessionTable{pids: map[string]*actor.PID{}}, entries: map[string]*rxEntry{}}
-	}))
+			table:    core.NewRxTable(cfg.Self, cfg.Topology.Layout, cfg.Topology.Parallel, cfg.Topology.Rank, cfg.Workers),
+			sessions: sessionTable{pids: map[string]*actor.PID{}}}
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
 	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
@@ -165,14 +179,25 @@ func StartEngine(cfg EngineConfig) (*Engine, error) {
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
-	lis, err := cfg.Link.Listen(e.hello, func(f messages.Frame) { sys.Root.Send(e.listenPI, f) })
-	if err != nil {
-		sys.Shutdown()
-		_ = cfg.Agent.Deregister(reg)
+	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}
-	e.lis = lis
 	return e, nil
+}
+
+// deliver takes a frame from the control link: into the listener's
+// mailbox while its peer has credits, else refused at once (never a
+// terminal frame).
+func (e *Engine) deliver(f messages.Frame) {
+	if !e.env.credits.take(f) {
+		e.stats.FramesShed.Add(1)
+		from := f.Sender()
+		if ev := e.env.warn(from.String(), "shed"); ev != nil {
+			ev.Str("peer", from.String()).Str("request", f.Request()).Msg("control frame refused: the peer's frame credits are spent")
+		}
+		return
+	}
+	e.sys.Root.Send(e.listenPI, f)
 }
 
 // Hello is what this engine tells its peers about itself.
@@ -206,13 +231,6 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
 func (h *TxHandle) Cancel() {
 	if h.pid != nil {
 		h.e.sys.Root.Send(h.pid, TxCancel{})
-	}
-}
-
-// Crash makes the session panic (tests and chaos only).
-func (h *TxHandle) Crash() {
-	if h.pid != nil {
-		h.e.sys.Root.Send(h.pid, &txPanicNow{})
 	}
 }
 
@@ -287,7 +305,7 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	}
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
-	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock()})
+	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
 	r := <-reply
 	if r.err != nil {
 		return nil, r.err
@@ -302,6 +320,10 @@ func (h *RxHandle) Cancel() {
 }
 
 type rxCancelReq struct{ request string }
+
+// rxCrashReq asks the rx parent to make a session panic (crash injection,
+// sent only by kvxfer_invariants builds: RxHandle.Crash).
+type rxCrashReq struct{ request string }
 
 // FreeBlocks frees blocks handed over by a READY outcome.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Pools.Free(blocks) }
@@ -318,9 +340,6 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
 }
-
-// CrashWorker makes worker i panic (tests and chaos only).
-func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], WorkerCrash{}) }
 
 // ErrUndrained is returned by Close when sessions could not drain in time.
 var ErrUndrained = errors.New("actors: sessions did not drain")

@@ -12,7 +12,7 @@ import (
 // is held back is counted into the next line let through ("held_back"),
 // and every event is still counted by the metrics.
 func (env *shellEnv) warn(peer, kind string) *zerolog.Event {
-	ok, held := env.throttle.Allow(env.clock(), peer, kind)
+	ok, held := env.throttle.Allow(env.clock.Now(), peer, kind)
 	if !ok {
 		return nil
 	}

@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/actors/core"
 	"strconv"
 	"time"
 
@@ -85,13 +86,13 @@ var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolv
 type meters struct {
 	set              *metrics.Set
 	bytesTx, bytesRx prometheus.Counter
-	txDur            [len(txNames)]prometheus.Observer
-	rxDur            [len(rxNames)]prometheus.Observer
+	txDur            [core.NumTxStates]prometheus.Observer
+	rxDur            [core.NumRxStates]prometheus.Observer
 	chunkWrite       prometheus.Observer
-	ops              [len(opStateNames)]prometheus.Gauge
+	ops              [core.NumOpStates]prometheus.Gauge
 	inDoubt          prometheus.Gauge
-	txSessions       [len(txNames)]prometheus.Gauge
-	rxSessions       [len(rxNames)]prometheus.Gauge
+	txSessions       [core.NumTxStates]prometheus.Gauge
+	rxSessions       [core.NumRxStates]prometheus.Gauge
 	txFail, rxFail   [numReasons]prometheus.Counter
 	rejected         [numRejects]prometheus.Counter
 }
@@ -106,16 +107,18 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 		chunkWrite: set.ChunkWriteLatency,
 		inDoubt:    set.OpsInDoubt,
 	}
-	for i, n := range txNames {
+	for i := range core.NumTxStates {
+		n := TxState(i).String()
 		m.txDur[i] = set.TransferDuration.WithLabelValues(metrics.SideTx, n)
 		m.txSessions[i] = set.Sessions.WithLabelValues(metrics.SideTx, n)
 	}
-	for i, n := range rxNames {
+	for i := range core.NumRxStates {
+		n := RxState(i).String()
 		m.rxDur[i] = set.TransferDuration.WithLabelValues(metrics.SideRx, n)
 		m.rxSessions[i] = set.Sessions.WithLabelValues(metrics.SideRx, n)
 	}
-	for i, n := range opStateNames {
-		m.ops[i] = set.Ops.WithLabelValues(n)
+	for i := range core.NumOpStates {
+		m.ops[i] = set.Ops.WithLabelValues(OpState(i).String())
 	}
 	for r, fr := range failReasons {
 		m.txFail[r] = set.Failures.WithLabelValues(metrics.SideTx, fr.name)
@@ -213,13 +216,13 @@ type txMeter struct {
 	since   time.Time   // Send (TxStart), else the session's birth
 	chunkAt []time.Time // when each chunk was handed over
 	streams []streamMeter
-	counts  [len(opStateNames)]float64 // this session's share of the ops gauges
+	counts  [core.NumOpStates]float64 // this session's share of the ops gauges
 }
 
 type streamMeter struct {
-	st     *stream   // a session never replaces a stream
-	lo     int       // ops [0, lo) are quiescent: final
-	states []OpState // the op states last seen
+	st     core.StreamView // a session never replaces a stream
+	lo     int             // ops [0, lo) are quiescent: final
+	states []OpState       // the op states last seen
 	bytes  uint64
 }
 
@@ -242,7 +245,7 @@ func (t *txMeter) stepped(s *TxSession, msg any, now time.Time) {
 			t.landed(s, m.Op, now)
 		}
 	}
-	for len(t.chunkAt) < len(s.chunks) {
+	for len(t.chunkAt) < s.Chunks() {
 		t.chunkAt = append(t.chunkAt, now)
 	}
 	t.sync(s)
@@ -264,19 +267,24 @@ func (t *txMeter) stepped(s *TxSession, msg any, now time.Time) {
 // landed observes the chunk-to-write latency of op r, which the step just
 // took from SUBMITTING to BACKEND_DONE (the mirror is not yet synced).
 func (t *txMeter) landed(s *TxSession, r OpRef, now time.Time) {
-	st := s.streams[r.Peer]
-	if st == nil || r.Request != s.cfg.Request || r.Seq < 0 || r.Seq >= len(st.ops) || st.ops[r.Seq].state != OpBackendDone {
+	if r.Request != s.Config().Request || r.Seq < 0 {
 		return
 	}
 	for i := range t.streams {
 		sm := &t.streams[i]
-		if sm.st != st {
+		if sm.st.Peer() != r.Peer {
 			continue
+		}
+		if r.Seq >= sm.st.Ops() {
+			return
+		}
+		if st, _ := sm.st.Op(r.Seq); st != OpBackendDone {
+			return
 		}
 		if r.Seq >= len(sm.states) || (sm.states[r.Seq] != OpSubmitting && sm.states[r.Seq] != OpSubmitted) {
 			return // already done before this step: a duplicate
 		}
-		if c := st.ops[r.Seq].chunk; c < len(t.chunkAt) {
+		if _, c := sm.st.Op(r.Seq); c < len(t.chunkAt) {
 			t.m.chunkWrite.Observe(now.Sub(t.chunkAt[c]).Seconds())
 		}
 		return
@@ -285,28 +293,29 @@ func (t *txMeter) landed(s *TxSession, r OpRef, now time.Time) {
 
 // sync brings the ops gauges and the bytes counter up to s.
 func (t *txMeter) sync(s *TxSession) {
-	undecided := !s.state.Terminal()
-	var d [len(opStateNames)]int32 // this step's moves, applied once per state
-	for len(t.streams) < len(s.order) {
-		t.streams = append(t.streams, streamMeter{st: s.streams[s.order[len(t.streams)]]})
+	undecided := !s.State().Terminal()
+	var d [core.NumOpStates]int32 // this step's moves, applied once per state
+	for len(t.streams) < s.Streams() {
+		t.streams = append(t.streams, streamMeter{st: s.Stream(len(t.streams))})
 	}
 	for i := range t.streams {
 		sm := &t.streams[i]
 		st := sm.st
-		if st.bytes != sm.bytes {
-			t.m.bytesTx.Add(float64(st.bytes - sm.bytes))
-			sm.bytes = st.bytes
+		if b := st.Bytes(); b != sm.bytes {
+			t.m.bytesTx.Add(float64(b - sm.bytes))
+			sm.bytes = b
 		}
-		for len(sm.states) < len(st.ops) {
+		ops := st.Ops()
+		for len(sm.states) < ops {
 			sm.states = append(sm.states, OpAdmitted)
 			d[OpAdmitted]++
 		}
-		hi := len(st.ops)
-		if undecided && st.next < hi {
-			hi = st.next // the rest are ADMITTED, waiting for their turn
+		hi := ops
+		if next := st.Next(); undecided && next < hi {
+			hi = next // the rest are ADMITTED, waiting for their turn
 		}
 		for j := sm.lo; j < hi; j++ {
-			if now := st.ops[j].state; now != sm.states[j] {
+			if now, _ := st.Op(j); now != sm.states[j] {
 				d[sm.states[j]]--
 				d[now]++
 				sm.states[j] = now
@@ -374,9 +383,9 @@ func (r *rxMeter) stepped(s *RxSession, now time.Time) {
 	if !r.open {
 		return
 	}
-	if s.bytes != r.bytes {
-		r.m.bytesRx.Add(float64(s.bytes - r.bytes))
-		r.bytes = s.bytes
+	if b := s.Bytes(); b != r.bytes {
+		r.m.bytesRx.Add(float64(b - r.bytes))
+		r.bytes = b
 	}
 	if st := s.State(); st != r.state {
 		r.m.rxSessions[r.state].Dec()

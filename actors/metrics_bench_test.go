@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -67,12 +66,10 @@ func chunkPathMessages(chunks, peers int) []any {
 		expected = append(expected, p)
 	}
 	for p := 1; p <= peers; p++ {
-		route := &Route{Peer: genPeer(p), AgentAddr: []byte(fmt.Sprintf("gen-%d", p)),
-			Planner: &fakePlanner{skip: map[int]bool{}, fail: map[int]error{}}}
-		msgs = append(msgs, TxPeerRequest{Peer: p, Epoch: 1, Route: route, Expected: expected})
+		msgs = append(msgs, TxPeerRequest{Peer: p, From: genPeer(p), Epoch: 1, PromptLen: 32 * chunks, Route: testRoute(p), Expected: expected})
 	}
 	for c := range chunks {
-		msgs = append(msgs, testChunk(c*32, (c+1)*32, c == chunks-1, 1), TxFenceFired{Index: c})
+		msgs = append(msgs, testChunk(c*32, (c+1)*32, c == chunks-1), TxFenceFired{Index: c})
 		for p := 1; p <= peers; p++ {
 			msgs = append(msgs, TxCompleted{Op: OpRef{Request: "r1", Peer: p, Seq: c}})
 		}

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"pgregory.net/rapid"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"
 )
@@ -24,7 +25,7 @@ func testMeters(t testing.TB) *meters {
 }
 
 // recount is the ops of s by state, counted the slow way.
-func recount(s *TxSession) (n [len(opStateNames)]float64) {
+func recount(s *TxSession) (n [core.NumOpStates]float64) {
 	s.EachOp(func(_ OpRef, st OpState) { n[st]++ })
 	return n
 }
@@ -38,7 +39,7 @@ func recount(s *TxSession) (n [len(opStateNames)]float64) {
 func TestProperty_TxMeterMatchesRecount(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		mt := testMeters(t)
-		m := newTxModel(rt)
+		m := newTxDriver(rt)
 		tm := mt.txSession()
 		tm.born(m.s, m.now)
 		check := func(when string) {
@@ -57,8 +58,8 @@ func TestProperty_TxMeterMatchesRecount(t *testing.T) {
 				rt.Fatalf("%s: ops_in_doubt %v, want %v", when, g, tm.counts[OpInDoubt])
 			}
 			var bytes uint64
-			for _, st := range m.s.streams {
-				bytes += st.bytes
+			for i := range m.s.Streams() {
+				bytes += m.s.Stream(i).Bytes()
 			}
 			if g := value(mt.bytesTx); g != float64(bytes) {
 				rt.Fatalf("%s: bytes %v, want %d", when, g, bytes)
@@ -75,16 +76,18 @@ func TestProperty_TxMeterMatchesRecount(t *testing.T) {
 		}
 		m.drain()
 		tm.stepped(m.s, nil, m.now)
-		m.checkEnd()
+		if !m.s.Stopped() || !m.s.Quiescent() {
+			rt.Fatalf("end: %s", fmtTxState(m.s))
+		}
 		if tm.open {
 			rt.Fatalf("meter still open after the session stopped")
 		}
-		for st := range opStateNames {
+		for st := range core.NumOpStates {
 			if g := value(mt.ops[st]); g != 0 {
 				rt.Fatalf("end: gauge ops{%v} = %v", OpState(st), g)
 			}
 		}
-		for st := range txNames {
+		for st := range core.NumTxStates {
 			if g := value(mt.txSessions[st]); g != 0 {
 				rt.Fatalf("end: sessions{%v} = %v", TxState(st), g)
 			}
@@ -108,7 +111,7 @@ func TestProperty_TxMeterMatchesRecount(t *testing.T) {
 // with the outcome.
 func TestTxMeter_Chunk(t *testing.T) {
 	mt := testMeters(t)
-	h, _ := newTxHarness(t, txOpts{})
+	h := newTxStepper(t)
 	tm := mt.txSession()
 	tm.born(h.s, h.now)
 	step := func(msg any) []Effect {
@@ -118,10 +121,10 @@ func TestTxMeter_Chunk(t *testing.T) {
 	}
 	step(TxStart{PromptLen: 64})
 	h.advance(time.Millisecond)
-	step(TxPeerRequest{Peer: 1, Epoch: 1, Route: h.route(1), Expected: []int{1, 2}})
-	step(TxPeerRequest{Peer: 2, Epoch: 1, Route: h.route(2), Expected: []int{1, 2}})
-	step(testChunk(0, 32, false, 1))
-	step(testChunk(32, 64, true, 1))
+	step(TxPeerRequest{Peer: 1, Epoch: 1, Route: testRoute(1), Expected: []int{1, 2}})
+	step(TxPeerRequest{Peer: 2, Epoch: 1, Route: testRoute(2), Expected: []int{1, 2}})
+	step(testChunk(0, 32, false))
+	step(testChunk(32, 64, true))
 	if g := value(mt.ops[OpAdmitted]); g != 4 {
 		t.Fatalf("ADMITTED %v, want 4", g)
 	}
@@ -156,7 +159,7 @@ func TestTxMeter_Chunk(t *testing.T) {
 	if got := histCount(t, mt.set, "kvxfer_transfer_duration_seconds", "side", "tx", "outcome", "DONE"); got != 1 {
 		t.Fatalf("tx DONE durations %d", got)
 	}
-	for st := range opStateNames {
+	for st := range core.NumOpStates {
 		if g := value(mt.ops[st]); g != 0 {
 			t.Fatalf("ops{%v} = %v after release", OpState(st), g)
 		}
@@ -172,7 +175,7 @@ func TestTxMeter_Chunk(t *testing.T) {
 // the gauge.
 func TestTxMeter_FailedWriteAndInDoubt(t *testing.T) {
 	mt := testMeters(t)
-	h, _ := newTxHarness(t, txOpts{})
+	h := newTxStepper(t)
 	tm := mt.txSession()
 	tm.born(h.s, h.now)
 	step := func(msg any) {
@@ -180,9 +183,9 @@ func TestTxMeter_FailedWriteAndInDoubt(t *testing.T) {
 		tm.stepped(h.s, msg, h.now)
 	}
 	step(TxStart{PromptLen: 96, Deadline: h.now.Add(time.Second)})
-	step(TxPeerRequest{Peer: 1, Epoch: 1, Route: h.route(1), Expected: []int{1}})
-	step(testChunk(0, 32, false, 1))
-	step(testChunk(32, 64, false, 1))
+	step(TxPeerRequest{Peer: 1, Epoch: 1, Route: testRoute(1), Expected: []int{1}})
+	step(testChunk(0, 32, false))
+	step(testChunk(32, 64, false))
 	step(TxFenceFired{Index: 0})
 	step(TxFenceFired{Index: 1})
 	step(TxCompleted{Op: h.op(1, 0), Err: errors.New("remote write failed")})
@@ -210,7 +213,7 @@ func TestTxMeter_FailedWriteAndInDoubt(t *testing.T) {
 	if got := histCount(t, mt.set, "kvxfer_transfer_duration_seconds", "side", "tx", "outcome", "FAILED"); got != 1 {
 		t.Fatalf("tx FAILED durations %d", got)
 	}
-	for st := range opStateNames {
+	for st := range core.NumOpStates {
 		if g := value(mt.ops[st]); g != 0 {
 			t.Fatalf("ops{%v} = %v after release", OpState(st), g)
 		}
@@ -221,11 +224,11 @@ func TestTxMeter_FailedWriteAndInDoubt(t *testing.T) {
 // (its supervisor gave up) leaves nothing behind in the gauges.
 func TestTxMeter_CloseWithoutRelease(t *testing.T) {
 	mt := testMeters(t)
-	h, _ := newTxHarness(t, txOpts{})
+	h := newTxStepper(t)
 	tm := mt.txSession()
 	tm.born(h.s, h.now)
-	for _, msg := range []any{TxStart{PromptLen: 32}, TxPeerRequest{Peer: 1, Epoch: 1, Route: h.route(1), Expected: []int{1}},
-		testChunk(0, 32, true, 1), TxFenceFired{Index: 0}} {
+	for _, msg := range []any{TxStart{PromptLen: 32}, TxPeerRequest{Peer: 1, Epoch: 1, Route: testRoute(1), Expected: []int{1}},
+		testChunk(0, 32, true), TxFenceFired{Index: 0}} {
 		h.step(msg)
 		tm.stepped(h.s, msg, h.now)
 	}
@@ -247,7 +250,7 @@ func TestTxMeter_CloseWithoutRelease(t *testing.T) {
 // stale rejections, and the session leaves the gauge when it stops.
 func TestRxMeter(t *testing.T) {
 	mt := testMeters(t)
-	h := newRxHarness(t, 2, 0)
+	h := newRxStepper(2)
 	rm := mt.rxSession(h.now.Add(-time.Second)) // Receive was called 1 s before the session began
 	rm.born(h.s, h.now)
 	step := func(msg any) {

@@ -1,39 +1,16 @@
 package actors
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
-
-// tombstones remembers recently finished requests so that a late frame for
-// one gets a definite answer instead of reopening it.
-type tombstones struct {
-	ring []string
-	at   int
-	set  map[string]bool
-}
-
-func newTombstones(n int) *tombstones {
-	return &tombstones{ring: make([]string, n), set: map[string]bool{}}
-}
-
-func (t *tombstones) add(id string) {
-	if old := t.ring[t.at]; old != "" {
-		delete(t.set, old)
-	}
-	t.ring[t.at] = id
-	t.set[id] = true
-	t.at = (t.at + 1) % len(t.ring)
-}
-
-func (t *tombstones) has(id string) bool { return t.set[id] }
 
 // Messages to the tx and rx supervisors.
 type (
@@ -107,29 +84,24 @@ func (t *sessionTable) maybeDrained() {
 }
 
 // txParent supervises TxSessions and routes context-side frames to them.
+// Its decisions are core.TxTable's; it keeps the sessions' PIDs and the
+// handles Send gave out.
 type txParent struct {
 	env      *shellEnv
 	topo     Topology
 	self     messages.PeerID
 	link     control.Link
 	cfg      TxConfig
+	table    *core.TxTable
 	sessions sessionTable
-	tombs    *tombstones
 	handles  map[string]*Handle
-	// bound fixes each live request's generation instance: named by Send,
-	// or else the instance of the first RequestData that resolved. Frames
-	// of the request from any other instance are refused and do not touch
-	// it.
-	bound map[string]string
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
-	a := &txActor{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
-	props := actor.PropsFromProducer(func() actor.Actor { return a },
-		actor.WithSupervisor(sessionSupervisor))
-	pid := ctx.Spawn(props)
+	c := &txCell{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
+	pid := ctx.Spawn(actor.PropsFromProducer(c.produce))
 	p.sessions.pids[id] = pid
 	return pid
 }
@@ -137,47 +109,34 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 func (p *txParent) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *txOpenReq:
-		if p.sessions.draining {
-			m.reply <- txOpenReply{err: ErrClosed}
-			return
-		}
-		if p.handles[m.request] != nil || p.tombs.has(m.request) {
-			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s already sent", ErrBadRequest, m.request)}
+		spawn, err := p.table.Open(m.request, m.generation)
+		if err != nil {
+			m.reply <- txOpenReply{err: err}
 			return
 		}
 		pid := p.sessions.pids[m.request]
-		if b := p.bound[m.request]; pid != nil && m.generation != "" && b != "" && b != m.generation {
-			// A RequestData from another instance opened the session
-			// first: Send's word decides; that session is that instance's
-			// mistake, not this request.
-			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s: generation instance %s already asked for it, Send names %s",
-				ErrBadRequest, m.request, b, m.generation)}
-			return
-		}
-		if pid == nil {
+		if spawn {
 			pid = p.spawn(ctx, m.request)
-		}
-		if m.generation != "" {
-			p.bind(m.request, m.generation)
 		}
 		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
 		m.reply <- txOpenReply{pid: pid}
 	case *messages.RequestData:
 		p.onRequestData(ctx, m)
+		p.env.credits.give(m)
 	case *messages.Cancel:
-		pid := p.sessions.pids[m.RequestID]
-		if b := p.bound[m.RequestID]; pid != nil && b != m.From.Instance {
+		defer p.env.credits.give(m)
+		deliver, notBound := p.table.Cancel(m)
+		if notBound {
 			// Not the request's instance: nothing of ours writes for it.
 			p.env.meters.reject(rejectNotBound)
-			pid = nil
 		}
-		if pid == nil {
+		if !deliver {
 			// Nothing of ours touches that request: we are quiescent.
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
-		ctx.Send(pid, TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
+		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
 	case *sessionStopped:
 		if pid := p.sessions.pids[m.request]; pid != nil {
 			ctx.Poison(pid) // after whatever this parent already sent it
@@ -190,14 +149,13 @@ func (p *txParent) Receive(ctx actor.Context) {
 			h.finish(m.outcome)
 		}
 		delete(p.handles, m.request)
-		delete(p.bound, m.request)
-		p.tombs.add(m.request)
+		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 	case *closeReq:
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
-		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxCancel{Reason: ErrClosed})
+		for _, id := range p.table.Close() {
+			ctx.Send(p.sessions.pids[id], TxCancel{Reason: ErrClosed})
 		}
 		p.sessions.maybeDrained()
 	case *listSessions:
@@ -224,13 +182,6 @@ func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, 
 	sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
 
-func (p *txParent) bind(request, instance string) {
-	if p.bound == nil {
-		p.bound = map[string]string{}
-	}
-	p.bound[request] = instance
-}
-
 // refuse answers a RequestData that touches no session: FAILED to its
 // sender, counted, and forgotten (no session, no tombstone).
 func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejectReason, err error) {
@@ -247,15 +198,13 @@ func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejec
 // peer cannot poison a request that has not started. Only the request's
 // own instance can fail it.
 func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
-	pid := p.sessions.pids[rd.RequestID]
-	if pid == nil && (p.tombs.has(rd.RequestID) || p.sessions.draining) {
+	switch v, bound := p.table.RequestData(rd); v {
+	case core.RequestDataStale:
 		p.env.meters.reject(rejectStale)
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side"})
 		return
-	}
-	bound := p.bound[rd.RequestID]
-	if bound != "" && bound != rd.From.Instance {
+	case core.RequestDataNotBound:
 		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",
 			ErrBadRequest, rd.RequestID, bound, rd.From.Instance))
 		return
@@ -266,7 +215,8 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = ResolveRequest(p.topo, hello, rd)
 	}
-	if err != nil && bound == "" {
+	refuse, spawn := p.table.Resolved(rd, err)
+	if refuse {
 		// Nobody has claimed the request: this frame does not get to.
 		p.refuse(ctx, rd, rejectUnresolved, err)
 		return
@@ -275,44 +225,27 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		// The request's own instance cannot be served: its session fails.
 		p.env.meters.reject(rejectUnresolved)
 	}
-	if pid == nil {
+	pid := p.sessions.pids[rd.RequestID]
+	if spawn {
 		pid = p.spawn(ctx, rd.RequestID)
 	}
-	p.bind(rd.RequestID, rd.From.Instance)
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
 }
 
-// sessionSupervisor restarts a panicking session (its state survives in the
-// shell, which fails the request and keeps draining).
-var sessionSupervisor = actor.NewOneForOneStrategy(3, time.Minute, func(any) actor.Directive {
-	return actor.RestartDirective
-})
-
 // rxParent supervises RxSessions, allocates destination blocks (queueing
-// requests while the pool is full) and routes generation-side frames.
+// requests while the pool is full) and routes generation-side frames. Its
+// writers, epochs and down set are core.RxTable's; it keeps the sessions'
+// PIDs and the allocation queue.
 type rxParent struct {
 	env      *shellEnv
 	topo     Topology
 	self     messages.PeerID
 	workers  int
+	table    *core.RxTable
 	sessions sessionTable
-	entries  map[string]*rxEntry
-	queue    []*rxOpenReq
-	epoch    uint64
-	down     rxDown
+	queue    core.AllocQueue[*rxOpenReq]
 	link     control.Link
-}
-
-// rxDown remembers peers the control plane declared dead until one of
-// their frames arrives again: a session that needs a dead writer fails at
-// once instead of waiting for its deadline.
-type rxDown map[messages.PeerID]bool
-
-type rxEntry struct {
-	pid     *actor.PID
-	epoch   uint64
-	writers map[messages.PeerID]int
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
@@ -322,7 +255,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			m.reply <- rxOpenReply{err: ErrClosed}
 			return
 		}
-		if p.entries[m.req.ID] != nil {
+		if p.table.Started(m.req.ID) {
 			m.reply <- rxOpenReply{err: fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)}
 			return
 		}
@@ -340,69 +273,61 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			p.start(ctx, m, m.req.Blocks)
 			return
 		}
-		p.queue = append(p.queue, m)
+		p.queue.Push(m.req.ID, counts, m)
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
-			time.AfterFunc(time.Until(m.req.Deadline), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
+			p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
 		}
 		p.drainQueue(ctx)
 	case *blocksFreed:
 		p.drainQueue(ctx)
 	case *rxQueueTimeout:
-		for i, q := range p.queue {
-			if q.req.ID == m.request {
-				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
-				break
-			}
+		if q, ok := p.queue.Remove(m.request); ok {
+			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
-		p.route(ctx, m.RequestID, m.From, m)
+		p.route(ctx, m)
+		p.env.credits.give(m)
 	case *messages.CancelAck:
-		p.route(ctx, m.RequestID, m.From, m)
+		p.route(ctx, m)
+		p.env.credits.give(m)
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
-		delete(p.entries, m.request)
+		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 		p.drainQueue(ctx)
 	case *closeReq:
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
-		for _, q := range p.queue {
+		for _, q := range p.queue.Clear() {
 			p.finishQueued(q, RxCancelled, ErrClosed)
 		}
-		p.queue = nil
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
 		}
 		p.sessions.maybeDrained()
-	case *rxCancelReq:
-		for i, q := range p.queue {
-			if q.req.ID == m.request {
-				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				p.finishQueued(q, RxCancelled, ErrCancelled)
-				return
-			}
+	case *rxCrashReq:
+		if pid := p.sessions.pids[m.request]; pid != nil {
+			ctx.Send(pid, &rxPanicNow{})
 		}
-		if e := p.entries[m.request]; e != nil {
-			ctx.Send(e.pid, RxCancel{})
+	case *rxCancelReq:
+		if q, ok := p.queue.Remove(m.request); ok {
+			p.finishQueued(q, RxCancelled, ErrCancelled)
+			return
+		}
+		if pid := p.sessions.pids[m.request]; pid != nil {
+			ctx.Send(pid, RxCancel{})
 		}
 	case *listSessions:
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
-		if p.down == nil {
-			p.down = rxDown{}
-		}
-		p.down[m.peer] = true
-		for _, e := range p.entries {
-			if w, ok := e.writers[m.peer]; ok {
-				ctx.Send(e.pid, RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
-			}
+		for _, r := range p.table.PeerDown(m.peer) {
+			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
 		}
 	case *workerDead:
-		for _, e := range p.entries {
-			ctx.Send(e.pid, RxWorkerDead{Worker: m.worker})
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, RxWorkerDead{Worker: m.worker})
 		}
 	}
 }
@@ -411,7 +336,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 // the outcome at once, after the metrics (as a session's shell does); no
 // RequestData left, so its blocks (if any) are released too.
 func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
-	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock())
+	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock.Now())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 	q.handle.release()
 }
@@ -459,22 +384,18 @@ func hitOf(r RxRequest, g int) int {
 	return 0
 }
 
-func (p *rxParent) route(ctx actor.Context, id string, from messages.PeerID, f messages.Frame) {
-	delete(p.down, from) // it speaks again
-	e := p.entries[id]
-	if e == nil {
+func (p *rxParent) route(ctx actor.Context, f messages.Frame) {
+	switch v, w := p.table.Route(f); v {
+	case core.RxRouteStale:
 		p.env.stats.FramesStale.Add(1)
 		p.env.meters.reject(rejectStale)
-		return
-	}
-	w, ok := e.writers[from]
-	if !ok {
+	case core.RxRouteNotWriter:
 		p.env.stats.FramesRejected.Add(1)
 		p.env.meters.reject(rejectNotWriter)
-		p.env.log.Warn().Str("request", id).Str("peer", from.String()).Msg("frame from a peer that is not a writer of the request")
-		return
+		p.env.log.Warn().Str("request", f.Request()).Str("peer", f.Sender().String()).Msg("frame from a peer that is not a writer of the request")
+	case core.RxRouteDeliver:
+		ctx.Send(p.sessions.pids[f.Request()], RxFrame{Writer: w, Frame: f})
 	}
-	ctx.Send(e.pid, RxFrame{Writer: w, Frame: f})
 }
 
 // needed computes the destination block counts per group for a request.
@@ -508,96 +429,40 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 	return counts, nil
 }
 
-// drainQueue starts queued requests, in order, while blocks are free.
+// drainQueue starts queued requests, in order, while blocks are free; one
+// that no free can make fit fails rather than block the queue.
 func (p *rxParent) drainQueue(ctx actor.Context) {
-	for len(p.queue) > 0 {
-		q := p.queue[0]
-		counts, _ := p.needed(q.req)
-		blocks, err := p.env.pools.Alloc(counts)
-		if err != nil && !errors.Is(err, kvcache.ErrOutOfBlocks) {
-			// No free can make it fit: fail it rather than block the queue.
-			p.queue = p.queue[1:]
+	p.queue.Drain(p.env.pools.Alloc,
+		func(q *rxOpenReq, blocks [][]kvcache.BlockID) { p.start(ctx, q, blocks) },
+		func(q *rxOpenReq, err error) {
 			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
-			continue
-		}
-		if err != nil {
-			return // wait for blocksFreed
-		}
-		p.queue = p.queue[1:]
-		p.start(ctx, q, blocks)
-	}
+		})
 }
 
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
-	l := p.topo.Layout
-	p.epoch++
-	epoch := uint64(p.env.clock().UnixNano())<<8 | p.epoch&0xff
-	groups := make([]messages.GroupDest, len(l.Groups))
-	for g, grp := range l.Groups {
-		hit := 0
-		if g < len(q.req.PrefixHitBlocks) {
-			hit = q.req.PrefixHitBlocks[g]
+	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel,
+		PrefixHitBlocks: q.req.PrefixHitBlocks, Deadline: q.req.Deadline}
+	// A writer the control plane declared dead and does not hear again
+	// fails the request before any RequestData leaves (RxTable.Start).
+	for _, peer := range p.table.DownWriters(o) {
+		if p.link == nil {
+			continue
 		}
-		first, _ := kvcache.NeededRange(q.req.PromptLen, grp.Window, l.TokensPerBlock, hit)
-		ids := make([]int32, len(blocks[g]))
-		for i, b := range blocks[g] {
-			ids[i] = int32(b)
+		if _, err := p.link.Hello(peer); err == nil {
+			p.table.Heard(peer)
 		}
-		groups[g] = messages.GroupDest{First: int32(first), Blocks: ids}
 	}
-	var deadline int64
-	if !q.req.Deadline.IsZero() {
-		deadline = q.req.Deadline.UnixNano()
-	}
-	pm, err := kvcache.NewPeerMap(l, q.req.ContextParallel, p.topo.Parallel)
+	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)
-		p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: %w", ErrBadRequest, q.req.ID, err))
+		p.finishQueued(q, RxFailed, err)
 		return
-	}
-	// A writer the control plane declared dead (and does not hear again)
-	// fails the request before any RequestData leaves: were it to come
-	// back, it must not write into blocks this request no longer owns.
-	for _, r := range pm.WritersOf(p.topo.Rank) {
-		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
-		if p.down[peer] && p.link != nil {
-			if _, err := p.link.Hello(peer); err == nil {
-				delete(p.down, peer) // the control plane hears it again
-			}
-		}
-		if p.down[peer] {
-			p.unstarted(q, blocks)
-			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, q.req.ID, peer))
-			return
-		}
-	}
-	entry := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
-	var writers []RxWriter
-	for i, r := range pm.WritersOf(p.topo.Rank) {
-		peer := messages.PeerID{Instance: q.req.Context, Rank: int32(q.req.ContextParallel.Index(r))}
-		entry.writers[peer] = i
-		// What this writer must write, from this rank's own plan: every
-		// destination block of every group it carries layers of.
-		var want uint64
-		if link, ok := pm.Link(r, p.topo.Rank); ok {
-			for g := range blocks {
-				want += uint64(len(blocks[g])) * link.BytesPerBlock(l, g)
-			}
-		}
-		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(q.req.ID, peer, p.workers), Bytes: want,
-			Request: &messages.RequestData{RequestID: q.req.ID, Epoch: epoch, From: p.self,
-				GenParallel: messages.Parallel{TP: int32(p.topo.Parallel.TP), PP: int32(p.topo.Parallel.PP)},
-				GenTP:       int32(p.topo.Rank.TP), GenPP: int32(p.topo.Rank.PP),
-				PromptLen: int32(q.req.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
-	a := &rxActor{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
+	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
-	pid := ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithSupervisor(sessionSupervisor)))
-	entry.pid = pid
-	p.entries[q.req.ID] = entry
-	p.sessions.pids[q.req.ID] = pid
+	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
 // listener validates every frame that arrives and routes it.
@@ -612,16 +477,17 @@ func (l *listener) Receive(ctx actor.Context) {
 	if !ok {
 		return
 	}
-	if err := f.Validate(); err != nil {
+	switch dest, err := core.RouteFrame(f); dest {
+	case core.FrameRejected:
+		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
-		return
-	}
-	switch f.(type) {
-	case *messages.RequestData, *messages.Cancel:
-		ctx.Send(l.tx, f)
-	case *messages.Result, *messages.CancelAck:
+	case core.FrameToTx:
+		ctx.Send(l.tx, f) // its parent gives the credit back
+	case core.FrameToRx:
 		ctx.Send(l.rx, f)
+	default:
+		l.env.credits.give(f)
 	}
 }

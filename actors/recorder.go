@@ -96,21 +96,3 @@ func openTrace(env *shellEnv, id string, b Birth) (path string, tr SessionTracer
 	}
 	return path, tr
 }
-
-// EachOp calls f with every op of the session and its state: stream by
-// stream in the order the streams opened, each stream's ops in order. It
-// is OpStates without the map, for per-step digests (package trace).
-func (s *TxSession) EachOp(f func(OpRef, OpState)) {
-	s.eachOp(func(r OpRef, o *op) { f(r, o.state) })
-}
-
-// PinnedCount is len(PinnedChunks()) without the slice.
-func (s *TxSession) PinnedCount() int {
-	n := 0
-	for i := range s.chunks {
-		if s.chunks[i].pinned {
-			n++
-		}
-	}
-	return n
-}

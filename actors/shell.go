@@ -20,8 +20,14 @@ type Counters struct {
 	FramesUnsent   atomic.Int64
 	FramesRejected atomic.Int64
 	FramesStale    atomic.Int64
-	SessionPanics  atomic.Int64
-	PinErrors      atomic.Int64
+	// FramesShed counts RequestData and Cancel frames refused because
+	// their peer's frame credits were spent (credits.go).
+	FramesShed    atomic.Int64
+	SessionPanics atomic.Int64
+	// SessionPanicsPastBudget counts session panics after the session's
+	// restart budget was spent (each resumed it to drain; not a restart).
+	SessionPanicsPastBudget atomic.Int64
+	PinErrors               atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,
@@ -137,7 +143,7 @@ func (h *Handle) finish(o Outcome) {
 type shellEnv struct {
 	pools    *Pools
 	workers  []*actor.PID
-	clock    func() time.Time
+	clock    Clock
 	log      zerolog.Logger
 	stats    *Counters
 	recorder Recorder
@@ -146,6 +152,8 @@ type shellEnv struct {
 	meters   *meters // nil: metrics off
 	// throttle rate-limits warnings per (peer, kind), engine-wide.
 	throttle *control.Throttle
+	// credits bounds each peer's frames in flight inside the engine.
+	credits *frameCredits
 	// dead marks workers stopped for good (restart budget spent); failed
 	// is set with the first: the engine refuses new work.
 	dead    []atomic.Bool
@@ -203,36 +211,54 @@ type sessionStopped struct {
 	outcome Outcome
 }
 
-// txActor is the protoactor shell of a TxSession.
+// txCell is what a TxSession's actor keeps across restarts: the session
+// itself (its chunks, streams and ops outlive a panic of the shell), its
+// handle, its timers and its tracer and meter. Each incarnation of the
+// actor is a fresh txActor over the same cell.
+type txCell struct {
+	env    *shellEnv
+	s      *TxSession
+	handle *Handle
+	timers []Timer
+	path   string        // actor path for the recorder
+	tr     SessionTracer // nil unless tracing
+	meter  *txMeter      // nil: metrics off
+	// incarnations counts the actors produced for the session: the first
+	// is its birth, each later one a restart after a panic.
+	incarnations int
+}
+
+// produce is the session's actor.Producer: a fresh shell per incarnation.
+func (c *txCell) produce() actor.Actor {
+	c.incarnations++
+	return &txActor{txCell: c, restarted: c.incarnations > 1}
+}
+
+// txActor is the protoactor shell of a TxSession: one incarnation.
 type txActor struct {
-	env      *shellEnv
-	s        *TxSession
-	handle   *Handle
-	fence    Fence // the fence of the chunk being stepped
-	timers   []*time.Timer
-	panicked bool
-	path     string        // actor path for the recorder
-	tr       SessionTracer // nil unless tracing
-	meter    *txMeter      // nil: metrics off
+	*txCell
+	// restarted: this incarnation follows a panic (its parent's strategy
+	// restarted it); on Started it fails the request and goes on draining.
+	restarted bool
+	fence     Fence // the fence of the chunk being stepped
 	// feedback holds the failures of effects being executed (a refused
 	// pin), stepped as messages right after the effects that caused them.
 	feedback []any
 }
 
 func (a *txActor) Receive(ctx actor.Context) {
-	now := a.env.clock()
+	now := a.env.clock.Now()
 	var eff []Effect
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		if a.panicked {
-			a.panicked = false
+		if a.restarted {
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it.
 			a.exec(ctx, a.step(ctx, TxPanic{Err: fmt.Errorf("restarted after panic")}, now), now)
 			a.env.stats.SessionPanics.Add(1)
 			return
 		}
-		cfg := a.s.cfg
+		cfg := a.s.Config()
 		a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
 		eff = a.s.Init(now)
 		if a.tr != nil {
@@ -241,15 +267,12 @@ func (a *txActor) Receive(ctx actor.Context) {
 		if a.meter != nil {
 			a.meter.born(a.s, now)
 		}
-	case *actor.Restarting:
-		a.panicked = true
-		return
 	case *actor.Stopped:
 		if a.meter != nil {
 			a.meter.close() // when the session could not release
 		}
 		return
-	case *actor.Stopping, *actor.Restart:
+	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
 	case txChunkMsg:
 		// The fence must be in place while the effects run: WatchFence
@@ -281,6 +304,7 @@ func (a *txActor) Receive(ctx actor.Context) {
 }
 
 type txPanicNow struct{}
+type rxPanicNow struct{}
 type txSetHandle struct {
 	h     *Handle
 	start TxStart
@@ -319,7 +343,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 		case Unpin:
 			if err := a.env.pools.Unpin(e.Group, e.IDs); err != nil {
 				a.env.stats.PinErrors.Add(1)
-				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("unpin")
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("unpin")
 			}
 		case WatchFence:
 			f := a.fence
@@ -337,7 +361,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 		case SendFrame:
 			sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 		case StartTimer:
-			a.timers = append(a.timers, startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
+			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
 		case Decide:
 			if a.handle != nil {
 				a.handle.decide(e)
@@ -346,7 +370,7 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 			if a.handle != nil {
 				a.handle.finish(e.Outcome)
 			}
-			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request, outcome: e.Outcome})
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request, outcome: e.Outcome})
 		case Stop:
 			// The tx supervisor poisons the session once it has taken it
 			// off its table: frames it forwarded before that are still in
@@ -361,38 +385,49 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 	}
 }
 
-func startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) *time.Timer {
+// startTimer arms a step's timer on the engine's clock: msg comes back to
+// the actor at e.At.
+func (env *shellEnv) startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) Timer {
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	d := e.At.Sub(now)
-	if d < 0 {
-		d = 0
-	}
-	return time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+	return env.clock.AfterFunc(max(e.At.Sub(now), 0), func() { sys.Root.Send(self, msg) })
 }
 
-// rxActor is the protoactor shell of an RxSession.
+// rxCell is what an RxSession's actor keeps across restarts (as txCell).
+type rxCell struct {
+	env    *shellEnv
+	s      *RxSession
+	handle *Handle
+	timers []Timer
+	path   string        // actor path for the recorder
+	tr     SessionTracer // nil unless tracing
+	meter  *rxMeter      // nil: metrics off
+	// incarnations counts the actors produced for the session.
+	incarnations int
+}
+
+// produce is the session's actor.Producer: a fresh shell per incarnation.
+func (c *rxCell) produce() actor.Actor {
+	c.incarnations++
+	return &rxActor{rxCell: c, restarted: c.incarnations > 1}
+}
+
+// rxActor is the protoactor shell of an RxSession: one incarnation.
 type rxActor struct {
-	env      *shellEnv
-	s        *RxSession
-	handle   *Handle
-	timers   []*time.Timer
-	panicked bool
-	path     string        // actor path for the recorder
-	tr       SessionTracer // nil unless tracing
-	meter    *rxMeter      // nil: metrics off
+	*rxCell
+	restarted bool // this incarnation follows a panic
 }
 
 func (a *rxActor) Receive(ctx actor.Context) {
-	now := a.env.clock()
+	now := a.env.clock.Now()
 	var eff []Effect
-	restarted := false
+	restarting := false // the Started of an incarnation after a panic
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		if a.panicked {
-			a.panicked, restarted = false, true
+		if a.restarted {
+			restarting = true
 			eff = a.step(ctx, RxPanic{Err: fmt.Errorf("restarted after panic")}, now)
 		} else {
-			cfg := a.s.cfg
+			cfg := a.s.Config()
 			a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
 			if a.tr != nil {
 				a.tr.Stepped(a.s, nil)
@@ -402,16 +437,15 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			}
 			eff = a.step(ctx, RxBegin{}, now)
 		}
-	case *actor.Restarting:
-		a.panicked = true
-		return
 	case *actor.Stopped:
 		if a.meter != nil {
 			a.meter.close() // when the session could not release
 		}
 		return
-	case *actor.Stopping, *actor.Restart:
+	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
+	case *rxPanicNow:
+		panic("rx session: panic requested")
 	default:
 		eff = a.step(ctx, m, now)
 	}
@@ -429,15 +463,15 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			ctx.Send(w, &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
 				report: ctx.Self(), writer: e.Writer})
 		case StartTimer:
-			a.timers = append(a.timers, startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
+			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
 		case Finish:
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:
-			if a.s.cfg.CallerOwned {
+			if a.s.Config().CallerOwned {
 				break // the framework's: Released tells it below
 			}
 			if err := a.env.pools.Free(e.Blocks); err != nil {
-				a.env.log.Error().Err(err).Str("request", a.s.cfg.Request).Msg("free destination blocks")
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("free destination blocks")
 			}
 		case Stop:
 			for _, t := range a.timers {
@@ -445,13 +479,13 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			}
 			// Every writer is quiescent: the blocks may be reused.
 			a.handle.release()
-			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.cfg.Request})
+			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request})
 			ctx.Stop(ctx.Self())
 		case Log:
 			a.env.logEffect(e)
 		}
 	}
-	if restarted {
+	if restarting {
 		// Counted once its effects ran, as for a TxSession.
 		a.env.stats.SessionPanics.Add(1)
 	}

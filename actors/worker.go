@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -42,7 +43,7 @@ type (
 	// endpointClosed comes back from a closer goroutine once Close has
 	// returned: the ops that were in flight on the endpoint are retired.
 	endpointClosed struct {
-		retired map[*actor.PID][]OpRef
+		retired []core.SessionOps[*actor.PID]
 		err     error
 	}
 	// endpointOpened comes back from a connector goroutine once Connect
@@ -53,32 +54,26 @@ type (
 		session *actor.PID
 		err     error
 	}
-	// WorkerCrash makes a worker panic (tests and chaos only).
-	WorkerCrash struct{}
+	// workerCrash makes a worker panic: crash injection, sent only by
+	// builds with the kvxfer_invariants tag (Engine.CrashWorker).
+	workerCrash struct{}
 )
-
-type inflight struct {
-	session *actor.PID
-	peer    string
-}
 
 // workerSlot is a worker's state that survives restarts: its endpoints, its
 // control connections and the ops it has in flight. Only the worker actor
 // touches it, but for opened, which connector goroutines fill.
 type workerSlot struct {
-	idx      int
-	agent    rdma.Agent
-	reg      rdma.Registration
-	link     control.Link
-	eps      map[string]rdma.Endpoint
-	conns    map[messages.PeerID]control.Conn
-	inflight map[OpRef]inflight
-	log      zerolog.Logger
-	env      *shellEnv // its warning throttle and clock
-	stats    *Counters
-	// connecting holds, per peer whose Connect is running, the submits,
-	// flushes and closes for it that came meanwhile, in arrival order.
-	connecting map[string][]any
+	idx   int
+	agent rdma.Agent
+	reg   rdma.Registration
+	link  control.Link
+	// table holds the endpoints, the Connects running with what waits for
+	// them, and the ops in flight (core.WorkerTable).
+	table      *core.WorkerTable[*actor.PID, rdma.Endpoint]
+	conns      map[messages.PeerID]control.Conn
+	log        zerolog.Logger
+	env        *shellEnv // its warning throttle and clock
+	stats      *Counters
 	openedMu   sync.Mutex
 	opened     map[string]connectResult // Connect results not yet taken
 	background sync.WaitGroup           // closer and connector goroutines still running
@@ -99,9 +94,8 @@ type workerActor struct {
 
 func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, env *shellEnv) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
-		eps: map[string]rdma.Endpoint{}, conns: map[messages.PeerID]control.Conn{},
-		inflight: map[OpRef]inflight{}, log: log.With().Int("worker", idx).Logger(), stats: stats,
-		connecting: map[string][]any{}, opened: map[string]connectResult{}}
+		table: core.NewWorkerTable[*actor.PID, rdma.Endpoint](), conns: map[messages.PeerID]control.Conn{},
+		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{}}
 }
 
 func (w *workerActor) Receive(ctx actor.Context) {
@@ -109,10 +103,10 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *workerSubmit:
 		// Record first: if anything below panics, the restart knows the op.
-		s.inflight[m.Op] = inflight{session: m.session, peer: string(m.Route.AgentAddr)}
+		s.table.Admit(m.Op, m.session, string(m.Route.AgentAddr))
 		s.submit(ctx, m)
 	case *batchDone:
-		delete(s.inflight, m.op)
+		s.table.Settle(m.op)
 		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
 	case *workerFlush:
 		s.flush(ctx, m)
@@ -126,25 +120,25 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if m.err != nil {
 			s.log.Warn().Err(m.err).Msg("endpoint close")
 		}
-		for pid, ops := range m.retired {
-			ctx.Send(pid, TxRetired{Ops: ops})
+		for _, so := range m.retired {
+			ctx.Send(so.Session, TxRetired{Ops: so.Ops})
 		}
 	case *workerSend:
 		err := s.send(m.To, m.Frame)
 		if m.report != nil {
 			ctx.Send(m.report, RxSent{Writer: m.writer, Err: err})
 		}
-	case WorkerCrash:
+	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
 		s.stats.WorkerRestarts.Add(1)
-		s.log.Warn().Int("in_flight", len(s.inflight)).Msg("worker restarting: ops in doubt, closing endpoints")
+		s.log.Warn().Int("in_flight", s.table.InFlight()).Msg("worker restarting: ops in doubt, closing endpoints")
 		s.restart(ctx)
 	case *actor.Stopping:
 		// Shutting down: wait for every closer, so that once the worker has
 		// stopped no write of its endpoints can land and no goroutine of it
 		// is left. (The only wait a worker does, at the end of its life.)
-		for key := range s.eps {
+		for _, key := range s.table.Keys() {
 			s.closeEndpoint(ctx, key)
 		}
 		s.background.Wait()
@@ -168,11 +162,11 @@ func (w *workerActor) Receive(ctx actor.Context) {
 // refused.
 func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 	key := string(m.Route.AgentAddr)
-	if s.wait(key, m) {
+	ep, open, queued := s.table.Endpoint(key, m)
+	if queued {
 		return
 	}
-	ep := s.eps[key]
-	if ep == nil {
+	if !open {
 		s.connect(ctx, m.Route, m)
 		return
 	}
@@ -192,19 +186,18 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 
 // refuse answers an op that was never posted.
 func (s *workerSlot) refuse(ctx actor.Context, m *workerSubmit, err error) {
-	delete(s.inflight, m.Op)
+	s.table.Settle(m.Op)
 	ctx.Send(m.session, TxCompleted{Op: m.Op, Err: err, Refused: true})
 }
 
 // flush flushes the peer's endpoint behind everything posted to it; with
 // no endpoint there is nothing to flush.
 func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
-	key := string(m.Route.AgentAddr)
-	if s.wait(key, m) {
+	ep, open, queued := s.table.Endpoint(string(m.Route.AgentAddr), m)
+	if queued {
 		return
 	}
-	ep := s.eps[key]
-	if ep == nil {
+	if !open {
 		ctx.Send(m.session, TxFlushed{Peer: m.Peer})
 		return
 	}
@@ -214,19 +207,10 @@ func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
 
 func (s *workerSlot) close(ctx actor.Context, m *workerClose) {
 	key := string(m.Route.AgentAddr)
-	if s.wait(key, m) {
+	if _, _, queued := s.table.Endpoint(key, m); queued {
 		return
 	}
 	s.closeEndpoint(ctx, key)
-}
-
-// wait queues m behind the Connect running for key, if there is one.
-func (s *workerSlot) wait(key string, m any) bool {
-	q, ok := s.connecting[key]
-	if ok {
-		s.connecting[key] = append(q, m)
-	}
-	return ok
 }
 
 // connect opens an endpoint to r's peer without blocking the worker: a
@@ -236,7 +220,7 @@ func (s *workerSlot) wait(key string, m any) bool {
 // in order.
 func (s *workerSlot) connect(ctx actor.Context, r *Route, m any) {
 	key := string(r.AgentAddr)
-	s.connecting[key] = []any{m}
+	s.table.Connecting(key, m)
 	sys, self := ctx.ActorSystem(), ctx.Self()
 	agent, addr, idx, peer := s.agent, r.AgentAddr, s.idx, r.Peer
 	s.background.Add(1)
@@ -262,12 +246,7 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 	if !ok {
 		return
 	}
-	queue := s.connecting[key]
-	delete(s.connecting, key)
-	if r.err == nil {
-		s.eps[key] = r.ep
-	}
-	for _, m := range queue {
+	for _, m := range s.table.Connected(key, r.ep, r.err) {
 		switch m := m.(type) {
 		case *workerSubmit:
 			if r.err != nil {
@@ -290,17 +269,9 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 // the endpoint land, so only then does endpointClosed retire the ops that
 // were in flight on it.
 func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
-	ep := s.eps[key]
-	if ep == nil {
+	ep, retired, ok := s.table.Close(key)
+	if !ok {
 		return
-	}
-	delete(s.eps, key)
-	retired := map[*actor.PID][]OpRef{}
-	for ref, in := range s.inflight {
-		if in.peer == key {
-			retired[in.session] = append(retired[in.session], ref)
-			delete(s.inflight, ref)
-		}
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
 	s.background.Add(1)
@@ -316,32 +287,16 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 // refused.
 func (s *workerSlot) restart(ctx actor.Context) {
 	crashed := fmt.Errorf("%w: worker %d", ErrWorkerCrashed, s.idx)
-	// Submits waiting for a Connect are not posted after all; flushes and
-	// closes keep waiting.
-	for key, q := range s.connecting {
-		kept := q[:0]
-		for _, m := range q {
-			if _, ok := m.(*workerSubmit); !ok {
-				kept = append(kept, m)
-			}
+	refused, doubt, keys := s.table.Restart(func(m any) bool { _, ok := m.(*workerSubmit); return ok })
+	for _, so := range refused {
+		for _, ref := range so.Ops {
+			ctx.Send(so.Session, TxCompleted{Op: ref, Err: crashed, Refused: true})
 		}
-		s.connecting[key] = kept
 	}
-	doubt := map[*actor.PID][]OpRef{}
-	for ref, in := range s.inflight {
-		if s.eps[in.peer] == nil {
-			// No endpoint to its peer (ops posted on one are retired when
-			// it closes): the op was never posted.
-			delete(s.inflight, ref)
-			ctx.Send(in.session, TxCompleted{Op: ref, Err: crashed, Refused: true})
-			continue
-		}
-		doubt[in.session] = append(doubt[in.session], ref)
+	for _, so := range doubt {
+		ctx.Send(so.Session, TxInDoubt{Ops: so.Ops, Reason: crashed})
 	}
-	for pid, ops := range doubt {
-		ctx.Send(pid, TxInDoubt{Ops: ops, Reason: crashed})
-	}
-	for key := range s.eps {
+	for _, key := range keys {
 		s.closeEndpoint(ctx, key)
 	}
 	for id, c := range s.conns {

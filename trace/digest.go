@@ -76,7 +76,7 @@ func DigestOf(session any, eff []actors.Effect) Digest {
 		d.Ops = opsString(s)
 		d.Pinned = s.PinnedCount()
 		d.Late = s.LateCompletions
-		d.Violations = len(s.Violations)
+		d.Violations = len(s.Violations())
 	case *actors.RxSession:
 		d.State = s.State().String()
 		d.Err = errString(s.Err())

@@ -202,7 +202,7 @@ func TestTee(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"gen/0/$1/$2 actors.RxBegin", "gen/0/$1/$2 actors.RxFrame"}
+	want := []string{fmt.Sprintf("gen/0/$1/$2 %T", actors.RxBegin{}), fmt.Sprintf("gen/0/$1/$2 %T", actors.RxFrame{})}
 	if fmt.Sprint(p.msgs) != fmt.Sprint(want) {
 		t.Fatalf("plain recorder got %v, want %v", p.msgs, want)
 	}

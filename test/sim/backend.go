@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -40,23 +41,20 @@ type (
 	}
 )
 
-type inflightRec struct {
-	sess *txSess
-	key  string
-}
-
 // worker is a simulated sender worker: it does what actors/worker.go does
 // with Submit, Flush, CloseEndpoint and SendFrame, over a simulated
 // backend whose batches land (copy bytes into the receiver's region) at a
 // scheduled virtual time.
 type worker struct {
-	s        *Sim
-	c        *ctxRank
-	inc      int
-	idx      int
-	nm       string
-	eps      map[string]*endpoint
-	inflight map[actors.OpRef]inflightRec
+	s   *Sim
+	c   *ctxRank
+	inc int
+	idx int
+	nm  string
+	// tbl is the real worker's table (core.WorkerTable): endpoints, ops
+	// in flight, what a close retires and a crash puts in doubt. Connects
+	// are synchronous here: an endpoint opens in the step that needs it.
+	tbl *core.WorkerTable[*txSess, *endpoint]
 }
 
 func (w *worker) name() string {
@@ -117,13 +115,13 @@ func (w *worker) submit(m wSubmit) {
 		s.reached(RaceSubmitAfterFail)
 	}
 	// Record first: a crash from here on knows the op.
-	w.inflight[m.Op] = inflightRec{sess: ts, key: string(m.Route.AgentAddr)}
-	ep, err := w.endpoint(m.Route)
+	w.tbl.Admit(m.Op, ts, string(m.Route.AgentAddr))
+	ep, err := w.endpoint(m.Route, m)
 	if err == nil {
 		err = w.post(ep, m)
 	}
 	if err != nil {
-		delete(w.inflight, m.Op)
+		w.tbl.Settle(m.Op)
 		w.toSession(ts, actors.TxCompleted{Op: m.Op, Err: err, Refused: true})
 		return
 	}
@@ -132,9 +130,9 @@ func (w *worker) submit(m wSubmit) {
 	w.toSession(ts, actors.TxSubmitted{Op: m.Op})
 }
 
-func (w *worker) endpoint(r *actors.Route) (*endpoint, error) {
+func (w *worker) endpoint(r *actors.Route, m wSubmit) (*endpoint, error) {
 	key := string(r.AgentAddr)
-	if ep := w.eps[key]; ep != nil {
+	if ep, open, _ := w.tbl.Endpoint(key, m); open {
 		return ep, nil
 	}
 	meta, ok := w.c.routes[r]
@@ -147,7 +145,8 @@ func (w *worker) endpoint(r *actors.Route) (*endpoint, error) {
 		return nil, fmt.Errorf("worker %d: connect to %s: %w", w.idx, r.Peer, rdma.ErrPeerGone)
 	}
 	ep := &endpoint{w: w, key: key, gen: g, genInc: meta.genInc}
-	w.eps[key] = ep
+	w.tbl.Connecting(key, m)
+	w.tbl.Connected(key, ep, nil) // m is handled by the caller
 	return ep, nil
 }
 
@@ -314,7 +313,7 @@ func (w *worker) batchDone(op actors.OpRef, ts *txSess, err error) {
 	if !w.live() {
 		return
 	}
-	delete(w.inflight, op)
+	w.tbl.Settle(op)
 	w.toSession(ts, actors.TxCompleted{Op: op, Err: err})
 }
 
@@ -322,8 +321,8 @@ func (w *worker) flush(m wFlush) {
 	if !w.live() {
 		return
 	}
-	ep := w.eps[string(m.Route.AgentAddr)]
-	if ep == nil {
+	ep, open, _ := w.tbl.Endpoint(string(m.Route.AgentAddr), m)
+	if !open {
 		w.toSession(m.sess, actors.TxFlushed{Peer: m.Peer})
 		return
 	}
@@ -380,11 +379,10 @@ func (w *worker) closeEndpoint(key string) {
 	if !w.live() {
 		return
 	}
-	ep := w.eps[key]
-	if ep == nil {
+	ep, retired, ok := w.tbl.Close(key)
+	if !ok {
 		return
 	}
-	delete(w.eps, key)
 	ep.closed = true
 	for _, b := range slices.Clone(ep.pending) {
 		s.settle(b)
@@ -392,17 +390,8 @@ func (w *worker) closeEndpoint(key string) {
 		s.mail("backend", w.name(), s.hop(), wBatchDone{op, ts, rdma.ErrEndpointClosed}, func() { w.batchDone(op, ts, rdma.ErrEndpointClosed) })
 	}
 	ep.failWaiters(rdma.ErrEndpointClosed)
-	retired := map[*txSess][]actors.OpRef{}
-	for ref, in := range w.inflight {
-		if in.key == key {
-			retired[in.sess] = append(retired[in.sess], ref)
-			delete(w.inflight, ref)
-		}
-	}
-	for _, ts := range sortedKeys(retired) {
-		ops := retired[ts]
-		slices.SortFunc(ops, opLess)
-		w.toSession(ts, actors.TxRetired{Ops: ops})
+	for _, so := range retired {
+		w.toSession(so.Session, actors.TxRetired{Ops: so.Ops})
 	}
 }
 
@@ -414,23 +403,21 @@ func (w *worker) crash() {
 		return
 	}
 	s.fired(FaultWorkerPanic)
-	doubt := map[*txSess][]actors.OpRef{}
-	for ref, in := range w.inflight {
-		doubt[in.sess] = append(doubt[in.sess], ref)
-		if in.sess.s.OpStates()[ref] == actors.OpSubmitted {
-			s.reached(RaceWorkerPanicSubmitted)
+	crashed := fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, w.idx)
+	refused, doubt, keys := w.tbl.Restart(func(any) bool { return true })
+	for _, so := range refused {
+		for _, ref := range so.Ops {
+			w.toSession(so.Session, actors.TxCompleted{Op: ref, Err: crashed, Refused: true})
 		}
 	}
-	for _, ts := range sortedKeys(doubt) {
-		ops := doubt[ts]
-		slices.SortFunc(ops, opLess)
-		w.toSession(ts, actors.TxInDoubt{Ops: ops, Reason: fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, w.idx)})
+	for _, so := range doubt {
+		for _, ref := range so.Ops {
+			if so.Session.s.OpStates()[ref] == actors.OpSubmitted {
+				s.reached(RaceWorkerPanicSubmitted)
+			}
+		}
+		w.toSession(so.Session, actors.TxInDoubt{Ops: so.Ops, Reason: crashed})
 	}
-	keys := make([]string, 0, len(w.eps))
-	for k := range w.eps {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	for _, k := range keys {
 		w.closeEndpoint(k)
 	}
@@ -446,23 +433,6 @@ func (w *worker) send(e actors.SendFrame) {
 	_ = w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
 }
 
-func sortedKeys(m map[*txSess][]actors.OpRef) []*txSess {
-	out := make([]*txSess, 0, len(m))
-	for ts := range m {
-		out = append(out, ts)
-	}
-	slices.SortFunc(out, func(a, b *txSess) int {
-		switch {
-		case a.name < b.name:
-			return -1
-		case a.name > b.name:
-			return 1
-		}
-		return 0
-	})
-	return out
-}
-
 // genDied fails every endpoint to a dead generation incarnation: nothing
 // more lands there; posted batches fail when the death is detected.
 func (s *Sim) genDied(g *genRank, inc int) {
@@ -472,15 +442,14 @@ func (s *Sim) genDied(g *genRank, inc int) {
 			continue
 		}
 		for _, w := range c.workers {
-			keys := make([]string, 0)
-			for k, ep := range w.eps {
-				if ep.gen == g && ep.genInc == inc {
+			var keys []string
+			for _, k := range w.tbl.Keys() {
+				if ep, _ := w.tbl.Lookup(k); ep.gen == g && ep.genInc == inc {
 					keys = append(keys, k)
 				}
 			}
-			slices.Sort(keys)
 			for _, k := range keys {
-				ep := w.eps[k]
+				ep, _ := w.tbl.Lookup(k)
 				ep.doomed = true
 				ep.detectAt = s.vt + detect
 				// Batches still in flight never land; each fails when the

@@ -53,7 +53,7 @@ func (s *Sim) crashWorker() {
 	}
 	c := live[s.r.IntN(len(live))]
 	w := c.workers[s.r.IntN(len(c.workers))]
-	s.mail("chaos", w.name(), 0, actors.WorkerCrash{}, func() { w.crash() })
+	s.mail("chaos", w.name(), 0, workerCrash{}, func() { w.crash() })
 }
 
 // kill is a rank's death: everything of its incarnation is gone, and its
@@ -373,8 +373,8 @@ func (s *Sim) checkEnd() {
 			}
 		}
 		for _, w := range c.workers {
-			if len(w.inflight) > 0 {
-				s.failf("%s: ops still in flight at the end: %d", w.name(), len(w.inflight))
+			if n := w.tbl.InFlight(); n > 0 {
+				s.failf("%s: ops still in flight at the end: %d", w.name(), n)
 				return
 			}
 		}
@@ -487,3 +487,7 @@ func frameSummary(f messages.Frame) string {
 	}
 	return fmt.Sprintf("%T", f)
 }
+
+// workerCrash is the message that makes a simulated worker panic (the
+// engine's crash injection, present only in kvxfer_invariants builds).
+type workerCrash struct{}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -33,8 +34,9 @@ type ctxRank struct {
 	workers []*worker
 
 	sessions map[string]*txSess
-	tombs    map[string]bool
-	handles  map[string]bool
+	// table is the real tx parent's table (core.TxTable): which requests
+	// have a session, Send's adoptions, bound instances, tombstones.
+	table    *core.TxTable
 	routes   map[*actors.Route]routeMeta
 	apps     []*ctxApp
 	posted   int    // batches ever posted by this incarnation
@@ -73,13 +75,13 @@ func (c *ctxRank) boot() {
 	c.alive = true
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
 	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
-	c.sessions, c.tombs, c.handles = map[string]*txSess{}, map[string]bool{}, map[string]bool{}
+	c.sessions, c.table = map[string]*txSess{}, core.NewTxTable(4096)
 	c.routes = map[*actors.Route]routeMeta{}
 	c.posted, c.maxFrame, c.apps = 0, 0, nil
 	c.workers = nil
 	for i := range s.ctxW {
 		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,
-			eps: map[string]*endpoint{}, inflight: map[actors.OpRef]inflightRec{}})
+			tbl: core.NewWorkerTable[*txSess, *endpoint]()})
 	}
 }
 
@@ -152,8 +154,8 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	s.txRaces(ts, msg, before, opsBefore)
 	effs := ts.s.Step(msg, c.now())
 	after := ts.s.State()
-	if len(ts.s.Violations) > ts.violations {
-		s.failf("%s: %T: violations %v", ts.name, msg, ts.s.Violations[ts.violations:])
+	if len(ts.s.Violations()) > ts.violations {
+		s.failf("%s: %T: violations %v", ts.name, msg, ts.s.Violations()[ts.violations:])
 		return
 	}
 	if before.Terminal() && after != before {
@@ -445,14 +447,12 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				if c.sessions[ts.id] == ts {
 					delete(c.sessions, ts.id)
 				}
-				delete(c.handles, ts.id)
-				c.tombs[ts.id] = true
+				c.table.Stopped(ts.id)
 				// Engine.Send may have adopted the session after it stopped
 				// but before this message reached the parent: its TxStart
 				// went to a dead actor. The parent finishes the handle it
-				// gave out (Handle.finish is idempotent). parents.go does
-				// not do this yet; Config.SendRace models it as it is.
-				if a := ts.app; a != nil && !ts.appFinished && !s.cfg.SendRace {
+				// gave out (Handle.finish is idempotent), as parents.go does.
+				if a := ts.app; a != nil && !ts.appFinished {
 					s.mail(c.parentName(), a.name(), s.hop(), e, func() { a.finished() })
 				}
 			})
@@ -502,19 +502,18 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 // onFrame is the context rank's listener and tx parent.
 func (c *ctxRank) onFrame(f messages.Frame) {
 	s := c.s
-	if err := f.Validate(); err != nil {
-		return // rejected, counted by the real listener
+	if dest, _ := core.RouteFrame(f); dest != core.FrameToTx {
+		return // rejected (counted by the real listener), or not the tx parent's
 	}
 	switch m := f.(type) {
 	case *messages.RequestData:
 		c.onRequestData(m)
 	case *messages.Cancel:
-		ts := c.sessions[m.RequestID]
-		if ts == nil {
+		if deliver, _ := c.table.Cancel(m); !deliver {
 			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
 			return
 		}
-		s.sendTx(c.parentName(), ts, actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch})
+		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch})
 	}
 }
 
@@ -532,16 +531,18 @@ func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
 	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(e) })
 }
 
+// onRequestData is txParent.onRequestData, on the real core.TxTable.
 func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 	s := c.s
-	ts := c.sessions[rd.RequestID]
-	if ts == nil {
-		if c.tombs[rd.RequestID] {
-			c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
-				Status: messages.StatusFailed, Error: "request already finished on the context side"})
-			return
-		}
-		ts = c.spawn(rd.RequestID)
+	switch v, _ := c.table.RequestData(rd); v {
+	case core.RequestDataStale:
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: "request already finished on the context side"})
+		return
+	case core.RequestDataNotBound:
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: "request bound to another generation instance"})
+		return
 	}
 	hello, err := s.hello(rd.From)
 	var route *actors.Route
@@ -549,17 +550,28 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 	if err == nil {
 		route, expected, err = actors.ResolveRequest(c.topo, hello, rd)
 	}
-	if route != nil {
-		gi := int(rd.From.Rank)
-		c.routes[route] = routeMeta{gen: gi, genInc: s.gen[gi].inc, epoch: rd.Epoch, request: rd.RequestID}
-	}
 	bogus := s.isBogus(rd)
 	if bogus && err == nil {
 		s.failf("%s: ResolveRequest accepted a malformed RequestData for %s: %+v", c.name(), rd.RequestID, rd.Groups)
 		return
 	}
+	refuse, spawn := c.table.Resolved(rd, err)
+	if refuse {
+		// Nobody has claimed the request: this frame does not get to.
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+		return
+	}
+	if route != nil {
+		gi := int(rd.From.Rank)
+		c.routes[route] = routeMeta{gen: gi, genInc: s.gen[gi].inc, epoch: rd.Epoch, request: rd.RequestID}
+	}
 	if q := s.request(rd.RequestID); q != nil && !bogus && int(rd.PromptLen) != q.promptLen {
 		s.fired(FaultPromptMismatch)
+	}
+	ts := c.sessions[rd.RequestID]
+	if spawn {
+		ts = c.spawn(rd.RequestID)
 	}
 	s.sendTx(c.parentName(), ts, actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err})
@@ -625,15 +637,15 @@ func (a *ctxApp) start() {
 	}
 	a.blocks = ids
 	// Engine.Send: the tx parent opens (or adopts) the session.
-	if c.handles[q.id] || c.tombs[q.id] {
+	spawn, err := c.table.Open(q.id, "")
+	if err != nil {
 		a.finished()
 		return
 	}
 	ts := c.sessions[q.id]
-	if ts == nil {
+	if spawn {
 		ts = c.spawn(q.id)
 	}
-	c.handles[q.id] = true
 	ts.app, a.ts = a, ts
 	ts.deadlineVT = min(ts.deadlineVT, s.vt+q.ctxDeadline)
 	s.sendTx(a.name(), ts, actors.TxStart{PromptLen: q.promptLen, Deadline: c.now().Add(q.ctxDeadline), Payload: q.payload})

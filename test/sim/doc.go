@@ -17,12 +17,21 @@
 // actors.ResolveRequest with the generation rank's Hello, so plans are the
 // real ones; destination blocks are allocated as actors/parents.go does.
 //
-// The shells are models of the real ones: the tx parent (sessions,
-// tombstones, replies, TxPeerRequest with the RequestData's prompt
-// length), the tx shell (a refused Pin stepped back as TxPinFailed right
-// after the effects that caused it; Decide handed to the handle), the rx
-// parent (allocation queue, routing by writer, each writer's planned bytes
-// from kvcache.PeerLink.BytesPerBlock), the rx shell (RxBegin stepped
+// The parents' decisions are the real ones, as actors/parents.go drives
+// them: core.TxTable (Send's adoption, tombstones, the generation instance
+// a request is bound to, refusals of unresolvable RequestData nobody
+// claimed, Cancel answered at once) and core.RxTable (each writer's
+// RequestData, worker and planned bytes, the epoch, routing by writer, the
+// down set) with core.AllocQueue (requests start in arrival order while
+// blocks last; one that can never fit fails), and each sender worker's
+// decisions are core.WorkerTable's (its endpoints, its ops in flight, what
+// closing an endpoint retires, what a crash puts in doubt; connects are
+// synchronous here). The rest of the shells are models of the real ones: the tx
+// parent's I/O (spawning sessions, replies, TxPeerRequest with the
+// RequestData's prompt length), the tx shell (a refused Pin stepped back
+// as TxPinFailed right after the effects that caused it; Decide handed to
+// the handle), the rx parent's I/O (each writer's planned bytes are
+// checked against the two ranks' shapes), the rx shell (RxBegin stepped
 // first, as on Started; timers carry their kind), sender workers (what
 // actors/worker.go does with Submit — TxSubmitted once the post returns —,
 // Flush, CloseEndpoint, SendFrame, SendRequestData — RxSent with the
@@ -55,11 +64,10 @@
 // declared (Config.SuspectPartitions declares them, to show why that is
 // unsafe).
 //
-// Two shell behaviours are modelled as they should be, with a switch to
-// model actors/parents.go as it is (see Config): the tx parent finishes the
-// handle of a session that stopped before Engine.Send adopted it
-// (SendRace), and the rx parent fails a request whose writer is declared
-// dead before any RequestData leaves (PeerDownRace).
+// As actors/parents.go does, the tx parent finishes the handle of a
+// session that stopped before Engine.Send adopted it, and the rx parent
+// fails a request whose writer is declared dead before any RequestData
+// leaves.
 //
 // # Invariants
 //

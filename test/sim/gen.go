@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -25,21 +27,22 @@ type genRank struct {
 	pad        uint64
 	skew       time.Duration
 
-	shape    kvcache.Shape
-	topo     actors.Topology
-	region   *kvcache.Region
-	pools    []*kvcache.Pool
-	guard    *actors.Pools
-	hello    *messages.Hello
-	workers  []string
-	entries  map[string]*rxSess
-	queue    []*genApp
+	shape   kvcache.Shape
+	topo    actors.Topology
+	region  *kvcache.Region
+	pools   []*kvcache.Pool
+	guard   *actors.Pools
+	hello   *messages.Hello
+	workers []string
+	entries map[string]*rxSess
+	// table is the real rx parent's table (core.RxTable): writers and
+	// epochs of started requests, the down set, the writers' plan.
+	table    *core.RxTable
+	queue    core.AllocQueue[*genApp] // the real rx parent's queue
 	apps     []*genApp
-	epoch    uint64
 	owner    [][]*rxSess // per group, per block: the session whose request owns it
-	down     map[messages.PeerID]bool
-	postedTo int    // batches ever posted to this incarnation
-	maxFrame uint64 // highest frame number delivered (reorder detection)
+	postedTo int         // batches ever posted to this incarnation
+	maxFrame uint64      // highest frame number delivered (reorder detection)
 }
 
 func (g *genRank) name() string      { return g.nm }
@@ -80,8 +83,8 @@ func (g *genRank) boot() {
 		s.failf("gen hello: %v", err)
 	}
 	g.entries = map[string]*rxSess{}
-	g.down = map[messages.PeerID]bool{}
-	g.queue, g.apps = nil, nil
+	g.table = core.NewRxTable(g.self, s.layout, s.genPar, g.rank, s.genW)
+	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
 	for i := range s.genW {
@@ -110,7 +113,6 @@ type rxSess struct {
 	s       *actors.RxSession
 	app     *genApp
 	epoch   uint64
-	writers map[messages.PeerID]int
 	blocks  [][]kvcache.BlockID
 	first   actors.RxState
 	decided bool
@@ -367,6 +369,7 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				}
 				if g.entries[rs.req.id] == rs {
 					delete(g.entries, rs.req.id)
+					g.table.Stopped(rs.req.id)
 				}
 				g.drainQueue()
 			})
@@ -404,24 +407,14 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 // onFrame is the generation rank's listener and rx parent.
 func (g *genRank) onFrame(f messages.Frame) {
 	s := g.s
-	if err := f.Validate(); err != nil {
-		return
+	if dest, _ := core.RouteFrame(f); dest != core.FrameToRx {
+		return // rejected, or not the rx parent's
 	}
-	switch f.(type) {
-	case *messages.Result, *messages.CancelAck:
-	default:
-		return
+	v, w := g.table.Route(f)
+	if v != core.RxRouteDeliver {
+		return // stale, or not a writer of the request
 	}
-	delete(g.down, f.Sender()) // it speaks again
-	rs := g.entries[f.Request()]
-	if rs == nil {
-		return // stale
-	}
-	w, ok := rs.writers[f.Sender()]
-	if !ok {
-		return // not a writer of the request
-	}
-	s.sendRx(g.parentName(), rs, actors.RxFrame{Writer: w, Frame: f})
+	s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f})
 }
 
 // peerDown is rxParent's peerDown (Engine.PeerDown): the control plane
@@ -429,12 +422,8 @@ func (g *genRank) onFrame(f messages.Frame) {
 // RxPeerGone, and sessions started while it stays down fail at once.
 func (g *genRank) peerDown(peer messages.PeerID) {
 	s := g.s
-	g.down[peer] = true
-	for _, id := range sortedIDs(g.entries) {
-		rs := g.entries[id]
-		if w, ok := rs.writers[peer]; ok {
-			s.sendRx(g.parentName(), rs, actors.RxPeerGone{Writer: w, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)})
-		}
+	for _, r := range g.table.PeerDown(peer) {
+		s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)})
 	}
 }
 
@@ -492,7 +481,7 @@ func (a *genApp) receive() {
 	}
 	a.deadline = g.now().Add(q.genDeadline)
 	a.queued = true
-	g.queue = append(g.queue, a)
+	g.queue.Push(q.id, a.counts, a)
 	s.after(q.genDeadline, a.nm, "queueTimeout", func() {
 		if g.live(a.inc) && a.queued {
 			g.unqueue(a)
@@ -519,76 +508,53 @@ func (a *genApp) receive() {
 }
 
 func (g *genRank) unqueue(a *genApp) {
-	if i := slices.Index(g.queue, a); i >= 0 {
-		g.queue = slices.Delete(g.queue, i, i+1)
-	}
+	g.queue.Remove(a.q.id)
 	a.queued = false
 }
 
-// drainQueue starts queued requests, in order, while blocks are free.
+// drainQueue is rxParent.drainQueue: queued requests start in order
+// while blocks are free; one that can never fit fails.
 func (g *genRank) drainQueue() {
-	for len(g.queue) > 0 {
-		a := g.queue[0]
-		blocks, err := g.guard.Alloc(a.counts)
-		if err != nil {
-			return
-		}
-		g.unqueue(a)
-		g.start(a, blocks)
-	}
+	g.queue.Drain(g.guard.Alloc,
+		func(a *genApp, blocks [][]kvcache.BlockID) {
+			a.queued = false
+			g.start(a, blocks)
+		},
+		func(a *genApp, err error) {
+			a.queued, a.done = false, true
+			g.s.res.NotReady++
+		})
 }
 
 // start is rxParent.start: the epoch, the RequestData for every writer and
 // the session.
 func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
-	s, q, l := g.s, a.q, g.s.layout
-	if !s.cfg.PeerDownRace {
-		// A request that needs a writer the control plane declared dead
-		// fails before any RequestData leaves (see Config.PeerDownRace).
-		for _, r := range s.pm.WritersOf(g.rank) {
-			peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
-			if g.down[peer] && s.ctx[peer.Rank].alive {
-				delete(g.down, peer) // the control plane hears it again
-			}
-			if g.down[peer] {
-				if err := g.guard.Free(blocks); err != nil {
-					s.failf("%s: %v", a.nm, err)
-				}
-				a.done = true
-				s.res.NotReady++
-				return
-			}
+	s, q := g.s, a.q
+	o := core.RxOpen{Request: q.id, PromptLen: a.prompt, Context: a.context, ContextParallel: s.ctxPar,
+		PrefixHitBlocks: q.prefixHit, Deadline: a.deadline}
+	// A request that needs a writer the control plane declared dead (and
+	// does not hear again) fails before any RequestData leaves.
+	for _, peer := range g.table.DownWriters(o) {
+		if s.ctx[peer.Rank].alive {
+			g.table.Heard(peer) // the control plane hears it again
 		}
 	}
-	g.epoch++
-	epoch := uint64(g.now().UnixNano())<<8 | g.epoch&0xff
-	groups := make([]messages.GroupDest, len(l.Groups))
-	for grp, lg := range l.Groups {
-		first, _ := kvcache.NeededRange(a.prompt, lg.Window, l.TokensPerBlock, q.prefixHit[grp])
-		ids := make([]int32, len(blocks[grp]))
-		for i, b := range blocks[grp] {
-			ids[i] = int32(b)
+	epoch, writers, err := g.table.Start(o, blocks, g.now())
+	if err != nil {
+		if !errors.Is(err, actors.ErrPeerGone) {
+			s.failf("%s: start: %v", a.nm, err)
 		}
-		groups[grp] = messages.GroupDest{First: int32(first), Blocks: ids}
+		if err := g.guard.Free(blocks); err != nil {
+			s.failf("%s: %v", a.nm, err)
+		}
+		a.done = true
+		s.res.NotReady++
+		return
 	}
 	rs := &rxSess{g: g, inc: g.inc, req: q, name: g.nm + "/rx/" + q.id, app: a, epoch: epoch,
-		writers: map[messages.PeerID]int{}, blocks: blocks, prompt: a.prompt, deadlineAt: 1 << 62}
-	var writers []actors.RxWriter
-	for i, r := range s.pm.WritersOf(g.rank) {
-		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
-		rs.writers[peer] = i
-		// What this writer must write, as rxParent.start computes it.
-		var want uint64
-		if link, ok := s.pm.Link(r, g.rank); ok {
-			for grp := range blocks {
-				want += uint64(len(blocks[grp])) * link.BytesPerBlock(l, grp)
-			}
-		}
-		writers = append(writers, actors.RxWriter{Peer: peer, Worker: actors.WorkerFor(q.id, peer, s.genW), Bytes: want,
-			Request: &messages.RequestData{RequestID: q.id, Epoch: epoch, From: g.self,
-				GenParallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
-				GenTP:       int32(g.rank.TP), GenPP: int32(g.rank.PP),
-				PromptLen: int32(a.prompt), Groups: groups, DeadlineUnixNano: a.deadline.UnixNano()}})
+		blocks: blocks, prompt: a.prompt, deadlineAt: 1 << 62}
+	for i, w := range writers {
+		peer, r := w.Peer, s.ctxPar.RankAt(int(w.Peer.Rank))
 		_, deaf := s.faults.refused(g.idx, int(peer.Rank), 0)
 		unreachable := a.context == ghostInstance || deaf
 		rs.neverConn = rs.neverConn || unreachable
@@ -598,8 +564,8 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.refused = append(rs.refused, false)
 		rs.reported = append(rs.reported, -1)
 		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))
-		if rs.planned[i] != want {
-			s.failf("%s: %s must write %d bytes by kvcache.PeerLink.BytesPerBlock, %d by the two ranks' shapes", rs.name, peer, want, rs.planned[i])
+		if rs.planned[i] != w.Bytes {
+			s.failf("%s: %s must write %d bytes by kvcache.PeerLink.BytesPerBlock, %d by the two ranks' shapes", rs.name, peer, w.Bytes, rs.planned[i])
 			return
 		}
 	}
@@ -622,20 +588,6 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		s.record(&event{at: s.vt, actor: rs.name, msg: actors.RxBegin{}})
 	}
 	s.stepRx(rs, actors.RxBegin{})
-	if !s.cfg.PeerDownRace {
-		return
-	}
-	// actors/parents.go today: the session is told its writer is gone, but
-	// its RequestData still leaves — and reaches the writer if it is back.
-	for i, r := range s.pm.WritersOf(g.rank) {
-		peer := messages.PeerID{Instance: a.context, Rank: int32(s.ctxPar.Index(r))}
-		if g.down[peer] && s.ctx[peer.Rank].alive {
-			delete(g.down, peer) // the control plane hears it again
-		}
-		if g.down[peer] {
-			s.sendRx(g.parentName(), rs, actors.RxPeerGone{Writer: i, Err: fmt.Errorf("%w: %s is down", actors.ErrPeerGone, peer)})
-		}
-	}
 }
 
 // ready is Done firing with READY: the serving process uses the blocks,

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -19,22 +18,10 @@ type Config struct {
 	Trace bool
 	// MaxEvents bounds the run (0: a default); hitting it is a failure.
 	MaxEvents int
-	// SendRace models actors/parents.go as it is: Engine.Send may adopt a
-	// session that has stopped (its sessionStopped not yet processed by
-	// the tx parent), and that handle's Done never fires. By default the
-	// simulated tx parent finishes the handle on sessionStopped.
-	SendRace bool
 	// SuspectPartitions lets the failure detector declare a partitioned
 	// (alive) peer dead, as heartbeats cannot tell the two apart: each
 	// side of a long partition hears Engine.PeerDown for the other.
 	SuspectPartitions bool
-	// PeerDownRace models actors/parents.go's rxParent.start as it is: a
-	// session whose writer is declared dead gets RxPeerGone, yet its
-	// RequestData still leaves and reaches the writer if it came back, and
-	// the writer then writes into blocks the session released. By default
-	// the simulated rx parent fails such a request before any RequestData
-	// leaves.
-	PeerDownRace bool
 }
 
 // Failure is the first invariant a run broke.
@@ -244,17 +231,3 @@ func (s *Sim) between(lo, hi time.Duration) time.Duration {
 }
 
 func (s *Sim) chance(p float64) bool { return p > 0 && s.r.Float64() < p }
-
-// opLess orders op references deterministically.
-func opLess(a, b actors.OpRef) int {
-	switch {
-	case a.Request != b.Request:
-		if a.Request < b.Request {
-			return -1
-		}
-		return 1
-	case a.Peer != b.Peer:
-		return a.Peer - b.Peer
-	}
-	return a.Seq - b.Seq
-}

@@ -1,4 +1,4 @@
-package actors
+package core
 
 import (
 	"errors"
@@ -332,8 +332,8 @@ func (m *txModel) step(msg any) {
 func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 	rt, s := m.t, m.s
 	after := s.State()
-	if len(s.Violations) > 0 {
-		rt.Fatalf("%T: violations %v", msg, s.Violations)
+	if len(s.Violations()) > 0 {
+		rt.Fatalf("%T: violations %v", msg, s.Violations())
 	}
 	if m.stopped && len(effs) > 0 {
 		rt.Fatalf("%T after Stop: %s", msg, fmtEffects(effs))

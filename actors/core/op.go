@@ -1,4 +1,4 @@
-package actors
+package core
 
 import "fmt"
 
@@ -26,6 +26,9 @@ const (
 	OpInDoubt
 	OpRetired
 )
+
+// NumOpStates is the number of OpState values (OpAdmitted..OpRetired).
+const NumOpStates = len(opStateNames)
 
 var opStateNames = [...]string{"ADMITTED", "NOT_SUBMITTED", "SUBMITTING", "SUBMITTED", "BACKEND_DONE", "IN_DOUBT", "RETIRED"}
 

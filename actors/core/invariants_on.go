@@ -1,10 +1,18 @@
-package actors
+//go:build kvxfer_invariants
 
-// Mutations are test-only fault switches used by test/sim to prove that it
-// catches bugs. Never set them outside tests: each one breaks a rule of
-// DESIGN.md §3 on purpose. They are package variables, so a test that sets
-// one must not run in parallel with other tests of the engine and must
-// reset it when it ends.
+package core
+
+import "fmt"
+
+// Invariants is true in builds with the kvxfer_invariants tag: sessions
+// record Violations, and Mutations and crash injection exist.
+const Invariants = true
+
+// Mutations are fault switches used by test/sim to prove that it catches
+// bugs. Each one breaks a rule of DESIGN.md §3 on purpose. They are
+// package variables, so a test that sets one must not run in parallel with
+// other tests of the engine and must reset it when it ends. They exist
+// only in builds with the kvxfer_invariants tag.
 var Mutations struct {
 	// UnpinOnCancelWithoutDrain unpins a CANCELLED session's source pages
 	// at once, without waiting for its ops to become quiescent.
@@ -16,6 +24,13 @@ var Mutations struct {
 	// outcome is decided.
 	AdmitAfterDrain bool
 }
+
+// violate records an illegal transition.
+func (s *TxSession) violate(format string, args ...any) {
+	s.violations = append(s.violations, fmt.Sprintf(format, args...))
+}
+
+func mutAdmitAfterDrain() bool { return Mutations.AdmitAfterDrain }
 
 // mutUnpinEarly is mutation UnpinOnCancelWithoutDrain: a CANCELLED
 // session's pinned chunks are unpinned before it drains.

@@ -1,4 +1,4 @@
-package actors
+package core
 
 import (
 	"fmt"
@@ -165,8 +165,9 @@ type TxSession struct {
 	expected map[int]bool
 	stopped  bool
 	eff      []Effect
-	// Violations records illegal transitions (tests assert it stays empty).
-	Violations []string
+	// violations records illegal transitions in builds with the
+	// kvxfer_invariants tag (invariants_on.go); it stays nil otherwise.
+	violations []string
 	// LateCompletions counts completions for ops that were already quiescent.
 	LateCompletions int
 }
@@ -261,7 +262,7 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 	case TxPanic:
 		s.fail(TxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	default:
-		s.Violations = append(s.Violations, fmt.Sprintf("unknown message %T", msg))
+		s.violate("unknown message %T", msg)
 	}
 	s.progress()
 	return s.eff
@@ -296,7 +297,7 @@ func (s *TxSession) promptMismatch(peer messages.PeerID, theirs int) error {
 }
 
 func (s *TxSession) onChunk(m TxChunk) {
-	if s.state.Terminal() && !Mutations.AdmitAfterDrain {
+	if s.state.Terminal() && !mutAdmitAfterDrain() {
 		// No op is admitted after the outcome: nothing is pinned, the
 		// serving process keeps its pages.
 		return
@@ -318,7 +319,7 @@ func (s *TxSession) onChunk(m TxChunk) {
 
 func (s *TxSession) onFence(m TxFenceFired) {
 	if m.Index < 0 || m.Index >= len(s.chunks) || s.chunks[m.Index].fired {
-		s.Violations = append(s.Violations, fmt.Sprintf("fence %d: unknown or fired twice", m.Index))
+		s.violate("fence %d: unknown or fired twice", m.Index)
 		return
 	}
 	s.chunks[m.Index].fired = true
@@ -367,7 +368,7 @@ func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 func (s *TxSession) onPinFailed(m TxPinFailed) {
 	if m.Chunk < 0 || m.Chunk >= len(s.chunks) || m.Group < 0 || m.Group >= len(s.chunks[m.Chunk].pins) ||
 		!s.chunks[m.Chunk].pins[m.Group] {
-		s.Violations = append(s.Violations, fmt.Sprintf("pin failure for chunk %d group %d: not pinned", m.Chunk, m.Group))
+		s.violate("pin failure for chunk %d group %d: not pinned", m.Chunk, m.Group)
 		return
 	}
 	c := &s.chunks[m.Chunk]
@@ -477,7 +478,7 @@ func (s *TxSession) admit(st *stream) {
 func (s *TxSession) onCompleted(m TxCompleted) {
 	o := s.opOf(m.Op)
 	if o == nil {
-		s.Violations = append(s.Violations, fmt.Sprintf("completion for unknown op %v", m.Op))
+		s.violate("completion for unknown op %v", m.Op)
 		return
 	}
 	st := s.streams[m.Op.Peer]
@@ -773,7 +774,7 @@ func (s *TxSession) eachOp(f func(OpRef, *op)) {
 
 func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
 	if !LegalOpTransition(o.state, to) {
-		s.Violations = append(s.Violations, fmt.Sprintf("op %v: illegal %v → %v", r, o.state, to))
+		s.violate("op %v: illegal %v → %v", r, o.state, to)
 	}
 	o.state = to
 }

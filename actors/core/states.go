@@ -1,4 +1,4 @@
-package actors
+package core
 
 import "fmt"
 
@@ -21,6 +21,9 @@ const (
 	TxFailed
 	TxCancelled
 )
+
+// NumTxStates is the number of TxState values (TxInit..TxCancelled).
+const NumTxStates = len(txNames)
 
 var txNames = [...]string{"INIT", "READY", "TRANSFERRING", "DONE", "FAILED", "CANCELLED"}
 
@@ -49,6 +52,9 @@ const (
 	RxCancelled
 	RxTimedOut
 )
+
+// NumRxStates is the number of RxState values (RxRequested..RxTimedOut).
+const NumRxStates = len(rxNames)
 
 var rxNames = [...]string{"REQUESTED", "RECEIVING", "READY", "FAILED", "CANCELLED", "TIMED_OUT"}
 

@@ -1,0 +1,73 @@
+package core
+
+import (
+	"errors"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// AllocQueue is the rx parent's allocation queue: requests waiting for
+// destination blocks, started strictly in arrival order (a large request
+// is not overtaken by small ones). It decides; the caller's alloc
+// allocates. T is what the caller keeps per request.
+type AllocQueue[T any] struct {
+	items []queued[T]
+}
+
+type queued[T any] struct {
+	id     string
+	counts []int
+	v      T
+}
+
+// Push queues request id, needing counts[g] blocks of group g.
+func (q *AllocQueue[T]) Push(id string, counts []int, v T) {
+	q.items = append(q.items, queued[T]{id: id, counts: counts, v: v})
+}
+
+// Remove takes request id out of the queue (cancelled, timed out) and
+// returns it; ok is false when it is not queued (started, or gone).
+func (q *AllocQueue[T]) Remove(id string) (v T, ok bool) {
+	for i, it := range q.items {
+		if it.id == id {
+			q.items = append(q.items[:i], q.items[i+1:]...)
+			return it.v, true
+		}
+	}
+	return v, false
+}
+
+// Clear empties the queue and returns what it held, in order.
+func (q *AllocQueue[T]) Clear() []T {
+	out := make([]T, len(q.items))
+	for i, it := range q.items {
+		out[i] = it.v
+	}
+	q.items = nil
+	return out
+}
+
+// Len is the number of queued requests.
+func (q *AllocQueue[T]) Len() int { return len(q.items) }
+
+// Drain starts queued requests in order while alloc finds their blocks:
+// start gets each with its blocks. A request alloc refuses with
+// kvcache.ErrOutOfBlocks waits at the head (for blocks to be freed); one
+// refused for any other reason can never fit and goes to fail, so that it
+// does not block the queue.
+func (q *AllocQueue[T]) Drain(alloc func(counts []int) ([][]kvcache.BlockID, error),
+	start func(v T, blocks [][]kvcache.BlockID), fail func(v T, err error)) {
+	for len(q.items) > 0 {
+		it := q.items[0]
+		blocks, err := alloc(it.counts)
+		if errors.Is(err, kvcache.ErrOutOfBlocks) {
+			return
+		}
+		q.items = q.items[1:]
+		if err != nil {
+			fail(it.v, err)
+			continue
+		}
+		start(it.v, blocks)
+	}
+}

@@ -1,0 +1,65 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// TestAllocQueue_InOrderNoOvertaking: requests start in arrival order
+// while blocks last; a request that does not fit now waits at the head and
+// a smaller one behind it does not overtake it; one that can never fit
+// fails and does not block the queue; Remove and Clear take requests out.
+func TestAllocQueue_InOrderNoOvertaking(t *testing.T) {
+	free := 10
+	tooBig := errors.New("larger than the pool")
+	alloc := func(counts []int) ([][]kvcache.BlockID, error) {
+		switch n := counts[0]; {
+		case n > 100:
+			return nil, fmt.Errorf("%w: %d blocks", tooBig, n)
+		case n > free:
+			return nil, fmt.Errorf("%w: %d > %d", kvcache.ErrOutOfBlocks, n, free)
+		default:
+			free -= n
+			return [][]kvcache.BlockID{make([]kvcache.BlockID, n)}, nil
+		}
+	}
+	var started, failed []string
+	drain := func(q *AllocQueue[string]) {
+		q.Drain(alloc, func(id string, _ [][]kvcache.BlockID) { started = append(started, id) },
+			func(id string, err error) {
+				if !errors.Is(err, tooBig) {
+					t.Errorf("%s failed by %v", id, err)
+				}
+				failed = append(failed, id)
+			})
+	}
+	var q AllocQueue[string]
+	for _, r := range []struct {
+		id string
+		n  int
+	}{{"a", 4}, {"huge", 1000}, {"b", 4}, {"c", 8}, {"d", 1}, {"e", 1}} {
+		q.Push(r.id, []int{r.n}, r.id)
+	}
+	drain(&q)
+	if !slices.Equal(started, []string{"a", "b"}) || !slices.Equal(failed, []string{"huge"}) || q.Len() != 3 {
+		t.Fatalf("started %v failed %v queued %d; want a, b started, huge failed, c waiting with d and e behind it", started, failed, q.Len())
+	}
+	if v, ok := q.Remove("d"); !ok || v != "d" {
+		t.Fatalf("Remove d: %q %v", v, ok)
+	}
+	if _, ok := q.Remove("a"); ok {
+		t.Fatal("Remove of a started request")
+	}
+	free += 6 // enough for c alone
+	drain(&q)
+	if !slices.Equal(started, []string{"a", "b", "c"}) || q.Len() != 1 {
+		t.Fatalf("after a free: started %v, queued %d", started, q.Len())
+	}
+	if got := q.Clear(); !slices.Equal(got, []string{"e"}) || q.Len() != 0 {
+		t.Fatalf("Clear: %v, left %d", got, q.Len())
+	}
+}

@@ -1,0 +1,15 @@
+//go:build !kvxfer_invariants
+
+package core
+
+// Invariants is false in a default build: sessions record no Violations,
+// and there are no Mutations and no crash injection.
+const Invariants = false
+
+func (*TxSession) violate(string, ...any) {}
+
+func mutAdmitAfterDrain() bool { return false }
+
+func (*TxSession) mutUnpinEarly() {}
+
+func (*TxSession) mutLateSuccess() {}

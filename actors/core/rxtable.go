@@ -1,0 +1,219 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// RxTable is the rx parent's state and decisions, without I/O: the
+// writers and epoch of each started request, the peers the control plane
+// declared dead (until they speak again), and the plan of a request's
+// writers — who must write what, through which worker, asked by which
+// RequestData. The parent's shell (actors) allocates blocks, spawns and
+// stops sessions and asks the control plane whether a down peer is heard
+// again; the simulator (test/sim) drives the same table.
+type RxTable struct {
+	self    messages.PeerID
+	layout  kvcache.Layout
+	par     kvcache.Parallel
+	rank    kvcache.Rank
+	workers int
+	seq     uint64
+	entries map[string]*rxEntry
+	down    map[messages.PeerID]bool
+	// maps caches the peer map of each context parallelism seen (a peer
+	// map depends only on the layout and the two parallelisms).
+	maps map[kvcache.Parallel]peerMap
+}
+
+type peerMap struct {
+	pm  *kvcache.PeerMap
+	err error
+}
+
+type rxEntry struct {
+	epoch   uint64
+	writers map[messages.PeerID]int
+}
+
+// NewRxTable returns the table of generation rank rank of a parallelism
+// par, whose engine is self and has workers sender workers.
+func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
+	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
+		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{}}
+}
+
+// RxOpen is what a request's start needs of Engine.Receive.
+type RxOpen struct {
+	Request         string
+	PromptLen       int
+	Context         string
+	ContextParallel kvcache.Parallel
+	// PrefixHitBlocks[g]: leading blocks of group g already held.
+	PrefixHitBlocks []int
+	Deadline        time.Time
+}
+
+// writers are the context ranks that write to this rank for o.
+func (t *RxTable) writers(o RxOpen) ([]kvcache.Rank, *kvcache.PeerMap, error) {
+	m, ok := t.maps[o.ContextParallel]
+	if !ok {
+		m.pm, m.err = kvcache.NewPeerMap(t.layout, o.ContextParallel, t.par)
+		t.maps[o.ContextParallel] = m
+	}
+	pm, err := m.pm, m.err
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, o.Request, err)
+	}
+	return pm.WritersOf(t.rank), pm, nil
+}
+
+func (o RxOpen) peer(r kvcache.Rank) messages.PeerID {
+	return messages.PeerID{Instance: o.Context, Rank: int32(o.ContextParallel.Index(r))}
+}
+
+// DownWriters lists o's writers the control plane declared dead and has
+// not heard since: the shell asks the control plane about each and calls
+// Heard for those it hears, before Start.
+func (t *RxTable) DownWriters(o RxOpen) []messages.PeerID {
+	ranks, _, err := t.writers(o)
+	if err != nil {
+		return nil
+	}
+	var out []messages.PeerID
+	for _, r := range ranks {
+		if p := o.peer(r); t.down[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Start plans request o over its destination blocks at now: the epoch,
+// and for each writer its peer, worker, the bytes it must write (from this
+// rank's own plan: every destination block of every group it carries
+// layers of) and its RequestData. It fails — and records nothing — when
+// the two parallelisms do not fit the layout, or when a writer is down:
+// were it to come back, it must not write into blocks this request no
+// longer owns, so no RequestData may leave.
+func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (epoch uint64, writers []RxWriter, err error) {
+	t.seq++
+	ranks, pm, err := t.writers(o)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, r := range ranks {
+		if p := o.peer(r); t.down[p] {
+			return 0, nil, fmt.Errorf("%w: request %s: writer %s is down", ErrPeerGone, o.Request, p)
+		}
+	}
+	l := t.layout
+	epoch = uint64(now.UnixNano())<<8 | t.seq&0xff
+	groups := make([]messages.GroupDest, len(l.Groups))
+	for g, grp := range l.Groups {
+		hit := 0
+		if g < len(o.PrefixHitBlocks) {
+			hit = o.PrefixHitBlocks[g]
+		}
+		first, _ := kvcache.NeededRange(o.PromptLen, grp.Window, l.TokensPerBlock, hit)
+		ids := make([]int32, len(blocks[g]))
+		for i, b := range blocks[g] {
+			ids[i] = int32(b)
+		}
+		groups[g] = messages.GroupDest{First: int32(first), Blocks: ids}
+	}
+	var deadline int64
+	if !o.Deadline.IsZero() {
+		deadline = o.Deadline.UnixNano()
+	}
+	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
+	for i, r := range ranks {
+		peer := o.peer(r)
+		e.writers[peer] = i
+		var want uint64
+		if link, ok := pm.Link(r, t.rank); ok {
+			for g := range blocks {
+				want += uint64(len(blocks[g])) * link.BytesPerBlock(l, g)
+			}
+		}
+		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(o.Request, peer, t.workers), Bytes: want,
+			Request: &messages.RequestData{RequestID: o.Request, Epoch: epoch, From: t.self,
+				GenParallel: messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP)},
+				GenTP:       int32(t.rank.TP), GenPP: int32(t.rank.PP),
+				PromptLen: int32(o.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
+	}
+	t.entries[o.Request] = e
+	return epoch, writers, nil
+}
+
+// RxRouteVerdict is what becomes of a Result or CancelAck.
+type RxRouteVerdict uint8
+
+// Route verdicts.
+const (
+	// RxRouteDeliver: to the request's session, as its writer's frame.
+	RxRouteDeliver RxRouteVerdict = iota + 1
+	// RxRouteStale: no started request of that id (finished, or never).
+	RxRouteStale
+	// RxRouteNotWriter: the sender is not a writer of the request.
+	RxRouteNotWriter
+)
+
+// Route classifies a Result or CancelAck from its sender; with
+// RxRouteDeliver, writer is the sender's writer index. Any frame from a
+// peer shows it alive: it leaves the down set.
+func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
+	from := f.Sender()
+	delete(t.down, from)
+	e := t.entries[f.Request()]
+	if e == nil {
+		return RxRouteStale, 0
+	}
+	w, ok := e.writers[from]
+	if !ok {
+		return RxRouteNotWriter, 0
+	}
+	return RxRouteDeliver, w
+}
+
+// RxWriterRef names one writer of one started request.
+type RxWriterRef struct {
+	Request string
+	Writer  int
+}
+
+// PeerDown records that the control plane declared peer dead and returns
+// the writers it was, by request.
+func (t *RxTable) PeerDown(peer messages.PeerID) []RxWriterRef {
+	t.down[peer] = true
+	var out []RxWriterRef
+	for _, id := range t.Live() {
+		if w, ok := t.entries[id].writers[peer]; ok {
+			out = append(out, RxWriterRef{Request: id, Writer: w})
+		}
+	}
+	return out
+}
+
+// Heard takes peer out of the down set: the control plane hears it again.
+func (t *RxTable) Heard(peer messages.PeerID) { delete(t.down, peer) }
+
+// Stopped forgets a request whose session released everything.
+func (t *RxTable) Stopped(request string) { delete(t.entries, request) }
+
+// Started reports whether request has a started session.
+func (t *RxTable) Started(request string) bool { return t.entries[request] != nil }
+
+// Live returns the started requests, sorted.
+func (t *RxTable) Live() []string {
+	out := make([]string, 0, len(t.entries))
+	for id := range t.entries {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}

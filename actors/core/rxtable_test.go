@@ -1,0 +1,113 @@
+package core
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+func rxTestLayout() kvcache.Layout {
+	return kvcache.Layout{Name: "t", Layers: 2, KVHeads: 2, HeadDim: 4, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: []kvcache.LayerGroup{{Name: "full", Layers: []int{0, 1}}}}
+}
+
+var rxGen = messages.PeerID{Instance: "gen", Rank: 0}
+
+func rxOpen(id string) RxOpen {
+	return RxOpen{Request: id, PromptLen: 40, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 2, PP: 1},
+		Deadline: testEpoch0.Add(time.Second)}
+}
+
+// TestRxTable_StartPlansEveryWriter: a generation rank of TP 1 receiving
+// from a context of TP 2 has two writers, each asked by its own
+// RequestData for the request's blocks, each owing its half of the heads
+// of every block, each on the worker WorkerFor names.
+func TestRxTable_StartPlansEveryWriter(t *testing.T) {
+	l := rxTestLayout()
+	tb := NewRxTable(rxGen, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 4)
+	blocks := [][]kvcache.BlockID{{7, 8, 9}}
+	epoch, ws, err := tb.Start(rxOpen("r"), blocks, testEpoch0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 2 || !tb.Started("r") {
+		t.Fatalf("%d writers, started %v; want 2, true", len(ws), tb.Started("r"))
+	}
+	// 3 blocks × 16 tokens × 2 layers × 1 of 2 heads × 4 dims × 2 (K, V) × 2 bytes.
+	const want = 3 * 16 * 2 * 1 * 4 * 2 * 2
+	for i, w := range ws {
+		if w.Peer != (messages.PeerID{Instance: "ctx", Rank: int32(i)}) {
+			t.Errorf("writer %d is %v", i, w.Peer)
+		}
+		if w.Worker != WorkerFor("r", w.Peer, 4) {
+			t.Errorf("writer %d on worker %d, WorkerFor says %d", i, w.Worker, WorkerFor("r", w.Peer, 4))
+		}
+		if w.Bytes != want {
+			t.Errorf("writer %d owes %d bytes, want %d", i, w.Bytes, want)
+		}
+		rd := w.Request
+		if rd.Epoch != epoch || rd.RequestID != "r" || rd.From != rxGen || rd.PromptLen != 40 ||
+			rd.DeadlineUnixNano != testEpoch0.Add(time.Second).UnixNano() || len(rd.Groups) != 1 ||
+			len(rd.Groups[0].Blocks) != 3 || rd.Groups[0].Blocks[0] != 7 {
+			t.Errorf("writer %d RequestData %+v", i, rd)
+		}
+		if err := rd.Validate(); err != nil {
+			t.Errorf("writer %d RequestData invalid: %v", i, err)
+		}
+	}
+	if _, _, err := tb.Start(RxOpen{Request: "bad", PromptLen: 40, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 3, PP: 1}},
+		blocks, testEpoch0); !errors.Is(err, ErrBadRequest) || tb.Started("bad") {
+		t.Fatalf("a context TP that does not divide the heads: %v, started %v", err, tb.Started("bad"))
+	}
+}
+
+// TestRxTable_RouteAndDown: frames reach a request's session only from
+// its writers; a writer declared dead is named to its requests, keeps a
+// new request from starting (nothing recorded, no RequestData) until it is
+// heard again or one of its frames arrives.
+func TestRxTable_RouteAndDown(t *testing.T) {
+	tb := NewRxTable(rxGen, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 1)
+	blocks := [][]kvcache.BlockID{{0, 1, 2}}
+	if _, _, err := tb.Start(rxOpen("a"), blocks, testEpoch0); err != nil {
+		t.Fatal(err)
+	}
+	ctx1 := messages.PeerID{Instance: "ctx", Rank: 1}
+	if v, w := tb.Route(&messages.Result{RequestID: "a", From: ctx1}); v != RxRouteDeliver || w != 1 {
+		t.Fatalf("Result from writer 1: %v writer %d", v, w)
+	}
+	if v, _ := tb.Route(&messages.Result{RequestID: "a", From: messages.PeerID{Instance: "evil"}}); v != RxRouteNotWriter {
+		t.Fatalf("Result from a stranger: %v", v)
+	}
+	if v, _ := tb.Route(&messages.CancelAck{RequestID: "zzz", From: ctx1}); v != RxRouteStale {
+		t.Fatalf("CancelAck for no request: %v", v)
+	}
+	refs := tb.PeerDown(ctx1)
+	if len(refs) != 1 || refs[0] != (RxWriterRef{Request: "a", Writer: 1}) {
+		t.Fatalf("PeerDown named %v", refs)
+	}
+	if down := tb.DownWriters(rxOpen("b")); len(down) != 1 || down[0] != ctx1 {
+		t.Fatalf("DownWriters %v", down)
+	}
+	if _, _, err := tb.Start(rxOpen("b"), blocks, testEpoch0); !errors.Is(err, ErrPeerGone) || tb.Started("b") {
+		t.Fatalf("Start with a writer down: %v, started %v", err, tb.Started("b"))
+	}
+	tb.Heard(ctx1)
+	if _, _, err := tb.Start(rxOpen("b"), blocks, testEpoch0); err != nil {
+		t.Fatalf("Start once the writer is heard: %v", err)
+	}
+	tb.PeerDown(ctx1)
+	tb.Route(&messages.CancelAck{RequestID: "b", From: ctx1}) // it speaks again
+	if _, _, err := tb.Start(rxOpen("c"), blocks, testEpoch0); err != nil {
+		t.Fatalf("Start after a frame of the writer: %v", err)
+	}
+	tb.Stopped("a")
+	if v, _ := tb.Route(&messages.Result{RequestID: "a", From: ctx1}); v != RxRouteStale {
+		t.Fatalf("Result after the session stopped: %v", v)
+	}
+	if got := tb.Live(); len(got) != 2 || got[0] != "b" || got[1] != "c" {
+		t.Fatalf("live %v", got)
+	}
+}

@@ -1,0 +1,175 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// TxTable is the tx parent's state and decisions, without I/O: which of the
+// context side's requests have a live session, which one Engine.Send
+// adopted, which generation instance each live request is bound to, and
+// the tombstones of recently finished requests. The parent's shell
+// (actors) spawns and poisons sessions, asks the control plane for the
+// sender's Hello and sends replies; the simulator (test/sim) drives the
+// same table. A frame that a decision refuses touches no state.
+type TxTable struct {
+	live    map[string]bool
+	adopted map[string]bool
+	// bound fixes each live request's generation instance: named by Send,
+	// or else the instance of the first RequestData that resolved.
+	bound    map[string]string
+	tombs    tombstones
+	draining bool
+}
+
+// NewTxTable returns an empty table that remembers the last tombstones
+// finished requests.
+func NewTxTable(tombstones int) *TxTable {
+	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
+		tombs: newTombstones(tombstones)}
+}
+
+// Open is Engine.Send for request, naming its generation instance or not
+// (""). It refuses a request Send already adopted, one finished recently,
+// one another instance's RequestData opened when Send names another, and
+// every request once the engine is closing. spawn says the session must be
+// started (no RequestData opened it first).
+func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
+	if t.draining {
+		return false, ErrClosed
+	}
+	if t.adopted[request] || t.tombs.has(request) {
+		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
+	}
+	if b := t.bound[request]; t.live[request] && generation != "" && b != "" && b != generation {
+		// A RequestData from another instance opened the session first:
+		// Send's word decides; that session is that instance's mistake.
+		return false, fmt.Errorf("%w: request %s: generation instance %s already asked for it, Send names %s",
+			ErrBadRequest, request, b, generation)
+	}
+	spawn = !t.live[request]
+	t.live[request] = true
+	if generation != "" {
+		t.bound[request] = generation
+	}
+	t.adopted[request] = true
+	return spawn, nil
+}
+
+// RequestDataVerdict is what becomes of a RequestData before it may touch
+// any state.
+type RequestDataVerdict uint8
+
+// RequestData verdicts.
+const (
+	// RequestDataResolve: resolve it against its sender's Hello, then call
+	// Resolved.
+	RequestDataResolve RequestDataVerdict = iota + 1
+	// RequestDataStale: the request finished here (or the engine is
+	// closing): answer FAILED, remember nothing.
+	RequestDataStale
+	// RequestDataNotBound: the request is bound to another generation
+	// instance: refuse it (FAILED to its sender), remember nothing.
+	RequestDataNotBound
+)
+
+// RequestData classifies rd; with RequestDataNotBound, bound is the
+// instance the request is bound to.
+func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
+	if !t.live[rd.RequestID] && (t.tombs.has(rd.RequestID) || t.draining) {
+		return RequestDataStale, ""
+	}
+	if b := t.bound[rd.RequestID]; b != "" && b != rd.From.Instance {
+		return RequestDataNotBound, b
+	}
+	return RequestDataResolve, ""
+}
+
+// Resolved takes a RequestData that RequestData said to resolve, with the
+// resolution's error. refuse: it could not be resolved and no instance has
+// claimed the request, so it may not (FAILED to its sender, nothing
+// remembered). Otherwise it goes to the request's session — spawned first
+// when spawn — which fails the request if err is set: the request's own
+// instance could not be served.
+func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn bool) {
+	if err != nil && t.bound[rd.RequestID] == "" {
+		return true, false
+	}
+	spawn = !t.live[rd.RequestID]
+	t.live[rd.RequestID] = true
+	t.bound[rd.RequestID] = rd.From.Instance
+	return false, spawn
+}
+
+// Cancel classifies a peer's Cancel: deliver it to the request's session,
+// or answer CancelAck at once (nothing of ours writes for it); notBound
+// says the sender is not the request's instance (counted as a rejection).
+func (t *TxTable) Cancel(m *messages.Cancel) (deliver, notBound bool) {
+	if !t.live[m.RequestID] {
+		return false, false
+	}
+	if t.bound[m.RequestID] != m.From.Instance {
+		return false, true
+	}
+	return true, false
+}
+
+// Stopped takes a session that released everything off the table and
+// leaves its tombstone.
+func (t *TxTable) Stopped(request string) {
+	delete(t.live, request)
+	delete(t.adopted, request)
+	delete(t.bound, request)
+	t.tombs.add(request)
+}
+
+// Close starts the engine's close: every later Open and every RequestData
+// for a request without a session is refused. It returns the live
+// requests, sorted, for their sessions to be cancelled.
+func (t *TxTable) Close() []string {
+	t.draining = true
+	return t.Live()
+}
+
+// Live returns the requests with a live session, sorted.
+func (t *TxTable) Live() []string {
+	out := make([]string, 0, len(t.live))
+	for id := range t.live {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Draining reports whether Close was called.
+func (t *TxTable) Draining() bool { return t.draining }
+
+// tombstones remembers the last n finished requests so that a late frame
+// for one gets a definite answer instead of reopening it. Its ring grows
+// as requests finish, up to n, then wraps.
+type tombstones struct {
+	n    int
+	ring []string
+	at   int // next slot to overwrite once the ring is full
+	set  map[string]bool
+}
+
+func newTombstones(n int) tombstones {
+	return tombstones{n: max(n, 1), set: map[string]bool{}}
+}
+
+func (t *tombstones) add(id string) {
+	if len(t.ring) < t.n {
+		t.ring = append(t.ring, id)
+		t.set[id] = true
+		return
+	}
+	delete(t.set, t.ring[t.at])
+	t.ring[t.at] = id
+	t.set[id] = true
+	t.at = (t.at + 1) % t.n
+}
+
+func (t *tombstones) has(id string) bool { return t.set[id] }

@@ -1,0 +1,68 @@
+package actors
+
+import (
+	"sync"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// DefaultFrameCredits is EngineConfig.FrameCredits' default.
+const DefaultFrameCredits = 4096
+
+// frameCredits bounds, per sending peer, the control frames the engine has
+// taken from the link and not yet handled (DESIGN.md §7: mailboxes are
+// bounded by credits). A frame takes a credit when the link delivers it
+// and gives it back once the listener refused it or its parent (tx or rx)
+// has handled it — forwarded it to a session, answered it, or dropped it.
+// With a peer's credits spent, the engine says no at once to that peer's
+// RequestData and Cancel (counted in Counters.FramesShed; the generation
+// side re-sends Cancel on its own timer): the listener's and the parents'
+// mailboxes cannot grow without bound however fast a peer sends, and other
+// peers are not held up. A terminal frame (Result, CancelAck) is never
+// shed: it still takes a credit, over the limit if need be, since it may
+// be the only proof that a writer is quiescent.
+type frameCredits struct {
+	limit int
+	mu    sync.Mutex
+	held  map[messages.PeerID]int
+}
+
+func newFrameCredits(limit int) *frameCredits {
+	if limit <= 0 {
+		limit = DefaultFrameCredits
+	}
+	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}}
+}
+
+// terminal reports whether f is a terminal frame, never shed.
+func terminal(f messages.Frame) bool {
+	switch f.(type) {
+	case *messages.Result, *messages.CancelAck:
+		return true
+	}
+	return false
+}
+
+// take reports whether f may enter the engine, and if so takes its credit.
+func (c *frameCredits) take(f messages.Frame) bool {
+	from := f.Sender()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[from] >= c.limit && !terminal(f) {
+		return false
+	}
+	c.held[from]++
+	return true
+}
+
+// give returns f's credit.
+func (c *frameCredits) give(f messages.Frame) {
+	from := f.Sender()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := c.held[from]; n > 1 {
+		c.held[from] = n - 1
+	} else {
+		delete(c.held, from)
+	}
+}

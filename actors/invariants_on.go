@@ -1,0 +1,23 @@
+//go:build kvxfer_invariants
+
+package actors
+
+// Crash injection, only in builds with the kvxfer_invariants tag.
+
+// WorkerCrash makes a worker panic (crash injection).
+type WorkerCrash = workerCrash
+
+// Crash makes the session panic (crash injection): its supervisor restarts
+// it, the request fails, and it still drains before it releases.
+func (h *TxHandle) Crash() {
+	if h.pid != nil {
+		h.e.sys.Root.Send(h.pid, &txPanicNow{})
+	}
+}
+
+// CrashWorker makes worker i panic (crash injection).
+func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], workerCrash{}) }
+
+// Crash makes the request's session panic (crash injection), once it has
+// one (a request still waiting for blocks has none: nothing happens).
+func (h *RxHandle) Crash() { h.e.sys.Root.Send(h.e.rx, &rxCrashReq{request: h.request}) }

@@ -1,0 +1,57 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Supervision (DESIGN.md §7), declared on the parents' props: protoactor
+// applies a parent's strategy to the failures of its children.
+//
+//   - The tx and rx parents supervise their sessions with sessionStrategy.
+//   - The senders supervise the workers one-for-one: at most
+//     workerRestarts restarts within workerRestartWindow; past that the
+//     worker is stopped and the engine fails (engine.go).
+//
+// A producer returns a fresh shell per incarnation over the state that
+// survives it (txCell, rxCell, workerSlot).
+const (
+	// sessionRestarts is how many times one session may be restarted
+	// after a panic in its life.
+	sessionRestarts     = 3
+	workerRestarts      = 10
+	workerRestartWindow = 10 * time.Second
+)
+
+// sessionStrategy supervises the sessions of a tx or rx parent. A session
+// that panics is restarted: its fresh shell steps TxPanic or RxPanic, so
+// the request fails at once and the session goes on draining. Past its
+// budget (sessionRestarts in its life) it is resumed instead — the message
+// it panicked on is dropped, as a restart drops it — never stopped: a
+// stopped session would leave its pins and its ops in flight with no one
+// to settle them, and its handle with no outcome. Its request has failed
+// already (at its first restart); it drains and releases as any other.
+type sessionStrategy struct {
+	env  *shellEnv
+	side string // "tx" or "rx", for the log
+}
+
+var _ actor.SupervisorStrategy = sessionStrategy{}
+
+// HandleFailure implements actor.SupervisorStrategy; it runs on the
+// parent's goroutine. rs is the child's own record: it survives restarts.
+func (s sessionStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, _ any) {
+	rs.Fail()
+	if n := rs.FailureCount(); n <= sessionRestarts {
+		s.env.log.Warn().Str("session", child.Id).Str("side", s.side).Int("restart", n).
+			Str("panic", fmt.Sprint(reason)).Msg("session panicked: restarting it; its request fails, it drains")
+		sup.RestartChildren(child)
+		return
+	}
+	s.env.stats.SessionPanicsPastBudget.Add(1)
+	s.env.log.Error().Str("session", child.Id).Str("side", s.side).Int("restarts", sessionRestarts).
+		Str("panic", fmt.Sprint(reason)).Msg("session panicked past its restart budget: resumed to drain, message dropped")
+	sup.ResumeChildren(child)
+}

@@ -1,0 +1,18 @@
+//go:build kvxfer_invariants
+
+package kvxfer
+
+// Crash injection, only in builds with the kvxfer_invariants tag (make
+// test): a default build's API has no chaos hooks.
+
+// Crash makes the request's session panic: the supervisor restarts it, the
+// request fails, and it still drains before releasing.
+func (h *TxHandle) Crash() { h.inner.Crash() }
+
+// Crash makes the request's session panic, once it has one: the
+// supervisor restarts it, the request fails, and it still waits for its
+// writers before releasing the blocks.
+func (h *RxHandle) Crash() { h.inner.Crash() }
+
+// CrashWorker makes sender worker i panic.
+func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
