@@ -172,7 +172,10 @@ func TestNeverConnectedWriterFreesBlocks(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
 	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "typo", PromptLen: 64,
-		Context: "ctx-typo", Timeout: 300 * time.Millisecond})
+		// The deadline must come after the control plane's refusal of the
+		// first RequestData, which a loaded 2-core machine can delay by a
+		// few hundred milliseconds (the test then sees a plain TIMED_OUT).
+		Context: "ctx-typo", Timeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
