@@ -367,8 +367,17 @@ func (e *Engine) close(ctx context.Context) error {
 			break
 		}
 	}
-	_ = e.lis.Close()
+	// Flush the workers before anything closes: a drained session's last
+	// frame (a FAILED Result, a CancelAck) may still wait in its worker's
+	// mailbox. A PoisonPill queues behind it; stopping the supervisor
+	// would stop the workers by a system message, ahead of it, and the
+	// peer would never learn the outcome (its pages stay pinned until its
+	// own deadline and, without proof, its Close reports them undrained).
 	e.env.closing.Store(true)
+	for _, w := range e.env.workers {
+		_ = e.sys.Root.PoisonFuture(w).Wait()
+	}
+	_ = e.lis.Close()
 	_ = e.sys.Root.PoisonFuture(e.listenPI).Wait()
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
