@@ -3,11 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -53,6 +55,11 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 		for _, p := range n.peers {
 			known = append(known, p.id().String())
 		}
+		for _, r := range n.Members() {
+			if !slices.Contains(known, r.Peer().String()) {
+				known = append(known, r.Peer().String())
+			}
+		}
 		return nil, fmt.Errorf("%w: request %s: writer %s is not among this node's peers (%s)",
 			ErrUnknownPeer, req.ID, strings.Join(names, ", "), strings.Join(known, ", "))
 	}
@@ -82,14 +89,31 @@ func (n *Node) writersOf(req kvxfer.ReceiveRequest) ([]messages.PeerID, error) {
 	return out, nil
 }
 
-// peer is the configured peer with identity id.
+// peer is the configured peer with identity id, or the peer etcd
+// reports up (as its record describes it).
 func (n *Node) peer(id messages.PeerID) (Peer, bool) {
+	rec, isFound := n.member(id)
 	for _, p := range n.peers {
 		if p.id() == id {
+			if p.Endpoint == "" {
+				if !isFound {
+					return Peer{}, false
+				}
+				p.Endpoint = rec.ControlEndpoint
+			}
 			return p, true
 		}
 	}
+	if isFound {
+		return peerOf(rec), true
+	}
 	return Peer{}, false
+}
+
+// peerOf is the Peer a record describes.
+func peerOf(r discovery.Record) Peer {
+	return Peer{Instance: r.Instance, Parallel: Parallel{TP: int(r.Parallel.TP), PP: int(r.Parallel.PP)},
+		Rank: Rank{TP: int(r.TP), PP: int(r.PP)}, Endpoint: r.ControlEndpoint, PublicKey: r.CurvePublicKey}
 }
 
 func (n *Node) saidHello(id messages.PeerID) bool {
