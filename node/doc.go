@@ -41,7 +41,8 @@
 //     leaves the process), and the backend, agent address, layout hash
 //     and parallelism of the engine's Hello, under a lease of
 //     DiscoveryTTL.
-//   - Up: the peer's key is admitted at the handshake and bound to that
+//   - Up (of a rank of another instance; this node's own instance's
+//     ranks are not dialed): the peer's key is admitted at the handshake and bound to that
 //     rank (AllowKey, SetPeerServerKey), then its endpoint added, so the
 //     link dials it with the key known. A peer refused at its handshake
 //     because it had not learned this node's key yet is redialed (once

@@ -111,6 +111,9 @@ func (n *Node) apply(ev discovery.Event) {
 	case discovery.EventRejected:
 		n.log.Warn().Str("key", ev.Key).Err(ev.Err).Msgf("etcd value at %s refused: %v", ev.Key, ev.Err)
 	case discovery.EventLost:
+		if n.closing.Load() {
+			return // Close withdrew the record
+		}
 		n.fail(fmt.Errorf("%w: %s in etcd cluster %s: %s", ErrMembershipLost, n.cfg.self(), n.cfg.Cluster, ev.Reason))
 	}
 }
@@ -120,8 +123,8 @@ func (n *Node) apply(ev discovery.Event) {
 // link dials it with the key known).
 func (n *Node) peerUp(rec discovery.Record) {
 	id := rec.Peer()
-	if id == n.cfg.self() {
-		return
+	if id.Instance == n.cfg.instance() {
+		return // this node, or a rank of its own instance: KV moves between instances
 	}
 	lg := n.log.With().Str("peer", id.String()).Uint64("incarnation", rec.Incarnation).Logger()
 	if pinned, ok := n.pinnedKey(id); ok && pinned != rec.CurvePublicKey {
