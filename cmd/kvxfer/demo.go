@@ -110,7 +110,11 @@ otherwise each finished request is a log line on standard error.`,
 			case (f.processes == 2 || f.cluster) && s.Origin(config.Backend).Source == config.SourceDefault:
 				f.backend = crossProcessBackend()
 			case f.processes == 2 || f.cluster:
-				if err := checkCrossProcessBackend(s, "demo --processes 2 and --cluster"); err != nil {
+				what := "demo --processes 2"
+				if f.cluster {
+					what = "demo --cluster"
+				}
+				if err := checkCrossProcessBackend(s, what); err != nil {
 					return err
 				}
 			case s.Backend == ucx.Backend && !ucx.Available:

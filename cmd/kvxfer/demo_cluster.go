@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,12 +88,14 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Three children copy into the same writers from their own
+	// goroutines (when the writers are not files).
+	stdout, stderr := &lockedWriter{w: cmd.OutOrStdout()}, &lockedWriter{w: cmd.ErrOrStderr()}
 	role := func(name string, args ...string) *exec.Cmd {
 		args = append(append(args, "--bind", "ipc://"+filepath.Join(dir, name+".sock"),
 			"--key", filepath.Join(dir, name+".key")), common...)
 		c := exec.CommandContext(ctx, self, args...)
-		c.Stdout = cmd.OutOrStdout()
-		c.Stderr = cmd.ErrOrStderr()
+		c.Stdout, c.Stderr = stdout, stderr
 		return c
 	}
 	procs := map[string]*exec.Cmd{
@@ -131,4 +134,16 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), "OK: cluster of three processes (context TP2, generation TP1) found through etcd, every byte verified on the generation side, 0 leaked blocks")
 	return nil
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
