@@ -521,6 +521,14 @@ func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := n.Close(ctx)
+	// The node tells the engine before it calls OnPeerDown, so requests
+	// may all have failed before down was closed; Close has waited for the
+	// link's goroutines (and so for the callback).
+	select {
+	case <-n.down:
+		rep.PeerDown = true
+	default:
+	}
 	rep.LeakedBlocks = n.eng.Pools().Used()
 	if out != nil {
 		b, _ := json.Marshal(rep)
