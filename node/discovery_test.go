@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/etcdlocal"
@@ -297,5 +300,40 @@ func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 	defer cancel()
 	if err := genN.WaitPeers(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEtcdLostFailsTheNode: this node's own record deleted from etcd (an
+// operator's delete; a lapsed lease looks the same) is Lost: the node
+// fails — Err and WaitPeers say ErrMembershipLost — instead of
+// registering again.
+func TestEtcdLostFailsTheNode(t *testing.T) {
+	url := etcdURL(t)
+	const cluster = "node-lost"
+	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
+		Peers: []node.Peer{{Instance: "ctx"}}}
+	genN := open(t, gc)
+	if err := genN.Err(); err != nil {
+		t.Fatalf("Err of a registered node: %v", err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "gen", 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "the node to fail", func() bool { return genN.Err() != nil })
+	if err := genN.Err(); !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "gen/0 in etcd cluster node-lost") {
+		t.Fatalf("Err after the record was deleted: %v, want ErrMembershipLost naming gen/0 and the cluster", err)
+	}
+	if err := genN.WaitPeers(context.Background()); !errors.Is(err, node.ErrMembershipLost) {
+		t.Fatalf("WaitPeers after Lost: %v, want ErrMembershipLost", err)
+	}
+	if _, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "late", PromptLen: 16, Context: "ctx"}); !errors.Is(err, node.ErrMembershipLost) {
+		t.Fatalf("Receive after Lost: %v, want ErrMembershipLost", err)
 	}
 }

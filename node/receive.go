@@ -25,13 +25,17 @@ const helloPatience = 2
 // the peers there are; a writer that has not said Hello within 2
 // heartbeat intervals is logged (with its handshake failure, if any)
 // while the request goes on waiting for it. On the in-process link it is
-// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly.
+// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly;
+// one whose etcd membership was lost with ErrMembershipLost.
 func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
 	if n.cfg.SendOnly {
 		return nil, fmt.Errorf("%w: request %s: its pool is private memory (send_only)", ErrSendOnly, req.ID)
 	}
 	if n.link == nil {
 		return n.eng.Receive(ctx, req)
+	}
+	if err := n.Err(); err != nil {
+		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
 	writers, err := n.writersOf(req)
 	if err != nil { // the engine names a bad parallelism itself
