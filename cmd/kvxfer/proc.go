@@ -194,7 +194,14 @@ token range, so both must be given the same values. Each prints one JSON
 report line on standard output when it ends and exits non-zero if a request
 failed, a byte differed (gen) or a block leaked. Both must use the same
 --backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
-or TCP) or shm. kvxfer demo --processes 2 runs both.`,
+or TCP) or shm. kvxfer demo --processes 2 runs both.
+
+With --discovery etcd://HOST:PORT and --cluster NAME each process registers
+its endpoint and CURVE public key in etcd under a lease (--discovery-ttl) and
+finds its peers there: no --peer-endpoint, and --peer-key only to pin the
+peer's key. A peer killed is seen as down when its lease expires. --tp,
+--tp-rank and --peer-tp run an instance as several ranks (etcd only);
+kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -215,6 +222,8 @@ func newCtxCmd(a *app) *cobra.Command {
 		"keys for both roles, then the context role (start kvxfer gen first, or after: either order works)",
 		"kvxfer keygen --out ctx && kvxfer keygen --out gen",
 		"", "kvxfer ctx --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --key ctx.key --peer-key gen.pub",
+		"rank 1 of a TP2 context instance, peers found through etcd",
+		"kvxfer ctx --bind tcp://10.0.0.1:5601 --key ctx1.key --discovery etcd://10.0.0.9:2379 --cluster prod --tp 2 --tp-rank 1",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0) {
@@ -229,6 +238,7 @@ func newGenCmd(a *app) *cobra.Command {
 		"the generation side of kvxfer ctx's example, metrics on port 9465",
 		"kvxfer gen --bind ipc:///tmp/gen.sock --peer-endpoint ipc:///tmp/ctx.sock --key gen.key --peer-key ctx.pub --metrics-addr 127.0.0.1:9465",
 		"without CURVE (local tests only)", "kvxfer gen --insecure --bind tcp://127.0.0.1:5601 --peer-endpoint tcp://127.0.0.1:5600",
+		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes) {
