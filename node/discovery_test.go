@@ -337,3 +337,31 @@ func TestEtcdLostFailsTheNode(t *testing.T) {
 		t.Fatalf("Receive after Lost: %v, want ErrMembershipLost", err)
 	}
 }
+
+// TestEtcdPinnedKeyMismatchIsNamed: the generation node pins ctx/0's
+// public key; ctx/0 registers with another key. Its record is refused, and
+// WaitPeers says so at once (not "not registered") instead of waiting out
+// its deadline.
+func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	dir := t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: "node-pinned"}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx", PublicKey: newKeys(t).public}}
+	genN := open(t, gc)
+	cc := base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0: its record in etcd cluster node-pinned was refused") ||
+		!strings.Contains(err.Error(), "not the key this node's config pins") {
+		t.Fatalf("WaitPeers with a pinned key etcd contradicts: %v, want ErrHandshake naming ctx/0 and the pinned key", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("WaitPeers waited out its deadline")
+	}
+}

@@ -48,7 +48,8 @@
 //     because it had not learned this node's key yet is redialed (once
 //     per heartbeat interval, until its Hello arrives). A record without a
 //     CURVE key (this node using CURVE), or with a key other than one the
-//     config pins for that rank, is refused and logged.
+//     config pins for that rank, is refused and logged, and WaitPeers
+//     returns that (ErrHandshake) at once.
 //   - Down (lease expired, left, superseded): Engine.PeerDown (its
 //     requests fail and drain) and Config.OnPeerDown, logged with the
 //     reason. Quarantine of the requests' pages is not wired yet.

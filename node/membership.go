@@ -127,30 +127,38 @@ func (n *Node) peerUp(rec discovery.Record) {
 		return // this node, or a rank of its own instance: KV moves between instances
 	}
 	lg := n.log.With().Str("peer", id.String()).Uint64("incarnation", rec.Incarnation).Logger()
+	refuse := func(format string, args ...any) {
+		why := fmt.Sprintf(format, args...)
+		lg.Error().Msgf("etcd record of %s refused: %s", id, why)
+		n.mu.Lock()
+		n.refused[id] = why
+		n.mu.Unlock()
+	}
 	if pinned, ok := n.pinnedKey(id); ok && pinned != rec.CurvePublicKey {
-		lg.Error().Msgf("etcd record of %s carries CURVE key %.8s…, not the key this node's config pins (%.8s…): refused", id, rec.CurvePublicKey, pinned)
+		refuse("its CURVE key %.8s… is not the key this node's config pins (%.8s…)", rec.CurvePublicKey, pinned)
 		return
 	}
 	if !n.cfg.Insecure {
 		if rec.CurvePublicKey == "" {
-			lg.Error().Msgf("etcd record of %s has no CURVE key but this node uses CURVE: refused (is %s insecure?)", id, id)
+			refuse("it has no CURVE key but this node uses CURVE (is %s insecure?)", id)
 			return
 		}
 		if err := n.link.AllowKey(rec.CurvePublicKey); err != nil {
-			lg.Error().Err(err).Msg("etcd peer's CURVE key")
+			refuse("%v", err)
 			return
 		}
 		if err := n.link.SetPeerServerKey(id, rec.CurvePublicKey); err != nil {
-			lg.Error().Err(err).Msg("etcd peer's CURVE key")
+			refuse("%v", err)
 			return
 		}
 	}
 	if err := n.link.AddPeer(id, rec.ControlEndpoint); err != nil {
-		lg.Error().Err(err).Msg("etcd peer's control endpoint")
+		refuse("%v", err)
 		return
 	}
 	n.mu.Lock()
 	n.found[id] = &found{rec: rec}
+	delete(n.refused, id)
 	n.mu.Unlock()
 	lg.Info().Str("endpoint", rec.ControlEndpoint).Msgf("peer %s found in etcd cluster %s at %s", id, n.cfg.Cluster, rec.ControlEndpoint)
 }
@@ -268,6 +276,14 @@ func (n *Node) member(id messages.PeerID) (discovery.Record, bool) {
 		return f.rec, true
 	}
 	return discovery.Record{}, false
+}
+
+// whyRefused says why this node refused the latest etcd record of id
+// ("" if it did not).
+func (n *Node) whyRefused(id messages.PeerID) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.refused[id]
 }
 
 // foundEndpoint is the endpoint of an etcd peer up now.

@@ -65,6 +65,7 @@ type Node struct {
 	closing atomic.Bool
 	mu      sync.Mutex
 	found   map[messages.PeerID]*found // peers etcd reports up
+	refused map[messages.PeerID]string // why a peer's record was refused
 	self    discovery.Record           // the record registered
 	err     error                      // ErrMembershipLost
 }
@@ -81,7 +82,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
-		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}}
+		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -380,6 +381,9 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			if endpoint == "" {
 				var ok bool
 				if endpoint, ok = n.foundEndpoint(id); !ok {
+					if why := n.whyRefused(id); why != "" {
+						return fmt.Errorf("%w: %s: its record in etcd cluster %s was refused: %s", ErrHandshake, id, n.cfg.Cluster, why)
+					}
 					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")")
 					continue
 				}
