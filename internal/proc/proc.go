@@ -2,7 +2,8 @@
 // processes: a context process that prefills (simulated) and pushes
 // chunks, and a generation process that receives and verifies every byte.
 // Each runs on a node (package node: control link, CURVE, backend, pool,
-// liveness); this package only drives requests and checks bytes. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
+// liveness, and with etcd discovery the membership); this package only
+// drives requests and checks bytes. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
 // thin wrappers; the two-process tests re-execute the test binary into
 // these roles.
 package proc
