@@ -26,7 +26,15 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(exampleChildEnv); cfg != "" {
 		os.Exit(runExampleContext(cfg)) // the example's context process
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	stopEtcd()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // backends are the cross-process data planes this binary has.

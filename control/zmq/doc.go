@@ -66,7 +66,7 @@
 // ROUTER: the peer's frames are never seen, its Hello never stored. libzmq
 // ends a session that failed authentication for good (no reconnect), so a
 // peer admitted later (AllowKey) must dial again; a heartbeat socket that
-// was refused stays silent until its link restarts.
+// was refused stays silent until its link restarts or Redial remakes it.
 //
 // # Startup mistakes are named, on the side that sees them
 //

@@ -19,6 +19,7 @@ type beatSock struct {
 	serverKey string
 	info      *peerInfo
 	helloInc  uint64
+	redials   uint64
 	needHello bool
 	watch     connWatch
 }
@@ -148,19 +149,20 @@ func (b *beater) logState(peer messages.PeerID, st PeerState) {
 func (b *beater) refresh() {
 	type want struct {
 		endpoint, serverKey string
+		redials             uint64
 		info                *peerInfo
 	}
 	wants := map[messages.PeerID]want{}
 	b.l.mu.Lock()
 	for id, info := range b.l.peers {
 		if id != b.self && info.endpoint != "" {
-			wants[id] = want{info.endpoint, info.serverKey, info}
+			wants[id] = want{info.endpoint, info.serverKey, info.redials, info}
 		}
 	}
 	b.l.mu.Unlock()
 	for id, w := range wants {
 		old := b.socks[id]
-		if old != nil && old.endpoint == w.endpoint && old.serverKey == w.serverKey {
+		if old != nil && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials {
 			continue
 		}
 		if old != nil {
@@ -168,7 +170,7 @@ func (b *beater) refresh() {
 			delete(b.socks, id)
 		}
 		now := b.l.cfg.Clock()
-		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, info: w.info, needHello: true,
+		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, redials: w.redials, info: w.info, needHello: true,
 			watch: connWatch{secure: !b.l.cfg.Insecure, state: PeerState{Conn: ConnConnecting, Endpoint: w.endpoint, Since: now}}}
 		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false, func(sock *zmq4.Socket) error {
 			if err := b.monitor(s, sock); err != nil {
