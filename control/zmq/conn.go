@@ -42,8 +42,9 @@ type Conn struct {
 	helloInc  uint64 // the peer's incarnation when this Conn last said Hello
 	helloSent bool   // this Conn's Hello went out (or waits in the backlog)
 	closed    bool
-	backlog   [][]byte // terminal frames (and the Hellos before them) waiting for room
-	flushing  bool     // a flusher goroutine is running
+	backlog   [][]byte      // terminal frames (and the Hellos before them) waiting for room
+	flushing  bool          // a flusher goroutine is running
+	idle      chan struct{} // closed by the flusher once the backlog left (a Close waits on it)
 	flusher   sync.WaitGroup
 }
 
@@ -192,6 +193,10 @@ func (c *Conn) flush() {
 		if len(c.backlog) == 0 || c.closed {
 			c.backlog = nil
 			c.flushing = false
+			if c.idle != nil { // a Close waits for the backlog to leave
+				close(c.idle)
+				c.idle = nil
+			}
 			c.mu.Unlock()
 			return
 		}
@@ -240,17 +245,47 @@ func (c *Conn) trySendLocked(b []byte, what string) error {
 	return fmt.Errorf("control/zmq: send %s to %s: %w", what, c.peer, err)
 }
 
-// Close implements control.Conn: linger 0, so unsent frames, the
-// terminal backlog included, are dropped.
+// closeLinger bounds how long Close lets the frames queued before it (a
+// drained session's last Result or CancelAck, often in the terminal
+// backlog of a connection still handshaking) take to leave: first the
+// backlog's flusher, then the socket's linger, which the zmq context's end
+// waits out. Without it the peer of a process that closes right after its
+// last request never learns that request's outcome.
+const closeLinger = 500 * time.Millisecond
+
+// Close implements control.Conn. Frames queued before it get up to
+// closeLinger to leave (less once the Link is closing); what is left then
+// is dropped.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil
 	}
+	if c.flushing && len(c.backlog) > 0 && !c.l.closing.Load() {
+		idle := make(chan struct{})
+		c.idle = idle
+		c.mu.Unlock()
+		t := time.NewTimer(closeLinger)
+		select {
+		case <-idle:
+		case <-t.C:
+		case <-c.l.done:
+		}
+		t.Stop()
+		c.mu.Lock()
+		c.idle = nil
+		if c.closed {
+			c.mu.Unlock()
+			return nil
+		}
+	}
 	c.closed = true
 	c.backlog = nil
-	closeSocket(c.sock)
+	if c.sock != nil {
+		_ = c.sock.SetLinger(closeLinger)
+		_ = c.sock.Close()
+	}
 	close(c.stop)
 	c.mu.Unlock()
 	c.flusher.Wait()
