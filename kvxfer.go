@@ -51,6 +51,9 @@ type Engine struct {
 	ownsAg bool
 	region *kvcache.Region
 	pools  *actors.Pools
+	// memory describes every group's KV memory: Config.Memory, or the
+	// pools' own layout.
+	memory []*kvcache.KVMemory
 	trace  *trace.Writer // Config.TracePath's, closed by Close
 	// metrics and their server: nil unless Config.MetricsAddr is set.
 	metrics    *metrics.Set
@@ -83,10 +86,18 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	var geoms []kvcache.PoolGeometry
 	var perSet uint64
 	groups := len(r.layout.Groups)
-	for g := 0; g < groups; g++ {
+	for g := 0; g < groups && r.Memory == nil; g++ {
 		perSet += r.shape.BlockBytes(r.layout, g)
 	}
-	blocks := int(r.PoolBytes / perSet)
+	blocks := 0
+	if r.Memory != nil {
+		if pools, geoms, err = memoryPools(r); err != nil {
+			return nil, err
+		}
+		groups = 0 // carved by memoryPools
+	} else {
+		blocks = int(r.PoolBytes / perSet)
+	}
 	var off uint64
 	for g := 0; g < groups; g++ {
 		bb, n := r.shape.BlockBytes(r.layout, g), blocks
@@ -102,6 +113,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		off += bb * uint64(n)
 	}
 	e.pools = actors.NewPools(pools)
+	e.memory = engineMemory(r, geoms)
 	e.agent = r.Agent
 	if e.agent == nil {
 		e.agent = loopback.New()
@@ -143,7 +155,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	inner, err := actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
-			Rank: r.Rank, Pools: geoms},
+			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Log: log, Recorder: rec, Metrics: e.metrics,
 	})
@@ -178,9 +190,11 @@ func (e *Engine) Pools() *actors.Pools { return e.pools }
 
 // Block is the memory of block id of layer group g in the engine's pool
 // region (source blocks to fill, READY destination blocks to read). It
-// returns nil for a group or id outside the pool.
+// returns nil for a group or id outside the pool, and for every group when
+// Config.Memory describes the memory (a block is then one slice per
+// (layer, part) tensor: use BlockTensor).
 func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
-	if g < 0 || g >= e.pools.Groups() {
+	if g < 0 || g >= e.pools.Groups() || e.cfg.Memory != nil {
 		return nil
 	}
 	geom := e.pools.Geometry(g)
