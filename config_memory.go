@@ -124,3 +124,43 @@ func engineMemory(r resolved, geoms []kvcache.PoolGeometry) []*kvcache.KVMemory 
 	}
 	return out
 }
+
+// LayoutShape is the layout c runs (its Layout or Model preset, with its
+// TokensPerBlock override) and the shape its rank holds of it (Parallel
+// defaulting to 1×1): what a framework needs to lay out Config.Memory
+// before Start. Errors wrap ErrConfig and name the value.
+func (c Config) LayoutShape() (kvcache.Layout, kvcache.Shape, error) {
+	var l kvcache.Layout
+	switch {
+	case c.Layout != nil:
+		l = c.Layout.Clone()
+	case c.Model != "":
+		var err error
+		if l, err = kvcache.Preset(c.Model); err != nil {
+			return l, kvcache.Shape{}, fmt.Errorf("%w: Model: %w", ErrConfig, err)
+		}
+	default:
+		return l, kvcache.Shape{}, fmt.Errorf("%w: neither Model nor Layout set", ErrConfig)
+	}
+	if c.TokensPerBlock > 0 {
+		l = l.WithTokensPerBlock(c.TokensPerBlock)
+	}
+	if err := l.Validate(); err != nil {
+		return l, kvcache.Shape{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	par := c.Parallel
+	if par.TP == 0 && par.PP == 0 {
+		par = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	if err := par.Validate(l); err != nil {
+		return l, kvcache.Shape{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if !par.Contains(c.Rank) {
+		return l, kvcache.Shape{}, fmt.Errorf("%w: Rank %v outside %v", ErrConfig, c.Rank, par)
+	}
+	s, err := l.Shape(par, c.Rank)
+	if err != nil {
+		return l, kvcache.Shape{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return l, s, nil
+}

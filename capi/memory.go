@@ -47,15 +47,7 @@ const maxMemorySpan = 1 << 40
 
 // describe sets kc.Region and kc.Memory from m.
 func (m *Memory) describe(kc *kvxfer.Config) error {
-	l, err := resolvedLayout(kc)
-	if err != nil {
-		return err
-	}
-	par := kc.Parallel
-	if par.TP == 0 && par.PP == 0 {
-		par = kvcache.Parallel{TP: 1, PP: 1}
-	}
-	s, err := l.Shape(par, kc.Rank)
+	l, s, err := kc.LayoutShape()
 	if err != nil {
 		return errorf(ErrConfig, "memory: %v", err)
 	}
@@ -161,28 +153,4 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 	}
 	kc.Region, kc.PoolBytes = r, 0
 	return nil
-}
-
-// resolvedLayout is the layout kc will run: its Layout or Model preset,
-// with its TokensPerBlock override.
-func resolvedLayout(kc *kvxfer.Config) (kvcache.Layout, error) {
-	var l kvcache.Layout
-	switch {
-	case kc.Layout != nil:
-		l = kc.Layout.Clone()
-	case kc.Model != "":
-		var err error
-		if l, err = kvcache.Preset(kc.Model); err != nil {
-			return l, errorf(ErrConfig, "memory: %v", err)
-		}
-	default:
-		return l, errorf(ErrConfig, "memory: neither model nor layout set")
-	}
-	if kc.TokensPerBlock > 0 {
-		l = l.WithTokensPerBlock(kc.TokensPerBlock)
-	}
-	if err := l.Validate(); err != nil {
-		return l, errorf(ErrConfig, "memory: %v", err)
-	}
-	return l, nil
 }
