@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -53,20 +52,28 @@ func BenchmarkResolveRequestPlans(b *testing.B) {
 		}
 		rd := &messages.RequestData{RequestID: "r", From: hello.From, GenParallel: hello.Parallel, PromptLen: prompt,
 			Groups: []messages.GroupDest{{Blocks: ids}}}
-		for _, cached := range []bool{false, true} {
-			name := fmt.Sprintf("%s/uncached", bc.name)
+		// rehello: every request comes with a new Hello value saying the
+		// same (a peer's repeated Hello): the cache compares descriptors.
+		for _, mode := range []string{"uncached", "cached", "cached-rehello"} {
 			topo := Topology{Layout: l, LayoutHash: l.Hash(), Parallel: ctxPar,
 				Pools: []kvcache.PoolGeometry{{BlockBytes: 1, Blocks: blocks}}, Memory: []*kvcache.KVMemory{src}}
-			if cached {
-				name = fmt.Sprintf("%s/cached", bc.name)
+			if mode != "uncached" {
 				topo.Plans = NewPlanCache()
 			}
-			b.Run(name, func(b *testing.B) {
+			hellos := [2]*messages.Hello{hello, hello}
+			if mode == "cached-rehello" {
+				again := *hello
+				again.Memory = helloMemory([]*kvcache.KVMemory{dst})
+				hellos[1] = &again
+			}
+			b.Run(bc.name+"/"+mode, func(b *testing.B) {
 				b.ReportAllocs()
+				i := 0
 				for b.Loop() {
-					if _, _, err := ResolveRequest(topo, hello, rd); err != nil {
+					if _, _, err := ResolveRequest(topo, hellos[i&1], rd); err != nil {
 						b.Fatal(err)
 					}
+					i++
 				}
 			})
 		}
