@@ -129,33 +129,37 @@ func mlaLayout() kvcache.Layout {
 		Groups: kvcache.FullAttention(3)}
 }
 
+// startMemoryEngine starts rank i of instance inst with its KV in
+// framework memory of kind (kvxfer's pool for memPool) on c's link.
+func startMemoryEngine(t *testing.T, c *cluster, l kvcache.Layout, inst string, p kvcache.Parallel, i int, kind memKind, blocks int) *kvxfer.Engine {
+	t.Helper()
+	cfg := kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i), Layout: &l, PoolBytes: 4 << 20,
+		Workers: 2, Link: c.link, TransferTimeout: 20 * time.Second}
+	if kind != memPool {
+		s, err := l.Shape(p, p.RankAt(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.PoolBytes = 0
+		cfg.Region, cfg.Memory = frameworkMemory(t, l, s, kind, blocks)
+	}
+	e, err := kvxfer.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("start %s rank %d: %v", inst, i, err)
+	}
+	return e
+}
+
 // startMemoryCluster starts context and generation engines whose KV lives
 // in framework memory of the case's kinds (kvxfer's pool for memPool).
 func startMemoryCluster(t *testing.T, tc memCase, blocks int) *cluster {
 	t.Helper()
 	c := &cluster{link: control.NewMemLink(), ctxPar: tc.ctxPar, genPar: tc.genPar}
-	start := func(inst string, p kvcache.Parallel, i int, kind memKind) *kvxfer.Engine {
-		cfg := kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i), Layout: &tc.l, PoolBytes: 4 << 20,
-			Workers: 2, Link: c.link, TransferTimeout: 20 * time.Second}
-		if kind != memPool {
-			s, err := tc.l.Shape(p, p.RankAt(i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.PoolBytes = 0
-			cfg.Region, cfg.Memory = frameworkMemory(t, tc.l, s, kind, blocks)
-		}
-		e, err := kvxfer.Start(context.Background(), cfg)
-		if err != nil {
-			t.Fatalf("start %s rank %d: %v", inst, i, err)
-		}
-		return e
-	}
 	for i := range tc.ctxPar.Size() {
-		c.ctx = append(c.ctx, start("ctx", tc.ctxPar, i, tc.ctxKind))
+		c.ctx = append(c.ctx, startMemoryEngine(t, c, tc.l, "ctx", tc.ctxPar, i, tc.ctxKind, blocks))
 	}
 	for i := range tc.genPar.Size() {
-		c.gen = append(c.gen, start("gen", tc.genPar, i, tc.genKind))
+		c.gen = append(c.gen, startMemoryEngine(t, c, tc.l, "gen", tc.genPar, i, tc.genKind, blocks))
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -420,6 +424,32 @@ func TestBadDescriptorInHelloIsRefused(t *testing.T) {
 		t.Fatalf("refusal does not name the peer and the value: %q", res.Error)
 	}
 	if n := transferMemory(t, c, tc, "req-evil", 1, 64, 32); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	checkNoLeaks(t, c)
+}
+
+// TestPeerRestartWithAnotherLayout: the generation rank restarts (a new
+// incarnation under the same name) with NHD memory of fewer blocks instead
+// of HND; the context side's cached plan into the old layout is not used:
+// the next request lands in the new layout, every byte verified.
+func TestPeerRestartWithAnotherLayout(t *testing.T) {
+	tc := memCase{"", smallLayout(), tp1, tp1, memNHD, memHND}
+	c := startMemoryCluster(t, tc, 24)
+	if n := transferMemory(t, c, tc, "before", 1, 100, 32); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.gen[0].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tc.genKind = memNHD
+	c.gen[0] = startMemoryEngine(t, c, tc.l, "gen", tp1, 0, memNHD, 12)
+	if m := c.gen[0].Memory(0); m.Kind != kvcache.MemNHD || m.Blocks != 12 {
+		t.Fatalf("restarted with %v memory of %d blocks", m.Kind, m.Blocks)
+	}
+	if n := transferMemory(t, c, tc, "after", 2, 100, 32); n == 0 {
 		t.Fatal("no byte verified")
 	}
 	checkNoLeaks(t, c)
