@@ -42,8 +42,12 @@ type Strides struct {
 }
 
 // maxMemorySpan bounds the region from the lowest to the highest tensor
-// byte (1 TiB): a wider span means unrelated allocations.
-const maxMemorySpan = 1 << 40
+// byte: a user address space (2^47 bytes on x86-64 and arm64). Separately
+// allocated tensors (a framework's per-layer caches) lie far apart, and the
+// in-process engine's region is only address arithmetic over them: the
+// loopback data plane copies the described elements and touches nothing
+// between.
+const maxMemorySpan = 1 << 47
 
 // describe sets kc.Region and kc.Memory from m.
 func (m *Memory) describe(kc *kvxfer.Config) error {

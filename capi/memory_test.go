@@ -164,7 +164,7 @@ func TestMemoryConfigErrors(t *testing.T) {
 		{`{"kind":"nhd","num_blocks":8,"layers":[0,4096]}`, "NULL"},
 		{strings.Replace(good, `"layers"`, `"v_layers":[1,2],"layers"`, 1), "v_layers has 2"},
 		{memoryJSON(buf, "nhd", `{"block":8,"token":64,"head":8,"elem":2}`), "block stride 8"},
-		{`{"kind":"nhd","num_blocks":8,"layers":[4096,4398046515200]}`, "span more than"},
+		{`{"kind":"nhd","num_blocks":8,"layers":[4096,140737488359424]}`, "span more than"},
 	} {
 		_, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-bad",%s,"memory":%s}`, tinyLayout, c.mem), nil, 0)
 		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
