@@ -209,7 +209,10 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * (ucx where the library has it, else shm), pool memory peers can write,
  * heartbeats that fail a silent peer's requests. config_json is node's JSON
  * config: instance, parallel {tp, pp}, rank {tp, pp}, model,
- * tokens_per_block, pool_bytes, send_only, workers, backend ("auto", "ucx",
+ * tokens_per_block, pool_bytes, memory {kind, num_blocks} (the framework's
+ * KV tensors laid out back to back in layer order inside the pool, block
+ * ids the framework's; since KVXFER_ABI_MINOR 1), send_only, workers,
+ * backend ("auto", "ucx",
  * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
  * public_key | public_key_file}], insecure, secret_key | key_file,
  * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
