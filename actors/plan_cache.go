@@ -15,7 +15,8 @@ const maxCachedPlans = 4096
 // plans each (generation peer, its rank in its parallelism, layer group)
 // once, not per request: a plan from a framework descriptor costs tens to
 // hundreds of microseconds on a 70B layout, and a plan is immutable and
-// safe to share.
+// safe to share. It keeps the peer maps of the generation parallelisms it
+// has seen too.
 //
 // An entry remembers the Hello it was built from. A request that comes
 // with the same Hello (the same value the control link holds) hits; one
@@ -30,7 +31,41 @@ const maxCachedPlans = 4096
 type PlanCache struct {
 	mu           sync.Mutex
 	m            map[planKey]*planEntry
+	maps         map[mapKey]*kvcache.PeerMap
 	hits, misses atomic.Uint64
+}
+
+// mapKey names a peer map: the two instances' parallelism over one layout.
+type mapKey struct {
+	layout   uint64
+	ctx, gen kvcache.Parallel
+}
+
+// peerMap returns the cached peer map between ctx and gen over l (whose
+// hash is hash), or computes and caches it. A peer map is immutable. A nil
+// cache always computes; errors are not cached.
+func (c *PlanCache) peerMap(l kvcache.Layout, hash uint64, ctx, gen kvcache.Parallel) (*kvcache.PeerMap, error) {
+	if c == nil {
+		return kvcache.NewPeerMap(l, ctx, gen)
+	}
+	key := mapKey{hash, ctx, gen}
+	c.mu.Lock()
+	pm := c.maps[key]
+	c.mu.Unlock()
+	if pm != nil {
+		return pm, nil
+	}
+	pm, err := kvcache.NewPeerMap(l, ctx, gen)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.maps == nil || len(c.maps) >= maxCachedPlans {
+		c.maps = map[mapKey]*kvcache.PeerMap{}
+	}
+	c.maps[key] = pm
+	c.mu.Unlock()
+	return pm, nil
 }
 
 type planKey struct {

@@ -94,7 +94,7 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	}
 	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
 	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}
-	pm, err := kvcache.NewPeerMap(self.Layout, self.Parallel, genPar)
+	pm, err := self.Plans.peerMap(self.Layout, self.LayoutHash, self.Parallel, genPar)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
 	}
