@@ -178,7 +178,8 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.hello = &messages.Hello{From: cfg.Self, Backend: cfg.Agent.Backend(), AgentAddr: cfg.Agent.Address(),
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
-		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
+		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
+		Memory: helloMemory(topo.Memory)}
 	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}

@@ -124,6 +124,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Pp:         m.PP,
 			Pools:      pools,
 			Model:      m.Model,
+			Memory:     memoryToWire(m.Memory),
 		}}
 	case *RequestData:
 		if m == nil {
@@ -241,6 +242,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			PP:         m.GetPp(),
 			Pools:      nonEmpty(pools),
 			Model:      m.GetModel(),
+			Memory:     memoryFromWire(m.GetMemory()),
 		}, nil
 	case *pb.Envelope_RequestData:
 		m := body.RequestData

@@ -51,6 +51,9 @@ type Config struct {
 	// PoolBytes sizes the block pool, allocated from the backend so that
 	// peers can write into it (default kvxfer.DefaultPoolBytes, 1 GiB).
 	PoolBytes uint64 `json:"pool_bytes"`
+	// Memory, when set, lays the framework's KV tensors out inside the pool
+	// (Memory's doc); block ids are then the framework's.
+	Memory *Memory `json:"memory"`
 	// SendOnly marks a rank that only sends (a prefill rank): its pool is
 	// private memory rather than memory peers can write (no /dev/shm file
 	// with shm), and Node.Receive refuses at once.

@@ -107,9 +107,31 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	} else if removed > 0 {
 		n.log.Info().Int("files", removed).Msg("removed pool files of dead processes of this instance")
 	}
+	kc := kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
+		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock}
+	if cfg.Memory != nil && cfg.PoolBytes == 0 {
+		if _, cfg.PoolBytes, err = cfg.Memory.layout(kc, 0); err != nil {
+			return nil, err
+		}
+	}
 	var region *kvcache.Region
 	if n.agent, region, n.pool, err = openData(cfg, n.backend, self); err != nil {
 		return nil, err
+	}
+	var memory []*kvcache.KVMemory
+	if cfg.Memory != nil {
+		if region == nil { // loopback, or a send-only node: host memory
+			if region, err = kvcache.NewHostRegion(cfg.PoolBytes); err == nil {
+				n.pool = region
+			}
+		}
+		if err == nil {
+			memory, _, err = cfg.Memory.layout(kc, region.Len)
+		}
+		if err != nil {
+			n.closeData()
+			return nil, err
+		}
 	}
 	var link control.Link
 	var engp atomic.Pointer[kvxfer.Engine]
@@ -131,7 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		link = n.link
 	}
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
-		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region,
+		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region, Memory: memory,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
 		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr})
 	if err != nil {
