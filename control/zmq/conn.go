@@ -9,6 +9,7 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -79,6 +80,9 @@ func (c *Conn) Send(f messages.Frame) error {
 	if err != nil {
 		return fmt.Errorf("control/zmq: send to %s: %w", c.peer, err)
 	}
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("zmq.encoded.%T", f), f.Request())
+	}
 	if len(b) > c.l.cfg.MaxFrameBytes {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
@@ -101,6 +105,9 @@ func (c *Conn) Send(f messages.Frame) error {
 		}
 		if err == nil {
 			if err = c.trySendLocked(b, fmt.Sprintf("%T", f)); err == nil {
+				if hoptrace.On {
+					hoptrace.Mark(fmt.Sprintf("zmq.sent.%T", f), f.Request())
+				}
 				return nil
 			}
 		}
