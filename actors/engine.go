@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"
@@ -47,15 +48,15 @@ type EngineConfig struct {
 	Metrics *metrics.Set
 }
 
-// Engine is one engine rank's actor tree: listener, senders (workers), tx
-// and rx supervisors.
+// Engine is one engine rank's actor tree: senders (workers), tx and rx
+// supervisors, and the listener step the control link's delivery runs.
 type Engine struct {
 	cfg      EngineConfig
 	sys      *actor.ActorSystem
 	reg      rdma.Registration
 	env      *shellEnv
 	tx, rx   *actor.PID
-	listenPI *actor.PID
+	listener *listener
 	senders  *actor.PID
 	lis      control.Listener
 	stats    *Counters
@@ -165,9 +166,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
-	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &listener{env: e.env, tx: e.tx, rx: e.rx}
-	}))
+	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx}
 
 	topo := cfg.Topology
 	pools := make([]messages.PoolGeometry, len(topo.Pools))
@@ -186,9 +185,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	return e, nil
 }
 
-// deliver takes a frame from the control link: into the listener's
-// mailbox while its peer has credits, else refused at once (never a
-// terminal frame).
+// deliver takes a frame from the control link: routed by the listener
+// step into its parent's mailbox while its peer has credits, else refused
+// at once (never a terminal frame).
 func (e *Engine) deliver(f messages.Frame) {
 	if !e.env.credits.take(f) {
 		e.stats.FramesShed.Add(1)
@@ -198,7 +197,7 @@ func (e *Engine) deliver(f messages.Frame) {
 		}
 		return
 	}
-	e.sys.Root.Send(e.listenPI, f)
+	e.listener.route(f)
 }
 
 // Hello is what this engine tells its peers about itself.
@@ -256,6 +255,9 @@ type TxRequest struct {
 // Send opens the context side of a request. Done fires after the session
 // released every pin: the serving process may then free its source blocks.
 func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
+	if hoptrace.On {
+		hoptrace.Mark("ctx.Send", req.ID)
+	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen {
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
 	}
@@ -303,6 +305,9 @@ type RxHandle struct {
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	if e.env.failed.Load() {
 		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+	}
+	if hoptrace.On {
+		hoptrace.Mark("gen.Receive", req.ID)
 	}
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
@@ -379,7 +384,6 @@ func (e *Engine) close(ctx context.Context) error {
 		_ = e.sys.Root.PoisonFuture(w).Wait()
 	}
 	_ = e.lis.Close()
-	_ = e.sys.Root.PoisonFuture(e.listenPI).Wait()
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.senders).Wait()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -122,6 +123,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
 		m.reply <- txOpenReply{pid: pid}
 	case *messages.RequestData:
+		if hoptrace.On {
+			hoptrace.Mark("txparent.RequestData", m.RequestID)
+		}
 		p.onRequestData(ctx, m)
 		p.env.credits.give(m)
 	case *messages.Cancel:
@@ -251,6 +255,9 @@ type rxParent struct {
 func (p *rxParent) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *rxOpenReq:
+		if hoptrace.On {
+			hoptrace.Mark("rxparent.open", m.req.ID)
+		}
 		if p.sessions.draining {
 			m.reply <- rxOpenReply{err: ErrClosed}
 			return
@@ -287,6 +294,9 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
+		if hoptrace.On {
+			hoptrace.Mark("rxparent.Result", m.RequestID)
+		}
 		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *messages.CancelAck:
@@ -465,17 +475,21 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
-// listener validates every frame that arrives and routes it.
+// listener validates every frame that arrives and routes it. It is not an
+// actor: the control link's delivery goroutine runs its step (RouteFrame)
+// and sends the frame straight to the parent, which saves a mailbox hop
+// (a goroutine wake) per frame. The link delivers frames one at a time,
+// in arrival order, so each parent still receives them in that order.
 type listener struct {
-	env *shellEnv
-	tx  *actor.PID
-	rx  *actor.PID
+	env  *shellEnv
+	root *actor.RootContext
+	tx   *actor.PID
+	rx   *actor.PID
 }
 
-func (l *listener) Receive(ctx actor.Context) {
-	f, ok := ctx.Message().(messages.Frame)
-	if !ok {
-		return
+func (l *listener) route(f messages.Frame) {
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("listener.%T", f), f.Request())
 	}
 	switch dest, err := core.RouteFrame(f); dest {
 	case core.FrameRejected:
@@ -484,9 +498,9 @@ func (l *listener) Receive(ctx actor.Context) {
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
 	case core.FrameToTx:
-		ctx.Send(l.tx, f) // its parent gives the credit back
+		l.root.Send(l.tx, f) // its parent gives the credit back
 	case core.FrameToRx:
-		ctx.Send(l.rx, f)
+		l.root.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)
 	}

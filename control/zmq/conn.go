@@ -9,6 +9,7 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -80,6 +81,9 @@ func (c *Conn) Send(f messages.Frame) error {
 	if err != nil {
 		return fmt.Errorf("control/zmq: send to %s: %w", c.peer, err)
 	}
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("zmq.encoded.%T", f), f.Request())
+	}
 	if len(b) > c.l.cfg.MaxFrameBytes {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
@@ -101,7 +105,10 @@ func (c *Conn) Send(f messages.Frame) error {
 			}
 		}
 		if err == nil {
-			if err = c.trySendLocked(b, fmt.Sprintf("%T", f)); err == nil {
+			if err = c.trySendLocked(b, f); err == nil {
+				if hoptrace.On {
+					hoptrace.Mark(fmt.Sprintf("zmq.sent.%T", f), f.Request())
+				}
 				return nil
 			}
 		}
@@ -229,7 +236,10 @@ func (c *Conn) flush() {
 // burst can find the queue "full" when it is not. On EAGAIN, reading
 // ZMQ_EVENTS processes those commands at once; if the socket then says it
 // can send, the frame is tried once more.
-func (c *Conn) trySendLocked(b []byte, what string) error {
+//
+// what names the frame in an error: a string, or the frame itself (its
+// type is formatted only on error, not on every send).
+func (c *Conn) trySendLocked(b []byte, what any) error {
 	_, err := c.sock.SendBytes(b, zmq4.DONTWAIT)
 	if isAgain(err) {
 		if ev, e := c.sock.GetEvents(); e == nil && ev&zmq4.POLLOUT != 0 {
@@ -241,6 +251,9 @@ func (c *Conn) trySendLocked(b []byte, what string) error {
 		return nil
 	case isAgain(err):
 		return err
+	}
+	if _, ok := what.(string); !ok {
+		what = fmt.Sprintf("%T", what)
 	}
 	return fmt.Errorf("control/zmq: send %s to %s: %w", what, c.peer, err)
 }

@@ -65,10 +65,15 @@ func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 	}
 }
 
-// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close.
-const beatPoll = 50 * time.Millisecond
+// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close
+// and its monitors' events.
+const beatPoll = 10 * time.Millisecond
 
-// watch waits up to d for monitor events and applies them.
+// watch applies the monitor events waiting, then sleeps d.
+//
+// It polls the monitors without blocking and sleeps in Go rather than in
+// zmq_poll: a goroutine blocked in a cgo call keeps its P (see sockWait),
+// and on a two-core machine that P is half the engine's.
 func (b *beater) watch(d time.Duration) error {
 	if d < time.Millisecond {
 		d = time.Millisecond
@@ -85,7 +90,7 @@ func (b *beater) watch(d time.Duration) error {
 		time.Sleep(d)
 		return nil
 	}
-	polled, err := poller.Poll(d)
+	polled, err := poller.Poll(0)
 	if err != nil {
 		return err
 	}
@@ -94,6 +99,7 @@ func (b *beater) watch(d time.Duration) error {
 			b.events(s)
 		}
 	}
+	time.Sleep(d)
 	return nil
 }
 

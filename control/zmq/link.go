@@ -243,6 +243,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		l:       l,
 		router:  router,
 		zap:     zap,
+		secure:  zap != nil,
 		deliver: deliver,
 		self:    self.From,
 		conns:   map[string]*binding{},

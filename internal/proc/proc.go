@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -314,6 +316,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			defer func() { <-sem; wg.Done() }()
 			res := <-h.Done()
 			d := time.Since(t)
+			if hoptrace.On {
+				hoptrace.Mark("gen.done", RequestID(i))
+			}
 			if !res.OK {
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
 				return
@@ -515,6 +520,9 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 }
 
 func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
+	if err := hoptrace.Dump(); err != nil {
+		fmt.Fprintln(os.Stderr, "hoptrace:", err)
+	}
 	rep.Seconds = time.Since(t0).Seconds()
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every
