@@ -286,7 +286,7 @@ func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 		done <- opened{n, err}
 	}()
 	waitFor(t, patience, "the generation node to refuse the context node's key", func() bool {
-		return logs.has("refused CURVE handshake")
+		return logs.Has("refused CURVE handshake")
 	})
 	if err := stale.Close(); err != nil {
 		t.Fatal(err)
