@@ -119,7 +119,7 @@ func (c *Conn) Send(f messages.Frame) error {
 	if !terminal(f) {
 		c.l.stats.queueFull.Add(1)
 		if len(c.backlog) > 0 {
-			return fmt.Errorf("%w: %T of request %q to %s: %d terminal frames wait for room (SendHWM %d)",
+			return fmt.Errorf("%w: %T of request %q to %s: %d frames (a Hello, terminal frames) wait in the backlog for the connection or for room (SendHWM %d)",
 				ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
 		}
 		return fmt.Errorf("%w: %T of request %q to %s: not connected, or %d frames queued (SendHWM)",
