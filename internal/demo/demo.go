@@ -23,6 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -53,6 +54,31 @@ type Row struct {
 type Report struct {
 	Options Options
 	Rows    []Row
+	// Raw is the backend's raw figure at one chunk's size, measured in the
+	// same run (nil when it could not be measured: RawErr says why).
+	Raw    *rdmabench.Result
+	RawErr error `json:"-"`
+}
+
+// measureRaw measures the demo's backend moving one chunk's bytes with no
+// engine (rdmabench: Post, flush, Done), so that the demo's figures can be
+// read as ratios on whatever machine runs it.
+func measureRaw(o Options) (*rdmabench.Result, error) {
+	l, err := o.layout()
+	if err != nil {
+		return nil, err
+	}
+	backend := o.Backend
+	if backend == "" {
+		backend = loopback.Backend
+	}
+	chunk := uint64(l.BytesPerToken()) * uint64(o.ChunkTokens)
+	r, err := rdmabench.Measure(backend, rdmabench.Shape{SegmentBytes: chunk, Segments: 1},
+		rdmabench.Config{Rounds: 3, MinBytes: 4 * chunk})
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 // OK reports whether every byte matched and no block leaked.
@@ -74,6 +100,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	}
 	prompts := o.prompts()
 	rep := Report{Options: o}
+	rep.Raw, rep.RawErr = measureRaw(o)
 	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
 		row, err := runMode(ctx, o, m, prompts, progress)
 		if err != nil {
@@ -444,9 +471,30 @@ func (r Report) Print(w io.Writer) {
 			float64(row.Bytes)/(1<<30), row.BytesPerSec/1e9, row.ExposedP50.Round(10*time.Microsecond),
 			row.ExposedP99.Round(10*time.Microsecond), hidden, row.BytesVerified, row.LeakedBlocks)
 	}
+	r.printRaw(w)
 	if r.OK() {
 		fmt.Fprintln(w, "\nOK: every transferred byte verified, 0 leaked blocks")
 	} else {
 		fmt.Fprintln(w, "\nFAILED: byte mismatch or leaked blocks")
 	}
+}
+
+// printRaw writes the raw backend's figure beside the table and the
+// pipelined row's ratios to it: what a figure means on this machine.
+func (r Report) printRaw(w io.Writer) {
+	if r.Raw == nil {
+		if r.RawErr != nil {
+			fmt.Fprintf(w, "\nraw baseline not measured: %v\n", r.RawErr)
+		}
+		return
+	}
+	chunk := time.Duration(float64(r.Raw.SizeBytes) / r.Raw.BytesPerSec * float64(time.Second))
+	fmt.Fprintf(w, "\nbaseline, same run: raw %s at one chunk (%.1f MiB): %.2f GB/s, one chunk's transfer %v\n",
+		r.Raw.Backend, float64(r.Raw.SizeBytes)/(1<<20), r.Raw.BytesPerSec/1e9, chunk.Round(10*time.Microsecond))
+	if len(r.Rows) == 0 || r.Rows[0].BytesPerSec == 0 || chunk <= 0 {
+		return
+	}
+	p := r.Rows[0]
+	fmt.Fprintf(w, "%s: GB/s / raw %.2f, exposed p50 / one chunk's raw transfer %.1fx\n",
+		p.Mode, p.BytesPerSec/r.Raw.BytesPerSec, float64(p.ExposedP50)/float64(chunk))
 }

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -24,6 +25,21 @@ func TestSmallDemo(t *testing.T) {
 	for _, row := range rep.Rows {
 		if row.Bytes == 0 || row.BytesVerified != row.Bytes {
 			t.Fatalf("%s: bytes %d verified %d", row.Mode, row.Bytes, row.BytesVerified)
+		}
+	}
+	// The raw baseline is measured in the same run, at one chunk's size
+	// (64 tokens of Llama-3.1-8B: 8 MiB), and printed with the ratios.
+	if rep.Raw == nil {
+		t.Fatalf("no raw baseline: %v", rep.RawErr)
+	}
+	if want := uint64(64 * 128 << 10); rep.Raw.SizeBytes != want || rep.Raw.Backend != "loopback" || rep.Raw.BytesPerSec <= 0 {
+		t.Fatalf("raw baseline %+v, want loopback at %d bytes", *rep.Raw, want)
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	for _, want := range []string{"baseline, same run: raw loopback at one chunk (8.0 MiB)", "pipelined: GB/s / raw "} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report lacks %q:\n%s", want, out.String())
 		}
 	}
 }
