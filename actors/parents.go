@@ -92,7 +92,7 @@ type txParent struct {
 	self     messages.PeerID
 	link     control.Link
 	cfg      TxConfig
-	table    *core.TxTable
+	table    txTable
 	sessions sessionTable
 	handles  map[string]*Handle
 }
@@ -242,9 +242,9 @@ type rxParent struct {
 	topo     Topology
 	self     messages.PeerID
 	workers  int
-	table    *core.RxTable
+	table    rxTable
 	sessions sessionTable
-	queue    core.AllocQueue[*rxOpenReq]
+	queue    allocQueue
 	link     control.Link
 }
 
@@ -470,6 +470,7 @@ type listener struct {
 	env *shellEnv
 	tx  *actor.PID
 	rx  *actor.PID
+	tr  TableTracer // nil unless tracing tables
 }
 
 func (l *listener) Receive(ctx actor.Context) {
@@ -477,7 +478,7 @@ func (l *listener) Receive(ctx actor.Context) {
 	if !ok {
 		return
 	}
-	switch dest, err := core.RouteFrame(f); dest {
+	switch dest, err := routeFrame(l.tr, l.env.clock, f); dest {
 	case core.FrameRejected:
 		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
