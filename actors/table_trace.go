@@ -129,6 +129,11 @@ func (env *shellEnv) tableTracer(name, kind string, b TableBirth) TableTracer {
 	return tr.Table(env.self.String()+"/"+name, kind, b, env.clock.Now())
 }
 
+// ptr points at a copy of v: taking the address of a parameter in the
+// traced branch would move the parameter to the heap on every call,
+// traced or not.
+func ptr[T any](v T) *T { return &v }
+
 // ErrText is an error's text, "" for nil (how table calls record errors).
 func ErrText(err error) string {
 	if err == nil {
@@ -150,7 +155,7 @@ func (env *shellEnv) txTable(tombstones int) txTable {
 		tr: env.tableTracer("tx", TableTx, TableBirth{Tombstones: tombstones})}
 }
 
-func (t txTable) Open(request, generation string) (bool, error) {
+func (t *txTable) Open(request, generation string) (bool, error) {
 	spawn, err := t.TxTable.Open(request, generation)
 	if t.tr != nil {
 		t.tr.Call("Open", t.clock.Now(), TableIn{Request: request, Generation: generation}, TableOut{Spawn: spawn, Err: ErrText(err)})
@@ -158,7 +163,7 @@ func (t txTable) Open(request, generation string) (bool, error) {
 	return spawn, err
 }
 
-func (t txTable) RequestData(rd *messages.RequestData) (core.RequestDataVerdict, string) {
+func (t *txTable) RequestData(rd *messages.RequestData) (core.RequestDataVerdict, string) {
 	v, bound := t.TxTable.RequestData(rd)
 	if t.tr != nil {
 		t.tr.Call("RequestData", t.clock.Now(), TableIn{RequestData: rd}, TableOut{Verdict: int(v), Bound: bound})
@@ -166,7 +171,7 @@ func (t txTable) RequestData(rd *messages.RequestData) (core.RequestDataVerdict,
 	return v, bound
 }
 
-func (t txTable) Resolved(rd *messages.RequestData, err error) (bool, bool) {
+func (t *txTable) Resolved(rd *messages.RequestData, err error) (bool, bool) {
 	refuse, spawn := t.TxTable.Resolved(rd, err)
 	if t.tr != nil {
 		t.tr.Call("Resolved", t.clock.Now(), TableIn{RequestData: rd, Err: ErrText(err)}, TableOut{Refuse: refuse, Spawn: spawn})
@@ -174,7 +179,7 @@ func (t txTable) Resolved(rd *messages.RequestData, err error) (bool, bool) {
 	return refuse, spawn
 }
 
-func (t txTable) Cancel(m *messages.Cancel) (bool, bool) {
+func (t *txTable) Cancel(m *messages.Cancel) (bool, bool) {
 	deliver, notBound := t.TxTable.Cancel(m)
 	if t.tr != nil {
 		t.tr.Call("Cancel", t.clock.Now(), TableIn{Cancel: m}, TableOut{Deliver: deliver, NotBound: notBound})
@@ -182,14 +187,14 @@ func (t txTable) Cancel(m *messages.Cancel) (bool, bool) {
 	return deliver, notBound
 }
 
-func (t txTable) Stopped(request string) {
+func (t *txTable) Stopped(request string) {
 	t.TxTable.Stopped(request)
 	if t.tr != nil {
 		t.tr.Call("Stopped", t.clock.Now(), TableIn{Request: request}, TableOut{})
 	}
 }
 
-func (t txTable) Close() []string {
+func (t *txTable) Close() []string {
 	live := t.TxTable.Close()
 	if t.tr != nil {
 		t.tr.Call("Close", t.clock.Now(), TableIn{}, TableOut{Requests: live})
@@ -211,30 +216,30 @@ func (env *shellEnv) rxTable(topo Topology, workers int) rxTable {
 		tr: env.tableTracer("rx", TableRx, TableBirth{Self: env.self, Layout: &l, Parallel: topo.Parallel, Rank: topo.Rank, Workers: workers})}
 }
 
-func (t rxTable) DownWriters(o core.RxOpen) []messages.PeerID {
+func (t *rxTable) DownWriters(o core.RxOpen) []messages.PeerID {
 	out := t.RxTable.DownWriters(o)
 	if t.tr != nil {
-		t.tr.Call("DownWriters", t.clock.Now(), TableIn{Open: &o}, TableOut{Peers: out})
+		t.tr.Call("DownWriters", t.clock.Now(), TableIn{Open: ptr(o)}, TableOut{Peers: out})
 	}
 	return out
 }
 
-func (t rxTable) Heard(peer messages.PeerID) {
+func (t *rxTable) Heard(peer messages.PeerID) {
 	t.RxTable.Heard(peer)
 	if t.tr != nil {
-		t.tr.Call("Heard", t.clock.Now(), TableIn{Peer: &peer}, TableOut{})
+		t.tr.Call("Heard", t.clock.Now(), TableIn{Peer: ptr(peer)}, TableOut{})
 	}
 }
 
-func (t rxTable) Start(o core.RxOpen, blocks [][]kvcache.BlockID, now time.Time) (uint64, []core.RxWriter, error) {
+func (t *rxTable) Start(o core.RxOpen, blocks [][]kvcache.BlockID, now time.Time) (uint64, []core.RxWriter, error) {
 	epoch, writers, err := t.RxTable.Start(o, blocks, now)
 	if t.tr != nil {
-		t.tr.Call("Start", now, TableIn{Open: &o, Blocks: blocks}, TableOut{Epoch: epoch, Writers: writers, Err: ErrText(err)})
+		t.tr.Call("Start", now, TableIn{Open: ptr(o), Blocks: blocks}, TableOut{Epoch: epoch, Writers: writers, Err: ErrText(err)})
 	}
 	return epoch, writers, err
 }
 
-func (t rxTable) Route(f messages.Frame) (core.RxRouteVerdict, int) {
+func (t *rxTable) Route(f messages.Frame) (core.RxRouteVerdict, int) {
 	v, w := t.RxTable.Route(f)
 	if t.tr != nil {
 		t.tr.Call("Route", t.clock.Now(), TableIn{Frame: f}, TableOut{Verdict: int(v), Writer: w})
@@ -242,22 +247,22 @@ func (t rxTable) Route(f messages.Frame) (core.RxRouteVerdict, int) {
 	return v, w
 }
 
-func (t rxTable) PeerDown(peer messages.PeerID) []core.RxWriterRef {
+func (t *rxTable) PeerDown(peer messages.PeerID) []core.RxWriterRef {
 	refs := t.RxTable.PeerDown(peer)
 	if t.tr != nil {
-		t.tr.Call("PeerDown", t.clock.Now(), TableIn{Peer: &peer}, TableOut{Refs: refs})
+		t.tr.Call("PeerDown", t.clock.Now(), TableIn{Peer: ptr(peer)}, TableOut{Refs: refs})
 	}
 	return refs
 }
 
-func (t rxTable) Stopped(request string) {
+func (t *rxTable) Stopped(request string) {
 	t.RxTable.Stopped(request)
 	if t.tr != nil {
 		t.tr.Call("Stopped", t.clock.Now(), TableIn{Request: request}, TableOut{})
 	}
 }
 
-func (t rxTable) Started(request string) bool {
+func (t *rxTable) Started(request string) bool {
 	ok := t.RxTable.Started(request)
 	if t.tr != nil {
 		t.tr.Call("Started", t.clock.Now(), TableIn{Request: request}, TableOut{OK: ok})
@@ -278,14 +283,14 @@ func (env *shellEnv) allocQueue() allocQueue {
 		tr: env.tableTracer("rx/queue", TableAlloc, TableBirth{})}
 }
 
-func (q allocQueue) Push(id string, counts []int, v *rxOpenReq) {
+func (q *allocQueue) Push(id string, counts []int, v *rxOpenReq) {
 	q.AllocQueue.Push(id, counts, v)
 	if q.tr != nil {
 		q.tr.Call("Push", q.clock.Now(), TableIn{Request: id, Counts: counts}, TableOut{})
 	}
 }
 
-func (q allocQueue) Remove(id string) (*rxOpenReq, bool) {
+func (q *allocQueue) Remove(id string) (*rxOpenReq, bool) {
 	v, ok := q.AllocQueue.Remove(id)
 	if q.tr != nil {
 		q.tr.Call("Remove", q.clock.Now(), TableIn{Request: id}, TableOut{OK: ok})
@@ -293,7 +298,7 @@ func (q allocQueue) Remove(id string) (*rxOpenReq, bool) {
 	return v, ok
 }
 
-func (q allocQueue) Clear() []*rxOpenReq {
+func (q *allocQueue) Clear() []*rxOpenReq {
 	out := q.AllocQueue.Clear()
 	if q.tr != nil {
 		ids := make([]string, len(out))
@@ -305,7 +310,7 @@ func (q allocQueue) Clear() []*rxOpenReq {
 	return out
 }
 
-func (q allocQueue) Drain(alloc func(counts []int) ([][]kvcache.BlockID, error),
+func (q *allocQueue) Drain(alloc func(counts []int) ([][]kvcache.BlockID, error),
 	start func(v *rxOpenReq, blocks [][]kvcache.BlockID), fail func(v *rxOpenReq, err error)) {
 	if q.tr == nil {
 		q.AllocQueue.Drain(alloc, start, fail)
@@ -380,21 +385,21 @@ func pidName(p *actor.PID) string {
 	return p.Id
 }
 
-func (t workerTable) Admit(op core.OpRef, session *actor.PID, key string) {
+func (t *workerTable) Admit(op core.OpRef, session *actor.PID, key string) {
 	t.WorkerTable.Admit(op, session, key)
 	if t.tr != nil {
-		t.tr.Call("Admit", t.clock.Now(), TableIn{Op: &op, Session: pidName(session), Key: []byte(key)}, TableOut{})
+		t.tr.Call("Admit", t.clock.Now(), TableIn{Op: ptr(op), Session: pidName(session), Key: []byte(key)}, TableOut{})
 	}
 }
 
-func (t workerTable) Settle(op core.OpRef) {
+func (t *workerTable) Settle(op core.OpRef) {
 	t.WorkerTable.Settle(op)
 	if t.tr != nil {
-		t.tr.Call("Settle", t.clock.Now(), TableIn{Op: &op}, TableOut{})
+		t.tr.Call("Settle", t.clock.Now(), TableIn{Op: ptr(op)}, TableOut{})
 	}
 }
 
-func (t workerTable) Endpoint(key string, m any) (rdma.Endpoint, bool, bool) {
+func (t *workerTable) Endpoint(key string, m any) (rdma.Endpoint, bool, bool) {
 	ep, open, queued := t.WorkerTable.Endpoint(key, m)
 	if t.tr != nil {
 		t.tr.Call("Endpoint", t.clock.Now(), TableIn{Key: []byte(key), Msg: WorkerMsg(m)}, TableOut{Open: open, Queued: queued})
@@ -402,14 +407,14 @@ func (t workerTable) Endpoint(key string, m any) (rdma.Endpoint, bool, bool) {
 	return ep, open, queued
 }
 
-func (t workerTable) Connecting(key string, m any) {
+func (t *workerTable) Connecting(key string, m any) {
 	t.WorkerTable.Connecting(key, m)
 	if t.tr != nil {
 		t.tr.Call("Connecting", t.clock.Now(), TableIn{Key: []byte(key), Msg: WorkerMsg(m)}, TableOut{})
 	}
 }
 
-func (t workerTable) Connected(key string, ep rdma.Endpoint, err error) []any {
+func (t *workerTable) Connected(key string, ep rdma.Endpoint, err error) []any {
 	waiting := t.WorkerTable.Connected(key, ep, err)
 	if t.tr != nil {
 		names := make([]string, len(waiting))
@@ -421,7 +426,7 @@ func (t workerTable) Connected(key string, ep rdma.Endpoint, err error) []any {
 	return waiting
 }
 
-func (t workerTable) Close(key string) (rdma.Endpoint, []core.SessionOps[*actor.PID], bool) {
+func (t *workerTable) Close(key string) (rdma.Endpoint, []core.SessionOps[*actor.PID], bool) {
 	ep, retired, ok := t.WorkerTable.Close(key)
 	if t.tr != nil {
 		t.tr.Call("Close", t.clock.Now(), TableIn{Key: []byte(key)}, TableOut{Retired: sessionsOps(retired), OK: ok})
@@ -429,7 +434,7 @@ func (t workerTable) Close(key string) (rdma.Endpoint, []core.SessionOps[*actor.
 	return ep, retired, ok
 }
 
-func (t workerTable) Restart(isSubmit func(any) bool) (refused, doubt []core.SessionOps[*actor.PID], keys []string) {
+func (t *workerTable) Restart(isSubmit func(any) bool) (refused, doubt []core.SessionOps[*actor.PID], keys []string) {
 	refused, doubt, keys = t.WorkerTable.Restart(isSubmit)
 	if t.tr != nil {
 		bk := make([][]byte, len(keys))
