@@ -385,26 +385,41 @@ func pidName(p *actor.PID) string {
 	return p.Id
 }
 
+// Admit, Settle and Endpoint run once or twice per op: they stay small
+// enough to inline, the recording out of line.
+
 func (t *workerTable) Admit(op core.OpRef, session *actor.PID, key string) {
 	t.WorkerTable.Admit(op, session, key)
 	if t.tr != nil {
-		t.tr.Call("Admit", t.clock.Now(), TableIn{Op: ptr(op), Session: pidName(session), Key: []byte(key)}, TableOut{})
+		t.recordAdmit(op, session, key)
 	}
+}
+
+func (t *workerTable) recordAdmit(op core.OpRef, session *actor.PID, key string) {
+	t.tr.Call("Admit", t.clock.Now(), TableIn{Op: &op, Session: pidName(session), Key: []byte(key)}, TableOut{})
 }
 
 func (t *workerTable) Settle(op core.OpRef) {
 	t.WorkerTable.Settle(op)
 	if t.tr != nil {
-		t.tr.Call("Settle", t.clock.Now(), TableIn{Op: ptr(op)}, TableOut{})
+		t.recordSettle(op)
 	}
 }
 
-func (t *workerTable) Endpoint(key string, m any) (rdma.Endpoint, bool, bool) {
-	ep, open, queued := t.WorkerTable.Endpoint(key, m)
+func (t *workerTable) recordSettle(op core.OpRef) {
+	t.tr.Call("Settle", t.clock.Now(), TableIn{Op: &op}, TableOut{})
+}
+
+func (t *workerTable) Endpoint(key string, m any) (ep rdma.Endpoint, open, queued bool) {
+	ep, open, queued = t.WorkerTable.Endpoint(key, m)
 	if t.tr != nil {
-		t.tr.Call("Endpoint", t.clock.Now(), TableIn{Key: []byte(key), Msg: WorkerMsg(m)}, TableOut{Open: open, Queued: queued})
+		t.recordEndpoint(key, m, open, queued)
 	}
 	return ep, open, queued
+}
+
+func (t *workerTable) recordEndpoint(key string, m any, open, queued bool) {
+	t.tr.Call("Endpoint", t.clock.Now(), TableIn{Key: []byte(key), Msg: WorkerMsg(m)}, TableOut{Open: open, Queued: queued})
 }
 
 func (t *workerTable) Connecting(key string, m any) {
