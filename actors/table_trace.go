@@ -21,10 +21,11 @@ import (
 // shell's clock. Package trace implements it.
 type TableRecorder interface {
 	// Table is called when a shell makes a table (an actor's start or
-	// restart), before any call on it, with the actor's path ("ctx/0/tx",
-	// "ctx/0/worker-1"), the table's kind (one of the Table* constants)
-	// and what it is made from. It may return nil to leave it untraced.
-	Table(actor, kind string, birth TableBirth, at time.Time) TableTracer
+	// restart), before any call on it, with its engine, the actor's name
+	// in the engine ("tx", "rx", "rx/queue", "listener", "worker-1"), the
+	// table's kind (one of the Table* constants) and what it is made
+	// from. It may return nil to leave it untraced.
+	Table(engine messages.PeerID, name, kind string, birth TableBirth, at time.Time) TableTracer
 }
 
 // TableTracer records one table's calls. Its methods are called from the
@@ -126,7 +127,7 @@ func (env *shellEnv) tableTracer(name, kind string, b TableBirth) TableTracer {
 	if !ok {
 		return nil
 	}
-	return tr.Table(env.self.String()+"/"+name, kind, b, env.clock.Now())
+	return tr.Table(env.self, name, kind, b, env.clock.Now())
 }
 
 // ptr points at a copy of v: taking the address of a parameter in the

@@ -35,7 +35,7 @@
 //	 "t":T,"type":"TxConfig","msg":TxConfig,"post":DIGEST}       once per session
 //	{"kind":"step","actor":A,"seq":N,"t":T,"type":"TxChunk","msg":MSG,"post":DIGEST}
 //	{"kind":"msg","actor":A,"t":T,"type":…,"msg":…}             plain Record calls
-//	{"kind":"table","actor":P,"t":T,"type":KIND,"msg":TableBirth} once per table
+//	{"kind":"table","actor":P,"engine":"ctx/0","t":T,"type":KIND,"msg":TableBirth}
 //	{"kind":"call","actor":P,"seq":N,"t":T,"type":METHOD,"msg":TableIn,"out":TableOut}
 //	{"kind":"truncated","t":T}                                  MaxBytes reached
 //
@@ -108,5 +108,9 @@
 // its states (INIT, READY, TRANSFERRING, …) and an instant per message it
 // stepped on; and async slices for ops, from the step that submitted each
 // op (SUBMITTING) to the step that made it quiescent (BACKEND_DONE,
-// NOT_SUBMITTED or RETIRED), one group per (request, peer).
+// NOT_SUBMITTED or RETIRED), one group per (request, peer). Above the
+// sessions, each table has a track ("tx (TxTable)", "worker-1
+// (WorkerTable)") with an instant per call (category "table"), named for
+// its method and what it is about ("Admit r1/peer0/op3", "Route Result
+// SUCCESS r1 from ctx/0"), its inputs and outputs in its arguments.
 package trace

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // wireTableIn is an actors.TableIn with its frame tagged by type.
@@ -27,9 +28,11 @@ func (w wireTableIn) tableIn() actors.TableIn {
 var _ actors.TableRecorder = (*Writer)(nil)
 
 // Table implements actors.TableRecorder: it records the table's birth
-// and returns the recorder of its calls. A second table under one actor
-// path (the actor restarted) is named "PATH#2", and so on.
-func (w *Writer) Table(actor, kind string, b actors.TableBirth, at time.Time) actors.TableTracer {
+// and returns the recorder of its calls. Its actor path is
+// "ENGINE/NAME"; a second table under one path (the actor restarted) is
+// "ENGINE/NAME#2", and so on.
+func (w *Writer) Table(engine messages.PeerID, name, kind string, b actors.TableBirth, at time.Time) actors.TableTracer {
+	actor := engine.String() + "/" + name
 	w.mu.Lock()
 	if w.tables == nil {
 		w.tables = map[string]int{}
@@ -44,7 +47,7 @@ func (w *Writer) Table(actor, kind string, b actors.TableBirth, at time.Time) ac
 		w.fail(err)
 		return nil
 	}
-	w.writeRecord(&Record{Kind: KindTable, Actor: actor, T: at.UnixNano(), Type: kind, Msg: raw})
+	w.writeRecord(&Record{Kind: KindTable, Actor: actor, Engine: engine.String(), T: at.UnixNano(), Type: kind, Msg: raw})
 	return &tableRec{w: w, actor: actor}
 }
 
@@ -73,13 +76,13 @@ func (t *tableRec) Call(method string, at time.Time, in actors.TableIn, out acto
 
 // Table implements actors.TableRecorder for a Tee: tables go to the
 // trace (and to the other recorder when it records tables too).
-func (t *tee) Table(actor, kind string, b actors.TableBirth, at time.Time) actors.TableTracer {
+func (t *tee) Table(engine messages.PeerID, name, kind string, b actors.TableBirth, at time.Time) actors.TableTracer {
 	var a, o actors.TableTracer
 	if r, ok := t.t.(actors.TableRecorder); ok {
-		a = r.Table(actor, kind, b, at)
+		a = r.Table(engine, name, kind, b, at)
 	}
 	if r, ok := t.r.(actors.TableRecorder); ok {
-		o = r.Table(actor, kind, b, at)
+		o = r.Table(engine, name, kind, b, at)
 	}
 	switch {
 	case a == nil:

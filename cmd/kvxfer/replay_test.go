@@ -157,6 +157,16 @@ func TestTraceExportCmd(t *testing.T) {
 	if !strings.Contains(out, "1 sessions") || !strings.Contains(out, "op slices") {
 		t.Fatalf("export output: %s", out)
 	}
+	// The parents' and workers' steps are on tracks of their own.
+	tables := 0
+	for _, e := range doc.TraceEvents {
+		if e["cat"] == "table" {
+			tables++
+		}
+	}
+	if tables == 0 || strings.Contains(out, " 0 table calls") {
+		t.Fatalf("export shows no parent or worker step (%d table events): %s", tables, out)
+	}
 	if _, err := run("trace", "export", ctxTrace, dst); err == nil || !strings.Contains(err.Error(), "--perfetto") {
 		t.Fatalf("export without a format: %v", err)
 	}
