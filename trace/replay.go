@@ -19,10 +19,13 @@ import (
 // recorded run.
 type Divergence struct {
 	Actor string
-	// Session names the actor's session ("tx req-3 on ctx/0").
+	// Session names the actor's session ("tx req-3 on ctx/0"), or its
+	// table's kind ("RxTable") for a parent's, the listener's or a
+	// worker's call.
 	Session string
 	Seq     int
-	// Type is the message's type ("TxCompleted"); "birth" for the birth.
+	// Type is the message's type ("TxCompleted") or the table call's
+	// method ("Route"); "birth" for a birth.
 	Type string
 	Line int
 	// Field is the first digest field that differs ("state", "err",
