@@ -86,7 +86,7 @@ type Result struct {
 	Calls        int           `json:"calls,omitempty"`
 	CallsMatched int           `json:"calls_matched,omitempty"`
 	// Divergence is the first divergence in file order (nil: identical);
-	// Diverged counts the sessions that diverged.
+	// Diverged counts the sessions and tables that diverged.
 	Divergence *Divergence `json:"divergence,omitempty"`
 	Diverged   int         `json:"diverged,omitempty"`
 }
@@ -387,7 +387,12 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
 	}
 	if d := r.Divergence; d != nil {
-		fmt.Fprintf(w, "DIVERGED: %d of %d sessions; first at line %d:\n", r.Diverged, len(r.Sessions), d.Line)
+		if len(r.Tables) == 0 {
+			fmt.Fprintf(w, "DIVERGED: %d of %d sessions; first at line %d:\n", r.Diverged, len(r.Sessions), d.Line)
+		} else {
+			fmt.Fprintf(w, "DIVERGED: %d of %d actors (%s, %s); first at line %d:\n", r.Diverged, len(r.Sessions)+len(r.Tables),
+				plural(len(r.Sessions), "session"), plural(len(r.Tables), "table"), d.Line)
+		}
 		fmt.Fprintf(w, "  actor    %s (%s)\n  seq      %d (%s)\n  field    %s\n  expected %s\n  got      %s\n",
 			d.Actor, d.Session, d.Seq, d.Type, d.Field, d.Expected, d.Got)
 		if d.Input != "" {

@@ -103,6 +103,9 @@ func (t *replayedTable) call(rec *Record, res *Result) {
 		return
 	}
 	if field, e, g, ok := diffOut(want, got); !ok {
+		if names := verdictNames[t.res.Kind]; names != nil && (field == "Verdict" || field == "Dest") {
+			e, g = named(e, names), named(g, names)
+		}
 		t.diverge(res, rec, "out."+field, e, g)
 		return
 	}
@@ -317,4 +320,32 @@ func orNone(b json.RawMessage) string {
 		return "(zero: absent)"
 	}
 	return string(b)
+}
+
+// verdictNames name each table's verdicts (TableOut.Verdict, or Dest for
+// RouteFrame) in a divergence.
+var verdictNames = map[string]map[string]string{
+	actors.TableTx: {
+		fmt.Sprint(int(core.RequestDataResolve)):  "resolve",
+		fmt.Sprint(int(core.RequestDataStale)):    "stale",
+		fmt.Sprint(int(core.RequestDataNotBound)): "not bound",
+	},
+	actors.TableRx: {
+		fmt.Sprint(int(core.RxRouteDeliver)):   "deliver",
+		fmt.Sprint(int(core.RxRouteStale)):     "stale",
+		fmt.Sprint(int(core.RxRouteNotWriter)): "not a writer",
+	},
+	actors.TableRoute: {
+		fmt.Sprint(int(core.FrameRejected)): "rejected",
+		fmt.Sprint(int(core.FrameToTx)):     "to tx",
+		fmt.Sprint(int(core.FrameToRx)):     "to rx",
+		fmt.Sprint(int(core.FrameIgnored)):  "ignored",
+	},
+}
+
+func named(v string, names map[string]string) string {
+	if n, ok := names[v]; ok {
+		return v + " (" + n + ")"
+	}
+	return v
 }
