@@ -73,7 +73,7 @@ func TestTableInRoundTrip(t *testing.T) {
 		in := actors.TableIn{Request: "r1", Generation: "gen", Err: "boom", RequestData: &messages.RequestData{RequestID: "r2"},
 			Cancel: &messages.Cancel{RequestID: "r3"}, Frame: f, Peer: &from, Counts: []int{1, 2},
 			Allocs: []actors.AllocAnswer{{Blocks: [][]kvcache.BlockID{{1, 2}}}, {Err: "full", OutOfBlocks: true}},
-			Op: &op, Session: "$1/$2", Key: []byte{0xff, 0, 'a'}, Msg: "submit r1/peer1/op2",
+			Op:     &op, Session: "$1/$2", Key: []byte{0xff, 0, 'a'}, Msg: "submit r1/peer1/op2",
 			Open: &core.RxOpen{Request: "r1", PromptLen: 64, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 2, PP: 1},
 				PrefixHitBlocks: []int{1}, Deadline: time.Unix(5, 6).UTC()},
 			Blocks: [][]kvcache.BlockID{{3}}}
