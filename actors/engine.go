@@ -13,7 +13,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
-	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -157,16 +156,16 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
-			table: core.NewTxTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
+			table: e.env.txTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
-			table:    core.NewRxTable(cfg.Self, cfg.Topology.Layout, cfg.Topology.Parallel, cfg.Topology.Rank, cfg.Workers),
+			table: e.env.rxTable(cfg.Topology, cfg.Workers), queue: e.env.allocQueue(),
 			sessions: sessionTable{pids: map[string]*actor.PID{}}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
-	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx}
+	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx, tr: e.env.tableTracer("listener", TableRoute, TableBirth{})}
 
 	topo := cfg.Topology
 	pools := make([]messages.PoolGeometry, len(topo.Pools))

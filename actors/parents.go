@@ -93,7 +93,7 @@ type txParent struct {
 	self     messages.PeerID
 	link     control.Link
 	cfg      TxConfig
-	table    *core.TxTable
+	table    txTable
 	sessions sessionTable
 	handles  map[string]*Handle
 }
@@ -246,9 +246,9 @@ type rxParent struct {
 	topo     Topology
 	self     messages.PeerID
 	workers  int
-	table    *core.RxTable
+	table    rxTable
 	sessions sessionTable
-	queue    core.AllocQueue[*rxOpenReq]
+	queue    allocQueue
 	link     control.Link
 }
 
@@ -485,13 +485,14 @@ type listener struct {
 	root *actor.RootContext
 	tx   *actor.PID
 	rx   *actor.PID
+	tr   TableTracer // nil unless tracing tables
 }
 
 func (l *listener) route(f messages.Frame) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("listener.%T", f), f.Request())
 	}
-	switch dest, err := core.RouteFrame(f); dest {
+	switch dest, err := routeFrame(l.tr, l.env.clock, f); dest {
 	case core.FrameRejected:
 		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)

@@ -70,7 +70,7 @@ type workerSlot struct {
 	link  control.Link
 	// table holds the endpoints, the Connects running with what waits for
 	// them, and the ops in flight (core.WorkerTable).
-	table      *core.WorkerTable[*actor.PID, rdma.Endpoint]
+	table      workerTable
 	conns      map[messages.PeerID]control.Conn
 	log        zerolog.Logger
 	env        *shellEnv // its warning throttle and clock
@@ -95,7 +95,7 @@ type workerActor struct {
 
 func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, env *shellEnv) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
-		table: core.NewWorkerTable[*actor.PID, rdma.Endpoint](), conns: map[messages.PeerID]control.Conn{},
+		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{},
 		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{}}
 }
 

@@ -1,6 +1,7 @@
-// Package trace records the messages kvxfer's sessions step on, replays
-// them through the same step functions, and exports them as a timeline
-// (DESIGN.md §8).
+// Package trace records the messages kvxfer's sessions step on and the
+// calls the tx and rx parents, the listener and the sender workers make on
+// their pure tables, replays both through the same step functions, and
+// exports them as a timeline (DESIGN.md §8).
 //
 // # Recording
 //
@@ -22,9 +23,11 @@
 // encoding on the session's own actor keeps per-actor order for free
 // (a session's records are written in the order it stepped).
 //
-// # Format (version 1)
+// # Format (version 2)
 //
-// JSON lines, one object per record, each with a "kind":
+// JSON lines, one object per record, each with a "kind". Version 2 adds
+// the "table" and "call" records; a version-1 trace (sessions only) still
+// reads and replays.
 //
 //	{"kind":"trace","version":1,"t":T}                          first line
 //	{"kind":"engine","engine":"ctx/0","t":T,"msg":EngineInfo}   once per engine
@@ -32,6 +35,8 @@
 //	 "t":T,"type":"TxConfig","msg":TxConfig,"post":DIGEST}       once per session
 //	{"kind":"step","actor":A,"seq":N,"t":T,"type":"TxChunk","msg":MSG,"post":DIGEST}
 //	{"kind":"msg","actor":A,"t":T,"type":…,"msg":…}             plain Record calls
+//	{"kind":"table","actor":P,"engine":"ctx/0","t":T,"type":KIND,"msg":TableBirth}
+//	{"kind":"call","actor":P,"seq":N,"t":T,"type":METHOD,"msg":TableIn,"out":TableOut}
 //	{"kind":"truncated","t":T}                                  MaxBytes reached
 //
 // T is the shell's clock in Unix nanoseconds (wall time: monotonic clock
@@ -57,6 +62,29 @@
 // frames, violations), pending writers, and one line per effect. A step
 // that panicked has no digest and "panic":true.
 //
+// # Parent and worker steps (version 2)
+//
+// Each table a shell makes — the tx parent's core.TxTable ("TxTable", P
+// "ctx/0/tx"), the rx parent's core.RxTable ("RxTable", "ctx/0/rx") and
+// allocation queue ("AllocQueue", "ctx/0/rx/queue"), the listener's
+// core.RouteFrame ("RouteFrame", "ctx/0/listener") and each sender
+// worker's core.WorkerTable ("WorkerTable", "ctx/0/worker-1") — has a
+// "table" record with what it is made from (actors.TableBirth), then one
+// "call" record per call that decides or changes something, in the order
+// the actor made them: METHOD is the table's method ("Open", "Route",
+// "Drain", "Admit", …), "msg" its inputs (actors.TableIn) and "out" its
+// outputs (actors.TableOut), T the shell's clock when it was called (the
+// "now" RxTable.Start takes). A table made again (its actor restarted) is
+// "P#2", and so on. seq counts a table's calls from 1, gapless. The
+// encodings: frames as in session records; an error as its text; a
+// worker's session as its actor's id and an endpoint as its key's bytes
+// (base64); a message queued behind a Connect as actors.WorkerMsg names it
+// ("submit REQ/peerN/opM", "flush PEER", "close PEER"); a Drain's inputs
+// are the pool's answers in order (blocks, or an error and whether it was
+// kvcache.ErrOutOfBlocks) and its outputs the requests it started or
+// failed. A Tracer records tables when it is also an actors.TableRecorder
+// (the Writer and Tee are).
+//
 // # Replay
 //
 // Replay reads a trace, rebuilds each session from its birth record, steps
@@ -64,7 +92,13 @@
 // and compares the digest after each step with the recorded one. It
 // reports the final state of every session, or the first divergence (in
 // file order): actor, sequence, message type, the first digest field that
-// differs, expected and got.
+// differs, expected and got. It makes each recorded table anew — the real
+// core tables, not models — makes every recorded call on it in sequence
+// order at its recorded time (a Drain's pool answering as recorded, a
+// worker's endpoint being its key), and compares the outputs with the
+// recorded ones: a divergence there names the table's actor, the call's
+// sequence, method and line, the first output field that differs
+// ("out.Verdict"), expected, got, and the recorded inputs.
 //
 // # Timeline
 //
@@ -74,5 +108,9 @@
 // its states (INIT, READY, TRANSFERRING, …) and an instant per message it
 // stepped on; and async slices for ops, from the step that submitted each
 // op (SUBMITTING) to the step that made it quiescent (BACKEND_DONE,
-// NOT_SUBMITTED or RETIRED), one group per (request, peer).
+// NOT_SUBMITTED or RETIRED), one group per (request, peer). Above the
+// sessions, each table has a track ("tx (TxTable)", "worker-1
+// (WorkerTable)") with an instant per call (category "table"), named for
+// its method and what it is about ("Admit r1/peer0/op3", "Route Result
+// SUCCESS r1 from ctx/0"), its inputs and outputs in its arguments.
 package trace

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/messages"
@@ -28,6 +29,10 @@ type ExportStats struct {
 	States   int `json:"states"`
 	Instants int `json:"instants"`
 	Ops      int `json:"ops"`
+	// Tables are the parents', listener's and workers' thread tracks;
+	// Calls one instant per table call on them (version 2 traces).
+	Tables int `json:"tables,omitempty"`
+	Calls  int `json:"calls,omitempty"`
 }
 
 // event is one Chrome trace event.
@@ -77,6 +82,8 @@ type exporter struct {
 	sessions map[string]*pfSession
 	order    []*pfSession
 	nextTid  int
+	// tables: a table's actor → its track (pid, tid).
+	tables map[string][2]int
 }
 
 // ExportPerfettoFile exports the trace at in to a new file at out.
@@ -102,7 +109,7 @@ func ExportPerfettoFile(in, out string) (ExportStats, error) {
 // microseconds since the trace's header. It streams: memory grows with
 // the number of sessions, not with the trace.
 func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
-	x := &exporter{bw: bufio.NewWriter(w), first: true, pids: map[string]int{}, sessions: map[string]*pfSession{}}
+	x := &exporter{bw: bufio.NewWriter(w), first: true, pids: map[string]int{}, sessions: map[string]*pfSession{}, tables: map[string][2]int{}}
 	x.enc = json.NewEncoder(x.bw)
 	if _, err := x.bw.WriteString(`{"displayTimeUnit":"ms","otherData":{"source":"kvxfer trace","version":1},"traceEvents":[` + "\n"); err != nil {
 		return x.stats, err
@@ -169,8 +176,74 @@ func (x *exporter) record(rec *Record) error {
 		if s := x.sessions[rec.Actor]; s != nil {
 			return x.step(s, rec)
 		}
+	case KindTable:
+		return x.table(rec)
+	case KindCall:
+		if tr, ok := x.tables[rec.Actor]; ok {
+			return x.call(tr, rec)
+		}
 	}
 	return nil
+}
+
+// table opens a parent's, the listener's or a worker's track, above the
+// sessions' tracks of its engine.
+func (x *exporter) table(rec *Record) error {
+	pid, err := x.pid(rec.Engine)
+	if err != nil {
+		return err
+	}
+	x.nextTid++
+	tid := x.nextTid
+	x.tables[rec.Actor] = [2]int{pid, tid}
+	x.stats.Tables++
+	name := strings.TrimPrefix(rec.Actor, rec.Engine+"/") + " (" + rec.Type + ")"
+	if err := x.emit(&event{Name: "thread_name", Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": name}}); err != nil {
+		return err
+	}
+	return x.emit(&event{Name: "thread_sort_index", Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"sort_index": tid - 1<<20}})
+}
+
+// call is an instant on its table's track: the method and what tells the
+// call apart, with its inputs and outputs as arguments.
+func (x *exporter) call(tr [2]int, rec *Record) error {
+	args := map[string]any{"seq": rec.Seq}
+	if len(rec.Msg) > 0 && string(rec.Msg) != "{}" {
+		args["in"] = rec.Msg
+	}
+	if len(rec.Out) > 0 && string(rec.Out) != "{}" {
+		args["out"] = rec.Out
+	}
+	x.stats.Calls++
+	return x.emit(&event{Name: callLabel(rec.Type, rec.Msg), Cat: "table", Ph: "i", S: "t", Ts: x.ts(rec.T), Pid: tr[0], Tid: tr[1], Args: args})
+}
+
+// callLabel names a table call's instant: its method and what it is about.
+func callLabel(method string, raw json.RawMessage) string {
+	var w wireTableIn
+	if unmarshal(raw, &w) != nil {
+		return method
+	}
+	in := w.tableIn()
+	switch {
+	case in.Op != nil:
+		return method + " " + in.Op.String()
+	case in.Msg != "":
+		return method + " " + in.Msg
+	case in.RequestData != nil:
+		return method + " " + in.RequestData.RequestID + " from " + in.RequestData.From.String()
+	case in.Cancel != nil:
+		return method + " " + in.Cancel.RequestID + " from " + in.Cancel.From.String()
+	case in.Frame != nil:
+		return method + " " + frameKind(in.Frame) + " " + in.Frame.Request() + " from " + in.Frame.Sender().String()
+	case in.Open != nil:
+		return method + " " + in.Open.Request
+	case in.Peer != nil:
+		return method + " " + in.Peer.String()
+	case in.Request != "":
+		return method + " " + in.Request
+	}
+	return method
 }
 
 func (x *exporter) birth(rec *Record) error {

@@ -95,7 +95,7 @@ func TestExportPerfetto(t *testing.T) {
 				got, want int
 			}{
 				{"process_name", count["M process_name"], 1},
-				{"thread_name", count["M thread_name"], len(res.Sessions)},
+				{"thread_name", count["M thread_name"], len(res.Sessions) + len(res.Tables)},
 				{"session slices", n("X", "session"), len(res.Sessions)},
 				{"instants", n("i", "timeout") + n("i", "peer") + n("i", "worker") + n("i", "local"), res.Steps},
 				{"op begins", n("b", "op"), submits},
@@ -105,6 +105,9 @@ func TestExportPerfetto(t *testing.T) {
 				{"stats.Instants", st.Instants, res.Steps},
 				{"stats.Ops", st.Ops, submits},
 				{"stats.States", st.States, n("X", "state")},
+				{"table call instants", n("i", "table"), res.Calls},
+				{"stats.Tables", st.Tables, len(res.Tables)},
+				{"stats.Calls", st.Calls, res.Calls},
 			}
 			for _, c := range checks {
 				if c.got != c.want {
@@ -122,6 +125,22 @@ func TestExportPerfetto(t *testing.T) {
 			}
 			if strings.Contains(path, "ctx") && submits == 0 {
 				t.Error("the context trace submitted no op")
+			}
+			if len(res.Tables) == 0 || res.Calls == 0 {
+				t.Errorf("no parent or worker steps to export: %d tables, %d calls", len(res.Tables), res.Calls)
+			}
+			// Every admitted op is on its worker's track, named.
+			admits := 0
+			for _, e := range doc.TraceEvents {
+				if e.Ph == "i" && e.Cat == "table" && strings.HasPrefix(e.Name, "Admit ") {
+					admits++
+					if !strings.Contains(e.Name, "/peer") {
+						t.Errorf("worker instant %q does not name its op", e.Name)
+					}
+				}
+			}
+			if strings.Contains(path, "ctx") && admits != submits {
+				t.Errorf("%d Admit instants on the workers' tracks, %d ops submitted", admits, submits)
 			}
 			t.Logf("%s: %d events: %+v", filepath.Base(path), len(doc.TraceEvents), st)
 		})

@@ -8,8 +8,13 @@ import (
 	"io"
 )
 
-// Version is the trace format version this package writes and reads.
-const Version = 1
+// Version is the trace format version this package writes. Version 2
+// adds the "table" and "call" records (the parents', listener's and
+// workers' steps); it reads versions MinVersion to Version.
+const Version = 2
+
+// MinVersion is the oldest trace format version this package reads.
+const MinVersion = 1
 
 // Record kinds.
 const (
@@ -19,6 +24,8 @@ const (
 	KindStep      = "step"
 	KindMsg       = "msg"
 	KindTruncated = "truncated"
+	KindTable     = "table"
+	KindCall      = "call"
 )
 
 // Sides of a session.
@@ -43,7 +50,9 @@ type Record struct {
 	Type    string          `json:"type,omitempty"`
 	Msg     json.RawMessage `json:"msg,omitempty"`
 	Post    *Digest         `json:"post,omitempty"`
-	Panic   bool            `json:"panic,omitempty"`
+	// Out is a "call" record's outputs (an actors.TableOut).
+	Out   json.RawMessage `json:"out,omitempty"`
+	Panic bool            `json:"panic,omitempty"`
 	// Line is the record's line in its file (not written).
 	Line int `json:"-"`
 }
@@ -85,8 +94,8 @@ func (r *Reader) Next() (*Record, error) {
 			if rec.Kind != KindTrace {
 				return nil, fmt.Errorf("%w: line %d: first record is %q, want the %q header", ErrFormat, r.line, rec.Kind, KindTrace)
 			}
-			if rec.Version != Version {
-				return nil, fmt.Errorf("%w: line %d: version %d, this kvxfer reads version %d", ErrFormat, r.line, rec.Version, Version)
+			if rec.Version < MinVersion || rec.Version > Version {
+				return nil, fmt.Errorf("%w: line %d: version %d, this kvxfer reads versions %d to %d", ErrFormat, r.line, rec.Version, MinVersion, Version)
 			}
 			r.started = true
 		}

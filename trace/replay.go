@@ -19,10 +19,13 @@ import (
 // recorded run.
 type Divergence struct {
 	Actor string
-	// Session names the actor's session ("tx req-3 on ctx/0").
+	// Session names the actor's session ("tx req-3 on ctx/0"), or its
+	// table's kind ("RxTable") for a parent's, the listener's or a
+	// worker's call.
 	Session string
 	Seq     int
-	// Type is the message's type ("TxCompleted"); "birth" for the birth.
+	// Type is the message's type ("TxCompleted") or the table call's
+	// method ("Route"); "birth" for a birth.
 	Type string
 	Line int
 	// Field is the first digest field that differs ("state", "err",
@@ -31,11 +34,18 @@ type Divergence struct {
 	Field    string
 	Expected string
 	Got      string
+	// Input is a table call's recorded inputs (JSON, shortened), "" for a
+	// session's step.
+	Input string `json:",omitempty"`
 }
 
 func (d *Divergence) Error() string {
-	return fmt.Sprintf("replay diverged at %s (%s) seq %d %s (line %d): %s: expected %q, got %q",
+	s := fmt.Sprintf("replay diverged at %s (%s) seq %d %s (line %d): %s: expected %q, got %q",
 		d.Actor, d.Session, d.Seq, d.Type, d.Line, d.Field, d.Expected, d.Got)
+	if d.Input != "" {
+		s += "; input " + d.Input
+	}
+	return s
 }
 
 // SessionResult is one session's final state after replay.
@@ -69,8 +79,14 @@ type Result struct {
 	// Truncated: the Writer hit its bound; sessions may end early.
 	Truncated bool            `json:"truncated,omitempty"`
 	Sessions  []SessionResult `json:"sessions"`
+	// Tables are the parents', listener's and workers' tables (version 2
+	// traces); Calls counts the table calls replayed and CallsMatched the
+	// table births and calls whose outputs matched the recording.
+	Tables       []TableResult `json:"tables,omitempty"`
+	Calls        int           `json:"calls,omitempty"`
+	CallsMatched int           `json:"calls_matched,omitempty"`
 	// Divergence is the first divergence in file order (nil: identical);
-	// Diverged counts the sessions that diverged.
+	// Diverged counts the sessions and tables that diverged.
 	Divergence *Divergence `json:"divergence,omitempty"`
 	Diverged   int         `json:"diverged,omitempty"`
 }
@@ -122,6 +138,8 @@ func Replay(r io.Reader) (*Result, error) {
 	res := &Result{}
 	engines := map[string]*actors.Topology{}
 	sessions := map[string]*replayed{}
+	tables := map[string]*replayedTable{}
+	var tableOrder []*replayedTable
 	var order []*replayed
 	for {
 		rec, err := rd.Next()
@@ -159,6 +177,23 @@ func Replay(r io.Reader) (*Result, error) {
 				res.Steps++
 				s.step(rec, res)
 			}
+		case KindTable:
+			if tables[rec.Actor] != nil {
+				return res, fmt.Errorf("%w: line %d: second birth of table %s", ErrFormat, rec.Line, rec.Actor)
+			}
+			t := &replayedTable{res: TableResult{Actor: rec.Actor, Kind: rec.Type}}
+			tables[rec.Actor] = t
+			tableOrder = append(tableOrder, t)
+			t.birth(rec, res)
+		case KindCall:
+			t := tables[rec.Actor]
+			if t == nil {
+				return res, fmt.Errorf("%w: line %d: call on table %s before its birth", ErrFormat, rec.Line, rec.Actor)
+			}
+			if !t.dead {
+				res.Calls++
+				t.call(rec, res)
+			}
 		case KindMsg:
 			res.Skipped++
 		case KindTruncated:
@@ -173,6 +208,9 @@ func Replay(r io.Reader) (*Result, error) {
 			s.res.State, s.res.Err, s.res.Stopped = d.State, d.Err, d.Stopped
 		}
 		res.Sessions = append(res.Sessions, s.res)
+	}
+	for _, t := range tableOrder {
+		res.Tables = append(res.Tables, t.res)
 	}
 	slices.SortStableFunc(res.Sessions, func(a, b SessionResult) int {
 		return strings.Compare(a.Engine+"\x00"+a.Side+"\x00"+a.Request, b.Engine+"\x00"+b.Side+"\x00"+b.Request)
@@ -332,17 +370,42 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%t\t%s\n", s.Engine, s.Side, s.Request, state, s.Steps, s.Stopped, oneLine(s.Err, 100))
 	}
 	_ = tw.Flush()
+	if len(r.Tables) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "ACTOR\tTABLE\tCALLS")
+		for _, t := range r.Tables {
+			calls := fmt.Sprint(t.Calls)
+			if t.Diverged {
+				calls += " (diverged)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", t.Actor, t.Kind, calls)
+		}
+		_ = tw.Flush()
+	}
 	if r.Truncated {
 		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
 	}
 	if d := r.Divergence; d != nil {
-		fmt.Fprintf(w, "DIVERGED: %d of %d sessions; first at line %d:\n", r.Diverged, len(r.Sessions), d.Line)
+		if len(r.Tables) == 0 {
+			fmt.Fprintf(w, "DIVERGED: %d of %d sessions; first at line %d:\n", r.Diverged, len(r.Sessions), d.Line)
+		} else {
+			fmt.Fprintf(w, "DIVERGED: %d of %d actors (%s, %s); first at line %d:\n", r.Diverged, len(r.Sessions)+len(r.Tables),
+				plural(len(r.Sessions), "session"), plural(len(r.Tables), "table"), d.Line)
+		}
 		fmt.Fprintf(w, "  actor    %s (%s)\n  seq      %d (%s)\n  field    %s\n  expected %s\n  got      %s\n",
 			d.Actor, d.Session, d.Seq, d.Type, d.Field, d.Expected, d.Got)
+		if d.Input != "" {
+			fmt.Fprintf(w, "  input    %s\n", d.Input)
+		}
 		return
 	}
-	fmt.Fprintf(w, "identical: %s on %s; %d records, %d births and %d steps replayed, every digest matched\n",
+	fmt.Fprintf(w, "identical: %s on %s; %d records, %d births and %d steps replayed, every digest matched",
 		plural(len(r.Sessions), "session"), plural(r.Engines, "engine"), r.Records, r.Births, r.Steps)
+	if len(r.Tables) > 0 {
+		fmt.Fprintf(w, "; %s, %d calls replayed, every output matched", plural(len(r.Tables), "table"), r.Calls)
+	}
+	fmt.Fprintln(w)
 }
 
 func oneLine(s string, n int) string {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
 )
@@ -71,9 +72,20 @@ func TestTwoProcessReplay(t *testing.T) {
 
 	for _, tc := range []struct {
 		path, side, state string
-	}{{ctx.TracePath, "tx", "DONE"}, {gen.TracePath, "rx", "READY"}} {
+		// calls: the least calls on each kind of table.
+		calls map[string]int
+	}{
+		// Each request: Send's Open, its RequestData and Resolved, its
+		// Stopped; each op Admitted and Settled (≥ 1 op a request); each
+		// RequestData routed by the listener.
+		{ctx.TracePath, "tx", "DONE", map[string]int{actors.TableTx: 4 * requests, actors.TableWorker: 2 * requests, actors.TableRoute: requests}},
+		// Each request: Started, DownWriters, Start, Stopped on the rx
+		// table and at least one Result routed; pushed and drained.
+		{gen.TracePath, "rx", "READY", map[string]int{actors.TableRx: 5 * requests, actors.TableAlloc: 2 * requests, actors.TableRoute: requests}},
+	} {
 		res := replayFile(t, tc.path)
 		requireIdentical(t, tc.path, res)
+		requireTables(t, tc.path, res, tc.calls)
 		if len(res.Sessions) != requests {
 			t.Fatalf("%s: %d sessions, want %d", tc.path, len(res.Sessions), requests)
 		}
@@ -82,7 +94,7 @@ func TestTwoProcessReplay(t *testing.T) {
 				t.Errorf("%s: session %+v, want %s %s and stopped", tc.path, s, tc.side, tc.state)
 			}
 		}
-		t.Logf("%s: %d records, %d sessions, %d births + %d steps replayed identically",
-			filepath.Base(tc.path), res.Records, len(res.Sessions), res.Births, res.Steps)
+		t.Logf("%s: %d records, %d sessions, %d births + %d steps, %d tables + %d calls replayed identically",
+			filepath.Base(tc.path), res.Records, len(res.Sessions), res.Births, res.Steps, len(res.Tables), res.Calls)
 	}
 }

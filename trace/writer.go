@@ -54,6 +54,7 @@ type Writer struct {
 	truncated bool
 	closed    bool
 	err       error
+	tables    map[string]int // table births by actor path
 }
 
 var _ actors.Tracer = (*Writer)(nil)

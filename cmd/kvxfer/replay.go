@@ -13,12 +13,17 @@ func newReplayCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "replay TRACE...",
-		Short: "Re-run a recorded trace through the session step functions and check it reproduces",
+		Short: "Re-run a recorded trace through the session, parent and worker step functions and check it reproduces",
 		Long: `replay reads a trace written with --trace (kvxfer.Config.TracePath), rebuilds
 every session from its birth record, steps each recorded message in per-actor
 sequence order at its recorded time, and compares the state after each step
-with the one recorded. It prints the final state of every session, or the
-first divergence (actor, sequence, field, expected, got) and exits non-zero.
+with the one recorded. It does the same for the tx and rx parents, the
+allocation queue, the listener and each sender worker: their tables are made
+anew and every recorded call is made on them again, its outputs compared with
+the recorded ones. It prints the final state of every session and the calls
+replayed on every table, or the first divergence (line, actor, sequence,
+message or method, field, expected, got, and a table call's inputs) and exits
+non-zero. Traces of the older format (sessions only) replay as before.
 Each trace file is replayed on its own (a two-process run writes one per
 process).`,
 		Example: examples(

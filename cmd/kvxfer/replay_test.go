@@ -108,12 +108,25 @@ func TestReplayCmd(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.jsonl")
-	if err := os.WriteFile(bad, []byte(strings.Replace(string(b), `"Status":1`, `"Status":2`, 1)), 0o644); err != nil {
+	if err := os.WriteFile(bad, editLine(t, b, `"type":"RxFrame"`, `"Status":1`, `"Status":2`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err = run("replay", bad)
 	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, "seq      3") {
 		t.Fatalf("replay of a corrupted trace: %v\n%s", err, out)
+	}
+
+	// Make the Result the rx parent routed come from a peer that is not
+	// the request's writer: replay fails at that parent step and names
+	// it, with what it decided then and now.
+	if err := os.WriteFile(bad, editLine(t, b, `"type":"Route"`, `"From":{"Instance":"ctx","Rank":0}`, `"From":{"Instance":"ctx","Rank":5}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run("replay", bad)
+	for _, s := range []string{"DIVERGED", "gen/0/rx (RxTable)", "seq      4 (Route)", "out.Verdict", "expected 1 (deliver)", "got      3 (not a writer)", `"Rank":5`, "DIVERGED: 1 of 6 actors (1 session, 5 tables)"} {
+		if err == nil || !strings.Contains(out, s) {
+			t.Fatalf("replay of a trace with an edited parent step: no %q: %v\n%s", s, err, out)
+		}
 	}
 
 	if _, err := run("replay"); err == nil {
@@ -144,7 +157,32 @@ func TestTraceExportCmd(t *testing.T) {
 	if !strings.Contains(out, "1 sessions") || !strings.Contains(out, "op slices") {
 		t.Fatalf("export output: %s", out)
 	}
+	// The parents' and workers' steps are on tracks of their own.
+	tables := 0
+	for _, e := range doc.TraceEvents {
+		if e["cat"] == "table" {
+			tables++
+		}
+	}
+	if tables == 0 || strings.Contains(out, " 0 table calls") {
+		t.Fatalf("export shows no parent or worker step (%d table events): %s", tables, out)
+	}
 	if _, err := run("trace", "export", ctxTrace, dst); err == nil || !strings.Contains(err.Error(), "--perfetto") {
 		t.Fatalf("export without a format: %v", err)
 	}
+}
+
+// editLine replaces old by new in the first line of trace that contains
+// pick (and old).
+func editLine(t *testing.T, trace []byte, pick, old, new string) []byte {
+	t.Helper()
+	lines := strings.SplitAfter(string(trace), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, pick) && strings.Contains(l, old) {
+			lines[i] = strings.Replace(l, old, new, 1)
+			return []byte(strings.Join(lines, ""))
+		}
+	}
+	t.Fatalf("no line with %s and %s in the trace", pick, old)
+	return nil
 }

@@ -36,7 +36,11 @@ ui.perfetto.dev and chrome://tracing open:
     it are in the instant's arguments);
   - async slices for ops, one group per request and peer, from the step
     that submitted an op to the step that made it quiescent (its outcome
-    is on the end event).
+    is on the end event);
+  - a thread track above the sessions for each parent, the allocation
+    queue, the listener and each sender worker ("tx (TxTable)",
+    "worker-1 (WorkerTable)"), with an instant for every call on its table
+    (category table; inputs and outputs in the arguments).
 Timestamps are microseconds since the trace began.`,
 		Example: examples(
 			"record, export, then open ctx.perfetto.json in ui.perfetto.dev",
@@ -52,8 +56,8 @@ Timestamps are microseconds since the trace began.`,
 			if err != nil {
 				return fmt.Errorf("export %s: %w", args[0], err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d events — %d engines, %d sessions, %d state slices, %d message instants, %d op slices\n",
-				args[1], st.Events, st.Engines, st.Sessions, st.States, st.Instants, st.Ops)
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d events — %d engines, %d sessions, %d state slices, %d message instants, %d op slices, %d tables, %d table calls\n",
+				args[1], st.Events, st.Engines, st.Sessions, st.States, st.Instants, st.Ops, st.Tables, st.Calls)
 			return nil
 		},
 	}

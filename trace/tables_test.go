@@ -1,0 +1,187 @@
+package trace_test
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+// requireTables checks that a replayed trace holds the tables of every
+// parent, listener and worker of each engine, that the ones a transfer
+// must use made calls (want: table kind → least calls, summed over the
+// engine's actors of that kind), and that every call's outputs matched.
+func requireTables(t *testing.T, path string, res *trace.Result, want map[string]int) {
+	t.Helper()
+	calls := map[string]int{}
+	kinds := map[string]int{}
+	for _, tb := range res.Tables {
+		calls[tb.Kind] += tb.Calls
+		kinds[tb.Kind]++
+		if tb.Diverged {
+			t.Errorf("%s: table %s diverged", path, tb.Actor)
+		}
+	}
+	for _, k := range []string{actors.TableTx, actors.TableRx, actors.TableAlloc, actors.TableRoute, actors.TableWorker} {
+		if kinds[k] < res.Engines {
+			t.Errorf("%s: %d %s tables for %d engines", path, kinds[k], k, res.Engines)
+		}
+	}
+	for k, n := range want {
+		if calls[k] < n {
+			t.Errorf("%s: %d calls on %s tables, want at least %d", path, calls[k], k, n)
+		}
+	}
+	if res.CallsMatched != len(res.Tables)+res.Calls || res.Calls == 0 {
+		t.Errorf("%s: %d tables + %d calls, %d matched", path, len(res.Tables), res.Calls, res.CallsMatched)
+	}
+}
+
+// TestReplayTables records the in-process scenarios and checks that the
+// parents', listeners' and workers' steps are in the traces and replay
+// through the real tables with every output as recorded.
+func TestReplayTables(t *testing.T) {
+	ctxTrace, genTrace := recordScenarios(t)
+	for path, want := range map[string]map[string]int{
+		// 7 requests sent, 6 RequestData; 13 ops admitted and settled.
+		ctxTrace: {actors.TableTx: 7 + 6 + 6 + 7, actors.TableRoute: 6, actors.TableWorker: 13 + 13},
+		// 6 requests received and started, 6 Results routed.
+		genTrace: {actors.TableRx: 6 * 4, actors.TableAlloc: 6, actors.TableRoute: 6},
+	} {
+		res := replayFile(t, path)
+		requireIdentical(t, path, res)
+		requireTables(t, path, res, want)
+		var b strings.Builder
+		res.Print(&b)
+		if !strings.Contains(b.String(), "every output matched") {
+			t.Errorf("%s: printed result does not report the tables:\n%s", path, b.String())
+		}
+		t.Logf("%s: %d tables, %d calls replayed identically", filepath.Base(path), len(res.Tables), res.Calls)
+	}
+}
+
+// TestReplayFindsTableCorruption changes one input (or the clock) of one
+// recorded parent, listener or worker step at a time and checks that
+// replay reports the divergence at that record — actor, sequence, method
+// and the output that came out differently. Were the table records
+// ignored, no divergence would be found.
+func TestReplayFindsTableCorruption(t *testing.T) {
+	ctxTrace, genTrace := recordScenarios(t)
+	msg := func(l line) map[string]any { return l["msg"].(map[string]any) }
+	out := func(l line) map[string]any { o, _ := l["out"].(map[string]any); return o }
+	cases := []struct {
+		name, path, actor, method string
+		pick                      func(l line) bool
+		apply                     func(l line)
+		field                     string
+	}{
+		{name: "tx parent: Send of a request already sent", path: ctxTrace, actor: "ctx/0/tx", method: "Open",
+			pick:  func(l line) bool { return out(l)["Err"] == nil && msg(l)["Request"] != "ok-0" },
+			apply: func(l line) { msg(l)["Request"] = "ok-0" }, field: "out."},
+		{name: "tx parent: a Cancel from another instance", path: ctxTrace, actor: "ctx/0/tx", method: "Cancel",
+			pick: func(l line) bool { return out(l)["Deliver"] == true },
+			apply: func(l line) {
+				msg(l)["Cancel"].(map[string]any)["From"].(map[string]any)["Instance"] = "stranger"
+			}, field: "out."},
+		{name: "worker: submit to an unknown peer", path: ctxTrace, actor: "ctx/0/worker-0", method: "Endpoint",
+			pick:  func(l line) bool { return out(l)["Open"] == true },
+			apply: func(l line) { msg(l)["Key"] = "c3RyYW5nZXI=" }, field: "out.Open"},
+		{name: "listener: a frame that fails validation", path: genTrace, actor: "gen/0/listener", method: "RouteFrame",
+			pick: func(l line) bool { return msg(l)["Frame"].(map[string]any)["Type"] == "Result" },
+			apply: func(l line) {
+				msg(l)["Frame"].(map[string]any)["Result"].(map[string]any)["RequestID"] = ""
+			}, field: "out."},
+		{name: "rx parent: a Result from a peer that is not a writer", path: genTrace, actor: "gen/0/rx", method: "Route",
+			pick: func(l line) bool {
+				return out(l)["Verdict"] == json.Number("1") && msg(l)["Frame"].(map[string]any)["Type"] == "Result"
+			},
+			apply: func(l line) {
+				msg(l)["Frame"].(map[string]any)["Result"].(map[string]any)["From"].(map[string]any)["Rank"] = 7
+			}, field: "out.Verdict"},
+		{name: "rx parent: the clock a Start read", path: genTrace, actor: "gen/0/rx", method: "Start",
+			pick:  func(l line) bool { return out(l)["Err"] == nil },
+			apply: func(l line) { l["t"] = json.Number("1000000000") }, field: "out.Epoch"},
+		{name: "allocation queue: the pool refuses", path: genTrace, actor: "gen/0/rx/queue", method: "Drain",
+			pick: func(l line) bool {
+				a, _ := msg(l)["Allocs"].([]any)
+				return out(l)["Started"] != nil && len(a) > 0 && a[0].(map[string]any)["Err"] == nil
+			},
+			apply: func(l line) {
+				a := msg(l)["Allocs"].([]any)[0].(map[string]any)
+				delete(a, "Blocks")
+				a["Err"] = "injected: pool broken"
+			}, field: "out.Started"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := readLines(t, tc.path)
+			at := -1
+			for i, l := range lines {
+				if l["kind"] == "call" && l["actor"] == tc.actor && l["type"] == tc.method && tc.pick(l) {
+					at = i
+					break
+				}
+			}
+			if at < 0 {
+				t.Fatalf("no %s call on %s in %s", tc.method, tc.actor, tc.path)
+			}
+			seq := seqOf(lines[at])
+			tc.apply(lines[at])
+			bad := filepath.Join(t.TempDir(), "bad.jsonl")
+			writeLines(t, bad, lines)
+			res := replayFile(t, bad)
+			d := res.Divergence
+			if d == nil {
+				t.Fatalf("replay of a trace with an edited %s call found no divergence", tc.method)
+			}
+			if d.Actor != tc.actor || d.Seq != seq || d.Type != tc.method || d.Line != at+1 || !strings.HasPrefix(d.Field, tc.field) {
+				t.Fatalf("divergence %v; want %s seq %d %s line %d field %s…", d, tc.actor, seq, tc.method, at+1, tc.field)
+			}
+			if d.Expected == d.Got || d.Input == "" {
+				t.Errorf("divergence does not show what differs: %+v", d)
+			}
+			if res.Diverged != 1 {
+				t.Errorf("%d actors diverged, want 1", res.Diverged)
+			}
+			var b strings.Builder
+			res.Print(&b)
+			for _, s := range []string{"DIVERGED", tc.actor, tc.method, "input"} {
+				if !strings.Contains(b.String(), s) {
+					t.Errorf("printed result does not name %q:\n%s", s, b.String())
+				}
+			}
+			t.Logf("%s: %v", tc.name, d)
+		})
+	}
+}
+
+// TestReplayVersion1 replays traces the version-1 writer recorded (before
+// the format had parent and worker records): every session replays as it
+// was recorded, and there are no tables.
+func TestReplayVersion1(t *testing.T) {
+	for path, want := range map[string]map[string]string{
+		"testdata/v1-ctx.jsonl": {"ok-0": "DONE", "ok-1": "DONE", "ok-2": "DONE", "ok-3": "DONE", "cancelled": "CANCELLED", "bad-fence": "FAILED", "orphan": "CANCELLED"},
+		"testdata/v1-gen.jsonl": {"ok-0": "READY", "ok-1": "READY", "ok-2": "READY", "ok-3": "READY", "cancelled": "CANCELLED", "bad-fence": "FAILED"},
+	} {
+		res := replayFile(t, path)
+		requireIdentical(t, path, res)
+		got := map[string]string{}
+		for _, s := range res.Sessions {
+			got[s.Request] = s.State
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: sessions %v, want %v", path, got, want)
+		}
+		for id, st := range want {
+			if got[id] != st {
+				t.Errorf("%s: %s ended %q, want %q", path, id, got[id], st)
+			}
+		}
+		if len(res.Tables) != 0 || res.Calls != 0 {
+			t.Errorf("%s: a version-1 trace replayed %d tables, %d calls", path, len(res.Tables), res.Calls)
+		}
+	}
+}
