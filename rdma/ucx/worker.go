@@ -128,6 +128,9 @@ type worker struct {
 	reqs   []request
 	exited bool
 	parked atomic.Bool
+	// cpu is the C worker's cpu (where kvx_poll last ran), copied after
+	// each poll for other goroutines (progressCPU).
+	cpu atomic.Int32
 	tid    int // the progress thread's id, set before New returns
 
 	// Progress goroutine only.
@@ -181,6 +184,7 @@ func newWorker(a *Agent) *worker {
 		idleRound: 1,
 		pending:   make([]*entry, 0, C.KVX_DESCS),
 	}
+	w.cpu.Store(-1) // until the first poll
 	return w
 }
 
@@ -398,6 +402,7 @@ func (w *worker) poll() int {
 	total := 0
 	for {
 		k := int(C.kvx_poll(w.c, 64))
+		w.cpu.Store(int32(w.c.cpu))
 		total += int(w.c.progressed) + k
 		for i := range k {
 			w.event(&w.c.out[i])
@@ -481,9 +486,11 @@ func (w *worker) wakeNappers() {
 }
 
 // progressCPU is the CPU the progress thread last polled on (-1: unknown).
-func (w *worker) progressCPU() int {
-	return int(atomic.LoadInt32((*int32)(unsafe.Pointer(&w.c.cpu))))
-}
+// It reads the Go copy the progress goroutine stores after each poll,
+// never the C worker: an endpoint's dispatcher may ask while the agent
+// closes, after the C worker is freed (the race detector caught the read
+// of w.c racing teardown's w.c = nil).
+func (w *worker) progressCPU() int { return int(w.cpu.Load()) }
 
 func (w *worker) touch(e *endpoint) {
 	if e.round != w.round {
