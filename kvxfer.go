@@ -483,6 +483,10 @@ func (h *RxHandle) Released() <-chan struct{} { return h.inner.Released() }
 // Done delivers the outcome once.
 func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
+// Finished is closed once the outcome has been delivered on Done, without
+// taking it: for a watcher beside the goroutine that receives from Done.
+func (h *RxHandle) Finished() <-chan struct{} { return h.inner.Finished() }
+
 // FreeBlocks frees destination blocks handed over by a READY outcome.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
 

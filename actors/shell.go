@@ -90,7 +90,12 @@ type Handle struct {
 	over     bool
 	relOnce  sync.Once
 	released chan struct{}
+	finished chan struct{} // closed once the outcome is on done
 }
+
+// Finished is closed once the outcome has been delivered on Done: a
+// watcher that must not take the outcome from the caller selects on it.
+func (h *Handle) Finished() <-chan struct{} { return h.finished }
 
 // Released is closed when no write of the request can touch its
 // destination blocks any more (generation side): at READY, or after a
@@ -120,7 +125,9 @@ func (h *Handle) Decided() *Decide { return h.decided.Load() }
 func (h *Handle) decide(d Decide) { h.decided.CompareAndSwap(nil, &d) }
 
 // NewHandle returns a handle whose Done channel is buffered for one outcome.
-func NewHandle() *Handle { return &Handle{done: make(chan Outcome, 1), released: make(chan struct{})} }
+func NewHandle() *Handle {
+	return &Handle{done: make(chan Outcome, 1), released: make(chan struct{}), finished: make(chan struct{})}
+}
 
 // Done delivers the outcome once.
 func (h *Handle) Done() <-chan Outcome { return h.done }
@@ -130,6 +137,7 @@ func (h *Handle) finish(o Outcome) {
 		h.decide(Decide{Status: o.Status.String(), Err: o.Err})
 		h.done <- o
 		close(h.done)
+		close(h.finished)
 		h.mu.Lock()
 		after := h.after
 		h.after, h.over = nil, true
@@ -474,6 +482,12 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		case Finish:
 			if hoptrace.On {
 				hoptrace.Mark("rx.finish", a.s.Config().Request)
+			}
+			if e.Outcome.OK {
+				// READY: every writer reported, none can touch the blocks
+				// (the doc's promise: Released is closed at READY, so a
+				// caller woken by Done finds it closed already).
+				a.handle.release()
 			}
 			a.handle.finish(e.Outcome)
 		case ReleaseDest:

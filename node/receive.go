@@ -143,7 +143,7 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 	select {
 	case <-n.stop:
 		return
-	case <-h.Done():
+	case <-h.Finished(): // never Done: that would take the caller's outcome
 		return
 	case <-t.C:
 	}
