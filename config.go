@@ -60,6 +60,12 @@ type Config struct {
 	Link control.Link
 	// TransferTimeout bounds a request (overridable per request).
 	TransferTimeout time.Duration
+	// MaxQuarantinedBytes bounds the destination bytes held in quarantine
+	// (blocks of requests that failed while a writer had given no proof
+	// that its writes are over, DESIGN.md §3): past it new requests wait
+	// for destination blocks (until their deadline); quarantined blocks
+	// are never freed early. 0: half of PoolBytes.
+	MaxQuarantinedBytes uint64
 	// DrainGrace is how long in-doubt writes may take to complete before
 	// their endpoint is closed to retire them.
 	DrainGrace time.Duration

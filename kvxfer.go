@@ -106,6 +106,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		off += bb * uint64(n)
 	}
 	e.pools = actors.NewPools(pools)
+	e.pools.SetQuarantineLimit(r.MaxQuarantinedBytes)
 	e.agent = r.Agent
 	if e.agent == nil {
 		e.agent = loopback.New()
@@ -212,6 +213,10 @@ type Stats struct {
 	SessionPanicsPastBudget int64
 	// PinErrors: source pins (and unpins) the pool refused.
 	PinErrors int64
+	// QuarantinedBytes: destination bytes in quarantine now (their
+	// request failed while a writer had given no proof that its writes
+	// are over); QuarantineLimitBytes is the bound in force.
+	QuarantinedBytes, QuarantineLimitBytes uint64
 }
 
 // Stats returns a snapshot of the engine's counters.
@@ -220,7 +225,8 @@ func (e *Engine) Stats() Stats {
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
-		PinErrors:               c.PinErrors.Load()}
+		PinErrors:               c.PinErrors.Load(),
+		QuarantinedBytes:        e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

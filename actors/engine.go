@@ -341,6 +341,16 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
 }
 
+// WriterExited tells the engine that peer's process is gone as its backend
+// defines death (docs/membership.md §4: shm, a readable pidfd opened while
+// it was alive; ucx, its queue pairs destroyed): proof that none of its
+// writes can land any more. The destination blocks of its failed requests
+// leave quarantine. how says what proved it (for the error text). Missed
+// heartbeats are not such a proof: they go to PeerDown.
+func (e *Engine) WriterExited(peer messages.PeerID, how string) {
+	e.sys.Root.Send(e.rx, &writerExited{peer: peer, how: how})
+}
+
 // ErrUndrained is returned by Close when sessions could not drain in time.
 var ErrUndrained = errors.New("actors: sessions did not drain")
 

@@ -37,6 +37,11 @@ type (
 	closeReq struct{ drained chan struct{} }
 	// peerDown: the control plane declared a peer dead.
 	peerDown struct{ peer messages.PeerID }
+	// writerExited: proof that a writer process can write no more.
+	writerExited struct {
+		peer messages.PeerID
+		how  string
+	}
 	// workerDead: a sender worker was stopped for good.
 	workerDead struct{ worker int }
 	// blocksFreed wakes the rx supervisor's allocation queue.
@@ -305,6 +310,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
+			// Close does not wait for proofs that may never come (a
+			// writer partitioned or stalled for good): a session still
+			// waiting for one stops, its blocks quarantined.
+			ctx.Send(pid, RxAbandon{})
 		}
 		p.sessions.maybeDrained()
 	case *rxCrashReq:
@@ -323,7 +332,13 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
 		for _, r := range p.table.PeerDown(m.peer) {
-			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+			// Missed heartbeats are suspicion, not proof (DESIGN.md §3):
+			// the request fails, its blocks are quarantined.
+			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+		}
+	case *writerExited:
+		for _, r := range p.table.WriterRefs(m.peer) {
+			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how)})
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {

@@ -466,9 +466,22 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
 		case Finish:
 			a.handle.finish(e.Outcome)
+		case QuarantineDest:
+			if a.s.Config().CallerOwned {
+				break // the framework's: Released tells it only after the proof
+			}
+			if err := a.env.pools.Quarantine(e.Blocks); err != nil {
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("quarantine destination blocks")
+			}
 		case ReleaseDest:
 			if a.s.Config().CallerOwned {
 				break // the framework's: Released tells it below
+			}
+			if e.Quarantined {
+				if err := a.env.pools.ReleaseQuarantine(e.Blocks); err != nil {
+					a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("release quarantined destination blocks")
+				}
+				break
 			}
 			if err := a.env.pools.Free(e.Blocks); err != nil {
 				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("free destination blocks")
@@ -477,8 +490,12 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			for _, t := range a.timers {
 				t.Stop()
 			}
-			// Every writer is quiescent: the blocks may be reused.
-			a.handle.release()
+			// Every writer is quiescent: the blocks may be reused. A
+			// session abandoned at Close with writers unproven keeps its
+			// blocks quarantined: the handle never says Released.
+			if a.s.WritersQuiescent() {
+				a.handle.release()
+			}
 			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request})
 			ctx.Stop(ctx.Self())
 		case Log:

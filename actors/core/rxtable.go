@@ -190,6 +190,11 @@ type RxWriterRef struct {
 // the writers it was, by request.
 func (t *RxTable) PeerDown(peer messages.PeerID) []RxWriterRef {
 	t.down[peer] = true
+	return t.WriterRefs(peer)
+}
+
+// WriterRefs returns the writers peer is, by started request.
+func (t *RxTable) WriterRefs(peer messages.PeerID) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		if w, ok := t.entries[id].writers[peer]; ok {

@@ -80,6 +80,10 @@ const (
 	// TxHandle.Chunk's check and the session's Pin, which the pool refuses
 	// (TxPinFailed).
 	FaultPinRefused
+	// FaultQuarantine: a generation rank quarantined the blocks of a
+	// request that failed while a writer had given no proof of its end
+	// (suspicion, deadline, cancel without an ack).
+	FaultQuarantine
 
 	numFaults
 )
@@ -91,6 +95,7 @@ var faultNames = [numFaults]string{
 	"cancel (context side)", "cancel (generation side)", "clock jump", "malformed control frame",
 	"session panic", "fence failure", "prompt length mismatch", "writer never connected",
 	"control refused, RequestData re-sent", "pin refused (source freed)",
+	"blocks quarantined (no proof)",
 }
 
 func (f Fault) String() string { return faultNames[f] }

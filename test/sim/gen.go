@@ -121,6 +121,9 @@ type rxSess struct {
 	// deadlineAt is when its deadline timer fires (virtual time).
 	deadlineAt time.Duration
 	released   bool // ReleaseDest executed
+	// quarantined: QuarantineDest executed (the blocks are in the pool's
+	// quarantine, still owned by this session until a proof).
+	quarantined bool
 	// Per writer: left, its RequestData left this process (the simulated
 	// link took it); proof, a terminal frame of this epoch or the writer's
 	// death was stepped; reported, the bytes of the SUCCESS it stepped
@@ -162,7 +165,23 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	}
 	for _, e := range effs {
 		switch e := e.(type) {
+		case actors.QuarantineDest:
+			if !after.Terminal() || after == actors.RxReady {
+				s.failf("%s: %T: QuarantineDest in %v", rs.name, msg, after)
+				return
+			}
+			for w, left := range rs.left {
+				if left && !rs.proof[w] && !slices.Contains(e.Writers, w) {
+					s.failf("%s: %T: QuarantineDest names writers %v, yet writer %d's RequestData left without a proof of its end",
+						rs.name, msg, e.Writers, w)
+					return
+				}
+			}
 		case actors.ReleaseDest:
+			if e.Quarantined != rs.quarantined {
+				s.failf("%s: %T: ReleaseDest quarantined=%v, the session's blocks quarantined=%v", rs.name, msg, e.Quarantined, rs.quarantined)
+				return
+			}
 			if !rs.s.WritersQuiescent() {
 				s.failf("%s: %T: ReleaseDest while a writer may still write", rs.name, msg)
 				return
@@ -358,6 +377,14 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				s.res.NotReady++
 				rs.app.done = true
 			}
+		case actors.QuarantineDest:
+			if err := g.guard.Quarantine(e.Blocks); err != nil {
+				s.failf("%s: QuarantineDest: %v", rs.name, err)
+				return
+			}
+			rs.quarantined = true
+			s.fired(FaultQuarantine)
+			s.checkPools(g.name(), g.pools)
 		case actors.ReleaseDest:
 			rs.released = true
 			g.release(rs, e.Blocks, "ReleaseDest")
@@ -392,7 +419,11 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 			g.owner[grp][id] = nil
 		}
 	}
-	if err := g.guard.Free(blocks); err != nil {
+	free := g.guard.Free
+	if rs.quarantined && why == "ReleaseDest" {
+		free = g.guard.ReleaseQuarantine
+	}
+	if err := free(blocks); err != nil {
 		s.failf("%s: %s: %v", rs.name, why, err)
 		return
 	}
@@ -419,11 +450,19 @@ func (g *genRank) onFrame(f messages.Frame) {
 
 // peerDown is rxParent's peerDown (Engine.PeerDown): the control plane
 // declared a context rank dead; every session with it as a writer hears
-// RxPeerGone, and sessions started while it stays down fail at once.
+// RxSuspect (missed heartbeats prove nothing), and sessions started while
+// it stays down fail at once. When the rank really is dead, the backend's
+// proof of its death (shm: the writer's pidfd, opened at its Hello) comes
+// too, as Engine.WriterExited: RxPeerGone.
 func (g *genRank) peerDown(peer messages.PeerID) {
 	s := g.s
+	dead := !s.ctx[peer.Rank].alive
 	for _, r := range g.table.PeerDown(peer) {
-		s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)})
+		var msg any = actors.RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)}
+		if dead {
+			msg = actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s exited", actors.ErrPeerGone, peer)}
+		}
+		s.sendRx(g.parentName(), g.entries[r.Request], msg)
 	}
 }
 
