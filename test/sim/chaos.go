@@ -28,6 +28,17 @@ func (s *Sim) scheduleFaults() {
 	for _, t := range p.sessPanics {
 		s.at(t, "chaos", "sessionPanic", func() { s.panicSession() })
 	}
+	for _, st := range p.stalls {
+		// The paused rank sends no heartbeats: every generation rank
+		// suspects it (it cannot tell a pause from a death).
+		if t := st.w.from + s.between(2*time.Millisecond, 15*time.Millisecond); t < st.w.to {
+			s.at(t, "chaos", "peerDown", func() {
+				if s.ctx[st.ctx].alive {
+					s.declareDown(false, st.ctx, -1)
+				}
+			})
+		}
+	}
 	if s.cfg.SuspectPartitions {
 		for _, pt := range p.partitions {
 			// Each side stops hearing the other's heartbeats.
@@ -186,6 +197,19 @@ func classify(pending, posted bool) Fault {
 		return FaultPeerDeathAfterPost
 	}
 	return FaultPeerDeathBeforePost
+}
+
+// drift is how far rank i's clock (context ranks first) has drifted from
+// virtual time (FaultClockDrift).
+func (s *Sim) drift(i int) time.Duration {
+	if i >= len(s.faults.driftPPM) {
+		return 0
+	}
+	if d := s.faults.driftPPM[i]; d != 0 {
+		s.fired(FaultClockDrift)
+		return time.Duration(int64(s.vt) / 1_000_000 * d)
+	}
+	return 0
 }
 
 func (s *Sim) jumpClock() {

@@ -53,7 +53,7 @@ type routeMeta struct {
 
 func (c *ctxRank) name() string { return c.nm }
 
-func (c *ctxRank) now() time.Time { return epoch0.Add(c.s.vt + c.skew) }
+func (c *ctxRank) now() time.Time { return epoch0.Add(c.s.vt + c.skew + c.s.drift(c.idx)) }
 
 // live reports whether incarnation inc of the rank is the one running.
 func (c *ctxRank) live(inc int) bool { return c.alive && c.inc == inc }

@@ -47,7 +47,7 @@ type genRank struct {
 
 func (g *genRank) name() string      { return g.nm }
 func (g *genRank) live(inc int) bool { return g.alive && g.inc == inc }
-func (g *genRank) now() time.Time    { return epoch0.Add(g.s.vt + g.skew) }
+func (g *genRank) now() time.Time    { return epoch0.Add(g.s.vt + g.skew + g.s.drift(len(g.s.ctx)+g.idx)) }
 func (g *genRank) parentName() string {
 	return g.nm + "/parent"
 }
