@@ -80,6 +80,10 @@ type RxWriter struct {
 	// Bytes is what the writer must write, from this rank's own plan: a
 	// SUCCESS reporting any other count fails the request (READY is exact).
 	Bytes uint64
+	// Incarnation is the writer's incarnation the request is addressed to
+	// (0: not known). A frame of another incarnation of the writer is no
+	// answer for this request: not its outcome, not a proof.
+	Incarnation uint64
 }
 
 // delivery is what a session knows of a writer's RequestData.
@@ -116,6 +120,8 @@ type RxConfig struct {
 	// writers that have not answered (any frame may be lost); 0 sends it
 	// once.
 	CancelResend time.Duration
+	// Incarnation is this rank's (0: not known).
+	Incarnation uint64
 }
 
 // RxSession is the generation-side state machine of one request.
@@ -280,17 +286,26 @@ func (s *RxSession) onFrame(m RxFrame) {
 		return
 	}
 	var epoch uint64
+	var inc messages.Incarnations
 	switch f := m.Frame.(type) {
 	case *messages.Result:
-		epoch = f.Epoch
+		epoch, inc = f.Epoch, f.Incarnations
 	case *messages.CancelAck:
-		epoch = f.Epoch
+		epoch, inc = f.Epoch, f.Incarnations
 	default:
 		s.StaleFrames++
 		return
 	}
 	if epoch != s.cfg.Epoch || s.writers[m.Writer] != writerPending {
 		s.StaleFrames++ // duplicate or stale: idempotent
+		return
+	}
+	if w := s.cfg.Writers[m.Writer].Incarnation; w != 0 && inc.FromIncarnation != 0 && inc.FromIncarnation != w ||
+		s.cfg.Incarnation != 0 && inc.ToIncarnation != 0 && inc.ToIncarnation != s.cfg.Incarnation {
+		// Another incarnation of the writer (a restart that never heard
+		// of this request answers a Cancel "nothing of mine writes"), or
+		// addressed to another of this rank: no answer, no proof.
+		s.StaleFrames++
 		return
 	}
 	switch f := m.Frame.(type) {
@@ -465,7 +480,8 @@ func (s *RxSession) cancelPending() {
 		if w == writerPending && s.sent[i] != deliveryRefused && s.sent[i] != deliveryNone {
 			wr := s.cfg.Writers[i]
 			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
-				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String()}})
+				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String(),
+				Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
 			sent = true
 		}
 	}

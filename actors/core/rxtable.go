@@ -25,6 +25,10 @@ type RxTable struct {
 	seq     uint64
 	entries map[string]*rxEntry
 	down    map[messages.PeerID]bool
+	// inc is this rank's incarnation; incs the latest heard of each writer
+	// (its Hello or its frames): a request is addressed to it.
+	inc  uint64
+	incs map[messages.PeerID]uint64
 	// maps caches the peer map of each context parallelism seen (a peer
 	// map depends only on the layout and the two parallelisms).
 	maps map[kvcache.Parallel]peerMap
@@ -44,8 +48,23 @@ type rxEntry struct {
 // par, whose engine is self and has workers sender workers.
 func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
 	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
-		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{}}
+		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{},
+		incs: map[messages.PeerID]uint64{}}
 }
+
+// SetIncarnation sets this rank's incarnation: RequestData carry it.
+func (t *RxTable) SetIncarnation(inc uint64) { t.inc = inc }
+
+// Learn records that peer's incarnation is at least inc (its Hello, or a
+// frame it sent); requests started from then on are addressed to it.
+func (t *RxTable) Learn(peer messages.PeerID, inc uint64) {
+	if inc > t.incs[peer] {
+		t.incs[peer] = inc
+	}
+}
+
+// Incarnation is the latest incarnation known of peer (0: none).
+func (t *RxTable) Incarnation(peer messages.PeerID) uint64 { return t.incs[peer] }
 
 // RxOpen is what a request's start needs of Engine.Receive.
 type RxOpen struct {
@@ -141,9 +160,11 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 			}
 		}
 		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(o.Request, peer, t.workers), Bytes: want,
+			Incarnation: t.incs[peer],
 			Request: &messages.RequestData{RequestID: o.Request, Epoch: epoch, From: t.self,
-				GenParallel: messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP)},
-				GenTP:       int32(t.rank.TP), GenPP: int32(t.rank.PP),
+				Incarnations: messages.Incarnations{FromIncarnation: t.inc, ToIncarnation: t.incs[peer]},
+				GenParallel:  messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP)},
+				GenTP:        int32(t.rank.TP), GenPP: int32(t.rank.PP),
 				PromptLen: int32(o.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
 	t.entries[o.Request] = e
@@ -169,6 +190,7 @@ const (
 func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
 	from := f.Sender()
 	delete(t.down, from)
+	t.Learn(from, FromIncarnation(f))
 	e := t.entries[f.Request()]
 	if e == nil {
 		return RxRouteStale, 0
