@@ -45,6 +45,10 @@ type EngineConfig struct {
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
 	Metrics *metrics.Set
+	// Incarnation is this start of the rank, new at each start (0: the
+	// engine takes the wall clock's nanoseconds). Its Hello and frames
+	// carry it; frames of earlier incarnations are refused (issue 17).
+	Incarnation uint64
 }
 
 // Engine is one engine rank's actor tree: listener, senders (workers), tx
@@ -153,20 +157,24 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}, actor.WithSupervisor(workerSup)))
 	e.env.workers = <-ready
 
-	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
+	if cfg.Incarnation == 0 {
+		cfg.Incarnation = uint64(time.Now().UnixNano())
+	}
+	e.env.incarnation = cfg.Incarnation
+	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
 			table: core.NewTxTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
-			table:    core.NewRxTable(cfg.Self, cfg.Topology.Layout, cfg.Topology.Parallel, cfg.Topology.Rank, cfg.Workers),
+			table:    newRxTable(cfg),
 			sessions: sessionTable{pids: map[string]*actor.PID{}}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
 	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &listener{env: e.env, tx: e.tx, rx: e.rx}
+		return &listener{env: e.env, tx: e.tx, rx: e.rx, incs: core.NewIncarnationTable(cfg.Incarnation)}
 	}))
 
 	topo := cfg.Topology
@@ -179,10 +187,19 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
+	e.hello.Incarnation = cfg.Incarnation
 	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// newRxTable is the rx parent's table, its requests addressed from this
+// incarnation.
+func newRxTable(cfg EngineConfig) *core.RxTable {
+	t := core.NewRxTable(cfg.Self, cfg.Topology.Layout, cfg.Topology.Parallel, cfg.Topology.Rank, cfg.Workers)
+	t.SetIncarnation(cfg.Incarnation)
+	return t
 }
 
 // deliver takes a frame from the control link: into the listener's
@@ -341,14 +358,16 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
 }
 
-// WriterExited tells the engine that peer's process is gone as its backend
-// defines death (docs/membership.md §4: shm, a readable pidfd opened while
-// it was alive; ucx, its queue pairs destroyed): proof that none of its
-// writes can land any more. The destination blocks of its failed requests
-// leave quarantine. how says what proved it (for the error text). Missed
-// heartbeats are not such a proof: they go to PeerDown.
-func (e *Engine) WriterExited(peer messages.PeerID, how string) {
-	e.sys.Root.Send(e.rx, &writerExited{peer: peer, how: how})
+// WriterExited tells the engine that incarnation inc of peer is gone as
+// its backend defines death (docs/membership.md §4: shm, a readable pidfd
+// opened at that incarnation's Hello; ucx, its queue pairs destroyed):
+// proof that none of its writes can land any more. The requests addressed
+// to that incarnation fail and their destination blocks leave quarantine;
+// inc 0: a peer without incarnations, every request of it. how says what
+// proved it (for the error text). Missed heartbeats are not such a proof:
+// they go to PeerDown.
+func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) {
+	e.sys.Root.Send(e.rx, &writerExited{peer: peer, inc: inc, how: how})
 }
 
 // ErrUndrained is returned by Close when sessions could not drain in time.

@@ -40,6 +40,7 @@ type (
 	// writerExited: proof that a writer process can write no more.
 	writerExited struct {
 		peer messages.PeerID
+		inc  uint64
 		how  string
 	}
 	// workerDead: a sender worker was stopped for good.
@@ -100,6 +101,10 @@ type txParent struct {
 	table    *core.TxTable
 	sessions sessionTable
 	handles  map[string]*Handle
+
+	// answering is the sender's incarnation of the frame being handled:
+	// the parent's own replies are addressed to it.
+	answering uint64
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -112,6 +117,10 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 }
 
 func (p *txParent) Receive(ctx actor.Context) {
+	p.answering = 0
+	if f, ok := ctx.Message().(messages.Frame); ok {
+		p.answering = core.FromIncarnation(f)
+	}
 	switch m := ctx.Message().(type) {
 	case *txOpenReq:
 		spawn, err := p.table.Open(m.request, m.generation)
@@ -141,7 +150,8 @@ func (p *txParent) Receive(ctx actor.Context) {
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
-		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
+		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch,
+			Incarnation: m.FromIncarnation})
 	case *sessionStopped:
 		if pid := p.sessions.pids[m.request]; pid != nil {
 			ctx.Poison(pid) // after whatever this parent already sent it
@@ -182,7 +192,10 @@ func (p *txParent) genIndex(from messages.PeerID) int {
 	return int(from.Rank)
 }
 
+// reply answers a frame f (RequestData, Cancel) on the parent's own: from
+// this incarnation, to the one the answered frame came from.
 func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, f messages.Frame) {
+	core.Stamp(f, p.env.incarnation, p.answering)
 	w := WorkerFor(request, to, len(p.env.workers))
 	sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
@@ -235,7 +248,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		pid = p.spawn(ctx, rd.RequestID)
 	}
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
-		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err, Incarnation: rd.FromIncarnation}, hello: hello, rd: rd})
 }
 
 // rxParent supervises RxSessions, allocates destination blocks (queueing
@@ -337,7 +350,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
 		}
 	case *writerExited:
-		for _, r := range p.table.WriterRefs(m.peer) {
+		for _, r := range p.table.Exited(m.peer, m.inc) {
 			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how)})
 		}
 	case *workerDead:
@@ -467,6 +480,15 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			p.table.Heard(peer)
 		}
 	}
+	// Address the request to the writers' incarnations their Hellos name.
+	for _, peer := range p.table.WritersUnknownIncarnation(o) {
+		if p.link == nil {
+			break
+		}
+		if h, err := p.link.Hello(peer); err == nil {
+			p.table.Learn(peer, h.Incarnation)
+		}
+	}
 	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)
@@ -476,7 +498,8 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
 	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
-		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
+		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
+		Incarnation: p.env.incarnation})}
 	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
@@ -485,6 +508,8 @@ type listener struct {
 	env *shellEnv
 	tx  *actor.PID
 	rx  *actor.PID
+	// incs refuses frames of earlier incarnations (issue 17).
+	incs *core.IncarnationTable
 }
 
 func (l *listener) Receive(ctx actor.Context) {
@@ -498,9 +523,22 @@ func (l *listener) Receive(ctx actor.Context) {
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
-	case core.FrameToTx:
-		ctx.Send(l.tx, f) // its parent gives the credit back
-	case core.FrameToRx:
+	case core.FrameToTx, core.FrameToRx:
+		if err := l.incs.Admit(f); err != nil {
+			// Addressed to an earlier incarnation of this rank, or sent by
+			// an earlier incarnation of the peer: never acted on.
+			l.env.credits.give(f)
+			l.env.stats.FramesStale.Add(1)
+			l.env.meters.reject(rejectStale)
+			if ev := l.env.warn(f.Sender().String(), "stale incarnation"); ev != nil {
+				ev.Err(err).Msg("control frame of an earlier incarnation dropped")
+			}
+			return
+		}
+		if dest == core.FrameToTx {
+			ctx.Send(l.tx, f) // its parent gives the credit back
+			return
+		}
 		ctx.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)

@@ -159,6 +159,9 @@ type shellEnv struct {
 	dead    []atomic.Bool
 	failed  atomic.Bool
 	closing atomic.Bool
+
+	// incarnation is this engine's (EngineConfig.Incarnation).
+	incarnation uint64
 }
 
 // opWorker is worker i for ops (submit, flush, close), or nil once it is

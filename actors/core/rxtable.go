@@ -42,6 +42,9 @@ type peerMap struct {
 type rxEntry struct {
 	epoch   uint64
 	writers map[messages.PeerID]int
+	// incs: the writer incarnation each writer's RequestData is addressed
+	// to (0: not known).
+	incs map[messages.PeerID]uint64
 }
 
 // NewRxTable returns the table of generation rank rank of a parallelism
@@ -61,6 +64,23 @@ func (t *RxTable) Learn(peer messages.PeerID, inc uint64) {
 	if inc > t.incs[peer] {
 		t.incs[peer] = inc
 	}
+}
+
+// WritersUnknownIncarnation lists o's writers whose incarnation this
+// table has not learnt: the shell asks the control plane for their Hellos
+// (Learn) before Start.
+func (t *RxTable) WritersUnknownIncarnation(o RxOpen) []messages.PeerID {
+	ranks, _, err := t.writers(o)
+	if err != nil {
+		return nil
+	}
+	var out []messages.PeerID
+	for _, r := range ranks {
+		if p := o.peer(r); t.incs[p] == 0 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Incarnation is the latest incarnation known of peer (0: none).
@@ -149,10 +169,11 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 	if !o.Deadline.IsZero() {
 		deadline = o.Deadline.UnixNano()
 	}
-	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
+	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}, incs: map[messages.PeerID]uint64{}}
 	for i, r := range ranks {
 		peer := o.peer(r)
 		e.writers[peer] = i
+		e.incs[peer] = t.incs[peer]
 		var want uint64
 		if link, ok := pm.Link(r, t.rank); ok {
 			for g := range blocks {
@@ -220,6 +241,26 @@ func (t *RxTable) WriterRefs(peer messages.PeerID) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		if w, ok := t.entries[id].writers[peer]; ok {
+			out = append(out, RxWriterRef{Request: id, Writer: w})
+		}
+	}
+	return out
+}
+
+// Exited records the proof that incarnation inc of peer can write no more
+// (its process is gone as the backend defines it) and returns the writers
+// it was, by request: only requests addressed to that incarnation — the
+// death of one incarnation proves nothing about another. inc 0 means the
+// peer has no incarnations: every request of it. The incarnation is
+// forgotten, so the next request asks for the peer's Hello again.
+func (t *RxTable) Exited(peer messages.PeerID, inc uint64) []RxWriterRef {
+	if t.incs[peer] == inc {
+		delete(t.incs, peer)
+	}
+	var out []RxWriterRef
+	for _, id := range t.Live() {
+		e := t.entries[id]
+		if w, ok := e.writers[peer]; ok && (inc == 0 || e.incs[peer] == inc) {
 			out = append(out, RxWriterRef{Request: id, Writer: w})
 		}
 	}

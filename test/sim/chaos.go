@@ -108,6 +108,19 @@ func (s *Sim) kill(d death) {
 	s.ctxDied(c)
 	c.alive = false
 	s.detect(false, d.rank, inc)
+	// The backend's proof of that incarnation's death (shm: its pidfd,
+	// opened at its Hello, becomes readable) reaches every live
+	// generation rank: Engine.WriterExited.
+	for _, g := range s.gen {
+		if g.alive {
+			ginc := g.inc
+			s.after(s.between(100*time.Microsecond, 2*time.Millisecond), g.parentName(), "writerExited", func() {
+				if g.live(ginc) {
+					g.writerExited(c.self, uint64(inc+1))
+				}
+			})
+		}
+	}
 	if d.back > 0 {
 		s.at(d.back, "chaos", "return", func() {
 			s.fired(FaultPeerReturn)

@@ -42,7 +42,16 @@ type ctxRank struct {
 	posted   int    // batches ever posted by this incarnation
 	maxFrame uint64 // highest frame number delivered (reorder detection)
 	nm       string
+
+	// incs is the real listener's incarnation table (issue 17); this
+	// incarnation is inc+1. answering is the sender's incarnation of the
+	// frame being handled (the parent's replies are addressed to it).
+	incs      *core.IncarnationTable
+	answering uint64
 }
+
+// incarnation is the rank's current incarnation number (Hello.Incarnation).
+func (c *ctxRank) incarnation() uint64 { return uint64(c.inc + 1) }
 
 // routeMeta is what the simulator knows about a route it resolved.
 type routeMeta struct {
@@ -76,6 +85,7 @@ func (c *ctxRank) boot() {
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
 	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
 	c.sessions, c.table = map[string]*txSess{}, core.NewTxTable(4096)
+	c.incs = core.NewIncarnationTable(c.incarnation())
 	c.routes = map[*actors.Route]routeMeta{}
 	c.posted, c.maxFrame, c.apps = 0, 0, nil
 	c.workers = nil
@@ -124,7 +134,7 @@ func (c *ctxRank) spawn(id string) *txSess {
 	ts := &txSess{c: c, inc: c.inc, id: id, name: c.name() + "/tx/" + id,
 		opSegs: map[actors.OpRef][]kvcache.Segment{}, opEpoch: map[actors.OpRef]uint64{}, lateOps: map[actors.OpRef]bool{}}
 	ts.s = actors.NewTxSession(actors.TxConfig{Request: id, Self: c.self, Workers: s.ctxW,
-		DrainGrace: s.drainGrace, Timeout: s.orphan})
+		DrainGrace: s.drainGrace, Timeout: s.orphan, Incarnation: c.incarnation()})
 	c.sessions[id] = ts
 	ts.deadlineVT = s.vt + s.orphan
 	s.execTx(ts, ts.s.Init(c.now()))
@@ -505,6 +515,10 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 	if dest, _ := core.RouteFrame(f); dest != core.FrameToTx {
 		return // rejected (counted by the real listener), or not the tx parent's
 	}
+	if err := c.incs.Admit(f); err != nil {
+		return // of an earlier incarnation: never acted on
+	}
+	c.answering = core.FromIncarnation(f)
 	switch m := f.(type) {
 	case *messages.RequestData:
 		c.onRequestData(m)
@@ -513,7 +527,8 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
 			return
 		}
-		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch})
+		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch,
+			Incarnation: m.FromIncarnation})
 	}
 }
 
@@ -526,6 +541,7 @@ func (c *ctxRank) peerDown(peer messages.PeerID) {
 }
 
 func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
+	core.Stamp(f, c.incarnation(), c.answering)
 	w := c.workers[actors.WorkerFor(request, to, len(c.workers))]
 	e := actors.SendFrame{Worker: w.idx, To: to, Frame: f}
 	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(e) })
@@ -574,7 +590,7 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 		ts = c.spawn(rd.RequestID)
 	}
 	s.sendTx(c.parentName(), ts, actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
-		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err, Incarnation: rd.FromIncarnation})
 }
 
 // ctxApp is the context side's serving process for one request on one

@@ -43,6 +43,10 @@ type genRank struct {
 	owner    [][]*rxSess // per group, per block: the session whose request owns it
 	postedTo int         // batches ever posted to this incarnation
 	maxFrame uint64      // highest frame number delivered (reorder detection)
+
+	// incs is the real listener's incarnation table (issue 17); this
+	// incarnation is inc+1.
+	incs *core.IncarnationTable
 }
 
 func (g *genRank) name() string      { return g.nm }
@@ -78,12 +82,14 @@ func (g *genRank) boot() {
 	g.hello = &messages.Hello{From: g.self, Backend: "sim", AgentAddr: []byte(g.nm + "/agent"),
 		Region:     messages.RemoteRegion{Key: []byte(g.nm + "/key"), Len: region.Len},
 		LayoutHash: s.layoutHash, Parallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
-		TP: int32(g.rank.TP), PP: int32(g.rank.PP), Pools: mp}
+		TP: int32(g.rank.TP), PP: int32(g.rank.PP), Pools: mp, Incarnation: uint64(g.inc + 1)}
 	if err := g.hello.Validate(); err != nil {
 		s.failf("gen hello: %v", err)
 	}
 	g.entries = map[string]*rxSess{}
 	g.table = core.NewRxTable(g.self, s.layout, s.genPar, g.rank, s.genW)
+	g.table.SetIncarnation(uint64(g.inc + 1))
+	g.incs = core.NewIncarnationTable(uint64(g.inc + 1))
 	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
@@ -132,9 +138,12 @@ type rxSess struct {
 	// (FaultNeverConnected).
 	left, proof, unreachable []bool
 	refused                  []bool // a RequestData to it was refused
-	reported                 []int64
-	planned                  []uint64
-	neverConn, ncFired       bool
+	// writerInc: the writer incarnation each RequestData is addressed to;
+	// only that incarnation's terminal frame is proof of its end.
+	writerInc          []uint64
+	reported           []int64
+	planned            []uint64
+	neverConn, ncFired bool
 }
 
 func (s *Sim) sendRx(from string, rs *rxSess, msg any) {
@@ -223,6 +232,11 @@ func (s *Sim) noteProof(rs *rxSess, msg any) {
 	case actors.RxFrame:
 		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] {
 			return
+		}
+		if in, ok := m.Frame.(messages.Incarnated); ok {
+			if w := rs.writerInc[m.Writer]; w != 0 && in.Incarnation().FromIncarnation != w {
+				return // another incarnation of the writer: proves nothing
+			}
 		}
 		switch f := m.Frame.(type) {
 		case *messages.Result:
@@ -441,6 +455,9 @@ func (g *genRank) onFrame(f messages.Frame) {
 	if dest, _ := core.RouteFrame(f); dest != core.FrameToRx {
 		return // rejected, or not the rx parent's
 	}
+	if err := g.incs.Admit(f); err != nil {
+		return // of an earlier incarnation: never acted on
+	}
 	v, w := g.table.Route(f)
 	if v != core.RxRouteDeliver {
 		return // stale, or not a writer of the request
@@ -463,6 +480,15 @@ func (g *genRank) peerDown(peer messages.PeerID) {
 			msg = actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s exited", actors.ErrPeerGone, peer)}
 		}
 		s.sendRx(g.parentName(), g.entries[r.Request], msg)
+	}
+}
+
+// writerExited is rxParent's writerExited (Engine.WriterExited): proof that
+// incarnation inc of a context rank writes no more, for the requests
+// addressed to it.
+func (g *genRank) writerExited(peer messages.PeerID, inc uint64) {
+	for _, r := range g.table.Exited(peer, inc) {
+		g.s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s incarnation %d exited", actors.ErrPeerGone, peer, inc)})
 	}
 }
 
@@ -578,6 +604,13 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 			g.table.Heard(peer) // the control plane hears it again
 		}
 	}
+	// The writers' Hellos name their incarnations (the control link's
+	// directory: a live rank's current one).
+	for _, peer := range g.table.WritersUnknownIncarnation(o) {
+		if c := s.ctx[peer.Rank]; peer.Instance == "ctx" && c.alive {
+			g.table.Learn(peer, c.incarnation())
+		}
+	}
 	epoch, writers, err := g.table.Start(o, blocks, g.now())
 	if err != nil {
 		if !errors.Is(err, actors.ErrPeerGone) {
@@ -601,6 +634,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
 		rs.refused = append(rs.refused, false)
+		rs.writerInc = append(rs.writerInc, w.Incarnation)
 		rs.reported = append(rs.reported, -1)
 		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))
 		if rs.planned[i] != w.Bytes {
@@ -618,7 +652,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		}
 	}
 	rs.s = actors.NewRxSession(actors.RxConfig{Request: q.id, Epoch: epoch, Self: g.self,
-		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend})
+		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend, Incarnation: uint64(g.inc + 1)})
 	a.rs = rs
 	g.entries[q.id] = rs
 	// rxActor steps RxBegin on Started, before any message can reach the
