@@ -49,6 +49,14 @@ type EngineConfig struct {
 	// engine takes the wall clock's nanoseconds). Its Hello and frames
 	// carry it; frames of earlier incarnations are refused (issue 17).
 	Incarnation uint64
+	// WriterLease, when > 0, fences this rank as a writer (issue 17): it
+	// posts for a generation peer only while it holds a lease on it,
+	// renewed for WriterLease by each frame of the peer and by
+	// Engine.PeerAlive (wire the control plane's heartbeats to it); when
+	// a lease lapses the rank fails its requests to that peer and closes
+	// its endpoints, as for PeerDown. Liveness, not proof: the receiver
+	// still quarantines. 0: off.
+	WriterLease time.Duration
 }
 
 // Engine is one engine rank's actor tree: listener, senders (workers), tx
@@ -163,7 +171,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.env.incarnation = cfg.Incarnation
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
+		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg, leases: core.NewPeerLeases(cfg.WriterLease),
 			table: core.NewTxTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
@@ -356,6 +364,12 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.env.meters.peerDown(peer)
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
+}
+
+// PeerAlive tells the engine that peer is alive now (its heartbeat
+// arrived): the writer's lease on it is renewed (EngineConfig.WriterLease).
+func (e *Engine) PeerAlive(peer messages.PeerID) {
+	e.sys.Root.Send(e.tx, &peerAlive{peer: peer})
 }
 
 // WriterExited tells the engine that incarnation inc of peer is gone as

@@ -37,6 +37,10 @@ type (
 	closeReq struct{ drained chan struct{} }
 	// peerDown: the control plane declared a peer dead.
 	peerDown struct{ peer messages.PeerID }
+	// peerAlive: a peer's heartbeat (Engine.PeerAlive); leaseTick: the
+	// earliest writer lease may have lapsed.
+	peerAlive struct{ peer messages.PeerID }
+	leaseTick struct{}
 	// writerExited: proof that a writer process can write no more.
 	writerExited struct {
 		peer messages.PeerID
@@ -105,6 +109,46 @@ type txParent struct {
 	// answering is the sender's incarnation of the frame being handled:
 	// the parent's own replies are addressed to it.
 	answering uint64
+	// leases: this writer's leases on its generation peers (issue 17);
+	// leaseArmed: a leaseTick is pending.
+	leases     *core.PeerLeases
+	leaseArmed bool
+}
+
+// renewLease renews peer's lease at now and keeps a check armed for the
+// earliest lapse.
+func (p *txParent) renewLease(ctx actor.Context, peer messages.PeerID) {
+	if p.leases.TTL() <= 0 {
+		return
+	}
+	now := p.env.clock.Now()
+	p.leases.Renew(peer, now)
+	p.armLease(ctx, now)
+}
+
+func (p *txParent) armLease(ctx actor.Context, now time.Time) {
+	next := p.leases.Next(now)
+	if p.leaseArmed || next.IsZero() || p.sessions.draining {
+		return
+	}
+	p.leaseArmed = true
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	p.env.clock.AfterFunc(next.Sub(now), func() { sys.Root.Send(self, &leaseTick{}) })
+}
+
+// leaseLapsed fences this writer from peers whose lease lapsed: their
+// streams fail, ops in flight go IN_DOUBT, endpoints close (TxPeerGone).
+func (p *txParent) leaseLapsed(ctx actor.Context) {
+	p.leaseArmed = false
+	now := p.env.clock.Now()
+	for _, peer := range p.leases.Expired(now) {
+		p.env.stats.LeasesLapsed.Add(1)
+		p.env.log.Warn().Str("peer", peer.String()).Dur("lease", p.leases.TTL()).Msg("writer lease lapsed: no more posts to the peer, its requests fail")
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, TxPeerGone{Peer: peer})
+		}
+	}
+	p.armLease(ctx, now)
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -120,8 +164,13 @@ func (p *txParent) Receive(ctx actor.Context) {
 	p.answering = 0
 	if f, ok := ctx.Message().(messages.Frame); ok {
 		p.answering = core.FromIncarnation(f)
+		p.renewLease(ctx, f.Sender()) // a frame of the peer: it is alive
 	}
 	switch m := ctx.Message().(type) {
+	case *peerAlive:
+		p.renewLease(ctx, m.peer)
+	case *leaseTick:
+		p.leaseLapsed(ctx)
 	case *txOpenReq:
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {

@@ -28,6 +28,10 @@ type Counters struct {
 	// restart budget was spent (each resumed it to drain; not a restart).
 	SessionPanicsPastBudget atomic.Int64
 	PinErrors               atomic.Int64
+
+	// LeasesLapsed counts writer leases that lapsed (the writer fenced
+	// itself from that peer: EngineConfig.WriterLease).
+	LeasesLapsed atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,
