@@ -84,6 +84,10 @@ type Report struct {
 	BytesVerified uint64  `json:"bytes_verified"`
 	Mismatches    int     `json:"mismatches"`
 	LeakedBlocks  int     `json:"leaked_blocks"`
+	// QuarantinedBlocks: destination blocks still quarantined at the end
+	// (a writer failed without proof that its writes are over: issue 17);
+	// not leaked, never reused.
+	QuarantinedBlocks int `json:"quarantined_blocks"`
 	PeerDown      bool    `json:"peer_down"`
 	Seconds       float64 `json:"seconds"`
 	// LatencyP50Us and LatencyP99Us (gen): Receive → READY per request.
@@ -436,6 +440,7 @@ func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	defer cancel()
 	err := n.Close(ctx)
 	rep.LeakedBlocks = n.eng.Pools().Used()
+	rep.QuarantinedBlocks = n.eng.Pools().Quarantined()
 	if out != nil {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(out, string(b))
