@@ -72,6 +72,15 @@ type Options struct {
 	// Progress, when set, gets a line "ready <request>" (gen) or "done
 	// <request>" (ctx) as each request completes.
 	Progress io.Writer `json:"-"`
+	// Canary (gen, issue 17): when the context peer is declared down,
+	// allocate every free destination block, write a canary into each and
+	// hold them until the quarantine is empty (every suspected writer's
+	// proof arrived), then check the canaries and free them. Progress
+	// lines: "canary <blocks> quarantined <blocks>" once they are written,
+	// "released <blocks> corrupt <blocks>" after the check. A write of the
+	// stalled writer that landed in a block reused in between would show
+	// as a corrupt canary.
+	Canary bool
 }
 
 // Report is what a role prints (one JSON object) when it ends.
@@ -90,6 +99,12 @@ type Report struct {
 	QuarantinedBlocks int `json:"quarantined_blocks"`
 	PeerDown      bool    `json:"peer_down"`
 	Seconds       float64 `json:"seconds"`
+	// CanaryBlocks, CanaryCorrupt, QuarantinedAtDown (gen, Options.Canary):
+	// blocks reused with a canary while the peer was suspected, those
+	// whose canary was overwritten, and the blocks quarantined then.
+	CanaryBlocks      int `json:"canary_blocks,omitempty"`
+	CanaryCorrupt     int `json:"canary_corrupt,omitempty"`
+	QuarantinedAtDown int `json:"quarantined_at_down,omitempty"`
 	// LatencyP50Us and LatencyP99Us (gen): Receive → READY per request.
 	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
 	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
@@ -224,6 +239,26 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}
 		return finish(n, rep, t0, out)
 	}
+	canaryDone := make(chan struct{})
+	if o.Canary {
+		go func() {
+			defer close(canaryDone)
+			select {
+			case <-n.down:
+			case <-ctx.Done():
+				return
+			}
+			c, q, bad, err := canary(ctx, n, o)
+			mu.Lock()
+			rep.CanaryBlocks, rep.QuarantinedAtDown, rep.CanaryCorrupt = c, q, bad
+			mu.Unlock()
+			if err != nil {
+				fail(fmt.Errorf("canary: %w", err))
+			}
+		}()
+	} else {
+		close(canaryDone)
+	}
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
 	l := n.eng.Layout()
@@ -290,6 +325,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	<-canaryDone
 	select {
 	case <-n.down:
 		rep.PeerDown = true
@@ -417,6 +453,80 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 		return fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
 	}
 	return nil
+}
+
+// canaryByte is the canary written into block id of group g.
+func canaryByte(g int, id kvcache.BlockID, i int) byte { return byte(0xA5 ^ g*31 ^ int(id)*7 ^ i) }
+
+// canary is Options.Canary once the peer is declared down: every free
+// destination block is allocated and filled with a canary, held until the
+// quarantine is empty (at most the transfer timeout), then checked and
+// freed. It returns the canary blocks, the blocks quarantined when it
+// started, and the canaries found overwritten.
+func canary(ctx context.Context, n *role, o Options) (blocks, quarantined, corrupt int, err error) {
+	pools := n.eng.Pools()
+	quarantined = pools.Quarantined()
+	region := n.eng.Region().Bytes()
+	var held [][][]kvcache.BlockID
+	counts := make([]int, pools.Groups())
+	for g := range counts {
+		counts[g] = 1
+	}
+	pools.SetQuarantineLimit(1 << 62) // the canaries take every free block, whatever is quarantined
+	for {
+		b, err := pools.Alloc(counts)
+		if err != nil {
+			break
+		}
+		held = append(held, b)
+		for g, ids := range b {
+			geom := pools.Geometry(g)
+			for _, id := range ids {
+				off := geom.Offset + uint64(id)*geom.BlockBytes
+				for i := range geom.BlockBytes {
+					region[off+i] = canaryByte(g, id, int(i))
+				}
+				blocks++
+			}
+		}
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "canary %d quarantined %d\n", blocks, quarantined)
+	}
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for pools.Quarantined() > 0 {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			err = fmt.Errorf("%d blocks still quarantined %v after the peer was declared down", pools.Quarantined(), timeout)
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll with a deadline
+	}
+	for _, b := range held {
+		for g, ids := range b {
+			geom := pools.Geometry(g)
+			for _, id := range ids {
+				off := geom.Offset + uint64(id)*geom.BlockBytes
+				for i := range geom.BlockBytes {
+					if region[off+i] != canaryByte(g, id, int(i)) {
+						corrupt++
+						break
+					}
+				}
+			}
+		}
+		if ferr := pools.Free(b); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	pools.SetQuarantineLimit(0)
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "released %d corrupt %d\n", blocks, corrupt)
+	}
+	return blocks, quarantined, corrupt, err
 }
 
 // waitPeer waits for the peer's Hello, with the transfer timeout as
