@@ -85,20 +85,20 @@ type Options struct {
 
 // Report is what a role prints (one JSON object) when it ends.
 type Report struct {
-	Role          string  `json:"role"`
-	Requests      int     `json:"requests"`
-	OK            int     `json:"ok"`
-	Failed        int     `json:"failed"`
-	Bytes         uint64  `json:"bytes"`
-	BytesVerified uint64  `json:"bytes_verified"`
-	Mismatches    int     `json:"mismatches"`
-	LeakedBlocks  int     `json:"leaked_blocks"`
+	Role          string `json:"role"`
+	Requests      int    `json:"requests"`
+	OK            int    `json:"ok"`
+	Failed        int    `json:"failed"`
+	Bytes         uint64 `json:"bytes"`
+	BytesVerified uint64 `json:"bytes_verified"`
+	Mismatches    int    `json:"mismatches"`
+	LeakedBlocks  int    `json:"leaked_blocks"`
 	// QuarantinedBlocks: destination blocks still quarantined at the end
 	// (a writer failed without proof that its writes are over: issue 17);
 	// not leaked, never reused.
-	QuarantinedBlocks int `json:"quarantined_blocks"`
-	PeerDown      bool    `json:"peer_down"`
-	Seconds       float64 `json:"seconds"`
+	QuarantinedBlocks int     `json:"quarantined_blocks"`
+	PeerDown          bool    `json:"peer_down"`
+	Seconds           float64 `json:"seconds"`
 	// CanaryBlocks, CanaryCorrupt, QuarantinedAtDown (gen, Options.Canary):
 	// blocks reused with a canary while the peer was suspected, those
 	// whose canary was overwritten, and the blocks quarantined then.
