@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -101,7 +102,7 @@ type Report struct {
 	Seconds           float64 `json:"seconds"`
 	// CanaryBlocks, CanaryCorrupt, QuarantinedAtDown (gen, Options.Canary):
 	// blocks reused with a canary while the peer was suspected, those
-	// whose canary was overwritten, and the blocks quarantined then.
+	// whose canary was overwritten, and the most blocks quarantined then.
 	CanaryBlocks      int `json:"canary_blocks,omitempty"`
 	CanaryCorrupt     int `json:"canary_corrupt,omitempty"`
 	QuarantinedAtDown int `json:"quarantined_at_down,omitempty"`
@@ -239,6 +240,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}
 		return finish(n, rep, t0, out)
 	}
+	var inflight atomic.Int64 // Receives not yet done (Options.Canary)
 	canaryDone := make(chan struct{})
 	if o.Canary {
 		go func() {
@@ -248,7 +250,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			case <-ctx.Done():
 				return
 			}
-			c, q, bad, err := canary(ctx, n, o)
+			c, q, bad, err := canary(ctx, n, o, &inflight)
 			mu.Lock()
 			rep.CanaryBlocks, rep.QuarantinedAtDown, rep.CanaryCorrupt = c, q, bad
 			mu.Unlock()
@@ -285,9 +287,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			continue
 		}
 		wg.Add(1)
+		inflight.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
 			res := <-h.Done()
+			inflight.Add(-1)
 			d := time.Since(t)
 			if !res.OK {
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
@@ -461,10 +465,20 @@ func canaryByte(g int, id kvcache.BlockID, i int) byte { return byte(0xA5 ^ g*31
 // canary is Options.Canary once the peer is declared down: every free
 // destination block is allocated and filled with a canary, held until the
 // quarantine is empty (at most the transfer timeout), then checked and
-// freed. It returns the canary blocks, the blocks quarantined when it
+// freed. It returns the canary blocks, the most blocks quarantined while it
 // started, and the canaries found overwritten.
-func canary(ctx context.Context, n *role, o Options) (blocks, quarantined, corrupt int, err error) {
+func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (blocks, quarantined, corrupt int, err error) {
 	pools := n.eng.Pools()
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	// The requests in flight fail on the suspicion first (their blocks go
+	// to quarantine as they are decided).
+	for inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
 	quarantined = pools.Quarantined()
 	region := n.eng.Region().Bytes()
 	var held [][][]kvcache.BlockID
@@ -493,12 +507,12 @@ func canary(ctx context.Context, n *role, o Options) (blocks, quarantined, corru
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "canary %d quarantined %d\n", blocks, quarantined)
 	}
-	timeout := o.Timeout
-	if timeout <= 0 {
-		timeout = kvxfer.DefaultTransferTimeout
-	}
-	deadline := time.Now().Add(timeout)
-	for pools.Quarantined() > 0 {
+	for {
+		q := pools.Quarantined()
+		quarantined = max(quarantined, q) // the peak: proofs come only after the resume
+		if q == 0 {
+			break
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			err = fmt.Errorf("%d blocks still quarantined %v after the peer was declared down", pools.Quarantined(), timeout)
 			break
