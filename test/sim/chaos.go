@@ -28,6 +28,11 @@ func (s *Sim) scheduleFaults() {
 	for _, t := range p.sessPanics {
 		s.at(t, "chaos", "sessionPanic", func() { s.panicSession() })
 	}
+	if p.leaseTTL > 0 {
+		for t := time.Duration(0); t < p.beatsEnd; t += p.beat {
+			s.at(t, "chaos", "heartbeats", func() { s.heartbeats() })
+		}
+	}
 	for _, st := range p.stalls {
 		// The paused rank sends no heartbeats: every generation rank
 		// suspects it (it cannot tell a pause from a death).
@@ -128,6 +133,28 @@ func (s *Sim) kill(d death) {
 			c.boot()
 			s.detectFor(false, c.idx)
 		})
+	}
+}
+
+// heartbeats: every live generation rank's heartbeat reaches every live
+// context rank it is not partitioned from, through the rank's listener (a
+// stalled rank hears it on resume); it renews the writer's lease.
+func (s *Sim) heartbeats() {
+	for _, g := range s.gen {
+		if !g.alive {
+			continue
+		}
+		for _, c := range s.ctx {
+			if !c.alive || s.faults.partitioned(c.idx, g.idx, s.vt, s.vt) > 0 {
+				continue
+			}
+			c, inc, peer := c, c.inc, g.self
+			s.at(s.vt+s.between(20*time.Microsecond, 400*time.Microsecond), c.name()+"/listener", "heartbeat", func() {
+				if c.live(inc) {
+					c.renewLease(peer)
+				}
+			})
+		}
 	}
 }
 

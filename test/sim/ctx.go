@@ -48,6 +48,45 @@ type ctxRank struct {
 	// frame being handled (the parent's replies are addressed to it).
 	incs      *core.IncarnationTable
 	answering uint64
+	// leases are the real tx parent's writer leases (FaultWriterLease);
+	// leaseArmed: a lease check is scheduled.
+	leases     *core.PeerLeases
+	leaseArmed bool
+}
+
+// renewLease is txParent.renewLease: a sign of peer's life renews the
+// writer's lease on it, and a check is armed for the earliest lapse.
+func (c *ctxRank) renewLease(peer messages.PeerID) {
+	if c.leases.TTL() <= 0 {
+		return
+	}
+	c.leases.Renew(peer, c.now())
+	c.armLease()
+}
+
+func (c *ctxRank) armLease() {
+	next := c.leases.Next(c.now())
+	if c.leaseArmed || next.IsZero() {
+		return
+	}
+	c.leaseArmed = true
+	inc := c.inc
+	c.s.after(max(next.Sub(c.now()), 0), c.parentName(), "leaseTick", func() {
+		if c.live(inc) {
+			c.leaseLapsed()
+		}
+	})
+}
+
+// leaseLapsed is txParent.leaseLapsed: the writer fences itself from each
+// peer whose lease lapsed (TxPeerGone to every session).
+func (c *ctxRank) leaseLapsed() {
+	c.leaseArmed = false
+	for _, peer := range c.leases.Expired(c.now()) {
+		c.s.fired(FaultWriterLease)
+		c.peerDown(peer)
+	}
+	c.armLease()
 }
 
 // incarnation is the rank's current incarnation number (Hello.Incarnation).
@@ -86,6 +125,7 @@ func (c *ctxRank) boot() {
 	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
 	c.sessions, c.table = map[string]*txSess{}, core.NewTxTable(4096)
 	c.incs = core.NewIncarnationTable(c.incarnation())
+	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
 	c.posted, c.maxFrame, c.apps = 0, 0, nil
 	c.workers = nil
@@ -519,6 +559,7 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		return // of an earlier incarnation: never acted on
 	}
 	c.answering = core.FromIncarnation(f)
+	c.renewLease(f.Sender()) // a frame of the peer: it is alive
 	switch m := f.(type) {
 	case *messages.RequestData:
 		c.onRequestData(m)

@@ -69,6 +69,10 @@
 // midway), and every generation rank suspects it meanwhile. Clocks drift
 // within ±2 % (FaultClockDrift) besides jumping. A request that fails while
 // a writer has given no proof quarantines its blocks (issue 17) until one.
+// With FaultWriterLease, context ranks hold writer leases on generation
+// ranks (core.PeerLeases) renewed by periodic heartbeats (lost in a
+// partition, heard late by a stalled rank) and by frames; a lapse fences
+// the writer from that peer as the real tx parent does.
 //
 // As actors/parents.go does, the tx parent finishes the handle of a
 // session that stopped before Engine.Send adopted it, and the rx parent

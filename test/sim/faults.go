@@ -95,6 +95,11 @@ const (
 	// FaultClockDrift: ranks' clocks run fast or slow, within
 	// ±maxDriftPPM of virtual time (on top of clock jumps).
 	FaultClockDrift
+	// FaultWriterLease: context ranks hold writer leases on generation
+	// ranks (core.PeerLeases), renewed by heartbeats and frames; a lease
+	// that lapses (a partition, a stall, heartbeats that stopped) fences
+	// the writer from that peer (TxPeerGone). Counted when one lapses.
+	FaultWriterLease
 
 	numFaults
 )
@@ -106,7 +111,7 @@ var faultNames = [numFaults]string{
 	"cancel (context side)", "cancel (generation side)", "clock jump", "malformed control frame",
 	"session panic", "fence failure", "prompt length mismatch", "writer never connected",
 	"control refused, RequestData re-sent", "pin refused (source freed)",
-	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift",
+	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift", "writer lease lapsed",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -213,6 +218,9 @@ type plan struct {
 	// frees one of its source blocks before the session pins it.
 	pPinRefuse float64
 	stalls     []stall
+	// leaseTTL > 0: writer leases (FaultWriterLease), renewed by a
+	// heartbeat of each generation rank every beat until beatsEnd.
+	leaseTTL, beat, beatsEnd time.Duration
 	// driftPPM[i]: the clock drift of context rank i, then of generation
 	// rank i-ctxRanks, in parts per million.
 	driftPPM []int64
@@ -359,6 +367,11 @@ func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration
 			p.stalls = append(p.stalls, stall{ctx: c, prefix: fmt.Sprintf("ctx%d.", c),
 				w: window{from, from + 20*time.Millisecond + time.Duration(r.Int64N(int64(100*time.Millisecond)))}})
 		}
+	}
+	if p.on[FaultWriterLease] {
+		p.beat = time.Millisecond + time.Duration(r.Int64N(int64(3*time.Millisecond)))
+		p.leaseTTL = 3*p.beat + time.Duration(r.Int64N(int64(20*time.Millisecond)))
+		p.beatsEnd = horizon + 300*time.Millisecond
 	}
 	if p.on[FaultClockDrift] {
 		for range ctxRanks + genRanks {
