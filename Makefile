@@ -32,6 +32,13 @@ demo: deps
 	./bin/kvxfer demo
 	./bin/kvxfer demo --processes 2
 
+## demo-cluster: an embedded etcd, a context TP2 (two processes) and a
+## generation TP1 process discovering each other through it.
+.PHONY: demo-cluster
+demo-cluster: deps
+	$(GO) build -o bin/kvxfer ./cmd/kvxfer
+	./bin/kvxfer demo --cluster
+
 ## test: the README's test command: every package under the race
 ## detector (the simulator runs 200 seeds there), the simulator's 2,000
 ## seeds without it, then a short slice of every fuzz target.

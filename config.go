@@ -95,6 +95,20 @@ type Config struct {
 	// Engine.MetricsAddr reports the bound address. Empty: no metrics are
 	// kept and no server runs.
 	MetricsAddr string
+	// Memory, when set, is this rank's KV cache as the serving framework
+	// lays it out, one descriptor per layer group (kvcache.NHDMemory,
+	// HNDMemory, SplitKVMemory, MLAMemory, PoolMemory, or any strided
+	// KVMemory), its offsets relative to Region, which must be set and
+	// whose length each descriptor's RegionLen must equal. Each descriptor
+	// holds exactly this rank's layers of its group and heads, in the
+	// layout's head width, element size and tokens per block; a nil entry
+	// is allowed only for a group this rank holds no layer of. Block ids are
+	// the descriptor's, [0, Blocks): kvxfer's pools then only hand out and
+	// track those ids (Engine.Block is nil for such a group; use
+	// Engine.BlockTensor). On a generation rank the descriptors travel in
+	// the Hello, and context ranks plan into them; on a context rank
+	// requests are planned from them. See Memory's doc in kvcache.
+	Memory []*kvcache.KVMemory
 
 	workersSet bool
 }
@@ -204,6 +218,9 @@ func (c Config) resolve() (resolved, error) {
 		return r, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	r.shape = shape
+	if r.Memory != nil {
+		return r, r.checkMemory()
+	}
 	var perSet uint64
 	for g := range r.layout.Groups {
 		perSet += shape.BlockBytes(r.layout, g)

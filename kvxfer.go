@@ -51,6 +51,9 @@ type Engine struct {
 	ownsAg bool
 	region *kvcache.Region
 	pools  *actors.Pools
+	// memory describes every group's KV memory: Config.Memory, or the
+	// pools' own layout.
+	memory []*kvcache.KVMemory
 	trace  *trace.Writer // Config.TracePath's, closed by Close
 	// metrics and their server: nil unless Config.MetricsAddr is set.
 	metrics    *metrics.Set
@@ -91,22 +94,31 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	}
 	var pools []*kvcache.Pool
 	var geoms []kvcache.PoolGeometry
-	var off uint64
-	for g := range r.layout.Groups {
-		bb, n := r.shape.BlockBytes(r.layout, g), r.blocks
-		if bb == 0 { // this rank holds no layer of the group
-			bb, n = 1, 1
+	if r.Memory != nil {
+		// The framework's tensors: memoryPools carves one id-only pool per
+		// group over them.
+		if pools, geoms, err = memoryPools(r); err != nil {
+			return nil, err
 		}
-		p, err := kvcache.NewPool(e.region, off, bb, n)
-		if err != nil {
-			return nil, fmt.Errorf("%w: group %d pool: %w", ErrConfig, g, err)
+	} else {
+		var off uint64
+		for g := range r.layout.Groups {
+			bb, n := r.shape.BlockBytes(r.layout, g), r.blocks
+			if bb == 0 { // this rank holds no layer of the group
+				bb, n = 1, 1
+			}
+			p, err := kvcache.NewPool(e.region, off, bb, n)
+			if err != nil {
+				return nil, fmt.Errorf("%w: group %d pool: %w", ErrConfig, g, err)
+			}
+			pools = append(pools, p)
+			geoms = append(geoms, kvcache.PoolGeometry{Offset: off, BlockBytes: bb, Blocks: n})
+			off += bb * uint64(n)
 		}
-		pools = append(pools, p)
-		geoms = append(geoms, kvcache.PoolGeometry{Offset: off, BlockBytes: bb, Blocks: n})
-		off += bb * uint64(n)
 	}
 	e.pools = actors.NewPools(pools)
 	e.pools.SetQuarantineLimit(r.MaxQuarantinedBytes)
+	e.memory = engineMemory(r, geoms)
 	e.agent = r.Agent
 	if e.agent == nil {
 		e.agent = loopback.New()
@@ -136,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	e.inner, err = actors.StartEngine(actors.EngineConfig{
 		Self: self,
 		Topology: actors.Topology{Layout: r.layout, LayoutHash: r.layout.Hash(), Parallel: r.Parallel,
-			Rank: r.Rank, Pools: geoms},
+			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
 		WriterLease: r.WriterLease,
@@ -159,9 +171,11 @@ func (e *Engine) Pools() *actors.Pools { return e.pools }
 
 // Block is the memory of block id of layer group g in the engine's pool
 // region (source blocks to fill, READY destination blocks to read). It
-// returns nil for a group or id outside the pool.
+// returns nil for a group or id outside the pool, and for every group when
+// Config.Memory describes the memory (a block is then one slice per
+// (layer, part) tensor: use BlockTensor).
 func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
-	if g < 0 || g >= e.pools.Groups() {
+	if g < 0 || g >= e.pools.Groups() || e.cfg.Memory != nil {
 		return nil
 	}
 	geom := e.pools.Geometry(g)

@@ -47,4 +47,10 @@
 // actors: the session and its streams share pins and the drain decision, and
 // one actor makes "admission and drain in the same actor" true by
 // construction while saving a mailbox hop per chunk.
+//
+// The listener is a step without an actor: the control link's delivery
+// callback runs core.RouteFrame and sends each frame straight to the tx or
+// rx parent. A link delivers a connection's frames one at a time, in order,
+// so each parent receives them in the order sent, as through a listener
+// mailbox, one goroutine wake sooner.
 package actors

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"
@@ -59,15 +60,15 @@ type EngineConfig struct {
 	WriterLease time.Duration
 }
 
-// Engine is one engine rank's actor tree: listener, senders (workers), tx
-// and rx supervisors.
+// Engine is one engine rank's actor tree: senders (workers), tx and rx
+// supervisors, and the listener step the control link's delivery runs.
 type Engine struct {
 	cfg      EngineConfig
 	sys      *actor.ActorSystem
 	reg      rdma.Registration
 	env      *shellEnv
 	tx, rx   *actor.PID
-	listenPI *actor.PID
+	listener *listener
 	senders  *actor.PID
 	lis      control.Listener
 	stats    *Counters
@@ -181,9 +182,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
-	e.listenPI = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &listener{env: e.env, tx: e.tx, rx: e.rx, incs: core.NewIncarnationTable(cfg.Incarnation)}
-	}))
+	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx, incs: core.NewIncarnationTable(cfg.Incarnation)}
 
 	topo := cfg.Topology
 	pools := make([]messages.PoolGeometry, len(topo.Pools))
@@ -194,7 +193,8 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.hello = &messages.Hello{From: cfg.Self, Backend: cfg.Agent.Backend(), AgentAddr: cfg.Agent.Address(),
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
-		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout)}
+		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
+		Memory: helloMemory(topo.Memory)}
 	e.hello.Incarnation = cfg.Incarnation
 	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
@@ -210,9 +210,9 @@ func newRxTable(cfg EngineConfig) *core.RxTable {
 	return t
 }
 
-// deliver takes a frame from the control link: into the listener's
-// mailbox while its peer has credits, else refused at once (never a
-// terminal frame).
+// deliver takes a frame from the control link: routed by the listener
+// step into its parent's mailbox while its peer has credits, else refused
+// at once (never a terminal frame).
 func (e *Engine) deliver(f messages.Frame) {
 	if !e.env.credits.take(f) {
 		e.stats.FramesShed.Add(1)
@@ -222,7 +222,7 @@ func (e *Engine) deliver(f messages.Frame) {
 		}
 		return
 	}
-	e.sys.Root.Send(e.listenPI, f)
+	e.listener.route(f)
 }
 
 // Hello is what this engine tells its peers about itself.
@@ -280,6 +280,9 @@ type TxRequest struct {
 // Send opens the context side of a request. Done fires after the session
 // released every pin: the serving process may then free its source blocks.
 func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
+	if hoptrace.On {
+		hoptrace.Mark("ctx.Send", req.ID)
+	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen {
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
 	}
@@ -327,6 +330,9 @@ type RxHandle struct {
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	if e.env.failed.Load() {
 		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+	}
+	if hoptrace.On {
+		hoptrace.Mark("gen.Receive", req.ID)
 	}
 	h := NewHandle()
 	reply := make(chan rxOpenReply, 1)
@@ -410,9 +416,17 @@ func (e *Engine) close(ctx context.Context) error {
 			break
 		}
 	}
-	_ = e.lis.Close()
+	// Flush the workers before anything closes: a drained session's last
+	// frame (a FAILED Result, a CancelAck) may still wait in its worker's
+	// mailbox. A PoisonPill queues behind it; stopping the supervisor
+	// would stop the workers by a system message, ahead of it, and the
+	// peer would never learn the outcome (its pages stay pinned until its
+	// own deadline and, without proof, its Close reports them undrained).
 	e.env.closing.Store(true)
-	_ = e.sys.Root.PoisonFuture(e.listenPI).Wait()
+	for _, w := range e.env.workers {
+		_ = e.sys.Root.PoisonFuture(w).Wait()
+	}
+	_ = e.lis.Close()
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.senders).Wait()

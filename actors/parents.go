@@ -2,12 +2,14 @@ package actors
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -185,6 +187,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
 		m.reply <- txOpenReply{pid: pid}
 	case *messages.RequestData:
+		if hoptrace.On {
+			hoptrace.Mark("txparent.RequestData", m.RequestID)
+		}
 		p.onRequestData(ctx, m)
 		p.env.credits.give(m)
 	case *messages.Cancel:
@@ -318,6 +323,9 @@ type rxParent struct {
 func (p *rxParent) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *rxOpenReq:
+		if hoptrace.On {
+			hoptrace.Mark("rxparent.open", m.req.ID)
+		}
 		if p.sessions.draining {
 			m.reply <- rxOpenReply{err: ErrClosed}
 			return
@@ -354,6 +362,9 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
+		if hoptrace.On {
+			hoptrace.Mark("rxparent.Result", m.RequestID)
+		}
 		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *messages.CancelAck:
@@ -552,19 +563,25 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
-// listener validates every frame that arrives and routes it.
+// listener validates every frame that arrives and routes it. It is not an
+// actor: the control link's delivery goroutine runs its step (RouteFrame)
+// and sends the frame straight to the parent, which saves a mailbox hop
+// (a goroutine wake) per frame. The link delivers frames one at a time,
+// in arrival order, so each parent still receives them in that order.
 type listener struct {
-	env *shellEnv
-	tx  *actor.PID
-	rx  *actor.PID
-	// incs refuses frames of earlier incarnations (issue 17).
+	env  *shellEnv
+	root *actor.RootContext
+	tx   *actor.PID
+	rx   *actor.PID
+	// incs refuses frames of earlier incarnations (issue 17); mu guards
+	// it (a MemLink delivers from its senders' goroutines).
+	mu   sync.Mutex
 	incs *core.IncarnationTable
 }
 
-func (l *listener) Receive(ctx actor.Context) {
-	f, ok := ctx.Message().(messages.Frame)
-	if !ok {
-		return
+func (l *listener) route(f messages.Frame) {
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("listener.%T", f), f.Request())
 	}
 	switch dest, err := core.RouteFrame(f); dest {
 	case core.FrameRejected:
@@ -573,7 +590,10 @@ func (l *listener) Receive(ctx actor.Context) {
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
 	case core.FrameToTx, core.FrameToRx:
-		if err := l.incs.Admit(f); err != nil {
+		l.mu.Lock()
+		err := l.incs.Admit(f)
+		l.mu.Unlock()
+		if err != nil {
 			// Addressed to an earlier incarnation of this rank, or sent by
 			// an earlier incarnation of the peer: never acted on.
 			l.env.credits.give(f)
@@ -585,10 +605,10 @@ func (l *listener) Receive(ctx actor.Context) {
 			return
 		}
 		if dest == core.FrameToTx {
-			ctx.Send(l.tx, f) // its parent gives the credit back
+			l.root.Send(l.tx, f) // its parent gives the credit back
 			return
 		}
-		ctx.Send(l.rx, f)
+		l.root.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)
 	}

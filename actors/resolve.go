@@ -20,7 +20,15 @@ type Topology struct {
 	// Memory[g] into the receiver's pool. A nil slice or entry means the
 	// pool's own layout (Pools[g]). Block ids are still checked against
 	// Pools[g].Blocks.
+	//
+	// A generation rank's Memory travels in its Hello (messages.KVMemory):
+	// a context rank then plans from its own memory (Memory[g], or its
+	// pool) into the receiver's descriptor instead of its pool, and checks
+	// destination block ids against the descriptor's Blocks.
 	Memory []*kvcache.KVMemory
+	// Plans, when set, caches the plans ResolveRequest builds (PlanCache);
+	// nil builds every request's plans afresh.
+	Plans *PlanCache `json:"-"`
 }
 
 // routePlanner plans one stream: per layer group, the kvcache plan for the
@@ -86,7 +94,7 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	}
 	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
 	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}
-	pm, err := kvcache.NewPeerMap(self.Layout, self.Parallel, genPar)
+	pm, err := self.Plans.peerMap(self.Layout, self.LayoutHash, self.Parallel, genPar)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
 	}
@@ -125,11 +133,17 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 			return nil, expected, fmt.Errorf("%w: request %s group %d: blocks [%d,%d) beyond prompt of %d blocks",
 				ErrBadRequest, rd.RequestID, g, d.First, int(d.First)+len(d.Blocks), maxBlocks)
 		}
+		// Destination ids name blocks of the receiver's descriptor when it
+		// sent one, else of its pool.
+		peerMem, what, limit := peerMemory(hello, g), "pool", pg.Blocks
+		if peerMem != nil {
+			what, limit = fmt.Sprintf("%v memory", kvcache.MemoryKind(peerMem.Kind)), peerMem.Blocks
+		}
 		ids := make([]kvcache.BlockID, len(d.Blocks))
 		for i, b := range d.Blocks {
-			if b >= pg.Blocks {
-				return nil, expected, fmt.Errorf("%w: request %s group %d: destination block %d outside pool of %d",
-					ErrBadRequest, rd.RequestID, g, b, pg.Blocks)
+			if b >= limit {
+				return nil, expected, fmt.Errorf("%w: request %s group %d: destination block %d outside %s of %d blocks",
+					ErrBadRequest, rd.RequestID, g, b, what, limit)
 			}
 			ids[i] = kvcache.BlockID(b)
 		}
@@ -137,20 +151,53 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 		if len(link.Layers[g]) == 0 {
 			continue
 		}
-		dstGeom := kvcache.PoolGeometry{Offset: pg.Offset, BlockBytes: pg.BlockBytes, Blocks: int(pg.Blocks)}
-		var plan *kvcache.Plan
-		if g < len(self.Memory) && self.Memory[g] != nil {
-			var dst *kvcache.KVMemory
-			if dst, err = kvcache.PoolMemory(self.Layout, genShape, g, dstGeom); err == nil {
-				plan, err = kvcache.NewMemoryPlan(link, g, self.Memory[g], dst)
-			}
-		} else {
-			plan, err = kvcache.NewPlan(self.Layout, ctxShape, genShape, link, g, self.Pools[g], dstGeom)
-		}
+		key := planKey{peer: rd.From, genPar: genPar, genRank: genRank, group: g}
+		plan, err := self.Plans.plan(key, hello, func() (*kvcache.Plan, error) {
+			return planGroup(self, hello, link, ctxShape, genShape, g)
+		})
 		if err != nil {
 			return nil, expected, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
 		}
 		rp.plans[g] = plan
 	}
 	return &Route{Peer: rd.From, AgentAddr: hello.AgentAddr, RegionKey: hello.Region.Key, RegionLen: hello.Region.Len, Planner: rp}, expected, nil
+}
+
+// planGroup builds the plan of link for layer group g into the receiver
+// that sent hello: from this rank's descriptor (Topology.Memory) or pool
+// into the receiver's descriptor (Hello.Memory) or pool. Two pools plan
+// with NewPlan; any descriptor on either side with NewMemoryPlan, the pool
+// side described by PoolMemory. An error from the receiver's descriptor
+// names the receiver and the group.
+func planGroup(self Topology, hello *messages.Hello, link kvcache.PeerLink, ctxShape, genShape kvcache.Shape, g int) (*kvcache.Plan, error) {
+	pg := hello.Pools[g]
+	dstGeom := kvcache.PoolGeometry{Offset: pg.Offset, BlockBytes: pg.BlockBytes, Blocks: int(pg.Blocks)}
+	var src *kvcache.KVMemory
+	if g < len(self.Memory) {
+		src = self.Memory[g]
+	}
+	peerMem := peerMemory(hello, g)
+	if src == nil && peerMem == nil {
+		return kvcache.NewPlan(self.Layout, ctxShape, genShape, link, g, self.Pools[g], dstGeom)
+	}
+	var err error
+	if src == nil {
+		if src, err = kvcache.PoolMemory(self.Layout, ctxShape, g, self.Pools[g]); err != nil {
+			return nil, err
+		}
+	}
+	var dst *kvcache.KVMemory
+	if peerMem != nil {
+		dst = kvMemory(peerMem, hello.Region.Len)
+		if err := dst.Validate(); err != nil {
+			return nil, fmt.Errorf("receiver %s group %d: %w", hello.From, g, err)
+		}
+	} else if dst, err = kvcache.PoolMemory(self.Layout, genShape, g, dstGeom); err != nil {
+		return nil, err
+	}
+	plan, err := kvcache.NewMemoryPlan(link, g, src, dst)
+	if err != nil && peerMem != nil {
+		return nil, fmt.Errorf("receiver %s group %d: %w", hello.From, g, err)
+	}
+	return plan, err
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -255,6 +256,9 @@ type txActor struct {
 
 func (a *txActor) Receive(ctx actor.Context) {
 	now := a.env.clock.Now()
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("tx.%T", ctx.Message()), a.s.Config().Request)
+	}
 	var eff []Effect
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
@@ -426,6 +430,9 @@ type rxActor struct {
 
 func (a *rxActor) Receive(ctx actor.Context) {
 	now := a.env.clock.Now()
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("rx.%T", ctx.Message()), a.s.Config().Request)
+	}
 	var eff []Effect
 	restarting := false // the Started of an incarnation after a panic
 	switch m := ctx.Message().(type) {
@@ -472,6 +479,9 @@ func (a *rxActor) Receive(ctx actor.Context) {
 		case StartTimer:
 			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, RxTimeout{Kind: e.Kind}))
 		case Finish:
+			if hoptrace.On {
+				hoptrace.Mark("rx.finish", a.s.Config().Request)
+			}
 			a.handle.finish(e.Outcome)
 		case QuarantineDest:
 			if a.s.Config().CallerOwned {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -102,10 +103,16 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	s := w.slot
 	switch m := ctx.Message().(type) {
 	case *workerSubmit:
+		if hoptrace.On {
+			hoptrace.Mark("worker.submit", m.Op.Request)
+		}
 		// Record first: if anything below panics, the restart knows the op.
 		s.table.Admit(m.Op, m.session, string(m.Route.AgentAddr))
 		s.submit(ctx, m)
 	case *batchDone:
+		if hoptrace.On {
+			hoptrace.Mark("worker.batchDone", m.op.Request)
+		}
 		s.table.Settle(m.op)
 		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
 	case *workerFlush:
@@ -124,6 +131,9 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			ctx.Send(so.Session, TxRetired{Ops: so.Ops})
 		}
 	case *workerSend:
+		if hoptrace.On {
+			hoptrace.Mark(fmt.Sprintf("worker.send.%T", m.Frame), m.Frame.Request())
+		}
 		err := s.send(m.To, m.Frame)
 		if m.report != nil {
 			ctx.Send(m.report, RxSent{Writer: m.writer, Err: err})

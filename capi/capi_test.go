@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/metrics"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -159,7 +161,12 @@ func TestTransferFenceAndHandles(t *testing.T) {
 // caller never fires; it fails it, drains, and releases every handle.
 func TestCloseFailsUnfiredFences(t *testing.T) {
 	base := HandleCount()
-	p, d := open(t, "capi-p2"), open(t, "capi-d2")
+	// The sender serves metrics: the test reads its session gauges.
+	p, _, err := Open(`{"instance":"capi-p2",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := open(t, "capi-d2")
 	src, err := p.AllocBlocks(0, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -175,6 +182,12 @@ func TestCloseFailsUnfiredFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Close only once the receiver's RequestData has reached the sender's
+	// session (it leaves INIT): closed earlier, the sender's engine is gone
+	// with the RequestData still in flight, nothing can prove the writer
+	// quiescent, and the receiver's Close rightly reports the session
+	// undrained rather than free its blocks.
+	waitTxPastInit(t, p)
 	closeBoth(t, p, d)
 	if err := FenceReady(f); Code(err) != ErrBadHandle {
 		t.Fatalf("fence after close: %v", err)
@@ -197,6 +210,31 @@ func TestBenchGoMovesEveryByte(t *testing.T) {
 		t.Fatalf("moved %d bytes, want %d", moved, want)
 	}
 	closeBoth(t, p, d)
+}
+
+// waitTxPastInit polls e's session gauges until a tx session has left INIT
+// (its RequestData arrived).
+func waitTxPastInit(t *testing.T, e *Engine) {
+	t.Helper()
+	sessions := e.Inner().Metrics().Sessions
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := 0.0
+		for _, st := range []string{"READY", "TRANSFERRING", "DONE", "FAILED", "CANCELLED"} {
+			var m dto.Metric
+			if err := sessions.WithLabelValues(metrics.SideTx, st).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			n += m.GetGauge().GetValue()
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tx session left INIT within 10s: the RequestData never arrived")
+		}
+		runtime.Gosched()
+	}
 }
 
 func closeBoth(t *testing.T, es ...*Engine) {

@@ -28,6 +28,9 @@ type Config struct {
 	DrainGraceMs      int64   `json:"drain_grace_ms"`
 	Backend           string  `json:"backend"`
 	MetricsAddr       string  `json:"metrics_addr"`
+	// Memory, when set, is the framework's KV memory (Memory); the engine
+	// then takes no pool.
+	Memory *Memory `json:"memory"`
 }
 
 // Layout is kvcache.Layout in JSON.

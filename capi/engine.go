@@ -54,7 +54,14 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	if err != nil {
 		return nil, 0, err
 	}
-	if pool != nil {
+	if c.Memory != nil {
+		if pool != nil || poolBytes != 0 || c.PoolBytes != 0 {
+			return nil, 0, errorf(ErrConfig, "memory is set: pass no pool and no pool_bytes (the memory is the framework's tensors)")
+		}
+		if err := c.Memory.describe(&kc); err != nil {
+			return nil, 0, err
+		}
+	} else if pool != nil {
 		if c.PoolBytes != 0 && c.PoolBytes != poolBytes {
 			return nil, 0, errorf(ErrConfig, "pool_bytes = %d in the config but the pool passed is %d bytes", c.PoolBytes, poolBytes)
 		}

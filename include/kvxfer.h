@@ -43,6 +43,9 @@ extern "C" {
 /* The ABI this header describes; kvxfer_abi_version() returns the library's.
  * Bumped on any incompatible change to a declaration below. */
 #define KVXFER_ABI_VERSION 1
+/* Additive changes within KVXFER_ABI_VERSION (new config keys, new
+ * functions); 1: kvxfer_engine_open's "memory" key. */
+#define KVXFER_ABI_MINOR 1
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -179,7 +182,25 @@ const char *kvxfer_status_name(int32_t status);
  * Unknown keys are refused, naming them. pool, when not NULL, is the
  * caller's memory of pool_bytes bytes (it must outlive the engine and
  * pool_bytes must agree with the config's pool_bytes when that is set);
- * NULL lets the engine allocate it. */
+ * NULL lets the engine allocate it.
+ *
+ * memory (since KVXFER_ABI_MINOR 1), instead of a pool: the framework's own
+ * KV tensors, which must outlive the engine; pool must then be NULL and
+ * pool_bytes 0. An object {kind, num_blocks, layers, v_layers, strides}:
+ * kind "nhd" (vLLM's [2, num_blocks, block_size, kv_heads, head_dim] per
+ * layer), "hnd" ([2, num_blocks, kv_heads, block_size, head_dim]),
+ * "split_kv" (K and V tensors [num_blocks, block_size, kv_heads, head_dim])
+ * or "mla" ([num_blocks, block_size, latent]); layers the address of each
+ * layer's tensor (K's for split_kv) for every layer the rank holds, in
+ * ascending layer order; v_layers the V tensors' addresses (split_kv only);
+ * strides, optional, the byte strides {block, token, head, elem, kv} (kv:
+ * from a joint tensor's K to its V) instead of the kind's contiguous ones.
+ * Block ids are then the framework's, [0, num_blocks): kvxfer_alloc_blocks
+ * hands out and tracks ids only, and kvxfer_engine_group's offset and
+ * block_bytes do not locate a block (block b of a layer is at the tensor's
+ * address + b * the block stride). A generation engine's descriptors reach
+ * its peers, which plan into them (NHD on one side, HND on the other, any
+ * tensor parallelism). */
 kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t pool_bytes,
                                  kvxfer_engine_t *out);
 
@@ -188,7 +209,10 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * (ucx where the library has it, else shm), pool memory peers can write,
  * heartbeats that fail a silent peer's requests. config_json is node's JSON
  * config: instance, parallel {tp, pp}, rank {tp, pp}, model,
- * tokens_per_block, pool_bytes, send_only, workers, backend ("auto", "ucx",
+ * tokens_per_block, pool_bytes, memory {kind, num_blocks} (the framework's
+ * KV tensors laid out back to back in layer order inside the pool, block
+ * ids the framework's; since KVXFER_ABI_MINOR 1), send_only, workers,
+ * backend ("auto", "ucx",
  * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
  * public_key | public_key_file}], insecure, secret_key | key_file,
  * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,

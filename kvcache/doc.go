@@ -45,7 +45,8 @@
 // (SplitKVMemory), MLA latent caches (MLAMemory) and the pools above
 // (PoolMemory) — and any other layout is its strides (MemStrided).
 // KVMemory.Validate refuses strides that make elements overlap, a tensor
-// past its region and two tensors sharing a byte (ErrBadMemory).
+// past its region and two tensors sharing a byte (ErrBadMemory);
+// KVMemory.TensorBlock locates one block of one (layer, part) tensor.
 //
 // NewMemoryPlan plans a link between two memories, which may differ in kind
 // and in the heads each holds (the PeerMap's tensor-parallel slicing): it

@@ -125,6 +125,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Pp:         m.PP,
 			Pools:      pools,
 			Model:      m.Model,
+			Memory:     memoryToWire(m.Memory),
 		}}
 	case *RequestData:
 		if m == nil {
@@ -243,6 +244,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			PP:         m.GetPp(),
 			Pools:      nonEmpty(pools),
 			Model:      m.GetModel(),
+			Memory:     memoryFromWire(m.GetMemory()),
 		}, nil
 	case *pb.Envelope_RequestData:
 		m := body.RequestData

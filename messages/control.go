@@ -102,6 +102,12 @@ type Hello struct {
 	// Model names the layout the sender serves (informational: a mismatch
 	// names both models; LayoutHash decides). At most MaxModelLen bytes.
 	Model string
+	// Memory describes, in ascending group order, the layer groups whose
+	// KV the sender's framework lays out itself: a writer plans into
+	// Memory's descriptor instead of Pools[Group]. Groups without one use
+	// their pool. Empty for a sender without descriptors (and from a peer
+	// that predates them).
+	Memory []KVMemory
 	// Incarnation is new at each start of the rank (0: not known).
 	Incarnation uint64
 }
@@ -276,7 +282,7 @@ func (m *Hello) Validate() error {
 			return invalid("hello: pool %d ends at %d past region length %d", g, end, m.Region.Len)
 		}
 	}
-	return nil
+	return m.validateMemory()
 }
 
 // Validate implements Frame. Block ids are checked against the receiver's

@@ -2,6 +2,7 @@ package messages_test
 
 import (
 	"math"
+	"slices"
 	"strings"
 
 	"pgregory.net/rapid"
@@ -66,6 +67,7 @@ func sampleFrames() map[string]messages.Frame {
 	failed.Error = "rdma: peer gone: ctx-0/3 (écrit 12 Mio)"
 	return map[string]messages.Frame{
 		"hello":         sampleHello(),
+		"hello_memory":  sampleHelloMemory(),
 		"request_data":  sampleRequestData(8),
 		"result":        sampleResult(),
 		"result_failed": failed,
@@ -109,6 +111,14 @@ func canonical(f messages.Frame) messages.Frame {
 		c.AgentAddr = nilIfEmpty(c.AgentAddr)
 		c.Region.Key = nilIfEmpty(c.Region.Key)
 		c.Pools = nilIfEmpty(c.Pools)
+		c.Memory = nilIfEmpty(c.Memory)
+		if c.Memory != nil {
+			c.Memory = append([]messages.KVMemory(nil), c.Memory...)
+			for i := range c.Memory {
+				c.Memory[i].Layers = nilIfEmpty(c.Memory[i].Layers)
+				c.Memory[i].Base = nilIfEmpty(c.Memory[i].Base)
+			}
+		}
 		return &c
 	case *messages.RequestData:
 		c := *m
@@ -176,7 +186,14 @@ func drawHello(t *rapid.T) *messages.Hello {
 	for _, p := range pools {
 		end = max(end, p.Offset+uint64(p.Blocks)*p.BlockBytes)
 	}
+	var mem []messages.KVMemory
+	for g := range pools {
+		if rapid.Bool().Draw(t, "described") {
+			mem = append(mem, drawMemory(t, int32(g)))
+		}
+	}
 	return &messages.Hello{
+		Memory:    mem,
 		From:      drawPeer(t, "from"),
 		Backend:   genNonEmptyText(32).Draw(t, "backend"),
 		AgentAddr: drawBytes(t, "agentAddr", 1, 4096),
@@ -250,4 +267,37 @@ func drawFrame(t *rapid.T) messages.Frame {
 	default:
 		return &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq")}
 	}
+}
+
+// drawMemory draws a descriptor within Hello's bounds (not necessarily one
+// whose strides a writer would accept).
+func drawMemory(t *rapid.T, g int32) messages.KVMemory {
+	parts := rapid.Int32Range(1, 2).Draw(t, "parts")
+	layers := rapid.SliceOfNDistinct(rapid.Int32Range(0, 200), 0, 16, rapid.ID[int32]).Draw(t, "layers")
+	slices.Sort(layers)
+	return messages.KVMemory{
+		Group: g, Kind: rapid.Uint32Range(0, 255).Draw(t, "kind"), Layers: layers,
+		HeadLo: rapid.Int32Range(0, messages.MaxMemoryHeads-1).Draw(t, "headLo"),
+		Heads:  rapid.Int32Range(1, messages.MaxMemoryHeads).Draw(t, "heads"), Parts: parts,
+		HeadDim:        rapid.Int32Range(1, messages.MaxMemoryHeadDim).Draw(t, "headDim"),
+		ElemBytes:      rapid.Int32Range(1, messages.MaxMemoryElemBytes).Draw(t, "elemBytes"),
+		TokensPerBlock: rapid.Int32Range(1, messages.MaxMemoryTPB).Draw(t, "tpb"),
+		Blocks:         rapid.Int32Range(0, messages.MaxBlocks).Draw(t, "blocks"),
+		Base:           rapid.SliceOfN(rapid.Uint64(), len(layers)*int(parts), len(layers)*int(parts)).Draw(t, "base"),
+		BlockStride:    rapid.Uint64().Draw(t, "blockStride"), TokenStride: rapid.Uint64().Draw(t, "tokenStride"),
+		HeadStride: rapid.Uint64().Draw(t, "headStride"), ElemStride: rapid.Uint64().Draw(t, "elemStride"),
+	}
+}
+
+// sampleHelloMemory is sampleHello with vLLM NHD memory for group 0: two
+// layers, 8 heads of 128 bf16 elements, 16 tokens per block, 512 blocks.
+func sampleHelloMemory() *messages.Hello {
+	h := sampleHello()
+	const block = 16 * 8 * 128 * 2
+	const tensor = 2 * 512 * block
+	h.Memory = []messages.KVMemory{{Group: 0, Kind: 1, Layers: []int32{4, 5}, HeadLo: 8, Heads: 8, Parts: 2,
+		HeadDim: 128, ElemBytes: 2, TokensPerBlock: 16, Blocks: 512,
+		Base:        []uint64{0, tensor / 2, tensor, tensor + tensor/2},
+		BlockStride: block, TokenStride: 8 * 128 * 2, HeadStride: 128 * 2, ElemStride: 2}}
+	return h
 }

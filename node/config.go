@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -50,6 +51,9 @@ type Config struct {
 	// PoolBytes sizes the block pool, allocated from the backend so that
 	// peers can write into it (default kvxfer.DefaultPoolBytes, 1 GiB).
 	PoolBytes uint64 `json:"pool_bytes"`
+	// Memory, when set, lays the framework's KV tensors out inside the pool
+	// (Memory's doc); block ids are then the framework's.
+	Memory *Memory `json:"memory"`
 	// SendOnly marks a rank that only sends (a prefill rank): its pool is
 	// private memory rather than memory peers can write (no /dev/shm file
 	// with shm), and Node.Receive refuses at once.
@@ -67,7 +71,29 @@ type Config struct {
 	// Bind uses the in-process control link.
 	Bind string `json:"bind"`
 	// Peers are the other ranks this node talks to (static membership).
+	// With etcd discovery a peer may be given without endpoint and keys
+	// (instance, parallel and rank only): it is a rank WaitPeers waits
+	// for, found through etcd; a public key given pins it (a record in
+	// etcd with another key is refused and logged).
 	Peers []Peer `json:"peers"`
+
+	// Discovery is the membership registry: "static" (the default: Peers
+	// as given) or "etcd://HOST:PORT[,HOST:PORT]": this node registers
+	// its record (control endpoint, CURVE public key, backend, agent
+	// address, layout hash, parallelism, a new incarnation) under a lease
+	// and learns its peers from the cluster's prefix (docs/membership.md).
+	Discovery string `json:"discovery"`
+	// Cluster names the etcd cluster prefix (/kvxfer/<cluster>/…);
+	// required with etcd discovery, refused without it.
+	Cluster string `json:"cluster"`
+	// DiscoveryTTL is the etcd lease TTL (default "5s"; whole seconds,
+	// rounded up): how long a rank that stopped renewing (killed, paused,
+	// cut off from etcd) stays a member. Etcd discovery only.
+	DiscoveryTTL Duration `json:"discovery_ttl"`
+	// OnMembership, when set, is called with every registry event (Up,
+	// Down, Rejected, Lost) after the node acted on it, from the node's
+	// membership goroutine. It must not block. Etcd discovery only.
+	OnMembership func(discovery.Event) `json:"-"`
 
 	// Insecure turns CURVE off: no authentication, no encryption. Local
 	// demos only.
@@ -170,7 +196,7 @@ type durationError struct{ msg string }
 func (e *durationError) Error() string { return e.msg }
 
 // durationFields are Config's Duration fields by JSON name.
-var durationFields = []string{"heartbeat_interval", "transfer_timeout", "drain_grace"}
+var durationFields = []string{"heartbeat_interval", "transfer_timeout", "drain_grace", "discovery_ttl"}
 
 // badDuration names the first duration field of the JSON object b that
 // does not parse.
@@ -310,6 +336,9 @@ func (c Config) Validate() error {
 		return bad("backend", c.Backend, "want %q, %q, %q or %q", BackendAuto, ucx.Backend, shm.Backend, loopback.Backend)
 	}
 	inProcess := c.Backend == loopback.Backend && c.Bind == ""
+	if err := c.validateDiscovery(inProcess); err != nil {
+		return err
+	}
 	if inProcess {
 		if len(c.Peers) > 0 {
 			return bad("bind", c.Bind, "empty (the in-process link) but %d peers are listed: give a bind endpoint", len(c.Peers))
@@ -365,6 +394,13 @@ func (c Config) Validate() error {
 		if p.Instance == c.instance() && pp == par && p.Rank == c.Rank {
 			return bad(f, id.String(), "is this node itself")
 		}
+		if p.Endpoint == "" && c.etcd() {
+			// Found through etcd; a key given pins it.
+			if p.PublicKeyFile != "" && p.PublicKey != "" {
+				return bad(f+".public_key_file", p.PublicKeyFile, "give at most one of public_key_file and public_key")
+			}
+			continue
+		}
 		if err := zmq.CheckEndpoint(p.Endpoint); err != nil {
 			return bad(f+".endpoint", p.Endpoint, "%v", trimZmq(err))
 		}
@@ -382,6 +418,58 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// MaxDiscoveryTTL bounds discovery_ttl: a rank that died stays a member
+// for that long.
+const MaxDiscoveryTTL = time.Hour
+
+// etcd reports whether the config asks for etcd discovery.
+func (c Config) etcd() bool { return strings.HasPrefix(c.Discovery, discovery.EtcdScheme) }
+
+// validateDiscovery checks discovery, cluster and discovery_ttl.
+func (c Config) validateDiscovery(inProcess bool) error {
+	switch {
+	case c.Discovery == "" || c.Discovery == "static":
+		if c.Cluster != "" {
+			return bad("cluster", c.Cluster, "set without etcd discovery (discovery = %q): give discovery = \"etcd://HOST:PORT\" or drop cluster", c.Discovery)
+		}
+		if c.DiscoveryTTL != 0 {
+			return bad("discovery_ttl", c.DiscoveryTTL, "set without etcd discovery (discovery = %q)", c.Discovery)
+		}
+		return nil
+	case c.etcd():
+		if _, err := discovery.ParseEtcdURL(c.Discovery); err != nil {
+			return bad("discovery", c.Discovery, "%v", err)
+		}
+	default:
+		return bad("discovery", c.Discovery, "want \"static\" or \"etcd://HOST:PORT[,HOST:PORT]\"")
+	}
+	if err := discovery.CheckCluster(c.Cluster); err != nil {
+		return bad("cluster", c.Cluster, "%v (etcd discovery needs a cluster name)", err)
+	}
+	if c.DiscoveryTTL < 0 || time.Duration(c.DiscoveryTTL) > MaxDiscoveryTTL {
+		return bad("discovery_ttl", c.DiscoveryTTL, "want 1s..%v (0: the default, %v)", MaxDiscoveryTTL, discovery.DefaultTTL)
+	}
+	if inProcess {
+		return bad("discovery", c.Discovery, "needs a bind endpoint peers in other processes can dial (bind is empty: the in-process link)")
+	}
+	if host := bindHost(c.Bind); host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::" {
+		return bad("bind", c.Bind, "a wildcard address is no endpoint peers can dial, and etcd discovery publishes it: bind one address")
+	}
+	return nil
+}
+
+// bindHost is the host of a tcp:// endpoint ("" for others).
+func bindHost(ep string) string {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return ""
+	}
+	if i := strings.LastIndex(rest, ":"); i >= 0 {
+		return rest[:i]
+	}
+	return rest
 }
 
 // trimZmq drops zmq's "bad config" prefix (ours says it already).

@@ -28,6 +28,49 @@
 //     Node.Receive refuses a request whose writer is not among the peers
 //     and logs a writer that has not said Hello within 2 heartbeats.
 //
+// # Membership through etcd
+//
+// With Config.Discovery "etcd://HOST:PORT[,HOST:PORT]" (and Cluster) the
+// node takes part in package discovery's etcd registry
+// (docs/membership.md):
+//
+//   - Open registers this rank's record after the link listens: a new
+//     incarnation (discovery.NewIncarnation), the real bound endpoint
+//     (Node.Endpoint), the CURVE public key (Node.PublicKey: a public key
+//     only; the secret key stays in key_file or secret_key and never
+//     leaves the process), and the backend, agent address, layout hash
+//     and parallelism of the engine's Hello, under a lease of
+//     DiscoveryTTL.
+//   - Up (of a rank of another instance; this node's own instance's
+//     ranks are not dialed): the peer's key is admitted at the handshake and bound to that
+//     rank (AllowKey, SetPeerServerKey), then its endpoint added, so the
+//     link dials it with the key known. A peer refused at its handshake
+//     because it had not learned this node's key yet is redialed (once
+//     per heartbeat interval, until its Hello arrives). A record without a
+//     CURVE key (this node using CURVE), or with a key other than one the
+//     config pins for that rank, is refused and logged, and WaitPeers
+//     returns that (ErrHandshake) at once.
+//   - Down (lease expired, left, superseded): Engine.PeerDown (its
+//     requests fail and drain) and Config.OnPeerDown, logged with the
+//     reason. Quarantine of the requests' pages is not wired yet.
+//   - Rejected: logged with its key.
+//   - Lost (this node's own record is gone): the node fails rather than
+//     register again — every peer already refused this incarnation, and a
+//     new one in the same process would race the old one's in-flight
+//     writes. It fails every request with every peer (Engine.PeerDown, so
+//     its writers stop posting and their endpoints close), WaitPeers
+//     returns ErrMembershipLost and Err says why; the embedder closes the
+//     node and opens a new one (a new incarnation).
+//   - Close closes the registry first (peers see "left" at once), then
+//     the rest.
+//
+// Peers found through etcd need no static entry. A Peer given without
+// endpoint (instance, parallel, rank) names a rank WaitPeers waits for;
+// one that never registers is named "(not registered in etcd cluster
+// C)". Config.OnMembership sees every registry event. Static discovery
+// (the default) opens no registry: Peers are the membership, liveness is
+// heartbeats.
+//
 // Config is a plain struct with snake_case JSON names (ParseConfig) so a C
 // ABI can pass it as JSON; every bad value is an error wrapping ErrConfig
 // that names the field and the value.
@@ -42,8 +85,10 @@
 // that nothing may be called after Close has returned. Engine's methods
 // are the root package's (safe for concurrent use). WaitPeers may be
 // called from any number of goroutines; it polls the link and only reads.
-// Close is idempotent; it waits for the node's watcher goroutine and for
+// Close is idempotent; it closes the registry (etcd), waits for the
+// node's watcher and membership goroutines and for
 // the engine to drain (bounded by its ctx), then closes the link, the
 // agent and the pool, in that order. Config.OnPeerDown and the logger are
-// called from the link's goroutines and must not block.
+// called from the link's goroutines (and, with etcd, OnPeerDown and
+// OnMembership from the membership goroutine) and must not block.
 package node

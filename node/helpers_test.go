@@ -1,12 +1,9 @@
 package node_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -50,33 +48,9 @@ func within3Beats(t testing.TB, what string, cond func() bool) {
 	waitFor(t, 3*beat, what, cond)
 }
 
-// logBuf keeps a node's log lines (written from its goroutines).
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuf) has(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Contains(b.buf.String(), s)
-}
-
-func (b *logBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// logged gives c a logger into a new logBuf (and the test log).
-func logged(t testing.TB, c *node.Config) *logBuf {
-	b := &logBuf{}
+// logged gives c a logger into a new testlog.Buffer (and the test log).
+func logged(t testing.TB, c *node.Config) *testlog.Buffer {
+	b := &testlog.Buffer{}
 	l := zerolog.New(zerolog.MultiLevelWriter(b, zerolog.NewTestWriter(t))).Level(zerolog.InfoLevel)
 	c.Logger = &l
 	return b

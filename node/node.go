@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -57,6 +58,16 @@ type Node struct {
 	watch     sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+
+	// Etcd discovery (nil reg with static discovery).
+	reg     discovery.Registry
+	pinned  map[messages.PeerID]string // public keys the config pins
+	closing atomic.Bool
+	mu      sync.Mutex
+	found   map[messages.PeerID]*found // peers etcd reports up
+	refused map[messages.PeerID]string // why a peer's record was refused
+	self    discovery.Record           // the record registered
+	err     error                      // ErrMembershipLost
 }
 
 // Open starts a node: it sweeps pool files left by killed processes of
@@ -70,7 +81,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{})}
+	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
+		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -81,14 +93,45 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.etcd() && !cfg.Insecure {
+		for i, p := range cfg.Peers {
+			if p.Endpoint == "" && (p.PublicKey != "" || p.PublicKeyFile != "") {
+				if n.pinned[p.id()], err = publicKey(fmt.Sprintf("peers[%d]", i), p.PublicKey, p.PublicKeyFile); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	if removed, err := SweepStale(self.Instance); err != nil {
 		n.log.Warn().Err(err).Msg("sweeping stale pool files")
 	} else if removed > 0 {
 		n.log.Info().Int("files", removed).Msg("removed pool files of dead processes of this instance")
 	}
+	kc := kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
+		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock}
+	if cfg.Memory != nil && cfg.PoolBytes == 0 {
+		if _, cfg.PoolBytes, err = cfg.Memory.layout(kc, 0); err != nil {
+			return nil, err
+		}
+	}
 	var region *kvcache.Region
 	if n.agent, region, n.pool, err = openData(cfg, n.backend, self); err != nil {
 		return nil, err
+	}
+	var memory []*kvcache.KVMemory
+	if cfg.Memory != nil {
+		if region == nil { // loopback, or a send-only node: host memory
+			if region, err = kvcache.NewHostRegion(cfg.PoolBytes); err == nil {
+				n.pool = region
+			}
+		}
+		if err == nil {
+			memory, _, err = cfg.Memory.layout(kc, region.Len)
+		}
+		if err != nil {
+			n.closeData()
+			return nil, err
+		}
 	}
 	var link control.Link
 	var engp atomic.Pointer[kvxfer.Engine]
@@ -110,7 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		link = n.link
 	}
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
-		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region,
+		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region, Memory: memory,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
 		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr})
 	if err != nil {
@@ -126,9 +169,17 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.log.Info().Str("url", "http://"+a+"/metrics").Msg("metrics")
 	}
 	n.logListening()
-	if n.link != nil && len(n.peers) > 0 {
+	if n.link != nil && len(n.static()) > 0 {
 		n.watch.Add(1)
 		go n.watchPeers()
+	}
+	if cfg.etcd() {
+		if err := n.register(ctx); err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.DrainGrace)+5*time.Second)
+			defer cancel()
+			_ = n.Close(cctx)
+			return nil, err
+		}
 	}
 	return n, nil
 }
@@ -142,7 +193,9 @@ func (c Config) linkConfig() (*zmq.Config, error) {
 	zc := &zmq.Config{Bind: c.Bind, Peers: map[messages.PeerID]string{}, Insecure: c.Insecure,
 		HeartbeatInterval: time.Duration(c.HeartbeatInterval), HeartbeatMisses: c.HeartbeatMisses}
 	for _, p := range c.Peers {
-		zc.Peers[p.id()] = p.Endpoint
+		if p.Endpoint != "" { // etcd finds the others
+			zc.Peers[p.id()] = p.Endpoint
+		}
 	}
 	if c.Insecure {
 		return zc, nil
@@ -159,6 +212,9 @@ func (c Config) linkConfig() (*zmq.Config, error) {
 		key, err := publicKey(fmt.Sprintf("peers[%d]", i), p.PublicKey, p.PublicKeyFile)
 		if err != nil {
 			return nil, err
+		}
+		if key == "" { // a peer etcd finds, its key not pinned
+			continue
 		}
 		zc.Curve.PeerServerKeys[p.id()] = key
 		zc.Curve.AllowedPeers = append(zc.Curve.AllowedPeers, key)
@@ -245,6 +301,10 @@ func (n *Node) logListening() {
 	}
 	var waits []string
 	for _, p := range n.peers {
+		if p.Endpoint == "" {
+			waits = append(waits, p.id().String()+" through etcd cluster "+n.cfg.Cluster)
+			continue
+		}
 		waits = append(waits, p.id().String()+" at "+p.Endpoint)
 	}
 	msg := "listening on " + where
@@ -262,7 +322,7 @@ func (n *Node) watchPeers() {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	left := make(map[messages.PeerID]bool, len(n.peers))
-	for _, p := range n.peers {
+	for _, p := range n.static() {
 		left[p.id()] = true
 	}
 	for len(left) > 0 {
@@ -284,6 +344,17 @@ func (n *Node) watchPeers() {
 		case <-t.C:
 		}
 	}
+}
+
+// static are the peers given with an endpoint (the others etcd finds).
+func (n *Node) static() []Peer {
+	var out []Peer
+	for _, p := range n.peers {
+		if p.Endpoint != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Engine is the node's engine: Send, Receive, Pools, Block, Stats.
@@ -322,19 +393,35 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
+		if err := n.Err(); err != nil {
+			return err
+		}
 		var silent []string
 		for _, p := range n.peers {
 			id := p.id()
+			endpoint := p.Endpoint
+			if endpoint == "" {
+				var ok bool
+				if endpoint, ok = n.foundEndpoint(id); !ok {
+					if why := n.whyRefused(id); why != "" {
+						return fmt.Errorf("%w: %s: its record in etcd cluster %s was refused: %s", ErrHandshake, id, n.cfg.Cluster, why)
+					}
+					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")")
+					continue
+				}
+			}
 			if h, err := n.link.Hello(id); err == nil {
 				if err := n.eng.CheckPeer(h); err != nil {
-					return fmt.Errorf("node: %s at %s: %w", id, p.Endpoint, err)
+					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
 				}
 				continue
 			}
-			if st, err := n.link.PeerState(id); err == nil && st.Conn == zmq.ConnHandshakeFailed {
-				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, p.Endpoint, st.Err())
+			// A refused handshake with a peer etcd found is most likely
+			// the race the membership goroutine redials for.
+			if st, err := n.link.PeerState(id); err == nil && st.Conn == zmq.ConnHandshakeFailed && p.Endpoint != "" {
+				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
 			}
-			silent = append(silent, id.String()+" at "+p.Endpoint)
+			silent = append(silent, id.String()+" at "+endpoint)
 		}
 		if len(silent) == 0 {
 			return nil
@@ -355,6 +442,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 // error says which. Close is idempotent.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
+		n.closing.Store(true)
+		var regErr error
+		if n.reg != nil { // first, so that peers see "left"
+			regErr = n.reg.Close()
+		}
 		close(n.stop)
 		n.watch.Wait()
 		err := n.eng.Close(ctx)
@@ -366,7 +458,7 @@ func (n *Node) Close(ctx context.Context) error {
 		} else {
 			err = errors.Join(err, n.agent.Close())
 		}
-		n.closeErr = err
+		n.closeErr = errors.Join(regErr, err)
 	})
 	return n.closeErr
 }

@@ -26,7 +26,15 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(exampleChildEnv); cfg != "" {
 		os.Exit(runExampleContext(cfg)) // the example's context process
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	stopEtcd()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // backends are the cross-process data planes this binary has.
@@ -173,7 +181,7 @@ func TestStartupLogsWhereItListensAndWaits(t *testing.T) {
 	logs := logged(t, &gc)
 	open(t, gc)
 	want := "listening on " + gc.Bind + ", waiting for ctx/0 at " + gc.Peers[0].Endpoint
-	within3Beats(t, "the log to say "+want, func() bool { return logs.has(want) })
+	within3Beats(t, "the log to say "+want, func() bool { return logs.Has(want) })
 }
 
 // TestModelMismatchNamedWithinThreeBeats: ctx serves Llama-3.1-8B, gen
@@ -196,7 +204,7 @@ func TestModelMismatchNamedWithinThreeBeats(t *testing.T) {
 		t.Fatalf("WaitPeers after %v: %v, want an error naming both models", time.Since(start), err)
 	}
 	within3Beats(t, "the log to name both models", func() bool {
-		return logs.has("peer serves another model") && logs.has(`Llama-3.1-8B`) && logs.has(`Qwen3-8B`)
+		return logs.Has("peer serves another model") && logs.Has(`Llama-3.1-8B`) && logs.Has(`Qwen3-8B`)
 	})
 }
 
@@ -221,13 +229,13 @@ func TestWrongPeerKeyNamedOnBothSides(t *testing.T) {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0 at %s and the refused key", err, cc.Bind)
 	}
 	within3Beats(t, "gen to log its refused handshake", func() bool {
-		return glog.has("CURVE handshake with ctx/0 at " + cc.Bind + " failed: the peer refused our key")
+		return glog.Has("CURVE handshake with ctx/0 at " + cc.Bind + " failed: the peer refused our key")
 	})
 	within3Beats(t, "ctx to log the key it refused", func() bool {
-		return clog.has("refused CURVE handshake") && clog.has("is not allowed")
+		return clog.Has("refused CURVE handshake") && clog.Has("is not allowed")
 	})
 	within3Beats(t, "ctx to log its failed handshake", func() bool {
-		return clog.has("CURVE handshake with gen/0 at " + gc.Bind + " failed")
+		return clog.Has("CURVE handshake with gen/0 at " + gc.Bind + " failed")
 	})
 }
 
@@ -246,10 +254,10 @@ func TestInsecureMismatchNamed(t *testing.T) {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0", err)
 	}
 	within3Beats(t, "gen to log the failed handshake", func() bool {
-		return glog.has("handshake (insecure) with ctx/0 at "+cc.Bind+" failed") && glog.has("is one side --insecure?")
+		return glog.Has("handshake (insecure) with ctx/0 at "+cc.Bind+" failed") && glog.Has("is one side --insecure?")
 	})
 	within3Beats(t, "ctx to log the failed handshake", func() bool {
-		return clog.has("handshake with gen/0 at "+gc.Bind+" failed") && clog.has("is one side --insecure?")
+		return clog.Has("handshake with gen/0 at "+gc.Bind+" failed") && clog.Has("is one side --insecure?")
 	})
 }
 
@@ -369,7 +377,7 @@ func TestReceiveNamesUnknownAndSilentWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "request early waits for ctx/0 at " + gc.Peers[0].Endpoint + ", which has not said Hello"
-	within3Beats(t, "the log to say "+want, func() bool { return logs.has(want) })
+	within3Beats(t, "the log to say "+want, func() bool { return logs.Has(want) })
 	select {
 	case o := <-rx.Done():
 		if o.Status != kvxfer.StatusTimedOut {

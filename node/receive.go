@@ -3,11 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -23,13 +25,17 @@ const helloPatience = 2
 // the peers there are; a writer that has not said Hello within 2
 // heartbeat intervals is logged (with its handshake failure, if any)
 // while the request goes on waiting for it. On the in-process link it is
-// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly.
+// Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly;
+// one whose etcd membership was lost with ErrMembershipLost.
 func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
 	if n.cfg.SendOnly {
 		return nil, fmt.Errorf("%w: request %s: its pool is private memory (send_only)", ErrSendOnly, req.ID)
 	}
 	if n.link == nil {
 		return n.eng.Receive(ctx, req)
+	}
+	if err := n.Err(); err != nil {
+		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
 	writers, err := n.writersOf(req)
 	if err != nil { // the engine names a bad parallelism itself
@@ -52,6 +58,11 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 		}
 		for _, p := range n.peers {
 			known = append(known, p.id().String())
+		}
+		for _, r := range n.Members() {
+			if !slices.Contains(known, r.Peer().String()) {
+				known = append(known, r.Peer().String())
+			}
 		}
 		return nil, fmt.Errorf("%w: request %s: writer %s is not among this node's peers (%s)",
 			ErrUnknownPeer, req.ID, strings.Join(names, ", "), strings.Join(known, ", "))
@@ -82,14 +93,31 @@ func (n *Node) writersOf(req kvxfer.ReceiveRequest) ([]messages.PeerID, error) {
 	return out, nil
 }
 
-// peer is the configured peer with identity id.
+// peer is the configured peer with identity id, or the peer etcd
+// reports up (as its record describes it).
 func (n *Node) peer(id messages.PeerID) (Peer, bool) {
+	rec, isFound := n.member(id)
 	for _, p := range n.peers {
 		if p.id() == id {
+			if p.Endpoint == "" {
+				if !isFound {
+					return Peer{}, false
+				}
+				p.Endpoint = rec.ControlEndpoint
+			}
 			return p, true
 		}
 	}
+	if isFound {
+		return peerOf(rec), true
+	}
 	return Peer{}, false
+}
+
+// peerOf is the Peer a record describes.
+func peerOf(r discovery.Record) Peer {
+	return Peer{Instance: r.Instance, Parallel: Parallel{TP: int(r.Parallel.TP), PP: int(r.Parallel.PP)},
+		Rank: Rank{TP: int(r.TP), PP: int(r.PP)}, Endpoint: r.ControlEndpoint, PublicKey: r.CurvePublicKey}
 }
 
 func (n *Node) saidHello(id messages.PeerID) bool {

@@ -30,6 +30,9 @@ type demoFlags struct {
 	json      bool
 	progress  bool
 	processes int
+	// cluster: context TP2 and generation TP1 as three processes that
+	// find each other through an etcd this process runs.
+	cluster bool
 	// pool and the settings below are resolved from internal/config.
 	pool        string
 	timeout     string
@@ -48,6 +51,12 @@ pipelined (each chunk leaves when its fence fires) and once transferring only
 after prefill ends. It verifies every transferred byte, prints a table and
 exits non-zero if a byte differs or a block leaks.
 
+With --cluster this process starts an embedded etcd, and a context instance
+of TP2 (two kvxfer ctx processes) and a generation instance of TP1 (one
+kvxfer gen process) register there and find each other's endpoints and CURVE
+public keys through it; a small workload by default (4 requests of 128..512
+tokens, 192MiB pools), every byte verified, 0 leaked.
+
 With --processes 2 the two engines run as separate processes (kvxfer ctx and
 kvxfer gen) over ZeroMQ with CURVE and, by default, the ucx backend (shm in a
 build without UCX).
@@ -65,6 +74,7 @@ otherwise each finished request is a log line on standard error.`,
 			"more workers, settings from a file overridden by a flag", "kvxfer demo --config kvxfer.yaml --model Llama-3.1-70B --workers 8",
 			"machine-readable", "kvxfer demo --json > demo.json",
 			"two processes, shared memory, metrics of the context engine on :9464 (the generation engine's on :9465)", "kvxfer demo --processes 2 --metrics-addr 127.0.0.1:9464",
+			"three processes (context TP2, generation TP1) discovering each other through an embedded etcd", "kvxfer demo --cluster",
 		),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -77,6 +87,14 @@ otherwise each finished request is a log line on standard error.`,
 			}
 			f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers, f.o.Timeout = s.Model, s.Pool, s.TokensPerBlock, s.Workers, s.Timeout
 			f.pool, f.timeout, f.metricsAddr = s.Origin(config.Pool).Raw, s.Timeout.String(), s.MetricsAddr
+			if f.cluster {
+				if err := clusterDefaults(cmd, &f); err != nil {
+					return err
+				}
+				if s.MetricsAddr != "" {
+					return s.Invalid(config.MetricsAddr, "not served by demo --cluster (three engines; run kvxfer ctx and gen yourself)")
+				}
+			}
 			if s.Origin(config.Pool).Source == config.SourceDefault {
 				if err := fitPool(a, &f); err != nil {
 					return err
@@ -89,10 +107,14 @@ otherwise each finished request is a log line on standard error.`,
 			}
 			f.backend = s.Backend
 			switch {
-			case f.processes == 2 && s.Origin(config.Backend).Source == config.SourceDefault:
+			case (f.processes == 2 || f.cluster) && s.Origin(config.Backend).Source == config.SourceDefault:
 				f.backend = crossProcessBackend()
-			case f.processes == 2:
-				if err := checkCrossProcessBackend(s, "demo --processes 2"); err != nil {
+			case f.processes == 2 || f.cluster:
+				what := "demo --processes 2"
+				if f.cluster {
+					what = "demo --cluster"
+				}
+				if err := checkCrossProcessBackend(s, what); err != nil {
 					return err
 				}
 			case s.Backend == ucx.Backend && !ucx.Available:
@@ -112,6 +134,9 @@ otherwise each finished request is a log line on standard error.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
+			if f.cluster {
+				return runCluster(ctx, a, cmd, f)
+			}
 			if f.processes == 2 {
 				return runTwoProcesses(ctx, a, cmd, f)
 			}
@@ -130,6 +155,7 @@ otherwise each finished request is a log line on standard error.`,
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fl.BoolVar(&f.progress, "progress", true, "report finished requests (a bar on a terminal, log lines otherwise)")
 	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ + shared memory)")
+	fl.BoolVar(&f.cluster, "cluster", false, "an etcd in this process, a TP2 context (two processes) and a TP1 generation process that find each other through it")
 	return cmd
 }
 

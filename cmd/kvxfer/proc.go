@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -78,6 +79,12 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
 	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file (kvxfer replay, kvxfer trace export)")
+	fl.StringVar(&f.o.Discovery, "discovery", "static", "membership: static (--peer-endpoint, --peer-key) or etcd://HOST:PORT[,HOST:PORT] (peers found there)")
+	fl.StringVar(&f.o.Cluster, "cluster", "", "the etcd cluster name both roles register under (with --discovery etcd://…)")
+	fl.DurationVar(&f.o.DiscoveryTTL, "discovery-ttl", 0, "etcd lease TTL, whole seconds (default 5s): how long a killed rank stays a member")
+	fl.IntVar(&f.o.Parallel.TP, "tp", 1, "this instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
+	fl.IntVar(&f.o.Rank.TP, "tp-rank", 0, "this process's tensor rank in its instance, 0..--tp-1")
+	fl.IntVar(&f.o.PeerParallel.TP, "peer-tp", 1, "the peer instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
 }
 
 // resolve applies the common settings and checks the role's own flags.
@@ -95,29 +102,83 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	for _, id := range s.CurveIdentities {
 		f.o.Identities = append(f.o.Identities, zmq.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
 	}
-	if f.o.Bind == "" || f.o.PeerEndpoint == "" {
-		return fmt.Errorf("--bind and --peer-endpoint are required")
+	if err := f.resolveDiscovery(cmd); err != nil {
+		return err
+	}
+	etcd := f.o.Discovery != "static"
+	if f.o.Bind == "" || (!etcd && f.o.PeerEndpoint == "") {
+		return fmt.Errorf("--bind and --peer-endpoint are required (--peer-endpoint only with --discovery static)")
 	}
 	if err := zmq.CheckEndpoint(f.o.Bind); err != nil {
 		return fmt.Errorf("--bind: %w", err)
 	}
-	if err := zmq.CheckEndpoint(f.o.PeerEndpoint); err != nil {
-		return fmt.Errorf("--peer-endpoint: %w", err)
+	if !etcd {
+		if err := zmq.CheckEndpoint(f.o.PeerEndpoint); err != nil {
+			return fmt.Errorf("--peer-endpoint: %w", err)
+		}
 	}
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
+	if f.o.Parallel.TP > 1 {
+		f.o.Log = f.o.Log.With().Int("tp_rank", f.o.Rank.TP).Logger()
+	}
 	if f.o.Insecure {
 		f.o.Log.Warn().Msg("--insecure: control plane neither authenticated nor encrypted")
 		return nil
 	}
-	if f.keyFile == "" || f.peerPubFile == "" {
-		return fmt.Errorf("--key and --peer-key are required unless --insecure")
+	if f.keyFile == "" || (!etcd && f.peerPubFile == "") {
+		return fmt.Errorf("--key and --peer-key are required unless --insecure (with --discovery etcd://… --peer-key is optional: it pins the peer's key)")
 	}
 	if f.o.SecretKey, err = config.ReadSecretKey(f.keyFile); err != nil {
 		return fmt.Errorf("--key: %w", err)
 	}
-	if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
-		return fmt.Errorf("--peer-key: %w", err)
+	if f.peerPubFile != "" {
+		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
+			return fmt.Errorf("--peer-key: %w", err)
+		}
 	}
+	return nil
+}
+
+// resolveDiscovery checks --discovery, --cluster, --discovery-ttl and the
+// parallelism flags, naming the flag and its value.
+func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
+	o := &f.o
+	switch {
+	case o.Discovery == "static" || o.Discovery == "":
+		o.Discovery = "static"
+		if o.Cluster != "" {
+			return fmt.Errorf("--cluster = %q: only with --discovery etcd://HOST:PORT", o.Cluster)
+		}
+		if cmd.Flags().Changed("discovery-ttl") {
+			return fmt.Errorf("--discovery-ttl = %v: only with --discovery etcd://HOST:PORT", o.DiscoveryTTL)
+		}
+		if o.Parallel.TP != 1 || o.PeerParallel.TP != 1 {
+			return fmt.Errorf("--tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)", o.Parallel.TP, o.PeerParallel.TP)
+		}
+	default:
+		if _, err := discovery.ParseEtcdURL(o.Discovery); err != nil {
+			return fmt.Errorf("--discovery: %w (want static or etcd://HOST:PORT[,HOST:PORT])", err)
+		}
+		if err := discovery.CheckCluster(o.Cluster); err != nil {
+			return fmt.Errorf("--cluster = %q: %w (--discovery etcd://… needs one)", o.Cluster, err)
+		}
+		if o.PeerEndpoint != "" {
+			return fmt.Errorf("--peer-endpoint = %q: with --discovery etcd://… peers are found in etcd", o.PeerEndpoint)
+		}
+		if o.DiscoveryTTL < 0 {
+			return fmt.Errorf("--discovery-ttl = %v: must be ≥ 0", o.DiscoveryTTL)
+		}
+	}
+	if o.Parallel.TP < 1 {
+		return fmt.Errorf("--tp = %d: must be ≥ 1", o.Parallel.TP)
+	}
+	if o.PeerParallel.TP < 1 {
+		return fmt.Errorf("--peer-tp = %d: must be ≥ 1", o.PeerParallel.TP)
+	}
+	if o.Rank.TP < 0 || o.Rank.TP >= o.Parallel.TP {
+		return fmt.Errorf("--tp-rank = %d: want 0..%d (--tp = %d)", o.Rank.TP, o.Parallel.TP-1, o.Parallel.TP)
+	}
+	o.Parallel.PP, o.PeerParallel.PP = 1, 1
 	return nil
 }
 
@@ -133,7 +194,14 @@ token range, so both must be given the same values. Each prints one JSON
 report line on standard output when it ends and exits non-zero if a request
 failed, a byte differed (gen) or a block leaked. Both must use the same
 --backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
-or TCP) or shm. kvxfer demo --processes 2 runs both.`,
+or TCP) or shm. kvxfer demo --processes 2 runs both.
+
+With --discovery etcd://HOST:PORT and --cluster NAME each process registers
+its endpoint and CURVE public key in etcd under a lease (--discovery-ttl) and
+finds its peers there: no --peer-endpoint, and --peer-key only to pin the
+peer's key. A peer killed is seen as down when its lease expires. --tp,
+--tp-rank and --peer-tp run an instance as several ranks (etcd only);
+kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -154,6 +222,8 @@ func newCtxCmd(a *app) *cobra.Command {
 		"keys for both roles, then the context role (start kvxfer gen first, or after: either order works)",
 		"kvxfer keygen --out ctx && kvxfer keygen --out gen",
 		"", "kvxfer ctx --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --key ctx.key --peer-key gen.pub",
+		"rank 1 of a TP2 context instance, peers found through etcd",
+		"kvxfer ctx --bind tcp://10.0.0.1:5601 --key ctx1.key --discovery etcd://10.0.0.9:2379 --cluster prod --tp 2 --tp-rank 1",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0) {
@@ -168,6 +238,7 @@ func newGenCmd(a *app) *cobra.Command {
 		"the generation side of kvxfer ctx's example, metrics on port 9465",
 		"kvxfer gen --bind ipc:///tmp/gen.sock --peer-endpoint ipc:///tmp/ctx.sock --key gen.key --peer-key ctx.pub --metrics-addr 127.0.0.1:9465",
 		"without CURVE (local tests only)", "kvxfer gen --insecure --bind tcp://127.0.0.1:5601 --peer-endpoint tcp://127.0.0.1:5600",
+		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes) {

@@ -1,31 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/testlog"
 )
-
-// syncBuf is a standard error the test reads while the command writes.
-type syncBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // `kvxfer gen` with no context process says at once where it listens and
 // whom it waits for (within 3 heartbeat intervals), then, at its timeout,
@@ -36,7 +18,7 @@ func TestRoleSaysWhereItListensAndWaits(t *testing.T) {
 	dir := t.TempDir()
 	bind, peer := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
 	root := newRootCmdWith(newApp())
-	var out, errOut syncBuf
+	var out, errOut testlog.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs([]string{"gen", "--insecure", "--bind", bind, "--peer-endpoint", peer, "--pool", "64MiB",

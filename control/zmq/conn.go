@@ -9,6 +9,7 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -42,8 +43,9 @@ type Conn struct {
 	helloInc  uint64 // the peer's incarnation when this Conn last said Hello
 	helloSent bool   // this Conn's Hello went out (or waits in the backlog)
 	closed    bool
-	backlog   [][]byte // terminal frames (and the Hellos before them) waiting for room
-	flushing  bool     // a flusher goroutine is running
+	backlog   [][]byte      // terminal frames (and the Hellos before them) waiting for room
+	flushing  bool          // a flusher goroutine is running
+	idle      chan struct{} // closed by the flusher once the backlog left (a Close waits on it)
 	flusher   sync.WaitGroup
 }
 
@@ -79,6 +81,9 @@ func (c *Conn) Send(f messages.Frame) error {
 	if err != nil {
 		return fmt.Errorf("control/zmq: send to %s: %w", c.peer, err)
 	}
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("zmq.encoded.%T", f), f.Request())
+	}
 	if len(b) > c.l.cfg.MaxFrameBytes {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
@@ -100,7 +105,10 @@ func (c *Conn) Send(f messages.Frame) error {
 			}
 		}
 		if err == nil {
-			if err = c.trySendLocked(b, fmt.Sprintf("%T", f)); err == nil {
+			if err = c.trySendLocked(b, f); err == nil {
+				if hoptrace.On {
+					hoptrace.Mark(fmt.Sprintf("zmq.sent.%T", f), f.Request())
+				}
 				return nil
 			}
 		}
@@ -111,7 +119,7 @@ func (c *Conn) Send(f messages.Frame) error {
 	if !terminal(f) {
 		c.l.stats.queueFull.Add(1)
 		if len(c.backlog) > 0 {
-			return fmt.Errorf("%w: %T of request %q to %s: %d terminal frames wait for room (SendHWM %d)",
+			return fmt.Errorf("%w: %T of request %q to %s: %d frames (a Hello, terminal frames) wait in the backlog for the connection or for room (SendHWM %d)",
 				ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
 		}
 		return fmt.Errorf("%w: %T of request %q to %s: not connected, or %d frames queued (SendHWM)",
@@ -192,6 +200,10 @@ func (c *Conn) flush() {
 		if len(c.backlog) == 0 || c.closed {
 			c.backlog = nil
 			c.flushing = false
+			if c.idle != nil { // a Close waits for the backlog to leave
+				close(c.idle)
+				c.idle = nil
+			}
 			c.mu.Unlock()
 			return
 		}
@@ -224,7 +236,10 @@ func (c *Conn) flush() {
 // burst can find the queue "full" when it is not. On EAGAIN, reading
 // ZMQ_EVENTS processes those commands at once; if the socket then says it
 // can send, the frame is tried once more.
-func (c *Conn) trySendLocked(b []byte, what string) error {
+//
+// what names the frame in an error: a string, or the frame itself (its
+// type is formatted only on error, not on every send).
+func (c *Conn) trySendLocked(b []byte, what any) error {
 	_, err := c.sock.SendBytes(b, zmq4.DONTWAIT)
 	if isAgain(err) {
 		if ev, e := c.sock.GetEvents(); e == nil && ev&zmq4.POLLOUT != 0 {
@@ -237,20 +252,53 @@ func (c *Conn) trySendLocked(b []byte, what string) error {
 	case isAgain(err):
 		return err
 	}
+	if _, ok := what.(string); !ok {
+		what = fmt.Sprintf("%T", what)
+	}
 	return fmt.Errorf("control/zmq: send %s to %s: %w", what, c.peer, err)
 }
 
-// Close implements control.Conn: linger 0, so unsent frames, the
-// terminal backlog included, are dropped.
+// closeLinger bounds how long Close lets the frames queued before it (a
+// drained session's last Result or CancelAck, often in the terminal
+// backlog of a connection still handshaking) take to leave: first the
+// backlog's flusher, then the socket's linger, which the zmq context's end
+// waits out. Without it the peer of a process that closes right after its
+// last request never learns that request's outcome.
+const closeLinger = 500 * time.Millisecond
+
+// Close implements control.Conn. Frames queued before it get up to
+// closeLinger to leave (less once the Link is closing); what is left then
+// is dropped.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil
 	}
+	if c.flushing && len(c.backlog) > 0 && !c.l.closing.Load() {
+		idle := make(chan struct{})
+		c.idle = idle
+		c.mu.Unlock()
+		t := time.NewTimer(closeLinger)
+		select {
+		case <-idle:
+		case <-t.C:
+		case <-c.l.done:
+		}
+		t.Stop()
+		c.mu.Lock()
+		c.idle = nil
+		if c.closed {
+			c.mu.Unlock()
+			return nil
+		}
+	}
 	c.closed = true
 	c.backlog = nil
-	closeSocket(c.sock)
+	if c.sock != nil {
+		_ = c.sock.SetLinger(closeLinger)
+		_ = c.sock.Close()
+	}
 	close(c.stop)
 	c.mu.Unlock()
 	c.flusher.Wait()

@@ -8,19 +8,23 @@
 //
 //   - one ROUTER, bound by Listen to Config.Bind, and, unless insecure, one
 //     REP socket bound to the context's ZAP endpoint. Listen creates both and
-//     hands them to the listener goroutine, which alone uses and closes them;
+//     hands them to the listener goroutine, which alone uses and closes the
+//     ROUTER and starts the ZAP goroutine, which alone uses and closes the
+//     REP socket. Both wait in Go's netpoller on their socket's ZMQ_FD
+//     (sockwait.go), not in zmq_poll: a goroutine blocked in a cgo call
+//     keeps its P, and the goroutines a frame wakes would wait for it;
 //   - one DEALER per directory peer, owned by the heartbeat goroutine, which
 //     says Hello and then sends a Heartbeat every HeartbeatInterval, and,
 //     for each, the PAIR socket connected to that DEALER's socket monitor
-//     (inproc), owned by the same goroutine, which polls them between
-//     beats and closes both (monitor stopped first) when the peer's socket
+//     (inproc), owned by the same goroutine, which polls them without
+//     blocking every 10 ms between beats (sleeping in Go) and closes both (monitor stopped first) when the peer's socket
 //     is remade or the link closes;
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal
 //     backlog, by that backlog's flusher goroutine, one at a time under the
 //     Conn's mutex. Conn.Send never blocks (see Send queues below).
 //
-// Close stops both goroutines, which close their sockets with linger 0, and
+// Close stops these goroutines, which close their sockets with linger 0, and
 // every flusher. The context is terminated when the Link is closed and its
 // last Conn is closed.
 //
@@ -61,12 +65,11 @@
 // process, or a link and any other zmq4 user, would share and race on one
 // policy. Instead each Link makes its own zmq context, so its ZAP endpoint
 // (inproc://zeromq.zap.01 is per context) belongs to it alone, and the
-// listener goroutine serves ZAP requests from the same poll loop as the
-// ROUTER. A refused handshake is counted (Refused) and never reaches the
+// link's ZAP goroutine serves its ZAP requests. A refused handshake is counted (Refused) and never reaches the
 // ROUTER: the peer's frames are never seen, its Hello never stored. libzmq
 // ends a session that failed authentication for good (no reconnect), so a
 // peer admitted later (AllowKey) must dial again; a heartbeat socket that
-// was refused stays silent until its link restarts.
+// was refused stays silent until its link restarts or Redial remakes it.
 //
 // # Startup mistakes are named, on the side that sees them
 //

@@ -19,6 +19,7 @@ type beatSock struct {
 	serverKey string
 	info      *peerInfo
 	helloInc  uint64
+	redials   uint64
 	needHello bool
 	watch     connWatch
 }
@@ -64,10 +65,15 @@ func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 	}
 }
 
-// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close.
-const beatPoll = 50 * time.Millisecond
+// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close
+// and its monitors' events.
+const beatPoll = 10 * time.Millisecond
 
-// watch waits up to d for monitor events and applies them.
+// watch applies the monitor events waiting, then sleeps d.
+//
+// It polls the monitors without blocking and sleeps in Go rather than in
+// zmq_poll: a goroutine blocked in a cgo call keeps its P (see sockWait),
+// and on a two-core machine that P is half the engine's.
 func (b *beater) watch(d time.Duration) error {
 	if d < time.Millisecond {
 		d = time.Millisecond
@@ -84,7 +90,7 @@ func (b *beater) watch(d time.Duration) error {
 		time.Sleep(d)
 		return nil
 	}
-	polled, err := poller.Poll(d)
+	polled, err := poller.Poll(0)
 	if err != nil {
 		return err
 	}
@@ -93,6 +99,7 @@ func (b *beater) watch(d time.Duration) error {
 			b.events(s)
 		}
 	}
+	time.Sleep(d)
 	return nil
 }
 
@@ -148,19 +155,20 @@ func (b *beater) logState(peer messages.PeerID, st PeerState) {
 func (b *beater) refresh() {
 	type want struct {
 		endpoint, serverKey string
+		redials             uint64
 		info                *peerInfo
 	}
 	wants := map[messages.PeerID]want{}
 	b.l.mu.Lock()
 	for id, info := range b.l.peers {
 		if id != b.self && info.endpoint != "" {
-			wants[id] = want{info.endpoint, info.serverKey, info}
+			wants[id] = want{info.endpoint, info.serverKey, info.redials, info}
 		}
 	}
 	b.l.mu.Unlock()
 	for id, w := range wants {
 		old := b.socks[id]
-		if old != nil && old.endpoint == w.endpoint && old.serverKey == w.serverKey {
+		if old != nil && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials {
 			continue
 		}
 		if old != nil {
@@ -168,7 +176,7 @@ func (b *beater) refresh() {
 			delete(b.socks, id)
 		}
 		now := b.l.cfg.Clock()
-		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, info: w.info, needHello: true,
+		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, redials: w.redials, info: w.info, needHello: true,
 			watch: connWatch{secure: !b.l.cfg.Insecure, state: PeerState{Conn: ConnConnecting, Endpoint: w.endpoint, Since: now}}}
 		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false, func(sock *zmq4.Socket) error {
 			if err := b.monitor(s, sock); err != nil {

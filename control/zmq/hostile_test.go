@@ -268,7 +268,11 @@ func TestRejectionsCountedByReasonAndThrottled(t *testing.T) {
 	defer wg.Wait()
 	defer close(done)
 
-	waitFor(t, patience, "every hostile frame rejected", func() bool { return a.Rejected() >= flood+1 })
+	// The listener counts a rejection before it logs it: wait for the last
+	// one's line too.
+	waitFor(t, patience, "every hostile frame rejected", func() bool {
+		return a.Rejected() >= flood+1 && logs.count("frame rejected", `"reason":"no_hello"`) >= 1
+	})
 	elapsed := time.Since(start)
 	st := a.Stats()
 	for _, r := range RejectReasons() {

@@ -68,6 +68,9 @@ type peerInfo struct {
 	// incarnation counts connections on which the peer said Hello; a Conn
 	// repeats its own Hello when it changes (the peer may have restarted).
 	incarnation atomic.Uint64
+	// redials counts Redial calls: the heartbeat goroutine remakes the
+	// peer's socket when it changes.
+	redials uint64
 }
 
 var _ control.Link = (*Link)(nil)
@@ -157,6 +160,23 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 	return nil
 }
 
+// Redial makes the heartbeat goroutine close its socket to peer and dial
+// it again at its next beat, with a new handshake. libzmq does not retry
+// a session the peer refused at authentication (ZAP), so a peer that
+// admitted this link's key only after refusing it (a registry that told
+// one side of the other first) is reached again this way. It is an error
+// for a peer without an endpoint in the directory.
+func (l *Link) Redial(peer messages.PeerID) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	info := l.peers[peer]
+	if info == nil || info.endpoint == "" {
+		return fmt.Errorf("%w: redial %s: no endpoint in the directory", control.ErrPeerGone, peer)
+	}
+	info.redials++
+	return nil
+}
+
 // AllowKey admits one more CURVE client public key (Z85) at the ROUTER,
 // for handshakes from now on; its frames are accepted only for the
 // identities it is bound to (AddIdentity, SetPeerServerKey). A DEALER
@@ -223,6 +243,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		l:       l,
 		router:  router,
 		zap:     zap,
+		secure:  zap != nil,
 		deliver: deliver,
 		self:    self.From,
 		conns:   map[string]*binding{},

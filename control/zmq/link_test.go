@@ -498,3 +498,40 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatalf("AddPeer(empty): %v", err)
 	}
 }
+
+// TestCloseDeliversTerminalBacklog: a terminal frame sent on a Conn whose
+// connection is still handshaking waits in its backlog; a Close right
+// after it lets the backlog leave (within closeLinger) instead of dropping
+// it. This is a process that closes right after its last request: its
+// peer must learn that request's outcome. (Before: Close dropped the
+// backlog at once and the frame never arrived; checked by removing the
+// wait in Close.)
+func TestCloseDeliversTerminalBacklog(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(mode(secure), func(t *testing.T) {
+			ka, kb := newKeys(t), newKeys(t)
+			cfgA, cfgB := Config{Insecure: !secure}, Config{Insecure: !secure}
+			if secure {
+				cfgA.Curve = Curve{Secret: ka.secret, Identities: []Identity{{PublicKey: kb.public, Instance: "gen", Ranks: []int32{0}}}}
+				cfgB.Curve = Curve{Secret: kb.secret, AllowedPeers: []string{ka.public}}
+			}
+			a := listen(t, pid("ctx", 0), cfgA)
+			b := listen(t, pid("gen", 0), cfgB)
+			introduce(t, b, a)
+			for i := range 20 {
+				conn, err := b.link.Dial(a.id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := conn.Send(terminalOf(b.id, i)); err != nil {
+					t.Fatalf("terminal frame %d: %v", i, err)
+				}
+				if err := conn.Close(); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, patience, fmt.Sprintf("terminal frame %d sent just before Close", i),
+					func() bool { return len(a.in.from(b.id)) >= i+1 })
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	zmq4 "github.com/pebbe/zmq4"
 
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -14,11 +15,12 @@ import (
 const maxBatch = 256
 
 // listener is the state of the listener goroutine, which alone touches
-// router and zap.
+// router; zap belongs to the ZAP goroutine it starts.
 type listener struct {
 	l       *Link
 	router  *zmq4.Socket
 	zap     *zmq4.Socket // nil when insecure
+	secure  bool         // CURVE: zap != nil
 	deliver func(messages.Frame)
 	self    messages.PeerID
 	conns   map[string]*binding // by ROUTER routing id
@@ -31,17 +33,23 @@ type binding struct {
 	key  string // authenticated CURVE key ("" when insecure)
 }
 
-// serve is the listener goroutine: it polls the ROUTER and the ZAP handler
-// until stop is closed, then closes both.
+// serve is the listener goroutine: it waits for the ROUTER in Go's
+// netpoller (sockWait) until stop is closed, then closes it. The ZAP
+// handler, when there is one, has its own goroutine (serveZAPs), so that
+// the listener waits on one socket.
 func (s *listener) serve(stop <-chan struct{}) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.router)
-	defer closeSocket(s.zap)
-	poller := zmq4.NewPoller()
-	poller.Add(s.router, zmq4.POLLIN)
 	if s.zap != nil {
-		poller.Add(s.zap, zmq4.POLLIN)
+		s.l.wg.Add(1)
+		go s.serveZAPs(stop)
 	}
+	w, err := newSockWait(s.router)
+	if err != nil {
+		s.l.log.Error().Err(err).Msg("control/zmq: listener cannot wait for its socket; listener stops")
+		return
+	}
+	defer w.close()
 	every := s.l.cfg.pollInterval()
 	for {
 		select {
@@ -49,20 +57,44 @@ func (s *listener) serve(stop <-chan struct{}) {
 			return
 		default:
 		}
-		polled, err := poller.Poll(every)
+		ready, err := w.wait(every)
 		if err != nil {
 			s.l.log.Error().Err(err).Msg("control/zmq: listener poll failed; listener stops")
 			return
 		}
-		for _, p := range polled {
-			switch p.Socket {
-			case s.zap:
-				s.serveZAP()
-			case s.router:
-				s.drain()
-			}
+		if ready {
+			s.drain()
 		}
 		s.live.expire(s.l.cfg.Clock(), s.down)
+	}
+}
+
+// serveZAPs is the ZAP goroutine: it answers ZAP requests as they come
+// until stop is closed, then closes the handler socket.
+func (s *listener) serveZAPs(stop <-chan struct{}) {
+	defer s.l.wg.Done()
+	defer closeSocket(s.zap)
+	w, err := newSockWait(s.zap)
+	if err != nil {
+		s.l.log.Error().Err(err).Msg("control/zmq: ZAP handler cannot wait for its socket; CURVE handshakes stall")
+		return
+	}
+	defer w.close()
+	every := s.l.cfg.pollInterval()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		ready, err := w.wait(every)
+		if err != nil {
+			s.l.log.Error().Err(err).Msg("control/zmq: ZAP handler poll failed; CURVE handshakes stall")
+			return
+		}
+		if ready {
+			s.serveZAP()
+		}
 	}
 }
 
@@ -102,7 +134,7 @@ func (s *listener) recv() (id string, payload []byte, key string, parts int, err
 			return id, payload, key, parts, nil
 		}
 		var part []byte
-		if parts == 0 && s.zap != nil {
+		if parts == 0 && s.secure {
 			var meta map[string]string
 			part, meta, err = s.router.RecvBytesWithMetadata(0, "User-Id")
 			key = meta["User-Id"]
@@ -136,7 +168,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		return
 	}
 	// In CURVE mode a frame may only name a sender its key is bound to.
-	if s.zap != nil {
+	if s.secure {
 		switch {
 		case key == "":
 			s.reject(RejectIdentity, id, key, b, "%T from %s on a connection without a CURVE key", f, f.Sender())
@@ -168,7 +200,13 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if _, ok := f.(*messages.Heartbeat); ok {
 		return
 	}
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("zmq.recv.%T", f), f.Request())
+	}
 	s.deliver(f)
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())
+	}
 }
 
 // hello binds a connection to the PeerID of its Hello and stores the Hello.
@@ -196,7 +234,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	if info == nil {
 		info = l.peerLocked(p)
 	}
-	if s.zap != nil && info.key != "" && info.key != key && !s.live.isDown(p) {
+	if s.secure && info.key != "" && info.key != key && !s.live.isDown(p) {
 		bound := info.key
 		l.mu.Unlock()
 		s.reject(RejectTaken, id, key, b, "Hello as %s from CURVE key %s: the peer is alive and bound to key %s", p, key, bound)

@@ -1,12 +1,10 @@
 package zmq
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -23,35 +22,11 @@ import (
 // loaded machine has plenty of room.
 const beat = 500 * time.Millisecond
 
-// logBuf collects a link's log lines (the link logs from its goroutines).
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuf) has(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Contains(b.buf.String(), s)
-}
-
-func (b *logBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// listenLogged is listen with the link's warnings also kept in a logBuf
+// listenLogged is listen with the link's warnings also kept in a testlog.Buffer
 // and heartbeats every beat.
-func listenLogged(t *testing.T, id messages.PeerID, cfg Config) (*Link, *logBuf) {
+func listenLogged(t *testing.T, id messages.PeerID, cfg Config) (*Link, *testlog.Buffer) {
 	t.Helper()
-	logs := &logBuf{}
+	logs := &testlog.Buffer{}
 	if cfg.Bind == "" {
 		cfg.Bind = "tcp://127.0.0.1:0"
 	}
@@ -103,13 +78,13 @@ func TestHandshakeRefusedKeyNamedOnBothSides(t *testing.T) {
 		Peers: map[messages.PeerID]string{ctxID: server.Endpoint()}})
 
 	within3Beats(t, "the server to log the refused key", func() bool {
-		return serverLog.has("refused CURVE handshake from 127.0.0.1: key " + kb.public[:8] + "… is not allowed")
+		return serverLog.Has("refused CURVE handshake from 127.0.0.1: key " + kb.public[:8] + "… is not allowed")
 	})
 	within3Beats(t, "the client's PeerState to say its key was refused",
 		peerStateIs(client, ctxID, ConnHandshakeFailed, "the peer refused our key"))
 	want := "CURVE handshake with ctx/0 at " + server.Endpoint() + " failed: the peer refused our key"
-	within3Beats(t, "the client to log the refusal", func() bool { return clientLog.has(want) })
-	if !clientLog.has("is ctx/0's public key right? is one side --insecure?") {
+	within3Beats(t, "the client to log the refusal", func() bool { return clientLog.Has(want) })
+	if !clientLog.Has("is ctx/0's public key right? is one side --insecure?") {
 		t.Errorf("client log lacks the hint:\n%s", clientLog)
 	}
 	st, _ := client.PeerState(ctxID)
@@ -132,7 +107,7 @@ func TestHandshakeWrongServerKeyNamed(t *testing.T) {
 	within3Beats(t, "the client's PeerState to say the handshake failed",
 		peerStateIs(client, ctxID, ConnHandshakeFailed, ""))
 	within3Beats(t, "the client to log the failure", func() bool {
-		return clientLog.has("CURVE handshake with ctx/0 at " + server.Endpoint() + " failed: ")
+		return clientLog.Has("CURVE handshake with ctx/0 at " + server.Endpoint() + " failed: ")
 	})
 	st, _ := client.PeerState(ctxID)
 	if !strings.Contains(st.Reason, "key") {
@@ -159,7 +134,7 @@ func TestHandshakeInsecureMismatchNamed(t *testing.T) {
 			within3Beats(t, "the client's PeerState to name the mechanism mismatch",
 				peerStateIs(client, ctxID, ConnHandshakeFailed, "security mechanism mismatch"))
 			within3Beats(t, "the client to log it", func() bool {
-				return clientLog.has("handshake") && clientLog.has("with ctx/0 at "+server.Endpoint()+" failed: security mechanism mismatch")
+				return clientLog.Has("handshake") && clientLog.Has("with ctx/0 at "+server.Endpoint()+" failed: security mechanism mismatch")
 			})
 		})
 	}

@@ -10,7 +10,8 @@ const (
 	zapDenied = "400"
 )
 
-// serveZAP answers the ZAP requests waiting on the handler socket. A REP
+// serveZAP answers the ZAP requests waiting on the handler socket (on the
+// ZAP goroutine). A REP
 // socket must answer each request before reading the next.
 func (s *listener) serveZAP() {
 	for range maxBatch {

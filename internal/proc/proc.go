@@ -2,7 +2,8 @@
 // processes: a context process that prefills (simulated) and pushes
 // chunks, and a generation process that receives and verifies every byte.
 // Each runs on a node (package node: control link, CURVE, backend, pool,
-// liveness); this package only drives requests and checks bytes. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
+// liveness, and with etcd discovery the membership); this package only
+// drives requests and checks bytes. `kvxfer ctx`, `kvxfer gen` and `kvxfer demo --processes 2` are
 // thin wrappers; the two-process tests re-execute the test binary into
 // these roles.
 package proc
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,7 +24,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
-	"github.com/kvxfer/kvxfer/internal/demo"
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -47,6 +49,21 @@ type Options struct {
 	// Backend is the data plane both processes use: shm (also when empty)
 	// or ucx. Both must use the same.
 	Backend string
+
+	// Discovery is node.Config.Discovery: "" or "static" (PeerEndpoint and
+	// PeerPublicKey name the one peer rank) or "etcd://HOST:PORT": every
+	// rank registers there under Cluster, with leases of DiscoveryTTL, and
+	// finds the peer instance's ranks (PeerEndpoint and PeerPublicKey are
+	// then not needed; a PeerPublicKey given pins a peer of one rank).
+	Discovery, Cluster string
+	DiscoveryTTL       time.Duration
+	// Parallel and Rank place this process in its instance (default 1×1,
+	// rank 0); PeerParallel is the peer instance's parallelism (default
+	// 1×1). Other than 1×1 needs etcd discovery (one static endpoint names
+	// one rank).
+	Parallel     node.Parallel
+	Rank         node.Rank
+	PeerParallel node.Parallel
 
 	Model string
 	// Layout, when set, overrides Model.
@@ -163,10 +180,54 @@ func (o Options) validate() error {
 	default:
 		return fmt.Errorf("proc: --backend = %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
 	}
+	if o.etcd() {
+		if o.Cluster == "" {
+			return fmt.Errorf("proc: --discovery = %q needs --cluster", o.Discovery)
+		}
+		if o.PeerPublicKey != "" && o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
+			return fmt.Errorf("proc: --peer-key pins one peer rank, but --peer-tp = %d: the ranks' keys come from etcd", o.peerParallel().TP)
+		}
+		if !o.Insecure && o.SecretKey == "" {
+			return fmt.Errorf("proc: CURVE needs a secret key (or --insecure)")
+		}
+		return nil
+	}
+	if o.parallel() != (node.Parallel{TP: 1, PP: 1}) || o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
+		return fmt.Errorf("proc: --tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)",
+			o.parallel().TP, o.peerParallel().TP)
+	}
 	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
 		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
 	}
 	return nil
+}
+
+func (o Options) etcd() bool { return o.Discovery != "" && o.Discovery != "static" }
+
+func (o Options) parallel() node.Parallel     { return orOne(o.Parallel) }
+func (o Options) peerParallel() node.Parallel { return orOne(o.PeerParallel) }
+
+func orOne(p node.Parallel) node.Parallel {
+	if p.TP == 0 && p.PP == 0 {
+		return node.Parallel{TP: 1, PP: 1}
+	}
+	return p
+}
+
+// peers are the peer instance's ranks: the one static peer, or with etcd
+// every rank of PeerParallel, found there.
+func (o Options) peers() []node.Peer {
+	if !o.etcd() {
+		return []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: o.PeerPublicKey}}
+	}
+	pp := o.peerParallel()
+	var out []node.Peer
+	for p := range pp.PP {
+		for t := range pp.TP {
+			out = append(out, node.Peer{Instance: o.Peer, Parallel: pp, Rank: node.Rank{TP: t, PP: p}, PublicKey: o.PeerPublicKey})
+		}
+	}
+	return out
 }
 
 // nodeConfig is the node this role runs on (a context role only sends).
@@ -175,17 +236,20 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 	if backend == "" {
 		backend = shm.Backend
 	}
-	c := node.Config{Instance: o.Instance, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
+	c := node.Config{Instance: o.Instance, Parallel: o.Parallel, Rank: o.Rank, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
 		PoolBytes: o.PoolBytes, SendOnly: sendOnly, Workers: o.Workers, Backend: backend, Bind: o.Bind,
-		Peers:    []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: o.PeerPublicKey}},
+		Peers:    o.peers(),
 		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
 		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
 		MetricsAddr: o.MetricsAddr, TracePath: o.TracePath, Logger: &o.Log,
 		OnPeerDown: func(instance string, rank int) {
-			if instance == o.Peer && rank == 0 {
+			if instance == o.Peer {
 				down()
 			}
 		},
+	}
+	if o.etcd() {
+		c.Discovery, c.Cluster, c.DiscoveryTTL = o.Discovery, o.Cluster, node.Duration(o.DiscoveryTTL)
 	}
 	for _, id := range o.Identities {
 		c.Identities = append(c.Identities, node.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
@@ -263,7 +327,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	}
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
-	l := n.eng.Layout()
+	l, shape := n.eng.Layout(), n.eng.Shape()
 	var lat []time.Duration
 	// Requests are opened in index order on both sides, so both pools
 	// are allocated in one global order: the oldest unfinished request
@@ -280,7 +344,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		default:
 		}
 		t := time.Now()
-		h, err := n.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer})
+		pp := o.peerParallel()
+		h, err := n.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer,
+			ContextParallel: kvcache.Parallel{TP: pp.TP, PP: pp.PP}})
 		if err != nil {
 			fail(err)
 			<-sem
@@ -293,6 +359,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			res := <-h.Done()
 			inflight.Add(-1)
 			d := time.Since(t)
+			if hoptrace.On {
+				hoptrace.Mark("gen.done", RequestID(i))
+			}
 			if !res.OK {
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
 				return
@@ -305,7 +374,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				for bi, id := range res.Blocks[g] {
 					off := geom.Offset + uint64(id)*geom.BlockBytes
 					b := n.eng.Region().Bytes()[off : off+geom.BlockBytes]
-					if demo.CheckBlock(b, i, g, first+bi) {
+					if checkBlock(b, l, shape, i, g, first+bi) {
 						verified += uint64(len(b))
 					} else {
 						bad++
@@ -371,7 +440,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		// Source blocks in index order (see RunGen).
 		counts := make([]int, len(l.Groups))
 		for g := range counts {
-			counts[g] = l.BlocksFor(pl)
+			if len(n.eng.Shape().Layers[g]) > 0 {
+				counts[g] = l.BlocksFor(pl)
+			}
 		}
 		src, err := n.eng.Pools().AllocWait(ctx, counts)
 		if err != nil {
@@ -395,6 +466,23 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	if o.etcd() {
+		// Leave only after the generation side did: its last request may
+		// still wait for another context rank, and this rank's "left" in
+		// etcd would fail it (a Down fails every request with the rank).
+		timeout := o.Timeout
+		if timeout <= 0 {
+			timeout = kvxfer.DefaultTransferTimeout
+		}
+		t := time.NewTimer(timeout)
+		select {
+		case <-n.down:
+		case <-ctx.Done():
+		case <-t.C:
+			o.Log.Warn().Msgf("the generation side did not leave within %v; leaving", timeout)
+		}
+		t.Stop()
+	}
 	select {
 	case <-n.down:
 		rep.PeerDown = true
@@ -425,11 +513,15 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 		}
 		t := time.Now()
 		b0, b1 := c.Blocks(l.TokensPerBlock)
+		shape := n.eng.Shape()
 		for g := range l.Groups {
+			if len(src[g]) == 0 {
+				continue
+			}
 			geom := n.eng.Pools().Geometry(g)
 			for b := b0; b < b1; b++ {
 				off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
-				demo.FillBlock(region[off:off+geom.BlockBytes], i, g, b)
+				fillBlock(region[off:off+geom.BlockBytes], l, shape, i, g, b)
 			}
 		}
 		if rest := o.Compute - time.Since(t); rest > 0 {
@@ -556,6 +648,9 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 }
 
 func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
+	if err := hoptrace.Dump(); err != nil {
+		fmt.Fprintln(os.Stderr, "hoptrace:", err)
+	}
 	rep.Seconds = time.Since(t0).Seconds()
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every
@@ -563,6 +658,14 @@ func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := n.Close(ctx)
+	// The node tells the engine before it calls OnPeerDown, so requests
+	// may all have failed before down was closed; Close has waited for the
+	// link's goroutines (and so for the callback).
+	select {
+	case <-n.down:
+		rep.PeerDown = true
+	default:
+	}
 	rep.LeakedBlocks = n.eng.Pools().Used()
 	rep.QuarantinedBlocks = n.eng.Pools().Quarantined()
 	if out != nil {

@@ -535,6 +535,14 @@ type Hello struct {
 	// layout's own name), so that a mismatch names both models, not only
 	// their hashes. Informational: layout_hash decides.
 	Model string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
+	// memory describes, for the layer groups the sender's framework lays out
+	// itself, where each group's KV lives in region (kvcache.KVMemory): a
+	// writer plans into it instead of into pools[group]. A group without an
+	// entry uses its pool. A peer that predates this field ignores it and
+	// plans into pools; a sender with descriptors announces a pool whose
+	// block_bytes (1) is below any real block, so such a peer refuses every
+	// request instead of writing into the wrong bytes.
+	Memory []*KVMemory `protobuf:"bytes,11,rep,name=memory,proto3" json:"memory,omitempty"`
 	// incarnation is new at each start of the rank (issue 17): frames name
 	// the incarnations they come from and are addressed to, and a rank never
 	// acts on a frame of an earlier incarnation of itself or of its peer.
@@ -644,9 +652,178 @@ func (x *Hello) GetModel() string {
 	return ""
 }
 
+func (x *Hello) GetMemory() []*KVMemory {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
 func (x *Hello) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+// KVMemory is one layer group's memory on one rank as the framework lays
+// it out: element (layers[i], part p, block b, token t, local head h,
+// element e) lies at region offset base[i*parts+p] + b*block_stride +
+// t*token_stride + h*head_stride + e*elem_stride.
+type KVMemory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group int32                  `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
+	// kind is informational (kvcache.MemoryKind).
+	Kind           uint32  `protobuf:"varint,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Layers         []int32 `protobuf:"varint,3,rep,packed,name=layers,proto3" json:"layers,omitempty"`
+	HeadLo         int32   `protobuf:"varint,4,opt,name=head_lo,json=headLo,proto3" json:"head_lo,omitempty"`
+	Heads          int32   `protobuf:"varint,5,opt,name=heads,proto3" json:"heads,omitempty"`
+	Parts          int32   `protobuf:"varint,6,opt,name=parts,proto3" json:"parts,omitempty"`
+	HeadDim        int32   `protobuf:"varint,7,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	ElemBytes      int32   `protobuf:"varint,8,opt,name=elem_bytes,json=elemBytes,proto3" json:"elem_bytes,omitempty"`
+	TokensPerBlock int32   `protobuf:"varint,9,opt,name=tokens_per_block,json=tokensPerBlock,proto3" json:"tokens_per_block,omitempty"`
+	Blocks         int32   `protobuf:"varint,10,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// base holds parts offsets per layer, layer-major.
+	Base          []uint64 `protobuf:"varint,11,rep,packed,name=base,proto3" json:"base,omitempty"`
+	BlockStride   uint64   `protobuf:"varint,12,opt,name=block_stride,json=blockStride,proto3" json:"block_stride,omitempty"`
+	TokenStride   uint64   `protobuf:"varint,13,opt,name=token_stride,json=tokenStride,proto3" json:"token_stride,omitempty"`
+	HeadStride    uint64   `protobuf:"varint,14,opt,name=head_stride,json=headStride,proto3" json:"head_stride,omitempty"`
+	ElemStride    uint64   `protobuf:"varint,15,opt,name=elem_stride,json=elemStride,proto3" json:"elem_stride,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVMemory) Reset() {
+	*x = KVMemory{}
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVMemory) ProtoMessage() {}
+
+func (x *KVMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVMemory.ProtoReflect.Descriptor instead.
+func (*KVMemory) Descriptor() ([]byte, []int) {
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *KVMemory) GetGroup() int32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *KVMemory) GetKind() uint32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *KVMemory) GetLayers() []int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *KVMemory) GetHeadLo() int32 {
+	if x != nil {
+		return x.HeadLo
+	}
+	return 0
+}
+
+func (x *KVMemory) GetHeads() int32 {
+	if x != nil {
+		return x.Heads
+	}
+	return 0
+}
+
+func (x *KVMemory) GetParts() int32 {
+	if x != nil {
+		return x.Parts
+	}
+	return 0
+}
+
+func (x *KVMemory) GetHeadDim() int32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *KVMemory) GetElemBytes() int32 {
+	if x != nil {
+		return x.ElemBytes
+	}
+	return 0
+}
+
+func (x *KVMemory) GetTokensPerBlock() int32 {
+	if x != nil {
+		return x.TokensPerBlock
+	}
+	return 0
+}
+
+func (x *KVMemory) GetBlocks() int32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *KVMemory) GetBase() []uint64 {
+	if x != nil {
+		return x.Base
+	}
+	return nil
+}
+
+func (x *KVMemory) GetBlockStride() uint64 {
+	if x != nil {
+		return x.BlockStride
+	}
+	return 0
+}
+
+func (x *KVMemory) GetTokenStride() uint64 {
+	if x != nil {
+		return x.TokenStride
+	}
+	return 0
+}
+
+func (x *KVMemory) GetHeadStride() uint64 {
+	if x != nil {
+		return x.HeadStride
+	}
+	return 0
+}
+
+func (x *KVMemory) GetElemStride() uint64 {
+	if x != nil {
+		return x.ElemStride
 	}
 	return 0
 }
@@ -674,7 +851,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +863,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +876,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{7}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RequestData) GetRequestId() string {
@@ -797,7 +974,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +986,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +999,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{8}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Result) GetRequestId() string {
@@ -903,7 +1080,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1092,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1105,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{9}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Cancel) GetRequestId() string {
@@ -987,7 +1164,7 @@ type CancelAck struct {
 
 func (x *CancelAck) Reset() {
 	*x = CancelAck{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1176,7 @@ func (x *CancelAck) String() string {
 func (*CancelAck) ProtoMessage() {}
 
 func (x *CancelAck) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1189,7 @@ func (x *CancelAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAck.ProtoReflect.Descriptor instead.
 func (*CancelAck) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CancelAck) GetRequestId() string {
@@ -1061,7 +1238,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1250,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1263,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Heartbeat) GetFrom() *PeerID {
@@ -1134,7 +1311,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\xf1\x02\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\x9e\x03\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1148,8 +1325,29 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x02pp\x18\b \x01(\x05R\x02pp\x12-\n" +
 	"\x05pools\x18\t \x03(\v2\x17.kvxfer.v1.PoolGeometryR\x05pools\x12\x14\n" +
 	"\x05model\x18\n" +
-	" \x01(\tR\x05model\x12 \n" +
-	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\"\x9c\x03\n" +
+	" \x01(\tR\x05model\x12+\n" +
+	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\x12 \n" +
+	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\"\xb1\x03\n" +
+	"\bKVMemory\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\x05R\x05group\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\rR\x04kind\x12\x1a\n" +
+	"\x06layers\x18\x03 \x03(\x05B\x02\x10\x01R\x06layers\x12\x17\n" +
+	"\ahead_lo\x18\x04 \x01(\x05R\x06headLo\x12\x14\n" +
+	"\x05heads\x18\x05 \x01(\x05R\x05heads\x12\x14\n" +
+	"\x05parts\x18\x06 \x01(\x05R\x05parts\x12\x19\n" +
+	"\bhead_dim\x18\a \x01(\x05R\aheadDim\x12\x1d\n" +
+	"\n" +
+	"elem_bytes\x18\b \x01(\x05R\telemBytes\x12(\n" +
+	"\x10tokens_per_block\x18\t \x01(\x05R\x0etokensPerBlock\x12\x16\n" +
+	"\x06blocks\x18\n" +
+	" \x01(\x05R\x06blocks\x12\x16\n" +
+	"\x04base\x18\v \x03(\x04B\x02\x10\x01R\x04base\x12!\n" +
+	"\fblock_stride\x18\f \x01(\x04R\vblockStride\x12!\n" +
+	"\ftoken_stride\x18\r \x01(\x04R\vtokenStride\x12\x1f\n" +
+	"\vhead_stride\x18\x0e \x01(\x04R\n" +
+	"headStride\x12\x1f\n" +
+	"\velem_stride\x18\x0f \x01(\x04R\n" +
+	"elemStride\"\x9c\x03\n" +
 	"\vRequestData\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1213,7 +1411,7 @@ func file_messages_proto_kvxfer_proto_rawDescGZIP() []byte {
 }
 
 var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(Status)(0),          // 0: kvxfer.v1.Status
 	(*Envelope)(nil),     // 1: kvxfer.v1.Envelope
@@ -1223,36 +1421,38 @@ var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(*PoolGeometry)(nil), // 5: kvxfer.v1.PoolGeometry
 	(*RemoteRegion)(nil), // 6: kvxfer.v1.RemoteRegion
 	(*Hello)(nil),        // 7: kvxfer.v1.Hello
-	(*RequestData)(nil),  // 8: kvxfer.v1.RequestData
-	(*Result)(nil),       // 9: kvxfer.v1.Result
-	(*Cancel)(nil),       // 10: kvxfer.v1.Cancel
-	(*CancelAck)(nil),    // 11: kvxfer.v1.CancelAck
-	(*Heartbeat)(nil),    // 12: kvxfer.v1.Heartbeat
+	(*KVMemory)(nil),     // 8: kvxfer.v1.KVMemory
+	(*RequestData)(nil),  // 9: kvxfer.v1.RequestData
+	(*Result)(nil),       // 10: kvxfer.v1.Result
+	(*Cancel)(nil),       // 11: kvxfer.v1.Cancel
+	(*CancelAck)(nil),    // 12: kvxfer.v1.CancelAck
+	(*Heartbeat)(nil),    // 13: kvxfer.v1.Heartbeat
 }
 var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	7,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
-	8,  // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
-	9,  // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
-	10, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
-	11, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
-	12, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
+	9,  // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
+	10, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
+	11, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
+	12, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
+	13, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
 	2,  // 6: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
 	6,  // 7: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
 	3,  // 8: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
 	5,  // 9: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
-	2,  // 10: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
-	3,  // 11: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
-	4,  // 12: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
-	2,  // 13: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
-	0,  // 14: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
-	2,  // 15: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
-	2,  // 16: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
-	2,  // 17: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	8,  // 10: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
+	2,  // 11: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
+	3,  // 12: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
+	4,  // 13: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
+	2,  // 14: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
+	0,  // 15: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
+	2,  // 16: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
+	2,  // 17: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
+	2,  // 18: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_messages_proto_kvxfer_proto_init() }
@@ -1274,7 +1474,7 @@ func file_messages_proto_kvxfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_proto_kvxfer_proto_rawDesc), len(file_messages_proto_kvxfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

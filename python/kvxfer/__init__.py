@@ -23,6 +23,7 @@ from .core import (
     buffer_address,
     handle_count,
     keygen,
+    kv_memory,
     node_open,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "buffer_address",
     "handle_count",
     "keygen",
+    "kv_memory",
     "node_open",
 ]

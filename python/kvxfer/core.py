@@ -109,6 +109,71 @@ def buffer_address(mem):
     return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes
 
 
+_KV_KINDS = ("nhd", "hnd", "split_kv", "mla")
+
+
+def _strided_address(t):
+    """(address, byte strides) of a CPU tensor or NumPy array, any strides."""
+    if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch.Tensor
+        if getattr(t, "device", None) is not None and t.device.type != "cpu":
+            raise ValueError("tensor on %s: this build registers host memory only" % t.device)
+        es = t.element_size()
+        return t.data_ptr(), [s * es for s in t.stride()]
+    ai = getattr(t, "__array_interface__", None)
+    if ai is None:
+        raise TypeError("%r is neither a tensor nor an array" % (type(t),))
+    return ai["data"][0], list(t.strides)
+
+
+def kv_memory(kind, layers, v_layers=None):
+    """The "memory" config object for the framework's own KV tensors, one per
+    layer this rank holds, in ascending layer order (PyTorch CPU tensors or
+    NumPy arrays, any strides):
+
+      - "nhd": vLLM's [2, num_blocks, block_size, kv_heads, head_dim];
+      - "hnd": [2, num_blocks, kv_heads, block_size, head_dim];
+      - "split_kv": K tensors [num_blocks, block_size, kv_heads, head_dim] in
+        layers and V tensors in v_layers;
+      - "mla": [num_blocks, block_size, latent].
+
+    Strides are read from the tensors (all layers must share them). Pass the
+    result as config["memory"] and the tensors as Engine's kv_caches (so
+    that they outlive the engine)."""
+    if kind not in _KV_KINDS:
+        raise ValueError("kind %r, want one of %s" % (kind, ", ".join(_KV_KINDS)))
+    layers = list(layers)
+    if not layers:
+        raise ValueError("no layer tensors")
+    want_dims = {"nhd": 5, "hnd": 5, "split_kv": 4, "mla": 3}[kind]
+    addrs, strides = [], None
+    for t in layers + list(v_layers or []):
+        if len(t.shape) != want_dims:
+            raise ValueError("%s tensor of shape %s, want %d dimensions" % (kind, tuple(t.shape), want_dims))
+        a, st = _strided_address(t)
+        if strides is not None and st != strides:
+            raise ValueError("layer tensors have different strides: %s and %s" % (strides, st))
+        strides = st
+        addrs.append(a)
+    if kind == "nhd":
+        kv, block, token, head, elem = strides
+    elif kind == "hnd":
+        kv, block, head, token, elem = strides
+    elif kind == "split_kv":
+        (block, token, head, elem), kv = strides, 0
+    else:
+        (block, token, elem), head, kv = strides, 0, 0
+    num_blocks = layers[0].shape[1] if kind in ("nhd", "hnd") else layers[0].shape[0]
+    mem = {"kind": kind, "num_blocks": int(num_blocks), "layers": addrs[:len(layers)],
+           "strides": {"block": block, "token": token, "head": head, "elem": elem, "kv": kv}}
+    if kind == "split_kv":
+        if v_layers is None or len(v_layers) != len(layers):
+            raise ValueError("split_kv needs one V tensor per K tensor")
+        mem["v_layers"] = addrs[len(layers):]
+    elif v_layers:
+        raise ValueError("v_layers is for split_kv only")
+    return mem
+
+
 def _ids_array(ids):
     ids = [int(i) for i in ids]
     return (ctypes.c_int32 * len(ids))(*ids)
@@ -163,14 +228,22 @@ class Engine:
     memory, when given, is the pool: a PyTorch CPU tensor, a NumPy array or a
     writable buffer, kept alive by the engine; block b of group g is at byte
     offset group(g).offset + b * group(g).block_bytes in it.
+
+    Or the framework keeps its own KV tensors: config["memory"] is
+    kv_memory(kind, tensors) and kv_caches the tensors (kept alive by the
+    engine); block ids are then the tensors' own, and block_address and
+    block_bytes do not apply.
     """
 
-    def __init__(self, config, memory=None):
+    def __init__(self, config, memory=None, kv_caches=None):
         js, cfg = _json(config)
         addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
         h = _lib.engine_t()
         _check(lib.kvxfer_engine_open(js.encode(), addr, nbytes, ctypes.byref(h)))
         self._setup(h.value, cfg, memory)
+        # The tensors config["memory"] (kv_memory) points into: kept alive
+        # as long as the engine.
+        self.kv_caches = kv_caches
 
     def _setup(self, handle, cfg, memory):
         self.handle = handle

@@ -9,10 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -26,7 +26,7 @@ type Child struct {
 	stdin   *bufio.Writer
 	closer  io.Closer
 	lines   chan string
-	stderr  *lockedBuffer
+	stderr  *testlog.Buffer
 	exited  chan struct{} // closed once Wait returned exitErr
 	exitErr error
 }
@@ -37,7 +37,7 @@ func StartChild(t *testing.T, run string, env ...string) *Child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(), env...)
-	c := &Child{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	c := &Child{cmd: cmd, lines: make(chan string, 16), stderr: &testlog.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -178,22 +178,4 @@ func FirstDiff(a, b []byte) int {
 		}
 	}
 	return min(len(a), len(b))
-}
-
-// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

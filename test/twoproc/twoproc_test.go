@@ -48,14 +48,20 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
 		os.Exit(runRole(role))
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		// Generation processes killed by the crash tests cannot remove
-		// their shared-memory pool files: remove them here.
-		if _, err := node.SweepStale("gen"); err != nil {
-			fmt.Fprintln(os.Stderr, "sweep:", err)
+	code := m.Run()
+	stopEtcd() // before the leak check: its goroutines end in Close
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
 		}
-		os.Exit(code)
-	}))
+	}
+	// Generation processes killed by the crash tests cannot remove their
+	// shared-memory pool files: remove them here.
+	if _, err := node.SweepStale("gen"); err != nil {
+		fmt.Fprintln(os.Stderr, "sweep:", err)
+	}
+	os.Exit(code)
 }
 
 // runRole is the child process.

@@ -1,0 +1,160 @@
+package capi
+
+import (
+	"math"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Memory is the framework's KV memory in an engine's JSON config
+// ("memory"): the address of each layer's tensor as the framework holds it,
+// for every layer this rank holds, in ascending global layer order.
+//
+//   - "nhd": vLLM's [2, num_blocks, block_size, kv_heads, head_dim] per
+//     layer (layers: the tensors' addresses);
+//   - "hnd": [2, num_blocks, kv_heads, block_size, head_dim];
+//   - "split_kv": [num_blocks, block_size, kv_heads, head_dim], K tensors in
+//     layers and V tensors in v_layers;
+//   - "mla": [num_blocks, block_size, latent] per layer.
+//
+// strides, when given, replace the kind's contiguous byte strides (PyTorch
+// strides × element size): block, token, head, elem, and kv, the distance
+// from a joint tensor's K to its V (nhd, hnd). The registered region spans
+// the lowest tensor address to the end of the highest tensor; kvxfer writes
+// only the described elements of it.
+type Memory struct {
+	Kind      string   `json:"kind"`
+	NumBlocks int      `json:"num_blocks"`
+	Layers    []uint64 `json:"layers"`
+	VLayers   []uint64 `json:"v_layers"`
+	Strides   *Strides `json:"strides"`
+}
+
+// Strides are a Memory's byte strides.
+type Strides struct {
+	Block uint64 `json:"block"`
+	Token uint64 `json:"token"`
+	Head  uint64 `json:"head"`
+	Elem  uint64 `json:"elem"`
+	KV    uint64 `json:"kv"`
+}
+
+// maxMemorySpan bounds the region from the lowest to the highest tensor
+// byte: a user address space (2^47 bytes on x86-64 and arm64). Separately
+// allocated tensors (a framework's per-layer caches) lie far apart, and the
+// in-process engine's region is only address arithmetic over them: the
+// loopback data plane copies the described elements and touches nothing
+// between.
+const maxMemorySpan = 1 << 47
+
+// describe sets kc.Region and kc.Memory from m.
+func (m *Memory) describe(kc *kvxfer.Config) error {
+	l, s, err := kc.LayoutShape()
+	if err != nil {
+		return errorf(ErrConfig, "memory: %v", err)
+	}
+	var held int
+	for g := range l.Groups {
+		held += len(s.Layers[g])
+	}
+	split := m.Kind == "split_kv"
+	switch m.Kind {
+	case "nhd", "hnd", "split_kv", "mla":
+	default:
+		return errorf(ErrConfig, "memory.kind = %q, want nhd, hnd, split_kv or mla", m.Kind)
+	}
+	if m.NumBlocks < 1 || m.NumBlocks > math.MaxInt32 {
+		return errorf(ErrConfig, "memory.num_blocks = %d, must be ≥ 1", m.NumBlocks)
+	}
+	if len(m.Layers) != held {
+		return errorf(ErrConfig, "memory.layers has %d addresses, rank %v holds %d layers", len(m.Layers), kc.Rank, held)
+	}
+	if split != (len(m.VLayers) > 0) || (split && len(m.VLayers) != held) {
+		return errorf(ErrConfig, "memory.v_layers has %d addresses for kind %q (split_kv needs one per layer, %d; other kinds none)",
+			len(m.VLayers), m.Kind, held)
+	}
+	lo := uint64(math.MaxUint64)
+	for i, a := range append(append([]uint64(nil), m.Layers...), m.VLayers...) {
+		if a == 0 {
+			return errorf(ErrConfig, "memory: tensor address %d is NULL", i)
+		}
+		lo = min(lo, a)
+	}
+	const provisional = math.MaxUint64 >> 2 // before the span is known
+	kc.Memory = make([]*kvcache.KVMemory, len(l.Groups))
+	next := 0 // index into m.Layers of the group's first layer
+	for g := range l.Groups {
+		n := len(s.Layers[g])
+		if n == 0 {
+			continue
+		}
+		offs := make([]uint64, n)
+		var voffs []uint64
+		for i := range offs {
+			offs[i] = m.Layers[next+i] - lo
+			if split {
+				voffs = append(voffs, m.VLayers[next+i]-lo)
+			}
+		}
+		next += n
+		var d *kvcache.KVMemory
+		switch m.Kind {
+		case "nhd":
+			d, err = kvcache.NHDMemory(l, s, g, m.NumBlocks, offs, provisional)
+		case "hnd":
+			d, err = kvcache.HNDMemory(l, s, g, m.NumBlocks, offs, provisional)
+		case "split_kv":
+			d, err = kvcache.SplitKVMemory(l, s, g, m.NumBlocks, offs, voffs, provisional)
+		case "mla":
+			d, err = kvcache.MLAMemory(l, s, g, m.NumBlocks, offs, provisional)
+		}
+		if err != nil {
+			return errorf(ErrConfig, "memory of group %d: %v", g, err)
+		}
+		if st := m.Strides; st != nil {
+			d.BlockStride, d.TokenStride, d.HeadStride, d.ElemStride = st.Block, st.Token, st.Head, st.Elem
+			if d.Parts == 2 && !split {
+				kv := st.KV
+				if kv == 0 {
+					kv = uint64(m.NumBlocks) * st.Block
+				}
+				for i := range d.Base {
+					d.Base[i][1] = d.Base[i][0] + kv
+				}
+			}
+		}
+		kc.Memory[g] = d
+	}
+	var end uint64
+	for _, d := range kc.Memory {
+		if d == nil {
+			continue
+		}
+		for _, L := range d.Layers {
+			for p := range d.Parts {
+				off, n, ok := d.TensorBlock(L, p, kvcache.BlockID(d.Blocks-1))
+				if !ok || off+n > maxMemorySpan {
+					return errorf(ErrConfig, "memory: layer %d's tensors span more than %d bytes from the lowest address %#x (strides %+v)",
+						L, uint64(maxMemorySpan), lo, m.Strides)
+				}
+				end = max(end, off+n)
+			}
+		}
+	}
+	for _, d := range kc.Memory {
+		if d != nil {
+			d.RegionLen = end
+		}
+	}
+	// lo is the caller's (C) address, never a Go pointer: reinterpret its
+	// bits rather than convert a uintptr (which vet rightly flags for Go
+	// memory).
+	r, err := kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&lo)), end)
+	if err != nil {
+		return errorf(ErrInvalidArgument, "memory at %#x of %d bytes: %v", lo, end, err)
+	}
+	kc.Region, kc.PoolBytes = r, 0
+	return nil
+}

@@ -1,0 +1,177 @@
+package capi
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Tiny layout of tinyLayout: 2 layers, 2 KV heads, head_dim 4, bf16, 16
+// tokens per block.
+const (
+	memLayers, memHeads, memDim, memTPB, memElem = 2, 2, 4, 16, 2
+	memBlocks                                    = 8
+	memBlock                                     = memTPB * memHeads * memDim * memElem // one block of one part
+	memTensor                                    = 2 * memBlocks * memBlock             // [2, blocks, ...]
+)
+
+// hostBuf is framework memory for memoryJSON: on the heap (a Go slice
+// that does not escape may live on the goroutine's stack, which moves; its
+// address must not be handed out as an integer).
+func hostBuf(t *testing.T) []byte {
+	t.Helper()
+	r, err := kvcache.NewHostRegion(64 + memLayers*(memTensor+128))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r.Bytes()
+}
+
+// memoryJSON lays out per-layer tensors inside buf (with a gap between
+// them) and returns the "memory" object for kind, addresses and all.
+func memoryJSON(buf []byte, kind string, strides string) string {
+	base := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	var addrs []string
+	for i := range memLayers {
+		addrs = append(addrs, fmt.Sprint(base+64+uint64(i)*(memTensor+128)))
+	}
+	js := fmt.Sprintf(`{"kind":%q,"num_blocks":%d,"layers":[%s]`, kind, memBlocks, strings.Join(addrs, ","))
+	if strides != "" {
+		js += `,"strides":` + strides
+	}
+	return js + "}"
+}
+
+// elemAt is the offset in buf of (layer, part, block, token, head, byte) for
+// the tensors memoryJSON laid out as NHD or HND.
+func elemAt(kind string, layer, part, block, tok, head, b int) int {
+	off := 64 + layer*(memTensor+128) + part*memBlocks*memBlock + block*memBlock
+	if kind == "hnd" {
+		return off + (head*memTPB+tok)*memDim*memElem + b
+	}
+	return off + (tok*memHeads+head)*memDim*memElem + b
+}
+
+// TestMemoryDescriptorsFromJSON: an NHD engine (strides given, as PyTorch
+// would) sends into an HND engine, both described by addresses in the JSON
+// config; every byte of the framework's destination blocks is the source's.
+func TestMemoryDescriptorsFromJSON(t *testing.T) {
+	base := HandleCount()
+	srcBuf, dstBuf := hostBuf(t), hostBuf(t)
+	nhdStrides := fmt.Sprintf(`{"block":%d,"token":%d,"head":%d,"elem":%d,"kv":%d}`,
+		memBlock, memHeads*memDim*memElem, memDim*memElem, memElem, memBlocks*memBlock)
+	open := func(inst string, mem string) *Engine {
+		e, _, err := Open(fmt.Sprintf(`{"instance":%q,%s,"workers":2,"memory":%s}`, inst, tinyLayout, mem), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	p := open("capi-mem-p", memoryJSON(srcBuf, "nhd", nhdStrides))
+	d := open("capi-mem-d", memoryJSON(dstBuf, "hnd", ""))
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pattern := func(layer, part, blk, tok, head, b int) byte {
+		return byte(layer*61 + part*29 + blk*17 + tok*7 + head*3 + b + 1)
+	}
+	for blk, id := range src {
+		for layer := range memLayers {
+			for part := range 2 {
+				for tok := range memTPB {
+					for head := range memHeads {
+						for b := range memDim * memElem {
+							srcBuf[elemAt("nhd", layer, part, int(id), tok, head, b)] = pattern(layer, part, blk, tok, head, b)
+						}
+					}
+				}
+			}
+		}
+	}
+	owned := []kvcache.BlockID{7, 3}
+	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "m", PromptLen: 32, Context: "capi-mem-p",
+		Blocks: [][]kvcache.BlockID{owned}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "m", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK {
+		t.Fatalf("tx %+v", ev)
+	}
+	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady {
+		t.Fatalf("rx %+v", ev)
+	}
+	ids, _, err := rx.Blocks(0)
+	if err != nil || fmt.Sprint(ids) != fmt.Sprint(owned) {
+		t.Fatalf("READY blocks %v (%v), want the framework's %v", ids, err, owned)
+	}
+	n := 0
+	for blk, id := range owned {
+		for layer := range memLayers {
+			for part := range 2 {
+				for tok := range memTPB {
+					for head := range memHeads {
+						for b := range memDim * memElem {
+							got, want := dstBuf[elemAt("hnd", layer, part, int(id), tok, head, b)], pattern(layer, part, blk, tok, head, b)
+							if got != want {
+								t.Fatalf("block %d layer %d part %d token %d head %d byte %d: %#x, want %#x", id, layer, part, tok, head, b, got, want)
+							}
+							n++
+						}
+					}
+				}
+			}
+		}
+	}
+	if n != 2*memLayers*2*memBlock {
+		t.Fatalf("verified %d bytes", n)
+	}
+	if err := p.FreeBlocks(0, src); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Request{tx, rx} {
+		if err := r.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeBoth(t, p, d)
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
+
+// TestMemoryConfigErrors: a bad "memory" object is refused naming the
+// value.
+func TestMemoryConfigErrors(t *testing.T) {
+	buf := hostBuf(t)
+	good := memoryJSON(buf, "nhd", "")
+	for _, c := range []struct{ mem, needle string }{
+		{strings.Replace(good, `"nhd"`, `"nchw"`, 1), `memory.kind = "nchw"`},
+		{strings.Replace(good, `"num_blocks":8`, `"num_blocks":0`, 1), "memory.num_blocks = 0"},
+		{fmt.Sprintf(`{"kind":"nhd","num_blocks":8,"layers":[%d]}`, uintptr(unsafe.Pointer(&buf[0]))), "1 addresses, rank"},
+		{`{"kind":"nhd","num_blocks":8,"layers":[0,4096]}`, "NULL"},
+		{strings.Replace(good, `"layers"`, `"v_layers":[1,2],"layers"`, 1), "v_layers has 2"},
+		{memoryJSON(buf, "nhd", `{"block":8,"token":64,"head":8,"elem":2}`), "block stride 8"},
+		{`{"kind":"nhd","num_blocks":8,"layers":[4096,140737488359424]}`, "span more than"},
+	} {
+		_, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-bad",%s,"memory":%s}`, tinyLayout, c.mem), nil, 0)
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
+			t.Errorf("memory %s: %v, want a config error naming %q", c.mem, err, c.needle)
+		}
+	}
+	if _, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-bad",%s,"memory":%s}`, tinyLayout, good), unsafe.Pointer(&buf[0]), 64); Code(err) != ErrConfig {
+		t.Errorf("memory and a pool: %v", err)
+	}
+}

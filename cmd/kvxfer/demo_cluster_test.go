@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// cliChildEnv makes this test binary run the CLI with its arguments
+// (TestMain): demo --cluster starts its roles with os.Executable.
+const cliChildEnv = "KVXFER_CLI_CHILD"
+
+// TestDemoCluster: kvxfer demo --cluster, small: an embedded etcd, a TP2
+// context (two processes) and a TP1 generation process find each other
+// through it; the generation side verifies every byte and nothing leaks.
+func TestDemoCluster(t *testing.T) {
+	t.Setenv(cliChildEnv, "1")
+	ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
+	defer cancel()
+	out, errOut, err := runAppCtx(ctx, newApp(), "demo", "--cluster", "--requests", "2", "--log-level", "warn")
+	if err != nil {
+		t.Fatalf("demo --cluster: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	if !strings.Contains(out, "OK: cluster of three processes") {
+		t.Fatalf("demo --cluster printed no OK line:\n%s", out)
+	}
+	var gen, ctxs int
+	var reports []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "{") {
+			reports = append(reports, line)
+		}
+	}
+	for _, r := range jsonObjects(t, strings.Join(reports, "\n")) {
+		switch r["role"] {
+		case "gen":
+			gen++
+			if r["ok"] != float64(2) || r["bytes"] == float64(0) || r["bytes_verified"] != r["bytes"] ||
+				r["mismatches"] != float64(0) || r["leaked_blocks"] != float64(0) {
+				t.Errorf("generation report: %v", r)
+			}
+		case "ctx":
+			ctxs++
+			if r["ok"] != float64(2) || r["failed"] != float64(0) || r["leaked_blocks"] != float64(0) {
+				t.Errorf("context report: %v", r)
+			}
+		}
+	}
+	if gen != 1 || ctxs != 2 {
+		t.Fatalf("%d generation and %d context reports, want 1 and 2:\n%s", gen, ctxs, out)
+	}
+}
+
+// TestClusterFlagErrors: discovery and parallelism flags are checked
+// before anything starts, naming the flag and its value.
+func TestClusterFlagErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"demo", "--cluster", "--processes", "2"}, "--processes = 2: --cluster runs three processes"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://nohost"}, `--discovery: discovery: invalid URL "etcd://nohost"`},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "zk://h:1", "--cluster", "c"}, `"zk://h:1"`},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379"}, `--cluster = "": `},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--cluster", "c"}, `--cluster = "c": only with --discovery etcd://`},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--peer-tp", "2"}, "--peer-tp = 2: more than one rank per instance needs --discovery"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379", "--cluster", "c", "--tp", "2", "--tp-rank", "2"}, "--tp-rank = 2: want 0..1"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379", "--cluster", "c", "--peer-endpoint", "tcp://127.0.0.1:1"}, `--peer-endpoint = "tcp://127.0.0.1:1": with --discovery etcd://`},
+	} {
+		_, _, err := runApp(newApp(), c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package zmq
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+)
+
+// sockWait parks a goroutine in Go's netpoller until a zmq socket has a
+// message to read, instead of in zmq_poll: a goroutine blocked in a cgo
+// call keeps its P, so the goroutines its frames woke (the engine's
+// mailboxes) wait for another thread to take that P — up to sysmon's
+// 10 ms tick on a quiet process. Parked in the netpoller, the goroutine
+// gives its P to them at once.
+//
+// libzmq signals a socket's ZMQ_FD edge-triggered: the descriptor becomes
+// readable when the socket's command mailbox goes from idle to busy, and
+// reading ZMQ_EVENTS (or any send or receive) consumes the signal. So the
+// readiness test runs inside RawConn.Read's callback, after the poller's
+// ready flag was reset: a message that arrives after the test signals
+// again and wakes the wait.
+//
+// Only the goroutine that owns the socket may call wait.
+type sockWait struct {
+	sock *zmq4.Socket
+	f    *os.File // a duplicate of ZMQ_FD, registered with the netpoller
+	rc   syscall.RawConn
+}
+
+func newSockWait(sock *zmq4.Socket) (*sockWait, error) {
+	fd, err := sock.GetFd()
+	if err != nil {
+		return nil, fmt.Errorf("control/zmq: ZMQ_FD: %w", err)
+	}
+	// A duplicate, so that closing the file does not close libzmq's
+	// descriptor; it shares the descriptor's non-blocking mode.
+	dup, err := syscall.Dup(fd)
+	if err != nil {
+		return nil, fmt.Errorf("control/zmq: dup ZMQ_FD: %w", err)
+	}
+	syscall.CloseOnExec(dup)
+	if err := syscall.SetNonblock(dup, true); err != nil {
+		_ = syscall.Close(dup)
+		return nil, fmt.Errorf("control/zmq: ZMQ_FD non-blocking: %w", err)
+	}
+	f := os.NewFile(uintptr(dup), "zmq-fd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("control/zmq: ZMQ_FD: %w", err)
+	}
+	return &sockWait{sock: sock, f: f, rc: rc}, nil
+}
+
+// wait returns true as soon as the socket has a message to read, false
+// when d passed first.
+func (w *sockWait) wait(d time.Duration) (bool, error) {
+	if err := w.f.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return false, err
+	}
+	var evErr error
+	err := w.rc.Read(func(uintptr) bool {
+		ev, err := w.sock.GetEvents()
+		if err != nil {
+			evErr = err
+			return true
+		}
+		return ev&zmq4.POLLIN != 0
+	})
+	switch {
+	case evErr != nil:
+		return false, evErr
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
+// close closes the duplicate descriptor (not the socket).
+func (w *sockWait) close() {
+	if w != nil {
+		_ = w.f.Close()
+	}
+}

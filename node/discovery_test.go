@@ -1,0 +1,367 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/etcdlocal"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// One embedded etcd serves every test that needs one, each under its own
+// cluster name; TestMain stops it before the leak check.
+var testEtcd struct {
+	once sync.Once
+	srv  *etcdlocal.Server
+	err  error
+}
+
+func etcdURL(t testing.TB) string {
+	t.Helper()
+	testEtcd.once.Do(func() { testEtcd.srv, testEtcd.err = etcdlocal.Start() })
+	if testEtcd.err != nil {
+		t.Fatalf("embedded etcd: %v", testEtcd.err)
+	}
+	return testEtcd.srv.URL()
+}
+
+func stopEtcd() {
+	if testEtcd.srv != nil {
+		testEtcd.srv.Close()
+	}
+}
+
+// events records a node's membership events.
+type events struct {
+	mu  sync.Mutex
+	evs []discovery.Event
+}
+
+func (e *events) add(ev discovery.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.evs = append(e.evs, ev)
+}
+
+// find is the first event of kind about (instance, rank).
+func (e *events) find(kind discovery.EventKind, instance string, rank int32) (discovery.Event, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ev := range e.evs {
+		in, r := ev.Instance, ev.Rank
+		if kind == discovery.EventUp {
+			in, r = ev.Record.Instance, ev.Record.Rank
+		}
+		if ev.Kind == kind && in == instance && r == rank {
+			return ev, true
+		}
+	}
+	return discovery.Event{}, false
+}
+
+// TestEtcdDiscoveryMovesARequest: a context instance of TP2 (two nodes)
+// and a generation node of TP1 know nothing of each other's endpoints or
+// keys: they find both through etcd (CURVE keys included), a request moves
+// with every byte verified, and a context rank that closes is Down with
+// reason "left" at the generation node. (Checked to fail: with peerUp's
+// AddPeer removed WaitPeers names ctx/0 and ctx/1 as silent.)
+func TestEtcdDiscoveryMovesARequest(t *testing.T) {
+	url := etcdURL(t)
+	dir := t.TempDir()
+	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
+	tp2 := node.Parallel{TP: 2, PP: 1}
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 2, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Discovery: url, Cluster: "node-moves", DiscoveryTTL: node.Duration(2 * time.Second)}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", ep("gen"), newKeys(t).secret
+	var genEvents events
+	gc.OnMembership = genEvents.add
+	var ctxs []*node.Node
+	for r := range 2 {
+		gc.Peers = append(gc.Peers, node.Peer{Instance: "ctx", Parallel: tp2, Rank: node.Rank{TP: r}})
+		cc := base
+		cc.Instance, cc.Parallel, cc.Rank, cc.Bind, cc.SecretKey = "ctx", tp2, node.Rank{TP: r}, ep(fmt.Sprint("ctx", r)), newKeys(t).secret
+		ctxs = append(ctxs, open(t, cc))
+	}
+	genN := open(t, gc)
+	if genN.Incarnation() == 0 {
+		t.Fatal("the generation node registered no incarnation")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "tp", PromptLen: 40, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 2, PP: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, c := range ctxs {
+		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "tp", PromptLen: 40}, blockPattern) }()
+	}
+	for range ctxs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := <-rx.Done()
+	if !o.OK {
+		t.Fatalf("%s: %v", o.Status, o.Err)
+	}
+	if n, err := verify(genN.Engine(), "tp", o.Blocks, blockPattern); err != nil || n != o.Bytes || n == 0 {
+		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
+	}
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), patience)
+	defer ccancel()
+	if err := ctxs[1].Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "ctx/1's Down at the generation node", func() bool {
+		_, ok := genEvents.find(discovery.EventDown, "ctx", 1)
+		return ok
+	})
+	if ev, _ := genEvents.find(discovery.EventDown, "ctx", 1); ev.Reason != discovery.ReasonLeft {
+		t.Fatalf("ctx/1 closed, Down reason %q, want %q", ev.Reason, discovery.ReasonLeft)
+	}
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use", u)
+	}
+}
+
+// TestEtcdPeerNeverRegisteredIsNamed: a peer expected through etcd that
+// never registers is named by WaitPeers as not registered, within the
+// wait's deadline.
+func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: "node-never",
+		Peers: []node.Peer{{Instance: "ctx"}}}
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 (not registered in etcd cluster node-never)") {
+		t.Fatalf("WaitPeers for a peer that never registers: %v, want ErrPeerSilent naming ctx/0 as not registered", err)
+	}
+	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx"})
+	if !errors.Is(err, node.ErrUnknownPeer) {
+		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer", err)
+	}
+}
+
+// TestEtcdConfigErrors: each bad discovery setting is refused by name,
+// with its value, before anything opens.
+func TestEtcdConfigErrors(t *testing.T) {
+	good := func() node.Config {
+		return node.Config{Instance: "gen", Layout: tiny(), Backend: shm.Backend, Bind: "tcp://127.0.0.1:0", Insecure: true,
+			Discovery: "etcd://127.0.0.1:2379", Cluster: "c1"}
+	}
+	if err := good().Validate(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*node.Config)
+		want string
+	}{
+		{"scheme", func(c *node.Config) { c.Discovery = "consul://x:1" }, `discovery = "consul://x:1"`},
+		{"no port", func(c *node.Config) { c.Discovery = "etcd://host" }, `discovery = "etcd://host"`},
+		{"no cluster", func(c *node.Config) { c.Cluster = "" }, `cluster = ""`},
+		{"bad cluster", func(c *node.Config) { c.Cluster = "a/b" }, `cluster = "a/b"`},
+		{"cluster without etcd", func(c *node.Config) { c.Discovery = "" }, `cluster = "c1": set without etcd discovery`},
+		{"ttl without etcd", func(c *node.Config) {
+			c.Discovery, c.Cluster, c.DiscoveryTTL = "static", "", node.Duration(time.Second)
+		}, `discovery_ttl = 1s`},
+		{"negative ttl", func(c *node.Config) { c.DiscoveryTTL = node.Duration(-time.Second) }, `discovery_ttl = -1s`},
+		{"huge ttl", func(c *node.Config) { c.DiscoveryTTL = node.Duration(48 * time.Hour) }, `discovery_ttl = 48h0m0s`},
+		{"in-process link", func(c *node.Config) { c.Backend, c.Bind = "loopback", "" }, `discovery = "etcd://127.0.0.1:2379": needs a bind endpoint`},
+		{"wildcard bind", func(c *node.Config) { c.Bind = "tcp://*:5600" }, `bind = "tcp://*:5600": a wildcard address`},
+	} {
+		c := good()
+		tc.edit(&c)
+		err := c.Validate()
+		if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrConfig naming %s", tc.name, err, tc.want)
+		}
+	}
+	// From JSON, the same names.
+	c, err := node.ParseConfig([]byte(`{"model":"Llama-3.1-8B","bind":"tcp://127.0.0.1:0","insecure":true,
+		"discovery":"etcd://127.0.0.1:2379","cluster":"c1","discovery_ttl":"3s","peers":[{"instance":"ctx"}]}`))
+	if err != nil || c.Discovery != "etcd://127.0.0.1:2379" || c.Cluster != "c1" || time.Duration(c.DiscoveryTTL) != 3*time.Second {
+		t.Fatalf("ParseConfig with discovery: %+v, %v", c, err)
+	}
+	if _, err := node.ParseConfig([]byte(`{"model":"Llama-3.1-8B","bind":"tcp://127.0.0.1:0","insecure":true,
+		"discovery":"etcd://127.0.0.1:2379","cluster":"c1","discovery_ttl":"3 s"}`)); err == nil || !strings.Contains(err.Error(), "discovery_ttl") {
+		t.Fatalf("discovery_ttl \"3 s\": %v, want an error naming discovery_ttl", err)
+	}
+	// A peer without endpoint is only for etcd.
+	c = good()
+	c.Discovery, c.Cluster, c.Peers = "", "", []node.Peer{{Instance: "ctx"}}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "peers[0].endpoint") {
+		t.Fatalf("static peer without endpoint: %v, want an error naming peers[0].endpoint", err)
+	}
+}
+
+// TestEtcdUnreachableFailsOpen: an etcd nobody serves fails Open, naming
+// its endpoint, and leaves nothing open (the leak check).
+func TestEtcdUnreachableFailsOpen(t *testing.T) {
+	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), Insecure: true,
+		Discovery: "etcd://127.0.0.1:1", Cluster: "node-unreachable"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	n, err := node.Open(ctx, gc)
+	if err == nil {
+		_ = n.Close(context.Background())
+		t.Fatal("Open with an unreachable etcd: nil error")
+	}
+	if !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("Open with an unreachable etcd: %v, want the endpoint named", err)
+	}
+}
+
+// TestEtcdRedialsAPeerThatRefusedFirst: the context node learns of the
+// generation node (from etcd's prefix) and dials it before the generation
+// node learned the context node's key, so its heartbeat is refused at the
+// handshake — which libzmq never retries. The node redials once the key is
+// admitted, and the Hello gets through. The race is made certain: a stale
+// record of ctx/0 under a live lease holds the context node's Register
+// until it is withdrawn. (Checked to fail: with tend's Redial removed
+// WaitPeers names ctx/0 as silent.)
+func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
+	url := etcdURL(t)
+	const cluster = "node-redial"
+	dir := t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 2, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(100 * time.Millisecond), TransferTimeout: node.Duration(patience),
+		Discovery: url, Cluster: cluster}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+
+	// The stale record: an earlier incarnation of ctx/0, alive in etcd.
+	stale, err := discovery.Open(context.Background(), url, cluster, nil, discovery.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	if err := stale.Register(context.Background(), discovery.Record{Instance: "ctx", Rank: 0, Incarnation: 1,
+		ControlEndpoint: "ipc://" + filepath.Join(dir, "stale.sock"), CurvePublicKey: newKeys(t).public, Backend: "shm",
+		AgentAddr: []byte("stale"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+
+	cc := base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	type opened struct {
+		n   *node.Node
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		n, err := node.Open(context.Background(), cc) // waits for the stale record to go
+		done <- opened{n, err}
+	}()
+	waitFor(t, patience, "the generation node to refuse the context node's key", func() bool {
+		return logs.Has("refused CURVE handshake")
+	})
+	if err := stale.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	defer o.n.Close(context.Background()) //nolint:errcheck
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEtcdLostFailsTheNode: this node's own record deleted from etcd (an
+// operator's delete; a lapsed lease looks the same) is Lost: the node
+// fails — Err and WaitPeers say ErrMembershipLost — instead of
+// registering again.
+func TestEtcdLostFailsTheNode(t *testing.T) {
+	url := etcdURL(t)
+	const cluster = "node-lost"
+	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
+		Peers: []node.Peer{{Instance: "ctx"}}}
+	genN := open(t, gc)
+	if err := genN.Err(); err != nil {
+		t.Fatalf("Err of a registered node: %v", err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "gen", 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "the node to fail", func() bool { return genN.Err() != nil })
+	if err := genN.Err(); !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "gen/0 in etcd cluster node-lost") {
+		t.Fatalf("Err after the record was deleted: %v, want ErrMembershipLost naming gen/0 and the cluster", err)
+	}
+	if err := genN.WaitPeers(context.Background()); !errors.Is(err, node.ErrMembershipLost) {
+		t.Fatalf("WaitPeers after Lost: %v, want ErrMembershipLost", err)
+	}
+	if _, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "late", PromptLen: 16, Context: "ctx"}); !errors.Is(err, node.ErrMembershipLost) {
+		t.Fatalf("Receive after Lost: %v, want ErrMembershipLost", err)
+	}
+}
+
+// TestEtcdPinnedKeyMismatchIsNamed: the generation node pins ctx/0's
+// public key; ctx/0 registers with another key. Its record is refused, and
+// WaitPeers says so at once (not "not registered") instead of waiting out
+// its deadline.
+func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	dir := t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: "node-pinned"}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx", PublicKey: newKeys(t).public}}
+	genN := open(t, gc)
+	cc := base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0: its record in etcd cluster node-pinned was refused") ||
+		!strings.Contains(err.Error(), "not the key this node's config pins") {
+		t.Fatalf("WaitPeers with a pinned key etcd contradicts: %v, want ErrHandshake naming ctx/0 and the pinned key", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("WaitPeers waited out its deadline")
+	}
+}

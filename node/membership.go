@@ -1,0 +1,293 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// ErrMembershipLost: this node's own etcd record is gone (its lease
+// expired or could not be renewed, its key was deleted or taken over).
+// Every peer has taken its incarnation out of the cluster; the node failed
+// its requests and must be closed (a new Open registers a new
+// incarnation).
+var ErrMembershipLost = errors.New("node: membership lost")
+
+// found is a peer rank etcd reported up, and what the node knows of it.
+type found struct {
+	rec discovery.Record
+	// hello: the Hello of this incarnation's link arrived and was checked.
+	hello bool
+	// redialed is when the node last redialed the peer after a refused
+	// handshake.
+	redialed time.Time
+}
+
+// register opens the etcd registry, starts the membership goroutine and
+// registers this node's record. The link listens already, so the record
+// carries the real endpoint. On error the registry is closed.
+func (n *Node) register(ctx context.Context) error {
+	opts := []discovery.Option{}
+	if n.cfg.DiscoveryTTL > 0 {
+		opts = append(opts, discovery.WithTTL(time.Duration(n.cfg.DiscoveryTTL)))
+	}
+	reg, err := discovery.Open(ctx, n.cfg.Discovery, n.cfg.Cluster, nil, opts...)
+	if err != nil {
+		return fmt.Errorf("node: discovery = %q: %w", n.cfg.Discovery, err)
+	}
+	n.reg = reg
+	n.watch.Add(1)
+	go n.membership()
+	h := n.eng.Hello()
+	rec := discovery.Record{Instance: h.From.Instance, Rank: h.From.Rank, Incarnation: discovery.NewIncarnation(),
+		ControlEndpoint: n.link.Endpoint(), CurvePublicKey: n.link.PublicKey(), Backend: h.Backend,
+		AgentAddr: h.AgentAddr, LayoutHash: h.LayoutHash, Parallel: h.Parallel, TP: h.TP, PP: h.PP}
+	if err := reg.Register(ctx, rec); err != nil {
+		return fmt.Errorf("node: registering %s in etcd cluster %s: %w", rec, n.cfg.Cluster, err)
+	}
+	n.mu.Lock()
+	n.self = rec
+	n.mu.Unlock()
+	n.log.Info().Str("cluster", n.cfg.Cluster).Uint64("incarnation", rec.Incarnation).Str("endpoint", rec.ControlEndpoint).
+		Msgf("registered %s in etcd cluster %s", rec, n.cfg.Cluster)
+	return nil
+}
+
+// membership is the node's membership goroutine: it acts on the
+// registry's events and, every tick, checks the Hellos of peers etcd
+// found (and redials one whose handshake this node's key lost a race
+// for). It ends when the registry's events close.
+func (n *Node) membership() {
+	defer n.watch.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	evs := n.reg.Events()
+	for {
+		select {
+		case ev, ok := <-evs:
+			if !ok {
+				if err := n.reg.Err(); err != nil && !n.closing.Load() {
+					n.fail(fmt.Errorf("%w: registry stopped: %w", ErrMembershipLost, err))
+				}
+				return
+			}
+			n.apply(ev)
+			if n.cfg.OnMembership != nil {
+				n.cfg.OnMembership(ev)
+			}
+		case <-t.C:
+			n.tend()
+		}
+	}
+}
+
+// apply acts on one registry event.
+func (n *Node) apply(ev discovery.Event) {
+	switch ev.Kind {
+	case discovery.EventUp:
+		n.peerUp(ev.Record)
+	case discovery.EventDown:
+		id := messages.PeerID{Instance: ev.Instance, Rank: ev.Rank}
+		n.mu.Lock()
+		f, ok := n.found[id]
+		if ok && f.rec.Incarnation == ev.Incarnation {
+			delete(n.found, id)
+		}
+		n.mu.Unlock()
+		if !ok {
+			return // a record this node refused
+		}
+		n.eng.PeerDown(id)
+		n.log.Warn().Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Str("reason", ev.Reason).
+			Msgf("peer %s is out of etcd cluster %s (%s): its requests fail", id, n.cfg.Cluster, ev.Reason)
+		if n.cfg.OnPeerDown != nil {
+			n.cfg.OnPeerDown(id.Instance, int(id.Rank))
+		}
+	case discovery.EventRejected:
+		n.log.Warn().Str("key", ev.Key).Err(ev.Err).Msgf("etcd value at %s refused: %v", ev.Key, ev.Err)
+	case discovery.EventLost:
+		if n.closing.Load() {
+			return // Close withdrew the record
+		}
+		n.fail(fmt.Errorf("%w: %s in etcd cluster %s: %s", ErrMembershipLost, n.cfg.self(), n.cfg.Cluster, ev.Reason))
+	}
+}
+
+// peerUp wires a peer etcd found into the control link: its key admitted
+// at the handshake and bound to its rank, then its endpoint (so that the
+// link dials it with the key known).
+func (n *Node) peerUp(rec discovery.Record) {
+	id := rec.Peer()
+	if id.Instance == n.cfg.instance() {
+		return // this node, or a rank of its own instance: KV moves between instances
+	}
+	lg := n.log.With().Str("peer", id.String()).Uint64("incarnation", rec.Incarnation).Logger()
+	refuse := func(format string, args ...any) {
+		why := fmt.Sprintf(format, args...)
+		lg.Error().Msgf("etcd record of %s refused: %s", id, why)
+		n.mu.Lock()
+		n.refused[id] = why
+		n.mu.Unlock()
+	}
+	if pinned, ok := n.pinnedKey(id); ok && pinned != rec.CurvePublicKey {
+		refuse("its CURVE key %.8s… is not the key this node's config pins (%.8s…)", rec.CurvePublicKey, pinned)
+		return
+	}
+	if !n.cfg.Insecure {
+		if rec.CurvePublicKey == "" {
+			refuse("it has no CURVE key but this node uses CURVE (is %s insecure?)", id)
+			return
+		}
+		if err := n.link.AllowKey(rec.CurvePublicKey); err != nil {
+			refuse("%v", err)
+			return
+		}
+		if err := n.link.SetPeerServerKey(id, rec.CurvePublicKey); err != nil {
+			refuse("%v", err)
+			return
+		}
+	}
+	if err := n.link.AddPeer(id, rec.ControlEndpoint); err != nil {
+		refuse("%v", err)
+		return
+	}
+	n.mu.Lock()
+	n.found[id] = &found{rec: rec}
+	delete(n.refused, id)
+	n.mu.Unlock()
+	lg.Info().Str("endpoint", rec.ControlEndpoint).Msgf("peer %s found in etcd cluster %s at %s", id, n.cfg.Cluster, rec.ControlEndpoint)
+}
+
+// pinnedKey is the public key the config gives for peer id, if any.
+func (n *Node) pinnedKey(id messages.PeerID) (string, bool) {
+	k, ok := n.pinned[id]
+	return k, ok
+}
+
+// tend checks the peers etcd found that have not said Hello yet: a Hello
+// is checked (model) and logged once; a heartbeat refused at the peer's
+// handshake (it had not learned this node's key yet) is redialed, at most
+// once per heartbeat interval.
+func (n *Node) tend() {
+	n.mu.Lock()
+	var wait []messages.PeerID
+	for id, f := range n.found {
+		if !f.hello {
+			wait = append(wait, id)
+		}
+	}
+	n.mu.Unlock()
+	for _, id := range wait {
+		h, err := n.link.Hello(id)
+		if err == nil {
+			n.mu.Lock()
+			if f := n.found[id]; f != nil {
+				f.hello = true
+			}
+			n.mu.Unlock()
+			if err := n.eng.CheckPeer(h); err != nil {
+				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+			} else {
+				n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
+			}
+			continue
+		}
+		st, err := n.link.PeerState(id)
+		if err != nil || st.Conn != zmq.ConnHandshakeFailed {
+			continue
+		}
+		n.mu.Lock()
+		f := n.found[id]
+		again := f != nil && time.Since(f.redialed) >= n.heartbeat()
+		if again {
+			f.redialed = time.Now()
+		}
+		n.mu.Unlock()
+		if again {
+			n.log.Debug().Str("peer", id.String()).Str("reason", st.Reason).Msg("redialing an etcd peer whose handshake refused this node")
+			_ = n.link.Redial(id)
+		}
+	}
+}
+
+// fail marks the node failed (Err) once: it logs why and fails every
+// request with every peer it knows (Engine.PeerDown), so that its writers
+// stop posting and their endpoints close.
+func (n *Node) fail(err error) {
+	n.mu.Lock()
+	if n.err != nil {
+		n.mu.Unlock()
+		return
+	}
+	n.err = err
+	var peers []messages.PeerID
+	for id := range n.found {
+		peers = append(peers, id)
+	}
+	for _, p := range n.peers {
+		peers = append(peers, p.id())
+	}
+	n.mu.Unlock()
+	n.log.Error().Err(err).Msg("this node is out of the cluster: its requests fail; close it and open a new one")
+	for _, p := range peers {
+		n.eng.PeerDown(p)
+	}
+}
+
+// Err is nil while the node is a member; after its etcd membership was
+// lost (ErrMembershipLost) it says why. The node then fails its requests
+// and must be closed.
+func (n *Node) Err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.err
+}
+
+// Incarnation is the incarnation this node registered in etcd (0 with
+// static discovery).
+func (n *Node) Incarnation() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.self.Incarnation
+}
+
+// Members are the peer ranks etcd reports up now (none with static
+// discovery).
+func (n *Node) Members() []discovery.Record {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]discovery.Record, 0, len(n.found))
+	for _, f := range n.found {
+		out = append(out, f.rec)
+	}
+	return out
+}
+
+// member is the record of an etcd peer up now.
+func (n *Node) member(id messages.PeerID) (discovery.Record, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if f := n.found[id]; f != nil {
+		return f.rec, true
+	}
+	return discovery.Record{}, false
+}
+
+// whyRefused says why this node refused the latest etcd record of id
+// ("" if it did not).
+func (n *Node) whyRefused(id messages.PeerID) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.refused[id]
+}
+
+// foundEndpoint is the endpoint of an etcd peer up now.
+func (n *Node) foundEndpoint(id messages.PeerID) (string, bool) {
+	r, ok := n.member(id)
+	return r.ControlEndpoint, ok
+}

@@ -1,0 +1,86 @@
+"""The framework's own KV tensors as kvxfer memory (kv_memory): vLLM NHD
+torch tensors on the prefill side, HND ones on the decode side."""
+
+import pytest
+import torch
+
+import kvxfer
+from kvxfer import KvxferError, Outcome, Status
+
+from conftest import small_config, unique
+
+# The tiny layout of conftest: 4 layers, 2 KV heads, head size 8, bf16,
+# 16 tokens per block.
+LAYERS, HEADS, HEAD, TPB = 4, 2, 8, 16
+
+
+def engine(instance, kind, caches):
+    cfg = small_config(instance, memory=kvxfer.kv_memory(kind, caches))
+    del cfg["pool_bytes"]
+    return kvxfer.Engine(cfg, kv_caches=caches)
+
+
+def test_vllm_nhd_tensors_into_hnd_tensors():
+    """Per-layer NHD tensors [2, num_blocks, block_size, heads, head_dim] on
+    the context side, HND [2, num_blocks, heads, block_size, head_dim] on the
+    generation side, separate allocations per layer; every element of the
+    framework's destination blocks equals the source's, and nothing else is
+    written."""
+    nblocks, prompt = 24, 150
+    n = -(-prompt // TPB)
+    src = [torch.zeros((2, nblocks, TPB, HEADS, HEAD), dtype=torch.bfloat16) for _ in range(LAYERS)]
+    dst = [torch.zeros((2, nblocks, HEADS, TPB, HEAD), dtype=torch.bfloat16) for _ in range(LAYERS)]
+    before = kvxfer.handle_count()
+    ctx, gen = engine(unique("ctx"), "nhd", src), engine(unique("gen"), "hnd", dst)
+    try:
+        src_ids = ctx.alloc(0, n)
+        dst_ids = [nblocks - 1 - 2 * i for i in range(n)]  # the framework's own
+        torch.manual_seed(11)
+        truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+        for i in range(LAYERS):
+            for t in range(prompt):
+                src[i][:, src_ids[t // TPB], t % TPB] = truth[i, :, t]
+        rx = gen.receive("mem-1", prompt, ctx.instance, blocks=[dst_ids])
+        tx = ctx.send("mem-1", prompt)
+        for start in range(0, prompt, 64):
+            end = min(start + 64, prompt)
+            b0, b1 = start // TPB, -(-end // TPB)
+            tx.chunk(start, end, [(b0, src_ids[b0:b1])]).ready()
+        ev = tx.wait()
+        assert ev.outcome == Outcome.DONE and ev.error == Status.OK, ev
+        ev = rx.wait()
+        assert ev.outcome == Outcome.READY, (ev, rx.error_message())
+        assert rx.blocks(0) == (0, dst_ids)
+        compared = 0
+        for i in range(LAYERS):
+            for t in range(prompt):
+                got = dst[i][:, dst_ids[t // TPB], :, t % TPB]  # [2, heads, head_dim]
+                assert torch.equal(got, truth[i, :, t]), "layer %d token %d" % (i, t)
+                compared += got.numel()
+            others = [b for b in range(nblocks) if b not in dst_ids]
+            assert torch.count_nonzero(dst[i][:, others]) == 0, "layer %d: a block outside the request written" % i
+        assert compared == LAYERS * 2 * prompt * HEADS * HEAD
+        tx.release()
+        rx.release()
+        ctx.free(0, src_ids)
+        assert ctx.used(0) == 0 and gen.used(0) == 0
+    finally:
+        ctx.close()
+        gen.close()
+    assert kvxfer.handle_count() == before
+
+
+def test_kv_memory_refuses_what_it_cannot_describe():
+    t = torch.zeros((2, 4, TPB, HEADS, HEAD), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kind"):
+        kvxfer.kv_memory("nchw", [t])
+    with pytest.raises(ValueError, match="dimensions"):
+        kvxfer.kv_memory("split_kv", [t])
+    with pytest.raises(ValueError, match="different strides"):
+        # Same shape, HND storage: the strides differ.
+        kvxfer.kv_memory("nhd", [t, torch.zeros((2, 4, HEADS, TPB, HEAD), dtype=torch.bfloat16).transpose(2, 3)])
+    # Too few layers for the rank: the library names the count.
+    cfg = small_config(unique("bad"), memory=kvxfer.kv_memory("nhd", [t]))
+    del cfg["pool_bytes"]
+    with pytest.raises(KvxferError, match="1 addresses, rank"):
+        kvxfer.Engine(cfg, kv_caches=[t])
