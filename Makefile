@@ -48,6 +48,7 @@ TESTTAGS ?= kvxfer_invariants
 test: deps
 	$(GO) test -race -count=1 -tags $(TESTTAGS) $(PKGS)
 	$(GO) test -count=1 -tags $(TESTTAGS) ./test/sim
+	$(GO) test -count=1 -tags $(TESTTAGS) ./test/sim -run '^TestSeeds$$' -suspect-partitions
 	$(MAKE) --no-print-directory ctest
 	$(MAKE) --no-print-directory pytest
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
@@ -95,11 +96,14 @@ proto: deps
 ## sim: the deterministic simulator (test/sim) over SEEDS seeds on every core;
 ## prints seeds/s, fault kinds fired and race coverage per 1,000 seeds, and for
 ## each failing seed a command that reproduces it and the path of its trace.
+## SIMFLAGS: by default the failure detector also suspects partitioned (alive)
+## peers (issue 17); stalled writers and clock drift are fault kinds of every run.
 SEEDS ?= 10000
 SEEDBASE ?= 1
+SIMFLAGS ?= -suspect-partitions
 .PHONY: sim
 sim:
-	$(GO) test -tags $(TESTTAGS) ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE)
+	$(GO) test -tags $(TESTTAGS) ./test/sim -run '^TestSeeds$$' -count=1 -v -timeout 30m -seeds=$(SEEDS) -seedbase=$(SEEDBASE) $(SIMFLAGS)
 
 ## gpu-check: kvxfer's checks on one GPU (test/gpu/gpu-check.sh): discovery,
 ## the cudaipc conformance suite, the device-pool demo and cudaipc's

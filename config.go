@@ -60,6 +60,19 @@ type Config struct {
 	Link control.Link
 	// TransferTimeout bounds a request (overridable per request).
 	TransferTimeout time.Duration
+	// MaxQuarantinedBytes bounds the destination bytes held in quarantine
+	// (blocks of requests that failed while a writer had given no proof
+	// that its writes are over, DESIGN.md §3): past it new requests wait
+	// for destination blocks (until their deadline); quarantined blocks
+	// are never freed early. 0: half of PoolBytes.
+	MaxQuarantinedBytes uint64
+	// WriterLease, when > 0, fences this engine as a writer: it posts for
+	// a generation peer only while it holds a lease on it, renewed for
+	// WriterLease by each frame of the peer and by Engine.PeerAlive (wire
+	// the control plane's heartbeats to it); a lapsed lease fails the
+	// requests to that peer and closes its endpoints. Liveness only: the
+	// receiver still quarantines until a proof. 0: off.
+	WriterLease time.Duration
 	// DrainGrace is how long in-doubt writes may take to complete before
 	// their endpoint is closed to retire them.
 	DrainGrace time.Duration

@@ -117,6 +117,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		}
 	}
 	e.pools = actors.NewPools(pools)
+	e.pools.SetQuarantineLimit(r.MaxQuarantinedBytes)
 	e.memory = engineMemory(r, geoms)
 	e.agent = r.Agent
 	if e.agent == nil {
@@ -150,6 +151,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
+		WriterLease: r.WriterLease,
 	})
 	if err != nil {
 		return nil, err
@@ -198,9 +200,22 @@ func (e *Engine) CheckPeer(h *messages.Hello) error {
 	return actors.LayoutMismatch(actors.Topology{Layout: e.cfg.layout, LayoutHash: e.cfg.layout.Hash()}, h)
 }
 
-// PeerDown tells the engine a peer is dead (the control plane's heartbeat
-// callback): its sessions fail and drain, pages are released.
+// PeerDown tells the engine a peer is suspected dead (the control plane's
+// heartbeat callback): its sessions fail and drain; destination pages it
+// may still write are quarantined until a proof (WriterExited, its
+// CancelAck or Result), never freed on suspicion alone.
 func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }
+
+// PeerAlive tells the engine that peer is alive now (its heartbeat
+// arrived): it renews this writer's lease on it (Config.WriterLease).
+func (e *Engine) PeerAlive(peer messages.PeerID) { e.inner.PeerAlive(peer) }
+
+// WriterExited tells the engine that incarnation inc of writer peer is
+// gone as its backend defines death (docs/membership.md §4): proof that
+// ends the quarantine of the requests addressed to it.
+func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) {
+	e.inner.WriterExited(peer, inc, how)
+}
 
 // Stats are an engine's event counts since Start (monotonic).
 type Stats struct {
@@ -226,6 +241,12 @@ type Stats struct {
 	SessionPanicsPastBudget int64
 	// PinErrors: source pins (and unpins) the pool refused.
 	PinErrors int64
+	// LeasesLapsed: writer leases on peers that lapsed (Config.WriterLease).
+	LeasesLapsed int64
+	// QuarantinedBytes: destination bytes in quarantine now (their
+	// request failed while a writer had given no proof that its writes
+	// are over); QuarantineLimitBytes is the bound in force.
+	QuarantinedBytes, QuarantineLimitBytes uint64
 }
 
 // Stats returns a snapshot of the engine's counters.
@@ -234,7 +255,8 @@ func (e *Engine) Stats() Stats {
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
-		PinErrors:               c.PinErrors.Load()}
+		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
+		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

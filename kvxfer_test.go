@@ -233,7 +233,7 @@ func checkNoLeaks(t *testing.T, c *cluster) {
 	for {
 		used := 0
 		for _, e := range append(c.ctx, c.gen...) {
-			used += e.Pools().Used()
+			used += e.Pools().Used() + e.Pools().Quarantined()
 		}
 		if used == 0 {
 			return

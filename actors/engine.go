@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -45,6 +46,18 @@ type EngineConfig struct {
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
 	Metrics *metrics.Set
+	// Incarnation is this start of the rank, new at each start (0: the
+	// engine takes the wall clock's nanoseconds). Its Hello and frames
+	// carry it; frames of earlier incarnations are refused (issue 17).
+	Incarnation uint64
+	// WriterLease, when > 0, fences this rank as a writer (issue 17): it
+	// posts for a generation peer only while it holds a lease on it,
+	// renewed for WriterLease by each frame of the peer and by
+	// Engine.PeerAlive (wire the control plane's heartbeats to it); when
+	// a lease lapses the rank fails its requests to that peer and closes
+	// its endpoints, as for PeerDown. Liveness, not proof: the receiver
+	// still quarantines. 0: off.
+	WriterLease time.Duration
 }
 
 // Engine is one engine rank's actor tree: senders (workers), tx and rx
@@ -153,19 +166,24 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}, actor.WithSupervisor(workerSup)))
 	e.env.workers = <-ready
 
-	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout}
+	if cfg.Incarnation == 0 {
+		cfg.Incarnation = uint64(time.Now().UnixNano())
+	}
+	e.env.incarnation = cfg.Incarnation
+	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
 	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
-		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg,
+		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg, leases: core.NewPeerLeases(cfg.WriterLease),
 			table: e.env.txTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
-			table: e.env.rxTable(cfg.Topology, cfg.Workers), queue: e.env.allocQueue(),
+			table: e.env.rxTable(cfg.Topology, cfg.Workers, cfg.Incarnation), queue: e.env.allocQueue(),
 			sessions: sessionTable{pids: map[string]*actor.PID{}}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
-	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx, tr: e.env.tableTracer("listener", TableRoute, TableBirth{})}
+	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx, tr: e.env.tableTracer("listener", TableRoute, TableBirth{}),
+		incs: core.NewIncarnationTable(cfg.Incarnation)}
 
 	topo := cfg.Topology
 	pools := make([]messages.PoolGeometry, len(topo.Pools))
@@ -178,6 +196,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
 		Memory: helloMemory(topo.Memory)}
+	e.hello.Incarnation = cfg.Incarnation
 	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}
@@ -344,6 +363,24 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 	e.env.meters.peerDown(peer)
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
+}
+
+// PeerAlive tells the engine that peer is alive now (its heartbeat
+// arrived): the writer's lease on it is renewed (EngineConfig.WriterLease).
+func (e *Engine) PeerAlive(peer messages.PeerID) {
+	e.sys.Root.Send(e.tx, &peerAlive{peer: peer})
+}
+
+// WriterExited tells the engine that incarnation inc of peer is gone as
+// its backend defines death (docs/membership.md §4: shm, a readable pidfd
+// opened at that incarnation's Hello; ucx, its queue pairs destroyed):
+// proof that none of its writes can land any more. The requests addressed
+// to that incarnation fail and their destination blocks leave quarantine;
+// inc 0: a peer without incarnations, every request of it. how says what
+// proved it (for the error text). Missed heartbeats are not such a proof:
+// they go to PeerDown.
+func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) {
+	e.sys.Root.Send(e.rx, &writerExited{peer: peer, inc: inc, how: how})
 }
 
 // ErrUndrained is returned by Close when sessions could not drain in time.

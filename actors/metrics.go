@@ -157,6 +157,10 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: pools: %w", err)
 	}
+	if err := set.Quarantine(func() float64 { return float64(pools.QuarantinedBytes()) },
+		func() float64 { return float64(pools.QuarantineLimit()) }); err != nil {
+		return nil, fmt.Errorf("metrics: quarantine: %w", err)
+	}
 	return m, nil
 }
 

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -38,6 +39,16 @@ type (
 	closeReq struct{ drained chan struct{} }
 	// peerDown: the control plane declared a peer dead.
 	peerDown struct{ peer messages.PeerID }
+	// peerAlive: a peer's heartbeat (Engine.PeerAlive); leaseTick: the
+	// earliest writer lease may have lapsed.
+	peerAlive struct{ peer messages.PeerID }
+	leaseTick struct{}
+	// writerExited: proof that a writer process can write no more.
+	writerExited struct {
+		peer messages.PeerID
+		inc  uint64
+		how  string
+	}
 	// workerDead: a sender worker was stopped for good.
 	workerDead struct{ worker int }
 	// blocksFreed wakes the rx supervisor's allocation queue.
@@ -96,6 +107,50 @@ type txParent struct {
 	table    txTable
 	sessions sessionTable
 	handles  map[string]*Handle
+
+	// answering is the sender's incarnation of the frame being handled:
+	// the parent's own replies are addressed to it.
+	answering uint64
+	// leases: this writer's leases on its generation peers (issue 17);
+	// leaseArmed: a leaseTick is pending.
+	leases     *core.PeerLeases
+	leaseArmed bool
+}
+
+// renewLease renews peer's lease at now and keeps a check armed for the
+// earliest lapse.
+func (p *txParent) renewLease(ctx actor.Context, peer messages.PeerID) {
+	if p.leases.TTL() <= 0 {
+		return
+	}
+	now := p.env.clock.Now()
+	p.leases.Renew(peer, now)
+	p.armLease(ctx, now)
+}
+
+func (p *txParent) armLease(ctx actor.Context, now time.Time) {
+	next := p.leases.Next(now)
+	if p.leaseArmed || next.IsZero() || p.sessions.draining {
+		return
+	}
+	p.leaseArmed = true
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	p.env.clock.AfterFunc(next.Sub(now), func() { sys.Root.Send(self, &leaseTick{}) })
+}
+
+// leaseLapsed fences this writer from peers whose lease lapsed: their
+// streams fail, ops in flight go IN_DOUBT, endpoints close (TxPeerGone).
+func (p *txParent) leaseLapsed(ctx actor.Context) {
+	p.leaseArmed = false
+	now := p.env.clock.Now()
+	for _, peer := range p.leases.Expired(now) {
+		p.env.stats.LeasesLapsed.Add(1)
+		p.env.log.Warn().Str("peer", peer.String()).Dur("lease", p.leases.TTL()).Msg("writer lease lapsed: no more posts to the peer, its requests fail")
+		for _, pid := range p.sessions.pids {
+			ctx.Send(pid, TxPeerGone{Peer: peer})
+		}
+	}
+	p.armLease(ctx, now)
 }
 
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
@@ -108,7 +163,16 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 }
 
 func (p *txParent) Receive(ctx actor.Context) {
+	p.answering = 0
+	if f, ok := ctx.Message().(messages.Frame); ok {
+		p.answering = core.FromIncarnation(f)
+		p.renewLease(ctx, f.Sender()) // a frame of the peer: it is alive
+	}
 	switch m := ctx.Message().(type) {
+	case *peerAlive:
+		p.renewLease(ctx, m.peer)
+	case *leaseTick:
+		p.leaseLapsed(ctx)
 	case *txOpenReq:
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {
@@ -140,7 +204,8 @@ func (p *txParent) Receive(ctx actor.Context) {
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
-		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch})
+		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch,
+			Incarnation: m.FromIncarnation})
 	case *sessionStopped:
 		if pid := p.sessions.pids[m.request]; pid != nil {
 			ctx.Poison(pid) // after whatever this parent already sent it
@@ -181,7 +246,10 @@ func (p *txParent) genIndex(from messages.PeerID) int {
 	return int(from.Rank)
 }
 
+// reply answers a frame f (RequestData, Cancel) on the parent's own: from
+// this incarnation, to the one the answered frame came from.
 func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, f messages.Frame) {
+	core.Stamp(f, p.env.incarnation, p.answering)
 	w := WorkerFor(request, to, len(p.env.workers))
 	sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: to, Frame: f}})
 }
@@ -234,7 +302,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		pid = p.spawn(ctx, rd.RequestID)
 	}
 	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
-		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err}, hello: hello, rd: rd})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err, Incarnation: rd.FromIncarnation}, hello: hello, rd: rd})
 }
 
 // rxParent supervises RxSessions, allocates destination blocks (queueing
@@ -315,6 +383,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
+			// Close does not wait for proofs that may never come (a
+			// writer partitioned or stalled for good): a session still
+			// waiting for one stops, its blocks quarantined.
+			ctx.Send(pid, RxAbandon{})
 		}
 		p.sessions.maybeDrained()
 	case *rxCrashReq:
@@ -333,7 +405,13 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
 		for _, r := range p.table.PeerDown(m.peer) {
-			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+			// Missed heartbeats are suspicion, not proof (DESIGN.md §3):
+			// the request fails, its blocks are quarantined.
+			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+		}
+	case *writerExited:
+		for _, r := range p.table.Exited(m.peer, m.inc) {
+			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how)})
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
@@ -462,6 +540,15 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			p.table.Heard(peer)
 		}
 	}
+	// Address the request to the writers' incarnations their Hellos name.
+	for _, peer := range p.table.WritersUnknownIncarnation(o) {
+		if p.link == nil {
+			break
+		}
+		if h, err := p.link.Hello(peer); err == nil {
+			p.table.Learn(peer, h.Incarnation)
+		}
+	}
 	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)
@@ -471,7 +558,8 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
 	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
-		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil})}
+		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
+		Incarnation: p.env.incarnation})}
 	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
 }
 
@@ -486,6 +574,10 @@ type listener struct {
 	tx   *actor.PID
 	rx   *actor.PID
 	tr   TableTracer // nil unless tracing tables
+	// incs refuses frames of earlier incarnations (issue 17); mu guards
+	// it (a MemLink delivers from its senders' goroutines).
+	mu   sync.Mutex
+	incs *core.IncarnationTable
 }
 
 func (l *listener) route(f messages.Frame) {
@@ -498,9 +590,25 @@ func (l *listener) route(f messages.Frame) {
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
-	case core.FrameToTx:
-		l.root.Send(l.tx, f) // its parent gives the credit back
-	case core.FrameToRx:
+	case core.FrameToTx, core.FrameToRx:
+		l.mu.Lock()
+		err := l.incs.Admit(f)
+		l.mu.Unlock()
+		if err != nil {
+			// Addressed to an earlier incarnation of this rank, or sent by
+			// an earlier incarnation of the peer: never acted on.
+			l.env.credits.give(f)
+			l.env.stats.FramesStale.Add(1)
+			l.env.meters.reject(rejectStale)
+			if ev := l.env.warn(f.Sender().String(), "stale incarnation"); ev != nil {
+				ev.Err(err).Msg("control frame of an earlier incarnation dropped")
+			}
+			return
+		}
+		if dest == core.FrameToTx {
+			l.root.Send(l.tx, f) // its parent gives the credit back
+			return
+		}
 		l.root.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)

@@ -19,6 +19,124 @@ type Pools struct {
 	cond   *sync.Cond
 	pools  []*kvcache.Pool
 	onFree func()
+	// quarantineLimit bounds the quarantined bytes (0: a default, half
+	// the pools' bytes): past it Alloc refuses (ErrQuarantineFull, which
+	// wraps kvcache.ErrOutOfBlocks, so the allocation queue waits).
+	quarantineLimit uint64
+}
+
+// ErrQuarantineFull: destination blocks of requests that failed without
+// proof that their writers stopped fill the quarantine bound; new
+// requests wait until a proof releases some (or fail at their deadline).
+// It wraps kvcache.ErrOutOfBlocks.
+var ErrQuarantineFull = fmt.Errorf("%w: quarantine full", kvcache.ErrOutOfBlocks)
+
+// SetQuarantineLimit bounds the quarantined bytes (0: half the pools'
+// bytes).
+func (p *Pools) SetQuarantineLimit(bytes uint64) {
+	p.mu.Lock()
+	p.quarantineLimit = bytes
+	p.mu.Unlock()
+}
+
+// QuarantineLimit is the bound in force, in bytes.
+func (p *Pools) QuarantineLimit() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.limitLocked()
+}
+
+func (p *Pools) limitLocked() uint64 {
+	if p.quarantineLimit > 0 {
+		return p.quarantineLimit
+	}
+	var total uint64
+	for _, pl := range p.pools {
+		total += pl.BlockBytes() * uint64(pl.Len())
+	}
+	return max(total/2, 1)
+}
+
+func (p *Pools) quarantinedLocked() uint64 {
+	var n uint64
+	for _, pl := range p.pools {
+		n += pl.BlockBytes() * uint64(pl.Stats().Quarantined)
+	}
+	return n
+}
+
+// QuarantinedBytes is the bytes of the blocks in quarantine.
+func (p *Pools) QuarantinedBytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.quarantinedLocked()
+}
+
+// Quarantined is the number of blocks in quarantine, over all groups.
+func (p *Pools) Quarantined() int {
+	n := 0
+	for _, st := range p.Stats() {
+		n += st.Quarantined
+	}
+	return n
+}
+
+// Quarantine moves blocks per group into quarantine
+// (kvcache.Pool.Quarantine): all or nothing — every block must be
+// allocated and unpinned, none named twice.
+func (p *Pools) Quarantine(blocks [][]kvcache.BlockID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for g, ids := range blocks {
+		if len(ids) > 0 && g >= len(p.pools) {
+			return fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+		}
+		seen := make(map[kvcache.BlockID]bool, len(ids))
+		for _, id := range ids {
+			st, err := p.pools[g].State(id)
+			if err != nil {
+				return fmt.Errorf("group %d: %w", g, err)
+			}
+			if st != kvcache.BlockAllocated || seen[id] {
+				return fmt.Errorf("%w: Quarantine: group %d block %d is %v (or named twice)", kvcache.ErrDoubleFree, g, id, st)
+			}
+			seen[id] = true
+		}
+	}
+	for g, ids := range blocks {
+		if len(ids) > 0 {
+			if err := p.pools[g].Quarantine(ids...); err != nil {
+				return fmt.Errorf("group %d: %w", g, err) // checked above: cannot happen
+			}
+		}
+	}
+	return nil
+}
+
+// ReleaseQuarantine returns quarantined blocks per group to the free
+// lists: the caller has proof that no write can reach them any more.
+func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
+	p.mu.Lock()
+	var first error
+	for g, ids := range blocks {
+		if len(ids) == 0 {
+			continue
+		}
+		if g >= len(p.pools) {
+			first = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+			continue
+		}
+		if err := p.pools[g].ReleaseQuarantine(ids...); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.cond.Broadcast()
+	f := p.onFree
+	p.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return first
 }
 
 // NewPools wraps pools (index = layer group).
@@ -52,6 +170,11 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 		if err := p.pools[g].Geometry().CheckFits(n); err != nil {
 			return nil, fmt.Errorf("layer group %d: %w", g, err)
 		}
+	}
+	if q, lim := p.quarantinedLocked(), p.limitLocked(); q >= lim {
+		return nil, fmt.Errorf("%w: %d bytes quarantined, limit %d", ErrQuarantineFull, q, lim)
+	}
+	for g, n := range counts {
 		if st := p.pools[g].Stats(); n > st.Free {
 			return nil, fmt.Errorf("%w: group %d needs %d blocks, %d free", kvcache.ErrOutOfBlocks, g, n, st.Free)
 		}
@@ -188,11 +311,12 @@ func (p *Pools) Stats() []kvcache.PoolStats {
 	return out
 }
 
-// Used is the number of blocks not free, over all groups.
+// Used is the number of blocks held (allocated or pinned), over all
+// groups; quarantined blocks are counted by Quarantined.
 func (p *Pools) Used() int {
 	n := 0
 	for _, st := range p.Stats() {
-		n += st.Total - st.Free
+		n += st.Used
 	}
 	return n
 }

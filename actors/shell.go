@@ -29,6 +29,10 @@ type Counters struct {
 	// restart budget was spent (each resumed it to drain; not a restart).
 	SessionPanicsPastBudget atomic.Int64
 	PinErrors               atomic.Int64
+
+	// LeasesLapsed counts writer leases that lapsed (the writer fenced
+	// itself from that peer: EngineConfig.WriterLease).
+	LeasesLapsed atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,
@@ -168,6 +172,9 @@ type shellEnv struct {
 	dead    []atomic.Bool
 	failed  atomic.Bool
 	closing atomic.Bool
+
+	// incarnation is this engine's (EngineConfig.Incarnation).
+	incarnation uint64
 }
 
 // opWorker is worker i for ops (submit, flush, close), or nil once it is
@@ -490,9 +497,22 @@ func (a *rxActor) Receive(ctx actor.Context) {
 				a.handle.release()
 			}
 			a.handle.finish(e.Outcome)
+		case QuarantineDest:
+			if a.s.Config().CallerOwned {
+				break // the framework's: Released tells it only after the proof
+			}
+			if err := a.env.pools.Quarantine(e.Blocks); err != nil {
+				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("quarantine destination blocks")
+			}
 		case ReleaseDest:
 			if a.s.Config().CallerOwned {
 				break // the framework's: Released tells it below
+			}
+			if e.Quarantined {
+				if err := a.env.pools.ReleaseQuarantine(e.Blocks); err != nil {
+					a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("release quarantined destination blocks")
+				}
+				break
 			}
 			if err := a.env.pools.Free(e.Blocks); err != nil {
 				a.env.log.Error().Err(err).Str("request", a.s.Config().Request).Msg("free destination blocks")
@@ -501,8 +521,12 @@ func (a *rxActor) Receive(ctx actor.Context) {
 			for _, t := range a.timers {
 				t.Stop()
 			}
-			// Every writer is quiescent: the blocks may be reused.
-			a.handle.release()
+			// Every writer is quiescent: the blocks may be reused. A
+			// session abandoned at Close with writers unproven keeps its
+			// blocks quarantined: the handle never says Released.
+			if a.s.WritersQuiescent() {
+				a.handle.release()
+			}
 			ctx.Send(ctx.Parent(), &sessionStopped{request: a.s.Config().Request})
 			ctx.Stop(ctx.Self())
 		case Log:

@@ -30,6 +30,9 @@ type (
 	RxFrame         = core.RxFrame
 	RxPanic         = core.RxPanic
 	RxPeerGone      = core.RxPeerGone
+	RxSuspect       = core.RxSuspect
+	RxAbandon       = core.RxAbandon
+	QuarantineDest  = core.QuarantineDest
 	RxSent          = core.RxSent
 	RxSession       = core.RxSession
 	RxState         = core.RxState

@@ -53,6 +53,8 @@ type TableBirth struct {
 	Parallel   kvcache.Parallel `json:",omitzero"`
 	Rank       kvcache.Rank     `json:",omitzero"`
 	Workers    int              `json:",omitempty"`
+	// Incarnation is this rank's incarnation (the rx table's SetIncarnation).
+	Incarnation uint64 `json:",omitempty"`
 }
 
 // TableIn is a table call's inputs (the fields its method takes). Frames
@@ -78,6 +80,8 @@ type TableIn struct {
 	Session string        `json:",omitempty"`
 	Key     []byte        `json:",omitempty"`
 	Msg     string        `json:",omitempty"`
+	// Inc is the peer incarnation of an RxTable Learn or Exited.
+	Inc uint64 `json:",omitempty"`
 }
 
 // AllocAnswer is one answer of the pool during a Drain.
@@ -211,10 +215,28 @@ type rxTable struct {
 	clock Clock
 }
 
-func (env *shellEnv) rxTable(topo Topology, workers int) rxTable {
+func (env *shellEnv) rxTable(topo Topology, workers int, inc uint64) rxTable {
 	l := topo.Layout
-	return rxTable{RxTable: core.NewRxTable(env.self, topo.Layout, topo.Parallel, topo.Rank, workers), clock: env.clock,
-		tr: env.tableTracer("rx", TableRx, TableBirth{Self: env.self, Layout: &l, Parallel: topo.Parallel, Rank: topo.Rank, Workers: workers})}
+	t := core.NewRxTable(env.self, topo.Layout, topo.Parallel, topo.Rank, workers)
+	t.SetIncarnation(inc)
+	return rxTable{RxTable: t, clock: env.clock,
+		tr: env.tableTracer("rx", TableRx, TableBirth{Self: env.self, Layout: &l, Parallel: topo.Parallel, Rank: topo.Rank,
+			Workers: workers, Incarnation: inc})}
+}
+
+func (t *rxTable) Learn(peer messages.PeerID, inc uint64) {
+	t.RxTable.Learn(peer, inc)
+	if t.tr != nil {
+		t.tr.Call("Learn", t.clock.Now(), TableIn{Peer: &peer, Inc: inc}, TableOut{})
+	}
+}
+
+func (t *rxTable) Exited(peer messages.PeerID, inc uint64) []core.RxWriterRef {
+	out := t.RxTable.Exited(peer, inc)
+	if t.tr != nil {
+		t.tr.Call("Exited", t.clock.Now(), TableIn{Peer: &peer, Inc: inc}, TableOut{Refs: out})
+	}
+	return out
 }
 
 func (t *rxTable) DownWriters(o core.RxOpen) []messages.PeerID {

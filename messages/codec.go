@@ -71,6 +71,7 @@ func Decode(b []byte) (Frame, error) {
 	if err != nil {
 		return nil, err
 	}
+	incarnationsFromWire(&env, f)
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -203,6 +204,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 	default:
 		return nil, invalid("encode: frame type %T has no wire encoding", f)
 	}
+	incarnationsToWire(env, f)
 	return env, nil
 }
 

@@ -108,7 +108,29 @@ type Hello struct {
 	// their pool. Empty for a sender without descriptors (and from a peer
 	// that predates them).
 	Memory []KVMemory
+	// Incarnation is new at each start of the rank (0: not known).
+	Incarnation uint64
 }
+
+// Incarnations name the incarnation a frame comes from and the one it is
+// addressed to (0: not known, as from a peer that predates them). A rank
+// never acts on a frame addressed to an earlier incarnation of itself, or
+// sent by an earlier incarnation of its peer than the one it knows.
+type Incarnations struct {
+	FromIncarnation uint64
+	ToIncarnation   uint64
+}
+
+// Incarnated is a frame that carries Incarnations.
+type Incarnated interface {
+	Frame
+	Incarnation() Incarnations
+}
+
+func (m *RequestData) Incarnation() Incarnations { return m.Incarnations }
+func (m *Result) Incarnation() Incarnations      { return m.Incarnations }
+func (m *Cancel) Incarnation() Incarnations      { return m.Incarnations }
+func (m *CancelAck) Incarnation() Incarnations   { return m.Incarnations }
 
 // MaxModelLen bounds Hello.Model.
 const MaxModelLen = 128
@@ -136,6 +158,7 @@ type RequestData struct {
 	Groups      []GroupDest
 	// DeadlineUnixNano is when the receiver gives up (0 = none).
 	DeadlineUnixNano int64
+	Incarnations
 }
 
 // Result is a writer's terminal outcome for one request; the writer is
@@ -149,6 +172,7 @@ type Result struct {
 	Error     string
 	// Payload is a small opaque value from the context side (first token).
 	Payload []byte
+	Incarnations
 }
 
 // Cancel asks a writer to stop; it answers CancelAck once quiescent.
@@ -157,6 +181,7 @@ type Cancel struct {
 	Epoch     uint64
 	From      PeerID
 	Reason    string
+	Incarnations
 }
 
 // CancelAck says the writer is quiescent for the request.
@@ -164,6 +189,7 @@ type CancelAck struct {
 	RequestID string
 	Epoch     uint64
 	From      PeerID
+	Incarnations
 }
 
 // Heartbeat proves a peer is alive.

@@ -56,6 +56,10 @@
 //	                                                               OnPeerDown); peer is "instance/rank"
 //	kvxfer_pool_blocks                  gauge      group, state    blocks of each layer group's pool by state: free, allocated (no pin), pinned,
 //	                                                               quarantined; they sum to the pool's size. Sampled at scrape
+//	kvxfer_quarantined_bytes            gauge      -               bytes of destination blocks in quarantine: their request failed (suspicion,
+//	                                                               deadline, cancel) while a writer had given no proof that its writes are over
+//	                                                               (DESIGN.md §3); released by a proof. Sampled at scrape
+//	kvxfer_quarantine_limit_bytes       gauge      -               quarantined bytes past which new requests wait for destination blocks
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
 //	kvxfer_frames_unsent_total          counter    -               control frames a worker could not send (dial or send failed)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic

@@ -150,6 +150,19 @@ func (s *Set) CounterFunc(name, help string, f func() float64) error {
 	return s.wrap.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, f))
 }
 
+// Quarantine registers kvxfer_quarantined_bytes (the bytes of destination
+// blocks held in quarantine: their request failed while a writer had given
+// no proof that its writes are over) and kvxfer_quarantine_limit_bytes
+// (the bound past which new requests wait), both sampled from f at scrape.
+func (s *Set) Quarantine(bytes, limit func() float64) error {
+	if err := s.wrap.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "quarantined_bytes",
+		Help: "Bytes of destination blocks in quarantine (request failed without proof that its writers stopped); sampled at scrape."}, bytes)); err != nil {
+		return err
+	}
+	return s.wrap.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "quarantine_limit_bytes",
+		Help: "Quarantined bytes past which new requests wait for destination blocks."}, limit))
+}
+
 // Handler serves the union of gatherers — for example the sets of several
 // engines of one process on one port (their engine labels keep the series
 // apart).

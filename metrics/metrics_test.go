@@ -59,6 +59,10 @@ func TestServe(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	quarantined := 4096.0
+	if err := s.Quarantine(func() float64 { return quarantined }, func() float64 { return 1 << 20 }); err != nil {
+		t.Fatal(err)
+	}
 	n := 0.0
 	if err := s.CounterFunc("worker_restarts_total", "restarts", func() float64 { return n }); err != nil {
 		t.Fatal(err)
@@ -81,12 +85,15 @@ func TestServe(t *testing.T) {
 		`kvxfer_pool_blocks{engine="ctx/0",group="full",state="pinned"} 2`,
 		`kvxfer_pool_blocks{engine="ctx/0",group="full",state="quarantined"} 1`,
 		`kvxfer_worker_restarts_total{engine="ctx/0"} 0`,
+		`kvxfer_quarantined_bytes{engine="ctx/0"} 4096`,
+		`kvxfer_quarantine_limit_bytes{engine="ctx/0"} 1.048576e+06`,
 	)
-	pinned, n = 0, 3
+	pinned, n, quarantined = 0, 3, 0
 	_, body = get(t, url)
 	wantLines(t, body,
 		`kvxfer_pool_blocks{engine="ctx/0",group="full",state="pinned"} 0`,
 		`kvxfer_worker_restarts_total{engine="ctx/0"} 3`,
+		`kvxfer_quarantined_bytes{engine="ctx/0"} 0`,
 	)
 	if code, _ := get(t, "http://"+srv.Addr()+"/other"); code != http.StatusNotFound {
 		t.Fatalf("/other: status %d", code)

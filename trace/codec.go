@@ -27,6 +27,9 @@ type (
 		Err       *string               `json:",omitempty"`
 		Hello     *messages.Hello       `json:",omitempty"`
 		Data      *messages.RequestData `json:",omitempty"`
+		// Incarnation is the generation sender's (absent in traces
+		// recorded before incarnations).
+		Incarnation uint64 `json:",omitempty"`
 	}
 	txCompleted struct {
 		Op      actors.OpRef
@@ -167,7 +170,7 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "TxFenceFired", txFenceFired{Index: m.Index, Err: errText(m.Err)}
 	case actors.TxPeerRequest:
 		return "TxPeerRequest", txPeerRequest{Peer: m.Peer, From: m.From, Epoch: m.Epoch, PromptLen: m.PromptLen, Expected: m.Expected,
-			Err: errText(m.Err), Hello: hello, Data: rd}
+			Err: errText(m.Err), Hello: hello, Data: rd, Incarnation: m.Incarnation}
 	case actors.TxCompleted:
 		return "TxCompleted", txCompleted{Op: m.Op, Err: errText(m.Err), Refused: m.Refused}
 	case actors.TxFlushed:
@@ -239,7 +242,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		var w txPeerRequest
 		if err = unmarshal(raw, &w); err == nil {
 			out = peerRequest{msg: actors.TxPeerRequest{Peer: w.Peer, From: w.From, Epoch: w.Epoch, PromptLen: w.PromptLen,
-				Expected: w.Expected, Err: textErr(w.Err)}, hello: w.Hello, rd: w.Data}
+				Expected: w.Expected, Err: textErr(w.Err), Incarnation: w.Incarnation}, hello: w.Hello, rd: w.Data}
 		}
 	case "TxCompleted":
 		var w txCompleted

@@ -66,6 +66,7 @@ func (t *replayedTable) birth(rec *Record, res *Result) {
 			return
 		}
 		t.rx = core.NewRxTable(b.Self, *b.Layout, b.Parallel, b.Rank, b.Workers)
+		t.rx.SetIncarnation(b.Incarnation)
 	case actors.TableAlloc:
 		t.queue = &core.AllocQueue[string]{}
 	case actors.TableRoute:
@@ -178,6 +179,15 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 			}
 			epoch, writers, err := tb.Start(*in.Open, in.Blocks, time.Unix(0, rec.T))
 			out.Epoch, out.Writers, out.Err = epoch, writers, actors.ErrText(err)
+		case "Learn", "Exited":
+			if in.Peer == nil {
+				return out, fmt.Errorf("no peer recorded for %s", m)
+			}
+			if m == "Learn" {
+				tb.Learn(*in.Peer, in.Inc)
+				break
+			}
+			out.Refs = tb.Exited(*in.Peer, in.Inc)
 		case "Heard", "PeerDown":
 			if in.Peer == nil {
 				return out, fmt.Errorf("no peer recorded for %s", m)

@@ -107,8 +107,22 @@ type Decide struct {
 // Finish reports a session's outcome to its handle.
 type Finish struct{ Outcome Outcome }
 
-// ReleaseDest returns destination blocks to the generation pool.
-type ReleaseDest struct{ Blocks [][]kvcache.BlockID }
+// ReleaseDest returns destination blocks to the generation pool: every
+// writer is quiescent. Quarantined: they are in quarantine
+// (QuarantineDest came first), so they leave it (Pool.ReleaseQuarantine).
+type ReleaseDest struct {
+	Blocks      [][]kvcache.BlockID
+	Quarantined bool
+}
+
+// QuarantineDest moves a failed request's destination blocks into
+// quarantine (Pool.Quarantine): the request is over, but Writers (indices)
+// have given no proof that their writes are (DESIGN.md §3). They are not
+// reused until a ReleaseDest with Quarantined set.
+type QuarantineDest struct {
+	Blocks  [][]kvcache.BlockID
+	Writers []int
+}
 
 // Stop stops the session actor; it has released everything it held.
 type Stop struct{}
@@ -132,6 +146,7 @@ func (StartTimer) effect()      {}
 func (Finish) effect()          {}
 func (Decide) effect()          {}
 func (ReleaseDest) effect()     {}
+func (QuarantineDest) effect()  {}
 func (Stop) effect()            {}
 func (Log) effect()             {}
 

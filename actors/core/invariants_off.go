@@ -13,3 +13,5 @@ func mutAdmitAfterDrain() bool { return false }
 func (*TxSession) mutUnpinEarly() {}
 
 func (*TxSession) mutLateSuccess() {}
+
+func mutFreeOnSuspicion() bool { return false }

@@ -23,7 +23,13 @@ var Mutations struct {
 	// AdmitAfterDrain admits chunks (pins and ops) after the session's
 	// outcome is decided.
 	AdmitAfterDrain bool
+	// FreeOnSuspicion treats a suspected writer (RxSuspect: missed
+	// heartbeats) as proven quiescent, so its request's destination blocks
+	// are freed instead of quarantined.
+	FreeOnSuspicion bool
 }
+
+func mutFreeOnSuspicion() bool { return Mutations.FreeOnSuspicion }
 
 // violate records an illegal transition.
 func (s *TxSession) violate(format string, args ...any) {

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -33,12 +34,27 @@ type (
 		Writer int
 		Err    error
 	}
-	// RxPeerGone: a writer's endpoint is closed or its process is dead;
-	// it can write no more.
+	// RxPeerGone: proof that a writer can write no more for this request:
+	// its endpoint is closed, or its process is dead as the backend
+	// defines it (docs/membership.md §4).
 	RxPeerGone struct {
 		Writer int
 		Err    error
 	}
+	// RxSuspect: the control plane suspects a writer (missed heartbeats).
+	// It may be alive — partitioned, stalled, slow — so this fails the
+	// request logically but proves nothing: the writer stays pending and
+	// the blocks are quarantined until a proof (DESIGN.md §3).
+	RxSuspect struct {
+		Writer int
+		Err    error
+	}
+	// RxAbandon: the engine is closing. It does not wait for proofs from
+	// suspected writers (partitioned or stalled, perhaps for good): once
+	// every writer without proof is suspected, the session stops and its
+	// blocks stay quarantined — never freed — for the pool's lifetime.
+	// Writers that are heard from are still waited for (their CancelAck).
+	RxAbandon struct{}
 	// RxPanic: the session's shell recovered a panic.
 	RxPanic struct{ Err error }
 	// RxWorkerDead: sender worker Worker spent its restart budget and was
@@ -64,6 +80,10 @@ type RxWriter struct {
 	// Bytes is what the writer must write, from this rank's own plan: a
 	// SUCCESS reporting any other count fails the request (READY is exact).
 	Bytes uint64
+	// Incarnation is the writer's incarnation the request is addressed to
+	// (0: not known). A frame of another incarnation of the writer is no
+	// answer for this request: not its outcome, not a proof.
+	Incarnation uint64
 }
 
 // delivery is what a session knows of a writer's RequestData.
@@ -100,6 +120,8 @@ type RxConfig struct {
 	// writers that have not answered (any frame may be lost); 0 sends it
 	// once.
 	CancelResend time.Duration
+	// Incarnation is this rank's (0: not known).
+	Incarnation uint64
 }
 
 // RxSession is the generation-side state machine of one request.
@@ -116,8 +138,13 @@ type RxSession struct {
 	payload []byte
 	stopped bool
 	handed  bool // blocks handed to the handle (READY)
-	now     time.Time
-	eff     []Effect
+	// quarantined: the blocks went to quarantine (QuarantineDest): the
+	// request failed while a writer may still write.
+	quarantined bool
+	suspect     []bool // writers the control plane suspects
+	abandon     bool   // RxAbandon: stop without the suspects' proofs
+	now         time.Time
+	eff         []Effect
 	// StaleFrames counts frames of another epoch or after the writer stopped.
 	StaleFrames int
 }
@@ -126,7 +153,21 @@ type RxSession struct {
 func NewRxSession(cfg RxConfig) *RxSession {
 	n := len(cfg.Writers)
 	return &RxSession{cfg: cfg, writers: make([]writerState, n), sent: make([]delivery, n),
-		sendErr: make([]error, n), backoff: make([]time.Duration, n)}
+		sendErr: make([]error, n), backoff: make([]time.Duration, n), suspect: make([]bool, n)}
+}
+
+// Quarantined reports whether the session's blocks are in quarantine.
+func (s *RxSession) Quarantined() bool { return s.quarantined }
+
+// Unproven lists the writers that may still write (no proof yet).
+func (s *RxSession) Unproven() []int {
+	var out []int
+	for i, w := range s.writers {
+		if w == writerPending {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // State is the session's state.
@@ -210,6 +251,20 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			s.writers[m.Writer] = writerStopped
 			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s: %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
 		}
+	case RxSuspect:
+		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending {
+			if mutFreeOnSuspicion() {
+				s.writers[m.Writer] = writerStopped
+			}
+			s.suspect[m.Writer] = true
+			if m.Err == nil {
+				m.Err = errSuspected
+			}
+			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s (suspected, not proven dead): %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
+		}
+	case RxAbandon:
+		s.abandon = true
+		s.terminal(RxCancelled, fmt.Errorf("%w: request %s", ErrClosed, s.cfg.Request))
 	case RxPanic:
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	case RxWorkerDead:
@@ -231,17 +286,26 @@ func (s *RxSession) onFrame(m RxFrame) {
 		return
 	}
 	var epoch uint64
+	var inc messages.Incarnations
 	switch f := m.Frame.(type) {
 	case *messages.Result:
-		epoch = f.Epoch
+		epoch, inc = f.Epoch, f.Incarnations
 	case *messages.CancelAck:
-		epoch = f.Epoch
+		epoch, inc = f.Epoch, f.Incarnations
 	default:
 		s.StaleFrames++
 		return
 	}
 	if epoch != s.cfg.Epoch || s.writers[m.Writer] != writerPending {
 		s.StaleFrames++ // duplicate or stale: idempotent
+		return
+	}
+	if w := s.cfg.Writers[m.Writer].Incarnation; w != 0 && inc.FromIncarnation != 0 && inc.FromIncarnation != w ||
+		s.cfg.Incarnation != 0 && inc.ToIncarnation != 0 && inc.ToIncarnation != s.cfg.Incarnation {
+		// Another incarnation of the writer (a restart that never heard
+		// of this request answers a Cancel "nothing of mine writes"), or
+		// addressed to another of this rank: no answer, no proof.
+		s.StaleFrames++
 		return
 	}
 	switch f := m.Frame.(type) {
@@ -372,6 +436,38 @@ func (s *RxSession) terminal(to RxState, err error) {
 		}
 	}
 	s.cancelPending()
+	if !s.WritersQuiescent() {
+		s.quarantine()
+	}
+}
+
+// maybeAbandon stops a session of a closing engine once every writer
+// without proof is suspected: its blocks stay quarantined.
+func (s *RxSession) maybeAbandon() {
+	if !s.abandon || !s.quarantined {
+		return
+	}
+	for i, w := range s.writers {
+		if w == writerPending && !s.suspect[i] {
+			return
+		}
+	}
+	s.eff = append(s.eff, Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: engine closing, blocks stay quarantined (suspected writers %v, no proof)",
+		s.cfg.Request, s.Unproven())}, Stop{})
+	s.stopped = true
+}
+
+var errSuspected = errors.New("suspected by the failure detector")
+
+// quarantine moves the blocks of a request that failed without proof into
+// quarantine: logically released (counted, bounded), never reused until
+// every writer is quiescent.
+func (s *RxSession) quarantine() {
+	if s.quarantined || s.handed {
+		return
+	}
+	s.quarantined = true
+	s.eff = append(s.eff, QuarantineDest{Blocks: s.cfg.Blocks, Writers: s.Unproven()})
 }
 
 // cancelPending sends Cancel to every writer still pending and, as any
@@ -384,7 +480,8 @@ func (s *RxSession) cancelPending() {
 		if w == writerPending && s.sent[i] != deliveryRefused && s.sent[i] != deliveryNone {
 			wr := s.cfg.Writers[i]
 			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
-				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String()}})
+				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String(),
+				Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
 			sent = true
 		}
 	}
@@ -396,11 +493,15 @@ func (s *RxSession) cancelPending() {
 // maybeRelease frees destination blocks once the outcome is known and no
 // writer may still write; READY blocks belong to the handle instead.
 func (s *RxSession) maybeRelease() {
-	if !s.state.Terminal() || s.stopped || !s.WritersQuiescent() {
+	if !s.state.Terminal() || s.stopped {
+		return
+	}
+	if !s.WritersQuiescent() {
+		s.maybeAbandon()
 		return
 	}
 	if !s.handed {
-		s.eff = append(s.eff, ReleaseDest{Blocks: s.cfg.Blocks})
+		s.eff = append(s.eff, ReleaseDest{Blocks: s.cfg.Blocks, Quarantined: s.quarantined})
 	}
 	s.eff = append(s.eff, Stop{})
 	s.stopped = true

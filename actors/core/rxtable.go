@@ -25,6 +25,10 @@ type RxTable struct {
 	seq     uint64
 	entries map[string]*rxEntry
 	down    map[messages.PeerID]bool
+	// inc is this rank's incarnation; incs the latest heard of each writer
+	// (its Hello or its frames): a request is addressed to it.
+	inc  uint64
+	incs map[messages.PeerID]uint64
 	// maps caches the peer map of each context parallelism seen (a peer
 	// map depends only on the layout and the two parallelisms).
 	maps map[kvcache.Parallel]peerMap
@@ -38,14 +42,49 @@ type peerMap struct {
 type rxEntry struct {
 	epoch   uint64
 	writers map[messages.PeerID]int
+	// incs: the writer incarnation each writer's RequestData is addressed
+	// to (0: not known).
+	incs map[messages.PeerID]uint64
 }
 
 // NewRxTable returns the table of generation rank rank of a parallelism
 // par, whose engine is self and has workers sender workers.
 func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
 	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
-		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{}}
+		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{},
+		incs: map[messages.PeerID]uint64{}}
 }
+
+// SetIncarnation sets this rank's incarnation: RequestData carry it.
+func (t *RxTable) SetIncarnation(inc uint64) { t.inc = inc }
+
+// Learn records that peer's incarnation is at least inc (its Hello, or a
+// frame it sent); requests started from then on are addressed to it.
+func (t *RxTable) Learn(peer messages.PeerID, inc uint64) {
+	if inc > t.incs[peer] {
+		t.incs[peer] = inc
+	}
+}
+
+// WritersUnknownIncarnation lists o's writers whose incarnation this
+// table has not learnt: the shell asks the control plane for their Hellos
+// (Learn) before Start.
+func (t *RxTable) WritersUnknownIncarnation(o RxOpen) []messages.PeerID {
+	ranks, _, err := t.writers(o)
+	if err != nil {
+		return nil
+	}
+	var out []messages.PeerID
+	for _, r := range ranks {
+		if p := o.peer(r); t.incs[p] == 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Incarnation is the latest incarnation known of peer (0: none).
+func (t *RxTable) Incarnation(peer messages.PeerID) uint64 { return t.incs[peer] }
 
 // RxOpen is what a request's start needs of Engine.Receive.
 type RxOpen struct {
@@ -130,10 +169,11 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 	if !o.Deadline.IsZero() {
 		deadline = o.Deadline.UnixNano()
 	}
-	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}}
+	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}, incs: map[messages.PeerID]uint64{}}
 	for i, r := range ranks {
 		peer := o.peer(r)
 		e.writers[peer] = i
+		e.incs[peer] = t.incs[peer]
 		var want uint64
 		if link, ok := pm.Link(r, t.rank); ok {
 			for g := range blocks {
@@ -141,9 +181,11 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 			}
 		}
 		writers = append(writers, RxWriter{Peer: peer, Worker: WorkerFor(o.Request, peer, t.workers), Bytes: want,
+			Incarnation: t.incs[peer],
 			Request: &messages.RequestData{RequestID: o.Request, Epoch: epoch, From: t.self,
-				GenParallel: messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP)},
-				GenTP:       int32(t.rank.TP), GenPP: int32(t.rank.PP),
+				Incarnations: messages.Incarnations{FromIncarnation: t.inc, ToIncarnation: t.incs[peer]},
+				GenParallel:  messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP)},
+				GenTP:        int32(t.rank.TP), GenPP: int32(t.rank.PP),
 				PromptLen: int32(o.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
 	t.entries[o.Request] = e
@@ -169,6 +211,7 @@ const (
 func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
 	from := f.Sender()
 	delete(t.down, from)
+	t.Learn(from, FromIncarnation(f))
 	e := t.entries[f.Request()]
 	if e == nil {
 		return RxRouteStale, 0
@@ -190,9 +233,34 @@ type RxWriterRef struct {
 // the writers it was, by request.
 func (t *RxTable) PeerDown(peer messages.PeerID) []RxWriterRef {
 	t.down[peer] = true
+	return t.WriterRefs(peer)
+}
+
+// WriterRefs returns the writers peer is, by started request.
+func (t *RxTable) WriterRefs(peer messages.PeerID) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		if w, ok := t.entries[id].writers[peer]; ok {
+			out = append(out, RxWriterRef{Request: id, Writer: w})
+		}
+	}
+	return out
+}
+
+// Exited records the proof that incarnation inc of peer can write no more
+// (its process is gone as the backend defines it) and returns the writers
+// it was, by request: only requests addressed to that incarnation — the
+// death of one incarnation proves nothing about another. inc 0 means the
+// peer has no incarnations: every request of it. The incarnation is
+// forgotten, so the next request asks for the peer's Hello again.
+func (t *RxTable) Exited(peer messages.PeerID, inc uint64) []RxWriterRef {
+	if t.incs[peer] == inc {
+		delete(t.incs, peer)
+	}
+	var out []RxWriterRef
+	for _, id := range t.Live() {
+		e := t.entries[id]
+		if w, ok := e.writers[peer]; ok && (inc == 0 || e.incs[peer] == inc) {
 			out = append(out, RxWriterRef{Request: id, Writer: w})
 		}
 	}

@@ -48,7 +48,9 @@ import (
 //	begin                               RxBegin
 //	result writer=0 status=success [bytes=32] [epoch=7] [payload=x] [err=text]
 //	cancel-ack writer=0 [epoch=7]
-//	gone writer=0 [err=text]            RxPeerGone
+//	gone writer=0 [err=text]            RxPeerGone (proof: endpoint closed, process dead)
+//	suspect writer=0 [err=text]         RxSuspect (missed heartbeats: no proof)
+//	abandon                             RxAbandon (the engine closes)
 //	sent writer=0 [err=text]            RxSent (the RequestData left, or not)
 //	cancel | timeout [kind=resend] | panic
 //
@@ -198,6 +200,10 @@ func TestScenario_Rx(t *testing.T) {
 			effs = h.step(RxFrame{Writer: w, Frame: &messages.CancelAck{RequestID: "r1", Epoch: uint64(intArg(t, d, "epoch", 7)), From: ctxPeer(w)}})
 		case "gone":
 			effs = h.step(RxPeerGone{Writer: intArg(t, d, "writer", 0), Err: errArg(t, d)})
+		case "suspect":
+			effs = h.step(RxSuspect{Writer: intArg(t, d, "writer", 0), Err: errArg(t, d)})
+		case "abandon":
+			effs = h.step(RxAbandon{})
 		case "cancel":
 			effs = h.step(RxCancel{})
 		case "timeout":
@@ -323,7 +329,12 @@ func fmtEffect(e Effect) string {
 		}
 		return s
 	case ReleaseDest:
+		if e.Quarantined {
+			return fmt.Sprintf("release-dest %v from quarantine", e.Blocks)
+		}
 		return fmt.Sprintf("release-dest %v", e.Blocks)
+	case QuarantineDest:
+		return fmt.Sprintf("quarantine-dest %v writers=%v", e.Blocks, e.Writers)
 	case Stop:
 		return "stop"
 	case Log:

@@ -37,6 +37,9 @@ type (
 		Peer  int
 		From  messages.PeerID
 		Epoch uint64
+		// Incarnation is the sender's (RequestData.FromIncarnation): this
+		// stream's frames are addressed to it.
+		Incarnation uint64
 		// PromptLen is the prompt length the generation rank planned its
 		// blocks for; it must equal Send's.
 		PromptLen int
@@ -83,9 +86,10 @@ type (
 	TxCancel struct{ Reason error }
 	// TxPeerCancel: a generation rank cancelled the request.
 	TxPeerCancel struct {
-		Peer  int
-		From  messages.PeerID
-		Epoch uint64
+		Peer        int
+		From        messages.PeerID
+		Epoch       uint64
+		Incarnation uint64 // the sender's (Cancel.FromIncarnation)
 	}
 	// TxPeerGone: the control plane declared a peer dead (missed
 	// heartbeats). Its stream fails; ops in flight to it go IN_DOUBT and
@@ -117,7 +121,8 @@ const (
 type stream struct {
 	peer      int
 	epoch     uint64
-	promptLen int // what the peer planned for
+	peerInc   uint64 // the peer's incarnation its RequestData came from
+	promptLen int    // what the peer planned for
 	worker    int
 	route     *Route
 	ops       []op
@@ -146,6 +151,8 @@ type TxConfig struct {
 	DrainGrace time.Duration
 	// Timeout bounds a session that never gets Send or never gets a peer.
 	Timeout time.Duration
+	// Incarnation is this rank's (0: not known): its frames carry it.
+	Incarnation uint64
 }
 
 // TxSession is the context-side state machine of one request: its chunks,
@@ -253,7 +260,7 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		} else {
 			// Nothing of this session writes that epoch of that peer's
 			// blocks: acknowledge at once.
-			s.replyTo(m.From, m.Epoch, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
+			s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 		}
 	case TxPeerGone:
 		s.onPeerGone(m, now)
@@ -410,7 +417,7 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.rejectPeer(m, err)
 		return
 	}
-	st := &stream{peer: m.Peer, epoch: m.Epoch, route: m.Route, promptLen: m.PromptLen,
+	st := &stream{peer: m.Peer, epoch: m.Epoch, peerInc: m.Incarnation, route: m.Route, promptLen: m.PromptLen,
 		worker: WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers)}
 	s.streams[m.Peer] = st
 	s.order = append(s.order, m.Peer)
@@ -436,23 +443,24 @@ func (s *TxSession) afterStop(msg any) {
 		}
 		s.rejectPeer(m, fmt.Errorf("%w: request %s already finished on the context side (%s)", ErrBadRequest, s.cfg.Request, s.state))
 	case TxPeerCancel:
-		s.replyTo(m.From, m.Epoch, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
+		s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 	}
 }
 
 // rejectPeer answers a RequestData that opened no stream: nothing was
 // admitted for it, so the peer may free its blocks at once.
 func (s *TxSession) rejectPeer(m TxPeerRequest, err error) {
-	s.replyTo(m.From, m.Epoch, &messages.Result{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self,
+	s.replyTo(m.From, m.Incarnation, &messages.Result{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
 }
 
 // replyTo sends a frame to a peer that has no stream (a zero From — the
 // tests' anonymous peers — gets nothing).
-func (s *TxSession) replyTo(to messages.PeerID, epoch uint64, f messages.Frame) {
+func (s *TxSession) replyTo(to messages.PeerID, toInc uint64, f messages.Frame) {
 	if to.Instance == "" {
 		return
 	}
+	stamp(f, messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: toInc})
 	s.eff = append(s.eff, SendFrame{Worker: WorkerFor(s.cfg.Request, to, s.cfg.Workers), To: to, Frame: f})
 }
 
@@ -522,7 +530,7 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 	st.phase = streamFinished
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
-		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload,
+		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload, Incarnations: s.incs(st),
 	}})
 }
 
@@ -685,7 +693,7 @@ func (s *TxSession) finishStream(st *stream) {
 	st.phase = streamFinished
 	if st.cancelled {
 		s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.CancelAck{
-			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self}})
+			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Incarnations: s.incs(st)}})
 		return
 	}
 	status := messages.StatusFailed
@@ -700,7 +708,14 @@ func (s *TxSession) finishStream(st *stream) {
 		text = messages.TruncateText(s.err.Error(), messages.MaxErrorLen)
 	}
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
-		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text}})
+		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text,
+		Incarnations: s.incs(st)}})
+}
+
+// incs are the incarnations of a stream's frames: from this rank's, to the
+// one its peer's RequestData came from.
+func (s *TxSession) incs(st *stream) messages.Incarnations {
+	return messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: st.peerInc}
 }
 
 // Quiescent reports whether no op of any stream may still touch a page and

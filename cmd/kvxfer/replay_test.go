@@ -123,7 +123,7 @@ func TestReplayCmd(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run("replay", bad)
-	for _, s := range []string{"DIVERGED", "gen/0/rx (RxTable)", "seq      4 (Route)", "out.Verdict", "expected 1 (deliver)", "got      3 (not a writer)", `"Rank":5`, "DIVERGED: 1 of 6 actors (1 session, 5 tables)"} {
+	for _, s := range []string{"DIVERGED", "gen/0/rx (RxTable)", "seq      5 (Route)", "out.Verdict", "expected 1 (deliver)", "got      3 (not a writer)", `"Rank":5`, "DIVERGED: 1 of 6 actors (1 session, 5 tables)"} {
 		if err == nil || !strings.Contains(out, s) {
 			t.Fatalf("replay of a trace with an edited parent step: no %q: %v\n%s", s, err, out)
 		}

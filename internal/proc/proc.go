@@ -17,6 +17,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -89,20 +90,39 @@ type Options struct {
 	// Progress, when set, gets a line "ready <request>" (gen) or "done
 	// <request>" (ctx) as each request completes.
 	Progress io.Writer `json:"-"`
+	// Canary (gen, issue 17): when the context peer is declared down,
+	// allocate every free destination block, write a canary into each and
+	// hold them until the quarantine is empty (every suspected writer's
+	// proof arrived), then check the canaries and free them. Progress
+	// lines: "canary <blocks> quarantined <blocks>" once they are written,
+	// "released <blocks> corrupt <blocks>" after the check. A write of the
+	// stalled writer that landed in a block reused in between would show
+	// as a corrupt canary.
+	Canary bool
 }
 
 // Report is what a role prints (one JSON object) when it ends.
 type Report struct {
-	Role          string  `json:"role"`
-	Requests      int     `json:"requests"`
-	OK            int     `json:"ok"`
-	Failed        int     `json:"failed"`
-	Bytes         uint64  `json:"bytes"`
-	BytesVerified uint64  `json:"bytes_verified"`
-	Mismatches    int     `json:"mismatches"`
-	LeakedBlocks  int     `json:"leaked_blocks"`
-	PeerDown      bool    `json:"peer_down"`
-	Seconds       float64 `json:"seconds"`
+	Role          string `json:"role"`
+	Requests      int    `json:"requests"`
+	OK            int    `json:"ok"`
+	Failed        int    `json:"failed"`
+	Bytes         uint64 `json:"bytes"`
+	BytesVerified uint64 `json:"bytes_verified"`
+	Mismatches    int    `json:"mismatches"`
+	LeakedBlocks  int    `json:"leaked_blocks"`
+	// QuarantinedBlocks: destination blocks still quarantined at the end
+	// (a writer failed without proof that its writes are over: issue 17);
+	// not leaked, never reused.
+	QuarantinedBlocks int     `json:"quarantined_blocks"`
+	PeerDown          bool    `json:"peer_down"`
+	Seconds           float64 `json:"seconds"`
+	// CanaryBlocks, CanaryCorrupt, QuarantinedAtDown (gen, Options.Canary):
+	// blocks reused with a canary while the peer was suspected, those
+	// whose canary was overwritten, and the most blocks quarantined then.
+	CanaryBlocks      int `json:"canary_blocks,omitempty"`
+	CanaryCorrupt     int `json:"canary_corrupt,omitempty"`
+	QuarantinedAtDown int `json:"quarantined_at_down,omitempty"`
 	// LatencyP50Us and LatencyP99Us (gen): Receive → READY per request.
 	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
 	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
@@ -284,6 +304,27 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}
 		return finish(n, rep, t0, out)
 	}
+	var inflight atomic.Int64 // Receives not yet done (Options.Canary)
+	canaryDone := make(chan struct{})
+	if o.Canary {
+		go func() {
+			defer close(canaryDone)
+			select {
+			case <-n.down:
+			case <-ctx.Done():
+				return
+			}
+			c, q, bad, err := canary(ctx, n, o, &inflight)
+			mu.Lock()
+			rep.CanaryBlocks, rep.QuarantinedAtDown, rep.CanaryCorrupt = c, q, bad
+			mu.Unlock()
+			if err != nil {
+				fail(fmt.Errorf("canary: %w", err))
+			}
+		}()
+	} else {
+		close(canaryDone)
+	}
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
 	l, shape := n.eng.Layout(), n.eng.Shape()
@@ -312,9 +353,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			continue
 		}
 		wg.Add(1)
+		inflight.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
 			res := <-h.Done()
+			inflight.Add(-1)
 			d := time.Since(t)
 			if hoptrace.On {
 				hoptrace.Mark("gen.done", RequestID(i))
@@ -355,6 +398,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	<-canaryDone
 	select {
 	case <-n.down:
 		rep.PeerDown = true
@@ -507,6 +551,90 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 	return nil
 }
 
+// canaryByte is the canary written into block id of group g.
+func canaryByte(g int, id kvcache.BlockID, i int) byte { return byte(0xA5 ^ g*31 ^ int(id)*7 ^ i) }
+
+// canary is Options.Canary once the peer is declared down: every free
+// destination block is allocated and filled with a canary, held until the
+// quarantine is empty (at most the transfer timeout), then checked and
+// freed. It returns the canary blocks, the most blocks quarantined while it
+// started, and the canaries found overwritten.
+func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (blocks, quarantined, corrupt int, err error) {
+	pools := n.eng.Pools()
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	// The requests in flight fail on the suspicion first (their blocks go
+	// to quarantine as they are decided).
+	for inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	quarantined = pools.Quarantined()
+	region := n.eng.Region().Bytes()
+	var held [][][]kvcache.BlockID
+	counts := make([]int, pools.Groups())
+	for g := range counts {
+		counts[g] = 1
+	}
+	pools.SetQuarantineLimit(1 << 62) // the canaries take every free block, whatever is quarantined
+	for {
+		b, err := pools.Alloc(counts)
+		if err != nil {
+			break
+		}
+		held = append(held, b)
+		for g, ids := range b {
+			geom := pools.Geometry(g)
+			for _, id := range ids {
+				off := geom.Offset + uint64(id)*geom.BlockBytes
+				for i := range geom.BlockBytes {
+					region[off+i] = canaryByte(g, id, int(i))
+				}
+				blocks++
+			}
+		}
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "canary %d quarantined %d\n", blocks, quarantined)
+	}
+	for {
+		q := pools.Quarantined()
+		quarantined = max(quarantined, q) // the peak: proofs come only after the resume
+		if q == 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			err = fmt.Errorf("%d blocks still quarantined %v after the peer was declared down", pools.Quarantined(), timeout)
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll with a deadline
+	}
+	for _, b := range held {
+		for g, ids := range b {
+			geom := pools.Geometry(g)
+			for _, id := range ids {
+				off := geom.Offset + uint64(id)*geom.BlockBytes
+				for i := range geom.BlockBytes {
+					if region[off+i] != canaryByte(g, id, int(i)) {
+						corrupt++
+						break
+					}
+				}
+			}
+		}
+		if ferr := pools.Free(b); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	pools.SetQuarantineLimit(0)
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "released %d corrupt %d\n", blocks, corrupt)
+	}
+	return blocks, quarantined, corrupt, err
+}
+
 // waitPeer waits for the peer's Hello, with the transfer timeout as
 // deadline, and checks it serves the same layout.
 func waitPeer(ctx context.Context, n *role, o Options) error {
@@ -539,6 +667,7 @@ func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
 	default:
 	}
 	rep.LeakedBlocks = n.eng.Pools().Used()
+	rep.QuarantinedBlocks = n.eng.Pools().Quarantined()
 	if out != nil {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(out, string(b))

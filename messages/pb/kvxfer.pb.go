@@ -542,7 +542,12 @@ type Hello struct {
 	// plans into pools; a sender with descriptors announces a pool whose
 	// block_bytes (1) is below any real block, so such a peer refuses every
 	// request instead of writing into the wrong bytes.
-	Memory        []*KVMemory `protobuf:"bytes,11,rep,name=memory,proto3" json:"memory,omitempty"`
+	Memory []*KVMemory `protobuf:"bytes,11,rep,name=memory,proto3" json:"memory,omitempty"`
+	// incarnation is new at each start of the rank (issue 17): frames name
+	// the incarnations they come from and are addressed to, and a rank never
+	// acts on a frame of an earlier incarnation of itself or of its peer.
+	// 0: not known (an older peer). High field numbers: additive.
+	Incarnation   uint64 `protobuf:"varint,20,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -652,6 +657,13 @@ func (x *Hello) GetMemory() []*KVMemory {
 		return x.Memory
 	}
 	return nil
+}
+
+func (x *Hello) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // KVMemory is one layer group's memory on one rank as the framework lays
@@ -829,8 +841,12 @@ type RequestData struct {
 	PromptLen        int32                  `protobuf:"varint,7,opt,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
 	Groups           []*GroupDest           `protobuf:"bytes,8,rep,name=groups,proto3" json:"groups,omitempty"`
 	DeadlineUnixNano int64                  `protobuf:"varint,9,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// from_incarnation: the sender's; to_incarnation: the writer's, from
+	// its Hello (0: not known).
+	FromIncarnation uint64 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RequestData) Reset() {
@@ -926,18 +942,34 @@ func (x *RequestData) GetDeadlineUnixNano() int64 {
 	return 0
 }
 
+func (x *RequestData) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *RequestData) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
 // Result is a writer's terminal outcome for one request.
 type Result struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	From          *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	Status        Status                 `protobuf:"varint,4,opt,name=status,proto3,enum=kvxfer.v1.Status" json:"status,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
-	Payload       []byte                 `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch           uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	From            *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Status          Status                 `protobuf:"varint,4,opt,name=status,proto3,enum=kvxfer.v1.Status" json:"status,omitempty"`
+	Bytes           uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Error           string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Payload         []byte                 `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
+	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64                 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -1019,15 +1051,31 @@ func (x *Result) GetPayload() []byte {
 	return nil
 }
 
+func (x *Result) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *Result) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
 // Cancel asks a writer to stop; it answers CancelAck once quiescent.
 type Cancel struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	From          *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch           uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	From            *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Reason          string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64                 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Cancel) Reset() {
@@ -1088,14 +1136,30 @@ func (x *Cancel) GetReason() string {
 	return ""
 }
 
+func (x *Cancel) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *Cancel) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
 // CancelAck says the writer is quiescent for the request.
 type CancelAck struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	From          *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch           uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	From            *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64                 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CancelAck) Reset() {
@@ -1147,6 +1211,20 @@ func (x *CancelAck) GetFrom() *PeerID {
 		return x.From
 	}
 	return nil
+}
+
+func (x *CancelAck) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *CancelAck) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
 }
 
 // Heartbeat proves a peer is alive.
@@ -1233,7 +1311,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\xfc\x02\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\x9e\x03\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1248,7 +1326,8 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x05pools\x18\t \x03(\v2\x17.kvxfer.v1.PoolGeometryR\x05pools\x12\x14\n" +
 	"\x05model\x18\n" +
 	" \x01(\tR\x05model\x12+\n" +
-	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\"\xb1\x03\n" +
+	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\x12 \n" +
+	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\"\xb1\x03\n" +
 	"\bKVMemory\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\x05R\x05group\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\rR\x04kind\x12\x1a\n" +
@@ -1268,7 +1347,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\vhead_stride\x18\x0e \x01(\x04R\n" +
 	"headStride\x12\x1f\n" +
 	"\velem_stride\x18\x0f \x01(\x04R\n" +
-	"elemStride\"\xca\x02\n" +
+	"elemStride\"\x9c\x03\n" +
 	"\vRequestData\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1280,7 +1359,9 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\n" +
 	"prompt_len\x18\a \x01(\x05R\tpromptLen\x12,\n" +
 	"\x06groups\x18\b \x03(\v2\x14.kvxfer.v1.GroupDestR\x06groups\x12,\n" +
-	"\x12deadline_unix_nano\x18\t \x01(\x03R\x10deadlineUnixNano\"\xd5\x01\n" +
+	"\x12deadline_unix_nano\x18\t \x01(\x03R\x10deadlineUnixNano\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xa7\x02\n" +
 	"\x06Result\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1289,18 +1370,24 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06status\x18\x04 \x01(\x0e2\x11.kvxfer.v1.StatusR\x06status\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x18\n" +
-	"\apayload\x18\a \x01(\fR\apayload\"|\n" +
+	"\apayload\x18\a \x01(\fR\apayload\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xce\x01\n" +
 	"\x06Cancel\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
 	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"g\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xb9\x01\n" +
 	"\tCancelAck\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
-	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\"D\n" +
+	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"D\n" +
 	"\tHeartbeat\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq*n\n" +

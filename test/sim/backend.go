@@ -196,6 +196,12 @@ func (w *worker) post(ep *endpoint, m wSubmit) error {
 		s.fired(FaultPartition)
 		land = max(land, end+s.between(50*time.Microsecond, time.Millisecond))
 	}
+	if end := s.faults.stallEnd(c.name()+"/", land); end > 0 && s.r.IntN(2) == 0 {
+		// A shared-memory copy stopped midway by the pause: it ends after
+		// the resume (an RDMA write would land on time: the NIC goes on).
+		s.fired(FaultStall)
+		land = end + s.between(10*time.Microsecond, 500*time.Microsecond)
+	}
 	var total uint64
 	for _, seg := range m.Segments {
 		total += seg.Len

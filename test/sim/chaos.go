@@ -28,6 +28,22 @@ func (s *Sim) scheduleFaults() {
 	for _, t := range p.sessPanics {
 		s.at(t, "chaos", "sessionPanic", func() { s.panicSession() })
 	}
+	if p.leaseTTL > 0 {
+		for t := time.Duration(0); t < p.beatsEnd; t += p.beat {
+			s.at(t, "chaos", "heartbeats", func() { s.heartbeats() })
+		}
+	}
+	for _, st := range p.stalls {
+		// The paused rank sends no heartbeats: every generation rank
+		// suspects it (it cannot tell a pause from a death).
+		if t := st.w.from + s.between(2*time.Millisecond, 15*time.Millisecond); t < st.w.to {
+			s.at(t, "chaos", "peerDown", func() {
+				if s.ctx[st.ctx].alive {
+					s.declareDown(false, st.ctx, -1)
+				}
+			})
+		}
+	}
 	if s.cfg.SuspectPartitions {
 		for _, pt := range p.partitions {
 			// Each side stops hearing the other's heartbeats.
@@ -97,6 +113,19 @@ func (s *Sim) kill(d death) {
 	s.ctxDied(c)
 	c.alive = false
 	s.detect(false, d.rank, inc)
+	// The backend's proof of that incarnation's death (shm: its pidfd,
+	// opened at its Hello, becomes readable) reaches every live
+	// generation rank: Engine.WriterExited.
+	for _, g := range s.gen {
+		if g.alive {
+			ginc := g.inc
+			s.after(s.between(100*time.Microsecond, 2*time.Millisecond), g.parentName(), "writerExited", func() {
+				if g.live(ginc) {
+					g.writerExited(c.self, uint64(inc+1))
+				}
+			})
+		}
+	}
 	if d.back > 0 {
 		s.at(d.back, "chaos", "return", func() {
 			s.fired(FaultPeerReturn)
@@ -104,6 +133,28 @@ func (s *Sim) kill(d death) {
 			c.boot()
 			s.detectFor(false, c.idx)
 		})
+	}
+}
+
+// heartbeats: every live generation rank's heartbeat reaches every live
+// context rank it is not partitioned from, through the rank's listener (a
+// stalled rank hears it on resume); it renews the writer's lease.
+func (s *Sim) heartbeats() {
+	for _, g := range s.gen {
+		if !g.alive {
+			continue
+		}
+		for _, c := range s.ctx {
+			if !c.alive || s.faults.partitioned(c.idx, g.idx, s.vt, s.vt) > 0 {
+				continue
+			}
+			c, inc, peer := c, c.inc, g.self
+			s.at(s.vt+s.between(20*time.Microsecond, 400*time.Microsecond), c.name()+"/listener", "heartbeat", func() {
+				if c.live(inc) {
+					c.renewLease(peer)
+				}
+			})
+		}
 	}
 }
 
@@ -186,6 +237,19 @@ func classify(pending, posted bool) Fault {
 		return FaultPeerDeathAfterPost
 	}
 	return FaultPeerDeathBeforePost
+}
+
+// drift is how far rank i's clock (context ranks first) has drifted from
+// virtual time (FaultClockDrift).
+func (s *Sim) drift(i int) time.Duration {
+	if i >= len(s.faults.driftPPM) {
+		return 0
+	}
+	if d := s.faults.driftPPM[i]; d != 0 {
+		s.fired(FaultClockDrift)
+		return time.Duration(int64(s.vt) / 1_000_000 * d)
+	}
+	return 0
 }
 
 func (s *Sim) jumpClock() {

@@ -42,7 +42,55 @@ type ctxRank struct {
 	posted   int    // batches ever posted by this incarnation
 	maxFrame uint64 // highest frame number delivered (reorder detection)
 	nm       string
+
+	// incs is the real listener's incarnation table (issue 17); this
+	// incarnation is inc+1. answering is the sender's incarnation of the
+	// frame being handled (the parent's replies are addressed to it).
+	incs      *core.IncarnationTable
+	answering uint64
+	// leases are the real tx parent's writer leases (FaultWriterLease);
+	// leaseArmed: a lease check is scheduled.
+	leases     *core.PeerLeases
+	leaseArmed bool
 }
+
+// renewLease is txParent.renewLease: a sign of peer's life renews the
+// writer's lease on it, and a check is armed for the earliest lapse.
+func (c *ctxRank) renewLease(peer messages.PeerID) {
+	if c.leases.TTL() <= 0 {
+		return
+	}
+	c.leases.Renew(peer, c.now())
+	c.armLease()
+}
+
+func (c *ctxRank) armLease() {
+	next := c.leases.Next(c.now())
+	if c.leaseArmed || next.IsZero() {
+		return
+	}
+	c.leaseArmed = true
+	inc := c.inc
+	c.s.after(max(next.Sub(c.now()), 0), c.parentName(), "leaseTick", func() {
+		if c.live(inc) {
+			c.leaseLapsed()
+		}
+	})
+}
+
+// leaseLapsed is txParent.leaseLapsed: the writer fences itself from each
+// peer whose lease lapsed (TxPeerGone to every session).
+func (c *ctxRank) leaseLapsed() {
+	c.leaseArmed = false
+	for _, peer := range c.leases.Expired(c.now()) {
+		c.s.fired(FaultWriterLease)
+		c.peerDown(peer)
+	}
+	c.armLease()
+}
+
+// incarnation is the rank's current incarnation number (Hello.Incarnation).
+func (c *ctxRank) incarnation() uint64 { return uint64(c.inc + 1) }
 
 // routeMeta is what the simulator knows about a route it resolved.
 type routeMeta struct {
@@ -53,7 +101,7 @@ type routeMeta struct {
 
 func (c *ctxRank) name() string { return c.nm }
 
-func (c *ctxRank) now() time.Time { return epoch0.Add(c.s.vt + c.skew) }
+func (c *ctxRank) now() time.Time { return epoch0.Add(c.s.vt + c.skew + c.s.drift(c.idx)) }
 
 // live reports whether incarnation inc of the rank is the one running.
 func (c *ctxRank) live(inc int) bool { return c.alive && c.inc == inc }
@@ -76,6 +124,8 @@ func (c *ctxRank) boot() {
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
 	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
 	c.sessions, c.table = map[string]*txSess{}, core.NewTxTable(4096)
+	c.incs = core.NewIncarnationTable(c.incarnation())
+	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
 	c.posted, c.maxFrame, c.apps = 0, 0, nil
 	c.workers = nil
@@ -124,7 +174,7 @@ func (c *ctxRank) spawn(id string) *txSess {
 	ts := &txSess{c: c, inc: c.inc, id: id, name: c.name() + "/tx/" + id,
 		opSegs: map[actors.OpRef][]kvcache.Segment{}, opEpoch: map[actors.OpRef]uint64{}, lateOps: map[actors.OpRef]bool{}}
 	ts.s = actors.NewTxSession(actors.TxConfig{Request: id, Self: c.self, Workers: s.ctxW,
-		DrainGrace: s.drainGrace, Timeout: s.orphan})
+		DrainGrace: s.drainGrace, Timeout: s.orphan, Incarnation: c.incarnation()})
 	c.sessions[id] = ts
 	ts.deadlineVT = s.vt + s.orphan
 	s.execTx(ts, ts.s.Init(c.now()))
@@ -505,6 +555,11 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 	if dest, _ := core.RouteFrame(f); dest != core.FrameToTx {
 		return // rejected (counted by the real listener), or not the tx parent's
 	}
+	if err := c.incs.Admit(f); err != nil {
+		return // of an earlier incarnation: never acted on
+	}
+	c.answering = core.FromIncarnation(f)
+	c.renewLease(f.Sender()) // a frame of the peer: it is alive
 	switch m := f.(type) {
 	case *messages.RequestData:
 		c.onRequestData(m)
@@ -513,7 +568,8 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
 			return
 		}
-		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch})
+		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch,
+			Incarnation: m.FromIncarnation})
 	}
 }
 
@@ -526,6 +582,7 @@ func (c *ctxRank) peerDown(peer messages.PeerID) {
 }
 
 func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
+	core.Stamp(f, c.incarnation(), c.answering)
 	w := c.workers[actors.WorkerFor(request, to, len(c.workers))]
 	e := actors.SendFrame{Worker: w.idx, To: to, Frame: f}
 	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(e) })
@@ -574,7 +631,7 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 		ts = c.spawn(rd.RequestID)
 	}
 	s.sendTx(c.parentName(), ts, actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
-		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err})
+		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err, Incarnation: rd.FromIncarnation})
 }
 
 // ctxApp is the context side's serving process for one request on one

@@ -58,11 +58,21 @@
 // failure detector is modelled as heartbeats: a rank that died and stays
 // silent for a while is declared to every live rank on the other side (and
 // to any that boots later) through the engine's own peer-down path —
-// TxPeerGone to every tx session, RxPeerGone to every rx session it writes
-// for, the rx parent's down set; a rank that came back first is never
-// declared. Partitions delay frames and writes until the heal and are not
-// declared (Config.SuspectPartitions declares them, to show why that is
-// unsafe).
+// TxPeerGone to every tx session, RxSuspect to every rx session it writes
+// for (heartbeats prove nothing), the rx parent's down set; when the rank
+// really is dead, the backend's proof of its death (shm: a pidfd) comes
+// with it as RxPeerGone. A rank that came back first is never declared.
+// Partitions delay frames and writes until the heal; Config.SuspectPartitions
+// (make sim's default) declares them too. A stalled context rank
+// (FaultStall: SIGSTOP, GC) steps nothing until it resumes, its posted
+// writes land on time (RDMA) or after the resume (an shm copy stopped
+// midway), and every generation rank suspects it meanwhile. Clocks drift
+// within ±2 % (FaultClockDrift) besides jumping. A request that fails while
+// a writer has given no proof quarantines its blocks (issue 17) until one.
+// With FaultWriterLease, context ranks hold writer leases on generation
+// ranks (core.PeerLeases) renewed by periodic heartbeats (lost in a
+// partition, heard late by a stalled rank) and by frames; a lapse fences
+// the writer from that peer as the real tx parent does.
 //
 // As actors/parents.go does, the tx parent finishes the handle of a
 // session that stopped before Engine.Send adopted it, and the rx parent

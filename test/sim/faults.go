@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"time"
 )
@@ -80,6 +81,25 @@ const (
 	// TxHandle.Chunk's check and the session's Pin, which the pool refuses
 	// (TxPinFailed).
 	FaultPinRefused
+	// FaultQuarantine: a generation rank quarantined the blocks of a
+	// request that failed while a writer had given no proof of its end
+	// (suspicion, deadline, cancel without an ack).
+	FaultQuarantine
+	// FaultStall: a context rank (a writer process) is paused — SIGSTOP,
+	// a GC pause, a frozen container — for longer than the failure
+	// detector's timeout, then resumes: its actors step nothing while it
+	// is paused, frames to it wait, writes it had posted either land on
+	// time (RDMA: the NIC goes on) or after the resume (shm: a memcpy
+	// stopped midway), and the generation side suspects it meanwhile.
+	FaultStall
+	// FaultClockDrift: ranks' clocks run fast or slow, within
+	// ±maxDriftPPM of virtual time (on top of clock jumps).
+	FaultClockDrift
+	// FaultWriterLease: context ranks hold writer leases on generation
+	// ranks (core.PeerLeases), renewed by heartbeats and frames; a lease
+	// that lapses (a partition, a stall, heartbeats that stopped) fences
+	// the writer from that peer (TxPeerGone). Counted when one lapses.
+	FaultWriterLease
 
 	numFaults
 )
@@ -91,6 +111,7 @@ var faultNames = [numFaults]string{
 	"cancel (context side)", "cancel (generation side)", "clock jump", "malformed control frame",
 	"session panic", "fence failure", "prompt length mismatch", "writer never connected",
 	"control refused, RequestData re-sent", "pin refused (source freed)",
+	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift", "writer lease lapsed",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -148,6 +169,18 @@ type partition struct {
 	w        window
 }
 
+// stall pauses context rank ctx during w (FaultStall); prefix is the
+// prefix of its actors' names ("ctx1.").
+type stall struct {
+	ctx    int
+	prefix string
+	w      window
+}
+
+// maxDriftPPM is the clock drift margin: a rank's clock runs at most 2 %
+// fast or slow.
+const maxDriftPPM = 20_000
+
 // refusal makes generation rank gen's control connections to context rank
 // ctx refuse every frame during w (Send fails: the frame never leaves).
 type refusal struct {
@@ -184,6 +217,29 @@ type plan struct {
 	// pPinRefuse is the probability, per chunk, that the serving process
 	// frees one of its source blocks before the session pins it.
 	pPinRefuse float64
+	stalls     []stall
+	// leaseTTL > 0: writer leases (FaultWriterLease), renewed by a
+	// heartbeat of each generation rank every beat until beatsEnd.
+	leaseTTL, beat, beatsEnd time.Duration
+	// driftPPM[i]: the clock drift of context rank i, then of generation
+	// rank i-ctxRanks, in parts per million.
+	driftPPM []int64
+}
+
+// stallEnd returns when the stalls that hold actor at t end (stalls of
+// one rank that overlap are one pause), or 0. It is monotone in t, so
+// delaying events to it keeps every FIFO order.
+func (p *plan) stallEnd(actor string, t time.Duration) time.Duration {
+	end := time.Duration(0)
+	for moved := true; moved; {
+		moved = false
+		for _, st := range p.stalls {
+			if t >= st.w.from && t < st.w.to && len(actor) >= len(st.prefix) && actor[:len(st.prefix)] == st.prefix {
+				t, end, moved = st.w.to, st.w.to, true
+			}
+		}
+	}
+	return end
 }
 
 // newPlan draws the seed's faults: each kind is enabled with some
@@ -303,6 +359,24 @@ func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration
 	}
 	if p.on[FaultPinRefused] {
 		p.pPinRefuse = 0.05 + 0.15*r.Float64()
+	}
+	if p.on[FaultStall] {
+		for range 1 + r.IntN(2) {
+			from, c := at(), r.IntN(ctxRanks)
+			// Longer than the failure detector's timeout (2–15 ms here).
+			p.stalls = append(p.stalls, stall{ctx: c, prefix: fmt.Sprintf("ctx%d.", c),
+				w: window{from, from + 20*time.Millisecond + time.Duration(r.Int64N(int64(100*time.Millisecond)))}})
+		}
+	}
+	if p.on[FaultWriterLease] {
+		p.beat = time.Millisecond + time.Duration(r.Int64N(int64(3*time.Millisecond)))
+		p.leaseTTL = 3*p.beat + time.Duration(r.Int64N(int64(20*time.Millisecond)))
+		p.beatsEnd = horizon + 300*time.Millisecond
+	}
+	if p.on[FaultClockDrift] {
+		for range ctxRanks + genRanks {
+			p.driftPPM = append(p.driftPPM, r.Int64N(2*maxDriftPPM+1)-maxDriftPPM)
+		}
 	}
 	return p
 }

@@ -43,11 +43,15 @@ type genRank struct {
 	owner    [][]*rxSess // per group, per block: the session whose request owns it
 	postedTo int         // batches ever posted to this incarnation
 	maxFrame uint64      // highest frame number delivered (reorder detection)
+
+	// incs is the real listener's incarnation table (issue 17); this
+	// incarnation is inc+1.
+	incs *core.IncarnationTable
 }
 
 func (g *genRank) name() string      { return g.nm }
 func (g *genRank) live(inc int) bool { return g.alive && g.inc == inc }
-func (g *genRank) now() time.Time    { return epoch0.Add(g.s.vt + g.skew) }
+func (g *genRank) now() time.Time    { return epoch0.Add(g.s.vt + g.skew + g.s.drift(len(g.s.ctx)+g.idx)) }
 func (g *genRank) parentName() string {
 	return g.nm + "/parent"
 }
@@ -78,12 +82,14 @@ func (g *genRank) boot() {
 	g.hello = &messages.Hello{From: g.self, Backend: "sim", AgentAddr: []byte(g.nm + "/agent"),
 		Region:     messages.RemoteRegion{Key: []byte(g.nm + "/key"), Len: region.Len},
 		LayoutHash: s.layoutHash, Parallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
-		TP: int32(g.rank.TP), PP: int32(g.rank.PP), Pools: mp}
+		TP: int32(g.rank.TP), PP: int32(g.rank.PP), Pools: mp, Incarnation: uint64(g.inc + 1)}
 	if err := g.hello.Validate(); err != nil {
 		s.failf("gen hello: %v", err)
 	}
 	g.entries = map[string]*rxSess{}
 	g.table = core.NewRxTable(g.self, s.layout, s.genPar, g.rank, s.genW)
+	g.table.SetIncarnation(uint64(g.inc + 1))
+	g.incs = core.NewIncarnationTable(uint64(g.inc + 1))
 	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
@@ -121,6 +127,9 @@ type rxSess struct {
 	// deadlineAt is when its deadline timer fires (virtual time).
 	deadlineAt time.Duration
 	released   bool // ReleaseDest executed
+	// quarantined: QuarantineDest executed (the blocks are in the pool's
+	// quarantine, still owned by this session until a proof).
+	quarantined bool
 	// Per writer: left, its RequestData left this process (the simulated
 	// link took it); proof, a terminal frame of this epoch or the writer's
 	// death was stepped; reported, the bytes of the SUCCESS it stepped
@@ -129,9 +138,12 @@ type rxSess struct {
 	// (FaultNeverConnected).
 	left, proof, unreachable []bool
 	refused                  []bool // a RequestData to it was refused
-	reported                 []int64
-	planned                  []uint64
-	neverConn, ncFired       bool
+	// writerInc: the writer incarnation each RequestData is addressed to;
+	// only that incarnation's terminal frame is proof of its end.
+	writerInc          []uint64
+	reported           []int64
+	planned            []uint64
+	neverConn, ncFired bool
 }
 
 func (s *Sim) sendRx(from string, rs *rxSess, msg any) {
@@ -162,7 +174,23 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	}
 	for _, e := range effs {
 		switch e := e.(type) {
+		case actors.QuarantineDest:
+			if !after.Terminal() || after == actors.RxReady {
+				s.failf("%s: %T: QuarantineDest in %v", rs.name, msg, after)
+				return
+			}
+			for w, left := range rs.left {
+				if left && !rs.proof[w] && !slices.Contains(e.Writers, w) {
+					s.failf("%s: %T: QuarantineDest names writers %v, yet writer %d's RequestData left without a proof of its end",
+						rs.name, msg, e.Writers, w)
+					return
+				}
+			}
 		case actors.ReleaseDest:
+			if e.Quarantined != rs.quarantined {
+				s.failf("%s: %T: ReleaseDest quarantined=%v, the session's blocks quarantined=%v", rs.name, msg, e.Quarantined, rs.quarantined)
+				return
+			}
 			if !rs.s.WritersQuiescent() {
 				s.failf("%s: %T: ReleaseDest while a writer may still write", rs.name, msg)
 				return
@@ -204,6 +232,11 @@ func (s *Sim) noteProof(rs *rxSess, msg any) {
 	case actors.RxFrame:
 		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] {
 			return
+		}
+		if in, ok := m.Frame.(messages.Incarnated); ok {
+			if w := rs.writerInc[m.Writer]; w != 0 && in.Incarnation().FromIncarnation != w {
+				return // another incarnation of the writer: proves nothing
+			}
 		}
 		switch f := m.Frame.(type) {
 		case *messages.Result:
@@ -358,6 +391,14 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				s.res.NotReady++
 				rs.app.done = true
 			}
+		case actors.QuarantineDest:
+			if err := g.guard.Quarantine(e.Blocks); err != nil {
+				s.failf("%s: QuarantineDest: %v", rs.name, err)
+				return
+			}
+			rs.quarantined = true
+			s.fired(FaultQuarantine)
+			s.checkPools(g.name(), g.pools)
 		case actors.ReleaseDest:
 			rs.released = true
 			g.release(rs, e.Blocks, "ReleaseDest")
@@ -392,7 +433,11 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 			g.owner[grp][id] = nil
 		}
 	}
-	if err := g.guard.Free(blocks); err != nil {
+	free := g.guard.Free
+	if rs.quarantined && why == "ReleaseDest" {
+		free = g.guard.ReleaseQuarantine
+	}
+	if err := free(blocks); err != nil {
 		s.failf("%s: %s: %v", rs.name, why, err)
 		return
 	}
@@ -410,6 +455,9 @@ func (g *genRank) onFrame(f messages.Frame) {
 	if dest, _ := core.RouteFrame(f); dest != core.FrameToRx {
 		return // rejected, or not the rx parent's
 	}
+	if err := g.incs.Admit(f); err != nil {
+		return // of an earlier incarnation: never acted on
+	}
 	v, w := g.table.Route(f)
 	if v != core.RxRouteDeliver {
 		return // stale, or not a writer of the request
@@ -419,11 +467,28 @@ func (g *genRank) onFrame(f messages.Frame) {
 
 // peerDown is rxParent's peerDown (Engine.PeerDown): the control plane
 // declared a context rank dead; every session with it as a writer hears
-// RxPeerGone, and sessions started while it stays down fail at once.
+// RxSuspect (missed heartbeats prove nothing), and sessions started while
+// it stays down fail at once. When the rank really is dead, the backend's
+// proof of its death (shm: the writer's pidfd, opened at its Hello) comes
+// too, as Engine.WriterExited: RxPeerGone.
 func (g *genRank) peerDown(peer messages.PeerID) {
 	s := g.s
+	dead := !s.ctx[peer.Rank].alive
 	for _, r := range g.table.PeerDown(peer) {
-		s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)})
+		var msg any = actors.RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)}
+		if dead {
+			msg = actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s exited", actors.ErrPeerGone, peer)}
+		}
+		s.sendRx(g.parentName(), g.entries[r.Request], msg)
+	}
+}
+
+// writerExited is rxParent's writerExited (Engine.WriterExited): proof that
+// incarnation inc of a context rank writes no more, for the requests
+// addressed to it.
+func (g *genRank) writerExited(peer messages.PeerID, inc uint64) {
+	for _, r := range g.table.Exited(peer, inc) {
+		g.s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s incarnation %d exited", actors.ErrPeerGone, peer, inc)})
 	}
 }
 
@@ -539,6 +604,13 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 			g.table.Heard(peer) // the control plane hears it again
 		}
 	}
+	// The writers' Hellos name their incarnations (the control link's
+	// directory: a live rank's current one).
+	for _, peer := range g.table.WritersUnknownIncarnation(o) {
+		if c := s.ctx[peer.Rank]; peer.Instance == "ctx" && c.alive {
+			g.table.Learn(peer, c.incarnation())
+		}
+	}
 	epoch, writers, err := g.table.Start(o, blocks, g.now())
 	if err != nil {
 		if !errors.Is(err, actors.ErrPeerGone) {
@@ -562,6 +634,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
 		rs.refused = append(rs.refused, false)
+		rs.writerInc = append(rs.writerInc, w.Incarnation)
 		rs.reported = append(rs.reported, -1)
 		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))
 		if rs.planned[i] != w.Bytes {
@@ -579,7 +652,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		}
 	}
 	rs.s = actors.NewRxSession(actors.RxConfig{Request: q.id, Epoch: epoch, Self: g.self,
-		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend})
+		Deadline: a.deadline, Writers: writers, Blocks: blocks, CancelResend: s.cancelResend, Incarnation: uint64(g.inc + 1)})
 	a.rs = rs
 	g.entries[q.id] = rs
 	// rxActor steps RxBegin on Started, before any message can reach the

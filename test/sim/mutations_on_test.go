@@ -13,10 +13,14 @@ import (
 var mutations = []struct {
 	name string
 	on   *bool
+	// suspect: the mutation needs a failure detector that suspects
+	// partitioned (alive) peers (Config.SuspectPartitions).
+	suspect bool
 }{
-	{"unpin-on-cancel", &core.Mutations.UnpinOnCancelWithoutDrain},
-	{"late-success", &core.Mutations.LateSuccessOverwritesFailed},
-	{"admit-after-drain", &core.Mutations.AdmitAfterDrain},
+	{"unpin-on-cancel", &core.Mutations.UnpinOnCancelWithoutDrain, false},
+	{"late-success", &core.Mutations.LateSuccessOverwritesFailed, false},
+	{"admit-after-drain", &core.Mutations.AdmitAfterDrain, false},
+	{"free-on-suspicion", &core.Mutations.FreeOnSuspicion, true},
 }
 
 // TestMutations proves the simulator catches bugs: with each mutation
@@ -29,7 +33,7 @@ func TestMutations(t *testing.T) {
 			const limit = 1000
 			const batch = 50
 			for base := uint64(1); base <= limit; base += batch {
-				sw := RunSeeds(base, batch, true, Config{})
+				sw := RunSeeds(base, batch, true, Config{SuspectPartitions: m.suspect})
 				if len(sw.Failures) > 0 {
 					f := sw.Failures[0]
 					t.Logf("caught after %d seeds (seed %d): %v", f.Seed, f.Seed, f.Msg)

@@ -193,6 +193,11 @@ func (s *Sim) at(t time.Duration, actor string, msg any, fn func()) {
 	if t < s.vt {
 		t = s.vt
 	}
+	if end := s.faults.stallEnd(actor, t); end > 0 {
+		// The rank is paused: it steps nothing until it resumes.
+		s.fired(FaultStall)
+		t = end
+	}
 	s.seq++
 	heap.Push(&s.q, &event{at: t, seq: s.seq, actor: actor, msg: msg, fn: fn})
 }

@@ -1,0 +1,108 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// ErrStaleIncarnation: a frame addressed to an earlier incarnation of this
+// rank, or sent by an earlier incarnation of its peer than one already
+// heard. It is dropped: a rank never acts on it (issue 17).
+var ErrStaleIncarnation = errors.New("actors: frame of an earlier incarnation")
+
+// IncarnationTable is the listener's memory of incarnations: this rank's
+// own (new at each start) and the latest heard from each peer (its Hello,
+// or any frame it sent). Incarnation 0 means not known (a peer that
+// predates incarnations): it is never refused for that alone.
+type IncarnationTable struct {
+	self  uint64
+	peers map[messages.PeerID]uint64
+}
+
+// NewIncarnationTable returns the table of a rank whose incarnation is
+// self.
+func NewIncarnationTable(self uint64) *IncarnationTable {
+	return &IncarnationTable{self: self, peers: map[messages.PeerID]uint64{}}
+}
+
+// Self is this rank's incarnation.
+func (t *IncarnationTable) Self() uint64 { return t.self }
+
+// Of is the latest incarnation heard from peer (0: none).
+func (t *IncarnationTable) Of(peer messages.PeerID) uint64 { return t.peers[peer] }
+
+// Hello records a peer's Hello. It refuses (ErrStaleIncarnation) a Hello
+// of an earlier incarnation than one already heard; newer reports that it
+// names a later incarnation than the one known (the peer restarted: not,
+// by itself, proof that the old one's writes are over — docs/membership.md).
+func (t *IncarnationTable) Hello(h *messages.Hello) (newer bool, err error) {
+	known := t.peers[h.From]
+	switch {
+	case h.Incarnation == 0:
+		return false, nil
+	case h.Incarnation < known:
+		return false, fmt.Errorf("%w: Hello of %s incarnation %d, incarnation %d already heard", ErrStaleIncarnation, h.From, h.Incarnation, known)
+	case h.Incarnation > known:
+		t.peers[h.From] = h.Incarnation
+		return known != 0, nil
+	}
+	return false, nil
+}
+
+// Admit decides whether this rank may act on f: not when f is addressed to
+// another incarnation of this rank (an earlier one: this rank restarted
+// since the sender learnt of it), nor when its sender's incarnation is
+// earlier than one already heard from that peer. A frame of a later
+// incarnation than known teaches it. Frames without incarnations pass.
+func (t *IncarnationTable) Admit(f messages.Frame) error {
+	in, ok := f.(messages.Incarnated)
+	if !ok {
+		return nil
+	}
+	inc := in.Incarnation()
+	if inc.ToIncarnation != 0 && t.self != 0 && inc.ToIncarnation != t.self {
+		return fmt.Errorf("%w: %T for request %s from %s addressed to incarnation %d, this rank is incarnation %d",
+			ErrStaleIncarnation, f, f.Request(), f.Sender(), inc.ToIncarnation, t.self)
+	}
+	if inc.FromIncarnation == 0 {
+		return nil
+	}
+	from := f.Sender()
+	if known := t.peers[from]; inc.FromIncarnation < known {
+		return fmt.Errorf("%w: %T for request %s from %s incarnation %d, incarnation %d already heard",
+			ErrStaleIncarnation, f, f.Request(), from, inc.FromIncarnation, known)
+	}
+	t.peers[from] = inc.FromIncarnation
+	return nil
+}
+
+// stamp sets the incarnations of a frame this rank sends.
+func stamp(f messages.Frame, in messages.Incarnations) {
+	switch m := f.(type) {
+	case *messages.RequestData:
+		m.Incarnations = in
+	case *messages.Result:
+		m.Incarnations = in
+	case *messages.Cancel:
+		m.Incarnations = in
+	case *messages.CancelAck:
+		m.Incarnations = in
+	}
+}
+
+// Stamp sets the incarnations of a frame a shell sends on its own (a
+// parent's direct reply): from this rank's incarnation self, to the
+// incarnation of the frame it answers (0: not known).
+func Stamp(f messages.Frame, self, to uint64) {
+	stamp(f, messages.Incarnations{FromIncarnation: self, ToIncarnation: to})
+}
+
+// FromIncarnation is the sender's incarnation a frame carries (0: none).
+func FromIncarnation(f messages.Frame) uint64 {
+	if in, ok := f.(messages.Incarnated); ok {
+		return in.Incarnation().FromIncarnation
+	}
+	return 0
+}

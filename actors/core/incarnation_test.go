@@ -1,0 +1,147 @@
+package core
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// Issue 17: a rank never acts on a frame addressed to an earlier
+// incarnation of itself, or sent by an earlier incarnation of its peer
+// than one it heard; frames without incarnations (older peers) pass.
+func TestIncarnationTableAdmit(t *testing.T) {
+	ctx0 := messages.PeerID{Instance: "ctx", Rank: 0}
+	ctx1 := messages.PeerID{Instance: "ctx", Rank: 1}
+	tb := NewIncarnationTable(20)
+	ack := func(from messages.PeerID, fromInc, toInc uint64) messages.Frame {
+		return &messages.CancelAck{RequestID: "r", Epoch: 1, From: from,
+			Incarnations: messages.Incarnations{FromIncarnation: fromInc, ToIncarnation: toInc}}
+	}
+	steps := []struct {
+		name  string
+		f     messages.Frame
+		stale bool
+	}{
+		{"no incarnations (an older peer)", ack(ctx0, 0, 0), false},
+		{"to this incarnation, from incarnation 5", ack(ctx0, 5, 20), false},
+		{"to an earlier incarnation of this rank", ack(ctx0, 5, 19), true},
+		{"to a later incarnation (not this one)", ack(ctx0, 5, 21), true},
+		{"from the peer's restart, incarnation 7", ack(ctx0, 7, 0), false},
+		{"from the peer's earlier incarnation 5, after 7", ack(ctx0, 5, 20), true},
+		{"a RequestData of incarnation 5 after 7", &messages.RequestData{RequestID: "r", Epoch: 1, From: ctx0,
+			Incarnations: messages.Incarnations{FromIncarnation: 5}}, true},
+		{"another peer's incarnation 5", ack(ctx1, 5, 20), false},
+		{"a Hello is not an incarnated frame", &messages.Hello{From: ctx0, Incarnation: 1}, false},
+	}
+	for _, s := range steps {
+		err := tb.Admit(s.f)
+		if got := errors.Is(err, ErrStaleIncarnation); got != s.stale {
+			t.Fatalf("%s: Admit = %v, want stale %v", s.name, err, s.stale)
+		}
+	}
+	if got := tb.Of(ctx0); got != 7 {
+		t.Fatalf("Of(ctx/0) = %d, want 7", got)
+	}
+	if newer, err := tb.Hello(&messages.Hello{From: ctx0, Incarnation: 6}); err == nil || newer {
+		t.Fatalf("Hello of incarnation 6 after 7: newer %v, err %v; want refused", newer, err)
+	}
+	if newer, err := tb.Hello(&messages.Hello{From: ctx0, Incarnation: 9}); err != nil || !newer {
+		t.Fatalf("Hello of incarnation 9 after 7: newer %v, err %v; want newer", newer, err)
+	}
+	if newer, err := tb.Hello(&messages.Hello{From: messages.PeerID{Instance: "ctx", Rank: 2}, Incarnation: 3}); err != nil || newer {
+		t.Fatalf("first Hello of a peer: newer %v, err %v; want neither", newer, err)
+	}
+	if err := tb.Admit(ack(ctx0, 7, 20)); !errors.Is(err, ErrStaleIncarnation) {
+		t.Fatalf("a frame of incarnation 7 after the Hello of 9: %v", err)
+	}
+	// A rank that does not know its own incarnation (0) refuses nothing
+	// for the address.
+	if err := NewIncarnationTable(0).Admit(ack(ctx0, 1, 99)); err != nil {
+		t.Fatalf("incarnation unknown to itself: %v", err)
+	}
+}
+
+// A request is addressed to its writer's incarnation (RxTable.Start from
+// what it learnt): the Cancel says so, and a CancelAck or Result from
+// another incarnation of that writer (a restart answering "nothing of mine
+// writes for it") or addressed to another incarnation of this rank is no
+// proof — the blocks stay quarantined — while the addressed incarnation's
+// CancelAck releases them.
+func TestRxSessionProofOnlyFromTheAddressedIncarnation(t *testing.T) {
+	self := messages.PeerID{Instance: "gen", Rank: 0}
+	tb := NewRxTable(self, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+	tb.SetIncarnation(20)
+	writer := messages.PeerID{Instance: "ctx", Rank: 0}
+	tb.Learn(writer, 5)
+	tb.Learn(writer, 3) // never backwards
+	blocks := [][]kvcache.BlockID{{1, 2}}
+	epoch, writers, err := tb.Start(RxOpen{Request: "r1", PromptLen: 32, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 1, PP: 1}},
+		blocks, testEpoch0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(writers) != 1 || writers[0].Incarnation != 5 ||
+		writers[0].Request.Incarnations != (messages.Incarnations{FromIncarnation: 20, ToIncarnation: 5}) {
+		t.Fatalf("writers %+v: want one, addressed to incarnation 5 from 20", writers)
+	}
+	s := NewRxSession(RxConfig{Request: "r1", Epoch: epoch, Self: self, Writers: writers, Blocks: blocks, Incarnation: 20})
+	s.Step(RxBegin{}, testEpoch0)
+	s.Step(RxSent{Writer: 0}, testEpoch0)
+	effs := s.Step(RxSuspect{Writer: 0}, testEpoch0)
+	var cancel *messages.Cancel
+	for _, e := range effs {
+		if f, ok := e.(SendFrame); ok {
+			cancel, _ = f.Frame.(*messages.Cancel)
+		}
+	}
+	if cancel == nil || cancel.Incarnations != (messages.Incarnations{FromIncarnation: 20, ToIncarnation: 5}) {
+		t.Fatalf("Cancel %+v: want one addressed to incarnation 5 from 20", cancel)
+	}
+	ack := func(from, to uint64) RxFrame {
+		return RxFrame{Writer: 0, Frame: &messages.CancelAck{RequestID: "r1", Epoch: epoch, From: writer,
+			Incarnations: messages.Incarnations{FromIncarnation: from, ToIncarnation: to}}}
+	}
+	for _, f := range []RxFrame{ack(6, 20), ack(5, 19)} {
+		if effs := s.Step(f, testEpoch0); len(effs) != 0 || s.Stopped() {
+			t.Fatalf("CancelAck %+v taken as proof: %v", f.Frame, effs)
+		}
+	}
+	if s.StaleFrames != 2 || !s.Quarantined() {
+		t.Fatalf("stale %d, quarantined %v; want 2, true", s.StaleFrames, s.Quarantined())
+	}
+	effs = s.Step(ack(5, 20), testEpoch0)
+	if !s.Stopped() || len(effs) < 1 {
+		t.Fatalf("the addressed incarnation's CancelAck: %v, stopped %v", effs, s.Stopped())
+	}
+	if r, ok := effs[0].(ReleaseDest); !ok || !r.Quarantined {
+		t.Fatalf("effects %v: want ReleaseDest from quarantine first", effs)
+	}
+}
+
+// The context side answers in kind: a stream's terminal frame is
+// addressed to the incarnation its RequestData came from, and a Cancel
+// answered at once to the Cancel's sender's incarnation, both from this
+// rank's own.
+func TestTxFramesCarryIncarnations(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.s.cfg.Incarnation = 30
+	from := genPeer(1)
+	h.start(32, 0)
+	h.step(TxPeerRequest{Peer: 1, From: from, Epoch: 1, Incarnation: 8, Route: h.route(1), Expected: []int{1}})
+	effs := h.step(TxPeerCancel{Peer: 1, From: from, Epoch: 99, Incarnation: 9})
+	effs = append(effs, h.step(TxPeerCancel{Peer: 1, From: from, Epoch: 1, Incarnation: 8})...)
+	var got []messages.Incarnations
+	for _, e := range effs {
+		if sf, ok := e.(SendFrame); ok {
+			if in, ok := sf.Frame.(messages.Incarnated); ok {
+				got = append(got, in.Incarnation())
+			}
+		}
+	}
+	want := []messages.Incarnations{{FromIncarnation: 30, ToIncarnation: 9}, {FromIncarnation: 30, ToIncarnation: 8}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("incarnations of the frames sent: %+v, want %+v (effects %s)", got, want, fmtEffects(effs))
+	}
+}

@@ -1,0 +1,42 @@
+package messages
+
+import "github.com/kvxfer/kvxfer/messages/pb"
+
+// incarnationsToWire copies f's incarnations (Hello.Incarnation, the
+// Incarnations of RequestData, Result, Cancel, CancelAck) into env's body,
+// which toWire built from f.
+func incarnationsToWire(env *pb.Envelope, f Frame) {
+	switch b := env.GetBody().(type) {
+	case *pb.Envelope_Hello:
+		b.Hello.Incarnation = f.(*Hello).Incarnation
+	case *pb.Envelope_RequestData:
+		in := f.(*RequestData).Incarnations
+		b.RequestData.FromIncarnation, b.RequestData.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+	case *pb.Envelope_Result:
+		in := f.(*Result).Incarnations
+		b.Result.FromIncarnation, b.Result.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+	case *pb.Envelope_Cancel:
+		in := f.(*Cancel).Incarnations
+		b.Cancel.FromIncarnation, b.Cancel.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+	case *pb.Envelope_CancelAck:
+		in := f.(*CancelAck).Incarnations
+		b.CancelAck.FromIncarnation, b.CancelAck.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+	}
+}
+
+// incarnationsFromWire copies the incarnations of env's body into f, the
+// frame fromWire decoded from it. Any value is in range (0: not known).
+func incarnationsFromWire(env *pb.Envelope, f Frame) {
+	switch b := env.GetBody().(type) {
+	case *pb.Envelope_Hello:
+		f.(*Hello).Incarnation = b.Hello.GetIncarnation()
+	case *pb.Envelope_RequestData:
+		f.(*RequestData).Incarnations = Incarnations{b.RequestData.GetFromIncarnation(), b.RequestData.GetToIncarnation()}
+	case *pb.Envelope_Result:
+		f.(*Result).Incarnations = Incarnations{b.Result.GetFromIncarnation(), b.Result.GetToIncarnation()}
+	case *pb.Envelope_Cancel:
+		f.(*Cancel).Incarnations = Incarnations{b.Cancel.GetFromIncarnation(), b.Cancel.GetToIncarnation()}
+	case *pb.Envelope_CancelAck:
+		f.(*CancelAck).Incarnations = Incarnations{b.CancelAck.GetFromIncarnation(), b.CancelAck.GetToIncarnation()}
+	}
+}

@@ -1,0 +1,235 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// partLink is a MemLink whose frames to the generation instance can be
+// held back (a partition in one direction: the writer is alive and
+// answers, its answers do not arrive) and delivered later, in order.
+type partLink struct {
+	*control.MemLink
+	mu   sync.Mutex
+	cut  bool
+	held []func()
+}
+
+func (p *partLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
+	if self.From.Instance != "gen" {
+		return p.MemLink.Listen(self, deliver)
+	}
+	return p.MemLink.Listen(self, func(f messages.Frame) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.cut {
+			p.held = append(p.held, func() { deliver(f) })
+			return
+		}
+		deliver(f)
+	})
+}
+
+func (p *partLink) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if !cut {
+		for _, f := range p.held {
+			f()
+		}
+		p.held = nil
+	}
+}
+
+func (p *partLink) heldFrames() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held)
+}
+
+// startPartCluster starts a ctx TP1 and a gen TP1 engine on a partLink;
+// the gen engine's quarantine bound is maxQ bytes (0: the default).
+func startPartCluster(t *testing.T, l kvcache.Layout, maxQ uint64) (*cluster, *partLink) {
+	t.Helper()
+	link := &partLink{MemLink: control.NewMemLink()}
+	c := &cluster{ctxPar: tp1, genPar: tp1}
+	for _, inst := range []string{"ctx", "gen"} {
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
+			Layout: &l, PoolBytes: 4 << 20, Workers: 2, Link: link, TransferTimeout: 20 * time.Second, MaxQuarantinedBytes: maxQ})
+		if err != nil {
+			t.Fatalf("start %s: %v", inst, err)
+		}
+		if inst == "ctx" {
+			c.ctx = append(c.ctx, e)
+		} else {
+			c.gen = append(c.gen, e)
+		}
+	}
+	t.Cleanup(func() {
+		link.setCut(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, e := range append(c.ctx, c.gen...) {
+			if err := e.Close(ctx); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	})
+	return c, link
+}
+
+// waitUntil polls cond with a deadline (integration tests only).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
+
+// Issue 17: a writer suspected by missed heartbeats while alive (here:
+// its frames to the generation side are held back) fails the request at
+// once, but its destination blocks are quarantined — counted in
+// Stats.QuarantinedBytes, not free, not reusable — until its CancelAck
+// (the proof) arrives. With the quarantine bound at 1 byte, a new request
+// waits for destination blocks meanwhile, and starts (then completes) once
+// the proof releases the quarantine.
+func TestSuspectedWriterQuarantinedUntilProof(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartCluster(t, l, 1)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	total := 0
+	for _, st := range gen.Pools().Stats() {
+		total += st.Total
+	}
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q1", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.setCut(true)
+	gen.PeerDown(ctxE.Hello().From)
+	o := waitOutcome(t, rx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Fatalf("rx after suspicion: %s %v, want a failure matching ErrPeerGone", o.Status, o.Err)
+	}
+	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
+	st := gen.Stats()
+	q := gen.Pools().Quarantined()
+	if st.QuarantinedBytes == 0 || q == 0 || st.QuarantineLimitBytes != 1 {
+		t.Fatalf("after suspicion with the writer's answer held: %d blocks, %d bytes quarantined (limit %d); want > 0",
+			q, st.QuarantinedBytes, st.QuarantineLimitBytes)
+	}
+	free := 0
+	for _, s := range gen.Pools().Stats() {
+		free += s.Free
+	}
+	if free+q != total {
+		t.Fatalf("free %d + quarantined %d != %d blocks: quarantined blocks are not held apart", free, q, total)
+	}
+	// The bound is hit: a new request waits for destination blocks, its
+	// allocation refused with ErrQuarantineFull, while the pool has room.
+	if _, err := gen.Pools().Alloc([]int{1, 1}); !errors.Is(err, kvcache.ErrOutOfBlocks) {
+		t.Fatalf("Alloc with the quarantine full: %v, want an error wrapping ErrOutOfBlocks", err)
+	}
+	// A new request waits for destination blocks while the bound is hit.
+	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q2", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := gen.Pools().Used(); u != 0 {
+		t.Fatalf("q2 got %d destination blocks while the quarantine is full", u)
+	}
+	// The proof arrives: the quarantine empties, the waiting request
+	// starts and completes, every byte verified.
+	link.setCut(false)
+	waitUntil(t, "the quarantine to empty", func() bool { return gen.Stats().QuarantinedBytes == 0 })
+	sendOneChunk(t, ctxE, l, "q2", 2, 64)
+	o2 := waitOutcome(t, rx2.Done())
+	if !o2.OK {
+		t.Fatalf("q2 after the proof: %s %v", o2.Status, o2.Err)
+	}
+	if n := verify(t, gen, l, 64, o2.Blocks, 2); n == 0 {
+		t.Fatal("q2: no byte verified")
+	}
+	if err := gen.FreeBlocks(o2.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// sendOneChunk sends request id from context engine e in one chunk, the
+// source filled with pattern req, and waits for DONE.
+func sendOneChunk(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, id string, req, promptLen int) {
+	t.Helper()
+	nblk := l.BlocksFor(promptLen)
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		if len(e.Shape().Layers[g]) > 0 {
+			counts[g] = nblk
+		}
+	}
+	src, err := e.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b, id := range src[g] {
+			fill(e, l, g, id, b, req)
+		}
+	}
+	h, err := e.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(promptLen, promptLen, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chunks {
+		if err := h.Chunk(ch, ch.Runs(l.TokensPerBlock, src), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o := waitOutcome(t, h.Done()); !o.OK {
+		t.Fatalf("tx %s: %s %v", id, o.Status, o.Err)
+	}
+	if err := e.Pools().Free(src); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The engine closes while a suspected writer never answers: Close returns
+// (it does not wait for a proof that may never come) and the blocks stay
+// quarantined, never free.
+func TestCloseLeavesSuspectedBlocksQuarantined(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartCluster(t, l, 0)
+	gen := c.gen[0]
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q1", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.setCut(true)
+	gen.PeerDown(c.ctx[0].Hello().From)
+	waitOutcome(t, rx.Done())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := gen.Close(ctx); err != nil {
+		t.Fatalf("Close with a suspected writer: %v", err)
+	}
+	if q := gen.Pools().Quarantined(); q == 0 || gen.Pools().Used() != 0 {
+		t.Fatalf("after Close: %d quarantined, %d used; want the blocks quarantined", q, gen.Pools().Used())
+	}
+}
