@@ -131,7 +131,7 @@ type worker struct {
 	// cpu is the C worker's cpu (where kvx_poll last ran), copied after
 	// each poll for other goroutines (progressCPU).
 	cpu atomic.Int32
-	tid    int // the progress thread's id, set before New returns
+	tid int // the progress thread's id, set before New returns
 
 	// Progress goroutine only.
 	spare      []request
