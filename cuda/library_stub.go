@@ -38,6 +38,7 @@ func libCopyDtoHAsync(uintptr, []byte, DevicePtr, uintptr) error { return unreac
 func libCopyDtoDAsync(uintptr, DevicePtr, DevicePtr, uint64, uintptr) error {
 	return unreachable()
 }
+func libMemsetD8Async(uintptr, DevicePtr, byte, uint64, uintptr) error { return unreachable() }
 func libCopyDtoDBatch(uintptr, uintptr, []uint64) (int, error) { return 0, unreachable() }
 func libStreamCreate(uintptr, uint) (uintptr, error)           { return 0, unreachable() }
 func libStreamDestroy(uintptr, uintptr) error                  { return unreachable() }
