@@ -128,16 +128,21 @@ func TestBorrowedFence(t *testing.T) {
 func TestBorrowedFenceRelease(t *testing.T) {
 	d := device(t)
 	s := stream(t, d)
-	m := alloc(t, d, 4096)
+	// 2,000 memsets ahead of the event keep it pending for ≥ 200 ms: on the
+	// fake driver each is delayed 100 µs (FAKECUDA_COPY_DELAY_US); on a GPU
+	// each sets 256 MiB (≥ 512 GB in all, ≥ 0.1 s at any HBM speed).
+	size := uint64(4096)
+	if os.Getenv("FAKECUDA_COPY_DELAY_US") == "" {
+		size = 256 << 20
+	}
+	m := alloc(t, d, size)
 	ev, err := d.NewEvent()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ev.Close()
-	// 2,000 memsets, each delayed by the fake driver (FAKECUDA_COPY_DELAY_US,
-	// 100 µs): the event recorded behind them stays pending for ≥ 200 ms.
 	for range 2000 {
-		if err := s.MemsetD8(m.Ptr(), 1, 4096); err != nil {
+		if err := s.MemsetD8(m.Ptr(), 1, size); err != nil {
 			t.Fatal(err)
 		}
 	}
