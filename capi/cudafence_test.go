@@ -1,11 +1,16 @@
 package capi
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/cudatest"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -59,4 +64,101 @@ func TestChunkCUDAWithoutDriver(t *testing.T) {
 	if n := HandleCount(); n != base {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
+}
+
+// TestChunkCUDACloseReleasesEvent (on the fake driver, in a child
+// process): Close does not wait for a borrowed CUDA event that has not
+// completed: it stops watching it, failing its chunk with the engine's
+// closing, and leaves the event to its owner, who still queries and
+// destroys it.
+func TestChunkCUDACloseReleasesEvent(t *testing.T) {
+	if os.Getenv("KVXFER_CAPI_TEST_CHILD") != "fakecuda" {
+		lib, err := cudatest.BuildFake(t.TempDir())
+		if err != nil {
+			t.Skipf("no fake driver: %v", err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestChunkCUDACloseReleasesEvent$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "KVXFER_CAPI_TEST_CHILD=fakecuda", cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=100")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "CHILD-OK") {
+			t.Fatalf("child on the fake driver: %v\n%s", err, out)
+		}
+		return
+	}
+	base := HandleCount()
+	dev, err := cuda.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m, err := dev.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	ev, err := dev.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2000 { // 100 µs each on the fake driver: the event stays pending ≥ 200 ms
+		if err := s.MemsetD8(m.Ptr(), 7, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Record(ev); err != nil {
+		t.Fatal(err)
+	}
+
+	p, _, err := Open(`{"instance":"capi-cu-p2",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := open(t, "capi-cu-d2")
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "cu2", PromptLen: 32, Context: "capi-cu-p2"}}); err != nil {
+		t.Fatal(err)
+	}
+	tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "cu2", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.ChunkCUDA(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, uint64(ev.Handle()), 0); err != nil {
+		t.Fatal(err)
+	}
+	tx.mu.Lock()
+	watched := append([]*cuda.BorrowedFence(nil), tx.events...)
+	tx.mu.Unlock()
+	if len(watched) != 1 || watched[0].Event() != ev.Handle() {
+		t.Fatalf("request watches %v, want one fence on event %#x", watched, ev.Handle())
+	}
+	if fired, err := watched[0].Fired(); fired {
+		t.Fatalf("fence fired (%v) with 2,000 delayed memsets ahead of its event", err)
+	}
+	waitTxPastInit(t, p)
+	closeBoth(t, p, d)
+	fired, ferr := watched[0].Fired()
+	if !fired || !errors.Is(ferr, cuda.ErrClosed) || !errors.Is(ferr, ErrEngineClosed) {
+		t.Fatalf("after Close the event's fence is %v, %v; want released with the engine's closing", fired, ferr)
+	}
+	if _, qerr := ev.Query(); qerr != nil {
+		t.Fatalf("the owner's event after Close: %v; want it still usable", qerr)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Close(); err != nil {
+		t.Fatalf("the owner destroys its event: %v", err)
+	}
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+	fmt.Println("CHILD-OK:", ferr)
 }
