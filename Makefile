@@ -119,8 +119,11 @@ LIBDIR := lib
 # Debian's interpreter, the one python3-numpy/-torch/-pytest install for.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 .PHONY: lib ctest pytest bench-python
+# kvxfer_nonvml: package cuda without go-nvml (GPU discovery), whose
+# unresolved NVML symbols a shared library cannot carry; the library needs
+# only the CUDA driver, which package cuda loads with dlopen.
 lib:
-	$(GO) build -buildmode=c-shared -o $(LIBDIR)/libkvxfer.so ./cmd/libkvxfer
+	$(GO) build -tags kvxfer_nonvml -buildmode=c-shared -o $(LIBDIR)/libkvxfer.so ./cmd/libkvxfer
 	@rm -f $(LIBDIR)/libkvxfer.h
 	@diff <(nm -D --defined-only $(LIBDIR)/libkvxfer.so | awk '$$3 ~ /^kvxfer_/ {print $$3}' | sort) \
 		<(grep -oE '\bkvxfer_[a-z_]+\(' include/kvxfer.h | tr -d '(' | sort -u) \
@@ -130,7 +133,7 @@ lib:
 ## ctest: the C ABI's test program (test/c) against lib/libkvxfer.so.
 ctest: lib
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/kvxfer_test test/c/kvxfer_test.c \
-		-L$(LIBDIR) -lkvxfer -lpthread -Wl,-rpath,'$$ORIGIN'
+		-L$(LIBDIR) -lkvxfer -lpthread -ldl -Wl,-rpath,'$$ORIGIN'
 	$(LIBDIR)/kvxfer_test
 
 ## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.

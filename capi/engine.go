@@ -2,12 +2,14 @@ package capi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -113,6 +115,15 @@ func (e *Engine) Close(timeout time.Duration) error {
 	for h, f := range fences {
 		drop(h)
 		f.mf.Fire(fmt.Errorf("%w: engine %d closed before fence %d fired", ErrEngineClosed, e.h, h))
+	}
+	e.mu.Lock()
+	reqs := make([]*Request, 0, len(e.requests))
+	for _, r := range e.requests {
+		reqs = append(reqs, r)
+	}
+	e.mu.Unlock()
+	for _, r := range reqs { // stop querying the caller's CUDA events
+		r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -343,7 +354,12 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 		}
 		r.mu.Lock()
 		r.out = &o
+		events := r.events
+		r.events = nil
 		r.mu.Unlock()
+		for _, f := range events { // before the event: the caller may then destroy them
+			f.Release(fmt.Errorf("request %d (%q) finished: %s", r.h, r.id, o.Status))
+		}
 		ev := Event{Request: r.h, Outcome: outcomeCode(o.Status), Bytes: o.Bytes, UserData: r.userData}
 		if o.Err != nil {
 			ev.Error = Code(o.Err)
@@ -369,6 +385,21 @@ type Request struct {
 	mu    sync.Mutex
 	out   *kvxfer.Outcome
 	freed bool // FreeBlocks ran
+	// events are the fences over the caller's CUDA events (ChunkCUDA), all
+	// released once the request finished, before its event is posted.
+	events []*cuda.BorrowedFence
+}
+
+// releaseEvents stops watching the request's CUDA events, failing those
+// not yet complete with why.
+func (r *Request) releaseEvents(why error) {
+	r.mu.Lock()
+	events := r.events
+	r.events = nil
+	r.mu.Unlock()
+	for _, f := range events {
+		f.Release(why)
+	}
 }
 
 // LookupRequest returns the request of handle h.
@@ -412,6 +443,72 @@ func (r *Request) Chunk(start, end int, last bool, runs []kvcache.BlockRun, with
 	r.e.fences[h] = f
 	r.e.mu.Unlock()
 	return h, nil
+}
+
+// ChunkCUDA hands over tokens [start, end) from the source blocks runs
+// behind the caller's CUDA event cuEvent (a CUevent or cudaEvent_t of
+// device's primary context, recorded after the writes): the chunk is sent
+// once the event completed; a failed query fails it, and the request, with
+// ErrFence. kvxfer only queries the event (never records or destroys it),
+// and stops before the request's event is posted or Close returns: the
+// caller keeps the event alive and does not record it again until then.
+// Without a CUDA driver it returns ErrUnsupported naming the missing
+// driver; a zero handle or a device that does not exist is
+// ErrInvalidArgument. A refused chunk watches nothing.
+func (r *Request) ChunkCUDA(start, end int, last bool, runs []kvcache.BlockRun, cuEvent uint64, device int) error {
+	if r.tx == nil {
+		return errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+	}
+	if cuEvent == 0 {
+		return errorf(ErrInvalidArgument, "request %d (%q): cu_event is 0: pass the CUevent handle of an event recorded after the chunk's writes (a torch.cuda.Event has one once recorded)", r.h, r.id)
+	}
+	if device < 0 {
+		return errorf(ErrInvalidArgument, "request %d (%q): CUDA device %d is negative", r.h, r.id, device)
+	}
+	if start < 0 || end < start {
+		return errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
+	}
+	if err := cuda.Init(); err != nil {
+		return &Error{Code: ErrUnsupported, Err: fmt.Errorf("request %d (%q): a chunk behind CUDA event %#x needs the CUDA driver, and there is none usable: %w", r.h, r.id, cuEvent, err)}
+	}
+	f, err := cuda.WatchEvent(device, uintptr(cuEvent), nil)
+	if err != nil {
+		code := ErrFence
+		if errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrBadHandle) {
+			code = ErrInvalidArgument
+		}
+		return &Error{Code: code, Err: fmt.Errorf("request %d (%q): CUDA event %#x of device %d: %w", r.h, r.id, cuEvent, device, err)}
+	}
+	c := kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last}
+	if err := r.tx.Chunk(c, runs, cudaFence{f, r.h}); err != nil {
+		f.Release(err)
+		return err
+	}
+	r.mu.Lock()
+	if r.out != nil { // finished meanwhile: its watcher released the others
+		r.mu.Unlock()
+		f.Release(fmt.Errorf("request %d (%q) finished", r.h, r.id))
+		return nil
+	}
+	r.events = append(r.events, f)
+	r.mu.Unlock()
+	return nil
+}
+
+// cudaFence is a BorrowedFence as the engine sees it: a failure is
+// ErrFenceFailed (KVXFER_ERR_FENCE), with the driver's reason.
+type cudaFence struct {
+	f   *cuda.BorrowedFence
+	req uint64
+}
+
+func (c cudaFence) OnReady(fn func(error)) {
+	c.f.OnReady(func(err error) {
+		if err != nil {
+			err = fmt.Errorf("%w: request %d: CUDA event %#x: %w", ErrFenceFailed, c.req, c.f.Event(), err)
+		}
+		fn(err)
+	})
 }
 
 // FenceReady fires fence h: its chunk's KV is written. FenceFail fails it

@@ -1,4 +1,4 @@
-//go:build cgo
+//go:build cgo && !kvxfer_nonvml
 
 package cuda
 

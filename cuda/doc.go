@@ -37,7 +37,12 @@
 // exactly once, from any goroutine, with nil or the producer's error — the
 // shape of the engine's actors.Fence, which both fences here satisfy
 // without this package importing actors. An EventFence is a CUDA event
-// recorded on a stream; a HostFence is fired by hand (the host fallback).
+// recorded on a stream; a HostFence is fired by hand (the host fallback);
+// a BorrowedFence (WatchEvent) watches an event the caller created and
+// owns — a framework's, e.g. a recorded torch.cuda.Event's cuda_event
+// handle — which the package queries and never records or destroys: the
+// caller keeps it alive, and does not record it again, until the fence
+// fired or Release returned.
 //
 // Nobody blocks on an event. One Poller goroutine per process
 // (DefaultPoller) queries every outstanding event with cuEventQuery, each

@@ -13,6 +13,9 @@ var (
 	ErrNoDevice = errors.New("cuda: no device")
 	// ErrClosed: the device, stream, event, memory or queue was closed.
 	ErrClosed = errors.New("cuda: closed")
+	// ErrBadHandle: a handle the caller passed is not usable (a zero
+	// CUevent, a negative device ordinal).
+	ErrBadHandle = errors.New("cuda: bad handle")
 )
 
 // Error is a CUDA driver call that failed: the call, the driver's result

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
@@ -16,6 +17,7 @@ type Fence interface {
 var (
 	_ Fence = (*EventFence)(nil)
 	_ Fence = (*HostFence)(nil)
+	_ Fence = (*BorrowedFence)(nil)
 )
 
 // signal is the fired-once state both fences share.
@@ -130,6 +132,126 @@ func (f *EventFence) Fired() (bool, error) { return f.state() }
 
 // Wait blocks until the fence fired or ctx ends. Not for actors.
 func (f *EventFence) Wait(ctx context.Context) error { return f.wait(ctx) }
+
+// BorrowedFence is a fence on a CUDA event the caller owns (a framework's
+// event, e.g. the handle of a recorded torch.cuda.Event): it fires nil once
+// the event completed, the driver's error if the query fails. The package
+// only queries the event — the Poller, with cuEventQuery — and never
+// records or destroys it.
+//
+// The caller must keep the event alive, and must not record it again,
+// until the fence fired or Release returned: a destroyed event is a
+// dangling handle to the driver, and a re-recorded one makes the fence wait
+// for the new work instead.
+type BorrowedFence struct {
+	signal
+	ev *Event
+}
+
+// WatchEvent returns a fence on the caller's event handle (a CUevent, or a
+// cudaEvent_t: the same thing) of device ordinal, watched by p
+// (DefaultPoller when nil). The device is opened once per process and kept
+// (its primary context retained): the event must belong to that primary
+// context, as the CUDA runtime's (and PyTorch's) events do. Without a
+// usable driver it fails at once with an error wrapping ErrNoDevice that
+// says why; a zero handle or a negative ordinal with one wrapping
+// ErrBadHandle.
+func WatchEvent(ordinal int, event uintptr, p *Poller) (*BorrowedFence, error) {
+	if event == 0 {
+		return nil, fmt.Errorf("CUDA event handle 0 (an event never recorded?): %w", ErrBadHandle)
+	}
+	if ordinal < 0 {
+		return nil, fmt.Errorf("CUDA device ordinal %d: %w", ordinal, ErrBadHandle)
+	}
+	d, err := sharedDevice(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return d.WatchEvent(event, p)
+}
+
+// WatchEvent returns a fence on the caller's event handle of this device
+// (see the package-level WatchEvent), watched by p (DefaultPoller when
+// nil). It queries the event once at once: a completed (or failed) event
+// fires the fence before WatchEvent returns.
+func (d *Device) WatchEvent(event uintptr, p *Poller) (*BorrowedFence, error) {
+	if p == nil {
+		p = DefaultPoller()
+	}
+	ev, err := d.BorrowEvent(event)
+	if err != nil {
+		return nil, err
+	}
+	f := &BorrowedFence{ev: ev}
+	if ok, err := ev.Query(); ok || err != nil {
+		f.release(err)
+		return f, nil
+	}
+	if err := p.loose.Add(ev, f.release); err != nil {
+		ev.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// release stops querying the event, then fires the fence with err (a no-op
+// when it fired already).
+func (f *BorrowedFence) release(err error) {
+	f.ev.Close()
+	f.fire(err)
+}
+
+// Release stops watching the event: if the fence has not fired it fires
+// with an error wrapping ErrClosed and err (when not nil). Once Release
+// returns the package never touches the event again, so that the caller
+// may destroy it. Idempotent.
+func (f *BorrowedFence) Release(err error) {
+	why := fmt.Errorf("cuda: borrowed event %#x released before it completed: %w", f.ev.h, ErrClosed)
+	if err != nil {
+		why = fmt.Errorf("%w: %w", why, err)
+	}
+	f.release(why)
+}
+
+// Event is the borrowed event's handle.
+func (f *BorrowedFence) Event() uintptr { return f.ev.h }
+
+// OnReady calls fn once the fence fired: on the poller goroutine, on the
+// goroutine of Release, or at once on the caller's if it already has. fn
+// must not block.
+func (f *BorrowedFence) OnReady(fn func(err error)) { f.onReady(fn) }
+
+// Fired reports, without blocking, whether the fence fired and with what.
+func (f *BorrowedFence) Fired() (bool, error) { return f.state() }
+
+// Wait blocks until the fence fired or ctx ends. Not for actors.
+func (f *BorrowedFence) Wait(ctx context.Context) error { return f.wait(ctx) }
+
+// shared holds the devices WatchEvent opened, one per ordinal, kept for
+// the process's life.
+var shared struct {
+	mu   sync.Mutex
+	devs map[int]*Device
+}
+
+// sharedDevice returns the process's Device of ordinal, opening it on
+// first use (a failed open is retried next time).
+func sharedDevice(ordinal int) (*Device, error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if d := shared.devs[ordinal]; d != nil {
+		return d, nil
+	}
+	d, err := OpenDevice(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	if shared.devs == nil {
+		shared.devs = make(map[int]*Device)
+	}
+	shared.devs[ordinal] = d
+	return d, nil
+}
 
 // HostFence is the host fallback: a fence that fires when Fire is called,
 // for producers that write host memory (or signal completion some other

@@ -45,6 +45,7 @@ static struct {
 	CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 	CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 	CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+	CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
 	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
 	CUresult (*cuStreamDestroy)(CUstream);
 	CUresult (*cuStreamSynchronize)(CUstream);
@@ -95,6 +96,7 @@ static int kvx_load(const char *path, char *err, size_t errlen) {
 		{{"cuMemcpyHtoDAsync_v2", NULL}, (void **)&kvx.cuMemcpyHtoDAsync},
 		{{"cuMemcpyDtoHAsync_v2", NULL}, (void **)&kvx.cuMemcpyDtoHAsync},
 		{{"cuMemcpyDtoDAsync_v2", NULL}, (void **)&kvx.cuMemcpyDtoDAsync},
+		{{"cuMemsetD8Async", NULL}, (void **)&kvx.cuMemsetD8Async},
 		{{"cuStreamCreate", NULL}, (void **)&kvx.cuStreamCreate},
 		{{"cuStreamDestroy_v2", "cuStreamDestroy"}, (void **)&kvx.cuStreamDestroy},
 		{{"cuStreamSynchronize", NULL}, (void **)&kvx.cuStreamSynchronize},
@@ -223,6 +225,10 @@ static int kvx_copy_dtoh_async(uintptr_t ctx, void *dst, uint64_t src, uint64_t 
 static int kvx_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, uintptr_t s) {
 	KVX_USE(ctx);
 	return kvx.cuMemcpyDtoDAsync(dst, src, (size_t)n, (CUstream)s);
+}
+static int kvx_memset_d8_async(uintptr_t ctx, uint64_t dst, unsigned char v, uint64_t n, uintptr_t s) {
+	KVX_USE(ctx);
+	return kvx.cuMemsetD8Async(dst, v, (size_t)n, (CUstream)s);
 }
 
 // kvx_copy_dtod_batch enqueues n device-to-device copies on stream s with
@@ -412,6 +418,10 @@ func libCopyDtoHAsync(ctx uintptr, dst []byte, src DevicePtr, s uintptr) error {
 
 func libCopyDtoDAsync(ctx uintptr, dst, src DevicePtr, n uint64, s uintptr) error {
 	return check("cuMemcpyDtoDAsync", C.kvx_copy_dtod_async(C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), C.uintptr_t(s)))
+}
+
+func libMemsetD8Async(ctx uintptr, dst DevicePtr, v byte, n uint64, s uintptr) error {
+	return check("cuMemsetD8Async", C.kvx_memset_d8_async(C.uintptr_t(ctx), C.uint64_t(dst), C.uchar(v), C.uint64_t(n), C.uintptr_t(s)))
 }
 
 // libCopyDtoDBatch enqueues the copies {dst, src, len} of triples (three

@@ -38,16 +38,17 @@ func libCopyDtoHAsync(uintptr, []byte, DevicePtr, uintptr) error { return unreac
 func libCopyDtoDAsync(uintptr, DevicePtr, DevicePtr, uint64, uintptr) error {
 	return unreachable()
 }
-func libCopyDtoDBatch(uintptr, uintptr, []uint64) (int, error) { return 0, unreachable() }
-func libStreamCreate(uintptr, uint) (uintptr, error)           { return 0, unreachable() }
-func libStreamDestroy(uintptr, uintptr) error                  { return unreachable() }
-func libStreamSynchronize(uintptr, uintptr) error              { return unreachable() }
-func libStreamQuery(uintptr, uintptr) (bool, error)            { return false, unreachable() }
-func libEventCreate(uintptr, uint) (uintptr, error)            { return 0, unreachable() }
-func libEventDestroy(uintptr, uintptr) error                   { return unreachable() }
-func libEventRecord(uintptr, uintptr, uintptr) error           { return unreachable() }
-func libEventQuery(uintptr, uintptr) (bool, error)             { return false, unreachable() }
-func libEventSynchronize(uintptr, uintptr) error               { return unreachable() }
-func libIPCGet(uintptr, DevicePtr) (IPCHandle, error)          { return IPCHandle{}, unreachable() }
-func libIPCOpen(uintptr, IPCHandle, uint) (DevicePtr, error)   { return 0, unreachable() }
-func libIPCClose(uintptr, DevicePtr) error                     { return unreachable() }
+func libMemsetD8Async(uintptr, DevicePtr, byte, uint64, uintptr) error { return unreachable() }
+func libCopyDtoDBatch(uintptr, uintptr, []uint64) (int, error)         { return 0, unreachable() }
+func libStreamCreate(uintptr, uint) (uintptr, error)                   { return 0, unreachable() }
+func libStreamDestroy(uintptr, uintptr) error                          { return unreachable() }
+func libStreamSynchronize(uintptr, uintptr) error                      { return unreachable() }
+func libStreamQuery(uintptr, uintptr) (bool, error)                    { return false, unreachable() }
+func libEventCreate(uintptr, uint) (uintptr, error)                    { return 0, unreachable() }
+func libEventDestroy(uintptr, uintptr) error                           { return unreachable() }
+func libEventRecord(uintptr, uintptr, uintptr) error                   { return unreachable() }
+func libEventQuery(uintptr, uintptr) (bool, error)                     { return false, unreachable() }
+func libEventSynchronize(uintptr, uintptr) error                       { return unreachable() }
+func libIPCGet(uintptr, DevicePtr) (IPCHandle, error)                  { return IPCHandle{}, unreachable() }
+func libIPCOpen(uintptr, IPCHandle, uint) (DevicePtr, error)           { return 0, unreachable() }
+func libIPCClose(uintptr, DevicePtr) error                             { return unreachable() }

@@ -98,6 +98,15 @@ func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
 	return libCopyDtoHAsync(ctx, dst, src, s.h)
 }
 
+// MemsetD8 enqueues setting n bytes of device memory at dst to v.
+func (s *Stream) MemsetD8(dst DevicePtr, v byte, n uint64) error {
+	ctx, err := s.context()
+	if err != nil {
+		return err
+	}
+	return libMemsetD8Async(ctx, dst, v, n, s.h)
+}
+
 // Record records ev on the stream: ev completes once everything enqueued
 // before it has.
 func (s *Stream) Record(ev *Event) error {
@@ -105,6 +114,7 @@ func (s *Stream) Record(ev *Event) error {
 	if err != nil {
 		return err
 	}
+	defer ev.lock()()
 	if ev.closed.Load() {
 		return fmt.Errorf("record: cuda event: %w", ErrClosed)
 	}

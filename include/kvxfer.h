@@ -44,8 +44,8 @@ extern "C" {
  * Bumped on any incompatible change to a declaration below. */
 #define KVXFER_ABI_VERSION 1
 /* Additive changes within KVXFER_ABI_VERSION (new config keys, new
- * functions); 1: kvxfer_engine_open's "memory" key. */
-#define KVXFER_ABI_MINOR 1
+ * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda. */
+#define KVXFER_ABI_MINOR 2
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -264,6 +264,23 @@ kvxfer_status kvxfer_send(kvxfer_engine_t engine, const kvxfer_send_request *req
 kvxfer_status kvxfer_chunk(kvxfer_request_t request, int32_t start, int32_t end, int32_t last,
                            const kvxfer_block_run *runs, uint32_t groups, kvxfer_fence_t *fence);
 kvxfer_status kvxfer_fence_ready(kvxfer_fence_t fence);
+
+/* (Since KVXFER_ABI_MINOR 2.) kvxfer_chunk with a CUDA event as the fence:
+ * the chunk is sent once cu_event has completed. cu_event is a CUevent (a
+ * cudaEvent_t is the same handle: torch.cuda.Event's cuda_event, once
+ * recorded) of device `device`'s primary context (the CUDA runtime's, so
+ * PyTorch's), recorded on the producing stream after the chunk's writes.
+ * The event is borrowed: kvxfer queries it (cuEventQuery, from its poller;
+ * nobody blocks) and never records or destroys it. Keep it alive, and do
+ * not record it again, until the request's kvxfer_event has arrived (or
+ * kvxfer_engine_close returned): kvxfer stops querying it before either.
+ * A failed query fails the request with KVXFER_ERR_FENCE and the driver's
+ * error. KVXFER_ERR_UNSUPPORTED: no usable CUDA driver in this process (the
+ * message names it; the handle is not touched); KVXFER_ERR_INVALID_ARGUMENT:
+ * cu_event is 0, or no such device. A refused chunk pins nothing, watches
+ * nothing, and the request goes on. */
+kvxfer_status kvxfer_chunk_cuda(kvxfer_request_t request, int32_t start, int32_t end, int32_t last,
+                                const kvxfer_block_run *runs, uint32_t groups, uint64_t cu_event, int32_t device);
 /* Fails the chunk, and so the request (KVXFER_ERR_FENCE), with reason. */
 kvxfer_status kvxfer_fence_fail(kvxfer_fence_t fence, const char *reason);
 

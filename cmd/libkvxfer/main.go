@@ -377,6 +377,21 @@ func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfe
 	return 0
 }
 
+//export kvxfer_chunk_cuda
+func kvxfer_chunk_cuda(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
+	cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_chunk_cuda")
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	src, err := runs("kvxfer_chunk_cuda", "runs", rs, groups)
+	if err != nil {
+		return fail(err)
+	}
+	return status(r.ChunkCUDA(int(start), int(end), last != 0, src, uint64(cuEvent), int(device)))
+}
+
 //export kvxfer_fence_ready
 func kvxfer_fence_ready(fh C.kvxfer_fence_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_fence_ready")

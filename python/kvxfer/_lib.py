@@ -109,6 +109,8 @@ _PROTOTYPES = {
     "kvxfer_send": (_st, [engine_t, ctypes.POINTER(SendRequest), ctypes.POINTER(request_t)]),
     "kvxfer_chunk": (_st, [request_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(BlockRun),
                            ctypes.c_uint32, ctypes.POINTER(fence_t)]),
+    "kvxfer_chunk_cuda": (_st, [request_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(BlockRun),
+                                ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32]),
     "kvxfer_fence_ready": (_st, [fence_t]),
     "kvxfer_fence_fail": (_st, [fence_t, ctypes.c_char_p]),
     "kvxfer_receive": (_st, [engine_t, ctypes.POINTER(ReceiveRequest), ctypes.POINTER(request_t)]),

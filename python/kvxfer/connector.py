@@ -203,8 +203,10 @@ class KvxferWorkerConnector:
         return None
 
     def wait_for_save(self):
-        """The step's KV is written (on a GPU: record an event here and make
-        the fence ready when it completes)."""
+        """The step's KV is written. (On a GPU: record a torch.cuda.Event
+        here and hand each chunk over with Request.chunk(..., cuda_event=ev)
+        instead of a fence made ready; use a fresh event per step, since
+        kvxfer borrows it until each of its requests has finished.)"""
         tpb = self.engine.tokens_per_block
         for rid, spec in self._meta.reqs_to_send.items():
             r = self._sends.get(rid)

@@ -60,6 +60,22 @@ class KvxferError(Exception):
         self.message = message
 
 
+def _cuda_event(event, device):
+    """(CUevent handle, device ordinal) of a torch.cuda.Event (its
+    cuda_event and device attributes) or of an int handle."""
+    handle = getattr(event, "cuda_event", event)
+    if isinstance(handle, ctypes.c_void_p):
+        handle = handle.value or 0
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise TypeError("cuda_event must be a torch.cuda.Event or an int CUevent handle, not %r" % (event,))
+    if device is None:
+        dev = getattr(event, "device", None)  # torch: None until the event is recorded
+        device = getattr(dev, "index", None)
+        if device is None:
+            device = 0
+    return handle, int(device)
+
+
 def _check(st):
     if st != 0:
         raise KvxferError(st, lib.kvxfer_last_error().decode("utf-8", "replace"))
@@ -467,14 +483,28 @@ class Request:
     def __repr__(self):
         return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
 
-    def chunk(self, start, end, runs, last=None, fenced=True):
+    def chunk(self, start, end, runs, last=None, fenced=True, cuda_event=None, device=None):
         """Hands over tokens [start, end) whose KV sits in runs: one
         (first global block, [block ids]) per layer group. fenced: returns a
         Fence to call ready() on once the KV is written; else the KV is taken
-        as written and None is returned."""
+        as written and None is returned.
+
+        cuda_event: the chunk is sent once this CUDA event completed (and
+        None is returned): a torch.cuda.Event recorded on the producing
+        stream after the writes (its cuda_event handle is used; the event is
+        created lazily by torch, so record it first), or a raw CUevent /
+        cudaEvent_t handle as an int. device is its CUDA device ordinal:
+        by default the torch event's own device, else 0. kvxfer only queries
+        the event: keep it alive and do not record it again until this
+        request's event arrived (wait()/poll). Without a CUDA driver in the
+        process it raises KvxferError with Status.UNSUPPORTED."""
         if last is None:
             last = end == self.prompt_len
         arr, keep = _runs(runs)
+        if cuda_event is not None:
+            handle, dev = _cuda_event(cuda_event, device)
+            _check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle, dev))
+            return None
         return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep)
 
     def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None):

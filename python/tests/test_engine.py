@@ -2,6 +2,7 @@
 
 import ctypes
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -278,3 +279,51 @@ def test_last_error_is_per_thread():
     assert b"222" in other[0]
     assert b"111" in lib.kvxfer_last_error()
     assert ctypes.string_at(lib.kvxfer_status_name(Status.FENCE)) == b"KVXFER_ERR_FENCE"
+
+
+def _cuda_driver_loads():
+    """Whether a CUDA driver library can be loaded here ($KVXFER_LIBCUDA or
+    libcuda.so.1), as kvxfer would."""
+    try:
+        ctypes.CDLL(os.environ.get("KVXFER_LIBCUDA") or "libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+class _FakeTorchEvent:
+    """The two attributes of torch.cuda.Event that chunk() reads."""
+
+    def __init__(self, handle, index):
+        self.cuda_event = handle
+        self.device = torch.device("cuda", index) if index is not None else None
+
+
+def test_chunk_behind_cuda_event_errors(pair):
+    """A chunk behind a CUDA event: an unrecorded torch event (handle 0) is
+    refused naming cu_event; without a CUDA driver any handle is refused as
+    UNSUPPORTED naming the missing driver (the handle is never used). The
+    request goes on after both."""
+    ctx, gen = pair
+    rx = gen.receive("cuev-1", 32, ctx.instance)
+    tx = ctx.send("cuev-1", 32)
+    src = ctx.alloc(0, 2)
+    with pytest.raises(KvxferError) as e:
+        tx.chunk(0, 32, [(0, src)], cuda_event=_FakeTorchEvent(0, None))
+    assert e.value.status == Status.INVALID_ARGUMENT and "cu_event" in e.value.message, e.value
+    with pytest.raises(TypeError):
+        tx.chunk(0, 32, [(0, src)], cuda_event="not an event")
+    if _cuda_driver_loads():
+        pytest.skip("a CUDA driver loads here: its absence cannot be tested (test/gpu covers a real event)")
+    for ev, device in [(_FakeTorchEvent(0x1000, 1), None), (0x1000, 0)]:
+        with pytest.raises(KvxferError) as e:
+            tx.chunk(0, 32, [(0, src)], cuda_event=ev, device=device)
+        assert e.value.status == Status.UNSUPPORTED, e.value
+        assert "CUDA driver" in e.value.message and "0x1000" in e.value.message, e.value.message
+    assert tx.chunk(0, 32, [(0, src)], fenced=False) is None  # the request went on
+    assert tx.wait().outcome == Outcome.DONE
+    assert rx.wait().outcome == Outcome.READY
+    gen.free(0, rx.blocks(0)[1])
+    tx.release()
+    rx.release()
+    ctx.free(0, src)

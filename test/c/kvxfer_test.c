@@ -1,6 +1,7 @@
 /* The C ABI's test program (`make ctest`): every check prints what it saw
  * and the program exits 1 on the first failure. Built against
  * include/kvxfer.h and lib/libkvxfer.so. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,7 @@ static void test_bad_input(void) {
         kvxfer_send(5555, &(kvxfer_send_request){.id = NULL}, &(kvxfer_request_t){0}),
         kvxfer_receive(5555, &(kvxfer_receive_request){.id = "x", .context = NULL}, &(kvxfer_request_t){0}),
         kvxfer_chunk(5555, 0, 16, 1, NULL, 0, NULL),
+        kvxfer_chunk_cuda(5555, 0, 16, 1, NULL, 0, 0, 0),
         kvxfer_fence_ready(5555),
         kvxfer_fence_fail(5555, NULL),
         kvxfer_set_callback(5555, NULL, NULL),
@@ -174,6 +176,25 @@ static void test_transfer(void) {
     CHECK(f == 0, "no fence for a refused chunk");
     CHECK(kvxfer_chunk(tx, 0, 32, 0, NULL, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "NULL runs");
     CHECK(kvxfer_chunk(rx, 0, 32, 0, &run, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "chunk on a receive");
+
+    /* A chunk behind a CUDA event: handle 0 is refused naming cu_event;
+     * without a CUDA driver any handle is refused as unsupported, naming the
+     * missing driver (the handle is never used). Both leave the request
+     * going. Where a driver library loads, that half is skipped: the handle
+     * here is no event, and test/gpu covers a real one. */
+    CHECK(kvxfer_chunk_cuda(tx, 0, 32, 0, &run, 1, 0, 0) == KVXFER_ERR_INVALID_ARGUMENT, "cu_event 0");
+    CHECK(strstr(kvxfer_last_error(), "cu_event"), "message names cu_event: %s", kvxfer_last_error());
+    const char *libcuda = getenv("KVXFER_LIBCUDA");
+    void *driver = dlopen(libcuda && *libcuda ? libcuda : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver == NULL) {
+        kvxfer_status cst = kvxfer_chunk_cuda(tx, 0, 32, 0, &run, 1, 0x1000, 0);
+        CHECK(cst == KVXFER_ERR_UNSUPPORTED, "chunk_cuda without a CUDA driver returned %s", kvxfer_status_name(cst));
+        CHECK(strstr(kvxfer_last_error(), "CUDA driver"), "message names the missing driver: %s", kvxfer_last_error());
+        printf("ok   kvxfer_chunk_cuda without a CUDA driver: %s\n", kvxfer_last_error());
+    } else {
+        dlclose(driver);
+        printf("skip kvxfer_chunk_cuda without a driver: a CUDA driver library loads here\n");
+    }
 
     /* Two fenced chunks of 64 and 36 tokens. */
     run.count = 4;

@@ -6,7 +6,9 @@
 #      registration and no-late-write tests, and package cuda's unit tests,
 #      all on the real driver;
 #   3. the demo: two engines with device pools and event fences, every
-#      byte verified on the device;
+#      byte verified on the device; and a chunk handed over through the C
+#      ABI's Go layer (capi) behind a borrowed CUDA event recorded after a
+#      memset, its bytes verified;
 #   4. device-to-device bandwidth of cudaipc beside a raw cuMemcpyDtoD of
 #      the same size, with their ratio; and the cost of one cuEventQuery
 #      (the event poller's cost per outstanding wait and pass).
@@ -67,8 +69,8 @@ step "2/4 conformance: rdma/cudaipc and package cuda on the real driver"
 run_tests ./rdma/cudaipc '^(TestConformance|TestCrossProcess|TestRegister|TestSubRegion|TestCloseNoLateWrite)$' '^$'
 run_tests ./cuda '.' '^TestInitNoDevice$' KVXFER_LIBCUDA=libcuda.so.1 # that one needs the fake driver
 
-step "3/4 demo: device pools, event fences, cudaipc, bytes verified"
-run_tests ./test/gpu '^TestDemo$' '^$'
+step "3/4 demo: device pools, event fences, cudaipc, bytes verified; a chunk behind a borrowed CUDA event"
+run_tests ./test/gpu '^(TestDemo|TestChunkBehindCUDAEvent)$' '^$'
 
 step "4/4 bandwidth: cudaipc beside raw cuMemcpyDtoD"
 bench=$(timeout 240 "$GO" test -count=1 -run '^$' -bench '^BenchmarkDtoD$' -benchtime "$BENCHTIME" -timeout 4m ./test/gpu 2>&1 &&

@@ -72,7 +72,8 @@ func TestDiscovery(t *testing.T) {
 	}
 }
 
-// TestFakeDriver runs the demo against the fake driver in a child process
+// TestFakeDriver runs the demo and TestChunkBehindCUDAEvent against the
+// fake driver in a child process
 // (a no-op where $KVXFER_LIBCUDA already names the driver under test).
 func TestFakeDriver(t *testing.T) {
 	if p := os.Getenv(cuda.LibraryEnv); p != "" {
@@ -85,14 +86,14 @@ func TestFakeDriver(t *testing.T) {
 	if err != nil {
 		t.Skipf("no fake driver: %v", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestDemo$", "-test.count=1", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^(TestDemo|TestChunkBehindCUDAEvent)$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=5")
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestDemo") {
-		t.Fatalf("demo on the fake driver: %v\n%s", err, out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestDemo") || !strings.Contains(string(out), "--- PASS: TestChunkBehindCUDAEvent") {
+		t.Fatalf("demo and chunk behind a CUDA event on the fake driver: %v\n%s", err, out)
 	}
 	for l := range strings.Lines(string(out)) {
-		if strings.Contains(l, "demo:") {
+		if strings.Contains(l, "demo:") || strings.Contains(l, "borrowed CUDA event") {
 			t.Log(strings.TrimSpace(l))
 		}
 	}

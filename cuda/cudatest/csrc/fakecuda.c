@@ -75,7 +75,7 @@ struct event {
 	int refs; // the handle, plus one per queued record
 };
 
-enum { OP_COPY, OP_EVENT };
+enum { OP_COPY, OP_EVENT, OP_MEMSET };
 
 struct op {
 	int kind;
@@ -271,6 +271,12 @@ static void *stream_main(void *arg) {
 				nanosleep(&ts, NULL);
 			}
 			memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->n);
+		} else if (o->kind == OP_MEMSET) {
+			if (delay_ns > 0) {
+				struct timespec ts = {delay_ns / 1000000000L, delay_ns % 1000000000L};
+				nanosleep(&ts, NULL);
+			}
+			memset((void *)(uintptr_t)o->dst, (int)o->src, o->n);
 		} else {
 			event_done(o->ev, o->gen);
 		}
@@ -379,6 +385,25 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *h) {
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *h) {
 	if (n > 0 && (!is_device(dst, n) || !is_device(src, n))) return INVALID_VALUE;
 	return copy(dst, src, n, h);
+}
+
+// cuMemsetD8Async sets n bytes of device memory to v, in stream order
+// (with the copy delay, like a copy).
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *h) {
+	NEED_CTX();
+	if (n == 0) return SUCCESS;
+	if (!is_device(dst, n)) return INVALID_VALUE;
+	if (h == NULL) {
+		memset((void *)(uintptr_t)dst, v, n);
+		return SUCCESS;
+	}
+	struct op *o = calloc(1, sizeof(*o));
+	o->kind = OP_MEMSET;
+	o->dst = dst;
+	o->src = v;
+	o->n = n;
+	enqueue(h, o);
+	return SUCCESS;
 }
 
 CUresult cuEventCreate(void **out, unsigned int flags) {
