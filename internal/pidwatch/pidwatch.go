@@ -202,6 +202,13 @@ func (w *Watcher) Watch(p messages.ProcessID, exited func()) error {
 	return nil
 }
 
+// Watching is how many processes are watched now.
+func (w *Watcher) Watching() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.files)
+}
+
 // Close stops every watch (no exited is called after Close returns) and
 // waits for their goroutines.
 func (w *Watcher) Close() {
