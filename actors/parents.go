@@ -582,16 +582,21 @@ type listener struct {
 	tx   *actor.PID
 	rx   *actor.PID
 	tr   TableTracer // nil unless tracing tables
-	// incs refuses frames of earlier incarnations (issue 17); mu guards
-	// it (a MemLink delivers from its senders' goroutines).
-	mu   sync.Mutex
+	// incs refuses frames of earlier incarnations (issue 17).
 	incs *core.IncarnationTable
+	// mu makes each route one step: a MemLink delivers from its senders'
+	// goroutines, and the step's table tracer, incs and the order in which
+	// frames reach the parents must agree (uncontended over zmq, whose
+	// listener goroutine delivers alone).
+	mu sync.Mutex
 }
 
 func (l *listener) route(f messages.Frame) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("listener.%T", f), f.Request())
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	switch dest, err := routeFrame(l.tr, l.env.clock, f); dest {
 	case core.FrameRejected:
 		l.env.credits.give(f)
@@ -599,10 +604,7 @@ func (l *listener) route(f messages.Frame) {
 		l.env.meters.reject(rejectInvalid)
 		l.env.log.Warn().Err(err).Msg("control frame rejected")
 	case core.FrameToTx, core.FrameToRx:
-		l.mu.Lock()
-		err := l.incs.Admit(f)
-		l.mu.Unlock()
-		if err != nil {
+		if err := l.incs.Admit(f); err != nil {
 			// Addressed to an earlier incarnation of this rank, or sent by
 			// an earlier incarnation of the peer: never acted on.
 			l.env.credits.give(f)
