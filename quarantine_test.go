@@ -3,6 +3,7 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,6 +168,43 @@ func TestSuspectedWriterQuarantinedUntilProof(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, c)
+}
+
+// Issue 17: the writer's death (Engine.WriterExited for its incarnation,
+// as node reports a pidfd becoming readable) is the proof that frees the
+// blocks quarantined on suspicion; and a request opened afterwards whose
+// writer's known incarnation is the exited one fails at once, before any
+// RequestData leaves, instead of being quarantined in turn on a proof
+// that already came.
+func TestWriterExitedFreesQuarantineAndIsNotAddressed(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartCluster(t, l, 0)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	writer := ctxE.Hello().From
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "x1", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.setCut(true)
+	gen.PeerDown(writer)
+	if o := waitOutcome(t, rx.Done()); o.OK {
+		t.Fatalf("x1 after suspicion: %s", o.Status)
+	}
+	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
+	if q := gen.Pools().Quarantined(); q == 0 {
+		t.Fatal("nothing quarantined on suspicion")
+	}
+	gen.WriterExited(writer, ctxE.Hello().Incarnation, "test: process exited")
+	waitUntil(t, "the quarantine to empty on the exit proof", func() bool { return gen.Pools().Quarantined() == 0 })
+	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "x2", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx2.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) || !strings.Contains(o.Err.Error(), "has exited") {
+		t.Fatalf("x2 to an exited writer: %s %v, want a failure matching ErrPeerGone naming the exit", o.Status, o.Err)
+	}
+	waitUntil(t, "x2's blocks back", func() bool { return gen.Pools().Used() == 0 && gen.Pools().Quarantined() == 0 })
 }
 
 // sendOneChunk sends request id from context engine e in one chunk, the

@@ -16,6 +16,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"
@@ -197,6 +198,12 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
 		Memory: helloMemory(topo.Memory)}
 	e.hello.Incarnation = cfg.Incarnation
+	// The process, so that a peer of this host can watch it exit (a
+	// pidfd: proof that its writes are over, docs/membership.md §4).
+	// Without /proc the Hello names none and peers get no such proof.
+	if proc, perr := pidwatch.Self(); perr == nil {
+		e.hello.Process = proc
+	}
 	if e.lis, err = cfg.Link.Listen(e.hello, e.deliver); err != nil {
 		return nil, err
 	}

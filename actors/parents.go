@@ -549,6 +549,14 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			p.table.Learn(peer, h.Incarnation)
 		}
 	}
+	// A writer whose incarnation is proven exited (Engine.WriterExited)
+	// would never answer: fail the request before any RequestData leaves.
+	if gone := p.table.ExitedWriters(o); len(gone) > 0 {
+		p.unstarted(q, blocks)
+		p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s has exited (incarnation %d)",
+			ErrPeerGone, q.req.ID, gone[0], p.table.Incarnation(gone[0])))
+		return
+	}
 	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)

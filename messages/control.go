@@ -110,6 +110,42 @@ type Hello struct {
 	Memory []KVMemory
 	// Incarnation is new at each start of the rank (0: not known).
 	Incarnation uint64
+	// Process names the sender's OS process (zero: not told). A receiver
+	// on the same host and pid namespace may watch it and take its exit as
+	// proof that the sender's writes are over (docs/membership.md).
+	Process ProcessID
+}
+
+// ProcessID names one OS process: Pid, its StartTime (field 22 of
+// /proc/<pid>/stat: clock ticks after boot), which tells it from a later
+// process that reuses the pid, and Host, the host and pid namespace it
+// runs in ("<boot_id>/pid:[<inode>]"); a pid means nothing elsewhere.
+type ProcessID struct {
+	Pid       uint32
+	StartTime uint64
+	Host      string
+}
+
+// MaxHostLen bounds ProcessID.Host.
+const MaxHostLen = 128
+
+// IsZero reports whether p tells nothing.
+func (p ProcessID) IsZero() bool { return p == ProcessID{} }
+
+func (p ProcessID) validate() error {
+	if p.IsZero() {
+		return nil
+	}
+	if p.Pid == 0 || p.Pid > 1<<22 || p.StartTime == 0 || p.Host == "" || len(p.Host) > MaxHostLen {
+		return invalid("hello process: pid %d start time %d host of %d bytes, want pid 1..%d, a start time and a host of 1..%d bytes",
+			p.Pid, p.StartTime, len(p.Host), 1<<22, MaxHostLen)
+	}
+	for i := 0; i < len(p.Host); i++ {
+		if c := p.Host[i]; c < 0x21 || c > 0x7e {
+			return invalid("hello process host: byte 0x%02x at %d is not printable ASCII", c, i)
+		}
+	}
+	return nil
 }
 
 // Incarnations name the incarnation a frame comes from and the one it is
@@ -281,6 +317,9 @@ func (m *Hello) Validate() error {
 		if end > m.Region.Len {
 			return invalid("hello: pool %d ends at %d past region length %d", g, end, m.Region.Len)
 		}
+	}
+	if err := m.Process.validate(); err != nil {
+		return err
 	}
 	return m.validateMemory()
 }

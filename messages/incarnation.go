@@ -8,7 +8,11 @@ import "github.com/kvxfer/kvxfer/messages/pb"
 func incarnationsToWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
 	case *pb.Envelope_Hello:
-		b.Hello.Incarnation = f.(*Hello).Incarnation
+		h := f.(*Hello)
+		b.Hello.Incarnation = h.Incarnation
+		if !h.Process.IsZero() {
+			b.Hello.Process = &pb.ProcessID{Pid: h.Process.Pid, StartTime: h.Process.StartTime, Host: h.Process.Host}
+		}
 	case *pb.Envelope_RequestData:
 		in := f.(*RequestData).Incarnations
 		b.RequestData.FromIncarnation, b.RequestData.ToIncarnation = in.FromIncarnation, in.ToIncarnation
@@ -29,7 +33,11 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 func incarnationsFromWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
 	case *pb.Envelope_Hello:
-		f.(*Hello).Incarnation = b.Hello.GetIncarnation()
+		h := f.(*Hello)
+		h.Incarnation = b.Hello.GetIncarnation()
+		if p := b.Hello.GetProcess(); p != nil {
+			h.Process = ProcessID{Pid: p.GetPid(), StartTime: p.GetStartTime(), Host: p.GetHost()}
+		}
 	case *pb.Envelope_RequestData:
 		f.(*RequestData).Incarnations = Incarnations{b.RequestData.GetFromIncarnation(), b.RequestData.GetToIncarnation()}
 	case *pb.Envelope_Result:

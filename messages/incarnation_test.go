@@ -50,3 +50,42 @@ func TestIncarnationsRoundTrip(t *testing.T) {
 		t.Fatalf("a frame without incarnations decodes with %+v", i)
 	}
 }
+
+// Issue 17: Hello carries its sender's process identity (pid, start time,
+// host and pid namespace); it survives the wire, a Hello without it
+// decodes with none, and a malformed one is refused.
+func TestHelloProcessRoundTrip(t *testing.T) {
+	h := sampleHello()
+	h.Process = messages.ProcessID{Pid: 4242, StartTime: 123456, Host: "0b1c2d3e-aaaa-bbbb-cccc-0123456789ab/pid:[4026531836]"}
+	b, err := messages.Encode(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := messages.Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, h) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, h)
+	}
+	plain := sampleHello()
+	if b, err = messages.Encode(plain); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = messages.Decode(b); err != nil || !got.(*messages.Hello).Process.IsZero() {
+		t.Fatalf("a Hello without a process decodes with %+v (%v)", got, err)
+	}
+	for _, bad := range []messages.ProcessID{
+		{Pid: 0, StartTime: 1, Host: "h"},
+		{Pid: 1, StartTime: 0, Host: "h"},
+		{Pid: 1, StartTime: 1},
+		{Pid: 1, StartTime: 1, Host: "a b"},
+		{Pid: 1 << 23, StartTime: 1, Host: "h"},
+	} {
+		h := sampleHello()
+		h.Process = bad
+		if err := h.Validate(); err == nil {
+			t.Errorf("process %+v validates", bad)
+		}
+	}
+}

@@ -116,6 +116,12 @@ type Config struct {
 	// (default 5s).
 	TransferTimeout Duration `json:"transfer_timeout"`
 	DrainGrace      Duration `json:"drain_grace"`
+	// WriterLease (kvxfer.Config.WriterLease): when > 0, this node posts
+	// writes for a peer only while the peer's frames or heartbeats
+	// renewed its lease within WriterLease (the link reports each peer
+	// alive at most once per heartbeat interval: give several intervals).
+	// Liveness, not proof (docs/membership.md §3). Default off.
+	WriterLease Duration `json:"writer_lease"`
 
 	// MetricsAddr serves Prometheus metrics ("127.0.0.1:9464"); TracePath
 	// records a replayable trace. Both optional.
@@ -125,7 +131,9 @@ type Config struct {
 	// Logger receives the node's and the engine's logs (default: none).
 	Logger *zerolog.Logger `json:"-"`
 	// OnPeerDown, when set, is called after the engine learned that a peer
-	// fell silent (instance and rank index as in Peer). It must not block.
+	// fell silent, or that its process exited (a pidfd, on one host:
+	// docs/membership.md §4); instance and rank index as in Peer. It may
+	// be called more than once for one death, and must not block.
 	OnPeerDown func(instance string, rank int) `json:"-"`
 }
 
@@ -357,6 +365,9 @@ func (c Config) Validate() error {
 	}
 	if c.DrainGrace < 0 {
 		return bad("drain_grace", c.DrainGrace, "must be > 0")
+	}
+	if c.WriterLease < 0 {
+		return bad("writer_lease", c.WriterLease, "must be ≥ 0 (0: off)")
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {

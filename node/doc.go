@@ -13,7 +13,15 @@
 //     refuses Node.Receive at once.
 //   - Liveness: heartbeats on the control link; a peer silent for
 //     HeartbeatMisses intervals is handed to Engine.PeerDown (its requests
-//     fail and drain) and to Config.OnPeerDown.
+//     fail and drain) and to Config.OnPeerDown. Suspicion only: pages the
+//     peer may still write stay quarantined. Its frames and heartbeats
+//     renew this node's writer lease on it (Engine.PeerAlive, at most once
+//     per heartbeat interval; Config.WriterLease, off by default).
+//   - Proof of death (issue 17): a peer of this host and pid namespace
+//     whose Hello names its process (pid and start time, checked) is
+//     watched through a pidfd, on the shm backend and on ucx over shared
+//     memory; when it exits, Engine.WriterExited frees its requests'
+//     quarantined pages and Config.OnPeerDown is called (docs/membership.md).
 //   - Stale pool files of killed processes of this instance are swept at
 //     Open (SweepStale).
 //   - Identity: a peer given as (instance, parallel, rank) is rank
@@ -89,6 +97,7 @@
 // node's watcher and membership goroutines and for
 // the engine to drain (bounded by its ctx), then closes the link, the
 // agent and the pool, in that order. Config.OnPeerDown and the logger are
-// called from the link's goroutines (and, with etcd, OnPeerDown and
-// OnMembership from the membership goroutine) and must not block.
+// called from the link's goroutines (OnPeerDown also from the pidfd
+// watches; with etcd, OnPeerDown and OnMembership from the membership
+// goroutine) and must not block.
 package node

@@ -19,6 +19,7 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -68,6 +69,15 @@ type Node struct {
 	refused map[messages.PeerID]string // why a peer's record was refused
 	self    discovery.Record           // the record registered
 	err     error                      // ErrMembershipLost
+
+	// Death proofs (exit.go): pids watches peer processes of this host
+	// (nil where the backend does not make an exit a proof); watched is
+	// the incarnation last watched per peer, under mu; exitMu keeps an
+	// exit's report from racing the engine's Close.
+	pids    *pidwatch.Watcher
+	watched map[messages.PeerID]uint64
+	exitMu  sync.RWMutex
+	engDone bool
 }
 
 // Open starts a node: it sweeps pool files left by killed processes of
@@ -82,7 +92,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
-		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{}}
+		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{},
+		watched: map[messages.PeerID]uint64{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -146,7 +157,17 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				cfg.OnPeerDown(p.Instance, int(p.Rank))
 			}
 		}
+		if exitProves(n.backend) {
+			n.pids = pidwatch.New()
+		}
+		zc.OnHello = func(h *messages.Hello) { n.watchExit(h, engp.Load) }
+		zc.OnPeerAlive = func(p messages.PeerID) {
+			if e := engp.Load(); e != nil {
+				e.PeerAlive(p)
+			}
+		}
 		if n.link, err = zmq.New(*zc); err != nil {
+			n.closePids()
 			n.closeData()
 			return nil, fmt.Errorf("node: control link: %w", err)
 		}
@@ -155,11 +176,13 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
 		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region, Memory: memory,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
-		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr})
+		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr,
+		WriterLease: time.Duration(cfg.WriterLease)})
 	if err != nil {
 		if n.link != nil {
 			_ = n.link.Close()
 		}
+		n.closePids()
 		n.closeData()
 		return nil, fmt.Errorf("node: %s: %w", self, err)
 	}
@@ -449,10 +472,16 @@ func (n *Node) Close(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.watch.Wait()
+		// The pidfd watches stay on while the engine drains: a writer's
+		// exit is the proof that releases its quarantined pages.
 		err := n.eng.Close(ctx)
+		n.exitMu.Lock()
+		n.engDone = true
+		n.exitMu.Unlock()
 		if n.link != nil {
 			err = errors.Join(err, n.link.Close())
 		}
+		n.closePids()
 		if err == nil {
 			err = n.closeData()
 		} else {

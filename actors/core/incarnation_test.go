@@ -145,3 +145,32 @@ func TestTxFramesCarryIncarnations(t *testing.T) {
 		t.Fatalf("incarnations of the frames sent: %+v, want %+v (effects %s)", got, want, fmtEffects(effs))
 	}
 }
+
+// Issue 17: once incarnation 5 of a writer is proven exited (Exited), a
+// request that would be addressed to it (the link still hands out its
+// last Hello) or to an earlier one is named by ExitedWriters — the shell
+// fails it before any RequestData leaves, so its blocks are not
+// quarantined waiting for a proof that already came; the writer's next
+// incarnation is addressed as usual.
+func TestRxTableExitedIncarnationIsNotAddressed(t *testing.T) {
+	self := messages.PeerID{Instance: "gen", Rank: 0}
+	tb := NewRxTable(self, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+	writer := messages.PeerID{Instance: "ctx", Rank: 0}
+	open := RxOpen{Request: "r1", PromptLen: 32, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 1, PP: 1}}
+	tb.Learn(writer, 5)
+	if got := tb.ExitedWriters(open); len(got) != 0 {
+		t.Fatalf("before any exit: %v", got)
+	}
+	tb.Exited(writer, 5)
+	if got := tb.WritersUnknownIncarnation(open); len(got) != 1 {
+		t.Fatalf("after the exit the incarnation is forgotten: unknown %v", got)
+	}
+	tb.Learn(writer, 5) // the link's stale Hello
+	if got := tb.ExitedWriters(open); len(got) != 1 || got[0] != writer {
+		t.Fatalf("ExitedWriters = %v, want [%v]", got, writer)
+	}
+	tb.Learn(writer, 6) // the writer's next incarnation said Hello
+	if got := tb.ExitedWriters(open); len(got) != 0 {
+		t.Fatalf("a new incarnation: ExitedWriters = %v", got)
+	}
+}

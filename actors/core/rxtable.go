@@ -29,6 +29,9 @@ type RxTable struct {
 	// (its Hello or its frames): a request is addressed to it.
 	inc  uint64
 	incs map[messages.PeerID]uint64
+	// gone is the latest incarnation of each writer proven exited
+	// (Exited): a request is never addressed to it or an earlier one.
+	gone map[messages.PeerID]uint64
 	// maps caches the peer map of each context parallelism seen (a peer
 	// map depends only on the layout and the two parallelisms).
 	maps map[kvcache.Parallel]peerMap
@@ -52,7 +55,7 @@ type rxEntry struct {
 func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
 	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
 		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{},
-		incs: map[messages.PeerID]uint64{}}
+		incs: map[messages.PeerID]uint64{}, gone: map[messages.PeerID]uint64{}}
 }
 
 // SetIncarnation sets this rank's incarnation: RequestData carry it.
@@ -257,11 +260,34 @@ func (t *RxTable) Exited(peer messages.PeerID, inc uint64) []RxWriterRef {
 	if t.incs[peer] == inc {
 		delete(t.incs, peer)
 	}
+	if inc > t.gone[peer] {
+		t.gone[peer] = inc
+	}
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		e := t.entries[id]
 		if w, ok := e.writers[peer]; ok && (inc == 0 || e.incs[peer] == inc) {
 			out = append(out, RxWriterRef{Request: id, Writer: w})
+		}
+	}
+	return out
+}
+
+// ExitedWriters lists o's writers whose incarnation this table knows is
+// one proven exited (Exited) or earlier: a RequestData addressed to it
+// would never be answered, and its blocks would be quarantined without a
+// proof ever to come. The shell fails such a request before Start, as for
+// a down writer (no RequestData leaves).
+func (t *RxTable) ExitedWriters(o RxOpen) []messages.PeerID {
+	ranks, _, err := t.writers(o)
+	if err != nil {
+		return nil
+	}
+	var out []messages.PeerID
+	for _, r := range ranks {
+		p := o.peer(r)
+		if g, inc := t.gone[p], t.incs[p]; g != 0 && inc != 0 && inc <= g {
+			out = append(out, p)
 		}
 	}
 	return out

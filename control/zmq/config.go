@@ -58,6 +58,16 @@ type Config struct {
 	// OnPeerDown is called, on the listener goroutine, when a peer that
 	// said Hello falls silent; it must not block. Optional.
 	OnPeerDown func(messages.PeerID)
+	// OnHello is called, on the listener goroutine, with a peer's Hello
+	// when it binds a new connection or names another incarnation or
+	// process than the peer's Hello before (not for the periodic repeats);
+	// it must not block. Optional.
+	OnHello func(*messages.Hello)
+	// OnPeerAlive is called, on the listener goroutine, when a frame or
+	// heartbeat of a peer that said Hello arrives, at most once per
+	// HeartbeatInterval per peer (the writer lease's renewal:
+	// Engine.PeerAlive); it must not block. Optional.
+	OnPeerAlive func(messages.PeerID)
 	// MaxFrameBytes bounds one incoming frame (default and maximum
 	// messages.MaxFrameBytes).
 	MaxFrameBytes int

@@ -193,3 +193,53 @@ func TestListenerCloseStopsGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Issue 17: OnHello gets a peer's Hello when it binds a connection, and
+// OnPeerAlive is called on the peer's frames at most once per heartbeat
+// interval (by the link's clock): twenty frames in one interval make one
+// call, the next interval's frame another.
+func TestOnHelloAndRateLimitedOnPeerAlive(t *testing.T) {
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	var mu sync.Mutex
+	var hellos []*messages.Hello
+	var alive []messages.PeerID
+	a := listen(t, pid("gen", 0), Config{Insecure: true, HeartbeatInterval: time.Hour, HeartbeatMisses: 1000, Clock: clock.now,
+		OnHello: func(h *messages.Hello) { mu.Lock(); hellos = append(hellos, h); mu.Unlock() },
+		OnPeerAlive: func(p messages.PeerID) {
+			mu.Lock()
+			alive = append(alive, p)
+			mu.Unlock()
+		}})
+	b := listen(t, pid("ctx", 0), Config{Insecure: true})
+	introduce(t, b, a)
+	c, err := b.link.Dial(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	send := func(from, to int) {
+		for i := from; i < to; i++ {
+			if err := c.Send(terminalOf(b.id, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, patience, "the frames", func() bool { return a.in.len() == to })
+	}
+	send(0, 20)
+	mu.Lock()
+	if len(hellos) != 1 || hellos[0].From != b.id {
+		t.Errorf("OnHello got %d Hellos, want b's one", len(hellos))
+	}
+	if len(alive) != 1 || alive[0] != b.id {
+		t.Errorf("OnPeerAlive calls in one interval: %v, want one for %s", alive, b.id)
+	}
+	mu.Unlock()
+	clock.advance(time.Hour)
+	send(20, 21)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(alive) != 2 {
+		t.Errorf("OnPeerAlive calls after the next interval's frame: %d, want 2", len(alive))
+	}
+}

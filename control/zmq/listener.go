@@ -25,6 +25,8 @@ type listener struct {
 	self    messages.PeerID
 	conns   map[string]*binding // by ROUTER routing id
 	live    *liveness
+	// told is when OnPeerAlive was last called for each peer.
+	told map[messages.PeerID]time.Time
 }
 
 // binding is what a connection said it is in its Hello.
@@ -197,6 +199,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		return
 	}
 	s.alive(b.peer, now)
+	s.tellAlive(b.peer, now)
 	if _, ok := f.(*messages.Heartbeat); ok {
 		return
 	}
@@ -241,6 +244,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		return
 	}
 	info.key = key
+	prev := info.hello
 	info.hello = h
 	info.down = false
 	if b == nil {
@@ -253,6 +257,26 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	if s.live.hello(p, now) {
 		l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
 	}
+	if l.cfg.OnHello != nil && (b == nil || prev == nil || prev.Incarnation != h.Incarnation || prev.Process != h.Process) {
+		l.cfg.OnHello(h)
+	}
+	s.tellAlive(p, now)
+}
+
+// tellAlive calls OnPeerAlive for p, at most once per heartbeat interval.
+func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
+	fn := s.l.cfg.OnPeerAlive
+	if fn == nil {
+		return
+	}
+	if last, ok := s.told[p]; ok && now.Sub(last) < s.l.cfg.HeartbeatInterval && !now.Before(last) {
+		return
+	}
+	if s.told == nil {
+		s.told = map[messages.PeerID]time.Time{}
+	}
+	s.told[p] = now
+	fn(p)
 }
 
 // forgetDownConns drops the bindings of connections whose peer is down,

@@ -547,7 +547,12 @@ type Hello struct {
 	// the incarnations they come from and are addressed to, and a rank never
 	// acts on a frame of an earlier incarnation of itself or of its peer.
 	// 0: not known (an older peer). High field numbers: additive.
-	Incarnation   uint64 `protobuf:"varint,20,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"varint,20,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// process identifies the sender's OS process (issue 17): a receiver on
+	// the same host and pid namespace watches it (a pidfd) and takes its
+	// exit as proof that its writes are over, where the backend makes it
+	// so. Absent: no such proof (an older peer, another host).
+	Process       *ProcessID `protobuf:"bytes,21,opt,name=process,proto3" json:"process,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -666,6 +671,77 @@ func (x *Hello) GetIncarnation() uint64 {
 	return 0
 }
 
+func (x *Hello) GetProcess() *ProcessID {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+// ProcessID names one OS process: its pid, its start time (field 22 of
+// /proc/<pid>/stat, clock ticks since boot), so that a reused pid is not
+// taken for it, and the host and pid namespace it runs in
+// ("<boot_id>/pid:[<inode>]").
+type ProcessID struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	StartTime     uint64                 `protobuf:"varint,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	Host          string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessID) Reset() {
+	*x = ProcessID{}
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessID) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessID) ProtoMessage() {}
+
+func (x *ProcessID) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessID.ProtoReflect.Descriptor instead.
+func (*ProcessID) Descriptor() ([]byte, []int) {
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ProcessID) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessID) GetStartTime() uint64 {
+	if x != nil {
+		return x.StartTime
+	}
+	return 0
+}
+
+func (x *ProcessID) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
 // KVMemory is one layer group's memory on one rank as the framework lays
 // it out: element (layers[i], part p, block b, token t, local head h,
 // element e) lies at region offset base[i*parts+p] + b*block_stride +
@@ -695,7 +771,7 @@ type KVMemory struct {
 
 func (x *KVMemory) Reset() {
 	*x = KVMemory{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +783,7 @@ func (x *KVMemory) String() string {
 func (*KVMemory) ProtoMessage() {}
 
 func (x *KVMemory) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[7]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +796,7 @@ func (x *KVMemory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVMemory.ProtoReflect.Descriptor instead.
 func (*KVMemory) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{7}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KVMemory) GetGroup() int32 {
@@ -851,7 +927,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +939,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[8]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +952,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{8}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RequestData) GetRequestId() string {
@@ -974,7 +1050,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1062,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[9]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1075,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{9}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Result) GetRequestId() string {
@@ -1080,7 +1156,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1168,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1181,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Cancel) GetRequestId() string {
@@ -1164,7 +1240,7 @@ type CancelAck struct {
 
 func (x *CancelAck) Reset() {
 	*x = CancelAck{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1252,7 @@ func (x *CancelAck) String() string {
 func (*CancelAck) ProtoMessage() {}
 
 func (x *CancelAck) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1265,7 @@ func (x *CancelAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAck.ProtoReflect.Descriptor instead.
 func (*CancelAck) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelAck) GetRequestId() string {
@@ -1238,7 +1314,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1326,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1339,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{12}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Heartbeat) GetFrom() *PeerID {
@@ -1311,7 +1387,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\x9e\x03\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\xce\x03\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1327,7 +1403,13 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x05model\x18\n" +
 	" \x01(\tR\x05model\x12+\n" +
 	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\x12 \n" +
-	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\"\xb1\x03\n" +
+	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\x12.\n" +
+	"\aprocess\x18\x15 \x01(\v2\x14.kvxfer.v1.ProcessIDR\aprocess\"P\n" +
+	"\tProcessID\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x1d\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\x04R\tstartTime\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\"\xb1\x03\n" +
 	"\bKVMemory\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\x05R\x05group\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\rR\x04kind\x12\x1a\n" +
@@ -1411,7 +1493,7 @@ func file_messages_proto_kvxfer_proto_rawDescGZIP() []byte {
 }
 
 var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(Status)(0),          // 0: kvxfer.v1.Status
 	(*Envelope)(nil),     // 1: kvxfer.v1.Envelope
@@ -1421,38 +1503,40 @@ var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(*PoolGeometry)(nil), // 5: kvxfer.v1.PoolGeometry
 	(*RemoteRegion)(nil), // 6: kvxfer.v1.RemoteRegion
 	(*Hello)(nil),        // 7: kvxfer.v1.Hello
-	(*KVMemory)(nil),     // 8: kvxfer.v1.KVMemory
-	(*RequestData)(nil),  // 9: kvxfer.v1.RequestData
-	(*Result)(nil),       // 10: kvxfer.v1.Result
-	(*Cancel)(nil),       // 11: kvxfer.v1.Cancel
-	(*CancelAck)(nil),    // 12: kvxfer.v1.CancelAck
-	(*Heartbeat)(nil),    // 13: kvxfer.v1.Heartbeat
+	(*ProcessID)(nil),    // 8: kvxfer.v1.ProcessID
+	(*KVMemory)(nil),     // 9: kvxfer.v1.KVMemory
+	(*RequestData)(nil),  // 10: kvxfer.v1.RequestData
+	(*Result)(nil),       // 11: kvxfer.v1.Result
+	(*Cancel)(nil),       // 12: kvxfer.v1.Cancel
+	(*CancelAck)(nil),    // 13: kvxfer.v1.CancelAck
+	(*Heartbeat)(nil),    // 14: kvxfer.v1.Heartbeat
 }
 var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	7,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
-	9,  // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
-	10, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
-	11, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
-	12, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
-	13, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
+	10, // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
+	11, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
+	12, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
+	13, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
+	14, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
 	2,  // 6: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
 	6,  // 7: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
 	3,  // 8: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
 	5,  // 9: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
-	8,  // 10: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
-	2,  // 11: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
-	3,  // 12: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
-	4,  // 13: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
-	2,  // 14: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
-	0,  // 15: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
-	2,  // 16: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
-	2,  // 17: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
-	2,  // 18: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	9,  // 10: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
+	8,  // 11: kvxfer.v1.Hello.process:type_name -> kvxfer.v1.ProcessID
+	2,  // 12: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
+	3,  // 13: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
+	4,  // 14: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
+	2,  // 15: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
+	0,  // 16: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
+	2,  // 17: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
+	2,  // 18: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
+	2,  // 19: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_messages_proto_kvxfer_proto_init() }
@@ -1474,7 +1558,7 @@ func file_messages_proto_kvxfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_proto_kvxfer_proto_rawDesc), len(file_messages_proto_kvxfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -305,7 +305,10 @@ func testKillGenerationMidTransfer(t *testing.T, b string) {
 // TestKillContextMidTransfer: SIGKILL the context process mid-transfer.
 // The generation process must fail the requests it waits for and free their
 // destination pages once the writer is known dead, then exit with 0 leaked
-// blocks and every completed request verified.
+// blocks and every completed request verified. Missed heartbeats alone
+// only quarantine the pages (issue 17); the proof that frees them is the
+// writer's exit, seen through a pidfd on its process (same host): the
+// generation side ends with 0 blocks quarantined.
 func TestKillContextMidTransfer(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b, func(t *testing.T) { testKillContextMidTransfer(t, b) })
@@ -327,6 +330,9 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 			t.Logf("gen ended %v after the kill: %+v", time.Since(killed).Round(time.Millisecond), gr)
 			if gr.LeakedBlocks != 0 {
 				t.Fatalf("gen leaked %d blocks", gr.LeakedBlocks)
+			}
+			if gr.QuarantinedBlocks != 0 {
+				t.Fatalf("gen ended with %d blocks quarantined: the writer's death was not taken as proof", gr.QuarantinedBlocks)
 			}
 			if gr.Failed == 0 || !gr.PeerDown || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
 				t.Fatalf("gen report %+v", gr)
