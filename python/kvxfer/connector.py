@@ -152,6 +152,7 @@ class KvxferWorkerConnector:
         self._by_handle = {}
         self._sent_done = set()
         self._recv_done = set()
+        self._gen_finished = set()  # finished_req_ids seen, not yet reported as sent
         self.failed = {}    # request id -> Event of a request that did not succeed
 
     # Registration -----------------------------------------------------------
@@ -221,8 +222,12 @@ class KvxferWorkerConnector:
 
     def get_finished(self, finished_req_ids):
         """(ids whose send is DONE, ids whose receive finished): vLLM frees
-        or schedules them. A request that failed is reported as finished
-        too, and kept in self.failed with its event."""
+        or schedules them. A send is reported only once its request also
+        finished generating (its id came in finished_req_ids, now or in an
+        earlier call), as vLLM's contract asks: until then the scheduler
+        still owns its blocks. A request that failed is reported as
+        finished too, and kept in self.failed with its event."""
+        self._gen_finished.update(finished_req_ids or ())
         if self.engine is not None:
             for ev in self.engine.poll():
                 rid, side = self._by_handle.pop(ev.request)
@@ -231,7 +236,9 @@ class KvxferWorkerConnector:
                     self.failed[rid] = ev
                 req.release()
                 (self._sent_done if side == "send" else self._recv_done).add(rid)
-        sent, self._sent_done = self._sent_done, set()
+        sent = self._sent_done & self._gen_finished
+        self._sent_done -= sent
+        self._gen_finished -= sent
         recv, self._recv_done = self._recv_done, set()
         return (sent or None), (recv or None)
 

@@ -28,10 +28,10 @@ def worker(instance):
     return w, layers
 
 
-def finished(w, side, rid, timeout=10.0):
+def finished(w, side, rid, timeout=10.0, finished_req_ids=()):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        sent, recv = w.get_finished(set())
+        sent, recv = w.get_finished(set(finished_req_ids))
         if rid in ((sent if side == "send" else recv) or ()):
             return
         time.sleep(0.001)
@@ -81,7 +81,16 @@ def test_connector_prefill_to_decode():
             wd.wait_for_layer_load(name)
         wd.clear_connector_metadata()
         finished(wd, "recv", "cmpl-1-decode")
-        finished(wp, "send", "cmpl-1")
+        # The send is DONE, but vLLM has not said the request finished
+        # generating: get_finished holds it back until it does.
+        deadline = time.monotonic() + 10
+        while "cmpl-1" not in wp._sent_done:
+            sent, _ = wp.get_finished(set())
+            assert "cmpl-1" not in (sent or ()), "a send reported before its request finished generating"
+            assert time.monotonic() < deadline, "the send never completed"
+            time.sleep(0.001)
+        finished(wp, "send", "cmpl-1", finished_req_ids={"cmpl-1"})
+        assert wp.get_finished(set()) == (None, None)
         assert wp.failed == {} and wd.failed == {}
         for i, layer in enumerate(d_layers.values()):
             for t in range(prompt):
