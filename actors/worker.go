@@ -343,7 +343,13 @@ func (s *workerSlot) send(to messages.PeerID, f messages.Frame) error {
 			// The connection is not up yet or its queue is full: what it
 			// queued stays queued (terminal frames wait in its backlog), so
 			// it is kept; the caller may try again.
-			s.sampled(to, "queue full").Err(err).Str("peer", to.String()).Msg("send refused")
+			// Debug, not a warning: the caller retries with backoff (a
+			// RequestData) or the Conn's backlog keeps the frame (a
+			// terminal frame), and a refusal that lasts ends the request
+			// with an error naming it ("RequestData never reached
+			// writer …"). At startup, before the connection is up, every
+			// first RequestData lands here.
+			s.log.Debug().Err(err).Int("worker", s.idx).Str("peer", to.String()).Msg("send refused, will retry")
 			return err
 		}
 		if !errors.Is(err, control.ErrPeerGone) {
