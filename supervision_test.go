@@ -173,39 +173,11 @@ func TestSessionPanicFailsAndDrains(t *testing.T) {
 // still holds the held chunk's pins until the fence fires, then fails its
 // request by the crash, drains and releases: nothing pinned, Close nil.
 func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
-	l := smallLayout()
-	ce, ge := faultyPair(t, l)
-	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
-	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "b", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "b", PromptLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &kvxfer.ManualFence{}
-	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
-	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
-		t.Fatal(err)
-	}
+	ce, _, c, rx, tx, src, f := heldChunk(t, "b")
 	for range 8 {
 		tx.Crash()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for ce.Stats().SessionPanicsPastBudget < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d panics past the budget, want 5", ce.Stats().SessionPanicsPastBudget)
-		}
-		time.Sleep(time.Millisecond) // poll with a deadline
-	}
-	if got := ce.Stats().SessionPanics; got != 3 {
-		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
-	}
+	waitRestartBudget(t, ce)
 	select {
 	case o := <-tx.Done():
 		t.Fatalf("Done (%s) before the held chunk's fence fired: pins dropped under a pending write", o.Status)
@@ -248,39 +220,11 @@ func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 // held by its fence, so the CancelAck comes only after the fence fires —
 // then releases them: nothing used on either side, Close nil.
 func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
-	l := smallLayout()
-	ce, ge := faultyPair(t, l)
-	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
-	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "rb", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "rb", PromptLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &kvxfer.ManualFence{}
-	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
-	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
-		t.Fatal(err)
-	}
+	ce, ge, c, rx, tx, src, f := heldChunk(t, "rb")
 	for range 8 {
 		rx.Crash()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for ge.Stats().SessionPanicsPastBudget < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d panics past the budget, want 5", ge.Stats().SessionPanicsPastBudget)
-		}
-		time.Sleep(time.Millisecond) // poll with a deadline
-	}
-	if got := ge.Stats().SessionPanics; got != 3 {
-		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
-	}
+	waitRestartBudget(t, ge)
 	ro := waitOutcome(t, rx.Done())
 	if ro.OK || !errors.Is(ro.Err, actors.ErrSessionCrashed) {
 		t.Fatalf("rx outcome %s %v, want FAILED by a session crash", ro.Status, ro.Err)
@@ -385,5 +329,48 @@ func TestWorkerBudgetExhaustedFailsAndDrains(t *testing.T) {
 	defer cancel()
 	if err := ce.Close(ctx); err != nil {
 		t.Fatalf("Close of a failed engine: %v", err)
+	}
+}
+
+// heldChunk starts request id between a faulty pair, with its first chunk
+// (two blocks per group) held by an unfired fence.
+func heldChunk(t *testing.T, id string) (ce, ge *kvxfer.Engine, c *cluster, rx *kvxfer.RxHandle, tx *kvxfer.TxHandle,
+	src [][]kvcache.BlockID, f *kvxfer.ManualFence) {
+	t.Helper()
+	l := smallLayout()
+	ce, ge = faultyPair(t, l)
+	c = &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src, err = ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)}); err != nil {
+		t.Fatal(err)
+	}
+	if tx, err = ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64}); err != nil {
+		t.Fatal(err)
+	}
+	f = &kvxfer.ManualFence{}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}
+	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
+		t.Fatal(err)
+	}
+	return ce, ge, c, rx, tx, src, f
+}
+
+// waitRestartBudget waits (with a deadline) for e's five session panics
+// past the budget of eight crashes, and checks the budget was exactly
+// three restarts.
+func waitRestartBudget(t *testing.T, e *kvxfer.Engine) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.Stats().SessionPanicsPastBudget < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d panics past the budget, want 5", e.Stats().SessionPanicsPastBudget)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if got := e.Stats().SessionPanics; got != 3 {
+		t.Fatalf("session restarts %d, want exactly the budget, 3", got)
 	}
 }

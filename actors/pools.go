@@ -116,17 +116,24 @@ func (p *Pools) Quarantine(blocks [][]kvcache.BlockID) error {
 // ReleaseQuarantine returns quarantined blocks per group to the free
 // lists: the caller has proof that no write can reach them any more.
 func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
+	return p.putBack(blocks, (*kvcache.Pool).ReleaseQuarantine)
+}
+
+// putBack applies put (Free or ReleaseQuarantine) to blocks per group,
+// then wakes allocations waiting for blocks and the onFree hook. It
+// returns the first error; the other groups are still put back.
+func (p *Pools) putBack(blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...kvcache.BlockID) error) error {
 	p.mu.Lock()
 	var first error
 	for g, ids := range blocks {
 		if len(ids) == 0 {
 			continue
 		}
-		if g >= len(p.pools) {
-			first = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
-			continue
+		err := fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+		if g < len(p.pools) {
+			err = put(p.pools[g], ids...)
 		}
-		if err := p.pools[g].ReleaseQuarantine(ids...); err != nil && first == nil {
+		if err != nil && first == nil {
 			first = err
 		}
 	}
@@ -255,27 +262,7 @@ func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 
 // Free frees blocks per group.
 func (p *Pools) Free(blocks [][]kvcache.BlockID) error {
-	p.mu.Lock()
-	var first error
-	for g, ids := range blocks {
-		if len(ids) == 0 {
-			continue
-		}
-		if g >= len(p.pools) {
-			first = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
-			continue
-		}
-		if err := p.pools[g].Free(ids...); err != nil && first == nil {
-			first = err
-		}
-	}
-	p.cond.Broadcast()
-	f := p.onFree
-	p.mu.Unlock()
-	if f != nil {
-		f()
-	}
-	return first
+	return p.putBack(blocks, (*kvcache.Pool).Free)
 }
 
 // Pin pins blocks of group g.

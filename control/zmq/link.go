@@ -237,6 +237,12 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 	if err != nil {
 		return nil, err
 	}
+	rw, zw, err := sockWaits(router, zap)
+	if err != nil {
+		closeSocket(router)
+		closeSocket(zap)
+		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)
+	}
 	l.self, l.selfHello, l.endpoint = self, hello, endpoint
 	l.stop = make(chan struct{})
 	s := &listener{
@@ -250,12 +256,27 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		live:    newLiveness(l.liveTimeout()),
 	}
 	l.wg.Add(1)
-	go s.serve(l.stop)
+	go s.serve(l.stop, rw, zw)
 	if l.cfg.heartbeats() {
 		l.wg.Add(1)
 		go l.beat(l.stop, self.From, hello)
 	}
 	return listenerHandle{l}, nil
+}
+
+// sockWaits makes the netpoller waits of the ROUTER and, when secure, of
+// the ZAP handler (zw nil when zap is).
+func sockWaits(router, zap *zmq4.Socket) (rw, zw *sockWait, err error) {
+	if rw, err = newSockWait(router); err != nil {
+		return nil, nil, err
+	}
+	if zap != nil {
+		if zw, err = newSockWait(zap); err != nil {
+			rw.close()
+			return nil, nil, err
+		}
+	}
+	return rw, zw, nil
 }
 
 func (l *Link) liveTimeout() time.Duration {

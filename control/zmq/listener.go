@@ -36,52 +36,35 @@ type binding struct {
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
-// netpoller (sockWait) until stop is closed, then closes it. The ZAP
-// handler, when there is one, has its own goroutine (serveZAPs), so that
-// the listener waits on one socket.
-func (s *listener) serve(stop <-chan struct{}) {
+// netpoller (rw) until stop is closed, then closes it. The ZAP handler,
+// when there is one, has its own goroutine on zw (serveZAPs), so that the
+// listener waits on one socket. Listen made both waits, so that a socket
+// that cannot be waited on fails Listen instead of leaving a deaf link.
+func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.router)
-	if s.zap != nil {
+	defer rw.close()
+	if zw != nil {
 		s.l.wg.Add(1)
-		go s.serveZAPs(stop)
+		go s.serveZAPs(stop, zw)
 	}
-	w, err := newSockWait(s.router)
-	if err != nil {
-		s.l.log.Error().Err(err).Msg("control/zmq: listener cannot wait for its socket; listener stops")
-		return
-	}
-	defer w.close()
-	every := s.l.cfg.pollInterval()
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		ready, err := w.wait(every)
-		if err != nil {
-			s.l.log.Error().Err(err).Msg("control/zmq: listener poll failed; listener stops")
-			return
-		}
-		if ready {
-			s.drain()
-		}
-		s.live.expire(s.l.cfg.Clock(), s.down)
-	}
+	s.waitLoop(stop, rw, "listener poll failed; listener stops", s.drain,
+		func() { s.live.expire(s.l.cfg.Clock(), s.down) })
 }
 
 // serveZAPs is the ZAP goroutine: it answers ZAP requests as they come
 // until stop is closed, then closes the handler socket.
-func (s *listener) serveZAPs(stop <-chan struct{}) {
+func (s *listener) serveZAPs(stop <-chan struct{}, zw *sockWait) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.zap)
-	w, err := newSockWait(s.zap)
-	if err != nil {
-		s.l.log.Error().Err(err).Msg("control/zmq: ZAP handler cannot wait for its socket; CURVE handshakes stall")
-		return
-	}
-	defer w.close()
+	defer zw.close()
+	s.waitLoop(stop, zw, "ZAP handler poll failed; CURVE handshakes stall", s.serveZAP, nil)
+}
+
+// waitLoop calls ready each time w's socket has messages, and tick (when
+// set) after every wait, until stop is closed or a wait fails (logged with
+// failed).
+func (s *listener) waitLoop(stop <-chan struct{}, w *sockWait, failed string, ready, tick func()) {
 	every := s.l.cfg.pollInterval()
 	for {
 		select {
@@ -89,13 +72,16 @@ func (s *listener) serveZAPs(stop <-chan struct{}) {
 			return
 		default:
 		}
-		ready, err := w.wait(every)
+		ok, err := w.wait(every)
 		if err != nil {
-			s.l.log.Error().Err(err).Msg("control/zmq: ZAP handler poll failed; CURVE handshakes stall")
+			s.l.log.Error().Err(err).Msg("control/zmq: " + failed)
 			return
 		}
-		if ready {
-			s.serveZAP()
+		if ok {
+			ready()
+		}
+		if tick != nil {
+			tick()
 		}
 	}
 }
