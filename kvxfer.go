@@ -243,6 +243,9 @@ type Stats struct {
 	PinErrors int64
 	// LeasesLapsed: writer leases on peers that lapsed (Config.WriterLease).
 	LeasesLapsed int64
+	// StreamViolations: peer-stream actors that disagreed with their
+	// session's step (always a bug; the stream held its terminal frame).
+	StreamViolations int64
 	// QuarantinedBytes: destination bytes in quarantine now (their
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
@@ -256,6 +259,7 @@ func (e *Engine) Stats() Stats {
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
 		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
+		StreamViolations: c.StreamViolations.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
 }
 

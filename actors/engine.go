@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -113,7 +114,13 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}()
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
-		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits)}
+		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits),
+		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16)}
+	defer func() {
+		if err != nil {
+			e.env.dispatch.close()
+		}
+	}()
 	if cfg.Metrics != nil {
 		groups := make([]string, len(cfg.Topology.Layout.Groups))
 		for g, grp := range cfg.Topology.Layout.Groups {
@@ -136,34 +143,36 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	ready := make(chan []*actor.PID, 1)
 	e.env.dead = make([]atomic.Bool, cfg.Workers)
 	var pids []*actor.PID
-	e.senders = sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
-		switch m := ctx.Message().(type) {
-		case *actor.Started:
-			pids = make([]*actor.PID, cfg.Workers)
-			for i := range pids {
-				slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
-				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return &workerActor{slot: slot} }))
-			}
-			ready <- pids
-		case *actor.Terminated:
-			// A worker stopped outside Close: its restart budget is spent.
-			// Its Stopping closed its endpoints (no op of it can write),
-			// so its requests fail and drain; the engine refuses new work.
-			if e.env.closing.Load() {
-				return
-			}
-			for i, pid := range pids {
-				if pid.Equal(m.Who) {
-					e.env.dead[i].Store(true)
-					e.env.failed.Store(true)
-					cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
-					if ps := e.parents.Load(); ps != nil {
-						ctx.Send(ps[0], &workerDead{worker: i})
-						ctx.Send(ps[1], &workerDead{worker: i})
+	e.senders = sys.Root.Spawn(e.env.props(func() actor.Actor {
+		return actor.ReceiveFunc(func(ctx actor.Context) {
+			switch m := ctx.Message().(type) {
+			case *actor.Started:
+				pids = make([]*actor.PID, cfg.Workers)
+				for i := range pids {
+					slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
+					pids[i] = ctx.Spawn(e.env.props(func() actor.Actor { return &workerActor{slot: slot} }))
+				}
+				ready <- pids
+			case *actor.Terminated:
+				// A worker stopped outside Close: its restart budget is spent.
+				// Its Stopping closed its endpoints (no op of it can write),
+				// so its requests fail and drain; the engine refuses new work.
+				if e.env.closing.Load() {
+					return
+				}
+				for i, pid := range pids {
+					if pid.Equal(m.Who) {
+						e.env.dead[i].Store(true)
+						e.env.failed.Store(true)
+						cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
+						if ps := e.parents.Load(); ps != nil {
+							ctx.Send(ps[0], &workerDead{worker: i})
+							ctx.Send(ps[1], &workerDead{worker: i})
+						}
 					}
 				}
 			}
-		}
+		})
 	}, actor.WithSupervisor(workerSup)))
 	e.env.workers = <-ready
 
@@ -172,11 +181,11 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	}
 	e.env.incarnation = cfg.Incarnation
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
-	e.tx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+	e.tx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg, leases: core.NewPeerLeases(cfg.WriterLease),
 			table: e.env.txTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
-	e.rx = sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+	e.rx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			table: e.env.rxTable(cfg.Topology, cfg.Workers, cfg.Incarnation), queue: e.env.allocQueue(),
 			sessions: sessionTable{pids: map[string]*actor.PID{}}}
@@ -434,6 +443,7 @@ func (e *Engine) close(ctx context.Context) error {
 		err = derr
 	}
 	e.sys.Shutdown()
+	e.env.dispatch.close()
 	return err
 }
 

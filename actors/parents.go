@@ -157,7 +157,7 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
 	c := &txCell{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
-	pid := ctx.Spawn(actor.PropsFromProducer(c.produce))
+	pid := ctx.Spawn(p.env.props(c.produce))
 	p.sessions.pids[id] = pid
 	return pid
 }
@@ -568,7 +568,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
 		Incarnation: p.env.incarnation})}
-	p.sessions.pids[q.req.ID] = ctx.Spawn(actor.PropsFromProducer(c.produce))
+	p.sessions.pids[q.req.ID] = ctx.Spawn(p.env.props(c.produce))
 }
 
 // listener validates every frame that arrives and routes it. It is not an

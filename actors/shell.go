@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,10 @@ type Counters struct {
 	// restart budget was spent (each resumed it to drain; not a restart).
 	SessionPanicsPastBudget atomic.Int64
 	PinErrors               atomic.Int64
+	// StreamViolations counts peer-stream actors that disagreed with their
+	// session's step (a terminal frame while ops were unsettled, an effect
+	// after the terminal frame): always a bug, never expected.
+	StreamViolations atomic.Int64
 
 	// LeasesLapsed counts writer leases that lapsed (the writer fenced
 	// itself from that peer: EngineConfig.WriterLease).
@@ -175,6 +180,16 @@ type shellEnv struct {
 
 	// incarnation is this engine's (EngineConfig.Incarnation).
 	incarnation uint64
+
+	// dispatch runs every mailbox of the engine but peer streams'
+	// (dispatch.go).
+	dispatch *poolDispatcher
+}
+
+// props are the props of one of the engine's actors: its mailboxes run on
+// the engine's dispatcher.
+func (env *shellEnv) props(p actor.Producer, opts ...actor.PropsOption) *actor.Props {
+	return actor.PropsFromProducer(p, append(opts, actor.WithDispatcher(env.dispatch))...)
 }
 
 // opWorker is worker i for ops (submit, flush, close), or nil once it is
@@ -242,6 +257,18 @@ type txCell struct {
 	// incarnations counts the actors produced for the session: the first
 	// is its birth, each later one a restart after a panic.
 	incarnations int
+	// streams are the session's peer-stream children by generation rank
+	// index (stream.go), until their Terminated.
+	streams map[int]*streamChild
+	// release holds the effects that release the session (Unpin, Finish,
+	// Stop) until every stream child has terminated.
+	release []Effect
+}
+
+// streamChild is a live peer-stream child of a session.
+type streamChild struct {
+	pid *actor.PID
+	st  *streamState
 }
 
 // produce is the session's actor.Producer: a fresh shell per incarnation.
@@ -293,6 +320,22 @@ func (a *txActor) Receive(ctx actor.Context) {
 		return
 	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 		return
+	case *actor.Terminated:
+		a.streamTerminated(ctx, m.Who)
+		return
+	case TxCompleted:
+		a.settle(ctx, m.Op.Peer, streamSettle{seqs: []int{m.Op.Seq}})
+		eff = a.step(ctx, m, now)
+	case TxRetired:
+		for _, r := range m.Ops {
+			a.settle(ctx, r.Peer, streamSettle{seqs: []int{r.Seq}})
+		}
+		eff = a.step(ctx, m, now)
+	case TxWorkerDead:
+		for peer := range a.streams {
+			a.settle(ctx, peer, streamSettle{dead: m.Worker + 1})
+		}
+		eff = a.step(ctx, m, now)
 	case txChunkMsg:
 		// The fence must be in place while the effects run: WatchFence
 		// takes it.
@@ -349,7 +392,10 @@ func (a *txActor) exec(ctx actor.Context, eff []Effect, now time.Time) {
 }
 
 func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
-	for _, e := range eff {
+	for i, e := range eff {
+		if a.holdRelease(eff[i:]) {
+			return
+		}
 		switch e := e.(type) {
 		case Pin:
 			if err := a.env.pools.Pin(e.Group, e.IDs); err != nil {
@@ -372,12 +418,18 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 			sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
 			f.OnReady(func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) })
 		case Submit:
-			sendTo(ctx, a.env.opWorker(e.Worker), &workerSubmit{Submit: e, session: ctx.Self()})
+			a.toStream(ctx, e.Peer, e.Worker, e)
 		case Flush:
-			sendTo(ctx, a.env.opWorker(e.Worker), &workerFlush{Flush: e, session: ctx.Self()})
+			a.toStream(ctx, e.Peer, e.Worker, e)
 		case CloseEndpoint:
-			sendTo(ctx, a.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: ctx.Self()})
+			a.toStream(ctx, e.Peer, e.Worker, e)
 		case SendFrame:
+			if e.FromStream {
+				a.toStream(ctx, e.Peer, e.Worker, e)
+				break
+			}
+			// A frame of no stream (an answer to a peer the session has
+			// no stream for): nothing of it is in flight.
 			sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 		case StartTimer:
 			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, TxTimeout{Kind: e.Kind}))
@@ -402,6 +454,92 @@ func (a *txActor) run(ctx actor.Context, eff []Effect, now time.Time) {
 			a.env.logEffect(e)
 		}
 	}
+}
+
+// toStream hands a stream effect to the stream's child actor, spawning it
+// on the stream's first effect.
+func (a *txActor) toStream(ctx actor.Context, peer, worker int, e Effect) {
+	c := a.streams[peer]
+	if c == nil {
+		if a.streams == nil {
+			a.streams = map[int]*streamChild{}
+		}
+		st := &streamState{env: a.env, session: ctx.Self(), peer: peer, worker: worker, inflight: map[int]struct{}{}}
+		if a.incarnations > 1 {
+			// Respawned after a restart of the session (protoactor stopped
+			// the children): what the step has in flight for the peer is
+			// the new stream's account.
+			for r, s := range a.s.OpStates() {
+				if r.Peer == peer && (s == OpSubmitting || s == OpSubmitted || s == OpInDoubt) {
+					st.inflight[r.Seq] = struct{}{}
+				}
+			}
+		}
+		c = &streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
+		a.streams[peer] = c
+	}
+	ctx.Send(c.pid, streamOp{eff: e})
+}
+
+// settle forwards a worker's report about a stream's ops to the stream
+// before the session steps it: the frame the step may emit in answer
+// finds the stream's account settled.
+func (a *txActor) settle(ctx actor.Context, peer int, m streamSettle) {
+	if c := a.streams[peer]; c != nil && !c.st.done {
+		ctx.Send(c.pid, m)
+	}
+}
+
+// holdRelease reports whether rest is the session's release (Unpin…,
+// Finish, Stop) while stream children are still alive: it is kept and run
+// once the last of them has terminated.
+func (a *txActor) holdRelease(rest []Effect) bool {
+	if len(a.streams) == 0 || len(rest) == 0 {
+		return false
+	}
+	switch rest[0].(type) {
+	case Unpin, Finish:
+	default:
+		return false
+	}
+	for _, e := range rest {
+		switch e.(type) {
+		case Unpin, Finish, Stop:
+		default:
+			return false
+		}
+	}
+	if _, ok := rest[len(rest)-1].(Stop); !ok {
+		return false
+	}
+	a.release = slices.Clone(rest)
+	return true
+}
+
+// streamTerminated forgets a stream child; the last one lets a held
+// release run.
+func (a *txActor) streamTerminated(ctx actor.Context, who *actor.PID) {
+	for peer, c := range a.streams {
+		if c.pid.Equal(who) {
+			if !c.st.done {
+				// Stopped by a restart of the session, not by its own
+				// terminal frame: it is spawned again on its next effect.
+				a.env.log.Debug().Str("request", a.s.Config().Request).Int("peer", peer).Msg("stream stopped before its terminal frame")
+			}
+			delete(a.streams, peer)
+		}
+	}
+	if len(a.streams) == 0 && a.release != nil {
+		rel := a.release
+		a.release = nil
+		a.run(ctx, rel, a.env.clock.Now())
+	}
+}
+
+// violation records a shell disagreeing with its step (a bug).
+func (env *shellEnv) violation(what string) {
+	env.stats.StreamViolations.Add(1)
+	env.log.Error().Msg("invariant: " + what)
 }
 
 // startTimer arms a step's timer on the engine's clock: msg comes back to

@@ -17,23 +17,28 @@ import (
 
 // Messages a worker receives.
 type (
+	// A stream's messages name the stream actor that sent them (stream)
+	// and the session its reports go to (session).
 	workerSubmit struct {
 		Submit
-		session *actor.PID
+		session, stream *actor.PID
 	}
 	workerFlush struct {
 		Flush
-		session *actor.PID
+		session, stream *actor.PID
 	}
 	workerClose struct {
 		CloseEndpoint
-		session *actor.PID
+		session, stream *actor.PID
 	}
 	workerSend struct {
 		SendFrame
 		// report, when set, gets RxSent{Writer: writer} with the outcome.
 		report *actor.PID
 		writer int
+		// stream is the peer stream whose terminal frame this is (nil for
+		// frames of no stream).
+		stream *actor.PID
 	}
 	// batchDone comes back from the backend's completion callback.
 	batchDone struct {
@@ -101,6 +106,7 @@ func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link contro
 
 func (w *workerActor) Receive(ctx actor.Context) {
 	s := w.slot
+	observeWorker(s.idx, ctx.Message())
 	switch m := ctx.Message().(type) {
 	case *workerSubmit:
 		if hoptrace.On {

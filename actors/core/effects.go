@@ -61,6 +61,11 @@ type SendFrame struct {
 	Worker int
 	To     messages.PeerID
 	Frame  messages.Frame
+	// FromStream marks a peer stream's terminal frame (Result, CancelAck)
+	// on the context side: the shell hands it to stream Peer's actor,
+	// which sends it after the stream's data, once its ops are settled.
+	FromStream bool
+	Peer       int
 }
 
 // SendRequestData sends writer Writer's RequestData (generation side)

@@ -132,6 +132,10 @@ type stream struct {
 	bytes     uint64
 	retired   bool // some op was retired by closing its endpoint
 	cancelled bool // the peer sent Cancel: answer CancelAck
+	// doneOps counts ops in BACKEND_DONE, busyOps ops not quiescent: kept
+	// by setOp, so that a step does not scan every op (a long request has
+	// thousands).
+	doneOps, busyOps int
 }
 
 type chunkRec struct {
@@ -272,7 +276,30 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.violate("unknown message %T", msg)
 	}
 	s.progress()
+	if Invariants {
+		s.checkCounts()
+	}
 	return s.eff
+}
+
+// checkCounts compares each stream's op counts with its ops (builds with
+// the kvxfer_invariants tag).
+func (s *TxSession) checkCounts() {
+	for _, p := range s.order {
+		st := s.streams[p]
+		done, busy := 0, 0
+		for i := range st.ops {
+			if st.ops[i].state == OpBackendDone {
+				done++
+			}
+			if !st.ops[i].state.Quiescent() {
+				busy++
+			}
+		}
+		if done != st.doneOps || busy != st.busyOps {
+			s.violate("stream %d: counts done %d busy %d, ops say done %d busy %d", p, st.doneOps, st.busyOps, done, busy)
+		}
+	}
 }
 
 func (s *TxSession) onStart(m TxStart, now time.Time) {
@@ -480,6 +507,7 @@ func (s *TxSession) admit(st *stream) {
 			continue
 		}
 		st.ops = append(st.ops, op{chunk: ci, state: OpAdmitted, segs: segs, bytes: bytes})
+		st.busyOps++
 	}
 }
 
@@ -528,7 +556,7 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 		return // the terminal frame goes out in progress()
 	}
 	st.phase = streamFinished
-	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
+	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
 		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload, Incarnations: s.incs(st),
 	}})
@@ -669,30 +697,16 @@ func (s *TxSession) lastSeen(st *stream) bool {
 	return s.chunks[len(s.chunks)-1].c.Last
 }
 
-func allDone(st *stream) bool {
-	for i := range st.ops {
-		if st.ops[i].state != OpBackendDone {
-			return false
-		}
-	}
-	return true
-}
+func allDone(st *stream) bool { return st.doneOps == len(st.ops) }
 
-func streamQuiescent(st *stream) bool {
-	for i := range st.ops {
-		if !st.ops[i].state.Quiescent() {
-			return false
-		}
-	}
-	return true
-}
+func streamQuiescent(st *stream) bool { return st.busyOps == 0 }
 
 // finishStream sends the stream's terminal frame; it is only called when
 // every op of the stream is quiescent, so the peer may free its pages.
 func (s *TxSession) finishStream(st *stream) {
 	st.phase = streamFinished
 	if st.cancelled {
-		s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.CancelAck{
+		s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.CancelAck{
 			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Incarnations: s.incs(st)}})
 		return
 	}
@@ -707,7 +721,7 @@ func (s *TxSession) finishStream(st *stream) {
 	if s.err != nil {
 		text = messages.TruncateText(s.err.Error(), messages.MaxErrorLen)
 	}
-	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, Frame: &messages.Result{
+	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text,
 		Incarnations: s.incs(st)}})
 }
@@ -788,8 +802,22 @@ func (s *TxSession) eachOp(f func(OpRef, *op)) {
 }
 
 func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
-	if !LegalOpTransition(o.state, to) {
+	if Invariants && !LegalOpTransition(o.state, to) {
 		s.violate("op %v: illegal %v → %v", r, o.state, to)
+	}
+	if st := s.streams[r.Peer]; st != nil {
+		if o.state == OpBackendDone {
+			st.doneOps--
+		}
+		if to == OpBackendDone {
+			st.doneOps++
+		}
+		if !o.state.Quiescent() {
+			st.busyOps--
+		}
+		if !to.Quiescent() {
+			st.busyOps++
+		}
 	}
 	o.state = to
 }

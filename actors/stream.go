@@ -1,0 +1,122 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Peer streams (DESIGN.md §7): every (request, generation rank) a context
+// rank writes to is a child actor of its TxSession's actor. The session's
+// step decides; the stream delivers and keeps its own account:
+//
+//   - It is the only sender of its stream's messages to its worker: ops
+//     (Submit), Flush, CloseEndpoint, and its terminal frame (FAILED,
+//     CANCELLED, IN_DOUBT or SUCCESS Result, or CancelAck). They pass through
+//     the stream's mailbox, then its worker's, in the order the step emitted
+//     them, so a terminal frame always follows the stream's data.
+//   - It counts the ops it handed to a worker that no report settled yet (a
+//     completion, a retirement, or the death of its worker). It holds its
+//     terminal frame until that count is zero — a second, independent check
+//     of the step's quiescence: the peer frees its pages on that frame — and
+//     stops only once the frame has left.
+//   - Its session releases the source pins and finishes only after every
+//     stream child has terminated (protoactor's Terminated): the supervisor
+//     tree is the drain.
+//
+// A stream runs on a synchronized dispatcher: its mailbox is processed on
+// the goroutine that sends to it, which is always its session's (the
+// session forwards the workers' reports about the stream's ops), so the
+// extra hop costs a function call, not a goroutine wake-up, on the chunk
+// path. Workers report to the session (its PID survives a restart of the
+// session; a stream's does not).
+
+// streamOp is a stream effect for its worker (Submit, Flush, CloseEndpoint,
+// or the stream's terminal SendFrame).
+type streamOp struct{ eff Effect }
+
+// streamSettle tells a stream that a worker report settled some of its ops
+// (completed, refused or retired) or that its worker died (dead: every op it
+// handed to that worker is retired: the worker closed its endpoints before
+// it stopped).
+type streamSettle struct {
+	seqs []int
+	dead int // worker index + 1 that died; 0: none
+}
+
+// streamState is what a stream keeps across restarts of its own actor.
+type streamState struct {
+	env     *shellEnv
+	session *actor.PID
+	peer    int
+	worker  int
+	// inflight: ops handed to a worker and not settled by a report yet.
+	inflight map[int]struct{}
+	// held is the terminal frame, waiting for inflight to empty.
+	held *SendFrame
+	// done: the terminal frame left; the stream has stopped (or is
+	// stopping). Read by its session, on the session's goroutine.
+	done bool
+}
+
+type streamActor struct{ st *streamState }
+
+var streamProps = func(st *streamState) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &streamActor{st: st} },
+		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
+}
+
+func (a *streamActor) Receive(ctx actor.Context) {
+	st := a.st
+	switch m := ctx.Message().(type) {
+	case streamOp:
+		st.deliver(ctx, m.eff)
+	case streamSettle:
+		for _, seq := range m.seqs {
+			delete(st.inflight, seq)
+		}
+		if m.dead > 0 && m.dead-1 == st.worker {
+			clear(st.inflight)
+		}
+		st.maybeFinish(ctx)
+	}
+}
+
+// deliver hands one stream effect to its worker, in order.
+func (st *streamState) deliver(ctx actor.Context, e Effect) {
+	if st.done || st.held != nil {
+		// Nothing of a stream follows its terminal frame (the step sends
+		// it last, once every op is quiescent).
+		st.env.violation(fmt.Sprintf("stream %d: %T after its terminal frame", st.peer, e))
+	}
+	switch e := e.(type) {
+	case Submit:
+		st.inflight[e.Op.Seq] = struct{}{}
+		sendTo(ctx, st.env.opWorker(e.Worker), &workerSubmit{Submit: e, session: st.session, stream: ctx.Self()})
+	case Flush:
+		sendTo(ctx, st.env.opWorker(e.Worker), &workerFlush{Flush: e, session: st.session, stream: ctx.Self()})
+	case CloseEndpoint:
+		sendTo(ctx, st.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: st.session, stream: ctx.Self()})
+	case SendFrame:
+		if len(st.inflight) > 0 {
+			// The step called the stream quiescent while this stream has
+			// ops no report settled: hold the frame (the peer would free
+			// pages a write may still reach) until they settle.
+			st.env.violation(fmt.Sprintf("stream %d: terminal frame with %d ops unsettled", st.peer, len(st.inflight)))
+		}
+		st.held = &e
+		st.maybeFinish(ctx)
+	}
+}
+
+// maybeFinish sends the held terminal frame once no op is unsettled, then
+// stops the stream.
+func (st *streamState) maybeFinish(ctx actor.Context) {
+	if st.held == nil || len(st.inflight) > 0 {
+		return
+	}
+	e := *st.held
+	st.held, st.done = nil, true
+	sendTo(ctx, st.env.frameWorker(e.Worker), &workerSend{SendFrame: e, stream: ctx.Self()})
+	ctx.Stop(ctx.Self())
+}
