@@ -6,9 +6,11 @@
 //
 // Each session is a pure state machine in package core: Step(msg, now)
 // returns effects as data, with no I/O, clock, randomness or blocking
-// inside. The shells (txActor, rxActor, workerActor, the parents) execute
-// effects and turn callbacks — fences, backend completions, timers,
-// control frames — into messages. Tests, the simulator and trace replay
+// inside. The shells execute effects and turn callbacks — fences, backend
+// completions, timers, control frames — into messages: one generic session
+// shell (session_shell.go) runs both sessions, with a kind for what each
+// adds (tx_shell.go, rx_shell.go); the workers and parents run the pure
+// tables of package core. Tests, the simulator and trace replay
 // drive the same steps directly. steps.go re-exports core's names here.
 //
 // # Ordering and ownership
@@ -16,9 +18,15 @@
 //   - A stream's op state lives in its TxSession alone: admission, the drain
 //     decision and the release happen in one actor, so no op can be admitted
 //     after the session decided it had drained.
-//   - A stream is bound to one worker by WorkerFor(request, peer); the worker
-//     is the only user of its endpoints and control connections, so a
-//     stream's ops, its FAILED and its CANCEL leave in the order queued.
+//   - Each stream is a child actor of its session (stream.go), bound to one
+//     worker by WorkerFor(request, peer). The stream actor is the only
+//     sender of its ops, flush and terminal frame (FAILED, CANCELLED,
+//     CancelAck, SUCCESS): they pass through its mailbox, then its worker's,
+//     in the order the step emitted them. It holds its terminal frame until
+//     every op it handed over was settled by a worker report, then stops;
+//     the session releases its pins only after every stream child's
+//     Terminated. The worker is the only user of its endpoints and control
+//     connections, so they leave in that order.
 //   - Ops leave in admission order; an op whose fence fired waits for the
 //     ops before it.
 //

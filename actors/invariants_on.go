@@ -11,7 +11,7 @@ type WorkerCrash = workerCrash
 // it, the request fails, and it still drains before it releases.
 func (h *TxHandle) Crash() {
 	if h.pid != nil {
-		h.e.sys.Root.Send(h.pid, &txPanicNow{})
+		h.e.sys.Root.Send(h.pid, &panicNow{})
 	}
 }
 

@@ -156,7 +156,7 @@ func (p *txParent) leaseLapsed(ctx actor.Context) {
 func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
-	c := &txCell{env: p.env, s: NewTxSession(cfg), meter: p.env.meters.txSession()}
+	c := newTxCell(p.env, NewTxSession(cfg), p.env.meters.txSession())
 	pid := ctx.Spawn(p.env.props(c.produce))
 	p.sessions.pids[id] = pid
 	return pid
@@ -391,7 +391,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.sessions.maybeDrained()
 	case *rxCrashReq:
 		if pid := p.sessions.pids[m.request]; pid != nil {
-			ctx.Send(pid, &rxPanicNow{})
+			ctx.Send(pid, &panicNow{})
 		}
 	case *rxCancelReq:
 		if q, ok := p.queue.Remove(m.request); ok {
@@ -565,9 +565,9 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.
-	c := &rxCell{env: p.env, handle: q.handle, meter: p.env.meters.rxSession(q.at), s: NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
+	c := newRxCell(p.env, NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
-		Incarnation: p.env.incarnation})}
+		Incarnation: p.env.incarnation}), q.handle, p.env.meters.rxSession(q.at))
 	p.sessions.pids[q.req.ID] = ctx.Spawn(p.env.props(c.produce))
 }
 

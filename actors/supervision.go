@@ -11,12 +11,19 @@ import (
 // applies a parent's strategy to the failures of its children.
 //
 //   - The tx and rx parents supervise their sessions with sessionStrategy.
+//
 //   - The senders supervise the workers one-for-one: at most
 //     workerRestarts restarts within workerRestartWindow; past that the
 //     worker is stopped and the engine fails (engine.go).
 //
+//   - A session supervises its peer-stream children with protoactor's
+//     default strategy; a stream's state survives its restart
+//     (streamState). A restart of the session stops them (protoactor
+//     stops a restarting actor's children); they are spawned again on
+//     their next effect, with the step's ops in flight as their account.
+//
 // A producer returns a fresh shell per incarnation over the state that
-// survives it (txCell, rxCell, workerSlot).
+// survives it (a session's cell, a stream's streamState, workerSlot).
 const (
 	// sessionRestarts is how many times one session may be restarted
 	// after a panic in its life.

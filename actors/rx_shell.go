@@ -1,0 +1,112 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
+)
+
+// rxKind is the RxSession's kind of the session shell: its destination
+// blocks (freed, quarantined, released) and its RequestData reports.
+type rxKind struct {
+	s     *RxSession
+	meter *rxMeter // nil: metrics off
+}
+
+// newRxCell is a new RxSession's cell.
+func newRxCell(env *shellEnv, s *RxSession, handle *Handle, meter *rxMeter) *cell[*RxSession] {
+	return &cell[*RxSession]{env: env, s: s, handle: handle, k: &rxKind{s: s, meter: meter}}
+}
+
+func (k *rxKind) side() string    { return "rx" }
+func (k *rxKind) request() string { return k.s.Config().Request }
+
+func (k *rxKind) born(a *shell[*RxSession], ctx actor.Context, now time.Time) []Effect {
+	cfg := k.s.Config()
+	a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
+	if a.tr != nil {
+		a.tr.Stepped(k.s, nil)
+	}
+	if k.meter != nil {
+		k.meter.born(k.s, now)
+	}
+	return a.step(RxBegin{}, now)
+}
+
+func (k *rxKind) panicked(err error) any     { return RxPanic{Err: err} }
+func (k *rxKind) timeout(kind TimerKind) any { return RxTimeout{Kind: kind} }
+
+func (k *rxKind) stepped(_ any, now time.Time) {
+	if k.meter != nil {
+		k.meter.stepped(k.s, now)
+	}
+}
+
+func (k *rxKind) stopped() {
+	if k.meter != nil {
+		k.meter.close()
+	}
+}
+
+func (k *rxKind) receive(*shell[*RxSession], actor.Context, any, time.Time) bool { return false }
+func (k *rxKind) hold(*shell[*RxSession], []Effect) bool                         { return false }
+
+func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ time.Time) {
+	switch e := eff.(type) {
+	case SendFrame:
+		sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
+	case SendRequestData:
+		w := a.env.frameWorker(e.Worker)
+		if w == nil {
+			// No worker left: it never leaves.
+			a.feedback = append(a.feedback, RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: no sender worker left", ErrEngineFailed)})
+			break
+		}
+		ctx.Send(w, &workerSend{SendFrame: SendFrame{Worker: e.Worker, To: e.To, Frame: e.Frame},
+			report: ctx.Self(), writer: e.Writer})
+	case Finish:
+		if hoptrace.On {
+			hoptrace.Mark("rx.finish", k.request())
+		}
+		if e.Outcome.OK {
+			// READY: every writer reported, none can touch the blocks (the
+			// doc's promise: Released is closed at READY, so a caller woken
+			// by Done finds it closed already).
+			a.handle.release()
+		}
+		a.handle.finish(e.Outcome)
+	case QuarantineDest:
+		if k.s.Config().CallerOwned {
+			break // the framework's: Released tells it only after the proof
+		}
+		if err := a.env.pools.Quarantine(e.Blocks); err != nil {
+			a.env.log.Error().Err(err).Str("request", k.request()).Msg("quarantine destination blocks")
+		}
+	case ReleaseDest:
+		if k.s.Config().CallerOwned {
+			break // the framework's: Released tells it below
+		}
+		if e.Quarantined {
+			if err := a.env.pools.ReleaseQuarantine(e.Blocks); err != nil {
+				a.env.log.Error().Err(err).Str("request", k.request()).Msg("release quarantined destination blocks")
+			}
+			break
+		}
+		if err := a.env.pools.Free(e.Blocks); err != nil {
+			a.env.log.Error().Err(err).Str("request", k.request()).Msg("free destination blocks")
+		}
+	case Stop:
+		a.stopTimers()
+		// Every writer is quiescent: the blocks may be reused. A session
+		// abandoned at Close with writers unproven keeps its blocks
+		// quarantined: the handle never says Released.
+		if k.s.WritersQuiescent() {
+			a.handle.release()
+		}
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request()})
+		ctx.Stop(ctx.Self())
+	}
+}

@@ -1,0 +1,152 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvxfer/kvxfer/internal/hoptrace"
+)
+
+// The session shell (DESIGN.md §7): one generic protoactor shell runs a
+// pure step of package core — a TxSession or an RxSession. It turns
+// mailbox messages, fence callbacks and timers (on the engine's injected
+// clock) into step messages, executes the step's effects, and steps the
+// failures of effects that fail (a refused pin) right after the effects
+// that caused them. What differs between the two sessions — their own
+// messages and effects, their tracer birth and their meter — is a kind.
+
+// cell is what a session's actor keeps across restarts: the step itself
+// (its chunks, streams, ops and writers outlive a panic of the shell), its
+// handle, its timers, its tracer and its kind's own state. Each
+// incarnation of the actor is a fresh shell over the same cell.
+type cell[S stepper] struct {
+	env    *shellEnv
+	s      S
+	k      kind[S]
+	handle *Handle
+	timers []Timer
+	path   string        // actor path for the recorder
+	tr     SessionTracer // nil unless tracing
+	// incarnations counts the actors produced for the session: the first
+	// is its birth, each later one a restart after a panic.
+	incarnations int
+}
+
+// kind is what a session kind adds to the generic shell.
+type kind[S stepper] interface {
+	// side names the kind ("tx", "rx") in traces and panics.
+	side() string
+	request() string
+	// born handles the first Started: it opens the tracer and meter and
+	// returns the session's first effects.
+	born(a *shell[S], ctx actor.Context, now time.Time) []Effect
+	// panicked is the message a restarted incarnation steps first.
+	panicked(err error) any
+	// timeout is the message a fired timer of the kind steps.
+	timeout(k TimerKind) any
+	// receive handles a message of the kind's own; false: the shell steps
+	// it as it is.
+	receive(a *shell[S], ctx actor.Context, m any, now time.Time) bool
+	// hold may keep the rest of a step's effects back (the TxSession's
+	// release waits for its stream children); true: the shell stops there.
+	hold(a *shell[S], rest []Effect) bool
+	// effect executes an effect the shell does not (all but StartTimer
+	// and Log).
+	effect(a *shell[S], ctx actor.Context, e Effect, now time.Time)
+	// stepped is told of each step (the meter).
+	stepped(m any, now time.Time)
+	// stopped is told when the actor stopped (the meter, when the session
+	// could not release).
+	stopped()
+}
+
+// produce is the session's actor.Producer: a fresh shell per incarnation.
+func (c *cell[S]) produce() actor.Actor {
+	c.incarnations++
+	return &shell[S]{cell: c, restarted: c.incarnations > 1}
+}
+
+// shell is one incarnation of a session's actor.
+type shell[S stepper] struct {
+	*cell[S]
+	// restarted: this incarnation follows a panic (its parent's strategy
+	// restarted it); on Started it fails the request and goes on draining.
+	restarted bool
+	// feedback holds the failures of effects being executed, stepped as
+	// messages right after the effects that caused them.
+	feedback []any
+}
+
+// panicNow makes a session panic (crash injection, kvxfer_invariants
+// builds only send it).
+type panicNow struct{}
+
+func (a *shell[S]) Receive(ctx actor.Context) {
+	now := a.env.clock.Now()
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("%s.%T", a.k.side(), ctx.Message()), a.k.request())
+	}
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if a.restarted {
+			a.exec(ctx, a.step(a.k.panicked(fmt.Errorf("restarted after panic")), now), now)
+			// Counted once its effects ran, so the count says the session
+			// has failed and acted on it.
+			a.env.stats.SessionPanics.Add(1)
+			return
+		}
+		a.exec(ctx, a.k.born(a, ctx, now), now)
+	case *actor.Stopped:
+		a.k.stopped()
+	case *actor.Restarting, *actor.Stopping, *actor.Restart:
+	case *panicNow:
+		panic(a.k.side() + " session: panic requested")
+	default:
+		if !a.k.receive(a, ctx, m, now) {
+			a.exec(ctx, a.step(m, now), now)
+		}
+	}
+}
+
+// step steps the session on m, telling the tracer and the meter.
+func (a *shell[S]) step(m any, now time.Time) []Effect {
+	eff := traced(a.env, a.path, a.tr, a.s, m, now)
+	a.k.stepped(m, now)
+	return eff
+}
+
+// exec runs a step's effects, then steps what failed among them, in order,
+// until nothing more fails.
+func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
+	a.run(ctx, eff, now)
+	for len(a.feedback) > 0 {
+		m := a.feedback[0]
+		a.feedback = a.feedback[1:]
+		a.run(ctx, a.step(m, now), now)
+	}
+}
+
+func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
+	for i, e := range eff {
+		if a.k.hold(a, eff[i:]) {
+			return
+		}
+		switch e := e.(type) {
+		case StartTimer:
+			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, a.k.timeout(e.Kind)))
+		case Log:
+			a.env.logEffect(e)
+		default:
+			a.k.effect(a, ctx, e, now)
+		}
+	}
+}
+
+// stopTimers stops the session's timers (at its Stop).
+func (a *shell[S]) stopTimers() {
+	for _, t := range a.timers {
+		t.Stop()
+	}
+}

@@ -1,0 +1,271 @@
+package actors
+
+import (
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// txChunkMsg carries a chunk and its fence from the handle to the shell.
+type txChunkMsg struct {
+	TxChunk
+	fence Fence
+}
+
+// txPeerRequestMsg carries a resolved RequestData from the tx parent to the
+// shell with what resolved it, for the tracer.
+type txPeerRequestMsg struct {
+	TxPeerRequest
+	hello *messages.Hello
+	rd    *messages.RequestData
+}
+
+type txSetHandle struct {
+	h     *Handle
+	start TxStart
+}
+
+// txKind is the TxSession's kind of the session shell: its chunks' fences,
+// its source pins, and its peer-stream children (stream.go).
+type txKind struct {
+	s     *TxSession
+	meter *txMeter // nil: metrics off
+	// fence is the fence of the chunk being stepped: WatchFence takes it.
+	fence Fence
+	// streams are the session's peer-stream children by generation rank
+	// index, until their Terminated.
+	streams map[int]*streamChild
+	// release holds the effects that release the session (Unpin, Finish,
+	// Stop) until every stream child has terminated.
+	release []Effect
+	// respawn: a stream child stopped before its terminal frame (a restart
+	// of the session or of the stream past its budget); the next one for
+	// that peer takes its account from the step.
+	respawn map[int]bool
+}
+
+// streamChild is a live peer-stream child of a session.
+type streamChild struct {
+	pid *actor.PID
+	st  *streamState
+}
+
+// newTxCell is a new TxSession's cell.
+func newTxCell(env *shellEnv, s *TxSession, meter *txMeter) *cell[*TxSession] {
+	return &cell[*TxSession]{env: env, s: s, k: &txKind{s: s, meter: meter}}
+}
+
+func (k *txKind) side() string    { return "tx" }
+func (k *txKind) request() string { return k.s.Config().Request }
+
+func (k *txKind) born(a *shell[*TxSession], ctx actor.Context, now time.Time) []Effect {
+	cfg := k.s.Config()
+	a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
+	eff := k.s.Init(now)
+	if a.tr != nil {
+		a.tr.Stepped(k.s, eff)
+	}
+	if k.meter != nil {
+		k.meter.born(k.s, now)
+	}
+	return eff
+}
+
+func (k *txKind) panicked(err error) any     { return TxPanic{Err: err} }
+func (k *txKind) timeout(kind TimerKind) any { return TxTimeout{Kind: kind} }
+
+func (k *txKind) stepped(m any, now time.Time) {
+	if k.meter != nil {
+		k.meter.stepped(k.s, m, now)
+	}
+}
+
+func (k *txKind) stopped() {
+	if k.meter != nil {
+		k.meter.close()
+	}
+}
+
+func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now time.Time) bool {
+	switch m := msg.(type) {
+	case *actor.Terminated:
+		k.streamTerminated(a, ctx, m.Who)
+	case TxCompleted:
+		k.settle(ctx, m.Op.Peer, streamSettle{seqs: []int{m.Op.Seq}})
+		return false
+	case TxRetired:
+		for _, r := range m.Ops {
+			k.settle(ctx, r.Peer, streamSettle{seqs: []int{r.Seq}})
+		}
+		return false
+	case TxWorkerDead:
+		for peer := range k.streams {
+			k.settle(ctx, peer, streamSettle{dead: m.Worker + 1})
+		}
+		return false
+	case txChunkMsg:
+		// The fence must be in place while the effects run: WatchFence
+		// takes it.
+		k.fence = m.fence
+		a.exec(ctx, a.step(m.TxChunk, now), now)
+		k.fence = nil
+	case *txSetHandle:
+		a.handle = m.h
+		eff := a.step(m.start, now)
+		if st := k.s.State(); st.Terminal() {
+			// Decided before Send adopted the session (a peer's frame or a
+			// timer came first): the handle learns it now, so Chunk
+			// refuses at once.
+			a.handle.decide(Decide{Status: st.String(), Err: k.s.Err()})
+		}
+		a.exec(ctx, eff, now)
+	case txPeerRequestMsg:
+		if a.tr != nil {
+			a.tr.Resolved(m.hello, m.rd)
+		}
+		a.exec(ctx, a.step(m.TxPeerRequest, now), now)
+	default:
+		return false
+	}
+	return true
+}
+
+func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ time.Time) {
+	switch e := eff.(type) {
+	case Pin:
+		if err := a.env.pools.Pin(e.Group, e.IDs); err != nil {
+			// The refusal goes back to the session before anything else
+			// reaches it: the chunk's fence cannot have been stepped yet,
+			// so none of its ops has left.
+			a.env.stats.PinErrors.Add(1)
+			a.feedback = append(a.feedback, TxPinFailed{Chunk: e.Chunk, Group: e.Group, Err: err})
+		}
+	case Unpin:
+		if err := a.env.pools.Unpin(e.Group, e.IDs); err != nil {
+			a.env.stats.PinErrors.Add(1)
+			a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin")
+		}
+	case WatchFence:
+		f := k.fence
+		if f == nil {
+			f = FiredFence{}
+		}
+		sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
+		f.OnReady(func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) })
+	case Submit:
+		k.toStream(a, ctx, e.Peer, e.Worker, e)
+	case Flush:
+		k.toStream(a, ctx, e.Peer, e.Worker, e)
+	case CloseEndpoint:
+		k.toStream(a, ctx, e.Peer, e.Worker, e)
+	case SendFrame:
+		if e.FromStream {
+			k.toStream(a, ctx, e.Peer, e.Worker, e)
+			break
+		}
+		// A frame of no stream (an answer to a peer the session has no
+		// stream for): nothing of it is in flight.
+		sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
+	case Decide:
+		if a.handle != nil {
+			a.handle.decide(e)
+		}
+	case Finish:
+		if a.handle != nil {
+			a.handle.finish(e.Outcome)
+		}
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), outcome: e.Outcome})
+	case Stop:
+		// The tx supervisor poisons the session once it has taken it off
+		// its table: frames it forwarded before that are still in this
+		// mailbox, and the stopped session answers them instead of
+		// letting them fall into dead letters.
+		a.stopTimers()
+	}
+}
+
+// toStream hands a stream effect to the stream's child actor, spawning it
+// on the stream's first effect.
+func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker int, e Effect) {
+	c := k.streams[peer]
+	if c == nil {
+		if k.streams == nil {
+			k.streams = map[int]*streamChild{}
+		}
+		st := &streamState{env: a.env, session: ctx.Self(), peer: peer, worker: worker, inflight: map[int]struct{}{}}
+		if a.incarnations > 1 || k.respawn[peer] {
+			// Respawned after a restart of the session (protoactor stopped
+			// the children): what the step has in flight for the peer is
+			// the new stream's account.
+			for r, s := range k.s.OpStates() {
+				if r.Peer == peer && (s == OpSubmitting || s == OpSubmitted || s == OpInDoubt) {
+					st.inflight[r.Seq] = struct{}{}
+				}
+			}
+		}
+		c = &streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
+		k.streams[peer] = c
+	}
+	ctx.Send(c.pid, streamOp{eff: e})
+}
+
+// settle forwards a worker's report about a stream's ops to the stream
+// before the session steps it: the frame the step may emit in answer
+// finds the stream's account settled.
+func (k *txKind) settle(ctx actor.Context, peer int, m streamSettle) {
+	if c := k.streams[peer]; c != nil && !c.st.done {
+		ctx.Send(c.pid, m)
+	}
+}
+
+// hold keeps the session's release (Unpin…, Finish, Stop) while stream
+// children are still alive: it runs once the last of them has terminated.
+func (k *txKind) hold(_ *shell[*TxSession], rest []Effect) bool {
+	if len(k.streams) == 0 || len(rest) == 0 {
+		return false
+	}
+	switch rest[0].(type) {
+	case Unpin, Finish:
+	default:
+		return false
+	}
+	for _, e := range rest {
+		switch e.(type) {
+		case Unpin, Finish, Stop:
+		default:
+			return false
+		}
+	}
+	if _, ok := rest[len(rest)-1].(Stop); !ok {
+		return false
+	}
+	k.release = slices.Clone(rest)
+	return true
+}
+
+// streamTerminated forgets a stream child; the last one lets a held
+// release run.
+func (k *txKind) streamTerminated(a *shell[*TxSession], ctx actor.Context, who *actor.PID) {
+	for peer, c := range k.streams {
+		if c.pid.Equal(who) {
+			if !c.st.done {
+				// Stopped by a restart of the session, not by its own
+				// terminal frame: it is spawned again on its next effect.
+				a.env.log.Debug().Str("request", k.request()).Int("peer", peer).Msg("stream stopped before its terminal frame")
+				if k.respawn == nil {
+					k.respawn = map[int]bool{}
+				}
+				k.respawn[peer] = true
+			}
+			delete(k.streams, peer)
+		}
+	}
+	if len(k.streams) == 0 && k.release != nil {
+		rel := k.release
+		k.release = nil
+		a.run(ctx, rel, a.env.clock.Now())
+	}
+}
