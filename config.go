@@ -66,6 +66,13 @@ type Config struct {
 	// for destination blocks (until their deadline); quarantined blocks
 	// are never freed early. 0: half of PoolBytes.
 	MaxQuarantinedBytes uint64
+	// MaxOrphanRequests bounds, per generation instance, the requests
+	// whose RequestData reached this context rank before its Send (their
+	// sessions wait for Send until TransferTimeout): past it a new
+	// request's RequestData is refused at once with FAILED naming the
+	// limit, so a peer cannot make this rank hold sessions for requests
+	// it never sends. 0: 4096; < 0: no bound.
+	MaxOrphanRequests int
 	// WriterLease, when > 0, fences this engine as a writer: it posts for
 	// a generation peer only while it holds a lease on it, renewed for
 	// WriterLease by each frame of the peer and by Engine.PeerAlive (wire

@@ -151,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
-		WriterLease: r.WriterLease,
+		WriterLease: r.WriterLease, MaxOrphans: r.MaxOrphanRequests,
 	})
 	if err != nil {
 		return nil, err

@@ -9,6 +9,20 @@ import (
 // DefaultFrameCredits is EngineConfig.FrameCredits' default.
 const DefaultFrameCredits = 4096
 
+// DefaultMaxOrphans is EngineConfig.MaxOrphans' default.
+const DefaultMaxOrphans = 4096
+
+// orphanLimit is the tx table's orphan limit for EngineConfig.MaxOrphans.
+func orphanLimit(n int) int {
+	switch {
+	case n == 0:
+		return DefaultMaxOrphans
+	case n < 0:
+		return 0
+	}
+	return n
+}
+
 // frameCredits bounds, per sending peer, the control frames the engine has
 // taken from the link and not yet handled (DESIGN.md §7: mailboxes are
 // bounded by credits). A frame takes a credit when the link delivers it

@@ -44,6 +44,13 @@ type EngineConfig struct {
 	// at most before it refuses that peer's RequestData and Cancel (0:
 	// DefaultFrameCredits); terminal frames always pass (credits.go).
 	FrameCredits int
+	// MaxOrphans bounds, per generation instance, the requests whose
+	// RequestData opened a session on this (context) rank before Send
+	// adopted them (0: DefaultMaxOrphans; < 0: no bound). Past it a new
+	// request's RequestData is refused with FAILED naming the limit, so a
+	// peer cannot make this rank hold sessions for requests it never
+	// sends.
+	MaxOrphans int
 	// Metrics, when set, receives the engine's metrics (package metrics);
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
@@ -183,7 +190,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
 	e.tx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg, leases: core.NewPeerLeases(cfg.WriterLease),
-			table: e.env.txTable(4096), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
+			table: e.env.txTable(4096, orphanLimit(cfg.MaxOrphans)), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
 	e.rx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,

@@ -76,10 +76,11 @@ const (
 	rejectStale                          // for a request that is unknown here or already finished
 	rejectUnresolved                     // a RequestData that could not be resolved into a route
 	rejectNotBound                       // from another generation instance than the request's
+	rejectOrphans                        // a new request past its instance's orphan limit
 	numRejects
 )
 
-var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound"}
+var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit"}
 
 // meters are an engine's resolved metric children. Every method is safe
 // on a nil *meters (metrics off) and on any goroutine.

@@ -280,6 +280,10 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",
 			ErrBadRequest, rd.RequestID, bound, rd.From.Instance))
 		return
+	case core.RequestDataShed:
+		p.refuse(ctx, rd, rejectOrphans, fmt.Errorf("%w: request %s: generation instance %s already has %d requests waiting for this context rank's Send (the orphan limit, EngineConfig.MaxOrphans)",
+			ErrBadRequest, rd.RequestID, rd.From.Instance, p.table.OrphanLimit()))
+		return
 	}
 	hello, err := p.link.Hello(rd.From)
 	var route *Route

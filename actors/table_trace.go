@@ -47,12 +47,14 @@ const (
 
 // TableBirth is what a table is made from (the fields its kind uses).
 type TableBirth struct {
-	Tombstones int              `json:",omitempty"`
-	Self       messages.PeerID  `json:",omitzero"`
-	Layout     *kvcache.Layout  `json:",omitempty"`
-	Parallel   kvcache.Parallel `json:",omitzero"`
-	Rank       kvcache.Rank     `json:",omitzero"`
-	Workers    int              `json:",omitempty"`
+	Tombstones int `json:",omitempty"`
+	// OrphanLimit is the tx table's SetOrphanLimit (0: none).
+	OrphanLimit int              `json:",omitempty"`
+	Self        messages.PeerID  `json:",omitzero"`
+	Layout      *kvcache.Layout  `json:",omitempty"`
+	Parallel    kvcache.Parallel `json:",omitzero"`
+	Rank        kvcache.Rank     `json:",omitzero"`
+	Workers     int              `json:",omitempty"`
 	// Incarnation is this rank's incarnation (the rx table's SetIncarnation).
 	Incarnation uint64 `json:",omitempty"`
 }
@@ -155,9 +157,11 @@ type txTable struct {
 	clock Clock
 }
 
-func (env *shellEnv) txTable(tombstones int) txTable {
-	return txTable{TxTable: core.NewTxTable(tombstones), clock: env.clock,
-		tr: env.tableTracer("tx", TableTx, TableBirth{Tombstones: tombstones})}
+func (env *shellEnv) txTable(tombstones, orphans int) txTable {
+	t := txTable{TxTable: core.NewTxTable(tombstones), clock: env.clock,
+		tr: env.tableTracer("tx", TableTx, TableBirth{Tombstones: tombstones, OrphanLimit: orphans})}
+	t.SetOrphanLimit(orphans)
+	return t
 }
 
 func (t *txTable) Open(request, generation string) (bool, error) {

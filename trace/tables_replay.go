@@ -60,6 +60,7 @@ func (t *replayedTable) birth(rec *Record, res *Result) {
 	switch rec.Type {
 	case actors.TableTx:
 		t.tx = core.NewTxTable(b.Tombstones)
+		t.tx.SetOrphanLimit(b.OrphanLimit)
 	case actors.TableRx:
 		if b.Layout == nil {
 			t.diverge(res, rec, "birth", "a layout", "none")
@@ -339,6 +340,7 @@ var verdictNames = map[string]map[string]string{
 		fmt.Sprint(int(core.RequestDataResolve)):  "resolve",
 		fmt.Sprint(int(core.RequestDataStale)):    "stale",
 		fmt.Sprint(int(core.RequestDataNotBound)): "not bound",
+		fmt.Sprint(int(core.RequestDataShed)):     "shed (orphan limit)",
 	},
 	actors.TableRx: {
 		fmt.Sprint(int(core.RxRouteDeliver)):   "deliver",

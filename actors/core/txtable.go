@@ -22,13 +22,31 @@ type TxTable struct {
 	bound    map[string]string
 	tombs    tombstones
 	draining bool
+	// orphans counts, per generation instance, the live sessions its
+	// RequestData opened that no Send adopted yet; limit bounds it (0:
+	// none), so that a peer cannot make this rank hold sessions for
+	// requests it never sends.
+	orphans map[string]int
+	limit   int
 }
+
+// SetOrphanLimit bounds, per generation instance, the sessions its
+// RequestData may open before Send adopts them (n ≤ 0: no bound). Past
+// it RequestData for a new request is shed (RequestDataShed).
+func (t *TxTable) SetOrphanLimit(n int) { t.limit = max(n, 0) }
+
+// OrphanLimit is the bound SetOrphanLimit set (0: none).
+func (t *TxTable) OrphanLimit() int { return t.limit }
+
+// Orphans is how many live sessions instance's RequestData opened that no
+// Send adopted yet.
+func (t *TxTable) Orphans(instance string) int { return t.orphans[instance] }
 
 // NewTxTable returns an empty table that remembers the last tombstones
 // finished requests.
 func NewTxTable(tombstones int) *TxTable {
 	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
-		tombs: newTombstones(tombstones)}
+		tombs: newTombstones(tombstones), orphans: map[string]int{}}
 }
 
 // Open is Engine.Send for request, naming its generation instance or not
@@ -50,12 +68,26 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 			ErrBadRequest, request, b, generation)
 	}
 	spawn = !t.live[request]
+	if !spawn {
+		t.unorphan(request) // a RequestData opened it: Send adopts it now
+	}
 	t.live[request] = true
 	if generation != "" {
 		t.bound[request] = generation
 	}
 	t.adopted[request] = true
 	return spawn, nil
+}
+
+// unorphan takes a live, unadopted request off its instance's count.
+func (t *TxTable) unorphan(request string) {
+	if !t.live[request] || t.adopted[request] {
+		return
+	}
+	inst := t.bound[request]
+	if t.orphans[inst]--; t.orphans[inst] <= 0 {
+		delete(t.orphans, inst)
+	}
 }
 
 // RequestDataVerdict is what becomes of a RequestData before it may touch
@@ -73,6 +105,10 @@ const (
 	// RequestDataNotBound: the request is bound to another generation
 	// instance: refuse it (FAILED to its sender), remember nothing.
 	RequestDataNotBound
+	// RequestDataShed: a new request while its instance already has as
+	// many sessions waiting for Send as the orphan limit allows: refuse
+	// it (FAILED to its sender), remember nothing.
+	RequestDataShed
 )
 
 // RequestData classifies rd; with RequestDataNotBound, bound is the
@@ -83,6 +119,9 @@ func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, b
 	}
 	if b := t.bound[rd.RequestID]; b != "" && b != rd.From.Instance {
 		return RequestDataNotBound, b
+	}
+	if !t.live[rd.RequestID] && t.limit > 0 && t.orphans[rd.From.Instance] >= t.limit {
+		return RequestDataShed, ""
 	}
 	return RequestDataResolve, ""
 }
@@ -100,6 +139,9 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 	spawn = !t.live[rd.RequestID]
 	t.live[rd.RequestID] = true
 	t.bound[rd.RequestID] = rd.From.Instance
+	if spawn {
+		t.orphans[rd.From.Instance]++ // no Send adopted it yet
+	}
 	return false, spawn
 }
 
@@ -119,6 +161,7 @@ func (t *TxTable) Cancel(m *messages.Cancel) (deliver, notBound bool) {
 // Stopped takes a session that released everything off the table and
 // leaves its tombstone.
 func (t *TxTable) Stopped(request string) {
+	t.unorphan(request)
 	delete(t.live, request)
 	delete(t.adopted, request)
 	delete(t.bound, request)

@@ -114,3 +114,65 @@ func TestTxTable_StoppedAndClose(t *testing.T) {
 		t.Fatalf("RequestData for a live request while closing: %v", v)
 	}
 }
+
+// TestTxTable_OrphanLimit: a generation instance may have at most the
+// limit of sessions its RequestData opened and no Send adopted; past it a
+// new request's RequestData is shed, while frames for live requests,
+// another instance's requests and Send are not; adoption and a stopped
+// orphan give room back.
+func TestTxTable_OrphanLimit(t *testing.T) {
+	tb := NewTxTable(8)
+	tb.SetOrphanLimit(2)
+	open := func(inst, id string) {
+		t.Helper()
+		if v, _ := tb.RequestData(rdFrom(inst, id)); v != RequestDataResolve {
+			t.Fatalf("RequestData %s from %s: verdict %v, want resolve", id, inst, v)
+		}
+		if refuse, spawn := tb.Resolved(rdFrom(inst, id), nil); refuse || !spawn {
+			t.Fatalf("Resolved %s: refuse %v spawn %v", id, refuse, spawn)
+		}
+	}
+	shed := func(inst, id string) {
+		t.Helper()
+		if v, _ := tb.RequestData(rdFrom(inst, id)); v != RequestDataShed {
+			t.Fatalf("RequestData %s from %s: verdict %v, want shed (orphans %d)", id, inst, v, tb.Orphans(inst))
+		}
+	}
+	open("gen", "r1")
+	open("gen", "r2")
+	shed("gen", "r3")
+	if tb.Orphans("gen") != 2 || slices.Contains(tb.Live(), "r3") {
+		t.Fatalf("orphans %d live %v after a shed RequestData", tb.Orphans("gen"), tb.Live())
+	}
+	// A live request's frame, and another instance's new request, pass.
+	if v, _ := tb.RequestData(rdFrom("gen", "r1")); v != RequestDataResolve {
+		t.Fatalf("RequestData for live r1: %v", v)
+	}
+	open("gen2", "q1")
+	// Send for a new request is no orphan.
+	if spawn, err := tb.Open("s1", "gen"); err != nil || !spawn {
+		t.Fatalf("Open s1: %v %v", spawn, err)
+	}
+	shed("gen", "r3")
+	// Send adopts r1: room for one more.
+	if spawn, err := tb.Open("r1", "gen"); err != nil || spawn {
+		t.Fatalf("Open r1: spawn %v err %v", spawn, err)
+	}
+	open("gen", "r3")
+	shed("gen", "r4")
+	// The orphan r2 times out and stops: room again.
+	tb.Stopped("r2")
+	open("gen", "r4")
+	// Stopping adopted sessions changes no count.
+	tb.Stopped("r1")
+	tb.Stopped("s1")
+	if tb.Orphans("gen") != 2 || tb.Orphans("gen2") != 1 {
+		t.Fatalf("orphans gen %d gen2 %d, want 2 and 1", tb.Orphans("gen"), tb.Orphans("gen2"))
+	}
+	tb.Stopped("r3")
+	tb.Stopped("r4")
+	tb.Stopped("q1")
+	if tb.Orphans("gen") != 0 || tb.Orphans("gen2") != 0 {
+		t.Fatalf("orphans gen %d gen2 %d after every session stopped", tb.Orphans("gen"), tb.Orphans("gen2"))
+	}
+}

@@ -600,6 +600,10 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
 			Status: messages.StatusFailed, Error: "request bound to another generation instance"})
 		return
+	case core.RequestDataShed:
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: "orphan limit"})
+		return
 	}
 	hello, err := s.hello(rd.From)
 	var route *actors.Route
