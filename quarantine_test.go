@@ -194,7 +194,15 @@ func TestWriterExitedFreesQuarantineAndIsNotAddressed(t *testing.T) {
 	if q := gen.Pools().Quarantined(); q == 0 {
 		t.Fatal("nothing quarantined on suspicion")
 	}
-	gen.WriterExited(writer, ctxE.Hello().Incarnation, "test: process exited")
+	if n, err := gen.WriterRequests(writer, ctxE.Hello().Incarnation); err != nil || n != 1 {
+		t.Fatalf("WriterRequests with x1 quarantined: %d, %v; want 1", n, err)
+	}
+	if n, err := gen.WriterRequests(writer, ctxE.Hello().Incarnation+1); err != nil || n != 0 {
+		t.Fatalf("WriterRequests of another incarnation: %d, %v; want 0", n, err)
+	}
+	if n, err := gen.WriterExited(writer, ctxE.Hello().Incarnation, "test: process exited"); err != nil || n != 1 {
+		t.Fatalf("WriterExited with x1 quarantined: %d, %v; want 1", n, err)
+	}
 	waitUntil(t, "the quarantine to empty on the exit proof", func() bool { return gen.Pools().Quarantined() == 0 })
 	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "x2", PromptLen: 64, Context: "ctx"})
 	if err != nil {
