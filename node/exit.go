@@ -24,6 +24,12 @@ const exitHow = "process exited (pidfd)"
 // a transport; UCX picks them over tcp within a host). Over tcp a dead
 // writer's bytes may still wait in this side's socket buffers and be
 // applied: no proof. The loopback backend has no other process.
+//
+// For ucx this reads the configuration, not the transports an endpoint
+// uses: UCX 1.13's ucp_ep_query reports only an endpoint's name and
+// socket addresses (UCP_EP_ATTR_FIELD_TRANSPORTS came in a later UCX).
+// On top of it, an exit counts only for a process tied to this node's
+// pool (watch.tied).
 func exitProves(backend string) bool {
 	switch backend {
 	case shm.Backend:

@@ -260,3 +260,29 @@ func TestExitLogLevel(t *testing.T) {
 		}
 	}
 }
+
+// Issue 17, UCX: UCX 1.13 (the version this package is built against)
+// has no ucp_ep_query field for the transports an endpoint uses (its
+// ucp_ep_attr_t holds a name and socket addresses only), so whether a
+// ucx writer's exit may be proof is read from UCX_TLS: shm always; ucx
+// while UCX_TLS leaves it a shared-memory or cma transport (which UCX
+// picks within one host); never over tcp or RDMA alone; never loopback.
+// The pool tie (TestExitIsProofOnlyForAProcessMappingThePool) applies on
+// top. This pins the rule until a UCX with per-endpoint transports lets
+// the node ask the endpoint.
+func TestExitProvesByBackendAndUCXTLS(t *testing.T) {
+	for _, c := range []struct {
+		backend, tls string
+		want         bool
+	}{
+		{"shm", "", true}, {"shm", "tcp", true},
+		{"loopback", "", false},
+		{"ucx", "", true}, {"ucx", "sm", true}, {"ucx", "tcp,cma", true}, {"ucx", "^tcp", true},
+		{"ucx", "tcp", false}, {"ucx", "rc,dc", false}, {"ucx", "^sm", false}, {"ucx", "^tcp,shm", false},
+	} {
+		t.Setenv("UCX_TLS", c.tls)
+		if got := exitProves(c.backend); got != c.want {
+			t.Errorf("backend %s, UCX_TLS=%q: exit proves %v, want %v", c.backend, c.tls, got, c.want)
+		}
+	}
+}
