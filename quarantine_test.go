@@ -279,3 +279,23 @@ func TestCloseLeavesSuspectedBlocksQuarantined(t *testing.T) {
 		t.Fatalf("after Close: %d quarantined, %d used; want the blocks quarantined", q, gen.Pools().Used())
 	}
 }
+
+// After Close, an exit reported late (a pidfd that became readable while
+// the engine stopped) gets an error, not a count: no supervisor is left to
+// apply the proof.
+func TestWriterExitedAfterClose(t *testing.T) {
+	l := smallLayout()
+	c, _ := startPartCluster(t, l, 0)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := gen.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := gen.WriterExited(ctxE.Hello().From, ctxE.Hello().Incarnation, "test: process exited"); err == nil {
+		t.Fatalf("WriterExited after Close: %d requests, no error", n)
+	}
+	if n, err := gen.WriterRequests(ctxE.Hello().From, 0); err == nil {
+		t.Fatalf("WriterRequests after Close: %d requests, no error", n)
+	}
+}

@@ -404,8 +404,13 @@ func (e *Engine) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
 // question (it answers at once unless the engine is closed).
 const answerTimeout = 10 * time.Second
 
-// ask sends m to the rx supervisor and returns its int answer.
+// ask sends m to the rx supervisor and returns its int answer; once Close
+// has drained the sessions and stops the actors, it answers ErrClosed at
+// once instead of waiting on a supervisor that may be gone.
 func (e *Engine) ask(m any) (int, error) {
+	if e.env.closing.Load() {
+		return 0, fmt.Errorf("actors: %T: %w", m, ErrClosed)
+	}
 	r, err := e.sys.Root.RequestFuture(e.rx, m, answerTimeout).Result()
 	if err != nil {
 		return 0, fmt.Errorf("actors: %T: %w", m, err)
