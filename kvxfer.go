@@ -212,9 +212,19 @@ func (e *Engine) PeerAlive(peer messages.PeerID) { e.inner.PeerAlive(peer) }
 
 // WriterExited tells the engine that incarnation inc of writer peer is
 // gone as its backend defines death (docs/membership.md §4): proof that
-// ends the quarantine of the requests addressed to it.
-func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) {
-	e.inner.WriterExited(peer, inc, how)
+// ends the quarantine of the requests addressed to it. It returns how many
+// requests addressed to that incarnation were live or quarantined here (0:
+// the exit touched nothing, as at the end of a normal run), or an error
+// when the engine did not answer (closed).
+func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+	return e.inner.WriterExited(peer, inc, how)
+}
+
+// WriterRequests is how many requests addressed to incarnation inc of
+// writer peer are live or quarantined here (inc 0: any incarnation). It
+// changes nothing.
+func (e *Engine) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
+	return e.inner.WriterRequests(peer, inc)
 }
 
 // Stats are an engine's event counts since Start (monotonic).

@@ -194,7 +194,15 @@ func TestWriterExitedFreesQuarantineAndIsNotAddressed(t *testing.T) {
 	if q := gen.Pools().Quarantined(); q == 0 {
 		t.Fatal("nothing quarantined on suspicion")
 	}
-	gen.WriterExited(writer, ctxE.Hello().Incarnation, "test: process exited")
+	if n, err := gen.WriterRequests(writer, ctxE.Hello().Incarnation); err != nil || n != 1 {
+		t.Fatalf("WriterRequests with x1 quarantined: %d, %v; want 1", n, err)
+	}
+	if n, err := gen.WriterRequests(writer, ctxE.Hello().Incarnation+1); err != nil || n != 0 {
+		t.Fatalf("WriterRequests of another incarnation: %d, %v; want 0", n, err)
+	}
+	if n, err := gen.WriterExited(writer, ctxE.Hello().Incarnation, "test: process exited"); err != nil || n != 1 {
+		t.Fatalf("WriterExited with x1 quarantined: %d, %v; want 1", n, err)
+	}
 	waitUntil(t, "the quarantine to empty on the exit proof", func() bool { return gen.Pools().Quarantined() == 0 })
 	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "x2", PromptLen: 64, Context: "ctx"})
 	if err != nil {
@@ -269,5 +277,25 @@ func TestCloseLeavesSuspectedBlocksQuarantined(t *testing.T) {
 	}
 	if q := gen.Pools().Quarantined(); q == 0 || gen.Pools().Used() != 0 {
 		t.Fatalf("after Close: %d quarantined, %d used; want the blocks quarantined", q, gen.Pools().Used())
+	}
+}
+
+// After Close, an exit reported late (a pidfd that became readable while
+// the engine stopped) gets an error, not a count: no supervisor is left to
+// apply the proof.
+func TestWriterExitedAfterClose(t *testing.T) {
+	l := smallLayout()
+	c, _ := startPartCluster(t, l, 0)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := gen.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := gen.WriterExited(ctxE.Hello().From, ctxE.Hello().Incarnation, "test: process exited"); err == nil {
+		t.Fatalf("WriterExited after Close: %d requests, no error", n)
+	}
+	if n, err := gen.WriterRequests(ctxE.Hello().From, 0); err == nil {
+		t.Fatalf("WriterRequests after Close: %d requests, no error", n)
 	}
 }

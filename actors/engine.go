@@ -401,9 +401,41 @@ func (e *Engine) PeerAlive(peer messages.PeerID) {
 // to that incarnation fail and their destination blocks leave quarantine;
 // inc 0: a peer without incarnations, every request of it. how says what
 // proved it (for the error text). Missed heartbeats are not such a proof:
-// they go to PeerDown.
-func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) {
-	e.sys.Root.Send(e.rx, &writerExited{peer: peer, inc: inc, how: how})
+// they go to PeerDown. It returns how many requests the proof concerned:
+// those addressed to that incarnation that were live, draining or
+// quarantined here (0: none was; the peer's exit touched nothing), or an
+// error when the engine did not answer within answerTimeout (closed).
+func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+	return e.ask(&writerExited{peer: peer, inc: inc, how: how})
+}
+
+// WriterRequests is how many requests addressed to incarnation inc of
+// writer peer are not finished here (live, draining or quarantined);
+// inc 0: any incarnation. It changes nothing.
+func (e *Engine) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
+	return e.ask(&writerRequests{peer: peer, inc: inc})
+}
+
+// answerTimeout bounds the wait for the rx supervisor's answer to a
+// question (it answers at once unless the engine is closed).
+const answerTimeout = 10 * time.Second
+
+// ask sends m to the rx supervisor and returns its int answer; once Close
+// has drained the sessions and stops the actors, it answers ErrClosed at
+// once instead of waiting on a supervisor that may be gone.
+func (e *Engine) ask(m any) (int, error) {
+	if e.env.closing.Load() {
+		return 0, fmt.Errorf("actors: %T: %w", m, ErrClosed)
+	}
+	r, err := e.sys.Root.RequestFuture(e.rx, m, answerTimeout).Result()
+	if err != nil {
+		return 0, fmt.Errorf("actors: %T: %w", m, err)
+	}
+	n, ok := r.(int)
+	if !ok {
+		return 0, fmt.Errorf("actors: %T: answered %T", m, r)
+	}
+	return n, nil
 }
 
 // ErrUndrained is returned by Close when sessions could not drain in time.

@@ -44,10 +44,18 @@ type (
 	peerAlive struct{ peer messages.PeerID }
 	leaseTick struct{}
 	// writerExited: proof that a writer process can write no more.
+	// Answered (ctx.Respond) with how many requests it concerned.
 	writerExited struct {
 		peer messages.PeerID
 		inc  uint64
 		how  string
+	}
+	// writerRequests asks how many requests are addressed to incarnation
+	// inc of writer peer and not finished here (live, or failed and
+	// draining or quarantined); answered with an int.
+	writerRequests struct {
+		peer messages.PeerID
+		inc  uint64
 	}
 	// workerDead: a sender worker was stopped for good.
 	workerDead struct{ worker int }
@@ -414,14 +422,27 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
 		}
 	case *writerExited:
-		for _, r := range p.table.Exited(m.peer, m.inc) {
+		refs := p.table.Exited(m.peer, m.inc)
+		for _, r := range refs {
 			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how)})
 		}
+		ctx.Respond(requestsOf(refs))
+	case *writerRequests:
+		ctx.Respond(requestsOf(p.table.Addressed(m.peer, m.inc)))
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxWorkerDead{Worker: m.worker})
 		}
 	}
+}
+
+// requestsOf counts the distinct requests of refs.
+func requestsOf(refs []core.RxWriterRef) int {
+	seen := make(map[string]bool, len(refs))
+	for _, r := range refs {
+		seen[r.Request] = true
+	}
+	return len(seen)
 }
 
 // finishQueued ends a request that has no session (yet): its handle gets

@@ -20,8 +20,12 @@
 //   - Proof of death (issue 17): a peer of this host and pid namespace
 //     whose Hello names its process (pid and start time, checked) is
 //     watched through a pidfd, on the shm backend and on ucx over shared
-//     memory; when it exits, Engine.WriterExited frees its requests'
-//     quarantined pages and Config.OnPeerDown is called (docs/membership.md).
+//     memory. Its exit is proof only if that process was seen, alive,
+//     mapping this node's pool (checked at the Hello and before each of
+//     the peer's successful Results is delivered) and no other peer names
+//     it; then Engine.WriterExited frees its requests' quarantined pages
+//     and Config.OnPeerDown is called (docs/membership.md). An exit that
+//     touched no request here is logged at info, one that did at warn.
 //   - Stale pool files of killed processes of this instance are swept at
 //     Open (SweepStale).
 //   - Identity: a peer given as (instance, parallel, rank) is rank

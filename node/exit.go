@@ -1,10 +1,14 @@
 package node
 
 import (
+	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -20,6 +24,12 @@ const exitHow = "process exited (pidfd)"
 // a transport; UCX picks them over tcp within a host). Over tcp a dead
 // writer's bytes may still wait in this side's socket buffers and be
 // applied: no proof. The loopback backend has no other process.
+//
+// For ucx this reads the configuration, not the transports an endpoint
+// uses: UCX 1.13's ucp_ep_query reports only an endpoint's name and
+// socket addresses (UCP_EP_ATTR_FIELD_TRANSPORTS came in a later UCX).
+// On top of it, an exit counts only for a process tied to this node's
+// pool (watch.tied).
 func exitProves(backend string) bool {
 	switch backend {
 	case shm.Backend:
@@ -55,54 +65,225 @@ func ucxSharedMemory(tls string) bool {
 	return false
 }
 
+// exitSink is where a proven exit goes: the node's engine.
+type exitSink interface {
+	WriterExited(peer messages.PeerID, inc uint64, how string) (int, error)
+	WriterRequests(peer messages.PeerID, inc uint64) (int, error)
+}
+
+// engineSink returns the engine engp holds, or nil before it starts.
+func engineSink(engp *atomic.Pointer[kvxfer.Engine]) func() exitSink {
+	return func() exitSink {
+		if e := engp.Load(); e != nil {
+			return e
+		}
+		return nil
+	}
+}
+
+// maxTieMisses is how many successful Results of a peer may arrive while
+// the process its Hello names does not map this node's pool before the
+// node stops checking (and that process's exit stays no proof).
+const maxTieMisses = 4
+
+// watch is one watched incarnation of a peer.
+type watch struct {
+	peer messages.PeerID
+	inc  uint64
+	pid  uint32
+	proc messages.ProcessID
+	// tied: the process was seen, alive, mapping this node's pool shared
+	// and writable; disputed: another peer's Hello names the same
+	// process. Its exit is proof for the peer's writes only when tied and
+	// not disputed.
+	tied     atomic.Bool
+	disputed atomic.Bool
+	// Under Node.tieMu: the pidfd's Proc (nil until Watch returned), how
+	// many checks after a Result found no mapping, and whether the node
+	// stopped checking (tied or given up).
+	pidfd  *pidwatch.Proc
+	misses int
+	done   bool
+}
+
 // watchExit runs on the link's listener goroutine for each new Hello: if
 // the peer serves this node's backend, names a process of this host and
 // pid namespace whose start time matches, and this incarnation is not
 // watched yet, the node opens a pidfd for it; when it becomes readable
-// the engine gets the proof (Engine.WriterExited) for that incarnation.
-// A new incarnation is never a proof by itself: its predecessor's pages
-// leave quarantine only by that predecessor's own proof.
-func (n *Node) watchExit(h *messages.Hello, eng func() *kvxfer.Engine) {
+// the engine gets the proof (Engine.WriterExited) for that incarnation —
+// provided the process was seen, while alive, mapping this node's pool
+// (tie; checked here and after each successful Result of the peer). A
+// peer's word names a process, the mapping proves it is one that can
+// write into the pool. A new incarnation is never a proof by itself: its
+// predecessor's pages leave quarantine only by that predecessor's own
+// proof.
+func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 	if n.pids == nil || h.Incarnation == 0 || h.Backend != n.backend {
 		return
 	}
 	peer, inc := h.From, h.Incarnation
+	w := &watch{peer: peer, inc: inc, pid: h.Process.Pid, proc: h.Process}
 	n.mu.Lock()
-	if inc <= n.watched[peer] {
+	old := n.watched[peer]
+	if old != nil && inc <= old.inc {
 		n.mu.Unlock()
 		return
 	}
-	n.watched[peer] = inc
+	n.watched[peer] = w
+	for p, o := range n.watched {
+		// Two peers naming one process: at most one says the truth, and
+		// the mapping cannot tell which; neither exit is proof.
+		if p != peer && !h.Process.IsZero() && o.proc == h.Process {
+			w.disputed.Store(true)
+			o.disputed.Store(true)
+			n.log.Warn().Str("peer", peer.String()).Str("other", p.String()).Uint32("pid", h.Process.Pid).
+				Msgf("peers %s and %s both name process %d as theirs: its exit will not count as proof for either", peer, p, h.Process.Pid)
+		}
+	}
 	n.mu.Unlock()
+	n.tieMu.Lock()
+	if old != nil && !old.done {
+		old.done = true
+		n.untied.Add(-1)
+	}
+	n.untied.Add(1)
+	n.tieMu.Unlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Logger()
-	if err := n.pids.Watch(h.Process, func() { n.writerExited(peer, inc, eng) }); err != nil {
+	pidfd, err := n.pids.Watch(h.Process, func() { n.writerExited(w, eng) })
+	n.tieMu.Lock()
+	w.pidfd = pidfd
+	if err != nil && !w.done {
+		w.done = true
+		n.untied.Add(-1)
+	}
+	n.tieMu.Unlock()
+	if err != nil {
 		lg.Info().Err(err).Msgf("no proof of death from %s's process: pages it may still write wait for its Result or CancelAck", peer)
 		return
 	}
 	lg.Debug().Uint32("pid", h.Process.Pid).Msg("watching the peer's process (pidfd)")
+	n.tie(w, false)
 }
 
-// writerExited reports incarnation inc of peer exited: the engine ends
-// the quarantine of the requests addressed to it, and, unless a newer
-// incarnation said Hello meanwhile, the application hears the peer is
-// down.
-func (n *Node) writerExited(peer messages.PeerID, inc uint64, eng func() *kvxfer.Engine) {
+// onFrame runs on the link's listener goroutine before a frame is
+// delivered: a successful Result with bytes says its writer has written
+// into this node's pool, so the process its Hello names, if it is the
+// writer, maps the pool now (shm endpoints and UCX rkeys keep their
+// mappings until they close). Checked before the Result reaches the
+// engine, so that an application that sees the request READY and then
+// kills the writer finds it tied. Free once every watch is tied.
+func (n *Node) onFrame(f messages.Frame) {
+	r, ok := f.(*messages.Result)
+	if !ok || r.Status != messages.StatusSuccess || r.Bytes == 0 || n.untied.Load() == 0 {
+		return
+	}
+	n.mu.Lock()
+	w := n.watched[r.From]
+	n.mu.Unlock()
+	if w != nil {
+		n.tie(w, true)
+	}
+}
+
+// tie checks whether w's process maps this node's pool; wrote says the
+// peer has written into it (a miss then counts toward maxTieMisses).
+func (n *Node) tie(w *watch, wrote bool) {
+	n.tieMu.Lock()
+	defer n.tieMu.Unlock()
+	if w.done || w.pidfd == nil {
+		return
+	}
+	lg := n.log.With().Str("peer", w.peer.String()).Uint64("incarnation", w.inc).Uint32("pid", w.pid).Logger()
+	ok, err := w.pidfd.MapsShared(n.poolFile)
+	switch {
+	case ok:
+		w.tied.Store(true)
+		lg.Debug().Msgf("the peer's process maps this node's pool (%s): its exit will be proof", n.poolFile)
+	case errors.Is(err, pidwatch.ErrExited):
+		return // its exit decides
+	case err != nil:
+		lg.Warn().Err(err).Msgf("cannot tell whether %s's process %d maps this node's pool: its exit will not count as proof", w.peer, w.pid)
+	case !wrote:
+		return
+	default:
+		if w.misses++; w.misses < maxTieMisses {
+			return
+		}
+		lg.Warn().Msgf("peer %s wrote into this node's pool, but the process %d its Hello names does not map it (%s): that process's exit will not count as proof that the peer's writes are over", w.peer, w.pid, n.poolFile)
+	}
+	w.done = true
+	n.untied.Add(-1)
+}
+
+// writerExited reports that the process of w exited. If it was tied to
+// this node's pool, the engine ends the quarantine of the requests
+// addressed to that incarnation, and, unless a newer incarnation said
+// Hello meanwhile, the application hears the peer is down. If not, the
+// exit proves nothing about the peer's writes: its pages stay
+// quarantined until another proof, and liveness is left to heartbeats.
+// Logged at warn only when requests of the peer were live or quarantined.
+func (n *Node) writerExited(w *watch, eng func() exitSink) {
+	peer, inc := w.peer, w.inc
 	n.exitMu.RLock()
 	e := eng()
 	if e == nil || n.engDone {
 		n.exitMu.RUnlock()
 		return
 	}
-	e.WriterExited(peer, inc, exitHow)
+	tied := w.tied.Load() && !w.disputed.Load()
+	var reqs int
+	var err error
+	if tied {
+		reqs, err = e.WriterExited(peer, inc, exitHow)
+	} else {
+		reqs, err = e.WriterRequests(peer, inc)
+	}
 	n.exitMu.RUnlock()
-	n.log.Warn().Str("peer", peer.String()).Uint64("incarnation", inc).
-		Msgf("peer %s exited (pidfd): its requests fail and their pages leave quarantine", peer)
-	if h, err := n.link.Hello(peer); err == nil && h.Incarnation > inc {
+	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Uint32("pid", w.pid).Int("requests", reqs).Logger()
+	switch {
+	case err != nil:
+		lg.Warn().Err(err).Msgf("peer %s's process %d exited; the engine did not answer", peer, w.pid)
+	case !tied && reqs == 0:
+		lg.Info().Msgf("peer %s's process %d exited; no request of it is live here", peer, w.pid)
+	case !tied:
+		lg.Warn().Msgf("peer %s's process %d exited, but it was never seen mapping this node's pool, or another peer names it too: no proof that %s's writes are over; its %d requests here keep their pages quarantined until another proof",
+			peer, w.pid, peer, reqs)
+	case reqs == 0:
+		lg.Info().Msgf("peer %s exited (pidfd); no request of it was live here", peer)
+	default:
+		lg.Warn().Msgf("peer %s exited (pidfd): its %d requests here fail and their pages leave quarantine", peer, reqs)
+	}
+	if !tied {
 		return
+	}
+	if n.link != nil {
+		if h, err := n.link.Hello(peer); err == nil && h.Incarnation > inc {
+			return
+		}
 	}
 	if n.cfg.OnPeerDown != nil {
 		n.cfg.OnPeerDown(peer.Instance, int(peer.Rank))
 	}
+}
+
+// watchPools starts the pidfd watches if a writer's process can be tied
+// to this node's pool: the pool must be a shared mapping of a file (the
+// shm backend's region file; UCX's System V or POSIX segment), which a
+// writer's process maps to write into it. Pool memory no other process
+// maps (a send-only node's private memory; UCX memory reached only
+// through cma) ties no process, and no exit is taken as proof.
+func (n *Node) watchPools(region *kvcache.Region) {
+	if region == nil {
+		n.log.Debug().Msg("no pool peers write into: no peer's exit is watched")
+		return
+	}
+	f, err := pidwatch.BackingFile(region.Base)
+	if err != nil {
+		n.log.Info().Err(err).Msg("this node's pool is not a shared mapping of a file: no peer process can be tied to it, so no peer's exit will count as proof that its writes are over")
+		return
+	}
+	n.poolFile = f
+	n.pids = pidwatch.New()
 }
 
 // closePids stops the pidfd watches.

@@ -1,13 +1,22 @@
 package node
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
+	"github.com/kvxfer/kvxfer/internal/pidwatch/pidwatchtest"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
 func TestUCXSharedMemory(t *testing.T) {
@@ -30,9 +39,9 @@ func TestWatchExitTrustsOnlyThisHostsProcess(t *testing.T) {
 	if err != nil {
 		t.Skipf("no /proc: %v", err)
 	}
-	n := &Node{backend: "shm", pids: pidwatch.New(), watched: map[messages.PeerID]uint64{}, log: zerolog.Nop()}
+	n := &Node{backend: "shm", pids: pidwatch.New(), watched: map[messages.PeerID]*watch{}, log: zerolog.Nop()}
 	defer n.closePids()
-	noEngine := func() *kvxfer.Engine { return nil }
+	noEngine := func() exitSink { return nil }
 	inc := uint64(0)
 	hello := func(p messages.ProcessID, backend string) *messages.Hello {
 		inc++
@@ -59,5 +68,221 @@ func TestWatchExitTrustsOnlyThisHostsProcess(t *testing.T) {
 	n.watchExit(h, noEngine) // the same incarnation again
 	if w := n.pids.Watching(); w != 1 {
 		t.Fatalf("this host's process: %d pidfds open, want 1", w)
+	}
+}
+
+// sink is an exitSink that records what the node told it.
+type sink struct {
+	mu       sync.Mutex
+	exited   []messages.PeerID // WriterExited calls
+	asked    []messages.PeerID // WriterRequests calls
+	requests int               // what both answer
+}
+
+func (s *sink) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exited = append(s.exited, peer)
+	return s.requests, nil
+}
+
+func (s *sink) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked = append(s.asked, peer)
+	return s.requests, nil
+}
+
+// calls is how many exits the node reported, proven or not.
+func (s *sink) calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.exited) + len(s.asked)
+}
+
+// Issue 17: a process's exit is proof for a peer's writes only when that
+// process was seen mapping this node's pool. A Hello that names a
+// process of this host that does not map the pool (a lie, or a mistake)
+// gets a pidfd, but when that process exits the engine hears no
+// WriterExited: the peer's pages stay quarantined. A Hello that names the
+// process that maps the pool gets WriterExited when it exits.
+func TestExitIsProofOnlyForAProcessMappingThePool(t *testing.T) {
+	n, path := newShmNode(t)
+	s := &sink{}
+	eng := func() exitSink { return s }
+	mapper, mp := pidwatchtest.Mapper(t, path)
+	liar, lp := pidwatchtest.Idle(t)
+	honest := messages.PeerID{Instance: "ctx", Rank: 0}
+	lying := messages.PeerID{Instance: "ctx", Rank: 1}
+	n.watchExit(&messages.Hello{From: honest, Backend: "shm", Incarnation: 1, Process: mp}, eng)
+	n.watchExit(&messages.Hello{From: lying, Backend: "shm", Incarnation: 1, Process: lp}, eng)
+	if w := n.pids.Watching(); w != 2 {
+		t.Fatalf("%d pidfds open, want 2", w)
+	}
+	// Each peer says it wrote (a Result of SUCCESS with bytes), as often
+	// as the node checks.
+	for i := 0; i < maxTieMisses; i++ {
+		for _, p := range []messages.PeerID{honest, lying} {
+			n.onFrame(&messages.Result{RequestID: fmt.Sprint("r", i), From: p, Status: messages.StatusSuccess, Bytes: 4096})
+		}
+	}
+	if !n.watched[honest].tied.Load() || n.watched[lying].tied.Load() {
+		t.Fatalf("tied: the mapping process %v, the other %v; want true, false", n.watched[honest].tied.Load(), n.watched[lying].tied.Load())
+	}
+	if u := n.untied.Load(); u != 0 {
+		t.Fatalf("%d watches still checked after %d Results", u, maxTieMisses)
+	}
+	for _, c := range []interface{ Kill() error }{liar.Process, mapper.Process} {
+		if err := c.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitCalls(t, s, 2)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exited) != 1 || s.exited[0] != honest {
+		t.Fatalf("WriterExited for %v, want only %v (the process that maps the pool)", s.exited, honest)
+	}
+	if len(s.asked) != 1 || s.asked[0] != lying {
+		t.Fatalf("requests asked for %v, want %v (the exit that proves nothing)", s.asked, lying)
+	}
+}
+
+// newShmNode returns a node whose pool is a shm region file (its path
+// second) with its pidfd watches on.
+func newShmNode(t *testing.T) (*Node, string) {
+	t.Helper()
+	if _, err := pidwatch.Self(); err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	name := fmt.Sprintf("kvxfer-exit-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	region, closer, err := shm.NewRegion(name, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	n := &Node{backend: "shm", watched: map[messages.PeerID]*watch{}, log: zerolog.Nop()}
+	n.watchPools(region)
+	if n.pids == nil {
+		t.Fatal("no pidfd watches over a shm region file")
+	}
+	t.Cleanup(n.closePids)
+	return n, filepath.Join(shm.Dir(), name)
+}
+
+// awaitCalls polls until s heard of want exits.
+func awaitCalls(t *testing.T, s *sink, want int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for s.calls() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d exits reported within a minute", s.calls(), want)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
+
+// Two peers whose Hellos name the same process (one of them lies, or
+// both): the process maps the pool, but which peer it is cannot be told,
+// so its exit is proof for neither.
+func TestExitOfAProcessTwoPeersNameIsNoProof(t *testing.T) {
+	n, path := newShmNode(t)
+	s := &sink{}
+	eng := func() exitSink { return s }
+	mapper, mp := pidwatchtest.Mapper(t, path)
+	a, b := messages.PeerID{Instance: "ctx", Rank: 0}, messages.PeerID{Instance: "ctx", Rank: 1}
+	for _, p := range []messages.PeerID{a, b} {
+		n.watchExit(&messages.Hello{From: p, Backend: "shm", Incarnation: 1, Process: mp}, eng)
+		n.onFrame(&messages.Result{RequestID: "r", From: p, Status: messages.StatusSuccess, Bytes: 4096})
+	}
+	if !n.watched[a].tied.Load() || !n.watched[b].disputed.Load() || !n.watched[a].disputed.Load() {
+		t.Fatalf("a tied %v, disputed %v/%v; want tied and both disputed", n.watched[a].tied.Load(), n.watched[a].disputed.Load(), n.watched[b].disputed.Load())
+	}
+	if err := mapper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	awaitCalls(t, s, 2)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exited) != 0 {
+		t.Fatalf("WriterExited for %v; want none (a process two peers name)", s.exited)
+	}
+}
+
+// logLines runs fn with the node logging JSON into a buffer and returns
+// the lines' level and message.
+func logLines(t *testing.T, n *Node, fn func()) []map[string]any {
+	t.Helper()
+	var buf bytes.Buffer
+	n.log = zerolog.New(&buf)
+	fn()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// A peer that exits at the end of a normal run, with no request live or
+// quarantined here, is logged at info; one whose exit fails requests (or,
+// not tied to the pool, leaves them quarantined) at warn, with how many.
+func TestExitLogLevel(t *testing.T) {
+	peer := messages.PeerID{Instance: "ctx", Rank: 0}
+	for _, c := range []struct {
+		tied     bool
+		requests int
+		level    string
+		says     string
+	}{
+		{true, 0, "info", "no request of it was live"},
+		{true, 3, "warn", "its 3 requests here fail"},
+		{false, 0, "info", "no request of it is live"},
+		{false, 2, "warn", "its 2 requests here keep their pages quarantined"},
+	} {
+		n := &Node{log: zerolog.Nop()}
+		w := &watch{peer: peer, inc: 1, pid: 42}
+		w.tied.Store(c.tied)
+		s := &sink{requests: c.requests}
+		lines := logLines(t, n, func() { n.writerExited(w, func() exitSink { return s }) })
+		if len(lines) != 1 {
+			t.Fatalf("tied %v, %d requests: %d log lines %v, want 1", c.tied, c.requests, len(lines), lines)
+		}
+		msg, _ := lines[0]["message"].(string)
+		if lines[0]["level"] != c.level || !strings.Contains(msg, c.says) || lines[0]["requests"] != float64(c.requests) {
+			t.Errorf("tied %v, %d requests: logged %v, want level %s saying %q", c.tied, c.requests, lines[0], c.level, c.says)
+		}
+	}
+}
+
+// Issue 17, UCX: UCX 1.13 (the version this package is built against)
+// has no ucp_ep_query field for the transports an endpoint uses (its
+// ucp_ep_attr_t holds a name and socket addresses only), so whether a
+// ucx writer's exit may be proof is read from UCX_TLS: shm always; ucx
+// while UCX_TLS leaves it a shared-memory or cma transport (which UCX
+// picks within one host); never over tcp or RDMA alone; never loopback.
+// The pool tie (TestExitIsProofOnlyForAProcessMappingThePool) applies on
+// top. This pins the rule until a UCX with per-endpoint transports lets
+// the node ask the endpoint.
+func TestExitProvesByBackendAndUCXTLS(t *testing.T) {
+	for _, c := range []struct {
+		backend, tls string
+		want         bool
+	}{
+		{"shm", "", true}, {"shm", "tcp", true},
+		{"loopback", "", false},
+		{"ucx", "", true}, {"ucx", "sm", true}, {"ucx", "tcp,cma", true}, {"ucx", "^tcp", true},
+		{"ucx", "tcp", false}, {"ucx", "rc,dc", false}, {"ucx", "^sm", false}, {"ucx", "^tcp,shm", false},
+	} {
+		t.Setenv("UCX_TLS", c.tls)
+		if got := exitProves(c.backend); got != c.want {
+			t.Errorf("backend %s, UCX_TLS=%q: exit proves %v, want %v", c.backend, c.tls, got, c.want)
+		}
 	}
 }

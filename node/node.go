@@ -74,10 +74,17 @@ type Node struct {
 	// (nil where the backend does not make an exit a proof); watched is
 	// the incarnation last watched per peer, under mu; exitMu keeps an
 	// exit's report from racing the engine's Close.
-	pids    *pidwatch.Watcher
-	watched map[messages.PeerID]uint64
-	exitMu  sync.RWMutex
-	engDone bool
+	// poolFile is the file backing this node's pool, which a writer's
+	// process must map for its exit to be proof (exit.go: tie); tieMu
+	// guards the watches' tie state, untied counts the watches whose tie
+	// is still checked.
+	pids     *pidwatch.Watcher
+	watched  map[messages.PeerID]*watch
+	poolFile pidwatch.File
+	tieMu    sync.Mutex
+	untied   atomic.Int32
+	exitMu   sync.RWMutex
+	engDone  bool
 }
 
 // Open starts a node: it sweeps pool files left by killed processes of
@@ -93,7 +100,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
 		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{},
-		watched: map[messages.PeerID]uint64{}}
+		watched: map[messages.PeerID]*watch{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -158,9 +165,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			}
 		}
 		if exitProves(n.backend) {
-			n.pids = pidwatch.New()
+			n.watchPools(region)
 		}
-		zc.OnHello = func(h *messages.Hello) { n.watchExit(h, engp.Load) }
+		sink := engineSink(&engp)
+		zc.OnHello = func(h *messages.Hello) { n.watchExit(h, sink) }
+		zc.OnFrame = n.onFrame
 		zc.OnPeerAlive = func(p messages.PeerID) {
 			if e := engp.Load(); e != nil {
 				e.PeerAlive(p)

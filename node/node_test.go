@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/pidwatch/pidwatchtest"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -23,6 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	pidwatchtest.MaybeChild() // a process the pidfd tests watch
 	if cfg := os.Getenv(exampleChildEnv); cfg != "" {
 		os.Exit(runExampleContext(cfg)) // the example's context process
 	}

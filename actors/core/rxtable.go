@@ -263,6 +263,13 @@ func (t *RxTable) Exited(peer messages.PeerID, inc uint64) []RxWriterRef {
 	if inc > t.gone[peer] {
 		t.gone[peer] = inc
 	}
+	return t.Addressed(peer, inc)
+}
+
+// Addressed returns the writers incarnation inc of peer is, by request not
+// stopped yet (live, or failed and still draining or quarantined); inc 0:
+// every incarnation. It changes nothing.
+func (t *RxTable) Addressed(peer messages.PeerID, inc uint64) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		e := t.entries[id]

@@ -68,6 +68,10 @@ type Config struct {
 	// HeartbeatInterval per peer (the writer lease's renewal:
 	// Engine.PeerAlive); it must not block. Optional.
 	OnPeerAlive func(messages.PeerID)
+	// OnFrame is called, on the listener goroutine, with each frame other
+	// than Hello and Heartbeat of a peer that said Hello, after its checks
+	// and before it is delivered; it must not block. Optional.
+	OnFrame func(messages.Frame)
 	// MaxFrameBytes bounds one incoming frame (default and maximum
 	// messages.MaxFrameBytes).
 	MaxFrameBytes int

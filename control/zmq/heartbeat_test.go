@@ -243,3 +243,46 @@ func TestOnHelloAndRateLimitedOnPeerAlive(t *testing.T) {
 		t.Errorf("OnPeerAlive calls after the next interval's frame: %d, want 2", len(alive))
 	}
 }
+
+// OnFrame sees each of a peer's frames once, before it is delivered, and
+// not its Hello or heartbeats (node checks a writer's mappings on it
+// before the engine hears the writer's Result).
+func TestOnFrameBeforeDelivery(t *testing.T) {
+	in := &inbox{}
+	var mu sync.Mutex
+	var seen []messages.Frame
+	var deliveredBefore []int
+	id := pid("gen", 0)
+	la := listenWith(t, id, Config{Insecure: true, HeartbeatInterval: 10 * time.Millisecond, HeartbeatMisses: 1000,
+		OnFrame: func(f messages.Frame) {
+			mu.Lock()
+			seen = append(seen, f)
+			deliveredBefore = append(deliveredBefore, in.len())
+			mu.Unlock()
+		}}, in.deliver)
+	a := &node{id: id, link: la, in: in}
+	b := listen(t, pid("ctx", 0), Config{Insecure: true, HeartbeatInterval: 10 * time.Millisecond, HeartbeatMisses: 1000})
+	introduce(t, b, a)
+	c, err := b.link.Dial(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 20
+	for i := 0; i < n; i++ {
+		if err := c.Send(terminalOf(b.id, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, patience, "the frames", func() bool { return a.in.len() == n })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != n {
+		t.Fatalf("OnFrame saw %d frames, want the %d sent (no Hello, no heartbeat)", len(seen), n)
+	}
+	for i, f := range seen {
+		if f.Request() != in.snapshot()[i].Request() || deliveredBefore[i] != i {
+			t.Errorf("frame %d (%s): OnFrame with %d frames delivered, want %d", i, f.Request(), deliveredBefore[i], i)
+		}
+	}
+}

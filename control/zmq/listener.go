@@ -192,6 +192,9 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.recv.%T", f), f.Request())
 	}
+	if fn := s.l.cfg.OnFrame; fn != nil {
+		fn(f)
+	}
 	s.deliver(f)
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())

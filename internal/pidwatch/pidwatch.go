@@ -132,7 +132,8 @@ func (w *Watcher) Check(p messages.ProcessID) error {
 }
 
 // Watch opens a pidfd for p and calls exited, once, on its own goroutine,
-// when p has exited. It returns an error, and never calls exited, when p
+// when p has exited; the Proc it returns checks p's mappings while p lives
+// (Proc.MapsShared). It returns an error, and never calls exited, when p
 // is not a process of this host and pid namespace (ErrUntold,
 // ErrOtherHost), when the pid is not p's (ErrNotThatProcess: gone
 // already, or reused), or when no pidfd can be had. Close stops every
@@ -143,24 +144,24 @@ func (w *Watcher) Check(p messages.ProcessID) error {
 // the pid was reused, between the open and the read, by a process that
 // started in the same clock tick as the Hello's sender — which had to
 // start, send its Hello, exit and give up its pid within that tick.
-func (w *Watcher) Watch(p messages.ProcessID, exited func()) error {
+func (w *Watcher) Watch(p messages.ProcessID, exited func()) (*Proc, error) {
 	if err := w.Check(p); err != nil {
-		return err
+		return nil, err
 	}
 	fd, err := unix.PidfdOpen(int(p.Pid), unix.PIDFD_NONBLOCK)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("%w: pid %d: no such process", ErrNotThatProcess, p.Pid)
+			return nil, fmt.Errorf("%w: pid %d: no such process", ErrNotThatProcess, p.Pid)
 		}
-		return fmt.Errorf("pidwatch: pidfd of %d: %w", p.Pid, err)
+		return nil, fmt.Errorf("pidwatch: pidfd of %d: %w", p.Pid, err)
 	}
 	st, err := StartTime(int(p.Pid))
 	if err != nil || st != p.StartTime {
 		_ = unix.Close(fd)
 		if err != nil {
-			return fmt.Errorf("%w: pid %d: %w", ErrNotThatProcess, p.Pid, err)
+			return nil, fmt.Errorf("%w: pid %d: %w", ErrNotThatProcess, p.Pid, err)
 		}
-		return fmt.Errorf("%w: pid %d started at tick %d, the peer's process at %d", ErrNotThatProcess, p.Pid, st, p.StartTime)
+		return nil, fmt.Errorf("%w: pid %d started at tick %d, the peer's process at %d", ErrNotThatProcess, p.Pid, st, p.StartTime)
 	}
 	// A non-blocking pidfd goes to Go's netpoller: the goroutine below
 	// parks until the pidfd is readable or the file is closed.
@@ -168,13 +169,13 @@ func (w *Watcher) Watch(p messages.ProcessID, exited func()) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		_ = f.Close()
-		return fmt.Errorf("pidwatch: pidfd of %d: %w", p.Pid, err)
+		return nil, fmt.Errorf("pidwatch: pidfd of %d: %w", p.Pid, err)
 	}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		_ = f.Close()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	w.files[f] = true
 	w.wg.Add(1)
@@ -199,7 +200,7 @@ func (w *Watcher) Watch(p messages.ProcessID, exited func()) error {
 			exited()
 		}
 	}()
-	return nil
+	return &Proc{pid: p.Pid, rc: rc}, nil
 }
 
 // Watching is how many processes are watched now.

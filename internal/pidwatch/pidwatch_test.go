@@ -62,10 +62,10 @@ func TestWatchExitNotStop(t *testing.T) {
 	stopped, sp := child(t)
 	killed, kp := child(t)
 	sExit, kExit := make(chan struct{}), make(chan struct{})
-	if err := w.Watch(sp, func() { close(sExit) }); err != nil {
+	if _, err := w.Watch(sp, func() { close(sExit) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Watch(kp, func() { close(kExit) }); err != nil {
+	if _, err := w.Watch(kp, func() { close(kExit) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := stopped.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -100,7 +100,7 @@ func TestWatchStartTimeMismatch(t *testing.T) {
 	defer w.Close()
 	_, p := child(t)
 	p.StartTime++
-	err := w.Watch(p, func() { t.Error("exit reported for a process that was not watched") })
+	_, err := w.Watch(p, func() { t.Error("exit reported for a process that was not watched") })
 	if !errors.Is(err, ErrNotThatProcess) {
 		t.Fatalf("Watch of a pid with another start time: %v, want ErrNotThatProcess", err)
 	}
@@ -119,11 +119,11 @@ func TestWatchOtherHost(t *testing.T) {
 		strings.SplitN(p.Host, "/", 2)[0] + "/pid:[1]"} {
 		q := p
 		q.Host = host
-		if err := w.Watch(q, func() { t.Error("exit reported for another host") }); !errors.Is(err, ErrOtherHost) {
+		if _, err := w.Watch(q, func() { t.Error("exit reported for another host") }); !errors.Is(err, ErrOtherHost) {
 			t.Fatalf("Watch of host %s: %v, want ErrOtherHost", host, err)
 		}
 	}
-	if err := w.Watch(messages.ProcessID{}, func() {}); !errors.Is(err, ErrUntold) {
+	if _, err := w.Watch(messages.ProcessID{}, func() {}); !errors.Is(err, ErrUntold) {
 		t.Fatalf("Watch of no process: %v, want ErrUntold", err)
 	}
 	if len(w.files) != 0 {
@@ -135,11 +135,11 @@ func TestWatchOtherHost(t *testing.T) {
 func TestWatchClose(t *testing.T) {
 	w := New()
 	_, p := child(t)
-	if err := w.Watch(p, func() { t.Error("exit reported after Close") }); err != nil {
+	if _, err := w.Watch(p, func() { t.Error("exit reported after Close") }); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
-	if err := w.Watch(p, func() {}); !errors.Is(err, ErrClosed) {
+	if _, err := w.Watch(p, func() {}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Watch after Close: %v", err)
 	}
 }
