@@ -70,6 +70,17 @@ func (u *rawUCP) memMap(base uintptr, n uint64) (rawMemh, error) {
 	return m, nil
 }
 
+// memAlloc allocates n bytes where UCX's transports reach them best
+// (UCP_MEM_MAP_ALLOCATE), as Agent.Alloc does; memUnmap frees them.
+func (u *rawUCP) memAlloc(n uint64) (rawMemh, []byte, error) {
+	var m rawMemh
+	var p unsafe.Pointer
+	if st := C.kvx_mem_alloc(u.c, C.uint64_t(n), &m.h, &p); st != ucsOK {
+		return m, nil, fmt.Errorf("ucp_mem_map(ALLOCATE, %d): %s", n, statusText(st))
+	}
+	return m, unsafe.Slice((*byte)(p), n), nil
+}
+
 // rkeyPack packs the handle's rkey (ucp_rkey_pack) and returns its bytes.
 func (u *rawUCP) rkeyPack(m rawMemh) ([]byte, error) {
 	var buf unsafe.Pointer
@@ -178,6 +189,9 @@ func (u *rawUCP) poll(eps []*rawEP, done map[uint64]C.ucs_status_t) {
 		}
 	}
 }
+
+// progress polls the worker once, recording endpoint errors on eps.
+func (u *rawUCP) progress(eps ...*rawEP) { u.poll(eps, map[uint64]C.ucs_status_t{}) }
 
 // flush flushes e, progressing u and every worker of others until it
 // completes or the limit passes; it returns the flush's status.

@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -12,6 +13,9 @@ import (
 	"time"
 	"unsafe"
 )
+
+// outcomeWait bounds a wait for an outcome that should come at once.
+const outcomeWait = 10 * time.Second
 
 // anonMem maps n bytes of anonymous memory, faulted in, unmapped at cleanup.
 func anonMem(tb testing.TB, n int) []byte {
@@ -243,5 +247,114 @@ func TestStaleRkeyPut(t *testing.T) {
 				t.Errorf("UCX_TLS=%q: a put with an unmapped registration's rkey landed=%v, want %v (update docs/membership.md §4)", c.tls, r.landed, c.wantLanded)
 			}
 		})
+	}
+}
+
+// TestSharedMemoryPutWhoCopies: between two workers of one host whose
+// endpoints have no RMA lane (UCX 1.13 with this backend's settings:
+// TestStaleRkeyPut), who copies a put's bytes into the receiver's memory?
+// The writer posts and progresses only its own worker; the bytes are
+// checked before the receiver's worker progresses, then the receiver alone
+// progresses (as after the writer stopped or died) until they land.
+//
+//   - alloc: memory from UCP_MEM_MAP_ALLOCATE (Agent.Alloc, what node
+//     uses for ucx pools): the rkey names UCX's shared segment, the writer
+//     maps it and copies itself — the bytes are there at once. The writer's
+//     exit ends its writes (the pidfd proof holds), and a stale rkey reaches
+//     the segment for as long as the writer keeps its mapping.
+//   - mapped: existing memory registered with ucp_mem_map (Agent.Register
+//     of other host memory, or a per-window registration): software RMA,
+//     the receiver's worker copies when it progresses. Bytes a writer
+//     queued before it died are applied after its exit, as over tcp.
+//
+// The expected outcomes are what UCX 1.13 did here; a UCX that does
+// otherwise fails the test, and docs/membership.md §4 must change with it.
+func TestSharedMemoryPutWhoCopies(t *testing.T) {
+	if os.Getenv("UCX_TLS") != "" {
+		t.Skip("sets UCX_TLS itself")
+	}
+	for _, tls := range []string{"", "posix", "sysv"} {
+		for _, alloc := range []bool{true, false} {
+			name := map[bool]string{true: "alloc", false: "mapped"}[alloc]
+			t.Run(fmt.Sprintf("tls=%q/%s", tls, name), func(t *testing.T) {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				mods := configMods(defaultOptions(), os.Getenv)
+				if tls != "" {
+					mods += "\nTLS=" + tls
+				}
+				const n = 64 << 10
+				rx, err := openRawUCP(mods)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rx.close()
+				tx, err := openRawUCP(mods)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.close()
+				var m rawMemh
+				var dst []byte
+				if alloc {
+					m, dst, err = rx.memAlloc(n)
+				} else {
+					dst = anonMem(t, n)
+					m, err = rx.memMap(addrOf(dst), n)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rx.memUnmap(m)
+				packed, err := rx.rkeyPack(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ep, err := tx.connect(rx.address())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.closeEP(ep, rx)
+				rk, err := tx.unpack(ep, packed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				src := anonMem(t, n)
+				put := func(v byte) {
+					for i := range src {
+						src[i] = v
+					}
+					if err := tx.put(ep, rk, addrOf(src), addrOf(dst), n); err != nil {
+						t.Fatal(err)
+					}
+				}
+				put(0x11) // wires the endpoint up
+				if err := tx.flush(ep, 10*time.Second, rx); err != nil || !bytes.Equal(dst, src) {
+					t.Fatalf("first put: flush %v, landed %v", err, bytes.Equal(dst, src))
+				}
+				put(0x22)
+				for range 1000 { // the writer's side only
+					tx.progress(ep)
+				}
+				early := bytes.Equal(dst, src)
+				// Now the receiver alone progresses, as after the
+				// writer stopped (or died): do the bytes land?
+				late := early
+				for deadline := time.Now().Add(outcomeWait); !late && time.Now().Before(deadline); {
+					rx.progress()
+					late = bytes.Equal(dst, src)
+				}
+				if !late {
+					t.Errorf("%s memory: the put did not land while only the receiver progressed", name)
+				}
+				if err := tx.flush(ep, 10*time.Second, rx); err != nil || !bytes.Equal(dst, src) {
+					t.Fatalf("second put: flush %v, landed %v", err, bytes.Equal(dst, src))
+				}
+				t.Logf("lanes: %s; landed before the receiver progressed: %v", laneLines(tx.info(ep)), early)
+				if early != alloc {
+					t.Errorf("%s memory: landed before the receiver progressed = %v, want %v (update docs/membership.md §4)", name, early, alloc)
+				}
+			})
+		}
 	}
 }
