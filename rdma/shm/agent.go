@@ -108,6 +108,7 @@ func (a *Agent) share(reg *registration, f *sharedFile) error {
 	reg.file = f
 	reg.lease = &f.hdr.lease
 	reg.remote.Key = k.encode()
+	reg.remote.Len = f.dataLen // writers address file offsets, spare included
 	return nil
 }
 

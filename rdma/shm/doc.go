@@ -35,6 +35,20 @@
 // dies with batches in flight leaves the count up: Deregister then refuses
 // until the receiver closes its agent (which revokes whatever is in flight).
 //
+// # Revocable regions
+//
+// NewRevocableRegion makes a region whose file holds a reserve of spare
+// blocks after the region's data. RevocableRegion.Revoke maps free spare
+// blocks over a block-aligned range of the receiver's view (mmap
+// MAP_FIXED|MAP_SHARED of the same file): the range's addresses stay valid
+// and show pages no writer was told about, while the file blocks they showed
+// — all a stale or stopped writer can still write — stay quarantined until
+// ReleaseRevoked returns them to the reserve. Writers write at file
+// offsets: FileOffset, Translate and Indirection give the block → file
+// offset table the receiver sends them. A full reserve is ErrNoSpare (the
+// caller falls back to plain quarantine). docs/membership.md §4 has the
+// argument and the measured costs.
+//
 // # Goroutines
 //
 // Each endpoint copies on its own goroutine (rdma/internal/copier); Done runs

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"os"
 	"syscall"
 )
@@ -30,3 +31,32 @@ func unmapFile(mem []byte) error {
 }
 
 const openNoFollow = syscall.O_NOFOLLOW
+
+// mapFixed maps n bytes of f at file offset off over the existing mapping at
+// addr (mmap MAP_FIXED|MAP_SHARED): the pages at addr show the file's range
+// [off, off+n) from then on. populate faults the new pages in now.
+func mapFixed(f *os.File, addr uintptr, n int, off int64, populate bool) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	flags := syscall.MAP_SHARED | syscall.MAP_FIXED
+	if populate {
+		flags |= syscall.MAP_POPULATE
+	}
+	var errno syscall.Errno
+	var got uintptr
+	if err := sc.Control(func(fd uintptr) {
+		got, _, errno = syscall.Syscall6(syscall.SYS_MMAP, addr, uintptr(n),
+			syscall.PROT_READ|syscall.PROT_WRITE, uintptr(flags), fd, uintptr(off))
+	}); err != nil {
+		return err
+	}
+	if errno != 0 {
+		return os.NewSyscallError("mmap", errno)
+	}
+	if got != addr { // MAP_FIXED maps at addr or fails
+		return fmt.Errorf("mmap(MAP_FIXED) at %#x mapped at %#x", addr, got)
+	}
+	return nil
+}

@@ -25,6 +25,9 @@ type sharedFile struct {
 	mem    []byte // the whole mapping: header page, then data
 	hdr    *header
 	region *kvcache.Region
+	// dataLen is the bytes after the header that writers address: the
+	// region, then a RevocableRegion's spare reserve.
+	dataLen uint64
 
 	// guarded by files.mu
 	registered bool
@@ -47,6 +50,19 @@ var files = struct {
 // it fails with rdma.ErrRegionBusy while the region is registered. After it
 // the region's memory must not be touched.
 func NewRegion(name string, n uint64) (*kvcache.Region, io.Closer, error) {
+	sf, f, err := newSharedFile(name, n, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	f.Close()
+	return sf.region, regionCloser{sf}, nil
+}
+
+// newSharedFile creates and maps the region file: the header page, n bytes
+// of data (the region), then spare bytes that only a RevocableRegion maps
+// into its view. Writers address the n+spare bytes after the header. The
+// open file is returned too; the caller closes it.
+func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) {
 	if name == "" {
 		var r [8]byte
 		rand.Read(r[:])
@@ -55,44 +71,47 @@ func NewRegion(name string, n uint64) (*kvcache.Region, io.Closer, error) {
 	if err := checkName(name); err != nil {
 		return nil, nil, fmt.Errorf("shm: new region: %w", err)
 	}
-	if n == 0 || n > math.MaxInt-headerSize {
-		return nil, nil, fmt.Errorf("shm: new region %q: %w: length %d (want 1…%d)", name, kvcache.ErrBadRegion, n, uint64(math.MaxInt-headerSize))
+	if n == 0 || n > math.MaxInt-headerSize || spare > math.MaxInt-headerSize-n {
+		return nil, nil, fmt.Errorf("shm: new region %q: %w: length %d + spare %d (want 1…%d in all)", name, kvcache.ErrBadRegion, n, spare, uint64(math.MaxInt-headerSize))
 	}
 	path := filepath.Join(Dir(), name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|openNoFollow, 0o600)
 	if err != nil {
 		return nil, nil, fmt.Errorf("shm: new region: %w", err)
 	}
-	size := int(n) + headerSize
+	data := n + spare
+	size := int(data) + headerSize
 	mem, err := func() ([]byte, error) {
-		defer f.Close()
 		if err := f.Truncate(int64(size)); err != nil {
 			return nil, err
 		}
 		return mapFile(f, size)
 	}()
 	if err != nil {
+		f.Close()
 		os.Remove(path)
-		return nil, nil, fmt.Errorf("shm: new region %s (%d bytes): %w", path, n, err)
+		return nil, nil, fmt.Errorf("shm: new region %s (%d bytes): %w", path, data, err)
 	}
 	h := headerOf(mem)
 	copy(h.magic[:], fileMagic)
 	h.dataOff = headerSize
-	h.dataLen = n
+	h.dataLen = data
 	rand.Read(h.fileID[:])
 	h.lease.Reset(true) // not registered yet
 
-	region, err := kvcache.HostBytesRegion(mem[headerSize:size:size])
+	end := headerSize + int(n)
+	region, err := kvcache.HostBytesRegion(mem[headerSize:end:end])
 	if err != nil { // cannot happen: n > 0
 		unmapFile(mem)
+		f.Close()
 		os.Remove(path)
 		return nil, nil, fmt.Errorf("shm: new region %s: %w", path, err)
 	}
-	sf := &sharedFile{name: name, path: path, mem: mem, hdr: h, region: region}
+	sf := &sharedFile{name: name, path: path, mem: mem, hdr: h, region: region, dataLen: data}
 	files.mu.Lock()
 	files.m[region] = sf
 	files.mu.Unlock()
-	return region, regionCloser{sf}, nil
+	return sf, f, nil
 }
 
 // checkName accepts a plain file name.

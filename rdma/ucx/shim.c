@@ -480,3 +480,16 @@ ucs_status_t kvx_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, uintptr_t *local)
 	*local = (uintptr_t)p;
 	return st;
 }
+
+char *kvx_ep_info(ucp_ep_h ep)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (f == NULL) {
+		return NULL;
+	}
+	ucp_ep_print_info(ep, f);
+	fclose(f);
+	return buf;
+}

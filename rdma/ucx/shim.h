@@ -113,6 +113,9 @@ ucs_status_t kvx_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, uintptr_t *local);
 ucs_status_t kvx_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *rkey);
 void kvx_rkey_destroy(ucp_rkey_h rkey);
 const char *kvx_status_string(ucs_status_t st);
+// kvx_ep_info is ucp_ep_print_info's text (the endpoint's lanes and their
+// transports), malloc'd; NULL when out of memory.
+char *kvx_ep_info(ucp_ep_h ep);
 
 #define KVX_AM_ID 0x6b76
 
