@@ -48,6 +48,14 @@ type Config struct {
 	// region the shm backend can write into, or memory a serving framework
 	// allocated); PoolBytes is then its length.
 	Region *kvcache.Region
+	// Revoker, when set, is Region's (rdma/shm's RevocableRegion.Revoker):
+	// destination blocks of a request that failed without proof that its
+	// writers are done are revoked — the view of them moves onto spare
+	// memory and they are reusable at once, while the memory a stale
+	// writer can still reach stays quarantined until the proof — instead
+	// of being quarantined themselves (docs/membership.md §4). It needs
+	// Region and a backend whose writers address the region's file (shm).
+	Revoker kvcache.Revoker
 	// Workers is the number of sender workers (env KVXFER_WORKERS). The
 	// zero value means DefaultWorkers (4); a negative value is an error, and
 	// so is KVXFER_WORKERS=0 (an explicit setting below 1).
@@ -160,6 +168,12 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Workers < 1 {
 		return r, fmt.Errorf("%w: Workers = %d, must be ≥ 1", ErrConfig, r.Workers)
+	}
+	if r.Revoker != nil && r.Region == nil {
+		return r, fmt.Errorf("%w: Revoker is set without Region: it revokes the region's blocks", ErrConfig)
+	}
+	if r.Revoker != nil && r.Memory != nil {
+		return r, fmt.Errorf("%w: Revoker is set with Memory: a block of framework memory is no one range of the region to revoke", ErrConfig)
 	}
 	if r.Region != nil {
 		if r.PoolBytes != 0 && r.PoolBytes != r.Region.Len {

@@ -125,6 +125,12 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		e.ownsAg = true
 		undo = append(undo, func() { _ = e.agent.Close() })
 	}
+	if r.Revoker != nil && e.agent.Backend() != "shm" {
+		// Other backends' writers address the receiver's memory, not the
+		// region's file: a remapped offset would land elsewhere.
+		return nil, fmt.Errorf("%w: Revoker needs the shm backend (its writers address the region's file), the agent is %q",
+			ErrConfig, e.agent.Backend())
+	}
 	link := r.Link
 	if link == nil {
 		link = DefaultLink()
@@ -151,7 +157,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
-		WriterLease: r.WriterLease, MaxOrphans: r.MaxOrphanRequests,
+		WriterLease: r.WriterLease, MaxOrphans: r.MaxOrphanRequests, Revoker: r.Revoker,
 	})
 	if err != nil {
 		return nil, err
@@ -256,6 +262,12 @@ type Stats struct {
 	// StreamViolations: peer-stream actors that disagreed with their
 	// session's step (always a bug; the stream held its terminal frame).
 	StreamViolations int64
+	// BlocksRevoked: destination blocks revoked (Config.Revoker) instead of
+	// quarantined.
+	BlocksRevoked int64
+	// RevokedHeldBlocks: revoked blocks whose old memory (the only memory
+	// a stale writer can reach) is still held, waiting for its proof.
+	RevokedHeldBlocks int64
 	// QuarantinedBytes: destination bytes in quarantine now (their
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
@@ -269,8 +281,9 @@ func (e *Engine) Stats() Stats {
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
 		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
-		StreamViolations: c.StreamViolations.Load(),
-		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
+		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
+		RevokedHeldBlocks: c.RevokedHeld.Load(),
+		QuarantinedBytes:  e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

@@ -51,6 +51,13 @@ type EngineConfig struct {
 	// peer cannot make this rank hold sessions for requests it never
 	// sends.
 	MaxOrphans int
+	// Revoker, when set, is the pool region's: destination blocks of a
+	// request that failed without proof are revoked (handed back at once,
+	// their old memory quarantined in the Revoker until the proof) rather
+	// than quarantined, and RequestData name the runs writers must address
+	// elsewhere (revoke.go). Only for a backend whose writers address the
+	// region's file (shm).
+	Revoker kvcache.Revoker
 	// Metrics, when set, receives the engine's metrics (package metrics);
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
@@ -122,7 +129,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
 		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits),
-		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16)}
+		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16), revoker: cfg.Revoker}
 	defer func() {
 		if err != nil {
 			e.env.dispatch.close()

@@ -582,11 +582,25 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			ErrPeerGone, q.req.ID, gone[0], p.table.Incarnation(gone[0])))
 		return
 	}
+	// Runs of the pool's blocks revoked from an earlier writer: the
+	// request's writers must write them where the view now shows.
+	var remap []messages.Extent
+	if q.req.Blocks == nil {
+		var err error
+		if remap, err = p.env.remapFor(blocks); err != nil {
+			p.unstarted(q, blocks)
+			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
+			return
+		}
+	}
 	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {
 		p.unstarted(q, blocks)
 		p.finishQueued(q, RxFailed, err)
 		return
+	}
+	for _, w := range writers {
+		w.Request.Remap = remap
 	}
 	// CancelResend: a decided session asks writers that have not answered
 	// again, so one lost Cancel or CancelAck cannot hold the blocks forever.

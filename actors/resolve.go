@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -37,6 +38,9 @@ type routePlanner struct {
 	tpb   int
 	plans []*kvcache.Plan
 	dst   []kvcache.BlockRun
+	// remap: runs of the receiver's region its writers address elsewhere
+	// (RequestData.Remap), sorted by View.
+	remap []messages.Extent
 }
 
 func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcache.Segment) ([]kvcache.Segment, uint64, error) {
@@ -56,12 +60,60 @@ func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcac
 		if len(sIDs) == 0 {
 			continue
 		}
+		start := len(buf)
 		if buf, err = plan.Append(buf, sIDs, dIDs); err != nil {
 			return nil, 0, fmt.Errorf("group %d: %w", g, err)
+		}
+		if len(p.remap) > 0 {
+			buf = append(buf[:start], remapSegments(slices.Clone(buf[start:]), p.remap)...)
 		}
 		bytes += plan.Bytes(len(sIDs))
 	}
 	return buf, bytes, nil
+}
+
+// remapSegments rewrites the destination of every part of segs that lies
+// in an extent of remap (sorted, disjoint) to the extent's File range,
+// splitting segments at extent boundaries.
+func remapSegments(segs []kvcache.Segment, remap []messages.Extent) []kvcache.Segment {
+	out := make([]kvcache.Segment, 0, len(segs))
+	for _, s := range segs {
+		for s.Len > 0 {
+			// The first extent that ends past s.Dst.
+			i, _ := slices.BinarySearchFunc(remap, s.Dst, func(x messages.Extent, dst uint64) int {
+				if x.View+x.Len <= dst {
+					return -1
+				}
+				return 1
+			})
+			if i == len(remap) || remap[i].View >= s.Dst+s.Len {
+				out = append(out, s) // nothing of it moved
+				break
+			}
+			x := remap[i]
+			if x.View > s.Dst { // the part before the extent stays
+				n := x.View - s.Dst
+				out = append(out, kvcache.Segment{Src: s.Src, Dst: s.Dst, Len: n})
+				s = kvcache.Segment{Src: s.Src + n, Dst: s.Dst + n, Len: s.Len - n}
+			}
+			n := min(s.Len, x.View+x.Len-s.Dst)
+			out = append(out, kvcache.Segment{Src: s.Src, Dst: x.File + (s.Dst - x.View), Len: n})
+			s = kvcache.Segment{Src: s.Src + n, Dst: s.Dst + n, Len: s.Len - n}
+		}
+	}
+	return out
+}
+
+// checkRemap checks a RequestData's remap against the receiver's region:
+// every extent inside it (the message checked order and overflow).
+func checkRemap(rd *messages.RequestData, regionLen uint64) error {
+	for i, x := range rd.Remap {
+		if x.View+x.Len > regionLen || x.File+x.Len > regionLen {
+			return fmt.Errorf("%w: request %s: remap[%d] (view %d, file %d, %d bytes) outside the receiver's region of %d bytes",
+				ErrBadRequest, rd.RequestID, i, x.View, x.File, x.Len, regionLen)
+		}
+	}
+	return nil
 }
 
 // modelName is what a Hello says the layout is: its name, or "unnamed".
@@ -124,8 +176,12 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	if err != nil {
 		return nil, expected, err
 	}
+	if err := checkRemap(rd, hello.Region.Len); err != nil {
+		return nil, expected, err
+	}
 	maxBlocks := self.Layout.BlocksFor(int(rd.PromptLen))
-	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups)}
+	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups),
+		remap: rd.Remap}
 	for g := 0; g < groups; g++ {
 		d := rd.Groups[g]
 		pg := hello.Pools[g]

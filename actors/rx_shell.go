@@ -14,6 +14,9 @@ import (
 type rxKind struct {
 	s     *RxSession
 	meter *rxMeter // nil: metrics off
+	// revoked is what a revocation of the destination blocks left for the
+	// proof to release (EngineConfig.Revoker); nil without one.
+	revoked *revoked
 }
 
 // newRxCell is a new RxSession's cell.
@@ -82,12 +85,22 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		if k.s.Config().CallerOwned {
 			break // the framework's: Released tells it only after the proof
 		}
+		if a.env.revoker != nil {
+			r := a.env.revokeDest(k.request(), e.Blocks)
+			k.revoked = &r
+			break
+		}
 		if err := a.env.pools.Quarantine(e.Blocks); err != nil {
 			a.env.log.Error().Err(err).Str("request", k.request()).Msg("quarantine destination blocks")
 		}
 	case ReleaseDest:
 		if k.s.Config().CallerOwned {
 			break // the framework's: Released tells it below
+		}
+		if e.Quarantined && k.revoked != nil {
+			a.env.releaseRevoked(k.request(), *k.revoked)
+			k.revoked = nil
+			break
 		}
 		if e.Quarantined {
 			if err := a.env.pools.ReleaseQuarantine(e.Blocks); err != nil {

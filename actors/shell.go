@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -31,6 +32,12 @@ type Counters struct {
 	// session's step (a terminal frame while ops were unsettled, an effect
 	// after the terminal frame): always a bug, never expected.
 	StreamViolations atomic.Int64
+	// BlocksRevoked counts destination blocks revoked (EngineConfig.Revoker)
+	// instead of quarantined.
+	BlocksRevoked atomic.Int64
+	// RevokedHeld is how many revoked blocks' old memory is still held
+	// (its proof has not come).
+	RevokedHeld atomic.Int64
 
 	// LeasesLapsed counts writer leases that lapsed (the writer fenced
 	// itself from that peer: EngineConfig.WriterLease).
@@ -181,6 +188,9 @@ type shellEnv struct {
 	// dispatch runs every mailbox of the engine but peer streams'
 	// (dispatch.go).
 	dispatch *poolDispatcher
+	// revoker, when set, takes destination memory back from stale writers
+	// (revoke.go).
+	revoker kvcache.Revoker
 }
 
 // props are the props of one of the engine's actors: its mailboxes run on

@@ -148,6 +148,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			PromptLen:        m.PromptLen,
 			Groups:           groups,
 			DeadlineUnixNano: m.DeadlineUnixNano,
+			Remap:            remapToWire(m.Remap),
 		}}
 	case *Result:
 		if m == nil {
@@ -263,6 +264,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			PromptLen:        m.GetPromptLen(),
 			Groups:           nonEmpty(groups),
 			DeadlineUnixNano: m.GetDeadlineUnixNano(),
+			Remap:            remapFromWire(m.GetRemap()),
 		}, nil
 	case *pb.Envelope_Result:
 		m := body.Result
@@ -338,4 +340,26 @@ func nonEmpty[S ~[]E, E any](s S) S {
 		return nil
 	}
 	return s
+}
+
+func remapToWire(xs []Extent) []*pb.Extent {
+	if len(xs) == 0 {
+		return nil
+	}
+	out := make([]*pb.Extent, len(xs))
+	for i, x := range xs {
+		out[i] = &pb.Extent{View: x.View, File: x.File, Len: x.Len}
+	}
+	return out
+}
+
+func remapFromWire(xs []*pb.Extent) []Extent {
+	if len(xs) == 0 {
+		return nil
+	}
+	out := make([]Extent, len(xs))
+	for i, x := range xs {
+		out[i] = Extent{View: x.GetView(), File: x.GetFile(), Len: x.GetLen()}
+	}
+	return out
 }

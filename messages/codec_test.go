@@ -146,6 +146,18 @@ func pbRequestData(groups ...*pb.GroupDest) *pb.Envelope {
 	}}}
 }
 
+// withRemap is a valid one-group RequestData carrying xs as its remap.
+func withRemap(xs ...*pb.Extent) *pb.Envelope {
+	env := pbRequestData(&pb.GroupDest{Blocks: []int32{1}})
+	for i, x := range xs {
+		if x == nil {
+			xs[i] = &pb.Extent{View: uint64(i) * 2, File: 1, Len: 1}
+		}
+	}
+	env.GetRequestData().Remap = xs
+	return env
+}
+
 func pbResult(r *pb.Result) *pb.Envelope {
 	if r.RequestId == "" {
 		r.RequestId = "req-1"
@@ -221,6 +233,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"negative block", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: []int32{3, -1}})), "group 0 block[1] = -1", false},
 		{"negative first", marshalPB(t, pbRequestData(&pb.GroupDest{First: -5, Blocks: []int32{3}})), "group 0 first block -5", false},
 		{"no groups", marshalPB(t, pbRequestData()), "0 layer groups", false},
+		{"remap empty extent", marshalPB(t, withRemap(&pb.Extent{View: 4096, File: 8192})), "remap[0] = view 4096 file 8192 len 0", false},
+		{"remap overflows", marshalPB(t, withRemap(&pb.Extent{View: math.MaxUint64 - 10, File: 0, Len: 11})), "remap[0] = view 18446744073709551605", false},
+		{"remap out of order", marshalPB(t, withRemap(&pb.Extent{View: 8192, File: 0, Len: 4096}, &pb.Extent{View: 4096, File: 4096, Len: 4096})), "remap[1] view 4096 overlaps or precedes", false},
+		{"remap overlapping", marshalPB(t, withRemap(&pb.Extent{View: 0, File: 0, Len: 4097}, &pb.Extent{View: 4096, File: 4096, Len: 4096})), "remap[1] view 4096 overlaps", false},
+		{"remap too long", marshalPB(t, withRemap(make([]*pb.Extent, messages.MaxRemap+1)...)), "16385 remapped extents", false},
 		{"too many groups", marshalPB(t, pbRequestData(manyGroups...)), "17 layer groups", false},
 		{"too many blocks", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: make([]int32, messages.MaxBlocks+1)})), "more than 1048576 destination blocks", false},
 		{"hello without pools", marshalPB(t, hello(func(h *pb.Hello) { h.Pools = nil })), "0 pools", false},

@@ -18,6 +18,8 @@ const (
 	MaxErrorLen     = 1024
 	MaxPayload      = 4096
 	MaxRank         = 1 << 16
+	// MaxRemap bounds RequestData.Remap.
+	MaxRemap = 1 << 14
 )
 
 // ErrInvalid is wrapped by every validation failure.
@@ -194,7 +196,19 @@ type RequestData struct {
 	Groups      []GroupDest
 	// DeadlineUnixNano is when the receiver gives up (0 = none).
 	DeadlineUnixNano int64
+	// Remap lists the runs of the receiver's region, sorted and disjoint,
+	// that writers must address at another offset than the one the
+	// request's blocks and plans give (blocks of a shared-memory region
+	// the receiver revoked from an earlier, stale writer); empty while none
+	// of the request's blocks was.
+	Remap []Extent
 	Incarnations
+}
+
+// Extent says that region bytes [View, View+Len) are written at [File,
+// File+Len).
+type Extent struct {
+	View, File, Len uint64
 }
 
 // Result is a writer's terminal outcome for one request; the writer is
@@ -360,6 +374,19 @@ func (m *RequestData) Validate() error {
 				return invalid("request %s: group %d block[%d] = %d", m.RequestID, g, i, b)
 			}
 		}
+	}
+	if len(m.Remap) > MaxRemap {
+		return invalid("request %s: %d remapped extents, at most %d", m.RequestID, len(m.Remap), MaxRemap)
+	}
+	var end uint64
+	for i, x := range m.Remap {
+		if x.Len == 0 || x.View+x.Len < x.View || x.File+x.Len < x.File {
+			return invalid("request %s: remap[%d] = view %d file %d len %d: empty or overflowing", m.RequestID, i, x.View, x.File, x.Len)
+		}
+		if i > 0 && x.View < end {
+			return invalid("request %s: remap[%d] view %d overlaps or precedes the extent before it (ending at %d)", m.RequestID, i, x.View, end)
+		}
+		end = x.View + x.Len
 	}
 	return nil
 }

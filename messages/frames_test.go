@@ -99,7 +99,18 @@ func maxRequestData() *messages.RequestData {
 		PromptLen:        math.MaxInt32,
 		Groups:           groups,
 		DeadlineUnixNano: math.MinInt64,
+		Remap:            maxRemap(),
 	}
+}
+
+// maxRemap is the longest valid remap, with the widest varints.
+func maxRemap() []messages.Extent {
+	xs := make([]messages.Extent, messages.MaxRemap)
+	for i := range xs {
+		v := uint64(1)<<62 + uint64(i)*2
+		xs[i] = messages.Extent{View: v, File: uint64(1) << 62, Len: 1}
+	}
+	return xs
 }
 
 // canonical returns f with every empty slice nil: the wire does not tell

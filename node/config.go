@@ -58,6 +58,15 @@ type Config struct {
 	// private memory rather than memory peers can write (no /dev/shm file
 	// with shm), and Node.Receive refuses at once.
 	SendOnly bool `json:"send_only"`
+	// RevokeSpareBytes is the spare reserve of an shm pool that revokes
+	// (docs/membership.md §4): destination blocks of a request that failed
+	// while a writer gave no proof that its writes are over are moved onto
+	// spare memory and reused at once, their old memory held here until
+	// the proof, instead of being quarantined. 0: an eighth of pool_bytes;
+	// < 0: off (plain quarantine). Only for the shm backend, a pool without
+	// memory, and a pool_bytes that is a multiple of the page size; the
+	// reserve is rounded down to pages.
+	RevokeSpareBytes int64 `json:"revoke_spare_bytes"`
 	// Workers is the number of sender workers (default 4).
 	Workers int `json:"workers"`
 

@@ -133,8 +133,12 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}
 	var region *kvcache.Region
-	if n.agent, region, n.pool, err = openData(cfg, n.backend, self); err != nil {
+	var revoker kvcache.Revoker
+	if n.agent, region, n.pool, revoker, err = openData(cfg, n.backend, self); err != nil {
 		return nil, err
+	}
+	if revoker != nil {
+		n.log.Info().Int64("spare_bytes", spareBytes(cfg)).Msg("pool revokes: blocks of requests failed without proof are reused at once, their old memory held until the proof")
 	}
 	var memory []*kvcache.KVMemory
 	if cfg.Memory != nil {
@@ -184,6 +188,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
 		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region, Memory: memory,
+		Revoker: revoker,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
 		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr,
 		WriterLease: time.Duration(cfg.WriterLease)})
@@ -276,43 +281,70 @@ func publicKey(field, inline, file string) (string, error) {
 // openData opens the backend's agent and pool memory the backend can
 // write: a shared-memory file (shm), memory UCX allocated (ucx), or none
 // (loopback: the engine allocates host memory).
-func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvcache.Region, io.Closer, error) {
+func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvcache.Region, io.Closer, kvcache.Revoker, error) {
 	size := c.PoolBytes
 	if size == 0 {
 		size = kvxfer.DefaultPoolBytes
 	}
 	switch {
 	case backend == loopback.Backend:
-		return loopback.New(), nil, nil, nil
+		return loopback.New(), nil, nil, nil, nil
 	case c.SendOnly: // the engine allocates private memory
 		if backend == ucx.Backend {
 			a, err := ucx.New()
 			if err != nil {
-				return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
+				return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 			}
-			return a, nil, nil, nil
+			return a, nil, nil, nil, nil
 		}
-		return shm.New(), nil, nil, nil
+		return shm.New(), nil, nil, nil, nil
 	case backend == ucx.Backend:
 		a, err := ucx.New()
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
+			return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 		}
 		region, closer, err := a.Alloc(size)
 		if err != nil {
 			_ = a.Close()
-			return nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
+			return nil, nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
 		}
-		return a, region, closer, nil
+		return a, region, closer, nil, nil
 	default:
 		a := shm.New()
+		if spare := spareBytes(c); spare > 0 && c.Memory == nil {
+			rr, err := shm.NewRevocableRegion(size, shm.RevocableOptions{Name: regionName(self, os.Getpid()),
+				Block: uint64(os.Getpagesize()), Spare: uint64(spare)})
+			if err != nil {
+				_ = a.Close()
+				return nil, nil, nil, nil, fmt.Errorf("node: pool_bytes = %d, revoke_spare_bytes = %d: %w", size, spare, err)
+			}
+			return a, rr.Region(), rr, rr.Revoker(), nil
+		}
 		region, closer, err := shm.NewRegion(regionName(self, os.Getpid()), size)
 		if err != nil {
 			_ = a.Close()
-			return nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
+			return nil, nil, nil, nil, fmt.Errorf("node: pool_bytes = %d: %w", size, err)
 		}
-		return a, region, closer, nil
+		return a, region, closer, nil, nil
 	}
+}
+
+// spareBytes is the revocation reserve c asks for, in whole pages (0: the
+// pool does not revoke).
+func spareBytes(c Config) int64 {
+	page := int64(os.Getpagesize())
+	size := int64(c.PoolBytes)
+	if size == 0 {
+		size = int64(kvxfer.DefaultPoolBytes)
+	}
+	if c.RevokeSpareBytes < 0 || c.SendOnly || c.Memory != nil || size%page != 0 {
+		return 0
+	}
+	spare := c.RevokeSpareBytes
+	if spare == 0 {
+		spare = size / 8
+	}
+	return spare / page * page
 }
 
 // closeData closes the agent, then the pool memory (which the agent no

@@ -123,6 +123,9 @@ type Report struct {
 	CanaryBlocks      int `json:"canary_blocks,omitempty"`
 	CanaryCorrupt     int `json:"canary_corrupt,omitempty"`
 	QuarantinedAtDown int `json:"quarantined_at_down,omitempty"`
+	// RevokedBlocks (gen): destination blocks revoked instead of
+	// quarantined (a revoking shm pool), over the run.
+	RevokedBlocks int `json:"revoked_blocks,omitempty"`
 	// LatencyP50Us and LatencyP99Us (gen): Receive → READY per request.
 	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
 	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
@@ -317,6 +320,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			c, q, bad, err := canary(ctx, n, o, &inflight)
 			mu.Lock()
 			rep.CanaryBlocks, rep.QuarantinedAtDown, rep.CanaryCorrupt = c, q, bad
+			rep.RevokedBlocks = int(n.eng.Stats().BlocksRevoked)
 			mu.Unlock()
 			if err != nil {
 				fail(fmt.Errorf("canary: %w", err))
@@ -571,9 +575,13 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	for inflight.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond) // poll with a deadline
 	}
-	quarantined = pools.Quarantined()
+	// Blocks in quarantine, and revoked blocks whose old memory waits for
+	// its proof (a revoking shm pool hands them back at once: the canaries
+	// below then take them, and a stale writer's late writes must not show).
+	held := func() int { return pools.Quarantined() + int(n.eng.Stats().RevokedHeldBlocks) }
+	quarantined = held()
 	region := n.eng.Region().Bytes()
-	var held [][][]kvcache.BlockID
+	var taken [][][]kvcache.BlockID
 	counts := make([]int, pools.Groups())
 	for g := range counts {
 		counts[g] = 1
@@ -584,7 +592,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 		if err != nil {
 			break
 		}
-		held = append(held, b)
+		taken = append(taken, b)
 		for g, ids := range b {
 			geom := pools.Geometry(g)
 			for _, id := range ids {
@@ -600,18 +608,18 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 		fmt.Fprintf(o.Progress, "canary %d quarantined %d\n", blocks, quarantined)
 	}
 	for {
-		q := pools.Quarantined()
+		q := held()
 		quarantined = max(quarantined, q) // the peak: proofs come only after the resume
 		if q == 0 {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			err = fmt.Errorf("%d blocks still quarantined %v after the peer was declared down", pools.Quarantined(), timeout)
+			err = fmt.Errorf("%d blocks still quarantined or revoked %v after the peer was declared down", held(), timeout)
 			break
 		}
 		time.Sleep(5 * time.Millisecond) // poll with a deadline
 	}
-	for _, b := range held {
+	for _, b := range taken {
 		for g, ids := range b {
 			geom := pools.Geometry(g)
 			for _, id := range ids {

@@ -917,6 +917,10 @@ type RequestData struct {
 	PromptLen        int32                  `protobuf:"varint,7,opt,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
 	Groups           []*GroupDest           `protobuf:"bytes,8,rep,name=groups,proto3" json:"groups,omitempty"`
 	DeadlineUnixNano int64                  `protobuf:"varint,9,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	// remap: runs of the receiver's region that writers must address at
+	// another offset (revoked blocks of a shared-memory region); empty while
+	// nothing the request writes was revoked.
+	Remap []*Extent `protobuf:"bytes,10,rep,name=remap,proto3" json:"remap,omitempty"`
 	// from_incarnation: the sender's; to_incarnation: the writer's, from
 	// its Hello (0: not known).
 	FromIncarnation uint64 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
@@ -1018,6 +1022,13 @@ func (x *RequestData) GetDeadlineUnixNano() int64 {
 	return 0
 }
 
+func (x *RequestData) GetRemap() []*Extent {
+	if x != nil {
+		return x.Remap
+	}
+	return nil
+}
+
 func (x *RequestData) GetFromIncarnation() uint64 {
 	if x != nil {
 		return x.FromIncarnation
@@ -1028,6 +1039,67 @@ func (x *RequestData) GetFromIncarnation() uint64 {
 func (x *RequestData) GetToIncarnation() uint64 {
 	if x != nil {
 		return x.ToIncarnation
+	}
+	return 0
+}
+
+// Extent: region bytes [view, view+len) are written at [file, file+len).
+type Extent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	View          uint64                 `protobuf:"varint,1,opt,name=view,proto3" json:"view,omitempty"`
+	File          uint64                 `protobuf:"varint,2,opt,name=file,proto3" json:"file,omitempty"`
+	Len           uint64                 `protobuf:"varint,3,opt,name=len,proto3" json:"len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Extent) Reset() {
+	*x = Extent{}
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Extent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Extent) ProtoMessage() {}
+
+func (x *Extent) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Extent.ProtoReflect.Descriptor instead.
+func (*Extent) Descriptor() ([]byte, []int) {
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Extent) GetView() uint64 {
+	if x != nil {
+		return x.View
+	}
+	return 0
+}
+
+func (x *Extent) GetFile() uint64 {
+	if x != nil {
+		return x.File
+	}
+	return 0
+}
+
+func (x *Extent) GetLen() uint64 {
+	if x != nil {
+		return x.Len
 	}
 	return 0
 }
@@ -1050,7 +1122,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1134,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[10]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1147,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{10}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Result) GetRequestId() string {
@@ -1156,7 +1228,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1240,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[11]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1253,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{11}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Cancel) GetRequestId() string {
@@ -1240,7 +1312,7 @@ type CancelAck struct {
 
 func (x *CancelAck) Reset() {
 	*x = CancelAck{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1324,7 @@ func (x *CancelAck) String() string {
 func (*CancelAck) ProtoMessage() {}
 
 func (x *CancelAck) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[12]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1337,7 @@ func (x *CancelAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAck.ProtoReflect.Descriptor instead.
 func (*CancelAck) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{12}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelAck) GetRequestId() string {
@@ -1314,7 +1386,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1398,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[13]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1411,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{13}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Heartbeat) GetFrom() *PeerID {
@@ -1429,7 +1501,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\vhead_stride\x18\x0e \x01(\x04R\n" +
 	"headStride\x12\x1f\n" +
 	"\velem_stride\x18\x0f \x01(\x04R\n" +
-	"elemStride\"\x9c\x03\n" +
+	"elemStride\"\xc5\x03\n" +
 	"\vRequestData\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1441,9 +1513,15 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\n" +
 	"prompt_len\x18\a \x01(\x05R\tpromptLen\x12,\n" +
 	"\x06groups\x18\b \x03(\v2\x14.kvxfer.v1.GroupDestR\x06groups\x12,\n" +
-	"\x12deadline_unix_nano\x18\t \x01(\x03R\x10deadlineUnixNano\x12)\n" +
+	"\x12deadline_unix_nano\x18\t \x01(\x03R\x10deadlineUnixNano\x12'\n" +
+	"\x05remap\x18\n" +
+	" \x03(\v2\x11.kvxfer.v1.ExtentR\x05remap\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
-	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xa7\x02\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"B\n" +
+	"\x06Extent\x12\x12\n" +
+	"\x04view\x18\x01 \x01(\x04R\x04view\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\x04R\x04file\x12\x10\n" +
+	"\x03len\x18\x03 \x01(\x04R\x03len\"\xa7\x02\n" +
 	"\x06Result\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1493,7 +1571,7 @@ func file_messages_proto_kvxfer_proto_rawDescGZIP() []byte {
 }
 
 var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(Status)(0),          // 0: kvxfer.v1.Status
 	(*Envelope)(nil),     // 1: kvxfer.v1.Envelope
@@ -1506,18 +1584,19 @@ var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(*ProcessID)(nil),    // 8: kvxfer.v1.ProcessID
 	(*KVMemory)(nil),     // 9: kvxfer.v1.KVMemory
 	(*RequestData)(nil),  // 10: kvxfer.v1.RequestData
-	(*Result)(nil),       // 11: kvxfer.v1.Result
-	(*Cancel)(nil),       // 12: kvxfer.v1.Cancel
-	(*CancelAck)(nil),    // 13: kvxfer.v1.CancelAck
-	(*Heartbeat)(nil),    // 14: kvxfer.v1.Heartbeat
+	(*Extent)(nil),       // 11: kvxfer.v1.Extent
+	(*Result)(nil),       // 12: kvxfer.v1.Result
+	(*Cancel)(nil),       // 13: kvxfer.v1.Cancel
+	(*CancelAck)(nil),    // 14: kvxfer.v1.CancelAck
+	(*Heartbeat)(nil),    // 15: kvxfer.v1.Heartbeat
 }
 var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	7,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
 	10, // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
-	11, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
-	12, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
-	13, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
-	14, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
+	12, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
+	13, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
+	14, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
+	15, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
 	2,  // 6: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
 	6,  // 7: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
 	3,  // 8: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
@@ -1527,16 +1606,17 @@ var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	2,  // 12: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
 	3,  // 13: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
 	4,  // 14: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
-	2,  // 15: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
-	0,  // 16: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
-	2,  // 17: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
-	2,  // 18: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
-	2,  // 19: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 15: kvxfer.v1.RequestData.remap:type_name -> kvxfer.v1.Extent
+	2,  // 16: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
+	0,  // 17: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
+	2,  // 18: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
+	2,  // 19: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
+	2,  // 20: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_messages_proto_kvxfer_proto_init() }
@@ -1558,7 +1638,7 @@ func file_messages_proto_kvxfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_proto_kvxfer_proto_rawDesc), len(file_messages_proto_kvxfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

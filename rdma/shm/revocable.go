@@ -78,9 +78,12 @@ type RevocableRegion struct {
 	nview    int // blocks in the view
 	populate bool
 
-	mu     sync.Mutex
-	file   *os.File // kept open for remaps; nil once closed
-	table  []uint64 // view block → file data offset
+	mu    sync.Mutex
+	file  *os.File // kept open for remaps; nil once closed
+	table []uint64 // view block → file data offset
+	// moved has a bit per view block whose file offset is not its own
+	// (Remap skips the rest a word at a time).
+	moved  []uint64
 	state  []slotState
 	free   int // spare file blocks free
 	quar   int // file blocks quarantined
@@ -242,6 +245,15 @@ func (r *RevocableRegion) Revoke(off, n uint64) (*Revocation, error) {
 		r.state[s] = slotView
 		r.state[old[i]/r.block] = slotQuar
 		r.table[first+i] = uint64(s) * r.block
+		b := first + i
+		if r.moved == nil {
+			r.moved = make([]uint64, (r.nview+63)/64)
+		}
+		if r.table[b] == uint64(b)*r.block {
+			r.moved[b/64] &^= 1 << (b % 64)
+		} else {
+			r.moved[b/64] |= 1 << (b % 64)
+		}
 	}
 	r.free -= k
 	r.quar += k
@@ -392,4 +404,53 @@ func (ix Indirection) Translate(segs []kvcache.Segment) ([]kvcache.Segment, erro
 		}
 	}
 	return out, nil
+}
+
+// Revoker is r as a kvcache.Revoker, for an engine (kvxfer.Config.Revoker).
+func (r *RevocableRegion) Revoker() kvcache.Revoker { return revoker{r} }
+
+type revoker struct{ r *RevocableRegion }
+
+func (v revoker) Revoke(off, n uint64) (func() error, error) {
+	rv, err := v.r.Revoke(off, n)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return v.r.ReleaseRevoked(rv) }, nil
+}
+
+// Remap implements kvcache.Revoker: the runs of [off, off+n) whose file
+// offset is not their view offset, each as long as the file offsets stay
+// consecutive.
+func (v revoker) Remap(dst []kvcache.Extent, off, n uint64) []kvcache.Extent {
+	r := v.r
+	size := uint64(r.nview) * r.block
+	if n == 0 || off >= size {
+		return dst
+	}
+	end := min(off+n, size)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.moved == nil {
+		return dst // nothing was ever revoked
+	}
+	for pos := off; pos < end; {
+		b := pos / r.block
+		in := pos % r.block
+		if in == 0 && b%64 == 0 && r.moved[b/64] == 0 {
+			pos = min((b+64)*r.block, end) // 64 blocks at their own offsets
+			continue
+		}
+		k := min(r.block-in, end-pos)
+		file := r.table[b] + in
+		if file != pos {
+			if last := len(dst) - 1; last >= 0 && dst[last].View+dst[last].Len == pos && dst[last].File+dst[last].Len == file {
+				dst[last].Len += k
+			} else {
+				dst = append(dst, kvcache.Extent{View: pos, File: file, Len: k})
+			}
+		}
+		pos += k
+	}
+	return dst
 }

@@ -490,3 +490,44 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(100 * time.Microsecond)
 	}
 }
+
+// TestRevokerRemap: the kvcache.Revoker view of a region: nothing to remap
+// before a revoke; after one, exactly the revoked blocks' runs, merged
+// where their file offsets are consecutive, clipped to the range asked;
+// the release closure returns the spare.
+func TestRevokerRemap(t *testing.T) {
+	page := uint64(os.Getpagesize())
+	rr, err := shm.NewRevocableRegion(256*page, shm.RevocableOptions{Block: page, Spare: 8 * page})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	rv := rr.Revoker()
+	if got := rv.Remap(nil, 0, 256*page); len(got) != 0 {
+		t.Fatalf("remap before any revoke: %v", got)
+	}
+	release, err := rv.Revoke(130*page, 3*page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rv.Remap(nil, 0, 256*page)
+	if len(got) != 1 || got[0].View != 130*page || got[0].Len != 3*page || got[0].File < 256*page {
+		t.Fatalf("remap after revoking blocks 130..132: %+v", got)
+	}
+	if clip := rv.Remap(nil, 131*page+10, page); len(clip) != 1 || clip[0].View != 131*page+10 ||
+		clip[0].File != got[0].File+page+10 || clip[0].Len != page {
+		t.Fatalf("clipped remap: %+v (whole: %+v)", clip, got)
+	}
+	if none := rv.Remap(nil, 0, 130*page); len(none) != 0 {
+		t.Fatalf("remap of untouched blocks: %+v", none)
+	}
+	if free, quar := rr.Spare(); free != 5 || quar != 3 {
+		t.Fatalf("spare free %d quarantined %d, want 5 and 3", free, quar)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	if free, quar := rr.Spare(); free != 8 || quar != 0 {
+		t.Fatalf("after release: spare free %d quarantined %d, want 8 and 0", free, quar)
+	}
+}
