@@ -61,11 +61,20 @@ func (p *partLink) heldFrames() int {
 // the gen engine's quarantine bound is maxQ bytes (0: the default).
 func startPartCluster(t *testing.T, l kvcache.Layout, maxQ uint64) (*cluster, *partLink) {
 	t.Helper()
+	return startPartClusterWith(t, l, func(_ string, cfg *kvxfer.Config) { cfg.MaxQuarantinedBytes = maxQ })
+}
+
+// startPartClusterWith is startPartCluster with each engine's config
+// changed by with first.
+func startPartClusterWith(t *testing.T, l kvcache.Layout, with func(inst string, cfg *kvxfer.Config)) (*cluster, *partLink) {
+	t.Helper()
 	link := &partLink{MemLink: control.NewMemLink()}
 	c := &cluster{ctxPar: tp1, genPar: tp1}
 	for _, inst := range []string{"ctx", "gen"} {
-		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
-			Layout: &l, PoolBytes: 4 << 20, Workers: 2, Link: link, TransferTimeout: 20 * time.Second, MaxQuarantinedBytes: maxQ})
+		cfg := kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
+			Layout: &l, PoolBytes: 4 << 20, Workers: 2, Link: link, TransferTimeout: 20 * time.Second}
+		with(inst, &cfg)
+		e, err := kvxfer.Start(context.Background(), cfg)
 		if err != nil {
 			t.Fatalf("start %s: %v", inst, err)
 		}

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
@@ -28,39 +26,25 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rr.Close()
-	link := &partLink{MemLink: control.NewMemLink()}
-	c := &cluster{ctxPar: tp1, genPar: tp1}
+	t.Cleanup(func() {
+		if err := rr.Close(); err != nil {
+			t.Errorf("close region: %v", err)
+		}
+	})
+	// Cleanups run last first: the engines close, then the agents, then
+	// the region.
 	ctxAgent, genAgent := shm.New(), shm.New()
-	for _, inst := range []string{"ctx", "gen"} {
-		cfg := kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0), Layout: &l, PoolBytes: pool, Workers: 2,
-			Link: link, TransferTimeout: 20 * time.Second, Agent: ctxAgent}
-		if inst == "gen" {
-			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
-		}
-		e, err := kvxfer.Start(context.Background(), cfg)
-		if err != nil {
-			t.Fatalf("start %s: %v", inst, err)
-		}
-		if inst == "ctx" {
-			c.ctx = append(c.ctx, e)
-		} else {
-			c.gen = append(c.gen, e)
-		}
-	}
-	defer func() {
-		link.setCut(false)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, e := range append(c.ctx, c.gen...) {
-			if err := e.Close(ctx); err != nil {
-				t.Errorf("close: %v", err)
-			}
-		}
+	t.Cleanup(func() {
 		if err := errors.Join(ctxAgent.Close(), genAgent.Close()); err != nil {
 			t.Errorf("close agents: %v", err)
 		}
-	}()
+	})
+	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
+		cfg.Agent = ctxAgent
+		if inst == "gen" {
+			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
+		}
+	})
 	gen, ctxE := c.gen[0], c.ctx[0]
 
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx"})

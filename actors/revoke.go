@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -52,15 +53,7 @@ func (env *shellEnv) remapFor(blocks [][]kvcache.BlockID) ([]messages.Extent, er
 	if len(xs) == 0 {
 		return nil, nil
 	}
-	slices.SortFunc(xs, func(a, b kvcache.Extent) int {
-		switch {
-		case a.View < b.View:
-			return -1
-		case a.View > b.View:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(xs, func(a, b kvcache.Extent) int { return cmp.Compare(a.View, b.View) })
 	out := make([]messages.Extent, 0, len(xs))
 	for _, x := range xs {
 		if last := len(out) - 1; last >= 0 && out[last].View+out[last].Len == x.View && out[last].File+out[last].Len == x.File {
