@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,18 @@ type partLink struct {
 	mu   sync.Mutex
 	cut  bool
 	held []func()
+	// older: Hello shows every peer as a version without features would.
+	older atomic.Bool
+}
+
+func (p *partLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	h, err := p.MemLink.Hello(peer)
+	if err == nil && p.older.Load() {
+		c := *h
+		c.Features = 0
+		return &c, nil
+	}
+	return h, err
 }
 
 func (p *partLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {

@@ -93,6 +93,17 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 	if err := gen.FreeBlocks(o2.Blocks); err != nil {
 		t.Fatal(err)
 	}
+	// A writer that does not say it honours the remap (an older version)
+	// gets no request whose blocks moved: it fails at once, naming why.
+	link.older.Store(true)
+	rx3, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r3", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, rx3.Done()); o.OK || !errors.Is(o.Err, kvxfer.ErrMismatch) || !contains(o.Err.Error(), "honours remapped") {
+		t.Fatalf("r3 to an older writer over moved blocks: %s %v, want a mismatch naming the remap", o.Status, o.Err)
+	}
+	link.older.Store(false)
 	checkNoLeaks(t, c)
 }
 

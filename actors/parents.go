@@ -599,6 +599,24 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		p.finishQueued(q, RxFailed, err)
 		return
 	}
+	if len(remap) > 0 {
+		// Only a writer that honours the remap may write moved blocks: an
+		// older one would write into the revoked memory, and READY would
+		// cover bytes it never wrote where the view shows them.
+		for _, w := range writers {
+			if p.link == nil {
+				break
+			}
+			if h, herr := p.link.Hello(w.Peer); herr != nil || !h.Has(messages.FeatureRemap) {
+				p.table.Stopped(q.req.ID)
+				p.unstarted(q, blocks)
+				p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s does not say it honours remapped destination blocks (an older version), "+
+					"and some of this request's blocks were revoked from a stale writer: upgrade it, or turn revocation off on this rank (revoke_spare_bytes = -1)",
+					ErrMismatch, q.req.ID, w.Peer))
+				return
+			}
+		}
+	}
 	for _, w := range writers {
 		w.Request.Remap = remap
 	}

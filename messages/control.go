@@ -116,7 +116,21 @@ type Hello struct {
 	// on the same host and pid namespace may watch it and take its exit as
 	// proof that the sender's writes are over (docs/membership.md).
 	Process ProcessID
+	// Features are what the sender's version understands beyond protocol
+	// version 1 (FeatureRemap, …); 0 from a peer that predates them.
+	Features uint64
 }
+
+// Hello features.
+const (
+	// FeatureRemap: the sender, as a writer, honours RequestData.Remap.
+	// A receiver whose request has moved blocks sends it only to writers
+	// that say so (an older writer would write into revoked memory).
+	FeatureRemap uint64 = 1 << iota
+)
+
+// Has reports whether every feature of want is in h.Features.
+func (h *Hello) Has(want uint64) bool { return h.Features&want == want }
 
 // ProcessID names one OS process: Pid, its StartTime (field 22 of
 // /proc/<pid>/stat: clock ticks after boot), which tells it from a later

@@ -10,6 +10,7 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 	case *pb.Envelope_Hello:
 		h := f.(*Hello)
 		b.Hello.Incarnation = h.Incarnation
+		b.Hello.Features = h.Features
 		if !h.Process.IsZero() {
 			b.Hello.Process = &pb.ProcessID{Pid: h.Process.Pid, StartTime: h.Process.StartTime, Host: h.Process.Host}
 		}
@@ -35,6 +36,7 @@ func incarnationsFromWire(env *pb.Envelope, f Frame) {
 	case *pb.Envelope_Hello:
 		h := f.(*Hello)
 		h.Incarnation = b.Hello.GetIncarnation()
+		h.Features = b.Hello.GetFeatures()
 		if p := b.Hello.GetProcess(); p != nil {
 			h.Process = ProcessID{Pid: p.GetPid(), StartTime: p.GetStartTime(), Host: p.GetHost()}
 		}

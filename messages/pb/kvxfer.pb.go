@@ -552,7 +552,10 @@ type Hello struct {
 	// the same host and pid namespace watches it (a pidfd) and takes its
 	// exit as proof that its writes are over, where the backend makes it
 	// so. Absent: no such proof (an older peer, another host).
-	Process       *ProcessID `protobuf:"bytes,21,opt,name=process,proto3" json:"process,omitempty"`
+	Process *ProcessID `protobuf:"bytes,21,opt,name=process,proto3" json:"process,omitempty"`
+	// features: what the sender's version understands beyond version 1
+	// (bit 0: RequestData.remap). Absent: none (an older peer).
+	Features      uint64 `protobuf:"varint,22,opt,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -676,6 +679,13 @@ func (x *Hello) GetProcess() *ProcessID {
 		return x.Process
 	}
 	return nil
+}
+
+func (x *Hello) GetFeatures() uint64 {
+	if x != nil {
+		return x.Features
+	}
+	return 0
 }
 
 // ProcessID names one OS process: its pid, its start time (field 22 of
@@ -1459,7 +1469,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\xce\x03\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\xea\x03\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1476,7 +1486,8 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	" \x01(\tR\x05model\x12+\n" +
 	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\x12 \n" +
 	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\x12.\n" +
-	"\aprocess\x18\x15 \x01(\v2\x14.kvxfer.v1.ProcessIDR\aprocess\"P\n" +
+	"\aprocess\x18\x15 \x01(\v2\x14.kvxfer.v1.ProcessIDR\aprocess\x12\x1a\n" +
+	"\bfeatures\x18\x16 \x01(\x04R\bfeatures\"P\n" +
 	"\tProcessID\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x1d\n" +
 	"\n" +
