@@ -497,4 +497,16 @@ func (r Report) printRaw(w io.Writer) {
 	p := r.Rows[0]
 	fmt.Fprintf(w, "%s: GB/s / raw %.2f, exposed p50 / one chunk's raw transfer %.1fx\n",
 		p.Mode, p.BytesPerSec/r.Raw.BytesPerSec, float64(p.ExposedP50)/float64(chunk))
+	if o := r.Options; o.Compute > 0 && o.Concurrency > 0 {
+		// What the prefill asks of the backend: each request in flight
+		// hands over one chunk per Compute. Above the raw rate the chunks
+		// queue and the last one's transfer cannot hide behind compute.
+		offered := float64(o.Concurrency) * float64(r.Raw.SizeBytes) / o.Compute.Seconds()
+		verdict := "below the raw rate: the transfer can hide behind compute"
+		if offered > r.Raw.BytesPerSec {
+			verdict = "above the raw rate: chunks queue, the exposed window grows (fewer --concurrency, or a longer --compute, to see the overlap)"
+		}
+		fmt.Fprintf(w, "offered: %d in flight × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
+			o.Concurrency, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
+	}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -56,5 +59,27 @@ func TestCheckBlockDetectsCorruption(t *testing.T) {
 	b[4095] ^= 1
 	if CheckBlock(b, 1, 0, 3) {
 		t.Fatal("flipped bit not detected")
+	}
+}
+
+// TestOfferedLoadLine: the report says what the prefill offers the backend
+// against the raw rate measured in the same run, and which side of it the
+// run is on.
+func TestOfferedLoadLine(t *testing.T) {
+	for _, c := range []struct {
+		concurrency int
+		want        string
+	}{
+		{4, "offered: 4 in flight × one chunk per 15ms = 17.90 GB/s, 3.0x raw, above the raw rate"},
+		{1, "offered: 1 in flight × one chunk per 15ms = 4.47 GB/s, 0.8x raw, below the raw rate"},
+	} {
+		r := Report{Options: Options{Concurrency: c.concurrency, Compute: 15 * time.Millisecond},
+			Raw:  &rdmabench.Result{Backend: "loopback", SizeBytes: 64 << 20, BytesPerSec: 5.965e9},
+			Rows: []Row{{Mode: "pipelined", BytesPerSec: 3e9, ExposedP50: 20 * time.Millisecond}}}
+		var out strings.Builder
+		r.printRaw(&out)
+		if !strings.Contains(out.String(), c.want) {
+			t.Fatalf("concurrency %d: report lacks %q:\n%s", c.concurrency, c.want, out.String())
+		}
 	}
 }
