@@ -61,7 +61,7 @@ type streamState struct {
 
 type streamActor struct{ st *streamState }
 
-var streamProps = func(st *streamState) *actor.Props {
+func streamProps(st *streamState) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &streamActor{st: st} },
 		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
 }
