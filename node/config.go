@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -65,7 +66,8 @@ type Config struct {
 	// the proof, instead of being quarantined. 0: an eighth of pool_bytes;
 	// < 0: off (plain quarantine). Only for the shm backend, a pool without
 	// memory, and a pool_bytes that is a multiple of the page size; the
-	// reserve is rounded down to pages.
+	// unit of revocation is the layer groups' common block size (else the
+	// page), and the reserve is rounded down to it.
 	RevokeSpareBytes int64 `json:"revoke_spare_bytes"`
 	// Workers is the number of sender workers (default 4).
 	Workers int `json:"workers"`
@@ -298,6 +300,59 @@ func (c Config) backend() string {
 	return c.Backend
 }
 
+// kvLayout is the layout c names (its Layout, else its Model's preset),
+// with its TokensPerBlock when set.
+func (c Config) kvLayout() (kvcache.Layout, error) {
+	var layout kvcache.Layout
+	if c.Layout != nil {
+		layout = c.Layout.Clone()
+	} else {
+		var err error
+		if layout, err = kvcache.Preset(c.Model); err != nil {
+			return layout, err
+		}
+	}
+	if c.TokensPerBlock > 0 {
+		layout = layout.WithTokensPerBlock(c.TokensPerBlock)
+	}
+	return layout, nil
+}
+
+// revokeBlock is the unit of revocation of c's shm pool: the greatest
+// common divisor of its layer groups' block sizes on this rank, so that
+// every block is whole units and the pool's indirection table is small
+// (one entry per 2 MiB block of Llama-3.1-8B, not per page); the page size
+// when that is not a whole number of pages or does not divide the pool
+// (blocks then not aligned to it are quarantined, never revoked).
+func (c Config) revokeBlock(poolBytes uint64) uint64 {
+	page := uint64(os.Getpagesize())
+	layout, err := c.kvLayout()
+	if err != nil {
+		return page
+	}
+	shape, err := layout.Shape(c.Parallel.orOne().kv(), c.Rank.kv())
+	if err != nil {
+		return page
+	}
+	var g uint64
+	for i := range layout.Groups {
+		if bb := shape.BlockBytes(layout, i); bb > 0 {
+			g = gcd(g, bb)
+		}
+	}
+	if g == 0 || g%page != 0 || poolBytes%g != 0 {
+		return page
+	}
+	return g
+}
+
+func gcd(a, b uint64) uint64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
 // Validate checks every field without touching files or the network.
 func (c Config) Validate() error {
 	if len(c.Instance) > messages.MaxInstanceLen {
@@ -313,20 +368,12 @@ func (c Config) Validate() error {
 	if c.Model == "" && c.Layout == nil {
 		return bad("model", c.Model, "empty: name a preset (%s)", strings.Join(kvcache.Presets(), ", "))
 	}
-	var layout kvcache.Layout
-	if c.Layout != nil {
-		layout = c.Layout.Clone()
-	} else {
-		var err error
-		if layout, err = kvcache.Preset(c.Model); err != nil {
-			return bad("model", c.Model, "%v", err)
-		}
-	}
 	if c.TokensPerBlock < 0 {
 		return bad("tokens_per_block", c.TokensPerBlock, "must be ≥ 0")
 	}
-	if c.TokensPerBlock > 0 {
-		layout = layout.WithTokensPerBlock(c.TokensPerBlock)
+	layout, err := c.kvLayout()
+	if err != nil {
+		return bad("model", c.Model, "%v", err)
 	}
 	if err := par.kv().Validate(layout); err != nil {
 		return bad("parallel", par, "%v", err)

@@ -311,9 +311,10 @@ func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvca
 		return a, region, closer, nil, nil
 	default:
 		a := shm.New()
-		if spare := spareBytes(c); spare > 0 && c.Memory == nil {
+		if block := c.revokeBlock(size); spareBytes(c) >= int64(block) && c.Memory == nil {
+			spare := spareBytes(c)
 			rr, err := shm.NewRevocableRegion(size, shm.RevocableOptions{Name: regionName(self, os.Getpid()),
-				Block: uint64(os.Getpagesize()), Spare: uint64(spare)})
+				Block: block, Spare: uint64(spare) / block * block})
 			if err != nil {
 				_ = a.Close()
 				return nil, nil, nil, nil, fmt.Errorf("node: pool_bytes = %d, revoke_spare_bytes = %d: %w", size, spare, err)
