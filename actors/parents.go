@@ -607,14 +607,19 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			if p.link == nil {
 				break
 			}
-			if h, herr := p.link.Hello(w.Peer); herr != nil || !h.Has(messages.FeatureRemap) {
-				p.table.Stopped(q.req.ID)
-				p.unstarted(q, blocks)
-				p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s does not say it honours remapped destination blocks (an older version), "+
-					"and some of this request's blocks were revoked from a stale writer: upgrade it, or turn revocation off on this rank (revoke_spare_bytes = -1)",
-					ErrMismatch, q.req.ID, w.Peer))
-				return
+			h, herr := p.link.Hello(w.Peer)
+			if herr == nil && h.Has(messages.FeatureRemap) {
+				continue
 			}
+			why := "does not say it honours remapped destination blocks (an older version): upgrade it, or turn revocation off on this rank (revoke_spare_bytes = -1)"
+			if herr != nil {
+				why = fmt.Sprintf("has not said Hello yet (%v), so it is not known to honour remapped destination blocks: retry once it has", herr)
+			}
+			p.table.Stopped(q.req.ID)
+			p.unstarted(q, blocks)
+			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: some of its destination blocks were revoked from a stale writer, and writer %s %s",
+				ErrMismatch, q.req.ID, w.Peer, why))
+			return
 		}
 	}
 	for _, w := range writers {
