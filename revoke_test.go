@@ -43,6 +43,7 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 		cfg.Agent = ctxAgent
 		if inst == "gen" {
 			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
+			cfg.MetricsAddr = "127.0.0.1:0"
 		}
 	})
 	gen, ctxE := c.gen[0], c.ctx[0]
@@ -63,6 +64,14 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 		t.Fatalf("after suspicion: %d blocks revoked, %d bytes and %d blocks quarantined, %d used, %d spare pages held; "+
 			"want blocks revoked and free, none quarantined, the old memory held", st.BlocksRevoked, st.QuarantinedBytes,
 			gen.Pools().Quarantined(), gen.Pools().Used(), quar)
+	}
+
+	m := scrape(t, gen, "gen/0")
+	if m.get(t, "kvxfer_revoked_blocks_total") != float64(st.BlocksRevoked) || m.get(t, "kvxfer_revoked_held_blocks") != float64(st.BlocksRevoked) ||
+		m.get(t, "kvxfer_quarantined_bytes") != 0 {
+		t.Fatalf("metrics after the revocation: revoked %v held %v quarantined bytes %v, want %d, %d, 0",
+			m.get(t, "kvxfer_revoked_blocks_total"), m.get(t, "kvxfer_revoked_held_blocks"), m.get(t, "kvxfer_quarantined_bytes"),
+			st.BlocksRevoked, st.BlocksRevoked)
 	}
 
 	// The next request reuses the revoked blocks at once, proof or not.
@@ -89,7 +98,10 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 	if n := verify(t, gen, l, 64, o2.Blocks, 2); n == 0 {
 		t.Fatal("r2: no byte verified")
 	}
-	waitUntil(t, "the proof to release the revoked memory", func() bool { _, q := rr.Spare(); return q == 0 })
+	waitUntil(t, "the proof to release the revoked memory", func() bool {
+		_, q := rr.Spare()
+		return q == 0 && gen.Stats().RevokedHeldBlocks == 0
+	})
 	if err := gen.FreeBlocks(o2.Blocks); err != nil {
 		t.Fatal(err)
 	}

@@ -137,6 +137,7 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 		{"frames_unsent_total", "Control frames a worker could not send (dial or send failed).", &stats.FramesUnsent},
 		{"session_panics_total", "Sessions restarted after a panic.", &stats.SessionPanics},
 		{"pin_errors_total", "Pin or unpin calls the pools refused.", &stats.PinErrors},
+		{"revoked_blocks_total", "Destination blocks revoked (reused at once, their old memory held until proof) instead of quarantined.", &stats.BlocksRevoked},
 	} {
 		v := c.v
 		if err := set.CounterFunc(c.name, c.help, func() float64 { return float64(v.Load()) }); err != nil {
@@ -161,6 +162,10 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 	if err := set.Quarantine(func() float64 { return float64(pools.QuarantinedBytes()) },
 		func() float64 { return float64(pools.QuarantineLimit()) }); err != nil {
 		return nil, fmt.Errorf("metrics: quarantine: %w", err)
+	}
+	if err := set.GaugeFunc("revoked_held_blocks", "Revoked destination blocks whose old memory, the only memory a stale writer can reach, waits for its proof; sampled at scrape.",
+		func() float64 { return float64(stats.RevokedHeld.Load()) }); err != nil {
+		return nil, fmt.Errorf("metrics: revoked_held_blocks: %w", err)
 	}
 	return m, nil
 }

@@ -50,7 +50,9 @@
 //	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener),
 //	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
 //	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
-//	                                                               that could not be resolved into a route; the request fails)
+//	                                                               that could not be resolved into a route; the request fails), not_bound (from
+//	                                                               another generation instance than the request's), orphan_limit (a new request
+//	                                                               past its instance's MaxOrphanRequests)
 //	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
 //	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
 //	                                                               OnPeerDown); peer is "instance/rank"
@@ -60,6 +62,9 @@
 //	                                                               deadline, cancel) while a writer had given no proof that its writes are over
 //	                                                               (DESIGN.md §3); released by a proof. Sampled at scrape
 //	kvxfer_quarantine_limit_bytes       gauge      -               quarantined bytes past which new requests wait for destination blocks
+//	kvxfer_revoked_blocks_total         counter    -               destination blocks revoked instead of quarantined (Config.Revoker): reused at
+//	                                                               once, their old memory held until the proof
+//	kvxfer_revoked_held_blocks          gauge      -               revoked blocks whose old memory still waits for its proof. Sampled at scrape
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
 //	kvxfer_frames_unsent_total          counter    -               control frames a worker could not send (dial or send failed)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic

@@ -150,6 +150,12 @@ func (s *Set) CounterFunc(name, help string, f func() float64) error {
 	return s.wrap.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, f))
 }
 
+// GaugeFunc registers the gauge Namespace_name whose value f reads at each
+// scrape.
+func (s *Set) GaugeFunc(name, help string, f func() float64) error {
+	return s.wrap.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, f))
+}
+
 // Quarantine registers kvxfer_quarantined_bytes (the bytes of destination
 // blocks held in quarantine: their request failed while a writer had given
 // no proof that its writes are over) and kvxfer_quarantine_limit_bytes
