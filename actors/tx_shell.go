@@ -196,10 +196,11 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 			k.streams = map[int]*streamChild{}
 		}
 		st := &streamState{env: a.env, session: ctx.Self(), peer: peer, worker: worker, inflight: map[int]struct{}{}}
-		if a.incarnations > 1 || k.respawn[peer] {
-			// Respawned after a restart of the session (protoactor stopped
-			// the children): what the step has in flight for the peer is
-			// the new stream's account.
+		if k.respawn[peer] {
+			// Respawned: the stream stopped before its terminal frame (a
+			// restart of the session stops its children first, and each
+			// one's Terminated marks it here). What the step has in flight
+			// for the peer is the new stream's account.
 			for r, s := range k.s.OpStates() {
 				if r.Peer == peer && (s == OpSubmitting || s == OpSubmitted || s == OpInDoubt) {
 					st.inflight[r.Seq] = struct{}{}

@@ -2,6 +2,8 @@ package capi
 
 import (
 	"math"
+	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
@@ -60,10 +62,8 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 		held += len(s.Layers[g])
 	}
 	split := m.Kind == "split_kv"
-	switch m.Kind {
-	case "nhd", "hnd", "split_kv", "mla":
-	default:
-		return errorf(ErrConfig, "memory.kind = %q, want nhd, hnd, split_kv or mla", m.Kind)
+	if !slices.Contains(kvcache.FrameworkKinds, m.Kind) {
+		return errorf(ErrConfig, "memory.kind = %q, want %s", m.Kind, strings.Join(kvcache.FrameworkKinds, ", "))
 	}
 	if m.NumBlocks < 1 || m.NumBlocks > math.MaxInt32 {
 		return errorf(ErrConfig, "memory.num_blocks = %d, must be ≥ 1", m.NumBlocks)
@@ -99,17 +99,7 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 			}
 		}
 		next += n
-		var d *kvcache.KVMemory
-		switch m.Kind {
-		case "nhd":
-			d, err = kvcache.NHDMemory(l, s, g, m.NumBlocks, offs, provisional)
-		case "hnd":
-			d, err = kvcache.HNDMemory(l, s, g, m.NumBlocks, offs, provisional)
-		case "split_kv":
-			d, err = kvcache.SplitKVMemory(l, s, g, m.NumBlocks, offs, voffs, provisional)
-		case "mla":
-			d, err = kvcache.MLAMemory(l, s, g, m.NumBlocks, offs, provisional)
-		}
+		d, err := kvcache.FrameworkMemory(m.Kind, l, s, g, m.NumBlocks, offs, voffs, provisional)
 		if err != nil {
 			return errorf(ErrConfig, "memory of group %d: %v", g, err)
 		}

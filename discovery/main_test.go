@@ -3,7 +3,6 @@ package discovery
 import (
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,17 +15,11 @@ import (
 
 // One embedded etcd serves every test that needs one (each under its own
 // cluster name), started on first use and stopped before the leak check.
-var testEtcd struct {
-	once sync.Once
-	srv  *etcdlocal.Server
-	err  error
-}
+var testEtcd etcdlocal.Shared
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if testEtcd.srv != nil {
-		testEtcd.srv.Close()
-	}
+	testEtcd.Close()
 	if code == 0 {
 		// No ignore list: etcd's server and client leave no goroutine
 		// behind once closed.
@@ -42,11 +35,11 @@ func TestMain(m *testing.M) {
 // election, so leases down to 1 s) and returns its client endpoints.
 func etcdEndpoints(t testing.TB) []string {
 	t.Helper()
-	testEtcd.once.Do(func() { testEtcd.srv, testEtcd.err = etcdlocal.Start() })
-	if testEtcd.err != nil {
-		t.Fatalf("embedded etcd: %v", testEtcd.err)
+	srv, err := testEtcd.Get()
+	if err != nil {
+		t.Fatalf("embedded etcd: %v", err)
 	}
-	return []string{testEtcd.srv.Endpoint()}
+	return []string{srv.Endpoint()}
 }
 
 // newClient dials the embedded etcd; the test closes it.

@@ -1,9 +1,11 @@
 package kvcache
 
 import (
+	"cmp"
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 )
 
 // MemoryKind names how a serving framework lays out its KV cache. It is
@@ -159,15 +161,7 @@ func (m *KVMemory) blockFootprint() ([]span, error) {
 			}
 		}
 	}
-	slices.SortFunc(fp, func(a, b span) int {
-		switch {
-		case a.lo < b.lo:
-			return -1
-		case a.lo > b.lo:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(fp, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
 	out := fp[:1]
 	for _, s := range fp[1:] {
 		k := len(out) - 1
@@ -265,15 +259,7 @@ func (m *KVMemory) Validate() error {
 			ts = append(ts, tensor{i, p, base, hi})
 		}
 	}
-	slices.SortFunc(ts, func(a, b tensor) int {
-		switch {
-		case a.lo < b.lo:
-			return -1
-		case a.lo > b.lo:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ts, func(a, b tensor) int { return cmp.Compare(a.lo, b.lo) })
 	for a, t := range ts {
 		for _, u := range ts[a+1:] {
 			if u.lo >= t.hi {
@@ -391,6 +377,28 @@ func (m *KVMemory) perLayer(offsets [][]uint64, regionLen uint64) (*KVMemory, er
 		return nil, err
 	}
 	return m, nil
+}
+
+// FrameworkKinds are the names FrameworkMemory takes, as the C ABI, the
+// Python package and node's config spell them.
+var FrameworkKinds = []string{"nhd", "hnd", "split_kv", "mla"}
+
+// FrameworkMemory is the descriptor of layer group g laid out as a serving
+// framework's kind names it (FrameworkKinds): NHDMemory, HNDMemory,
+// SplitKVMemory (vOffsets: the V tensors) or MLAMemory. An unknown kind is
+// an ErrBadMemory naming it and the kinds there are.
+func FrameworkMemory(kind string, l Layout, s Shape, g, blocks int, offsets, vOffsets []uint64, regionLen uint64) (*KVMemory, error) {
+	switch kind {
+	case "nhd":
+		return NHDMemory(l, s, g, blocks, offsets, regionLen)
+	case "hnd":
+		return HNDMemory(l, s, g, blocks, offsets, regionLen)
+	case "split_kv":
+		return SplitKVMemory(l, s, g, blocks, offsets, vOffsets, regionLen)
+	case "mla":
+		return MLAMemory(l, s, g, blocks, offsets, regionLen)
+	}
+	return nil, fmt.Errorf("%w: kind %q, want one of %s", ErrBadMemory, kind, strings.Join(FrameworkKinds, ", "))
 }
 
 // NHDMemory describes vLLM-style memory for rank shape s of layout l, layer

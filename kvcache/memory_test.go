@@ -3,6 +3,7 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -353,4 +354,31 @@ func TestPropertyValidateAgreesWithByteMap(t *testing.T) {
 			t.Fatalf("byte map clean but Validate = %v", err)
 		}
 	})
+}
+
+// TestFrameworkMemory: each framework kind name builds the descriptor its
+// constructor builds; an unknown name is an ErrBadMemory naming it.
+func TestFrameworkMemory(t *testing.T) {
+	l := testDense(2, 4, nil)
+	s, err := l.Shape(Parallel{TP: 1, PP: 1}, rnk(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blocks, region = 3, 1 << 20
+	offs, voffs := []uint64{0, 4096}, []uint64{8192, 12288}
+	for kind, want := range map[string]func() (*KVMemory, error){
+		"nhd":      func() (*KVMemory, error) { return NHDMemory(l, s, 0, blocks, offs, region) },
+		"hnd":      func() (*KVMemory, error) { return HNDMemory(l, s, 0, blocks, offs, region) },
+		"split_kv": func() (*KVMemory, error) { return SplitKVMemory(l, s, 0, blocks, offs, voffs, region) },
+		"mla":      func() (*KVMemory, error) { return MLAMemory(l, s, 0, blocks, offs, region) },
+	} {
+		got, gerr := FrameworkMemory(kind, l, s, 0, blocks, offs, voffs, region)
+		w, werr := want()
+		if (gerr == nil) != (werr == nil) || (gerr == nil && !reflect.DeepEqual(got, w)) {
+			t.Fatalf("%s: %+v %v, want %+v %v", kind, got, gerr, w, werr)
+		}
+	}
+	if _, err := FrameworkMemory("nchw", l, s, 0, blocks, offs, nil, region); !errors.Is(err, ErrBadMemory) || !strings.Contains(err.Error(), `"nchw"`) {
+		t.Fatalf("unknown kind: %v, want ErrBadMemory naming it", err)
+	}
 }

@@ -24,26 +24,18 @@ import (
 
 // One embedded etcd serves every test that needs one, each under its own
 // cluster name; TestMain stops it before the leak check.
-var testEtcd struct {
-	once sync.Once
-	srv  *etcdlocal.Server
-	err  error
-}
+var testEtcd etcdlocal.Shared
 
 func etcdURL(t testing.TB) string {
 	t.Helper()
-	testEtcd.once.Do(func() { testEtcd.srv, testEtcd.err = etcdlocal.Start() })
-	if testEtcd.err != nil {
-		t.Fatalf("embedded etcd: %v", testEtcd.err)
+	srv, err := testEtcd.Get()
+	if err != nil {
+		t.Fatalf("embedded etcd: %v", err)
 	}
-	return testEtcd.srv.URL()
+	return srv.URL()
 }
 
-func stopEtcd() {
-	if testEtcd.srv != nil {
-		testEtcd.srv.Close()
-	}
-}
+func stopEtcd() { testEtcd.Close() }
 
 // events records a node's membership events.
 type events struct {

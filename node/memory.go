@@ -3,6 +3,8 @@ package node
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -68,19 +70,10 @@ func (m *Memory) layout(cfg kvxfer.Config, regionLen uint64) ([]*kvcache.KVMemor
 			}
 			off += uint64(l.Parts()) * part
 		}
-		var d *kvcache.KVMemory
-		switch m.Kind {
-		case "nhd":
-			d, err = kvcache.NHDMemory(l, s, g, m.NumBlocks, offs, regionLen)
-		case "hnd":
-			d, err = kvcache.HNDMemory(l, s, g, m.NumBlocks, offs, regionLen)
-		case "split_kv":
-			d, err = kvcache.SplitKVMemory(l, s, g, m.NumBlocks, offs, voffs, regionLen)
-		case "mla":
-			d, err = kvcache.MLAMemory(l, s, g, m.NumBlocks, offs, regionLen)
-		default:
-			return nil, need, fmt.Errorf("%w: memory.kind = %q, want nhd, hnd, split_kv or mla", ErrConfig, m.Kind)
+		if !slices.Contains(kvcache.FrameworkKinds, m.Kind) {
+			return nil, need, fmt.Errorf("%w: memory.kind = %q, want %s", ErrConfig, m.Kind, strings.Join(kvcache.FrameworkKinds, ", "))
 		}
+		d, err := kvcache.FrameworkMemory(m.Kind, l, s, g, m.NumBlocks, offs, voffs, regionLen)
 		if err != nil {
 			return nil, need, fmt.Errorf("%w: memory of group %d: %w", ErrConfig, g, err)
 		}

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -104,4 +105,27 @@ func (s *Server) URL() string { return "etcd://" + s.endpoint }
 func (s *Server) Close() {
 	s.srv.Close()
 	os.RemoveAll(s.dir)
+}
+
+// Shared is one server started on first use and handed to every caller:
+// the tests of a package share it, each under its own cluster name. The
+// zero value is ready; Close stops the server if it started.
+type Shared struct {
+	once sync.Once
+	srv  *Server
+	err  error
+}
+
+// Get starts the server on the first call and returns it (or the error
+// that start gave, every time).
+func (s *Shared) Get() (*Server, error) {
+	s.once.Do(func() { s.srv, s.err = Start() })
+	return s.srv, s.err
+}
+
+// Close stops the server if Get started it.
+func (s *Shared) Close() {
+	if s.srv != nil {
+		s.srv.Close()
+	}
 }

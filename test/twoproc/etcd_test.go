@@ -27,26 +27,18 @@ var etcdTTL = flag.Duration("etcd-ttl", time.Second, "etcd lease TTL of TestEtcd
 
 // One embedded etcd serves the tests of this file, each under its own
 // cluster name; TestMain stops it before the leak check.
-var testEtcd struct {
-	once sync.Once
-	srv  *etcdlocal.Server
-	err  error
-}
+var testEtcd etcdlocal.Shared
 
 func etcdURL(t testing.TB) string {
 	t.Helper()
-	testEtcd.once.Do(func() { testEtcd.srv, testEtcd.err = etcdlocal.Start() })
-	if testEtcd.err != nil {
-		t.Fatalf("embedded etcd: %v", testEtcd.err)
+	srv, err := testEtcd.Get()
+	if err != nil {
+		t.Fatalf("embedded etcd: %v", err)
 	}
-	return testEtcd.srv.URL()
+	return srv.URL()
 }
 
-func stopEtcd() {
-	if testEtcd.srv != nil {
-		testEtcd.srv.Close()
-	}
-}
+func stopEtcd() { testEtcd.Close() }
 
 // viaEtcd makes both roles find each other through the test's etcd under
 // cluster: no endpoint and no public key of the peer is given.
