@@ -214,6 +214,9 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	var mu sync.Mutex
 	var firstErr error
 	sem := make(chan struct{}, o.Concurrency)
+	// The simulated prefill devices: a request computes a chunk only
+	// while it holds one (FIFO among the waiters).
+	devices := make(chan struct{}, o.devices())
 	var wg sync.WaitGroup
 	// Fault both pools in before the clock starts, as a serving process
 	// that has run for a while has: a first write into a huge page can
@@ -239,7 +242,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 				mu.Unlock()
 				return
 			}
-			res, err := runRequest(ctx, o, m, ce, ge, i, n)
+			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n)
 			admit.Release(need)
 			mu.Lock()
 			defer mu.Unlock()
@@ -298,7 +301,7 @@ type reqResult struct {
 	exposed         time.Duration
 }
 
-func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i, promptLen int) (reqResult, error) {
+func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int) (reqResult, error) {
 	var res reqResult
 	l := ce.Layout()
 	id := fmt.Sprintf("%s-%d", m.Name, i)
@@ -347,6 +350,8 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		o.mark(ProbeEvent{Mode: m.Name, Request: id, Chunk: chunk, Kind: k, Bytes: bytes})
 	}
 	compute := func(k int, c kvcache.Chunk) {
+		devices <- struct{}{}
+		defer func() { <-devices }()
 		t := time.Now()
 		mark(k, ProbeCompute, 0)
 		b0, b1 := c.Blocks(l.TokensPerBlock)
@@ -362,6 +367,7 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, i
 		if rest := o.Compute - time.Since(t); rest > 0 {
 			time.Sleep(rest) // simulated prefill compute
 		}
+		mark(k, ProbeComputed, 0)
 	}
 	var lastFence time.Time
 	if m.Pipelined {
@@ -498,15 +504,16 @@ func (r Report) printRaw(w io.Writer) {
 	fmt.Fprintf(w, "%s: GB/s / raw %.2f, exposed p50 / one chunk's raw transfer %.1fx\n",
 		p.Mode, p.BytesPerSec/r.Raw.BytesPerSec, float64(p.ExposedP50)/float64(chunk))
 	if o := r.Options; o.Compute > 0 && o.Concurrency > 0 {
-		// What the prefill asks of the backend: each request in flight
-		// hands over one chunk per Compute. Above the raw rate the chunks
-		// queue and the last one's transfer cannot hide behind compute.
-		offered := float64(o.Concurrency) * float64(r.Raw.SizeBytes) / o.Compute.Seconds()
+		// What the prefill asks of the backend: each prefill device hands
+		// over one chunk per Compute. Above the raw rate the chunks queue
+		// and the last one's transfer cannot hide behind compute.
+		d := o.devices()
+		offered := float64(d) * float64(r.Raw.SizeBytes) / o.Compute.Seconds()
 		verdict := "below the raw rate: the transfer can hide behind compute"
 		if offered > r.Raw.BytesPerSec {
-			verdict = "above the raw rate: chunks queue, the exposed window grows (fewer --concurrency, or a longer --compute, to see the overlap)"
+			verdict = "above the raw rate: chunks queue, the exposed window grows (fewer --prefill-devices, or a longer --compute, to see the overlap)"
 		}
-		fmt.Fprintf(w, "offered: %d in flight × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
-			o.Concurrency, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
+		fmt.Fprintf(w, "offered: %d prefill device(s) × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
+			d, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
 	}
 }

@@ -3,11 +3,13 @@ package demo
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -67,19 +69,71 @@ func TestCheckBlockDetectsCorruption(t *testing.T) {
 // run is on.
 func TestOfferedLoadLine(t *testing.T) {
 	for _, c := range []struct {
-		concurrency int
-		want        string
+		concurrency, devices int
+		want                 string
 	}{
-		{4, "offered: 4 in flight × one chunk per 15ms = 17.90 GB/s, 3.0x raw, above the raw rate"},
-		{1, "offered: 1 in flight × one chunk per 15ms = 4.47 GB/s, 0.8x raw, below the raw rate"},
+		{4, 0, "offered: 4 prefill device(s) × one chunk per 15ms = 17.90 GB/s, 3.0x raw, above the raw rate"},
+		{4, 1, "offered: 1 prefill device(s) × one chunk per 15ms = 4.47 GB/s, 0.8x raw, below the raw rate"},
+		{4, 2, "offered: 2 prefill device(s) × one chunk per 15ms = 8.95 GB/s, 1.5x raw, above the raw rate"},
+		{1, 4, "offered: 1 prefill device(s) × one chunk per 15ms = 4.47 GB/s, 0.8x raw, below the raw rate"},
 	} {
-		r := Report{Options: Options{Concurrency: c.concurrency, Compute: 15 * time.Millisecond},
+		r := Report{Options: Options{Concurrency: c.concurrency, PrefillDevices: c.devices, Compute: 15 * time.Millisecond},
 			Raw:  &rdmabench.Result{Backend: "loopback", SizeBytes: 64 << 20, BytesPerSec: 5.965e9},
 			Rows: []Row{{Mode: "pipelined", BytesPerSec: 3e9, ExposedP50: 20 * time.Millisecond}}}
 		var out strings.Builder
 		r.printRaw(&out)
 		if !strings.Contains(out.String(), c.want) {
-			t.Fatalf("concurrency %d: report lacks %q:\n%s", c.concurrency, c.want, out.String())
+			t.Fatalf("concurrency %d, devices %d: report lacks %q:\n%s", c.concurrency, c.devices, c.want, out.String())
+		}
+	}
+}
+
+// computeProbe counts the chunks computing at once, per mode.
+type computeProbe struct {
+	mu       sync.Mutex
+	now, max map[string]int
+	chunks   int
+}
+
+func (*computeProbe) Record(string, any, time.Time)           {}
+func (*computeProbe) Agent(_ string, a rdma.Agent) rdma.Agent { return a }
+func (p *computeProbe) Mark(e ProbeEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch e.Kind {
+	case ProbeCompute:
+		p.now[e.Mode]++
+		p.max[e.Mode] = max(p.max[e.Mode], p.now[e.Mode])
+		p.chunks++
+	case ProbeComputed:
+		p.now[e.Mode]--
+	}
+}
+
+// TestPrefillDevicesAreShared: with one simulated prefill device the
+// requests in flight compute their chunks one at a time, in both modes,
+// and every chunk is still computed and verified.
+func TestPrefillDevicesAreShared(t *testing.T) {
+	p := &computeProbe{now: map[string]int{}, max: map[string]int{}}
+	o := Options{Model: "Llama-3.1-8B", Requests: 6, MinTokens: 64, MaxTokens: 256, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Compute: 2 * time.Millisecond, Workers: 2, Concurrency: 4, PrefillDevices: 1,
+		Seed: 7, TokensPerBlock: 16, Probe: p}
+	rep, err := Run(context.Background(), o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("report not OK: %+v", rep.Rows)
+	}
+	if p.chunks == 0 {
+		t.Fatal("no chunk computed")
+	}
+	for _, mode := range []string{"pipelined", "after-prefill"} {
+		if got := p.max[mode]; got != 1 {
+			t.Fatalf("%s: %d chunks computed at once with one prefill device", mode, got)
+		}
+		if p.now[mode] != 0 {
+			t.Fatalf("%s: %d computes never ended", mode, p.now[mode])
 		}
 	}
 }

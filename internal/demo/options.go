@@ -41,7 +41,13 @@ type Options struct {
 	Compute     time.Duration
 	Workers     int
 	Concurrency int
-	Seed        uint64
+	// PrefillDevices is how many chunks the simulated context server
+	// computes at once: the requests in flight share them, as a chunked-
+	// prefill scheduler shares one GPU's forward passes between the
+	// requests it admitted. 0 means one per request in flight (each request
+	// its own device).
+	PrefillDevices int
+	Seed           uint64
 	// TokensPerBlock overrides the preset's block size when > 0.
 	TokensPerBlock int
 	// Backend is "loopback" (the default), "shm" (the generation pool is
@@ -64,7 +70,15 @@ type Options struct {
 // 512 to 8k tokens, 2 GiB pools.
 func DefaultOptions() Options {
 	return Options{Model: "Llama-3.1-8B", Requests: 16, MinTokens: 512, MaxTokens: 8192, ChunkTokens: 512,
-		PoolBytes: 2 << 30, Compute: 15 * time.Millisecond, Workers: 4, Concurrency: 4, Seed: 1}
+		PoolBytes: 2 << 30, Compute: 15 * time.Millisecond, Workers: 4, Concurrency: 4, PrefillDevices: 1, Seed: 1}
+}
+
+// devices is the number of chunks the simulated prefill computes at once.
+func (o Options) devices() int {
+	if o.PrefillDevices == 0 || o.PrefillDevices > o.Concurrency {
+		return o.Concurrency
+	}
+	return o.PrefillDevices
 }
 
 // defaultTimeout bounds each request when Options.Timeout is 0.
@@ -101,6 +115,8 @@ func (o Options) Check() error {
 		return bad("chunk-tokens", o.ChunkTokens, fmt.Sprintf("want a positive multiple of the block size, %d tokens (--tokens-per-block)", l.TokensPerBlock))
 	case o.Concurrency < 1:
 		return bad("concurrency", o.Concurrency, "want at least 1")
+	case o.PrefillDevices < 0:
+		return bad("prefill-devices", o.PrefillDevices, "want at least 1 (0: one per request in flight)")
 	case o.Workers < 0:
 		return bad("workers", o.Workers, fmt.Sprintf("want at least 1 (0: %d)", kvxfer.DefaultWorkers))
 	case o.Compute < 0:

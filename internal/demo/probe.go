@@ -43,6 +43,9 @@ const (
 	ProbeCompute
 	// ProbeFilled: the chunk's KV is written (the CPU part ends).
 	ProbeFilled
+	// ProbeComputed: the chunk's simulated prefill ends; its prefill
+	// device is free after this mark.
+	ProbeComputed
 	// ProbeFence: the chunk's fence fires (after prefill: the last
 	// chunk's compute ended).
 	ProbeFence
