@@ -3,6 +3,7 @@ package kvxfer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -330,6 +331,13 @@ type TxHandle struct {
 	mu    sync.Mutex
 	next  int // the next chunk's Start
 	done  bool
+	// part is the chunk whose layer parts are being handed (its first
+	// part's chunk and sources), partSet whether there is one, and
+	// nextLayer the layer its next part must start at.
+	part      kvcache.Chunk
+	partSrc   []kvcache.BlockRun
+	partSet   bool
+	nextLayer int
 }
 
 // Send opens the context side of a request, typically when prefill starts.
@@ -369,6 +377,14 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 // with an error naming the chunk and the blocks; nothing is pinned and the
 // request goes on (the caller may hand a corrected chunk).
 //
+// A chunk may also leave in layer parts (c.Layers: global layers [Lo, Hi)
+// of Of, the model's layer count), each with its own fence, as the forward
+// pass writes them: the parts of one chunk come in layer order, each
+// starting where the one before ended, the first at layer 0, all with the
+// same chunk and the same source blocks; the part that reaches layer Of
+// completes the chunk, and no other chunk is taken before it. A part out of
+// that order is rejected like a misaligned chunk, naming the layers.
+//
 // Once the request's outcome is decided (it failed, timed out or was
 // cancelled, here or by the peer), Chunk returns an error wrapping
 // ErrRequestFailed and the outcome's cause, so that prefill can stop
@@ -385,16 +401,62 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	if err := c.Validate(h.req.PromptLen, h.tpb); err != nil {
 		return fmt.Errorf("request %s: %w", h.req.ID, err)
 	}
-	if c.Start != h.next {
-		return fmt.Errorf("%w: request %s: chunk starts at token %d, expected %d", actors.ErrBadChunk, h.req.ID, c.Start, h.next)
+	if err := c.Layers.Check(h.e.cfg.layout.Layers); err != nil {
+		return fmt.Errorf("request %s %v: %w", h.req.ID, c, err)
 	}
-	if err := h.checkSources(c, src); err != nil {
-		return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
+	if h.partSet {
+		if err := h.checkNextPart(c, src); err != nil {
+			return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
+		}
+	} else {
+		if c.Start != h.next {
+			return fmt.Errorf("%w: request %s: chunk starts at token %d, expected %d", actors.ErrBadChunk, h.req.ID, c.Start, h.next)
+		}
+		if c.Layers.Lo != 0 {
+			return fmt.Errorf("%w: request %s: %v: the first part of a chunk starts at layer 0", actors.ErrBadChunk, h.req.ID, c)
+		}
+		if err := h.checkSources(c, src); err != nil {
+			return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
+		}
 	}
-	h.next = c.End
-	h.done = c.Last
+	if c.Layers.Final() {
+		h.next, h.done = c.End, c.Last
+		h.part, h.partSrc, h.partSet = kvcache.Chunk{}, nil, false
+	} else if !h.partSet {
+		h.part, h.partSrc, h.partSet = c, cloneRuns(src), true
+	}
+	h.nextLayer = c.Layers.Hi
 	h.inner.Chunk(c, src, fence)
 	return nil
+}
+
+// checkNextPart checks a layer part of the chunk whose earlier parts were
+// handed: the same chunk and source blocks, starting where the last ended.
+func (h *TxHandle) checkNextPart(c kvcache.Chunk, src []kvcache.BlockRun) error {
+	want := h.part
+	want.Layers = c.Layers
+	if c != want {
+		return fmt.Errorf("%v while layers [%d, %d) of %v are not handed yet", c, h.nextLayer, h.part.Layers.Of, h.part)
+	}
+	if c.Layers.Lo != h.nextLayer {
+		return fmt.Errorf("%v: the part after layer %d starts at layer %d", c, h.nextLayer, h.nextLayer)
+	}
+	if !sameRuns(src, h.partSrc) {
+		return fmt.Errorf("%v: source blocks differ from the chunk's first part", c)
+	}
+	return nil
+}
+
+func cloneRuns(src []kvcache.BlockRun) []kvcache.BlockRun {
+	out := make([]kvcache.BlockRun, len(src))
+	for g, r := range src {
+		out[g] = kvcache.BlockRun{First: r.First, IDs: slices.Clone(r.IDs)}
+	}
+	return out
+}
+
+func sameRuns(a, b []kvcache.BlockRun) bool {
+	return slices.EqualFunc(a, b, func(x, y kvcache.BlockRun) bool { return x.First == y.First && slices.Equal(x.IDs, y.IDs) })
 }
 
 // checkSources refuses a chunk whose source blocks cannot be pinned: for

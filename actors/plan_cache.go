@@ -73,6 +73,7 @@ type planKey struct {
 	genPar  kvcache.Parallel
 	genRank kvcache.Rank
 	group   int
+	layers  kvcache.LayerPart // a chunk's layer part; zero: every layer
 }
 
 type planEntry struct {

@@ -41,6 +41,9 @@ type routePlanner struct {
 	// remap: runs of the receiver's region its writers address elsewhere
 	// (RequestData.Remap), sorted by View.
 	remap []messages.Extent
+	// parts builds the plan of group g restricted to a chunk's layer part
+	// (cached in the topology's PlanCache beside the whole plans).
+	parts func(g int, part kvcache.LayerPart) (*kvcache.Plan, error)
 }
 
 func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcache.Segment) ([]kvcache.Segment, uint64, error) {
@@ -48,6 +51,15 @@ func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcac
 	for g, plan := range p.plans {
 		if plan == nil {
 			continue
+		}
+		if !c.Layers.Whole() {
+			var err error
+			if plan, err = p.parts(g, c.Layers); err != nil {
+				return nil, 0, fmt.Errorf("group %d: %w", g, err)
+			}
+			if plan == nil {
+				continue // none of the group's layers in this part
+			}
 		}
 		var run kvcache.BlockRun
 		if g < len(src) {
@@ -182,6 +194,24 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	maxBlocks := self.Layout.BlocksFor(int(rd.PromptLen))
 	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups),
 		remap: rd.Remap}
+	rp.parts = func(g int, part kvcache.LayerPart) (*kvcache.Plan, error) {
+		var layers []int
+		for _, L := range link.Layers[g] {
+			if part.Contains(L) {
+				layers = append(layers, L)
+			}
+		}
+		if len(layers) == 0 {
+			return nil, nil
+		}
+		sub := link
+		sub.Layers = slices.Clone(link.Layers)
+		sub.Layers[g] = layers
+		key := planKey{peer: rd.From, genPar: genPar, genRank: genRank, group: g, layers: part}
+		return self.Plans.plan(key, hello, func() (*kvcache.Plan, error) {
+			return planGroup(self, hello, sub, ctxShape, genShape, g)
+		})
+	}
 	for g := 0; g < groups; g++ {
 		d := rd.Groups[g]
 		pg := hello.Pools[g]

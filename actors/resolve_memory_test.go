@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -33,6 +35,7 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 	bb := gs.BlockBytes(l, 0)
 	dst := make([]byte, 16+blocks*bb)
 	count := make([]int, len(dst))
+	dstParts, countParts := make([]byte, len(dst)), make([]int, len(dst))
 	hello := &messages.Hello{From: messages.PeerID{Instance: "gen", Rank: 0}, LayoutHash: l.Hash(),
 		Parallel: messages.Parallel{TP: 1, PP: 1},
 		Pools:    []messages.PoolGeometry{{Offset: 16, BlockBytes: bb, Blocks: blocks}}}
@@ -87,6 +90,33 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 		if moved != n || n != uint64(len(srcIDs))*bb/2 {
 			t.Fatalf("ctx tp%d: segments move %d bytes, planner says %d, want half of %d blocks of %d", tp, moved, n, len(srcIDs), bb)
 		}
+		// The same chunk in two layer parts writes the same bytes, once.
+		var partBytes uint64
+		for _, part := range []kvcache.LayerPart{{Lo: 0, Hi: 1, Of: 2}, {Lo: 1, Hi: 2, Of: 2}} {
+			segs, n, err := route.Planner.Plan(kvcache.Chunk{Start: 0, End: prompt, FirstBlock: 0, Last: true, Layers: part},
+				[]kvcache.BlockRun{{First: 0, IDs: srcIDs}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var moved uint64
+			for _, sg := range segs {
+				copy(dstParts[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
+				for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
+					countParts[j]++
+				}
+				moved += sg.Len
+			}
+			if moved != n {
+				t.Fatalf("ctx tp%d %+v: segments move %d bytes, planner says %d", tp, part, moved, n)
+			}
+			partBytes += n
+		}
+		if partBytes != n {
+			t.Fatalf("ctx tp%d: layer parts move %d bytes, the whole chunk %d", tp, partBytes, n)
+		}
+	}
+	if !bytes.Equal(dst, dstParts) || !slices.Equal(count, countParts) {
+		t.Fatal("the chunk in layer parts wrote other bytes than the whole chunk")
 	}
 
 	// The pool's byte order: layer, part, head, token, dim.

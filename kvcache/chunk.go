@@ -92,11 +92,15 @@ func (c Chunk) Runs(tokensPerBlock int, ids [][]BlockID) []BlockRun {
 }
 
 // String formats the chunk as "chunk [Start, End) block FirstBlock", with
-// " last" appended for the last chunk.
+// " last" appended for the last chunk and " layers [Lo, Hi) of Of" for a
+// part of one.
 func (c Chunk) String() string {
 	s := fmt.Sprintf("chunk [%d, %d) block %d", c.Start, c.End, c.FirstBlock)
 	if c.Last {
 		s += " last"
+	}
+	if !c.Layers.Whole() {
+		s += fmt.Sprintf(" layers [%d, %d) of %d", c.Layers.Lo, c.Layers.Hi, c.Layers.Of)
 	}
 	return s
 }

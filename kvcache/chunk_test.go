@@ -18,12 +18,12 @@ func TestChunks(t *testing.T) {
 		wantErr               error
 		wantMsg               string
 	}{
-		{"aligned", 128, 64, 32, []Chunk{{0, 64, 0, false}, {64, 128, 2, true}}, nil, ""},
-		{"partial last", 100, 64, 32, []Chunk{{0, 64, 0, false}, {64, 100, 2, true}}, nil, ""},
-		{"partial last block only", 70, 32, 32, []Chunk{{0, 32, 0, false}, {32, 64, 1, false}, {64, 70, 2, true}}, nil, ""},
-		{"chunk larger than prompt", 50, 4096, 32, []Chunk{{0, 50, 0, true}}, nil, ""},
-		{"chunk equals prompt", 64, 64, 32, []Chunk{{0, 64, 0, true}}, nil, ""},
-		{"one token", 1, 32, 32, []Chunk{{0, 1, 0, true}}, nil, ""},
+		{"aligned", 128, 64, 32, []Chunk{{Start: 0, End: 64, FirstBlock: 0, Last: false}, {Start: 64, End: 128, FirstBlock: 2, Last: true}}, nil, ""},
+		{"partial last", 100, 64, 32, []Chunk{{Start: 0, End: 64, FirstBlock: 0, Last: false}, {Start: 64, End: 100, FirstBlock: 2, Last: true}}, nil, ""},
+		{"partial last block only", 70, 32, 32, []Chunk{{Start: 0, End: 32, FirstBlock: 0, Last: false}, {Start: 32, End: 64, FirstBlock: 1, Last: false}, {Start: 64, End: 70, FirstBlock: 2, Last: true}}, nil, ""},
+		{"chunk larger than prompt", 50, 4096, 32, []Chunk{{Start: 0, End: 50, FirstBlock: 0, Last: true}}, nil, ""},
+		{"chunk equals prompt", 64, 64, 32, []Chunk{{Start: 0, End: 64, FirstBlock: 0, Last: true}}, nil, ""},
+		{"one token", 1, 32, 32, []Chunk{{Start: 0, End: 1, FirstBlock: 0, Last: true}}, nil, ""},
 		{"empty prompt", 0, 64, 32, []Chunk{}, nil, ""},
 		{"misaligned chunk", 128, 48, 32, nil, ErrMisalignedChunk, "chunk size 48 tokens is not a positive multiple of TokensPerBlock 32"},
 		{"zero chunk", 128, 0, 32, nil, ErrMisalignedChunk, "chunk size 0"},
@@ -86,19 +86,19 @@ func TestChunkValidate(t *testing.T) {
 		wantErr error
 		wantMsg string
 	}{
-		{"first", Chunk{0, 64, 0, false}, nil, ""},
-		{"middle", Chunk{32, 64, 1, false}, nil, ""},
-		{"last partial", Chunk{64, 100, 2, true}, nil, ""},
-		{"whole", Chunk{0, 100, 0, true}, nil, ""},
-		{"start misaligned", Chunk{16, 64, 0, false}, ErrMisalignedChunk, "Start 16 is not a multiple of TokensPerBlock 32"},
-		{"end misaligned", Chunk{0, 50, 0, false}, ErrMisalignedChunk, "End 50 of a chunk that is not the last"},
-		{"wrong first block", Chunk{32, 64, 0, false}, ErrBadChunk, "FirstBlock 0, must be Start/TokensPerBlock = 1"},
-		{"last not at end", Chunk{0, 64, 0, true}, ErrBadChunk, "Last = true but End 64 and prompt length 100"},
-		{"at end not last", Chunk{64, 100, 2, false}, ErrBadChunk, "Last = false but End 100"},
-		{"past prompt", Chunk{64, 128, 2, true}, ErrBadChunk, "End 128 is past the prompt length 100"},
-		{"empty", Chunk{32, 32, 1, false}, ErrBadChunk, "empty, End 32 must be > Start 32"},
-		{"reversed", Chunk{64, 32, 2, false}, ErrBadChunk, "empty"},
-		{"negative start", Chunk{-32, 32, -1, false}, ErrBadChunk, "Start -32"},
+		{"first", Chunk{Start: 0, End: 64, FirstBlock: 0, Last: false}, nil, ""},
+		{"middle", Chunk{Start: 32, End: 64, FirstBlock: 1, Last: false}, nil, ""},
+		{"last partial", Chunk{Start: 64, End: 100, FirstBlock: 2, Last: true}, nil, ""},
+		{"whole", Chunk{Start: 0, End: 100, FirstBlock: 0, Last: true}, nil, ""},
+		{"start misaligned", Chunk{Start: 16, End: 64, FirstBlock: 0, Last: false}, ErrMisalignedChunk, "Start 16 is not a multiple of TokensPerBlock 32"},
+		{"end misaligned", Chunk{Start: 0, End: 50, FirstBlock: 0, Last: false}, ErrMisalignedChunk, "End 50 of a chunk that is not the last"},
+		{"wrong first block", Chunk{Start: 32, End: 64, FirstBlock: 0, Last: false}, ErrBadChunk, "FirstBlock 0, must be Start/TokensPerBlock = 1"},
+		{"last not at end", Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}, ErrBadChunk, "Last = true but End 64 and prompt length 100"},
+		{"at end not last", Chunk{Start: 64, End: 100, FirstBlock: 2, Last: false}, ErrBadChunk, "Last = false but End 100"},
+		{"past prompt", Chunk{Start: 64, End: 128, FirstBlock: 2, Last: true}, ErrBadChunk, "End 128 is past the prompt length 100"},
+		{"empty", Chunk{Start: 32, End: 32, FirstBlock: 1, Last: false}, ErrBadChunk, "empty, End 32 must be > Start 32"},
+		{"reversed", Chunk{Start: 64, End: 32, FirstBlock: 2, Last: false}, ErrBadChunk, "empty"},
+		{"negative start", Chunk{Start: -32, End: 32, FirstBlock: -1, Last: false}, ErrBadChunk, "Start -32"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -116,7 +116,7 @@ func TestChunkValidate(t *testing.T) {
 		})
 	}
 	for _, bad := range []struct{ promptLen, tpb int }{{100, 0}, {-1, 32}} {
-		if err := (Chunk{0, 32, 0, false}).Validate(bad.promptLen, bad.tpb); !errors.Is(err, ErrBadChunk) {
+		if err := (Chunk{Start: 0, End: 32, FirstBlock: 0, Last: false}).Validate(bad.promptLen, bad.tpb); !errors.Is(err, ErrBadChunk) {
 			t.Errorf("Validate(%d, %d) = %v, want ErrBadChunk", bad.promptLen, bad.tpb, err)
 		}
 	}
@@ -129,11 +129,11 @@ func TestChunkBlocksAndString(t *testing.T) {
 		first, end int
 		str        string
 	}{
-		{Chunk{0, 64, 0, false}, 32, 0, 2, "chunk [0, 64) block 0"},
-		{Chunk{64, 100, 2, true}, 32, 2, 4, "chunk [64, 100) block 2 last"},
-		{Chunk{64, 65, 2, true}, 32, 2, 3, "chunk [64, 65) block 2 last"},
-		{Chunk{64, 64, 2, false}, 32, 0, 0, "chunk [64, 64) block 2"},
-		{Chunk{0, 64, 0, false}, 0, 0, 0, "chunk [0, 64) block 0"},
+		{Chunk{Start: 0, End: 64, FirstBlock: 0, Last: false}, 32, 0, 2, "chunk [0, 64) block 0"},
+		{Chunk{Start: 64, End: 100, FirstBlock: 2, Last: true}, 32, 2, 4, "chunk [64, 100) block 2 last"},
+		{Chunk{Start: 64, End: 65, FirstBlock: 2, Last: true}, 32, 2, 3, "chunk [64, 65) block 2 last"},
+		{Chunk{Start: 64, End: 64, FirstBlock: 2, Last: false}, 32, 0, 0, "chunk [64, 64) block 2"},
+		{Chunk{Start: 0, End: 64, FirstBlock: 0, Last: false}, 0, 0, 0, "chunk [0, 64) block 0"},
 	}
 	for _, tt := range tests {
 		if f, e := tt.c.Blocks(tt.tpb); f != tt.first || e != tt.end {
@@ -147,9 +147,50 @@ func TestChunkBlocksAndString(t *testing.T) {
 
 func TestChunkRuns(t *testing.T) {
 	ids := [][]BlockID{{10, 11, 12, 13}, nil, {20, 21, 22, 23}}
-	runs := Chunk{64, 100, 2, true}.Runs(32, ids)
+	runs := Chunk{Start: 64, End: 100, FirstBlock: 2, Last: true}.Runs(32, ids)
 	want := []BlockRun{{First: 2, IDs: []BlockID{12, 13}}, {}, {First: 2, IDs: []BlockID{22, 23}}}
 	if !reflect.DeepEqual(runs, want) {
 		t.Errorf("Runs = %+v, want %+v", runs, want)
+	}
+}
+
+// TestLayerPart: the zero part is every layer; a part is checked against
+// the model's layer count, and names its values when refused.
+func TestLayerPart(t *testing.T) {
+	for _, c := range []struct {
+		p            LayerPart
+		whole, final bool
+		in, out      int // a layer inside, one outside (-1: none)
+		err          string
+	}{
+		{LayerPart{}, true, true, 31, -1, ""},
+		{LayerPart{Lo: 0, Hi: 32, Of: 32}, true, true, 0, -1, ""},
+		{LayerPart{Lo: 0, Hi: 8, Of: 32}, false, false, 7, 8, ""},
+		{LayerPart{Lo: 24, Hi: 32, Of: 32}, false, true, 24, 23, ""},
+		{LayerPart{Lo: 8, Hi: 8, Of: 32}, false, false, -1, 8, "layers [8, 8) of 32"},
+		{LayerPart{Lo: 0, Hi: 33, Of: 32}, false, false, 0, -1, "layers [0, 33) of 32"},
+		{LayerPart{Lo: 0, Hi: 16, Of: 16}, true, true, 0, -1, "Of = 32 (the model's layers)"},
+		{LayerPart{Lo: -1, Hi: 4, Of: 32}, false, false, 0, 4, "layers [-1, 4) of 32"},
+	} {
+		if c.p.Whole() != c.whole || c.p.Final() != c.final {
+			t.Errorf("%+v: Whole %t Final %t, want %t %t", c.p, c.p.Whole(), c.p.Final(), c.whole, c.final)
+		}
+		if c.in >= 0 && !c.p.Contains(c.in) {
+			t.Errorf("%+v does not contain layer %d", c.p, c.in)
+		}
+		if c.out >= 0 && c.p.Contains(c.out) {
+			t.Errorf("%+v contains layer %d", c.p, c.out)
+		}
+		err := c.p.Check(32)
+		if c.err == "" && err != nil {
+			t.Errorf("%+v: Check: %v", c.p, err)
+		}
+		if c.err != "" && (!errors.Is(err, ErrBadChunk) || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%+v: Check: %v, want ErrBadChunk naming %q", c.p, err, c.err)
+		}
+	}
+	c := Chunk{Start: 0, End: 64, FirstBlock: 0, Layers: LayerPart{Lo: 8, Hi: 16, Of: 32}}
+	if got, want := c.String(), "chunk [0, 64) block 0 layers [8, 16) of 32"; got != want {
+		t.Errorf("String %q, want %q", got, want)
 	}
 }

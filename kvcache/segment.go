@@ -1,5 +1,7 @@
 package kvcache
 
+import "fmt"
+
 // Segment is one contiguous write: Len bytes from offset Src of the source
 // region to offset Dst of the destination region.
 type Segment struct {
@@ -31,11 +33,46 @@ func (r BlockRun) End() int { return r.First + len(r.IDs) }
 // global block index FirstBlock (= Start / TokensPerBlock), Last for the
 // request's final chunk. Every chunk but the last is block-aligned at both
 // ends; the last may end mid-block.
+//
+// Layers, when set, makes it a part of the chunk: only the global layers
+// [Layers.Lo, Layers.Hi) of its tokens, so that a chunk can leave layer
+// range by layer range while the forward pass still computes the later
+// layers. The zero value is every layer.
 type Chunk struct {
 	Start      int
 	End        int
 	FirstBlock int
 	Last       bool
+	Layers     LayerPart `json:",omitzero"`
+}
+
+// LayerPart is the global layers [Lo, Hi) of a model of Of layers; the zero
+// value is every layer.
+type LayerPart struct {
+	Lo, Hi, Of int
+}
+
+// Whole reports whether p covers every layer.
+func (p LayerPart) Whole() bool { return p.Of == 0 || (p.Lo == 0 && p.Hi == p.Of) }
+
+// Final reports whether p ends at the last layer: the part that completes
+// its chunk.
+func (p LayerPart) Final() bool { return p.Of == 0 || p.Hi == p.Of }
+
+// Contains reports whether global layer L is in p.
+func (p LayerPart) Contains(L int) bool { return p.Of == 0 || (p.Lo <= L && L < p.Hi) }
+
+// Check fails, wrapping ErrBadChunk and naming the values, unless p is the
+// zero value or 0 ≤ Lo < Hi ≤ Of = layers.
+func (p LayerPart) Check(layers int) error {
+	if p == (LayerPart{}) {
+		return nil
+	}
+	if p.Of != layers || p.Lo < 0 || p.Lo >= p.Hi || p.Hi > p.Of {
+		return fmt.Errorf("%w: layers [%d, %d) of %d: want 0 ≤ Lo < Hi ≤ Of = %d (the model's layers)",
+			ErrBadChunk, p.Lo, p.Hi, p.Of, layers)
+	}
+	return nil
 }
 
 // Tokens is End - Start.

@@ -694,7 +694,8 @@ func (s *TxSession) lastSeen(st *stream) bool {
 	if st.admitted == 0 || st.admitted != len(s.chunks) {
 		return false
 	}
-	return s.chunks[len(s.chunks)-1].c.Last
+	c := s.chunks[len(s.chunks)-1].c
+	return c.Last && c.Layers.Final() // a last chunk's earlier layer parts are not the end
 }
 
 func allDone(st *stream) bool { return st.doneOps == len(st.ops) }

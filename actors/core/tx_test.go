@@ -1223,3 +1223,33 @@ func withPrompt(msg any, prompt *int) any {
 	}
 	return msg
 }
+
+// TestTx_LayerPartsOfTheLastChunk: the last chunk handed in two layer
+// parts is not the end of the stream until its final part (the one that
+// reaches the last layer): no flush and no Result after the first part's
+// op completes, both after the second's. Each part pins its blocks and
+// every pin is dropped at the release.
+func TestTx_LayerPartsOfTheLastChunk(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, time.Minute)
+	h.request(1, 1)
+	part := func(lo, hi int) []Effect {
+		m := testChunk(0, 32, true, h.groups)
+		m.Chunk.Layers = kvcache.LayerPart{Lo: lo, Hi: hi, Of: 32}
+		return h.step(m)
+	}
+	part(0, 16)
+	h.fence(0)
+	effs := h.complete(1, 0, nil)
+	wantNo(t, "first layer part of the last chunk done", effs, "Flush", "SendFrame")
+	h.wantState(TxTransferring)
+	part(16, 32)
+	h.fence(1)
+	effs = h.complete(1, 1, nil)
+	if f := effectsOf[Flush](effs); len(f) != 1 || f[0].Peer != 1 {
+		t.Fatalf("want Flush peer 1 after the final part: %s", fmtEffects(effs))
+	}
+	effs = h.flushed(1, nil)
+	wantResult(t, effs, 1, messages.StatusSuccess)
+	h.wantReleased(TxDone, nil)
+}

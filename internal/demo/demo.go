@@ -349,42 +349,89 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, d
 	mark := func(chunk int, k ProbeKind, bytes uint64) {
 		o.mark(ProbeEvent{Mode: m.Name, Request: id, Chunk: chunk, Kind: k, Bytes: bytes})
 	}
-	compute := func(k int, c kvcache.Chunk) {
+	shape := ce.Shape()
+	parts := o.parts(l.Layers)
+	// compute simulates the prefill of chunk k on a prefill device: layer
+	// part by layer part, it writes the part's KV with the CPU and sleeps
+	// to the part's share of Compute. each, when set, hands the part over
+	// before it is computed and returns what fires its fence after.
+	compute := func(k int, c kvcache.Chunk, each func(part kvcache.LayerPart) (func(), error)) error {
 		devices <- struct{}{}
 		defer func() { <-devices }()
 		t := time.Now()
 		mark(k, ProbeCompute, 0)
 		b0, b1 := c.Blocks(l.TokensPerBlock)
 		var filled uint64
-		for g := range l.Groups {
-			for b := b0; b < b1; b++ {
-				blk := blockBytes(ce, g, src[g][b])
-				FillBlock(blk, i, g, b)
-				filled += uint64(len(blk))
+		for pi, part := range parts {
+			var fire func()
+			if each != nil {
+				var err error
+				if fire, err = each(part); err != nil {
+					return err
+				}
+			}
+			for g := range l.Groups {
+				per := int(shape.BlockBytes(l, g)) / max(1, len(shape.Layers[g]))
+				for b := b0; b < b1; b++ {
+					blk := blockBytes(ce, g, src[g][b])
+					if part.Whole() {
+						FillBlock(blk, i, g, b)
+						filled += uint64(len(blk))
+						continue
+					}
+					for li, layer := range shape.Layers[g] {
+						if part.Contains(layer) {
+							fillRange(blk, i, g, b, li*per, (li+1)*per)
+							filled += uint64(per)
+						}
+					}
+				}
+			}
+			if pi == len(parts)-1 {
+				mark(k, ProbeFilled, filled)
+			}
+			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
+				time.Sleep(rest) // simulated prefill compute
+			}
+			if fire != nil {
+				fire()
 			}
 		}
-		mark(k, ProbeFilled, filled)
-		if rest := o.Compute - time.Since(t); rest > 0 {
-			time.Sleep(rest) // simulated prefill compute
-		}
 		mark(k, ProbeComputed, 0)
+		return nil
 	}
 	var lastFence time.Time
 	if m.Pipelined {
 		for k, c := range chunks {
-			f := &actors.ManualFence{}
-			if err := tx.Chunk(c, runs(c), f); err != nil {
+			handed := false
+			err := compute(k, c, func(part kvcache.LayerPart) (func(), error) {
+				pc := c
+				pc.Layers = part
+				f := &actors.ManualFence{}
+				if err := tx.Chunk(pc, runs(c), f); err != nil {
+					return nil, err
+				}
+				if !handed {
+					mark(k, ProbeHanded, 0)
+					handed = true
+				}
+				return func() {
+					if part.Final() {
+						lastFence = time.Now()
+						mark(k, ProbeFence, 0)
+					}
+					f.Fire(nil)
+				}, nil
+			})
+			if err != nil {
 				return abandon(err)
 			}
-			mark(k, ProbeHanded, 0)
-			compute(k, c)
-			lastFence = time.Now()
-			mark(k, ProbeFence, 0)
-			f.Fire(nil)
 		}
 	} else {
 		for k, c := range chunks {
-			compute(k, c)
+			if err := compute(k, c, nil); err != nil {
+				return abandon(err)
+			}
 		}
 		lastFence = time.Now()
 		mark(len(chunks)-1, ProbeFence, 0)
@@ -446,6 +493,16 @@ func FillBlock(b []byte, req, g, blk int) {
 	w := words(b)
 	s := seed(req, g, blk)
 	for k := range w {
+		w[k] = s + uint64(k)*0xD6E8FEB86659FD93
+	}
+}
+
+// fillRange writes FillBlock's pattern into bytes [lo, hi) of the block
+// only (8-byte aligned): the layers a layer part computes.
+func fillRange(b []byte, req, g, blk, lo, hi int) {
+	w := words(b)
+	s := seed(req, g, blk)
+	for k := lo / 8; k < hi/8; k++ {
 		w[k] = s + uint64(k)*0xD6E8FEB86659FD93
 	}
 }

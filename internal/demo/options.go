@@ -47,7 +47,12 @@ type Options struct {
 	// requests it admitted. 0 means one per request in flight (each request
 	// its own device).
 	PrefillDevices int
-	Seed           uint64
+	// LayerParts is how many layer ranges the simulated forward pass hands
+	// each chunk over in (pipelined mode), each as soon as it is computed,
+	// as a serving framework's per-layer save hook does; 1 hands the whole
+	// chunk at its end. 0 means 1.
+	LayerParts int
+	Seed       uint64
 	// TokensPerBlock overrides the preset's block size when > 0.
 	TokensPerBlock int
 	// Backend is "loopback" (the default), "shm" (the generation pool is
@@ -79,6 +84,20 @@ func (o Options) devices() int {
 		return o.Concurrency
 	}
 	return o.PrefillDevices
+}
+
+// parts splits a model of layers layers into o.LayerParts layer ranges; one
+// part is the whole chunk (the zero LayerPart).
+func (o Options) parts(layers int) []kvcache.LayerPart {
+	n := max(1, o.LayerParts)
+	if n == 1 {
+		return []kvcache.LayerPart{{}}
+	}
+	out := make([]kvcache.LayerPart, n)
+	for p := range out {
+		out[p] = kvcache.LayerPart{Lo: p * layers / n, Hi: (p + 1) * layers / n, Of: layers}
+	}
+	return out
 }
 
 // defaultTimeout bounds each request when Options.Timeout is 0.
@@ -115,6 +134,8 @@ func (o Options) Check() error {
 		return bad("chunk-tokens", o.ChunkTokens, fmt.Sprintf("want a positive multiple of the block size, %d tokens (--tokens-per-block)", l.TokensPerBlock))
 	case o.Concurrency < 1:
 		return bad("concurrency", o.Concurrency, "want at least 1")
+	case o.LayerParts < 0 || o.LayerParts > l.Layers:
+		return bad("layer-parts", o.LayerParts, fmt.Sprintf("want 1 to %d, the layers of %s (0: 1)", l.Layers, l.Name))
 	case o.PrefillDevices < 0:
 		return bad("prefill-devices", o.PrefillDevices, "want at least 1 (0: one per request in flight)")
 	case o.Workers < 0:

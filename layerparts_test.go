@@ -1,0 +1,215 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// fillPart writes the pattern of the layers of part only into block id of
+// group g (fill writes every layer).
+func fillPart(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int, part kvcache.LayerPart) {
+	s := e.Shape()
+	geom := e.Pools().Geometry(g)
+	buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
+	per := l.Parts() * s.Heads() * l.TokensPerBlock * l.TokenBytes() // bytes of one layer in a block
+	for li, layer := range s.Layers[g] {
+		if !part.Contains(layer) {
+			continue
+		}
+		i := li * per
+		for p := 0; p < l.Parts(); p++ {
+			for h := s.HeadLo; h < s.HeadHi; h++ {
+				for tok := 0; tok < l.TokensPerBlock; tok++ {
+					for b := 0; b < l.TokenBytes(); b++ {
+						buf[i] = pattern(req, layer, p, h, blk*l.TokensPerBlock+tok, b)
+						i++
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTransferLayerParts: every chunk leaves in layer parts, each handed
+// before its layers are written and fenced once they are, as a forward pass
+// writes them; the generation side gets every byte (a part that left before
+// its fence, or that carried layers of another part, would copy stale
+// bytes). The parts split the layer groups unevenly (the first holds no
+// layer of the sliding-window group), and with pipeline parallelism a
+// context rank holds none of some parts' layers.
+func TestTransferLayerParts(t *testing.T) {
+	l := smallLayout()
+	parts := []kvcache.LayerPart{{Lo: 0, Hi: 1, Of: 4}, {Lo: 1, Hi: 3, Of: 4}, {Lo: 3, Hi: 4, Of: 4}}
+	for _, tc := range []struct {
+		name     string
+		ctx, gen kvcache.Parallel
+	}{
+		{"TP1-TP1", kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}},
+		{"TP2-TP4", kvcache.Parallel{TP: 2, PP: 1}, kvcache.Parallel{TP: 4, PP: 1}},
+		{"PP2-PP1", kvcache.Parallel{TP: 1, PP: 2}, kvcache.Parallel{TP: 1, PP: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, l, tc.ctx, tc.gen, 2)
+			for i, promptLen := range []int{100, 16, 64} {
+				transferParts(t, c, l, fmt.Sprintf("%s-r%d", tc.name, i), i+1, promptLen, 32, parts)
+			}
+			checkNoLeaks(t, c)
+		})
+	}
+}
+
+func transferParts(t *testing.T, c *cluster, l kvcache.Layout, id string, req, promptLen, chunkTokens int, parts []kvcache.LayerPart) {
+	t.Helper()
+	var rxs []*kvxfer.RxHandle
+	for _, g := range c.gen {
+		h, err := g.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx", ContextParallel: c.ctxPar})
+		if err != nil {
+			t.Fatalf("receive: %v", err)
+		}
+		rxs = append(rxs, h)
+	}
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var txs []*kvxfer.TxHandle
+	var srcs [][][]kvcache.BlockID
+	for _, e := range c.ctx {
+		counts := make([]int, len(l.Groups))
+		for g := range counts {
+			if len(e.Shape().Layers[g]) > 0 {
+				counts[g] = l.BlocksFor(promptLen)
+			}
+		}
+		src, err := e.Pools().Alloc(counts)
+		if err != nil {
+			t.Fatalf("alloc source: %v", err)
+		}
+		srcs = append(srcs, src)
+		h, err := e.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: promptLen})
+		if err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		txs = append(txs, h)
+	}
+	for _, ch := range chunks {
+		b0, b1 := ch.Blocks(l.TokensPerBlock)
+		for _, p := range parts {
+			pc := ch
+			pc.Layers = p
+			for i, e := range c.ctx {
+				f := &kvxfer.ManualFence{}
+				if err := txs[i].Chunk(pc, ch.Runs(l.TokensPerBlock, srcs[i]), f); err != nil {
+					t.Fatalf("%v: %v", pc, err)
+				}
+				for g := range l.Groups {
+					for b := b0; b < b1 && len(srcs[i][g]) > 0; b++ {
+						fillPart(e, l, g, srcs[i][g][b], b, req, p)
+					}
+				}
+				f.Fire(nil)
+			}
+		}
+	}
+	for i, h := range txs {
+		if o := waitOutcome(t, h.Done()); !o.OK {
+			t.Fatalf("tx %s rank %d: %s %v", id, i, o.Status, o.Err)
+		}
+		if err := c.ctx[i].Pools().Free(srcs[i]); err != nil {
+			t.Fatalf("free source after Done: %v", err)
+		}
+	}
+	for i, h := range rxs {
+		o := waitOutcome(t, h.Done())
+		if !o.OK {
+			t.Fatalf("rx %s rank %d: %s %v", id, i, o.Status, o.Err)
+		}
+		if n := verify(t, c.gen[i], l, promptLen, o.Blocks, req); n == 0 {
+			t.Fatalf("rx %s rank %d: no byte verified", id, i)
+		}
+		if err := c.gen[i].FreeBlocks(o.Blocks); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLayerPartsOutOfOrderRefused: a layer part out of order is refused
+// with an error naming it, nothing of it is taken, and the request goes on:
+// the right parts, handed next, complete it with every byte.
+func TestLayerPartsOutOfOrderRefused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	const prompt = 64
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: prompt, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(prompt), l.BlocksFor(prompt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ce.Pools().Alloc([]int{l.BlocksFor(prompt), l.BlocksFor(prompt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b, id := range src[g] {
+			fill(ce, l, g, id, b, 1)
+		}
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "r", PromptLen: prompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}
+	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
+	part := func(c kvcache.Chunk, lo, hi, of int) kvcache.Chunk { c.Layers = kvcache.LayerPart{Lo: lo, Hi: hi, Of: of}; return c }
+	refuse := func(c kvcache.Chunk, ids [][]kvcache.BlockID, want string) {
+		t.Helper()
+		err := tx.Chunk(c, c.Runs(l.TokensPerBlock, ids), nil)
+		if !errors.Is(err, kvcache.ErrBadChunk) && !errors.Is(err, actors.ErrBadChunk) {
+			t.Fatalf("%v: %v, want a bad-chunk error", c, err)
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v: %v, want it to name %q", c, err, want)
+		}
+	}
+	refuse(part(c0, 0, 2, 8), src, "layers [0, 2) of 8: want 0 ≤ Lo < Hi ≤ Of = 4")
+	refuse(part(c0, 1, 2, 4), src, "the first part of a chunk starts at layer 0")
+	if err := tx.Chunk(part(c0, 0, 2, 4), c0.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	refuse(part(c0, 3, 4, 4), src, "the part after layer 2 starts at layer 2")
+	refuse(part(c1, 0, 4, 4), src, "layers [2, 4) of chunk [0, 32) block 0 layers [0, 2) of 4 are not handed yet")
+	refuse(c1, src, "are not handed yet")
+	refuse(part(c0, 2, 4, 4), other, "source blocks differ from the chunk's first part")
+	for _, c := range []kvcache.Chunk{part(c0, 2, 4, 4), part(c1, 0, 1, 4), part(c1, 1, 4, 4)} {
+		if err := tx.Chunk(c, c.Runs(l.TokensPerBlock, src), nil); err != nil {
+			t.Fatalf("%v: %v", c, err)
+		}
+	}
+	refuse(part(c1, 0, 4, 4), src, "after the last chunk")
+	// The blocks were written before the chunks were handed (nil fences).
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("tx: %s %v", o.Status, o.Err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if !o.OK {
+		t.Fatalf("rx: %s %v", o.Status, o.Err)
+	}
+	if n := verify(t, ge, l, prompt, o.Blocks, 1); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	if err := errors.Join(ce.Pools().Free(src), ce.Pools().Free(other), ge.FreeBlocks(o.Blocks)); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}
