@@ -171,7 +171,10 @@ func TestLayerPartsOutOfOrderRefused(t *testing.T) {
 	}
 	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}
 	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
-	part := func(c kvcache.Chunk, lo, hi, of int) kvcache.Chunk { c.Layers = kvcache.LayerPart{Lo: lo, Hi: hi, Of: of}; return c }
+	part := func(c kvcache.Chunk, lo, hi, of int) kvcache.Chunk {
+		c.Layers = kvcache.LayerPart{Lo: lo, Hi: hi, Of: of}
+		return c
+	}
 	refuse := func(c kvcache.Chunk, ids [][]kvcache.BlockID, want string) {
 		t.Helper()
 		err := tx.Chunk(c, c.Runs(l.TokensPerBlock, ids), nil)
