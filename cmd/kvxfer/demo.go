@@ -151,7 +151,7 @@ otherwise each finished request is a log line on standard error.`,
 	fl.IntVar(&f.o.ChunkTokens, "chunk-tokens", f.o.ChunkTokens, "prefill chunk size in tokens (a multiple of the block size)")
 	fl.DurationVar(&f.o.Compute, "compute", f.o.Compute, "simulated prefill compute time per chunk")
 	fl.IntVar(&f.o.Concurrency, "concurrency", f.o.Concurrency, "requests in flight")
-	fl.IntVar(&f.o.LayerParts, "layer-parts", f.o.LayerParts, "layer ranges each chunk leaves in, each as the simulated forward pass computes it (1: the whole chunk at its end)")
+	fl.IntVar(&f.o.LayerParts, "layer-parts", f.o.LayerParts, "layer ranges each chunk leaves in, each as the simulated forward pass computes it (0: one per layer; 1: the whole chunk at its end)")
 	fl.IntVar(&f.o.PrefillDevices, "prefill-devices", f.o.PrefillDevices, "chunks the simulated prefill computes at once, shared by the requests in flight (0: one per request)")
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the prompt-length shuffle")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")

@@ -114,11 +114,13 @@ type RequestStages struct {
 	Verify    time.Duration
 }
 
-// DemoLoad runs the demo with o (Probe and Started are set here) and
-// returns its report with the breakdown.
+// DemoLoad runs the demo with o (Probe and Started are set here, and whole
+// chunks: LayerParts 1) and returns its report with the breakdown.
 func DemoLoad(ctx context.Context, o demo.Options) (DemoLoadResult, error) {
 	p := &demoProbe{geom: map[string]kvcache.PoolGeometry{}}
 	o.Probe = p
+	// The breakdown matches one op per chunk and stream: whole chunks.
+	o.LayerParts = 1
 	started := o.Started
 	o.Started = func(mode string, ce, ge *kvxfer.Engine) {
 		p.mu.Lock()

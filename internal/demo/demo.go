@@ -58,6 +58,8 @@ type Report struct {
 	// same run (nil when it could not be measured: RawErr says why).
 	Raw    *rdmabench.Result
 	RawErr error `json:"-"`
+	// LayerParts is how many layer parts each pipelined chunk left in.
+	LayerParts int
 }
 
 // measureRaw measures the demo's backend moving one chunk's bytes with no
@@ -99,7 +101,11 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	prompts := o.prompts()
-	rep := Report{Options: o}
+	l, err := o.layout()
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Options: o, LayerParts: len(o.parts(l.Layers))}
 	rep.Raw, rep.RawErr = measureRaw(o)
 	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
 		row, err := runMode(ctx, o, m, prompts, progress)
@@ -521,9 +527,13 @@ func CheckBlock(b []byte, req, g, blk int) bool {
 
 // Print writes the report table.
 func (r Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "\nkvxfer demo: %s, %d requests of %d..%d tokens, chunks of %d tokens, %v compute per chunk, pools %d MiB, %d workers\n\n",
+	handed := "pipelined chunks leave whole"
+	if r.LayerParts > 1 {
+		handed = fmt.Sprintf("pipelined chunks leave in %d layer parts", r.LayerParts)
+	}
+	fmt.Fprintf(w, "\nkvxfer demo: %s, %d requests of %d..%d tokens, chunks of %d tokens, %v compute per chunk, pools %d MiB, %d workers, %s\n\n",
 		r.Options.Model, r.Options.Requests, r.Options.MinTokens, r.Options.MaxTokens, r.Options.ChunkTokens,
-		r.Options.Compute, r.Options.PoolBytes>>20, r.Options.Workers)
+		r.Options.Compute, r.Options.PoolBytes>>20, r.Options.Workers, handed)
 	fmt.Fprintf(w, "%-14s %8s %10s %8s %12s %12s %8s %14s %7s\n", "mode", "requests", "GiB", "GB/s", "exposed p50", "exposed p99", "hidden", "bytes verified", "leaked")
 	for _, row := range r.Rows {
 		hidden := "-"

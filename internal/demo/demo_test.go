@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -161,8 +162,11 @@ func TestLayerPartsDemo(t *testing.T) {
 
 // TestOptionsParts: the layer ranges cover the model's layers in order.
 func TestOptionsParts(t *testing.T) {
-	if got := (Options{}).parts(32); len(got) != 1 || !got[0].Whole() {
-		t.Fatalf("default parts %v, want one whole", got)
+	if got := (Options{LayerParts: 1}).parts(32); len(got) != 1 || !got[0].Whole() {
+		t.Fatalf("one part: %v, want one whole", got)
+	}
+	if got := (Options{}).parts(32); len(got) != 32 || got[31] != (kvcache.LayerPart{Lo: 31, Hi: 32, Of: 32}) {
+		t.Fatalf("default parts %v, want one per layer", got)
 	}
 	got := (Options{LayerParts: 5}).parts(32)
 	next := 0

@@ -48,9 +48,9 @@ type Options struct {
 	// its own device).
 	PrefillDevices int
 	// LayerParts is how many layer ranges the simulated forward pass hands
-	// each chunk over in (pipelined mode), each as soon as it is computed,
-	// as a serving framework's per-layer save hook does; 1 hands the whole
-	// chunk at its end. 0 means 1.
+	// each chunk over in (pipelined mode), each as soon as it is computed;
+	// 0 means one per layer, as a serving framework's per-layer save hook
+	// (vLLM's save_kv_layer) does, and 1 the whole chunk at its end.
 	LayerParts int
 	Seed       uint64
 	// TokensPerBlock overrides the preset's block size when > 0.
@@ -86,11 +86,14 @@ func (o Options) devices() int {
 	return o.PrefillDevices
 }
 
-// parts splits a model of layers layers into o.LayerParts layer ranges; one
-// part is the whole chunk (the zero LayerPart).
+// parts splits a model of layers layers into o.LayerParts layer ranges (0:
+// one per layer); one part is the whole chunk (the zero LayerPart).
 func (o Options) parts(layers int) []kvcache.LayerPart {
-	n := max(1, o.LayerParts)
-	if n == 1 {
+	n := o.LayerParts
+	if n == 0 {
+		n = layers
+	}
+	if n <= 1 {
 		return []kvcache.LayerPart{{}}
 	}
 	out := make([]kvcache.LayerPart, n)
@@ -135,7 +138,7 @@ func (o Options) Check() error {
 	case o.Concurrency < 1:
 		return bad("concurrency", o.Concurrency, "want at least 1")
 	case o.LayerParts < 0 || o.LayerParts > l.Layers:
-		return bad("layer-parts", o.LayerParts, fmt.Sprintf("want 1 to %d, the layers of %s (0: 1)", l.Layers, l.Name))
+		return bad("layer-parts", o.LayerParts, fmt.Sprintf("want 1 to %d, the layers of %s (0: one per layer)", l.Layers, l.Name))
 	case o.PrefillDevices < 0:
 		return bad("prefill-devices", o.PrefillDevices, "want at least 1 (0: one per request in flight)")
 	case o.Workers < 0:

@@ -41,7 +41,7 @@ func TestRunOptionErrorsNameTheValue(t *testing.T) {
 		{"chunk-tokens 0", func(o *Options) { o.ChunkTokens = 0 }, "--chunk-tokens = 0: want a positive multiple"},
 		{"tokens-per-block", func(o *Options) { o.TokensPerBlock = -1 }, "--tokens-per-block = -1: want at least 1 (0: the model's, 32)"},
 		{"concurrency", func(o *Options) { o.Concurrency = 0 }, "--concurrency = 0: want at least 1"},
-		{"layer-parts", func(o *Options) { o.LayerParts = 33 }, "--layer-parts = 33: want 1 to 32, the layers of Llama-3.1-8B (0: 1)"},
+		{"layer-parts", func(o *Options) { o.LayerParts = 33 }, "--layer-parts = 33: want 1 to 32, the layers of Llama-3.1-8B (0: one per layer)"},
 		{"prefill-devices", func(o *Options) { o.PrefillDevices = -1 }, "--prefill-devices = -1: want at least 1 (0: one per request in flight)"},
 		{"workers", func(o *Options) { o.Workers = -2 }, "--workers = -2: want at least 1 (0: 4)"},
 		{"compute", func(o *Options) { o.Compute = -time.Second }, "--compute = -1s: want 0 or more"},
