@@ -332,11 +332,10 @@ type TxHandle struct {
 	next  int // the next chunk's Start
 	done  bool
 	// part is the chunk whose layer parts are being handed (its first
-	// part's chunk and sources), partSet whether there is one, and
-	// nextLayer the layer its next part must start at.
+	// part, never final, so Layers.Of > 0; the zero Chunk when none) with
+	// its sources, and nextLayer the layer its next part must start at.
 	part      kvcache.Chunk
 	partSrc   []kvcache.BlockRun
-	partSet   bool
 	nextLayer int
 }
 
@@ -404,7 +403,8 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	if err := c.Layers.Check(h.e.cfg.layout.Layers); err != nil {
 		return fmt.Errorf("request %s %v: %w", h.req.ID, c, err)
 	}
-	if h.partSet {
+	inPart := h.part.Layers.Of > 0
+	if inPart {
 		if err := h.checkNextPart(c, src); err != nil {
 			return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
 		}
@@ -421,9 +421,9 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	}
 	if c.Layers.Final() {
 		h.next, h.done = c.End, c.Last
-		h.part, h.partSrc, h.partSet = kvcache.Chunk{}, nil, false
-	} else if !h.partSet {
-		h.part, h.partSrc, h.partSet = c, cloneRuns(src), true
+		h.part, h.partSrc = kvcache.Chunk{}, nil
+	} else if !inPart {
+		h.part, h.partSrc = c, cloneRuns(src)
 	}
 	h.nextLayer = c.Layers.Hi
 	h.inner.Chunk(c, src, fence)
@@ -439,7 +439,7 @@ func (h *TxHandle) checkNextPart(c kvcache.Chunk, src []kvcache.BlockRun) error 
 		return fmt.Errorf("%v while layers [%d, %d) of %v are not handed yet", c, h.nextLayer, h.part.Layers.Of, h.part)
 	}
 	if c.Layers.Lo != h.nextLayer {
-		return fmt.Errorf("%v: the part after layer %d starts at layer %d", c, h.nextLayer, h.nextLayer)
+		return fmt.Errorf("%v: the next part of the chunk starts at layer %d", c, h.nextLayer)
 	}
 	if !sameRuns(src, h.partSrc) {
 		return fmt.Errorf("%v: source blocks differ from the chunk's first part", c)

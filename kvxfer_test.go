@@ -73,16 +73,26 @@ func pattern(req, layer, part, head, token, b int) byte {
 // fill writes the pattern into block id of group g of engine e for global
 // block index blk.
 func fill(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int) {
+	fillPart(e, l, g, id, blk, req, kvcache.LayerPart{})
+}
+
+// fillPart writes the pattern of the layers of part only (every layer for
+// the zero part) into block id of group g.
+func fillPart(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int, part kvcache.LayerPart) {
 	s := e.Shape()
 	geom := e.Pools().Geometry(g)
 	buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
-	i := 0
-	for _, layer := range s.Layers[g] {
-		for part := 0; part < l.Parts(); part++ {
+	per := l.Parts() * s.Heads() * l.TokensPerBlock * l.TokenBytes() // bytes of one layer in a block
+	for li, layer := range s.Layers[g] {
+		if !part.Contains(layer) {
+			continue
+		}
+		i := li * per
+		for p := 0; p < l.Parts(); p++ {
 			for h := s.HeadLo; h < s.HeadHi; h++ {
 				for tok := 0; tok < l.TokensPerBlock; tok++ {
 					for b := 0; b < l.TokenBytes(); b++ {
-						buf[i] = pattern(req, layer, part, h, blk*l.TokensPerBlock+tok, b)
+						buf[i] = pattern(req, layer, p, h, blk*l.TokensPerBlock+tok, b)
 						i++
 					}
 				}
@@ -133,6 +143,13 @@ func verify(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, promptLen int, blo
 // every ctx rank sends in chunks with fresh source blocks.
 func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, promptLen, chunkTokens int, rxFirst bool) {
 	t.Helper()
+	transferParts(t, c, l, id, req, promptLen, chunkTokens, rxFirst, []kvcache.LayerPart{{}})
+}
+
+// transferParts is transfer with each chunk handed in the layer parts
+// given (one zero part: whole chunks).
+func transferParts(t *testing.T, c *cluster, l kvcache.Layout, id string, req, promptLen, chunkTokens int, rxFirst bool, parts []kvcache.LayerPart) {
+	t.Helper()
 	var rxs []*kvxfer.RxHandle
 	receive := func() {
 		for _, g := range c.gen {
@@ -180,17 +197,21 @@ func transfer(t *testing.T, c *cluster, l kvcache.Layout, id string, req, prompt
 	// copy stale bytes (caught by verify, and by -race).
 	for _, ch := range chunks {
 		b0, b1 := ch.Blocks(l.TokensPerBlock)
-		for i, e := range c.ctx {
-			f := &kvxfer.ManualFence{}
-			if err := txs[i].Chunk(ch, ch.Runs(l.TokensPerBlock, srcs[i]), f); err != nil {
-				t.Fatalf("chunk %v: %v", ch, err)
-			}
-			for g := range l.Groups {
-				for b := b0; b < b1 && len(srcs[i][g]) > 0; b++ {
-					fill(e, l, g, srcs[i][g][b], b, req)
+		for _, p := range parts {
+			pc := ch
+			pc.Layers = p
+			for i, e := range c.ctx {
+				f := &kvxfer.ManualFence{}
+				if err := txs[i].Chunk(pc, ch.Runs(l.TokensPerBlock, srcs[i]), f); err != nil {
+					t.Fatalf("chunk %v: %v", pc, err)
 				}
+				for g := range l.Groups {
+					for b := b0; b < b1 && len(srcs[i][g]) > 0; b++ {
+						fillPart(e, l, g, srcs[i][g][b], b, req, p)
+					}
+				}
+				f.Fire(nil)
 			}
-			f.Fire(nil)
 		}
 	}
 	for i, h := range txs {

@@ -78,14 +78,7 @@ func TestResolveRequestPlansIntoPeerDescriptor(t *testing.T) {
 	}
 	dst := make([]byte, f.dst.RegionLen)
 	count := make([]int, len(dst))
-	var moved uint64
-	for _, sg := range segs {
-		copy(dst[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
-		for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
-			count[j]++
-		}
-		moved += sg.Len
-	}
+	moved := applySegments(segs, src, dst, count)
 	if moved != n || n == 0 {
 		t.Fatalf("segments move %d bytes, planner says %d", moved, n)
 	}

@@ -195,20 +195,14 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups),
 		remap: rd.Remap}
 	rp.parts = func(g int, part kvcache.LayerPart) (*kvcache.Plan, error) {
-		var layers []int
-		for _, L := range link.Layers[g] {
-			if part.Contains(L) {
-				layers = append(layers, L)
-			}
-		}
-		if len(layers) == 0 {
+		if !slices.ContainsFunc(link.Layers[g], part.Contains) {
 			return nil, nil
 		}
-		sub := link
-		sub.Layers = slices.Clone(link.Layers)
-		sub.Layers[g] = layers
 		key := planKey{peer: rd.From, genPar: genPar, genRank: genRank, group: g, layers: part}
 		return self.Plans.plan(key, hello, func() (*kvcache.Plan, error) {
+			sub := link
+			sub.Layers = slices.Clone(link.Layers)
+			sub.Layers[g] = slices.DeleteFunc(slices.Clone(link.Layers[g]), func(L int) bool { return !part.Contains(L) })
 			return planGroup(self, hello, sub, ctxShape, genShape, g)
 		})
 	}

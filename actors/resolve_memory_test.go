@@ -79,14 +79,7 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var moved uint64
-		for _, sg := range segs {
-			copy(dst[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
-			for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
-				count[j]++
-			}
-			moved += sg.Len
-		}
+		moved := applySegments(segs, src, dst, count)
 		if moved != n || n != uint64(len(srcIDs))*bb/2 {
 			t.Fatalf("ctx tp%d: segments move %d bytes, planner says %d, want half of %d blocks of %d", tp, moved, n, len(srcIDs), bb)
 		}
@@ -98,15 +91,7 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var moved uint64
-			for _, sg := range segs {
-				copy(dstParts[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
-				for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
-					countParts[j]++
-				}
-				moved += sg.Len
-			}
-			if moved != n {
+			if moved := applySegments(segs, src, dstParts, countParts); moved != n {
 				t.Fatalf("ctx tp%d %+v: segments move %d bytes, planner says %d", tp, part, moved, n)
 			}
 			partBytes += n
@@ -147,4 +132,18 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 			t.Fatalf("byte %d outside the destination blocks written %d times", off, c)
 		}
 	}
+}
+
+// applySegments copies segs from src into dst, counts the writes of each
+// destination byte in count, and returns the bytes moved.
+func applySegments(segs []kvcache.Segment, src, dst []byte, count []int) uint64 {
+	var moved uint64
+	for _, sg := range segs {
+		copy(dst[sg.Dst:sg.Dst+sg.Len], src[sg.Src:sg.Src+sg.Len])
+		for j := sg.Dst; j < sg.Dst+sg.Len; j++ {
+			count[j]++
+		}
+		moved += sg.Len
+	}
+	return moved
 }
