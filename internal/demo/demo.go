@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -36,9 +37,12 @@ type Mode struct {
 
 // Row is one mode's figures.
 type Row struct {
-	Mode          string
-	Requests      int
-	Bytes         uint64
+	Mode     string
+	Requests int
+	Bytes    uint64
+	// Wall runs from the mode's start to the last request's transfer end
+	// (READY, and the context side done): the byte check that follows a
+	// request's transfer is not the transfer's time.
 	Wall          time.Duration
 	BytesPerSec   float64
 	ExposedP50    time.Duration
@@ -47,7 +51,15 @@ type Row struct {
 	BytesVerified uint64
 	Mismatches    int
 	LeakedBlocks  int
-	exposed       []time.Duration
+	// ChunkCompute is the median time a chunk held its prefill device:
+	// the CPU's write of its KV, then the rest of Compute slept. Above
+	// Compute, the write itself was slower than Compute (it shares the
+	// memory bus with the copies and the byte checks), and the devices
+	// offered less than Compute promises. DeviceBusy is the share of the
+	// devices' time (devices × Wall) spent computing chunks.
+	ChunkCompute time.Duration
+	DeviceBusy   float64
+	exposed      []time.Duration
 }
 
 // Report is a whole run.
@@ -219,6 +231,8 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	admit := semaphore.NewWeighted(genBlocks)
 	var mu sync.Mutex
 	var firstErr error
+	var computes []time.Duration // every chunk's time on its device
+	var end time.Time            // the last transfer's end
 	sem := make(chan struct{}, o.Concurrency)
 	// The simulated prefill devices: a request computes a chunk only
 	// while it holds one (FIFO among the waiters).
@@ -234,12 +248,16 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		}
 	}
 	t0 := time.Now()
-	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeStart})
+	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeStart, At: t0})
 	for i, n := range prompts {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func(i, n int) {
-			defer func() { <-sem; wg.Done() }()
+			// The request leaves the flight when its transfer ends (or
+			// it fails): its byte check after that does not hold a slot.
+			var once sync.Once
+			landed := func() { once.Do(func() { <-sem }) }
+			defer func() { landed(); wg.Done() }()
 			need := int64(len(ge.Layout().Groups) * ge.Layout().BlocksFor(n))
 			o.mark(ProbeEvent{Mode: m.Name, Request: fmt.Sprintf("%s-%d", m.Name, i), Chunk: -1, Kind: ProbeAdmit})
 			if err := admit.Acquire(ctx, need); err != nil {
@@ -248,7 +266,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 				mu.Unlock()
 				return
 			}
-			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n)
+			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n, landed)
 			admit.Release(need)
 			mu.Lock()
 			defer mu.Unlock()
@@ -259,6 +277,10 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 			row.BytesVerified += res.verified
 			row.Mismatches += res.mismatches
 			row.exposed[i] = res.exposed
+			computes = append(computes, res.computes...)
+			if res.end.After(end) {
+				end = res.end
+			}
 			if progress != nil {
 				fmt.Fprintf(progress, "  %-13s request %2d  %5d tokens  %8.1f MiB  exposed %v\n", m.Name, i, n,
 					float64(res.bytes)/(1<<20), res.exposed.Round(10*time.Microsecond))
@@ -266,9 +288,21 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		}(i, n)
 	}
 	wg.Wait()
-	row.Wall = time.Since(t0)
 	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeEnd})
+	if end.IsZero() { // no request got as far as its transfer's end
+		end = time.Now()
+	}
+	row.Wall = end.Sub(t0)
 	row.BytesPerSec = float64(row.Bytes) / row.Wall.Seconds()
+	if len(computes) > 0 {
+		var busy time.Duration
+		for _, c := range computes {
+			busy += c
+		}
+		slices.Sort(computes)
+		row.ChunkCompute = computes[len(computes)/2]
+		row.DeviceBusy = busy.Seconds() / (float64(o.devices()) * row.Wall.Seconds())
+	}
 	row.LeakedBlocks = ce.Pools().Used() + ge.Pools().Used()
 	ex := append([]time.Duration(nil), row.exposed...)
 	sort.Slice(ex, func(a, b int) bool { return ex[a] < ex[b] })
@@ -305,9 +339,14 @@ type reqResult struct {
 	bytes, verified uint64
 	mismatches      int
 	exposed         time.Duration
+	computes        []time.Duration // each chunk's time on its prefill device
+	end             time.Time       // both sides done with the transfer
 }
 
-func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int) (reqResult, error) {
+// runRequest moves request i of promptLen tokens in mode m, then checks
+// every byte that arrived. landed is called once the transfer has ended
+// (both sides' results in), before the check.
+func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int, landed func()) (reqResult, error) {
 	var res reqResult
 	l := ce.Layout()
 	id := fmt.Sprintf("%s-%d", m.Name, i)
@@ -363,8 +402,11 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, d
 	// before it is computed and returns what fires its fence after.
 	compute := func(k int, c kvcache.Chunk, each func(part kvcache.LayerPart) (func(), error)) error {
 		devices <- struct{}{}
-		defer func() { <-devices }()
 		t := time.Now()
+		defer func() {
+			res.computes = append(res.computes, time.Since(t))
+			<-devices
+		}()
 		mark(k, ProbeCompute, 0)
 		b0, b1 := c.Blocks(l.TokensPerBlock)
 		var filled uint64
@@ -452,6 +494,8 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, d
 	res.exposed = time.Since(lastFence)
 	mark(-1, ProbeReady, 0)
 	to := <-tx.Done()
+	res.end = time.Now()
+	landed()
 	if err := ce.Pools().Free(src); err != nil {
 		return res, fmt.Errorf("request %s: free source: %w", id, err)
 	}
@@ -582,5 +626,14 @@ func (r Report) printRaw(w io.Writer) {
 		}
 		fmt.Fprintf(w, "offered: %d prefill device(s) × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
 			d, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
+		if p.ChunkCompute > 0 {
+			// What the devices offered in fact: a chunk holds its device
+			// for Compute, or longer when the CPU's write of its KV takes
+			// longer (a machine's memory bandwidth is shared by that
+			// write, the transfer's copies and the byte checks).
+			got := float64(d) * float64(r.Raw.SizeBytes) / p.ChunkCompute.Seconds()
+			fmt.Fprintf(w, "%s prefill: a chunk held its device %v (p50), the devices were busy %.0f%% of the time: they offered %.2f GB/s, %.1fx raw; GB/s / offered %.2f\n",
+				p.Mode, p.ChunkCompute.Round(10*time.Microsecond), 100*p.DeviceBusy, got/1e9, got/r.Raw.BytesPerSec, p.BytesPerSec/got)
+		}
 	}
 }

@@ -180,3 +180,94 @@ func TestOptionsParts(t *testing.T) {
 		t.Fatalf("parts %v: want 5 covering 32 layers", got)
 	}
 }
+
+// heldProbe holds the first request's byte check until another request
+// has been admitted (or a deadline passes), and keeps every mark.
+type heldProbe struct {
+	mu       sync.Mutex
+	ev       []ProbeEvent
+	held     string        // the request whose check was held
+	admitted chan struct{} // closed at the first admission after the hold
+	timedOut bool
+}
+
+func (*heldProbe) Record(string, any, time.Time)           {}
+func (*heldProbe) Agent(_ string, a rdma.Agent) rdma.Agent { return a }
+func (p *heldProbe) Mark(e ProbeEvent) {
+	p.mu.Lock()
+	p.ev = append(p.ev, e)
+	hold := false
+	switch {
+	case e.Kind == ProbeVerify && p.held == "":
+		p.held, hold = e.Request, true
+	case e.Kind == ProbeAdmit && p.held != "" && e.Request != p.held && p.admitted != nil:
+		close(p.admitted)
+		p.admitted = nil
+	}
+	ch := p.admitted
+	p.mu.Unlock()
+	if hold {
+		select {
+		case <-ch:
+		case <-time.After(20 * time.Second):
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+		}
+	}
+}
+
+// TestDemoTimesTransfersNotChecks: a request leaves the flight when its
+// transfer ends, so the next one starts while its bytes are checked; the
+// wall clock behind GB/s ends at the last transfer's end, before the last
+// check; and the prefill figures are each chunk's time on its device.
+func TestDemoTimesTransfersNotChecks(t *testing.T) {
+	p := &heldProbe{admitted: make(chan struct{})}
+	o := Options{Model: "Llama-3.1-8B", Requests: 3, MinTokens: 64, MaxTokens: 128, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Compute: 2 * time.Millisecond, Workers: 2, Concurrency: 1, PrefillDevices: 1,
+		Seed: 3, TokensPerBlock: 16, Probe: p}
+	rep, err := Run(context.Background(), o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("report not OK: %+v", rep.Rows)
+	}
+	if p.timedOut {
+		t.Fatalf("request %s's byte check held its slot: no other request was admitted during it (concurrency 1)", p.held)
+	}
+	for _, row := range rep.Rows {
+		var start, lastReady, lastVerify time.Time
+		for _, e := range p.ev {
+			if e.Mode != row.Mode {
+				continue
+			}
+			switch e.Kind {
+			case ProbeModeStart:
+				start = e.At
+			case ProbeReady:
+				lastReady = later(lastReady, e.At)
+			case ProbeVerify:
+				lastVerify = later(lastVerify, e.At)
+			}
+		}
+		end := start.Add(row.Wall)
+		if end.Before(lastReady) || !end.Before(lastVerify) {
+			t.Errorf("%s: wall ends %v after the start; the last READY is at %v, the last check starts at %v",
+				row.Mode, row.Wall, lastReady.Sub(start), lastVerify.Sub(start))
+		}
+		if row.ChunkCompute < o.Compute {
+			t.Errorf("%s: a chunk held its device %v (p50), less than its compute %v", row.Mode, row.ChunkCompute, o.Compute)
+		}
+		if row.DeviceBusy <= 0 || row.DeviceBusy > 1 {
+			t.Errorf("%s: devices busy %.3f of the wall, want (0, 1]", row.Mode, row.DeviceBusy)
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -27,8 +27,9 @@ type ProbeKind uint8
 
 // Demo-side events, in the order one chunk or request meets them.
 const (
-	// ProbeModeStart and ProbeModeEnd bracket a mode's timed window
-	// (Request empty).
+	// ProbeModeStart and ProbeModeEnd bracket a mode's run (Request
+	// empty); ModeStart is at the clock's start (Row.Wall ends at the
+	// last transfer's end, before ModeEnd).
 	ProbeModeStart ProbeKind = iota
 	// ProbeAdmit: the request waits for the generation side's room
 	// (before its admission, then its source blocks).
@@ -70,9 +71,12 @@ type ProbeEvent struct {
 	Bytes uint64
 }
 
+// mark records e at its At, or now when At is zero.
 func (o Options) mark(e ProbeEvent) {
 	if o.Probe != nil {
-		e.At = time.Now()
+		if e.At.IsZero() {
+			e.At = time.Now()
+		}
 		o.Probe.Mark(e)
 	}
 }
