@@ -415,13 +415,21 @@ type fence struct {
 // layer group). withFence: the chunk waits for FenceReady on the returned
 // fence handle; otherwise its KV is taken as written.
 func (r *Request) Chunk(start, end int, last bool, runs []kvcache.BlockRun, withFence bool) (uint64, error) {
-	if r.tx == nil {
-		return 0, errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+	return r.ChunkLayers(start, end, last, kvcache.LayerPart{}, runs, withFence)
+}
+
+// ChunkLayers is Chunk for the layers part of the chunk (global layers
+// [Lo, Hi) of Of, the model's layer count; the zero LayerPart is every
+// layer), as kvxfer.TxHandle.Chunk takes them: a chunk's parts in layer
+// order from layer 0, each with the same chunk and source blocks, the
+// part reaching layer Of completing it. Each part has its own fence. A
+// part out of that order, or with bad layers, is refused with
+// ErrBadChunk naming the layers, and nothing of it is taken.
+func (r *Request) ChunkLayers(start, end int, last bool, part kvcache.LayerPart, runs []kvcache.BlockRun, withFence bool) (uint64, error) {
+	c, err := r.chunkOf(start, end, last, part)
+	if err != nil {
+		return 0, err
 	}
-	if start < 0 || end < start {
-		return 0, errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
-	}
-	c := kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last}
 	if !withFence {
 		if err := r.tx.Chunk(c, runs, nil); err != nil {
 			return 0, err
@@ -445,6 +453,23 @@ func (r *Request) Chunk(start, end int, last bool, runs []kvcache.BlockRun, with
 	return h, nil
 }
 
+// chunkOf is the chunk (or layer part) [start, end) of a send, refused
+// before anything is taken when the request is a receive, the range is
+// negative or the layers are not a part of this model (ErrBadChunk, from
+// kvcache.LayerPart.Check; the rest of the order is TxHandle.Chunk's).
+func (r *Request) chunkOf(start, end int, last bool, part kvcache.LayerPart) (kvcache.Chunk, error) {
+	if r.tx == nil {
+		return kvcache.Chunk{}, errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+	}
+	if start < 0 || end < start {
+		return kvcache.Chunk{}, errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
+	}
+	if err := part.Check(r.e.eng.Layout().Layers); err != nil {
+		return kvcache.Chunk{}, fmt.Errorf("request %d (%q) chunk [%d,%d): %w", r.h, r.id, start, end, err)
+	}
+	return kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last, Layers: part}, nil
+}
+
 // ChunkCUDA hands over tokens [start, end) from the source blocks runs
 // behind the caller's CUDA event cuEvent (a CUevent or cudaEvent_t of
 // device's primary context, recorded after the writes): the chunk is sent
@@ -456,6 +481,13 @@ func (r *Request) Chunk(start, end int, last bool, runs []kvcache.BlockRun, with
 // driver; a zero handle or a device that does not exist is
 // ErrInvalidArgument. A refused chunk watches nothing.
 func (r *Request) ChunkCUDA(start, end int, last bool, runs []kvcache.BlockRun, cuEvent uint64, device int) error {
+	return r.ChunkLayersCUDA(start, end, last, kvcache.LayerPart{}, runs, cuEvent, device)
+}
+
+// ChunkLayersCUDA is ChunkCUDA for a layer part of the chunk, in the
+// order ChunkLayers takes them; bad layers are refused before the driver
+// or the event is touched.
+func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerPart, runs []kvcache.BlockRun, cuEvent uint64, device int) error {
 	if r.tx == nil {
 		return errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
 	}
@@ -465,8 +497,9 @@ func (r *Request) ChunkCUDA(start, end int, last bool, runs []kvcache.BlockRun, 
 	if device < 0 {
 		return errorf(ErrInvalidArgument, "request %d (%q): CUDA device %d is negative", r.h, r.id, device)
 	}
-	if start < 0 || end < start {
-		return errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
+	c, err := r.chunkOf(start, end, last, part)
+	if err != nil {
+		return err
 	}
 	if err := cuda.Init(); err != nil {
 		return &Error{Code: ErrUnsupported, Err: fmt.Errorf("request %d (%q): a chunk behind CUDA event %#x needs the CUDA driver, and there is none usable: %w", r.h, r.id, cuEvent, err)}
@@ -479,7 +512,6 @@ func (r *Request) ChunkCUDA(start, end int, last bool, runs []kvcache.BlockRun, 
 		}
 		return &Error{Code: code, Err: fmt.Errorf("request %d (%q): CUDA event %#x of device %d: %w", r.h, r.id, cuEvent, device, err)}
 	}
-	c := kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last}
 	if err := r.tx.Chunk(c, runs, cudaFence{f, r.h}); err != nil {
 		f.Release(err)
 		return err

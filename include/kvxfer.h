@@ -44,8 +44,9 @@ extern "C" {
  * Bumped on any incompatible change to a declaration below. */
 #define KVXFER_ABI_VERSION 1
 /* Additive changes within KVXFER_ABI_VERSION (new config keys, new
- * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda. */
-#define KVXFER_ABI_MINOR 2
+ * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda;
+ * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda. */
+#define KVXFER_ABI_MINOR 3
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -283,6 +284,41 @@ kvxfer_status kvxfer_chunk_cuda(kvxfer_request_t request, int32_t start, int32_t
                                 const kvxfer_block_run *runs, uint32_t groups, uint64_t cu_event, int32_t device);
 /* Fails the chunk, and so the request (KVXFER_ERR_FENCE), with reason. */
 kvxfer_status kvxfer_fence_fail(kvxfer_fence_t fence, const char *reason);
+
+/* (Since KVXFER_ABI_MINOR 3.) kvxfer_chunk for one layer part of the chunk:
+ * global layers [layer_lo, layer_hi) of its tokens, of a model of `layers`
+ * layers, so that a chunk can leave layer by layer while the forward pass
+ * still computes the later layers (vLLM's save_kv_layer). layer_lo ==
+ * layer_hi == layers == 0 is the whole chunk, as kvxfer_chunk; otherwise
+ * 0 <= layer_lo < layer_hi <= layers, and layers is the model's layer
+ * count (every layer, not those this rank holds), else
+ * KVXFER_ERR_BAD_CHUNK naming the values. start, end, runs and fence are
+ * kvxfer_chunk's; each part has its own fence.
+ *
+ * The parts of one chunk come in layer order: the first starts at layer
+ * 0, each next one where the one before ended, every part with the same
+ * start, end, last and source blocks (runs with the same first and ids);
+ * the part ending at layer `layers` completes the chunk, and no other
+ * chunk (nor a whole chunk) is taken before it. last marks every part of
+ * the final chunk; the request finishes only after the final part of the
+ * last chunk has been sent. Layers are the model's: on a rank of a later
+ * pipeline stage too, the first part starts at layer 0 (it may hold none
+ * of the rank's layers). A part out of that order is KVXFER_ERR_BAD_CHUNK,
+ * its message naming the part's layers and where the next part starts; a
+ * refused part pins nothing, creates no fence, and the request goes on
+ * (hand the right part next). */
+kvxfer_status kvxfer_chunk_layers(kvxfer_request_t request, int32_t start, int32_t end, int32_t last,
+                                  int32_t layer_lo, int32_t layer_hi, int32_t layers,
+                                  const kvxfer_block_run *runs, uint32_t groups, kvxfer_fence_t *fence);
+
+/* (Since KVXFER_ABI_MINOR 3.) kvxfer_chunk_layers with a CUDA event as the
+ * part's fence, as kvxfer_chunk_cuda (typically an event recorded after
+ * layer layer_hi - 1's attention). Bad layers are refused before the
+ * driver or the event is touched; a refused part watches nothing. */
+kvxfer_status kvxfer_chunk_layers_cuda(kvxfer_request_t request, int32_t start, int32_t end, int32_t last,
+                                       int32_t layer_lo, int32_t layer_hi, int32_t layers,
+                                       const kvxfer_block_run *runs, uint32_t groups, uint64_t cu_event,
+                                       int32_t device);
 
 /* Opens the generation side of a request. */
 kvxfer_status kvxfer_receive(kvxfer_engine_t engine, const kvxfer_receive_request *req, kvxfer_request_t *out);

@@ -359,15 +359,29 @@ func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer
 func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
 	fence *C.kvxfer_fence_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk")
+	return chunk("kvxfer_chunk", rh, start, end, last, kvcache.LayerPart{}, rs, groups, fence)
+}
+
+//export kvxfer_chunk_layers
+func kvxfer_chunk_layers(rh C.kvxfer_request_t, start, end, last, layerLo, layerHi, layers C.int32_t,
+	rs *C.kvxfer_block_run, groups C.uint32_t, fence *C.kvxfer_fence_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_chunk_layers")
+	return chunk("kvxfer_chunk_layers", rh, start, end, last, layerPart(layerLo, layerHi, layers), rs, groups, fence)
+}
+
+// chunk is kvxfer_chunk and kvxfer_chunk_layers (the zero part: every
+// layer).
+func chunk(fn string, rh C.kvxfer_request_t, start, end, last C.int32_t, part kvcache.LayerPart,
+	rs *C.kvxfer_block_run, groups C.uint32_t, fence *C.kvxfer_fence_t) C.int32_t {
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
 		return fail(err)
 	}
-	src, err := runs("kvxfer_chunk", "runs", rs, groups)
+	src, err := runs(fn, "runs", rs, groups)
 	if err != nil {
 		return fail(err)
 	}
-	f, err := r.Chunk(int(start), int(end), last != 0, src, fence != nil)
+	f, err := r.ChunkLayers(int(start), int(end), last != 0, part, src, fence != nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -381,15 +395,35 @@ func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfe
 func kvxfer_chunk_cuda(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
 	cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk_cuda")
+	return chunkCUDA("kvxfer_chunk_cuda", rh, start, end, last, kvcache.LayerPart{}, rs, groups, cuEvent, device)
+}
+
+//export kvxfer_chunk_layers_cuda
+func kvxfer_chunk_layers_cuda(rh C.kvxfer_request_t, start, end, last, layerLo, layerHi, layers C.int32_t,
+	rs *C.kvxfer_block_run, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_chunk_layers_cuda")
+	return chunkCUDA("kvxfer_chunk_layers_cuda", rh, start, end, last, layerPart(layerLo, layerHi, layers), rs, groups,
+		cuEvent, device)
+}
+
+// chunkCUDA is kvxfer_chunk_cuda and kvxfer_chunk_layers_cuda.
+func chunkCUDA(fn string, rh C.kvxfer_request_t, start, end, last C.int32_t, part kvcache.LayerPart,
+	rs *C.kvxfer_block_run, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) C.int32_t {
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
 		return fail(err)
 	}
-	src, err := runs("kvxfer_chunk_cuda", "runs", rs, groups)
+	src, err := runs(fn, "runs", rs, groups)
 	if err != nil {
 		return fail(err)
 	}
-	return status(r.ChunkCUDA(int(start), int(end), last != 0, src, uint64(cuEvent), int(device)))
+	return status(r.ChunkLayersCUDA(int(start), int(end), last != 0, part, src, uint64(cuEvent), int(device)))
+}
+
+// layerPart is the part of kvxfer_chunk_layers' layer_lo, layer_hi and
+// layers (0, 0, 0: every layer); capi checks it against the model.
+func layerPart(lo, hi, of C.int32_t) kvcache.LayerPart {
+	return kvcache.LayerPart{Lo: int(lo), Hi: int(hi), Of: int(of)}
 }
 
 //export kvxfer_fence_ready

@@ -24,7 +24,8 @@ Roles, as in vLLM:
     register_cross_layers_kv_cache
     start_load_kv               kvxfer_receive into vLLM's block ids
     wait_for_layer_load         nothing: kvxfer moves whole blocks
-    save_kv_layer               nothing per layer
+    save_kv_layer               nothing per layer (see its docstring for
+                                handing chunks layer by layer)
     wait_for_save               the step's chunks: kvxfer_send on the
                                 first, then kvxfer_chunk with a fence made
                                 ready once the step's KV is written
@@ -201,6 +202,21 @@ class KvxferWorkerConnector:
         return None
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs):
+        """Nothing: this connector hands whole chunks in wait_for_save.
+
+        To hide all but the last layer's transfer, a worker can instead hand
+        each request's chunk of the step here, one part per layer:
+        r.chunk(start, end, runs, layers=(L, L + 1, num_layers),
+        cuda_event=ev) with L the layer's global index (vLLM's
+        extract_layer_index(layer_name)), num_layers the model's layer count
+        (all stages') and ev an event recorded after layer L's attention;
+        wait_for_save then hands nothing. A chunk's parts run from layer 0
+        to num_layers on every rank, so a pipeline stage holding layers
+        [a, b) also hands (0, a, num_layers) before its first layer's part
+        (when a > 0) and (b, num_layers, num_layers) after its last (when
+        b < num_layers), fenced=False. Not done here: it needs each name's
+        global layer index and the model's layer count, which this
+        connector does not take (docs/integration.md)."""
         return None
 
     def wait_for_save(self):

@@ -3,9 +3,11 @@
 import ctypes
 import enum
 import json
+import operator
 import threading
 import time
 import traceback
+import typing
 
 from . import _lib
 from ._lib import lib
@@ -74,6 +76,27 @@ def _cuda_event(event, device):
         if device is None:
             device = 0
     return handle, int(device)
+
+
+class LayerPart(typing.NamedTuple):
+    """A layer part of a chunk (Request.chunk's layers=): the model's global
+    layers [lo, hi) of its `of` layers (every layer of the model, not those
+    this rank holds). LayerPart(0, 0, 0) is the whole chunk. Any (lo, hi,
+    of) tuple does as well."""
+
+    lo: int
+    hi: int
+    of: int
+
+
+def _layer_part(layers):
+    """(lo, hi, of) ints of a LayerPart or a 3-tuple; the library checks
+    the values against the model."""
+    try:
+        lo, hi, of = layers
+        return operator.index(lo), operator.index(hi), operator.index(of)
+    except (TypeError, ValueError):
+        raise TypeError("layers must be a LayerPart or a (lo, hi, of) tuple of ints, not %r" % (layers,)) from None
 
 
 def _check(st):
@@ -483,7 +506,7 @@ class Request:
     def __repr__(self):
         return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
 
-    def chunk(self, start, end, runs, last=None, fenced=True, cuda_event=None, device=None):
+    def chunk(self, start, end, runs, last=None, fenced=True, cuda_event=None, device=None, layers=None):
         """Hands over tokens [start, end) whose KV sits in runs: one
         (first global block, [block ids]) per layer group. fenced: returns a
         Fence to call ready() on once the KV is written; else the KV is taken
@@ -497,18 +520,40 @@ class Request:
         by default the torch event's own device, else 0. kvxfer only queries
         the event: keep it alive and do not record it again until this
         request's event arrived (wait()/poll). Without a CUDA driver in the
-        process it raises KvxferError with Status.UNSUPPORTED."""
+        process it raises KvxferError with Status.UNSUPPORTED.
+
+        layers: hand only a layer part of the chunk, a LayerPart or (lo, hi,
+        of) tuple: the model's layers [lo, hi) of its `of` layers, each part
+        with its own fence or cuda_event (kvxfer_chunk_layers), as vLLM's
+        save_kv_layer produces them. A chunk's parts come in layer order
+        from layer 0, each starting where the one before ended, all with the
+        same start, end, last and runs; the part ending at layer `of`
+        completes the chunk. Anything else raises KvxferError with
+        Status.BAD_CHUNK naming the layers; nothing of it is taken and the
+        request goes on. None (or (0, 0, 0)) is the whole chunk."""
         if last is None:
             last = end == self.prompt_len
         arr, keep = _runs(runs)
         if cuda_event is not None:
             handle, dev = _cuda_event(cuda_event, device)
-            _check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle, dev))
+            if layers is None:
+                _check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle, dev))
+            else:
+                lo, hi, of = _layer_part(layers)
+                _check(lib.kvxfer_chunk_layers_cuda(self.handle, start, end, 1 if last else 0, lo, hi, of, arr,
+                                                    len(runs), handle, dev))
             return None
-        return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep)
+        return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep, layers=layers)
 
-    def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None):
-        """chunk() with a prebuilt ctypes BlockRun array (the hot path)."""
+    def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None, layers=None):
+        """chunk() with a prebuilt ctypes BlockRun array (the hot path);
+        layers as chunk()'s."""
+        if layers is not None:
+            lo, hi, of = _layer_part(layers)
+            f = _lib.fence_t() if fenced else None
+            _check(lib.kvxfer_chunk_layers(self.handle, start, end, 1 if last else 0, lo, hi, of, runs_array, groups,
+                                           ctypes.byref(f) if fenced else None))
+            return Fence(f.value) if fenced else None
         if not fenced:
             _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, None))
             return None

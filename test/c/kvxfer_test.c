@@ -115,6 +115,8 @@ static void test_bad_input(void) {
         kvxfer_receive(5555, &(kvxfer_receive_request){.id = "x", .context = NULL}, &(kvxfer_request_t){0}),
         kvxfer_chunk(5555, 0, 16, 1, NULL, 0, NULL),
         kvxfer_chunk_cuda(5555, 0, 16, 1, NULL, 0, 0, 0),
+        kvxfer_chunk_layers(5555, 0, 16, 1, 0, 1, 2, NULL, 0, NULL),
+        kvxfer_chunk_layers_cuda(5555, 0, 16, 1, 0, 1, 2, NULL, 0, 0, 0),
         kvxfer_fence_ready(5555),
         kvxfer_fence_fail(5555, NULL),
         kvxfer_set_callback(5555, NULL, NULL),
@@ -283,9 +285,94 @@ static void test_transfer(void) {
     printf("ok   close: handle table empty\n");
 }
 
+/* A chunk's KV handed layer by layer (kvxfer_chunk_layers), as vLLM's
+ * save_kv_layer produces it: each part fenced and its layer written only
+ * after it was handed; bad layers and a part out of order are refused
+ * naming the layers, and the request goes on; one chunk goes whole
+ * (0, 0, 0). Every byte of every layer arrives. */
+static void test_layer_parts(void) {
+    uint64_t pool_bytes = 1 << 20;
+    uint8_t *pool = aligned_alloc(4096, pool_bytes);
+    kvxfer_engine_t p = open_engine("c-lp-prefill", pool, pool_bytes);
+    kvxfer_engine_t d = open_engine("c-lp-decode", NULL, pool_bytes);
+    kvxfer_group_info gi, dgi;
+    OK(kvxfer_engine_group(p, 0, &gi));
+    OK(kvxfer_engine_group(d, 0, &dgi));
+    const int layers = 2, prompt = 80, nblocks = 5; /* chunks [0,32) [32,64) [64,80) */
+    const uint64_t per = gi.block_bytes / layers;   /* a block is ordered layer first */
+    int32_t src[5];
+    OK(kvxfer_blocks_alloc(p, 0, nblocks, src));
+    memset(pool + gi.offset, 0, nblocks * gi.block_bytes);
+    kvxfer_request_t rx, tx;
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-lp", .prompt_len = prompt, .context = "c-lp-prefill"}, &rx));
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-lp", .prompt_len = prompt}, &tx));
+
+    kvxfer_block_run run = {.first = 0, .count = 2, .ids = src};
+    kvxfer_fence_t f = 0;
+    uint64_t handles = kvxfer_handle_count();
+    CHECK(kvxfer_chunk_layers(tx, 0, 32, 0, 0, 1, 8, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "layers of 8");
+    CHECK(strstr(kvxfer_last_error(), "layers [0, 1) of 8"), "message names the layers: %s", kvxfer_last_error());
+    CHECK(kvxfer_chunk_layers(tx, 0, 32, 0, -1, 1, 2, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "negative layer");
+    CHECK(kvxfer_chunk_layers(tx, 0, 32, 0, 1, 1, 2, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "empty part");
+    CHECK(kvxfer_chunk_layers_cuda(tx, 0, 32, 0, 0, 3, 2, &run, 1, 0x1000, 0) == KVXFER_ERR_BAD_CHUNK,
+          "cuda part past the model: %s", kvxfer_last_error());
+    CHECK(strstr(kvxfer_last_error(), "layers [0, 3) of 2"), "message names the layers: %s", kvxfer_last_error());
+    CHECK(kvxfer_chunk_layers(tx, 0, 32, 0, 1, 2, 2, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "first part at layer 1");
+    CHECK(strstr(kvxfer_last_error(), "starts at layer 0"), "message: %s", kvxfer_last_error());
+    CHECK(f == 0 && kvxfer_handle_count() == handles, "a refused part made a fence");
+
+    struct {
+        int start, end, lo, hi, of;
+    } parts[] = {{0, 32, 0, 1, 2}, {0, 32, 1, 2, 2}, {32, 64, 0, 0, 0}, {64, 80, 0, 1, 2}, {64, 80, 1, 2, 2}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+        int b0 = parts[k].start / 16, b1 = (parts[k].end + 15) / 16;
+        run = (kvxfer_block_run){.first = b0, .count = b1 - b0, .ids = src + b0};
+        if (k == 3) { /* the last chunk's second part before its first: refused */
+            CHECK(kvxfer_chunk_layers(tx, 64, 80, 1, 1, 2, 2, &run, 1, &f) == KVXFER_ERR_BAD_CHUNK, "out of order");
+            CHECK(strstr(kvxfer_last_error(), "layers [1, 2) of 2"), "message names the part: %s", kvxfer_last_error());
+        }
+        OK(kvxfer_chunk_layers(tx, parts[k].start, parts[k].end, parts[k].end == prompt, parts[k].lo, parts[k].hi,
+                               parts[k].of, &run, 1, &f));
+        int lo = parts[k].of ? parts[k].lo : 0, hi = parts[k].of ? parts[k].hi : layers;
+        for (int b = b0; b < b1; b++)
+            for (int l = lo; l < hi; l++)
+                for (uint64_t i = 0; i < per; i++)
+                    pool[gi.offset + src[b] * gi.block_bytes + l * per + i] = pattern(2, b, l * per + i);
+        OK(kvxfer_fence_ready(f));
+    }
+    kvxfer_event ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK, "tx outcome %d error %d", ev.outcome, ev.error);
+    CHECK(ev.bytes == (uint64_t)nblocks * gi.block_bytes, "tx bytes %llu", (unsigned long long)ev.bytes);
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %d", ev.outcome, ev.error);
+    int32_t dst[5];
+    uint32_t n = 0;
+    int32_t first = -1;
+    OK(kvxfer_request_blocks(rx, 0, dst, 5, &n, &first));
+    CHECK(n == 5 && first == 0, "n %u first %d", n, first);
+    kvxfer_engine_info dinfo;
+    OK(kvxfer_engine_info_get(d, &dinfo));
+    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
+    uint64_t checked = 0;
+    for (uint32_t b = 0; b < n; b++)
+        for (uint64_t i = 0; i < dgi.block_bytes; i++, checked++)
+            CHECK(dpool[dgi.offset + dst[b] * dgi.block_bytes + i] == pattern(2, b, i), "block %u byte %llu", b,
+                  (unsigned long long)i);
+    OK(kvxfer_request_free_blocks(rx));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(p, 0, src, nblocks));
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    free(pool);
+    printf("ok   layer parts: %llu bytes verified, bad and out-of-order parts refused\n", (unsigned long long)checked);
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
+    test_layer_parts();
     printf("PASS\n");
     return 0;
 }
