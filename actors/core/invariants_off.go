@@ -15,3 +15,5 @@ func (*TxSession) mutUnpinEarly() {}
 func (*TxSession) mutLateSuccess() {}
 
 func mutFreeOnSuspicion() bool { return false }
+
+func mutEndBeforeFinalPart() bool { return false }

@@ -27,9 +27,15 @@ var Mutations struct {
 	// heartbeats) as proven quiescent, so its request's destination blocks
 	// are freed instead of quarantined.
 	FreeOnSuspicion bool
+	// EndBeforeFinalPart ends a stream once any layer part of the last
+	// chunk is written, not only its final part (the one that reaches the
+	// model's last layer): the SUCCESS leaves before the later parts.
+	EndBeforeFinalPart bool
 }
 
 func mutFreeOnSuspicion() bool { return Mutations.FreeOnSuspicion }
+
+func mutEndBeforeFinalPart() bool { return Mutations.EndBeforeFinalPart }
 
 // violate records an illegal transition.
 func (s *TxSession) violate(format string, args ...any) {

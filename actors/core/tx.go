@@ -695,7 +695,7 @@ func (s *TxSession) lastSeen(st *stream) bool {
 		return false
 	}
 	c := s.chunks[len(s.chunks)-1].c
-	return c.Last && c.Layers.Final() // a last chunk's earlier layer parts are not the end
+	return c.Last && (c.Layers.Final() || mutEndBeforeFinalPart()) // a last chunk's earlier layer parts are not the end
 }
 
 func allDone(st *stream) bool { return st.doneOps == len(st.ops) }

@@ -234,6 +234,42 @@ func (s *Sim) srcPinned(c *ctxRank, lo, hi uint64, op actors.OpRef, what string)
 	return ok
 }
 
+// srcWritten asserts that the source bytes [lo, hi) a write reads were
+// written by the serving process before a fence that fired: every layer
+// they touch is recorded in the rank's written set (an op of a layer
+// part that read a later part's layers would copy stale bytes).
+func (s *Sim) srcWritten(c *ctxRank, lo, hi uint64, op actors.OpRef) bool {
+	l := s.layout
+	for g, p := range c.pools {
+		bb := p.BlockBytes()
+		start := p.Offset(0)
+		end := start + bb*uint64(p.Len())
+		if hi <= start || lo >= end {
+			continue
+		}
+		layerBytes := uint64(l.Parts() * c.shape.Heads() * l.TokensPerBlock * l.TokenBytes())
+		data := layerBytes * uint64(len(c.shape.Layers[g]))
+		for id := (max(lo, start) - start) / bb; start+id*bb < min(hi, end); id++ {
+			b0 := start + id*bb
+			a, e := max(lo, b0)-b0, min(hi, b0+bb)-b0
+			if e > data {
+				s.failf("%s: a write of op %v reads group %d block %d bytes [%d, %d), past its %d bytes of KV (padding)",
+					c.name(), op, g, id, a, e, data)
+				return false
+			}
+			written := c.written[blockKey{g, kvcache.BlockID(id)}]
+			for li := a / layerBytes; li <= (e-1)/layerBytes; li++ {
+				if written&(1<<li) == 0 {
+					s.failf("%s: a write of op %v reads group %d block %d layer %d before the serving process wrote it (no fence of it fired)",
+						c.name(), op, g, id, c.shape.Layers[g][li])
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
 // land applies a batch: its bytes land in the receiver's region now.
 func (s *Sim) land(b *batch) {
 	if b.settled {
@@ -263,7 +299,7 @@ func (s *Sim) land(b *batch) {
 			break
 		}
 		budget -= n
-		if !s.srcPinned(b.src, seg.Src, seg.Src+n, b.op, "landing") {
+		if !s.srcPinned(b.src, seg.Src, seg.Src+n, b.op, "landing") || !s.srcWritten(b.src, seg.Src, seg.Src+n, b.op) {
 			return
 		}
 		if !s.dstOwned(b, seg.Dst, seg.Dst+n) {

@@ -36,9 +36,13 @@ type ctxRank struct {
 	sessions map[string]*txSess
 	// table is the real tx parent's table (core.TxTable): which requests
 	// have a session, Send's adoptions, bound instances, tombstones.
-	table    *core.TxTable
-	routes   map[*actors.Route]routeMeta
-	apps     []*ctxApp
+	table  *core.TxTable
+	routes map[*actors.Route]routeMeta
+	apps   []*ctxApp
+	// written holds, per source block, the layers (bit i: the rank's i-th
+	// layer of the block's group) the serving process wrote for the
+	// request that holds the block, before their fence fired.
+	written  map[blockKey]uint64
 	posted   int    // batches ever posted by this incarnation
 	maxFrame uint64 // highest frame number delivered (reorder detection)
 	nm       string
@@ -127,6 +131,7 @@ func (c *ctxRank) boot() {
 	c.incs = core.NewIncarnationTable(c.incarnation())
 	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
+	c.written = map[blockKey]uint64{}
 	c.posted, c.maxFrame, c.apps = 0, 0, nil
 	c.workers = nil
 	for i := range s.ctxW {
@@ -155,8 +160,8 @@ type txSess struct {
 	deadlineFired bool
 	deadlineVT    time.Duration // when its deadline timer fires (virtual time)
 	appFinished   bool          // Finish went to the serving process
-	chunkOf       []int         // session chunk index → request chunk index
-	curChunk      int           // request chunk being stepped
+	handed        []handedPart  // per session chunk index, what was handed
+	cur           handedPart    // the request chunk (part) being stepped
 	opSegs        map[actors.OpRef][]kvcache.Segment
 	opEpoch       map[actors.OpRef]uint64
 	lateOps       map[actors.OpRef]bool
@@ -167,6 +172,15 @@ type txSess struct {
 	// pin), stepped right after the effects that caused them, before any
 	// other message (txActor.exec).
 	feedback []any
+}
+
+// handedPart is one TxChunk a session took: request chunk chunk, the
+// layers of it (the zero value: all), and when its fence fires (virtual
+// time).
+type handedPart struct {
+	chunk   int
+	layers  kvcache.LayerPart
+	fenceAt time.Duration
 }
 
 func (c *ctxRank) spawn(id string) *txSess {
@@ -194,7 +208,14 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 		return // dead letter
 	}
 	before := ts.s.State()
-	opsBefore := ts.s.OpStates()
+	// OpStates copies every op into a map (one op per chunk or layer part
+	// and stream): built only for the messages whose checks read the ops
+	// as they were before the step.
+	var opsBefore map[actors.OpRef]actors.OpState
+	switch msg.(type) {
+	case actors.TxCompleted, actors.TxCancel, actors.TxPeerCancel:
+		opsBefore = ts.s.OpStates()
+	}
 	if cm, ok := msg.(actors.TxCompleted); ok && !cm.Refused && opsBefore[cm.Op] == actors.OpSubmitting {
 		// The worker reports TxSubmitted when the post returns, before
 		// the completion it forwards later (workerSlot.submit).
@@ -212,12 +233,13 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 		s.failf("%s: %T: first terminal outcome %v overwritten by %v", ts.name, msg, before, after)
 		return
 	}
-	ops := ts.s.OpStates()
+	nOps := 0
+	ts.s.EachOp(func(actors.OpRef, actors.OpState) { nOps++ })
 	if after.Terminal() && !ts.decided {
-		ts.decided, ts.first, ts.opsAtDecision = true, after, len(ops)
+		ts.decided, ts.first, ts.opsAtDecision = true, after, nOps
 	}
-	if ts.decided && before.Terminal() && len(ops) > ts.opsAtDecision {
-		s.failf("%s: %T: op admitted after the outcome %v (%d ops, %d at the decision)", ts.name, msg, ts.first, len(ops), ts.opsAtDecision)
+	if ts.decided && before.Terminal() && nOps > ts.opsAtDecision {
+		s.failf("%s: %T: op admitted after the outcome %v (%d ops, %d at the decision)", ts.name, msg, ts.first, nOps, ts.opsAtDecision)
 		return
 	}
 	if tm, ok := msg.(actors.TxTimeout); ok && tm.Kind == actors.TimerDeadline && after.Terminal() {
@@ -230,6 +252,13 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	if !s.checkDecide(ts, msg, before, after, effs) {
 		return
 	}
+	var ops map[actors.OpRef]actors.OpState
+	opsAfter := func() map[actors.OpRef]actors.OpState { // built once, when a check needs it
+		if ops == nil {
+			ops = ts.s.OpStates()
+		}
+		return ops
+	}
 	for i, e := range effs {
 		switch e := e.(type) {
 		case actors.Pin:
@@ -238,7 +267,7 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 				return
 			}
 		case actors.Unpin:
-			for r, st := range ops {
+			for r, st := range opsAfter() {
 				if !st.Quiescent() {
 					s.failf("%s: %T: Unpin of group %d blocks %v while op %v is %v (DESIGN.md §3)", ts.name, msg, e.Group, e.IDs, r, st)
 					return
@@ -250,7 +279,7 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 				s.failf("%s: %T: Submit %v with the session %v", ts.name, msg, e.Op, after)
 				return
 			}
-			if st := ops[e.Op]; st != actors.OpSubmitting {
+			if st := opsAfter()[e.Op]; st != actors.OpSubmitting {
 				s.failf("%s: %T: Submit %v of an op that is %v", ts.name, msg, e.Op, st)
 				return
 			}
@@ -260,7 +289,7 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 			if epoch, ok := terminalEpoch(e.Frame); ok {
 				// A terminal frame lets the receiver of that epoch free its
 				// blocks: every op that wrote them must be quiescent.
-				for r, st := range ops {
+				for r, st := range opsAfter() {
 					if int32(r.Peer) == e.To.Rank && ts.opEpoch[r] == epoch && !st.Quiescent() {
 						s.failf("%s: %T: terminal frame (epoch %d) to %v while op %v is %v", ts.name, msg, epoch, e.To, r, st)
 						return
@@ -523,27 +552,41 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 }
 
 // watchFence schedules a chunk's fence: the serving process writes the
-// chunk's KV into its source blocks, then the fence fires.
+// chunk's KV (a layer part: only its layers) into its source blocks, then
+// the fence fires. The parts of one chunk are fenced in layer order, as a
+// forward pass computes them.
 func (s *Sim) watchFence(ts *txSess, idx int) {
-	if idx != len(ts.chunkOf) {
-		s.failf("%s: WatchFence %d out of order (%d chunks watched)", ts.name, idx, len(ts.chunkOf))
+	if idx != len(ts.handed) {
+		s.failf("%s: WatchFence %d out of order (%d chunks watched)", ts.name, idx, len(ts.handed))
 		return
 	}
-	ts.chunkOf = append(ts.chunkOf, ts.curChunk)
+	h := ts.cur
+	h.fenceAt = s.vt + s.between(200*time.Microsecond, 4*time.Millisecond)
+	if h.layers.Lo > 0 && idx > 0 {
+		// The part before it in the chunk was taken just before (the
+		// handle takes a chunk's parts in order, nothing between them).
+		prev := ts.handed[idx-1]
+		if prev.chunk != h.chunk || prev.layers.Hi != h.layers.Lo {
+			s.failf("%s: chunk %d %v taken after chunk %d %v", ts.name, h.chunk, h.layers, prev.chunk, prev.layers)
+			return
+		}
+		h.fenceAt = max(h.fenceAt, prev.fenceAt+s.between(0, 300*time.Microsecond))
+	}
+	ts.handed = append(ts.handed, h)
 	a := ts.app
 	var err error
 	if s.chance(s.faults.pFence) {
 		err = errors.New("sim: producer kernel failed")
 	}
 	msg := actors.TxFenceFired{Index: idx, Err: err}
-	s.after(s.between(200*time.Microsecond, 4*time.Millisecond), ts.name, msg, func() {
+	s.at(h.fenceAt, ts.name, msg, func() {
 		if !ts.c.live(ts.inc) || ts.stop {
 			return
 		}
 		if err != nil {
 			s.fired(FaultFence)
 		} else if a != nil && !a.freed {
-			a.writeChunk(ts.chunkOf[idx])
+			a.writePart(h.chunk, h.layers)
 		}
 		s.stepTx(ts, msg)
 	})
@@ -697,6 +740,11 @@ func (a *ctxApp) start() {
 		return
 	}
 	a.blocks = ids
+	for g, gids := range ids {
+		for _, id := range gids {
+			delete(c.written, blockKey{g, id}) // nothing of this request written yet
+		}
+	}
 	// Engine.Send: the tx parent opens (or adopts) the session.
 	spawn, err := c.table.Open(q.id, "")
 	if err != nil {
@@ -713,7 +761,12 @@ func (a *ctxApp) start() {
 	t := s.vt
 	for i := range q.chunks {
 		t += s.between(100*time.Microsecond, 3*time.Millisecond)
-		s.at(t, a.name(), "chunk", func() { a.handChunk(i) })
+		for j := range q.parts[i] {
+			if j > 0 {
+				t += s.between(20*time.Microsecond, partGap)
+			}
+			s.at(t, a.name(), "chunk", func() { a.handChunk(i, j) })
+		}
 	}
 	if s.chance(s.faults.cancelCtx) {
 		s.at(s.vt+s.between(0, q.ctxDeadline), a.name(), "cancel", func() {
@@ -726,10 +779,12 @@ func (a *ctxApp) start() {
 	}
 }
 
-// handChunk is TxHandle.Chunk for request chunk i: refused once the
-// session's outcome is decided with an error (the serving process then
-// stops handing chunks), else sent to the session.
-func (a *ctxApp) handChunk(i int) {
+// handChunk is TxHandle.Chunk for part j of request chunk i (the parts
+// come in layer order, all with the chunk's source blocks, as the handle
+// requires): refused once the session's outcome is decided with an error
+// (the serving process then stops handing chunks), else sent to the
+// session.
+func (a *ctxApp) handChunk(i, j int) {
 	s, c := a.c.s, a.c
 	if !c.live(a.inc) || a.done || a.refused {
 		return
@@ -739,6 +794,7 @@ func (a *ctxApp) handChunk(i int) {
 		return
 	}
 	ch := a.q.chunks[i]
+	ch.Layers = a.q.parts[i][j]
 	first, end := ch.Blocks(s.layout.TokensPerBlock)
 	src := make([]kvcache.BlockRun, len(s.layout.Groups))
 	for g := range src {
@@ -752,7 +808,10 @@ func (a *ctxApp) handChunk(i int) {
 		if c.live(a.inc) && !ts.stop && !ts.s.State().Terminal() && !a.freed && s.chance(s.faults.pPinRefuse) {
 			a.freeOneEarly(src)
 		}
-		ts.curChunk = i
+		ts.cur = handedPart{chunk: i, layers: ch.Layers}
+		if !ch.Layers.Whole() {
+			s.res.Parts++
+		}
 		s.stepTx(ts, msg)
 	})
 }
@@ -790,23 +849,33 @@ func (a *ctxApp) freeOneEarly(src []kvcache.BlockRun) {
 	}
 }
 
-// writeChunk writes the KV of request chunk i into its source blocks.
-func (a *ctxApp) writeChunk(i int) {
+// writePart writes the KV of the layers in part (the zero value: every
+// layer) of request chunk i into its source blocks, and records them as
+// written.
+func (a *ctxApp) writePart(i int, part kvcache.LayerPart) {
 	s, c := a.c.s, a.c
 	first, end := a.q.chunks[i].Blocks(s.layout.TokensPerBlock)
 	for g, ids := range a.blocks {
 		if len(ids) == 0 {
 			continue
 		}
+		var mask uint64
+		for li, L := range c.shape.Layers[g] {
+			if part.Contains(L) {
+				mask |= 1 << li
+			}
+		}
 		for b := first; b < end; b++ {
-			if a.early[blockKey{g, ids[b]}] {
+			k := blockKey{g, ids[b]}
+			if a.early[k] {
 				continue // not the serving process's any more
 			}
 			buf := c.pools[g].Block(ids[b])
-			walkBlock(s.layout, c.shape, g, a.q.idx, b, func(off int, want byte) bool {
+			walkBlock(s.layout, c.shape, g, a.q.idx, b, part, func(off int, want byte) bool {
 				buf[off] = want
 				return true
 			})
+			c.written[k] |= mask
 		}
 	}
 }

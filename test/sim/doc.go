@@ -46,6 +46,17 @@
 // just before the chunk's fence fires, so a receiver can check its bytes
 // without trusting the plan code.
 //
+// A request's chunks may leave in layer parts (kvcache.Chunk.Layers),
+// drawn per request from a stream of their own: whole, one part per layer
+// (as vLLM's save_kv_layer), or split unevenly at random layers, chunk by
+// chunk. Each part is a TxChunk with its own fence; a chunk's parts are
+// handed in layer order from layer 0 with the chunk's source blocks, as
+// TxHandle.Chunk requires, and their fences fire in that order, each after
+// the serving process wrote only that part's layers. TxHandle.Chunk's
+// checks (alignment, the order of parts, the sources) live in the root
+// package and are not modelled: the session takes any chunk it is handed,
+// so the simulated serving process hands only chunks the handle accepts.
+//
 // Mailboxes are FIFO per (sender, receiver); the control link encodes and
 // decodes every frame and is FIFO per connection (a worker's DEALER to a
 // peer), as ZeroMQ over TCP is: reordering happens across connections.
@@ -89,7 +100,10 @@
 // CancelAck) only when every op that wrote that epoch is quiescent;
 // ReleaseDest only when no posted write may still land in the blocks; a
 // write reads only pinned source blocks and lands only in blocks its
-// request's session still owns, never after its endpoint closed; every
+// request's session still owns, never after its endpoint closed, and
+// reads only source layers whose fence fired (the serving process wrote
+// them: an op of a layer part that read a later part's layers would copy
+// stale bytes), never a block's padding; every
 // pool passes CheckInvariants; a READY request's bytes equal what the
 // sources wrote (at READY and again when its blocks are freed), and each
 // of its writers reported SUCCESS with exactly the bytes the two ranks'
@@ -109,8 +123,10 @@
 // # Faults and coverage
 //
 // Fault and Race list the fault kinds a seed may inject and the races of
-// DESIGN.md §3; Result counts which fired. TestSeeds fails when any of
-// them is reached in fewer than one seed in 1,000. TestMutations turns on
+// DESIGN.md §3; Result counts which fired, and the layer parts sessions
+// took. TestSeeds fails when any of them is reached in fewer than one seed
+// in 1,000, or when fewer seeds than that have a request handed in parts
+// end READY. TestMutations turns on
 // each actors.Mutations switch and requires a failing seed within 1,000.
 //
 // # Reproducing a failure

@@ -385,6 +385,9 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 		case actors.Finish:
 			if e.Outcome.OK {
 				s.res.Ready++
+				if rs.req.parted {
+					s.res.ReadyParted++
+				}
 				s.checkData(g, rs, "at READY")
 				rs.app.ready(e.Outcome.Blocks)
 			} else {

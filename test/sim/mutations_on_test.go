@@ -21,6 +21,7 @@ var mutations = []struct {
 	{"late-success", &core.Mutations.LateSuccessOverwritesFailed, false},
 	{"admit-after-drain", &core.Mutations.AdmitAfterDrain, false},
 	{"free-on-suspicion", &core.Mutations.FreeOnSuspicion, true},
+	{"end-before-final-part", &core.Mutations.EndBeforeFinalPart, false},
 }
 
 // TestMutations proves the simulator catches bugs: with each mutation

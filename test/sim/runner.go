@@ -28,6 +28,11 @@ type Sweep struct {
 	Events         int
 	Ready          int
 	NotReady       int
+	// SeedsWithParts counts the seeds whose sessions took layer parts,
+	// Parts those parts, SeedsReadyParted the seeds with a generation
+	// session READY for a request handed in parts, ReadyParted those
+	// sessions.
+	SeedsWithParts, Parts, SeedsReadyParted, ReadyParted int
 }
 
 // RunSeeds runs seeds base, base+1, …, base+n-1 on GOMAXPROCS goroutines
@@ -84,6 +89,14 @@ func (sw *Sweep) add(r *Result) {
 	if r.Failure != nil {
 		sw.Failures = append(sw.Failures, r.Failure)
 	}
+	sw.Parts += r.Parts
+	sw.ReadyParted += r.ReadyParted
+	if r.Parts > 0 {
+		sw.SeedsWithParts++
+	}
+	if r.ReadyParted > 0 {
+		sw.SeedsReadyParted++
+	}
 	for k, n := range r.Faults {
 		sw.FaultsFired[k] += n
 		if n > 0 {
@@ -115,6 +128,9 @@ func (sw *Sweep) Uncovered() []string {
 			out = append(out, fmt.Sprintf("race %q: %d seeds of %d", Race(k), sw.SeedsWithRace[k], sw.Seeds))
 		}
 	}
+	if sw.SeedsReadyParted < need {
+		out = append(out, fmt.Sprintf("layer parts: a request handed in parts ended READY in %d seeds of %d", sw.SeedsReadyParted, sw.Seeds))
+	}
 	return out
 }
 
@@ -133,6 +149,9 @@ func (sw *Sweep) Report() string {
 	for k := range numRaces {
 		fmt.Fprintf(&b, "%-44s %14.1f\n", Race(k), per(sw.SeedsWithRace[k]))
 	}
+	fmt.Fprintf(&b, "%-44s %14s %16s\n", "layer parts", "seeds per 1000", "count per 1000")
+	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "parts taken by a session", per(sw.SeedsWithParts), per(sw.Parts))
+	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "READY for a request handed in parts", per(sw.SeedsReadyParted), per(sw.ReadyParted))
 	return b.String()
 }
 

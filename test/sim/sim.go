@@ -49,6 +49,10 @@ type Result struct {
 	// Ready, Failed count generation sessions by outcome; TxDone counts
 	// context sessions that ended DONE.
 	Ready, NotReady, TxDone, TxNotDone int
+	// Parts counts the layer parts (not whole chunks) sessions took;
+	// ReadyParted the generation sessions READY (every byte checked) for
+	// requests some of whose chunks left in several parts.
+	Parts, ReadyParted int
 	// Trace holds the delivered messages when Config.Trace is set.
 	Trace []TraceRecord
 }
@@ -105,8 +109,12 @@ type fifoKey struct{ from, to string }
 // virtual time then sequence number, and the real step functions of every
 // session of a context and a generation instance.
 type Sim struct {
-	cfg     Config
-	r       *rand.Rand
+	cfg Config
+	r   *rand.Rand
+	// pr draws how chunks are split into layer parts (world.go drawParts):
+	// a stream of its own, so that a seed whose chunks all leave whole
+	// runs as it did before chunks could leave in parts.
+	pr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -151,6 +159,7 @@ func Run(cfg Config) *Result {
 	s := &Sim{
 		cfg:   cfg,
 		r:     rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
+		pr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: map[linkKey]time.Duration{},
 		res:   &Result{Seed: cfg.Seed},

@@ -12,10 +12,14 @@ import (
 // request is one prompt moved from the context instance to the generation
 // instance: every context rank sends it, every generation rank receives it.
 type request struct {
-	idx         int
-	id          string
-	promptLen   int
-	chunks      []kvcache.Chunk
+	idx       int
+	id        string
+	promptLen int
+	chunks    []kvcache.Chunk
+	// parts is, per chunk, the layer parts it is handed in, in layer
+	// order (one zero LayerPart: the whole chunk at once).
+	parts       [][]kvcache.LayerPart
+	parted      bool  // some chunk leaves in more than one part
 	prefixHit   []int // per group, leading blocks the receivers already hold
 	ctxStart    time.Duration
 	genStart    time.Duration
@@ -92,6 +96,7 @@ func (s *Sim) setup() {
 			s.failf("setup: chunks: %v", err)
 			return
 		}
+		s.drawParts(q)
 		blocks := s.layout.BlocksFor(q.promptLen)
 		q.prefixHit = make([]int, len(s.layout.Groups))
 		if r.IntN(5) == 0 {
@@ -110,7 +115,8 @@ func (s *Sim) setup() {
 		}
 		q.payload = []byte(fmt.Sprintf("tok-%d", i))
 		s.lastStart = max(s.lastStart, q.ctxStart+q.ctxDeadline, q.genStart+q.genDeadline)
-		s.activeEnd = max(s.activeEnd, q.ctxStart+time.Duration(len(q.chunks))*3*time.Millisecond+5*time.Millisecond)
+		handed := time.Duration(len(q.chunks))*3*time.Millisecond + partGap*time.Duration(q.extraParts())
+		s.activeEnd = max(s.activeEnd, q.ctxStart+handed+5*time.Millisecond)
 		s.reqs = append(s.reqs, q)
 	}
 	s.faults = newPlan(r, s.ctxPar.Size(), s.genPar.Size(), s.activeEnd, s.lastStart+20*time.Millisecond, density)
@@ -167,6 +173,52 @@ func (s *Sim) setup() {
 		}
 	}
 	s.scheduleFaults()
+}
+
+// partGap bounds the time between two layer parts of one chunk: the
+// forward pass computing the next layers.
+const partGap = time.Millisecond
+
+// drawParts draws how a request's chunks leave (from Sim.pr): whole (half
+// the requests), one part per layer (as vLLM's save_kv_layer), or split
+// unevenly at random layers, chunk by chunk (a split with no cut is the
+// whole chunk, as the zero LayerPart or as [0, Of) of Of).
+func (s *Sim) drawParts(q *request) {
+	r, of := s.pr, s.layout.Layers
+	mode := r.IntN(4)
+	q.parts = make([][]kvcache.LayerPart, len(q.chunks))
+	for i := range q.chunks {
+		switch mode {
+		case 0, 1:
+			q.parts[i] = []kvcache.LayerPart{{}}
+			continue
+		case 2:
+			for L := range of {
+				q.parts[i] = append(q.parts[i], kvcache.LayerPart{Lo: L, Hi: L + 1, Of: of})
+			}
+		default:
+			lo := 0
+			for L := 1; L <= of; L++ {
+				if L == of || r.IntN(2) == 0 {
+					q.parts[i] = append(q.parts[i], kvcache.LayerPart{Lo: lo, Hi: L, Of: of})
+					lo = L
+				}
+			}
+			if len(q.parts[i]) == 1 && r.IntN(2) == 0 {
+				q.parts[i][0] = kvcache.LayerPart{}
+			}
+		}
+		q.parted = q.parted || len(q.parts[i]) > 1
+	}
+}
+
+// extraParts is the number of parts handed besides one per chunk.
+func (q *request) extraParts() int {
+	n := 0
+	for _, ps := range q.parts {
+		n += len(ps) - 1
+	}
+	return n
 }
 
 func (s *Sim) drawLayout() kvcache.Layout {
@@ -261,14 +313,19 @@ func pattern(req, g, block, layer, part, head, token, k int) byte {
 	return byte(x)
 }
 
-// walkBlock calls f for every byte of one rank-local block of group g (in
-// the byte order of kvcache/doc.go) with its offset in the block and its
-// pattern value for request req, global block block.
-func walkBlock(l kvcache.Layout, shape kvcache.Shape, g, req, block int, f func(off int, want byte) bool) {
+// walkBlock calls f for every byte of the layers in part (the zero value:
+// every layer) of one rank-local block of group g (in the byte order of
+// kvcache/doc.go) with its offset in the block and its pattern value for
+// request req, global block block.
+func walkBlock(l kvcache.Layout, shape kvcache.Shape, g, req, block int, part kvcache.LayerPart, f func(off int, want byte) bool) {
 	tb := l.TokenBytes()
 	parts, heads, tpb := l.Parts(), shape.Heads(), l.TokensPerBlock
 	off := 0
 	for _, layer := range shape.Layers[g] {
+		if !part.Contains(layer) {
+			off += parts * heads * tpb * tb
+			continue
+		}
 		for p := range parts {
 			for h := range heads {
 				for t := range tpb {
@@ -292,7 +349,7 @@ func (s *Sim) checkData(gr *genRank, rs *rxSess, when string) {
 		for i, id := range ids {
 			buf := gr.pools[g].Block(id)
 			block := first + i
-			walkBlock(s.layout, gr.shape, g, rs.req.idx, block, func(off int, want byte) bool {
+			walkBlock(s.layout, gr.shape, g, rs.req.idx, block, kvcache.LayerPart{}, func(off int, want byte) bool {
 				if buf[off] != want {
 					s.failf("%s: request %s READY on %s but group %d block %d (id %d) byte %d is %#x, source wrote %#x",
 						when, rs.req.id, gr.name(), g, block, id, off, buf[off], want)
