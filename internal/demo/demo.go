@@ -253,11 +253,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		sem <- struct{}{}
 		wg.Add(1)
 		go func(i, n int) {
-			// The request leaves the flight when its transfer ends (or
-			// it fails): its byte check after that does not hold a slot.
-			var once sync.Once
-			landed := func() { once.Do(func() { <-sem }) }
-			defer func() { landed(); wg.Done() }()
+			defer func() { <-sem; wg.Done() }()
 			need := int64(len(ge.Layout().Groups) * ge.Layout().BlocksFor(n))
 			o.mark(ProbeEvent{Mode: m.Name, Request: fmt.Sprintf("%s-%d", m.Name, i), Chunk: -1, Kind: ProbeAdmit})
 			if err := admit.Acquire(ctx, need); err != nil {
@@ -266,7 +262,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 				mu.Unlock()
 				return
 			}
-			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n, landed)
+			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n)
 			admit.Release(need)
 			mu.Lock()
 			defer mu.Unlock()
@@ -344,9 +340,9 @@ type reqResult struct {
 }
 
 // runRequest moves request i of promptLen tokens in mode m, then checks
-// every byte that arrived. landed is called once the transfer has ended
-// (both sides' results in), before the check.
-func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int, landed func()) (reqResult, error) {
+// every byte that arrived (the request holds its --concurrency slot until
+// then).
+func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int) (reqResult, error) {
 	var res reqResult
 	l := ce.Layout()
 	id := fmt.Sprintf("%s-%d", m.Name, i)
@@ -495,7 +491,6 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, d
 	mark(-1, ProbeReady, 0)
 	to := <-tx.Done()
 	res.end = time.Now()
-	landed()
 	if err := ce.Pools().Free(src); err != nil {
 		return res, fmt.Errorf("request %s: free source: %w", id, err)
 	}
