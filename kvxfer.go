@@ -2,8 +2,8 @@ package kvxfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -329,14 +329,7 @@ type TxHandle struct {
 	req   SendRequest
 	tpb   int
 	mu    sync.Mutex
-	next  int // the next chunk's Start
-	done  bool
-	// part is the chunk whose layer parts are being handed (its first
-	// part, never final, so Layers.Of > 0; the zero Chunk when none) with
-	// its sources, and nextLayer the layer its next part must start at.
-	part      kvcache.Chunk
-	partSrc   []kvcache.BlockRun
-	nextLayer int
+	order kvcache.ChunkOrder // the chunks and layer parts taken (under mu)
 }
 
 // Send opens the context side of a request, typically when prefill starts.
@@ -363,7 +356,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if err != nil {
 		return nil, err
 	}
-	tx := &TxHandle{inner: h, e: e, req: req, tpb: e.cfg.layout.TokensPerBlock}
+	tpb := e.cfg.layout.TokensPerBlock
+	tx := &TxHandle{inner: h, e: e, req: req, tpb: tpb, order: kvcache.NewChunkOrder(req.PromptLen, tpb, e.cfg.layout.Layers)}
 	h.AfterFinish(context.AfterFunc(ctx, tx.Cancel))
 	return tx, nil
 }
@@ -382,7 +376,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 // starting where the one before ended, the first at layer 0, all with the
 // same chunk and the same source blocks; the part that reaches layer Of
 // completes the chunk, and no other chunk is taken before it. A part out of
-// that order is rejected like a misaligned chunk, naming the layers.
+// that order is rejected like a misaligned chunk, naming the layers. The
+// order is kvcache.ChunkOrder's; an out-of-order chunk wraps ErrBadChunk.
 //
 // Once the request's outcome is decided (it failed, timed out or was
 // cancelled, here or by the peer), Chunk returns an error wrapping
@@ -394,69 +389,20 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	if err := h.Err(); err != nil {
 		return fmt.Errorf("chunk %v not taken: %w", c, err)
 	}
-	if h.done {
-		return fmt.Errorf("%w: request %s: chunk %v after the last chunk", actors.ErrBadChunk, h.req.ID, c)
-	}
-	if err := c.Validate(h.req.PromptLen, h.tpb); err != nil {
-		return fmt.Errorf("request %s: %w", h.req.ID, err)
-	}
-	if err := c.Layers.Check(h.e.cfg.layout.Layers); err != nil {
-		return fmt.Errorf("request %s %v: %w", h.req.ID, c, err)
-	}
-	inPart := h.part.Layers.Of > 0
-	if inPart {
-		if err := h.checkNextPart(c, src); err != nil {
+	if err := h.order.Check(c, src); err != nil {
+		if errors.Is(err, kvcache.ErrChunkOrder) {
 			return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
 		}
-	} else {
-		if c.Start != h.next {
-			return fmt.Errorf("%w: request %s: chunk starts at token %d, expected %d", actors.ErrBadChunk, h.req.ID, c.Start, h.next)
-		}
-		if c.Layers.Lo != 0 {
-			return fmt.Errorf("%w: request %s: %v: the first part of a chunk starts at layer 0", actors.ErrBadChunk, h.req.ID, c)
-		}
+		return fmt.Errorf("request %s: %w", h.req.ID, err)
+	}
+	if !h.order.InPart() { // a later part's sources are its first part's
 		if err := h.checkSources(c, src); err != nil {
 			return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
 		}
 	}
-	if c.Layers.Final() {
-		h.next, h.done = c.End, c.Last
-		h.part, h.partSrc = kvcache.Chunk{}, nil
-	} else if !inPart {
-		h.part, h.partSrc = c, cloneRuns(src)
-	}
-	h.nextLayer = c.Layers.Hi
+	h.order.Took(c, src)
 	h.inner.Chunk(c, src, fence)
 	return nil
-}
-
-// checkNextPart checks a layer part of the chunk whose earlier parts were
-// handed: the same chunk and source blocks, starting where the last ended.
-func (h *TxHandle) checkNextPart(c kvcache.Chunk, src []kvcache.BlockRun) error {
-	want := h.part
-	want.Layers = c.Layers
-	if c != want {
-		return fmt.Errorf("%v while layers [%d, %d) of %v are not handed yet", c, h.nextLayer, h.part.Layers.Of, h.part)
-	}
-	if c.Layers.Lo != h.nextLayer {
-		return fmt.Errorf("%v: the next part of the chunk starts at layer %d", c, h.nextLayer)
-	}
-	if !sameRuns(src, h.partSrc) {
-		return fmt.Errorf("%v: source blocks differ from the chunk's first part", c)
-	}
-	return nil
-}
-
-func cloneRuns(src []kvcache.BlockRun) []kvcache.BlockRun {
-	out := make([]kvcache.BlockRun, len(src))
-	for g, r := range src {
-		out[g] = kvcache.BlockRun{First: r.First, IDs: slices.Clone(r.IDs)}
-	}
-	return out
-}
-
-func sameRuns(a, b []kvcache.BlockRun) bool {
-	return slices.EqualFunc(a, b, func(x, y kvcache.BlockRun) bool { return x.First == y.First && slices.Equal(x.IDs, y.IDs) })
 }
 
 // checkSources refuses a chunk whose source blocks cannot be pinned: for

@@ -1,7 +1,9 @@
 // Package kvcache is kvxfer's pure data layer: model layouts and layer
 // groups, the block pool with pins and quarantine, prefix reuse, chunk
-// slices and their projection onto resident blocks, tensor/pipeline-parallel
-// peer maps, and transfer plans (coalesced segments).
+// slices, the order in which a request hands them and their layer parts
+// (ChunkOrder), their projection onto resident blocks,
+// tensor/pipeline-parallel peer maps, and transfer plans (coalesced
+// segments).
 //
 // # Contract
 //

@@ -8,7 +8,11 @@ var (
 	ErrBadRegion       = errors.New("kvcache: bad region")
 	ErrMisalignedChunk = errors.New("kvcache: misaligned chunk")
 	ErrBadChunk        = errors.New("kvcache: bad chunk")
-	ErrOutOfBlocks     = errors.New("kvcache: out of blocks")
+	// ErrChunkOrder is a chunk or layer part handed out of its request's
+	// order (ChunkOrder.Check). Its errors read as the detail alone,
+	// without this text: the caller wraps them in its own sentinel.
+	ErrChunkOrder  = errors.New("kvcache: chunk out of order")
+	ErrOutOfBlocks = errors.New("kvcache: out of blocks")
 	// ErrPoolTooSmall is a request for more blocks than a pool holds in
 	// all: unlike ErrOutOfBlocks (too few free now), no Free can ever
 	// satisfy it, so a caller that waits for blocks must fail at once.

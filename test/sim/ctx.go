@@ -697,6 +697,9 @@ type ctxApp struct {
 	// Decided): TxHandle.Chunk refuses every chunk from then on.
 	decided error
 	refused bool // a chunk was refused: the serving process stopped
+	// order is the order of the chunks and parts handed, as
+	// TxHandle.Chunk keeps it.
+	order kvcache.ChunkOrder
 	// early holds the source blocks it freed before the session pinned
 	// them (FaultPinRefused); they are not freed again.
 	early map[blockKey]bool
@@ -719,7 +722,8 @@ func (s *Sim) scheduleCtxApp(q *request, c *ctxRank) {
 		if !c.alive {
 			return
 		}
-		a := &ctxApp{q: q, c: c, inc: c.inc, nm: c.name() + "/app/" + q.id}
+		a := &ctxApp{q: q, c: c, inc: c.inc, nm: c.name() + "/app/" + q.id,
+			order: kvcache.NewChunkOrder(q.promptLen, s.layout.TokensPerBlock, s.layout.Layers)}
 		c.apps = append(c.apps, a)
 		a.start()
 	})
@@ -782,8 +786,8 @@ func (a *ctxApp) start() {
 // handChunk is TxHandle.Chunk for part j of request chunk i (the parts
 // come in layer order, all with the chunk's source blocks, as the handle
 // requires): refused once the session's outcome is decided with an error
-// (the serving process then stops handing chunks), else sent to the
-// session.
+// (the serving process then stops handing chunks), else run through the
+// request's kvcache.ChunkOrder (orderChunk) and sent to the session.
 func (a *ctxApp) handChunk(i, j int) {
 	s, c := a.c.s, a.c
 	if !c.live(a.inc) || a.done || a.refused {
@@ -801,6 +805,9 @@ func (a *ctxApp) handChunk(i, j int) {
 		if len(a.blocks[g]) > 0 {
 			src[g] = kvcache.BlockRun{First: first, IDs: a.blocks[g][first:end]}
 		}
+	}
+	if !a.orderChunk(i, j, ch, src) {
+		return
 	}
 	msg := actors.TxChunk{Chunk: ch, Src: src}
 	ts := a.ts

@@ -52,10 +52,15 @@
 // chunk. Each part is a TxChunk with its own fence; a chunk's parts are
 // handed in layer order from layer 0 with the chunk's source blocks, as
 // TxHandle.Chunk requires, and their fences fire in that order, each after
-// the serving process wrote only that part's layers. TxHandle.Chunk's
-// checks (alignment, the order of parts, the sources) live in the root
-// package and are not modelled: the session takes any chunk it is handed,
-// so the simulated serving process hands only chunks the handle accepts.
+// the serving process wrote only that part's layers. Every part goes
+// through a kvcache.ChunkOrder, the order TxHandle.Chunk keeps (Check, then
+// Took), and one hand in eight, drawn from a stream of its own, first tries
+// a wrong one (WrongChunk: a part that skips layers, another chunk while a
+// chunk's parts are pending, other sources, a chunk out of token order, one
+// after the last), which Check must refuse as out of order without moving
+// the order; then the right one must be accepted. The handle's checks of
+// the source blocks themselves (allocated, covering the chunk) are not
+// modelled: the session takes any chunk it is handed.
 //
 // Mailboxes are FIFO per (sender, receiver); the control link encodes and
 // decodes every frame and is FIFO per connection (a worker's DEALER to a
@@ -123,10 +128,10 @@
 // # Faults and coverage
 //
 // Fault and Race list the fault kinds a seed may inject and the races of
-// DESIGN.md §3; Result counts which fired, and the layer parts sessions
-// took. TestSeeds fails when any of them is reached in fewer than one seed
-// in 1,000, or when fewer seeds than that have a request handed in parts
-// end READY. TestMutations turns on
+// DESIGN.md §3; Result counts which fired, the layer parts sessions took
+// and the wrong chunks refused. TestSeeds fails when a fault kind, a race
+// or a kind of wrong chunk is reached in fewer than one seed in 1,000, or
+// when fewer seeds than that have a request handed in parts end READY. TestMutations turns on
 // each actors.Mutations switch and requires a failing seed within 1,000.
 //
 // # Reproducing a failure

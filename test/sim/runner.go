@@ -33,6 +33,9 @@ type Sweep struct {
 	// session READY for a request handed in parts, ReadyParted those
 	// sessions.
 	SeedsWithParts, Parts, SeedsReadyParted, ReadyParted int
+	// SeedsWithWrong[w] counts the seeds in which kvcache.ChunkOrder
+	// refused a wrong chunk of kind w, WrongChunks those refusals.
+	SeedsWithWrong, WrongChunks [numWrongChunks]int
 }
 
 // RunSeeds runs seeds base, base+1, …, base+n-1 on GOMAXPROCS goroutines
@@ -108,13 +111,20 @@ func (sw *Sweep) add(r *Result) {
 			sw.SeedsWithRace[k]++
 		}
 	}
+	for k, n := range r.WrongChunks {
+		sw.WrongChunks[k] += n
+		if n > 0 {
+			sw.SeedsWithWrong[k]++
+		}
+	}
 }
 
 // SeedsPerSecond is the sweep's throughput.
 func (sw *Sweep) SeedsPerSecond() float64 { return float64(sw.Seeds) / sw.Elapsed.Seconds() }
 
-// Uncovered lists the fault kinds and races reached in fewer than one seed
-// in 1,000 (at least one seed when fewer than 1,000 ran).
+// Uncovered lists the fault kinds, races and kinds of wrong chunk reached
+// in fewer than one seed in 1,000 (at least one seed when fewer than 1,000
+// ran), and READY for a request handed in parts when it is that rare.
 func (sw *Sweep) Uncovered() []string {
 	need := max(1, sw.Seeds/1000)
 	var out []string
@@ -130,6 +140,11 @@ func (sw *Sweep) Uncovered() []string {
 	}
 	if sw.SeedsReadyParted < need {
 		out = append(out, fmt.Sprintf("layer parts: a request handed in parts ended READY in %d seeds of %d", sw.SeedsReadyParted, sw.Seeds))
+	}
+	for k := range numWrongChunks {
+		if sw.SeedsWithWrong[k] < need {
+			out = append(out, fmt.Sprintf("chunk order: a %s refused in %d seeds of %d", WrongChunk(k), sw.SeedsWithWrong[k], sw.Seeds))
+		}
 	}
 	return out
 }
@@ -152,6 +167,10 @@ func (sw *Sweep) Report() string {
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "layer parts", "seeds per 1000", "count per 1000")
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "parts taken by a session", per(sw.SeedsWithParts), per(sw.Parts))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "READY for a request handed in parts", per(sw.SeedsReadyParted), per(sw.ReadyParted))
+	fmt.Fprintf(&b, "%-44s %14s %16s\n", "wrong chunk refused (kvcache.ChunkOrder)", "seeds per 1000", "count per 1000")
+	for k := range numWrongChunks {
+		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", WrongChunk(k), per(sw.SeedsWithWrong[k]), per(sw.WrongChunks[k]))
+	}
 	return b.String()
 }
 

@@ -53,6 +53,9 @@ type Result struct {
 	// ReadyParted the generation sessions READY (every byte checked) for
 	// requests some of whose chunks left in several parts.
 	Parts, ReadyParted int
+	// WrongChunks[w] counts the wrong chunks of kind w that
+	// kvcache.ChunkOrder refused.
+	WrongChunks [numWrongChunks]int
 	// Trace holds the delivered messages when Config.Trace is set.
 	Trace []TraceRecord
 }
@@ -114,7 +117,11 @@ type Sim struct {
 	// pr draws how chunks are split into layer parts (world.go drawParts):
 	// a stream of its own, so that a seed whose chunks all leave whole
 	// runs as it did before chunks could leave in parts.
-	pr      *rand.Rand
+	pr *rand.Rand
+	// or draws the wrong chunks a serving process tries before the right
+	// one (chunk_order.go): a stream of its own, so that no other draw
+	// moves.
+	or      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -160,6 +167,7 @@ func Run(cfg Config) *Result {
 		cfg:   cfg,
 		r:     rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
 		pr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
+		or:    rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: map[linkKey]time.Duration{},
 		res:   &Result{Seed: cfg.Seed},

@@ -73,8 +73,9 @@ func reportFailure(t *testing.T, f *Failure) {
 }
 
 // TestSeeds runs many seeds (-seeds, default 2,000; 200 under -race),
-// fails on the first few failing seeds, and checks that every fault kind
-// and every DESIGN.md §3 race was reached in at least one seed in 1,000.
+// fails on the first few failing seeds, and checks that every fault kind,
+// every DESIGN.md §3 race and every kind of wrong chunk (WrongChunk) was
+// reached in at least one seed in 1,000.
 func TestSeeds(t *testing.T) {
 	setMutation(t, *flagMutation)
 	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SuspectPartitions: *flagSuspect})
