@@ -72,30 +72,11 @@ func TestChunkCUDAWithoutDriver(t *testing.T) {
 // closing, and leaves the event to its owner, who still queries and
 // destroys it.
 func TestChunkCUDACloseReleasesEvent(t *testing.T) {
-	if os.Getenv("KVXFER_CAPI_TEST_CHILD") != "fakecuda" {
-		lib, err := cudatest.BuildFake(t.TempDir())
-		if err != nil {
-			t.Skipf("no fake driver: %v", err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestChunkCUDACloseReleasesEvent$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "KVXFER_CAPI_TEST_CHILD=fakecuda", cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=100")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "CHILD-OK") {
-			t.Fatalf("child on the fake driver: %v\n%s", err, out)
-		}
+	if !onFakeDriver(t, "TestChunkCUDACloseReleasesEvent", "FAKECUDA_COPY_DELAY_US=100") {
 		return
 	}
 	base := HandleCount()
-	dev, err := cuda.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dev, s := fakeStream(t)
 	m, err := dev.Alloc(4096)
 	if err != nil {
 		t.Fatal(err)
@@ -161,4 +142,42 @@ func TestChunkCUDACloseReleasesEvent(t *testing.T) {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
 	fmt.Println("CHILD-OK:", ferr)
+}
+
+// onFakeDriver reports whether this process is test's child on the fake
+// CUDA driver. Otherwise it builds the driver (skipping test when it
+// cannot), runs test in a child process on it with env added, fails test
+// unless the child printed CHILD-OK, and returns false.
+func onFakeDriver(t *testing.T, test string, env ...string) bool {
+	t.Helper()
+	if os.Getenv("KVXFER_CAPI_TEST_CHILD") == test {
+		return true
+	}
+	lib, err := cudatest.BuildFake(t.TempDir())
+	if err != nil {
+		t.Skipf("no fake driver: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(append(os.Environ(), "KVXFER_CAPI_TEST_CHILD="+test, cuda.LibraryEnv+"="+lib), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "CHILD-OK") {
+		t.Fatalf("child on the fake driver: %v\n%s", err, out)
+	}
+	return false
+}
+
+// fakeStream opens device 0 and a stream of it, closed when test ends.
+func fakeStream(t *testing.T) (*cuda.Device, *cuda.Stream) {
+	t.Helper()
+	dev, err := cuda.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dev.Close() })
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return dev, s
 }

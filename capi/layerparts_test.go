@@ -2,14 +2,11 @@ package capi
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/cuda/cudatest"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -122,25 +119,8 @@ func TestChunkLayersTransfer(t *testing.T) {
 		}
 	}
 	want := 7 * p.Info().BytesPerToken * 16
-	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK || ev.Bytes != want {
-		t.Fatalf("tx %+v, want DONE of %d bytes", ev, want)
-	}
-	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady || ev.Bytes != want {
-		t.Fatalf("rx %+v, want READY of %d bytes", ev, want)
-	}
-	if n := verifyLayers(t, d, rx, req); n != int(want) {
-		t.Fatalf("verified %d bytes, want %d", n, want)
-	}
-	if err := rx.FreeBlocks(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.FreeBlocks(0, src); err != nil {
-		t.Fatal(err)
-	}
-	closeBoth(t, p, d)
-	if n := HandleCount(); n != base {
-		t.Fatalf("%d handles left, want %d", n, base)
-	}
+	landed(t, p, d, th, rh, rx, req, want)
+	release(t, p, d, rx, src, base)
 }
 
 // TestChunkLayersRefused: bad layers (negative, empty, past the model,
@@ -228,55 +208,19 @@ func TestChunkLayersRefused(t *testing.T) {
 	}
 	refuse(32, 64, kvcache.LayerPart{Lo: 0, Hi: 4, Of: 4}, r1, "after the last chunk")
 	want := 4 * p.Info().BytesPerToken * 16
-	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK || ev.Bytes != want {
-		t.Fatalf("tx %+v, want DONE of %d bytes", ev, want)
-	}
-	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady || ev.Bytes != want {
-		t.Fatalf("rx %+v, want READY of %d bytes", ev, want)
-	}
-	if n := verifyLayers(t, d, rx, req); n != int(want) {
-		t.Fatalf("verified %d bytes, want %d", n, want)
-	}
-	if err := rx.FreeBlocks(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.FreeBlocks(0, src); err != nil {
-		t.Fatal(err)
-	}
-	closeBoth(t, p, d)
-	if n := HandleCount(); n != base {
-		t.Fatalf("%d handles left, want %d", n, base)
-	}
+	landed(t, p, d, th, rh, rx, req, want)
+	release(t, p, d, rx, src, base)
 }
 
 // TestChunkLayersCUDA (on the fake driver, in a child process): every
 // part of every chunk behind its own CUDA event, recorded after the part's
 // layers are written; the request completes with every byte.
 func TestChunkLayersCUDA(t *testing.T) {
-	if os.Getenv("KVXFER_CAPI_TEST_CHILD") != "fakecuda-layers" {
-		lib, err := cudatest.BuildFake(t.TempDir())
-		if err != nil {
-			t.Skipf("no fake driver: %v", err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestChunkLayersCUDA$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "KVXFER_CAPI_TEST_CHILD=fakecuda-layers", cuda.LibraryEnv+"="+lib)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "CHILD-OK") {
-			t.Fatalf("child on the fake driver: %v\n%s", err, out)
-		}
+	if !onFakeDriver(t, "TestChunkLayersCUDA") {
 		return
 	}
 	base := HandleCount()
-	dev, err := cuda.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dev, s := fakeStream(t)
 	p, d := openParts(t, "capi-lpc-p"), openParts(t, "capi-lpc-d")
 	const prompt, req = 64, 7
 	src, err := p.AllocBlocks(0, 4)
@@ -313,21 +257,35 @@ func TestChunkLayersCUDA(t *testing.T) {
 		}
 	}
 	want := 4 * p.Info().BytesPerToken * 16
+	landed(t, p, d, th, rh, rx, req, want)
+	for _, ev := range events {
+		if err := ev.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release(t, p, d, rx, src, base)
+	fmt.Println("CHILD-OK:", want, "bytes verified")
+}
+
+// landed waits for both sides' events of request req, a transfer of want
+// bytes, and checks every byte of every layer at the receiver.
+func landed(t *testing.T, p, d *Engine, th, rh uint64, rx *Request, req int, want uint64) {
+	t.Helper()
 	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK || ev.Bytes != want {
 		t.Fatalf("tx %+v, want DONE of %d bytes", ev, want)
 	}
 	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady || ev.Bytes != want {
 		t.Fatalf("rx %+v, want READY of %d bytes", ev, want)
 	}
-	n := verifyLayers(t, d, rx, req)
-	if n != int(want) {
+	if n := verifyLayers(t, d, rx, req); n != int(want) {
 		t.Fatalf("verified %d bytes, want %d", n, want)
 	}
-	for _, ev := range events {
-		if err := ev.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+}
+
+// release frees both sides' blocks, closes both engines and wants the
+// handle table back at base.
+func release(t *testing.T, p, d *Engine, rx *Request, src []kvcache.BlockID, base int) {
+	t.Helper()
 	if err := rx.FreeBlocks(); err != nil {
 		t.Fatal(err)
 	}
@@ -338,5 +296,4 @@ func TestChunkLayersCUDA(t *testing.T) {
 	if n := HandleCount(); n != base {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
-	fmt.Println("CHILD-OK:", n, "bytes verified")
 }

@@ -111,11 +111,11 @@ func (p *computeProbe) Mark(e ProbeEvent) {
 	}
 }
 
-// TestPrefillDevicesAreShared: with one simulated prefill device the
-// requests in flight compute their chunks one at a time, in both modes,
-// and every chunk is still computed and verified.
-func TestPrefillDevicesAreShared(t *testing.T) {
-	p := &computeProbe{now: map[string]int{}, max: map[string]int{}}
+// runSmall runs a small demo (6 requests of 64..256 tokens, 64-token
+// chunks of 2 ms, 4 in flight on one prefill device) observed by p, and
+// wants every byte verified and no block leaked.
+func runSmall(t *testing.T, p Probe) (Options, Report) {
+	t.Helper()
 	o := Options{Model: "Llama-3.1-8B", Requests: 6, MinTokens: 64, MaxTokens: 256, ChunkTokens: 64,
 		PoolBytes: 64 << 20, Compute: 2 * time.Millisecond, Workers: 2, Concurrency: 4, PrefillDevices: 1,
 		Seed: 7, TokensPerBlock: 16, Probe: p}
@@ -126,6 +126,15 @@ func TestPrefillDevicesAreShared(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("report not OK: %+v", rep.Rows)
 	}
+	return o, rep
+}
+
+// TestPrefillDevicesAreShared: with one simulated prefill device the
+// requests in flight compute their chunks one at a time, in both modes,
+// and every chunk is still computed and verified.
+func TestPrefillDevicesAreShared(t *testing.T) {
+	p := &computeProbe{now: map[string]int{}, max: map[string]int{}}
+	runSmall(t, p)
 	if p.chunks == 0 {
 		t.Fatal("no chunk computed")
 	}
@@ -200,16 +209,7 @@ func (p *markProbe) Mark(e ProbeEvent) {
 // each chunk's time on its device.
 func TestDemoTimesTransfersNotChecks(t *testing.T) {
 	p := &markProbe{}
-	o := Options{Model: "Llama-3.1-8B", Requests: 3, MinTokens: 64, MaxTokens: 128, ChunkTokens: 64,
-		PoolBytes: 64 << 20, Compute: 2 * time.Millisecond, Workers: 2, Concurrency: 2, PrefillDevices: 1,
-		Seed: 3, TokensPerBlock: 16, Probe: p}
-	rep, err := Run(context.Background(), o, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !rep.OK() {
-		t.Fatalf("report not OK: %+v", rep.Rows)
-	}
+	o, rep := runSmall(t, p)
 	for _, row := range rep.Rows {
 		var start, lastReady, lastVerify time.Time
 		for _, e := range p.ev {
