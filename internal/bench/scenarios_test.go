@@ -21,7 +21,8 @@ func TestSmallRuns(t *testing.T) {
 		}
 		for _, z := range r.Sizes {
 			if z.BytesPerSec <= 0 || z.SerialBytesPerSec <= 0 || z.RawBytesPerSec <= 0 || z.LatencyP50 <= 0 ||
-				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec {
+				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec || z.FractionOfRaw != z.BytesPerSec/z.RawBytesPerSec ||
+				z.SerialFractionOfRaw != z.SerialBytesPerSec/z.RawBytesPerSec {
 				t.Errorf("%s: implausible %+v", backend, z)
 			}
 			// Fresh pools, one request at a time in the serial samples:
