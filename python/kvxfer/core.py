@@ -89,14 +89,27 @@ class LayerPart(typing.NamedTuple):
     of: int
 
 
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _i32(name, v):
+    """v as an int that fits the C ABI's int32_t, or ValueError naming it
+    (ctypes would silently keep its low 32 bits)."""
+    v = operator.index(v)
+    if not _I32_MIN <= v <= _I32_MAX:
+        raise ValueError("%s = %d does not fit the C ABI's int32_t" % (name, v))
+    return v
+
+
 def _layer_part(layers):
     """(lo, hi, of) ints of a LayerPart or a 3-tuple; the library checks
     the values against the model."""
     try:
         lo, hi, of = layers
-        return operator.index(lo), operator.index(hi), operator.index(of)
+        lo, hi, of = operator.index(lo), operator.index(hi), operator.index(of)
     except (TypeError, ValueError):
         raise TypeError("layers must be a LayerPart or a (lo, hi, of) tuple of ints, not %r" % (layers,)) from None
+    return _i32("layers lo", lo), _i32("layers hi", hi), _i32("layers of", of)
 
 
 def _check(st):
@@ -215,6 +228,9 @@ def kv_memory(kind, layers, v_layers=None):
 
 def _ids_array(ids):
     ids = [int(i) for i in ids]
+    if ids and (min(ids) < _I32_MIN or max(ids) > _I32_MAX):
+        bad = next(i for i in ids if not _I32_MIN <= i <= _I32_MAX)
+        _i32("block id", bad)
     return (ctypes.c_int32 * len(ids))(*ids)
 
 
@@ -226,7 +242,7 @@ def _runs(runs):
     for g, (first, ids) in enumerate(runs):
         a = _ids_array(ids)
         keep.append(a)
-        arr[g].first = first
+        arr[g].first = _i32("runs[%d] first" % g, first)
         arr[g].count = len(a)
         arr[g].ids = ctypes.cast(a, ctypes.POINTER(ctypes.c_int32))
     return arr, keep
@@ -350,7 +366,7 @@ class Engine:
         """Opens the context side of request id."""
         payload = bytes(payload)
         buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
-        req = _lib.SendRequest(id.encode(), prompt_len, timeout_ms,
+        req = _lib.SendRequest(id.encode(), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
                                ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None, len(payload),
                                generation.encode() if generation else None, user_data)
         h = _lib.request_t()
@@ -362,7 +378,8 @@ class Engine:
         """Opens the generation side of request id. blocks, when given, are
         the caller's destination block ids per layer group (a list of lists);
         else the engine allocates them from its pool."""
-        req = _lib.ReceiveRequest(id.encode(), prompt_len, timeout_ms, context.encode(), context_tp, context_pp,
+        req = _lib.ReceiveRequest(id.encode(), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
+                                  context.encode(), _i32("context_tp", context_tp), _i32("context_pp", context_pp),
                                   None, 0, None, user_data)
         keep = []
         if blocks is not None:
@@ -533,6 +550,7 @@ class Request:
         request goes on. None (or (0, 0, 0)) is the whole chunk."""
         if last is None:
             last = end == self.prompt_len
+        start, end = _i32("start", start), _i32("end", end)
         arr, keep = _runs(runs)
         if cuda_event is not None:
             handle, dev = _cuda_event(cuda_event, device)
@@ -548,6 +566,7 @@ class Request:
     def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None, layers=None):
         """chunk() with a prebuilt ctypes BlockRun array (the hot path);
         layers as chunk()'s."""
+        start, end = _i32("start", start), _i32("end", end)
         if layers is not None:
             lo, hi, of = _layer_part(layers)
             f = _lib.fence_t() if fenced else None

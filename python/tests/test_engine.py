@@ -217,6 +217,34 @@ def test_bad_input_is_an_error_naming_the_value(pair):
     assert e.value.status == Status.CONFIG and "8192" in e.value.message
 
 
+def test_values_past_int32_are_refused_not_cut(pair):
+    """ctypes keeps an int's low 32 bits: 2**32 + 32 would reach the
+    library as 32, a valid chunk end. Every int the C ABI takes as int32_t
+    is refused first, naming the argument and the value, and the request
+    goes on."""
+    ctx, gen = pair
+    src = ctx.alloc(0, 2)
+    tx = ctx.send("wide-1", 32)
+    big = (1 << 32) + 32
+    for call, needle in [
+        (lambda: tx.chunk(0, big, [(0, src)]), "end = %d" % big),
+        (lambda: tx.chunk(-(1 << 32), 32, [(0, src)]), "start = %d" % -(1 << 32)),
+        (lambda: tx.chunk(0, 32, [(big, src)]), "runs[0] first = %d" % big),
+        (lambda: tx.chunk(0, 32, [(0, [src[0], big])]), "block id = %d" % big),
+        (lambda: tx.chunk(0, 32, [(0, src)], layers=(0, big, 4)), "layers hi = %d" % big),
+        (lambda: ctx.send("wide-2", big), "prompt_len = %d" % big),
+        (lambda: gen.receive("wide-3", 32, "ctx", timeout_ms=big), "timeout_ms = %d" % big),
+    ]:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert needle in str(e.value), (needle, str(e.value))
+    tx.chunk(0, 32, [(0, src)], fenced=False)  # the request went on
+    tx.cancel()
+    tx.wait()
+    tx.release()
+    ctx.free(0, src)
+
+
 def test_handle_table_empty_after_1000_requests(pair):
     ctx, gen = pair
     base = kvxfer.handle_count()
