@@ -24,11 +24,13 @@ Roles, as in vLLM:
     register_cross_layers_kv_cache
     start_load_kv               kvxfer_receive into vLLM's block ids
     wait_for_layer_load         nothing: kvxfer moves whole blocks
-    save_kv_layer               nothing per layer (see its docstring for
-                                handing chunks layer by layer)
+    save_kv_layer               with "layer_parts": the step's chunks,
+                                this layer's part of each
+                                (kvxfer_chunk_layers); else nothing
     wait_for_save               the step's chunks: kvxfer_send on the
                                 first, then kvxfer_chunk with a fence made
-                                ready once the step's KV is written
+                                ready once the step's KV is written (with
+                                "layer_parts": checks every part was handed)
     get_finished                polled events: (sent, received) ids
     shutdown                    kvxfer_engine_close
 
@@ -41,6 +43,7 @@ every block id: the worker marks the whole pool allocated to it, so kvxfer's
 allocator is never used.
 """
 
+import re
 from dataclasses import dataclass, field
 
 from .core import Engine, Outcome
@@ -67,6 +70,17 @@ class KvxferConnectorMetadata:
 
     reqs_to_recv: dict = field(default_factory=dict)  # request id -> RecvSpec
     reqs_to_send: dict = field(default_factory=dict)  # request id -> SendSpec
+
+
+def layer_index(name):
+    """The model's layer index in a vLLM layer name: its one integer part
+    ("model.layers.12.self_attn.attn" is 12), as vLLM's
+    extract_layer_index reads it; ValueError naming the name otherwise."""
+    ints = [int(p) for p in name.split(".") if re.fullmatch(r"\d+", p)]
+    if len(ints) != 1:
+        raise ValueError("layer name %r: want exactly one integer part (the model's layer index), found %d"
+                         % (name, len(ints)))
+    return ints[0]
 
 
 def _block_ids(blocks):
@@ -145,7 +159,18 @@ class KvxferWorkerConnector:
     """The worker side: one engine rank over the worker's KV memory."""
 
     def __init__(self, config):
+        """config: the engine's (kvxfer_engine_open), plus two keys of the
+        connector's own. "layer_parts": true hands each step's chunks from
+        save_kv_layer, one layer part per layer as the forward pass writes
+        it (all but the last layer's transfer then hides behind the
+        pass); "num_layers": the model's layer count, when this worker
+        holds only some layers (a pipeline stage; default: the highest
+        registered layer index + 1)."""
         self.config = dict(config)
+        self.layer_parts = bool(self.config.pop("layer_parts", False))
+        self.num_layers = self.config.pop("num_layers", None)
+        self._stage = None   # (first, end) of the model's layers this worker holds
+        self._parts = {}     # (request id, start, end) -> the next layer to hand
         self.engine = None
         self._meta = None
         self._sends = {}    # request id -> Request (context side)
@@ -161,6 +186,11 @@ class KvxferWorkerConnector:
     def register_kv_caches(self, kv_caches):
         """vLLM's per-layer caches: they must be per-layer views of one
         cross-layer tensor (register_cross_layers_kv_cache takes it)."""
+        if self.layer_parts:
+            idx = sorted(layer_index(n) for n in kv_caches)
+            if idx != list(range(idx[0], idx[0] + len(idx))):
+                raise ValueError("layer_parts: the registered layers %s are not one run of the model's layers" % idx)
+            self._stage = (idx[0], idx[-1] + 1)
         tensors = list(kv_caches.values())
         base = tensors[0]._base if getattr(tensors[0], "_base", None) is not None else None
         if base is None or any(t._base is not base for t in tensors):
@@ -169,6 +199,8 @@ class KvxferWorkerConnector:
         self.register_cross_layers_kv_cache(base)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        if self.layer_parts and self._stage is None:  # no names: the model's first layers
+            self._stage = (0, kv_cache.shape[1])
         nbytes = kv_cache.numel() * kv_cache.element_size()
         cfg = dict(self.config)
         cfg["pool_bytes"] = nbytes
@@ -202,39 +234,73 @@ class KvxferWorkerConnector:
         return None
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs):
-        """Nothing: this connector hands whole chunks in wait_for_save.
+        """Without "layer_parts": nothing (wait_for_save hands whole chunks).
 
-        To hide all but the last layer's transfer, a worker can instead hand
-        each request's chunk of the step here, one part per layer:
-        r.chunk(start, end, runs, layers=(L, L + 1, num_layers),
-        cuda_event=ev) with L the layer's global index (vLLM's
-        extract_layer_index(layer_name)), num_layers the model's layer count
-        (all stages') and ev an event recorded after layer L's attention;
-        wait_for_save then hands nothing. A chunk's parts run from layer 0
-        to num_layers on every rank, so a pipeline stage holding layers
-        [a, b) also hands (0, a, num_layers) before its first layer's part
-        (when a > 0) and (b, num_layers, num_layers) after its last (when
-        b < num_layers), fenced=False. Not done here: it needs each name's
-        global layer index and the model's layer count, which this
-        connector does not take (docs/integration.md)."""
+        With it, layer L's KV of the step is written (vLLM calls this after
+        each attention layer, in order): each request's chunk of the step
+        leaves its part (L, L + 1, num_layers) (kvxfer_chunk_layers), its
+        fence made ready at once. (On a GPU: hand it with
+        cuda_event=ev, an event recorded after layer L's attention.) A
+        chunk's parts run from layer 0 to num_layers on every rank, so a
+        pipeline stage holding layers [a, b) also hands (0, a) before its
+        first layer's part and (b, num_layers) after its last, unfenced:
+        it writes none of them. A layer out of order is a KvxferError
+        naming the layers."""
+        if not self.layer_parts or self._meta is None:
+            return None
+        layer = layer_index(layer_name)
+        first, end = self._stage
+        of = self.num_layers or end
+        for rid, spec in self._meta.reqs_to_send.items():
+            r = self._send(rid, spec)
+            for start, stop in spec.chunks:
+                runs, last, key = self._chunk_runs(spec, start, stop), stop == spec.prompt_len, (rid, start, stop)
+                if layer == first and first > 0:
+                    r.chunk(start, stop, runs, last=last, fenced=False, layers=(0, first, of))
+                r.chunk(start, stop, runs, last=last, layers=(layer, layer + 1, of)).ready()
+                if layer == end - 1 and end < of:
+                    r.chunk(start, stop, runs, last=last, fenced=False, layers=(end, of, of))
+                self._parts[key] = of if layer == end - 1 else layer + 1
         return None
+
+    def _send(self, rid, spec):
+        """The context side of request rid, opened on its first chunk."""
+        r = self._sends.get(rid)
+        if r is None:
+            r = self.engine.send(rid, spec.prompt_len)
+            self._sends[rid] = r
+            self._by_handle[r.handle] = (rid, "send")
+        return r
+
+    def _chunk_runs(self, spec, start, end):
+        tpb = self.engine.tokens_per_block
+        b0, b1 = start // tpb, -(-end // tpb)
+        return [(b0, ids[b0:b1]) for ids in spec.block_ids]
 
     def wait_for_save(self):
         """The step's KV is written. (On a GPU: record a torch.cuda.Event
         here and hand each chunk over with Request.chunk(..., cuda_event=ev)
         instead of a fence made ready; use a fresh event per step, since
-        kvxfer borrows it until each of its requests has finished.)"""
-        tpb = self.engine.tokens_per_block
+        kvxfer borrows it until each of its requests has finished.)
+
+        With "layer_parts" the chunks left from save_kv_layer: a chunk of
+        the step whose parts did not reach the model's last layer (a layer
+        never saved) is a RuntimeError naming it, not a request left to
+        time out."""
+        if self.layer_parts:
+            parts, self._parts = self._parts, {}
+            of = self.num_layers or self._stage[1]
+            for rid, spec in self._meta.reqs_to_send.items():
+                for start, end in spec.chunks:
+                    got = parts.get((rid, start, end), 0)
+                    if got < of:
+                        raise RuntimeError("request %s chunk [%d, %d): save_kv_layer handed its layers up to %d of %s"
+                                           % (rid, start, end, got, of))
+            return
         for rid, spec in self._meta.reqs_to_send.items():
-            r = self._sends.get(rid)
-            if r is None:
-                r = self.engine.send(rid, spec.prompt_len)
-                self._sends[rid] = r
-                self._by_handle[r.handle] = (rid, "send")
+            r = self._send(rid, spec)
             for start, end in spec.chunks:
-                b0, b1 = start // tpb, -(-end // tpb)
-                runs = [(b0, ids[b0:b1]) for ids in spec.block_ids]
-                r.chunk(start, end, runs).ready()
+                r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
 
     def get_finished(self, finished_req_ids):
         """(ids whose send is DONE, ids whose receive finished): vLLM frees

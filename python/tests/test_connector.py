@@ -5,6 +5,7 @@ instance loads it into its own block table; the KV is equal per layer."""
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 import kvxfer
@@ -18,12 +19,12 @@ from conftest import unique
 LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 64
 
 
-def worker(instance):
+def worker(instance, **extra):
     cache = torch.zeros((NBLOCKS, LAYERS, 2, HEADS, TPB, HEAD), dtype=torch.bfloat16)
     layers = {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(LAYERS)}
-    w = KvxferWorkerConnector({"instance": instance, "workers": 2, "transfer_timeout_ms": 10000,
-                               "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD,
-                                          "dtype_bytes": 2, "tokens_per_block": TPB}})
+    w = KvxferWorkerConnector(dict({"instance": instance, "workers": 2, "transfer_timeout_ms": 10000,
+                                    "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD,
+                                               "dtype_bytes": 2, "tokens_per_block": TPB}}, **extra))
     w.register_kv_caches(layers)
     return w, layers
 
@@ -38,12 +39,15 @@ def finished(w, side, rid, timeout=10.0, finished_req_ids=()):
     raise AssertionError("%s of %s not finished in %.0f s" % (side, rid, timeout))
 
 
-def test_connector_prefill_to_decode():
+@pytest.mark.parametrize("layer_parts", [False, True])
+def test_connector_prefill_to_decode(layer_parts):
+    """Whole chunks from wait_for_save, or (layer_parts) each layer's part
+    from save_kv_layer, handed before the next layer's KV is written."""
     before = kvxfer.handle_count()
     p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
     sp = KvxferSchedulerConnector(p_name, "producer", TPB)
     sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name)
+    wp, p_layers = worker(p_name, layer_parts=layer_parts)
     wd, d_layers = worker(d_name)
     try:
         prompt = 200
@@ -57,12 +61,11 @@ def test_connector_prefill_to_decode():
         done = 0
         while done < prompt:  # chunked prefill, 64 tokens a step
             step = min(64, prompt - done)
-            for i, layer in enumerate(p_layers.values()):  # the forward pass writes KV
-                for t in range(done, done + step):
-                    layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
             wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-1": step})))
             wp.start_load_kv(None)
-            for name, layer in p_layers.items():
+            for i, (name, layer) in enumerate(p_layers.items()):  # the forward pass, layer by layer
+                for t in range(done, done + step):
+                    layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
                 wp.save_kv_layer(name, layer, None)
             wp.wait_for_save()
             wp.clear_connector_metadata()
@@ -99,3 +102,30 @@ def test_connector_prefill_to_decode():
         wp.shutdown()
         wd.shutdown()
     assert kvxfer.handle_count() == before
+
+
+def test_connector_layer_parts_misuse_is_named():
+    """A layer saved out of order is refused naming the layers, a step
+    whose layers were not all saved is named at wait_for_save, and a name
+    without the layer's index is refused at registration."""
+    before = kvxfer.handle_count()
+    p_name = unique("vllm-parts")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    wp, p_layers = worker(p_name, layer_parts=True)
+    try:
+        req = SimpleNamespace(request_id="cmpl-2", prompt_token_ids=list(range(64)), kv_transfer_params=None)
+        sp.update_state_after_alloc(req, [list(range(4))], 0)
+        wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-2": 32})))
+        names = list(p_layers)
+        wp.save_kv_layer(names[0], p_layers[names[0]])
+        with pytest.raises(kvxfer.KvxferError) as e:
+            wp.save_kv_layer(names[2], p_layers[names[2]])  # layer 1 skipped
+        assert e.value.status == kvxfer.Status.BAD_CHUNK and "starts at layer 1" in e.value.message, e.value
+        with pytest.raises(RuntimeError, match=r"chunk \[0, 32\): save_kv_layer handed its layers up to 1 of 4"):
+            wp.wait_for_save()
+    finally:
+        wp.shutdown()
+    assert kvxfer.handle_count() == before
+    w = KvxferWorkerConnector({"instance": unique("x"), "layer_parts": True})
+    with pytest.raises(ValueError, match="'model.attn': want exactly one integer part"):
+        w.register_kv_caches({"model.attn": torch.zeros(1)})
