@@ -621,14 +621,17 @@ func (r Report) printRaw(w io.Writer) {
 		}
 		fmt.Fprintf(w, "offered: %d prefill device(s) × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
 			d, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
-		if p.ChunkCompute > 0 {
+		if p.ChunkCompute > 0 && p.DeviceBusy > 0 {
 			// What the devices offered in fact: a chunk holds its device
 			// for Compute, or longer when the CPU's write of its KV takes
 			// longer (a machine's memory bandwidth is shared by that
-			// write, the transfer's copies and the byte checks).
-			got := float64(d) * float64(r.Raw.SizeBytes) / p.ChunkCompute.Seconds()
-			fmt.Fprintf(w, "%s prefill: a chunk held its device %v (p50), the devices were busy %.0f%% of the time: they offered %.2f GB/s, %.1fx raw; GB/s / offered %.2f\n",
-				p.Mode, p.ChunkCompute.Round(10*time.Microsecond), 100*p.DeviceBusy, got/1e9, got/r.Raw.BytesPerSec, p.BytesPerSec/got)
+			// write, the transfer's copies and the byte checks), and a
+			// request's last chunk is short but computes as long. While
+			// busy they produced GB/s / DeviceBusy: GB/s is their pace
+			// times the share of the wall they were kept busy.
+			pace := p.BytesPerSec / p.DeviceBusy
+			fmt.Fprintf(w, "%s prefill: a chunk held its device %v (p50); the devices wrote %.2f GB/s of KV while computing (%.2fx raw) and were busy %.0f%% of the wall\n",
+				p.Mode, p.ChunkCompute.Round(10*time.Microsecond), pace/1e9, pace/r.Raw.BytesPerSec, 100*p.DeviceBusy)
 		}
 	}
 }

@@ -87,6 +87,17 @@ func TestOfferedLoadLine(t *testing.T) {
 			t.Fatalf("concurrency %d, devices %d: report lacks %q:\n%s", c.concurrency, c.devices, c.want, out.String())
 		}
 	}
+	// What the devices did: GB/s over the share of the wall they were busy.
+	r := Report{Options: Options{Concurrency: 4, PrefillDevices: 1, Compute: 15 * time.Millisecond},
+		Raw: &rdmabench.Result{Backend: "loopback", SizeBytes: 64 << 20, BytesPerSec: 6e9},
+		Rows: []Row{{Mode: "pipelined", BytesPerSec: 3.6e9, ExposedP50: 2 * time.Millisecond,
+			ChunkCompute: 16 * time.Millisecond, DeviceBusy: 0.9}}}
+	var out strings.Builder
+	r.printRaw(&out)
+	want := "pipelined prefill: a chunk held its device 16ms (p50); the devices wrote 4.00 GB/s of KV while computing (0.67x raw) and were busy 90% of the wall"
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("report lacks %q:\n%s", want, out.String())
+	}
 }
 
 // computeProbe counts the chunks computing at once, per mode.
