@@ -99,6 +99,11 @@ type Options struct {
 	// stalled writer that landed in a block reused in between would show
 	// as a corrupt canary.
 	Canary bool
+	// Pause (gen): idle this long before each request's Receive, so that
+	// every round trip starts with both processes' threads asleep, as
+	// between a lightly loaded serving process's requests (0: back to
+	// back).
+	Pause time.Duration
 }
 
 // Report is what a role prints (one JSON object) when it ends.
@@ -346,6 +351,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			<-sem
 			continue
 		default:
+		}
+		if o.Pause > 0 {
+			time.Sleep(o.Pause)
 		}
 		t := time.Now()
 		pp := o.peerParallel()

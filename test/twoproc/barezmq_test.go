@@ -79,9 +79,10 @@ func freeTCP(t testing.TB) string {
 	return "tcp://" + l.Addr().String()
 }
 
-// bareRoundTrips runs n 128-byte round trips against an echo child and
-// returns each one's duration (after 200 unmeasured).
-func bareRoundTrips(b *testing.B, transport string, curve bool, n int) []time.Duration {
+// bareRoundTrips runs n 128-byte round trips against an echo child, each
+// after idling pause, and returns each one's duration (after 200
+// unmeasured).
+func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration) []time.Duration {
 	b.Helper()
 	ep := freeTCP(b)
 	if transport == "ipc" {
@@ -135,6 +136,9 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int) []time.Du
 	frame := make([]byte, 128)
 	out := make([]time.Duration, 0, n)
 	for i := -200; i < n; i++ {
+		if pause > 0 {
+			time.Sleep(pause)
+		}
 		t0 := time.Now()
 		if _, err := d.SendBytes(frame, 0); err != nil {
 			b.Fatal(err)

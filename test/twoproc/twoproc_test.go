@@ -345,13 +345,17 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 // token) transfers between two processes, one request at a time and 64 in
 // flight: per-request p50/p99 (Receive → READY on the generation side) and
 // requests per second; over ipc:// (as the other tests) and, one at a
-// time, over tcp. Beside it, in the same run, the bare-zmq baseline: a
-// DEALER/ROUTER ping-pong of one 128-byte frame between two processes over
-// tcp and ipc://, with and without CURVE (the engine runs with CURVE).
+// time, over tcp, back to back and after a 2 ms pause each (the threads of
+// both processes asleep, as between a lightly loaded server's requests).
+// Beside it, in the same run, the bare-zmq baseline: a DEALER/ROUTER
+// ping-pong of one 128-byte frame between two processes over tcp and
+// ipc://, with and without CURVE (the engine runs with CURVE), and over
+// tcp with CURVE after the same pause.
 func BenchmarkControlRoundTrip(b *testing.B) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
 		Groups: kvcache.FullAttention(1)}
-	engine := func(conc int, tcp bool) func(b *testing.B) {
+	const pause = 2 * time.Millisecond
+	engine := func(conc int, tcp bool, pause time.Duration) func(b *testing.B) {
 		return func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				g, c := options(b, 2000, 0)
@@ -365,6 +369,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 					o.PoolBytes = 1 << 20
 					o.Heartbeat = time.Second
 				}
+				g.Pause = pause
 				gen := spawn(b, "gen", g)
 				ctx := spawn(b, "ctx", c)
 				cr, cerr := ctx.wait(b, 2*time.Minute)
@@ -378,24 +383,29 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			}
 		}
 	}
-	for _, conc := range []int{1, 64} {
-		b.Run(fmt.Sprintf("concurrency=%d", conc), engine(conc, false))
+	bare := func(transport string, curve bool, pause time.Duration) func(b *testing.B) {
+		return func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				rt := bareRoundTrips(b, transport, curve, 2000, pause)
+				b.ReportMetric(float64(percentile(rt, 0.5))/1e3, "p50-us")
+				b.ReportMetric(float64(percentile(rt, 0.99))/1e3, "p99-us")
+				b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
+			}
+		}
 	}
-	b.Run("tcp/concurrency=1", engine(1, true))
+	for _, conc := range []int{1, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), engine(conc, false, 0))
+	}
+	b.Run("tcp/concurrency=1", engine(1, true, 0))
+	b.Run("tcp/concurrency=1/pause=2ms", engine(1, true, pause))
 	for _, transport := range []string{"tcp", "ipc"} {
 		for _, curve := range []bool{false, true} {
 			name := "bare-zmq/" + transport
 			if curve {
 				name += "+curve"
 			}
-			b.Run(name, func(b *testing.B) {
-				for i := 0; i < b.N; i++ {
-					rt := bareRoundTrips(b, transport, curve, 2000)
-					b.ReportMetric(float64(percentile(rt, 0.5))/1e3, "p50-us")
-					b.ReportMetric(float64(percentile(rt, 0.99))/1e3, "p99-us")
-					b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
-				}
-			})
+			b.Run(name, bare(transport, curve, 0))
 		}
 	}
+	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause))
 }
