@@ -65,6 +65,20 @@ static kvxfer_event wait_event(kvxfer_engine_t e, kvxfer_request_t r) {
 
 static uint8_t pattern(int req, uint64_t block, uint64_t byte) { return (uint8_t)(req * 31 + block * 7 + byte * 13 + 1); }
 
+/* Checks every byte of d's blocks dst[0..n) of group dgi against
+ * request req's pattern; returns how many bytes it checked. */
+static uint64_t check_blocks(kvxfer_engine_t d, const kvxfer_group_info *dgi, const int32_t *dst, uint32_t n, int req) {
+    kvxfer_engine_info dinfo;
+    OK(kvxfer_engine_info_get(d, &dinfo));
+    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
+    uint64_t checked = 0;
+    for (uint32_t b = 0; b < n; b++)
+        for (uint64_t i = 0; i < dgi->block_bytes; i++, checked++)
+            CHECK(dpool[dgi->offset + dst[b] * dgi->block_bytes + i] == pattern(req, b, i), "block %u byte %llu", b,
+                  (unsigned long long)i);
+    return checked;
+}
+
 static void *thread_error(void *arg) {
     (void)arg;
     kvxfer_status st = kvxfer_cancel(777777);
@@ -222,14 +236,7 @@ static void test_transfer(void) {
     CHECK(kvxfer_request_blocks(rx, 0, dst, 2, &n, &first) == KVXFER_ERR_BUFFER_TOO_SMALL && n == 7, "small buffer");
     OK(kvxfer_request_blocks(rx, 0, dst, 8, &n, &first));
     CHECK(n == 7 && first == 0, "n %u first %d", n, first);
-    kvxfer_engine_info dinfo;
-    OK(kvxfer_engine_info_get(d, &dinfo));
-    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
-    uint64_t checked = 0;
-    for (uint32_t b = 0; b < n; b++)
-        for (uint64_t i = 0; i < dgi.block_bytes; i++, checked++)
-            CHECK(dpool[dgi.offset + dst[b] * dgi.block_bytes + i] == pattern(1, b, i), "block %u byte %llu", b,
-                  (unsigned long long)i);
+    uint64_t checked = check_blocks(d, &dgi, dst, n, 1);
     char payload[8];
     OK(kvxfer_request_payload(rx, payload, sizeof payload, &n));
     CHECK(n == 3 && memcmp(payload, "tok", 3) == 0, "payload");
@@ -350,14 +357,7 @@ static void test_layer_parts(void) {
     int32_t first = -1;
     OK(kvxfer_request_blocks(rx, 0, dst, 5, &n, &first));
     CHECK(n == 5 && first == 0, "n %u first %d", n, first);
-    kvxfer_engine_info dinfo;
-    OK(kvxfer_engine_info_get(d, &dinfo));
-    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
-    uint64_t checked = 0;
-    for (uint32_t b = 0; b < n; b++)
-        for (uint64_t i = 0; i < dgi.block_bytes; i++, checked++)
-            CHECK(dpool[dgi.offset + dst[b] * dgi.block_bytes + i] == pattern(2, b, i), "block %u byte %llu", b,
-                  (unsigned long long)i);
+    uint64_t checked = check_blocks(d, &dgi, dst, n, 2);
     OK(kvxfer_request_free_blocks(rx));
     OK(kvxfer_request_release(rx));
     OK(kvxfer_request_release(tx));
