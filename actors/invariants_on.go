@@ -21,3 +21,15 @@ func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], workerCr
 // Crash makes the request's session panic (crash injection), once it has
 // one (a request still waiting for blocks has none: nothing happens).
 func (h *RxHandle) Crash() { h.e.sys.Root.Send(h.e.rx, &rxCrashReq{request: h.request}) }
+
+// Mutations are bug switches the simulator must catch (test/sim's
+// TestMutations), in builds with the kvxfer_invariants tag only; core has
+// its own (core.Mutations).
+var Mutations struct {
+	// WholePlanForParts plans a chunk's layer part as if it were the whole
+	// chunk: every part writes every layer, before the later layers'
+	// fences fired.
+	WholePlanForParts bool
+}
+
+func mutWholePlanForParts() bool { return Mutations.WholePlanForParts }

@@ -52,7 +52,7 @@ func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcac
 		if plan == nil {
 			continue
 		}
-		if !c.Layers.Whole() {
+		if !c.Layers.Whole() && !mutWholePlanForParts() {
 			var err error
 			if plan, err = p.parts(g, c.Layers); err != nil {
 				return nil, 0, fmt.Errorf("group %d: %w", g, err)

@@ -5,11 +5,13 @@ package sim
 import (
 	"testing"
 
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/actors/core"
 )
 
 // mutations are the bug switches the simulator must catch
-// (core.Mutations, present in kvxfer_invariants builds only).
+// (core.Mutations and actors.Mutations, present in kvxfer_invariants
+// builds only).
 var mutations = []struct {
 	name string
 	on   *bool
@@ -22,6 +24,7 @@ var mutations = []struct {
 	{"admit-after-drain", &core.Mutations.AdmitAfterDrain, false},
 	{"free-on-suspicion", &core.Mutations.FreeOnSuspicion, true},
 	{"end-before-final-part", &core.Mutations.EndBeforeFinalPart, false},
+	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 
 // TestMutations proves the simulator catches bugs: with each mutation
@@ -37,7 +40,7 @@ func TestMutations(t *testing.T) {
 				sw := RunSeeds(base, batch, true, Config{SuspectPartitions: m.suspect})
 				if len(sw.Failures) > 0 {
 					f := sw.Failures[0]
-					t.Logf("caught after %d seeds (seed %d): %v", f.Seed, f.Seed, f.Msg)
+					t.Logf("caught at seed %d: %v", f.Seed, f.Msg)
 					return
 				}
 			}
