@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -153,14 +152,8 @@ func onFakeDriver(t *testing.T, test string, env ...string) bool {
 	if os.Getenv("KVXFER_CAPI_TEST_CHILD") == test {
 		return true
 	}
-	lib, err := cudatest.BuildFake(t.TempDir())
-	if err != nil {
-		t.Skipf("no fake driver: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(append(os.Environ(), "KVXFER_CAPI_TEST_CHILD="+test, cuda.LibraryEnv+"="+lib), env...)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "CHILD-OK") {
+	out, err := cudatest.RunOnFake(t, cuda.LibraryEnv, "^"+test+"$", append([]string{"KVXFER_CAPI_TEST_CHILD=" + test}, env...)...)
+	if err != nil || !strings.Contains(out, "CHILD-OK") {
 		t.Fatalf("child on the fake driver: %v\n%s", err, out)
 	}
 	return false

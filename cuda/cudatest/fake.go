@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 )
 
 //go:embed csrc/fakecuda.c
@@ -48,4 +49,22 @@ func BuildFake(dir string) (string, error) {
 		return "", fmt.Errorf("cudatest: %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return lib, nil
+}
+
+// RunOnFake re-runs this test binary's tests matching run (a -test.run
+// pattern) in a child process on a fake driver built for it, with env
+// added to this process's environment, and returns the child's combined
+// output and its exit error. libraryEnv is package cuda's LibraryEnv (this
+// package cannot import cuda, whose tests import it). It skips t when the
+// fake cannot be built (no C compiler).
+func RunOnFake(t testing.TB, libraryEnv, run string, env ...string) (string, error) {
+	t.Helper()
+	lib, err := BuildFake(t.TempDir())
+	if err != nil {
+		t.Skipf("no fake driver: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.v")
+	cmd.Env = append(append(os.Environ(), libraryEnv+"="+lib), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

@@ -19,20 +19,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestSmallDemo runs the demo workload scaled down: both modes must verify
 // every byte and leak no block.
 func TestSmallDemo(t *testing.T) {
-	o := Options{Model: "Llama-3.1-8B", Requests: 4, MinTokens: 64, MaxTokens: 300, ChunkTokens: 64,
-		PoolBytes: 64 << 20, Compute: 0, Workers: 2, Concurrency: 2, Seed: 7, TokensPerBlock: 16}
-	rep, err := Run(context.Background(), o, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !rep.OK() {
-		t.Fatalf("report not OK: %+v", rep.Rows)
-	}
-	for _, row := range rep.Rows {
-		if row.Bytes == 0 || row.BytesVerified != row.Bytes {
-			t.Fatalf("%s: bytes %d verified %d", row.Mode, row.Bytes, row.BytesVerified)
-		}
-	}
+	rep := runOK(t, Options{Model: "Llama-3.1-8B", Requests: 4, MinTokens: 64, MaxTokens: 300, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Compute: 0, Workers: 2, Concurrency: 2, Seed: 7, TokensPerBlock: 16})
 	// The raw baseline is measured in the same run, at one chunk's size
 	// (64 tokens of Llama-3.1-8B: 8 MiB), and printed with the ratios.
 	if rep.Raw == nil {
@@ -130,6 +118,13 @@ func runSmall(t *testing.T, p Probe) (Options, Report) {
 	o := Options{Model: "Llama-3.1-8B", Requests: 6, MinTokens: 64, MaxTokens: 256, ChunkTokens: 64,
 		PoolBytes: 64 << 20, Compute: 2 * time.Millisecond, Workers: 2, Concurrency: 4, PrefillDevices: 1,
 		Seed: 7, TokensPerBlock: 16, Probe: p}
+	return o, runOK(t, o)
+}
+
+// runOK runs the demo with o and wants both modes to have moved bytes,
+// every one of them verified, and no block leaked.
+func runOK(t *testing.T, o Options) Report {
+	t.Helper()
 	rep, err := Run(context.Background(), o, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +132,12 @@ func runSmall(t *testing.T, p Probe) (Options, Report) {
 	if !rep.OK() {
 		t.Fatalf("report not OK: %+v", rep.Rows)
 	}
-	return o, rep
+	for _, row := range rep.Rows {
+		if row.Bytes == 0 || row.BytesVerified != row.Bytes || row.Mismatches != 0 {
+			t.Fatalf("%s: bytes %d verified %d mismatches %d", row.Mode, row.Bytes, row.BytesVerified, row.Mismatches)
+		}
+	}
+	return rep
 }
 
 // TestPrefillDevicesAreShared: with one simulated prefill device the
@@ -163,20 +163,11 @@ func TestPrefillDevicesAreShared(t *testing.T) {
 // layer groups, uneven against Llama's 32 layers) every byte still arrives
 // and verifies in both modes, and nothing leaks.
 func TestLayerPartsDemo(t *testing.T) {
-	o := Options{Model: "Llama-3.1-8B", Requests: 3, MinTokens: 64, MaxTokens: 200, ChunkTokens: 64,
+	rep := runOK(t, Options{Model: "Llama-3.1-8B", Requests: 3, MinTokens: 64, MaxTokens: 200, ChunkTokens: 64,
 		PoolBytes: 64 << 20, Compute: time.Millisecond, Workers: 2, Concurrency: 2, PrefillDevices: 1, LayerParts: 5,
-		Seed: 3, TokensPerBlock: 16}
-	rep, err := Run(context.Background(), o, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !rep.OK() {
-		t.Fatalf("report not OK: %+v", rep.Rows)
-	}
-	for _, row := range rep.Rows {
-		if row.Bytes == 0 || row.BytesVerified != row.Bytes || row.Mismatches != 0 {
-			t.Fatalf("%s: bytes %d verified %d mismatches %d", row.Mode, row.Bytes, row.BytesVerified, row.Mismatches)
-		}
+		Seed: 3, TokensPerBlock: 16})
+	if rep.LayerParts != 5 {
+		t.Fatalf("chunks left in %d layer parts, want 5", rep.LayerParts)
 	}
 }
 

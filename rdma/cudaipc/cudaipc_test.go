@@ -3,7 +3,6 @@ package cudaipc_test
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -103,17 +102,11 @@ func TestFakeDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	lib, err := cudatest.BuildFake(t.TempDir())
-	if err != nil {
-		t.Skipf("no fake driver: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run="+childTests, "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=20")
-	out, err := cmd.CombinedOutput()
+	out, err := cudatest.RunOnFake(t, cuda.LibraryEnv, childTests, "FAKECUDA_COPY_DELAY_US=20")
 	if err != nil {
 		t.Fatalf("GPU tests on the fake driver: %v\n%s", err, out)
 	}
-	for l := range strings.Lines(string(out)) {
+	for l := range strings.Lines(out) {
 		if strings.HasPrefix(l, "--- ") {
 			t.Log(strings.TrimSpace(l))
 		}

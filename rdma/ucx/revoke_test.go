@@ -130,19 +130,8 @@ func probeStaleRkey(t *testing.T, mods string) staleResult {
 			rx.memUnmap(m)
 		}
 	}()
-	packed, err := rx.rkeyPack(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := tx.connect(rx.address())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep, rk, packed := reach(t, tx, rx, m)
 	defer tx.closeEP(ep, rx)
-	rk, err := tx.unpack(ep, packed)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const limit = 10 * time.Second
 	fill := func(v byte) {
 		for i := range src {
@@ -306,19 +295,8 @@ func TestSharedMemoryPutWhoCopies(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer rx.memUnmap(m)
-				packed, err := rx.rkeyPack(m)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ep, err := tx.connect(rx.address())
-				if err != nil {
-					t.Fatal(err)
-				}
+				ep, rk, _ := reach(t, tx, rx, m)
 				defer tx.closeEP(ep, rx)
-				rk, err := tx.unpack(ep, packed)
-				if err != nil {
-					t.Fatal(err)
-				}
 				src := anonMem(t, n)
 				put := func(v byte) {
 					for i := range src {
@@ -357,4 +335,26 @@ func TestSharedMemoryPutWhoCopies(t *testing.T) {
 			})
 		}
 	}
+}
+
+// reach packs the rkey of rx's memory m, connects tx to rx and unpacks the
+// rkey on that endpoint, and returns the endpoint, the rkey and the packed
+// rkey; the caller closes the endpoint (tx.closeEP(ep, rx)) before either
+// context.
+func reach(t *testing.T, tx, rx *rawUCP, m rawMemh) (*rawEP, rawRkey, []byte) {
+	t.Helper()
+	packed, err := rx.rkeyPack(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := tx.connect(rx.address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk, err := tx.unpack(ep, packed)
+	if err != nil {
+		tx.closeEP(ep, rx)
+		t.Fatal(err)
+	}
+	return ep, rk, packed
 }

@@ -3,7 +3,6 @@ package gpu_test
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -82,17 +81,11 @@ func TestFakeDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	lib, err := cudatest.BuildFake(t.TempDir())
-	if err != nil {
-		t.Skipf("no fake driver: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^(TestDemo|TestChunkBehindCUDAEvent)$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), cuda.LibraryEnv+"="+lib, "FAKECUDA_COPY_DELAY_US=5")
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestDemo") || !strings.Contains(string(out), "--- PASS: TestChunkBehindCUDAEvent") {
+	out, err := cudatest.RunOnFake(t, cuda.LibraryEnv, "^(TestDemo|TestChunkBehindCUDAEvent)$", "FAKECUDA_COPY_DELAY_US=5")
+	if err != nil || !strings.Contains(out, "--- PASS: TestDemo") || !strings.Contains(out, "--- PASS: TestChunkBehindCUDAEvent") {
 		t.Fatalf("demo and chunk behind a CUDA event on the fake driver: %v\n%s", err, out)
 	}
-	for l := range strings.Lines(string(out)) {
+	for l := range strings.Lines(out) {
 		if strings.Contains(l, "demo:") || strings.Contains(l, "borrowed CUDA event") {
 			t.Log(strings.TrimSpace(l))
 		}
