@@ -27,6 +27,15 @@ type listener struct {
 	live    *liveness
 	// told is when OnPeerAlive was last called for each peer.
 	told map[messages.PeerID]time.Time
+	// batch holds the messages one drain read, handled after the reads.
+	batch []routerMsg
+}
+
+// routerMsg is one message as recv read it.
+type routerMsg struct {
+	id, key string
+	payload []byte
+	parts   int
 }
 
 // binding is what a connection said it is in its Hello.
@@ -48,7 +57,9 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 		s.l.wg.Add(1)
 		go s.serveZAPs(stop, zw)
 	}
-	s.waitLoop(stop, rw, "listener poll failed; listener stops", s.drain,
+	every := s.l.cfg.pollInterval()
+	s.waitLoop(stop, "listener poll failed; listener stops",
+		func() error { _, err := rw.serve(every, s.drain); return err },
 		func() { s.live.expire(s.l.cfg.Clock(), s.down) })
 }
 
@@ -58,27 +69,28 @@ func (s *listener) serveZAPs(stop <-chan struct{}, zw *sockWait) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.zap)
 	defer zw.close()
-	s.waitLoop(stop, zw, "ZAP handler poll failed; CURVE handshakes stall", s.serveZAP, nil)
+	every := s.l.cfg.pollInterval()
+	s.waitLoop(stop, "ZAP handler poll failed; CURVE handshakes stall", func() error {
+		ok, err := zw.wait(every)
+		if ok {
+			s.serveZAP()
+		}
+		return err
+	}, nil)
 }
 
-// waitLoop calls ready each time w's socket has messages, and tick (when
-// set) after every wait, until stop is closed or a wait fails (logged with
-// failed).
-func (s *listener) waitLoop(stop <-chan struct{}, w *sockWait, failed string, ready, tick func()) {
-	every := s.l.cfg.pollInterval()
+// waitLoop calls wait, and then tick when set, until stop is closed or a
+// wait fails (logged with failed).
+func (s *listener) waitLoop(stop <-chan struct{}, failed string, wait func() error, tick func()) {
 	for {
 		select {
 		case <-stop:
 			return
 		default:
 		}
-		ok, err := w.wait(every)
-		if err != nil {
+		if err := wait(); err != nil {
 			s.l.log.Error().Err(err).Msg("control/zmq: " + failed)
 			return
-		}
-		if ok {
-			ready()
 		}
 		if tick != nil {
 			tick()
@@ -86,18 +98,31 @@ func (s *listener) waitLoop(stop <-chan struct{}, w *sockWait, failed string, re
 	}
 }
 
-// drain reads up to maxBatch messages from the ROUTER without waiting.
-func (s *listener) drain() {
+// drain reads up to maxBatch messages from the ROUTER without waiting,
+// then handles them, and reports whether it left the ROUTER empty. The
+// reads come first so that, once a frame was delivered, the goroutine
+// parks without another cgo call (sockWait.serve).
+func (s *listener) drain() (empty bool) {
+	s.batch = s.batch[:0]
 	for range maxBatch {
 		id, payload, key, parts, err := s.recv()
 		if err != nil {
+			// Any other error is logged and taken as empty too: the
+			// next signal or the poll's deadline tries again.
 			if !isAgain(err) {
 				s.l.log.Warn().Err(err).Msg("control/zmq: listener receive")
 			}
-			return
+			empty = true
+			break
 		}
-		s.handle(id, payload, key, parts)
+		s.batch = append(s.batch, routerMsg{id: id, key: key, payload: payload, parts: parts})
 	}
+	for i := range s.batch {
+		m := &s.batch[i]
+		s.handle(m.id, m.payload, m.key, m.parts)
+		*m = routerMsg{} // the payload is the frame's now
+	}
+	return empty
 }
 
 // recv reads one ROUTER message: the routing id, the first payload part,

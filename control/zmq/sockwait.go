@@ -82,6 +82,31 @@ func (w *sockWait) wait(d time.Duration) (bool, error) {
 	return true, nil
 }
 
+// serve parks until the socket may have messages, then calls read, which
+// reads without waiting and reports whether it left the socket empty (its
+// last receive failed with EAGAIN); it keeps doing so until read says the
+// socket was not left empty (a full batch, an error) or d passes, and
+// reports which: true when d passed.
+//
+// Unlike a loop of waits, serve parks after read without another cgo
+// call: read's empty receive came after the poller's ready flag was reset
+// (Read resets it once, before the first call), processed the socket's
+// commands as ZMQ_EVENTS would, and so a message that came after it set
+// the flag again. read may therefore hand what it read to other
+// goroutines and return: this goroutine's P then runs them at once, where
+// a cgo call would leave them to be stolen by a thread woken on another
+// CPU.
+func (w *sockWait) serve(d time.Duration, read func() (empty bool)) (timedOut bool, err error) {
+	if err := w.f.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return false, err
+	}
+	err = w.rc.Read(func(uintptr) bool { return !read() })
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true, nil
+	}
+	return false, err
+}
+
 // close closes the duplicate descriptor (not the socket).
 func (w *sockWait) close() {
 	if w != nil {
