@@ -194,3 +194,29 @@ func TestLayerPart(t *testing.T) {
 		t.Errorf("String %q, want %q", got, want)
 	}
 }
+
+// TestSplitLayers: the layer ranges cover the model's layers in order.
+func TestSplitLayers(t *testing.T) {
+	for _, n := range []int{1, 0} {
+		if got := SplitLayers(1, n); len(got) != 1 || got[0] != (LayerPart{}) {
+			t.Fatalf("SplitLayers(1, %d) = %v, want one whole part", n, got)
+		}
+	}
+	if got := SplitLayers(32, 1); len(got) != 1 || got[0] != (LayerPart{}) {
+		t.Fatalf("one part: %v, want one whole", got)
+	}
+	if got := SplitLayers(32, 0); len(got) != 32 || got[31] != (LayerPart{Lo: 31, Hi: 32, Of: 32}) {
+		t.Fatalf("default parts %v, want one per layer", got)
+	}
+	got := SplitLayers(32, 5)
+	next := 0
+	for _, p := range got {
+		if p.Lo != next || p.Hi <= p.Lo || p.Of != 32 || p.Check(32) != nil {
+			t.Fatalf("parts %v: %v does not follow layer %d", got, p, next)
+		}
+		next = p.Hi
+	}
+	if len(got) != 5 || next != 32 {
+		t.Fatalf("parts %v: want 5 covering 32 layers", got)
+	}
+}

@@ -52,6 +52,25 @@ type LayerPart struct {
 	Lo, Hi, Of int
 }
 
+// SplitLayers splits a model of layers layers into n layer ranges in
+// order, as even as integers allow: how a forward pass hands a chunk over
+// part by part. n = 0 is one part per layer; n = 1 (or a model of one
+// layer) is the whole chunk, the zero LayerPart. n outside [0, layers] is
+// the caller's to refuse (LayerParts options check it).
+func SplitLayers(layers, n int) []LayerPart {
+	if n == 0 {
+		n = layers
+	}
+	if n <= 1 {
+		return []LayerPart{{}}
+	}
+	out := make([]LayerPart, n)
+	for p := range out {
+		out[p] = LayerPart{Lo: p * layers / n, Hi: (p + 1) * layers / n, Of: layers}
+	}
+	return out
+}
+
 // Whole reports whether p covers every layer.
 func (p LayerPart) Whole() bool { return p.Of == 0 || (p.Lo == 0 && p.Hi == p.Of) }
 

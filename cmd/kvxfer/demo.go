@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -81,6 +83,17 @@ otherwise each finished request is a log line on standard error.`,
 			if f.processes != 1 && f.processes != 2 {
 				return fmt.Errorf("--processes = %d: want 1 or 2", f.processes)
 			}
+			what := "demo --processes 2"
+			if f.cluster {
+				what = "demo --cluster"
+			}
+			if f.processes == 2 || f.cluster {
+				for _, name := range slices.Sorted(maps.Keys(notAcrossProcesses)) {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s is not used by %s: %s", name, what, notAcrossProcesses[name])
+					}
+				}
+			}
 			s, err := a.settings(cmd, demoDefaults, demoKeys...)
 			if err != nil {
 				return err
@@ -110,10 +123,6 @@ otherwise each finished request is a log line on standard error.`,
 			case (f.processes == 2 || f.cluster) && s.Origin(config.Backend).Source == config.SourceDefault:
 				f.backend = crossProcessBackend()
 			case f.processes == 2 || f.cluster:
-				what := "demo --processes 2"
-				if f.cluster {
-					what = "demo --cluster"
-				}
 				if err := checkCrossProcessBackend(s, what); err != nil {
 					return err
 				}

@@ -76,16 +76,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 		}
 	}
 	cluster := "demo-" + strconv.Itoa(os.Getpid())
-	common := []string{"--model", f.o.Model, "--requests", strconv.Itoa(f.o.Requests),
-		"--min-tokens", strconv.Itoa(f.o.MinTokens), "--max-tokens", strconv.Itoa(f.o.MaxTokens),
-		"--chunk-tokens", strconv.Itoa(f.o.ChunkTokens), "--compute", f.o.Compute.String(),
-		"--concurrency", strconv.Itoa(f.o.Concurrency), "--workers", strconv.Itoa(f.o.Workers),
-		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool, "--timeout", f.timeout,
-		"--log-level", a.log.GetLevel().String(), "--backend", f.backend,
-		"--discovery", srv.URL(), "--cluster", cluster, "--discovery-ttl", clusterTTL}
-	if f.o.TokensPerBlock > 0 {
-		common = append(common, "--tokens-per-block", strconv.Itoa(f.o.TokensPerBlock))
-	}
+	common := append(roleArgs(a, f), "--discovery", srv.URL(), "--cluster", cluster, "--discovery-ttl", clusterTTL)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Three children copy into the same writers from their own
@@ -100,8 +91,8 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	}
 	procs := map[string]*exec.Cmd{
 		"gen":  role("gen", "gen", "--peer-tp", "2"),
-		"ctx0": role("ctx0", "ctx", "--tp", "2", "--tp-rank", "0"),
-		"ctx1": role("ctx1", "ctx", "--tp", "2", "--tp-rank", "1"),
+		"ctx0": role("ctx0", append([]string{"ctx", "--tp", "2", "--tp-rank", "0"}, ctxArgs(f)...)...),
+		"ctx1": role("ctx1", append([]string{"ctx", "--tp", "2", "--tp-rank", "1"}, ctxArgs(f)...)...),
 	}
 	a.log.Info().Str("etcd", srv.URL()).Str("cluster", cluster).Str("backend", f.backend).
 		Msg("kvxfer demo --cluster: gen (TP1), ctx rank 0 and 1 (TP2), found through etcd, CURVE")

@@ -13,11 +13,13 @@ const cliChildEnv = "KVXFER_CLI_CHILD"
 // TestDemoCluster: kvxfer demo --cluster, small: an embedded etcd, a TP2
 // context (two processes) and a TP1 generation process find each other
 // through it; the generation side verifies every byte and nothing leaks.
+// --layer-parts reaches the context processes: each hands every chunk
+// over in 3 parts.
 func TestDemoCluster(t *testing.T) {
 	t.Setenv(cliChildEnv, "1")
 	ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
 	defer cancel()
-	out, errOut, err := runAppCtx(ctx, newApp(), "demo", "--cluster", "--requests", "2", "--log-level", "warn")
+	out, errOut, err := runAppCtx(ctx, newApp(), "demo", "--cluster", "--requests", "2", "--layer-parts", "3", "--log-level", "warn")
 	if err != nil {
 		t.Fatalf("demo --cluster: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
@@ -41,7 +43,8 @@ func TestDemoCluster(t *testing.T) {
 			}
 		case "ctx":
 			ctxs++
-			if r["ok"] != float64(2) || r["failed"] != float64(0) || r["leaked_blocks"] != float64(0) {
+			if r["ok"] != float64(2) || r["failed"] != float64(0) || r["leaked_blocks"] != float64(0) ||
+				r["chunks"] == nil || r["parts"] != 3*r["chunks"].(float64) {
 				t.Errorf("context report: %v", r)
 			}
 		}
@@ -59,6 +62,10 @@ func TestClusterFlagErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"demo", "--cluster", "--processes", "2"}, "--processes = 2: --cluster runs three processes"},
+		{[]string{"demo", "--processes", "2", "--prefill-devices", "2"}, "--prefill-devices is not used by demo --processes 2"},
+		{[]string{"demo", "--cluster", "--json"}, "--json is not used by demo --cluster"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--layer-parts", "-1"}, "--layer-parts = -1: must be ≥ 0"},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--layer-parts", "2"}, "unknown flag: --layer-parts"},
 		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://nohost"}, `--discovery: discovery: invalid URL "etcd://nohost"`},
 		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "zk://h:1", "--cluster", "c"}, `"zk://h:1"`},
 		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379"}, `--cluster = "": `},

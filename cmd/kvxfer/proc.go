@@ -85,6 +85,9 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.IntVar(&f.o.Parallel.TP, "tp", 1, "this instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
 	fl.IntVar(&f.o.Rank.TP, "tp-rank", 0, "this process's tensor rank in its instance, 0..--tp-1")
 	fl.IntVar(&f.o.PeerParallel.TP, "peer-tp", 1, "the peer instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
+	if self == "ctx" {
+		fl.IntVar(&f.o.LayerParts, "layer-parts", 0, "layer ranges each chunk is handed over in, each as the simulated forward pass computes it (0: one per layer; 1: the whole chunk at its end)")
+	}
 }
 
 // resolve applies the common settings and checks the role's own flags.
@@ -306,20 +309,15 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 			return err
 		}
 	}
-	common := []string{"--model", f.o.Model, "--requests", strconv.Itoa(f.o.Requests),
-		"--min-tokens", strconv.Itoa(f.o.MinTokens), "--max-tokens", strconv.Itoa(f.o.MaxTokens),
-		"--chunk-tokens", strconv.Itoa(f.o.ChunkTokens), "--compute", f.o.Compute.String(),
-		"--concurrency", strconv.Itoa(f.o.Concurrency), "--workers", strconv.Itoa(f.o.Workers),
-		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool, "--timeout", f.timeout,
-		"--log-level", a.log.GetLevel().String(), "--backend", f.backend}
-	if f.o.TokensPerBlock > 0 {
-		common = append(common, "--tokens-per-block", strconv.Itoa(f.o.TokensPerBlock))
-	}
+	common := roleArgs(a, f)
 	metrics := map[string]string{"ctx": f.o.MetricsAddr, "gen": f.o.GenMetricsAddr}
 	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
 	role := func(name, peer string) *exec.Cmd {
 		args := append([]string{name, "--bind", ep(name), "--peer-endpoint", ep(peer),
 			"--key", filepath.Join(dir, name+".key"), "--peer-key", filepath.Join(dir, peer+".pub")}, common...)
+		if name == "ctx" {
+			args = append(args, ctxArgs(f)...)
+		}
 		if metrics[name] != "" {
 			args = append(args, "--metrics-addr", metrics[name])
 		}
@@ -344,4 +342,32 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), "OK: two processes, every byte verified on the generation side, 0 leaked blocks")
 	return nil
+}
+
+// roleArgs are the flags demo --processes 2 and demo --cluster give both
+// kvxfer ctx and kvxfer gen: the demo's options, as the user set them.
+func roleArgs(a *app, f demoFlags) []string {
+	args := []string{"--model", f.o.Model, "--requests", strconv.Itoa(f.o.Requests),
+		"--min-tokens", strconv.Itoa(f.o.MinTokens), "--max-tokens", strconv.Itoa(f.o.MaxTokens),
+		"--chunk-tokens", strconv.Itoa(f.o.ChunkTokens), "--compute", f.o.Compute.String(),
+		"--concurrency", strconv.Itoa(f.o.Concurrency), "--workers", strconv.Itoa(f.o.Workers),
+		"--seed", strconv.FormatUint(f.o.Seed, 10), "--pool", f.pool, "--timeout", f.timeout,
+		"--log-level", a.log.GetLevel().String(), "--backend", f.backend}
+	if f.o.TokensPerBlock > 0 {
+		args = append(args, "--tokens-per-block", strconv.Itoa(f.o.TokensPerBlock))
+	}
+	return args
+}
+
+// ctxArgs are the flags those demos give kvxfer ctx only.
+func ctxArgs(f demoFlags) []string {
+	return []string{"--layer-parts", strconv.Itoa(f.o.LayerParts)}
+}
+
+// notAcrossProcesses names the demo flags that demo --processes 2 and demo
+// --cluster do not carry to their processes: set there, they are refused,
+// not ignored.
+var notAcrossProcesses = map[string]string{
+	"prefill-devices": "each kvxfer ctx process computes every request's chunks on a device of its own",
+	"json":            "each process prints its own JSON report line",
 }

@@ -9,7 +9,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -168,27 +167,6 @@ func TestLayerPartsDemo(t *testing.T) {
 		Seed: 3, TokensPerBlock: 16})
 	if rep.LayerParts != 5 {
 		t.Fatalf("chunks left in %d layer parts, want 5", rep.LayerParts)
-	}
-}
-
-// TestOptionsParts: the layer ranges cover the model's layers in order.
-func TestOptionsParts(t *testing.T) {
-	if got := (Options{LayerParts: 1}).parts(32); len(got) != 1 || !got[0].Whole() {
-		t.Fatalf("one part: %v, want one whole", got)
-	}
-	if got := (Options{}).parts(32); len(got) != 32 || got[31] != (kvcache.LayerPart{Lo: 31, Hi: 32, Of: 32}) {
-		t.Fatalf("default parts %v, want one per layer", got)
-	}
-	got := (Options{LayerParts: 5}).parts(32)
-	next := 0
-	for _, p := range got {
-		if p.Lo != next || p.Hi <= p.Lo || p.Of != 32 {
-			t.Fatalf("parts %v: %v does not follow layer %d", got, p, next)
-		}
-		next = p.Hi
-	}
-	if len(got) != 5 || next != 32 {
-		t.Fatalf("parts %v: want 5 covering 32 layers", got)
 	}
 }
 

@@ -89,18 +89,7 @@ func (o Options) devices() int {
 // parts splits a model of layers layers into o.LayerParts layer ranges (0:
 // one per layer); one part is the whole chunk (the zero LayerPart).
 func (o Options) parts(layers int) []kvcache.LayerPart {
-	n := o.LayerParts
-	if n == 0 {
-		n = layers
-	}
-	if n <= 1 {
-		return []kvcache.LayerPart{{}}
-	}
-	out := make([]kvcache.LayerPart, n)
-	for p := range out {
-		out[p] = kvcache.LayerPart{Lo: p * layers / n, Hi: (p + 1) * layers / n, Of: layers}
-	}
-	return out
+	return kvcache.SplitLayers(layers, o.LayerParts)
 }
 
 // defaultTimeout bounds each request when Options.Timeout is 0.

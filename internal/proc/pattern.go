@@ -27,9 +27,19 @@ func rowSeed(req, g, blk, layer, part, head, token int) uint64 {
 // eachRow calls f with every row of a rank-local block of group g and its
 // seed, until f returns false.
 func eachRow(b []byte, l kvcache.Layout, s kvcache.Shape, req, g, blk int, f func(row []byte, seed uint64) bool) bool {
+	return eachRowOf(b, l, s, req, g, blk, kvcache.LayerPart{}, f)
+}
+
+// eachRowOf is eachRow over the rows of the layers in part only.
+func eachRowOf(b []byte, l kvcache.Layout, s kvcache.Shape, req, g, blk int, part kvcache.LayerPart, f func(row []byte, seed uint64) bool) bool {
 	tb := l.TokenBytes()
+	perLayer := l.Parts() * (s.HeadHi - s.HeadLo) * l.TokensPerBlock * tb
 	off := 0
 	for _, layer := range s.Layers[g] {
+		if !part.Contains(layer) {
+			off += perLayer
+			continue
+		}
 		for p := range l.Parts() {
 			for h := s.HeadLo; h < s.HeadHi; h++ {
 				for t := range l.TokensPerBlock {
@@ -47,9 +57,10 @@ func eachRow(b []byte, l kvcache.Layout, s kvcache.Shape, req, g, blk int, f fun
 // rowWord is word k of a row with seed s.
 func rowWord(s uint64, k int) uint64 { return s + uint64(k)*0xA0761D6478BD642F }
 
-// fillBlock writes the pattern into a rank-local block of group g.
-func fillBlock(b []byte, l kvcache.Layout, s kvcache.Shape, req, g, blk int) {
-	eachRow(b, l, s, req, g, blk, func(row []byte, seed uint64) bool {
+// fillBlock writes the pattern into the rows of part's layers (the zero
+// part: all) of a rank-local block of group g.
+func fillBlock(b []byte, l kvcache.Layout, s kvcache.Shape, req, g, blk int, part kvcache.LayerPart) {
+	eachRowOf(b, l, s, req, g, blk, part, func(row []byte, seed uint64) bool {
 		k := 0
 		for ; k+8 <= len(row); k += 8 {
 			binary.LittleEndian.PutUint64(row[k:], rowWord(seed, k/8))

@@ -11,6 +11,7 @@ package proc
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -76,6 +77,11 @@ type Options struct {
 	Compute                                     time.Duration
 	Concurrency                                 int
 	Seed                                        uint64
+	// LayerParts (ctx): the layer ranges each chunk is handed over in, each
+	// as the simulated forward pass computes it, with its own fence and its
+	// share of Compute (kvcache.SplitLayers: 0 one per layer, 1 the whole
+	// chunk).
+	LayerParts int `json:",omitempty"`
 
 	Heartbeat       time.Duration
 	HeartbeatMisses int
@@ -122,6 +128,10 @@ type Report struct {
 	QuarantinedBlocks int     `json:"quarantined_blocks"`
 	PeerDown          bool    `json:"peer_down"`
 	Seconds           float64 `json:"seconds"`
+	// Chunks and Parts (ctx): the chunks handed over, and their parts
+	// (Options.LayerParts per chunk).
+	Chunks int `json:"chunks,omitempty"`
+	Parts  int `json:"parts,omitempty"`
 	// CanaryBlocks, CanaryCorrupt, QuarantinedAtDown (gen, Options.Canary):
 	// blocks reused with a canary while the peer was suspected, those
 	// whose canary was overwritten, and the most blocks quarantined then.
@@ -163,6 +173,9 @@ func Prompts(o Options) []int {
 	return out
 }
 
+// handedCount counts what the context role handed over.
+type handedCount struct{ chunks, parts atomic.Int64 }
+
 // RequestID names request i.
 func RequestID(i int) string { return fmt.Sprintf("req-%d", i) }
 
@@ -182,6 +195,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("proc: --concurrency = %d: must be ≥ 1", o.Concurrency)
 	case o.Compute < 0:
 		return fmt.Errorf("proc: --compute = %v: must be ≥ 0", o.Compute)
+	case o.LayerParts < 0:
+		return fmt.Errorf("proc: --layer-parts = %d: must be ≥ 0 (0: one per layer, 1: whole chunks)", o.LayerParts)
 	}
 	switch o.Backend {
 	case "", shm.Backend, ucx.Backend:
@@ -437,6 +452,12 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	if l := n.eng.Layout(); o.LayerParts > l.Layers {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return rep, errors.Join(fmt.Errorf("proc: --layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
+			o.LayerParts, l.Name, l.Layers), n.Close(cctx))
+	}
 	t0 := time.Now()
 	var mu sync.Mutex
 	fail := func(err error) {
@@ -447,6 +468,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	l := n.eng.Layout()
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
+	var handed handedCount
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		// Source blocks in index order (see RunGen).
@@ -465,7 +487,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		wg.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			if err := ctxRequest(ctx, o, n, l, i, pl, src); err != nil {
+			if err := ctxRequest(ctx, o, n, l, i, pl, src, &handed); err != nil {
 				fail(err)
 				return
 			}
@@ -478,6 +500,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	rep.Chunks, rep.Parts = int(handed.chunks.Load()), int(handed.parts.Load())
 	if o.etcd() {
 		// Leave only after the generation side did: its last request may
 		// still wait for another context rank, and this rank's "left" in
@@ -503,7 +526,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	return finish(n, rep, t0, out)
 }
 
-func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID) error {
+func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, handed *handedCount) error {
 	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
@@ -517,29 +540,42 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 		return err
 	}
 	region := n.eng.Region().Bytes()
+	shape := n.eng.Shape()
+	parts := kvcache.SplitLayers(l.Layers, o.LayerParts)
+chunks:
 	for _, c := range chunks {
-		f := &kvxfer.ManualFence{}
-		if err := tx.Chunk(c, c.Runs(l.TokensPerBlock, src), f); err != nil {
-			f.Fire(err)
-			break
-		}
+		// Part by part, as a forward pass computes it: hand the part
+		// over, write its layers' KV, spend its share of the compute,
+		// fire its fence.
 		t := time.Now()
 		b0, b1 := c.Blocks(l.TokensPerBlock)
-		shape := n.eng.Shape()
-		for g := range l.Groups {
-			if len(src[g]) == 0 {
-				continue
+		for pi, part := range parts {
+			pc := c
+			pc.Layers = part
+			f := &kvxfer.ManualFence{}
+			if err := tx.Chunk(pc, c.Runs(l.TokensPerBlock, src), f); err != nil {
+				f.Fire(err)
+				break chunks
 			}
-			geom := n.eng.Pools().Geometry(g)
-			for b := b0; b < b1; b++ {
-				off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
-				fillBlock(region[off:off+geom.BlockBytes], l, shape, i, g, b)
+			handed.parts.Add(1)
+			if part.Final() {
+				handed.chunks.Add(1)
 			}
+			for g := range l.Groups {
+				if len(src[g]) == 0 {
+					continue
+				}
+				geom := n.eng.Pools().Geometry(g)
+				for b := b0; b < b1; b++ {
+					off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
+					fillBlock(region[off:off+geom.BlockBytes], l, shape, i, g, b, part)
+				}
+			}
+			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
+				time.Sleep(rest) // simulated prefill compute
+			}
+			f.Fire(nil)
 		}
-		if rest := o.Compute - time.Since(t); rest > 0 {
-			time.Sleep(rest) // simulated prefill compute
-		}
-		f.Fire(nil)
 		select {
 		case <-n.down:
 			tx.Cancel()

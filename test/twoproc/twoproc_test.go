@@ -237,9 +237,13 @@ func fastDeath(g, c proc.Options) (proc.Options, proc.Options) {
 
 // TestTwoProcessTransfer: every request moves between two processes and
 // every byte is verified on the generation side; nothing leaks on either.
+// The context hands each chunk over whole, or in 5 layer parts, each part
+// written after it was handed over (its fence fires after).
 func TestTwoProcessTransfer(t *testing.T) {
 	for _, b := range backends() {
-		t.Run(b, func(t *testing.T) { testTwoProcessTransfer(t, b) })
+		for _, parts := range []int{1, 5} {
+			t.Run(fmt.Sprintf("%s/layer-parts=%d", b, parts), func(t *testing.T) { testTwoProcessTransfer(t, b, parts) })
+		}
 	}
 }
 
@@ -258,9 +262,10 @@ func on(b string, g, c proc.Options) (proc.Options, proc.Options) {
 	return g, c
 }
 
-func testTwoProcessTransfer(t *testing.T, b string) {
+func testTwoProcessTransfer(t *testing.T, b string, parts int) {
 	g, c := options(t, 6, 0)
 	g, c = on(b, g, c)
+	c.LayerParts = parts
 	gen := spawn(t, "gen", g)
 	ctx := spawn(t, "ctx", c)
 	cr, cerr := ctx.wait(t, 2*time.Minute)
@@ -273,6 +278,17 @@ func testTwoProcessTransfer(t *testing.T, b string) {
 	}
 	if cr.OK != 6 || cr.LeakedBlocks != 0 {
 		t.Fatalf("ctx report %+v", cr)
+	}
+	want := 0
+	for _, pl := range proc.Prompts(c) {
+		chunks, err := kvcache.Chunks(pl, c.ChunkTokens, c.TokensPerBlock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want += len(chunks)
+	}
+	if cr.Chunks != want || cr.Parts != want*parts {
+		t.Fatalf("ctx handed %d chunks in %d parts, want %d in %d (%d per chunk)", cr.Chunks, cr.Parts, want, want*parts, parts)
 	}
 }
 
