@@ -130,11 +130,15 @@ lib:
 		|| { echo "lib: libkvxfer.so exports (<) and include/kvxfer.h declares (>) differ"; exit 1; }
 	@echo "lib: $(LIBDIR)/libkvxfer.so, include/kvxfer.h (ABI $$(sed -n 's/^#define KVXFER_ABI_VERSION //p' include/kvxfer.h))"
 
-## ctest: the C ABI's test program (test/c) against lib/libkvxfer.so.
+## ctest: the C ABI's test program (test/c) against lib/libkvxfer.so, then
+## again on cuda/cudatest's fake CUDA driver (layer parts behind CUDA events).
 ctest: lib
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/kvxfer_test test/c/kvxfer_test.c \
 		-L$(LIBDIR) -lkvxfer -lpthread -ldl -Wl,-rpath,'$$ORIGIN'
 	$(LIBDIR)/kvxfer_test
+	@mkdir -p $(LIBDIR)/fakecuda
+	$(CC) -shared -fPIC -O2 -Wall -o $(LIBDIR)/fakecuda/libcuda.so.1 cuda/cudatest/csrc/fakecuda.c -lpthread
+	KVXFER_LIBCUDA=$(CURDIR)/$(LIBDIR)/fakecuda/libcuda.so.1 FAKECUDA_COPY_DELAY_US=2000 $(LIBDIR)/kvxfer_test
 
 ## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.
 pytest: lib

@@ -369,10 +369,141 @@ static void test_layer_parts(void) {
     printf("ok   layer parts: %llu bytes verified, bad and out-of-order parts refused\n", (unsigned long long)checked);
 }
 
+/* The driver entry points test_layer_parts_cuda uses (on a real driver and
+ * on cuda/cudatest's fake alike). */
+struct cu {
+    void *lib;
+    int (*init)(unsigned);
+    int (*device_get)(int *, int);
+    int (*ctx_retain)(void **, int);
+    int (*ctx_release)(int);
+    int (*ctx_set)(void *);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_destroy)(void *);
+    int (*stream_sync)(void *);
+    int (*event_create)(void **, unsigned);
+    int (*event_destroy)(void *);
+    int (*event_record)(void *, void *);
+    int (*mem_alloc)(uint64_t *, size_t);
+    int (*mem_free)(uint64_t);
+    int (*htod)(uint64_t, const void *, size_t, void *);
+    int (*dtoh)(void *, uint64_t, size_t, void *);
+};
+
+/* Loads the driver (KVXFER_LIBCUDA, else libcuda.so.1) and makes device 0's
+ * primary context current; returns 0 where there is no driver or device. */
+static int open_cuda(struct cu *cu) {
+    const char *path = getenv("KVXFER_LIBCUDA");
+    cu->lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (cu->lib == NULL) return 0;
+#define SYM(f, name) CHECK((*(void **)&cu->f = dlsym(cu->lib, name)) != NULL, "the driver lacks %s", name)
+    SYM(init, "cuInit");
+    SYM(device_get, "cuDeviceGet");
+    SYM(ctx_retain, "cuDevicePrimaryCtxRetain");
+    SYM(ctx_release, "cuDevicePrimaryCtxRelease_v2");
+    SYM(ctx_set, "cuCtxSetCurrent");
+    SYM(stream_create, "cuStreamCreate");
+    SYM(stream_destroy, "cuStreamDestroy_v2");
+    SYM(stream_sync, "cuStreamSynchronize");
+    SYM(event_create, "cuEventCreate");
+    SYM(event_destroy, "cuEventDestroy_v2");
+    SYM(event_record, "cuEventRecord");
+    SYM(mem_alloc, "cuMemAlloc_v2");
+    SYM(mem_free, "cuMemFree_v2");
+    SYM(htod, "cuMemcpyHtoDAsync_v2");
+    SYM(dtoh, "cuMemcpyDtoHAsync_v2");
+#undef SYM
+    int dev = 0;
+    void *ctx = NULL;
+    if (cu->init(0) != 0 || cu->device_get(&dev, 0) != 0) {
+        dlclose(cu->lib);
+        return 0;
+    }
+    CHECK(cu->ctx_retain(&ctx, dev) == 0 && cu->ctx_set(ctx) == 0, "device 0's primary context");
+    return 1;
+}
+
+/* Layer parts behind CUDA events (kvxfer_chunk_layers_cuda), where a driver
+ * with a device loads: make ctest runs this program a second time on
+ * cuda/cudatest's fake driver, each stream copy delayed so that every event
+ * is still pending when its part is handed over. Each layer of each chunk
+ * reaches the pool by a device-to-host copy on one stream, then its event is
+ * recorded and the part handed over: a part read before its event completed
+ * would carry zeros, and every byte is checked at the receiver. */
+static void test_layer_parts_cuda(void) {
+    struct cu cu;
+    if (!open_cuda(&cu)) {
+        printf("skip layer parts behind CUDA events: no CUDA driver with a device here\n");
+        return;
+    }
+    uint64_t pool_bytes = 1 << 20;
+    uint8_t *pool = aligned_alloc(4096, pool_bytes);
+    kvxfer_engine_t p = open_engine("c-lpc-prefill", pool, pool_bytes);
+    kvxfer_engine_t d = open_engine("c-lpc-decode", NULL, pool_bytes);
+    kvxfer_group_info gi, dgi;
+    OK(kvxfer_engine_group(p, 0, &gi));
+    OK(kvxfer_engine_group(d, 0, &dgi));
+    enum { layers = 2, prompt = 64, nblocks = 4, req = 3 }; /* chunks [0,32) [32,64) */
+    const uint64_t bb = gi.block_bytes, per = bb / layers, total = nblocks * bb;
+    int32_t src[nblocks];
+    OK(kvxfer_blocks_alloc(p, 0, nblocks, src));
+    for (int b = 0; b < nblocks; b++) memset(pool + gi.offset + src[b] * bb, 0, bb);
+    /* What the "model" computed, on the device: block b of the request. */
+    uint8_t *host = malloc(total);
+    for (uint64_t i = 0; i < total; i++) host[i] = pattern(req, i / bb, i % bb);
+    void *stream = NULL;
+    uint64_t stage = 0;
+    CHECK(cu.stream_create(&stream, 0) == 0, "cuStreamCreate");
+    CHECK(cu.mem_alloc(&stage, total) == 0, "cuMemAlloc");
+    CHECK(cu.htod(stage, host, total, stream) == 0 && cu.stream_sync(stream) == 0, "staging copy");
+
+    kvxfer_request_t rx, tx;
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-lpc", .prompt_len = prompt, .context = "c-lpc-prefill"}, &rx));
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-lpc", .prompt_len = prompt}, &tx));
+    void *events[4];
+    int k = 0;
+    for (int start = 0; start < prompt; start += 32) {
+        int b0 = start / 16, b1 = (start + 32) / 16;
+        kvxfer_block_run run = {.first = b0, .count = b1 - b0, .ids = src + b0};
+        for (int l = 0; l < layers; l++, k++) {
+            for (int b = b0; b < b1; b++)
+                CHECK(cu.dtoh(pool + gi.offset + src[b] * bb + l * per, stage + b * bb + l * per, per, stream) == 0,
+                      "layer %d of block %d", l, b);
+            CHECK(cu.event_create(&events[k], 0) == 0 && cu.event_record(events[k], stream) == 0, "event %d", k);
+            OK(kvxfer_chunk_layers_cuda(tx, start, start + 32, start + 32 == prompt, l, l + 1, layers, &run, 1,
+                                        (uint64_t)(uintptr_t)events[k], 0));
+        }
+    }
+    kvxfer_event ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK, "tx outcome %d error %d", ev.outcome, ev.error);
+    CHECK(ev.bytes == total, "tx bytes %llu, want %llu", (unsigned long long)ev.bytes, (unsigned long long)total);
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %d", ev.outcome, ev.error);
+    int32_t dst[nblocks];
+    uint32_t n = 0;
+    int32_t first = -1;
+    OK(kvxfer_request_blocks(rx, 0, dst, nblocks, &n, &first));
+    CHECK(n == nblocks && first == 0, "n %u first %d", n, first);
+    uint64_t checked = check_blocks(d, &dgi, dst, n, req);
+    OK(kvxfer_request_free_blocks(rx));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(p, 0, src, nblocks));
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    for (int i = 0; i < k; i++) CHECK(cu.event_destroy(events[i]) == 0, "event %d destroyed", i);
+    CHECK(cu.mem_free(stage) == 0 && cu.stream_destroy(stream) == 0 && cu.ctx_release(0) == 0, "driver cleanup");
+    free(host);
+    free(pool);
+    printf("ok   layer parts behind CUDA events: %llu bytes verified\n", (unsigned long long)checked);
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
     test_layer_parts();
+    test_layer_parts_cuda();
     printf("PASS\n");
     return 0;
 }
