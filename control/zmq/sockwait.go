@@ -85,8 +85,9 @@ func (w *sockWait) wait(d time.Duration) (bool, error) {
 // serve parks until the socket may have messages, then calls read, which
 // reads without waiting and reports whether it left the socket empty (its
 // last receive failed with EAGAIN); it keeps doing so until read says the
-// socket was not left empty (a full batch, an error) or d passes, and
-// reports which: true when d passed.
+// socket was not left empty (its batch was full) or d passes, and reports
+// which: true when d passed. Deadlines win over readiness, so a busy
+// socket still returns at least every d.
 //
 // Unlike a loop of waits, serve parks after read without another cgo
 // call: read's empty receive came after the poller's ready flag was reset

@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,6 +102,43 @@ func TestSockWaitServeSeesEveryMessage(t *testing.T) {
 	if err != nil || !timedOut || calls != 1 || !isAgain(readErr) {
 		t.Fatalf("serve with nothing sent = %v, %v after %d reads (last %v); want true, nil after 1 (EAGAIN)", timedOut, err, calls, readErr)
 	}
+}
+
+// TestSockWaitServeEndsAtItsDeadlineUnderLoad: while messages keep coming
+// (each burst sent as soon as the last was read), serve still returns when
+// its deadline passes, so the listener's liveness tick and its stop check
+// run under load too.
+func TestSockWaitServeEndsAtItsDeadlineUnderLoad(t *testing.T) {
+	const rounds = 1 << 30 // the sender runs until cleanup stops it
+	router, w, next := sockWaitPair(t, "inproc://sockwait-deadline-test", rounds)
+	var reads, msgs atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		timedOut, err := w.serve(20*time.Millisecond, func() bool {
+			reads.Add(1)
+			for {
+				if _, err := router.RecvMessageBytes(zmq4.DONTWAIT); err != nil {
+					return isAgain(err)
+				}
+				if isBurstEnd(int(msgs.Add(1) - 1)) {
+					next <- struct{}{}
+				}
+			}
+		})
+		if err == nil && !timedOut {
+			err = fmt.Errorf("serve returned before its deadline")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("serve still running after %v with a 20ms deadline (%d reads, %d messages)", patience, reads.Load(), msgs.Load())
+	}
+	t.Logf("%d reads, %d messages before the deadline", reads.Load(), msgs.Load())
 }
 
 // sockWaitPair connects a DEALER to a ROUTER bound at endpoint, starts a
