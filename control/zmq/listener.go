@@ -27,15 +27,6 @@ type listener struct {
 	live    *liveness
 	// told is when OnPeerAlive was last called for each peer.
 	told map[messages.PeerID]time.Time
-	// batch holds the messages one drain read, handled after the reads.
-	batch []routerMsg
-}
-
-// routerMsg is one message as recv read it.
-type routerMsg struct {
-	id, key string
-	payload []byte
-	parts   int
 }
 
 // binding is what a connection said it is in its Hello.
@@ -98,14 +89,23 @@ func (s *listener) waitLoop(stop <-chan struct{}, failed string, wait func() err
 	}
 }
 
-// drain reads up to maxBatch messages from the ROUTER without waiting,
-// then handles them, and reports whether it left the ROUTER empty. The
-// reads come first so that, once a frame was delivered, the goroutine
-// parks without another cgo call (sockWait.serve).
+// drain reads up to maxBatch messages from the ROUTER without waiting and
+// handles each, and reports whether it left the ROUTER empty. Each message
+// is handled after the next receive, so that the last one is delivered
+// after the receive that found the ROUTER empty and the goroutine then
+// parks without another cgo call (sockWait.serve): the mailbox goroutine
+// that delivery readied runs on this goroutine's P at once, instead of
+// being stolen, while this goroutine sits in a cgo call, by a thread
+// woken for it on another CPU.
 func (s *listener) drain() (empty bool) {
-	s.batch = s.batch[:0]
+	var (
+		id, key string
+		payload []byte
+		parts   int
+		held    bool // id, key, payload, parts: read, not yet handled
+	)
 	for range maxBatch {
-		id, payload, key, parts, err := s.recv()
+		nid, npayload, nkey, nparts, err := s.recv()
 		if err != nil {
 			// Any other error is logged and taken as empty too: the
 			// next signal or the poll's deadline tries again.
@@ -115,12 +115,13 @@ func (s *listener) drain() (empty bool) {
 			empty = true
 			break
 		}
-		s.batch = append(s.batch, routerMsg{id: id, key: key, payload: payload, parts: parts})
+		if held {
+			s.handle(id, payload, key, parts)
+		}
+		id, payload, key, parts, held = nid, npayload, nkey, nparts, true
 	}
-	for i := range s.batch {
-		m := &s.batch[i]
-		s.handle(m.id, m.payload, m.key, m.parts)
-		*m = routerMsg{} // the payload is the frame's now
+	if held {
+		s.handle(id, payload, key, parts)
 	}
 	return empty
 }
