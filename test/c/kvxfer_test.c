@@ -292,19 +292,61 @@ static void test_transfer(void) {
     printf("ok   close: handle table empty\n");
 }
 
+/* Two engines for a layer-parts test: a prefill engine over the caller's
+ * pool of pool_bytes and a decode engine with its own. */
+struct pair {
+    uint8_t *pool;
+    kvxfer_engine_t p, d;
+    kvxfer_group_info gi, dgi;
+};
+
+static struct pair open_pair(const char *prefill, const char *decode) {
+    struct pair e = {.pool = aligned_alloc(4096, 1 << 20)};
+    e.p = open_engine(prefill, e.pool, 1 << 20);
+    e.d = open_engine(decode, NULL, 1 << 20);
+    OK(kvxfer_engine_group(e.p, 0, &e.gi));
+    OK(kvxfer_engine_group(e.d, 0, &e.dgi));
+    return e;
+}
+
+/* Waits for tx's DONE of all nblocks blocks and rx's READY, checks every
+ * byte of rx's blocks against request req's pattern, then frees and
+ * releases everything and closes both engines; returns the bytes checked. */
+static uint64_t land_and_close(struct pair *e, kvxfer_request_t tx, kvxfer_request_t rx, int32_t *src, uint32_t nblocks,
+                               int req) {
+    kvxfer_event ev = wait_event(e->p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK, "tx outcome %d error %d", ev.outcome, ev.error);
+    CHECK(ev.bytes == (uint64_t)nblocks * e->gi.block_bytes, "tx bytes %llu", (unsigned long long)ev.bytes);
+    ev = wait_event(e->d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %d", ev.outcome, ev.error);
+    int32_t dst[16];
+    uint32_t n = 0;
+    int32_t first = -1;
+    CHECK(nblocks <= 16, "%u blocks", nblocks);
+    OK(kvxfer_request_blocks(rx, 0, dst, 16, &n, &first));
+    CHECK(n == nblocks && first == 0, "n %u first %d", n, first);
+    uint64_t checked = check_blocks(e->d, &e->dgi, dst, n, req);
+    OK(kvxfer_request_free_blocks(rx));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(e->p, 0, src, nblocks));
+    OK(kvxfer_engine_close(e->p, 5000));
+    OK(kvxfer_engine_close(e->d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    free(e->pool);
+    return checked;
+}
+
 /* A chunk's KV handed layer by layer (kvxfer_chunk_layers), as vLLM's
  * save_kv_layer produces it: each part fenced and its layer written only
  * after it was handed; bad layers and a part out of order are refused
  * naming the layers, and the request goes on; one chunk goes whole
  * (0, 0, 0). Every byte of every layer arrives. */
 static void test_layer_parts(void) {
-    uint64_t pool_bytes = 1 << 20;
-    uint8_t *pool = aligned_alloc(4096, pool_bytes);
-    kvxfer_engine_t p = open_engine("c-lp-prefill", pool, pool_bytes);
-    kvxfer_engine_t d = open_engine("c-lp-decode", NULL, pool_bytes);
-    kvxfer_group_info gi, dgi;
-    OK(kvxfer_engine_group(p, 0, &gi));
-    OK(kvxfer_engine_group(d, 0, &dgi));
+    struct pair e = open_pair("c-lp-prefill", "c-lp-decode");
+    kvxfer_engine_t p = e.p, d = e.d;
+    kvxfer_group_info gi = e.gi;
+    uint8_t *pool = e.pool;
     const int layers = 2, prompt = 80, nblocks = 5; /* chunks [0,32) [32,64) [64,80) */
     const uint64_t per = gi.block_bytes / layers;   /* a block is ordered layer first */
     int32_t src[5];
@@ -347,25 +389,7 @@ static void test_layer_parts(void) {
                     pool[gi.offset + src[b] * gi.block_bytes + l * per + i] = pattern(2, b, l * per + i);
         OK(kvxfer_fence_ready(f));
     }
-    kvxfer_event ev = wait_event(p, tx);
-    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK, "tx outcome %d error %d", ev.outcome, ev.error);
-    CHECK(ev.bytes == (uint64_t)nblocks * gi.block_bytes, "tx bytes %llu", (unsigned long long)ev.bytes);
-    ev = wait_event(d, rx);
-    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %d", ev.outcome, ev.error);
-    int32_t dst[5];
-    uint32_t n = 0;
-    int32_t first = -1;
-    OK(kvxfer_request_blocks(rx, 0, dst, 5, &n, &first));
-    CHECK(n == 5 && first == 0, "n %u first %d", n, first);
-    uint64_t checked = check_blocks(d, &dgi, dst, n, 2);
-    OK(kvxfer_request_free_blocks(rx));
-    OK(kvxfer_request_release(rx));
-    OK(kvxfer_request_release(tx));
-    OK(kvxfer_blocks_free(p, 0, src, nblocks));
-    OK(kvxfer_engine_close(p, 5000));
-    OK(kvxfer_engine_close(d, 5000));
-    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
-    free(pool);
+    uint64_t checked = land_and_close(&e, tx, rx, src, nblocks, 2);
     printf("ok   layer parts: %llu bytes verified, bad and out-of-order parts refused\n", (unsigned long long)checked);
 }
 
@@ -436,13 +460,10 @@ static void test_layer_parts_cuda(void) {
         printf("skip layer parts behind CUDA events: no CUDA driver with a device here\n");
         return;
     }
-    uint64_t pool_bytes = 1 << 20;
-    uint8_t *pool = aligned_alloc(4096, pool_bytes);
-    kvxfer_engine_t p = open_engine("c-lpc-prefill", pool, pool_bytes);
-    kvxfer_engine_t d = open_engine("c-lpc-decode", NULL, pool_bytes);
-    kvxfer_group_info gi, dgi;
-    OK(kvxfer_engine_group(p, 0, &gi));
-    OK(kvxfer_engine_group(d, 0, &dgi));
+    struct pair e = open_pair("c-lpc-prefill", "c-lpc-decode");
+    kvxfer_engine_t p = e.p, d = e.d;
+    kvxfer_group_info gi = e.gi;
+    uint8_t *pool = e.pool;
     enum { layers = 2, prompt = 64, nblocks = 4, req = 3 }; /* chunks [0,32) [32,64) */
     const uint64_t bb = gi.block_bytes, per = bb / layers, total = nblocks * bb;
     int32_t src[nblocks];
@@ -474,28 +495,10 @@ static void test_layer_parts_cuda(void) {
                                         (uint64_t)(uintptr_t)events[k], 0));
         }
     }
-    kvxfer_event ev = wait_event(p, tx);
-    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK, "tx outcome %d error %d", ev.outcome, ev.error);
-    CHECK(ev.bytes == total, "tx bytes %llu, want %llu", (unsigned long long)ev.bytes, (unsigned long long)total);
-    ev = wait_event(d, rx);
-    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %d", ev.outcome, ev.error);
-    int32_t dst[nblocks];
-    uint32_t n = 0;
-    int32_t first = -1;
-    OK(kvxfer_request_blocks(rx, 0, dst, nblocks, &n, &first));
-    CHECK(n == nblocks && first == 0, "n %u first %d", n, first);
-    uint64_t checked = check_blocks(d, &dgi, dst, n, req);
-    OK(kvxfer_request_free_blocks(rx));
-    OK(kvxfer_request_release(rx));
-    OK(kvxfer_request_release(tx));
-    OK(kvxfer_blocks_free(p, 0, src, nblocks));
-    OK(kvxfer_engine_close(p, 5000));
-    OK(kvxfer_engine_close(d, 5000));
-    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    uint64_t checked = land_and_close(&e, tx, rx, src, nblocks, req);
     for (int i = 0; i < k; i++) CHECK(cu.event_destroy(events[i]) == 0, "event %d destroyed", i);
     CHECK(cu.mem_free(stage) == 0 && cu.stream_destroy(stream) == 0 && cu.ctx_release(0) == 0, "driver cleanup");
     free(host);
-    free(pool);
     printf("ok   layer parts behind CUDA events: %llu bytes verified\n", (unsigned long long)checked);
 }
 
