@@ -293,7 +293,7 @@ static void test_transfer(void) {
 }
 
 /* Two engines for a layer-parts test: a prefill engine over the caller's
- * pool of pool_bytes and a decode engine with its own. */
+ * pool of 1 MiB and a decode engine with its own. */
 struct pair {
     uint8_t *pool;
     kvxfer_engine_t p, d;
