@@ -292,8 +292,9 @@ static void test_transfer(void) {
     printf("ok   close: handle table empty\n");
 }
 
-/* Two engines for a layer-parts test: a prefill engine over the caller's
- * pool of 1 MiB and a decode engine with its own. */
+/* Two engines for a layer-parts test: a prefill engine over a 1 MiB pool
+ * the test owns (pool; land_and_close frees it) and a decode engine with
+ * a pool of its own. */
 struct pair {
     uint8_t *pool;
     kvxfer_engine_t p, d;
