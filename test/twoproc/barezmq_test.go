@@ -1,6 +1,7 @@
 package twoproc
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -22,6 +23,11 @@ const (
 	echoRole     = "zmqecho"
 	echoEndpoint = "KVXFER_TEST_ECHO_ENDPOINT"
 	echoSecret   = "KVXFER_TEST_ECHO_SECRET" // empty: no CURVE
+	// pingRole is the DEALER side as a child process (for the pinned
+	// runs): pingArgs holds "n pause server-public-key" (the key "-" for
+	// no CURVE); it prints each round trip's nanoseconds, one JSON array.
+	pingRole = "zmqping"
+	pingArgs = "KVXFER_TEST_PING_ARGS"
 )
 
 // runEcho is the child: bind a ROUTER, say "ready", echo until stdin closes.
@@ -81,15 +87,16 @@ func freeTCP(t testing.TB) string {
 
 // bareRoundTrips runs n 128-byte round trips against an echo child, each
 // after idling pause, and returns each one's duration (after 200
-// unmeasured).
-func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration) []time.Duration {
+// unmeasured). pinned: the echo child runs on CPU 1 and the DEALER in a
+// child of its own on CPU 0 (see pinnedCPUs), as the engine's pinned runs.
+func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration, pinned bool) []time.Duration {
 	b.Helper()
 	ep := freeTCP(b)
 	if transport == "ipc" {
 		ep = "ipc://" + filepath.Join(b.TempDir(), "echo.sock")
 	}
 	env := []string{roleEnv + "=" + echoRole, echoEndpoint + "=" + ep}
-	var srvPub string
+	srvPub := "-"
 	if curve {
 		pub, sec, err := zmq4.NewCurveKeypair()
 		if err != nil {
@@ -98,7 +105,8 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 		srvPub = pub
 		env = append(env, echoSecret+"="+sec)
 	}
-	c := spawnEnv(b, env)
+	c := spawnOn(b, env, cpuIf(pinned, 1))
+	defer c.stop()
 	deadline := time.After(30 * time.Second)
 	for ready := false; !ready; {
 		select {
@@ -111,27 +119,62 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 			b.Fatal("echo process not ready within 30 s")
 		}
 	}
-	d, err := zmq4.NewSocket(zmq4.DEALER)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	if curve {
-		pub, sec, err := zmq4.NewCurveKeypair()
+	if !pinned {
+		out, err := ping(ep, srvPub, n, pause)
 		if err != nil {
 			b.Fatal(err)
 		}
+		return out
+	}
+	p := spawnOn(b, []string{roleEnv + "=" + pingRole, echoEndpoint + "=" + ep,
+		pingArgs + "=" + fmt.Sprintf("%d %d %s", n, pause, srvPub)}, 0)
+	defer p.stop()
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				b.Fatal("ping process ended without its round trips")
+			}
+			var ns []int64
+			if !strings.HasPrefix(l, "[") || json.Unmarshal([]byte(l), &ns) != nil {
+				continue
+			}
+			out := make([]time.Duration, len(ns))
+			for i, v := range ns {
+				out[i] = time.Duration(v)
+			}
+			return out
+		case <-time.After(2 * time.Minute):
+			b.Fatal("ping process: no round trips within 2 minutes")
+		}
+	}
+}
+
+// ping is the DEALER side: n round trips of a 128-byte frame to the echo
+// ROUTER at ep (CURVE with its public key srvPub unless "-"), each after
+// idling pause, after 200 unmeasured.
+func ping(ep, srvPub string, n int, pause time.Duration) ([]time.Duration, error) {
+	d, err := zmq4.NewSocket(zmq4.DEALER)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	if srvPub != "-" {
+		pub, sec, err := zmq4.NewCurveKeypair()
+		if err != nil {
+			return nil, err
+		}
 		for _, e := range []error{d.SetCurveServerkey(srvPub), d.SetCurvePublickey(pub), d.SetCurveSecretkey(sec)} {
 			if e != nil {
-				b.Fatal(e)
+				return nil, e
 			}
 		}
 	}
 	if err := d.SetLinger(0); err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
 	if err := d.Connect(ep); err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
 	frame := make([]byte, 128)
 	out := make([]time.Duration, 0, n)
@@ -141,21 +184,46 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 		}
 		t0 := time.Now()
 		if _, err := d.SendBytes(frame, 0); err != nil {
-			b.Fatal(err)
+			return nil, err
 		}
 		got, err := d.RecvBytes(0)
 		if err != nil {
-			b.Fatal(err)
+			return nil, err
 		}
 		if len(got) != len(frame) {
-			b.Fatalf("echo: %d bytes back, sent %d", len(got), len(frame))
+			return nil, fmt.Errorf("echo: %d bytes back, sent %d", len(got), len(frame))
 		}
 		if i >= 0 {
 			out = append(out, time.Since(t0))
 		}
 	}
-	c.stop()
-	return out
+	return out, nil
+}
+
+// runPing is the ping child: ping as pingArgs says, then print the round
+// trips' nanoseconds as one JSON array.
+func runPing() int {
+	var (
+		n      int
+		pause  time.Duration
+		srvPub string
+	)
+	if _, err := fmt.Sscan(os.Getenv(pingArgs), &n, &pause, &srvPub); err != nil {
+		fmt.Fprintln(os.Stderr, "ping: bad", pingArgs+":", err)
+		return 2
+	}
+	out, err := ping(os.Getenv(echoEndpoint), srvPub, n, pause)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ping:", err)
+		return 1
+	}
+	ns := make([]int64, len(out))
+	for i, d := range out {
+		ns[i] = d.Nanoseconds()
+	}
+	b, _ := json.Marshal(ns)
+	fmt.Println(string(b))
+	return 0
 }
 
 func percentile(ds []time.Duration, q float64) time.Duration {

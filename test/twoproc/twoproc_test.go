@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,8 +72,11 @@ func TestMain(m *testing.M) {
 
 // runRole is the child process.
 func runRole(role string) int {
-	if role == echoRole {
+	switch role {
+	case echoRole:
 		return runEcho()
+	case pingRole:
+		return runPing()
 	}
 	var o proc.Options
 	if err := json.Unmarshal([]byte(os.Getenv(optsEnv)), &o); err != nil {
@@ -107,18 +112,54 @@ type child struct {
 // added to this process's environment.
 func spawn(t testing.TB, role string, o proc.Options, env ...string) *child {
 	t.Helper()
+	return spawnRole(t, role, o, -1, env...)
+}
+
+// spawnRole is spawn with the child on CPU cpu only (< 0: any).
+func spawnRole(t testing.TB, role string, o proc.Options, cpu int, env ...string) *child {
+	t.Helper()
 	b, err := json.Marshal(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return spawnEnv(t, append([]string{roleEnv + "=" + role, optsEnv + "=" + string(b)}, env...))
+	return spawnOn(t, append([]string{roleEnv + "=" + role, optsEnv + "=" + string(b)}, env...), cpu)
+}
+
+// pinnedCPUs says whether the pinned benchmark runs can: two CPUs and
+// taskset. A pinned run puts each of its two processes on a CPU of its
+// own, as a prefill and a decode host would each have theirs: the
+// generation side (and the bare ping-pong's DEALER) on CPU 0, the context
+// side (and the echo ROUTER) on CPU 1.
+func pinnedCPUs() error {
+	if runtime.NumCPU() < 2 {
+		return fmt.Errorf("%d CPU", runtime.NumCPU())
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// cpuIf is cpu when pinned, else -1 (any CPU).
+func cpuIf(pinned bool, cpu int) int {
+	if pinned {
+		return cpu
+	}
+	return -1
 }
 
 // spawnEnv starts the test binary as a child with env added to this
 // process's environment.
-func spawnEnv(t testing.TB, env []string) *child {
+func spawnEnv(t testing.TB, env []string) *child { t.Helper(); return spawnOn(t, env, -1) }
+
+// spawnOn is spawnEnv with the child on CPU cpu only (taskset), or on any
+// CPU when cpu < 0. Go then runs the child with GOMAXPROCS 1.
+func spawnOn(t testing.TB, env []string, cpu int) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if cpu >= 0 {
+		cmd = exec.Command("taskset", "-c", strconv.Itoa(cpu), os.Args[0], "-test.run=^$")
+	}
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -374,13 +415,19 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 // Beside it, in the same run, the bare-zmq baseline: a DEALER/ROUTER
 // ping-pong of one 128-byte frame between two processes over tcp and
 // ipc://, with and without CURVE (the engine runs with CURVE), and over
-// tcp with CURVE after the same pause.
+// tcp with CURVE after the same pause. The pinned runs (engine and bare,
+// over tcp with CURVE, back to back and after the pause) put each of the
+// two processes on a CPU of its own, as on two hosts, instead of both
+// sharing every CPU (pinnedCPUs; skipped without two CPUs and taskset).
 func BenchmarkControlRoundTrip(b *testing.B) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
 		Groups: kvcache.FullAttention(1)}
 	const pause = 2 * time.Millisecond
-	engine := func(conc int, tcp bool, pause time.Duration) func(b *testing.B) {
+	engine := func(conc int, tcp bool, pause time.Duration, pinned bool) func(b *testing.B) {
 		return func(b *testing.B) {
+			if err := pinnedCPUs(); pinned && err != nil {
+				b.Skipf("no pinned run here: %v", err)
+			}
 			for i := 0; i < b.N; i++ {
 				g, c := options(b, 2000, 0)
 				if tcp {
@@ -394,8 +441,8 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 					o.Heartbeat = time.Second
 				}
 				g.Pause = pause
-				gen := spawn(b, "gen", g, quietEnv+"=1")
-				ctx := spawn(b, "ctx", c, quietEnv+"=1")
+				gen := spawnRole(b, "gen", g, cpuIf(pinned, 0), quietEnv+"=1")
+				ctx := spawnRole(b, "ctx", c, cpuIf(pinned, 1), quietEnv+"=1")
 				cr, cerr := ctx.wait(b, 2*time.Minute)
 				gr, gerr := gen.wait(b, 2*time.Minute)
 				if cerr != nil || gerr != nil || gr.OK != 2000 {
@@ -407,10 +454,13 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			}
 		}
 	}
-	bare := func(transport string, curve bool, pause time.Duration) func(b *testing.B) {
+	bare := func(transport string, curve bool, pause time.Duration, pinned bool) func(b *testing.B) {
 		return func(b *testing.B) {
+			if err := pinnedCPUs(); pinned && err != nil {
+				b.Skipf("no pinned run here: %v", err)
+			}
 			for i := 0; i < b.N; i++ {
-				rt := bareRoundTrips(b, transport, curve, 2000, pause)
+				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned)
 				b.ReportMetric(float64(percentile(rt, 0.5))/1e3, "p50-us")
 				b.ReportMetric(float64(percentile(rt, 0.99))/1e3, "p99-us")
 				b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
@@ -418,18 +468,22 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 		}
 	}
 	for _, conc := range []int{1, 64} {
-		b.Run(fmt.Sprintf("concurrency=%d", conc), engine(conc, false, 0))
+		b.Run(fmt.Sprintf("concurrency=%d", conc), engine(conc, false, 0, false))
 	}
-	b.Run("tcp/concurrency=1", engine(1, true, 0))
-	b.Run("tcp/concurrency=1/pause=2ms", engine(1, true, pause))
+	b.Run("tcp/concurrency=1", engine(1, true, 0, false))
+	b.Run("tcp/concurrency=1/pause=2ms", engine(1, true, pause, false))
+	b.Run("tcp/concurrency=1/pinned", engine(1, true, 0, true))
+	b.Run("tcp/concurrency=1/pause=2ms/pinned", engine(1, true, pause, true))
 	for _, transport := range []string{"tcp", "ipc"} {
 		for _, curve := range []bool{false, true} {
 			name := "bare-zmq/" + transport
 			if curve {
 				name += "+curve"
 			}
-			b.Run(name, bare(transport, curve, 0))
+			b.Run(name, bare(transport, curve, 0, false))
 		}
 	}
-	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause))
+	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, false))
+	b.Run("bare-zmq/tcp+curve/pinned", bare("tcp", true, 0, true))
+	b.Run("bare-zmq/tcp+curve/pause=2ms/pinned", bare("tcp", true, pause, true))
 }
