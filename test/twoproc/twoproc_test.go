@@ -472,8 +472,8 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	}
 	b.Run("tcp/concurrency=1", engine(1, true, 0, false))
 	b.Run("tcp/concurrency=1/pause=2ms", engine(1, true, pause, false))
-	b.Run("tcp/concurrency=1/pinned", engine(1, true, 0, true))
-	b.Run("tcp/concurrency=1/pause=2ms/pinned", engine(1, true, pause, true))
+	b.Run("pinned/tcp/concurrency=1", engine(1, true, 0, true))
+	b.Run("pinned/tcp/concurrency=1/pause=2ms", engine(1, true, pause, true))
 	for _, transport := range []string{"tcp", "ipc"} {
 		for _, curve := range []bool{false, true} {
 			name := "bare-zmq/" + transport
@@ -484,6 +484,6 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 		}
 	}
 	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, false))
-	b.Run("bare-zmq/tcp+curve/pinned", bare("tcp", true, 0, true))
-	b.Run("bare-zmq/tcp+curve/pause=2ms/pinned", bare("tcp", true, pause, true))
+	b.Run("pinned/bare-zmq/tcp+curve", bare("tcp", true, 0, true))
+	b.Run("pinned/bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, true))
 }
