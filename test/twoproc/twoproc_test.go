@@ -148,12 +148,9 @@ func cpuIf(pinned bool, cpu int) int {
 	return -1
 }
 
-// spawnEnv starts the test binary as a child with env added to this
-// process's environment.
-func spawnEnv(t testing.TB, env []string) *child { t.Helper(); return spawnOn(t, env, -1) }
-
-// spawnOn is spawnEnv with the child on CPU cpu only (taskset), or on any
-// CPU when cpu < 0. Go then runs the child with GOMAXPROCS 1.
+// spawnOn starts the test binary as a child with env added to this
+// process's environment, on CPU cpu only (taskset; Go then runs the child
+// with GOMAXPROCS 1), or on any CPU when cpu < 0.
 func spawnOn(t testing.TB, env []string, cpu int) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
