@@ -5,7 +5,11 @@
 // on, across all the directories given.
 //
 //	KVXFER_HOPTRACE=$dir go test -tags kvxfer_hoptrace ./test/twoproc \
-//	    -run '^$' -bench 'ControlRoundTrip/^tcp$' -benchtime 1x
+//	    -run '^$' -bench 'ControlRoundTrip/^tcp$/^concurrency=1$/^$' -benchtime 1x
+//
+// (One benchmark per directory: a pattern with fewer levels than a
+// benchmark's name also runs the longer names below it, and their request
+// ids would collide; hopstat refuses a directory of more than two files.)
 //	go run ./internal/hoptrace/hopstat $dir...
 package main
 
@@ -72,6 +76,12 @@ func load(dir string) (map[string]map[string]int64, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.tsv"))
 	if err != nil {
 		return nil, err
+	}
+	// One run is two processes. More files are more runs, whose request
+	// ids collide: a -bench pattern with fewer levels than a benchmark's
+	// name also runs the longer names below it (add a last level "^$").
+	if len(files) != 2 {
+		return nil, fmt.Errorf("hopstat: %s holds %d trace files, want the 2 of one run (gen and ctx)", dir, len(files))
 	}
 	reqs := map[string]map[string]int64{}
 	for _, name := range files {
