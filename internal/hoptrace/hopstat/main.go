@@ -6,11 +6,11 @@
 //
 //	KVXFER_HOPTRACE=$dir go test -tags kvxfer_hoptrace ./test/twoproc \
 //	    -run '^$' -bench 'ControlRoundTrip/^tcp$/^concurrency=1$/^$' -benchtime 1x
-//
-// (One benchmark per directory: a pattern with fewer levels than a
-// benchmark's name also runs the longer names below it, and their request
-// ids would collide; hopstat refuses a directory of more than two files.)
 //	go run ./internal/hoptrace/hopstat $dir...
+//
+// One benchmark per directory: a pattern with fewer levels than a
+// benchmark's name also runs the longer names below it, and their request
+// ids would collide; hopstat refuses a directory of more than two files.
 package main
 
 import (
