@@ -11,7 +11,6 @@ package proc
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -171,6 +170,22 @@ func Prompts(o Options) []int {
 		out[i] = o.MinTokens + rng.IntN(o.MaxTokens-o.MinTokens+1)
 	}
 	return out
+}
+
+// checkLayerParts refuses more layer parts than the model has layers,
+// before anything opens. An unknown model is left to the engine to name.
+func (o Options) checkLayerParts() error {
+	l, err := kvcache.Layout{}, error(nil)
+	if o.Layout != nil {
+		l = *o.Layout
+	} else if l, err = kvcache.Preset(o.Model); err != nil {
+		return nil
+	}
+	if o.LayerParts > l.Layers {
+		return fmt.Errorf("proc: --layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
+			o.LayerParts, l.Name, l.Layers)
+	}
+	return nil
 }
 
 // handedCount counts what the context role handed over.
@@ -448,15 +463,12 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return rep, err
 	}
+	if err := o.checkLayerParts(); err != nil {
+		return rep, err
+	}
 	n, err := open(ctx, o, true)
 	if err != nil {
 		return rep, err
-	}
-	if l := n.eng.Layout(); o.LayerParts > l.Layers {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return rep, errors.Join(fmt.Errorf("proc: --layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
-			o.LayerParts, l.Name, l.Layers), n.Close(cctx))
 	}
 	t0 := time.Now()
 	var mu sync.Mutex

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -59,5 +60,31 @@ func TestDiscoveryOptionsRefused(t *testing.T) {
 	}
 	if ps := o.peers(); len(ps) != 2 || ps[1].Rank.TP != 1 || ps[1].Endpoint != "" || ps[1].Parallel.TP != 2 {
 		t.Fatalf("peers of a TP2 peer instance through etcd: %+v", ps)
+	}
+}
+
+// TestLayerPartsRefused: more layer parts than the model has layers, or
+// fewer than 0, are named before anything opens; up to the layers pass.
+func TestLayerPartsRefused(t *testing.T) {
+	tiny := kvcache.Layout{Name: "tiny", Layers: 2, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
+		Groups: kvcache.FullAttention(2)}
+	for _, c := range []struct {
+		o    Options
+		want string // "" passes
+	}{
+		{Options{Model: "Llama-3.1-8B", LayerParts: 33}, "--layer-parts = 33: Llama-3.1-8B has 32 layers"},
+		{Options{Model: "Llama-3.1-8B", LayerParts: 32}, ""},
+		{Options{Model: "Llama-3.1-8B"}, ""},
+		{Options{Layout: &tiny, LayerParts: 3}, "--layer-parts = 3: tiny has 2 layers"},
+		{Options{Model: "no-such-model", LayerParts: 3}, ""}, // the engine names the model
+	} {
+		err := c.o.checkLayerParts()
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%q %d parts: %v, want %q", c.o.Model, c.o.LayerParts, err, c.want)
+		}
+	}
+	o := Options{Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1, LayerParts: -1}
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--layer-parts = -1") {
+		t.Errorf("-1 parts: %v", err)
 	}
 }
