@@ -175,11 +175,15 @@ func Prompts(o Options) []int {
 // checkLayerParts refuses more layer parts than the model has layers,
 // before anything opens. An unknown model is left to the engine to name.
 func (o Options) checkLayerParts() error {
-	l, err := kvcache.Layout{}, error(nil)
+	var l kvcache.Layout
 	if o.Layout != nil {
 		l = *o.Layout
-	} else if l, err = kvcache.Preset(o.Model); err != nil {
-		return nil
+	} else {
+		p, err := kvcache.Preset(o.Model)
+		if err != nil {
+			return nil // the engine names an unknown model
+		}
+		l = p
 	}
 	if o.LayerParts > l.Layers {
 		return fmt.Errorf("proc: --layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
