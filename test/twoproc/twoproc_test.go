@@ -420,6 +420,9 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
 		Groups: kvcache.FullAttention(1)}
 	const pause = 2 * time.Millisecond
+	// got holds each sub-benchmark's last p50 and p99 (µs), for the
+	// engine / bare ratios logged at the end.
+	got := map[string][2]float64{}
 	engine := func(conc int, tcp bool, pause time.Duration, pinned bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			if err := pinnedCPUs(); pinned && err != nil {
@@ -448,6 +451,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				b.ReportMetric(gr.LatencyP50Us, "p50-us")
 				b.ReportMetric(gr.LatencyP99Us, "p99-us")
 				b.ReportMetric(float64(gr.OK)/gr.Seconds, "req/s")
+				got[subName(b)] = [2]float64{gr.LatencyP50Us, gr.LatencyP99Us}
 			}
 		}
 	}
@@ -458,9 +462,11 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			}
 			for i := 0; i < b.N; i++ {
 				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned)
-				b.ReportMetric(float64(percentile(rt, 0.5))/1e3, "p50-us")
-				b.ReportMetric(float64(percentile(rt, 0.99))/1e3, "p99-us")
+				p50, p99 := float64(percentile(rt, 0.5))/1e3, float64(percentile(rt, 0.99))/1e3
+				b.ReportMetric(p50, "p50-us")
+				b.ReportMetric(p99, "p99-us")
 				b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
+				got[subName(b)] = [2]float64{p50, p99}
 			}
 		}
 	}
@@ -483,4 +489,26 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, false))
 	b.Run("pinned/bare-zmq/tcp+curve", bare("tcp", true, 0, true))
 	b.Run("pinned/bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, true))
+	// The engine runs with CURVE: its baseline is bare zmq with CURVE,
+	// measured in this same run. Printed, not logged: a benchmark's log
+	// shows only under -v.
+	for _, r := range [][2]string{
+		{"tcp/concurrency=1", "bare-zmq/tcp+curve"},
+		{"tcp/concurrency=1/pause=2ms", "bare-zmq/tcp+curve/pause=2ms"},
+		{"pinned/tcp/concurrency=1", "pinned/bare-zmq/tcp+curve"},
+		{"pinned/tcp/concurrency=1/pause=2ms", "pinned/bare-zmq/tcp+curve/pause=2ms"},
+	} {
+		e, okE := got[r[0]]
+		z, okZ := got[r[1]]
+		if okE && okZ && z[0] > 0 && z[1] > 0 {
+			fmt.Printf("ControlRoundTrip %s / %s: p50 %.2fx (%.1f / %.1f µs), p99 %.2fx\n", r[0], r[1], e[0]/z[0], e[0], z[0], e[1]/z[1])
+		}
+	}
+}
+
+// subName is b's name below BenchmarkControlRoundTrip, without the
+// GOMAXPROCS suffix Go adds only when printing.
+func subName(b *testing.B) string {
+	_, name, _ := strings.Cut(b.Name(), "/")
+	return name
 }
