@@ -25,6 +25,8 @@ type partLink struct {
 	held []func()
 	// older: Hello shows every peer as a version without features would.
 	older atomic.Bool
+	// atCtx counts the RequestData frames delivered to the context side.
+	atCtx atomic.Int64
 }
 
 func (p *partLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
@@ -39,7 +41,12 @@ func (p *partLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
 
 func (p *partLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
 	if self.From.Instance != "gen" {
-		return p.MemLink.Listen(self, deliver)
+		return p.MemLink.Listen(self, func(f messages.Frame) {
+			if _, ok := f.(*messages.RequestData); ok {
+				p.atCtx.Add(1)
+			}
+			deliver(f)
+		})
 	}
 	return p.MemLink.Listen(self, func(f messages.Frame) {
 		p.mu.Lock()
@@ -68,6 +75,20 @@ func (p *partLink) heldFrames() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.held)
+}
+
+// receiveAtWriter opens request id (64 tokens from "ctx") on gen and waits
+// until the context side has its RequestData, so that the tests' premise —
+// the writer knows the request and may write — holds whatever the timing.
+func receiveAtWriter(t *testing.T, gen *kvxfer.Engine, link *partLink, id string) *kvxfer.RxHandle {
+	t.Helper()
+	before := link.atCtx.Load()
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, id+"'s RequestData at the context side", func() bool { return link.atCtx.Load() > before })
+	return rx
 }
 
 // startPartCluster starts a ctx TP1 and a gen TP1 engine on a partLink;
@@ -137,10 +158,7 @@ func TestSuspectedWriterQuarantinedUntilProof(t *testing.T) {
 	for _, st := range gen.Pools().Stats() {
 		total += st.Total
 	}
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q1", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx := receiveAtWriter(t, gen, link, "q1")
 	link.setCut(true)
 	gen.PeerDown(ctxE.Hello().From)
 	o := waitOutcome(t, rx.Done())
@@ -148,6 +166,10 @@ func TestSuspectedWriterQuarantinedUntilProof(t *testing.T) {
 		t.Fatalf("rx after suspicion: %s %v, want a failure matching ErrPeerGone", o.Status, o.Err)
 	}
 	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
+	// The handle fires at the outcome; the blocks move to quarantine in
+	// the same step's later effects, which may run after the CancelAck is
+	// held: wait for them (blocks freed instead would time out here).
+	waitUntil(t, "q1's blocks quarantined", func() bool { return gen.Pools().Quarantined() > 0 })
 	st := gen.Stats()
 	q := gen.Pools().Quarantined()
 	if st.QuarantinedBytes == 0 || q == 0 || st.QuarantineLimitBytes != 1 {
@@ -203,19 +225,14 @@ func TestWriterExitedFreesQuarantineAndIsNotAddressed(t *testing.T) {
 	c, link := startPartCluster(t, l, 0)
 	gen, ctxE := c.gen[0], c.ctx[0]
 	writer := ctxE.Hello().From
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "x1", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx := receiveAtWriter(t, gen, link, "x1")
 	link.setCut(true)
 	gen.PeerDown(writer)
 	if o := waitOutcome(t, rx.Done()); o.OK {
 		t.Fatalf("x1 after suspicion: %s", o.Status)
 	}
 	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
-	if q := gen.Pools().Quarantined(); q == 0 {
-		t.Fatal("nothing quarantined on suspicion")
-	}
+	waitUntil(t, "x1's blocks quarantined on suspicion", func() bool { return gen.Pools().Quarantined() > 0 })
 	if n, err := gen.WriterRequests(writer, ctxE.Hello().Incarnation); err != nil || n != 1 {
 		t.Fatalf("WriterRequests with x1 quarantined: %d, %v; want 1", n, err)
 	}
@@ -285,10 +302,7 @@ func TestCloseLeavesSuspectedBlocksQuarantined(t *testing.T) {
 	l := smallLayout()
 	c, link := startPartCluster(t, l, 0)
 	gen := c.gen[0]
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q1", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx := receiveAtWriter(t, gen, link, "q1")
 	link.setCut(true)
 	gen.PeerDown(c.ctx[0].Hello().From)
 	waitOutcome(t, rx.Done())

@@ -58,6 +58,9 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 		t.Fatalf("r1 after suspicion: %s %v, want a failure matching ErrPeerGone", o.Status, o.Err)
 	}
 	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
+	// The handle fires at the outcome; the revocation runs in the same
+	// step's later effects, which may come after the CancelAck is held.
+	waitUntil(t, "r1's blocks revoked", func() bool { return gen.Stats().BlocksRevoked > 0 && gen.Pools().Used() == 0 })
 	st := gen.Stats()
 	_, quar := rr.Spare()
 	if st.BlocksRevoked == 0 || st.QuarantinedBytes != 0 || gen.Pools().Quarantined() != 0 || gen.Pools().Used() != 0 || quar == 0 {
