@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestEtcdDiscoveryMovesARequest(t *testing.T) {
 	tp2 := node.Parallel{TP: 2, PP: 1}
 	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 2, Backend: shm.Backend,
 		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
-		Discovery: url, Cluster: "node-moves", DiscoveryTTL: node.Duration(2 * time.Second)}
+		Discovery: url, Cluster: clusterName("node-moves"), DiscoveryTTL: node.Duration(2 * time.Second)}
 	gc := base
 	gc.Instance, gc.Bind, gc.SecretKey = "gen", ep("gen"), newKeys(t).secret
 	var genEvents events
@@ -145,15 +146,16 @@ func TestEtcdDiscoveryMovesARequest(t *testing.T) {
 // wait's deadline.
 func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	url := etcdURL(t)
+	cluster := clusterName("node-never")
 	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
 		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
-		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: "node-never",
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
 		Peers: []node.Peer{{Instance: "ctx"}}}
 	genN := open(t, gc)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
 	defer cancel()
 	err := genN.WaitPeers(ctx)
-	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 (not registered in etcd cluster node-never)") {
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 (not registered in etcd cluster "+cluster+")") {
 		t.Fatalf("WaitPeers for a peer that never registers: %v, want ErrPeerSilent naming ctx/0 as not registered", err)
 	}
 	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx"})
@@ -243,7 +245,7 @@ func TestEtcdUnreachableFailsOpen(t *testing.T) {
 // WaitPeers names ctx/0 as silent.)
 func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 	url := etcdURL(t)
-	const cluster = "node-redial"
+	cluster := clusterName("node-redial")
 	dir := t.TempDir()
 	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 2, Backend: shm.Backend,
 		HeartbeatInterval: node.Duration(100 * time.Millisecond), TransferTimeout: node.Duration(patience),
@@ -301,7 +303,7 @@ func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 // registering again.
 func TestEtcdLostFailsTheNode(t *testing.T) {
 	url := etcdURL(t)
-	const cluster = "node-lost"
+	cluster := clusterName("node-lost")
 	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
 		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
 		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
@@ -319,7 +321,7 @@ func TestEtcdLostFailsTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, patience, "the node to fail", func() bool { return genN.Err() != nil })
-	if err := genN.Err(); !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "gen/0 in etcd cluster node-lost") {
+	if err := genN.Err(); !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "gen/0 in etcd cluster "+cluster) {
 		t.Fatalf("Err after the record was deleted: %v, want ErrMembershipLost naming gen/0 and the cluster", err)
 	}
 	if err := genN.WaitPeers(context.Background()); !errors.Is(err, node.ErrMembershipLost) {
@@ -336,9 +338,10 @@ func TestEtcdLostFailsTheNode(t *testing.T) {
 // its deadline.
 func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
 	url := etcdURL(t)
+	cluster := clusterName("node-pinned")
 	dir := t.TempDir()
 	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
-		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: "node-pinned"}
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
 	gc := base
 	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
 	gc.Peers = []node.Peer{{Instance: "ctx", PublicKey: newKeys(t).public}}
@@ -349,7 +352,7 @@ func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	err := genN.WaitPeers(ctx)
-	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0: its record in etcd cluster node-pinned was refused") ||
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0: its record in etcd cluster "+cluster+" was refused") ||
 		!strings.Contains(err.Error(), "not the key this node's config pins") {
 		t.Fatalf("WaitPeers with a pinned key etcd contradicts: %v, want ErrHandshake naming ctx/0 and the pinned key", err)
 	}
@@ -357,3 +360,10 @@ func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
 		t.Fatal("WaitPeers waited out its deadline")
 	}
 }
+
+var clusterSeq atomic.Int64
+
+// clusterName is base made unique within this test process, so that runs
+// of a test under -count do not meet an earlier run's records (a higher
+// incarnation of the same rank, say) in the shared etcd.
+func clusterName(base string) string { return fmt.Sprintf("%s-%d", base, clusterSeq.Add(1)) }
