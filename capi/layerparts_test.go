@@ -27,6 +27,32 @@ func openParts(t *testing.T, instance string) *Engine {
 	return e
 }
 
+// partsRequest is request id between a prefill engine (instance
+// capi-<id>-p) and a decode engine (capi-<id>-d), both opened on the parts
+// layout, with blocks source blocks allocated on the prefill side.
+type partsRequest struct {
+	p, d   *Engine
+	src    []kvcache.BlockID
+	tx, rx *Request
+	th, rh uint64
+}
+
+func openPartsRequest(t *testing.T, id string, prompt, blocks int) partsRequest {
+	t.Helper()
+	r := partsRequest{p: openParts(t, "capi-"+id+"-p"), d: openParts(t, "capi-"+id+"-d")}
+	var err error
+	if r.src, err = r.p.AllocBlocks(0, blocks); err != nil {
+		t.Fatal(err)
+	}
+	if r.rx, r.rh, err = r.d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: prompt, Context: "capi-" + id + "-p"}}); err != nil {
+		t.Fatal(err)
+	}
+	if r.tx, r.th, err = r.p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: prompt}}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func partPattern(req, blk, layer, i int) byte { return byte(req*53 + blk*31 + layer*17 + i*7 + 1) }
 
 // fillLayers writes the pattern of layers [lo, hi) of global block blk
@@ -75,24 +101,13 @@ func verifyLayers(t *testing.T, d *Engine, rx *Request, req int) int {
 // every byte of every layer at the receiver is the sender's.
 func TestChunkLayersTransfer(t *testing.T) {
 	base := HandleCount()
-	p, d := openParts(t, "capi-lp-p"), openParts(t, "capi-lp-d")
 	const prompt, req = 100, 3
 	chunks, err := kvcache.Chunks(prompt, 32, 16)
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := p.AllocBlocks(0, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "lp", PromptLen: prompt, Context: "capi-lp-p"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "lp", PromptLen: prompt}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openPartsRequest(t, "lp", prompt, 7)
+	p, src, tx := r.p, r.src, r.tx
 	split := []kvcache.LayerPart{{Lo: 0, Hi: 1, Of: 4}, {Lo: 1, Hi: 3, Of: 4}, {Lo: 3, Hi: 4, Of: 4}}
 	for ci, c := range chunks {
 		parts := split
@@ -118,9 +133,8 @@ func TestChunkLayersTransfer(t *testing.T) {
 			}
 		}
 	}
-	want := 7 * p.Info().BytesPerToken * 16
-	landed(t, p, d, th, rh, rx, req, want)
-	release(t, p, d, rx, src, base)
+	r.landed(t, req, 7*p.Info().BytesPerToken*16)
+	r.release(t, base)
 }
 
 // TestChunkLayersRefused: bad layers (negative, empty, past the model,
@@ -131,22 +145,11 @@ func TestChunkLayersTransfer(t *testing.T) {
 // every byte.
 func TestChunkLayersRefused(t *testing.T) {
 	base := HandleCount()
-	p, d := openParts(t, "capi-lpr-p"), openParts(t, "capi-lpr-d")
 	const prompt, req = 64, 5
-	src, err := p.AllocBlocks(0, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openPartsRequest(t, "lpr", prompt, 4)
+	p, src, tx := r.p, r.src, r.tx
 	for b, id := range src { // written before the chunks: no fences needed
 		fillLayers(p, id, b, req, 0, partsLayers)
-	}
-	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "lpr", PromptLen: prompt, Context: "capi-lpr-p"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "lpr", PromptLen: prompt}})
-	if err != nil {
-		t.Fatal(err)
 	}
 	r0 := []kvcache.BlockRun{{First: 0, IDs: src[:2]}}
 	r1 := []kvcache.BlockRun{{First: 2, IDs: src[2:]}}
@@ -207,9 +210,8 @@ func TestChunkLayersRefused(t *testing.T) {
 		}
 	}
 	refuse(32, 64, kvcache.LayerPart{Lo: 0, Hi: 4, Of: 4}, r1, "after the last chunk")
-	want := 4 * p.Info().BytesPerToken * 16
-	landed(t, p, d, th, rh, rx, req, want)
-	release(t, p, d, rx, src, base)
+	r.landed(t, req, 4*p.Info().BytesPerToken*16)
+	r.release(t, base)
 }
 
 // TestChunkLayersCUDA (on the fake driver, in a child process): every
@@ -221,20 +223,9 @@ func TestChunkLayersCUDA(t *testing.T) {
 	}
 	base := HandleCount()
 	dev, s := fakeStream(t)
-	p, d := openParts(t, "capi-lpc-p"), openParts(t, "capi-lpc-d")
 	const prompt, req = 64, 7
-	src, err := p.AllocBlocks(0, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "lpc", PromptLen: prompt, Context: "capi-lpc-p"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "lpc", PromptLen: prompt}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openPartsRequest(t, "lpc", prompt, 4)
+	p, src, tx := r.p, r.src, r.tx
 	var events []*cuda.Event // borrowed by kvxfer until the request's event
 	for _, c := range []kvcache.Chunk{{Start: 0, End: 32}, {Start: 32, End: 64, FirstBlock: 2, Last: true}} {
 		b0, b1 := c.Blocks(16)
@@ -257,24 +248,26 @@ func TestChunkLayersCUDA(t *testing.T) {
 		}
 	}
 	want := 4 * p.Info().BytesPerToken * 16
-	landed(t, p, d, th, rh, rx, req, want)
+	r.landed(t, req, want)
 	for _, ev := range events {
 		if err := ev.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	release(t, p, d, rx, src, base)
+	r.release(t, base)
 	fmt.Println("CHILD-OK:", want, "bytes verified")
 }
 
-// landed waits for both sides' events of request req, a transfer of want
-// bytes, and checks every byte of every layer at the receiver.
-func landed(t *testing.T, p, d *Engine, th, rh uint64, rx *Request, req int, want uint64) {
+// landed waits for both sides' events of the request, a transfer of want
+// bytes, and checks every byte of every layer (pattern req) at the
+// receiver.
+func (r partsRequest) landed(t *testing.T, req int, want uint64) {
 	t.Helper()
-	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK || ev.Bytes != want {
+	p, d, rx := r.p, r.d, r.rx
+	if ev := waitFor(t, p, r.th); ev.Outcome != OutcomeDone || ev.Error != OK || ev.Bytes != want {
 		t.Fatalf("tx %+v, want DONE of %d bytes", ev, want)
 	}
-	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady || ev.Bytes != want {
+	if ev := waitFor(t, d, r.rh); ev.Outcome != OutcomeReady || ev.Bytes != want {
 		t.Fatalf("rx %+v, want READY of %d bytes", ev, want)
 	}
 	if n := verifyLayers(t, d, rx, req); n != int(want) {
@@ -284,15 +277,15 @@ func landed(t *testing.T, p, d *Engine, th, rh uint64, rx *Request, req int, wan
 
 // release frees both sides' blocks, closes both engines and wants the
 // handle table back at base.
-func release(t *testing.T, p, d *Engine, rx *Request, src []kvcache.BlockID, base int) {
+func (r partsRequest) release(t *testing.T, base int) {
 	t.Helper()
-	if err := rx.FreeBlocks(); err != nil {
+	if err := r.rx.FreeBlocks(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.FreeBlocks(0, src); err != nil {
+	if err := r.p.FreeBlocks(0, r.src); err != nil {
 		t.Fatal(err)
 	}
-	closeBoth(t, p, d)
+	closeBoth(t, r.p, r.d)
 	if n := HandleCount(); n != base {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}

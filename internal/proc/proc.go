@@ -565,11 +565,12 @@ chunks:
 		// fire its fence.
 		t := time.Now()
 		b0, b1 := c.Blocks(l.TokensPerBlock)
+		runs := c.Runs(l.TokensPerBlock, src)
 		for pi, part := range parts {
 			pc := c
 			pc.Layers = part
 			f := &kvxfer.ManualFence{}
-			if err := tx.Chunk(pc, c.Runs(l.TokensPerBlock, src), f); err != nil {
+			if err := tx.Chunk(pc, runs, f); err != nil {
 				f.Fire(err)
 				break chunks
 			}

@@ -129,6 +129,7 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 	p := spawnOn(b, []string{roleEnv + "=" + pingRole, echoEndpoint + "=" + ep,
 		pingArgs + "=" + fmt.Sprintf("%d %d %s", n, pause, srvPub)}, 0)
 	defer p.stop()
+	done := time.After(2 * time.Minute)
 	for {
 		select {
 		case l, ok := <-p.lines:
@@ -144,7 +145,7 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 				out[i] = time.Duration(v)
 			}
 			return out
-		case <-time.After(2 * time.Minute):
+		case <-done:
 			b.Fatal("ping process: no round trips within 2 minutes")
 		}
 	}
