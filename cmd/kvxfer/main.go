@@ -7,14 +7,21 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/sysmon"
 )
 
 func main() {
+	// First of all: GODEBUG is read once, at the runtime's start (see
+	// internal/sysmon for why and how to opt out).
+	if err := sysmon.Reexec(); err != nil {
+		fmt.Fprintf(os.Stderr, "kvxfer: %v; the Go runtime's sysmon keeps its default deep sleep (set %s=deep to skip this)\n", err, sysmon.OptOut)
+	}
 	if err := newRootCmd().Execute(); err != nil {
 		os.Exit(1) // cobra has printed the error
 	}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/internal/sysmon"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -37,6 +39,10 @@ const (
 	// request wakes this process, a third on the machine's CPUs, while the
 	// benchmark measures the two children.
 	quietEnv = "KVXFER_TEST_QUIET"
+	// profileEnv, when set to a directory, has each gen and ctx child
+	// write its CPU profile there (<role>-<pid>.pprof), for a look at a
+	// benchmark's children with go tool pprof.
+	profileEnv = "KVXFER_TEST_CPUPROFILE"
 )
 
 // rounds is the number of kill rounds per crash test: 10 in CI (CI set),
@@ -86,6 +92,14 @@ func runRole(role string) int {
 	if os.Getenv(quietEnv) == "" {
 		o.Progress = os.Stdout
 	}
+	if dir := os.Getenv(profileEnv); dir != "" {
+		stop, err := cpuProfile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", role, os.Getpid())))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cpu profile:", err)
+			return 2
+		}
+		defer stop()
+	}
 	var err error
 	switch role {
 	case "gen":
@@ -98,6 +112,19 @@ func runRole(role string) int {
 		return 1
 	}
 	return 0
+}
+
+// cpuProfile starts a CPU profile into path; stop ends it.
+func cpuProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 type child struct {
@@ -149,7 +176,7 @@ func cpuIf(pinned bool, cpu int) int {
 }
 
 // spawnOn starts the test binary as a child with env added to this
-// process's environment, on CPU cpu only (taskset; Go then runs the child
+// process's environment (and sysmon.Setting to its GODEBUG), on CPU cpu only (taskset; Go then runs the child
 // with GOMAXPROCS 1), or on any CPU when cpu < 0.
 func spawnOn(t testing.TB, env []string, cpu int) *child {
 	t.Helper()
@@ -157,7 +184,9 @@ func spawnOn(t testing.TB, env []string, cpu int) *child {
 	if cpu >= 0 {
 		cmd = exec.Command("taskset", "-c", strconv.Itoa(cpu), os.Args[0], "-test.run=^$")
 	}
-	cmd.Env = append(os.Environ(), env...)
+	// Under the GODEBUG the kvxfer command runs with (internal/sysmon),
+	// the engine's children and the bare ping-pong's alike.
+	cmd.Env, _ = sysmon.Env(append(os.Environ(), env...))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
