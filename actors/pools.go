@@ -129,9 +129,11 @@ func (p *Pools) putBack(blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...k
 		if len(ids) == 0 {
 			continue
 		}
-		err := fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+		var err error
 		if g < len(p.pools) {
 			err = put(p.pools[g], ids...)
+		} else {
+			err = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
 		}
 		if err != nil && first == nil {
 			first = err

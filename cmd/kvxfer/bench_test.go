@@ -34,6 +34,12 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(mainEnv) != "" {
+		// TestCommandKeepsSysmonAwake: run the command exactly as the
+		// installed binary does, re-exec included.
+		main()
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m)
 }
 

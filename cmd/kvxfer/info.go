@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/sysmon"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -55,6 +57,14 @@ type systemInfo struct {
 	CUDA          cudaInfo      `json:"cuda"`
 	UCX           ucxInfo       `json:"ucx"`
 	Backends      []backendInfo `json:"backends"`
+	Runtime       runtimeInfo   `json:"runtime"`
+}
+
+// runtimeInfo is the Go runtime's setting that the kvxfer command makes
+// for itself (internal/sysmon).
+type runtimeInfo struct {
+	GoDebug     string `json:"godebug"`
+	SysmonAwake bool   `json:"sysmon_awake"` // GODEBUG schedtrace keeps sysmon out of its deep sleep
 }
 
 // cudaInfo is the CUDA driver API as package cuda loads it.
@@ -106,6 +116,7 @@ func gatherInfo(ctx context.Context, o infoOptions) systemInfo {
 	}
 	si.UCX = probeUCX(ctx, o.ucxInfo)
 	si.Backends = backends
+	si.Runtime = runtimeInfo{GoDebug: os.Getenv("GODEBUG"), SysmonAwake: sysmon.Awake()}
 	return si
 }
 
@@ -258,6 +269,11 @@ func (si systemInfo) print(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "Backends: %s\n", strings.Join(names, ", "))
+	if si.Runtime.SysmonAwake {
+		fmt.Fprintf(w, "Go runtime: sysmon kept out of its deep sleep (GODEBUG=%s)\n", si.Runtime.GoDebug)
+	} else {
+		fmt.Fprintf(w, "Go runtime: sysmon sleeps deeply when idle (%s=deep, or not started as kvxfer): the control round trip pays for it on a CPU-limited host\n", sysmon.OptOut)
+	}
 }
 
 func newInfoCmd() *cobra.Command {

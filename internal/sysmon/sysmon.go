@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -71,4 +72,18 @@ func Reexec() error {
 		return fmt.Errorf("sysmon: exec /proc/self/exe: %w", err)
 	}
 	return nil // not reached
+}
+
+// Awake reports whether this process runs with sysmon kept out of its
+// deep sleep: its GODEBUG sets schedtrace to a positive period (Setting
+// or the user's own). It reads the environment, which the runtime read at
+// its start: a GODEBUG changed since is not what the runtime runs with.
+func Awake() bool {
+	for _, s := range strings.Split(os.Getenv("GODEBUG"), ",") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(s), "schedtrace="); ok {
+			n, err := strconv.Atoi(v)
+			return err == nil && n > 0
+		}
+	}
+	return false
 }

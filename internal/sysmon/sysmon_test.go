@@ -79,3 +79,23 @@ func withoutGodebug(env []string) []string {
 		return strings.HasPrefix(kv, "GODEBUG=") || strings.HasPrefix(kv, OptOut+"=")
 	})
 }
+
+func TestAwake(t *testing.T) {
+	for _, c := range []struct {
+		godebug string
+		want    bool
+	}{
+		{"", false},
+		{Setting, true},
+		{"gctrace=1," + Setting, true},
+		{"schedtrace=0", false},
+		{"schedtrace=x", false},
+		{"scheddetail=1", false},
+		{" schedtrace=1000 ", true},
+	} {
+		t.Setenv("GODEBUG", c.godebug)
+		if got := Awake(); got != c.want {
+			t.Errorf("GODEBUG=%q: Awake() = %v, want %v", c.godebug, got, c.want)
+		}
+	}
+}

@@ -176,8 +176,9 @@ func cpuIf(pinned bool, cpu int) int {
 }
 
 // spawnOn starts the test binary as a child with env added to this
-// process's environment (and sysmon.Setting to its GODEBUG), on CPU cpu only (taskset; Go then runs the child
-// with GOMAXPROCS 1), or on any CPU when cpu < 0.
+// process's environment and sysmon.Setting to its GODEBUG (as the kvxfer
+// command runs), on CPU cpu only (taskset; Go then runs the child with
+// GOMAXPROCS 1), or on any CPU when cpu < 0.
 func spawnOn(t testing.TB, env []string, cpu int) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

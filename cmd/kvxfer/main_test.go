@@ -1,0 +1,53 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/internal/sysmon"
+)
+
+// mainEnv makes this test binary run main() with its arguments (TestMain).
+const mainEnv = "KVXFER_TEST_MAIN"
+
+// TestCommandKeepsSysmonAwake: the kvxfer command replaces itself with a
+// copy under sysmon.Setting before anything else, and `info` reports it;
+// KVXFER_SYSMON=deep and a GODEBUG with its own schedtrace are left alone.
+func TestCommandKeepsSysmonAwake(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		env         []string
+		wantAwake   bool
+		wantGoDebug string
+	}{
+		{"default", nil, true, sysmon.Setting},
+		{"other GODEBUG settings kept", []string{"GODEBUG=gctrace=0"}, true, "gctrace=0," + sysmon.Setting},
+		{"opted out", []string{sysmon.OptOut + "=deep"}, false, ""},
+		{"the user's own schedtrace", []string{"GODEBUG=schedtrace=0"}, false, "schedtrace=0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "info", "--json")
+			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+				return strings.HasPrefix(kv, "GODEBUG=") || strings.HasPrefix(kv, sysmon.OptOut+"=")
+			})
+			cmd.Env = append(append(cmd.Env, mainEnv+"=1"), c.env...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr.String())
+			}
+			var si systemInfo
+			if err := json.Unmarshal(out, &si); err != nil {
+				t.Fatalf("info --json: %v\n%s", err, out)
+			}
+			if si.Runtime.SysmonAwake != c.wantAwake || si.Runtime.GoDebug != c.wantGoDebug {
+				t.Fatalf("runtime %+v, want sysmon_awake %v, GODEBUG %q\nstderr:\n%s", si.Runtime, c.wantAwake, c.wantGoDebug, stderr.String())
+			}
+		})
+	}
+}
