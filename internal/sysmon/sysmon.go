@@ -35,7 +35,7 @@ func Env(environ []string) ([]string, bool) {
 		}
 	}
 	for _, s := range strings.Split(godebug, ",") {
-		if strings.HasPrefix(strings.TrimSpace(s), "schedtrace=") {
+		if strings.HasPrefix(s, "schedtrace=") {
 			return environ, false
 		}
 	}
@@ -79,11 +79,14 @@ func Reexec() error {
 // or the user's own). It reads the environment, which the runtime read at
 // its start: a GODEBUG changed since is not what the runtime runs with.
 func Awake() bool {
+	awake := false
+	// As the runtime parses it: no spaces trimmed, the last of repeated
+	// settings wins.
 	for _, s := range strings.Split(os.Getenv("GODEBUG"), ",") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(s), "schedtrace="); ok {
+		if v, ok := strings.CutPrefix(s, "schedtrace="); ok {
 			n, err := strconv.Atoi(v)
-			return err == nil && n > 0
+			awake = err == nil && n > 0
 		}
 	}
-	return false
+	return awake
 }

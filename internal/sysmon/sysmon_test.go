@@ -18,7 +18,7 @@ func TestEnv(t *testing.T) {
 		{"no GODEBUG", []string{"A=1"}, []string{"A=1", "GODEBUG=" + Setting}, true},
 		{"empty GODEBUG", []string{"GODEBUG=", "A=1"}, []string{"GODEBUG=" + Setting, "A=1"}, true},
 		{"other settings kept", []string{"GODEBUG=gctrace=1"}, []string{"GODEBUG=gctrace=1," + Setting}, true},
-		{"the user's schedtrace wins", []string{"GODEBUG=gctrace=1, schedtrace=1000"}, []string{"GODEBUG=gctrace=1, schedtrace=1000"}, false},
+		{"the user's schedtrace wins", []string{"GODEBUG=gctrace=1,schedtrace=1000"}, []string{"GODEBUG=gctrace=1,schedtrace=1000"}, false},
 		{"opted out", []string{OptOut + "=deep"}, []string{OptOut + "=deep"}, false},
 		{"another opt-out value is no opt-out", []string{OptOut + "=yes"}, []string{OptOut + "=yes", "GODEBUG=" + Setting}, true},
 		{"scheddetail is not schedtrace", []string{"GODEBUG=scheddetail=1"}, []string{"GODEBUG=scheddetail=1," + Setting}, true},
@@ -91,7 +91,9 @@ func TestAwake(t *testing.T) {
 		{"schedtrace=0", false},
 		{"schedtrace=x", false},
 		{"scheddetail=1", false},
-		{" schedtrace=1000 ", true},
+		{" schedtrace=1000", false}, // the runtime trims nothing: no setting
+		{"schedtrace=1000,schedtrace=0", false},
+		{"schedtrace=0," + Setting, true},
 	} {
 		t.Setenv("GODEBUG", c.godebug)
 		if got := Awake(); got != c.want {
