@@ -373,6 +373,12 @@ func (e *endpoint) flushErr() error {
 	case e.state == epFailed:
 		return fmt.Errorf("%s: flush: %w", e.name, e.err)
 	}
+	// failLink marks the link failed before each of its endpoints: in
+	// between, Post already refuses (link.acquire), and a Flush must not
+	// say all is well.
+	if err := e.link.failure(); err != nil {
+		return fmt.Errorf("%s: flush: %w", e.name, err)
+	}
 	return nil
 }
 

@@ -105,6 +105,17 @@ func (l *link) setState(s linkState, err error) bool {
 	return true
 }
 
+// failure is the link's error once it failed (the peer unreachable), else
+// nil; a link the peer left cleanly (Bye) is no failure.
+func (l *link) failure() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != linkFailed {
+		return nil
+	}
+	return fmt.Errorf("%w: %v", rdma.ErrPeerGone, l.err)
+}
+
 func (l *link) getState() linkState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
