@@ -34,10 +34,8 @@ func Env(environ []string) ([]string, bool) {
 			godebug, at = v, i
 		}
 	}
-	for _, s := range strings.Split(godebug, ",") {
-		if strings.HasPrefix(s, "schedtrace=") {
-			return environ, false
-		}
+	if _, set := schedtrace(godebug); set {
+		return environ, false
 	}
 	out := append([]string(nil), environ...)
 	if at < 0 {
@@ -79,14 +77,18 @@ func Reexec() error {
 // or the user's own). It reads the environment, which the runtime read at
 // its start: a GODEBUG changed since is not what the runtime runs with.
 func Awake() bool {
-	awake := false
-	// As the runtime parses it: no spaces trimmed, the last of repeated
-	// settings wins.
-	for _, s := range strings.Split(os.Getenv("GODEBUG"), ",") {
-		if v, ok := strings.CutPrefix(s, "schedtrace="); ok {
-			n, err := strconv.Atoi(v)
-			awake = err == nil && n > 0
+	v, set := schedtrace(os.Getenv("GODEBUG"))
+	n, err := strconv.Atoi(v)
+	return set && err == nil && n > 0
+}
+
+// schedtrace is the value godebug gives schedtrace, as the runtime parses
+// it: no spaces trimmed, the last of repeated settings wins.
+func schedtrace(godebug string) (v string, set bool) {
+	for _, s := range strings.Split(godebug, ",") {
+		if x, ok := strings.CutPrefix(s, "schedtrace="); ok {
+			v, set = x, true
 		}
 	}
-	return awake
+	return v, set
 }

@@ -324,12 +324,17 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) 
 	e.mu.Lock()
 	r := (*run)[:0]
 	done := e.doneSeq.Load()
+	flushes := false
 	for e.head < len(e.fifo) && (e.fifo[e.head].done || e.fifo[e.head].seq <= done) {
+		flushes = flushes || e.fifo[e.head].flush != nil
 		r = append(r, e.fifo[e.head])
 		e.fifo[e.head] = nil
 		e.head++
 	}
-	flushErr := e.flushErr()
+	var flushErr error
+	if flushes { // only then: it takes the link's lock
+		flushErr = e.flushErr()
+	}
 	outstanding = e.head < len(e.fifo)
 	if len(r) == 0 && e.closeReq && e.ucpClosed && !outstanding {
 		e.gone = true
