@@ -105,6 +105,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock{}
 	}
+	// Whether a stream's Result needs a flush first is the agent's to say;
+	// the trace records it with the topology, so replay decides the same.
+	cfg.Topology.CompletionsDeliver = rdma.CompletionsDeliver(cfg.Agent)
 	reg, err := cfg.Agent.Register(cfg.Region)
 	if err != nil {
 		return nil, fmt.Errorf("register pool region: %w", err)

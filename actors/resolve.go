@@ -30,6 +30,10 @@ type Topology struct {
 	// Plans, when set, caches the plans ResolveRequest builds (PlanCache);
 	// nil builds every request's plans afresh.
 	Plans *PlanCache `json:"-"`
+	// CompletionsDeliver: this rank's data-plane agent proves delivery by
+	// its completions (rdma.CompletionsDeliver); StartEngine sets it from
+	// the agent. Routes carry it (Route.CompletionsDeliver).
+	CompletionsDeliver bool `json:",omitempty"`
 }
 
 // routePlanner plans one stream: per layer group, the kvcache plan for the
@@ -240,7 +244,8 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 		}
 		rp.plans[g] = plan
 	}
-	return &Route{Peer: rd.From, AgentAddr: hello.AgentAddr, RegionKey: hello.Region.Key, RegionLen: hello.Region.Len, Planner: rp}, expected, nil
+	return &Route{Peer: rd.From, AgentAddr: hello.AgentAddr, RegionKey: hello.Region.Key, RegionLen: hello.Region.Len, Planner: rp,
+		CompletionsDeliver: self.CompletionsDeliver}, expected, nil
 }
 
 // planGroup builds the plan of link for layer group g into the receiver

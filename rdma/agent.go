@@ -68,3 +68,22 @@ type Endpoint interface {
 	// completed completes with ErrEndpointClosed. Idempotent.
 	Close() error
 }
+
+// Delivering is an optional Agent capability: its completions prove
+// delivery. A batch's Done(nil) runs only once every byte of it is in the
+// destination memory, where the peer reads it (a copy into memory both
+// processes map, or into this process's own memory), so a sender needs no
+// Flush behind a stream's last completion before telling the peer that the
+// bytes are there. A backend whose completion only frees the source (a UCX
+// put) must not claim it, nor a wrapper that can fail a Flush on its own
+// (rdma/faulty).
+type Delivering interface {
+	CompletionsDeliver() bool
+}
+
+// CompletionsDeliver reports whether a's completions prove delivery
+// (Delivering); an agent that does not say so does not.
+func CompletionsDeliver(a Agent) bool {
+	d, ok := a.(Delivering)
+	return ok && d.CompletionsDeliver()
+}

@@ -24,6 +24,11 @@ type Route struct {
 	RegionKey []byte
 	RegionLen uint64
 	Planner   Planner
+	// CompletionsDeliver: the writer's backend completes a write only
+	// once its bytes are in the peer's memory (rdma.Delivering), so the
+	// stream's last completion proves delivery and its Result needs no
+	// Flush first. False keeps the Flush.
+	CompletionsDeliver bool
 }
 
 // WorkerFor is the one routing function from (request, peer) to a worker:

@@ -555,6 +555,13 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 	if s.state.Terminal() {
 		return // the terminal frame goes out in progress()
 	}
+	s.succeed(st)
+}
+
+// succeed sends a stream's Result{SUCCESS}: every op of it is BACKEND_DONE
+// and their bytes are proven landed (a flush, or completions that prove
+// delivery), so the peer may read them.
+func (s *TxSession) succeed(st *stream) {
 	st.phase = streamFinished
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
@@ -669,8 +676,12 @@ func (s *TxSession) progress() {
 			st.next++
 		}
 		if st.phase == streamOpen && s.lastSeen(st) && allDone(st) {
-			st.phase = streamFlushing
-			s.eff = append(s.eff, Flush{Worker: st.worker, Peer: st.peer, Request: s.cfg.Request, Route: st.route})
+			if st.route.CompletionsDeliver {
+				s.succeed(st) // the last completion proved delivery: no flush
+			} else {
+				st.phase = streamFlushing
+				s.eff = append(s.eff, Flush{Worker: st.worker, Peer: st.peer, Request: s.cfg.Request, Route: st.route})
+			}
 		}
 	}
 	if !terminal && s.expected != nil && len(s.expected) > 0 {

@@ -860,6 +860,73 @@ func TestTx_SuccessOnlyAfterFlush(t *testing.T) {
 	})
 }
 
+// TestTx_CompletionsDeliver: on a route whose completions prove delivery,
+// the last op's completion sends Result{SUCCESS} at once, with no Flush,
+// and never before every op of the stream is BACKEND_DONE in order of
+// completion (ops may complete out of order); a failed completion still
+// fails the request and sends no SUCCESS.
+func TestTx_CompletionsDeliver(t *testing.T) {
+	t.Run("ok", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.route(1).CompletionsDeliver = true
+		h.start(96, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, false)
+		h.fence(0)
+		h.chunk(32, 64, false)
+		h.fence(1)
+		h.chunk(64, 96, true)
+		h.fence(2)
+		effs := h.complete(1, 2, nil) // the last chunk's op lands first
+		wantNo(t, "op 2 done, ops 0 and 1 in flight", effs, "Flush", "SendFrame", "Finish")
+		effs = h.complete(1, 0, nil)
+		wantNo(t, "op 1 still in flight", effs, "Flush", "SendFrame", "Finish")
+		h.wantState(TxTransferring)
+		effs = h.complete(1, 1, nil)
+		wantNo(t, "every op done, completions prove delivery", effs, "Flush")
+		if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 96 {
+			t.Fatalf("Result bytes %d, want 96", r.Bytes)
+		}
+		h.wantReleased(TxDone, nil)
+	})
+	t.Run("completion fails", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.route(1).CompletionsDeliver = true
+		h.start(64, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, false)
+		h.fence(0)
+		h.chunk(32, 64, true)
+		h.fence(1)
+		h.complete(1, 0, nil)
+		effs := h.complete(1, 1, errors.New("segment 0: peer unmapped"))
+		wantNo(t, "a failed op", effs, "Flush")
+		h.wantState(TxFailed)
+		wantResult(t, effs, 1, messages.StatusFailed)
+		h.wantReleased(TxFailed, nil)
+	})
+	t.Run("only the delivering route skips its flush", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.route(1).CompletionsDeliver = true
+		h.start(32, time.Minute)
+		h.request(1, 1, 2)
+		h.request(2, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.complete(1, 0, nil)
+		wantResult(t, effs, 1, messages.StatusSuccess)
+		wantNo(t, "peer 1 delivered", effs, "Flush", "Finish")
+		effs = h.complete(2, 0, nil)
+		if f := effectsOf[Flush](effs); len(f) != 1 || f[0].Peer != 2 {
+			t.Fatalf("want Flush peer 2: %s", fmtEffects(effs))
+		}
+		wantNo(t, "peer 2's flush outstanding", effs, "SendFrame", "Finish")
+		effs = h.flushed(2, nil)
+		wantResult(t, effs, 2, messages.StatusSuccess)
+		h.wantReleased(TxDone, nil)
+	})
+}
+
 // TestTx_MultiPeerFanOut: with three expected peers the session is DONE only
 // when all three streams finished; a peer whose plan is empty for a chunk
 // gets no op for it.

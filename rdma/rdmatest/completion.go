@@ -2,6 +2,7 @@ package rdmatest
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 
@@ -144,4 +145,46 @@ func testCloseStopsWrites(t *testing.T, e *env) {
 		t.Errorf("second Close: %v, want nil", err)
 	}
 	e.noStray(other)
+}
+
+// testCompletionsDeliver: a backend that claims its completions prove
+// delivery (rdma.Delivering) has every byte of a batch in the destination
+// when its Done(nil) runs, with no Flush: each Done compares its own
+// segments, which no other batch touches, there and then.
+func testCompletionsDeliver(t *testing.T, e *env) {
+	if !rdma.CompletionsDeliver(e.p.Sender) {
+		t.Skipf("%s does not claim that its completions prove delivery", e.p.Sender.Backend())
+	}
+	const seg, batches = 64 << 10, 64
+	const n = seg * batches
+	src, dst := e.src(n, 11), e.dst(n, 12)
+	ep := e.connect()
+	tl := newTally(batches)
+	bad := make(chan string, batches)
+	for i := range batches {
+		// Batch i copies source slot i to destination slot batches-1-i.
+		s := kvcache.Segment{Src: uint64(i) * seg, Dst: uint64(batches-1-i) * seg, Len: seg}
+		record := tl.done(i)
+		done := func(err error) {
+			if err == nil {
+				if at := FirstDiff(dst.bytes[s.Dst:s.Dst+s.Len], src.bytes[s.Src:s.Src+s.Len]); at >= 0 {
+					bad <- fmt.Sprintf("batch %d: Done(nil) ran with destination byte %d of its segment not yet written", i, at)
+				}
+			}
+			record(err)
+		}
+		if err := ep.Post(rdma.Batch{Src: src.reg, Dst: dst.reg.Remote(), Segments: []kvcache.Segment{s}, Done: done}); err != nil {
+			t.Fatalf("Post batch %d: %v", i, err)
+		}
+	}
+	Recv(t, tl.all, "every batch's Done")
+	close(bad)
+	for msg := range bad {
+		t.Error(msg)
+	}
+	for i, err := range tl.errs {
+		if err != nil {
+			t.Errorf("batch %d: Done(%v), want nil", i, err)
+		}
+	}
 }

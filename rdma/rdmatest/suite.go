@@ -46,6 +46,7 @@ func Run(t *testing.T, f Factory) {
 		{"EdgeBatches", testEdgeBatches},
 		{"ExactlyOnce", testExactlyOnce},
 		{"FlushOrder", testFlushOrder},
+		{"CompletionsDeliver", testCompletionsDeliver},
 		{"CloseStopsWrites", testCloseStopsWrites},
 		{"OutOfRange", testOutOfRange},
 		{"BadKey", testBadKey},

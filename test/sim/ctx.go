@@ -126,7 +126,11 @@ func (c *ctxRank) boot() {
 	}
 	c.alive = true
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
-	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms}
+	// Half the ranks (by seed) run as over a backend whose completions
+	// prove delivery (the simulated backend's do: a batch lands before its
+	// completion is mailed), so their streams send Result with no flush.
+	c.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.ctxPar, Rank: c.rank, Pools: geoms,
+		CompletionsDeliver: (s.cfg.Seed+uint64(c.idx))%2 == 1}
 	c.sessions, c.table = map[string]*txSess{}, core.NewTxTable(4096)
 	c.incs = core.NewIncarnationTable(c.incarnation())
 	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
