@@ -36,10 +36,16 @@ var hops = []string{
 	"listener.*messages.Result", "rxparent.Result", "rx.core.RxFrame", "rx.finish", "gen.done",
 }
 
+// optional hops are absent on some paths: a stream whose completions prove
+// delivery sends its Result with no flush (no TxFlushed).
+var optional = map[string]bool{"tx.core.TxFlushed": true}
+
 func main() {
 	skip := flag.Int("skip", 100, "requests to leave out at the start of each run (connection set-up)")
 	flag.Parse()
-	deltas := make([][]time.Duration, len(hops)-1)
+	type pair struct{ from, to string }
+	var rows []pair // in the order first seen
+	deltas := map[pair][]time.Duration{}
 	var total []time.Duration
 	for _, dir := range flag.Args() {
 		reqs, err := load(dir)
@@ -51,11 +57,24 @@ func main() {
 			if n, err := strconv.Atoi(strings.TrimPrefix(id, "req-")); err != nil || n < *skip {
 				continue
 			}
-			if len(at) < len(hops) {
-				continue // a hop missing: not the common path
+			path, complete := hops[:0:0], true
+			for _, h := range hops {
+				if _, ok := at[h]; ok {
+					path = append(path, h)
+				} else if !optional[h] {
+					complete = false // a hop missing: not the common path
+					break
+				}
 			}
-			for i := range deltas {
-				deltas[i] = append(deltas[i], time.Duration(at[hops[i+1]]-at[hops[i]]))
+			if !complete {
+				continue
+			}
+			for i := 1; i < len(path); i++ {
+				k := pair{path[i-1], path[i]}
+				if _, ok := deltas[k]; !ok {
+					rows = append(rows, k)
+				}
+				deltas[k] = append(deltas[k], time.Duration(at[path[i]]-at[path[i-1]]))
 			}
 			total = append(total, time.Duration(at["gen.done"]-at["gen.Receive"]))
 		}
@@ -64,9 +83,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "hopstat: no request passed every hop")
 		os.Exit(1)
 	}
-	fmt.Printf("| from | to | p50 µs | p90 µs |\n| --- | --- | ---: | ---: |\n")
-	for i, d := range deltas {
-		fmt.Printf("| %s | %s | %.1f | %.1f |\n", hops[i], hops[i+1], us(quantile(d, 0.5)), us(quantile(d, 0.9)))
+	fmt.Printf("| from | to | requests | p50 µs | p90 µs |\n| --- | --- | ---: | ---: | ---: |\n")
+	for _, k := range rows {
+		d := deltas[k]
+		fmt.Printf("| %s | %s | %d | %.1f | %.1f |\n", k.from, k.to, len(d), us(quantile(d, 0.5)), us(quantile(d, 0.9)))
 	}
 	fmt.Printf("\n%d requests: Receive → READY p50 %.0f µs, p99 %.0f µs\n", len(total), us(quantile(total, 0.5)), us(quantile(total, 0.99)))
 }
