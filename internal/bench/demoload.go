@@ -235,6 +235,10 @@ type probeAgent struct {
 	mode string
 }
 
+// CompletionsDeliver is the wrapped agent's (rdma.Delivering): the probe
+// calls a batch's Done after the wrapped one's.
+func (a *probeAgent) CompletionsDeliver() bool { return rdma.CompletionsDeliver(a.Agent) }
+
 func (a *probeAgent) Connect(peer []byte) (rdma.Endpoint, error) {
 	ep, err := a.Agent.Connect(peer)
 	if err != nil {

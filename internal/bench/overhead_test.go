@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/faulty"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -110,5 +114,25 @@ func BenchmarkRequestOverhead(b *testing.B) {
 		b.ReportMetric(float64(r.Breakdown.Setup.Nanoseconds()), "setup-ns")
 		b.ReportMetric(float64(r.Breakdown.Data.Nanoseconds()), "data-ns")
 		b.ReportMetric(float64(r.Breakdown.Finish.Nanoseconds()), "finish-ns")
+	}
+}
+
+// TestWrappersKeepDelivery: the benchmarks' observing wrappers say what the
+// agent they wrap says about delivery (rdma.Delivering), so that the
+// engine measured takes the path it takes unwrapped.
+func TestWrappersKeepDelivery(t *testing.T) {
+	lb := loopback.New()
+	defer func() { _ = lb.Close() }()
+	fa := faulty.New(lb)
+	for _, inner := range []rdma.Agent{lb, fa} {
+		want := rdma.CompletionsDeliver(inner)
+		for name, a := range map[string]rdma.Agent{"countingAgent": &countingAgent{Agent: inner}, "probeAgent": &probeAgent{Agent: inner}} {
+			if got := rdma.CompletionsDeliver(a); got != want {
+				t.Errorf("%s over %T: CompletionsDeliver %v, the wrapped agent's %v", name, inner, got, want)
+			}
+		}
+	}
+	if !rdma.CompletionsDeliver(lb) || rdma.CompletionsDeliver(fa) {
+		t.Errorf("loopback %v, faulty over it %v: want true, false", rdma.CompletionsDeliver(lb), rdma.CompletionsDeliver(fa))
 	}
 }

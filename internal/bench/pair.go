@@ -316,6 +316,10 @@ type countingAgent struct {
 
 var _ rdma.Agent = (*countingAgent)(nil)
 
+// CompletionsDeliver is the wrapped agent's (rdma.Delivering): counting
+// changes nothing about when a batch's Done runs.
+func (a *countingAgent) CompletionsDeliver() bool { return rdma.CompletionsDeliver(a.Agent) }
+
 func (a *countingAgent) Connect(peer []byte) (rdma.Endpoint, error) {
 	ep, err := a.Agent.Connect(peer)
 	if err != nil {
