@@ -418,7 +418,9 @@ raw peak (the best of 1, 4 and 16 MiB single-segment batches) and its raw
 bandwidth at the request's size, alternating --rounds times; it reports
 medians, the fraction of the peak and of the raw bandwidth at the
 request's size (the peak's segments may stay in a CPU cache where a
-request's bytes cannot: then OF RAW is what the engine costs), segments
+request's bytes cannot: then OF RAW is what the engine costs) and of
+--concurrency raw endpoints at that size running at once (OF RAW ×N: the
+backend's bound for that many requests in flight), segments
 per request, latency and where one request's time goes (setup until the op
 can leave, the data, the finish until READY).`
 }
@@ -437,7 +439,7 @@ func (sm *smallScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&sm.rounds, "rounds", sm.rounds, "rounds of raw and engine samples (medians are reported)")
 	f.StringVar(&sm.rawBytes, "raw-bytes", sm.rawBytes, "bytes each raw sample moves")
 }
-func (sm *smallScenario) steps() int { return sm.rounds * (len(bench.PeakSizes) + 3*len(sm.tokens)) }
+func (sm *smallScenario) steps() int { return bench.SmallSteps(sm.rounds, len(sm.tokens)) }
 func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	if err := engineBackend(s, "small"); err != nil {
 		return err
@@ -470,12 +472,14 @@ func (*smallScenario) print(w io.Writer, res *report.Results, asJSON bool) error
 	fmt.Fprintf(w, "%s, %d tokens per block, %s backend, %d workers; raw peak %s GB/s (%s segments)\n", r.Model, r.TokensPerBlock,
 		r.Backend, r.Workers, gb(r.PeakBytesPerSec), config.FormatSize(r.PeakSegmentBytes))
 	tw := table(w)
-	fmt.Fprintf(tw, "TOKENS\tBYTES\tSEGS/REQ\tGB/s %d IN FLIGHT\tOF PEAK\tOF RAW\tGB/s 1 IN FLIGHT\tOF PEAK\tOF RAW\tRAW GB/s AT SIZE\tP50 µs\tP99 µs\tSETUP µs\tDATA µs\tFINISH µs\tRAW COPY µs\t\n", r.Concurrency)
+	fmt.Fprintf(tw, "TOKENS\tBYTES\tSEGS/REQ\tGB/s %d IN FLIGHT\tOF PEAK\tOF RAW\tOF RAW ×%d\tGB/s 1 IN FLIGHT\tOF PEAK\tOF RAW\tRAW GB/s AT SIZE\tRAW ×%d\tP50 µs\tP99 µs\tSETUP µs\tDATA µs\tFINISH µs\tRAW COPY µs\t\n",
+		r.Concurrency, r.Concurrency, r.Concurrency)
 	for _, z := range r.Sizes {
 		b := z.Breakdown
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%.0f%%\t%.2f\t%s\t%.0f%%\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", z.Tokens, config.FormatSize(z.RequestBytes),
-			z.SegmentsPerRequest, gb(z.BytesPerSec), 100*z.FractionOfPeak, z.FractionOfRaw, gb(z.SerialBytesPerSec), 100*z.SerialFractionOfPeak,
-			z.SerialFractionOfRaw, gb(z.RawBytesPerSec), micros(z.LatencyP50), micros(z.LatencyP99), micros(b.Setup), micros(b.Data), micros(b.Finish), micros(b.RawCopy))
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%.0f%%\t%.2f\t%.2f\t%s\t%.0f%%\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", z.Tokens, config.FormatSize(z.RequestBytes),
+			z.SegmentsPerRequest, gb(z.BytesPerSec), 100*z.FractionOfPeak, z.FractionOfRaw, z.FractionOfParallelRaw, gb(z.SerialBytesPerSec),
+			100*z.SerialFractionOfPeak, z.SerialFractionOfRaw, gb(z.RawBytesPerSec), gb(z.ParallelRawBytesPerSec), micros(z.LatencyP50),
+			micros(z.LatencyP99), micros(b.Setup), micros(b.Data), micros(b.Finish), micros(b.RawCopy))
 	}
 	return tw.Flush()
 }

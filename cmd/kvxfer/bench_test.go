@@ -182,7 +182,8 @@ func TestBenchSmallJSON(t *testing.T) {
 		t.Fatalf("%d objects, want 2:\n%s", len(objs), out)
 	}
 	for i, obj := range objs {
-		positive(t, obj, "tokens", "bytes_per_sec", "peak_bytes_per_sec", "fraction_of_peak", "request_bytes", "segments_per_request")
+		positive(t, obj, "tokens", "bytes_per_sec", "peak_bytes_per_sec", "fraction_of_peak", "request_bytes", "segments_per_request",
+			"parallel_raw_bytes_per_sec", "fraction_of_parallel_raw")
 		if want := float64([]int{16, 32}[i]); obj["tokens"] != want {
 			t.Errorf("tokens = %v, want %v", obj["tokens"], want)
 		}

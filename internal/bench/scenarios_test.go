@@ -22,7 +22,8 @@ func TestSmallRuns(t *testing.T) {
 		for _, z := range r.Sizes {
 			if z.BytesPerSec <= 0 || z.SerialBytesPerSec <= 0 || z.RawBytesPerSec <= 0 || z.LatencyP50 <= 0 ||
 				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec || z.FractionOfRaw != z.BytesPerSec/z.RawBytesPerSec ||
-				z.SerialFractionOfRaw != z.SerialBytesPerSec/z.RawBytesPerSec {
+				z.SerialFractionOfRaw != z.SerialBytesPerSec/z.RawBytesPerSec || z.ParallelRawBytesPerSec <= 0 ||
+				z.FractionOfParallelRaw != z.BytesPerSec/z.ParallelRawBytesPerSec {
 				t.Errorf("%s: implausible %+v", backend, z)
 			}
 			// Fresh pools, one request at a time in the serial samples:
@@ -206,6 +207,7 @@ func BenchmarkSmall(b *testing.B) {
 			tag := map[int]string{128: "128t", 512: "512t"}[z.Tokens]
 			b.ReportMetric(z.FractionOfPeak, "peak-fraction-"+tag)
 			b.ReportMetric(z.SerialFractionOfPeak, "serial-peak-fraction-"+tag)
+			b.ReportMetric(z.FractionOfParallelRaw, "parallel-raw-fraction-"+tag)
 			b.ReportMetric(z.BytesPerSec/1e9, "GB/s-"+tag)
 		}
 		b.ReportMetric(r.PeakBytesPerSec/1e9, "peak-GB/s")

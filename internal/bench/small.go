@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -118,6 +119,13 @@ type SmallSize struct {
 	RawBytesPerSec      float64 `json:"raw_bytes_per_sec"`
 	FractionOfRaw       float64 `json:"fraction_of_raw"`
 	SerialFractionOfRaw float64 `json:"serial_fraction_of_raw"`
+	// ParallelRawBytesPerSec is Concurrency raw rigs of one RequestBytes
+	// segment per batch, an endpoint each, running at once: the backend's
+	// bound for Concurrency requests of this size in flight (on a machine
+	// whose memory bus, not one core's copy, bounds it, more than
+	// RawBytesPerSec). FractionOfParallelRaw is BytesPerSec over it.
+	ParallelRawBytesPerSec float64 `json:"parallel_raw_bytes_per_sec"`
+	FractionOfParallelRaw  float64 `json:"fraction_of_parallel_raw"`
 	// LatencyP50/P99: Receive → READY, one request in flight.
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP99 time.Duration `json:"latency_p99_ns"`
@@ -172,13 +180,13 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 	defer func() { _ = p.Close(ctx) }()
 
 	type samples struct {
-		raw, serial, conc, segs, batches []float64
-		lat, concLat                     []time.Duration
-		setup, data, finish              []time.Duration
+		raw, parRaw, serial, conc, segs, batches []float64
+		lat, concLat                             []time.Duration
+		setup, data, finish                      []time.Duration
 	}
 	per := make([]samples, len(cfg.Tokens))
 	peak := make([][]float64, len(PeakSizes))
-	total := cfg.Rounds * (len(PeakSizes) + 3*len(cfg.Tokens))
+	total := SmallSteps(cfg.Rounds, len(cfg.Tokens))
 	done := 0
 	// Warm up: touch the pools and start every goroutine.
 	for i, n := range cfg.Tokens {
@@ -203,6 +211,13 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 			}
 			per[i].raw = append(per[i].raw, m.BytesPerSec)
 			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s", config.FormatSize(b)))
+
+			pr, err := rawParallel(cfg.Backend, rdmabench.Shape{SegmentBytes: b, Segments: 1}, cfg.Concurrency, cfg.RawBytes)
+			if err != nil {
+				return res, err
+			}
+			per[i].parRaw = append(per[i].parRaw, pr)
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s, %d at once", config.FormatSize(b), cfg.Concurrency))
 
 			s, err := sample(ctx, p, fmt.Sprintf("s%d-%d", r, i), n, 1, max(cfg.Requests/2, 1))
 			if err != nil {
@@ -241,7 +256,7 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 		s := per[i]
 		sz := SmallSize{Tokens: n, RequestBytes: RequestBytes(l, n), SegmentsPerRequest: rdmabench.Median(s.segs),
 			BatchesPerRequest: rdmabench.Median(s.batches), BytesPerSec: rdmabench.Median(s.conc), PeakBytesPerSec: res.PeakBytesPerSec,
-			SerialBytesPerSec: rdmabench.Median(s.serial), RawBytesPerSec: rdmabench.Median(s.raw),
+			SerialBytesPerSec: rdmabench.Median(s.serial), RawBytesPerSec: rdmabench.Median(s.raw), ParallelRawBytesPerSec: rdmabench.Median(s.parRaw),
 			LatencyP50: quantile(s.lat, 0.5), LatencyP99: quantile(s.lat, 0.99), ConcurrentLatencyP50: quantile(s.concLat, 0.5)}
 		sz.Breakdown = Breakdown{Setup: quantile(s.setup, 0.5), Data: quantile(s.data, 0.5), Finish: quantile(s.finish, 0.5),
 			RawCopy: time.Duration(float64(sz.RequestBytes) / sz.RawBytesPerSec * 1e9)}
@@ -249,9 +264,59 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 		sz.SerialFractionOfPeak = sz.SerialBytesPerSec / res.PeakBytesPerSec
 		sz.FractionOfRaw = sz.BytesPerSec / sz.RawBytesPerSec
 		sz.SerialFractionOfRaw = sz.SerialBytesPerSec / sz.RawBytesPerSec
+		sz.FractionOfParallelRaw = sz.BytesPerSec / sz.ParallelRawBytesPerSec
 		res.Sizes = append(res.Sizes, sz)
 	}
 	return res, nil
+}
+
+// SmallSteps is how many progress steps Small reports for rounds rounds
+// of tokens request sizes.
+func SmallSteps(rounds, tokens int) int { return rounds * (len(PeakSizes) + 4*tokens) }
+
+// rawParallel runs n raw rigs of shape s at once, an endpoint each, each
+// moving at least minBytes after a warm-up, and returns their bytes over
+// the wall time from their common start to the last one's end. Every
+// rig's bytes are checked.
+func rawParallel(backend string, s rdmabench.Shape, n int, minBytes uint64) (_ float64, err error) {
+	rigs := make([]*rdmabench.Rig, 0, n)
+	defer func() {
+		for _, r := range rigs {
+			if cerr := r.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+	}()
+	for range n {
+		r, err := rdmabench.NewRig(backend, s)
+		if err != nil {
+			return 0, err
+		}
+		rigs = append(rigs, r)
+	}
+	ops := int(max(1, (minBytes+s.Bytes()-1)/s.Bytes()))
+	for _, r := range rigs {
+		if err := r.Run(min(ops, r.Window())); err != nil { // fault the pages in, start the goroutines
+			return 0, fmt.Errorf("bench small: raw warm-up: %w", err)
+		}
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, r := range rigs {
+		wg.Go(func() { errs[i] = r.Run(ops) })
+	}
+	wg.Wait()
+	d := time.Since(start)
+	for i, r := range rigs {
+		if errs[i] == nil {
+			errs[i] = r.Verify()
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("bench small: %d raw rigs at once: %w", n, err)
+	}
+	return float64(n*ops) * float64(s.Bytes()) / d.Seconds(), nil
 }
 
 // split cuts a one-chunk request's latency at its session's events.
