@@ -1,14 +1,10 @@
 package kvxfer_test
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -62,27 +58,12 @@ func TestCompletionsDeliverSkipsTheFlush(t *testing.T) {
 			net := loopback.NewNetwork()
 			fc := &flushCounter{Agent: loopback.New(loopback.WithNetwork(net)), deliver: deliver}
 			genAgent := loopback.New(loopback.WithNetwork(net))
-			c := &cluster{link: control.NewMemLink(), ctxPar: one, genPar: one}
-			start := func(inst string, a rdma.Agent) *kvxfer.Engine {
-				e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: 4 << 20,
-					Workers: 2, Link: c.link, Agent: a, TransferTimeout: 20 * time.Second})
-				if err != nil {
-					t.Fatalf("start %s: %v", inst, err)
+			t.Cleanup(func() { _, _ = fc.Close(), genAgent.Close() }) // after the engines' Close (cleanups run last first)
+			c := startClusterOn(t, l, one, one, 2, func(inst string, _ int) rdma.Agent {
+				if inst == "ctx" {
+					return fc
 				}
-				return e
-			}
-			c.ctx = []*kvxfer.Engine{start("ctx", fc)}
-			c.gen = []*kvxfer.Engine{start("gen", genAgent)}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				for _, e := range append(c.ctx, c.gen...) {
-					if err := e.Close(ctx); err != nil {
-						t.Errorf("close: %v", err)
-					}
-				}
-				_ = fc.Close()
-				_ = genAgent.Close()
+				return genAgent
 			})
 			const requests = 4
 			for i := range requests {

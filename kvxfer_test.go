@@ -12,6 +12,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -36,10 +37,22 @@ type cluster struct {
 
 func startCluster(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int) *cluster {
 	t.Helper()
+	return startClusterOn(t, l, ctxPar, genPar, workers, nil)
+}
+
+// startClusterOn is startCluster with each engine's agent from agentFor
+// (inst "ctx" or "gen", rank index); nil, or a nil agent, is the engine's
+// default (its own loopback agent).
+func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int, agentFor func(inst string, i int) rdma.Agent) *cluster {
+	t.Helper()
 	c := &cluster{link: control.NewMemLink(), ctxPar: ctxPar, genPar: genPar}
 	start := func(inst string, p kvcache.Parallel, i int) *kvxfer.Engine {
+		var agent rdma.Agent
+		if agentFor != nil {
+			agent = agentFor(inst, i)
+		}
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
-			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: c.link, TransferTimeout: 20 * time.Second})
+			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: c.link, Agent: agent, TransferTimeout: 20 * time.Second})
 		if err != nil {
 			t.Fatalf("start %s rank %d: %v", inst, i, err)
 		}

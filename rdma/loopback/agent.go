@@ -54,7 +54,8 @@ func New(opts ...Option) *Agent {
 // Backend returns "loopback".
 func (a *Agent) Backend() string { return Backend }
 
-// CompletionsDeliver is true (rdma.Delivering): the copier's goroutine copies into the peer's memory (this process's) before it calls Done.
+// CompletionsDeliver is true (rdma.Delivering): the copier's goroutine
+// copies into the peer's memory (this process's) before it calls Done.
 func (a *Agent) CompletionsDeliver() bool { return true }
 
 // Address returns "loopback:<id>:<nonce>".

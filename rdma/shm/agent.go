@@ -48,7 +48,9 @@ func New() *Agent {
 // Backend returns "shm".
 func (a *Agent) Backend() string { return Backend }
 
-// CompletionsDeliver is true (rdma.Delivering): the copier's goroutine copies into the peer's shared mapping before it calls Done; a Flush is only a marker behind the copies.
+// CompletionsDeliver is true (rdma.Delivering): the copier's goroutine
+// copies into the peer's shared mapping before it calls Done; a Flush is
+// only a marker behind the copies.
 func (a *Agent) CompletionsDeliver() bool { return true }
 
 // Address returns "shm:<pid>:<nonce>".
