@@ -12,8 +12,8 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
-	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

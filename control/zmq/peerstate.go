@@ -122,7 +122,20 @@ type connWatch struct {
 	state       PeerState
 	handshaking bool // the transport is connected, the handshake not done
 	secure      bool
+	// named is when a handshake last failed with a reason that names the
+	// mistake (a protocol error, a refused key); zero when none since the
+	// last handshake that succeeded.
+	named time.Time
 }
+
+// namedHold is how long a named handshake failure outlasts bare hang-ups.
+// Against a server of another mechanism libzmq reports, attempt by
+// attempt, either the mismatch or only that the peer hung up (EPIPE: the
+// server closed first), the hang-up most of the time on a loaded machine;
+// the name must not flicker away between two polls. A hang-up that goes
+// on past namedHold is reported as such (the peer's configuration may
+// have changed to one that only hangs up).
+const namedHold = 5 * time.Second
 
 // step applies one monitor event; it reports whether the state (or the
 // reason of a failure) changed.
@@ -134,21 +147,24 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 		return false
 	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
 		w.handshaking = false
+		w.named = time.Time{}
 		w.set(ConnUp, "", now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_AUTH:
 		w.handshaking = false
+		w.named = now
 		w.set(ConnHandshakeFailed, fmt.Sprintf("the peer refused our key (ZAP status %d): this engine's public key is not among its peer keys", value), now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL:
 		w.handshaking = false
+		w.named = now
 		w.set(ConnHandshakeFailed, protocolReason(value, w.secure), now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
 		w.handshaking = false
-		w.set(ConnHandshakeFailed, closedReason(value, w.secure), now)
+		w.hungUp(value, now)
 	case zmq4.EVENT_DISCONNECTED:
 		switch {
 		case w.handshaking:
 			w.handshaking = false
-			w.set(ConnHandshakeFailed, closedReason(0, w.secure), now)
+			w.hungUp(0, now)
 		case w.state.Conn == ConnUp:
 			w.set(ConnDown, "", now)
 		}
@@ -156,6 +172,15 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 		return false
 	}
 	return w.state.Conn != old.Conn || w.state.Reason != old.Reason
+}
+
+// hungUp records a handshake the peer closed without a word, unless a
+// named failure came less than namedHold ago: that one says more.
+func (w *connWatch) hungUp(errno int, now time.Time) {
+	if w.state.Conn == ConnHandshakeFailed && !w.named.IsZero() && now.Sub(w.named) < namedHold {
+		return
+	}
+	w.set(ConnHandshakeFailed, closedReason(errno, w.secure), now)
 }
 
 func (w *connWatch) set(c ConnState, reason string, now time.Time) {
@@ -185,16 +210,20 @@ func protocolReason(code int, secure bool) string {
 }
 
 // closedReason explains a connection the peer closed before the handshake
-// completed: a CURVE server that cannot decrypt a client's HELLO (the
-// client holds a wrong server key for it) hangs up without a word, and so
-// may a server of another mechanism (the mismatch event may follow).
+// completed. Two mistakes look alike from here: a CURVE server that cannot
+// decrypt a client's HELLO (the client holds a wrong server key for it)
+// hangs up without a word, and so, attempt after attempt, may a peer of
+// the other mechanism (libzmq reports the mismatch itself only when it
+// reads the peer's greeting before the peer has closed: on a loaded
+// machine, a minority of attempts). The reason names both.
 func closedReason(errno int, secure bool) string {
 	why := "the peer hung up during the handshake"
 	if errno != 0 {
 		why += " (" + syscall.Errno(errno).Error() + ")"
 	}
 	if secure {
-		why += ", as a CURVE server does when the server key we hold for it is not its key"
+		return why + ", as a CURVE server does when the server key we hold for it is not its key, " +
+			"and a peer without CURVE (insecure) on a security mechanism mismatch"
 	}
-	return why
+	return why + ", as a peer that uses CURVE does on a security mechanism mismatch (we are insecure)"
 }

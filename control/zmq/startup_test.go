@@ -131,10 +131,14 @@ func TestHandshakeInsecureMismatchNamed(t *testing.T) {
 			client, clientLog := listenLogged(t, genID, Config{Insecure: !clientSecure,
 				Curve: Curve{Secret: kb.secret, PeerServerKeys: map[messages.PeerID]string{ctxID: ka.public}},
 				Peers: map[messages.PeerID]string{ctxID: server.Endpoint()}})
+			// libzmq names the mismatch on some attempts; on the others the
+			// peer only hangs up, and the reason names the mismatch among
+			// the mistakes that look so (closedReason).
 			within3Beats(t, "the client's PeerState to name the mechanism mismatch",
 				peerStateIs(client, ctxID, ConnHandshakeFailed, "security mechanism mismatch"))
 			within3Beats(t, "the client to log it", func() bool {
-				return clientLog.Has("handshake") && clientLog.Has("with ctx/0 at "+server.Endpoint()+" failed: security mechanism mismatch")
+				return clientLog.Has("handshake") && clientLog.Has("with ctx/0 at "+server.Endpoint()+" failed: ") &&
+					clientLog.Has("security mechanism mismatch")
 			})
 		})
 	}
@@ -185,6 +189,42 @@ func TestConnWatchTransitions(t *testing.T) {
 		w.step(s.ev, s.value, now.Add(time.Duration(i)*time.Second))
 		if w.state.Conn != s.want || !strings.Contains(w.state.Reason, s.why) {
 			t.Fatalf("step %d (%v): state %v reason %q, want %v with %q", i, s.ev, w.state.Conn, w.state.Reason, s.want, s.why)
+		}
+	}
+}
+
+// A named handshake failure is not replaced by the bare hang-ups libzmq
+// reports for most attempts against a server of another mechanism (EPIPE
+// on a loaded machine), for namedHold; a hang-up that goes on longer is
+// reported, and a handshake that succeeds forgets the name. (Checked to
+// fail: with hungUp setting the reason always, step 2 reports the
+// hang-up.)
+func TestConnWatchKeepsTheNamedFailure(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	w := connWatch{secure: true, state: PeerState{Conn: ConnConnecting}}
+	const epipe = 0x20
+	steps := []struct {
+		at    time.Duration
+		ev    zmq4.Event
+		value int
+		want  ConnState
+		why   string
+	}{
+		{0, zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL, epipe, ConnHandshakeFailed, "hung up during the handshake (broken pipe)"},
+		{100 * time.Millisecond, zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL, protocolErrorMechanismMismatch, ConnHandshakeFailed, "mechanism mismatch"},
+		{200 * time.Millisecond, zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL, epipe, ConnHandshakeFailed, "mechanism mismatch"},
+		{300 * time.Millisecond, zmq4.EVENT_CONNECTED, 0, ConnHandshakeFailed, "mechanism mismatch"},
+		{400 * time.Millisecond, zmq4.EVENT_DISCONNECTED, 0, ConnHandshakeFailed, "mechanism mismatch"},
+		{namedHold + 100*time.Millisecond, zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL, epipe, ConnHandshakeFailed, "hung up"},
+		{namedHold + 200*time.Millisecond, zmq4.EVENT_HANDSHAKE_FAILED_AUTH, 400, ConnHandshakeFailed, "ZAP status 400"},
+		{namedHold + 300*time.Millisecond, zmq4.EVENT_HANDSHAKE_SUCCEEDED, 0, ConnUp, ""},
+		{namedHold + 400*time.Millisecond, zmq4.EVENT_DISCONNECTED, 0, ConnDown, ""},
+		{namedHold + 500*time.Millisecond, zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL, epipe, ConnHandshakeFailed, "hung up"},
+	}
+	for i, s := range steps {
+		w.step(s.ev, s.value, t0.Add(s.at))
+		if w.state.Conn != s.want || !strings.Contains(w.state.Reason, s.why) {
+			t.Fatalf("step %d (%v at +%v): state %v reason %q, want %v with %q", i, s.ev, s.at, w.state.Conn, w.state.Reason, s.want, s.why)
 		}
 	}
 }
