@@ -101,10 +101,12 @@ type RequestStages struct {
 	Exposed time.Duration
 	Last    ChunkStages
 	// Flush: TxCompleted of the last op → TxFlushed (session → worker →
-	// endpoint flush → worker → session).
+	// endpoint flush → worker → session); 0 where the backend's
+	// completions prove delivery (rdma.Delivering: no flush).
 	Flush time.Duration
-	// ToResult: TxFlushed → the generation session stepped on the Result
-	// (session → worker → control link → listener → session).
+	// ToResult: TxFlushed (or, with no flush, the last op's TxCompleted)
+	// → the generation session stepped on the Result (session → worker →
+	// control link → listener → session).
 	ToResult time.Duration
 	// ToReady: the Result → Receive's caller woke with READY.
 	ToReady time.Duration
@@ -513,10 +515,14 @@ func (p *demoProbe) analyse(mode string) ModeLoad {
 		rs := RequestStages{Request: id, Chunks: len(r.chunks), Exposed: r.ready.Sub(r.lastFence),
 			Admission: r.firstCompute.Sub(r.admit), Verify: r.verify1.Sub(r.verify0)}
 		rs.Last, _ = stages(id, last, r.chunks[last])
+		flushed := r.flushed
 		if lc := r.chunks[last]; !lc.completed.IsZero() {
-			rs.Flush = r.flushed.Sub(lc.completed)
+			if flushed.IsZero() {
+				flushed = lc.completed // no flush: the completion proved delivery
+			}
+			rs.Flush = flushed.Sub(lc.completed)
 		}
-		rs.ToResult = r.result.Sub(r.flushed)
+		rs.ToResult = r.result.Sub(flushed)
 		rs.ToReady = r.ready.Sub(r.result)
 		ml.Requests = append(ml.Requests, rs)
 	}

@@ -40,6 +40,11 @@ func TestDemoLoadBreaksDown(t *testing.T) {
 			if q.Exposed <= 0 || l.Copy <= 0 || l.Bytes == 0 || parts-q.Exposed > time.Millisecond || q.Exposed-parts > time.Millisecond {
 				t.Errorf("%s %s: exposed %v, stages sum to %v: %+v", m.Mode, q.Request, q.Exposed, parts, q)
 			}
+			// Loopback's completions prove delivery: no flush, and the
+			// Result stage starts at the last completion.
+			if q.Flush != 0 || q.ToResult <= 0 || q.ToResult > q.Exposed {
+				t.Errorf("%s %s: flush %v, to Result %v (exposed %v), want no flush and a Result stage inside the window", m.Mode, q.Request, q.Flush, q.ToResult, q.Exposed)
+			}
 		}
 	}
 	var sb strings.Builder
