@@ -861,10 +861,10 @@ func TestTx_SuccessOnlyAfterFlush(t *testing.T) {
 }
 
 // TestTx_CompletionsDeliver: on a route whose completions prove delivery,
-// the last op's completion sends Result{SUCCESS} at once, with no Flush,
-// and never before every op of the stream is BACKEND_DONE in order of
-// completion (ops may complete out of order); a failed completion still
-// fails the request and sends no SUCCESS.
+// the completion that leaves every op of the stream BACKEND_DONE sends
+// Result{SUCCESS} at once, with no Flush, whatever order the ops complete
+// in, and none before; a failed completion still fails the request and
+// sends no SUCCESS; a route that does not prove delivery still flushes.
 func TestTx_CompletionsDeliver(t *testing.T) {
 	t.Run("ok", func(t *testing.T) {
 		h, _ := newTxHarness(t, txOpts{})
@@ -903,7 +903,7 @@ func TestTx_CompletionsDeliver(t *testing.T) {
 		wantNo(t, "a failed op", effs, "Flush")
 		h.wantState(TxFailed)
 		wantResult(t, effs, 1, messages.StatusFailed)
-		h.wantReleased(TxFailed, nil)
+		h.wantReleased(TxFailed, ErrPeerFailed)
 	})
 	t.Run("only the delivering route skips its flush", func(t *testing.T) {
 		h, _ := newTxHarness(t, txOpts{})
