@@ -42,6 +42,10 @@ var (
 	// ErrMismatch: the two sides disagree about the request (prompt
 	// length, bytes written against bytes planned, layout).
 	ErrMismatch = actors.ErrMismatch
+	// ErrFrameUnsent: a request's control frame did not leave this process
+	// (the peer could not be dialled, its connection closed); on the
+	// context side, a SUCCESS Result that did not leave fails the request.
+	ErrFrameUnsent = actors.ErrFrameUnsent
 	// ErrBadRequest: a request the engine cannot take (its id, prompt
 	// length, blocks or parallelism), named in the error.
 	ErrBadRequest = actors.ErrBadRequest

@@ -77,5 +77,8 @@ func chunkPathMessages(chunks, peers int) []any {
 	for p := 1; p <= peers; p++ {
 		msgs = append(msgs, TxFlushed{Peer: p})
 	}
+	for p := 1; p <= peers; p++ {
+		msgs = append(msgs, TxSent{Peer: p})
+	}
 	return msgs
 }

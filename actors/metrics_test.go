@@ -153,6 +153,8 @@ func TestTxMeter_Chunk(t *testing.T) {
 	}
 	step(TxFlushed{Peer: 1})
 	step(TxFlushed{Peer: 2})
+	step(TxSent{Peer: 1})
+	step(TxSent{Peer: 2})
 	if !h.s.Stopped() || h.s.State() != TxDone {
 		t.Fatalf("session %v stopped=%v", h.s.State(), h.s.Stopped())
 	}

@@ -52,6 +52,7 @@ type (
 	TxConfig        = core.TxConfig
 	TxFenceFired    = core.TxFenceFired
 	TxFlushed       = core.TxFlushed
+	TxSent          = core.TxSent
 	TxInDoubt       = core.TxInDoubt
 	TxPanic         = core.TxPanic
 	TxPeerCancel    = core.TxPeerCancel
@@ -119,6 +120,7 @@ var (
 	ErrEngineFailed   = core.ErrEngineFailed
 	ErrPin            = core.ErrPin
 	ErrMismatch       = core.ErrMismatch
+	ErrFrameUnsent    = core.ErrFrameUnsent
 )
 
 // LegalOpTransition reports whether from → to is allowed (core.LegalOpTransition).

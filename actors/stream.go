@@ -117,6 +117,8 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 	}
 	e := *st.held
 	st.held, st.done = nil, true
-	sendTo(ctx, st.env.frameWorker(e.Worker), &workerSend{SendFrame: e, stream: ctx.Self()})
+	// The worker reports to the session whether the frame left (TxSent):
+	// a SUCCESS Result that did not fails the request.
+	sendTo(ctx, st.env.frameWorker(e.Worker), &workerSend{SendFrame: e, stream: ctx.Self(), report: st.session})
 	ctx.Stop(ctx.Self())
 }

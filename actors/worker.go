@@ -33,7 +33,8 @@ type (
 	}
 	workerSend struct {
 		SendFrame
-		// report, when set, gets RxSent{Writer: writer} with the outcome.
+		// report, when set, gets the outcome: TxSent{Peer} for a peer
+		// stream's terminal frame (FromStream), else RxSent{Writer: writer}.
 		report *actor.PID
 		writer int
 		// stream is the peer stream whose terminal frame this is (nil for
@@ -83,6 +84,9 @@ type workerSlot struct {
 	openedMu   sync.Mutex
 	opened     map[string]connectResult // Connect results not yet taken
 	background sync.WaitGroup           // closer and connector goroutines still running
+	// sending is the frame being handed to the control plane (nil
+	// between sends): a crash inside the send reports it (restart).
+	sending *workerSend
 }
 
 type connectResult struct {
@@ -140,9 +144,11 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if hoptrace.On {
 			hoptrace.Mark(fmt.Sprintf("worker.send.%T", m.Frame), m.Frame.Request())
 		}
+		s.sending = m
 		err := s.send(m.To, m.Frame)
+		s.sending = nil
 		if m.report != nil {
-			ctx.Send(m.report, RxSent{Writer: m.writer, Err: err})
+			ctx.Send(m.report, m.sent(err))
 		}
 	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
@@ -298,11 +304,31 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	}()
 }
 
+// sent is the report of a send's outcome.
+func (m *workerSend) sent(err error) any {
+	if m.FromStream {
+		return TxSent{Peer: m.Peer, Err: err}
+	}
+	return RxSent{Writer: m.writer, Err: err}
+}
+
 // restart handles a crash: every op posted on an endpoint is in doubt
 // until the endpoint is closed, which retires it; ops never posted are
 // refused.
 func (s *workerSlot) restart(ctx actor.Context) {
 	crashed := fmt.Errorf("%w: worker %d", ErrWorkerCrashed, s.idx)
+	if m := s.sending; m != nil {
+		// The crash came inside a send: whether the frame left is not
+		// known. A stream's terminal frame counts as not sent (its
+		// session fails rather than claim DONE; its ops are quiescent
+		// either way). A RequestData gets no report: "not sent" would
+		// tell the generation side that writer never learnt of the
+		// request, which is not proven; its deadline covers it.
+		s.sending = nil
+		if m.report != nil && m.FromStream {
+			ctx.Send(m.report, m.sent(crashed))
+		}
+	}
 	refused, doubt, keys := s.table.Restart(func(m any) bool { _, ok := m.(*workerSubmit); return ok })
 	for _, so := range refused {
 		for _, ref := range so.Ops {

@@ -61,6 +61,8 @@ func TestCode(t *testing.T) {
 		{fmt.Errorf("outcome: %w", kvxfer.ErrTimeout), ErrTimeout},
 		{fmt.Errorf("x: %w", ErrFenceFailed), ErrFence},
 		{fmt.Errorf("x: %w", kvcache.ErrOutOfBlocks), ErrOutOfBlocks},
+		// A Result that did not leave, even when the worker crashed in the send.
+		{fmt.Errorf("%w: the Result for gen/0: %w", kvxfer.ErrFrameUnsent, kvxfer.ErrWorkerCrashed), ErrPeerGone},
 		{errorf(ErrBufferTooSmall, "small"), ErrBufferTooSmall},
 		{errors.New("unmapped"), ErrInternal},
 	} {

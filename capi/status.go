@@ -117,6 +117,7 @@ var codeMap = []struct {
 	{kvxfer.ErrCancelled, ErrCancelled},
 	{kvxfer.ErrPeerCancelled, ErrPeerCancelled},
 	{kvxfer.ErrPeerGone, ErrPeerGone},
+	{kvxfer.ErrFrameUnsent, ErrPeerGone}, // the peer could not be reached with its Result
 	{kvxfer.ErrMismatch, ErrMismatch},
 	{kvxfer.ErrEngineFailed, ErrEngineFailed},
 	{kvcache.ErrOutOfBlocks, ErrOutOfBlocks},

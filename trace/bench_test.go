@@ -49,6 +49,7 @@ func txRun(tr actors.SessionTracer, chunks int) int {
 		step(actors.TxCompleted{Op: actors.OpRef{Request: "r", Peer: 0, Seq: i}})
 	}
 	step(actors.TxFlushed{Peer: 0})
+	step(actors.TxSent{Peer: 0})
 	return n
 }
 

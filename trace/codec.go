@@ -40,6 +40,10 @@ type (
 		Peer int
 		Err  *string `json:",omitempty"`
 	}
+	txSent struct {
+		Peer int
+		Err  *string `json:",omitempty"`
+	}
 	txPinFailed struct {
 		Chunk, Group int
 		Err          *string `json:",omitempty"`
@@ -175,6 +179,8 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "TxCompleted", txCompleted{Op: m.Op, Err: errText(m.Err), Refused: m.Refused}
 	case actors.TxFlushed:
 		return "TxFlushed", txFlushed{Peer: m.Peer, Err: errText(m.Err)}
+	case actors.TxSent:
+		return "TxSent", txSent{Peer: m.Peer, Err: errText(m.Err)}
 	case actors.TxSubmitted:
 		return "TxSubmitted", m
 	case actors.TxPinFailed:
@@ -253,6 +259,11 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		var w txFlushed
 		if err = unmarshal(raw, &w); err == nil {
 			out = actors.TxFlushed{Peer: w.Peer, Err: textErr(w.Err)}
+		}
+	case "TxSent":
+		var w txSent
+		if err = unmarshal(raw, &w); err == nil {
+			out = actors.TxSent{Peer: w.Peer, Err: textErr(w.Err)}
 		}
 	case "TxSubmitted":
 		out, err = decodeAs[actors.TxSubmitted](raw)

@@ -38,6 +38,8 @@ func everyMessage() []any {
 		actors.TxCompleted{Op: ops[0], Err: boom, Refused: true},
 		actors.TxCompleted{Op: ops[0], Err: errors.New("")}, // an empty error text is still an error
 		actors.TxFlushed{Peer: 2, Err: boom},
+		actors.TxSent{Peer: 1},
+		actors.TxSent{Peer: 2, Err: boom},
 		actors.TxInDoubt{Ops: ops, Reason: boom},
 		actors.TxRetired{Ops: ops},
 		actors.TxCancel{},
@@ -127,6 +129,7 @@ func TestCodecCoversFields(t *testing.T) {
 		{actors.TxPeerRequest{}, txPeerRequest{}, []string{"Route"}, []string{"Hello", "Data"}},
 		{actors.TxCompleted{}, txCompleted{}, nil, nil},
 		{actors.TxFlushed{}, txFlushed{}, nil, nil},
+		{actors.TxSent{}, txSent{}, nil, nil},
 		{actors.TxInDoubt{}, txInDoubt{}, nil, nil},
 		{actors.TxCancel{}, txCancel{}, nil, nil},
 		{actors.TxPanic{}, txPanic{}, nil, nil},

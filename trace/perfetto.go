@@ -402,7 +402,7 @@ func msgCategory(typ string) string {
 		return "timeout"
 	case "TxPeerRequest", "TxPeerCancel", "TxPeerGone", "RxFrame", "RxPeerGone":
 		return "peer"
-	case "TxCompleted", "TxFlushed", "TxInDoubt", "TxRetired":
+	case "TxCompleted", "TxFlushed", "TxSent", "TxInDoubt", "TxRetired":
 		return "worker"
 	}
 	return "local"
@@ -438,6 +438,8 @@ func msgLabel(typ string, raw json.RawMessage) string {
 		return fmt.Sprintf("TxCompleted peer%d op%d%s", m.Op.Peer, m.Op.Seq, errSuffix(m.Err))
 	case actors.TxFlushed:
 		return fmt.Sprintf("TxFlushed peer%d%s", m.Peer, errSuffix(m.Err))
+	case actors.TxSent:
+		return fmt.Sprintf("TxSent peer%d%s", m.Peer, errSuffix(m.Err))
 	case actors.TxTimeout:
 		return "TxTimeout " + TimerName(m.Kind)
 	case actors.TxPeerCancel:

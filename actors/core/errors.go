@@ -31,4 +31,8 @@ var (
 	// ErrMismatch: the two sides disagree about a request (prompt length,
 	// bytes written against bytes planned, layout).
 	ErrMismatch = errors.New("actors: context and generation disagree")
+	// ErrFrameUnsent: a request's control frame did not leave this process
+	// (the control plane refused it: the peer could not be dialled, its
+	// connection closed, its backlog full); the error wraps why.
+	ErrFrameUnsent = errors.New("actors: control frame not sent")
 )

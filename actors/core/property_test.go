@@ -29,10 +29,12 @@ import (
 //   - a Flush only when every op of the stream is BACKEND_DONE; a Result
 //     SUCCESS only as the answer to that stream's successful flush; any
 //     other terminal frame only when the stream's ops are quiescent; one
-//     terminal frame per stream.
+//     terminal frame per stream;
+//   - DONE only once every peer's SUCCESS Result was reported sent
+//     (TxSent without an error); one reported unsent fails the request.
 //
 // At the end everything is drained (fences fired, submits completed,
-// in-doubt ops retired, flushes answered, the session cancelled if it is
+// in-doubt ops retired, flushes answered, sends reported, the session cancelled if it is
 // still undecided): the session must be stopped, every Pin matched by an
 // Unpin, and Finish emitted exactly once.
 func TestProperty_TxInterleavings(t *testing.T) {
@@ -71,6 +73,8 @@ type txModel struct {
 	pins          map[pinKey]int
 	frames        map[int]int
 	success       map[int]bool
+	sending       map[int]bool // SUCCESS Result emitted, its TxSent not yet delivered
+	left          map[int]bool // TxSent without an error
 	finishes      []Outcome
 	stopped       bool
 	first         TxState
@@ -83,6 +87,7 @@ func newTxModel(rt *rapid.T) *txModel {
 		requested: map[int]bool{}, peerCancelled: map[int]bool{}, watched: map[int]bool{}, fired: map[int]bool{},
 		inflight: map[OpRef]bool{}, doubted: map[OpRef]bool{}, nextSeq: map[int]int{}, flushing: map[int]bool{},
 		timers: map[TimerKind][]time.Time{}, pins: map[pinKey]int{}, frames: map[int]int{}, success: map[int]bool{},
+		sending: map[int]bool{}, left: map[int]bool{},
 	}
 	peers := rapid.IntRange(1, 3).Draw(rt, "peers")
 	nChunks := rapid.IntRange(1, 4).Draw(rt, "chunks")
@@ -191,6 +196,9 @@ func (m *txModel) randomStep() {
 	if len(m.flushing) > 0 {
 		add("flush", 6)
 	}
+	if len(m.sending) > 0 {
+		add("sent", 6)
+	}
 	if len(m.requested) > 0 {
 		add("peer-cancel", 1)
 	}
@@ -277,6 +285,19 @@ func (m *txModel) randomStep() {
 			err = errors.New("flush failed")
 		}
 		m.step(TxFlushed{Peer: p, Err: err})
+	case "sent":
+		p := rapid.SampledFrom(sortedInts(m.sending)).Draw(rt, "peer")
+		delete(m.sending, p)
+		var err error
+		if rapid.IntRange(0, 3).Draw(rt, "sent-err") == 0 {
+			err = errors.New("dial refused")
+		} else {
+			m.left[p] = true
+		}
+		m.step(TxSent{Peer: p, Err: err})
+		if err != nil && m.s.State() == TxDone {
+			rt.Fatalf("DONE after peer %d's Result was reported unsent", p)
+		}
 	case "peer-cancel":
 		p := rapid.SampledFrom(sortedInts(m.requested)).Draw(rt, "peer")
 		epoch := uint64(1)
@@ -433,6 +454,7 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 						rt.Fatalf("%T: Result SUCCESS to %d not as the answer to its flush (state %v)", msg, p, after)
 					}
 					m.success[p] = true
+					m.sending[p] = true
 				}
 			case *messages.CancelAck:
 				if !m.peerCancelled[p] {
@@ -489,6 +511,9 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			if !m.success[p] {
 				rt.Fatalf("%T: DONE without SUCCESS to peer %d", msg, p)
 			}
+			if !m.left[p] {
+				rt.Fatalf("%T: DONE before peer %d's Result was reported sent", msg, p)
+			}
 		}
 	}
 }
@@ -529,6 +554,11 @@ func (m *txModel) drain() {
 			p := sortedInts(m.flushing)[0]
 			delete(m.flushing, p)
 			m.step(TxFlushed{Peer: p})
+		case len(m.sending) > 0:
+			p := sortedInts(m.sending)[0]
+			delete(m.sending, p)
+			m.left[p] = true
+			m.step(TxSent{Peer: p})
 		case m.started && m.sent < len(m.chunks):
 			m.sent++
 			m.step(m.chunks[m.sent-1])

@@ -36,7 +36,9 @@ import (
 //	fence chunk=0 [err=text]            TxFenceFired
 //	complete peer=1 op=0 [err=text] [refused]
 //	flush peer=1 [err=text]             TxFlushed
+//	sent peer=1 [err=text]              TxSent (the stream's terminal frame left, or not)
 //	cancel | peer-cancel peer=1 [epoch=1] | panic
+//	peer-gone peer=1                    TxPeerGone (the control plane declared gen/1 dead)
 //	timeout [kind=drain]                TxTimeout (deadline by default)
 //	indoubt peer=1 op=(0,1)             TxInDoubt (worker crashed)
 //	retire peer=1 op=(0,1)              TxRetired (endpoint closed)
@@ -104,10 +106,14 @@ func TestScenario_Tx(t *testing.T) {
 				Err: errArg(t, d), Refused: d.HasArg("refused")})
 		case "flush":
 			effs = h.flushed(intArg(t, d, "peer", 1), errArg(t, d))
+		case "sent":
+			effs = h.sent(intArg(t, d, "peer", 1), errArg(t, d))
 		case "cancel":
 			effs = h.step(TxCancel{})
 		case "peer-cancel":
 			effs = h.step(TxPeerCancel{Peer: intArg(t, d, "peer", 1), Epoch: uint64(intArg(t, d, "epoch", 1))})
+		case "peer-gone":
+			effs = h.step(TxPeerGone{Peer: genPeer(intArg(t, d, "peer", 1))})
 		case "panic":
 			effs = h.step(TxPanic{Err: errors.New("injected panic")})
 		case "timeout":

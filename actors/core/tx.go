@@ -74,6 +74,17 @@ type (
 		Peer int
 		Err  error
 	}
+	// TxSent: a worker tried to hand stream Peer's terminal frame to the
+	// control plane. Err nil means the control plane took it (it is on the
+	// wire, or queued on a connection that sends it in order); an error
+	// means the frame did not leave this process, so the peer never learns
+	// of it from us. A SUCCESS Result that did not leave fails the request:
+	// DONE means every peer's Result left (issue: a success that was not
+	// checked is a lie).
+	TxSent struct {
+		Peer int
+		Err  error
+	}
 	// TxInDoubt: a worker lost track of these ops (it crashed).
 	TxInDoubt struct {
 		Ops    []OpRef
@@ -114,8 +125,13 @@ type streamPhase uint8
 const (
 	streamOpen     streamPhase = iota // admitting ops
 	streamFlushing                    // last op landed, flush requested
-	streamFinished                    // terminal frame sent
+	streamSending                     // SUCCESS Result handed to its worker, waiting for TxSent
+	streamFinished                    // terminal frame sent (a SUCCESS Result: and it left)
 )
+
+// answered reports whether the stream's terminal frame was handed to its
+// worker: nothing more of the stream may be sent.
+func (st *stream) answered() bool { return st.phase >= streamSending }
 
 // stream is the context-side state for one (request, generation rank).
 type stream struct {
@@ -236,6 +252,8 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.onWorkerDead(m)
 	case TxFlushed:
 		s.onFlushed(m)
+	case TxSent:
+		s.onSent(m)
 	case TxInDoubt:
 		for _, r := range m.Ops {
 			if o := s.opOf(r); o != nil && (o.state == OpSubmitting || o.state == OpSubmitted) {
@@ -560,19 +578,35 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 
 // succeed sends a stream's Result{SUCCESS}: every op of it is BACKEND_DONE
 // and their bytes are proven landed (a flush, or completions that prove
-// delivery), so the peer may read them.
+// delivery), so the peer may read them. The stream counts as finished for
+// DONE only once its worker reports the frame left (TxSent).
 func (s *TxSession) succeed(st *stream) {
-	st.phase = streamFinished
+	st.phase = streamSending
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
 		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload, Incarnations: s.incs(st),
 	}})
 }
 
+// onSent records whether a stream's SUCCESS Result left this process: one
+// that did not fails the request (the peer waits for a Result that will
+// never come; its deadline or Cancel ends its side). Reports about other
+// terminal frames change nothing: the outcome is already decided.
+func (s *TxSession) onSent(m TxSent) {
+	st := s.streams[m.Peer]
+	if st == nil || st.phase != streamSending {
+		return
+	}
+	st.phase = streamFinished
+	if m.Err != nil {
+		s.fail(TxFailed, fmt.Errorf("%w: request %s: the Result for %s: %w", ErrFrameUnsent, s.cfg.Request, st.route.Peer, m.Err))
+	}
+}
+
 func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
 	for _, p := range s.order {
 		st := s.streams[p]
-		if st.route.Peer != m.Peer || st.phase == streamFinished {
+		if st.route.Peer != m.Peer || st.answered() {
 			continue
 		}
 		s.fail(TxFailed, fmt.Errorf("%w: request %s: %s", ErrPeerGone, s.cfg.Request, m.Peer))
@@ -656,7 +690,7 @@ func (s *TxSession) progress() {
 					s.setOp(OpRef{s.cfg.Request, st.peer, i}, o, OpNotSubmitted)
 				}
 			}
-			if st.phase != streamFinished && streamQuiescent(st) {
+			if !st.answered() && streamQuiescent(st) {
 				s.finishStream(st)
 			}
 			continue
@@ -766,7 +800,10 @@ func (s *TxSession) maybeRelease() {
 		return
 	}
 	for _, st := range s.streams {
-		if st.phase != streamFinished {
+		// A SUCCESS Result still waiting for its TxSent does not hold the
+		// release of a failed session: its ops are quiescent, and the
+		// report may never come (its worker died).
+		if !st.answered() {
 			return
 		}
 	}

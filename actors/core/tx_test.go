@@ -226,6 +226,12 @@ func (h *txHarness) flushed(peer int, err error) []Effect {
 	return h.step(TxFlushed{Peer: peer, Err: err})
 }
 
+// sent reports that stream peer's terminal frame left (err nil) or did not.
+func (h *txHarness) sent(peer int, err error) []Effect {
+	h.t.Helper()
+	return h.step(TxSent{Peer: peer, Err: err})
+}
+
 func (h *txHarness) op(peer, seq int) OpRef { return OpRef{Request: "r1", Peer: peer, Seq: seq} }
 
 func (h *txHarness) opState(peer, seq int) OpState {
@@ -528,6 +534,7 @@ func TestRace_SecondWriterCannotResurrectOp(t *testing.T) {
 		if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 32 {
 			t.Fatalf("bytes %d, want 32", r.Bytes)
 		}
+		h.sent(1, nil)
 		h.wantReleased(TxDone, nil)
 	})
 	t.Run("completion after refusal", func(t *testing.T) {
@@ -741,6 +748,9 @@ func TestTx_FirstTerminalOutcomeWins(t *testing.T) {
 		h.complete(1, 0, nil)
 		effs := h.flushed(1, nil)
 		wantResult(t, effs, 1, messages.StatusSuccess)
+		h.wantState(TxTransferring) // DONE waits for the report that the Result left
+		wantNo(t, "Result not reported sent", effs, "Unpin", "Finish", "Stop")
+		effs = h.sent(1, nil)
 		h.wantState(TxDone)
 		wantNo(t, "DONE with chunk 1's fence pending", effs, "Unpin", "Finish", "Stop")
 
@@ -813,6 +823,8 @@ func TestTx_ChunksBeforeAndAfterRequest(t *testing.T) {
 	if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 96 || string(r.Payload) != "tok" || r.Epoch != 1 {
 		t.Fatalf("result %+v", r)
 	}
+	wantNo(t, "Result not reported sent", effs, "Unpin", "Finish")
+	effs = h.sent(1, nil)
 	if got := len(effectsOf[Unpin](effs)); got != 6 {
 		t.Fatalf("%d Unpins, want 6 (3 chunks × 2 groups)", got)
 	}
@@ -844,6 +856,7 @@ func TestTx_SuccessOnlyAfterFlush(t *testing.T) {
 		h.wantState(TxTransferring)
 		effs = h.flushed(1, nil)
 		wantResult(t, effs, 1, messages.StatusSuccess)
+		h.sent(1, nil)
 		h.wantReleased(TxDone, nil)
 	})
 	t.Run("flush fails", func(t *testing.T) {
@@ -887,6 +900,7 @@ func TestTx_CompletionsDeliver(t *testing.T) {
 		if r := wantResult(t, effs, 1, messages.StatusSuccess); r.Bytes != 96 {
 			t.Fatalf("Result bytes %d, want 96", r.Bytes)
 		}
+		h.sent(1, nil)
 		h.wantReleased(TxDone, nil)
 	})
 	t.Run("completion fails", func(t *testing.T) {
@@ -916,6 +930,7 @@ func TestTx_CompletionsDeliver(t *testing.T) {
 		effs := h.complete(1, 0, nil)
 		wantResult(t, effs, 1, messages.StatusSuccess)
 		wantNo(t, "peer 1 delivered", effs, "Flush", "Finish")
+		h.sent(1, nil)
 		effs = h.complete(2, 0, nil)
 		if f := effectsOf[Flush](effs); len(f) != 1 || f[0].Peer != 2 {
 			t.Fatalf("want Flush peer 2: %s", fmtEffects(effs))
@@ -923,6 +938,7 @@ func TestTx_CompletionsDeliver(t *testing.T) {
 		wantNo(t, "peer 2's flush outstanding", effs, "SendFrame", "Finish")
 		effs = h.flushed(2, nil)
 		wantResult(t, effs, 2, messages.StatusSuccess)
+		h.sent(2, nil)
 		h.wantReleased(TxDone, nil)
 	})
 }
@@ -956,11 +972,13 @@ func TestTx_MultiPeerFanOut(t *testing.T) {
 		wantResult(t, effs, p, messages.StatusSuccess)
 		h.wantState(TxTransferring)
 		wantNo(t, "not every stream finished", effs, "Finish", "Unpin")
+		wantNo(t, "not every stream finished", h.sent(p, nil), "Finish", "Unpin")
 	}
 	effs = h.flushed(3, nil)
 	if r := wantResult(t, effs, 3, messages.StatusSuccess); r.Bytes != 32 {
 		t.Fatalf("peer 3 bytes %d, want 32", r.Bytes)
 	}
+	h.sent(3, nil)
 	out := h.wantReleased(TxDone, nil)
 	if out.Bytes != 32*5 {
 		t.Fatalf("bytes %d, want %d", out.Bytes, 32*5)
@@ -1170,6 +1188,7 @@ func TestTx_OrphanTimerDoesNotCutALongerDeadline(t *testing.T) {
 	h.wantState(TxTransferring)
 	h.complete(1, 0, nil)
 	wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+	h.sent(1, nil)
 	h.wantReleased(TxDone, nil)
 }
 
@@ -1318,5 +1337,6 @@ func TestTx_LayerPartsOfTheLastChunk(t *testing.T) {
 	}
 	effs = h.flushed(1, nil)
 	wantResult(t, effs, 1, messages.StatusSuccess)
+	h.sent(1, nil)
 	h.wantReleased(TxDone, nil)
 }

@@ -465,14 +465,25 @@ func (w *worker) crash() {
 	}
 }
 
-func (w *worker) send(e actors.SendFrame) {
+// send hands a frame to the control plane. A stream's terminal frame
+// (ts set, FromStream) is reported to its session (workerSlot.send,
+// TxSent); any other frame the control plane refuses is lost (the
+// receiver's Cancel re-send and deadline cover it).
+func (w *worker) send(ts *txSess, e actors.SendFrame) {
 	if !w.live() {
 		return
 	}
-	// A frame the control plane refuses is lost (the context side's
-	// workers report nothing back; the receiver's Cancel re-send and
-	// deadline cover it).
-	_ = w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
+	err := w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
+	if ts == nil || !e.FromStream {
+		return
+	}
+	if err != nil {
+		if ts.unsent == nil {
+			ts.unsent = map[int]error{}
+		}
+		ts.unsent[e.Peer] = err
+	}
+	w.toSession(ts, actors.TxSent{Peer: e.Peer, Err: err})
 }
 
 // genDied fails every endpoint to a dead generation incarnation: nothing

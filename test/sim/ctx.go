@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -169,6 +170,8 @@ type txSess struct {
 	opSegs        map[actors.OpRef][]kvcache.Segment
 	opEpoch       map[actors.OpRef]uint64
 	lateOps       map[actors.OpRef]bool
+	// unsent: the streams whose terminal frame the control plane refused.
+	unsent map[int]error
 	// decide is the Decide effect seen (at most one, at the terminal
 	// transition).
 	decide *actors.Decide
@@ -303,6 +306,10 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 		case actors.Finish:
 			if !ts.decided || e.Outcome.Status != ts.first.Status() {
 				s.failf("%s: %T: Finish %s, first outcome %v", ts.name, msg, e.Outcome.Status, ts.first)
+				return
+			}
+			if e.Outcome.OK && len(ts.unsent) > 0 {
+				s.failf("%s: %T: DONE, yet the Result to generation rank index(es) %v never left (%v)", ts.name, msg, slices.Sorted(maps.Keys(ts.unsent)), ts.unsent)
 				return
 			}
 			if e.Outcome.OK && s.mismatchedFor(c, ts.id) {
@@ -502,7 +509,7 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 			s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
 		case actors.SendFrame:
 			w := c.workers[e.Worker]
-			s.mail(ts.name, w.name(), s.hop(), e, func() { w.send(e) })
+			s.mail(ts.name, w.name(), s.hop(), e, func() { w.send(ts, e) })
 		case actors.StartTimer:
 			d := max(e.At.Sub(c.now()), 0)
 			msg := actors.TxTimeout{Kind: e.Kind}
@@ -632,7 +639,7 @@ func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
 	core.Stamp(f, c.incarnation(), c.answering)
 	w := c.workers[actors.WorkerFor(request, to, len(c.workers))]
 	e := actors.SendFrame{Worker: w.idx, To: to, Frame: f}
-	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(e) })
+	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(nil, e) })
 }
 
 // onRequestData is txParent.onRequestData, on the real core.TxTable.

@@ -100,6 +100,13 @@ const (
 	// that lapses (a partition, a stall, heartbeats that stopped) fences
 	// the writer from that peer (TxPeerGone). Counted when one lapses.
 	FaultWriterLease
+	// FaultResultUnsent: a context rank's control plane refuses its
+	// frames to a generation rank for a while (the peer cannot be
+	// dialled, its backlog is full): a stream's terminal frame does not
+	// leave, its worker reports it (TxSent), and a SUCCESS Result that
+	// did not leave fails the request instead of DONE. Counted when a
+	// frame is refused.
+	FaultResultUnsent
 
 	numFaults
 )
@@ -112,6 +119,7 @@ var faultNames = [numFaults]string{
 	"session panic", "fence failure", "prompt length mismatch", "writer never connected",
 	"control refused, RequestData re-sent", "pin refused (source freed)",
 	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift", "writer lease lapsed",
+	"context frame refused (Result not sent)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -214,6 +222,9 @@ type plan struct {
 	// Receive names a context instance that does not exist.
 	ghost    float64
 	refusals []refusal
+	// unsent: windows in which context rank ctx's frames to generation
+	// rank gen are refused (FaultResultUnsent).
+	unsent []refusal
 	// pPinRefuse is the probability, per chunk, that the serving process
 	// frees one of its source blocks before the session pins it.
 	pPinRefuse float64
@@ -373,6 +384,13 @@ func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration
 		p.leaseTTL = 3*p.beat + time.Duration(r.Int64N(int64(20*time.Millisecond)))
 		p.beatsEnd = horizon + 300*time.Millisecond
 	}
+	if p.on[FaultResultUnsent] {
+		for range 1 + r.IntN(3) {
+			from := at()
+			p.unsent = append(p.unsent, refusal{gen: r.IntN(genRanks), ctx: r.IntN(ctxRanks),
+				w: window{from, from + time.Millisecond + time.Duration(r.Int64N(int64(60*time.Millisecond)))}})
+		}
+	}
 	if p.on[FaultClockDrift] {
 		for range ctxRanks + genRanks {
 			p.driftPPM = append(p.driftPPM, r.Int64N(2*maxDriftPPM+1)-maxDriftPPM)
@@ -402,6 +420,17 @@ func (p *plan) refused(g, c int, t time.Duration) (refused, forever bool) {
 		}
 	}
 	return refused, forever
+}
+
+// unsentAt reports whether context rank c's frames to generation rank g
+// are refused at t.
+func (p *plan) unsentAt(c, g int, t time.Duration) bool {
+	for _, rf := range p.unsent {
+		if rf.ctx == c && rf.gen == g && t >= rf.w.from && t < rf.w.to {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *plan) registrationDown(rank int, t time.Duration) bool {

@@ -50,6 +50,9 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		if refused, _ := s.faults.refused(from, int(to.Rank), s.vt); refused {
 			return fmt.Errorf("%w: %T to %s", errQueueFull, f, to)
 		}
+	} else if s.faults.unsentAt(from, int(to.Rank), s.vt) {
+		s.fired(FaultResultUnsent)
+		return fmt.Errorf("%w: dial %s: refused", control.ErrPeerGone, to)
 	}
 	var toInc int
 	var toName string
