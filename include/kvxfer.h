@@ -75,7 +75,7 @@ typedef enum kvxfer_status {
 
 /* A request's outcome (kvxfer_event.outcome). */
 typedef enum kvxfer_outcome {
-    KVXFER_OUTCOME_DONE = 1,      /* context side: every byte written, every pin dropped */
+    KVXFER_OUTCOME_DONE = 1,      /* context side: every byte written, every peer's Result sent, every pin dropped */
     KVXFER_OUTCOME_READY = 2,     /* generation side: the destination blocks hold the KV */
     KVXFER_OUTCOME_FAILED = 3,
     KVXFER_OUTCOME_CANCELLED = 4,
