@@ -358,7 +358,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	}
 	tpb := e.cfg.layout.TokensPerBlock
 	tx := &TxHandle{inner: h, e: e, req: req, tpb: tpb, order: kvcache.NewChunkOrder(req.PromptLen, tpb, e.cfg.layout.Layers)}
-	h.AfterFinish(context.AfterFunc(ctx, tx.Cancel))
+	if ctx.Done() != nil { // a context that can never be cancelled needs no watcher (no allocation per request)
+		h.AfterFinish(context.AfterFunc(ctx, tx.Cancel))
+	}
 	return tx, nil
 }
 
@@ -523,7 +525,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 		return nil, err
 	}
 	rx := &RxHandle{inner: h}
-	h.AfterFinish(context.AfterFunc(ctx, rx.Cancel))
+	if ctx.Done() != nil {
+		h.AfterFinish(context.AfterFunc(ctx, rx.Cancel))
+	}
 	return rx, nil
 }
 
