@@ -29,6 +29,7 @@ const (
 	reasonCancelled
 	reasonPeerCancelled
 	reasonTimeout
+	reasonUnsent
 	reasonPeerGone
 	reasonWorkerCrashed
 	reasonSessionCrashed
@@ -48,6 +49,7 @@ var failReasons = [numReasons]struct {
 	{"cancelled", ErrCancelled},
 	{"peer_cancelled", ErrPeerCancelled},
 	{"timeout", ErrTimeout},
+	{"unsent", ErrFrameUnsent},
 	{"peer_gone", ErrPeerGone},
 	{"worker_crashed", ErrWorkerCrashed},
 	{"session_crashed", ErrSessionCrashed},

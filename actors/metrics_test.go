@@ -307,6 +307,8 @@ func TestReasonOf(t *testing.T) {
 		{fmt.Errorf("%w: request r chunk 1", ErrFence), "fence"},
 		{fmt.Errorf("%w: op", ErrPeerFailed), "peer_failed"},
 		{fmt.Errorf("%w: gen/1", ErrPeerGone), "peer_gone"},
+		// A Result that did not leave, whatever the control plane said.
+		{fmt.Errorf("%w: the Result for gen/1: %w", ErrFrameUnsent, ErrPeerGone), "unsent"},
 		{fmt.Errorf("%w: request r: %w", ErrBadRequest, errors.New("kvcache")), "bad_request"},
 		{ErrBadChunk, "bad_chunk"},
 		{errors.New("something else"), "other"},

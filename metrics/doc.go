@@ -44,7 +44,8 @@
 //	                                                               counts a session that is decided and still draining; rx requests waiting for
 //	                                                               destination blocks have no session yet
 //	kvxfer_failures_total               counter    side, reason    requests that ended without success, counted when decided; reason is the first
-//	                                                               sentinel the error wraps: closed, cancelled, peer_cancelled, timeout, peer_gone,
+//	                                                               sentinel the error wraps: closed, cancelled, peer_cancelled, timeout, unsent
+//	                                                               (a SUCCESS Result the control plane refused), peer_gone,
 //	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, other
 //	                                                               (the actors.Err* sentinels of the same names; closed: Engine.Close)
 //	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener),

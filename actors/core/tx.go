@@ -79,8 +79,7 @@ type (
 	// wire, or queued on a connection that sends it in order); an error
 	// means the frame did not leave this process, so the peer never learns
 	// of it from us. A SUCCESS Result that did not leave fails the request:
-	// DONE means every peer's Result left (issue: a success that was not
-	// checked is a lie).
+	// DONE means every peer's Result left.
 	TxSent struct {
 		Peer int
 		Err  error
