@@ -56,8 +56,10 @@ func (c *refusingConn) Send(f messages.Frame) error {
 // control plane refuses does not report DONE — its outcome is FAILED,
 // naming the frame, the peer and why (ErrFrameUnsent, and ErrPeerGone from
 // the control plane) — within the request, not at a deadline. The
-// generation side, which never got a Result, ends at its own deadline;
-// its Cancel is acknowledged, so its blocks are freed, not quarantined.
+// generation side, which never got a Result, waits (until its deadline in
+// production; here the test cancels it): its Cancel is acknowledged by
+// the context rank, whose session is gone, so its blocks are freed, not
+// quarantined.
 // Nothing leaks, and the next request on the same engines is DONE/READY
 // with every byte verified. Before TxSent the context side said DONE here
 // (checked: with the session's sending phase removed this test fails).
@@ -96,7 +98,7 @@ func testResultUnsent(t *testing.T, panics bool) {
 	rl.refuse.Store(true)
 	const prompt = 64
 	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "unsent", PromptLen: prompt,
-		Context: "ctx", ContextParallel: one, Timeout: 2 * time.Second})
+		Context: "ctx", ContextParallel: one})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,9 +143,14 @@ func testResultUnsent(t *testing.T, panics bool) {
 	if err := c.ctx[0].Pools().Free(src); err != nil {
 		t.Fatalf("free source after Done: %v", err)
 	}
-	ro := waitOutcome(t, rx.Done())
-	if ro.OK {
-		t.Fatalf("generation side READY without a Result: %s", ro.Status)
+	select {
+	case ro := <-rx.Done():
+		t.Fatalf("generation side ended %s (%v) before its deadline or a cancel: no Result reached it", ro.Status, ro.Err)
+	default:
+	}
+	rx.Cancel()
+	if ro := waitOutcome(t, rx.Done()); ro.Status != kvxfer.StatusCancelled {
+		t.Fatalf("generation side: %s %v, want CANCELLED", ro.Status, ro.Err)
 	}
 	checkNoLeaks(t, c)
 
