@@ -465,12 +465,28 @@ func (w *worker) crash() {
 	}
 }
 
+// pPanicInSend is the probability, with worker panics on, that a worker
+// panics inside the send of a stream's terminal frame.
+const pPanicInSend = 0.05
+
 // send hands a frame to the control plane. A stream's terminal frame
 // (ts set, FromStream) is reported to its session (workerSlot.send,
 // TxSent); any other frame the control plane refuses is lost (the
 // receiver's Cancel re-send and deadline cover it).
 func (w *worker) send(ts *txSess, e actors.SendFrame) {
 	if !w.live() {
+		return
+	}
+	if ts != nil && e.FromStream && w.s.faults.on[FaultWorkerPanic] && w.s.chance(pPanicInSend) {
+		// The worker panics inside the send (workerSlot.restart's
+		// sending): the frame left or not, nobody knows which; the
+		// stream's session hears it was not sent, then the restart's
+		// reports follow.
+		if w.s.chance(0.5) {
+			_ = w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
+		}
+		w.toSession(ts, actors.TxSent{Peer: e.Peer, Err: fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, w.idx)})
+		w.crash()
 		return
 	}
 	err := w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)

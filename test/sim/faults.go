@@ -14,7 +14,9 @@ type Fault uint8
 // Fault kinds.
 const (
 	// FaultWorkerPanic: a sender worker panics and restarts (its ops go
-	// IN_DOUBT, its endpoints are closed, then they are retired).
+	// IN_DOUBT, its endpoints are closed, then they are retired); now and
+	// then inside the send of a stream's terminal frame, which may or may
+	// not have left and which its session hears was not sent.
 	FaultWorkerPanic Fault = iota
 	// FaultPeerDeathBeforePost: a rank dies before any write to or from it
 	// was posted.
