@@ -34,9 +34,11 @@
 // checked against the two ranks' shapes), the rx shell (RxBegin stepped
 // first, as on Started; timers carry their kind), sender workers (what
 // actors/worker.go does with Submit — TxSubmitted once the post returns —,
-// Flush, CloseEndpoint, SendFrame, SendRequestData — RxSent with the
-// control link's answer — and a restart: TxInDoubt, then close every
-// endpoint, which retires its ops), and the serving processes (Send and
+// Flush, CloseEndpoint, SendFrame — TxSent with the control link's answer
+// for a stream's terminal frame —, SendRequestData — RxSent likewise —
+// and a restart: TxInDoubt, then close every endpoint, which retires its
+// ops; a restart inside a terminal frame's send reports it not sent), and
+// the serving processes (Send and
 // chunks — refused once the handle's Decided carries an error —, Receive,
 // cancel, and freeing blocks after Done). A batch lands —
 // its segments are copied between the two regions — at a scheduled time; a
