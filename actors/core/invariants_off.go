@@ -17,3 +17,5 @@ func (*TxSession) mutLateSuccess() {}
 func mutFreeOnSuspicion() bool { return false }
 
 func mutEndBeforeFinalPart() bool { return false }
+
+func mutDoneOnHandoff() bool { return false }

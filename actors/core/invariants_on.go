@@ -31,7 +31,13 @@ var Mutations struct {
 	// chunk is written, not only its final part (the one that reaches the
 	// model's last layer): the SUCCESS leaves before the later parts.
 	EndBeforeFinalPart bool
+	// DoneOnHandoff counts a stream's SUCCESS Result as sent once it is
+	// handed to its worker, without waiting for the worker's report
+	// (TxSent): a Result the control plane refused still ends DONE.
+	DoneOnHandoff bool
 }
+
+func mutDoneOnHandoff() bool { return Mutations.DoneOnHandoff }
 
 func mutFreeOnSuspicion() bool { return Mutations.FreeOnSuspicion }
 

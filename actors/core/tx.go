@@ -581,6 +581,9 @@ func (s *TxSession) onFlushed(m TxFlushed) {
 // DONE only once its worker reports the frame left (TxSent).
 func (s *TxSession) succeed(st *stream) {
 	st.phase = streamSending
+	if mutDoneOnHandoff() {
+		st.phase = streamFinished
+	}
 	s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
 		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload, Incarnations: s.incs(st),

@@ -24,6 +24,7 @@ var mutations = []struct {
 	{"admit-after-drain", &core.Mutations.AdmitAfterDrain, false},
 	{"free-on-suspicion", &core.Mutations.FreeOnSuspicion, true},
 	{"end-before-final-part", &core.Mutations.EndBeforeFinalPart, false},
+	{"done-on-handoff", &core.Mutations.DoneOnHandoff, false},
 	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 
