@@ -59,12 +59,12 @@ func TestCompletionsDeliverSkipsTheFlush(t *testing.T) {
 			fc := &flushCounter{Agent: loopback.New(loopback.WithNetwork(net)), deliver: deliver}
 			genAgent := loopback.New(loopback.WithNetwork(net))
 			t.Cleanup(func() { _, _ = fc.Close(), genAgent.Close() }) // after the engines' Close (cleanups run last first)
-			c := startClusterOn(t, l, one, one, 2, func(inst string, _ int) rdma.Agent {
+			c := startClusterOn(t, l, one, one, 2, clusterOpts{agent: func(inst string, _ int) rdma.Agent {
 				if inst == "ctx" {
 					return fc
 				}
 				return genAgent
-			})
+			}})
 			const requests = 4
 			for i := range requests {
 				transfer(t, c, l, fmt.Sprintf("d%d", i), i, 64, 32, i%2 == 0)

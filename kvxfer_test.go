@@ -37,22 +37,33 @@ type cluster struct {
 
 func startCluster(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int) *cluster {
 	t.Helper()
-	return startClusterOn(t, l, ctxPar, genPar, workers, nil)
+	return startClusterOn(t, l, ctxPar, genPar, workers, clusterOpts{})
 }
 
-// startClusterOn is startCluster with each engine's agent from agentFor
-// (inst "ctx" or "gen", rank index); nil, or a nil agent, is the engine's
-// default (its own loopback agent).
-func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int, agentFor func(inst string, i int) rdma.Agent) *cluster {
+// clusterOpts changes what startClusterOn gives an engine (inst "ctx" or
+// "gen", rank index i): agent, when set and not nil, instead of the
+// engine's own loopback agent; link, when set, the Link it uses, made
+// from the cluster's MemLink.
+type clusterOpts struct {
+	agent func(inst string, i int) rdma.Agent
+	link  func(inst string, ml *control.MemLink) control.Link
+}
+
+// startClusterOn is startCluster with the engines' agents and links from o.
+func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Parallel, workers int, o clusterOpts) *cluster {
 	t.Helper()
 	c := &cluster{link: control.NewMemLink(), ctxPar: ctxPar, genPar: genPar}
 	start := func(inst string, p kvcache.Parallel, i int) *kvxfer.Engine {
 		var agent rdma.Agent
-		if agentFor != nil {
-			agent = agentFor(inst, i)
+		if o.agent != nil {
+			agent = o.agent(inst, i)
+		}
+		var link control.Link = c.link
+		if o.link != nil {
+			link = o.link(inst, c.link)
 		}
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
-			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: c.link, Agent: agent, TransferTimeout: 20 * time.Second})
+			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second})
 		if err != nil {
 			t.Fatalf("start %s rank %d: %v", inst, i, err)
 		}

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -75,25 +75,14 @@ func TestResultUnsentFailsTheRequest(t *testing.T) {
 func testResultUnsent(t *testing.T, panics bool) {
 	l := smallLayout()
 	one := kvcache.Parallel{TP: 1, PP: 1}
-	c := &cluster{link: control.NewMemLink(), ctxPar: one, genPar: one}
-	rl := &refusingLink{Link: c.link, panics: panics}
-	start := func(inst string, link control.Link) *kvxfer.Engine {
-		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0),
-			Layout: &l, PoolBytes: 4 << 20, Workers: 2, Link: link, TransferTimeout: 20 * time.Second})
-		if err != nil {
-			t.Fatalf("start %s: %v", inst, err)
+	var rl *refusingLink
+	c := startClusterOn(t, l, one, one, 2, clusterOpts{link: func(inst string, ml *control.MemLink) control.Link {
+		if inst != "ctx" {
+			return ml
 		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := e.Close(ctx); err != nil {
-				t.Errorf("close %s: %v", inst, err)
-			}
-		})
-		return e
-	}
-	c.ctx = append(c.ctx, start("ctx", rl))
-	c.gen = append(c.gen, start("gen", c.link))
+		rl = &refusingLink{Link: ml, panics: panics}
+		return rl
+	}})
 
 	rl.refuse.Store(true)
 	const prompt = 64
@@ -119,7 +108,7 @@ func testResultUnsent(t *testing.T, panics bool) {
 		t.Fatal(err)
 	}
 	for _, ch := range chunks {
-		if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), firedFence()); err != nil {
+		if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), actors.FiredFence{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -158,11 +147,4 @@ func testResultUnsent(t *testing.T, panics bool) {
 	rl.refuse.Store(false)
 	transfer(t, c, l, "after", 3, prompt, 32, true)
 	checkNoLeaks(t, c)
-}
-
-// firedFence is a fence that has fired: the chunk's KV is in place.
-func firedFence() *kvxfer.ManualFence {
-	f := &kvxfer.ManualFence{}
-	f.Fire(nil)
-	return f
 }
