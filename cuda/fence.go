@@ -146,6 +146,10 @@ func (f *EventFence) Wait(ctx context.Context) error { return f.wait(ctx) }
 type BorrowedFence struct {
 	signal
 	ev *Event
+	// releasing makes each release's close-then-fire one step: the
+	// poller's query that failed because Release closed the event waits,
+	// then finds the fence fired with Release's reason (not "closed").
+	releasing sync.Mutex
 }
 
 // WatchEvent returns a fence on the caller's event handle (a CUevent, or a
@@ -197,6 +201,8 @@ func (d *Device) WatchEvent(event uintptr, p *Poller) (*BorrowedFence, error) {
 // release stops querying the event, then fires the fence with err (a no-op
 // when it fired already).
 func (f *BorrowedFence) release(err error) {
+	f.releasing.Lock()
+	defer f.releasing.Unlock()
 	f.ev.Close()
 	f.fire(err)
 }
