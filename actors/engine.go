@@ -133,6 +133,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
 		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits),
 		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16), revoker: cfg.Revoker}
+	e.env.propsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.WithDispatcher(e.env.dispatch)}
 	defer func() {
 		if err != nil {
 			e.env.dispatch.close()

@@ -188,15 +188,21 @@ type shellEnv struct {
 	// dispatch runs every mailbox of the engine but peer streams'
 	// (dispatch.go).
 	dispatch *poolDispatcher
+	// propsOpts are every actor's but peer streams': the engine's mailbox
+	// on dispatch.
+	propsOpts []actor.PropsOption
 	// revoker, when set, takes destination memory back from stale writers
 	// (revoke.go).
 	revoker kvcache.Revoker
 }
 
-// props are the props of one of the engine's actors: its mailboxes run on
-// the engine's dispatcher.
+// props are the props of one of the engine's actors: the engine's mailbox
+// (mailbox.go), run on the engine's dispatcher.
 func (env *shellEnv) props(p actor.Producer, opts ...actor.PropsOption) *actor.Props {
-	return actor.PropsFromProducer(p, append(opts, actor.WithDispatcher(env.dispatch))...)
+	if len(opts) == 0 {
+		return actor.PropsFromProducer(p, env.propsOpts...)
+	}
+	return actor.PropsFromProducer(p, append(opts, env.propsOpts...)...)
 }
 
 // opWorker is worker i for ops (submit, flush, close), or nil once it is

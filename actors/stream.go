@@ -61,9 +61,11 @@ type streamState struct {
 
 type streamActor struct{ st *streamState }
 
+// streamPropsOpts: the engine's mailbox, on a synchronized dispatcher.
+var streamPropsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.WithDispatcher(actor.NewSynchronizedDispatcher(300))}
+
 func streamProps(st *streamState) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &streamActor{st: st} },
-		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
+	return actor.PropsFromProducer(func() actor.Actor { return &streamActor{st: st} }, streamPropsOpts...)
 }
 
 func (a *streamActor) Receive(ctx actor.Context) {

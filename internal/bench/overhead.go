@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -179,6 +180,10 @@ type RequestOverheadResult struct {
 	PerSec float64 `json:"per_sec"`
 	// Breakdown: medians of the setup, data and finish phases.
 	Breakdown Breakdown `json:"breakdown"`
+	// Allocs is the heap allocations per request in the timed sample,
+	// both engines and the caller together (one process): runtime's
+	// Mallocs over the sample, divided by its requests.
+	Allocs float64 `json:"allocs_per_request"`
 }
 
 // RequestOverhead moves n one-token, 2-byte requests one at a time
@@ -193,14 +198,17 @@ func RequestOverhead(ctx context.Context, n, workers int) (RequestOverheadResult
 	if _, err := sample(ctx, p, "warm", 1, 1, 16); err != nil {
 		return RequestOverheadResult{}, err
 	}
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
 	t0 := time.Now()
 	s, err := sample(ctx, p, "req", 1, 1, n)
 	if err != nil {
 		return RequestOverheadResult{}, err
 	}
 	el := time.Since(t0)
+	runtime.ReadMemStats(&m1)
 	r := RequestOverheadResult{Requests: n, Workers: workers, P50: quantile(s.lat, 0.5), P99: quantile(s.lat, 0.99),
-		PerSec: float64(n) / el.Seconds()}
+		PerSec: float64(n) / el.Seconds(), Allocs: float64(m1.Mallocs-m0.Mallocs) / float64(n)}
 	var setup, data, finish []time.Duration
 	for _, rr := range s.results {
 		if tl, ok := p.Timeline().Request(rr.ID); ok {

@@ -97,7 +97,7 @@ func TestRequestOverheadRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := r.Breakdown
-	if r.P50 <= 0 || r.P99 < r.P50 || r.PerSec <= 0 || b.Setup <= 0 || b.Data <= 0 || b.Finish <= 0 {
+	if r.P50 <= 0 || r.P99 < r.P50 || r.PerSec <= 0 || r.Allocs <= 0 || b.Setup <= 0 || b.Data <= 0 || b.Finish <= 0 {
 		t.Fatalf("implausible %+v", r)
 	}
 }
@@ -114,6 +114,7 @@ func BenchmarkRequestOverhead(b *testing.B) {
 		b.ReportMetric(float64(r.Breakdown.Setup.Nanoseconds()), "setup-ns")
 		b.ReportMetric(float64(r.Breakdown.Data.Nanoseconds()), "data-ns")
 		b.ReportMetric(float64(r.Breakdown.Finish.Nanoseconds()), "finish-ns")
+		b.ReportMetric(r.Allocs, "allocs/req")
 	}
 }
 

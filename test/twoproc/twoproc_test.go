@@ -40,8 +40,9 @@ const (
 	// benchmark measures the two children.
 	quietEnv = "KVXFER_TEST_QUIET"
 	// profileEnv, when set to a directory, has each gen and ctx child
-	// write its CPU profile there (<role>-<pid>.pprof), for a look at a
-	// benchmark's children with go tool pprof.
+	// write its CPU profile there (<role>-<pid>.pprof) and, at its end,
+	// its allocations (<role>-<pid>.allocs, every allocation sampled), for
+	// a look at a benchmark's children with go tool pprof.
 	profileEnv = "KVXFER_TEST_CPUPROFILE"
 )
 
@@ -93,7 +94,8 @@ func runRole(role string) int {
 		o.Progress = os.Stdout
 	}
 	if dir := os.Getenv(profileEnv); dir != "" {
-		stop, err := cpuProfile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", role, os.Getpid())))
+		runtime.MemProfileRate = 1
+		stop, err := cpuProfile(filepath.Join(dir, fmt.Sprintf("%s-%d", role, os.Getpid())))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "cpu profile:", err)
 			return 2
@@ -114,9 +116,10 @@ func runRole(role string) int {
 	return 0
 }
 
-// cpuProfile starts a CPU profile into path; stop ends it.
-func cpuProfile(path string) (stop func(), err error) {
-	f, err := os.Create(path)
+// cpuProfile starts a CPU profile into base.pprof; stop ends it and
+// writes the allocations so far into base.allocs.
+func cpuProfile(base string) (stop func(), err error) {
+	f, err := os.Create(base + ".pprof")
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +127,14 @@ func cpuProfile(path string) (stop func(), err error) {
 		f.Close()
 		return nil, err
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if a, err := os.Create(base + ".allocs"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(a, 0)
+			a.Close()
+		}
+	}, nil
 }
 
 type child struct {
