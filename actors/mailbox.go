@@ -33,8 +33,8 @@ type mailbox struct {
 
 	mu        sync.Mutex
 	user, sys fifo
-	userInl   [8]any
-	sysInl    [4]any
+	userInl   [4]any
+	sysInl    [2]any
 }
 
 const (

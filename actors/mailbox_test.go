@@ -181,18 +181,19 @@ func (f *funcInvoker) EscalateFailure(r, _ any) { panic(r) }
 func TestFIFOKeepsItsStorageBounded(t *testing.T) {
 	m := newMailbox().(*mailbox)
 	q := &m.user
+	inl := len(m.userInl)
 	for round := range 3 {
-		for i := range 8 {
+		for i := range inl {
 			q.push(i)
 		}
-		for i := range 8 {
+		for i := range inl {
 			if x, ok := q.pop(); !ok || x != i {
 				t.Fatalf("round %d: pop %d = %v, %v", round, i, x, ok)
 			}
 		}
 	}
 	if cap(q.items) != len(m.userInl) {
-		t.Fatalf("8 at a time: cap %d, want the inline %d", cap(q.items), len(m.userInl))
+		t.Fatalf("%d at a time: cap %d, want the inline %d", inl, cap(q.items), inl)
 	}
 	// Never empty: 4 live, one in one out, 10k times.
 	for i := range 4 {

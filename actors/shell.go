@@ -101,22 +101,21 @@ type Handle struct {
 	mu       sync.Mutex
 	after    []func() bool // AfterFinish's, run once the outcome is delivered
 	over     bool
-	relOnce  sync.Once
-	released chan struct{}
-	finished chan struct{} // closed once the outcome is on done
+	released lazyDone
+	finished lazyDone // closed once the outcome is on done
 }
 
 // Finished is closed once the outcome has been delivered on Done: a
 // watcher that must not take the outcome from the caller selects on it.
-func (h *Handle) Finished() <-chan struct{} { return h.finished }
+func (h *Handle) Finished() <-chan struct{} { return h.finished.wait() }
 
 // Released is closed when no write of the request can touch its
 // destination blocks any more (generation side): at READY, or after a
 // failure once every writer is quiescent. A framework that owns its blocks
 // (RxRequest.Blocks) may reuse them from then on, and never before.
-func (h *Handle) Released() <-chan struct{} { return h.released }
+func (h *Handle) Released() <-chan struct{} { return h.released.wait() }
 
-func (h *Handle) release() { h.relOnce.Do(func() { close(h.released) }) }
+func (h *Handle) release() { h.released.close() }
 
 // AfterFinish runs f once the outcome has been delivered (at once if it
 // has been): a context.AfterFunc's stop, for instance.
@@ -137,9 +136,45 @@ func (h *Handle) Decided() *Decide { return h.decided.Load() }
 
 func (h *Handle) decide(d Decide) { h.decided.CompareAndSwap(nil, &d) }
 
+// lazyDone is a channel closed once, made only when someone asks for it
+// (most handles' Released and Finished never are): two allocations fewer
+// a handle. A wait after the close gets an already closed channel.
+type lazyDone struct {
+	mu     sync.Mutex
+	ch     chan struct{}
+	closed bool
+}
+
+// closedChan is closed: what a wait after the close returns.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (l *lazyDone) wait() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ch == nil {
+		if l.closed {
+			return closedChan
+		}
+		l.ch = make(chan struct{})
+	}
+	return l.ch
+}
+
+// close closes the channel once; later calls do nothing.
+func (l *lazyDone) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.closed = true
+		if l.ch != nil {
+			close(l.ch)
+		}
+	}
+}
+
 // NewHandle returns a handle whose Done channel is buffered for one outcome.
 func NewHandle() *Handle {
-	return &Handle{done: make(chan Outcome, 1), released: make(chan struct{}), finished: make(chan struct{})}
+	return &Handle{done: make(chan Outcome, 1)}
 }
 
 // Done delivers the outcome once.
@@ -150,7 +185,7 @@ func (h *Handle) finish(o Outcome) {
 		h.decide(Decide{Status: o.Status.String(), Err: o.Err})
 		h.done <- o
 		close(h.done)
-		close(h.finished)
+		h.finished.close()
 		h.mu.Lock()
 		after := h.after
 		h.after, h.over = nil, true
