@@ -2,6 +2,7 @@ package twoproc
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -18,14 +19,25 @@ import (
 // process echoes each 128-byte frame a DEALER in this process sends, one
 // in flight, over the same transports the engine uses. No protobuf, no
 // actors, no data plane: what the engine's round trip is measured against.
-
+//
+// The engine's link has a connection per direction (each side's DEALER to
+// the other's bound ROUTER); the "2conn" variant does the same: the echo
+// answers through a DEALER of its own connected to a ROUTER the pinging
+// side binds, so that the baseline crosses the same sockets and TCP
+// connections per round trip as the engine, without the engine.
 const (
 	echoRole     = "zmqecho"
 	echoEndpoint = "KVXFER_TEST_ECHO_ENDPOINT"
 	echoSecret   = "KVXFER_TEST_ECHO_SECRET" // empty: no CURVE
+	// echoReplyTo, when set ("endpoint server-public-key", the key "-"
+	// for no CURVE), has the echo answer through a DEALER connected there
+	// instead of on its ROUTER (the 2conn variant).
+	echoReplyTo = "KVXFER_TEST_ECHO_REPLY_TO"
 	// pingRole is the DEALER side as a child process (for the pinned
-	// runs): pingArgs holds "n pause server-public-key" (the key "-" for
-	// no CURVE); it prints each round trip's nanoseconds, one JSON array.
+	// runs): pingArgs holds "n pause server-public-key reply-endpoint
+	// reply-secret-key" (a key "-" for no CURVE, the endpoint "-" for
+	// answers on the DEALER); it prints each round trip's nanoseconds,
+	// one JSON array.
 	pingRole = "zmqping"
 	pingArgs = "KVXFER_TEST_PING_ARGS"
 )
@@ -59,6 +71,21 @@ func runEcho() int {
 		_, _ = os.Stdin.Read(make([]byte, 1))
 		os.Exit(0)
 	}()
+	var back *zmq4.Socket // 2conn: the answers' DEALER
+	if to := os.Getenv(echoReplyTo); to != "" {
+		var ep, pub string
+		if _, err := fmt.Sscan(to, &ep, &pub); err != nil {
+			fmt.Fprintln(os.Stderr, "echo: bad", echoReplyTo+":", err)
+			return 2
+		}
+		d, err := dealerTo(ep, pub)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "echo:", err)
+			return 1
+		}
+		defer d.Close()
+		back = d
+	}
 	fmt.Println("ready")
 	for {
 		msg, err := r.RecvMessageBytes(0)
@@ -66,11 +93,60 @@ func runEcho() int {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
 		}
-		if _, err := r.SendMessage(msg); err != nil {
+		if back != nil {
+			_, err = back.SendBytes(msg[len(msg)-1], 0)
+		} else {
+			_, err = r.SendMessage(msg)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
 		}
 	}
+}
+
+// dealerTo is a DEALER connected to ep, a CURVE client of the server key
+// srvPub unless it is "-".
+func dealerTo(ep, srvPub string) (*zmq4.Socket, error) {
+	d, err := zmq4.NewSocket(zmq4.DEALER)
+	if err != nil {
+		return nil, err
+	}
+	if srvPub != "-" {
+		pub, sec, err := zmq4.NewCurveKeypair()
+		if err == nil {
+			err = errors.Join(d.SetCurveServerkey(srvPub), d.SetCurvePublickey(pub), d.SetCurveSecretkey(sec))
+		}
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	if err := errors.Join(d.SetLinger(0), d.Connect(ep)); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// routerAt is a ROUTER bound at ep, a CURVE server with the secret key sec
+// unless it is "-".
+func routerAt(ep, sec string) (*zmq4.Socket, error) {
+	r, err := zmq4.NewSocket(zmq4.ROUTER)
+	if err != nil {
+		return nil, err
+	}
+	if sec != "-" {
+		if err := errors.Join(r.SetCurveServer(1), r.SetCurveSecretkey(sec)); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	if err := errors.Join(r.SetLinger(0), r.Bind(ep)); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // freeTCP returns a tcp endpoint on 127.0.0.1 whose port was free a moment
@@ -89,7 +165,8 @@ func freeTCP(t testing.TB) string {
 // after idling pause, and returns each one's duration (after 200
 // unmeasured). pinned: the echo child runs on CPU 1 and the DEALER in a
 // child of its own on CPU 0 (see pinnedCPUs), as the engine's pinned runs.
-func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration, pinned bool) []time.Duration {
+// twoConn: the answers come back over a second connection (echoReplyTo).
+func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration, pinned, twoConn bool) []time.Duration {
 	b.Helper()
 	ep := freeTCP(b)
 	if transport == "ipc" {
@@ -104,6 +181,20 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 		}
 		srvPub = pub
 		env = append(env, echoSecret+"="+sec)
+	}
+	back := replyPath{ep: "-", pub: "-", sec: "-"}
+	if twoConn {
+		back.ep = freeTCP(b)
+		if transport == "ipc" {
+			back.ep = "ipc://" + filepath.Join(b.TempDir(), "back.sock")
+		}
+		if curve {
+			var err error
+			if back.pub, back.sec, err = zmq4.NewCurveKeypair(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		env = append(env, echoReplyTo+"="+back.ep+" "+back.pub)
 	}
 	c := spawnOn(b, env, cpuIf(pinned, 1))
 	defer c.stop()
@@ -120,14 +211,14 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 		}
 	}
 	if !pinned {
-		out, err := ping(ep, srvPub, n, pause)
+		out, err := ping(ep, srvPub, n, pause, back)
 		if err != nil {
 			b.Fatal(err)
 		}
 		return out
 	}
 	p := spawnOn(b, []string{roleEnv + "=" + pingRole, echoEndpoint + "=" + ep,
-		pingArgs + "=" + fmt.Sprintf("%d %d %s", n, pause, srvPub)}, 0)
+		pingArgs + "=" + fmt.Sprintf("%d %d %s %s %s", n, pause, srvPub, back.ep, back.sec)}, 0)
 	defer p.stop()
 	done := time.After(2 * time.Minute)
 	for {
@@ -151,31 +242,35 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 	}
 }
 
+// replyPath is where the 2conn variant's answers come back: the ROUTER
+// the pinging side binds at ep (a CURVE server with the keys pub and sec,
+// "-" for none), or, with ep "-", the DEALER's own connection.
+type replyPath struct{ ep, pub, sec string }
+
 // ping is the DEALER side: n round trips of a 128-byte frame to the echo
 // ROUTER at ep (CURVE with its public key srvPub unless "-"), each after
-// idling pause, after 200 unmeasured.
-func ping(ep, srvPub string, n int, pause time.Duration) ([]time.Duration, error) {
-	d, err := zmq4.NewSocket(zmq4.DEALER)
+// idling pause, after 200 unmeasured; the answers come on the DEALER or,
+// when back.ep is not "-", on a ROUTER bound there.
+func ping(ep, srvPub string, n int, pause time.Duration, back replyPath) ([]time.Duration, error) {
+	d, err := dealerTo(ep, srvPub)
 	if err != nil {
 		return nil, err
 	}
 	defer d.Close()
-	if srvPub != "-" {
-		pub, sec, err := zmq4.NewCurveKeypair()
+	recv := func() ([]byte, error) { return d.RecvBytes(0) }
+	if back.ep != "-" {
+		r, err := routerAt(back.ep, back.sec)
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range []error{d.SetCurveServerkey(srvPub), d.SetCurvePublickey(pub), d.SetCurveSecretkey(sec)} {
-			if e != nil {
-				return nil, e
+		defer r.Close()
+		recv = func() ([]byte, error) {
+			msg, err := r.RecvMessageBytes(0)
+			if err != nil {
+				return nil, err
 			}
+			return msg[len(msg)-1], nil
 		}
-	}
-	if err := d.SetLinger(0); err != nil {
-		return nil, err
-	}
-	if err := d.Connect(ep); err != nil {
-		return nil, err
 	}
 	frame := make([]byte, 128)
 	out := make([]time.Duration, 0, n)
@@ -187,7 +282,7 @@ func ping(ep, srvPub string, n int, pause time.Duration) ([]time.Duration, error
 		if _, err := d.SendBytes(frame, 0); err != nil {
 			return nil, err
 		}
-		got, err := d.RecvBytes(0)
+		got, err := recv()
 		if err != nil {
 			return nil, err
 		}
@@ -208,12 +303,13 @@ func runPing() int {
 		n      int
 		pause  time.Duration
 		srvPub string
+		back   replyPath
 	)
-	if _, err := fmt.Sscan(os.Getenv(pingArgs), &n, &pause, &srvPub); err != nil {
+	if _, err := fmt.Sscan(os.Getenv(pingArgs), &n, &pause, &srvPub, &back.ep, &back.sec); err != nil {
 		fmt.Fprintln(os.Stderr, "ping: bad", pingArgs+":", err)
 		return 2
 	}
-	out, err := ping(os.Getenv(echoEndpoint), srvPub, n, pause)
+	out, err := ping(os.Getenv(echoEndpoint), srvPub, n, pause, back)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ping:", err)
 		return 1

@@ -451,8 +451,10 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 // both processes asleep, as between a lightly loaded server's requests).
 // Beside it, in the same run, the bare-zmq baseline: a DEALER/ROUTER
 // ping-pong of one 128-byte frame between two processes over tcp and
-// ipc://, with and without CURVE (the engine runs with CURVE), and over
-// tcp with CURVE after the same pause. The pinned runs (engine and bare,
+// ipc://, with and without CURVE (the engine runs with CURVE), over tcp
+// with CURVE after the same pause, and over tcp with CURVE with the
+// engine's topology, a connection per direction (2conn: the echo answers
+// through a DEALER of its own to a ROUTER the pinging side binds). The pinned runs (engine and bare,
 // over tcp with CURVE, back to back and after the pause) put each of the
 // two processes on a CPU of its own, as on two hosts, instead of both
 // sharing every CPU (pinnedCPUs; skipped without two CPUs and taskset).
@@ -495,13 +497,13 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			}
 		}
 	}
-	bare := func(transport string, curve bool, pause time.Duration, pinned bool) func(b *testing.B) {
+	bare := func(transport string, curve bool, pause time.Duration, pinned, twoConn bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			if err := pinnedCPUs(); pinned && err != nil {
 				b.Skipf("no pinned run here: %v", err)
 			}
 			for i := 0; i < b.N; i++ {
-				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned)
+				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned, twoConn)
 				p50, p99 := float64(percentile(rt, 0.5))/1e3, float64(percentile(rt, 0.99))/1e3
 				b.ReportMetric(p50, "p50-us")
 				b.ReportMetric(p99, "p99-us")
@@ -523,12 +525,14 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			if curve {
 				name += "+curve"
 			}
-			b.Run(name, bare(transport, curve, 0, false))
+			b.Run(name, bare(transport, curve, 0, false, false))
 		}
 	}
-	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, false))
-	b.Run("pinned/bare-zmq/tcp+curve", bare("tcp", true, 0, true))
-	b.Run("pinned/bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, true))
+	b.Run("bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, false, false))
+	b.Run("bare-zmq/tcp+curve/2conn", bare("tcp", true, 0, false, true))
+	b.Run("pinned/bare-zmq/tcp+curve", bare("tcp", true, 0, true, false))
+	b.Run("pinned/bare-zmq/tcp+curve/pause=2ms", bare("tcp", true, pause, true, false))
+	b.Run("pinned/bare-zmq/tcp+curve/2conn", bare("tcp", true, 0, true, true))
 	// The engine runs with CURVE: its baseline is bare zmq with CURVE,
 	// measured in this same run. Printed, not logged: a benchmark's log
 	// shows only under -v.
@@ -537,6 +541,8 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 		{"tcp/concurrency=1/pause=2ms", "bare-zmq/tcp+curve/pause=2ms"},
 		{"pinned/tcp/concurrency=1", "pinned/bare-zmq/tcp+curve"},
 		{"pinned/tcp/concurrency=1/pause=2ms", "pinned/bare-zmq/tcp+curve/pause=2ms"},
+		{"tcp/concurrency=1", "bare-zmq/tcp+curve/2conn"},
+		{"pinned/tcp/concurrency=1", "pinned/bare-zmq/tcp+curve/2conn"},
 	} {
 		e, okE := got[r[0]]
 		z, okZ := got[r[1]]
