@@ -226,3 +226,29 @@ func TestFIFOKeepsItsStorageBounded(t *testing.T) {
 		t.Fatal("pop from an empty queue")
 	}
 }
+
+// BenchmarkMailbox: one user message posted to an idle mailbox and run (a
+// synchronized dispatcher runs it on the poster's goroutine), the engine's
+// mailbox beside protoactor's default (actor.Unbounded) in the same run:
+// what each message hop of the engine costs in its mailbox.
+func BenchmarkMailbox(b *testing.B) {
+	for _, mb := range []struct {
+		name string
+		make actor.MailboxProducer
+	}{{"engine", newMailbox}, {"protoactor-unbounded", actor.Unbounded()}} {
+		b.Run(mb.name, func(b *testing.B) {
+			n := 0
+			m := mb.make()
+			m.RegisterHandlers(&funcInvoker{user: func(any) { n++ }}, actor.NewSynchronizedDispatcher(300))
+			m.Start()
+			msg := any(&struct{ x int }{})
+			b.ReportAllocs()
+			for b.Loop() {
+				m.PostUserMessage(msg)
+			}
+			if n != b.N {
+				b.Fatalf("%d of %d messages invoked", n, b.N)
+			}
+		})
+	}
+}
