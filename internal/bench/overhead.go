@@ -184,6 +184,10 @@ type RequestOverheadResult struct {
 	// both engines and the caller together (one process): runtime's
 	// Mallocs over the sample, divided by its requests.
 	Allocs float64 `json:"allocs_per_request"`
+	// BytesAlloc is the heap bytes allocated per request, and GCs the
+	// collections that ran during the sample (both from runtime.MemStats).
+	BytesAlloc float64 `json:"bytes_per_request"`
+	GCs        uint32  `json:"gcs"`
 }
 
 // RequestOverhead moves n one-token, 2-byte requests one at a time
@@ -208,7 +212,8 @@ func RequestOverhead(ctx context.Context, n, workers int) (RequestOverheadResult
 	el := time.Since(t0)
 	runtime.ReadMemStats(&m1)
 	r := RequestOverheadResult{Requests: n, Workers: workers, P50: quantile(s.lat, 0.5), P99: quantile(s.lat, 0.99),
-		PerSec: float64(n) / el.Seconds(), Allocs: float64(m1.Mallocs-m0.Mallocs) / float64(n)}
+		PerSec: float64(n) / el.Seconds(), Allocs: float64(m1.Mallocs-m0.Mallocs) / float64(n),
+		BytesAlloc: float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n), GCs: m1.NumGC - m0.NumGC}
 	var setup, data, finish []time.Duration
 	for _, rr := range s.results {
 		if tl, ok := p.Timeline().Request(rr.ID); ok {

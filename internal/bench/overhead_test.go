@@ -115,6 +115,8 @@ func BenchmarkRequestOverhead(b *testing.B) {
 		b.ReportMetric(float64(r.Breakdown.Data.Nanoseconds()), "data-ns")
 		b.ReportMetric(float64(r.Breakdown.Finish.Nanoseconds()), "finish-ns")
 		b.ReportMetric(r.Allocs, "allocs/req")
+		b.ReportMetric(r.BytesAlloc, "B/req")
+		b.ReportMetric(float64(r.GCs), "gcs")
 	}
 }
 
