@@ -43,11 +43,27 @@ type peerMap struct {
 }
 
 type rxEntry struct {
-	epoch   uint64
-	writers map[messages.PeerID]int
-	// incs: the writer incarnation each writer's RequestData is addressed
-	// to (0: not known).
-	incs map[messages.PeerID]uint64
+	epoch uint64
+	// writers: the request's writers, in writer-index order, each with
+	// the incarnation its RequestData is addressed to (0: not known). A
+	// request has a few (its context ranks): a slice, searched, costs less
+	// than two maps a request.
+	writers []rxEntryWriter
+}
+
+type rxEntryWriter struct {
+	peer messages.PeerID
+	inc  uint64
+}
+
+// writer is peer's writer index and addressed incarnation.
+func (e *rxEntry) writer(peer messages.PeerID) (index int, inc uint64, ok bool) {
+	for i, w := range e.writers {
+		if w.peer == peer {
+			return i, w.inc, true
+		}
+	}
+	return 0, 0, false
 }
 
 // NewRxTable returns the table of generation rank rank of a parallelism
@@ -172,11 +188,10 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 	if !o.Deadline.IsZero() {
 		deadline = o.Deadline.UnixNano()
 	}
-	e := &rxEntry{epoch: epoch, writers: map[messages.PeerID]int{}, incs: map[messages.PeerID]uint64{}}
+	e := &rxEntry{epoch: epoch, writers: make([]rxEntryWriter, len(ranks))}
 	for i, r := range ranks {
 		peer := o.peer(r)
-		e.writers[peer] = i
-		e.incs[peer] = t.incs[peer]
+		e.writers[i] = rxEntryWriter{peer: peer, inc: t.incs[peer]}
 		var want uint64
 		if link, ok := pm.Link(r, t.rank); ok {
 			for g := range blocks {
@@ -219,7 +234,7 @@ func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
 	if e == nil {
 		return RxRouteStale, 0
 	}
-	w, ok := e.writers[from]
+	w, _, ok := e.writer(from)
 	if !ok {
 		return RxRouteNotWriter, 0
 	}
@@ -243,7 +258,7 @@ func (t *RxTable) PeerDown(peer messages.PeerID) []RxWriterRef {
 func (t *RxTable) WriterRefs(peer messages.PeerID) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
-		if w, ok := t.entries[id].writers[peer]; ok {
+		if w, _, ok := t.entries[id].writer(peer); ok {
 			out = append(out, RxWriterRef{Request: id, Writer: w})
 		}
 	}
@@ -273,7 +288,7 @@ func (t *RxTable) Addressed(peer messages.PeerID, inc uint64) []RxWriterRef {
 	var out []RxWriterRef
 	for _, id := range t.Live() {
 		e := t.entries[id]
-		if w, ok := e.writers[peer]; ok && (inc == 0 || e.incs[peer] == inc) {
+		if w, winc, ok := e.writer(peer); ok && (inc == 0 || winc == inc) {
 			out = append(out, RxWriterRef{Request: id, Writer: w})
 		}
 	}
