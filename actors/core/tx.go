@@ -188,9 +188,12 @@ type TxSession struct {
 	chunks   []chunkRec
 	streams  map[int]*stream
 	order    []int // stream peers in arrival order (deterministic iteration)
-	expected map[int]bool
-	stopped  bool
-	eff      []Effect
+	// expected: the peers whose streams DONE waits for, from the first
+	// TxPeerRequest (expectedSet); a few, so a slice.
+	expected    []int
+	expectedSet bool
+	stopped     bool
+	eff         []Effect
 	// violations records illegal transitions in builds with the
 	// kvxfer_invariants tag (invariants_on.go); it stays nil otherwise.
 	violations []string
@@ -449,13 +452,10 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.rejectPeer(m, err)
 		return
 	}
-	if s.expected == nil {
-		s.expected = map[int]bool{}
-		for _, p := range m.Expected {
-			s.expected[p] = true
-		}
+	if !s.expectedSet {
+		s.expected, s.expectedSet = slices.Clone(m.Expected), true
 	}
-	if !s.expected[m.Peer] {
+	if !slices.Contains(s.expected, m.Peer) {
 		err := fmt.Errorf("%w: request %s: rank %d is not a peer of this rank", ErrBadRequest, s.cfg.Request, m.Peer)
 		s.fail(TxFailed, err)
 		s.rejectPeer(m, err)
@@ -720,9 +720,9 @@ func (s *TxSession) progress() {
 			}
 		}
 	}
-	if !terminal && s.expected != nil && len(s.expected) > 0 {
+	if !terminal && len(s.expected) > 0 {
 		done := true
-		for p := range s.expected {
+		for _, p := range s.expected {
 			st := s.streams[p]
 			if st == nil || st.phase != streamFinished {
 				done = false
