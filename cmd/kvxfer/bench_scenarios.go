@@ -206,18 +206,26 @@ func (o *overheadScenario) print(w io.Writer, res *report.Results, asJSON bool) 
 			SetupUs  float64 `json:"setup_us,omitempty"`
 			DataUs   float64 `json:"data_us,omitempty"`
 			FinishUs float64 `json:"finish_us,omitempty"`
+			// Allocs and Bytes: heap allocations and bytes a request,
+			// both engines and the caller (request row only).
+			Allocs float64 `json:"allocs_per_request,omitempty"`
+			Bytes  float64 `json:"bytes_per_request,omitempty"`
 		}
 		b := q.Breakdown
-		return jsonLines(w, row{"chunk", r.Chunks, r.Workers, us(r.P50), us(r.P99), r.OpsPerSec, 0, 0, 0},
-			row{"request", q.Requests, q.Workers, us(q.P50), us(q.P99), q.PerSec, us(b.Setup), us(b.Data), us(b.Finish)})
+		return jsonLines(w, row{"chunk", r.Chunks, r.Workers, us(r.P50), us(r.P99), r.OpsPerSec, 0, 0, 0, 0, 0},
+			row{"request", q.Requests, q.Workers, us(q.P50), us(q.P99), q.PerSec, us(b.Setup), us(b.Data), us(b.Finish), q.Allocs, q.BytesAlloc})
 	}
 	tw := table(w)
-	fmt.Fprintf(tw, "PATH\tCOUNT\tWORKERS\tP50 µs\tP99 µs\tPER SECOND\tSETUP µs\tDATA µs\tFINISH µs\t\n")
-	fmt.Fprintf(tw, "chunk (all queued /s)\t%d\t%d\t%s\t%s\t%.0f\t-\t-\t-\t\n", r.Chunks, r.Workers, micros(r.P50), micros(r.P99), r.OpsPerSec)
+	fmt.Fprintf(tw, "PATH\tCOUNT\tWORKERS\tP50 µs\tP99 µs\tPER SECOND\tSETUP µs\tDATA µs\tFINISH µs\tALLOCS\tHEAP KB\t\n")
+	fmt.Fprintf(tw, "chunk (all queued /s)\t%d\t%d\t%s\t%s\t%.0f\t-\t-\t-\t-\t-\t\n", r.Chunks, r.Workers, micros(r.P50), micros(r.P99), r.OpsPerSec)
 	b := q.Breakdown
-	fmt.Fprintf(tw, "request (one at a time)\t%d\t%d\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", q.Requests, q.Workers, micros(q.P50), micros(q.P99),
-		q.PerSec, micros(b.Setup), micros(b.Data), micros(b.Finish))
-	return tw.Flush()
+	fmt.Fprintf(tw, "request (one at a time)\t%d\t%d\t%s\t%s\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t\n", q.Requests, q.Workers, micros(q.P50), micros(q.P99),
+		q.PerSec, micros(b.Setup), micros(b.Data), micros(b.Finish), q.Allocs, q.BytesAlloc/1024)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "(ALLOCS, HEAP KB: heap allocations and bytes a request, both engines and the caller in this one process)")
+	return err
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -257,7 +257,7 @@ func TestBenchScenariosRun(t *testing.T) {
 		want []string
 	}{
 		{[]string{"bench", "overhead", "--chunks", "50", "--requests", "20", "--workers", "2"},
-			[]string{"chunk (all queued /s)     50        2", "request (one at a time)     20        2"}},
+			[]string{"chunk (all queued /s)     50        2", "request (one at a time)     20        2", "ALLOCS  HEAP KB", "(ALLOCS, HEAP KB: heap allocations"}},
 		{[]string{"bench", "workers", "--chunks", "8", "--post-cost", "0s"}, []string{"OPS/s 4 WORKERS", "1 peer"[:1]}},
 		{[]string{"bench", "pipelining", "--prompt", "64", "--chunk-sizes", "32,64", "--compute-per-token", "1us", "--reps", "1", "--timeline-chunk", "32"},
 			[]string{"PIPELINED EXPOSED", "timeline pipelined: 2 chunks", "timeline after-prefill: 2 chunks"}},
