@@ -48,7 +48,6 @@ var _ actor.Mailbox = (*mailbox)(nil)
 func newMailbox() actor.Mailbox {
 	m := &mailbox{}
 	m.user.items, m.sys.items = m.userInl[:0], m.sysInl[:0]
-	m.user.inline, m.sys.inline = m.userInl[:0], m.sysInl[:0]
 	m.process = m.processMessages
 	return m
 }
@@ -171,12 +170,11 @@ func (m *mailbox) run() {
 }
 
 // fifo is a queue on a slice: pop advances head; once drained, the slice
-// is reused from its start (or, past fifoKeep slots, given back for the
-// inline storage, so a burst does not pin its peak for the actor's life).
+// is reused from its start (or, past fifoKeep slots, dropped, so a burst
+// does not pin its peak for the actor's life).
 type fifo struct {
-	items  []any
-	head   int
-	inline []any // the mailbox's inline storage, empty
+	items []any
+	head  int
 }
 
 const fifoKeep = 1024
@@ -201,7 +199,7 @@ func (q *fifo) pop() (any, bool) {
 	q.head++
 	if q.head == len(q.items) {
 		if cap(q.items) > fifoKeep {
-			q.items = q.inline
+			q.items = nil
 		} else {
 			q.items = q.items[:0]
 		}

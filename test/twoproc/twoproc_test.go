@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -40,10 +41,15 @@ const (
 	// benchmark measures the two children.
 	quietEnv = "KVXFER_TEST_QUIET"
 	// profileEnv, when set to a directory, has each gen and ctx child
-	// write its CPU profile there (<role>-<pid>.pprof) and, at its end,
-	// its allocations (<role>-<pid>.allocs, every allocation sampled), for
-	// a look at a benchmark's children with go tool pprof.
+	// write its CPU profile there (<role>-<pid>.pprof), for a look at a
+	// benchmark's children with go tool pprof.
 	profileEnv = "KVXFER_TEST_CPUPROFILE"
+	// allocProfileEnv, when set to a directory, has each gen and ctx child
+	// record every allocation and write them there at its end
+	// (<role>-<pid>.allocs). Separate from profileEnv: recording every
+	// allocation slows the process several times, which would distort a
+	// CPU profile and the benchmark's figures.
+	allocProfileEnv = "KVXFER_TEST_ALLOCPROFILE"
 )
 
 // rounds is the number of kill rounds per crash test: 10 in CI (CI set),
@@ -94,13 +100,21 @@ func runRole(role string) int {
 		o.Progress = os.Stdout
 	}
 	if dir := os.Getenv(profileEnv); dir != "" {
-		runtime.MemProfileRate = 1
-		stop, err := cpuProfile(filepath.Join(dir, fmt.Sprintf("%s-%d", role, os.Getpid())))
+		stop, err := cpuProfile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", role, os.Getpid())))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "cpu profile:", err)
 			return 2
 		}
 		defer stop()
+	}
+	if dir := os.Getenv(allocProfileEnv); dir != "" {
+		runtime.MemProfileRate = 1
+		path := filepath.Join(dir, fmt.Sprintf("%s-%d.allocs", role, os.Getpid()))
+		defer func() {
+			if err := writeAllocs(path); err != nil {
+				fmt.Fprintln(os.Stderr, "allocation profile:", err)
+			}
+		}()
 	}
 	var err error
 	switch role {
@@ -116,10 +130,9 @@ func runRole(role string) int {
 	return 0
 }
 
-// cpuProfile starts a CPU profile into base.pprof; stop ends it and
-// writes the allocations so far into base.allocs.
-func cpuProfile(base string) (stop func(), err error) {
-	f, err := os.Create(base + ".pprof")
+// cpuProfile starts a CPU profile into path; stop ends it.
+func cpuProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
@@ -127,14 +140,18 @@ func cpuProfile(base string) (stop func(), err error) {
 		f.Close()
 		return nil, err
 	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		if a, err := os.Create(base + ".allocs"); err == nil {
-			_ = pprof.Lookup("allocs").WriteTo(a, 0)
-			a.Close()
-		}
-	}, nil
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// writeAllocs writes the allocation profile into path, after a collection:
+// the profile counts what the last completed collection saw.
+func writeAllocs(path string) error {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
 }
 
 type child struct {
