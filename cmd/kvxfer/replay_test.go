@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,8 +102,10 @@ func TestReplayCmd(t *testing.T) {
 		t.Fatalf("replay --json: %v\n%s", err, out)
 	}
 
-	// Corrupt the generation side's result: replay fails and names it
-	// (its step 3: RxBegin, RxSent for the RequestData, then the Result).
+	// Corrupt the generation side's result: replay fails and names the
+	// step. Its number is read from the trace: the Result may reach the
+	// session before or after the RxSent for its RequestData (the send's
+	// completion and the peer's answer travel on different paths).
 	b, err := os.ReadFile(genTrace)
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +114,10 @@ func TestReplayCmd(t *testing.T) {
 	if err := os.WriteFile(bad, editLine(t, b, `"type":"RxFrame"`, `"Status":1`, `"Status":2`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	want := fmt.Sprintf("seq      %d", seqOfLine(t, b, `"type":"RxFrame"`, `"Status":1`))
 	out, err = run("replay", bad)
-	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, "seq      3") {
-		t.Fatalf("replay of a corrupted trace: %v\n%s", err, out)
+	if err == nil || !strings.Contains(out, "DIVERGED") || !strings.Contains(out, "RxFrame") || !strings.Contains(out, want) {
+		t.Fatalf("replay of a corrupted trace: no %q: %v\n%s", want, err, out)
 	}
 
 	// Make the Result the rx parent routed come from a peer that is not
@@ -122,8 +126,9 @@ func TestReplayCmd(t *testing.T) {
 	if err := os.WriteFile(bad, editLine(t, b, `"type":"Route"`, `"From":{"Instance":"ctx","Rank":0}`, `"From":{"Instance":"ctx","Rank":5}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	route := fmt.Sprintf("seq      %d (Route)", seqOfLine(t, b, `"type":"Route"`, `"From":{"Instance":"ctx","Rank":0}`))
 	out, err = run("replay", bad)
-	for _, s := range []string{"DIVERGED", "gen/0/rx (RxTable)", "seq      5 (Route)", "out.Verdict", "expected 1 (deliver)", "got      3 (not a writer)", `"Rank":5`, "DIVERGED: 1 of 6 actors (1 session, 5 tables)"} {
+	for _, s := range []string{"DIVERGED", "gen/0/rx (RxTable)", route, "out.Verdict", "expected 1 (deliver)", "got      3 (not a writer)", `"Rank":5`, "DIVERGED: 1 of 6 actors (1 session, 5 tables)"} {
 		if err == nil || !strings.Contains(out, s) {
 			t.Fatalf("replay of a trace with an edited parent step: no %q: %v\n%s", s, err, out)
 		}
@@ -174,6 +179,25 @@ func TestTraceExportCmd(t *testing.T) {
 
 // editLine replaces old by new in the first line of trace that contains
 // pick (and old).
+// seqOfLine returns the seq of the first trace line that editLine would
+// edit.
+func seqOfLine(t *testing.T, trace []byte, pick, old string) int {
+	t.Helper()
+	for _, l := range strings.Split(string(trace), "\n") {
+		if strings.Contains(l, pick) && strings.Contains(l, old) {
+			var rec struct {
+				Seq int `json:"seq"`
+			}
+			if err := json.Unmarshal([]byte(l), &rec); err != nil || rec.Seq == 0 {
+				t.Fatalf("no seq in trace line %s: %v", l, err)
+			}
+			return rec.Seq
+		}
+	}
+	t.Fatalf("no line with %s and %s in the trace", pick, old)
+	return 0
+}
+
 func editLine(t *testing.T, trace []byte, pick, old, new string) []byte {
 	t.Helper()
 	lines := strings.SplitAfter(string(trace), "\n")
