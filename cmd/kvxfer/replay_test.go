@@ -177,8 +177,6 @@ func TestTraceExportCmd(t *testing.T) {
 	}
 }
 
-// editLine replaces old by new in the first line of trace that contains
-// pick (and old).
 // seqOfLine returns the seq of the first trace line that editLine would
 // edit.
 func seqOfLine(t *testing.T, trace []byte, pick, old string) int {
@@ -198,6 +196,8 @@ func seqOfLine(t *testing.T, trace []byte, pick, old string) int {
 	return 0
 }
 
+// editLine replaces old by new in the first line of trace that contains
+// pick (and old).
 func editLine(t *testing.T, trace []byte, pick, old, new string) []byte {
 	t.Helper()
 	lines := strings.SplitAfter(string(trace), "\n")
