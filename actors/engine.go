@@ -322,7 +322,7 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	}
 	if gp := req.GenerationParallel; gp.TP > 0 {
 		topo := e.cfg.Topology
-		pm, err := kvcache.NewPeerMap(topo.Layout, topo.Parallel, gp)
+		pm, err := topo.Plans.peerMap(topo.Layout, topo.LayoutHash, topo.Parallel, gp)
 		if err != nil {
 			return nil, fmt.Errorf("%w: request %s: generation parallelism %v: %w", ErrBadRequest, req.ID, gp, err)
 		}

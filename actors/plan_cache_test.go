@@ -232,3 +232,35 @@ func TestResolveRequestNeverPanicsOnPeerDescriptor(t *testing.T) {
 		}
 	})
 }
+
+// TestPlanCachePeerMap: a peer map is computed once per pair of
+// parallelisms and layout, an error is returned and not cached, and a nil
+// cache computes every time.
+func TestPlanCachePeerMap(t *testing.T) {
+	l := kvcache.Layout{Name: "t", Layers: 4, KVHeads: 8, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(4)}
+	ctx, gen := kvcache.Parallel{TP: 2, PP: 1}, kvcache.Parallel{TP: 4, PP: 1}
+	c := NewPlanCache()
+	a, err := c.peerMap(l, 7, ctx, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := c.peerMap(l, 7, ctx, gen); err != nil || b != a {
+		t.Fatalf("second lookup: %p, %v; want the cached %p", b, err, a)
+	}
+	if b, err := c.peerMap(l, 7, ctx, kvcache.Parallel{TP: 2, PP: 1}); err != nil || b == a {
+		t.Fatalf("another generation parallelism: %p, %v; want a map of its own", b, err)
+	}
+	bad := kvcache.Parallel{TP: 3, PP: 1}
+	if _, err := c.peerMap(l, 7, ctx, bad); !errors.Is(err, kvcache.ErrBadParallelism) {
+		t.Fatalf("TP 3 over 8 KV heads: %v", err)
+	}
+	if _, ok := c.maps[mapKey{7, ctx, bad}]; ok {
+		t.Fatal("an error was cached")
+	}
+	var none *PlanCache
+	x, err := none.peerMap(l, 7, ctx, gen)
+	if err != nil || x == nil || x == a {
+		t.Fatalf("nil cache: %p, %v; want a fresh map", x, err)
+	}
+}
