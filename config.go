@@ -129,9 +129,10 @@ type Config struct {
 }
 
 // WithEnv applies KVXFER_* environment variables that are set, returning
-// an error naming the variable and value when one is invalid.
+// an error naming the variable and value when one is invalid. An empty
+// variable counts as unset, as on the CLI.
 func (c Config) WithEnv() (Config, error) {
-	if v, ok := os.LookupEnv("KVXFER_WORKERS"); ok {
+	if v := os.Getenv("KVXFER_WORKERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: not an integer", ErrConfig, v)
@@ -139,7 +140,7 @@ func (c Config) WithEnv() (Config, error) {
 		c.Workers = n
 		c.workersSet = true
 	}
-	if v, ok := os.LookupEnv("KVXFER_BACKEND"); ok {
+	if v := os.Getenv("KVXFER_BACKEND"); v != "" {
 		c.Backend = v
 	}
 	return c, nil

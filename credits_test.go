@@ -51,7 +51,7 @@ func TestFrameCredits_FloodIsBoundedTerminalFramesPass(t *testing.T) {
 	link := &heldLink{MemLink: control.NewMemLink(), delivers: map[string]func(messages.Frame){},
 		entered: make(chan struct{}), gate: make(chan struct{})}
 	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 1 << 20,
-		Workers: 1, Link: link})
+		Workers: 1, Link: link, MetricsAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +89,14 @@ func TestFrameCredits_FloodIsBoundedTerminalFramesPass(t *testing.T) {
 	if got := e.Stats().FramesShed; got != want {
 		t.Fatalf("%d frames refused of %d sent while the parent was held, want %d (credits %d)",
 			got, flood+1, want, actors.DefaultFrameCredits)
+	}
+	// An operator sees them: kvxfer_frames_rejected_total{reason="shed"}.
+	m := scrape(t, e, "ctx/0")
+	if got := m["kvxfer_frames_rejected_total{reason=shed}"]; got != float64(want) {
+		t.Fatalf("kvxfer_frames_rejected_total{reason=shed} = %v, want %d", got, want)
+	}
+	if _, ok := m["kvxfer_writer_leases_lapsed_total{}"]; !ok {
+		t.Fatal("no kvxfer_writer_leases_lapsed_total series")
 	}
 	// A terminal frame of the flooding peer is never refused: it reaches
 	// the rx parent (stale there: no such request).

@@ -28,11 +28,15 @@ func orphanLimit(n int) int {
 // bounded by credits). A frame takes a credit when the link delivers it
 // and gives it back once the listener refused it or its parent (tx or rx)
 // has handled it — forwarded it to a session, answered it, or dropped it.
-// With a peer's credits spent, the engine says no at once to that peer's
-// RequestData and Cancel (counted in Counters.FramesShed; the generation
-// side re-sends Cancel on its own timer): the listener's and the parents'
-// mailboxes cannot grow without bound however fast a peer sends, and other
-// peers are not held up. A terminal frame (Result, CancelAck) is never
+// With a peer's credits spent, the engine drops that peer's RequestData
+// and Cancel unanswered (counted in Counters.FramesShed and as reason
+// "shed" of kvxfer_frames_rejected_total, with a sampled warning): the
+// listener's and the parents' mailboxes cannot grow without bound however
+// fast a peer sends, and other peers are not held up. The generation side
+// re-sends Cancel on its own timer; a dropped RequestData's request waits
+// for its deadline there. No FAILED answer is sent: only the tx parent
+// knows whether a session already writes for that request (a re-sent
+// RequestData), and a FAILED Result is a proof of quiescence. A terminal frame (Result, CancelAck) is never
 // shed: it still takes a credit, over the limit if need be, since it may
 // be the only proof that a writer is quiescent.
 type frameCredits struct {

@@ -244,6 +244,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 func (e *Engine) deliver(f messages.Frame) {
 	if !e.env.credits.take(f) {
 		e.stats.FramesShed.Add(1)
+		e.env.meters.reject(rejectShed)
 		from := f.Sender()
 		if ev := e.env.warn(from.String(), "shed"); ev != nil {
 			ev.Str("peer", from.String()).Str("request", f.Request()).Msg("control frame refused: the peer's frame credits are spent")

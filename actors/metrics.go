@@ -79,10 +79,11 @@ const (
 	rejectUnresolved                     // a RequestData that could not be resolved into a route
 	rejectNotBound                       // from another generation instance than the request's
 	rejectOrphans                        // a new request past its instance's orphan limit
+	rejectShed                           // a RequestData or Cancel dropped: its peer's frame credits were spent
 	numRejects
 )
 
-var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit"}
+var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit", "shed"}
 
 // meters are an engine's resolved metric children. Every method is safe
 // on a nil *meters (metrics off) and on any goroutine.
@@ -139,6 +140,7 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 		{"frames_unsent_total", "Control frames a worker could not send (dial or send failed).", &stats.FramesUnsent},
 		{"session_panics_total", "Sessions restarted after a panic.", &stats.SessionPanics},
 		{"pin_errors_total", "Pin or unpin calls the pools refused.", &stats.PinErrors},
+		{"writer_leases_lapsed_total", "Writer leases that lapsed: the writer stopped posting to that peer and failed its requests with it.", &stats.LeasesLapsed},
 		{"revoked_blocks_total", "Destination blocks revoked (reused at once, their old memory held until proof) instead of quarantined.", &stats.BlocksRevoked},
 	} {
 		v := c.v

@@ -372,3 +372,39 @@ func TestCloseRacingOpens(t *testing.T) {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
 }
+
+// TestEngineConfigEnvFillsWhatJSONLeaves: KVXFER_WORKERS and
+// KVXFER_BACKEND apply only where the JSON gives no value, an empty
+// variable counts as unset, and a bad one is named.
+func TestEngineConfigEnvFillsWhatJSONLeaves(t *testing.T) {
+	t.Setenv("KVXFER_WORKERS", "3")
+	t.Setenv("KVXFER_BACKEND", "shm")
+	for _, c := range []struct {
+		js      string
+		workers int
+		backend string
+	}{
+		{`{}`, 3, "shm"},
+		{`{"workers":2}`, 2, "shm"},
+		{`{"backend":"loopback"}`, 3, "loopback"},
+		{`{"workers":5,"backend":"loopback"}`, 5, "loopback"},
+	} {
+		cfg, err := ParseConfig(c.js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc, err := cfg.engineConfig()
+		if err != nil || kc.Workers != c.workers || kc.Backend != c.backend {
+			t.Errorf("%s: workers %d backend %q (%v), want %d %q", c.js, kc.Workers, kc.Backend, err, c.workers, c.backend)
+		}
+	}
+	t.Setenv("KVXFER_WORKERS", "")
+	t.Setenv("KVXFER_BACKEND", "")
+	if kc, err := (Config{}).engineConfig(); err != nil || kc.Workers != 0 || kc.Backend != "" {
+		t.Errorf("empty variables: workers %d backend %q (%v), want them unset", kc.Workers, kc.Backend, err)
+	}
+	t.Setenv("KVXFER_WORKERS", "zero")
+	if _, err := (Config{}).engineConfig(); err == nil || !strings.Contains(err.Error(), `KVXFER_WORKERS = "zero"`) {
+		t.Errorf("KVXFER_WORKERS=zero: %v, want it named", err)
+	}
+}

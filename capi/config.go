@@ -91,13 +91,20 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 		TransferTimeout: time.Duration(c.TransferTimeoutMs) * time.Millisecond,
 		DrainGrace:      time.Duration(c.DrainGraceMs) * time.Millisecond,
 	}
-	if c.Workers == 0 {
-		env, err := kc.WithEnv()
-		if err != nil {
-			return kc, err
-		}
-		kc = env
+	// KVXFER_WORKERS and KVXFER_BACKEND fill what the JSON leaves unset:
+	// a value the JSON gives wins, as a flag does over a variable on the
+	// CLI (docs/configuration.md).
+	env, err := kc.WithEnv()
+	if err != nil {
+		return kc, err
 	}
+	if c.Backend != "" {
+		env.Backend = c.Backend
+	}
+	if c.Workers != 0 {
+		env.Workers = c.Workers
+	}
+	kc = env
 	if c.Layout != nil {
 		l := kvcache.Layout{Name: c.Layout.Name, Layers: c.Layout.Layers, KVHeads: c.Layout.KVHeads,
 			HeadDim: c.Layout.HeadDim, DTypeBytes: c.Layout.DTypeBytes, TokensPerBlock: c.Layout.TokensPerBlock,

@@ -53,7 +53,13 @@
 //	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
 //	                                                               that could not be resolved into a route; the request fails), not_bound (from
 //	                                                               another generation instance than the request's), orphan_limit (a new request
-//	                                                               past its instance's MaxOrphanRequests)
+//	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
+//	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames);
+//	                                                               over the zmq link also the listener's own: envelope (not one payload part),
+//	                                                               oversize (past MaxFrameBytes), decode (refused by messages.Decode), identity
+//	                                                               (a sender its CURVE key may not speak for), taken (a Hello for a live peer bound
+//	                                                               to another key), no_hello (before Hello), sender (another PeerID than its
+//	                                                               connection's Hello), full (a Hello past the bounds on connections or peers)
 //	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
 //	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
 //	                                                               OnPeerDown); peer is "instance/rank"
@@ -70,6 +76,8 @@
 //	kvxfer_frames_unsent_total          counter    -               control frames a worker could not send (dial or send failed)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic
 //	kvxfer_pin_errors_total             counter    -               pin or unpin calls the pools refused
+//	kvxfer_writer_leases_lapsed_total   counter    -               writer leases that lapsed (WriterLease): the writer stopped posting to that
+//	                                                               peer and failed its requests with it
 //
 // Buckets: TransferBuckets (100 µs to 60 s) and ChunkWriteBuckets (10 µs to
 // 10 s).

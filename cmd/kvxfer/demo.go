@@ -165,7 +165,7 @@ otherwise each finished request is a log line on standard error.`,
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the prompt-length shuffle")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fl.BoolVar(&f.progress, "progress", true, "report finished requests (a bar on a terminal, log lines otherwise)")
-	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ + shared memory)")
+	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ with CURVE; ucx, or shm in a build without UCX)")
 	fl.BoolVar(&f.cluster, "cluster", false, "an etcd in this process, a TP2 context (two processes) and a TP1 generation process that find each other through it")
 	return cmd
 }

@@ -86,6 +86,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.IntVar(&f.o.Rank.TP, "tp-rank", 0, "this process's tensor rank in its instance, 0..--tp-1")
 	fl.IntVar(&f.o.PeerParallel.TP, "peer-tp", 1, "the peer instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
 	if self == "ctx" {
+		fl.DurationVar(&f.o.WriterLease, "writer-lease", 0, "post writes for the generation peer only while its frames or heartbeats renewed a lease within this long (0: off; at least two --heartbeat intervals)")
 		fl.IntVar(&f.o.LayerParts, "layer-parts", 0, "layer ranges each chunk is handed over in, each as the simulated forward pass computes it (0: one per layer; 1: the whole chunk at its end)")
 	}
 }

@@ -85,6 +85,10 @@ type Options struct {
 	Heartbeat       time.Duration
 	HeartbeatMisses int
 	Timeout         time.Duration
+	// WriterLease (node.Config.WriterLease, the context role): post writes
+	// for the peer only while its frames or heartbeats renewed its lease
+	// within this long. 0: off.
+	WriterLease time.Duration
 	// TracePath, when set, records this process's engine to a trace file
 	// (kvxfer.Config.TracePath).
 	TracePath string
@@ -216,6 +220,11 @@ func (o Options) validate() error {
 		return fmt.Errorf("proc: --compute = %v: must be ≥ 0", o.Compute)
 	case o.LayerParts < 0:
 		return fmt.Errorf("proc: --layer-parts = %d: must be ≥ 0 (0: one per layer, 1: whole chunks)", o.LayerParts)
+	case o.WriterLease < 0:
+		return fmt.Errorf("proc: --writer-lease = %v: must be ≥ 0 (0: off)", o.WriterLease)
+	case o.WriterLease > 0 && o.WriterLease < 2*o.Heartbeat:
+		return fmt.Errorf("proc: --writer-lease = %v: shorter than two --heartbeat intervals (%v), it would lapse between heartbeats of a live peer",
+			o.WriterLease, 2*o.Heartbeat)
 	}
 	switch o.Backend {
 	case "", shm.Backend, ucx.Backend:
@@ -283,6 +292,7 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 		Peers:    o.peers(),
 		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
 		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
+		WriterLease: node.Duration(o.WriterLease),
 		MetricsAddr: o.MetricsAddr, TracePath: o.TracePath, Logger: &o.Log,
 		OnPeerDown: func(instance string, rank int) {
 			if instance == o.Peer {

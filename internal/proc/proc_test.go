@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
@@ -86,5 +87,35 @@ func TestLayerPartsRefused(t *testing.T) {
 	o := Options{Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1, LayerParts: -1}
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--layer-parts = -1") {
 		t.Errorf("-1 parts: %v", err)
+	}
+}
+
+// TestWriterLease: --writer-lease reaches the node's config; a negative
+// lease, or one shorter than two heartbeat intervals (it would lapse
+// between a live peer's heartbeats), is named before anything opens.
+func TestWriterLease(t *testing.T) {
+	base := Options{Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1, Heartbeat: time.Second, Insecure: true,
+		Bind: "tcp://127.0.0.1:0", PeerEndpoint: "tcp://127.0.0.1:1"}
+	for _, c := range []struct {
+		lease time.Duration
+		want  string // "" passes
+	}{
+		{0, ""},
+		{3 * time.Second, ""},
+		{2 * time.Second, ""},
+		{-time.Second, "--writer-lease = -1s: must be ≥ 0"},
+		{1500 * time.Millisecond, "--writer-lease = 1.5s: shorter than two --heartbeat intervals (2s)"},
+	} {
+		o := base
+		o.WriterLease = c.lease
+		err := o.validate()
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("lease %v: %v, want %q", c.lease, err, c.want)
+		}
+	}
+	o := base
+	o.WriterLease = 3 * time.Second
+	if got := o.nodeConfig(false, func() {}).WriterLease; time.Duration(got) != 3*time.Second {
+		t.Fatalf("node config's WriterLease %v, want 3s", time.Duration(got))
 	}
 }
