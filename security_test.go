@@ -232,6 +232,28 @@ func TestHostileFloodIsCountedNotLogged(t *testing.T) {
 	if n := logs.lines("\n"); n > 40 {
 		t.Fatalf("%d log lines for %d hostile frames, want a throttled few", n, flood)
 	}
+	// Frames that fail validation (a negative block) are rejected by the
+	// listener: counted each, logged a few times, naming the peer.
+	before, lines := m["kvxfer_frames_rejected_total{reason=invalid}"], logs.lines("\n")
+	for i := range flood {
+		r.send(t, c, requestData(r.id, fmt.Sprintf("neg-%d", i), 64, [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ctxE.Stats().FramesRejected < int64(2*flood) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d frames rejected, want %d", ctxE.Stats().FramesRejected, 2*flood)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if got := scrape(t, ctxE, "ctx/0")["kvxfer_frames_rejected_total{reason=invalid}"]; got != before+flood {
+		t.Errorf("kvxfer_frames_rejected_total{reason=invalid} = %v, want %v", got, before+flood)
+	}
+	if n := logs.lines("\n") - lines; n == 0 || n > 20 {
+		t.Fatalf("%d log lines for %d invalid frames, want a throttled few", n, flood)
+	}
+	if logs.lines(`"peer":"evil/0","request":"neg-`) == 0 {
+		t.Fatal("the invalid frames' warning does not name the peer")
+	}
 	if tx.Err() != nil {
 		t.Fatalf("the flood decided the victim request: %v", tx.Err())
 	}

@@ -664,7 +664,13 @@ func (l *listener) route(f messages.Frame) {
 		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
-		l.env.log.Warn().Err(err).Msg("control frame rejected")
+		// Sampled per claimed sender, as every per-peer warning: the
+		// frame failed validation, so what it names is clipped.
+		from := messages.TruncateText(f.Sender().String(), 64)
+		if ev := l.env.warn(from, "invalid frame"); ev != nil {
+			ev.Err(err).Str("peer", from).Str("request", messages.TruncateText(f.Request(), messages.MaxRequestIDLen)).
+				Msgf("control frame %T rejected", f)
+		}
 	case core.FrameToTx, core.FrameToRx:
 		if err := l.incs.Admit(f); err != nil {
 			// Addressed to an earlier incarnation of this rank, or sent by
