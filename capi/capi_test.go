@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/metrics"
+	"github.com/kvxfer/kvxfer/node"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -406,5 +407,31 @@ func TestEngineConfigEnvFillsWhatJSONLeaves(t *testing.T) {
 	t.Setenv("KVXFER_WORKERS", "zero")
 	if _, err := (Config{}).engineConfig(); err == nil || !strings.Contains(err.Error(), `KVXFER_WORKERS = "zero"`) {
 		t.Errorf("KVXFER_WORKERS=zero: %v, want it named", err)
+	}
+}
+
+// TestNodeEnvFillsWhatJSONLeaves: a node's JSON gets the same treatment
+// as an engine's: the variables fill unset fields only, and a worker
+// count below 1 from the environment is named.
+func TestNodeEnvFillsWhatJSONLeaves(t *testing.T) {
+	t.Setenv("KVXFER_WORKERS", "3")
+	t.Setenv("KVXFER_BACKEND", "shm")
+	for _, c := range []struct {
+		cfg     node.Config
+		workers int
+		backend string
+	}{
+		{node.Config{}, 3, "shm"},
+		{node.Config{Workers: 2, Backend: "ucx"}, 2, "ucx"},
+	} {
+		cfg := c.cfg
+		if err := nodeEnv(&cfg); err != nil || cfg.Workers != c.workers || cfg.Backend != c.backend {
+			t.Errorf("%+v: workers %d backend %q (%v), want %d %q", c.cfg, cfg.Workers, cfg.Backend, err, c.workers, c.backend)
+		}
+	}
+	t.Setenv("KVXFER_WORKERS", "0")
+	cfg := node.Config{}
+	if err := nodeEnv(&cfg); Code(err) != ErrConfig || !strings.Contains(err.Error(), `KVXFER_WORKERS = "0"`) {
+		t.Errorf("KVXFER_WORKERS=0: %v, want a config error naming it", err)
 	}
 }
