@@ -440,6 +440,9 @@ func TestHostilePeerFrames(t *testing.T) {
 	before := c.ctx[0].Stats().FramesRejected
 	bad := rd("neg", evil.id, -5)
 	_ = evil.conn.Send(bad)
+	// One that names its request is answered FAILED at once, naming the
+	// field (DESIGN.md §6), instead of leaving it to its deadline.
+	evil.expectResult(t, "neg", messages.StatusFailed, "block[0] = -5")
 	_ = evil.conn.Send(&messages.Result{RequestID: "x", From: evil.id, Status: 99})
 	// Results for unknown requests at the generation side are counted.
 	genConn, err := c.link.Dial(messages.PeerID{Instance: "gen", Rank: 0})

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -253,6 +254,41 @@ func TestHostileFloodIsCountedNotLogged(t *testing.T) {
 	}
 	if logs.lines(`"peer":"evil/0","request":"neg-`) == 0 {
 		t.Fatal("the invalid frames' warning does not name the peer")
+	}
+	// Each names its request: each is answered FAILED with the reason.
+	for _, i := range []int{0, flood - 1} {
+		res := r.waitFailed(t, fmt.Sprintf("neg-%d", i))
+		if !strings.Contains(res.Error, "invalid RequestData") || !strings.Contains(res.Error, "block[0] = -5") {
+			t.Fatalf("neg-%d answered %q, want the reason", i, res.Error)
+		}
+	}
+	// Not one naming a request with a live session here: its outcome is
+	// the session's, and a FAILED Result would claim nothing writes for
+	// it. A probe answered after it, through the same worker, shows that
+	// no answer is coming.
+	answered := func(id string) int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		n := 0
+		for _, f := range r.frames {
+			if res, ok := f.(*messages.Result); ok && res.RequestID == id {
+				n++
+			}
+		}
+		return n
+	}
+	victimAnswers := answered("victim")
+	probe := ""
+	for i := 0; probe == ""; i++ {
+		if id := fmt.Sprintf("probe-%d", i); actors.WorkerFor(id, r.id, 2) == actors.WorkerFor("victim", r.id, 2) {
+			probe = id
+		}
+	}
+	r.send(t, c, requestData(r.id, "victim", 64, [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}))
+	r.send(t, c, requestData(r.id, probe, 64, [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}))
+	r.waitFailed(t, probe)
+	if n := answered("victim"); n != victimAnswers {
+		t.Fatalf("an invalid RequestData for the live request was answered (%d answers, %d before)", n, victimAnswers)
 	}
 	if tx.Err() != nil {
 		t.Fatalf("the flood decided the victim request: %v", tx.Err())

@@ -200,6 +200,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		p.onRequestData(ctx, m)
 		p.env.credits.give(m)
+	case *invalidRequestData:
+		p.onInvalidRequestData(ctx, m)
+		p.env.credits.give(m.rd)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
 		deliver, notBound := p.table.Cancel(m)
@@ -270,6 +273,30 @@ func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejec
 	p.env.warn(rd.From.String(), "refused "+rejectNames[why]).Err(err).Str("request", rd.RequestID).Msg("RequestData refused")
 	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+}
+
+// invalidRequestData is a RequestData that failed validation (err) while
+// naming its request and sender validly (messages.RequestData.Named): only
+// those fields and its incarnations are read.
+type invalidRequestData struct {
+	rd  *messages.RequestData
+	err error
+}
+
+// onInvalidRequestData answers an invalid RequestData FAILED, naming what
+// is wrong, so that its request fails at once instead of at its deadline —
+// unless the request has a live session here, whose outcome stands (the
+// frame was counted and logged by the listener). Nothing is remembered.
+// The answer is addressed to the frame's incarnation and comes from this
+// one, as every reply: a session of another incarnation of the peer takes
+// it as no proof.
+func (p *txParent) onInvalidRequestData(ctx actor.Context, m *invalidRequestData) {
+	if p.table.IsLive(m.rd.RequestID) {
+		return
+	}
+	p.answering = core.FromIncarnation(m.rd)
+	p.reply(ctx, m.rd.RequestID, m.rd.From, &messages.Result{RequestID: m.rd.RequestID, Epoch: m.rd.Epoch, From: p.self,
+		Status: messages.StatusFailed, Error: messages.TruncateText("invalid RequestData: "+m.err.Error(), messages.MaxErrorLen)})
 }
 
 // onRequestData validates a RequestData against the sender's Hello and
@@ -661,9 +688,15 @@ func (l *listener) route(f messages.Frame) {
 	defer l.mu.Unlock()
 	switch dest, err := routeFrame(l.tr, l.env.clock, f); dest {
 	case core.FrameRejected:
-		l.env.credits.give(f)
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
+		if rd, ok := f.(*messages.RequestData); ok && rd.Named() == nil {
+			// It names its request validly: the tx parent tells its
+			// sender why at once (DESIGN.md §6), and gives the credit back.
+			l.root.Send(l.tx, &invalidRequestData{rd: rd, err: err})
+		} else {
+			l.env.credits.give(f)
+		}
 		// Sampled per claimed sender, as every per-peer warning: the
 		// frame failed validation, so what it names is clipped.
 		from := messages.TruncateText(f.Sender().String(), 64)

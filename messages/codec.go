@@ -73,10 +73,27 @@ func Decode(b []byte) (Frame, error) {
 	}
 	incarnationsFromWire(&env, f)
 	if err := f.Validate(); err != nil {
+		if rd, ok := f.(*RequestData); ok && rd.Named() == nil {
+			return nil, &InvalidRequestData{Frame: rd, Err: err}
+		}
 		return nil, err
 	}
 	return f, nil
 }
+
+// InvalidRequestData is the error Decode returns for a RequestData that
+// parsed but failed Validate while the fields that name it — request id,
+// epoch, sender, incarnations — are valid on their own (RequestData.Named):
+// its receiver may answer the sender FAILED with Err instead of leaving
+// the request to its deadline (DESIGN.md §6). Only those fields of Frame
+// may be read; it wraps Err, so errors.Is(err, ErrInvalid) holds.
+type InvalidRequestData struct {
+	Frame *RequestData
+	Err   error
+}
+
+func (e *InvalidRequestData) Error() string { return e.Err.Error() }
+func (e *InvalidRequestData) Unwrap() error { return e.Err }
 
 // TruncateText makes s fit a frame's text field (Result.Error,
 // Cancel.Reason): invalid UTF-8 is replaced with U+FFFD and the result is

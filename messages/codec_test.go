@@ -421,3 +421,36 @@ func TestDecodeDoesNotRetainInput(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeNamesAnInvalidRequestData: a RequestData that fails Validate
+// but names its request and sender validly comes back as an
+// InvalidRequestData error carrying those fields (and still wrapping
+// ErrInvalid); one whose naming fields are bad, or another frame type,
+// does not.
+func TestDecodeNamesAnInvalidRequestData(t *testing.T) {
+	env := pbRequestData(&pb.GroupDest{Blocks: []int32{1, -5}})
+	env.GetRequestData().FromIncarnation = 7
+	_, err := messages.Decode(marshalPB(t, env))
+	var inv *messages.InvalidRequestData
+	if !errors.As(err, &inv) || !errors.Is(err, messages.ErrInvalid) {
+		t.Fatalf("negative block: %v, want an InvalidRequestData wrapping ErrInvalid", err)
+	}
+	if inv.Frame.RequestID != "req-1" || inv.Frame.Epoch != 1 || inv.Frame.From != (messages.PeerID{Instance: "gen-0"}) ||
+		inv.Frame.FromIncarnation != 7 || !strings.Contains(err.Error(), "block[1] = -5") {
+		t.Fatalf("named %+v, error %v", inv.Frame, err)
+	}
+	noID := pbRequestData(&pb.GroupDest{Blocks: []int32{-5}})
+	noID.GetRequestData().RequestId = ""
+	if _, err := messages.Decode(marshalPB(t, noID)); err == nil || errors.As(err, &inv) {
+		t.Fatalf("no request id: %v, want a plain rejection", err)
+	}
+	noFrom := pbRequestData(&pb.GroupDest{Blocks: []int32{-5}})
+	noFrom.GetRequestData().From = &pb.PeerID{}
+	if _, err := messages.Decode(marshalPB(t, noFrom)); err == nil || errors.As(err, &inv) {
+		t.Fatalf("no sender: %v, want a plain rejection", err)
+	}
+	bad := pbResult(&pb.Result{Status: 99})
+	if _, err := messages.Decode(marshalPB(t, bad)); err == nil || errors.As(err, &inv) {
+		t.Fatalf("invalid Result: %v, want a plain rejection", err)
+	}
+}

@@ -352,6 +352,15 @@ func (m *Hello) Validate() error {
 	return m.validateMemory()
 }
 
+// Named checks only the fields that name m — its request id and sender —
+// so that a receiver can answer a RequestData that fails Validate.
+func (m *RequestData) Named() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	return m.From.validate()
+}
+
 // Validate implements Frame. Block ids are checked against the receiver's
 // pool by the writer, which knows the pool's size.
 func (m *RequestData) Validate() error {

@@ -48,7 +48,9 @@
 //	                                                               (a SUCCESS Result the control plane refused), peer_gone,
 //	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, other
 //	                                                               (the actors.Err* sentinels of the same names; closed: Engine.Close)
-//	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener),
+//	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener;
+//	                                                               a RequestData that names its request is answered FAILED with the reason unless the
+//	                                                               request has a live session here),
 //	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
 //	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
 //	                                                               that could not be resolved into a route; the request fails), not_bound (from

@@ -90,6 +90,12 @@ func (t *TxTable) unorphan(request string) {
 	}
 }
 
+// IsLive reports whether request has a live session here. A RequestData
+// that failed validation is answered FAILED only when it has none: a live
+// session's outcome is its own, and a FAILED Result is a proof that
+// nothing of this rank writes for the request.
+func (t *TxTable) IsLive(request string) bool { return t.live[request] }
+
 // RequestDataVerdict is what becomes of a RequestData before it may touch
 // any state.
 type RequestDataVerdict uint8

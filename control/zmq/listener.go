@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -178,6 +179,15 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	}
 	f, err := decode(payload)
 	if err != nil {
+		// A RequestData that names its request validly, from the peer its
+		// connection said Hello as, goes on to the engine, which answers
+		// its sender FAILED with the reason (and counts it) instead of
+		// leaving the request to its deadline.
+		var inv *messages.InvalidRequestData
+		if errors.As(err, &inv) && s.speaksFor(key, b, inv.Frame.From) {
+			s.deliver(inv.Frame)
+			return
+		}
 		s.reject(RejectDecode, id, key, b, "decode: %v", err)
 		return
 	}
@@ -225,6 +235,17 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())
 	}
+}
+
+// speaksFor reports whether a frame naming sender may be taken from the
+// connection bound as b with CURVE key key: the connection said Hello as
+// sender and, in CURVE mode, its key is unchanged and may speak for
+// sender (the checks handle makes of a valid frame).
+func (s *listener) speaksFor(key string, b *binding, sender messages.PeerID) bool {
+	if b == nil || b.peer != sender {
+		return false
+	}
+	return !s.secure || (key != "" && key == b.key && s.l.keyPermits(key, sender))
 }
 
 // hello binds a connection to the PeerID of its Hello and stores the Hello.

@@ -1,0 +1,66 @@
+package zmq
+
+import (
+	"sync"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/messages/pb"
+)
+
+// invalidRequestData encodes a RequestData from "from" naming request id
+// whose destination block is negative: it fails Validate, its naming
+// fields do not.
+func invalidRequestData(t testing.TB, id string, from messages.PeerID) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&pb.Envelope{Version: messages.Version, Body: &pb.Envelope_RequestData{RequestData: &pb.RequestData{
+		RequestId: id, Epoch: 3, From: &pb.PeerID{Instance: from.Instance, Rank: from.Rank},
+		GenParallel: &pb.Parallel{Tp: 1, Pp: 1}, Groups: []*pb.GroupDest{{Blocks: []int32{-5}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestInvalidRequestDataGoesOnWhenItsSenderSpeaks: a RequestData that
+// fails validation but names its request is delivered (for the engine to
+// answer FAILED) only from a connection that said Hello as its sender;
+// before Hello, or naming another sender, it is rejected as any
+// undecodable frame.
+func TestInvalidRequestDataGoesOnWhenItsSenderSpeaks(t *testing.T) {
+	a := listen(t, pid("ctx", 0), Config{Insecure: true})
+	evil, other := pid("evil", 7), pid("gen", 0)
+
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		raw := dialRaw(t, a.link.Endpoint())
+		defer raw.close()
+		raw.send(t, invalidRequestData(t, "before-hello", evil))
+		raw.send(t, mustEncode(t, helloOf(evil, "x")))
+		raw.send(t, invalidRequestData(t, "spoofed", other))
+		raw.send(t, invalidRequestData(t, "named", evil))
+		<-done
+	}()
+	defer wg.Wait()
+	defer close(done)
+
+	waitFor(t, patience, "the named one delivered", func() bool { return a.in.len() >= 1 })
+	waitFor(t, patience, "the other two rejected", func() bool { return a.link.Rejected() >= 2 })
+	got := a.in.snapshot()
+	if len(got) != 1 {
+		t.Fatalf("delivered %d frames, want the one named by its own sender", len(got))
+	}
+	rd, ok := got[0].(*messages.RequestData)
+	if !ok || rd.RequestID != "named" || rd.From != evil || rd.Epoch != 3 || rd.Validate() == nil {
+		t.Fatalf("delivered %+v, want the invalid RequestData \"named\" from %s", got[0], evil)
+	}
+	if n := a.link.Rejected(); n != 2 {
+		t.Fatalf("Rejected() = %d, want 2 (before Hello, another sender)", n)
+	}
+}
