@@ -52,6 +52,29 @@ func (r *rawDealer) close() {
 	r.ctx.Term()
 }
 
+// sendRaw sends each message, in order, from a bare DEALER of its own on
+// a goroutine that keeps the socket open until the returned stop is
+// called: closing it (linger 0) would drop what is still queued, so stop
+// once the test has seen the outcome.
+func sendRaw(t testing.TB, endpoint string, msgs ...[][]byte) (stop func()) {
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		raw := dialRaw(t, endpoint)
+		defer raw.close()
+		for _, m := range msgs {
+			raw.send(t, m...)
+		}
+		<-done
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
 func mustEncode(t testing.TB, f messages.Frame) []byte {
 	t.Helper()
 	b, err := encode(f)
@@ -95,23 +118,7 @@ func TestHostileInputRejectedHonestServed(t *testing.T) {
 	// not counted, and it must not disturb anyone else.
 	huge := make([]byte, maxFrame+oversizeSlack+1)
 
-	// The raw socket lives on its own goroutine until the test has seen
-	// the outcome (closing it, linger 0, would drop what is still queued).
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		raw := dialRaw(t, a.link.Endpoint())
-		defer raw.close()
-		for _, m := range hostile {
-			raw.send(t, m...)
-		}
-		raw.send(t, huge)
-		<-done
-	}()
-	defer wg.Wait()
-	defer close(done)
+	defer sendRaw(t, a.link.Endpoint(), append(hostile, [][]byte{huge})...)()
 
 	const n = 300
 	conn, err := b.link.Dial(a.id)

@@ -1,7 +1,6 @@
 package zmq
 
 import (
-	"sync"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -34,21 +33,11 @@ func TestInvalidRequestDataGoesOnWhenItsSenderSpeaks(t *testing.T) {
 	a := listen(t, pid("ctx", 0), Config{Insecure: true})
 	evil, other := pid("evil", 7), pid("gen", 0)
 
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		raw := dialRaw(t, a.link.Endpoint())
-		defer raw.close()
-		raw.send(t, invalidRequestData(t, "before-hello", evil))
-		raw.send(t, mustEncode(t, helloOf(evil, "x")))
-		raw.send(t, invalidRequestData(t, "spoofed", other))
-		raw.send(t, invalidRequestData(t, "named", evil))
-		<-done
-	}()
-	defer wg.Wait()
-	defer close(done)
+	defer sendRaw(t, a.link.Endpoint(),
+		[][]byte{invalidRequestData(t, "before-hello", evil)},
+		[][]byte{mustEncode(t, helloOf(evil, "x"))},
+		[][]byte{invalidRequestData(t, "spoofed", other)},
+		[][]byte{invalidRequestData(t, "named", evil)})()
 
 	waitFor(t, patience, "the named one delivered", func() bool { return a.in.len() >= 1 })
 	waitFor(t, patience, "the other two rejected", func() bool { return a.link.Rejected() >= 2 })
