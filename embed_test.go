@@ -176,3 +176,31 @@ func sendFilled(t *testing.T, e *kvxfer.Engine, h *kvxfer.TxHandle, l kvcache.La
 	}
 	return src, nil
 }
+
+// TestPeerMapFrom: an engine's peer map from a context parallelism is the
+// one a fresh computation gives (its writers), computed once, and a bad
+// parallelism is named.
+func TestPeerMapFrom(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 2, PP: 1}, tp1, 2)
+	g := c.gen[0]
+	ctxPar := kvcache.Parallel{TP: 2, PP: 1}
+	pm, err := g.PeerMapFrom(ctxPar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := kvcache.NewPeerMap(l, ctxPar, tp1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := pm.WritersOf(kvcache.Rank{}), fresh.WritersOf(kvcache.Rank{}); !slices.Equal(got, want) || len(got) != 2 {
+		t.Fatalf("writers of gen rank 0: %v, want %v (both context ranks)", got, want)
+	}
+	if again, err := g.PeerMapFrom(ctxPar); err != nil || again != pm {
+		t.Fatalf("second call: %p, %v; want the cached %p", again, err, pm)
+	}
+	if _, err := g.PeerMapFrom(kvcache.Parallel{TP: 3, PP: 1}); !errors.Is(err, kvcache.ErrBadParallelism) {
+		t.Fatalf("TP 3: %v, want ErrBadParallelism", err)
+	}
+	checkNoLeaks(t, c)
+}

@@ -199,6 +199,13 @@ func (e *Engine) Region() *kvcache.Region { return e.region }
 // Hello is what the engine tells its peers about itself.
 func (e *Engine) Hello() *messages.Hello { return e.inner.Hello() }
 
+// PeerMapFrom is the peer map from a context instance of parallelism ctx
+// to this engine's instance: WritersOf(this rank) are the context ranks a
+// Receive from that instance needs. It is cached per parallelism.
+func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
+	return e.inner.PeerMapFrom(ctx)
+}
+
 // CheckPeer compares a peer's Hello with this engine: nil when both serve
 // the same layout, else an error wrapping ErrMismatch that names both
 // models and both layout hashes (every request between the two would fail

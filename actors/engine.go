@@ -257,6 +257,14 @@ func (e *Engine) deliver(f messages.Frame) {
 // Hello is what this engine tells its peers about itself.
 func (e *Engine) Hello() *messages.Hello { return e.hello }
 
+// PeerMapFrom is the peer map from a context instance of parallelism ctx
+// to this engine's instance as the generation side, from the topology's
+// plan cache (computed once per parallelism).
+func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
+	topo := e.cfg.Topology
+	return topo.Plans.peerMap(topo.Layout, topo.LayoutHash, ctx, topo.Parallel)
+}
+
 // Stats returns the engine's counters.
 func (e *Engine) Stats() *Counters { return e.stats }
 

@@ -411,8 +411,9 @@ func TestEngineConfigEnvFillsWhatJSONLeaves(t *testing.T) {
 }
 
 // TestNodeEnvFillsWhatJSONLeaves: a node's JSON gets the same treatment
-// as an engine's: the variables fill unset fields only, and a worker
-// count below 1 from the environment is named.
+// as an engine's (fillFromEnv): the variables fill unset fields only, and
+// a worker count below 1 from the environment is named — by OpenNode,
+// before anything opens.
 func TestNodeEnvFillsWhatJSONLeaves(t *testing.T) {
 	t.Setenv("KVXFER_WORKERS", "3")
 	t.Setenv("KVXFER_BACKEND", "shm")
@@ -425,13 +426,16 @@ func TestNodeEnvFillsWhatJSONLeaves(t *testing.T) {
 		{node.Config{Workers: 2, Backend: "ucx"}, 2, "ucx"},
 	} {
 		cfg := c.cfg
-		if err := nodeEnv(&cfg); err != nil || cfg.Workers != c.workers || cfg.Backend != c.backend {
+		if err := fillFromEnv(&cfg.Workers, &cfg.Backend); err != nil || cfg.Workers != c.workers || cfg.Backend != c.backend {
 			t.Errorf("%+v: workers %d backend %q (%v), want %d %q", c.cfg, cfg.Workers, cfg.Backend, err, c.workers, c.backend)
 		}
 	}
 	t.Setenv("KVXFER_WORKERS", "0")
-	cfg := node.Config{}
-	if err := nodeEnv(&cfg); Code(err) != ErrConfig || !strings.Contains(err.Error(), `KVXFER_WORKERS = "0"`) {
-		t.Errorf("KVXFER_WORKERS=0: %v, want a config error naming it", err)
+	if _, _, err := OpenNode(`{"instance":"gen","model":"Llama-3.1-8B","insecure":true,"bind":"tcp://127.0.0.1:0"}`); Code(err) != ErrConfig ||
+		!strings.Contains(err.Error(), `KVXFER_WORKERS = "0"`) {
+		t.Errorf("OpenNode with KVXFER_WORKERS=0: %v, want a config error naming it", err)
+	}
+	if _, err := (Config{}).engineConfig(); Code(err) != ErrConfig || !strings.Contains(err.Error(), `KVXFER_WORKERS = "0"`) {
+		t.Errorf("an engine's config with KVXFER_WORKERS=0: %v, want a config error naming it", err)
 	}
 }

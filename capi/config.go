@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
@@ -78,6 +79,28 @@ func clip(s string) string {
 	return s
 }
 
+// fillFromEnv sets *workers and *backend from KVXFER_WORKERS and
+// KVXFER_BACKEND where they are unset (0, ""): a value the JSON gives wins,
+// as a flag does over a variable on the CLI (docs/configuration.md). An
+// empty variable counts as unset; a bad one is named, even where the JSON
+// overrides it, as the CLI checks every source.
+func fillFromEnv(workers *int, backend *string) error {
+	env, err := (kvxfer.Config{}).WithEnv()
+	if err != nil {
+		return &Error{Code: ErrConfig, Err: err}
+	}
+	if v := os.Getenv("KVXFER_WORKERS"); v != "" && env.Workers < 1 {
+		return errorf(ErrConfig, "KVXFER_WORKERS = %q: must be ≥ 1", v)
+	}
+	if *workers == 0 {
+		*workers = env.Workers
+	}
+	if *backend == "" {
+		*backend = env.Backend
+	}
+	return nil
+}
+
 // engineConfig is c as a kvxfer.Config.
 func (c Config) engineConfig() (kvxfer.Config, error) {
 	if c.TransferTimeoutMs < 0 || c.DrainGraceMs < 0 {
@@ -91,20 +114,9 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 		TransferTimeout: time.Duration(c.TransferTimeoutMs) * time.Millisecond,
 		DrainGrace:      time.Duration(c.DrainGraceMs) * time.Millisecond,
 	}
-	// KVXFER_WORKERS and KVXFER_BACKEND fill what the JSON leaves unset:
-	// a value the JSON gives wins, as a flag does over a variable on the
-	// CLI (docs/configuration.md).
-	env, err := kc.WithEnv()
-	if err != nil {
+	if err := fillFromEnv(&kc.Workers, &kc.Backend); err != nil {
 		return kc, err
 	}
-	if c.Backend != "" {
-		env.Backend = c.Backend
-	}
-	if c.Workers != 0 {
-		env.Workers = c.Workers
-	}
-	kc = env
 	if c.Layout != nil {
 		l := kvcache.Layout{Name: c.Layout.Name, Layers: c.Layout.Layers, KVHeads: c.Layout.KVHeads,
 			HeadDim: c.Layout.HeadDim, DTypeBytes: c.Layout.DTypeBytes, TokensPerBlock: c.Layout.TokensPerBlock,

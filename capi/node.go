@@ -2,7 +2,6 @@ package capi
 
 import (
 	"context"
-	"os"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
@@ -22,7 +21,7 @@ func OpenNode(configJSON string) (*Engine, uint64, error) {
 	if err != nil {
 		return nil, 0, &Error{Code: ErrConfig, Err: err}
 	}
-	if err := nodeEnv(&cfg); err != nil {
+	if err := fillFromEnv(&cfg.Workers, &cfg.Backend); err != nil {
 		return nil, 0, err
 	}
 	n, err := node.Open(context.Background(), cfg)
@@ -37,26 +36,6 @@ func OpenNode(configJSON string) (*Engine, uint64, error) {
 		requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
 	e.h = put(e)
 	return e, e.h, nil
-}
-
-// nodeEnv applies KVXFER_WORKERS and KVXFER_BACKEND where the node's
-// JSON leaves workers or backend unset, as an engine's config does
-// (config.go): a value in the JSON wins; an empty variable is unset.
-func nodeEnv(cfg *node.Config) error {
-	env, err := (kvxfer.Config{}).WithEnv()
-	if err != nil {
-		return &Error{Code: ErrConfig, Err: err}
-	}
-	if v := os.Getenv("KVXFER_WORKERS"); v != "" && env.Workers < 1 {
-		return errorf(ErrConfig, "KVXFER_WORKERS = %q: must be ≥ 1", v)
-	}
-	if cfg.Workers == 0 {
-		cfg.Workers = env.Workers
-	}
-	if cfg.Backend == "" {
-		cfg.Backend = env.Backend
-	}
-	return nil
 }
 
 func nodeError(err error) error {

@@ -55,10 +55,6 @@ type Node struct {
 	backend string
 	peers   []Peer
 
-	// peerMaps caches the peer map for each context parallelism its
-	// requests named (receive.go: writersOf).
-	peerMaps peerMapCache
-
 	stop      chan struct{} // closed by Close: stops watch
 	watch     sync.WaitGroup
 	closeOnce sync.Once

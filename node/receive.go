@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
@@ -83,7 +82,7 @@ func (n *Node) writersOf(req kvxfer.ReceiveRequest) ([]messages.PeerID, error) {
 	if cp.TP == 0 && cp.PP == 0 {
 		cp = kvcache.Parallel{TP: 1, PP: 1}
 	}
-	pm, err := n.peerMaps.get(n.eng.Layout(), cp, n.cfg.Parallel.orOne().kv())
+	pm, err := n.eng.PeerMapFrom(cp)
 	if err != nil {
 		return nil, err
 	}
@@ -161,41 +160,4 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 		}
 		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: is it running?", id, w, p.Endpoint, helloPatience)
 	}
-}
-
-// maxPeerMaps bounds peerMapCache: a caller that names many parallelisms
-// (each valid) costs a recomputation, never memory.
-const maxPeerMaps = 64
-
-// peerMapCache keeps the peer map for each context parallelism a node's
-// requests named: it depends only on the layout and the two
-// parallelisms, which are fixed for a node but the context's. Maps are
-// immutable; errors are not cached. The zero value is ready; it is safe
-// for concurrent use.
-type peerMapCache struct {
-	mu sync.Mutex
-	m  map[kvcache.Parallel]*kvcache.PeerMap
-}
-
-// get returns the peer map from a context instance of parallelism cp to
-// a generation instance of gen over l. A node passes the same l and gen
-// on every call.
-func (c *peerMapCache) get(l kvcache.Layout, cp, gen kvcache.Parallel) (*kvcache.PeerMap, error) {
-	c.mu.Lock()
-	pm := c.m[cp]
-	c.mu.Unlock()
-	if pm != nil {
-		return pm, nil
-	}
-	pm, err := kvcache.NewPeerMap(l, cp, gen)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	if c.m == nil || len(c.m) >= maxPeerMaps {
-		c.m = map[kvcache.Parallel]*kvcache.PeerMap{}
-	}
-	c.m[cp] = pm
-	c.mu.Unlock()
-	return pm, nil
 }

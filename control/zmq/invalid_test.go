@@ -27,8 +27,8 @@ func invalidRequestData(t testing.TB, id string, from messages.PeerID) []byte {
 // TestInvalidRequestDataGoesOnWhenItsSenderSpeaks: a RequestData that
 // fails validation but names its request is delivered (for the engine to
 // answer FAILED) only from a connection that said Hello as its sender;
-// before Hello, or naming another sender, it is rejected as any
-// undecodable frame.
+// before Hello, or naming another sender, it is rejected as a valid frame
+// would be (no_hello, sender), not counted as undecodable.
 func TestInvalidRequestDataGoesOnWhenItsSenderSpeaks(t *testing.T) {
 	a := listen(t, pid("ctx", 0), Config{Insecure: true})
 	evil, other := pid("evil", 7), pid("gen", 0)
@@ -49,7 +49,7 @@ func TestInvalidRequestDataGoesOnWhenItsSenderSpeaks(t *testing.T) {
 	if !ok || rd.RequestID != "named" || rd.From != evil || rd.Epoch != 3 || rd.Validate() == nil {
 		t.Fatalf("delivered %+v, want the invalid RequestData \"named\" from %s", got[0], evil)
 	}
-	if n := a.link.Rejected(); n != 2 {
-		t.Fatalf("Rejected() = %d, want 2 (before Hello, another sender)", n)
+	if n, by := a.link.Rejected(), a.link.FramesRejected(); n != 2 || by["no_hello"] != 1 || by["sender"] != 1 {
+		t.Fatalf("Rejected() = %d %v, want one no_hello (before Hello) and one sender (another sender)", n, by)
 	}
 }

@@ -178,18 +178,18 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		return
 	}
 	f, err := decode(payload)
+	// A RequestData that fails validation but names its request validly
+	// takes the same identity checks as any frame; passing them, it goes
+	// on to the engine, which answers its sender FAILED with the reason
+	// (and counts it) instead of leaving the request to its deadline. It
+	// renews nothing and reaches no OnFrame hook.
+	var inv *messages.InvalidRequestData
 	if err != nil {
-		// A RequestData that names its request validly, from the peer its
-		// connection said Hello as, goes on to the engine, which answers
-		// its sender FAILED with the reason (and counts it) instead of
-		// leaving the request to its deadline.
-		var inv *messages.InvalidRequestData
-		if errors.As(err, &inv) && s.speaksFor(key, b, inv.Frame.From) {
-			s.deliver(inv.Frame)
+		if !errors.As(err, &inv) {
+			s.reject(RejectDecode, id, key, b, "decode: %v", err)
 			return
 		}
-		s.reject(RejectDecode, id, key, b, "decode: %v", err)
-		return
+		f = inv.Frame
 	}
 	// In CURVE mode a frame may only name a sender its key is bound to.
 	if s.secure {
@@ -219,6 +219,9 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		s.reject(RejectSender, id, key, b, "%T of request %q claims sender %s on a connection that said Hello as %s",
 			f, f.Request(), f.Sender(), b.peer)
 		return
+	case inv != nil:
+		s.deliver(f)
+		return
 	}
 	s.alive(b.peer, now)
 	s.tellAlive(b.peer, now)
@@ -235,17 +238,6 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())
 	}
-}
-
-// speaksFor reports whether a frame naming sender may be taken from the
-// connection bound as b with CURVE key key: the connection said Hello as
-// sender and, in CURVE mode, its key is unchanged and may speak for
-// sender (the checks handle makes of a valid frame).
-func (s *listener) speaksFor(key string, b *binding, sender messages.PeerID) bool {
-	if b == nil || b.peer != sender {
-		return false
-	}
-	return !s.secure || (key != "" && key == b.key && s.l.keyPermits(key, sender))
 }
 
 // hello binds a connection to the PeerID of its Hello and stores the Hello.

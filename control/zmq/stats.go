@@ -20,9 +20,10 @@ const (
 	// RejectOversize: longer than Config.MaxFrameBytes.
 	RejectOversize
 	// RejectDecode: messages.Decode refused it (version, type, a field
-	// out of range). A RequestData that names its request validly, on a
-	// connection that said Hello as its sender, is not counted here: it
-	// is delivered for the engine to answer FAILED (and count as invalid).
+	// out of range). A RequestData that names its request validly is not
+	// counted here: it takes the checks of any frame (counted under their
+	// reasons) and, past them, is delivered for the engine to answer
+	// FAILED (and count as invalid).
 	RejectDecode
 	// RejectIdentity: the frame's sender is not an identity its CURVE key
 	// is bound to (Curve.Identities, PeerServerKeys), or the connection
