@@ -40,7 +40,9 @@ var (
 	// ErrPeerCancelled: the peer cancelled the request.
 	ErrPeerCancelled = actors.ErrPeerCancelled
 	// ErrMismatch: the two sides disagree about the request (prompt
-	// length, bytes written against bytes planned, layout).
+	// length, bytes written against bytes planned, layout) or about the
+	// protocol (a writer's Result that fails validation, such as a status
+	// this version does not know).
 	ErrMismatch = actors.ErrMismatch
 	// ErrFrameUnsent: a request's control frame did not leave this process
 	// (the peer could not be dialled, its connection closed); on the

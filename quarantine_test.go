@@ -25,8 +25,13 @@ type partLink struct {
 	held []func()
 	// older: Hello shows every peer as a version without features would.
 	older atomic.Bool
-	// atCtx counts the RequestData frames delivered to the context side.
-	atCtx atomic.Int64
+	// atCtx counts the RequestData frames delivered to the context side;
+	// lastRD is the last of them.
+	atCtx  atomic.Int64
+	lastRD atomic.Pointer[messages.RequestData]
+	// toGen delivers a frame to the generation side past the partition
+	// (a forged frame).
+	toGen func(messages.Frame)
 }
 
 func (p *partLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
@@ -42,12 +47,14 @@ func (p *partLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
 func (p *partLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
 	if self.From.Instance != "gen" {
 		return p.MemLink.Listen(self, func(f messages.Frame) {
-			if _, ok := f.(*messages.RequestData); ok {
+			if rd, ok := f.(*messages.RequestData); ok {
+				p.lastRD.Store(rd)
 				p.atCtx.Add(1)
 			}
 			deliver(f)
 		})
 	}
+	p.toGen = deliver
 	return p.MemLink.Listen(self, func(f messages.Frame) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -207,6 +214,48 @@ func TestSuspectedWriterQuarantinedUntilProof(t *testing.T) {
 	}
 	if n := verify(t, gen, l, 64, o2.Blocks, 2); n == 0 {
 		t.Fatal("q2: no byte verified")
+	}
+	if err := gen.FreeBlocks(o2.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}
+
+// DESIGN.md §6: a writer's Result that fails validation (here a status
+// this version does not know, as a newer writer's would be) fails the
+// request at once, naming the writer and the value — not at its deadline
+// — but proves nothing: the blocks stay quarantined until the writer's
+// CancelAck (held back here by a partition) arrives. A request beside it
+// completes.
+func TestInvalidResultFailsAtOnceAndQuarantines(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartCluster(t, l, 0)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	rx := receiveAtWriter(t, gen, link, "unreadable")
+	rd := link.lastRD.Load()
+	link.setCut(true) // from here the writer's own frames are held
+	link.toGen(&messages.Result{RequestID: "unreadable", Epoch: rd.Epoch, From: ctxE.Hello().From, Status: 99, Bytes: 1 << 20})
+	o := waitOutcome(t, rx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrMismatch) || !strings.Contains(o.Err.Error(), "invalid Result") ||
+		!strings.Contains(o.Err.Error(), "status 99") {
+		t.Fatalf("rx after an invalid Result: %s %v, want FAILED matching ErrMismatch naming the invalid status 99", o.Status, o.Err)
+	}
+	waitUntil(t, "the writer's CancelAck held by the partition", func() bool { return link.heldFrames() > 0 })
+	waitUntil(t, "the blocks quarantined", func() bool { return gen.Pools().Quarantined() > 0 })
+	if r := gen.Stats().FramesRejected; r == 0 {
+		t.Fatal("the invalid Result was not counted as rejected")
+	}
+	link.setCut(false)
+	waitUntil(t, "the quarantine to empty on the CancelAck", func() bool { return gen.Stats().QuarantinedBytes == 0 })
+
+	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "after", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendOneChunk(t, ctxE, l, "after", 2, 64)
+	o2 := waitOutcome(t, rx2.Done())
+	if !o2.OK || verify(t, gen, l, 64, o2.Blocks, 2) == 0 {
+		t.Fatalf("the request after: %s %v", o2.Status, o2.Err)
 	}
 	if err := gen.FreeBlocks(o2.Blocks); err != nil {
 		t.Fatal(err)

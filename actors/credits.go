@@ -36,9 +36,10 @@ func orphanLimit(n int) int {
 // re-sends Cancel on its own timer; a dropped RequestData's request waits
 // for its deadline there. No FAILED answer is sent: only the tx parent
 // knows whether a session already writes for that request (a re-sent
-// RequestData), and a FAILED Result is a proof of quiescence. A terminal frame (Result, CancelAck) is never
-// shed: it still takes a credit, over the limit if need be, since it may
-// be the only proof that a writer is quiescent.
+// RequestData), and a FAILED Result is a proof of quiescence. A terminal
+// frame (Result, CancelAck, valid or not) is never shed: it still takes a
+// credit, over the limit if need be, since it may be the only proof that
+// a writer is quiescent.
 type frameCredits struct {
 	limit int
 	mu    sync.Mutex

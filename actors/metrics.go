@@ -37,6 +37,7 @@ const (
 	reasonPeerFailed
 	reasonBadChunk
 	reasonBadRequest
+	reasonMismatch
 	reasonOther
 	numReasons
 )
@@ -57,6 +58,7 @@ var failReasons = [numReasons]struct {
 	{"peer_failed", ErrPeerFailed},
 	{"bad_chunk", ErrBadChunk},
 	{"bad_request", ErrBadRequest},
+	{"mismatch", ErrMismatch},
 	{"other", nil},
 }
 

@@ -311,6 +311,7 @@ func TestReasonOf(t *testing.T) {
 		{fmt.Errorf("%w: the Result for gen/1: %w", ErrFrameUnsent, ErrPeerGone), "unsent"},
 		{fmt.Errorf("%w: request r: %w", ErrBadRequest, errors.New("kvcache")), "bad_request"},
 		{ErrBadChunk, "bad_chunk"},
+		{fmt.Errorf("%w: request r writer ctx/0 sent an invalid Result: x", ErrMismatch), "mismatch"},
 		{errors.New("something else"), "other"},
 		{nil, "other"},
 	}

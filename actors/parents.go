@@ -283,6 +283,14 @@ type invalidRequestData struct {
 	err error
 }
 
+// invalidResult is a Result that failed validation (err) while naming
+// its request and sender validly (messages.Result.Named): only those
+// fields and its incarnations are read.
+type invalidResult struct {
+	res *messages.Result
+	err error
+}
+
 // onInvalidRequestData answers an invalid RequestData FAILED, naming what
 // is wrong, so that its request fails at once instead of at its deadline —
 // unless the request has a live session here, whose outcome stands (the
@@ -409,6 +417,13 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *messages.CancelAck:
 		p.route(ctx, m)
 		p.env.credits.give(m)
+	case *invalidResult:
+		// Counted and logged by the listener; it shows nothing about its
+		// sender, so the table only looks its writer up.
+		if v, w := p.table.Lookup(m.res); v == core.RxRouteDeliver {
+			ctx.Send(p.sessions.pids[m.res.RequestID], RxFrame{Writer: w, Frame: m.res, Invalid: m.err})
+		}
+		p.env.credits.give(m.res)
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
 		p.table.Stopped(m.request)
@@ -680,6 +695,22 @@ type listener struct {
 	mu sync.Mutex
 }
 
+// admit refuses, counted, a frame addressed to an earlier incarnation of
+// this rank or sent by an earlier incarnation of the peer: it is never
+// acted on.
+func (l *listener) admit(f messages.Frame) bool {
+	err := l.incs.Admit(f)
+	if err == nil {
+		return true
+	}
+	l.env.stats.FramesStale.Add(1)
+	l.env.meters.reject(rejectStale)
+	if ev := l.env.warn(f.Sender().String(), "stale incarnation"); ev != nil {
+		ev.Err(err).Msg("control frame of an earlier incarnation dropped")
+	}
+	return false
+}
+
 func (l *listener) route(f messages.Frame) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("listener.%T", f), f.Request())
@@ -690,11 +721,25 @@ func (l *listener) route(f messages.Frame) {
 	case core.FrameRejected:
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
-		if rd, ok := f.(*messages.RequestData); ok && rd.Named() == nil {
-			// It names its request validly: the tx parent tells its
-			// sender why at once (DESIGN.md §6), and gives the credit back.
-			l.root.Send(l.tx, &invalidRequestData{rd: rd, err: err})
-		} else {
+		switch g := f.(type) {
+		case *messages.RequestData:
+			if g.Named() == nil {
+				// It names its request validly: the tx parent tells its
+				// sender why at once (DESIGN.md §6), and gives the credit
+				// back.
+				l.root.Send(l.tx, &invalidRequestData{rd: g, err: err})
+				break
+			}
+			l.env.credits.give(f)
+		case *messages.Result:
+			if g.Named() == nil && l.admit(f) {
+				// A writer's unreadable answer: the rx parent fails the
+				// session it names (no proof), and gives the credit back.
+				l.root.Send(l.rx, &invalidResult{res: g, err: err})
+				break
+			}
+			l.env.credits.give(f)
+		default:
 			l.env.credits.give(f)
 		}
 		// Sampled per claimed sender, as every per-peer warning: the
@@ -705,15 +750,8 @@ func (l *listener) route(f messages.Frame) {
 				Msgf("control frame %T rejected", f)
 		}
 	case core.FrameToTx, core.FrameToRx:
-		if err := l.incs.Admit(f); err != nil {
-			// Addressed to an earlier incarnation of this rank, or sent by
-			// an earlier incarnation of the peer: never acted on.
+		if !l.admit(f) {
 			l.env.credits.give(f)
-			l.env.stats.FramesStale.Add(1)
-			l.env.meters.reject(rejectStale)
-			if ev := l.env.warn(f.Sender().String(), "stale incarnation"); ev != nil {
-				ev.Err(err).Msg("control frame of an earlier incarnation dropped")
-			}
 			return
 		}
 		if dest == core.FrameToTx {

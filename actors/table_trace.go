@@ -274,6 +274,14 @@ func (t *rxTable) Route(f messages.Frame) (core.RxRouteVerdict, int) {
 	return v, w
 }
 
+func (t *rxTable) Lookup(f messages.Frame) (core.RxRouteVerdict, int) {
+	v, w := t.RxTable.Lookup(f)
+	if t.tr != nil {
+		t.tr.Call("Lookup", t.clock.Now(), TableIn{Frame: f}, TableOut{Verdict: int(v), Writer: w})
+	}
+	return v, w
+}
+
 func (t *rxTable) PeerDown(peer messages.PeerID) []core.RxWriterRef {
 	refs := t.RxTable.PeerDown(peer)
 	if t.tr != nil {

@@ -73,27 +73,32 @@ func Decode(b []byte) (Frame, error) {
 	}
 	incarnationsFromWire(&env, f)
 	if err := f.Validate(); err != nil {
-		if rd, ok := f.(*RequestData); ok && rd.Named() == nil {
-			return nil, &InvalidRequestData{Frame: rd, Err: err}
+		if n, ok := f.(named); ok && n.Named() == nil {
+			return nil, &InvalidFrame{Frame: f, Err: err}
 		}
 		return nil, err
 	}
 	return f, nil
 }
 
-// InvalidRequestData is the error Decode returns for a RequestData that
-// parsed but failed Validate while the fields that name it — request id,
-// epoch, sender, incarnations — are valid on their own (RequestData.Named):
-// its receiver may answer the sender FAILED with Err instead of leaving
-// the request to its deadline (DESIGN.md §6). Only those fields of Frame
-// may be read; it wraps Err, so errors.Is(err, ErrInvalid) holds.
-type InvalidRequestData struct {
-	Frame *RequestData
+// InvalidFrame is the error Decode returns for a RequestData or a Result
+// that parsed but failed Validate while the fields that name it — request
+// id, epoch, sender, incarnations — are valid on their own (Named): its
+// receiver may fail the request at once with Err instead of leaving it to
+// its deadline (DESIGN.md §6). A RequestData is answered FAILED; a Result
+// fails the generation session it names, as no proof that its writer is
+// done. Only the naming fields of Frame may be read; it wraps Err, so
+// errors.Is(err, ErrInvalid) holds.
+type InvalidFrame struct {
+	Frame Frame
 	Err   error
 }
 
-func (e *InvalidRequestData) Error() string { return e.Err.Error() }
-func (e *InvalidRequestData) Unwrap() error { return e.Err }
+func (e *InvalidFrame) Error() string { return e.Err.Error() }
+func (e *InvalidFrame) Unwrap() error { return e.Err }
+
+// named is a frame whose naming fields can be checked alone.
+type named interface{ Named() error }
 
 // TruncateText makes s fit a frame's text field (Result.Error,
 // Cancel.Reason): invalid UTF-8 is replaced with U+FFFD and the result is
@@ -294,20 +299,14 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			Payload:   nonEmpty(m.GetPayload()),
 		}
 		// Status is an open enum (any int32) on the wire; it becomes the
-		// uint8 Status only once it is known to be a defined value.
-		s := m.GetStatus()
-		if s <= pb.Status_STATUS_UNKNOWN || int64(s) >= int64(len(statusNames)) {
-			// Check the rest first, so that the message names a request
-			// id and sender of bounded length.
-			probe := *r
-			probe.Status = StatusSuccess
-			if err := probe.Validate(); err != nil {
-				return nil, err
-			}
-			return nil, invalid("request %s from %s: result status %d, want 1..%d",
-				r.RequestID, r.From, int32(s), len(statusNames)-1)
+		// uint8 Status only once it is known to be a defined value. An
+		// unknown one (a newer writer's) stays StatusUnknown, and
+		// Validate names the value that came.
+		if s := m.GetStatus(); s > pb.Status_STATUS_UNKNOWN && int64(s) < int64(len(statusNames)) {
+			r.Status = Status(s)
+		} else {
+			r.wireStatus = int32(s)
 		}
-		r.Status = Status(s)
 		return r, nil
 	case *pb.Envelope_Cancel:
 		m := body.Cancel

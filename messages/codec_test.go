@@ -422,21 +422,22 @@ func TestDecodeDoesNotRetainInput(t *testing.T) {
 	}
 }
 
-// TestDecodeNamesAnInvalidRequestData: a RequestData that fails Validate
-// but names its request and sender validly comes back as an
-// InvalidRequestData error carrying those fields (and still wrapping
+// TestDecodeNamesAnInvalidFrame: a RequestData or a Result that fails
+// Validate but names its request and sender validly comes back as an
+// InvalidFrame error carrying those fields (and still wrapping
 // ErrInvalid); one whose naming fields are bad, or another frame type,
 // does not.
-func TestDecodeNamesAnInvalidRequestData(t *testing.T) {
+func TestDecodeNamesAnInvalidFrame(t *testing.T) {
 	env := pbRequestData(&pb.GroupDest{Blocks: []int32{1, -5}})
 	env.GetRequestData().FromIncarnation = 7
 	_, err := messages.Decode(marshalPB(t, env))
-	var inv *messages.InvalidRequestData
+	var inv *messages.InvalidFrame
 	if !errors.As(err, &inv) || !errors.Is(err, messages.ErrInvalid) {
-		t.Fatalf("negative block: %v, want an InvalidRequestData wrapping ErrInvalid", err)
+		t.Fatalf("negative block: %v, want an InvalidFrame wrapping ErrInvalid", err)
 	}
-	if inv.Frame.RequestID != "req-1" || inv.Frame.Epoch != 1 || inv.Frame.From != (messages.PeerID{Instance: "gen-0"}) ||
-		inv.Frame.FromIncarnation != 7 || !strings.Contains(err.Error(), "block[1] = -5") {
+	rd, ok := inv.Frame.(*messages.RequestData)
+	if !ok || rd.RequestID != "req-1" || rd.Epoch != 1 || rd.From != (messages.PeerID{Instance: "gen-0"}) ||
+		rd.FromIncarnation != 7 || !strings.Contains(err.Error(), "block[1] = -5") {
 		t.Fatalf("named %+v, error %v", inv.Frame, err)
 	}
 	noID := pbRequestData(&pb.GroupDest{Blocks: []int32{-5}})
@@ -449,8 +450,21 @@ func TestDecodeNamesAnInvalidRequestData(t *testing.T) {
 	if _, err := messages.Decode(marshalPB(t, noFrom)); err == nil || errors.As(err, &inv) {
 		t.Fatalf("no sender: %v, want a plain rejection", err)
 	}
-	bad := pbResult(&pb.Result{Status: 99})
+	// A Result of a status this version does not know (a newer writer's).
+	_, err = messages.Decode(marshalPB(t, pbResult(&pb.Result{Status: 99, Epoch: 4, ToIncarnation: 3})))
+	if !errors.As(err, &inv) || !errors.Is(err, messages.ErrInvalid) || !strings.Contains(err.Error(), "status 99") {
+		t.Fatalf("unknown status: %v, want an InvalidFrame naming status 99", err)
+	}
+	if r, ok := inv.Frame.(*messages.Result); !ok || r.RequestID != "req-1" || r.Epoch != 4 || r.ToIncarnation != 3 {
+		t.Fatalf("named %+v", inv.Frame)
+	}
+	noID = pbResult(&pb.Result{Status: 99, RequestId: strings.Repeat("x", messages.MaxRequestIDLen+1)})
+	if _, err := messages.Decode(marshalPB(t, noID)); err == nil || errors.As(err, &inv) {
+		t.Fatalf("invalid Result with a bad request id: %v, want a plain rejection", err)
+	}
+	bad := &pb.Envelope{Version: messages.Version, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{
+		RequestId: "req-1", From: pbPeer(), Reason: strings.Repeat("x", messages.MaxErrorLen+1)}}}
 	if _, err := messages.Decode(marshalPB(t, bad)); err == nil || errors.As(err, &inv) {
-		t.Fatalf("invalid Result: %v, want a plain rejection", err)
+		t.Fatalf("invalid Cancel: %v, want a plain rejection", err)
 	}
 }

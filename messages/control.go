@@ -237,6 +237,9 @@ type Result struct {
 	// Payload is a small opaque value from the context side (first token).
 	Payload []byte
 	Incarnations
+	// wireStatus is the status a decoded frame carried when it is not a
+	// defined one (Status is then StatusUnknown), for Validate to name.
+	wireStatus int32
 }
 
 // Cancel asks a writer to stop; it answers CancelAck once quiescent.
@@ -354,11 +357,18 @@ func (m *Hello) Validate() error {
 
 // Named checks only the fields that name m — its request id and sender —
 // so that a receiver can answer a RequestData that fails Validate.
-func (m *RequestData) Named() error {
-	if err := validateRequestID(m.RequestID); err != nil {
+func (m *RequestData) Named() error { return validateNames(m.RequestID, m.From) }
+
+// Named checks only the fields that name m — its request id and sender —
+// so that a receiver can fail the request a Result that fails Validate
+// answers (an unknown status from a newer writer, an oversized error).
+func (m *Result) Named() error { return validateNames(m.RequestID, m.From) }
+
+func validateNames(request string, from PeerID) error {
+	if err := validateRequestID(request); err != nil {
 		return err
 	}
-	return m.From.validate()
+	return from.validate()
 }
 
 // Validate implements Frame. Block ids are checked against the receiver's
@@ -423,7 +433,11 @@ func (m *Result) Validate() error {
 		return err
 	}
 	if m.Status == StatusUnknown || int(m.Status) >= len(statusNames) {
-		return invalid("request %s: result status %d", m.RequestID, m.Status)
+		st := int32(m.Status)
+		if m.Status == StatusUnknown {
+			st = m.wireStatus
+		}
+		return invalid("request %s from %s: result status %d, want 1..%d", m.RequestID, m.From, st, len(statusNames)-1)
 	}
 	if len(m.Error) > MaxErrorLen {
 		return invalid("request %s: error text length %d > %d", m.RequestID, len(m.Error), MaxErrorLen)

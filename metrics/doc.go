@@ -46,11 +46,12 @@
 //	kvxfer_failures_total               counter    side, reason    requests that ended without success, counted when decided; reason is the first
 //	                                                               sentinel the error wraps: closed, cancelled, peer_cancelled, timeout, unsent
 //	                                                               (a SUCCESS Result the control plane refused), peer_gone,
-//	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, other
+//	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, mismatch, other
 //	                                                               (the actors.Err* sentinels of the same names; closed: Engine.Close)
 //	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener;
 //	                                                               a RequestData that names its request is answered FAILED with the reason unless the
-//	                                                               request has a live session here),
+//	                                                               request has a live session here; a Result that names a live request of its writer
+//	                                                               fails it, reason mismatch, the blocks quarantined until the writer's CancelAck),
 //	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
 //	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
 //	                                                               that could not be resolved into a route; the request fails), not_bound (from

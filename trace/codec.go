@@ -63,8 +63,9 @@ type (
 		Err *string `json:",omitempty"`
 	}
 	rxFrame struct {
-		Writer int
-		Frame  *wireFrame
+		Writer  int
+		Frame   *wireFrame
+		Invalid *string `json:",omitempty"`
 	}
 	rxCancel struct {
 		Reason *string `json:",omitempty"`
@@ -208,7 +209,7 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 	case actors.RxBegin:
 		return "RxBegin", m
 	case actors.RxFrame:
-		return "RxFrame", rxFrame{Writer: m.Writer, Frame: encodeFrame(m.Frame)}
+		return "RxFrame", rxFrame{Writer: m.Writer, Frame: encodeFrame(m.Frame), Invalid: errText(m.Invalid)}
 	case actors.RxCancel:
 		return "RxCancel", rxCancel{Reason: errText(m.Reason)}
 	case actors.RxTimeout:
@@ -309,7 +310,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 	case "RxFrame":
 		var w rxFrame
 		if err = unmarshal(raw, &w); err == nil {
-			out = actors.RxFrame{Writer: w.Writer, Frame: w.Frame.frame()}
+			out = actors.RxFrame{Writer: w.Writer, Frame: w.Frame.frame(), Invalid: textErr(w.Invalid)}
 		}
 	case "RxCancel":
 		var w rxCancel

@@ -52,6 +52,7 @@ func everyMessage() []any {
 		actors.RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r", Epoch: 3, From: ctx1, Status: messages.StatusSuccess,
 			Bytes: 1 << 40, Error: "x", Payload: []byte("tok")}},
 		actors.RxFrame{Writer: 0, Frame: &messages.CancelAck{RequestID: "r", Epoch: 3, From: ctx1}},
+		actors.RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r", Epoch: 3, From: ctx1}, Invalid: boom},
 		actors.RxFrame{Writer: 0, Frame: &messages.Heartbeat{From: ctx1, Seq: 9}},
 		actors.RxFrame{Writer: 0, Frame: (*messages.Result)(nil)},
 		actors.RxFrame{Writer: 0},

@@ -447,6 +447,9 @@ func msgLabel(typ string, raw json.RawMessage) string {
 	case actors.TxPeerGone:
 		return "TxPeerGone " + m.Peer.String()
 	case actors.RxFrame:
+		if m.Invalid != nil {
+			return fmt.Sprintf("RxFrame writer%d invalid %s", m.Writer, frameKind(m.Frame))
+		}
 		return fmt.Sprintf("RxFrame writer%d %s", m.Writer, frameKind(m.Frame))
 	case actors.RxPeerGone:
 		return fmt.Sprintf("RxPeerGone writer%d", m.Writer)

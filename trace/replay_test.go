@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/trace"
 )
 
@@ -38,14 +40,44 @@ type cluster struct {
 	ctxPar   kvcache.Parallel
 	genPar   kvcache.Parallel
 	closed   bool
+	link     *tapLink
+}
+
+// tapLink is a MemLink that keeps the RequestData frames the context
+// instance receives (a test forges answers to them) and lets a test
+// deliver a frame to a peer as it is (MemLink does not encode it).
+type tapLink struct {
+	*control.MemLink
+	mu  sync.Mutex
+	rds map[string]*messages.RequestData
+}
+
+func (l *tapLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
+	if self.From.Instance != "ctx" {
+		return l.MemLink.Listen(self, deliver)
+	}
+	return l.MemLink.Listen(self, func(f messages.Frame) {
+		if rd, ok := f.(*messages.RequestData); ok {
+			l.mu.Lock()
+			l.rds[rd.RequestID] = rd
+			l.mu.Unlock()
+		}
+		deliver(f)
+	})
+}
+
+func (l *tapLink) requestData(id string) *messages.RequestData {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rds[id]
 }
 
 // startCluster starts the engines; each traces to its own file under dir
 // (Config.TracePath) unless shared is set, which they all record into.
 func startCluster(t *testing.T, ctxPar, genPar kvcache.Parallel, dir string, shared *trace.Writer) *cluster {
 	t.Helper()
-	c := &cluster{l: smallLayout(), ctxPar: ctxPar, genPar: genPar}
-	link := control.NewMemLink()
+	link := &tapLink{MemLink: control.NewMemLink(), rds: map[string]*messages.RequestData{}}
+	c := &cluster{l: smallLayout(), ctxPar: ctxPar, genPar: genPar, link: link}
 	start := func(inst string, p kvcache.Parallel, i int) *kvxfer.Engine {
 		cfg := kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i), Layout: &c.l, PoolBytes: 4 << 20,
 			Workers: 2, Link: link, TransferTimeout: 20 * time.Second, DrainGrace: 200 * time.Millisecond}
@@ -253,6 +285,29 @@ func scenarios(t *testing.T, c *cluster) (orphan *kvxfer.TxHandle) {
 		t.Fatalf("bad fence: %v", got)
 	}
 
+	// A writer's Result that fails validation (a status this version does
+	// not know), forged here: the generation side fails at once and
+	// frees the blocks only on the writer's CancelAck (the context side
+	// never heard a Send for it: its session, waiting for one, ends
+	// CANCELLED).
+	if len(c.ctx) == 1 && len(c.gen) == 1 {
+		r = &request{c: c, id: "unreadable", pl: 32}
+		c.receive(t, r)
+		checkFor(t, 10*time.Second, func() bool { return c.link.requestData(r.id) != nil })
+		conn, err := c.link.Dial(c.gen[0].Hello().From)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Send(&messages.Result{RequestID: r.id, Epoch: c.link.requestData(r.id).Epoch,
+			From: c.ctx[0].Hello().From, Status: 99}); err != nil {
+			t.Fatal(err)
+		}
+		if got := c.finish(t, r); got[0] != "rx:FAILED" {
+			t.Fatalf("unreadable: %v", got)
+		}
+		checkFor(t, 10*time.Second, func() bool { return c.gen[0].Pools().Used()+c.gen[0].Pools().Quarantined() == 0 })
+	}
+
 	// An orphan the engine's Close cancels.
 	h, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "orphan", PromptLen: 32})
 	if err != nil {
@@ -314,8 +369,10 @@ func recordScenarios(t *testing.T) (ctxTrace, genTrace string) {
 func TestReplayInProcess(t *testing.T) {
 	ctxTrace, genTrace := recordScenarios(t)
 	want := map[string]map[string]string{
-		ctxTrace: {"ok-0": "DONE", "ok-1": "DONE", "ok-2": "DONE", "ok-3": "DONE", "cancelled": "CANCELLED", "bad-fence": "FAILED", "orphan": "CANCELLED"},
-		genTrace: {"ok-0": "READY", "ok-1": "READY", "ok-2": "READY", "ok-3": "READY", "cancelled": "CANCELLED", "bad-fence": "FAILED"},
+		ctxTrace: {"ok-0": "DONE", "ok-1": "DONE", "ok-2": "DONE", "ok-3": "DONE", "cancelled": "CANCELLED", "bad-fence": "FAILED", "orphan": "CANCELLED",
+			"unreadable": "CANCELLED"},
+		genTrace: {"ok-0": "READY", "ok-1": "READY", "ok-2": "READY", "ok-3": "READY", "cancelled": "CANCELLED", "bad-fence": "FAILED",
+			"unreadable": "FAILED"},
 	}
 	for _, path := range []string{ctxTrace, genTrace} {
 		res := replayFile(t, path)

@@ -198,11 +198,15 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 				break
 			}
 			out.Refs = tb.PeerDown(*in.Peer)
-		case "Route":
+		case "Route", "Lookup":
 			if in.Frame == nil {
-				return out, errors.New("no frame recorded for Route")
+				return out, fmt.Errorf("no frame recorded for %s", m)
 			}
-			v, w := tb.Route(in.Frame)
+			route := tb.Lookup
+			if m == "Route" {
+				route = tb.Route
+			}
+			v, w := route(in.Frame)
 			out.Verdict, out.Writer = int(v), w
 		case "Stopped":
 			tb.Stopped(in.Request)

@@ -101,6 +101,11 @@ func TestReplayFindsTableCorruption(t *testing.T) {
 			apply: func(l line) {
 				msg(l)["Frame"].(map[string]any)["Result"].(map[string]any)["From"].(map[string]any)["Rank"] = 7
 			}, field: "out.Verdict"},
+		{name: "rx parent: the writer of an invalid Result", path: genTrace, actor: "gen/0/rx", method: "Lookup",
+			pick: func(l line) bool { return out(l)["Verdict"] == json.Number("1") },
+			apply: func(l line) {
+				msg(l)["Frame"].(map[string]any)["Result"].(map[string]any)["From"].(map[string]any)["Rank"] = 7
+			}, field: "out.Verdict"},
 		{name: "rx parent: the clock a Start read", path: genTrace, actor: "gen/0/rx", method: "Start",
 			pick:  func(l line) bool { return out(l)["Err"] == nil },
 			apply: func(l line) { l["t"] = json.Number("1000000000") }, field: "out.Epoch"},

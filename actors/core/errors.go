@@ -29,7 +29,8 @@ var (
 	ErrEngineFailed = errors.New("actors: engine failed")
 	ErrPin          = errors.New("actors: source blocks not pinned")
 	// ErrMismatch: the two sides disagree about a request (prompt length,
-	// bytes written against bytes planned, layout).
+	// bytes written against bytes planned, layout) or about the protocol
+	// (a writer's Result that fails validation).
 	ErrMismatch = errors.New("actors: context and generation disagree")
 	// ErrFrameUnsent: a request's control frame did not leave this process
 	// (the control plane refused it: the peer could not be dialled, its

@@ -19,3 +19,5 @@ func mutFreeOnSuspicion() bool { return false }
 func mutEndBeforeFinalPart() bool { return false }
 
 func mutDoneOnHandoff() bool { return false }
+
+func mutProofFromInvalid() bool { return false }

@@ -35,9 +35,15 @@ var Mutations struct {
 	// handed to its worker, without waiting for the worker's report
 	// (TxSent): a Result the control plane refused still ends DONE.
 	DoneOnHandoff bool
+	// ProofFromInvalid takes a writer's Result that failed validation as
+	// proof that the writer is done, so the request's destination blocks
+	// are freed instead of quarantined.
+	ProofFromInvalid bool
 }
 
 func mutDoneOnHandoff() bool { return Mutations.DoneOnHandoff }
+
+func mutProofFromInvalid() bool { return Mutations.ProofFromInvalid }
 
 func mutFreeOnSuspicion() bool { return Mutations.FreeOnSuspicion }
 

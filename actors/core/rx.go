@@ -14,10 +14,15 @@ import (
 type (
 	// RxBegin starts the session: its blocks are allocated.
 	RxBegin struct{}
-	// RxFrame: a Result or CancelAck from writer Writer.
+	// RxFrame: a Result or CancelAck from writer Writer. Invalid, when
+	// set, is why the frame failed validation (messages.InvalidFrame):
+	// only its naming fields (request, epoch, sender, incarnations) may be
+	// read. It fails the request at once, but proves nothing: the writer
+	// stays pending and the blocks are quarantined until a proof.
 	RxFrame struct {
-		Writer int
-		Frame  messages.Frame
+		Writer  int
+		Frame   messages.Frame
+		Invalid error
 	}
 	// RxCancel: the local serving process cancelled the request.
 	RxCancel struct{ Reason error }
@@ -308,6 +313,18 @@ func (s *RxSession) onFrame(m RxFrame) {
 		s.StaleFrames++
 		return
 	}
+	if m.Invalid != nil {
+		// The writer's answer, unreadable: another version's, or a broken
+		// peer's. The request cannot become READY on it, and it is no
+		// proof that the writer is done (DESIGN.md §3): it is asked to
+		// stop, and its CancelAck frees the blocks.
+		if mutProofFromInvalid() {
+			s.writers[m.Writer] = writerStopped
+		}
+		s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s sent an invalid %s: %w",
+			ErrMismatch, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, frameName(m.Frame), m.Invalid))
+		return
+	}
 	switch f := m.Frame.(type) {
 	case *messages.Result:
 		s.bytes += f.Bytes
@@ -340,6 +357,17 @@ func (s *RxSession) onFrame(m RxFrame) {
 		s.writers[m.Writer] = writerStopped
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: writer %s acknowledged a cancel", ErrPeerCancelled, s.cfg.Request, f.From))
 	}
+}
+
+// frameName names a frame's type for an error text: "Result".
+func frameName(f messages.Frame) string {
+	switch f.(type) {
+	case *messages.Result:
+		return "Result"
+	case *messages.CancelAck:
+		return "CancelAck"
+	}
+	return fmt.Sprintf("%T", f)
 }
 
 func (s *RxSession) allSucceeded() bool {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -264,6 +265,52 @@ func TestRx_StaleAndDuplicateFrames(t *testing.T) {
 		t.Fatalf("bytes %d, want 64 (no duplicate counted)", h.finishes[0].Bytes)
 	}
 	stale(RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r1", Epoch: 7, Status: messages.StatusSuccess}})
+}
+
+// TestRx_InvalidResultFailsButProvesNothing: a writer's Result that failed
+// validation (a status this version does not know) fails the request at
+// once, naming the writer and the reason, instead of leaving it to the
+// deadline; but it is no proof that the writer is done, so the writer is
+// asked to stop and the blocks stay quarantined until its CancelAck. One
+// of another epoch, or from a writer already done, is stale.
+//
+// Guard, removed by hand and seen to fail this test: onFrame's
+// `if m.Invalid != nil` (the invalid SUCCESS of 32 bytes makes the
+// request READY).
+func TestRx_InvalidResultFailsButProvesNothing(t *testing.T) {
+	h := newRxHarness(t, 2, 10*time.Second)
+	h.step(RxBegin{})
+	invalid := errors.New("result status 99, want 1..4")
+	n := h.s.StaleFrames
+	h.step(RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r1", Epoch: 6, From: ctxPeer(1)}, Invalid: invalid})
+	h.wantState(RxReceiving)
+	if h.s.StaleFrames != n+1 {
+		t.Fatalf("an invalid Result of another epoch: stale %d, want %d", h.s.StaleFrames, n+1)
+	}
+	h.result(0, messages.StatusSuccess, 32)
+	// Decoded, it carries what the writer sent: here a count that would
+	// complete the request were the frame valid.
+	effs := h.step(RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(1),
+		Status: messages.StatusSuccess, Bytes: 32}, Invalid: invalid})
+	h.wantState(RxFailed)
+	if err := h.s.Err(); !errors.Is(err, ErrMismatch) || !errors.Is(err, invalid) ||
+		!strings.Contains(err.Error(), "writer "+ctxPeer(1).String()+" sent an invalid Result") {
+		t.Fatalf("err %v, want ErrMismatch naming writer %s's invalid Result and why", err, ctxPeer(1))
+	}
+	if f := effectsOf[Finish](effs); len(f) != 1 || f[0].Outcome.OK {
+		t.Fatalf("want Finish FAILED at once: %s", fmtEffects(effs))
+	}
+	if got := cancelsTo(effs); !slices.Equal(got, []int{1}) {
+		t.Fatalf("cancels to %v, want [1]: the invalid Result proves nothing", got)
+	}
+	if q := effectsOf[QuarantineDest](effs); len(q) != 1 || !slices.Equal(q[0].Writers, []int{1}) {
+		t.Fatalf("want the blocks quarantined for writer 1: %s", fmtEffects(effs))
+	}
+	wantNo(t, "writer 1 unproven", effs, "ReleaseDest", "Stop")
+	effs = h.cancelAck(1)
+	if r := effectsOf[ReleaseDest](effs); len(r) != 1 || !r[0].Quarantined || !hasEffect[Stop](effs) {
+		t.Fatalf("want the quarantined blocks released on writer 1's CancelAck: %s", fmtEffects(effs))
+	}
 }
 
 // TestRx_CancelAndPanic: a local cancel is CANCELLED, a recovered panic

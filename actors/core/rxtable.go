@@ -230,11 +230,18 @@ func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
 	from := f.Sender()
 	delete(t.down, from)
 	t.Learn(from, FromIncarnation(f))
+	return t.Lookup(f)
+}
+
+// Lookup classifies a frame as Route does but changes nothing: for a
+// Result that failed validation (messages.InvalidFrame), which shows
+// nothing about its sender, not even that it is alive.
+func (t *RxTable) Lookup(f messages.Frame) (v RxRouteVerdict, writer int) {
 	e := t.entries[f.Request()]
 	if e == nil {
 		return RxRouteStale, 0
 	}
-	w, _, ok := e.writer(from)
+	w, _, ok := e.writer(f.Sender())
 	if !ok {
 		return RxRouteNotWriter, 0
 	}

@@ -178,12 +178,12 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		return
 	}
 	f, err := decode(payload)
-	// A RequestData that fails validation but names its request validly
-	// takes the same identity checks as any frame; passing them, it goes
-	// on to the engine, which answers its sender FAILED with the reason
-	// (and counts it) instead of leaving the request to its deadline. It
-	// renews nothing and reaches no OnFrame hook.
-	var inv *messages.InvalidRequestData
+	// A RequestData or Result that fails validation but names its request
+	// validly (messages.InvalidFrame) takes the same identity checks as
+	// any frame; passing them, it goes on to the engine, which counts it
+	// and fails the request with the reason instead of leaving it to its
+	// deadline. It renews nothing and reaches no OnFrame hook.
+	var inv *messages.InvalidFrame
 	if err != nil {
 		if !errors.As(err, &inv) {
 			s.reject(RejectDecode, id, key, b, "decode: %v", err)

@@ -320,7 +320,14 @@ func (s *Sim) injectMalformed() {
 		}
 		switch r.IntN(3) {
 		case 0:
-			f = &messages.Result{RequestID: id, From: ctxPeer, Status: messages.Status(5 + r.IntN(5))}
+			res := &messages.Result{RequestID: id, From: ctxPeer, Status: messages.Status(5 + r.IntN(5)), Bytes: uint64(r.IntN(1 << 20))}
+			if rs := g.entries[id]; rs != nil && len(rs.s.Config().Writers) > 0 && r.IntN(2) == 0 {
+				// Named as a writer's answer for the live session: it
+				// fails the request, proving nothing.
+				ws := rs.s.Config().Writers
+				res.Epoch, res.From = rs.epoch, ws[r.IntN(len(ws))].Peer
+			}
+			f = res
 		case 1:
 			f = &messages.CancelAck{RequestID: strings.Repeat("x", messages.MaxRequestIDLen+1), From: ctxPeer}
 		default:

@@ -166,6 +166,13 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	s.noteProof(rs, msg)
 	if after.Terminal() && !rs.decided {
 		rs.decided, rs.first = true, after
+		if f, ok := msg.(actors.RxFrame); ok && f.Invalid != nil {
+			if after != actors.RxFailed {
+				s.failf("%s: a writer's invalid Result decided the request %v, want FAILED", rs.name, after)
+				return
+			}
+			s.res.InvalidFailed++
+		}
 		if rs.neverConn && s.vt > rs.deadlineAt {
 			s.failf("%s: %T: a writer is never connected, yet the request was decided (%v) at %v, after its deadline %v",
 				rs.name, msg, after, s.vt, rs.deadlineAt)
@@ -230,8 +237,8 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 func (s *Sim) noteProof(rs *rxSess, msg any) {
 	switch m := msg.(type) {
 	case actors.RxFrame:
-		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] {
-			return
+		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] || m.Invalid != nil {
+			return // an unreadable frame proves nothing
 		}
 		if in, ok := m.Frame.(messages.Incarnated); ok {
 			if w := rs.writerInc[m.Writer]; w != 0 && in.Incarnation().FromIncarnation != w {
@@ -455,7 +462,20 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 // onFrame is the generation rank's listener and rx parent.
 func (g *genRank) onFrame(f messages.Frame) {
 	s := g.s
-	if dest, _ := core.RouteFrame(f); dest != core.FrameToRx {
+	dest, invalid := core.RouteFrame(f)
+	if r, ok := f.(*messages.Result); ok && dest == core.FrameRejected && r.Named() == nil {
+		// A Result that fails validation but names its request: the rx
+		// parent looks its writer up (changing nothing) and fails the
+		// session, as no proof.
+		if g.incs.Admit(f) != nil {
+			return
+		}
+		if v, w := g.table.Lookup(f); v == core.RxRouteDeliver {
+			s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f, Invalid: invalid})
+		}
+		return
+	}
+	if dest != core.FrameToRx {
 		return // rejected, or not the rx parent's
 	}
 	if err := g.incs.Admit(f); err != nil {

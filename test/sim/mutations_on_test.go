@@ -25,6 +25,7 @@ var mutations = []struct {
 	{"free-on-suspicion", &core.Mutations.FreeOnSuspicion, true},
 	{"end-before-final-part", &core.Mutations.EndBeforeFinalPart, false},
 	{"done-on-handoff", &core.Mutations.DoneOnHandoff, false},
+	{"proof-from-invalid", &core.Mutations.ProofFromInvalid, false},
 	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 

@@ -33,6 +33,9 @@ type Sweep struct {
 	// session READY for a request handed in parts, ReadyParted those
 	// sessions.
 	SeedsWithParts, Parts, SeedsReadyParted, ReadyParted int
+	// SeedsInvalidFailed counts the seeds in which a writer's invalid
+	// Result decided a live session, InvalidFailed those sessions.
+	SeedsInvalidFailed, InvalidFailed int
 	// SeedsWithWrong[w] counts the seeds in which kvcache.ChunkOrder
 	// refused a wrong chunk of kind w, WrongChunks those refusals.
 	SeedsWithWrong, WrongChunks [numWrongChunks]int
@@ -100,6 +103,10 @@ func (sw *Sweep) add(r *Result) {
 	if r.ReadyParted > 0 {
 		sw.SeedsReadyParted++
 	}
+	sw.InvalidFailed += r.InvalidFailed
+	if r.InvalidFailed > 0 {
+		sw.SeedsInvalidFailed++
+	}
 	for k, n := range r.Faults {
 		sw.FaultsFired[k] += n
 		if n > 0 {
@@ -141,6 +148,9 @@ func (sw *Sweep) Uncovered() []string {
 	if sw.SeedsReadyParted < need {
 		out = append(out, fmt.Sprintf("layer parts: a request handed in parts ended READY in %d seeds of %d", sw.SeedsReadyParted, sw.Seeds))
 	}
+	if sw.SeedsInvalidFailed < need {
+		out = append(out, fmt.Sprintf("a writer's invalid Result failed a live session in %d seeds of %d", sw.SeedsInvalidFailed, sw.Seeds))
+	}
 	for k := range numWrongChunks {
 		if sw.SeedsWithWrong[k] < need {
 			out = append(out, fmt.Sprintf("chunk order: a %s refused in %d seeds of %d", WrongChunk(k), sw.SeedsWithWrong[k], sw.Seeds))
@@ -167,6 +177,7 @@ func (sw *Sweep) Report() string {
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "layer parts", "seeds per 1000", "count per 1000")
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "parts taken by a session", per(sw.SeedsWithParts), per(sw.Parts))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "READY for a request handed in parts", per(sw.SeedsReadyParted), per(sw.ReadyParted))
+	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "invalid Result failed a live session", per(sw.SeedsInvalidFailed), per(sw.InvalidFailed))
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "wrong chunk refused (kvcache.ChunkOrder)", "seeds per 1000", "count per 1000")
 	for k := range numWrongChunks {
 		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", WrongChunk(k), per(sw.SeedsWithWrong[k]), per(sw.WrongChunks[k]))

@@ -53,6 +53,9 @@ type Result struct {
 	// ReadyParted the generation sessions READY (every byte checked) for
 	// requests some of whose chunks left in several parts.
 	Parts, ReadyParted int
+	// InvalidFailed counts the live generation sessions a writer's
+	// invalid Result decided (FAILED, proving nothing).
+	InvalidFailed int
 	// WrongChunks[w] counts the wrong chunks of kind w that
 	// kvcache.ChunkOrder refused.
 	WrongChunks [numWrongChunks]int
