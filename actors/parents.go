@@ -717,31 +717,10 @@ func (l *listener) route(f messages.Frame) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch dest, err := routeFrame(l.tr, l.env.clock, f); dest {
-	case core.FrameRejected:
+	dest, err := routeFrame(l.tr, l.env.clock, f)
+	if dest.Invalid() {
 		l.env.stats.FramesRejected.Add(1)
 		l.env.meters.reject(rejectInvalid)
-		switch g := f.(type) {
-		case *messages.RequestData:
-			if g.Named() == nil {
-				// It names its request validly: the tx parent tells its
-				// sender why at once (DESIGN.md §6), and gives the credit
-				// back.
-				l.root.Send(l.tx, &invalidRequestData{rd: g, err: err})
-				break
-			}
-			l.env.credits.give(f)
-		case *messages.Result:
-			if g.Named() == nil && l.admit(f) {
-				// A writer's unreadable answer: the rx parent fails the
-				// session it names (no proof), and gives the credit back.
-				l.root.Send(l.rx, &invalidResult{res: g, err: err})
-				break
-			}
-			l.env.credits.give(f)
-		default:
-			l.env.credits.give(f)
-		}
 		// Sampled per claimed sender, as every per-peer warning: the
 		// frame failed validation, so what it names is clipped.
 		from := messages.TruncateText(f.Sender().String(), 64)
@@ -749,17 +728,29 @@ func (l *listener) route(f messages.Frame) {
 			ev.Err(err).Str("peer", from).Str("request", messages.TruncateText(f.Request(), messages.MaxRequestIDLen)).
 				Msgf("control frame %T rejected", f)
 		}
-	case core.FrameToTx, core.FrameToRx:
+	}
+	switch dest {
+	case core.FrameToTx, core.FrameToRx, core.FrameInvalidToTx, core.FrameInvalidToRx:
 		if !l.admit(f) {
 			l.env.credits.give(f)
 			return
 		}
-		if dest == core.FrameToTx {
-			l.root.Send(l.tx, f) // its parent gives the credit back
-			return
-		}
-		l.root.Send(l.rx, f)
 	default:
 		l.env.credits.give(f)
+		return
+	}
+	// Its parent gives the credit back.
+	switch dest {
+	case core.FrameToTx:
+		l.root.Send(l.tx, f)
+	case core.FrameToRx:
+		l.root.Send(l.rx, f)
+	case core.FrameInvalidToTx:
+		// The tx parent tells its sender why at once (DESIGN.md §6).
+		l.root.Send(l.tx, &invalidRequestData{rd: f.(*messages.RequestData), err: err})
+	case core.FrameInvalidToRx:
+		// A writer's unreadable answer: the rx parent fails the session
+		// it names (no proof).
+		l.root.Send(l.rx, &invalidResult{res: f.(*messages.Result), err: err})
 	}
 }

@@ -352,10 +352,12 @@ var verdictNames = map[string]map[string]string{
 		fmt.Sprint(int(core.RxRouteNotWriter)): "not a writer",
 	},
 	actors.TableRoute: {
-		fmt.Sprint(int(core.FrameRejected)): "rejected",
-		fmt.Sprint(int(core.FrameToTx)):     "to tx",
-		fmt.Sprint(int(core.FrameToRx)):     "to rx",
-		fmt.Sprint(int(core.FrameIgnored)):  "ignored",
+		fmt.Sprint(int(core.FrameRejected)):    "rejected",
+		fmt.Sprint(int(core.FrameToTx)):        "to tx",
+		fmt.Sprint(int(core.FrameToRx)):        "to rx",
+		fmt.Sprint(int(core.FrameIgnored)):     "ignored",
+		fmt.Sprint(int(core.FrameInvalidToTx)): "invalid, to tx",
+		fmt.Sprint(int(core.FrameInvalidToRx)): "invalid, to rx",
 	},
 }
 

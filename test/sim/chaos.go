@@ -349,7 +349,13 @@ func (s *Sim) injectMalformed() {
 	case 0:
 		f = &messages.Cancel{RequestID: id, From: messages.PeerID{Instance: "", Rank: 3}}
 	case 1:
-		f = &messages.RequestData{RequestID: "", From: genPeer, GenParallel: messages.Parallel{TP: 1, PP: 1}}
+		// No request id; or one, with no layer groups (named: answered
+		// FAILED unless the request has a live session there).
+		rd := &messages.RequestData{From: genPeer, GenParallel: messages.Parallel{TP: 1, PP: 1}}
+		if r.IntN(2) == 0 {
+			rd.RequestID = id
+		}
+		f = rd
 	case 2:
 		if _, err := messages.Decode(garbage(r.Uint64())); err == nil {
 			return // by chance a valid frame: nothing malformed arrived

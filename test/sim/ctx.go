@@ -606,13 +606,24 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 // onFrame is the context rank's listener and tx parent.
 func (c *ctxRank) onFrame(f messages.Frame) {
 	s := c.s
-	if dest, _ := core.RouteFrame(f); dest != core.FrameToTx {
+	dest, invalid := core.RouteFrame(f)
+	if dest != core.FrameToTx && dest != core.FrameInvalidToTx {
 		return // rejected (counted by the real listener), or not the tx parent's
 	}
 	if err := c.incs.Admit(f); err != nil {
 		return // of an earlier incarnation: never acted on
 	}
 	c.answering = core.FromIncarnation(f)
+	if dest == core.FrameInvalidToTx {
+		// txParent.onInvalidRequestData: answered FAILED with the reason
+		// unless the request has a live session; it renews no lease.
+		rd := f.(*messages.RequestData)
+		if !c.table.IsLive(rd.RequestID) {
+			c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+				Status: messages.StatusFailed, Error: messages.TruncateText("invalid RequestData: "+invalid.Error(), messages.MaxErrorLen)})
+		}
+		return
+	}
 	c.renewLease(f.Sender()) // a frame of the peer: it is alive
 	switch m := f.(type) {
 	case *messages.RequestData:

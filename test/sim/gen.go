@@ -463,23 +463,20 @@ func (g *genRank) release(rs *rxSess, blocks [][]kvcache.BlockID, why string) {
 func (g *genRank) onFrame(f messages.Frame) {
 	s := g.s
 	dest, invalid := core.RouteFrame(f)
-	if r, ok := f.(*messages.Result); ok && dest == core.FrameRejected && r.Named() == nil {
-		// A Result that fails validation but names its request: the rx
-		// parent looks its writer up (changing nothing) and fails the
-		// session, as no proof.
-		if g.incs.Admit(f) != nil {
-			return
-		}
-		if v, w := g.table.Lookup(f); v == core.RxRouteDeliver {
-			s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f, Invalid: invalid})
-		}
-		return
-	}
-	if dest != core.FrameToRx {
+	if dest != core.FrameToRx && dest != core.FrameInvalidToRx {
 		return // rejected, or not the rx parent's
 	}
 	if err := g.incs.Admit(f); err != nil {
 		return // of an earlier incarnation: never acted on
+	}
+	if dest == core.FrameInvalidToRx {
+		// A writer's Result that fails validation: the rx parent looks
+		// its writer up (changing nothing) and fails the session, as no
+		// proof.
+		if v, w := g.table.Lookup(f); v == core.RxRouteDeliver {
+			s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f, Invalid: invalid})
+		}
+		return
 	}
 	v, w := g.table.Route(f)
 	if v != core.RxRouteDeliver {
