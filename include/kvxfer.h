@@ -62,7 +62,7 @@ typedef enum kvxfer_status {
     KVXFER_ERR_CANCELLED = 9,        /* cancelled on this side */
     KVXFER_ERR_PEER_CANCELLED = 10,  /* cancelled by the peer */
     KVXFER_ERR_PEER_GONE = 11,       /* a peer died or could not be reached */
-    KVXFER_ERR_MISMATCH = 12,        /* the two sides disagree (length, bytes, layout) */
+    KVXFER_ERR_MISMATCH = 12,        /* the two sides disagree (length, bytes, layout, protocol) */
     KVXFER_ERR_FENCE = 13,           /* a chunk's fence failed */
     KVXFER_ERR_ENGINE_FAILED = 14,   /* the engine failed and refuses work */
     KVXFER_ERR_OUT_OF_BLOCKS = 15,   /* the pool has too few free blocks */
