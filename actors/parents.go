@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -608,12 +609,24 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		}
 	}
 	// Address the request to the writers' incarnations their Hellos name.
+	// A writer heard speaking another protocol version (the link's Hello
+	// error wraps a messages.VersionError) could read none of the request's frames, nor we its Result:
+	// fail the request before any RequestData leaves, naming the version,
+	// instead of at its deadline. Nothing left, so nothing was written.
 	for _, peer := range p.table.WritersUnknownIncarnation(o) {
 		if p.link == nil {
 			break
 		}
-		if h, err := p.link.Hello(peer); err == nil {
+		h, err := p.link.Hello(peer)
+		var ve *messages.VersionError
+		switch {
+		case err == nil:
 			p.table.Learn(peer, h.Incarnation)
+		case errors.As(err, &ve):
+			p.unstarted(q, blocks)
+			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s speaks control protocol version %d, this engine speaks %d: it cannot be asked",
+				ErrMismatch, q.req.ID, peer, ve.Got, messages.Version))
+			return
 		}
 	}
 	// A writer whose incarnation is proven exited (Engine.WriterExited)

@@ -24,8 +24,19 @@ import (
 const MaxFrameBytes = 6 << 20
 
 // ErrVersion is wrapped, beside ErrInvalid, when a frame carries a protocol
-// version other than Version.
+// version other than Version; the error is a *VersionError, which says the
+// version the frame carried.
 var ErrVersion = errors.New("messages: unsupported protocol version")
+
+// VersionError is Decode's error for a frame written in another protocol
+// version: its sender speaks Got, this build speaks Version. It wraps
+// ErrInvalid and ErrVersion.
+type VersionError struct{ Got uint32 }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("%v: %v %d, want %d", ErrInvalid, ErrVersion, e.Got, Version)
+}
+func (e *VersionError) Unwrap() []error { return []error{ErrInvalid, ErrVersion} }
 
 // Encode returns the wire encoding of f: an Envelope carrying Version and
 // the frame. It validates f first and never encodes an invalid frame; every
@@ -65,7 +76,7 @@ func Decode(b []byte) (Frame, error) {
 		return nil, invalid("malformed frame of %d bytes: %v", len(b), err)
 	}
 	if v := env.GetVersion(); v != Version {
-		return nil, fmt.Errorf("%w: %w %d, want %d", ErrInvalid, ErrVersion, v, Version)
+		return nil, &VersionError{Got: v}
 	}
 	f, err := fromWire(&env)
 	if err != nil {

@@ -3,6 +3,7 @@ package messages_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -266,6 +267,12 @@ func TestDecodeRejects(t *testing.T) {
 			}
 			if got := errors.Is(err, messages.ErrVersion); got != tc.version {
 				t.Errorf("errors.Is(err, ErrVersion) = %v, want %v (err %v)", got, tc.version, err)
+			}
+			var ve *messages.VersionError
+			if got := errors.As(err, &ve); got != tc.version {
+				t.Errorf("errors.As(err, *VersionError) = %v, want %v (err %v)", got, tc.version, err)
+			} else if got && !strings.Contains(tc.want, fmt.Sprintf("version %d,", ve.Got)) {
+				t.Errorf("VersionError.Got = %d, want the version in %q", ve.Got, tc.want)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want it to contain %q", err, tc.want)

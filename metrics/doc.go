@@ -59,7 +59,8 @@
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
 //	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
-//	                                                               oversize (past MaxFrameBytes), decode (refused by messages.Decode), identity
+//	                                                               oversize (past MaxFrameBytes), version (written in another control protocol
+//	                                                               version), decode (refused by messages.Decode), identity
 //	                                                               (a sender its CURVE key may not speak for), taken (a Hello for a live peer bound
 //	                                                               to another key), no_hello (before Hello), sender (another PeerID than its
 //	                                                               connection's Hello), full (a Hello past the bounds on connections or peers)

@@ -36,7 +36,9 @@
 //   - Startup mistakes are named at once: Open logs "listening on …,
 //     waiting for ctx/0 at …"; refused CURVE handshakes are logged with the
 //     reason on both sides; a peer serving another model is logged naming
-//     both models as its Hello arrives; WaitPeers returns these as errors.
+//     both models as its Hello arrives, one whose frames are of another
+//     control protocol version naming both versions; WaitPeers returns
+//     these as errors.
 //     Node.Receive refuses a request whose writer is not among the peers
 //     and logs a writer that has not said Hello within 2 heartbeats.
 //

@@ -390,9 +390,16 @@ func (n *Node) watchPeers() {
 	for _, p := range n.static() {
 		left[p.id()] = true
 	}
+	otherVersion := map[messages.PeerID]bool{}
 	for len(left) > 0 {
 		for id := range left {
 			h, err := n.link.Hello(id)
+			var pv *zmq.PeerVersionError
+			if errors.As(err, &pv) && !otherVersion[id] {
+				otherVersion[id] = true
+				n.log.Error().Str("peer", id.String()).Uint32("version", pv.Version).Uint32("our_version", messages.Version).
+					Msgf("peer speaks %v: every request with it will fail until both sides run one version", pv)
+			}
 			if err != nil {
 				continue
 			}
@@ -448,8 +455,10 @@ func (n *Node) Backend() string { return n.backend }
 
 // WaitPeers waits until every configured peer said Hello and checks that
 // each serves this node's layout. It returns early, naming the peer, when
-// a handshake failed (a wrong key, one side insecure: ErrHandshake) or a
-// peer serves another model (an error naming both models); when ctx ends
+// a handshake failed (a wrong key, one side insecure: ErrHandshake), a
+// peer serves another model (an error naming both models) or its frames
+// are of another control protocol version (an error wrapping
+// kvxfer.ErrMismatch and messages.ErrVersion); when ctx ends
 // first, an error wrapping ErrPeerSilent names the silent peers.
 func (n *Node) WaitPeers(ctx context.Context) error {
 	if n.link == nil || len(n.peers) == 0 {
@@ -475,11 +484,15 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					continue
 				}
 			}
-			if h, err := n.link.Hello(id); err == nil {
+			h, err := n.link.Hello(id)
+			if err == nil {
 				if err := n.eng.CheckPeer(h); err != nil {
 					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
 				}
 				continue
+			}
+			if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
+				return fmt.Errorf("%w: node: %s at %s speaks %w", kvxfer.ErrMismatch, id, endpoint, pv)
 			}
 			// A refused handshake with a peer etcd found is most likely
 			// the race the membership goroutine redials for.

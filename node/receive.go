@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -150,10 +151,15 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 	}
 	for _, p := range writers {
 		w := p.id()
-		if n.saidHello(w) {
+		_, err := n.link.Hello(w)
+		if err == nil {
 			continue
 		}
 		ev := n.log.Warn().Str("request", id).Str("peer", w.String()).Str("endpoint", p.Endpoint)
+		if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
+			ev.Msgf("request %s waits for %s at %s, which speaks %v: it cannot answer", id, w, p.Endpoint, pv)
+			continue
+		}
 		if st, err := n.link.PeerState(w); err == nil && st.Conn == zmq.ConnHandshakeFailed {
 			ev.Str("reason", st.Reason).Msgf("request %s waits for %s at %s, whose handshake failed: %s", id, w, p.Endpoint, st.Reason)
 			continue

@@ -129,7 +129,11 @@
 //  2. size: at most Config.MaxFrameBytes (oversize; libzmq itself drops the
 //     connection of a peer announcing more than MaxFrameBytes+64 KiB, before
 //     allocating; those are not counted here);
-//  3. messages.Decode: version, type and every field range-checked (decode);
+//  3. messages.Decode: the protocol version (version: a frame of another
+//     version; on a CURVE connection the link remembers the version the
+//     key speaks, and Hello(peer) for the peers it may speak for fails
+//     with a PeerVersionError naming it, until the key says a valid
+//     Hello), then type and every field range-checked (decode);
 //  4. identity, in CURVE mode: the connection has a key, it has not
 //     changed, and it may speak for the frame's sender (identity);
 //  5. binding: a connection (a ROUTER routing id) must say Hello first

@@ -21,7 +21,9 @@ type rawDealer struct {
 	sock *zmq4.Socket
 }
 
-func dialRaw(t testing.TB, endpoint string) *rawDealer {
+// dialRaw connects a bare DEALER to endpoint, after setup (socket
+// options) if given.
+func dialRaw(t testing.TB, endpoint string, setup ...func(*zmq4.Socket) error) *rawDealer {
 	t.Helper()
 	ctx, err := zmq4.NewContext()
 	if err != nil {
@@ -31,13 +33,18 @@ func dialRaw(t testing.TB, endpoint string) *rawDealer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetLinger(0); err != nil {
-		t.Fatal(err)
+	r := &rawDealer{ctx, s}
+	for _, set := range append([]func(*zmq4.Socket) error{func(s *zmq4.Socket) error { return s.SetLinger(0) }}, setup...) {
+		if err := set(s); err != nil {
+			r.close()
+			t.Fatal(err)
+		}
 	}
 	if err := s.Connect(endpoint); err != nil {
+		r.close()
 		t.Fatal(err)
 	}
-	return &rawDealer{ctx, s}
+	return r
 }
 
 func (r *rawDealer) send(t testing.TB, parts ...[]byte) {

@@ -43,6 +43,7 @@ type Link struct {
 	peers     map[messages.PeerID]*peerInfo
 	allowed   map[string]bool       // CURVE client keys the ZAP handler admits
 	explicit  map[string][]Identity // Curve.Identities and AddIdentity, by key; copied on write
+	foreign   map[string]uint32     // the protocol version an admitted CURVE key speaks, when not ours
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
 	endpoint  string
@@ -448,7 +449,9 @@ func closeSocket(s *zmq4.Socket) {
 }
 
 // Hello implements control.Link: the latest Hello peer said, while it is
-// alive; control.ErrPeerGone when unknown or down.
+// alive; control.ErrPeerGone when unknown or down. When a CURVE key that
+// may speak for peer sent frames of another protocol version, the error
+// also wraps messages.ErrVersion and names that version.
 func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -456,14 +459,46 @@ func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
 		return l.self, nil
 	}
 	info := l.peers[peer]
+	var err error
 	switch {
 	case info == nil || info.hello == nil:
-		return nil, fmt.Errorf("%w: %s has not said Hello", control.ErrPeerGone, peer)
+		err = fmt.Errorf("%w: %s has not said Hello", control.ErrPeerGone, peer)
 	case info.down:
-		return nil, fmt.Errorf("%w: %s missed %d heartbeats", control.ErrPeerGone, peer, l.cfg.HeartbeatMisses)
+		err = fmt.Errorf("%w: %s missed %d heartbeats", control.ErrPeerGone, peer, l.cfg.HeartbeatMisses)
+	default:
+		return info.hello, nil
 	}
-	return info.hello, nil
+	if ov := l.otherVersionLocked(peer); ov != nil {
+		err = fmt.Errorf("%w: its frames are of %w", err, ov)
+	}
+	return nil, err
 }
+
+// otherVersionLocked is the protocol version peer's frames were written
+// in, when a CURVE key that may speak for it sent frames of another
+// version than ours; else nil. Callers hold l.mu.
+func (l *Link) otherVersionLocked(peer messages.PeerID) *PeerVersionError {
+	for key, v := range l.foreign {
+		if l.keyPermits(key, peer) {
+			return &PeerVersionError{Key: key, Version: v}
+		}
+	}
+	return nil
+}
+
+// PeerVersionError is wrapped by Hello's error for a peer whose CURVE key
+// sent frames of another control protocol version than this build's
+// (messages.Version); it wraps a *messages.VersionError of that version
+// (so messages.ErrVersion).
+type PeerVersionError struct {
+	Key     string // the CURVE key the frames came with
+	Version uint32 // the version they were written in
+}
+
+func (e *PeerVersionError) Error() string {
+	return fmt.Sprintf("control protocol version %d (CURVE key %s), this engine speaks %d", e.Version, e.Key, messages.Version)
+}
+func (e *PeerVersionError) Unwrap() error { return &messages.VersionError{Got: e.Version} }
 
 // Close stops the listener and heartbeat goroutines (their sockets close
 // with linger 0). The zmq context ends once every Conn is closed too.

@@ -185,6 +185,11 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	// deadline. It renews nothing and reaches no OnFrame hook.
 	var inv *messages.InvalidFrame
 	if err != nil {
+		var ve *messages.VersionError
+		if errors.As(err, &ve) {
+			s.otherVersion(id, key, b, ve.Got)
+			return
+		}
 		if !errors.As(err, &inv) {
 			s.reject(RejectDecode, id, key, b, "decode: %v", err)
 			return
@@ -272,6 +277,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		return
 	}
 	info.key = key
+	delete(l.foreign, key) // it speaks our version now
 	prev := info.hello
 	info.hello = h
 	info.down = false
@@ -289,6 +295,27 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		l.cfg.OnHello(h)
 	}
 	s.tellAlive(p, now)
+}
+
+// otherVersion rejects a frame written in protocol version v, not ours.
+// On a CURVE connection it also remembers that the key speaks v, so that
+// Link.Hello names the version (PeerVersionError) for the peers the key
+// may speak for: a request to such a writer then fails at once, and a
+// wait for its Hello says why, instead of a silence until a deadline. The
+// key is authenticated and was admitted by the ZAP handler, so the
+// memory is bounded by the keys this link allows; a valid Hello from the
+// key forgets it.
+func (s *listener) otherVersion(id, key string, b *binding, v uint32) {
+	if key != "" {
+		s.l.mu.Lock()
+		if s.l.foreign == nil {
+			s.l.foreign = map[string]uint32{}
+		}
+		s.l.foreign[key] = v
+		s.l.mu.Unlock()
+	}
+	s.reject(RejectVersion, id, key, b, "frame of control protocol version %d, this engine speaks %d: "+
+		"its frames are refused until both sides run one version", v, messages.Version)
 }
 
 // tellAlive calls OnPeerAlive for p, at most once per heartbeat interval.
@@ -364,6 +391,9 @@ func (s *listener) reject(r RejectReason, id, key string, b *binding, format str
 		return
 	}
 	ev = ev.Hex("conn", []byte(id)).Stringer("reason", r)
+	if key != "" {
+		ev = ev.Str("key", key)
+	}
 	if b != nil {
 		ev = ev.Stringer("peer", b.peer)
 	}

@@ -25,6 +25,11 @@ const (
 	// reasons) and, past them, is delivered for the engine to answer
 	// FAILED (and count as invalid).
 	RejectDecode
+	// RejectVersion: written in another protocol version
+	// (messages.VersionError). On a CURVE connection the link remembers
+	// the version per key, and Link.Hello names it for the peers that key
+	// may speak for.
+	RejectVersion
 	// RejectIdentity: the frame's sender is not an identity its CURVE key
 	// is bound to (Curve.Identities, PeerServerKeys), or the connection
 	// has no CURVE key, or its key changed.
@@ -42,7 +47,7 @@ const (
 	numRejectReasons
 )
 
-var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "identity", "taken", "no_hello", "sender", "full"}
+var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "version", "identity", "taken", "no_hello", "sender", "full"}
 
 func (r RejectReason) String() string {
 	if r < numRejectReasons {

@@ -1,0 +1,113 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// speakVersion plays a peer that runs a build of control protocol version
+// v, as the holder of k (CURVE): it listens at bind, reading nothing, and
+// connects to endpoint (whose server key is server) to send one frame of
+// version v, what such a peer says first. Its sockets stay open until the
+// test ends.
+func speakVersion(t *testing.T, bind, endpoint, server string, k keys, v uint32) {
+	t.Helper()
+	zctx, err := zmq4.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socks []*zmq4.Socket
+	t.Cleanup(func() {
+		for _, s := range socks {
+			s.Close()
+		}
+		zctx.Term()
+	})
+	sock := func(kind zmq4.Type) *zmq4.Socket {
+		s, err := zctx.NewSocket(kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, s)
+		if err := s.SetLinger(0); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	r := sock(zmq4.ROUTER)
+	d := sock(zmq4.DEALER)
+	frame := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), uint64(v))
+	for _, err := range []error{r.SetCurveServer(1), r.SetCurveSecretkey(k.secret), r.Bind(bind),
+		d.SetCurveServerkey(server), d.SetCurvePublickey(k.public), d.SetCurveSecretkey(k.secret), d.Connect(endpoint)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.SendBytes(frame, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOtherProtocolVersionNamed: ctx/0 runs a build of another control
+// protocol version. Within 3 heartbeat intervals the generation node logs
+// it, WaitPeers returns ErrMismatch naming the peer and both versions
+// (not ErrPeerSilent, "is it running?"), and a request from it fails at
+// once with ErrMismatch (not ErrPeerGone: the peer is there), before any
+// RequestData leaves, every block back
+// in the pool. (Checked to fail: with the rx parent's ErrVersion case
+// removed the request waits for its deadline and the poll for its outcome
+// times out; with WaitPeers' case removed it returns ErrPeerSilent.)
+func TestOtherProtocolVersionNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	ctxKeys := keys{public: gc.Peers[0].PublicKey, secret: cc.SecretKey}
+	speakVersion(t, cc.Bind, gc.Bind, cc.Peers[0].PublicKey, ctxKeys, messages.Version+1)
+
+	wait, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(wait)
+	if !errors.Is(err, kvxfer.ErrMismatch) || !errors.Is(err, messages.ErrVersion) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) ||
+		!strings.Contains(err.Error(), "control protocol version 2") || !strings.Contains(err.Error(), "this engine speaks 1") {
+		t.Fatalf("WaitPeers = %v, want ErrMismatch naming ctx/0 and both versions", err)
+	}
+	within3Beats(t, "the log to name the version", func() bool {
+		return logs.Has("peer speaks control protocol version 2") && logs.Has(`"peer":"ctx/0"`)
+	})
+
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o kvxfer.Outcome
+	within3Beats(t, "the request to fail", func() bool {
+		select {
+		case o = <-rx.Done():
+			return true
+		default:
+			return false
+		}
+	})
+	if o.Status != kvxfer.StatusFailed || !errors.Is(o.Err, kvxfer.ErrMismatch) || errors.Is(o.Err, kvxfer.ErrPeerGone) ||
+		!strings.Contains(o.Err.Error(), "writer ctx/0 speaks control protocol version 2, this engine speaks 1") {
+		t.Fatalf("request to a writer of another version: %s: %v, want FAILED with ErrMismatch naming ctx/0 and version 2", o.Status, o.Err)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(patience):
+		t.Fatal("the failed request's blocks were not released")
+	}
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use", u)
+	}
+}
