@@ -595,6 +595,23 @@ func (p *rxParent) drainQueue(ctx actor.Context) {
 		})
 }
 
+// otherVersion fails q before it starts when err, the link's answer for
+// its writer peer's Hello, says the writer speaks another protocol version
+// (it wraps a messages.VersionError: a build that can read none of the
+// request's frames, nor we its Result), naming both versions, instead of
+// leaving it to its deadline or to the writer's silence (ErrPeerGone).
+// Nothing has left, so nothing was written. It reports whether it did.
+func (p *rxParent) otherVersion(q *rxOpenReq, blocks [][]kvcache.BlockID, peer messages.PeerID, err error) bool {
+	var ve *messages.VersionError
+	if !errors.As(err, &ve) {
+		return false
+	}
+	p.unstarted(q, blocks)
+	p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s speaks control protocol version %d, this engine speaks %d: it cannot be asked",
+		ErrMismatch, q.req.ID, peer, ve.Got, messages.Version))
+	return true
+}
+
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
 	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel,
 		PrefixHitBlocks: q.req.PrefixHitBlocks, Deadline: q.req.Deadline}
@@ -604,28 +621,22 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		if p.link == nil {
 			continue
 		}
-		if _, err := p.link.Hello(peer); err == nil {
+		_, err := p.link.Hello(peer)
+		if err == nil {
 			p.table.Heard(peer)
+		} else if p.otherVersion(q, blocks, peer, err) {
+			return
 		}
 	}
 	// Address the request to the writers' incarnations their Hellos name.
-	// A writer heard speaking another protocol version (the link's Hello
-	// error wraps a messages.VersionError) could read none of the request's frames, nor we its Result:
-	// fail the request before any RequestData leaves, naming the version,
-	// instead of at its deadline. Nothing left, so nothing was written.
 	for _, peer := range p.table.WritersUnknownIncarnation(o) {
 		if p.link == nil {
 			break
 		}
 		h, err := p.link.Hello(peer)
-		var ve *messages.VersionError
-		switch {
-		case err == nil:
+		if err == nil {
 			p.table.Learn(peer, h.Incarnation)
-		case errors.As(err, &ve):
-			p.unstarted(q, blocks)
-			p.finishQueued(q, RxFailed, fmt.Errorf("%w: request %s: writer %s speaks control protocol version %d, this engine speaks %d: it cannot be asked",
-				ErrMismatch, q.req.ID, peer, ve.Got, messages.Version))
+		} else if p.otherVersion(q, blocks, peer, err) {
 			return
 		}
 	}

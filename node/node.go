@@ -506,11 +506,22 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %s (%v): is it running, and do both sides use the same CURVE keys (or both insecure)?",
-				ErrPeerSilent, strings.Join(silent, ", "), context.Cause(ctx))
+			return fmt.Errorf("%w: %s (%v): is it running, and do both sides use the same CURVE keys (or both insecure)?%s",
+				ErrPeerSilent, strings.Join(silent, ", "), context.Cause(ctx), n.unnamedVersion())
 		case <-t.C:
 		}
 	}
+}
+
+// unnamedVersion says, for a silence, that frames of another control
+// protocol version came on a connection without a CURVE key (insecure),
+// whose peer the link cannot name; "" when none did.
+func (n *Node) unnamedVersion() string {
+	if v := n.link.OtherVersionUnnamed(); v != 0 {
+		return fmt.Sprintf(" Frames of control protocol version %d (this engine speaks %d) came on an insecure connection: does a peer run a build of another version?",
+			v, messages.Version)
+	}
+	return ""
 }
 
 // Close closes the engine (cancelling live requests and waiting, up to

@@ -164,6 +164,6 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 			ev.Str("reason", st.Reason).Msgf("request %s waits for %s at %s, whose handshake failed: %s", id, w, p.Endpoint, st.Reason)
 			continue
 		}
-		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: is it running?", id, w, p.Endpoint, helloPatience)
+		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: is it running?%s", id, w, p.Endpoint, helloPatience, n.unnamedVersion())
 	}
 }

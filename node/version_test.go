@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,11 +13,12 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
 // speakVersion plays a peer that runs a build of control protocol version
-// v, as the holder of k (CURVE): it listens at bind, reading nothing, and
+// v, as the holder of k (CURVE; insecure when k is empty): it listens at bind, reading nothing, and
 // connects to endpoint (whose server key is server) to send one frame of
 // version v, what such a peer says first. Its sockets stay open until the
 // test ends.
@@ -47,8 +49,12 @@ func speakVersion(t *testing.T, bind, endpoint, server string, k keys, v uint32)
 	r := sock(zmq4.ROUTER)
 	d := sock(zmq4.DEALER)
 	frame := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), uint64(v))
-	for _, err := range []error{r.SetCurveServer(1), r.SetCurveSecretkey(k.secret), r.Bind(bind),
-		d.SetCurveServerkey(server), d.SetCurvePublickey(k.public), d.SetCurveSecretkey(k.secret), d.Connect(endpoint)} {
+	var set []error
+	if k.secret != "" {
+		set = []error{r.SetCurveServer(1), r.SetCurveSecretkey(k.secret),
+			d.SetCurveServerkey(server), d.SetCurvePublickey(k.public), d.SetCurveSecretkey(k.secret)}
+	}
+	for _, err := range append(set, r.Bind(bind), d.Connect(endpoint)) {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,5 +115,67 @@ func TestOtherProtocolVersionNamed(t *testing.T) {
 	}
 	if u := genN.Engine().Pools().Used(); u != 0 {
 		t.Fatalf("%d blocks in use", u)
+	}
+}
+
+// TestRestartedAsOtherVersionNamed: ctx/0 said Hello in this version, then
+// restarted as a build of another one. Once the heartbeats declare it down,
+// a request from it fails at once with ErrMismatch naming the version, not
+// with ErrPeerGone as for a dead peer. (Checked to fail: with neither of
+// rxParent.start's writer loops asking otherVersion, the request fails with
+// ErrPeerGone, "writer ctx/0 is down".)
+func TestRestartedAsOtherVersionNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	var down atomic.Bool
+	gc.OnPeerDown = func(instance string, rank int) { down.Store(instance == "ctx" && rank == 0) }
+	genN := open(t, gc)
+	ctxN, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctxN.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	speakVersion(t, cc.Bind, gc.Bind, cc.Peers[0].PublicKey, keys{public: gc.Peers[0].PublicKey, secret: cc.SecretKey}, messages.Version+1)
+	// Silence is declared after HeartbeatMisses (3) intervals.
+	waitFor(t, 6*beat, "OnPeerDown(ctx/0)", down.Load)
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o kvxfer.Outcome
+	within3Beats(t, "the request to fail", func() bool {
+		select {
+		case o = <-rx.Done():
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(o.Err, kvxfer.ErrMismatch) || !strings.Contains(o.Err.Error(), "writer ctx/0 speaks control protocol version 2") {
+		t.Fatalf("request to a writer restarted as another version: %s: %v, want ErrMismatch naming version 2", o.Status, o.Err)
+	}
+}
+
+// TestOtherVersionInsecureHinted: over an insecure link nothing says whose
+// frames of another version are, so WaitPeers still returns ErrPeerSilent,
+// but says that such frames came. (Checked to fail: without
+// unnamedVersion in WaitPeers' error the hint is missing.)
+func TestOtherVersionInsecureHinted(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Insecure, gc.Insecure = true, true
+	cc.SecretKey, gc.SecretKey = "", ""
+	genN := open(t, gc)
+	speakVersion(t, cc.Bind, gc.Bind, "", keys{}, messages.Version+1)
+	wait, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(wait)
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "Frames of control protocol version 2 (this engine speaks 1) came on an insecure connection") {
+		t.Fatalf("WaitPeers = %v, want ErrPeerSilent with the hint of version 2", err)
 	}
 }

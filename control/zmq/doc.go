@@ -133,7 +133,8 @@
 //     version; on a CURVE connection the link remembers the version the
 //     key speaks, and Hello(peer) for the peers it may speak for fails
 //     with a PeerVersionError naming it, until the key says a valid
-//     Hello), then type and every field range-checked (decode);
+//     Hello; without a key, OtherVersionUnnamed keeps the last such
+//     version), then type and every field range-checked (decode);
 //  4. identity, in CURVE mode: the connection has a key, it has not
 //     changed, and it may speak for the frame's sender (identity);
 //  5. binding: a connection (a ROUTER routing id) must say Hello first

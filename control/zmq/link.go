@@ -38,6 +38,9 @@ type Link struct {
 	idents   atomic.Pointer[identities]
 	closing  atomic.Bool
 	done     chan struct{} // closed by Close: Conns' backlogs stop flushing
+	// anonForeign is the protocol version, not ours, of the last frame
+	// that came on a connection without a CURVE key (insecure); 0: none.
+	anonForeign atomic.Uint32
 
 	mu        sync.Mutex
 	peers     map[messages.PeerID]*peerInfo
@@ -485,6 +488,14 @@ func (l *Link) otherVersionLocked(peer messages.PeerID) *PeerVersionError {
 	}
 	return nil
 }
+
+// OtherVersionUnnamed is the protocol version, other than ours, of the
+// last frame that came on a connection without a CURVE key (an insecure
+// link), or 0 when none did. Such frames cannot be tied to a peer (nothing
+// authenticates whose they are), so Hello cannot name them; a caller that
+// waits for a silent peer can say that a peer of another version may be
+// why.
+func (l *Link) OtherVersionUnnamed() uint32 { return l.anonForeign.Load() }
 
 // PeerVersionError is wrapped by Hello's error for a peer whose CURVE key
 // sent frames of another control protocol version than this build's

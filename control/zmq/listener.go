@@ -304,7 +304,8 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 // wait for its Hello says why, instead of a silence until a deadline. The
 // key is authenticated and was admitted by the ZAP handler, so the
 // memory is bounded by the keys this link allows; a valid Hello from the
-// key forgets it.
+// key forgets it. Without a key (insecure) it keeps only the last such
+// version, for OtherVersionUnnamed.
 func (s *listener) otherVersion(id, key string, b *binding, v uint32) {
 	if key != "" {
 		s.l.mu.Lock()
@@ -313,6 +314,8 @@ func (s *listener) otherVersion(id, key string, b *binding, v uint32) {
 		}
 		s.l.foreign[key] = v
 		s.l.mu.Unlock()
+	} else {
+		s.l.anonForeign.Store(v)
 	}
 	s.reject(RejectVersion, id, key, b, "frame of control protocol version %d, this engine speaks %d: "+
 		"its frames are refused until both sides run one version", v, messages.Version)

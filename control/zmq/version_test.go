@@ -60,6 +60,9 @@ func TestOtherVersionNamedByHello(t *testing.T) {
 	if n := a.in.len(); n != 0 {
 		t.Fatalf("delivered %d frames of another version", n)
 	}
+	if v := a.link.OtherVersionUnnamed(); v != 0 {
+		t.Fatalf("OtherVersionUnnamed() = %d after frames with a CURVE key, want 0", v)
+	}
 
 	// The peer is upgraded: the same key says Hello in our version.
 	b := listen(t, pid("gen", 0), Config{Curve: Curve{Secret: kb.secret}})
@@ -72,5 +75,26 @@ func TestOtherVersionNamedByHello(t *testing.T) {
 	waitFor(t, patience, "gen/0's Hello", func() bool { _, err := a.link.Hello(b.id); return err == nil })
 	if _, err := a.link.Hello(pid("gen", 3)); err == nil || errors.Is(err, messages.ErrVersion) {
 		t.Fatalf("Hello(gen/3) after the key said Hello in version 1: %v, want only ErrPeerGone", err)
+	}
+}
+
+// Over an insecure link frames of another version cannot be tied to a
+// peer: they are rejected under "version" and only OtherVersionUnnamed
+// says they came. (Checked to fail: without otherVersion's Store it stays
+// 0.)
+func TestOtherVersionInsecureUnnamed(t *testing.T) {
+	a := listen(t, pid("ctx", 0), Config{Insecure: true})
+	if v := a.link.OtherVersionUnnamed(); v != 0 {
+		t.Fatalf("OtherVersionUnnamed() = %d before any frame, want 0", v)
+	}
+	raw := dialRaw(t, a.link.Endpoint())
+	defer raw.close()
+	raw.send(t, frameOfVersion(3))
+	waitFor(t, patience, "the frame rejected", func() bool { return a.link.FramesRejected()["version"] == 1 })
+	if v := a.link.OtherVersionUnnamed(); v != 3 {
+		t.Fatalf("OtherVersionUnnamed() = %d, want 3", v)
+	}
+	if _, err := a.link.Hello(pid("gen", 0)); errors.Is(err, messages.ErrVersion) {
+		t.Fatalf("Hello(gen/0) over an insecure link = %v: no key says the frames were gen/0's", err)
 	}
 }
