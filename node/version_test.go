@@ -95,15 +95,7 @@ func TestOtherProtocolVersionNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var o kvxfer.Outcome
-	within3Beats(t, "the request to fail", func() bool {
-		select {
-		case o = <-rx.Done():
-			return true
-		default:
-			return false
-		}
-	})
+	o := outcomeWithin3Beats(t, rx)
 	if o.Status != kvxfer.StatusFailed || !errors.Is(o.Err, kvxfer.ErrMismatch) || errors.Is(o.Err, kvxfer.ErrPeerGone) ||
 		!strings.Contains(o.Err.Error(), "writer ctx/0 speaks control protocol version 2, this engine speaks 1") {
 		t.Fatalf("request to a writer of another version: %s: %v, want FAILED with ErrMismatch naming ctx/0 and version 2", o.Status, o.Err)
@@ -148,15 +140,7 @@ func TestRestartedAsOtherVersionNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var o kvxfer.Outcome
-	within3Beats(t, "the request to fail", func() bool {
-		select {
-		case o = <-rx.Done():
-			return true
-		default:
-			return false
-		}
-	})
+	o := outcomeWithin3Beats(t, rx)
 	if !errors.Is(o.Err, kvxfer.ErrMismatch) || !strings.Contains(o.Err.Error(), "writer ctx/0 speaks control protocol version 2") {
 		t.Fatalf("request to a writer restarted as another version: %s: %v, want ErrMismatch naming version 2", o.Status, o.Err)
 	}
@@ -178,4 +162,20 @@ func TestOtherVersionInsecureHinted(t *testing.T) {
 	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "Frames of control protocol version 2 (this engine speaks 1) came on an insecure connection") {
 		t.Fatalf("WaitPeers = %v, want ErrPeerSilent with the hint of version 2", err)
 	}
+}
+
+// outcomeWithin3Beats is rx's outcome, which must come within 3 heartbeat
+// intervals.
+func outcomeWithin3Beats(t *testing.T, rx *kvxfer.RxHandle) kvxfer.Outcome {
+	t.Helper()
+	var o kvxfer.Outcome
+	within3Beats(t, "the request's outcome", func() bool {
+		select {
+		case o = <-rx.Done():
+			return true
+		default:
+			return false
+		}
+	})
+	return o
 }
