@@ -3,6 +3,7 @@ package kvxfer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,40 +48,10 @@ func (l *heldLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
 // parent is free it handles what it holds, the credits come back and the
 // peer's next frame is taken again.
 func TestFrameCredits_FloodIsBoundedTerminalFramesPass(t *testing.T) {
-	l := smallLayout()
-	link := &heldLink{MemLink: control.NewMemLink(), delivers: map[string]func(messages.Frame){},
-		entered: make(chan struct{}), gate: make(chan struct{})}
-	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 1 << 20,
-		Workers: 1, Link: link, MetricsAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(link.gate)
-		}
-	}
-	defer func() {
-		release()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := e.Close(ctx); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
-	link.mu.Lock()
-	deliver := link.delivers["ctx"]
-	link.mu.Unlock()
+	e, deliver, link, release := heldEngine(t)
 	rogue := messages.PeerID{Instance: "rogue", Rank: 0}
 	blocks := [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}
-	deliver(requestData(rogue, "r-held", 64, blocks))
-	select {
-	case <-link.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the tx parent never asked for the peer's Hello")
-	}
+	holdTxParent(t, link, deliver, rogue, blocks)
 	const flood = 5000
 	for i := range flood {
 		deliver(requestData(rogue, fmt.Sprintf("r-%d", i), 64, blocks))
@@ -119,6 +90,118 @@ func TestFrameCredits_FloodIsBoundedTerminalFramesPass(t *testing.T) {
 	waitFor(t, "the frame after the flood handled", func() bool { return e.Stats().FramesRejected == held+1 })
 }
 
+// heldEngine starts a context engine on a heldLink (metrics served) and
+// returns it, its deliver function, the link, and release, which opens the
+// gate (once). The engine is closed at the test's end, gate opened.
+func heldEngine(t *testing.T) (e *kvxfer.Engine, deliver func(messages.Frame), link *heldLink, release func()) {
+	t.Helper()
+	l := smallLayout()
+	link = &heldLink{MemLink: control.NewMemLink(), delivers: map[string]func(messages.Frame){},
+		entered: make(chan struct{}), gate: make(chan struct{})}
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 1 << 20,
+		Workers: 1, Link: link, MetricsAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { close(link.gate) }) }
+	t.Cleanup(func() {
+		release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.Close(ctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	link.mu.Lock()
+	deliver = link.delivers["ctx"]
+	link.mu.Unlock()
+	return e, deliver, link, release
+}
+
+// holdTxParent sends the first RequestData of rogue and waits until the tx
+// parent is held inside the control plane's Hello for it.
+func holdTxParent(t *testing.T, link *heldLink, deliver func(messages.Frame), rogue messages.PeerID, blocks [][]int32) {
+	t.Helper()
+	deliver(requestData(rogue, "r-held", 64, blocks))
+	select {
+	case <-link.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tx parent never asked for the peer's Hello")
+	}
+}
+
+// TestFrameCredits_ShedRequestDataAnswered: a RequestData refused for its
+// peer's spent credits is answered FAILED, saying why, once the tx parent
+// gets to it — so that its request fails at once, not at its deadline —
+// unless its request has a live session here (a Send waits for it: FAILED
+// would claim a quiescence nobody checked). At most ShedAnswers of one
+// peer wait for their answer; past them they are dropped unanswered.
+// (Checked to fail: with deliver not calling listener.shed no answer
+// comes; with answerUnread not asking IsLive, r-live is answered.)
+func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
+	e, deliver, link, release := heldEngine(t)
+	rogue := messages.PeerID{Instance: "rogue", Rank: 0}
+	var mu sync.Mutex
+	answered := map[string]*messages.Result{}
+	if _, err := link.MemLink.Listen(&messages.Hello{From: rogue}, func(f messages.Frame) {
+		if r, ok := f.(*messages.Result); ok && strings.Contains(r.Error, "dropped the RequestData unread") {
+			mu.Lock()
+			answered[r.RequestID] = r
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.Send(context.Background(), kvxfer.SendRequest{ID: "r-live", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Cancel()
+	blocks := [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}
+	holdTxParent(t, link, deliver, rogue, blocks)
+	for i := range actors.DefaultFrameCredits - 1 {
+		deliver(requestData(rogue, fmt.Sprintf("r-%d", i), 64, blocks))
+	}
+	// Every credit is spent: the rest are refused.
+	deliver(requestData(rogue, "r-live", 64, blocks))
+	const extra = 10
+	for i := range actors.ShedAnswers - 1 + extra {
+		deliver(requestData(rogue, fmt.Sprintf("shed-%d", i), 64, blocks))
+	}
+	if got, want := e.Stats().FramesShed, int64(actors.ShedAnswers+extra); got != want {
+		t.Fatalf("%d frames refused, want %d", got, want)
+	}
+	release()
+	want := actors.ShedAnswers - 1
+	waitFor(t, fmt.Sprintf("%d refused RequestData answered", want), func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(answered) >= want
+	})
+	// The tx parent handles its mailbox in order: once the last answer
+	// came, r-live's turn (before them) is over.
+	mu.Lock()
+	defer mu.Unlock()
+	if r := answered["r-live"]; r != nil {
+		t.Fatalf("a live request's refused RequestData was answered %+v", r)
+	}
+	for i := range actors.ShedAnswers - 1 + extra {
+		id := fmt.Sprintf("shed-%d", i)
+		r := answered[id]
+		switch {
+		case i < want && (r == nil || r.Status != messages.StatusFailed || r.Epoch != 1 || r.From.Instance != "ctx" ||
+			!strings.Contains(r.Error, "rogue/0 had 4096 control frames waiting here")):
+			t.Fatalf("answer to %s: %+v, want FAILED for epoch 1 naming rogue/0 and the credits", id, r)
+		case i >= want && r != nil:
+			t.Fatalf("%s, past the %d answer credits, was answered", id, actors.ShedAnswers)
+		}
+	}
+	if len(answered) != want {
+		t.Fatalf("%d answers, want %d", len(answered), want)
+	}
+}
+
 // waitFor polls cond for at most 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -129,4 +212,59 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond) // poll with a deadline
 	}
+}
+
+// TestShedRequestDataFailsTheGenerationRequest: a generation engine's
+// RequestData refused for its spent credits (the test spends them with
+// 4096 Cancels from gen/0 while the context's tx parent is held) fails
+// its request with the context's reason as soon as the tx parent gets to
+// it, not at its deadline, every block back in the pool. (Checked to
+// fail: with deliver not calling listener.shed the request is still live
+// after 10 s.)
+func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
+	_, deliver, link, release := heldEngine(t)
+	l := smallLayout()
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
+		Workers: 1, Link: link.MemLink, TransferTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gen.Close(ctx); err != nil {
+			t.Errorf("close gen: %v", err)
+		}
+	}()
+	holdTxParent(t, link, deliver, messages.PeerID{Instance: "rogue", Rank: 0}, [][]int32{{0}, {0}})
+	self := messages.PeerID{Instance: "gen", Rank: 0}
+	for i := range actors.DefaultFrameCredits {
+		deliver(&messages.Cancel{RequestID: fmt.Sprintf("c-%d", i), Epoch: 1, From: self})
+	}
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "real", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	var o kvxfer.Outcome
+	waitFor(t, "the request's outcome", func() bool {
+		select {
+		case o = <-rx.Done():
+			return true
+		default:
+			return false
+		}
+	})
+	if o.Status != kvxfer.StatusFailed || o.Err == nil || !strings.Contains(o.Err.Error(), "dropped the RequestData unread") {
+		t.Fatalf("request whose RequestData was refused: %s: %v, want FAILED with the context's reason", o.Status, o.Err)
+	}
+	waitFor(t, "its blocks released", func() bool {
+		select {
+		case <-rx.Released():
+			return gen.Pools().Used() == 0
+		default:
+			return false
+		}
+	})
 }

@@ -28,29 +28,38 @@ func orphanLimit(n int) int {
 // bounded by credits). A frame takes a credit when the link delivers it
 // and gives it back once the listener refused it or its parent (tx or rx)
 // has handled it — forwarded it to a session, answered it, or dropped it.
-// With a peer's credits spent, the engine drops that peer's RequestData
-// and Cancel unanswered (counted in Counters.FramesShed and as reason
-// "shed" of kvxfer_frames_rejected_total, with a sampled warning): the
-// listener's and the parents' mailboxes cannot grow without bound however
-// fast a peer sends, and other peers are not held up. The generation side
-// re-sends Cancel on its own timer; a dropped RequestData's request waits
-// for its deadline there. No FAILED answer is sent: only the tx parent
-// knows whether a session already writes for that request (a re-sent
-// RequestData), and a FAILED Result is a proof of quiescence. A terminal
-// frame (Result, CancelAck, valid or not) is never shed: it still takes a
-// credit, over the limit if need be, since it may be the only proof that
-// a writer is quiescent.
+// With a peer's credits spent, the engine refuses that peer's RequestData
+// and Cancel (counted in Counters.FramesShed and as reason "shed" of
+// kvxfer_frames_rejected_total, with a sampled warning): the listener's
+// and the parents' mailboxes cannot grow without bound however fast a peer
+// sends, and other peers are not held up. The generation side re-sends
+// Cancel on its own timer. A refused RequestData is answered FAILED, so
+// that its request fails at once instead of at its deadline: a copy of the
+// fields that name it (a few hundred bytes, whatever the frame held) goes
+// to the tx parent, which answers it as it answers an invalid RequestData
+// — unless its request has a live session here (a re-sent RequestData:
+// only the tx parent knows, and a FAILED Result is a proof of quiescence).
+// Those copies take an answer credit of their own, ShedAnswers per peer;
+// past them a refused RequestData is dropped unanswered and its request
+// waits for its deadline. A terminal frame (Result, CancelAck, valid or
+// not) is never shed: it still takes a credit, over the limit if need be,
+// since it may be the only proof that a writer is quiescent.
 type frameCredits struct {
-	limit int
-	mu    sync.Mutex
-	held  map[messages.PeerID]int
+	limit   int
+	mu      sync.Mutex
+	held    map[messages.PeerID]int
+	answers map[messages.PeerID]int // refused RequestData waiting for their answer
 }
+
+// ShedAnswers is how many refused RequestData of one peer may wait at once
+// for their FAILED answer (frameCredits).
+const ShedAnswers = 256
 
 func newFrameCredits(limit int) *frameCredits {
 	if limit <= 0 {
 		limit = DefaultFrameCredits
 	}
-	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}}
+	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}, answers: map[messages.PeerID]int{}}
 }
 
 // terminal reports whether f is a terminal frame, never shed.
@@ -83,5 +92,29 @@ func (c *frameCredits) give(f messages.Frame) {
 		c.held[from] = n - 1
 	} else {
 		delete(c.held, from)
+	}
+}
+
+// takeAnswer reports whether a RequestData from peer, refused for its
+// spent credits, may wait for its answer, and if so takes an answer
+// credit.
+func (c *frameCredits) takeAnswer(peer messages.PeerID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.answers[peer] >= ShedAnswers {
+		return false
+	}
+	c.answers[peer]++
+	return true
+}
+
+// giveAnswer returns an answer credit of peer.
+func (c *frameCredits) giveAnswer(peer messages.PeerID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := c.answers[peer]; n > 1 {
+		c.answers[peer] = n - 1
+	} else {
+		delete(c.answers, peer)
 	}
 }

@@ -42,7 +42,9 @@ type EngineConfig struct {
 	Recorder Recorder
 	// FrameCredits is how many control frames of one peer the engine holds
 	// at most before it refuses that peer's RequestData and Cancel (0:
-	// DefaultFrameCredits); terminal frames always pass (credits.go).
+	// DefaultFrameCredits); terminal frames always pass, and a refused
+	// RequestData is answered FAILED unless its request is live here
+	// (credits.go).
 	FrameCredits int
 	// MaxOrphans bounds, per generation instance, the requests whose
 	// RequestData opened a session on this (context) rank before Send
@@ -240,7 +242,8 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 
 // deliver takes a frame from the control link: routed by the listener
 // step into its parent's mailbox while its peer has credits, else refused
-// at once (never a terminal frame).
+// at once (never a terminal frame); a refused RequestData is answered
+// FAILED while the peer has answer credits (frameCredits).
 func (e *Engine) deliver(f messages.Frame) {
 	if !e.env.credits.take(f) {
 		e.stats.FramesShed.Add(1)
@@ -248,6 +251,9 @@ func (e *Engine) deliver(f messages.Frame) {
 		from := f.Sender()
 		if ev := e.env.warn(from.String(), "shed"); ev != nil {
 			ev.Str("peer", from.String()).Str("request", f.Request()).Msg("control frame refused: the peer's frame credits are spent")
+		}
+		if rd, ok := f.(*messages.RequestData); ok && e.env.credits.takeAnswer(from) && !e.listener.shed(rd) {
+			e.env.credits.giveAnswer(from)
 		}
 		return
 	}

@@ -202,8 +202,12 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.onRequestData(ctx, m)
 		p.env.credits.give(m)
 	case *invalidRequestData:
-		p.onInvalidRequestData(ctx, m)
+		p.answerUnread(ctx, m.rd, "invalid RequestData: "+m.err.Error())
 		p.env.credits.give(m.rd)
+	case *shedRequestData:
+		p.answerUnread(ctx, m.rd, fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
+			p.self, m.rd.From, p.env.credits.limit))
+		p.env.credits.giveAnswer(m.rd.From)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
 		deliver, notBound := p.table.Cancel(m)
@@ -292,20 +296,27 @@ type invalidResult struct {
 	err error
 }
 
-// onInvalidRequestData answers an invalid RequestData FAILED, naming what
-// is wrong, so that its request fails at once instead of at its deadline —
-// unless the request has a live session here, whose outcome stands (the
-// frame was counted and logged by the listener). Nothing is remembered.
-// The answer is addressed to the frame's incarnation and comes from this
-// one, as every reply: a session of another incarnation of the peer takes
-// it as no proof.
-func (p *txParent) onInvalidRequestData(ctx actor.Context, m *invalidRequestData) {
-	if p.table.IsLive(m.rd.RequestID) {
+// shedRequestData is a RequestData refused for its peer's spent frame
+// credits (frameCredits), as the fields that name it: request id, epoch,
+// sender and incarnations.
+type shedRequestData struct{ rd *messages.RequestData }
+
+// answerUnread answers FAILED, saying why, a RequestData that was not read
+// — one that failed validation (invalidRequestData) or was refused for its
+// peer's spent credits (shedRequestData) — so that its request fails at
+// once instead of at its deadline: nothing of ours writes for that epoch,
+// and nothing will. Unless the request has a live session here, whose
+// outcome stands. Only the RequestData's naming fields are read, and
+// nothing is remembered. The answer is addressed to the frame's
+// incarnation and comes from this one, as every reply: a session of
+// another incarnation of the peer takes it as no proof.
+func (p *txParent) answerUnread(ctx actor.Context, rd *messages.RequestData, why string) {
+	if p.table.IsLive(rd.RequestID) {
 		return
 	}
-	p.answering = core.FromIncarnation(m.rd)
-	p.reply(ctx, m.rd.RequestID, m.rd.From, &messages.Result{RequestID: m.rd.RequestID, Epoch: m.rd.Epoch, From: p.self,
-		Status: messages.StatusFailed, Error: messages.TruncateText("invalid RequestData: "+m.err.Error(), messages.MaxErrorLen)})
+	p.answering = core.FromIncarnation(rd)
+	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
+		Status: messages.StatusFailed, Error: messages.TruncateText(why, messages.MaxErrorLen)})
 }
 
 // onRequestData validates a RequestData against the sender's Hello and
@@ -733,6 +744,22 @@ func (l *listener) admit(f messages.Frame) bool {
 		ev.Err(err).Msg("control frame of an earlier incarnation dropped")
 	}
 	return false
+}
+
+// shed takes a RequestData refused for its peer's spent credits through
+// the same step and incarnation check as any frame and, passing them,
+// sends the fields that name it to the tx parent, which answers it FAILED
+// unless its request is live (answerUnread). It reports whether it went.
+func (l *listener) shed(rd *messages.RequestData) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dest, _ := routeFrame(l.tr, l.env.clock, rd)
+	if (dest != core.FrameToTx && dest != core.FrameInvalidToTx) || !l.admit(rd) {
+		return false
+	}
+	l.root.Send(l.tx, &shedRequestData{rd: &messages.RequestData{RequestID: rd.RequestID, Epoch: rd.Epoch, From: rd.From,
+		Incarnations: rd.Incarnations}})
+	return true
 }
 
 func (l *listener) route(f messages.Frame) {

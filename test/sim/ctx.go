@@ -615,7 +615,7 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 	}
 	c.answering = core.FromIncarnation(f)
 	if dest == core.FrameInvalidToTx {
-		// txParent.onInvalidRequestData: answered FAILED with the reason
+		// txParent.answerUnread: answered FAILED with the reason
 		// unless the request has a live session; it renews no lease.
 		rd := f.(*messages.RequestData)
 		if !c.table.IsLive(rd.RequestID) {

@@ -17,8 +17,9 @@ import (
 // failed, its proofs (CancelAck, Result) release the quarantine, and no
 // canary was overwritten; 0 leaked, 0 corrupted, nothing quarantined at
 // the end. Over the rounds, at least one stop must have caught writes in
-// flight (blocks quarantined), or the test proved nothing: rounds go on
-// past -rounds, up to maxStallRounds, until one did.
+// flight (blocks quarantined) — and on shm, whose pool revokes, at least
+// one must have revoked — or the test proved nothing: rounds go on past
+// -rounds, up to maxStallRounds, until one did.
 func TestStallContextMidTransfer(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b, func(t *testing.T) { testStallContextMidTransfer(t, b) })
@@ -28,7 +29,12 @@ func TestStallContextMidTransfer(t *testing.T) {
 func testStallContextMidTransfer(t *testing.T, b string) {
 	const maxStallRounds = 10
 	quarantined, revoked := 0, 0
-	for r := 0; r < max(*rounds, 1) || quarantined == 0 && r < maxStallRounds && !t.Failed(); r++ {
+	// On shm a round whose held runs each wanted more spare blocks than
+	// were free (shm.ErrNoSpare: revokeDest quarantines them instead)
+	// revokes nothing — seen under load, in 2 rounds of 8 — so rounds go
+	// on, as after a round that caught nothing, until one revoked.
+	proved := func() bool { return quarantined > 0 && (b != "shm" || revoked > 0) }
+	for r := 0; r < max(*rounds, 1) || !proved() && r < maxStallRounds && !t.Failed(); r++ {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
 			g, c := fastDeath(options(t, 40, 5*time.Millisecond))
 			g, c = on(b, g, c)
