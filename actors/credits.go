@@ -84,14 +84,16 @@ func (c *frameCredits) take(f messages.Frame) bool {
 }
 
 // give returns f's credit.
-func (c *frameCredits) give(f messages.Frame) {
-	from := f.Sender()
+func (c *frameCredits) give(f messages.Frame) { c.put(c.held, f.Sender()) }
+
+// put returns one of peer's credits counted in m (held or answers).
+func (c *frameCredits) put(m map[messages.PeerID]int, peer messages.PeerID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n := c.held[from]; n > 1 {
-		c.held[from] = n - 1
+	if n := m[peer]; n > 1 {
+		m[peer] = n - 1
 	} else {
-		delete(c.held, from)
+		delete(m, peer)
 	}
 }
 
@@ -109,12 +111,4 @@ func (c *frameCredits) takeAnswer(peer messages.PeerID) bool {
 }
 
 // giveAnswer returns an answer credit of peer.
-func (c *frameCredits) giveAnswer(peer messages.PeerID) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := c.answers[peer]; n > 1 {
-		c.answers[peer] = n - 1
-	} else {
-		delete(c.answers, peer)
-	}
-}
+func (c *frameCredits) giveAnswer(peer messages.PeerID) { c.put(c.answers, peer) }
