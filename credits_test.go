@@ -222,7 +222,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // fail: with deliver not calling listener.shed the request is still live
 // after 10 s.)
 func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
-	_, deliver, link, release := heldEngine(t)
+	e, deliver, link, release := heldEngine(t)
 	l := smallLayout()
 	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
 		Workers: 1, Link: link.MemLink, TransferTimeout: time.Minute})
@@ -246,6 +246,9 @@ func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The RequestData leaves on gen's own goroutines: released before it
+	// arrived, it could find credits again.
+	waitFor(t, "gen's RequestData refused", func() bool { return e.Stats().FramesShed == 1 })
 	release()
 	var o kvxfer.Outcome
 	waitFor(t, "the request's outcome", func() bool {

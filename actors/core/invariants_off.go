@@ -21,3 +21,5 @@ func mutEndBeforeFinalPart() bool { return false }
 func mutDoneOnHandoff() bool { return false }
 
 func mutProofFromInvalid() bool { return false }
+
+func mutRejectUnresolvedDuplicate() bool { return false }

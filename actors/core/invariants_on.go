@@ -39,7 +39,13 @@ var Mutations struct {
 	// proof that the writer is done, so the request's destination blocks
 	// are freed instead of quarantined.
 	ProofFromInvalid bool
+	// RejectUnresolvedDuplicate answers a duplicate RequestData that
+	// failed to resolve FAILED, as a first one, although the stream it
+	// duplicates may have writes in flight.
+	RejectUnresolvedDuplicate bool
 }
+
+func mutRejectUnresolvedDuplicate() bool { return Mutations.RejectUnresolvedDuplicate }
 
 func mutDoneOnHandoff() bool { return Mutations.DoneOnHandoff }
 

@@ -432,18 +432,22 @@ func (s *TxSession) onPinFailed(m TxPinFailed) {
 }
 
 func (s *TxSession) onPeerRequest(m TxPeerRequest) {
+	old := s.streams[m.Peer]
+	if old != nil && old.epoch == m.Epoch && (m.Err == nil || !mutRejectUnresolvedDuplicate()) {
+		// A duplicate RequestData for the same epoch changes nothing, even
+		// one that failed to resolve: its stream may have writes in
+		// flight, so a FAILED answer would be a false proof.
+		return
+	}
 	if m.Err != nil {
 		s.fail(TxFailed, m.Err)
 		s.rejectPeer(m, m.Err)
 		return
 	}
-	if old := s.streams[m.Peer]; old != nil {
-		// A duplicate RequestData for the same epoch changes nothing.
-		if old.epoch != m.Epoch {
-			err := fmt.Errorf("%w: request %s: peer %d sent epoch %d after %d", ErrBadRequest, s.cfg.Request, m.Peer, m.Epoch, old.epoch)
-			s.fail(TxFailed, err)
-			s.rejectPeer(m, err)
-		}
+	if old != nil {
+		err := fmt.Errorf("%w: request %s: peer %d sent epoch %d after %d", ErrBadRequest, s.cfg.Request, m.Peer, m.Epoch, old.epoch)
+		s.fail(TxFailed, err)
+		s.rejectPeer(m, err)
 		return
 	}
 	if s.started && m.PromptLen != s.promptLn {

@@ -1098,6 +1098,28 @@ func TestTx_BadPeerRequests(t *testing.T) {
 		}
 		h.wantReleased(TxFailed, ErrBadRequest)
 	})
+	// A duplicate of an admitted RequestData whose resolution failed (the
+	// peer's Hello changed, or a broken peer sent other contents): the
+	// stream it duplicates has an op in flight, so a FAILED Result now
+	// would be a false proof of quiescence. It changes nothing. (Checked
+	// to fail: with onPeerRequest handling m.Err before the duplicate
+	// check, the session fails and peer 1 gets FAILED with its write in
+	// flight.)
+	t.Run("duplicate that fails to resolve", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.wantOp(1, 0, OpSubmitting)
+		if effs := h.step(TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 1, Err: ErrBadRequest}); len(effs) != 0 {
+			t.Fatalf("duplicate RequestData that failed to resolve: %s", fmtEffects(effs))
+		}
+		h.wantState(TxTransferring)
+		effs := h.complete(1, 0, nil)
+		effs = append(effs, h.flushed(1, nil)...)
+		wantResult(t, effs, 1, messages.StatusSuccess)
+	})
 	t.Run("planner error", func(t *testing.T) {
 		h, _ := newTxHarness(t, txOpts{})
 		h.start(32, time.Minute)

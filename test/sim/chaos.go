@@ -367,6 +367,16 @@ func (s *Sim) injectMalformed() {
 		if rd == nil {
 			return
 		}
+		if rs := s.gen[genPeer.Rank].entries[id]; rs != nil && r.IntN(2) == 0 && c.resolved(id, int(genPeer.Rank), rs.epoch) {
+			// A duplicate of the RequestData this rank already resolved
+			// for the live session (the same epoch) that does not
+			// resolve: it must change nothing, since the first one's
+			// writes may be in flight and a FAILED answer would be a
+			// false proof. (Before the first one arrives, a different
+			// RequestData of the same epoch is a broken generation rank
+			// lying about its own pages, which kvxfer does not guard.)
+			rd.Epoch = rs.epoch
+		}
 		s.fired(FaultMalformed)
 		c.onFrame(rd)
 		return

@@ -653,6 +653,17 @@ func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
 	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(nil, e) })
 }
 
+// resolved reports whether this rank resolved a RequestData of request id
+// from generation rank gen at epoch (built a route for it).
+func (c *ctxRank) resolved(id string, gen int, epoch uint64) bool {
+	for _, m := range c.routes {
+		if m.request == id && m.gen == gen && m.epoch == epoch {
+			return true
+		}
+	}
+	return false
+}
+
 // onRequestData is txParent.onRequestData, on the real core.TxTable.
 func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 	s := c.s

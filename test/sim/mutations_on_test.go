@@ -26,6 +26,7 @@ var mutations = []struct {
 	{"end-before-final-part", &core.Mutations.EndBeforeFinalPart, false},
 	{"done-on-handoff", &core.Mutations.DoneOnHandoff, false},
 	{"proof-from-invalid", &core.Mutations.ProofFromInvalid, false},
+	{"reject-unresolved-duplicate", &core.Mutations.RejectUnresolvedDuplicate, false},
 	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 
