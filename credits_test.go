@@ -133,12 +133,14 @@ func holdTxParent(t *testing.T, link *heldLink, deliver func(messages.Frame), ro
 
 // TestFrameCredits_ShedRequestDataAnswered: a RequestData refused for its
 // peer's spent credits is answered FAILED, saying why, once the tx parent
-// gets to it — so that its request fails at once, not at its deadline —
-// unless its request has a live session here (a Send waits for it: FAILED
-// would claim a quiescence nobody checked). At most ShedAnswers of one
-// peer wait for their answer; past them they are dropped unanswered.
+// gets to it — so that its request fails at once, not at its deadline.
+// A request with a live session here is failed by it only when bound to
+// the sender's instance (r-bound: its session answers, and its Send ends
+// FAILED); one not bound (r-live) is not touched. At most ShedAnswers of
+// one peer wait for their answer; past them they are dropped unanswered.
 // (Checked to fail: with deliver not calling listener.shed no answer
-// comes; with answerUnread not asking IsLive, r-live is answered.)
+// comes; with answerUnread not asking IsLive, r-live is answered; with
+// onShed dropping what TxTable.Shed hands to the session, r-bound waits.)
 func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 	e, deliver, link, release := heldEngine(t)
 	rogue := messages.PeerID{Instance: "rogue", Rank: 0}
@@ -158,6 +160,12 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Cancel()
+	// Bound to rogue by Send: a refused RequestData of rogue's for it
+	// fails it (no stream of rogue's was open, so the answer is a proof).
+	bound, err := e.Send(context.Background(), kvxfer.SendRequest{ID: "r-bound", PromptLen: 64, Generation: "rogue"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	blocks := [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}
 	holdTxParent(t, link, deliver, rogue, blocks)
 	for i := range actors.DefaultFrameCredits - 1 {
@@ -165,28 +173,40 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 	}
 	// Every credit is spent: the rest are refused.
 	deliver(requestData(rogue, "r-live", 64, blocks))
+	deliver(requestData(rogue, "r-bound", 64, blocks))
 	const extra = 10
-	for i := range actors.ShedAnswers - 1 + extra {
+	for i := range actors.ShedAnswers - 2 + extra {
 		deliver(requestData(rogue, fmt.Sprintf("shed-%d", i), 64, blocks))
 	}
 	if got, want := e.Stats().FramesShed, int64(actors.ShedAnswers+extra); got != want {
 		t.Fatalf("%d frames refused, want %d", got, want)
 	}
 	release()
-	want := actors.ShedAnswers - 1
-	waitFor(t, fmt.Sprintf("%d refused RequestData answered", want), func() bool {
+	want := actors.ShedAnswers - 2 // the tx parent's answers; r-bound's comes from its session
+	waitFor(t, fmt.Sprintf("%d refused RequestData answered", want+1), func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(answered) >= want
+		return len(answered) >= want+1 && answered["r-bound"] != nil
 	})
+	select {
+	case o := <-bound.Done():
+		if o.Status != kvxfer.StatusFailed || !strings.Contains(fmt.Sprint(o.Err), "dropped the RequestData unread") {
+			t.Fatalf("r-bound ended %s: %v, want FAILED with the reason", o.Status, o.Err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("r-bound did not end")
+	}
 	// The tx parent handles its mailbox in order: once the last answer
 	// came, r-live's turn (before them) is over.
 	mu.Lock()
 	defer mu.Unlock()
 	if r := answered["r-live"]; r != nil {
-		t.Fatalf("a live request's refused RequestData was answered %+v", r)
+		t.Fatalf("a live request not bound to rogue was failed by rogue's refused RequestData: %+v", r)
 	}
-	for i := range actors.ShedAnswers - 1 + extra {
+	if r := answered["r-bound"]; r.Status != messages.StatusFailed || r.Epoch != 1 {
+		t.Fatalf("answer to r-bound: %+v, want FAILED for epoch 1", r)
+	}
+	for i := range actors.ShedAnswers - 2 + extra {
 		id := fmt.Sprintf("shed-%d", i)
 		r := answered[id]
 		switch {
@@ -197,8 +217,8 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 			t.Fatalf("%s, past the %d answer credits, was answered", id, actors.ShedAnswers)
 		}
 	}
-	if len(answered) != want {
-		t.Fatalf("%d answers, want %d", len(answered), want)
+	if len(answered) != want+1 {
+		t.Fatalf("%d answers, want %d", len(answered), want+1)
 	}
 }
 

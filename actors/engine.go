@@ -43,8 +43,7 @@ type EngineConfig struct {
 	// FrameCredits is how many control frames of one peer the engine holds
 	// at most before it refuses that peer's RequestData and Cancel (0:
 	// DefaultFrameCredits); terminal frames always pass, and a refused
-	// RequestData is answered FAILED unless its request is live here
-	// (credits.go).
+	// RequestData is answered FAILED (credits.go).
 	FrameCredits int
 	// MaxOrphans bounds, per generation instance, the requests whose
 	// RequestData opened a session on this (context) rank before Send

@@ -205,8 +205,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.answerUnread(ctx, m.rd, "invalid RequestData: "+m.err.Error())
 		p.env.credits.give(m.rd)
 	case *shedRequestData:
-		p.answerUnread(ctx, m.rd, fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
-			p.self, m.rd.From, p.env.credits.limit))
+		p.onShed(ctx, m.rd)
 		p.env.credits.giveAnswer(m.rd.From)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
@@ -300,6 +299,24 @@ type invalidResult struct {
 // credits (frameCredits), as the fields that name it: request id, epoch,
 // sender and incarnations.
 type shedRequestData struct{ rd *messages.RequestData }
+
+// onShed decides a RequestData refused for its sender's spent credits
+// (TxTable.Shed): answered FAILED when its request has no session here;
+// handed to the session, as a request that failed to resolve, when the
+// request is bound to the sender's instance (it fails, answering the
+// peer, unless it already has that epoch from it: then nothing changes);
+// else dropped.
+func (p *txParent) onShed(ctx actor.Context, rd *messages.RequestData) {
+	why := fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
+		p.self, rd.From, p.env.credits.limit)
+	switch answer, toSession := p.table.Shed(rd); {
+	case answer:
+		p.answerUnread(ctx, rd, why)
+	case toSession:
+		ctx.Send(p.sessions.pids[rd.RequestID], txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From,
+			Epoch: rd.Epoch, Err: fmt.Errorf("%w: request %s: %s", ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation}})
+	}
+}
 
 // answerUnread answers FAILED, saying why, a RequestData that was not read
 // — one that failed validation (invalidRequestData) or was refused for its

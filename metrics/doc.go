@@ -58,7 +58,7 @@
 //	                                                               another generation instance than the request's), orphan_limit (a new request
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
 //	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames;
-//	                                                               the RequestData answered FAILED unless its request is live, at most 256 of a
+//	                                                               the RequestData answered FAILED unless its request is live and not bound to it, at most 256 of a
 //	                                                               peer waiting for their answer);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
 //	                                                               oversize (past MaxFrameBytes), version (written in another control protocol

@@ -96,6 +96,21 @@ func (t *TxTable) unorphan(request string) {
 // nothing of this rank writes for the request.
 func (t *TxTable) IsLive(request string) bool { return t.live[request] }
 
+// Shed classifies a RequestData refused unread for its sender's spent
+// frame credits: answer it FAILED (answer: no live session here, so
+// nothing of this rank writes for it), hand it to the request's session
+// (toSession: live and bound to the sender's instance — the session
+// changes nothing if it already has that epoch from that peer, else
+// nothing of it writes for the peer and it fails, answering FAILED), or
+// neither: live and not bound to the sender's instance, which nothing
+// unvalidated may fail.
+func (t *TxTable) Shed(rd *messages.RequestData) (answer, toSession bool) {
+	if !t.live[rd.RequestID] {
+		return true, false
+	}
+	return false, t.bound[rd.RequestID] == rd.From.Instance
+}
+
 // RequestDataVerdict is what becomes of a RequestData before it may touch
 // any state.
 type RequestDataVerdict uint8

@@ -176,3 +176,40 @@ func TestTxTable_OrphanLimit(t *testing.T) {
 		t.Fatalf("orphans gen %d gen2 %d after every session stopped", tb.Orphans("gen"), tb.Orphans("gen2"))
 	}
 }
+
+// TestTxTable_Shed: a RequestData refused for its sender's spent credits
+// is answered when its request has no session (never seen, or finished);
+// goes to the session when the request is bound to the sender's instance
+// (by Send or by an earlier RequestData); and is dropped when the request
+// is live and unbound, or bound to another instance. (Checked to fail:
+// with Shed handing every live request to its session, "unbound" and
+// "other" do.)
+func TestTxTable_Shed(t *testing.T) {
+	tb := NewTxTable(8)
+	if _, err := tb.Open("unbound", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Open("bound", "gen"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Open("done", "gen"); err != nil {
+		t.Fatal(err)
+	}
+	tb.Stopped("done")
+	tb.Resolved(rdFrom("gen", "asked"), nil) // bound by its first RequestData
+	for _, tc := range []struct {
+		inst, id          string
+		answer, toSession bool
+	}{
+		{"gen", "never", true, false},
+		{"gen", "done", true, false},
+		{"gen", "bound", false, true},
+		{"gen", "asked", false, true},
+		{"gen", "unbound", false, false},
+		{"other", "bound", false, false},
+	} {
+		if answer, toSession := tb.Shed(rdFrom(tc.inst, tc.id)); answer != tc.answer || toSession != tc.toSession {
+			t.Errorf("Shed(%s from %s) = answer %v, to session %v; want %v, %v", tc.id, tc.inst, answer, toSession, tc.answer, tc.toSession)
+		}
+	}
+}
