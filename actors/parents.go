@@ -765,8 +765,8 @@ func (l *listener) admit(f messages.Frame) bool {
 
 // shed takes a RequestData refused for its peer's spent credits through
 // the same step and incarnation check as any frame and, passing them,
-// sends the fields that name it to the tx parent, which answers it FAILED
-// unless its request is live (answerUnread). It reports whether it went.
+// sends the fields that name it to the tx parent, which decides what
+// becomes of it (onShed). It reports whether it went.
 func (l *listener) shed(rd *messages.RequestData) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()

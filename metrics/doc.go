@@ -58,8 +58,9 @@
 //	                                                               another generation instance than the request's), orphan_limit (a new request
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
 //	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames;
-//	                                                               the RequestData answered FAILED unless its request is live and not bound to it, at most 256 of a
-//	                                                               peer waiting for their answer);
+//	                                                               the RequestData answered FAILED when its request has no session here, or by
+//	                                                               the request's session when bound to the sender and without a stream of it;
+//	                                                               at most 256 of a peer wait for their answer);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
 //	                                                               oversize (past MaxFrameBytes), version (written in another control protocol
 //	                                                               version), decode (refused by messages.Decode), identity

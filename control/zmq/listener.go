@@ -28,9 +28,6 @@ type listener struct {
 	live    *liveness
 	// told is when OnPeerAlive was last called for each peer.
 	told map[messages.PeerID]time.Time
-	// foreign is this goroutine's copy of Link.foreign: a flood of frames
-	// of another version takes the link's lock once per key and version.
-	foreign map[string]uint32
 }
 
 // binding is what a connection said it is in its Hello.
@@ -281,7 +278,6 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	}
 	info.key = key
 	delete(l.foreign, key) // it speaks our version now
-	delete(s.foreign, key)
 	prev := info.hello
 	info.hello = h
 	info.down = false
@@ -311,19 +307,15 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 // key forgets it. Without a key (insecure) it keeps only the last such
 // version, for OtherVersionUnnamed.
 func (s *listener) otherVersion(id, key string, b *binding, v uint32) {
-	if key != "" && s.foreign[key] != v {
-		if s.foreign == nil {
-			s.foreign = map[string]uint32{}
-		}
-		s.foreign[key] = v
+	if key == "" {
+		s.l.anonForeign.Store(v)
+	} else {
 		s.l.mu.Lock()
 		if s.l.foreign == nil {
 			s.l.foreign = map[string]uint32{}
 		}
 		s.l.foreign[key] = v
 		s.l.mu.Unlock()
-	} else if key == "" {
-		s.l.anonForeign.Store(v)
 	}
 	s.reject(RejectVersion, id, key, b, "frame of control protocol version %d, this engine speaks %d: "+
 		"its frames are refused until both sides run one version", v, messages.Version)
