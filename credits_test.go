@@ -136,11 +136,13 @@ func holdTxParent(t *testing.T, link *heldLink, deliver func(messages.Frame), ro
 // gets to it — so that its request fails at once, not at its deadline.
 // A request with a live session here is failed by it only when bound to
 // the sender's instance (r-bound: its session answers, and its Send ends
-// FAILED); one not bound (r-live) is not touched. At most ShedAnswers of
+// FAILED); one not bound yet (r-live) is answered by the parent (no
+// stream of anyone's) and its Send is not touched. At most ShedAnswers of
 // one peer wait for their answer; past them they are dropped unanswered.
 // (Checked to fail: with deliver not calling listener.shed no answer
-// comes; with answerUnread not asking IsLive, r-live is answered; with
-// onShed dropping what TxTable.Shed hands to the session, r-bound waits.)
+// comes; with TxTable.Unread true for every live request, r-live's Send
+// fails; with onUnread dropping what Unread hands to the session, r-bound
+// waits.)
 func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 	e, deliver, link, release := heldEngine(t)
 	rogue := messages.PeerID{Instance: "rogue", Rank: 0}
@@ -182,7 +184,7 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 		t.Fatalf("%d frames refused, want %d", got, want)
 	}
 	release()
-	want := actors.ShedAnswers - 2 // the tx parent's answers; r-bound's comes from its session
+	want := actors.ShedAnswers - 1 // the tx parent's answers; r-bound's comes from its session
 	waitFor(t, fmt.Sprintf("%d refused RequestData answered", want+1), func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -196,12 +198,13 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("r-bound did not end")
 	}
-	// The tx parent handles its mailbox in order: once the last answer
-	// came, r-live's turn (before them) is over.
 	mu.Lock()
 	defer mu.Unlock()
-	if r := answered["r-live"]; r != nil {
-		t.Fatalf("a live request not bound to rogue was failed by rogue's refused RequestData: %+v", r)
+	if r := answered["r-live"]; r == nil || r.Status != messages.StatusFailed || r.Epoch != 1 {
+		t.Fatalf("answer to r-live: %+v, want FAILED for epoch 1", r)
+	}
+	if err := tx.Err(); err != nil {
+		t.Fatalf("a live request not bound to rogue was failed by rogue's refused RequestData: %v", err)
 	}
 	if r := answered["r-bound"]; r.Status != messages.StatusFailed || r.Epoch != 1 {
 		t.Fatalf("answer to r-bound: %+v, want FAILED for epoch 1", r)
@@ -210,10 +213,10 @@ func TestFrameCredits_ShedRequestDataAnswered(t *testing.T) {
 		id := fmt.Sprintf("shed-%d", i)
 		r := answered[id]
 		switch {
-		case i < want && (r == nil || r.Status != messages.StatusFailed || r.Epoch != 1 || r.From.Instance != "ctx" ||
+		case i < want-1 && (r == nil || r.Status != messages.StatusFailed || r.Epoch != 1 || r.From.Instance != "ctx" ||
 			!strings.Contains(r.Error, "rogue/0 had 4096 control frames waiting here")):
 			t.Fatalf("answer to %s: %+v, want FAILED for epoch 1 naming rogue/0 and the credits", id, r)
-		case i >= want && r != nil:
+		case i >= want-1 && r != nil:
 			t.Fatalf("%s, past the %d answer credits, was answered", id, actors.ShedAnswers)
 		}
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -141,11 +141,19 @@ func TestRequestDataFromAnotherInstanceIsRefused(t *testing.T) {
 	if tx.Err() != nil {
 		t.Fatalf("the rogue's frames decided the request: %v", tx.Err())
 	}
-	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bound", PromptLen: 64, Context: "ctx"})
+	serveSent(t, c, l, tx, "bound", 64)
+}
+
+// serveSent has generation rank 0 receive request id, whose Send tx the
+// test made, hands every chunk of it over, and checks that both sides
+// end OK and nothing leaks.
+func serveSent(t *testing.T, c *cluster, l kvcache.Layout, tx *kvxfer.TxHandle, id string, promptLen int) {
+	t.Helper()
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: promptLen, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := sendAll(t, c.ctx[0], tx, l, 64, 32)
+	src, err := sendAll(t, c.ctx[0], tx, l, promptLen, 32)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,37 +270,57 @@ func TestHostileFloodIsCountedNotLogged(t *testing.T) {
 			t.Fatalf("neg-%d answered %q, want the reason", i, res.Error)
 		}
 	}
-	// Not one naming a request with a live session here: its outcome is
-	// the session's, and a FAILED Result would claim nothing writes for
-	// it. A probe answered after it, through the same worker, shows that
-	// no answer is coming.
-	answered := func(id string) int {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		n := 0
-		for _, f := range r.frames {
-			if res, ok := f.(*messages.Result); ok && res.RequestID == id {
-				n++
-			}
-		}
-		return n
-	}
-	victimAnswers := answered("victim")
-	probe := ""
-	for i := 0; probe == ""; i++ {
-		if id := fmt.Sprintf("probe-%d", i); actors.WorkerFor(id, r.id, 2) == actors.WorkerFor("victim", r.id, 2) {
-			probe = id
-		}
-	}
+	// One naming a request with a live session here that is bound to
+	// another instance is answered too (nothing of ours writes for evil),
+	// and does not touch the session: only the request's own instance
+	// can fail it.
 	r.send(t, c, requestData(r.id, "victim", 64, [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}))
-	r.send(t, c, requestData(r.id, probe, 64, [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}))
-	r.waitFailed(t, probe)
-	if n := answered("victim"); n != victimAnswers {
-		t.Fatalf("an invalid RequestData for the live request was answered (%d answers, %d before)", n, victimAnswers)
-	}
+	r.wait(t, "the invalid RequestData for victim answered", func(f messages.Frame) bool {
+		res, ok := f.(*messages.Result)
+		return ok && res.RequestID == "victim" && strings.Contains(res.Error, "invalid RequestData")
+	})
 	if tx.Err() != nil {
 		t.Fatalf("the flood decided the victim request: %v", tx.Err())
 	}
 	tx.Cancel()
 	waitOutcome(t, tx.Done())
+}
+
+// TestInvalidRequestDataOfTheRequestsInstance: a RequestData that fails
+// validation but names its request and sender fails the request at once
+// when the request is live here and bound to the sender's instance (its
+// Send's Generation): the session answers the sender FAILED with the
+// reason, and the Send ends FAILED — not at its deadline. A live request
+// not bound yet is not touched by it (the sender is answered FAILED): it
+// is still served when its generation rank asks. (Checked to fail: with
+// TxTable.Unread false for every request, "bound" waits; with it true
+// for every live request, "open" fails.)
+func TestInvalidRequestDataOfTheRequestsInstance(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	r := newRogue(t, c, messages.PeerID{Instance: "evil", Rank: 0})
+	bound, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "bound", PromptLen: 64, Generation: "evil"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "open", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid := [][]int32{{-5, 1, 2, 3}, {0, 1, 2, 3}}
+	r.send(t, c, requestData(r.id, "bound", 64, invalid))
+	if res := r.waitFailed(t, "bound"); res.Epoch != 1 || !strings.Contains(res.Error, "block[0] = -5") {
+		t.Fatalf("answer to the invalid RequestData of the request's instance: %+v, want FAILED for epoch 1 with the reason", res)
+	}
+	if o := waitOutcome(t, bound.Done()); o.Status != kvxfer.StatusFailed || !strings.Contains(fmt.Sprint(o.Err), "block[0] = -5") {
+		t.Fatalf("the request bound to the sender: %s %v, want FAILED with the reason", o.Status, o.Err)
+	}
+	r.send(t, c, requestData(r.id, "open", 64, invalid))
+	if res := r.waitFailed(t, "open"); !strings.Contains(res.Error, "invalid RequestData") {
+		t.Fatalf("answer to the invalid RequestData of an unbound request: %q, want the reason", res.Error)
+	}
+	if open.Err() != nil {
+		t.Fatalf("an invalid RequestData decided a request not bound to its sender: %v", open.Err())
+	}
+	serveSent(t, c, l, open, "open", 64)
 }

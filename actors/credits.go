@@ -36,12 +36,12 @@ func orphanLimit(n int) int {
 // Cancel on its own timer. A refused RequestData is answered FAILED, so
 // that its request fails at once instead of at its deadline: a copy of the
 // fields that name it (a few hundred bytes, whatever the frame held) goes
-// to the tx parent, which answers it as it answers an invalid RequestData
-// when its request has no session here; a live session hears of it only
-// when the request is bound to the sender's instance (it fails, answering
-// FAILED, unless it already has that epoch from that peer: only the tx
-// parent and the session know whether a stream writes for it, and a
-// FAILED Result is a proof of quiescence) (TxTable.Shed).
+// to the tx parent, which decides it as an invalid RequestData
+// (TxTable.Unread): a live session hears of it only when the request is
+// bound to the sender's instance (it fails, answering FAILED, unless it
+// already has that epoch from that peer: only the tx parent and the
+// session know whether a stream writes for it, and a FAILED Result is a
+// proof of quiescence); every other is answered FAILED by the parent.
 // Those copies take an answer credit of their own, ShedAnswers per peer;
 // past them a refused RequestData is dropped unanswered and its request
 // waits for its deadline. A terminal frame (Result, CancelAck, valid or

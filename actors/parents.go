@@ -202,10 +202,11 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.onRequestData(ctx, m)
 		p.env.credits.give(m)
 	case *invalidRequestData:
-		p.answerUnread(ctx, m.rd, "invalid RequestData: "+m.err.Error())
+		p.onUnread(ctx, m.rd, "invalid RequestData: "+m.err.Error())
 		p.env.credits.give(m.rd)
 	case *shedRequestData:
-		p.onShed(ctx, m.rd)
+		p.onUnread(ctx, m.rd, fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
+			p.self, m.rd.From, p.env.credits.limit))
 		p.env.credits.giveAnswer(m.rd.From)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
@@ -300,37 +301,25 @@ type invalidResult struct {
 // sender and incarnations.
 type shedRequestData struct{ rd *messages.RequestData }
 
-// onShed decides a RequestData refused for its sender's spent credits
-// (TxTable.Shed): answered FAILED when its request has no session here;
-// handed to the session, as a request that failed to resolve, when the
-// request is bound to the sender's instance (it fails, answering the
-// peer, unless it already has that epoch from it: then nothing changes);
-// else dropped.
-func (p *txParent) onShed(ctx actor.Context, rd *messages.RequestData) {
-	why := fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
-		p.self, rd.From, p.env.credits.limit)
-	switch answer, toSession := p.table.Shed(rd); {
-	case answer:
-		p.answerUnread(ctx, rd, why)
-	case toSession:
+// onUnread decides a RequestData that was not read — one that failed
+// validation (invalidRequestData) or was refused for its peer's spent
+// credits (shedRequestData) — so that its request fails at once instead
+// of at its deadline (TxTable.Unread): a request live here and bound to
+// the sender's instance gets it as a RequestData that failed to resolve
+// (its session changes nothing if it has that epoch from that peer, else
+// it fails and answers the peer FAILED); every other is answered FAILED
+// by the parent, saying why, and nothing is remembered. Only the
+// RequestData's naming fields are read.
+func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why string) {
+	if p.table.Unread(rd) {
 		ctx.Send(p.sessions.pids[rd.RequestID], txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From,
 			Epoch: rd.Epoch, Err: fmt.Errorf("%w: request %s: %s", ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation}})
-	}
-}
-
-// answerUnread answers FAILED, saying why, a RequestData that was not read
-// — one that failed validation (invalidRequestData) or was refused for its
-// peer's spent credits (shedRequestData) — so that its request fails at
-// once instead of at its deadline: nothing of ours writes for that epoch,
-// and nothing will. Unless the request has a live session here, whose
-// outcome stands. Only the RequestData's naming fields are read, and
-// nothing is remembered. The answer is addressed to the frame's
-// incarnation and comes from this one, as every reply: a session of
-// another incarnation of the peer takes it as no proof.
-func (p *txParent) answerUnread(ctx actor.Context, rd *messages.RequestData, why string) {
-	if p.table.IsLive(rd.RequestID) {
 		return
 	}
+	// Nothing of ours writes for that sender's epoch, and nothing will:
+	// the answer is a proof. It is addressed to the frame's incarnation
+	// and comes from this one, as every reply: a session of another
+	// incarnation of the peer takes it as no proof.
 	p.answering = core.FromIncarnation(rd)
 	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(why, messages.MaxErrorLen)})
@@ -766,7 +755,7 @@ func (l *listener) admit(f messages.Frame) bool {
 // shed takes a RequestData refused for its peer's spent credits through
 // the same step and incarnation check as any frame and, passing them,
 // sends the fields that name it to the tx parent, which decides what
-// becomes of it (onShed). It reports whether it went.
+// becomes of it (onUnread). It reports whether it went.
 func (l *listener) shed(rd *messages.RequestData) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -814,7 +803,8 @@ func (l *listener) route(f messages.Frame) {
 	case core.FrameToRx:
 		l.root.Send(l.rx, f)
 	case core.FrameInvalidToTx:
-		// The tx parent tells its sender why at once (DESIGN.md §6).
+		// The tx parent tells its sender why at once (DESIGN.md §6), or
+		// the request's session does (onUnread).
 		l.root.Send(l.tx, &invalidRequestData{rd: f.(*messages.RequestData), err: err})
 	case core.FrameInvalidToRx:
 		// A writer's unreadable answer: the rx parent fails the session

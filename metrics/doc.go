@@ -49,8 +49,9 @@
 //	                                                               worker_crashed, session_crashed, fence, peer_failed, bad_chunk, bad_request, mismatch, other
 //	                                                               (the actors.Err* sentinels of the same names; closed: Engine.Close)
 //	kvxfer_frames_rejected_total        counter    reason          control frames refused or dropped: invalid (failed validation at the listener;
-//	                                                               a RequestData that names its request is answered FAILED with the reason unless the
-//	                                                               request has a live session here; a Result that names a live request of its writer
+//	                                                               a RequestData that names its request is answered FAILED with the reason, by the
+//	                                                               request's session when bound to the sender and without a stream of it (the
+//	                                                               request fails), else by the tx parent; a Result that names a live request of its writer
 //	                                                               fails it, reason mismatch, the blocks quarantined until the writer's CancelAck),
 //	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
 //	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
@@ -58,8 +59,7 @@
 //	                                                               another generation instance than the request's), orphan_limit (a new request
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
 //	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames;
-//	                                                               the RequestData answered FAILED when its request has no session here, or by
-//	                                                               the request's session when bound to the sender and without a stream of it;
+//	                                                               the RequestData answered as an invalid one;
 //	                                                               at most 256 of a peer wait for their answer);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
 //	                                                               oversize (past MaxFrameBytes), version (written in another control protocol

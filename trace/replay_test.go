@@ -266,9 +266,10 @@ func scenarios(t *testing.T, c *cluster) (orphan *kvxfer.TxHandle) {
 
 	// A fence that fails, on the second chunk: both sides fail. The first
 	// chunk's op is seen posted before the second fails, so the context
-	// session holds its stream when it fails: a RequestData that reaches
-	// the tx parent while a session is stopping is lost (the generation
-	// side then waits for its deadline), which this test is not about.
+	// session holds its stream when it fails and drains it before its
+	// FAILED Result (the path this part records). A RequestData that came
+	// after the failure would be answered FAILED at once instead (by the
+	// session, which lives until its parent poisons it).
 	r = &request{c: c, id: "bad-fence", pl: 48}
 	c.receive(t, r)
 	c.send(t, r)

@@ -90,25 +90,22 @@ func (t *TxTable) unorphan(request string) {
 	}
 }
 
-// IsLive reports whether request has a live session here. A RequestData
-// that failed validation is answered FAILED only when it has none: a live
-// session's outcome is its own, and a FAILED Result is a proof that
-// nothing of this rank writes for the request.
-func (t *TxTable) IsLive(request string) bool { return t.live[request] }
-
-// Shed classifies a RequestData refused unread for its sender's spent
-// frame credits: answer it FAILED (answer: no live session here, so
-// nothing of this rank writes for it), hand it to the request's session
-// (toSession: live and bound to the sender's instance — the session
-// changes nothing if it already has that epoch from that peer, else
-// nothing of it writes for the peer and it fails, answering FAILED), or
-// neither: live and not bound to the sender's instance, which nothing
-// unvalidated may fail.
-func (t *TxTable) Shed(rd *messages.RequestData) (answer, toSession bool) {
-	if !t.live[rd.RequestID] {
-		return true, false
-	}
-	return false, t.bound[rd.RequestID] == rd.From.Instance
+// Unread decides a RequestData that was not read: one that failed
+// validation while naming its request and sender (messages.InvalidFrame),
+// or one refused for its sender's spent frame credits. toSession: the
+// request is live here and bound to the sender's instance (by Send's
+// Generation or an earlier RequestData), so its session takes it as a
+// RequestData that failed to resolve — it changes nothing if the session
+// already has that epoch from that peer (a stream of it may be writing),
+// else nothing of it writes for the peer and it fails, answering FAILED.
+// Otherwise the parent answers the sender FAILED and remembers nothing:
+// no session here has a stream of that sender (none at all; or the
+// request's, unbound, has none of anyone's yet; or it is bound to another
+// instance), so the answer is a proof, and the session, if any, is not
+// touched — nothing unvalidated fails a request that is not its sender's.
+// This is what Resolved does with a RequestData that fails to resolve.
+func (t *TxTable) Unread(rd *messages.RequestData) (toSession bool) {
+	return t.live[rd.RequestID] && t.bound[rd.RequestID] == rd.From.Instance
 }
 
 // RequestDataVerdict is what becomes of a RequestData before it may touch

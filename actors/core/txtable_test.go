@@ -177,14 +177,15 @@ func TestTxTable_OrphanLimit(t *testing.T) {
 	}
 }
 
-// TestTxTable_Shed: a RequestData refused for its sender's spent credits
-// is answered when its request has no session (never seen, or finished);
-// goes to the session when the request is bound to the sender's instance
-// (by Send or by an earlier RequestData); and is dropped when the request
-// is live and unbound, or bound to another instance. (Checked to fail:
-// with Shed handing every live request to its session, "unbound" and
-// "other" do.)
-func TestTxTable_Shed(t *testing.T) {
+// TestTxTable_Unread: a RequestData not read (invalid, or refused for
+// its sender's spent credits) goes to the session only when the request
+// is live and bound to the sender's instance (by Send or by an earlier
+// RequestData); every other is answered by the parent: no session (never
+// seen, or finished), a live one not bound yet (no stream of anyone's),
+// or one bound to another instance (no stream of the sender's). (Checked
+// to fail: with Unread handing every live request to its session,
+// "unbound" and "other" do.)
+func TestTxTable_Unread(t *testing.T) {
 	tb := NewTxTable(8)
 	if _, err := tb.Open("unbound", ""); err != nil {
 		t.Fatal(err)
@@ -198,18 +199,19 @@ func TestTxTable_Shed(t *testing.T) {
 	tb.Stopped("done")
 	tb.Resolved(rdFrom("gen", "asked"), nil) // bound by its first RequestData
 	for _, tc := range []struct {
-		inst, id          string
-		answer, toSession bool
+		inst, id  string
+		toSession bool
 	}{
-		{"gen", "never", true, false},
-		{"gen", "done", true, false},
-		{"gen", "bound", false, true},
-		{"gen", "asked", false, true},
-		{"gen", "unbound", false, false},
-		{"other", "bound", false, false},
+		{"gen", "never", false},
+		{"gen", "done", false},
+		{"gen", "bound", true},
+		{"gen", "asked", true},
+		{"gen", "unbound", false},
+		{"other", "bound", false},
+		{"other", "asked", false},
 	} {
-		if answer, toSession := tb.Shed(rdFrom(tc.inst, tc.id)); answer != tc.answer || toSession != tc.toSession {
-			t.Errorf("Shed(%s from %s) = answer %v, to session %v; want %v, %v", tc.id, tc.inst, answer, toSession, tc.answer, tc.toSession)
+		if got := tb.Unread(rdFrom(tc.inst, tc.id)); got != tc.toSession {
+			t.Errorf("Unread(%s from %s) = to session %v; want %v", tc.id, tc.inst, got, tc.toSession)
 		}
 	}
 }

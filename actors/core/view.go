@@ -41,6 +41,10 @@ type StreamView struct{ st *stream }
 // Peer is the stream's generation rank index (OpRef.Peer of its ops).
 func (v StreamView) Peer() int { return v.st.peer }
 
+// Epoch is the epoch of the RequestData that opened the stream: the
+// epoch of every op of it, and of its terminal Result.
+func (v StreamView) Epoch() uint64 { return v.st.epoch }
+
 // Bytes is what the stream's ops have written so far (BACKEND_DONE).
 func (v StreamView) Bytes() uint64 { return v.st.bytes }
 

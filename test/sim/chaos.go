@@ -350,10 +350,16 @@ func (s *Sim) injectMalformed() {
 		f = &messages.Cancel{RequestID: id, From: messages.PeerID{Instance: "", Rank: 3}}
 	case 1:
 		// No request id; or one, with no layer groups (named: answered
-		// FAILED unless the request has a live session there).
+		// FAILED, or failing the request's session when the request is
+		// bound to the sender's instance — unless it duplicates the
+		// epoch of a stream the session has of that rank, which must
+		// change nothing: that stream's writes may be in flight).
 		rd := &messages.RequestData{From: genPeer, GenParallel: messages.Parallel{TP: 1, PP: 1}}
 		if r.IntN(2) == 0 {
 			rd.RequestID = id
+			if rs := s.gen[genPeer.Rank].entries[id]; rs != nil && r.IntN(2) == 0 && c.resolved(id, int(genPeer.Rank), rs.epoch) {
+				rd.Epoch = rs.epoch
+			}
 		}
 		f = rd
 	case 2:

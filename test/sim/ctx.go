@@ -297,7 +297,12 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 				// A terminal frame lets the receiver of that epoch free its
 				// blocks: every op that wrote them must be quiescent.
 				for r, st := range opsAfter() {
-					if int32(r.Peer) == e.To.Rank && ts.opEpoch[r] == epoch && !st.Quiescent() {
+					// An op not submitted yet has its stream's epoch.
+					ep, ok := ts.opEpoch[r]
+					if !ok {
+						ep = streamEpoch(ts.s, r.Peer)
+					}
+					if int32(r.Peer) == e.To.Rank && ep == epoch && !st.Quiescent() {
 						s.failf("%s: %T: terminal frame (epoch %d) to %v while op %v is %v", ts.name, msg, epoch, e.To, r, st)
 						return
 					}
@@ -603,6 +608,17 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 	})
 }
 
+// streamEpoch is the epoch of the session's stream to generation rank
+// peer (0: none).
+func streamEpoch(s *actors.TxSession, peer int) uint64 {
+	for i := range s.Streams() {
+		if v := s.Stream(i); v.Peer() == peer {
+			return v.Epoch()
+		}
+	}
+	return 0
+}
+
 // onFrame is the context rank's listener and tx parent.
 func (c *ctxRank) onFrame(f messages.Frame) {
 	s := c.s
@@ -615,13 +631,19 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 	}
 	c.answering = core.FromIncarnation(f)
 	if dest == core.FrameInvalidToTx {
-		// txParent.answerUnread: answered FAILED with the reason
-		// unless the request has a live session; it renews no lease.
+		// txParent.onUnread, on the real core.TxTable: the session of a
+		// request bound to the sender's instance takes it as a
+		// RequestData that failed to resolve; every other is answered
+		// FAILED with the reason. It renews no lease.
 		rd := f.(*messages.RequestData)
-		if !c.table.IsLive(rd.RequestID) {
-			c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
-				Status: messages.StatusFailed, Error: messages.TruncateText("invalid RequestData: "+invalid.Error(), messages.MaxErrorLen)})
+		why := "invalid RequestData: " + invalid.Error()
+		if c.table.Unread(rd) {
+			s.sendTx(c.parentName(), c.sessions[rd.RequestID], actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
+				Err: fmt.Errorf("%w: request %s: %s", actors.ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation})
+			return
 		}
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: messages.TruncateText(why, messages.MaxErrorLen)})
 		return
 	}
 	c.renewLease(f.Sender()) // a frame of the peer: it is alive
