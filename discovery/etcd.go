@@ -71,10 +71,17 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 		if len(endpoints) == 0 {
 			return nil, fmt.Errorf("%w: no etcd endpoint", ErrInvalidURL)
 		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: o.dialTimeout,
-			Logger: zap.NewNop(), Context: context.Background()})
+		eps := endpoints
+		if o.tls != nil {
+			eps = make([]string, len(endpoints))
+			for i, ep := range endpoints {
+				eps[i] = "https://" + ep // TLS required, never dropped
+			}
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: o.dialTimeout, TLS: o.tls,
+			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: context.Background()})
 		if err != nil {
-			return nil, fmt.Errorf("discovery: etcd %v: %w", endpoints, err)
+			return nil, explain(fmt.Errorf("discovery: etcd %v%s: %w", endpoints, e.authNote(), err), endpoints, o.tls)
 		}
 		e.cli, e.ownCli = cli, true
 	}
@@ -86,7 +93,11 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
 	if err != nil {
 		e.shut()
-		return nil, fmt.Errorf("discovery: etcd %v: reading %s: %w", e.cli.Endpoints(), e.prefix, err)
+		err = fmt.Errorf("discovery: etcd %v%s: reading %s: %w", e.cli.Endpoints(), e.authNote(), e.prefix, err)
+		if o.client == nil {
+			err = explain(err, endpoints, o.tls)
+		}
+		return nil, err
 	}
 	e.mu.Lock()
 	e.q.push(e.m.sync(snapshot(resp.Kvs))...)
@@ -94,6 +105,14 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	e.wg.Add(1)
 	go e.watch(resp.Header.Revision + 1)
 	return e, nil
+}
+
+// authNote names the etcd user in an error ("" without auth).
+func (e *Etcd) authNote() string {
+	if e.opts.user == "" {
+		return ""
+	}
+	return fmt.Sprintf(" as user %q", e.opts.user)
 }
 
 func snapshot(kvs []*mvccpb.KeyValue) map[string]storedValue {

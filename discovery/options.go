@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"crypto/tls"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,6 +22,8 @@ type options struct {
 	dialTimeout time.Duration
 	client      *clientv3.Client
 	queue       int
+	tls         *tls.Config
+	user, pass  string
 }
 
 func buildOptions(opts []Option) options {
@@ -41,6 +44,19 @@ func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialT
 // WithClient makes the etcd registry use c instead of dialling its own;
 // the registry never closes c.
 func WithClient(c *clientv3.Client) Option { return func(o *options) { o.client = c } }
+
+// WithTLS makes the etcd registry speak TLS with cfg (LoadTLS builds one
+// from PEM files). Open gives an etcds:// URL a default (the system's
+// roots) and refuses WithTLS with a plaintext etcd:// URL.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithAuth makes the etcd registry authenticate as user with password
+// (etcd's auth; the user needs read and write access to the cluster's
+// prefix, /kvxfer/<cluster>/). Over a plaintext etcd:// URL the password
+// crosses the network in the clear.
+func WithAuth(user, password string) Option {
+	return func(o *options) { o.user, o.pass = user, password }
+}
 
 // WithEventQueue bounds the events held for a slow consumer of Events.
 func WithEventQueue(n int) Option { return func(o *options) { o.queue = n } }

@@ -7,11 +7,24 @@ import (
 	"strings"
 )
 
-// EtcdScheme is the scheme of an etcd discovery URL.
-const EtcdScheme = "etcd://"
+// EtcdScheme is the scheme of an etcd discovery URL; EtcdTLSScheme of
+// one whose connections to etcd use TLS.
+const (
+	EtcdScheme    = "etcd://"
+	EtcdTLSScheme = "etcds://"
+)
 
-// ParseEtcdURL parses etcd://host:port[,host:port...] into the endpoints
-// an etcd client dials ("host:port" each). Hosts are names, IPv4 addresses
+// IsEtcd reports whether spec names an etcd registry (etcd:// or
+// etcds://; ParseEtcdURL checks the rest).
+func IsEtcd(spec string) bool {
+	return strings.HasPrefix(spec, EtcdScheme) || strings.HasPrefix(spec, EtcdTLSScheme)
+}
+
+// EtcdTLS reports whether spec names an etcd registry reached over TLS.
+func EtcdTLS(spec string) bool { return strings.HasPrefix(spec, EtcdTLSScheme) }
+
+// ParseEtcdURL parses etcd://host:port[,host:port...] (or etcds://, over
+// TLS) into the endpoints an etcd client dials ("host:port" each). Hosts are names, IPv4 addresses
 // or bracketed IPv6 addresses; every endpoint needs its port; no user,
 // path, query or fragment. Errors wrap ErrInvalidURL and name the part
 // that is wrong.
@@ -19,18 +32,22 @@ func ParseEtcdURL(s string) ([]string, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w %q: "+format, append([]any{ErrInvalidURL, s}, args...)...)
 	}
-	rest, ok := strings.CutPrefix(s, EtcdScheme)
+	scheme := EtcdScheme
+	if EtcdTLS(s) {
+		scheme = EtcdTLSScheme
+	}
+	rest, ok := strings.CutPrefix(s, scheme)
 	if !ok {
 		if i := strings.Index(s, "://"); i >= 0 {
-			return nil, bad("scheme %q, want etcd:// (TLS to etcd is not supported yet)", s[:i])
+			return nil, bad("scheme %q, want etcd:// (or etcds:// for TLS to etcd)", s[:i])
 		}
-		return nil, bad("want etcd://host:port[,host:port]")
+		return nil, bad("want etcd://host:port[,host:port] (or etcds://)")
 	}
 	if rest == "" {
-		return nil, bad("no endpoint after etcd://")
+		return nil, bad("no endpoint after %s", scheme)
 	}
 	if i := strings.IndexAny(rest, "/?#@ "); i >= 0 {
-		return nil, bad("%q at %d: want only host:port endpoints separated by commas", rest[i], len(EtcdScheme)+i)
+		return nil, bad("%q at %d: want only host:port endpoints separated by commas", rest[i], len(scheme)+i)
 	}
 	var eps []string
 	seen := map[string]bool{}

@@ -14,6 +14,7 @@ func TestParseEtcdURL(t *testing.T) {
 		"etcd://a.example:2379,b.example:2380":    {"a.example:2379", "b.example:2380"},
 		"etcd://[::1]:2379,10.0.0.2:2379":         {"[::1]:2379", "10.0.0.2:2379"},
 		"etcd://etcd-0:2379,etcd-1:2379,etcd-2:1": {"etcd-0:2379", "etcd-1:2379", "etcd-2:1"},
+		"etcds://a.example:2379,b.example:2380":   {"a.example:2379", "b.example:2380"},
 	}
 	for in, want := range ok {
 		got, err := ParseEtcdURL(in)
@@ -25,7 +26,9 @@ func TestParseEtcdURL(t *testing.T) {
 		"":                       "want etcd://host:port",
 		"127.0.0.1:2379":         "want etcd://host:port",
 		"http://127.0.0.1:2379":  `scheme "http"`,
-		"etcds://h:1":            `scheme "etcds"`,
+		"etcdss://h:1":           `scheme "etcdss"`,
+		"etcds://":               "no endpoint after etcds://",
+		"etcds://h:1/x":          `'/' at 11`,
 		"etcd://":                "no endpoint",
 		"etcd://h":               `endpoint 1 "h": want host:port`,
 		"etcd://h:":              `port ""`,

@@ -101,6 +101,21 @@ type Config struct {
 	// rounded up): how long a rank that stopped renewing (killed, paused,
 	// cut off from etcd) stays a member. Etcd discovery only.
 	DiscoveryTTL Duration `json:"discovery_ttl"`
+	// DiscoveryCA, DiscoveryCert and DiscoveryKey are PEM files for TLS
+	// to etcd (discovery = "etcds://HOST:PORT"): the CA that signed
+	// etcd's server certificate (default: the system's roots), and this
+	// rank's client certificate and its key for an etcd that asks for
+	// one (--client-cert-auth; both or neither). Refused with a
+	// plaintext etcd:// URL.
+	DiscoveryCA   string `json:"discovery_ca"`
+	DiscoveryCert string `json:"discovery_cert"`
+	DiscoveryKey  string `json:"discovery_key"`
+	// DiscoveryUser logs in to etcd's user auth with the password in
+	// DiscoveryPasswordFile (its first line): a file, so that the
+	// password is in no command line or configuration. The user needs
+	// read and write on /kvxfer/<cluster>/. Etcd discovery only.
+	DiscoveryUser         string `json:"discovery_user"`
+	DiscoveryPasswordFile string `json:"discovery_password_file"`
 	// OnMembership, when set, is called with every registry event (Up,
 	// Down, Rejected, Lost) after the node acted on it, from the node's
 	// membership goroutine. It must not block. Etcd discovery only.
@@ -492,9 +507,45 @@ func (c Config) Validate() error {
 const MaxDiscoveryTTL = time.Hour
 
 // etcd reports whether the config asks for etcd discovery.
-func (c Config) etcd() bool { return strings.HasPrefix(c.Discovery, discovery.EtcdScheme) }
+func (c Config) etcd() bool { return discovery.IsEtcd(c.Discovery) }
 
-// validateDiscovery checks discovery, cluster and discovery_ttl.
+// etcdAccess names the settings of TLS and auth to etcd, the TLS ones
+// first.
+func (c Config) etcdAccess() []struct{ name, value string } {
+	return []struct{ name, value string }{{"discovery_ca", c.DiscoveryCA}, {"discovery_cert", c.DiscoveryCert},
+		{"discovery_key", c.DiscoveryKey}, {"discovery_user", c.DiscoveryUser},
+		{"discovery_password_file", c.DiscoveryPasswordFile}}
+}
+
+// etcdOptions loads what TLS and auth to etcd need from the files the
+// config names; errors name the setting.
+func (c Config) etcdOptions() ([]discovery.Option, error) {
+	var opts []discovery.Option
+	if discovery.EtcdTLS(c.Discovery) {
+		cfg, err := discovery.LoadTLS(c.DiscoveryCA, c.DiscoveryCert, c.DiscoveryKey)
+		if err != nil {
+			return nil, fmt.Errorf("node: discovery_ca = %q, discovery_cert = %q, discovery_key = %q: %w",
+				c.DiscoveryCA, c.DiscoveryCert, c.DiscoveryKey, err)
+		}
+		opts = append(opts, discovery.WithTLS(cfg))
+	}
+	if c.DiscoveryUser != "" {
+		b, err := os.ReadFile(c.DiscoveryPasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("node: discovery_password_file: %w", err)
+		}
+		pw, _, _ := strings.Cut(string(b), "\n")
+		pw = strings.TrimSuffix(pw, "\r")
+		if pw == "" {
+			return nil, fmt.Errorf("node: discovery_password_file = %q: its first line is empty", c.DiscoveryPasswordFile)
+		}
+		opts = append(opts, discovery.WithAuth(c.DiscoveryUser, pw))
+	}
+	return opts, nil
+}
+
+// validateDiscovery checks discovery, cluster, discovery_ttl and the
+// settings of TLS and auth to etcd (the files are read at start).
 func (c Config) validateDiscovery(inProcess bool) error {
 	switch {
 	case c.Discovery == "" || c.Discovery == "static":
@@ -504,13 +555,31 @@ func (c Config) validateDiscovery(inProcess bool) error {
 		if c.DiscoveryTTL != 0 {
 			return bad("discovery_ttl", c.DiscoveryTTL, "set without etcd discovery (discovery = %q)", c.Discovery)
 		}
+		for _, f := range c.etcdAccess() {
+			if f.value != "" {
+				return bad(f.name, f.value, "set without etcd discovery (discovery = %q)", c.Discovery)
+			}
+		}
 		return nil
 	case c.etcd():
 		if _, err := discovery.ParseEtcdURL(c.Discovery); err != nil {
 			return bad("discovery", c.Discovery, "%v", err)
 		}
 	default:
-		return bad("discovery", c.Discovery, "want \"static\" or \"etcd://HOST:PORT[,HOST:PORT]\"")
+		return bad("discovery", c.Discovery, "want \"static\", \"etcd://HOST:PORT[,HOST:PORT]\" or \"etcds://HOST:PORT[,HOST:PORT]\" (TLS)")
+	}
+	if !discovery.EtcdTLS(c.Discovery) {
+		for _, f := range c.etcdAccess()[:3] {
+			if f.value != "" {
+				return bad(f.name, f.value, "a TLS setting with the plaintext discovery = %q: use etcds://", c.Discovery)
+			}
+		}
+	}
+	if (c.DiscoveryCert == "") != (c.DiscoveryKey == "") {
+		return bad("discovery_cert", c.DiscoveryCert, "and discovery_key = %q: a client certificate needs both", c.DiscoveryKey)
+	}
+	if (c.DiscoveryUser == "") != (c.DiscoveryPasswordFile == "") {
+		return bad("discovery_user", c.DiscoveryUser, "and discovery_password_file = %q: etcd auth needs both", c.DiscoveryPasswordFile)
 	}
 	if err := discovery.CheckCluster(c.Cluster); err != nil {
 		return bad("cluster", c.Cluster, "%v (etcd discovery needs a cluster name)", err)

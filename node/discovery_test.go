@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -191,6 +192,14 @@ func TestEtcdConfigErrors(t *testing.T) {
 		{"huge ttl", func(c *node.Config) { c.DiscoveryTTL = node.Duration(48 * time.Hour) }, `discovery_ttl = 48h0m0s`},
 		{"in-process link", func(c *node.Config) { c.Backend, c.Bind = "loopback", "" }, `discovery = "etcd://127.0.0.1:2379": needs a bind endpoint`},
 		{"wildcard bind", func(c *node.Config) { c.Bind = "tcp://*:5600" }, `bind = "tcp://*:5600": a wildcard address`},
+		{"CA with plaintext etcd", func(c *node.Config) { c.DiscoveryCA = "ca.pem" }, `discovery_ca = "ca.pem": a TLS setting with the plaintext discovery = "etcd://127.0.0.1:2379": use etcds://`},
+		{"certificate without key", func(c *node.Config) {
+			c.Discovery, c.DiscoveryCert = "etcds://127.0.0.1:2379", "c.pem"
+		}, `discovery_cert = "c.pem": and discovery_key = "": a client certificate needs both`},
+		{"user without password", func(c *node.Config) { c.DiscoveryUser = "u" }, `discovery_user = "u": and discovery_password_file = "": etcd auth needs both`},
+		{"TLS without etcd", func(c *node.Config) {
+			c.Discovery, c.Cluster, c.DiscoveryKey = "static", "", "k.pem"
+		}, `discovery_key = "k.pem": set without etcd discovery`},
 	} {
 		c := good()
 		tc.edit(&c)
@@ -367,3 +376,83 @@ var clusterSeq atomic.Int64
 // of a test under -count do not meet an earlier run's records (a higher
 // incarnation of the same rank, say) in the shared etcd.
 func clusterName(base string) string { return fmt.Sprintf("%s-%d", base, clusterSeq.Add(1)) }
+
+// TestEtcdOverTLSWithAuth: a context node and a generation node find each
+// other through an etcd that speaks only TLS, wants a client certificate
+// and has user auth on (discovery = "etcds://…", discovery_ca,
+// discovery_cert, discovery_key, discovery_user and
+// discovery_password_file), and a request moves. A wrong password, or a
+// password file that is not there, fails Open naming it.
+func TestEtcdOverTLSWithAuth(t *testing.T) {
+	dir := t.TempDir()
+	pki, err := etcdlocal.NewPKI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := etcdlocal.StartWith(etcdlocal.Options{TLS: &pki, User: "kvxfer", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close) // after the nodes' Close (cleanups run last first)
+	pw := filepath.Join(dir, "password")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 1, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Discovery: srv.URL(), Cluster: clusterName("node-tls"), DiscoveryCA: pki.CA,
+		DiscoveryCert: pki.ClientCert, DiscoveryKey: pki.ClientKey, DiscoveryUser: "kvxfer", DiscoveryPasswordFile: pw}
+	cc, gc := base, base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	ctxN, genN := open(t, cc), open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "tls", PromptLen: 40, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := send(ctxN.Engine(), kvxfer.SendRequest{ID: "tls", PromptLen: 40}, blockPattern); err != nil {
+		t.Fatal(err)
+	}
+	o := <-rx.Done()
+	if !o.OK {
+		t.Fatalf("%s: %v", o.Status, o.Err)
+	}
+	if n, err := verify(genN.Engine(), "tls", o.Blocks, blockPattern); err != nil || n != o.Bytes || n == 0 {
+		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
+	}
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+
+	wrong := filepath.Join(dir, "wrong")
+	if err := os.WriteFile(wrong, []byte("guess"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		file string
+		want []string
+	}{
+		{wrong, []string{`as user "kvxfer"`, "authentication failed"}},
+		{filepath.Join(dir, "none"), []string{"discovery_password_file", "none"}},
+	} {
+		bad := cc
+		bad.Rank, bad.Bind, bad.DiscoveryPasswordFile = node.Rank{}, "ipc://"+filepath.Join(dir, "bad.sock"), tc.file
+		bad.Instance = "ctx2"
+		n, err := node.Open(context.Background(), bad)
+		if err == nil {
+			_ = n.Close(context.Background())
+			t.Fatalf("Open with password file %s succeeded", tc.file)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Fatalf("Open with password file %s: %q does not say %q", tc.file, err, w)
+			}
+		}
+	}
+}

@@ -46,7 +46,10 @@
 //
 // With Config.Discovery "etcd://HOST:PORT[,HOST:PORT]" (and Cluster) the
 // node takes part in package discovery's etcd registry
-// (docs/membership.md):
+// (docs/membership.md); "etcds://…" reaches etcd over TLS (DiscoveryCA,
+// and DiscoveryCert with DiscoveryKey for an etcd that wants a client
+// certificate), and DiscoveryUser with DiscoveryPasswordFile logs in to
+// etcd's user auth:
 //
 //   - Open registers this rank's record after the link listens: a new
 //     incarnation (discovery.NewIncarnation), the real bound endpoint

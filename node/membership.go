@@ -32,7 +32,10 @@ type found struct {
 // registers this node's record. The link listens already, so the record
 // carries the real endpoint. On error the registry is closed.
 func (n *Node) register(ctx context.Context) error {
-	opts := []discovery.Option{}
+	opts, err := n.cfg.etcdOptions()
+	if err != nil {
+		return err
+	}
 	if n.cfg.DiscoveryTTL > 0 {
 		opts = append(opts, discovery.WithTTL(time.Duration(n.cfg.DiscoveryTTL)))
 	}

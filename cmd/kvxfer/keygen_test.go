@@ -33,6 +33,24 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 	}
 }
 
+// kvxfer keygen PREFIX is kvxfer keygen --out PREFIX; two different
+// prefixes are refused by name. (Checked to fail with cobra.NoArgs: "unknown
+// command".)
+func TestKeygenPrefixArgument(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "gen")
+	if out, err := run("keygen", prefix); err != nil || !strings.Contains(out, prefix+".key (secret key)") {
+		t.Fatalf("keygen %s: %q, %v", prefix, out, err)
+	}
+	if _, err := os.Stat(prefix + ".pub"); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other")
+	if _, err := run("keygen", other, "--out", prefix); err == nil || !strings.Contains(err.Error(), "two prefixes") {
+		t.Fatalf("keygen with two prefixes: %v, want a refusal", err)
+	}
+}
+
 // Role commands name the mistakes they can see before they start: a
 // public key file given as --key, a secret key file as --peer-key, and an
 // endpoint without a transport. (Checked to fail: with resolve reading the

@@ -79,7 +79,12 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
 	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file (kvxfer replay, kvxfer trace export)")
-	fl.StringVar(&f.o.Discovery, "discovery", "static", "membership: static (--peer-endpoint, --peer-key) or etcd://HOST:PORT[,HOST:PORT] (peers found there)")
+	fl.StringVar(&f.o.Discovery, "discovery", "static", "membership: static (--peer-endpoint, --peer-key), etcd://HOST:PORT[,HOST:PORT] (peers found there) or etcds://… (etcd over TLS)")
+	fl.StringVar(&f.o.DiscoveryCA, "discovery-ca", "", "PEM file of the CA that signed etcd's server certificate (etcds://; default: the system's roots)")
+	fl.StringVar(&f.o.DiscoveryCert, "discovery-cert", "", "PEM client certificate for an etcd that asks for one (etcds://; with --discovery-key)")
+	fl.StringVar(&f.o.DiscoveryKey, "discovery-key", "", "PEM key of --discovery-cert")
+	fl.StringVar(&f.o.DiscoveryUser, "discovery-user", "", "etcd user to log in as (etcd's auth; with --discovery-password-file)")
+	fl.StringVar(&f.o.DiscoveryPasswordFile, "discovery-password-file", "", "file whose first line is --discovery-user's password")
 	fl.StringVar(&f.o.Cluster, "cluster", "", "the etcd cluster name both roles register under (with --discovery etcd://…)")
 	fl.DurationVar(&f.o.DiscoveryTTL, "discovery-ttl", 0, "etcd lease TTL, whole seconds (default 5s): how long a killed rank stays a member")
 	fl.IntVar(&f.o.Parallel.TP, "tp", 1, "this instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
@@ -153,15 +158,17 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 		if o.Cluster != "" {
 			return fmt.Errorf("--cluster = %q: only with --discovery etcd://HOST:PORT", o.Cluster)
 		}
-		if cmd.Flags().Changed("discovery-ttl") {
-			return fmt.Errorf("--discovery-ttl = %v: only with --discovery etcd://HOST:PORT", o.DiscoveryTTL)
+		for _, name := range []string{"discovery-ttl", "discovery-ca", "discovery-cert", "discovery-key", "discovery-user", "discovery-password-file"} {
+			if fl := cmd.Flags().Lookup(name); fl.Changed {
+				return fmt.Errorf("--%s = %v: only with --discovery etcd://HOST:PORT (or etcds://)", name, fl.Value)
+			}
 		}
 		if o.Parallel.TP != 1 || o.PeerParallel.TP != 1 {
 			return fmt.Errorf("--tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)", o.Parallel.TP, o.PeerParallel.TP)
 		}
 	default:
 		if _, err := discovery.ParseEtcdURL(o.Discovery); err != nil {
-			return fmt.Errorf("--discovery: %w (want static or etcd://HOST:PORT[,HOST:PORT])", err)
+			return fmt.Errorf("--discovery: %w (want static, etcd://HOST:PORT[,HOST:PORT] or etcds://…)", err)
 		}
 		if err := discovery.CheckCluster(o.Cluster); err != nil {
 			return fmt.Errorf("--cluster = %q: %w (--discovery etcd://… needs one)", o.Cluster, err)
@@ -258,7 +265,7 @@ func newKeygenCmd() *cobra.Command {
 		force bool
 	)
 	cmd := &cobra.Command{
-		Use:   "keygen",
+		Use:   "keygen [PREFIX]",
 		Short: "Write a CURVE key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub",
 		Long: `Write a CURVE key pair: PREFIX.key, this engine's secret key (its --key, mode
 0600), and PREFIX.pub, its public key (the peer's --peer-key). Each file
@@ -268,9 +275,16 @@ overwritten unless --force: peers holding the old public key would no
 longer admit the engine.`,
 		Example: examples(
 			"writes ctx.key and ctx.pub", "kvxfer keygen --out ctx",
+			"the same", "kvxfer keygen ctx",
 		),
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if cmd.Flags().Changed("out") && out != args[0] {
+					return fmt.Errorf("keygen %s --out %s: two prefixes, give one", args[0], out)
+				}
+				out = args[0]
+			}
 			pub, sec, err := zmq.GenerateKeys()
 			if err != nil {
 				return err

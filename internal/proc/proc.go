@@ -57,6 +57,10 @@ type Options struct {
 	// then not needed; a PeerPublicKey given pins a peer of one rank).
 	Discovery, Cluster string
 	DiscoveryTTL       time.Duration
+	// DiscoveryCA, DiscoveryCert, DiscoveryKey, DiscoveryUser and
+	// DiscoveryPasswordFile are node.Config's: TLS (etcds://) and user
+	// auth to etcd.
+	DiscoveryCA, DiscoveryCert, DiscoveryKey, DiscoveryUser, DiscoveryPasswordFile string
 	// Parallel and Rank place this process in its instance (default 1×1,
 	// rank 0); PeerParallel is the peer instance's parallelism (default
 	// 1×1). Other than 1×1 needs etcd discovery (one static endpoint names
@@ -302,6 +306,8 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 	}
 	if o.etcd() {
 		c.Discovery, c.Cluster, c.DiscoveryTTL = o.Discovery, o.Cluster, node.Duration(o.DiscoveryTTL)
+		c.DiscoveryCA, c.DiscoveryCert, c.DiscoveryKey = o.DiscoveryCA, o.DiscoveryCert, o.DiscoveryKey
+		c.DiscoveryUser, c.DiscoveryPasswordFile = o.DiscoveryUser, o.DiscoveryPasswordFile
 	}
 	for _, id := range o.Identities {
 		c.Identities = append(c.Identities, node.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})

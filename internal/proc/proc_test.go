@@ -62,6 +62,13 @@ func TestDiscoveryOptionsRefused(t *testing.T) {
 	if ps := o.peers(); len(ps) != 2 || ps[1].Rank.TP != 1 || ps[1].Endpoint != "" || ps[1].Parallel.TP != 2 {
 		t.Fatalf("peers of a TP2 peer instance through etcd: %+v", ps)
 	}
+	// TLS and auth to etcd reach the node's config.
+	o.Discovery, o.DiscoveryCA, o.DiscoveryCert, o.DiscoveryKey = "etcds://127.0.0.1:2379", "ca", "cert", "key"
+	o.DiscoveryUser, o.DiscoveryPasswordFile = "u", "pw"
+	if c := o.nodeConfig(false, nil); c.Discovery != o.Discovery || c.DiscoveryCA != "ca" || c.DiscoveryCert != "cert" ||
+		c.DiscoveryKey != "key" || c.DiscoveryUser != "u" || c.DiscoveryPasswordFile != "pw" {
+		t.Fatalf("node config of etcds:// with TLS and auth: %+v", c)
+	}
 }
 
 // TestLayerPartsRefused: more layer parts than the model has layers, or

@@ -1,0 +1,131 @@
+package discovery
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+)
+
+// ErrTLS: TLS settings for etcd that cannot be used (a file that cannot
+// be read or parsed, a certificate without its key, TLS settings with a
+// plaintext etcd:// URL).
+var ErrTLS = errors.New("discovery: etcd TLS")
+
+// LoadTLS builds the TLS configuration of an etcds:// registry from PEM
+// files: caFile, the CA certificates that signed etcd's server
+// certificate ("": the system's roots); certFile and keyFile, this
+// rank's client certificate and key for an etcd that asks for one
+// (--client-cert-auth), both or neither. Errors wrap ErrTLS and name the
+// file and what is wrong with it.
+func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: CA file: %v", ErrTLS, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", ErrTLS, caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case certFile == "" && keyFile == "":
+	case certFile == "" || keyFile == "":
+		return nil, fmt.Errorf("%w: a client certificate needs both its certificate file and its key file (certificate %q, key %q)",
+			ErrTLS, certFile, keyFile)
+	default:
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: client certificate %s with key %s: %v", ErrTLS, certFile, keyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// explain adds to err, an etcd that did not answer, what diagnose finds.
+func explain(err error, endpoints []string, cfg *tls.Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if why := diagnose(ctx, endpoints, cfg); why != "" {
+		return fmt.Errorf("%w (%s)", err, why)
+	}
+	return err
+}
+
+// diagnose says, for an etcd that did not answer, what each endpoint's
+// first bytes show: whether it speaks TLS when the registry does not (or
+// the other way round), and the handshake's error (an unknown authority,
+// a name mismatch, a client certificate refused). It returns "" when no
+// endpoint tells more than the error at hand.
+func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
+	for _, ep := range endpoints {
+		d := net.Dialer{Timeout: time.Second}
+		raw, err := d.DialContext(ctx, "tcp", ep)
+		if err != nil {
+			continue // the client's error says it: nothing listens
+		}
+		probe := cfg
+		if probe == nil {
+			// A plaintext registry: does the server want TLS?
+			// A probe that sends nothing: no need to trust the server.
+			probe = &tls.Config{InsecureSkipVerify: true}
+		} else {
+			probe = cfg.Clone()
+		}
+		if probe.ServerName == "" {
+			probe.ServerName, _, _ = net.SplitHostPort(ep)
+		}
+		c := tls.Client(raw, probe)
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		herr := c.HandshakeContext(ctx)
+		if herr == nil && cfg != nil {
+			// TLS 1.3: a server refuses the client's certificate (or its
+			// absence) after the client's side of the handshake is over,
+			// with an alert in place of its first bytes.
+			var op *net.OpError
+			if _, err := c.Read(make([]byte, 1)); errors.As(err, &op) && op.Op == "remote error" {
+				herr = err
+			}
+		}
+		_ = c.Close()
+		switch {
+		case cfg == nil && herr == nil:
+			return fmt.Sprintf("etcd at %s speaks TLS: use etcds:// (with the CA that signed its certificate)", ep)
+		case cfg != nil && herr != nil:
+			var rh tls.RecordHeaderError
+			if errors.As(herr, &rh) || speaksHTTP(ctx, ep) {
+				return fmt.Sprintf("etcd at %s does not speak TLS: use etcd://", ep)
+			}
+			return fmt.Sprintf("TLS to etcd at %s: %v", ep, herr)
+		}
+	}
+	return ""
+}
+
+// speaksHTTP reports whether ep answers a plaintext HTTP request (etcd's
+// client port serves /version in the clear when it does not speak TLS;
+// it closes a TLS handshake without a word).
+func speaksHTTP(ctx context.Context, ep string) bool {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "tcp", ep)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("GET /version HTTP/1.0\r\n\r\n")); err != nil {
+		return false
+	}
+	b := make([]byte, 5)
+	_, err = io.ReadFull(c, b)
+	return err == nil && string(b) == "HTTP/"
+}
