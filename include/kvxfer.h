@@ -217,7 +217,11 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
  * public_key | public_key_file}], insecure, secret_key | key_file,
  * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
- * drain_grace ("1s"-style durations), metrics_addr, trace_path. The handle
+ * drain_grace ("1s"-style durations), metrics_addr, trace_path, and for
+ * membership through etcd discovery ("static", "etcd://HOST:PORT",
+ * "etcds://HOST:PORT" over TLS), cluster, discovery_ttl, discovery_ca,
+ * discovery_cert, discovery_key, discovery_user, discovery_password_file
+ * (docs/membership.md). The handle
  * is an engine handle: every engine call above works on it (the pool is the
  * node's: see kvxfer_engine_info_get), and kvxfer_engine_close closes the
  * node. */

@@ -53,10 +53,11 @@ pipelined (each chunk leaves when its fence fires) and once transferring only
 after prefill ends. It verifies every transferred byte, prints a table and
 exits non-zero if a byte differs or a block leaks.
 
-With --cluster this process starts an embedded etcd, and a context instance
-of TP2 (two kvxfer ctx processes) and a generation instance of TP1 (one
-kvxfer gen process) register there and find each other's endpoints and CURVE
-public keys through it; a small workload by default (4 requests of 128..512
+With --cluster this process starts an embedded etcd (TLS with client
+certificates and etcd's user auth, as a production etcd runs), and a context
+instance of TP2 (two kvxfer ctx processes) and a generation instance of TP1
+(one kvxfer gen process) register there and find each other's endpoints and
+CURVE public keys through it; a small workload by default (4 requests of 128..512
 tokens, 192MiB pools), every byte verified, 0 leaked.
 
 With --processes 2 the two engines run as separate processes (kvxfer ctx and

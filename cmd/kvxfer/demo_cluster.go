@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -55,16 +56,27 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	if err != nil {
 		return err
 	}
-	srv, err := etcdlocal.Start()
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
 	dir, err := os.MkdirTemp("", "kvxfer-cluster-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// etcd as production runs it: TLS with client certificates, and
+	// etcd's user auth (the ranks' CURVE public keys come from it).
+	pki, err := etcdlocal.NewPKI(dir)
+	if err != nil {
+		return err
+	}
+	pwFile := filepath.Join(dir, "etcd-password")
+	pw := rand.Text()
+	if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
+		return err
+	}
+	srv, err := etcdlocal.StartWith(etcdlocal.Options{TLS: &pki, User: "kvxfer", Password: pw})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
 	names := []string{"gen", "ctx0", "ctx1"}
 	for _, name := range names {
 		pub, sec, err := zmq.GenerateKeys()
@@ -76,7 +88,9 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 		}
 	}
 	cluster := "demo-" + strconv.Itoa(os.Getpid())
-	common := append(roleArgs(a, f), "--discovery", srv.URL(), "--cluster", cluster, "--discovery-ttl", clusterTTL)
+	common := append(roleArgs(a, f), "--discovery", srv.URL(), "--cluster", cluster, "--discovery-ttl", clusterTTL,
+		"--discovery-ca", pki.CA, "--discovery-cert", pki.ClientCert, "--discovery-key", pki.ClientKey,
+		"--discovery-user", "kvxfer", "--discovery-password-file", pwFile)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Three children copy into the same writers from their own
@@ -95,7 +109,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 		"ctx1": role("ctx1", append([]string{"ctx", "--tp", "2", "--tp-rank", "1"}, ctxArgs(f)...)...),
 	}
 	a.log.Info().Str("etcd", srv.URL()).Str("cluster", cluster).Str("backend", f.backend).
-		Msg("kvxfer demo --cluster: gen (TP1), ctx rank 0 and 1 (TP2), found through etcd, CURVE")
+		Msg("kvxfer demo --cluster: gen (TP1), ctx rank 0 and 1 (TP2), found through etcd (TLS, client certificates, user auth), CURVE")
 	var (
 		mu   sync.Mutex
 		errs []string
