@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -21,8 +22,10 @@ var ErrTLS = errors.New("discovery: etcd TLS")
 // files: caFile, the CA certificates that signed etcd's server
 // certificate ("": the system's roots); certFile and keyFile, this
 // rank's client certificate and key for an etcd that asks for one
-// (--client-cert-auth), both or neither. Errors wrap ErrTLS and name the
-// file and what is wrong with it.
+// (--client-cert-auth), both or neither. The client certificate is read
+// again from its files when they change (a rotation), at the next
+// handshake; the CA is read once. Errors wrap ErrTLS and name the file
+// and what is wrong with it.
 func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
@@ -42,13 +45,57 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("%w: a client certificate needs both its certificate file and its key file (certificate %q, key %q)",
 			ErrTLS, certFile, keyFile)
 	default:
-		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: client certificate %s with key %s: %v", ErrTLS, certFile, keyFile, err)
+		kp := &keyPair{certFile: certFile, keyFile: keyFile}
+		if err := kp.reload(); err != nil {
+			return nil, err
 		}
-		cfg.Certificates = []tls.Certificate{pair}
+		cfg.GetClientCertificate = kp.get
 	}
 	return cfg, nil
+}
+
+// keyPair is a client certificate read from its files again when they
+// change (a certificate rotated before it expires, as cert-manager or an
+// operator does), at the next TLS handshake: a rank that runs for longer
+// than its certificate lives keeps reaching etcd.
+type keyPair struct {
+	certFile, keyFile string
+	mu                sync.Mutex
+	pair              *tls.Certificate
+	certMod, keyMod   time.Time
+}
+
+// reload reads the pair; on error the pair read before stays.
+func (k *keyPair) reload() error {
+	cs, err := os.Stat(k.certFile)
+	if err != nil {
+		return fmt.Errorf("%w: client certificate: %v", ErrTLS, err)
+	}
+	ks, err := os.Stat(k.keyFile)
+	if err != nil {
+		return fmt.Errorf("%w: client certificate key: %v", ErrTLS, err)
+	}
+	pair, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	if err != nil {
+		return fmt.Errorf("%w: client certificate %s with key %s: %v", ErrTLS, k.certFile, k.keyFile, err)
+	}
+	k.pair, k.certMod, k.keyMod = &pair, cs.ModTime(), ks.ModTime()
+	return nil
+}
+
+// get is tls.Config.GetClientCertificate: the pair, read again first if
+// either file changed since. A pair that does not load (a rotation half
+// written: a new certificate beside the old key) leaves the last good one
+// in use until both files agree.
+func (k *keyPair) get(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cs, cerr := os.Stat(k.certFile)
+	ks, kerr := os.Stat(k.keyFile)
+	if cerr == nil && kerr == nil && (!cs.ModTime().Equal(k.certMod) || !ks.ModTime().Equal(k.keyMod)) {
+		_ = k.reload()
+	}
+	return k.pair, nil
 }
 
 // explain adds to err, an etcd that did not answer, what diagnose finds.

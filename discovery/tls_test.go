@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"crypto/tls"
 	"errors"
 	"os"
 	"path/filepath"
@@ -211,4 +212,68 @@ func openFails(t *testing.T, url, cluster string, opts []Option, want ...string)
 		}
 	}
 	return err
+}
+
+// TestClientCertificateRotates: LoadTLS's client certificate is read again
+// when its files change, at the next handshake, and a rotation half done
+// (a new certificate beside the old key) keeps the last good pair.
+// (Checked to fail with the pair read once: the serial stays the first.)
+func TestClientCertificateRotates(t *testing.T) {
+	first := testPKI(t)
+	second, err := etcdlocal.NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem")
+	install := func(p etcdlocal.PKI, files ...string) {
+		t.Helper()
+		later := time.Now().Add(time.Duration(len(files)) * time.Minute)
+		for _, f := range files {
+			src := p.ClientCert
+			if f == key {
+				src = p.ClientKey
+			}
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(f, later, later); err != nil { // a new mtime whatever the clock's step
+				t.Fatal(err)
+			}
+		}
+	}
+	serial := func(cfg *tls.Config) string {
+		t.Helper()
+		c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{})
+		if err != nil || c == nil || c.Leaf == nil {
+			t.Fatalf("client certificate: %v, %v", c, err)
+		}
+		return c.Leaf.SerialNumber.String() + "/" + c.Leaf.Issuer.CommonName
+	}
+	install(first, cert, key)
+	cfg, err := LoadTLS(first.CA, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := serial(cfg)
+	install(second, cert) // half done: the key is still the first's
+	if got := serial(cfg); got != was {
+		t.Fatalf("a rotation half done changed the certificate to %s", got)
+	}
+	install(second, cert, key)
+	now := serial(cfg)
+	if now == was {
+		t.Fatalf("the rotated certificate was not read: still %s", now)
+	}
+	want, err := tls.LoadX509KeyPair(second.ClientCert, second.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := want.Leaf.SerialNumber.String() + "/" + want.Leaf.Issuer.CommonName; now != w {
+		t.Fatalf("after the rotation: %s, want %s", now, w)
+	}
 }
