@@ -89,10 +89,11 @@ type Config struct {
 	Peers []Peer `json:"peers"`
 
 	// Discovery is the membership registry: "static" (the default: Peers
-	// as given) or "etcd://HOST:PORT[,HOST:PORT]": this node registers
-	// its record (control endpoint, CURVE public key, backend, agent
-	// address, layout hash, parallelism, a new incarnation) under a lease
-	// and learns its peers from the cluster's prefix (docs/membership.md).
+	// as given) or "etcd://HOST:PORT[,HOST:PORT]" ("etcds://…" over TLS,
+	// below): this node registers its record (control endpoint, CURVE
+	// public key, backend, agent address, layout hash, parallelism, a new
+	// incarnation) under a lease and learns its peers from the cluster's
+	// prefix (docs/membership.md).
 	Discovery string `json:"discovery"`
 	// Cluster names the etcd cluster prefix (/kvxfer/<cluster>/…);
 	// required with etcd discovery, refused without it.
