@@ -152,6 +152,18 @@ func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
 			if errors.As(herr, &rh) || speaksHTTP(ctx, ep) {
 				return fmt.Sprintf("etcd at %s does not speak TLS: use etcd://", ep)
 			}
+			var unknown x509.UnknownAuthorityError
+			var op *net.OpError
+			switch {
+			case errors.As(herr, &op) && op.Op == "remote error" && cfg.GetClientCertificate == nil && len(cfg.Certificates) == 0:
+				return fmt.Sprintf("TLS to etcd at %s: %v: etcd asks for a client certificate: give --discovery-cert and --discovery-key (discovery_cert, discovery_key)", ep, herr)
+			case errors.As(herr, &op) && op.Op == "remote error":
+				return fmt.Sprintf("TLS to etcd at %s: %v: etcd refused this rank's client certificate (is it signed by a CA etcd trusts, and valid now?)", ep, herr)
+			case errors.As(herr, &unknown) && cfg.RootCAs == nil:
+				return fmt.Sprintf("TLS to etcd at %s: %v: checked against the system's roots; give the CA that signed it (--discovery-ca, discovery_ca)", ep, herr)
+			case errors.As(herr, &unknown):
+				return fmt.Sprintf("TLS to etcd at %s: %v: is --discovery-ca (discovery_ca) the CA that signed it?", ep, herr)
+			}
 			return fmt.Sprintf("TLS to etcd at %s: %v", ep, herr)
 		}
 	}

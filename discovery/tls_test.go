@@ -105,12 +105,14 @@ func TestEtcdTLSMistakesNamed(t *testing.T) {
 		want      []string
 	}{
 		{"wrong CA", srv.URL(), []Option{load(pki.OtherCA, pki.ClientCert, pki.ClientKey)},
-			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate signed by unknown authority"}},
+			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate signed by unknown authority", "is --discovery-ca (discovery_ca) the CA that signed it?"}},
 		{"wrong CA with a user", srv.URL(), []Option{load(pki.OtherCA, pki.ClientCert, pki.ClientKey), WithAuth("kvxfer", "pw")},
 			[]string{`as user "kvxfer"`, "certificate signed by unknown authority"}}, // fails in the client's login
-		{"system roots", srv.URL(), nil, []string{"certificate signed by unknown authority"}},
+		{"system roots", srv.URL(), nil, []string{"certificate signed by unknown authority", "checked against the system's roots; give the CA"}},
 		{"no client certificate", srv.URL(), []Option{load(pki.CA, "", "")},
-			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate required"}},
+			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate required", "etcd asks for a client certificate: give --discovery-cert"}},
+		{"client certificate of another CA", srv.URL(), []Option{load(pki.CA, pki.OtherClientCert, pki.OtherClientKey)},
+			[]string{"TLS to etcd at " + srv.Endpoint(), "etcd refused this rank's client certificate"}},
 		{"plaintext to TLS", "etcd://" + srv.Endpoint(), nil,
 			[]string{"etcd at " + srv.Endpoint() + " speaks TLS: use etcds://"}},
 		{"TLS to plaintext", "etcds://" + plain, []Option{load(pki.CA, pki.ClientCert, pki.ClientKey)},

@@ -17,57 +17,67 @@ import (
 // PKI is a throwaway certificate authority and the certificates an etcd
 // over TLS needs, as PEM files in one directory: the CA, the server's
 // certificate for 127.0.0.1 and localhost, a client certificate (common
-// name "kvxfer") and a second CA that signed neither (a wrong CA).
+// name "kvxfer"), and a second CA that signed neither, with a client
+// certificate of its own (a wrong CA, a certificate etcd does not trust).
 type PKI struct {
-	CA, ServerCert, ServerKey, ClientCert, ClientKey, OtherCA string
+	CA, ServerCert, ServerKey, ClientCert, ClientKey string
+	OtherCA, OtherClientCert, OtherClientKey         string
 }
 
 // NewPKI writes a PKI into dir (certificates valid for a day).
 func NewPKI(dir string) (PKI, error) {
-	p := PKI{CA: filepath.Join(dir, "ca.pem"), ServerCert: filepath.Join(dir, "server.pem"),
-		ServerKey: filepath.Join(dir, "server-key.pem"), ClientCert: filepath.Join(dir, "client.pem"),
-		ClientKey: filepath.Join(dir, "client-key.pem"), OtherCA: filepath.Join(dir, "other-ca.pem")}
-	ca, caKey, err := newCert("kvxfer test CA", nil, nil, true, nil)
-	if err != nil {
-		return p, err
-	}
-	if err := writePEM(p.CA, "CERTIFICATE", ca.Raw); err != nil {
-		return p, err
-	}
-	for _, c := range []struct {
-		cn         string
-		cert, key  string
-		server     bool
-		extKeyUsed x509.ExtKeyUsage
+	f := func(name string) string { return filepath.Join(dir, name) }
+	p := PKI{CA: f("ca.pem"), ServerCert: f("server.pem"), ServerKey: f("server-key.pem"),
+		ClientCert: f("client.pem"), ClientKey: f("client-key.pem"),
+		OtherCA: f("other-ca.pem"), OtherClientCert: f("other-client.pem"), OtherClientKey: f("other-client-key.pem")}
+	for _, ca := range []struct {
+		path, cn          string
+		client, clientKey string
+		server, serverKey string
 	}{
-		{"127.0.0.1", p.ServerCert, p.ServerKey, true, x509.ExtKeyUsageServerAuth},
-		{"kvxfer", p.ClientCert, p.ClientKey, false, x509.ExtKeyUsageClientAuth},
+		{p.CA, "kvxfer test CA", p.ClientCert, p.ClientKey, p.ServerCert, p.ServerKey},
+		{p.OtherCA, "another CA", p.OtherClientCert, p.OtherClientKey, "", ""},
 	} {
-		tmpl := &x509.Certificate{ExtKeyUsage: []x509.ExtKeyUsage{c.extKeyUsed}}
-		if c.server {
-			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-			tmpl.DNSNames = []string{"localhost"}
-		}
-		cert, key, err := newCert(c.cn, ca, caKey, false, tmpl)
+		cert, key, err := newCert(ca.cn, nil, nil, true, nil)
 		if err != nil {
 			return p, err
 		}
-		der, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
+		if err := writePEM(ca.path, "CERTIFICATE", cert.Raw); err != nil {
 			return p, err
 		}
-		if err := writePEM(c.cert, "CERTIFICATE", cert.Raw); err != nil {
+		if err := issue("kvxfer", cert, key, ca.client, ca.clientKey, false); err != nil {
 			return p, err
 		}
-		if err := writePEM(c.key, "EC PRIVATE KEY", der); err != nil {
-			return p, err
+		if ca.server != "" {
+			if err := issue("127.0.0.1", cert, key, ca.server, ca.serverKey, true); err != nil {
+				return p, err
+			}
 		}
 	}
-	other, _, err := newCert("another CA", nil, nil, true, nil)
+	return p, nil
+}
+
+// issue writes a certificate for cn signed by ca, and its key: a server's
+// for 127.0.0.1 and localhost, or a client's.
+func issue(cn string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, certPath, keyPath string, server bool) error {
+	tmpl := &x509.Certificate{ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+		tmpl.DNSNames = []string{"localhost"}
+	}
+	cert, key, err := newCert(cn, ca, caKey, false, tmpl)
 	if err != nil {
-		return p, err
+		return err
 	}
-	return p, writePEM(p.OtherCA, "CERTIFICATE", other.Raw)
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := writePEM(certPath, "CERTIFICATE", cert.Raw); err != nil {
+		return err
+	}
+	return writePEM(keyPath, "EC PRIVATE KEY", der)
 }
 
 var serials = big.NewInt(1)
