@@ -11,6 +11,9 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // ErrTLS: TLS settings for etcd that cannot be used (a file that cannot
@@ -99,7 +102,12 @@ func (k *keyPair) get(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 }
 
 // explain adds to err, an etcd that did not answer, what diagnose finds.
+// An answer of etcd's own (a refused login, a permission) is left as it
+// is: the connection worked, there is nothing to probe.
 func explain(err error, endpoints []string, cfg *tls.Config) error {
+	if !errors.Is(err, context.DeadlineExceeded) && status.Code(errors.Unwrap(err)) != codes.DeadlineExceeded {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if why := diagnose(ctx, endpoints, cfg); why != "" {
