@@ -12,6 +12,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -59,7 +61,11 @@ type Row struct {
 	// devices' time (devices × Wall) spent computing chunks.
 	ChunkCompute time.Duration
 	DeviceBusy   float64
-	exposed      []time.Duration
+	// Steal is the share of the machine's CPU time the host took while
+	// the mode ran (a virtual machine's steal; cpustat), -1 where the
+	// machine does not say. A latency figure moves with it.
+	Steal   float64
+	exposed []time.Duration
 }
 
 // Report is a whole run.
@@ -70,6 +76,8 @@ type Report struct {
 	// same run (nil when it could not be measured: RawErr says why).
 	Raw    *rdmabench.Result
 	RawErr error `json:"-"`
+	// RawSteal is the steal share while Raw was measured (-1: unknown).
+	RawSteal float64
 	// LayerParts is how many layer parts each pipelined chunk left in.
 	LayerParts int
 }
@@ -95,6 +103,14 @@ func measureRaw(o Options) (*rdmabench.Result, error) {
 	return &r, nil
 }
 
+// steal ends m: the share of CPU time the host took, -1 when unknown.
+func steal(m cpustat.Meter) float64 {
+	if s, ok := m.Stop(); ok {
+		return s.Steal
+	}
+	return -1
+}
+
 // OK reports whether every byte matched and no block leaked.
 func (r Report) OK() bool {
 	for _, row := range r.Rows {
@@ -118,12 +134,16 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	rep := Report{Options: o, LayerParts: len(o.parts(l.Layers))}
+	meter := cpustat.Start()
 	rep.Raw, rep.RawErr = measureRaw(o)
+	rep.RawSteal = steal(meter)
 	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
+		meter := cpustat.Start()
 		row, err := runMode(ctx, o, m, prompts, progress)
 		if err != nil {
 			return rep, fmt.Errorf("demo %s: %w", m.Name, err)
 		}
+		row.Steal = steal(meter)
 		rep.Rows = append(rep.Rows, row)
 	}
 	// Fraction hidden: per request, 1 - exposed(pipelined)/exposed(after
@@ -591,6 +611,25 @@ func (r Report) Print(w io.Writer) {
 	}
 }
 
+// printSteal says how much CPU time the host took from this machine during
+// the raw baseline and each mode: on a virtual machine whose host is
+// busy, every figure above moves with it, and a ratio of two runs is fair
+// only when both lost about the same.
+func (r Report) printSteal(w io.Writer) {
+	if r.RawSteal < 0 {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "CPU time the host took (steal): raw %.0f%%", 100*r.RawSteal)
+	for _, row := range r.Rows {
+		if row.Steal < 0 {
+			return
+		}
+		fmt.Fprintf(&b, ", %s %.0f%%", row.Mode, 100*row.Steal)
+	}
+	fmt.Fprintln(w, b.String())
+}
+
 // printRaw writes the raw backend's figure beside the table and the
 // pipelined row's ratios to it: what a figure means on this machine.
 func (r Report) printRaw(w io.Writer) {
@@ -603,6 +642,7 @@ func (r Report) printRaw(w io.Writer) {
 	chunk := time.Duration(float64(r.Raw.SizeBytes) / r.Raw.BytesPerSec * float64(time.Second))
 	fmt.Fprintf(w, "\nbaseline, same run: raw %s at one chunk (%.1f MiB): %.2f GB/s, one chunk's transfer %v\n",
 		r.Raw.Backend, float64(r.Raw.SizeBytes)/(1<<20), r.Raw.BytesPerSec/1e9, chunk.Round(10*time.Microsecond))
+	r.printSteal(w)
 	if len(r.Rows) == 0 || r.Rows[0].BytesPerSec == 0 || chunk <= 0 {
 		return
 	}

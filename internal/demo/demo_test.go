@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -30,7 +31,11 @@ func TestSmallDemo(t *testing.T) {
 	}
 	var out strings.Builder
 	rep.Print(&out)
-	for _, want := range []string{"baseline, same run: raw loopback at one chunk (8.0 MiB)", "pipelined: GB/s / raw "} {
+	wants := []string{"baseline, same run: raw loopback at one chunk (8.0 MiB)", "pipelined: GB/s / raw "}
+	if _, err := cpustat.Read(); err == nil {
+		wants = append(wants, "CPU time the host took (steal): raw ")
+	}
+	for _, want := range wants {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
 		}
@@ -84,6 +89,29 @@ func TestOfferedLoadLine(t *testing.T) {
 	want := "pipelined prefill: a chunk held its device 16ms (p50); the devices wrote 4.00 GB/s of KV while computing (0.67x raw) and were busy 90% of the wall"
 	if !strings.Contains(out.String(), want) {
 		t.Fatalf("report lacks %q:\n%s", want, out.String())
+	}
+}
+
+// TestStealLine: the report says how much CPU time the host took during
+// the raw baseline and each mode, and says nothing where that is unknown.
+func TestStealLine(t *testing.T) {
+	r := Report{Raw: &rdmabench.Result{Backend: "loopback", SizeBytes: 64 << 20, BytesPerSec: 6e9}, RawSteal: 0.02,
+		Rows: []Row{{Mode: "pipelined", BytesPerSec: 3e9, Steal: 0.214}, {Mode: "after-prefill", BytesPerSec: 3e9, Steal: 0}}}
+	var out strings.Builder
+	r.printRaw(&out)
+	want := "CPU time the host took (steal): raw 2%, pipelined 21%, after-prefill 0%"
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("report lacks %q:\n%s", want, out.String())
+	}
+	for _, unknown := range []Report{
+		{Raw: r.Raw, RawSteal: -1, Rows: r.Rows},
+		{Raw: r.Raw, RawSteal: 0.02, Rows: []Row{{Mode: "pipelined", BytesPerSec: 3e9, Steal: -1}}},
+	} {
+		out.Reset()
+		unknown.printRaw(&out)
+		if strings.Contains(out.String(), "steal") {
+			t.Fatalf("steal unknown, yet the report says:\n%s", out.String())
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/internal/sysmon"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -479,9 +480,10 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 1,
 		Groups: kvcache.FullAttention(1)}
 	const pause = 2 * time.Millisecond
-	// got holds each sub-benchmark's last p50 and p99 (µs), for the
-	// engine / bare ratios logged at the end.
-	got := map[string][2]float64{}
+	// got holds each sub-benchmark's last p50 and p99 (µs) and the share
+	// of CPU time the host took from this machine meanwhile (steal), for
+	// the engine / bare ratios printed at the end.
+	got := map[string]roundTrips{}
 	engine := func(conc int, tcp bool, pause time.Duration, pinned bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			if err := pinnedCPUs(); pinned && err != nil {
@@ -500,6 +502,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 					o.Heartbeat = time.Second
 				}
 				g.Pause = pause
+				m := cpustat.Start()
 				gen := spawnRole(b, "gen", g, cpuIf(pinned, 0), quietEnv+"=1")
 				ctx := spawnRole(b, "ctx", c, cpuIf(pinned, 1), quietEnv+"=1")
 				cr, cerr := ctx.wait(b, 2*time.Minute)
@@ -510,7 +513,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				b.ReportMetric(gr.LatencyP50Us, "p50-us")
 				b.ReportMetric(gr.LatencyP99Us, "p99-us")
 				b.ReportMetric(float64(gr.OK)/gr.Seconds, "req/s")
-				got[subName(b)] = [2]float64{gr.LatencyP50Us, gr.LatencyP99Us}
+				got[subName(b)] = roundTrips{p50: gr.LatencyP50Us, p99: gr.LatencyP99Us, steal: stealOf(b, m)}
 			}
 		}
 	}
@@ -520,12 +523,13 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				b.Skipf("no pinned run here: %v", err)
 			}
 			for i := 0; i < b.N; i++ {
+				m := cpustat.Start()
 				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned, twoConn)
 				p50, p99 := float64(percentile(rt, 0.5))/1e3, float64(percentile(rt, 0.99))/1e3
 				b.ReportMetric(p50, "p50-us")
 				b.ReportMetric(p99, "p99-us")
 				b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
-				got[subName(b)] = [2]float64{p50, p99}
+				got[subName(b)] = roundTrips{p50: p50, p99: p99, steal: stealOf(b, m)}
 			}
 		}
 	}
@@ -563,10 +567,36 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	} {
 		e, okE := got[r[0]]
 		z, okZ := got[r[1]]
-		if okE && okZ && z[0] > 0 && z[1] > 0 {
-			fmt.Printf("ControlRoundTrip %s / %s: p50 %.2fx (%.1f / %.1f µs), p99 %.2fx\n", r[0], r[1], e[0]/z[0], e[0], z[0], e[1]/z[1])
+		if okE && okZ && z.p50 > 0 && z.p99 > 0 {
+			fmt.Printf("ControlRoundTrip %s / %s: p50 %.2fx (%.1f / %.1f µs), p99 %.2fx%s\n",
+				r[0], r[1], e.p50/z.p50, e.p50, z.p50, e.p99/z.p99, stealPair(e.steal, z.steal))
 		}
 	}
+}
+
+// roundTrips is one sub-benchmark's figures: p50 and p99 in µs, and the
+// share of CPU time the host took meanwhile (steal; -1: not known).
+type roundTrips struct{ p50, p99, steal float64 }
+
+// stealOf ends m and reports its steal share as a metric; -1 when the
+// machine does not say.
+func stealOf(b *testing.B, m cpustat.Meter) float64 {
+	s, ok := m.Stop()
+	if !ok {
+		return -1
+	}
+	b.ReportMetric(100*s.Steal, "steal-%")
+	return s.Steal
+}
+
+// stealPair is the steal of both sides of a ratio, for its line: a ratio
+// of two runs that lost different shares of their CPU to the host says
+// more about the host than about the code.
+func stealPair(e, z float64) string {
+	if e < 0 || z < 0 {
+		return ""
+	}
+	return fmt.Sprintf("; steal %.0f%% / %.0f%%", 100*e, 100*z)
 }
 
 // subName is b's name below BenchmarkControlRoundTrip, without the
