@@ -447,3 +447,16 @@ func TestNodeEnvFillsWhatJSONLeaves(t *testing.T) {
 		t.Errorf("an engine's config with KVXFER_WORKERS=0: %v, want a config error naming it", err)
 	}
 }
+
+// TestGCFloorEnvNamed: a KVXFER_GC_FLOOR the library cannot read fails an
+// engine's and a node's open as a config error naming it.
+func TestGCFloorEnvNamed(t *testing.T) {
+	t.Setenv("KVXFER_GC_FLOOR", "lots")
+	if _, err := (Config{}).engineConfig(); Code(err) != ErrConfig || !strings.Contains(err.Error(), `KVXFER_GC_FLOOR="lots"`) {
+		t.Errorf("an engine's config with KVXFER_GC_FLOOR=lots: %v, want a config error naming it", err)
+	}
+	if _, _, err := OpenNode(`{"instance":"gen","model":"Llama-3.1-8B","insecure":true,"bind":"tcp://127.0.0.1:0"}`); Code(err) != ErrConfig ||
+		!strings.Contains(err.Error(), `KVXFER_GC_FLOOR="lots"`) {
+		t.Errorf("OpenNode with KVXFER_GC_FLOOR=lots: %v, want a config error naming it", err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -84,7 +85,15 @@ func clip(s string) string {
 // as a flag does over a variable on the CLI (docs/configuration.md). An
 // empty variable counts as unset; a bad one is named, even where the JSON
 // overrides it, as the CLI checks every source.
+//
+// It also sets the Go collector's heap floor (internal/gcfloor; GOGC or
+// KVXFER_GC_FLOOR=off keep the runtime's default): the Go runtime inside
+// libkvxfer is kvxfer's alone, so its heap is kvxfer's few MB, and a
+// collection every few hundred requests would be the control path's tail.
 func fillFromEnv(workers *int, backend *string) error {
+	if _, err := gcfloor.FromEnv(); err != nil {
+		return &Error{Code: ErrConfig, Err: err}
+	}
 	env, err := (kvxfer.Config{}).WithEnv()
 	if err != nil {
 		return &Error{Code: ErrConfig, Err: err}

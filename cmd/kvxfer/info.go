@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/sysmon"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -60,11 +62,14 @@ type systemInfo struct {
 	Runtime       runtimeInfo   `json:"runtime"`
 }
 
-// runtimeInfo is the Go runtime's setting that the kvxfer command makes
-// for itself (internal/sysmon).
+// runtimeInfo is the Go runtime's settings that the kvxfer command makes
+// for itself (internal/sysmon, internal/gcfloor).
 type runtimeInfo struct {
 	GoDebug     string `json:"godebug"`
 	SysmonAwake bool   `json:"sysmon_awake"` // GODEBUG schedtrace keeps sysmon out of its deep sleep
+	// GCFloorBytes is the heap the collector waits for (0: the runtime's
+	// default pacing, GOGC or KVXFER_GC_FLOOR=off).
+	GCFloorBytes uint64 `json:"gc_floor_bytes"`
 }
 
 // cudaInfo is the CUDA driver API as package cuda loads it.
@@ -116,7 +121,7 @@ func gatherInfo(ctx context.Context, o infoOptions) systemInfo {
 	}
 	si.UCX = probeUCX(ctx, o.ucxInfo)
 	si.Backends = backends
-	si.Runtime = runtimeInfo{GoDebug: os.Getenv("GODEBUG"), SysmonAwake: sysmon.Awake()}
+	si.Runtime = runtimeInfo{GoDebug: os.Getenv("GODEBUG"), SysmonAwake: sysmon.Awake(), GCFloorBytes: gcfloor.Floor()}
 	return si
 }
 
@@ -273,6 +278,11 @@ func (si systemInfo) print(w io.Writer) {
 		fmt.Fprintf(w, "Go runtime: sysmon kept out of its deep sleep (GODEBUG=%s)\n", si.Runtime.GoDebug)
 	} else {
 		fmt.Fprintf(w, "Go runtime: sysmon sleeps deeply when idle (%s=deep, or not started as kvxfer): the control round trip pays for it on a CPU-limited host\n", sysmon.OptOut)
+	}
+	if f := si.Runtime.GCFloorBytes; f > 0 {
+		fmt.Fprintf(w, "Go runtime: the collector waits for a heap of %s (%s)\n", config.FormatSize(f), gcfloor.Env)
+	} else {
+		fmt.Fprintf(w, "Go runtime: the collector's default pacing (GOGC, or %s=off, or not started as kvxfer): a collection every few hundred requests is the control path's tail\n", gcfloor.Env)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/sysmon"
 )
 
@@ -21,6 +22,11 @@ func main() {
 	// internal/sysmon for why and how to opt out).
 	if err := sysmon.Reexec(); err != nil {
 		fmt.Fprintf(os.Stderr, "kvxfer: %v; the Go runtime's sysmon keeps its default deep sleep (set %s=deep to skip this)\n", err, sysmon.OptOut)
+	}
+	// The collector waits for a heap floor (internal/gcfloor).
+	if _, err := gcfloor.FromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "kvxfer: %v\n", err)
+		os.Exit(2)
 	}
 	if err := newRootCmd().Execute(); err != nil {
 		os.Exit(1) // cobra has printed the error

@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/sysmon"
 )
 
@@ -47,6 +49,53 @@ func TestCommandKeepsSysmonAwake(t *testing.T) {
 			}
 			if si.Runtime.SysmonAwake != c.wantAwake || si.Runtime.GoDebug != c.wantGoDebug {
 				t.Fatalf("runtime %+v, want sysmon_awake %v, GODEBUG %q\nstderr:\n%s", si.Runtime, c.wantAwake, c.wantGoDebug, stderr.String())
+			}
+		})
+	}
+}
+
+// TestCommandSetsGCFloor: the kvxfer command sets the collector's heap
+// floor (internal/gcfloor) unless GOGC or KVXFER_GC_FLOOR=off says
+// otherwise, takes KVXFER_GC_FLOOR's size, and refuses a value it cannot
+// read, naming it, before it does anything.
+func TestCommandSetsGCFloor(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		env     []string
+		want    uint64
+		wantErr string
+	}{
+		{"default", nil, gcfloor.Default, ""},
+		{"a size", []string{gcfloor.Env + "=128MiB"}, 128 << 20, ""},
+		{"off", []string{gcfloor.Env + "=off"}, 0, ""},
+		{"the owner's GOGC", []string{"GOGC=200"}, 0, ""},
+		{"not a size", []string{gcfloor.Env + "=lots"}, 0, `KVXFER_GC_FLOOR="lots": want a size such as 64MiB, or off`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "info", "--json")
+			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+				return strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, gcfloor.Env+"=")
+			})
+			cmd.Env = append(append(cmd.Env, mainEnv+"=1"), c.env...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if c.wantErr != "" {
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), c.wantErr) {
+					t.Fatalf("err %v, stderr %q: want exit 2 naming %q", err, stderr.String(), c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr.String())
+			}
+			var si systemInfo
+			if err := json.Unmarshal(out, &si); err != nil {
+				t.Fatalf("info --json: %v\n%s", err, out)
+			}
+			if si.Runtime.GCFloorBytes != c.want {
+				t.Fatalf("gc_floor_bytes %d, want %d", si.Runtime.GCFloorBytes, c.want)
 			}
 		})
 	}

@@ -1,0 +1,141 @@
+// Package gcfloor keeps the Go collector from running while the heap is
+// small, in the processes kvxfer runs itself.
+//
+// Why: a kvxfer engine allocates ~14 KB of short-lived objects per request
+// (its actors, steps and frames) on a live heap of a few MB — its KV pools
+// are mapped memory, not Go heap — so under GOGC=100 the collector runs
+// every few hundred requests, and on a busy CPU a cycle sits in front of
+// the control frames that arrive during it: the control round trip's p99
+// is the collector's (BENCHMARKS.md, "The pinned round trip's p99 is the
+// garbage collector": p99 halved with the collector off). A heap floor
+// lets the heap grow to Floor before a cycle, then paces the collector as
+// GOGC=100 would once the live heap is larger than Floor/2: after each
+// cycle the next one's goal is max(Floor, 2 × live heap).
+//
+// It changes nothing where the process's owner chose: GOGC set in the
+// environment, or KVXFER_GC_FLOOR=off. A process that embeds kvxfer as a
+// Go library keeps its own collector settings; kvxfer never calls Set
+// there. GOMEMLIMIT still caps the heap: the runtime collects before the
+// limit whatever the goal.
+package gcfloor
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/internal/config"
+)
+
+// Env names the variable that sets the floor: a size (64MiB) or "off".
+const Env = "KVXFER_GC_FLOOR"
+
+// Default is the floor of a kvxfer process whose environment sets neither
+// GOGC nor KVXFER_GC_FLOOR: ~4,500 requests of garbage between two cycles,
+// against a few hundred under GOGC=100.
+const Default = 64 << 20
+
+// basePercent is GOGC's default, the pace above the floor.
+const basePercent = 100
+
+var (
+	once  sync.Once
+	floor atomic.Uint64 // the floor in force; 0: none
+	cycle atomic.Uint64 // collections seen by the hook
+)
+
+// Floor is the floor in force, 0 when none is.
+func Floor() uint64 { return floor.Load() }
+
+// FromEnv sets the floor the environment asks for: KVXFER_GC_FLOOR's size,
+// or Default when it is unset; nothing when it is "off" or when GOGC is
+// set (the process's owner chose a collector setting). It returns the
+// floor set (0: none) and an error naming a value it cannot read.
+func FromEnv() (uint64, error) {
+	v, set := os.LookupEnv(Env)
+	v = strings.TrimSpace(v)
+	switch {
+	case set && strings.EqualFold(v, "off"):
+		return 0, nil
+	case set:
+		n, err := config.ParseSize(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s=%q: want a size such as 64MiB, or off: %w", Env, v, err)
+		}
+		if _, gogc := os.LookupEnv("GOGC"); gogc {
+			return 0, nil
+		}
+		Set(n)
+		return n, nil
+	}
+	if _, gogc := os.LookupEnv("GOGC"); gogc {
+		return 0, nil
+	}
+	Set(Default)
+	return Default, nil
+}
+
+// Set keeps the collector's goal at n bytes of heap at least, from now on;
+// the first call wins (a process has one collector), later ones change
+// nothing.
+func Set(n uint64) {
+	once.Do(func() {
+		floor.Store(n)
+		retune()
+		arm()
+	})
+}
+
+// sentinel is allocated for each cycle: its finalizer runs after the
+// collection that finds it unreachable, retunes, and allocates the next.
+// It holds a pointer so that it is never a tiny allocation (whose
+// finalizer could wait for a neighbour).
+type sentinel struct {
+	_ *byte
+	_ [8]byte
+}
+
+func arm() {
+	runtime.SetFinalizer(&sentinel{}, func(*sentinel) {
+		cycle.Add(1)
+		retune()
+		arm()
+	})
+}
+
+var liveSample = []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+
+// retune sets GOGC so that the next collection's goal is max(floor, live
+// heap × (1 + basePercent/100)). It runs on the finalizer goroutine (one at
+// a time) and once in Set.
+func retune() {
+	f := floor.Load()
+	metrics.Read(liveSample)
+	live := uint64(0)
+	if liveSample[0].Value.Kind() == metrics.KindUint64 {
+		live = liveSample[0].Value.Uint64()
+	}
+	debug.SetGCPercent(percent(f, live))
+}
+
+// percent is the GOGC whose goal for a live heap of live bytes is
+// max(floor, live × 2): the goal is live × (1 + GOGC/100).
+func percent(floor, live uint64) int {
+	if live == 0 {
+		live = 1 << 20 // before the first cycle the runtime counts 4 MB live; be conservative
+	}
+	if floor <= live*(100+basePercent)/100 {
+		return basePercent
+	}
+	p := (floor - live) * 100 / live
+	const maxPercent = 1 << 20 // SetGCPercent's inputs are int32; any floor in reach
+	if p > maxPercent {
+		p = maxPercent
+	}
+	return int(p)
+}
