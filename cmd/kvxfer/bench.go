@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -192,10 +193,18 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 	for i, sc := range run {
 		a.log.Info().Str("scenario", sc.name()).Msg("bench starting")
 		p := a.newProgress(cmd, sc.steps(), sc.name(), out.json)
+		meter := cpustat.Start()
 		err := sc.run(ctx, s, p.Step, &res)
 		p.Done()
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", sc.name(), err)
+		}
+		steal, stealKnown := meter.Stop()
+		if stealKnown {
+			if res.Steal == nil {
+				res.Steal = map[string]float64{}
+			}
+			res.Steal[sc.name()] = steal.Steal
 		}
 		switch {
 		case out.json && several:
@@ -215,6 +224,11 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 			}
 			if err := sc.print(w, &res, out.json); err != nil {
 				return err
+			}
+			if stealKnown && !out.json {
+				// On a virtual machine the host's other guests take CPU
+				// time; every figure above moves with it.
+				fmt.Fprintf(w, "CPU time the host took (steal) during %s: %.0f%%\n", sc.name(), 100*steal.Steal)
 			}
 		}
 	}

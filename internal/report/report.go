@@ -39,6 +39,10 @@ type Results struct {
 	Overhead   *bench.OverheadResult   `json:"overhead,omitempty"`
 	// RequestOverhead comes with Overhead (bench overhead).
 	RequestOverhead *bench.RequestOverheadResult `json:"request_overhead,omitempty"`
+	// Steal is, per scenario run, the share of the machine's CPU time the
+	// host took meanwhile (a virtual machine's steal; absent where the
+	// machine does not say): figures move with it.
+	Steal map[string]float64 `json:"steal,omitempty"`
 }
 
 // Plot file names.
