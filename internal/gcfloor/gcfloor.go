@@ -108,34 +108,50 @@ func arm() {
 	})
 }
 
-var liveSample = []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-
-// retune sets GOGC so that the next collection's goal is max(floor, live
-// heap × (1 + basePercent/100)). It runs on the finalizer goroutine (one at
-// a time) and once in Set.
-func retune() {
-	f := floor.Load()
-	metrics.Read(liveSample)
-	live := uint64(0)
-	if liveSample[0].Value.Kind() == metrics.KindUint64 {
-		live = liveSample[0].Value.Uint64()
-	}
-	debug.SetGCPercent(percent(f, live))
+// The runtime's figures the goal is made of (runtime/metrics).
+var samples = []metrics.Sample{
+	{Name: "/gc/heap/live:bytes"},    // marked by the last cycle
+	{Name: "/gc/scan/stack:bytes"},   // scannable stacks
+	{Name: "/gc/scan/globals:bytes"}, // scannable globals
 }
 
-// percent is the GOGC whose goal for a live heap of live bytes is
-// max(floor, live × 2): the goal is live × (1 + GOGC/100).
-func percent(floor, live uint64) int {
-	if live == 0 {
-		live = 1 << 20 // before the first cycle the runtime counts 4 MB live; be conservative
+// retune sets GOGC for the next collection's goal to be max(floor, the
+// goal basePercent gives). It runs on the finalizer goroutine (one at a
+// time) and once in Set.
+func retune() {
+	metrics.Read(samples)
+	var v [3]uint64
+	for i, s := range samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			v[i] = s.Value.Uint64()
+		}
 	}
-	if floor <= live*(100+basePercent)/100 {
+	debug.SetGCPercent(percent(floor.Load(), v[0], v[1]+v[2]))
+}
+
+// heapMinimum is the runtime's goal before its first cycle at GOGC=100
+// (defaultHeapMinimum); at GOGC=p its minimum goal is heapMinimum × p/100.
+const heapMinimum = 4 << 20
+
+// percent is the GOGC at which the runtime's next goal is max(floor, the
+// goal at basePercent), given live bytes marked by the last cycle and roots
+// bytes of stacks and globals. The runtime's goal at GOGC=p is
+//
+//	max(live + (live + roots) × p/100, heapMinimum × p/100)
+//
+// (runtime/mgcpacer.go), so p is the largest that keeps both terms within
+// the floor — never below basePercent. Before the first cycle (live 0)
+// only the minimum counts.
+func percent(floor, live, roots uint64) int {
+	p := floor * 100 / heapMinimum
+	if live > 0 && floor > live {
+		p = min(p, (floor-live)*100/(live+roots))
+	} else if live > 0 {
+		p = 0
+	}
+	if p < basePercent {
 		return basePercent
 	}
-	p := (floor - live) * 100 / live
-	const maxPercent = 1 << 20 // SetGCPercent's inputs are int32; any floor in reach
-	if p > maxPercent {
-		p = maxPercent
-	}
-	return int(p)
+	const maxPercent = 1 << 30 // SetGCPercent takes an int32
+	return int(min(p, maxPercent))
 }

@@ -3,34 +3,39 @@ package gcfloor
 import (
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
 )
 
 func TestPercent(t *testing.T) {
 	const mib = 1 << 20
+	// The runtime's goal at GOGC=p (runtime/mgcpacer.go).
+	goal := func(p int, live, roots uint64) uint64 {
+		return max(live+(live+roots)*uint64(p)/100, heapMinimum*uint64(p)/100)
+	}
 	for _, c := range []struct {
-		floor, live uint64
-		want        int
+		floor, live, roots uint64
+		base               bool // the floor is below the base goal: GOGC=100
 	}{
-		{64 * mib, 4 * mib, 1500}, // goal 4 × 16 = 64 MiB
-		{64 * mib, 32 * mib, 100}, // 2 × live reaches the floor: GOGC=100
-		{64 * mib, 40 * mib, 100}, // above it: GOGC=100
-		{64 * mib, 16 * mib, 300}, // goal 16 × 4
-		{64 * mib, 0, 6300},       // nothing counted yet: 1 MiB assumed
-		{1 << 40, 1, 1 << 20},     // clamped
-		{64 * mib, 31 * mib, 106}, // just below
+		{64 * mib, 0, 0, false},       // before the first cycle: the minimum alone
+		{64 * mib, 1 * mib, 0, false}, // a small heap: the minimum bounds it
+		{64 * mib, 3 * mib, 512 << 10, false},
+		{64 * mib, 4 * mib, 0, false},
+		{64 * mib, 16 * mib, 1 * mib, false},
+		{64 * mib, 31 * mib, 0, false},
+		{64 * mib, 32 * mib, 0, true}, // 2 × live reaches the floor
+		{64 * mib, 40 * mib, 1 * mib, true},
+		{128 * mib, 2 * mib, 256 << 10, false},
+		{1 * mib, 0, 0, true}, // a floor below the runtime's own minimum
 	} {
-		if got := percent(c.floor, c.live); got != c.want {
-			t.Errorf("percent(floor %d, live %d) = %d, want %d", c.floor, c.live, got, c.want)
-		}
-		// The goal GOGC gives is the floor, or 2 × live above it.
-		if c.live > 0 && c.want < 1<<20 {
-			goal := c.live * uint64(100+c.want) / 100
-			want := max(c.floor, 2*c.live)
-			if goal > want || want-goal > c.live/100+1 {
-				t.Errorf("floor %d, live %d: goal %d, want about %d", c.floor, c.live, goal, want)
-			}
+		p := percent(c.floor, c.live, c.roots)
+		g := goal(p, c.live, c.roots)
+		switch {
+		case c.base && p != basePercent:
+			t.Errorf("floor %d, live %d: GOGC %d, want %d", c.floor, c.live, p, basePercent)
+		case !c.base && (g > c.floor || c.floor-g > c.floor/50):
+			t.Errorf("floor %d, live %d, roots %d: GOGC %d gives a goal of %d, want within 2%% below the floor", c.floor, c.live, c.roots, p, g)
 		}
 	}
 }
@@ -78,12 +83,14 @@ func TestSetRetunesAfterEachCycle(t *testing.T) {
 			runtime.GC()
 			runtime.Gosched()
 		}
-		// The hook set GOGC for a goal of the floor: read it back.
-		got := debug.SetGCPercent(100)
-		if got <= 100 {
-			t.Fatalf("cycle %d: GOGC %d after the hook, want above 100 for a 256 MiB floor on a small heap", i, got)
+		// The hook set GOGC for a goal of the floor: the runtime's own
+		// goal says so (this test's heap is a few MB).
+		goal := []metrics.Sample{{Name: "/gc/heap/goal:bytes"}}
+		metrics.Read(goal)
+		if g := goal[0].Value.Uint64(); g > 256<<20 || g < 240<<20 {
+			t.Fatalf("cycle %d: the runtime's heap goal is %d MiB after the hook, want the 256 MiB floor (GOGC %d)",
+				i, g>>20, debug.SetGCPercent(-1))
 		}
-		debug.SetGCPercent(got)
 	}
 	Set(1) // later calls change nothing
 	if Floor() != 256<<20 {
