@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 DEB_PKGS := libzmq3-dev libucx-dev ucx-utils pkg-config protobuf-compiler \
-	python3-numpy python3-torch python3-pytest
+	python3-numpy python3-torch python3-pytest python3-pip python3-setuptools python3-wheel
 BENCHTIME ?= 1x
 PKGS ?= ./...
 
@@ -51,6 +51,7 @@ test: deps
 	$(GO) test -count=1 -tags $(TESTTAGS) ./test/sim -run '^TestSeeds$$' -suspect-partitions
 	$(MAKE) --no-print-directory ctest
 	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory wheel-check
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
 
 FUZZTIME ?= 2m
@@ -118,7 +119,7 @@ gpu-check:
 LIBDIR := lib
 # Debian's interpreter, the one python3-numpy/-torch/-pytest install for.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
-.PHONY: lib ctest pytest bench-python
+.PHONY: lib ctest pytest bench-python wheel wheel-check
 # kvxfer_nonvml: package cuda without go-nvml (GPU discovery), whose
 # unresolved NVML symbols a shared library cannot carry; the library needs
 # only the CUDA driver, which package cuda loads with dlopen.
@@ -143,6 +144,28 @@ ctest: lib
 ## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.
 pytest: lib
 	cd python && KVXFER_LIB=../$(LIBDIR)/libkvxfer.so $(PYTHON) -m pytest -q tests
+
+## wheel: the Python package as a wheel with lib/libkvxfer.so inside,
+## dist/kvxfer-VERSION-py3-none-linux_ARCH.whl (pip install it; the system
+## needs libzmq and UCX at run time, as the library does).
+WHEELDIR := build/wheel
+wheel: lib
+	@rm -rf $(WHEELDIR) && mkdir -p $(WHEELDIR) dist
+	cp -r python/kvxfer python/pyproject.toml python/setup.py python/README.md $(WHEELDIR)/
+	rm -rf $(WHEELDIR)/kvxfer/__pycache__
+	cp $(LIBDIR)/libkvxfer.so $(WHEELDIR)/kvxfer/
+	rm -f dist/kvxfer-*.whl
+	cd $(WHEELDIR) && PIP_ROOT_USER_ACTION=ignore $(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(CURDIR)/dist .
+	@ls dist/kvxfer-*.whl
+
+## wheel-check: installs the wheel into an empty directory and runs
+## python/wheel_smoke.py from outside the repository, without KVXFER_LIB:
+## the package must load the library it carries and move a request.
+wheel-check: wheel
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	PIP_ROOT_USER_ACTION=ignore $(PYTHON) -m pip install -q --no-deps --no-index --target "$$tmp/site" dist/kvxfer-*.whl && \
+	cp python/wheel_smoke.py "$$tmp/" && cd "$$tmp" && \
+	env -u KVXFER_LIB WHEEL_SMOKE_DIR="$$tmp/site" PYTHONPATH="$$tmp/site" $(PYTHON) wheel_smoke.py
 
 ## bench-python: per-call cost of a chunk hand-over from Python (p50/p99)
 ## and a Python-driven transfer beside the same transfer driven from Go, in

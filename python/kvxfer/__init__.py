@@ -10,8 +10,11 @@ See Engine, Request, Fence; connector.py maps the roles of a vLLM KV
 connector onto them.
 """
 
-from ._lib import ABI_VERSION
-from .core import (
+__version__ = "0.1.0"  # the wheel's version (pyproject.toml reads it from here)
+
+from . import _lib  # noqa: E402
+from ._lib import ABI_VERSION  # noqa: E402
+from .core import (  # noqa: E402
     Engine,
     Event,
     Fence,
@@ -28,8 +31,17 @@ from .core import (
     node_open,
 )
 
+
+def library_path():
+    """The libkvxfer.so this package loaded: $KVXFER_LIB when set, else the
+    one next to the package (an installed wheel's), else the repository's
+    lib/."""
+    return _lib.path
+
+
 __all__ = [
     "ABI_VERSION",
+    "library_path",
     "Engine",
     "Event",
     "Fence",

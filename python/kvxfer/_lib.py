@@ -143,14 +143,17 @@ def _candidates():
 
 
 def load():
+    global path
     tried = []
-    for path in _candidates():
-        if os.path.exists(path):
+    for candidate in _candidates():
+        if os.path.exists(candidate):
+            path = os.path.realpath(candidate)
             lib = ctypes.CDLL(path)
             break
-        tried.append(path)
+        tried.append(candidate)
     else:
-        raise OSError("libkvxfer.so not found (tried %s); run `make lib` or set KVXFER_LIB" % ", ".join(tried))
+        raise OSError("libkvxfer.so not found (tried %s); run `make lib` or set KVXFER_LIB "
+                      "(an installed wheel carries it: `make wheel`)" % ", ".join(tried))
     for name, (res, args) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype = res
@@ -161,4 +164,5 @@ def load():
     return lib
 
 
+path = None  # the library loaded (library_path())
 lib = load()

@@ -355,3 +355,14 @@ def test_chunk_behind_cuda_event_errors(pair):
     tx.release()
     rx.release()
     ctx.free(0, src)
+
+
+def test_library_path_is_the_one_loaded():
+    """library_path() names the library the package loaded: $KVXFER_LIB here
+    (make pytest sets it); an installed wheel's is checked by make
+    wheel-check."""
+    want = os.environ.get("KVXFER_LIB")
+    if not want:
+        pytest.skip("KVXFER_LIB not set: the package found the library itself")
+    assert kvxfer.library_path() == os.path.realpath(want)
+    assert kvxfer.library_path() in open("/proc/self/maps").read()
