@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,15 @@ const (
 	// one JSON array.
 	pingRole = "zmqping"
 	pingArgs = "KVXFER_TEST_PING_ARGS"
+	// echoWorkUs, when set, has the echo do that many µs of Go work
+	// between each frame in and its answer out (echoWork: "spin", "alloc",
+	// "hop" — a goroutine hand-off — or "all", the default: allocations
+	// and hand-offs, as the engine's steps do): the bare baseline with a
+	// known amount of in-process work, to calibrate what the engine's own
+	// work costs a round trip (BENCHMARKS.md, "What in-process work costs
+	// the round trip").
+	echoWorkUs = "KVXFER_TEST_ECHO_WORK_US"
+	echoWork   = "KVXFER_TEST_ECHO_WORK"
 )
 
 // runEcho is the child: bind a ROUTER, say "ready", echo until stdin closes.
@@ -86,6 +96,7 @@ func runEcho() int {
 		defer d.Close()
 		back = d
 	}
+	work := newEchoWork()
 	fmt.Println("ready")
 	for {
 		msg, err := r.RecvMessageBytes(0)
@@ -93,6 +104,7 @@ func runEcho() int {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
 		}
+		work.do()
 		if back != nil {
 			_, err = back.SendBytes(msg[len(msg)-1], 0)
 		} else {
@@ -101,6 +113,63 @@ func runEcho() int {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
+		}
+	}
+}
+
+// echoWorker is the echo's in-process work (echoWorkUs); zero: none.
+type echoWorker struct {
+	d          time.Duration
+	spin       bool
+	alloc, hop bool
+	sink       [][]byte
+	to, back   chan struct{}
+	x          int
+}
+
+func newEchoWork() *echoWorker {
+	us, _ := strconv.Atoi(os.Getenv(echoWorkUs))
+	w := &echoWorker{d: time.Duration(us) * time.Microsecond}
+	switch os.Getenv(echoWork) {
+	case "spin":
+		w.spin = true
+	case "alloc":
+		w.alloc = true
+	case "hop":
+		w.hop = true
+	default:
+		w.alloc, w.hop = true, true
+	}
+	if w.d > 0 && w.hop {
+		w.to, w.back = make(chan struct{}), make(chan struct{})
+		go func() {
+			for range w.to {
+				w.back <- struct{}{}
+			}
+		}()
+	}
+	return w
+}
+
+// do works for w.d of wall time.
+func (w *echoWorker) do() {
+	for t0 := time.Now(); w.d > 0 && time.Since(t0) < w.d; {
+		if w.alloc {
+			for i := 0; i < 16; i++ {
+				w.sink = append(w.sink, make([]byte, 64+i*8))
+			}
+			if len(w.sink) > 4096 {
+				w.sink = w.sink[:0]
+			}
+		}
+		if w.hop {
+			w.to <- struct{}{}
+			<-w.back
+		}
+		if w.spin {
+			for i := 0; i < 100; i++ {
+				w.x += i * w.x
+			}
 		}
 	}
 }
