@@ -201,7 +201,16 @@ const char *kvxfer_status_name(int32_t status);
  * block_bytes do not locate a block (block b of a layer is at the tensor's
  * address + b * the block stride). A generation engine's descriptors reach
  * its peers, which plan into them (NHD on one side, HND on the other, any
- * tensor parallelism). */
+ * tensor parallelism).
+ *
+ * The environment: KVXFER_WORKERS and KVXFER_BACKEND fill what the JSON
+ * leaves unset. The first engine or node opened also gives the library's
+ * Go runtime (kvxfer's alone in the process) a heap floor, 64 MiB, so that
+ * its collector runs every few thousand requests instead of every few
+ * hundred (the control path's tail); KVXFER_GC_FLOOR sets it ("128MiB") or
+ * turns it off ("off"), and a GOGC in the environment leaves the runtime's
+ * pacing as it is. A value that cannot be read fails the open with
+ * KVXFER_ERR_CONFIG, naming it. */
 kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t pool_bytes,
                                  kvxfer_engine_t *out);
 
