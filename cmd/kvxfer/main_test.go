@@ -32,23 +32,12 @@ func TestCommandKeepsSysmonAwake(t *testing.T) {
 		{"the user's own schedtrace", []string{"GODEBUG=schedtrace=0"}, false, "schedtrace=0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "info", "--json")
-			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-				return strings.HasPrefix(kv, "GODEBUG=") || strings.HasPrefix(kv, sysmon.OptOut+"=")
-			})
-			cmd.Env = append(append(cmd.Env, mainEnv+"=1"), c.env...)
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
+			si, stderr, err := commandInfo(t, []string{"GODEBUG", sysmon.OptOut}, c.env)
 			if err != nil {
-				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr.String())
-			}
-			var si systemInfo
-			if err := json.Unmarshal(out, &si); err != nil {
-				t.Fatalf("info --json: %v\n%s", err, out)
+				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr)
 			}
 			if si.Runtime.SysmonAwake != c.wantAwake || si.Runtime.GoDebug != c.wantGoDebug {
-				t.Fatalf("runtime %+v, want sysmon_awake %v, GODEBUG %q\nstderr:\n%s", si.Runtime, c.wantAwake, c.wantGoDebug, stderr.String())
+				t.Fatalf("runtime %+v, want sysmon_awake %v, GODEBUG %q\nstderr:\n%s", si.Runtime, c.wantAwake, c.wantGoDebug, stderr)
 			}
 		})
 	}
@@ -72,31 +61,43 @@ func TestCommandSetsGCFloor(t *testing.T) {
 		{"not a size", []string{gcfloor.Env + "=lots"}, 0, `KVXFER_GC_FLOOR="lots": want a size such as 64MiB, or off`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "info", "--json")
-			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-				return strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, gcfloor.Env+"=")
-			})
-			cmd.Env = append(append(cmd.Env, mainEnv+"=1"), c.env...)
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
+			si, stderr, err := commandInfo(t, []string{"GOGC", gcfloor.Env}, c.env)
 			if c.wantErr != "" {
 				var ee *exec.ExitError
-				if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), c.wantErr) {
-					t.Fatalf("err %v, stderr %q: want exit 2 naming %q", err, stderr.String(), c.wantErr)
+				if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr, c.wantErr) {
+					t.Fatalf("err %v, stderr %q: want exit 2 naming %q", err, stderr, c.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr.String())
-			}
-			var si systemInfo
-			if err := json.Unmarshal(out, &si); err != nil {
-				t.Fatalf("info --json: %v\n%s", err, out)
+				t.Fatalf("kvxfer info --json: %v\n%s", err, stderr)
 			}
 			if si.Runtime.GCFloorBytes != c.want {
 				t.Fatalf("gc_floor_bytes %d, want %d", si.Runtime.GCFloorBytes, c.want)
 			}
 		})
 	}
+}
+
+// commandInfo runs this test binary as the kvxfer command (main(), so
+// what main does first happens), `info --json`, with the variables drop
+// names taken out of this process's environment and env added; err is the
+// command's (an *exec.ExitError when it failed).
+func commandInfo(t *testing.T, drop, env []string) (systemInfo, string, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "info", "--json")
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return slices.ContainsFunc(drop, func(name string) bool { return strings.HasPrefix(kv, name+"=") })
+	})
+	cmd.Env = append(append(cmd.Env, mainEnv+"=1"), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var si systemInfo
+	if err == nil {
+		if jerr := json.Unmarshal(out, &si); jerr != nil {
+			t.Fatalf("info --json: %v\n%s", jerr, out)
+		}
+	}
+	return si, stderr.String(), err
 }
