@@ -1,9 +1,14 @@
 package cpustat
 
 import (
+	"bytes"
 	"errors"
 	"math"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 const stat = `cpu  1794987 0 273571 8011776 7417 0 16926 128105 0 0
@@ -66,5 +71,49 @@ func TestMeterReadsThisMachine(t *testing.T) {
 	}
 	if s.Busy < 0 || s.Steal < 0 || s.Idle < 0 || s.Busy+s.Steal+s.Idle > 1+1e-9 {
 		t.Fatalf("shares out of range: %+v", s)
+	}
+}
+
+// TestProcessCPU: the process's CPU time grows while it works, and agrees
+// with the kernel's own count for the process in /proc/self/stat.
+func TestProcessCPU(t *testing.T) {
+	ticks := func() uint64 { // utime + stime, in clock ticks (USER_HZ, 100 on Linux)
+		b, err := os.ReadFile("/proc/self/stat")
+		if err != nil {
+			t.Skip("no /proc/self/stat here")
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		u, err1 := strconv.ParseUint(f[11], 10, 64)
+		s, err2 := strconv.ParseUint(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("/proc/self/stat: %q %q", f[11], f[12])
+		}
+		return u + s
+	}
+	k0 := ticks()
+	c0, err := ProcessCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Work until the kernel has counted 20 ticks (200 ms) more, with a
+	// deadline in case the reading never moves.
+	deadline := time.Now().Add(time.Minute)
+	x := uint64(1)
+	for ticks() < k0+20 {
+		for i := 0; i < 100000; i++ {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the process's CPU time did not grow by 200 ms within a minute of work")
+		}
+	}
+	c1, err := ProcessCPU()
+	k1 := ticks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, want := c1-c0, time.Duration(k1-k0)*10*time.Millisecond
+	if got < want-30*time.Millisecond || got > want+30*time.Millisecond {
+		t.Fatalf("ProcessCPU advanced %v while /proc/self/stat counted %v (x %d)", got, want, x)
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
@@ -135,6 +136,10 @@ type Report struct {
 	QuarantinedBlocks int     `json:"quarantined_blocks"`
 	PeerDown          bool    `json:"peer_down"`
 	Seconds           float64 `json:"seconds"`
+	// CPUSeconds is the CPU time the process used over those Seconds
+	// (user and system, every thread: libzmq's and the copiers' too);
+	// 0 where it cannot be read.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	// Chunks and Parts (ctx): the chunks handed over, and their parts
 	// (Options.LayerParts per chunk).
 	Chunks int `json:"chunks,omitempty"`
@@ -344,7 +349,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), processCPU()
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
@@ -360,7 +365,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		for i := range Prompts(o) {
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
 		}
-		return finish(n, rep, t0, out)
+		return finish(n, rep, t0, cpu0, out)
 	}
 	var inflight atomic.Int64 // Receives not yet done (Options.Canary)
 	canaryDone := make(chan struct{})
@@ -471,7 +476,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		rep.LatencyP50Us = float64(lat[len(lat)/2].Nanoseconds()) / 1e3
 		rep.LatencyP99Us = float64(lat[len(lat)*99/100].Nanoseconds()) / 1e3
 	}
-	return finish(n, rep, t0, out)
+	return finish(n, rep, t0, cpu0, out)
 }
 
 // RunCtx is the context role: prefill every request (simulated compute,
@@ -490,7 +495,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), processCPU()
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
@@ -555,7 +560,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		rep.PeerDown = true
 	default:
 	}
-	return finish(n, rep, t0, out)
+	return finish(n, rep, t0, cpu0, out)
 }
 
 func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, handed *handedCount) error {
@@ -720,6 +725,15 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	return blocks, quarantined, corrupt, err
 }
 
+// processCPU is the process's CPU time so far; 0 where it cannot be read.
+func processCPU() time.Duration {
+	d, err := cpustat.ProcessCPU()
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
 // waitPeer waits for the peer's Hello, with the transfer timeout as
 // deadline, and checks it serves the same layout.
 func waitPeer(ctx context.Context, n *role, o Options) error {
@@ -732,11 +746,14 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 	return n.WaitPeers(ctx)
 }
 
-func finish(n *role, rep Report, t0 time.Time, out io.Writer) (Report, error) {
+func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer) (Report, error) {
+	rep.Seconds = time.Since(t0).Seconds()
+	if cpu := processCPU(); cpu0 > 0 && cpu > cpu0 {
+		rep.CPUSeconds = (cpu - cpu0).Seconds()
+	}
 	if err := hoptrace.Dump(); err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace:", err)
 	}
-	rep.Seconds = time.Since(t0).Seconds()
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every
 	// session to drain, so what is still used after it is a leak.

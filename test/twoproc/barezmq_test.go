@@ -10,10 +10,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/internal/cpustat"
 )
 
 // The bare-zmq baseline of BenchmarkControlRoundTrip: a ROUTER in a child
@@ -77,8 +80,18 @@ func runEcho() int {
 		fmt.Fprintln(os.Stderr, "echo:", err)
 		return 1
 	}
+	// echoed and cpu0: the messages answered, and the process's CPU time
+	// at the first (after the handshake); printed at the end as "cpu <ns
+	// spent since> <messages>" for the benchmark's CPU per round trip.
+	var echoed atomic.Int64
+	var cpu0 atomic.Int64
 	go func() { // the parent closes stdin when done
 		_, _ = os.Stdin.Read(make([]byte, 1))
+		if n, c := echoed.Load(), cpu0.Load(); n > 0 && c > 0 {
+			if now, err := cpustat.ProcessCPU(); err == nil {
+				fmt.Printf("cpu %d %d\n", now.Nanoseconds()-c, n)
+			}
+		}
 		os.Exit(0)
 	}()
 	var back *zmq4.Socket // 2conn: the answers' DEALER
@@ -104,6 +117,11 @@ func runEcho() int {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
 		}
+		if cpu0.Load() == 0 {
+			if c, err := cpustat.ProcessCPU(); err == nil {
+				cpu0.Store(max(c.Nanoseconds(), 1))
+			}
+		}
 		work.do()
 		if back != nil {
 			_, err = back.SendBytes(msg[len(msg)-1], 0)
@@ -114,6 +132,7 @@ func runEcho() int {
 			fmt.Fprintln(os.Stderr, "echo:", err)
 			return 1
 		}
+		echoed.Add(1)
 	}
 }
 
@@ -233,9 +252,11 @@ func freeTCP(t testing.TB) string {
 // bareRoundTrips runs n 128-byte round trips against an echo child, each
 // after idling pause, and returns each one's duration (after 200
 // unmeasured). pinned: the echo child runs on CPU 1 and the DEALER in a
-// child of its own on CPU 0 (see pinnedCPUs), as the engine's pinned runs.
+// child of its own on CPU 0 (see pinnedCPUs), as the engine's pinned runs,
+// and cpuUs is the two processes' CPU time per round trip in µs (-1 when
+// not pinned, where the DEALER shares this process, or not known).
 // twoConn: the answers come back over a second connection (echoReplyTo).
-func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration, pinned, twoConn bool) []time.Duration {
+func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause time.Duration, pinned, twoConn bool) (rt []time.Duration, cpuUs float64) {
 	b.Helper()
 	ep := freeTCP(b)
 	if transport == "ipc" {
@@ -280,35 +301,54 @@ func bareRoundTrips(b *testing.B, transport string, curve bool, n int, pause tim
 		}
 	}
 	if !pinned {
-		out, err := ping(ep, srvPub, n, pause, back)
+		out, _, err := ping(ep, srvPub, n, pause, back)
 		if err != nil {
 			b.Fatal(err)
 		}
-		return out
+		return out, -1
 	}
 	p := spawnOn(b, []string{roleEnv + "=" + pingRole, echoEndpoint + "=" + ep,
 		pingArgs + "=" + fmt.Sprintf("%d %d %s %s %s", n, pause, srvPub, back.ep, back.sec)}, 0)
 	defer p.stop()
 	done := time.After(2 * time.Minute)
-	for {
+	pingCPU := -1.0
+	for rt == nil {
 		select {
 		case l, ok := <-p.lines:
 			if !ok {
 				b.Fatal("ping process ended without its round trips")
 			}
 			var ns []int64
+			if v, ok := strings.CutPrefix(l, "cpu "); ok {
+				if c, err := strconv.ParseInt(v, 10, 64); err == nil && c > 0 {
+					pingCPU = float64(c) / 1e3
+				}
+			}
 			if !strings.HasPrefix(l, "[") || json.Unmarshal([]byte(l), &ns) != nil {
 				continue
 			}
-			out := make([]time.Duration, len(ns))
+			rt = make([]time.Duration, len(ns))
 			for i, v := range ns {
-				out[i] = time.Duration(v)
+				rt[i] = time.Duration(v)
 			}
-			return out
 		case <-done:
 			b.Fatal("ping process: no round trips within 2 minutes")
 		}
 	}
+	// The echo prints its CPU time and the messages it answered as it
+	// ends: "cpu <ns> <messages>".
+	c.stop()
+	echoCPU := -1.0
+	for l := range c.lines {
+		var ns, msgs int64
+		if _, err := fmt.Sscanf(l, "cpu %d %d", &ns, &msgs); err == nil && ns > 0 && msgs > 0 {
+			echoCPU = float64(ns) / float64(msgs) / 1e3
+		}
+	}
+	if pingCPU < 0 || echoCPU < 0 {
+		return rt, -1
+	}
+	return rt, pingCPU + echoCPU
 }
 
 // replyPath is where the 2conn variant's answers come back: the ROUTER
@@ -319,18 +359,19 @@ type replyPath struct{ ep, pub, sec string }
 // ping is the DEALER side: n round trips of a 128-byte frame to the echo
 // ROUTER at ep (CURVE with its public key srvPub unless "-"), each after
 // idling pause, after 200 unmeasured; the answers come on the DEALER or,
-// when back.ep is not "-", on a ROUTER bound there.
-func ping(ep, srvPub string, n int, pause time.Duration, back replyPath) ([]time.Duration, error) {
+// when back.ep is not "-", on a ROUTER bound there. cpu is this process's
+// CPU time per round trip over all n+200 (0 where it cannot be read).
+func ping(ep, srvPub string, n int, pause time.Duration, back replyPath) (rt []time.Duration, cpu time.Duration, err error) {
 	d, err := dealerTo(ep, srvPub)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer d.Close()
 	recv := func() ([]byte, error) { return d.RecvBytes(0) }
 	if back.ep != "-" {
 		r, err := routerAt(back.ep, back.sec)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		defer r.Close()
 		recv = func() ([]byte, error) {
@@ -343,26 +384,30 @@ func ping(ep, srvPub string, n int, pause time.Duration, back replyPath) ([]time
 	}
 	frame := make([]byte, 128)
 	out := make([]time.Duration, 0, n)
+	cpu0, cpuErr := cpustat.ProcessCPU()
 	for i := -200; i < n; i++ {
 		if pause > 0 {
 			time.Sleep(pause)
 		}
 		t0 := time.Now()
 		if _, err := d.SendBytes(frame, 0); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		got, err := recv()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if len(got) != len(frame) {
-			return nil, fmt.Errorf("echo: %d bytes back, sent %d", len(got), len(frame))
+			return nil, 0, fmt.Errorf("echo: %d bytes back, sent %d", len(got), len(frame))
 		}
 		if i >= 0 {
 			out = append(out, time.Since(t0))
 		}
 	}
-	return out, nil
+	if cpu1, err := cpustat.ProcessCPU(); err == nil && cpuErr == nil {
+		cpu = (cpu1 - cpu0) / time.Duration(n+200)
+	}
+	return out, cpu, nil
 }
 
 // runPing is the ping child: ping as pingArgs says, then print the round
@@ -378,10 +423,13 @@ func runPing() int {
 		fmt.Fprintln(os.Stderr, "ping: bad", pingArgs+":", err)
 		return 2
 	}
-	out, err := ping(os.Getenv(echoEndpoint), srvPub, n, pause, back)
+	out, cpu, err := ping(os.Getenv(echoEndpoint), srvPub, n, pause, back)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ping:", err)
 		return 1
+	}
+	if cpu > 0 {
+		fmt.Printf("cpu %d\n", cpu.Nanoseconds()) // per round trip
 	}
 	ns := make([]int64, len(out))
 	for i, d := range out {

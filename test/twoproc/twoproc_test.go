@@ -19,6 +19,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,11 +164,12 @@ func writeAllocs(path string) error {
 }
 
 type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	report chan proc.Report
-	done   chan error
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	lines    chan string
+	report   chan proc.Report
+	done     chan error
+	stopOnce sync.Once
 }
 
 // spawn starts the test binary as a child in role with options o and env
@@ -260,10 +262,12 @@ func spawnOn(t testing.TB, env []string, cpu int) *child {
 }
 
 // stop closes the child's standard input (an echo child exits on it) and
-// waits for it to end.
+// waits for it to end; a second call returns at once.
 func (c *child) stop() {
-	_ = c.stdin.Close()
-	<-c.done
+	c.stopOnce.Do(func() {
+		_ = c.stdin.Close()
+		<-c.done
+	})
 }
 
 // waitLine waits for a progress line with the prefix, with a deadline.
@@ -381,6 +385,14 @@ func testTwoProcessTransfer(t *testing.T, b string, parts int) {
 	}
 	if cr.OK != 6 || cr.LeakedBlocks != 0 {
 		t.Fatalf("ctx report %+v", cr)
+	}
+	// Each side says what CPU it spent (the control benchmark's CPU per
+	// round trip): some, and no more than its CPUs could give in its
+	// time (a tick of slack).
+	for _, r := range []proc.Report{gr, cr} {
+		if most := r.Seconds*float64(runtime.NumCPU()) + 0.02; r.CPUSeconds <= 0 || r.CPUSeconds > most {
+			t.Fatalf("%s spent %.3f s of CPU in %.3f s on %d CPUs", r.Role, r.CPUSeconds, r.Seconds, runtime.NumCPU())
+		}
 	}
 	want := 0
 	for _, pl := range proc.Prompts(c) {
@@ -520,7 +532,12 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				b.ReportMetric(gr.LatencyP50Us, "p50-us")
 				b.ReportMetric(gr.LatencyP99Us, "p99-us")
 				b.ReportMetric(float64(gr.OK)/gr.Seconds, "req/s")
-				got[subName(b)] = roundTrips{p50: gr.LatencyP50Us, p99: gr.LatencyP99Us, steal: stealOf(b, m)}
+				cpu := -1.0 // µs of both processes' CPU per round trip
+				if gr.CPUSeconds > 0 && cr.CPUSeconds > 0 {
+					cpu = (gr.CPUSeconds + cr.CPUSeconds) * 1e6 / float64(gr.OK)
+					b.ReportMetric(cpu, "cpu-us/rt")
+				}
+				got[subName(b)] = roundTrips{p50: gr.LatencyP50Us, p99: gr.LatencyP99Us, steal: stealOf(b, m), cpu: cpu}
 			}
 		}
 	}
@@ -531,12 +548,15 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 			}
 			for i := 0; i < b.N; i++ {
 				m := cpustat.Start()
-				rt := bareRoundTrips(b, transport, curve, 2000, pause, pinned, twoConn)
+				rt, cpu := bareRoundTrips(b, transport, curve, 2000, pause, pinned, twoConn)
 				p50, p99 := float64(percentile(rt, 0.5))/1e3, float64(percentile(rt, 0.99))/1e3
 				b.ReportMetric(p50, "p50-us")
 				b.ReportMetric(p99, "p99-us")
 				b.ReportMetric(float64(len(rt))/sum(rt).Seconds(), "req/s")
-				got[subName(b)] = roundTrips{p50: p50, p99: p99, steal: stealOf(b, m)}
+				if cpu > 0 {
+					b.ReportMetric(cpu, "cpu-us/rt")
+				}
+				got[subName(b)] = roundTrips{p50: p50, p99: p99, steal: stealOf(b, m), cpu: cpu}
 			}
 		}
 	}
@@ -575,15 +595,28 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 		e, okE := got[r[0]]
 		z, okZ := got[r[1]]
 		if okE && okZ && z.p50 > 0 && z.p99 > 0 {
-			fmt.Printf("ControlRoundTrip %s / %s: p50 %.2fx (%.1f / %.1f µs), p99 %.2fx (%.0f / %.0f µs)%s\n",
-				r[0], r[1], e.p50/z.p50, e.p50, z.p50, e.p99/z.p99, e.p99, z.p99, stealPair(e.steal, z.steal))
+			fmt.Printf("ControlRoundTrip %s / %s: p50 %.2fx (%.1f / %.1f µs), p99 %.2fx (%.0f / %.0f µs)%s%s\n",
+				r[0], r[1], e.p50/z.p50, e.p50, z.p50, e.p99/z.p99, e.p99, z.p99, cpuPair(e.cpu, z.cpu), stealPair(e.steal, z.steal))
 		}
 	}
 }
 
-// roundTrips is one sub-benchmark's figures: p50 and p99 in µs, and the
-// share of CPU time the host took meanwhile (steal; -1: not known).
-type roundTrips struct{ p50, p99, steal float64 }
+// roundTrips is one sub-benchmark's figures: p50 and p99 in µs, the
+// share of CPU time the host took from this machine meanwhile (steal; -1:
+// not known), and the CPU time its two processes spent per round trip, µs
+// (every thread; -1: not known).
+type roundTrips struct{ p50, p99, steal, cpu float64 }
+
+// cpuPair is the ratio line's CPU figure: "; CPU per round trip 2.50x
+// (190 / 76 µs)", or nothing unless both sides are known. CPU time is
+// what the host's steal does not inflate: the engine's own work per
+// request beside bare zmq's.
+func cpuPair(e, z float64) string {
+	if e <= 0 || z <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; CPU per round trip %.2fx (%.0f / %.0f µs)", e/z, e, z)
+}
 
 // stealOf ends m and reports its steal share as a metric; -1 when the
 // machine does not say.
