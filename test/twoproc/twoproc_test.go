@@ -536,6 +536,8 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 				if gr.CPUSeconds > 0 && cr.CPUSeconds > 0 {
 					cpu = (gr.CPUSeconds + cr.CPUSeconds) * 1e6 / float64(gr.OK)
 					b.ReportMetric(cpu, "cpu-us/rt")
+					b.ReportMetric(gr.CPUSeconds*1e6/float64(gr.OK), "gen-cpu-us/rt")
+					b.ReportMetric(cr.CPUSeconds*1e6/float64(gr.OK), "ctx-cpu-us/rt")
 				}
 				got[subName(b)] = roundTrips{p50: gr.LatencyP50Us, p99: gr.LatencyP99Us, steal: stealOf(b, m), cpu: cpu}
 			}
