@@ -38,7 +38,11 @@
 //     reason on both sides; a peer serving another model is logged naming
 //     both models as its Hello arrives, one whose frames are of another
 //     control protocol version naming both versions; WaitPeers returns
-//     these as errors.
+//     these as errors. A peer still silent after 3 heartbeat intervals is
+//     named in a warning with what the link knows (nothing accepts
+//     connections at its endpoint; or it has not connected back to ours)
+//     while WaitPeers goes on waiting, and its error at the deadline says
+//     the same.
 //     Node.Receive refuses a request whose writer is not among the peers
 //     and logs a writer that has not said Hello within 2 heartbeats.
 //

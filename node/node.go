@@ -460,17 +460,25 @@ func (n *Node) Backend() string { return n.backend }
 // are of another control protocol version (an error wrapping
 // kvxfer.ErrMismatch and messages.ErrVersion); when ctx ends
 // first, an error wrapping ErrPeerSilent names the silent peers.
+//
+// A peer still silent after 3 heartbeat intervals is named in a warning, with what the
+// link knows of it (nothing accepts connections at its endpoint; or our
+// connection to it is up and it has not connected back), while the wait
+// goes on: a peer may be started after this one, but a user who forgot it
+// hears so in seconds, not at the deadline.
 func (n *Node) WaitPeers(ctx context.Context) error {
 	if n.link == nil || len(n.peers) == 0 {
 		return nil
 	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
+	start, hinted, hintAfter := time.Now(), false, waitHintBeats*n.heartbeat()
 	for {
 		if err := n.Err(); err != nil {
 			return err
 		}
 		var silent []string
+		unexplained := false // a silent peer the link knows nothing more of
 		for _, p := range n.peers {
 			id := p.id()
 			endpoint := p.Endpoint
@@ -496,21 +504,61 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			// A refused handshake with a peer etcd found is most likely
 			// the race the membership goroutine redials for.
-			if st, err := n.link.PeerState(id); err == nil && st.Conn == zmq.ConnHandshakeFailed && p.Endpoint != "" {
+			st, err := n.link.PeerState(id)
+			if err == nil && st.Conn == zmq.ConnHandshakeFailed && p.Endpoint != "" {
 				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
 			}
-			silent = append(silent, id.String()+" at "+endpoint)
+			who := id.String() + " at " + endpoint
+			if why := n.silentWhy(st, err); why != "" {
+				who += ": " + why
+			} else {
+				unexplained = true
+			}
+			silent = append(silent, who)
 		}
 		if len(silent) == 0 {
 			return nil
 		}
+		if !hinted && time.Since(start) >= hintAfter {
+			hinted = true
+			dl := "its deadline"
+			if d, ok := ctx.Deadline(); ok {
+				dl = time.Until(d).Round(time.Second).String() + " more"
+			}
+			n.log.Warn().Strs("peers", silent).Msgf("no Hello after %v, waiting up to %s: %s", hintAfter, dl, strings.Join(silent, "; "))
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %s (%v): is it running, and do both sides use the same CURVE keys (or both insecure)?%s",
-				ErrPeerSilent, strings.Join(silent, ", "), context.Cause(ctx), n.unnamedVersion())
+			ask := ""
+			if unexplained {
+				ask = ": is it running, and do both sides use the same CURVE keys (or both insecure)?"
+			}
+			return fmt.Errorf("%w (%v): %s%s%s",
+				ErrPeerSilent, context.Cause(ctx), strings.Join(silent, "; "), ask, n.unnamedVersion())
 		case <-t.C:
 		}
 	}
+}
+
+// waitHintBeats is how many heartbeat intervals WaitPeers waits for a
+// peer's Hello before it names the silent peers in a warning (and goes on
+// waiting): 3 s by default.
+const waitHintBeats = 3
+
+// silentWhy is what the link's connection to a silent peer says about
+// the silence (st and err from Link.PeerState), or "" when nothing more
+// than the silence is known.
+func (n *Node) silentWhy(st zmq.PeerState, err error) string {
+	switch {
+	case err != nil:
+		return ""
+	case (st.Conn == zmq.ConnConnecting || st.Conn == zmq.ConnDown) && st.Reason != "":
+		return st.Reason
+	case st.Conn == zmq.ConnUp:
+		return "our connection to it is up, but it has not connected back to this engine at " + n.link.Endpoint() +
+			": is that its peer endpoint, and is this engine's public key among its peer keys?"
+	}
+	return ""
 }
 
 // unnamedVersion says, for a silence, that frames of another control

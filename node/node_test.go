@@ -263,16 +263,44 @@ func TestInsecureMismatchNamed(t *testing.T) {
 	})
 }
 
-// TestSilentPeerNamed: no ctx process at all; WaitPeers returns
-// ErrPeerSilent naming the peer and its endpoint when its ctx ends.
+// TestSilentPeerNamed: no ctx process at all; WaitPeers names the peer,
+// its endpoint and that nothing accepts connections there in a warning
+// after 3 heartbeat intervals, while it goes on waiting, and returns
+// ErrPeerSilent saying the same when its ctx ends. (Checked to fail with
+// the warning removed, and with silentWhy returning "".)
 func TestSilentPeerNamed(t *testing.T) {
 	_, gc := pair(t, shm.Backend)
+	glog := logged(t, &gc)
 	genN := open(t, gc)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*beat)
 	defer cancel()
 	err := genN.WaitPeers(ctx)
-	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 at "+gc.Peers[0].Endpoint) {
-		t.Fatalf("WaitPeers = %v, want ErrPeerSilent naming ctx/0", err)
+	who := "ctx/0 at " + gc.Peers[0].Endpoint + ": nothing accepts connections there"
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), who) {
+		t.Fatalf("WaitPeers = %v, want ErrPeerSilent with %q", err, who)
+	}
+	if strings.Contains(err.Error(), "same CURVE keys") {
+		t.Fatalf("WaitPeers = %v: asks about keys where the cause is known", err)
+	}
+	if !glog.Has("no Hello after "+(3*beat).String()) || !glog.Has(who) {
+		t.Fatalf("no warning naming %q before the deadline; the log:\n%s", who, glog)
+	}
+}
+
+// TestPeerThatDoesNotDialBackNamed: ctx runs, and our connection to it is
+// up, but it dials another endpoint than ours: WaitPeers says that it
+// has not connected back to this engine's endpoint. (Checked to fail with
+// silentWhy's ConnUp case removed.)
+func TestPeerThatDoesNotDialBackNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Peers[0].Endpoint = "ipc://" + filepath.Join(t.TempDir(), "elsewhere.sock")
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "has not connected back to this engine at "+gc.Bind) {
+		t.Fatalf("WaitPeers = %v, want ErrPeerSilent saying ctx/0 did not connect back to %s", err, gc.Bind)
 	}
 }
 

@@ -29,6 +29,8 @@ type ConnState uint8
 const (
 	// ConnConnecting: no handshake has completed or failed yet (the peer
 	// is not listening yet, or its endpoint is wrong, or it is slow).
+	// PeerState.Reason says so once a connection attempt failed: nothing
+	// accepted it (refusedReason).
 	ConnConnecting ConnState = iota
 	// ConnHandshakeFailed: the last handshake failed; PeerState.Reason
 	// says why (a key that is not allowed, a wrong server key, one side
@@ -59,7 +61,9 @@ func (s ConnState) String() string {
 // peer; whether the peer reached us is Hello's business.
 type PeerState struct {
 	Conn ConnState
-	// Reason says why the handshake failed (ConnHandshakeFailed only).
+	// Reason says why the handshake failed (ConnHandshakeFailed), or, for
+	// ConnConnecting and ConnDown, that the connection attempts fail:
+	// nothing accepts them at the endpoint (empty while none failed).
 	Reason string
 	// Endpoint is the peer's endpoint the connection dials.
 	Endpoint string
@@ -68,8 +72,11 @@ type PeerState struct {
 }
 
 func (s PeerState) String() string {
-	if s.Conn == ConnHandshakeFailed {
+	switch {
+	case s.Conn == ConnHandshakeFailed:
 		return "handshake failed: " + s.Reason
+	case s.Reason != "":
+		return s.Conn.String() + ": " + s.Reason
 	}
 	return s.Conn.String()
 }
@@ -114,7 +121,8 @@ func (l *Link) PeerState(peer messages.PeerID) (PeerState, error) {
 
 // watchedEvents are the socket-monitor events a heartbeat socket reports.
 const watchedEvents = zmq4.EVENT_CONNECTED | zmq4.EVENT_DISCONNECTED | zmq4.EVENT_HANDSHAKE_SUCCEEDED |
-	zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq4.EVENT_HANDSHAKE_FAILED_AUTH
+	zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq4.EVENT_HANDSHAKE_FAILED_AUTH |
+	zmq4.EVENT_CONNECT_RETRIED
 
 // connWatch turns a heartbeat socket's monitor events into its PeerState.
 // It is pure (time comes in) and owned by the heartbeat goroutine.
@@ -144,7 +152,19 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 	switch ev {
 	case zmq4.EVENT_CONNECTED:
 		w.handshaking = true
-		return false
+		if w.state.Conn == ConnHandshakeFailed {
+			return false
+		}
+		w.state.Reason = "" // something accepts connections again
+	case zmq4.EVENT_CONNECT_RETRIED:
+		// A connection attempt failed before any handshake (refused,
+		// unreachable, no such ipc:// file); libzmq retries. A failed
+		// handshake says more and stays.
+		if w.state.Conn == ConnHandshakeFailed {
+			return false
+		}
+		w.handshaking = false
+		w.state.Reason = refusedReason
 	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
 		w.handshaking = false
 		w.named = time.Time{}
@@ -189,6 +209,10 @@ func (w *connWatch) set(c ConnState, reason string, now time.Time) {
 	}
 	w.state.Conn, w.state.Reason = c, reason
 }
+
+// refusedReason is PeerState.Reason while connection attempts fail
+// before a handshake: on one host, nothing listens at the endpoint.
+const refusedReason = "nothing accepts connections there (refused or unreachable; libzmq retries): is the peer's process running, at that endpoint?"
 
 // libzmq's ZMQ_PROTOCOL_ERROR_* values (zmq.h) that name a mistake.
 const (

@@ -193,6 +193,47 @@ func TestConnWatchTransitions(t *testing.T) {
 	}
 }
 
+// A connection attempt that fails before any handshake (nothing listens
+// there) says so in Connecting and Down, until something accepts a
+// connection again; it never hides a failed handshake. (Checked to fail
+// with the CONNECT_RETRIED case removed from step.)
+func TestConnWatchNamesRefusedConnections(t *testing.T) {
+	now := time.Unix(100, 0)
+	w := connWatch{secure: true, state: PeerState{Conn: ConnConnecting}}
+	steps := []struct {
+		ev      zmq4.Event
+		value   int
+		want    ConnState
+		why     string
+		changed bool
+	}{
+		{zmq4.EVENT_CONNECT_RETRIED, 100, ConnConnecting, "nothing accepts connections there", true},
+		{zmq4.EVENT_CONNECT_RETRIED, 200, ConnConnecting, "nothing accepts connections there", false},
+		{zmq4.EVENT_CONNECTED, 0, ConnConnecting, "", true},
+		{zmq4.EVENT_HANDSHAKE_SUCCEEDED, 0, ConnUp, "", true},
+		{zmq4.EVENT_DISCONNECTED, 0, ConnDown, "", true},
+		{zmq4.EVENT_CONNECT_RETRIED, 100, ConnDown, "nothing accepts connections there", true},
+		{zmq4.EVENT_CONNECTED, 0, ConnDown, "", true},
+		{zmq4.EVENT_HANDSHAKE_FAILED_AUTH, 400, ConnHandshakeFailed, "ZAP status 400", true},
+		{zmq4.EVENT_CONNECT_RETRIED, 100, ConnHandshakeFailed, "ZAP status 400", false},
+	}
+	for i, s := range steps {
+		changed := w.step(s.ev, s.value, now.Add(time.Duration(i)*time.Second))
+		if w.state.Conn != s.want || changed != s.changed || (s.why == "") != (w.state.Reason == "") || !strings.Contains(w.state.Reason, s.why) {
+			t.Fatalf("step %d (%v): state %v reason %q changed %v, want %v with %q changed %v",
+				i, s.ev, w.state.Conn, w.state.Reason, changed, s.want, s.why, s.changed)
+		}
+	}
+	if got := w.state.String(); !strings.HasPrefix(got, "handshake failed: ") {
+		t.Fatalf("String() = %q", got)
+	}
+	w = connWatch{state: PeerState{Conn: ConnConnecting}}
+	w.step(zmq4.EVENT_CONNECT_RETRIED, 100, now)
+	if got := w.state.String(); !strings.HasPrefix(got, "connecting: nothing accepts connections there") {
+		t.Fatalf("String() = %q, want connecting and why", got)
+	}
+}
+
 // A named handshake failure is not replaced by the bare hang-ups libzmq
 // reports for most attempts against a server of another mechanism (EPIPE
 // on a loaded machine), for namedHold; a hang-up that goes on longer is
