@@ -67,7 +67,8 @@
 //     rank (AllowKey, SetPeerServerKey), then its endpoint added, so the
 //     link dials it with the key known. A peer refused at its handshake
 //     because it had not learned this node's key yet is redialed (once
-//     per heartbeat interval, until its Hello arrives). A record without a
+//     per heartbeat interval, until this node's connection to it is up,
+//     whether or not its Hello came first). A record without a
 //     CURVE key (this node using CURVE), or with a key other than one the
 //     config pins for that rank, is refused and logged, and WaitPeers
 //     returns that (ErrHandshake) at once.

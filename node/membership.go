@@ -23,6 +23,10 @@ type found struct {
 	rec discovery.Record
 	// hello: the Hello of this incarnation's link arrived and was checked.
 	hello bool
+	// linked: this node's own connection to the peer completed its
+	// handshake (PeerState up) since it was found; until then a refused
+	// handshake is redialed, whether or not the peer's Hello came.
+	linked bool
 	// redialed is when the node last redialed the peer after a refused
 	// handshake.
 	redialed time.Time
@@ -172,36 +176,51 @@ func (n *Node) pinnedKey(id messages.PeerID) (string, bool) {
 	return k, ok
 }
 
-// tend checks the peers etcd found that have not said Hello yet: a Hello
-// is checked (model) and logged once; a heartbeat refused at the peer's
-// handshake (it had not learned this node's key yet) is redialed, at most
-// once per heartbeat interval.
+// tend checks the peers etcd found until each said Hello and this node's
+// own connection to it is up: a Hello is checked (model) and logged once;
+// a heartbeat refused at the peer's handshake (it had not learned this
+// node's key yet) is redialed, at most once per heartbeat interval — also
+// when the peer's Hello came first (its connection to us is not ours to
+// it: the peer would never hear this node's Hello).
 func (n *Node) tend() {
 	n.mu.Lock()
 	var wait []messages.PeerID
 	for id, f := range n.found {
-		if !f.hello {
+		if !f.hello || !f.linked {
 			wait = append(wait, id)
 		}
 	}
 	n.mu.Unlock()
 	for _, id := range wait {
-		h, err := n.link.Hello(id)
-		if err == nil {
+		if h, err := n.link.Hello(id); err == nil {
 			n.mu.Lock()
-			if f := n.found[id]; f != nil {
+			f := n.found[id]
+			first := f != nil && !f.hello
+			if f != nil {
 				f.hello = true
 			}
 			n.mu.Unlock()
-			if err := n.eng.CheckPeer(h); err != nil {
-				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
-			} else {
-				n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
+			if first {
+				if err := n.eng.CheckPeer(h); err != nil {
+					n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+				} else {
+					n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
+				}
 			}
-			continue
 		}
 		st, err := n.link.PeerState(id)
-		if err != nil || st.Conn != zmq.ConnHandshakeFailed {
+		if err != nil {
+			continue
+		}
+		if st.Conn == zmq.ConnUp {
+			n.mu.Lock()
+			if f := n.found[id]; f != nil {
+				f.linked = true
+			}
+			n.mu.Unlock()
+			continue
+		}
+		if st.Conn != zmq.ConnHandshakeFailed {
 			continue
 		}
 		n.mu.Lock()

@@ -17,7 +17,7 @@
 //     says Hello and then sends a Heartbeat every HeartbeatInterval, and,
 //     for each, the PAIR socket connected to that DEALER's socket monitor
 //     (inproc), owned by the same goroutine, which polls them without
-//     blocking every 10 ms between beats (sleeping in Go) and closes both (monitor stopped first) when the peer's socket
+//     blocking every 100 ms between beats (sleeping in Go) and closes both (monitor stopped first) when the peer's socket
 //     is remade or the link closes;
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal

@@ -58,23 +58,26 @@ func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 			return
 		default:
 		}
-		if err := b.watch(min(time.Until(next), beatPoll)); err != nil {
+		if err := b.watch(min(time.Until(next), beatPoll), stop); err != nil {
 			l.log.Error().Err(err).Msg("control/zmq: heartbeat poll failed; heartbeats stop")
 			return
 		}
 	}
 }
 
-// beatPoll bounds one wait of the heartbeat goroutine, so it notices Close
-// and its monitors' events.
-const beatPoll = 10 * time.Millisecond
+// beatPoll bounds one wait of the heartbeat goroutine, so that it reads
+// its monitors' events (PeerState: for people and redials, not for
+// liveness) within it; Close ends a wait at once. Each wait is a wake of an
+// idle process: two connected idle nodes cost 4.3 % of a CPU at 10 ms,
+// 2.6 % at 100 ms (node's BenchmarkIdlePair, BENCHMARKS.md).
+const beatPoll = 100 * time.Millisecond
 
-// watch applies the monitor events waiting, then sleeps d.
+// watch applies the monitor events waiting, then sleeps d or until stop.
 //
 // It polls the monitors without blocking and sleeps in Go rather than in
 // zmq_poll: a goroutine blocked in a cgo call keeps its P (see sockWait),
 // and on a two-core machine that P is half the engine's.
-func (b *beater) watch(d time.Duration) error {
+func (b *beater) watch(d time.Duration, stop <-chan struct{}) error {
 	if d < time.Millisecond {
 		d = time.Millisecond
 	}
@@ -87,7 +90,7 @@ func (b *beater) watch(d time.Duration) error {
 		}
 	}
 	if len(byMon) == 0 {
-		time.Sleep(d)
+		sleep(d, stop)
 		return nil
 	}
 	polled, err := poller.Poll(0)
@@ -99,8 +102,18 @@ func (b *beater) watch(d time.Duration) error {
 			b.events(s)
 		}
 	}
-	time.Sleep(d)
+	sleep(d, stop)
 	return nil
+}
+
+// sleep waits d, or until stop is closed.
+func sleep(d time.Duration, stop <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+	case <-t.C:
+	}
 }
 
 // events applies the monitor events waiting for s.
@@ -146,7 +159,7 @@ func (b *beater) logState(peer messages.PeerID, st PeerState) {
 	case ConnUp:
 		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Msg("control/zmq: connected to peer")
 	default:
-		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Stringer("state", st.Conn).Msg("control/zmq: peer connection")
+		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Stringer("state", st).Msg("control/zmq: peer connection")
 	}
 }
 
