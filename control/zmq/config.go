@@ -89,6 +89,9 @@ type Config struct {
 	TerminalBacklog int
 	// Clock tells the listener the time (default time.Now).
 	Clock func() time.Time
+	// wallClock: Clock is time.Now (set by normalize), so the listener may
+	// sleep until the next liveness deadline instead of polling.
+	wallClock bool
 }
 
 // Curve holds a link's CURVE keys, all Z85 (40 characters).
@@ -187,7 +190,7 @@ func (c Config) normalize() (Config, error) {
 		c.TerminalBacklog = DefaultTerminalBacklog
 	}
 	if c.Clock == nil {
-		c.Clock = time.Now
+		c.Clock, c.wallClock = time.Now, true
 	}
 	peers := make(map[messages.PeerID]string, len(c.Peers))
 	for id, ep := range c.Peers {
@@ -246,8 +249,9 @@ func (c Config) normalize() (Config, error) {
 // heartbeats reports whether heartbeats and liveness tracking are on.
 func (c *Config) heartbeats() bool { return c.HeartbeatInterval > 0 }
 
-// pollInterval is how long the listener waits in one poll: short enough to
-// notice Close and expire peers promptly.
+// pollInterval is how long the listener waits in one poll when its clock
+// is injected (listener.tick): short enough to expire peers promptly on
+// the clock a test moves.
 func (c *Config) pollInterval() time.Duration {
 	d := 50 * time.Millisecond
 	if c.heartbeats() && c.HeartbeatInterval/2 < d {

@@ -170,6 +170,36 @@ func TestInjectedClockDrivesPeerDown(t *testing.T) {
 	waitFor(t, patience, "b back", func() bool { _, err := a.link.Hello(b.id); return err == nil })
 }
 
+// Close does not wait out the listener's and the ZAP handler's long idle
+// waits (idleWait: an idle link with an hour's heartbeat waits that long
+// between wakes): it interrupts them. (Checked to fail: with
+// stopListening's interrupts removed, Close takes idleWait.)
+func TestCloseInterruptsIdleWaits(t *testing.T) {
+	a := listen(t, pid("ctx", 0), Config{Insecure: true, HeartbeatInterval: time.Hour})
+	b := listen(t, pid("gen", 0), Config{Insecure: true})
+	introduce(t, b, a)
+	conn, err := b.link.Dial(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A frame handled: a's listener is back in its wait, idle.
+	if err := conn.Send(result(b.id, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "the frame", func() bool { return a.in.len() == 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- a.link.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("Close still waiting after %v (idle waits are %v)", patience, idleWait)
+	}
+}
+
 // Closing the Listener stops the link's goroutines; the link still closes.
 func TestListenerCloseStopsGoroutines(t *testing.T) {
 	before := goleak.IgnoreCurrent()

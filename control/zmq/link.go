@@ -51,6 +51,7 @@ type Link struct {
 	selfHello []byte // self, encoded once
 	endpoint  string
 	stop      chan struct{} // closed to stop the listener and heartbeats
+	waits     []*sockWait   // the listener's and the ZAP handler's (nil when insecure), interrupted at stop
 	stopped   bool
 	closed    bool
 	refs      int // the link itself plus each open Conn; the context ends at 0
@@ -249,6 +250,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 	}
 	l.self, l.selfHello, l.endpoint = self, hello, endpoint
 	l.stop = make(chan struct{})
+	l.waits = []*sockWait{rw, zw}
 	s := &listener{
 		l:       l,
 		router:  router,
@@ -534,9 +536,13 @@ func (l *Link) stopListening() {
 	stop := l.stop
 	first := stop != nil && !l.stopped
 	l.stopped = true
+	waits := l.waits
 	l.mu.Unlock()
 	if first {
 		close(stop)
+		for _, w := range waits { // after stop: a woken loop sees it
+			w.interrupt()
+		}
 	}
 	l.wg.Wait()
 }

@@ -49,10 +49,26 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 		s.l.wg.Add(1)
 		go s.serveZAPs(stop, zw)
 	}
-	every := s.l.cfg.pollInterval()
 	s.waitLoop(stop, "listener poll failed; listener stops",
-		func() error { _, err := rw.serve(every, s.drain); return err },
+		func() error { _, err := rw.serve(s.tick(), s.drain); return err },
 		func() { s.live.expire(s.l.cfg.Clock(), s.down) })
+}
+
+// idleWait bounds a wait of the listener or the ZAP handler when nothing
+// else does; Close interrupts their waits (sockWait.interrupt).
+const idleWait = 30 * time.Second
+
+// tick is how long the listener may wait for frames before it must run the
+// liveness expiry: until the first alive peer's silence could reach the
+// timeout, by the wall clock (at most idleWait), so that an idle link
+// wakes about once per heartbeat timeout, not every poll interval. With an
+// injected Config.Clock, which a test moves by hand, no wait can be
+// computed from it: the listener polls every poll interval.
+func (s *listener) tick() time.Duration {
+	if !s.l.cfg.wallClock {
+		return s.l.cfg.pollInterval()
+	}
+	return max(s.live.next(time.Now(), idleWait), time.Millisecond)
 }
 
 // serveZAPs is the ZAP goroutine: it answers ZAP requests as they come
@@ -61,9 +77,8 @@ func (s *listener) serveZAPs(stop <-chan struct{}, zw *sockWait) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.zap)
 	defer zw.close()
-	every := s.l.cfg.pollInterval()
 	s.waitLoop(stop, "ZAP handler poll failed; CURVE handshakes stall", func() error {
-		ok, err := zw.wait(every)
+		ok, err := zw.wait(idleWait)
 		if ok {
 			s.serveZAP()
 		}

@@ -76,3 +76,23 @@ func (l *liveness) expire(now time.Time, fn func(messages.PeerID)) {
 		}
 	}
 }
+
+// next is how long from now until the first tracked alive peer's silence
+// reaches the timeout (when expire would mark it down), at most most; most
+// when no peer is alive or the timeout is 0. A peer first heard from later
+// expires at least the timeout from then, so a wait of at most
+// min(most, timeout) misses none.
+func (l *liveness) next(now time.Time, most time.Duration) time.Duration {
+	d := most
+	if l.timeout <= 0 {
+		return d
+	}
+	d = min(d, l.timeout)
+	for _, s := range l.peers {
+		if s.down {
+			continue
+		}
+		d = min(d, s.last.Add(l.timeout).Sub(now))
+	}
+	return max(d, 0)
+}

@@ -64,3 +64,34 @@ func TestLivenessOffNeverExpires(t *testing.T) {
 	l.hello(pid("x", 1), t0)
 	l.expire(t0.Add(24*time.Hour), func(messages.PeerID) { t.Fatal("expired with liveness off") })
 }
+
+// next is the time until the first alive peer's silence reaches the
+// timeout, bounded by most and the timeout; down peers and peers that
+// never said Hello do not count, and an overdue peer gives 0.
+func TestLivenessNext(t *testing.T) {
+	const timeout = 3 * time.Second
+	t0 := time.Unix(1000, 0)
+	l := newLiveness(timeout)
+	a, b := messages.PeerID{Instance: "a"}, messages.PeerID{Instance: "b"}
+	if got := l.next(t0, time.Minute); got != timeout {
+		t.Fatalf("no peer: next = %v, want the timeout %v", got, timeout)
+	}
+	if got := l.next(t0, time.Second); got != time.Second {
+		t.Fatalf("no peer: next = %v, want most (1s)", got)
+	}
+	l.hello(a, t0)
+	l.hello(b, t0.Add(time.Second))
+	if got := l.next(t0.Add(1500*time.Millisecond), time.Minute); got != 1500*time.Millisecond {
+		t.Fatalf("a heard at t0, now t0+1.5s: next = %v, want 1.5s", got)
+	}
+	l.expire(t0.Add(timeout), func(messages.PeerID) {}) // a goes down
+	if got := l.next(t0.Add(timeout), time.Minute); got != time.Second {
+		t.Fatalf("a down, b heard at t0+1s, now t0+3s: next = %v, want 1s (b's)", got)
+	}
+	if got := l.next(t0.Add(10*time.Second), time.Minute); got != 0 {
+		t.Fatalf("b overdue: next = %v, want 0", got)
+	}
+	if got := newLiveness(0).next(t0, time.Minute); got != time.Minute {
+		t.Fatalf("liveness off: next = %v, want most", got)
+	}
+}

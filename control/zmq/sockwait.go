@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,6 +30,9 @@ type sockWait struct {
 	sock *zmq4.Socket
 	f    *os.File // a duplicate of ZMQ_FD, registered with the netpoller
 	rc   syscall.RawConn
+	// interrupted: interrupt was called; every wait from then on ends at
+	// once, as if its deadline had passed.
+	interrupted atomic.Bool
 }
 
 func newSockWait(sock *zmq4.Socket) (*sockWait, error) {
@@ -61,6 +65,9 @@ func newSockWait(sock *zmq4.Socket) (*sockWait, error) {
 func (w *sockWait) wait(d time.Duration) (bool, error) {
 	if err := w.f.SetReadDeadline(time.Now().Add(d)); err != nil {
 		return false, err
+	}
+	if w.interrupted.Load() { // after the deadline: see interrupt
+		return false, nil
 	}
 	var evErr error
 	err := w.rc.Read(func(uintptr) bool {
@@ -101,11 +108,28 @@ func (w *sockWait) serve(d time.Duration, read func() (empty bool)) (timedOut bo
 	if err := w.f.SetReadDeadline(time.Now().Add(d)); err != nil {
 		return false, err
 	}
+	if w.interrupted.Load() { // after the deadline: see interrupt
+		return true, nil
+	}
 	err = w.rc.Read(func(uintptr) bool { return !read() })
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return true, nil
 	}
 	return false, err
+}
+
+// interrupt ends the wait or serve under way, and every later one, at
+// once, from any goroutine: the owner's loop then sees its stop channel
+// without waiting out a long deadline (Link.Close). It marks the wait,
+// then moves the deadline to now; a wait sets its deadline, then reads
+// the mark. Either the wait's deadline came first (and interrupt's "now"
+// replaces it) or the mark did (and the wait sees it): none sleeps on.
+func (w *sockWait) interrupt() {
+	if w == nil {
+		return
+	}
+	w.interrupted.Store(true)
+	_ = w.f.SetReadDeadline(time.Now()) // fails only once closed: nothing waits then
 }
 
 // close closes the duplicate descriptor (not the socket).

@@ -221,3 +221,44 @@ func isBurstEnd(i int) bool {
 	}
 	return false
 }
+
+// interrupt ends a wait and a serve under way at once, and every later
+// one, from another goroutine, whatever their deadlines: how Close stops
+// the listener and the ZAP handler, which otherwise wait up to idleWait.
+// (Checked to fail: with interrupt a no-op both waits run to their hour.)
+func TestSockWaitInterrupt(t *testing.T) {
+	_, w, _ := sockWaitPair(t, "inproc://sockwait-interrupt", 0)
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := w.wait(time.Hour)
+		done <- result{ok, err}
+	}()
+	// One interrupt suffices, before the wait sets its deadline (the
+	// wait sees the mark) or after (the deadline moves to now).
+	w.interrupt()
+	select {
+	case r := <-done:
+		if r.ok || r.err != nil {
+			t.Fatalf("interrupted wait = %v, %v; want false, nil", r.ok, r.err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("wait(1h) not ended by interrupt within %v", patience)
+	}
+	served := make(chan bool, 1)
+	go func() {
+		timedOut, _ := w.serve(time.Hour, func() bool { return true })
+		served <- timedOut
+	}()
+	select {
+	case timedOut := <-served:
+		if !timedOut {
+			t.Fatal("a serve after interrupt did not report its end as a timeout")
+		}
+	case <-time.After(patience):
+		t.Fatalf("serve(1h) after interrupt still waiting after %v", patience)
+	}
+}
