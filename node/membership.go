@@ -69,9 +69,12 @@ func (n *Node) register(ctx context.Context) error {
 // registry's events and, every tick, checks the Hellos of peers etcd
 // found (and redials one whose handshake this node's key lost a race
 // for). It ends when the registry's events close.
+//
+// The tick runs only while a peer is left to tend: an idle node whose
+// peers all said Hello over connections that are up does not wake for it.
 func (n *Node) membership() {
 	defer n.watch.Done()
-	t := time.NewTicker(20 * time.Millisecond)
+	t := time.NewTicker(tendEvery)
 	defer t.Stop()
 	evs := n.reg.Events()
 	for {
@@ -87,11 +90,18 @@ func (n *Node) membership() {
 			if n.cfg.OnMembership != nil {
 				n.cfg.OnMembership(ev)
 			}
+			t.Reset(tendEvery)
 		case <-t.C:
-			n.tend()
+			if !n.tend() {
+				t.Stop() // until the next event
+			}
 		}
 	}
 }
+
+// tendEvery is how often the membership goroutine tends the peers etcd
+// found while one is left to tend.
+const tendEvery = 20 * time.Millisecond
 
 // apply acts on one registry event.
 func (n *Node) apply(ev discovery.Event) {
@@ -181,8 +191,9 @@ func (n *Node) pinnedKey(id messages.PeerID) (string, bool) {
 // a heartbeat refused at the peer's handshake (it had not learned this
 // node's key yet) is redialed, at most once per heartbeat interval — also
 // when the peer's Hello came first (its connection to us is not ours to
-// it: the peer would never hear this node's Hello).
-func (n *Node) tend() {
+// it: the peer would never hear this node's Hello). It reports whether a
+// peer is still left to tend.
+func (n *Node) tend() (more bool) {
 	n.mu.Lock()
 	var wait []messages.PeerID
 	for id, f := range n.found {
@@ -209,7 +220,9 @@ func (n *Node) tend() {
 			}
 		}
 		st, err := n.link.PeerState(id)
-		if err != nil {
+		if errors.Is(err, zmq.ErrNoHeartbeats) {
+			st.Conn = zmq.ConnUp // no connection of ours is watched: nothing to redial
+		} else if err != nil {
 			continue
 		}
 		if st.Conn == zmq.ConnUp {
@@ -235,6 +248,14 @@ func (n *Node) tend() {
 			_ = n.link.Redial(id)
 		}
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, f := range n.found {
+		if !f.hello || !f.linked {
+			return true
+		}
+	}
+	return false
 }
 
 // fail marks the node failed (Err) once: it logs why and fails every
