@@ -58,19 +58,36 @@ func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 			return
 		default:
 		}
-		if err := b.watch(min(time.Until(next), beatPoll), stop); err != nil {
+		if err := b.watch(b.watchFor(time.Until(next)), stop); err != nil {
 			l.log.Error().Err(err).Msg("control/zmq: heartbeat poll failed; heartbeats stop")
 			return
 		}
 	}
 }
 
-// beatPoll bounds one wait of the heartbeat goroutine, so that it reads
-// its monitors' events (PeerState: for people and redials, not for
-// liveness) within it; Close ends a wait at once. Each wait is a wake of an
-// idle process: two connected idle nodes cost 4.3 % of a CPU at 10 ms,
-// 2.6 % at 100 ms (node's BenchmarkIdlePair, BENCHMARKS.md).
+// beatPoll bounds one wait of the heartbeat goroutine while a peer's
+// connection is not up (watchFor), so that it reads its monitors' events
+// (PeerState: for people and redials, not for liveness) within it; Close
+// ends a wait at once. Each wait is a wake of an idle process: two
+// connected idle nodes cost 4.3 % of a CPU at 10 ms, 2.6 % at 100 ms
+// (node's BenchmarkIdlePair, BENCHMARKS.md).
 const beatPoll = 100 * time.Millisecond
+
+// watchFor is how long the heartbeat goroutine may sleep before it reads
+// its monitors again, the next beat being untilBeat away: until the beat
+// while every peer's connection is up (what a monitor could still say —
+// the connection dropped — waits a beat; liveness does not hang on it),
+// at most beatPoll while one is connecting, failed or down, so that a
+// handshake's outcome reaches PeerState (and WaitPeers, and the etcd
+// redial) within it.
+func (b *beater) watchFor(untilBeat time.Duration) time.Duration {
+	for _, s := range b.socks {
+		if s.watch.state.Conn != ConnUp {
+			return min(untilBeat, beatPoll)
+		}
+	}
+	return untilBeat
+}
 
 // watch applies the monitor events waiting, then sleeps d or until stop.
 //

@@ -344,3 +344,28 @@ func TestListenRefusesLiveIPCPath(t *testing.T) {
 	}
 	listen(t, pid("ctx", 2), Config{Insecure: true, Bind: "ipc://" + stale})
 }
+
+// The heartbeat goroutine reads its monitors every beatPoll while a
+// peer's connection is not up, and only at the next beat once all are.
+// (Checked to fail with watchFor returning min(untilBeat, beatPoll)
+// always.)
+func TestWatchForPollsOnlyWhileAConnectionIsNotUp(t *testing.T) {
+	b := &beater{socks: map[messages.PeerID]*beatSock{}}
+	if got := b.watchFor(time.Second); got != time.Second {
+		t.Fatalf("no peer: watchFor(1s) = %v, want 1s", got)
+	}
+	up := &beatSock{watch: connWatch{state: PeerState{Conn: ConnUp}}}
+	b.socks[pid("a", 0)] = up
+	if got := b.watchFor(time.Second); got != time.Second {
+		t.Fatalf("all up: watchFor(1s) = %v, want 1s", got)
+	}
+	for _, c := range []ConnState{ConnConnecting, ConnHandshakeFailed, ConnDown} {
+		b.socks[pid("b", 0)] = &beatSock{watch: connWatch{state: PeerState{Conn: c}}}
+		if got := b.watchFor(time.Second); got != beatPoll {
+			t.Fatalf("one %v: watchFor(1s) = %v, want beatPoll %v", c, got, beatPoll)
+		}
+		if got := b.watchFor(time.Millisecond); got != time.Millisecond {
+			t.Fatalf("one %v, beat in 1ms: watchFor = %v, want 1ms", c, got)
+		}
+	}
+}
