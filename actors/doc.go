@@ -51,10 +51,12 @@
 //
 // # Deviation from DESIGN.md §7
 //
-// Streams are state machines inside their TxSession actor rather than child
-// actors: the session and its streams share pins and the drain decision, and
-// one actor makes "admission and drain in the same actor" true by
-// construction while saving a mailbox hop per chunk.
+// A stream's op state lives in its TxSession, not in its stream actor: the
+// session and its streams share pins and the drain decision, and one actor
+// makes "admission and drain in the same actor" true by construction. The
+// stream child actor (stream.go) carries the stream's ops, flush and
+// terminal frame to its worker in order, on its session's goroutine (a
+// synchronized dispatcher: a call, not a wake-up).
 //
 // The listener is a step without an actor: the control link's delivery
 // callback runs core.RouteFrame and sends each frame straight to the tx or

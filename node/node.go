@@ -521,11 +521,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		}
 		if !hinted && time.Since(start) >= hintAfter {
 			hinted = true
-			dl := "its deadline"
+			dl := "until the deadline"
 			if d, ok := ctx.Deadline(); ok {
-				dl = time.Until(d).Round(time.Second).String() + " more"
+				dl = "up to " + time.Until(d).Round(time.Second).String() + " more"
 			}
-			n.log.Warn().Strs("peers", silent).Msgf("no Hello after %v, waiting up to %s: %s", hintAfter, dl, strings.Join(silent, "; "))
+			n.log.Warn().Strs("peers", silent).Msgf("still waiting for a Hello after %v (%s): %s", hintAfter, dl, strings.Join(silent, "; "))
 		}
 		select {
 		case <-ctx.Done():

@@ -282,7 +282,7 @@ func TestSilentPeerNamed(t *testing.T) {
 	if strings.Contains(err.Error(), "same CURVE keys") {
 		t.Fatalf("WaitPeers = %v: asks about keys where the cause is known", err)
 	}
-	if !glog.Has("no Hello after "+(3*beat).String()) || !glog.Has(who) {
+	if !glog.Has("still waiting for a Hello after "+(3*beat).String()) || !glog.Has(who) {
 		t.Fatalf("no warning naming %q before the deadline; the log:\n%s", who, glog)
 	}
 }

@@ -17,8 +17,9 @@
 //     says Hello and then sends a Heartbeat every HeartbeatInterval, and,
 //     for each, the PAIR socket connected to that DEALER's socket monitor
 //     (inproc), owned by the same goroutine, which polls them without
-//     blocking every 100 ms between beats (sleeping in Go) and closes both (monitor stopped first) when the peer's socket
-//     is remade or the link closes;
+//     blocking (sleeping in Go between polls) every 100 ms while a peer's
+//     connection is not up, else at each beat, and closes both (monitor
+//     stopped first) when the peer's socket is remade or the link closes;
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal
 //     backlog, by that backlog's flusher goroutine, one at a time under the
@@ -192,5 +193,10 @@
 //
 // Liveness reads Config.Clock, so a test can drive it; heartbeats are sent
 // on a real ticker. The liveness rules themselves are a pure type
-// (liveness) tested with fabricated times.
+// (liveness) tested with fabricated times. With the wall clock the
+// listener sleeps until the first alive peer's silence could reach the
+// timeout (an idle link wakes about once per timeout); with an injected
+// clock, which a test moves by hand, it polls every HeartbeatInterval/2
+// (at most 50 ms). Close interrupts the listener's and the ZAP handler's
+// waits.
 package zmq
