@@ -461,11 +461,11 @@ func (n *Node) Backend() string { return n.backend }
 // kvxfer.ErrMismatch and messages.ErrVersion); when ctx ends
 // first, an error wrapping ErrPeerSilent names the silent peers.
 //
-// A peer still silent after 3 heartbeat intervals is named in a warning, with what the
-// link knows of it (nothing accepts connections at its endpoint; or our
-// connection to it is up and it has not connected back), while the wait
-// goes on: a peer may be started after this one, but a user who forgot it
-// hears so in seconds, not at the deadline.
+// A peer still silent after 3 heartbeat intervals is named in a warning,
+// with what the link knows of it (nothing accepts connections at its
+// endpoint; or our connection to it is up and it has not connected back),
+// while the wait goes on: a peer may be started after this one, but a user
+// who forgot it hears so in seconds, not at the deadline.
 func (n *Node) WaitPeers(ctx context.Context) error {
 	if n.link == nil || len(n.peers) == 0 {
 		return nil

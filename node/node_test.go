@@ -383,7 +383,8 @@ func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 // TestReceiveNamesUnknownAndSilentWriters: Node.Receive refuses at once a
 // request whose writer is not among the node's peers, naming it and the
 // peers there are; a request whose writer is configured but has not said
-// Hello is logged within 3 heartbeat intervals, and still ends (at its
+// Hello is logged within 3 heartbeat intervals, with what the link knows
+// (nothing accepts connections there: no ctx runs), and still ends (at its
 // deadline) with nothing leaked. (Checked to fail: calling
 // Engine().Receive instead, the first request is accepted and fails only
 // at its deadline.)
@@ -406,7 +407,7 @@ func TestReceiveNamesUnknownAndSilentWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "request early waits for ctx/0 at " + gc.Peers[0].Endpoint + ", which has not said Hello"
+	want := "request early waits for ctx/0 at " + gc.Peers[0].Endpoint + ", which has not said Hello after 2 heartbeats: nothing accepts connections there"
 	within3Beats(t, "the log to say "+want, func() bool { return logs.Has(want) })
 	select {
 	case o := <-rx.Done():

@@ -160,10 +160,15 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 			ev.Msgf("request %s waits for %s at %s, which speaks %v: it cannot answer", id, w, p.Endpoint, pv)
 			continue
 		}
-		if st, err := n.link.PeerState(w); err == nil && st.Conn == zmq.ConnHandshakeFailed {
+		st, err := n.link.PeerState(w)
+		if err == nil && st.Conn == zmq.ConnHandshakeFailed {
 			ev.Str("reason", st.Reason).Msgf("request %s waits for %s at %s, whose handshake failed: %s", id, w, p.Endpoint, st.Reason)
 			continue
 		}
-		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: is it running?%s", id, w, p.Endpoint, helloPatience, n.unnamedVersion())
+		why := n.silentWhy(st, err) // what WaitPeers would say of it
+		if why == "" {
+			why = "is it running?"
+		}
+		ev.Msgf("request %s waits for %s at %s, which has not said Hello after %d heartbeats: %s%s", id, w, p.Endpoint, helloPatience, why, n.unnamedVersion())
 	}
 }
