@@ -280,6 +280,10 @@ type Stats struct {
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
 	QuarantinedBytes, QuarantineLimitBytes uint64
+	// WaitingForBlocks: receive requests waiting now for destination
+	// blocks (the pools had too few free when they came; they start, in
+	// order, as blocks are freed, or fail at their deadline).
+	WaitingForBlocks int
 }
 
 // Stats returns a snapshot of the engine's counters.
@@ -291,7 +295,8 @@ func (e *Engine) Stats() Stats {
 		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
 		RevokedHeldBlocks: c.RevokedHeld.Load(),
-		QuarantinedBytes:  e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit()}
+		QuarantinedBytes:  e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
+		WaitingForBlocks: e.inner.WaitingForBlocks()}
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

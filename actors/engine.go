@@ -148,7 +148,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		if rc, ok := cfg.Link.(control.RejectCounter); ok {
 			cfg.Metrics.AddRejectSource(rc.FramesRejected)
 		}
-		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups); err != nil {
+		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups, &e.env.allocWaiting); err != nil {
 			return nil, err
 		}
 	}
@@ -210,7 +210,16 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 			sessions: sessionTable{pids: map[string]*actor.PID{}}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
-	cfg.Pools.setOnFree(func() { sys.Root.Send(e.rx, &blocksFreed{}) })
+	cfg.Pools.setOnFree(func() {
+		// Blocks went back to the pools: a wake-up for the allocation
+		// queue, if anything waits in it. A free that reads zero came
+		// after the queue emptied, or before the supervisor's next
+		// allocation attempt, which then sees the blocks (both take the
+		// pools' lock; rxParent.noteQueue).
+		if e.env.allocWaiting.Load() > 0 {
+			sys.Root.Send(e.rx, &blocksFreed{})
+		}
+	})
 	e.listener = &listener{env: e.env, root: sys.Root, tx: e.tx, rx: e.rx, tr: e.env.tableTracer("listener", TableRoute, TableBirth{}),
 		incs: core.NewIncarnationTable(cfg.Incarnation)}
 
@@ -272,6 +281,10 @@ func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() *Counters { return e.stats }
+
+// WaitingForBlocks is how many receive requests wait now for destination
+// blocks (the rx supervisor's allocation queue, as it last published it).
+func (e *Engine) WaitingForBlocks() int { return int(e.env.allocWaiting.Load()) }
 
 // TxHandle is the context side's handle on one request.
 type TxHandle struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/kvxfer/kvxfer/actors/core"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,7 +107,7 @@ type meters struct {
 // newMeters resolves set's children and registers the engine's counters
 // and its pools, both read at scrape time. groups names the pools' layer
 // groups.
-func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string) (*meters, error) {
+func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string, waiting *atomic.Int64) (*meters, error) {
 	m := &meters{set: set,
 		bytesTx:    set.BytesTransferred.WithLabelValues(metrics.SideTx),
 		bytesRx:    set.BytesTransferred.WithLabelValues(metrics.SideRx),
@@ -168,6 +169,10 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string)
 	if err := set.Quarantine(func() float64 { return float64(pools.QuarantinedBytes()) },
 		func() float64 { return float64(pools.QuarantineLimit()) }); err != nil {
 		return nil, fmt.Errorf("metrics: quarantine: %w", err)
+	}
+	if err := set.GaugeFunc("requests_waiting_for_blocks", "Receive requests waiting for destination blocks (the pools had too few free when they came); sampled at scrape.",
+		func() float64 { return float64(waiting.Load()) }); err != nil {
+		return nil, fmt.Errorf("metrics: requests_waiting_for_blocks: %w", err)
 	}
 	if err := set.GaugeFunc("revoked_held_blocks", "Revoked destination blocks whose old memory, the only memory a stale writer can reach, waits for its proof; sampled at scrape.",
 		func() float64 { return float64(stats.RevokedHeld.Load()) }); err != nil {

@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 
 func testMeters(t testing.TB) *meters {
 	t.Helper()
-	m, err := newMeters(metrics.New("test/0"), &Counters{}, NewPools(nil), nil)
+	m, err := newMeters(metrics.New("test/0"), &Counters{}, NewPools(nil), nil, new(atomic.Int64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,10 +389,10 @@ func value(m prometheus.Metric) float64 {
 // once; a second engine on the same Set is refused.
 func TestMeters_OneSetPerEngine(t *testing.T) {
 	set := metrics.New("e/0")
-	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil); err != nil {
+	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil); err == nil {
+	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64)); err == nil {
 		t.Fatal("a second engine registered on the same Set")
 	}
 }

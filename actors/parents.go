@@ -386,6 +386,7 @@ type rxParent struct {
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
+	defer p.noteQueue()
 	switch m := ctx.Message().(type) {
 	case *rxOpenReq:
 		if hoptrace.On {
@@ -414,6 +415,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			return
 		}
 		p.queue.Push(m.req.ID, counts, m)
+		p.noteQueue() // before drainQueue's allocation attempt
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
 			p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
@@ -601,6 +603,13 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 	}
 	return counts, nil
 }
+
+// noteQueue publishes the allocation queue's length for the pools' free
+// hook (shellEnv.allocWaiting). It runs after every message (the queue's
+// changes) and after a Push, before the allocation attempt that may leave
+// the request queued: a free that misses the wake-up took the pools' lock
+// before that attempt did, and the attempt sees its blocks.
+func (p *rxParent) noteQueue() { p.env.allocWaiting.Store(int64(p.queue.Len())) }
 
 // drainQueue starts queued requests, in order, while blocks are free; one
 // that no free can make fit fails rather than block the queue.

@@ -229,6 +229,13 @@ type shellEnv struct {
 	// revoker, when set, takes destination memory back from stale writers
 	// (revoke.go).
 	revoker kvcache.Revoker
+	// allocWaiting is the length of the rx supervisor's allocation queue,
+	// stored by the supervisor before each allocation attempt that may
+	// leave a request queued and after each change: the pools' free hook
+	// wakes the supervisor (blocksFreed) only while it is above zero, so
+	// that a request's blocks going back cost no mailbox run and no
+	// goroutine wake-up when nothing waits for them (rxParent.noteQueue).
+	allocWaiting atomic.Int64
 }
 
 // props are the props of one of the engine's actors: the engine's mailbox

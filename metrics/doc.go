@@ -76,6 +76,9 @@
 //	                                                               deadline, cancel) while a writer had given no proof that its writes are over
 //	                                                               (DESIGN.md §3); released by a proof. Sampled at scrape
 //	kvxfer_quarantine_limit_bytes       gauge      -               quarantined bytes past which new requests wait for destination blocks
+//	kvxfer_requests_waiting_for_blocks  gauge      -               receive requests waiting for destination blocks (too few free when they
+//	                                                               came, or the quarantine bound hit); they start in order as blocks are freed,
+//	                                                               or fail at their deadline. Sampled at scrape
 //	kvxfer_revoked_blocks_total         counter    -               destination blocks revoked instead of quarantined (Config.Revoker): reused at
 //	                                                               once, their old memory held until the proof
 //	kvxfer_revoked_held_blocks          gauge      -               revoked blocks whose old memory still waits for its proof. Sampled at scrape

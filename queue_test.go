@@ -1,0 +1,78 @@
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+)
+
+// TestQueuedReceiveStartsWhenBlocksFree: a Receive that finds too few
+// free destination blocks waits for them (counted by
+// Stats.WaitingForBlocks and kvxfer_requests_waiting_for_blocks until it
+// leaves the queue) and starts, then completes with every byte, once
+// blocks are freed: the pools' free hook wakes the allocation queue
+// while something waits in it (and only then). Checked to fail with the
+// hook's wake-up never sent: the request then waits for its deadline.
+func TestQueuedReceiveStartsWhenBlocksFree(t *testing.T) {
+	l := smallLayout()
+	c := metricsPair(t, l)
+	gen := c.gen[0]
+	counts := make([]int, len(l.Groups))
+	for g, st := range gen.Pools().Stats() {
+		counts[g] = st.Free
+	}
+	held, err := gen.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := gen.Stats().WaitingForBlocks; n != 0 {
+		t.Fatalf("WaitingForBlocks %d before any request", n)
+	}
+	// A waiting request is counted (stat and gauge) until it leaves the
+	// queue, here by its cancel.
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "cancelled", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the request waits for destination blocks", func() bool { return gen.Stats().WaitingForBlocks == 1 })
+	if g := scrape(t, gen, "gen/0").get(t, "kvxfer_requests_waiting_for_blocks"); g != 1 {
+		t.Fatalf("kvxfer_requests_waiting_for_blocks %v with one request waiting", g)
+	}
+	rx.Cancel()
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("cancelled while waiting: %s %v", o.Status, o.Err)
+	}
+	waitUntil(t, "the cancelled request leaves the queue", func() bool { return gen.Stats().WaitingForBlocks == 0 })
+	if g := scrape(t, gen, "gen/0").get(t, "kvxfer_requests_waiting_for_blocks"); g != 0 {
+		t.Fatalf("kvxfer_requests_waiting_for_blocks %v with none waiting", g)
+	}
+	// One that waits starts when blocks are freed.
+	freed := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for gen.Stats().WaitingForBlocks != 1 {
+			if time.Now().After(deadline) {
+				freed <- errors.New("no receive waited for destination blocks within 10s")
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		freed <- gen.Pools().Free(held)
+	}()
+	transfer(t, c, l, "waits", 1, 64, 32, true)
+	if err := <-freed; err != nil {
+		t.Fatal(err)
+	}
+	if n := gen.Stats().WaitingForBlocks; n != 0 {
+		t.Fatalf("WaitingForBlocks %d after the request completed", n)
+	}
+	// With nothing waiting, requests come and go as before.
+	for i := range 3 {
+		transfer(t, c, l, fmt.Sprint("after-", i), 2+i, 100, 32, i%2 == 0)
+	}
+	checkNoLeaks(t, c)
+}
