@@ -450,6 +450,11 @@ func (c Config) Validate() error {
 		if (c.KeyFile == "") == (c.SecretKey == "") {
 			return bad("key_file", c.KeyFile, "give exactly one of key_file and secret_key (or insecure: true)")
 		}
+		if c.SecretKey != "" && zmq.CheckKey(c.SecretKey) != nil {
+			// The value is a secret: neither it nor a character of it is shown.
+			return fmt.Errorf("%w: secret_key: not a CURVE secret key (%d characters; want 40 of Z85, as kvxfer keygen writes)",
+				ErrConfig, len(c.SecretKey))
+		}
 	}
 	seen := map[messages.PeerID]int{}
 	pars := map[string]Parallel{}
@@ -490,6 +495,9 @@ func (c Config) Validate() error {
 		if !c.Insecure && (p.PublicKeyFile == "") == (p.PublicKey == "") {
 			return bad(f+".public_key_file", p.PublicKeyFile, "give exactly one of public_key_file and public_key (or insecure: true)")
 		}
+		if err := checkInlineKey(p.PublicKey); err != nil {
+			return bad(f+".public_key", p.PublicKey, "%v", err)
+		}
 	}
 	for i, id := range c.Identities {
 		f := fmt.Sprintf("identities[%d]", i)
@@ -499,6 +507,22 @@ func (c Config) Validate() error {
 		if (id.PublicKey == "") == (id.PublicKeyFile == "") {
 			return bad(f+".public_key_file", id.PublicKeyFile, "give exactly one of public_key_file and public_key")
 		}
+		if err := checkInlineKey(id.PublicKey); err != nil {
+			return bad(f+".public_key", id.PublicKey, "%v", err)
+		}
+	}
+	return nil
+}
+
+// checkInlineKey checks a CURVE key given inline in the configuration
+// (nil for none): a mistyped key is named by its field at once, rather
+// than by the link when it starts.
+func checkInlineKey(key string) error {
+	if key == "" {
+		return nil
+	}
+	if err := zmq.CheckKey(key); err != nil {
+		return errors.New(trimZmq(err))
 	}
 	return nil
 }

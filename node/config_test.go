@@ -86,6 +86,25 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		b, _ := json.Marshal(m)
 		return string(b)
 	}
+	// inlineKey gives peers[0] (or, with field "identities", the first
+	// identity; with "secret_key", the node itself) an inline key in
+	// place of its key file.
+	inlineKey := func(where, key string) string {
+		var m map[string]any
+		_ = json.Unmarshal([]byte(goodJSON), &m)
+		switch where {
+		case "peers", "identities":
+			e := m[where].([]any)[0].(map[string]any)
+			delete(e, "public_key_file")
+			e["public_key"] = key
+		default:
+			delete(m, "key_file")
+			m["secret_key"] = key
+		}
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	z85 := "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7" // a key as kvxfer keygen writes
 	cases := []struct {
 		name, json string
 		want       []string
@@ -113,6 +132,11 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"peer endpoint", peer(0, "endpoint", "/run/ctx.sock"), []string{`peers[0].endpoint = "/run/ctx.sock"`, "ipc:///run/ctx.sock"}},
 		{"peer without instance", peer(0, "instance", ""), []string{`peers[0].instance = ""`}},
 		{"peer without key", peer(0, "public_key_file", ""), []string{"peers[0].public_key_file", "exactly one"}},
+		{"peer endpoint, separator mistyped", peer(0, "endpoint", "tcp//10.0.0.1:5600"), []string{`peers[0].endpoint = "tcp//10.0.0.1:5600"`, "did you mean tcp://10.0.0.1:5600?"}},
+		{"peer key too short", inlineKey("peers", "abc"), []string{`peers[0].public_key = "abc"`, "CURVE key of 3 characters, want 40"}},
+		{"peer key not Z85", inlineKey("peers", z85[:39]+`"`), []string{"peers[0].public_key", `character '"' at 39 is not Z85`}},
+		{"identity key too short", inlineKey("identities", "abc"), []string{`identities[0].public_key = "abc"`, "want 40"}},
+		{"secret key mistyped", inlineKey("secret_key", z85[:30]), []string{"secret_key", "30 characters", "want 40"}},
 		{"peer is self", set(`{"instance": "ctx", "rank": {"tp": 0, "pp": 0}}`), []string{"peers[0]", "ctx/0", "this node itself"}},
 		{"pool too small", set(`{"pool_bytes": 4096}`), []string{"pool_bytes = 4096", "holds no block"}},
 		{"tp does not divide the heads", set(`{"parallel": {"tp": 3, "pp": 1}, "rank": {"tp": 0, "pp": 0}}`), []string{"parallel = {TP:3 PP:1}"}},
@@ -130,6 +154,15 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Well-formed inline keys pass; a mistyped secret key is not echoed.
+	for _, where := range []string{"peers", "identities", "secret_key"} {
+		if _, err := node.ParseConfig([]byte(inlineKey(where, z85))); err != nil {
+			t.Errorf("inline %s key %s: %v", where, z85, err)
+		}
+	}
+	if _, err := node.ParseConfig([]byte(inlineKey("secret_key", z85[:30]))); err == nil || strings.Contains(err.Error(), z85[:30]) {
+		t.Errorf("mistyped secret key: error %v shows the key", err)
 	}
 }
 

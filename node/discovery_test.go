@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/etcdlocal"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -454,5 +455,58 @@ func TestEtcdOverTLSWithAuth(t *testing.T) {
 				t.Fatalf("Open with password file %s: %q does not say %q", tc.file, err, w)
 			}
 		}
+	}
+}
+
+// TestEtcdQuickRestartAtTheSameEndpoint: a context rank restarted at once
+// at the same endpoint and with the same key refuses the generation
+// rank's reconnection while its etcd watch has not yet admitted the
+// generation rank's key (widened here to 1 s); libzmq does not retry a
+// refused handshake. The generation rank must dial the new incarnation
+// again, however recently its connection to the previous one said it was
+// up: the restarted rank hears its Hello. (Checked to fail without
+// peerUp's Redial: the generation rank took its connection for up from
+// the previous incarnation's state, stopped tending, and the restarted
+// rank waited for its Hello until its deadline.)
+func TestEtcdQuickRestartAtTheSameEndpoint(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-restart"), t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 2, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(time.Second), TransferTimeout: node.Duration(patience), Discovery: url, Cluster: cluster}
+	gc, cc := base, base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	cc.Peers = []node.Peer{{Instance: "gen"}}
+	genN := open(t, gc)
+	ctx1, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	for _, n := range []*node.Node{genN, ctx1} {
+		if err := n.WaitPeers(wctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctxID := messages.PeerID{Instance: "ctx", Rank: 0}
+	waitFor(t, patience, "the generation rank's connection to ctx/0 up", func() bool {
+		st, err := genN.PeerState(ctxID)
+		return err == nil && st.Conn == zmq.ConnUp
+	})
+	node.SetPeerUpHook(func(self string, _ discovery.Record) {
+		if self == "ctx" {
+			time.Sleep(time.Second) // the restarted rank admits the generation rank's key late
+		}
+	})
+	t.Cleanup(func() { node.SetPeerUpHook(nil) })
+	if err := ctx1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx2 := open(t, cc)
+	w2, cancel2 := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel2()
+	if err := ctx2.WaitPeers(w2); err != nil {
+		t.Fatalf("the restarted context rank never heard the generation rank: %v", err)
 	}
 }

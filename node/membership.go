@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
@@ -99,6 +100,12 @@ func (n *Node) membership() {
 	}
 }
 
+// peerUpHook, when set (tests), runs first in peerUp, given the node's
+// instance and the record found: a test delays a node's wiring of its
+// peers to widen the race between a restarted peer's Listen and its
+// admitting this node's key.
+var peerUpHook atomic.Pointer[func(self string, rec discovery.Record)]
+
 // tendEvery is how often the membership goroutine tends the peers etcd
 // found while one is left to tend.
 const tendEvery = 20 * time.Millisecond
@@ -139,6 +146,9 @@ func (n *Node) apply(ev discovery.Event) {
 // at the handshake and bound to its rank, then its endpoint (so that the
 // link dials it with the key known).
 func (n *Node) peerUp(rec discovery.Record) {
+	if h := peerUpHook.Load(); h != nil {
+		(*h)(n.cfg.instance(), rec)
+	}
 	id := rec.Peer()
 	if id.Instance == n.cfg.instance() {
 		return // this node, or a rank of its own instance: KV moves between instances
@@ -173,6 +183,14 @@ func (n *Node) peerUp(rec discovery.Record) {
 		refuse("%v", err)
 		return
 	}
+	// A new record may be a new incarnation at the endpoint (and with the
+	// key) of one this node is connected to: that connection, and what the
+	// link says of it (up), are the previous incarnation's until its
+	// monitor is read, and libzmq's own reconnection to the new one may be
+	// refused at its handshake (it has not admitted this node's key yet)
+	// and never retried. A fresh dial makes tend judge the connection
+	// this incarnation answered. (A first dial takes it as its own.)
+	_ = n.link.Redial(id)
 	n.mu.Lock()
 	n.found[id] = &found{rec: rec}
 	delete(n.refused, id)

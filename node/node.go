@@ -521,11 +521,14 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		}
 		if !hinted && time.Since(start) >= hintAfter {
 			hinted = true
-			dl := "until the deadline"
+			dl, left := "until the deadline", time.Duration(1<<63-1)
 			if d, ok := ctx.Deadline(); ok {
-				dl = "up to " + time.Until(d).Round(time.Second).String() + " more"
+				left = time.Until(d)
+				dl = "up to " + left.Round(time.Second).String() + " more"
 			}
-			n.log.Warn().Strs("peers", silent).Msgf("still waiting for a Hello after %v (%s): %s", hintAfter, dl, strings.Join(silent, "; "))
+			if left >= n.heartbeat() { // else the error says it in a moment
+				n.log.Warn().Strs("peers", silent).Msgf("still waiting for a Hello after %v (%s): %s", hintAfter, dl, strings.Join(silent, "; "))
+			}
 		}
 		select {
 		case <-ctx.Done():

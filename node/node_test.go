@@ -287,6 +287,24 @@ func TestSilentPeerNamed(t *testing.T) {
 	}
 }
 
+// TestSilentPeerNoWarningRightBeforeTheDeadline: a deadline less than a
+// heartbeat interval after the warning's time ends WaitPeers with its
+// error (which names the peer) and no warning saying it will wait "up to
+// 0s more". (Checked to fail with the warning logged whatever is left.)
+func TestSilentPeerNoWarningRightBeforeTheDeadline(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	glog := logged(t, &gc)
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat+beat/5)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 at "+gc.Peers[0].Endpoint) {
+		t.Fatalf("WaitPeers = %v, want ErrPeerSilent naming ctx/0", err)
+	}
+	if glog.Has("still waiting for a Hello") {
+		t.Fatalf("a warning with less than a heartbeat interval left; the log:\n%s", glog)
+	}
+}
+
 // TestPeerThatDoesNotDialBackNamed: ctx runs, and our connection to it is
 // up, but it dials another endpoint than ours: WaitPeers says that it
 // has not connected back to this engine's endpoint. (Checked to fail with

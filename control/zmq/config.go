@@ -155,15 +155,34 @@ const z85Alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW
 
 // checkKey reports whether key is a Z85 CURVE key (40 characters).
 func checkKey(what, key string) error {
+	if err := keyProblem(key); err != "" {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, what, err)
+	}
+	return nil
+}
+
+// CheckKey reports whether key is a Z85 CURVE key (40 characters), as
+// `kvxfer keygen` writes; the error wraps ErrConfig and says what is
+// wrong with it, so that a configuration can name the field at once
+// instead of the link refusing it when it starts.
+func CheckKey(key string) error {
+	if err := keyProblem(key); err != "" {
+		return fmt.Errorf("%w: %s", ErrConfig, err)
+	}
+	return nil
+}
+
+// keyProblem is what is wrong with key as a Z85 CURVE key, "" if nothing.
+func keyProblem(key string) string {
 	if len(key) != 40 {
-		return fmt.Errorf("%w: %s: CURVE key of %d characters, want 40 (Z85)", ErrConfig, what, len(key))
+		return fmt.Sprintf("CURVE key of %d characters, want 40 (Z85)", len(key))
 	}
 	for i := 0; i < len(key); i++ {
 		if !strings.ContainsRune(z85Alphabet, rune(key[i])) {
-			return fmt.Errorf("%w: %s: character %q at %d is not Z85", ErrConfig, what, key[i], i)
+			return fmt.Sprintf("character %q at %d is not Z85", key[i], i)
 		}
 	}
-	return nil
+	return ""
 }
 
 // normalize validates c and fills in defaults.

@@ -42,8 +42,25 @@ func CheckEndpoint(endpoint string) error {
 }
 
 // suggestEndpoint is what an endpoint without a transport probably meant:
-// a path is an ipc endpoint, anything else a tcp one.
+// a transport with a mistyped separator ("tcp//h:1", "tcp:h:1",
+// "ipc:/run/x.sock") that transport with "://"; else a path is an ipc
+// endpoint, anything else a tcp one.
 func suggestEndpoint(endpoint string) string {
+	for _, t := range transports {
+		rest, ok := strings.CutPrefix(endpoint, t)
+		if !ok {
+			continue
+		}
+		addr := strings.TrimLeft(rest, ":/")
+		sep := rest[:len(rest)-len(addr)]
+		if sep == "" || addr == "" {
+			continue // "tcphost:1": a host name, not a transport
+		}
+		if t == "ipc" && strings.Contains(sep, "/") {
+			addr = "/" + addr // "ipc:/run/x.sock": an absolute path
+		}
+		return t + "://" + addr
+	}
 	if strings.HasPrefix(endpoint, "/") || strings.HasPrefix(endpoint, ".") || strings.HasSuffix(endpoint, ".sock") {
 		return "ipc://" + endpoint
 	}

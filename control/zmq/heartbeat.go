@@ -148,7 +148,7 @@ func (b *beater) events(s *beatSock) {
 		}
 		st := s.watch.state
 		b.l.mu.Lock()
-		if s.info.endpoint == s.endpoint {
+		if s.info.endpoint == s.endpoint && s.info.redials == s.redials { // not superseded
 			s.info.conn = st
 		}
 		b.l.mu.Unlock()

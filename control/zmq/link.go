@@ -169,8 +169,11 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 // it again at its next beat, with a new handshake. libzmq does not retry
 // a session the peer refused at authentication (ZAP), so a peer that
 // admitted this link's key only after refusing it (a registry that told
-// one side of the other first) is reached again this way. It is an error
-// for a peer without an endpoint in the directory.
+// one side of the other first) is reached again this way. From the call
+// on, PeerState says Connecting until the new connection reports: what the
+// old one said (up, say, to a previous incarnation of the peer at the same
+// endpoint) is no longer news. It is an error for a peer without an
+// endpoint in the directory.
 func (l *Link) Redial(peer messages.PeerID) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -179,6 +182,7 @@ func (l *Link) Redial(peer messages.PeerID) error {
 		return fmt.Errorf("%w: redial %s: no endpoint in the directory", control.ErrPeerGone, peer)
 	}
 	info.redials++
+	info.conn = PeerState{Conn: ConnConnecting, Endpoint: info.endpoint, Since: l.cfg.Clock()}
 	return nil
 }
 

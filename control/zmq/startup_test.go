@@ -297,6 +297,22 @@ func TestEndpointWithoutSchemeSuggestsOne(t *testing.T) {
 	if err := CheckEndpoint("htp://x:1"); !errors.Is(err, ErrConfig) {
 		t.Errorf("CheckEndpoint(htp://x:1) = %v, want ErrConfig", err)
 	}
+	// A transport with its separator mistyped is suggested with "://",
+	// not prefixed with another transport.
+	for in, want := range map[string]string{
+		"tcp//10.0.0.1:5600": "tcp://10.0.0.1:5600",
+		"tcp:10.0.0.1:5600":  "tcp://10.0.0.1:5600",
+		"tcp:/h:1":           "tcp://h:1",
+		"ipc:/run/ctx.sock":  "ipc:///run/ctx.sock",
+		"ipc:ctx.sock":       "ipc://ctx.sock",
+		"tcphost:5600":       "tcp://tcphost:5600",
+		"ipchost:5600":       "tcp://ipchost:5600",
+	} {
+		err := CheckEndpoint(in)
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "did you mean "+want+"?") {
+			t.Errorf("CheckEndpoint(%s) = %v, want ErrConfig suggesting %s", in, err, want)
+		}
+	}
 }
 
 // Listen refuses an ipc path a live process listens on (libzmq would
