@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // TestQueuedReceiveStartsWhenBlocksFree: a Receive that finds too few
@@ -75,4 +77,34 @@ func TestQueuedReceiveStartsWhenBlocksFree(t *testing.T) {
 		transfer(t, c, l, fmt.Sprint("after-", i), 2+i, 100, 32, i%2 == 0)
 	}
 	checkNoLeaks(t, c)
+}
+
+// TestReceiveRefusesBadPrefixHits: prefix hits that no prompt can have
+// (negative, past the prompt's blocks, more groups than the layout has)
+// are refused by Receive, naming the group and the value, instead of
+// being read as 0 or as the whole prompt (a READY of 0 bytes for blocks
+// nothing wrote). A hit of every block is a valid request.
+func TestReceiveRefusesBadPrefixHits(t *testing.T) {
+	l := smallLayout() // 16 tokens per block: 64 tokens are 4 blocks
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	gen := c.gen[0]
+	for _, tc := range []struct {
+		hits []int
+		want string
+	}{
+		{[]int{-3, 0}, "layer group 0 = -3 blocks, want 0..4"},
+		{[]int{0, 99}, "layer group 1 = 99 blocks, want 0..4"},
+		{[]int{0, 0, 0}, "prefix hits for 3 layer groups, the layout has 2"},
+	} {
+		_, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bad-hits", PromptLen: 64, Context: "ctx", PrefixHitBlocks: tc.hits})
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Receive with prefix hits %v = %v, want ErrBadRequest with %q", tc.hits, err, tc.want)
+		}
+	}
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "all-hit", PromptLen: 64, Context: "ctx", PrefixHitBlocks: []int{4, 4}})
+	if err != nil {
+		t.Fatalf("Receive with every block a prefix hit: %v", err)
+	}
+	rx.Cancel()
+	waitOutcome(t, rx.Done())
 }

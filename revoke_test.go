@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
@@ -151,5 +153,105 @@ func TestRevokerNeedsShmAndRegion(t *testing.T) {
 		if tc.cfg.Agent != nil {
 			_ = tc.cfg.Agent.Close()
 		}
+	}
+}
+
+// TestFrameworkBlocksRevokedEarlierAreRemapped: blocks revoked while
+// kvxfer held them stay moved in the view; a framework that later takes
+// them from the pool (Pools().Alloc) and passes them as
+// ReceiveRequest.Blocks gets them written where the view shows them,
+// every byte verified — its RequestData names the moved runs as for
+// kvxfer's own blocks. (Checked to fail with the remap computed only for
+// kvxfer's own blocks: READY, and the view showed the spare page's bytes.)
+func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
+	l := smallLayout()
+	page := uint64(os.Getpagesize())
+	rr, err := shm.NewRevocableRegion(4<<20, shm.RevocableOptions{Block: page, Spare: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rr.Close(); err != nil {
+			t.Errorf("close region: %v", err)
+		}
+	})
+	ctxAgent, genAgent := shm.New(), shm.New()
+	t.Cleanup(func() {
+		if err := errors.Join(ctxAgent.Close(), genAgent.Close()); err != nil {
+			t.Errorf("close agents: %v", err)
+		}
+	})
+	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
+		cfg.Agent = ctxAgent
+		if inst == "gen" {
+			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
+		}
+	})
+	gen, ctxE := c.gen[0], c.ctx[0]
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.setCut(true)
+	gen.PeerDown(ctxE.Hello().From)
+	waitOutcome(t, rx.Done())
+	waitUntil(t, "r1's blocks revoked and free", func() bool { return gen.Stats().BlocksRevoked > 0 && gen.Pools().Used() == 0 })
+
+	// The framework takes every free block, keeps the moved ones first
+	// (as many as a 64-token request needs per group) and gives the rest
+	// back.
+	counts := make([]int, len(l.Groups))
+	for g, grp := range l.Groups {
+		first, end := kvcache.NeededRange(64, grp.Window, l.TokensPerBlock, 0)
+		counts[g] = end - first
+	}
+	all := make([]int, len(l.Groups))
+	for g, st := range gen.Pools().Stats() {
+		all[g] = st.Free
+	}
+	every, err := gen.Pools().Alloc(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned, rest := make([][]kvcache.BlockID, len(l.Groups)), make([][]kvcache.BlockID, len(l.Groups))
+	moved := 0
+	for g, ids := range every {
+		geom := gen.Pools().Geometry(g)
+		slices.SortStableFunc(ids, func(a, b kvcache.BlockID) int {
+			ma := len(rr.Revoker().Remap(nil, geom.Offset+uint64(a)*geom.BlockBytes, geom.BlockBytes)) > 0
+			mb := len(rr.Revoker().Remap(nil, geom.Offset+uint64(b)*geom.BlockBytes, geom.BlockBytes)) > 0
+			switch {
+			case ma && !mb:
+				return -1
+			case mb && !ma:
+				return 1
+			}
+			return 0
+		})
+		owned[g], rest[g] = ids[:counts[g]], ids[counts[g]:]
+		for _, id := range owned[g] {
+			if len(rr.Revoker().Remap(nil, geom.Offset+uint64(id)*geom.BlockBytes, geom.BlockBytes)) > 0 {
+				moved++
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no revoked block in the pool after r1's revocation")
+	}
+	if err := gen.Pools().Free(rest); err != nil {
+		t.Fatal(err)
+	}
+	rx2, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r2", PromptLen: 64, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.setCut(false)
+	sendOneChunk(t, ctxE, l, "r2", 2, 64)
+	o := waitOutcome(t, rx2.Done())
+	if !o.OK {
+		t.Fatalf("r2 into the framework's blocks (%d moved): %s %v", moved, o.Status, o.Err)
+	}
+	if n := verify(t, gen, l, 64, o.Blocks, 2); n == 0 {
+		t.Fatal("r2: no byte verified")
 	}
 }

@@ -482,7 +482,8 @@ var ErrUndrained = errors.New("actors: sessions did not drain")
 
 // Close cancels every live session, waits until each has drained and
 // released its pages or ctx ends, then stops the workers and the tree. It
-// reports the requests that could not drain; their pages stay pinned.
+// reports the requests that could not drain; their pages stay pinned. An
+// engine with nothing live closes cleanly even with ctx already ended.
 func (e *Engine) Close(ctx context.Context) error {
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
 	return e.closeErr
@@ -496,12 +497,21 @@ func (e *Engine) close(ctx context.Context) error {
 	for _, ch := range []chan struct{}{txDrained, rxDrained} {
 		select {
 		case <-ch:
+			continue
 		case <-ctx.Done():
-			err = e.undrained()
 		}
-		if err != nil {
-			break
+		// ctx ended (or had ended: Close(ctx) with a deadline already
+		// past): each parent answers listSessions after its closeReq, so
+		// one with nothing live has closed ch by the time undrained
+		// returns, and that is no failure to drain.
+		uerr := e.undrained()
+		select {
+		case <-ch:
+			continue
+		default:
 		}
+		err = uerr
+		break
 	}
 	// Flush the workers before anything closes: a drained session's last
 	// frame (a FAILED Result, a CancelAck) may still wait in its worker's

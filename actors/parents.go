@@ -33,6 +33,10 @@ type (
 		handle *Handle
 		reply  chan rxOpenReply
 		at     time.Time // when Receive was called
+		// deadline fires rxQueueTimeout while the request waits for
+		// blocks; stopped once it leaves the queue, so that a finished
+		// request (and a closed engine) holds no timer until its deadline.
+		deadline Timer
 	}
 	rxOpenReply struct {
 		err error
@@ -418,7 +422,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.noteQueue() // before drainQueue's allocation attempt
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
-			p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
+			m.deadline = p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
 		}
 		p.drainQueue(ctx)
 	case *blocksFreed:
@@ -511,6 +515,7 @@ func requestsOf(refs []core.RxWriterRef) int {
 // the outcome at once, after the metrics (as a session's shell does); no
 // RequestData left, so its blocks (if any) are released too.
 func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
+	q.leftQueue()
 	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock.Now())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 	q.handle.release()
@@ -586,16 +591,23 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(r.PrefixHitBlocks) > len(l.Groups) {
+		return nil, fmt.Errorf("%w: request %s: prefix hits for %d layer groups, the layout has %d",
+			ErrBadRequest, r.ID, len(r.PrefixHitBlocks), len(l.Groups))
+	}
+	blocks := (r.PromptLen + l.TokensPerBlock - 1) / l.TokensPerBlock
+	for g, hit := range r.PrefixHitBlocks {
+		if hit < 0 || hit > blocks {
+			return nil, fmt.Errorf("%w: request %s: prefix hit of layer group %d = %d blocks, want 0..%d (a prompt of %d tokens, %d per block)",
+				ErrBadRequest, r.ID, g, hit, blocks, r.PromptLen, l.TokensPerBlock)
+		}
+	}
 	counts := make([]int, len(l.Groups))
 	for g, grp := range l.Groups {
 		if len(shape.Layers[g]) == 0 {
 			continue
 		}
-		hit := 0
-		if g < len(r.PrefixHitBlocks) {
-			hit = r.PrefixHitBlocks[g]
-		}
-		first, end := kvcache.NeededRange(r.PromptLen, grp.Window, l.TokensPerBlock, hit)
+		first, end := kvcache.NeededRange(r.PromptLen, grp.Window, l.TokensPerBlock, hitOf(r, g))
 		counts[g] = end - first
 		if err := p.topo.Pools[g].CheckFits(counts[g]); err != nil {
 			return nil, fmt.Errorf("request %s (%d tokens), layer group %d: %w", r.ID, r.PromptLen, g, err)
@@ -638,7 +650,16 @@ func (p *rxParent) otherVersion(q *rxOpenReq, blocks [][]kvcache.BlockID, peer m
 	return true
 }
 
+// leftQueue stops q's queue deadline: it started, or it ended unstarted.
+func (q *rxOpenReq) leftQueue() {
+	if q.deadline != nil {
+		q.deadline.Stop()
+		q.deadline = nil
+	}
+}
+
 func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.BlockID) {
+	q.leftQueue()
 	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel,
 		PrefixHitBlocks: q.req.PrefixHitBlocks, Deadline: q.req.Deadline}
 	// A writer the control plane declared dead and does not hear again
@@ -675,15 +696,14 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		return
 	}
 	// Runs of the pool's blocks revoked from an earlier writer: the
-	// request's writers must write them where the view now shows.
-	var remap []messages.Extent
-	if q.req.Blocks == nil {
-		var err error
-		if remap, err = p.env.remapFor(blocks); err != nil {
-			p.unstarted(q, blocks)
-			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
-			return
-		}
+	// request's writers must write them where the view now shows. The
+	// framework's blocks (ReceiveRequest.Blocks) are the pool's too, and
+	// may have been revoked while kvxfer held them.
+	remap, err := p.env.remapFor(blocks)
+	if err != nil {
+		p.unstarted(q, blocks)
+		p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
+		return
 	}
 	epoch, writers, err := p.table.Start(o, blocks, p.env.clock.Now())
 	if err != nil {

@@ -93,7 +93,7 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		ent.ready = true
 		ent.err = injected(b, 0, fmt.Sprintf("batch %d failed", seq))
 	case r != nil && r.kind == kindPartial:
-		if k := partialLen(r.prefix, len(b.Segments)); k < len(b.Segments) {
+		if k := partialLen(r.prefix, len(b.Segments)); k >= 0 && k < len(b.Segments) {
 			pb := b
 			pb.Segments = b.Segments[:k]
 			pb.Done = func(err error) { e.complete(ent, err) }

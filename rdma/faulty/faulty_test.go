@@ -246,6 +246,21 @@ func TestPartial(t *testing.T) {
 	}
 }
 
+// TestPartialEmptyBatch: Partial on a batch with no segment fails it as
+// Fail does, with no segment named. (Checked to fail without the guard:
+// Post panicked slicing the segments at -1.)
+func TestPartialEmptyBatch(t *testing.T) {
+	r := newRig(t, 4096, faulty.Partial(faulty.Always(), 1))
+	errs := make(chan error, 1)
+	if err := r.ep.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(), Done: func(err error) { errs <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	var se *rdma.SegmentError
+	if err := <-errs; !errors.Is(err, rdma.ErrInjected) || errors.As(err, &se) {
+		t.Fatalf("Done(%v), want ErrInjected naming no segment", err)
+	}
+}
+
 // TestHang: the hung batch holds back every later completion and Flush until
 // Close, which completes it with ErrEndpointClosed; meanwhile its regions
 // are busy.

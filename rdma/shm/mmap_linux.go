@@ -6,6 +6,44 @@ import (
 	"syscall"
 )
 
+// reserveFile gives f the memory of its size bytes now (fallocate): a
+// region file is sparse after Truncate, and a tmpfs too small for it (a
+// container's /dev/shm is 64 MiB by default) would otherwise fail a page
+// only when a writer first touches it — SIGBUS in the writer's process.
+// ENOSPC names what the directory has left.
+func reserveFile(f *os.File, size int) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := sc.Control(func(fd uintptr) {
+		for {
+			ferr = syscall.Fallocate(int(fd), 0, 0, int64(size))
+			if ferr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	switch {
+	case ferr == nil:
+		return nil
+	case ferr == syscall.ENOSPC:
+		var st syscall.Statfs_t
+		left := "?"
+		if syscall.Statfs(Dir(), &st) == nil {
+			left = fmt.Sprintf("%d", uint64(st.Bavail)*uint64(st.Bsize))
+		}
+		return fmt.Errorf("%s has room for %s bytes, not %d: give it more (a container's --shm-size) or use a smaller pool: %w",
+			Dir(), left, size, os.NewSyscallError("fallocate", ferr))
+	case ferr == syscall.EOPNOTSUPP:
+		return nil // a file system without fallocate: pages come on first touch, as before
+	}
+	return os.NewSyscallError("fallocate", ferr)
+}
+
 // mapFile maps size bytes of f shared, read-write, with the pages populated
 // up front so that the first copy does not fault page by page.
 func mapFile(f *os.File, size int) ([]byte, error) {

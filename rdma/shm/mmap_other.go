@@ -13,6 +13,8 @@ func mapFile(*os.File, int) ([]byte, error) {
 
 func unmapFile([]byte) error { return errors.ErrUnsupported }
 
+func reserveFile(*os.File, int) error { return errors.ErrUnsupported }
+
 const openNoFollow = 0
 
 func mapFixed(*os.File, uintptr, int, int64, bool) error { return errors.ErrUnsupported }

@@ -85,6 +85,9 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 		if err := f.Truncate(int64(size)); err != nil {
 			return nil, err
 		}
+		if err := reserveFile(f, size); err != nil {
+			return nil, err
+		}
 		return mapFile(f, size)
 	}()
 	if err != nil {

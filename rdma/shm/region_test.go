@@ -3,8 +3,10 @@ package shm_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -207,5 +209,86 @@ func TestStaleSharedSource(t *testing.T) {
 	err = ep.Post(rdma.Batch{Src: sreg, Dst: dreg.Remote(), Segments: []kvcache.Segment{{Len: 8}}, Done: func(err error) { t.Errorf("Done(%v)", err) }})
 	if !errors.Is(err, rdma.ErrUnregistered) {
 		t.Errorf("Post from a deregistered, unmapped source: %v, want ErrUnregistered", err)
+	}
+}
+
+// TestRegionLargerThanTheDirectoryRefused: a region that the shared-memory
+// directory cannot hold (a container's /dev/shm is 64 MiB by default) is
+// refused when it is made, naming the directory and the sizes, instead of
+// being made sparse and killing a writer's process with SIGBUS at its
+// first copy into an unbacked page. The test runs itself again in a mount
+// namespace with a 2 MiB tmpfs on /dev/shm (skipped where that cannot be
+// made: not root, no unshare). (Checked to fail without the reservation:
+// the region is made.)
+func TestRegionLargerThanTheDirectoryRefused(t *testing.T) {
+	if os.Getenv("KVXFER_TEST_SMALL_SHM") == "1" {
+		regionLargerThanTheDirectory(t)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a mount namespace")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare here")
+	}
+	script := `mount -t tmpfs -o size=2m tmpfs /dev/shm && exec "$0" -test.run '^TestRegionLargerThanTheDirectoryRefused$' -test.count 1 -test.v`
+	cmd := exec.Command("unshare", "-m", "sh", "-c", script, os.Args[0])
+	cmd.Env = append(os.Environ(), "KVXFER_TEST_SMALL_SHM=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil && strings.Contains(string(out), "mount:") {
+		t.Skipf("no tmpfs mount in a namespace here: %s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestRegionLargerThanTheDirectoryRefused") {
+		t.Fatalf("in a 2 MiB /dev/shm: %v\n%s", err, out)
+	}
+}
+
+// regionLargerThanTheDirectory runs in the child, where /dev/shm holds
+// 2 MiB: an 8 MiB region is refused with ENOSPC named; a region that fits
+// is made, and a copy into all of it lands.
+func regionLargerThanTheDirectory(t *testing.T) {
+	if shm.Dir() != "/dev/shm" {
+		t.Fatalf("shm.Dir() = %s, want /dev/shm", shm.Dir())
+	}
+	if _, closer, err := shm.NewRegion("", 8<<20); err == nil {
+		_ = closer.Close()
+		t.Fatal("an 8 MiB region made in a 2 MiB /dev/shm: its first write past 2 MiB would kill the writer")
+	} else if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "/dev/shm has room for") {
+		t.Fatalf("NewRegion(8 MiB) in a 2 MiB /dev/shm: %v, want ENOSPC naming /dev/shm's room", err)
+	} else {
+		t.Log(err)
+	}
+	const n = 1 << 20
+	region, closer, err := shm.NewRegion("", n)
+	if err != nil {
+		t.Fatalf("NewRegion(1 MiB) in a 2 MiB /dev/shm: %v", err)
+	}
+	defer closer.Close()
+	recv, send := shm.New(), shm.New()
+	defer recv.Close()
+	defer send.Close()
+	dst, err := recv.Register(region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recv.Deregister(dst)
+	sr, err := kvcache.NewHostRegion(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := send.Register(sr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := send.Connect(recv.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
