@@ -45,6 +45,7 @@ type (
 	batchDone struct {
 		op      OpRef
 		session *actor.PID
+		key     string // the endpoint's peer address
 		err     error
 	}
 	// endpointClosed comes back from a closer goroutine once Close has
@@ -87,6 +88,13 @@ type workerSlot struct {
 	// sending is the frame being handed to the control plane (nil
 	// between sends): a crash inside the send reports it (restart).
 	sending *workerSend
+	// peerKey is the address each peer's ops last went to; stale holds
+	// the addresses a peer left for another (a restarted rank's new
+	// agent): their endpoints are closed once no op is in flight on them
+	// (retireStale), instead of staying open — a copier goroutine, and
+	// for shm a mapping of the gone peer's pool — until the engine closes.
+	peerKey map[messages.PeerID]string
+	stale   map[string]bool
 }
 
 type connectResult struct {
@@ -105,7 +113,8 @@ type workerActor struct {
 func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, env *shellEnv) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
 		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{},
-		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{}}
+		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{},
+		peerKey: map[messages.PeerID]string{}, stale: map[string]bool{}}
 }
 
 func (w *workerActor) Receive(ctx actor.Context) {
@@ -125,6 +134,9 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		}
 		s.table.Settle(m.op)
 		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
+		if s.stale[m.key] {
+			s.retireStale(ctx, m.key)
+		}
 	case *workerFlush:
 		s.flush(ctx, m)
 	case *flushDone:
@@ -192,11 +204,12 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 		s.connect(ctx, m.Route, m)
 		return
 	}
+	s.usePeerKey(ctx, m.Route.Peer, key)
 	sys, self := ctx.ActorSystem(), ctx.Self()
 	ref, sess := m.Op, m.session
 	err := ep.Post(rdma.Batch{Src: s.reg, Dst: rdma.RemoteRegion{Key: m.Route.RegionKey, Len: m.Route.RegionLen},
 		Segments: m.Segments, Done: func(err error) {
-			sys.Root.Send(self, &batchDone{op: ref, session: sess, err: err})
+			sys.Root.Send(self, &batchDone{op: ref, session: sess, key: key, err: err})
 		}})
 	if err != nil {
 		s.refuse(ctx, m, err)
@@ -204,6 +217,35 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 	}
 	s.stats.OpsPosted.Add(1)
 	ctx.Send(m.session, TxSubmitted{Op: m.Op})
+}
+
+// usePeerKey notes that peer's ops now go to key. An address the peer
+// used before is stale (the peer came back with a new agent: a restarted
+// rank): its endpoint is closed once nothing is in flight on it.
+func (s *workerSlot) usePeerKey(ctx actor.Context, peer messages.PeerID, key string) {
+	prev, ok := s.peerKey[peer]
+	if ok && prev == key {
+		return
+	}
+	s.peerKey[peer] = key
+	delete(s.stale, key)
+	if ok {
+		s.stale[prev] = true
+		s.retireStale(ctx, prev)
+	}
+}
+
+// retireStale closes a stale address's endpoint if no op is in flight on
+// it (the last one's completion calls it again): closing an idle endpoint
+// retires nothing, and a later op to that address connects afresh.
+func (s *workerSlot) retireStale(ctx actor.Context, key string) {
+	if s.table.InFlightOn(key) > 0 {
+		return
+	}
+	delete(s.stale, key)
+	if _, open := s.table.Lookup(key); open {
+		s.closeEndpoint(ctx, key)
+	}
 }
 
 // refuse answers an op that was never posted.
@@ -341,6 +383,7 @@ func (s *workerSlot) restart(ctx actor.Context) {
 	for _, key := range keys {
 		s.closeEndpoint(ctx, key)
 	}
+	clear(s.stale) // every endpoint is closing
 	for id, c := range s.conns {
 		_ = c.Close()
 		delete(s.conns, id)

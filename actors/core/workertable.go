@@ -124,6 +124,17 @@ func (t *WorkerTable[S, E]) Lookup(key string) (ep E, open bool) {
 // InFlight is the number of ops in flight.
 func (t *WorkerTable[S, E]) InFlight() int { return len(t.inflight) }
 
+// InFlightOn is the number of ops in flight to the peer at key.
+func (t *WorkerTable[S, E]) InFlightOn(key string) int {
+	n := 0
+	for _, o := range t.inflight {
+		if o.key == key {
+			n++
+		}
+	}
+	return n
+}
+
 // take removes the ops in flight that match and returns them by session.
 func (t *WorkerTable[S, E]) take(match func(workerOp[S]) bool) []SessionOps[S] {
 	out := t.group(match)
