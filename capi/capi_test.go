@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/metrics"
 	"github.com/kvxfer/kvxfer/node"
@@ -65,6 +66,8 @@ func TestCode(t *testing.T) {
 		// A Result that did not leave, even when the worker crashed in the send.
 		{fmt.Errorf("%w: the Result for gen/0: %w", kvxfer.ErrFrameUnsent, kvxfer.ErrWorkerCrashed), ErrPeerGone},
 		{errorf(ErrBufferTooSmall, "small"), ErrBufferTooSmall},
+		// A request its engine's close cancelled (actors' ErrClosed).
+		{fmt.Errorf("%w: request r", actors.ErrClosed), ErrClosed},
 		{errors.New("unmapped"), ErrInternal},
 	} {
 		if got := Code(c.err); got != c.want {

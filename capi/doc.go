@@ -12,5 +12,7 @@
 // an error naming it. A request's event is posted once, after its outcome is
 // final (context side: every pin dropped; generation side: no write can
 // touch its blocks any more); the request handle stays valid until Release.
-// Closing an engine releases every handle it owns.
+// Closing an engine wakes its blocked Polls and WaitPeers (ErrClosed),
+// releases every handle it owns, and once it returns nothing more of it is
+// posted, even when the drain timed out.
 package capi

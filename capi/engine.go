@@ -35,14 +35,35 @@ type Engine struct {
 	// marks the engine closed: no watcher is added once Close waits.
 	opening sync.RWMutex
 
-	mu       sync.Mutex
-	closed   bool
-	events   []Event
-	wake     chan struct{} // closed and replaced when an event is queued
-	notify   func(Event)   // set: events go here instead of the queue
+	// ctx is cancelled when Close starts: a WaitPeers under way returns.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	events []Event
+	wake   chan struct{} // closed and replaced when an event is queued, and when Close starts
+	notify func(Event)   // set: events go here instead of the queue
+	// stopped (and stop closed): Close is past the drain; watchers end
+	// without posting anything more.
+	stopped  bool
+	stop     chan struct{}
 	requests map[uint64]*Request
 	fences   map[uint64]*fence
 	watchers sync.WaitGroup
+}
+
+// newEngine wraps eng (and n, when opened by OpenNode) and gives it a
+// handle.
+func newEngine(eng *kvxfer.Engine, n *node.Node, instance string) *Engine {
+	if instance == "" {
+		instance = kvxfer.DefaultInstance
+	}
+	e := &Engine{eng: eng, node: n, instance: instance, wake: make(chan struct{}), stop: make(chan struct{}),
+		requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.h = put(e)
+	return e
 }
 
 // Open starts an engine from a JSON config. pool, when not nil, is the
@@ -79,12 +100,7 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	if err != nil {
 		return nil, 0, err
 	}
-	inst := kc.Instance
-	if inst == "" {
-		inst = kvxfer.DefaultInstance
-	}
-	e := &Engine{eng: eng, instance: inst, wake: make(chan struct{}), requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
-	e.h = put(e)
+	e := newEngine(eng, nil, kc.Instance)
 	return e, e.h, nil
 }
 
@@ -97,8 +113,15 @@ func (e *Engine) Inner() *kvxfer.Engine { return e.eng }
 // Handle is the engine's handle.
 func (e *Engine) Handle() uint64 { return e.h }
 
-// Close fails every unfired fence, closes the engine (waiting up to
-// timeout for the drain) and releases every handle the engine owns.
+// Close fails every unfired fence, wakes every Poll and WaitPeers under
+// way (they return ErrClosed), closes the engine (waiting up to timeout
+// for the drain) and releases every handle the engine owns. Once it
+// returns, whatever the outcome, no event is posted any more and no
+// watcher of the engine's is left: a drained close first delivers every
+// request's event (to the callback, if one is set); one that timed out
+// (ErrTimeout) delivers nothing more. Memory the caller registered must
+// then stay valid for good: requests that did not drain may still be
+// written by their peers.
 func (e *Engine) Close(timeout time.Duration) error {
 	e.opening.Lock()
 	e.mu.Lock()
@@ -110,8 +133,11 @@ func (e *Engine) Close(timeout time.Duration) error {
 	e.closed = true
 	fences := e.fences
 	e.fences = map[uint64]*fence{}
+	close(e.wake) // blocked Polls return
+	e.wake = make(chan struct{})
 	e.mu.Unlock()
 	e.opening.Unlock()
+	e.cancel() // a WaitPeers returns
 	for h, f := range fences {
 		drop(h)
 		f.mf.Fire(fmt.Errorf("%w: engine %d closed before fence %d fired", ErrEngineClosed, e.h, h))
@@ -137,8 +163,16 @@ func (e *Engine) Close(timeout time.Duration) error {
 		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close after %v: %w", e.h, timeout, err)}
 	}
 	if err == nil {
-		e.watchers.Wait()
+		e.watchers.Wait() // every outcome is decided: each event is posted
 	}
+	// The watchers of requests that did not drain would wait for good (the
+	// engine's actors are gone): they end now, posting nothing; one in the
+	// middle of a callback is waited for.
+	e.mu.Lock()
+	e.stopped = true
+	close(e.stop)
+	e.mu.Unlock()
+	e.watchers.Wait()
 	e.mu.Lock()
 	for h := range e.requests {
 		drop(h)
@@ -159,9 +193,23 @@ func (e *Engine) SetNotify(f func(Event)) {
 }
 
 // Poll moves up to len(out) queued events into out; with wait > 0 it waits
-// up to wait for the first one.
+// up to wait for the first one. It returns 0 at once when the engine is
+// closing and no event is left (PollErr says so).
 func (e *Engine) Poll(out []Event, wait time.Duration) int {
+	n, _ := e.PollErr(out, wait)
+	return n
+}
+
+// PollErr is Poll with an ErrClosed error when it returns no event because
+// the engine is closed or closing: a Poll blocked when Close starts
+// returns at once, with the events still queued first.
+func (e *Engine) PollErr(out []Event, wait time.Duration) (int, error) {
 	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		e.mu.Lock()
 		n := copy(out, e.events)
@@ -171,11 +219,13 @@ func (e *Engine) Poll(out []Event, wait time.Duration) int {
 		wake := e.wake
 		closed := e.closed
 		e.mu.Unlock()
-		if n > 0 || wait <= 0 || len(out) == 0 || closed {
-			if timer != nil {
-				timer.Stop()
-			}
-			return n
+		switch {
+		case n > 0:
+			return n, nil
+		case closed:
+			return 0, errorf(ErrClosed, "engine %d is closed or closing: no event is left", e.h)
+		case wait <= 0 || len(out) == 0:
+			return 0, nil
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -190,6 +240,10 @@ func (e *Engine) Poll(out []Event, wait time.Duration) int {
 
 func (e *Engine) post(ev Event) {
 	e.mu.Lock()
+	if e.stopped { // Close is done: nothing more is delivered
+		e.mu.Unlock()
+		return
+	}
 	if f := e.notify; f != nil {
 		e.mu.Unlock()
 		f(ev)
@@ -301,7 +355,7 @@ func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
 	}
 	tx, err := e.eng.Send(context.Background(), req.SendRequest)
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine %d: send %q: %w", e.h, req.ID, err)
+		return nil, 0, fmt.Errorf("engine %d: send %s: %w", e.h, quote(req.ID), err)
 	}
 	r := &Request{e: e, id: req.ID, tx: tx, userData: req.UserData, tpb: e.eng.Layout().TokensPerBlock}
 	return r, e.adopt(r, tx.Done(), nil), nil
@@ -322,7 +376,7 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 		rx, err = e.eng.Receive(context.Background(), req.ReceiveRequest)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine %d: receive %q: %w", e.h, req.ID, err)
+		return nil, 0, fmt.Errorf("engine %d: receive %s: %w", e.h, quote(req.ID), err)
 	}
 	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
 		prefix: append([]int(nil), req.PrefixHitBlocks...)}
@@ -348,9 +402,20 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 	e.watchers.Add(1)
 	go func() {
 		defer e.watchers.Done()
-		o := <-done
+		var o kvxfer.Outcome
+		select {
+		case o = <-done:
+		case <-e.stop: // a close that did not drain: the outcome may never come
+			r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
+			return
+		}
 		if released != nil {
-			<-released
+			select {
+			case <-released:
+			case <-e.stop:
+				r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
+				return
+			}
 		}
 		r.mu.Lock()
 		r.out = &o
@@ -358,7 +423,7 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 		r.events = nil
 		r.mu.Unlock()
 		for _, f := range events { // before the event: the caller may then destroy them
-			f.Release(fmt.Errorf("request %d (%q) finished: %s", r.h, r.id, o.Status))
+			f.Release(fmt.Errorf("request %d (%s) finished: %s", r.h, quote(r.id), o.Status))
 		}
 		ev := Event{Request: r.h, Outcome: outcomeCode(o.Status), Bytes: o.Bytes, UserData: r.userData}
 		if o.Err != nil {
@@ -459,13 +524,13 @@ func (r *Request) ChunkLayers(start, end int, last bool, part kvcache.LayerPart,
 // kvcache.LayerPart.Check; the rest of the order is TxHandle.Chunk's).
 func (r *Request) chunkOf(start, end int, last bool, part kvcache.LayerPart) (kvcache.Chunk, error) {
 	if r.tx == nil {
-		return kvcache.Chunk{}, errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+		return kvcache.Chunk{}, errorf(ErrInvalidArgument, "request %d (%s) is a receive: chunks go to a send", r.h, quote(r.id))
 	}
 	if start < 0 || end < start {
-		return kvcache.Chunk{}, errorf(ErrBadChunk, "request %d (%q): chunk [%d,%d) is empty or negative", r.h, r.id, start, end)
+		return kvcache.Chunk{}, errorf(ErrBadChunk, "request %d (%s): chunk [%d,%d) is empty or negative", r.h, quote(r.id), start, end)
 	}
 	if err := part.Check(r.e.eng.Layout().Layers); err != nil {
-		return kvcache.Chunk{}, fmt.Errorf("request %d (%q) chunk [%d,%d): %w", r.h, r.id, start, end, err)
+		return kvcache.Chunk{}, fmt.Errorf("request %d (%s) chunk [%d,%d): %w", r.h, quote(r.id), start, end, err)
 	}
 	return kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last, Layers: part}, nil
 }
@@ -489,20 +554,20 @@ func (r *Request) ChunkCUDA(start, end int, last bool, runs []kvcache.BlockRun, 
 // or the event is touched.
 func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerPart, runs []kvcache.BlockRun, cuEvent uint64, device int) error {
 	if r.tx == nil {
-		return errorf(ErrInvalidArgument, "request %d (%q) is a receive: chunks go to a send", r.h, r.id)
+		return errorf(ErrInvalidArgument, "request %d (%s) is a receive: chunks go to a send", r.h, quote(r.id))
 	}
 	if cuEvent == 0 {
-		return errorf(ErrInvalidArgument, "request %d (%q): cu_event is 0: pass the CUevent handle of an event recorded after the chunk's writes (a torch.cuda.Event has one once recorded)", r.h, r.id)
+		return errorf(ErrInvalidArgument, "request %d (%s): cu_event is 0: pass the CUevent handle of an event recorded after the chunk's writes (a torch.cuda.Event has one once recorded)", r.h, quote(r.id))
 	}
 	if device < 0 {
-		return errorf(ErrInvalidArgument, "request %d (%q): CUDA device %d is negative", r.h, r.id, device)
+		return errorf(ErrInvalidArgument, "request %d (%s): CUDA device %d is negative", r.h, quote(r.id), device)
 	}
 	c, err := r.chunkOf(start, end, last, part)
 	if err != nil {
 		return err
 	}
 	if err := cuda.Init(); err != nil {
-		return &Error{Code: ErrUnsupported, Err: fmt.Errorf("request %d (%q): a chunk behind CUDA event %#x needs the CUDA driver, and there is none usable: %w", r.h, r.id, cuEvent, err)}
+		return &Error{Code: ErrUnsupported, Err: fmt.Errorf("request %d (%s): a chunk behind CUDA event %#x needs the CUDA driver, and there is none usable: %w", r.h, quote(r.id), cuEvent, err)}
 	}
 	f, err := cuda.WatchEvent(device, uintptr(cuEvent), nil)
 	if err != nil {
@@ -510,7 +575,7 @@ func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerP
 		if errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrBadHandle) {
 			code = ErrInvalidArgument
 		}
-		return &Error{Code: code, Err: fmt.Errorf("request %d (%q): CUDA event %#x of device %d: %w", r.h, r.id, cuEvent, device, err)}
+		return &Error{Code: code, Err: fmt.Errorf("request %d (%s): CUDA event %#x of device %d: %w", r.h, quote(r.id), cuEvent, device, err)}
 	}
 	if err := r.tx.Chunk(c, runs, cudaFence{f, r.h}); err != nil {
 		f.Release(err)
@@ -519,7 +584,7 @@ func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerP
 	r.mu.Lock()
 	if r.out != nil { // finished meanwhile: its watcher released the others
 		r.mu.Unlock()
-		f.Release(fmt.Errorf("request %d (%q) finished", r.h, r.id))
+		f.Release(fmt.Errorf("request %d (%s) finished", r.h, quote(r.id)))
 		return nil
 	}
 	r.events = append(r.events, f)
@@ -584,7 +649,7 @@ func (r *Request) Outcome() (kvxfer.Outcome, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.out == nil {
-		return kvxfer.Outcome{}, errorf(ErrNotFinished, "request %d (%q) has not finished", r.h, r.id)
+		return kvxfer.Outcome{}, errorf(ErrNotFinished, "request %d (%s) has not finished", r.h, quote(r.id))
 	}
 	return *r.out, nil
 }
@@ -597,7 +662,7 @@ func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
 		return nil, 0, err
 	}
 	if o.Status != kvxfer.StatusReady {
-		return nil, 0, errorf(ErrInvalidArgument, "request %d (%q) is %s, not READY: it has no blocks", r.h, r.id, o.Status)
+		return nil, 0, errorf(ErrInvalidArgument, "request %d (%s) is %s, not READY: it has no blocks", r.h, quote(r.id), o.Status)
 	}
 	if err := r.e.checkGroup(g); err != nil {
 		return nil, 0, err
@@ -623,15 +688,15 @@ func (r *Request) FreeBlocks() error {
 		return err
 	}
 	if o.Status != kvxfer.StatusReady {
-		return errorf(ErrInvalidArgument, "request %d (%q) is %s, not READY: it has no blocks", r.h, r.id, o.Status)
+		return errorf(ErrInvalidArgument, "request %d (%s) is %s, not READY: it has no blocks", r.h, quote(r.id), o.Status)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.freed {
-		return errorf(ErrInvalidArgument, "request %d (%q): its blocks are already freed", r.h, r.id)
+		return errorf(ErrInvalidArgument, "request %d (%s): its blocks are already freed", r.h, quote(r.id))
 	}
 	if err := r.e.eng.FreeBlocks(o.Blocks); err != nil {
-		return fmt.Errorf("request %d (%q): %w", r.h, r.id, err)
+		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), err)
 	}
 	r.freed = true
 	return nil

@@ -25,13 +25,16 @@ import (
 // strides × element size): block, token, head, elem, and kv, the distance
 // from a joint tensor's K to its V (nhd, hnd). The registered region spans
 // the lowest tensor address to the end of the highest tensor; kvxfer writes
-// only the described elements of it.
+// only the described elements of it. dtype_bytes, when given, is the
+// tensors' element size, refused unless it is the layout's dtype_bytes
+// (float32 tensors under a bf16 layout would get half of each element).
 type Memory struct {
-	Kind      string   `json:"kind"`
-	NumBlocks int      `json:"num_blocks"`
-	Layers    []uint64 `json:"layers"`
-	VLayers   []uint64 `json:"v_layers"`
-	Strides   *Strides `json:"strides"`
+	Kind       string   `json:"kind"`
+	NumBlocks  int      `json:"num_blocks"`
+	Layers     []uint64 `json:"layers"`
+	VLayers    []uint64 `json:"v_layers"`
+	Strides    *Strides `json:"strides"`
+	DTypeBytes int      `json:"dtype_bytes"`
 }
 
 // Strides are a Memory's byte strides.
@@ -63,7 +66,11 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 	}
 	split := m.Kind == "split_kv"
 	if !slices.Contains(kvcache.FrameworkKinds, m.Kind) {
-		return errorf(ErrConfig, "memory.kind = %q, want %s", m.Kind, strings.Join(kvcache.FrameworkKinds, ", "))
+		return errorf(ErrConfig, "memory.kind = %s, want %s", quote(m.Kind), strings.Join(kvcache.FrameworkKinds, ", "))
+	}
+	if m.DTypeBytes != 0 && m.DTypeBytes != l.DTypeBytes {
+		return errorf(ErrConfig, "memory.dtype_bytes = %d (the tensors' element size), but the layout's dtype_bytes is %d: tensors of another dtype than the model's",
+			m.DTypeBytes, l.DTypeBytes)
 	}
 	if m.NumBlocks < 1 || m.NumBlocks > math.MaxInt32 {
 		return errorf(ErrConfig, "memory.num_blocks = %d, must be ≥ 1", m.NumBlocks)
@@ -72,8 +79,8 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 		return errorf(ErrConfig, "memory.layers has %d addresses, rank %v holds %d layers", len(m.Layers), kc.Rank, held)
 	}
 	if split != (len(m.VLayers) > 0) || (split && len(m.VLayers) != held) {
-		return errorf(ErrConfig, "memory.v_layers has %d addresses for kind %q (split_kv needs one per layer, %d; other kinds none)",
-			len(m.VLayers), m.Kind, held)
+		return errorf(ErrConfig, "memory.v_layers has %d addresses for kind %s (split_kv needs one per layer, %d; other kinds none)",
+			len(m.VLayers), quote(m.Kind), held)
 	}
 	lo := uint64(math.MaxUint64)
 	for i, a := range append(append([]uint64(nil), m.Layers...), m.VLayers...) {

@@ -165,6 +165,8 @@ func TestMemoryConfigErrors(t *testing.T) {
 		{strings.Replace(good, `"layers"`, `"v_layers":[1,2],"layers"`, 1), "v_layers has 2"},
 		{memoryJSON(buf, "nhd", `{"block":8,"token":64,"head":8,"elem":2}`), "block stride 8"},
 		{`{"kind":"nhd","num_blocks":8,"layers":[4096,140737488359424]}`, "span more than"},
+		// float32 tensors under the bf16 layout: both sizes named.
+		{strings.Replace(good, `"layers"`, `"dtype_bytes":4,"layers"`, 1), "memory.dtype_bytes = 4 (the tensors' element size), but the layout's dtype_bytes is 2"},
 	} {
 		_, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-bad",%s,"memory":%s}`, tinyLayout, c.mem), nil, 0)
 		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {

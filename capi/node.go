@@ -2,9 +2,9 @@ package capi
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -28,13 +28,7 @@ func OpenNode(configJSON string) (*Engine, uint64, error) {
 	if err != nil {
 		return nil, 0, nodeError(err)
 	}
-	inst := cfg.Instance
-	if inst == "" {
-		inst = kvxfer.DefaultInstance
-	}
-	e := &Engine{eng: n.Engine(), node: n, instance: inst, wake: make(chan struct{}),
-		requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
-	e.h = put(e)
+	e := newEngine(n.Engine(), n, cfg.Instance)
 	return e, e.h, nil
 }
 
@@ -71,14 +65,22 @@ func (e *Engine) PublicKey() (string, error) {
 	return e.node.PublicKey(), nil
 }
 
-// WaitPeers waits up to timeout for every configured peer to say Hello.
+// WaitPeers waits up to timeout for every configured peer to say Hello:
+// ErrTimeout after it, ErrClosed at once when the engine is closed or
+// Close starts meanwhile.
 func (e *Engine) WaitPeers(timeout time.Duration) error {
 	if err := e.needNode("kvxfer_node_wait_peers"); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	if err := e.open(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, timeout)
 	defer cancel()
 	if err := e.node.WaitPeers(ctx); err != nil {
+		if e.ctx.Err() != nil {
+			return &Error{Code: ErrClosed, Err: fmt.Errorf("engine %d closed while waiting for peers: %w", e.h, err)}
+		}
 		if ctx.Err() != nil {
 			return &Error{Code: ErrTimeout, Err: err}
 		}

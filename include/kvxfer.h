@@ -10,15 +10,19 @@
  *  - Every call returns a kvxfer_status. On failure it also leaves a message
  *    naming the value that was wrong, retrievable on the calling thread with
  *    kvxfer_last_error() (errno-style: a successful call leaves the previous
- *    message in place). Bad input (a bad handle, a null pointer, bad JSON, a
- *    misaligned chunk) is an error status, never a crash.
+ *    message in place; at most 1023 bytes, so a message quotes only the
+ *    first 64 bytes of an over-long value, with its length). Bad input (a
+ *    bad handle, a null pointer, bad JSON, a misaligned chunk) is an error
+ *    status, never a crash.
  *  - Completions are polled: kvxfer_poll() returns finished requests as
  *    kvxfer_event records. A callback (kvxfer_set_callback) is optional; it
  *    runs on a thread the library owns, and must not unwind (no C++ exception,
  *    no longjmp) through the library.
  *  - Memory is registered as a pointer: kvxfer_engine_open's pool (or one the
  *    engine allocates); a node (kvxfer_node_open) allocates its own, memory
- *    its peers can write, found with kvxfer_engine_info_get. Block b of layer group g lives at
+ *    its peers can write, found with kvxfer_engine_info_get. The caller's
+ *    memory must outlive the engine, and for good when kvxfer_engine_close
+ *    returns KVXFER_ERR_TIMEOUT (see there). Block b of layer group g lives at
  *    pool + group.offset + b * group.block_bytes, its bytes ordered
  *    layer, part (K then V), head, token, dim (outermost first): a
  *    "cross-layer" block, HND inside each layer.
@@ -45,8 +49,9 @@ extern "C" {
 #define KVXFER_ABI_VERSION 1
 /* Additive changes within KVXFER_ABI_VERSION (new config keys, new
  * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda;
- * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda. */
-#define KVXFER_ABI_MINOR 3
+ * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda; 4: the "memory"
+ * object's dtype_bytes. */
+#define KVXFER_ABI_MINOR 4
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -86,7 +91,8 @@ typedef uint64_t kvxfer_engine_t;
 typedef uint64_t kvxfer_request_t;
 typedef uint64_t kvxfer_fence_t;
 
-/* One finished request. Posted once per request: a context-side request
+/* One finished request. Posted once per request (unless its engine's
+ * kvxfer_engine_close returned first): a context-side request
  * after its session released every pin (its source blocks may be freed);
  * a generation-side request once its outcome is decided and no write can
  * touch its destination blocks any more. */
@@ -132,9 +138,9 @@ typedef struct kvxfer_group_info {
 typedef struct kvxfer_send_request {
     const char *id;
     int32_t prompt_len;
-    int32_t timeout_ms;          /* 0: the engine's transfer timeout */
+    int32_t timeout_ms;          /* 0: the engine's transfer timeout; negative: KVXFER_ERR_INVALID_ARGUMENT */
     const void *payload;         /* handed to the generation side on READY; may be NULL */
-    uint32_t payload_len;
+    uint32_t payload_len;        /* at most 4096 bytes, else KVXFER_ERR_INVALID_ARGUMENT */
     const char *generation;      /* the generation instance, or NULL: first to ask */
     uint64_t user_data;
 } kvxfer_send_request;
@@ -143,10 +149,10 @@ typedef struct kvxfer_send_request {
 typedef struct kvxfer_receive_request {
     const char *id;
     int32_t prompt_len;
-    int32_t timeout_ms;
+    int32_t timeout_ms;          /* as kvxfer_send_request's */
     const char *context;         /* the context instance */
-    int32_t context_tp;          /* its parallelism; 0, 0 means 1 x 1 */
-    int32_t context_pp;
+    int32_t context_tp;          /* its parallelism; 0, 0 means 1 x 1; negative: */
+    int32_t context_pp;          /* KVXFER_ERR_INVALID_ARGUMENT */
     /* Destination blocks the caller allocated itself, one run per layer
      * group (NULL: the engine allocates from its pool, and READY's blocks
      * are freed with kvxfer_blocks_free). */
@@ -195,7 +201,10 @@ const char *kvxfer_status_name(int32_t status);
  * layer's tensor (K's for split_kv) for every layer the rank holds, in
  * ascending layer order; v_layers the V tensors' addresses (split_kv only);
  * strides, optional, the byte strides {block, token, head, elem, kv} (kv:
- * from a joint tensor's K to its V) instead of the kind's contiguous ones.
+ * from a joint tensor's K to its V) instead of the kind's contiguous ones;
+ * dtype_bytes, optional (since KVXFER_ABI_MINOR 4), the tensors' element
+ * size: one other than the layout's dtype_bytes (float32 tensors under a
+ * bf16 model) is KVXFER_ERR_CONFIG naming both.
  * Block ids are then the framework's, [0, num_blocks): kvxfer_alloc_blocks
  * hands out and tracks ids only, and kvxfer_engine_group's offset and
  * block_bytes do not locate a block (block b of a layer is at the tensor's
@@ -242,15 +251,29 @@ kvxfer_status kvxfer_node_endpoint(kvxfer_engine_t node, char *buf, uint32_t cap
 /* The node's CURVE public key (Z85, 40 characters), "" when insecure. */
 kvxfer_status kvxfer_node_public_key(kvxfer_engine_t node, char *buf, uint32_t cap);
 /* Waits up to timeout_ms for every configured peer to say Hello
- * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named). */
+ * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named).
+ * A wait under way when kvxfer_engine_close of the node starts returns
+ * KVXFER_ERR_CLOSED at once. */
 kvxfer_status kvxfer_node_wait_peers(kvxfer_engine_t node, int32_t timeout_ms);
 /* A new CURVE keypair, Z85: public and secret each need 41 bytes. */
 kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
 
-/* Fails every unfired fence, cancels live requests, waits up to timeout_ms
- * for every session to drain, then stops the engine and releases every
- * handle it owns. KVXFER_ERR_TIMEOUT: some requests did not drain (their
- * pool memory stays mapped); the handles are released all the same. */
+/* Fails every unfired fence, wakes every kvxfer_poll and
+ * kvxfer_node_wait_peers blocked on the engine (they return
+ * KVXFER_ERR_CLOSED), cancels live requests (their events carry
+ * KVXFER_ERR_CLOSED), waits up to timeout_ms for every session to drain,
+ * then stops the engine and releases every handle it owns. Once it
+ * returns, whatever its status, no event of the engine is delivered any
+ * more (no callback runs; a request that did not drain gets none). A negative timeout_ms is
+ * KVXFER_ERR_INVALID_ARGUMENT, and KVXFER_ERR_CLOSED means another close of
+ * the engine is under way: both leave the engine as it was. Any other
+ * status has closed it and released its handles.
+ *
+ * KVXFER_ERR_TIMEOUT: some requests did not drain. Their peers may still
+ * be writing into this engine's memory, and nothing tells when they stop:
+ * the pool passed to kvxfer_engine_open (or the "memory" tensors) must
+ * then stay allocated for the rest of the process, never freed or
+ * unmapped (the engine's own pool stays mapped, leaked). */
 kvxfer_status kvxfer_engine_close(kvxfer_engine_t engine, int32_t timeout_ms);
 
 kvxfer_status kvxfer_engine_info_get(kvxfer_engine_t engine, kvxfer_engine_info *out);
@@ -340,15 +363,20 @@ kvxfer_status kvxfer_receive(kvxfer_engine_t engine, const kvxfer_receive_reques
 kvxfer_status kvxfer_cancel(kvxfer_request_t request);
 
 /* Moves up to n finished events into events; *got is how many. Never blocks
- * when timeout_ms is 0; else waits up to timeout_ms for the first event. */
+ * when timeout_ms is 0; else waits up to timeout_ms for the first event.
+ * Once kvxfer_engine_close has started, it returns the events still queued
+ * and then KVXFER_ERR_CLOSED (*got 0); a poll blocked when the close
+ * starts returns at once. */
 kvxfer_status kvxfer_poll(kvxfer_engine_t engine, kvxfer_event *events, uint32_t n, uint32_t *got,
                           int32_t timeout_ms);
 
 /* Delivers each event to cb (on a library thread) instead of the poll queue;
  * cb == NULL goes back to polling. A callback being replaced may still run
  * for an event already on its way: keep it callable until
- * kvxfer_engine_close returns. It may call any function here except
- * kvxfer_engine_close of its own engine (which waits for it). */
+ * kvxfer_engine_close returns (after it, none runs, even when the close
+ * timed out). It may call any function here except kvxfer_engine_close of
+ * its own engine, which waits for every callback under way and so would
+ * never return. */
 kvxfer_status kvxfer_set_callback(kvxfer_engine_t engine, kvxfer_callback cb, void *user);
 
 /* The destination blocks of a READY request's group: writes up to cap ids,

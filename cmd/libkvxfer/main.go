@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/capi"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 func main() {}
@@ -320,6 +321,19 @@ func runs(fn, arg string, p *C.kvxfer_block_run, n C.uint32_t) ([]kvcache.BlockR
 
 func timeoutOf(ms C.int32_t) time.Duration { return time.Duration(ms) * time.Millisecond }
 
+func invalid(format string, args ...any) error {
+	return &capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf(format, args...)}
+}
+
+// requestTimeout is a request's timeout_ms: 0 is the engine's transfer
+// timeout, a negative one is refused.
+func requestTimeout(fn string, ms C.int32_t) (time.Duration, error) {
+	if ms < 0 {
+		return 0, invalid("%s: req->timeout_ms = %d is negative (0 is the engine's transfer timeout)", fn, ms)
+	}
+	return timeoutOf(ms), nil
+}
+
 //export kvxfer_send
 func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer_request_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_send")
@@ -335,12 +349,20 @@ func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer
 	if req.payload == nil && req.payload_len > 0 {
 		return fail(nullArg("kvxfer_send", "req->payload"))
 	}
+	if req.payload_len > messages.MaxPayload {
+		return fail(invalid("kvxfer_send: req->payload_len = %d bytes, more than the limit of %d (messages.MaxPayload)",
+			req.payload_len, messages.MaxPayload))
+	}
+	timeout, err := requestTimeout("kvxfer_send", req.timeout_ms)
+	if err != nil {
+		return fail(err)
+	}
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
 		return fail(err)
 	}
 	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
-		Timeout: timeoutOf(req.timeout_ms)}, UserData: uint64(req.user_data)}
+		Timeout: timeout}, UserData: uint64(req.user_data)}
 	if req.payload_len > 0 {
 		sr.Payload = C.GoBytes(req.payload, C.int(req.payload_len))
 	}
@@ -457,13 +479,21 @@ func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.
 	if req.context == nil {
 		return fail(nullArg("kvxfer_receive", "req->context"))
 	}
+	if req.context_tp < 0 || req.context_pp < 0 {
+		return fail(invalid("kvxfer_receive: req->context_tp = %d, req->context_pp = %d: a parallelism is ≥ 1 (0 and 0 mean 1 x 1)",
+			req.context_tp, req.context_pp))
+	}
+	timeout, err := requestTimeout("kvxfer_receive", req.timeout_ms)
+	if err != nil {
+		return fail(err)
+	}
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
 		return fail(err)
 	}
 	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
 		Context: C.GoString(req.context), ContextParallel: kvcache.Parallel{TP: int(req.context_tp), PP: int(req.context_pp)},
-		Timeout: timeoutOf(req.timeout_ms)}, UserData: uint64(req.user_data)}
+		Timeout: timeout}, UserData: uint64(req.user_data)}
 	if req.blocks != nil {
 		rs, err := runs("kvxfer_receive", "req->blocks", req.blocks, req.groups)
 		if err != nil {
@@ -514,7 +544,10 @@ func kvxfer_poll(eh C.kvxfer_engine_t, events *C.kvxfer_event, n C.uint32_t, got
 	}
 	var stack [64]capi.Event
 	buf := stack[:min(int(n), len(stack))]
-	k := e.Poll(buf, timeoutOf(timeoutMs))
+	k, err := e.PollErr(buf, timeoutOf(timeoutMs))
+	if err != nil {
+		return fail(err)
+	}
 	dst := unsafe.Slice(events, n)
 	for i, ev := range buf[:k] {
 		dst[i] = cEvent(ev)

@@ -324,7 +324,16 @@ class KvxferWorkerConnector:
         recv, self._recv_done = self._recv_done, set()
         return (sent or None), (recv or None)
 
-    def shutdown(self):
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+    def shutdown(self, timeout_ms=5000):
+        """Closes the engine. A close that times out raises KvxferError
+        (Status.TIMEOUT) and warns: the engine is closed all the same, and
+        vLLM's KV cache it was registered over stays referenced by kvxfer
+        for the rest of the process (Engine.close), since peers may still
+        write into it. A refused close leaves the engine open."""
+        if self.engine is None:
+            return
+        try:
+            self.engine.close(timeout_ms)
+        finally:
+            if not self.engine.handle:
+                self.engine = None

@@ -8,6 +8,7 @@ import threading
 import time
 import traceback
 import typing
+import warnings
 
 from . import _lib
 from ._lib import lib
@@ -75,7 +76,7 @@ def _cuda_event(event, device):
         device = getattr(dev, "index", None)
         if device is None:
             device = 0
-    return handle, int(device)
+    return _u64("cuda_event", handle), _i32("device", device)
 
 
 class LayerPart(typing.NamedTuple):
@@ -90,6 +91,7 @@ class LayerPart(typing.NamedTuple):
 
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_U32_MAX, _U64_MAX = (1 << 32) - 1, (1 << 64) - 1
 
 
 def _i32(name, v):
@@ -99,6 +101,37 @@ def _i32(name, v):
     if not _I32_MIN <= v <= _I32_MAX:
         raise ValueError("%s = %d does not fit the C ABI's int32_t" % (name, v))
     return v
+
+
+def _u32(name, v):
+    """v as an int that fits the C ABI's uint32_t, or ValueError naming it
+    (ctypes would keep its low 32 bits: 2**32 would be 0, -1 4294967295)."""
+    v = operator.index(v)
+    if not 0 <= v <= _U32_MAX:
+        raise ValueError("%s = %d does not fit the C ABI's uint32_t" % (name, v))
+    return v
+
+
+def _u64(name, v):
+    """v as an int that fits the C ABI's uint64_t, or ValueError naming it."""
+    v = operator.index(v)
+    if not 0 <= v <= _U64_MAX:
+        raise ValueError("%s = %d does not fit the C ABI's uint64_t" % (name, v))
+    return v
+
+
+def _cstr(name, s):
+    """s (a str) as the bytes of a C string, or ValueError naming it when it
+    holds a NUL: C would end the string there, and "a\0b" and "a\0c" would
+    be the same id."""
+    if not isinstance(s, str):
+        raise TypeError("%s must be a str, not %s" % (name, type(s).__name__))
+    b = s.encode()
+    if b"\0" in b:
+        shown = s if len(s) <= 64 else s[:64] + "... (%d characters)" % len(s)
+        raise ValueError("%s = %r holds a NUL character (at %d): a C string would end there"
+                         % (name, shown, s.index("\0")))
+    return b
 
 
 def _layer_part(layers):
@@ -164,17 +197,18 @@ def buffer_address(mem):
 _KV_KINDS = ("nhd", "hnd", "split_kv", "mla")
 
 
-def _strided_address(t):
-    """(address, byte strides) of a CPU tensor or NumPy array, any strides."""
+def _tensor(t):
+    """(address, shape, byte strides, dtype, element size) of a CPU tensor or
+    NumPy array, any strides."""
     if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch.Tensor
         if getattr(t, "device", None) is not None and t.device.type != "cpu":
             raise ValueError("tensor on %s: this build registers host memory only" % t.device)
         es = t.element_size()
-        return t.data_ptr(), [s * es for s in t.stride()]
+        return t.data_ptr(), tuple(t.shape), [s * es for s in t.stride()], t.dtype, es
     ai = getattr(t, "__array_interface__", None)
     if ai is None:
         raise TypeError("%r is neither a tensor nor an array" % (type(t),))
-    return ai["data"][0], list(t.strides)
+    return ai["data"][0], tuple(t.shape), list(t.strides), t.dtype, t.itemsize
 
 
 def kv_memory(kind, layers, v_layers=None):
@@ -188,24 +222,38 @@ def kv_memory(kind, layers, v_layers=None):
         layers and V tensors in v_layers;
       - "mla": [num_blocks, block_size, latent].
 
-    Strides are read from the tensors (all layers must share them). Pass the
-    result as config["memory"] and the tensors as Engine's kv_caches (so
-    that they outlive the engine)."""
+    Every tensor (V tensors too) must have the shape, dtype and strides of
+    layers[0] (ValueError naming the first that differs): num_blocks and the
+    strides are read from it. Its element size goes in as dtype_bytes, which
+    the engine refuses unless it is the layout's. Pass the result as
+    config["memory"] and the tensors as Engine's kv_caches (so that they
+    outlive the engine)."""
     if kind not in _KV_KINDS:
         raise ValueError("kind %r, want one of %s" % (kind, ", ".join(_KV_KINDS)))
     layers = list(layers)
     if not layers:
         raise ValueError("no layer tensors")
     want_dims = {"nhd": 5, "hnd": 5, "split_kv": 4, "mla": 3}[kind]
-    addrs, strides = [], None
-    for t in layers + list(v_layers or []):
+    tensors = [("layers[%d]" % i, t) for i, t in enumerate(layers)]
+    tensors += [("v_layers[%d]" % i, t) for i, t in enumerate(v_layers or [])]
+    addrs, first = [], None
+    for name, t in tensors:
         if len(t.shape) != want_dims:
-            raise ValueError("%s tensor of shape %s, want %d dimensions" % (kind, tuple(t.shape), want_dims))
-        a, st = _strided_address(t)
-        if strides is not None and st != strides:
-            raise ValueError("layer tensors have different strides: %s and %s" % (strides, st))
-        strides = st
+            raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
+        a, shape, st, dtype, es = _tensor(t)
+        if first is None:
+            first = shape, st, dtype, es
+        elif shape != first[0]:
+            raise ValueError("%s is of shape %s, layers[0] of %s: every layer's tensor must have layers[0]'s shape"
+                             % (name, shape, first[0]))
+        elif dtype != first[2]:
+            raise ValueError("%s is %s, layers[0] %s (shape %s): every layer's tensor must have layers[0]'s dtype"
+                             % (name, dtype, first[2], shape))
+        elif st != first[1]:
+            raise ValueError("%s has different strides from layers[0]: %s and %s bytes (shape %s)"
+                             % (name, st, first[1], shape))
         addrs.append(a)
+    shape, strides, _, elem_bytes = first
     if kind == "nhd":
         kv, block, token, head, elem = strides
     elif kind == "hnd":
@@ -214,8 +262,8 @@ def kv_memory(kind, layers, v_layers=None):
         (block, token, head, elem), kv = strides, 0
     else:
         (block, token, elem), head, kv = strides, 0, 0
-    num_blocks = layers[0].shape[1] if kind in ("nhd", "hnd") else layers[0].shape[0]
-    mem = {"kind": kind, "num_blocks": int(num_blocks), "layers": addrs[:len(layers)],
+    num_blocks = shape[1] if kind in ("nhd", "hnd") else shape[0]
+    mem = {"kind": kind, "num_blocks": int(num_blocks), "layers": addrs[:len(layers)], "dtype_bytes": elem_bytes,
            "strides": {"block": block, "token": token, "head": head, "elem": elem, "kv": kv}}
     if kind == "split_kv":
         if v_layers is None or len(v_layers) != len(layers):
@@ -253,6 +301,31 @@ def handle_count():
     return lib.kvxfer_handle_count()
 
 
+# What engines whose close did not finish (KVXFER_ERR_TIMEOUT, or an error
+# after it began) registered as memory: their peers may still write into
+# it, so it is referenced here for the rest of the process and never freed.
+_held = []
+
+
+def _nbytes(obj):
+    """Bytes of a tensor, an array, a buffer, or lists / tuples / dicts of
+    them (0 for what it cannot size)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):  # torch.Tensor
+        return obj.numel() * obj.element_size()
+    if hasattr(obj, "nbytes"):
+        return obj.nbytes
+    try:
+        return memoryview(obj).nbytes
+    except TypeError:
+        return 0
+
+
 def node_open(config):
     """Opens a Node (see Node)."""
     return Node(config)
@@ -275,6 +348,12 @@ def _json(config):
     return json.dumps(config), config
 
 
+def _config_bytes(config):
+    """(the config JSON as a C string, the config as a dict or None)."""
+    js, cfg = _json(config)
+    return _cstr("config", js), cfg
+
+
 class Engine:
     """An in-process engine rank (loopback data plane): engines in one process
     find each other by instance name.
@@ -288,23 +367,31 @@ class Engine:
     kv_memory(kind, tensors) and kv_caches the tensors (kept alive by the
     engine); block ids are then the tensors' own, and block_address and
     block_bytes do not apply.
+
+    memory and kv_caches are kept alive as long as the engine, and for the
+    rest of the process when close() does not finish (a timeout: peers may
+    still write into them; see close()).
     """
 
     def __init__(self, config, memory=None, kv_caches=None):
-        js, cfg = _json(config)
+        js, cfg = _config_bytes(config)
         addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
         h = _lib.engine_t()
-        _check(lib.kvxfer_engine_open(js.encode(), addr, nbytes, ctypes.byref(h)))
-        self._setup(h.value, cfg, memory)
+        _check(lib.kvxfer_engine_open(js, addr, nbytes, ctypes.byref(h)))
         # The tensors config["memory"] (kv_memory) points into: kept alive
         # as long as the engine.
         self.kv_caches = kv_caches
+        self._setup(h.value, cfg, memory)
 
     def _setup(self, handle, cfg, memory):
         self.handle = handle
         self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
         self.memory = memory
+        if not hasattr(self, "kv_caches"):
+            self.kv_caches = None
         self._events = {}  # request handle -> Event, polled but not yet claimed
+        self._waiting = {}  # request handle -> how many wait() calls wait for it
+        self._closing = False  # a close() is under way (or done)
         self._lock = threading.Lock()
         self._tls = threading.local()  # per-thread poll buffers: any thread may poll
         self._cbs = []
@@ -328,32 +415,96 @@ class Engine:
     def tokens_per_block(self):
         return self.info.tokens_per_block
 
+    def _live(self):
+        """The engine's handle, or KvxferError(CLOSED) once it is closed."""
+        h = self.handle
+        if not h:
+            raise KvxferError(Status.CLOSED, "engine %s is closed" % self._name())
+        return h
+
+    def _name(self):
+        return "%r" % self.instance if self.instance else "(handle %d)" % self.handle
+
     def close(self, timeout_ms=5000):
-        """Fails unfired fences, drains, stops; releases every handle the
-        engine owns. Idempotent."""
-        if self.handle:
-            h, self.handle = self.handle, 0
-            _check(lib.kvxfer_engine_close(h, timeout_ms))
+        """Fails unfired fences, wakes every poll() / wait() / wait_peers()
+        blocked on the engine (they raise KvxferError with Status.CLOSED),
+        drains for up to timeout_ms, stops; releases every handle the engine
+        owns. Idempotent once it succeeded; after it returns (or raises) no
+        callback of the engine runs any more.
+
+        A refused close (a negative timeout_ms: Status.INVALID_ARGUMENT;
+        another thread's close under way: Status.CLOSED) leaves the engine
+        open, its handle kept. Any other error has closed it.
+
+        Status.TIMEOUT (or another error once the close began): some requests
+        did not drain and their peers may still write into this engine's
+        memory. The engine's memory and kv_caches are then referenced by the
+        module for the rest of the process (a RuntimeWarning names the
+        engine and the bytes kept): never free them yourself."""
+        h = self.handle
+        if not h:
+            return
+        timeout_ms = _i32("timeout_ms", timeout_ms)
+        self._closing = True
+        st = lib.kvxfer_engine_close(h, timeout_ms)
+        if st == Status.OK:
+            self.handle = 0
+            return
+        msg = lib.kvxfer_last_error().decode("utf-8", "replace")
+        if st == Status.INVALID_ARGUMENT:  # refused: the engine is as it was
+            self._closing = False
+        elif st != Status.CLOSED:  # (CLOSED: another close is under way) the handle is gone
+            self.handle = 0
+            self._hold(h, st)
+        raise KvxferError(st, msg)
+
+    def _closed_meanwhile(self, st, h):
+        """Whether st (of a call on handle h) is BAD_HANDLE because a
+        close() in another thread released the handle."""
+        return st == Status.BAD_HANDLE and (self._closing or self.handle != h)
+
+    def _hold(self, handle, status):
+        """Keeps the memory of an engine whose close did not finish alive
+        for the rest of the process (_held), with a warning."""
+        objs = [o for o in (self.memory, self.kv_caches) if o is not None]
+        if not objs:
+            return
+        _held.append(objs)
+        warnings.warn("kvxfer: engine %s (handle %d) did not finish closing (%s): its memory, %d bytes, is kept "
+                      "alive for the rest of the process, since its peers may still write into it"
+                      % (self._name(), handle, Status(status).name, _nbytes(objs)),
+                      RuntimeWarning, stacklevel=3)
 
     # Pool blocks -----------------------------------------------------------
 
     def alloc(self, group, n):
         """n source blocks of group from the engine's pool."""
+        group, n = _u32("group", group), _u32("n", n)
+        if group < len(self.groups) and n > self.groups[group].blocks:
+            raise KvxferError(Status.OUT_OF_BLOCKS, "alloc: n = %d blocks, group %d has %d in all"
+                              % (n, group, self.groups[group].blocks))
         ids = (ctypes.c_int32 * n)()
-        _check(lib.kvxfer_blocks_alloc(self.handle, group, n, ids))
+        _check(lib.kvxfer_blocks_alloc(self._live(), group, n, ids))
         return list(ids)
 
     def free(self, group, ids):
+        group = _u32("group", group)
         a = _ids_array(ids)
-        _check(lib.kvxfer_blocks_free(self.handle, group, a, len(a)))
+        _check(lib.kvxfer_blocks_free(self._live(), group, a, len(a)))
 
     def used(self, group=0):
+        group = _u32("group", group)
         n = ctypes.c_uint32()
-        _check(lib.kvxfer_blocks_used(self.handle, group, ctypes.byref(n)))
+        _check(lib.kvxfer_blocks_used(self._live(), group, ctypes.byref(n)))
         return n.value
 
     def block_address(self, group, block):
+        group, block = operator.index(group), operator.index(block)
+        if not 0 <= group < len(self.groups):
+            raise ValueError("group = %d outside [0, %d)" % (group, len(self.groups)))
         gi = self.groups[group]
+        if not 0 <= block < gi.blocks:
+            raise ValueError("block = %d outside group %d's [0, %d)" % (block, group, gi.blocks))
         return self.info.pool_base + gi.offset + block * gi.block_bytes
 
     def block_bytes(self, group, block):
@@ -363,14 +514,17 @@ class Engine:
     # Requests --------------------------------------------------------------
 
     def send(self, id, prompt_len, payload=b"", timeout_ms=0, generation=None, user_data=0):
-        """Opens the context side of request id."""
+        """Opens the context side of request id (a str without NUL).
+        payload: at most 4096 bytes; timeout_ms: 0 is the engine's transfer
+        timeout, a negative one is refused."""
         payload = bytes(payload)
         buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
-        req = _lib.SendRequest(id.encode(), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
-                               ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None, len(payload),
-                               generation.encode() if generation else None, user_data)
+        req = _lib.SendRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
+                               ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None,
+                               _u32("payload length", len(payload)),
+                               _cstr("generation", generation) if generation else None, _u64("user_data", user_data))
         h = _lib.request_t()
-        _check(lib.kvxfer_send(self.handle, ctypes.byref(req), ctypes.byref(h)))
+        _check(lib.kvxfer_send(self._live(), ctypes.byref(req), ctypes.byref(h)))
         return Request(self, h.value, id, prompt_len, "send")
 
     def receive(self, id, prompt_len, context, blocks=None, prefix_hit_blocks=None, context_tp=0, context_pp=0,
@@ -378,9 +532,9 @@ class Engine:
         """Opens the generation side of request id. blocks, when given, are
         the caller's destination block ids per layer group (a list of lists);
         else the engine allocates them from its pool."""
-        req = _lib.ReceiveRequest(id.encode(), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
-                                  context.encode(), _i32("context_tp", context_tp), _i32("context_pp", context_pp),
-                                  None, 0, None, user_data)
+        req = _lib.ReceiveRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
+                                  _cstr("context", context), _i32("context_tp", context_tp),
+                                  _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
         keep = []
         if blocks is not None:
             arr, keep = _runs([(0, ids) for ids in blocks])
@@ -395,20 +549,36 @@ class Engine:
             req.groups = len(ph)
             keep.append(ph)
         h = _lib.request_t()
-        _check(lib.kvxfer_receive(self.handle, ctypes.byref(req), ctypes.byref(h)))
+        _check(lib.kvxfer_receive(self._live(), ctypes.byref(req), ctypes.byref(h)))
         return Request(self, h.value, id, prompt_len, "receive")
 
     # Completions -----------------------------------------------------------
 
     def poll(self, timeout_ms=0):
         """Finished events not yet claimed by wait(), waiting up to
-        timeout_ms for the first (the GIL is released while waiting)."""
+        timeout_ms for the first (the GIL is released while waiting).
+
+        Events another thread's wait() is waiting for are left to it (it
+        finds them within 0.1 s), so poll() may return [] before
+        timeout_ms. An event poll() returned is not seen by a wait() that
+        starts later. Once close() has begun, the events left are returned,
+        then KvxferError with Status.CLOSED is raised."""
+        timeout_ms = _i32("timeout_ms", timeout_ms)
         with self._lock:
-            out = list(self._events.values())
-            self._events.clear()
+            out = [ev for h, ev in self._events.items() if h not in self._waiting]
+            for ev in out:
+                del self._events[ev.request]
         if out:
             return out
-        return self._poll_raw(timeout_ms)
+        out = []
+        evs = self._poll_raw(timeout_ms)
+        with self._lock:
+            for ev in evs:
+                if ev.request in self._waiting:
+                    self._events[ev.request] = ev
+                else:
+                    out.append(ev)
+        return out
 
     def _poll_raw(self, timeout_ms):
         tls = self._tls
@@ -416,38 +586,58 @@ class Engine:
         if buf is None:
             buf = tls.buf = (_lib.Event * 64)()
             tls.got = ctypes.c_uint32()
-        _check(lib.kvxfer_poll(self.handle, buf, len(buf), ctypes.byref(tls.got), timeout_ms))
+        h = self._live()
+        st = lib.kvxfer_poll(h, buf, len(buf), ctypes.byref(tls.got), timeout_ms)
+        if self._closed_meanwhile(st, h):
+            raise KvxferError(Status.CLOSED, "engine %s was closed" % self._name())
+        _check(st)
         return [Event(buf[i]) for i in range(tls.got.value)]
 
     def wait(self, request, timeout=30.0):
         """The event of request (a Request or handle), polling until it
-        arrives or timeout seconds pass (then TimeoutError)."""
+        arrives or timeout seconds pass (then TimeoutError). A close() of the
+        engine meanwhile raises KvxferError with Status.CLOSED. Events of
+        other requests it polls are kept for their wait() or poll()."""
         h = request.handle if isinstance(request, Request) else request
         deadline = time.monotonic() + timeout
-        while True:
+        with self._lock:
+            self._waiting[h] = self._waiting.get(h, 0) + 1
+        try:
+            while True:
+                with self._lock:
+                    ev = self._events.pop(h, None)
+                if ev is not None:
+                    return ev
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no event for request handle %d in %.1f s" % (h, timeout))
+                for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
+                    if e.request == h:
+                        ev = e
+                    else:
+                        with self._lock:
+                            self._events[e.request] = e
+                if ev is not None:
+                    return ev
+        finally:
             with self._lock:
-                ev = self._events.pop(h, None)
-            if ev is not None:
-                return ev
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no event for request handle %d in %.1f s" % (h, timeout))
-            for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
-                if e.request == h:
-                    ev = e
-                else:
-                    with self._lock:
-                        self._events[e.request] = e
-            if ev is not None:
-                return ev
+                n = self._waiting.pop(h) - 1
+                if n:
+                    self._waiting[h] = n
 
     def set_callback(self, fn):
         """Delivers each later event to fn(Event) on a library thread instead
         of the poll queue; None goes back to polling. An exception fn raises
         is caught, printed and appended to callback_errors: it never reaches
-        the library."""
+        the library.
+
+        fn may call any method of this engine except close(): close() waits
+        for every callback under way, its own caller's too, and would never
+        return (kvxfer_set_callback in kvxfer.h). A callback being replaced
+        may still run for an event already on its way, until close()
+        returns; after it, none runs (even when the close timed out)."""
         if fn is None:
-            _check(lib.kvxfer_set_callback(self.handle, _lib.CALLBACK(), None))
+            _check(lib.kvxfer_set_callback(self._live(), _lib.CALLBACK(), None))
             return
 
         def trampoline(evp, _user):
@@ -458,7 +648,7 @@ class Engine:
                 traceback.print_exc()
 
         cb = _lib.CALLBACK(trampoline)
-        _check(lib.kvxfer_set_callback(self.handle, cb, None))
+        _check(lib.kvxfer_set_callback(self._live(), cb, None))
         # Every thunk stays alive with the engine: one being replaced may
         # still run for an event already on its way.
         self._cbs.append(cb)
@@ -472,14 +662,14 @@ class Node(Engine):
     works on a Node."""
 
     def __init__(self, config):
-        js, cfg = _json(config)
+        js, cfg = _config_bytes(config)
         h = _lib.engine_t()
-        _check(lib.kvxfer_node_open(js.encode(), ctypes.byref(h)))
+        _check(lib.kvxfer_node_open(js, ctypes.byref(h)))
         self._setup(h.value, cfg, None)
 
     def _string(self, fn):
         buf = ctypes.create_string_buffer(512)
-        _check(fn(self.handle, buf, len(buf)))
+        _check(fn(self._live(), buf, len(buf)))
         return buf.value.decode()
 
     def endpoint(self):
@@ -491,8 +681,15 @@ class Node(Engine):
         return self._string(lib.kvxfer_node_public_key)
 
     def wait_peers(self, timeout_ms=10000):
-        """Waits for every configured peer's Hello."""
-        _check(lib.kvxfer_node_wait_peers(self.handle, timeout_ms))
+        """Waits for every configured peer's Hello (KvxferError with
+        Status.TIMEOUT after timeout_ms; Status.CLOSED at once when the node
+        is closed meanwhile)."""
+        timeout_ms = _i32("timeout_ms", timeout_ms)
+        h = self._live()
+        st = lib.kvxfer_node_wait_peers(h, timeout_ms)
+        if self._closed_meanwhile(st, h):
+            raise KvxferError(Status.CLOSED, "node %s was closed" % self._name())
+        _check(st)
 
 
 class Fence:
@@ -507,7 +704,7 @@ class Fence:
         _check(lib.kvxfer_fence_ready(self.handle))
 
     def fail(self, reason):
-        _check(lib.kvxfer_fence_fail(self.handle, reason.encode()))
+        _check(lib.kvxfer_fence_fail(self.handle, _cstr("reason", reason)))
 
 
 class Request:
@@ -588,6 +785,7 @@ class Request:
 
     def blocks(self, group=0):
         """(first global block, [destination block ids]) of a READY request."""
+        group = _u32("group", group)
         n, first = ctypes.c_uint32(), ctypes.c_int32()
         ids = (ctypes.c_int32 * 256)()
         st = lib.kvxfer_request_blocks(self.handle, group, ids, len(ids), ctypes.byref(n), ctypes.byref(first))

@@ -245,6 +245,71 @@ def test_values_past_int32_are_refused_not_cut(pair):
     ctx.free(0, src)
 
 
+def test_unsigned_and_string_arguments_are_refused_not_cut(pair):
+    """ctypes keeps an unsigned argument's low bits (2**32 is group 0, -1
+    group 4294967295) and C ends a string at its first NUL ("a\\0b" and
+    "a\\0c" would be one id): each is refused first, naming the argument
+    and the value, and nothing is opened."""
+    ctx, gen = pair
+    before = kvxfer.handle_count()
+    for call, needle in [
+        (lambda: ctx.alloc(1 << 32, 1), "group = 4294967296"),
+        (lambda: ctx.alloc(-1, 1), "group = -1"),
+        (lambda: ctx.alloc(0, -1), "n = -1"),
+        (lambda: ctx.used(1 << 32), "group = 4294967296"),
+        (lambda: ctx.free(1 << 32, [0]), "group = 4294967296"),
+        (lambda: ctx.block_address(-1, 0), "group = -1"),
+        (lambda: ctx.block_address(0, 1 << 40), "block = %d" % (1 << 40)),
+        (lambda: ctx.send("a\0b", 32), "id = 'a\\x00b' holds a NUL"),
+        (lambda: gen.receive("a\0c", 32, ctx.instance), "id = 'a\\x00c' holds a NUL"),
+        (lambda: gen.receive("r", 32, ctx.instance + "\0x"), "context = "),
+        (lambda: ctx.send("s", 32, generation="g\0"), "generation = "),
+        (lambda: gen.receive("u", 32, ctx.instance, user_data=-1), "user_data = -1"),
+        (lambda: ctx.send("u", 32, user_data=1 << 64), "user_data = %d" % (1 << 64)),
+        (lambda: gen.poll(1 << 31), "timeout_ms = %d" % (1 << 31)),
+    ]:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert needle in str(e.value), (needle, str(e.value))
+    assert kvxfer.handle_count() == before
+    assert ctx.used(0) == 0
+    tx = ctx.send("nul-fence", 32)
+    src = ctx.alloc(0, 2)
+    fence = tx.chunk(0, 32, [(0, src)])
+    with pytest.raises(ValueError, match="reason = 'bad\\\\x00' holds a NUL"):
+        fence.fail("bad\0")
+    fence.ready()  # the fence was untouched
+    tx.cancel()
+    assert tx.wait().outcome == Outcome.CANCELLED
+    tx.release()
+    ctx.free(0, src)
+
+
+def test_requests_refused_at_the_call(pair):
+    """A negative timeout (0 is the engine's), a negative parallelism, a
+    payload past 4096 bytes are refused by the library naming the value;
+    a 5000-character id is named by its start and length, and the reason
+    still fits the message."""
+    ctx, gen = pair
+    before = kvxfer.handle_count()
+    for call, status, needles in [
+        (lambda: ctx.send("neg", 32, timeout_ms=-1), Status.INVALID_ARGUMENT, ["timeout_ms = -1"]),
+        (lambda: gen.receive("neg", 32, ctx.instance, timeout_ms=-100000), Status.INVALID_ARGUMENT,
+         ["timeout_ms = -100000"]),
+        (lambda: gen.receive("neg", 32, ctx.instance, context_tp=-1), Status.INVALID_ARGUMENT, ["context_tp = -1"]),
+        (lambda: ctx.send("big", 32, payload=bytes(4097)), Status.INVALID_ARGUMENT, ["4097", "4096"]),
+        (lambda: ctx.send("x" * 5000, 32), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
+        (lambda: gen.receive("y" * 5000, 32, ctx.instance), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
+    ]:
+        with pytest.raises(KvxferError) as e:
+            call()
+        assert e.value.status == status, e.value
+        for needle in needles:
+            assert needle in e.value.message, (needle, e.value.message)
+        assert len(e.value.message) < 300, e.value.message
+    assert kvxfer.handle_count() == before
+
+
 def test_handle_table_empty_after_1000_requests(pair):
     ctx, gen = pair
     base = kvxfer.handle_count()

@@ -1,6 +1,7 @@
 """The framework's own KV tensors as kvxfer memory (kv_memory): vLLM NHD
 torch tensors on the prefill side, HND ones on the decode side."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,7 +77,7 @@ def test_kv_memory_refuses_what_it_cannot_describe():
         kvxfer.kv_memory("nchw", [t])
     with pytest.raises(ValueError, match="dimensions"):
         kvxfer.kv_memory("split_kv", [t])
-    with pytest.raises(ValueError, match="different strides"):
+    with pytest.raises(ValueError, match=r"layers\[1\] has different strides from layers\[0\]"):
         # Same shape, HND storage: the strides differ.
         kvxfer.kv_memory("nhd", [t, torch.zeros((2, 4, HEADS, TPB, HEAD), dtype=torch.bfloat16).transpose(2, 3)])
     # Too few layers for the rank: the library names the count.
@@ -84,3 +85,38 @@ def test_kv_memory_refuses_what_it_cannot_describe():
     del cfg["pool_bytes"]
     with pytest.raises(KvxferError, match="1 addresses, rank"):
         kvxfer.Engine(cfg, kv_caches=[t])
+
+
+def test_kv_memory_refuses_layers_unlike_layer_0():
+    """Every layer's tensor (V tensors too) must have layer 0's shape,
+    dtype and strides: a layer of 2 blocks among layers of 64 has the same
+    strides, and would be written past its end (num_blocks comes from layer
+    0). The first that differs is named with both shapes."""
+    k = [torch.zeros((64, TPB, HEADS, HEAD), dtype=torch.bfloat16) for _ in range(LAYERS)]
+    v = [torch.zeros((64, TPB, HEADS, HEAD), dtype=torch.bfloat16) for _ in range(LAYERS)]
+    short = torch.zeros((2, TPB, HEADS, HEAD), dtype=torch.bfloat16)
+    assert short.stride() == k[0].stride()
+    for layers, v_layers, needle in [
+        (k[:3] + [short], v, r"layers\[3\] is of shape \(2, 16, 2, 8\), layers\[0\] of \(64, 16, 2, 8\)"),
+        (k, v[:2] + [short] + v[3:], r"v_layers\[2\] is of shape \(2, 16, 2, 8\), layers\[0\] of \(64, 16, 2, 8\)"),
+        (k[:1] + [k[1].to(torch.float16)] + k[2:], v, r"layers\[1\] is torch.float16, layers\[0\] torch.bfloat16"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            kvxfer.kv_memory("split_kv", layers, v_layers)
+    a = np.zeros((2, 8, TPB, HEADS, HEAD), np.float16)
+    with pytest.raises(ValueError, match=r"layers\[1\] is of shape \(2, 4, 16, 2, 8\), "
+                                         r"layers\[0\] of \(2, 8, 16, 2, 8\)"):
+        kvxfer.kv_memory("nhd", [a, np.zeros((2, 4, TPB, HEADS, HEAD), np.float16)])
+
+
+def test_tensors_of_another_dtype_are_refused():
+    """float32 tensors under the layout's dtype_bytes 2 would get half of
+    each element: the engine refuses them, naming both sizes."""
+    dst = [torch.zeros((2, 8, TPB, HEADS, HEAD), dtype=torch.float32) for _ in range(LAYERS)]
+    assert kvxfer.kv_memory("nhd", dst)["dtype_bytes"] == 4
+    before = kvxfer.handle_count()
+    with pytest.raises(KvxferError) as e:
+        engine(unique("f32"), "nhd", dst)
+    assert e.value.status == Status.CONFIG
+    assert "memory.dtype_bytes = 4" in e.value.message and "dtype_bytes is 2" in e.value.message, e.value.message
+    assert kvxfer.handle_count() == before

@@ -152,6 +152,46 @@ static void on_event(const kvxfer_event *ev, void *user) {
     __atomic_add_fetch((int *)user, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Requests refused at the call, naming the value, with nothing opened: a
+ * payload past the limit (2^31 bytes and more used to crash the library),
+ * negative timeouts and parallelism, an id so long that the message
+ * buffer (1023 bytes) must show only its start to keep the reason. */
+static void test_refused_requests(kvxfer_engine_t p, kvxfer_engine_t d) {
+    uint64_t handles = kvxfer_handle_count();
+    kvxfer_request_t r = 0;
+    char buf[16] = {0};
+    uint32_t lens[] = {4097, 0x80000000u, 0xFFFFFFFFu};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "= %u bytes", lens[i]);
+        kvxfer_send_request sr = {.id = "c-big", .prompt_len = 32, .payload = buf, .payload_len = lens[i]};
+        kvxfer_status st = kvxfer_send(p, &sr, &r);
+        CHECK(st == KVXFER_ERR_INVALID_ARGUMENT, "payload_len %u returned %s", lens[i], kvxfer_status_name(st));
+        CHECK(strstr(kvxfer_last_error(), want) && strstr(kvxfer_last_error(), "4096"),
+              "message names the length and the limit: %s", kvxfer_last_error());
+    }
+    CHECK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-neg", .prompt_len = 32, .timeout_ms = -1}, &r) ==
+              KVXFER_ERR_INVALID_ARGUMENT, "send timeout_ms -1");
+    CHECK(strstr(kvxfer_last_error(), "timeout_ms = -1"), "message names the timeout: %s", kvxfer_last_error());
+    CHECK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-neg", .prompt_len = 32, .context = "c-prefill",
+                                                       .timeout_ms = -5}, &r) == KVXFER_ERR_INVALID_ARGUMENT,
+          "receive timeout_ms -5");
+    CHECK(strstr(kvxfer_last_error(), "timeout_ms = -5"), "message names the timeout: %s", kvxfer_last_error());
+    CHECK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-neg", .prompt_len = 32, .context = "c-prefill",
+                                                       .context_tp = -1}, &r) == KVXFER_ERR_INVALID_ARGUMENT,
+          "receive context_tp -1");
+    CHECK(strstr(kvxfer_last_error(), "context_tp = -1"), "message names context_tp: %s", kvxfer_last_error());
+    char id[5001];
+    memset(id, 'x', 5000);
+    id[5000] = 0;
+    CHECK(kvxfer_send(p, &(kvxfer_send_request){.id = id, .prompt_len = 32}, &r) == KVXFER_ERR_BAD_REQUEST, "long id");
+    const char *msg = kvxfer_last_error();
+    CHECK(strlen(msg) < 300 && strstr(msg, "(5000 bytes)") && strstr(msg, "id length 5000"),
+          "a long id is shown clipped, the reason kept (%zu bytes): %.300s", strlen(msg), msg);
+    CHECK(r == 0 && kvxfer_handle_count() == handles, "a refused request left a handle");
+    printf("ok   refused requests: payload, negative timeouts and parallelism, a long id named\n");
+}
+
 /* A transfer from caller-owned pool memory to an engine-allocated pool,
  * fenced chunks, payload, data verified byte for byte. */
 static void test_transfer(void) {
@@ -178,8 +218,10 @@ static void test_transfer(void) {
     for (int b = 0; b < nblocks; b++)
         for (uint64_t i = 0; i < gi.block_bytes; i++) pool[gi.offset + src[b] * gi.block_bytes + i] = pattern(1, b, i);
 
-    kvxfer_receive_request rr = {.id = "c-r1", .prompt_len = prompt, .context = "c-prefill", .user_data = 11};
     kvxfer_request_t rx, tx;
+    test_refused_requests(p, d);
+
+    kvxfer_receive_request rr = {.id = "c-r1", .prompt_len = prompt, .context = "c-prefill", .user_data = 11};
     OK(kvxfer_receive(d, &rr, &rx));
     kvxfer_send_request sr = {.id = "c-r1", .prompt_len = prompt, .payload = "tok", .payload_len = 3, .user_data = 22};
     OK(kvxfer_send(p, &sr, &tx));

@@ -1,0 +1,210 @@
+"""Closing an engine: a close that times out keeps the caller's memory
+alive for good, a refused close keeps the handle, blocked polls and waits
+wake with CLOSED, requests the close cancels say CLOSED."""
+
+import ctypes
+import gc
+import inspect
+import sys
+import tempfile
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import kvxfer
+from kvxfer import KvxferError, Outcome, Status
+from kvxfer.connector import KvxferWorkerConnector
+
+from conftest import small_config, unique, wait_until
+
+
+def test_close_that_times_out_keeps_the_memory_alive():
+    """The generation engine closes while a transfer into its memory is
+    half done (the writer's second chunk behind a fence not yet fired): the
+    close times out, and the array it was given stays referenced by the
+    module after the caller dropped every reference (peers may still write
+    into it), with a warning naming the engine and the bytes."""
+    before = kvxfer.handle_count()
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    arr = np.zeros(1 << 20, np.uint8)
+    name = unique("gen")
+    gen = kvxfer.Engine(small_config(name), memory=arr)
+    ref = weakref.ref(arr)
+    src = ctx.alloc(0, 2)
+    for b in src:
+        ctypes.memset(ctx.block_address(0, b), 0x5A, ctx.groups[0].block_bytes)
+    rx = gen.receive("held", 32, ctx.instance)
+    tx = ctx.send("held", 32)
+    tx.chunk(0, 16, [(0, src[:1])], last=False, fenced=False)
+    wait_until(lambda: arr.any(), what="the first chunk's bytes in the generation engine's memory")
+    fence = tx.chunk(16, 32, [(1, src[1:])])  # fired only after the close
+    status = None
+    with pytest.warns(RuntimeWarning, match=r"engine '%s' \(handle \d+\) did not finish closing \(TIMEOUT\): "
+                                            r"its memory, 1048576 bytes, is kept alive" % name):
+        try:
+            gen.close(timeout_ms=50)
+        except KvxferError as e:
+            status = e.status
+    assert status == Status.TIMEOUT
+    assert gen.handle == 0
+    gen.close()  # closed: a no-op
+    del arr, gen, rx
+    gc.collect()
+    assert ref() is not None, "the memory of an engine whose close timed out was freed"
+    fence.ready()
+    assert tx.wait().outcome != Outcome.DONE
+    tx.release()
+    ctx.free(0, src)
+    ctx.close()
+    assert kvxfer.handle_count() == before
+
+
+def in_library_call(thread, method, call):
+    """Waits (10 s deadline) until thread's innermost Python frame is
+    method at the line that calls call: the thread is in the library (or
+    about to enter it)."""
+    lines, first = inspect.getsourcelines(method)
+    line = first + next(i for i, text in enumerate(lines) if call + "(" in text)
+    code = method.__code__
+
+    def there():
+        f = sys._current_frames().get(thread.ident)
+        return f is not None and f.f_code is code and f.f_lineno == line
+
+    wait_until(there, what="%s in %s" % (thread.name, call))
+
+
+def test_refused_close_keeps_the_handle():
+    before = kvxfer.handle_count()
+    e = kvxfer.Engine(small_config(unique("refused")))
+    h = e.handle
+    with pytest.raises(KvxferError) as err:
+        e.close(timeout_ms=-1)
+    assert err.value.status == Status.INVALID_ARGUMENT and "-1" in err.value.message
+    with pytest.raises(ValueError, match="timeout_ms = 4294967296"):
+        e.close(timeout_ms=1 << 32)
+    assert e.handle == h and kvxfer.handle_count() == before + 1
+    assert e.used(0) == 0  # still open
+    e.close()
+    assert e.handle == 0 and kvxfer.handle_count() == before
+    with pytest.raises(KvxferError) as err:
+        e.alloc(0, 1)
+    assert err.value.status == Status.CLOSED and "closed" in err.value.message
+
+
+def blocked_across_close(engine, name, fn, method, call):
+    """Runs fn in a thread until it is in the library (method's call of
+    it), closes engine, and returns (fn's result or KvxferError status,
+    seconds it took)."""
+    res = {}
+
+    def run():
+        t = time.monotonic()
+        try:
+            res["got"] = fn()
+        except KvxferError as e:
+            res["got"] = e.status
+        res["s"] = time.monotonic() - t
+
+    th = threading.Thread(target=run, name=name)
+    th.start()
+    in_library_call(th, method, call)
+    engine.close()
+    th.join(20)
+    assert "s" in res, "%s still blocked 20 s after the close" % name
+    return res["got"], res["s"]
+
+
+def test_close_wakes_a_blocked_poll():
+    """poll(30 s) blocked in another thread on an idle engine (no event
+    will come to wake it) returns CLOSED at once when the engine closes."""
+    gen = kvxfer.Engine(small_config(unique("gen")))
+    got, secs = blocked_across_close(gen, "poller", lambda: gen.poll(30000), kvxfer.Engine._poll_raw, "kvxfer_poll")
+    assert got == Status.CLOSED and secs < 10, (got, secs)
+
+
+def test_close_ends_a_wait():
+    """wait(30 s) for a request the close cancels ends at once: with the
+    request's event (CANCELLED, CLOSED) when it came first, else CLOSED."""
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    gen = kvxfer.Engine(small_config(unique("gen")))
+    rx = gen.receive("blocked", 32, ctx.instance)
+    got, secs = blocked_across_close(gen, "waiter", lambda: rx.wait(30), kvxfer.Engine._poll_raw, "kvxfer_poll")
+    assert secs < 10, secs
+    if isinstance(got, kvxfer.Event):
+        assert (got.outcome, got.error) == (Outcome.CANCELLED, Status.CLOSED), got
+    else:
+        assert got == Status.CLOSED, got
+    ctx.close()
+
+
+def test_close_wakes_wait_peers():
+    """A node's wait_peers(60 s) for a peer that never comes returns CLOSED
+    at once when the node closes."""
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        node = kvxfer.Node({"instance": unique("n"), "model": "Llama-3.1-8B", "tokens_per_block": 16,
+                            "pool_bytes": 4 << 20, "backend": "shm", "workers": 2, "insecure": True,
+                            "bind": "ipc://%s/a.sock" % d,
+                            "peers": [{"instance": "ghost", "endpoint": "ipc://%s/g.sock" % d}]})
+        got, secs = blocked_across_close(node, "wait_peers", lambda: node.wait_peers(60000), kvxfer.Node.wait_peers,
+                                         "kvxfer_node_wait_peers")
+    assert got == Status.CLOSED and secs < 10, (got, secs)
+
+
+def test_requests_cancelled_by_close_say_closed():
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    gen = kvxfer.Engine(small_config(unique("gen")))
+    seen = []
+    gen.set_callback(seen.append)
+    rx = gen.receive("cancelled-by-close", 32, ctx.instance)
+    gen.close()
+    assert [(e.request, e.outcome, e.error) for e in seen] == [(rx.handle, Outcome.CANCELLED, Status.CLOSED)]
+    ctx.close()
+
+
+def test_poll_leaves_a_waited_event_to_its_wait(pair):
+    """A thread poll()ing the engine does not take the event another
+    thread's wait() is waiting for."""
+    ctx, gen = pair
+    src = ctx.alloc(0, 2)
+    stop, polled = threading.Event(), []
+
+    def poller():
+        while not stop.is_set():
+            polled.extend(gen.poll(20))
+
+    th = threading.Thread(target=poller)
+    th.start()
+    try:
+        for i in range(5):
+            rx = gen.receive("waited-%d" % i, 32, ctx.instance)
+            tx = ctx.send("waited-%d" % i, 32)
+            tx.chunk(0, 32, [(0, src)], fenced=False)
+            assert rx.wait(5).outcome == Outcome.READY
+            assert tx.wait(5).outcome == Outcome.DONE
+            gen.free(0, rx.blocks(0)[1])
+            rx.release()
+            tx.release()
+    finally:
+        stop.set()
+        th.join()
+    assert polled == []
+    ctx.free(0, src)
+
+
+def test_connector_shutdown_keeps_a_refused_engine():
+    import torch
+
+    cache = torch.zeros((8, 4, 2, 2, 16, 8), dtype=torch.bfloat16)
+    w = KvxferWorkerConnector({"instance": unique("w"), "workers": 2,
+                               "layout": {"layers": 4, "kv_heads": 2, "head_dim": 8, "dtype_bytes": 2,
+                                          "tokens_per_block": 16}})
+    w.register_cross_layers_kv_cache(cache)
+    with pytest.raises(KvxferError) as e:
+        w.shutdown(timeout_ms=-1)
+    assert e.value.status == Status.INVALID_ARGUMENT and w.engine is not None and w.engine.handle
+    w.shutdown()
+    assert w.engine is None
