@@ -45,7 +45,6 @@ type (
 	batchDone struct {
 		op      OpRef
 		session *actor.PID
-		key     string // the endpoint's peer address
 		err     error
 	}
 	// endpointClosed comes back from a closer goroutine once Close has
@@ -132,10 +131,16 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if hoptrace.On {
 			hoptrace.Mark("worker.batchDone", m.op.Request)
 		}
+		var key string // a stale address's, whose last op may be this one
+		if len(s.stale) > 0 {
+			if k, ok := s.table.KeyOf(m.op); ok && s.stale[k] {
+				key = k
+			}
+		}
 		s.table.Settle(m.op)
 		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
-		if s.stale[m.key] {
-			s.retireStale(ctx, m.key)
+		if key != "" {
+			s.retireStale(ctx, key)
 		}
 	case *workerFlush:
 		s.flush(ctx, m)
@@ -209,7 +214,7 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 	ref, sess := m.Op, m.session
 	err := ep.Post(rdma.Batch{Src: s.reg, Dst: rdma.RemoteRegion{Key: m.Route.RegionKey, Len: m.Route.RegionLen},
 		Segments: m.Segments, Done: func(err error) {
-			sys.Root.Send(self, &batchDone{op: ref, session: sess, key: key, err: err})
+			sys.Root.Send(self, &batchDone{op: ref, session: sess, err: err})
 		}})
 	if err != nil {
 		s.refuse(ctx, m, err)

@@ -124,6 +124,12 @@ func (t *WorkerTable[S, E]) Lookup(key string) (ep E, open bool) {
 // InFlight is the number of ops in flight.
 func (t *WorkerTable[S, E]) InFlight() int { return len(t.inflight) }
 
+// KeyOf is the key of op's endpoint while op is in flight.
+func (t *WorkerTable[S, E]) KeyOf(op OpRef) (key string, ok bool) {
+	o, ok := t.inflight[op]
+	return o.key, ok
+}
+
 // InFlightOn is the number of ops in flight to the peer at key.
 func (t *WorkerTable[S, E]) InFlightOn(key string) int {
 	n := 0
