@@ -51,6 +51,10 @@ const (
 	// ReasonLeft: the rank marked its record leaving (Close) before it
 	// revoked its lease.
 	ReasonLeft = "left"
+	// ReasonOverwritten: the rank's key was overwritten with a value that
+	// is not its record, under another lease or none: etcd no longer
+	// holds the record, and the rank's lease no longer deletes the key.
+	ReasonOverwritten = "its key was overwritten under another lease"
 	// ReasonKeepaliveStopped: this registry could not renew its lease
 	// before it expired (Lost only).
 	ReasonKeepaliveStopped = "keepalive stopped"

@@ -132,8 +132,28 @@ func (m *members) putRegistration(key string, id messages.PeerID, value []byte) 
 // putRecord applies a record. One that does not decode, does not match its
 // key, is held by no lease (every registration has one, and a lease that
 // ended cannot hold a key again), is not its rank's registration, or is
-// not above the incarnations seen is rejected.
+// not above the incarnations seen is rejected; one rejected at a live
+// rank's key under another lease also puts that rank out (below).
 func (m *members) putRecord(key string, id messages.PeerID, value []byte, lease int64) []Event {
+	evs := m.applyRecord(key, id, value, lease)
+	// A value refused at a live rank's key under another lease (or none)
+	// has replaced the rank's record in etcd and taken the key off the
+	// rank's lease: the lease's end will delete nothing, so no Down would
+	// ever come. The record is gone from etcd: the rank is out (and its
+	// incarnation, as any that went down, is never accepted again). Under
+	// the rank's own lease the key still goes when the lease does.
+	if len(evs) == 1 && evs[0].Kind == EventRejected {
+		if st := m.ranks[id]; st != nil && st.live != nil && lease != st.reg.Lease {
+			old := st.live
+			st.live = nil
+			evs = append(evs, m.down(old, ReasonOverwritten)...)
+		}
+	}
+	return evs
+}
+
+// applyRecord is putRecord's decision on the value itself.
+func (m *members) applyRecord(key string, id messages.PeerID, value []byte, lease int64) []Event {
 	r, leaving, err := decodeRecord(value)
 	if err != nil {
 		return m.reject(key, fmt.Errorf("key %s: %w", key, err))

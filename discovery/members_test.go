@@ -3,6 +3,7 @@ package discovery
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -64,6 +65,63 @@ func TestMembersLifecycle(t *testing.T) {
 	}
 	if m.rejected != 6 {
 		t.Errorf("rejected %d, want 6", m.rejected)
+	}
+}
+
+// TestMembersOverwrittenKeyIsDown: a value put at a live rank's key under
+// another lease (or none) — a replay of its own record, garbage — is
+// refused, and the rank is down: the put took the key off the rank's
+// lease, so the lease's end would delete nothing and no Down would come.
+// Under the rank's own lease the record is kept (the key still goes with
+// the lease). The rank's own registry loses its membership. (Checked to
+// fail without the overwrite rule: the rank stayed up for good.)
+func TestMembersOverwrittenKeyIsDown(t *testing.T) {
+	m := newMembers("c")
+	k := Key("c", "gen", 1)
+	rec := func(inc uint64) Record { return testRecord("gen", 1, inc) }
+	changed := rec(5)
+	changed.ControlEndpoint = "tcp://elsewhere:1"
+	steps := []struct {
+		name string
+		do   func() []Event
+		want string
+	}{
+		{"up 5", func() []Event { return regPut(t, m, rec(5), 1) }, "[UP gen/1#5]"},
+		{"changed under its own lease", func() []Event { return m.put(k, enc(t, changed, stateUp), 1) }, "[REJECTED"},
+		{"replayed without a lease", func() []Event { return m.put(k, enc(t, rec(5), stateUp), 0) },
+			"DOWN gen/1#5: " + ReasonOverwritten + "]"},
+		{"its lease ends: nothing left", func() []Event { return m.del(k) }, "[]"},
+		{"up 6", func() []Event { return regPut(t, m, rec(6), 2) }, "[UP gen/1#6]"},
+		{"garbage under another lease", func() []Event { return m.put(k, []byte("{}"), 9) },
+			"DOWN gen/1#6: " + ReasonOverwritten + "]"},
+		{"5 or 6 never back", func() []Event { return m.put(k, enc(t, rec(6), stateUp), 2) }, "[REJECTED"},
+	}
+	for _, s := range steps {
+		got := kinds(s.do())
+		if !strings.HasPrefix(s.want, "[") {
+			if !strings.HasSuffix(got, s.want) {
+				t.Fatalf("%s: %s, want it to end with %s", s.name, got, s.want)
+			}
+			continue
+		}
+		if len(got) < len(s.want) || got[:len(s.want)] != s.want {
+			t.Fatalf("%s: %s, want %s", s.name, got, s.want)
+		}
+		if s.want == "[REJECTED" && strings.Contains(got, "DOWN") {
+			t.Fatalf("%s: %s, want the rank kept", s.name, got)
+		}
+	}
+	if p := m.peers(); len(p) != 0 {
+		t.Errorf("peers %v after the overwrites", p)
+	}
+	// The rank's own registry: its membership is lost.
+	self := newMembers("c")
+	if err := self.register(rec(7)); err != nil {
+		t.Fatal(err)
+	}
+	regPut(t, self, rec(7), 3)
+	if got := kinds(self.put(k, enc(t, rec(7), stateUp), 0)); !strings.HasSuffix(got, "LOST gen/1#7: "+ReasonOverwritten+"]") {
+		t.Fatalf("own key overwritten: %s, want LOST", got)
 	}
 }
 
