@@ -261,6 +261,22 @@ func transferParts(t *testing.T, c *cluster, l kvcache.Layout, id string, req, p
 	}
 }
 
+// holdFreeBlocks allocates every free block of e's pools, per layer
+// group, so that the next request must wait for blocks.
+func holdFreeBlocks(t *testing.T, e *kvxfer.Engine) [][]kvcache.BlockID {
+	t.Helper()
+	st := e.Pools().Stats()
+	counts := make([]int, len(st))
+	for g, s := range st {
+		counts[g] = s.Free
+	}
+	held, err := e.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatalf("holding every free block: %v", err)
+	}
+	return held
+}
+
 func waitOutcome(t *testing.T, ch <-chan kvxfer.Outcome) kvxfer.Outcome {
 	t.Helper()
 	select {

@@ -407,14 +407,7 @@ func TestMetrics_QueuedTimeout(t *testing.T) {
 	l := smallLayout()
 	c := metricsPair(t, l)
 	ge := c.gen[0]
-	counts := make([]int, len(l.Groups))
-	for g, st := range ge.Pools().Stats() {
-		counts[g] = st.Free
-	}
-	held, err := ge.Pools().Alloc(counts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := holdFreeBlocks(t, ge)
 	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q1", PromptLen: 64, Context: "ctx", Timeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

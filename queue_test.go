@@ -23,14 +23,7 @@ func TestQueuedReceiveStartsWhenBlocksFree(t *testing.T) {
 	l := smallLayout()
 	c := metricsPair(t, l)
 	gen := c.gen[0]
-	counts := make([]int, len(l.Groups))
-	for g, st := range gen.Pools().Stats() {
-		counts[g] = st.Free
-	}
-	held, err := gen.Pools().Alloc(counts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := holdFreeBlocks(t, gen)
 	if n := gen.Stats().WaitingForBlocks; n != 0 {
 		t.Fatalf("WaitingForBlocks %d before any request", n)
 	}

@@ -22,32 +22,7 @@ import (
 // every byte verified.
 func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 	l := smallLayout()
-	page := uint64(os.Getpagesize())
-	const pool = 4 << 20
-	rr, err := shm.NewRevocableRegion(pool, shm.RevocableOptions{Block: page, Spare: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rr.Close(); err != nil {
-			t.Errorf("close region: %v", err)
-		}
-	})
-	// Cleanups run last first: the engines close, then the agents, then
-	// the region.
-	ctxAgent, genAgent := shm.New(), shm.New()
-	t.Cleanup(func() {
-		if err := errors.Join(ctxAgent.Close(), genAgent.Close()); err != nil {
-			t.Errorf("close agents: %v", err)
-		}
-	})
-	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
-		cfg.Agent = ctxAgent
-		if inst == "gen" {
-			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
-			cfg.MetricsAddr = "127.0.0.1:0"
-		}
-	})
+	c, link, rr := startRevocableCluster(t, l, true)
 	gen, ctxE := c.gen[0], c.ctx[0]
 
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx"})
@@ -165,28 +140,7 @@ func TestRevokerNeedsShmAndRegion(t *testing.T) {
 // kvxfer's own blocks: READY, and the view showed the spare page's bytes.)
 func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
 	l := smallLayout()
-	page := uint64(os.Getpagesize())
-	rr, err := shm.NewRevocableRegion(4<<20, shm.RevocableOptions{Block: page, Spare: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rr.Close(); err != nil {
-			t.Errorf("close region: %v", err)
-		}
-	})
-	ctxAgent, genAgent := shm.New(), shm.New()
-	t.Cleanup(func() {
-		if err := errors.Join(ctxAgent.Close(), genAgent.Close()); err != nil {
-			t.Errorf("close agents: %v", err)
-		}
-	})
-	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
-		cfg.Agent = ctxAgent
-		if inst == "gen" {
-			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
-		}
-	})
+	c, link, rr := startRevocableCluster(t, l, false)
 	gen, ctxE := c.gen[0], c.ctx[0]
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx"})
 	if err != nil {
@@ -205,14 +159,7 @@ func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
 		first, end := kvcache.NeededRange(64, grp.Window, l.TokensPerBlock, 0)
 		counts[g] = end - first
 	}
-	all := make([]int, len(l.Groups))
-	for g, st := range gen.Pools().Stats() {
-		all[g] = st.Free
-	}
-	every, err := gen.Pools().Alloc(all)
-	if err != nil {
-		t.Fatal(err)
-	}
+	every := holdFreeBlocks(t, gen)
 	owned, rest := make([][]kvcache.BlockID, len(l.Groups)), make([][]kvcache.BlockID, len(l.Groups))
 	moved := 0
 	for g, ids := range every {
@@ -254,4 +201,38 @@ func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
 	if n := verify(t, gen, l, 64, o.Blocks, 2); n == 0 {
 		t.Fatal("r2: no byte verified")
 	}
+}
+
+// startRevocableCluster is a TP1 pair over shm whose generation engine's
+// pool is a RevocableRegion (4 MiB, a 1 MiB spare reserve, page-sized
+// revocation), with metrics on the generation engine when metrics is set.
+// Cleanups run last first: the engines close, then the agents, then the
+// region.
+func startRevocableCluster(t *testing.T, l kvcache.Layout, metrics bool) (*cluster, *partLink, *shm.RevocableRegion) {
+	t.Helper()
+	rr, err := shm.NewRevocableRegion(4<<20, shm.RevocableOptions{Block: uint64(os.Getpagesize()), Spare: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rr.Close(); err != nil {
+			t.Errorf("close region: %v", err)
+		}
+	})
+	ctxAgent, genAgent := shm.New(), shm.New()
+	t.Cleanup(func() {
+		if err := errors.Join(ctxAgent.Close(), genAgent.Close()); err != nil {
+			t.Errorf("close agents: %v", err)
+		}
+	})
+	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
+		cfg.Agent = ctxAgent
+		if inst == "gen" {
+			cfg.PoolBytes, cfg.Region, cfg.Revoker, cfg.Agent = 0, rr.Region(), rr.Revoker(), genAgent
+			if metrics {
+				cfg.MetricsAddr = "127.0.0.1:0"
+			}
+		}
+	})
+	return c, link, rr
 }

@@ -264,31 +264,12 @@ func regionLargerThanTheDirectory(t *testing.T) {
 		t.Fatalf("NewRegion(1 MiB) in a 2 MiB /dev/shm: %v", err)
 	}
 	defer closer.Close()
-	recv, send := shm.New(), shm.New()
+	recv := shm.New()
 	defer recv.Close()
-	defer send.Close()
 	dst, err := recv.Register(region)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer recv.Deregister(dst)
-	sr, err := kvcache.NewHostRegion(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := send.Register(sr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := send.Connect(recv.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: n}}, Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	newWriter(t, recv, dst.Remote(), n).write(t, []kvcache.Segment{{Src: 0, Dst: 0, Len: n}})
 }
