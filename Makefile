@@ -61,7 +61,7 @@ FUZZTIME ?= 2m
 # deadline to race.
 FUZZTIME_CI ?= 40000x
 FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
-	./capi:FuzzParseConfig
+	./capi:FuzzParseConfig ./trace:FuzzReplay ./trace:FuzzExportPerfetto
 
 ## fuzz: run every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 fuzz:

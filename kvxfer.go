@@ -280,6 +280,12 @@ type Stats struct {
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
 	QuarantinedBytes, QuarantineLimitBytes uint64
+	// ClosesUnproven: data-plane endpoint closes that could not prove the
+	// writes on them over (a peer alive but not progressing past the
+	// backend's close timeout): their ops stay in doubt for good, their
+	// requests keep their source pages and send no terminal frame (the
+	// peer fails them at its deadline and quarantines its pages).
+	ClosesUnproven int64
 	// WaitingForBlocks: receive requests waiting now for destination
 	// blocks (the pools had too few free when they came; they start, in
 	// order, as blocks are freed, or fail at their deadline).
@@ -294,8 +300,8 @@ func (e *Engine) Stats() Stats {
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
 		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
-		RevokedHeldBlocks: c.RevokedHeld.Load(),
-		QuarantinedBytes:  e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
+		RevokedHeldBlocks: c.RevokedHeld.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
+		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
 }
 

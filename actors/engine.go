@@ -162,20 +162,24 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	ready := make(chan []*actor.PID, 1)
 	e.env.dead = make([]atomic.Bool, cfg.Workers)
 	var pids []*actor.PID
+	var slots []*workerSlot
 	e.senders = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return actor.ReceiveFunc(func(ctx actor.Context) {
 			switch m := ctx.Message().(type) {
 			case *actor.Started:
 				pids = make([]*actor.PID, cfg.Workers)
+				slots = make([]*workerSlot, cfg.Workers)
 				for i := range pids {
 					slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
+					slots[i] = slot
 					pids[i] = ctx.Spawn(e.env.props(func() actor.Actor { return &workerActor{slot: slot} }))
 				}
 				ready <- pids
 			case *actor.Terminated:
 				// A worker stopped outside Close: its restart budget is spent.
-				// Its Stopping closed its endpoints (no op of it can write),
-				// so its requests fail and drain; the engine refuses new work.
+				// Its Stopping closed its endpoints (no op of it can write,
+				// but those whose close proved nothing), so its requests fail
+				// and drain; the engine refuses new work.
 				if e.env.closing.Load() {
 					return
 				}
@@ -185,8 +189,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 						e.env.failed.Store(true)
 						cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
 						if ps := e.parents.Load(); ps != nil {
-							ctx.Send(ps[0], &workerDead{worker: i})
-							ctx.Send(ps[1], &workerDead{worker: i})
+							inDoubt := slots[i].unprovenOps()
+							ctx.Send(ps[0], &workerDead{worker: i, inDoubt: inDoubt})
+							ctx.Send(ps[1], &workerDead{worker: i, inDoubt: inDoubt})
 						}
 					}
 				}

@@ -63,7 +63,10 @@ type (
 		inc  uint64
 	}
 	// workerDead: a sender worker was stopped for good.
-	workerDead struct{ worker int }
+	workerDead struct {
+		worker  int
+		inDoubt []core.OpRef // its ops whose endpoint's close proved nothing
+	}
 	// blocksFreed wakes the rx supervisor's allocation queue.
 	blocksFreed    struct{}
 	rxQueueTimeout struct{ request string }
@@ -255,7 +258,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxWorkerDead{Worker: m.worker})
+			ctx.Send(pid, TxWorkerDead{Worker: m.worker, InDoubt: m.inDoubt})
 		}
 	}
 }

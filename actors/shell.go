@@ -42,6 +42,10 @@ type Counters struct {
 	// LeasesLapsed counts writer leases that lapsed (the writer fenced
 	// itself from that peer: EngineConfig.WriterLease).
 	LeasesLapsed atomic.Int64
+	// ClosesUnproven counts endpoint closes that could not prove the
+	// writes on them over (rdma.ErrCloseUnproven): their ops stay in
+	// doubt and their requests keep their source pages.
+	ClosesUnproven atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,

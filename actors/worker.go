@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -94,6 +95,19 @@ type workerSlot struct {
 	// for shm a mapping of the gone peer's pool — until the engine closes.
 	peerKey map[messages.PeerID]string
 	stale   map[string]bool
+	// unproven are the ops of endpoints whose Close could not prove them
+	// over (rdma.ErrCloseUnproven): they stay in doubt for good, also
+	// when the worker stops (workerDead carries them). Closer goroutines
+	// append to it.
+	unprovenMu sync.Mutex
+	unproven   []core.OpRef
+}
+
+// unprovenOps returns the ops whose endpoint's close proved nothing.
+func (s *workerSlot) unprovenOps() []core.OpRef {
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
+	return slices.Clone(s.unproven)
 }
 
 type connectResult struct {
@@ -138,7 +152,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			}
 		}
 		s.table.Settle(m.op)
-		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err})
+		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: errors.Is(m.err, rdma.ErrCloseUnproven)})
 		if key != "" {
 			s.retireStale(ctx, key)
 		}
@@ -151,6 +165,18 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	case *endpointOpened:
 		s.connected(ctx, m.key)
 	case *endpointClosed:
+		if errors.Is(m.err, rdma.ErrCloseUnproven) {
+			// No proof: the ops stay in doubt, so their sessions keep
+			// their pins and send no terminal frame (the peer's pages
+			// wait for its own proof or quarantine).
+			n := 0
+			for _, so := range m.retired {
+				n += len(so.Ops)
+			}
+			s.log.Error().Err(m.err).Int("ops_in_doubt", n).
+				Msg("endpoint closed without proof that its writes are over: its ops stay in doubt and their requests keep their pages")
+			break
+		}
 		if m.err != nil {
 			s.log.Warn().Err(m.err).Msg("endpoint close")
 		}
@@ -336,7 +362,8 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 // closer goroutine calls Close, which may wait for the backend (a copier to
 // stop, a UCX forced close). Only when Close has returned can no write of
 // the endpoint land, so only then does endpointClosed retire the ops that
-// were in flight on it.
+// were in flight on it — unless Close says it could not prove that
+// (rdma.ErrCloseUnproven): then they stay in doubt.
 func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	ep, retired, ok := s.table.Close(key)
 	if !ok {
@@ -347,6 +374,14 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	go func() {
 		defer s.background.Done()
 		err := ep.Close()
+		if errors.Is(err, rdma.ErrCloseUnproven) {
+			s.stats.ClosesUnproven.Add(1)
+			s.unprovenMu.Lock()
+			for _, so := range retired {
+				s.unproven = append(s.unproven, so.Ops...)
+			}
+			s.unprovenMu.Unlock()
+		}
 		sys.Root.Send(self, &endpointClosed{retired: retired, err: err})
 	}()
 }

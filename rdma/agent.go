@@ -47,7 +47,13 @@ type Batch struct {
 	// Done receives the batch's outcome exactly once, on a backend
 	// goroutine, unless Post returned an error (then it is never called).
 	// nil means success; a failure is a *SegmentError or wraps a sentinel.
-	// Done must not block.
+	// Whatever the outcome, when Done runs no byte of the batch can land
+	// any more (it landed, or never will): the engine takes it as the op's
+	// proof of quiescence (DESIGN.md §3). The one exception is a failure
+	// wrapping ErrCloseUnproven, which says the opposite. A backend whose
+	// local completion comes before that (an RDMA put's source freed)
+	// calls Done only after a flush or a close proves it. Done must not
+	// block.
 	Done func(err error)
 }
 
@@ -63,9 +69,12 @@ type Endpoint interface {
 	// landed or failed. done gets nil, or the error that made the endpoint
 	// unusable.
 	Flush(done func(err error))
-	// Close tears the endpoint down. When it returns, no write posted on
-	// this endpoint can land anywhere any more; every batch not yet
-	// completed completes with ErrEndpointClosed. Idempotent.
+	// Close tears the endpoint down; every batch not yet completed
+	// completes with ErrEndpointClosed. When it returns nil, no write
+	// posted on this endpoint can land anywhere any more. When it could
+	// not prove that (writes cut on the wire, which a peer may still
+	// apply), it returns an error wrapping ErrCloseUnproven, and those
+	// writes stay in doubt. Idempotent.
 	Close() error
 }
 
@@ -74,9 +83,10 @@ type Endpoint interface {
 // destination memory, where the peer reads it (a copy into memory both
 // processes map, or into this process's own memory), so a sender needs no
 // Flush behind a stream's last completion before telling the peer that the
-// bytes are there. A backend whose completion only frees the source (a UCX
-// put) must not claim it, nor a wrapper that can fail a Flush on its own
-// (rdma/faulty).
+// bytes are there. A backend whose completion proves only that nothing
+// more lands, not where or how visibly it landed (a UCX put, completed by
+// its endpoint's flush), must not claim it, nor a wrapper that can fail a
+// Flush on its own (rdma/faulty).
 type Delivering interface {
 	CompletionsDeliver() bool
 }

@@ -18,6 +18,12 @@ var (
 	ErrBadAddress     = errors.New("rdma: bad peer address")
 	ErrUnregistered   = errors.New("rdma: region not registered")
 	ErrInjected       = errors.New("rdma: injected fault")
+	// ErrCloseUnproven: Endpoint.Close had to cut writes that were on the
+	// wire without their completion (a peer alive but not progressing past
+	// the backend's close timeout). They may still land in the peer's
+	// memory once it progresses, so the close proves nothing about them:
+	// their ops stay in doubt (DESIGN.md §3).
+	ErrCloseUnproven = errors.New("rdma: endpoint closed by force with writes on the wire: they may still land")
 )
 
 // SegmentError names the segment of a batch that failed.

@@ -32,9 +32,10 @@ type (
 		Incarnation uint64 `json:",omitempty"`
 	}
 	txCompleted struct {
-		Op      actors.OpRef
-		Err     *string `json:",omitempty"`
-		Refused bool    `json:",omitempty"`
+		Op       actors.OpRef
+		Err      *string `json:",omitempty"`
+		Refused  bool    `json:",omitempty"`
+		Unproven bool    `json:",omitempty"`
 	}
 	txFlushed struct {
 		Peer int
@@ -177,7 +178,7 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "TxPeerRequest", txPeerRequest{Peer: m.Peer, From: m.From, Epoch: m.Epoch, PromptLen: m.PromptLen, Expected: m.Expected,
 			Err: errText(m.Err), Hello: hello, Data: rd, Incarnation: m.Incarnation}
 	case actors.TxCompleted:
-		return "TxCompleted", txCompleted{Op: m.Op, Err: errText(m.Err), Refused: m.Refused}
+		return "TxCompleted", txCompleted{Op: m.Op, Err: errText(m.Err), Refused: m.Refused, Unproven: m.Unproven}
 	case actors.TxFlushed:
 		return "TxFlushed", txFlushed{Peer: m.Peer, Err: errText(m.Err)}
 	case actors.TxSent:
@@ -254,7 +255,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 	case "TxCompleted":
 		var w txCompleted
 		if err = unmarshal(raw, &w); err == nil {
-			out = actors.TxCompleted{Op: w.Op, Err: textErr(w.Err), Refused: w.Refused}
+			out = actors.TxCompleted{Op: w.Op, Err: textErr(w.Err), Refused: w.Refused, Unproven: w.Unproven}
 		}
 	case "TxFlushed":
 		var w txFlushed

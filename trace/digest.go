@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -182,6 +183,9 @@ func EffectString(e actors.Effect) string {
 
 // FrameString summarises a control frame.
 func FrameString(f messages.Frame) string {
+	if nilFrame(f) {
+		return "<nil>"
+	}
 	switch f := f.(type) {
 	case nil:
 		return "<nil>"
@@ -266,4 +270,14 @@ func (want Digest) Diff(got Digest) (field, expected, actual string, ok bool) {
 		}
 	}
 	return "", "", "", true
+}
+
+// nilFrame reports whether f is nil, or a nil pointer of a frame type (an
+// effect built from a damaged trace record can carry one).
+func nilFrame(f messages.Frame) bool {
+	if f == nil {
+		return true
+	}
+	v := reflect.ValueOf(f)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }

@@ -123,7 +123,7 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 		if err != nil {
 			return x.stats, err
 		}
-		if err := x.record(rec); err != nil {
+		if err := x.safeRecord(rec); err != nil {
 			return x.stats, err
 		}
 	}
@@ -457,7 +457,21 @@ func msgLabel(typ string, raw json.RawMessage) string {
 	return typ
 }
 
+// safeRecord is record, with a panic on a record no engine wrote (a
+// trace is untrusted input) returned as a format error naming its line.
+func (x *exporter) safeRecord(rec *Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: line %d: %s record the exporter cannot take: %v", ErrFormat, rec.Line, rec.Kind, p)
+		}
+	}()
+	return x.record(rec)
+}
+
 func frameKind(f messages.Frame) string {
+	if nilFrame(f) {
+		return "<nil>"
+	}
 	switch f := f.(type) {
 	case *messages.Result:
 		return "Result " + f.Status.String()

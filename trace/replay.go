@@ -167,7 +167,8 @@ func Replay(r io.Reader) (*Result, error) {
 			sessions[rec.Actor] = s
 			order = append(order, s)
 			res.Births++
-			s.birth(rec, engines[rec.Engine], res)
+			topo := engines[rec.Engine]
+			guard(func(p string) { s.diverge(res, rec, "panic", "no panic", p) }, func() { s.birth(rec, topo, res) })
 		case KindStep:
 			s := sessions[rec.Actor]
 			if s == nil {
@@ -175,7 +176,7 @@ func Replay(r io.Reader) (*Result, error) {
 			}
 			if !s.dead {
 				res.Steps++
-				s.step(rec, res)
+				guard(func(p string) { s.diverge(res, rec, "panic", "no panic", p) }, func() { s.step(rec, res) })
 			}
 		case KindTable:
 			if tables[rec.Actor] != nil {
@@ -184,7 +185,7 @@ func Replay(r io.Reader) (*Result, error) {
 			t := &replayedTable{res: TableResult{Actor: rec.Actor, Kind: rec.Type}}
 			tables[rec.Actor] = t
 			tableOrder = append(tableOrder, t)
-			t.birth(rec, res)
+			guard(func(p string) { t.diverge(res, rec, "panic", "no panic", p) }, func() { t.birth(rec, res) })
 		case KindCall:
 			t := tables[rec.Actor]
 			if t == nil {
@@ -192,7 +193,7 @@ func Replay(r io.Reader) (*Result, error) {
 			}
 			if !t.dead {
 				res.Calls++
-				t.call(rec, res)
+				guard(func(p string) { t.diverge(res, rec, "panic", "no panic", p) }, func() { t.call(rec, res) })
 			}
 		case KindMsg:
 			res.Skipped++
@@ -204,8 +205,10 @@ func Replay(r io.Reader) (*Result, error) {
 	}
 	for _, s := range order {
 		if sess := s.session(); sess != nil {
-			d := DigestOf(sess, nil)
-			s.res.State, s.res.Err, s.res.Stopped = d.State, d.Err, d.Stopped
+			guard(func(string) {}, func() {
+				d := DigestOf(sess, nil)
+				s.res.State, s.res.Err, s.res.Stopped = d.State, d.Err, d.Stopped
+			})
 		}
 		res.Sessions = append(res.Sessions, s.res)
 	}
@@ -216,6 +219,19 @@ func Replay(r io.Reader) (*Result, error) {
 		return strings.Compare(a.Engine+"\x00"+a.Side+"\x00"+a.Request, b.Engine+"\x00"+b.Side+"\x00"+b.Request)
 	})
 	return res, nil
+}
+
+// guard runs f; a panic in it (a trace is untrusted input: its records
+// can build states and effects that no engine reached, on which the step
+// functions and the digest may panic) goes to diverged instead of ending
+// the process.
+func guard(diverged func(p string), f func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			diverged(fmt.Sprint(p))
+		}
+	}()
+	f()
 }
 
 // diverge records a divergence of s at rec and stops replaying s.

@@ -59,15 +59,23 @@ type (
 	TxSubmitted struct{ Op OpRef }
 	// TxWorkerDead: sender worker Worker spent its restart budget and was
 	// stopped. It closed every endpoint before it stopped (that is its
-	// Stopping), so no op it held can write any more; what was sent to it
-	// after is never posted. Its streams fail.
-	TxWorkerDead struct{ Worker int }
+	// Stopping), so no op it held can write any more, but those in InDoubt:
+	// their endpoint's close could not prove it (rdma.ErrCloseUnproven).
+	// What was sent to it after is never posted. Its streams fail.
+	TxWorkerDead struct {
+		Worker  int
+		InDoubt []OpRef
+	}
 	// TxCompleted: a worker reports the exactly-once outcome of an op's
-	// batch. Refused means it never reached the backend.
+	// batch. Refused means it never reached the backend. Unproven means
+	// a close cut it on the wire without proof that it is over
+	// (rdma.ErrCloseUnproven): its writes may still land, so the op is in
+	// doubt for good, not done.
 	TxCompleted struct {
-		Op      OpRef
-		Err     error
-		Refused bool
+		Op       OpRef
+		Err      error
+		Refused  bool
+		Unproven bool
 	}
 	// TxFlushed: a worker flushed the endpoint to Peer.
 	TxFlushed struct {
@@ -384,7 +392,8 @@ func (s *TxSession) onFence(m TxFenceFired) {
 }
 
 // onWorkerDead retires every op in flight on the dead worker (its endpoints
-// were closed before it stopped: proof that they are quiescent) and fails
+// were closed before it stopped: proof that they are quiescent, but for the
+// ops in m.InDoubt, whose close proved nothing and which stay) and fails
 // the request if any of its streams used it. ADMITTED ops stay for
 // progress(), which makes them NOT_SUBMITTED once their fence fires.
 func (s *TxSession) onWorkerDead(m TxWorkerDead) {
@@ -400,7 +409,7 @@ func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 			if o.state == OpSubmitting || o.state == OpSubmitted {
 				s.setOp(r, o, OpInDoubt)
 			}
-			if o.state == OpInDoubt {
+			if o.state == OpInDoubt && !slices.Contains(m.InDoubt, r) {
 				s.setOp(r, o, OpRetired)
 				st.retired = true
 			}
@@ -539,6 +548,14 @@ func (s *TxSession) onCompleted(m TxCompleted) {
 		return
 	}
 	st := s.streams[m.Op.Peer]
+	switch {
+	case m.Unproven && (o.state == OpSubmitting || o.state == OpSubmitted):
+		s.setOp(m.Op, o, OpInDoubt)
+		s.fail(TxFailed, fmt.Errorf("%w: request %s op %v: %w", ErrPeerFailed, s.cfg.Request, m.Op, m.Err))
+		return
+	case m.Unproven:
+		return // in doubt (or settled) already; this proves nothing
+	}
 	switch o.state {
 	case OpSubmitting, OpSubmitted:
 		if m.Refused {

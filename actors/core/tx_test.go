@@ -650,6 +650,61 @@ func TestRace_LateCompletionAfterTimeout(t *testing.T) {
 		wantResult(t, effs, 1, messages.StatusInDoubt)
 		h.wantReleased(TxFailed, ErrTimeout)
 	})
+	// A close that cut the batch on the wire without proof (UCX's forced
+	// close after its timeout): the batch's completion and the worker's
+	// silence afterwards prove nothing. The op stays in doubt: no terminal
+	// frame, no Unpin, no stop — the pages stay held for good.
+	t.Run("unproven close", func(t *testing.T) {
+		h := setup(t)
+		h.advance(5 * time.Second)
+		h.step(TxTimeout{Kind: TimerDrain})
+		effs := h.step(TxCompleted{Op: h.op(1, 0), Err: errors.New("endpoint closed by force"), Unproven: true})
+		h.wantOp(1, 0, OpInDoubt)
+		wantNo(t, "an unproven completion", effs, "Unpin", "Finish", "Stop", "SendFrame")
+		if h.s.Quiescent() {
+			t.Fatal("quiescent with an op cut without proof")
+		}
+	})
+	t.Run("unproven completion before the deadline", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, 10*time.Second)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		effs := h.step(TxCompleted{Op: h.op(1, 0), Err: errors.New("endpoint closed by force"), Unproven: true})
+		h.wantState(TxFailed)
+		h.wantOp(1, 0, OpInDoubt)
+		wantNo(t, "an unproven completion", effs, "Unpin", "Finish", "Stop", "SendFrame")
+	})
+}
+
+// TestTx_WorkerDeadKeepsUnprovenOpsInDoubt: a worker that stopped closed
+// its endpoints, which retires the ops in flight on them — but not those
+// whose close proved nothing (TxWorkerDead.InDoubt): they stay in doubt
+// and the stream sends no terminal frame.
+func TestTx_WorkerDeadKeepsUnprovenOpsInDoubt(t *testing.T) {
+	for _, unproven := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unproven=%v", unproven), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, time.Minute)
+			h.request(1, 1)
+			h.chunk(0, 32, true)
+			h.fence(0)
+			var inDoubt []OpRef
+			if unproven {
+				inDoubt = []OpRef{h.op(1, 0)}
+			}
+			effs := h.step(TxWorkerDead{Worker: 0, InDoubt: inDoubt})
+			h.wantState(TxFailed)
+			if !unproven {
+				h.wantOp(1, 0, OpRetired)
+				wantResult(t, effs, 1, messages.StatusInDoubt)
+				return
+			}
+			h.wantOp(1, 0, OpInDoubt)
+			wantNo(t, "a dead worker's unproven op", effs, "Unpin", "Finish", "Stop", "SendFrame")
+		})
+	}
 }
 
 // TestRace_WorkerPanicWithSubmittedOps: a worker dies with an op in flight.

@@ -1,6 +1,7 @@
 package faulty
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -211,6 +212,7 @@ func (e *endpoint) Close() error {
 
 		e.mu.Lock()
 		closed := fmt.Errorf("faulty: %w", rdma.ErrEndpointClosed)
+		cut := 0
 		for _, ent := range e.fifo {
 			if ent.flush {
 				ent.err = closed
@@ -222,7 +224,14 @@ func (e *endpoint) Close() error {
 				}
 				ent.ready = true
 				ent.err = fmt.Errorf("faulty: batch %d held at close: %w", ent.seq, rdma.ErrEndpointClosed)
+				if e.agent.cfg.unproven {
+					ent.err = fmt.Errorf("%w: %w", ent.err, rdma.ErrCloseUnproven)
+				}
+				cut++
 			}
+		}
+		if cut > 0 && e.agent.cfg.unproven {
+			e.closeErr = errors.Join(e.closeErr, fmt.Errorf("faulty: %d batches cut at close: %w", cut, rdma.ErrCloseUnproven))
 		}
 		e.draining = true
 		e.signal()

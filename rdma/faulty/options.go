@@ -12,6 +12,7 @@ type config struct {
 	clock    Clock
 	rules    []rule
 	postCost time.Duration
+	unproven bool // WithUnprovenClose
 }
 
 // kind is a kind of fault.
@@ -59,6 +60,13 @@ type rule struct {
 // several workers parallelise. It is a cost model for benchmarks, not a
 // fault: outcomes are unchanged.
 func WithPostCost(d time.Duration) Option { return func(c *config) { c.postCost = d } }
+
+// WithUnprovenClose makes an endpoint's Close, when it cuts batches that
+// Hang or Slow still hold, return an error wrapping rdma.ErrCloseUnproven,
+// as UCX's forced close after its timeout does: those batches stand for
+// writes on the wire that the peer may still apply. (Without it such a
+// Close is a proof, as a loopback or shm close is.)
+func WithUnprovenClose() Option { return func(c *config) { c.unproven = true } }
 
 // WithSeed seeds the endpoints' random streams (default 0).
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }

@@ -19,6 +19,7 @@ import (
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmatest"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
 // childEnv makes the test binary, re-executed, act as the receiver;
@@ -382,4 +383,91 @@ func startChild(t *testing.T, alloc bool) *rdmatest.Child {
 		env = append(env, childAllocEnv+"=1")
 	}
 	return rdmatest.StartChild(t, "TestCrossProcessChild", env...)
+}
+
+// TestCrossProcessCloseStalledPeer: over tcp the receiver must progress to
+// take writes and to acknowledge their flush. With the receiver stopped
+// (SIGSTOP) and batches on the wire, Close waits for the close timeout,
+// forces the endpoint closed and says that this proves nothing
+// (rdma.ErrCloseUnproven): the receiver may apply what reached its socket
+// once it runs again. A Close whose writes were acknowledged returns nil.
+func TestCrossProcessCloseStalledPeer(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+	n := rem.dst.Len
+
+	a, err := ucx.New(ucx.WithCloseTimeout(300 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	srcRegion, _ := kvcache.NewHostRegion(n)
+	defer srcRegion.Close()
+	src, err := a.Register(srcRegion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(ep rdma.Endpoint, done chan error) {
+		t.Helper()
+		if err := ep.Post(rdma.Batch{Src: src, Dst: rem.dst, Segments: []kvcache.Segment{{Len: n}},
+			Done: func(err error) { done <- err }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Acknowledged writes: Close proves them.
+	ep, err := a.Connect(rem.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 8)
+	post(ep, done)
+	if err := rdmatest.Recv(t, done, "a batch into the running receiver"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatalf("Close after every write completed: %v, want nil", err)
+	}
+
+	ep, err = a.Connect(rem.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(ep, done) // wires the new endpoint up before the receiver stops
+	if err := rdmatest.Recv(t, done, "the second endpoint's first batch"); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Reap(t)
+	defer child.Process().Kill()
+	const batches = 8 // 64 MiB: more than the sockets hold
+	for range batches {
+		post(ep, done)
+	}
+	// Close refuses the batches still queued for the wire (rightly
+	// returning nil for them): wait until they are all on it.
+	deadline := time.Now().Add(rdmatest.WaitLimit)
+	for !ucx.OnTheWire(ep) {
+		if time.Now().After(deadline) {
+			t.Fatalf("batches not handed to UCX within %v", rdmatest.WaitLimit)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- ep.Close() }()
+	if err := rdmatest.Recv(t, closed, "Close of the endpoint into the stopped receiver"); !errors.Is(err, rdma.ErrCloseUnproven) {
+		t.Fatalf("Close with writes cut on the wire: %v, want rdma.ErrCloseUnproven", err)
+	}
+	for range batches {
+		if err := rdmatest.Recv(t, done, "Done after the close"); !errors.Is(err, rdma.ErrEndpointClosed) || !errors.Is(err, rdma.ErrCloseUnproven) {
+			t.Fatalf("a batch cut by the close: Done(%v), want ErrEndpointClosed and ErrCloseUnproven", err)
+		}
+	}
 }

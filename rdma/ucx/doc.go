@@ -103,7 +103,8 @@
 // timeout expires (a peer that is alive but does not progress) does the
 // forced close cut writes that transports such as tcp may still deliver
 // once the peer progresses again: their batches fail with
-// ErrEndpointClosed, which is then not proof of quiescence for that peer.
+// ErrEndpointClosed and rdma.ErrCloseUnproven, and Close returns an error
+// wrapping rdma.ErrCloseUnproven, so that their owner keeps them in doubt.
 //
 // When UCX reports an endpoint failed (the peer died: tcp resets at once,
 // shared memory within about two keepalive intervals, WithKeepalive), its

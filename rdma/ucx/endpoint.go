@@ -56,6 +56,9 @@ type endpoint struct {
 	// goroutine publishes it when a flush succeeds); entries completed
 	// otherwise are marked done.
 	doneSeq atomic.Uint64
+	// issuedSeq: the seq of the last batch handed to UCX (tests: a batch
+	// on the wire, as opposed to one refused at Close).
+	issuedSeq atomic.Uint64
 
 	// What follows is written by posters and the dispatcher on every
 	// batch; the fields above, which the progress goroutine reads per
@@ -72,6 +75,9 @@ type endpoint struct {
 	closeReq  bool  // Close was called (by its owner or the agent)
 	ucpClosed bool  // the progress goroutine closed the UCP endpoint
 	gone      bool  // the dispatcher exited
+	// unproven: the UCP endpoint was closed by force after the close
+	// timeout with writes on the wire (ErrCloseUnproven); Close returns it.
+	unproven error
 
 	wake    chan struct{}
 	stopped chan struct{}
@@ -207,7 +213,8 @@ func (e *endpoint) Flush(done func(err error)) {
 
 // Close closes the UCP endpoint (after the writes already on the wire are
 // acknowledged, or the close timeout) and returns once every callback has
-// run. Idempotent.
+// run. When the close timeout cut writes still on the wire, it returns an
+// error wrapping rdma.ErrCloseUnproven (doc.go). Idempotent.
 func (e *endpoint) Close() error {
 	if e.requestClose() {
 		e.a.w.submit(request{kind: reqCloseEndpoint, ep: e})
@@ -215,7 +222,9 @@ func (e *endpoint) Close() error {
 	e.signal()
 	<-e.stopped
 	e.a.forget(e)
-	return nil
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unproven
 }
 
 // requestClose marks the endpoint closing; true the first time.

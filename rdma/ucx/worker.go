@@ -91,6 +91,9 @@ type uep struct {
 	closeID  uint64    // the pending ucp_ep_close_nbx
 	closed   bool
 	failed   error // UCX reported the endpoint failed
+	// unproven: the close timeout passed with flushes on the wire and no
+	// failure reported by UCX; the forced close proves nothing of them.
+	unproven bool
 }
 
 // flushOp is one ucp_ep_flush_nbx and the batches it completes. Flushes of
@@ -549,6 +552,7 @@ func (w *worker) issue(r *request) uint64 {
 	}
 	u.group = append(u.group, ent)
 	u.groupLast = r.seq
+	e.issuedSeq.Store(r.seq)
 	return bytes
 }
 
@@ -893,6 +897,9 @@ func (w *worker) closedUEP(u *uep) {
 		delete(u.link.eps, u)
 		e.mu.Lock()
 		e.ucpClosed = true
+		if u.unproven {
+			e.unproven = fmt.Errorf("%s: %w (close timeout %v, see WithCloseTimeout)", u.name, rdma.ErrCloseUnproven, w.a.opts.close)
+		}
 		e.mu.Unlock()
 		w.touch(e)
 	} else if u.link.u == u {
@@ -917,6 +924,10 @@ func (w *worker) checkTimers() {
 	for _, u := range w.closing {
 		if !u.force && now.After(u.deadline) {
 			u.force = true
+			u.unproven = u.failed == nil && (len(u.pend) > 0 || len(u.group) > 0)
+			if u.unproven {
+				u.reason = fmt.Errorf("%s: %w: %w (close timeout %v)", u.name, rdma.ErrEndpointClosed, rdma.ErrCloseUnproven, w.a.opts.close)
+			}
 		}
 	}
 	for _, op := range append([]*deregOp(nil), w.deregs...) {

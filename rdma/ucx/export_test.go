@@ -1,0 +1,15 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import "github.com/kvxfer/kvxfer/rdma"
+
+// OnTheWire reports whether every batch posted on ep so far was handed to
+// UCX (none waits in the progress goroutine's queue).
+func OnTheWire(ep rdma.Endpoint) bool {
+	e := ep.(*endpoint)
+	e.mu.Lock()
+	posted := e.posted
+	e.mu.Unlock()
+	return e.issuedSeq.Load() == posted
+}

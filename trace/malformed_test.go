@@ -1,0 +1,106 @@
+package trace_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+// A trace file is untrusted input: a damaged or hand-made one must give
+// an error or a divergence naming its line, never a panic of the replay or
+// the exporter (kvxfer replay, kvxfer trace export).
+func TestMalformedRecordsDoNotPanic(t *testing.T) {
+	const v2 = `{"kind":"trace","version":2,"t":1}` + "\n"
+	const v1 = `{"kind":"trace","version":1,"t":1}` + "\n"
+	for _, c := range []struct{ name, body string }{
+		// A known frame type without its body reached the core tables as
+		// a typed nil (messages.(*Result).Validate on nil).
+		{"RouteFrame, Result without a body", v2 +
+			`{"kind":"table","actor":"e/0/listener","engine":"e/0","t":1,"type":"RouteFrame","msg":{}}` + "\n" +
+			`{"kind":"call","actor":"e/0/listener","seq":1,"t":1,"type":"RouteFrame","msg":{"Frame":{"Type":"Result"}},"out":{}}` + "\n"},
+		{"RxTable Route, Result without a body", v2 +
+			`{"kind":"table","actor":"e/0/rx","engine":"e/0","t":1,"type":"RxTable","msg":{"Layout":{}}}` + "\n" +
+			`{"kind":"call","actor":"e/0/rx","seq":1,"t":1,"type":"Route","msg":{"Frame":{"Type":"Result"}},"out":{}}` + "\n"},
+		// An rx writer without its RequestData: the step's effect carried
+		// a typed-nil frame into the digest.
+		{"rx writer without a RequestData", v1 +
+			`{"kind":"birth","actor":"g/0/1","engine":"g/0","side":"rx","request":"r","t":1,"type":"RxConfig","msg":{"Writers":[{}]},"post":{"state":"REQUESTED","writers_pending":true}}` + "\n" +
+			`{"kind":"step","actor":"g/0/1","seq":1,"t":2,"type":"RxBegin","post":{}}` + "\n"},
+		{"RxFrame, Result without a body", v1 +
+			`{"kind":"birth","actor":"g/0/1","engine":"g/0","side":"rx","request":"r","t":1,"type":"RxConfig","msg":{},"post":{"state":"REQUESTED"}}` + "\n" +
+			`{"kind":"step","actor":"g/0/1","seq":1,"t":2,"type":"RxFrame","msg":{"Frame":{"Type":"Result"}},"post":{}}` + "\n"},
+		{"AllocQueue, negative count", v2 +
+			`{"kind":"table","actor":"e/0/rx/queue","engine":"e/0","t":1,"type":"AllocQueue","msg":{}}` + "\n" +
+			`{"kind":"call","actor":"e/0/rx/queue","seq":1,"t":1,"type":"Push","msg":{"Request":"r","Counts":[-5]},"out":{}}` + "\n" +
+			`{"kind":"call","actor":"e/0/rx/queue","seq":2,"t":1,"type":"Drain","msg":{"Allocs":[{}]},"out":{}}` + "\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := replay(t, c.body)
+			if err == nil && (res == nil || res.Divergence == nil) {
+				t.Errorf("replay of a damaged trace: no error and no divergence (%+v)", res)
+			}
+			if err != nil && !errors.Is(err, trace.ErrFormat) {
+				t.Errorf("replay: %v, want ErrFormat", err)
+			}
+			if err := export(t, c.body); err != nil && !errors.Is(err, trace.ErrFormat) {
+				t.Errorf("export: %v, want nil or ErrFormat", err)
+			}
+		})
+	}
+}
+
+func replay(t *testing.T, body string) (res *trace.Result, err error) {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("replay panicked: %v", p)
+		}
+	}()
+	return trace.Replay(strings.NewReader(body))
+}
+
+func export(t *testing.T, body string) (err error) {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("export panicked: %v", p)
+		}
+	}()
+	_, err = trace.ExportPerfetto(strings.NewReader(body), io.Discard)
+	return err
+}
+
+// fuzzSeeds are real traces: v1 ones and v2 ones recorded by the CLI's
+// ctx and gen processes.
+func fuzzSeeds(f *testing.F) {
+	for _, p := range []string{"testdata/v1-ctx.jsonl", "testdata/v1-gen.jsonl", "testdata/v2-ctx.jsonl", "testdata/v2-gen.jsonl"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+}
+
+// FuzzReplay: whatever the bytes, Replay returns (an error, a divergence
+// or a match) without panicking.
+func FuzzReplay(f *testing.F) {
+	fuzzSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = trace.Replay(bytes.NewReader(b))
+	})
+}
+
+// FuzzExportPerfetto: whatever the bytes, the exporter returns without
+// panicking.
+func FuzzExportPerfetto(f *testing.F) {
+	fuzzSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = trace.ExportPerfetto(bytes.NewReader(b), io.Discard)
+	})
+}
