@@ -52,7 +52,7 @@ test: deps
 	$(MAKE) --no-print-directory ctest
 	$(MAKE) --no-print-directory pytest
 	$(MAKE) --no-print-directory wheel-check
-	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI) FUZZTIME_SLOW=$(FUZZTIME_SLOW_CI) FUZZMINIMIZE=$(FUZZMINIMIZE_CI)
 
 FUZZTIME ?= 2m
 # CI fuzzes for a count of executions, not a duration: Go 1.26's fuzz
@@ -60,15 +60,26 @@ FUZZTIME ?= 2m
 # duration budget ends (golang/go#75804, fixed in Go 1.27); a count has no
 # deadline to race.
 FUZZTIME_CI ?= 40000x
+# Each new input the fuzzer finds is minimized for up to FUZZMINIMIZE (the
+# go test default, 60s); the trace targets' seeds are whole traces (tens
+# of KiB), whose minimization would stretch CI's slice by minutes.
+FUZZMINIMIZE ?= 60s
+FUZZMINIMIZE_CI ?= 3s
 FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
-	./capi:FuzzParseConfig ./trace:FuzzReplay ./trace:FuzzExportPerfetto
+	./capi:FuzzParseConfig
+# Targets whose inputs are whole files (a trace: tens of KiB, ~1 ms an
+# execution): CI gives them a smaller count.
+FUZZ_TARGETS_SLOW := ./trace:FuzzReplay ./trace:FuzzExportPerfetto
+FUZZTIME_SLOW ?= $(FUZZTIME)
+FUZZTIME_SLOW_CI ?= 6000x
 
 ## fuzz: run every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 fuzz:
-	@for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	@for t in $(FUZZ_TARGETS) $(FUZZ_TARGETS_SLOW:%=%:slow); do \
+		pkg=$${t%%:*}; fn=$${t#*:}; fn=$${fn%%:*}; n=$(FUZZTIME); \
+		case $$t in *:slow) n=$(FUZZTIME_SLOW);; esac; \
+		echo "fuzz $$pkg $$fn for $$n"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$n -fuzzminimizetime $(FUZZMINIMIZE) $$pkg || exit 1; \
 	done
 
 fmt:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -207,11 +208,32 @@ func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
 }
 
 // CheckPeer compares a peer's Hello with this engine: nil when both serve
-// the same layout, else an error wrapping ErrMismatch that names both
-// models and both layout hashes (every request between the two would fail
-// with it).
+// the same layout over the same data-plane backend, else an error wrapping
+// ErrMismatch that names both models and both layout hashes, or both
+// backends (every request between the two would fail with it — a backend
+// mismatch as an address the other backend cannot parse).
 func (e *Engine) CheckPeer(h *messages.Hello) error {
-	return actors.LayoutMismatch(actors.Topology{Layout: e.cfg.layout, LayoutHash: e.cfg.layout.Hash()}, h)
+	if err := actors.LayoutMismatch(actors.Topology{Layout: e.cfg.layout, LayoutHash: e.cfg.layout.Hash()}, h); err != nil {
+		return err
+	}
+	if mine, theirs := baseBackend(e.agent.Backend()), baseBackend(h.Backend); theirs != "" && mine != theirs {
+		return fmt.Errorf("%w: peer %s moves KV over the %q backend, this rank over %q: start both with the same backend",
+			ErrMismatch, h.From, messages.TruncateText(h.Backend, 64), mine)
+	}
+	return nil
+}
+
+// baseBackend is a backend's name without the wrappers around it
+// ("faulty(shm)" is "shm").
+func baseBackend(s string) string {
+	for strings.HasSuffix(s, ")") {
+		i := strings.IndexByte(s, '(')
+		if i < 0 {
+			break
+		}
+		s = s[i+1 : len(s)-1]
+	}
+	return s
 }
 
 // PeerDown tells the engine a peer is suspected dead (the control plane's

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -26,7 +27,7 @@ type cell[S stepper] struct {
 	s      S
 	k      kind[S]
 	handle *Handle
-	timers []Timer
+	timers []*armedTimer // armed and not known to have fired
 	path   string        // actor path for the recorder
 	tr     SessionTracer // nil unless tracing
 	// incarnations counts the actors produced for the session: the first
@@ -135,6 +136,9 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 		}
 		switch e := e.(type) {
 		case StartTimer:
+			// Forget the timers that fired: a session that waits long
+			// (a quarantine re-sending Cancel every second) arms many.
+			a.timers = slices.DeleteFunc(a.timers, func(t *armedTimer) bool { return t.fired.Load() })
 			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, a.k.timeout(e.Kind)))
 		case Log:
 			a.env.logEffect(e)

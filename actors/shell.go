@@ -293,9 +293,20 @@ func (env *shellEnv) violation(what string) {
 	env.log.Error().Msg("invariant: " + what)
 }
 
+// armedTimer is a step's timer and whether it has fired.
+type armedTimer struct {
+	Timer
+	fired atomic.Bool
+}
+
 // startTimer arms a step's timer on the engine's clock: msg comes back to
 // the actor at e.At.
-func (env *shellEnv) startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) Timer {
+func (env *shellEnv) startTimer(ctx actor.Context, e StartTimer, now time.Time, msg any) *armedTimer {
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	return env.clock.AfterFunc(max(e.At.Sub(now), 0), func() { sys.Root.Send(self, msg) })
+	t := &armedTimer{}
+	t.Timer = env.clock.AfterFunc(max(e.At.Sub(now), 0), func() {
+		t.fired.Store(true)
+		sys.Root.Send(self, msg)
+	})
+	return t
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"sort"
 	"strings"
 )
 
@@ -190,6 +191,10 @@ func (m *KVMemory) blockFootprint() ([]span, error) {
 //     tensor do not interleave (when Blocks > 1);
 //   - every tensor lies inside [0, RegionLen);
 //   - no two tensors share a byte.
+//
+// Its work is bounded whatever the values (a peer sends them): a descriptor
+// whose tensors interleave too much to prove disjoint cheaply is refused
+// (see maxInterleavedPairs).
 func (m *KVMemory) Validate() error {
 	for _, f := range []struct {
 		name     string
@@ -241,11 +246,7 @@ func (m *KVMemory) Validate() error {
 	if m.Blocks == 0 {
 		return nil
 	}
-	type tensor struct {
-		i, p   int
-		lo, hi uint64
-	}
-	ts := make([]tensor, 0, len(m.Layers)*m.Parts)
+	ts := make([]tensorExtent, 0, len(m.Layers)*m.Parts)
 	for i, L := range m.Layers {
 		for p, base := range m.Base[i] {
 			hi, ok := mulAdd(base, uint64(m.Blocks-1), m.BlockStride)
@@ -256,39 +257,112 @@ func (m *KVMemory) Validate() error {
 				return m.errorf("layer %d %s at offset %d: %d blocks of stride %d end past region length %d",
 					L, partName(m.Parts, p), base, m.Blocks, m.BlockStride, m.RegionLen)
 			}
-			ts = append(ts, tensor{i, p, base, hi})
+			ts = append(ts, tensorExtent{i, p, base, hi})
 		}
 	}
-	slices.SortFunc(ts, func(a, b tensor) int { return cmp.Compare(a.lo, b.lo) })
+	_, err = m.checkDisjoint(ts, fp, width)
+	return err
+}
+
+// maxInterleavedPairs bounds the pairs of tensors whose extents interleave
+// (the first starts before the second ends) that Validate checks byte by
+// byte, and maxOverlapSteps the footprint ranges it compares for them. The
+// descriptor may come from a peer (Hello), so the check must not take
+// unbounded work: 8192 tensors, each a sparse footprint one byte after the
+// last, took hours pair by pair; within both bounds the check takes tens of
+// milliseconds at worst. Real layouts stay far below both: per-layer
+// tensors (NHD, HND, split-KV, MLA) do not interleave; a group pool's
+// tensors all do, but a pool of 128 layers is 32640 pairs (the bound
+// allows 362 layers), and its footprint is one range per block (a range
+// per token or head when the rank's heads are a slice of a wider tensor),
+// compared once per distinct shift.
+const (
+	maxInterleavedPairs = 1 << 18
+	maxOverlapSteps     = 1 << 22
+)
+
+// tensorExtent is tensor (layer index i, part p) of a KVMemory and the byte
+// range [lo, hi) from its first byte to its last block's end.
+type tensorExtent struct {
+	i, p   int
+	lo, hi uint64
+}
+
+// checkDisjoint reports an error when two of the tensors ts, each of
+// footprint fp and width width per block, share a byte, or when proving
+// they do not would take more than maxInterleavedPairs pairs or
+// maxOverlapSteps footprint steps. It returns the work it did: pairs
+// visited plus footprint ranges compared. It sorts ts by start.
+func (m *KVMemory) checkDisjoint(ts []tensorExtent, fp []span, width uint64) (work int, err error) {
+	slices.SortFunc(ts, func(a, b tensorExtent) int { return cmp.Compare(a.lo, b.lo) })
+	pairs := 0
+	for a, t := range ts {
+		rest := ts[a+1:]
+		pairs += sort.Search(len(rest), func(k int) bool { return rest[k].lo >= t.hi })
+		work += bits.Len(uint(len(rest)))
+	}
+	if pairs > maxInterleavedPairs {
+		return work, m.errorf("tensor extents interleave in %d pairs of %d tensors, more than %d: not supported",
+			pairs, len(ts), maxInterleavedPairs)
+	}
+	// Whether the footprint meets itself shifted depends on the shift
+	// alone, and tensors of a pool share shifts: remember each answer.
+	meets := map[uint64]bool{}
+	steps, over := 0, false
+	meet := func(shift uint64) bool {
+		if v, ok := meets[shift]; ok {
+			return v
+		}
+		if steps+2*len(fp)+1 > maxOverlapSteps {
+			over = true
+			return false
+		}
+		steps += 2*len(fp) + 1
+		v := footprintsMeet(fp, shift, 0)
+		meets[shift] = v
+		return v
+	}
+	defer func() { work += steps }()
 	for a, t := range ts {
 		for _, u := range ts[a+1:] {
 			if u.lo >= t.hi {
 				break
 			}
-			if m.tensorsOverlap(fp, width, u.lo-t.lo) {
-				return m.errorf("layer %d %s at offset %d overlaps layer %d %s at offset %d",
+			work++
+			overlap := m.tensorsOverlap(meet, width, u.lo-t.lo)
+			if over {
+				return work, m.errorf("tensor extents interleave: proving that %d tensors of %d ranges per block "+
+					"share no byte takes more than %d steps (at layer %d %s at offset %d and layer %d %s at offset %d): not supported",
+					len(ts), len(fp), maxOverlapSteps, m.Layers[t.i], partName(m.Parts, t.p), t.lo,
+					m.Layers[u.i], partName(m.Parts, u.p), u.lo)
+			}
+			if overlap {
+				return work, m.errorf("layer %d %s at offset %d overlaps layer %d %s at offset %d",
 					m.Layers[u.i], partName(m.Parts, u.p), u.lo, m.Layers[t.i], partName(m.Parts, t.p), t.lo)
 			}
 		}
 	}
-	return nil
+	return work, nil
 }
 
 // tensorsOverlap reports whether two tensors of m, the second delta bytes
-// after the first, share a byte. Block b of a tensor at a occupies a +
-// b*BlockStride + fp, and fp lies in [0, width) with width ≤ BlockStride, so
-// block b2 of the second can meet block b1 of the first only when the
-// shift delta + (b2-b1)*BlockStride lies in (-width, width).
-func (m *KVMemory) tensorsOverlap(fp []span, width, delta uint64) bool {
+// after the first, share a byte; meet(s) reports whether the block
+// footprint and the footprint shifted by s share one. Block b of a tensor
+// at a occupies a + b*BlockStride + fp, and fp lies in [0, width) with
+// width ≤ BlockStride, so block b2 of the second can meet block b1 of the
+// first only when the shift delta + (b2-b1)*BlockStride lies in (-width,
+// width).
+func (m *KVMemory) tensorsOverlap(meet func(shift uint64) bool, width, delta uint64) bool {
 	if m.Blocks == 1 || m.BlockStride == 0 {
-		return delta < width && footprintsMeet(fp, delta, 0)
+		return delta < width && meet(delta)
 	}
 	q, r := delta/m.BlockStride, delta%m.BlockStride
-	// Shift +r: block b2 = b1 - q; shift r-BlockStride: b2 = b1 - q - 1.
-	if q <= uint64(m.Blocks-1) && r < width && footprintsMeet(fp, r, 0) {
+	// Shift +r: block b2 = b1 - q; shift r-BlockStride: b2 = b1 - q - 1
+	// (fp and fp shifted back meet when fp and fp shifted forward do).
+	if q <= uint64(m.Blocks-1) && r < width && meet(r) {
 		return true
 	}
-	if back := m.BlockStride - r; q+1 <= uint64(m.Blocks-1) && back < width && footprintsMeet(fp, 0, back) {
+	if back := m.BlockStride - r; q+1 <= uint64(m.Blocks-1) && back < width && meet(back) {
 		return true
 	}
 	return false

@@ -64,16 +64,26 @@ func AppendEncode(dst []byte, f Frame) ([]byte, error) {
 // Decode parses one wire frame and returns it only if every field is in
 // range: the input is at most MaxFrameBytes, the version is Version, the
 // body is a known frame type, every integer converts without truncation and
-// the frame passes Validate. Every error wraps ErrInvalid and names the
-// field and value. Decode never panics, whatever b holds, and does not
-// retain b. Unknown fields inside a known frame are ignored.
+// the frame passes Validate. Before it unmarshals anything it walks b and
+// refuses a frame that carries bodies of two frame types or holds more
+// elements in a repeated field than its bound (MaxGroups, MaxBlocks,
+// MaxRemap, MaxMemoryLayers) lets a valid frame hold, so that no input
+// makes it allocate more than a small multiple of len(b). Every error
+// wraps ErrInvalid and names the field and value. Decode never panics,
+// whatever b holds, and does not retain b. Unknown fields inside a known
+// frame are ignored.
 func Decode(b []byte) (Frame, error) {
 	if len(b) > MaxFrameBytes {
 		return nil, invalid("frame of %d bytes exceeds MaxFrameBytes %d", len(b), MaxFrameBytes)
 	}
+	// Refuse what would make Unmarshal allocate far more than len(b),
+	// before it runs (decode_bounds.go).
+	if err := checkWire(b); err != nil {
+		return nil, err
+	}
 	var env pb.Envelope
 	if err := proto.Unmarshal(b, &env); err != nil {
-		return nil, invalid("malformed frame of %d bytes: %v", len(b), err)
+		return nil, malformed(b, err)
 	}
 	if v := env.GetVersion(); v != Version {
 		return nil, &VersionError{Got: v}

@@ -51,3 +51,10 @@ func benchmarkDecode(b *testing.B, f messages.Frame) {
 		}
 	}
 }
+
+// BenchmarkDecodeMaxRequestData: the largest valid frame (MaxBlocks
+// destination blocks, MaxRemap extents), where Decode's first pass, which
+// counts every block, costs the most.
+func BenchmarkDecodeMaxRequestData(b *testing.B) {
+	benchmarkDecode(b, maxRequestData())
+}

@@ -240,7 +240,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"remap overlapping", marshalPB(t, withRemap(&pb.Extent{View: 0, File: 0, Len: 4097}, &pb.Extent{View: 4096, File: 4096, Len: 4096})), "remap[1] view 4096 overlaps", false},
 		{"remap too long", marshalPB(t, withRemap(make([]*pb.Extent, messages.MaxRemap+1)...)), "16385 remapped extents", false},
 		{"too many groups", marshalPB(t, pbRequestData(manyGroups...)), "17 layer groups", false},
-		{"too many blocks", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: make([]int32, messages.MaxBlocks+1)})), "more than 1048576 destination blocks", false},
+		{"too many blocks", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: make([]int32, messages.MaxBlocks+1)})), "request_data.groups.blocks holds 1048577 destination blocks, want at most 1048576", false},
 		{"hello without pools", marshalPB(t, hello(func(h *pb.Hello) { h.Pools = nil })), "0 pools", false},
 		{"hello pool past region", marshalPB(t, hello(func(h *pb.Hello) { h.Region.Len = 1<<20 - 1 })), "past region length", false},
 		{"hello pool overflows", marshalPB(t, hello(func(h *pb.Hello) {

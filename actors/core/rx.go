@@ -139,10 +139,13 @@ type RxSession struct {
 	sendErr []error         // the last refusal of each writer's RequestData
 	backoff []time.Duration // the next re-send delay of each writer
 	resend  bool            // a re-send timer is armed
-	bytes   uint64
-	payload []byte
-	stopped bool
-	handed  bool // blocks handed to the handle (READY)
+	// cancelArmed: a Cancel re-send timer (TimerDrain) is armed; one
+	// chain at most, however many paths ask for a Cancel.
+	cancelArmed bool
+	bytes       uint64
+	payload     []byte
+	stopped     bool
+	handed      bool // blocks handed to the handle (READY)
 	// quarantined: the blocks went to quarantine (QuarantineDest): the
 	// request failed while a writer may still write.
 	quarantined bool
@@ -243,9 +246,13 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			}
 			break
 		}
+		if m.Kind == TimerDrain {
+			s.cancelArmed = false
+		}
 		if s.state.Terminal() {
-			// The resend timer (or the deadline after another outcome).
-			if s.cfg.CancelResend > 0 {
+			// The Cancel re-send timer; the deadline after another
+			// outcome changes nothing (that outcome armed the re-sends).
+			if m.Kind == TimerDrain && s.cfg.CancelResend > 0 {
 				s.cancelPending()
 			}
 			break
@@ -513,7 +520,8 @@ func (s *RxSession) cancelPending() {
 			sent = true
 		}
 	}
-	if sent && s.cfg.CancelResend > 0 {
+	if sent && s.cfg.CancelResend > 0 && !s.cancelArmed {
+		s.cancelArmed = true
 		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: s.now.Add(s.cfg.CancelResend)})
 	}
 }

@@ -362,3 +362,38 @@ func TestRx_PeerGoneFails(t *testing.T) {
 		t.Fatalf("gone: %s", fmtEffects(effs))
 	}
 }
+
+// TestRx_OneCancelResendChain: a decided session re-sends Cancel to its
+// pending writers on one timer chain, whatever asks for it. The deadline
+// firing after another outcome used to start a second chain: two Cancels
+// and two timers a second for as long as the quarantine lasted.
+func TestRx_OneCancelResendChain(t *testing.T) {
+	h := newRxHarness(t, 1, 10*time.Second)
+	h.s.cfg.CancelResend = time.Second
+	h.step(RxBegin{})
+	h.step(RxSent{Writer: 0})
+	effs := h.step(RxCancel{})
+	h.wantState(RxCancelled)
+	if got := cancelsTo(effs); !slices.Equal(got, []int{0}) {
+		t.Fatalf("cancel: Cancels to %v, want [0]: %s", got, fmtEffects(effs))
+	}
+	if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDrain {
+		t.Fatalf("cancel: want one re-send timer: %s", fmtEffects(effs))
+	}
+	h.now = h.now.Add(10 * time.Second)
+	if effs := h.step(RxTimeout{Kind: TimerDeadline}); len(effectsOf[StartTimer](effs)) != 0 || len(cancelsTo(effs)) != 0 {
+		t.Fatalf("the deadline after the cancel: %s, want nothing (the re-send chain is armed)", fmtEffects(effs))
+	}
+	for i := range 3 {
+		h.now = h.now.Add(time.Second)
+		effs := h.step(RxTimeout{Kind: TimerDrain})
+		if got, ts := cancelsTo(effs), effectsOf[StartTimer](effs); !slices.Equal(got, []int{0}) || len(ts) != 1 || ts[0].Kind != TimerDrain {
+			t.Fatalf("re-send %d: %s, want one Cancel and one re-send timer", i, fmtEffects(effs))
+		}
+	}
+	h.cancelAck(0)
+	h.now = h.now.Add(time.Second)
+	if effs := h.step(RxTimeout{Kind: TimerDrain}); len(effs) != 0 {
+		t.Fatalf("re-send timer after the proof: %s, want nothing", fmtEffects(effs))
+	}
+}

@@ -195,6 +195,14 @@ func (e *endpoint) open(k regionKey) (*target, error) {
 		ctl.close()
 		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
 	}
+	// The key and the control file are both the peer's to write: only
+	// the driver's size of the allocation bounds where copies may go.
+	if end := k.offset + k.length; end < k.offset || end > t.imp.size {
+		_ = t.imp.release()
+		ctl.close()
+		return nil, fmt.Errorf("%w: region of %s: offset %d + length %d passes the end of its allocation (%d bytes)",
+			rdma.ErrBadKey, e.peer, k.offset, k.length, t.imp.size)
+	}
 	t.base = t.imp.base
 	return t, nil
 }

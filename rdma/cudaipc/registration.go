@@ -1,6 +1,7 @@
 package cudaipc
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -77,6 +78,7 @@ type imported struct {
 	key  importKey
 	dev  *cuda.Device
 	base cuda.DevicePtr
+	size uint64 // of the allocation, as the driver reports it
 	refs int
 }
 
@@ -93,7 +95,17 @@ func openImport(dev *cuda.Device, h cuda.IPCHandle) (*imported, error) {
 	if err != nil {
 		return nil, err
 	}
-	im := &imported{key: k, dev: dev, base: base, refs: 1}
+	// The size comes from the driver, not from the peer: a key's offset
+	// and length are checked against it before any copy (endpoint.open).
+	start, size, err := dev.AddressRange(base)
+	if err != nil || start != base {
+		_ = dev.CloseIPC(base)
+		if err == nil {
+			err = fmt.Errorf("the driver puts the imported allocation at %#x, not %#x", start, base)
+		}
+		return nil, fmt.Errorf("imported allocation: %w", err)
+	}
+	im := &imported{key: k, dev: dev, base: base, size: size, refs: 1}
 	imports.m[k] = im
 	return im, nil
 }

@@ -26,6 +26,18 @@
 // file id, owner or secret does not match, or whose registration was revoked;
 // with rdma.ErrPeerGone one whose owner agent closed.
 //
+// # A peer that truncates its file
+//
+// The receiver owns its region file and can shrink it under a sender's
+// mapping; the sender's next copy (or header access) then touches pages
+// past the file's end, which would kill the sender's process (SIGBUS). The
+// copier and Post catch that fault instead (rdma/internal/copier,
+// "Memory faults"): the batch fails with rdma.ErrPeerGone naming the file
+// and the address, the endpoint marks its mapping of the file gone and
+// refuses later batches into it with rdma.ErrPeerGone (the mapping is
+// unmapped when the endpoint closes), and every other region and endpoint
+// goes on.
+//
 // # Busy regions across processes
 //
 // Post acquires the destination's Lease in the shared header (and the

@@ -53,7 +53,7 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if st := src.lease.Acquire(); st != copier.Live {
 		return fmt.Errorf("%s: post: source registration %d: %w (%s)", e.name, src.id, rdma.ErrUnregistered, st)
 	}
-	if err := acquireRemote(m, k); err != nil {
+	if err := m.acquire(k); err != nil {
 		src.lease.Release()
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
@@ -63,10 +63,11 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		Segs:   b.Segments,
 		Done:   b.Done,
 		Leases: [2]*copier.Lease{src.lease, &m.hdr.lease},
+		Peer:   m.peer,
 	})
 	if err != nil {
 		src.lease.Release()
-		m.hdr.lease.Release()
+		m.unacquire()
 		return fmt.Errorf("post: %w", err)
 	}
 	return nil
@@ -101,9 +102,10 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *mapping, error) {
 	return k, m, nil
 }
 
-// acquireRemote takes the destination file's lease and checks that the key's
-// owner and secret are the current registration's.
-func acquireRemote(m *mapping, k regionKey) error {
+// acquireLease takes the destination file's lease and checks that the key's
+// owner and secret are the current registration's. It reads the owner's
+// header page: call it through mapping.acquire, which catches a fault.
+func acquireLease(m *mapping, k regionKey) error {
 	switch m.hdr.lease.Acquire() {
 	case copier.Live:
 	case copier.Gone:

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 )
 
 // mapping is a sender's map of a peer's region file.
@@ -18,6 +19,9 @@ type mapping struct {
 	mem    []byte // header page, then data
 	hdr    *header
 	data   []byte
+	// peer is mem as the owner's memory: a fault in it (the owner
+	// truncated the file) fails the batch and marks the mapping gone.
+	peer *copier.PeerMemory
 }
 
 // openMapping maps the file that k names and checks that it is the region k
@@ -46,18 +50,49 @@ func openMapping(k regionKey) (*mapping, error) {
 		return nil, fmt.Errorf("%w: map %s: %v", rdma.ErrBadKey, path, err)
 	}
 	h := headerOf(mem)
-	switch {
-	case string(h.magic[:]) != fileMagic || h.dataOff != headerSize || h.dataLen != uint64(size)-headerSize:
-		err = fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, h.magic[:], h.dataOff, h.dataLen)
-	case h.fileID != k.fileID:
-		err = fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
-			hex.EncodeToString(h.fileID[:]), hex.EncodeToString(k.fileID[:]))
+	// The owner may have truncated the file since the Stat: reading the
+	// header would then fault.
+	if addr, faulted := copier.CatchFault(func() {
+		switch {
+		case string(h.magic[:]) != fileMagic || h.dataOff != headerSize || h.dataLen != uint64(size)-headerSize:
+			err = fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, h.magic[:], h.dataOff, h.dataLen)
+		case h.fileID != k.fileID:
+			err = fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
+				hex.EncodeToString(h.fileID[:]), hex.EncodeToString(k.fileID[:]))
+		}
+	}); faulted {
+		err = fmt.Errorf("%w: region file %s faulted at %#x reading its header: truncated under us", rdma.ErrPeerGone, path, addr)
 	}
 	if err != nil {
 		unmapFile(mem)
 		return nil, err
 	}
-	return &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size]}, nil
+	return &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size],
+		peer: copier.NewPeerMemory("region file "+path, mem)}, nil
+}
+
+// acquire takes the file's lease for a batch and checks that the key's
+// owner and secret are the current registration's. The header is the
+// owner's memory: a fault reading it (the owner truncated the file) marks
+// the mapping gone, and every later acquire fails with rdma.ErrPeerGone.
+func (m *mapping) acquire(k regionKey) error {
+	if err := m.peer.Err(); err != nil {
+		return err
+	}
+	var err error
+	if addr, faulted := copier.CatchFault(func() { err = acquireLease(m, k) }); faulted {
+		m.peer.MarkFaulted(addr)
+		return m.peer.Err()
+	}
+	return err
+}
+
+// unacquire releases a lease acquire took, for a batch that was not
+// accepted after all.
+func (m *mapping) unacquire() {
+	if addr, faulted := copier.CatchFault(m.hdr.lease.Release); faulted {
+		m.peer.MarkFaulted(addr)
+	}
 }
 
 func (m *mapping) close() error { return unmapFile(m.mem) }

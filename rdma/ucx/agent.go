@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -140,6 +141,13 @@ func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
 func (a *Agent) Alloc(n uint64) (*kvcache.Region, io.Closer, error) {
 	if n == 0 {
 		return nil, nil, fmt.Errorf("%s: alloc: %w: length 0", a, kvcache.ErrBadRegion)
+	}
+	// The region is faulted in whole below: one larger than the memory
+	// available would push the host into swap or the OOM killer (and
+	// leave UCX's shared-memory file behind) rather than fail.
+	if avail, ok := meminfo.Available(); ok && n > avail {
+		return nil, nil, fmt.Errorf("%s: alloc %d bytes: %w: the host has %d bytes of memory available (MemAvailable): use a smaller pool",
+			a, n, kvcache.ErrBadRegion, avail)
 	}
 	c := &call{size: n, done: make(chan struct{})}
 	if !a.w.call(reqAlloc, c) {

@@ -2,7 +2,10 @@
 
 package ucx
 
-import "github.com/kvxfer/kvxfer/rdma"
+import (
+	"github.com/kvxfer/kvxfer/internal/meminfo"
+	"github.com/kvxfer/kvxfer/rdma"
+)
 
 // OnTheWire reports whether every batch posted on ep so far was handed to
 // UCX (none waits in the progress goroutine's queue).
@@ -13,3 +16,6 @@ func OnTheWire(ep rdma.Endpoint) bool {
 	e.mu.Unlock()
 	return e.issuedSeq.Load() == posted
 }
+
+// MemAvailable is memAvailable, for tests.
+var MemAvailable = meminfo.Available

@@ -5,6 +5,8 @@ package ucx_test
 import (
 	"errors"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -345,4 +347,26 @@ func TestMixedSegments(t *testing.T) {
 			p.Receiver.Close()
 		}
 	})
+}
+
+// TestAllocBeyondAvailableMemory: a pool larger than the host's available
+// memory is refused at once, naming both sizes — not faulted in until the
+// host swaps or the OOM killer comes, leaving UCX's shared-memory file
+// behind (kvxfer gen --pool 1000GiB on the default backend did).
+func TestAllocBeyondAvailableMemory(t *testing.T) {
+	avail, ok := ucx.MemAvailable()
+	if !ok {
+		t.Skip("no MemAvailable in /proc/meminfo here")
+	}
+	a := newAgent(t)
+	defer a.Close()
+	n := avail + 1<<30
+	r, c, err := a.Alloc(n)
+	if err == nil {
+		c.Close()
+		t.Fatalf("Alloc(%d) with %d bytes available: got a region of %d bytes", n, avail, r.Len)
+	}
+	if !errors.Is(err, kvcache.ErrBadRegion) || !strings.Contains(err.Error(), "MemAvailable") || !strings.Contains(err.Error(), strconv.FormatUint(n, 10)) {
+		t.Fatalf("Alloc(%d): %v, want ErrBadRegion naming the size and MemAvailable", n, err)
+	}
 }

@@ -2,6 +2,7 @@ package copier
 
 import (
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -99,6 +100,12 @@ func (c *Copier) closedErr() error {
 
 func (c *Copier) run() {
 	defer close(c.stopped)
+	// A peer can truncate the file behind a mapping we copy into: the copy
+	// then faults. Make that a panic that runPeerJob and complete recover
+	// (a memory fault only), not the death of the process. The copies are
+	// Go copies (runtime memmove) and the lease updates Go atomics, on
+	// this goroutine, so the setting covers them.
+	debug.SetPanicOnFault(true)
 	for {
 		c.mu.Lock()
 		for len(c.jobs) == 0 && !c.closed {
@@ -127,29 +134,75 @@ func (c *Copier) run() {
 
 func (c *Copier) runJob(j *Job) {
 	if c.stopping.Load() {
-		j.complete(c.closedErr())
+		c.complete(j, 0, c.closedErr())
 		return
 	}
 	if j.flush {
 		j.Done(nil)
 		return
 	}
-	for i, s := range j.Segs {
+	if j.Peer == nil {
+		var i int
+		c.complete(j, 0, c.copySegments(j, &i))
+		return
+	}
+	if err := j.Peer.Err(); err != nil {
+		c.complete(j, 0, fmt.Errorf("%s: %w", c.name, err))
+		return
+	}
+	c.runPeerJob(j)
+}
+
+// runPeerJob runs a job into peer memory: it copies the segments and
+// releases the leases under one fault guard (the goroutine panics on
+// faults, see run), then calls Done. A fault fails the job with faultErr
+// and the leases left are released by complete, each guarded; any other
+// panic is re-raised.
+func (c *Copier) runPeerJob(j *Job) {
+	var err error
+	i, k := 0, -1 // the segment being copied; the lease being released (-1: none yet)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				seg := i
+				if k >= 0 {
+					seg = len(j.Segs) // the copy was done
+				}
+				if ferr := c.faultErr(j, seg, faultAddr(r)); err == nil {
+					err = ferr
+				}
+			}
+		}()
+		err = c.copySegments(j, &i)
+		for k = 0; k < len(j.Leases); k++ {
+			if l := j.Leases[k]; l != nil {
+				l.Release()
+			}
+		}
+	}()
+	// k is the lease that faulted, -1 if the copy did, len(j.Leases) if
+	// nothing did.
+	c.complete(j, min(k+1, len(j.Leases)), err)
+}
+
+// copySegments copies j's segments in order, stopping early at Close; *i
+// is the segment being copied.
+func (c *Copier) copySegments(j *Job, i *int) error {
+	for ; *i < len(j.Segs); *i++ {
+		s := j.Segs[*i]
 		dst := j.Dst[s.Dst : s.Dst+s.Len]
 		src := j.Src[s.Src : s.Src+s.Len]
 		for len(src) > ChunkBytes {
 			copy(dst[:ChunkBytes], src[:ChunkBytes])
 			dst, src = dst[ChunkBytes:], src[ChunkBytes:]
 			if c.stopping.Load() {
-				j.complete(&rdma.SegmentError{Index: i, Segment: s, Err: c.closedErr()})
-				return
+				return &rdma.SegmentError{Index: *i, Segment: s, Err: c.closedErr()}
 			}
 		}
 		copy(dst, src)
-		if c.stopping.Load() && i+1 < len(j.Segs) {
-			j.complete(&rdma.SegmentError{Index: i + 1, Segment: j.Segs[i+1], Err: c.closedErr()})
-			return
+		if c.stopping.Load() && *i+1 < len(j.Segs) {
+			return &rdma.SegmentError{Index: *i + 1, Segment: j.Segs[*i+1], Err: c.closedErr()}
 		}
 	}
-	j.complete(nil)
+	return nil
 }

@@ -13,21 +13,45 @@ type Job struct {
 	// Leases are released (nil entries skipped) just before Done is called,
 	// so that a region is free again by the time its batch is reported.
 	Leases [2]*Lease
+	// Peer, when not nil, is the peer-owned mapping that Dst (and possibly
+	// a lease) lies in. A job whose Peer is already gone fails with its
+	// error without copying; a fault inside Peer marks it gone.
+	Peer *PeerMemory
 
 	flush bool // a Flush marker: no copy, Done(nil) in its place in order
 }
 
-func (j *Job) release() {
-	for _, l := range j.Leases {
-		if l != nil {
+// complete releases j's leases from index from on, then calls Done with
+// err. For a job into peer memory each release is fault-guarded: a lease
+// that faults (it lies in a file truncated under us) is left as it is, and
+// the fault is reported if err is nil (in the Peer, it marks it gone).
+func (c *Copier) complete(j *Job, from int, err error) {
+	for _, l := range j.Leases[from:] {
+		switch {
+		case l == nil:
+		case j.Peer == nil:
 			l.Release()
+		default:
+			if addr, faulted := release(l); faulted {
+				if ferr := c.faultErr(j, len(j.Segs), addr); err == nil {
+					err = ferr
+				}
+			}
 		}
 	}
-}
-
-func (j *Job) complete(err error) {
-	j.release()
 	if j.Done != nil {
 		j.Done(err)
 	}
+}
+
+// release releases l on the copier's goroutine (panic on fault set) and
+// recovers a fault.
+func release(l *Lease) (addr uintptr, faulted bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			addr, faulted = faultAddr(r), true
+		}
+	}()
+	l.Release()
+	return 0, false
 }
