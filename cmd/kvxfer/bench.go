@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -107,6 +108,9 @@ compares within one run and reports medians.`,
 			if out.report == "" && !cmd.Flags().Changed("scenarios") {
 				return cmd.Help()
 			}
+			if len(chosen) == 0 {
+				return fmt.Errorf("--scenarios: no scenario given (known: %s)", strings.Join(scenarioNames(), ", "))
+			}
 			var run []scenario
 			for _, name := range chosen {
 				i := slices.Index(scenarioNames(), name)
@@ -186,7 +190,7 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 // runScenarios runs each scenario with progress, prints it, and writes the
 // report. JSON from several scenarios is one object per scenario.
 func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	w := cmd.OutOrStdout()
 	res := report.Results{Command: commandLine(cmd), Started: time.Now()}

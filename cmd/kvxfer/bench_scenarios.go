@@ -104,6 +104,14 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 		if sizes[i], err = config.ParseSize(v); err != nil {
 			return fmt.Errorf("--sizes: %w", err)
 		}
+		// Every size before the first is measured: a batch the host
+		// cannot hold is refused now, not after the others ran (nor by
+		// the runtime's out of memory).
+		for _, b := range backends {
+			if err := rdmabench.CheckShape(b, rdmabench.Shape{SegmentBytes: sizes[i], Segments: r.segments}); err != nil {
+				return fmt.Errorf("--sizes %s × --segments %d (--backend %s): %w", v, r.segments, b, err)
+			}
+		}
 	}
 	cfg := rdmabench.Config{Rounds: r.rounds, MinBytes: minBytes, Pause: r.pause}
 	if r.peer {
@@ -264,6 +272,9 @@ func (*workersScenario) steps() int { return 2 }
 func (w *workersScenario) run(ctx context.Context, _ config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	if w.chunks < 1 {
 		return fmt.Errorf("--chunks %d: want at least 1", w.chunks)
+	}
+	if w.postCost < 0 {
+		return fmt.Errorf("--post-cost %v: want zero or more", w.postCost)
 	}
 	res.Workers = nil
 	for i, peers := range []int{4, 1} {
@@ -459,6 +470,14 @@ func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.Pro
 	if sm.requests < 1 || sm.concurrency < 1 || sm.rounds < 1 {
 		return fmt.Errorf("--requests %d, --concurrency %d, --rounds %d: want at least 1", sm.requests, sm.concurrency, sm.rounds)
 	}
+	if len(sm.tokens) == 0 {
+		return fmt.Errorf("--tokens: no request size given")
+	}
+	for _, n := range sm.tokens {
+		if n < 1 {
+			return fmt.Errorf("--tokens %d: want at least 1", n)
+		}
+	}
 	raw, err := config.ParseSize(sm.rawBytes)
 	if err != nil {
 		return fmt.Errorf("--raw-bytes: %w", err)
@@ -543,6 +562,14 @@ func (fr *fragmentedScenario) run(ctx context.Context, s config.Settings, p benc
 	if err := engineBackend(s, "fragmented"); err != nil {
 		return err
 	}
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"tokens", fr.tokens}, {"requests", fr.requests}, {"rounds", fr.rounds}} {
+		if v.n < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
+		}
+	}
 	tpb := s.TokensPerBlock
 	if tpb == 0 {
 		tpb = 16
@@ -620,6 +647,9 @@ func (e *e2eScenario) run(ctx context.Context, s config.Settings, p bench.Progre
 	if err := engineBackend(s, "e2e"); err != nil {
 		return err
 	}
+	if err := e.validate(); err != nil {
+		return err
+	}
 	r, err := bench.E2E(ctx, bench.E2EConfig{Backend: s.Backend, Model: s.Model, TokensPerBlock: s.TokensPerBlock, Requests: e.requests,
 		MinTokens: e.minTokens, MaxTokens: e.maxTokens, ChunkTokens: e.chunkTokens, Compute: e.compute, Concurrency: e.concurrency,
 		Workers: s.Workers, PoolBytes: s.Pool, Timeout: s.Timeout, Seed: e.seed, Progress: p})
@@ -629,6 +659,26 @@ func (e *e2eScenario) run(ctx context.Context, s config.Settings, p bench.Progre
 	res.E2E = &r
 	return nil
 }
+
+// validate names the first bad e2e flag and its value.
+func (e *e2eScenario) validate() error {
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"requests", e.requests}, {"min-tokens", e.minTokens}, {"chunk-tokens", e.chunkTokens}, {"concurrency", e.concurrency}} {
+		if v.n < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
+		}
+	}
+	switch {
+	case e.maxTokens < e.minTokens:
+		return fmt.Errorf("--max-tokens %d: want at least --min-tokens (%d)", e.maxTokens, e.minTokens)
+	case e.compute < 0:
+		return fmt.Errorf("--compute %v: want zero or more", e.compute)
+	}
+	return nil
+}
+
 func (*e2eScenario) print(w io.Writer, res *report.Results, asJSON bool) error {
 	r := res.E2E
 	if asJSON {

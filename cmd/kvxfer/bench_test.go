@@ -167,6 +167,11 @@ func TestBenchRawRefuses(t *testing.T) {
 		{[]string{"--bytes", "lots"}, `"lots"`},
 		{[]string{"--rounds", "0"}, "--rounds 0"},
 		{[]string{"--segments", "0"}, "--segments 0"},
+		// 1 PiB per batch: more than any host holds. (Checked to fail:
+		// before rdmabench.CheckShape the runtime died out of memory.)
+		{[]string{"--backend", "shm", "--sizes", "1,1GiB", "--segments", "1048576"},
+			"--sizes 1GiB × --segments 1048576 (--backend shm): rdmabench: shape too large: 1048576 segments of 1GiB = 1PiB per batch"},
+		{[]string{"--backend", "shm", "--sizes", "8GiB", "--segments", "4294967296"}, "the batch's size overflows 64 bits"},
 		{[]string{"--pause", "-1ms"}, "--pause -1ms"},
 		{[]string{"--pause", "soon"}, `"soon"`},
 		{[]string{"extra"}, "extra"},
@@ -218,6 +223,19 @@ func TestBenchScenariosRefuseBadSettings(t *testing.T) {
 		{args: []string{"bench", "--scenarios", "small,warp"}, want: `unknown scenario "warp"`},
 		{args: []string{"bench", "overhead", "--workers", "x"}, want: `--workers = "x": not an integer`},
 		{args: []string{"bench", "small", "--rounds", "0"}, want: `--rounds 0`},
+		// Each of these ran, or exited 0 having run nothing, or did not
+		// name the flag, before their checks.
+		{args: []string{"bench", "--scenarios", ""}, want: `--scenarios: no scenario given (known: raw,`},
+		{args: []string{"bench", "workers", "--post-cost", "-1s"}, want: `--post-cost -1s: want zero or more`},
+		{args: []string{"bench", "fragmented", "--tokens", "0"}, want: `--tokens 0: want at least 1`},
+		{args: []string{"bench", "fragmented", "--requests", "0"}, want: `--requests 0: want at least 1`},
+		{args: []string{"bench", "fragmented", "--rounds", "0"}, want: `--rounds 0: want at least 1`},
+		{args: []string{"bench", "e2e", "--requests", "0"}, want: `--requests 0: want at least 1`},
+		{args: []string{"bench", "e2e", "--min-tokens", "10", "--max-tokens", "5"}, want: `--max-tokens 5: want at least --min-tokens (10)`},
+		{args: []string{"bench", "e2e", "--chunk-tokens", "0"}, want: `--chunk-tokens 0: want at least 1`},
+		{args: []string{"bench", "e2e", "--concurrency", "0"}, want: `--concurrency 0: want at least 1`},
+		{args: []string{"bench", "e2e", "--compute", "-1ms"}, want: `--compute -1ms: want zero or more`},
+		{args: []string{"bench", "small", "--tokens", "16,0"}, want: `--tokens 0: want at least 1`},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -142,7 +143,7 @@ otherwise each finished request is a log line on standard error.`,
 						Str("gen", "http://"+ge.MetricsAddr()+"/metrics").Msg("metrics")
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if f.cluster {
 				return runCluster(ctx, a, cmd, f)

@@ -101,6 +101,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 			"--key", filepath.Join(dir, name+".key")), common...)
 		c := exec.CommandContext(ctx, self, args...)
 		c.Stdout, c.Stderr = stdout, stderr
+		interruptOnCancel(c)
 		return c
 	}
 	procs := map[string]*exec.Cmd{

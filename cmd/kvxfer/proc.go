@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -122,8 +123,11 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		return fmt.Errorf("--bind: %w", err)
 	}
 	if !etcd {
-		if err := zmq.CheckEndpoint(f.o.PeerEndpoint); err != nil {
+		if err := zmq.CheckPeerEndpoint(f.o.PeerEndpoint); err != nil {
 			return fmt.Errorf("--peer-endpoint: %w", err)
+		}
+		if f.o.PeerEndpoint == f.o.Bind {
+			return fmt.Errorf("--bind and --peer-endpoint are both %q: the peer's endpoint is where the other process binds", f.o.Bind)
 		}
 	}
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
@@ -219,7 +223,7 @@ kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
 			if err := f.resolve(a, cmd); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return run(ctx, f.o, cmd)
 		},
@@ -339,6 +343,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 		c := exec.CommandContext(ctx, self, args...)
 		c.Stdout = cmd.OutOrStdout()
 		c.Stderr = cmd.ErrOrStderr()
+		interruptOnCancel(c)
 		return c
 	}
 	gen, ctxp := role("gen", "ctx"), role("ctx", "gen")
@@ -347,7 +352,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 		return err
 	}
 	if err := ctxp.Start(); err != nil {
-		_ = gen.Process.Kill()
+		_ = gen.Process.Signal(os.Interrupt)
 		_ = gen.Wait()
 		return err
 	}
@@ -357,6 +362,21 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), "OK: two processes, every byte verified on the generation side, 0 leaked blocks")
 	return nil
+}
+
+// childDrain is how long a demo waits for a child process it interrupted
+// (its context ended: Ctrl-C, SIGTERM, another child failed) to drain,
+// print its report and remove its pool file before it kills it: longer
+// than the child's own close deadline (proc's finish, 10 s).
+const childDrain = 15 * time.Second
+
+// interruptOnCancel makes the end of c's context interrupt the child
+// (SIGINT, as Ctrl-C does) instead of killing it, which would leave its
+// pool file in /dev/shm and no report; a child still running childDrain
+// later is killed.
+func interruptOnCancel(c *exec.Cmd) {
+	c.Cancel = func() error { return c.Process.Signal(os.Interrupt) }
+	c.WaitDelay = childDrain
 }
 
 // roleArgs are the flags demo --processes 2 and demo --cluster give both

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -51,7 +52,7 @@ func TestRoleSaysWhereItListensAndWaits(t *testing.T) {
 func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 	dir := t.TempDir()
 	base := []string{"ctx", "--insecure", "--bind", "ipc://" + filepath.Join(dir, "ctx.sock"),
-		"--peer-endpoint", "ipc://" + filepath.Join(dir, "gen.sock"), "--pool", "64MiB"}
+		"--peer-endpoint", "ipc://" + filepath.Join(dir, "gen.sock"), "--pool", "64MiB", "--timeout", "5s"}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -61,10 +62,35 @@ func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 		{[]string{"--min-tokens", "600", "--max-tokens", "500"}, "--max-tokens = 500: must be ≥ --min-tokens (600)"},
 		{[]string{"--concurrency", "-2"}, "--concurrency = -2"},
 		{[]string{"--compute", "-1ms"}, "--compute = -1ms"},
+		{[]string{"--chunk-tokens", "0"}, "--chunk-tokens = 0: must be ≥ 1"},
+		{[]string{"--peer-endpoint", "ipc://" + filepath.Join(dir, "ctx.sock")}, "--bind and --peer-endpoint are both"},
+		{[]string{"--peer-endpoint", "tcp://nohost:abc"}, `--peer-endpoint: control/zmq: bad config: endpoint "tcp://nohost:abc": port "abc" is not a number`},
+		{[]string{"--bind", "tcp://127.0.0.1:99999"}, `--bind: control/zmq: bad config: endpoint "tcp://127.0.0.1:99999": port 99999 is out of range (1..65535)`},
+		{[]string{"--bind", "tcp://127.0.0.1"}, `endpoint "tcp://127.0.0.1": no port`},
 	} {
 		_, err := run(append(append([]string{}, base...), c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// `kvxfer ctx` waits for the generation process's Hello as gen waits for
+// ctx's: with no gen, every request fails at --timeout naming the silent
+// peer, not with each request's transfer deadline. (Checked to fail:
+// without RunCtx's waitPeer each request said "transfer deadline
+// passed".)
+func TestCtxWaitsForGen(t *testing.T) {
+	dir := t.TempDir()
+	peer := "ipc://" + filepath.Join(dir, "gen.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
+	defer cancel()
+	out, _, err := runAppCtx(ctx, newApp(), "ctx", "--insecure", "--bind", "ipc://"+filepath.Join(dir, "ctx.sock"),
+		"--peer-endpoint", peer, "--backend", "shm", "--pool", "1GiB", "--requests", "2", "--concurrency", "1", "--timeout", "2s")
+	if err == nil || !strings.Contains(err.Error(), "said nothing") || !strings.Contains(err.Error(), "gen/0 at "+peer) {
+		t.Fatalf("ctx without gen: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "deadline passed") {
+		t.Fatalf("ctx without gen waited for each request's deadline:\n%s", out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +38,80 @@ func CheckEndpoint(endpoint string) error {
 		return fmt.Errorf("%w: endpoint %q: unknown transport %q (want tcp://HOST:PORT or ipc://PATH)", ErrConfig, endpoint, scheme)
 	case addr == "":
 		return fmt.Errorf("%w: endpoint %q has no address", ErrConfig, endpoint)
+	case scheme == "tcp":
+		return checkTCP(endpoint, addr, false)
+	}
+	return nil
+}
+
+// CheckPeerEndpoint is CheckEndpoint for an endpoint to connect to (a
+// peer's): a tcp:// one must name a host and a port in 1..65535, not the
+// wildcards a bind takes (`*`, port 0).
+func CheckPeerEndpoint(endpoint string) error {
+	if err := CheckEndpoint(endpoint); err != nil {
+		return err
+	}
+	if addr, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		return checkTCP(endpoint, addr, true)
+	}
+	return nil
+}
+
+// checkTCP checks the address of a tcp:// endpoint: HOST:PORT, where HOST
+// is a name, an IPv4 address, an IPv6 address in brackets, an interface
+// name or (to bind) `*`, and PORT is 1..65535 or (to bind) `*` or 0 (a port
+// the system picks); a connect may name its source first,
+// "SOURCE;HOST:PORT", the source with a bind's rules. dial refuses the
+// wildcards.
+func checkTCP(endpoint, addr string, dial bool) error {
+	if src, dst, ok := strings.Cut(addr, ";"); ok {
+		if err := checkHostPort(endpoint, src, false); err != nil {
+			return err
+		}
+		addr = dst
+	}
+	return checkHostPort(endpoint, addr, dial)
+}
+
+func checkHostPort(endpoint, addr string, dial bool) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: endpoint %q: %s (want tcp://HOST:PORT)", ErrConfig, endpoint, fmt.Sprintf(format, args...))
+	}
+	i := strings.LastIndex(addr, ":")
+	if i < 0 || strings.HasSuffix(addr, "]") {
+		return bad("no port")
+	}
+	host, port := addr[:i], addr[i+1:]
+	switch {
+	case host == "":
+		return bad("no host")
+	case strings.HasPrefix(host, "[") != strings.HasSuffix(host, "]"):
+		return bad("host %q: an IPv6 address goes in brackets, [ADDRESS]", host)
+	case host == "[]":
+		return bad("empty IPv6 address []")
+	case strings.ContainsAny(host, " /?#;"):
+		return bad("host %q is no host name, address or interface", host)
+	case dial && host == "*":
+		return bad("host `*` is a wildcard to bind, not a peer to connect to")
+	case port == "":
+		return bad("no port")
+	case port == "*":
+		if dial {
+			return bad("port `*` is a wildcard to bind, not a peer's port")
+		}
+		return nil
+	}
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return bad("port %q is not a number", port)
+		}
+	}
+	n, err := strconv.Atoi(port)
+	switch {
+	case err != nil || n > 65535:
+		return bad("port %s is out of range (1..65535)", port)
+	case n == 0 && dial:
+		return bad("port 0 is no peer's port (1..65535)")
 	}
 	return nil
 }

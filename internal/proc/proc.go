@@ -11,6 +11,7 @@ package proc
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -491,6 +492,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.checkLayerParts(); err != nil {
 		return rep, err
 	}
+	if o.ChunkTokens < 1 { // the generation role takes no chunk size
+		return rep, fmt.Errorf("proc: --chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+	}
 	n, err := open(ctx, o, true)
 	if err != nil {
 		return rep, err
@@ -501,6 +505,21 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		mu.Lock()
 		rep.failed(err)
 		mu.Unlock()
+	}
+	// Wait for the generation process's Hello, as RunGen waits for ours:
+	// a peer that is not running, refuses our key, runs insecure or
+	// serves another model is named now, once, instead of by every
+	// request at its deadline. The peer may start a little later: the
+	// wait is the transfer timeout.
+	if err := waitPeer(ctx, n, o); err != nil {
+		o.Log.Error().Err(err).Msg("generation process")
+		if errors.Is(err, kvxfer.ErrMismatch) {
+			awaitPeerLeaves(ctx, n, o)
+		}
+		for i := range Prompts(o) {
+			fail(fmt.Errorf("%s: %w", RequestID(i), err))
+		}
+		return finish(n, rep, t0, cpu0, out)
 	}
 	l := n.eng.Layout()
 	sem := make(chan struct{}, o.Concurrency)
@@ -744,6 +763,27 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no Hello within %v", timeout))
 	defer cancel()
 	return n.WaitPeers(ctx)
+}
+
+// awaitPeerLeaves holds the context role's node open after the generation
+// peer's Hello showed a mismatch (another model, another protocol version)
+// until that peer is down, at most the transfer timeout: our own Hello may
+// not have reached it yet (our connection to it can come up after its
+// connection to us), and once it has, it fails naming the mismatch too
+// and leaves, instead of waiting for a Hello from a context role that
+// closed. (RunGen leaves at once: one side must wait for the other.)
+func awaitPeerLeaves(ctx context.Context, n *role, o Options) {
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-n.down:
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer) (Report, error) {

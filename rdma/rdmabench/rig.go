@@ -84,8 +84,8 @@ type Rig struct {
 
 // newRig is a rig's buffers, before any agent.
 func newRig(backend string, s Shape) (*Rig, error) {
-	if s.SegmentBytes == 0 || s.Segments < 1 {
-		return nil, fmt.Errorf("rdmabench: shape %d segments of %d bytes: want at least one segment of at least one byte", s.Segments, s.SegmentBytes)
+	if err := CheckShape(backend, s); err != nil {
+		return nil, err
 	}
 	n := s.Bytes()
 	r := &Rig{backend: backend, shape: s, segs: layout(s), window: int64(WindowFor(s)), wake: make(chan struct{}, 1)}

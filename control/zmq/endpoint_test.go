@@ -1,0 +1,65 @@
+package zmq
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestCheckTCPEndpoint: a tcp:// endpoint needs HOST:PORT with a port in
+// 1..65535 (or, to bind, `*` or 0); every form libzmq takes passes, and a
+// bad one is named with what is wrong. A peer's endpoint (to connect to)
+// takes no wildcard. (Checked to fail: before checkTCP,
+// tcp://127.0.0.1:99999 passed and libzmq bound port 34463, and
+// tcp://nohost:abc and tcp://127.0.0.1 passed.)
+func TestCheckTCPEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		endpoint    string
+		bind, dial  string // "" passes; else part of the error
+		description string
+	}{
+		{"tcp://127.0.0.1:5600", "", "", "IPv4"},
+		{"tcp://10.0.0.1:65535", "", "", "highest port"},
+		{"tcp://127.0.0.1:1", "", "", "lowest port"},
+		{"tcp://localhost:5600", "", "", "host name"},
+		{"tcp://[::1]:5600", "", "", "IPv6 in brackets"},
+		{"tcp://::1:5600", "", "", "IPv6 without brackets (libzmq takes the last colon)"},
+		{"tcp://eth0:5555", "", "", "interface name"},
+		{"tcp://127.0.0.1:0", "", "port 0 is no peer's port", "port the system picks"},
+		{"tcp://*:5600", "", "host `*` is a wildcard to bind", "every interface"},
+		{"tcp://*:*", "", "wildcard", "every interface, any port"},
+		{"tcp://127.0.0.1:0;10.0.0.2:5600", "", "", "source address, then the peer"},
+		{"tcp://eth0:*;10.0.0.2:5600", "", "", "source interface"},
+		{"tcp://127.0.0.1:99999", "port 99999 is out of range (1..65535)", "port 99999 is out of range", "port past 65535"},
+		{"tcp://127.0.0.1:65536", "port 65536 is out of range", "port 65536 is out of range", "port 65536"},
+		{"tcp://nohost:abc", `port "abc" is not a number`, `port "abc" is not a number`, "port not a number"},
+		{"tcp://h:-1", `port "-1" is not a number`, `port "-1" is not a number`, "negative port"},
+		{"tcp://h:+80", `port "+80" is not a number`, `port "+80" is not a number`, "signed port"},
+		{"tcp://127.0.0.1", "no port", "no port", "no port"},
+		{"tcp://127.0.0.1:", "no port", "no port", "empty port"},
+		{"tcp://[::1]", "no port", "no port", "IPv6 without port"},
+		{"tcp://:5600", "no host", "no host", "no host"},
+		{"tcp://[::1:5600", "an IPv6 address goes in brackets", "an IPv6 address goes in brackets", "unclosed bracket"},
+		{"tcp://[]:5600", "empty IPv6 address", "empty IPv6 address", "empty brackets"},
+		{"tcp://a b:5600", `host "a b"`, `host "a b"`, "space in host"},
+		{"tcp://h:1;h:0", "", "port 0 is no peer's port", "source, then a wildcard peer"},
+		{"tcp://h:x;h:1", `port "x" is not a number`, `port "x" is not a number`, "bad source"},
+		{"ipc:///run/ctx.sock", "", "", "ipc"},
+		{"inproc://ctx", "", "", "inproc"},
+	} {
+		for _, check := range []struct {
+			name string
+			fn   func(string) error
+			want string
+		}{{"CheckEndpoint", CheckEndpoint, c.bind}, {"CheckPeerEndpoint", CheckPeerEndpoint, c.dial}} {
+			err := check.fn(c.endpoint)
+			switch {
+			case check.want == "" && err != nil:
+				t.Errorf("%s(%s) (%s): %v, want nil", check.name, c.endpoint, c.description, err)
+			case check.want != "" && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), check.want) ||
+				!strings.Contains(err.Error(), c.endpoint)):
+				t.Errorf("%s(%s) (%s): %v, want ErrConfig naming the endpoint and %q", check.name, c.endpoint, c.description, err, check.want)
+			}
+		}
+	}
+}
