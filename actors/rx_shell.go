@@ -74,13 +74,18 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		if hoptrace.On {
 			hoptrace.Mark("rx.finish", k.request())
 		}
-		if e.Outcome.OK {
-			// READY: every writer reported, none can touch the blocks (the
-			// doc's promise: Released is closed at READY, so a caller woken
-			// by Done finds it closed already).
-			a.handle.release()
+		// After the step's other effects (exec): a READY session stops in
+		// the same step, and a caller woken by Done that closes the
+		// engine at once must find it gone, not "still draining".
+		a.finishLater = func() {
+			if e.Outcome.OK {
+				// READY: every writer reported, none can touch the blocks
+				// (the doc's promise: Released is closed at READY, so a
+				// caller woken by Done finds it closed already).
+				a.handle.release()
+			}
+			a.handle.finish(e.Outcome)
 		}
-		a.handle.finish(e.Outcome)
 	case QuarantineDest:
 		if k.s.Config().CallerOwned {
 			break // the framework's: Released tells it only after the proof

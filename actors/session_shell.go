@@ -28,8 +28,12 @@ type cell[S stepper] struct {
 	k      kind[S]
 	handle *Handle
 	timers []*armedTimer // armed and not known to have fired
-	path   string        // actor path for the recorder
-	tr     SessionTracer // nil unless tracing
+	// finishLater tells the handle the outcome once the whole step's
+	// effects ran (exec): a caller woken by it then finds the session's
+	// stop, if the step stopped it, already in the parent's mailbox.
+	finishLater func()
+	path        string        // actor path for the recorder
+	tr          SessionTracer // nil unless tracing
 	// incarnations counts the actors produced for the session: the first
 	// is its birth, each later one a restart after a panic.
 	incarnations int
@@ -126,6 +130,10 @@ func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
 		m := a.feedback[0]
 		a.feedback = a.feedback[1:]
 		a.run(ctx, a.step(m, now), now)
+	}
+	if f := a.finishLater; f != nil {
+		a.finishLater = nil
+		f()
 	}
 }
 

@@ -174,10 +174,13 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			a.handle.decide(e)
 		}
 	case Finish:
+		// The parent hears first: a caller woken by Done that closes the
+		// engine at once (its closeReq behind this in the parent's
+		// mailbox) finds the session gone, not "still draining".
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), outcome: e.Outcome})
 		if a.handle != nil {
 			a.handle.finish(e.Outcome)
 		}
-		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), outcome: e.Outcome})
 	case Stop:
 		// The tx supervisor poisons the session once it has taken it off
 		// its table: frames it forwarded before that are still in this

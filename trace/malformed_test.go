@@ -104,3 +104,31 @@ func FuzzExportPerfetto(f *testing.F) {
 		_, _ = trace.ExportPerfetto(bytes.NewReader(b), io.Discard)
 	})
 }
+
+// TestDuplicateRecordIsNamed: a record seen twice is named as a duplicate,
+// not as a missing record.
+func TestDuplicateRecordIsNamed(t *testing.T) {
+	b, err := os.ReadFile("testdata/v1-gen.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	dup := -1
+	for i, l := range lines {
+		if strings.Contains(l, `"kind":"step"`) {
+			dup = i
+			break
+		}
+	}
+	if dup < 0 {
+		t.Fatal("no step record in testdata/v1-gen.jsonl")
+	}
+	body := strings.Join(lines[:dup+1], "") + lines[dup] + strings.Join(lines[dup+1:], "")
+	res, err := trace.Replay(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Divergence == nil || res.Divergence.Field != "seq" || !strings.Contains(res.Divergence.Got, "duplicate") {
+		t.Fatalf("a duplicated step record: divergence %v, want field seq naming a duplicate", res.Divergence)
+	}
+}

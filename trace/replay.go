@@ -221,6 +221,14 @@ func Replay(r io.Reader) (*Result, error) {
 	return res, nil
 }
 
+// seqGap says what a record numbered got after last means.
+func seqGap(got, last int) string {
+	if got <= last {
+		return fmt.Sprintf("%d (a duplicate or out-of-order record: %d already replayed)", got, last)
+	}
+	return fmt.Sprintf("%d (a record is missing)", got)
+}
+
 // guard runs f; a panic in it (a trace is untrusted input: its records
 // can build states and effects that no engine reached, on which the step
 // functions and the digest may panic) goes to diverged instead of ending
@@ -291,7 +299,7 @@ func (s *replayed) check(rec *Record, eff []actors.Effect, res *Result) {
 
 func (s *replayed) step(rec *Record, res *Result) {
 	if rec.Seq != s.seq+1 {
-		s.diverge(res, rec, "seq", fmt.Sprint(s.seq+1), fmt.Sprintf("%d (a record is missing)", rec.Seq))
+		s.diverge(res, rec, "seq", fmt.Sprint(s.seq+1), seqGap(rec.Seq, s.seq))
 		return
 	}
 	s.seq = rec.Seq

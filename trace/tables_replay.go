@@ -84,7 +84,7 @@ func (t *replayedTable) birth(rec *Record, res *Result) {
 // with the recorded ones.
 func (t *replayedTable) call(rec *Record, res *Result) {
 	if rec.Seq != t.seq+1 {
-		t.diverge(res, rec, "seq", fmt.Sprint(t.seq+1), fmt.Sprintf("%d (a record is missing)", rec.Seq))
+		t.diverge(res, rec, "seq", fmt.Sprint(t.seq+1), seqGap(rec.Seq, t.seq))
 		return
 	}
 	t.seq = rec.Seq
