@@ -25,10 +25,15 @@ var ErrClosed = errors.New("trace: writer closed")
 type Option func(*options)
 
 type options struct {
-	maxBytes int64
-	bufSize  int
-	clock    func() time.Time
+	maxBytes   int64
+	bufSize    int
+	clock      func() time.Time
+	flushEvery time.Duration
 }
+
+// DefaultFlushEvery is how often a Writer from Create writes its buffered
+// records to the file (WithFlushEvery).
+const DefaultFlushEvery = time.Second
 
 // WithMaxBytes bounds the trace at n bytes (0: unbounded). Past it the
 // Writer writes one "truncated" record and drops the rest.
@@ -36,6 +41,12 @@ func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
 
 // WithBufferSize sets the write buffer's size (default 256 KiB).
 func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
+
+// WithFlushEvery makes a Writer from Create write its buffered records to
+// the file every d (default DefaultFlushEvery; 0: only when the buffer
+// fills and at Close), so that a process killed before it closes its
+// engine leaves the trace up to the last second, not an empty file.
+func WithFlushEvery(d time.Duration) Option { return func(o *options) { o.flushEvery = d } }
 
 // WithClock sets the clock of the header and "truncated" records (tests).
 func WithClock(f func() time.Time) Option { return func(o *options) { o.clock = f } }
@@ -55,13 +66,18 @@ type Writer struct {
 	closed    bool
 	err       error
 	tables    map[string]int // table births by actor path
+
+	// The periodic flush of a Writer from Create (WithFlushEvery).
+	stopFlush chan struct{}
+	flushed   chan struct{} // closed when the flusher returned
+	stopOnce  sync.Once
 }
 
 var _ actors.Tracer = (*Writer)(nil)
 
 // NewWriter writes a trace to w (the caller closes w after Close).
 func NewWriter(w io.Writer, opts ...Option) *Writer {
-	o := options{maxBytes: DefaultMaxBytes, bufSize: 256 << 10, clock: time.Now}
+	o := options{maxBytes: DefaultMaxBytes, bufSize: 256 << 10, clock: time.Now, flushEvery: DefaultFlushEvery}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -79,7 +95,30 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	}
 	w := NewWriter(f, opts...)
 	w.closer = f
+	if d := w.o.flushEvery; d > 0 {
+		w.stopFlush, w.flushed = make(chan struct{}), make(chan struct{})
+		go w.flushLoop(d)
+	}
 	return w, nil
+}
+
+// flushLoop writes the buffered records to the file every d until Close.
+func (w *Writer) flushLoop(d time.Duration) {
+	defer close(w.flushed)
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			w.mu.Lock()
+			if !w.closed && w.err == nil && w.bw.Buffered() > 0 {
+				w.err = w.bw.Flush()
+			}
+			w.mu.Unlock()
+		case <-w.stopFlush:
+			return
+		}
+	}
 }
 
 // Stats counts what a Writer wrote and dropped.
@@ -111,6 +150,12 @@ func (w *Writer) Flush() error {
 // Close flushes the trace and closes the file Create opened. Records that
 // arrive later are dropped. It reports the first write error.
 func (w *Writer) Close() error {
+	w.stopOnce.Do(func() {
+		if w.stopFlush != nil {
+			close(w.stopFlush)
+			<-w.flushed
+		}
+	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -227,4 +229,42 @@ func TestReplayPlainRecords(t *testing.T) {
 	if res.Skipped != 1 || !res.Identical() {
 		t.Fatalf("%+v", res)
 	}
+}
+
+// TestCreateFlushesPeriodically: a trace file fills while the engine runs,
+// so that a process killed before it closes its engine leaves the trace up
+// to its last flush (an empty file before: everything sat in the buffer).
+func TestCreateFlushesPeriodically(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.trace")
+	w, err := Create(path, WithFlushEvery(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, err := os.Stat(path); err == nil && st.Size() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the trace file is still empty 10 s after its header was written: nothing flushes it before Close")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Replay(mustOpen(t, path)); err != nil {
+		t.Fatalf("replay of the flushed trace: %v", err)
+	}
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
