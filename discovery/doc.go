@@ -16,7 +16,10 @@
 //     Down for every peer at once, and its incarnation is refused from then
 //     on — also by registries started later: each rank's incarnation key
 //     (/kvxfer/<cluster>/<instance>/<rank>/incarnation) names the
-//     incarnation last registered and its lease, and is never deleted.
+//     incarnation last registered and its lease, and is never deleted
+//     (by kvxfer; with one deleted by hand, Register still refuses an
+//     incarnation not above the record that holds the rank's key under a
+//     live lease).
 //
 // It does not own the control link, heartbeats or the decision to free
 // pages: a Down is membership, not proof that the rank's writes are over
@@ -35,7 +38,8 @@
 // # Concurrency
 //
 // A Registry is safe for concurrent use. Its goroutines (the watch, the
-// lease keepalive, the event deliverer) all end in Close. The consumer of
+// lease keepalive, the event deliverer) all end in Close; a Register in
+// flight is cut short by Close (ErrClosed) and over before Close returns. The consumer of
 // Events must keep reading: a registry that would hold more than its queue
 // bound stops with ErrEventOverflow instead of blocking or dropping.
 //

@@ -33,9 +33,15 @@ type Etcd struct {
 	opts    options
 	q       *eventQueue
 
+	// ctx ends at Close (or fail): the watch, the keepalive and a
+	// Register in flight stop with it.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// regs counts the Registers in flight, added under mu while not
+	// closed: Close waits for each before it reads what is registered,
+	// withdraws it, and (its own client) closes the client.
+	regs sync.WaitGroup
 
 	mu         sync.Mutex
 	m          *members
@@ -208,8 +214,13 @@ func (e *Etcd) lose(reason string) {
 // until Close. When the key still holds an older incarnation of the rank
 // (a previous run whose lease has not expired yet), Register waits for it
 // to go, within ctx. It refuses (ErrStaleIncarnation) an incarnation not
-// above the one the rank's incarnation key names, or one this registry
-// has seen.
+// above the one the rank's incarnation key names, nor above the one its
+// record holds under a live lease (also when the incarnation key was
+// deleted), or one this registry has seen.
+//
+// Close cuts a Register in flight short and waits for it: that Register
+// fails with ErrClosed and leaves no record, lease or goroutine behind; a
+// Register after Close is ErrClosed as well.
 func (e *Etcd) Register(ctx context.Context, r Record) error {
 	value, err := r.Encode()
 	if err != nil {
@@ -220,7 +231,7 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	switch {
 	case e.closed || e.Err() != nil:
 		e.mu.Unlock()
-		return ErrClosed
+		return fmt.Errorf("%w: cannot register %s", ErrClosed, r)
 	case e.registered:
 		e.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrRegistered, e.self)
@@ -230,7 +241,13 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 		return err
 	}
 	e.registered, e.self, e.key, e.value = true, r, key, value
+	e.regs.Add(1)
 	e.mu.Unlock()
+	defer e.regs.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.ctx, cancel) // Close cuts it short
+	defer stop()
 
 	lease, err := e.cli.Grant(ctx, e.opts.ttlSeconds())
 	if err != nil {
@@ -258,7 +275,12 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 // put writes the record once the key is free (or holds a value no peer
 // accepts), together with the rank's incarnation key in one transaction;
 // it waits for an older incarnation's key to go, and refuses an
-// incarnation the incarnation key says was already registered.
+// incarnation the incarnation key says was already registered, or one not
+// above the record the key holds under a live lease. The incarnation key
+// alone does not do: it has no lease and etcd's compaction keeps it, but
+// anyone may delete it, and a lower incarnation would then replace a live
+// higher one. Each write is conditional on the record key being as read
+// (absent, or at the revision checked), so the check holds at the commit.
 func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, lease clientv3.LeaseID) error {
 	incKey := key + IncarnationSuffix
 	writes := []clientv3.Op{
@@ -299,6 +321,14 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		}
 		kv := kvs[0]
 		old, _, derr := decodeRecord(kv.Value)
+		if derr == nil && old.Peer() == r.Peer() && kv.Lease != 0 && old.Incarnation >= r.Incarnation {
+			names := fmt.Sprintf("%s names %d", incKey, cur.Incarnation)
+			if incRev == 0 {
+				names = incKey + " is missing"
+			}
+			return fmt.Errorf("%w: %s holds incarnation %d under live lease %x (%s): incarnation %d is not above it",
+				ErrStaleIncarnation, key, old.Incarnation, kv.Lease, names, r.Incarnation)
+		}
 		switch {
 		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0 ||
 			old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease:
@@ -339,11 +369,15 @@ func (e *Etcd) waitGone(ctx context.Context, key string, rev int64) error {
 	return e.ctx.Err()
 }
 
-// unregister undoes a failed Register.
+// unregister undoes a failed Register; one that failed because Close (or
+// a failure of the registry) cut it short says so with ErrClosed.
 func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
 	e.mu.Lock()
 	if e.stopKeepalive != nil {
 		e.stopKeepalive() // before the revoke: a failed Register is no Lost
+	}
+	if e.ctx.Err() != nil && !errors.Is(err, ErrClosed) {
+		err = fmt.Errorf("%w: registering %s cut short: %w", ErrClosed, e.self, err)
 	}
 	e.mu.Unlock()
 	if lease != 0 {
@@ -396,14 +430,19 @@ func (e *Etcd) Err() error {
 }
 
 // Close marks the record leaving (peers see Down with reason "left"),
-// revokes the lease, stops watching and closes Events. The error is the
-// failure to withdraw the record, if any (its lease then expires on its
-// own).
+// revokes the lease, stops watching and closes Events. A Register in
+// flight is cut short first (it fails with ErrClosed and undoes itself),
+// and Close returns only after it did. The error is the failure to
+// withdraw the record, if any (its lease then expires on its own).
 func (e *Etcd) Close() error {
 	var err error
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
-		e.closed = true
+		e.closed = true // no Register starts from now on
+		e.mu.Unlock()
+		e.cancel()
+		e.regs.Wait()
+		e.mu.Lock()
 		registered, failed, lease, key, value, self := e.registered, e.Err() != nil, e.lease, e.key, e.value, e.self
 		e.mu.Unlock()
 		if registered && lease != 0 && !failed && e.cli.Ctx().Err() == nil {

@@ -3,8 +3,11 @@ package discovery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -400,4 +403,156 @@ func (e *Etcd) leaseID() clientv3.LeaseID {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lease
+}
+
+// TestEtcdRegisterRefusesBelowLiveRecord: with the rank's incarnation key
+// deleted (by hand: etcd's compaction keeps a key's latest value, and the
+// key has no lease to expire), a registration below the incarnation that
+// holds the rank's record under a live lease is refused, naming both
+// incarnations and the key, and the live record stays.
+func TestEtcdRegisterRefusesBelowLiveRecord(t *testing.T) {
+	cluster := clusterName(t)
+	holder := newEtcdRegistry(t, cluster)
+	if err := holder.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 7)); err != nil {
+		t.Fatal(err)
+	}
+	admin := newClient(t)
+	defer admin.Close()
+	key := Key(cluster, "ctx", 0)
+	if _, err := admin.Delete(ctxFor(t, 10*time.Second), IncarnationKey(cluster, "ctx", 0)); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []uint64{7, 3} {
+		r := newEtcdRegistry(t, cluster) // started after the deletion: its table names no incarnation
+		err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, inc))
+		if !errors.Is(err, ErrStaleIncarnation) {
+			t.Fatalf("register incarnation %d under a live 7: %v, want %v", inc, err, ErrStaleIncarnation)
+		}
+		for _, w := range []string{key, "holds incarnation 7", fmt.Sprintf("incarnation %d is not above", inc)} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not name %q", err, w)
+			}
+		}
+	}
+	g, err := admin.Get(ctxFor(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Kvs) != 1 || g.Kvs[0].Lease != int64(holder.leaseID()) {
+		t.Fatalf("%s after the refused registrations: %v, want incarnation 7 under its lease %x", key, g.Kvs, holder.leaseID())
+	}
+	if r, _, err := decodeRecord(g.Kvs[0].Value); err != nil || r.Incarnation != 7 {
+		t.Fatalf("%s holds %v (%v), want incarnation 7", key, r, err)
+	}
+}
+
+// gatedLease holds the answer to the first Grant until release is closed
+// or the Grant's context ends: a Register caught between its lease and
+// its record, where a concurrent Close finds it.
+type gatedLease struct {
+	clientv3.Lease
+	once    sync.Once
+	granted chan clientv3.LeaseID // the first Grant's lease, once etcd granted it
+	release chan struct{}
+}
+
+func (g *gatedLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	resp, err := g.Lease.Grant(ctx, ttl)
+	first := false
+	g.once.Do(func() { first = true })
+	if err != nil || !first {
+		return resp, err
+	}
+	g.granted <- resp.ID
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+	}
+	return resp, nil // granted: what a Grant answered just as Close began looks like
+}
+
+// receive waits for a value on ch within d.
+func receive[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-deadline.C:
+		t.Fatalf("no %s within %v", what, d)
+		panic("unreachable")
+	}
+}
+
+// TestEtcdCloseDuringRegister: Close of a registry built WithClient while
+// its Register is in flight (the lease granted, the record not yet
+// written) returns only once Register has: Register fails with ErrClosed,
+// its lease is revoked, no record is left, no goroutine runs on; and a
+// Register after Close is ErrClosed too.
+func TestEtcdCloseDuringRegister(t *testing.T) {
+	cluster := clusterName(t)
+	cli := newClient(t)
+	defer cli.Close()
+	gate := &gatedLease{Lease: cli.Lease, granted: make(chan clientv3.LeaseID, 1), release: make(chan struct{})}
+	cli.Lease = gate
+	r := newEtcdRegistry(t, cluster, WithClient(cli))
+
+	regErr := make(chan error, 1)
+	go func() { regErr <- r.Register(ctxFor(t, waitFor), testRecord("ctx", 0, 1)) }()
+	lease := receive(t, gate.granted, waitFor, "lease granted to Register")
+	closeErr := make(chan error, 1)
+	go func() { closeErr <- r.Close() }()
+	var err error
+	select {
+	case <-closeErr:
+		select {
+		case err = <-regErr:
+		default:
+			t.Error("Close returned while Register was still in flight")
+			close(gate.release)
+			err = receive(t, regErr, waitFor, "Register to return")
+		}
+	case err = <-regErr:
+		receive(t, closeErr, waitFor, "Close to return")
+	}
+	t.Logf("Register: %v", err)
+	if !errors.Is(err, ErrClosed) {
+		t.Errorf("Register cut short by Close: %v, want %v", err, ErrClosed)
+	}
+	key := Key(cluster, "ctx", 0)
+	g, gerr := cli.Get(ctxFor(t, 10*time.Second), key)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if len(g.Kvs) != 0 {
+		t.Errorf("after Close: %s = %s under lease %x, want no record", key, g.Kvs[0].Value, g.Kvs[0].Lease)
+	}
+	ttl, terr := cli.TimeToLive(ctxFor(t, 10*time.Second), lease)
+	if terr != nil {
+		t.Fatal(terr)
+	}
+	if ttl.TTL != -1 {
+		t.Errorf("after Close: lease %x of the cut-short Register has %d s to live, want it revoked", lease, ttl.TTL)
+	}
+	if err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 2)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Register after Close: %v, want %v", err, ErrClosed)
+	}
+	// The package's TestMain checks every goroutine at the end (goleak);
+	// here, that none of the registry's own outlives its Close.
+	poll(t, waitFor, "the registry's goroutines to end", func() bool { return etcdGoroutines() == "" })
+}
+
+// etcdGoroutines returns the stacks of the goroutines running an Etcd
+// method (its watch, its keepalive), "" when none does.
+func etcdGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "discovery.(*Etcd).") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }

@@ -47,7 +47,10 @@ func WithClient(c *clientv3.Client) Option { return func(o *options) { o.client 
 
 // WithTLS makes the etcd registry speak TLS with cfg (LoadTLS builds one
 // from PEM files). Open gives an etcds:// URL a default (the system's
-// roots) and refuses WithTLS with a plaintext etcd:// URL.
+// roots) and refuses WithTLS with a plaintext etcd:// URL. cfg is used as
+// it is for the registry's life: its RootCAs are not read again (LoadTLS
+// reads the CA file once; a rotated CA needs a restart), its
+// GetClientCertificate is asked at each handshake.
 func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 
 // WithAuth makes the etcd registry authenticate as user with password

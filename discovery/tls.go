@@ -9,8 +9,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"time"
+	"weak"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -27,8 +29,19 @@ var ErrTLS = errors.New("discovery: etcd TLS")
 // rank's client certificate and key for an etcd that asks for one
 // (--client-cert-auth), both or neither. The client certificate is read
 // again from its files when they change (a rotation), at the next
-// handshake; the CA is read once. Errors wrap ErrTLS and name the file
-// and what is wrong with it.
+// handshake. Errors wrap ErrTLS and name the file and what is wrong with
+// it.
+//
+// The CA is read once, here: a CA file rotated later is not seen until
+// the process restarts (or calls LoadTLS again). Once etcd's certificate
+// is signed by a CA the file did not hold then, this rank's connections
+// to etcd fail verification: its keepalive stops (Lost), and an Open with
+// this configuration fails naming when and from which file the CA was
+// read. To rotate without a gap, add the new CA to the file beside the
+// old one, restart the ranks, then rotate etcd's certificate.
+// (Re-reading the CA at each handshake would mean verifying etcd's
+// certificate by hand, and a TLS client knows no name to check it
+// against for an endpoint given as an IP address.)
 func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
@@ -41,6 +54,7 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", ErrTLS, caFile)
 		}
 		cfg.RootCAs = pool
+		noteCA(pool, caFile, time.Now())
 	}
 	switch {
 	case certFile == "" && keyFile == "":
@@ -55,6 +69,41 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		cfg.GetClientCertificate = kp.get
 	}
 	return cfg, nil
+}
+
+// caRead is where and when LoadTLS read a CA pool.
+type caRead struct {
+	file string
+	at   time.Time
+}
+
+// caReads maps each CA pool LoadTLS built (weakly: an entry goes with its
+// pool) to its caRead, for the error of a failed verification. A pool,
+// not a configuration: clones of the configuration share it.
+var caReads sync.Map // weak.Pointer[x509.CertPool] → caRead
+
+func noteCA(pool *x509.CertPool, file string, at time.Time) {
+	k := weak.Make(pool)
+	caReads.Store(k, caRead{file: file, at: at})
+	runtime.AddCleanup(pool, func(k weak.Pointer[x509.CertPool]) { caReads.Delete(k) }, k)
+}
+
+// caNote says when and from which file LoadTLS read pool, and whether the
+// file changed since; "" for a pool LoadTLS did not build.
+func caNote(pool *x509.CertPool) string {
+	if pool == nil {
+		return ""
+	}
+	v, ok := caReads.Load(weak.Make(pool))
+	if !ok {
+		return ""
+	}
+	c := v.(caRead)
+	changed := ""
+	if st, err := os.Stat(c.file); err == nil && st.ModTime().After(c.at) {
+		changed = ", which changed since"
+	}
+	return fmt.Sprintf(" (CA read at %s from %s%s; restart to reload)", c.at.Format(time.RFC3339), c.file, changed)
 }
 
 // keyPair is a client certificate read from its files again when they
@@ -170,7 +219,7 @@ func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
 			case errors.As(herr, &unknown) && cfg.RootCAs == nil:
 				return fmt.Sprintf("TLS to etcd at %s: %v: checked against the system's roots; give the CA that signed it (--discovery-ca, discovery_ca)", ep, herr)
 			case errors.As(herr, &unknown):
-				return fmt.Sprintf("TLS to etcd at %s: %v: is --discovery-ca (discovery_ca) the CA that signed it?", ep, herr)
+				return fmt.Sprintf("TLS to etcd at %s: %v: is --discovery-ca (discovery_ca) the CA that signed it?%s", ep, herr, caNote(cfg.RootCAs))
 			}
 			return fmt.Sprintf("TLS to etcd at %s: %v", ep, herr)
 		}

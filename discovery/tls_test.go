@@ -105,7 +105,8 @@ func TestEtcdTLSMistakesNamed(t *testing.T) {
 		want      []string
 	}{
 		{"wrong CA", srv.URL(), []Option{load(pki.OtherCA, pki.ClientCert, pki.ClientKey)},
-			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate signed by unknown authority", "is --discovery-ca (discovery_ca) the CA that signed it?"}},
+			[]string{"TLS to etcd at " + srv.Endpoint(), "certificate signed by unknown authority", "is --discovery-ca (discovery_ca) the CA that signed it?",
+				"CA read at ", " from " + pki.OtherCA + "; restart to reload"}},
 		{"wrong CA with a user", srv.URL(), []Option{load(pki.OtherCA, pki.ClientCert, pki.ClientKey), WithAuth("kvxfer", "pw")},
 			[]string{`as user "kvxfer"`, "certificate signed by unknown authority"}}, // fails in the client's login
 		{"system roots", srv.URL(), nil, []string{"certificate signed by unknown authority", "checked against the system's roots; give the CA"}},
@@ -277,5 +278,51 @@ func TestClientCertificateRotates(t *testing.T) {
 	}
 	if w := want.Leaf.SerialNumber.String() + "/" + want.Leaf.Issuer.CommonName; now != w {
 		t.Fatalf("after the rotation: %s, want %s", now, w)
+	}
+}
+
+// TestEtcdRotatedCANamedInError: LoadTLS reads the CA once; a registry
+// opened with that configuration after the CA file was rotated fails, and
+// its error says when and from which file the CA was read, that the file
+// changed since, and to restart. A restart (LoadTLS again) connects.
+// (A wrong CA from the start is named the same way, without the change:
+// TestEtcdTLSMistakesNamed.)
+func TestEtcdRotatedCANamedInError(t *testing.T) {
+	pki := testPKI(t)
+	srv := startEtcd(t, etcdlocal.Options{TLS: &pki})
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	install := func(src string, at time.Time) {
+		t.Helper()
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(ca, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(ca, at, at); err != nil { // a new mtime whatever the clock's step
+			t.Fatal(err)
+		}
+	}
+	install(pki.OtherCA, time.Now().Add(-time.Hour))
+	cfg, err := LoadTLS(ca, pki.ClientCert, pki.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install(pki.CA, time.Now().Add(time.Hour)) // etcd's CA, rotated in
+	cluster := clusterName(t)
+	err = openFails(t, srv.URL(), cluster, []Option{WithTLS(cfg), WithDialTimeout(2 * time.Second)},
+		"certificate signed by unknown authority", "CA read at ", " from "+ca+", which changed since; restart to reload")
+	t.Log(err)
+	cfg, err = LoadTLS(ca, pki.ClientCert, pki.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(ctxFor(t, 10*time.Second), srv.URL(), cluster, nil, WithTLS(cfg))
+	if err != nil {
+		t.Fatalf("after reloading the rotated CA: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
