@@ -328,7 +328,8 @@ type TxRequest struct {
 	// Generation, when not empty, names the generation instance the
 	// request is for (a disaggregated router knows it); RequestData from
 	// any other instance is then refused. Empty: the first RequestData that
-	// validates binds the request to its instance.
+	// validates binds the request to its instance, and a Cancel that comes
+	// before any RequestData, from whichever instance, cancels it.
 	Generation string
 	// GenerationParallel, when set (TP > 0), is the generation instance's
 	// parallelism. A context rank that writes to none of its ranks (MLA
@@ -339,6 +340,9 @@ type TxRequest struct {
 
 // Send opens the context side of a request. Done fires after the session
 // released every pin: the serving process may then free its source blocks.
+// A request its generation instance (the one req names, or any when it
+// names none) cancelled before Send is refused with ErrPeerCancelled, so
+// that prefill can stop at once: that instance has freed its blocks.
 func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	if hoptrace.On {
 		hoptrace.Mark("ctx.Send", req.ID)

@@ -223,7 +223,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 			p.env.meters.reject(rejectNotBound)
 		}
 		if !deliver {
-			// Nothing of ours touches that request: we are quiescent.
+			// Nothing of ours touches that request, and the table saw to
+			// it that nothing will (a tombstone refuses the sender's late
+			// RequestData): we are quiescent.
 			p.reply(ctx, m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: p.self})
 			return
 		}
@@ -342,7 +344,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	case core.RequestDataStale:
 		p.env.meters.reject(rejectStale)
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
-			Status: messages.StatusFailed, Error: "request already finished on the context side"})
+			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})
 		return
 	case core.RequestDataNotBound:
 		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",

@@ -286,14 +286,24 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		}
 		s.fail(TxCancelled, err)
 	case TxPeerCancel:
-		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
+		st := s.streams[m.Peer]
+		if st != nil && st.epoch == m.Epoch {
 			st.cancelled = true
 			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
-		} else {
-			// Nothing of this session writes that epoch of that peer's
-			// blocks: acknowledge at once.
-			s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
+			break
 		}
+		if st == nil {
+			// The peer cancelled before its RequestData reached us. That
+			// RequestData may still come (Cancel and RequestData can leave
+			// on two connections, ordered only within one), and once the
+			// peer has our CancelAck it frees the blocks that RequestData
+			// names: the session fails, so that no stream it opens from
+			// now on writes (onPeerRequest).
+			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s before its RequestData arrived", ErrPeerCancelled, s.cfg.Request, m.From))
+		}
+		// Nothing of this session writes that epoch of that peer's
+		// blocks, and nothing will: acknowledge at once.
+		s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 	case TxPeerGone:
 		s.onPeerGone(m, now)
 	case TxTimeout:

@@ -1417,3 +1417,69 @@ func TestTx_LayerPartsOfTheLastChunk(t *testing.T) {
 	h.sent(1, nil)
 	h.wantReleased(TxDone, nil)
 }
+
+// TestTx_PeerCancelBeforeItsRequestData: a generation rank's Cancel
+// reaches the session before that rank's RequestData (the two can leave
+// on different connections: its sender worker restarted, or died, between
+// them). The CancelAck answered at once tells that rank it may free its
+// destination blocks, so the session must never write for it: the Cancel
+// fails the session (CANCELLED, ErrPeerCancelled naming the rank), and the
+// RequestData that comes later opens a stream that admits nothing and is
+// answered at once. The other peer's stream drains as after any cancel.
+// (Checked to fail with the session only acknowledging such a Cancel: the
+// late RequestData's stream submitted its op.)
+func TestTx_PeerCancelBeforeItsRequestData(t *testing.T) {
+	for _, withOther := range []bool{false, true} {
+		t.Run(fmt.Sprintf("other peer streaming=%v", withOther), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, time.Minute)
+			if withOther {
+				h.request(2, 1, 2)
+			}
+			h.chunk(0, 32, true)
+			effs := h.fence(0)
+			if withOther && len(submits(effs)) != 1 {
+				t.Fatalf("peer 2's op not submitted: %s", fmtEffects(effs))
+			}
+			from := genPeer(1)
+			effs = h.step(TxPeerCancel{Peer: 1, From: from, Epoch: 5, Incarnation: 3})
+			fs := framesTo(effs, 1)
+			if len(fs) != 1 {
+				t.Fatalf("frames to peer 1 after its Cancel: %d, want a CancelAck (effects %s)", len(fs), fmtEffects(effs))
+			}
+			if a, ok := fs[0].(*messages.CancelAck); !ok || a.Epoch != 5 {
+				t.Fatalf("frame to peer 1: %s, want CancelAck epoch 5", fmtFrame(fs[0]))
+			}
+			// Its RequestData, overtaken by the Cancel, arrives now: at the
+			// session, or (nothing else held it) at the stopped session
+			// its supervisor had not forgotten yet.
+			late := TxPeerRequest{Peer: 1, From: from, Epoch: 5, Incarnation: 3, Route: h.route(1), Expected: []int{1, 2}}
+			stopped := h.s.Stopped()
+			if stopped {
+				effs = h.s.Step(late, h.now)
+			} else {
+				effs = h.step(late)
+			}
+			if _, ok := h.s.OpStates()[h.op(1, 0)]; ok {
+				t.Fatalf("an op was admitted for peer 1 after its CancelAck: %v (effects %s)", h.s.OpStates(), fmtEffects(effs))
+			}
+			wantNo(t, "RequestData of a peer that cancelled", effs, "Submit")
+			h.wantState(TxCancelled)
+			if err := h.s.Err(); !errors.Is(err, ErrPeerCancelled) || !strings.Contains(err.Error(), from.String()) {
+				t.Fatalf("err %v, want ErrPeerCancelled naming %s", err, from)
+			}
+			if stopped != !withOther {
+				t.Fatalf("stopped %v with another peer streaming %v", stopped, withOther)
+			}
+			if stopped {
+				wantResult(t, effs, 1, messages.StatusFailed)
+			} else {
+				wantResult(t, effs, 1, messages.StatusCancelled)
+				h.sent(1, nil)
+				h.complete(2, 0, nil)
+				h.sent(2, nil)
+			}
+			h.wantReleased(TxCancelled, ErrPeerCancelled)
+		})
+	}
+}

@@ -10,10 +10,11 @@ import (
 // TxTable is the tx parent's state and decisions, without I/O: which of the
 // context side's requests have a live session, which one Engine.Send
 // adopted, which generation instance each live request is bound to, and
-// the tombstones of recently finished requests. The parent's shell
-// (actors) spawns and poisons sessions, asks the control plane for the
-// sender's Hello and sends replies; the simulator (test/sim) drives the
-// same table. A frame that a decision refuses touches no state.
+// the tombstones of recently finished requests and of requests a
+// generation instance cancelled before any session here had them. The
+// parent's shell (actors) spawns and poisons sessions, asks the control
+// plane for the sender's Hello and sends replies; the simulator (test/sim)
+// drives the same table. A frame that a decision refuses touches no state.
 type TxTable struct {
 	live    map[string]bool
 	adopted map[string]bool
@@ -52,14 +53,30 @@ func NewTxTable(tombstones int) *TxTable {
 // Open is Engine.Send for request, naming its generation instance or not
 // (""). It refuses a request Send already adopted, one finished recently,
 // one another instance's RequestData opened when Send names another, and
-// every request once the engine is closing. spawn says the session must be
-// started (no RequestData opened it first).
+// every request once the engine is closing. It refuses with
+// ErrPeerCancelled a request without a session that a generation instance
+// cancelled here — the one Send names, or any when Send names none: that
+// instance was told nothing of ours writes for it and freed its blocks,
+// so the serving process may stop its prefill at once. spawn says the
+// session must be started (no RequestData opened it first).
 func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	if t.draining {
 		return false, ErrClosed
 	}
 	if t.adopted[request] || t.tombs.has(request) {
 		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
+	}
+	if !t.live[request] {
+		by := generation
+		if by == "" {
+			by = t.tombs.canceller(request)
+		} else if !t.tombs.cancelled(request, by) {
+			by = ""
+		}
+		if by != "" {
+			return false, fmt.Errorf("%w: request %s was cancelled by generation instance %s before Send",
+				ErrPeerCancelled, request, by)
+		}
 	}
 	if b := t.bound[request]; t.live[request] && generation != "" && b != "" && b != generation {
 		// A RequestData from another instance opened the session first:
@@ -117,8 +134,9 @@ const (
 	// RequestDataResolve: resolve it against its sender's Hello, then call
 	// Resolved.
 	RequestDataResolve RequestDataVerdict = iota + 1
-	// RequestDataStale: the request finished here (or the engine is
-	// closing): answer FAILED, remember nothing.
+	// RequestDataStale: the request finished here, or its sender's
+	// instance cancelled it before any session here had it (TxTable.Cancel),
+	// or the engine is closing: answer FAILED, remember nothing.
 	RequestDataStale
 	// RequestDataNotBound: the request is bound to another generation
 	// instance: refuse it (FAILED to its sender), remember nothing.
@@ -132,7 +150,8 @@ const (
 // RequestData classifies rd; with RequestDataNotBound, bound is the
 // instance the request is bound to.
 func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
-	if !t.live[rd.RequestID] && (t.tombs.has(rd.RequestID) || t.draining) {
+	if t.tombs.cancelled(rd.RequestID, rd.From.Instance) ||
+		!t.live[rd.RequestID] && (t.tombs.has(rd.RequestID) || t.draining) {
 		return RequestDataStale, ""
 	}
 	if b := t.bound[rd.RequestID]; b != "" && b != rd.From.Instance {
@@ -166,11 +185,29 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 // Cancel classifies a peer's Cancel: deliver it to the request's session,
 // or answer CancelAck at once (nothing of ours writes for it); notBound
 // says the sender is not the request's instance (counted as a rejection).
+//
+// The CancelAck is a proof: on it the sender frees the request's
+// destination blocks. Its RequestData may still be on its way — Cancel
+// and RequestData can leave on two connections (a sender worker that
+// restarted or died between them), and frames keep their order only
+// within one — so a Cancel for a request without a session leaves a
+// tombstone of (request, sender's instance): that instance's RequestData
+// for it is stale from then on (RequestData), and Open refuses the
+// request (ErrPeerCancelled). Only the sender's instance is refused: a
+// Cancel proves nothing about another instance's blocks, and must not
+// make a request refuse the instance it belongs to. A live request not
+// bound yet (Send named no instance, no RequestData came) trusts the first
+// instance to speak of it, as it would a RequestData: the Cancel goes to
+// its session, which fails, so that no stream of it ever writes, and
+// acknowledges.
 func (t *TxTable) Cancel(m *messages.Cancel) (deliver, notBound bool) {
 	if !t.live[m.RequestID] {
+		if m.From.Instance != "" && !t.tombs.has(m.RequestID) {
+			t.tombs.add(tomb{request: m.RequestID, canceller: m.From.Instance})
+		}
 		return false, false
 	}
-	if t.bound[m.RequestID] != m.From.Instance {
+	if b := t.bound[m.RequestID]; b != "" && b != m.From.Instance {
 		return false, true
 	}
 	return true, false
@@ -183,7 +220,7 @@ func (t *TxTable) Stopped(request string) {
 	delete(t.live, request)
 	delete(t.adopted, request)
 	delete(t.bound, request)
-	t.tombs.add(request)
+	t.tombs.add(tomb{request: request})
 }
 
 // Close starts the engine's close: every later Open and every RequestData
@@ -207,30 +244,76 @@ func (t *TxTable) Live() []string {
 // Draining reports whether Close was called.
 func (t *TxTable) Draining() bool { return t.draining }
 
-// tombstones remembers the last n finished requests so that a late frame
-// for one gets a definite answer instead of reopening it. Its ring grows
-// as requests finish, up to n, then wraps.
+// tomb is one tombstone: a request that finished here (canceller ""), or
+// one that generation instance canceller cancelled before any session
+// here had it.
+type tomb struct {
+	request, canceller string
+}
+
+// tombstones remembers the last n tombstones so that a late frame for a
+// request gets a definite answer instead of reopening it. Its ring grows
+// as tombstones are added, up to n, then wraps; a tombstone already held
+// is not added again (a Cancel re-sent until acknowledged takes one slot).
 type tombstones struct {
 	n    int
-	ring []string
+	ring []tomb
 	at   int // next slot to overwrite once the ring is full
-	set  map[string]bool
+	set  map[tomb]bool
+	// cancels counts each request's cancel tombstones (canceller set).
+	cancels map[string]int
 }
 
 func newTombstones(n int) tombstones {
-	return tombstones{n: max(n, 1), set: map[string]bool{}}
+	return tombstones{n: max(n, 1), set: map[tomb]bool{}, cancels: map[string]int{}}
 }
 
-func (t *tombstones) add(id string) {
-	if len(t.ring) < t.n {
-		t.ring = append(t.ring, id)
-		t.set[id] = true
+func (t *tombstones) add(tb tomb) {
+	if t.set[tb] {
 		return
 	}
-	delete(t.set, t.ring[t.at])
-	t.ring[t.at] = id
-	t.set[id] = true
-	t.at = (t.at + 1) % t.n
+	if len(t.ring) < t.n {
+		t.ring = append(t.ring, tb)
+	} else {
+		t.forget(t.ring[t.at])
+		t.ring[t.at] = tb
+		t.at = (t.at + 1) % t.n
+	}
+	t.set[tb] = true
+	if tb.canceller != "" {
+		t.cancels[tb.request]++
+	}
 }
 
-func (t *tombstones) has(id string) bool { return t.set[id] }
+func (t *tombstones) forget(tb tomb) {
+	delete(t.set, tb)
+	if tb.canceller == "" {
+		return
+	}
+	if t.cancels[tb.request]--; t.cancels[tb.request] <= 0 {
+		delete(t.cancels, tb.request)
+	}
+}
+
+// has reports whether request finished here recently.
+func (t *tombstones) has(request string) bool { return t.set[tomb{request: request}] }
+
+// cancelled reports whether instance cancelled request before any session
+// here had it.
+func (t *tombstones) cancelled(request, instance string) bool {
+	return instance != "" && t.set[tomb{request: request, canceller: instance}]
+}
+
+// canceller returns an instance that cancelled request before any session
+// here had it (the earliest still remembered), or "".
+func (t *tombstones) canceller(request string) string {
+	if t.cancels[request] == 0 {
+		return ""
+	}
+	for i := range t.ring {
+		if tb := t.ring[(t.at+i)%len(t.ring)]; tb.request == request && tb.canceller != "" {
+			return tb.canceller
+		}
+	}
+	return ""
+}

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -213,5 +214,87 @@ func TestTxTable_Unread(t *testing.T) {
 		if got := tb.Unread(rdFrom(tc.inst, tc.id)); got != tc.toSession {
 			t.Errorf("Unread(%s from %s) = to session %v; want %v", tc.id, tc.inst, got, tc.toSession)
 		}
+	}
+}
+
+// TestTxTable_CancelBeforeRequestData: a generation instance's Cancel may
+// overtake its own RequestData (they can leave on two connections: a
+// sender worker that restarted, or died, between them). The CancelAck
+// answered at once lets that instance free the request's destination
+// blocks, so the RequestData that arrives afterwards must open nothing
+// here — it is stale — and Engine.Send for the request fails at once,
+// naming the cancel. The tombstone is the cancelling instance's: another
+// instance's RequestData, and a Send naming another instance, pass. Once
+// Send adopted a request naming no instance, a Cancel reaches its session
+// (which fails) instead of being answered by the table. Cancel tombstones
+// share the bounded ring, one per (request, instance) however often the
+// Cancel is re-sent. (Checked to fail with TxTable.Cancel remembering
+// nothing: the RequestData resolved and opened a session.)
+func TestTxTable_CancelBeforeRequestData(t *testing.T) {
+	tb := NewTxTable(3)
+	cancel := func(inst, id string) (deliver, notBound bool) {
+		return tb.Cancel(&messages.Cancel{RequestID: id, Epoch: 1, From: messages.PeerID{Instance: inst}})
+	}
+	for range 3 { // the generation side re-sends its Cancel until acknowledged
+		if deliver, notBound := cancel("gen", "a"); deliver || notBound {
+			t.Fatalf("Cancel a without a session: deliver %v notBound %v, want answered at once", deliver, notBound)
+		}
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "a")); v != RequestDataStale {
+		t.Fatalf("RequestData a after its instance's Cancel: verdict %v, want stale (%v)", v, RequestDataStale)
+	}
+	if len(tb.Live()) != 0 {
+		t.Fatalf("live %v after a cancelled request's RequestData", tb.Live())
+	}
+	for _, gen := range []string{"", "gen"} {
+		_, err := tb.Open("a", gen)
+		if !errors.Is(err, ErrPeerCancelled) || !strings.Contains(err.Error(), "generation instance gen") ||
+			!strings.Contains(err.Error(), "request a") || !strings.Contains(err.Error(), "before Send") {
+			t.Fatalf("Open a naming %q after its Cancel: %v, want ErrPeerCancelled naming request a and instance gen", gen, err)
+		}
+	}
+	if len(tb.Live()) != 0 {
+		t.Fatalf("live %v after a refused Open", tb.Live())
+	}
+
+	// Another instance's Cancel does not refuse this one's RequestData.
+	cancel("evil", "b")
+	if v, _ := tb.RequestData(rdFrom("evil", "b")); v != RequestDataStale {
+		t.Fatalf("RequestData b from the instance that cancelled it: %v, want stale", v)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "b")); v != RequestDataResolve {
+		t.Fatalf("RequestData b from another instance than the one that cancelled: %v, want resolve", v)
+	}
+	if refuse, spawn := tb.Resolved(rdFrom("gen", "b"), nil); refuse || !spawn {
+		t.Fatalf("Resolved b: refuse %v spawn %v", refuse, spawn)
+	}
+	if spawn, err := tb.Open("b", "gen"); err != nil || spawn {
+		t.Fatalf("Open b naming its instance: spawn %v err %v, want adopted", spawn, err)
+	}
+	cancel("evil", "c")
+	if spawn, err := tb.Open("c", "gen"); err != nil || !spawn {
+		t.Fatalf("Open c naming another instance than the one that cancelled: spawn %v err %v", spawn, err)
+	}
+
+	// A session Send opened naming no instance takes the first Cancel.
+	if _, err := tb.Open("d", ""); err != nil {
+		t.Fatal(err)
+	}
+	if deliver, notBound := cancel("gen", "d"); !deliver || notBound {
+		t.Fatalf("Cancel d, Send-adopted and unbound: deliver %v notBound %v, want delivered", deliver, notBound)
+	}
+	if deliver, notBound := cancel("evil", "c"); deliver || !notBound {
+		t.Fatalf("Cancel c from an instance Send did not name: deliver %v notBound %v", deliver, notBound)
+	}
+
+	// Bounded: three more tombstones (a ring of 3) forget a's.
+	for _, id := range []string{"x", "y", "z"} {
+		cancel("gen", id)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "a")); v != RequestDataResolve {
+		t.Fatalf("RequestData a once its tombstone was forgotten: %v", v)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "z")); v != RequestDataStale {
+		t.Fatalf("RequestData z: %v, want stale", v)
 	}
 }

@@ -692,7 +692,7 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 	switch v, _ := c.table.RequestData(rd); v {
 	case core.RequestDataStale:
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
-			Status: messages.StatusFailed, Error: "request already finished on the context side"})
+			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})
 		return
 	case core.RequestDataNotBound:
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
