@@ -8,8 +8,12 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// maxCachedPlans bounds a PlanCache; a full cache starts over.
+// maxCachedPlans bounds a PlanCache's plans; a full cache starts over.
 const maxCachedPlans = 4096
+
+// maxCachedPeerMaps bounds its peer maps, one per pair of parallelisms
+// seen (a handful in a cluster; a map of a large pair is megabytes).
+const maxCachedPeerMaps = 16
 
 // PlanCache keeps the plans ResolveRequest builds, so that a context rank
 // plans each (generation peer, its rank in its parallelism, layer group)
@@ -60,7 +64,7 @@ func (c *PlanCache) peerMap(l kvcache.Layout, hash uint64, ctx, gen kvcache.Para
 		return nil, err
 	}
 	c.mu.Lock()
-	if c.maps == nil || len(c.maps) >= maxCachedPlans {
+	if c.maps == nil || len(c.maps) >= maxCachedPeerMaps {
 		c.maps = map[mapKey]*kvcache.PeerMap{}
 	}
 	c.maps[key] = pm

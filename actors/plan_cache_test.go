@@ -264,3 +264,57 @@ func TestPlanCachePeerMap(t *testing.T) {
 		t.Fatalf("nil cache: %p, %v; want a fresh map", x, err)
 	}
 }
+
+// The cache keeps a bounded number of peer maps (a map of a large pair of
+// parallelisms is megabytes), however many pairs it is asked for.
+func TestPlanCachePeerMapsBounded(t *testing.T) {
+	l := kvcache.Layout{Name: "t", Layers: 64, KVHeads: 64, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(64)}
+	c := NewPlanCache()
+	for tp := 1; tp <= 64; tp *= 2 {
+		for pp := 1; pp <= 64; pp *= 2 {
+			if _, err := c.peerMap(l, 7, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: tp, PP: pp}); err != nil {
+				t.Fatalf("TP%d/PP%d: %v", tp, pp, err)
+			}
+			if n := len(c.maps); n > maxCachedPeerMaps {
+				t.Fatalf("%d peer maps cached, bound %d", n, maxCachedPeerMaps)
+			}
+		}
+	}
+}
+
+// A RequestData whose place of its receiver disagrees with its sender's
+// Hello is refused before a peer map is built from it: the map of a
+// hostile parallelism (TP1024/PP61 of an MLA model) is tens of megabytes,
+// and the refusal names both.
+func TestResolveRequestChecksPlaceAgainstHello(t *testing.T) {
+	f := newDescriptorFixture(t)
+	for _, tc := range []struct {
+		name   string
+		mutate func(rd *messages.RequestData)
+		want   string
+	}{
+		{"parallelism", func(rd *messages.RequestData) { rd.GenParallel = messages.Parallel{TP: 1024, PP: 61}; rd.GenTP = 1 },
+			"names generation rank tp1/pp0 of TP1024/PP61, its sender's Hello says tp0/pp0 of TP1/PP1"},
+		{"rank", func(rd *messages.RequestData) { rd.GenPP = 1; rd.GenParallel.PP = 2 },
+			"of TP1/PP2, its sender's Hello says tp0/pp0 of TP1/PP1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.topo.Plans = NewPlanCache()
+			rd := *f.rd
+			tc.mutate(&rd)
+			_, _, err := ResolveRequest(f.topo, f.hello, &rd)
+			if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v; want ErrBadRequest naming %q", err, tc.want)
+			}
+			if n := len(f.topo.Plans.maps); n != 0 {
+				t.Fatalf("%d peer maps built for a refused RequestData", n)
+			}
+		})
+	}
+	// The same frame with the Hello's place resolves.
+	f.topo.Plans = NewPlanCache()
+	if _, _, err := ResolveRequest(f.topo, f.hello, f.rd); err != nil {
+		t.Fatal(err)
+	}
+}

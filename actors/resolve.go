@@ -162,6 +162,18 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	}
 	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
 	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}
+	// The receiver's place comes from its RequestData and its Hello: both
+	// must say the same before anything is built from it (a peer map
+	// costs O(ranks²) and is cached).
+	if rd.GenParallel != hello.Parallel || rd.GenTP != hello.TP || rd.GenPP != hello.PP {
+		return nil, nil, fmt.Errorf("%w: request %s: names generation rank tp%d/pp%d of TP%d/PP%d, its sender's Hello says tp%d/pp%d of TP%d/PP%d",
+			ErrBadRequest, rd.RequestID, rd.GenTP, rd.GenPP, rd.GenParallel.TP, rd.GenParallel.PP,
+			hello.TP, hello.PP, hello.Parallel.TP, hello.Parallel.PP)
+	}
+	if !genPar.Contains(genRank) || genPar.Index(genRank) != int(rd.From.Rank) {
+		return nil, nil, fmt.Errorf("%w: request %s: sender rank %d does not match generation rank %v of %v",
+			ErrBadRequest, rd.RequestID, rd.From.Rank, genRank, genPar)
+	}
 	pm, err := self.Plans.peerMap(self.Layout, self.LayoutHash, self.Parallel, genPar)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, err)
@@ -169,10 +181,6 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	var expected []int
 	for _, l := range pm.From(self.Rank) {
 		expected = append(expected, genPar.Index(l.Gen))
-	}
-	if !genPar.Contains(genRank) || genPar.Index(genRank) != int(rd.From.Rank) {
-		return nil, expected, fmt.Errorf("%w: request %s: sender rank %d does not match generation rank %v of %v",
-			ErrBadRequest, rd.RequestID, rd.From.Rank, genRank, genPar)
 	}
 	link, ok := pm.Link(self.Rank, genRank)
 	if !ok {
