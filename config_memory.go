@@ -51,6 +51,11 @@ func (r *resolved) checkMemory() error {
 			return fmt.Errorf("%w: %s: Blocks = %d, must be in [1, %d]", ErrConfig, name, m.Blocks, messages.MaxBlocks)
 		}
 	}
+	// Each descriptor is valid alone; together they must not share bytes:
+	// block b of one group and block b of another are handed out apart.
+	if err := kvcache.CheckApart(r.Memory); err != nil {
+		return fmt.Errorf("%w: Memory: %w", ErrConfig, err)
+	}
 	return nil
 }
 

@@ -349,6 +349,13 @@ func TestConfigMemoryErrors(t *testing.T) {
 		{"region length", func(cfg *kvxfer.Config) { cfg.Memory[0].RegionLen-- }, "RegionLen ="},
 		{"overlap", func(cfg *kvxfer.Config) { cfg.Memory[0].Base[1][1] = cfg.Memory[0].Base[0][1] }, "overlaps"},
 		{"no blocks", func(cfg *kvxfer.Config) { cfg.Memory[0].Blocks = 0 }, "Blocks = 0"},
+		// Each valid alone, group 1 on group 0's bytes: block b of both
+		// groups would be the same memory (a review found it accepted).
+		{"groups share memory", func(cfg *kvxfer.Config) {
+			for i := range cfg.Memory[1].Base {
+				cfg.Memory[1].Base[i] = slices.Clone(cfg.Memory[0].Base[i])
+			}
+		}, "layer group 0's layer 0 K at [0,"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			region, mem := frameworkMemory(t, l, s, memNHD, 8)

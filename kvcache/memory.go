@@ -246,6 +246,17 @@ func (m *KVMemory) Validate() error {
 	if m.Blocks == 0 {
 		return nil
 	}
+	ts, err := m.extents(width)
+	if err != nil {
+		return err
+	}
+	_, err = m.checkDisjoint(ts, fp, width)
+	return err
+}
+
+// extents lists m's tensors with the byte range each spans, from its first
+// block's first byte to its last block's end (width bytes a block).
+func (m *KVMemory) extents(width uint64) ([]tensorExtent, error) {
 	ts := make([]tensorExtent, 0, len(m.Layers)*m.Parts)
 	for i, L := range m.Layers {
 		for p, base := range m.Base[i] {
@@ -254,14 +265,82 @@ func (m *KVMemory) Validate() error {
 				hi, ok = addOK(hi, width)
 			}
 			if !ok || hi > m.RegionLen {
-				return m.errorf("layer %d %s at offset %d: %d blocks of stride %d end past region length %d",
+				return nil, m.errorf("layer %d %s at offset %d: %d blocks of stride %d end past region length %d",
 					L, partName(m.Parts, p), base, m.Blocks, m.BlockStride, m.RegionLen)
 			}
 			ts = append(ts, tensorExtent{i, p, base, hi})
 		}
 	}
-	_, err = m.checkDisjoint(ts, fp, width)
-	return err
+	return ts, nil
+}
+
+// CheckApart reports an error when the tensors of two of mems (one
+// descriptor per layer group, each valid; nil entries skipped) interleave:
+// a tensor of one starts before a tensor of the other ends. Each group's
+// blocks are handed out by a pool of its own, so block b of one group and
+// block b of another must never share a byte; groups in one interleaved
+// allocation are not supported (each group needs memory of its own). The
+// error names both tensors. Its work is O(t log t) for t tensors in all.
+func CheckApart(mems []*KVMemory) error {
+	type ext struct {
+		tensorExtent
+		g int
+		m *KVMemory
+	}
+	var all []ext
+	for g, m := range mems {
+		if m == nil || m.Blocks == 0 {
+			continue
+		}
+		fp, err := m.blockFootprint()
+		if err != nil {
+			return err
+		}
+		ts, err := m.extents(fp[len(fp)-1].hi)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			all = append(all, ext{t, g, m})
+		}
+	}
+	slices.SortFunc(all, func(a, b ext) int { return cmp.Compare(a.lo, b.lo) })
+	// Sorted by start, a tensor meets another group's when it starts
+	// before the furthest end seen so far of a tensor of that other group;
+	// tracking the furthest end of the two groups reaching furthest suffices.
+	type reach struct {
+		e  ext
+		ok bool
+	}
+	var first, second reach // furthest-reaching tensors of two distinct groups
+	for _, t := range all {
+		for _, r := range []reach{first, second} {
+			if r.ok && r.e.g != t.g && t.lo < r.e.hi {
+				return fmt.Errorf("%w: layer group %d's layer %d %s at [%d,%d) and layer group %d's layer %d %s at [%d,%d) interleave: "+
+					"each layer group's blocks come from a pool of its own, so groups need memory of their own",
+					ErrBadMemory, r.e.g, r.e.m.Layers[r.e.i], partName(r.e.m.Parts, r.e.p), r.e.lo, r.e.hi,
+					t.g, t.m.Layers[t.i], partName(t.m.Parts, t.p), t.lo, t.hi)
+			}
+		}
+		switch {
+		case first.ok && first.e.g == t.g:
+			if t.hi > first.e.hi {
+				first.e = t
+			}
+		case second.ok && second.e.g == t.g:
+			if t.hi > second.e.hi {
+				second.e = t
+			}
+		default:
+			if !second.ok || t.hi > second.e.hi {
+				second = reach{t, true}
+			}
+		}
+		if second.ok && (!first.ok || second.e.hi > first.e.hi) {
+			first, second = second, first
+		}
+	}
+	return nil
 }
 
 // maxInterleavedPairs bounds the pairs of tensors whose extents interleave
