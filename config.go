@@ -102,7 +102,10 @@ type Config struct {
 	// TracePath, when set, records a replayable trace of every session
 	// (package trace, `kvxfer replay`) to this file, which Start creates
 	// and Engine.Close flushes and closes. Each engine needs its own file.
-	// With Recorder also set, both receive every message.
+	// With Recorder also set, both receive every message. The file is
+	// bounded (trace.DefaultMaxBytes); when it reaches its bound or a write
+	// fails, the engine logs a warning naming the file at once, and later
+	// records are dropped (Close reports a write error).
 	TracePath string
 	// MetricsAddr, when set ("127.0.0.1:9464"; port 0 picks a free one),
 	// serves the engine's Prometheus metrics (package metrics documents

@@ -140,7 +140,11 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	self := messages.PeerID{Instance: r.Instance, Rank: int32(r.Parallel.Index(r.Rank))}
 	rec := r.Recorder
 	if r.TracePath != "" {
-		if e.trace, err = trace.Create(r.TracePath); err != nil {
+		path := r.TracePath
+		stopped := func(s trace.Stop) {
+			log.Warn().Str("trace", path).Msg(s.Error())
+		}
+		if e.trace, err = trace.Create(r.TracePath, trace.WithOnStop(stopped)); err != nil {
 			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
 		}
 		undo = append(undo, func() { _ = e.trace.Close() })
@@ -376,6 +380,9 @@ type TxHandle struct {
 // Cancelling ctx cancels the request (as TxHandle.Cancel); its deadline,
 // when earlier than the request's timeout, bounds the request. Done fires
 // after every pin is released: then the caller may free the source blocks.
+// A request that its generation instance cancelled before Send is refused
+// with ErrPeerCancelled: that instance freed its blocks, and prefill may
+// stop.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -29,6 +30,7 @@ type options struct {
 	bufSize    int
 	clock      func() time.Time
 	flushEvery time.Duration
+	onStop     func(Stop)
 }
 
 // DefaultFlushEvery is how often a Writer from Create writes its buffered
@@ -47,6 +49,29 @@ func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
 // fills and at Close), so that a process killed before it closes its
 // engine leaves the trace up to the last second, not an empty file.
 func WithFlushEvery(d time.Duration) Option { return func(o *options) { o.flushEvery = d } }
+
+// Stop says why a Writer stopped recording before Close: it reached its
+// bound (Truncated) or a write failed (Err). Later records are dropped.
+type Stop struct {
+	Truncated bool
+	MaxBytes  int64 // the bound, with Truncated
+	Err       error // the write error, without Truncated
+}
+
+// Error names why the trace stopped.
+func (s Stop) Error() string {
+	if s.Truncated {
+		return fmt.Sprintf("trace: reached its bound of %d bytes; later records are dropped (replay stops at the truncation)", s.MaxBytes)
+	}
+	return fmt.Sprintf("trace: write failed, later records are dropped: %v", s.Err)
+}
+
+// WithOnStop calls f once, when the Writer stops recording before Close
+// (truncated at its bound or a failed write), so that its owner can say
+// so at once instead of a user finding a short trace later. f runs on the
+// recording goroutine with the Writer's lock held: it must not call the
+// Writer.
+func WithOnStop(f func(Stop)) Option { return func(o *options) { o.onStop = f } }
 
 // WithClock sets the clock of the header and "truncated" records (tests).
 func WithClock(f func() time.Time) Option { return func(o *options) { o.clock = f } }
@@ -112,7 +137,7 @@ func (w *Writer) flushLoop(d time.Duration) {
 		case <-t.C:
 			w.mu.Lock()
 			if !w.closed && w.err == nil && w.bw.Buffered() > 0 {
-				w.err = w.bw.Flush()
+				w.setErr(w.bw.Flush())
 			}
 			w.mu.Unlock()
 		case <-w.stopFlush:
@@ -142,7 +167,7 @@ func (w *Writer) Flush() error {
 		return ErrClosed
 	}
 	if w.err == nil {
-		w.err = w.bw.Flush()
+		w.setErr(w.bw.Flush())
 	}
 	return w.err
 }
@@ -180,9 +205,7 @@ func (w *Writer) writeRecord(r *Record) {
 	if err != nil {
 		w.mu.Lock()
 		w.dropped++
-		if w.err == nil {
-			w.err = err
-		}
+		w.setErr(err)
 		w.mu.Unlock()
 		return
 	}
@@ -203,6 +226,9 @@ func (w *Writer) append(line []byte) {
 		w.dropped++
 		b, _ := json.Marshal(&Record{Kind: KindTruncated, T: w.o.clock().UnixNano()})
 		w.write(append(b, '\n'))
+		if w.o.onStop != nil {
+			w.o.onStop(Stop{Truncated: true, MaxBytes: w.o.maxBytes})
+		}
 		return
 	}
 	w.write(line)
@@ -210,7 +236,7 @@ func (w *Writer) append(line []byte) {
 
 func (w *Writer) write(line []byte) {
 	if _, err := w.bw.Write(line); err != nil {
-		w.err = err
+		w.setErr(err)
 		return
 	}
 	w.bytes += int64(len(line))
@@ -229,10 +255,20 @@ func (w *Writer) Engine(info actors.EngineInfo) {
 
 func (w *Writer) fail(err error) {
 	w.mu.Lock()
-	if w.err == nil {
-		w.err = err
-	}
+	w.setErr(err)
 	w.mu.Unlock()
+}
+
+// setErr keeps the first error and, while the trace is open and was not
+// already stopped, reports it (WithOnStop). Called with w.mu held.
+func (w *Writer) setErr(err error) {
+	if err == nil || w.err != nil {
+		return
+	}
+	w.err = err
+	if w.o.onStop != nil && !w.closed && !w.truncated {
+		w.o.onStop(Stop{Err: err})
+	}
 }
 
 // Record implements actors.Recorder for callers other than an engine's

@@ -129,7 +129,8 @@ func TestWriterPanickingStep(t *testing.T) {
 
 func TestWriterMaxBytes(t *testing.T) {
 	var buf bytes.Buffer
-	w := NewWriter(&buf, WithMaxBytes(2000))
+	var stops []Stop
+	w := NewWriter(&buf, WithMaxBytes(2000), WithOnStop(func(s Stop) { stops = append(stops, s) }))
 	for i := range 10 {
 		driveRx(w, fmt.Sprintf("gen/0/$1/$%d", i), rxConfig(fmt.Sprint(i)), actors.RxBegin{}, success(fmt.Sprint(i)))
 	}
@@ -139,6 +140,9 @@ func TestWriterMaxBytes(t *testing.T) {
 	st := w.Stats()
 	if !st.Truncated || st.Dropped == 0 || st.Bytes > 2000 {
 		t.Fatalf("stats %+v", st)
+	}
+	if len(stops) != 1 || !stops[0].Truncated || stops[0].MaxBytes != 2000 || !strings.Contains(stops[0].Error(), "2000 bytes") {
+		t.Fatalf("OnStop calls %+v, want one naming the 2000-byte bound", stops)
 	}
 	res := replayBytes(t, buf.Bytes())
 	if !res.Truncated || !res.Identical() {
@@ -176,10 +180,14 @@ type failingWriter struct{}
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
 
 func TestWriterError(t *testing.T) {
-	w := NewWriter(failingWriter{}, WithBufferSize(16))
+	var stops []Stop
+	w := NewWriter(failingWriter{}, WithBufferSize(16), WithOnStop(func(s Stop) { stops = append(stops, s) }))
 	driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{})
 	if err := w.Close(); err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("Close: %v, want the write error", err)
+	}
+	if len(stops) != 1 || stops[0].Truncated || !strings.Contains(stops[0].Error(), "disk full") {
+		t.Fatalf("OnStop calls %+v, want one naming the write error", stops)
 	}
 }
 
