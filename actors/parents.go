@@ -351,8 +351,9 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 			ErrBadRequest, rd.RequestID, bound, rd.From.Instance))
 		return
 	case core.RequestDataShed:
-		p.refuse(ctx, rd, rejectOrphans, fmt.Errorf("%w: request %s: generation instance %s already has %d requests waiting for this context rank's Send (the orphan limit, EngineConfig.MaxOrphans)",
-			ErrBadRequest, rd.RequestID, rd.From.Instance, p.table.OrphanLimit()))
+		inst, limit := rd.From.Instance, p.table.OrphanLimit()
+		p.refuse(ctx, rd, rejectOrphans, fmt.Errorf("%w: request %s (%d destination blocks): generation instance %s already has %d requests naming %d destination blocks waiting for this context rank's Send (the orphan limit, EngineConfig.MaxOrphans: %d requests, %d blocks)",
+			ErrBadRequest, rd.RequestID, destBlocksOf(rd), inst, p.table.Orphans(inst), p.table.OrphanBlocks(inst), limit, limit*core.OrphanBlocksEach))
 		return
 	}
 	hello, err := p.link.Hello(rd.From)
@@ -405,7 +406,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			m.reply <- rxOpenReply{err: ErrClosed}
 			return
 		}
-		if p.table.Started(m.req.ID) {
+		if p.table.Started(m.req.ID) || p.queue.Queued(m.req.ID) {
 			m.reply <- rxOpenReply{err: fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)}
 			return
 		}
@@ -435,6 +436,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *rxQueueTimeout:
 		if q, ok := p.queue.Remove(m.request); ok {
 			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
+			// It may have been the head: those behind it may fit now.
+			p.drainQueue(ctx)
 		}
 		p.sessions.maybeDrained()
 	case *messages.Result:
@@ -479,6 +482,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *rxCancelReq:
 		if q, ok := p.queue.Remove(m.request); ok {
 			p.finishQueued(q, RxCancelled, ErrCancelled)
+			// It may have been the head: those behind it may fit now.
+			p.drainQueue(ctx)
 			return
 		}
 		if pid := p.sessions.pids[m.request]; pid != nil {
@@ -845,4 +850,13 @@ func (l *listener) route(f messages.Frame) {
 		// it names (no proof).
 		l.root.Send(l.rx, &invalidResult{res: f.(*messages.Result), err: err})
 	}
+}
+
+// destBlocksOf is how many destination block ids rd names.
+func destBlocksOf(rd *messages.RequestData) int {
+	n := 0
+	for _, g := range rd.Groups {
+		n += len(g.Blocks)
+	}
+	return n
 }

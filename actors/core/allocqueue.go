@@ -12,6 +12,7 @@ import (
 // allocates. T is what the caller keeps per request.
 type AllocQueue[T any] struct {
 	items []queued[T]
+	ids   map[string]bool // the queued requests
 }
 
 type queued[T any] struct {
@@ -23,7 +24,15 @@ type queued[T any] struct {
 // Push queues request id, needing counts[g] blocks of group g.
 func (q *AllocQueue[T]) Push(id string, counts []int, v T) {
 	q.items = append(q.items, queued[T]{id: id, counts: counts, v: v})
+	if q.ids == nil {
+		q.ids = map[string]bool{}
+	}
+	q.ids[id] = true
 }
+
+// Queued reports whether request id waits in the queue: a second Receive
+// of it must be refused as surely as one of a started request.
+func (q *AllocQueue[T]) Queued(id string) bool { return q.ids[id] }
 
 // Remove takes request id out of the queue (cancelled, timed out) and
 // returns it; ok is false when it is not queued (started, or gone).
@@ -31,6 +40,7 @@ func (q *AllocQueue[T]) Remove(id string) (v T, ok bool) {
 	for i, it := range q.items {
 		if it.id == id {
 			q.items = append(q.items[:i], q.items[i+1:]...)
+			delete(q.ids, id)
 			return it.v, true
 		}
 	}
@@ -43,7 +53,7 @@ func (q *AllocQueue[T]) Clear() []T {
 	for i, it := range q.items {
 		out[i] = it.v
 	}
-	q.items = nil
+	q.items, q.ids = nil, nil
 	return out
 }
 
@@ -64,6 +74,7 @@ func (q *AllocQueue[T]) Drain(alloc func(counts []int) ([][]kvcache.BlockID, err
 			return
 		}
 		q.items = q.items[1:]
+		delete(q.ids, it.id)
 		if err != nil {
 			fail(it.v, err)
 			continue
