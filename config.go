@@ -79,7 +79,10 @@ type Config struct {
 	// sessions wait for Send until TransferTimeout): past it a new
 	// request's RequestData is refused at once with FAILED naming the
 	// limit, so a peer cannot make this rank hold sessions for requests
-	// it never sends. 0: 4096; < 0: no bound.
+	// it never sends. Their RequestData may together name at most
+	// MaxOrphanRequests × 16384 destination blocks (actors/core's
+	// OrphanBlocksEach), so that the count bounds memory too. 0: 4096;
+	// < 0: no bound.
 	MaxOrphanRequests int
 	// WriterLease, when > 0, fences this engine as a writer: it posts for
 	// a generation peer only while it holds a lease on it, renewed for

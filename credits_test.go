@@ -239,7 +239,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestShedRequestDataFailsTheGenerationRequest: a generation engine's
 // RequestData refused for its spent credits (the test spends them with
-// 4096 Cancels from gen/0 while the context's tx parent is held) fails
+// 4096 unreadable RequestData from gen/0 while the context's tx parent is
+// held; Cancels spend credits of their own) fails
 // its request with the context's reason as soon as the tx parent gets to
 // it, not at its deadline, every block back in the pool. (Checked to
 // fail: with deliver not calling listener.shed the request is still live
@@ -263,7 +264,7 @@ func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
 	holdTxParent(t, link, deliver, messages.PeerID{Instance: "rogue", Rank: 0}, [][]int32{{0}, {0}})
 	self := messages.PeerID{Instance: "gen", Rank: 0}
 	for i := range actors.DefaultFrameCredits {
-		deliver(&messages.Cancel{RequestID: fmt.Sprintf("c-%d", i), Epoch: 1, From: self})
+		deliver(&messages.RequestData{RequestID: fmt.Sprintf("c-%d", i), Epoch: 1, From: self})
 	}
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "real", PromptLen: 64, Context: "ctx"})
 	if err != nil {

@@ -47,10 +47,19 @@ func orphanLimit(n int) int {
 // waits for its deadline. A terminal frame (Result, CancelAck, valid or
 // not) is never shed: it still takes a credit, over the limit if need be,
 // since it may be the only proof that a writer is quiescent.
+//
+// A peer's Cancels count against credits of their own (the same limit):
+// the generation side re-sends each Cancel every second until it is
+// acknowledged, so a burst of requests timing out together can keep a
+// shared budget spent for as long as the storm lasts, and every new
+// RequestData would be shed meanwhile — past ShedAnswers dropped, its
+// request failing at its deadline and joining the next storm. Apart, a
+// Cancel storm sheds only Cancels, which are re-sent anyway.
 type frameCredits struct {
 	limit   int
 	mu      sync.Mutex
-	held    map[messages.PeerID]int
+	held    map[messages.PeerID]int // every frame but Cancel
+	cancels map[messages.PeerID]int // Cancel
 	answers map[messages.PeerID]int // refused RequestData waiting for their answer
 }
 
@@ -62,7 +71,8 @@ func newFrameCredits(limit int) *frameCredits {
 	if limit <= 0 {
 		limit = DefaultFrameCredits
 	}
-	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}, answers: map[messages.PeerID]int{}}
+	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}, cancels: map[messages.PeerID]int{},
+		answers: map[messages.PeerID]int{}}
 }
 
 // terminal reports whether f is a terminal frame, never shed.
@@ -79,15 +89,24 @@ func (c *frameCredits) take(f messages.Frame) bool {
 	from := f.Sender()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.held[from] >= c.limit && !terminal(f) {
+	m := c.budget(f)
+	if m[from] >= c.limit && !terminal(f) {
 		return false
 	}
-	c.held[from]++
+	m[from]++
 	return true
 }
 
+// budget is the count f's credit comes from.
+func (c *frameCredits) budget(f messages.Frame) map[messages.PeerID]int {
+	if _, ok := f.(*messages.Cancel); ok {
+		return c.cancels
+	}
+	return c.held
+}
+
 // give returns f's credit.
-func (c *frameCredits) give(f messages.Frame) { c.put(c.held, f.Sender()) }
+func (c *frameCredits) give(f messages.Frame) { c.put(c.budget(f), f.Sender()) }
 
 // put returns one of peer's credits counted in m (held or answers).
 func (c *frameCredits) put(m map[messages.PeerID]int, peer messages.PeerID) {

@@ -47,3 +47,45 @@ func TestFrameCredits(t *testing.T) {
 		t.Fatal("an answer credit given back was not taken again")
 	}
 }
+
+// A peer's Cancels spend credits of their own: a storm of re-sent Cancels
+// (requests that timed out together, each Cancel re-sent every second)
+// sheds only Cancels, and the peer's new RequestData still enter (a
+// review found 2,744 of 3,000 new requests waiting their full deadline
+// behind such a storm).
+func TestCancelsSpendCreditsOfTheirOwn(t *testing.T) {
+	a := messages.PeerID{Instance: "a"}
+	c := newFrameCredits(2)
+	cancel := &messages.Cancel{RequestID: "old", From: a}
+	for i := range 2 {
+		if !c.take(cancel) {
+			t.Fatalf("Cancel %d of 2 refused", i+1)
+		}
+	}
+	if c.take(cancel) {
+		t.Fatal("a Cancel past the limit was taken")
+	}
+	rd := &messages.RequestData{RequestID: "new", From: a}
+	for i := range 2 {
+		if !c.take(rd) {
+			t.Fatalf("RequestData %d of 2 refused while only Cancels spent their credits", i+1)
+		}
+	}
+	if c.take(rd) {
+		t.Fatal("a RequestData past its own limit was taken")
+	}
+	c.give(cancel)
+	if !c.take(cancel) {
+		t.Fatal("a Cancel's credit given back was not taken again")
+	}
+	if c.take(rd) {
+		t.Fatal("a Cancel's credit given back went to RequestData")
+	}
+	c.give(cancel)
+	c.give(cancel)
+	c.give(rd)
+	c.give(rd)
+	if len(c.held) != 0 || len(c.cancels) != 0 {
+		t.Fatalf("credits left after every one came back: held %v, cancels %v", c.held, c.cancels)
+	}
+}

@@ -29,7 +29,21 @@ type TxTable struct {
 	// requests it never sends.
 	orphans map[string]int
 	limit   int
+	// orphanBlocks counts, per instance, the destination block ids its
+	// orphans' RequestData name (what an orphan's memory grows with: up to
+	// messages.MaxBlocks each); blocksOf keeps each orphan's count. The
+	// limit on it is limit × OrphanBlocksEach.
+	orphanBlocks map[string]int
+	blocksOf     map[string]int
 }
+
+// OrphanBlocksEach is what the orphan limit allows each orphan on average,
+// in destination block ids: an instance's orphans together may name at
+// most MaxOrphans × OrphanBlocksEach ids (with the default 4096, 64M ids,
+// about a quarter of a GiB of ids), so that a count of orphans cannot
+// stand for gigabytes. A 128k-token prompt in blocks of 16 tokens is 8192
+// ids a layer group.
+const OrphanBlocksEach = 16384
 
 // SetOrphanLimit bounds, per generation instance, the sessions its
 // RequestData may open before Send adopts them (n ≤ 0: no bound). Past
@@ -43,11 +57,24 @@ func (t *TxTable) OrphanLimit() int { return t.limit }
 // Send adopted yet.
 func (t *TxTable) Orphans(instance string) int { return t.orphans[instance] }
 
+// OrphanBlocks is how many destination block ids the RequestData of
+// instance's orphans name.
+func (t *TxTable) OrphanBlocks(instance string) int { return t.orphanBlocks[instance] }
+
+// destBlocks is how many destination block ids rd names.
+func destBlocks(rd *messages.RequestData) int {
+	n := 0
+	for _, g := range rd.Groups {
+		n += len(g.Blocks)
+	}
+	return n
+}
+
 // NewTxTable returns an empty table that remembers the last tombstones
 // finished requests.
 func NewTxTable(tombstones int) *TxTable {
 	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
-		tombs: newTombstones(tombstones), orphans: map[string]int{}}
+		tombs: newTombstones(tombstones), orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{}}
 }
 
 // Open is Engine.Send for request, naming its generation instance or not
@@ -63,7 +90,7 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	if t.draining {
 		return false, ErrClosed
 	}
-	if t.adopted[request] || t.tombs.has(request) {
+	if t.adopted[request] {
 		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
 	}
 	if !t.live[request] {
@@ -74,9 +101,17 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 			by = ""
 		}
 		if by != "" {
+			// Refused for good: any instance's later RequestData is
+			// answered FAILED at once (stale), not left to open a session
+			// that no Send adopts (it would wait for its deadline) — also
+			// when the Cancel came from another instance than the request's.
+			t.tombs.add(tomb{request: request})
 			return false, fmt.Errorf("%w: request %s was cancelled by generation instance %s before Send",
 				ErrPeerCancelled, request, by)
 		}
+	}
+	if t.tombs.has(request) {
+		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
 	}
 	if b := t.bound[request]; t.live[request] && generation != "" && b != "" && b != generation {
 		// A RequestData from another instance opened the session first:
@@ -102,6 +137,10 @@ func (t *TxTable) unorphan(request string) {
 		return
 	}
 	inst := t.bound[request]
+	if t.orphanBlocks[inst] -= t.blocksOf[request]; t.orphanBlocks[inst] <= 0 {
+		delete(t.orphanBlocks, inst)
+	}
+	delete(t.blocksOf, request)
 	if t.orphans[inst]--; t.orphans[inst] <= 0 {
 		delete(t.orphans, inst)
 	}
@@ -142,7 +181,9 @@ const (
 	// instance: refuse it (FAILED to its sender), remember nothing.
 	RequestDataNotBound
 	// RequestDataShed: a new request while its instance already has as
-	// many sessions waiting for Send as the orphan limit allows: refuse
+	// many sessions waiting for Send as the orphan limit allows, or their
+	// RequestData would name more destination blocks than it allows
+	// (limit × OrphanBlocksEach): refuse
 	// it (FAILED to its sender), remember nothing.
 	RequestDataShed
 )
@@ -157,7 +198,8 @@ func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, b
 	if b := t.bound[rd.RequestID]; b != "" && b != rd.From.Instance {
 		return RequestDataNotBound, b
 	}
-	if !t.live[rd.RequestID] && t.limit > 0 && t.orphans[rd.From.Instance] >= t.limit {
+	if inst := rd.From.Instance; !t.live[rd.RequestID] && t.limit > 0 &&
+		(t.orphans[inst] >= t.limit || t.orphanBlocks[inst]+destBlocks(rd) > t.limit*OrphanBlocksEach) {
 		return RequestDataShed, ""
 	}
 	return RequestDataResolve, ""
@@ -178,6 +220,9 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 	t.bound[rd.RequestID] = rd.From.Instance
 	if spawn {
 		t.orphans[rd.From.Instance]++ // no Send adopted it yet
+		n := destBlocks(rd)
+		t.blocksOf[rd.RequestID] = n
+		t.orphanBlocks[rd.From.Instance] += n
 	}
 	return false, spawn
 }

@@ -298,3 +298,66 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 		t.Fatalf("RequestData z: %v, want stale", v)
 	}
 }
+
+// TestTxTable_ForeignCancelBeforeSendFailsFast: Send naming no instance
+// trusts the first instance to speak of the request, so another instance's
+// Cancel before Send refuses it (ErrPeerCancelled); the request's own
+// instance must then hear FAILED at once for its RequestData, not open a
+// session that no Send adopts and wait for its deadline (a review found
+// it waiting its full deadline).
+func TestTxTable_ForeignCancelBeforeSendFailsFast(t *testing.T) {
+	tb := NewTxTable(16)
+	tb.Cancel(&messages.Cancel{RequestID: "e", Epoch: 1, From: messages.PeerID{Instance: "other"}})
+	if _, err := tb.Open("e", ""); !errors.Is(err, ErrPeerCancelled) || !strings.Contains(err.Error(), "instance other") {
+		t.Fatalf("Open e naming no instance after other's Cancel: %v, want ErrPeerCancelled naming other", err)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "e")); v != RequestDataStale {
+		t.Fatalf("RequestData e from its own instance after Send was refused: verdict %v, want stale (%v)", v, RequestDataStale)
+	}
+	if _, err := tb.Open("e", ""); !errors.Is(err, ErrPeerCancelled) {
+		t.Fatalf("Open e again: %v, want ErrPeerCancelled still", err)
+	}
+}
+
+// TestTxTable_OrphanBlocksBounded: an instance's orphans are bounded by
+// the destination blocks their RequestData name too, not only by their
+// count — 4096 orphans of 1M ids each held ~31 GiB (a review) — and
+// blocks come back when Send adopts an orphan or it stops.
+func TestTxTable_OrphanBlocksBounded(t *testing.T) {
+	tb := NewTxTable(16)
+	tb.SetOrphanLimit(2) // 2 orphans, 2 × OrphanBlocksEach ids
+	big := func(inst, id string, n int) *messages.RequestData {
+		rd := rdFrom(inst, id)
+		rd.Groups = []messages.GroupDest{{Blocks: make([]int32, n/2)}, {Blocks: make([]int32, n-n/2)}}
+		return rd
+	}
+	orphan := func(rd *messages.RequestData) {
+		t.Helper()
+		if v, _ := tb.RequestData(rd); v != RequestDataResolve {
+			t.Fatalf("RequestData %s (%d blocks): verdict %v, want resolve", rd.RequestID, destBlocks(rd), v)
+		}
+		if refuse, spawn := tb.Resolved(rd, nil); refuse || !spawn {
+			t.Fatalf("Resolved %s: refuse %v spawn %v", rd.RequestID, refuse, spawn)
+		}
+	}
+	orphan(big("gen", "a", OrphanBlocksEach+1))
+	if n := tb.OrphanBlocks("gen"); n != OrphanBlocksEach+1 {
+		t.Fatalf("OrphanBlocks = %d, want %d", n, OrphanBlocksEach+1)
+	}
+	if v, _ := tb.RequestData(big("gen", "b", OrphanBlocksEach)); v != RequestDataShed {
+		t.Fatalf("a second orphan past the instance's blocks: verdict %v, want shed (%v)", v, RequestDataShed)
+	}
+	orphan(big("other", "c", OrphanBlocksEach))    // another instance's budget
+	orphan(big("gen", "d", OrphanBlocksEach-1))    // fits exactly
+	if _, err := tb.Open("a", "gen"); err != nil { // adopted: no longer an orphan
+		t.Fatal(err)
+	}
+	if n := tb.OrphanBlocks("gen"); n != OrphanBlocksEach-1 {
+		t.Fatalf("OrphanBlocks after Send adopted a = %d, want %d", n, OrphanBlocksEach-1)
+	}
+	tb.Stopped("d")
+	if n := tb.OrphanBlocks("gen"); n != 0 || tb.Orphans("gen") != 0 {
+		t.Fatalf("after d stopped: %d orphans naming %d blocks, want none", tb.Orphans("gen"), n)
+	}
+	orphan(big("gen", "b", 2*OrphanBlocksEach))
+}
