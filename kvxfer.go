@@ -595,7 +595,10 @@ func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
 // taking it: for a watcher beside the goroutine that receives from Done.
 func (h *RxHandle) Finished() <-chan struct{} { return h.inner.Finished() }
 
-// FreeBlocks frees destination blocks handed over by a READY outcome.
+// FreeBlocks frees destination blocks handed over by a READY outcome, all
+// or nothing. A block a live request owns (not yet READY, or the caller's
+// own passed in ReceiveRequest.Blocks and not yet Released) is refused
+// with an error wrapping kvcache.ErrBlockReceiving, and nothing is freed.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
 
 // Close cancels live requests, waits for every session to drain and release

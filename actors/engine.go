@@ -131,7 +131,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		}
 	}()
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
-	e.env = &shellEnv{pools: cfg.Pools, clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
+	e.env = &shellEnv{pools: cfg.Pools.forSessions(), clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
 		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits),
 		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16), revoker: cfg.Revoker}
 	e.env.propsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.WithDispatcher(e.env.dispatch)}
@@ -385,12 +385,22 @@ type RxHandle struct {
 	*Handle
 	e       *Engine
 	request string
+	// done and finished are Done's and Finished's: the outcome passes
+	// through handOver, which makes a READY outcome's blocks the
+	// caller's before the caller can see them.
+	done     chan Outcome
+	finished lazyDone
+	owned    bool  // the destination blocks are the caller's (RxRequest.Blocks)
+	lent     *lend // those of them lent from the pool; nil: none
 }
 
 // Receive opens the generation side of a request: it allocates destination
 // blocks (waiting while the pool is full) and asks the context ranks to
 // write. Done fires at the logical outcome; a READY outcome's blocks belong
-// to the caller, who frees them with Engine.FreeBlocks.
+// to the caller, who frees them with Engine.FreeBlocks. Until then (or
+// until the request gives them up itself) they are the live request's:
+// FreeBlocks refuses them, and so it does the caller's own blocks
+// (req.Blocks) until the handle says Released.
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	if e.env.failed.Load() {
 		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
@@ -399,14 +409,49 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 		hoptrace.Mark("gen.Receive", req.ID)
 	}
 	h := NewHandle()
+	rx := &RxHandle{Handle: h, e: e, request: req.ID, done: make(chan Outcome, 1), owned: req.Blocks != nil}
+	if req.Blocks != nil {
+		var err error
+		if rx.lent, err = e.cfg.Pools.lend(req.ID, req.Blocks, h.Released()); err != nil {
+			return nil, err
+		}
+	}
+	h.AfterFinish(rx.handOver)
 	reply := make(chan rxOpenReply, 1)
 	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
 	r := <-reply
 	if r.err != nil {
+		e.cfg.Pools.endLend(rx.lent)
 		return nil, r.err
 	}
-	return &RxHandle{Handle: h, e: e, request: req.ID}, nil
+	return rx, nil
 }
+
+// handOver passes the outcome on to Done once a READY outcome's blocks are
+// the caller's: kvxfer's allocated to the caller, the caller's lent ones
+// its own again. It runs once the session's Handle delivered the outcome,
+// which no one but handOver takes.
+func (h *RxHandle) handOver() bool {
+	o := <-h.Handle.Done()
+	if o.OK && h.owned {
+		h.e.cfg.Pools.endLend(h.lent)
+	} else if o.OK {
+		if err := h.e.cfg.Pools.handOver(o.Blocks); err != nil {
+			h.e.cfg.Log.Error().Err(err).Str("request", o.Request).Msg("hand READY destination blocks to the caller")
+		}
+	}
+	h.done <- o
+	close(h.done)
+	h.finished.close()
+	return true
+}
+
+// Done delivers the outcome once; a READY outcome's blocks are the
+// caller's by then.
+func (h *RxHandle) Done() <-chan Outcome { return h.done }
+
+// Finished is closed once the outcome has been delivered on Done.
+func (h *RxHandle) Finished() <-chan struct{} { return h.finished.wait() }
 
 // Cancel cancels the request. Destination blocks are freed once every
 // writer is quiescent.
@@ -420,7 +465,9 @@ type rxCancelReq struct{ request string }
 // sent only by kvxfer_invariants builds: RxHandle.Crash).
 type rxCrashReq struct{ request string }
 
-// FreeBlocks frees blocks handed over by a READY outcome.
+// FreeBlocks frees blocks handed over by a READY outcome, all or nothing.
+// A block a live request owns (not yet READY, or lent to it and not yet
+// Released) is refused with kvcache.ErrBlockReceiving, nothing freed.
 func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Pools.Free(blocks) }
 
 // Pools is the engine's block pools.

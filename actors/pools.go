@@ -14,7 +14,32 @@ import (
 // layer group). Session shells pin and unpin through it, the rx supervisor
 // allocates through it, and the serving process allocates source blocks
 // through it; a mutex keeps kvcache.Pool's single-owner rule.
+//
+// Who owns a block, and so who may give it back:
+//   - blocks the serving process allocated (Alloc), and a READY outcome's
+//     blocks once it is delivered, are the caller's (kvcache.BlockAllocated):
+//     Free (Engine.FreeBlocks) frees them;
+//   - destination blocks a live receive allocated are the receive's
+//     (kvcache.BlockReceiving) until READY hands them to the caller, or the
+//     receive frees or quarantines them itself: Free, Quarantine and Pin
+//     refuse them, naming the group and the block;
+//   - the caller's allocated blocks it passes to a receive
+//     (RxRequest.Blocks) are lent to it: the receive's until its handle
+//     says Released, then the caller's again, allocated (not free).
+//
+// The engine's sessions use their own view of the same pools (forSessions),
+// whose Alloc hands out receiving blocks and whose Free and Quarantine take
+// back only those; every other user, the serving process included, holds
+// the caller's view. Free, Quarantine and ReleaseQuarantine check every
+// group before they change any: an error leaves the pools as they were.
 type Pools struct {
+	*poolSet
+	// sessions: the engine's sessions' view (forSessions).
+	sessions bool
+}
+
+// poolSet is the state both views of a Pools share.
+type poolSet struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	pools  []*kvcache.Pool
@@ -23,7 +48,27 @@ type Pools struct {
 	// the pools' bytes): past it Alloc refuses (ErrQuarantineFull, which
 	// wraps kvcache.ErrOutOfBlocks, so the allocation queue waits).
 	quarantineLimit uint64
+	// lentTo[g][id] is the receive the caller lent block id of group g to
+	// (nil: none); a group's row is made at its first lend. lends holds
+	// the lends not yet over.
+	lentTo [][]*lend
+	lends  map[*lend]struct{}
 }
+
+// lend is a caller's allocated blocks lent to one receive
+// (ReceiveRequest.Blocks): receiving until over is closed (the handle's
+// Released: no write of the receive can touch them any more), then the
+// caller's again.
+type lend struct {
+	request string
+	over    <-chan struct{}
+	blocks  [][]kvcache.BlockID
+}
+
+// forSessions is the view of p the engine's sessions use: its Alloc hands
+// out blocks a live receive owns (kvcache.BlockReceiving), its Free and
+// Quarantine take back only such blocks, and never the caller's lent ones.
+func (p *Pools) forSessions() *Pools { return &Pools{poolSet: p.poolSet, sessions: true} }
 
 // ErrQuarantineFull: destination blocks of requests that failed without
 // proof that their writers stopped fill the quarantine bound; new
@@ -81,63 +126,33 @@ func (p *Pools) Quarantined() int {
 	return n
 }
 
-// Quarantine moves blocks per group into quarantine
-// (kvcache.Pool.Quarantine): all or nothing — every block must be
-// allocated and unpinned, none named twice.
+// Quarantine moves blocks per group into quarantine, all or nothing: in
+// the caller's view every block must be the caller's (allocated,
+// unpinned), in the sessions' view a live receive's; none named twice.
 func (p *Pools) Quarantine(blocks [][]kvcache.BlockID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for g, ids := range blocks {
-		if len(ids) > 0 && g >= len(p.pools) {
-			return fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
-		}
-		seen := make(map[kvcache.BlockID]bool, len(ids))
-		for _, id := range ids {
-			st, err := p.pools[g].State(id)
-			if err != nil {
-				return fmt.Errorf("group %d: %w", g, err)
-			}
-			if st != kvcache.BlockAllocated || seen[id] {
-				return fmt.Errorf("%w: Quarantine: group %d block %d is %v (or named twice)", kvcache.ErrDoubleFree, g, id, st)
-			}
-			seen[id] = true
-		}
+	if p.sessions {
+		return p.applyLocked("Quarantine", kvcache.BlockReceiving, blocks, (*kvcache.Pool).QuarantineReceiving)
 	}
-	for g, ids := range blocks {
-		if len(ids) > 0 {
-			if err := p.pools[g].Quarantine(ids...); err != nil {
-				return fmt.Errorf("group %d: %w", g, err) // checked above: cannot happen
-			}
-		}
-	}
-	return nil
+	return p.applyLocked("Quarantine", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Quarantine)
 }
 
 // ReleaseQuarantine returns quarantined blocks per group to the free
-// lists: the caller has proof that no write can reach them any more.
+// lists, all or nothing: the caller has proof that no write can reach them
+// any more.
 func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
-	return p.putBack(blocks, (*kvcache.Pool).ReleaseQuarantine)
+	return p.putBack("ReleaseQuarantine", kvcache.BlockQuarantined, blocks, (*kvcache.Pool).ReleaseQuarantine)
 }
 
-// putBack applies put (Free or ReleaseQuarantine) to blocks per group,
-// then wakes allocations waiting for blocks and the onFree hook. It
-// returns the first error; the other groups are still put back.
-func (p *Pools) putBack(blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...kvcache.BlockID) error) error {
+// putBack applies put (a Free or ReleaseQuarantine) to blocks per group,
+// all or nothing, then wakes allocations waiting for blocks and the
+// onFree hook.
+func (p *Pools) putBack(op string, from kvcache.BlockState, blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...kvcache.BlockID) error) error {
 	p.mu.Lock()
-	var first error
-	for g, ids := range blocks {
-		if len(ids) == 0 {
-			continue
-		}
-		var err error
-		if g < len(p.pools) {
-			err = put(p.pools[g], ids...)
-		} else {
-			err = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
-		}
-		if err != nil && first == nil {
-			first = err
-		}
+	if err := p.applyLocked(op, from, blocks, put); err != nil {
+		p.mu.Unlock()
+		return err
 	}
 	p.cond.Broadcast()
 	f := p.onFree
@@ -145,14 +160,213 @@ func (p *Pools) putBack(blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...k
 	if f != nil {
 		f()
 	}
-	return first
+	return nil
+}
+
+// applyLocked checks every group's blocks (checkLocked), then applies f
+// to each: it changes all groups or none.
+func (p *Pools) applyLocked(op string, from kvcache.BlockState, blocks [][]kvcache.BlockID, f func(*kvcache.Pool, ...kvcache.BlockID) error) error {
+	if err := p.checkLocked(op, from, blocks); err != nil {
+		return err
+	}
+	for g, ids := range blocks {
+		if len(ids) > 0 {
+			if err := f(p.pools[g], ids...); err != nil {
+				return fmt.Errorf("group %d: %w", g, err) // checked above: cannot happen
+			}
+		}
+	}
+	return nil
+}
+
+// checkLocked returns the error op would meet moving blocks out of state
+// from, naming the group and the block, and changes nothing: a group past
+// the pools, an id out of range, in another state (a live receive's, when
+// the caller's are wanted) or named twice; in the sessions' view a block
+// the caller lent. Lends that are over are settled first.
+func (p *Pools) checkLocked(op string, from kvcache.BlockState, blocks [][]kvcache.BlockID) error {
+	for g, ids := range blocks {
+		if len(ids) == 0 {
+			continue
+		}
+		if g >= len(p.pools) {
+			return fmt.Errorf("%w: %s: group %d, the pools have %d", kvcache.ErrUnknownBlock, op, g, len(p.pools))
+		}
+		p.settleLocked(g, ids)
+		if err := p.pools[g].Check(op, from, ids...); err != nil {
+			if errors.Is(err, kvcache.ErrBlockReceiving) {
+				if l := p.firstLent(g, ids); l != nil {
+					return fmt.Errorf("group %d: %w (lent by its caller to request %s)", g, err, l.request)
+				}
+			}
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+		if from == kvcache.BlockReceiving {
+			if l := p.firstLent(g, ids); l != nil {
+				return fmt.Errorf("%w: %s: group %d: a block its caller lent to request %s is the caller's to reuse, not the pool's",
+					kvcache.ErrBlockReceiving, op, g, l.request)
+			}
+		}
+	}
+	return nil
+}
+
+// lentAt is the live lend that holds block id of group g, or nil.
+func (p *Pools) lentAt(g int, id kvcache.BlockID) *lend {
+	if g >= len(p.lentTo) || p.lentTo[g] == nil || id < 0 || int(id) >= len(p.lentTo[g]) {
+		return nil
+	}
+	return p.lentTo[g][id]
+}
+
+// firstLent is the lend of the first of ids of group g a lend holds, or
+// nil.
+func (p *Pools) firstLent(g int, ids []kvcache.BlockID) *lend {
+	if len(p.lends) == 0 {
+		return nil
+	}
+	for _, id := range ids {
+		if l := p.lentAt(g, id); l != nil {
+			return l
+		}
+	}
+	return nil
+}
+
+// settleLocked ends the lends of ids of group g that are over. Without a
+// lend it costs one length check.
+func (p *Pools) settleLocked(g int, ids []kvcache.BlockID) {
+	if len(p.lends) == 0 {
+		return
+	}
+	for _, id := range ids {
+		if l := p.lentAt(g, id); l != nil {
+			p.settleLend(l)
+		}
+	}
+}
+
+// settleLend ends l if it is over.
+func (p *Pools) settleLend(l *lend) {
+	select {
+	case <-l.over:
+		p.endLocked(l)
+	default:
+	}
+}
+
+// endLocked gives l's blocks back to the caller: allocated again.
+func (p *Pools) endLocked(l *lend) {
+	if _, live := p.lends[l]; !live {
+		return
+	}
+	for g, ids := range l.blocks {
+		if len(ids) == 0 {
+			continue
+		}
+		_ = p.pools[g].HandOver(ids...) // lent: only the lend's end moves them
+		for _, id := range ids {
+			p.lentTo[g][id] = nil
+		}
+	}
+	delete(p.lends, l)
+}
+
+// lend lends the caller's allocated blocks among blocks (one receive's
+// ReceiveRequest.Blocks) to request's receive until over is closed: they
+// are receiving, and no Free, Quarantine, Pin or other lend takes them,
+// until then; after, the caller's again (allocated). Blocks free in the
+// pool (a framework that allocates them elsewhere) are not the pool's to
+// guard and stay as they are, as do ids the receive's own check refuses
+// (out of range, a group past the layout). A block a live request owns,
+// pinned or quarantined fails the lend, changing nothing. A nil lend:
+// nothing was lent.
+func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan struct{}) (*lend, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for g, ids := range blocks {
+		if g >= len(p.pools) {
+			continue
+		}
+		p.settleLocked(g, ids)
+		for _, id := range ids {
+			st, err := p.pools[g].State(id)
+			if err != nil || st == kvcache.BlockFree || st == kvcache.BlockAllocated {
+				continue
+			}
+			why := fmt.Sprintf("is %v", st)
+			sentinel := kvcache.ErrBlockQuarantined
+			switch st {
+			case kvcache.BlockReceiving:
+				sentinel, why = kvcache.ErrBlockReceiving, "is receiving: a live request owns it"
+				if l := p.lentAt(g, id); l != nil {
+					why = "is receiving: live request " + l.request + " owns it"
+				}
+			case kvcache.BlockPinned:
+				sentinel, why = kvcache.ErrBlockPinned, "is pinned: a send reads it"
+			}
+			return nil, fmt.Errorf("%w: request %s layer group %d: destination block %d %s: %w", ErrBadRequest, request, g, id, why, sentinel)
+		}
+	}
+	l := &lend{request: request, over: over, blocks: make([][]kvcache.BlockID, len(blocks))}
+	n := 0
+	for g, ids := range blocks {
+		if g >= len(p.pools) {
+			continue
+		}
+		pl := p.pools[g]
+		for _, id := range ids {
+			if st, err := pl.State(id); err != nil || st != kvcache.BlockAllocated {
+				continue // free, out of range, or named twice
+			}
+			if err := pl.Lend(id); err != nil {
+				continue // allocated: cannot fail
+			}
+			if p.lentTo == nil {
+				p.lentTo = make([][]*lend, len(p.pools))
+			}
+			if p.lentTo[g] == nil {
+				p.lentTo[g] = make([]*lend, pl.Len())
+			}
+			p.lentTo[g][id] = l
+			l.blocks[g] = append(l.blocks[g], id)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if p.lends == nil {
+		p.lends = make(map[*lend]struct{})
+	}
+	p.lends[l] = struct{}{}
+	return l, nil
+}
+
+// endLend gives a lend's blocks back to the caller at once: the receive
+// never started, or it is READY. A nil lend is a no-op.
+func (p *Pools) endLend(l *lend) {
+	if l == nil {
+		return
+	}
+	p.mu.Lock()
+	p.endLocked(l)
+	p.mu.Unlock()
+}
+
+// handOver gives a READY receive's blocks, receiving, to its caller:
+// allocated, for Engine.FreeBlocks. All or nothing.
+func (p *Pools) handOver(blocks [][]kvcache.BlockID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.applyLocked("HandOver", kvcache.BlockReceiving, blocks, (*kvcache.Pool).HandOver)
 }
 
 // NewPools wraps pools (index = layer group).
 func NewPools(pools []*kvcache.Pool) *Pools {
-	p := &Pools{pools: pools}
-	p.cond = sync.NewCond(&p.mu)
-	return p
+	s := &poolSet{pools: pools}
+	s.cond = sync.NewCond(&s.mu)
+	return &Pools{poolSet: s}
 }
 
 // Groups is the number of layer groups.
@@ -164,7 +378,9 @@ func (p *Pools) Geometry(g int) kvcache.PoolGeometry {
 	return kvcache.PoolGeometry{Offset: pl.Offset(0), BlockBytes: pl.BlockBytes(), Blocks: pl.Len()}
 }
 
-// Alloc allocates counts[g] blocks in every group, all or nothing.
+// Alloc allocates counts[g] blocks in every group, all or nothing: the
+// caller's (allocated), or in the sessions' view a live receive's
+// (receiving).
 func (p *Pools) Alloc(counts []int) ([][]kvcache.BlockID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -188,12 +404,16 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 			return nil, fmt.Errorf("%w: group %d needs %d blocks, %d free", kvcache.ErrOutOfBlocks, g, n, st.Free)
 		}
 	}
+	alloc, free := (*kvcache.Pool).Alloc, (*kvcache.Pool).Free
+	if p.sessions {
+		alloc, free = (*kvcache.Pool).AllocReceiving, (*kvcache.Pool).FreeReceiving
+	}
 	out := make([][]kvcache.BlockID, len(counts))
 	for g, n := range counts {
-		ids, err := p.pools[g].Alloc(n)
+		ids, err := alloc(p.pools[g], n)
 		if err != nil {
 			for h := 0; h < g; h++ {
-				_ = p.pools[h].Free(out[h]...)
+				_ = free(p.pools[h], out[h]...)
 			}
 			return nil, err
 		}
@@ -231,14 +451,16 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 
 // Held checks that every id of group g is held by its owner (allocated,
 // pinned or not), as a source block must be before Pin: the error wraps
-// kvcache.ErrBlockFree (or the pool's error) and names every bad block, up
-// to a few.
+// kvcache.ErrBlockFree (kvcache.ErrBlockReceiving for a block a live
+// receive owns, or the pool's error) and names every bad block, up to a
+// few.
 func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if g < 0 || g >= len(p.pools) {
 		return fmt.Errorf("%w: group %d of %d", kvcache.ErrUnknownBlock, g, len(p.pools))
 	}
+	p.settleLocked(g, ids)
 	var bad []string
 	var first error
 	for _, id := range ids {
@@ -246,7 +468,10 @@ func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 		if err == nil && (st == kvcache.BlockAllocated || st == kvcache.BlockPinned) {
 			continue
 		}
-		if err == nil {
+		switch {
+		case err == nil && st == kvcache.BlockReceiving:
+			err = fmt.Errorf("%w: block %d is receiving: a live request owns it", kvcache.ErrBlockReceiving, id)
+		case err == nil:
 			err = fmt.Errorf("%w: block %d is %v", kvcache.ErrBlockFree, id, st)
 		}
 		if first == nil {
@@ -262,9 +487,14 @@ func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 	return fmt.Errorf("group %d: source blocks [%s] not held (of %d named): %w", g, strings.Join(bad, " "), len(ids), first)
 }
 
-// Free frees blocks per group.
+// Free frees blocks per group, all or nothing: in the caller's view
+// (Engine.FreeBlocks) the caller's blocks, never one a live receive owns;
+// in the sessions' view a live receive's own.
 func (p *Pools) Free(blocks [][]kvcache.BlockID) error {
-	return p.putBack(blocks, (*kvcache.Pool).Free)
+	if p.sessions {
+		return p.putBack("Free", kvcache.BlockReceiving, blocks, (*kvcache.Pool).FreeReceiving)
+	}
+	return p.putBack("Free", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Free)
 }
 
 // Pin pins blocks of group g.
@@ -274,6 +504,7 @@ func (p *Pools) Pin(g int, ids []kvcache.BlockID) error {
 	if g < 0 || g >= len(p.pools) {
 		return fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
 	}
+	p.settleLocked(g, ids)
 	return p.pools[g].Pin(ids...)
 }
 
@@ -289,10 +520,14 @@ func (p *Pools) Unpin(g int, ids []kvcache.BlockID) error {
 	return err
 }
 
-// Stats returns each group's counters.
+// Stats returns each group's counters (lends that are over settled
+// first).
 func (p *Pools) Stats() []kvcache.PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for l := range p.lends {
+		p.settleLend(l)
+	}
 	out := make([]kvcache.PoolStats, len(p.pools))
 	for g, pl := range p.pools {
 		out[g] = pl.Stats()
@@ -300,8 +535,8 @@ func (p *Pools) Stats() []kvcache.PoolStats {
 	return out
 }
 
-// Used is the number of blocks held (allocated or pinned), over all
-// groups; quarantined blocks are counted by Quarantined.
+// Used is the number of blocks held (allocated, pinned or receiving),
+// over all groups; quarantined blocks are counted by Quarantined.
 func (p *Pools) Used() int {
 	n := 0
 	for _, st := range p.Stats() {

@@ -17,6 +17,14 @@ var (
 	// ErrNotQuarantined is returned when ReleaseQuarantine names a block that
 	// is not quarantined.
 	ErrNotQuarantined = errors.New("kvcache: block not quarantined")
+	// ErrBlockReceiving is returned when a block that a live receive owns
+	// (BlockReceiving) is freed, quarantined, pinned or lent by its
+	// caller: until the receive hands it over (HandOver) or gives it up
+	// itself (FreeReceiving, QuarantineReceiving), writes may land in it.
+	ErrBlockReceiving = errors.New("kvcache: block owned by a live receive")
+	// ErrNotReceiving is returned when HandOver, FreeReceiving or
+	// QuarantineReceiving names a block that no live receive owns.
+	ErrNotReceiving = errors.New("kvcache: block not receiving")
 )
 
 // BlockState is the life-cycle state of one pool block.
@@ -30,11 +38,17 @@ var (
 //	Pinned      → Allocated    Unpin (pin count 1 → 0)
 //	Allocated   → Quarantined  Quarantine
 //	Quarantined → Free         ReleaseQuarantine
+//	Free        → Receiving    AllocReceiving
+//	Allocated   → Receiving    Lend
+//	Receiving   → Allocated    HandOver
+//	Receiving   → Free         FreeReceiving
+//	Receiving   → Quarantined  QuarantineReceiving
 //
 // Every other (state, method) pair is rejected with an error and changes
-// nothing. In particular a pinned block cannot be freed or quarantined, and a
+// nothing. In particular a pinned block cannot be freed or quarantined, a
 // quarantined block cannot be freed, pinned or handed out again until
-// ReleaseQuarantine.
+// ReleaseQuarantine, and a receiving block is left only by the receive
+// that owns it: Free, Quarantine, Pin and Lend refuse it (ErrBlockReceiving).
 type BlockState uint8
 
 const (
@@ -49,7 +63,17 @@ const (
 	// source of a write whose quiescence is not proven; it is not reused
 	// until ReleaseQuarantine.
 	BlockQuarantined
+	// BlockReceiving is owned by a live receive: writes for it may land
+	// in it, from its allocation (AllocReceiving), or from its caller's
+	// lending it (Lend), until the receive hands it over to its caller
+	// (HandOver) or gives it up itself (FreeReceiving,
+	// QuarantineReceiving). Its caller cannot free, quarantine or pin it.
+	BlockReceiving
 )
+
+// blockMarked is the transient state Check gives the blocks it has seen,
+// to find an id named twice; no block keeps it.
+const blockMarked BlockState = math.MaxUint8
 
 func (s BlockState) String() string {
 	switch s {
@@ -61,18 +85,22 @@ func (s BlockState) String() string {
 		return "pinned"
 	case BlockQuarantined:
 		return "quarantined"
+	case BlockReceiving:
+		return "receiving"
 	}
 	return fmt.Sprintf("BlockState(%d)", uint8(s))
 }
 
 // PoolStats counts a pool's blocks by state. Total = Free + Used +
-// Quarantined; Pinned counts the Used blocks that have at least one pin.
+// Quarantined; Pinned counts the Used blocks that have at least one pin,
+// Receiving the Used blocks a live receive owns.
 type PoolStats struct {
 	Total       int
 	Free        int
 	Used        int
 	Pinned      int
 	Quarantined int
+	Receiving   int
 }
 
 // Pool hands out fixed-size blocks carved from one Region: block i occupies
@@ -96,7 +124,7 @@ type Pool struct {
 	pins  []uint32
 	free  []BlockID // stack; the top is the last element
 
-	used, pinned, quarantined int
+	used, pinned, quarantined, receiving int
 }
 
 // NewPool makes a pool of blocks blocks of blockBytes bytes each, laid out
@@ -139,23 +167,35 @@ func NewPool(region *Region, offset uint64, blockBytes uint64, blocks int) (*Poo
 // n blocks are free one wrapping ErrOutOfBlocks (a Free may help), and
 // allocates none. Alloc(0) returns an empty slice; a negative n is an error
 // wrapping ErrBadCount.
-func (p *Pool) Alloc(n int) ([]BlockID, error) {
+func (p *Pool) Alloc(n int) ([]BlockID, error) { return p.alloc("Alloc", n, BlockAllocated) }
+
+// AllocReceiving is Alloc for a receive's destination blocks: they are
+// marked receiving (owned by the live receive) instead of allocated.
+func (p *Pool) AllocReceiving(n int) ([]BlockID, error) {
+	ids, err := p.alloc("AllocReceiving", n, BlockReceiving)
+	if err == nil {
+		p.receiving += n
+	}
+	return ids, err
+}
+
+func (p *Pool) alloc(op string, n int, to BlockState) ([]BlockID, error) {
 	if n < 0 {
-		return nil, fmt.Errorf("%w: Alloc(%d): count must be ≥ 0", ErrBadCount, n)
+		return nil, fmt.Errorf("%w: %s(%d): count must be ≥ 0", ErrBadCount, op, n)
 	}
 	if err := p.Geometry().CheckFits(n); err != nil {
 		return nil, err
 	}
 	if n > len(p.free) {
-		return nil, fmt.Errorf("%w: Alloc: requested %d blocks, %d free of %d (%d quarantined)",
-			ErrOutOfBlocks, n, len(p.free), len(p.state), p.quarantined)
+		return nil, fmt.Errorf("%w: %s: requested %d blocks, %d free of %d (%d quarantined)",
+			ErrOutOfBlocks, op, n, len(p.free), len(p.state), p.quarantined)
 	}
 	ids := make([]BlockID, n)
 	top := len(p.free)
 	for i := range ids {
 		id := p.free[top-1-i]
 		ids[i] = id
-		p.state[id] = BlockAllocated
+		p.state[id] = to
 	}
 	p.free = p.free[:top-n]
 	p.used += n
@@ -165,27 +205,54 @@ func (p *Pool) Alloc(n int) ([]BlockID, error) {
 // Free returns allocated blocks to the free list. Every id must name an
 // allocated, unpinned block, and no id may appear twice; otherwise Free
 // changes nothing and returns an error wrapping ErrUnknownBlock (id out of
-// range), ErrDoubleFree (already free, or repeated in ids), ErrBlockPinned
-// or ErrBlockQuarantined (use ReleaseQuarantine).
+// range), ErrDoubleFree (already free, or repeated in ids), ErrBlockPinned,
+// ErrBlockQuarantined (use ReleaseQuarantine) or ErrBlockReceiving (a live
+// receive owns it).
 func (p *Pool) Free(ids ...BlockID) error {
-	// Mark each block free as it passes, so a repeated id fails as a double
-	// free; undo the marks if any id fails.
-	for i, id := range ids {
-		if err := p.check("Free", id); err != nil {
-			p.restore(ids[:i], BlockAllocated)
-			return err
-		}
-		if s := p.state[id]; s != BlockAllocated {
-			p.restore(ids[:i], BlockAllocated)
-			if contains(ids[:i], id) {
-				return fmt.Errorf("%w: Free: block %d listed twice", ErrDoubleFree, id)
-			}
-			return p.stateError("Free", id, s)
-		}
-		p.state[id] = BlockFree
+	if err := p.move("Free", BlockAllocated, BlockFree, ids); err != nil {
+		return err
 	}
 	p.push(ids)
 	p.used -= len(ids)
+	return nil
+}
+
+// FreeReceiving returns blocks a live receive owns to the free list: the
+// receive failed and no write can reach them any more. Every id must be
+// receiving, none repeated; otherwise nothing changes and the error wraps
+// ErrUnknownBlock, ErrDoubleFree (free, or repeated) or ErrNotReceiving.
+func (p *Pool) FreeReceiving(ids ...BlockID) error {
+	if err := p.move("FreeReceiving", BlockReceiving, BlockFree, ids); err != nil {
+		return err
+	}
+	p.push(ids)
+	p.used -= len(ids)
+	p.receiving -= len(ids)
+	return nil
+}
+
+// Lend marks allocated blocks receiving: their owner lends them to a live
+// receive, and gets them back allocated by HandOver. Errors, with nothing
+// changed: ErrUnknownBlock, ErrBlockFree, ErrBlockPinned,
+// ErrBlockQuarantined, ErrBlockReceiving (another receive owns it),
+// ErrDoubleFree (an id repeated).
+func (p *Pool) Lend(ids ...BlockID) error {
+	if err := p.move("Lend", BlockAllocated, BlockReceiving, ids); err != nil {
+		return err
+	}
+	p.receiving += len(ids)
+	return nil
+}
+
+// HandOver gives blocks a live receive owns to its caller: they become
+// allocated (the caller frees them with Free). Errors, with nothing
+// changed: ErrUnknownBlock, ErrDoubleFree (free, or an id repeated),
+// ErrNotReceiving.
+func (p *Pool) HandOver(ids ...BlockID) error {
+	if err := p.move("HandOver", BlockReceiving, BlockAllocated, ids); err != nil {
+		return err
+	}
+	p.receiving -= len(ids)
 	return nil
 }
 
@@ -241,23 +308,27 @@ func (p *Pool) Unpin(ids ...BlockID) error {
 // which the caller may call only once it has proof of quiescence (DESIGN.md
 // §3). Free refuses quarantined blocks. Errors, with nothing changed:
 // ErrUnknownBlock (out of range), ErrDoubleFree (free, or an id repeated),
-// ErrBlockPinned, ErrBlockQuarantined (already quarantined).
+// ErrBlockPinned, ErrBlockQuarantined (already quarantined),
+// ErrBlockReceiving.
 func (p *Pool) Quarantine(ids ...BlockID) error {
-	for i, id := range ids {
-		if err := p.check("Quarantine", id); err != nil {
-			p.restore(ids[:i], BlockAllocated)
-			return err
-		}
-		if s := p.state[id]; s != BlockAllocated {
-			p.restore(ids[:i], BlockAllocated)
-			if contains(ids[:i], id) {
-				return fmt.Errorf("%w: Quarantine: block %d listed twice", ErrDoubleFree, id)
-			}
-			return p.stateError("Quarantine", id, s)
-		}
-		p.state[id] = BlockQuarantined
+	if err := p.move("Quarantine", BlockAllocated, BlockQuarantined, ids); err != nil {
+		return err
 	}
 	p.used -= len(ids)
+	p.quarantined += len(ids)
+	return nil
+}
+
+// QuarantineReceiving is Quarantine for blocks a live receive owns: the
+// receive failed without proof that its writers stopped. Errors, with
+// nothing changed: ErrUnknownBlock, ErrDoubleFree (free, or an id
+// repeated), ErrNotReceiving.
+func (p *Pool) QuarantineReceiving(ids ...BlockID) error {
+	if err := p.move("QuarantineReceiving", BlockReceiving, BlockQuarantined, ids); err != nil {
+		return err
+	}
+	p.used -= len(ids)
+	p.receiving -= len(ids)
 	p.quarantined += len(ids)
 	return nil
 }
@@ -267,23 +338,58 @@ func (p *Pool) Quarantine(ids ...BlockID) error {
 // quarantined (or is repeated) is an error wrapping ErrNotQuarantined, one
 // out of range ErrUnknownBlock; on error nothing changes.
 func (p *Pool) ReleaseQuarantine(ids ...BlockID) error {
-	for i, id := range ids {
-		if err := p.check("ReleaseQuarantine", id); err != nil {
-			p.restore(ids[:i], BlockQuarantined)
-			return err
-		}
-		if s := p.state[id]; s != BlockQuarantined {
-			p.restore(ids[:i], BlockQuarantined)
-			if contains(ids[:i], id) {
-				return fmt.Errorf("%w: ReleaseQuarantine: block %d listed twice", ErrNotQuarantined, id)
-			}
-			return fmt.Errorf("%w: ReleaseQuarantine: block %d is %v", ErrNotQuarantined, id, s)
-		}
-		p.state[id] = BlockFree
+	if err := p.move("ReleaseQuarantine", BlockQuarantined, BlockFree, ids); err != nil {
+		return err
 	}
 	p.push(ids)
 	p.quarantined -= len(ids)
 	return nil
+}
+
+// Check returns the error that a call op moving ids out of state from
+// (Free: allocated, FreeReceiving: receiving, ReleaseQuarantine:
+// quarantined, …) would return, and changes nothing: a caller that changes
+// several pools checks every one first, so that it changes all or none.
+func (p *Pool) Check(op string, from BlockState, ids ...BlockID) error {
+	if err := p.move(op, from, blockMarked, ids); err != nil {
+		return err
+	}
+	p.restore(ids, from)
+	return nil
+}
+
+// move sets every id from state from to state to, all or nothing. It marks
+// each block as it passes, so that an id named twice fails; on an error it
+// undoes the marks.
+func (p *Pool) move(op string, from, to BlockState, ids []BlockID) error {
+	for i, id := range ids {
+		if err := p.check(op, id); err != nil {
+			p.restore(ids[:i], from)
+			return err
+		}
+		if s := p.state[id]; s != from {
+			p.restore(ids[:i], from)
+			return p.moveError(op, from, id, s, contains(ids[:i], id))
+		}
+		p.state[id] = to
+	}
+	return nil
+}
+
+// moveError is the error of a move out of state from that met block id in
+// state s (twice: named twice in the call).
+func (p *Pool) moveError(op string, from BlockState, id BlockID, s BlockState, twice bool) error {
+	switch {
+	case from == BlockQuarantined && twice:
+		return fmt.Errorf("%w: %s: block %d listed twice", ErrNotQuarantined, op, id)
+	case from == BlockQuarantined:
+		return fmt.Errorf("%w: %s: block %d is %v", ErrNotQuarantined, op, id, s)
+	case twice:
+		return fmt.Errorf("%w: %s: block %d listed twice", ErrDoubleFree, op, id)
+	case from == BlockReceiving && s != BlockFree:
+		return fmt.Errorf("%w: %s: block %d is %v", ErrNotReceiving, op, id, s)
+	}
+	return p.stateError(op, id, s)
 }
 
 // State returns the state of block id, or an error wrapping ErrUnknownBlock.
@@ -374,6 +480,7 @@ func (p *Pool) Stats() PoolStats {
 		Used:        p.used,
 		Pinned:      p.pinned,
 		Quarantined: p.quarantined,
+		Receiving:   p.receiving,
 	}
 }
 
@@ -382,9 +489,9 @@ func (p *Pool) Stats() PoolStats {
 // that the free list holds each free block exactly once. It costs O(blocks)
 // and is meant for tests and the simulator.
 func (p *Pool) CheckInvariants() error {
-	var count [BlockQuarantined + 1]int
+	var count [BlockReceiving + 1]int
 	for i, s := range p.state {
-		if s > BlockQuarantined {
+		if s > BlockReceiving {
 			return fmt.Errorf("kvcache: pool invariant: block %d has invalid state %v", i, s)
 		}
 		count[s]++
@@ -408,9 +515,10 @@ func (p *Pool) CheckInvariants() error {
 	want := PoolStats{
 		Total:       len(p.state),
 		Free:        count[BlockFree],
-		Used:        count[BlockAllocated] + count[BlockPinned],
+		Used:        count[BlockAllocated] + count[BlockPinned] + count[BlockReceiving],
 		Pinned:      count[BlockPinned],
 		Quarantined: count[BlockQuarantined],
+		Receiving:   count[BlockReceiving],
 	}
 	if got := p.Stats(); got != want {
 		return fmt.Errorf("kvcache: pool invariant: counters %+v, per-block state says %+v", got, want)
@@ -436,13 +544,16 @@ func (p *Pool) stateError(op string, id BlockID, s BlockState) error {
 	switch s {
 	case BlockFree:
 		sentinel = ErrDoubleFree
-		if op == "Pin" {
+		if op == "Pin" || op == "Lend" {
 			sentinel = ErrBlockFree
 		}
 	case BlockPinned:
 		sentinel = ErrBlockPinned
 	case BlockQuarantined:
 		sentinel = ErrBlockQuarantined
+	case BlockReceiving:
+		return fmt.Errorf("%w: %s: block %d is receiving: a live request owns it until its READY hands it over or it ends",
+			ErrBlockReceiving, op, id)
 	default:
 		sentinel = ErrUnknownBlock
 	}

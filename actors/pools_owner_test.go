@@ -1,0 +1,174 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// Free, Quarantine and ReleaseQuarantine are all or nothing across groups:
+// a bad block in one group (or a group past the pools) leaves the good
+// groups as they were, so a caller that sees the error still holds every
+// block it named.
+func TestPoolsPutBackAllOrNothing(t *testing.T) {
+	p := testPools(t, 8, 64)
+	a, err := p.Alloc([]int{2, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"free, group 1 has a free block", func() error { return p.Free([][]kvcache.BlockID{a[0], {a[1][0], 7}}) }, kvcache.ErrDoubleFree},
+		{"free, group 1 names a block twice", func() error { return p.Free([][]kvcache.BlockID{a[0], {a[1][0], a[1][0]}}) }, kvcache.ErrDoubleFree},
+		{"free, a group past the pools", func() error { return p.Free([][]kvcache.BlockID{a[0], a[1], {0}}) }, kvcache.ErrUnknownBlock},
+		{"quarantine, group 1 out of range", func() error { return p.Quarantine([][]kvcache.BlockID{a[0], {99}}) }, kvcache.ErrUnknownBlock},
+		{"release, group 1 not quarantined", func() error { return p.ReleaseQuarantine([][]kvcache.BlockID{nil, a[1]}) }, kvcache.ErrNotQuarantined},
+	}
+	for _, c := range calls {
+		err := c.call()
+		if !errors.Is(err, c.want) {
+			t.Fatalf("%s: %v, want %v", c.name, err, c.want)
+		}
+		st := p.Stats()
+		if st[0].Used != 2 || st[1].Used != 2 || st[0].Quarantined+st[1].Quarantined != 0 {
+			t.Fatalf("%s: a failed call changed the pools: %+v", c.name, st)
+		}
+	}
+	if err := p.Quarantine([][]kvcache.BlockID{a[0][:1]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ReleaseQuarantine([][]kvcache.BlockID{a[0][:1], {a[1][0]}}); !errors.Is(err, kvcache.ErrNotQuarantined) {
+		t.Fatalf("release with group 1 not quarantined: %v", err)
+	}
+	if q := p.Quarantined(); q != 1 {
+		t.Fatalf("a failed ReleaseQuarantine released %d of group 0's 1 quarantined block", 1-q)
+	}
+	if err := p.Free(a); !errors.Is(err, kvcache.ErrBlockQuarantined) || p.Used() != 3 {
+		t.Fatalf("Free with one block quarantined: %v, used %d (want 3, nothing freed)", err, p.Used())
+	}
+}
+
+// Destination blocks a live receive allocated (the sessions' view) are not
+// the caller's: its Free, Quarantine, Pin and Held refuse them, naming the
+// group, the block and that a live request owns them, and change nothing;
+// the receive frees them itself, or hands them over (READY), and then they
+// are the caller's alone.
+func TestPoolsLiveReceiveOwnsItsBlocks(t *testing.T) {
+	caller := testPools(t, 8, 64)
+	sessions := caller.forSessions()
+	rx, err := sessions.Alloc([]int{2, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := caller.Alloc([]int{1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mixed := [][]kvcache.BlockID{own[0], {own[1][0], rx[1][0]}}
+	if err := caller.Free(mixed); !errors.Is(err, kvcache.ErrBlockReceiving) ||
+		!strings.Contains(err.Error(), "group 1") || !strings.Contains(err.Error(), fmt.Sprintf("block %d", rx[1][0])) ||
+		!strings.Contains(err.Error(), "live request owns it") {
+		t.Fatalf("the caller's Free of a live receive's block: %v, want ErrBlockReceiving naming group 1 and block %d", err, rx[1][0])
+	}
+	if err := caller.Quarantine(rx); !errors.Is(err, kvcache.ErrBlockReceiving) {
+		t.Fatalf("the caller's Quarantine of a live receive's blocks: %v", err)
+	}
+	if err := caller.Pin(0, rx[0]); !errors.Is(err, kvcache.ErrBlockReceiving) {
+		t.Fatalf("Pin of a live receive's blocks: %v", err)
+	}
+	if err := caller.Held(0, rx[0]); !errors.Is(err, kvcache.ErrBlockReceiving) {
+		t.Fatalf("Held of a live receive's blocks: %v", err)
+	}
+	if u := caller.Used(); u != 5 {
+		t.Fatalf("used %d after refused calls, want 5", u)
+	}
+	// The receive gives its blocks up itself, never the caller's.
+	if err := sessions.Free([][]kvcache.BlockID{rx[0][:1], own[1]}); !errors.Is(err, kvcache.ErrNotReceiving) {
+		t.Fatalf("the sessions' Free of a caller's block: %v", err)
+	}
+	if err := sessions.Free([][]kvcache.BlockID{rx[0][:1]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sessions.Quarantine([][]kvcache.BlockID{rx[0][1:]}); err != nil {
+		t.Fatal(err)
+	}
+	// READY: the rest is handed over, and the caller frees it.
+	if err := caller.handOver([][]kvcache.BlockID{nil, rx[1]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sessions.Free([][]kvcache.BlockID{nil, rx[1]}); !errors.Is(err, kvcache.ErrNotReceiving) {
+		t.Fatalf("the sessions' Free of handed-over blocks: %v", err)
+	}
+	if err := caller.Free([][]kvcache.BlockID{own[0], append(own[1], rx[1]...)}); err != nil {
+		t.Fatal(err)
+	}
+	if st := caller.Stats(); st[0].Used+st[1].Used != 0 || st[0].Quarantined != 1 {
+		t.Fatalf("stats %+v, want nothing used, one quarantined", st)
+	}
+}
+
+// The caller's blocks lent to a receive (RxRequest.Blocks) are the live
+// receive's until it is over (the handle's Released): the caller's Free,
+// Pin and another lend refuse them, naming the request, and the sessions'
+// Free never takes them; once over they are the caller's again, allocated.
+func TestPoolsLentBlocksGoBackToTheCaller(t *testing.T) {
+	caller := testPools(t, 8, 64)
+	own, err := caller.Alloc([]int{2, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	over := make(chan struct{})
+	// Group 0 also names a free block (a framework that allocates it
+	// elsewhere): left as it is.
+	l, err := caller.lend("r1", [][]kvcache.BlockID{append([]kvcache.BlockID{7}, own[0]...), own[1]}, over)
+	if err != nil || l == nil {
+		t.Fatalf("lend: %v %v", l, err)
+	}
+	if err := caller.Free(own); !errors.Is(err, kvcache.ErrBlockReceiving) || !strings.Contains(err.Error(), "request r1") {
+		t.Fatalf("Free of lent blocks: %v, want ErrBlockReceiving naming request r1", err)
+	}
+	if err := caller.Pin(1, own[1]); !errors.Is(err, kvcache.ErrBlockReceiving) {
+		t.Fatalf("Pin of lent blocks: %v", err)
+	}
+	if _, err := caller.lend("r2", [][]kvcache.BlockID{nil, own[1][1:]}, make(chan struct{})); !errors.Is(err, kvcache.ErrBlockReceiving) ||
+		!strings.Contains(err.Error(), "r1") {
+		t.Fatalf("a second lend of lent blocks: %v, want ErrBlockReceiving naming r1", err)
+	}
+	if err := caller.forSessions().Free(own); !errors.Is(err, kvcache.ErrBlockReceiving) || !strings.Contains(err.Error(), "r1") {
+		t.Fatalf("the sessions' Free of lent blocks: %v", err)
+	}
+	if st, _ := caller.pools[0].State(7); st != kvcache.BlockFree {
+		t.Fatalf("a free block named in the lend is %v", st)
+	}
+	if st := caller.Stats(); st[0].Receiving != 2 || st[1].Receiving != 2 {
+		t.Fatalf("stats while lent %+v", st)
+	}
+	close(over) // Released
+	if st := caller.Stats(); st[0].Receiving+st[1].Receiving != 0 || caller.Used() != 4 {
+		t.Fatalf("stats once over %+v: want the 4 blocks the caller's, allocated", st)
+	}
+	if err := caller.Pin(1, own[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := caller.Unpin(1, own[1]); err != nil {
+		t.Fatal(err)
+	}
+	// A lend the receive never started ends at once.
+	l2, err := caller.lend("r3", own, make(chan struct{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caller.endLend(l2)
+	if err := caller.Free(own); err != nil {
+		t.Fatal(err)
+	}
+	if u := caller.Used(); u != 0 {
+		t.Fatalf("used %d", u)
+	}
+}
