@@ -9,6 +9,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
@@ -55,6 +56,10 @@ type worker struct {
 	// in flight, what a close retires and a crash puts in doubt. Connects
 	// are synchronous here: an endpoint opens in the step that needs it.
 	tbl *core.WorkerTable[*txSess, *endpoint]
+	// stopped: the worker stopped for good (FaultWorkerDead): what its
+	// mailbox holds is lost. dead: the engine knows (shellEnv.dead): ops
+	// for it are never posted, its frames go through the next live worker.
+	stopped, dead bool
 }
 
 func (w *worker) name() string {
@@ -64,7 +69,7 @@ func (w *worker) name() string {
 	return w.nm
 }
 
-func (w *worker) live() bool { return w.c.live(w.inc) }
+func (w *worker) live() bool { return w.c.live(w.inc) && !w.stopped }
 
 // endpoint is one worker's connection to one generation incarnation.
 type endpoint struct {
@@ -438,7 +443,8 @@ func (w *worker) closeEndpoint(key string) {
 }
 
 // crash is a worker panic and its supervisor's restart (workerSlot.restart):
-// every op in flight is in doubt, then every endpoint is closed.
+// every op in flight is in doubt, then every endpoint is closed, then
+// every control connection.
 func (w *worker) crash() {
 	s := w.s
 	if !w.live() {
@@ -463,6 +469,15 @@ func (w *worker) crash() {
 	for _, k := range keys {
 		w.closeEndpoint(k)
 	}
+	// Its control connections are closed too: its next frames dial anew.
+	s.closeConns(false, w.c.idx, w.inc, w.idx)
+}
+
+// panicInSend is the trace's record of a worker that panicked inside the
+// send of Frame (Left: the frame had left).
+type panicInSend struct {
+	Frame messages.Frame
+	Left  bool
 }
 
 // pPanicInSend is the probability, with worker panics on, that a worker
@@ -482,9 +497,11 @@ func (w *worker) send(ts *txSess, e actors.SendFrame) {
 		// sending): the frame left or not, nobody knows which; the
 		// stream's session hears it was not sent, then the restart's
 		// reports follow.
-		if w.s.chance(0.5) {
+		left := w.s.chance(0.5)
+		if left {
 			_ = w.s.linkSend(false, w.c.idx, w.inc, w.idx, e.To, e.Frame)
 		}
+		w.s.note(w.name(), panicInSend{Frame: e.Frame, Left: left})
 		w.toSession(ts, actors.TxSent{Peer: e.Peer, Err: fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, w.idx)})
 		w.crash()
 		return

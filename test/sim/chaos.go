@@ -16,6 +16,12 @@ func (s *Sim) scheduleFaults() {
 	for _, t := range p.crashes {
 		s.at(t, "chaos", "WorkerCrash", func() { s.crashWorker() })
 	}
+	for _, t := range p.remakes {
+		s.at(t, "chaos", "remakeConn", func() { s.remakeConn(20) })
+	}
+	for _, t := range p.stops {
+		s.at(t, "chaos", "workerStop", func() { s.stopWorker() })
+	}
 	for _, d := range p.deaths {
 		s.at(d.at, "chaos", "death", func() { s.kill(d) })
 	}
@@ -57,6 +63,11 @@ func (s *Sim) scheduleFaults() {
 	}
 }
 
+// crashWorker makes a sender worker of a live rank panic: a context
+// rank's (ops in doubt, endpoints and connections closed), or one time in
+// four a generation rank's (its connections closed). The generation side's
+// draws come from Sim.cr, so that the context side's are those of a seed
+// whose generation workers never crash.
 func (s *Sim) crashWorker() {
 	var live []*ctxRank
 	for _, c := range s.ctx {
@@ -64,12 +75,27 @@ func (s *Sim) crashWorker() {
 			live = append(live, c)
 		}
 	}
-	if len(live) == 0 {
-		return
+	var w *worker
+	if len(live) > 0 {
+		c := live[s.r.IntN(len(live))]
+		w = c.workers[s.r.IntN(len(c.workers))]
 	}
-	c := live[s.r.IntN(len(live))]
-	w := c.workers[s.r.IntN(len(c.workers))]
-	s.mail("chaos", w.name(), 0, workerCrash{}, func() { w.crash() })
+	if s.cr.IntN(4) == 0 {
+		var gens []*genRank
+		for _, g := range s.gen {
+			if g.alive {
+				gens = append(gens, g)
+			}
+		}
+		if len(gens) > 0 {
+			g := gens[s.cr.IntN(len(gens))]
+			g.crashWorker(s.cr.IntN(len(g.workers)))
+			return
+		}
+	}
+	if w != nil {
+		s.mail("chaos", w.name(), 0, workerCrash{}, func() { w.crash() })
+	}
 }
 
 // kill is a rank's death: everything of its incarnation is gone, and its
@@ -448,6 +474,32 @@ func (s *Sim) isBogus(rd *messages.RequestData) bool {
 	return false
 }
 
+// stuck names, for a run that never went quiet, the first session still
+// live with an op in flight (a context rank's), or else the first
+// generation session still live.
+func (s *Sim) stuck() string {
+	for _, c := range s.ctx {
+		if !c.alive {
+			continue
+		}
+		for _, ts := range sortedSessions(c.sessions) {
+			if !ts.s.Quiescent() {
+				return fmt.Sprintf(": %s still %v with ops %v", ts.name, ts.s.State(), ts.s.OpStates())
+			}
+		}
+	}
+	for _, g := range s.gen {
+		if !g.alive {
+			continue
+		}
+		for _, id := range sortedIDs(g.entries) {
+			rs := g.entries[id]
+			return fmt.Sprintf(": %s still %v, writers without a proof %v", rs.name, rs.s.State(), rs.s.Unproven())
+		}
+	}
+	return ""
+}
+
 // checkEnd runs once the queue is empty: every session stopped, every
 // request terminal, every block back in its pool.
 func (s *Sim) checkEnd() {
@@ -557,6 +609,12 @@ func summarize(m any) string {
 		return fmt.Sprintf("writer=%d %s", m.Writer, frameSummary(m.Frame))
 	case messages.Frame:
 		return frameSummary(m)
+	case panicInSend:
+		return fmt.Sprintf("panicked inside the send (left: %v) of %s", m.Left, frameSummary(m.Frame))
+	case held:
+		return fmt.Sprintf("in its closed connection's linger until %v: %s", m.Until, frameSummary(m.Frame))
+	case lostFrame:
+		return "lost with its closed connection: " + frameSummary(m.Frame)
 	case actors.TxStart:
 		return fmt.Sprintf("prompt=%d deadline=%s", m.PromptLen, m.Deadline.Format(time.StampMicro))
 	}

@@ -57,6 +57,9 @@ type ctxRank struct {
 	// leaseArmed: a lease check is scheduled.
 	leases     *core.PeerLeases
 	leaseArmed bool
+	// failed: a sender worker stopped for good (FaultWorkerDead); the
+	// engine refuses new work (ErrEngineFailed).
+	failed bool
 }
 
 // renewLease is txParent.renewLease: a sign of peer's life renews the
@@ -137,7 +140,7 @@ func (c *ctxRank) boot() {
 	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
 	c.written = map[blockKey]uint64{}
-	c.posted, c.maxFrame, c.apps = 0, 0, nil
+	c.posted, c.maxFrame, c.apps, c.failed = 0, 0, nil, false
 	c.workers = nil
 	for i := range s.ctxW {
 		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,
@@ -502,19 +505,26 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 		case actors.WatchFence:
 			s.watchFence(ts, e.Chunk)
 		case actors.Submit:
-			w := c.workers[e.Worker]
-			msg := wSubmit{Submit: e, sess: ts}
-			s.mail(ts.name, w.name(), s.hop(), msg, func() { w.submit(msg) })
+			// Ops for a dead worker are never posted (shellEnv.opWorker).
+			if w := c.workers[e.Worker]; !w.dead {
+				msg := wSubmit{Submit: e, sess: ts}
+				s.mail(ts.name, w.name(), s.hop(), msg, func() { w.submit(msg) })
+			}
 		case actors.Flush:
-			w := c.workers[e.Worker]
-			msg := wFlush{Flush: e, sess: ts}
-			s.mail(ts.name, w.name(), s.hop(), msg, func() { w.flush(msg) })
+			if w := c.workers[e.Worker]; !w.dead {
+				msg := wFlush{Flush: e, sess: ts}
+				s.mail(ts.name, w.name(), s.hop(), msg, func() { w.flush(msg) })
+			}
 		case actors.CloseEndpoint:
-			w := c.workers[e.Worker]
-			s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
+			if w := c.workers[e.Worker]; !w.dead {
+				s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
+			}
 		case actors.SendFrame:
-			w := c.workers[e.Worker]
-			s.mail(ts.name, w.name(), s.hop(), e, func() { w.send(ts, e) })
+			// A dead worker's frames go through the next live one
+			// (shellEnv.frameWorker).
+			if w := c.frameWorker(e.Worker); w != nil {
+				s.mail(ts.name, w.name(), s.hop(), e, func() { w.send(ts, e) })
+			}
 		case actors.StartTimer:
 			d := max(e.At.Sub(c.now()), 0)
 			msg := actors.TxTimeout{Kind: e.Kind}
@@ -670,9 +680,25 @@ func (c *ctxRank) peerDown(peer messages.PeerID) {
 
 func (c *ctxRank) reply(request string, to messages.PeerID, f messages.Frame) {
 	core.Stamp(f, c.incarnation(), c.answering)
-	w := c.workers[actors.WorkerFor(request, to, len(c.workers))]
-	e := actors.SendFrame{Worker: w.idx, To: to, Frame: f}
+	i := actors.WorkerFor(request, to, len(c.workers))
+	w := c.frameWorker(i)
+	if w == nil {
+		return
+	}
+	e := actors.SendFrame{Worker: i, To: to, Frame: f}
 	c.s.mail(c.parentName(), w.name(), c.s.hop(), e, func() { w.send(nil, e) })
+}
+
+// frameWorker is shellEnv.frameWorker: the worker that sends a frame
+// routed to worker i — i, or the next live one once i is dead — or nil
+// when none is left.
+func (c *ctxRank) frameWorker(i int) *worker {
+	for k := range c.workers {
+		if w := c.workers[(i+k)%len(c.workers)]; !w.dead {
+			return w
+		}
+	}
+	return nil
 }
 
 // resolved reports whether this rank resolved a RequestData of request id
@@ -803,6 +829,12 @@ func (a *ctxApp) start() {
 		for _, id := range gids {
 			delete(c.written, blockKey{g, id}) // nothing of this request written yet
 		}
+	}
+	if c.failed {
+		// A sender worker spent its restart budget: Engine.Send refuses
+		// (ErrEngineFailed).
+		a.finished()
+		return
 	}
 	// Engine.Send: the tx parent opens (or adopts) the session.
 	spawn, err := c.table.Open(q.id, "")

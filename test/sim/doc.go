@@ -38,7 +38,13 @@
 // Flush, CloseEndpoint, SendFrame — TxSent with the control link's answer
 // for a stream's terminal frame —, SendRequestData — RxSent likewise —
 // and a restart: TxInDoubt, then close every endpoint, which retires its
-// ops; a restart inside a terminal frame's send reports it not sent), and
+// ops, then every control connection; a restart inside a terminal frame's
+// send reports it not sent, inside a RequestData's reports nothing — a
+// generation rank's workers restart too, closing their connections — and
+// a stop for good (FaultWorkerDead: its endpoints and connections closed,
+// its mailbox lost, then TxWorkerDead or RxWorkerDead to every session,
+// its frames through the next live worker, its ops never posted, Send and
+// Receive refused)), and
 // the serving processes (Send and
 // chunks — refused once the handle's Decided carries an error —, Receive,
 // cancel, and freeing blocks after Done). A batch lands —
@@ -68,6 +74,17 @@
 // Mailboxes are FIFO per (sender, receiver); the control link encodes and
 // decodes every frame and is FIFO per connection (a worker's DEALER to a
 // peer), as ZeroMQ over TCP is: reordering happens across connections.
+// A worker's connection to a peer is not forever (conn.go): it is dialled
+// on the first frame, and remade — the next frame dials a new one — after
+// the worker restarts or stops, or a send fails other than for a full
+// queue (actors/worker.go). Frames of the new connection owe nothing to
+// those still on the old one: under FaultConnRemade a closed connection's
+// frames leave late, within its linger, so that the new one's overtake
+// them (a Cancel its RequestData, on the generation side; a CancelAck or
+// a FAILED reply a Result, on the context side), or the tail of them is
+// lost; that fault also restarts workers with frames in flight, on both
+// sides. A Cancel that reaches a context rank while its RequestData is
+// still on its way is counted (Result.CancelsOvertook).
 // A send fails (the frame never leaves) when the peer is in no directory
 // (a context instance that does not exist) or the seed makes the
 // connection refuse frames; a frame to a dead peer is taken and lost.
@@ -131,11 +148,21 @@
 // # Faults and coverage
 //
 // Fault and Race list the fault kinds a seed may inject and the races of
-// DESIGN.md §3; Result counts which fired, the layer parts sessions took
-// and the wrong chunks refused. TestSeeds fails when a fault kind, a race
-// or a kind of wrong chunk is reached in fewer than one seed in 1,000, or
-// when fewer seeds than that have a request handed in parts end READY. TestMutations turns on
+// DESIGN.md §3; Result counts which fired, the layer parts sessions took,
+// the wrong chunks refused and the Cancels that overtook their
+// RequestData. TestSeeds fails when a fault kind, a race, a kind of wrong
+// chunk or a Cancel overtaking its RequestData is reached in fewer than
+// one seed in 1,000, or when fewer seeds than that have a request handed
+// in parts end READY. TestMutations turns on
 // each actors.Mutations switch and requires a failing seed within 1,000.
+//
+// FaultWorkerDead stops generation ranks' workers, and context ranks' too
+// with Config.CtxWorkerStops (-ctx-worker-stops; TestCtxWorkerStop runs
+// as many seeds as TestSeeds with it, and keeps fixed the bug it found).
+// A rank keeps one live worker, and a generation rank
+// with a writer that can never be reached keeps them all: a RequestData
+// lost with a stopped worker gets no report, so its session waits for a
+// proof only that writer could give.
 //
 // # Reproducing a failure
 //

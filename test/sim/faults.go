@@ -13,10 +13,13 @@ type Fault uint8
 
 // Fault kinds.
 const (
-	// FaultWorkerPanic: a sender worker panics and restarts (its ops go
-	// IN_DOUBT, its endpoints are closed, then they are retired); now and
-	// then inside the send of a stream's terminal frame, which may or may
-	// not have left and which its session hears was not sent.
+	// FaultWorkerPanic: a sender worker panics and restarts: a context
+	// rank's (its ops go IN_DOUBT, its endpoints are closed, then they are
+	// retired, then its control connections), or a generation rank's (its
+	// control connections are closed); now and then inside the send of a
+	// stream's terminal frame, which may or may not have left and which
+	// its session hears was not sent, or of a RequestData or a Cancel,
+	// which may or may not have left and of which nobody hears.
 	FaultWorkerPanic Fault = iota
 	// FaultPeerDeathBeforePost: a rank dies before any write to or from it
 	// was posted.
@@ -109,6 +112,21 @@ const (
 	// did not leave fails the request instead of DONE. Counted when a
 	// frame is refused.
 	FaultResultUnsent
+	// FaultConnRemade: control frames between two engines keep their
+	// order only within one connection (a worker's DEALER to a peer), and
+	// a worker remakes its connections after a restart or a send error
+	// (actors/worker.go): a sender worker with frames in flight restarts
+	// (either side), and a closed connection's frames leave late, within
+	// its linger — frames of the new connection overtake them — or the
+	// tail of them is lost. Counted when a frame arrives after a frame of
+	// a newer connection of the same worker to the same peer, or is lost.
+	FaultConnRemade
+	// FaultWorkerDead: a sender worker (either side) spends its restart
+	// budget and stops for good: its sessions fail (TxWorkerDead,
+	// RxWorkerDead), frames routed to it go through the next live worker
+	// (another connection), ops for it are never posted, and the engine
+	// refuses new work.
+	FaultWorkerDead
 
 	numFaults
 )
@@ -122,6 +140,7 @@ var faultNames = [numFaults]string{
 	"control refused, RequestData re-sent", "pin refused (source freed)",
 	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift", "writer lease lapsed",
 	"context frame refused (Result not sent)",
+	"connection remade, older frames late or lost", "worker stopped (restart budget spent)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -237,6 +256,10 @@ type plan struct {
 	// driftPPM[i]: the clock drift of context rank i, then of generation
 	// rank i-ctxRanks, in parts per million.
 	driftPPM []int64
+	// remakes: restarts of a worker with frames in flight
+	// (FaultConnRemade); stops: a worker stopped for good
+	// (FaultWorkerDead).
+	remakes, stops []time.Duration
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -259,7 +282,9 @@ func (p *plan) stallEnd(actor string, t time.Duration) time.Duration {
 // probability, then its parameters are drawn.
 func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration, density float64) plan {
 	var p plan
-	for f := range numFaults {
+	// The connection faults, from FaultConnRemade on, are drawn from a
+	// stream of their own (drawConnFaults).
+	for f := range FaultConnRemade {
 		p.on[f] = r.Float64() < density
 	}
 	// Most faults strike while transfers run; some at any time.
@@ -399,6 +424,29 @@ func newPlan(r *rand.Rand, ctxRanks, genRanks int, active, horizon time.Duration
 		}
 	}
 	return p
+}
+
+// drawConnFaults draws the connection faults (FaultConnRemade,
+// FaultWorkerDead) from their own stream r (Sim.cr) with the seed's
+// density, at times drawn as newPlan's.
+func (p *plan) drawConnFaults(r *rand.Rand, active, horizon time.Duration, density float64) {
+	at := func() time.Duration {
+		if r.IntN(4) > 0 {
+			return time.Duration(r.Int64N(int64(active)))
+		}
+		return time.Duration(r.Int64N(int64(horizon)))
+	}
+	for f := FaultConnRemade; f < numFaults; f++ {
+		p.on[f] = r.Float64() < density
+	}
+	if p.on[FaultConnRemade] {
+		for range 1 + r.IntN(4) {
+			p.remakes = append(p.remakes, at())
+		}
+	}
+	if p.on[FaultWorkerDead] {
+		p.stops = append(p.stops, at())
+	}
 }
 
 // partitioned returns the end of the partition between ctx rank c and gen

@@ -34,7 +34,13 @@ type genRank struct {
 	guard   *actors.Pools
 	hello   *messages.Hello
 	workers []string
-	entries map[string]*rxSess
+	// wstop marks the sender workers that stopped for good
+	// (FaultWorkerDead): what their mailboxes hold is lost; wdead those
+	// the engine knows of (frames routed to one go through the next live
+	// worker); failed: the engine refuses new work (ErrEngineFailed).
+	wstop, wdead []bool
+	failed       bool
+	entries      map[string]*rxSess
 	// table is the real rx parent's table (core.RxTable): writers and
 	// epochs of started requests, the down set, the writers' plan.
 	table    *core.RxTable
@@ -96,6 +102,7 @@ func (g *genRank) boot() {
 	for i := range s.genW {
 		g.workers = append(g.workers, fmt.Sprintf("%s/w%d", g.nm, i))
 	}
+	g.wstop, g.wdead, g.failed = make([]bool, s.genW), make([]bool, s.genW), false
 }
 
 // hello is the control link's view of a peer's Hello.
@@ -137,7 +144,12 @@ type rxSess struct {
 	// ranks' shapes; unreachable, the writer can never be reached
 	// (FaultNeverConnected).
 	left, proof, unreachable []bool
-	refused                  []bool // a RequestData to it was refused
+	// unknown: a RequestData to it was handed to a worker that never
+	// reported whether it left (the worker panicked inside the send, or
+	// stopped with it in its mailbox): the session must treat it as
+	// possibly delivered.
+	unknown []bool
+	refused []bool // a RequestData to it was refused
 	// writerInc: the writer incarnation each RequestData is addressed to;
 	// only that incarnation's terminal frame is proof of its end.
 	writerInc          []uint64
@@ -209,7 +221,7 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 					return
 				}
 			}
-			if !slices.Contains(rs.left, true) && rs.neverConn && s.vt > rs.deadlineAt+5*time.Millisecond {
+			if !slices.Contains(rs.left, true) && !slices.Contains(rs.unknown, true) && rs.neverConn && s.vt > rs.deadlineAt+5*time.Millisecond {
 				s.failf("%s: %T: no RequestData ever left, yet the blocks were held until %v (deadline %v)", rs.name, msg, s.vt, rs.deadlineAt)
 				return
 			}
@@ -342,21 +354,33 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 		}
 		switch e := e.(type) {
 		case actors.SendFrame:
-			wn := g.workers[e.Worker]
+			// A frame routed to a dead worker goes through the next live
+			// one (shellEnv.frameWorker), on that worker's connection.
+			wi := g.frameWorker(e.Worker)
+			if wi < 0 {
+				break
+			}
 			inc := rs.inc
-			s.mail(rs.name, wn, s.hop(), e, func() {
-				if g.live(inc) {
-					_ = s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
+			s.mail(rs.name, g.workers[wi], s.hop(), e, func() {
+				if g.live(inc) && !g.wstop[wi] {
+					_, _ = g.workerSend(wi, e.To, e.Frame, true)
 				}
 			})
 		case actors.SendRequestData:
 			// The worker hands the frame to the control plane and tells
 			// the session whether it left (workerSlot.send, RxSent).
-			wn := g.workers[e.Worker]
 			inc := rs.inc
 			if e.Writer >= 0 && e.Writer < len(rs.refused) && rs.refused[e.Writer] && !rs.unreachable[e.Writer] {
 				s.fired(FaultControlRefused) // a re-send after a refusal
 			}
+			wi := g.frameWorker(e.Worker)
+			if wi < 0 {
+				// No worker left: it never leaves (rxKind.effect).
+				msg := actors.RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: no sender worker left", actors.ErrEngineFailed)}
+				s.after(0, rs.name, msg, func() { s.stepRx(rs, msg) })
+				break
+			}
+			wn := g.workers[wi]
 			s.mail(rs.name, wn, s.hop(), e, func() {
 				if !g.live(inc) {
 					return
@@ -365,10 +389,23 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 					s.failf("%s: SendRequestData for writer %d, epoch %v", rs.name, e.Writer, e.Frame)
 					return
 				}
-				err := s.linkSend(true, g.idx, inc, e.Worker, e.To, e.Frame)
+				if g.wstop[wi] {
+					// Lost in a stopped worker's mailbox: no report.
+					rs.unknown[e.Writer] = true
+					return
+				}
+				err, crashed := g.workerSend(wi, e.To, e.Frame, !rs.unreachable[e.Writer])
 				if err == nil {
 					rs.left[e.Writer] = true
-				} else {
+				}
+				if crashed {
+					// workerSlot.restart: a RequestData whose send the
+					// crash cut gets no report; whether it left is not
+					// known.
+					rs.unknown[e.Writer] = true
+					return
+				}
+				if err != nil {
 					rs.refused[e.Writer] = true
 				}
 				if err != nil && rs.unreachable[e.Writer] && !rs.ncFired {
@@ -429,6 +466,55 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			s.failf("%s: unexpected effect %T", rs.name, e)
 		}
 	}
+}
+
+// frameWorker is shellEnv.frameWorker: the worker that sends a frame
+// routed to worker i — i, or the next live one once i is dead — or -1
+// when none is left.
+func (g *genRank) frameWorker(i int) int {
+	for k := range g.workers {
+		if j := (i + k) % len(g.workers); !g.wdead[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// workerSend is workerSlot.send on worker wi: err is nil when the frame
+// left. With worker panics on, the worker now and then panics inside the
+// send (drawn from Sim.cr) (mayCrash: the caller allows it): the frame left or not, nobody
+// knows which (crashed), and the restart follows.
+func (g *genRank) workerSend(wi int, to messages.PeerID, f messages.Frame, mayCrash bool) (err error, crashed bool) {
+	s := g.s
+	if mayCrash && s.faults.on[FaultWorkerPanic] && s.cr.Float64() < pPanicInSend {
+		err = fmt.Errorf("%w: worker %d", actors.ErrWorkerCrashed, wi)
+		if s.cr.IntN(2) == 0 {
+			err = s.linkSend(true, g.idx, g.inc, wi, to, f)
+		}
+		s.note(g.workers[wi], panicInSend{Frame: f, Left: err == nil})
+		g.restartWorker(wi)
+		return err, true
+	}
+	return s.linkSend(true, g.idx, g.inc, wi, to, f), false
+}
+
+// crashWorker makes worker wi panic (the engine's crash injection, through
+// its mailbox).
+func (g *genRank) crashWorker(wi int) {
+	inc := g.inc
+	g.s.mail("chaos", g.workers[wi], 0, workerCrash{}, func() {
+		if g.live(inc) && !g.wstop[wi] {
+			g.restartWorker(wi)
+		}
+	})
+}
+
+// restartWorker is a generation rank's worker panic and its supervisor's
+// restart (workerSlot.restart): it holds no ops, so the restart closes its
+// control connections; its next frames dial anew.
+func (g *genRank) restartWorker(wi int) {
+	g.s.fired(FaultWorkerPanic)
+	g.s.closeConns(true, g.idx, g.inc, wi)
 }
 
 // release frees a request's destination blocks and drops their ownership.
@@ -555,6 +641,13 @@ func (s *Sim) scheduleGenApp(q *request, g *genRank) {
 
 func (a *genApp) receive() {
 	g, s, q := a.g, a.g.s, a.q
+	if g.failed {
+		// A sender worker spent its restart budget: Engine.Receive
+		// refuses (ErrEngineFailed).
+		a.done = true
+		s.res.NotReady++
+		return
+	}
 	l := s.layout
 	a.counts = make([]int, len(l.Groups))
 	for grp, lg := range l.Groups {
@@ -651,6 +744,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		unreachable := a.context == ghostInstance || deaf
 		rs.neverConn = rs.neverConn || unreachable
 		rs.left = append(rs.left, false)
+		rs.unknown = append(rs.unknown, false)
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
 		rs.refused = append(rs.refused, false)

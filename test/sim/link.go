@@ -13,24 +13,21 @@ import (
 // does not leave this process (as control/zmq's ErrQueueFull).
 var errQueueFull = errors.New("sim link: send queue full")
 
-// linkKey is one control connection: a worker's DEALER to a peer's ROUTER.
-type linkKey struct {
-	fromGen           bool
-	from, inc, worker int
-	to                int
-}
-
 // linkSend is the simulated control link (ZeroMQ): every frame is encoded
-// and decoded, delivered FIFO per connection, and subject to the seed's
-// faults — loss, duplication, delay, cross-connection reordering, and
-// partitions (frames wait for the heal). Frames to or from an incarnation
-// that dies in the meantime are lost with it.
+// and decoded, delivered FIFO per connection (conn.go: a worker's
+// connection to a peer, remade after a restart or a send error), and
+// subject to the seed's faults — loss, duplication, delay,
+// cross-connection reordering, and partitions (frames wait for the heal).
+// Frames to or from an incarnation that dies in the meantime are lost with
+// it.
 //
 // It returns an error when the frame does not leave this process, as
 // control.Link's Dial and Conn.Send do: a peer that is in no directory (the
 // dial fails), or a connection the seed's plan makes refuse frames (send
 // queue full). A frame to a dead peer is taken and lost, as ZeroMQ queues
-// frames for a peer that does not answer.
+// frames for a peer that does not answer. A refusal other than a full
+// queue closes the worker's connection to the peer, as actors/worker.go
+// does: its next frame goes on a new one.
 func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, f messages.Frame) error {
 	b, err := messages.Encode(f)
 	if err != nil {
@@ -52,6 +49,7 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		}
 	} else if s.faults.unsentAt(from, int(to.Rank), s.vt) {
 		s.fired(FaultResultUnsent)
+		s.closeConn(linkKey{fromGen: fromGen, from: from, inc: inc, worker: worker, to: int(to.Rank)})
 		return fmt.Errorf("%w: dial %s: refused", control.ErrPeerGone, to)
 	}
 	var toInc int
@@ -89,41 +87,62 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		s.fired(FaultPartition)
 		lat = end - s.vt + s.between(20*time.Microsecond, 400*time.Microsecond)
 	}
-	k := linkKey{fromGen: fromGen, from: from, inc: inc, worker: worker, to: int(to.Rank)}
-	t := max(s.vt+lat, s.links[k])
-	s.links[k] = t
+	cn := s.conn(linkKey{fromGen: fromGen, from: from, inc: inc, worker: worker, to: int(to.Rank)})
+	t := max(s.vt+lat, cn.last)
+	cn.last = t
 	s.frameSeq++
 	n := s.frameSeq
-	deliver := func() {
-		if fromGen && !s.gen[from].live(inc) || !fromGen && !s.ctx[from].live(inc) {
-			return
-		}
-		fr, err := messages.Decode(b)
-		if err != nil {
-			s.failf("the codec refuses a frame it encoded: %v", err)
-			return
-		}
-		if toGen {
-			g := s.gen[to.Rank]
-			if !g.live(toInc) {
-				return
-			}
-			s.noteOrder(&g.maxFrame, n)
-			g.onFrame(fr)
-		} else {
-			c := s.ctx[to.Rank]
-			if !c.live(toInc) {
-				return
-			}
-			s.noteOrder(&c.maxFrame, n)
-			c.onFrame(fr)
-		}
-	}
 	name := toName + "/listener"
-	s.at(t, name, f, deliver)
+	send := func() {
+		w := &wire{c: cn, frame: f}
+		cn.inflight = append(cn.inflight, w)
+		if rd, ok := f.(*messages.RequestData); ok && fromGen {
+			s.trackRequestData(w, requestKey{gen: from, inc: inc, ctx: int(to.Rank), request: rd.RequestID, epoch: rd.Epoch})
+		}
+		var deliver func()
+		deliver = func() {
+			if w.lost {
+				return
+			}
+			if w.hold > s.vt {
+				// Its connection closed meanwhile: it leaves in the linger.
+				w.ev = s.at(w.hold, name, f, deliver)
+				return
+			}
+			s.delivered(w)
+			if fromGen && !s.gen[from].live(inc) || !fromGen && !s.ctx[from].live(inc) {
+				return
+			}
+			fr, err := messages.Decode(b)
+			if err != nil {
+				s.failf("the codec refuses a frame it encoded: %v", err)
+				return
+			}
+			if toGen {
+				g := s.gen[to.Rank]
+				if !g.live(toInc) {
+					return
+				}
+				s.noteOrder(&g.maxFrame, n)
+				g.onFrame(fr)
+			} else {
+				c := s.ctx[to.Rank]
+				if !c.live(toInc) {
+					return
+				}
+				s.noteOrder(&c.maxFrame, n)
+				if m, ok := fr.(*messages.Cancel); ok {
+					s.noteCancel(requestKey{gen: from, inc: inc, ctx: int(to.Rank), request: m.RequestID, epoch: m.Epoch})
+				}
+				c.onFrame(fr)
+			}
+		}
+		w.ev = s.at(t, name, f, deliver)
+	}
+	send()
 	if s.chance(s.faults.pDup) {
 		s.fired(FaultDuplicate)
-		s.at(t, name, f, deliver)
+		send()
 	}
 	return nil
 }

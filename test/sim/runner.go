@@ -36,6 +36,9 @@ type Sweep struct {
 	// SeedsInvalidFailed counts the seeds in which a writer's invalid
 	// Result decided a live session, InvalidFailed those sessions.
 	SeedsInvalidFailed, InvalidFailed int
+	// SeedsCancelOvertook counts the seeds in which a Cancel overtook its
+	// RequestData, CancelsOvertook those Cancels.
+	SeedsCancelOvertook, CancelsOvertook int
 	// SeedsWithWrong[w] counts the seeds in which kvcache.ChunkOrder
 	// refused a wrong chunk of kind w, WrongChunks those refusals.
 	SeedsWithWrong, WrongChunks [numWrongChunks]int
@@ -107,6 +110,10 @@ func (sw *Sweep) add(r *Result) {
 	if r.InvalidFailed > 0 {
 		sw.SeedsInvalidFailed++
 	}
+	sw.CancelsOvertook += r.CancelsOvertook
+	if r.CancelsOvertook > 0 {
+		sw.SeedsCancelOvertook++
+	}
 	for k, n := range r.Faults {
 		sw.FaultsFired[k] += n
 		if n > 0 {
@@ -151,6 +158,9 @@ func (sw *Sweep) Uncovered() []string {
 	if sw.SeedsInvalidFailed < need {
 		out = append(out, fmt.Sprintf("a writer's invalid Result failed a live session in %d seeds of %d", sw.SeedsInvalidFailed, sw.Seeds))
 	}
+	if sw.SeedsCancelOvertook < need {
+		out = append(out, fmt.Sprintf("a Cancel overtook its RequestData in %d seeds of %d", sw.SeedsCancelOvertook, sw.Seeds))
+	}
 	for k := range numWrongChunks {
 		if sw.SeedsWithWrong[k] < need {
 			out = append(out, fmt.Sprintf("chunk order: a %s refused in %d seeds of %d", WrongChunk(k), sw.SeedsWithWrong[k], sw.Seeds))
@@ -178,6 +188,7 @@ func (sw *Sweep) Report() string {
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "parts taken by a session", per(sw.SeedsWithParts), per(sw.Parts))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "READY for a request handed in parts", per(sw.SeedsReadyParted), per(sw.ReadyParted))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "invalid Result failed a live session", per(sw.SeedsInvalidFailed), per(sw.InvalidFailed))
+	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "Cancel overtook its RequestData", per(sw.SeedsCancelOvertook), per(sw.CancelsOvertook))
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "wrong chunk refused (kvcache.ChunkOrder)", "seeds per 1000", "count per 1000")
 	for k := range numWrongChunks {
 		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", WrongChunk(k), per(sw.SeedsWithWrong[k]), per(sw.WrongChunks[k]))

@@ -22,6 +22,10 @@ type Config struct {
 	// (alive) peer dead, as heartbeats cannot tell the two apart: each
 	// side of a long partition hears Engine.PeerDown for the other.
 	SuspectPartitions bool
+	// CtxWorkerStops lets FaultWorkerDead stop a context rank's worker
+	// too (otherwise only generation ranks' workers stop): TestCtxWorkerStop
+	// sets it, TestSeeds with -ctx-worker-stops.
+	CtxWorkerStops bool
 }
 
 // Failure is the first invariant a run broke.
@@ -56,6 +60,11 @@ type Result struct {
 	// InvalidFailed counts the live generation sessions a writer's
 	// invalid Result decided (FAILED, proving nothing).
 	InvalidFailed int
+	// CancelsOvertook counts the Cancels that reached a context rank
+	// while a RequestData of the same request and epoch, sent before them,
+	// was still on its way (another connection: FaultConnRemade,
+	// FaultWorkerDead).
+	CancelsOvertook int
 	// WrongChunks[w] counts the wrong chunks of kind w that
 	// kvcache.ChunkOrder refused.
 	WrongChunks [numWrongChunks]int
@@ -124,7 +133,12 @@ type Sim struct {
 	// or draws the wrong chunks a serving process tries before the right
 	// one (chunk_order.go): a stream of its own, so that no other draw
 	// moves.
-	or      *rand.Rand
+	or *rand.Rand
+	// cr draws the control connections' faults and the workers that
+	// restart or stop for them (conn.go, worker_stop.go), and the
+	// generation side's worker panics: a stream of its own, so that a
+	// seed draws its other faults as before they existed.
+	cr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -151,7 +165,7 @@ type Sim struct {
 	cancelResend time.Duration
 	orphan       time.Duration
 
-	links       map[linkKey]time.Duration
+	links       connTable // the control connections (conn.go)
 	bogusFrames []*messages.RequestData
 	batches     []*batch // posted, not yet landed or dropped
 	frameSeq    uint64
@@ -171,8 +185,9 @@ func Run(cfg Config) *Result {
 		r:     rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
 		pr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
 		or:    rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
+		cr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
 		fifo:  map[fifoKey]time.Duration{},
-		links: map[linkKey]time.Duration{},
+		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},
 	}
 	if cfg.Trace {
@@ -181,7 +196,7 @@ func Run(cfg Config) *Result {
 	s.setup()
 	for s.fail == nil && len(s.q) > 0 {
 		if s.res.Events >= cfg.MaxEvents {
-			s.failf("no quiescence after %d events", s.res.Events)
+			s.failf("no quiescence after %d events%s", s.res.Events, s.stuck())
 			break
 		}
 		e := heap.Pop(&s.q).(*event)
@@ -209,7 +224,7 @@ func (s *Sim) record(e *event) {
 }
 
 // at schedules fn (delivering msg to actor) at virtual time t.
-func (s *Sim) at(t time.Duration, actor string, msg any, fn func()) {
+func (s *Sim) at(t time.Duration, actor string, msg any, fn func()) *event {
 	if t < s.vt {
 		t = s.vt
 	}
@@ -219,7 +234,17 @@ func (s *Sim) at(t time.Duration, actor string, msg any, fn func()) {
 		t = end
 	}
 	s.seq++
-	heap.Push(&s.q, &event{at: t, seq: s.seq, actor: actor, msg: msg, fn: fn})
+	e := &event{at: t, seq: s.seq, actor: actor, msg: msg, fn: fn}
+	heap.Push(&s.q, e)
+	return e
+}
+
+// note records, in a traced run, what happened to actor inside the
+// current step (a panic inside a send), as a message of its own.
+func (s *Sim) note(actor string, msg any) {
+	if s.cfg.Trace {
+		s.record(&event{at: s.vt, actor: actor, msg: msg})
+	}
 }
 
 // after schedules fn d from now.

@@ -16,6 +16,7 @@ var (
 	flagBase     = flag.Uint64("seedbase", 1, "first seed TestSeeds runs")
 	flagSeed     = flag.Int64("seed", -1, "the seed TestSeed runs and traces (-1: check determinism on seed 1)")
 	flagSuspect  = flag.Bool("suspect-partitions", false, "let the failure detector declare partitioned peers dead (Config.SuspectPartitions)")
+	flagCtxStops = flag.Bool("ctx-worker-stops", false, "let FaultWorkerDead stop context ranks' workers too (Config.CtxWorkerStops; TestCtxWorkerStop runs defaultSeeds seeds with it)")
 	flagMutation = flag.String("mutation", "", "turn one actors.Mutations switch on for TestSeed and TestSeeds: "+strings.Join(mutationNames(), ", "))
 )
 
@@ -54,6 +55,9 @@ func reproduce(seed uint64) string {
 	if *flagSuspect {
 		cmd += " -suspect-partitions"
 	}
+	if *flagCtxStops {
+		cmd += " -ctx-worker-stops"
+	}
 	if *flagMutation != "" {
 		cmd += " -mutation=" + *flagMutation
 	}
@@ -64,7 +68,7 @@ func reproduce(seed uint64) string {
 // and reports the seed, the command that reproduces it and the trace file.
 func reportFailure(t *testing.T, f *Failure) {
 	t.Helper()
-	res := Run(Config{Seed: f.Seed, Trace: true, SuspectPartitions: *flagSuspect})
+	res := Run(Config{Seed: f.Seed, Trace: true, SuspectPartitions: *flagSuspect, CtxWorkerStops: *flagCtxStops})
 	path, err := WriteTrace("", res)
 	if err != nil {
 		path = "(not written: " + err.Error() + ")"
@@ -78,7 +82,7 @@ func reportFailure(t *testing.T, f *Failure) {
 // reached in at least one seed in 1,000.
 func TestSeeds(t *testing.T) {
 	setMutation(t, *flagMutation)
-	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SuspectPartitions: *flagSuspect})
+	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SuspectPartitions: *flagSuspect, CtxWorkerStops: *flagCtxStops})
 	t.Log("\n" + sw.Report())
 	if len(sw.Failures) > 0 {
 		t.Log("failures by kind:\n" + strings.Join(sw.FailureKinds(), "\n"))
@@ -117,7 +121,7 @@ func TestSeed(t *testing.T) {
 		}
 		return
 	}
-	res := Run(Config{Seed: uint64(*flagSeed), Trace: true, SuspectPartitions: *flagSuspect})
+	res := Run(Config{Seed: uint64(*flagSeed), Trace: true, SuspectPartitions: *flagSuspect, CtxWorkerStops: *flagCtxStops})
 	path, err := WriteTrace("", res)
 	if err != nil {
 		t.Fatal(err)

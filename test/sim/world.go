@@ -120,6 +120,7 @@ func (s *Sim) setup() {
 		s.reqs = append(s.reqs, q)
 	}
 	s.faults = newPlan(r, s.ctxPar.Size(), s.genPar.Size(), s.activeEnd, s.lastStart+20*time.Millisecond, density)
+	s.faults.drawConnFaults(s.cr, s.activeEnd, s.lastStart+20*time.Millisecond, density)
 	var ctxBlocks, genMax, genSum int
 	for _, q := range s.reqs {
 		q.genPrompt = make([]int, s.genPar.Size())
