@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -323,6 +324,24 @@ func TestWorkerBudgetExhaustedFailsAndDrains(t *testing.T) {
 	if _, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "after", PromptLen: 64}); !errors.Is(err, kvxfer.ErrEngineFailed) {
 		t.Fatalf("Send after the budget: %v, want ErrEngineFailed", err)
 	}
+	// A generation request asking the failed rank is answered FAILED at
+	// once: no session opens there (one could route its stream to the
+	// stopped worker, whose ops nothing would post or settle).
+	late, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "late", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, late.Done()); o.OK || o.Err == nil || !strings.Contains(o.Err.Error(), "spent its restart budget") {
+		t.Fatalf("Receive from the failed rank: %s %v, want FAILED naming the spent restart budget", o.Status, o.Err)
+	}
+	waitUntil(t, "the late request's blocks back", func() bool {
+		select {
+		case <-late.Released():
+			return true
+		default:
+			return false
+		}
+	})
 	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}}
 	checkNoLeaks(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

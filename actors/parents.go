@@ -356,6 +356,14 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 			ErrBadRequest, rd.RequestID, destBlocksOf(rd), inst, p.table.Orphans(inst), p.table.OrphanBlocks(inst), limit, limit*core.OrphanBlocksEach))
 		return
 	}
+	if p.env.failed.Load() && p.sessions.pids[rd.RequestID] == nil {
+		// A sender worker stopped for good: the engine takes no new
+		// work (Send refuses it too), and a session opened now could route
+		// a stream to that worker, whose ops nothing would post or settle.
+		p.refuse(ctx, rd, rejectUnresolved, fmt.Errorf("%w: request %s: a sender worker of this context rank spent its restart budget",
+			ErrEngineFailed, rd.RequestID))
+		return
+	}
 	hello, err := p.link.Hello(rd.From)
 	var route *Route
 	var expected []int

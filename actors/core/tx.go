@@ -200,8 +200,11 @@ type TxSession struct {
 	// TxPeerRequest (expectedSet); a few, so a slice.
 	expected    []int
 	expectedSet bool
-	stopped     bool
-	eff         []Effect
+	// dead: the sender workers TxWorkerDead named. A stream routed to one
+	// is refused: nothing would post its ops or settle them.
+	dead    []int
+	stopped bool
+	eff     []Effect
 	// violations records illegal transitions in builds with the
 	// kvxfer_invariants tag (invariants_on.go); it stays nil otherwise.
 	violations []string
@@ -407,6 +410,9 @@ func (s *TxSession) onFence(m TxFenceFired) {
 // the request if any of its streams used it. ADMITTED ops stay for
 // progress(), which makes them NOT_SUBMITTED once their fence fires.
 func (s *TxSession) onWorkerDead(m TxWorkerDead) {
+	if !slices.Contains(s.dead, m.Worker) {
+		s.dead = append(s.dead, m.Worker)
+	}
 	used := false
 	for _, p := range s.order {
 		st := s.streams[p]
@@ -480,6 +486,15 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 	}
 	if !slices.Contains(s.expected, m.Peer) {
 		err := fmt.Errorf("%w: request %s: rank %d is not a peer of this rank", ErrBadRequest, s.cfg.Request, m.Peer)
+		s.fail(TxFailed, err)
+		s.rejectPeer(m, err)
+		return
+	}
+	if w := WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers); slices.Contains(s.dead, w) {
+		// Its ops would go to a worker that stopped for good: never
+		// posted, never settled, the session never drained.
+		err := fmt.Errorf("%w: request %s: sender worker %d for peer %d stopped (restart budget spent): %w",
+			ErrWorkerCrashed, s.cfg.Request, w, m.Peer, ErrEngineFailed)
 		s.fail(TxFailed, err)
 		s.rejectPeer(m, err)
 		return

@@ -1483,3 +1483,27 @@ func TestTx_PeerCancelBeforeItsRequestData(t *testing.T) {
 		})
 	}
 }
+
+// TestTx_NoStreamOnADeadWorker: a sender worker stopped for good before a
+// peer's RequestData came, on a session that had no stream on it (so
+// TxWorkerDead failed nothing). A stream routed to that worker is refused
+// — FAILED to its peer, nothing admitted — instead of submitting ops that
+// nothing would post or settle: the session would never drain and its
+// source pages would stay pinned (found by the simulator, TestCtxWorkerStop).
+func TestTx_NoStreamOnADeadWorker(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, time.Minute)
+	h.chunk(0, 32, true)
+	if effs := h.step(TxWorkerDead{Worker: 0}); len(submits(effs)) != 0 || h.s.State().Terminal() {
+		t.Fatalf("TxWorkerDead with no stream on the worker: state %v, effects %s", h.s.State(), fmtEffects(effs))
+	}
+	effs := h.step(TxPeerRequest{Peer: 1, Epoch: 1, Route: h.route(1), Expected: []int{1}, From: genPeer(1)})
+	h.wantState(TxFailed)
+	if n := len(submits(effs)); n != 0 {
+		t.Fatalf("%d ops submitted to a dead worker", n)
+	}
+	r := wantResult(t, effs, 1, messages.StatusFailed)
+	if !strings.Contains(r.Error, "sender worker 0") {
+		t.Fatalf("Result error %q does not name the dead worker", r.Error)
+	}
+}
