@@ -479,7 +479,19 @@ func (s *RxSession) terminal(to RxState, err error) {
 // maybeAbandon stops a session of a closing engine once every writer
 // without proof is suspected: its blocks stay quarantined.
 func (s *RxSession) maybeAbandon() {
-	if !s.abandon || !s.quarantined {
+	if !s.abandon {
+		return
+	}
+	if !s.holdsBlocks() {
+		// Nothing of ours can be written (every block a prefix hit): no
+		// proof is owed to anyone, whatever the writers do (a writer's
+		// engine that closed first never answers).
+		s.eff = append(s.eff, Log{Level: "info", Msg: fmt.Sprintf("rx session %s: engine closing; it holds no destination blocks, writers %v gave no proof",
+			s.cfg.Request, s.Unproven())}, Stop{})
+		s.stopped = true
+		return
+	}
+	if !s.quarantined {
 		return
 	}
 	for i, w := range s.writers {
@@ -490,6 +502,16 @@ func (s *RxSession) maybeAbandon() {
 	s.eff = append(s.eff, Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: engine closing, blocks stay quarantined (suspected writers %v, no proof)",
 		s.cfg.Request, s.Unproven())}, Stop{})
 	s.stopped = true
+}
+
+// holdsBlocks reports whether the request has a destination block at all.
+func (s *RxSession) holdsBlocks() bool {
+	for _, g := range s.cfg.Blocks {
+		if len(g) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 var errSuspected = errors.New("suspected by the failure detector")

@@ -397,3 +397,28 @@ func TestRx_OneCancelResendChain(t *testing.T) {
 		t.Fatalf("re-send timer after the proof: %s, want nothing", fmtEffects(effs))
 	}
 }
+
+// TestRx_AbandonWithNoBlocksStops: a request whose every block is a prefix
+// hit holds no destination block, so when its engine closes it owes no one
+// a proof and stops even though its writer never answered (the writer's
+// engine closed first). It waited forever, and Close reported it as
+// undrained (TestReceiveRefusesBadPrefixHits failed 1 run in ~20 under the
+// race detector).
+func TestRx_AbandonWithNoBlocksStops(t *testing.T) {
+	h := newRxHarness(t, 1, time.Minute)
+	h.s.cfg.Blocks = [][]kvcache.BlockID{{}, {}}
+	h.step(RxBegin{})
+	h.step(RxCancel{})
+	h.step(RxSent{Writer: 0})
+	if h.stopped {
+		t.Fatal("stopped before the engine closed, with its writer pending")
+	}
+	h.step(RxCancel{Reason: ErrClosed})
+	h.step(RxAbandon{})
+	if !h.stopped {
+		t.Fatal("a session holding no blocks did not stop when its engine closed")
+	}
+	if h.releases != 0 {
+		t.Fatal("ReleaseDest with a writer pending")
+	}
+}
