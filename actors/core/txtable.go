@@ -20,8 +20,14 @@ type TxTable struct {
 	adopted map[string]bool
 	// bound fixes each live request's generation instance: named by Send,
 	// or else the instance of the first RequestData that resolved.
-	bound    map[string]string
-	tombs    tombstones
+	bound map[string]string
+	tombs tombstones // finished requests
+	// ctombs are the cancel tombstones, a ring of their own per cancelling
+	// instance (corder: the instances, oldest first, at most
+	// maxCancelInstances), so that neither finished requests nor another
+	// instance's Cancels — a flood of them for made-up ids — push one out.
+	ctombs   map[string]*tombstones
+	corder   []string
 	draining bool
 	// orphans counts, per generation instance, the live sessions its
 	// RequestData opened that no Send adopted yet; limit bounds it (0:
@@ -70,11 +76,12 @@ func destBlocks(rd *messages.RequestData) int {
 	return n
 }
 
-// NewTxTable returns an empty table that remembers the last tombstones
-// finished requests.
-func NewTxTable(tombstones int) *TxTable {
+// NewTxTable returns an empty table that remembers the last n finished
+// requests, and the last n requests each generation instance cancelled
+// before any session here had them.
+func NewTxTable(n int) *TxTable {
 	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
-		tombs: newTombstones(tombstones), orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{}}
+		tombs: newTombstones(n), ctombs: map[string]*tombstones{}, orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{}}
 }
 
 // Open is Engine.Send for request, naming its generation instance or not
@@ -96,8 +103,8 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	if !t.live[request] {
 		by := generation
 		if by == "" {
-			by = t.tombs.canceller(request)
-		} else if !t.tombs.cancelled(request, by) {
+			by = t.canceller(request)
+		} else if !t.cancelled(request, by) {
 			by = ""
 		}
 		if by != "" {
@@ -191,7 +198,7 @@ const (
 // RequestData classifies rd; with RequestDataNotBound, bound is the
 // instance the request is bound to.
 func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
-	if t.tombs.cancelled(rd.RequestID, rd.From.Instance) ||
+	if t.cancelled(rd.RequestID, rd.From.Instance) ||
 		!t.live[rd.RequestID] && (t.tombs.has(rd.RequestID) || t.draining) {
 		return RequestDataStale, ""
 	}
@@ -248,7 +255,7 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 func (t *TxTable) Cancel(m *messages.Cancel) (deliver, notBound bool) {
 	if !t.live[m.RequestID] {
 		if m.From.Instance != "" && !t.tombs.has(m.RequestID) {
-			t.tombs.add(tomb{request: m.RequestID, canceller: m.From.Instance})
+			t.addCancel(m.RequestID, m.From.Instance)
 		}
 		return false, false
 	}
@@ -305,12 +312,10 @@ type tombstones struct {
 	ring []tomb
 	at   int // next slot to overwrite once the ring is full
 	set  map[tomb]bool
-	// cancels counts each request's cancel tombstones (canceller set).
-	cancels map[string]int
 }
 
 func newTombstones(n int) tombstones {
-	return tombstones{n: max(n, 1), set: map[tomb]bool{}, cancels: map[string]int{}}
+	return tombstones{n: max(n, 1), set: map[tomb]bool{}}
 }
 
 func (t *tombstones) add(tb tomb) {
@@ -320,44 +325,51 @@ func (t *tombstones) add(tb tomb) {
 	if len(t.ring) < t.n {
 		t.ring = append(t.ring, tb)
 	} else {
-		t.forget(t.ring[t.at])
+		delete(t.set, t.ring[t.at])
 		t.ring[t.at] = tb
 		t.at = (t.at + 1) % t.n
 	}
 	t.set[tb] = true
-	if tb.canceller != "" {
-		t.cancels[tb.request]++
-	}
-}
-
-func (t *tombstones) forget(tb tomb) {
-	delete(t.set, tb)
-	if tb.canceller == "" {
-		return
-	}
-	if t.cancels[tb.request]--; t.cancels[tb.request] <= 0 {
-		delete(t.cancels, tb.request)
-	}
 }
 
 // has reports whether request finished here recently.
 func (t *tombstones) has(request string) bool { return t.set[tomb{request: request}] }
 
+// maxCancelInstances bounds the instances whose cancel tombstones the
+// table keeps: past it the oldest instance's are forgotten. Under CURVE an
+// instance is a key's; only an insecure link lets a peer name many.
+const maxCancelInstances = 64
+
+// addCancel remembers that instance cancelled request before any session
+// here had it, in instance's own ring (as many slots as the finished ring).
+func (t *TxTable) addCancel(request, instance string) {
+	r := t.ctombs[instance]
+	if r == nil {
+		if len(t.corder) >= maxCancelInstances {
+			delete(t.ctombs, t.corder[0])
+			t.corder = t.corder[1:]
+		}
+		tr := newTombstones(t.tombs.n)
+		r = &tr
+		t.ctombs[instance] = r
+		t.corder = append(t.corder, instance)
+	}
+	r.add(tomb{request: request, canceller: instance})
+}
+
 // cancelled reports whether instance cancelled request before any session
 // here had it.
-func (t *tombstones) cancelled(request, instance string) bool {
-	return instance != "" && t.set[tomb{request: request, canceller: instance}]
+func (t *TxTable) cancelled(request, instance string) bool {
+	r := t.ctombs[instance]
+	return instance != "" && r != nil && r.set[tomb{request: request, canceller: instance}]
 }
 
 // canceller returns an instance that cancelled request before any session
-// here had it (the earliest still remembered), or "".
-func (t *tombstones) canceller(request string) string {
-	if t.cancels[request] == 0 {
-		return ""
-	}
-	for i := range t.ring {
-		if tb := t.ring[(t.at+i)%len(t.ring)]; tb.request == request && tb.canceller != "" {
-			return tb.canceller
+// here had it (the longest known first), or "".
+func (t *TxTable) canceller(request string) string {
+	for _, inst := range t.corder {
+		if t.cancelled(request, inst) {
+			return inst
 		}
 	}
 	return ""

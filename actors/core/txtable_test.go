@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -287,12 +288,25 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 		t.Fatalf("Cancel c from an instance Send did not name: deliver %v notBound %v", deliver, notBound)
 	}
 
-	// Bounded: three more tombstones (a ring of 3) forget a's.
+	// Bounded: gen's cancel tombstones are a ring of 3 of its own; three
+	// more forget q's. (a stays stale: its refused Send left a finished
+	// tombstone.)
+	cancel("gen", "q")
 	for _, id := range []string{"x", "y", "z"} {
 		cancel("gen", id)
 	}
-	if v, _ := tb.RequestData(rdFrom("gen", "a")); v != RequestDataResolve {
-		t.Fatalf("RequestData a once its tombstone was forgotten: %v", v)
+	if v, _ := tb.RequestData(rdFrom("gen", "q")); v != RequestDataResolve {
+		t.Fatalf("RequestData q once its tombstone was forgotten: %v", v)
+	}
+	// Another instance's Cancels, however many, and finished requests do
+	// not push gen's out.
+	cancel("gen", "keep")
+	for i := range 10 {
+		cancel("evil", fmt.Sprint("junk-", i))
+		tb.Stopped(fmt.Sprint("done-", i))
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "keep")); v != RequestDataStale {
+		t.Fatalf("RequestData keep after another instance's Cancels and finished requests: %v, want stale", v)
 	}
 	if v, _ := tb.RequestData(rdFrom("gen", "z")); v != RequestDataStale {
 		t.Fatalf("RequestData z: %v, want stale", v)
