@@ -353,6 +353,9 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	if len(req.Payload) > messages.MaxPayload {
 		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, req.ID, len(req.Payload), messages.MaxPayload)
 	}
+	if e.env.closing.Load() {
+		return nil, fmt.Errorf("%w: send %s: the engine is closed", ErrClosed, req.ID)
+	}
 	if e.env.failed.Load() {
 		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
 	}
@@ -373,7 +376,18 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	reply := make(chan txOpenReply, 1)
 	e.sys.Root.Send(e.tx, &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
 		generation: req.Generation, handle: h, reply: reply})
-	r := <-reply
+	var r txOpenReply
+	select {
+	case r = <-reply:
+	case <-e.env.dispatch.done:
+		// A Close raced the check above and stopped the tx supervisor:
+		// one that took the request answered before it stopped.
+		select {
+		case r = <-reply:
+		default:
+			r.err = fmt.Errorf("%w: send %s: the engine closed", ErrClosed, req.ID)
+		}
+	}
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -402,6 +416,11 @@ type RxHandle struct {
 // FreeBlocks refuses them, and so it does the caller's own blocks
 // (req.Blocks) until the handle says Released.
 func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
+	// A closed engine refuses before lending: the caller's blocks stay
+	// its own (a lend no session ends would strand them).
+	if e.env.closing.Load() {
+		return nil, fmt.Errorf("%w: receive %s: the engine is closed", ErrClosed, req.ID)
+	}
 	if e.env.failed.Load() {
 		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
 	}
@@ -419,7 +438,19 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	h.AfterFinish(rx.handOver)
 	reply := make(chan rxOpenReply, 1)
 	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
-	r := <-reply
+	var r rxOpenReply
+	select {
+	case r = <-reply:
+	case <-e.env.dispatch.done:
+		// A Close raced the check above and stopped the rx supervisor:
+		// one that took the request answered before it stopped; none
+		// ever will now, and no session holds the lend.
+		select {
+		case r = <-reply:
+		default:
+			r.err = fmt.Errorf("%w: receive %s: the engine closed", ErrClosed, req.ID)
+		}
+	}
 	if r.err != nil {
 		e.cfg.Pools.endLend(rx.lent)
 		return nil, r.err

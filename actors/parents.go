@@ -190,6 +190,14 @@ func (p *txParent) Receive(ctx actor.Context) {
 	case *leaseTick:
 		p.leaseLapsed(ctx)
 	case *txOpenReq:
+		if p.env.failed.Load() {
+			// Send checked before asking; a worker may have stopped for
+			// good since (the flag is set before TxWorkerDead goes out): a
+			// session spawned now would not know that worker is dead.
+			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another",
+				ErrEngineFailed, m.request)}
+			return
+		}
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {
 			m.reply <- txOpenReply{err: err}

@@ -52,7 +52,11 @@ type poolSet struct {
 	// (nil: none); a group's row is made at its first lend. lends holds
 	// the lends not yet over.
 	lentTo [][]*lend
-	lends  map[*lend]struct{}
+	// sessQ[g] holds the blocks of group g that the sessions' view
+	// quarantined (a request failed without proof): only that view
+	// releases them (made at the group's first).
+	sessQ []map[kvcache.BlockID]bool
+	lends map[*lend]struct{}
 }
 
 // lend is a caller's allocated blocks lent to one receive
@@ -133,16 +137,62 @@ func (p *Pools) Quarantine(blocks [][]kvcache.BlockID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sessions {
-		return p.applyLocked("Quarantine", kvcache.BlockReceiving, blocks, (*kvcache.Pool).QuarantineReceiving)
+		if err := p.applyLocked("Quarantine", kvcache.BlockReceiving, blocks, (*kvcache.Pool).QuarantineReceiving); err != nil {
+			return err
+		}
+		for g, ids := range blocks {
+			for len(p.sessQ) <= g {
+				p.sessQ = append(p.sessQ, nil)
+			}
+			if p.sessQ[g] == nil && len(ids) > 0 {
+				p.sessQ[g] = map[kvcache.BlockID]bool{}
+			}
+			for _, id := range ids {
+				p.sessQ[g][id] = true
+			}
+		}
+		return nil
 	}
 	return p.applyLocked("Quarantine", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Quarantine)
 }
 
 // ReleaseQuarantine returns quarantined blocks per group to the free
 // lists, all or nothing: the caller has proof that no write can reach them
-// any more.
+// any more. The caller's view refuses blocks the engine's sessions
+// quarantined (a request that failed without proof that its writers
+// stopped): only the engine, holding that proof, releases them.
 func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
-	return p.putBack("ReleaseQuarantine", kvcache.BlockQuarantined, blocks, (*kvcache.Pool).ReleaseQuarantine)
+	p.mu.Lock()
+	for g, ids := range blocks {
+		if p.sessions || g >= len(p.sessQ) || p.sessQ[g] == nil {
+			continue
+		}
+		for _, id := range ids {
+			if p.sessQ[g][id] {
+				p.mu.Unlock()
+				return fmt.Errorf("%w: ReleaseQuarantine: group %d block %d: the engine quarantined it (a request's writers gave no proof that they stopped); only the engine releases it",
+					kvcache.ErrBlockQuarantined, g, id)
+			}
+		}
+	}
+	if err := p.applyLocked("ReleaseQuarantine", kvcache.BlockQuarantined, blocks, (*kvcache.Pool).ReleaseQuarantine); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	for g, ids := range blocks {
+		if g < len(p.sessQ) && p.sessQ[g] != nil {
+			for _, id := range ids {
+				delete(p.sessQ[g], id)
+			}
+		}
+	}
+	p.cond.Broadcast()
+	f := p.onFree
+	p.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return nil
 }
 
 // putBack applies put (a Free or ReleaseQuarantine) to blocks per group,

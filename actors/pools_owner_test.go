@@ -172,3 +172,41 @@ func TestPoolsLentBlocksGoBackToTheCaller(t *testing.T) {
 		t.Fatalf("used %d", u)
 	}
 }
+
+// Blocks the engine's sessions quarantined (a request failed without proof
+// that its writers stopped) are released only by the engine: the caller's
+// view refuses them, nothing released, and the sessions' view still can
+// (a review found the caller's next Alloc getting them back).
+func TestCallerCannotReleaseSessionQuarantine(t *testing.T) {
+	caller := testPools(t, 8, 64)
+	sessions := caller.forSessions()
+	rx, err := sessions.Alloc([]int{2, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sessions.Quarantine(rx); err != nil {
+		t.Fatal(err)
+	}
+	err = caller.ReleaseQuarantine(rx)
+	if !errors.Is(err, kvcache.ErrBlockQuarantined) || !strings.Contains(err.Error(), "only the engine releases it") {
+		t.Fatalf("caller's ReleaseQuarantine of the engine's quarantine: %v, want ErrBlockQuarantined naming it", err)
+	}
+	if q := caller.Quarantined(); q != 2 {
+		t.Fatalf("%d blocks quarantined after the refusal, want 2", q)
+	}
+	if err := sessions.ReleaseQuarantine(rx); err != nil {
+		t.Fatalf("the engine's own release: %v", err)
+	}
+	// Reallocated and quarantined by the caller itself, they are the
+	// caller's to release.
+	own, err := caller.Alloc([]int{2, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caller.Quarantine(own); err != nil {
+		t.Fatal(err)
+	}
+	if err := caller.ReleaseQuarantine(own); err != nil {
+		t.Fatalf("caller's release of its own quarantine: %v", err)
+	}
+}

@@ -148,6 +148,14 @@ var codeMap = []struct {
 	{kvcache.ErrUnknownBlock, ErrInvalidArgument},
 	{kvcache.ErrDoubleFree, ErrInvalidArgument},
 	{kvcache.ErrBlockPinned, ErrInvalidArgument},
+	// Blocks a caller frees, lends or releases in a state that refuses it:
+	// its mistake, not the engine's.
+	{kvcache.ErrBlockReceiving, ErrInvalidArgument}, // a live receive owns it
+	{kvcache.ErrBlockQuarantined, ErrInvalidArgument},
+	{kvcache.ErrNotQuarantined, ErrInvalidArgument},
+	{kvcache.ErrNotReceiving, ErrInvalidArgument},
+	{kvcache.ErrBlockFree, ErrInvalidArgument},
+	{kvcache.ErrBadCount, ErrInvalidArgument},
 	{kvcache.ErrBadPlan, ErrInvalidArgument},
 	{kvcache.ErrBadRegion, ErrInvalidArgument},
 }
