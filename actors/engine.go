@@ -376,17 +376,9 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	reply := make(chan txOpenReply, 1)
 	e.sys.Root.Send(e.tx, &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
 		generation: req.Generation, handle: h, reply: reply})
-	var r txOpenReply
-	select {
-	case r = <-reply:
-	case <-e.env.dispatch.done:
-		// A Close raced the check above and stopped the tx supervisor:
-		// one that took the request answered before it stopped.
-		select {
-		case r = <-reply:
-		default:
-			r.err = fmt.Errorf("%w: send %s: the engine closed", ErrClosed, req.ID)
-		}
+	r, ok := awaitOpen(e, reply)
+	if !ok {
+		r.err = fmt.Errorf("%w: send %s: the engine closed", ErrClosed, req.ID)
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -406,6 +398,25 @@ type RxHandle struct {
 	finished lazyDone
 	owned    bool  // the destination blocks are the caller's (RxRequest.Blocks)
 	lent     *lend // those of them lent from the pool; nil: none
+}
+
+// awaitOpen returns a supervisor's answer to an open request, or false once
+// the engine stopped without one: a Close raced the caller's check and
+// stopped the supervisor (one that took the request answered before it
+// stopped; none will now).
+func awaitOpen[T any](e *Engine, reply <-chan T) (T, bool) {
+	select {
+	case r := <-reply:
+		return r, true
+	case <-e.env.dispatch.done:
+		select {
+		case r := <-reply:
+			return r, true
+		default:
+			var zero T
+			return zero, false
+		}
+	}
 }
 
 // Receive opens the generation side of a request: it allocates destination
@@ -438,18 +449,9 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	h.AfterFinish(rx.handOver)
 	reply := make(chan rxOpenReply, 1)
 	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
-	var r rxOpenReply
-	select {
-	case r = <-reply:
-	case <-e.env.dispatch.done:
-		// A Close raced the check above and stopped the rx supervisor:
-		// one that took the request answered before it stopped; none
-		// ever will now, and no session holds the lend.
-		select {
-		case r = <-reply:
-		default:
-			r.err = fmt.Errorf("%w: receive %s: the engine closed", ErrClosed, req.ID)
-		}
+	r, ok := awaitOpen(e, reply)
+	if !ok { // no session holds the lend
+		r.err = fmt.Errorf("%w: receive %s: the engine closed", ErrClosed, req.ID)
 	}
 	if r.err != nil {
 		e.cfg.Pools.endLend(rx.lent)
@@ -468,7 +470,9 @@ func (h *RxHandle) handOver() bool {
 		h.e.cfg.Pools.endLend(h.lent)
 	} else if o.OK {
 		if err := h.e.cfg.Pools.handOver(o.Blocks); err != nil {
-			h.e.cfg.Log.Error().Err(err).Str("request", o.Request).Msg("hand READY destination blocks to the caller")
+			// The session's blocks are receiving until this hand-over:
+			// anything else is a bug, counted as such.
+			h.e.env.violation(fmt.Sprintf("request %s: hand READY destination blocks to the caller: %v", o.Request, err))
 		}
 	}
 	h.done <- o

@@ -361,7 +361,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	case core.RequestDataShed:
 		inst, limit := rd.From.Instance, p.table.OrphanLimit()
 		p.refuse(ctx, rd, rejectOrphans, fmt.Errorf("%w: request %s (%d destination blocks): generation instance %s already has %d requests naming %d destination blocks waiting for this context rank's Send (the orphan limit, EngineConfig.MaxOrphans: %d requests, %d blocks)",
-			ErrBadRequest, rd.RequestID, destBlocksOf(rd), inst, p.table.Orphans(inst), p.table.OrphanBlocks(inst), limit, limit*core.OrphanBlocksEach))
+			ErrBadRequest, rd.RequestID, core.DestBlocks(rd), inst, p.table.Orphans(inst), p.table.OrphanBlocks(inst), limit, limit*core.OrphanBlocksEach))
 		return
 	}
 	if p.env.failed.Load() && p.sessions.pids[rd.RequestID] == nil {
@@ -866,13 +866,4 @@ func (l *listener) route(f messages.Frame) {
 		// it names (no proof).
 		l.root.Send(l.rx, &invalidResult{res: f.(*messages.Result), err: err})
 	}
-}
-
-// destBlocksOf is how many destination block ids rd names.
-func destBlocksOf(rd *messages.RequestData) int {
-	n := 0
-	for _, g := range rd.Groups {
-		n += len(g.Blocks)
-	}
-	return n
 }

@@ -52,11 +52,11 @@ type poolSet struct {
 	// (nil: none); a group's row is made at its first lend. lends holds
 	// the lends not yet over.
 	lentTo [][]*lend
+	lends  map[*lend]struct{}
 	// sessQ[g] holds the blocks of group g that the sessions' view
 	// quarantined (a request failed without proof): only that view
 	// releases them (made at the group's first).
 	sessQ []map[kvcache.BlockID]bool
-	lends map[*lend]struct{}
 }
 
 // lend is a caller's allocated blocks lent to one receive
@@ -162,22 +162,26 @@ func (p *Pools) Quarantine(blocks [][]kvcache.BlockID) error {
 // quarantined (a request that failed without proof that its writers
 // stopped): only the engine, holding that proof, releases them.
 func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
-	p.mu.Lock()
+	return p.putBack("ReleaseQuarantine", kvcache.BlockQuarantined, blocks, (*kvcache.Pool).ReleaseQuarantine, p.releasableLocked)
+}
+
+// releasableLocked refuses, in the caller's view, blocks the sessions' view
+// quarantined; when every block may go it forgets their marks. It checks
+// the blocks first, so the release that follows cannot fail.
+func (p *Pools) releasableLocked(blocks [][]kvcache.BlockID) error {
+	if err := p.checkLocked("ReleaseQuarantine", kvcache.BlockQuarantined, blocks); err != nil {
+		return err
+	}
 	for g, ids := range blocks {
-		if p.sessions || g >= len(p.sessQ) || p.sessQ[g] == nil {
+		if g >= len(p.sessQ) || p.sessQ[g] == nil {
 			continue
 		}
 		for _, id := range ids {
-			if p.sessQ[g][id] {
-				p.mu.Unlock()
+			if p.sessQ[g][id] && !p.sessions {
 				return fmt.Errorf("%w: ReleaseQuarantine: group %d block %d: the engine quarantined it (a request's writers gave no proof that they stopped); only the engine releases it",
 					kvcache.ErrBlockQuarantined, g, id)
 			}
 		}
-	}
-	if err := p.applyLocked("ReleaseQuarantine", kvcache.BlockQuarantined, blocks, (*kvcache.Pool).ReleaseQuarantine); err != nil {
-		p.mu.Unlock()
-		return err
 	}
 	for g, ids := range blocks {
 		if g < len(p.sessQ) && p.sessQ[g] != nil {
@@ -186,20 +190,21 @@ func (p *Pools) ReleaseQuarantine(blocks [][]kvcache.BlockID) error {
 			}
 		}
 	}
-	p.cond.Broadcast()
-	f := p.onFree
-	p.mu.Unlock()
-	if f != nil {
-		f()
-	}
 	return nil
 }
 
 // putBack applies put (a Free or ReleaseQuarantine) to blocks per group,
 // all or nothing, then wakes allocations waiting for blocks and the
-// onFree hook.
-func (p *Pools) putBack(op string, from kvcache.BlockState, blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...kvcache.BlockID) error) error {
+// onFree hook. guard, when set, runs first under the lock and may refuse.
+func (p *Pools) putBack(op string, from kvcache.BlockState, blocks [][]kvcache.BlockID, put func(*kvcache.Pool, ...kvcache.BlockID) error,
+	guard func([][]kvcache.BlockID) error) error {
 	p.mu.Lock()
+	if guard != nil {
+		if err := guard(blocks); err != nil {
+			p.mu.Unlock()
+			return err
+		}
+	}
 	if err := p.applyLocked(op, from, blocks, put); err != nil {
 		p.mu.Unlock()
 		return err
@@ -542,9 +547,9 @@ func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 // in the sessions' view a live receive's own.
 func (p *Pools) Free(blocks [][]kvcache.BlockID) error {
 	if p.sessions {
-		return p.putBack("Free", kvcache.BlockReceiving, blocks, (*kvcache.Pool).FreeReceiving)
+		return p.putBack("Free", kvcache.BlockReceiving, blocks, (*kvcache.Pool).FreeReceiving, nil)
 	}
-	return p.putBack("Free", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Free)
+	return p.putBack("Free", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Free, nil)
 }
 
 // Pin pins blocks of group g.

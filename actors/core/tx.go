@@ -490,7 +490,8 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.rejectPeer(m, err)
 		return
 	}
-	if w := WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers); slices.Contains(s.dead, w) {
+	w := WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers)
+	if slices.Contains(s.dead, w) {
 		// Its ops would go to a worker that stopped for good: never
 		// posted, never settled, the session never drained.
 		err := fmt.Errorf("%w: request %s: sender worker %d for peer %d stopped (restart budget spent): %w",
@@ -499,8 +500,7 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		s.rejectPeer(m, err)
 		return
 	}
-	st := &stream{peer: m.Peer, epoch: m.Epoch, peerInc: m.Incarnation, route: m.Route, promptLen: m.PromptLen,
-		worker: WorkerFor(s.cfg.Request, m.Route.Peer, s.cfg.Workers)}
+	st := &stream{peer: m.Peer, epoch: m.Epoch, peerInc: m.Incarnation, route: m.Route, promptLen: m.PromptLen, worker: w}
 	s.streams[m.Peer] = st
 	s.order = append(s.order, m.Peer)
 	if s.state.Terminal() {

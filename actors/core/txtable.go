@@ -67,8 +67,8 @@ func (t *TxTable) Orphans(instance string) int { return t.orphans[instance] }
 // instance's orphans name.
 func (t *TxTable) OrphanBlocks(instance string) int { return t.orphanBlocks[instance] }
 
-// destBlocks is how many destination block ids rd names.
-func destBlocks(rd *messages.RequestData) int {
+// DestBlocks is how many destination block ids rd names.
+func DestBlocks(rd *messages.RequestData) int {
 	n := 0
 	for _, g := range rd.Groups {
 		n += len(g.Blocks)
@@ -206,7 +206,7 @@ func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, b
 		return RequestDataNotBound, b
 	}
 	if inst := rd.From.Instance; !t.live[rd.RequestID] && t.limit > 0 &&
-		(t.orphans[inst] >= t.limit || t.orphanBlocks[inst]+destBlocks(rd) > t.limit*OrphanBlocksEach) {
+		(t.orphans[inst] >= t.limit || t.orphanBlocks[inst]+DestBlocks(rd) > t.limit*OrphanBlocksEach) {
 		return RequestDataShed, ""
 	}
 	return RequestDataResolve, ""
@@ -227,7 +227,7 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 	t.bound[rd.RequestID] = rd.From.Instance
 	if spawn {
 		t.orphans[rd.From.Instance]++ // no Send adopted it yet
-		n := destBlocks(rd)
+		n := DestBlocks(rd)
 		t.blocksOf[rd.RequestID] = n
 		t.orphanBlocks[rd.From.Instance] += n
 	}

@@ -348,7 +348,7 @@ func TestTxTable_OrphanBlocksBounded(t *testing.T) {
 	orphan := func(rd *messages.RequestData) {
 		t.Helper()
 		if v, _ := tb.RequestData(rd); v != RequestDataResolve {
-			t.Fatalf("RequestData %s (%d blocks): verdict %v, want resolve", rd.RequestID, destBlocks(rd), v)
+			t.Fatalf("RequestData %s (%d blocks): verdict %v, want resolve", rd.RequestID, DestBlocks(rd), v)
 		}
 		if refuse, spawn := tb.Resolved(rd, nil); refuse || !spawn {
 			t.Fatalf("Resolved %s: refuse %v spawn %v", rd.RequestID, refuse, spawn)
