@@ -143,11 +143,27 @@ class KvxferSchedulerConnector:
 
     def request_finished(self, request, block_ids):
         """(keep the blocks until get_finished reports the send, params for
-        the generation side)."""
+        the generation side).
+
+        Producer: a request some of whose prefill reached a worker keeps its
+        blocks until that worker reports the send (a send cut short by an
+        abort is cancelled there, and reported once no write can touch the
+        blocks); params only when the whole prompt was handed over. A
+        request aborted before any of it was scheduled opened no send: its
+        blocks go back at once (kept, they would wait for a report no worker
+        ever makes).
+
+        Consumer: (False, None). vLLM itself keeps an aborted request's
+        blocks while it waits for remote KV (WAITING_FOR_REMOTE_KVS), until
+        get_finished reports the id in finished_recving; the worker cancels
+        such a receive when the id comes in finished_req_ids."""
         rid = request.request_id
         self._blocks.pop(rid, None)
-        self._computed.pop(rid, None)
-        if self.role == "producer" and self._prompt.pop(rid, None) is not None:
+        computed = self._computed.pop(rid, 0)
+        prompt = self._prompt.pop(rid, None)
+        if self.role == "producer" and prompt is not None and computed > 0:
+            if computed < prompt:
+                return True, None
             return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": rid}
         return False, None
 
@@ -178,7 +194,9 @@ class KvxferWorkerConnector:
         self._by_handle = {}
         self._sent_done = set()
         self._recv_done = set()
-        self._gen_finished = set()  # finished_req_ids seen, not yet reported as sent
+        self._gen_finished = set()  # finished_req_ids of sends, not yet reported as sent
+        self._handed_all = set()    # sends whose last chunk was handed over
+        self._aborted = set()       # live requests cancelled because vLLM finished them
         self.failed = {}    # request id -> Event of a request that did not succeed
 
     # Registration -----------------------------------------------------------
@@ -296,11 +314,18 @@ class KvxferWorkerConnector:
                     if got < of:
                         raise RuntimeError("request %s chunk [%d, %d): save_kv_layer handed its layers up to %d of %s"
                                            % (rid, start, end, got, of))
+            self._note_handed_all()
             return
         for rid, spec in self._meta.reqs_to_send.items():
             r = self._send(rid, spec)
             for start, end in spec.chunks:
                 r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
+        self._note_handed_all()
+
+    def _note_handed_all(self):
+        for rid, spec in self._meta.reqs_to_send.items():
+            if any(end == spec.prompt_len for _, end in spec.chunks):
+                self._handed_all.add(rid)
 
     def get_finished(self, finished_req_ids):
         """(ids whose send is DONE, ids whose receive finished): vLLM frees
@@ -308,21 +333,47 @@ class KvxferWorkerConnector:
         finished generating (its id came in finished_req_ids, now or in an
         earlier call), as vLLM's contract asks: until then the scheduler
         still owns its blocks. A request that failed is reported as
-        finished too, and kept in self.failed with its event."""
-        self._gen_finished.update(finished_req_ids or ())
+        finished too, and kept in self.failed with its event.
+
+        An id in finished_req_ids whose request is still live here was
+        aborted: a receive (vLLM keeps its blocks until it is reported) and
+        a send whose last chunk was never handed over (it would wait for it
+        until its timeout) are cancelled, and reported once their event
+        arrived: the engine's proof that no write touches the blocks any
+        more. An aborted request is not in self.failed."""
+        finished = set(finished_req_ids or ())
+        self._gen_finished.update(r for r in finished if r in self._sends or r in self._sent_done)
         if self.engine is not None:
-            for ev in self.engine.poll():
-                rid, side = self._by_handle.pop(ev.request)
-                req = (self._sends if side == "send" else self._recvs).pop(rid)
-                if ev.outcome not in (Outcome.DONE, Outcome.READY):
-                    self.failed[rid] = ev
-                req.release()
-                (self._sent_done if side == "send" else self._recv_done).add(rid)
+            self._reap()
+            for rid in finished:
+                if rid in self._aborted:
+                    continue
+                live = [self._recvs[rid]] if rid in self._recvs else []
+                if rid in self._sends and rid not in self._handed_all:
+                    live.append(self._sends[rid])
+                for req in live:
+                    req.cancel()  # a no-op if it finished meanwhile: its event still comes
+                if live:
+                    self._aborted.add(rid)
         sent = self._sent_done & self._gen_finished
         self._sent_done -= sent
         self._gen_finished -= sent
         recv, self._recv_done = self._recv_done, set()
         return (sent or None), (recv or None)
+
+    def _reap(self):
+        for ev in self.engine.poll():
+            rid, side = self._by_handle.pop(ev.request)
+            req = (self._sends if side == "send" else self._recvs).pop(rid)
+            if ev.outcome not in (Outcome.DONE, Outcome.READY) and rid not in self._aborted:
+                self.failed[rid] = ev
+            self._aborted.discard(rid)
+            req.release()
+            if side == "send":
+                self._handed_all.discard(rid)
+                self._sent_done.add(rid)
+            else:
+                self._recv_done.add(rid)
 
     def shutdown(self, timeout_ms=5000):
         """Closes the engine. A close that times out raises KvxferError

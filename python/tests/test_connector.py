@@ -129,3 +129,93 @@ def test_connector_layer_parts_misuse_is_named():
     w = KvxferWorkerConnector({"instance": unique("x"), "layer_parts": True})
     with pytest.raises(ValueError, match="'model.attn': want exactly one integer part"):
         w.register_kv_caches({"model.attn": torch.zeros(1)})
+
+
+def step(sp, wp, layers, rid, p_blocks, truth, done, n):
+    """One prefill step of n tokens of request rid from token done: the
+    forward pass writes them, wait_for_save hands them over."""
+    wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={rid: n})))
+    wp.start_load_kv(None)
+    for i, (name, layer) in enumerate(layers.items()):
+        for t in range(done, done + n):
+            layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
+        wp.save_kv_layer(name, layer, None)
+    wp.wait_for_save()
+    wp.clear_connector_metadata()
+    return done + n
+
+
+def test_connector_abort():
+    """vLLM aborts requests mid-flight. A decode request aborted while its
+    KV loads is cancelled by the worker and reported in finished_recving
+    (vLLM keeps its blocks until then), not left to the transfer timeout;
+    its blocks then take the next request's KV. A prefill aborted halfway
+    is cancelled, reported sent (the blocks go back) with no params for a
+    decode side; one aborted before any step keeps nothing. Neither is a
+    failure. The transfer timeout (60 s) is far beyond the test's waits,
+    so only the cancels can end these requests in time."""
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
+    wd, d_layers = worker(d_name, transfer_timeout_ms=60000)
+    prompt = 100
+    nb = -(-prompt // TPB)
+    torch.manual_seed(12)
+    truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+    try:
+        # Aborted before its first step: no worker ever heard of it.
+        early = SimpleNamespace(request_id="early", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(early, [list(range(nb))], 0)
+        assert sp.request_finished(early, [list(range(nb))]) == (False, None)
+
+        # A prefill aborted after one of its two steps.
+        p_blocks = [list(range(nb))]
+        half = SimpleNamespace(request_id="half", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(half, p_blocks, 0)
+        step(sp, wp, p_layers, "half", p_blocks, truth, 0, 64)
+        assert sp.request_finished(half, p_blocks) == (True, None)
+        finished(wp, "send", "half", timeout=5.0, finished_req_ids={"half"})
+
+        # A decode request aborted while it waits for a prefill that never
+        # hands its KV over.
+        d_blocks = [list(range(3, 3 + nb))]
+        params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "never"}
+        gone = SimpleNamespace(request_id="gone", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
+        assert sd.get_num_new_matched_tokens(gone, 0) == (prompt, True)
+        sd.update_state_after_alloc(gone, d_blocks, prompt)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        wd.clear_connector_metadata()
+        assert wd.get_finished(set()) == (None, None)
+        assert sd.request_finished(gone, d_blocks) == (False, None)
+        finished(wd, "recv", "gone", timeout=5.0, finished_req_ids={"gone"})
+        assert wp.failed == {} and wd.failed == {}
+        assert not wd._gen_finished, "a decode request's id kept for a send that never comes"
+
+        # The same destination blocks take the next request's KV.
+        p_blocks = [list(range(20, 20 + nb))]
+        full = SimpleNamespace(request_id="full", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(full, p_blocks, 0)
+        done = 0
+        while done < prompt:
+            done = step(sp, wp, p_layers, "full", p_blocks, truth, done, min(64, prompt - done))
+        keep, params = sp.request_finished(full, p_blocks)
+        assert keep and params["remote_request_id"] == "full"
+        dreq = SimpleNamespace(request_id="full-d", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
+        sd.get_num_new_matched_tokens(dreq, 0)
+        sd.update_state_after_alloc(dreq, d_blocks, prompt)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        wd.clear_connector_metadata()
+        finished(wd, "recv", "full-d")
+        finished(wp, "send", "full", finished_req_ids={"full"})
+        assert wp.failed == {} and wd.failed == {}
+        for i, layer in enumerate(d_layers.values()):
+            for t in range(prompt):
+                assert torch.equal(layer[d_blocks[0][t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
