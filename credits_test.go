@@ -90,6 +90,44 @@ func TestFrameCredits_FloodIsBoundedTerminalFramesPass(t *testing.T) {
 	waitFor(t, "the frame after the flood handled", func() bool { return e.Stats().FramesRejected == held+1 })
 }
 
+// TestFrameCredits_HeavyFramesAreBoundedByBytes: frame credits alone
+// would let one peer's held RequestData keep 4096 × 4 MiB of block ids
+// (a million blocks each, every one valid). While the tx parent is held,
+// the engine takes that peer's heavy frames only up to
+// DefaultFrameCreditBytes of them and refuses the rest at once, while the
+// peer's light frames still fit; after the drain the weight comes back.
+// (The frames share one block slice: the test allocates 4 MiB, the engine
+// counts what each would keep.)
+func TestFrameCredits_HeavyFramesAreBoundedByBytes(t *testing.T) {
+	e, deliver, link, release := heldEngine(t)
+	rogue := messages.PeerID{Instance: "rogue", Rank: 0}
+	small := [][]int32{{0, 1, 2, 3}, {0, 1, 2, 3}}
+	holdTxParent(t, link, deliver, rogue, small)
+	big := [][]int32{make([]int32, 1<<20)}
+	const flood = 100
+	for i := range flood {
+		deliver(requestData(rogue, fmt.Sprintf("r-%d", i), 64, big))
+	}
+	taken := (actors.DefaultFrameCreditBytes - 4*8) / (4 << 20) // 63 beside the held frame
+	want := int64(flood - taken)
+	if got := e.Stats().FramesShed; got != want {
+		t.Fatalf("%d heavy frames refused of %d, want %d (%d fit in %d bytes)", got, flood, want, taken,
+			actors.DefaultFrameCreditBytes)
+	}
+	deliver(requestData(rogue, "r-light", 64, small))
+	if got := e.Stats().FramesShed; got != want {
+		t.Fatalf("a light frame that fits the byte budget was refused (%d refused, want %d)", got, want)
+	}
+	release()
+	held := int64(1 + taken + 1)
+	waitFor(t, "the held frames handled", func() bool { return e.Stats().FramesRejected == held })
+	deliver(requestData(rogue, "r-after", 64, big))
+	if got := e.Stats().FramesShed; got != want {
+		t.Fatalf("a heavy frame after the drain was refused (%d refused, want %d)", got, want)
+	}
+	waitFor(t, "the frame after the drain handled", func() bool { return e.Stats().FramesRejected == held+1 })
+}
+
 // heldEngine starts a context engine on a heldLink (metrics served) and
 // returns it, its deliver function, the link, and release, which opens the
 // gate (once). The engine is closed at the test's end, gate opened.

@@ -3,6 +3,7 @@ package actors
 import (
 	"sync"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -48,6 +49,13 @@ func orphanLimit(n int) int {
 // not) is never shed: it still takes a credit, over the limit if need be,
 // since it may be the only proof that a writer is quiescent.
 //
+// A frame's credit also weighs what it keeps in memory (frameBytes: a
+// RequestData's block ids and remapped extents, a Hello's pools and memory
+// descriptors): a peer's held frames weigh at most DefaultFrameCreditBytes,
+// so that 4096 valid RequestData of a million blocks each (24 GiB) cannot
+// be held at once. A frame that alone outweighs the budget still enters
+// when the peer holds nothing else, so that every valid frame can.
+//
 // A peer's Cancels count against credits of their own (the same limit):
 // the generation side re-sends each Cancel every second until it is
 // acknowledged, so a burst of requests timing out together can keep a
@@ -61,6 +69,32 @@ type frameCredits struct {
 	held    map[messages.PeerID]int // every frame but Cancel
 	cancels map[messages.PeerID]int // Cancel
 	answers map[messages.PeerID]int // refused RequestData waiting for their answer
+	// weight is frameBytes of the peer's held frames (Cancels included),
+	// at most byteLimit but for a lone frame heavier than it.
+	weight    map[messages.PeerID]int
+	byteLimit int
+}
+
+// DefaultFrameCreditBytes bounds the weight (frameBytes) of one peer's held
+// frames: 256 MiB, room for DefaultFrameCredits RequestData of 16,384
+// blocks each.
+const DefaultFrameCreditBytes = 256 << 20
+
+// frameBytes is what a decoded frame keeps in memory beyond its fixed
+// fields, from its variable-length fields (every other frame's fields are
+// bounded to a few KiB by messages' limits).
+func frameBytes(f messages.Frame) int {
+	switch m := f.(type) {
+	case *messages.RequestData:
+		return 4*core.DestBlocks(m) + 24*len(m.Remap)
+	case *messages.Hello:
+		n := len(m.AgentAddr) + 64*len(m.Pools)
+		for _, mem := range m.Memory {
+			n += 64 + 4*len(mem.Layers) + 8*len(mem.Base)
+		}
+		return n
+	}
+	return 0
 }
 
 // ShedAnswers is how many refused RequestData of one peer may wait at once
@@ -72,7 +106,7 @@ func newFrameCredits(limit int) *frameCredits {
 		limit = DefaultFrameCredits
 	}
 	return &frameCredits{limit: limit, held: map[messages.PeerID]int{}, cancels: map[messages.PeerID]int{},
-		answers: map[messages.PeerID]int{}}
+		answers: map[messages.PeerID]int{}, weight: map[messages.PeerID]int{}, byteLimit: DefaultFrameCreditBytes}
 }
 
 // terminal reports whether f is a terminal frame, never shed.
@@ -89,11 +123,14 @@ func (c *frameCredits) take(f messages.Frame) bool {
 	from := f.Sender()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := c.budget(f)
-	if m[from] >= c.limit && !terminal(f) {
+	m, w := c.budget(f), frameBytes(f)
+	if !terminal(f) && (m[from] >= c.limit || c.weight[from] > 0 && c.weight[from]+w > c.byteLimit) {
 		return false
 	}
 	m[from]++
+	if w > 0 {
+		c.weight[from] += w
+	}
 	return true
 }
 
@@ -106,14 +143,28 @@ func (c *frameCredits) budget(f messages.Frame) map[messages.PeerID]int {
 }
 
 // give returns f's credit.
-func (c *frameCredits) give(f messages.Frame) { c.put(c.budget(f), f.Sender()) }
+func (c *frameCredits) give(f messages.Frame) {
+	peer, w := f.Sender(), frameBytes(f)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dec(c.budget(f), peer, 1)
+	c.dec(c.weight, peer, w)
+}
 
 // put returns one of peer's credits counted in m (held or answers).
 func (c *frameCredits) put(m map[messages.PeerID]int, peer messages.PeerID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n := m[peer]; n > 1 {
-		m[peer] = n - 1
+	c.dec(m, peer, 1)
+}
+
+// dec takes n from peer's count in m, deleting it at zero. c.mu is held.
+func (c *frameCredits) dec(m map[messages.PeerID]int, peer messages.PeerID, n int) {
+	if n <= 0 {
+		return
+	}
+	if v := m[peer]; v > n {
+		m[peer] = v - n
 	} else {
 		delete(m, peer)
 	}

@@ -89,3 +89,52 @@ func TestCancelsSpendCreditsOfTheirOwn(t *testing.T) {
 		t.Fatalf("credits left after every one came back: held %v, cancels %v", c.held, c.cancels)
 	}
 }
+
+// A peer's held frames are bounded by what they keep in memory too: a
+// RequestData that would take the peer's held weight past byteLimit is
+// refused though frame credits are left, a lighter one still enters, a
+// terminal frame always does, and a frame heavier than the whole budget
+// enters when the peer holds nothing else. Weight comes back with give.
+// (Checked to fail: with take ignoring weight, the second heavy frame is
+// taken; with give not returning it, the heavy frame is refused after.)
+func TestFrameCreditsWeighTheirBlocks(t *testing.T) {
+	a, b := messages.PeerID{Instance: "a"}, messages.PeerID{Instance: "b"}
+	c := newFrameCredits(100)
+	c.byteLimit = 1000
+	rd := func(from messages.PeerID, blocks int) *messages.RequestData {
+		return &messages.RequestData{RequestID: "r", From: from,
+			Groups: []messages.GroupDest{{Blocks: make([]int32, blocks)}}}
+	}
+	heavy, light := rd(a, 200), rd(a, 10) // 800 and 40 bytes
+	if !c.take(heavy) {
+		t.Fatal("the first heavy RequestData was refused")
+	}
+	if c.take(rd(a, 200)) {
+		t.Fatal("a RequestData past the peer's byte budget was taken (800 + 800 > 1000)")
+	}
+	if !c.take(light) {
+		t.Fatal("a light RequestData within the byte budget was refused")
+	}
+	if !c.take(&messages.Result{RequestID: "r", From: a}) {
+		t.Fatal("a terminal frame was refused")
+	}
+	if !c.take(rd(b, 200)) {
+		t.Fatal("another peer's RequestData was refused")
+	}
+	c.give(light)
+	c.give(heavy)
+	if c.weight[a] != 0 {
+		t.Fatalf("weight of a = %d after its frames came back, want 0", c.weight[a])
+	}
+	if !c.take(rd(a, 200)) {
+		t.Fatal("a heavy RequestData refused after the weight came back")
+	}
+	whale := rd(b, 10000) // 40,000 bytes: more than the whole budget
+	if c.take(whale) {
+		t.Fatal("a frame past the budget was taken while the peer holds another")
+	}
+	c.give(rd(b, 200))
+	if !c.take(whale) {
+		t.Fatal("a frame heavier than the budget was refused while its peer holds nothing: it could never enter")
+	}
+}
