@@ -52,7 +52,7 @@ func orphanLimit(n int) int {
 // A frame's credit also weighs what it keeps in memory (frameBytes: a
 // RequestData's block ids and remapped extents, a Hello's pools and memory
 // descriptors): a peer's held frames weigh at most DefaultFrameCreditBytes,
-// so that 4096 valid RequestData of a million blocks each (24 GiB) cannot
+// so that 4096 valid RequestData of a million blocks each (16 GiB) cannot
 // be held at once. A frame that alone outweighs the budget still enters
 // when the peer holds nothing else, so that every valid frame can.
 //
