@@ -31,7 +31,10 @@ Roles, as in vLLM:
                                 first, then kvxfer_chunk with a fence made
                                 ready once the step's KV is written (with
                                 "layer_parts": checks every part was handed)
-    get_finished                polled events: (sent, received) ids
+    get_finished                polled events: (sent, received) ids;
+                                cancels what vLLM aborted
+    get_block_ids_with_load_errors
+                                the blocks of failed receives
     shutdown                    kvxfer_engine_close
 
 Memory: kvxfer's block holds every layer of one block ("cross-layer"
@@ -197,6 +200,8 @@ class KvxferWorkerConnector:
         self._gen_finished = set()  # finished_req_ids of sends, not yet reported as sent
         self._handed_all = set()    # sends whose last chunk was handed over
         self._aborted = set()       # live requests cancelled because vLLM finished them
+        self._recv_blocks = {}      # request id -> its destination block ids per group
+        self._load_errors = set()   # blocks of failed receives, until vLLM asks
         self.failed = {}    # request id -> Event of a request that did not succeed
 
     # Registration -----------------------------------------------------------
@@ -246,6 +251,7 @@ class KvxferWorkerConnector:
         for rid, spec in self._meta.reqs_to_recv.items():
             r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
             self._recvs[rid] = r
+            self._recv_blocks[rid] = spec.block_ids
             self._by_handle[r.handle] = (rid, "recv")
 
     def wait_for_layer_load(self, layer_name):
@@ -365,7 +371,8 @@ class KvxferWorkerConnector:
         for ev in self.engine.poll():
             rid, side = self._by_handle.pop(ev.request)
             req = (self._sends if side == "send" else self._recvs).pop(rid)
-            if ev.outcome not in (Outcome.DONE, Outcome.READY) and rid not in self._aborted:
+            failed = ev.outcome not in (Outcome.DONE, Outcome.READY) and rid not in self._aborted
+            if failed:
                 self.failed[rid] = ev
             self._aborted.discard(rid)
             req.release()
@@ -373,7 +380,19 @@ class KvxferWorkerConnector:
                 self._handed_all.discard(rid)
                 self._sent_done.add(rid)
             else:
+                blocks = self._recv_blocks.pop(rid, ())
+                if failed:
+                    self._load_errors.update(b for group in blocks for b in group)
                 self._recv_done.add(rid)
+
+    def get_block_ids_with_load_errors(self):
+        """The destination blocks of receives that failed since the last
+        call (vLLM asks after get_finished): none of a failed receive's KV
+        is trusted, so vLLM recomputes or fails the request
+        (kv_load_failure_policy) instead of decoding from them. An aborted
+        request's blocks are not reported: vLLM frees them."""
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def shutdown(self, timeout_ms=5000):
         """Closes the engine. A close that times out raises KvxferError

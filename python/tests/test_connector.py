@@ -219,3 +219,42 @@ def test_connector_abort():
         wp.shutdown()
         wd.shutdown()
     assert kvxfer.handle_count() == before
+
+
+def test_connector_failed_load_names_its_blocks():
+    """A receive that fails (here: its prefill is aborted halfway, so the
+    context side cancels) is reported finished, kept in failed, and its
+    destination blocks come back from get_block_ids_with_load_errors once,
+    so that vLLM recomputes them instead of decoding from KV that never
+    landed."""
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
+    wd, _ = worker(d_name, transfer_timeout_ms=60000)
+    prompt = 100
+    nb = -(-prompt // TPB)
+    truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+    try:
+        p_blocks, d_blocks = [list(range(nb))], [list(range(40, 40 + nb))]
+        req = SimpleNamespace(request_id="x", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(req, p_blocks, 0)
+        step(sp, wp, p_layers, "x", p_blocks, truth, 0, 64)
+        params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "x"}
+        dreq = SimpleNamespace(request_id="x-d", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
+        sd.update_state_after_alloc(dreq, d_blocks, prompt)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        wd.clear_connector_metadata()
+        assert wd.get_block_ids_with_load_errors() == set()
+        sp.request_finished(req, p_blocks)
+        finished(wp, "send", "x", timeout=5.0, finished_req_ids={"x"})
+        finished(wd, "recv", "x-d", timeout=5.0)
+        assert "x-d" in wd.failed and wp.failed == {}
+        assert wd.get_block_ids_with_load_errors() == set(d_blocks[0])
+        assert wd.get_block_ids_with_load_errors() == set()
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
