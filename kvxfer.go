@@ -387,6 +387,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any message quotes it
+		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", actors.ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
 	}

@@ -463,3 +463,43 @@ func TestGCFloorEnvNamed(t *testing.T) {
 		t.Errorf("OpenNode with KVXFER_GC_FLOOR=lots: %v, want a config error naming it", err)
 	}
 }
+
+// A request reports its outcome to the caller only once its event exists:
+// Release (Blocks, Payload, FreeBlocks) says NOT_FINISHED until then, as
+// the header promises, so that no event ever names a released handle.
+// Each receive here is cancelled and released as soon as Release lets it;
+// its event must then already be there to poll. (Checked to fail: with
+// Outcome reading only the outcome, a Release succeeded while Poll still
+// found nothing.)
+func TestReleaseWaitsForTheEvent(t *testing.T) {
+	base := HandleCount()
+	d := open(t, "capi-early")
+	evs := make([]Event, 4)
+	for i := range 300 {
+		rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: fmt.Sprintf("r%d", i), PromptLen: 32,
+			Context: "capi-nobody"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rx.Cancel()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := rx.Release()
+			if err == nil {
+				break
+			}
+			if Code(err) != ErrNotFinished || time.Now().After(deadline) {
+				t.Fatalf("release of %d: %v", rh, err)
+			}
+			runtime.Gosched()
+		}
+		n := d.Poll(evs, 0)
+		if n != 1 || evs[0].Request != rh {
+			t.Fatalf("receive %d: Release succeeded, then Poll found %v: its event did not exist yet", i, evs[:n])
+		}
+	}
+	closeBoth(t, d)
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}

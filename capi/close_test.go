@@ -191,13 +191,19 @@ func openClosed(t *testing.T, instance string) *Engine {
 
 // TestOverlongValuesAreClipped: a 5,000-byte request id is refused with a
 // message that shows its first bytes and its length, and still ends with
-// the reason (the C message buffer holds 1,023 bytes).
+// the reason (the C message buffer holds 1,023 bytes), whatever else is
+// wrong with the request. (Checked to fail: with the prompt length
+// checked first, Send's message quoted the whole id.)
 func TestOverlongValuesAreClipped(t *testing.T) {
 	p := openClosed(t, "capi-clip")
 	id := strings.Repeat("x", 5000)
 	_, _, serr := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
 	_, _, rerr := p.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "capi-clip"}})
-	for _, err := range []error{serr, rerr} {
+	// With a bad prompt length too, the id is refused first: the message
+	// never quotes it whole.
+	_, _, nerr := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: -1}})
+	_, _, nrerr := p.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: -1, Context: "capi-clip"}})
+	for _, err := range []error{serr, rerr, nerr, nrerr} {
 		if Code(err) != ErrBadRequest {
 			t.Fatalf("a 5000-byte id: %v, want ErrBadRequest", err)
 		}

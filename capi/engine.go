@@ -238,8 +238,16 @@ func (e *Engine) PollErr(out []Event, wait time.Duration) (int, error) {
 	}
 }
 
-func (e *Engine) post(ev Event) {
+// r, the event's request, reports its outcome to the caller from here on
+// (Request.Outcome), at the moment its event becomes visible: never
+// before, so that Release cannot succeed before the event exists (and the
+// event then name a released handle); not after, so that a callback or
+// a poller may release it at once.
+func (e *Engine) post(ev Event, r *Request) {
 	e.mu.Lock()
+	r.mu.Lock()
+	r.posted = true
+	r.mu.Unlock()
 	if e.stopped { // Close is done: nothing more is delivered
 		e.mu.Unlock()
 		return
@@ -429,7 +437,7 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 		if o.Err != nil {
 			ev.Error = Code(o.Err)
 		}
-		e.post(ev)
+		e.post(ev, r)
 	}()
 	return r.h
 }
@@ -447,9 +455,12 @@ type Request struct {
 	promptLen int
 	prefix    []int
 
-	mu    sync.Mutex
-	out   *kvxfer.Outcome
-	freed bool // FreeBlocks ran
+	mu  sync.Mutex
+	out *kvxfer.Outcome
+	// posted: the request's event was posted (Engine.post); until then it
+	// has not finished for the caller, whatever out says.
+	posted bool
+	freed  bool // FreeBlocks ran
 	// events are the fences over the caller's CUDA events (ChunkCUDA), all
 	// released once the request finished, before its event is posted.
 	events []*cuda.BorrowedFence
@@ -648,7 +659,7 @@ func (r *Request) Cancel() {
 func (r *Request) Outcome() (kvxfer.Outcome, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.out == nil {
+	if r.out == nil || !r.posted {
 		return kvxfer.Outcome{}, errorf(ErrNotFinished, "request %d (%s) has not finished", r.h, quote(r.id))
 	}
 	return *r.out, nil

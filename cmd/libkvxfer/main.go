@@ -269,6 +269,9 @@ func kvxfer_blocks_free(eh C.kvxfer_engine_t, g C.uint32_t, ids *C.int32_t, n C.
 	if err != nil {
 		return fail(err)
 	}
+	if n > messages.MaxBlocks {
+		return fail(invalid("kvxfer_blocks_free: n = %d block ids, more than the %d a request may name", n, messages.MaxBlocks))
+	}
 	return status(e.FreeBlocks(int(g), blockIDs(ids, n)))
 }
 
@@ -290,6 +293,9 @@ func kvxfer_blocks_used(eh C.kvxfer_engine_t, g C.uint32_t, out *C.uint32_t) (st
 	return 0
 }
 
+// blockIDs copies n block ids; n is at most messages.MaxBlocks (the
+// callers check), so that a wild count is an error, not an allocation
+// that aborts the process.
 func blockIDs(p *C.int32_t, n C.uint32_t) []kvcache.BlockID {
 	if n == 0 {
 		return nil
@@ -309,14 +315,29 @@ func runs(fn, arg string, p *C.kvxfer_block_run, n C.uint32_t) ([]kvcache.BlockR
 	if p == nil {
 		return nil, nullArg(fn, arg)
 	}
+	if err := groupCount(fn, n); err != nil {
+		return nil, err
+	}
 	out := make([]kvcache.BlockRun, n)
 	for g, r := range unsafe.Slice(p, n) {
 		if r.ids == nil && r.count > 0 {
 			return nil, nullArg(fn, fmt.Sprintf("%s[%d].ids", arg, g))
 		}
+		if r.count > messages.MaxBlocks {
+			return nil, invalid("%s: %s[%d].count = %d block ids, more than the %d a request may name", fn, arg, g, r.count, messages.MaxBlocks)
+		}
 		out[g] = kvcache.BlockRun{First: int(r.first), IDs: blockIDs(r.ids, r.count)}
 	}
 	return out, nil
+}
+
+// groupCount refuses a layer-group count no layout can have, before
+// anything is read or allocated from it.
+func groupCount(fn string, n C.uint32_t) error {
+	if n > messages.MaxGroups {
+		return invalid("%s: groups = %d, more than the %d layer groups a layout may have", fn, n, messages.MaxGroups)
+	}
+	return nil
 }
 
 func timeoutOf(ms C.int32_t) time.Duration { return time.Duration(ms) * time.Millisecond }
@@ -489,6 +510,9 @@ func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.
 	}
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
+		return fail(err)
+	}
+	if err := groupCount("kvxfer_receive", req.groups); err != nil {
 		return fail(err)
 	}
 	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),

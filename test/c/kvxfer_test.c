@@ -234,6 +234,19 @@ static void test_transfer(void) {
     CHECK(f == 0, "no fence for a refused chunk");
     CHECK(kvxfer_chunk(tx, 0, 32, 0, NULL, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "NULL runs");
     CHECK(kvxfer_chunk(rx, 0, 32, 0, &run, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "chunk on a receive");
+    /* Wild counts are refused before anything is read or allocated from
+     * them (before: an allocation of 2^32 runs aborted the process). */
+    CHECK(kvxfer_chunk(tx, 0, 32, 0, &run, 0xFFFFFFFFu, &f) == KVXFER_ERR_INVALID_ARGUMENT, "groups 2^32-1");
+    CHECK(strstr(kvxfer_last_error(), "groups = 4294967295"), "message names groups: %s", kvxfer_last_error());
+    kvxfer_block_run wild = {.first = 0, .count = 0xFFFFFFFFu, .ids = src};
+    CHECK(kvxfer_chunk(tx, 0, 32, 0, &wild, 1, &f) == KVXFER_ERR_INVALID_ARGUMENT, "count 2^32-1");
+    CHECK(strstr(kvxfer_last_error(), "runs[0].count = 4294967295"), "message names the count: %s", kvxfer_last_error());
+    CHECK(kvxfer_blocks_free(p, 0, src, 0xFFFFFFFFu) == KVXFER_ERR_INVALID_ARGUMENT, "free of 2^32-1 ids");
+    kvxfer_request_t none = 0;
+    CHECK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-wild", .prompt_len = 32, .context = "c-prefill",
+                                                       .blocks = &run, .groups = 0xFFFFFFFFu}, &none) ==
+              KVXFER_ERR_INVALID_ARGUMENT, "receive groups 2^32-1");
+    CHECK(none == 0, "a refused receive returned a handle");
 
     /* A chunk behind a CUDA event: handle 0 is refused naming cu_event;
      * without a CUDA driver any handle is refused as unsupported, naming the
