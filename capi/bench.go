@@ -29,6 +29,11 @@ func benchGo(src, dst *Engine, promptLen, chunkTokens, iters int, ph *Phases) (t
 	if ph == nil {
 		ph = &Phases{}
 	}
+	if src == dst {
+		// One engine would receive from itself: its request waits a minute
+		// for a context side that never answers.
+		return 0, 0, errorf(ErrInvalidArgument, "bench: source and destination are the same engine %d: open two", src.h)
+	}
 	l := src.eng.Layout()
 	groups := len(l.Groups)
 	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)

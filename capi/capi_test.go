@@ -215,6 +215,10 @@ func TestBenchGoMovesEveryByte(t *testing.T) {
 	if want := 3 * 7 * 16 * p.Info().BytesPerToken; moved != want {
 		t.Fatalf("moved %d bytes, want %d", moved, want)
 	}
+	// One engine as both ends is named at once (it waited a minute).
+	if _, _, err := BenchGo(p, p, 100, 32, 1); Code(err) != ErrInvalidArgument || !strings.Contains(err.Error(), "same engine") {
+		t.Fatalf("BenchGo(p, p): %v, want INVALID_ARGUMENT naming the same engine", err)
+	}
 	closeBoth(t, p, d)
 }
 
