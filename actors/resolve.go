@@ -148,8 +148,14 @@ func LayoutMismatch(self Topology, hello *messages.Hello) error {
 	if hello.LayoutHash == self.LayoutHash {
 		return nil
 	}
-	return fmt.Errorf("%w: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)",
-		ErrMismatch, hello.From, hello.Model, hello.LayoutHash, modelName(self.Layout), self.LayoutHash)
+	same := ""
+	if hello.Model == modelName(self.Layout) {
+		// One name, two layouts: what differs is a setting, not the model.
+		same = fmt.Sprintf(": the same model laid out differently: compare both sides' tokens per block (here %d), "+
+			"KV dtype, heads and layer groups", self.Layout.TokensPerBlock)
+	}
+	return fmt.Errorf("%w: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)%s",
+		ErrMismatch, hello.From, hello.Model, hello.LayoutHash, modelName(self.Layout), self.LayoutHash, same)
 }
 
 // ResolveRequest turns a generation rank's RequestData and Hello into the

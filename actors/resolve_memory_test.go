@@ -2,7 +2,9 @@ package actors
 
 import (
 	"bytes"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -146,4 +148,24 @@ func applySegments(segs []kvcache.Segment, src, dst []byte, count []int) uint64 
 		moved += sg.Len
 	}
 	return moved
+}
+
+// A layout mismatch between two ranks that name the same model is a
+// setting, not the model: the message says so and names this rank's tokens
+// per block; two models are named as two models. (Checked to fail: without
+// the same-name clause the message reads like a model mismatch.)
+func TestLayoutMismatchOfOneModelNamesTheSetting(t *testing.T) {
+	self := Topology{Layout: kvcache.Layout{Name: "Llama-3.1-8B", TokensPerBlock: 16}, LayoutHash: 1}
+	err := LayoutMismatch(self, &messages.Hello{Model: "Llama-3.1-8B", LayoutHash: 2})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "same model laid out differently") ||
+		!strings.Contains(err.Error(), "tokens per block (here 16)") {
+		t.Fatalf("same model, another layout: %v", err)
+	}
+	err = LayoutMismatch(self, &messages.Hello{Model: "Qwen3-8B", LayoutHash: 2})
+	if !errors.Is(err, ErrMismatch) || strings.Contains(err.Error(), "same model") {
+		t.Fatalf("two models: %v", err)
+	}
+	if err := LayoutMismatch(self, &messages.Hello{Model: "x", LayoutHash: 1}); err != nil {
+		t.Fatalf("one layout hash: %v", err)
+	}
 }

@@ -495,6 +495,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			h, err := n.link.Hello(id)
 			if err == nil {
 				if err := n.eng.CheckPeer(h); err != nil {
+					n.awaitOurHello(ctx, id)
 					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
 				}
 				continue
@@ -538,6 +539,33 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			return fmt.Errorf("%w (%v): %s%s%s",
 				ErrPeerSilent, context.Cause(ctx), strings.Join(silent, "; "), ask, n.unnamedVersion())
+		case <-t.C:
+		}
+	}
+}
+
+// awaitOurHello returns once this node's connection to peer is up (its
+// Hello then leaves, and Close lets it: closeLinger), at most
+// waitHintBeats heartbeat intervals or until ctx ends. WaitPeers calls it
+// before it returns a mismatch it found in the peer's Hello: a caller that
+// closes on that error would otherwise often leave before its own Hello
+// reached the peer (its connection can come up after the peer's), and the
+// peer, told nothing, would wait out its whole deadline and then blame a
+// silent peer instead of naming the mismatch too.
+func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
+	bound := time.NewTimer(waitHintBeats * n.heartbeat())
+	defer bound.Stop()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if st, err := n.link.PeerState(peer); err != nil || st.Conn == zmq.ConnUp {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-bound.C:
+			return
 		case <-t.C:
 		}
 	}

@@ -1,6 +1,7 @@
 package twoproc
 
 import (
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -73,25 +74,45 @@ func TestGenWithoutContextExitsAndFrees(t *testing.T) {
 	}
 }
 
-// TestModelMismatchNamedAtHello: ctx serves Llama-3.1-8B, gen Qwen3-8B.
-// The generation process names both models as soon as the context
-// process's Hello arrives, fails every request with that reason instead of
-// waiting for each one's 20 s deadline, and leaks nothing (before: found
-// per request, after startup looked healthy).
+// TestModelMismatchNamedAtHello: ctx serves Llama-3.1-8B, gen Qwen3-8B,
+// gen started first. The generation process names both models as soon as
+// the context process's Hello arrives, fails every request with that
+// reason instead of waiting for each one's 20 s deadline, and leaks
+// nothing (before: found per request, after startup looked healthy). The
+// context process names them too, well inside its deadline: the
+// generation process leaves only once its own Hello can reach the context
+// process (before: ctx waited its 20 s and then blamed a silent peer).
 func TestModelMismatchNamedAtHello(t *testing.T) {
 	g, c := options(t, 4, 0)
 	g.Model = "Qwen3-8B"
 	gen := spawn(t, "gen", g)
+	// ctx starts once gen listens: gen's connection to ctx then comes up
+	// only at its next reconnect, after ctx's Hello reached gen.
+	sock := strings.TrimPrefix(g.Bind, "ipc://")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gen never bound %s", g.Bind)
+		}
+		time.Sleep(time.Millisecond) // polling for the socket file
+	}
 	ctx := spawn(t, "ctx", c)
 	gr, _ := gen.wait(t, 15*time.Second) // well inside the 20 s transfer timeout
-	_ = ctx.cmd.Process.Kill()
-	_, _ = ctx.wait(t, time.Minute)
+	cr, _ := ctx.wait(t, 15*time.Second)
 	if gr.Failed != 4 || gr.LeakedBlocks != 0 {
 		t.Fatalf("gen report %+v", gr)
 	}
+	if cr.Failed != 4 || cr.LeakedBlocks != 0 {
+		t.Fatalf("ctx report %+v", cr)
+	}
 	for _, m := range []string{`"Llama-3.1-8B"`, `"Qwen3-8B"`} {
 		if !strings.Contains(gr.FirstError, m) {
-			t.Fatalf("the failure does not name model %s: %q", m, gr.FirstError)
+			t.Fatalf("gen's failure does not name model %s: %q", m, gr.FirstError)
+		}
+		if !strings.Contains(cr.FirstError, m) {
+			t.Fatalf("ctx's failure does not name model %s: %q", m, cr.FirstError)
 		}
 	}
 }
