@@ -4,7 +4,8 @@ engineer sees where each kvxfer call goes. It does not import vLLM: the
 method names and arguments mirror the base class, and the objects vLLM
 passes are read by duck typing (request.request_id,
 request.prompt_token_ids, request.kv_transfer_params,
-scheduler_output.num_scheduled_tokens, blocks.get_block_ids()).
+scheduler_output.num_scheduled_tokens, scheduler_output.scheduled_new_reqs'
+req_id and num_computed_tokens, blocks.get_block_ids()).
 
 Roles, as in vLLM:
 
@@ -49,7 +50,7 @@ allocator is never used.
 import re
 from dataclasses import dataclass, field
 
-from .core import Engine, Outcome
+from .core import Engine, KvxferError, Outcome
 
 
 @dataclass
@@ -64,7 +65,7 @@ class RecvSpec:
 class SendSpec:
     prompt_len: int
     block_ids: list
-    chunks: list = field(default_factory=list)  # [(start, end)] computed this step
+    chunks: list = field(default_factory=list)  # [(start, end)] handed over this step
 
 
 @dataclass
@@ -104,7 +105,8 @@ class KvxferSchedulerConnector:
         self.tpb = tokens_per_block
         self._recv = {}      # request id -> RecvSpec, until the next meta
         self._blocks = {}    # producer: request id -> block ids per group
-        self._computed = {}  # producer: request id -> tokens handed over
+        self._computed = {}  # producer: request id -> tokens computed (scheduled) so far
+        self._handed = {}    # producer: request id -> tokens handed over so far
         self._prompt = {}
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -126,22 +128,34 @@ class KvxferSchedulerConnector:
             for g, new in enumerate(ids):
                 have[g].extend(new)
             self._prompt[rid] = len(request.prompt_token_ids)
-            self._computed.setdefault(rid, 0)
 
     def build_connector_meta(self, scheduler_output):
+        """Producer: each step hands over [handed, end), end the tokens
+        computed so far rounded down to a block boundary (all of them once
+        the prompt is complete): vLLM's token budget need not be a multiple
+        of the block size, but a chunk other than the last must end on a
+        block boundary. A new request's tokens from vLLM's local prefix
+        cache (num_computed_tokens) count as computed and are handed over
+        too: the generation side needs the whole prompt's KV."""
         meta = KvxferConnectorMetadata(reqs_to_recv=self._recv)
         self._recv = {}
         if self.role == "producer":
+            for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+                rid = getattr(new, "req_id", None)
+                if rid in self._prompt and rid not in self._computed:
+                    self._computed[rid] = min(getattr(new, "num_computed_tokens", 0) or 0, self._prompt[rid])
             for rid, n in scheduler_output.num_scheduled_tokens.items():
                 if rid not in self._prompt:
                     continue
-                start = self._computed[rid]
-                end = min(start + n, self._prompt[rid])
+                prompt = self._prompt[rid]
+                computed = min(self._computed.get(rid, 0) + n, prompt)
+                self._computed[rid] = computed
+                start = self._handed.get(rid, 0)
+                end = computed if computed == prompt else computed // self.tpb * self.tpb
                 if end <= start:
                     continue
-                self._computed[rid] = end
-                meta.reqs_to_send[rid] = SendSpec(self._prompt[rid], [list(g) for g in self._blocks[rid]],
-                                                  [(start, end)])
+                self._handed[rid] = end
+                meta.reqs_to_send[rid] = SendSpec(prompt, [list(g) for g in self._blocks[rid]], [(start, end)])
         return meta
 
     def request_finished(self, request, block_ids):
@@ -162,10 +176,11 @@ class KvxferSchedulerConnector:
         such a receive when the id comes in finished_req_ids."""
         rid = request.request_id
         self._blocks.pop(rid, None)
-        computed = self._computed.pop(rid, 0)
+        self._computed.pop(rid, None)
+        handed = self._handed.pop(rid, 0)
         prompt = self._prompt.pop(rid, None)
-        if self.role == "producer" and prompt is not None and computed > 0:
-            if computed < prompt:
+        if self.role == "producer" and prompt is not None and handed > 0:
+            if handed < prompt:
                 return True, None
             return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": rid}
         return False, None
@@ -175,7 +190,11 @@ class KvxferSchedulerConnector:
 
 
 class KvxferWorkerConnector:
-    """The worker side: one engine rank over the worker's KV memory."""
+    """The worker side: one engine rank over the worker's KV memory.
+
+    self.failed maps the id of each request that did not succeed to its
+    Event (or to the KvxferError of a receive the engine refused), and keeps
+    it until the caller pops it."""
 
     def __init__(self, config):
         """config: the engine's (kvxfer_engine_open), plus two keys of the
@@ -202,7 +221,7 @@ class KvxferWorkerConnector:
         self._aborted = set()       # live requests cancelled because vLLM finished them
         self._recv_blocks = {}      # request id -> its destination block ids per group
         self._load_errors = set()   # blocks of failed receives, until vLLM asks
-        self.failed = {}    # request id -> Event of a request that did not succeed
+        self.failed = {}    # request id -> Event (or refusal) of a request that did not succeed
 
     # Registration -----------------------------------------------------------
 
@@ -248,8 +267,20 @@ class KvxferWorkerConnector:
         self._meta = None
 
     def start_load_kv(self, forward_context=None, **kwargs):
+        """Opens each receive of the step. One the engine refuses (a
+        remote_request_id already receiving, a bad value) is a failed load,
+        not the step's end: it goes to self.failed with its error, its
+        blocks to get_block_ids_with_load_errors, its id to the next
+        get_finished's finished_recving (vLLM would wait for it forever
+        otherwise), and the other receives go on."""
         for rid, spec in self._meta.reqs_to_recv.items():
-            r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
+            try:
+                r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
+            except (KvxferError, ValueError) as exc:
+                self.failed[rid] = exc
+                self._load_errors.update(b for group in spec.block_ids for b in group)
+                self._recv_done.add(rid)
+                continue
             self._recvs[rid] = r
             self._recv_blocks[rid] = spec.block_ids
             self._by_handle[r.handle] = (rid, "recv")
@@ -339,7 +370,8 @@ class KvxferWorkerConnector:
         finished generating (its id came in finished_req_ids, now or in an
         earlier call), as vLLM's contract asks: until then the scheduler
         still owns its blocks. A request that failed is reported as
-        finished too, and kept in self.failed with its event.
+        finished too, and kept in self.failed with its event (a receive
+        the engine refused: with its error).
 
         An id in finished_req_ids whose request is still live here was
         aborted: a receive (vLLM keeps its blocks until it is reported) and

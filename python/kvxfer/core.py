@@ -1,5 +1,6 @@
 """Engines, requests and fences over libkvxfer.so (standard library only)."""
 
+import atexit
 import ctypes
 import enum
 import json
@@ -197,6 +198,14 @@ def buffer_address(mem):
 _KV_KINDS = ("nhd", "hnd", "split_kv", "mla")
 
 
+class _KvMemory(dict):
+    """kv_memory's config object: the dict the library reads, plus the
+    tensors its addresses point into (tensors), which an Engine opened with
+    it keeps alive: the addresses alone would not."""
+
+    __slots__ = ("tensors",)
+
+
 def _tensor(t):
     """(address, shape, byte strides, dtype, element size) of a CPU tensor or
     NumPy array, any strides."""
@@ -226,8 +235,10 @@ def kv_memory(kind, layers, v_layers=None):
     layers[0] (ValueError naming the first that differs): num_blocks and the
     strides are read from it. Its element size goes in as dtype_bytes, which
     the engine refuses unless it is the layout's. Pass the result as
-    config["memory"] and the tensors as Engine's kv_caches (so that they
-    outlive the engine)."""
+    config["memory"]: the result holds the tensors, and an Engine opened with
+    it keeps them alive until it is closed (a copy made with dict(), or a
+    config passed as JSON text, holds only addresses: pass the tensors as
+    Engine's kv_caches then)."""
     if kind not in _KV_KINDS:
         raise ValueError("kind %r, want one of %s" % (kind, ", ".join(_KV_KINDS)))
     layers = list(layers)
@@ -263,8 +274,9 @@ def kv_memory(kind, layers, v_layers=None):
     else:
         (block, token, elem), head, kv = strides, 0, 0
     num_blocks = shape[1] if kind in ("nhd", "hnd") else shape[0]
-    mem = {"kind": kind, "num_blocks": int(num_blocks), "layers": addrs[:len(layers)], "dtype_bytes": elem_bytes,
-           "strides": {"block": block, "token": token, "head": head, "elem": elem, "kv": kv}}
+    mem = _KvMemory(kind=kind, num_blocks=int(num_blocks), layers=addrs[:len(layers)], dtype_bytes=elem_bytes,
+                    strides={"block": block, "token": token, "head": head, "elem": elem, "kv": kv})
+    mem.tensors = [t for _, t in tensors]
     if kind == "split_kv":
         if v_layers is None or len(v_layers) != len(layers):
             raise ValueError("split_kv needs one V tensor per K tensor")
@@ -305,6 +317,47 @@ def handle_count():
 # after it began) registered as memory: their peers may still write into
 # it, so it is referenced here for the rest of the process and never freed.
 _held = []
+
+# engine handle -> Engine, from its open until its close finished (or gave
+# up and moved its memory to _held): the library holds the addresses of the
+# engine's memory, kv_caches, config["memory"] tensors and callback thunks,
+# so an Engine dropped without close() must not let Python free them.
+_open = {}
+_open_lock = threading.Lock()
+
+# Per thread: the handles of the engines whose callback this thread is
+# running (close() of such an engine would wait for itself).
+_in_callback = threading.local()
+
+# How long the exit hook lets all engines still open drain, in all.
+_EXIT_CLOSE_MS = 2000
+
+
+def _close_at_exit():
+    """Closes every engine still open when the interpreter exits: a
+    callback the library runs into a finalizing interpreter, or into
+    memory Python frees on the way out, would crash the process. Each
+    callback is unset first so that no new one starts; errors are warnings,
+    never a failed exit."""
+    with _open_lock:
+        engines = list(_open.values())
+    deadline = time.monotonic() + _EXIT_CLOSE_MS / 1000.0
+    for e in engines:
+        h = e.handle
+        if not h:
+            continue
+        try:
+            _check(lib.kvxfer_set_callback(h, _lib.CALLBACK(), None))
+        except Exception as exc:  # noqa: BLE001 - the close below still runs
+            warnings.warn("kvxfer: at exit, unsetting engine %s's callback failed: %s" % (e._name(), exc),
+                          RuntimeWarning)
+        try:
+            e.close(max(0, int((deadline - time.monotonic()) * 1000)))
+        except Exception as exc:  # noqa: BLE001 - exiting: warn, go on with the others
+            warnings.warn("kvxfer: at exit, closing engine %s failed: %s" % (e._name(), exc), RuntimeWarning)
+
+
+atexit.register(_close_at_exit)
 
 
 def _nbytes(obj):
@@ -368,9 +421,12 @@ class Engine:
     engine); block ids are then the tensors' own, and block_address and
     block_bytes do not apply.
 
-    memory and kv_caches are kept alive as long as the engine, and for the
-    rest of the process when close() does not finish (a timeout: peers may
-    still write into them; see close()).
+    memory and kv_caches (and the tensors of a kv_memory config["memory"])
+    are kept alive by the module until close() succeeds, even when the
+    Engine itself is dropped without it, and for the rest of the process
+    when close() does not finish (a timeout: peers may still write into
+    them; see close()). An engine still open at interpreter exit is closed
+    then (its callback unset first), errors only warned about.
     """
 
     def __init__(self, config, memory=None, kv_caches=None):
@@ -381,14 +437,20 @@ class Engine:
         # The tensors config["memory"] (kv_memory) points into: kept alive
         # as long as the engine.
         self.kv_caches = kv_caches
+        mem = cfg.get("memory") if isinstance(cfg, dict) else None
+        self._config_tensors = getattr(mem, "tensors", None)
         self._setup(h.value, cfg, memory)
 
     def _setup(self, handle, cfg, memory):
         self.handle = handle
+        with _open_lock:
+            _open[handle] = self
         self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
         self.memory = memory
         if not hasattr(self, "kv_caches"):
             self.kv_caches = None
+        if not hasattr(self, "_config_tensors"):
+            self._config_tensors = None
         self._events = {}  # request handle -> Event, polled but not yet claimed
         self._waiting = {}  # request handle -> how many wait() calls wait for it
         self._closing = False  # a close() is under way (or done)
@@ -432,9 +494,11 @@ class Engine:
         owns. Idempotent once it succeeded; after it returns (or raises) no
         callback of the engine runs any more.
 
-        A refused close (a negative timeout_ms: Status.INVALID_ARGUMENT;
-        another thread's close under way: Status.CLOSED) leaves the engine
-        open, its handle kept. Any other error has closed it.
+        A refused close (a negative timeout_ms, or a close from the engine's
+        own callback, which would wait for that callback forever:
+        Status.INVALID_ARGUMENT; another thread's close under way:
+        Status.CLOSED) leaves the engine open, its handle kept. Any other
+        error has closed it.
 
         Status.TIMEOUT (or another error once the close began): some requests
         did not drain and their peers may still write into this engine's
@@ -445,10 +509,15 @@ class Engine:
         if not h:
             return
         timeout_ms = _i32("timeout_ms", timeout_ms)
+        if h in getattr(_in_callback, "handles", ()):
+            raise KvxferError(Status.INVALID_ARGUMENT, "close() of engine %s (handle %d) called from its own "
+                              "callback: the close would wait for that callback to return, forever" % (self._name(), h))
         self._closing = True
         st = lib.kvxfer_engine_close(h, timeout_ms)
         if st == Status.OK:
             self.handle = 0
+            with _open_lock:
+                _open.pop(h, None)
             return
         msg = lib.kvxfer_last_error().decode("utf-8", "replace")
         if st == Status.INVALID_ARGUMENT:  # refused: the engine is as it was
@@ -456,6 +525,8 @@ class Engine:
         elif st != Status.CLOSED:  # (CLOSED: another close is under way) the handle is gone
             self.handle = 0
             self._hold(h, st)
+            with _open_lock:
+                _open.pop(h, None)
         raise KvxferError(st, msg)
 
     def _closed_meanwhile(self, st, h):
@@ -466,7 +537,7 @@ class Engine:
     def _hold(self, handle, status):
         """Keeps the memory of an engine whose close did not finish alive
         for the rest of the process (_held), with a warning."""
-        objs = [o for o in (self.memory, self.kv_caches) if o is not None]
+        objs = [o for o in (self.memory, self.kv_caches, self._config_tensors) if o is not None]
         if not objs:
             return
         _held.append(objs)
@@ -633,22 +704,31 @@ class Engine:
 
         fn may call any method of this engine except close(): close() waits
         for every callback under way, its own caller's too, and would never
-        return (kvxfer_set_callback in kvxfer.h). A callback being replaced
+        return (kvxfer_set_callback in kvxfer.h), so it raises KvxferError
+        with Status.INVALID_ARGUMENT there instead. A callback being replaced
         may still run for an event already on its way, until close()
         returns; after it, none runs (even when the close timed out)."""
         if fn is None:
             _check(lib.kvxfer_set_callback(self._live(), _lib.CALLBACK(), None))
             return
+        h = self._live()
 
         def trampoline(evp, _user):
+            # close() reads this to refuse a close from the callback itself.
+            handles = getattr(_in_callback, "handles", None)
+            if handles is None:
+                handles = _in_callback.handles = []
+            handles.append(h)
             try:
                 fn(Event(evp.contents))
             except BaseException as exc:  # noqa: B036 - nothing may unwind into C
                 self.callback_errors.append(exc)
                 traceback.print_exc()
+            finally:
+                handles.pop()
 
         cb = _lib.CALLBACK(trampoline)
-        _check(lib.kvxfer_set_callback(self._live(), cb, None))
+        _check(lib.kvxfer_set_callback(h, cb, None))
         # Every thunk stays alive with the engine: one being replaced may
         # still run for an event already on its way.
         self._cbs.append(cb)
@@ -762,8 +842,18 @@ class Request:
 
     def chunk_raw(self, start, end, last, runs_array, groups, fenced=True, _keep=None, layers=None):
         """chunk() with a prebuilt ctypes BlockRun array (the hot path);
-        layers as chunk()'s."""
+        layers as chunk()'s. groups, the runs the library reads, is at most
+        len(runs_array) (ValueError otherwise: it would read past it)."""
         start, end = _i32("start", start), _i32("end", end)
+        groups = _u32("groups", groups)
+        try:
+            have = 0 if runs_array is None else len(runs_array)
+        except TypeError:
+            raise TypeError("runs_array must be a ctypes array of BlockRun, not %s"
+                            % type(runs_array).__name__) from None
+        if groups > have:
+            raise ValueError("groups = %d, but runs_array holds %d runs: the library would read past it"
+                             % (groups, have))
         if layers is not None:
             lo, hi, of = _layer_part(layers)
             f = _lib.fence_t() if fenced else None

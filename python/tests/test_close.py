@@ -5,6 +5,8 @@ wake with CLOSED, requests the close cancels say CLOSED."""
 import ctypes
 import gc
 import inspect
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -208,3 +210,100 @@ def test_connector_shutdown_keeps_a_refused_engine():
     assert e.value.status == Status.INVALID_ARGUMENT and w.engine is not None and w.engine.handle
     w.shutdown()
     assert w.engine is None
+
+
+def test_engine_dropped_without_close_keeps_its_memory():
+    """An engine dropped without close() is still open in the library,
+    which still writes into its memory: the array stays referenced (here
+    a transfer lands in it after the caller dropped both), until close()."""
+    before = kvxfer.handle_count()
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    arr = np.zeros(1 << 20, np.uint8)
+    gen = kvxfer.Engine(small_config(unique("gen")), memory=arr)
+    ref, gen_ref = weakref.ref(arr), weakref.ref(gen)
+    rx = gen.receive("dropped", 32, ctx.instance)
+    rx_handle = rx.handle
+    del arr, gen, rx
+    gc.collect()
+    assert ref() is not None, "the memory of an engine dropped without close() was freed"
+    src = ctx.alloc(0, 2)
+    for b in src:
+        ctypes.memset(ctx.block_address(0, b), 0x5A, ctx.groups[0].block_bytes)
+    tx = ctx.send("dropped", 32)
+    tx.chunk(0, 32, [(0, src)], fenced=False)
+    assert tx.wait().outcome == Outcome.DONE
+    assert int((ref() == 0x5A).sum()) == 2 * ctx.groups[0].block_bytes
+    gen = gen_ref()
+    assert gen.wait(rx_handle).outcome == Outcome.READY
+    gen.close()
+    del gen
+    gc.collect()
+    assert ref() is None, "the memory of a closed engine still referenced"
+    tx.release()
+    ctx.free(0, src)
+    ctx.close()
+    assert kvxfer.handle_count() == before
+
+
+def test_kv_memory_tensors_outlive_an_engine_dropped_without_close():
+    """config["memory"] = kv_memory(...) without kv_caches=: the tensors
+    behind its addresses are kept alive by the engine, until close()."""
+    import torch
+
+    tensors = [torch.zeros((2, 8, 2, 16, 8), dtype=torch.bfloat16) for _ in range(4)]
+    refs = [weakref.ref(t) for t in tensors]
+    cfg = small_config(unique("gen"), memory=kvxfer.kv_memory("hnd", tensors))
+    del cfg["pool_bytes"]
+    gen = kvxfer.Engine(cfg)
+    gen_ref = weakref.ref(gen)
+    del tensors, cfg, gen
+    gc.collect()
+    assert all(r() is not None for r in refs), "kv_memory tensors of an open engine were freed"
+    gen_ref().close()
+    gc.collect()
+    assert all(r() is None for r in refs), "kv_memory tensors of a closed engine still referenced"
+
+
+def test_close_from_its_own_callback_is_refused(pair):
+    """close() from the engine's own callback would wait for that callback
+    forever: it is refused (INVALID_ARGUMENT, naming the misuse) and the
+    engine stays open."""
+    ctx, gen = pair
+    got, done = [], threading.Event()
+
+    def cb(ev):
+        try:
+            ctx.close(1000)
+        except KvxferError as e:
+            got.append(e)
+        done.set()
+
+    ctx.set_callback(cb)
+    src = ctx.alloc(0, 2)
+    rx = gen.receive("cb-close", 32, ctx.instance)
+    tx = ctx.send("cb-close", 32)
+    tx.chunk(0, 32, [(0, src)], fenced=False)
+    wait_until(done.is_set, what="the callback's close() to return")
+    assert len(got) == 1 and got[0].status == Status.INVALID_ARGUMENT, got
+    assert "called from its own callback" in got[0].message, got[0].message
+    assert ctx.handle and ctx.used(0) == 2  # still open
+    assert rx.wait().outcome == Outcome.READY
+    gen.free(0, rx.blocks(0)[1])
+    rx.release()
+    tx.release()
+    ctx.free(0, src)
+
+
+EXIT_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_child.py")
+
+
+def test_exit_with_callbacks_and_open_engines_is_clean():
+    """A process that exits with engines open and their callbacks running
+    exits cleanly: the module's exit hook unsets each callback and closes
+    each engine before the interpreter goes away (a callback into a
+    finalizing interpreter crashed it most runs)."""
+    for run in range(6):
+        p = subprocess.run([sys.executable, EXIT_CHILD], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith("exiting"), (run, p.returncode, p.stdout, p.stderr[-2000:])
+        for bad in ("Segmentation", "signal", "fatal", "Traceback"):
+            assert bad not in p.stderr, (run, p.stderr[-2000:])

@@ -14,7 +14,7 @@ from kvxfer.connector import (
     KvxferWorkerConnector,
 )
 
-from conftest import unique
+from conftest import unique, wait_until
 
 LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 64
 
@@ -131,10 +131,12 @@ def test_connector_layer_parts_misuse_is_named():
         w.register_kv_caches({"model.attn": torch.zeros(1)})
 
 
-def step(sp, wp, layers, rid, p_blocks, truth, done, n):
+def step(sp, wp, layers, rid, p_blocks, truth, done, n, **scheduler_output):
     """One prefill step of n tokens of request rid from token done: the
-    forward pass writes them, wait_for_save hands them over."""
-    wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={rid: n})))
+    forward pass writes them, wait_for_save hands them over.
+    scheduler_output: more attributes of vLLM's SchedulerOutput."""
+    wp.bind_connector_metadata(sp.build_connector_meta(
+        SimpleNamespace(num_scheduled_tokens={rid: n}, **scheduler_output)))
     wp.start_load_kv(None)
     for i, (name, layer) in enumerate(layers.items()):
         for t in range(done, done + n):
@@ -256,5 +258,143 @@ def test_connector_failed_load_names_its_blocks():
         assert wd.get_block_ids_with_load_errors() == set()
     finally:
         wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
+
+
+def load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, rid):
+    """The decode side loads request rid's prompt into d_blocks from the
+    prefill instance params name; every token of every layer equals truth."""
+    dreq = SimpleNamespace(request_id=rid, prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
+    assert sd.get_num_new_matched_tokens(dreq, 0) == (prompt, True)
+    sd.update_state_after_alloc(dreq, d_blocks, prompt)
+    wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+    wd.start_load_kv(None)
+    wd.clear_connector_metadata()
+    finished(wd, "recv", rid)
+    assert wd.failed == {}, wd.failed
+    for i, layer in enumerate(d_layers.values()):
+        for t in range(prompt):
+            assert torch.equal(layer[d_blocks[0][t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
+
+
+@pytest.mark.parametrize("layer_parts", [False, True])
+def test_connector_steps_not_aligned_to_blocks(layer_parts):
+    """vLLM's token budget need not be a multiple of the block size: a
+    prompt of 40 tokens in steps of 20 (16 tokens a block) is handed over
+    in chunks ending on block boundaries ([0, 16), then [16, 40)), and
+    arrives intact. A request aborted after less than a block was computed
+    handed nothing over: its blocks go back at once."""
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name, layer_parts=layer_parts)
+    wd, d_layers = worker(d_name)
+    prompt = 40
+    torch.manual_seed(13)
+    truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+    try:
+        p_blocks, d_blocks = [[9, 4, 7]], [[30, 2, 17]]
+        req = SimpleNamespace(request_id="odd", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(req, p_blocks, 0)
+        done = step(sp, wp, p_layers, "odd", p_blocks, truth, 0, 20)
+        step(sp, wp, p_layers, "odd", p_blocks, truth, done, 20)
+        keep, params = sp.request_finished(req, p_blocks)
+        assert keep and params and params["remote_request_id"] == "odd", params
+        load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, "odd-d")
+        finished(wp, "send", "odd", finished_req_ids={"odd"})
+        assert wp.failed == {}
+
+        short = SimpleNamespace(request_id="short", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(short, [[20, 21, 22]], 0)
+        meta = sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"short": 10}))
+        assert meta.reqs_to_send == {}, meta.reqs_to_send  # under a block: nothing to hand yet
+        assert sp.request_finished(short, [[20, 21, 22]]) == (False, None)
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
+
+
+def test_connector_local_prefix_cache_hit_is_handed_over():
+    """A new request whose first 32 tokens vLLM found in its local prefix
+    cache (num_computed_tokens, their KV already in the request's blocks)
+    is scheduled from token 32: the handed-over KV still starts at token 0,
+    the whole prompt reaches the decode side, and request_finished gives
+    the params once the last token was handed."""
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name)
+    wd, d_layers = worker(d_name)
+    prompt, cached = 100, 32
+    nb = -(-prompt // TPB)
+    torch.manual_seed(14)
+    truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+    try:
+        p_blocks, d_blocks = [list(range(10, 10 + nb))], [list(range(40, 40 + nb))]
+        for i, layer in enumerate(p_layers.values()):  # an earlier request's KV, in the prefix cache
+            for t in range(cached):
+                layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
+        req = SimpleNamespace(request_id="hit", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        sp.update_state_after_alloc(req, p_blocks, 0)
+        new = [SimpleNamespace(req_id="hit", num_computed_tokens=cached)]
+        done = step(sp, wp, p_layers, "hit", p_blocks, truth, cached, 40, scheduled_new_reqs=new)
+        step(sp, wp, p_layers, "hit", p_blocks, truth, done, prompt - done, scheduled_new_reqs=[])
+        keep, params = sp.request_finished(req, p_blocks)
+        assert keep and params and params["remote_request_id"] == "hit", params
+        load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, "hit-d")
+        finished(wp, "send", "hit", finished_req_ids={"hit"})
+        assert wp.failed == {}
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
+
+
+def test_connector_refused_receive_is_a_failed_load():
+    """A receive the engine refuses (here: a second decode request with the
+    same remote_request_id as one still loading) does not end the step:
+    the requests after it are received, and it is kept in failed with its
+    error, its blocks reported as load errors and its id in
+    finished_recving, so vLLM does not wait for it forever."""
+    before = kvxfer.handle_count()
+    d_name = unique("vllm-decode")
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wd, _ = worker(d_name, transfer_timeout_ms=60000)
+    prefill = unique("vllm-prefill")  # never opened: nothing reaches these receives
+
+    def params(remote):
+        return {"do_remote_prefill": True, "remote_instance": prefill, "remote_request_id": remote}
+
+    def load(*reqs):
+        for rid, remote, blocks in reqs:
+            req = SimpleNamespace(request_id=rid, prompt_token_ids=list(range(32)), kv_transfer_params=params(remote))
+            sd.update_state_after_alloc(req, [blocks], 32)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        wd.clear_connector_metadata()
+
+    try:
+        load(("a", "same", [1, 2]))
+        load(("c", "same", [3, 4]), ("b", "other", [5, 6]))
+        assert sorted(wd._recvs) == ["a", "b"]
+        assert isinstance(wd.failed.get("c"), kvxfer.KvxferError), wd.failed
+        assert wd.failed["c"].status == kvxfer.Status.BAD_REQUEST and "same" in wd.failed["c"].message
+        assert wd.get_finished(set()) == (None, {"c"})
+        assert wd.get_block_ids_with_load_errors() == {3, 4}
+        assert wd.failed.pop("c") is not None and wd.failed == {}
+        got, aborted = set(), {"a", "b"}  # vLLM aborts the others
+
+        def reported():
+            got.update(wd.get_finished(aborted)[1] or ())
+            aborted.clear()
+            return got == {"a", "b"}
+
+        wait_until(reported, what="the aborted receives in finished_recving")
+        assert wd.failed == {} and wd.get_block_ids_with_load_errors() == set()
+    finally:
         wd.shutdown()
     assert kvxfer.handle_count() == before

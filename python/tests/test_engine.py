@@ -431,3 +431,27 @@ def test_library_path_is_the_one_loaded():
         pytest.skip("KVXFER_LIB not set: the package found the library itself")
     assert kvxfer.library_path() == os.path.realpath(want)
     assert kvxfer.library_path() in open("/proc/self/maps").read()
+
+
+def test_chunk_raw_groups_past_its_array_are_refused(pair):
+    """chunk_raw takes the array and its count apart: a count that does not
+    fit uint32_t or exceeds the array (the library would read past it) is
+    refused naming the value, and the request goes on."""
+    ctx, gen = pair
+    src = ctx.alloc(0, 2)
+    tx = ctx.send("raw-groups", 32)
+    arr, keep = kvxfer.core._runs([(0, src)])
+    for groups, needle in [(-1, "groups = -1 does not fit"), (1 << 32, "groups = %d does not fit" % (1 << 32)),
+                           (2, "groups = 2, but runs_array holds 1 runs")]:
+        with pytest.raises(ValueError) as e:
+            tx.chunk_raw(0, 32, True, arr, groups, fenced=False)
+        assert needle in str(e.value), (needle, str(e.value))
+    with pytest.raises(ValueError, match="groups = 1, but runs_array holds 0 runs"):
+        tx.chunk_raw(0, 32, True, None, 1, fenced=False)
+    with pytest.raises(TypeError, match="runs_array must be a ctypes array of BlockRun, not"):
+        tx.chunk_raw(0, 32, True, ctypes.pointer(arr[0]), 1, fenced=False)
+    tx.chunk_raw(0, 32, True, arr, 1, fenced=False)  # the request went on
+    tx.cancel()
+    tx.wait()
+    tx.release()
+    ctx.free(0, src)
