@@ -130,6 +130,7 @@ var codeMap = []struct {
 	{node.ErrSendOnly, ErrBadRequest},
 	{node.ErrHandshake, ErrPeerGone},
 	{node.ErrPeerSilent, ErrPeerGone},
+	{node.ErrPeerUnreachable, ErrPeerGone},
 	{kvxfer.ErrMisalignedChunk, ErrBadChunk},
 	{kvxfer.ErrMissingSource, ErrBadChunk},
 	{kvxfer.ErrBadChunk, ErrBadChunk},

@@ -36,6 +36,12 @@ var (
 	// ErrHandshake: the control link's CURVE handshake with a peer failed
 	// (a wrong key, one side insecure); waiting will not heal it.
 	ErrHandshake = errors.New("node: handshake with peer failed")
+	// ErrPeerUnreachable: a peer said Hello, but this node's own
+	// connection to it did not come up (WaitPeers): most likely its
+	// endpoint here is not the one it listens on. This node could send it
+	// nothing (no RequestData, no Result), so every request would wait
+	// for its deadline.
+	ErrPeerUnreachable = errors.New("node: peer unreachable")
 	// ErrUnknownPeer: a request needs a rank that is not among the node's
 	// peers (Node.Receive).
 	ErrUnknownPeer = errors.New("node: not a peer")
@@ -461,6 +467,8 @@ func (n *Node) Backend() string { return n.backend }
 // kvxfer.ErrMismatch and messages.ErrVersion); when ctx ends
 // first, an error wrapping ErrPeerSilent names the silent peers.
 //
+// A peer that said Hello while this node's own connection to it is still
+// not up after 3 heartbeat intervals is named at once (ErrPeerUnreachable).
 // A peer still silent after 3 heartbeat intervals is named in a warning,
 // with what the link knows of it (nothing accepts connections at its
 // endpoint; or our connection to it is up and it has not connected back),
@@ -473,6 +481,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	start, hinted, hintAfter := time.Now(), false, waitHintBeats*n.heartbeat()
+	spoke := map[messages.PeerID]time.Time{} // when WaitPeers first saw each peer's Hello
 	for {
 		if err := n.Err(); err != nil {
 			return err
@@ -498,6 +507,24 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					n.awaitOurHello(ctx, id)
 					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
 				}
+				// It reaches us; we must reach it too, or nothing of ours
+				// gets to it. A peer that speaks is up and listening, so
+				// a connection of ours still down after the hint's wait
+				// dials the wrong place.
+				st, err := n.link.PeerState(id)
+				if err != nil || st.Conn == zmq.ConnUp {
+					continue
+				}
+				heard, ok := spoke[id]
+				if !ok {
+					heard = time.Now()
+					spoke[id] = heard
+				}
+				if waited := time.Since(heard); waited >= hintAfter {
+					return fmt.Errorf("%w: %s said Hello, but this node's connection to it at %s is still not up %v after that (%s): is that the endpoint it listens on?",
+						ErrPeerUnreachable, id, endpoint, waited.Round(time.Millisecond), st)
+				}
+				silent = append(silent, id.String()+" at "+endpoint+": it said Hello, but our connection to it is "+st.String())
 				continue
 			}
 			if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {

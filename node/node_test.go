@@ -210,6 +210,31 @@ func TestModelMismatchNamedWithinThreeBeats(t *testing.T) {
 	})
 }
 
+// TestWrongPeerEndpointNamed: ctx names a wrong endpoint for gen (a typo),
+// while gen reaches ctx. gen's Hello arrives, so ctx hears from gen, but
+// ctx can send it nothing: its WaitPeers returns ErrPeerUnreachable naming
+// gen/0 and the endpoint it dials, about 3 heartbeat intervals after the
+// Hello, not its deadline (before: WaitPeers returned at the Hello, and
+// every request then waited out its transfer timeout). gen's own wait
+// still goes on: ctx's connection never reached it.
+func TestWrongPeerEndpointNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	typo := strings.Replace(cc.Peers[0].Endpoint, "gen.sock", "gen-typo.sock", 1)
+	cc.Peers[0].Endpoint = typo
+	ctxN := open(t, cc)
+	open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	start := time.Now()
+	err := ctxN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrPeerUnreachable) || !strings.Contains(err.Error(), "gen/0") || !strings.Contains(err.Error(), typo) {
+		t.Fatalf("WaitPeers after %v = %v, want ErrPeerUnreachable naming gen/0 and %s", time.Since(start), err, typo)
+	}
+	if took := time.Since(start); took > patience/2 {
+		t.Fatalf("named after %v: about the deadline, not the heartbeats", took)
+	}
+}
+
 // TestWrongPeerKeyNamedOnBothSides: ctx holds a wrong public key for gen,
 // so it neither admits gen's key nor can reach gen. Within 3 heartbeat
 // intervals gen's WaitPeers returns ErrHandshake naming ctx/0 and its
