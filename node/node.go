@@ -38,9 +38,9 @@ var (
 	ErrHandshake = errors.New("node: handshake with peer failed")
 	// ErrPeerUnreachable: a peer said Hello, but this node's own
 	// connection to it did not come up (WaitPeers): most likely its
-	// endpoint here is not the one it listens on. This node could send it
-	// nothing (no RequestData, no Result), so every request would wait
-	// for its deadline.
+	// endpoint here is not the one it listens on, or it went down right
+	// after its Hello. This node could send it nothing (no RequestData, no
+	// Result), so every request would wait for its deadline.
 	ErrPeerUnreachable = errors.New("node: peer unreachable")
 	// ErrUnknownPeer: a request needs a rank that is not among the node's
 	// peers (Node.Receive).
@@ -529,6 +529,12 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
 				return fmt.Errorf("%w: node: %s at %s speaks %w", kvxfer.ErrMismatch, id, endpoint, pv)
+			}
+			if _, heard := spoke[id]; heard {
+				// Its Hello is gone: the link declared it down after it
+				// spoke (it exited, or fell silent, at its start).
+				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",
+					ErrPeerUnreachable, id, endpoint)
 			}
 			// A refused handshake with a peer etcd found is most likely
 			// the race the membership goroutine redials for.

@@ -7,11 +7,8 @@ import (
 	"io"
 	"maps"
 	"net"
-	"os"
-	"os/signal"
 	"slices"
 	"strconv"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -143,15 +140,15 @@ otherwise each finished request is a log line on standard error.`,
 						Str("gen", "http://"+ge.MetricsAddr()+"/metrics").Msg("metrics")
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
 			if f.cluster {
-				return runCluster(ctx, a, cmd, f)
+				return interrupted(got, runCluster(ctx, a, cmd, f))
 			}
 			if f.processes == 2 {
-				return runTwoProcesses(ctx, a, cmd, f)
+				return interrupted(got, runTwoProcesses(ctx, a, cmd, f))
 			}
-			return runDemo(ctx, a, cmd, f)
+			return interrupted(got, runDemo(ctx, a, cmd, f))
 		},
 	}
 	fl := cmd.Flags()

@@ -29,7 +29,7 @@ func main() {
 		os.Exit(2)
 	}
 	if err := newRootCmd().Execute(); err != nil {
-		os.Exit(1) // cobra has printed the error
+		os.Exit(exitCode(err)) // cobra has printed the error
 	}
 }
 

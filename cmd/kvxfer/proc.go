@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -223,9 +221,9 @@ kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
 			if err := f.resolve(a, cmd); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
-			return run(ctx, f.o, cmd)
+			return interrupted(got, run(ctx, f.o, cmd))
 		},
 	}
 	addRoleFlags(cmd, &f, self, peer)
@@ -242,7 +240,7 @@ func newCtxCmd(a *app) *cobra.Command {
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0) {
-			err = fmt.Errorf("ctx: %d failed, %d leaked blocks: %s", rep.Failed, rep.LeakedBlocks, rep.FirstError)
+			err = fmt.Errorf("ctx: %s%d failed, %d leaked blocks: %s", peerWentDown(rep, "gen"), rep.Failed, rep.LeakedBlocks, rep.FirstError)
 		}
 		return err
 	}, "ctx", "gen")
@@ -257,10 +255,20 @@ func newGenCmd(a *app) *cobra.Command {
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
 		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes) {
-			err = fmt.Errorf("gen: %d failed, %d mismatched blocks, %d leaked blocks: %s", rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError)
+			err = fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks: %s", peerWentDown(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError)
 		}
 		return err
 	}, "gen", "ctx")
+}
+
+// peerWentDown leads a failed run's message with the peer's death when the
+// report saw it: the requests' own errors (cancelled, out of blocks) are
+// its consequences, and the first of them alone misleads.
+func peerWentDown(rep proc.Report, peer string) string {
+	if !rep.PeerDown {
+		return ""
+	}
+	return "the " + peer + " process went down (it exited or missed its heartbeats) before the run finished: "
 }
 
 func newKeygenCmd() *cobra.Command {

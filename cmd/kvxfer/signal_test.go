@@ -115,6 +115,7 @@ func TestRoleDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitExit(t, cmd, errOut)
+	exitedInterrupted(t, cmd, errOut, "SIGTERM", 143)
 	if roles := reportRoles(out.String()); len(roles) != 1 || roles[0] != "gen" {
 		t.Errorf("reports %v after SIGTERM, want gen's:\n%s", roles, out.String())
 	}
@@ -158,4 +159,42 @@ func TestDemoDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitExit(t, cmd, errOut)
+	exitedInterrupted(t, cmd, errOut, "SIGTERM", 143)
+}
+
+// exitedInterrupted checks that cmd ended saying a signal interrupted it,
+// first, and with the shell's status for it (128 + the signal's number),
+// not as a run that failed on its own ("184 failed: out of blocks
+// (context canceled)" and status 1 before).
+func exitedInterrupted(t *testing.T, cmd *exec.Cmd, errOut *testlog.Buffer, sig string, code int) {
+	t.Helper()
+	if got := cmd.ProcessState.ExitCode(); got != code {
+		t.Errorf("exit status %d after %s, want %d:\n%s", got, sig, code, errOut.String())
+	}
+	if want := "Error: interrupted (" + sig + ") before the run finished"; !strings.Contains(errOut.String(), want) {
+		t.Errorf("no %q after %s:\n%s", want, sig, errOut.String())
+	}
+}
+
+// TestRoleNamesItsPeersDeath: gen is killed mid-run; ctx's failure leads
+// with the peer's death, not with the first request's own error (before:
+// "ctx: 190 failed, 0 leaked blocks: req-10: CANCELLED: actors:
+// cancelled", the cause only in an earlier log line).
+func TestRoleNamesItsPeersDeath(t *testing.T) {
+	dir := t.TempDir()
+	gsock, csock := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
+	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--requests", "100000", "--timeout", "10m",
+		"--log-level", "info"}
+	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock}, common...)...)
+	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "20ms"}, common...)...)
+	waitFor(t, genErr, "peer said Hello")
+	waitFor(t, ctxErr, "peer said Hello")
+	if err := gen.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = gen.Wait()
+	waitExit(t, ctx, ctxErr)
+	if want := "Error: ctx: the gen process went down"; !strings.Contains(ctxErr.String(), want) {
+		t.Errorf("no %q after gen was killed:\n%s", want, ctxErr.String())
+	}
 }

@@ -527,6 +527,13 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var handed handedCount
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
+		select {
+		case <-n.down: // as RunGen: the rest fail at once, not one by one
+			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
+			<-sem
+			continue
+		default:
+		}
 		// Source blocks in index order (see RunGen).
 		counts := make([]int, len(l.Groups))
 		for g := range counts {
