@@ -530,6 +530,10 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
 				return fmt.Errorf("%w: node: %s at %s speaks %w", kvxfer.ErrMismatch, id, endpoint, pv)
 			}
+			if claimed, ok := n.link.MisnamedHello(id); ok {
+				return fmt.Errorf("%w: %s at %s: a Hello came with the CURVE key given for %s, but it names itself %s: is %q the instance name (and rank) that peer runs as?",
+					ErrHandshake, id, endpoint, id, claimed, id.Instance)
+			}
 			if _, heard := spoke[id]; heard {
 				// Its Hello is gone: the link declared it down after it
 				// spoke (it exited, or fell silent, at its start).

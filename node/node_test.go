@@ -235,6 +235,26 @@ func TestWrongPeerEndpointNamed(t *testing.T) {
 	}
 }
 
+// TestWrongPeerNameNamed: ctx is told its peer is "decode", but the peer
+// at that endpoint, holding the key ctx was given for it, runs as gen. Its
+// Hello is refused (its key may not speak for gen/0), and ctx's WaitPeers
+// names both names at once instead of waiting out its deadline and then
+// asking about keys. (Checked to fail: without the MisnamedHello check it
+// waits until its context ends and returns ErrPeerSilent.)
+func TestWrongPeerNameNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Peers[0].Instance = "decode"
+	ctxN := open(t, cc)
+	open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := ctxN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "names itself gen/0") ||
+		!strings.Contains(err.Error(), `"decode"`) {
+		t.Fatalf("WaitPeers = %v, want ErrHandshake naming decode and gen/0", err)
+	}
+}
+
 // TestWrongPeerKeyNamedOnBothSides: ctx holds a wrong public key for gen,
 // so it neither admits gen's key nor can reach gen. Within 3 heartbeat
 // intervals gen's WaitPeers returns ErrHandshake naming ctx/0 and its

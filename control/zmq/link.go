@@ -41,6 +41,9 @@ type Link struct {
 	// anonForeign is the protocol version, not ours, of the last frame
 	// that came on a connection without a CURVE key (insecure); 0: none.
 	anonForeign atomic.Uint32
+	// misnamed is the last Hello refused because its CURVE key may not
+	// speak for the sender it claimed (MisnamedHello).
+	misnamed atomic.Pointer[misnamedHello]
 
 	mu        sync.Mutex
 	peers     map[messages.PeerID]*peerInfo
@@ -502,6 +505,25 @@ func (l *Link) otherVersionLocked(peer messages.PeerID) *PeerVersionError {
 // waits for a silent peer can say that a peer of another version may be
 // why.
 func (l *Link) OtherVersionUnnamed() uint32 { return l.anonForeign.Load() }
+
+// misnamedHello is a Hello refused for the sender it claimed.
+type misnamedHello struct {
+	claimed messages.PeerID
+	key     string
+}
+
+// MisnamedHello reports whether a Hello came with a CURVE key that may
+// speak for peer while claiming another sender, and which: the peer runs
+// under another instance name (or rank) than this side expects of it, a
+// mistake a user makes (--peer decode for a peer started as gen) that
+// would otherwise look like silence.
+func (l *Link) MisnamedHello(peer messages.PeerID) (claimed messages.PeerID, ok bool) {
+	m := l.misnamed.Load()
+	if m == nil || m.claimed == peer || !l.keyPermits(m.key, peer) {
+		return messages.PeerID{}, false
+	}
+	return m.claimed, true
+}
 
 // PeerVersionError is wrapped by Hello's error for a peer whose CURVE key
 // sent frames of another control protocol version than this build's

@@ -221,6 +221,9 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 			s.reject(RejectIdentity, id, key, b, "%T: connection's CURVE key changed from %s to %s", f, b.key, key)
 			return
 		case !s.l.keyPermits(key, f.Sender()):
+			if h, ok := f.(*messages.Hello); ok {
+				s.l.misnamed.Store(&misnamedHello{claimed: h.From, key: key})
+			}
 			s.reject(RejectIdentity, id, key, b, "%T claims sender %s, which CURVE key %s may not speak for",
 				f, f.Sender(), key)
 			return
