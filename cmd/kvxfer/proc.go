@@ -239,8 +239,8 @@ func newCtxCmd(a *app) *cobra.Command {
 		"kvxfer ctx --bind tcp://10.0.0.1:5601 --key ctx1.key --discovery etcd://10.0.0.9:2379 --cluster prod --tp 2 --tp-rank 1",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
-		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0) {
-			err = fmt.Errorf("ctx: %s%d failed, %d leaked blocks: %s", peerWentDown(rep, "gen"), rep.Failed, rep.LeakedBlocks, rep.FirstError)
+		if rep.Failed > 0 || rep.LeakedBlocks > 0 {
+			err = withSummary(fmt.Errorf("ctx: %s%d failed, %d leaked blocks: %s", peerWentDown(rep, "gen"), rep.Failed, rep.LeakedBlocks, rep.FirstError), err)
 		}
 		return err
 	}, "ctx", "gen")
@@ -254,11 +254,22 @@ func newGenCmd(a *app) *cobra.Command {
 		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
-		if err == nil && (rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes) {
-			err = fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks: %s", peerWentDown(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError)
+		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes {
+			err = withSummary(fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks: %s", peerWentDown(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError), err)
 		}
 		return err
 	}, "gen", "ctx")
+}
+
+// withSummary is a failed run's error: its summary first, then what
+// the run itself returned (typically its close's: a pool that stays mapped
+// because a frozen peer may still write into it), which alone hid the
+// summary.
+func withSummary(summary, err error) error {
+	if err == nil {
+		return summary
+	}
+	return fmt.Errorf("%w; then: %w", summary, err)
 }
 
 // peerWentDown leads a failed run's message with the peer's death when the

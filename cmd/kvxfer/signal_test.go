@@ -187,8 +187,8 @@ func TestRoleNamesItsPeersDeath(t *testing.T) {
 		"--log-level", "info"}
 	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock}, common...)...)
 	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "20ms"}, common...)...)
-	waitFor(t, genErr, "peer said Hello")
-	waitFor(t, ctxErr, "peer said Hello")
+	waitFor(t, genErr, "peers ready")
+	waitFor(t, ctxErr, "peers ready")
 	if err := gen.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -196,5 +196,28 @@ func TestRoleNamesItsPeersDeath(t *testing.T) {
 	waitExit(t, ctx, ctxErr)
 	if want := "Error: ctx: the gen process went down"; !strings.Contains(ctxErr.String(), want) {
 		t.Errorf("no %q after gen was killed:\n%s", want, ctxErr.String())
+	}
+}
+
+// TestRoleNamesAFrozenPeer: ctx is frozen (SIGSTOP) mid-run. gen fails
+// its requests once ctx misses its heartbeats and exits, its error led by
+// the run's summary and the peer's fall: its pool stays mapped (a frozen
+// writer may still write), and that close error alone used to be the
+// whole message ("deregister registration 1: rdma: region busy").
+func TestRoleNamesAFrozenPeer(t *testing.T) {
+	dir := t.TempDir()
+	gsock, csock := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
+	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--requests", "100000",
+		"--timeout", "10m", "--log-level", "info"}
+	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock}, common...)...)
+	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "20ms"}, common...)...)
+	waitFor(t, genErr, "peers ready")
+	waitFor(t, ctxErr, "peers ready")
+	if err := ctx.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, gen, genErr)
+	if want := "Error: gen: the ctx process went down"; !strings.Contains(genErr.String(), want) {
+		t.Errorf("no %q after ctx froze:\n%s", want, genErr.String())
 	}
 }

@@ -362,12 +362,13 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	// another model is named now, once, instead of by every request at its
 	// deadline.
 	if err := waitPeer(ctx, n, o); err != nil {
-		o.Log.Error().Err(err).Msg("context process")
+		o.Log.Error().Err(err).Msg("waiting for the context process")
 		for i := range Prompts(o) {
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
 		}
 		return finish(n, rep, t0, cpu0, out)
 	}
+	o.Log.Info().Int("requests", o.Requests).Msg("peers ready: requests start")
 	var inflight atomic.Int64 // Receives not yet done (Options.Canary)
 	canaryDone := make(chan struct{})
 	if o.Canary {
@@ -512,7 +513,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	// request at its deadline. The peer may start a little later: the
 	// wait is the transfer timeout.
 	if err := waitPeer(ctx, n, o); err != nil {
-		o.Log.Error().Err(err).Msg("generation process")
+		o.Log.Error().Err(err).Msg("waiting for the generation process")
 		if errors.Is(err, kvxfer.ErrMismatch) {
 			awaitPeerLeaves(ctx, n, o)
 		}
@@ -521,6 +522,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}
 		return finish(n, rep, t0, cpu0, out)
 	}
+	o.Log.Info().Int("requests", o.Requests).Msg("peers ready: requests start")
 	l := n.eng.Layout()
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
