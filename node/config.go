@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/rs/zerolog"
 
@@ -289,6 +290,22 @@ func ParseConfig(b []byte) (Config, error) {
 }
 
 // bad is a configuration error naming field and value.
+// instanceChars says what is wrong with the characters of an instance
+// name, or "": a rank is named instance/rank in logs, metrics and etcd
+// keys, so a '/' (or a space, or a control character) would make two
+// names read alike.
+func instanceChars(s string) string {
+	for _, r := range s {
+		switch {
+		case r == '/':
+			return "contains '/', which separates an instance from its rank (instance/rank)"
+		case unicode.IsSpace(r) || !unicode.IsPrint(r):
+			return fmt.Sprintf("contains %q: want no spaces or control characters", r)
+		}
+	}
+	return ""
+}
+
 func bad(field string, value any, format string, args ...any) error {
 	return fmt.Errorf("%w: %s = %s: %s", ErrConfig, field, show(value), fmt.Sprintf(format, args...))
 }
@@ -373,6 +390,9 @@ func gcd(a, b uint64) uint64 {
 func (c Config) Validate() error {
 	if len(c.Instance) > messages.MaxInstanceLen {
 		return bad("instance", c.Instance, "longer than %d bytes", messages.MaxInstanceLen)
+	}
+	if why := instanceChars(c.Instance); why != "" {
+		return bad("instance", c.Instance, "%s", why)
 	}
 	par := c.Parallel.orOne()
 	if par.TP < 1 || par.PP < 1 {
@@ -462,6 +482,9 @@ func (c Config) Validate() error {
 		f := fmt.Sprintf("peers[%d]", i)
 		if p.Instance == "" || len(p.Instance) > messages.MaxInstanceLen {
 			return bad(f+".instance", p.Instance, "want 1..%d bytes", messages.MaxInstanceLen)
+		}
+		if why := instanceChars(p.Instance); why != "" {
+			return bad(f+".instance", p.Instance, "%s", why)
 		}
 		pp := p.Parallel.orOne()
 		if pp.TP < 1 || pp.PP < 1 {

@@ -131,6 +131,8 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"one instance, two parallelisms", peer(1, "parallel", map[string]int{"tp": 4, "pp": 1}), []string{"peers[1].parallel = {TP:4 PP:1}", "{TP:2 PP:1}"}},
 		{"peer endpoint", peer(0, "endpoint", "/run/ctx.sock"), []string{`peers[0].endpoint = "/run/ctx.sock"`, "ipc:///run/ctx.sock"}},
 		{"peer without instance", peer(0, "instance", ""), []string{`peers[0].instance = ""`}},
+		{"peer instance with a slash", peer(0, "instance", "ctx/1"), []string{`peers[0].instance = "ctx/1"`, "contains '/'"}},
+		{"instance with a space", set(`{"instance": "bad name"}`), []string{`instance = "bad name"`, "no spaces"}},
 		{"peer without key", peer(0, "public_key_file", ""), []string{"peers[0].public_key_file", "exactly one"}},
 		{"peer endpoint, separator mistyped", peer(0, "endpoint", "tcp//10.0.0.1:5600"), []string{`peers[0].endpoint = "tcp//10.0.0.1:5600"`, "did you mean tcp://10.0.0.1:5600?"}},
 		{"peer key too short", inlineKey("peers", "abc"), []string{`peers[0].public_key = "abc"`, "CURVE key of 3 characters, want 40"}},

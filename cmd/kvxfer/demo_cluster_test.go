@@ -62,6 +62,10 @@ func TestClusterFlagErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"demo", "--cluster", "--processes", "2"}, "--processes = 2: --cluster runs three processes"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--tp", "0"}, "--tp = 0, --peer-tp = 1: must be ≥ 1"},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--heartbeat", "0s"}, "--heartbeat = 0s: must be > 0"},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--heartbeat", "-1s"}, "--heartbeat = -1s: must be > 0"},
+		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--heartbeat-misses", "0"}, "--heartbeat-misses = 0: must be ≥ 1"},
 		{[]string{"demo", "--processes", "2", "--prefill-devices", "2"}, "--prefill-devices is not used by demo --processes 2"},
 		{[]string{"demo", "--cluster", "--json"}, "--json is not used by demo --cluster"},
 		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--layer-parts", "-1"}, "--layer-parts = -1: must be ≥ 0"},

@@ -107,6 +107,14 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
+	// Named by their flags here: the node would refuse a negative one by
+	// its config key, and take 0 for its default without a word.
+	if f.o.Heartbeat <= 0 {
+		return fmt.Errorf("--heartbeat = %v: must be > 0 (a peer's liveness is its heartbeats)", f.o.Heartbeat)
+	}
+	if f.o.HeartbeatMisses < 1 {
+		return fmt.Errorf("--heartbeat-misses = %d: must be ≥ 1", f.o.HeartbeatMisses)
+	}
 	for _, id := range s.CurveIdentities {
 		f.o.Identities = append(f.o.Identities, zmq.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
 	}
@@ -164,6 +172,9 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 			if fl := cmd.Flags().Lookup(name); fl.Changed {
 				return fmt.Errorf("--%s = %v: only with --discovery etcd://HOST:PORT (or etcds://)", name, fl.Value)
 			}
+		}
+		if o.Parallel.TP < 1 || o.PeerParallel.TP < 1 {
+			return fmt.Errorf("--tp = %d, --peer-tp = %d: must be ≥ 1", o.Parallel.TP, o.PeerParallel.TP)
 		}
 		if o.Parallel.TP != 1 || o.PeerParallel.TP != 1 {
 			return fmt.Errorf("--tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)", o.Parallel.TP, o.PeerParallel.TP)

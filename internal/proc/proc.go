@@ -241,6 +241,14 @@ func (o Options) validate() error {
 	default:
 		return fmt.Errorf("proc: --backend = %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
 	}
+	for _, p := range []struct {
+		flag string
+		tp   int
+	}{{"--tp", o.parallel().TP}, {"--peer-tp", o.peerParallel().TP}} {
+		if p.tp < 1 { // before the check below blames the discovery
+			return fmt.Errorf("proc: %s = %d: must be ≥ 1", p.flag, p.tp)
+		}
+	}
 	if o.etcd() {
 		if o.Cluster == "" {
 			return fmt.Errorf("proc: --discovery = %q needs --cluster", o.Discovery)
