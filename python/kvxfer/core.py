@@ -252,6 +252,10 @@ def kv_memory(kind, layers, v_layers=None):
         if len(t.shape) != want_dims:
             raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
         a, shape, st, dtype, es = _tensor(t)
+        neg = [d for d, x in enumerate(st) if x < 0]
+        if neg:
+            raise ValueError("%s has a negative stride (%d bytes in dimension %d, shape %s): the engine addresses "
+                             "memory forward only; pass a copy in ascending order" % (name, st[neg[0]], neg[0], shape))
         if first is None:
             first = shape, st, dtype, es
         elif shape != first[0]:
@@ -668,7 +672,12 @@ class Engine:
         """The event of request (a Request or handle), polling until it
         arrives or timeout seconds pass (then TimeoutError). A close() of the
         engine meanwhile raises KvxferError with Status.CLOSED. Events of
-        other requests it polls are kept for their wait() or poll()."""
+        other requests it polls are kept for their wait() or poll(). A
+        Request of another engine raises ValueError naming both: its event
+        would never come here."""
+        if isinstance(request, Request) and request.engine is not self:
+            raise ValueError("request %r belongs to engine %s, not to engine %s: wait on its own engine"
+                             % (request.id, request.engine._name(), self._name()))
         h = request.handle if isinstance(request, Request) else request
         deadline = time.monotonic() + timeout
         with self._lock:

@@ -29,6 +29,12 @@ ctx.set_callback(cb)
 gen.set_callback(cb)
 for i in range(200):
     gen.receive("exit-%d" % i, 32, ctx.instance, timeout_ms=50)
-    ctx.send("exit-%d" % i, 32, timeout_ms=50)
+    try:
+        ctx.send("exit-%d" % i, 32, timeout_ms=50)
+    except kvxfer.KvxferError:
+        # On a loaded machine the receive's 50 ms may be over before the
+        # Send: its session finished, and the Send is refused. Only the
+        # exit is under test.
+        pass
 wait_until(lambda: seen[0] > 0, what="the first timed-out request's callback")
 print("exiting %d" % seen[0], flush=True)

@@ -147,6 +147,18 @@ def test_cancel_both_sides(pair):
     ctx.free(0, src)
 
 
+def test_wait_on_another_engine_is_named(pair):
+    """Waiting on one engine for another engine's request is a mistake
+    named at once (it waited its whole timeout, then said "no event")."""
+    ctx, gen = pair
+    rx = gen.receive("elsewhere", 32, ctx.instance)
+    with pytest.raises(ValueError, match="belongs to engine %r, not to engine %r" % (gen.instance, ctx.instance)):
+        ctx.wait(rx, timeout=30)
+    rx.cancel()
+    rx.wait()
+    rx.release()
+
+
 def test_timeout(pair):
     ctx, gen = pair
     rx = gen.receive("timeout-1", 32, ctx.instance, timeout_ms=100)  # no sender ever comes

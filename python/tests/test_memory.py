@@ -80,6 +80,11 @@ def test_kv_memory_refuses_what_it_cannot_describe():
     with pytest.raises(ValueError, match=r"layers\[1\] has different strides from layers\[0\]"):
         # Same shape, HND storage: the strides differ.
         kvxfer.kv_memory("nhd", [t, torch.zeros((2, 4, HEADS, TPB, HEAD), dtype=torch.bfloat16).transpose(2, 3)])
+    # A reversed view (negative strides, NumPy's [::-1]) is named, not
+    # passed on for the library to refuse as a JSON type error.
+    rev = np.zeros((2, 4, TPB, HEADS, HEAD), dtype=np.float16)[:, ::-1]
+    with pytest.raises(ValueError, match=r"layers\[0\] has a negative stride .* in dimension 1"):
+        kvxfer.kv_memory("nhd", [rev])
     # Too few layers for the rank: the library names the count.
     cfg = small_config(unique("bad"), memory=kvxfer.kv_memory("nhd", [t]))
     del cfg["pool_bytes"]
