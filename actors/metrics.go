@@ -83,10 +83,12 @@ const (
 	rejectNotBound                       // from another generation instance than the request's
 	rejectOrphans                        // a new request past its instance's orphan limit
 	rejectShed                           // a RequestData or Cancel dropped: its peer's frame credits were spent
+	rejectTombsFull                      // a Cancel left unanswered until a cancel tombstone ages (TxTable.Cancel)
 	numRejects
 )
 
-var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit", "shed"}
+var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit", "shed",
+	"tombstones_full"}
 
 // meters are an engine's resolved metric children. Every method is safe
 // on a nil *meters (metrics off) and on any goroutine.

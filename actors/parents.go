@@ -225,7 +225,17 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.env.credits.giveAnswer(m.rd.From)
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
-		deliver, notBound := p.table.Cancel(m)
+		deliver, notBound, hold := p.table.Cancel(m, p.env.clock.Now())
+		if hold {
+			// No tombstone can be kept for it yet (TxTable.Cancel): no
+			// answer, so that its sender keeps the blocks and re-sends.
+			p.env.meters.reject(rejectTombsFull)
+			if ev := p.env.warn(m.From.Instance, "tombs"); ev != nil {
+				ev.Str("peer", m.From.String()).Str("request", m.RequestID).
+					Msgf("Cancel left unanswered for now: every cancel tombstone of its instance is younger than %v; it is answered once one ages (its sender re-sends it)", core.CancelTombMinAge)
+			}
+			return
+		}
 		if notBound {
 			// Not the request's instance: nothing of ours writes for it.
 			p.env.meters.reject(rejectNotBound)

@@ -108,6 +108,7 @@ type TableOut struct {
 	Refuse   bool                      `json:",omitempty"`
 	Deliver  bool                      `json:",omitempty"`
 	NotBound bool                      `json:",omitempty"`
+	Hold     bool                      `json:",omitempty"`
 	Requests []string                  `json:",omitempty"`
 	Peers    []messages.PeerID         `json:",omitempty"`
 	Epoch    uint64                    `json:",omitempty"`
@@ -188,12 +189,12 @@ func (t *txTable) Resolved(rd *messages.RequestData, err error) (bool, bool) {
 	return refuse, spawn
 }
 
-func (t *txTable) Cancel(m *messages.Cancel) (bool, bool) {
-	deliver, notBound := t.TxTable.Cancel(m)
+func (t *txTable) Cancel(m *messages.Cancel, now time.Time) (bool, bool, bool) {
+	deliver, notBound, hold := t.TxTable.Cancel(m, now)
 	if t.tr != nil {
-		t.tr.Call("Cancel", t.clock.Now(), TableIn{Cancel: m}, TableOut{Deliver: deliver, NotBound: notBound})
+		t.tr.Call("Cancel", now, TableIn{Cancel: m}, TableOut{Deliver: deliver, NotBound: notBound, Hold: hold})
 	}
-	return deliver, notBound
+	return deliver, notBound, hold
 }
 
 func (t *txTable) Stopped(request string) {

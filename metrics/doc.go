@@ -60,7 +60,9 @@
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
 //	                                                               because its peer's frame credits were spent: FrameCredits unhandled frames;
 //	                                                               the RequestData answered as an invalid one;
-//	                                                               at most 256 of a peer wait for their answer);
+//	                                                               at most 256 of a peer wait for their answer), tombstones_full (a Cancel
+//	                                                               left unanswered, to be re-sent, while every cancel tombstone of its instance
+//	                                                               is younger than 30 s);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
 //	                                                               oversize (past MaxFrameBytes), version (written in another control protocol
 //	                                                               version), decode (refused by messages.Decode), identity

@@ -159,7 +159,7 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 			if in.Cancel == nil {
 				return out, errors.New("no frame recorded for Cancel")
 			}
-			out.Deliver, out.NotBound = tb.Cancel(in.Cancel)
+			out.Deliver, out.NotBound, out.Hold = tb.Cancel(in.Cancel, time.Unix(0, rec.T))
 		case "Stopped":
 			tb.Stopped(in.Request)
 		case "Close":

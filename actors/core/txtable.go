@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -252,18 +253,32 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 // instance to speak of it, as it would a RequestData: the Cancel goes to
 // its session, which fails, so that no stream of it ever writes, and
 // acknowledges.
-func (t *TxTable) Cancel(m *messages.Cancel) (deliver, notBound bool) {
+//
+// hold: the Cancel can be given no tombstone now (every slot of its
+// instance's ring, or of the table's instances, holds one younger than
+// CancelTombMinAge), so it must not be acknowledged yet: the generation
+// side re-sends it every second, and one of them is answered once a slot
+// has aged. Forgetting a young tombstone instead would let a RequestData
+// still on its way open a session that writes into freed blocks.
+func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, hold bool) {
 	if !t.live[m.RequestID] {
-		if m.From.Instance != "" && !t.tombs.has(m.RequestID) {
-			t.addCancel(m.RequestID, m.From.Instance)
+		if m.From.Instance != "" && !t.tombs.has(m.RequestID) && !t.addCancel(m.RequestID, m.From.Instance, now) {
+			return false, false, true
 		}
-		return false, false
+		return false, false, false
 	}
 	if b := t.bound[m.RequestID]; b != "" && b != m.From.Instance {
-		return false, true
+		return false, true, false
 	}
-	return true, false
+	return true, false, false
 }
+
+// CancelTombMinAge is how long a cancel tombstone is kept at least
+// (TxTable.Cancel): far longer than a RequestData overtaken by its Cancel
+// can take to arrive on the other connection (milliseconds), so that a
+// burst of Cancels only delays acknowledgements instead of forgetting a
+// tombstone such a RequestData still needs.
+const CancelTombMinAge = 30 * time.Second
 
 // Stopped takes a session that released everything off the table and
 // leaves its tombstone.
@@ -312,6 +327,9 @@ type tombstones struct {
 	ring []tomb
 	at   int // next slot to overwrite once the ring is full
 	set  map[tomb]bool
+	// when is each slot's time (addAged only), last the newest.
+	when []time.Time
+	last time.Time
 }
 
 func newTombstones(n int) tombstones {
@@ -332,20 +350,48 @@ func (t *tombstones) add(tb tomb) {
 	t.set[tb] = true
 }
 
+// addAged adds tb at now unless the ring is full and its oldest
+// tombstone is younger than minAge; it reports whether tb is held.
+func (t *tombstones) addAged(tb tomb, now time.Time, minAge time.Duration) bool {
+	if t.set[tb] {
+		return true
+	}
+	if len(t.ring) < t.n {
+		t.ring = append(t.ring, tb)
+		t.when = append(t.when, now)
+	} else {
+		if now.Sub(t.when[t.at]) < minAge {
+			return false
+		}
+		delete(t.set, t.ring[t.at])
+		t.ring[t.at], t.when[t.at] = tb, now
+		t.at = (t.at + 1) % t.n
+	}
+	t.set[tb] = true
+	t.last = now
+	return true
+}
+
 // has reports whether request finished here recently.
 func (t *tombstones) has(request string) bool { return t.set[tomb{request: request}] }
 
 // maxCancelInstances bounds the instances whose cancel tombstones the
-// table keeps: past it the oldest instance's are forgotten. Under CURVE an
+// table keeps: past it the oldest instance's are forgotten, once its
+// newest is CancelTombMinAge old. Under CURVE an
 // instance is a key's; only an insecure link lets a peer name many.
 const maxCancelInstances = 64
 
 // addCancel remembers that instance cancelled request before any session
-// here had it, in instance's own ring (as many slots as the finished ring).
-func (t *TxTable) addCancel(request, instance string) {
+// here had it, in instance's own ring (as many slots as the finished ring),
+// and reports whether it could: it forgets no tombstone younger than
+// CancelTombMinAge to make room (nor an instance's ring whose newest is).
+func (t *TxTable) addCancel(request, instance string, now time.Time) bool {
 	r := t.ctombs[instance]
 	if r == nil {
 		if len(t.corder) >= maxCancelInstances {
+			if now.Sub(t.ctombs[t.corder[0]].last) < CancelTombMinAge {
+				return false
+			}
 			delete(t.ctombs, t.corder[0])
 			t.corder = t.corder[1:]
 		}
@@ -354,7 +400,7 @@ func (t *TxTable) addCancel(request, instance string) {
 		t.ctombs[instance] = r
 		t.corder = append(t.corder, instance)
 	}
-	r.add(tomb{request: request, canceller: instance})
+	return r.addAged(tomb{request: request, canceller: instance}, now, CancelTombMinAge)
 }
 
 // cancelled reports whether instance cancelled request before any session

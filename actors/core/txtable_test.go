@@ -6,9 +6,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
 )
+
+// t0 is the tables' clock in these tests.
+var t0 = time.Unix(1_700_000_000, 0)
 
 func rdFrom(inst, id string) *messages.RequestData {
 	return &messages.RequestData{RequestID: id, Epoch: 1, From: messages.PeerID{Instance: inst}}
@@ -79,14 +83,14 @@ func TestTxTable_StoppedAndClose(t *testing.T) {
 		}
 	}
 	cancel := &messages.Cancel{RequestID: "x", From: messages.PeerID{Instance: "gen"}}
-	if deliver, notBound := tb.Cancel(cancel); !deliver || notBound {
+	if deliver, notBound, _ := tb.Cancel(cancel, t0); !deliver || notBound {
 		t.Fatalf("Cancel x: deliver %v notBound %v", deliver, notBound)
 	}
-	if deliver, notBound := tb.Cancel(&messages.Cancel{RequestID: "x", From: messages.PeerID{Instance: "evil"}}); deliver || !notBound {
+	if deliver, notBound, _ := tb.Cancel(&messages.Cancel{RequestID: "x", From: messages.PeerID{Instance: "evil"}}, t0); deliver || !notBound {
 		t.Fatalf("Cancel x from another instance: deliver %v notBound %v", deliver, notBound)
 	}
 	tb.Stopped("x")
-	if deliver, _ := tb.Cancel(cancel); deliver {
+	if deliver, _, _ := tb.Cancel(cancel, t0); deliver {
 		t.Fatal("Cancel reached a stopped session")
 	}
 	if v, _ := tb.RequestData(rdFrom("gen", "x")); v != RequestDataStale {
@@ -233,8 +237,13 @@ func TestTxTable_Unread(t *testing.T) {
 // nothing: the RequestData resolved and opened a session.)
 func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 	tb := NewTxTable(3)
+	now := t0
 	cancel := func(inst, id string) (deliver, notBound bool) {
-		return tb.Cancel(&messages.Cancel{RequestID: id, Epoch: 1, From: messages.PeerID{Instance: inst}})
+		deliver, notBound, hold := tb.Cancel(&messages.Cancel{RequestID: id, Epoch: 1, From: messages.PeerID{Instance: inst}}, now)
+		if hold {
+			t.Fatalf("Cancel %s of %s held", id, inst)
+		}
+		return deliver, notBound
 	}
 	for range 3 { // the generation side re-sends its Cancel until acknowledged
 		if deliver, notBound := cancel("gen", "a"); deliver || notBound {
@@ -289,9 +298,11 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 	}
 
 	// Bounded: gen's cancel tombstones are a ring of 3 of its own; three
-	// more forget q's. (a stays stale: its refused Send left a finished
-	// tombstone.)
+	// more, once the ring's tombstones are CancelTombMinAge old, forget
+	// q's. (a stays stale: its refused Send left a finished tombstone.)
+	now = now.Add(CancelTombMinAge)
 	cancel("gen", "q")
+	now = now.Add(CancelTombMinAge)
 	for _, id := range []string{"x", "y", "z"} {
 		cancel("gen", id)
 	}
@@ -300,8 +311,10 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 	}
 	// Another instance's Cancels, however many, and finished requests do
 	// not push gen's out.
+	now = now.Add(CancelTombMinAge)
 	cancel("gen", "keep")
 	for i := range 10 {
+		now = now.Add(CancelTombMinAge)
 		cancel("evil", fmt.Sprint("junk-", i))
 		tb.Stopped(fmt.Sprint("done-", i))
 	}
@@ -313,6 +326,69 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 	}
 }
 
+// TestTxTable_YoungCancelTombstonesAreKept: a burst of Cancels for
+// requests without a session, more than an instance's ring holds, does not
+// forget a tombstone younger than CancelTombMinAge: the Cancel that finds
+// no room is held (left unanswered, to be re-sent), and the RequestData of
+// every acknowledged Cancel stays stale. Once the oldest has aged, the
+// held Cancel gets its slot. The same for the table's instances: a new
+// instance's Cancel waits while the oldest instance's ring is young.
+// (Checked to fail: with the ring overwriting young slots, the burst's
+// fourth Cancel was acknowledged and the first request's RequestData
+// resolved — a session writing into blocks its sender had freed.)
+func TestTxTable_YoungCancelTombstonesAreKept(t *testing.T) {
+	tb := NewTxTable(3)
+	cancel := func(inst, id string, at time.Time) (hold bool) {
+		deliver, notBound, hold := tb.Cancel(&messages.Cancel{RequestID: id, Epoch: 1, From: messages.PeerID{Instance: inst}}, at)
+		if deliver || notBound {
+			t.Fatalf("Cancel %s: deliver %v notBound %v", id, deliver, notBound)
+		}
+		return hold
+	}
+	for i, id := range []string{"a", "b", "c"} {
+		if cancel("gen", id, t0.Add(time.Duration(i)*time.Millisecond)) {
+			t.Fatalf("Cancel %s held with room in the ring", id)
+		}
+	}
+	if !cancel("gen", "d", t0.Add(time.Second)) {
+		t.Fatal("Cancel d acknowledged while every slot held a tombstone 1 s old")
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if v, _ := tb.RequestData(rdFrom("gen", id)); v != RequestDataStale {
+			t.Fatalf("RequestData %s after the burst: %v, want stale", id, v)
+		}
+	}
+	if cancel("gen", "a", t0.Add(2*time.Second)) {
+		t.Fatal("a re-sent Cancel whose tombstone is held was not answered")
+	}
+	if cancel("gen", "d", t0.Add(CancelTombMinAge)) {
+		t.Fatal("Cancel d held once a's tombstone aged")
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "d")); v != RequestDataStale {
+		t.Fatalf("RequestData d: %v, want stale", v)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "b")); v != RequestDataStale {
+		t.Fatalf("RequestData b, younger than a: %v, want stale", v)
+	}
+
+	// Instances: the table keeps maxCancelInstances rings.
+	tb = NewTxTable(3)
+	for i := range maxCancelInstances {
+		if cancel(fmt.Sprint("gen", i), "r", t0) {
+			t.Fatalf("instance %d's Cancel held", i)
+		}
+	}
+	if !cancel("late", "r", t0.Add(time.Second)) {
+		t.Fatal("a new instance's Cancel acknowledged by forgetting a young instance's ring")
+	}
+	if v, _ := tb.RequestData(rdFrom("gen0", "r")); v != RequestDataStale {
+		t.Fatalf("RequestData r of the oldest instance: %v, want stale", v)
+	}
+	if cancel("late", "r", t0.Add(CancelTombMinAge)) {
+		t.Fatal("the new instance's Cancel held once the oldest ring aged")
+	}
+}
+
 // TestTxTable_ForeignCancelBeforeSendFailsFast: Send naming no instance
 // trusts the first instance to speak of the request, so another instance's
 // Cancel before Send refuses it (ErrPeerCancelled); the request's own
@@ -321,7 +397,7 @@ func TestTxTable_CancelBeforeRequestData(t *testing.T) {
 // it waiting its full deadline).
 func TestTxTable_ForeignCancelBeforeSendFailsFast(t *testing.T) {
 	tb := NewTxTable(16)
-	tb.Cancel(&messages.Cancel{RequestID: "e", Epoch: 1, From: messages.PeerID{Instance: "other"}})
+	tb.Cancel(&messages.Cancel{RequestID: "e", Epoch: 1, From: messages.PeerID{Instance: "other"}}, t0)
 	if _, err := tb.Open("e", ""); !errors.Is(err, ErrPeerCancelled) || !strings.Contains(err.Error(), "instance other") {
 		t.Fatalf("Open e naming no instance after other's Cancel: %v, want ErrPeerCancelled naming other", err)
 	}

@@ -661,7 +661,11 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 	case *messages.RequestData:
 		c.onRequestData(m)
 	case *messages.Cancel:
-		if deliver, _ := c.table.Cancel(m); !deliver {
+		deliver, _, hold := c.table.Cancel(m, c.now())
+		if hold { // as txParent: unanswered until a tombstone ages; the Cancel is re-sent
+			return
+		}
+		if !deliver {
 			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
 			return
 		}
