@@ -481,7 +481,12 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	start, hinted, hintAfter := time.Now(), false, waitHintBeats*n.heartbeat()
-	spoke := map[messages.PeerID]time.Time{} // when WaitPeers first saw each peer's Hello
+	// spoke: when WaitPeers first saw each peer's Hello while its own
+	// connection to it was not up; reached: the peers that connection was
+	// up to at some point of this wait (a drop after that is a peer
+	// restarting, not a wrong endpoint, and is waited out).
+	spoke := map[messages.PeerID]time.Time{}
+	reached := map[messages.PeerID]bool{}
 	for {
 		if err := n.Err(); err != nil {
 			return err
@@ -513,6 +518,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				// dials the wrong place.
 				st, err := n.link.PeerState(id)
 				if err != nil || st.Conn == zmq.ConnUp {
+					reached[id] = true
+					continue
+				}
+				if reached[id] {
+					silent = append(silent, id.String()+" at "+endpoint+": our connection to it dropped ("+st.String()+")")
 					continue
 				}
 				heard, ok := spoke[id]
@@ -530,11 +540,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
 				return fmt.Errorf("%w: node: %s at %s speaks %w", kvxfer.ErrMismatch, id, endpoint, pv)
 			}
-			if claimed, ok := n.link.MisnamedHello(id); ok {
+			if claimed, ok := n.link.MisnamedHello(id, start); ok {
 				return fmt.Errorf("%w: %s at %s: a Hello came with the CURVE key given for %s, but it names itself %s: is %q the instance name (and rank) that peer runs as?",
 					ErrHandshake, id, endpoint, id, claimed, id.Instance)
 			}
-			if _, heard := spoke[id]; heard {
+			if _, heard := spoke[id]; heard && !reached[id] {
 				// Its Hello is gone: the link declared it down after it
 				// spoke (it exited, or fell silent, at its start).
 				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",

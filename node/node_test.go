@@ -14,9 +14,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/pidwatch/pidwatchtest"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -252,6 +254,91 @@ func TestWrongPeerNameNamed(t *testing.T) {
 	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "names itself gen/0") ||
 		!strings.Contains(err.Error(), `"decode"`) {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming decode and gen/0", err)
+	}
+}
+
+// TestPeerRestartDuringWaitIsWaitedOut: ctx waits for gen and gen2; gen
+// comes, is reached, and restarts while gen2 is still missing. That is no
+// wrong endpoint: WaitPeers waits on (a review found it failing with
+// ErrPeerUnreachable half a second after gen went, its Hello's first
+// sighting counted from before ctx reached it), and returns once both are
+// there.
+func TestPeerRestartDuringWaitIsWaitedOut(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	g2k := newKeys(t)
+	g2ep := "ipc://" + filepath.Join(t.TempDir(), "gen2.sock")
+	cc.Peers = append(cc.Peers, node.Peer{Instance: "gen2", Endpoint: g2ep, PublicKey: g2k.public})
+	g2 := gc
+	g2.Instance, g2.Bind, g2.SecretKey = "gen2", g2ep, g2k.secret
+	ctxN := open(t, cc)
+	errc := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
+		defer cancel()
+		errc <- ctxN.WaitPeers(ctx)
+	}()
+	genN, err := node.Open(context.Background(), gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen0 := messages.PeerID{Instance: "gen"}
+	waitFor(t, patience, "ctx's connection to gen up", func() bool {
+		st, err := ctxN.PeerState(gen0)
+		return err == nil && st.Conn == zmq.ConnUp
+	})
+	closeCtx, cancel := context.WithTimeout(context.Background(), patience)
+	if err := genN.Close(closeCtx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		t.Fatalf("WaitPeers returned while gen restarts and gen2 is not there yet: %v", err)
+	case <-time.After(6 * beat): // it must still be waiting: no event to poll for
+	}
+	open(t, gc)
+	open(t, g2)
+	if err := <-errc; err != nil {
+		t.Fatalf("WaitPeers once gen is back and gen2 came: %v", err)
+	}
+}
+
+// TestMisnamedPeerFixedIsWaitedFor: after WaitPeers named a peer running
+// under the wrong name, the peer is restarted under the right one; a new
+// WaitPeers does not fail on the old refusal (a review found it failing
+// at once with "names itself gen/0"): before the peer is back it times
+// out as a silence, and once it is back it returns.
+func TestMisnamedPeerFixedIsWaitedFor(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Peers[0].Instance = "decode"
+	ctxN := open(t, cc)
+	genN, err := node.Open(context.Background(), gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	err = ctxN.WaitPeers(ctx)
+	cancel()
+	if !errors.Is(err, node.ErrHandshake) {
+		t.Fatalf("first WaitPeers: %v, want ErrHandshake", err)
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), patience)
+	if err := genN.Close(closeCtx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), beat)
+	err = ctxN.WaitPeers(ctx)
+	cancel()
+	if !errors.Is(err, node.ErrPeerSilent) {
+		t.Fatalf("WaitPeers with the peer gone: %v, want ErrPeerSilent (the old refusal is no news)", err)
+	}
+	gc.Instance = "decode"
+	open(t, gc)
+	ctx, cancel = context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := ctxN.WaitPeers(ctx); err != nil {
+		t.Fatalf("WaitPeers once the peer runs as decode: %v", err)
 	}
 }
 

@@ -376,8 +376,8 @@ func (t *tombstones) addAged(tb tomb, now time.Time, minAge time.Duration) bool 
 func (t *tombstones) has(request string) bool { return t.set[tomb{request: request}] }
 
 // maxCancelInstances bounds the instances whose cancel tombstones the
-// table keeps: past it the oldest instance's are forgotten, once its
-// newest is CancelTombMinAge old. Under CURVE an
+// table keeps: past it the instance that cancelled least recently is
+// forgotten, once its newest is CancelTombMinAge old. Under CURVE an
 // instance is a key's; only an insecure link lets a peer name many.
 const maxCancelInstances = 64
 
@@ -389,11 +389,19 @@ func (t *TxTable) addCancel(request, instance string, now time.Time) bool {
 	r := t.ctombs[instance]
 	if r == nil {
 		if len(t.corder) >= maxCancelInstances {
-			if now.Sub(t.ctombs[t.corder[0]].last) < CancelTombMinAge {
+			// The instance that cancelled least recently goes, not the
+			// first known: that one may cancel every few seconds.
+			stale := 0
+			for i, inst := range t.corder {
+				if t.ctombs[inst].last.Before(t.ctombs[t.corder[stale]].last) {
+					stale = i
+				}
+			}
+			if now.Sub(t.ctombs[t.corder[stale]].last) < CancelTombMinAge {
 				return false
 			}
-			delete(t.ctombs, t.corder[0])
-			t.corder = t.corder[1:]
+			delete(t.ctombs, t.corder[stale])
+			t.corder = slices.Delete(t.corder, stale, stale+1)
 		}
 		tr := newTombstones(t.tombs.n)
 		r = &tr

@@ -387,6 +387,28 @@ func TestTxTable_YoungCancelTombstonesAreKept(t *testing.T) {
 	if cancel("late", "r", t0.Add(CancelTombMinAge)) {
 		t.Fatal("the new instance's Cancel held once the oldest ring aged")
 	}
+
+	// The instance that goes is the one that cancelled least recently,
+	// not the first known: gen0 cancelling every 10 s must not hold every
+	// newcomer forever while the others' rings are old (a review found a
+	// newcomer held 3,600 times in an hour).
+	tb = NewTxTable(3)
+	for i := range maxCancelInstances {
+		cancel(fmt.Sprint("gen", i), "r", t0)
+	}
+	at := t0
+	for i := range 6 {
+		at = t0.Add(time.Duration(i+1) * 10 * time.Second)
+		if cancel("gen0", fmt.Sprint("busy-", i), at) {
+			t.Fatalf("gen0's own Cancel %d held", i)
+		}
+	}
+	if cancel("newcomer", "n", at) {
+		t.Fatal("a newcomer's Cancel held while 63 instances' rings are a minute old")
+	}
+	if v, _ := tb.RequestData(rdFrom("gen0", "busy-5")); v != RequestDataStale {
+		t.Fatalf("RequestData of busy gen0's newest Cancel: %v, want stale", v)
+	}
 }
 
 // TestTxTable_ForeignCancelBeforeSendFailsFast: Send naming no instance

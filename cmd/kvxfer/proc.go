@@ -287,7 +287,7 @@ func withSummary(summary, err error) error {
 // report saw it: the requests' own errors (cancelled, out of blocks) are
 // its consequences, and the first of them alone misleads.
 func peerWentDown(rep proc.Report, peer string) string {
-	if !rep.PeerDown {
+	if !rep.PeerDownMidRun {
 		return ""
 	}
 	return "the " + peer + " process went down (it exited or missed its heartbeats) before the run finished: "

@@ -510,16 +510,20 @@ func (l *Link) OtherVersionUnnamed() uint32 { return l.anonForeign.Load() }
 type misnamedHello struct {
 	claimed messages.PeerID
 	key     string
+	at      time.Time // wall clock
 }
 
-// MisnamedHello reports whether a Hello came with a CURVE key that may
-// speak for peer while claiming another sender, and which: the peer runs
-// under another instance name (or rank) than this side expects of it, a
-// mistake a user makes (--peer decode for a peer started as gen) that
-// would otherwise look like silence.
-func (l *Link) MisnamedHello(peer messages.PeerID) (claimed messages.PeerID, ok bool) {
+// MisnamedHello reports whether a Hello came, at since or later, with a
+// CURVE key that may speak for peer while claiming another sender its key
+// still may not speak for, and which: the peer runs under another
+// instance name (or rank) than this side expects of it, a mistake a user
+// makes (--peer decode for a peer started as gen) that would otherwise
+// look like silence. An older refusal (a peer since restarted under the
+// right name), or one whose key has since been bound to the name it
+// claimed (an etcd record learned after the Hello), does not count.
+func (l *Link) MisnamedHello(peer messages.PeerID, since time.Time) (claimed messages.PeerID, ok bool) {
 	m := l.misnamed.Load()
-	if m == nil || m.claimed == peer || !l.keyPermits(m.key, peer) {
+	if m == nil || m.at.Before(since) || m.claimed == peer || !l.keyPermits(m.key, peer) || l.keyPermits(m.key, m.claimed) {
 		return messages.PeerID{}, false
 	}
 	return m.claimed, true

@@ -222,7 +222,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 			return
 		case !s.l.keyPermits(key, f.Sender()):
 			if h, ok := f.(*messages.Hello); ok {
-				s.l.misnamed.Store(&misnamedHello{claimed: h.From, key: key})
+				s.l.misnamed.Store(&misnamedHello{claimed: h.From, key: key, at: time.Now()})
 			}
 			s.reject(RejectIdentity, id, key, b, "%T claims sender %s, which CURVE key %s may not speak for",
 				f, f.Sender(), key)

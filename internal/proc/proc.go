@@ -134,9 +134,13 @@ type Report struct {
 	// QuarantinedBlocks: destination blocks still quarantined at the end
 	// (a writer failed without proof that its writes are over: issue 17);
 	// not leaked, never reused.
-	QuarantinedBlocks int     `json:"quarantined_blocks"`
-	PeerDown          bool    `json:"peer_down"`
-	Seconds           float64 `json:"seconds"`
+	QuarantinedBlocks int  `json:"quarantined_blocks"`
+	PeerDown          bool `json:"peer_down"`
+	// PeerDownMidRun: the peer was declared down before the last request
+	// ended (PeerDown also counts a peer that left after the run, as the
+	// context role waits for under etcd).
+	PeerDownMidRun bool    `json:"peer_down_mid_run,omitempty"`
+	Seconds        float64 `json:"seconds"`
 	// CPUSeconds is the CPU time the process used over those Seconds
 	// (user and system, every thread: libzmq's and the copiers' too);
 	// 0 where it cannot be read.
@@ -475,6 +479,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	rep.PeerDownMidRun = closed(n.down)
 	<-canaryDone
 	select {
 	case <-n.down:
@@ -573,6 +578,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		}(i, pl)
 	}
 	wg.Wait()
+	rep.PeerDownMidRun = closed(n.down)
 	rep.Chunks, rep.Parts = int(handed.chunks.Load()), int(handed.parts.Load())
 	if o.etcd() {
 		// Leave only after the generation side did: its last request may
@@ -800,6 +806,16 @@ func awaitPeerLeaves(ctx context.Context, n *role, o Options) {
 	case <-n.down:
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// closed reports whether c is closed (it is never sent on).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
