@@ -437,7 +437,16 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		inflight.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			res := <-h.Done()
+			var res kvxfer.Outcome
+			select {
+			case res = <-h.Done():
+			case <-n.down:
+				// As the loop: the peer is dead for this run. A request
+				// opened as it fell (the engine failed those it had)
+				// would otherwise wait for its Hello until the timeout.
+				h.Cancel()
+				res = <-h.Done()
+			}
 			inflight.Add(-1)
 			d := time.Since(t)
 			if hoptrace.On {
