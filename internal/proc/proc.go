@@ -414,12 +414,10 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	// admitting a request to prefill only once decode can take it).
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
-		select {
-		case <-n.down:
+		if closed(n.down) {
 			fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
 			<-sem
 			continue
-		default:
 		}
 		if o.Pause > 0 {
 			time.Sleep(o.Pause)
@@ -437,16 +435,10 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		inflight.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			var res kvxfer.Outcome
-			select {
-			case res = <-h.Done():
-			case <-n.down:
-				// As the loop: the peer is dead for this run. A request
-				// opened as it fell (the engine failed those it had)
-				// would otherwise wait for its Hello until the timeout.
-				h.Cancel()
-				res = <-h.Done()
-			}
+			// As the loop: once the peer is down it is dead for this run.
+			// A request opened as it fell (the engine failed those it had)
+			// would otherwise wait for its Hello until the timeout.
+			res := outcome(h.Done(), h.Cancel, n.down)
 			inflight.Add(-1)
 			d := time.Since(t)
 			if hoptrace.On {
@@ -551,12 +543,10 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var handed handedCount
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
-		select {
-		case <-n.down: // as RunGen: the rest fail at once, not one by one
+		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
 			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
 			<-sem
 			continue
-		default:
 		}
 		// Source blocks in index order (see RunGen).
 		counts := make([]int, len(l.Groups))
@@ -671,13 +661,7 @@ chunks:
 		default:
 		}
 	}
-	var res kvxfer.Outcome
-	select {
-	case res = <-tx.Done():
-	case <-n.down:
-		tx.Cancel()
-		res = <-tx.Done()
-	}
+	res := outcome(tx.Done(), tx.Cancel, n.down)
 	// Done fires only after every pin dropped: the source blocks are ours.
 	if err := n.eng.Pools().Free(src); err != nil {
 		return err
@@ -815,6 +799,18 @@ func awaitPeerLeaves(ctx context.Context, n *role, o Options) {
 	case <-n.down:
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// outcome is a request's outcome (done), cancelling it once the peer is
+// declared down: its Done then fires when no write is left.
+func outcome(done <-chan kvxfer.Outcome, cancel func(), down <-chan struct{}) kvxfer.Outcome {
+	select {
+	case res := <-done:
+		return res
+	case <-down:
+		cancel()
+		return <-done
 	}
 }
 
