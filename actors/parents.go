@@ -307,6 +307,14 @@ func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejec
 		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
 }
 
+// closingText is the reason a closing context rank gives a RequestData
+// for a request it has no session for: no Send made here took it, and
+// none will (before, such a frame was told "already finished or
+// cancelled", which named neither the closing nor the missing Send).
+func closingText(self messages.PeerID, request string) string {
+	return fmt.Sprintf("context rank %s is closing: no Send for request %s was made there, and none will be", self, request)
+}
+
 // invalidRequestData is a RequestData that failed validation (err) while
 // naming its request and sender validly (messages.RequestData.Named): only
 // those fields and its incarnations are read.
@@ -363,6 +371,11 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		p.env.meters.reject(rejectStale)
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})
+		return
+	case core.RequestDataClosing:
+		p.env.meters.reject(rejectStale)
+		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
+			Status: messages.StatusFailed, Error: closingText(p.self, rd.RequestID)})
 		return
 	case core.RequestDataNotBound:
 		p.refuse(ctx, rd, rejectNotBound, fmt.Errorf("%w: request %s is for generation instance %s, not %s",

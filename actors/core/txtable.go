@@ -182,8 +182,8 @@ const (
 	// Resolved.
 	RequestDataResolve RequestDataVerdict = iota + 1
 	// RequestDataStale: the request finished here, or its sender's
-	// instance cancelled it before any session here had it (TxTable.Cancel),
-	// or the engine is closing: answer FAILED, remember nothing.
+	// instance cancelled it before any session here had it (TxTable.Cancel):
+	// answer FAILED, remember nothing.
 	RequestDataStale
 	// RequestDataNotBound: the request is bound to another generation
 	// instance: refuse it (FAILED to its sender), remember nothing.
@@ -194,14 +194,20 @@ const (
 	// (limit × OrphanBlocksEach): refuse
 	// it (FAILED to its sender), remember nothing.
 	RequestDataShed
+	// RequestDataClosing: a request no session here has while the engine
+	// is closing (Drain): no Send will take it; answer FAILED saying so,
+	// remember nothing.
+	RequestDataClosing
 )
 
 // RequestData classifies rd; with RequestDataNotBound, bound is the
 // instance the request is bound to.
 func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
-	if t.cancelled(rd.RequestID, rd.From.Instance) ||
-		!t.live[rd.RequestID] && (t.tombs.has(rd.RequestID) || t.draining) {
+	if t.cancelled(rd.RequestID, rd.From.Instance) || !t.live[rd.RequestID] && t.tombs.has(rd.RequestID) {
 		return RequestDataStale, ""
+	}
+	if !t.live[rd.RequestID] && t.draining {
+		return RequestDataClosing, ""
 	}
 	if b := t.bound[rd.RequestID]; b != "" && b != rd.From.Instance {
 		return RequestDataNotBound, b

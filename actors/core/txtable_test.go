@@ -113,8 +113,11 @@ func TestTxTable_StoppedAndClose(t *testing.T) {
 	if _, err := tb.Open("v", ""); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Open while closing: %v", err)
 	}
-	if v, _ := tb.RequestData(rdFrom("gen", "v")); v != RequestDataStale {
-		t.Fatalf("RequestData for a new request while closing: %v", v)
+	if v, _ := tb.RequestData(rdFrom("gen", "v")); v != RequestDataClosing {
+		t.Fatalf("RequestData for a new request while closing: %v, want closing (%v)", v, RequestDataClosing)
+	}
+	if v, _ := tb.RequestData(rdFrom("gen", "y")); v != RequestDataStale {
+		t.Fatalf("RequestData for a finished request while closing: %v, want stale (%v)", v, RequestDataStale)
 	}
 	if v, _ := tb.RequestData(rdFrom("gen", "w")); v != RequestDataResolve {
 		t.Fatalf("RequestData for a live request while closing: %v", v)

@@ -214,9 +214,10 @@ func newRoleCmd(a *app, use, short, example string, run func(context.Context, pr
 		Long: short + `.
 
 The two roles derive the same request list from --seed, --requests and the
-token range, so both must be given the same values. Each prints one JSON
-report line on standard output when it ends and exits non-zero if a request
-failed, a byte differed (gen) or a block leaked. Both must use the same
+token range, so both must be given the same values (ctx sends its values
+with each request, and gen names a difference and fails the run). Each
+prints one JSON report line on standard output when it ends and exits
+non-zero if a request failed, a byte differed (gen) or a block leaked. Both must use the same
 --backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
 or TCP) or shm. kvxfer demo --processes 2 runs both.
 
@@ -251,7 +252,7 @@ func newCtxCmd(a *app) *cobra.Command {
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
 		if rep.Failed > 0 || rep.LeakedBlocks > 0 {
-			err = withSummary(fmt.Errorf("ctx: %s%d failed, %d leaked blocks: %s", peerWentDown(rep, "gen"), rep.Failed, rep.LeakedBlocks, rep.FirstError), err)
+			err = withSummary(fmt.Errorf("ctx: %s%d failed, %d leaked blocks%s", runCause(rep, "gen"), rep.Failed, rep.LeakedBlocks, firstError(rep)), err)
 		}
 		return err
 	}, "ctx", "gen")
@@ -265,8 +266,8 @@ func newGenCmd(a *app) *cobra.Command {
 		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
-		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes {
-			err = withSummary(fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks: %s", peerWentDown(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, rep.FirstError), err)
+		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes || rep.SettingsMismatch != "" {
+			err = withSummary(fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks%s", runCause(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, firstError(rep)), err)
 		}
 		return err
 	}, "gen", "ctx")
@@ -283,14 +284,27 @@ func withSummary(summary, err error) error {
 	return fmt.Errorf("%w; then: %w", summary, err)
 }
 
-// peerWentDown leads a failed run's message with the peer's death when the
-// report saw it: the requests' own errors (cancelled, out of blocks) are
-// its consequences, and the first of them alone misleads.
-func peerWentDown(rep proc.Report, peer string) string {
-	if !rep.PeerDownMidRun {
+// runCause leads a failed run's message with what the report saw that
+// explains its failures: the two roles' settings differing (the generation
+// role's payload check), else the peer's death. The requests' own errors
+// (cancelled, out of blocks, never sent) are their consequences, and the
+// first of them alone misleads.
+func runCause(rep proc.Report, peer string) string {
+	switch {
+	case rep.SettingsMismatch != "":
+		return rep.SettingsMismatch + ": "
+	case rep.PeerDownMidRun:
+		return "the " + peer + " process went down (it exited or missed its heartbeats) before the run finished: "
+	}
+	return ""
+}
+
+// firstError is ": " and the report's first request error, or "".
+func firstError(rep proc.Report) string {
+	if rep.FirstError == "" {
 		return ""
 	}
-	return "the " + peer + " process went down (it exited or missed its heartbeats) before the run finished: "
+	return ": " + rep.FirstError
 }
 
 func newKeygenCmd() *cobra.Command {

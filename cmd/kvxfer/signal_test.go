@@ -221,3 +221,27 @@ func TestRoleNamesAFrozenPeer(t *testing.T) {
 		t.Errorf("no %q after ctx froze:\n%s", want, genErr.String())
 	}
 }
+
+// TestRoleNamesARequestListMismatch: the two roles given different
+// --requests. gen names both sides' settings (the context role sends its
+// own with each request's SUCCESS) and fails the run, instead of blaming
+// the context process for leaving before the requests it never had (the
+// error led with "the ctx process went down", and the requests past ctx's
+// list with "already finished on the context side, or cancelled").
+func TestRoleNamesARequestListMismatch(t *testing.T) {
+	dir := t.TempDir()
+	gsock, csock := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
+	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--timeout", "1m",
+		"--log-level", "info"}
+	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock, "--requests", "6"}, common...)...)
+	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--requests", "4", "--compute", "1ms"}, common...)...)
+	waitExit(t, ctx, ctxErr)
+	waitExit(t, gen, genErr)
+	if gen.ProcessState.ExitCode() == 0 {
+		t.Errorf("gen exited 0 with a request list other than ctx's:\n%s", genErr.String())
+	}
+	want := "Error: gen: the two roles were started with different request lists: the context process runs --requests 4 --seed 1 --min-tokens 512 --max-tokens 1024, this one --requests 6 --seed 1"
+	if !strings.Contains(genErr.String(), want) {
+		t.Errorf("no %q:\n%s", want, genErr.String())
+	}
+}

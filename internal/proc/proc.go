@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,8 +140,13 @@ type Report struct {
 	// PeerDownMidRun: the peer was declared down before the last request
 	// ended (PeerDown also counts a peer that left after the run, as the
 	// context role waits for under etcd).
-	PeerDownMidRun bool    `json:"peer_down_mid_run,omitempty"`
-	Seconds        float64 `json:"seconds"`
+	PeerDownMidRun bool `json:"peer_down_mid_run,omitempty"`
+	// SettingsMismatch (gen): the settings the context process derived its
+	// request list from, as it sent them with a request's SUCCESS, when
+	// they are not this process's (both sides' flags, named); such a run
+	// fails even if every request it made succeeded.
+	SettingsMismatch string  `json:"settings_mismatch,omitempty"`
+	Seconds          float64 `json:"seconds"`
 	// CPUSeconds is the CPU time the process used over those Seconds
 	// (user and system, every thread: libzmq's and the copiers' too);
 	// 0 where it cannot be read.
@@ -178,6 +184,31 @@ func (r *Report) failed(err error) {
 	if len(r.Errors) < maxReportErrors {
 		r.Errors = append(r.Errors, err.Error())
 	}
+}
+
+// listSettings are the settings both roles derive the request list from
+// (Prompts), as flags. The context role sends them with each request's
+// SUCCESS (kvxfer.SendRequest.Payload, after settingsTag) and the
+// generation role compares them with its own: a --requests or token-range
+// mismatch otherwise shows only as requests that never come, blamed on the
+// peer leaving.
+func (o Options) listSettings() string {
+	return fmt.Sprintf("--requests %d --seed %d --min-tokens %d --max-tokens %d", o.Requests, o.Seed, o.MinTokens, o.MaxTokens)
+}
+
+// settingsTag starts the context role's payload (listSettings follows).
+const settingsTag = "kvxfer-proc settings: "
+
+// settingsMismatch is the generation role's verdict on a request's
+// payload: "" when it carries this process's settings or none (a context
+// side that is not this package's), else both sides' settings.
+func (o Options) settingsMismatch(payload []byte) string {
+	theirs, ok := strings.CutPrefix(string(payload), settingsTag)
+	if !ok || theirs == o.listSettings() {
+		return ""
+	}
+	return fmt.Sprintf("the two roles were started with different request lists: the context process runs %s, this one %s (give both the same)",
+		theirs, o.listSettings())
 }
 
 // Prompts is the request list both roles derive from the seed.
@@ -448,6 +479,14 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
 				return
 			}
+			if bad := o.settingsMismatch(res.Payload); bad != "" {
+				mu.Lock()
+				if rep.SettingsMismatch == "" {
+					rep.SettingsMismatch = bad
+					o.Log.Error().Msg(bad)
+				}
+				mu.Unlock()
+			}
 			var verified uint64
 			bad := 0
 			for g, grp := range l.Groups {
@@ -541,6 +580,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
 	var handed handedCount
+	settings := []byte(settingsTag + o.listSettings())
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
@@ -564,7 +604,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		wg.Add(1)
 		go func(i, pl int) {
 			defer func() { <-sem; wg.Done() }()
-			if err := ctxRequest(ctx, o, n, l, i, pl, src, &handed); err != nil {
+			if err := ctxRequest(ctx, o, n, l, i, pl, src, settings, &handed); err != nil {
 				fail(err)
 				return
 			}
@@ -604,8 +644,8 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	return finish(n, rep, t0, cpu0, out)
 }
 
-func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, handed *handedCount) error {
-	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl})
+func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) error {
+	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl, Payload: settings})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
 		return err

@@ -724,6 +724,10 @@ func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})
 		return
+	case core.RequestDataClosing:
+		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
+			Status: messages.StatusFailed, Error: "context rank closing"})
+		return
 	case core.RequestDataNotBound:
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
 			Status: messages.StatusFailed, Error: "request bound to another generation instance"})
