@@ -471,3 +471,65 @@ func TestCrossProcessCloseStalledPeer(t *testing.T) {
 		}
 	}
 }
+
+// TestDeregisterDoesNotWaitForASilentPeer: a peer that stops answering
+// (SIGSTOP) fails the first deregistration by the revoke timeout, and the
+// next at once, naming the silence: the registrations stay mapped, as the
+// timeout decides, but a pool of several is not a minute of timeouts to
+// close. Once the peer runs again and answers, deregistrations wait for
+// it and succeed.
+func TestDeregisterDoesNotWaitForASilentPeer(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+
+	a, err := ucx.New(ucx.WithRevokeTimeout(200 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Connect(rem.addr); err != nil {
+		t.Fatal(err)
+	}
+	var regs []rdma.Registration
+	for range 2 {
+		r, _ := kvcache.NewHostRegion(1 << 20)
+		defer r.Close()
+		reg, err := a.Register(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, reg)
+	}
+	if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Reap(t)
+	defer child.Process().Kill()
+	if err := a.Deregister(regs[0]); !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "did not answer within") {
+		t.Fatalf("Deregister with the peer stopped: %v, want ErrRegionBusy, the peer did not answer", err)
+	}
+	if err := a.Deregister(regs[1]); !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "is silent") {
+		t.Fatalf("Deregister with the peer still stopped: %v, want ErrRegionBusy at once, naming the peer's silence", err)
+	}
+	if err := child.Process().Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(rdmatest.WaitLimit)
+	for _, reg := range regs {
+		for {
+			err := a.Deregister(reg)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, rdma.ErrRegionBusy) || time.Now().After(deadline) {
+				t.Fatalf("Deregister once the peer runs again: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond) // poll with a deadline
+		}
+	}
+}

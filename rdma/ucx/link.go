@@ -64,6 +64,12 @@ type link struct {
 	byeBy    time.Time         // deadline of the acknowledgement
 	ackTo    uint64            // the peer's bye, acknowledged once eps is empty
 	ackDue   bool
+	// silent: a revoke or restore to the peer went unanswered for the
+	// revoke timeout, and nothing came from it since (why, for the
+	// errors). Later deregistrations do not wait for it again: a frozen
+	// peer cost every registration two timeouts, a minute to close a pool
+	// of three.
+	silent string
 }
 
 func newLink(pa address, name string) *link {

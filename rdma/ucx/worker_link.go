@@ -112,6 +112,7 @@ func (w *worker) onMessage(b []byte) {
 		w.dropped++
 		return
 	}
+	l.silent = "" // it speaks again
 	switch m.kind {
 	case msgWelcome:
 		w.linkUp(l, m)
@@ -372,17 +373,28 @@ func (w *worker) deregister(c *call) {
 	w.advanceDereg(op, false)
 }
 
-// ask sends a revoke or restore to every peer that may hold the key.
+// ask sends a revoke or restore to every peer that may hold the key. A
+// silent peer (link.silent) gets it too, but is not waited for: a revoke
+// it has not answered makes the deregistration busy at once, which is
+// what its timeout would decide (the registration stays mapped); a
+// restore is for its use once it runs again.
 func (w *worker) ask(op *deregOp, kind msgKind) {
 	for _, l := range w.links {
 		if st := l.getState(); st != linkUp && st != linkConnecting {
 			continue
 		}
 		req := w.newID()
-		if w.send(l, &message{kind: kind, req: req, from: w.a.id, reg: op.reg.id}) {
-			op.waiting[l] = req
-			w.replies[req] = op
+		if !w.send(l, &message{kind: kind, req: req, from: w.a.id, reg: op.reg.id}) {
+			continue
 		}
+		if l.silent != "" {
+			if kind == msgRevoke && op.busy == "" {
+				op.busy = fmt.Sprintf("agent %s is silent (%s), so it was not asked to wait for", l.peer, l.silent)
+			}
+			continue
+		}
+		op.waiting[l] = req
+		w.replies[req] = op
 	}
 }
 
@@ -420,6 +432,7 @@ func (w *worker) advanceDereg(op *deregOp, timedOut bool) {
 			if op.busy == "" {
 				op.busy = fmt.Sprintf("agent %s did not answer within %v", l.peer, w.a.opts.revoke)
 			}
+			l.silent = fmt.Sprintf("it did not answer registration %d's revoke or restore within %v", op.reg.id, w.a.opts.revoke)
 		}
 		clear(op.waiting)
 	}
@@ -495,8 +508,10 @@ func (w *worker) stepShutdown() {
 			if l.getState() != linkUp {
 				continue
 			}
+			// A silent peer is told too, but not waited for: its
+			// acknowledgement's timeout ends the same way, later.
 			req := w.newID()
-			if w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) {
+			if w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) && l.silent == "" {
 				l.byeReq, l.byeBy = req, time.Now().Add(w.a.opts.revoke)
 			}
 		}
