@@ -118,3 +118,19 @@ func TestFakeDriver(t *testing.T) {
 		t.Errorf("TestConformance did not pass on the fake driver:\n%s", out)
 	}
 }
+
+// TestFakeDriverFailingSync runs TestCloseUnprovenWhenSyncFails on the
+// fake driver with its stream synchronisation failing and a copy slow
+// enough to be running at Close.
+func TestFakeDriverFailingSync(t *testing.T) {
+	if p := os.Getenv(cuda.LibraryEnv); p != "" {
+		t.Skipf("the driver under test is chosen already ($%s=%s)", cuda.LibraryEnv, p)
+	}
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	out, err := cudatest.RunOnFake(t, cuda.LibraryEnv, "^TestCloseUnprovenWhenSyncFails$", "FAKECUDA_FAIL_SYNC=1", "FAKECUDA_COPY_DELAY_US=200000")
+	if err != nil || !strings.Contains(out, "--- PASS: TestCloseUnprovenWhenSyncFails") {
+		t.Fatalf("TestCloseUnprovenWhenSyncFails on the fake driver: %v\n%s", err, out)
+	}
+}

@@ -3,6 +3,7 @@ package cudaipc_test
 import (
 	"bytes"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -221,5 +222,54 @@ func TestCloseNoLateWrite(t *testing.T) {
 	}
 	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 1}}, Done: func(error) { t.Error("Done of a refused post") }}); !errors.Is(err, rdma.ErrEndpointClosed) {
 		t.Errorf("Post after Close: %v", err)
+	}
+}
+
+// TestCloseUnprovenWhenSyncFails runs only on the fake driver with
+// FAKECUDA_FAIL_SYNC=1 (TestFakeDriverFailingSync): the stream's
+// synchronisation fails while a copy is still running, so Close proves
+// nothing. The batch completes with rdma.ErrCloseUnproven (its op stays in
+// doubt, its pages quarantined) and Close says so, where it used to
+// complete it with a bare ErrEndpointClosed, which the engine takes as
+// proof: and the copy lands after Close returned.
+func TestCloseUnprovenWhenSyncFails(t *testing.T) {
+	if os.Getenv("FAKECUDA_FAIL_SYNC") != "1" {
+		t.Skip("runs on the fake driver with a failing stream synchronisation (TestFakeDriverFailingSync)")
+	}
+	d := gpu(t)
+	const n = 1 << 20
+	sm, dm := devMem(t, d, n, 7), devMem(t, d, n, 8)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) {
+		t.Errorf("Close with the stream's synchronisation failing: %v, want rdma.ErrCloseUnproven", err)
+	}
+	if err := wait(t, done, "the batch's Done"); !errors.Is(err, rdma.ErrCloseUnproven) || !errors.Is(err, rdma.ErrEndpointClosed) {
+		t.Errorf("the batch cut by an unproven close: Done(%v), want ErrEndpointClosed and ErrCloseUnproven", err)
+	}
+	// The copy was still running: it lands now (and the memory may be freed
+	// at cleanup only after it did).
+	want := pattern(n, 7)
+	deadline := time.Now().Add(time.Minute)
+	for !bytes.Equal(read(t, d, dm.Ptr(), n), want) {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy in flight at Close never landed")
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
 	}
 }

@@ -117,7 +117,8 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		e.recycle(ev)
 		w = nil
 		if serr := e.stream.Synchronize(); serr != nil && failed == nil {
-			failed = fmt.Errorf("%s: %w", e.name, serr)
+			// What was enqueued may still be copying: no proof.
+			failed = fmt.Errorf("%s: %w: stream synchronize: %w", e.name, rdma.ErrCloseUnproven, serr)
 		}
 		if failed == nil {
 			failed = fmt.Errorf("%s: record event: %w", e.name, err)
@@ -264,7 +265,11 @@ func (e *endpoint) Flush(done func(err error)) {
 // has landed or failed: nothing more will be written), completes every
 // batch and flush not yet reported with rdma.ErrEndpointClosed, in order,
 // then closes the peer mappings, the events and the stream. Every call
-// returns once that is done.
+// returns once that is done. A synchronisation that fails proves nothing
+// (the driver is failing; copies may still run): the batches complete
+// with rdma.ErrCloseUnproven too, Close's error wraps it, and the peer
+// mappings stay open, so that no copy still running writes through a
+// mapping closed under it.
 func (e *endpoint) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
@@ -273,7 +278,11 @@ func (e *endpoint) Close() error {
 
 		var errs []error
 		if err := e.stream.Synchronize(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", e.name, err))
+			err = fmt.Errorf("%s: %w: stream synchronize: %w", e.name, rdma.ErrCloseUnproven, err)
+			e.q.Close(fmt.Errorf("%w: %w", rdma.ErrEndpointClosed, err))
+			e.agent.forget(e)
+			e.closeErr = err
+			return
 		}
 		e.q.Close(fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed))
 

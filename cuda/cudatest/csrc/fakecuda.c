@@ -11,7 +11,10 @@
 //     every stream copy, to keep events pending for a while;
 //   - the legacy default stream (NULL) runs work at once;
 //   - FAKECUDA_DEVICES sets the device count (default 1; 0 makes cuInit
-//     fail with CUDA_ERROR_NO_DEVICE).
+//     fail with CUDA_ERROR_NO_DEVICE);
+//   - FAKECUDA_FAIL_SYNC=1 makes cuStreamSynchronize of a stream fail at
+//     once with CUDA_ERROR_UNKNOWN (a failing driver), its copies still
+//     running.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -40,6 +43,7 @@ enum {
 	INVALID_HANDLE = 400,
 	NOT_FOUND = 500,
 	NOT_READY = 600,
+	UNKNOWN = 999,
 };
 
 #define MAXDEV 8
@@ -53,6 +57,7 @@ static struct ctx ctxs[MAXDEV];
 static int ndev = 1;
 static int inited;
 static long delay_ns;
+static int fail_sync;
 static __thread struct ctx *cur;
 
 // mu guards the allocation list and every event's state.
@@ -105,6 +110,8 @@ CUresult cuInit(unsigned int flags) {
 	}
 	s = getenv("FAKECUDA_COPY_DELAY_US");
 	if (s != NULL) delay_ns = atol(s) * 1000;
+	s = getenv("FAKECUDA_FAIL_SYNC");
+	fail_sync = s != NULL && strcmp(s, "1") == 0;
 	if (ndev <= 0) return NO_DEVICE;
 	inited = 1;
 	return SUCCESS;
@@ -330,6 +337,7 @@ CUresult cuStreamSynchronize(void *h) {
 	NEED_CTX();
 	struct stream *s = h;
 	if (s == NULL) return SUCCESS;
+	if (fail_sync) return UNKNOWN;
 	pthread_mutex_lock(&s->mu);
 	while (s->head != NULL || s->busy) pthread_cond_wait(&s->cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);
