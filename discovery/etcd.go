@@ -346,6 +346,9 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			}
 			continue
 		}
+		if e.opts.onHeld != nil {
+			e.opts.onHeld(old)
+		}
 		if err := e.waitGone(ctx, key, kv.ModRevision); err != nil {
 			return fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)
 		}
@@ -430,7 +433,8 @@ func (e *Etcd) Err() error {
 }
 
 // Close marks the record leaving (peers see Down with reason "left"),
-// revokes the lease, stops watching and closes Events. A Register in
+// revokes the lease, stops watching and closes Events. A registry that
+// reported its record Lost withdraws nothing. A Register in
 // flight is cut short first (it fails with ErrClosed and undoes itself),
 // and Close returns only after it did. The error is the failure to
 // withdraw the record, if any (its lease then expires on its own).
@@ -444,8 +448,9 @@ func (e *Etcd) Close() error {
 		e.regs.Wait()
 		e.mu.Lock()
 		registered, failed, lease, key, value, self := e.registered, e.Err() != nil, e.lease, e.key, e.value, e.self
+		lost := e.m.lost // the record is gone already (Lost): nothing to withdraw, and etcd may be down
 		e.mu.Unlock()
-		if registered && lease != 0 && !failed && e.cli.Ctx().Err() == nil {
+		if registered && lease != 0 && !failed && !lost && e.cli.Ctx().Err() == nil {
 			err = e.leave(self, key, value, lease)
 		}
 		e.shut()

@@ -84,7 +84,8 @@ func recordsEqual(a, b Record) bool {
 
 // TestEtcdRevokedLeaseIsDown: a rank whose lease is revoked behind its
 // back (as etcd does when it expires) is Down "lease expired" at its
-// peers, and the rank itself learns it is Lost.
+// peers, and the rank itself learns it is Lost and withdraws nothing at
+// Close.
 func TestEtcdRevokedLeaseIsDown(t *testing.T) {
 	cluster := clusterName(t)
 	a, b := newEtcdRegistry(t, cluster), newEtcdRegistry(t, cluster)
@@ -107,6 +108,12 @@ func TestEtcdRevokedLeaseIsDown(t *testing.T) {
 	lost := waitEvent(t, b, waitFor, "gen/0 lost", func(e Event) bool { return e.Kind == EventLost })
 	if lost.Instance != "gen" || lost.Rank != 0 || lost.Incarnation != 1 {
 		t.Errorf("lost %v, want gen/0#1", lost)
+	}
+	// Nothing is left to withdraw: Close does not try (it failed revoking
+	// a lease etcd no longer has, or waited out its dial timeout for an
+	// etcd that was down, and a run that had succeeded exited 1).
+	if err := b.Close(); err != nil {
+		t.Errorf("Close after Lost: %v, want nil", err)
 	}
 }
 
@@ -555,4 +562,42 @@ func etcdGoroutines() string {
 		}
 	}
 	return strings.Join(out, "\n\n")
+}
+
+// TestEtcdRegisterNamesTheHolder: a Register that finds its rank held by
+// an older incarnation under a live lease (another process running as the
+// same rank) says so through WithOnHeld, with the holder's record, before
+// it waits; it completes once the holder leaves. The wait was silent (the
+// second process of one rank logged nothing until it was stopped).
+func TestEtcdRegisterNamesTheHolder(t *testing.T) {
+	cluster := clusterName(t)
+	first := newEtcdRegistry(t, cluster)
+	if err := first.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan Record, 4)
+	second := newEtcdRegistry(t, cluster, WithOnHeld(func(r Record) { held <- r }))
+	done := make(chan error, 1)
+	go func() { done <- second.Register(ctxFor(t, time.Minute), testRecord("ctx", 0, 2)) }()
+	select {
+	case r := <-held:
+		if r.Incarnation != 1 || r.ControlEndpoint != testRecord("ctx", 0, 1).ControlEndpoint {
+			t.Errorf("held by %v, want incarnation 1 at its endpoint", r)
+		}
+	case err := <-done:
+		t.Fatalf("Register of a rank held by a live incarnation returned %v before naming the holder", err)
+	case <-time.After(waitFor):
+		t.Fatal("Register did not name the live incarnation holding its rank")
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Register once the holder left: %v", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("Register did not complete once the holder left")
+	}
 }

@@ -24,6 +24,7 @@ type options struct {
 	queue       int
 	tls         *tls.Config
 	user, pass  string
+	onHeld      func(held Record)
 }
 
 func buildOptions(opts []Option) options {
@@ -60,6 +61,13 @@ func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 func WithAuth(user, password string) Option {
 	return func(o *options) { o.user, o.pass = user, password }
 }
+
+// WithOnHeld calls f, on Register's goroutine, each time Register finds
+// its rank's key held by an older incarnation under a live lease and
+// starts waiting for it to go: another process running as the same rank,
+// or a previous run whose lease has not expired yet. The wait is silent
+// otherwise (it lasts as long as the holder lives).
+func WithOnHeld(f func(held Record)) Option { return func(o *options) { o.onHeld = f } }
 
 // WithEventQueue bounds the events held for a slow consumer of Events.
 func WithEventQueue(n int) Option { return func(o *options) { o.queue = n } }

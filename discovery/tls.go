@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 	"weak"
@@ -168,14 +169,20 @@ func explain(err error, endpoints []string, cfg *tls.Config) error {
 // diagnose says, for an etcd that did not answer, what each endpoint's
 // first bytes show: whether it speaks TLS when the registry does not (or
 // the other way round), and the handshake's error (an unknown authority,
-// a name mismatch, a client certificate refused). It returns "" when no
-// endpoint tells more than the error at hand.
+// a name mismatch, a client certificate refused), or what a dial that
+// failed met. It returns "" when no endpoint tells more than the error at
+// hand.
 func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
+	var unreachable []string
 	for _, ep := range endpoints {
 		d := net.Dialer{Timeout: time.Second}
 		raw, err := d.DialContext(ctx, "tcp", ep)
 		if err != nil {
-			continue // the client's error says it: nothing listens
+			// The client's own error is only its deadline: say what the
+			// dial met (connection refused, no such host, a timeout),
+			// unless another endpoint tells more.
+			unreachable = append(unreachable, fmt.Sprintf("nothing answers at %s: %v", ep, err))
+			continue
 		}
 		probe := cfg
 		if probe == nil {
@@ -224,7 +231,7 @@ func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
 			return fmt.Sprintf("TLS to etcd at %s: %v", ep, herr)
 		}
 	}
-	return ""
+	return strings.Join(unreachable, "; ")
 }
 
 // speaksHTTP reports whether ep answers a plaintext HTTP request (etcd's

@@ -228,7 +228,8 @@ func TestEtcdConfigErrors(t *testing.T) {
 }
 
 // TestEtcdUnreachableFailsOpen: an etcd nobody serves fails Open, naming
-// its endpoint, and leaves nothing open (the leak check).
+// its endpoint and what the dial met (the client's own error said only
+// "context deadline exceeded"), and leaves nothing open (the leak check).
 func TestEtcdUnreachableFailsOpen(t *testing.T) {
 	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
 		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), Insecure: true,
@@ -240,8 +241,8 @@ func TestEtcdUnreachableFailsOpen(t *testing.T) {
 		_ = n.Close(context.Background())
 		t.Fatal("Open with an unreachable etcd: nil error")
 	}
-	if !strings.Contains(err.Error(), "127.0.0.1:1") {
-		t.Fatalf("Open with an unreachable etcd: %v, want the endpoint named", err)
+	if !strings.Contains(err.Error(), "nothing answers at 127.0.0.1:1: ") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Open with an unreachable etcd: %v, want the endpoint named with what its dial met", err)
 	}
 }
 
@@ -508,5 +509,38 @@ func TestEtcdQuickRestartAtTheSameEndpoint(t *testing.T) {
 	defer cancel2()
 	if err := ctx2.WaitPeers(w2); err != nil {
 		t.Fatalf("the restarted context rank never heard the generation rank: %v", err)
+	}
+}
+
+// TestEtcdRankOfAnotherParallelismIsNamed: the generation node expects a
+// context instance of TP2 (ranks 0 and 1); ctx/0 registers as rank 0 of
+// TP2, ctx/1 as rank 1 of TP4 (an operator's --tp 4 on one rank). Both
+// records carry their parallelism, so WaitPeers names the mismatch — the
+// rank and both parallelisms — instead of letting a request move and
+// fail at its Result with a byte count.
+func TestEtcdRankOfAnotherParallelismIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	dir := t.TempDir()
+	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
+	layout := &kvcache.Layout{Name: "tiny4", Layers: 2, KVHeads: 4, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(2)}
+	tp2, tp4 := node.Parallel{TP: 2, PP: 1}, node.Parallel{TP: 4, PP: 1}
+	base := node.Config{Layout: layout, PoolBytes: 1 << 20, Workers: 1, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Discovery: url, Cluster: clusterName("node-par"), DiscoveryTTL: node.Duration(2e9)}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", ep("gen"), newKeys(t).secret
+	for r, par := range []node.Parallel{tp2, tp4} {
+		gc.Peers = append(gc.Peers, node.Peer{Instance: "ctx", Parallel: tp2, Rank: node.Rank{TP: r}})
+		cc := base
+		cc.Instance, cc.Parallel, cc.Rank, cc.Bind, cc.SecretKey = "ctx", par, node.Rank{TP: r}, ep(fmt.Sprint("ctx", r)), newKeys(t).secret
+		open(t, cc)
+	}
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if err == nil || !strings.Contains(err.Error(), "ctx/1") || !strings.Contains(err.Error(), "of TP4/PP1, this node expects rank tp1/pp0 of TP2/PP1") {
+		t.Fatalf("WaitPeers with ctx/1 registered as rank 1 of TP4, expected TP2: %v; want an error naming ctx/1 and its TP4", err)
 	}
 }

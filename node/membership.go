@@ -41,9 +41,17 @@ func (n *Node) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ttl := discovery.DefaultTTL
 	if n.cfg.DiscoveryTTL > 0 {
-		opts = append(opts, discovery.WithTTL(time.Duration(n.cfg.DiscoveryTTL)))
+		ttl = time.Duration(n.cfg.DiscoveryTTL)
+		opts = append(opts, discovery.WithTTL(ttl))
 	}
+	opts = append(opts, discovery.WithOnHeld(func(held discovery.Record) {
+		n.log.Warn().Str("cluster", n.cfg.Cluster).Uint64("holder", held.Incarnation).Str("holder_endpoint", held.ControlEndpoint).
+			Msgf("%s is held in etcd cluster %s by incarnation %d at %s, whose lease is live: waiting for it to go. "+
+				"Another process runs as %s (same instance and rank?), or this rank's previous run has not been gone for its lease TTL (%v) yet",
+				held.Peer(), n.cfg.Cluster, held.Incarnation, held.ControlEndpoint, held.Peer(), ttl)
+	}))
 	reg, err := discovery.Open(ctx, n.cfg.Discovery, n.cfg.Cluster, nil, opts...)
 	if err != nil {
 		return fmt.Errorf("node: discovery = %q: %w", n.cfg.Discovery, err)
@@ -127,7 +135,11 @@ func (n *Node) apply(ev discovery.Event) {
 			return // a record this node refused
 		}
 		n.eng.PeerDown(id)
-		n.log.Warn().Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Str("reason", ev.Reason).
+		lvl := n.log.Warn()
+		if ev.Reason == discovery.ReasonLeft {
+			lvl = n.log.Info() // a peer that closed: the end of every run, no fault
+		}
+		lvl.Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Str("reason", ev.Reason).
 			Msgf("peer %s is out of etcd cluster %s (%s): its requests fail", id, n.cfg.Cluster, ev.Reason)
 		if n.cfg.OnPeerDown != nil {
 			n.cfg.OnPeerDown(id.Instance, int(id.Rank))
@@ -151,7 +163,16 @@ func (n *Node) peerUp(rec discovery.Record) {
 	}
 	id := rec.Peer()
 	if id.Instance == n.cfg.instance() {
-		return // this node, or a rank of its own instance: KV moves between instances
+		// This node, or a rank of its own instance: KV moves between
+		// instances. A sibling rank started with another --tp is named
+		// here, where its peers' refusal of it would otherwise be the
+		// only word of it.
+		own := n.cfg.Parallel.orOne()
+		if rec.Parallel != (messages.Parallel{}) && (rec.Parallel.TP != int32(own.TP) || rec.Parallel.PP != int32(own.PP)) {
+			n.log.Error().Str("peer", id.String()).Msgf("rank %s of this instance registered as TP%d/PP%d, this rank runs TP%d/PP%d: give every rank of %s the same --tp",
+				id, rec.Parallel.TP, rec.Parallel.PP, own.TP, own.PP, id.Instance)
+		}
+		return
 	}
 	lg := n.log.With().Str("peer", id.String()).Uint64("incarnation", rec.Incarnation).Logger()
 	refuse := func(format string, args ...any) {
@@ -160,6 +181,21 @@ func (n *Node) peerUp(rec discovery.Record) {
 		n.mu.Lock()
 		n.refused[id] = why
 		n.mu.Unlock()
+	}
+	// A rank this node's config lists must be the rank it expects: the
+	// same parallelism (the peer's --tp, this side's --peer-tp) and the
+	// same coordinates. Ranks of one instance that disagree would move
+	// KV for another head split and fail only at each request's Result.
+	for _, p := range n.peers {
+		if p.id() != id || rec.Parallel == (messages.Parallel{}) {
+			continue
+		}
+		want := p.Parallel.orOne()
+		if rec.Parallel.TP != int32(want.TP) || rec.Parallel.PP != int32(want.PP) || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
+			refuse("it registered as rank tp%d/pp%d of TP%d/PP%d, this node expects rank tp%d/pp%d of TP%d/PP%d (compare the peer's --tp with this node's --peer-tp)",
+				rec.TP, rec.PP, rec.Parallel.TP, rec.Parallel.PP, p.Rank.TP, p.Rank.PP, want.TP, want.PP)
+			return
+		}
 	}
 	if pinned, ok := n.pinnedKey(id); ok && pinned != rec.CurvePublicKey {
 		refuse("its CURVE key %.8s… is not the key this node's config pins (%.8s…)", rec.CurvePublicKey, pinned)

@@ -450,6 +450,11 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			<-sem
 			continue
 		}
+		if err := n.Err(); err != nil { // out of the etcd cluster: no request can start
+			fail(fmt.Errorf("%s: %w", RequestID(i), err))
+			<-sem
+			continue
+		}
 		if o.Pause > 0 {
 			time.Sleep(o.Pause)
 		}
@@ -585,6 +590,11 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		sem <- struct{}{}
 		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
 			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
+			<-sem
+			continue
+		}
+		if err := n.Err(); err != nil { // as RunGen
+			fail(fmt.Errorf("%s: %w", RequestID(i), err))
 			<-sem
 			continue
 		}
