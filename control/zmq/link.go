@@ -67,8 +67,12 @@ type peerInfo struct {
 	endpoint  string
 	serverKey string
 	hello     *messages.Hello
-	key       string // CURVE key the PeerID is bound to, while alive
-	down      bool
+	helloAt   time.Time // when hello came (the listener's clock)
+	// replaced are the incarnations whose Hellos were last replaced by
+	// another's, newest first (listener's twin check).
+	replaced [4]uint64
+	key      string // CURVE key the PeerID is bound to, while alive
+	down     bool
 	// conn is the heartbeat connection's state, connErr why it could not
 	// be made; both written by the heartbeat goroutine (PeerState).
 	conn    PeerState

@@ -3,6 +3,7 @@ package zmq
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
@@ -28,12 +29,20 @@ type listener struct {
 	live    *liveness
 	// told is when OnPeerAlive was last called for each peer.
 	told map[messages.PeerID]time.Time
+	// twins is, for each peer named by two live processes (checkTwin),
+	// the pair of incarnations last warned about (xor), so that it is
+	// said once.
+	twins map[messages.PeerID]uint64
 }
 
 // binding is what a connection said it is in its Hello.
 type binding struct {
 	peer messages.PeerID
 	key  string // authenticated CURVE key ("" when insecure)
+	// inc and pid are the incarnation and process its Hello named (0: not
+	// told).
+	inc uint64
+	pid uint32
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
@@ -249,6 +258,9 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	s.alive(b.peer, now)
 	s.tellAlive(b.peer, now)
 	if _, ok := f.(*messages.Heartbeat); ok {
+		if b.inc != 0 {
+			s.checkTwin(b, now)
+		}
 		return
 	}
 	if hoptrace.On {
@@ -297,14 +309,25 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	info.key = key
 	delete(l.foreign, key) // it speaks our version now
 	prev := info.hello
-	info.hello = h
+	info.hello, info.helloAt = h, now
 	info.down = false
+	back := false // h's incarnation was replaced by another before: two live processes
+	if prev != nil && h.Incarnation != 0 && prev.Incarnation != h.Incarnation {
+		back = slices.Contains(info.replaced[:], h.Incarnation)
+		copy(info.replaced[1:], info.replaced[:])
+		info.replaced[0] = prev.Incarnation
+	}
 	if b == nil {
 		info.incarnation.Add(1)
 	}
 	l.mu.Unlock()
 	if b == nil {
-		s.conns[id] = &binding{peer: p, key: key}
+		b = &binding{peer: p, key: key}
+		s.conns[id] = b
+	}
+	b.inc, b.pid = h.Incarnation, h.Process.Pid
+	if back {
+		s.twin(p, h.Incarnation, h.Process.Pid, prev.Incarnation, prev.Process.Pid)
 	}
 	if s.live.hello(p, now) {
 		l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
@@ -313,6 +336,52 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		l.cfg.OnHello(h)
 	}
 	s.tellAlive(p, now)
+}
+
+// Two live processes may say Hello as one peer: one instance started
+// twice with one name and rank. Nothing else names it: each process's
+// Hello replaces the other's here (its exit then no proof for the
+// other's writes), and the one this link does not dial waits for a peer
+// that never answers it. The listener names it, once per pair of
+// incarnations, when it sees either sign of two living processes (a dead
+// process says nothing more, and a restarted one has a new incarnation):
+//   - checkTwin: a connection whose Hello named another incarnation than
+//     the peer's latest still sends heartbeats two beats after that
+//     Hello (a restarted process's last frames arrive within a beat);
+//   - hello: an incarnation says Hello again after another replaced it
+//     (each connection repeats its Hello every HeartbeatMisses beats).
+
+// checkTwin runs for each heartbeat on connection b.
+func (s *listener) checkTwin(b *binding, now time.Time) {
+	l := s.l
+	l.mu.Lock()
+	var cur *messages.Hello
+	var at time.Time
+	if info := l.peers[b.peer]; info != nil {
+		cur, at = info.hello, info.helloAt
+	}
+	l.mu.Unlock()
+	if cur == nil || cur.Incarnation == 0 || cur.Incarnation == b.inc || now.Sub(at) < 2*l.cfg.HeartbeatInterval {
+		return
+	}
+	s.twin(b.peer, cur.Incarnation, cur.Process.Pid, b.inc, b.pid)
+}
+
+// twin logs that incarnations a and b (with their pids) both live as peer
+// p, once per pair.
+func (s *listener) twin(p messages.PeerID, a uint64, apid uint32, b uint64, bpid uint32) {
+	pair := a ^ b
+	if s.twins[p] == pair {
+		return
+	}
+	if s.twins == nil {
+		s.twins = map[messages.PeerID]uint64{}
+	}
+	s.twins[p] = pair
+	s.l.log.Error().Stringer("peer", p).Uint64("incarnation", a).Uint64("other_incarnation", b).
+		Msgf("two processes speak as %s: incarnation %d (pid %d) and incarnation %d (pid %d), each on its own connection: "+
+			"is one instance started twice with the same name and rank? This link takes whichever said Hello last for %s",
+			p, a, apid, b, bpid, p)
 }
 
 // otherVersion rejects a frame written in protocol version v, not ours.
