@@ -3,7 +3,9 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
@@ -72,8 +74,9 @@ func TestCallerOwnedDestinationBlocks(t *testing.T) {
 }
 
 // TestCallerOwnedBlocksReleasedOnlyAfterQuiescence: after a failure the
-// framework's blocks are released only once the writer is quiescent; a
-// wrong count or an id outside the pool is refused at once naming it.
+// framework's blocks are released only once the writer is quiescent (until
+// then another Receive into them is refused); a wrong count or an id
+// outside the pool is refused at once naming it.
 func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
@@ -114,10 +117,64 @@ func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
 		t.Fatal("released while the writer holds an unfired chunk")
 	default:
 	}
+	if _, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "again", PromptLen: 64, Context: "ctx", Blocks: owned}); !errors.Is(err, kvcache.ErrBlockReceiving) {
+		t.Fatalf("a Receive into the framework's blocks before Released: %v, want ErrBlockReceiving", err)
+	}
 	fence.Fire(nil)
 	waitOutcome(t, tx.Done())
 	<-rx.Released() // the writer's CancelAck or Result arrives after its op settles
+	again, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "again", PromptLen: 64, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatalf("a Receive into the framework's blocks after Released: %v", err)
+	}
+	again.Cancel()
+	waitOutcome(t, again.Done())
+	<-again.Released()
 	_ = c.ctx[0].Pools().Free(src)
+	checkNoLeaks(t, c)
+}
+
+// TestCallerOwnedBlocksTakenByOneReceive: the framework's own destination
+// blocks (free in kvxfer's pool, which does not track them) passed to a
+// live receive are refused to a second Receive, naming the block and the
+// live request; once the first is READY they are the framework's again,
+// and a Receive into them is taken. (Checked to fail without the record of
+// free blocks: the second Receive was taken, and its writes would land in
+// the blocks READY had handed to the framework.)
+func TestCallerOwnedBlocksTakenByOneReceive(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 2)
+	gen := c.gen[0]
+	owned := ownedBlocks(gen, l, 64)
+	first, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "first", PromptLen: 64, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("layer group 0: destination block %d is receiving: live request first owns it", owned[0][0])
+	if second, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "second", PromptLen: 64, Context: "ctx", Blocks: owned}); err == nil {
+		second.Cancel()
+		waitOutcome(t, second.Done())
+		t.Fatal("a second live Receive into the framework's blocks was taken")
+	} else if !errors.Is(err, kvcache.ErrBlockReceiving) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a second Receive into the framework's blocks: %v, want ErrBlockReceiving: %q", err, want)
+	}
+	src1 := sendRequest(t, c, l, "first", 5, 64)
+	if o := waitOutcome(t, first.Done()); !o.OK || verify(t, gen, l, 64, o.Blocks, 5) == 0 {
+		t.Fatalf("first: %s %v", o.Status, o.Err)
+	}
+	second, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "second", PromptLen: 64, Context: "ctx", Blocks: owned})
+	if err != nil {
+		t.Fatalf("a Receive into the framework's blocks after READY: %v", err)
+	}
+	src2 := sendRequest(t, c, l, "second", 6, 64)
+	if o := waitOutcome(t, second.Done()); !o.OK || verify(t, gen, l, 64, o.Blocks, 6) == 0 {
+		t.Fatalf("second: %s %v", o.Status, o.Err)
+	}
+	for _, src := range [][][]kvcache.BlockID{src1, src2} {
+		if err := c.ctx[0].Pools().Free(src); err != nil {
+			t.Fatal(err)
+		}
+	}
 	checkNoLeaks(t, c)
 }
 

@@ -60,6 +60,9 @@ type Engine struct {
 	// metrics and their server: nil unless Config.MetricsAddr is set.
 	metrics    *metrics.Set
 	metricsSrv *metrics.Server
+	// closeOnce runs Close's body once; every Close returns closeErr.
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Start validates cfg, carves the pool region into one pool per layer
@@ -183,9 +186,10 @@ func (e *Engine) Pools() *actors.Pools { return e.pools }
 
 // Block is the memory of block id of layer group g in the engine's pool
 // region (source blocks to fill, READY destination blocks to read). It
-// returns nil for a group or id outside the pool, and for every group when
+// returns nil for a group or id outside the pool, for every group when
 // Config.Memory describes the memory (a block is then one slice per
-// (layer, part) tensor: use BlockTensor).
+// (layer, part) tensor: use BlockTensor), and once Close has unmapped the
+// pool. A slice taken before Close must not be used after it.
 func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
 	if g < 0 || g >= e.pools.Groups() || e.cfg.Memory != nil {
 		return nil
@@ -195,7 +199,11 @@ func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
 		return nil
 	}
 	off := geom.Offset + uint64(id)*geom.BlockBytes
-	return e.region.Bytes()[off : off+geom.BlockBytes : off+geom.BlockBytes]
+	buf := e.region.Bytes() // nil once Close unmapped the pool
+	if off+geom.BlockBytes > uint64(len(buf)) {
+		return nil
+	}
+	return buf[off : off+geom.BlockBytes : off+geom.BlockBytes]
 }
 
 // Region is the engine's registered pool memory.
@@ -418,9 +426,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 // in src (per layer group, the source blocks of global block indices
 // src[g].First…). fence fires when the KV is written; nil means it is.
 // A misaligned or out-of-order chunk, or one whose source blocks do not
-// cover what it holds of a layer group or are not allocated, is rejected
-// with an error naming the chunk and the blocks; nothing is pinned and the
-// request goes on (the caller may hand a corrected chunk).
+// cover what it holds of a layer group, are not allocated or name one
+// block for two global blocks, is rejected with an error naming the chunk
+// and the blocks; nothing is pinned and the request goes on (the caller
+// may hand a corrected chunk).
 //
 // A chunk may also leave in layer parts (c.Layers: global layers [Lo, Hi)
 // of Of, the model's layer count), each with its own fence, as the forward
@@ -460,7 +469,9 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 // checkSources refuses a chunk whose source blocks cannot be pinned: for
 // every layer group this rank holds, src must cover the chunk's blocks that
 // the group keeps resident (a sliding-window group keeps only the window's
-// suffix), and every block it names must be allocated in the engine's pool.
+// suffix), and every block it names must be allocated in the engine's pool,
+// each for one global block only (a block named twice would hold one of
+// them while READY claims both).
 func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 	l, shape := h.e.cfg.layout, h.e.cfg.shape
 	if len(src) > len(l.Groups) {
@@ -481,12 +492,40 @@ func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 			}
 		}
 		if len(run.IDs) > 0 {
+			if i, j, ok := repeatedID(run.IDs); ok {
+				return fmt.Errorf("%w: group %d names source block %d for global blocks %d and %d",
+					actors.ErrBadChunk, g, run.IDs[j], run.First+i, run.First+j)
+			}
 			if err := h.e.pools.Held(g, run.IDs); err != nil {
 				return fmt.Errorf("%w: %w", actors.ErrPin, err)
 			}
 		}
 	}
 	return nil
+}
+
+// repeatedID finds an id that ids names twice: at i and then at j. A run
+// is short (a chunk's blocks): up to 64 ids are compared pairwise, which
+// allocates nothing; a longer run is checked with a map.
+func repeatedID(ids []kvcache.BlockID) (i, j int, ok bool) {
+	if len(ids) <= 64 {
+		for b := 1; b < len(ids); b++ {
+			for a := range b {
+				if ids[a] == ids[b] {
+					return a, b, true
+				}
+			}
+		}
+		return 0, 0, false
+	}
+	seen := make(map[kvcache.BlockID]int, len(ids))
+	for b, id := range ids {
+		if a, dup := seen[id]; dup {
+			return a, b, true
+		}
+		seen[id] = b
+	}
+	return 0, 0, false
 }
 
 // Err returns nil while the request is live, and once its outcome is
@@ -521,8 +560,9 @@ type ReceiveRequest struct {
 	// tokens per block, PrefixHitBlocks[g]), in order (none for a group
 	// this rank holds no layer of). kvxfer then neither allocates nor frees
 	// them: READY hands them back, and after a failure RxHandle.Released
-	// says when no write can touch them any more. Nil: kvxfer allocates
-	// from its pool (waiting while it is full).
+	// says when no write can touch them any more; until then another
+	// Receive naming one of them is refused (kvcache.ErrBlockReceiving).
+	// Nil: kvxfer allocates from its pool (waiting while it is full).
 	Blocks [][]kvcache.BlockID
 	// Timeout overrides Config.TransferTimeout when > 0.
 	Timeout time.Duration
@@ -607,8 +647,14 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.F
 // Close cancels live requests, waits for every session to drain and release
 // its pages (or ctx to end), then stops the engine. It reports the requests
 // that could not drain by ctx's end; their pages stay pinned. An engine
-// with nothing live closes cleanly even with ctx already ended.
+// with nothing live closes cleanly even with ctx already ended. Close runs
+// once: a later or concurrent call waits for it and returns its error.
 func (e *Engine) Close(ctx context.Context) error {
+	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
+	return e.closeErr
+}
+
+func (e *Engine) close(ctx context.Context) error {
 	err := e.inner.Close(ctx)
 	if e.metricsSrv != nil {
 		// Scrapes may watch the drain until here.

@@ -3,6 +3,8 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,10 +114,12 @@ func TestExactBytesStillReady(t *testing.T) {
 	checkNoLeaks(t, c)
 }
 
-// Item 2: a chunk naming source blocks that were never allocated, or fewer
-// source blocks than it covers, is refused by Chunk at once, naming them;
-// nothing is pinned and the request goes on (before: the refused pin was
-// only counted and the request ended DONE + READY).
+// Item 2: a chunk naming source blocks that were never allocated, fewer
+// source blocks than it covers, or one block for two global blocks, is
+// refused by Chunk at once, naming them; nothing is pinned and the request
+// goes on (before: the refused pin was only counted and the request ended
+// DONE + READY; a block named twice was taken, and READY's destination
+// block 1 held global block 0's bytes).
 func TestChunkRefusesBadSources(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
@@ -140,6 +144,33 @@ func TestChunkRefusesBadSources(t *testing.T) {
 	short := []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1]}}
 	if err := tx.Chunk(ch, short, nil); !errors.Is(err, kvxfer.ErrMissingSource) || !strings.Contains(err.Error(), "group 0") {
 		t.Fatalf("chunk with 2 of 4 source blocks: %v, want ErrMissingSource naming group 0", err)
+	}
+	twice := []kvcache.BlockRun{{First: 0, IDs: src[0]}, {First: 0, IDs: []kvcache.BlockID{src[1][0], src[1][1], src[1][2], src[1][1]}}}
+	want := fmt.Sprintf("group 1 names source block %d for global blocks 1 and 3", src[1][1])
+	if err := tx.Chunk(ch, twice, nil); !errors.Is(err, kvxfer.ErrBadChunk) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("chunk naming one source block twice: %v, want ErrBadChunk: %q", err, want)
+	}
+	// A run of more than 64 blocks too.
+	long, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "long", PromptLen: 80 * l.TokensPerBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	longSrc, err := c.ctx[0].Pools().Alloc([]int{80, 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := kvcache.Chunk{Start: 0, End: 80 * l.TokensPerBlock, Last: true}
+	runs := whole.Runs(l.TokensPerBlock, longSrc)
+	runs[0].IDs = slices.Clone(runs[0].IDs)
+	runs[0].IDs[79] = runs[0].IDs[3]
+	want = fmt.Sprintf("group 0 names source block %d for global blocks 3 and 79", runs[0].IDs[3])
+	if err := long.Chunk(whole, runs, nil); !errors.Is(err, kvxfer.ErrBadChunk) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("chunk of 80 blocks naming one source block twice: %v, want ErrBadChunk: %q", err, want)
+	}
+	long.Cancel()
+	waitOutcome(t, long.Done())
+	if err := c.ctx[0].Pools().Free(longSrc); err != nil {
+		t.Fatal(err)
 	}
 	if st := c.ctx[0].Pools().Stats(); st[0].Pinned != 0 || st[1].Pinned != 0 {
 		t.Fatalf("refused chunks pinned blocks: %+v", st)

@@ -604,17 +604,25 @@ func (e *Engine) close(ctx context.Context) error {
 		err = uerr
 		break
 	}
-	// Flush the workers before anything closes: a drained session's last
+	// Stop taking frames, then let each parent handle those the listener
+	// already routed to it (a ping, answered after them): their answers (a
+	// FAILED Result for a RequestData that came while draining) reach the
+	// workers' mailboxes before the PoisonPills below. A frame the link
+	// took is answered; one it refused never left its sender.
+	e.env.closing.Store(true)
+	_ = e.lis.Close()
+	for _, pid := range []*actor.PID{e.tx, e.rx} {
+		_, _ = e.sys.Root.RequestFuture(pid, &listSessions{}, time.Second).Result()
+	}
+	// Flush the workers before the tree stops: a drained session's last
 	// frame (a FAILED Result, a CancelAck) may still wait in its worker's
 	// mailbox. A PoisonPill queues behind it; stopping the supervisor
 	// would stop the workers by a system message, ahead of it, and the
 	// peer would never learn the outcome (its pages stay pinned until its
 	// own deadline and, without proof, its Close reports them undrained).
-	e.env.closing.Store(true)
 	for _, w := range e.env.workers {
 		_ = e.sys.Root.PoisonFuture(w).Wait()
 	}
-	_ = e.lis.Close()
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.senders).Wait()

@@ -25,7 +25,10 @@ import (
 //     refuse them, naming the group and the block;
 //   - the caller's allocated blocks it passes to a receive
 //     (RxRequest.Blocks) are lent to it: the receive's until its handle
-//     says Released, then the caller's again, allocated (not free).
+//     says Released, then the caller's again, allocated (not free);
+//   - blocks free in the pool that the caller passes to a receive (a
+//     framework that allocates its ids elsewhere) stay free here, but no
+//     other receive may be passed them until that handle says Released.
 //
 // The engine's sessions use their own view of the same pools (forSessions),
 // whose Alloc hands out receiving blocks and whose Free and Quarantine take
@@ -53,6 +56,11 @@ type poolSet struct {
 	// the lends not yet over.
 	lentTo [][]*lend
 	lends  map[*lend]struct{}
+	// freeLentTo[g][id] is the receive the caller passed block id of
+	// group g to while it was free in the pool (nil: none); only lend
+	// reads it. Apart from lentTo: a lentTo entry means the pool holds
+	// the block receiving for the lend, and this one does not.
+	freeLentTo [][]*lend
 	// sessQ[g] holds the blocks of group g that the sessions' view
 	// quarantined (a request failed without proof): only that view
 	// releases them (made at the group's first).
@@ -67,6 +75,10 @@ type lend struct {
 	request string
 	over    <-chan struct{}
 	blocks  [][]kvcache.BlockID
+	// free are the blocks the caller passed that were free in the pool:
+	// their state is left alone, but no other lend takes them while this
+	// one lives.
+	free [][]kvcache.BlockID
 }
 
 // forSessions is the view of p the engine's sessions use: its Alloc hands
@@ -267,11 +279,25 @@ func (p *Pools) checkLocked(op string, from kvcache.BlockState, blocks [][]kvcac
 }
 
 // lentAt is the live lend that holds block id of group g, or nil.
-func (p *Pools) lentAt(g int, id kvcache.BlockID) *lend {
-	if g >= len(p.lentTo) || p.lentTo[g] == nil || id < 0 || int(id) >= len(p.lentTo[g]) {
+func (p *Pools) lentAt(g int, id kvcache.BlockID) *lend { return lendIn(p.lentTo, g, id) }
+
+// lendIn is table[g][id] (lentTo, freeLentTo), or nil outside it.
+func lendIn(table [][]*lend, g int, id kvcache.BlockID) *lend {
+	if g >= len(table) || table[g] == nil || id < 0 || int(id) >= len(table[g]) {
 		return nil
 	}
-	return p.lentTo[g][id]
+	return table[g][id]
+}
+
+// note records l as table[g][id], making the table and its row first.
+func (p *Pools) note(table *[][]*lend, g int, id kvcache.BlockID, l *lend) {
+	if *table == nil {
+		*table = make([][]*lend, len(p.pools))
+	}
+	if (*table)[g] == nil {
+		(*table)[g] = make([]*lend, p.pools[g].Len())
+	}
+	(*table)[g][id] = l
 }
 
 // firstLent is the lend of the first of ids of group g a lend holds, or
@@ -324,6 +350,11 @@ func (p *Pools) endLocked(l *lend) {
 			p.lentTo[g][id] = nil
 		}
 	}
+	for g, ids := range l.free {
+		for _, id := range ids {
+			p.freeLentTo[g][id] = nil
+		}
+	}
 	delete(p.lends, l)
 }
 
@@ -332,10 +363,11 @@ func (p *Pools) endLocked(l *lend) {
 // are receiving, and no Free, Quarantine, Pin or other lend takes them,
 // until then; after, the caller's again (allocated). Blocks free in the
 // pool (a framework that allocates them elsewhere) are not the pool's to
-// guard and stay as they are, as do ids the receive's own check refuses
-// (out of range, a group past the layout). A block a live request owns,
-// pinned or quarantined fails the lend, changing nothing. A nil lend:
-// nothing was lent.
+// guard and stay as they are, but no other lend takes them until then.
+// Ids the receive's own check refuses (out of range, a group past the
+// layout) are left alone. A block a live request owns, pinned or
+// quarantined fails the lend, changing nothing. A nil lend: nothing was
+// lent.
 func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan struct{}) (*lend, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -345,6 +377,15 @@ func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan str
 		}
 		p.settleLocked(g, ids)
 		for _, id := range ids {
+			if l := lendIn(p.freeLentTo, g, id); l != nil {
+				p.settleLend(l) // one that is over forgets its blocks
+				if lendIn(p.freeLentTo, g, id) != nil {
+					// The framework's own id, free in the pool, that a
+					// live receive writes into.
+					return nil, fmt.Errorf("%w: request %s layer group %d: destination block %d is receiving: live request %s owns it: %w",
+						ErrBadRequest, request, g, id, l.request, kvcache.ErrBlockReceiving)
+				}
+			}
 			st, err := p.pools[g].State(id)
 			if err != nil || st == kvcache.BlockFree || st == kvcache.BlockAllocated {
 				continue
@@ -363,7 +404,7 @@ func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan str
 			return nil, fmt.Errorf("%w: request %s layer group %d: destination block %d %s: %w", ErrBadRequest, request, g, id, why, sentinel)
 		}
 	}
-	l := &lend{request: request, over: over, blocks: make([][]kvcache.BlockID, len(blocks))}
+	l := &lend{request: request, over: over, blocks: make([][]kvcache.BlockID, len(blocks)), free: make([][]kvcache.BlockID, len(blocks))}
 	n := 0
 	for g, ids := range blocks {
 		if g >= len(p.pools) {
@@ -371,19 +412,20 @@ func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan str
 		}
 		pl := p.pools[g]
 		for _, id := range ids {
-			if st, err := pl.State(id); err != nil || st != kvcache.BlockAllocated {
-				continue // free, out of range, or named twice
+			st, err := pl.State(id)
+			if err == nil && st == kvcache.BlockFree && lendIn(p.freeLentTo, g, id) == nil {
+				p.note(&p.freeLentTo, g, id, l)
+				l.free[g] = append(l.free[g], id)
+				n++
+				continue
+			}
+			if err != nil || st != kvcache.BlockAllocated {
+				continue // out of range, or named twice
 			}
 			if err := pl.Lend(id); err != nil {
 				continue // allocated: cannot fail
 			}
-			if p.lentTo == nil {
-				p.lentTo = make([][]*lend, len(p.pools))
-			}
-			if p.lentTo[g] == nil {
-				p.lentTo[g] = make([]*lend, pl.Len())
-			}
-			p.lentTo[g][id] = l
+			p.note(&p.lentTo, g, id, l)
 			l.blocks[g] = append(l.blocks[g], id)
 			n++
 		}

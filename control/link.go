@@ -37,7 +37,8 @@ type Link interface {
 	Hello(peer messages.PeerID) (*messages.Hello, error)
 }
 
-// Listener stops a Listen.
+// Listener stops a Listen. Once Close returns, deliver is not running and
+// is not called again: a frame is delivered before, or not at all.
 type Listener interface{ Close() error }
 
 // Conn sends frames to one peer, in order.
@@ -106,10 +107,15 @@ type memConn struct {
 	to messages.PeerID
 }
 
+// Send delivers f under the link's read lock: a listener's Close (the
+// write lock) waits for deliveries in progress, so a frame Send accepts
+// is handed over before Close returns, and one it cannot hand over is
+// refused (ErrPeerGone), never accepted and dropped. deliver must not
+// block (Link.Listen), or Close would wait for it.
 func (c *memConn) Send(f messages.Frame) error {
 	c.l.mu.RLock()
+	defer c.l.mu.RUnlock()
 	p := c.l.peers[c.to]
-	c.l.mu.RUnlock()
 	if p == nil {
 		return fmt.Errorf("%w: %s", ErrPeerGone, c.to)
 	}
