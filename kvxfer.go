@@ -249,10 +249,17 @@ func baseBackend(s string) string {
 }
 
 // PeerDown tells the engine a peer is suspected dead (the control plane's
-// heartbeat callback): its sessions fail and drain; destination pages it
-// may still write are quarantined until a proof (WriterExited, its
-// CancelAck or Result), never freed on suspicion alone.
-func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer) }
+// heartbeat callback): its sessions fail and drain, saying it missed its
+// heartbeats; destination pages it may still write are quarantined until
+// a proof (WriterExited, its CancelAck or Result), never freed on
+// suspicion alone. PeerDownBecause says another why.
+func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer, "missed its heartbeats") }
+
+// PeerDownBecause is PeerDown for another suspicion than missed
+// heartbeats; why is how the caller knows, as a predicate of the peer
+// ("is out of etcd cluster c (lease expired)"), and the failed requests'
+// errors name it.
+func (e *Engine) PeerDownBecause(peer messages.PeerID, why string) { e.inner.PeerDown(peer, why) }
 
 // PeerAlive tells the engine that peer is alive now (its heartbeat
 // arrived): it renews this writer's lease on it (Config.WriterLease).

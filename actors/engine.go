@@ -508,14 +508,15 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.cfg.Poo
 // Pools is the engine's block pools.
 func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 
-// PeerDown tells the engine that the control plane declared a peer dead:
-// every session with a stream to it or a writer from it fails, its ops in
-// flight are retired by closing their endpoints, and pages are released as
-// each session drains.
-func (e *Engine) PeerDown(peer messages.PeerID) {
+// PeerDown tells the engine that the control plane declared a peer dead
+// (why: how it knows, as a predicate of the peer — "missed its
+// heartbeats"): every session with a stream to it or a writer from it
+// fails, naming why, its ops in flight are retired by closing their
+// endpoints, and pages are released as each session drains.
+func (e *Engine) PeerDown(peer messages.PeerID, why string) {
 	e.env.meters.peerDown(peer)
-	e.sys.Root.Send(e.tx, &peerDown{peer: peer})
-	e.sys.Root.Send(e.rx, &peerDown{peer: peer})
+	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why})
+	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why})
 }
 
 // PeerAlive tells the engine that peer is alive now (its heartbeat

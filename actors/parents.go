@@ -42,8 +42,12 @@ type (
 		err error
 	}
 	closeReq struct{ drained chan struct{} }
-	// peerDown: the control plane declared a peer dead.
-	peerDown struct{ peer messages.PeerID }
+	// peerDown: the control plane declared a peer dead, for why (how
+	// it knows: "missed its heartbeats", "is out of etcd cluster …").
+	peerDown struct {
+		peer messages.PeerID
+		why  string
+	}
 	// peerAlive: a peer's heartbeat (Engine.PeerAlive); leaseTick: the
 	// earliest writer lease may have lapsed.
 	peerAlive struct{ peer messages.PeerID }
@@ -163,7 +167,7 @@ func (p *txParent) leaseLapsed(ctx actor.Context) {
 		p.env.stats.LeasesLapsed.Add(1)
 		p.env.log.Warn().Str("peer", peer.String()).Dur("lease", p.leases.TTL()).Msg("writer lease lapsed: no more posts to the peer, its requests fail")
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxPeerGone{Peer: peer})
+			ctx.Send(pid, TxPeerGone{Peer: peer, Why: "let its writer lease lapse"})
 		}
 	}
 	p.armLease(ctx, now)
@@ -274,7 +278,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Respond(p.sessions.list("tx"))
 	case *peerDown:
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxPeerGone{Peer: m.peer})
+			ctx.Send(pid, TxPeerGone{Peer: m.peer, Why: m.why})
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
@@ -532,9 +536,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		ctx.Respond(p.sessions.list("rx"))
 	case *peerDown:
 		for _, r := range p.table.PeerDown(m.peer) {
-			// Missed heartbeats are suspicion, not proof (DESIGN.md §3):
-			// the request fails, its blocks are quarantined.
-			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", ErrPeerGone, m.peer)})
+			// Missed heartbeats (or a record gone from etcd) are
+			// suspicion, not proof (DESIGN.md §3): the request fails, its
+			// blocks are quarantined.
+			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s %s", ErrPeerGone, m.peer, m.why)})
 		}
 	case *writerExited:
 		refs := p.table.Exited(m.peer, m.inc)

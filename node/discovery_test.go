@@ -544,3 +544,52 @@ func TestEtcdRankOfAnotherParallelismIsNamed(t *testing.T) {
 		t.Fatalf("WaitPeers with ctx/1 registered as rank 1 of TP4, expected TP2: %v; want an error naming ctx/1 and its TP4", err)
 	}
 }
+
+// TestEtcdDownReasonReachesTheRequest: a context rank whose etcd record
+// goes (an operator's delete; a lapsed lease looks the same) is Down at
+// the generation node with reason "lease expired", and the request it
+// was to write fails at once. The request's error must say why — etcd
+// took the rank out — not that the rank missed its heartbeats, which it
+// did not (its control link is up and beating).
+func TestEtcdDownReasonReachesTheRequest(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-reason"), t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Workers: 1, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience), Discovery: url, Cluster: cluster}
+	gc, cc := base, base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	cc.Peers = []node.Peer{{Instance: "gen"}}
+	genN, ctxN := open(t, gc), open(t, cc)
+	wctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	for _, n := range []*node.Node{genN, ctxN} {
+		if err := n.WaitPeers(wctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rx, err := genN.Receive(wctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "ctx", 0)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-rx.Done():
+		if o.OK {
+			t.Fatal("the request succeeded")
+		}
+		msg := o.Err.Error()
+		if strings.Contains(msg, "missed its heartbeats") || !strings.Contains(msg, "ctx/0 is out of etcd cluster "+cluster+" (lease expired)") {
+			t.Fatalf("request failed with %q; want the etcd reason (lease expired), not missed heartbeats", msg)
+		}
+	case <-time.After(patience):
+		t.Fatal("the request did not end")
+	}
+}

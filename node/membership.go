@@ -134,7 +134,7 @@ func (n *Node) apply(ev discovery.Event) {
 		if !ok {
 			return // a record this node refused
 		}
-		n.eng.PeerDown(id)
+		n.eng.PeerDownBecause(id, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
 		lvl := n.log.Warn()
 		if ev.Reason == discovery.ReasonLeft {
 			lvl = n.log.Info() // a peer that closed: the end of every run, no fault
@@ -332,7 +332,7 @@ func (n *Node) fail(err error) {
 	n.mu.Unlock()
 	n.log.Error().Err(err).Msg("this node is out of the cluster: its requests fail; close it and open a new one")
 	for _, p := range peers {
-		n.eng.PeerDown(p)
+		n.eng.PeerDownBecause(p, "is out of reach: this node left the cluster ("+err.Error()+")")
 	}
 }
 

@@ -110,9 +110,13 @@ type (
 		Incarnation uint64 // the sender's (Cancel.FromIncarnation)
 	}
 	// TxPeerGone: the control plane declared a peer dead (missed
-	// heartbeats). Its stream fails; ops in flight to it go IN_DOUBT and
+	// heartbeats, out of the etcd cluster, a writer lease lapsed: Why,
+	// when told). Its stream fails; ops in flight to it go IN_DOUBT and
 	// its endpoint is closed, which retires them.
-	TxPeerGone struct{ Peer messages.PeerID }
+	TxPeerGone struct {
+		Peer messages.PeerID
+		Why  string `json:",omitempty"`
+	}
 	// TxTimeout: a session timer fired.
 	TxTimeout struct{ Kind TimerKind }
 	// TxPanic: the session's shell recovered a panic.
@@ -657,7 +661,11 @@ func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
 		if st.route.Peer != m.Peer || st.answered() {
 			continue
 		}
-		s.fail(TxFailed, fmt.Errorf("%w: request %s: %s", ErrPeerGone, s.cfg.Request, m.Peer))
+		if m.Why != "" {
+			s.fail(TxFailed, fmt.Errorf("%w: request %s: %s %s", ErrPeerGone, s.cfg.Request, m.Peer, m.Why))
+		} else {
+			s.fail(TxFailed, fmt.Errorf("%w: request %s: %s", ErrPeerGone, s.cfg.Request, m.Peer))
+		}
 		doubt := false
 		for i := range st.ops {
 			if o := &st.ops[i]; o.state == OpSubmitting || o.state == OpSubmitted {

@@ -294,7 +294,7 @@ func runCause(rep proc.Report, peer string) string {
 	case rep.SettingsMismatch != "":
 		return rep.SettingsMismatch + ": "
 	case rep.PeerDownMidRun:
-		return "the " + peer + " process went down (it exited or missed its heartbeats) before the run finished: "
+		return "the " + peer + " process went down (it exited, missed its heartbeats or left the etcd cluster) before the run finished: "
 	}
 	return ""
 }
