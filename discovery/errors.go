@@ -22,4 +22,9 @@ var (
 	// ErrEventOverflow: the consumer of Events fell more than the queue
 	// bound behind; the registry stopped rather than drop or block.
 	ErrEventOverflow = errors.New("discovery: event queue overflow")
+	// ErrNotWithdrawn: Close could not mark the record leaving or revoke
+	// its lease (etcd unreachable at the end): the record stays until its
+	// lease expires (the TTL), and peers see it go as "lease expired",
+	// not "left". Nothing else is wrong with the registry.
+	ErrNotWithdrawn = errors.New("discovery: the record could not be withdrawn; it expires with its lease")
 )

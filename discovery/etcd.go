@@ -473,7 +473,10 @@ func (e *Etcd) leave(self Record, key string, value []byte, lease clientv3.Lease
 	if _, err := e.cli.Revoke(ctx, lease); err != nil {
 		errs = append(errs, fmt.Errorf("discovery: etcd: revoking the lease of %s: %w", key, err))
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %v", ErrNotWithdrawn, errors.Join(errs...))
 }
 
 func (e *Etcd) shut() {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -369,10 +370,11 @@ type role struct {
 	*node.Node
 	eng  *kvxfer.Engine
 	down chan struct{} // closed when the peer is declared dead
+	log  zerolog.Logger
 }
 
 func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
-	r := &role{down: make(chan struct{})}
+	r := &role{down: make(chan struct{}), log: o.Log}
 	var once sync.Once
 	n, err := node.Open(ctx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
 	if err != nil {
@@ -864,6 +866,25 @@ func outcome(done <-chan kvxfer.Outcome, cancel func(), down <-chan struct{}) kv
 	}
 }
 
+// onlyNotWithdrawn reports whether err is nothing but the registry's
+// failure to withdraw its record (discovery.ErrNotWithdrawn), alone or
+// joined with nils.
+func onlyNotWithdrawn(err error) bool {
+	if err == nil || !errors.Is(err, discovery.ErrNotWithdrawn) {
+		return false
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return true
+	}
+	for _, e := range j.Unwrap() {
+		if !onlyNotWithdrawn(e) {
+			return false
+		}
+	}
+	return true
+}
+
 // closed reports whether c is closed (it is never sent on).
 func closed(c <-chan struct{}) bool {
 	select {
@@ -888,6 +909,12 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := n.Close(ctx)
+	if onlyNotWithdrawn(err) {
+		// etcd went at the end: the record expires with its lease, and
+		// the run's own outcome stands.
+		n.log.Warn().Err(err).Msg("closing: the etcd record was not withdrawn; it expires with its lease")
+		err = nil
+	}
 	// The node tells the engine before it calls OnPeerDown, so requests
 	// may all have failed before down was closed; Close has waited for the
 	// link's goroutines (and so for the callback).

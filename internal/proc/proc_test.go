@@ -2,11 +2,14 @@ package proc
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -126,5 +129,28 @@ func TestWriterLease(t *testing.T) {
 	o.WriterLease = 3 * time.Second
 	if got := o.nodeConfig(false, func() {}).WriterLease; time.Duration(got) != 3*time.Second {
 		t.Fatalf("node config's WriterLease %v, want 3s", time.Duration(got))
+	}
+}
+
+// TestOnlyNotWithdrawn: a role's close error that is nothing but etcd's
+// record not withdrawn (etcd gone at the end) leaves the run's outcome as
+// it was, a warning; any other close error still fails it.
+func TestOnlyNotWithdrawn(t *testing.T) {
+	nw := fmt.Errorf("%w: %v", discovery.ErrNotWithdrawn, errors.New("context deadline exceeded"))
+	other := errors.New("deregister registration 1: region busy")
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{other, false},
+		{nw, true},
+		{errors.Join(nw, nil), true},
+		{errors.Join(nw, other), false},
+		{errors.Join(other), false},
+	} {
+		if got := onlyNotWithdrawn(c.err); got != c.want {
+			t.Errorf("onlyNotWithdrawn(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
