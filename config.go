@@ -91,8 +91,12 @@ type Config struct {
 	// requests to that peer and closes its endpoints. Liveness only: the
 	// receiver still quarantines until a proof. 0: off.
 	WriterLease time.Duration
-	// DrainGrace is how long in-doubt writes may take to complete before
-	// their endpoint is closed to retire them.
+	// DrainGrace is how long in-doubt writes (a request past its deadline,
+	// a worker that crashed) may take to complete before their endpoint is
+	// closed to retire them. The endpoint is the worker's to that peer
+	// agent, shared by every request the worker sends there: the close
+	// also fails the other requests' writes still on it. A backend slower
+	// than requests' deadlines wants a longer grace.
 	DrainGrace time.Duration
 	// Clock is the engine's time: request deadlines and every timer of its
 	// actors (default: actors.SystemClock; tests pass an
