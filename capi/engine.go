@@ -351,6 +351,12 @@ type SendRequest struct {
 // ReceiveRequest is kvxfer_receive_request.
 type ReceiveRequest struct {
 	kvxfer.ReceiveRequest
+	// Firsts[g] is the global block the caller's run Blocks[g] starts at
+	// (kvxfer_block_run.first). Receive refuses a non-empty run whose
+	// first is not its group's first needed block (NeededRange): READY
+	// would hand its ids back holding other global blocks than the caller
+	// thinks. Nil: not checked.
+	Firsts   []int
 	UserData uint64
 }
 
@@ -376,6 +382,9 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	if err := e.open(); err != nil {
 		return nil, 0, err
 	}
+	if err := e.checkFirsts(req); err != nil {
+		return nil, 0, err
+	}
 	var rx *kvxfer.RxHandle
 	var err error
 	if e.node != nil {
@@ -389,6 +398,46 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
 		prefix: append([]int(nil), req.PrefixHitBlocks...)}
 	return r, e.adopt(r, rx.Done(), rx.Released()), nil
+}
+
+// checkFirsts refuses a destination run that starts at another global
+// block than its group's needed range (ErrInvalidArgument, naming the
+// group, the run's first and the expected one). An empty run is not
+// checked, nor a group the layout lacks (the engine names the count).
+func (e *Engine) checkFirsts(req ReceiveRequest) error {
+	l := e.eng.Layout()
+	for g, first := range req.Firsts {
+		if g >= len(req.Blocks) || len(req.Blocks[g]) == 0 || g >= len(l.Groups) {
+			continue
+		}
+		want, end := e.NeededRange(req.PromptLen, g, req.PrefixHitBlocks)
+		if first != want {
+			attn := "full attention"
+			if w := l.Groups[g].Window; w > 0 {
+				attn = fmt.Sprintf("a window of %d tokens", w)
+			}
+			return errorf(ErrInvalidArgument, "engine %d: receive %s: blocks[%d].first = %d, want %d: layer group %d "+
+				"receives global blocks [%d, %d) of a prompt of %d tokens (%s, %d prefix-hit blocks)",
+				e.h, quote(req.ID), g, first, want, g, want, end, req.PromptLen, attn, prefixHit(req.PrefixHitBlocks, g))
+		}
+	}
+	return nil
+}
+
+// NeededRange is the global blocks [first, end) that layer group g
+// receives for a prompt of promptLen tokens with prefix hits prefix (per
+// group, may be short): kvcache.NeededRange with the group's window.
+func (e *Engine) NeededRange(promptLen, g int, prefix []int) (first, end int) {
+	l := e.eng.Layout()
+	return kvcache.NeededRange(promptLen, l.Groups[g].Window, l.TokensPerBlock, prefixHit(prefix, g))
+}
+
+// prefixHit is prefix[g], 0 past its end.
+func prefixHit(prefix []int, g int) int {
+	if g < len(prefix) {
+		return prefix[g]
+	}
+	return 0
 }
 
 func (e *Engine) open() error {
@@ -682,12 +731,7 @@ func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
 	if g < len(o.Blocks) {
 		ids = o.Blocks[g]
 	}
-	l := r.e.eng.Layout()
-	hit := 0
-	if g < len(r.prefix) {
-		hit = r.prefix[g]
-	}
-	first, _ := kvcache.NeededRange(r.promptLen, l.Groups[g].Window, l.TokensPerBlock, hit)
+	first, _ := r.e.NeededRange(r.promptLen, g, r.prefix)
 	return ids, first, nil
 }
 

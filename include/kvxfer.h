@@ -50,8 +50,9 @@ extern "C" {
 /* Additive changes within KVXFER_ABI_VERSION (new config keys, new
  * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda;
  * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda; 4: the "memory"
- * object's dtype_bytes. */
-#define KVXFER_ABI_MINOR 4
+ * object's dtype_bytes; 5: kvxfer_send_parallel, and kvxfer_receive checks
+ * each destination run's first. */
+#define KVXFER_ABI_MINOR 5
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -155,7 +156,16 @@ typedef struct kvxfer_receive_request {
     int32_t context_pp;          /* KVXFER_ERR_INVALID_ARGUMENT */
     /* Destination blocks the caller allocated itself, one run per layer
      * group (NULL: the engine allocates from its pool, and READY's blocks
-     * are freed with kvxfer_blocks_free). */
+     * are freed with kvxfer_blocks_free). Run g covers the global blocks
+     * group g receives, [first, end): end = ceil(prompt_len /
+     * tokens_per_block); first = (prompt_len - window) / tokens_per_block
+     * for a sliding-window group whose window is shorter than the prompt,
+     * else 0; raised to prefix_hit_blocks[g], at most end. Its first must be
+     * that block: another is KVXFER_ERR_INVALID_ARGUMENT naming the group,
+     * the run's first and the expected one (since KVXFER_ABI_MINOR 5; an
+     * older library ignored first and READY's ids held other global blocks
+     * than the caller's run said). A run with count 0 (a group this rank
+     * holds no layer of, or nothing left to receive) is not checked. */
     const kvxfer_block_run *blocks;
     uint32_t groups;             /* entries in blocks (and in prefix_hit_blocks) */
     const int32_t *prefix_hit_blocks; /* per group, may be NULL */
@@ -287,8 +297,24 @@ kvxfer_status kvxfer_blocks_free(kvxfer_engine_t engine, uint32_t group, const i
 /* Blocks of group in use (allocated or pinned). */
 kvxfer_status kvxfer_blocks_used(kvxfer_engine_t engine, uint32_t group, uint32_t *out);
 
-/* Opens the context side of a request (typically when prefill starts). */
+/* Opens the context side of a request (typically when prefill starts);
+ * kvxfer_send_parallel also tells the generation instance's parallelism. */
 kvxfer_status kvxfer_send(kvxfer_engine_t engine, const kvxfer_send_request *req, kvxfer_request_t *out);
+
+/* (Since KVXFER_ABI_MINOR 5.) kvxfer_send for a caller that knows the
+ * generation instance's parallelism, generation_tp x generation_pp (0 and
+ * 0: not told, as kvxfer_send). A context rank that writes to none of the
+ * generation ranks (MLA with a context TP larger than the generation TP:
+ * the context TP ranks from generation_tp up) then ends DONE at once,
+ * pinning nothing: its event is posted right away, and chunks handed to it
+ * afterwards are taken and go nowhere. Opened with kvxfer_send, such a
+ * rank waits for a RequestData that never comes, holds its chunks' pins
+ * and fails at its deadline. A negative value, or one of the two 0 and the
+ * other not, is KVXFER_ERR_INVALID_ARGUMENT naming both; a parallelism
+ * that cannot shard the model (a PP above the layer count, a TP that does
+ * not divide the KV heads) is KVXFER_ERR_BAD_REQUEST naming it. */
+kvxfer_status kvxfer_send_parallel(kvxfer_engine_t engine, const kvxfer_send_request *req, int32_t generation_tp,
+                                   int32_t generation_pp, kvxfer_request_t *out);
 
 /* Hands over one prefill chunk: tokens [start, end) whose KV sits in the
  * source blocks runs[0..groups) (one run per layer group). start, and end of

@@ -358,23 +358,55 @@ func requestTimeout(fn string, ms C.int32_t) (time.Duration, error) {
 //export kvxfer_send
 func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer_request_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_send")
+	return send("kvxfer_send", eh, req, 0, 0, out)
+}
+
+//export kvxfer_send_parallel
+func kvxfer_send_parallel(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, genPP C.int32_t,
+	out *C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_send_parallel")
+	return send("kvxfer_send_parallel", eh, req, genTP, genPP, out)
+}
+
+// generationParallel is kvxfer_send_parallel's generation_tp and
+// generation_pp: 0 and 0 is not told (the zero Parallel), both ≥ 1 is the
+// generation instance's parallelism, anything else is refused.
+func generationParallel(fn string, tp, pp C.int32_t) (kvcache.Parallel, error) {
+	if tp == 0 && pp == 0 {
+		return kvcache.Parallel{}, nil
+	}
+	if tp < 1 || pp < 1 {
+		return kvcache.Parallel{}, invalid("%s: generation_tp = %d, generation_pp = %d: give both (each ≥ 1), or 0 and 0 when not known",
+			fn, tp, pp)
+	}
+	return kvcache.Parallel{TP: int(tp), PP: int(pp)}, nil
+}
+
+// send is kvxfer_send and kvxfer_send_parallel (genTP, genPP: 0, 0 for
+// the first).
+func send(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, genPP C.int32_t,
+	out *C.kvxfer_request_t) C.int32_t {
 	if req == nil {
-		return fail(nullArg("kvxfer_send", "req"))
+		return fail(nullArg(fn, "req"))
 	}
 	if out == nil {
-		return fail(nullArg("kvxfer_send", "out"))
+		return fail(nullArg(fn, "out"))
 	}
 	if req.id == nil {
-		return fail(nullArg("kvxfer_send", "req->id"))
+		return fail(nullArg(fn, "req->id"))
 	}
 	if req.payload == nil && req.payload_len > 0 {
-		return fail(nullArg("kvxfer_send", "req->payload"))
+		return fail(nullArg(fn, "req->payload"))
 	}
 	if req.payload_len > messages.MaxPayload {
-		return fail(invalid("kvxfer_send: req->payload_len = %d bytes, more than the limit of %d (messages.MaxPayload)",
-			req.payload_len, messages.MaxPayload))
+		return fail(invalid("%s: req->payload_len = %d bytes, more than the limit of %d (messages.MaxPayload)",
+			fn, req.payload_len, messages.MaxPayload))
 	}
-	timeout, err := requestTimeout("kvxfer_send", req.timeout_ms)
+	timeout, err := requestTimeout(fn, req.timeout_ms)
+	if err != nil {
+		return fail(err)
+	}
+	gp, err := generationParallel(fn, genTP, genPP)
 	if err != nil {
 		return fail(err)
 	}
@@ -383,7 +415,7 @@ func kvxfer_send(eh C.kvxfer_engine_t, req *C.kvxfer_send_request, out *C.kvxfer
 		return fail(err)
 	}
 	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
-		Timeout: timeout}, UserData: uint64(req.user_data)}
+		Timeout: timeout, GenerationParallel: gp}, UserData: uint64(req.user_data)}
 	if req.payload_len > 0 {
 		sr.Payload = C.GoBytes(req.payload, C.int(req.payload_len))
 	}
@@ -524,8 +556,9 @@ func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.
 			return fail(err)
 		}
 		rr.Blocks = make([][]kvcache.BlockID, len(rs))
+		rr.Firsts = make([]int, len(rs))
 		for g, r := range rs {
-			rr.Blocks[g] = r.IDs
+			rr.Blocks[g], rr.Firsts[g] = r.IDs, r.First
 		}
 	}
 	if req.prefix_hit_blocks != nil && req.groups > 0 {

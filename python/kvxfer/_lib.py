@@ -133,6 +133,15 @@ _PROTOTYPES = {
                               ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_uint64)]),
 }
 
+# Functions the package uses only when a call needs them, with the
+# KVXFER_ABI_MINOR that added each (those above are required at load). A
+# library older than that lacks one and loads all the same (missing names
+# it); the call that needs it raises, naming the function and the minor.
+SINCE_MINOR = {
+    "kvxfer_send_parallel": (5, (_st, [engine_t, ctypes.POINTER(SendRequest), ctypes.c_int32, ctypes.c_int32,
+                                       ctypes.POINTER(request_t)])),
+}
+
 
 def _candidates():
     env = os.environ.get("KVXFER_LIB")
@@ -158,6 +167,15 @@ def load():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    missing.clear()
+    for name, (_minor, (res, args)) in SINCE_MINOR.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.add(name)
+            continue
+        fn.restype = res
+        fn.argtypes = args
     got = lib.kvxfer_abi_version()
     if got != ABI_VERSION:
         raise OSError("libkvxfer.so at %s has ABI %d, this package needs %d" % (path, got, ABI_VERSION))
@@ -165,4 +183,5 @@ def load():
 
 
 path = None  # the library loaded (library_path())
+missing = set()  # the functions of SINCE_MINOR that library lacks
 lib = load()

@@ -197,16 +197,22 @@ class KvxferWorkerConnector:
     it until the caller pops it."""
 
     def __init__(self, config):
-        """config: the engine's (kvxfer_engine_open), plus two keys of the
+        """config: the engine's (kvxfer_engine_open), plus keys of the
         connector's own. "layer_parts": true hands each step's chunks from
         save_kv_layer, one layer part per layer as the forward pass writes
         it (all but the last layer's transfer then hides behind the
         pass); "num_layers": the model's layer count, when this worker
         holds only some layers (a pipeline stage; default: the highest
-        registered layer index + 1)."""
+        registered layer index + 1). "generation_tp" and "generation_pp"
+        (a producer, both or neither): the decode instances' parallelism,
+        when every one has the same, passed to each send
+        (Engine.send's): with MLA and a decode TP smaller than this
+        instance's, a rank that writes to no decode rank then reports its
+        sends at once instead of failing each at its deadline."""
         self.config = dict(config)
         self.layer_parts = bool(self.config.pop("layer_parts", False))
         self.num_layers = self.config.pop("num_layers", None)
+        self.generation = (self.config.pop("generation_tp", 0), self.config.pop("generation_pp", 0))
         self._stage = None   # (first, end) of the model's layers this worker holds
         self._parts = {}     # (request id, start, end) -> the next layer to hand
         self.engine = None
@@ -218,6 +224,7 @@ class KvxferWorkerConnector:
         self._recv_done = set()
         self._gen_finished = set()  # finished_req_ids of sends, not yet reported as sent
         self._handed_all = set()    # sends whose last chunk was handed over
+        self._nothing_to_send = set()  # sends DONE before their last chunk: a rank that writes to nobody
         self._aborted = set()       # live requests cancelled because vLLM finished them
         self._recv_blocks = {}      # request id -> its destination block ids per group
         self._load_errors = set()   # blocks of failed receives, until vLLM asks
@@ -310,6 +317,9 @@ class KvxferWorkerConnector:
             r = self._send(rid, spec)
             for start, stop in spec.chunks:
                 runs, last, key = self._chunk_runs(spec, start, stop), stop == spec.prompt_len, (rid, start, stop)
+                if r is None:
+                    self._parts[key] = of
+                    continue
                 if layer == first and first > 0:
                     r.chunk(start, stop, runs, last=last, fenced=False, layers=(0, first, of))
                 r.chunk(start, stop, runs, last=last, layers=(layer, layer + 1, of)).ready()
@@ -319,10 +329,16 @@ class KvxferWorkerConnector:
         return None
 
     def _send(self, rid, spec):
-        """The context side of request rid, opened on its first chunk."""
+        """The context side of request rid, opened on its first chunk; None
+        once it ended DONE before its last chunk (told the decode
+        parallelism, a rank that writes to no decode rank ends at once):
+        its later chunks go nowhere."""
+        if rid in self._nothing_to_send:
+            return None
         r = self._sends.get(rid)
         if r is None:
-            r = self.engine.send(rid, spec.prompt_len)
+            r = self.engine.send(rid, spec.prompt_len, generation_tp=self.generation[0],
+                                 generation_pp=self.generation[1])
             self._sends[rid] = r
             self._by_handle[r.handle] = (rid, "send")
         return r
@@ -355,13 +371,15 @@ class KvxferWorkerConnector:
             return
         for rid, spec in self._meta.reqs_to_send.items():
             r = self._send(rid, spec)
+            if r is None:
+                continue
             for start, end in spec.chunks:
                 r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
         self._note_handed_all()
 
     def _note_handed_all(self):
         for rid, spec in self._meta.reqs_to_send.items():
-            if any(end == spec.prompt_len for _, end in spec.chunks):
+            if rid in self._sends and any(end == spec.prompt_len for _, end in spec.chunks):
                 self._handed_all.add(rid)
 
     def get_finished(self, finished_req_ids):
@@ -395,6 +413,7 @@ class KvxferWorkerConnector:
                     self._aborted.add(rid)
         sent = self._sent_done & self._gen_finished
         self._sent_done -= sent
+        self._nothing_to_send -= sent
         self._gen_finished -= sent
         recv, self._recv_done = self._recv_done, set()
         return (sent or None), (recv or None)
@@ -409,6 +428,8 @@ class KvxferWorkerConnector:
             self._aborted.discard(rid)
             req.release()
             if side == "send":
+                if ev.outcome == Outcome.DONE and rid not in self._handed_all:
+                    self._nothing_to_send.add(rid)
                 self._handed_all.discard(rid)
                 self._sent_done.add(rid)
             else:

@@ -64,6 +64,15 @@ class KvxferError(Exception):
         self.message = message
 
 
+def _require(name, what):
+    """KvxferError(UNSUPPORTED) when the loaded library lacks function name
+    (one of _lib.SINCE_MINOR), naming what needed it and the minor."""
+    if name in _lib.missing:
+        raise KvxferError(Status.UNSUPPORTED, "%s needs %s (KVXFER_ABI_MINOR %d), which libkvxfer.so at %s "
+                          "lacks: load a newer library (make lib, or a newer wheel)"
+                          % (what, name, _lib.SINCE_MINOR[name][0], _lib.path))
+
+
 def _cuda_event(event, device):
     """(CUevent handle, device ordinal) of a torch.cuda.Event (its
     cuda_event and device attributes) or of an int handle."""
@@ -588,10 +597,25 @@ class Engine:
 
     # Requests --------------------------------------------------------------
 
-    def send(self, id, prompt_len, payload=b"", timeout_ms=0, generation=None, user_data=0):
+    def send(self, id, prompt_len, payload=b"", timeout_ms=0, generation=None, user_data=0, generation_tp=0,
+             generation_pp=0):
         """Opens the context side of request id (a str without NUL).
         payload: at most 4096 bytes; timeout_ms: 0 is the engine's transfer
-        timeout, a negative one is refused."""
+        timeout, a negative one is refused.
+
+        generation_tp, generation_pp: the generation instance's
+        parallelism, when known (both, each >= 1; 0 and 0: not known). A
+        context rank that writes to none of its ranks (MLA with a context
+        TP larger than generation_tp) then ends DONE at once, pinning
+        nothing, instead of failing at its deadline (kvxfer_send_parallel).
+        A negative value, or one of the two 0, raises KvxferError with
+        Status.INVALID_ARGUMENT naming both; a library older than
+        KVXFER_ABI_MINOR 5 raises it with Status.UNSUPPORTED."""
+        generation_tp, generation_pp = _i32("generation_tp", generation_tp), _i32("generation_pp", generation_pp)
+        told = generation_tp != 0 or generation_pp != 0
+        if told:
+            _require("kvxfer_send_parallel",
+                     "send(generation_tp=%d, generation_pp=%d)" % (generation_tp, generation_pp))
         payload = bytes(payload)
         buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
         req = _lib.SendRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
@@ -599,20 +623,50 @@ class Engine:
                                _u32("payload length", len(payload)),
                                _cstr("generation", generation) if generation else None, _u64("user_data", user_data))
         h = _lib.request_t()
-        _check(lib.kvxfer_send(self._live(), ctypes.byref(req), ctypes.byref(h)))
+        if told:
+            _check(lib.kvxfer_send_parallel(self._live(), ctypes.byref(req), generation_tp, generation_pp,
+                                            ctypes.byref(h)))
+        else:
+            _check(lib.kvxfer_send(self._live(), ctypes.byref(req), ctypes.byref(h)))
         return Request(self, h.value, id, prompt_len, "send")
+
+    def needed_range(self, prompt_len, group, prefix_hit_blocks=0):
+        """(first, end): the global blocks [first, end) layer group `group`
+        receives for a prompt of prompt_len tokens when the receiver holds
+        its first prefix_hit_blocks blocks already (Go's
+        kvcache.NeededRange): a sliding-window group only the blocks its
+        window keeps, past the prefix hits. receive()'s blocks[group] are
+        end - first ids, for these blocks in order."""
+        group, prompt_len, hit = operator.index(group), operator.index(prompt_len), operator.index(prefix_hit_blocks)
+        if not 0 <= group < len(self.groups):
+            raise ValueError("group = %d outside [0, %d)" % (group, len(self.groups)))
+        window, tpb = self.groups[group].window, self.tokens_per_block
+        if prompt_len <= 0:
+            return 0, 0
+        end = -(-prompt_len // tpb)
+        first = 0 if window <= 0 or window >= prompt_len else (prompt_len - window) // tpb
+        first = max(first, hit)
+        return min(first, end), end
 
     def receive(self, id, prompt_len, context, blocks=None, prefix_hit_blocks=None, context_tp=0, context_pp=0,
                 timeout_ms=0, user_data=0):
         """Opens the generation side of request id. blocks, when given, are
-        the caller's destination block ids per layer group (a list of lists);
-        else the engine allocates them from its pool."""
+        the caller's destination block ids per layer group (a list of lists),
+        group g's for the global blocks needed_range(prompt_len, g,
+        prefix_hit_blocks[g]) in order (a sliding-window group's only the
+        window's, none past the prefix hits); else the engine allocates them
+        from its pool."""
         req = _lib.ReceiveRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
                                   _cstr("context", context), _i32("context_tp", context_tp),
                                   _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
         keep = []
         if blocks is not None:
-            arr, keep = _runs([(0, ids) for ids in blocks])
+            # Each run names the global block its first id holds, which the
+            # library checks: the group's first needed block.
+            hits = list(prefix_hit_blocks) if prefix_hit_blocks is not None else []
+            firsts = [self.needed_range(prompt_len, g, hits[g] if g < len(hits) else 0)[0]
+                      if g < len(self.groups) else 0 for g in range(len(blocks))]
+            arr, keep = _runs(list(zip(firsts, blocks)))
             req.blocks = arr
             req.groups = len(blocks)
             keep.append(arr)

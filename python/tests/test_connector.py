@@ -389,3 +389,44 @@ def test_connector_refused_receive_is_a_failed_load():
     finally:
         wd.shutdown()
     assert kvxfer.handle_count() == before
+
+
+@pytest.mark.parametrize("layer_parts", [False, True])
+def test_connector_passes_the_decode_parallelism(layer_parts):
+    """A producer worker told the decode instances' parallelism
+    ("generation_tp", "generation_pp") passes it to each send. On MLA
+    context rank 1 of TP2 with decode TP1, which writes to no decode rank,
+    the send ends DONE at its first step and is reported as sent, not failed
+    at its deadline (2 s here); the prompt's later steps hand nothing more
+    (before, the next step opened a second send of the request, refused
+    for starting past block 0)."""
+    before = kvxfer.handle_count()
+    name = unique("vllm-mla")
+    sp = KvxferSchedulerConnector(name, "producer", TPB)
+    cache = torch.zeros((NBLOCKS, LAYERS, 1, 1, TPB, HEAD), dtype=torch.bfloat16)  # MLA: one latent per token
+    wp = KvxferWorkerConnector({"instance": name, "workers": 2, "transfer_timeout_ms": 2000, "tp": 2, "rank_tp": 1,
+                                "layout": {"layers": LAYERS, "kv_heads": 1, "head_dim": HEAD, "dtype_bytes": 2,
+                                           "tokens_per_block": TPB, "mla": True},
+                                "layer_parts": layer_parts, "generation_tp": 1, "generation_pp": 1})
+    wp.register_cross_layers_kv_cache(cache)
+    try:
+        prompt, rid = 40, "cmpl-mla"
+        req = SimpleNamespace(request_id=rid, prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        blocks = [[5, 9, 2]]
+        sp.update_state_after_alloc(req, blocks, 0)
+        for n in (16, 16, 8):  # three prefill steps, get_finished between them as vLLM calls it
+            wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={rid: n})))
+            wp.start_load_kv(None)
+            for i in range(LAYERS):
+                wp.save_kv_layer("model.layers.%d.self_attn" % i, cache[:, i])
+            wp.wait_for_save()
+            wp.clear_connector_metadata()
+            assert wp.get_finished(set()) == (None, None)
+        keep, params = sp.request_finished(req, blocks)
+        assert keep and params is not None
+        finished(wp, "send", rid, finished_req_ids={rid})
+        assert wp.failed == {}, wp.failed
+        assert wp._nothing_to_send == set() and wp._handed_all == set()
+    finally:
+        wp.shutdown()
+    assert kvxfer.handle_count() == before

@@ -467,3 +467,92 @@ def test_chunk_raw_groups_past_its_array_are_refused(pair):
     tx.wait()
     tx.release()
     ctx.free(0, src)
+
+
+def _window_config(instance):
+    """Layers 0-1 full attention, layers 2-3 a sliding window of 32 tokens."""
+    layout = {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD, "dtype_bytes": 2, "tokens_per_block": TPB,
+              "groups": [{"name": "full", "layers": [0, 1]}, {"name": "swa", "layers": [2, 3], "window": 32}]}
+    return small_config(instance, layout=layout)
+
+
+def test_receive_into_own_blocks_with_prefix_hits_and_a_window():
+    """The caller's destination blocks of a group are those of its needed
+    range: past 2 prefix-hit blocks for the full-attention group (global
+    blocks [2, 7) of a 100-token prompt), only the window's [4, 7) for the
+    sliding-window one. receive() tells the library where each run starts
+    (it passed 0 for every group, which the library now refuses, and before
+    took: READY's ids then held other global blocks than the caller's
+    run said); each id gets its global block's bytes."""
+    before = kvxfer.handle_count()
+    with kvxfer.Engine(_window_config(unique("ctx"))) as ctx, kvxfer.Engine(_window_config(unique("gen"))) as gen:
+        prompt, hits = 100, [2, 0]
+        assert [gen.needed_range(prompt, g, hits[g]) for g in range(2)] == [(2, 7), (4, 7)]
+        assert gen.needed_range(prompt, 1, 6) == (6, 7) and gen.needed_range(prompt, 0, 9) == (7, 7)
+        assert gen.needed_range(20, 1) == (0, 2)  # a window longer than the prompt keeps it all
+        src = [ctx.alloc(g, 7) for g in range(2)]
+        rng = np.random.default_rng(5)
+        for g in range(2):
+            for b in src[g]:
+                data = rng.integers(0, 256, ctx.groups[g].block_bytes, dtype=np.uint8).tobytes()
+                ctypes.memmove(ctx.block_address(g, b), data, len(data))
+        dst = [gen.alloc(0, 5), gen.alloc(1, 3)]
+        rx = gen.receive("own-window", prompt, ctx.instance, blocks=dst, prefix_hit_blocks=hits)
+        tx = ctx.send("own-window", prompt)
+        tx.chunk(0, prompt, [(0, src[0]), (0, src[1])], fenced=False)
+        assert tx.wait().outcome == Outcome.DONE
+        ev = rx.wait()
+        assert ev.outcome == Outcome.READY, (ev, rx.error_message())
+        for g, first in enumerate([2, 4]):
+            assert rx.blocks(g) == (first, dst[g])
+            for k, d in enumerate(dst[g]):
+                assert gen.block_bytes(g, d) == ctx.block_bytes(g, src[g][first + k]), (g, first + k)
+        tx.release()
+        rx.release()
+        for g in range(2):
+            ctx.free(g, src[g])
+            gen.free(g, dst[g])
+    assert kvxfer.handle_count() == before
+
+
+def _mla_rank_config(instance):
+    """Rank 1 of an MLA context instance of TP2: with a generation TP of 1
+    it writes to no generation rank."""
+    return {"instance": instance, "layout": {"layers": 2, "kv_heads": 1, "head_dim": 16, "dtype_bytes": 2,
+                                             "tokens_per_block": 16, "mla": True},
+            "tp": 2, "rank_tp": 1, "pool_bytes": 65536, "transfer_timeout_ms": 2000, "workers": 2}
+
+
+def test_send_told_the_generation_parallelism(monkeypatch):
+    """send(generation_tp=, generation_pp=) on a context rank that writes
+    to no generation rank ends DONE at once, holding nothing (without them
+    it fails at its deadline, 2 s here); bad values are refused naming
+    them; a library without kvxfer_send_parallel is named, not called."""
+    before = kvxfer.handle_count()
+    with kvxfer.Engine(_mla_rank_config(unique("mla"))) as ctx:
+        src = ctx.alloc(0, 2)
+        tx = ctx.send("mla-1", 32, generation_tp=1, generation_pp=1)
+        ev = tx.wait(timeout=10)
+        assert (ev.outcome, ev.error) == (Outcome.DONE, Status.OK), (ev, tx.error_message())
+        tx.chunk(0, 32, [(0, src)], fenced=False)  # taken; goes nowhere
+        tx.release()
+        ctx.free(0, src)
+        assert ctx.used(0) == 0
+        for tp, pp, status, needle in [(-1, 1, Status.INVALID_ARGUMENT, "generation_tp = -1, generation_pp = 1"),
+                                       (2, 0, Status.INVALID_ARGUMENT, "generation_tp = 2, generation_pp = 0"),
+                                       (1, 3, Status.BAD_REQUEST, "TP1/PP3")]:
+            with pytest.raises(KvxferError) as e:
+                ctx.send("mla-bad", 32, generation_tp=tp, generation_pp=pp)
+            assert e.value.status == status and needle in e.value.message, e.value
+        with pytest.raises(ValueError, match="generation_pp = %d does not fit" % (1 << 31)):
+            ctx.send("mla-bad", 32, generation_tp=1, generation_pp=1 << 31)
+        monkeypatch.setattr(kvxfer._lib, "missing", {"kvxfer_send_parallel"})
+        with pytest.raises(KvxferError) as e:
+            ctx.send("mla-old", 32, generation_tp=1, generation_pp=1)
+        assert e.value.status == Status.UNSUPPORTED, e.value
+        assert "kvxfer_send_parallel (KVXFER_ABI_MINOR 5)" in e.value.message, e.value.message
+        tx = ctx.send("mla-plain", 32)  # kvxfer_send still serves a call that names neither
+        tx.cancel()
+        assert tx.wait().outcome == Outcome.CANCELLED
+        tx.release()
+    assert kvxfer.handle_count() == before

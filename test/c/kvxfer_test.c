@@ -126,6 +126,7 @@ static void test_bad_input(void) {
         kvxfer_blocks_used(5555, 0, NULL),
         kvxfer_send(5555, &(kvxfer_send_request){.id = "x", .prompt_len = 16}, &(kvxfer_request_t){0}),
         kvxfer_send(5555, &(kvxfer_send_request){.id = NULL}, &(kvxfer_request_t){0}),
+        kvxfer_send_parallel(5555, &(kvxfer_send_request){.id = "x", .prompt_len = 16}, 1, 1, &(kvxfer_request_t){0}),
         kvxfer_receive(5555, &(kvxfer_receive_request){.id = "x", .context = NULL}, &(kvxfer_request_t){0}),
         kvxfer_chunk(5555, 0, 16, 1, NULL, 0, NULL),
         kvxfer_chunk_cuda(5555, 0, 16, 1, NULL, 0, 0, 0),
@@ -558,11 +559,181 @@ static void test_layer_parts_cuda(void) {
     printf("ok   layer parts behind CUDA events: %llu bytes verified\n", (unsigned long long)checked);
 }
 
+/* MLA, context TP2, generation TP1: context TP rank 1 writes to no
+ * generation rank. kvxfer_send_parallel, told the generation parallelism,
+ * ends such a send DONE at once, holding nothing (kvxfer_send has no field
+ * for it: that rank waited for a RequestData that never comes, its pins
+ * held, and failed at its deadline). Bad values are refused, naming them. */
+static void test_send_parallel_rank_without_peer(void) {
+    const char *cfg =
+        "{\"instance\":\"c-mla\",\"layout\":{\"layers\":2,\"kv_heads\":1,\"head_dim\":16,\"dtype_bytes\":2,"
+        "\"tokens_per_block\":16,\"mla\":true},\"tp\":2,\"rank_tp\":1,\"pool_bytes\":65536,"
+        "\"transfer_timeout_ms\":2000}";
+    uint64_t handles = kvxfer_handle_count();
+    kvxfer_engine_t e = 0;
+    OK(kvxfer_engine_open(cfg, NULL, 0, &e));
+    kvxfer_send_request sr = {.id = "c-mla", .prompt_len = 32, .user_data = 7};
+    kvxfer_request_t tx = 0;
+    struct {
+        int32_t tp, pp;
+        kvxfer_status want;
+        const char *needle;
+    } bad[] = {
+        {-1, 1, KVXFER_ERR_INVALID_ARGUMENT, "generation_tp = -1, generation_pp = 1"},
+        {1, -2, KVXFER_ERR_INVALID_ARGUMENT, "generation_tp = 1, generation_pp = -2"},
+        {2, 0, KVXFER_ERR_INVALID_ARGUMENT, "generation_tp = 2, generation_pp = 0"},
+        {0, 1, KVXFER_ERR_INVALID_ARGUMENT, "generation_tp = 0, generation_pp = 1"},
+        {1, 3, KVXFER_ERR_BAD_REQUEST, "TP1/PP3"}, /* 3 pipeline stages of 2 layers */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvxfer_status st = kvxfer_send_parallel(e, &sr, bad[i].tp, bad[i].pp, &tx);
+        CHECK(st == bad[i].want, "generation %d x %d returned %s", bad[i].tp, bad[i].pp, kvxfer_status_name(st));
+        CHECK(strstr(kvxfer_last_error(), bad[i].needle), "message names the values: %s", kvxfer_last_error());
+    }
+    CHECK(tx == 0 && kvxfer_handle_count() == handles + 1, "a refused send left a handle");
+    CHECK(kvxfer_send_parallel(e, NULL, 1, 1, &tx) == KVXFER_ERR_INVALID_ARGUMENT, "NULL req");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_send_parallel: req"), "message: %s", kvxfer_last_error());
+
+    int32_t src[2];
+    OK(kvxfer_blocks_alloc(e, 0, 2, src));
+    double t0 = now();
+    OK(kvxfer_send_parallel(e, &sr, 1, 1, &tx));
+    kvxfer_event ev = wait_event(e, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE && ev.error == KVXFER_OK && ev.bytes == 0 && ev.user_data == 7,
+          "outcome %d error %s bytes %llu after %.1f s, want DONE at once", ev.outcome, kvxfer_status_name(ev.error),
+          (unsigned long long)ev.bytes, now() - t0);
+    /* Its chunks are taken and go nowhere; nothing stays pinned. */
+    kvxfer_block_run run = {.first = 0, .count = 2, .ids = src};
+    OK(kvxfer_chunk(tx, 0, 32, 1, &run, 1, NULL));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(e, 0, src, 2));
+    uint32_t used = 99;
+    OK(kvxfer_blocks_used(e, 0, &used));
+    CHECK(used == 0, "blocks used %u", used);
+    OK(kvxfer_engine_close(e, 5000));
+    CHECK(kvxfer_handle_count() == handles, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   kvxfer_send_parallel: a rank with no generation peer is DONE in %.3f s; bad values named\n",
+           now() - t0);
+}
+
+/* A receive's destination runs say which global block their first id
+ * holds, and it must be the group's first needed block: here a full
+ * attention group with 2 prefix-hit blocks (blocks [2, 7) of a 100-token
+ * prompt) and a sliding-window group of 32 tokens (only [4, 7) are
+ * resident). A run starting elsewhere is refused naming the group, its
+ * first and the expected one (before: taken, and READY's ids held other
+ * global blocks than the caller's run said); the right runs receive
+ * exactly those blocks. */
+static void test_receive_run_first(void) {
+    const char *cfg =
+        "{\"instance\":\"%s\",\"layout\":{\"layers\":2,\"kv_heads\":2,\"head_dim\":4,\"dtype_bytes\":2,"
+        "\"tokens_per_block\":16,\"groups\":[{\"name\":\"full\",\"layers\":[0]},"
+        "{\"name\":\"swa\",\"layers\":[1],\"window\":32}]},\"pool_bytes\":262144,\"transfer_timeout_ms\":10000}";
+    char pc[512], dc[512];
+    snprintf(pc, sizeof pc, cfg, "c-first-p");
+    snprintf(dc, sizeof dc, cfg, "c-first-d");
+    uint64_t handles = kvxfer_handle_count();
+    kvxfer_engine_t p = 0, d = 0;
+    OK(kvxfer_engine_open(pc, NULL, 0, &p));
+    OK(kvxfer_engine_open(dc, NULL, 0, &d));
+    enum { PROMPT = 100, NBLOCKS = 7 };
+    const int32_t want_first[2] = {2, 4}, want_n[2] = {5, 3};
+    int32_t hits[2] = {2, 0};
+
+    /* Source: every block of both groups, each byte its group's pattern
+     * of its global block. */
+    kvxfer_engine_info pinfo;
+    OK(kvxfer_engine_info_get(p, &pinfo));
+    uint8_t *ppool = (uint8_t *)(uintptr_t)pinfo.pool_base;
+    int32_t src[2][NBLOCKS];
+    kvxfer_group_info pg[2], dg[2];
+    for (int g = 0; g < 2; g++) {
+        OK(kvxfer_engine_group(p, g, &pg[g]));
+        OK(kvxfer_engine_group(d, g, &dg[g]));
+        OK(kvxfer_blocks_alloc(p, g, NBLOCKS, src[g]));
+        for (int b = 0; b < NBLOCKS; b++)
+            for (uint64_t i = 0; i < pg[g].block_bytes; i++)
+                ppool[pg[g].offset + src[g][b] * pg[g].block_bytes + i] = pattern(10 + g, b, i);
+    }
+    int32_t dst[2][5];
+    OK(kvxfer_blocks_alloc(d, 0, want_n[0], dst[0]));
+    OK(kvxfer_blocks_alloc(d, 1, want_n[1], dst[1]));
+
+    kvxfer_block_run runs[2] = {{.first = 0, .count = 5, .ids = dst[0]}, {.first = 4, .count = 3, .ids = dst[1]}};
+    kvxfer_receive_request rr = {.id = "c-first", .prompt_len = PROMPT, .context = "c-first-p", .blocks = runs,
+                                 .groups = 2, .prefix_hit_blocks = hits};
+    kvxfer_request_t rx = 0, tx = 0;
+    struct {
+        int32_t first0, first1;
+        const char *needle;
+    } bad[] = {
+        {0, 4, "blocks[0].first = 0, want 2"}, /* the prefix hits not skipped */
+        {2, 0, "blocks[1].first = 0, want 4"}, /* the window not applied */
+        {2, 5, "blocks[1].first = 5, want 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        runs[0].first = bad[i].first0;
+        runs[1].first = bad[i].first1;
+        kvxfer_status st = kvxfer_receive(d, &rr, &rx);
+        if (st == KVXFER_OK) { /* end it before failing, so the message is the one printed */
+            kvxfer_cancel(rx);
+            wait_event(d, rx);
+            kvxfer_request_release(rx);
+            rx = 0;
+        }
+        CHECK(st == KVXFER_ERR_INVALID_ARGUMENT, "runs first %d, %d for needed blocks [2, 7), [4, 7) returned %s",
+              bad[i].first0, bad[i].first1, kvxfer_status_name(st));
+        CHECK(strstr(kvxfer_last_error(), bad[i].needle) && strstr(kvxfer_last_error(), "layer group"),
+              "message names the group, the first and the expected one: %s", kvxfer_last_error());
+    }
+    CHECK(rx == 0, "a refused receive returned a handle");
+
+    runs[0].first = 2;
+    runs[1].first = 4;
+    OK(kvxfer_receive(d, &rr, &rx));
+    OK(kvxfer_send_parallel(p, &(kvxfer_send_request){.id = "c-first", .prompt_len = PROMPT}, 1, 1, &tx));
+    kvxfer_block_run sruns[2] = {{.first = 0, .count = NBLOCKS, .ids = src[0]},
+                                 {.first = 0, .count = NBLOCKS, .ids = src[1]}};
+    OK(kvxfer_chunk(tx, 0, PROMPT, 1, sruns, 2, NULL));
+    kvxfer_event ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE, "tx outcome %d error %s", ev.outcome, kvxfer_status_name(ev.error));
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %s", ev.outcome, kvxfer_status_name(ev.error));
+    kvxfer_engine_info dinfo;
+    OK(kvxfer_engine_info_get(d, &dinfo));
+    const uint8_t *dpool = (const uint8_t *)(uintptr_t)dinfo.pool_base;
+    uint64_t checked = 0;
+    for (int g = 0; g < 2; g++) {
+        int32_t ids[8], first = -1;
+        uint32_t n = 0;
+        OK(kvxfer_request_blocks(rx, g, ids, 8, &n, &first));
+        CHECK(first == want_first[g] && (int32_t)n == want_n[g] && memcmp(ids, dst[g], n * sizeof ids[0]) == 0,
+              "group %d: first %d, %u blocks", g, first, n);
+        for (uint32_t k = 0; k < n; k++)
+            for (uint64_t i = 0; i < dg[g].block_bytes; i++, checked++)
+                CHECK(dpool[dg[g].offset + ids[k] * dg[g].block_bytes + i] == pattern(10 + g, first + k, i),
+                      "group %d global block %u byte %llu", g, first + k, (unsigned long long)i);
+    }
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    for (int g = 0; g < 2; g++) {
+        OK(kvxfer_blocks_free(p, g, src[g], NBLOCKS));
+        OK(kvxfer_blocks_free(d, g, dst[g], want_n[g]));
+    }
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == handles, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   receive runs: a first off the needed blocks refused; prefix hits and a window: %llu bytes verified\n",
+           (unsigned long long)checked);
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
     test_layer_parts();
     test_layer_parts_cuda();
+    test_send_parallel_rank_without_peer();
+    test_receive_run_first();
     printf("PASS\n");
     return 0;
 }
