@@ -20,6 +20,11 @@ var testEtcd etcdlocal.Shared
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testEtcd.Close()
+	if pkiOnce.dir != "" { // testPKI's, shared by the tests that ran
+		if err := os.RemoveAll(pkiOnce.dir); err != nil {
+			fmt.Fprintf(os.Stderr, "removing the test PKI: %v\n", err)
+		}
+	}
 	if code == 0 {
 		// No ignore list: etcd's server and client leave no goroutine
 		// behind once closed.

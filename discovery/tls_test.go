@@ -16,6 +16,7 @@ import (
 // pkiOnce holds the test PKI, written once per test binary.
 var pkiOnce struct {
 	sync.Once
+	dir string // removed by TestMain
 	pki etcdlocal.PKI
 	err error
 }
@@ -29,6 +30,7 @@ func testPKI(t *testing.T) etcdlocal.PKI {
 			pkiOnce.err = err
 			return
 		}
+		pkiOnce.dir = dir
 		pkiOnce.pki, pkiOnce.err = etcdlocal.NewPKI(dir)
 	})
 	if pkiOnce.err != nil {

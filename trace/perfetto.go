@@ -86,14 +86,27 @@ type exporter struct {
 	tables map[string][2]int
 }
 
-// ExportPerfettoFile exports the trace at in to a new file at out.
+// ErrSameFile: an export's output names its input (the same path, or a
+// link to it); writing it would destroy the trace before it is read.
+var ErrSameFile = errors.New("trace: the output is the input")
+
+// ExportPerfettoFile exports the trace at in to the file at out. It refuses
+// an out that names in (ErrSameFile), writes a temporary file in out's
+// directory and renames it to out only once the export succeeded: a
+// failed export leaves out as it was and no partial file behind.
 func ExportPerfettoFile(in, out string) (ExportStats, error) {
-	f, err := os.Open(filepath.Clean(in))
+	in, out = filepath.Clean(in), filepath.Clean(out)
+	f, err := os.Open(in)
 	if err != nil {
 		return ExportStats{}, err
 	}
 	defer f.Close()
-	o, err := os.Create(filepath.Clean(out))
+	if ist, err := f.Stat(); err == nil {
+		if ost, err := os.Stat(out); err == nil && os.SameFile(ist, ost) {
+			return ExportStats{}, fmt.Errorf("%w: %s and %s are one file", ErrSameFile, in, out)
+		}
+	}
+	o, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".*.tmp")
 	if err != nil {
 		return ExportStats{}, err
 	}
@@ -101,7 +114,18 @@ func ExportPerfettoFile(in, out string) (ExportStats, error) {
 	if cerr := o.Close(); err == nil {
 		err = cerr
 	}
-	return st, err
+	if err == nil {
+		// CreateTemp makes the file 0600; an export is no secret.
+		err = os.Chmod(o.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(o.Name(), out)
+	}
+	if err != nil {
+		_ = os.Remove(o.Name())
+		return st, err
+	}
+	return st, nil
 }
 
 // ExportPerfetto reads a trace from r and writes it to w as Chrome

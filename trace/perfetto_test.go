@@ -3,8 +3,10 @@ package trace_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -156,5 +158,58 @@ func TestExportPerfettoMalformed(t *testing.T) {
 	var out bytes.Buffer
 	if _, err := trace.ExportPerfetto(strings.NewReader("nope\n"), &out); err == nil {
 		t.Fatal("export of a non-trace succeeded")
+	}
+}
+
+// TestExportPerfettoFileKeepsItsInput: an output that names the input (the
+// same path, or a link to it) is refused before anything is written, and a
+// failed export leaves the output as it was, with no partial file beside
+// it. Before, os.Create truncated the input to 0 bytes first, and a failed
+// export left an empty or partial output.
+func TestExportPerfettoFileKeepsItsInput(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "g.trace")
+	body := []byte("nope\n")
+	if err := os.WriteFile(in, body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink("g.trace", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{in, link, filepath.Join(dir, ".", "g.trace")} {
+		if _, err := trace.ExportPerfettoFile(in, out); !errors.Is(err, trace.ErrSameFile) {
+			t.Errorf("export %s to %s: %v, want ErrSameFile", in, out, err)
+		}
+		if b, err := os.ReadFile(in); err != nil || !bytes.Equal(b, body) {
+			t.Fatalf("after export to %s the input holds %q (%v), want %q", out, b, err, body)
+		}
+	}
+	// A failed export (the input is no trace) keeps an existing output and
+	// leaves nothing else behind.
+	prev := filepath.Join(dir, "prev.json")
+	if err := os.WriteFile(prev, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trace.ExportPerfettoFile(in, prev); err == nil {
+		t.Fatal("export of a non-trace succeeded")
+	}
+	if b, err := os.ReadFile(prev); err != nil || string(b) != "{}" {
+		t.Errorf("a failed export changed the existing output: %q (%v)", b, err)
+	}
+	fresh := filepath.Join(dir, "fresh.json")
+	if _, err := trace.ExportPerfettoFile(in, fresh); err == nil {
+		t.Fatal("export of a non-trace succeeded")
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{"g.trace", "link.json", "prev.json"}; !slices.Equal(names, want) {
+		t.Errorf("after failed exports the directory holds %q, want %q", names, want)
 	}
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -132,6 +135,9 @@ compares within one run and reports medians.`,
 			if err != nil {
 				return err
 			}
+			for _, w := range unusedSettings(s, run) {
+				a.log.Warn().Msg(w)
+			}
 			return runScenarios(cmd, a, out, s, run, true)
 		},
 	}
@@ -139,12 +145,44 @@ compares within one run and reports medians.`,
 	f.StringSliceVar(&chosen, "scenarios", scenarioNames(), "scenarios to run, comma-separated")
 	config.AddFlags(f, benchDefaults, benchKeys...)
 	cmd.PersistentFlags().BoolVar(&out.json, "json", false, "print JSON lines instead of tables")
-	cmd.PersistentFlags().StringVar(&out.report, "report", "", "also write DIR/README.md, DIR/results.json and PNG plots")
+	cmd.PersistentFlags().StringVar(&out.report, "report", "", "also write DIR/README.md, DIR/results.json and PNG plots; DIR is created if missing and must be empty or hold a previous report, whose files are replaced (its plots this run does not draw are removed); checked before the first scenario runs")
 	for _, sc := range scenarios() {
 		cmd.AddCommand(newScenarioCmd(a, &out, sc))
 	}
 	cmd.AddCommand(newRawPeerCmd())
 	return cmd
+}
+
+// unusedSettings warns, for `kvxfer bench`, of each value given (not a
+// default) for a key that a chosen scenario does not take: each scenario
+// takes only its own keys (scenario.keys) and runs the others at its own
+// values, which a value given to bench does not change.
+func unusedSettings(s config.Settings, run []scenario) []string {
+	var out []string
+	for _, k := range benchKeys {
+		if !s.Set(k) || s.Origin(k).Source == config.SourceDefault {
+			continue
+		}
+		var takes, ignores []string
+		for _, sc := range run {
+			if keys, _ := sc.keys(); slices.Contains(keys, k) {
+				takes = append(takes, sc.name())
+			} else {
+				ignores = append(ignores, sc.name())
+			}
+		}
+		if len(ignores) == 0 {
+			continue
+		}
+		why := "not used by bench " + strings.Join(ignores, ", ")
+		if len(takes) > 0 {
+			why += " (only " + strings.Join(takes, ", ") + " of the scenarios chosen take it)"
+		} else {
+			why += " (no scenario chosen takes it)"
+		}
+		out = append(out, s.Invalid(k, why).Error())
+	}
+	return out
 }
 
 // newRawPeerCmd is `kvxfer bench raw-peer`, the receiver process of `bench
@@ -193,6 +231,13 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	w := cmd.OutOrStdout()
+	if out.report != "" {
+		// Before the first scenario: a directory the report cannot go to
+		// fails now, not after every scenario ran.
+		if err := prepareReportDir(out.report); err != nil {
+			return err
+		}
+	}
 	res := report.Results{Command: commandLine(cmd), Started: time.Now()}
 	for i, sc := range run {
 		a.log.Info().Str("scenario", sc.name()).Msg("bench starting")
@@ -240,13 +285,61 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 	if out.report == "" {
 		return nil
 	}
+	if err := removeStalePlots(out.report); err != nil {
+		return err
+	}
 	files, err := report.Write(out.report, res)
 	if err != nil {
-		return err
+		return fmt.Errorf("--report %s: %w", out.report, err)
 	}
 	a.log.Info().Strs("files", files).Msg("report written")
 	if !out.json {
 		fmt.Fprintf(w, "\nreport: %s (%d files)\n", files[len(files)-1], len(files))
+	}
+	return nil
+}
+
+// reportFiles are the names report.Write writes: what a previous report
+// holds.
+var (
+	reportPlots = []string{report.BandwidthPNG, report.TimelinePNG, report.LatencyCDFPNG, report.PipeliningPNG}
+	reportFiles = append([]string{"README.md", "results.json"}, reportPlots...)
+)
+
+// prepareReportDir makes --report's directory and checks, before anything
+// runs, that the report can be written there: it is a directory, this
+// process can create files in it, and it is empty or holds nothing but a
+// previous report's files (which the new report replaces).
+func prepareReportDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--report %s: %w", dir, err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("--report %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if !slices.Contains(reportFiles, e.Name()) || !e.Type().IsRegular() {
+			return fmt.Errorf("--report %s: the directory holds %s, which is no part of a previous report: give a new or empty directory, or a previous report's (its %s are replaced)",
+				dir, e.Name(), strings.Join(reportFiles, ", "))
+		}
+	}
+	probe, err := os.CreateTemp(dir, ".kvxfer-report-probe-*")
+	if err != nil {
+		return fmt.Errorf("--report %s: cannot write the report there: %w", dir, err)
+	}
+	_ = probe.Close()
+	return os.Remove(probe.Name())
+}
+
+// removeStalePlots removes a previous report's plots from dir before a new
+// report is written there: the new one draws only those its results allow,
+// and one left from an earlier run would sit beside it as if it were new.
+func removeStalePlots(dir string) error {
+	for _, name := range reportPlots {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("--report %s: removing the previous report's %s: %w", dir, name, err)
+		}
 	}
 	return nil
 }

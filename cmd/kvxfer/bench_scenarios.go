@@ -352,8 +352,8 @@ func (p *pipeliningScenario) flags(f *pflag.FlagSet) {
 }
 func (p *pipeliningScenario) steps() int { return len(p.chunkSizes) + 1 }
 func (p *pipeliningScenario) run(ctx context.Context, s config.Settings, prog bench.ProgressFunc, res *report.Results) error {
-	if p.reps < 1 || p.prompt < 1 {
-		return fmt.Errorf("--reps %d, --prompt %d: want at least 1", p.reps, p.prompt)
+	if err := p.validate(s.Model); err != nil {
+		return err
 	}
 	total := p.steps()
 	sw, err := bench.SweepPipelining(ctx, s.Model, p.prompt, p.chunkSizes, p.computePerToken, p.reps,
@@ -363,9 +363,6 @@ func (p *pipeliningScenario) run(ctx context.Context, s config.Settings, prog be
 	}
 	res.Pipelining = &sw
 	if p.timelineChunk > 0 {
-		if p.prompt%p.timelineChunk != 0 {
-			return fmt.Errorf("--timeline-chunk %d does not divide --prompt %d", p.timelineChunk, p.prompt)
-		}
 		tls, err := bench.Timelines(ctx, s.Model, p.timelineChunk, p.prompt/p.timelineChunk, p.computePerToken*time.Duration(p.timelineChunk))
 		if err != nil {
 			return err
@@ -373,6 +370,34 @@ func (p *pipeliningScenario) run(ctx context.Context, s config.Settings, prog be
 		res.Timelines = tls
 	}
 	prog(total, total, "timeline")
+	return nil
+}
+
+// validate checks the flags before anything runs, naming the one that is
+// wrong and its value.
+func (p *pipeliningScenario) validate(model string) error {
+	switch {
+	case p.reps < 1:
+		return fmt.Errorf("--reps = %d: want at least 1", p.reps)
+	case p.prompt < 1:
+		return fmt.Errorf("--prompt = %d: want at least 1", p.prompt)
+	case p.computePerToken < 0:
+		return fmt.Errorf("--compute-per-token = %v: want 0 or more", p.computePerToken)
+	case len(p.chunkSizes) == 0:
+		return fmt.Errorf("--chunk-sizes: no size given")
+	case p.timelineChunk < 0:
+		return fmt.Errorf("--timeline-chunk = %d: want a chunk size, or 0 for no timeline", p.timelineChunk)
+	}
+	for _, ct := range p.chunkSizes {
+		if err := bench.CheckChunkSize(model, p.prompt, ct); err != nil {
+			return fmt.Errorf("--chunk-sizes = %d: %w (--prompt %d)", ct, err, p.prompt)
+		}
+	}
+	if p.timelineChunk > 0 {
+		if err := bench.CheckChunkSize(model, p.prompt, p.timelineChunk); err != nil {
+			return fmt.Errorf("--timeline-chunk = %d: %w (--prompt %d)", p.timelineChunk, err, p.prompt)
+		}
+	}
 	return nil
 }
 func (*pipeliningScenario) print(w io.Writer, res *report.Results, asJSON bool) error {
@@ -398,8 +423,12 @@ func (*pipeliningScenario) print(w io.Writer, res *report.Results, asJSON bool) 
 	tw := table(w)
 	fmt.Fprintf(tw, "CHUNK TOKENS\tCHUNK BYTES\tCOMPUTE/CHUNK\tONE CHUNK µs\tPIPELINED EXPOSED µs\tBOUND µs\tAFTER PREFILL µs\tHIDDEN\t\n")
 	for _, pt := range sw.Points {
-		fmt.Fprintf(tw, "%d\t%s\t%v\t%s\t%s\t%s\t%s\t%.0f%%\t\n", pt.ChunkTokens, config.FormatSize(pt.ChunkBytes), pt.Compute,
-			micros(pt.OneChunk), micros(pt.Exposed), micros(pt.Bound), micros(pt.Serial), 100*(1-float64(pt.Exposed)/float64(pt.Serial)))
+		hidden := "none" // pipelined was exposed longer than after prefill
+		if pt.Exposed <= pt.Serial && pt.Serial > 0 {
+			hidden = fmt.Sprintf("%.0f%%", 100*(1-float64(pt.Exposed)/float64(pt.Serial)))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", pt.ChunkTokens, config.FormatSize(pt.ChunkBytes), pt.Compute,
+			micros(pt.OneChunk), micros(pt.Exposed), micros(pt.Bound), micros(pt.Serial), hidden)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -4,14 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
+	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -303,5 +308,161 @@ func TestBenchScenariosRun(t *testing.T) {
 				t.Errorf("%v: output lacks %q:\n%s", c.args, w, out)
 			}
 		}
+	}
+}
+
+// TestBenchPipeliningFlagsCheckedFirst: bench pipelining refuses a bad
+// flag before it runs anything, naming the flag and its value. Before,
+// --compute-per-token -1us ran, --timeline-chunk -5 silently recorded no
+// timeline, and --timeline-chunk 100 (or a chunk size that is not a
+// multiple of the block) failed only after the sweep had run.
+func TestBenchPipeliningFlagsCheckedFirst(t *testing.T) {
+	base := []string{"bench", "pipelining", "--prompt", "64", "--chunk-sizes", "32", "--reps", "1", "--compute-per-token", "0s"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--compute-per-token", "-1us"}, "--compute-per-token = -1µs: want 0 or more"},
+		{[]string{"--timeline-chunk", "-5"}, "--timeline-chunk = -5: want a chunk size, or 0 for no timeline"},
+		{[]string{"--timeline-chunk", "100"}, "--timeline-chunk = 100: a chunk of 100 tokens is not a positive multiple of Llama-3.1-8B's block, 32 tokens (--prompt 64)"},
+		{[]string{"--timeline-chunk", "96"}, "--timeline-chunk = 96: a chunk of 96 tokens does not divide the 64-token prompt (--prompt 64)"},
+		{[]string{"--chunk-sizes", "32,48"}, "--chunk-sizes = 48: a chunk of 48 tokens is not a positive multiple"},
+		{[]string{"--reps", "0"}, "--reps = 0: want at least 1"},
+	} {
+		out, stderr, err := runApp(newApp(), append(base, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+		if out != "" || strings.Contains(stderr, "chunks of 32 tokens") {
+			t.Errorf("%v: ran before it refused:\n%s%s", c.args, out, stderr)
+		}
+	}
+}
+
+// TestBenchReportDirCheckedFirst: --report's directory is checked before
+// the first scenario runs, naming --report: a path that is a file, or a
+// directory holding files that are no part of a previous report, is
+// refused with nothing run and nothing removed. A previous report's
+// directory is reused, its plots this run does not draw removed. Before,
+// a file as --report failed with "mkdir X: not a directory" only after
+// every scenario ran, and a previous report's plots stayed beside the new
+// README.md.
+func TestBenchReportDirCheckedFirst(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	other := filepath.Join(dir, "other")
+	prev := filepath.Join(dir, "prev")
+	for _, d := range []string{other, prev} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for path, body := range map[string]string{file: "x", filepath.Join(other, "notes.txt"): "mine",
+		filepath.Join(prev, "README.md"): "old", filepath.Join(prev, "results.json"): "{}", filepath.Join(prev, "timeline.png"): "old"} {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	overhead := []string{"bench", "overhead", "--chunks", "4", "--requests", "4", "--report"}
+	for _, c := range []struct {
+		dir  string
+		want string
+	}{
+		{file, "--report " + file + ": mkdir " + file + ": not a directory"},
+		{filepath.Join(file, "sub"), "--report " + filepath.Join(file, "sub") + ": mkdir " + file + ": not a directory"},
+		{other, "--report " + other + ": the directory holds notes.txt, which is no part of a previous report"},
+	} {
+		out, stderr, err := runApp(newApp(), append(overhead, c.dir)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--report %s: %v, want %q", c.dir, err, c.want)
+		}
+		if out != "" || strings.Contains(stderr, "bench starting") {
+			t.Errorf("--report %s: a scenario ran before the directory was refused:\n%s%s", c.dir, out, stderr)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(other, "notes.txt")); string(b) != "mine" {
+		t.Errorf("a refused --report changed notes.txt: %q", b)
+	}
+	if out, stderr, err := runApp(newApp(), append(overhead, prev)...); err != nil {
+		t.Fatalf("--report over a previous report: %v\n%s%s", err, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(prev, "timeline.png")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the previous report's timeline.png (this run draws none): %v, want it removed", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(prev, "README.md")); string(b) == "old" {
+		t.Error("README.md was not rewritten")
+	}
+}
+
+// TestBenchWarnsOfUnusedSettings: `kvxfer bench` warns of each value
+// given for a key that a chosen scenario does not take, naming where it
+// came from, the value and the scenarios; defaults and keys every chosen
+// scenario takes draw no warning. Before, --backend, --pool and
+// --tokens-per-block were silently ignored by the scenarios without them.
+func TestBenchWarnsOfUnusedSettings(t *testing.T) {
+	t.Setenv("KVXFER_TIMEOUT", "2m")
+	_, stderr, err := runApp(newApp(), "bench", "--scenarios", "workers", "--json",
+		"--pool", "64MiB", "--backend", "shm", "--tokens-per-block", "16", "--workers", "2")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{
+		`--pool = \"64MiB\": not used by bench workers (no scenario chosen takes it)`,
+		`--backend = \"shm\": not used by bench workers`,
+		`--tokens-per-block = \"16\": not used by bench workers`,
+		`--workers = \"2\": not used by bench workers`,
+		`KVXFER_TIMEOUT = \"2m\": not used by bench workers`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("no warning %s in:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "model") {
+		t.Errorf("a warning for a key left at its default:\n%s", stderr)
+	}
+	// Both take --workers; only e2e --pool (and KVXFER_TIMEOUT, above).
+	s := unusedSettingsFor(t, []string{"--workers", "2", "--pool", "1GiB"}, "overhead", "e2e")
+	if len(s) != 2 || s[0] != `--pool = "1GiB": not used by bench overhead (only e2e of the scenarios chosen take it)` || !strings.HasPrefix(s[1], "KVXFER_TIMEOUT") {
+		t.Errorf("warnings %q, want --pool's and KVXFER_TIMEOUT's, naming overhead and e2e", s)
+	}
+}
+
+// unusedSettingsFor loads bench's settings from args and returns the
+// warnings for the scenarios named.
+func unusedSettingsFor(t *testing.T, args []string, names ...string) []string {
+	t.Helper()
+	a := newApp()
+	cmd := newBenchCmd(a)
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.settings(cmd, benchDefaults, benchKeys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run []scenario
+	for _, sc := range scenarios() {
+		if slices.Contains(names, sc.name()) {
+			run = append(run, sc)
+		}
+	}
+	return unusedSettings(s, run)
+}
+
+// TestBenchPipeliningHiddenNone: a size whose pipelined request was
+// exposed longer than after prefill hid nothing, and says so. Before, the
+// HIDDEN column said "-200%".
+func TestBenchPipeliningHiddenNone(t *testing.T) {
+	res := report.Results{Pipelining: &bench.PipeliningSweep{Model: "Llama-3.1-8B", Prompt: 64, Points: []bench.PipeliningResult{
+		{ChunkTokens: 32, ChunkBytes: 4 << 20, Exposed: 300 * time.Microsecond, Serial: 100 * time.Microsecond},
+		{ChunkTokens: 64, ChunkBytes: 8 << 20, Exposed: 25 * time.Microsecond, Serial: 100 * time.Microsecond},
+	}}}
+	var out strings.Builder
+	if err := newPipeliningScenario().print(&out, &res, false); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	if len(lines) < 3 || !strings.HasSuffix(strings.TrimSpace(lines[1]), "none") || !strings.HasSuffix(strings.TrimSpace(lines[2]), "75%") {
+		t.Errorf("HIDDEN: want none, then 75%%:\n%s", out.String())
 	}
 }

@@ -167,9 +167,16 @@ func TestProgress(t *testing.T) {
 	if stderr != "" {
 		t.Errorf("progress drawn under --json: %q", stderr)
 	}
-	var rep map[string]any
+	var rep struct {
+		Options map[string]any   `json:"options"`
+		Rows    []map[string]any `json:"rows"`
+	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Errorf("demo --json: %v\n%s", err, out)
+	}
+	// Units in the names, the block size the run used (the model's).
+	if rep.Options["tokens_per_block"] != float64(32) || rep.Options["timeout_ns"] == nil || len(rep.Rows) != 2 || rep.Rows[0]["wall_ns"] == nil {
+		t.Errorf("demo --json: options %v, rows %v: want tokens_per_block 32, timeout_ns and wall_ns", rep.Options, rep.Rows)
 	}
 }
 

@@ -65,7 +65,10 @@ build without UCX).
 Each engine's pool is --pool (2GiB by default). When the default cannot hold
 the longest prompt (--max-tokens) of the model, the pool is sized to hold it:
 2560MiB for Llama-3.1-70B, 4GiB for Gemma-3-27B. A --pool you set that is too
-small for a prompt is an error at once, naming the size that fits.
+small for a prompt is an error at once, naming the size that fits. The two
+pools are faulted in whole before the clock starts: a run whose pools exceed
+the memory available (MemAvailable) is refused at once too, naming --pool,
+or --max-tokens when the longest prompt alone needs pools that large.
 
 A progress bar shows finished requests when standard output is a terminal;
 otherwise each finished request is a log line on standard error.`,

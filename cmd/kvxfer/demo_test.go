@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -124,5 +125,23 @@ func TestDemoHelpExampleModelSizesPool(t *testing.T) {
 	_, _, err := runAppCtx(ctx, newApp(), "demo", "--config", small, "--model", "Llama-3.1-70B", "--progress=false")
 	if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.Contains(err.Error(), "use --pool ≥ 2560MiB") {
 		t.Errorf("demo with pool: 2GiB from a file: %v, want kvcache.ErrPoolTooSmall naming --pool ≥ 2560MiB", err)
+	}
+}
+
+// TestDemoPoolPastMemory: a --pool the machine cannot hold twice is
+// refused before anything is mapped, naming --pool and the memory
+// available. (A pool past the largest host region, so that a build
+// without the check fails on the region at once, mapping nothing.)
+// Before, the error was the region's mmap failure, naming no flag.
+func TestDemoPoolPastMemory(t *testing.T) {
+	if _, ok := meminfo.Available(); !ok {
+		t.Skip("the memory available is not known here")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
+	defer cancel()
+	out, _, err := runAppCtx(ctx, newApp(), "demo", "--pool", "65537GiB", "--requests", "1", "--log-level", "warn")
+	if err == nil || !strings.Contains(err.Error(), "--pool = 65537GiB: 2 pools of it (context and generation, every page touched) are more than the ") ||
+		!strings.Contains(err.Error(), "of memory available (MemAvailable): use a --pool of at most ") {
+		t.Fatalf("demo --pool 65537GiB: %v, want a refusal naming --pool and the memory available\n%s", err, out)
 	}
 }

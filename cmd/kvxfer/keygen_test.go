@@ -88,3 +88,24 @@ func TestRoleFlagsNameStartupMistakes(t *testing.T) {
 		})
 	}
 }
+
+// kvxfer keygen refuses an empty prefix or a directory, naming --out or
+// PREFIX, and writes nothing. Before, --out "" wrote .key and .pub, and
+// --out dir/ dir/.key and dir/.pub.
+func TestKeygenRefusesDirectoryPrefix(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir) // where a hidden .key would go
+	for _, args := range [][]string{{"--out", ""}, {"--out", dir + "/"}, {dir + "/"}} {
+		_, err := run(append([]string{"keygen"}, args...)...)
+		flag := "--out"
+		if len(args) == 1 {
+			flag = "PREFIX"
+		}
+		if err == nil || !strings.Contains(err.Error(), "keygen "+flag) || !strings.Contains(err.Error(), "prefix") {
+			t.Errorf("keygen %q: %v, want a refusal naming %s", args, err, flag)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused keygen wrote %s", ents[0].Name())
+	}
+}

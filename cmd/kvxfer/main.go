@@ -23,6 +23,10 @@ func main() {
 	if err := sysmon.Reexec(); err != nil {
 		fmt.Fprintf(os.Stderr, "kvxfer: %v; the Go runtime's sysmon keeps its default deep sleep (set %s=deep to skip this)\n", err, sysmon.OptOut)
 	}
+	// After the re-exec, so that it is said once.
+	if v := os.Getenv(sysmon.OptOut); v != "" && v != "deep" {
+		fmt.Fprintf(os.Stderr, "kvxfer: warning: %s=%q ignored: the only value it takes is deep (leave the Go runtime's sysmon its default deep sleep)\n", sysmon.OptOut, v)
+	}
 	// The collector waits for a heap floor (internal/gcfloor).
 	if _, err := gcfloor.FromEnv(); err != nil {
 		fmt.Fprintf(os.Stderr, "kvxfer: %v\n", err)

@@ -9,8 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/sysmon"
+	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
 // mainEnv makes this test binary run main() with its arguments (TestMain).
@@ -20,16 +23,20 @@ const mainEnv = "KVXFER_TEST_MAIN"
 // copy under sysmon.Setting before anything else, and `info` reports it;
 // KVXFER_SYSMON=deep and a GODEBUG with its own schedtrace are left alone.
 func TestCommandKeepsSysmonAwake(t *testing.T) {
+	const ignored = `kvxfer: warning: KVXFER_SYSMON="yes" ignored: the only value it takes is deep`
 	for _, c := range []struct {
 		name        string
 		env         []string
 		wantAwake   bool
 		wantGoDebug string
+		wantStderr  string // "": nothing
 	}{
-		{"default", nil, true, sysmon.Setting},
-		{"other GODEBUG settings kept", []string{"GODEBUG=gctrace=0"}, true, "gctrace=0," + sysmon.Setting},
-		{"opted out", []string{sysmon.OptOut + "=deep"}, false, ""},
-		{"the user's own schedtrace", []string{"GODEBUG=schedtrace=0"}, false, "schedtrace=0"},
+		{"default", nil, true, sysmon.Setting, ""},
+		{"other GODEBUG settings kept", []string{"GODEBUG=gctrace=0"}, true, "gctrace=0," + sysmon.Setting, ""},
+		{"opted out", []string{sysmon.OptOut + "=deep"}, false, "", ""},
+		{"the user's own schedtrace", []string{"GODEBUG=schedtrace=0"}, false, "schedtrace=0", ""},
+		// Said once, though the process re-executed itself.
+		{"a value other than deep", []string{sysmon.OptOut + "=yes"}, true, sysmon.Setting, ignored + "\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			si, stderr, err := commandInfo(t, []string{"GODEBUG", sysmon.OptOut}, c.env)
@@ -39,7 +46,35 @@ func TestCommandKeepsSysmonAwake(t *testing.T) {
 			if si.Runtime.SysmonAwake != c.wantAwake || si.Runtime.GoDebug != c.wantGoDebug {
 				t.Fatalf("runtime %+v, want sysmon_awake %v, GODEBUG %q\nstderr:\n%s", si.Runtime, c.wantAwake, c.wantGoDebug, stderr)
 			}
+			if (c.wantStderr == "" && stderr != "") || (c.wantStderr != "" && (!strings.HasPrefix(stderr, ignored) || strings.Count(stderr, ignored) != 1)) {
+				t.Fatalf("stderr %q, want %q", stderr, c.wantStderr)
+			}
 		})
+	}
+}
+
+// TestOtherEnvNotWarnedThroughCLI: the variables kvxfer reads outside its
+// settings (each package's constant) draw no "not a kvxfer setting"
+// warning from a command that loads settings. Before, every one did.
+func TestOtherEnvNotWarnedThroughCLI(t *testing.T) {
+	for _, name := range []string{sysmon.OptOut, gcfloor.Env, cuda.LibraryEnv, rdmabench.PeerEnv, "KVXFER_LIB", "KVXFER_HOPTRACE"} {
+		if !slices.Contains(config.OtherEnv, name) {
+			t.Errorf("%s is read by kvxfer but not in config.OtherEnv", name)
+		}
+	}
+	// Values these variables' readers here take harmlessly (this process
+	// read its own at its start).
+	t.Setenv(sysmon.OptOut, "deep")
+	t.Setenv(gcfloor.Env, "off")
+	t.Setenv(cuda.LibraryEnv, "libcuda.so.1")
+	t.Setenv("KVXFER_LIB", "libkvxfer.so")
+	t.Setenv("KVXFER_HOPTRACE", "hops")
+	_, stderr, err := runApp(newApp(), "bench", "overhead", "--chunks", "4", "--requests", "4")
+	if err != nil {
+		t.Fatalf("bench overhead: %v\n%s", err, stderr)
+	}
+	if strings.Contains(stderr, "not a kvxfer setting") {
+		t.Fatalf("a variable kvxfer reads was warned of:\n%s", stderr)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +15,9 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -107,6 +110,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
+	if err := checkPoolMemory(s, meminfo.Available); err != nil {
+		return err
+	}
 	// Named by their flags here: the node would refuse a negative one by
 	// its config key, and take 0 for its default without a word.
 	if f.o.Heartbeat <= 0 {
@@ -154,6 +160,17 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
 			return fmt.Errorf("--peer-key: %w", err)
 		}
+	}
+	return nil
+}
+
+// checkPoolMemory refuses, before anything is mapped, a role's --pool
+// larger than the memory available (MemAvailable; not checked where it
+// cannot be read): the process maps one pool of it, which the transfers
+// and the byte checks touch.
+func checkPoolMemory(s config.Settings, avail func() (uint64, bool)) error {
+	if have, ok := avail(); ok && s.Pool > have {
+		return s.Invalid(config.Pool, fmt.Sprintf("more than the %.1fGiB of memory available (MemAvailable): use a smaller --pool", float64(have)/(1<<30)))
 	}
 	return nil
 }
@@ -235,7 +252,12 @@ kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
 			}
 			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
-			return interrupted(got, run(ctx, f.o, cmd))
+			err := run(ctx, f.o, cmd)
+			if errors.Is(err, kvcache.ErrBadRegion) {
+				// A pool the host cannot map says which flag set it.
+				err = fmt.Errorf("--pool = %s: %w", config.FormatSize(f.o.PoolBytes), err)
+			}
+			return interrupted(got, err)
 		},
 	}
 	addRoleFlags(cmd, &f, self, peer)
@@ -320,7 +342,9 @@ func newKeygenCmd() *cobra.Command {
 says in its header which key it holds (ZeroMQ certificate format), so a
 public key given as --key is refused by name. An existing key file is not
 overwritten unless --force: peers holding the old public key would no
-longer admit the engine.`,
+longer admit the engine. --force writes the new pair beside the old one and
+renames both into place once both are written, replacing a key file that
+is a symbolic link (its target is left alone).`,
 		Example: examples(
 			"writes ctx.key and ctx.pub", "kvxfer keygen --out ctx",
 			"the same", "kvxfer keygen ctx",
@@ -332,6 +356,13 @@ longer admit the engine.`,
 					return fmt.Errorf("keygen %s --out %s: two prefixes, give one", args[0], out)
 				}
 				out = args[0]
+			}
+			if err := config.CheckKeyPrefix(out); err != nil {
+				flag := "--out"
+				if len(args) == 1 {
+					flag = "PREFIX"
+				}
+				return fmt.Errorf("keygen %s: %w", flag, err)
 			}
 			pub, sec, err := zmq.GenerateKeys()
 			if err != nil {
@@ -345,7 +376,7 @@ longer admit the engine.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&out, "out", "kvxfer", "path prefix of the key files")
+	cmd.Flags().StringVar(&out, "out", "kvxfer", "path prefix of the key files (keys/ctx writes keys/ctx.key and keys/ctx.pub; not empty, not a directory)")
 	cmd.Flags().BoolVar(&force, "force", false, "overwrite existing key files")
 	return cmd
 }

@@ -25,7 +25,9 @@ replayed on every table, or the first divergence (line, actor, sequence,
 message or method, field, expected, got, and a table call's inputs) and exits
 non-zero. Traces of the older format (sessions only) replay as before.
 Each trace file is replayed on its own (a two-process run writes one per
-process).`,
+process): one that cannot be read is reported in its place, the others
+are still replayed, and the exit status is non-zero if any failed or
+diverged.`,
 		Example: examples(
 			"replay the traces kvxfer ctx --trace ctx.trace and kvxfer gen --trace gen.trace recorded",
 			"kvxfer replay ctx.trace gen.trace",
@@ -34,22 +36,29 @@ process).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
-			diverged := 0
+			diverged, failed := 0, 0
+			var firstErr error
 			for i, path := range args {
 				res, err := trace.ReplayFile(path)
 				if err != nil {
-					return fmt.Errorf("replay %s: %w", path, err)
-				}
-				if !res.Identical() {
+					// One unreadable trace does not stop the others:
+					// it is reported in its place and counted.
+					failed++
+					err = fmt.Errorf("replay %s: %w", path, err)
+					if firstErr == nil {
+						firstErr = err
+					}
+				} else if !res.Identical() {
 					diverged++
 				}
 				if asJSON {
-					b, err := json.Marshal(struct {
-						Trace string `json:"trace"`
-						*trace.Result
-					}{path, res})
+					rec := replayRecord{Trace: path, Result: res}
 					if err != nil {
-						return err
+						rec.Error = err.Error()
+					}
+					b, jerr := json.Marshal(rec)
+					if jerr != nil {
+						return jerr
 					}
 					fmt.Fprintln(out, string(b))
 					continue
@@ -60,14 +69,33 @@ process).`,
 				if len(args) > 1 {
 					fmt.Fprintf(out, "%s:\n", path)
 				}
+				if err != nil {
+					fmt.Fprintf(out, "FAILED: %v\n", err)
+					continue
+				}
 				res.Print(out)
 			}
-			if diverged > 0 {
+			switch {
+			case failed == 1 && len(args) == 1:
+				return firstErr
+			case failed > 0 && diverged > 0:
+				return fmt.Errorf("replay failed on %d and diverged in %d of %d traces (first failure: %w)", failed, diverged, len(args), firstErr)
+			case failed > 0:
+				return fmt.Errorf("replay failed on %d of %d traces (first: %w)", failed, len(args), firstErr)
+			case diverged > 0:
 				return fmt.Errorf("replay diverged in %d of %d traces", diverged, len(args))
 			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print each trace's result as one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each trace's result as one JSON object (with \"error\" for a trace that could not be replayed)")
 	return cmd
+}
+
+// replayRecord is one trace's line of replay --json: its result, or the
+// error that stopped its replay.
+type replayRecord struct {
+	Trace string `json:"trace"`
+	Error string `json:"error,omitempty"`
+	*trace.Result
 }

@@ -175,6 +175,17 @@ func TestTraceExportCmd(t *testing.T) {
 	if _, err := run("trace", "export", ctxTrace, dst); err == nil || !strings.Contains(err.Error(), "--perfetto") {
 		t.Fatalf("export without a format: %v", err)
 	}
+	// An output that is the input is refused and the trace kept.
+	before, err := os.ReadFile(ctxTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("trace", "export", "--perfetto", ctxTrace, ctxTrace); err == nil || !strings.Contains(err.Error(), "the output is the input") {
+		t.Fatalf("export onto its own input: %v, want it refused", err)
+	}
+	if after, err := os.ReadFile(ctxTrace); err != nil || string(after) != string(before) {
+		t.Fatalf("export onto its own input changed it: %d bytes, were %d (%v)", len(after), len(before), err)
+	}
 }
 
 // seqOfLine returns the seq of the first trace line that editLine would
@@ -209,4 +220,49 @@ func editLine(t *testing.T, trace []byte, pick, old, new string) []byte {
 	}
 	t.Fatalf("no line with %s and %s in the trace", pick, old)
 	return nil
+}
+
+// TestReplayEachTrace: replay reports every trace it is given, also after
+// one it cannot read, and exits non-zero; with --json one object each, an
+// unreadable trace's with "error". Before, the first bad file stopped the
+// run and --json printed nothing.
+func TestReplayEachTrace(t *testing.T) {
+	ctxTrace, genTrace := recordTransfer(t)
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte("nope\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run("replay", "--json", bad, ctxTrace, genTrace)
+	if err == nil || !strings.Contains(err.Error(), "failed on 1 of 3 traces") || !strings.Contains(err.Error(), "bad.jsonl") {
+		t.Fatalf("replay --json with one bad trace: %v, want failed on 1 of 3 naming bad.jsonl\n%s", err, out)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 3 {
+		t.Fatalf("%d JSON objects, want 3:\n%s", len(objs), out)
+	}
+	if objs[0]["trace"] != bad || !strings.Contains(fmt.Sprint(objs[0]["error"]), "malformed") {
+		t.Errorf("the bad trace's object %v: want its path and an error", objs[0])
+	}
+	for i, path := range []string{ctxTrace, genTrace} {
+		if o := objs[i+1]; o["trace"] != path || o["error"] != nil || o["sessions"] == nil {
+			t.Errorf("object %d %v: want %s replayed", i+1, o, path)
+		}
+	}
+	out, err = run("replay", ctxTrace, bad, genTrace)
+	if err == nil || strings.Count(out, "identical: ") != 2 || !strings.Contains(out, "FAILED: replay "+bad) {
+		t.Fatalf("replay with a bad trace in the middle: %v, want both good ones replayed and the bad one named\n%s", err, out)
+	}
+}
+
+// TestTraceUnknownSubcommand: `kvxfer trace bogus` is an error naming it,
+// as `kvxfer bogus` is. Before, it printed the help and exited 0.
+func TestTraceUnknownSubcommand(t *testing.T) {
+	for _, args := range [][]string{{"bogus"}, {"trace", "bogus"}, {"bench", "bogus"}} {
+		if out, err := run(args...); err == nil || !strings.Contains(err.Error(), `unknown command "bogus"`) {
+			t.Errorf("kvxfer %s: %v, want unknown command\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if out, err := run("trace"); err != nil || !strings.Contains(out, "export") {
+		t.Errorf("kvxfer trace: %v, want its help\n%s", err, out)
+	}
 }

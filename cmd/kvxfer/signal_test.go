@@ -122,6 +122,10 @@ func TestRoleDrainsOnSIGTERM(t *testing.T) {
 	if _, err := os.Stat(pool); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s after SIGTERM: %v, want it removed", pool, err)
 	}
+	// And the socket file it bound.
+	if _, err := os.Lstat(filepath.Join(dir, "gen.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("gen.sock after SIGTERM: %v, want it removed", err)
+	}
 }
 
 // TestTwoProcessDemoInterruptsItsChildren: Ctrl-C (here SIGINT to the demo

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/testlog"
 )
 
@@ -42,6 +45,11 @@ func TestRoleSaysWhereItListensAndWaits(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("gen without ctx did not end at its 2 s timeout")
+	}
+	// The socket file it bound is gone with it; the peer's path, which
+	// it did not bind, is not its to remove.
+	if _, err := os.Lstat(filepath.Join(dir, "gen.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("gen's socket file after it ended: %v, want it removed", err)
 	}
 }
 
@@ -92,5 +100,29 @@ func TestCtxWaitsForGen(t *testing.T) {
 	}
 	if strings.Contains(out, "deadline passed") {
 		t.Fatalf("ctx without gen waited for each request's deadline:\n%s", out)
+	}
+}
+
+// A role's --pool larger than the memory available is refused before
+// anything is mapped, naming --pool and the memory; the check itself
+// refuses nothing where the memory is unknown. (A pool past the largest
+// host region, so that a build without the check fails on the region at
+// once, mapping nothing.) Before, the error was the region's, naming no
+// flag.
+func TestRolePoolPastMemory(t *testing.T) {
+	dir := t.TempDir()
+	for _, role := range []string{"ctx", "gen"} {
+		args := []string{role, "--insecure", "--bind", "ipc://" + filepath.Join(dir, role+".sock"),
+			"--peer-endpoint", "ipc://" + filepath.Join(dir, "peer.sock"), "--pool", "65537GiB", "--timeout", "5s", "--backend", "shm"}
+		_, err := run(args...)
+		if _, known := meminfo.Available(); !known {
+			if err == nil || !strings.Contains(err.Error(), "--pool = 65537GiB: ") {
+				t.Errorf("%s --pool 65537GiB: %v, want the region's error naming --pool", role, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), `--pool = "65537GiB": more than the `) || !strings.Contains(err.Error(), "GiB of memory available (MemAvailable): use a smaller --pool") {
+			t.Errorf("%s --pool 65537GiB: %v, want a refusal naming --pool and the memory available", role, err)
+		}
 	}
 }

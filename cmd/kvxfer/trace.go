@@ -15,7 +15,13 @@ func newTraceCmd() *cobra.Command {
 		Example: examples(
 			"open the result in ui.perfetto.dev", "kvxfer trace export --perfetto ctx.trace ctx.perfetto.json",
 		),
+		// Runnable, so that an unknown subcommand is an error (cobra.NoArgs:
+		// "unknown command"), as it is for kvxfer itself, and not help
+		// with exit status 0.
 		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
 	}
 	cmd.AddCommand(newTraceExportCmd())
 	return cmd
@@ -41,7 +47,9 @@ ui.perfetto.dev and chrome://tracing open:
     queue, the listener and each sender worker ("tx (TxTable)",
     "worker-1 (WorkerTable)"), with an instant for every call on its table
     (category table; inputs and outputs in the arguments).
-Timestamps are microseconds since the trace began.`,
+Timestamps are microseconds since the trace began. OUT is written whole or
+not at all (a temporary file beside it, renamed over it once the export
+succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 		Example: examples(
 			"record, export, then open ctx.perfetto.json in ui.perfetto.dev",
 			"kvxfer ctx --trace ctx.trace --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --insecure",

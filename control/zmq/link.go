@@ -2,7 +2,10 @@ package zmq
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +56,9 @@ type Link struct {
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
 	endpoint  string
+	// boundFile is the ipc:// socket file Listen bound (nil: none, or not
+	// ipc): stopListening removes it, if it is still that file.
+	boundFile *ipcFile
 	stop      chan struct{} // closed to stop the listener and heartbeats
 	waits     []*sockWait   // the listener's and the ZAP handler's (nil when insecure), interrupted at stop
 	stopped   bool
@@ -260,6 +266,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)
 	}
 	l.self, l.selfHello, l.endpoint = self, hello, endpoint
+	l.boundFile = boundIPCFile(endpoint)
 	l.stop = make(chan struct{})
 	l.waits = []*sockWait{rw, zw}
 	s := &listener{
@@ -548,7 +555,10 @@ func (e *PeerVersionError) Error() string {
 func (e *PeerVersionError) Unwrap() error { return &messages.VersionError{Got: e.Version} }
 
 // Close stops the listener and heartbeat goroutines (their sockets close
-// with linger 0). The zmq context ends once every Conn is closed too.
+// with linger 0) and removes the ipc:// socket file Listen bound, if it is
+// still the one bound (libzmq leaves it behind; a path the link did not
+// bind is never removed). The zmq context ends once every Conn is closed
+// too.
 func (l *Link) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -579,6 +589,50 @@ func (l *Link) stopListening() {
 		}
 	}
 	l.wg.Wait()
+	if first {
+		l.mu.Lock()
+		f := l.boundFile
+		l.boundFile = nil
+		l.mu.Unlock()
+		f.remove(l.log)
+	}
+}
+
+// ipcFile is a socket file this link bound: its path and what it was
+// when bound (device and inode), so that a file put there since is left.
+type ipcFile struct {
+	path string
+	fi   os.FileInfo
+}
+
+// boundIPCFile is the socket file endpoint (the ROUTER's last endpoint,
+// just bound) names; nil when it is not ipc://, an abstract socket, or
+// not a socket file.
+func boundIPCFile(endpoint string) *ipcFile {
+	path, ok := strings.CutPrefix(endpoint, "ipc://")
+	if !ok || path == "" || strings.HasPrefix(path, "@") {
+		return nil
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		return nil
+	}
+	return &ipcFile{path: path, fi: fi}
+}
+
+// remove unlinks the file if it is still the socket bound (libzmq leaves
+// it behind), never a file another process put at the path since.
+func (f *ipcFile) remove(log zerolog.Logger) {
+	if f == nil {
+		return
+	}
+	fi, err := os.Lstat(f.path)
+	if err != nil || !os.SameFile(fi, f.fi) {
+		return // gone, or another's now
+	}
+	if err := os.Remove(f.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Warn().Err(err).Str("path", f.path).Msg("control/zmq: removing the ipc socket file this link bound")
+	}
 }
 
 // release drops one reference to the zmq context and terminates it at zero.

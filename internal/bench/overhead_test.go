@@ -73,6 +73,12 @@ func TestPipeliningRuns(t *testing.T) {
 	if r.OneChunk <= 0 || r.Exposed <= 0 || r.Serial <= 0 {
 		t.Fatalf("implausible %+v", r)
 	}
+	// A warm-up request ran first, outside the medians (before, a
+	// one-rep run's figures were its first requests', page faults and
+	// all).
+	if r.Warmup <= 0 {
+		t.Fatalf("no warm-up request: %+v", r)
+	}
 }
 
 // BenchmarkPipelining: Llama-3.1-8B, chunks of 256 tokens (32 MiB), 8

@@ -30,6 +30,11 @@ type PipeliningResult struct {
 	Serial time.Duration
 	// Bound is 1.1 × OneChunk + 100 µs.
 	Bound time.Duration
+	// Warmup is the fence→READY latency of the warm-up request (pipelined,
+	// no compute) run before the measured ones and left out of the
+	// medians: the first request through fresh pools pays their page
+	// faults, which would make a one-rep run's figures nonsense.
+	Warmup time.Duration
 }
 
 // Pipelining measures, on the loopback backend with the given preset,
@@ -57,6 +62,11 @@ func Pipelining(ctx context.Context, model string, chunkTokens, chunks int, comp
 	defer func() { _ = ge.Close(ctx) }()
 	r := PipeliningResult{ChunkTokens: chunkTokens, Chunks: chunks, Compute: compute,
 		ChunkBytes: uint64(chunkTokens * l.BytesPerToken())}
+	// A warm-up request first, as Timelines runs one: it touches the
+	// pages of both pools' blocks.
+	if r.Warmup, err = exposed(ctx, ce, ge, l, "warm", prompt, chunkTokens, 0, true); err != nil {
+		return r, fmt.Errorf("warm-up request: %w", err)
+	}
 	var one, pipe, serial []time.Duration
 	for i := 0; i < reps; i++ {
 		// One chunk alone, its fence fired after the same compute as a
@@ -151,15 +161,38 @@ type PipeliningSweep struct {
 	Points          []PipeliningResult `json:"points"`
 }
 
+// CheckChunkSize says why a pipelining chunk of chunkTokens does not fit a
+// prompt of model (nil when it does): it must be a positive multiple of
+// the preset's block size that divides prompt.
+func CheckChunkSize(model string, prompt, chunkTokens int) error {
+	l, err := kvcache.Preset(model)
+	if err != nil {
+		return err
+	}
+	switch {
+	case chunkTokens < 1 || chunkTokens%l.TokensPerBlock != 0:
+		return fmt.Errorf("a chunk of %d tokens is not a positive multiple of %s's block, %d tokens", chunkTokens, l.Name, l.TokensPerBlock)
+	case prompt%chunkTokens != 0:
+		return fmt.Errorf("a chunk of %d tokens does not divide the %d-token prompt", chunkTokens, prompt)
+	}
+	return nil
+}
+
 // SweepPipelining runs Pipelining for each chunk size (each a multiple of
-// the preset's block size dividing prompt).
+// the preset's block size dividing prompt; all are checked before any
+// runs).
 func SweepPipelining(ctx context.Context, model string, prompt int, chunkSizes []int, computePerToken time.Duration, reps int, progress ProgressFunc) (PipeliningSweep, error) {
 	sw := PipeliningSweep{Model: model, Prompt: prompt, ComputePerToken: computePerToken}
+	if computePerToken < 0 || reps < 1 {
+		return sw, fmt.Errorf("bench pipelining: compute per token %v, reps %d: want 0 or more, and at least 1", computePerToken, reps)
+	}
+	for _, ct := range chunkSizes {
+		if err := CheckChunkSize(model, prompt, ct); err != nil {
+			return sw, fmt.Errorf("bench pipelining: %w", err)
+		}
+	}
 	done := 0
 	for _, ct := range chunkSizes {
-		if ct < 1 || prompt%ct != 0 {
-			return sw, fmt.Errorf("bench pipelining: chunk of %d tokens does not divide the %d-token prompt", ct, prompt)
-		}
 		r, err := Pipelining(ctx, model, ct, prompt/ct, computePerToken*time.Duration(ct), reps)
 		if err != nil {
 			return sw, fmt.Errorf("bench pipelining: chunks of %d tokens: %w", ct, err)

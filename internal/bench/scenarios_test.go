@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +98,25 @@ func TestSweepPipeliningAndTimelines(t *testing.T) {
 	}
 	if _, err := SweepPipelining(context.Background(), "Llama-3.1-8B", 100, []int{32}, 0, 1, nil); err == nil {
 		t.Error("a chunk size that does not divide the prompt was accepted")
+	}
+	// Every size is checked before any runs, and a negative compute is
+	// refused: before, a bad last size failed only after the others ran,
+	// and -1µs of compute per token ran.
+	steps = nil
+	for _, c := range []struct {
+		sizes   []int
+		compute time.Duration
+		want    string
+	}{
+		{[]int{32, 48}, 0, "a chunk of 48 tokens is not a positive multiple of Llama-3.1-8B's block, 32 tokens"},
+		{[]int{32, 0}, 0, "a chunk of 0 tokens is not a positive multiple"},
+		{[]int{32}, -time.Microsecond, "compute per token -1µs"},
+	} {
+		_, err := SweepPipelining(context.Background(), "Llama-3.1-8B", 128, c.sizes, c.compute, 1,
+			func(done, total int, _ string) { steps = append(steps, done) })
+		if err == nil || !strings.Contains(err.Error(), c.want) || len(steps) != 0 {
+			t.Errorf("sweep of %v, compute %v: %v after %d steps, want %q before any", c.sizes, c.compute, err, len(steps), c.want)
+		}
 	}
 	tls, err := Timelines(context.Background(), "Llama-3.1-8B", 32, 3, 2*time.Millisecond)
 	if err != nil {

@@ -201,6 +201,32 @@ func TestUnknownEnvWarns(t *testing.T) {
 	}
 }
 
+// TestOtherEnvNotWarned: the KVXFER_ variables kvxfer reads outside the
+// Loader (KVXFER_SYSMON, KVXFER_GC_FLOOR, ...) are no unknown setting, and
+// the warning for one that is lists them as known. Before, each drew "is
+// not a kvxfer setting".
+func TestOtherEnvNotWarned(t *testing.T) {
+	env := map[string]string{"KVXFER_WROKERS": "4"}
+	for _, name := range []string{"KVXFER_SYSMON", "KVXFER_GC_FLOOR", "KVXFER_LIBCUDA", "KVXFER_LIB", "KVXFER_HOPTRACE"} {
+		env[name] = "x"
+	}
+	for _, name := range OtherEnv {
+		env[name] = "x"
+	}
+	s, err := fixture(t, "", env, nil, nil).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Warnings) != 1 || !strings.Contains(s.Warnings[0], "KVXFER_WROKERS is not a kvxfer setting") {
+		t.Fatalf("warnings %q, want one, for KVXFER_WROKERS", s.Warnings)
+	}
+	for _, name := range OtherEnv {
+		if !strings.Contains(s.Warnings[0], name) {
+			t.Errorf("the warning does not list %s as known: %s", name, s.Warnings[0])
+		}
+	}
+}
+
 // TestDocumented keeps docs/configuration.md in step with Keys: one table
 // row per key naming its flag, variable and YAML key.
 func TestDocumented(t *testing.T) {

@@ -19,7 +19,9 @@
 //
 // An unknown key in the file is rejected with the key and its line named; an
 // unknown KVXFER_ variable only earns a warning (Settings.Warnings), since
-// the environment is shared with other tools and versions.
+// the environment is shared with other tools and versions; the variables
+// kvxfer reads elsewhere (OtherEnv: KVXFER_SYSMON, KVXFER_GC_FLOOR, ...)
+// earn none.
 //
 // Keys lists the keys; docs/configuration.md documents them in one table
 // (a test keeps the two in step).

@@ -192,58 +192,117 @@ func checkZ85(key string) string {
 	return ""
 }
 
+// CheckKeyPrefix says why prefix cannot name a key pair (nil when it
+// can): an empty prefix, or one that names a directory (ending in a path
+// separator, or "." or ".."), would write hidden files such as dir/.key.
+func CheckKeyPrefix(prefix string) error {
+	base := filepath.Base(prefix)
+	switch {
+	case prefix == "":
+		return fmt.Errorf("%w prefix is empty: want a path prefix such as ctx or keys/ctx (writes PREFIX.key and PREFIX.pub)", ErrKeyFile)
+	case strings.HasSuffix(prefix, "/") || strings.HasSuffix(prefix, string(filepath.Separator)) || base == "." || base == "..":
+		return fmt.Errorf("%w prefix %q names a directory: it would write the hidden files %s and %s; want a path prefix such as %s",
+			ErrKeyFile, prefix, prefix+".key", prefix+".pub", filepath.Join(prefix, "ctx"))
+	}
+	return nil
+}
+
 // WriteKeyPair writes PREFIX.key (the secret key file, mode 0600) and
-// PREFIX.pub (the public key file, mode 0644) and returns their paths.
-// Unless force, it refuses to overwrite either, naming the file, before
-// writing any.
+// PREFIX.pub (the public key file, mode 0644) and returns their paths. It
+// refuses a prefix CheckKeyPrefix refuses. Unless force, it refuses to
+// overwrite either file, naming it, before writing any, and a file that
+// appears meanwhile is not replaced (O_EXCL; a secret key written before
+// its public key was refused is removed). With force, both are written to
+// temporary files beside them and renamed over the old ones only once
+// both are written: a failure leaves the old pair, and a key file that is
+// a symbolic link is replaced by a file, its target left alone; a key
+// path that is a directory or other non-file is refused before writing.
 func WriteKeyPair(prefix, public, secret string, force bool) (secretPath, publicPath string, err error) {
+	if err := CheckKeyPrefix(prefix); err != nil {
+		return "", "", err
+	}
 	secretPath, publicPath = prefix+".key", prefix+".pub"
-	if !force {
-		for _, p := range []string{secretPath, publicPath} {
-			if _, err := os.Lstat(p); err == nil {
-				return "", "", fmt.Errorf("%w %s exists: not overwriting a key (--force overwrites it; peers that hold the old public key would no longer admit this engine)", ErrKeyFile, p)
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				return "", "", fmt.Errorf("%w: %w", ErrKeyFile, err)
-			}
+	for _, p := range []string{secretPath, publicPath} {
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return "", "", fmt.Errorf("%w: %w", ErrKeyFile, err)
+		case !force:
+			return "", "", fmt.Errorf("%w %s exists: not overwriting a key (--force overwrites it; peers that hold the old public key would no longer admit this engine)", ErrKeyFile, p)
+		case !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0:
+			return "", "", fmt.Errorf("%w %s is not a file (%v): not replacing it with a key", ErrKeyFile, p, fi.Mode().Type())
 		}
 	}
-	if err := writeKeyFile(secretPath, FormatSecretKeyFile(public, secret), 0o600, force); err != nil {
+	secretBody, publicBody := FormatSecretKeyFile(public, secret), FormatPublicKeyFile(public)
+	if !force {
+		if err := createKeyFile(secretPath, secretBody, 0o600); err != nil {
+			return "", "", err
+		}
+		if err := createKeyFile(publicPath, publicBody, 0o644); err != nil {
+			_ = os.Remove(secretPath) // ours: created above, O_EXCL
+			return "", "", err
+		}
+		return secretPath, publicPath, nil
+	}
+	secretTmp, err := writeTempKeyFile(secretPath, secretBody, 0o600)
+	if err != nil {
 		return "", "", err
 	}
-	if err := writeKeyFile(publicPath, FormatPublicKeyFile(public), 0o644, force); err != nil {
+	defer os.Remove(secretTmp) // gone once renamed
+	publicTmp, err := writeTempKeyFile(publicPath, publicBody, 0o644)
+	if err != nil {
 		return "", "", err
+	}
+	defer os.Remove(publicTmp)
+	if err := os.Rename(secretTmp, secretPath); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	if err := os.Rename(publicTmp, publicPath); err != nil {
+		return "", "", fmt.Errorf("%w: %s holds the new secret key but %s could not be replaced, so the two do not match: run kvxfer keygen --force again: %w", ErrKeyFile, secretPath, publicPath, err)
 	}
 	return secretPath, publicPath, nil
 }
 
-// writeKeyFile writes one key file; without force it never replaces a
-// file (O_EXCL), even one created since WriteKeyPair looked.
-func writeKeyFile(path string, body []byte, mode os.FileMode, force bool) error {
-	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
-	if force {
-		flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
-	}
-	f, err := os.OpenFile(filepath.Clean(path), flags, mode)
+// createKeyFile writes a new key file; it never replaces a file (O_EXCL),
+// even one created since WriteKeyPair looked.
+func createKeyFile(path string, body []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(filepath.Clean(path), os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%w %s exists: not overwriting a key (--force overwrites it)", ErrKeyFile, path)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrKeyFile, err)
 	}
-	if force {
-		// An existing file keeps its mode under O_TRUNC: a secret key
-		// must not stay world-readable.
-		if err := f.Chmod(mode); err != nil {
-			_ = f.Close()
-			return fmt.Errorf("%w: %w", ErrKeyFile, err)
-		}
-	}
 	if _, err := f.Write(body); err != nil {
 		_ = f.Close()
+		_ = os.Remove(path)
 		return fmt.Errorf("%w: %w", ErrKeyFile, err)
 	}
 	if err := f.Close(); err != nil {
+		_ = os.Remove(path)
 		return fmt.Errorf("%w: %w", ErrKeyFile, err)
 	}
 	return nil
+}
+
+// writeTempKeyFile writes body, with mode, to a new temporary file in
+// path's directory and returns its name (removed again on failure).
+func writeTempKeyFile(path string, body []byte, mode os.FileMode) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	_, err = f.Write(body)
+	if err == nil {
+		err = f.Chmod(mode) // CreateTemp's is 0600
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	return f.Name(), nil
 }

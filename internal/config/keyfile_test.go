@@ -135,3 +135,85 @@ func TestWriteKeyPairRefusesToOverwrite(t *testing.T) {
 		t.Errorf("after --force, gen.key mode %v (%v), want 0600", fi.Mode().Perm(), err)
 	}
 }
+
+// WriteKeyPair refuses a prefix that would write hidden files (empty, or a
+// directory) and writes nothing. Before, "" wrote .key and .pub, and
+// "dir/" dir/.key and dir/.pub.
+func TestWriteKeyPairRefusesDirectoryPrefix(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, prefix := range []string{"", "keys/", "keys/.", "."} {
+		if err := os.MkdirAll("keys", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := WriteKeyPair(prefix, testPublic, testSecret, false)
+		if !errors.Is(err, ErrKeyFile) || !strings.Contains(err.Error(), "prefix") {
+			t.Errorf("WriteKeyPair(%q) = %v, want a refusal naming the prefix", prefix, err)
+		}
+		for _, d := range []string{".", "keys"} {
+			ents, _ := os.ReadDir(d)
+			for _, e := range ents {
+				if e.Name() != "keys" {
+					t.Errorf("WriteKeyPair(%q) wrote %s", prefix, filepath.Join(d, e.Name()))
+				}
+			}
+		}
+	}
+}
+
+// With force, WriteKeyPair replaces both files or neither: a key path it
+// cannot replace (a directory) is refused before the secret key is
+// written, and a key file that is a symbolic link is replaced by a file,
+// its target left as it was. Before, --force wrote the new secret key,
+// then failed on the public key (a mismatched pair), and wrote through a
+// link with O_TRUNC.
+func TestWriteKeyPairForceReplacesBothOrNeither(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "ctx")
+	if _, _, err := WriteKeyPair(prefix, testPublic, testSecret, false); err != nil {
+		t.Fatal(err)
+	}
+	oldSecret, _ := os.ReadFile(prefix + ".key")
+	if err := os.Remove(prefix + ".pub"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(prefix+".pub", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const newPublic, newSecret = "0000000000000000000000000000000000000000", "1111111111111111111111111111111111111111"
+	if _, _, err := WriteKeyPair(prefix, newPublic, newSecret, true); !errors.Is(err, ErrKeyFile) || !strings.Contains(err.Error(), prefix+".pub") {
+		t.Fatalf("WriteKeyPair --force over a directory: %v, want a refusal naming ctx.pub", err)
+	}
+	if b, _ := os.ReadFile(prefix + ".key"); string(b) != string(oldSecret) {
+		t.Fatalf("a refused --force changed ctx.key:\n%s", b)
+	}
+	if err := os.Remove(prefix + ".pub"); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("not a key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, prefix+".pub"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := WriteKeyPair(prefix, newPublic, newSecret, true); err != nil {
+		t.Fatalf("WriteKeyPair --force: %v", err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "not a key" {
+		t.Errorf("--force wrote through the link ctx.pub into its target: %q", b)
+	}
+	if fi, err := os.Lstat(prefix + ".pub"); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o644 {
+		t.Errorf("ctx.pub after --force: %v (%v), want a file of mode 0644", fi.Mode(), err)
+	}
+	if got, err := ReadPublicKey(prefix + ".pub"); err != nil || got != newPublic {
+		t.Errorf("ReadPublicKey after --force = %q, %v", got, err)
+	}
+	if got, err := ReadSecretKey(prefix + ".key"); err != nil || got != newSecret {
+		t.Errorf("ReadSecretKey after --force = %q, %v", got, err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 3 {
+		t.Errorf("the directory holds %d entries, want ctx.key, ctx.pub and target (no temporary file left)", len(ents))
+	}
+}

@@ -136,12 +136,25 @@ func (l Loader) load(strict bool, keys []string) (Settings, error) {
 	return s, nil
 }
 
-// unknownEnv warns of KVXFER_ variables that name no key.
+// OtherEnv are the KVXFER_ variables kvxfer reads that are not keys: each
+// is read where it acts (the package named), not through a Loader, so the
+// Loader does not warn of them. docs/configuration.md documents them.
+var OtherEnv = []string{
+	"KVXFER_SYSMON",         // internal/sysmon.OptOut: "deep" keeps the runtime's sysmon default
+	"KVXFER_GC_FLOOR",       // internal/gcfloor.Env: the collector's heap floor, or "off"
+	"KVXFER_LIBCUDA",        // cuda.LibraryEnv: the CUDA driver library to load
+	"KVXFER_LIB",            // the Python package's libkvxfer.so (python/kvxfer)
+	"KVXFER_HOPTRACE",       // internal/hoptrace (kvxfer_hoptrace builds): where to dump hop logs
+	"KVXFER_RDMABENCH_PEER", // rdma/rdmabench.PeerEnv: set by bench raw --peer-process for its receiver
+}
+
+// unknownEnv warns of KVXFER_ variables that name no key and are not
+// OtherEnv.
 func unknownEnv(environ []string) []string {
 	var out []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "KVXFER_") || name == ConfigEnv {
+		if !strings.HasPrefix(name, "KVXFER_") || name == ConfigEnv || slices.Contains(OtherEnv, name) {
 			continue
 		}
 		if _, ok := keyByEnv(name); !ok {
@@ -157,7 +170,7 @@ func knownEnv() string {
 	for _, k := range Keys {
 		names = append(names, k.Env)
 	}
-	return strings.Join(names, ", ")
+	return strings.Join(append(names, OtherEnv...), ", ")
 }
 
 // fileEntry is one key of the YAML file.

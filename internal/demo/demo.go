@@ -22,6 +22,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -37,49 +38,55 @@ type Mode struct {
 	Pipelined bool
 }
 
-// Row is one mode's figures.
+// Row is one mode's figures. Its JSON names each field in snake_case with
+// its unit: durations in nanoseconds (_ns), shares as fractions of 1.
 type Row struct {
-	Mode     string
-	Requests int
-	Bytes    uint64
+	Mode     string `json:"mode"`
+	Requests int    `json:"requests"`
+	Bytes    uint64 `json:"bytes"`
 	// Wall runs from the mode's start to the last request's transfer end
 	// (READY, and the context side done): the byte check that follows a
 	// request's transfer is not the transfer's time.
-	Wall          time.Duration
-	BytesPerSec   float64
-	ExposedP50    time.Duration
-	ExposedP99    time.Duration
-	Hidden        float64 // fraction of transfer time hidden behind prefill
-	BytesVerified uint64
-	Mismatches    int
-	LeakedBlocks  int
+	Wall        time.Duration `json:"wall_ns"`
+	BytesPerSec float64       `json:"bytes_per_sec"`
+	ExposedP50  time.Duration `json:"exposed_p50_ns"`
+	ExposedP99  time.Duration `json:"exposed_p99_ns"`
+	// Hidden is the fraction of the transfer time hidden behind prefill
+	// (pipelined row only; the median over requests of 1 − exposed
+	// pipelined / exposed after prefill). Below 0, the pipelined requests
+	// were exposed longer than after prefill: nothing was hidden.
+	Hidden        float64 `json:"hidden_fraction"`
+	BytesVerified uint64  `json:"bytes_verified"`
+	Mismatches    int     `json:"mismatches"`
+	LeakedBlocks  int     `json:"leaked_blocks"`
 	// ChunkCompute is the median time a chunk held its prefill device:
 	// the CPU's write of its KV, then the rest of Compute slept. Above
 	// Compute, the write itself was slower than Compute (it shares the
 	// memory bus with the copies and the byte checks), and the devices
 	// offered less than Compute promises. DeviceBusy is the share of the
 	// devices' time (devices × Wall) spent computing chunks.
-	ChunkCompute time.Duration
-	DeviceBusy   float64
+	ChunkCompute time.Duration `json:"chunk_compute_p50_ns"`
+	DeviceBusy   float64       `json:"device_busy_fraction"`
 	// Steal is the share of the machine's CPU time the host took while
 	// the mode ran (a virtual machine's steal; cpustat), -1 where the
 	// machine does not say. A latency figure moves with it.
-	Steal   float64
+	Steal   float64 `json:"steal_fraction"`
 	exposed []time.Duration
 }
 
-// Report is a whole run.
+// Report is a whole run. Options are those the run used, a zero that
+// stands for a default replaced by its value (the block size, ...).
 type Report struct {
-	Options Options
-	Rows    []Row
+	Options Options `json:"options"`
+	Rows    []Row   `json:"rows"`
 	// Raw is the backend's raw figure at one chunk's size, measured in the
 	// same run (nil when it could not be measured: RawErr says why).
-	Raw    *rdmabench.Result
-	RawErr error `json:"-"`
+	Raw    *rdmabench.Result `json:"raw"`
+	RawErr error             `json:"-"`
 	// RawSteal is the steal share while Raw was measured (-1: unknown).
-	RawSteal float64
+	RawSteal float64 `json:"raw_steal_fraction"`
 	// LayerParts is how many layer parts each pipelined chunk left in.
-	LayerParts int
+	LayerParts int `json:"layer_parts"`
 }
 
 // measureRaw measures the demo's backend moving one chunk's bytes with no
@@ -133,7 +140,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Options: o, LayerParts: len(o.parts(l.Layers))}
+	rep := Report{Options: o.effective(l), LayerParts: len(o.parts(l.Layers))}
 	meter := cpustat.Start()
 	rep.Raw, rep.RawErr = measureRaw(o)
 	rep.RawSteal = steal(meter)
@@ -170,12 +177,16 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	}
 	var ctxAgent, genAgent rdma.Agent // nil: each engine's own loopback agent
 	var genRegion *kvcache.Region
+	// A pool the host cannot map says which flag set it.
+	poolErr := func(err error) error {
+		return fmt.Errorf("--pool = %s: %w", config.FormatSize(o.PoolBytes), err)
+	}
 	switch o.Backend {
 	case "", loopback.Backend:
 	case shm.Backend:
 		r, c, err := shm.NewRegion("", o.PoolBytes)
 		if err != nil {
-			return Row{}, err
+			return Row{}, poolErr(err)
 		}
 		genRegion = r
 		ctxAgent, genAgent = shm.New(), shm.New()
@@ -195,7 +206,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		// UCX's software RMA).
 		r, c, err := ga.Alloc(o.PoolBytes)
 		if err != nil {
-			return Row{}, errors.Join(err, ca.Close(), ga.Close())
+			return Row{}, errors.Join(poolErr(err), ca.Close(), ga.Close())
 		}
 		genRegion = r
 		ctxAgent, genAgent = ca, ga
@@ -215,9 +226,13 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		ctxAgent = o.Probe.Agent(m.Name, ctxAgent)
 	}
 	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
-		return kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
+		e, err := kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
 			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr,
 			Recorder: rec})
+		if errors.Is(err, kvcache.ErrBadRegion) {
+			err = poolErr(err)
+		}
+		return e, err
 	}
 	ce, err := start("ctx-"+m.Name, ctxAgent, nil, o.MetricsAddr)
 	if err != nil {
@@ -298,8 +313,8 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 				end = res.end
 			}
 			if progress != nil {
-				fmt.Fprintf(progress, "  %-13s request %2d  %5d tokens  %8.1f MiB  exposed %v\n", m.Name, i, n,
-					float64(res.bytes)/(1<<20), res.exposed.Round(10*time.Microsecond))
+				fmt.Fprintf(progress, "  %-13s request %2d  %5d tokens  %8.1f MiB  exposed %s\n", m.Name, i, n,
+					float64(res.bytes)/(1<<20), duration(res.exposed))
 			}
 		}(i, n)
 	}
@@ -594,14 +609,22 @@ func (r Report) Print(w io.Writer) {
 		r.Options.Model, r.Options.Requests, r.Options.MinTokens, r.Options.MaxTokens, r.Options.ChunkTokens,
 		r.Options.Compute, r.Options.PoolBytes>>20, r.Options.Workers, handed)
 	fmt.Fprintf(w, "%-14s %8s %10s %8s %12s %12s %8s %14s %7s\n", "mode", "requests", "GiB", "GB/s", "exposed p50", "exposed p99", "hidden", "bytes verified", "leaked")
-	for _, row := range r.Rows {
-		hidden := "-"
-		if row.Hidden != 0 {
+	longer := false
+	for i, row := range r.Rows {
+		hidden := "-" // after prefill: nothing to hide
+		if i == 0 && len(r.Rows) > 1 {
 			hidden = fmt.Sprintf("%.1f%%", row.Hidden*100)
+			if row.Hidden < 0 {
+				hidden, longer = "none", true
+			}
 		}
-		fmt.Fprintf(w, "%-14s %8d %10.2f %8.2f %12v %12v %8s %14d %7d\n", row.Mode, row.Requests,
-			float64(row.Bytes)/(1<<30), row.BytesPerSec/1e9, row.ExposedP50.Round(10*time.Microsecond),
-			row.ExposedP99.Round(10*time.Microsecond), hidden, row.BytesVerified, row.LeakedBlocks)
+		fmt.Fprintf(w, "%-14s %8d %10.2f %8.2f %12s %12s %8s %14d %7d\n", row.Mode, row.Requests,
+			float64(row.Bytes)/(1<<30), row.BytesPerSec/1e9, duration(row.ExposedP50),
+			duration(row.ExposedP99), hidden, row.BytesVerified, row.LeakedBlocks)
+	}
+	if longer {
+		fmt.Fprintf(w, "hidden none: pipelined took longer than after prefill (its exposed window %.1fx, the median request's)\n",
+			1-r.Rows[0].Hidden)
 	}
 	r.printRaw(w)
 	if r.OK() {
@@ -640,8 +663,8 @@ func (r Report) printRaw(w io.Writer) {
 		return
 	}
 	chunk := time.Duration(float64(r.Raw.SizeBytes) / r.Raw.BytesPerSec * float64(time.Second))
-	fmt.Fprintf(w, "\nbaseline, same run: raw %s at one chunk (%.1f MiB): %.2f GB/s, one chunk's transfer %v\n",
-		r.Raw.Backend, float64(r.Raw.SizeBytes)/(1<<20), r.Raw.BytesPerSec/1e9, chunk.Round(10*time.Microsecond))
+	fmt.Fprintf(w, "\nbaseline, same run: raw %s at one chunk (%.1f MiB): %.2f GB/s, one chunk's transfer %s\n",
+		r.Raw.Backend, float64(r.Raw.SizeBytes)/(1<<20), r.Raw.BytesPerSec/1e9, duration(chunk))
 	r.printSteal(w)
 	if len(r.Rows) == 0 || r.Rows[0].BytesPerSec == 0 || chunk <= 0 {
 		return
@@ -657,7 +680,12 @@ func (r Report) printRaw(w io.Writer) {
 		offered := float64(d) * float64(r.Raw.SizeBytes) / o.Compute.Seconds()
 		verdict := "below the raw rate: the transfer can hide behind compute"
 		if offered > r.Raw.BytesPerSec {
-			verdict = "above the raw rate: chunks queue, the exposed window grows (fewer --prefill-devices, or a longer --compute, to see the overlap)"
+			// With one device, fewer is no advice.
+			fix := "a longer --compute, or a smaller --chunk-tokens"
+			if d > 1 {
+				fix = "fewer --prefill-devices, " + fix
+			}
+			verdict = "above the raw rate: chunks queue, the exposed window grows (" + fix + ", to see the overlap)"
 		}
 		fmt.Fprintf(w, "offered: %d prefill device(s) × one chunk per %v = %.2f GB/s, %.1fx raw, %s\n",
 			d, o.Compute, offered/1e9, offered/r.Raw.BytesPerSec, verdict)
@@ -670,8 +698,18 @@ func (r Report) printRaw(w io.Writer) {
 			// busy they produced GB/s / DeviceBusy: GB/s is their pace
 			// times the share of the wall they were kept busy.
 			pace := p.BytesPerSec / p.DeviceBusy
-			fmt.Fprintf(w, "%s prefill: a chunk held its device %v (p50); the devices wrote %.2f GB/s of KV while computing (%.2fx raw) and were busy %.0f%% of the wall\n",
-				p.Mode, p.ChunkCompute.Round(10*time.Microsecond), pace/1e9, pace/r.Raw.BytesPerSec, 100*p.DeviceBusy)
+			fmt.Fprintf(w, "%s prefill: a chunk held its device %s (p50); the devices wrote %.2f GB/s of KV while computing (%.2fx raw) and were busy %.0f%% of the wall\n",
+				p.Mode, duration(p.ChunkCompute), pace/1e9, pace/r.Raw.BytesPerSec, 100*p.DeviceBusy)
 		}
 	}
+}
+
+// duration formats d for the report: under a millisecond in µs with one
+// decimal (a tiny run's figures are not rounded to 0s), above rounded to
+// 10µs.
+func duration(d time.Duration) string {
+	if d < time.Millisecond {
+		return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+	}
+	return d.Round(10 * time.Microsecond).String()
 }

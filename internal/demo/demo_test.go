@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -252,4 +253,105 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// TestReportOfATinyRun: a run too small to hide anything says so in words,
+// and figures below a millisecond are in µs, not rounded to 0s. Before,
+// the table said "hidden -465.9%" and the baseline "one chunk's transfer
+// 0s" beside a ratio to it.
+func TestReportOfATinyRun(t *testing.T) {
+	r := Report{Options: Options{Concurrency: 1, PrefillDevices: 1, Compute: 2 * time.Microsecond},
+		Raw:      &rdmabench.Result{Backend: "loopback", SizeBytes: 4 << 10, BytesPerSec: 5e9},
+		RawSteal: -1,
+		Rows: []Row{
+			{Mode: "pipelined", Requests: 1, BytesPerSec: 1e9, ExposedP50: 3200 * time.Nanosecond, ExposedP99: 3200 * time.Nanosecond, Hidden: -4.659, Steal: -1},
+			{Mode: "after-prefill", Requests: 1, BytesPerSec: 1e9, ExposedP50: 560 * time.Nanosecond, ExposedP99: 560 * time.Nanosecond, Steal: -1},
+		}}
+	var out strings.Builder
+	r.Print(&out)
+	for _, want := range []string{
+		"3.2µs", "0.6µs",
+		"hidden none: pipelined took longer than after prefill (its exposed window 5.7x, the median request's)",
+		"one chunk's transfer 0.8µs",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, bad := range []string{"-465.9%", " 0s"} {
+		if strings.Contains(out.String(), bad) {
+			t.Errorf("report says %q:\n%s", bad, out.String())
+		}
+	}
+	// A run that hid some says how much.
+	r.Rows[0].Hidden = 0.75
+	out.Reset()
+	r.Print(&out)
+	if !strings.Contains(out.String(), " 75.0% ") || strings.Contains(out.String(), "hidden none") {
+		t.Errorf("a run that hid 75%%:\n%s", out.String())
+	}
+}
+
+// TestOfferedAdviceWithOneDevice: above the raw rate with one prefill
+// device, the advice does not say "fewer --prefill-devices". Before, it
+// did.
+func TestOfferedAdviceWithOneDevice(t *testing.T) {
+	for _, c := range []struct {
+		devices int
+		want    string
+	}{
+		{1, "(a longer --compute, or a smaller --chunk-tokens, to see the overlap)"},
+		{2, "(fewer --prefill-devices, a longer --compute, or a smaller --chunk-tokens, to see the overlap)"},
+	} {
+		r := Report{Options: Options{Concurrency: 4, PrefillDevices: c.devices, Compute: time.Millisecond},
+			Raw:  &rdmabench.Result{Backend: "loopback", SizeBytes: 64 << 20, BytesPerSec: 6e9},
+			Rows: []Row{{Mode: "pipelined", BytesPerSec: 3e9, ExposedP50: 20 * time.Millisecond}}}
+		var out strings.Builder
+		r.printRaw(&out)
+		if !strings.Contains(out.String(), "above the raw rate") || !strings.Contains(out.String(), c.want) {
+			t.Errorf("%d device(s): report lacks %q:\n%s", c.devices, c.want, out.String())
+		}
+	}
+}
+
+// TestReportJSON: the report's JSON names every field in snake_case with
+// its unit, and its options are those the run used (the model's block
+// size, not 0). Before, it had Go's names ("Wall", "Timeout": nanoseconds
+// unsaid) and tokens_per_block 0.
+func TestReportJSON(t *testing.T) {
+	rep := runOK(t, Options{Model: "Llama-3.1-8B", Requests: 1, MinTokens: 64, MaxTokens: 64, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Workers: 1, Concurrency: 1, Seed: 1})
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Options map[string]any   `json:"options"`
+		Rows    []map[string]any `json:"rows"`
+		Raw     map[string]any   `json:"raw"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Options["tokens_per_block"] != float64(32) || doc.Options["timeout_ns"] != float64(defaultTimeout) || doc.Options["backend"] != "loopback" {
+		t.Errorf("options %v: want tokens_per_block 32, timeout_ns %d, backend loopback (the run's)", doc.Options, defaultTimeout)
+	}
+	if _, ok := doc.Options["compute_ns"]; !ok {
+		t.Errorf("options %v: no compute_ns", doc.Options)
+	}
+	if len(doc.Rows) != 2 {
+		t.Fatalf("rows %v", doc.Rows)
+	}
+	for _, k := range []string{"wall_ns", "exposed_p50_ns", "exposed_p99_ns", "bytes_per_sec", "hidden_fraction", "bytes_verified", "leaked_blocks"} {
+		if _, ok := doc.Rows[0][k]; !ok {
+			t.Errorf("row %v: no %s", doc.Rows[0], k)
+		}
+	}
+	for _, part := range []map[string]any{doc.Options, doc.Rows[0], doc.Raw} {
+		for k := range part {
+			if k != strings.ToLower(k) {
+				t.Errorf("key %q is not snake_case", k)
+			}
+		}
+	}
 }

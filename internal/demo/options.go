@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -25,50 +26,73 @@ func bad(flag string, value any, want string) error {
 	return fmt.Errorf("%w: --%s = %v: %s", ErrBadOption, flag, value, want)
 }
 
-// Options configures a demo run.
+// Options configures a demo run. Its JSON (demo --json's "options") names
+// each field in snake_case with its unit: durations are nanoseconds
+// (compute_ns, timeout_ns), sizes bytes.
 type Options struct {
-	Model       string
-	Requests    int
-	MinTokens   int
-	MaxTokens   int
-	ChunkTokens int
+	Model       string `json:"model"`
+	Requests    int    `json:"requests"`
+	MinTokens   int    `json:"min_tokens"`
+	MaxTokens   int    `json:"max_tokens"`
+	ChunkTokens int    `json:"chunk_tokens"`
 	// PoolBytes caps each side's pool, so requests wait for blocks
 	// (0: kvxfer.DefaultPoolBytes). A prompt that needs more blocks than
 	// the pool holds is an error at once (Check); FitPool sizes a pool to
 	// the model.
-	PoolBytes uint64
+	PoolBytes uint64 `json:"pool_bytes"`
 	// Compute is the simulated prefill time of one chunk.
-	Compute     time.Duration
-	Workers     int
-	Concurrency int
+	Compute     time.Duration `json:"compute_ns"`
+	Workers     int           `json:"workers"`
+	Concurrency int           `json:"concurrency"`
 	// PrefillDevices is how many chunks the simulated context server
 	// computes at once: the requests in flight share them, as a chunked-
 	// prefill scheduler shares one GPU's forward passes between the
 	// requests it admitted. 0 means one per request in flight (each request
 	// its own device).
-	PrefillDevices int
+	PrefillDevices int `json:"prefill_devices"`
 	// LayerParts is how many layer ranges the simulated forward pass hands
 	// each chunk over in (pipelined mode), each as soon as it is computed;
 	// 0 means one per layer, as a serving framework's per-layer save hook
 	// (vLLM's save_kv_layer) does, and 1 the whole chunk at its end.
-	LayerParts int
-	Seed       uint64
+	LayerParts int    `json:"layer_parts"`
+	Seed       uint64 `json:"seed"`
 	// TokensPerBlock overrides the preset's block size when > 0.
-	TokensPerBlock int
+	TokensPerBlock int `json:"tokens_per_block"`
 	// Backend is "loopback" (the default), "shm" (the generation pool is
 	// then a shared-memory file the context engine writes into, as across
 	// processes) or "ucx" (two UCX agents; the pool is memory the
 	// generation agent allocated).
-	Backend string
+	Backend string `json:"backend"`
 	// Timeout bounds each request (default 5 minutes).
-	Timeout time.Duration
+	Timeout time.Duration `json:"timeout_ns"`
 	// MetricsAddr and GenMetricsAddr, when set, serve the context and the
 	// generation engine's Prometheus metrics (kvxfer.Config.MetricsAddr).
-	MetricsAddr, GenMetricsAddr string `json:",omitempty"`
+	MetricsAddr    string `json:"metrics_addr,omitempty"`
+	GenMetricsAddr string `json:"gen_metrics_addr,omitempty"`
 	// Started, when set, is called once both engines of a mode run.
 	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
 	// Probe, when set, observes the run (probe.go).
 	Probe Probe `json:"-"`
+}
+
+// effective is o with each zero that stands for a default replaced by the
+// value the run uses (the block size of l, the default pool, workers,
+// timeout and backend): what a report says the run ran with.
+func (o Options) effective(l kvcache.Layout) Options {
+	o.TokensPerBlock = l.TokensPerBlock
+	if o.PoolBytes == 0 {
+		o.PoolBytes = kvxfer.DefaultPoolBytes
+	}
+	if o.Workers == 0 {
+		o.Workers = kvxfer.DefaultWorkers
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = defaultTimeout
+	}
+	if o.Backend == "" {
+		o.Backend = loopback.Backend
+	}
+	return o
 }
 
 // DefaultOptions is the demo of the README: Llama-3.1-8B, 16 requests of
@@ -111,6 +135,12 @@ const fitStep = 256 << 20
 // kvxfer.DefaultPoolBytes, a Workers of 0 for kvxfer.DefaultWorkers, a
 // Timeout of 0 for 5 minutes and a TokensPerBlock of 0 for the model's.
 func (o Options) Check() error {
+	return o.check(meminfo.Available)
+}
+
+// check is Check with the memory available read by avail (ok false: not
+// known, not checked).
+func (o Options) check(avail func() (uint64, bool)) error {
 	l, err := o.layout()
 	if err != nil {
 		return err
@@ -142,7 +172,55 @@ func (o Options) Check() error {
 	default:
 		return bad("backend", fmt.Sprintf("%q", o.Backend), fmt.Sprintf("want %s, %s or %s", loopback.Backend, shm.Backend, ucx.Backend))
 	}
-	return o.checkPool(l)
+	if err := o.checkPool(l); err != nil {
+		return err
+	}
+	return o.checkMemory(l, avail)
+}
+
+// poolsAtOnce is how many pools of PoolBytes a demo run maps at once (the
+// context and the generation engine's, or the two processes' of
+// --processes 2), each touched in whole before the clock starts.
+const poolsAtOnce = 2
+
+// checkMemory fails, before anything is mapped, when the pools a run maps
+// and touches exceed the memory available (MemAvailable): past it the run
+// would fail with a bare mmap error, or push the host into swap or the
+// OOM killer while it faults the pools in. It names --max-tokens when the
+// longest prompt alone needs pools that large, else --pool, and the
+// memory available.
+func (o Options) checkMemory(l kvcache.Layout, avail func() (uint64, bool)) error {
+	have, ok := avail()
+	if !ok {
+		return nil
+	}
+	pool := o.PoolBytes
+	if pool == 0 {
+		pool = kvxfer.DefaultPoolBytes
+	}
+	if hi, need := bits.Mul64(pool, poolsAtOnce); hi == 0 && need <= have {
+		return nil
+	}
+	longest, err := poolFor(l, o.MaxTokens)
+	if err != nil {
+		return err
+	}
+	longest = roundUp(longest, 1<<20)
+	if hi, need := bits.Mul64(longest, poolsAtOnce); hi != 0 || need > have {
+		return bad("max-tokens", o.MaxTokens, fmt.Sprintf("each engine's pool must hold a %d-token prompt of %s, %s; %d such pools (context and generation, every page touched) are more than the %s of memory available (MemAvailable): use a smaller --max-tokens",
+			o.MaxTokens, l.Name, config.FormatSize(longest), poolsAtOnce, roughSize(have)))
+	}
+	return bad("pool", config.FormatSize(pool), fmt.Sprintf("%d pools of it (context and generation, every page touched) are more than the %s of memory available (MemAvailable): use a --pool of at most %s (a %d-token prompt of %s, --max-tokens, needs %s)",
+		poolsAtOnce, roughSize(have), config.FormatSize(have/poolsAtOnce/(1<<20)*(1<<20)), o.MaxTokens, l.Name, config.FormatSize(longest)))
+}
+
+// roughSize is n bytes in GiB or MiB to one decimal ("22.8GiB"), for a
+// figure such as the memory available that is no exact multiple.
+func roughSize(n uint64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
 }
 
 // checkPool fails when some prompt of o needs more blocks, in some layer

@@ -160,3 +160,52 @@ func TestPoolForMatchesEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesPoolsPastMemory: a run whose two pools (each touched in
+// whole) exceed the memory available is refused before anything is
+// mapped, naming --pool, or --max-tokens when the longest prompt alone
+// needs pools that large, and the memory available; where the memory is
+// unknown nothing is refused. Before, --pool 40GiB failed with a bare
+// mmap error, and --max-tokens 100000 mapped two auto-sized ~12GiB pools
+// and touched every page (the OOM killer on a 23GiB machine).
+func TestCheckRefusesPoolsPastMemory(t *testing.T) {
+	avail := func(n uint64) func() (uint64, bool) { return func() (uint64, bool) { return n, true } }
+	o := DefaultOptions()
+	o.PoolBytes = 40 << 30
+	err := o.check(avail(20 << 30))
+	if !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(),
+		"--pool = 40GiB: 2 pools of it (context and generation, every page touched) are more than the 20.0GiB of memory available (MemAvailable): use a --pool of at most 10GiB (a 8192-token prompt of Llama-3.1-8B, --max-tokens, needs 1GiB)") {
+		t.Errorf("--pool 40GiB on 20GiB: %v", err)
+	}
+	if err := o.check(avail(100 << 30)); err != nil {
+		t.Errorf("--pool 40GiB on 100GiB: %v", err)
+	}
+	if err := o.check(func() (uint64, bool) { return 0, false }); err != nil {
+		t.Errorf("--pool 40GiB, memory unknown: %v", err)
+	}
+	// The demo's own sizing: a pool fitted to --max-tokens 100000.
+	o = DefaultOptions()
+	o.MaxTokens = 100000
+	pool, err := FitPool(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.PoolBytes = pool
+	err = o.check(avail(20 << 30))
+	if !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "--max-tokens = 100000: each engine's pool must hold a 100000-token prompt of Llama-3.1-8B, 12500MiB; 2 such pools") ||
+		!strings.Contains(err.Error(), "the 20.0GiB of memory available (MemAvailable): use a smaller --max-tokens") {
+		t.Errorf("--max-tokens 100000 on 20GiB: %v", err)
+	}
+}
+
+// TestPoolRegionErrorNamesPool: a pool the host refuses to map is named by
+// its flag. Before, the error was the region's alone ("kvxfer: bad
+// config: kvcache: bad region: region length ...: mmap: ...").
+func TestPoolRegionErrorNamesPool(t *testing.T) {
+	o := smallOptions()
+	o.PoolBytes = 1<<46 + 1<<30 // past the largest host region: refused before any mmap
+	_, err := runMode(context.Background(), o, Mode{"pipelined", true}, []int{64}, nil)
+	if !errors.Is(err, kvcache.ErrBadRegion) || !strings.HasPrefix(err.Error(), "--pool = 65537GiB: ") {
+		t.Fatalf("runMode with a pool past the largest region: %v, want it to name --pool", err)
+	}
+}
