@@ -253,7 +253,10 @@ func baseBackend(s string) string {
 // heartbeats; destination pages it may still write are quarantined until
 // a proof (WriterExited, its CancelAck or Result), never freed on
 // suspicion alone. PeerDownBecause says another why.
-func (e *Engine) PeerDown(peer messages.PeerID) { e.inner.PeerDown(peer, "missed its heartbeats") }
+func (e *Engine) PeerDown(peer messages.PeerID) {
+	e.inner.HeartbeatMissed(peer)
+	e.inner.PeerDown(peer, "missed its heartbeats")
+}
 
 // PeerDownBecause is PeerDown for another suspicion than missed
 // heartbeats; why is how the caller knows, as a predicate of the peer

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -47,6 +48,8 @@ func startCluster(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Paralle
 type clusterOpts struct {
 	agent func(inst string, i int) rdma.Agent
 	link  func(inst string, ml *control.MemLink) control.Link
+	// traceDir, when set, has each engine trace to INST-RANK.jsonl there.
+	traceDir string
 }
 
 // startClusterOn is startCluster with the engines' agents and links from o.
@@ -62,8 +65,13 @@ func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Paral
 		if o.link != nil {
 			link = o.link(inst, c.link)
 		}
+		var tracePath string
+		if o.traceDir != "" {
+			tracePath = filepath.Join(o.traceDir, fmt.Sprintf("%s-%d.jsonl", inst, i))
+		}
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
-			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second})
+			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second,
+			TracePath: tracePath})
 		if err != nil {
 			t.Fatalf("start %s rank %d: %v", inst, i, err)
 		}

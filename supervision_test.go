@@ -30,18 +30,32 @@ func faultyPair(t *testing.T, l kvcache.Layout, opts ...faulty.Option) (ce, ge *
 // faultyPairN is faultyPair with workers sender workers on each side.
 func faultyPairN(t *testing.T, l kvcache.Layout, workers int, opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
 	t.Helper()
+	return faultyPairWith(t, l, workers, nil, opts...)
+}
+
+// faultyPairWith is faultyPairN with each engine's config passed through
+// with (nil: as is) before it starts.
+func faultyPairWith(t *testing.T, l kvcache.Layout, workers int, with func(inst string, cfg *kvxfer.Config), opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
+	t.Helper()
+	if with == nil {
+		with = func(string, *kvxfer.Config) {}
+	}
 	link := control.NewMemLink()
 	net := loopback.NewNetwork()
 	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), opts...)
 	gag := loopback.New(loopback.WithNetwork(net))
 	var err error
-	ce, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
-		Workers: workers, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
+	cc := kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
+		Workers: workers, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond}
+	with("ctx", &cc)
+	ce, err = kvxfer.Start(context.Background(), cc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ge, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
-		Workers: workers, Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
+	gc := kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
+		Workers: workers, Link: link, Agent: gag, TransferTimeout: 30 * time.Second}
+	with("gen", &gc)
+	ge, err = kvxfer.Start(context.Background(), gc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -514,10 +514,14 @@ func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 // fails, naming why, its ops in flight are retired by closing their
 // endpoints, and pages are released as each session drains.
 func (e *Engine) PeerDown(peer messages.PeerID, why string) {
-	e.env.meters.peerDown(peer)
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why})
 }
+
+// HeartbeatMissed counts peer in kvxfer_heartbeat_misses_total: the
+// control plane declared it down because its heartbeats stopped (not
+// because it left a registry, nor because this rank lost its own).
+func (e *Engine) HeartbeatMissed(peer messages.PeerID) { e.env.meters.peerDown(peer) }
 
 // PeerAlive tells the engine that peer is alive now (its heartbeat
 // arrived): the writer's lease on it is renewed (EngineConfig.WriterLease).

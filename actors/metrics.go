@@ -180,6 +180,10 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 		func() float64 { return float64(stats.RevokedHeld.Load()) }); err != nil {
 		return nil, fmt.Errorf("metrics: revoked_held_blocks: %w", err)
 	}
+	if err := set.GaugeFunc("caller_blocks_awaiting_proof", "The framework's own destination blocks (ReceiveRequest.Blocks) whose request failed while a writer gave no proof that its writes are over: not Released yet; sampled at scrape.",
+		func() float64 { return float64(stats.CallerAwaitingProof.Load()) }); err != nil {
+		return nil, fmt.Errorf("metrics: caller_blocks_awaiting_proof: %w", err)
+	}
 	return m, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // rxKind is the RxSession's kind of the session shell: its destination
@@ -17,6 +18,9 @@ type rxKind struct {
 	// revoked is what a revocation of the destination blocks left for the
 	// proof to release (EngineConfig.Revoker); nil without one.
 	revoked *revoked
+	// callerHeld: the framework's blocks this session counts in
+	// Counters.CallerAwaitingProof.
+	callerHeld int64
 }
 
 // newRxCell is a new RxSession's cell.
@@ -88,7 +92,10 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		}
 	case QuarantineDest:
 		if k.s.Config().CallerOwned {
-			break // the framework's: Released tells it only after the proof
+			// The framework's: Released tells it only after the proof.
+			k.callerHeld = int64(countBlocks(e.Blocks))
+			a.env.stats.CallerAwaitingProof.Add(k.callerHeld)
+			break
 		}
 		if a.env.revoker != nil {
 			r := a.env.revokeDest(k.request(), e.Blocks)
@@ -100,6 +107,10 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		}
 	case ReleaseDest:
 		if k.s.Config().CallerOwned {
+			if e.Quarantined && k.callerHeld != 0 {
+				a.env.stats.CallerAwaitingProof.Add(-k.callerHeld)
+				k.callerHeld = 0
+			}
 			break // the framework's: Released tells it below
 		}
 		if e.Quarantined && k.revoked != nil {
@@ -127,4 +138,13 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request()})
 		ctx.Stop(ctx.Self())
 	}
+}
+
+// countBlocks counts the block ids of every layer group.
+func countBlocks(groups [][]kvcache.BlockID) int {
+	n := 0
+	for _, ids := range groups {
+		n += len(ids)
+	}
+	return n
 }

@@ -38,6 +38,11 @@ type Counters struct {
 	// RevokedHeld is how many revoked blocks' old memory is still held
 	// (its proof has not come).
 	RevokedHeld atomic.Int64
+	// CallerAwaitingProof is how many of the framework's own destination
+	// blocks (RxRequest.Blocks) wait for a writer's proof after their
+	// request failed: kvxfer's pool does not hold them, the handle's
+	// Released is not closed yet.
+	CallerAwaitingProof atomic.Int64
 
 	// LeasesLapsed counts writer leases that lapsed (the writer fenced
 	// itself from that peer: EngineConfig.WriterLease).

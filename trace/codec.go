@@ -78,6 +78,10 @@ type (
 	rxPanic struct {
 		Err *string `json:",omitempty"`
 	}
+	rxSuspect struct {
+		Writer int
+		Err    *string `json:",omitempty"`
+	}
 )
 
 // wireFrame is a messages.Frame tagged with its type.
@@ -219,6 +223,10 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "RxPeerGone", rxPeerGone{Writer: m.Writer, Err: errText(m.Err)}
 	case actors.RxPanic:
 		return "RxPanic", rxPanic{Err: errText(m.Err)}
+	case actors.RxSuspect:
+		return "RxSuspect", rxSuspect{Writer: m.Writer, Err: errText(m.Err)}
+	case actors.RxAbandon:
+		return "RxAbandon", m
 	}
 	return fmt.Sprintf("%T", msg), nil
 }
@@ -330,6 +338,13 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		if err = unmarshal(raw, &w); err == nil {
 			out = actors.RxPanic{Err: textErr(w.Err)}
 		}
+	case "RxSuspect":
+		var w rxSuspect
+		if err = unmarshal(raw, &w); err == nil {
+			out = actors.RxSuspect{Writer: w.Writer, Err: textErr(w.Err)}
+		}
+	case "RxAbandon":
+		out, err = decodeAs[actors.RxAbandon](raw)
 	default:
 		return Unknown{Type: typ}, nil
 	}

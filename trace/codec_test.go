@@ -61,6 +61,9 @@ func everyMessage() []any {
 		actors.RxTimeout{},
 		actors.RxPeerGone{Writer: 2, Err: boom},
 		actors.RxPanic{Err: boom},
+		actors.RxSuspect{Writer: 1, Err: boom},
+		actors.RxSuspect{Writer: 0},
+		actors.RxAbandon{},
 	}
 }
 
@@ -138,6 +141,7 @@ func TestCodecCoversFields(t *testing.T) {
 		{actors.RxCancel{}, rxCancel{}, nil, nil},
 		{actors.RxPeerGone{}, rxPeerGone{}, nil, nil},
 		{actors.RxPanic{}, rxPanic{}, nil, nil},
+		{actors.RxSuspect{}, rxSuspect{}, nil, nil},
 	}
 	names := func(v any) []string {
 		var out []string
