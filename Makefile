@@ -66,10 +66,12 @@ FUZZTIME_CI ?= 40000x
 FUZZMINIMIZE ?= 60s
 FUZZMINIMIZE_CI ?= 3s
 FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
-	./capi:FuzzParseConfig
+	./rdma/ucx:FuzzDecodeMessage ./rdma/ucx:FuzzParseAddress ./rdma/ucx:FuzzParseKey \
+	./discovery:FuzzMembersPut ./capi:FuzzParseConfig
 # Targets whose inputs are whole files (a trace: tens of KiB, ~1 ms an
-# execution): CI gives them a smaller count.
-FUZZ_TARGETS_SLOW := ./trace:FuzzReplay ./trace:FuzzExportPerfetto
+# execution), or whose every input is decoded at each of its prefixes
+# (an etcd record): CI gives them a smaller count.
+FUZZ_TARGETS_SLOW := ./trace:FuzzReplay ./trace:FuzzExportPerfetto ./discovery:FuzzDecodeRecord
 FUZZTIME_SLOW ?= $(FUZZTIME)
 FUZZTIME_SLOW_CI ?= 6000x
 

@@ -273,15 +273,25 @@ func (c *child) stop() {
 // waitLine waits for a progress line with the prefix, with a deadline.
 func (c *child) waitLine(t *testing.T, prefix string, d time.Duration) {
 	t.Helper()
+	if !c.tryLine(t, prefix, d) {
+		r, err := c.wait(t, d)
+		t.Fatalf("process ended before a %q line (exit: %v): %+v", prefix, err, r)
+	}
+}
+
+// tryLine is waitLine that reports false, instead of failing the test,
+// when the process ended before the line.
+func (c *child) tryLine(t *testing.T, prefix string, d time.Duration) bool {
+	t.Helper()
 	deadline := time.After(d)
 	for {
 		select {
 		case l, ok := <-c.lines:
 			if !ok {
-				t.Fatalf("process ended before a %q line", prefix)
+				return false
 			}
 			if strings.HasPrefix(l, prefix) {
-				return
+				return true
 			}
 		case <-deadline:
 			t.Fatalf("no %q line within %v", prefix, d)
@@ -422,9 +432,27 @@ func testKillGenerationMidTransfer(t *testing.T, b string) {
 		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
 			g, c := fastDeath(options(t, 40, 2*time.Millisecond))
 			g, c = on(b, g, c)
-			gen := spawn(t, "gen", g)
-			ctx := spawn(t, "ctx", c)
-			gen.waitLine(t, "ready", time.Minute)
+			var gen, ctx *child
+			for attempt := 1; ; attempt++ {
+				gen = spawn(t, "gen", g)
+				ctx = spawn(t, "ctx", c)
+				if gen.tryLine(t, "ready", time.Minute) {
+					break
+				}
+				// gen ended before its first request was ready: on a
+				// starved machine (seen at a load of 17 on 2 CPUs) it can
+				// declare the live ctx down within fastDeath's second,
+				// which the engine handles as designed (quarantine, no
+				// unmap); that round tests nothing of a kill. Again,
+				// a bounded number of times.
+				gr, err := gen.wait(t, time.Minute)
+				_ = ctx.cmd.Process.Kill()
+				_, _ = ctx.wait(t, time.Minute)
+				if !gr.PeerDown || attempt == 3 {
+					t.Fatalf("gen ended before a ready line (exit: %v, attempt %d): %+v", err, attempt, gr)
+				}
+				t.Logf("attempt %d: gen took the live ctx for dead before a request was ready (a starved machine); again: %+v", attempt, gr)
+			}
 			_ = gen.cmd.Process.Kill()
 			killed := time.Now()
 			_, _ = gen.wait(t, time.Minute)
