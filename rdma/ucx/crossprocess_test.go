@@ -325,7 +325,10 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 				t.Errorf("batch %d: Done called %d times", i, calls[i])
 			case errs[i] != nil && !errors.Is(errs[i], rdma.ErrPeerGone):
 				t.Errorf("batch %d: Done(%v), want ErrPeerGone", i, errs[i])
-			case errs[i] == nil && afterKill[i]:
+			case errs[i] == nil && afterKill[i] && (tls == "tcp" || !alloc):
+				// Into an Alloc'd segment over shared memory the sender
+				// writes alone: a batch still being copied when the kill
+				// came (a loaded machine) lands in the segment it maps.
 				t.Errorf("batch %d: Done(nil) after the receiver was killed", i)
 			}
 			if errs[i] != nil {
