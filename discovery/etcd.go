@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -42,6 +43,8 @@ type Etcd struct {
 	// closed: Close waits for each before it reads what is registered,
 	// withdraws it, and (its own client) closes the client.
 	regs sync.WaitGroup
+	// registering is regs' count, for tests (a WaitGroup does not tell).
+	registering atomic.Int32
 
 	mu         sync.Mutex
 	m          *members
@@ -242,8 +245,10 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	}
 	e.registered, e.self, e.key, e.value = true, r, key, value
 	e.regs.Add(1)
+	e.registering.Add(1)
 	e.mu.Unlock()
 	defer e.regs.Done()
+	defer e.registering.Add(-1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(e.ctx, cancel) // Close cuts it short
