@@ -47,6 +47,14 @@ type scenario interface {
 	print(w io.Writer, r *report.Results, asJSON bool) error
 }
 
+// checker is a scenario that checks the common settings before any
+// scenario of the run starts (a backend it cannot run), so that `kvxfer
+// bench --backend ucx` is refused at once, not after the scenarios before
+// it ran.
+type checker interface {
+	check(s config.Settings) error
+}
+
 // scenarios are every scenario, fresh (with their defaults), in the order
 // `kvxfer bench` runs them.
 func scenarios() []scenario {
@@ -236,6 +244,13 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 		// fails now, not after every scenario ran.
 		if err := prepareReportDir(out.report); err != nil {
 			return err
+		}
+	}
+	for _, sc := range run {
+		if c, ok := sc.(checker); ok {
+			if err := c.check(s); err != nil {
+				return fmt.Errorf("bench %s: %w", sc.name(), err)
+			}
 		}
 	}
 	res := report.Results{Command: commandLine(cmd), Started: time.Now()}

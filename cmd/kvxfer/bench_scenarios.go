@@ -487,11 +487,9 @@ func (sm *smallScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&sm.rounds, "rounds", sm.rounds, "rounds of raw and engine samples (medians are reported)")
 	f.StringVar(&sm.rawBytes, "raw-bytes", sm.rawBytes, "bytes each raw sample moves")
 }
-func (sm *smallScenario) steps() int { return bench.SmallSteps(sm.rounds, len(sm.tokens)) }
+func (sm *smallScenario) steps() int                    { return bench.SmallSteps(sm.rounds, len(sm.tokens)) }
+func (sm *smallScenario) check(s config.Settings) error { return engineBackend(s, "small") }
 func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
-	if err := engineBackend(s, "small"); err != nil {
-		return err
-	}
 	tpb := s.TokensPerBlock
 	if tpb == 0 {
 		tpb = 16
@@ -586,11 +584,9 @@ func (fr *fragmentedScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&fr.rounds, "rounds", fr.rounds, "rounds (medians are reported)")
 	f.Uint64Var(&fr.seed, "seed", fr.seed, "seed of the shuffle")
 }
-func (fr *fragmentedScenario) steps() int { return 2 * fr.rounds }
+func (fr *fragmentedScenario) steps() int                    { return 2 * fr.rounds }
+func (fr *fragmentedScenario) check(s config.Settings) error { return engineBackend(s, "fragmented") }
 func (fr *fragmentedScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
-	if err := engineBackend(s, "fragmented"); err != nil {
-		return err
-	}
 	for _, v := range []struct {
 		flag string
 		n    int
@@ -671,11 +667,9 @@ func (e *e2eScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&e.concurrency, "concurrency", e.concurrency, "requests in flight")
 	f.Uint64Var(&e.seed, "seed", e.seed, "seed of the prompt-length shuffle")
 }
-func (*e2eScenario) steps() int { return 2 }
+func (*e2eScenario) steps() int                      { return 2 }
+func (e *e2eScenario) check(s config.Settings) error { return engineBackend(s, "e2e") }
 func (e *e2eScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
-	if err := engineBackend(s, "e2e"); err != nil {
-		return err
-	}
 	if err := e.validate(); err != nil {
 		return err
 	}

@@ -466,3 +466,16 @@ func TestBenchPipeliningHiddenNone(t *testing.T) {
 		t.Errorf("HIDDEN: want none, then 75%%:\n%s", out.String())
 	}
 }
+
+// TestBenchBackendCheckedFirst: a backend one of the chosen scenarios
+// cannot run is refused before any scenario runs (raw ran, and printed its
+// table, before small refused ucx).
+func TestBenchBackendCheckedFirst(t *testing.T) {
+	out, err := run("bench", "--scenarios", "raw,small", "--backend", "ucx")
+	if want := `bench small: --backend = "ucx": bench small runs loopback or shm`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("bench --scenarios raw,small --backend ucx: %v, want %q", err, want)
+	}
+	if out != "" {
+		t.Errorf("a scenario ran before the backend was refused:\n%s", out)
+	}
+}
