@@ -245,7 +245,9 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
  * public_key | public_key_file}], insecure, secret_key | key_file,
  * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
- * drain_grace ("1s"-style durations), metrics_addr, trace_path, and for
+ * drain_grace, writer_lease ("1s"-style durations; writer_lease 0 = off),
+ * revoke_spare_bytes (the shm revocation reserve: 0 = an eighth of the
+ * pool, < 0 = off), metrics_addr, trace_path, and for
  * membership through etcd discovery ("static", "etcd://HOST:PORT",
  * "etcds://HOST:PORT" over TLS), cluster, discovery_ttl, discovery_ca,
  * discovery_cert, discovery_key, discovery_user, discovery_password_file

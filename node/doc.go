@@ -74,7 +74,9 @@
 //     returns that (ErrHandshake) at once.
 //   - Down (lease expired, left, superseded): Engine.PeerDown (its
 //     requests fail and drain) and Config.OnPeerDown, logged with the
-//     reason. Quarantine of the requests' pages is not wired yet.
+//     reason. Their destination pages stay quarantined until a proof (a
+//     Result or CancelAck, or the writer's exit seen through a pidfd;
+//     docs/membership.md §3–4).
 //   - Rejected: logged with its key.
 //   - Lost (this node's own record is gone): the node fails rather than
 //     register again — every peer already refused this incarnation, and a

@@ -57,7 +57,7 @@ variables and flags, each overriding the one before: see
 docs/configuration.md.`,
 		Example: examples(
 			"the demo: two engines in this process, every byte verified", "kvxfer demo",
-			"the same across two processes over ZeroMQ and shared memory", "kvxfer demo --processes 2",
+			"the same across two processes over ZeroMQ and UCX (shm in a build without UCX)", "kvxfer demo --processes 2",
 			"every benchmark, with a Markdown report and plots", "kvxfer bench --report bench-report",
 		),
 		SilenceUsage:  true, // a failed run prints its error, not the usage
