@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -445,13 +446,39 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 // than the child's own close deadline (proc's finish, 10 s).
 const childDrain = 15 * time.Second
 
+// childDump is how long before it is killed a child that has not
+// drained is sent SIGQUIT: the Go runtime writes every goroutine's stack
+// to its standard error (the demo's) and exits, so that a child stuck in
+// its drain says where instead of vanishing under SIGKILL.
+const childDump = 3 * time.Second
+
 // interruptOnCancel makes the end of c's context interrupt the child
 // (SIGINT, as Ctrl-C does) instead of killing it, which would leave its
-// pool file in /dev/shm and no report; a child still running childDrain
-// later is killed.
-func interruptOnCancel(c *exec.Cmd) {
-	c.Cancel = func() error { return c.Process.Signal(os.Interrupt) }
-	c.WaitDelay = childDrain
+// pool file in /dev/shm and no report; a child still running
+// childDrain - childDump later dumps its goroutines (SIGQUIT), and one
+// still running at childDrain is killed.
+func interruptOnCancel(c *exec.Cmd) { interruptWithin(c, childDrain, childDump) }
+
+// interruptWithin is interruptOnCancel with the drain limit and the dump's
+// lead as arguments.
+func interruptWithin(c *exec.Cmd, drain, dump time.Duration) {
+	c.Cancel = func() error {
+		time.AfterFunc(drain-dump, func() {
+			// After the child's exit this does nothing: os.Process holds
+			// a pidfd, never a pid another process may have reused.
+			if c.Process.Signal(syscall.Signal(0)) == nil {
+				w := c.Stderr
+				if w == nil {
+					w = os.Stderr
+				}
+				fmt.Fprintf(w, "kvxfer demo: %s (pid %d) has not drained %v after the interrupt: its goroutines follow (SIGQUIT)\n",
+					c.Args[1], c.Process.Pid, drain-dump)
+				_ = c.Process.Signal(syscall.SIGQUIT)
+			}
+		})
+		return c.Process.Signal(os.Interrupt)
+	}
+	c.WaitDelay = drain
 }
 
 // roleArgs are the flags demo --processes 2 and demo --cluster give both

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,6 +152,37 @@ func TestTwoProcessDemoInterruptsItsChildren(t *testing.T) {
 	roles := reportRoles(out.String())
 	if len(roles) != 2 {
 		t.Errorf("reports %v after Ctrl-C, want ctx's and gen's:\n%s\n%s", roles, out.String(), errOut.String())
+	}
+}
+
+// TestStuckChildDumpsItsGoroutines: a demo's child that does not drain
+// after the interrupt (here a shell ignoring SIGINT) is sent SIGQUIT
+// before the kill, with a line naming it, so that a Go child stuck in its
+// drain writes its goroutines' stacks instead of vanishing under SIGKILL.
+// (Checked to fail: without the timer the child ran until WaitDelay's
+// kill.)
+func TestStuckChildDumpsItsGoroutines(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := exec.CommandContext(ctx, "sh", "-c", "trap '' INT; echo ready; exec sleep 60")
+	var out, errOut testlog.Buffer
+	c.Stdout, c.Stderr = &out, &errOut
+	interruptWithin(c, signalDeadline, signalDeadline-100*time.Millisecond)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, &out, "ready")
+	cancel()
+	err := c.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the stuck child ended with %v, want killed by SIGQUIT", err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGQUIT {
+		t.Errorf("the stuck child ended with %v, want killed by SIGQUIT (not SIGKILL at the drain limit)", err)
+	}
+	if want := fmt.Sprintf("(pid %d) has not drained", c.Process.Pid); !strings.Contains(errOut.String(), want) {
+		t.Errorf("no %q on the demo's standard error: %q", want, errOut.String())
 	}
 }
 
