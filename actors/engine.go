@@ -512,10 +512,17 @@ func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 // (why: how it knows, as a predicate of the peer — "missed its
 // heartbeats"): every session with a stream to it or a writer from it
 // fails, naming why, its ops in flight are retired by closing their
-// endpoints, and pages are released as each session drains.
+// endpoints, and pages are released as each session drains. Each worker
+// closes its control connection to the peer (the next frame to it dials
+// afresh).
 func (e *Engine) PeerDown(peer messages.PeerID, why string) {
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why})
+	for i := range e.env.workers {
+		if w := e.env.opWorker(i); w != nil {
+			e.sys.Root.Send(w, workerPeerDown{peer: peer})
+		}
+	}
 }
 
 // HeartbeatMissed counts peer in kvxfer_heartbeat_misses_total: the

@@ -729,8 +729,9 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 			return
 		}
 	}
-	// Address the request to the writers' incarnations their Hellos name.
-	for _, peer := range p.table.WritersUnknownIncarnation(o) {
+	// Address the request to the writers' incarnations their latest
+	// Hellos name (a writer may have restarted since the last request).
+	for _, peer := range p.table.Writers(o) {
 		if p.link == nil {
 			break
 		}

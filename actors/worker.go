@@ -65,6 +65,13 @@ type (
 	// workerCrash makes a worker panic: crash injection, sent only by
 	// builds with the kvxfer_invariants tag (Engine.CrashWorker).
 	workerCrash struct{}
+	// workerPeerDown: the control plane declared peer down
+	// (Engine.PeerDown). The worker closes its connection to it: a peer
+	// that never comes back (an instance scaled away, a name not seen
+	// again) would otherwise keep a connection per worker — over zmq a
+	// DEALER socket redialling a dead endpoint — for the engine's life.
+	// One that comes back is dialled afresh by the next frame to it.
+	workerPeerDown struct{ peer messages.PeerID }
 )
 
 // workerSlot is a worker's state that survives restarts: its endpoints, its
@@ -192,6 +199,14 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		s.sending = nil
 		if m.report != nil {
 			ctx.Send(m.report, m.sent(err))
+		}
+	case workerPeerDown:
+		if c := s.conns[m.peer]; c != nil {
+			// Close returns once what it queued left or closeLinger
+			// passed (zmq; at once in process), so a frame sent after
+			// it, on a new connection, never overtakes one before.
+			_ = c.Close()
+			delete(s.conns, m.peer)
 		}
 	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))

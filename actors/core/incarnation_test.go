@@ -162,8 +162,8 @@ func TestRxTableExitedIncarnationIsNotAddressed(t *testing.T) {
 		t.Fatalf("before any exit: %v", got)
 	}
 	tb.Exited(writer, 5)
-	if got := tb.WritersUnknownIncarnation(open); len(got) != 1 {
-		t.Fatalf("after the exit the incarnation is forgotten: unknown %v", got)
+	if got := tb.Incarnation(writer); got != 0 {
+		t.Fatalf("after the exit the incarnation is forgotten: %d", got)
 	}
 	tb.Learn(writer, 5) // the link's stale Hello
 	if got := tb.ExitedWriters(open); len(got) != 1 || got[0] != writer {

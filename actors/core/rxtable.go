@@ -85,19 +85,22 @@ func (t *RxTable) Learn(peer messages.PeerID, inc uint64) {
 	}
 }
 
-// WritersUnknownIncarnation lists o's writers whose incarnation this
-// table has not learnt: the shell asks the control plane for their Hellos
-// (Learn) before Start.
-func (t *RxTable) WritersUnknownIncarnation(o RxOpen) []messages.PeerID {
+// Writers lists o's writers: before Start the shell asks the control
+// plane for each one's latest Hello (Learn keeps the newest incarnation).
+// Every time, not only for a writer whose incarnation is unknown: a
+// writer that restarted without this engine learning of its exit (on
+// another host, or in the same process: no pidfd proof) sends nothing on
+// its own, and its new incarnation drops every frame addressed to the
+// old one, so a table that kept the old incarnation would fail each
+// later request at its deadline.
+func (t *RxTable) Writers(o RxOpen) []messages.PeerID {
 	ranks, _, err := t.writers(o)
 	if err != nil {
 		return nil
 	}
-	var out []messages.PeerID
+	out := make([]messages.PeerID, 0, len(ranks))
 	for _, r := range ranks {
-		if p := o.peer(r); t.incs[p] == 0 {
-			out = append(out, p)
-		}
+		out = append(out, o.peer(r))
 	}
 	return out
 }

@@ -719,7 +719,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 	}
 	// The writers' Hellos name their incarnations (the control link's
 	// directory: a live rank's current one).
-	for _, peer := range g.table.WritersUnknownIncarnation(o) {
+	for _, peer := range g.table.Writers(o) {
 		if c := s.ctx[peer.Rank]; peer.Instance == "ctx" && c.alive {
 			g.table.Learn(peer, c.incarnation())
 		}
