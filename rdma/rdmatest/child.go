@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,6 +91,45 @@ func StartChild(t *testing.T, run string, env ...string) *Child {
 
 // Process is the child's process (to kill it).
 func (c *Child) Process() *os.Process { return c.cmd.Process }
+
+// Stop stops the child (SIGSTOP) and returns once every thread of it is
+// stopped: kill(2) returns before the stop takes effect, and a thread
+// running on another CPU meanwhile can still answer what reaches it (a
+// test that takes the child for silent right after the signal would see
+// it answer). Fails t at WaitLimit.
+func (c *Child) Stop(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	dir := fmt.Sprintf("/proc/%d/task", c.cmd.Process.Pid)
+	deadline := time.Now().Add(WaitLimit)
+	for {
+		running := ""
+		tasks, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatalf("stop the child: %v", err)
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+			if err != nil {
+				continue // the thread exited
+			}
+			// pid (comm) STATE ...: comm may hold spaces and parentheses.
+			if i := bytes.LastIndexByte(b, ')'); i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+				running = task.Name()
+				break
+			}
+		}
+		if running == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thread %s of the child not stopped within %v of SIGSTOP", running, WaitLimit)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
 
 // Expect returns the child's next stdout line starting with prefix,
 // skipping others, under the deadline.

@@ -275,9 +275,7 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 			t.Fatal(err)
 		}
 
-		if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
+		child.Stop(t)
 		const batches = 32
 		var mu sync.Mutex
 		calls := make([]int, batches)
@@ -445,9 +443,7 @@ func TestCrossProcessCloseStalledPeer(t *testing.T) {
 	if err := rdmatest.Recv(t, done, "the second endpoint's first batch"); err != nil {
 		t.Fatal(err)
 	}
-	if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	child.Stop(t)
 	defer child.Reap(t)
 	defer child.Process().Kill()
 	const batches = 8 // 64 MiB: more than the sockets hold
@@ -508,9 +504,7 @@ func TestDeregisterDoesNotWaitForASilentPeer(t *testing.T) {
 		}
 		regs = append(regs, reg)
 	}
-	if err := child.Process().Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	child.Stop(t)
 	defer child.Reap(t)
 	defer child.Process().Kill()
 	if err := a.Deregister(regs[0]); !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "did not answer within") {
