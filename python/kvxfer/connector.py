@@ -3,19 +3,23 @@ vllm/distributed/kv_transfer/kv_connector/v1/base.py), so a framework
 engineer sees where each kvxfer call goes. It does not import vLLM: the
 method names and arguments mirror the base class, and the objects vLLM
 passes are read by duck typing (request.request_id,
-request.prompt_token_ids, request.kv_transfer_params,
-scheduler_output.num_scheduled_tokens, scheduler_output.scheduled_new_reqs'
-req_id and num_computed_tokens, blocks.get_block_ids()).
+request.prompt_token_ids, request.kv_transfer_params, request.status,
+scheduler_output.num_scheduled_tokens, scheduled_new_reqs' req_id,
+block_ids and num_computed_tokens, scheduled_cached_reqs' req_ids,
+new_block_ids and resumed_req_ids, preempted_req_ids,
+blocks.get_block_ids()).
 
 Roles, as in vLLM:
 
   Scheduler side (KvxferSchedulerConnector), in the scheduler process:
-    get_num_new_matched_tokens  generation side: the whole prompt is
-                                external and loads asynchronously
+    get_num_new_matched_tokens  generation side: the prompt past the local
+                                prefix-cache hit is external and loads
+                                asynchronously, once per request
     update_state_after_alloc    records the block ids vLLM allocated
     build_connector_meta        per step: what each worker receives
-                                (kvxfer_receive) and which prefill
-                                chunks it hands over (kvxfer_chunk)
+                                (kvxfer_receive), which prefill chunks
+                                it hands over (kvxfer_chunk), which
+                                sends it cancels
     request_finished            context side: keep the blocks until the
                                 send is DONE, tell the generation side
                                 where the KV comes from
@@ -23,7 +27,8 @@ Roles, as in vLLM:
   Worker side (KvxferWorkerConnector), in each worker:
     register_kv_caches /        opens the engine over vLLM's KV memory
     register_cross_layers_kv_cache
-    start_load_kv               kvxfer_receive into vLLM's block ids
+    start_load_kv               kvxfer_receive into vLLM's block ids;
+                                kvxfer_cancel of aborted sends
     wait_for_layer_load         nothing: kvxfer moves whole blocks
     save_kv_layer               with "layer_parts": the step's chunks,
                                 this layer's part of each
@@ -32,11 +37,19 @@ Roles, as in vLLM:
                                 first, then kvxfer_chunk with a fence made
                                 ready once the step's KV is written (with
                                 "layer_parts": checks every part was handed)
+    handle_preemptions          cancels the sends of preempted requests
+                                and waits until they no longer read
     get_finished                polled events: (sent, received) ids;
                                 cancels what vLLM aborted
     get_block_ids_with_load_errors
                                 the blocks of failed receives
     shutdown                    kvxfer_engine_close
+
+No call vLLM makes from its engine loop raises for one request's trouble
+(kv_transfer_params a client got wrong, a chunk the engine refuses): vLLM
+would end the engine core or the worker, and with it every request. The
+request fails alone instead: its send is cancelled, its load reported as
+failed (vLLM recomputes it), and a warning is logged.
 
 Memory: kvxfer's block holds every layer of one block ("cross-layer"
 blocks, vLLM's prefer_cross_layer_blocks), HND within a layer:
@@ -47,18 +60,30 @@ every block id: the worker marks the whole pool allocated to it, so kvxfer's
 allocator is never used.
 """
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 from .core import Engine, KvxferError, Outcome
 
+logger = logging.getLogger(__name__)
+
+# How long handle_preemptions waits for a cancelled send's event: a cancel
+# ends the send as soon as the writes already under way completed.
+PREEMPT_WAIT_S = 30.0
+
+# What the engine's calls raise for a value or a state they refuse (a
+# KvxferError naming it; ValueError or TypeError from the argument checks).
+_REFUSED = (KvxferError, ValueError, TypeError)
+
 
 @dataclass
 class RecvSpec:
     prompt_len: int
-    block_ids: list
+    block_ids: list  # vLLM's block table per group, the local prefix hits first
     context: str
     remote_request_id: str  # the context instance's id of the request
+    prefix_hit_blocks: int = 0  # its first blocks, in vLLM's local prefix cache: not received
 
 
 @dataclass
@@ -66,6 +91,7 @@ class SendSpec:
     prompt_len: int
     block_ids: list
     chunks: list = field(default_factory=list)  # [(start, end)] handed over this step
+    xfer_id: str = ""  # the send's id (the request id, or a new one after a preemption)
 
 
 @dataclass
@@ -74,6 +100,12 @@ class KvxferConnectorMetadata:
 
     reqs_to_recv: dict = field(default_factory=dict)  # request id -> RecvSpec
     reqs_to_send: dict = field(default_factory=dict)  # request id -> SendSpec
+    # request id -> RecvSpec without blocks: a receive that takes nothing, so
+    # that the context instance frees the prompt's blocks now (a decode
+    # request that will not load: aborted before it was scheduled, or all
+    # of it in the local prefix cache).
+    reqs_to_release: dict = field(default_factory=dict)
+    reqs_to_cancel: set = field(default_factory=set)  # request ids whose send no decode side will read
 
 
 def layer_index(name):
@@ -93,6 +125,18 @@ def _block_ids(blocks):
     return [list(g) for g in blocks]
 
 
+def _params(request):
+    params = getattr(request, "kv_transfer_params", None)
+    return params if isinstance(params, dict) else {}
+
+
+def _status_name(request):
+    """request.status by name: vLLM's RequestStatus is an enum (an
+    IntEnum's str() would be its number), a str is its own name."""
+    status = getattr(request, "status", None)
+    return getattr(status, "name", None) or str(status)
+
+
 class KvxferSchedulerConnector:
     """The scheduler side. role: "producer" (context/prefill instance) or
     "consumer" (generation/decode instance)."""
@@ -103,31 +147,83 @@ class KvxferSchedulerConnector:
         self.instance = instance
         self.role = role
         self.tpb = tokens_per_block
-        self._recv = {}      # request id -> RecvSpec, until the next meta
+        self._recv = {}      # consumer: request id -> RecvSpec, until the next meta
+        self._release = {}   # consumer: request id -> RecvSpec without blocks, until the next meta
+        self._cancel = set()  # producer: ids of sends to cancel, until the next meta
         self._blocks = {}    # producer: request id -> block ids per group
         self._computed = {}  # producer: request id -> tokens computed (scheduled) so far
         self._handed = {}    # producer: request id -> tokens handed over so far
-        self._prompt = {}
+        self._prompt = {}    # producer: request id -> prompt length, of P/D requests only
+        self._preempted = {}  # producer: request id -> times preempted
+
+    def _remote(self, request, warn=False):
+        """(context instance, its request id) of a decode request whose
+        kv_transfer_params ask for a remote prefill (do_remote_prefill), or
+        None. The params come from the client's JSON body: a value of the
+        wrong type is None too (with warn, a warning naming it), as NIXL's
+        'Got invalid KVTransferParams ... will not utilize KVTransfer'."""
+        params = _params(request)
+        if not params.get("do_remote_prefill"):
+            return None
+        instance = params.get("remote_instance")
+        remote_id = params.get("remote_request_id", request.request_id)
+        bad = None
+        if not isinstance(instance, str) or not instance:
+            bad = "remote_instance = %r (want the prefill instance's name)" % (instance,)
+        elif not isinstance(remote_id, str) or not remote_id:
+            bad = "remote_request_id = %r (want the prefill instance's request id)" % (remote_id,)
+        if bad is not None:
+            if warn:
+                logger.warning("kvxfer: request %s: invalid kv_transfer_params, %s: computing it locally",
+                               request.request_id, bad)
+            return None
+        return instance, remote_id
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """(tokens loaded from the context instance, load is asynchronous)."""
-        params = request.kv_transfer_params or {}
-        if self.role == "consumer" and params.get("do_remote_prefill"):
-            return len(request.prompt_token_ids) - num_computed_tokens, True
-        return 0, False
+        """(tokens loaded from the context instance, load is asynchronous).
+
+        The prompt past vLLM's local prefix-cache hit (num_computed_tokens),
+        once: update_state_after_alloc clears do_remote_prefill, as NIXL
+        does, so a request vLLM schedules again after its load (preempted:
+        num_computed_tokens is 0 or its local hit, which may exceed the
+        prompt) computes locally. Never (n <= 0, True): vLLM asserts a
+        positive count whenever the load is asynchronous."""
+        if self.role != "consumer" or self._remote(request, warn=True) is None:
+            return 0, False
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        if count <= 0:
+            return 0, False
+        return count, True
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        """Consumer: a request to load gets a receive into its blocks past
+        the local prefix hit; one with nothing to load (its whole prompt in
+        the local prefix cache) a receive that takes nothing, so that the
+        context instance frees its blocks. Either way its
+        do_remote_prefill is cleared: vLLM loads a request once.
+
+        Producer: a P/D request's (kv_transfer_params with
+        do_remote_decode) block table so far. vLLM calls this once per
+        scheduling from its waiting queue, with every block the request
+        holds (kv_cache_manager.get_blocks); the blocks of its later
+        prefill steps come in build_connector_meta's scheduler output."""
         ids = _block_ids(blocks)
         rid = request.request_id
-        if self.role == "consumer" and num_external_tokens > 0:
-            params = request.kv_transfer_params
-            self._recv[rid] = RecvSpec(len(request.prompt_token_ids), ids, params["remote_instance"],
-                                       params.get("remote_request_id", rid))
-        elif self.role == "producer":
-            have = self._blocks.setdefault(rid, [[] for _ in ids])
-            for g, new in enumerate(ids):
-                have[g].extend(new)
-            self._prompt[rid] = len(request.prompt_token_ids)
+        prompt = len(request.prompt_token_ids or ())
+        if self.role == "consumer":
+            remote = self._remote(request)
+            if remote is None:
+                return
+            if num_external_tokens > 0:
+                # The local hit is whole blocks (vLLM caches full blocks only).
+                hit = (prompt - num_external_tokens) // self.tpb
+                self._recv[rid] = RecvSpec(prompt, ids, remote[0], remote[1], hit)
+            else:
+                self._release[rid] = RecvSpec(prompt, [], remote[0], remote[1])
+            request.kv_transfer_params["do_remote_prefill"] = False
+        elif _params(request).get("do_remote_decode"):
+            self._blocks[rid] = ids
+            self._prompt[rid] = prompt
 
     def build_connector_meta(self, scheduler_output):
         """Producer: each step hands over [handed, end), end the tokens
@@ -136,54 +232,116 @@ class KvxferSchedulerConnector:
         of the block size, but a chunk other than the last must end on a
         block boundary. A new request's tokens from vLLM's local prefix
         cache (num_computed_tokens) count as computed and are handed over
-        too: the generation side needs the whole prompt's KV."""
-        meta = KvxferConnectorMetadata(reqs_to_recv=self._recv)
-        self._recv = {}
-        if self.role == "producer":
-            for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
-                rid = getattr(new, "req_id", None)
-                if rid in self._prompt and rid not in self._computed:
-                    self._computed[rid] = min(getattr(new, "num_computed_tokens", 0) or 0, self._prompt[rid])
-            for rid, n in scheduler_output.num_scheduled_tokens.items():
+        too: the generation side needs the whole prompt's KV.
+
+        vLLM allocates a prefill's blocks step by step: a new request's
+        block_ids and a resumed one's new_block_ids are its whole table, a
+        running one's new_block_ids are the blocks added this step (what
+        NIXL's build_connector_meta reads too). A request in
+        preempted_req_ids lost its blocks (vLLM's _preempt_request frees
+        them and sets num_computed_tokens to 0; the worker's
+        handle_preemptions cancels its send): resumed, it is computed and
+        handed over again from its first token, under a new send id (the
+        engine refuses a second send of one id)."""
+        meta = KvxferConnectorMetadata(reqs_to_recv=self._recv, reqs_to_release=self._release,
+                                       reqs_to_cancel=self._cancel)
+        self._recv, self._release, self._cancel = {}, {}, set()
+        if self.role != "producer":
+            return meta
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            if rid in self._prompt:
+                self._blocks[rid] = []
+                self._computed.pop(rid, None)
+                self._handed.pop(rid, None)
+                self._preempted[rid] = self._preempted.get(rid, 0) + 1
+        for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            rid = getattr(new, "req_id", None)
+            if rid not in self._prompt:
+                continue
+            if getattr(new, "block_ids", None) is not None:
+                self._blocks[rid] = _block_ids(new.block_ids)
+            if rid not in self._computed:
+                self._computed[rid] = min(getattr(new, "num_computed_tokens", 0) or 0, self._prompt[rid])
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+            computed = getattr(cached, "num_computed_tokens", None)
+            for i, (rid, ids) in enumerate(zip(cached.req_ids, cached.new_block_ids)):
                 if rid not in self._prompt:
                     continue
-                prompt = self._prompt[rid]
-                computed = min(self._computed.get(rid, 0) + n, prompt)
-                self._computed[rid] = computed
-                start = self._handed.get(rid, 0)
-                end = computed if computed == prompt else computed // self.tpb * self.tpb
-                if end <= start:
-                    continue
-                self._handed[rid] = end
-                meta.reqs_to_send[rid] = SendSpec(prompt, [list(g) for g in self._blocks[rid]], [(start, end)])
+                if rid in resumed:
+                    if ids is not None:
+                        self._blocks[rid] = _block_ids(ids)
+                    if computed:  # its local prefix hit, computed before it resumed
+                        self._computed[rid] = min(computed[i], self._prompt[rid])
+                elif ids is not None:
+                    ids = _block_ids(ids)
+                    have = self._blocks.setdefault(rid, [])
+                    have.extend([] for _ in range(len(ids) - len(have)))
+                    for g, added in enumerate(ids):
+                        have[g].extend(added)
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            if rid not in self._prompt:
+                continue
+            prompt = self._prompt[rid]
+            computed = min(self._computed.get(rid, 0) + n, prompt)
+            self._computed[rid] = computed
+            start = self._handed.get(rid, 0)
+            end = computed if computed == prompt else computed // self.tpb * self.tpb
+            if end <= start:
+                continue
+            self._handed[rid] = end
+            meta.reqs_to_send[rid] = SendSpec(prompt, [list(g) for g in self._blocks.get(rid, [])], [(start, end)],
+                                              self._xfer_id(rid))
         return meta
+
+    def _xfer_id(self, rid):
+        n = self._preempted.get(rid, 0)
+        return rid if n == 0 else "%s/preempted-%d" % (rid, n)
 
     def request_finished(self, request, block_ids):
         """(keep the blocks until get_finished reports the send, params for
         the generation side).
 
-        Producer: a request some of whose prefill reached a worker keeps its
-        blocks until that worker reports the send (a send cut short by an
-        abort is cancelled there, and reported once no write can touch the
-        blocks); params only when the whole prompt was handed over. A
-        request aborted before any of it was scheduled opened no send: its
-        blocks go back at once (kept, they would wait for a report no worker
-        ever makes).
+        Producer: as NIXL's request_finished, only a P/D request
+        (kv_transfer_params with do_remote_decode) that completed
+        (FINISHED_LENGTH_CAPPED: the proxy asks the prefill instance for
+        one token) keeps its blocks for a decode side, with the params
+        naming the send. Any other end (an abort, a stop) means no decode
+        side will ask: a send opened for it is cancelled (reqs_to_cancel,
+        even when its last chunk was handed) and the blocks kept, without
+        params, until the worker reports it once no write can touch them.
+        A request that opened no send (not P/D, or aborted before any of
+        it was handed over) gets its blocks back at once: kept, they would
+        wait for a report no worker ever makes.
 
         Consumer: (False, None). vLLM itself keeps an aborted request's
         blocks while it waits for remote KV (WAITING_FOR_REMOTE_KVS), until
         get_finished reports the id in finished_recving; the worker cancels
-        such a receive when the id comes in finished_req_ids."""
+        such a receive when the id comes in finished_req_ids. A request
+        whose do_remote_prefill is still set was never allocated (aborted
+        while waiting): as NIXL does, a receive that takes nothing tells
+        the context instance to free its blocks now rather than at its
+        transfer timeout."""
         rid = request.request_id
+        if self.role == "consumer":
+            remote = self._remote(request)
+            if remote is not None:
+                self._release[rid] = RecvSpec(len(request.prompt_token_ids or ()), [], remote[0], remote[1])
+                request.kv_transfer_params["do_remote_prefill"] = False
+            return False, None
         self._blocks.pop(rid, None)
         self._computed.pop(rid, None)
         handed = self._handed.pop(rid, 0)
         prompt = self._prompt.pop(rid, None)
-        if self.role == "producer" and prompt is not None and handed > 0:
-            if handed < prompt:
-                return True, None
-            return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": rid}
-        return False, None
+        xfer_id = self._xfer_id(rid)
+        self._preempted.pop(rid, None)
+        if prompt is None or handed == 0:
+            return False, None
+        if handed == prompt and _status_name(request) == "FINISHED_LENGTH_CAPPED":
+            return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": xfer_id}
+        self._cancel.add(rid)
+        return True, None
 
     def update_connector_output(self, connector_output):
         return None
@@ -193,8 +351,12 @@ class KvxferWorkerConnector:
     """The worker side: one engine rank over the worker's KV memory.
 
     self.failed maps the id of each request that did not succeed to its
-    Event (or to the KvxferError of a receive the engine refused), and keeps
-    it until the caller pops it."""
+    Event, or to the error that failed it (a KvxferError of a receive or
+    chunk the engine refused, a RuntimeError naming a chunk whose layers
+    were not all saved). An entry stays from the failure until the
+    get_finished call after the one that reported the id (so the caller
+    can look right after the report), then is dropped: vLLM never pops
+    it, and a long-running worker would keep every failure."""
 
     def __init__(self, config):
         """config: the engine's (kvxfer_engine_open), plus keys of the
@@ -226,9 +388,12 @@ class KvxferWorkerConnector:
         self._handed_all = set()    # sends whose last chunk was handed over
         self._nothing_to_send = set()  # sends DONE before their last chunk: a rank that writes to nobody
         self._aborted = set()       # live requests cancelled because vLLM finished them
+        self._broken = set()        # sends failed by a chunk: their later chunks go nowhere
+        self._silent = {}           # handle -> Request whose event is reported to nobody
         self._recv_blocks = {}      # request id -> its destination block ids per group
         self._load_errors = set()   # blocks of failed receives, until vLLM asks
-        self.failed = {}    # request id -> Event (or refusal) of a request that did not succeed
+        self.failed = {}    # request id -> Event (or error) of a request that did not succeed
+        self._reported_failed = set()  # ids of failed, reported by the last get_finished
 
     # Registration -----------------------------------------------------------
 
@@ -274,23 +439,55 @@ class KvxferWorkerConnector:
         self._meta = None
 
     def start_load_kv(self, forward_context=None, **kwargs):
-        """Opens each receive of the step. One the engine refuses (a
-        remote_request_id already receiving, a bad value) is a failed load,
-        not the step's end: it goes to self.failed with its error, its
-        blocks to get_block_ids_with_load_errors, its id to the next
-        get_finished's finished_recving (vLLM would wait for it forever
-        otherwise), and the other receives go on."""
+        """Opens each receive of the step, into the request's blocks past
+        its local prefix hit: vLLM's prefix-cache blocks are shared with
+        the running requests of the same prefix and are never written (NIXL
+        too pulls into the unhashed blocks only). Group g's ids are the
+        table's needed_range(prompt_len, g, hit) slice. One the engine
+        refuses (a remote_request_id already receiving, a bad value) is a
+        failed load, not the step's end: it goes to self.failed with its
+        error, its blocks to get_block_ids_with_load_errors, its id to the
+        next get_finished's finished_recving (vLLM would wait for it forever
+        otherwise), and the other receives go on.
+
+        Then the receives that take nothing (reqs_to_release: every block a
+        prefix hit), which end the context side's send at once so that the
+        prefill instance frees its blocks; their end is reported to nobody
+        (vLLM no longer knows the request). And the sends the scheduler
+        aborted (reqs_to_cancel) are cancelled, even after their last chunk:
+        no decode side will read them."""
         for rid, spec in self._meta.reqs_to_recv.items():
+            hits = [spec.prefix_hit_blocks] * len(spec.block_ids)
+            blocks = [ids[slice(*self.engine.needed_range(spec.prompt_len, g, spec.prefix_hit_blocks))]
+                      if g < len(self.engine.groups) else ids for g, ids in enumerate(spec.block_ids)]
             try:
-                r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=spec.block_ids)
-            except (KvxferError, ValueError) as exc:
+                r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context, blocks=blocks,
+                                        prefix_hit_blocks=hits)
+            except _REFUSED as exc:
+                logger.warning("kvxfer: request %s: receive refused: %s", rid, exc)
                 self.failed[rid] = exc
-                self._load_errors.update(b for group in spec.block_ids for b in group)
+                self._load_errors.update(b for group in blocks for b in group)
                 self._recv_done.add(rid)
                 continue
             self._recvs[rid] = r
-            self._recv_blocks[rid] = spec.block_ids
+            self._recv_blocks[rid] = blocks
             self._by_handle[r.handle] = (rid, "recv")
+        for rid, spec in self._meta.reqs_to_release.items():
+            ends = [self.engine.needed_range(spec.prompt_len, g)[1] for g in range(len(self.engine.groups))]
+            try:
+                r = self.engine.receive(spec.remote_request_id, spec.prompt_len, spec.context,
+                                        blocks=[[] for _ in ends], prefix_hit_blocks=ends)
+            except _REFUSED as exc:
+                logger.warning("kvxfer: request %s: could not tell %s to free the blocks of %s: %s",
+                               rid, spec.context, spec.remote_request_id, exc)
+                continue
+            self._silent[r.handle] = r
+            self._by_handle[r.handle] = (rid, "silent")
+        for rid in self._meta.reqs_to_cancel:
+            r = self._sends.get(rid)
+            if r is not None and rid not in self._aborted:
+                r.cancel()  # a no-op if it finished meanwhile: its event still comes
+                self._aborted.add(rid)
 
     def wait_for_layer_load(self, layer_name):
         return None
@@ -320,28 +517,53 @@ class KvxferWorkerConnector:
                 if r is None:
                     self._parts[key] = of
                     continue
-                if layer == first and first > 0:
-                    r.chunk(start, stop, runs, last=last, fenced=False, layers=(0, first, of))
-                r.chunk(start, stop, runs, last=last, layers=(layer, layer + 1, of)).ready()
-                if layer == end - 1 and end < of:
-                    r.chunk(start, stop, runs, last=last, fenced=False, layers=(end, of, of))
+                try:
+                    if layer == first and first > 0:
+                        r.chunk(start, stop, runs, last=last, fenced=False, layers=(0, first, of))
+                    r.chunk(start, stop, runs, last=last, layers=(layer, layer + 1, of)).ready()
+                    if layer == end - 1 and end < of:
+                        r.chunk(start, stop, runs, last=last, fenced=False, layers=(end, of, of))
+                except _REFUSED as exc:
+                    self._fail_send(rid, exc)
+                    self._parts[key] = of
+                    continue
                 self._parts[key] = of if layer == end - 1 else layer + 1
         return None
 
     def _send(self, rid, spec):
-        """The context side of request rid, opened on its first chunk; None
-        once it ended DONE before its last chunk (told the decode
-        parallelism, a rank that writes to no decode rank ends at once):
-        its later chunks go nowhere."""
-        if rid in self._nothing_to_send:
+        """The context side of request rid (the engine's id: spec.xfer_id),
+        opened on its first chunk; None once it ended DONE before its last
+        chunk (told the decode parallelism, a rank that writes to no decode
+        rank ends at once) or failed: its later chunks go nowhere."""
+        if rid in self._nothing_to_send or rid in self._broken:
             return None
         r = self._sends.get(rid)
         if r is None:
-            r = self.engine.send(rid, spec.prompt_len, generation_tp=self.generation[0],
-                                 generation_pp=self.generation[1])
+            try:
+                r = self.engine.send(spec.xfer_id or rid, spec.prompt_len, generation_tp=self.generation[0],
+                                     generation_pp=self.generation[1])
+            except _REFUSED as exc:
+                self._fail_send(rid, exc)
+                return None
             self._sends[rid] = r
             self._by_handle[r.handle] = (rid, "send")
         return r
+
+    def _fail_send(self, rid, exc):
+        """A send the engine refused, or a chunk of it: that request fails
+        alone (raised, it would end vLLM's execute_model and every request
+        of the worker). Its send is cancelled (the decode side's receive
+        fails, and vLLM recomputes there), exc kept in self.failed, its
+        later chunks go nowhere, and it is reported sent once its event
+        came (at once when none was opened) and its request finished."""
+        logger.warning("kvxfer: request %s: send failed: %s", rid, exc)
+        self.failed.setdefault(rid, exc)
+        self._broken.add(rid)
+        r = self._sends.get(rid)
+        if r is None:
+            self._sent_done.add(rid)
+        else:
+            r.cancel()  # a no-op if it finished meanwhile: its event still comes
 
     def _chunk_runs(self, spec, start, end):
         tpb = self.engine.tokens_per_block
@@ -357,25 +579,62 @@ class KvxferWorkerConnector:
         With "layer_parts" the chunks left from save_kv_layer: a chunk of
         the step whose parts did not reach the model's last layer (a layer
         never saved) is a RuntimeError naming it, not a request left to
-        time out."""
+        time out.
+
+        A chunk the engine refuses (save_kv_layer's too) fails its request
+        alone (_fail_send), kept in self.failed with the error; nothing is
+        raised out of vLLM's execute_model."""
         if self.layer_parts:
             parts, self._parts = self._parts, {}
             of = self.num_layers or self._stage[1]
             for rid, spec in self._meta.reqs_to_send.items():
                 for start, end in spec.chunks:
                     got = parts.get((rid, start, end), 0)
-                    if got < of:
-                        raise RuntimeError("request %s chunk [%d, %d): save_kv_layer handed its layers up to %d of %s"
-                                           % (rid, start, end, got, of))
+                    if got < of and rid not in self._broken:
+                        self._fail_send(rid, RuntimeError("request %s chunk [%d, %d): save_kv_layer handed its "
+                                                          "layers up to %d of %s" % (rid, start, end, got, of)))
             self._note_handed_all()
             return
         for rid, spec in self._meta.reqs_to_send.items():
-            r = self._send(rid, spec)
+            for start, end in spec.chunks:
+                r = self._send(rid, spec)
+                if r is None:
+                    continue
+                try:
+                    r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
+                except _REFUSED as exc:
+                    self._fail_send(rid, exc)
+        self._note_handed_all()
+
+    def handle_preemptions(self, preempted_req_ids):
+        """vLLM preempted these requests (KVConnectorBase_V1's hook, called
+        before their blocks are overwritten: _preempt_request has freed
+        them). A send of one is cancelled and waited for until its event
+        came, the engine's word that its pages are no longer read; it is
+        reported to nobody (the request lives on: the scheduler side hands
+        it over again, under a new id, once it resumes), and a decode side
+        already receiving it fails its load and recomputes. Should the
+        event not come within PREEMPT_WAIT_S, an error is logged and the
+        send is released when it comes."""
+        for rid in preempted_req_ids or ():
+            r = self._sends.pop(rid, None)
+            for done in (self._sent_done, self._gen_finished, self._handed_all, self._nothing_to_send,
+                         self._aborted, self._broken):
+                done.discard(rid)
+            self.failed.pop(rid, None)
             if r is None:
                 continue
-            for start, end in spec.chunks:
-                r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
-        self._note_handed_all()
+            self._by_handle[r.handle] = (rid, "silent")
+            self._silent[r.handle] = r
+            r.cancel()  # a no-op if it finished meanwhile: its event still comes
+            try:
+                self.engine.wait(r, PREEMPT_WAIT_S)
+            except TimeoutError:
+                logger.error("kvxfer: request %s preempted, but its cancelled send did not end in %.0f s: "
+                             "its freed blocks may still be read", rid, PREEMPT_WAIT_S)
+                continue
+            del self._by_handle[r.handle], self._silent[r.handle]
+            r.release()
 
     def _note_handed_all(self):
         for rid, spec in self._meta.reqs_to_send.items():
@@ -388,15 +647,19 @@ class KvxferWorkerConnector:
         finished generating (its id came in finished_req_ids, now or in an
         earlier call), as vLLM's contract asks: until then the scheduler
         still owns its blocks. A request that failed is reported as
-        finished too, and kept in self.failed with its event (a receive
-        the engine refused: with its error).
+        finished too, and is in self.failed with its event or error until
+        the next call.
 
         An id in finished_req_ids whose request is still live here was
         aborted: a receive (vLLM keeps its blocks until it is reported) and
         a send whose last chunk was never handed over (it would wait for it
         until its timeout) are cancelled, and reported once their event
         arrived: the engine's proof that no write touches the blocks any
-        more. An aborted request is not in self.failed."""
+        more. (A send aborted after its last chunk is cancelled by
+        start_load_kv: only the scheduler side knows no decode side will
+        read it.) An aborted request is not in self.failed."""
+        for rid in self._reported_failed:
+            self.failed.pop(rid, None)
         finished = set(finished_req_ids or ())
         self._gen_finished.update(r for r in finished if r in self._sends or r in self._sent_done)
         if self.engine is not None:
@@ -414,17 +677,22 @@ class KvxferWorkerConnector:
         sent = self._sent_done & self._gen_finished
         self._sent_done -= sent
         self._nothing_to_send -= sent
+        self._broken -= sent
         self._gen_finished -= sent
         recv, self._recv_done = self._recv_done, set()
+        self._reported_failed = {rid for rid in sent | recv if rid in self.failed}
         return (sent or None), (recv or None)
 
     def _reap(self):
         for ev in self.engine.poll():
             rid, side = self._by_handle.pop(ev.request)
+            if side == "silent":
+                self._silent.pop(ev.request).release()
+                continue
             req = (self._sends if side == "send" else self._recvs).pop(rid)
             failed = ev.outcome not in (Outcome.DONE, Outcome.READY) and rid not in self._aborted
             if failed:
-                self.failed[rid] = ev
+                self.failed.setdefault(rid, ev)  # a chunk's error, when one failed it, says more
             self._aborted.discard(rid)
             req.release()
             if side == "send":

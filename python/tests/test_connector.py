@@ -29,6 +29,18 @@ def worker(instance, **extra):
     return w, layers
 
 
+CAPPED, ABORTED = "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED"  # vLLM's RequestStatus names
+
+
+def prefill_request(rid, prompt, status=CAPPED):
+    """A P/D request on the prefill instance as vLLM's proxy sends it
+    (kv_transfer_params with do_remote_decode), with the status
+    request_finished sees: CAPPED, the one token the proxy asked for, or
+    ABORTED."""
+    return SimpleNamespace(request_id=rid, prompt_token_ids=list(range(prompt)),
+                           kv_transfer_params={"do_remote_decode": True}, status=status)
+
+
 def finished(w, side, rid, timeout=10.0, finished_req_ids=()):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -51,7 +63,7 @@ def test_connector_prefill_to_decode(layer_parts):
     wd, d_layers = worker(d_name)
     try:
         prompt = 200
-        req = SimpleNamespace(request_id="cmpl-1", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        req = prefill_request("cmpl-1", prompt)
         nb = -(-prompt // TPB)
         p_blocks = [list(range(NBLOCKS - 1, NBLOCKS - 1 - 3 * nb, -3))]  # vLLM's block table, not contiguous
         assert sp.get_num_new_matched_tokens(req, 0) == (0, False)
@@ -105,24 +117,39 @@ def test_connector_prefill_to_decode(layer_parts):
 
 
 def test_connector_layer_parts_misuse_is_named():
-    """A layer saved out of order is refused naming the layers, a step
-    whose layers were not all saved is named at wait_for_save, and a name
+    """A layer saved out of order fails its request naming the layers, a
+    step whose layers were not all saved fails it at wait_for_save naming
+    the chunk: neither raises out of vLLM's execute_model (that would end
+    every request of the worker); each send is cancelled, kept in failed
+    with the error, and reported sent once its request finished. A name
     without the layer's index is refused at registration."""
     before = kvxfer.handle_count()
     p_name = unique("vllm-parts")
     sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    wp, p_layers = worker(p_name, layer_parts=True)
+    wp, p_layers = worker(p_name, layer_parts=True, transfer_timeout_ms=60000)
     try:
-        req = SimpleNamespace(request_id="cmpl-2", prompt_token_ids=list(range(64)), kv_transfer_params=None)
-        sp.update_state_after_alloc(req, [list(range(4))], 0)
-        wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-2": 32})))
         names = list(p_layers)
+        for rid, blocks in (("cmpl-2", [0, 1, 2, 3]), ("cmpl-3", [4, 5, 6, 7])):
+            sp.update_state_after_alloc(prefill_request(rid, 64), [blocks], 0)
+        wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-2": 32})))
         wp.save_kv_layer(names[0], p_layers[names[0]])
-        with pytest.raises(kvxfer.KvxferError) as e:
-            wp.save_kv_layer(names[2], p_layers[names[2]])  # layer 1 skipped
-        assert e.value.status == kvxfer.Status.BAD_CHUNK and "starts at layer 1" in e.value.message, e.value
-        with pytest.raises(RuntimeError, match=r"chunk \[0, 32\): save_kv_layer handed its layers up to 1 of 4"):
-            wp.wait_for_save()
+        wp.save_kv_layer(names[2], p_layers[names[2]])  # layer 1 skipped
+        e = wp.failed["cmpl-2"]
+        assert isinstance(e, kvxfer.KvxferError), e
+        assert e.status == kvxfer.Status.BAD_CHUNK and "starts at layer 1" in e.message, e
+        wp.save_kv_layer(names[3], p_layers[names[3]])  # the failed send's later layers go nowhere
+        wp.wait_for_save()
+        wp.clear_connector_metadata()
+        assert str(wp.failed["cmpl-2"]) == str(e)
+        wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-3": 32})))
+        wp.save_kv_layer(names[0], p_layers[names[0]])  # the other layers never saved
+        wp.wait_for_save()
+        wp.clear_connector_metadata()
+        e = wp.failed["cmpl-3"]
+        assert isinstance(e, RuntimeError) and "chunk [0, 32): save_kv_layer handed its layers up to 1 of 4" in str(e)
+        for rid in ("cmpl-2", "cmpl-3"):
+            assert sp.request_finished(prefill_request(rid, 64, ABORTED), []) == (True, None)
+            finished(wp, "send", rid, timeout=5.0, finished_req_ids={rid})
     finally:
         wp.shutdown()
     assert kvxfer.handle_count() == before
@@ -168,13 +195,13 @@ def test_connector_abort():
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
     try:
         # Aborted before its first step: no worker ever heard of it.
-        early = SimpleNamespace(request_id="early", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        early = prefill_request("early", prompt, ABORTED)
         sp.update_state_after_alloc(early, [list(range(nb))], 0)
         assert sp.request_finished(early, [list(range(nb))]) == (False, None)
 
         # A prefill aborted after one of its two steps.
         p_blocks = [list(range(nb))]
-        half = SimpleNamespace(request_id="half", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        half = prefill_request("half", prompt, ABORTED)
         sp.update_state_after_alloc(half, p_blocks, 0)
         step(sp, wp, p_layers, "half", p_blocks, truth, 0, 64)
         assert sp.request_finished(half, p_blocks) == (True, None)
@@ -198,7 +225,7 @@ def test_connector_abort():
 
         # The same destination blocks take the next request's KV.
         p_blocks = [list(range(20, 20 + nb))]
-        full = SimpleNamespace(request_id="full", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        full = prefill_request("full", prompt)
         sp.update_state_after_alloc(full, p_blocks, 0)
         done = 0
         while done < prompt:
@@ -231,7 +258,7 @@ def test_connector_failed_load_names_its_blocks():
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
     try:
         p_blocks, d_blocks = [list(range(nb))], [list(range(40, 40 + nb))]
-        req = SimpleNamespace(request_id="x", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        req = prefill_request("x", prompt, ABORTED)
         sp.update_state_after_alloc(req, p_blocks, 0)
         step(sp, wp, p_layers, "x", p_blocks, truth, 0, 64)
         params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "x"}
@@ -287,7 +314,7 @@ def test_connector_steps_not_aligned_to_blocks(layer_parts):
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
     try:
         p_blocks, d_blocks = [[9, 4, 7]], [[30, 2, 17]]
-        req = SimpleNamespace(request_id="odd", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        req = prefill_request("odd", prompt)
         sp.update_state_after_alloc(req, p_blocks, 0)
         done = step(sp, wp, p_layers, "odd", p_blocks, truth, 0, 20)
         step(sp, wp, p_layers, "odd", p_blocks, truth, done, 20)
@@ -297,7 +324,7 @@ def test_connector_steps_not_aligned_to_blocks(layer_parts):
         finished(wp, "send", "odd", finished_req_ids={"odd"})
         assert wp.failed == {}
 
-        short = SimpleNamespace(request_id="short", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        short = prefill_request("short", prompt, ABORTED)
         sp.update_state_after_alloc(short, [[20, 21, 22]], 0)
         meta = sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"short": 10}))
         assert meta.reqs_to_send == {}, meta.reqs_to_send  # under a block: nothing to hand yet
@@ -329,7 +356,7 @@ def test_connector_local_prefix_cache_hit_is_handed_over():
         for i, layer in enumerate(p_layers.values()):  # an earlier request's KV, in the prefix cache
             for t in range(cached):
                 layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
-        req = SimpleNamespace(request_id="hit", prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        req = prefill_request("hit", prompt)
         sp.update_state_after_alloc(req, p_blocks, 0)
         new = [SimpleNamespace(req_id="hit", num_computed_tokens=cached)]
         done = step(sp, wp, p_layers, "hit", p_blocks, truth, cached, 40, scheduled_new_reqs=new)
@@ -411,7 +438,7 @@ def test_connector_passes_the_decode_parallelism(layer_parts):
     wp.register_cross_layers_kv_cache(cache)
     try:
         prompt, rid = 40, "cmpl-mla"
-        req = SimpleNamespace(request_id=rid, prompt_token_ids=list(range(prompt)), kv_transfer_params=None)
+        req = prefill_request(rid, prompt)
         blocks = [[5, 9, 2]]
         sp.update_state_after_alloc(req, blocks, 0)
         for n in (16, 16, 8):  # three prefill steps, get_finished between them as vLLM calls it
