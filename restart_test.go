@@ -28,17 +28,9 @@ func TestWriterRestartedInProcessIsAddressed(t *testing.T) {
 	l := smallLayout()
 	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
-	start := func(inst string) *kvxfer.Engine {
-		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0),
-			Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: link, TransferTimeout: 30 * time.Second})
-		if err != nil {
-			t.Fatalf("start %s: %v", inst, err)
-		}
-		return e
-	}
-	gen := start("gen")
+	gen := startOn(t, link, l, "gen")
 	for i := range 3 {
-		ctxE := start("ctx") // the same name, a new incarnation each time
+		ctxE := startOn(t, link, l, "ctx") // the same name, a new incarnation each time
 		c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
 		transfer(t, c, l, fmt.Sprintf("after-restart-%d", i), i+1, 64, 32, true)
 		closeWithin(t, ctxE, "ctx")

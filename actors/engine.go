@@ -133,7 +133,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e := &Engine{cfg: cfg, sys: sys, reg: reg, stats: &Counters{}}
 	e.env = &shellEnv{pools: cfg.Pools.forSessions(), clock: cfg.Clock, log: cfg.Log, stats: e.stats, recorder: cfg.Recorder, self: cfg.Self,
 		throttle: control.NewThrottle(0, 0, 0), credits: newFrameCredits(cfg.FrameCredits),
-		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16), revoker: cfg.Revoker}
+		dispatch: newPoolDispatcher(300, 4*runtime.GOMAXPROCS(0)+16), revoker: cfg.Revoker, link: cfg.Link}
 	e.env.propsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.WithDispatcher(e.env.dispatch)}
 	defer func() {
 		if err != nil {

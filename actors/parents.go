@@ -400,6 +400,16 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		return
 	}
 	hello, err := p.link.Hello(rd.From)
+	if err == nil && hello.Incarnation != 0 && rd.FromIncarnation != 0 && hello.Incarnation != rd.FromIncarnation {
+		// The Hello the link holds is another incarnation's (a RequestData
+		// the old one sent before it went, arriving after its successor's
+		// Hello): its destination blocks are not the new pool's, and no
+		// session may be touched by it. It is refused, answered to the
+		// incarnation it came from.
+		p.refuse(ctx, rd, rejectStale, fmt.Errorf("%w: RequestData of %s incarnation %d, whose Hello here is incarnation %d's",
+			core.ErrStaleIncarnation, rd.From, rd.FromIncarnation, hello.Incarnation))
+		return
+	}
 	var route *Route
 	var expected []int
 	if err == nil {
@@ -544,11 +554,13 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *writerExited:
 		refs := p.table.Exited(m.peer, m.inc)
 		for _, r := range refs {
-			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how)})
+			ctx.Send(p.sessions.pids[r.Request], RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s: %s", ErrPeerGone, m.peer, m.how), Incarnation: m.inc})
 		}
 		ctx.Respond(requestsOf(refs))
 	case *writerRequests:
 		ctx.Respond(requestsOf(p.table.Addressed(m.peer, m.inc)))
+	case *readdressed:
+		p.table.Readdress(m.request, m.writer, m.inc)
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxWorkerDead{Worker: m.worker})

@@ -61,11 +61,49 @@ func (k *rxKind) stopped() {
 func (k *rxKind) receive(*shell[*RxSession], actor.Context, any, time.Time) bool { return false }
 func (k *rxKind) hold(*shell[*RxSession], []Effect) bool                         { return false }
 
+// readdressed tells the rx parent that a session addressed writer writer
+// of request to incarnation inc (RxAddress).
+type readdressed struct {
+	request string
+	writer  int
+	inc     uint64
+}
+
+// unaddressed checks a RequestData against its writer's latest Hello just
+// before it leaves (it has never left: a writer is sent one until it
+// does). A Hello of another incarnation than the frame's (the writer
+// restarted since the request started) re-addresses it (RxAddress): the
+// new incarnation would drop it, and the old one's answers prove nothing
+// for a request it never got. A frame addressed to no incarnation, the
+// writer's Hello not known yet, waits for it (RxSent's refusal: re-sent
+// with backoff): an answer from whichever incarnation of the writer then
+// got it could not be told from the one that did. nil: it leaves.
+func (k *rxKind) unaddressed(a *shell[*RxSession], ctx actor.Context, e SendRequestData) any {
+	if a.env.link == nil {
+		return nil
+	}
+	h, err := a.env.link.Hello(e.To)
+	switch {
+	case err == nil && h.Incarnation != 0 && h.Incarnation != e.Frame.ToIncarnation:
+		// The parent's table too: exit proofs are matched there.
+		ctx.Send(ctx.Parent(), &readdressed{request: k.request(), writer: e.Writer, inc: h.Incarnation})
+		return RxAddress{Writer: e.Writer, Incarnation: h.Incarnation}
+	case err != nil && e.Frame.ToIncarnation == 0:
+		return RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: writer %s has not said Hello: its incarnation is not known yet (%w)",
+			ErrPeerGone, e.To, err)}
+	}
+	return nil
+}
+
 func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ time.Time) {
 	switch e := eff.(type) {
 	case SendFrame:
 		sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
 	case SendRequestData:
+		if held := k.unaddressed(a, ctx, e); held != nil {
+			a.feedback = append(a.feedback, held)
+			break
+		}
 		w := a.env.frameWorker(e.Worker)
 		if w == nil {
 			// No worker left: it never leaves.

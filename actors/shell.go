@@ -228,6 +228,9 @@ type shellEnv struct {
 
 	// incarnation is this engine's (EngineConfig.Incarnation).
 	incarnation uint64
+	// link is the control plane: rx sessions read a writer's latest Hello
+	// before its RequestData leaves (nil: none, as in some tests).
+	link control.Link
 
 	// dispatch runs every mailbox of the engine but peer streams'
 	// (dispatch.go).

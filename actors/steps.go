@@ -34,6 +34,7 @@ type (
 	RxAbandon       = core.RxAbandon
 	QuarantineDest  = core.QuarantineDest
 	RxSent          = core.RxSent
+	RxAddress       = core.RxAddress
 	RxSession       = core.RxSession
 	RxState         = core.RxState
 	RxTimeout       = core.RxTimeout

@@ -82,8 +82,10 @@ type TableIn struct {
 	Session string        `json:",omitempty"`
 	Key     []byte        `json:",omitempty"`
 	Msg     string        `json:",omitempty"`
-	// Inc is the peer incarnation of an RxTable Learn or Exited.
-	Inc uint64 `json:",omitempty"`
+	// Inc is the peer incarnation of an RxTable Learn, Exited or
+	// Readdress; Writer the writer index of a Readdress.
+	Inc    uint64 `json:",omitempty"`
+	Writer int    `json:",omitempty"`
 }
 
 // AllocAnswer is one answer of the pool during a Drain.
@@ -233,6 +235,13 @@ func (t *rxTable) Learn(peer messages.PeerID, inc uint64) {
 	t.RxTable.Learn(peer, inc)
 	if t.tr != nil {
 		t.tr.Call("Learn", t.clock.Now(), TableIn{Peer: &peer, Inc: inc}, TableOut{})
+	}
+}
+
+func (t *rxTable) Readdress(request string, w int, inc uint64) {
+	t.RxTable.Readdress(request, w, inc)
+	if t.tr != nil {
+		t.tr.Call("Readdress", t.clock.Now(), TableIn{Request: request, Writer: w, Inc: inc}, TableOut{})
 	}
 }
 

@@ -72,8 +72,9 @@ type (
 		Reason *string `json:",omitempty"`
 	}
 	rxPeerGone struct {
-		Writer int
-		Err    *string `json:",omitempty"`
+		Writer      int
+		Err         *string `json:",omitempty"`
+		Incarnation uint64  `json:",omitempty"`
 	}
 	rxPanic struct {
 		Err *string `json:",omitempty"`
@@ -220,13 +221,15 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 	case actors.RxTimeout:
 		return "RxTimeout", m
 	case actors.RxPeerGone:
-		return "RxPeerGone", rxPeerGone{Writer: m.Writer, Err: errText(m.Err)}
+		return "RxPeerGone", rxPeerGone{Writer: m.Writer, Err: errText(m.Err), Incarnation: m.Incarnation}
 	case actors.RxPanic:
 		return "RxPanic", rxPanic{Err: errText(m.Err)}
 	case actors.RxSuspect:
 		return "RxSuspect", rxSuspect{Writer: m.Writer, Err: errText(m.Err)}
 	case actors.RxAbandon:
 		return "RxAbandon", m
+	case actors.RxAddress:
+		return "RxAddress", m
 	}
 	return fmt.Sprintf("%T", msg), nil
 }
@@ -331,7 +334,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 	case "RxPeerGone":
 		var w rxPeerGone
 		if err = unmarshal(raw, &w); err == nil {
-			out = actors.RxPeerGone{Writer: w.Writer, Err: textErr(w.Err)}
+			out = actors.RxPeerGone{Writer: w.Writer, Err: textErr(w.Err), Incarnation: w.Incarnation}
 		}
 	case "RxPanic":
 		var w rxPanic
@@ -345,6 +348,8 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		}
 	case "RxAbandon":
 		out, err = decodeAs[actors.RxAbandon](raw)
+	case "RxAddress":
+		out, err = decodeAs[actors.RxAddress](raw)
 	default:
 		return Unknown{Type: typ}, nil
 	}

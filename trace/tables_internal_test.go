@@ -76,7 +76,7 @@ func TestTableInRoundTrip(t *testing.T) {
 			Op:     &op, Session: "$1/$2", Key: []byte{0xff, 0, 'a'}, Msg: "submit r1/peer1/op2",
 			Open: &core.RxOpen{Request: "r1", PromptLen: 64, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 2, PP: 1},
 				PrefixHitBlocks: []int{1}, Deadline: time.Unix(5, 6).UTC()},
-			Blocks: [][]kvcache.BlockID{{3}}, Inc: 7}
+			Blocks: [][]kvcache.BlockID{{3}}, Inc: 7, Writer: 2}
 		raw, err := json.Marshal(encodeTableIn(in))
 		if err != nil {
 			t.Fatal(err)
@@ -90,7 +90,7 @@ func TestTableInRoundTrip(t *testing.T) {
 		}
 	}
 	// Every field of TableIn is set above: one added later must be too.
-	if n := reflect.TypeOf(actors.TableIn{}).NumField(); n != 16 {
-		t.Errorf("TableIn has %d fields, this test sets 16: set the new ones", n)
+	if n := reflect.TypeOf(actors.TableIn{}).NumField(); n != 17 {
+		t.Errorf("TableIn has %d fields, this test sets 17: set the new ones", n)
 	}
 }

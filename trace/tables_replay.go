@@ -189,6 +189,8 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 				break
 			}
 			out.Refs = tb.Exited(*in.Peer, in.Inc)
+		case "Readdress":
+			tb.Readdress(in.Request, in.Writer, in.Inc)
 		case "Heard", "PeerDown":
 			if in.Peer == nil {
 				return out, fmt.Errorf("no peer recorded for %s", m)

@@ -54,7 +54,11 @@ func (t *IncarnationTable) Hello(h *messages.Hello) (newer bool, err error) {
 // Admit decides whether this rank may act on f: not when f is addressed to
 // another incarnation of this rank (an earlier one: this rank restarted
 // since the sender learnt of it), nor when its sender's incarnation is
-// earlier than one already heard from that peer. A frame of a later
+// earlier than one already heard from that peer — but for a terminal
+// frame (Result, CancelAck): an earlier incarnation's answer to a request
+// addressed to it is the very proof that request waits for (its writes
+// are over), so it passes, teaching nothing, and the request's session
+// decides (it takes only its writer's incarnation). A frame of a later
 // incarnation than known teaches it. Frames without incarnations pass.
 func (t *IncarnationTable) Admit(f messages.Frame) error {
 	in, ok := f.(messages.Incarnated)
@@ -71,6 +75,10 @@ func (t *IncarnationTable) Admit(f messages.Frame) error {
 	}
 	from := f.Sender()
 	if known := t.peers[from]; inc.FromIncarnation < known {
+		switch f.(type) {
+		case *messages.Result, *messages.CancelAck:
+			return nil
+		}
 		return fmt.Errorf("%w: %T for request %s from %s incarnation %d, incarnation %d already heard",
 			ErrStaleIncarnation, f, f.Request(), from, inc.FromIncarnation, known)
 	}

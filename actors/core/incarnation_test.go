@@ -9,8 +9,10 @@ import (
 )
 
 // Issue 17: a rank never acts on a frame addressed to an earlier
-// incarnation of itself, or sent by an earlier incarnation of its peer
-// than one it heard; frames without incarnations (older peers) pass.
+// incarnation of itself, or on a RequestData or Cancel sent by an earlier
+// incarnation of its peer than one it heard (a Result or CancelAck of
+// one passes: its sessions decide); frames without incarnations (older
+// peers) pass.
 func TestIncarnationTableAdmit(t *testing.T) {
 	ctx0 := messages.PeerID{Instance: "ctx", Rank: 0}
 	ctx1 := messages.PeerID{Instance: "ctx", Rank: 1}
@@ -29,8 +31,14 @@ func TestIncarnationTableAdmit(t *testing.T) {
 		{"to an earlier incarnation of this rank", ack(ctx0, 5, 19), true},
 		{"to a later incarnation (not this one)", ack(ctx0, 5, 21), true},
 		{"from the peer's restart, incarnation 7", ack(ctx0, 7, 0), false},
-		{"from the peer's earlier incarnation 5, after 7", ack(ctx0, 5, 20), true},
+		// Its answer to a request addressed to it: the proof that request
+		// waits for; the session takes only its writer's incarnation.
+		{"a CancelAck of the peer's earlier incarnation 5, after 7", ack(ctx0, 5, 20), false},
+		{"a Result of incarnation 5, after 7", &messages.Result{RequestID: "r", Epoch: 1, From: ctx0,
+			Incarnations: messages.Incarnations{FromIncarnation: 5, ToIncarnation: 20}}, false},
 		{"a RequestData of incarnation 5 after 7", &messages.RequestData{RequestID: "r", Epoch: 1, From: ctx0,
+			Incarnations: messages.Incarnations{FromIncarnation: 5}}, true},
+		{"a Cancel of incarnation 5 after 7", &messages.Cancel{RequestID: "r", Epoch: 1, From: ctx0,
 			Incarnations: messages.Incarnations{FromIncarnation: 5}}, true},
 		{"another peer's incarnation 5", ack(ctx1, 5, 20), false},
 		{"a Hello is not an incarnated frame", &messages.Hello{From: ctx0, Incarnation: 1}, false},
@@ -53,8 +61,9 @@ func TestIncarnationTableAdmit(t *testing.T) {
 	if newer, err := tb.Hello(&messages.Hello{From: messages.PeerID{Instance: "ctx", Rank: 2}, Incarnation: 3}); err != nil || newer {
 		t.Fatalf("first Hello of a peer: newer %v, err %v; want neither", newer, err)
 	}
-	if err := tb.Admit(ack(ctx0, 7, 20)); !errors.Is(err, ErrStaleIncarnation) {
-		t.Fatalf("a frame of incarnation 7 after the Hello of 9: %v", err)
+	if err := tb.Admit(&messages.Cancel{RequestID: "r", Epoch: 1, From: ctx0,
+		Incarnations: messages.Incarnations{FromIncarnation: 7, ToIncarnation: 20}}); !errors.Is(err, ErrStaleIncarnation) {
+		t.Fatalf("a Cancel of incarnation 7 after the Hello of 9: %v", err)
 	}
 	// A rank that does not know its own incarnation (0) refuses nothing
 	// for the address.

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,23 @@ type (
 	RxPeerGone struct {
 		Writer int
 		Err    error
+		// Incarnation is the writer's incarnation the proof is about (0:
+		// any): the death of one incarnation proves nothing about another
+		// the request was addressed to since (RxAddress).
+		Incarnation uint64
+	}
+	// RxAddress: the shell did not send writer Writer's RequestData (the
+	// SendRequestData just emitted) because the writer's Hello names
+	// another incarnation than the frame is addressed to — the writer
+	// restarted since the request started (or its Hello was not known
+	// then): the new incarnation would drop the frame, and the old one's
+	// answers are no proof for a request it never got. The RequestData has
+	// never left (a writer is sent one only until it leaves), so it is
+	// addressed to Incarnation and sent again; on a decided request it
+	// never reached the writer (RxSent's refusal).
+	RxAddress struct {
+		Writer      int
+		Incarnation uint64
 	}
 	// RxSuspect: the control plane suspects a writer (missed heartbeats).
 	// It may be alive — partitioned, stalled, slow — so this fails the
@@ -258,8 +276,11 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			break
 		}
 		s.terminal(RxTimedOut, fmt.Errorf("%w: request %s%s", ErrTimeout, s.cfg.Request, s.undelivered()))
+	case RxAddress:
+		s.onAddress(m)
 	case RxPeerGone:
-		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending {
+		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending &&
+			(m.Incarnation == 0 || s.cfg.Writers[m.Writer].Incarnation == 0 || m.Incarnation == s.cfg.Writers[m.Writer].Incarnation) {
 			s.writers[m.Writer] = writerStopped
 			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s: %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
 		}
@@ -421,6 +442,27 @@ func (s *RxSession) onSent(m RxSent) {
 		s.resend = true
 		s.eff = append(s.eff, StartTimer{Kind: TimerResend, At: s.now.Add(d)})
 	}
+}
+
+// onAddress re-addresses a RequestData the shell did not send (RxAddress).
+func (s *RxSession) onAddress(m RxAddress) {
+	if m.Writer < 0 || m.Writer >= len(s.sent) || s.sent[m.Writer] != deliverySending {
+		return
+	}
+	// Copied, not changed in place: the config handed out (traces, the
+	// shell) keeps what it was.
+	writers := slices.Clone(s.cfg.Writers)
+	w := &writers[m.Writer]
+	rd := *w.Request
+	rd.ToIncarnation = m.Incarnation
+	w.Request, w.Incarnation = &rd, m.Incarnation
+	s.cfg.Writers = writers
+	if s.state.Terminal() {
+		s.sent[m.Writer] = deliveryRefused
+		s.neverReached(m.Writer)
+		return
+	}
+	s.sendRequest(m.Writer)
 }
 
 // neverReached marks a pending writer whose RequestData never left this

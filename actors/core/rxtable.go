@@ -105,6 +105,16 @@ func (t *RxTable) Writers(o RxOpen) []messages.PeerID {
 	return out
 }
 
+// Readdress records that writer w of request was addressed to incarnation
+// inc since it started (RxAddress: the writer restarted before its
+// RequestData left), so that an exit proof of inc applies to it and one of
+// the incarnation it first had does not.
+func (t *RxTable) Readdress(request string, w int, inc uint64) {
+	if e := t.entries[request]; e != nil && w >= 0 && w < len(e.writers) {
+		e.writers[w].inc = inc
+	}
+}
+
 // Incarnation is the latest incarnation known of peer (0: none).
 func (t *RxTable) Incarnation(peer messages.PeerID) uint64 { return t.incs[peer] }
 

@@ -1,0 +1,303 @@
+package kvxfer_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// startOn starts a TP1 engine named inst on link (a new incarnation each call).
+func startOn(t *testing.T, link control.Link, l kvcache.Layout, inst string) *kvxfer.Engine {
+	t.Helper()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0),
+		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: link, TransferTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("start %s: %v", inst, err)
+	}
+	return e
+}
+
+// sendWhole runs the context side of request id on e: Send, one chunk of
+// the whole prompt, its source filled with the pattern of req.
+func sendWhole(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, id string, req, promptLen int) (*kvxfer.TxHandle, [][]kvcache.BlockID) {
+	t.Helper()
+	nblk := l.BlocksFor(promptLen)
+	src, err := e.Pools().Alloc([]int{nblk, nblk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: promptLen, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := kvcache.Chunk{Start: 0, End: promptLen, FirstBlock: 0, Last: true}
+	f := &kvxfer.ManualFence{}
+	if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), f); err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b := range nblk {
+			fill(e, l, g, src[g][b], b, req)
+		}
+	}
+	f.Fire(nil)
+	return tx, src
+}
+
+// TestRequestResentAcrossWriterRestart: a generation request started
+// while its writer was restarting (the old incarnation closed, the new
+// one not yet listening) has its RequestData refused by the link and
+// re-sent with backoff. The re-send that finally goes through reaches the
+// new incarnation, but it is still addressed to the old one (fixed at
+// Start), so the new incarnation drops it: the request never gets an
+// answer and fails at its deadline with its blocks quarantined, although
+// no RequestData ever reached the old incarnation.
+func TestRequestResentAcrossWriterRestart(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	link := control.NewMemLink()
+	gen := startOn(t, link, l, "gen")
+	ctx1 := startOn(t, link, l, "ctx")
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	transfer(t, c, l, "before", 1, 64, 32, true) // gen learns ctx1's incarnation
+	closeWithin(t, ctx1, "ctx1")
+
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx",
+		ContextParallel: one, Timeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for gen.Stats().FramesUnsent == 0 { // its RequestData was refused: no ctx listens
+		if time.Now().After(deadline) {
+			t.Fatal("the RequestData was never refused")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	ctx2 := startOn(t, link, l, "ctx")
+	tx, src := sendWhole(t, ctx2, l, "across", 2, 64)
+	o := waitOutcome(t, rx.Done())
+	to := waitOutcome(t, tx.Done())
+	_ = ctx2.Pools().Free(src)
+	if !o.OK {
+		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
+			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
+	} else {
+		verify(t, gen, l, 64, o.Blocks, 2)
+		_ = gen.FreeBlocks(o.Blocks)
+	}
+	closeWithin(t, ctx2, "ctx2")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := gen.Close(ctx); err != nil {
+		t.Errorf("close gen: %v", err)
+	}
+}
+
+// TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello: a
+// RequestData the old incarnation of a generation rank sent before it
+// died (delayed in the control plane: a full mailbox, a zmq queue) reaches
+// the context rank after the rank restarted. The context side resolves it
+// against the Hello the link holds now - the new incarnation's - and
+// writes the request into the new incarnation's pool, at block ids the new
+// incarnation never gave it (here: blocks it holds for its own use). Its
+// Result is addressed to the old incarnation, which the new one drops: the
+// corruption is silent on both sides, and the context side reports DONE.
+func TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	link := control.NewMemLink()
+	ctxE := startOn(t, link, l, "ctx")
+	gen1 := startOn(t, link, l, "gen")
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen1}, ctxPar: one, genPar: one}
+	transfer(t, c, l, "warm", 1, 64, 32, true) // ctx hears gen1's incarnation
+	inc1 := gen1.Hello().Incarnation
+	closeWithin(t, gen1, "gen1")
+
+	gen2 := startOn(t, link, l, "gen") // the restart: a new pool
+	defer closeWithin(t, gen2, "gen2")
+	defer closeWithin(t, ctxE, "ctx")
+	held := holdFreeBlocks(t, gen2) // gen2's own data, in every free block
+	for g := range held {
+		for _, id := range held[g] {
+			for i := range gen2.Block(g, id) {
+				gen2.Block(g, id)[i] = 0xEE
+			}
+		}
+	}
+	// The context side's prefill of "late" runs; gen1's RequestData for it
+	// arrives now, naming blocks of gen1's pool (ids gen2 holds).
+	tx, src := sendWhole(t, ctxE, l, "late", 3, 64)
+	groups := make([]messages.GroupDest, len(l.Groups))
+	for g, grp := range l.Groups {
+		first, end := kvcache.NeededRange(64, grp.Window, l.TokensPerBlock, 0)
+		for i := 0; i < end-first; i++ {
+			groups[g].Blocks = append(groups[g].Blocks, int32(held[g][i]))
+		}
+		groups[g].First = int32(first)
+	}
+	conn, err := link.Dial(ctxE.Hello().From)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Send(&messages.RequestData{RequestID: "late", Epoch: 77, From: gen2.Hello().From,
+		Incarnations: messages.Incarnations{FromIncarnation: inc1, ToIncarnation: ctxE.Hello().Incarnation},
+		GenParallel:  messages.Parallel{TP: 1, PP: 1}, PromptLen: 64, Groups: groups,
+		DeadlineUnixNano: time.Now().Add(time.Minute).UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, tx.Done())
+	_ = ctxE.Pools().Free(src)
+	changed := 0
+	for g := range held {
+		for _, id := range held[g] {
+			if !bytes.Equal(gen2.Block(g, id), bytes.Repeat([]byte{0xEE}, len(gen2.Block(g, id)))) {
+				changed++
+			}
+		}
+	}
+	if changed > 0 || o.OK {
+		t.Errorf("a RequestData of gen's incarnation %d (gen is now incarnation %d) was served into the new incarnation's pool: %d of its blocks overwritten; the context side's Send ended %s %v",
+			inc1, gen2.Hello().Incarnation, changed, o.Status, o.Err)
+	}
+	_ = gen2.FreeBlocks(held)
+}
+
+// TestOldIncarnationsProofIsNotDropped: context rank ctx's incarnation 1
+// stalls (a partition, SIGSTOP) while generation request r1 waits for it;
+// the orchestrator starts incarnation 2 under the same name, which serves
+// r2. r1 fails at its deadline, its blocks quarantined until a proof from
+// incarnation 1. Incarnation 1 resumes and sends that proof (its CancelAck
+// for r1, addressed to this generation rank), but the generation listener
+// refuses every frame of an incarnation older than one already heard
+// (IncarnationTable.Admit), so the proof never reaches r1's session, which
+// alone checks the writer's incarnation: r1's blocks stay quarantined for
+// good (and the engine's Close fails on its session).
+func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	link := control.NewMemLink()
+	gen := startOn(t, link, l, "gen")
+	ctxID := messages.PeerID{Instance: "ctx"}
+	// Incarnation 1 of ctx: a fake rank that records what it is sent.
+	got := make(chan messages.Frame, 64)
+	lis, err := link.Listen(&messages.Hello{From: ctxID, Incarnation: 1, LayoutHash: gen.Hello().LayoutHash,
+		Parallel: messages.Parallel{TP: 1, PP: 1}}, func(f messages.Frame) { got <- f })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx1, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx",
+		ContextParallel: one, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rd *messages.RequestData
+	for rd == nil {
+		select {
+		case f := <-got:
+			rd, _ = f.(*messages.RequestData)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no RequestData for r1")
+		}
+	}
+	if rd.ToIncarnation != 1 {
+		t.Fatalf("r1 addressed to incarnation %d, want 1", rd.ToIncarnation)
+	}
+	_ = lis.Close() // incarnation 1 stalls, out of reach; incarnation 2 takes the name
+	ctx2 := startOn(t, link, l, "ctx")
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx2}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	transfer(t, c, l, "r2", 2, 64, 32, true)
+	o := waitOutcome(t, rx1.Done())
+	if o.OK {
+		t.Fatalf("r1 %s", o.Status)
+	}
+	if q := gen.Pools().Quarantined(); q == 0 {
+		t.Fatalf("r1 (%s) quarantined nothing: the test sees nothing", o.Status)
+	}
+	// Incarnation 1 resumes: nothing of it writes r1, it says so.
+	conn, err := link.Dial(gen.Hello().From)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := gen.Stats().FramesStale
+	if err := conn.Send(&messages.CancelAck{RequestID: "r1", Epoch: rd.Epoch, From: ctxID,
+		Incarnations: messages.Incarnations{FromIncarnation: 1, ToIncarnation: rd.FromIncarnation}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for gen.Pools().Quarantined() != 0 {
+		if time.Now().After(deadline) {
+			t.Errorf("%d blocks of r1 still quarantined 5 s after incarnation 1's CancelAck for it (frames dropped as stale: %d more)",
+				gen.Pools().Quarantined(), gen.Stats().FramesStale-stale)
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll with a deadline
+	}
+	closeWithin(t, ctx2, "ctx2")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := gen.Close(ctx); err != nil {
+		t.Errorf("close gen: %v", err)
+	}
+}
+
+// TestReplayReaddressed: the trace of a generation engine whose request
+// was re-addressed to a restarted writer's new incarnation (RxAddress, the
+// table's Readdress) replays identically and exports.
+func TestReplayReaddressed(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	link := control.NewMemLink()
+	dir := t.TempDir()
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: one, Rank: one.RankAt(0),
+		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: link, TransferTimeout: 30 * time.Second,
+		TracePath: filepath.Join(dir, "gen-0.jsonl")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx1 := startOn(t, link, l, "ctx")
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	transfer(t, c, l, "before", 1, 64, 32, true)
+	closeWithin(t, ctx1, "ctx1")
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx", ContextParallel: one})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for gen.Stats().FramesUnsent == 0 { // refused: no ctx listens
+		if time.Now().After(deadline) {
+			t.Fatal("the RequestData was never refused")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	ctx2 := startOn(t, link, l, "ctx")
+	_, src := sendWhole(t, ctx2, l, "across", 2, 64)
+	o := waitOutcome(t, rx.Done())
+	if !o.OK {
+		t.Fatalf("across: %s %v", o.Status, o.Err)
+	}
+	verify(t, gen, l, 64, o.Blocks, 2)
+	_ = gen.FreeBlocks(o.Blocks)
+	_ = ctx2.Pools().Free(src)
+	closeWithin(t, ctx2, "ctx2")
+	closeWithin(t, gen, "gen")
+	replayAndExport(t, dir)
+	b, err := os.ReadFile(filepath.Join(dir, "gen-0.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"type":"RxAddress"`, `"Readdress"`} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("the trace has no %s: the request was not re-addressed, the test sees nothing", want)
+		}
+	}
+}
