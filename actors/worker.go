@@ -208,6 +208,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			_ = c.Close()
 			delete(s.conns, m.peer)
 		}
+		s.forgetPeerKey(ctx, m.peer)
 	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
@@ -279,6 +280,27 @@ func (s *workerSlot) usePeerKey(ctx actor.Context, peer messages.PeerID, key str
 		s.stale[prev] = true
 		s.retireStale(ctx, prev)
 	}
+}
+
+// forgetPeerKey: peer is down. Its address's endpoint is closed once
+// nothing is in flight on it (retireStale), as a restarted peer's old
+// address is: a peer that never comes back (an instance scaled away)
+// would otherwise keep it for the engine's life — over shm a mapping of
+// its whole pool file, whose pages stay allocated after the file is
+// unlinked, and a copier goroutine. One that comes back connects afresh.
+func (s *workerSlot) forgetPeerKey(ctx actor.Context, peer messages.PeerID) {
+	key, ok := s.peerKey[peer]
+	if !ok {
+		return
+	}
+	delete(s.peerKey, peer)
+	for _, k := range s.peerKey {
+		if k == key {
+			return // another peer's address too
+		}
+	}
+	s.stale[key] = true
+	s.retireStale(ctx, key)
 }
 
 // retireStale closes a stale address's endpoint if no op is in flight on
