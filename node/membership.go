@@ -127,12 +127,22 @@ func (n *Node) apply(ev discovery.Event) {
 		id := messages.PeerID{Instance: ev.Instance, Rank: ev.Rank}
 		n.mu.Lock()
 		f, ok := n.found[id]
-		if ok && f.rec.Incarnation == ev.Incarnation {
+		gone := ok && f.rec.Incarnation == ev.Incarnation
+		if gone {
 			delete(n.found, id)
 		}
 		n.mu.Unlock()
 		if !ok {
 			return // a record this node refused
+		}
+		if gone && n.link != nil {
+			// The link forgets it: no more heartbeats or redials to it
+			// (a socket and a monitor each), and its name is free for
+			// a new incarnation with another key. Its connections' last
+			// frames are still accepted. A superseding incarnation's Up
+			// comes after this Down and adds it afresh; one that came
+			// first left a newer record in found, which stays.
+			n.link.RemovePeer(id)
 		}
 		n.eng.PeerDownBecause(id, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
 		lvl := n.log.Warn()

@@ -180,8 +180,10 @@ func (b *beater) logState(peer messages.PeerID, st PeerState) {
 	}
 }
 
-// refresh makes a socket for every directory peer with an endpoint, and
-// remakes one whose endpoint or server key changed.
+// refresh makes a socket for every directory peer with an endpoint,
+// remakes one whose endpoint or server key changed or that is a new
+// directory entry (a peer removed and added again), and closes those of
+// peers no longer in the directory (RemovePeer) or without an endpoint.
 func (b *beater) refresh() {
 	type want struct {
 		endpoint, serverKey string
@@ -196,9 +198,21 @@ func (b *beater) refresh() {
 		}
 	}
 	b.l.mu.Unlock()
+	defer func() { b.l.beating.Store(int64(len(b.socks))) }()
+	for id, s := range b.socks {
+		if _, ok := wants[id]; !ok {
+			s.close()
+			delete(b.socks, id)
+		}
+	}
+	for id := range b.failed {
+		if _, ok := wants[id]; !ok {
+			delete(b.failed, id)
+		}
+	}
 	for id, w := range wants {
 		old := b.socks[id]
-		if old != nil && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials {
+		if old != nil && old.info == w.info && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials {
 			continue
 		}
 		if old != nil {
@@ -298,4 +312,5 @@ func (b *beater) closeAll() {
 		s.close()
 		delete(b.socks, id)
 	}
+	b.l.beating.Store(0)
 }

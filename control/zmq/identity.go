@@ -41,8 +41,8 @@ func (id Identity) permits(p messages.PeerID) bool {
 }
 
 // identities is what each CURVE key may speak for: the union of the
-// explicit Identities and, for a key that is some directory peer's server
-// key, that peer's PeerID (one keypair per link serves both as its
+// explicit Identities, the departed keys' peers (RemovePeer) and, for a
+// key that is some directory peer's server key, that peer's PeerID (one keypair per link serves both as its
 // ROUTER's server key and its DEALERs' client key). It is immutable: the
 // link builds a new one when either source changes, and the listener reads
 // the current one with each frame without a lock.
@@ -77,6 +77,11 @@ func (l *Link) rebuildIdentitiesLocked() {
 	for id, p := range l.peers {
 		if p.serverKey != "" {
 			t.peers[p.serverKey] = append(t.peers[p.serverKey], id)
+		}
+	}
+	for _, d := range l.departed {
+		if !slices.Contains(t.peers[d.key], d.peer) {
+			t.peers[d.key] = append(t.peers[d.key], d.peer)
 		}
 	}
 	l.idents.Store(t)

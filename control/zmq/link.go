@@ -47,12 +47,19 @@ type Link struct {
 	// misnamed is the last Hello refused because its CURVE key may not
 	// speak for the sender it claimed (MisnamedHello).
 	misnamed atomic.Pointer[misnamedHello]
+	// beating is how many peers the heartbeat goroutine holds a socket
+	// for (Beating).
+	beating atomic.Int64
 
-	mu        sync.Mutex
-	peers     map[messages.PeerID]*peerInfo
-	allowed   map[string]bool       // CURVE client keys the ZAP handler admits
-	explicit  map[string][]Identity // Curve.Identities and AddIdentity, by key; copied on write
-	foreign   map[string]uint32     // the protocol version an admitted CURVE key speaks, when not ours
+	mu       sync.Mutex
+	peers    map[messages.PeerID]*peerInfo
+	allowed  map[string]bool       // CURVE client keys the ZAP handler admits
+	explicit map[string][]Identity // Curve.Identities and AddIdentity, by key; copied on write
+	foreign  map[string]uint32     // the protocol version an admitted CURVE key speaks, when not ours
+	// departed are CURVE keys that may still speak for peers the
+	// directory forgot or rebound to another key, oldest first
+	// (RemovePeer, SetPeerServerKey).
+	departed  []departedKey
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
 	endpoint  string
@@ -173,7 +180,17 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.peerLocked(id).serverKey = key
+	info := l.peerLocked(id)
+	if old := info.serverKey; old != "" && old != key {
+		// A new incarnation with another key: the name is no longer
+		// bound to the old key (the listener accepts the new key's Hello
+		// at once), which may still speak for it (its last frames).
+		l.departLocked(old, id)
+		if info.key == old {
+			info.key = ""
+		}
+	}
+	info.serverKey = key
 	l.rebuildIdentitiesLocked()
 	return nil
 }

@@ -1,0 +1,71 @@
+package zmq
+
+import (
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// maxDeparted bounds the CURVE key bindings a link keeps for peers it
+// forgot (RemovePeer) or whose key changed (SetPeerServerKey): the oldest
+// goes first. A departed incarnation's last frames (Result, CancelAck:
+// proofs a generation side waits for) come within its requests' deadlines,
+// long before thousands of later departures.
+const maxDeparted = maxPeers
+
+// departedKey is a CURVE key that may still speak for a peer the
+// directory no longer binds it to.
+type departedKey struct {
+	key  string
+	peer messages.PeerID
+}
+
+// RemovePeer forgets a peer that left (an etcd Down): its directory entry
+// goes, the heartbeat goroutine closes its socket and monitor at its next
+// beat and stops dialling it, and the peer's name is no longer bound to
+// its CURVE key, so that a new incarnation under the name with another
+// key is accepted at once. The departed key keeps its admission at the
+// handshake and may still speak for the peer (its connections' last
+// frames, a Result or CancelAck, are delivered), up to the latest
+// maxDeparted departures. A later AddPeer of the name starts a new peer.
+// Conns dialled to the peer stay usable until their owner closes them.
+// Removing an unknown peer, or the link's own id, does nothing.
+func (l *Link) RemovePeer(peer messages.PeerID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.self != nil && peer == l.self.From {
+		return
+	}
+	info := l.peers[peer]
+	if info == nil {
+		return
+	}
+	delete(l.peers, peer)
+	if info.serverKey != "" {
+		l.departLocked(info.serverKey, peer)
+	}
+	if info.key != "" && info.key != info.serverKey {
+		l.departLocked(info.key, peer)
+	}
+	l.rebuildIdentitiesLocked()
+}
+
+// departLocked keeps key's permission to speak for peer after the
+// directory dropped it, evicting the oldest past maxDeparted. Callers
+// hold l.mu and rebuild the identities.
+func (l *Link) departLocked(key string, peer messages.PeerID) {
+	d := departedKey{key: key, peer: peer}
+	for i, e := range l.departed {
+		if e == d {
+			l.departed = append(l.departed[:i], l.departed[i+1:]...)
+			break
+		}
+	}
+	if len(l.departed) >= maxDeparted {
+		l.departed = l.departed[1:]
+	}
+	l.departed = append(l.departed, d)
+}
+
+// Beating is the number of peers the heartbeat goroutine holds a socket
+// (and a monitor) for, as of its latest beat: the directory's peers with
+// an endpoint, less those whose socket could not be made.
+func (l *Link) Beating() int { return int(l.beating.Load()) }
