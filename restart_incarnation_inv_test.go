@@ -4,6 +4,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -119,4 +120,61 @@ func TestUnaddressedRequestFreedOnAnotherIncarnationsAck(t *testing.T) {
 	ctx, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel2()
 	_ = gen.Close(ctx)
+}
+
+// TestReaddressedToAnExitedIncarnation: a request waiting for its writer's
+// Hello is re-addressed to the incarnation the Hello names once it comes —
+// one already proven exited (WriterExited reached the engine while no
+// request was addressed to it, and an incarnation exits once). The proof
+// applies to the request when it is re-addressed: it fails at once, its
+// blocks freed, instead of waiting for an answer from a dead process with
+// its blocks quarantined for good. (Found by review; fails without the
+// table's answer to Readdress.)
+func TestReaddressedToAnExitedIncarnation(t *testing.T) {
+	l := smallLayout()
+	one := kvcache.Parallel{TP: 1, PP: 1}
+	mem := control.NewMemLink()
+	glink := &helloLater{Link: mem, hide: "ctx"}
+	glink.on.Store(true)
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: one, Rank: one.RankAt(0),
+		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: glink, TransferTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(t, gen, "gen")
+	ctxID := messages.PeerID{Instance: "ctx"}
+	got := make(chan messages.Frame, 64) // incarnation 7 of ctx: says Hello, then is proven exited
+	lis, err := mem.Listen(&messages.Hello{From: ctxID, Incarnation: 7, LayoutHash: gen.Hello().LayoutHash,
+		Parallel: messages.Parallel{TP: 1, PP: 1}}, func(f messages.Frame) { got <- f })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx", ContextParallel: one})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for glink.hidden.Load() < 2 { // asked at the start, and before its RequestData would leave
+		if time.Now().After(deadline) {
+			t.Fatalf("the Hello was asked for %d times", glink.hidden.Load())
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	if n, err := gen.WriterExited(ctxID, 7, "test: its pidfd"); err != nil || n != 0 {
+		t.Fatalf("WriterExited = %d, %v; want 0 requests (none addressed to it yet)", n, err)
+	}
+	glink.on.Store(false) // the Hello of incarnation 7 reaches the generation side
+	o := waitOutcome(t, rx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Errorf("r: %s %v, want failed: its writer's incarnation has exited", o.Status, o.Err)
+	}
+	deadline = time.Now().Add(time.Minute)
+	for gen.Pools().Used()+gen.Pools().Quarantined() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d blocks used and %d quarantined after r ended: the exit proof did not apply to it",
+				gen.Pools().Used(), gen.Pools().Quarantined())
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
 }

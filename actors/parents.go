@@ -560,7 +560,12 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *writerRequests:
 		ctx.Respond(requestsOf(p.table.Addressed(m.peer, m.inc)))
 	case *readdressed:
-		p.table.Readdress(m.request, m.writer, m.inc)
+		if p.table.Readdress(m.request, m.writer, m.inc) && p.sessions.pids[m.request] != nil {
+			// Proven exited before this request was addressed to it: the
+			// proof applies to it too (no other will come).
+			ctx.Send(p.sessions.pids[m.request], RxPeerGone{Writer: m.writer, Incarnation: m.inc,
+				Err: fmt.Errorf("%w: writer incarnation %d has exited", ErrPeerGone, m.inc)})
+		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxWorkerDead{Worker: m.worker})

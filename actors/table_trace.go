@@ -238,11 +238,12 @@ func (t *rxTable) Learn(peer messages.PeerID, inc uint64) {
 	}
 }
 
-func (t *rxTable) Readdress(request string, w int, inc uint64) {
-	t.RxTable.Readdress(request, w, inc)
+func (t *rxTable) Readdress(request string, w int, inc uint64) bool {
+	exited := t.RxTable.Readdress(request, w, inc)
 	if t.tr != nil {
-		t.tr.Call("Readdress", t.clock.Now(), TableIn{Request: request, Writer: w, Inc: inc}, TableOut{})
+		t.tr.Call("Readdress", t.clock.Now(), TableIn{Request: request, Writer: w, Inc: inc}, TableOut{OK: exited})
 	}
+	return exited
 }
 
 func (t *rxTable) Exited(peer messages.PeerID, inc uint64) []core.RxWriterRef {

@@ -190,7 +190,7 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 			}
 			out.Refs = tb.Exited(*in.Peer, in.Inc)
 		case "Readdress":
-			tb.Readdress(in.Request, in.Writer, in.Inc)
+			out.OK = tb.Readdress(in.Request, in.Writer, in.Inc)
 		case "Heard", "PeerDown":
 			if in.Peer == nil {
 				return out, fmt.Errorf("no peer recorded for %s", m)

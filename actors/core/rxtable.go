@@ -108,11 +108,18 @@ func (t *RxTable) Writers(o RxOpen) []messages.PeerID {
 // Readdress records that writer w of request was addressed to incarnation
 // inc since it started (RxAddress: the writer restarted before its
 // RequestData left), so that an exit proof of inc applies to it and one of
-// the incarnation it first had does not.
-func (t *RxTable) Readdress(request string, w int, inc uint64) {
-	if e := t.entries[request]; e != nil && w >= 0 && w < len(e.writers) {
-		e.writers[w].inc = inc
+// the incarnation it first had does not. It reports whether inc is proven
+// exited already (Exited came first, when no request was addressed to
+// it): the shell then applies that proof to this writer, which no later
+// proof would (each incarnation exits once).
+func (t *RxTable) Readdress(request string, w int, inc uint64) (exited bool) {
+	e := t.entries[request]
+	if e == nil || w < 0 || w >= len(e.writers) {
+		return false
 	}
+	e.writers[w].inc = inc
+	g := t.gone[e.writers[w].peer]
+	return g != 0 && inc != 0 && inc <= g
 }
 
 // Incarnation is the latest incarnation known of peer (0: none).
