@@ -96,11 +96,7 @@ func TestRequestResentAcrossWriterRestart(t *testing.T) {
 		_ = gen.FreeBlocks(o.Blocks)
 	}
 	closeWithin(t, ctx2, "ctx2")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := gen.Close(ctx); err != nil {
-		t.Errorf("close gen: %v", err)
-	}
+	closeWithin(t, gen, "gen")
 }
 
 // TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello: a
@@ -243,11 +239,7 @@ func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // poll with a deadline
 	}
 	closeWithin(t, ctx2, "ctx2")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := gen.Close(ctx); err != nil {
-		t.Errorf("close gen: %v", err)
-	}
+	closeWithin(t, gen, "gen")
 }
 
 // TestReplayReaddressed: the trace of a generation engine whose request

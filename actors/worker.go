@@ -72,6 +72,9 @@ type (
 	// DEALER socket redialling a dead endpoint — for the engine's life.
 	// One that comes back is dialled afresh by the next frame to it.
 	workerPeerDown struct{ peer messages.PeerID }
+	// connRetired comes back from the goroutine that closed a down
+	// peer's connection: the frames that waited for it go out.
+	connRetired struct{ peer messages.PeerID }
 )
 
 // workerSlot is a worker's state that survives restarts: its endpoints, its
@@ -92,6 +95,9 @@ type workerSlot struct {
 	openedMu   sync.Mutex
 	opened     map[string]connectResult // Connect results not yet taken
 	background sync.WaitGroup           // closer and connector goroutines still running
+	// retiring holds, per peer whose connection a goroutine is closing
+	// (workerPeerDown), the frames to it that wait until it is closed.
+	retiring map[messages.PeerID][]*workerSend
 	// sending is the frame being handed to the control plane (nil
 	// between sends): a crash inside the send reports it (restart).
 	sending *workerSend
@@ -132,7 +138,7 @@ type workerActor struct {
 
 func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link control.Link, log zerolog.Logger, stats *Counters, env *shellEnv) *workerSlot {
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
-		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{},
+		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{}, retiring: map[messages.PeerID][]*workerSend{},
 		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{},
 		peerKey: map[messages.PeerID]string{}, stale: map[string]bool{}}
 }
@@ -191,24 +197,34 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			ctx.Send(so.Session, TxRetired{Ops: so.Ops})
 		}
 	case *workerSend:
-		if hoptrace.On {
-			hoptrace.Mark(fmt.Sprintf("worker.send.%T", m.Frame), m.Frame.Request())
+		if q, ok := s.retiring[m.To]; ok {
+			s.retiring[m.To] = append(q, m)
+			break
 		}
-		s.sending = m
-		err := s.send(m.To, m.Frame)
-		s.sending = nil
-		if m.report != nil {
-			ctx.Send(m.report, m.sent(err))
-		}
+		s.deliver(ctx, m)
 	case workerPeerDown:
 		if c := s.conns[m.peer]; c != nil {
-			// Close returns once what it queued left or closeLinger
-			// passed (zmq; at once in process), so a frame sent after
-			// it, on a new connection, never overtakes one before.
-			_ = c.Close()
+			// Closed on a goroutine of its own: Close waits up to
+			// closeLinger for what it queued to leave (zmq). Frames to the
+			// peer wait in retiring until it returns, so that none, on a
+			// new connection, overtakes one queued on the old.
 			delete(s.conns, m.peer)
+			s.retiring[m.peer] = nil
+			sys, self, peer := ctx.ActorSystem(), ctx.Self(), m.peer
+			s.background.Add(1)
+			go func() {
+				defer s.background.Done()
+				_ = c.Close()
+				sys.Root.Send(self, &connRetired{peer: peer})
+			}()
 		}
 		s.forgetPeerKey(ctx, m.peer)
+	case *connRetired:
+		q := s.retiring[m.peer]
+		delete(s.retiring, m.peer)
+		for _, w := range q {
+			s.deliver(ctx, w)
+		}
 	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
@@ -464,6 +480,20 @@ func (s *workerSlot) restart(ctx actor.Context) {
 	for id, c := range s.conns {
 		_ = c.Close()
 		delete(s.conns, id)
+	}
+}
+
+// deliver hands a frame to the control plane and reports to its sender
+// whether it left.
+func (s *workerSlot) deliver(ctx actor.Context, m *workerSend) {
+	if hoptrace.On {
+		hoptrace.Mark(fmt.Sprintf("worker.send.%T", m.Frame), m.Frame.Request())
+	}
+	s.sending = m
+	err := s.send(m.To, m.Frame)
+	s.sending = nil
+	if m.report != nil {
+		ctx.Send(m.report, m.sent(err))
 	}
 }
 

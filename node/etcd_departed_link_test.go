@@ -3,7 +3,6 @@ package node_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -12,19 +11,11 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
-
-func openFDs(t testing.TB) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skipf("cannot count open fds: %v", err)
-	}
-	return len(ents)
-}
 
 // TestEtcdDepartedPeersLeaveTheLink: peers under new names (an
 // autoscaler's) register in etcd and leave, never having listened. The
@@ -49,7 +40,7 @@ func TestEtcdDepartedPeersLeaveTheLink(t *testing.T) {
 			}
 		}}
 	ctxN := open(t, cc)
-	start := openFDs(t)
+	start := testlog.OpenFDs(t)
 	const peers = 60
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
@@ -77,7 +68,7 @@ func TestEtcdDepartedPeersLeaveTheLink(t *testing.T) {
 		waitFor(t, patience, id.String()+"'s Down", func() bool { _, d := count(); return d > i })
 	}
 	waitFor(t, patience, fmt.Sprintf("the fds of %d departed peers released (%d at the start)", peers, start), func() bool {
-		return openFDs(t) <= start+peers/6
+		return testlog.OpenFDs(t) <= start+peers/6
 	})
 	if _, err := ctxN.PeerState(messages.PeerID{Instance: "gone0"}); err == nil {
 		t.Fatal("the link still knows a departed peer")

@@ -2,20 +2,11 @@ package zmq
 
 import (
 	"fmt"
-	"os"
 	"testing"
 	"time"
-)
 
-// openFDs is the number of this process's open file descriptors.
-func openFDs(t testing.TB) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skipf("cannot count open fds: %v", err)
-	}
-	return len(ents)
-}
+	"github.com/kvxfer/kvxfer/internal/testlog"
+)
 
 // RemovePeer closes the heartbeat socket and monitor of each peer it
 // forgets (they are dialled no more), and frees its name: a peer under the
@@ -42,7 +33,7 @@ func TestRemovePeerClosesItsSocketsAndFreesTheName(t *testing.T) {
 	// Peers that came and went: each costs a heartbeat socket and a
 	// monitor while in the directory, nothing once removed.
 	const ghosts = 30
-	start := openFDs(t)
+	start := testlog.OpenFDs(t)
 	for i := range ghosts {
 		id := pid(fmt.Sprintf("ghost%d", i), 0)
 		if err := a.link.AddPeer(id, "tcp://127.0.0.1:1"); err != nil {
@@ -53,13 +44,13 @@ func TestRemovePeerClosesItsSocketsAndFreesTheName(t *testing.T) {
 		}
 	}
 	waitFor(t, patience, "heartbeat sockets for the ghosts", func() bool { return a.link.Beating() == 1+ghosts })
-	if n := openFDs(t); n < start+ghosts {
+	if n := testlog.OpenFDs(t); n < start+ghosts {
 		t.Fatalf("%d ghosts in the directory: %d fds, %d before: the test counts nothing", ghosts, n, start)
 	}
 	for i := range ghosts {
 		a.link.RemovePeer(pid(fmt.Sprintf("ghost%d", i), 0))
 	}
-	waitFor(t, patience, "the ghosts' sockets closed", func() bool { return a.link.Beating() == 1 && openFDs(t) <= start+2 })
+	waitFor(t, patience, "the ghosts' sockets closed", func() bool { return a.link.Beating() == 1 && testlog.OpenFDs(t) <= start+2 })
 	if _, err := a.link.PeerState(pid("ghost0", 0)); err == nil {
 		t.Fatal("PeerState of a removed peer: no error")
 	}

@@ -5,8 +5,10 @@ package testlog
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // Buffer is an io.Writer safe for concurrent writers and readers.
@@ -34,3 +36,14 @@ func (b *Buffer) Has(s string) bool { return strings.Contains(b.String(), s) }
 
 // Count is how many times s was written.
 func (b *Buffer) Count(s string) int { return strings.Count(b.String(), s) }
+
+// OpenFDs is the number of this process's open file descriptors; t skips
+// where they cannot be counted.
+func OpenFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("cannot count open fds: %v", err)
+	}
+	return len(ents)
+}
