@@ -94,6 +94,7 @@ func fillFromEnv(workers *int, backend *string) error {
 	if _, err := gcfloor.FromEnv(); err != nil {
 		return &Error{Code: ErrConfig, Err: err}
 	}
+	gcfloor.Warm()
 	env, err := (kvxfer.Config{}).WithEnv()
 	if err != nil {
 		return &Error{Code: ErrConfig, Err: err}

@@ -21,6 +21,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
+	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
@@ -238,6 +239,7 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	gcfloor.Warm() // the engines' first requests, not only the later ones, as a server's run long
 	w := cmd.OutOrStdout()
 	if out.report != "" {
 		// Before the first scenario: a directory the report cannot go to
