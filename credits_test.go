@@ -2,6 +2,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -332,4 +333,40 @@ func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// TestReusedIDWhileDrainingSaysWhy: a Receive that reuses the id of a
+// request that ended (TIMED_OUT here: its writer, held, never answered)
+// but still holds its blocks until the writer's proof is refused — the id
+// is the session's until then — and the error says so. Before, it said
+// "already receiving", which it was not, and a router retrying could not
+// tell a duplicate from a drain.
+func TestReusedIDWhileDrainingSaysWhy(t *testing.T) {
+	_, deliver, link, release := heldEngine(t)
+	l := smallLayout()
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
+		Workers: 1, Link: link.MemLink, TransferTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gen.Close(ctx); err != nil {
+			t.Errorf("close gen: %v", err)
+		}
+	}()
+	holdTxParent(t, link, deliver, messages.PeerID{Instance: "rogue", Rank: 0}, [][]int32{{0}, {0}})
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusTimedOut {
+		t.Fatalf("first receive: %s %v, want TIMED_OUT", o.Status, o.Err)
+	}
+	_, err = gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx"})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "ended (TIMED_OUT) and still waits for its writers' proof") {
+		t.Fatalf("a reused id whose request ended and drains: %v; want ErrBadRequest saying it ended and drains", err)
+	}
 }

@@ -101,3 +101,77 @@ func TestReceiveRefusesBadPrefixHits(t *testing.T) {
 	rx.Cancel()
 	waitOutcome(t, rx.Done())
 }
+
+// TestQueueTimeoutNamesWhy: a Receive that times out in the allocation
+// queue says why it waited — here the quarantine bound, hit while blocks
+// are free, which no free of the pool changes — and how many still wait.
+// Before, the pools' refusal was dropped and the error said only that the
+// request "waited for destination blocks".
+func TestQueueTimeoutNamesWhy(t *testing.T) {
+	l := smallLayout()
+	c := metricsPair(t, l)
+	gen := c.gen[0]
+	st := gen.Pools().Stats()
+	counts := make([]int, len(st))
+	for g := range st {
+		counts[g] = 2
+	}
+	blocks, err := gen.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen.Pools().SetQuarantineLimit(1)
+	if err := gen.Pools().Quarantine(blocks); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = gen.Pools().ReleaseQuarantine(blocks)
+		gen.Pools().SetQuarantineLimit(0)
+	}()
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q", PromptLen: 64, Context: "ctx", Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if o.Status != kvxfer.StatusTimedOut || o.Err == nil || !strings.Contains(o.Err.Error(), "quarantine full") ||
+		!strings.Contains(o.Err.Error(), "0 requests still queued") {
+		t.Fatalf("a request that waited on a full quarantine ended %s: %v; want TIMED_OUT naming the quarantine bound", o.Status, o.Err)
+	}
+}
+
+// TestRaisedQuarantineLimitWakesTheQueue: a Receive waiting because the
+// quarantine bound is hit leaves the queue as soon as the bound is raised
+// (Pools.SetQuarantineLimit wakes the queue as a free does); before, it
+// waited for some later free, or its deadline.
+func TestRaisedQuarantineLimitWakesTheQueue(t *testing.T) {
+	l := smallLayout()
+	c := metricsPair(t, l)
+	gen := c.gen[0]
+	counts := make([]int, len(gen.Pools().Stats()))
+	for g := range counts {
+		counts[g] = 2
+	}
+	blocks, err := gen.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen.Pools().SetQuarantineLimit(1)
+	if err := gen.Pools().Quarantine(blocks); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		gen.Pools().SetQuarantineLimit(0)
+		_ = gen.Pools().ReleaseQuarantine(blocks)
+	}()
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "w", PromptLen: 64, Context: "ctx", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the receive queued behind the quarantine bound", func() bool { return gen.Stats().WaitingForBlocks == 1 })
+	gen.Pools().SetQuarantineLimit(0)
+	waitFor(t, "the receive out of the queue once the bound is raised", func() bool { return gen.Stats().WaitingForBlocks == 0 })
+	rx.Cancel()
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("cancelled receive ended %s: %v", o.Status, o.Err)
+	}
+}

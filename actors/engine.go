@@ -212,7 +212,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.rx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			table: e.env.rxTable(cfg.Topology, cfg.Workers, cfg.Incarnation), queue: e.env.allocQueue(),
-			sessions: sessionTable{pids: map[string]*actor.PID{}}}
+			sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
 	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() {

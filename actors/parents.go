@@ -446,6 +446,13 @@ type rxParent struct {
 	sessions sessionTable
 	queue    allocQueue
 	link     control.Link
+	// handles are the started sessions' handles, for the error of a
+	// Receive that reuses the id of one that ended but still drains.
+	handles map[string]*Handle
+	// waitErr is why the allocation queue's head waits (the pools' last
+	// ErrOutOfBlocks for it: blocks in use, or the quarantine bound), for
+	// the error of a queued request that times out.
+	waitErr error
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
@@ -460,7 +467,16 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			return
 		}
 		if p.table.Started(m.req.ID) || p.queue.Queued(m.req.ID) {
-			m.reply <- rxOpenReply{err: fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)}
+			err := fmt.Errorf("%w: request %s already receiving", ErrBadRequest, m.req.ID)
+			if h := p.handles[m.req.ID]; h != nil && h.Decided() != nil {
+				d := h.Decided()
+				// Ended, but a writer has not yet proven that it writes
+				// no more into the blocks it was given: the id is the
+				// session's until then.
+				err = fmt.Errorf("%w: request %s ended (%s) and still waits for its writers' proof that they write no more into its blocks; retry under another id, or once its handle is released",
+					ErrBadRequest, m.req.ID, d.Status)
+			}
+			m.reply <- rxOpenReply{err: err}
 			return
 		}
 		counts, err := p.needed(m.req)
@@ -488,7 +504,12 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.drainQueue(ctx)
 	case *rxQueueTimeout:
 		if q, ok := p.queue.Remove(m.request); ok {
-			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks", ErrTimeout, q.req.ID))
+			why := ""
+			if p.waitErr != nil {
+				why = ": " + p.waitErr.Error()
+			}
+			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d requests still queued; the queue's head waits%s)",
+				ErrTimeout, q.req.ID, p.queue.Len(), why))
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 		}
@@ -511,6 +532,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.env.credits.give(m.res)
 	case *sessionStopped:
 		delete(p.sessions.pids, m.request)
+		delete(p.handles, m.request)
 		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 		p.drainQueue(ctx)
@@ -697,7 +719,14 @@ func (p *rxParent) noteQueue() { p.env.allocWaiting.Store(int64(p.queue.Len())) 
 // drainQueue starts queued requests, in order, while blocks are free; one
 // that no free can make fit fails rather than block the queue.
 func (p *rxParent) drainQueue(ctx actor.Context) {
-	p.queue.Drain(p.env.pools.Alloc,
+	p.waitErr = nil
+	p.queue.Drain(func(counts []int) ([][]kvcache.BlockID, error) {
+		b, err := p.env.pools.Alloc(counts)
+		if errors.Is(err, kvcache.ErrOutOfBlocks) {
+			p.waitErr = err
+		}
+		return b, err
+	},
 		func(q *rxOpenReq, blocks [][]kvcache.BlockID) { p.start(ctx, q, blocks) },
 		func(q *rxOpenReq, err error) {
 			p.finishQueued(q, RxFailed, fmt.Errorf("request %s: %w", q.req.ID, err))
@@ -815,6 +844,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
 		Incarnation: p.env.incarnation}), q.handle, p.env.meters.rxSession(q.at))
 	p.sessions.pids[q.req.ID] = ctx.Spawn(p.env.props(c.produce))
+	p.handles[q.req.ID] = q.handle
 }
 
 // listener validates every frame that arrives and routes it. It is not an

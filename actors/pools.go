@@ -93,11 +93,17 @@ func (p *Pools) forSessions() *Pools { return &Pools{poolSet: p.poolSet, session
 var ErrQuarantineFull = fmt.Errorf("%w: quarantine full", kvcache.ErrOutOfBlocks)
 
 // SetQuarantineLimit bounds the quarantined bytes (0: half the pools'
-// bytes).
+// bytes). Allocations waiting for blocks are woken, as by a free: a
+// raised bound may let them through.
 func (p *Pools) SetQuarantineLimit(bytes uint64) {
 	p.mu.Lock()
 	p.quarantineLimit = bytes
+	p.cond.Broadcast()
+	f := p.onFree
 	p.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // QuarantineLimit is the bound in force, in bytes.

@@ -24,6 +24,7 @@ type Copier struct {
 	jobs   []Job // queued, not yet taken by the goroutine
 	spare  []Job // the goroutine's drained slice, reused
 	closed bool
+	exited bool // the goroutine took its last jobs: nothing runs after
 
 	stopping atomic.Bool   // set by Close; checked between chunks
 	wake     chan struct{} // capacity 1: "jobs queued or closing"
@@ -61,7 +62,7 @@ func (c *Copier) Post(j Job) error {
 // copier it calls done before returning.
 func (c *Copier) Flush(done func(err error)) {
 	c.mu.Lock()
-	if c.closed {
+	if c.exited {
 		c.mu.Unlock()
 		done(c.closedErr())
 		return
@@ -125,6 +126,7 @@ func (c *Copier) run() {
 		c.mu.Lock()
 		c.spare = jobs[:0]
 		done := c.closed && len(c.jobs) == 0
+		c.exited = done
 		c.mu.Unlock()
 		if done {
 			return

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,4 +164,49 @@ func TestCloseFailsQueuedJobs(t *testing.T) {
 		t.Errorf("Flush after Close: %v, want ErrEndpointClosed at once", flushErr)
 	}
 	c.Close() // idempotent
+}
+
+// TestFlushWhileClosingKeepsItsPlace: a Flush made while Close runs (the
+// goroutine still completing jobs posted earlier) calls done after those
+// jobs, in its place (package rdma: a flush's done is a proof that every
+// batch posted before it completed), not at once on the caller's
+// goroutine. Job 1's Done waits for the test — against the rule that Done
+// must not block — to hold the goroutine mid-queue, as a descheduled
+// copier or a chunk still copying would.
+func TestFlushWhileClosingKeepsItsPlace(t *testing.T) {
+	c := New("test")
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	entered, hold := make(chan struct{}), make(chan struct{})
+	if err := c.Post(Job{Done: func(error) { close(entered); <-hold; note("job1") }}); err != nil {
+		t.Fatal(err)
+	}
+	job2 := make(chan struct{})
+	if err := c.Post(Job{Done: func(error) { note("job2"); close(job2) }}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !c.Closed() {
+		if time.Now().After(deadline) {
+			t.Fatal("Close never started")
+		}
+		runtime.Gosched()
+	}
+	flushed := make(chan error, 1)
+	c.Flush(func(err error) { note("flush"); flushed <- err })
+	close(hold)
+	<-job2
+	<-closed
+	if err := <-flushed; !errors.Is(err, rdma.ErrEndpointClosed) {
+		t.Fatalf("flush after Close: %v, want ErrEndpointClosed", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) != 3 || order[2] != "flush" {
+		t.Fatalf("completion order %v, want [job1 job2 flush]: the flush's done ran before jobs posted earlier completed", order)
+	}
 }
