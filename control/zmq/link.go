@@ -19,11 +19,15 @@ import (
 
 // Bounds on what peers can make a listener remember.
 const (
-	// maxPeers bounds the directory (PeerIDs learned from Hellos).
-	maxPeers = 4096
 	// maxConns bounds the connections (routing ids) a listener binds.
 	maxConns = 16384
 )
+
+// maxPeers bounds the directory (PeerIDs learned from Hellos); when it is
+// full, a new peer's Hello takes the place of a peer that only a Hello put
+// there and that missed its heartbeats (forgetDownPeerLocked). A variable
+// for tests.
+var maxPeers = 4096
 
 // zapDomain is the ZAP domain of every link's ROUTER; each link has its
 // own context and so its own ZAP handler.

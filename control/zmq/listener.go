@@ -291,8 +291,16 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	}
 	l := s.l
 	l.mu.Lock()
+	full := len(l.peers) >= maxPeers
+	l.mu.Unlock()
+	if full {
+		// Those silent for the timeout by now are down before one of
+		// them is chosen to make room (forgetDownPeerLocked).
+		s.live.expire(now, s.down)
+	}
+	l.mu.Lock()
 	info := l.peers[p]
-	if info == nil && len(l.peers) >= maxPeers {
+	if info == nil && len(l.peers) >= maxPeers && !l.forgetDownPeerLocked(s.live.isDown) {
 		l.mu.Unlock()
 		s.reject(RejectFull, id, key, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
 		return

@@ -1,6 +1,8 @@
 package zmq
 
 import (
+	"time"
+
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -9,7 +11,7 @@ import (
 // goes first. A departed incarnation's last frames (Result, CancelAck:
 // proofs a generation side waits for) come within its requests' deadlines,
 // long before thousands of later departures.
-const maxDeparted = maxPeers
+const maxDeparted = 4096
 
 // departedKey is a CURVE key that may still speak for a peer the
 // directory no longer binds it to.
@@ -46,6 +48,41 @@ func (l *Link) RemovePeer(peer messages.PeerID) {
 		l.departLocked(info.key, peer)
 	}
 	l.rebuildIdentitiesLocked()
+}
+
+// forgetDownPeerLocked makes room in a full directory: it removes, as
+// RemovePeer does, the peer that a Hello alone put there (no endpoint or
+// server key of the caller's: nothing dials it) and that is down (missed
+// its heartbeats), the one heard from longest ago. A peer serving through
+// the link's lifetime under ever new names (restarted decode pods without
+// etcd) would otherwise fill the directory for good, and every new peer's
+// Hello would be refused. It reports whether it removed one. Callers hold
+// l.mu.
+func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) bool {
+	var (
+		oldest messages.PeerID
+		at     time.Time
+		found  bool
+	)
+	for p, info := range l.peers {
+		if info.endpoint != "" || info.serverKey != "" || !(info.down || isDown(p)) {
+			continue
+		}
+		if !found || info.helloAt.Before(at) {
+			oldest, at, found = p, info.helloAt, true
+		}
+	}
+	if !found {
+		return false
+	}
+	info := l.peers[oldest]
+	delete(l.peers, oldest)
+	if info.key != "" {
+		l.departLocked(info.key, oldest)
+	}
+	l.rebuildIdentitiesLocked()
+	l.log.Info().Stringer("peer", oldest).Msgf("control/zmq: directory full (%d peers): forgot %s, down and known only from its Hello", maxPeers, oldest)
+	return true
 }
 
 // departLocked keeps key's permission to speak for peer after the

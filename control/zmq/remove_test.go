@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/testlog"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // RemovePeer closes the heartbeat socket and monitor of each peer it
@@ -97,4 +98,66 @@ func TestRemovePeerClosesItsSocketsAndFreesTheName(t *testing.T) {
 		st, err := a.link.PeerState(b.id)
 		return err == nil && st.Conn == ConnUp
 	})
+}
+
+// A full directory makes room for a new peer's Hello by forgetting a peer
+// that only a Hello put there and that is down (missed its heartbeats),
+// never one that is alive or one the caller added (AddPeer): before, a
+// link that had heard 4096 names refused every new peer for good.
+func TestFullDirectoryForgetsADownPeerKnownOnlyFromItsHello(t *testing.T) {
+	old := maxPeers
+	maxPeers = 2
+	t.Cleanup(func() { maxPeers = old }) // after the links' cleanups: they read it
+	// Silence is judged by a clock the test moves: nobody goes down
+	// unless it does.
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	ka, ks := newKeys(t), newKeys(t)
+	a := listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}, HeartbeatInterval: time.Hour, HeartbeatMisses: 3, Clock: clock.now})
+	static := listen(t, pid("static", 0), Config{Curve: Curve{Secret: ks.secret}, HeartbeatInterval: -1})
+	introduce(t, a, static) // the caller's own: never forgotten
+	if err := static.link.AllowKey(ka.public); err != nil {
+		t.Fatal(err)
+	}
+	// say has peer id say Hello to a on a connection of its own (b knows
+	// a; a learns it from the Hello only), and returns its link.
+	say := func(id messages.PeerID) *Link {
+		kb := newKeys(t)
+		if err := a.link.AddIdentity(Identity{PublicKey: kb.public, Instance: id.Instance}); err != nil {
+			t.Fatal(err)
+		}
+		b := listen(t, id, Config{Curve: Curve{Secret: kb.secret}, HeartbeatInterval: -1})
+		introduce(t, b, a)
+		c, err := b.link.Dial(a.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := c.Send(result(id, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return b.link
+	}
+	heard := func(id messages.PeerID) func() bool {
+		return func() bool { _, err := a.link.Hello(id); return err == nil }
+	}
+	say(pid("gen", 1))
+	waitFor(t, patience, "gen/1's Hello at a", heard(pid("gen", 1)))
+	// The directory (static, gen/1) is full and gen/1 is alive: gen/2 is
+	// refused.
+	rejected := a.link.Rejected()
+	say(pid("gen", 2))
+	waitFor(t, patience, "gen/2's Hello refused, the directory full", func() bool { return a.link.Rejected() > rejected })
+	if heard(pid("gen", 2))() {
+		t.Fatal("gen/2 took the place of a live peer")
+	}
+	// gen/1 (and gen/2's connection) go silent for three hours and are
+	// declared down at the listener's next poll, which gen/3's Hello
+	// brings: gen/3 takes gen/1's place.
+	clock.advance(4 * time.Hour)
+	say(pid("gen", 3))
+	waitFor(t, patience, "gen/3's Hello at a, in gen/1's place", heard(pid("gen", 3)))
+	if _, err := a.link.PeerState(static.id); err != nil {
+		t.Fatalf("the caller's peer was forgotten: %v", err)
+	}
 }
