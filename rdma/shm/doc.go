@@ -45,7 +45,12 @@
 // just before Done; the receiver's Deregister retires the lease only when no
 // batch of any process is in flight (else rdma.ErrRegionBusy). A sender that
 // dies with batches in flight leaves the count up: Deregister then refuses
-// until the receiver closes its agent (which revokes whatever is in flight).
+// until the receiver closes its agent, which retires the lease by force: no
+// batch is accepted after. A batch a live sender accepted before still
+// lands in the file — nothing in the receiver can stop another process's
+// copy — and a later registration of the same region keeps the count, so
+// memory that a closed agent had registered is not for reuse while such a
+// sender may live (the engine never registers a pool again).
 //
 // # Revocable regions
 //

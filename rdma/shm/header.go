@@ -32,6 +32,17 @@ type header struct {
 // Compile-time check: the header fits its page.
 var _ [headerSize - unsafe.Sizeof(header{})]byte
 
+// Compile-time checks: checkHeader reads magic, dataOff, dataLen and
+// fileID at these offsets.
+var (
+	_ [unsafe.Offsetof(header{}.dataOff) - 8]byte
+	_ [8 - unsafe.Offsetof(header{}.dataOff)]byte
+	_ [unsafe.Offsetof(header{}.dataLen) - 16]byte
+	_ [16 - unsafe.Offsetof(header{}.dataLen)]byte
+	_ [unsafe.Offsetof(header{}.fileID) - 24]byte
+	_ [24 - unsafe.Offsetof(header{}.fileID)]byte
+)
+
 // headerOf returns the header at the start of a mapping of at least
 // headerSize bytes (page-aligned, so every field is aligned).
 func headerOf(mem []byte) *header {

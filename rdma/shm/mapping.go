@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -45,6 +46,12 @@ func openMapping(k regionKey) (*mapping, error) {
 	if !fi.Mode().IsRegular() || size <= headerSize || size > math.MaxInt {
 		return nil, fmt.Errorf("%w: %s (%v, %d bytes) is not a region file", rdma.ErrBadKey, path, fi.Mode(), size)
 	}
+	// Read the header before mapping: the mapping populates every page of
+	// the file, so a file the key names by mistake (not a region file, or
+	// another region's) must be refused before it costs its size in memory.
+	if err := checkHeader(f, path, size, k); err != nil {
+		return nil, err
+	}
 	mem, err := mapFile(f, int(size))
 	if err != nil {
 		return nil, fmt.Errorf("%w: map %s: %v", rdma.ErrBadKey, path, err)
@@ -69,6 +76,25 @@ func openMapping(k regionKey) (*mapping, error) {
 	}
 	return &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size],
 		peer: copier.NewPeerMemory("region file "+path, mem)}, nil
+}
+
+// checkHeader reads the fields of f's header that say what the file is
+// (pread, no mapping) and refuses a file that is not the region file the
+// key names, as openMapping does again on the mapping.
+func checkHeader(f *os.File, path string, size int64, k regionKey) error {
+	var b [40]byte // magic, dataOff, dataLen, fileID: the header's first fields
+	if _, err := f.ReadAt(b[:], 0); err != nil {
+		return fmt.Errorf("%w: read %s: %v", rdma.ErrBadKey, path, err)
+	}
+	magic, dataOff, dataLen := b[:8], binary.NativeEndian.Uint64(b[8:16]), binary.NativeEndian.Uint64(b[16:24])
+	switch {
+	case string(magic) != fileMagic || dataOff != headerSize || dataLen != uint64(size)-headerSize:
+		return fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, magic, dataOff, dataLen)
+	case [16]byte(b[24:40]) != k.fileID:
+		return fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
+			hex.EncodeToString(b[24:40]), hex.EncodeToString(k.fileID[:]))
+	}
+	return nil
 }
 
 // acquire takes the file's lease for a batch and checks that the key's
