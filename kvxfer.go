@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -392,6 +393,10 @@ type TxHandle struct {
 	tpb   int
 	mu    sync.Mutex
 	order kvcache.ChunkOrder // the chunks and layer parts taken (under mu)
+	// named maps, per layer group, each source block the chunks taken so
+	// far named to its global block (under mu): a later chunk naming one
+	// of them for another global block is refused. Made at first use.
+	named []map[kvcache.BlockID]int
 }
 
 // Send opens the context side of a request, typically when prefill starts.
@@ -437,9 +442,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 // src[g].First…). fence fires when the KV is written; nil means it is.
 // A misaligned or out-of-order chunk, or one whose source blocks do not
 // cover what it holds of a layer group, are not allocated or name one
-// block for two global blocks, is rejected with an error naming the chunk
-// and the blocks; nothing is pinned and the request goes on (the caller
-// may hand a corrected chunk).
+// block for two global blocks (in the chunk, or one an earlier chunk named
+// for another), or whose fence is a nil pointer (a *ManualFence never
+// set), is rejected with an error naming the chunk and the blocks; nothing
+// is pinned and the request goes on (the caller may hand a corrected
+// chunk). Chunk copies src: the caller may reuse its slices once it
+// returns.
 //
 // A chunk may also leave in layer parts (c.Layers: global layers [Lo, Hi)
 // of Of, the model's layer count), each with its own fence, as the forward
@@ -466,39 +474,122 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 		}
 		return fmt.Errorf("request %s: %w", h.req.ID, err)
 	}
-	if !h.order.InPart() { // a later part's sources are its first part's
+	if isNilPointer(fence) {
+		return fmt.Errorf("%w: request %s chunk %v: fence is a nil %T (pass a nil Fence for KV already written)", actors.ErrBadChunk, h.req.ID, c, fence)
+	}
+	inPart := h.order.InPart() // a later part's sources are its first part's
+	if !inPart {
 		if err := h.checkSources(c, src); err != nil {
 			return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
 		}
+	}
+	// The session reads the runs long after Chunk returns (pin, plan,
+	// unpin): it gets its own copy, so that the caller may reuse its
+	// buffers (a copy of a chunk's block table is a few hundred bytes).
+	src = cloneRuns(src)
+	if !inPart {
+		h.name(c, src)
 	}
 	h.order.Took(c, src)
 	h.inner.Chunk(c, src, fence)
 	return nil
 }
 
+// isNilPointer reports whether f holds a nil pointer (a *ManualFence never
+// set): a Fence that is not nil but whose OnReady cannot run.
+func isNilPointer(f Fence) bool {
+	if f == nil {
+		return false
+	}
+	v := reflect.ValueOf(f)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}
+
+// cloneRuns copies runs and their ids, in one allocation for all the ids.
+func cloneRuns(runs []kvcache.BlockRun) []kvcache.BlockRun {
+	n := 0
+	for _, r := range runs {
+		n += len(r.IDs)
+	}
+	ids := make([]kvcache.BlockID, 0, n)
+	out := make([]kvcache.BlockRun, len(runs))
+	for g, r := range runs {
+		ids = append(ids, r.IDs...)
+		out[g] = kvcache.BlockRun{First: r.First, IDs: ids[len(ids)-len(r.IDs) : len(ids) : len(ids)]}
+	}
+	return out
+}
+
+// residentBlocks is the part [lo, hi) of chunk c's global blocks that
+// group g keeps resident (a sliding-window group only the window's
+// suffix): the blocks the chunk's writes read.
+func (h *TxHandle) residentBlocks(c kvcache.Chunk, g int) (lo, hi int) {
+	rFirst, rEnd := kvcache.ResidentRange(h.req.PromptLen, h.e.cfg.layout.Groups[g].Window, h.tpb)
+	return max(c.FirstBlock, rFirst), min(c.FirstBlock+(c.End-c.Start+h.tpb-1)/h.tpb, rEnd)
+}
+
+// name records the source blocks chunk c names for its resident global
+// blocks (checkSources checked them against the earlier chunks').
+func (h *TxHandle) name(c kvcache.Chunk, src []kvcache.BlockRun) {
+	shape := h.e.cfg.shape
+	for g := range src {
+		if len(shape.Layers[g]) == 0 {
+			continue
+		}
+		lo, hi := h.residentBlocks(c, g)
+		if lo >= hi {
+			continue
+		}
+		if h.named == nil {
+			h.named = make([]map[kvcache.BlockID]int, len(h.e.cfg.layout.Groups))
+		}
+		if h.named[g] == nil {
+			h.named[g] = make(map[kvcache.BlockID]int, hi-lo)
+		}
+		run := src[g]
+		for b := lo; b < hi; b++ {
+			h.named[g][run.IDs[b-run.First]] = b
+		}
+	}
+}
+
 // checkSources refuses a chunk whose source blocks cannot be pinned: for
 // every layer group this rank holds, src must cover the chunk's blocks that
 // the group keeps resident (a sliding-window group keeps only the window's
 // suffix), and every block it names must be allocated in the engine's pool,
-// each for one global block only (a block named twice would hold one of
-// them while READY claims both).
+// each for one global block only, in this chunk and across the request's
+// chunks (a block named twice would hold one of them while READY claims
+// both).
 func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 	l, shape := h.e.cfg.layout, h.e.cfg.shape
 	if len(src) > len(l.Groups) {
 		return fmt.Errorf("%w: %d source runs for %d layer groups", actors.ErrBadChunk, len(src), len(l.Groups))
 	}
-	for g, grp := range l.Groups {
+	for g := range l.Groups {
 		var run kvcache.BlockRun
 		if g < len(src) {
 			run = src[g]
 		}
 		if len(shape.Layers[g]) > 0 {
-			rFirst, rEnd := kvcache.ResidentRange(h.req.PromptLen, grp.Window, h.tpb)
-			lo := max(c.FirstBlock, rFirst)
-			hi := min(c.FirstBlock+(c.End-c.Start+h.tpb-1)/h.tpb, rEnd)
+			lo, hi := h.residentBlocks(c, g)
 			if lo < hi && (run.First > lo || run.End() < hi) {
 				return fmt.Errorf("%w: group %d needs source blocks of global blocks [%d,%d), the chunk names [%d,%d)",
 					kvcache.ErrMissingSource, g, lo, hi, run.First, run.End())
+			}
+			// A block an earlier chunk named for another global block
+			// would hold one of them while READY claims both.
+			if g < len(h.named) && h.named[g] != nil {
+				for b := lo; b < hi; b++ {
+					id := run.IDs[b-run.First]
+					if was, ok := h.named[g][id]; ok && was != b {
+						return fmt.Errorf("%w: group %d names source block %d for global block %d; an earlier chunk named it for global block %d",
+							actors.ErrBadChunk, g, id, b, was)
+					}
+				}
 			}
 		}
 		if len(run.IDs) > 0 {

@@ -306,3 +306,172 @@ func TestContextCancelCancelsRequest(t *testing.T) {
 	}
 	checkNoLeaks(t, c)
 }
+
+// TestChunkCopiesItsRuns: a caller that builds each chunk's block ids in
+// one reused buffer gets every chunk written from the blocks it named at
+// the time: Chunk copies its runs. Before, the session kept the caller's
+// slices and read them later (pin, plan at a late RequestData, unpin):
+// chunk 0 was planned from chunk 1's blocks, and the request went READY
+// with global block 0 holding global block 2's bytes.
+func TestChunkCopiesItsRuns(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	const prompt = 64 // 4 blocks of 16 tokens
+	src, err := ce.Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b, id := range src[g] {
+			fill(ce, l, g, id, b, 1)
+		}
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "reuse", PromptLen: prompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both chunks before the Receive: the session plans them only when
+	// the RequestData comes, after the buffer holds chunk 1's ids.
+	buf := [][]kvcache.BlockID{make([]kvcache.BlockID, 2), make([]kvcache.BlockID, 2)}
+	chunks, err := kvcache.Chunks(prompt, 32, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chunks {
+		b0, b1 := ch.Blocks(l.TokensPerBlock)
+		runs := make([]kvcache.BlockRun, 2)
+		for g := range runs {
+			copy(buf[g], src[g][b0:b1])
+			runs[g] = kvcache.BlockRun{First: b0, IDs: buf[g][:b1-b0]}
+		}
+		if err := tx.Chunk(ch, runs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "reuse", PromptLen: prompt, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	waitOutcome(t, tx.Done())
+	if !o.OK {
+		t.Fatalf("receive: %s %v", o.Status, o.Err)
+	}
+	verify(t, ge, l, prompt, o.Blocks, 1) // fails naming the block whose bytes are another's
+	if err := ge.FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChunkRefusesASourceBlockAnEarlierChunkNamed: a chunk naming, for
+// one of its global blocks, the source block an earlier chunk named for
+// another is refused (ErrBadChunk, naming both), and the corrected chunk
+// is taken. Before, only a repeat within one chunk was refused; this one
+// went READY with global block 2 holding global block 0's bytes.
+func TestChunkRefusesASourceBlockAnEarlierChunkNamed(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	const prompt = 64
+	src, err := ce.Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b, id := range src[g] {
+			fill(ce, l, g, id, b, 1)
+		}
+	}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "dup", PromptLen: prompt, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "dup", PromptLen: prompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}
+	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
+	if err := tx.Chunk(c0, c0.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	runs := c1.Runs(l.TokensPerBlock, src)
+	runs[0] = kvcache.BlockRun{First: 2, IDs: []kvcache.BlockID{src[0][0], src[0][3]}}
+	want := fmt.Sprintf("group 0 names source block %d for global block 2; an earlier chunk named it for global block 0", src[0][0])
+	if err := tx.Chunk(c1, runs, nil); !errors.Is(err, kvxfer.ErrBadChunk) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("chunk naming chunk 0's source block for another global block: %v, want ErrBadChunk: %q", err, want)
+	}
+	// The whole table again (blocks 0-1 as chunk 0 named them) is fine.
+	if err := tx.Chunk(c1, []kvcache.BlockRun{{First: 0, IDs: src[0]}, {First: 0, IDs: src[1]}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	waitOutcome(t, tx.Done())
+	if !o.OK {
+		t.Fatalf("receive: %s %v", o.Status, o.Err)
+	}
+	verify(t, ge, l, prompt, o.Blocks, 1)
+	_ = ge.FreeBlocks(o.Blocks)
+	_ = ce.Pools().Free(src)
+}
+
+// panicFence is a caller's Fence whose OnReady panics.
+type panicFence struct{}
+
+func (panicFence) OnReady(func(error)) { panic("broken fence") }
+
+// TestChunkWithABrokenFenceEnds: a nil *ManualFence (one never set) is
+// refused by Chunk, naming it, with nothing pinned; a Fence whose OnReady
+// panics fails its chunk's fence, naming the panic, and the request ends
+// (Done comes, every pin released). Before, the WatchFence effect panicked
+// after the chunk was pinned; the restarted session never watched that
+// fence again, and the request never drained: no Done, not at its
+// deadline, not at Close.
+func TestChunkWithABrokenFenceEnds(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	ch := kvcache.Chunk{Start: 0, End: 64, Last: true}
+	src, err := ce.Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unset *kvxfer.ManualFence
+	for _, fc := range []struct {
+		name  string
+		fence kvxfer.Fence
+	}{{"nil *ManualFence", unset}, {"panicking fence", panicFence{}}} {
+		id := strings.ReplaceAll(fc.name, " ", "-")
+		rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx", Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fc.fence)
+		if fc.fence == unset {
+			if !errors.Is(err, kvxfer.ErrBadChunk) || !strings.Contains(err.Error(), "fence is a nil *actors.ManualFence") {
+				t.Fatalf("%s: Chunk: %v, want ErrBadChunk naming the nil fence", fc.name, err)
+			}
+			tx.Cancel()
+		} else if err != nil {
+			t.Fatalf("%s: Chunk: %v", fc.name, err)
+		}
+		o := waitOutcome(t, tx.Done())
+		if o.OK || (fc.fence != unset && !strings.Contains(fmt.Sprint(o.Err), "panicked in OnReady: broken fence")) {
+			t.Fatalf("%s: send ended %s %v, want it failed naming the fence's panic", fc.name, o.Status, o.Err)
+		}
+		if r := waitOutcome(t, rx.Done()); r.OK {
+			t.Fatalf("%s: receive READY", fc.name)
+		}
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("source blocks still pinned after both requests ended: %v", err)
+	}
+}

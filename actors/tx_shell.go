@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -154,7 +155,9 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			f = FiredFence{}
 		}
 		sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
-		f.OnReady(func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) })
+		if err := watchFence(f, func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) }); err != nil {
+			a.feedback = append(a.feedback, TxFenceFired{Index: idx, Err: err})
+		}
 	case Submit:
 		k.toStream(a, ctx, e.Peer, e.Worker, e)
 	case Flush:
@@ -214,6 +217,22 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 		k.streams[peer] = c
 	}
 	ctx.Send(c.pid, streamOp{eff: e})
+}
+
+// watchFence calls f.OnReady(fired), and turns a panic in it (the
+// caller's Fence: a nil pointer, a broken implementation) into the
+// chunk's fence failing with the panic, named. Crashing the session
+// instead would leave the chunk pinned and its fence never watched again:
+// the session would never drain. (A second fire, if OnReady fired before
+// it panicked, is ignored by the step.)
+func watchFence(f Fence, fired func(error)) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: fence %T panicked in OnReady: %v", ErrFence, f, r)
+		}
+	}()
+	f.OnReady(fired)
+	return nil
 }
 
 // settle forwards a worker's report about a stream's ops to the stream
