@@ -541,6 +541,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.sessions.closing = m.drained
 		for _, q := range p.queue.Clear() {
 			p.finishQueued(q, RxCancelled, ErrClosed)
+			p.cancelUnstarted(ctx, q)
 		}
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
@@ -557,6 +558,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *rxCancelReq:
 		if q, ok := p.queue.Remove(m.request); ok {
 			p.finishQueued(q, RxCancelled, ErrCancelled)
+			p.cancelUnstarted(ctx, q)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 			return
@@ -612,6 +614,28 @@ func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
 	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock.Now())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 	q.handle.release()
+}
+
+// cancelUnstarted tells the writers of a request cancelled while it
+// waited for blocks (no RequestData left, no blocks exposed) that it is
+// cancelled, as a started one's Cancel does: a Send there ends at once
+// with ErrPeerCancelled, and a later Send is refused with it, instead of
+// the prefill running to its deadline. Nothing waits for an answer: no
+// write can come (a CancelAck is dropped as for any ended request).
+func (p *rxParent) cancelUnstarted(ctx actor.Context, q *rxOpenReq) {
+	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel}
+	for _, peer := range p.table.Writers(o) {
+		var to uint64
+		if p.link != nil {
+			if h, err := p.link.Hello(peer); err == nil {
+				to = h.Incarnation
+			}
+		}
+		f := &messages.Cancel{RequestID: q.req.ID, From: p.self, Reason: RxCancelled.String()}
+		core.Stamp(f, p.env.incarnation, to)
+		w := WorkerFor(q.req.ID, peer, len(p.env.workers))
+		sendTo(ctx, p.env.frameWorker(w), &workerSend{SendFrame: SendFrame{Worker: w, To: peer, Frame: f}})
+	}
 }
 
 // unstarted gives back the blocks of a request that failed before its

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -39,6 +40,9 @@ type Region struct {
 
 	buf     []byte       // the memory backing a host region (keeps it alive)
 	release func() error // unmaps memory this package mapped; nil otherwise
+	// closed is set by Close before it unmaps: Bytes, which may run on
+	// other goroutines (Engine.Block), returns nil from then on.
+	closed atomic.Bool
 }
 
 // maxHostRegion is the largest host region NewHostRegion allocates (64 TiB,
@@ -69,7 +73,7 @@ func (r *Region) Close() error {
 	}
 	f := r.release
 	r.release = nil
-	r.buf = nil
+	r.closed.Store(true)
 	return f()
 }
 
@@ -112,7 +116,7 @@ func HostBytesRegion(b []byte) (*Region, error) {
 
 // Bytes returns the region as a byte slice, or nil for device memory.
 func (r *Region) Bytes() []byte {
-	if r.Kind != HostMem {
+	if r.Kind != HostMem || r.closed.Load() {
 		return nil
 	}
 	return r.buf

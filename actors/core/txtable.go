@@ -276,6 +276,14 @@ func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, 
 	if b := t.bound[m.RequestID]; b != "" && b != m.From.Instance {
 		return false, true, false
 	}
+	if !t.adopted[m.RequestID] && m.From.Instance != "" {
+		// A session that a RequestData opened and no Send adopted yet,
+		// cancelled by its instance: a Send after it stopped is refused
+		// with ErrPeerCancelled, as when the Cancel comes first (without
+		// the tombstone it would say "already sent"). No slot free: it
+		// says that.
+		t.addCancel(m.RequestID, m.From.Instance, now)
+	}
 	return true, false, false
 }
 
