@@ -286,20 +286,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // after 10 s.)
 func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
 	e, deliver, link, release := heldEngine(t)
-	l := smallLayout()
-	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
-		Workers: 1, Link: link.MemLink, TransferTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		release()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := gen.Close(ctx); err != nil {
-			t.Errorf("close gen: %v", err)
-		}
-	}()
+	gen := startHeldGen(t, link, release, time.Minute)
 	holdTxParent(t, link, deliver, messages.PeerID{Instance: "rogue", Rank: 0}, [][]int32{{0}, {0}})
 	self := messages.PeerID{Instance: "gen", Rank: 0}
 	for i := range actors.DefaultFrameCredits {
@@ -343,20 +330,7 @@ func TestShedRequestDataFailsTheGenerationRequest(t *testing.T) {
 // tell a duplicate from a drain.
 func TestReusedIDWhileDrainingSaysWhy(t *testing.T) {
 	_, deliver, link, release := heldEngine(t)
-	l := smallLayout()
-	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
-		Workers: 1, Link: link.MemLink, TransferTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		release()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := gen.Close(ctx); err != nil {
-			t.Errorf("close gen: %v", err)
-		}
-	}()
+	gen := startHeldGen(t, link, release, 300*time.Millisecond)
 	holdTxParent(t, link, deliver, messages.PeerID{Instance: "rogue", Rank: 0}, [][]int32{{0}, {0}})
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx"})
 	if err != nil {
@@ -369,4 +343,26 @@ func TestReusedIDWhileDrainingSaysWhy(t *testing.T) {
 	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "ended (TIMED_OUT) and still waits for its writers' proof") {
 		t.Fatalf("a reused id whose request ended and drains: %v; want ErrBadRequest saying it ended and drains", err)
 	}
+}
+
+// startHeldGen starts a generation engine "gen" on link, whose requests
+// time out after timeout; at the test's end it opens the held link
+// (release) and closes the engine.
+func startHeldGen(t *testing.T, link *heldLink, release func(), timeout time.Duration) *kvxfer.Engine {
+	t.Helper()
+	l := smallLayout()
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 1 << 20,
+		Workers: 1, Link: link.MemLink, TransferTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gen.Close(ctx); err != nil {
+			t.Errorf("close gen: %v", err)
+		}
+	})
+	return gen
 }

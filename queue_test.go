@@ -111,23 +111,7 @@ func TestQueueTimeoutNamesWhy(t *testing.T) {
 	l := smallLayout()
 	c := metricsPair(t, l)
 	gen := c.gen[0]
-	st := gen.Pools().Stats()
-	counts := make([]int, len(st))
-	for g := range st {
-		counts[g] = 2
-	}
-	blocks, err := gen.Pools().Alloc(counts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gen.Pools().SetQuarantineLimit(1)
-	if err := gen.Pools().Quarantine(blocks); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = gen.Pools().ReleaseQuarantine(blocks)
-		gen.Pools().SetQuarantineLimit(0)
-	}()
+	fillQuarantine(t, gen)
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q", PromptLen: 64, Context: "ctx", Timeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -147,6 +131,25 @@ func TestRaisedQuarantineLimitWakesTheQueue(t *testing.T) {
 	l := smallLayout()
 	c := metricsPair(t, l)
 	gen := c.gen[0]
+	fillQuarantine(t, gen)
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "w", PromptLen: 64, Context: "ctx", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the receive queued behind the quarantine bound", func() bool { return gen.Stats().WaitingForBlocks == 1 })
+	gen.Pools().SetQuarantineLimit(0)
+	waitFor(t, "the receive out of the queue once the bound is raised", func() bool { return gen.Stats().WaitingForBlocks == 0 })
+	rx.Cancel()
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("cancelled receive ended %s: %v", o.Status, o.Err)
+	}
+}
+
+// fillQuarantine quarantines two blocks of each of gen's groups with the
+// quarantine bound at 1 byte: every allocation waits (ErrQuarantineFull)
+// while blocks are free. Undone at the test's end.
+func fillQuarantine(t *testing.T, gen *kvxfer.Engine) {
+	t.Helper()
 	counts := make([]int, len(gen.Pools().Stats()))
 	for g := range counts {
 		counts[g] = 2
@@ -159,19 +162,8 @@ func TestRaisedQuarantineLimitWakesTheQueue(t *testing.T) {
 	if err := gen.Pools().Quarantine(blocks); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		gen.Pools().SetQuarantineLimit(0)
 		_ = gen.Pools().ReleaseQuarantine(blocks)
-	}()
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "w", PromptLen: 64, Context: "ctx", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the receive queued behind the quarantine bound", func() bool { return gen.Stats().WaitingForBlocks == 1 })
-	gen.Pools().SetQuarantineLimit(0)
-	waitFor(t, "the receive out of the queue once the bound is raised", func() bool { return gen.Stats().WaitingForBlocks == 0 })
-	rx.Cancel()
-	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
-		t.Fatalf("cancelled receive ended %s: %v", o.Status, o.Err)
-	}
+	})
 }

@@ -318,15 +318,7 @@ func TestChunkCopiesItsRuns(t *testing.T) {
 	c := startCluster(t, l, tp1, tp1, 1)
 	ce, ge := c.ctx[0], c.gen[0]
 	const prompt = 64 // 4 blocks of 16 tokens
-	src, err := ce.Pools().Alloc([]int{4, 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for g := range l.Groups {
-		for b, id := range src[g] {
-			fill(ce, l, g, id, b, 1)
-		}
-	}
+	src := filledSource(t, ce, l)
 	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "reuse", PromptLen: prompt})
 	if err != nil {
 		t.Fatal(err)
@@ -377,15 +369,7 @@ func TestChunkRefusesASourceBlockAnEarlierChunkNamed(t *testing.T) {
 	c := startCluster(t, l, tp1, tp1, 1)
 	ce, ge := c.ctx[0], c.gen[0]
 	const prompt = 64
-	src, err := ce.Pools().Alloc([]int{4, 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for g := range l.Groups {
-		for b, id := range src[g] {
-			fill(ce, l, g, id, b, 1)
-		}
-	}
+	src := filledSource(t, ce, l)
 	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "dup", PromptLen: prompt, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)
@@ -401,7 +385,7 @@ func TestChunkRefusesASourceBlockAnEarlierChunkNamed(t *testing.T) {
 	}
 	runs := c1.Runs(l.TokensPerBlock, src)
 	runs[0] = kvcache.BlockRun{First: 2, IDs: []kvcache.BlockID{src[0][0], src[0][3]}}
-	want := fmt.Sprintf("group 0 names source block %d for global block 2; an earlier chunk named it for global block 0", src[0][0])
+	want := fmt.Sprintf("group 0 names source block %d for global block 2; an earlier chunk named it for another", src[0][0])
 	if err := tx.Chunk(c1, runs, nil); !errors.Is(err, kvxfer.ErrBadChunk) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("chunk naming chunk 0's source block for another global block: %v, want ErrBadChunk: %q", err, want)
 	}
@@ -474,4 +458,20 @@ func TestChunkWithABrokenFenceEnds(t *testing.T) {
 	if err := ce.Pools().Free(src); err != nil {
 		t.Fatalf("source blocks still pinned after both requests ended: %v", err)
 	}
+}
+
+// filledSource allocates 4 source blocks of each group of ce's pool and
+// fills them with request 1's pattern for global blocks 0-3.
+func filledSource(t *testing.T, ce *kvxfer.Engine, l kvcache.Layout) [][]kvcache.BlockID {
+	t.Helper()
+	src, err := ce.Pools().Alloc([]int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range l.Groups {
+		for b, id := range src[g] {
+			fill(ce, l, g, id, b, 1)
+		}
+	}
+	return src
 }

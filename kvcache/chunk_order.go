@@ -91,7 +91,7 @@ func (o *ChunkOrder) Took(c Chunk, src []BlockRun) {
 		o.next, o.done = c.End, c.Last
 		o.part, o.partSrc = Chunk{}, nil
 	} else if !o.InPart() {
-		o.part, o.partSrc = c, cloneRuns(src)
+		o.part, o.partSrc = c, CloneRuns(src)
 	}
 	o.nextLayer = c.Layers.Hi
 }
@@ -115,10 +115,28 @@ func orderErrorf(format string, args ...any) error {
 func (e *orderError) Error() string { return e.msg }
 func (e *orderError) Unwrap() error { return ErrChunkOrder }
 
-func cloneRuns(src []BlockRun) []BlockRun {
-	out := make([]BlockRun, len(src))
-	for g, r := range src {
-		out[g] = BlockRun{First: r.First, IDs: slices.Clone(r.IDs)}
+// CloneRuns copies runs and their ids: a chunk's block table of one or two
+// layer groups and up to 8 blocks in one allocation (a chunk of a token
+// per block, as a decode-sized transfer), a larger one in two.
+func CloneRuns(runs []BlockRun) []BlockRun {
+	n := 0
+	for _, r := range runs {
+		n += len(r.IDs)
+	}
+	var out []BlockRun
+	var ids []BlockID
+	if len(runs) <= 2 && n <= 8 {
+		s := new(struct {
+			runs [2]BlockRun
+			ids  [8]BlockID
+		})
+		out, ids = s.runs[:len(runs)], s.ids[:0]
+	} else {
+		out, ids = make([]BlockRun, len(runs)), make([]BlockID, 0, n)
+	}
+	for g, r := range runs {
+		ids = append(ids, r.IDs...)
+		out[g] = BlockRun{First: r.First, IDs: ids[len(ids)-len(r.IDs) : len(ids) : len(ids)]}
 	}
 	return out
 }

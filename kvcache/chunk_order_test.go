@@ -25,7 +25,7 @@ func TestChunkOrder(t *testing.T) {
 	}
 	// other is the chunk's sources with one block of group 2 replaced.
 	other := func(c Chunk) []BlockRun {
-		runs := cloneRuns(c.Runs(tpb, ids))
+		runs := CloneRuns(c.Runs(tpb, ids))
 		runs[2].IDs[0] = 99
 		return runs
 	}
@@ -105,7 +105,7 @@ func TestChunkOrder(t *testing.T) {
 				}
 				before := o // with its own copy of the sources it holds
 				if o.partSrc != nil {
-					before.partSrc = cloneRuns(o.partSrc)
+					before.partSrc = CloneRuns(o.partSrc)
 				}
 				err := o.Check(st.c, src)
 				if !reflect.DeepEqual(o, before) {
