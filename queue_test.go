@@ -118,7 +118,7 @@ func TestQueueTimeoutNamesWhy(t *testing.T) {
 	}
 	o := waitOutcome(t, rx.Done())
 	if o.Status != kvxfer.StatusTimedOut || o.Err == nil || !strings.Contains(o.Err.Error(), "quarantine full") ||
-		!strings.Contains(o.Err.Error(), "0 requests still queued") {
+		!strings.Contains(o.Err.Error(), "0 other requests still queued") {
 		t.Fatalf("a request that waited on a full quarantine ended %s: %v; want TIMED_OUT naming the quarantine bound", o.Status, o.Err)
 	}
 }

@@ -508,7 +508,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			if p.waitErr != nil {
 				why = ": " + p.waitErr.Error()
 			}
-			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d requests still queued; the queue's head waits%s)",
+			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited%s)",
 				ErrTimeout, q.req.ID, p.queue.Len(), why))
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)

@@ -300,10 +300,14 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	}
 	l.mu.Lock()
 	info := l.peers[p]
-	if info == nil && len(l.peers) >= maxPeers && !l.forgetDownPeerLocked(s.live.isDown) {
-		l.mu.Unlock()
-		s.reject(RejectFull, id, key, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
-		return
+	if info == nil && len(l.peers) >= maxPeers {
+		gone, ok := l.forgetDownPeerLocked(s.live.isDown)
+		if !ok {
+			l.mu.Unlock()
+			s.reject(RejectFull, id, key, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
+			return
+		}
+		s.live.forget(gone)
 	}
 	if info == nil {
 		info = l.peerLocked(p)

@@ -38,6 +38,11 @@ func (l *liveness) hello(p messages.PeerID, now time.Time) (back bool) {
 	return l.refresh(s, now)
 }
 
+// forget stops tracking p (a peer the directory forgot to make room):
+// with names that come and go, the table would otherwise grow with every
+// name ever heard, and each expiry walk with it.
+func (l *liveness) forget(p messages.PeerID) { delete(l.peers, p) }
+
 // seen records a sign of life from a tracked peer at now; untracked peers
 // are ignored. It reports whether p was down.
 func (l *liveness) seen(p messages.PeerID, now time.Time) (back bool) {

@@ -95,3 +95,29 @@ func TestLivenessNext(t *testing.T) {
 		t.Fatalf("liveness off: next = %v, want most", got)
 	}
 }
+
+// forget stops tracking a peer (one the full directory forgot): it is no
+// longer in the table, its later frames do not bring it back, and expiry
+// never reports it again.
+func TestLivenessForget(t *testing.T) {
+	l := newLiveness(time.Second)
+	t0 := time.Unix(0, 0)
+	p := pid("x", 1)
+	l.hello(p, t0)
+	var downs int
+	l.expire(t0.Add(time.Hour), func(messages.PeerID) { downs++ })
+	if downs != 1 || !l.isDown(p) {
+		t.Fatalf("%d downs, isDown %v: want the silent peer down once", downs, l.isDown(p))
+	}
+	l.forget(p)
+	if len(l.peers) != 0 || l.isDown(p) {
+		t.Fatalf("after forget: %d peers tracked, isDown %v", len(l.peers), l.isDown(p))
+	}
+	if l.seen(p, t0.Add(2*time.Hour)) {
+		t.Fatal("a forgotten peer came back on a frame: it is tracked again")
+	}
+	l.expire(t0.Add(3*time.Hour), func(messages.PeerID) { downs++ })
+	if downs != 1 {
+		t.Fatalf("a forgotten peer was reported down again (%d downs)", downs)
+	}
+}

@@ -56,9 +56,9 @@ func (l *Link) RemovePeer(peer messages.PeerID) {
 // its heartbeats), the one heard from longest ago. A peer serving through
 // the link's lifetime under ever new names (restarted decode pods without
 // etcd) would otherwise fill the directory for good, and every new peer's
-// Hello would be refused. It reports whether it removed one. Callers hold
-// l.mu.
-func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) bool {
+// Hello would be refused. It returns the peer it removed, if any. Callers
+// hold l.mu.
+func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) (messages.PeerID, bool) {
 	var (
 		oldest messages.PeerID
 		at     time.Time
@@ -73,7 +73,7 @@ func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) bool {
 		}
 	}
 	if !found {
-		return false
+		return messages.PeerID{}, false
 	}
 	info := l.peers[oldest]
 	delete(l.peers, oldest)
@@ -82,7 +82,7 @@ func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) bool {
 	}
 	l.rebuildIdentitiesLocked()
 	l.log.Info().Stringer("peer", oldest).Msgf("control/zmq: directory full (%d peers): forgot %s, down and known only from its Hello", maxPeers, oldest)
-	return true
+	return oldest, true
 }
 
 // departLocked keeps key's permission to speak for peer after the
