@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
-	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/faulty"
@@ -52,14 +51,13 @@ func (l *helloLater) Hello(p messages.PeerID) (*messages.Hello, error) {
 // fails without the wait: the blocks are freed.)
 func TestUnaddressedRequestFreedOnAnotherIncarnationsAck(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	mem := control.NewMemLink()
 	net := loopback.NewNetwork()
 	held := faulty.New(loopback.New(loopback.WithNetwork(net)), faulty.Hang(faulty.Always()), faulty.WithUnprovenClose())
 	gag, c2ag := loopback.New(loopback.WithNetwork(net)), loopback.New(loopback.WithNetwork(net))
 	defer func() { _, _, _ = held.Close(), gag.Close(), c2ag.Close() }()
 	start := func(inst string, link control.Link, ag rdma.Agent) *kvxfer.Engine {
-		cfg := kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0), Layout: &l, PoolBytes: 4 << 20, Workers: 1,
+		cfg := kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0), Layout: &l, PoolBytes: 4 << 20, Workers: 1,
 			Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond}
 		e, err := kvxfer.Start(context.Background(), cfg)
 		if err != nil {
@@ -72,7 +70,7 @@ func TestUnaddressedRequestFreedOnAnotherIncarnationsAck(t *testing.T) {
 	gen := start("gen", glink, gag)
 	ctx1 := start("ctx", mem, held)
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx",
-		ContextParallel: one, Timeout: 2 * time.Second})
+		ContextParallel: tp1, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +130,10 @@ func TestUnaddressedRequestFreedOnAnotherIncarnationsAck(t *testing.T) {
 // table's answer to Readdress.)
 func TestReaddressedToAnExitedIncarnation(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	mem := control.NewMemLink()
 	glink := &helloLater{Link: mem, hide: "ctx"}
 	glink.on.Store(true)
-	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: one, Rank: one.RankAt(0),
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: tp1, Rank: tp1.RankAt(0),
 		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: glink, TransferTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +147,7 @@ func TestReaddressedToAnExitedIncarnation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx", ContextParallel: one})
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 64, Context: "ctx", ContextParallel: tp1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,7 @@ import (
 // startOn starts a TP1 engine named inst on link (a new incarnation each call).
 func startOn(t *testing.T, link control.Link, l kvcache.Layout, inst string) *kvxfer.Engine {
 	t.Helper()
-	one := kvcache.Parallel{TP: 1, PP: 1}
-	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0),
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
 		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: link, TransferTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("start %s: %v", inst, err)
@@ -63,16 +62,15 @@ func sendWhole(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, id string, req,
 // no RequestData ever reached the old incarnation.
 func TestRequestResentAcrossWriterRestart(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
 	gen := startOn(t, link, l, "gen")
 	ctx1 := startOn(t, link, l, "ctx")
-	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
 	transfer(t, c, l, "before", 1, 64, 32, true) // gen learns ctx1's incarnation
 	closeWithin(t, ctx1, "ctx1")
 
 	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx",
-		ContextParallel: one, Timeout: 4 * time.Second})
+		ContextParallel: tp1, Timeout: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,11 +108,10 @@ func TestRequestResentAcrossWriterRestart(t *testing.T) {
 // corruption is silent on both sides, and the context side reports DONE.
 func TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
 	ctxE := startOn(t, link, l, "ctx")
 	gen1 := startOn(t, link, l, "gen")
-	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen1}, ctxPar: one, genPar: one}
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen1}, ctxPar: tp1, genPar: tp1}
 	transfer(t, c, l, "warm", 1, 64, 32, true) // ctx hears gen1's incarnation
 	inc1 := gen1.Hello().Incarnation
 	closeWithin(t, gen1, "gen1")
@@ -180,7 +177,6 @@ func TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello(t *testing.T)
 // good (and the engine's Close fails on its session).
 func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
 	gen := startOn(t, link, l, "gen")
 	ctxID := messages.PeerID{Instance: "ctx"}
@@ -192,7 +188,7 @@ func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	rx1, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r1", PromptLen: 64, Context: "ctx",
-		ContextParallel: one, Timeout: 2 * time.Second})
+		ContextParallel: tp1, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +206,7 @@ func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
 	}
 	_ = lis.Close() // incarnation 1 stalls, out of reach; incarnation 2 takes the name
 	ctx2 := startOn(t, link, l, "ctx")
-	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx2}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx2}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
 	transfer(t, c, l, "r2", 2, 64, 32, true)
 	o := waitOutcome(t, rx1.Done())
 	if o.OK {
@@ -247,20 +243,19 @@ func TestOldIncarnationsProofIsNotDropped(t *testing.T) {
 // table's Readdress) replays identically and exports.
 func TestReplayReaddressed(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
 	dir := t.TempDir()
-	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: one, Rank: one.RankAt(0),
+	gen, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Parallel: tp1, Rank: tp1.RankAt(0),
 		Layout: &l, PoolBytes: 4 << 20, Workers: 1, Link: link, TransferTimeout: 30 * time.Second,
 		TracePath: filepath.Join(dir, "gen-0.jsonl")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx1 := startOn(t, link, l, "ctx")
-	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+	c := &cluster{link: link, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
 	transfer(t, c, l, "before", 1, 64, 32, true)
 	closeWithin(t, ctx1, "ctx1")
-	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx", ContextParallel: one})
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx", ContextParallel: tp1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
-	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -26,12 +25,11 @@ import (
 // by a leak review: +1 actor and +7 quarantined blocks per request).
 func TestWriterRestartedInProcessIsAddressed(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	link := control.NewMemLink()
 	gen := startOn(t, link, l, "gen")
 	for i := range 3 {
 		ctxE := startOn(t, link, l, "ctx") // the same name, a new incarnation each time
-		c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+		c := &cluster{link: link, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
 		transfer(t, c, l, fmt.Sprintf("after-restart-%d", i), i+1, 64, 32, true)
 		closeWithin(t, ctxE, "ctx")
 	}
@@ -100,11 +98,10 @@ func (c *countedConn) Close() error {
 // back is dialled afresh (here the same name restarted).
 func TestPeerDownClosesTheWorkersConnections(t *testing.T) {
 	l := smallLayout()
-	one := kvcache.Parallel{TP: 1, PP: 1}
 	mem := control.NewMemLink()
 	counted := &countingLink{Link: mem, open: map[messages.PeerID]int{}}
 	start := func(inst string, link control.Link) *kvxfer.Engine {
-		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: one, Rank: one.RankAt(0),
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
 			Layout: &l, PoolBytes: 4 << 20, Workers: 2, Link: link, TransferTimeout: 30 * time.Second})
 		if err != nil {
 			t.Fatalf("start %s: %v", inst, err)
@@ -117,7 +114,7 @@ func TestPeerDownClosesTheWorkersConnections(t *testing.T) {
 	for i := range 3 { // down, then back (a new incarnation), and down again
 		name := fmt.Sprintf("ctx (incarnation %d)", i+1)
 		ctxE := start("ctx", mem)
-		c := &cluster{link: mem, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen}, ctxPar: one, genPar: one}
+		c := &cluster{link: mem, ctx: []*kvxfer.Engine{ctxE}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
 		transfer(t, c, l, fmt.Sprintf("round-%d", i), i+1, 64, 32, true)
 		if n := counted.opened(peer); n == 0 {
 			t.Fatalf("no connection of gen's workers to %s after a transfer: the test sees nothing", name)

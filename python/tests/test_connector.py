@@ -2,6 +2,7 @@
 prompt in chunks and hands each over from wait_for_save; the decode
 instance loads it into its own block table; the KV is equal per layer."""
 
+import contextlib
 import time
 from types import SimpleNamespace
 
@@ -27,6 +28,26 @@ def worker(instance, **extra):
                                                "dtype_bytes": 2, "tokens_per_block": TPB}}, **extra))
     w.register_kv_caches(layers)
     return w, layers
+
+
+@contextlib.contextmanager
+def pd_pair(prefill=None, decode=None):
+    """A prefill and a decode instance, each a scheduler connector and a
+    worker (with the worker options given for its side), as
+    (sp, sd, wp, p_layers, wd, d_layers). The workers shut down at the
+    end; a body that did not raise leaves no kvxfer handle open."""
+    before = kvxfer.handle_count()
+    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
+    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
+    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
+    wp, p_layers = worker(p_name, **(prefill or {}))
+    wd, d_layers = worker(d_name, **(decode or {}))
+    try:
+        yield sp, sd, wp, p_layers, wd, d_layers
+    finally:
+        wp.shutdown()
+        wd.shutdown()
+    assert kvxfer.handle_count() == before
 
 
 CAPPED, ABORTED = "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED"  # vLLM's RequestStatus names
@@ -55,13 +76,7 @@ def finished(w, side, rid, timeout=10.0, finished_req_ids=()):
 def test_connector_prefill_to_decode(layer_parts):
     """Whole chunks from wait_for_save, or (layer_parts) each layer's part
     from save_kv_layer, handed before the next layer's KV is written."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, layer_parts=layer_parts)
-    wd, d_layers = worker(d_name)
-    try:
+    with pd_pair(prefill=dict(layer_parts=layer_parts)) as (sp, sd, wp, p_layers, wd, d_layers):
         prompt = 200
         req = prefill_request("cmpl-1", prompt)
         nb = -(-prompt // TPB)
@@ -83,7 +98,7 @@ def test_connector_prefill_to_decode(layer_parts):
             wp.clear_connector_metadata()
             done += step
         keep, params = sp.request_finished(req, p_blocks)
-        assert keep and params["remote_instance"] == p_name
+        assert keep and params["remote_instance"] == sp.instance
 
         dreq = SimpleNamespace(request_id="cmpl-1-decode", prompt_token_ids=list(range(prompt)),
                                kv_transfer_params=params)
@@ -110,10 +125,6 @@ def test_connector_prefill_to_decode(layer_parts):
         for i, layer in enumerate(d_layers.values()):
             for t in range(prompt):
                 assert torch.equal(layer[d_blocks[0][t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_connector_layer_parts_misuse_is_named():
@@ -183,17 +194,11 @@ def test_connector_abort():
     decode side; one aborted before any step keeps nothing. Neither is a
     failure. The transfer timeout (60 s) is far beyond the test's waits,
     so only the cancels can end these requests in time."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
-    wd, d_layers = worker(d_name, transfer_timeout_ms=60000)
     prompt = 100
     nb = -(-prompt // TPB)
     torch.manual_seed(12)
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, d_layers):
         # Aborted before its first step: no worker ever heard of it.
         early = prefill_request("early", prompt, ABORTED)
         sp.update_state_after_alloc(early, [list(range(nb))], 0)
@@ -210,7 +215,7 @@ def test_connector_abort():
         # A decode request aborted while it waits for a prefill that never
         # hands its KV over.
         d_blocks = [list(range(3, 3 + nb))]
-        params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "never"}
+        params = {"do_remote_prefill": True, "remote_instance": sp.instance, "remote_request_id": "never"}
         gone = SimpleNamespace(request_id="gone", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
         assert sd.get_num_new_matched_tokens(gone, 0) == (prompt, True)
         sd.update_state_after_alloc(gone, d_blocks, prompt)
@@ -235,10 +240,6 @@ def test_connector_abort():
         load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, "full-d")
         finished(wp, "send", "full", finished_req_ids={"full"})
         assert wp.failed == {}
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_connector_failed_load_names_its_blocks():
@@ -247,21 +248,15 @@ def test_connector_failed_load_names_its_blocks():
     destination blocks come back from get_block_ids_with_load_errors once,
     so that vLLM recomputes them instead of decoding from KV that never
     landed."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
-    wd, _ = worker(d_name, transfer_timeout_ms=60000)
     prompt = 100
     nb = -(-prompt // TPB)
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, _):
         p_blocks, d_blocks = [list(range(nb))], [list(range(40, 40 + nb))]
         req = prefill_request("x", prompt, ABORTED)
         sp.update_state_after_alloc(req, p_blocks, 0)
         step(sp, wp, p_layers, "x", p_blocks, truth, 0, 64)
-        params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "x"}
+        params = {"do_remote_prefill": True, "remote_instance": sp.instance, "remote_request_id": "x"}
         dreq = SimpleNamespace(request_id="x-d", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
         sd.update_state_after_alloc(dreq, d_blocks, prompt)
         wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
@@ -274,10 +269,6 @@ def test_connector_failed_load_names_its_blocks():
         assert "x-d" in wd.failed and wp.failed == {}
         assert wd.get_block_ids_with_load_errors() == set(d_blocks[0])
         assert wd.get_block_ids_with_load_errors() == set()
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, rid):
@@ -303,16 +294,10 @@ def test_connector_steps_not_aligned_to_blocks(layer_parts):
     in chunks ending on block boundaries ([0, 16), then [16, 40)), and
     arrives intact. A request aborted after less than a block was computed
     handed nothing over: its blocks go back at once."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, layer_parts=layer_parts)
-    wd, d_layers = worker(d_name)
     prompt = 40
     torch.manual_seed(13)
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(layer_parts=layer_parts)) as (sp, sd, wp, p_layers, wd, d_layers):
         p_blocks, d_blocks = [[9, 4, 7]], [[30, 2, 17]]
         req = prefill_request("odd", prompt)
         sp.update_state_after_alloc(req, p_blocks, 0)
@@ -329,10 +314,6 @@ def test_connector_steps_not_aligned_to_blocks(layer_parts):
         meta = sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"short": 10}))
         assert meta.reqs_to_send == {}, meta.reqs_to_send  # under a block: nothing to hand yet
         assert sp.request_finished(short, [[20, 21, 22]]) == (False, None)
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_connector_local_prefix_cache_hit_is_handed_over():
@@ -341,17 +322,11 @@ def test_connector_local_prefix_cache_hit_is_handed_over():
     is scheduled from token 32: the handed-over KV still starts at token 0,
     the whole prompt reaches the decode side, and request_finished gives
     the params once the last token was handed."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name)
-    wd, d_layers = worker(d_name)
     prompt, cached = 100, 32
     nb = -(-prompt // TPB)
     torch.manual_seed(14)
     truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
-    try:
+    with pd_pair() as (sp, sd, wp, p_layers, wd, d_layers):
         p_blocks, d_blocks = [list(range(10, 10 + nb))], [list(range(40, 40 + nb))]
         for i, layer in enumerate(p_layers.values()):  # an earlier request's KV, in the prefix cache
             for t in range(cached):
@@ -366,10 +341,6 @@ def test_connector_local_prefix_cache_hit_is_handed_over():
         load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, "hit-d")
         finished(wp, "send", "hit", finished_req_ids={"hit"})
         assert wp.failed == {}
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_connector_refused_receive_is_a_failed_load():

@@ -14,7 +14,7 @@ import kvxfer
 from kvxfer.connector import KvxferSchedulerConnector, RecvSpec
 
 from conftest import unique
-from test_connector import LAYERS, TPB, worker, finished, load_and_check, prefill_request
+from test_connector import LAYERS, TPB, worker, finished, load_and_check, pd_pair, prefill_request
 
 
 def sched_out(num_scheduled, new=(), cached=(), preempted=(), finished_ids=(), resumed=()):
@@ -74,17 +74,11 @@ def test_chunked_prefill_blocks_allocated_per_step(layer_parts):
     scheduler_output.scheduled_cached_reqs.new_block_ids (what NIXL's
     _build_save_meta reads through yield_req_data). A 200-token prompt in
     steps of 64 must still arrive whole."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, layer_parts=layer_parts)
-    wd, d_layers = worker(d_name)
     prompt, rid = 200, "chunky"
     table = [50, 3, 41, 7, 22, 9, 60, 14, 33, 2, 48, 19, 27]  # 13 blocks, handed out 4, 4, 5
     torch.manual_seed(21)
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(layer_parts=layer_parts)) as (sp, sd, wp, p_layers, wd, d_layers):
         req = prefill_request(rid, prompt)
         assert sp.get_num_new_matched_tokens(req, 0) == (0, False)
         sp.update_state_after_alloc(req, Blocks(table[:4]), 0)   # the first step's blocks only
@@ -99,10 +93,6 @@ def test_chunked_prefill_blocks_allocated_per_step(layer_parts):
         d_blocks = [list(range(1, 14))]
         load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, "chunky-d")
         finished(wp, "send", rid, finished_req_ids={rid})
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_producer_preempted_mid_prefill():
@@ -115,17 +105,11 @@ def test_producer_preempted_mid_prefill():
     again from token 0 into new blocks (update_state_after_alloc is called
     again with them). The decode side must still get the prompt's KV, not
     the old, freed blocks (now another request's) nor the wrong new ones."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, transfer_timeout_ms=10000)
-    wd, d_layers = worker(d_name)
     prompt, rid = 100, "preempted"
     old, new = [10, 11, 12, 13, 14, 15, 16], [30, 31, 32, 33, 34, 35, 36]
     torch.manual_seed(22)
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(transfer_timeout_ms=10000)) as (sp, sd, wp, p_layers, wd, d_layers):
         req = prefill_request(rid, prompt)
         sp.update_state_after_alloc(req, Blocks(old), 0)
         forward(wp, p_layers, sp.build_connector_meta(sched_out({rid: 64}, new=[(rid, old, 0)])),
@@ -146,10 +130,6 @@ def test_producer_preempted_mid_prefill():
         keep, params = sp.request_finished(req, new)
         assert keep and params is not None
         load_and_check(sd, wd, d_layers, params, truth, prompt, [list(range(1, 8))], "preempted-d")
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_decode_request_rescheduled_after_its_load():
@@ -198,16 +178,10 @@ def test_decode_prefix_hit_blocks_are_not_written():
     write the shared blocks (other requests read them while it lands);
     kvxfer's receive takes prefix_hit_blocks for this (docs/integration.md:
     'num_computed_tokens / block_size is PrefixHitBlocks')."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name)
-    wd, d_layers = worker(d_name)
     prompt, hit = 100, 32
     torch.manual_seed(23)
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair() as (sp, sd, wp, p_layers, wd, d_layers):
         req = full_prefill(sp, wp, p_layers, "hit", list(range(7)), truth, prompt, params={"do_remote_decode": True})
         keep, params = sp.request_finished(req, list(range(7)))
         d_table = [40, 41, 42, 43, 44, 45, 46]
@@ -228,10 +202,6 @@ def test_decode_prefix_hit_blocks_are_not_written():
             for t in range(hit, prompt):
                 assert torch.equal(layer[d_table[t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
         finished(wp, "send", "hit", finished_req_ids={"hit"})
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 @pytest.mark.parametrize("params", [
@@ -318,15 +288,9 @@ def test_decode_request_aborted_before_it_was_scheduled():
     free blocks in the prefill instance' (nixl/scheduler.py). Here the
     prefill instance keeps the prompt's blocks until its transfer timeout
     (60 s here, 30 s by default) for every such abort."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
-    wd, _ = worker(d_name, transfer_timeout_ms=60000)
     prompt = 64
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, _):
         req = full_prefill(sp, wp, p_layers, "p1", [1, 2, 3, 4], truth, prompt, params={"do_remote_decode": True})
         keep, params = sp.request_finished(req, [1, 2, 3, 4])
         assert keep and params
@@ -340,10 +304,6 @@ def test_decode_request_aborted_before_it_was_scheduled():
             wd.clear_connector_metadata()
             wd.get_finished({"d1"})
         finished(wp, "send", "p1", timeout=5.0, finished_req_ids={"p1"})
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_producer_preempted_while_a_decode_side_reads():
@@ -353,21 +313,15 @@ def test_producer_preempted_while_a_decode_side_reads():
     released), the receive fails and its blocks are load errors (vLLM
     recomputes them), and the resumed prefill is handed over under a new
     id, which request_finished's params name."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, transfer_timeout_ms=60000)
-    wd, d_layers = worker(d_name, transfer_timeout_ms=60000)
     prompt, rid = 100, "read-preempted"
     old, new, d_blocks = [10, 11, 12, 13, 14, 15, 16], [30, 31, 32, 33, 34, 35, 36], list(range(1, 8))
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, d_layers):
         req = prefill_request(rid, prompt)
         sp.update_state_after_alloc(req, Blocks(old), 0)
         forward(wp, p_layers, sp.build_connector_meta(sched_out({rid: 64}, new=[(rid, old, 0)])),
                 write_tokens(truth, old, 0, 64))
-        early = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": rid}
+        early = {"do_remote_prefill": True, "remote_instance": sp.instance, "remote_request_id": rid}
         dreq = SimpleNamespace(request_id="early-d", prompt_token_ids=list(range(prompt)), kv_transfer_params=early)
         sd.update_state_after_alloc(dreq, Blocks(d_blocks), prompt)
         forward(wd, d_layers, sd.build_connector_meta(sched_out({})), lambda i, layer: None)
@@ -388,10 +342,6 @@ def test_producer_preempted_while_a_decode_side_reads():
         load_and_check(sd, wd, d_layers, params, truth, prompt, [d_blocks], "resumed-d")
         finished(wp, "send", rid, finished_req_ids={rid})
         assert rid not in wp.failed, wp.failed
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 @pytest.mark.parametrize("layer_parts", [False, True])
@@ -402,15 +352,9 @@ def test_refused_chunk_fails_its_request_alone(layer_parts):
     failed with the error, the other request of the step is handed over
     whole, the decode side's receive of the failed one fails with load
     errors, and the failed send is reported once its request finished."""
-    before = kvxfer.handle_count()
-    p_name, d_name = unique("vllm-prefill"), unique("vllm-decode")
-    sp = KvxferSchedulerConnector(p_name, "producer", TPB)
-    sd = KvxferSchedulerConnector(d_name, "consumer", TPB)
-    wp, p_layers = worker(p_name, layer_parts=layer_parts, transfer_timeout_ms=60000)
-    wd, d_layers = worker(d_name, transfer_timeout_ms=60000)
     prompt = 32
     truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
-    try:
+    with pd_pair(prefill=dict(layer_parts=layer_parts, transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, d_layers):
         bad, good = prefill_request("bad", prompt), prefill_request("good", prompt)
         sp.update_state_after_alloc(bad, Blocks([1, 10000]), 0)
         sp.update_state_after_alloc(good, Blocks([2, 3]), 0)
@@ -421,7 +365,7 @@ def test_refused_chunk_fails_its_request_alone(layer_parts):
         keep, params = sp.request_finished(good, [2, 3])
         load_and_check(sd, wd, d_layers, params, truth, prompt, [[5, 6]], "good-d")
         finished(wp, "send", "good", finished_req_ids={"good"})
-        params = {"do_remote_prefill": True, "remote_instance": p_name, "remote_request_id": "bad"}
+        params = {"do_remote_prefill": True, "remote_instance": sp.instance, "remote_request_id": "bad"}
         dreq = SimpleNamespace(request_id="bad-d", prompt_token_ids=list(range(prompt)), kv_transfer_params=params)
         sd.update_state_after_alloc(dreq, Blocks([7, 8]), prompt)
         forward(wd, d_layers, sd.build_connector_meta(sched_out({})), lambda i, layer: None)
@@ -429,10 +373,6 @@ def test_refused_chunk_fails_its_request_alone(layer_parts):
         assert "bad-d" in wd.failed and wd.get_block_ids_with_load_errors() == {7, 8}
         sp.request_finished(bad, [1, 10000])
         finished(wp, "send", "bad", timeout=5.0, finished_req_ids={"bad"})
-    finally:
-        wp.shutdown()
-        wd.shutdown()
-    assert kvxfer.handle_count() == before
 
 
 def test_failed_entries_are_dropped_once_reported():
