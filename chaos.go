@@ -16,3 +16,9 @@ func (h *RxHandle) Crash() { h.inner.Crash() }
 
 // CrashWorker makes sender worker i panic.
 func (e *Engine) CrashWorker(i int) { e.inner.CrashWorker(i) }
+
+// CrashParent makes one of the engine's top-level actors panic: "tx" (the
+// context side's parent), "rx" (the generation side's) or "senders" (the
+// workers' supervisor). The engine fails: it refuses new requests, live
+// ones drain.
+func (e *Engine) CrashParent(which string) { e.inner.CrashParent(which) }

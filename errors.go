@@ -51,8 +51,10 @@ var (
 	// ErrBadRequest: a request the engine cannot take (its id, prompt
 	// length, blocks or parallelism), named in the error.
 	ErrBadRequest = actors.ErrBadRequest
-	// ErrEngineFailed: a sender worker spent its restart budget; its
-	// requests failed and drained, and the engine refuses new work.
+	// ErrEngineFailed: a sender worker spent its restart budget (its
+	// requests failed and drained), or one of the engine's top-level
+	// actors panicked (its live requests go on and drain): the engine
+	// refuses new work, naming why; close it and start another.
 	ErrEngineFailed = actors.ErrEngineFailed
 	// ErrWorkerCrashed: a sender worker crashed under the request.
 	ErrWorkerCrashed = actors.ErrWorkerCrashed

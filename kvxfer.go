@@ -308,6 +308,11 @@ type Stats struct {
 	// SessionPanicsPastBudget: session panics after the session's restart
 	// budget was spent (it was resumed to drain, not restarted).
 	SessionPanicsPastBudget int64
+	// ParentPanics: panics of the engine's top-level actors (the tx and rx
+	// parents, the senders) and of its listener routing a control frame.
+	// Each failed the engine: it refuses new requests (ErrEngineFailed),
+	// its live ones drain and end as usual.
+	ParentPanics int64
 	// PinErrors: source pins (and unpins) the pool refused.
 	PinErrors int64
 	// LeasesLapsed: writer leases on peers that lapsed (Config.WriterLease).
@@ -342,8 +347,8 @@ func (e *Engine) Stats() Stats {
 	c := e.inner.Stats()
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
-		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(),
-		PinErrors:               c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
+		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(), ParentPanics: c.ParentPanics.Load(),
+		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
 		RevokedHeldBlocks: c.RevokedHeld.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
@@ -689,7 +694,11 @@ type ReceiveRequest struct {
 	// this rank holds no layer of). kvxfer then neither allocates nor frees
 	// them: READY hands them back, and after a failure RxHandle.Released
 	// says when no write can touch them any more; until then another
-	// Receive naming one of them is refused (kvcache.ErrBlockReceiving).
+	// Receive naming one of them is refused (kvcache.ErrBlockReceiving),
+	// and kvxfer's own allocator does not hand out those that are free in
+	// its pool (a framework that allocates elsewhere): they are reserved
+	// until then. Receive copies the ids: the caller may reuse its slices
+	// once it returns.
 	// Nil: kvxfer allocates from its pool (waiting while it is full).
 	Blocks [][]kvcache.BlockID
 	// Timeout overrides Config.TransferTimeout when > 0.

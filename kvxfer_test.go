@@ -137,38 +137,53 @@ func fillPart(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk
 // number of bytes checked.
 func verify(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, promptLen int, blocks [][]kvcache.BlockID, req int) int {
 	t.Helper()
-	s := e.Shape()
 	n := 0
 	for g, grp := range l.Groups {
-		if len(s.Layers[g]) == 0 {
-			continue
-		}
 		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
-		geom := e.Pools().Geometry(g)
 		for bi, id := range blocks[g] {
-			blk := first + bi
-			buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
-			i := 0
-			for _, layer := range s.Layers[g] {
-				for part := 0; part < l.Parts(); part++ {
-					for h := s.HeadLo; h < s.HeadHi; h++ {
-						for tok := 0; tok < l.TokensPerBlock; tok++ {
-							for b := 0; b < l.TokenBytes(); b++ {
-								want := pattern(req, layer, part, h, blk*l.TokensPerBlock+tok, b)
-								if buf[i] != want {
-									t.Fatalf("req %d group %d block %d layer %d part %d head %d token %d byte %d: got %d want %d",
-										req, g, blk, layer, part, h, tok, b, buf[i], want)
-								}
-								i++
-								n++
-							}
+			k, bad := checkBlock(e, l, g, id, first+bi, req)
+			if bad != "" {
+				t.Fatal(bad)
+			}
+			n += k
+		}
+	}
+	return n
+}
+
+// checkFrom checks that blocks ids of group g hold request req's bytes for
+// the global blocks first.. (bad names the first byte that does not).
+func checkFrom(e *kvxfer.Engine, l kvcache.Layout, g int, ids []kvcache.BlockID, first, req int) (bad string) {
+	for bi, id := range ids {
+		if _, bad = checkBlock(e, l, g, id, first+bi, req); bad != "" {
+			return bad
+		}
+	}
+	return ""
+}
+
+// checkBlock checks that block id of group g holds request req's bytes of
+// global block blk: n bytes checked, or bad naming the first that differs.
+func checkBlock(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int) (n int, bad string) {
+	s := e.Shape()
+	geom := e.Pools().Geometry(g)
+	buf := e.Region().Bytes()[geom.Offset+uint64(id)*geom.BlockBytes:]
+	for _, layer := range s.Layers[g] {
+		for part := 0; part < l.Parts(); part++ {
+			for h := s.HeadLo; h < s.HeadHi; h++ {
+				for tok := 0; tok < l.TokensPerBlock; tok++ {
+					for b := 0; b < l.TokenBytes(); b++ {
+						if want := pattern(req, layer, part, h, blk*l.TokensPerBlock+tok, b); buf[n] != want {
+							return n, fmt.Sprintf("req %d group %d block %d (id %d) layer %d part %d head %d token %d byte %d: got %d want %d",
+								req, g, blk, id, layer, part, h, tok, b, buf[n], want)
 						}
+						n++
 					}
 				}
 			}
 		}
 	}
-	return n
+	return n, ""
 }
 
 // transfer runs one request across the cluster: every gen rank receives,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -166,6 +167,8 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.senders = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return actor.ReceiveFunc(func(ctx actor.Context) {
 			switch m := ctx.Message().(type) {
+			case parentCrash:
+				panic("senders: crash injected")
 			case *actor.Started:
 				pids = make([]*actor.PID, cfg.Workers)
 				slots = make([]*workerSlot, cfg.Workers)
@@ -186,7 +189,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 				for i, pid := range pids {
 					if pid.Equal(m.Who) {
 						e.env.dead[i].Store(true)
-						e.env.failed.Store(true)
+						e.env.fail(fmt.Sprintf("its sender worker %d spent its restart budget", i))
 						cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
 						if ps := e.parents.Load(); ps != nil {
 							inDoubt := slots[i].unprovenOps()
@@ -197,7 +200,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 				}
 			}
 		})
-	}, actor.WithSupervisor(workerSup)))
+	}, actor.WithSupervisor(workerSup), actor.WithGuardian(&parentStrategy{env: e.env, name: "senders"})))
 	e.env.workers = <-ready
 
 	if cfg.Incarnation == 0 {
@@ -208,12 +211,12 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.tx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &txParent{env: e.env, topo: cfg.Topology, self: cfg.Self, link: cfg.Link, cfg: txCfg, leases: core.NewPeerLeases(cfg.WriterLease),
 			table: e.env.txTable(4096, orphanLimit(cfg.MaxOrphans)), sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
-	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"})))
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "tx"}), actor.WithGuardian(&parentStrategy{env: e.env, name: "tx parent"})))
 	e.rx = sys.Root.Spawn(e.env.props(func() actor.Actor {
 		return &rxParent{env: e.env, topo: cfg.Topology, self: cfg.Self, workers: cfg.Workers, link: cfg.Link,
 			table: e.env.rxTable(cfg.Topology, cfg.Workers, cfg.Incarnation), queue: e.env.allocQueue(),
 			sessions: sessionTable{pids: map[string]*actor.PID{}}, handles: map[string]*Handle{}}
-	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"})))
+	}, actor.WithSupervisor(sessionStrategy{env: e.env, side: "rx"}), actor.WithGuardian(&parentStrategy{env: e.env, name: "rx parent"})))
 	e.parents.Store(&[2]*actor.PID{e.tx, e.rx})
 	cfg.Pools.setOnFree(func() {
 		// Blocks went back to the pools: a wake-up for the allocation
@@ -256,8 +259,23 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 // deliver takes a frame from the control link: routed by the listener
 // step into its parent's mailbox while its peer has credits, else refused
 // at once (never a terminal frame); a refused RequestData is answered
-// FAILED while the peer has answer credits (frameCredits).
+// FAILED while the peer has answer credits (frameCredits). A panic while
+// it routes (a bug: frames are validated before anything acts on them)
+// must not take the serving process down from a peer's bytes: the frame is
+// dropped and the engine fails, as when a parent panics (parentStrategy).
 func (e *Engine) deliver(f messages.Frame) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.stats.ParentPanics.Add(1)
+			from := messages.TruncateText(f.Sender().String(), 64)
+			e.env.fail(fmt.Sprintf("its listener panicked (%v) on a %T frame from %s", r, f, from))
+			e.env.log.Error().Str("panic", fmt.Sprint(r)).Str("peer", from).Str("frame", fmt.Sprintf("%T", f)).
+				Msg("listener panicked routing a control frame: frame dropped; the engine refuses new requests, live ones drain")
+		}
+	}()
+	if panicOnRoute(f) {
+		panic("listener: panic injected")
+	}
 	if !e.env.credits.take(f) {
 		e.stats.FramesShed.Add(1)
 		e.env.meters.reject(rejectShed)
@@ -357,7 +375,7 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 		return nil, fmt.Errorf("%w: send %s: the engine is closed", ErrClosed, req.ID)
 	}
 	if e.env.failed.Load() {
-		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+		return nil, e.env.failedErr(req.ID)
 	}
 	if gp := req.GenerationParallel; gp.TP > 0 {
 		topo := e.cfg.Topology
@@ -433,11 +451,15 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 		return nil, fmt.Errorf("%w: receive %s: the engine is closed", ErrClosed, req.ID)
 	}
 	if e.env.failed.Load() {
-		return nil, fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another", ErrEngineFailed, req.ID)
+		return nil, e.env.failedErr(req.ID)
 	}
 	if hoptrace.On {
 		hoptrace.Mark("gen.Receive", req.ID)
 	}
+	// The request is read after Receive returns (the allocation queue,
+	// the session): a caller may reuse its buffers at once.
+	req.Blocks = kvcache.CloneBlockTable(req.Blocks)
+	req.PrefixHitBlocks = slices.Clone(req.PrefixHitBlocks)
 	h := NewHandle()
 	rx := &RxHandle{Handle: h, e: e, request: req.ID, done: make(chan Outcome, 1), owned: req.Blocks != nil}
 	if req.Blocks != nil {
@@ -491,10 +513,16 @@ func (h *RxHandle) Finished() <-chan struct{} { return h.finished.wait() }
 // Cancel cancels the request. Destination blocks are freed once every
 // writer is quiescent.
 func (h *RxHandle) Cancel() {
-	h.e.sys.Root.Send(h.e.rx, &rxCancelReq{request: h.request})
+	h.e.sys.Root.Send(h.e.rx, &rxCancelReq{request: h.request, handle: h.Handle})
 }
 
-type rxCancelReq struct{ request string }
+// rxCancelReq cancels request, if it is still handle's: the id may be
+// reused once that request ended, and a stale handle's Cancel (a deferred
+// one) must not cancel the request that reuses it.
+type rxCancelReq struct {
+	request string
+	handle  *Handle
+}
 
 // rxCrashReq asks the rx parent to make a session panic (crash injection,
 // sent only by kvxfer_invariants builds: RxHandle.Crash).

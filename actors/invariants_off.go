@@ -2,5 +2,13 @@
 
 package actors
 
+import "github.com/kvxfer/kvxfer/messages"
+
 // mutWholePlanForParts is off in a default build (see invariants_on.go).
 func mutWholePlanForParts() bool { return false }
+
+// panicOnEffect is off in a default build (see invariants_on.go).
+func panicOnEffect(string, Effect) bool { return false }
+
+// panicOnRoute is off in a default build (see invariants_on.go).
+func panicOnRoute(messages.Frame) bool { return false }

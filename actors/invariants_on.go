@@ -2,6 +2,14 @@
 
 package actors
 
+import (
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
 // Crash injection, only in builds with the kvxfer_invariants tag.
 
 // WorkerCrash makes a worker panic (crash injection).
@@ -18,6 +26,16 @@ func (h *TxHandle) Crash() {
 // CrashWorker makes worker i panic (crash injection).
 func (e *Engine) CrashWorker(i int) { e.sys.Root.Send(e.env.workers[i], workerCrash{}) }
 
+// CrashParent makes the tx parent ("tx"), the rx parent ("rx") or the
+// senders ("senders") panic (crash injection).
+func (e *Engine) CrashParent(which string) {
+	pid := map[string]*actor.PID{"tx": e.tx, "rx": e.rx, "senders": e.senders}[which]
+	if pid == nil {
+		panic("CrashParent: no actor " + which)
+	}
+	e.sys.Root.Send(pid, parentCrash{})
+}
+
 // Crash makes the request's session panic (crash injection), once it has
 // one (a request still waiting for blocks has none: nothing happens).
 func (h *RxHandle) Crash() { h.e.sys.Root.Send(h.e.rx, &rxCrashReq{request: h.request}) }
@@ -33,3 +51,22 @@ var Mutations struct {
 }
 
 func mutWholePlanForParts() bool { return Mutations.WholePlanForParts }
+
+// PanicOnEffect, when set, makes a session panic just before it runs an
+// effect the function returns true for (crash injection: side is "tx" or
+// "rx").
+var PanicOnEffect atomic.Pointer[func(side string, e Effect) bool]
+
+func panicOnEffect(side string, e Effect) bool {
+	f := PanicOnEffect.Load()
+	return f != nil && (*f)(side, e)
+}
+
+// PanicOnRoute, when set, makes the listener panic as a frame it returns
+// true for comes in (crash injection).
+var PanicOnRoute atomic.Pointer[func(f messages.Frame) bool]
+
+func panicOnRoute(f messages.Frame) bool {
+	p := PanicOnRoute.Load()
+	return p != nil && (*p)(f)
+}

@@ -72,7 +72,10 @@ type (
 		inDoubt []core.OpRef // its ops whose endpoint's close proved nothing
 	}
 	// blocksFreed wakes the rx supervisor's allocation queue.
-	blocksFreed    struct{}
+	blocksFreed struct{}
+	// parentCrash makes a parent (or the senders) panic: crash injection,
+	// sent only by kvxfer_invariants builds (Engine.CrashParent).
+	parentCrash    struct{}
 	rxQueueTimeout struct{ request string }
 )
 
@@ -189,6 +192,8 @@ func (p *txParent) Receive(ctx actor.Context) {
 		p.renewLease(ctx, f.Sender()) // a frame of the peer: it is alive
 	}
 	switch m := ctx.Message().(type) {
+	case parentCrash:
+		panic("tx parent: crash injected")
 	case *peerAlive:
 		p.renewLease(ctx, m.peer)
 	case *leaseTick:
@@ -198,8 +203,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			// Send checked before asking; a worker may have stopped for
 			// good since (the flag is set before TxWorkerDead goes out): a
 			// session spawned now would not know that worker is dead.
-			m.reply <- txOpenReply{err: fmt.Errorf("%w: request %s: a sender worker spent its restart budget; close this engine and start another",
-				ErrEngineFailed, m.request)}
+			m.reply <- txOpenReply{err: p.env.failedErr(m.request)}
 			return
 		}
 		spawn, err := p.table.Open(m.request, m.generation)
@@ -392,11 +396,11 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		return
 	}
 	if p.env.failed.Load() && p.sessions.pids[rd.RequestID] == nil {
-		// A sender worker stopped for good: the engine takes no new
-		// work (Send refuses it too), and a session opened now could route
-		// a stream to that worker, whose ops nothing would post or settle.
-		p.refuse(ctx, rd, rejectUnresolved, fmt.Errorf("%w: request %s: a sender worker of this context rank spent its restart budget",
-			ErrEngineFailed, rd.RequestID))
+		// The engine failed (a sender worker stopped for good, or a
+		// parent panicked): it takes no new work (Send refuses it too),
+		// and a session opened now could route a stream to a dead
+		// worker, whose ops nothing would post or settle.
+		p.refuse(ctx, rd, rejectUnresolved, p.env.failedErr(rd.RequestID))
 		return
 	}
 	hello, err := p.link.Hello(rd.From)
@@ -500,6 +504,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			m.deadline = p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
 		}
 		p.drainQueue(ctx)
+	case parentCrash:
+		panic("rx parent: crash injected")
 	case *blocksFreed:
 		p.drainQueue(ctx)
 	case *rxQueueTimeout:
@@ -556,14 +562,15 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			ctx.Send(pid, &panicNow{})
 		}
 	case *rxCancelReq:
-		if q, ok := p.queue.Remove(m.request); ok {
+		if q, ok := p.queue.Get(m.request); ok && q.handle == m.handle {
+			p.queue.Remove(m.request)
 			p.finishQueued(q, RxCancelled, ErrCancelled)
 			p.cancelUnstarted(ctx, q)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 			return
 		}
-		if pid := p.sessions.pids[m.request]; pid != nil {
+		if pid := p.sessions.pids[m.request]; pid != nil && p.handles[m.request] == m.handle {
 			ctx.Send(pid, RxCancel{})
 		}
 	case *listSessions:
@@ -614,6 +621,9 @@ func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
 	p.env.meters.rxUnstarted(st, err, q.at, p.env.clock.Now())
 	q.handle.finish(Outcome{Request: q.req.ID, Status: st.Status(), Err: err})
 	q.handle.release()
+	if q.req.Blocks != nil {
+		p.env.pools.settleOver() // its lend is over (Pools.lend)
+	}
 }
 
 // cancelUnstarted tells the writers of a request cancelled while it

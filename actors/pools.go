@@ -56,11 +56,6 @@ type poolSet struct {
 	// the lends not yet over.
 	lentTo [][]*lend
 	lends  map[*lend]struct{}
-	// freeLentTo[g][id] is the receive the caller passed block id of
-	// group g to while it was free in the pool (nil: none); only lend
-	// reads it. Apart from lentTo: a lentTo entry means the pool holds
-	// the block receiving for the lend, and this one does not.
-	freeLentTo [][]*lend
 	// sessQ[g] holds the blocks of group g that the sessions' view
 	// quarantined (a request failed without proof): only that view
 	// releases them (made at the group's first).
@@ -76,8 +71,8 @@ type lend struct {
 	over    <-chan struct{}
 	blocks  [][]kvcache.BlockID
 	// free are the blocks the caller passed that were free in the pool:
-	// their state is left alone, but no other lend takes them while this
-	// one lives.
+	// reserved (receiving, off the free lists) while the lend lives, free
+	// again at its end.
 	free [][]kvcache.BlockID
 }
 
@@ -287,7 +282,7 @@ func (p *Pools) checkLocked(op string, from kvcache.BlockState, blocks [][]kvcac
 // lentAt is the live lend that holds block id of group g, or nil.
 func (p *Pools) lentAt(g int, id kvcache.BlockID) *lend { return lendIn(p.lentTo, g, id) }
 
-// lendIn is table[g][id] (lentTo, freeLentTo), or nil outside it.
+// lendIn is table[g][id] (lentTo), or nil outside it.
 func lendIn(table [][]*lend, g int, id kvcache.BlockID) *lend {
 	if g >= len(table) || table[g] == nil || id < 0 || int(id) >= len(table[g]) {
 		return nil
@@ -342,10 +337,33 @@ func (p *Pools) settleLend(l *lend) {
 	}
 }
 
-// endLocked gives l's blocks back to the caller: allocated again.
-func (p *Pools) endLocked(l *lend) {
+// settleOver ends every lend that is over (its receive proven done with
+// the blocks) and wakes allocations if that put blocks back on the free
+// lists: the rx session calls it as its caller-owned receive stops. Without
+// a lend it costs one length check.
+func (p *Pools) settleOver() {
+	p.mu.Lock()
+	freed := false
+	for l := range p.lends {
+		select {
+		case <-l.over:
+			freed = p.endLocked(l) || freed
+		default:
+		}
+	}
+	f := p.onFree
+	p.mu.Unlock()
+	if freed && f != nil {
+		f()
+	}
+}
+
+// endLocked gives l's blocks back to the caller: its allocated ones
+// allocated again, those that were free in the pool free again (it
+// reports whether there were any: allocations waiting may go on).
+func (p *Pools) endLocked(l *lend) (freed bool) {
 	if _, live := p.lends[l]; !live {
-		return
+		return false
 	}
 	for g, ids := range l.blocks {
 		if len(ids) == 0 {
@@ -357,19 +375,29 @@ func (p *Pools) endLocked(l *lend) {
 		}
 	}
 	for g, ids := range l.free {
-		for _, id := range ids {
-			p.freeLentTo[g][id] = nil
+		if len(ids) == 0 {
+			continue
 		}
+		_ = p.pools[g].FreeReceiving(ids...) // reserved: only the lend's end moves them
+		for _, id := range ids {
+			p.lentTo[g][id] = nil
+		}
+		freed = true
 	}
 	delete(p.lends, l)
+	if freed {
+		p.cond.Broadcast()
+	}
+	return freed
 }
 
 // lend lends the caller's allocated blocks among blocks (one receive's
 // ReceiveRequest.Blocks) to request's receive until over is closed: they
 // are receiving, and no Free, Quarantine, Pin or other lend takes them,
 // until then; after, the caller's again (allocated). Blocks free in the
-// pool (a framework that allocates them elsewhere) are not the pool's to
-// guard and stay as they are, but no other lend takes them until then.
+// pool (a framework that allocates them elsewhere) are reserved, receiving
+// and off the free lists, so that no Alloc hands them to another request
+// while a write may reach them; the lend's end puts them back free.
 // Ids the receive's own check refuses (out of range, a group past the
 // layout) are left alone. A block a live request owns, pinned or
 // quarantined fails the lend, changing nothing. A nil lend: nothing was
@@ -383,15 +411,6 @@ func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan str
 		}
 		p.settleLocked(g, ids)
 		for _, id := range ids {
-			if l := lendIn(p.freeLentTo, g, id); l != nil {
-				p.settleLend(l) // one that is over forgets its blocks
-				if lendIn(p.freeLentTo, g, id) != nil {
-					// The framework's own id, free in the pool, that a
-					// live receive writes into.
-					return nil, fmt.Errorf("%w: request %s layer group %d: destination block %d is receiving: live request %s owns it: %w",
-						ErrBadRequest, request, g, id, l.request, kvcache.ErrBlockReceiving)
-				}
-			}
 			st, err := p.pools[g].State(id)
 			if err != nil || st == kvcache.BlockFree || st == kvcache.BlockAllocated {
 				continue
@@ -419,8 +438,11 @@ func (p *Pools) lend(request string, blocks [][]kvcache.BlockID, over <-chan str
 		pl := p.pools[g]
 		for _, id := range ids {
 			st, err := pl.State(id)
-			if err == nil && st == kvcache.BlockFree && lendIn(p.freeLentTo, g, id) == nil {
-				p.note(&p.freeLentTo, g, id, l)
+			if err == nil && st == kvcache.BlockFree {
+				if err := pl.Reserve(id); err != nil {
+					continue // free: cannot fail
+				}
+				p.note(&p.lentTo, g, id, l)
 				l.free[g] = append(l.free[g], id)
 				n++
 				continue
@@ -453,8 +475,12 @@ func (p *Pools) endLend(l *lend) {
 		return
 	}
 	p.mu.Lock()
-	p.endLocked(l)
+	freed := p.endLocked(l)
+	f := p.onFree
 	p.mu.Unlock()
+	if freed && f != nil {
+		f()
+	}
 }
 
 // handOver gives a READY receive's blocks, receiving, to its caller:
@@ -501,6 +527,9 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 	}
 	if q, lim := p.quarantinedLocked(), p.limitLocked(); q >= lim {
 		return nil, fmt.Errorf("%w: %d bytes quarantined, limit %d", ErrQuarantineFull, q, lim)
+	}
+	for l := range p.lends {
+		p.settleLend(l) // an over lend's reserved blocks are free again
 	}
 	for g, n := range counts {
 		if st := p.pools[g].Stats(); n > st.Free {

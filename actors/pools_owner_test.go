@@ -125,7 +125,7 @@ func TestPoolsLentBlocksGoBackToTheCaller(t *testing.T) {
 	}
 	over := make(chan struct{})
 	// Group 0 also names a free block (a framework that allocates it
-	// elsewhere): left as it is.
+	// elsewhere): reserved, off the free list, while lent.
 	l, err := caller.lend("r1", [][]kvcache.BlockID{append([]kvcache.BlockID{7}, own[0]...), own[1]}, over)
 	if err != nil || l == nil {
 		t.Fatalf("lend: %v %v", l, err)
@@ -143,15 +143,21 @@ func TestPoolsLentBlocksGoBackToTheCaller(t *testing.T) {
 	if err := caller.forSessions().Free(own); !errors.Is(err, kvcache.ErrBlockReceiving) || !strings.Contains(err.Error(), "r1") {
 		t.Fatalf("the sessions' Free of lent blocks: %v", err)
 	}
-	if st, _ := caller.pools[0].State(7); st != kvcache.BlockFree {
+	if st, _ := caller.pools[0].State(7); st != kvcache.BlockReceiving {
 		t.Fatalf("a free block named in the lend is %v", st)
 	}
-	if st := caller.Stats(); st[0].Receiving != 2 || st[1].Receiving != 2 {
+	if got, err := caller.Alloc([]int{6, 0}); err == nil {
+		t.Fatalf("Alloc handed out %v: the 6 blocks free and the one lent", got)
+	}
+	if st := caller.Stats(); st[0].Receiving != 3 || st[1].Receiving != 2 || st[0].Free != 5 {
 		t.Fatalf("stats while lent %+v", st)
 	}
 	close(over) // Released
-	if st := caller.Stats(); st[0].Receiving+st[1].Receiving != 0 || caller.Used() != 4 {
-		t.Fatalf("stats once over %+v: want the 4 blocks the caller's, allocated", st)
+	if st := caller.Stats(); st[0].Receiving+st[1].Receiving != 0 || caller.Used() != 4 || st[0].Free != 6 {
+		t.Fatalf("stats once over %+v: want the 4 blocks the caller's, allocated, and block 7 free", st)
+	}
+	if st, _ := caller.pools[0].State(7); st != kvcache.BlockFree {
+		t.Fatalf("the free block named in the lend is %v once over", st)
 	}
 	if err := caller.Pin(1, own[1]); err != nil {
 		t.Fatal(err)

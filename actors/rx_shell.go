@@ -172,6 +172,11 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		// quarantined: the handle never says Released.
 		if k.s.WritersQuiescent() {
 			a.handle.release()
+			if k.s.Config().CallerOwned {
+				// The framework's blocks that were free in the pool go
+				// back on its free lists (Pools.lend).
+				a.env.pools.settleOver()
+			}
 		}
 		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request()})
 		ctx.Stop(ctx.Self())

@@ -37,6 +37,17 @@ type cell[S stepper] struct {
 	// incarnations counts the actors produced for the session: the first
 	// is its birth, each later one a restart after a panic.
 	incarnations int
+	// pending is what is left of the effects being run, and running the
+	// effect under way; feedback holds the failures of effects already
+	// run, stepped right after them. The step has moved on when its
+	// effects run, so a panic in one would lose the rest (a release's
+	// unpins and its outcome, a terminal frame): the next incarnation runs
+	// them first. The effect that panicked is dropped (what it did, if
+	// anything, is not known: pins it would have dropped stay, never a
+	// page freed early).
+	pending  []Effect
+	running  Effect
+	feedback []any
 }
 
 // kind is what a session kind adds to the generic shell.
@@ -79,9 +90,6 @@ type shell[S stepper] struct {
 	// restarted: this incarnation follows a panic (its parent's strategy
 	// restarted it); on Started it fails the request and goes on draining.
 	restarted bool
-	// feedback holds the failures of effects being executed, stepped as
-	// messages right after the effects that caused them.
-	feedback []any
 }
 
 // panicNow makes a session panic (crash injection, kvxfer_invariants
@@ -96,6 +104,15 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
 		if a.restarted {
+			if a.running != nil || len(a.pending) > 0 || len(a.feedback) > 0 {
+				// The panic came while effects ran: the rest of them
+				// first, as their step decided.
+				a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", a.running)).
+					Int("left", len(a.pending)).Msg("session panicked running an effect: that effect dropped, the rest run now")
+				rest := a.pending
+				a.pending, a.running = nil, nil
+				a.exec(ctx, rest, now)
+			}
 			a.exec(ctx, a.step(a.k.panicked(fmt.Errorf("restarted after panic")), now), now)
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it.
@@ -138,9 +155,15 @@ func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
 }
 
 func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
+	// No defer: a panic must leave pending and running as they are.
 	for i, e := range eff {
 		if a.k.hold(a, eff[i:]) {
+			a.pending, a.running = nil, nil
 			return
+		}
+		a.pending, a.running = eff[i+1:], e
+		if panicOnEffect(a.k.side(), e) {
+			panic(fmt.Sprintf("%s session: panic injected running %T", a.k.side(), e))
 		}
 		switch e := e.(type) {
 		case StartTimer:
@@ -154,6 +177,7 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 			a.k.effect(a, ctx, e, now)
 		}
 	}
+	a.pending, a.running = nil, nil
 }
 
 // stopTimers stops the session's timers (at its Stop).

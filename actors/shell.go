@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +28,11 @@ type Counters struct {
 	// SessionPanicsPastBudget counts session panics after the session's
 	// restart budget was spent (each resumed it to drain; not a restart).
 	SessionPanicsPastBudget atomic.Int64
-	PinErrors               atomic.Int64
+	// ParentPanics counts panics of the engine's top-level actors (the tx
+	// and rx parents, the senders) and of its listener (Engine.deliver):
+	// each failed the engine (parentStrategy).
+	ParentPanics atomic.Int64
+	PinErrors    atomic.Int64
 	// StreamViolations counts peer-stream actors that disagreed with their
 	// session's step (a terminal frame while ops were unsettled, an effect
 	// after the terminal frame): always a bug, never expected.
@@ -221,10 +226,13 @@ type shellEnv struct {
 	// credits bounds each peer's frames in flight inside the engine.
 	credits *frameCredits
 	// dead marks workers stopped for good (restart budget spent); failed
-	// is set with the first: the engine refuses new work.
-	dead    []atomic.Bool
-	failed  atomic.Bool
-	closing atomic.Bool
+	// is set with the first, or by a panic of a top-level actor
+	// (parentStrategy): the engine refuses new work, saying why
+	// (failedWhy, set before failed).
+	dead      []atomic.Bool
+	failed    atomic.Bool
+	failedWhy atomic.Pointer[string]
+	closing   atomic.Bool
 
 	// incarnation is this engine's (EngineConfig.Incarnation).
 	incarnation uint64
@@ -257,6 +265,22 @@ func (env *shellEnv) props(p actor.Producer, opts ...actor.PropsOption) *actor.P
 		return actor.PropsFromProducer(p, env.propsOpts...)
 	}
 	return actor.PropsFromProducer(p, append(opts, env.propsOpts...)...)
+}
+
+// fail fails the engine: it takes no new request from now on. The first
+// reason stays.
+func (env *shellEnv) fail(why string) {
+	env.failedWhy.CompareAndSwap(nil, &why)
+	env.failed.Store(true)
+}
+
+// failedErr is the error a request gets from a failed engine.
+func (env *shellEnv) failedErr(request string) error {
+	why := "it failed"
+	if w := env.failedWhy.Load(); w != nil {
+		why = *w
+	}
+	return fmt.Errorf("%w: request %s: this engine takes no new request: %s; close it and start another", ErrEngineFailed, request, why)
 }
 
 // opWorker is worker i for ops (submit, flush, close), or nil once it is

@@ -62,3 +62,31 @@ func (s sessionStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Superviso
 		Str("panic", fmt.Sprint(reason)).Msg("session panicked past its restart budget: resumed to drain, message dropped")
 	sup.ResumeChildren(child)
 }
+
+// parentStrategy is the guardian of one of the engine's top-level actors
+// (the tx and rx parents, the senders): each holds what no restart could
+// rebuild — the request tables and their tombstones, the sessions and
+// their handles, the allocation queue, the workers' pids. protoactor's
+// default would restart it empty after stopping its children: a tx
+// parent that no longer knows a request would acknowledge a Cancel of it
+// (the generation side's proof to free blocks a write may still reach),
+// sessions would stop with their pins and no outcome, and Close would
+// find nothing to drain. Instead the actor is resumed with its state —
+// the message it panicked on is dropped, as a restart would drop it — and
+// the engine fails: it refuses new requests (ErrEngineFailed), those
+// live drain and end as usual, and Close reports what cannot drain.
+type parentStrategy struct {
+	env  *shellEnv
+	name string // "tx parent", "rx parent", "senders", for the log and the error
+}
+
+var _ actor.SupervisorStrategy = (*parentStrategy)(nil)
+
+// HandleFailure implements actor.SupervisorStrategy.
+func (s *parentStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, msg any) {
+	s.env.stats.ParentPanics.Add(1)
+	s.env.fail(fmt.Sprintf("its %s panicked (%v)", s.name, reason))
+	s.env.log.Error().Str("actor", s.name).Str("panic", fmt.Sprint(reason)).Str("message", fmt.Sprintf("%T", msg)).
+		Msg("engine actor panicked: resumed with its state, the message dropped; the engine refuses new requests, live ones drain")
+	sup.ResumeChildren(child)
+}

@@ -115,6 +115,29 @@ func orderErrorf(format string, args ...any) error {
 func (e *orderError) Error() string { return e.msg }
 func (e *orderError) Unwrap() error { return ErrChunkOrder }
 
+// CloneBlockTable copies a block table (ids per layer group) in two
+// allocations; nil stays nil, and an empty table or group stays empty,
+// not nil.
+func CloneBlockTable(t [][]BlockID) [][]BlockID {
+	if t == nil {
+		return nil
+	}
+	n := 0
+	for _, ids := range t {
+		n += len(ids)
+	}
+	out, all := make([][]BlockID, len(t)), make([]BlockID, 0, n)
+	for g, ids := range t {
+		if ids == nil {
+			continue
+		}
+		lo := len(all)
+		all = append(all, ids...)
+		out[g] = all[lo:len(all):len(all)]
+	}
+	return out
+}
+
 // CloneRuns copies runs and their ids: a chunk's block table of one or two
 // layer groups and up to 8 blocks in one allocation (a chunk of a token
 // per block, as a decode-sized transfer), a larger one in two.

@@ -123,6 +123,9 @@ type Pool struct {
 	state []BlockState
 	pins  []uint32
 	free  []BlockID // stack; the top is the last element
+	// at[id] is block id's index in free while it is free (Reserve
+	// takes a block out of the middle of the stack in O(1)).
+	at []int32
 
 	used, pinned, quarantined, receiving int
 }
@@ -154,9 +157,11 @@ func NewPool(region *Region, offset uint64, blockBytes uint64, blocks int) (*Poo
 		state:      make([]BlockState, blocks),
 		pins:       make([]uint32, blocks),
 		free:       make([]BlockID, blocks),
+		at:         make([]int32, blocks),
 	}
 	for i := range p.free {
 		p.free[i] = BlockID(blocks - 1 - i) // block 0 on top
+		p.at[blocks-1-i] = int32(i)
 	}
 	return p, nil
 }
@@ -240,6 +245,26 @@ func (p *Pool) Lend(ids ...BlockID) error {
 	if err := p.move("Lend", BlockAllocated, BlockReceiving, ids); err != nil {
 		return err
 	}
+	p.receiving += len(ids)
+	return nil
+}
+
+// Reserve marks free blocks receiving, off the free list: the caller
+// allocated them elsewhere (a serving framework with its own block table)
+// and lends them to a live receive, so that no Alloc hands them out while
+// a write may reach them. FreeReceiving puts them back. Errors, with
+// nothing changed: ErrUnknownBlock, ErrDoubleFree (an id repeated), or
+// the block's state (ErrBlockReceiving: another receive owns it).
+func (p *Pool) Reserve(ids ...BlockID) error {
+	if err := p.move("Reserve", BlockFree, BlockReceiving, ids); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		i, last := p.at[id], p.free[len(p.free)-1]
+		p.free[i], p.at[last] = last, i
+		p.free = p.free[:len(p.free)-1]
+	}
+	p.used += len(ids)
 	p.receiving += len(ids)
 	return nil
 }
@@ -508,6 +533,9 @@ func (p *Pool) CheckInvariants() error {
 			return fmt.Errorf("kvcache: pool invariant: free list holds block %d twice", id)
 		}
 		onList[id] = true
+		if int(p.at[id]) >= len(p.free) || p.free[p.at[id]] != id {
+			return fmt.Errorf("kvcache: pool invariant: free block %d's index in the free list is wrong", id)
+		}
 		if p.state[id] != BlockFree {
 			return fmt.Errorf("kvcache: pool invariant: free list holds block %d, which is %v", id, p.state[id])
 		}
@@ -571,6 +599,7 @@ func (p *Pool) restore(ids []BlockID, s BlockState) {
 // in the order given.
 func (p *Pool) push(ids []BlockID) {
 	for i := len(ids) - 1; i >= 0; i-- {
+		p.at[ids[i]] = int32(len(p.free))
 		p.free = append(p.free, ids[i])
 	}
 }

@@ -289,7 +289,39 @@ func (m *poolModel) apply(op string, ids []BlockID) error {
 			return ErrUnknownBlock
 		}
 		s := st[id]
+		if s == BlockReceiving && !seen[id] && op != "freeReceiving" {
+			// A live receive's (Reserve): only FreeReceiving takes it back.
+			switch op {
+			case "release":
+				return ErrNotQuarantined
+			case "unpin":
+				return ErrNotPinned
+			}
+			return ErrBlockReceiving
+		}
 		switch op {
+		case "reserve":
+			switch {
+			case s == BlockFree:
+				st[id] = BlockReceiving
+			case seen[id]:
+				return ErrDoubleFree
+			case s == BlockPinned:
+				return ErrBlockPinned
+			case s == BlockQuarantined:
+				return ErrBlockQuarantined
+			default:
+				return ErrUnknownBlock // allocated
+			}
+		case "freeReceiving":
+			switch {
+			case s == BlockReceiving && !seen[id]:
+				st[id] = BlockFree
+			case seen[id] || s == BlockFree:
+				return ErrDoubleFree
+			default:
+				return ErrNotReceiving
+			}
 		case "free":
 			switch {
 			case s == BlockAllocated:
@@ -355,6 +387,9 @@ func (m *poolModel) stats() PoolStats {
 			s.Pinned++
 		case BlockQuarantined:
 			s.Quarantined++
+		case BlockReceiving:
+			s.Used++
+			s.Receiving++
 		}
 	}
 	return s
@@ -414,11 +449,13 @@ func TestPoolModel(t *testing.T) {
 					m.state[id] = BlockAllocated
 				}
 			},
-			"free":       idsOp("free", p.Free),
-			"pin":        idsOp("pin", p.Pin),
-			"unpin":      idsOp("unpin", p.Unpin),
-			"quarantine": idsOp("quarantine", p.Quarantine),
-			"release":    idsOp("release", p.ReleaseQuarantine),
+			"free":          idsOp("free", p.Free),
+			"pin":           idsOp("pin", p.Pin),
+			"unpin":         idsOp("unpin", p.Unpin),
+			"quarantine":    idsOp("quarantine", p.Quarantine),
+			"release":       idsOp("release", p.ReleaseQuarantine),
+			"reserve":       idsOp("reserve", p.Reserve),
+			"freeReceiving": idsOp("freeReceiving", p.FreeReceiving),
 			"": func(t *rapid.T) {
 				if err := p.CheckInvariants(); err != nil {
 					t.Fatal(err)
@@ -448,6 +485,8 @@ func TestPoolModel(t *testing.T) {
 				err = p.Free(id)
 			case BlockQuarantined:
 				err = p.ReleaseQuarantine(id)
+			case BlockReceiving:
+				err = p.FreeReceiving(id)
 			}
 			if err != nil {
 				t.Fatalf("releasing block %d (%v): %v", i, m.state[i], err)

@@ -34,6 +34,19 @@ func (q *AllocQueue[T]) Push(id string, counts []int, v T) {
 // of it must be refused as surely as one of a started request.
 func (q *AllocQueue[T]) Queued(id string) bool { return q.ids[id] }
 
+// Get is request id's entry while it is queued.
+func (q *AllocQueue[T]) Get(id string) (v T, ok bool) {
+	if !q.ids[id] {
+		return v, false
+	}
+	for _, it := range q.items {
+		if it.id == id {
+			return it.v, true
+		}
+	}
+	return v, false
+}
+
 // Remove takes request id out of the queue (cancelled, timed out) and
 // returns it; ok is false when it is not queued (started, or gone).
 func (q *AllocQueue[T]) Remove(id string) (v T, ok bool) {

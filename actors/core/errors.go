@@ -24,8 +24,9 @@ var (
 	ErrPeerGone = rdma.ErrPeerGone
 	ErrClosed   = errors.New("actors: engine closed")
 	// ErrEngineFailed: a sender worker spent its restart budget and was
-	// stopped; its requests failed and drained, and the engine refuses new
-	// work (Close it and start another).
+	// stopped (its requests failed and drained), or a top-level actor of
+	// the engine panicked (its live requests go on and drain): the engine
+	// refuses new work (Close it and start another).
 	ErrEngineFailed = errors.New("actors: engine failed")
 	ErrPin          = errors.New("actors: source blocks not pinned")
 	// ErrMismatch: the two sides disagree about a request (prompt length,
