@@ -253,13 +253,20 @@ func (c Config) resolve() (resolved, error) {
 	if r.Memory != nil {
 		return r, r.checkMemory()
 	}
-	var perSet uint64
+	// A group this rank holds no layer of (a pipeline stage without it)
+	// gets a placeholder pool of one 1-byte block, after the others
+	// (Start): its byte comes out of PoolBytes first.
+	var perSet, empty uint64
 	for g := range r.layout.Groups {
-		perSet += shape.BlockBytes(r.layout, g)
+		bb := shape.BlockBytes(r.layout, g)
+		perSet += bb
+		if bb == 0 {
+			empty++
+		}
 	}
-	if perSet == 0 || r.PoolBytes/perSet < 1 {
+	if perSet == 0 || r.PoolBytes < empty || (r.PoolBytes-empty)/perSet < 1 {
 		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
 	}
-	r.blocks = int(r.PoolBytes / perSet)
+	r.blocks = int((r.PoolBytes - empty) / perSet)
 	return r, nil
 }

@@ -2,7 +2,6 @@ package kvxfer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -481,10 +480,9 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 		return fmt.Errorf("chunk %v not taken: %w", c, err)
 	}
 	if err := h.order.Check(c, src); err != nil {
-		if errors.Is(err, kvcache.ErrChunkOrder) {
-			return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
-		}
-		return fmt.Errorf("request %s: %w", h.req.ID, err)
+		// Misaligned, out of order, or a bad layer part: kvcache's error
+		// (ErrBadChunk or ErrChunkOrder) under the engine's sentinel.
+		return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
 	}
 	if isNilPointer(fence) {
 		return fmt.Errorf("%w: request %s chunk %v: fence is a nil %T (pass a nil Fence for KV already written)", actors.ErrBadChunk, h.req.ID, c, fence)

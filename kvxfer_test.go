@@ -340,6 +340,11 @@ func TestTransferMultiPeer(t *testing.T) {
 		{"TP4-TP2", kvcache.Parallel{TP: 4, PP: 1}, kvcache.Parallel{TP: 2, PP: 1}},
 		{"PP2-PP1", kvcache.Parallel{TP: 1, PP: 2}, kvcache.Parallel{TP: 1, PP: 1}},
 		{"TP2PP2-TP1PP1", kvcache.Parallel{TP: 2, PP: 2}, kvcache.Parallel{TP: 1, PP: 1}},
+		// A stage of PP4 holds one layer, so no layer of one of the two
+		// groups; its pools (PoolBytes a multiple of its block set) leave
+		// room for that group's placeholder.
+		{"PP4-TP1", kvcache.Parallel{TP: 1, PP: 4}, kvcache.Parallel{TP: 1, PP: 1}},
+		{"TP1-PP4", kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 4}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -78,14 +77,15 @@ func TestLayerPartsOutOfOrderRefused(t *testing.T) {
 	refuse := func(c kvcache.Chunk, ids [][]kvcache.BlockID, want string) {
 		t.Helper()
 		err := tx.Chunk(c, c.Runs(l.TokensPerBlock, ids), nil)
-		if !errors.Is(err, kvcache.ErrBadChunk) && !errors.Is(err, actors.ErrBadChunk) {
-			t.Fatalf("%v: %v, want a bad-chunk error", c, err)
+		if !errors.Is(err, kvxfer.ErrBadChunk) {
+			t.Fatalf("%v: %v, want kvxfer.ErrBadChunk", c, err)
 		}
 		if !strings.Contains(err.Error(), want) {
 			t.Fatalf("%v: %v, want it to name %q", c, err, want)
 		}
 	}
 	refuse(part(c0, 0, 2, 8), src, "layers [0, 2) of 8: want 0 ≤ Lo < Hi ≤ Of = 4")
+	refuse(part(c0, 2, 1, 4), src, "chunk [0, 32): kvcache: bad chunk: layers [2, 1) of 4: want 0 ≤ Lo < Hi")
 	refuse(part(c0, 1, 2, 4), src, "the first part of a chunk starts at layer 0")
 	if err := tx.Chunk(part(c0, 0, 2, 4), c0.Runs(l.TokensPerBlock, src), nil); err != nil {
 		t.Fatal(err)

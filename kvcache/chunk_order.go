@@ -59,7 +59,7 @@ func (o *ChunkOrder) Check(c Chunk, src []BlockRun) error {
 		return err
 	}
 	if err := c.Layers.Check(o.layers); err != nil {
-		return fmt.Errorf("%v: %w", c, err)
+		return fmt.Errorf("chunk [%d, %d): %w", c.Start, c.End, err) // err names the layers
 	}
 	if o.InPart() {
 		want := o.part

@@ -61,7 +61,7 @@ func TestChunkOrder(t *testing.T) {
 			ok(c0)}, false},
 		{"layers that are not the model's", []step{
 			{c: Chunk{Start: 0, End: 32, Layers: LayerPart{Lo: 0, Hi: 2, Of: 8}}, wantErr: ErrBadChunk,
-				wantMsg: "chunk [0, 32) block 0 layers [0, 2) of 8: kvcache: bad chunk: layers [0, 2) of 8: want 0 ≤ Lo < Hi ≤ Of = 4"},
+				wantMsg: "chunk [0, 32): kvcache: bad chunk: layers [0, 2) of 8: want 0 ≤ Lo < Hi ≤ Of = 4"},
 			{c: p(c0, 2, 2), wantErr: ErrBadChunk, wantMsg: "layers [2, 2) of 4: want"},
 			{c: p(c0, 0, 5), wantErr: ErrBadChunk, wantMsg: "layers [0, 5) of 4: want"},
 			{c: p(c0, -1, 2), wantErr: ErrBadChunk, wantMsg: "layers [-1, 2) of 4: want"},
