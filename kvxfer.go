@@ -2,6 +2,7 @@ package kvxfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -412,7 +413,8 @@ type TxHandle struct {
 
 // Send opens the context side of a request, typically when prefill starts.
 // Cancelling ctx cancels the request (as TxHandle.Cancel); its deadline,
-// when earlier than the request's timeout, bounds the request. Done fires
+// when earlier than the request's timeout, bounds the request, which then
+// ends as at its timeout (FAILED, ErrTimeout), not cancelled. Done fires
 // after every pin is released: then the caller may free the source blocks.
 // A request that its generation instance cancelled before Send is refused
 // with ErrPeerCancelled: that instance freed its blocks, and prefill may
@@ -427,14 +429,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
 	}
-	t := req.Timeout
-	if t <= 0 {
-		t = e.cfg.TransferTimeout
-	}
-	deadline := e.cfg.Clock.Now().Add(t)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := e.requestDeadline(ctx, req.Timeout)
 	h, err := e.inner.Send(actors.TxRequest{ID: req.ID, PromptLen: req.PromptLen, Deadline: deadline, Payload: req.Payload,
 		Generation: req.Generation, GenerationParallel: req.GenerationParallel})
 	if err != nil {
@@ -443,9 +438,37 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	tpb := e.cfg.layout.TokensPerBlock
 	tx := &TxHandle{inner: h, e: e, req: req, tpb: tpb, order: kvcache.NewChunkOrder(req.PromptLen, tpb, e.cfg.layout.Layers)}
 	if ctx.Done() != nil { // a context that can never be cancelled needs no watcher (no allocation per request)
-		h.AfterFinish(context.AfterFunc(ctx, tx.Cancel))
+		h.AfterFinish(watchCtx(ctx, tx.Cancel))
 	}
 	return tx, nil
+}
+
+// requestDeadline is when a request of timeout t (≤ 0: TransferTimeout)
+// bounded by ctx too must end, on the engine's clock: ctx's deadline
+// counts by the time left to it (its wall-clock instant means nothing to
+// an injected clock).
+func (e *Engine) requestDeadline(ctx context.Context, t time.Duration) time.Time {
+	if t <= 0 {
+		t = e.cfg.TransferTimeout
+	}
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d); left < t {
+			t = left
+		}
+	}
+	return e.cfg.Clock.Now().Add(t)
+}
+
+// watchCtx cancels a request when ctx is cancelled before the request
+// ends; it returns the watcher's stop. ctx's deadline is the request's own
+// already (requestDeadline), which ends it as timed out, not cancelled: at
+// that deadline the watcher does nothing.
+func watchCtx(ctx context.Context, cancel func()) func() bool {
+	return context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
 }
 
 // Chunk hands over one prefill chunk: tokens [c.Start, c.End) whose KV sits
@@ -710,7 +733,8 @@ type RxHandle struct {
 
 // Receive opens the generation side of a request. Cancelling ctx cancels
 // the request (as RxHandle.Cancel); its deadline, when earlier than the
-// request's timeout, bounds it.
+// request's timeout, bounds it, and the request then ends TIMED_OUT
+// (ErrTimeout), not cancelled.
 //
 // The READY contract: Outcome.Blocks[g] are the destination blocks of
 // layer group g for the global block range NeededRange(PromptLen, the
@@ -732,14 +756,7 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	t := req.Timeout
-	if t <= 0 {
-		t = e.cfg.TransferTimeout
-	}
-	deadline := e.cfg.Clock.Now().Add(t)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel
 	if cp.TP == 0 && cp.PP == 0 {
 		cp = kvcache.Parallel{TP: 1, PP: 1}
@@ -751,7 +768,7 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	rx := &RxHandle{inner: h}
 	if ctx.Done() != nil {
-		h.AfterFinish(context.AfterFunc(ctx, rx.Cancel))
+		h.AfterFinish(watchCtx(ctx, rx.Cancel))
 	}
 	return rx, nil
 }

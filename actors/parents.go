@@ -75,8 +75,14 @@ type (
 	blocksFreed struct{}
 	// parentCrash makes a parent (or the senders) panic: crash injection,
 	// sent only by kvxfer_invariants builds (Engine.CrashParent).
-	parentCrash    struct{}
-	rxQueueTimeout struct{ request string }
+	parentCrash struct{}
+	// rxQueueTimeout: the deadline of queued request q (its id; q tells
+	// it from a later request reusing the id, should this one have left
+	// the queue while the timer's callback was on its way).
+	rxQueueTimeout struct {
+		request string
+		q       *rxOpenReq
+	}
 )
 
 // RxRequest is what the generation side asks for.
@@ -118,6 +124,34 @@ func (t *sessionTable) maybeDrained() {
 	}
 }
 
+// endedBeforeSend remembers the outcomes of the last endedBeforeSendN
+// sessions that ended before a Send adopted them (txParent.unsent).
+type endedBeforeSend struct {
+	byID  map[string]Outcome
+	order []string // oldest first
+}
+
+const endedBeforeSendN = 4096
+
+func (u *endedBeforeSend) add(id string, o Outcome) {
+	if u.byID == nil {
+		u.byID = map[string]Outcome{}
+	}
+	if _, ok := u.byID[id]; !ok {
+		if len(u.order) >= endedBeforeSendN {
+			delete(u.byID, u.order[0])
+			u.order = u.order[1:]
+		}
+		u.order = append(u.order, id)
+	}
+	u.byID[id] = o
+}
+
+func (u *endedBeforeSend) get(id string) (Outcome, bool) {
+	o, ok := u.byID[id]
+	return o, ok
+}
+
 // txParent supervises TxSessions and routes context-side frames to them.
 // Its decisions are core.TxTable's; it keeps the sessions' PIDs and the
 // handles Send gave out.
@@ -130,6 +164,11 @@ type txParent struct {
 	table    txTable
 	sessions sessionTable
 	handles  map[string]*Handle
+	// unsent: why sessions that a RequestData opened ended before a Send
+	// adopted them (the wait for Send is bounded by TransferTimeout), for
+	// a Send that comes after: the table refuses it as done, and the
+	// caller learns what ended it.
+	unsent endedBeforeSend
 
 	// answering is the sender's incarnation of the frame being handled:
 	// the parent's own replies are addressed to it.
@@ -208,6 +247,10 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {
+			if o, ok := p.unsent.get(m.request); ok && errors.Is(err, ErrBadRequest) {
+				err = fmt.Errorf("request %s ended before Send (%s): the session its generation side's RequestData opened here ended: %w",
+					m.request, o.Status, o.Err)
+			}
 			m.reply <- txOpenReply{err: err}
 			return
 		}
@@ -267,6 +310,8 @@ func (p *txParent) Receive(ctx actor.Context) {
 		// does (Handle.finish is once-only).
 		if h := p.handles[m.request]; h != nil {
 			h.finish(m.outcome)
+		} else if m.outcome.Err != nil {
+			p.unsent.add(m.request, m.outcome)
 		}
 		delete(p.handles, m.request)
 		p.table.Stopped(m.request)
@@ -501,7 +546,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.noteQueue() // before drainQueue's allocation attempt
 		if !m.req.Deadline.IsZero() {
 			sys, self, id := ctx.ActorSystem(), ctx.Self(), m.req.ID
-			m.deadline = p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id}) })
+			m.deadline = p.env.clock.AfterFunc(m.req.Deadline.Sub(p.env.clock.Now()), func() { sys.Root.Send(self, &rxQueueTimeout{request: id, q: m}) })
 		}
 		p.drainQueue(ctx)
 	case parentCrash:
@@ -509,13 +554,17 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *blocksFreed:
 		p.drainQueue(ctx)
 	case *rxQueueTimeout:
-		if q, ok := p.queue.Remove(m.request); ok {
+		if q, ok := p.queue.Get(m.request); ok && q == m.q {
+			p.queue.Remove(m.request)
 			why := ""
 			if p.waitErr != nil {
 				why = ": " + p.waitErr.Error()
 			}
 			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited%s)",
 				ErrTimeout, q.req.ID, p.queue.Len(), why))
+			// Its writers may have Send under way for it: tell them, as for
+			// a queued request cancelled.
+			p.cancelUnstarted(ctx, q)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 		}

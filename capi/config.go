@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"time"
 
@@ -113,9 +114,17 @@ func fillFromEnv(workers *int, backend *string) error {
 
 // engineConfig is c as a kvxfer.Config.
 func (c Config) engineConfig() (kvxfer.Config, error) {
-	if c.TransferTimeoutMs < 0 || c.DrainGraceMs < 0 {
-		return kvxfer.Config{}, errorf(ErrConfig, "transfer_timeout_ms = %d, drain_grace_ms = %d: must be ≥ 0",
-			c.TransferTimeoutMs, c.DrainGraceMs)
+	// A time.Duration holds about 292 years; more milliseconds would wrap
+	// (a "practically infinite" timeout becoming a few µs, or 0: the
+	// default).
+	const maxMs = int64(math.MaxInt64 / int64(time.Millisecond))
+	for _, f := range []struct {
+		name string
+		ms   int64
+	}{{"transfer_timeout_ms", c.TransferTimeoutMs}, {"drain_grace_ms", c.DrainGraceMs}} {
+		if f.ms < 0 || f.ms > maxMs {
+			return kvxfer.Config{}, errorf(ErrConfig, "%s = %d: must be in [0, %d] (0: the default)", f.name, f.ms, maxMs)
+		}
 	}
 	kc := kvxfer.Config{
 		Instance: c.Instance, Model: c.Model, TokensPerBlock: c.TokensPerBlock,
