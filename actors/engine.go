@@ -666,12 +666,36 @@ func (e *Engine) close(ctx context.Context) error {
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.senders).Wait()
-	if derr := e.cfg.Agent.Deregister(e.reg); derr != nil && err == nil {
+	if derr := deregisterBy(ctx, e.cfg.Agent, e.reg); derr != nil && err == nil {
 		err = derr
 	}
 	e.sys.Shutdown()
 	e.env.dispatch.close()
 	return err
+}
+
+// deregisterBy deregisters reg, within ctx's deadline where the agent
+// waits for its peers (rdma/ucx's DeregisterBy), and no sooner than a
+// second from now: a Close whose drain took ctx's whole time still gives
+// live peers the moment they need to answer (an unanswered revoke leaves
+// the region busy and mapped).
+func deregisterBy(ctx context.Context, a rdma.Agent, reg rdma.Registration) error {
+	type byer interface {
+		DeregisterBy(rdma.Registration, time.Time) error
+	}
+	d, ok := ctx.Deadline()
+	b, can := a.(byer)
+	if !ok || !can {
+		return a.Deregister(reg)
+	}
+	return b.DeregisterBy(reg, later(d, time.Now().Add(time.Second)))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (e *Engine) undrained() error {

@@ -678,6 +678,12 @@ func (n *Node) Close(ctx context.Context) error {
 			err = n.closeData()
 		} else {
 			err = errors.Join(err, n.agent.Close())
+			// The pool stays mapped, but its name goes: peers that
+			// mapped it keep their mapping, and no file is left in
+			// /dev/shm once this process exits.
+			if u, ok := n.pool.(interface{ Unlink() error }); ok {
+				err = errors.Join(err, u.Unlink())
+			}
 		}
 		n.closeErr = errors.Join(regErr, err)
 	})

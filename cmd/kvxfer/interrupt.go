@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sync"
@@ -12,10 +13,13 @@ import (
 
 // interruptible returns a context that SIGINT or SIGTERM cancels, a
 // function that says which of them came (0 while none), and stop, which
-// stops listening.
+// stops listening. The first signal starts the drain and says so on
+// standard error; a second one ends the process at once, without
+// draining (forceExit: live requests fail at their peers' deadlines, a
+// pool file may stay in /dev/shm until the next start sweeps it).
 func interruptible(parent context.Context) (ctx context.Context, got func() syscall.Signal, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
-	ch := make(chan os.Signal, 1)
+	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	var (
 		mu  sync.Mutex
@@ -28,7 +32,17 @@ func interruptible(parent context.Context) (ctx context.Context, got func() sysc
 			mu.Lock()
 			sig, _ = s.(syscall.Signal)
 			mu.Unlock()
+			fmt.Fprintf(interruptOut, "kvxfer: %s: stopping; live requests drain first (signal again to exit at once, without draining)\n", sigName(sig))
 			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case s := <-ch:
+			again, _ := s.(syscall.Signal)
+			fmt.Fprintf(interruptOut, "kvxfer: %s during the drain: exiting at once, without draining\n", sigName(again))
+			runForceExitHooks()
+			forceExit(128 + int(again))
 		case <-done:
 		}
 	}()
@@ -57,11 +71,44 @@ type interruptedError struct {
 	err error
 }
 
-func (e *interruptedError) Error() string {
-	name := "SIGTERM"
-	if e.sig == syscall.SIGINT {
-		name = "SIGINT"
+// interruptOut is where the signal handling speaks (standard error);
+// forceExit ends the process at a second signal. Variables for tests.
+var (
+	interruptOut io.Writer = os.Stderr
+	forceExit              = os.Exit
+)
+
+// forceExitHooks run before a forced exit: a demo kills its child
+// processes, which would otherwise drain on without it.
+var forceExitHooks struct {
+	mu sync.Mutex
+	fs []func()
+}
+
+func atForceExit(f func()) {
+	forceExitHooks.mu.Lock()
+	forceExitHooks.fs = append(forceExitHooks.fs, f)
+	forceExitHooks.mu.Unlock()
+}
+
+func runForceExitHooks() {
+	forceExitHooks.mu.Lock()
+	fs := forceExitHooks.fs
+	forceExitHooks.mu.Unlock()
+	for _, f := range fs {
+		f()
 	}
+}
+
+func sigName(s syscall.Signal) string {
+	if s == syscall.SIGINT {
+		return "SIGINT"
+	}
+	return "SIGTERM"
+}
+
+func (e *interruptedError) Error() string {
+	name := sigName(e.sig)
 	if e.err == nil {
 		return fmt.Sprintf("interrupted (%s) before the run finished", name)
 	}

@@ -479,6 +479,12 @@ func interruptWithin(c *exec.Cmd, drain, dump time.Duration) {
 		return c.Process.Signal(os.Interrupt)
 	}
 	c.WaitDelay = drain
+	// A second signal ends the demo at once: the child goes with it.
+	atForceExit(func() {
+		if c.Process != nil {
+			_ = c.Process.Kill()
+		}
+	})
 }
 
 // roleArgs are the flags demo --processes 2 and demo --cluster give both

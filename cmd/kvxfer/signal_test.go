@@ -282,3 +282,58 @@ func TestRoleNamesARequestListMismatch(t *testing.T) {
 		t.Errorf("no %q:\n%s", want, genErr.String())
 	}
 }
+
+// TestSecondSignalExitsAtOnce: the first SIGTERM cancels the run's
+// context and says that live requests drain first and that a second
+// signal exits at once; the second exits (128 + its number) without
+// waiting, after the force-exit hooks (a demo's children killed).
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	var out testlog.Buffer
+	exited := make(chan int, 1)
+	oldOut, oldExit := interruptOut, forceExit
+	interruptOut, forceExit = &out, func(code int) { exited <- code }
+	t.Cleanup(func() { interruptOut, forceExit = oldOut, oldExit })
+	hooked := make(chan struct{})
+	atForceExit(func() { close(hooked) })
+	t.Cleanup(func() {
+		forceExitHooks.mu.Lock()
+		forceExitHooks.fs = nil
+		forceExitHooks.mu.Unlock()
+	})
+	ctx, got, stop := interruptible(context.Background())
+	defer stop()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(signalDeadline):
+		t.Fatal("SIGTERM did not cancel the context")
+	}
+	if got() != syscall.SIGTERM {
+		t.Fatalf("got %v", got())
+	}
+	waitFor(t, &out, "SIGTERM: stopping; live requests drain first (signal again to exit at once")
+	select {
+	case code := <-exited:
+		t.Fatalf("one signal exited (%d)", code)
+	default:
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-exited:
+		if code != 128+int(syscall.SIGINT) {
+			t.Fatalf("exit %d, want %d", code, 128+int(syscall.SIGINT))
+		}
+	case <-time.After(signalDeadline):
+		t.Fatal("a second signal did not exit")
+	}
+	select {
+	case <-hooked:
+	default:
+		t.Fatal("the force-exit hooks did not run before the exit")
+	}
+	waitFor(t, &out, "SIGINT during the drain: exiting at once, without draining")
+}

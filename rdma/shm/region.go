@@ -32,6 +32,7 @@ type sharedFile struct {
 	// guarded by files.mu
 	registered bool
 	closed     bool
+	unlinked   bool // its name removed (Unlink), its mapping kept
 }
 
 // files maps the regions NewRegion returned to their files, so Register can
@@ -136,6 +137,24 @@ func lookupFile(r *kvcache.Region) *sharedFile {
 // regionCloser is the io.Closer NewRegion returns.
 type regionCloser struct{ f *sharedFile }
 
+// Unlink removes the region file's name and leaves its mapping as it is:
+// for an owner that cannot close the region (a write may still land) but
+// is going away. Peers that mapped it keep their mapping; none can map it
+// again. Close after it does the rest. Idempotent.
+func (c regionCloser) Unlink() error {
+	f := c.f
+	files.mu.Lock()
+	defer files.mu.Unlock()
+	if f.closed || f.unlinked {
+		return nil
+	}
+	f.unlinked = true
+	if err := os.Remove(f.path); err != nil {
+		return fmt.Errorf("shm: unlink region %s: %w", f.path, err)
+	}
+	return nil
+}
+
 // Close revokes, unmaps and removes the region file. Idempotent.
 func (c regionCloser) Close() error {
 	f := c.f
@@ -153,7 +172,10 @@ func (c regionCloser) Close() error {
 	f.hdr = nil
 	uerr := unmapFile(f.mem)
 	f.mem = nil
-	rerr := os.Remove(f.path)
+	var rerr error
+	if !f.unlinked {
+		rerr = os.Remove(f.path)
+	}
 	if uerr != nil {
 		return fmt.Errorf("shm: close region %s: %w", f.path, uerr)
 	}

@@ -90,6 +90,46 @@ func TestNewRegionFileLifecycle(t *testing.T) {
 	}
 }
 
+// TestUnlinkKeepsTheMapping: Unlink (an owner that cannot close its
+// region, a write may still land, but is going away) removes the file's
+// name at once and keeps the mapping; a later Close unmaps without
+// failing on the missing name; both are idempotent.
+func TestUnlinkKeepsTheMapping(t *testing.T) {
+	name := "kvxfer-test-" + t.Name()
+	r, c, err := shm.NewRegion(name, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := shm.New()
+	if _, err := a.Register(r); err != nil {
+		t.Fatal(err)
+	}
+	u, ok := c.(interface{ Unlink() error })
+	if !ok {
+		t.Fatalf("%T has no Unlink", c)
+	}
+	if err := u.Unlink(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(shm.Dir(), name)
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("region file after Unlink: %v, want it gone", err)
+	}
+	r.Bytes()[8191] = 7 // still mapped
+	if err := u.Unlink(); err != nil {
+		t.Fatalf("second Unlink: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close after Unlink: %v", err)
+	}
+	if err := u.Unlink(); err != nil {
+		t.Fatalf("Unlink after Close: %v", err)
+	}
+}
+
 // TestPrivateDestinationRefused: a region not made by NewRegion registers
 // (as a source) but cannot receive: the error says what to use instead.
 func TestPrivateDestinationRefused(t *testing.T) {

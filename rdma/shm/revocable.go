@@ -159,6 +159,14 @@ func (r *RevocableRegion) Spare() (free, quarantined int) {
 	return r.free, r.quar
 }
 
+// Unlink removes the region file's name and keeps the mapping (see
+// regionCloser.Unlink).
+func (r *RevocableRegion) Unlink() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closer.Unlink()
+}
+
 // Close removes the region file and unmaps it; it fails with
 // rdma.ErrRegionBusy while the region is registered. Quarantined blocks
 // go with the file (a writer's mapping keeps its pages until it unmaps).

@@ -531,3 +531,17 @@ func TestRevokerRemap(t *testing.T) {
 		t.Fatalf("after release: spare free %d quarantined %d, want 8 and 0", free, quar)
 	}
 }
+
+// TestRevocableUnlinkKeepsTheMapping: a revocable region's Unlink removes
+// its file's name and keeps its view mapped; Close still succeeds.
+func TestRevocableUnlinkKeepsTheMapping(t *testing.T) {
+	r, path := newRevocable(t, 2, 1)
+	if err := r.Unlink(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("region file after Unlink: %v, want it gone", err)
+	}
+	b := r.Region().Bytes()
+	b[len(b)-1] = 9 // still mapped
+}

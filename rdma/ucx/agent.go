@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -178,12 +179,18 @@ func (c allocCloser) Close() error {
 // Deregister revokes reg at every linked peer, then unmaps it. With batches
 // of this agent reading it, or of a peer writing into it, it fails with
 // rdma.ErrRegionBusy and changes nothing.
-func (a *Agent) Deregister(reg rdma.Registration) error {
+func (a *Agent) Deregister(reg rdma.Registration) error { return a.DeregisterBy(reg, time.Time{}) }
+
+// DeregisterBy is Deregister that waits for its peers' answers until by at
+// the latest (zero: the revoke timeout, WithRevokeTimeout), so that a
+// caller's deadline bounds it: a peer that has not answered by then makes
+// the region busy, as at the timeout.
+func (a *Agent) DeregisterBy(reg rdma.Registration, by time.Time) error {
 	r, ok := reg.(*registration)
 	if !ok || r == nil || r.a != a {
 		return fmt.Errorf("%s: deregister %T: %w: not a registration of this agent", a, reg, rdma.ErrUnregistered)
 	}
-	c := &call{reg: r, done: make(chan struct{})}
+	c := &call{reg: r, by: by, done: make(chan struct{})}
 	if !a.w.call(reqDeregister, c) {
 		return fmt.Errorf("%s: deregister registration %d: %w: the agent closed", a, r.id, rdma.ErrUnregistered)
 	}

@@ -471,6 +471,61 @@ func TestCrossProcessCloseStalledPeer(t *testing.T) {
 	}
 }
 
+// TestDeregisterByHonoursTheCallersDeadline: with a peer that stops
+// answering (SIGSTOP) and an hour's revoke timeout, DeregisterBy returns
+// by the caller's deadline, the region busy (still mapped), naming the
+// deadline; once the peer runs again, deregistration succeeds.
+func TestDeregisterByHonoursTheCallersDeadline(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+	a, err := ucx.New(ucx.WithRevokeTimeout(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Connect(rem.addr); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := kvcache.NewHostRegion(1 << 20)
+	defer r.Close()
+	reg, err := a.Register(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.Stop(t)
+	defer child.Reap(t)
+	defer child.Process().Kill()
+	done := make(chan error, 1)
+	go func() { done <- a.DeregisterBy(reg, time.Now().Add(200*time.Millisecond)) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "did not answer within the caller's deadline") {
+			t.Fatalf("DeregisterBy with the peer stopped: %v, want ErrRegionBusy naming the caller's deadline", err)
+		}
+	case <-time.After(rdmatest.WaitLimit):
+		t.Fatal("DeregisterBy waited past its deadline for a stopped peer (the revoke timeout, an hour)")
+	}
+	if err := child.Process().Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(rdmatest.WaitLimit)
+	for {
+		err := a.DeregisterBy(reg, time.Now().Add(rdmatest.WaitLimit))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, rdma.ErrRegionBusy) || time.Now().After(deadline) {
+			t.Fatalf("DeregisterBy once the peer runs again: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
+}
+
 // TestDeregisterDoesNotWaitForASilentPeer: a peer that stops answering
 // (SIGSTOP) fails the first deregistration by the revoke timeout, and the
 // next at once, naming the silence: the registrations stay mapped, as the

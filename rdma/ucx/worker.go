@@ -58,8 +58,11 @@ type call struct {
 	size   uint64
 	reg    *registration
 	ep     *endpoint
-	err    error
-	done   chan struct{}
+	// by bounds a deregistration's wait for its peers' answers (zero:
+	// the agent's revoke timeout alone; Agent.DeregisterBy).
+	by   time.Time
+	err  error
+	done chan struct{}
 }
 
 func (c *call) reply(err error) {

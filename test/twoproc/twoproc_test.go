@@ -493,8 +493,14 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 			_ = ctx.cmd.Process.Kill()
 			killed := time.Now()
 			_, _ = ctx.wait(t, time.Minute)
-			gr, _ := gen.wait(t, time.Minute)
-			t.Logf("gen ended %v after the kill: %+v", time.Since(killed).Round(time.Millisecond), gr)
+			gr, gerr := gen.wait(t, time.Minute)
+			t.Logf("gen ended %v after the kill: %+v (%v)", time.Since(killed).Round(time.Millisecond), gr, gerr)
+			// However its close ended (a dead writer's batches in flight
+			// can keep its region busy), gen leaves no pool file behind.
+			if pool := filepath.Join(shm.Dir(), fmt.Sprintf("kvxfer-gen-%d", gen.cmd.Process.Pid)); fileExists(pool) {
+				_ = os.Remove(pool)
+				t.Fatalf("gen left its pool file %s (exit: %v)", pool, gerr)
+			}
 			if gr.LeakedBlocks != 0 {
 				t.Fatalf("gen leaked %d blocks", gr.LeakedBlocks)
 			}
@@ -674,4 +680,11 @@ func stealPair(e, z float64) string {
 func subName(b *testing.B) string {
 	_, name, _ := strings.Cut(b.Name(), "/")
 	return name
+}
+
+// fileExists reports whether path names a file (any error but "not
+// there" counts as there).
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, os.ErrNotExist)
 }
