@@ -358,3 +358,40 @@ func checkReady(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, promptLen int,
 		}
 	}
 }
+
+// TestSendCopiesItsPayload: a caller that reuses its payload buffer once
+// Send returned (for its next request) does not change what this
+// request's READY carries.
+func TestSendCopiesItsPayload(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "pl", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := []byte("tok-A")
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "pl", PromptLen: 64, Payload: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "tok-B") // the caller's buffer, reused for its next request
+	c0 := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
+	if err := tx.Chunk(c0, c0.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	waitOutcome(t, tx.Done())
+	if !o.OK {
+		t.Fatalf("rx %s %v", o.Status, o.Err)
+	}
+	_ = ge.FreeBlocks(o.Blocks)
+	_ = ce.Pools().Free(src)
+	if string(o.Payload) != "tok-A" {
+		t.Fatalf("READY payload %q, want %q (what Send was given)", o.Payload, "tok-A")
+	}
+}

@@ -326,3 +326,42 @@ func TestListenerPanicFailsTheEngineNotTheProcess(t *testing.T) {
 	_ = ge.FreeBlocks(o.Blocks)
 	_ = ce.Pools().Free(src)
 }
+
+// TestSessionPanicPastBudgetRunsTheRest: a session past its restart
+// budget that panics running an effect is resumed, not restarted (no
+// Started comes, and a released session waits for no further message):
+// the effects left after the one that panicked (the other unpins, the
+// outcome, the stop) still run. Done comes; only the dropped Unpin's
+// blocks stay pinned.
+func TestSessionPanicPastBudgetRunsTheRest(t *testing.T) {
+	ce, _, _, _, tx, _, f := heldChunk(t, "pb")
+	for i := int64(1); i <= 3; i++ {
+		tx.Crash()
+		waitUntil(t, "the restart", func() bool { return ce.Stats().SessionPanics == i })
+	}
+	var dropped atomic.Pointer[actors.Unpin]
+	hook := func(side string, e actors.Effect) bool {
+		u, ok := e.(actors.Unpin)
+		return side == "tx" && ok && dropped.CompareAndSwap(nil, &u)
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	f.Fire(nil)
+	o := waitOutcome(t, tx.Done())
+	u := dropped.Load()
+	if u == nil {
+		t.Fatalf("tx %s %v with no Unpin run: the test proves nothing", o.Status, o.Err)
+	}
+	if got := ce.Stats().SessionPanicsPastBudget; got != 1 {
+		t.Fatalf("session panics past the budget %d, want 1", got)
+	}
+	for g, st := range ce.Pools().Stats() {
+		want := 0
+		if g == u.Group {
+			want = len(u.IDs)
+		}
+		if st.Pinned != want {
+			t.Fatalf("group %d: %d blocks pinned after Done, want %d (the dropped Unpin's)", g, st.Pinned, want)
+		}
+	}
+}

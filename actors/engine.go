@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -371,6 +372,9 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	if len(req.Payload) > messages.MaxPayload {
 		return nil, fmt.Errorf("%w: request %s payload %d bytes > %d", ErrBadRequest, req.ID, len(req.Payload), messages.MaxPayload)
 	}
+	// The session sends the payload in its SUCCESS Result, long after Send
+	// returns: a caller may reuse its buffer at once.
+	req.Payload = bytes.Clone(req.Payload)
 	if e.env.closing.Load() {
 		return nil, fmt.Errorf("%w: send %s: the engine is closed", ErrClosed, req.ID)
 	}

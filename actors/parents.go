@@ -147,6 +147,9 @@ func (u *endedBeforeSend) add(id string, o Outcome) {
 	u.byID[id] = o
 }
 
+// forget drops id's record (its slot in order goes with the oldest).
+func (u *endedBeforeSend) forget(id string) { delete(u.byID, id) }
+
 func (u *endedBeforeSend) get(id string) (Outcome, bool) {
 	o, ok := u.byID[id]
 	return o, ok
@@ -254,6 +257,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			m.reply <- txOpenReply{err: err}
 			return
 		}
+		p.unsent.forget(m.request) // taken: any later refusal is of this one
 		pid := p.sessions.pids[m.request]
 		if spawn {
 			pid = p.spawn(ctx, m.request)

@@ -96,6 +96,10 @@ type shell[S stepper] struct {
 // builds only send it).
 type panicNow struct{}
 
+// runLeftover has a session resumed after a panic (past its restart
+// budget: no Started comes) run the effects the panic left (cell.pending).
+type runLeftover struct{}
+
 func (a *shell[S]) Receive(ctx actor.Context) {
 	now := a.env.clock.Now()
 	if hoptrace.On {
@@ -125,6 +129,9 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	case *actor.Restarting, *actor.Stopping, *actor.Restart:
 	case *panicNow:
 		panic(a.k.side() + " session: panic requested")
+	case runLeftover:
+		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
+
 	default:
 		if !a.k.receive(a, ctx, m, now) {
 			a.exec(ctx, a.step(m, now), now)
@@ -155,6 +162,15 @@ func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
 }
 
 func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
+	if a.running != nil || len(a.pending) > 0 {
+		// Left by a panic this incarnation was resumed from (a session
+		// past its restart budget; sessionStrategy): first.
+		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", a.running)).
+			Int("left", len(a.pending)).Msg("session panicked running an effect: that effect dropped, the rest run now")
+		left := a.pending
+		a.pending, a.running = nil, nil
+		a.run(ctx, left, now)
+	}
 	// No defer: a panic must leave pending and running as they are.
 	for i, e := range eff {
 		if a.k.hold(a, eff[i:]) {

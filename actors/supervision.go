@@ -49,7 +49,7 @@ var _ actor.SupervisorStrategy = sessionStrategy{}
 
 // HandleFailure implements actor.SupervisorStrategy; it runs on the
 // parent's goroutine. rs is the child's own record: it survives restarts.
-func (s sessionStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, _ any) {
+func (s sessionStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, _ any) {
 	rs.Fail()
 	if n := rs.FailureCount(); n <= sessionRestarts {
 		s.env.log.Warn().Str("session", child.Id).Str("side", s.side).Int("restart", n).
@@ -60,6 +60,9 @@ func (s sessionStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Superviso
 	s.env.stats.SessionPanicsPastBudget.Add(1)
 	s.env.log.Error().Str("session", child.Id).Str("side", s.side).Int("restarts", sessionRestarts).
 		Str("panic", fmt.Sprint(reason)).Msg("session panicked past its restart budget: resumed to drain, message dropped")
+	// A panic while effects ran left the rest of them (cell.pending): a
+	// resumed session gets no Started, and may wait for nothing more.
+	sys.Root.Send(child, runLeftover{})
 	sup.ResumeChildren(child)
 }
 

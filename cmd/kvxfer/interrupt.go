@@ -37,6 +37,12 @@ func interruptible(parent context.Context) (ctx context.Context, got func() sysc
 		case <-done:
 			return
 		}
+		if os.Getenv(demoChildEnv) != "" {
+			// A demo's child: the terminal's Ctrl-C reaches it and the demo
+			// forwards one more; the demo decides when it stops (its own
+			// second signal kills its children at once).
+			return
+		}
 		select {
 		case s := <-ch:
 			again, _ := s.(syscall.Signal)
@@ -70,6 +76,10 @@ type interruptedError struct {
 	sig syscall.Signal
 	err error
 }
+
+// demoChildEnv marks a process a demo started (kvxfer ctx or gen under
+// demo --processes 2 or --cluster): a second signal does not force it out.
+const demoChildEnv = "KVXFER_DEMO_CHILD"
 
 // interruptOut is where the signal handling speaks (standard error);
 // forceExit ends the process at a second signal. Variables for tests.

@@ -479,7 +479,13 @@ func interruptWithin(c *exec.Cmd, drain, dump time.Duration) {
 		return c.Process.Signal(os.Interrupt)
 	}
 	c.WaitDelay = drain
-	// A second signal ends the demo at once: the child goes with it.
+	// The child is in the terminal's process group: a Ctrl-C reaches it
+	// as well as the SIGINT above. It drains on both; the demo's own
+	// second signal ends the demo at once, and the child with it.
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	c.Env = append(c.Env, demoChildEnv+"=1")
 	atForceExit(func() {
 		if c.Process != nil {
 			_ = c.Process.Kill()

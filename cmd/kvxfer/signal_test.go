@@ -337,3 +337,44 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	}
 	waitFor(t, &out, "SIGINT during the drain: exiting at once, without draining")
 }
+
+// TestCtrlCToTheDemosProcessGroupDrainsItsChildren: Ctrl-C at a terminal
+// sends SIGINT to the whole foreground process group (the demo and its
+// children), and the demo forwards one more SIGINT to each child: a
+// demo's child drains through that second signal (it is not forced out)
+// and both children print their reports.
+func TestCtrlCToTheDemosProcessGroupDrainsItsChildren(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "demo", "--processes", "2", "--backend", "shm", "--progress=false",
+		"--requests", "100000", "--compute", "50ms", "--log-level", "info")
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's job: its own process group
+	var out, errOut testlog.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.WaitDelay = signalDeadline
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		}
+	})
+	deadline := time.Now().Add(signalDeadline)
+	for errOut.Count("peer said Hello") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no Hello:\n%s", errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil { // Ctrl-C
+		t.Fatal(err)
+	}
+	waitExit(t, cmd, &errOut)
+	roles := reportRoles(out.String())
+	forced := strings.Count(errOut.String(), "during the drain: exiting at once, without draining")
+	if len(roles) != 2 || forced > 0 {
+		t.Fatalf("one Ctrl-C: reports %v (want ctx's and gen's), %d children forced out without draining:\n%s",
+			roles, forced, errOut.String())
+	}
+}

@@ -466,7 +466,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			continue
 		}
 		if o.Pause > 0 {
-			time.Sleep(o.Pause)
+			sleepCtx(ctx, o.Pause)
 		}
 		t := time.Now()
 		pp := o.peerParallel()
@@ -698,6 +698,16 @@ func (w *workers) close() {
 	w.done.Wait()
 }
 
+// sleepCtx waits d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) error {
 	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl, Payload: settings})
 	if err != nil {
@@ -745,7 +755,7 @@ chunks:
 				}
 			}
 			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
-				time.Sleep(rest) // simulated prefill compute
+				sleepCtx(ctx, rest) // simulated prefill compute: a signal's drain does not wait it out
 			}
 			f.Fire(nil)
 		}

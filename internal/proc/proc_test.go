@@ -154,3 +154,26 @@ func TestOnlyNotWithdrawn(t *testing.T) {
 		}
 	}
 }
+
+// TestSleepCtxEndsWithItsContext: the roles' simulated compute and pauses
+// end when the run's context does (a signal's drain does not wait an hour
+// of --compute out), and last their time otherwise.
+func TestSleepCtxEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan struct{})
+	go func() {
+		sleepCtx(ctx, time.Hour)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("sleepCtx of an hour with its context ended did not return")
+	}
+	start := time.Now()
+	sleepCtx(context.Background(), 20*time.Millisecond)
+	if d := time.Since(start); d < 20*time.Millisecond {
+		t.Fatalf("sleepCtx(20ms) returned after %v", d)
+	}
+}
