@@ -719,7 +719,10 @@ type ReceiveRequest struct {
 	// and kvxfer's own allocator does not hand out those that are free in
 	// its pool (a framework that allocates elsewhere): they are reserved
 	// until then. Receive copies the ids: the caller may reuse its slices
-	// once it returns.
+	// once it returns. A framework that allocates blocks itself should
+	// not also let kvxfer allocate from the same pool (nil Blocks): once
+	// READY hands its blocks back, kvxfer cannot know which of them it
+	// still uses.
 	// Nil: kvxfer allocates from its pool (waiting while it is full).
 	Blocks [][]kvcache.BlockID
 	// Timeout overrides Config.TransferTimeout when > 0.
