@@ -323,6 +323,14 @@ func TestListenerPanicFailsTheEngineNotTheProcess(t *testing.T) {
 	}
 	boom.Cancel()
 	waitOutcome(t, boom.Done())
+	// Its RequestData reached the context side (whose listener dropped
+	// it): only that side's CancelAck proves no write comes. It answers,
+	// failed engine or not; the cleanup would close it first.
+	select {
+	case <-boom.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled request's writer never acknowledged: its blocks stay quarantined")
+	}
 	_ = ge.FreeBlocks(o.Blocks)
 	_ = ce.Pools().Free(src)
 }

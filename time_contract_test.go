@@ -40,6 +40,7 @@ func TestCtxDeadlineEndsAsTimeout(t *testing.T) {
 			if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusTimedOut || !errors.Is(o.Err, kvxfer.ErrTimeout) {
 				errs <- fmt.Sprintf("generation side: %s: %v", o.Status, o.Err)
 			}
+			waitReleased(t, rx) // its writer's CancelAck, before the cleanup closes the writer
 		}()
 		go func() {
 			defer wg.Done()
@@ -75,6 +76,20 @@ func TestCtxCancelStillCancels(t *testing.T) {
 	cancel()
 	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
 		t.Fatalf("rx %s %v after its ctx was cancelled, want CANCELLED", o.Status, o.Err)
+	}
+	waitReleased(t, rx)
+}
+
+// waitReleased waits (with a deadline) for a failed receive's proof that
+// no write comes: its writer's answer must arrive before the test's
+// cleanup closes the writer, or the generation engine's Close reports it
+// undrained.
+func waitReleased(t *testing.T, rx *kvxfer.RxHandle) {
+	t.Helper()
+	select {
+	case <-rx.Released():
+	case <-time.After(30 * time.Second):
+		t.Error("no proof from the writer within 30 s: the blocks stay quarantined")
 	}
 }
 
