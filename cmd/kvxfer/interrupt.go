@@ -78,7 +78,8 @@ type interruptedError struct {
 }
 
 // demoChildEnv marks a process a demo started (kvxfer ctx or gen under
-// demo --processes 2 or --cluster): a second signal does not force it out.
+// demo --processes 2 or --cluster): a second signal does not force it out
+// (listed in config.OtherEnv: no unknown-setting warning).
 const demoChildEnv = "KVXFER_DEMO_CHILD"
 
 // interruptOut is where the signal handling speaks (standard error);

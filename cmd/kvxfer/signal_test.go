@@ -377,4 +377,9 @@ func TestCtrlCToTheDemosProcessGroupDrainsItsChildren(t *testing.T) {
 		t.Fatalf("one Ctrl-C: reports %v (want ctx's and gen's), %d children forced out without draining:\n%s",
 			roles, forced, errOut.String())
 	}
+	// The demo marks its children in their environment: not a setting
+	// they should warn of.
+	if strings.Contains(errOut.String(), demoChildEnv+" is not a kvxfer setting") {
+		t.Fatalf("a child warned of the demo's own variable:\n%s", errOut.String())
+	}
 }

@@ -146,6 +146,7 @@ var OtherEnv = []string{
 	"KVXFER_LIB",            // the Python package's libkvxfer.so (python/kvxfer)
 	"KVXFER_HOPTRACE",       // internal/hoptrace (kvxfer_hoptrace builds): where to dump hop logs
 	"KVXFER_RDMABENCH_PEER", // rdma/rdmabench.PeerEnv: set by bench raw --peer-process for its receiver
+	"KVXFER_DEMO_CHILD",     // cmd/kvxfer: set by a demo for the processes it starts (a second signal does not force them out)
 }
 
 // unknownEnv warns of KVXFER_ variables that name no key and are not
