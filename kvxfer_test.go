@@ -108,6 +108,16 @@ func fill(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, re
 	fillPart(e, l, g, id, blk, req, kvcache.LayerPart{})
 }
 
+// fillSource writes request req's pattern into src[g][b] for global
+// block b of each group g (source blocks allocated from block 0 on).
+func fillSource(e *kvxfer.Engine, l kvcache.Layout, src [][]kvcache.BlockID, req int) {
+	for g, ids := range src {
+		for b, id := range ids {
+			fill(e, l, g, id, b, req)
+		}
+	}
+}
+
 // fillPart writes the pattern of the layers of part only (every layer for
 // the zero part) into block id of group g.
 func fillPart(e *kvxfer.Engine, l kvcache.Layout, g int, id kvcache.BlockID, blk, req int, part kvcache.LayerPart) {

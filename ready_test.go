@@ -468,10 +468,6 @@ func filledSource(t *testing.T, ce *kvxfer.Engine, l kvcache.Layout) [][]kvcache
 	if err != nil {
 		t.Fatal(err)
 	}
-	for g := range l.Groups {
-		for b, id := range src[g] {
-			fill(ce, l, g, id, b, 1)
-		}
-	}
+	fillSource(ce, l, src, 1)
 	return src
 }

@@ -50,14 +50,12 @@ func (l *gatedLink) open() {
 	l.mu.Unlock()
 }
 
-func neededCounts(l kvcache.Layout, promptLen int, hits []int) []int {
+// neededCounts is how many destination blocks of each layer group a
+// receive of promptLen tokens without prefix hits takes.
+func neededCounts(l kvcache.Layout, promptLen int) []int {
 	counts := make([]int, len(l.Groups))
 	for g, grp := range l.Groups {
-		h := 0
-		if g < len(hits) {
-			h = hits[g]
-		}
-		first, end := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, h)
+		first, end := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
 		counts[g] = end - first
 	}
 	return counts
@@ -80,7 +78,7 @@ func TestReceiveCopiesCallerBlocks(t *testing.T) {
 		return ml
 	}})
 	gen := c.gen[0]
-	counts := neededCounts(l, 64, nil)
+	counts := neededCounts(l, 64)
 	a, err := gen.Pools().Alloc(counts) // r1's blocks
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +181,7 @@ func TestFreeLentBlocksNotAllocatedToAnotherReceive(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
 	gen := c.gen[0]
-	counts := neededCounts(l, 64, nil)
+	counts := neededCounts(l, 64)
 	probe, err := gen.Pools().Alloc(counts) // learn the next ids the allocator hands out
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +265,7 @@ func TestReceiveBlocksReusedAtOnce(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
 	gen := c.gen[0]
-	counts := neededCounts(l, 64, nil)
+	counts := neededCounts(l, 64)
 	a, err := gen.Pools().Alloc(counts)
 	if err != nil {
 		t.Fatal(err)
@@ -309,7 +307,7 @@ func TestFreeLentBlocksFreeAgainAfterRelease(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, tp1, tp1, 2)
 	gen := c.gen[0]
-	counts := neededCounts(l, 64, nil)
+	counts := neededCounts(l, 64)
 	held := holdFreeBlocks(t, gen)
 	own, rest := make([][]kvcache.BlockID, len(held)), make([][]kvcache.BlockID, len(held))
 	for g := range held {

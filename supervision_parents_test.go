@@ -12,11 +12,9 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
-	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/faulty"
-	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
 // Panics of the engine's top-level actors (the tx and rx parents, the
@@ -35,7 +33,6 @@ func TestParentPanicKeepsLiveRequests(t *testing.T) {
 		{"ctx", "tx"}, {"ctx", "senders"}, {"gen", "rx"}, {"gen", "senders"},
 	} {
 		t.Run(tc.side+"-"+tc.which, func(t *testing.T) {
-			l := smallLayout()
 			ce, ge, c, rx, tx, src, f := heldChunk(t, "p")
 			crashed := ce
 			if tc.side == "gen" {
@@ -43,26 +40,7 @@ func TestParentPanicKeepsLiveRequests(t *testing.T) {
 			}
 			crashed.CrashParent(tc.which)
 			waitUntil(t, "the panic to be handled", func() bool { return crashed.Stats().ParentPanics == 1 })
-			for g, ids := range src {
-				for i, id := range ids {
-					fill(ce, l, g, id, i, 5)
-				}
-			}
-			f.Fire(nil)
-			c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
-			if err := tx.Chunk(c1, []kvcache.BlockRun{{First: 2, IDs: src[0][2:]}, {First: 2, IDs: src[1][2:]}}, nil); err != nil {
-				t.Fatalf("the live request's last chunk refused after the %s panicked: %v", tc.which, err)
-			}
-			if o := waitOutcome(t, tx.Done()); !o.OK {
-				t.Fatalf("tx %s %v after the %s panicked", o.Status, o.Err, tc.which)
-			}
-			o := waitOutcome(t, rx.Done())
-			if !o.OK {
-				t.Fatalf("rx %s %v after the %s panicked", o.Status, o.Err, tc.which)
-			}
-			if n := verify(t, ge, l, 64, o.Blocks, 5); n == 0 {
-				t.Fatal("no byte verified")
-			}
+			o := finishHeld(t, ce, ge, rx, tx, src, f, 5, "after the "+tc.which+" panicked")
 			var err error
 			if tc.side == "ctx" {
 				_, err = ce.Send(context.Background(), kvxfer.SendRequest{ID: "new", PromptLen: 64})
@@ -93,44 +71,9 @@ func TestParentPanicKeepsLiveRequests(t *testing.T) {
 func TestTxParentPanicSendsNoFalseCancelAck(t *testing.T) {
 	l := smallLayout()
 	gate := faulty.NewGate()
-	link := control.NewMemLink()
-	net := loopback.NewNetwork()
-	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), faulty.Slow(faulty.Always(), gate), faulty.WithUnprovenClose())
-	gag := loopback.New(loopback.WithNetwork(net))
-	ce, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
-		Workers: 1, Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ge, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
-		Workers: 1, Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		gate.Open()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := errors.Join(ce.Close(ctx), ge.Close(ctx), ag.Close(), gag.Close()); err != nil {
-			t.Logf("close: %v", err) // the generation side's quarantine may outlive the test
-		}
-	})
-	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "fa", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "fa", PromptLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c0 := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
-	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0]}, {First: 0, IDs: src[1]}}, nil); err != nil {
-		t.Fatal(err)
-	}
+	ce, ge := faultyPair(t, l, faulty.Slow(faulty.Always(), gate), faulty.WithUnprovenClose())
+	t.Cleanup(gate.Open) // before the pair's close (cleanups run last first): the write completes, its CancelAck comes
+	rx, tx := receiveAndSend(t, ce, ge, "fa", 1)
 	waitUntil(t, "the write to be posted", func() bool { return gate.Held() > 0 })
 	dest := ge.Pools().Used()
 	ce.CrashParent("tx")
@@ -228,27 +171,7 @@ func TestSessionPanicRunningEffectsRunsTheRest(t *testing.T) {
 	}
 	actors.PanicOnEffect.Store(&hook)
 	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
-	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "pe", PromptLen: 64, Context: "ctx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for g, ids := range src {
-		for i, id := range ids {
-			fill(ce, l, g, id, i, 6)
-		}
-	}
-	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "pe", PromptLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c0 := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
-	if err := tx.Chunk(c0, c0.Runs(l.TokensPerBlock, src), nil); err != nil {
-		t.Fatal(err)
-	}
+	rx, tx := receiveAndSend(t, ce, ge, "pe", 6)
 	ro := waitOutcome(t, rx.Done())
 	if !ro.OK {
 		t.Fatalf("rx %s %v", ro.Status, ro.Err)
@@ -284,7 +207,6 @@ func TestSessionPanicRunningEffectsRunsTheRest(t *testing.T) {
 // request is refused naming the panic — and a request already live on it
 // still ends READY with every byte.
 func TestListenerPanicFailsTheEngineNotTheProcess(t *testing.T) {
-	l := smallLayout()
 	ce, ge, _, rx, tx, src, f := heldChunk(t, "live")
 	hook := func(f messages.Frame) bool {
 		rd, ok := f.(*messages.RequestData)
@@ -301,26 +223,7 @@ func TestListenerPanicFailsTheEngineNotTheProcess(t *testing.T) {
 	if !errors.Is(err, kvxfer.ErrEngineFailed) || !strings.Contains(err.Error(), "listener panicked") {
 		t.Fatalf("a new request after the listener panicked: %v, want ErrEngineFailed naming the panic", err)
 	}
-	for g, ids := range src {
-		for i, id := range ids {
-			fill(ce, l, g, id, i, 8)
-		}
-	}
-	f.Fire(nil)
-	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
-	if err := tx.Chunk(c1, []kvcache.BlockRun{{First: 2, IDs: src[0][2:]}, {First: 2, IDs: src[1][2:]}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if o := waitOutcome(t, tx.Done()); !o.OK {
-		t.Fatalf("tx %s %v", o.Status, o.Err)
-	}
-	o := waitOutcome(t, rx.Done())
-	if !o.OK {
-		t.Fatalf("rx %s %v", o.Status, o.Err)
-	}
-	if n := verify(t, ge, l, 64, o.Blocks, 8); n == 0 {
-		t.Fatal("no byte verified")
-	}
+	o := finishHeld(t, ce, ge, rx, tx, src, f, 8, "after the listener panicked")
 	boom.Cancel()
 	waitOutcome(t, boom.Done())
 	// Its RequestData reached the context side (whose listener dropped
@@ -372,4 +275,50 @@ func TestSessionPanicPastBudgetRunsTheRest(t *testing.T) {
 			t.Fatalf("group %d: %d blocks pinned after Done, want %d (the dropped Unpin's)", g, st.Pinned, want)
 		}
 	}
+}
+
+// finishHeld completes heldChunk's request: it writes request req's bytes
+// into the sources, fires the held chunk's fence, hands the last chunk,
+// and requires DONE and READY with every byte (why says when, for the
+// failures). It returns the READY outcome.
+func finishHeld(t *testing.T, ce, ge *kvxfer.Engine, rx *kvxfer.RxHandle, tx *kvxfer.TxHandle, src [][]kvcache.BlockID,
+	f *kvxfer.ManualFence, req int, why string) kvxfer.Outcome {
+	t.Helper()
+	l := smallLayout()
+	fillSource(ce, l, src, req)
+	f.Fire(nil)
+	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
+	if err := tx.Chunk(c1, []kvcache.BlockRun{{First: 2, IDs: src[0][2:]}, {First: 2, IDs: src[1][2:]}}, nil); err != nil {
+		t.Fatalf("the live request's last chunk refused %s: %v", why, err)
+	}
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("tx %s %v %s", o.Status, o.Err, why)
+	}
+	o := waitOutcome(t, rx.Done())
+	if !o.OK {
+		t.Fatalf("rx %s %v %s", o.Status, o.Err, why)
+	}
+	if n := verify(t, ge, l, 64, o.Blocks, req); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	return o
+}
+
+// receiveAndSend opens request id on both engines of a pair (64 tokens
+// of smallLayout) and hands the whole prompt over as one chunk, filled
+// with request req's bytes (sendFilled).
+func receiveAndSend(t *testing.T, ce, ge *kvxfer.Engine, id string, req int) (*kvxfer.RxHandle, *kvxfer.TxHandle) {
+	t.Helper()
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sendFilled(t, ce, tx, smallLayout(), 64, 64, req); err != nil {
+		t.Fatal(err)
+	}
+	return rx, tx
 }

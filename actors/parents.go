@@ -564,11 +564,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			if p.waitErr != nil {
 				why = ": " + p.waitErr.Error()
 			}
-			p.finishQueued(q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited%s)",
+			p.dropQueued(ctx, q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited%s)",
 				ErrTimeout, q.req.ID, p.queue.Len(), why))
-			// Its writers may have Send under way for it: tell them, as for
-			// a queued request cancelled.
-			p.cancelUnstarted(ctx, q)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 		}
@@ -599,8 +596,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.sessions.draining = true
 		p.sessions.closing = m.drained
 		for _, q := range p.queue.Clear() {
-			p.finishQueued(q, RxCancelled, ErrClosed)
-			p.cancelUnstarted(ctx, q)
+			p.dropQueued(ctx, q, RxCancelled, ErrClosed)
 		}
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
@@ -617,8 +613,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *rxCancelReq:
 		if q, ok := p.queue.Get(m.request); ok && q.handle == m.handle {
 			p.queue.Remove(m.request)
-			p.finishQueued(q, RxCancelled, ErrCancelled)
-			p.cancelUnstarted(ctx, q)
+			p.dropQueued(ctx, q, RxCancelled, ErrCancelled)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 			return
@@ -679,13 +674,15 @@ func (p *rxParent) finishQueued(q *rxOpenReq, st RxState, err error) {
 	}
 }
 
-// cancelUnstarted tells the writers of a request cancelled while it
-// waited for blocks (no RequestData left, no blocks exposed) that it is
-// cancelled, as a started one's Cancel does: a Send there ends at once
-// with ErrPeerCancelled, and a later Send is refused with it, instead of
-// the prefill running to its deadline. Nothing waits for an answer: no
-// write can come (a CancelAck is dropped as for any ended request).
-func (p *rxParent) cancelUnstarted(ctx actor.Context, q *rxOpenReq) {
+// dropQueued ends a request taken out of the allocation queue (cancelled,
+// timed out, or dropped by Close) and tells its writers, which may have
+// Send under way for it: a Send there ends at once with ErrPeerCancelled,
+// and a later Send is refused with it, instead of the prefill running to
+// its deadline, as for a started request's Cancel. Nothing waits for an
+// answer: no RequestData left, no write can come (a CancelAck is dropped
+// as for any ended request).
+func (p *rxParent) dropQueued(ctx actor.Context, q *rxOpenReq, st RxState, err error) {
+	p.finishQueued(q, st, err)
 	o := core.RxOpen{Request: q.req.ID, PromptLen: q.req.PromptLen, Context: q.req.Context, ContextParallel: q.req.ContextParallel}
 	for _, peer := range p.table.Writers(o) {
 		var to uint64

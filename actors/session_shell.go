@@ -108,15 +108,9 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
 		if a.restarted {
-			if a.running != nil || len(a.pending) > 0 || len(a.feedback) > 0 {
-				// The panic came while effects ran: the rest of them
-				// first, as their step decided.
-				a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", a.running)).
-					Int("left", len(a.pending)).Msg("session panicked running an effect: that effect dropped, the rest run now")
-				rest := a.pending
-				a.pending, a.running = nil, nil
-				a.exec(ctx, rest, now)
-			}
+			// What a panic while effects ran left (run: the rest of them,
+			// and their failures) first, as their step decided.
+			a.exec(ctx, nil, now)
 			a.exec(ctx, a.step(a.k.panicked(fmt.Errorf("restarted after panic")), now), now)
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it.
@@ -163,8 +157,8 @@ func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
 
 func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 	if a.running != nil || len(a.pending) > 0 {
-		// Left by a panic this incarnation was resumed from (a session
-		// past its restart budget; sessionStrategy): first.
+		// Left by a panic (this incarnation restarted or resumed after
+		// it; sessionStrategy): first.
 		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", a.running)).
 			Int("left", len(a.pending)).Msg("session panicked running an effect: that effect dropped, the rest run now")
 		left := a.pending

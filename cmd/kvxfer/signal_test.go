@@ -26,8 +26,19 @@ const signalDeadline = time.Minute
 // output and error as they grow.
 func startCommand(t *testing.T, args ...string) (*exec.Cmd, *testlog.Buffer, *testlog.Buffer) {
 	t.Helper()
+	return startCommandGroup(t, false, args...)
+}
+
+// startCommandGroup is startCommand that, with group, runs the command in
+// a process group of its own, as a terminal runs a job (the group's id is
+// its pid; a test that fails kills the whole group).
+func startCommandGroup(t *testing.T, group bool, args ...string) (*exec.Cmd, *testlog.Buffer, *testlog.Buffer) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	if group {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	var out, errOut testlog.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cmd.WaitDelay = signalDeadline
@@ -36,7 +47,11 @@ func startCommand(t *testing.T, args ...string) (*exec.Cmd, *testlog.Buffer, *te
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil { // the test failed before it ended
-			_ = cmd.Process.Kill()
+			if group {
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			} else {
+				_ = cmd.Process.Kill()
+			}
 			_ = cmd.Wait()
 		}
 	})
@@ -344,22 +359,8 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 // demo's child drains through that second signal (it is not forced out)
 // and both children print their reports.
 func TestCtrlCToTheDemosProcessGroupDrainsItsChildren(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "demo", "--processes", "2", "--backend", "shm", "--progress=false",
+	cmd, out, errOut := startCommandGroup(t, true, "demo", "--processes", "2", "--backend", "shm", "--progress=false",
 		"--requests", "100000", "--compute", "50ms", "--log-level", "info")
-	cmd.Env = append(os.Environ(), mainEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's job: its own process group
-	var out, errOut testlog.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	cmd.WaitDelay = signalDeadline
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
-		}
-	})
 	deadline := time.Now().Add(signalDeadline)
 	for errOut.Count("peer said Hello") < 2 {
 		if time.Now().After(deadline) {
@@ -370,7 +371,7 @@ func TestCtrlCToTheDemosProcessGroupDrainsItsChildren(t *testing.T) {
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil { // Ctrl-C
 		t.Fatal(err)
 	}
-	waitExit(t, cmd, &errOut)
+	waitExit(t, cmd, errOut)
 	roles := reportRoles(out.String())
 	forced := strings.Count(errOut.String(), "during the drain: exiting at once, without draining")
 	if len(roles) != 2 || forced > 0 {

@@ -118,6 +118,7 @@ type deregOp struct {
 	waiting  map[*link]uint64
 	busy     string // why it fails
 	deadline time.Time
+	within   string // the wait deadline allows, named for errors
 }
 
 // worker is an agent's progress goroutine and everything it owns: the UCP

@@ -367,29 +367,22 @@ func (w *worker) deregister(c *call) {
 		c.reply(fmt.Errorf("%s: deregister registration %d: %w: %d batches of this agent read it", w.a, r.id, rdma.ErrRegionBusy, r.busy.Load()))
 		return
 	}
-	op := &deregOp{reg: r, c: c, waiting: make(map[*link]uint64), deadline: w.answerBy(c)}
+	op := &deregOp{reg: r, c: c, waiting: make(map[*link]uint64)}
+	op.deadline, op.within = w.answerBy(c)
 	w.deregs = append(w.deregs, op)
 	w.ask(op, msgRevoke)
 	w.advanceDereg(op, false)
 }
 
 // answerBy is when the peers must have answered a revoke or restore of
-// c's deregistration: the agent's revoke timeout from now, or c's own
-// bound when earlier.
-func (w *worker) answerBy(c *call) time.Time {
+// c's deregistration, and that wait named for errors: the agent's revoke
+// timeout from now, or c's own bound when earlier.
+func (w *worker) answerBy(c *call) (time.Time, string) {
 	d := time.Now().Add(w.a.opts.revoke)
 	if !c.by.IsZero() && c.by.Before(d) {
-		return c.by
+		return c.by, "the caller's deadline"
 	}
-	return d
-}
-
-// answerWithin names the wait answerBy allows, for errors.
-func (w *worker) answerWithin(c *call) string {
-	if !c.by.IsZero() && c.by.Before(time.Now().Add(w.a.opts.revoke)) {
-		return "the caller's deadline"
-	}
-	return w.a.opts.revoke.String()
+	return d, w.a.opts.revoke.String()
 }
 
 // ask sends a revoke or restore to every peer that may hold the key. A
@@ -449,9 +442,9 @@ func (w *worker) advanceDereg(op *deregOp, timedOut bool) {
 		for l, req := range op.waiting {
 			delete(w.replies, req)
 			if op.busy == "" {
-				op.busy = fmt.Sprintf("agent %s did not answer within %v", l.peer, w.answerWithin(op.c))
+				op.busy = fmt.Sprintf("agent %s did not answer within %v", l.peer, op.within)
 			}
-			l.silent = fmt.Sprintf("it did not answer registration %d's revoke or restore within %v", op.reg.id, w.answerWithin(op.c))
+			l.silent = fmt.Sprintf("it did not answer registration %d's revoke or restore within %v", op.reg.id, op.within)
 		}
 		clear(op.waiting)
 	}
@@ -464,7 +457,7 @@ func (w *worker) advanceDereg(op *deregOp, timedOut bool) {
 		}
 		r.state.Store(regLive)
 		op.restore = true
-		op.deadline = w.answerBy(op.c)
+		op.deadline, op.within = w.answerBy(op.c)
 		w.ask(op, msgRestore)
 		if len(op.waiting) > 0 {
 			return
