@@ -106,6 +106,9 @@ class KvxferConnectorMetadata:
     # of it in the local prefix cache).
     reqs_to_release: dict = field(default_factory=dict)
     reqs_to_cancel: set = field(default_factory=set)  # request ids whose send no decode side will read
+    # ids of P/D prefills preempted this step (scheduler_output.preempted_req_ids):
+    # vLLM's newer model runners pass this metadata to handle_preemptions, not the ids
+    preempted_req_ids: set = field(default_factory=set)
 
 
 def layer_index(name):
@@ -138,12 +141,14 @@ def _status_name(request):
 
 
 class KvxferSchedulerConnector:
-    """The scheduler side. role: "producer" (context/prefill instance) or
-    "consumer" (generation/decode instance)."""
+    """The scheduler side. role: "producer" (context/prefill instance),
+    "consumer" (generation/decode instance) or "both" (vLLM's kv_both: each
+    request's kv_transfer_params say which side it is on, do_remote_decode
+    the context side, do_remote_prefill the generation side)."""
 
     def __init__(self, instance, role, tokens_per_block):
-        if role not in ("producer", "consumer"):
-            raise ValueError("role %r: producer or consumer" % (role,))
+        if role not in ("producer", "consumer", "both"):
+            raise ValueError("role %r: producer, consumer or both" % (role,))
         self.instance = instance
         self.role = role
         self.tpb = tokens_per_block
@@ -188,7 +193,7 @@ class KvxferSchedulerConnector:
         num_computed_tokens is 0 or its local hit, which may exceed the
         prompt) computes locally. Never (n <= 0, True): vLLM asserts a
         positive count whenever the load is asynchronous."""
-        if self.role != "consumer" or self._remote(request, warn=True) is None:
+        if self.role == "producer" or self._remote(request, warn=True) is None:
             return 0, False
         count = len(request.prompt_token_ids or ()) - num_computed_tokens
         if count <= 0:
@@ -210,10 +215,10 @@ class KvxferSchedulerConnector:
         ids = _block_ids(blocks)
         rid = request.request_id
         prompt = len(request.prompt_token_ids or ())
-        if self.role == "consumer":
-            remote = self._remote(request)
-            if remote is None:
-                return
+        remote = None if self.role == "producer" else self._remote(request)
+        if self.role == "consumer" and remote is None:
+            return
+        if remote is not None:
             if num_external_tokens > 0:
                 # The local hit is whole blocks (vLLM caches full blocks only).
                 hit = (prompt - num_external_tokens) // self.tpb
@@ -221,7 +226,7 @@ class KvxferSchedulerConnector:
             else:
                 self._release[rid] = RecvSpec(prompt, [], remote[0], remote[1])
             request.kv_transfer_params["do_remote_prefill"] = False
-        elif _params(request).get("do_remote_decode"):
+        elif self.role != "consumer" and _params(request).get("do_remote_decode"):
             self._blocks[rid] = ids
             self._prompt[rid] = prompt
 
@@ -246,10 +251,11 @@ class KvxferSchedulerConnector:
         meta = KvxferConnectorMetadata(reqs_to_recv=self._recv, reqs_to_release=self._release,
                                        reqs_to_cancel=self._cancel)
         self._recv, self._release, self._cancel = {}, {}, set()
-        if self.role != "producer":
+        if self.role == "consumer":
             return meta
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
             if rid in self._prompt:
+                meta.preempted_req_ids.add(rid)
                 self._blocks[rid] = []
                 self._computed.pop(rid, None)
                 self._handed.pop(rid, None)
@@ -324,12 +330,13 @@ class KvxferSchedulerConnector:
         the context instance to free its blocks now rather than at its
         transfer timeout."""
         rid = request.request_id
-        if self.role == "consumer":
+        if self.role != "producer":
             remote = self._remote(request)
             if remote is not None:
                 self._release[rid] = RecvSpec(len(request.prompt_token_ids or ()), [], remote[0], remote[1])
                 request.kv_transfer_params["do_remote_prefill"] = False
-            return False, None
+            if self.role == "consumer" or rid not in self._prompt:
+                return False, None
         self._blocks.pop(rid, None)
         self._computed.pop(rid, None)
         handed = self._handed.pop(rid, 0)

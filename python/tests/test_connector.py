@@ -20,9 +20,15 @@ from conftest import unique, wait_until
 LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 64
 
 
-def worker(instance, **extra):
+def kv_caches():
+    """vLLM's per-layer KV caches over one cross-layer tensor (the layout
+    the worker connector registers), by layer name."""
     cache = torch.zeros((NBLOCKS, LAYERS, 2, HEADS, TPB, HEAD), dtype=torch.bfloat16)
-    layers = {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(LAYERS)}
+    return {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(LAYERS)}
+
+
+def worker(instance, **extra):
+    layers = kv_caches()
     w = KvxferWorkerConnector(dict({"instance": instance, "workers": 2, "transfer_timeout_ms": 10000,
                                     "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD,
                                                "dtype_bytes": 2, "tokens_per_block": TPB}}, **extra))
@@ -282,6 +288,11 @@ def load_and_check(sd, wd, d_layers, params, truth, prompt, d_blocks, rid):
     wd.clear_connector_metadata()
     finished(wd, "recv", rid)
     assert wd.failed == {}, wd.failed
+    check_tokens(d_layers, d_blocks, truth, prompt)
+
+
+def check_tokens(d_layers, d_blocks, truth, prompt):
+    """Every token of every layer in blocks d_blocks (group 0's table) equals truth."""
     for i, layer in enumerate(d_layers.values()):
         for t in range(prompt):
             assert torch.equal(layer[d_blocks[0][t // TPB], :, t % TPB], truth[i, :, t]), (i, t)
