@@ -7,7 +7,8 @@ request.prompt_token_ids, request.kv_transfer_params, request.status,
 scheduler_output.num_scheduled_tokens, scheduled_new_reqs' req_id,
 block_ids and num_computed_tokens, scheduled_cached_reqs' req_ids,
 new_block_ids and resumed_req_ids, preempted_req_ids,
-blocks.get_block_ids()).
+blocks.get_block_ids()). kvxfer.vllm.KvxferConnector is the class vLLM
+loads (--kv-transfer-config), handing each call to one of these halves.
 
 Roles, as in vLLM:
 

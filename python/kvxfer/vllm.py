@@ -7,9 +7,9 @@
 
 This module imports vLLM (the rest of the package does not): import it only
 where vLLM is installed. It follows KVConnectorBase_V1 and
-KVConnectorFactory as vLLM's main branch has them
-(vllm/distributed/kv_transfer/kv_connector/v1/base.py and
-kv_connector/factory.py): the factory constructs the class twice, with role
+KVConnectorFactory as vLLM's GitHub repository has them
+(vllm/distributed/kv_transfer/kv_connector/v1/base.py at commit 003df29,
+kv_connector/factory.py at a4cd9d0): the factory constructs the class twice, with role
 SCHEDULER in the scheduler process and role WORKER in each worker, as
 cls(vllm_config, role, kv_cache_config) (older releases: cls(vllm_config,
 role)). KvxferConnector builds kvxfer.connector's scheduler half or worker
