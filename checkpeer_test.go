@@ -11,7 +11,7 @@ import (
 
 // TestCheckPeerNamesABackendMismatch: a peer on another data-plane backend
 // is named as such when its Hello arrives — not later, per request, as an
-// address this backend cannot parse ("bad peer address: UCA1…").
+// address this backend cannot parse ("bad peer address: UCA2…").
 func TestCheckPeerNamesABackendMismatch(t *testing.T) {
 	c := startCluster(t, smallLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
 	ce, ge := c.ctx[0], c.gen[0]

@@ -1,6 +1,7 @@
 package ucx
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -9,34 +10,61 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
-// addrMagic starts every ucx agent address.
-const addrMagic = "UCA1"
+// addrMagic starts every ucx agent address; oldAddrMagic started those
+// of kvxfer releases before link keys (a random id instead of a public
+// key), which this one cannot link with.
+const (
+	addrMagic    = "UCA2"
+	oldAddrMagic = "UCA1"
+)
 
 // addrFixed is the size of an address without the UCP worker address.
-const addrFixed = len(addrMagic) + 16 + 4 + 4
+const addrFixed = len(addrMagic) + pubLen + 4 + 4
+
+// pubLen is the size of an agent's X25519 public key.
+const pubLen = 32
 
 // crcTable is CRC-32C, guarding addresses against corruption in transit.
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// agentID names one agent (random, 128 bits).
+// agentID names one agent: the first 128 bits of the SHA-256 of its
+// public key (idOf), so that an address cannot name one agent's id with
+// another's key.
 type agentID [16]byte
 
 func (id agentID) String() string { return hex.EncodeToString(id[:4]) }
 
-// address is a parsed agent address: the agent's id and its UCP worker
-// address (UCX unpacks it in ucp_ep_create; parseAddress validates it
-// first, see workeraddr.go).
+// idOf is the id of the agent whose X25519 public key is pub.
+func idOf(pub [pubLen]byte) agentID {
+	h := sha256.New()
+	h.Write([]byte("kvxfer ucx agent id\x00"))
+	h.Write(pub[:])
+	var id agentID
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
+// address is a parsed agent address: the agent's public key (X25519: two
+// agents derive their link key from it, see linkKey), its id (derived
+// from the key) and its UCP worker address (UCX unpacks it in
+// ucp_ep_create; parseAddress validates it first, see workeraddr.go).
 //
-//	"UCA1" id[16] len(worker) u32 worker[len] crc32c(all before) u32
+//	"UCA2" pub[32] len(worker) u32 worker[len] crc32c(all before) u32
 type address struct {
 	id     agentID
+	pub    [pubLen]byte
 	worker []byte // aliases the parsed bytes
+}
+
+// newAddress is the address of the agent with public key pub.
+func newAddress(pub [pubLen]byte, worker []byte) address {
+	return address{id: idOf(pub), pub: pub, worker: worker}
 }
 
 func (a address) encode() []byte {
 	b := make([]byte, 0, addrFixed+len(a.worker))
 	b = append(b, addrMagic...)
-	b = append(b, a.id[:]...)
+	b = append(b, a.pub[:]...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(a.worker)))
 	b = append(b, a.worker...)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
@@ -50,10 +78,13 @@ func parseAddress(b []byte) (address, error) {
 	bad := func(why string) (address, error) {
 		return address{}, fmt.Errorf("%w: %d-byte address %.8x…: %s", rdma.ErrBadAddress, len(b), b, why)
 	}
+	if len(b) >= len(oldAddrMagic) && string(b[:len(oldAddrMagic)]) == oldAddrMagic {
+		return bad("the address of an older kvxfer's ucx agent (" + oldAddrMagic + "), which has no link key; this kvxfer speaks " + addrMagic + ": run one version on both sides")
+	}
 	if len(b) < addrFixed || string(b[:len(addrMagic)]) != addrMagic {
 		return bad("not a ucx agent address")
 	}
-	n := binary.BigEndian.Uint32(b[len(addrMagic)+16:])
+	n := binary.BigEndian.Uint32(b[len(addrMagic)+pubLen:])
 	if uint64(n) != uint64(len(b)-addrFixed) {
 		return bad(fmt.Sprintf("worker address of %d bytes in %d", n, len(b)-addrFixed))
 	}
@@ -62,8 +93,9 @@ func parseAddress(b []byte) (address, error) {
 		return bad("checksum mismatch")
 	}
 	var a address
-	copy(a.id[:], b[len(addrMagic):])
-	a.worker = b[len(addrMagic)+16+4 : body]
+	copy(a.pub[:], b[len(addrMagic):])
+	a.id = idOf(a.pub)
+	a.worker = b[len(addrMagic)+pubLen+4 : body]
 	if len(a.worker) == 0 {
 		return bad("empty worker address")
 	}

@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"crypto/ecdh"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -34,6 +35,8 @@ var ErrUnavailable = errors.New("ucx: backend not built in (needs cgo on Linux a
 // progress goroutine. It is safe for concurrent use.
 type Agent struct {
 	id     agentID
+	priv   *ecdh.PrivateKey // its public key is in the address; see linkkey.go
+	pub    [pubLen]byte
 	secret [32]byte
 	name   string
 	opts   options
@@ -70,7 +73,13 @@ func New(opts ...Option) (*Agent, error) {
 			return nil, fmt.Errorf("ucx: new agent: progress CPU %d: want 0..%d", c, cpuSetSize-1)
 		}
 	}
-	rand.Read(a.id[:])
+	priv, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("ucx: new agent: link key: %w", err)
+	}
+	a.priv = priv
+	copy(a.pub[:], priv.PublicKey().Bytes())
+	a.id = idOf(a.pub)
 	rand.Read(a.secret[:])
 	a.name = "ucx agent " + a.id.String()
 	a.w = newWorker(a)
@@ -89,7 +98,7 @@ const cpuSetSize = len(unix.CPUSet{}) * 64
 // Backend returns "ucx".
 func (a *Agent) Backend() string { return Backend }
 
-// Address returns the agent's id and its UCP worker address.
+// Address returns the agent's public key and its UCP worker address.
 func (a *Agent) Address() []byte { return append([]byte(nil), a.addr...) }
 
 func (a *Agent) String() string { return a.name }
@@ -207,7 +216,7 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: connect: %w", a, err)
 	}
-	c := &call{addr: address{id: pa.id, worker: append([]byte(nil), pa.worker...)}, done: make(chan struct{})}
+	c := &call{addr: address{id: pa.id, pub: pa.pub, worker: append([]byte(nil), pa.worker...)}, done: make(chan struct{})}
 	if !a.w.call(reqConnect, c) {
 		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
 	}

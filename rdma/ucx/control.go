@@ -42,7 +42,7 @@ func (k msgKind) String() string {
 }
 
 const (
-	msgMagic  = "UCM1"
+	msgMagic  = "UCM2"
 	msgHeader = len(msgMagic) + 1 + 8 + 16
 	// maxLive bounds the registrations a hello lists.
 	maxLive = 1 << 16
@@ -50,9 +50,10 @@ const (
 
 var errBadMessage = errors.New("ucx: malformed control message")
 
-// message is one control message.
+// message is one control message's body; on the wire the MAC of the body
+// under the link key follows it (linkkey.go: seal, unseal).
 //
-//	"UCM1" kind u8 req u64 from[16], then for
+//	"UCM2" kind u8 req u64 from[16], then for
 //	hello, welcome:  secret[32] len(addr) u32 addr nextReg u64 n u32 live[n] u64
 //	revoke, restore: reg u64
 //	reply:           ok u8

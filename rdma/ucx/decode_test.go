@@ -39,10 +39,10 @@ func TestKeyRoundTrip(t *testing.T) {
 }
 
 func TestAddressRoundTrip(t *testing.T) {
-	a := address{id: agentID{9}, worker: validAddress(t)}
+	a := newAddress([pubLen]byte{9}, validAddress(t))
 	b := a.encode()
 	got, err := parseAddress(b)
-	if err != nil || got.id != a.id || !bytes.Equal(got.worker, a.worker) {
+	if err != nil || got.id != a.id || got.pub != a.pub || !bytes.Equal(got.worker, a.worker) {
 		t.Fatalf("parseAddress = %+v, %v", got, err)
 	}
 	for i := range b {
@@ -98,7 +98,7 @@ func FuzzParseKey(f *testing.F) {
 }
 
 func FuzzParseAddress(f *testing.F) {
-	f.Add(address{id: agentID{1}, worker: validAddress(f)}.encode())
+	f.Add(newAddress([pubLen]byte{1}, validAddress(f)).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := parseAddress(b)
 		if err != nil {

@@ -57,12 +57,18 @@
 // process on some malformed ones; a refused address is an error wrapping
 // rdma.ErrBadAddress and ErrBadWorkerAddress.
 //
-// The first Connect from agent A to agent B links them: A opens a UCP
-// endpoint to B's worker and sends a hello (A's id, address, key secret and
-// live registrations) as an active message; B opens an endpoint back and
-// answers with its own. Data endpoints are separate UCP endpoints (one per
-// rdma.Endpoint), all with peer error handling (UCP_ERR_HANDLING_MODE_PEER
-// and an error callback).
+// An agent's address carries its X25519 public key, and its id is derived
+// from that key. The first Connect from agent A to agent B links them: A
+// opens a UCP endpoint to B's worker and sends a hello (A's id, address,
+// key secret and live registrations) as an active message; B opens an
+// endpoint back and answers with its own. Every control message (hello,
+// welcome, revoke, restore, reply, bye, bye-ack) carries a MAC under the
+// link key, which only A and B can derive (X25519 of one's private key and
+// the other's public key): one that does not verify is dropped, so no
+// third party, peer of both or not, can say bye, revoke, restore or reply
+// in A's name (linkkey.go). Data endpoints are separate UCP endpoints (one
+// per rdma.Endpoint), all with peer error handling
+// (UCP_ERR_HANDLING_MODE_PEER and an error callback).
 //
 // A RemoteRegion.Key is
 //

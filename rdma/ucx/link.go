@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"crypto/ecdh"
 	"fmt"
 	"sync"
 	"time"
@@ -45,6 +46,7 @@ type link struct {
 	peer agentID
 	addr address // the peer's; worker bytes owned
 	name string
+	key  [32]byte // seals the control messages both ways (linkkey.go)
 
 	mu      sync.Mutex
 	state   linkState
@@ -75,7 +77,7 @@ type link struct {
 func newLink(pa address, name string) *link {
 	return &link{
 		peer:    pa.id,
-		addr:    address{id: pa.id, worker: append([]byte(nil), pa.worker...)},
+		addr:    address{id: pa.id, pub: pa.pub, worker: append([]byte(nil), pa.worker...)},
 		name:    name,
 		live:    make(map[uint64]bool),
 		revoked: make(map[uint64]bool),
@@ -177,4 +179,19 @@ func (l *link) release(reg uint64) {
 	if l.busy[reg]--; l.busy[reg] <= 0 {
 		delete(l.busy, reg)
 	}
+}
+
+// keyOr is the link's key, or for no link (l nil) the key a link to the
+// agent with public key pub would have; nil when pub is not a usable key.
+// (A link's peer has the public key its id is derived from, so one id
+// names one key.)
+func (l *link) keyOr(priv *ecdh.PrivateKey, pub [pubLen]byte) *[32]byte {
+	if l != nil {
+		return &l.key
+	}
+	k, err := linkKey(priv, pub)
+	if err != nil {
+		return nil
+	}
+	return &k
 }

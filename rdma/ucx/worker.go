@@ -37,6 +37,7 @@ const (
 	reqCloseAgent
 	reqAlloc
 	reqFree
+	reqRun // run fn on the progress goroutine (tests)
 )
 
 type request struct {
@@ -44,6 +45,7 @@ type request struct {
 	ep   *endpoint
 	ent  *entry
 	call *call
+	fn   func() // reqRun's
 	// A post's batch, as issue needs it.
 	seq  uint64 // its entry's place in the endpoint's order
 	src  *registration
@@ -165,7 +167,7 @@ type worker struct {
 	done       bool
 	now        time.Time
 	nextTimers time.Time
-	dropped    int // malformed control messages
+	dropped    int // control messages malformed, or not sealed by their sender
 	opPool     []*flushOp
 	entPool    [][]*entry
 	// A round's small batches, posted together by putPending; their
@@ -275,7 +277,7 @@ func (w *worker) open() error {
 	w.evfd = int(c.evfd)
 	w.epfd = int(c.epfd)
 	worker := C.GoBytes(unsafe.Pointer(c.addr), C.int(c.addr_len))
-	w.a.addr = address{id: w.a.id, worker: worker}.encode()
+	w.a.addr = newAddress(w.a.pub, worker).encode()
 	w.a.memTypes = uint64(c.mem_types)
 	return nil
 }
@@ -401,7 +403,22 @@ func (w *worker) handle(r *request) {
 		w.alloc(r.call)
 	case reqFree:
 		w.free(r.call)
+	case reqRun:
+		r.fn()
+		r.call.reply(nil)
 	}
+}
+
+// do runs fn on the progress goroutine and waits for it; false once the
+// goroutine has stopped. For tests, which look at and act on what only
+// that goroutine touches.
+func (w *worker) do(fn func()) bool {
+	c := &call{done: make(chan struct{})}
+	if !w.submit(request{kind: reqRun, call: c, fn: fn}) {
+		return false
+	}
+	<-c.done
+	return true
 }
 
 // poll progresses UCX and handles the events its callbacks recorded.

@@ -47,6 +47,11 @@ func (w *worker) connect(c *call) {
 // newLink creates the link to a peer agent and its control endpoint.
 func (w *worker) newLink(pa address) (*link, error) {
 	l := newLink(pa, fmt.Sprintf("%s → agent %s", w.a, pa.id))
+	key, err := linkKey(w.a.priv, pa.pub)
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent %s: %w", rdma.ErrBadAddress, pa.id, err)
+	}
+	l.key = key
 	u, err := w.createEP(l, l.name+" (control)")
 	if err != nil {
 		return nil, err
@@ -85,30 +90,43 @@ func (w *worker) hello(kind msgKind, req uint64) *message {
 
 // send sends a control message on the link's control endpoint.
 func (w *worker) send(l *link, m *message) bool {
+	return w.sendSealed(l, m.kind, seal(&l.key, m.encode()))
+}
+
+// sendSealed sends a sealed control message of kind k on the link's
+// control endpoint.
+func (w *worker) sendSealed(l *link, k msgKind, b []byte) bool {
 	u := l.u
 	if u == nil || u.closing || u.closed {
 		return false
 	}
-	b := m.encode()
 	if st := C.kvx_am_send(u.h, unsafe.Pointer(&b[0]), C.size_t(len(b))); st != ucsOK && st != C.UCS_INPROGRESS {
-		w.failLink(l, fmt.Errorf("%s: %w: sending %s: %s", l.name, rdma.ErrPeerGone, m.kind, statusText(st)))
+		w.failLink(l, fmt.Errorf("%s: %w: sending %s: %s", l.name, rdma.ErrPeerGone, k, statusText(st)))
 		return false
 	}
 	return true
 }
 
+// onMessage handles a control message from a peer agent. Nothing in it
+// is acted on before its MAC proves that the agent it names sent it
+// (linkkey.go); anything else is dropped (and counted).
 func (w *worker) onMessage(b []byte) {
-	m, err := decodeMessage(b)
+	body, mac, ok := unseal(b)
+	if !ok {
+		w.dropped++
+		return
+	}
+	m, err := decodeMessage(body)
 	if err != nil {
 		w.dropped++
 		return
 	}
 	l := w.links[m.from]
 	if m.kind == msgHello {
-		w.onHello(m, l)
+		w.onHello(m, l, body, mac)
 		return
 	}
-	if l == nil {
+	if l == nil || !sealedBy(&l.key, body, mac) {
 		w.dropped++
 		return
 	}
@@ -142,12 +160,20 @@ func (w *worker) onMessage(b []byte) {
 	}
 }
 
-func (w *worker) onHello(m *message, l *link) {
+// onHello takes a peer's hello: its address names its public key (and
+// so its id), under which, with this agent's private key, the hello must
+// be sealed.
+func (w *worker) onHello(m *message, l *link, body, mac []byte) {
 	if w.shutdown != nil {
 		return // the peer's Connect times out: this agent is going away
 	}
 	pa, err := parseAddress(m.addr)
 	if err != nil || pa.id != m.from {
+		w.dropped++
+		return
+	}
+	key := l.keyOr(w.a.priv, pa.pub)
+	if key == nil || !sealedBy(key, body, mac) {
 		w.dropped++
 		return
 	}

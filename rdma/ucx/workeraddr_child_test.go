@@ -25,18 +25,20 @@ import (
 const addrChildEnv = "KVXFER_UCX_ADDR_CHILD"
 
 // agentAddress wraps worker bytes in a well-formed agent address, as a
-// peer would: "UCA1" id[16] len u32 worker crc32c u32 (address.go).
+// peer would: "UCA2" pub[32] len u32 worker crc32c u32 (address.go).
 func agentAddress(id uint64, worker []byte) []byte {
-	b := []byte("UCA1")
-	b = binary.BigEndian.AppendUint64(b, id)
-	b = binary.BigEndian.AppendUint64(b, ^id)
+	b := []byte("UCA2")
+	for range 2 {
+		b = binary.BigEndian.AppendUint64(b, id)
+		b = binary.BigEndian.AppendUint64(b, ^id)
+	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(worker)))
 	b = append(b, worker...)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
 }
 
 // workerOf is the worker address inside an agent address.
-func workerOf(addr []byte) []byte { return addr[4+16+4 : len(addr)-4] }
+func workerOf(addr []byte) []byte { return addr[4+32+4 : len(addr)-4] }
 
 // TestWorkerAddressChild is the child of TestConnectCraftedAddress and
 // TestConnectMutatedAddresses; it does nothing unless re-executed by them.

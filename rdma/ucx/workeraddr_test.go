@@ -189,12 +189,12 @@ func TestWorkerAddressLengths(t *testing.T) {
 }
 
 func TestWorkerAddressThroughParseAddress(t *testing.T) {
-	b := address{id: agentID{7}, worker: []byte{0x0f, 1, 2, 3}}.encode()
-	_, err := parseAddress(b)
+	a := newAddress([pubLen]byte{7}, []byte{0x0f, 1, 2, 3})
+	_, err := parseAddress(a.encode())
 	if !errors.Is(err, rdma.ErrBadAddress) || !errors.Is(err, ErrBadWorkerAddress) {
 		t.Fatalf("parseAddress = %v, want rdma.ErrBadAddress and ErrBadWorkerAddress", err)
 	}
-	if !bytes.Contains([]byte(err.Error()), []byte(agentID{7}.String())) {
+	if !bytes.Contains([]byte(err.Error()), []byte(a.id.String())) {
 		t.Errorf("error %q does not name the agent", err)
 	}
 }

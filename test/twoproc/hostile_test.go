@@ -16,9 +16,9 @@ import (
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
-// craftedUCXAddress is a well-formed kvxfer ucx agent address ("UCA1",
-// a 16-byte id, the worker address's length, the worker address, a
-// CRC-32C of all before) wrapping random bytes where the UCP worker
+// craftedUCXAddress is a well-formed kvxfer ucx agent address ("UCA2",
+// a 32-byte public key, the worker address's length, the worker address,
+// a CRC-32C of all before) wrapping random bytes where the UCP worker
 // address should be: what an attacker holding an authorized key sent.
 func craftedUCXAddress(seed uint64) []byte {
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -26,7 +26,11 @@ func craftedUCXAddress(seed uint64) []byte {
 	for i := range worker {
 		worker[i] = byte(rng.Uint32())
 	}
-	b := append([]byte("UCA1"), make([]byte, 16)...)
+	pub := make([]byte, 32)
+	for i := range pub {
+		pub[i] = byte(rng.Uint32())
+	}
+	b := append([]byte("UCA2"), pub...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(worker)))
 	b = append(b, worker...)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))

@@ -1,0 +1,205 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// forgeRig is three agents over tcp: a writer A linked to an owner B that
+// registered a region, and C, another peer of B (linked to it, as every
+// context rank writing to B is) that speaks for A.
+type forgeRig struct {
+	a, b, c *Agent
+	dst     rdma.Registration
+	src     rdma.Registration
+	ab      rdma.Endpoint // A's endpoint to B
+}
+
+func newForgeRig(t *testing.T) *forgeRig {
+	t.Setenv("UCX_TLS", "tcp")
+	r := &forgeRig{}
+	for _, p := range []**Agent{&r.a, &r.b, &r.c} {
+		ag, err := New()
+		if err != nil {
+			t.Fatalf("ucx.New: %v", err)
+		}
+		t.Cleanup(func() { ag.Close() })
+		*p = ag
+	}
+	region := func(ag *Agent) rdma.Registration {
+		reg, err := kvcache.NewHostRegion(1 << 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reg.Close() })
+		g, err := ag.Register(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	r.dst, r.src = region(r.b), region(r.a)
+	var err error
+	if r.ab, err = r.a.Connect(r.b.Address()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.ab.Close() })
+	r.write(t) // the link A–B is up both ways
+	cb, err := r.c.Connect(r.b.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cb.Close() })
+	return r
+}
+
+// write posts one 4 KiB write from A into B's region and waits for it.
+func (r *forgeRig) write(t *testing.T) error {
+	t.Helper()
+	done := make(chan error, 1)
+	err := r.ab.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(),
+		Segments: []kvcache.Segment{{Src: 0, Dst: 4096, Len: 4096}}, Done: func(err error) { done <- err }})
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("a write did not complete within a minute")
+		return nil
+	}
+}
+
+// inject has C send b to B on its own link to B, as a hostile peer of B
+// can (an active message on its control endpoint), and waits until B has
+// taken it in: B's count of dropped messages moved, or B's view of its
+// link to A did.
+func (r *forgeRig) inject(t *testing.T, b []byte) {
+	t.Helper()
+	dropped, state := r.bView(t)
+	r.c.w.do(func() {
+		if !r.c.w.sendSealed(r.c.w.links[r.b.id], msgBye, b) {
+			t.Error("C could not send")
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		d, s := r.bView(t)
+		if d != dropped || s != state {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B took in nothing of C's message within a minute")
+		}
+		time.Sleep(time.Millisecond) // polling B's progress goroutine
+	}
+}
+
+// bView is B's count of dropped control messages and its link to A's state.
+func (r *forgeRig) bView(t *testing.T) (dropped int, state linkState) {
+	r.b.w.do(func() {
+		dropped = r.b.w.dropped
+		if l := r.b.w.links[r.a.id]; l != nil {
+			state = l.getState()
+		}
+	})
+	return dropped, state
+}
+
+// TestForgedControlMessagesAreDropped: a peer of the owner (C) sends the
+// owner control messages in the writer's name (A's id, which every peer of
+// A knows from its address): a bye (it would fail B's link to A), a
+// revoke, a restore of a deregistered region (a write into freed memory),
+// a reply (it would end a revocation A never answered). Sealed under C's
+// own link key, or under a key C made up, or unsealed, each is dropped:
+// B's link to A stays up and A's writes go on. The same bye sealed under
+// the A–B link key (which the test, holding both private keys, can
+// derive) is taken: the path C's messages take reaches B's handler, so
+// the drops are the MAC's doing.
+func TestForgedControlMessagesAreDropped(t *testing.T) {
+	r := newForgeRig(t)
+	cKey := r.c.w.links[r.b.id].key // read after Connect: the link exists
+	var madeUp [32]byte
+	madeUp[0] = 1
+	forged := []*message{
+		{kind: msgBye, req: 77, from: r.a.id},
+		{kind: msgRevoke, req: 78, from: r.a.id, reg: 1},
+		{kind: msgRestore, req: 79, from: r.a.id, reg: 1},
+		{kind: msgReply, req: 80, from: r.a.id, ok: true},
+		{kind: msgWelcome, req: 81, from: r.a.id, secret: [32]byte{5}, addr: r.c.Address()},
+	}
+	for _, m := range forged {
+		for _, b := range [][]byte{seal(&cKey, m.encode()), seal(&madeUp, m.encode()), m.encode()} {
+			before, _ := r.bView(t)
+			r.inject(t, b)
+			dropped, state := r.bView(t)
+			if state != linkUp || dropped != before+1 {
+				t.Fatalf("forged %s: B's link to A is %s, dropped %d → %d; want up, one more dropped", m.kind, state, before, dropped)
+			}
+		}
+	}
+	// A forged hello in A's name: C's address (its own key) under A's id.
+	h := &message{kind: msgHello, req: 82, from: r.a.id, addr: r.c.Address()}
+	before, _ := r.bView(t)
+	r.inject(t, seal(&cKey, h.encode()))
+	if dropped, state := r.bView(t); state != linkUp || dropped != before+1 {
+		t.Fatalf("forged hello: B's link to A is %s, dropped %d → %d", state, before, dropped)
+	}
+	if err := r.write(t); err != nil {
+		t.Fatalf("A's write after the forgeries: %v", err)
+	}
+
+	// The control: A's bye, sealed as A seals it.
+	abKey, err := linkKey(r.a.priv, r.b.pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.inject(t, seal(&abKey, (&message{kind: msgBye, req: 83, from: r.a.id}).encode()))
+	if _, state := r.bView(t); state == linkUp {
+		t.Fatal("a bye sealed under the A–B key left B's link to A up: the injection does not reach B's handler")
+	}
+}
+
+// TestLinkKeyIsPairwise: both ends of a link derive one key, and no third
+// agent's pair gives it.
+func TestLinkKeyIsPairwise(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	var ags [3]*Agent
+	for i := range ags {
+		a, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		ags[i] = a
+	}
+	key := func(x, y *Agent) [32]byte {
+		k, err := linkKey(x.priv, y.pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	if key(ags[0], ags[1]) != key(ags[1], ags[0]) {
+		t.Fatal("A and B derive different keys")
+	}
+	if key(ags[0], ags[1]) == key(ags[2], ags[1]) || key(ags[0], ags[1]) == key(ags[2], ags[0]) {
+		t.Fatal("C derives the A–B key")
+	}
+	if _, err := linkKey(ags[0].priv, [pubLen]byte{}); err == nil {
+		t.Error("a link key with the all-zero public key (a low-order point)")
+	}
+	if idOf(ags[0].pub) != ags[0].id {
+		t.Error("an agent's id is not its key's")
+	}
+	if _, err := parseAddress(append([]byte(oldAddrMagic), make([]byte, 60)...)); !errors.Is(err, rdma.ErrBadAddress) {
+		t.Errorf("an older kvxfer's address: %v, want ErrBadAddress", err)
+	}
+}
