@@ -66,7 +66,7 @@ FUZZTIME_CI ?= 40000x
 FUZZMINIMIZE ?= 60s
 FUZZMINIMIZE_CI ?= 3s
 FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
-	./rdma/ucx:FuzzDecodeMessage ./rdma/ucx:FuzzParseAddress ./rdma/ucx:FuzzParseKey \
+	./rdma/ucx:FuzzDecodeMessage ./rdma/ucx:FuzzParseAddress ./rdma/ucx:FuzzParseKey ./rdma/ucx:FuzzRkey \
 	./discovery:FuzzMembersPut ./capi:FuzzParseConfig
 # Targets whose inputs are whole files (a trace: tens of KiB, ~1 ms an
 # execution), or whose every input is decoded at each of its prefixes

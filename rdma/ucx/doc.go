@@ -80,7 +80,15 @@
 // key once per endpoint (a key altered, truncated or extended, or of
 // another agent, is refused with rdma.ErrBadKey) and unpacks the rkey with
 // ucp_ep_rkey_unpack on the progress goroutine the first time the endpoint
-// uses it, caching it per registration. Deregister revokes the registration
+// uses it, caching it per registration. The owner wrote the packed rkey,
+// base and len, so they are checked first (rkey.go, rkeyseg.go):
+// the packed rkey against UCX 1.13's format and what the owner's worker
+// address says of its memory domains, and the shared-memory segment it
+// names (sysv, posix: what a put on one host copies into) against the
+// kernel's object, which must be there and hold [base, base+len); a key
+// that fails is refused with rdma.ErrBadKey. UCX would crash the writer
+// on either: its unpack's error path dereferences NULL, and its
+// shared-memory puts copy without bounds. Deregister revokes the registration
 // at every linked peer and waits for each to answer: a peer with batches in
 // flight into it answers busy, and Deregister then restores it everywhere
 // and fails with rdma.ErrRegionBusy (between the revocation and the

@@ -19,6 +19,9 @@ import (
 type remoteKey struct {
 	reg, base, len uint64
 	rkey           []byte // packed, for ucp_ep_rkey_unpack
+	// checked: the unpacked rkey this key was last checked against
+	// (worker.rkey). Progress goroutine only.
+	checked *unpackedRkey
 }
 
 // entry is one batch, or one Flush, in an endpoint's completion order.
@@ -183,6 +186,13 @@ func (e *endpoint) resolve(key []byte) (*remoteKey, error) {
 	}
 	if err := pk.verify(secret[:]); err != nil {
 		return nil, err
+	}
+	// The packed rkey and the region around it are the owner's word: its
+	// format and the bounds it carries are checked here, once per key, and
+	// again with the segments it names just before UCX unpacks it
+	// (worker.rkey).
+	if _, err := checkPackedRkey(e.link.mds, pk.rkey, pk.base, pk.len); err != nil {
+		return nil, fmt.Errorf("registration %d of agent %s: %w", pk.reg, pk.owner, err)
 	}
 	k := &remoteKey{reg: pk.reg, base: pk.base, len: pk.len, rkey: append([]byte(nil), pk.rkey...)}
 	if len(e.keys) >= maxCachedKeys {

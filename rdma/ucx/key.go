@@ -74,6 +74,9 @@ func parseKey(b []byte) (regionKey, error) {
 	if n == 0 || n > maxRkey || uint64(n) != uint64(len(b)-keyFixed) {
 		return bad(fmt.Sprintf("packed rkey of %d bytes in %d", n, len(b)-keyFixed))
 	}
+	if k.base+k.len < k.base {
+		return bad(fmt.Sprintf("region [%#x, +%d) wraps around", k.base, k.len))
+	}
 	k.rkey = b[p : p+int(n)]
 	k.body = b[:p+int(n)]
 	k.mac = b[p+int(n):]

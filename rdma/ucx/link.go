@@ -47,6 +47,10 @@ type link struct {
 	addr address // the peer's; worker bytes owned
 	name string
 	key  [32]byte // seals the control messages both ways (linkkey.go)
+	// mds: what the peer's worker address says of its memory domains, for
+	// the checks of its packed rkeys (rkey.go); nil if it did not
+	// validate (its keys are then refused). Read-only.
+	mds *peerMDs
 
 	mu      sync.Mutex
 	state   linkState
@@ -75,10 +79,12 @@ type link struct {
 }
 
 func newLink(pa address, name string) *link {
+	mds, _ := peerMDsOf(pa.worker)
 	return &link{
 		peer:    pa.id,
 		addr:    address{id: pa.id, pub: pa.pub, worker: append([]byte(nil), pa.worker...)},
 		name:    name,
+		mds:     mds,
 		live:    make(map[uint64]bool),
 		revoked: make(map[uint64]bool),
 		busy:    make(map[uint64]int),

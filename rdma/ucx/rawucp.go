@@ -35,6 +35,7 @@ type rawEP struct {
 	h     C.ucp_ep_h
 	ctx   unsafe.Pointer
 	id    uint64
+	peer  *peerMDs // the peer's memory domains, for its rkeys
 	rkeys []C.ucp_rkey_h
 	err   C.ucs_status_t // the endpoint's error, once reported
 }
@@ -121,11 +122,12 @@ func (u *rawUCP) window(base uintptr, n uint64) (int, error) {
 // connect creates an endpoint to the worker at addr (peer error handling,
 // as the agent's endpoints).
 func (u *rawUCP) connect(addr []byte) (*rawEP, error) {
-	if _, err := validateWorkerAddress(addr); err != nil {
+	wa, err := validateWorkerAddress(addr)
+	if err != nil {
 		return nil, err
 	}
 	u.next++
-	e := &rawEP{id: u.next}
+	e := &rawEP{id: u.next, peer: peerMemoryDomains(wa)}
 	if st := C.kvx_ep_create(u.c, unsafe.Pointer(&addr[0]), C.uint64_t(e.id), &e.h, &e.ctx); st != ucsOK {
 		return nil, fmt.Errorf("ucp_ep_create: %s", statusText(st))
 	}
@@ -142,8 +144,25 @@ func (u *rawUCP) info(e *rawEP) string {
 	return C.GoString(p)
 }
 
-// unpack unpacks a packed rkey on e.
+// unpack unpacks a packed rkey on e, once validated (validateRkey) and
+// its shared-memory segments probed (probeSegments; their bounds are not
+// checked: a rawUCP put takes any remote address).
 func (u *rawUCP) unpack(e *rawEP, packed []byte) (rawRkey, error) {
+	pk, err := validateRkey(packed, e.peer)
+	if err != nil {
+		return rawRkey{}, err
+	}
+	_, release, err := pk.probeSegments()
+	if err != nil {
+		return rawRkey{}, err
+	}
+	defer release()
+	return u.unpackUnchecked(e, packed)
+}
+
+// unpackUnchecked is unpack without the checks: tests use it, in a child
+// process, to show what UCX does with the rkeys the checks refuse.
+func (u *rawUCP) unpackUnchecked(e *rawEP, packed []byte) (rawRkey, error) {
 	var rk rawRkey
 	if len(packed) == 0 {
 		return rk, errors.New("empty rkey")

@@ -81,7 +81,7 @@ type uep struct {
 	name  string
 	link  *link
 	ep    *endpoint
-	rkeys map[uint64]C.ucp_rkey_h // by the peer's registration id
+	rkeys map[uint64]*unpackedRkey // by the peer's registration id
 
 	group     []*entry // issued this round, flushed at its end
 	groupLast uint64   // the seq of the group's last batch
@@ -653,15 +653,33 @@ const (
 )
 
 // rkey returns the endpoint's unpacked rkey for the peer's registration.
+// The packed rkey is checked first (rkey.go): its format against what the
+// peer's address says of its memory domains, and the shared-memory
+// segments it names against the kernel's objects and the key's region, so
+// that UCX 1.13 neither takes its crashing error path nor copies outside
+// the segment it maps.
+//
+// An rkey is unpacked once per registration and endpoint; every other key
+// of that registration that comes to use it (the owner may hand out
+// several, with other bounds) is checked against what the first one's
+// checks found: the same packed bytes, and its region inside the same
+// segments.
 func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
-	if rk, ok := u.rkeys[k.reg]; ok {
-		return rk, nil
+	if ur, ok := u.rkeys[k.reg]; ok {
+		if k.checked != ur {
+			if err := ur.admit(k); err != nil {
+				return nil, fmt.Errorf("%s: registration %d: %w", u.name, k.reg, err)
+			}
+			k.checked = ur
+		}
+		return ur.h, nil
 	}
-	var rk C.ucp_rkey_h
-	if st := C.kvx_rkey_unpack(u.h, unsafe.Pointer(&k.rkey[0]), &rk); st != ucsOK {
-		return nil, fmt.Errorf("%s: %w: ucp_ep_rkey_unpack of registration %d: %s", u.name, rdma.ErrBadKey, k.reg, statusText(st))
+	ur, err := w.unpack(u, k)
+	if err != nil {
+		return nil, err
 	}
-	u.rkeys[k.reg] = rk
+	u.rkeys[k.reg], k.checked = ur, ur
+	rk := ur.h
 	// Where UCX mapped the peer's memory in this process (shared-memory
 	// transports only): fill its page tables off this goroutine.
 	var local C.uintptr_t
@@ -673,6 +691,52 @@ func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
 		}()
 	}
 	return rk, nil
+}
+
+// unpackedRkey is a peer's rkey unpacked on an endpoint, with what its
+// checks found.
+type unpackedRkey struct {
+	h      C.ucp_rkey_h
+	packed string     // the packed rkey it was unpacked from
+	bounds []segBound // the shared-memory segments UCX maps for it
+}
+
+// admit checks another key of the same registration against ur.
+func (ur *unpackedRkey) admit(k *remoteKey) error {
+	if !rkeyChecks {
+		return nil
+	}
+	if string(k.rkey) != ur.packed {
+		return fmt.Errorf("%w: %w: a second packed rkey for the registration (%x, unpacked %x)", rdma.ErrBadKey, errBadRkey, k.rkey, ur.packed)
+	}
+	return within(ur.bounds, k.base, k.len)
+}
+
+// unpack checks k's packed rkey (checkPackedRkey, then the segments it
+// names) and unpacks it on u.
+func (w *worker) unpack(u *uep, k *remoteKey) (*unpackedRkey, error) {
+	pk, err := checkPackedRkey(u.link.mds, k.rkey, k.base, k.len)
+	if err != nil {
+		return nil, fmt.Errorf("%s: registration %d: %w", u.name, k.reg, err)
+	}
+	ur := &unpackedRkey{packed: string(k.rkey)}
+	release := func() {}
+	if rkeyChecks {
+		ur.bounds, release, err = pk.probeSegments()
+		if err == nil {
+			err = within(ur.bounds, k.base, k.len)
+		}
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("%s: registration %d: %w", u.name, k.reg, err)
+		}
+	}
+	st := C.kvx_rkey_unpack(u.h, unsafe.Pointer(&k.rkey[0]), &ur.h)
+	release()
+	if st != ucsOK {
+		return nil, fmt.Errorf("%s: %w: ucp_ep_rkey_unpack of registration %d: %s", u.name, rdma.ErrBadKey, k.reg, statusText(st))
+	}
+	return ur, nil
 }
 
 // flushGroups flushes every endpoint that got puts this round: the flush
@@ -832,7 +896,7 @@ func (w *worker) createEP(l *link, name string) (*uep, error) {
 	if st := C.kvx_ep_create(w.c, unsafe.Pointer(&addr[0]), C.uint64_t(id), &h, &ctx); st != ucsOK {
 		return nil, fmt.Errorf("%s: %w: ucp_ep_create: %s", name, rdma.ErrPeerGone, statusText(st))
 	}
-	u := &uep{id: id, h: h, ctx: ctx, name: name, link: l, rkeys: make(map[uint64]C.ucp_rkey_h)}
+	u := &uep{id: id, h: h, ctx: ctx, name: name, link: l, rkeys: make(map[uint64]*unpackedRkey)}
 	w.ueps[id] = u
 	return u, nil
 }
@@ -884,8 +948,8 @@ func (w *worker) advanceCloses() {
 }
 
 func (w *worker) closeNow(u *uep) {
-	for reg, rk := range u.rkeys {
-		C.kvx_rkey_destroy(rk)
+	for reg, ur := range u.rkeys {
+		C.kvx_rkey_destroy(ur.h)
 		delete(u.rkeys, reg)
 	}
 	id := w.newID()

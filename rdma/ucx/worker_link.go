@@ -138,8 +138,8 @@ func (w *worker) onMessage(b []byte) {
 		ok := l.revoke(m.reg)
 		if ok {
 			for u := range l.eps {
-				if rk, found := u.rkeys[m.reg]; found {
-					C.kvx_rkey_destroy(rk)
+				if ur, found := u.rkeys[m.reg]; found {
+					C.kvx_rkey_destroy(ur.h)
 					delete(u.rkeys, m.reg)
 				}
 			}
