@@ -167,7 +167,8 @@ type worker struct {
 	done       bool
 	now        time.Time
 	nextTimers time.Time
-	dropped    int // control messages malformed, or not sealed by their sender
+	dropped    int           // control messages malformed, or not sealed by their sender
+	own        workerAddress // this worker's, parsed (aliasOf)
 	opPool     []*flushOp
 	entPool    [][]*entry
 	// A round's small batches, posted together by putPending; their
@@ -278,6 +279,7 @@ func (w *worker) open() error {
 	w.epfd = int(c.epfd)
 	worker := C.GoBytes(unsafe.Pointer(c.addr), C.int(c.addr_len))
 	w.a.addr = newAddress(w.a.pub, worker).encode()
+	w.own, _ = validateWorkerAddress(worker)
 	w.a.memTypes = uint64(c.mem_types)
 	return nil
 }

@@ -46,6 +46,13 @@ func (w *worker) connect(c *call) {
 
 // newLink creates the link to a peer agent and its control endpoint.
 func (w *worker) newLink(pa address) (*link, error) {
+	if pa.id != w.a.id {
+		if wa, err := validateWorkerAddress(pa.worker); err == nil {
+			if why := aliasOf(w.own, wa); why != "" {
+				return nil, fmt.Errorf("%w: agent %s: %s (a peer's address may not name this worker)", rdma.ErrBadAddress, pa.id, why)
+			}
+		}
+	}
 	l := newLink(pa, fmt.Sprintf("%s → agent %s", w.a, pa.id))
 	key, err := linkKey(w.a.priv, pa.pub)
 	if err != nil {

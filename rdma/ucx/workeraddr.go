@@ -1,6 +1,7 @@
 package ucx
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -474,4 +475,37 @@ func crc16(s string) uint16 {
 		}
 	}
 	return ^crc
+}
+
+// aliasOf says why a peer's worker address would make UCX reach this
+// worker, not the peer, on some lane: own is this worker's address. ""
+// when it would not. An address a peer hands out may carry this worker's
+// uuid or its self transport's interface id (it learns them from this
+// agent's address, which every peer of it has): UCX 1.13 takes such a self
+// interface as reachable and a put on that lane as a copy within this
+// process, to the address a key names — a write into this process's own
+// memory wherever a hostile key says. (A cma interface naming this
+// process's pid is no such sign: another worker of this process, a peer
+// in the same process, carries it too.) Connecting to this agent's own
+// address (its id, not only its worker) is legal, and not checked here.
+func aliasOf(own, peer workerAddress) string {
+	if peer.uuid != 0 && peer.uuid == own.uuid {
+		return fmt.Sprintf("it carries this worker's uuid %#x", own.uuid)
+	}
+	self := crc16("self")
+	for _, pd := range peer.devices {
+		for _, pf := range pd.ifaces {
+			if pf.tl != self {
+				continue
+			}
+			for _, od := range own.devices {
+				for _, of := range od.ifaces {
+					if of.tl == self && bytes.Equal(pf.addr, of.addr) {
+						return fmt.Sprintf("its self transport interface %x is this worker's", pf.addr)
+					}
+				}
+			}
+		}
+	}
+	return ""
 }
