@@ -104,6 +104,7 @@ func (a *Agent) share(reg *registration, f *sharedFile) error {
 	case f.registered:
 		return fmt.Errorf("%s: register %s: %w: already registered", a, f.path, rdma.ErrRegionBusy)
 	}
+	f.reclaim() // slots of writers that died since: free for new ones
 	k := regionKey{kind: kindFile, owner: a.addr.nonce, fileID: f.hdr.fileID, name: []byte(f.name)}
 	rand.Read(k.secret[:])
 	f.hdr.setSecret(k.secret)
@@ -117,8 +118,10 @@ func (a *Agent) share(reg *registration, f *sharedFile) error {
 	return nil
 }
 
-// Deregister revokes reg. With batches of any process in flight from or
-// into it, it fails with rdma.ErrRegionBusy and changes nothing.
+// Deregister revokes reg. With batches of any live process in flight from
+// or into it, it fails with rdma.ErrRegionBusy and changes nothing. The
+// batches of writers proven dead are released first (sharedFile.reclaim):
+// they cannot land any more.
 func (a *Agent) Deregister(reg rdma.Registration) error {
 	r, ok := reg.(*registration)
 	if !ok || r == nil || r.agent != a {
@@ -130,7 +133,15 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 		return fmt.Errorf("%s: deregister registration %d: %w: already deregistered", a, r.id, rdma.ErrUnregistered)
 	}
 	if !r.lease.TryRetire() {
-		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, r.lease.InFlight())
+		var why string
+		if f := r.file; f != nil {
+			files.mu.Lock()
+			why = f.reclaim().String()
+			files.mu.Unlock()
+		}
+		if !r.lease.TryRetire() {
+			return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight%s", a, r.id, rdma.ErrRegionBusy, r.lease.InFlight(), why)
+		}
 	}
 	r.dead.Store(true)
 	if f := r.file; f != nil {

@@ -10,8 +10,10 @@
 // receiver builds its pool on it. Only such regions can receive writes; any
 // host region can be a batch's source. The file starts with a one-page
 // header: magic, version, data length, a random file id, the owning agent's
-// nonce, the current registration's 128-bit secret and a Lease word (batches
-// in flight, retired, owner gone) that every process updates atomically.
+// nonce, the current registration's 128-bit secret, a Lease word (batches
+// in flight, retired, owner gone) that every process updates atomically,
+// and writer slots (each a writer process's identity and its own count of
+// those batches).
 // Files are created with mode 0600: the file system's permissions are the
 // access control between users; the secret guards against stale and
 // misdirected keys, as an RDMA rkey does.
@@ -43,14 +45,36 @@
 // Post acquires the destination's Lease in the shared header (and the
 // source's lease) before it accepts a batch, and the copier releases both
 // just before Done; the receiver's Deregister retires the lease only when no
-// batch of any process is in flight (else rdma.ErrRegionBusy). A sender that
-// dies with batches in flight leaves the count up: Deregister then refuses
-// until the receiver closes its agent, which retires the lease by force: no
-// batch is accepted after. A batch a live sender accepted before still
-// lands in the file — nothing in the receiver can stop another process's
-// copy — and a later registration of the same region keeps the count, so
-// memory that a closed agent had registered is not for reuse while such a
-// sender may live (the engine never registers a pool again).
+// batch of any process is in flight (else rdma.ErrRegionBusy).
+//
+// A sender that dies with batches in flight cannot release them. So each
+// sender's mapping of a file claims a writer slot in its header (the
+// sender's pid, start time and pid and time namespaces, and a count) and
+// counts its batches there too, after the lease on acquire and before it on
+// release, so that a slot never counts more than its writer holds in the
+// lease (rdma/internal/copier, "Writer slots"). Before Deregister reports
+// the region busy, and when a region is registered, the receiver releases
+// the batches counted in the slots of senders proven dead and frees their
+// slots: a sender is proven dead only in the receiver's own pid namespace,
+// when no process has its pid, another process has it (a reused pid: other
+// start time) or it is a zombie with no thread left; a sender that is
+// stopped, in another pid namespace (another container sharing /dev/shm) or
+// that /proc cannot show is not, and its batches keep the region busy.
+// A killed sender's batches then no longer keep its receiver from
+// deregistering and closing the region. Batches stay counted, the region
+// busy, where nothing can prove them over: a sender that found no free slot
+// (there are 60; it then counts in the lease only, as every sender did
+// before slots; it never fails a write for want of one), a sender of an
+// older build (it counts in the lease only: the slots lie in header bytes
+// that older builds left zero and never touch, so the layout version did
+// not change), or one killed between the lease and its slot. Deregister
+// then refuses until the receiver closes its agent, which retires the lease
+// by force: no batch is accepted after. A batch a live sender accepted
+// before still lands in the file — nothing in the receiver can stop another
+// process's copy — and a later registration of the same region keeps the
+// count, so memory that a closed agent had registered is not for reuse
+// while such a sender may live (the engine never registers a pool again).
+// A sender's endpoint gives its slot back when it closes.
 //
 // # Revocable regions
 //

@@ -63,6 +63,7 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		Segs:   b.Segments,
 		Done:   b.Done,
 		Leases: [2]*copier.Lease{src.lease, &m.hdr.lease},
+		Slots:  [2]*copier.WriterSlot{nil, m.slot},
 		Peer:   m.peer,
 	})
 	if err != nil {
@@ -102,11 +103,12 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *mapping, error) {
 	return k, m, nil
 }
 
-// acquireLease takes the destination file's lease and checks that the key's
-// owner and secret are the current registration's. It reads the owner's
-// header page: call it through mapping.acquire, which catches a fault.
+// acquireLease takes the destination file's lease (and counts the batch in
+// the mapping's writer slot) and checks that the key's owner and secret are
+// the current registration's. It reads the owner's header page: call it
+// through mapping.acquire, which catches a fault.
 func acquireLease(m *mapping, k regionKey) error {
-	switch m.hdr.lease.Acquire() {
+	switch m.slot.Acquire(&m.hdr.lease) {
 	case copier.Live:
 	case copier.Gone:
 		return fmt.Errorf("%w: the owner of %s closed", rdma.ErrPeerGone, m.path)
@@ -114,7 +116,7 @@ func acquireLease(m *mapping, k regionKey) error {
 		return fmt.Errorf("%w: region %s is not registered (deregistered?)", rdma.ErrBadKey, m.path)
 	}
 	if !m.hdr.ownerIs(k.owner) || !m.hdr.secretIs(k.secret) {
-		m.hdr.lease.Release()
+		m.slot.Release(&m.hdr.lease)
 		return fmt.Errorf("%w: wrong secret for region %s (stale key?)", rdma.ErrBadKey, m.path)
 	}
 	return nil

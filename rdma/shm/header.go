@@ -13,8 +13,17 @@ import (
 const headerSize = 4096
 
 // fileMagic starts every region file; its last two bytes are the layout
-// version.
-const fileMagic = "KVXSHM01"
+// version. fileMagicPrefix is the part every version shares.
+//
+// Version 01 files have no writer slots, but their bytes at writersOff and
+// after were zero and unused, as a free slot is: the slots came without a
+// new version. An older writer counts in the lease only (as a writer that
+// found no free slot does), and an older owner never reclaims (as before):
+// neither misreads the other.
+const (
+	fileMagic       = "KVXSHM01"
+	fileMagicPrefix = "KVXSHM"
+)
 
 // header is the layout of a region file's first page. Fields written once at
 // creation (magic … fileID) are plain; the rest change while other processes
@@ -27,10 +36,32 @@ type header struct {
 	lease   copier.Lease
 	secret  [2]atomic.Uint64 // of the current registration; zero when none
 	owner   [2]atomic.Uint64 // nonce of the registering agent
+	_       [writersOff - 80]byte
+	// writers are the writer processes' slots beside lease, so that the
+	// owner can release the batches a dead writer left in flight
+	// (copier.WriterSlot, "Writer slots"): claimed by a sender's mapping
+	// of the file, reclaimed by the owner.
+	writers [writerSlots]copier.WriterSlot
 }
 
-// Compile-time check: the header fits its page.
-var _ [headerSize - unsafe.Sizeof(header{})]byte
+// writersOff is the writer slots' offset in the header; they fill the rest
+// of the page.
+const (
+	writersOff  = 256
+	writerSlots = (headerSize - writersOff) / int(unsafe.Sizeof(copier.WriterSlot{}))
+)
+
+// Compile-time checks: the header fits its page; the slots are where
+// writersOff says, after the fields above (80 bytes), one per cache line.
+var (
+	_ [headerSize - unsafe.Sizeof(header{})]byte
+	_ [unsafe.Offsetof(header{}.owner) + unsafe.Sizeof(header{}.owner) - 80]byte
+	_ [80 - unsafe.Offsetof(header{}.owner) - unsafe.Sizeof(header{}.owner)]byte
+	_ [unsafe.Offsetof(header{}.writers) - writersOff]byte
+	_ [writersOff - unsafe.Offsetof(header{}.writers)]byte
+	_ [unsafe.Sizeof(copier.WriterSlot{}) - 64]byte
+	_ [64 - unsafe.Sizeof(copier.WriterSlot{})]byte
+)
 
 // Compile-time checks: checkHeader reads magic, dataOff, dataLen and
 // fileID at these offsets.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
@@ -23,6 +24,10 @@ type mapping struct {
 	// peer is mem as the owner's memory: a fault in it (the owner
 	// truncated the file) fails the batch and marks the mapping gone.
 	peer *copier.PeerMemory
+	// slot is this mapping's writer slot in the header (nil: none free):
+	// it counts the batches of this endpoint into the file, beside the
+	// lease, so that the owner can release them if this process dies.
+	slot *copier.WriterSlot
 }
 
 // openMapping maps the file that k names and checks that it is the region k
@@ -62,7 +67,7 @@ func openMapping(k regionKey) (*mapping, error) {
 	if addr, faulted := copier.CatchFault(func() {
 		switch {
 		case string(h.magic[:]) != fileMagic || h.dataOff != headerSize || h.dataLen != uint64(size)-headerSize:
-			err = fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, h.magic[:], h.dataOff, h.dataLen)
+			err = notRegionFile(path, h.magic[:], h.dataOff, h.dataLen)
 		case h.fileID != k.fileID:
 			err = fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
 				hex.EncodeToString(h.fileID[:]), hex.EncodeToString(k.fileID[:]))
@@ -74,8 +79,35 @@ func openMapping(k regionKey) (*mapping, error) {
 		unmapFile(mem)
 		return nil, err
 	}
-	return &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size],
-		peer: copier.NewPeerMemory("region file "+path, mem)}, nil
+	m := &mapping{fileID: k.fileID, name: name, path: path, mem: mem, hdr: h, data: mem[headerSize:size:size],
+		peer: copier.NewPeerMemory("region file "+path, mem)}
+	m.claimSlot()
+	return m, nil
+}
+
+// notRegionFile is the error for a file whose header is not a region
+// file's of this build's layout; a region file of another layout version
+// is named as such.
+func notRegionFile(path string, magic []byte, dataOff, dataLen uint64) error {
+	if string(magic) != fileMagic && strings.HasPrefix(string(magic), fileMagicPrefix) {
+		return fmt.Errorf("%w: %s is a region file of layout version %q, this build reads version %q: the receiver runs another kvxfer build",
+			rdma.ErrBadKey, path, magic[len(fileMagicPrefix):], fileMagic[len(fileMagicPrefix):])
+	}
+	return fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, magic, dataOff, dataLen)
+}
+
+// claimSlot claims a writer slot in the header for this mapping (see
+// copier.WriterSlot), so that, should this process die with batches into
+// the file in flight, the owner can release them. Without a free slot, or
+// an identity, the mapping counts in the lease only.
+func (m *mapping) claimSlot() {
+	id, err := copier.Self()
+	if err != nil {
+		return
+	}
+	if addr, faulted := copier.CatchFault(func() { m.slot = copier.ClaimSlot(m.hdr.writers[:], id) }); faulted {
+		m.peer.MarkFaulted(addr) // acquire reports it
+	}
 }
 
 // checkHeader reads the fields of f's header that say what the file is
@@ -89,7 +121,7 @@ func checkHeader(f *os.File, path string, size int64, k regionKey) error {
 	magic, dataOff, dataLen := b[:8], binary.NativeEndian.Uint64(b[8:16]), binary.NativeEndian.Uint64(b[16:24])
 	switch {
 	case string(magic) != fileMagic || dataOff != headerSize || dataLen != uint64(size)-headerSize:
-		return fmt.Errorf("%w: %s is not a region file (magic %q, data at %d, %d bytes)", rdma.ErrBadKey, path, magic, dataOff, dataLen)
+		return notRegionFile(path, magic, dataOff, dataLen)
 	case [16]byte(b[24:40]) != k.fileID:
 		return fmt.Errorf("%w: stale key: %s holds region %s, the key names region %s", rdma.ErrBadKey, path,
 			hex.EncodeToString(b[24:40]), hex.EncodeToString(k.fileID[:]))
@@ -116,9 +148,17 @@ func (m *mapping) acquire(k regionKey) error {
 // unacquire releases a lease acquire took, for a batch that was not
 // accepted after all.
 func (m *mapping) unacquire() {
-	if addr, faulted := copier.CatchFault(m.hdr.lease.Release); faulted {
+	if addr, faulted := copier.CatchFault(func() { m.slot.Release(&m.hdr.lease) }); faulted {
 		m.peer.MarkFaulted(addr)
 	}
 }
 
-func (m *mapping) close() error { return unmapFile(m.mem) }
+// close gives the writer slot back (when nothing is counted in it: every
+// batch of the endpoint has completed, as it has once its copier stopped)
+// and unmaps the file.
+func (m *mapping) close() error {
+	if m.slot != nil && m.peer.Err() == nil {
+		copier.CatchFault(func() { m.slot.Free() }) // a fault: the owner truncated the file, slots and all
+	}
+	return unmapFile(m.mem)
+}

@@ -25,6 +25,11 @@ func TestOpenMappingRefusesAFileBeforeMappingIt(t *testing.T) {
 		header     func(b []byte)
 	}{
 		{"not a region file", "is not a region file", func(b []byte) { copy(b, "GARBAGE!") }},
+		{"another layout version", `is a region file of layout version "00", this build reads version "01"`, func(b []byte) {
+			copy(b, "KVXSHM00")
+			binary.NativeEndian.PutUint64(b[8:], headerSize)
+			binary.NativeEndian.PutUint64(b[16:], data)
+		}},
 		{"another region's file", "stale key", func(b []byte) {
 			copy(b, fileMagic)
 			binary.NativeEndian.PutUint64(b[8:], headerSize)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 )
 
 // maxNameLen bounds a region file's base name (it travels in every key).
@@ -116,6 +117,26 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 	files.m[region] = sf
 	files.mu.Unlock()
 	return sf, f, nil
+}
+
+// reclaim releases the batches that writers proven dead left in flight in
+// f's lease, and frees their slots (copier.ReclaimDead): called by the
+// owner where it waits for batches to end (Deregister) and where it
+// registers the file (freeing slots for new writers). Called with files.mu
+// held (one reclaim at a time), on a file not closed: the header is this
+// process's own mapping, read unguarded as everywhere on the owner's side.
+func (f *sharedFile) reclaim() reclaimed {
+	return reclaimed(copier.ReclaimDead(f.hdr.writers[:], &f.hdr.lease, copier.ProvenDead))
+}
+
+// reclaimed is what a reclaim did, as a busy error's suffix.
+type reclaimed copier.Reclaimed
+
+func (r reclaimed) String() string {
+	if r.Slots == 0 {
+		return fmt.Sprintf(" (no writer proven dead; %d with a slot alive or not proven dead)", r.Held)
+	}
+	return fmt.Sprintf(" (%d released of %d writers proven dead; %d with a slot alive or not proven dead)", r.Batches, r.Slots, r.Held)
 }
 
 // checkName accepts a plain file name.

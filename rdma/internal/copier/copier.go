@@ -178,7 +178,7 @@ func (c *Copier) runPeerJob(j *Job) {
 		err = c.copySegments(j, &i)
 		for k = 0; k < len(j.Leases); k++ {
 			if l := j.Leases[k]; l != nil {
-				l.Release()
+				j.Slots[k].Release(l)
 			}
 		}
 	}()

@@ -13,6 +13,9 @@ type Job struct {
 	// Leases are released (nil entries skipped) just before Done is called,
 	// so that a region is free again by the time its batch is reported.
 	Leases [2]*Lease
+	// Slots are this process's writer slots of the Leases (nil: none),
+	// each released with its lease, first (WriterSlot.Release).
+	Slots [2]*WriterSlot
 	// Peer, when not nil, is the peer-owned mapping that Dst (and possibly
 	// a lease) lies in. A job whose Peer is already gone fails with its
 	// error without copying; a fault inside Peer marks it gone.
@@ -26,13 +29,14 @@ type Job struct {
 // that faults (it lies in a file truncated under us) is left as it is, and
 // the fault is reported if err is nil (in the Peer, it marks it gone).
 func (c *Copier) complete(j *Job, from int, err error) {
-	for _, l := range j.Leases[from:] {
+	for i := from; i < len(j.Leases); i++ {
+		l, s := j.Leases[i], j.Slots[i]
 		switch {
 		case l == nil:
 		case j.Peer == nil:
-			l.Release()
+			s.Release(l)
 		default:
-			if addr, faulted := release(l); faulted {
+			if addr, faulted := release(s, l); faulted {
 				if ferr := c.faultErr(j, len(j.Segs), addr); err == nil {
 					err = ferr
 				}
@@ -44,14 +48,14 @@ func (c *Copier) complete(j *Job, from int, err error) {
 	}
 }
 
-// release releases l on the copier's goroutine (panic on fault set) and
-// recovers a fault.
-func release(l *Lease) (addr uintptr, faulted bool) {
+// release releases l and its slot s on the copier's goroutine (panic on
+// fault set) and recovers a fault.
+func release(s *WriterSlot, l *Lease) (addr uintptr, faulted bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			addr, faulted = faultAddr(r), true
 		}
 	}()
-	l.Release()
+	s.Release(l)
 	return 0, false
 }

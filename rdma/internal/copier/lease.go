@@ -74,6 +74,10 @@ func (l *Lease) Acquire() LeaseState {
 // Release counts one batch in flight fewer.
 func (l *Lease) Release() { l.w.Add(^uint64(0)) }
 
+// ReleaseN counts n batches in flight fewer: those of a writer proven dead
+// (ReclaimDead), which n must not exceed.
+func (l *Lease) ReleaseN(n uint64) { l.w.Add(-n) }
+
 // TryRetire retires a live lease with nothing in flight and reports whether
 // it did.
 func (l *Lease) TryRetire() bool { return l.w.CompareAndSwap(0, retiredBit) }
