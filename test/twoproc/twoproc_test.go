@@ -495,11 +495,15 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 			_, _ = ctx.wait(t, time.Minute)
 			gr, gerr := gen.wait(t, time.Minute)
 			t.Logf("gen ended %v after the kill: %+v (%v)", time.Since(killed).Round(time.Millisecond), gr, gerr)
-			// However its close ended (a dead writer's batches in flight
-			// can keep its region busy), gen leaves no pool file behind.
+			// Gen leaves no pool file behind, and its close ends: the
+			// batches the dead writer left in flight are released through
+			// its writer slot (rdma/shm), not left to keep the region busy.
 			if pool := filepath.Join(shm.Dir(), fmt.Sprintf("kvxfer-gen-%d", gen.cmd.Process.Pid)); fileExists(pool) {
 				_ = os.Remove(pool)
 				t.Fatalf("gen left its pool file %s (exit: %v)", pool, gerr)
+			}
+			if gerr != nil {
+				t.Fatalf("gen exited with %v after ctx was killed: a dead writer's batches must not keep its region busy", gerr)
 			}
 			if gr.LeakedBlocks != 0 {
 				t.Fatalf("gen leaked %d blocks", gr.LeakedBlocks)
