@@ -56,6 +56,13 @@ type Config struct {
 	// Memory, when set, lays the framework's KV tensors out inside the pool
 	// (Memory's doc); block ids are then the framework's.
 	Memory *Memory `json:"memory"`
+	// CallerMemory, a Go-only field, is memory the framework already
+	// allocated: the node then has no pool of its own, and peers write
+	// into the framework's tensors (CallerMemory's doc: which backends
+	// can, and the close contract). Refused with Memory and with a
+	// pool_bytes other than its region's length. Capi's kvxfer_node_open
+	// fills it from "memory" given with tensor addresses.
+	CallerMemory *CallerMemory `json:"-"`
 	// SendOnly marks a rank that only sends (a prefill rank): its pool is
 	// private memory rather than memory peers can write (no /dev/shm file
 	// with shm), and Node.Receive refuses at once.
@@ -434,6 +441,9 @@ func (c Config) Validate() error {
 		}
 	default:
 		return bad("backend", c.Backend, "want %q, %q, %q or %q", BackendAuto, ucx.Backend, shm.Backend, loopback.Backend)
+	}
+	if err := c.validateCallerMemory(); err != nil {
+		return err
 	}
 	inProcess := c.Backend == loopback.Backend && c.Bind == ""
 	if err := c.validateDiscovery(inProcess); err != nil {

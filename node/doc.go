@@ -10,7 +10,12 @@
 //   - Pool memory the backend can write: a shared-memory file (shm) or
 //     memory UCX allocated (ucx); private memory would make every request
 //     fail late. A SendOnly node (a prefill rank) keeps private memory and
-//     refuses Node.Receive at once.
+//     refuses Node.Receive at once. Or, with Config.CallerMemory, the
+//     framework's own KV tensors (memory it allocated: vLLM's KV cache)
+//     and no pool of the node's own: a receiving rank needs ucx (which
+//     registers memory it did not allocate; shm is refused), a send-only
+//     rank any backend; no revocation, no exit proofs; the memory must
+//     outlive the node (CallerMemory's doc).
 //   - Liveness: heartbeats on the control link; a peer silent for
 //     HeartbeatMisses intervals is handed to Engine.PeerDown (its requests
 //     fail and drain) and to Config.OnPeerDown. Suspicion only: pages the

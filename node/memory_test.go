@@ -22,7 +22,12 @@ func memByte(layer, part, head, token, b int) byte {
 // eachByte visits every byte of block id (global block blk) of group g of
 // e through its descriptor.
 func eachByte(e *kvxfer.Engine, g int, id kvcache.BlockID, blk int, f func(off uint64, layer, part, head, token, b int)) {
-	m := e.Memory(g)
+	eachByteOf(e.Memory(g), id, blk, f)
+}
+
+// eachByteOf visits every byte of block id (global block blk) through the
+// descriptor m.
+func eachByteOf(m *kvcache.KVMemory, id kvcache.BlockID, blk int, f func(off uint64, layer, part, head, token, b int)) {
 	for i, layer := range m.Layers {
 		for part := range m.Parts {
 			for h := range m.Heads {

@@ -133,6 +133,9 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	kc := kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
 		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock}
+	if cfg.CallerMemory != nil {
+		cfg.PoolBytes = cfg.CallerMemory.Region.Len
+	}
 	if cfg.Memory != nil && cfg.PoolBytes == 0 {
 		if _, cfg.PoolBytes, err = cfg.Memory.layout(kc, 0); err != nil {
 			return nil, err
@@ -147,6 +150,9 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.log.Info().Int64("spare_bytes", spareBytes(cfg)).Msg("pool revokes: blocks of requests failed without proof are reused at once, their old memory held until the proof")
 	}
 	var memory []*kvcache.KVMemory
+	if cfg.CallerMemory != nil {
+		memory = cfg.CallerMemory.Memory
+	}
 	if cfg.Memory != nil {
 		if region == nil { // loopback, or a send-only node: host memory
 			if region, err = kvcache.NewHostRegion(cfg.PoolBytes); err == nil {
@@ -174,7 +180,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				cfg.OnPeerDown(p.Instance, int(p.Rank))
 			}
 		}
-		if exitProves(n.backend) {
+		switch {
+		case !exitProves(n.backend):
+		case cfg.CallerMemory != nil:
+			n.log.Info().Msg("the pool is the framework's memory: no peer process can be tied to it, so no peer's exit counts as proof that its writes are over (pages wait for a Result or CancelAck)")
+		default:
 			n.watchPools(region)
 		}
 		sink := engineSink(&engp)
@@ -293,6 +303,12 @@ func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvca
 		size = kvxfer.DefaultPoolBytes
 	}
 	switch {
+	case c.CallerMemory != nil:
+		a, err := callerAgent(c, backend)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		return a, c.CallerMemory.Region, nil, nil, nil
 	case backend == loopback.Backend:
 		return loopback.New(), nil, nil, nil, nil
 	case c.SendOnly: // the engine allocates private memory
@@ -344,7 +360,7 @@ func spareBytes(c Config) int64 {
 	if size == 0 {
 		size = int64(kvxfer.DefaultPoolBytes)
 	}
-	if c.RevokeSpareBytes < 0 || c.SendOnly || c.Memory != nil || size%page != 0 {
+	if c.RevokeSpareBytes < 0 || c.SendOnly || c.Memory != nil || c.CallerMemory != nil || size%page != 0 {
 		return 0
 	}
 	spare := c.RevokeSpareBytes
@@ -654,7 +670,9 @@ func (n *Node) unnamedVersion() string {
 // ctx's end, for every session to drain), then the control link, the
 // agent and the pool memory. When a session could not drain, the pool
 // memory stays mapped (a late write must not land in freed memory) and the
-// error says which. Close is idempotent.
+// error says which; over Config.CallerMemory the framework's memory is
+// never freed by the node, and after such an error it must never be freed
+// by the framework either. Close is idempotent.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.closing.Store(true)

@@ -1,0 +1,114 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// CallerMemory is KV memory the serving framework allocated itself (vLLM's
+// KV cache tensors), which a node opened with Config.CallerMemory uses as
+// its memory instead of a pool of its own: peers write into the
+// framework's tensors, and block ids are the framework's.
+//
+// Region spans the tensors (kvcache.ExternalHostRegion over the lowest
+// tensor byte, of the length to the end of the highest; or
+// kvcache.ExternalDeviceRegion); Memory has one descriptor per layer group
+// (kvcache.FrameworkMemory, or any strided kvcache.KVMemory), offsets
+// relative to Region, RegionLen equal to Region.Len, as the root package's
+// Config.Region and Config.Memory take them. Capi's kvxfer_node_open builds
+// both from the tensors' addresses ("memory" with "layers").
+//
+// Backends, checked at Validate (each refusal names the backend):
+//
+//   - A receiving rank (not SendOnly) needs its peers to write into this
+//     memory, so its backend must register memory it did not allocate:
+//     ucx does (host memory; device memory only where UCX reports CUDA
+//     support, ucx.Agent.MemoryTypes, else Open fails naming the types it
+//     has). shm does not (its pool must live in its /dev/shm file): a
+//     receiving node over caller memory on shm, or on "auto" where this
+//     binary has no UCX, is refused. loopback works, for peers in this
+//     same process only.
+//   - A SendOnly rank's memory is only read by its own agent, so any
+//     backend works for host memory (shm and loopback read host memory
+//     only; device memory needs ucx with CUDA).
+//
+// What does not apply, by design: revocation (revoke_spare_bytes > 0 is
+// refused: a framework block is no one range of a pool to move onto spare
+// memory; failed requests' blocks are quarantined until their writer's
+// proof) and proofs of death through a writer's exit (no peer process maps
+// the framework's memory, so none can be tied to it: its pages wait for a
+// Result or CancelAck).
+//
+// The memory must outlive the node: the node never frees it, and the
+// framework must not free or reuse it before Close returned nil. When
+// Close returns an error (a session could not drain within its ctx, as
+// kvxfer_engine_close's KVXFER_ERR_TIMEOUT), a peer's write may still
+// land: the memory must then never be freed (keep it for the life of the
+// process).
+type CallerMemory struct {
+	Region *kvcache.Region
+	Memory []*kvcache.KVMemory
+}
+
+// validateCallerMemory checks CallerMemory against the rest of c.
+func (c Config) validateCallerMemory() error {
+	m := c.CallerMemory
+	if m == nil {
+		return nil
+	}
+	if m.Region == nil || m.Region.Len == 0 || m.Region.Base == 0 {
+		return fmt.Errorf("%w: CallerMemory.Region is nil or empty: want the region spanning the framework's tensors", ErrConfig)
+	}
+	if len(m.Memory) == 0 {
+		return fmt.Errorf("%w: CallerMemory.Memory is empty: want one descriptor per layer group (kvcache.FrameworkMemory)", ErrConfig)
+	}
+	if c.Memory != nil {
+		return bad("memory", *c.Memory, "set with CallerMemory: memory lays the framework's tensors out inside the node's own pool, CallerMemory is the framework's own memory; give one")
+	}
+	if c.PoolBytes != 0 && c.PoolBytes != m.Region.Len {
+		return bad("pool_bytes", c.PoolBytes, "the node has no pool over the framework's memory (CallerMemory, %d bytes): leave pool_bytes 0", m.Region.Len)
+	}
+	if c.RevokeSpareBytes > 0 {
+		return bad("revoke_spare_bytes", c.RevokeSpareBytes, "a node over the framework's memory does not revoke (a framework block is no one range of a pool to move onto spare memory): give 0 or < 0; failed requests' blocks are quarantined until their writer's proof")
+	}
+	backend, shown := c.backend(), show(c.Backend)
+	if backend != c.Backend {
+		shown += " (" + backend + ")"
+	}
+	if m.Region.Kind == kvcache.DeviceMem && backend != ucx.Backend {
+		return fmt.Errorf("%w: backend = %s: the framework's memory is GPU memory (device %d), which backend %s cannot read or write (host memory only): use backend \"ucx\" with a UCX built with CUDA",
+			ErrConfig, shown, m.Region.Device, backend)
+	}
+	if !c.SendOnly && backend == shm.Backend {
+		return fmt.Errorf("%w: backend = %s: a receiving node over the framework's memory needs a backend that registers memory it did not allocate, and shm's pool must live in its /dev/shm file: use backend \"ucx\" (or send_only for a rank that only sends)",
+			ErrConfig, shown)
+	}
+	return nil
+}
+
+// callerAgent opens backend's agent for a node over the framework's
+// memory, refusing device memory this UCX cannot register.
+func callerAgent(c Config, backend string) (rdma.Agent, error) {
+	switch backend {
+	case loopback.Backend:
+		return loopback.New(), nil
+	case shm.Backend: // a send-only node: its memory is only a source
+		return shm.New(), nil
+	}
+	a, err := ucx.New()
+	if err != nil {
+		return nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX, for a send-only rank)", err)
+	}
+	if r := c.CallerMemory.Region; r.Kind == kvcache.DeviceMem && !slices.Contains(a.MemoryTypes(), "cuda") {
+		_ = a.Close()
+		return nil, fmt.Errorf("%w: backend = %q: the framework's memory is GPU memory (device %d at %#x, %d bytes), but this UCX has no CUDA support (it registers: %v): use a UCX built with CUDA, or host tensors",
+			ErrConfig, backend, r.Device, r.Base, r.Len, a.MemoryTypes())
+	}
+	return a, nil
+}
