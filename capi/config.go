@@ -56,6 +56,19 @@ type Group struct {
 	Window int    `json:"window"`
 }
 
+// kv is l as a kvcache.Layout.
+func (l *Layout) kv() *kvcache.Layout {
+	k := kvcache.Layout{Name: l.Name, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim,
+		DTypeBytes: l.DTypeBytes, TokensPerBlock: l.TokensPerBlock, MLA: l.MLA}
+	if len(l.Groups) == 0 {
+		k.Groups = kvcache.FullAttention(l.Layers)
+	}
+	for _, g := range l.Groups {
+		k.Groups = append(k.Groups, kvcache.LayerGroup{Name: g.Name, Layers: g.Layers, Window: g.Window})
+	}
+	return &k
+}
+
 // ParseConfig decodes a JSON config strictly: an unknown key, a value of
 // the wrong type or trailing data is an error naming it.
 func ParseConfig(js string) (Config, error) {
@@ -137,16 +150,7 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 		return kc, err
 	}
 	if c.Layout != nil {
-		l := kvcache.Layout{Name: c.Layout.Name, Layers: c.Layout.Layers, KVHeads: c.Layout.KVHeads,
-			HeadDim: c.Layout.HeadDim, DTypeBytes: c.Layout.DTypeBytes, TokensPerBlock: c.Layout.TokensPerBlock,
-			MLA: c.Layout.MLA}
-		if len(c.Layout.Groups) == 0 {
-			l.Groups = kvcache.FullAttention(c.Layout.Layers)
-		}
-		for _, g := range c.Layout.Groups {
-			l.Groups = append(l.Groups, kvcache.LayerGroup{Name: g.Name, Layers: g.Layers, Window: g.Window})
-		}
-		kc.Layout = &l
+		kc.Layout = c.Layout.kv()
 	}
 	if kc.Parallel.TP == 0 && kc.Parallel.PP != 0 {
 		kc.Parallel.TP = 1

@@ -1,25 +1,29 @@
 package capi
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 )
 
 // OpenNode opens a node (package node: control link with CURVE, data plane,
 // pool memory peers can write, heartbeats) from its JSON config
-// (node.ParseConfig) and returns it as an engine handle: every engine call
-// works on it, and Close closes the node.
+// (nodeConfig) and returns it as an engine handle: every engine call works
+// on it, and Close closes the node.
 func OpenNode(configJSON string) (*Engine, uint64, error) {
 	if configJSON == "" {
 		return nil, 0, errorf(ErrConfig, "node config JSON is empty")
 	}
-	cfg, err := node.ParseConfig([]byte(configJSON))
+	cfg, err := nodeConfig(configJSON)
 	if err != nil {
-		return nil, 0, &Error{Code: ErrConfig, Err: err}
+		return nil, 0, err
 	}
 	if err := fillFromEnv(&cfg.Workers, &cfg.Backend); err != nil {
 		return nil, 0, err
@@ -96,4 +100,82 @@ func Keygen() (public, secret string, err error) {
 		return "", "", errorf(ErrInternal, "CURVE keypair: %v", err)
 	}
 	return public, secret, nil
+}
+
+// nodeConfig reads a node's JSON config: node.ParseConfig's keys, plus two
+// of kvxfer_engine_open's, which node's JSON lacks:
+//
+//   - "layout": the layout object (Layout), instead of "model";
+//   - "memory" with "layers": the framework's own tensors by address, the
+//     object kvxfer_engine_open takes (Memory), which becomes the node's
+//     CallerMemory (no pool of its own). Without "layers", "memory" is
+//     node's own {kind, num_blocks}: the tensors laid out in its pool.
+//
+// Every error is ErrConfig naming the key.
+func nodeConfig(js string) (node.Config, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(js), &top); err != nil {
+		// Not one JSON object: node's parser names what is wrong.
+		cfg, err := node.ParseConfig([]byte(js))
+		if err == nil {
+			err = errorf(ErrConfig, "node config JSON %q: not one object", clip(js))
+		}
+		return cfg, &Error{Code: ErrConfig, Err: err}
+	}
+	var layout *Layout
+	var mem *Memory
+	if raw, ok := top["layout"]; ok {
+		layout = new(Layout)
+		if err := strictJSON(raw, layout); err != nil {
+			return node.Config{}, errorf(ErrConfig, "layout: %v", err)
+		}
+		delete(top, "layout")
+	}
+	if raw, ok := top["memory"]; ok {
+		var keys map[string]json.RawMessage
+		if json.Unmarshal(raw, &keys) == nil && keys["layers"] != nil {
+			mem = new(Memory)
+			if err := strictJSON(raw, mem); err != nil {
+				return node.Config{}, errorf(ErrConfig, "memory: %v", err)
+			}
+			delete(top, "memory")
+		}
+	}
+	rest, err := json.Marshal(top)
+	if err != nil {
+		return node.Config{}, errorf(ErrInternal, "node config: %v", err)
+	}
+	cfg, err := node.DecodeConfig(rest)
+	if err != nil {
+		return cfg, &Error{Code: ErrConfig, Err: err}
+	}
+	if layout != nil {
+		if cfg.Model != "" {
+			return cfg, errorf(ErrConfig, "layout and model = %s: give one", quote(cfg.Model))
+		}
+		cfg.Layout = layout.kv()
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, &Error{Code: ErrConfig, Err: err}
+	}
+	if mem != nil {
+		par := kvcache.Parallel{TP: cfg.Parallel.TP, PP: cfg.Parallel.PP}
+		if par.TP == 0 && par.PP == 0 {
+			par = kvcache.Parallel{TP: 1, PP: 1}
+		}
+		kc := kvxfer.Config{Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, Parallel: par,
+			Rank: kvcache.Rank{TP: cfg.Rank.TP, PP: cfg.Rank.PP}}
+		if err := mem.describe(&kc); err != nil {
+			return cfg, err
+		}
+		cfg.CallerMemory = &node.CallerMemory{Region: kc.Region, Memory: kc.Memory}
+	}
+	return cfg, nil
+}
+
+// strictJSON decodes raw into v, refusing unknown keys.
+func strictJSON(raw json.RawMessage, v any) error {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
 }

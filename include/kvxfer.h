@@ -20,7 +20,8 @@
  *    no longjmp) through the library.
  *  - Memory is registered as a pointer: kvxfer_engine_open's pool (or one the
  *    engine allocates); a node (kvxfer_node_open) allocates its own, memory
- *    its peers can write, found with kvxfer_engine_info_get. The caller's
+ *    its peers can write, found with kvxfer_engine_info_get, or uses the
+ *    framework's tensors ("memory" with "layers"). The caller's
  *    memory must outlive the engine, and for good when kvxfer_engine_close
  *    returns KVXFER_ERR_TIMEOUT (see there). Block b of layer group g lives at
  *    pool + group.offset + b * group.block_bytes, its bytes ordered
@@ -51,8 +52,9 @@ extern "C" {
  * functions); 1: kvxfer_engine_open's "memory" key; 2: kvxfer_chunk_cuda;
  * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda; 4: the "memory"
  * object's dtype_bytes; 5: kvxfer_send_parallel, and kvxfer_receive checks
- * each destination run's first. */
-#define KVXFER_ABI_MINOR 5
+ * each destination run's first; 6: kvxfer_node_open over the framework's
+ * own tensors ("memory" with "layers") and its "layout" key. */
+#define KVXFER_ABI_MINOR 6
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -254,7 +256,33 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * (docs/membership.md). The handle
  * is an engine handle: every engine call above works on it (the pool is the
  * node's: see kvxfer_engine_info_get), and kvxfer_engine_close closes the
- * node. */
+ * node.
+ *
+ * Since KVXFER_ABI_MINOR 6: layout, kvxfer_engine_open's layout object,
+ * instead of model (both is KVXFER_ERR_CONFIG); and memory with layers:
+ * the framework's own KV tensors by address, kvxfer_engine_open's memory
+ * object {kind, num_blocks, layers, v_layers, strides, dtype_bytes} (see
+ * there; its errors name memory's keys), which the node then uses instead
+ * of a pool of its own: peers write into the framework's tensors, block
+ * ids are the framework's. What can run over it, each refusal
+ * KVXFER_ERR_CONFIG naming the value:
+ *   - a rank that receives (not send_only) needs backend "ucx", which
+ *     registers memory it did not allocate (host memory; the library
+ *     registers host tensors only); "shm" (or "auto" in a library without
+ *     UCX) is refused: its pool must live in its /dev/shm file. "loopback"
+ *     reaches peers in this same process only.
+ *   - a send_only rank's tensors are only read by its own data plane: any
+ *     backend.
+ *   - revoke_spare_bytes > 0 and a pool_bytes other than the tensors' span
+ *     are refused; a peer's exit is no proof that its writes are over (no
+ *     peer process maps the framework's memory): a failed request's blocks
+ *     stay quarantined until the writer's Result or CancelAck.
+ * The registered region spans the lowest tensor address to the end of the
+ * highest, as kvxfer_engine_open's; UCX transports that pin memory (RDMA
+ * verbs) need that whole span mapped: tensors of one allocation. The
+ * tensors must outlive the node, and for good when kvxfer_engine_close
+ * returns KVXFER_ERR_TIMEOUT (a peer may still write into them: never free
+ * them then). */
 kvxfer_status kvxfer_node_open(const char *config_json, kvxfer_engine_t *out);
 
 /* The node's bound control endpoint (a tcp port 0 resolved), NUL-terminated;

@@ -274,6 +274,16 @@ func (p Parallel) orOne() Parallel {
 // ParseConfig decodes a JSON config (unknown fields are refused) and
 // validates it. Every error wraps ErrConfig and names the field and value.
 func ParseConfig(b []byte) (Config, error) {
+	c, err := DecodeConfig(b)
+	if err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// DecodeConfig is ParseConfig without Validate: for a caller that sets
+// Go-only fields (Layout, CallerMemory) before it validates.
+func DecodeConfig(b []byte) (Config, error) {
 	var c Config
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -293,7 +303,7 @@ func ParseConfig(b []byte) (Config, error) {
 	if dec.More() {
 		return c, fmt.Errorf("%w: trailing data after the JSON object", ErrConfig)
 	}
-	return c, c.Validate()
+	return c, nil
 }
 
 // bad is a configuration error naming field and value.

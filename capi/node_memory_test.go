@@ -1,0 +1,148 @@
+package capi
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/ucx"
+)
+
+// nodeMemJSON is a node config of tinyLayout over the framework's tensors
+// (mem, memoryJSON's object): insecure, bound at dir/self.sock, its one
+// peer at dir/peer.sock; extra is more keys (",\"send_only\":true").
+func nodeMemJSON(dir, self, peer, backend, mem, extra string) string {
+	return fmt.Sprintf(`{"instance":%q,%s,"workers":2,"backend":%q,"insecure":true,"bind":"ipc://%s",`+
+		`"peers":[{"instance":%q,"endpoint":"ipc://%s"}],"heartbeat_interval":"200ms","memory":%s%s}`,
+		self, tinyLayout, backend, filepath.Join(dir, self+".sock"), peer, filepath.Join(dir, peer+".sock"), mem, extra)
+}
+
+// TestNodeOverFrameworkMemoryFromJSON: two nodes opened from JSON over
+// ucx, each over tensors its framework allocated ("memory" with "layers":
+// NHD with PyTorch's strides on the send-only context side, HND on the
+// generation side), move a request into the framework's block ids; every
+// byte lands where the generation side's tensors hold it. (Checked to
+// fail: with nodeConfig dropping the "memory" object instead of making it
+// the node's CallerMemory, the node opens a pool of its own and the
+// tensors stay zero.)
+func TestNodeOverFrameworkMemoryFromJSON(t *testing.T) {
+	if !ucx.Available {
+		t.Skip("a receiving node over the framework's memory needs ucx, which this build lacks")
+	}
+	base := HandleCount()
+	dir := t.TempDir()
+	srcBuf, dstBuf := hostBuf(t), hostBuf(t)
+	nhdStrides := fmt.Sprintf(`{"block":%d,"token":%d,"head":%d,"elem":%d,"kv":%d}`,
+		memBlock, memHeads*memDim*memElem, memDim*memElem, memElem, memBlocks*memBlock)
+	d, _, err := OpenNode(nodeMemJSON(dir, "nm-gen", "nm-ctx", "ucx", memoryJSON(dstBuf, "hnd", ""), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := OpenNode(nodeMemJSON(dir, "nm-ctx", "nm-gen", "ucx", memoryJSON(srcBuf, "nhd", nhdStrides), `,"send_only":true`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WaitPeers(10 * 1e9); err != nil {
+		t.Fatal(err)
+	}
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pattern := func(layer, part, blk, tok, head, b int) byte {
+		return byte(layer*61 + part*29 + blk*17 + tok*7 + head*3 + b + 1)
+	}
+	each := func(f func(layer, part, blk, tok, head, b int)) {
+		for blk := range 2 {
+			for layer := range memLayers {
+				for part := range 2 {
+					for tok := range memTPB {
+						for head := range memHeads {
+							for b := range memDim * memElem {
+								f(layer, part, blk, tok, head, b)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	each(func(layer, part, blk, tok, head, b int) {
+		srcBuf[elemAt("nhd", layer, part, int(src[blk]), tok, head, b)] = pattern(layer, part, blk, tok, head, b)
+	})
+	owned := []kvcache.BlockID{7, 3}
+	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "nm", PromptLen: 32, Context: "nm-ctx",
+		Blocks: [][]kvcache.BlockID{owned}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "nm", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK {
+		t.Fatalf("tx %+v", ev)
+	}
+	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady {
+		t.Fatalf("rx %+v", ev)
+	}
+	n := 0
+	each(func(layer, part, blk, tok, head, b int) {
+		got, want := dstBuf[elemAt("hnd", layer, part, int(owned[blk]), tok, head, b)], pattern(layer, part, blk, tok, head, b)
+		if got != want {
+			t.Fatalf("block %d layer %d part %d token %d head %d byte %d: %#x, want %#x", owned[blk], layer, part, tok, head, b, got, want)
+		}
+		n++
+	})
+	if n != 2*memLayers*2*memBlock {
+		t.Fatalf("verified %d bytes", n)
+	}
+	if err := p.FreeBlocks(0, src); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Request{tx, rx} {
+		if err := r.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeBoth(t, p, d)
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
+
+// TestNodeFrameworkMemoryErrors: a node's "memory" with tensor addresses,
+// and what cannot run over it, are refused as config errors naming the key
+// or the backend; nothing stays open. (Checked to fail: with nodeConfig
+// decoding "memory" leniently, the unknown key opens.)
+func TestNodeFrameworkMemoryErrors(t *testing.T) {
+	base := HandleCount()
+	dir := t.TempDir()
+	buf := hostBuf(t)
+	good := memoryJSON(buf, "nhd", "")
+	for _, c := range []struct{ backend, mem, extra, needle string }{
+		{"shm", good, "", `backend = "shm": a receiving node over the framework's memory`},
+		{"shm", good, "", `use backend "ucx"`},
+		{"shm", strings.Replace(good, `"layers"`, `"layerz":1,"layers"`, 1), `,"send_only":true`, `memory: json: unknown field "layerz"`},
+		{"shm", strings.Replace(good, `"nhd"`, `"nchw"`, 1), `,"send_only":true`, `memory.kind = "nchw"`},
+		{"shm", strings.Replace(good, `"num_blocks":8`, `"num_blocks":0`, 1), `,"send_only":true`, "memory.num_blocks = 0"},
+		{"shm", strings.Replace(good, `"layers"`, `"dtype_bytes":4,"layers"`, 1), `,"send_only":true`, "memory.dtype_bytes = 4"},
+		{"shm", good, `,"send_only":true,"revoke_spare_bytes":65536`, "revoke_spare_bytes = 65536"},
+		{"shm", good, `,"send_only":true,"model":"Llama-3.1-8B"`, `layout and model = "Llama-3.1-8B": give one`},
+		{"shm", good, `,"send_only":true,"pool_bytes":4096`, "pool_bytes = 4096"},
+	} {
+		_, _, err := OpenNode(nodeMemJSON(dir, "nm-bad", "nm-peer", c.backend, c.mem, c.extra))
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
+			t.Errorf("backend %s memory %s%s: %v, want a config error naming %q", c.backend, c.mem, c.extra, err, c.needle)
+		}
+	}
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
