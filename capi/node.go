@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
@@ -110,6 +111,9 @@ func Keygen() (public, secret string, err error) {
 //     object kvxfer_engine_open takes (Memory), which becomes the node's
 //     CallerMemory (no pool of its own). Without "layers", "memory" is
 //     node's own {kind, num_blocks}: the tensors laid out in its pool.
+//   - "pool_address": the caller's pool of pool_bytes bytes (host memory),
+//     in kvxfer's block layout, as kvxfer_engine_open's pool argument: the
+//     node's CallerMemory with no descriptors.
 //
 // Every error is ErrConfig naming the key.
 func nodeConfig(js string) (node.Config, error) {
@@ -141,6 +145,16 @@ func nodeConfig(js string) (node.Config, error) {
 			delete(top, "memory")
 		}
 	}
+	var poolAddr uint64
+	if raw, ok := top["pool_address"]; ok {
+		if err := json.Unmarshal(raw, &poolAddr); err != nil || poolAddr == 0 {
+			return node.Config{}, errorf(ErrConfig, "pool_address = %s: want the address of the caller's pool, a nonzero integer", raw)
+		}
+		if _, ok := top["memory"]; ok {
+			return node.Config{}, errorf(ErrConfig, "pool_address and memory: give one (pool_address is the framework's pool in kvxfer's block layout, memory its tensors)")
+		}
+		delete(top, "pool_address")
+	}
 	rest, err := json.Marshal(top)
 	if err != nil {
 		return node.Config{}, errorf(ErrInternal, "node config: %v", err)
@@ -169,6 +183,17 @@ func nodeConfig(js string) (node.Config, error) {
 			return cfg, err
 		}
 		cfg.CallerMemory = &node.CallerMemory{Region: kc.Region, Memory: kc.Memory}
+	}
+	if poolAddr != 0 {
+		if cfg.PoolBytes == 0 {
+			return cfg, errorf(ErrConfig, "pool_address = %#x without pool_bytes: give the pool's length", poolAddr)
+		}
+		// The caller's (C) address, never a Go pointer (as Memory.describe).
+		r, err := kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&poolAddr)), cfg.PoolBytes)
+		if err != nil {
+			return cfg, errorf(ErrInvalidArgument, "pool_address = %#x, pool_bytes = %d: %v", poolAddr, cfg.PoolBytes, err)
+		}
+		cfg.CallerMemory = &node.CallerMemory{Region: r}
 	}
 	return cfg, nil
 }

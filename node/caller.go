@@ -22,7 +22,11 @@ import (
 // (kvcache.FrameworkMemory, or any strided kvcache.KVMemory), offsets
 // relative to Region, RegionLen equal to Region.Len, as the root package's
 // Config.Region and Config.Memory take them. Capi's kvxfer_node_open builds
-// both from the tensors' addresses ("memory" with "layers").
+// both from the tensors' addresses ("memory" with "layers"). With Memory
+// nil, Region is the pool itself, laid out as the node's own would be
+// (block b of group g at the group's offset + b × its block bytes: one
+// cross-layer block, as vLLM's cross-layer KV cache tensor;
+// kvxfer_node_open's "pool_address").
 //
 // Backends, checked at Validate (each refusal names the backend):
 //
@@ -64,9 +68,6 @@ func (c Config) validateCallerMemory() error {
 	}
 	if m.Region == nil || m.Region.Len == 0 || m.Region.Base == 0 {
 		return fmt.Errorf("%w: CallerMemory.Region is nil or empty: want the region spanning the framework's tensors", ErrConfig)
-	}
-	if len(m.Memory) == 0 {
-		return fmt.Errorf("%w: CallerMemory.Memory is empty: want one descriptor per layer group (kvcache.FrameworkMemory)", ErrConfig)
 	}
 	if c.Memory != nil {
 		return bad("memory", *c.Memory, "set with CallerMemory: memory lays the framework's tensors out inside the node's own pool, CallerMemory is the framework's own memory; give one")

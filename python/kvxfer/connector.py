@@ -65,7 +65,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from .core import Engine, KvxferError, Outcome
+from .core import Engine, KvxferError, Node, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -355,6 +355,42 @@ class KvxferSchedulerConnector:
         return None
 
 
+# kvxfer_node_open's keys: with any of them the worker opens a node (other
+# processes, other hosts) instead of an in-process engine.
+NODE_KEYS = {"bind", "peers", "key_file", "secret_key", "insecure", "identities", "send_only", "heartbeat_interval",
+             "heartbeat_misses", "transfer_timeout", "drain_grace", "writer_lease", "revoke_spare_bytes", "trace_path",
+             "discovery", "cluster", "discovery_ttl", "discovery_ca", "discovery_cert", "discovery_key",
+             "discovery_user", "discovery_password_file"}
+
+
+def node_config(config, role=None):
+    """A node's config (kvxfer_node_open) from the worker's, whose keys are
+    kvxfer_engine_open's (tp, pp, rank_tp, rank_pp, transfer_timeout_ms,
+    drain_grace_ms) plus the node's: the parallelism becomes parallel and
+    rank, the millisecond timeouts durations (ValueError when the node's
+    own key is given too), and a producer's rank (role "producer") is
+    send_only unless the config says. A receiving rank on backend "shm" is
+    a ValueError naming it: peers must write into vLLM's own KV cache,
+    which only ucx registers."""
+    cfg = dict(config)
+    tp, pp = cfg.pop("tp", 1) or 1, cfg.pop("pp", 1) or 1
+    cfg["parallel"] = {"tp": tp, "pp": pp}
+    cfg["rank"] = {"tp": cfg.pop("rank_tp", 0), "pp": cfg.pop("rank_pp", 0)}
+    for ms, key in (("transfer_timeout_ms", "transfer_timeout"), ("drain_grace_ms", "drain_grace")):
+        if ms in cfg:
+            if key in cfg:
+                raise ValueError("%s and %s: give one (the node's %s is a duration, \"30s\")" % (ms, key, key))
+            cfg[key] = "%dms" % cfg.pop(ms)
+    cfg.pop("pool_bytes", None)
+    if role == "producer":
+        cfg.setdefault("send_only", True)
+    if not cfg.get("send_only") and cfg.get("backend") == "shm":
+        raise ValueError("backend = 'shm' for a rank that receives (role %s): peers must write into vLLM's own KV "
+                         "cache, which the shm backend cannot register (its pool must live in its /dev/shm file): "
+                         "use backend 'ucx', or send_only for a prefill rank" % (role,))
+    return cfg
+
+
 class KvxferWorkerConnector:
     """The worker side: one engine rank over the worker's KV memory.
 
@@ -366,9 +402,13 @@ class KvxferWorkerConnector:
     can look right after the report), then is dropped: vLLM never pops
     it, and a long-running worker would keep every failure."""
 
-    def __init__(self, config):
+    def __init__(self, config, role=None):
         """config: the engine's (kvxfer_engine_open), plus keys of the
-        connector's own. "layer_parts": true hands each step's chunks from
+        connector's own. With any of a node's keys (NODE_KEYS: bind, peers,
+        discovery, secret_key, ...) the worker opens a node over vLLM's KV
+        cache (node_config: the config as kvxfer_node_open takes it) and
+        reaches peers in other processes; role ("producer", "consumer",
+        "both") makes a producer's node send_only. "layer_parts": true hands each step's chunks from
         save_kv_layer, one layer part per layer as the forward pass writes
         it (all but the last layer's transfer then hides behind the
         pass); "num_layers": the model's layer count, when this worker
@@ -380,6 +420,10 @@ class KvxferWorkerConnector:
         instance's, a rank that writes to no decode rank then reports its
         sends at once instead of failing each at its deadline."""
         self.config = dict(config)
+        self.node = any(k in self.config for k in NODE_KEYS)
+        self.role = role
+        if self.node:  # a receiving rank on shm: refused now, naming it
+            node_config(self.config, role)
         self.layer_parts = bool(self.config.pop("layer_parts", False))
         self.num_layers = self.config.pop("num_layers", None)
         self.generation = (self.config.pop("generation_tp", 0), self.config.pop("generation_pp", 0))
@@ -423,10 +467,20 @@ class KvxferWorkerConnector:
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         if self.layer_parts and self._stage is None:  # no names: the model's first layers
             self._stage = (0, kv_cache.shape[1])
+        dev = getattr(kv_cache, "device", None)
+        if dev is not None and getattr(dev, "type", "cpu") != "cpu":
+            raise ValueError("vLLM's KV cache is on %s: kvxfer's C ABI registers host memory only (GPU memory would "
+                             "need a UCX built with CUDA and a device address, which kvxfer_node_open does not take): "
+                             "keep the KV cache on the CPU" % (dev,))
         nbytes = kv_cache.numel() * kv_cache.element_size()
-        cfg = dict(self.config)
-        cfg["pool_bytes"] = nbytes
-        self.engine = Engine(cfg, memory=kv_cache)
+        if self.node:
+            # A node over vLLM's own KV cache: peers of other processes
+            # write into it.
+            self.engine = Node(node_config(self.config, self.role), memory=kv_cache)
+        else:
+            cfg = dict(self.config)
+            cfg["pool_bytes"] = nbytes
+            self.engine = Engine(cfg, memory=kv_cache)
         g = self.engine.groups[0]
         stride = kv_cache.stride(0) * kv_cache.element_size()
         if g.offset != 0 or g.block_bytes != stride or g.blocks != kv_cache.shape[0]:

@@ -244,10 +244,10 @@ def kv_memory(kind, layers, v_layers=None):
     layers[0] (ValueError naming the first that differs): num_blocks and the
     strides are read from it. Its element size goes in as dtype_bytes, which
     the engine refuses unless it is the layout's. Pass the result as
-    config["memory"]: the result holds the tensors, and an Engine opened with
-    it keeps them alive until it is closed (a copy made with dict(), or a
-    config passed as JSON text, holds only addresses: pass the tensors as
-    Engine's kv_caches then)."""
+    config["memory"] of an Engine or a Node: the result holds the tensors,
+    and an Engine or Node opened with it keeps them alive until it is
+    closed (a copy made with dict(), or a config passed as JSON text, holds
+    only addresses: pass the tensors as kv_caches then)."""
     if kind not in _KV_KINDS:
         raise ValueError("kind %r, want one of %s" % (kind, ", ".join(_KV_KINDS)))
     layers = list(layers)
@@ -392,9 +392,9 @@ def _nbytes(obj):
         return 0
 
 
-def node_open(config):
+def node_open(config, memory=None, kv_caches=None):
     """Opens a Node (see Node)."""
-    return Node(config)
+    return Node(config, memory, kv_caches)
 
 
 def keygen():
@@ -447,12 +447,15 @@ class Engine:
         addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
         h = _lib.engine_t()
         _check(lib.kvxfer_engine_open(js, addr, nbytes, ctypes.byref(h)))
-        # The tensors config["memory"] (kv_memory) points into: kept alive
-        # as long as the engine.
+        self._keep_tensors(cfg, kv_caches)
+        self._setup(h.value, cfg, memory)
+
+    def _keep_tensors(self, cfg, kv_caches):
+        """Keeps the tensors config["memory"] (kv_memory) points into, and
+        kv_caches, alive as long as the engine."""
         self.kv_caches = kv_caches
         mem = cfg.get("memory") if isinstance(cfg, dict) else None
         self._config_tensors = getattr(mem, "tensors", None)
-        self._setup(h.value, cfg, memory)
 
     def _setup(self, handle, cfg, memory):
         self.handle = handle
@@ -802,13 +805,35 @@ class Node(Engine):
     control link with CURVE, the ucx or shm data plane, pool memory peers can
     write (its own: see info.pool_base and block_address), heartbeats.
     config is node's JSON config as a dict or string; every Engine method
-    works on a Node."""
+    works on a Node.
 
-    def __init__(self, config):
+    Or the node runs over memory the framework allocated, as Engine does:
+    memory, a CPU tensor, NumPy array or writable buffer, is the pool
+    (config["pool_address"] and "pool_bytes" are set from it; block b of
+    group g at group(g).offset + b * group(g).block_bytes in it); or
+    config["memory"] is kv_memory(kind, tensors), the framework's own
+    tensors (kv_caches, optional, more tensors to keep alive), block ids the
+    framework's. The node then has no pool of its own: peers write into
+    that memory. A node that receives (not send_only) needs backend "ucx"
+    (on "shm" it is refused naming the backend: shm's pool must live in its
+    own /dev/shm file); a send_only node works on any backend. memory and
+    the tensors are kept alive as Engine keeps them (for the rest of the
+    process when close() does not finish)."""
+
+    def __init__(self, config, memory=None, kv_caches=None):
+        if memory is not None:
+            addr, nbytes = buffer_address(memory)
+            _, cfg = _json(config)
+            if not isinstance(cfg, dict):
+                raise ValueError("memory given with a config that is no JSON object")
+            if cfg.get("pool_bytes", nbytes) != nbytes:
+                raise ValueError("pool_bytes = %r in the config but memory is %d bytes" % (cfg["pool_bytes"], nbytes))
+            config = dict(cfg, pool_address=addr, pool_bytes=nbytes)
         js, cfg = _config_bytes(config)
         h = _lib.engine_t()
         _check(lib.kvxfer_node_open(js, ctypes.byref(h)))
-        self._setup(h.value, cfg, None)
+        self._keep_tensors(cfg, kv_caches)
+        self._setup(h.value, cfg, memory)
 
     def _string(self, fn):
         buf = ctypes.create_string_buffer(512)

@@ -42,12 +42,19 @@ ValueError naming it, in both roles, so vLLM fails at startup):
                       "generation_tp", "generation_pp"). "pool_bytes" and
                       "memory" come from vLLM's KV cache, not from here.
 
-The worker opens an in-process engine (kvxfer_engine_open) over vLLM's KV
-cache: engines reach each other by instance name within one process only,
-and its memory must be host memory. The cross-process node
-(kvxfer_node_open, "bind"/"peers") lays the framework's tensors out in its
-own pool, which vLLM's already allocated KV cache is not; its keys are
-refused here, naming them.
+With none of a node's keys the worker opens an in-process engine
+(kvxfer_engine_open) over vLLM's KV cache: engines reach each other by
+instance name within one process only. With a node's keys
+(kvxfer.connector.NODE_KEYS: "bind", "peers" or "discovery" and "cluster",
+"secret_key" or "key_file" or "insecure", "heartbeat_interval", ...) it opens
+a node (kvxfer_node_open) over vLLM's KV cache, which reaches the other
+instance's processes (another `vllm serve`, another host); a kv_producer's
+node is send_only. What still does not work, named at startup: a receiving
+rank (kv_consumer, kv_both) on backend "shm" (peers must write into vLLM's
+own memory, which only ucx registers: a ValueError naming the backend), and
+a KV cache off the CPU (the C ABI takes host memory only: a ValueError
+naming the device at register time). "parallel", "rank", "pool_bytes" and
+"memory" come from vLLM, never from the extra config.
 
 Not declared: SupportsHMA. kvxfer's worker registers one cross-layer tensor,
 one block table for every layer: one KV cache group. vLLM turns its hybrid
@@ -59,7 +66,7 @@ import inspect
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
-from .connector import KvxferConnectorMetadata, KvxferSchedulerConnector, KvxferWorkerConnector
+from .connector import NODE_KEYS, KvxferConnectorMetadata, KvxferSchedulerConnector, KvxferWorkerConnector, node_config
 
 __all__ = ["KvxferConnector", "worker_config"]
 
@@ -74,10 +81,10 @@ WORKER_KEYS = {"layer_parts", "num_layers", "generation_tp", "generation_pp"}
 FROM_VLLM = {"tp": "parallel_config.tensor_parallel_size", "pp": "parallel_config.pipeline_parallel_size",
              "rank_tp": "the worker's tensor-parallel rank", "rank_pp": "the worker's pipeline-parallel rank",
              "pool_bytes": "the size of vLLM's KV cache", "memory": "vLLM's KV cache tensor"}
-# kvxfer_node_open's keys: the cross-process node, which this connector does not open.
-NODE_KEYS = {"bind", "peers", "key_file", "secret_key", "public_key", "insecure", "identities", "send_only",
-             "parallel", "rank", "heartbeat_interval", "heartbeat_misses", "transfer_timeout", "drain_grace",
-             "writer_lease", "revoke_spare_bytes", "trace_path", "discovery", "cluster"}
+# kvxfer_node_open's keys that come from vLLM, never from the extra config.
+FROM_VLLM.update({"parallel": "parallel_config (tensor and pipeline parallel sizes)",
+                  "rank": "the worker's tensor- and pipeline-parallel ranks",
+                  "pool_address": "vLLM's KV cache tensor"})
 
 
 def _int(name, value, minimum):
@@ -99,16 +106,12 @@ def worker_config(kv_transfer_config, block_size, tp=1, pp=1):
     if not isinstance(extra, dict):
         raise ValueError("kv_transfer_config.kv_connector_extra_config = %r: want a JSON object" % (extra,))
     for key in extra:
-        if key in NODE_KEYS:
-            raise ValueError("kv_connector_extra_config[%r]: a kvxfer node key (kvxfer_node_open); this connector "
-                             "opens an in-process engine (kvxfer_engine_open), which has no peers of other "
-                             "processes" % key)
         if key in FROM_VLLM:
             raise ValueError("kv_connector_extra_config[%r]: set from %s, not from the extra config"
                              % (key, FROM_VLLM[key]))
-        if key not in ENGINE_KEYS and key not in WORKER_KEYS:
+        if key not in ENGINE_KEYS and key not in WORKER_KEYS and key not in NODE_KEYS:
             raise ValueError("kv_connector_extra_config[%r]: unknown key (want %s)"
-                             % (key, ", ".join(sorted(ENGINE_KEYS | WORKER_KEYS))))
+                             % (key, ", ".join(sorted(ENGINE_KEYS | WORKER_KEYS | NODE_KEYS))))
     _int("cache_config.block_size", block_size, 1)
     instance = extra.get("instance", getattr(kv_transfer_config, "engine_id", None))
     if not isinstance(instance, str) or not instance:
@@ -137,6 +140,8 @@ def worker_config(kv_transfer_config, block_size, tp=1, pp=1):
     if "layer_parts" in extra and not isinstance(extra["layer_parts"], bool):
         raise ValueError("kv_connector_extra_config['layer_parts'] = %r: want true or false" % (extra["layer_parts"],))
     cfg = dict(extra, instance=instance, tokens_per_block=block_size, tp=tp, pp=pp)
+    if any(k in extra for k in NODE_KEYS):
+        node_config(cfg, ROLES[kv_role])  # a receiving rank on shm: named now, in both roles
     return instance, ROLES[kv_role], cfg
 
 
@@ -169,7 +174,7 @@ class KvxferConnector(KVConnectorBase_V1):
             self.connector_scheduler = KvxferSchedulerConnector(instance, side, cfg["tokens_per_block"])
         elif role == KVConnectorRole.WORKER:
             cfg["rank_tp"], cfg["rank_pp"] = _ranks()
-            self.connector_worker = KvxferWorkerConnector(cfg)
+            self.connector_worker = KvxferWorkerConnector(cfg, side)
         else:
             raise ValueError("role %r: want KVConnectorRole.SCHEDULER or KVConnectorRole.WORKER" % (role,))
 

@@ -18,6 +18,24 @@ from conftest import unique
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twoproc_child.py")
 
 
+def run_children(jobs):
+    """Runs each job in its own child process; {name: (exit code, its JSON
+    line, its stderr's end)}."""
+    procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k, job in jobs.items()}
+    out = {}
+    for k, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            for q in procs.values():
+                q.kill()
+            raise
+        lines = stdout.strip().splitlines()
+        out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
+    return out
+
+
 def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
     (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
     ctx_name, gen_name = unique("tp-ctx"), unique("tp-gen")
@@ -36,19 +54,7 @@ def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
             "gen": {"role": "gen", "config": gen_cfg, "prompt": prompt, "request": "tp-1", "context": ctx_name,
                     "want": want or "READY"},
         }
-        procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for k, job in jobs.items()}
-        out = {}
-        for k, p in procs.items():
-            try:
-                stdout, stderr = p.communicate(timeout=90)
-            except subprocess.TimeoutExpired:
-                for q in procs.values():
-                    q.kill()
-                raise
-            lines = stdout.strip().splitlines()
-            out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
-        return out
+        return run_children(jobs)
 
 
 @pytest.mark.parametrize("backend", ["shm", "ucx"])
@@ -69,3 +75,48 @@ def test_two_processes_failed_fence():
     ctx, gen = out["ctx"][1], out["gen"][1]
     assert ctx["error"] == "FENCE" and "kernel failed" in ctx["message"], ctx
     assert gen["outcome"] == "FAILED", gen
+
+
+def test_two_vllm_instances_through_the_worker_connector():
+    """A prefill and a decode instance in two processes, each a worker
+    connector over its own KV cache (a tensor it allocated, as vLLM's) with
+    a node's keys (bind, peers, CURVE keys, backend ucx): the prefill hands
+    a chunked prompt over from wait_for_save, the decode side loads it into
+    its own block table, every element equal. (Checked to fail: with
+    kvxfer_node_open ignoring pool_address, each node writes into a pool of
+    its own and the decode side's tensor stays zero: "mismatch".)"""
+    (p_pub, p_sec), (d_pub, d_sec) = kvxfer.keygen(), kvxfer.keygen()
+    p_name, d_name = unique("cn-prefill"), unique("cn-decode")
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        p_ep, d_ep = "ipc://%s/p.sock" % d, "ipc://%s/d.sock" % d
+        common = {"backend": "ucx", "workers": 2, "transfer_timeout_ms": 20000, "heartbeat_interval": "200ms"}
+        p_cfg = dict(common, instance=p_name, bind=p_ep, secret_key=p_sec,
+                     peers=[{"instance": d_name, "endpoint": d_ep, "public_key": d_pub}])
+        d_cfg = dict(common, instance=d_name, bind=d_ep, secret_key=d_sec,
+                     peers=[{"instance": p_name, "endpoint": p_ep, "public_key": p_pub}])
+        out = run_children({
+            "prefill": {"side": "producer", "config": p_cfg, "prompt": 200},
+            "decode": {"side": "consumer", "config": d_cfg, "prompt": 200, "context": p_name},
+        })
+    for k, (rc, res, err) in out.items():
+        assert rc == 0, (k, res, err)
+    pre, dec = out["prefill"][1], out["decode"][1]
+    assert pre["node"] and dec["node"], out
+    assert pre["params"]["remote_instance"] == p_name, pre
+    assert dec["loaded"] and dec["failed"] == {}, dec
+    assert dec["verified"] == 4 * 2 * 200 * 2 * 8 * 2, dec  # layers × K,V × tokens × heads × head_dim × bf16
+
+
+def test_connector_receiving_on_shm_is_refused():
+    """A decode worker whose node config says backend shm is refused at
+    construction, naming the backend and ucx; a prefill worker (send_only)
+    is not."""
+    from kvxfer.connector import KvxferWorkerConnector
+
+    cfg = {"instance": unique("cn"), "backend": "shm", "bind": "ipc:///nonexistent/x.sock", "insecure": True,
+           "model": "Llama-3.1-8B"}
+    for role in ("consumer", "both"):
+        with pytest.raises(ValueError, match="backend = 'shm' for a rank that receives.*use backend 'ucx'"):
+            KvxferWorkerConnector(cfg, role=role)
+    w = KvxferWorkerConnector(cfg, role="producer")
+    assert w.node

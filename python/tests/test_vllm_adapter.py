@@ -401,7 +401,11 @@ def test_preemptions_reach_the_worker_from_either_vllm():
     ({"kv_role": "producer"}, None, "kv_role"),
     ({}, {"workers": 2}, "'model'"),
     ({}, {"layout": [4, 2]}, "'layout'"),
-    ({}, {"model": "Llama-3.1-8B", "peers": []}, "'peers'"),
+    ({}, {"model": "Llama-3.1-8B", "parallel": {"tp": 2}}, "'parallel'"),
+    ({}, {"model": "Llama-3.1-8B", "bind": "ipc://x.sock", "pool_address": 4096}, "'pool_address'"),
+    # A decode rank's node must let peers write into vLLM's KV cache: not shm.
+    ({"kv_role": "kv_consumer"}, {"model": "Llama-3.1-8B", "bind": "ipc://x.sock", "backend": "shm"}, "backend = 'shm'"),
+    ({"kv_role": "kv_both"}, {"model": "Llama-3.1-8B", "peers": [], "backend": "shm"}, "use backend 'ucx'"),
     ({}, {"model": "Llama-3.1-8B", "tp": 2}, "'tp'"),
     ({}, {"model": "Llama-3.1-8B", "pool_bytes": 1 << 20}, "'pool_bytes'"),
     ({}, {"model": "Llama-3.1-8B", "layot": {}}, "'layot'"),

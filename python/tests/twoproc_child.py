@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,8 +24,97 @@ def view(node, block):
     return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(node.block_address(0, block)))
 
 
+def connector_side(args):
+    """One vLLM instance through the worker connector over its own KV cache
+    (a torch tensor the "framework" allocated): "producer" hands a prompt
+    over in chunks, "consumer" loads it into its block table and checks
+    every element against the truth both sides compute from one seed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvxfer.connector import KvxferSchedulerConnector, KvxferWorkerConnector
+
+    layers, heads, head, tpb, nblocks = 4, 2, 8, 16, 64
+    side, prompt, name = args["side"], args["prompt"], args["config"]["instance"]
+    cache = torch.zeros((nblocks, layers, 2, heads, tpb, head), dtype=torch.bfloat16)
+    kv = {"model.layers.%d.self_attn" % i: cache[:, i].transpose(2, 3) for i in range(layers)}
+    cfg = dict(args["config"], layout={"layers": layers, "kv_heads": heads, "head_dim": head, "dtype_bytes": 2,
+                                       "tokens_per_block": tpb})
+    w = KvxferWorkerConnector(cfg, role=side)
+    s = KvxferSchedulerConnector(name, side, tpb)
+    w.register_kv_caches(kv)
+    out = {"side": side, "node": isinstance(w.engine, kvxfer.Node)}
+    torch.manual_seed(11)
+    truth = torch.randn((layers, 2, prompt, heads, head)).to(torch.bfloat16)
+    nb = -(-prompt // tpb)
+    ok = False
+    try:
+        w.engine.wait_peers(20000)
+        deadline = time.monotonic() + 30
+        if side == "producer":
+            req = SimpleNamespace(request_id="cmpl-1", prompt_token_ids=list(range(prompt)),
+                                  kv_transfer_params={"do_remote_decode": True}, status="FINISHED_LENGTH_CAPPED")
+            blocks = [list(range(nblocks - 1, nblocks - 1 - 3 * nb, -3))]  # not contiguous, as vLLM's
+            s.update_state_after_alloc(req, blocks, 0)
+            done = 0
+            while done < prompt:  # chunked prefill, 64 tokens a step
+                step = min(64, prompt - done)
+                w.bind_connector_metadata(s.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-1": step})))
+                w.start_load_kv(None)
+                for i, layer in enumerate(kv.values()):
+                    for t in range(done, done + step):
+                        layer[blocks[0][t // tpb], :, t % tpb] = truth[i, :, t]
+                w.wait_for_save()
+                w.clear_connector_metadata()
+                done += step
+            keep, params = s.request_finished(req, blocks)
+            out["params"] = params
+            while not ok and time.monotonic() < deadline:
+                sent, _ = w.get_finished({"cmpl-1"})
+                ok = "cmpl-1" in (sent or ())
+                time.sleep(0.001)  # poll with the deadline above
+        else:
+            params = {"do_remote_prefill": True, "remote_instance": args["context"], "remote_request_id": "cmpl-1"}
+            req = SimpleNamespace(request_id="cmpl-1-decode", prompt_token_ids=list(range(prompt)),
+                                  kv_transfer_params=params)
+            s.get_num_new_matched_tokens(req, 0)
+            blocks = [list(range(1, 1 + 2 * nb, 2))]
+            s.update_state_after_alloc(req, blocks, prompt)
+            w.bind_connector_metadata(s.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+            w.start_load_kv(None)
+            w.clear_connector_metadata()
+            loaded = False
+            while not loaded and time.monotonic() < deadline:
+                _, recv = w.get_finished(set())
+                loaded = "cmpl-1-decode" in (recv or ())
+                time.sleep(0.001)  # poll with the deadline above
+            verified = 0
+            if loaded and not w.failed:
+                ok = True
+                for i, layer in enumerate(kv.values()):
+                    for t in range(prompt):
+                        got = layer[blocks[0][t // tpb], :, t % tpb]
+                        if not torch.equal(got, truth[i, :, t]):
+                            ok = False
+                            out["mismatch"] = "layer %d token %d" % (i, t)
+                            break
+                        verified += got.numel() * got.element_size()
+                    if not ok:
+                        break
+            out.update(loaded=loaded, verified=verified)
+        out["failed"] = {k: str(v) for k, v in w.failed.items()}
+    finally:
+        w.shutdown(10000)
+    out["handles_left"] = kvxfer.handle_count()
+    print(json.dumps(out), flush=True)
+    sys.exit(0 if ok and out["handles_left"] == 0 else 1)
+
+
 def main():
     args = json.loads(sys.argv[1])
+    if "side" in args:
+        return connector_side(args)
     node = kvxfer.Node(args["config"])
     out = {"role": args["role"], "backend": args["config"].get("backend")}
     try:
