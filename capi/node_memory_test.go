@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -136,10 +137,24 @@ func TestNodeFrameworkMemoryErrors(t *testing.T) {
 		{"shm", good, `,"send_only":true,"revoke_spare_bytes":65536`, "revoke_spare_bytes = 65536"},
 		{"shm", good, `,"send_only":true,"model":"Llama-3.1-8B"`, `layout and model = "Llama-3.1-8B": give one`},
 		{"shm", good, `,"send_only":true,"pool_bytes":4096`, "pool_bytes = 4096"},
+		{"shm", good, `,"send_only":true,"pool_address":4096`, "pool_address and memory: give one"},
 	} {
 		_, _, err := OpenNode(nodeMemJSON(dir, "nm-bad", "nm-peer", c.backend, c.mem, c.extra))
 		if Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
 			t.Errorf("backend %s memory %s%s: %v, want a config error naming %q", c.backend, c.mem, c.extra, err, c.needle)
+		}
+	}
+	// The caller's pool by address (pool_address): without its length, and
+	// on shm for a receiving node.
+	pool := fmt.Sprint(uintptr(unsafe.Pointer(&buf[0])))
+	for _, c := range []struct{ extra, needle string }{
+		{`"pool_address":` + pool, "without pool_bytes"},
+		{`"pool_address":0,"pool_bytes":4096`, "pool_address = 0"},
+		{`"pool_address":` + pool + `,"pool_bytes":4096,"backend":"shm"`, `backend = "shm": a receiving node`},
+	} {
+		js := fmt.Sprintf(`{"instance":"nm-pool",%s,"insecure":true,"bind":"ipc://%s",%s}`, tinyLayout, filepath.Join(dir, "pool.sock"), c.extra)
+		if _, _, err := OpenNode(js); Code(err) != ErrConfig || !strings.Contains(err.Error(), c.needle) {
+			t.Errorf("%s: %v, want a config error naming %q", js, err, c.needle)
 		}
 	}
 	if n := HandleCount(); n != base {

@@ -53,7 +53,8 @@ extern "C" {
  * 3: kvxfer_chunk_layers and kvxfer_chunk_layers_cuda; 4: the "memory"
  * object's dtype_bytes; 5: kvxfer_send_parallel, and kvxfer_receive checks
  * each destination run's first; 6: kvxfer_node_open over the framework's
- * own tensors ("memory" with "layers") and its "layout" key. */
+ * own tensors ("memory" with "layers") or pool ("pool_address"), and its
+ * "layout" key. */
 #define KVXFER_ABI_MINOR 6
 
 /* Status codes: what every call returns. */
@@ -259,12 +260,16 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * node.
  *
  * Since KVXFER_ABI_MINOR 6: layout, kvxfer_engine_open's layout object,
- * instead of model (both is KVXFER_ERR_CONFIG); and memory with layers:
+ * instead of model (both is KVXFER_ERR_CONFIG); pool_address, the address
+ * of the caller's pool of pool_bytes bytes (host memory, laid out as a
+ * node's own pool, as kvxfer_engine_open's pool argument: vLLM's
+ * cross-layer KV cache), refused with memory or without pool_bytes; and
+ * memory with layers:
  * the framework's own KV tensors by address, kvxfer_engine_open's memory
  * object {kind, num_blocks, layers, v_layers, strides, dtype_bytes} (see
  * there; its errors name memory's keys), which the node then uses instead
  * of a pool of its own: peers write into the framework's tensors, block
- * ids are the framework's. What can run over it, each refusal
+ * ids are the framework's. What can run over either, each refusal
  * KVXFER_ERR_CONFIG naming the value:
  *   - a rank that receives (not send_only) needs backend "ucx", which
  *     registers memory it did not allocate (host memory; the library
