@@ -81,19 +81,9 @@ func TestChunkCUDACloseReleasesEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Free()
-	ev, err := dev.NewEvent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 2000 { // 100 µs each on the fake driver: the event stays pending ≥ 200 ms
-		if err := s.MemsetD8(m.Ptr(), 7, 4096); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Record(ev); err != nil {
-		t.Fatal(err)
-	}
-
+	// The engines first, then the event: its ≥ 200 ms pending start
+	// after the (on a loaded machine, slow) opens, and cover only the
+	// chunk's hand-over and the check below.
 	p, _, err := Open(`{"instance":"capi-cu-p2",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +98,18 @@ func TestChunkCUDACloseReleasesEvent(t *testing.T) {
 	}
 	tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "cu2", PromptLen: 32}})
 	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := dev.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2000 { // 100 µs each on the fake driver: the event stays pending ≥ 200 ms
+		if err := s.MemsetD8(m.Ptr(), 7, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Record(ev); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.ChunkCUDA(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, uint64(ev.Handle()), 0); err != nil {

@@ -52,11 +52,14 @@ var (
 // Node is one process's kvxfer rank: its engine, control link, data-plane
 // agent and pool memory, wired together.
 type Node struct {
-	cfg     Config
-	log     zerolog.Logger
-	eng     *kvxfer.Engine
-	link    *zmq.Link // nil on the in-process link
-	agent   rdma.Agent
+	cfg   Config
+	log   zerolog.Logger
+	eng   *kvxfer.Engine
+	link  *zmq.Link // nil on the in-process link
+	agent rdma.Agent
+	// vouch is link once it is open: a ucx agent links only with agents
+	// whose address a peer's Hello on it carries (admit).
+	vouch   atomic.Pointer[zmq.Link]
 	pool    io.Closer // the pool memory's closer (nil: the engine's own)
 	backend string
 	peers   []Peer
@@ -143,7 +146,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	var region *kvcache.Region
 	var revoker kvcache.Revoker
-	if n.agent, region, n.pool, revoker, err = openData(cfg, n.backend, self); err != nil {
+	if n.agent, region, n.pool, revoker, err = openData(cfg, n.backend, self, n.admit); err != nil {
 		return nil, err
 	}
 	if revoker != nil {
@@ -195,11 +198,13 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				e.PeerAlive(p)
 			}
 		}
-		if n.link, err = zmq.New(*zc); err != nil {
+		n.link, err = zmq.New(*zc)
+		if err != nil {
 			n.closePids()
 			n.closeData()
 			return nil, fmt.Errorf("node: control link: %w", err)
 		}
+		n.vouch.Store(n.link)
 		link = n.link
 	}
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
@@ -294,17 +299,28 @@ func publicKey(field, inline, file string) (string, error) {
 	return k, nil
 }
 
+// admit is the ucx agent's admission (ucx.WithAdmission): an agent links
+// with this node's only if a peer's Hello on the control link carries its
+// address. A writer connects to this node's agent only after its Hello
+// reached this node's engine (a RequestData waits for it), so every
+// writer is admitted; an agent nobody vouched for learns nothing (the
+// secret this agent's keys are signed with) and costs no endpoint.
+func (n *Node) admit(addr []byte) bool {
+	l := n.vouch.Load()
+	return l != nil && l.SaysAgent(addr)
+}
+
 // openData opens the backend's agent and pool memory the backend can
 // write: a shared-memory file (shm), memory UCX allocated (ucx), or none
 // (loopback: the engine allocates host memory).
-func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvcache.Region, io.Closer, kvcache.Revoker, error) {
+func openData(c Config, backend string, self messages.PeerID, admit func([]byte) bool) (rdma.Agent, *kvcache.Region, io.Closer, kvcache.Revoker, error) {
 	size := c.PoolBytes
 	if size == 0 {
 		size = kvxfer.DefaultPoolBytes
 	}
 	switch {
 	case c.CallerMemory != nil:
-		a, err := callerAgent(c, backend)
+		a, err := callerAgent(c, backend, admit)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -313,7 +329,7 @@ func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvca
 		return loopback.New(), nil, nil, nil, nil
 	case c.SendOnly: // the engine allocates private memory
 		if backend == ucx.Backend {
-			a, err := ucx.New()
+			a, err := ucx.New(ucx.WithAdmission(admit))
 			if err != nil {
 				return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 			}
@@ -321,7 +337,7 @@ func openData(c Config, backend string, self messages.PeerID) (rdma.Agent, *kvca
 		}
 		return shm.New(), nil, nil, nil, nil
 	case backend == ucx.Backend:
-		a, err := ucx.New()
+		a, err := ucx.New(ucx.WithAdmission(admit))
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 		}

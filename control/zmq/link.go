@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -490,6 +491,21 @@ func closeSocket(s *zmq4.Socket) {
 	}
 	_ = s.SetLinger(0)
 	_ = s.Close()
+}
+
+// SaysAgent reports whether a peer's latest Hello in the directory
+// carries the data-plane agent address addr: an agent this link's
+// authenticated peers vouch for (ucx.WithAdmission). It takes the link's
+// lock for a walk of the directory (at most 4,096 peers).
+func (l *Link) SaysAgent(addr []byte) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, info := range l.peers {
+		if info.hello != nil && bytes.Equal(info.hello.AgentAddr, addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // Hello implements control.Link: the latest Hello peer said, while it is

@@ -66,7 +66,9 @@
 // link key, which only A and B can derive (X25519 of one's private key and
 // the other's public key): one that does not verify is dropped, so no
 // third party, peer of both or not, can say bye, revoke, restore or reply
-// in A's name (linkkey.go). Data endpoints are separate UCP endpoints (one
+// in A's name (linkkey.go). With WithAdmission, B answers a hello only
+// from an agent whose address its admit accepts (a node: an address one of
+// its authenticated peers sent); any other is dropped. Data endpoints are separate UCP endpoints (one
 // per rdma.Endpoint), all with peer error handling
 // (UCP_ERR_HANDLING_MODE_PEER and an error callback).
 //

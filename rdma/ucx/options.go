@@ -19,6 +19,7 @@ type options struct {
 	revoke    time.Duration
 	mmErrors  bool
 	cpus      []int // the progress thread's affinity (none: the scheduler's choice)
+	admit     func(addr []byte) bool
 }
 
 func defaultOptions() options {
@@ -81,6 +82,19 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // with rdma.ErrRegionBusy and changes nothing.
 func WithRevokeTimeout(d time.Duration) Option {
 	return func(o *options) { o.revoke = d }
+}
+
+// WithAdmission makes the agent link only with agents whose address admit
+// accepts: a hello from any other agent is dropped, so that an agent
+// nobody vouched for learns nothing of this one (its key secret) and
+// costs it no endpoint. admit gets the address the hello carries (what
+// the other agent's Address returns); it runs on the progress goroutine
+// and must not block. A node admits the agent addresses its
+// authenticated peers sent in their Hellos (a writer connects only after
+// its Hello reached this node's engine). Connect is not affected: this
+// agent links with the addresses it is given.
+func WithAdmission(admit func(addr []byte) bool) Option {
+	return func(o *options) { o.admit = admit }
 }
 
 // WithSharedMemoryErrorHandling says whether UCX's shared-memory transports

@@ -169,6 +169,7 @@ type worker struct {
 	nextTimers time.Time
 	dropped    int           // control messages malformed, or not sealed by their sender
 	own        workerAddress // this worker's, parsed (aliasOf)
+	unadmitted int           // hellos dropped by WithAdmission
 	opPool     []*flushOp
 	entPool    [][]*entry
 	// A round's small batches, posted together by putPending; their

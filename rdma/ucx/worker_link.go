@@ -184,6 +184,11 @@ func (w *worker) onHello(m *message, l *link, body, mac []byte) {
 		w.dropped++
 		return
 	}
+	if l == nil && w.a.opts.admit != nil && !w.a.opts.admit(m.addr) {
+		w.dropped++ // nobody vouched for it (WithAdmission)
+		w.unadmitted++
+		return
+	}
 	if l == nil {
 		if l, err = w.newLink(pa); err != nil {
 			return

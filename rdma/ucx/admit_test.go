@@ -1,0 +1,56 @@
+//go:build cgo && linux && !kvxfer_noucx
+
+package ucx
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// TestAdmission: an agent with WithAdmission links only with agents whose
+// address its admit accepts: another agent's Connect gets no answer (its
+// handshake times out) and leaves no link behind; once admitted, the
+// same agent links.
+func TestAdmission(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	var vouched []byte
+	owner, err := New(WithAdmission(func(addr []byte) bool { return vouched != nil && bytes.Equal(addr, vouched) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	stranger, err := New(WithHandshakeTimeout(500 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	if ep, err := stranger.Connect(owner.Address()); !errors.Is(err, rdma.ErrPeerGone) {
+		if ep != nil {
+			ep.Close()
+		}
+		t.Fatalf("Connect of an agent nobody vouched for: %v, want ErrPeerGone (no answer to its hello)", err)
+	}
+	var links, unadmitted int
+	owner.w.do(func() { links, unadmitted = len(owner.w.links), owner.w.unadmitted })
+	if links != 0 || unadmitted == 0 {
+		t.Fatalf("owner: %d links, %d hellos unadmitted; want none, at least one", links, unadmitted)
+	}
+
+	friend, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer friend.Close()
+	// The admit func runs on the owner's progress goroutine: set what it
+	// reads there.
+	owner.w.do(func() { vouched = friend.Address() })
+	ep, err := friend.Connect(owner.Address())
+	if err != nil {
+		t.Fatalf("Connect of an admitted agent: %v", err)
+	}
+	ep.Close()
+}
