@@ -215,6 +215,10 @@ func (n *Node) tie(w *watch, wrote bool) {
 	n.untied.Add(-1)
 }
 
+// deadReclaimer is an agent that can release what writers proven dead
+// left counted in its regions (shm.Agent.ReclaimDead).
+type deadReclaimer interface{ ReclaimDead() int }
+
 // writerExited reports that the process of w exited. If it was tied to
 // this node's pool, the engine ends the quarantine of the requests
 // addressed to that incarnation, and, unless a newer incarnation said
@@ -224,6 +228,15 @@ func (n *Node) tie(w *watch, wrote bool) {
 // Logged at warn only when requests of the peer were live or quarantined.
 func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	peer, inc := w.peer, w.inc
+	if a, ok := n.agent.(deadReclaimer); ok {
+		// Its writer slots in this node's pool file: a writer that died
+		// with batches in flight (or without closing) would otherwise
+		// hold one until this node's pool is deregistered, and once the
+		// table is full a later writer's death would keep the pool busy.
+		if freed := a.ReclaimDead(); freed > 0 {
+			n.log.Debug().Int("slots", freed).Msgf("peer %s's process %d exited: writer slots of dead writers freed", peer, w.pid)
+		}
+	}
 	n.exitMu.RLock()
 	e := eng()
 	if e == nil || n.engDone {

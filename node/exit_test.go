@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/internal/pidwatch/pidwatchtest"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
@@ -284,5 +286,34 @@ func TestExitProvesByBackendAndUCXTLS(t *testing.T) {
 		if got := exitProves(c.backend); got != c.want {
 			t.Errorf("backend %s, UCX_TLS=%q: exit proves %v, want %v", c.backend, c.tls, got, c.want)
 		}
+	}
+}
+
+// reclaimAgent is an agent that counts ReclaimDead calls.
+type reclaimAgent struct {
+	rdma.Agent
+	calls atomic.Int32
+}
+
+func (a *reclaimAgent) ReclaimDead() int { a.calls.Add(1); return 0 }
+
+// A writer process's exit makes the node's agent reclaim the writer slots
+// of dead writers in its pool file (shm.Agent.ReclaimDead): without it a
+// long-lived pool's slot table filled with writers killed over its life,
+// and a later writer's death kept the pool busy (found by review; the
+// shm side is TestSlotTableDoesNotFillWithDeadWriters).
+func TestWriterExitReclaimsDeadWritersSlots(t *testing.T) {
+	n, path := newShmNode(t)
+	a := &reclaimAgent{}
+	n.agent = a
+	s := &sink{}
+	mapper, mp := pidwatchtest.Mapper(t, path)
+	n.watchExit(&messages.Hello{From: messages.PeerID{Instance: "ctx"}, Backend: "shm", Incarnation: 1, Process: mp}, func() exitSink { return s })
+	if err := mapper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	awaitCalls(t, s, 1)
+	if c := a.calls.Load(); c != 1 {
+		t.Fatalf("ReclaimDead called %d times on the writer's exit, want 1", c)
 	}
 }

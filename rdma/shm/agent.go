@@ -154,6 +154,28 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 	return nil
 }
 
+// ReclaimDead releases the batches that writers proven dead left in
+// flight in every region this agent has registered, and frees their
+// writer slots (sharedFile.reclaim), so that the slots of writers that
+// died without closing (killed, crashed) do not fill the table while the
+// region stays registered; it returns how many writers' slots it freed.
+// An owner calls it when it learns that a writer's process exited (a
+// node: from the writer's pidfd); Register and a busy Deregister reclaim
+// too. A live writer's slot is never touched (copier.ReclaimDead).
+func (a *Agent) ReclaimDead() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	freed := 0
+	files.mu.Lock()
+	defer files.mu.Unlock()
+	for r := range a.regs {
+		if f := r.file; f != nil && !f.closed {
+			freed += f.reclaim().Slots
+		}
+	}
+	return freed
+}
+
 // Connect opens an endpoint to the agent at peer. It fails with
 // rdma.ErrPeerGone when the peer's process does not exist.
 func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {

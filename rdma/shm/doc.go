@@ -53,8 +53,11 @@
 // counts its batches there too, after the lease on acquire and before it on
 // release, so that a slot never counts more than its writer holds in the
 // lease (rdma/internal/copier, "Writer slots"). Before Deregister reports
-// the region busy, and when a region is registered, the receiver releases
-// the batches counted in the slots of senders proven dead and frees their
+// the region busy, when a region is registered, and whenever the owner
+// calls Agent.ReclaimDead (a node does when a sender's process exits,
+// seen through its pidfd, so that dead senders' slots do not fill the
+// table over a long-lived region's life), the receiver releases the
+// batches counted in the slots of senders proven dead and frees their
 // slots: a sender is proven dead only in the receiver's own pid namespace,
 // when no process has its pid, another process has it (a reused pid: other
 // start time) or it is a zombie with no thread left; a sender that is
