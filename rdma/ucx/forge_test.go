@@ -203,3 +203,70 @@ func TestLinkKeyIsPairwise(t *testing.T) {
 		t.Errorf("an older kvxfer's address: %v, want ErrBadAddress", err)
 	}
 }
+
+// TestSelfLinkKeyBoundedByOwnRegistration: on an endpoint to itself (a
+// hostile peer can hand out this agent's own address as its own), a key of
+// this agent's registration signed with its secret, which every peer of it
+// learns from its hello, but naming memory outside the registration, is
+// refused (rdma.ErrBadKey) and nothing lands there. Before, the self
+// transport copied to the key's base: a write into this process's
+// unregistered memory, or a SIGSEGV (found by review).
+func TestSelfLinkKeyBoundedByOwnRegistration(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	w, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	srcR, err := kvcache.NewHostRegion(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srcR.Close()
+	victim, err := kvcache.NewHostRegion(1 << 16) // registered nowhere
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	src, err := w.Register(srcR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range srcR.Bytes() {
+		srcR.Bytes()[i] = 0xab
+	}
+	pk, err := parseKey(src.Remote().Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := w.Connect(w.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	for _, k := range []regionKey{
+		{owner: w.id, reg: pk.reg, base: uint64(victim.Base), len: 4096, rkey: pk.rkey},       // outside it
+		{owner: w.id, reg: pk.reg, base: pk.base + 4096, len: pk.len, rkey: pk.rkey},          // past its end
+		{owner: w.id, reg: pk.reg + 100, base: uint64(victim.Base), len: 4096, rkey: pk.rkey}, // no such registration
+	} {
+		forged := k.encode(w.secret[:])
+		done := make(chan error, 1)
+		err := self.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: forged, Len: k.len},
+			Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}, Done: func(err error) { done <- err }})
+		if err == nil {
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("no completion within a minute")
+			}
+		}
+		if !errors.Is(err, rdma.ErrBadKey) {
+			t.Errorf("key of registration %d at [%#x, +%d): %v, want ErrBadKey", k.reg, k.base, k.len, err)
+		}
+	}
+	for i, b := range victim.Bytes()[:4096] {
+		if b != 0 {
+			t.Fatalf("byte %d of memory no registration covers was written", i)
+		}
+	}
+}

@@ -668,6 +668,11 @@ const (
 // checks found: the same packed bytes, and its region inside the same
 // segments.
 func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
+	if u.link.peer == w.a.id {
+		if err := w.ownKey(k); err != nil {
+			return nil, fmt.Errorf("%s: %w", u.name, err)
+		}
+	}
 	if ur, ok := u.rkeys[k.reg]; ok {
 		if k.checked != ur {
 			if err := ur.admit(k); err != nil {
@@ -694,6 +699,27 @@ func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
 		}()
 	}
 	return rk, nil
+}
+
+// ownKey checks a key of this agent's own registration, on an endpoint
+// to itself, against the registration: this agent knows its regions, and
+// a put on a link to itself is a copy within this process (UCX's self
+// transport) to the key's address, bounded by nothing else. The key's
+// MAC proves little here: every peer of this agent learns the secret it
+// is made under (the hello carries it), so a peer that hands out this
+// agent's own address as its own could sign a key with any base (found
+// by review: a write into this process's unregistered memory, or a
+// SIGSEGV).
+func (w *worker) ownKey(k *remoteKey) error {
+	r := w.regs[k.reg]
+	if r == nil {
+		return fmt.Errorf("%w: registration %d of this agent: not registered", rdma.ErrBadKey, k.reg)
+	}
+	lo, n := uint64(r.region.Base), r.region.Len
+	if k.base < lo || k.len > n || k.base-lo > n-k.len {
+		return fmt.Errorf("%w: registration %d of this agent is [%#x, +%d), the key says [%#x, +%d)", rdma.ErrBadKey, k.reg, lo, n, k.base, k.len)
+	}
+	return nil
 }
 
 // unpackedRkey is a peer's rkey unpacked on an endpoint, with what its
