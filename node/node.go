@@ -303,8 +303,7 @@ func publicKey(field, inline, file string) (string, error) {
 // with this node's only if a peer's Hello on the control link carries its
 // address. A writer connects to this node's agent only after its Hello
 // reached this node's engine (a RequestData waits for it), so every
-// writer is admitted; an agent nobody vouched for learns nothing (the
-// secret this agent's keys are signed with) and costs no endpoint.
+// writer is admitted; an agent nobody vouched for costs no endpoint.
 func (n *Node) admit(addr []byte) bool {
 	l := n.vouch.Load()
 	return l != nil && l.SaysAgent(addr)

@@ -19,52 +19,58 @@ const (
 )
 
 // addrFixed is the size of an address without the UCP worker address.
-const addrFixed = len(addrMagic) + pubLen + 4 + 4
+const addrFixed = len(addrMagic) + 2*pubLen + 4 + 4
 
-// pubLen is the size of an agent's X25519 public key.
+// pubLen is the size of an agent's public keys: X25519 (link keys) and
+// Ed25519 (its region keys' signatures).
 const pubLen = 32
 
 // crcTable is CRC-32C, guarding addresses against corruption in transit.
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // agentID names one agent: the first 128 bits of the SHA-256 of its
-// public key (idOf), so that an address cannot name one agent's id with
-// another's key.
+// public keys (idOf), so that an address cannot name one agent's id with
+// another's keys.
 type agentID [16]byte
 
 func (id agentID) String() string { return hex.EncodeToString(id[:4]) }
 
-// idOf is the id of the agent whose X25519 public key is pub.
-func idOf(pub [pubLen]byte) agentID {
+// idOf is the id of the agent whose X25519 public key is pub and Ed25519
+// public key spub.
+func idOf(pub, spub [pubLen]byte) agentID {
 	h := sha256.New()
 	h.Write([]byte("kvxfer ucx agent id\x00"))
 	h.Write(pub[:])
+	h.Write(spub[:])
 	var id agentID
 	copy(id[:], h.Sum(nil))
 	return id
 }
 
-// address is a parsed agent address: the agent's public key (X25519: two
-// agents derive their link key from it, see linkKey), its id (derived
-// from the key) and its UCP worker address (UCX unpacks it in
-// ucp_ep_create; parseAddress validates it first, see workeraddr.go).
+// address is a parsed agent address: the agent's public keys (X25519: two
+// agents derive their link key from it, see linkKey; Ed25519: it signs the
+// agent's region keys, see key.go), its id (derived from the keys) and its
+// UCP worker address (UCX unpacks it in ucp_ep_create; parseAddress
+// validates it first, see workeraddr.go).
 //
-//	"UCA2" pub[32] len(worker) u32 worker[len] crc32c(all before) u32
+//	"UCA2" pub[32] spub[32] len(worker) u32 worker[len] crc32c(all before) u32
 type address struct {
 	id     agentID
 	pub    [pubLen]byte
+	spub   [pubLen]byte
 	worker []byte // aliases the parsed bytes
 }
 
-// newAddress is the address of the agent with public key pub.
-func newAddress(pub [pubLen]byte, worker []byte) address {
-	return address{id: idOf(pub), pub: pub, worker: worker}
+// newAddress is the address of the agent with public keys pub and spub.
+func newAddress(pub, spub [pubLen]byte, worker []byte) address {
+	return address{id: idOf(pub, spub), pub: pub, spub: spub, worker: worker}
 }
 
 func (a address) encode() []byte {
 	b := make([]byte, 0, addrFixed+len(a.worker))
 	b = append(b, addrMagic...)
 	b = append(b, a.pub[:]...)
+	b = append(b, a.spub[:]...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(a.worker)))
 	b = append(b, a.worker...)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
@@ -84,7 +90,7 @@ func parseAddress(b []byte) (address, error) {
 	if len(b) < addrFixed || string(b[:len(addrMagic)]) != addrMagic {
 		return bad("not a ucx agent address")
 	}
-	n := binary.BigEndian.Uint32(b[len(addrMagic)+pubLen:])
+	n := binary.BigEndian.Uint32(b[len(addrMagic)+2*pubLen:])
 	if uint64(n) != uint64(len(b)-addrFixed) {
 		return bad(fmt.Sprintf("worker address of %d bytes in %d", n, len(b)-addrFixed))
 	}
@@ -94,8 +100,9 @@ func parseAddress(b []byte) (address, error) {
 	}
 	var a address
 	copy(a.pub[:], b[len(addrMagic):])
-	a.id = idOf(a.pub)
-	a.worker = b[len(addrMagic)+pubLen+4 : body]
+	copy(a.spub[:], b[len(addrMagic)+pubLen:])
+	a.id = idOf(a.pub, a.spub)
+	a.worker = b[len(addrMagic)+2*pubLen+4 : body]
 	if len(a.worker) == 0 {
 		return bad("empty worker address")
 	}

@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"crypto/ecdh"
+	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -34,13 +35,14 @@ var ErrUnavailable = errors.New("ucx: backend not built in (needs cgo on Linux a
 // Agent is an rdma.Agent over one UCP context and worker, driven by one
 // progress goroutine. It is safe for concurrent use.
 type Agent struct {
-	id     agentID
-	priv   *ecdh.PrivateKey // its public key is in the address; see linkkey.go
-	pub    [pubLen]byte
-	secret [32]byte
-	name   string
-	opts   options
-	w      *worker
+	id   agentID
+	priv *ecdh.PrivateKey // its public key is in the address; see linkkey.go
+	pub  [pubLen]byte
+	sign ed25519.PrivateKey // signs its region keys (key.go); public key in the address
+	spub [pubLen]byte
+	name string
+	opts options
+	w    *worker
 
 	// Set by the progress goroutine before New returns.
 	addr     []byte
@@ -79,8 +81,13 @@ func New(opts ...Option) (*Agent, error) {
 	}
 	a.priv = priv
 	copy(a.pub[:], priv.PublicKey().Bytes())
-	a.id = idOf(a.pub)
-	rand.Read(a.secret[:])
+	spub, sign, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("ucx: new agent: signing key: %w", err)
+	}
+	a.sign = sign
+	copy(a.spub[:], spub)
+	a.id = idOf(a.pub, a.spub)
 	a.name = "ucx agent " + a.id.String()
 	a.w = newWorker(a)
 	ready := make(chan error, 1)
@@ -216,7 +223,7 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: connect: %w", a, err)
 	}
-	c := &call{addr: address{id: pa.id, pub: pa.pub, worker: append([]byte(nil), pa.worker...)}, done: make(chan struct{})}
+	c := &call{addr: address{id: pa.id, pub: pa.pub, spub: pa.spub, worker: append([]byte(nil), pa.worker...)}, done: make(chan struct{})}
 	if !a.w.call(reqConnect, c) {
 		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
 	}

@@ -68,7 +68,7 @@ func TestConnectRefusesAnAddressNamingThisWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged := newAddress(other.pub, own.worker).encode()
+	forged := newAddress(other.pub, other.spub, own.worker).encode()
 	ep, err := a.Connect(forged)
 	if err == nil {
 		ep.Close()

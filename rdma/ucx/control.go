@@ -12,7 +12,7 @@ import (
 type msgKind uint8
 
 const (
-	msgHello   msgKind = 1 + iota // "here I am": id, secret, address, live registrations
+	msgHello   msgKind = 1 + iota // "here I am": id, address, live registrations
 	msgWelcome                    // the answer to a hello, the same fields
 	msgRevoke                     // "stop using registration reg" (answered by msgReply)
 	msgRestore                    // "registration reg is live again" (answered by msgReply)
@@ -54,7 +54,7 @@ var errBadMessage = errors.New("ucx: malformed control message")
 // under the link key follows it (linkkey.go: seal, unseal).
 //
 //	"UCM2" kind u8 req u64 from[16], then for
-//	hello, welcome:  secret[32] len(addr) u32 addr nextReg u64 n u32 live[n] u64
+//	hello, welcome:  len(addr) u32 addr nextReg u64 n u32 live[n] u64
 //	revoke, restore: reg u64
 //	reply:           ok u8
 //	bye, bye-ack:    nothing
@@ -63,7 +63,6 @@ type message struct {
 	req  uint64 // matches a reply to its request
 	from agentID
 
-	secret  [32]byte
 	addr    []byte // the sender's agent address (encoded)
 	nextReg uint64 // registrations from this id on were made after the hello
 	live    []uint64
@@ -80,7 +79,6 @@ func (m *message) encode() []byte {
 	b = append(b, m.from[:]...)
 	switch m.kind {
 	case msgHello, msgWelcome:
-		b = append(b, m.secret[:]...)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(m.addr)))
 		b = append(b, m.addr...)
 		b = binary.BigEndian.AppendUint64(b, m.nextReg)
@@ -115,12 +113,11 @@ func decodeMessage(b []byte) (*message, error) {
 	rest := b[msgHeader:]
 	switch m.kind {
 	case msgHello, msgWelcome:
-		if len(rest) < 32+4 {
+		if len(rest) < 4 {
 			return bad("short hello")
 		}
-		copy(m.secret[:], rest)
-		n := binary.BigEndian.Uint32(rest[32:])
-		rest = rest[36:]
+		n := binary.BigEndian.Uint32(rest)
+		rest = rest[4:]
 		if uint64(n) > uint64(len(rest)) {
 			return bad("address past the end")
 		}

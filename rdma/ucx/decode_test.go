@@ -2,20 +2,24 @@ package ucx
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"errors"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
-func testKey() (regionKey, []byte) {
+func testKey() (regionKey, ed25519.PrivateKey, [pubLen]byte) {
 	k := regionKey{owner: agentID{1, 2, 3}, reg: 7, base: 0x7f0000001000, len: 1 << 20, rkey: bytes.Repeat([]byte{0xab}, 40)}
-	return k, []byte("0123456789abcdef0123456789abcdef")
+	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, ed25519.SeedSize))
+	var pub [pubLen]byte
+	copy(pub[:], priv.Public().(ed25519.PublicKey))
+	return k, priv, pub
 }
 
 func TestKeyRoundTrip(t *testing.T) {
-	k, secret := testKey()
-	b := k.encode(secret)
+	k, priv, pub := testKey()
+	b := k.encode(priv)
 	got, err := parseKey(b)
 	if err != nil {
 		t.Fatal(err)
@@ -23,26 +27,26 @@ func TestKeyRoundTrip(t *testing.T) {
 	if got.owner != k.owner || got.reg != k.reg || got.base != k.base || got.len != k.len || !bytes.Equal(got.rkey, k.rkey) {
 		t.Fatalf("parsed %+v, want %+v", got, k)
 	}
-	if err := got.verify(secret); err != nil {
+	if err := got.verify(pub); err != nil {
 		t.Fatal(err)
 	}
 	for i := range b { // every byte is covered by the structure or the mac
 		c := bytes.Clone(b)
 		c[i] ^= 1
-		if p, err := parseKey(c); err == nil && p.verify(secret) == nil {
+		if p, err := parseKey(c); err == nil && p.verify(pub) == nil {
 			t.Errorf("key with byte %d flipped verified", i)
 		}
 	}
-	if err := got.verify([]byte("another secret")); !errors.Is(err, rdma.ErrBadKey) {
-		t.Errorf("verify under another secret: %v", err)
+	if err := got.verify([pubLen]byte{1}); !errors.Is(err, rdma.ErrBadKey) {
+		t.Errorf("verify with another agent's key: %v", err)
 	}
 }
 
 func TestAddressRoundTrip(t *testing.T) {
-	a := newAddress([pubLen]byte{9}, validAddress(t))
+	a := newAddress([pubLen]byte{9}, [pubLen]byte{8}, validAddress(t))
 	b := a.encode()
 	got, err := parseAddress(b)
-	if err != nil || got.id != a.id || got.pub != a.pub || !bytes.Equal(got.worker, a.worker) {
+	if err != nil || got.id != a.id || got.pub != a.pub || got.spub != a.spub || !bytes.Equal(got.worker, a.worker) {
 		t.Fatalf("parseAddress = %+v, %v", got, err)
 	}
 	for i := range b {
@@ -56,7 +60,7 @@ func TestAddressRoundTrip(t *testing.T) {
 
 func TestMessageRoundTrip(t *testing.T) {
 	for _, m := range []*message{
-		{kind: msgHello, req: 1, from: agentID{1}, secret: [32]byte{2}, addr: []byte("addr"), nextReg: 5, live: []uint64{1, 3}},
+		{kind: msgHello, req: 1, from: agentID{1}, addr: []byte("addr"), nextReg: 5, live: []uint64{1, 3}},
 		{kind: msgWelcome, req: 2, from: agentID{1}, addr: []byte{}, live: []uint64{}},
 		{kind: msgRevoke, req: 3, reg: 9},
 		{kind: msgRestore, req: 4, reg: 9},
@@ -82,23 +86,23 @@ func TestMessageRoundTrip(t *testing.T) {
 // re-encodes to the same bytes.
 
 func FuzzParseKey(f *testing.F) {
-	k, secret := testKey()
-	f.Add(k.encode(secret))
-	f.Add([]byte("UCK1"))
+	k, priv, pub := testKey()
+	f.Add(k.encode(priv))
+	f.Add([]byte("UCK2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		k, err := parseKey(b)
 		if err != nil {
 			return
 		}
-		if !bytes.Equal(k.body, b[:len(k.body)]) || len(k.body)+macLen != len(b) {
+		if !bytes.Equal(k.body, b[:len(k.body)]) || len(k.body)+sigLen != len(b) {
 			t.Fatalf("parsed key does not cover the input")
 		}
-		_ = k.verify(secret)
+		_ = k.verify(pub)
 	})
 }
 
 func FuzzParseAddress(f *testing.F) {
-	f.Add(newAddress([pubLen]byte{1}, validAddress(f)).encode())
+	f.Add(newAddress([pubLen]byte{1}, [pubLen]byte{2}, validAddress(f)).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := parseAddress(b)
 		if err != nil {

@@ -57,10 +57,10 @@
 // process on some malformed ones; a refused address is an error wrapping
 // rdma.ErrBadAddress and ErrBadWorkerAddress.
 //
-// An agent's address carries its X25519 public key, and its id is derived
-// from that key. The first Connect from agent A to agent B links them: A
-// opens a UCP endpoint to B's worker and sends a hello (A's id, address,
-// key secret and live registrations) as an active message; B opens an
+// An agent's address carries its X25519 and Ed25519 public keys, and its
+// id is derived from them. The first Connect from agent A to agent B links
+// them: A opens a UCP endpoint to B's worker and sends a hello (A's id,
+// address and live registrations) as an active message; B opens an
 // endpoint back and answers with its own. Every control message (hello,
 // welcome, revoke, restore, reply, bye, bye-ack) carries a MAC under the
 // link key, which only A and B can derive (X25519 of one's private key and
@@ -68,19 +68,21 @@
 // third party, peer of both or not, can say bye, revoke, restore or reply
 // in A's name (linkkey.go). With WithAdmission, B answers a hello only
 // from an agent whose address its admit accepts (a node: an address one of
-// its authenticated peers sent); any other is dropped. Data endpoints are separate UCP endpoints (one
-// per rdma.Endpoint), all with peer error handling
-// (UCP_ERR_HANDLING_MODE_PEER and an error callback).
+// its authenticated peers sent); any other is dropped. Data endpoints are
+// separate UCP endpoints (one per rdma.Endpoint), all with peer error
+// handling (UCP_ERR_HANDLING_MODE_PEER and an error callback).
 //
 // A RemoteRegion.Key is
 //
-//	"UCK1" owner-agent-id[16] registration-id base len len(rkey) rkey mac[16]
+//	"UCK2" owner-agent-id[16] registration-id base len len(rkey) rkey sig[64]
 //
 // where base is the region's address in the owner's process, rkey the
-// output of ucp_rkey_pack and mac HMAC-SHA256 (truncated) of the rest under
-// the owner's secret, which only linked peers learn. A sender verifies the
-// key once per endpoint (a key altered, truncated or extended, or of
-// another agent, is refused with rdma.ErrBadKey) and unpacks the rkey with
+// output of ucp_rkey_pack and sig the owner's Ed25519 signature of the
+// rest, which only the owner can make. A sender verifies the key once per
+// endpoint with the public key in the owner's address (a key altered,
+// truncated or extended, signed by another agent, or of another agent, is
+// refused with rdma.ErrBadKey); on an endpoint to itself an agent also
+// checks the key against its own registration (worker.ownKey) and unpacks the rkey with
 // ucp_ep_rkey_unpack on the progress goroutine the first time the endpoint
 // uses it, caching it per registration. The owner wrote the packed rkey,
 // base and len, so they are checked first (rkey.go, rkeyseg.go):

@@ -180,11 +180,7 @@ func (e *endpoint) resolve(key []byte) (*remoteKey, error) {
 	if pk.owner != e.link.peer {
 		return nil, fmt.Errorf("%w: registration %d of agent %s, but this endpoint's peer is agent %s", rdma.ErrBadKey, pk.reg, pk.owner, e.link.peer)
 	}
-	secret, ok := e.link.peerSecret()
-	if !ok {
-		return nil, fmt.Errorf("%w: agent %s has not linked yet", rdma.ErrPeerGone, e.link.peer)
-	}
-	if err := pk.verify(secret[:]); err != nil {
+	if err := pk.verify(e.link.addr.spub); err != nil {
 		return nil, err
 	}
 	// The packed rkey and the region around it are the owner's word: its

@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -133,7 +134,7 @@ func TestForgedControlMessagesAreDropped(t *testing.T) {
 		{kind: msgRevoke, req: 78, from: r.a.id, reg: 1},
 		{kind: msgRestore, req: 79, from: r.a.id, reg: 1},
 		{kind: msgReply, req: 80, from: r.a.id, ok: true},
-		{kind: msgWelcome, req: 81, from: r.a.id, secret: [32]byte{5}, addr: r.c.Address()},
+		{kind: msgWelcome, req: 81, from: r.a.id, addr: r.c.Address()},
 	}
 	for _, m := range forged {
 		for _, b := range [][]byte{seal(&cKey, m.encode()), seal(&madeUp, m.encode()), m.encode()} {
@@ -196,7 +197,7 @@ func TestLinkKeyIsPairwise(t *testing.T) {
 	if _, err := linkKey(ags[0].priv, [pubLen]byte{}); err == nil {
 		t.Error("a link key with the all-zero public key (a low-order point)")
 	}
-	if idOf(ags[0].pub) != ags[0].id {
+	if idOf(ags[0].pub, ags[0].spub) != ags[0].id {
 		t.Error("an agent's id is not its key's")
 	}
 	if _, err := parseAddress(append([]byte(oldAddrMagic), make([]byte, 60)...)); !errors.Is(err, rdma.ErrBadAddress) {
@@ -249,7 +250,7 @@ func TestSelfLinkKeyBoundedByOwnRegistration(t *testing.T) {
 		{owner: w.id, reg: pk.reg, base: pk.base + 4096, len: pk.len, rkey: pk.rkey},          // past its end
 		{owner: w.id, reg: pk.reg + 100, base: uint64(victim.Base), len: 4096, rkey: pk.rkey}, // no such registration
 	} {
-		forged := k.encode(w.secret[:])
+		forged := k.encode(w.sign)
 		done := make(chan error, 1)
 		err := self.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: forged, Len: k.len},
 			Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}, Done: func(err error) { done <- err }})
@@ -268,5 +269,87 @@ func TestSelfLinkKeyBoundedByOwnRegistration(t *testing.T) {
 		if b != 0 {
 			t.Fatalf("byte %d of memory no registration covers was written", i)
 		}
+	}
+}
+
+// TestKeyOnlyItsOwnerCanSign: P, a peer of owner V, mints a key in V's
+// name (V's registration and packed rkey, a base in V's unregistered
+// memory) and signs it itself, the best it can do: a writer W that is
+// handed it (a hostile peer's Hello naming V's agent address and this key)
+// refuses it with rdma.ErrBadKey, and nothing lands. Before, keys carried
+// a MAC under a secret V sent every agent it linked with, and P's key
+// landed W's write in V's unregistered memory, over tcp and the default
+// transports alike (found by review).
+func TestKeyOnlyItsOwnerCanSign(t *testing.T) {
+	for _, tls := range []string{"tcp", ""} {
+		t.Run("UCX_TLS="+tls, func(t *testing.T) {
+			t.Setenv("UCX_TLS", tls) // restored afterwards
+			if tls == "" {
+				os.Unsetenv("UCX_TLS") // UCX's own choice
+			}
+			var ags [3]*Agent
+			for i := range ags {
+				a, err := New()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer a.Close()
+				ags[i] = a
+			}
+			w, v, p := ags[0], ags[1], ags[2]
+			region := func() *kvcache.Region {
+				r, err := kvcache.NewHostRegion(1 << 16)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { r.Close() })
+				return r
+			}
+			srcR, dstR, victim := region(), region(), region()
+			src, err := w.Register(srcR)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst, err := v.Register(dstR)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range srcR.Bytes() {
+				srcR.Bytes()[i] = 0xcd
+			}
+			pv, err := p.Connect(v.Address()) // P is a peer of V
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pv.Close()
+			pk, err := parseKey(dst.Remote().Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			forged := regionKey{owner: v.id, reg: pk.reg, base: uint64(victim.Base), len: 4096, rkey: pk.rkey}.encode(p.sign)
+			wv, err := w.Connect(v.Address())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer wv.Close()
+			done := make(chan error, 1)
+			err = wv.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: forged, Len: 4096},
+				Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}, Done: func(err error) { done <- err }})
+			if err == nil {
+				select {
+				case err = <-done:
+				case <-time.After(time.Minute):
+					t.Fatal("no completion within a minute")
+				}
+			}
+			if !errors.Is(err, rdma.ErrBadKey) {
+				t.Errorf("a key P signed in V's name: %v, want ErrBadKey", err)
+			}
+			for i, b := range victim.Bytes()[:4096] {
+				if b != 0 {
+					t.Fatalf("byte %d of V's unregistered memory was written", i)
+				}
+			}
+		})
 	}
 }

@@ -1,8 +1,7 @@
 package ucx
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
+	"crypto/ed25519"
 	"encoding/binary"
 	"fmt"
 
@@ -10,32 +9,35 @@ import (
 )
 
 // keyMagic starts every ucx region key.
-const keyMagic = "UCK1"
+const keyMagic = "UCK2"
 
 const (
-	macLen   = 16 // bytes of HMAC-SHA256 kept
-	keyFixed = len(keyMagic) + 16 + 8 + 8 + 8 + 4 + macLen
+	sigLen   = ed25519.SignatureSize
+	keyFixed = len(keyMagic) + 16 + 8 + 8 + 8 + 4 + sigLen
 	maxRkey  = 1 << 16 // a packed rkey is tens to hundreds of bytes
 )
 
 // regionKey is a parsed RemoteRegion.Key:
 //
-//	"UCK1" owner[16] reg u64 base u64 len u64 len(rkey) u32 rkey mac[16]
+//	"UCK2" owner[16] reg u64 base u64 len u64 len(rkey) u32 rkey sig[64]
 //
 // base is the region's address in the owner's process, rkey the output of
-// ucp_rkey_pack, and mac HMAC-SHA256 (truncated) of everything before it
-// under the owner agent's secret, which peers learn when they link.
+// ucp_rkey_pack, and sig the owner agent's Ed25519 signature of everything
+// before it, which a writer checks with the public key in the owner's
+// address (verify). Only the owner can sign: a peer of it cannot mint a
+// key in its name with another base or length (before, the key carried a
+// MAC under a secret every peer of the owner learnt from its hello).
 type regionKey struct {
 	owner agentID
 	reg   uint64
 	base  uint64
 	len   uint64
 	rkey  []byte // aliases the parsed bytes
-	mac   []byte
-	body  []byte // the bytes the mac covers
+	sig   []byte
+	body  []byte // the bytes sig signs
 }
 
-func (k regionKey) encode(secret []byte) []byte {
+func (k regionKey) encode(priv ed25519.PrivateKey) []byte {
 	b := make([]byte, 0, keyFixed+len(k.rkey))
 	b = append(b, keyMagic...)
 	b = append(b, k.owner[:]...)
@@ -44,17 +46,11 @@ func (k regionKey) encode(secret []byte) []byte {
 	b = binary.BigEndian.AppendUint64(b, k.len)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(k.rkey)))
 	b = append(b, k.rkey...)
-	return append(b, keyMAC(secret, b)...)
+	return append(b, ed25519.Sign(priv, b)...)
 }
 
-func keyMAC(secret, body []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write(body)
-	return m.Sum(nil)[:macLen]
-}
-
-// parseKey parses a key's structure; errors wrap rdma.ErrBadKey. The mac is
-// checked by verify, with the owner's secret.
+// parseKey parses a key's structure; errors wrap rdma.ErrBadKey. The
+// signature is checked by verify, with the owner's public key.
 func parseKey(b []byte) (regionKey, error) {
 	bad := func(why string) (regionKey, error) {
 		return regionKey{}, fmt.Errorf("%w: %d-byte key %.8x…: %s", rdma.ErrBadKey, len(b), b, why)
@@ -79,13 +75,13 @@ func parseKey(b []byte) (regionKey, error) {
 	}
 	k.rkey = b[p : p+int(n)]
 	k.body = b[:p+int(n)]
-	k.mac = b[p+int(n):]
+	k.sig = b[p+int(n):]
 	return k, nil
 }
 
-// verify checks the key's mac under the owner's secret.
-func (k regionKey) verify(secret []byte) error {
-	if !hmac.Equal(k.mac, keyMAC(secret, k.body)) {
+// verify checks the key's signature with the owner's Ed25519 public key.
+func (k regionKey) verify(spub [pubLen]byte) error {
+	if !ed25519.Verify(ed25519.PublicKey(spub[:]), k.body, k.sig) {
 		return fmt.Errorf("%w: registration %d of agent %s: the key's signature does not match (altered or forged key)", rdma.ErrBadKey, k.reg, k.owner)
 	}
 	return nil

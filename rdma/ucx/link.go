@@ -54,8 +54,7 @@ type link struct {
 
 	mu      sync.Mutex
 	state   linkState
-	err     error // why failed or left
-	secret  [32]byte
+	err     error           // why failed or left
 	next    uint64          // the peer's registrations from this id on postdate the hello
 	live    map[uint64]bool // the peer's registrations below next that are live
 	revoked map[uint64]bool
@@ -82,7 +81,7 @@ func newLink(pa address, name string) *link {
 	mds, _ := peerMDsOf(pa.worker)
 	return &link{
 		peer:    pa.id,
-		addr:    address{id: pa.id, pub: pa.pub, worker: append([]byte(nil), pa.worker...)},
+		addr:    address{id: pa.id, pub: pa.pub, spub: pa.spub, worker: append([]byte(nil), pa.worker...)},
 		name:    name,
 		mds:     mds,
 		live:    make(map[uint64]bool),
@@ -99,7 +98,6 @@ func (l *link) learn(m *message) {
 	if l.state != linkConnecting {
 		return
 	}
-	l.secret = m.secret
 	l.next = m.nextReg
 	for _, id := range m.live {
 		l.live[id] = true
@@ -134,13 +132,6 @@ func (l *link) getState() linkState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state
-}
-
-// peerSecret returns the peer's key secret once the link is up.
-func (l *link) peerSecret() ([32]byte, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.secret, l.state != linkConnecting
 }
 
 // acquire counts a batch into registration reg of the peer, or says why it

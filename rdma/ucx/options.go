@@ -86,7 +86,7 @@ func WithRevokeTimeout(d time.Duration) Option {
 
 // WithAdmission makes the agent link only with agents whose address admit
 // accepts: a hello from any other agent is dropped, so that an agent
-// nobody vouched for learns nothing of this one (its key secret) and
+// nobody vouched for learns nothing of this one and
 // costs it no endpoint. admit gets the address the hello carries (what
 // the other agent's Address returns); it runs on the progress goroutine
 // and must not block. A node admits the agent addresses its

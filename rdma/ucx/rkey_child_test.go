@@ -20,7 +20,7 @@ import (
 
 // The crashes of docs/threat-model.md's "compromised rank" on the UCX
 // backend's shared-memory transports: a generation rank that hands out a
-// region key writes it, mac included (under its own secret), so it can
+// region key writes it, signature included (its own), so it can
 // put there any packed rkey and any base and length. Each case below is a
 // key the owner agent forges from its own registration of Alloc'd memory
 // (a sysv segment by default, a posix one under UCX_TLS=posix) and the
@@ -183,7 +183,7 @@ func TestRkeyChild(t *testing.T) {
 		k := real
 		k.rkey = bytes.Clone(real.rkey)
 		f.forge(&k, segs[0])
-		return rdma.RemoteRegion{Key: k.encode(r.secret[:]), Len: k.len}
+		return rdma.RemoteRegion{Key: k.encode(r.sign), Len: k.len}
 	}
 	real.rkey = bytes.Clone(real.rkey)
 	valid := dreg.Remote()

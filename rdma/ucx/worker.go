@@ -279,7 +279,7 @@ func (w *worker) open() error {
 	w.evfd = int(c.evfd)
 	w.epfd = int(c.epfd)
 	worker := C.GoBytes(unsafe.Pointer(c.addr), C.int(c.addr_len))
-	w.a.addr = newAddress(w.a.pub, worker).encode()
+	w.a.addr = newAddress(w.a.pub, w.a.spub, worker).encode()
 	w.own, _ = validateWorkerAddress(worker)
 	w.a.memTypes = uint64(c.mem_types)
 	return nil
@@ -704,11 +704,11 @@ func (w *worker) rkey(u *uep, k *remoteKey) (C.ucp_rkey_h, error) {
 // ownKey checks a key of this agent's own registration, on an endpoint
 // to itself, against the registration: this agent knows its regions, and
 // a put on a link to itself is a copy within this process (UCX's self
-// transport) to the key's address, bounded by nothing else. The key's
-// MAC proves little here: every peer of this agent learns the secret it
-// is made under (the hello carries it), so a peer that hands out this
-// agent's own address as its own could sign a key with any base (found
-// by review: a write into this process's unregistered memory, or a
+// transport) to the key's address, bounded by nothing else: a peer that
+// hands out this agent's own address as its own may pass on a key this
+// agent signed, for a registration since deregistered (found by review,
+// when keys carried a MAC under a secret every peer learnt: a key with
+// any base, a write into this process's unregistered memory or a
 // SIGSEGV).
 func (w *worker) ownKey(k *remoteKey) error {
 	r := w.regs[k.reg]

@@ -86,7 +86,7 @@ func (w *worker) openEndpoint(l *link, c *call) {
 // hello is this agent's hello or welcome: its secret, address and live
 // registrations.
 func (w *worker) hello(kind msgKind, req uint64) *message {
-	m := &message{kind: kind, req: req, from: w.a.id, secret: w.a.secret, addr: w.a.addr, nextReg: w.nextReg + 1}
+	m := &message{kind: kind, req: req, from: w.a.id, addr: w.a.addr, nextReg: w.nextReg + 1}
 	for id, r := range w.regs {
 		if r.state.Load() == regLive {
 			m.live = append(m.live, id)
@@ -330,7 +330,7 @@ func (w *worker) register(c *call) {
 	w.nextReg++
 	reg.id = w.nextReg
 	k := regionKey{owner: w.a.id, reg: reg.id, base: uint64(r.Base), len: r.Len, rkey: rkey}
-	reg.remote = rdma.RemoteRegion{Key: k.encode(w.a.secret[:]), Len: r.Len}
+	reg.remote = rdma.RemoteRegion{Key: k.encode(w.a.sign), Len: r.Len}
 	if reg.alloc != nil {
 		reg.alloc.reg = reg
 	}

@@ -25,10 +25,10 @@ import (
 const addrChildEnv = "KVXFER_UCX_ADDR_CHILD"
 
 // agentAddress wraps worker bytes in a well-formed agent address, as a
-// peer would: "UCA2" pub[32] len u32 worker crc32c u32 (address.go).
+// peer would: "UCA2" pub[32] spub[32] len u32 worker crc32c u32 (address.go).
 func agentAddress(id uint64, worker []byte) []byte {
 	b := []byte("UCA2")
-	for range 2 {
+	for range 4 {
 		b = binary.BigEndian.AppendUint64(b, id)
 		b = binary.BigEndian.AppendUint64(b, ^id)
 	}
@@ -38,7 +38,7 @@ func agentAddress(id uint64, worker []byte) []byte {
 }
 
 // workerOf is the worker address inside an agent address.
-func workerOf(addr []byte) []byte { return addr[4+32+4 : len(addr)-4] }
+func workerOf(addr []byte) []byte { return addr[4+64+4 : len(addr)-4] }
 
 // TestWorkerAddressChild is the child of TestConnectCraftedAddress and
 // TestConnectMutatedAddresses; it does nothing unless re-executed by them.

@@ -189,7 +189,7 @@ func TestWorkerAddressLengths(t *testing.T) {
 }
 
 func TestWorkerAddressThroughParseAddress(t *testing.T) {
-	a := newAddress([pubLen]byte{7}, []byte{0x0f, 1, 2, 3})
+	a := newAddress([pubLen]byte{7}, [pubLen]byte{6}, []byte{0x0f, 1, 2, 3})
 	_, err := parseAddress(a.encode())
 	if !errors.Is(err, rdma.ErrBadAddress) || !errors.Is(err, ErrBadWorkerAddress) {
 		t.Fatalf("parseAddress = %v, want rdma.ErrBadAddress and ErrBadWorkerAddress", err)

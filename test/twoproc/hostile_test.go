@@ -17,8 +17,8 @@ import (
 )
 
 // craftedUCXAddress is a well-formed kvxfer ucx agent address ("UCA2",
-// a 32-byte public key, the worker address's length, the worker address,
-// a CRC-32C of all before) wrapping random bytes where the UCP worker
+// two 32-byte public keys, the worker address's length, the worker
+// address, a CRC-32C of all before) wrapping random bytes where the UCP worker
 // address should be: what an attacker holding an authorized key sent.
 func craftedUCXAddress(seed uint64) []byte {
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -26,7 +26,7 @@ func craftedUCXAddress(seed uint64) []byte {
 	for i := range worker {
 		worker[i] = byte(rng.Uint32())
 	}
-	pub := make([]byte, 32)
+	pub := make([]byte, 64)
 	for i := range pub {
 		pub[i] = byte(rng.Uint32())
 	}
