@@ -61,14 +61,17 @@ type link struct {
 	busy    map[uint64]int // batches in flight into each registration
 
 	// Progress goroutine only.
-	u        *uep              // control endpoint to the peer
-	eps      map[*uep]struct{} // data endpoints to the peer
-	waiters  []*call           // Connects waiting for the handshake
-	deadline time.Time         // of the handshake
-	byeReq   uint64            // our bye, until acknowledged
-	byeBy    time.Time         // deadline of the acknowledgement
-	ackTo    uint64            // the peer's bye, acknowledged once eps is empty
-	ackDue   bool
+	// unanswered: the link failed because the peer never answered its
+	// hello; a later Connect tries again on a new link.
+	unanswered bool
+	u          *uep              // control endpoint to the peer
+	eps        map[*uep]struct{} // data endpoints to the peer
+	waiters    []*call           // Connects waiting for the handshake
+	deadline   time.Time         // of the handshake
+	byeReq     uint64            // our bye, until acknowledged
+	byeBy      time.Time         // deadline of the acknowledgement
+	ackTo      uint64            // the peer's bye, acknowledged once eps is empty
+	ackDue     bool
 	// silent: a revoke or restore to the peer went unanswered for the
 	// revoke timeout, and nothing came from it since (why, for the
 	// errors). Later deregistrations do not wait for it again: a frozen

@@ -1028,7 +1028,9 @@ func (w *worker) checkTimers() {
 	now := w.now
 	for _, l := range w.links {
 		if l.u != nil && !l.deadline.IsZero() && now.After(l.deadline) && l.getState() == linkConnecting {
-			w.failLink(l, fmt.Errorf("%w: agent %s did not answer the hello within %v", rdma.ErrPeerGone, l.peer, w.a.opts.handshake))
+			l.unanswered = true
+			w.failLink(l, fmt.Errorf("%w: agent %s did not answer the hello within %v (not running or not reachable there, or it did not admit this agent: a node's agent answers only agents whose address one of its peers sent it in its Hello)",
+				rdma.ErrPeerGone, l.peer, w.a.opts.handshake))
 		}
 		if l.byeReq != 0 && now.After(l.byeBy) {
 			l.byeReq = 0

@@ -24,6 +24,13 @@ func (w *worker) connect(c *call) {
 		return
 	}
 	l := w.links[c.addr.id]
+	if l != nil && l.unanswered && len(l.eps) == 0 {
+		// Its hello went unanswered (the peer was not up yet, or did not
+		// admit this agent then): a new link says hello again, rather
+		// than fail every later Connect with the old error.
+		delete(w.links, l.peer)
+		l = nil
+	}
 	if l == nil {
 		var err error
 		if l, err = w.newLink(c.addr); err != nil {
