@@ -301,12 +301,27 @@ func effectsOf[T Effect](effs []Effect) []T {
 
 func hasEffect[T Effect](effs []Effect) bool { return len(effectsOf[T](effs)) > 0 }
 
-// wantNo fails if effs holds an effect of any of the named kinds.
+// effectNames are the names wantNo takes: every Effect type's.
+var effectNames = []string{"Pin", "Unpin", "WatchFence", "Submit", "Flush", "CloseEndpoint", "SendFrame",
+	"SendRequestData", "StartTimer", "Decide", "Finish", "ReleaseDest", "QuarantineDest", "Stop", "Log"}
+
+// effectName is an effect's type name without its package: "SendFrame".
+func effectName(e Effect) string {
+	name := fmt.Sprintf("%T", e)
+	return name[strings.LastIndex(name, ".")+1:]
+}
+
+// wantNo fails if effs holds an effect of any of the named kinds. A name
+// that is no effect's fails the test: it would check nothing.
 func wantNo(t testing.TB, what string, effs []Effect, kinds ...string) {
 	t.Helper()
+	for _, k := range kinds {
+		if !slices.Contains(effectNames, k) {
+			t.Fatalf("%s: wantNo of %q, which is no effect", what, k)
+		}
+	}
 	for _, e := range effs {
-		name := strings.TrimPrefix(fmt.Sprintf("%T", e), "actors.")
-		if slices.Contains(kinds, name) {
+		if name := effectName(e); slices.Contains(kinds, name) {
 			t.Fatalf("%s: unexpected %s in %s", what, name, fmtEffects(effs))
 		}
 	}
