@@ -1522,3 +1522,119 @@ func TestTx_NoStreamOnADeadWorker(t *testing.T) {
 		t.Fatalf("Result error %q does not name the dead worker", r.Error)
 	}
 }
+
+// TestTx_SubmittedOpsGoInDoubt: an op the worker posted (TxSubmitted: it
+// is SUBMITTED, no longer SUBMITTING) goes IN_DOUBT on each event that
+// ends the request while it may still write: a worker crash, the peer's
+// death, the deadline. Its pages stay pinned until a closed endpoint
+// retires it; then the peer hears IN_DOUBT and the session releases. An op
+// left SUBMITTED is never retired (TxRetired and the drain timer act on
+// IN_DOUBT ops only): the session would hold its pins for good.
+//
+// Guards, each removed by hand and seen to fail this test: the
+// `o.state == OpSubmitted` half of the IN_DOUBT condition in Step's
+// TxInDoubt case ("worker crash"), in onPeerGone ("peer gone") and in
+// expire ("deadline").
+func TestTx_SubmittedOpsGoInDoubt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		event func(h *txHarness) []Effect
+		// closes: the event closes the endpoint itself; else it arms the
+		// drain timer, whose firing closes it.
+		closes bool
+		errIs  error
+	}{
+		{"worker crash", func(h *txHarness) []Effect {
+			return h.step(TxInDoubt{Ops: []OpRef{h.op(1, 0)}, Reason: fmt.Errorf("%w: worker 0", ErrWorkerCrashed)})
+		}, false, ErrWorkerCrashed},
+		{"peer gone", func(h *txHarness) []Effect {
+			return h.step(TxPeerGone{Peer: genPeer(1)})
+		}, true, ErrPeerGone},
+		{"deadline", func(h *txHarness) []Effect {
+			h.advance(time.Minute)
+			return h.step(TxTimeout{Kind: TimerDeadline})
+		}, false, ErrTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, time.Minute)
+			h.request(1, 1)
+			h.chunk(0, 32, true)
+			h.fence(0)
+			h.step(TxSubmitted{Op: h.op(1, 0)})
+			h.wantOp(1, 0, OpSubmitted)
+
+			effs := tc.event(h)
+			h.wantState(TxFailed)
+			h.wantOp(1, 0, OpInDoubt)
+			wantNo(t, "a posted op in doubt", effs, "Unpin", "Finish", "Stop", "SendFrame")
+			if tc.closes {
+				if cs := effectsOf[CloseEndpoint](effs); len(cs) != 1 || cs[0].Peer != 1 {
+					t.Fatalf("want the endpoint to peer 1 closed: %s", fmtEffects(effs))
+				}
+			} else {
+				if ts := effectsOf[StartTimer](effs); len(ts) != 1 || ts[0].Kind != TimerDrain {
+					t.Fatalf("want a drain timer: %s", fmtEffects(effs))
+				}
+				h.advance(5 * time.Second)
+				effs = h.step(TxTimeout{Kind: TimerDrain})
+				if cs := effectsOf[CloseEndpoint](effs); len(cs) != 1 || cs[0].Peer != 1 {
+					t.Fatalf("drain: want the endpoint to peer 1 closed: %s", fmtEffects(effs))
+				}
+			}
+
+			effs = h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+			h.wantOp(1, 0, OpRetired)
+			wantResult(t, effs, 1, messages.StatusInDoubt)
+			h.wantReleased(TxFailed, tc.errIs)
+		})
+	}
+}
+
+// TestTx_OrphanTimerBoundsASendWithoutDeadline: the orphan timer gives way
+// only to Send's own deadline; a Send without one leaves it in force, so a
+// request whose peer never finishes still ends (TIMED OUT, FAILED to the
+// peer) instead of holding its pins for good.
+//
+// Guard, removed by hand and seen to fail this test: onTimeout's
+// `&& !s.deadline.IsZero()` (the orphan timer is ignored once Send came).
+func TestTx_OrphanTimerBoundsASendWithoutDeadline(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{timeout: 30 * time.Second})
+	h.start(64, 0)
+	h.request(1, 1)
+	h.chunk(0, 32, false)
+	h.fence(0)
+	h.complete(1, 0, nil) // the rest of the prompt never comes
+	h.advance(30 * time.Second)
+	effs := h.step(TxTimeout{Kind: TimerOrphan})
+	h.wantState(TxFailed)
+	wantResult(t, effs, 1, messages.StatusFailed)
+	h.wantReleased(TxFailed, ErrTimeout)
+}
+
+// TestTx_StrayFlushReportChangesNothing: a stream's terminal frame goes
+// out once. A TxFlushed that answers no Flush in flight (the SUCCESS Result
+// is already handed to the worker) neither sends a second Result nor
+// changes the outcome, whatever it says.
+//
+// Guard, removed by hand and seen to fail this test: onFlushed's
+// `st.phase != streamFlushing` (a second SUCCESS Result; or, for a failed
+// report, FAILED after SUCCESS was sent and a second terminal frame).
+func TestTx_StrayFlushReportChangesNothing(t *testing.T) {
+	for _, err := range []error{nil, errors.New("late flush error")} {
+		t.Run(fmt.Sprint(err), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, time.Minute)
+			h.request(1, 1)
+			h.chunk(0, 32, true)
+			h.fence(0)
+			h.complete(1, 0, nil)
+			wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+			effs := h.flushed(1, err)
+			wantNo(t, "a stray flush report", effs, "SendFrame", "Decide", "Finish", "Flush")
+			h.wantState(TxTransferring)
+			h.sent(1, nil)
+			h.wantReleased(TxDone, nil)
+		})
+	}
+}
