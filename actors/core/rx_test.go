@@ -422,3 +422,168 @@ func TestRx_AbandonWithNoBlocksStops(t *testing.T) {
 		t.Fatal("ReleaseDest with a writer pending")
 	}
 }
+
+// TestRx_PeerGoneProvesOnlyItsIncarnation: RxPeerGone is a proof about one
+// incarnation of the writer. It frees the blocks when it names the
+// incarnation the request was addressed to, or when either side is not
+// known (0); the death of another incarnation proves nothing and changes
+// nothing: the writer stays pending, the request stays live.
+//
+// Guards, each removed by hand and seen to fail this test: the
+// `m.Incarnation == s.cfg.Writers[m.Writer].Incarnation` clause of Step's
+// RxPeerGone case ("another incarnation" frees the blocks), and its
+// `s.cfg.Writers[m.Writer].Incarnation == 0` clause ("addressed to none"
+// never ends).
+func TestRx_PeerGoneProvesOnlyItsIncarnation(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		addressed, died uint64
+		proof           bool
+	}{
+		{"the addressed incarnation", 5, 5, true},
+		{"another incarnation", 5, 4, false},
+		{"a later incarnation", 5, 6, false},
+		{"incarnation of the death not known", 5, 0, true},
+		{"addressed to none", 0, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRxHarness(t, 1, 10*time.Second)
+			h.s.cfg.Writers[0].Incarnation = tc.addressed
+			h.step(RxBegin{})
+			h.step(RxSent{Writer: 0})
+			effs := h.step(RxPeerGone{Writer: 0, Err: errors.New("process exited"), Incarnation: tc.died})
+			if !tc.proof {
+				if len(effs) != 0 {
+					t.Fatalf("the death of incarnation %d: %s, want nothing", tc.died, fmtEffects(effs))
+				}
+				h.wantState(RxReceiving)
+				if got := h.s.Unproven(); !slices.Equal(got, []int{0}) {
+					t.Fatalf("unproven %v, want [0]", got)
+				}
+				return
+			}
+			h.wantState(RxFailed)
+			if !errors.Is(h.s.Err(), ErrPeerGone) || !hasEffect[ReleaseDest](effs) || !h.s.Stopped() {
+				t.Fatalf("proof: err %v, effects %s", h.s.Err(), fmtEffects(effs))
+			}
+		})
+	}
+}
+
+// TestRx_WorkerDeadFailsOnlyItsRequests: a stopped sender worker fails the
+// requests whose writers it served, and no other; the writers it served
+// are not proven done, so the blocks go to quarantine.
+//
+// Guard, removed by hand and seen to fail this test: Step's RxWorkerDead
+// `w.Worker == m.Worker` (flipped, the wrong requests fail).
+func TestRx_WorkerDeadFailsOnlyItsRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		worker int
+		fails  bool
+	}{
+		{"its worker", 0, true},
+		{"another worker", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRxHarness(t, 1, 10*time.Second) // writer 0 on worker 0
+			h.step(RxBegin{})
+			h.step(RxSent{Writer: 0})
+			effs := h.step(RxWorkerDead{Worker: tc.worker})
+			if !tc.fails {
+				if len(effs) != 0 {
+					t.Fatalf("worker %d stopped: %s, want nothing", tc.worker, fmtEffects(effs))
+				}
+				h.wantState(RxReceiving)
+				return
+			}
+			h.wantState(RxFailed)
+			if !errors.Is(h.s.Err(), ErrWorkerCrashed) || !h.s.Quarantined() || hasEffect[ReleaseDest](effs) {
+				t.Fatalf("worker %d stopped: err %v quarantined %v: %s", tc.worker, h.s.Err(), h.s.Quarantined(), fmtEffects(effs))
+			}
+		})
+	}
+}
+
+// TestRx_StraySentReportChangesNothing: RxSent answers the RequestData in
+// flight to the worker. One that answers none (the RequestData already
+// left) is no news: a refusal reported then does not make a writer that
+// may be writing "never reached" — the blocks stay quarantined, not freed
+// — nor re-send anything.
+//
+// Guard, removed by hand and seen to fail this test: onSent's
+// `s.sent[m.Writer] != deliverySending`.
+func TestRx_StraySentReportChangesNothing(t *testing.T) {
+	for _, decided := range []bool{false, true} {
+		t.Run(fmt.Sprintf("decided=%v", decided), func(t *testing.T) {
+			h := newRxHarness(t, 1, 10*time.Second)
+			h.step(RxBegin{})
+			h.step(RxSent{Writer: 0}) // it left
+			if decided {
+				h.step(RxCancel{})
+				h.wantState(RxCancelled)
+				if !h.s.Quarantined() {
+					t.Fatal("cancelled with the writer pending: want the blocks quarantined")
+				}
+			}
+			effs := h.step(RxSent{Writer: 0, Err: errors.New("queue full")})
+			if len(effs) != 0 {
+				t.Fatalf("stray refusal: %s, want nothing", fmtEffects(effs))
+			}
+			if got := h.s.Unproven(); !slices.Equal(got, []int{0}) || h.s.Stopped() {
+				t.Fatalf("stray refusal: unproven %v stopped %v, want [0] false", got, h.s.Stopped())
+			}
+		})
+	}
+}
+
+// TestRx_ResendBackoffIsBounded: a refused RequestData is sent again after
+// resendFirst, the delay doubling up to resendMax and staying there.
+//
+// Guard, removed by hand and seen to fail this test: onSent's
+// `min(..., resendMax)`.
+func TestRx_ResendBackoffIsBounded(t *testing.T) {
+	h := newRxHarness(t, 1, time.Hour)
+	h.step(RxBegin{})
+	want := []time.Duration{20, 40, 80, 160, 320, 640, 1000, 1000, 1000}
+	for i, d := range want {
+		d *= time.Millisecond
+		effs := h.step(RxSent{Writer: 0, Err: errors.New("not connected")})
+		ts := effectsOf[StartTimer](effs)
+		if len(ts) != 1 || ts[0].Kind != TimerResend || !ts[0].At.Equal(h.now.Add(d)) {
+			t.Fatalf("refusal %d: want a re-send after %v: %s", i, d, fmtEffects(effs))
+		}
+		h.now = ts[0].At
+		if sends := effectsOf[SendRequestData](h.step(RxTimeout{Kind: TimerResend})); len(sends) != 1 || sends[0].Writer != 0 {
+			t.Fatalf("re-send %d: %v", i, sends)
+		}
+	}
+	h.wantState(RxReceiving)
+}
+
+// TestRx_ReadyKeepsTheOnlyPayload: READY hands over the payload a writer
+// sent; another writer's Result without one does not erase it, whatever
+// the order.
+//
+// Guard, removed by hand and seen to fail this test: onFrame's
+// `len(f.Payload) > 0`.
+func TestRx_ReadyKeepsTheOnlyPayload(t *testing.T) {
+	for _, first := range []int{0, 1} {
+		t.Run(fmt.Sprintf("payload from writer %d", first), func(t *testing.T) {
+			h := newRxHarness(t, 2, 10*time.Second)
+			h.step(RxBegin{})
+			for _, w := range []int{first, 1 - first} {
+				var payload []byte
+				if w == first {
+					payload = []byte("tok")
+				}
+				h.step(RxFrame{Writer: w, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(w),
+					Status: messages.StatusSuccess, Bytes: 32, Payload: payload}})
+			}
+			h.wantState(RxReady)
+			if len(h.finishes) != 1 || string(h.finishes[0].Payload) != "tok" {
+				t.Fatalf("outcome %+v, want payload tok", h.finishes)
+			}
+		})
+	}
+}
