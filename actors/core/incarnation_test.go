@@ -2,6 +2,8 @@ package core
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -182,4 +184,77 @@ func TestRxTableExitedIncarnationIsNotAddressed(t *testing.T) {
 	if got := tb.ExitedWriters(open); len(got) != 0 {
 		t.Fatalf("a new incarnation: ExitedWriters = %v", got)
 	}
+}
+
+// TestRxTableExitProofByIncarnation: an exit proof names the requests
+// addressed to that incarnation of the writer and no other — not those
+// addressed to an earlier one (a restart does not prove the old process
+// gone), not those to a later one; incarnation 0 names every request of
+// the writer. Readdress reports a writer readdressed to an incarnation
+// proven exited, that one included.
+//
+// Guards, each removed by hand and seen to fail this test: Addressed's
+// `winc == inc` (as `winc <= inc`, or always true), and Readdress's
+// `inc <= g` (as `inc < g`).
+func TestRxTableExitProofByIncarnation(t *testing.T) {
+	self := messages.PeerID{Instance: "gen", Rank: 0}
+	writer := messages.PeerID{Instance: "ctx", Rank: 0}
+	open := func(id string) RxOpen {
+		return RxOpen{Request: id, PromptLen: 32, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 1, PP: 1}}
+	}
+	setup := func(t *testing.T) *RxTable {
+		tb := NewRxTable(self, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+		for _, r := range []struct {
+			id  string
+			inc uint64
+		}{{"r4", 4}, {"r5", 5}, {"r6", 6}} {
+			tb.Learn(writer, r.inc)
+			if _, ws, err := tb.Start(open(r.id), [][]kvcache.BlockID{{1}}, testEpoch0); err != nil || ws[0].Incarnation != r.inc {
+				t.Fatalf("start %s: %v %+v", r.id, err, ws)
+			}
+		}
+		return tb
+	}
+	refs := func(ids ...string) []RxWriterRef {
+		var out []RxWriterRef
+		for _, id := range ids {
+			out = append(out, RxWriterRef{Request: id, Writer: 0})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		inc  uint64
+		want []RxWriterRef
+	}{
+		{4, refs("r4")},
+		{5, refs("r5")},
+		{6, refs("r6")},
+		{7, nil},
+		{0, refs("r4", "r5", "r6")},
+	} {
+		t.Run(fmt.Sprintf("exited %d", tc.inc), func(t *testing.T) {
+			tb := setup(t)
+			if got := tb.Addressed(writer, tc.inc); !slices.Equal(got, tc.want) {
+				t.Fatalf("Addressed(%d) = %v, want %v", tc.inc, got, tc.want)
+			}
+			if got := tb.Exited(writer, tc.inc); !slices.Equal(got, tc.want) {
+				t.Fatalf("Exited(%d) = %v, want %v", tc.inc, got, tc.want)
+			}
+		})
+	}
+	t.Run("readdressed", func(t *testing.T) {
+		tb := setup(t)
+		tb.Exited(writer, 5)
+		for _, r := range []struct {
+			inc    uint64
+			exited bool
+		}{{4, true}, {5, true}, {6, false}, {0, false}} {
+			if got := tb.Readdress("r6", 0, r.inc); got != r.exited {
+				t.Errorf("Readdress to %d after the exit of 5: %v, want %v", r.inc, got, r.exited)
+			}
+		}
+		if tb.Readdress("nope", 0, 4) || tb.Readdress("r6", 1, 4) {
+			t.Error("Readdress of an unknown request or writer reports an exit")
+		}
+	})
 }
