@@ -63,3 +63,46 @@ func TestAllocQueue_InOrderNoOvertaking(t *testing.T) {
 		t.Fatalf("Clear: %v, left %d", got, q.Len())
 	}
 }
+
+// TestAllocQueue_QueuedOnlyWhileWaiting: Queued and Get know a request only
+// while it waits: once started, failed, removed or cleared, a new Receive
+// of the same id is not refused as queued.
+//
+// Guards, each removed by hand and seen to fail this test: Drain's and
+// Remove's `delete(q.ids, ...)`, and Clear's `q.ids = nil`.
+func TestAllocQueue_QueuedOnlyWhileWaiting(t *testing.T) {
+	var q AllocQueue[string]
+	for i, id := range []string{"a", "huge", "b", "c"} {
+		q.Push(id, []int{i + 1}, id) // a needs 1 block, huge 2, b 3, c 4
+	}
+	for _, id := range []string{"a", "huge", "b", "c"} {
+		if v, ok := q.Get(id); !q.Queued(id) || !ok || v != id {
+			t.Fatalf("%s while queued: Queued %v, Get %q %v", id, q.Queued(id), v, ok)
+		}
+	}
+	if v, ok := q.Remove("b"); !ok || v != "b" {
+		t.Fatalf("Remove b: %q %v", v, ok)
+	}
+	// a starts, huge can never fit, c waits for blocks.
+	q.Drain(func(counts []int) ([][]kvcache.BlockID, error) {
+		switch counts[0] {
+		case 1:
+			return [][]kvcache.BlockID{{1}}, nil
+		case 2:
+			return nil, errors.New("larger than the pool")
+		}
+		return nil, kvcache.ErrOutOfBlocks
+	}, func(string, [][]kvcache.BlockID) {}, func(string, error) {})
+	for _, id := range []string{"a", "huge", "b"} {
+		if _, ok := q.Get(id); q.Queued(id) || ok {
+			t.Errorf("%s no longer waits: Queued %v, Get %v", id, q.Queued(id), ok)
+		}
+	}
+	if !q.Queued("c") || q.Len() != 1 {
+		t.Fatalf("c waits: Queued %v, Len %d", q.Queued("c"), q.Len())
+	}
+	q.Clear()
+	if q.Queued("c") {
+		t.Error("c queued after Clear")
+	}
+}
