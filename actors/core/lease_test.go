@@ -21,6 +21,9 @@ func TestPeerLeases(t *testing.T) {
 	l.Renew(g0, t0)
 	l.Renew(g1, t0.Add(50*time.Millisecond))
 	l.Renew(g1, t0) // never shortens
+	if !l.Held(g1, t0.Add(120*time.Millisecond)) {
+		t.Fatal("a renewal at an earlier time shortened g1's lease")
+	}
 	if !l.Held(g0, t0.Add(99*time.Millisecond)) || l.Held(g0, t0.Add(100*time.Millisecond)) {
 		t.Fatal("g0's lease: want held until t0+100ms, not at it")
 	}

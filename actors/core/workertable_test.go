@@ -4,6 +4,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 type wSub struct{ op OpRef }
@@ -80,5 +82,36 @@ func TestWorkerTable_CloseAndRestart(t *testing.T) {
 	}
 	if _, retired, _ := tb.Close("B"); len(retired) != 1 || tb.InFlight() != 0 {
 		t.Fatalf("Close B retired %v, %d still in flight", retired, tb.InFlight())
+	}
+}
+
+// TestWorkerFor_SpreadsARequestsStreams: WorkerFor is fixed for a stream
+// and gives the streams of one request consecutive workers by peer rank,
+// so that they spread over distinct workers when there are enough; with
+// one worker (or none) every stream is worker 0's.
+//
+// Guard, removed by hand and seen to fail this test: the peer rank's term
+// in WorkerFor (every stream of a request on one worker).
+func TestWorkerFor_SpreadsARequestsStreams(t *testing.T) {
+	for _, workers := range []int{2, 4, 8} {
+		for _, req := range []string{"r1", "r2", "req-7"} {
+			seen := map[int]bool{}
+			for rank := range workers {
+				p := messages.PeerID{Instance: "gen", Rank: int32(rank)}
+				w := WorkerFor(req, p, workers)
+				if w < 0 || w >= workers || w != WorkerFor(req, p, workers) {
+					t.Fatalf("WorkerFor(%s, %v, %d) = %d", req, p, workers, w)
+				}
+				seen[w] = true
+			}
+			if len(seen) != workers {
+				t.Errorf("%s over %d workers: %d ranks took only %d workers", req, workers, workers, len(seen))
+			}
+		}
+	}
+	for _, workers := range []int{0, 1} {
+		if w := WorkerFor("r1", messages.PeerID{Instance: "gen", Rank: 3}, workers); w != 0 {
+			t.Errorf("%d workers: worker %d", workers, w)
+		}
 	}
 }
