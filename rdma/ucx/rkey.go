@@ -205,38 +205,18 @@ func (s *shmSegment) String() string {
 	return fmt.Sprintf("posix segment %s [%#x, +%d) (md %d)", s.path, s.addr, s.len, s.md)
 }
 
-// rkeyReader reads a packed rkey with a bounds check on every read; the
-// first failure sticks.
-type rkeyReader struct {
-	b   []byte
-	off int
-	err error
-}
+// rkeyReader reads a packed rkey (byteReader, its failures wrapping
+// rdma.ErrBadKey and errBadRkey).
+type rkeyReader struct{ byteReader }
 
-func (r *rkeyReader) fail(format string, args ...any) {
-	if r.err == nil {
-		r.err = fmt.Errorf("%w: %w: %d bytes: at byte %d: %s", rdma.ErrBadKey, errBadRkey, len(r.b), r.off, fmt.Sprintf(format, args...))
-	}
-}
-
-func (r *rkeyReader) bytes(n int, what string) []byte {
-	if r.err != nil {
-		return nil
-	}
-	if n < 0 || n > len(r.b)-r.off {
-		r.fail("%s of %d bytes runs past the end", what, n)
-		return nil
-	}
-	p := r.b[r.off : r.off+n : r.off+n]
-	r.off += n
-	return p
-}
+// errBadPackedRkey is what an rkeyReader's failures wrap.
+var errBadPackedRkey = fmt.Errorf("%w: %w", rdma.ErrBadKey, errBadRkey)
 
 // validateRkey checks b, a peer's packed rkey, against what the peer's
 // worker address says of its memory domains, and returns what it read;
 // errors wrap rdma.ErrBadKey and errBadRkey and say what was wrong where.
 func validateRkey(b []byte, peer *peerMDs) (packedRkey, error) {
-	r := &rkeyReader{b: b}
+	r := &rkeyReader{byteReader{b: b, kind: errBadPackedRkey}}
 	var pk packedRkey
 	h := r.bytes(rkeyHeader, "header")
 	if r.err != nil {

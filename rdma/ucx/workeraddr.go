@@ -112,21 +112,25 @@ type workerIface struct {
 	addr []byte
 }
 
-// addrReader reads a worker address with a bounds check on every read; the
-// first failure sticks.
-type addrReader struct {
-	b   []byte
-	off int
-	err error
+// byteReader reads a peer's bytes with a bounds check on every read; the
+// first failure sticks, wrapping kind.
+type byteReader struct {
+	b    []byte
+	off  int
+	err  error
+	kind error
 }
 
-func (r *addrReader) fail(format string, args ...any) {
+// addrReader reads a worker address.
+type addrReader struct{ byteReader }
+
+func (r *byteReader) fail(format string, args ...any) {
 	if r.err == nil {
-		r.err = fmt.Errorf("%w: %d bytes: at byte %d: %s", ErrBadWorkerAddress, len(r.b), r.off, fmt.Sprintf(format, args...))
+		r.err = fmt.Errorf("%w: %d bytes: at byte %d: %s", r.kind, len(r.b), r.off, fmt.Sprintf(format, args...))
 	}
 }
 
-func (r *addrReader) bytes(n int, what string) []byte {
+func (r *byteReader) bytes(n int, what string) []byte {
 	if r.err != nil {
 		return nil
 	}
@@ -139,7 +143,7 @@ func (r *addrReader) bytes(n int, what string) []byte {
 	return p
 }
 
-func (r *addrReader) u8(what string) uint8 {
+func (r *byteReader) u8(what string) uint8 {
 	p := r.bytes(1, what)
 	if p == nil {
 		return 0
@@ -161,7 +165,7 @@ func (r *addrReader) extended(b uint8, mask uint8, version int, what string) int
 // what it read; errors wrap ErrBadWorkerAddress and say what was wrong
 // where.
 func validateWorkerAddress(b []byte) (workerAddress, error) {
-	r := &addrReader{b: b}
+	r := &addrReader{byteReader{b: b, kind: ErrBadWorkerAddress}}
 	var wa workerAddress
 	h := r.u8("header")
 	if r.err != nil {
