@@ -267,6 +267,16 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
 		s.connect(ctx, m.Route, m)
 		return
 	}
+	if id, ok := ep.(rdma.IdentifiedEndpoint); ok {
+		// The agent at the address the peer's Hello named must serve that
+		// peer: a peer may name another instance's agent (and pass on a
+		// key of its), which would land this op in that instance's pool.
+		if got := id.PeerIdentity(); got != "" && got != m.Route.Peer.String() {
+			s.refuse(ctx, m, fmt.Errorf("worker %d: %w: the agent at the address %s's Hello named serves %s, not %s",
+				s.idx, rdma.ErrBadAddress, m.Route.Peer, got, m.Route.Peer))
+			return
+		}
+	}
 	s.usePeerKey(ctx, m.Route.Peer, key)
 	sys, self := ctx.ActorSystem(), ctx.Self()
 	ref, sess := m.Op, m.session

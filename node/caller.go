@@ -95,14 +95,14 @@ func (c Config) validateCallerMemory() error {
 
 // callerAgent opens backend's agent for a node over the framework's
 // memory, refusing device memory this UCX cannot register.
-func callerAgent(c Config, backend string, admit func([]byte) bool) (rdma.Agent, error) {
+func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, error) {
 	switch backend {
 	case loopback.Backend:
 		return loopback.New(), nil
 	case shm.Backend: // a send-only node: its memory is only a source
 		return shm.New(), nil
 	}
-	a, err := ucx.New(ucx.WithAdmission(admit))
+	a, err := ucx.New(uopts...)
 	if err != nil {
 		return nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX, for a send-only rank)", err)
 	}

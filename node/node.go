@@ -317,9 +317,13 @@ func openData(c Config, backend string, self messages.PeerID, admit func([]byte)
 	if size == 0 {
 		size = kvxfer.DefaultPoolBytes
 	}
+	// A ucx agent links only with agents a peer vouched for, and tells its
+	// peers' writers whom it serves (this rank), which they check against
+	// the peer whose Hello named its address.
+	uopts := []ucx.Option{ucx.WithAdmission(admit), ucx.WithIdentity(self.String())}
 	switch {
 	case c.CallerMemory != nil:
-		a, err := callerAgent(c, backend, admit)
+		a, err := callerAgent(c, backend, uopts)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -328,7 +332,7 @@ func openData(c Config, backend string, self messages.PeerID, admit func([]byte)
 		return loopback.New(), nil, nil, nil, nil
 	case c.SendOnly: // the engine allocates private memory
 		if backend == ucx.Backend {
-			a, err := ucx.New(ucx.WithAdmission(admit))
+			a, err := ucx.New(uopts...)
 			if err != nil {
 				return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 			}
@@ -336,7 +340,7 @@ func openData(c Config, backend string, self messages.PeerID, admit func([]byte)
 		}
 		return shm.New(), nil, nil, nil, nil
 	case backend == ucx.Backend:
-		a, err := ucx.New(ucx.WithAdmission(admit))
+		a, err := ucx.New(uopts...)
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("node: backend ucx: %w (backend \"shm\" runs without UCX)", err)
 		}

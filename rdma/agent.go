@@ -57,6 +57,17 @@ type Batch struct {
 	Done func(err error)
 }
 
+// IdentifiedEndpoint is an Endpoint that knows whom the agent it reaches
+// serves: the identity that agent was given (a node gives its agent its
+// own rank, "instance/rank"), told over a channel the backend
+// authenticates. PeerIdentity is "" when that agent was given none. A
+// writer checks it against the peer whose Hello named the agent's address
+// (a peer may name another's), and refuses a mismatch before it posts.
+type IdentifiedEndpoint interface {
+	Endpoint
+	PeerIdentity() string
+}
+
 // Endpoint is a connection to one peer agent. Its methods are called by one
 // goroutine at a time (its owner); completions arrive on backend goroutines.
 type Endpoint interface {

@@ -51,3 +51,38 @@ func TestAdmission(t *testing.T) {
 	}
 	ep.Close()
 }
+
+// TestPeerIdentity: an endpoint reports whom the agent it reaches serves
+// (WithIdentity), as that agent's welcome said; "" for an agent given none.
+func TestPeerIdentity(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	named, err := New(WithIdentity("gen/3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer named.Close()
+	anon, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	writer, err := New(WithIdentity("ctx/0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	for _, c := range []struct {
+		to   *Agent
+		want string
+	}{{named, "gen/3"}, {anon, ""}} {
+		ep, err := writer.Connect(c.to.Address())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ep.(rdma.IdentifiedEndpoint).PeerIdentity()
+		ep.Close()
+		if got != c.want {
+			t.Errorf("PeerIdentity = %q, want %q", got, c.want)
+		}
+	}
+}

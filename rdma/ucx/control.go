@@ -46,6 +46,8 @@ const (
 	msgHeader = len(msgMagic) + 1 + 8 + 16
 	// maxLive bounds the registrations a hello lists.
 	maxLive = 1 << 16
+	// maxIdentity bounds an agent's identity.
+	maxIdentity = 256
 )
 
 var errBadMessage = errors.New("ucx: malformed control message")
@@ -54,7 +56,7 @@ var errBadMessage = errors.New("ucx: malformed control message")
 // under the link key follows it (linkkey.go: seal, unseal).
 //
 //	"UCM2" kind u8 req u64 from[16], then for
-//	hello, welcome:  len(addr) u32 addr nextReg u64 n u32 live[n] u64
+//	hello, welcome:  len(addr) u32 addr len(ident) u16 ident nextReg u64 n u32 live[n] u64
 //	revoke, restore: reg u64
 //	reply:           ok u8
 //	bye, bye-ack:    nothing
@@ -64,6 +66,7 @@ type message struct {
 	from agentID
 
 	addr    []byte // the sender's agent address (encoded)
+	ident   []byte // whom the sender serves (WithIdentity); may be empty
 	nextReg uint64 // registrations from this id on were made after the hello
 	live    []uint64
 
@@ -81,6 +84,8 @@ func (m *message) encode() []byte {
 	case msgHello, msgWelcome:
 		b = binary.BigEndian.AppendUint32(b, uint32(len(m.addr)))
 		b = append(b, m.addr...)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(m.ident)))
+		b = append(b, m.ident...)
 		b = binary.BigEndian.AppendUint64(b, m.nextReg)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(m.live)))
 		for _, id := range m.live {
@@ -123,6 +128,16 @@ func decodeMessage(b []byte) (*message, error) {
 		}
 		m.addr = rest[:n]
 		rest = rest[n:]
+		if len(rest) < 2 {
+			return bad("short identity")
+		}
+		in := binary.BigEndian.Uint16(rest)
+		rest = rest[2:]
+		if in > maxIdentity || int(in) > len(rest) {
+			return bad(fmt.Sprintf("identity of %d bytes", in))
+		}
+		m.ident = rest[:in]
+		rest = rest[in:]
 		if len(rest) < 12 {
 			return bad("short registration list")
 		}

@@ -60,7 +60,7 @@ func TestAddressRoundTrip(t *testing.T) {
 
 func TestMessageRoundTrip(t *testing.T) {
 	for _, m := range []*message{
-		{kind: msgHello, req: 1, from: agentID{1}, addr: []byte("addr"), nextReg: 5, live: []uint64{1, 3}},
+		{kind: msgHello, req: 1, from: agentID{1}, addr: []byte("addr"), ident: []byte("gen/0"), nextReg: 5, live: []uint64{1, 3}},
 		{kind: msgWelcome, req: 2, from: agentID{1}, addr: []byte{}, live: []uint64{}},
 		{kind: msgRevoke, req: 3, reg: 9},
 		{kind: msgRestore, req: 4, reg: 9},
@@ -115,7 +115,7 @@ func FuzzParseAddress(f *testing.F) {
 }
 
 func FuzzDecodeMessage(f *testing.F) {
-	f.Add((&message{kind: msgHello, addr: []byte("a"), live: []uint64{1}}).encode())
+	f.Add((&message{kind: msgHello, addr: []byte("a"), ident: []byte("i"), live: []uint64{1}}).encode())
 	f.Add((&message{kind: msgReply, ok: true}).encode())
 	f.Add((&message{kind: msgRevoke, reg: 2}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -91,7 +91,7 @@ type endpoint struct {
 	napper napper
 }
 
-var _ rdma.Endpoint = (*endpoint)(nil)
+var _ rdma.IdentifiedEndpoint = (*endpoint)(nil)
 
 func newEndpoint(a *Agent, l *link, name string) *endpoint {
 	e := &endpoint{
@@ -216,6 +216,10 @@ func (e *endpoint) Flush(done func(err error)) {
 	e.mu.Unlock()
 	e.signal()
 }
+
+// PeerIdentity is whom the peer's agent serves, as its hello said
+// (WithIdentity; sealed under the link key): rdma.IdentifiedEndpoint.
+func (e *endpoint) PeerIdentity() string { return e.link.identity() }
 
 // Close closes the UCP endpoint (after the writes already on the wire are
 // acknowledged, or the close timeout) and returns once every callback has

@@ -55,6 +55,7 @@ type link struct {
 	mu      sync.Mutex
 	state   linkState
 	err     error           // why failed or left
+	ident   string          // whom the peer serves (its hello's identity)
 	next    uint64          // the peer's registrations from this id on postdate the hello
 	live    map[uint64]bool // the peer's registrations below next that are live
 	revoked map[uint64]bool
@@ -101,6 +102,7 @@ func (l *link) learn(m *message) {
 	if l.state != linkConnecting {
 		return
 	}
+	l.ident = string(m.ident)
 	l.next = m.nextReg
 	for _, id := range m.live {
 		l.live[id] = true
@@ -194,4 +196,12 @@ func (l *link) keyOr(priv *ecdh.PrivateKey, pub [pubLen]byte) *[32]byte {
 		return nil
 	}
 	return &k
+}
+
+// identity is whom the peer's agent serves, as its hello said ("" before
+// the link is up, or when it was given none).
+func (l *link) identity() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ident
 }

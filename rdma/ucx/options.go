@@ -20,6 +20,7 @@ type options struct {
 	mmErrors  bool
 	cpus      []int // the progress thread's affinity (none: the scheduler's choice)
 	admit     func(addr []byte) bool
+	identity  string
 }
 
 func defaultOptions() options {
@@ -95,6 +96,15 @@ func WithRevokeTimeout(d time.Duration) Option {
 // agent links with the addresses it is given.
 func WithAdmission(admit func(addr []byte) bool) Option {
 	return func(o *options) { o.admit = admit }
+}
+
+// WithIdentity names whom this agent serves (a node: its rank,
+// "instance/rank"; at most maxIdentity bytes). Its hello and welcome carry
+// it, sealed under each link key, and the endpoints of a peer's agent
+// report it (rdma.IdentifiedEndpoint), so that a writer can check that an
+// agent address a peer named reaches that peer's agent, not another's.
+func WithIdentity(id string) Option {
+	return func(o *options) { o.identity = id }
 }
 
 // WithSharedMemoryErrorHandling says whether UCX's shared-memory transports

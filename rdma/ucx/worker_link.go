@@ -93,7 +93,7 @@ func (w *worker) openEndpoint(l *link, c *call) {
 // hello is this agent's hello or welcome: its secret, address and live
 // registrations.
 func (w *worker) hello(kind msgKind, req uint64) *message {
-	m := &message{kind: kind, req: req, from: w.a.id, addr: w.a.addr, nextReg: w.nextReg + 1}
+	m := &message{kind: kind, req: req, from: w.a.id, addr: w.a.addr, ident: []byte(w.a.opts.identity), nextReg: w.nextReg + 1}
 	for id, r := range w.regs {
 		if r.state.Load() == regLive {
 			m.live = append(m.live, id)
