@@ -186,14 +186,16 @@ func (w *worker) onHello(m *message, l *link, body, mac []byte) {
 		w.dropped++
 		return
 	}
+	if l == nil && w.a.opts.admit != nil && !w.a.opts.admit(m.addr) {
+		// Nobody vouched for it (WithAdmission): dropped before the
+		// X25519 of its MAC's key is paid for.
+		w.dropped++
+		w.unadmitted++
+		return
+	}
 	key := l.keyOr(w.a.priv, pa.pub)
 	if key == nil || !sealedBy(key, body, mac) {
 		w.dropped++
-		return
-	}
-	if l == nil && w.a.opts.admit != nil && !w.a.opts.admit(m.addr) {
-		w.dropped++ // nobody vouched for it (WithAdmission)
-		w.unadmitted++
 		return
 	}
 	if l == nil {
