@@ -63,8 +63,6 @@ func elemAt(kind string, layer, part, block, tok, head, b int) int {
 func TestMemoryDescriptorsFromJSON(t *testing.T) {
 	base := HandleCount()
 	srcBuf, dstBuf := hostBuf(t), hostBuf(t)
-	nhdStrides := fmt.Sprintf(`{"block":%d,"token":%d,"head":%d,"elem":%d,"kv":%d}`,
-		memBlock, memHeads*memDim*memElem, memDim*memElem, memElem, memBlocks*memBlock)
 	open := func(inst string, mem string) *Engine {
 		e, _, err := Open(fmt.Sprintf(`{"instance":%q,%s,"workers":2,"memory":%s}`, inst, tinyLayout, mem), nil, 0)
 		if err != nil {
@@ -72,8 +70,28 @@ func TestMemoryDescriptorsFromJSON(t *testing.T) {
 		}
 		return e
 	}
-	p := open("capi-mem-p", memoryJSON(srcBuf, "nhd", nhdStrides))
+	p := open("capi-mem-p", memoryJSON(srcBuf, "nhd", nhdStrides()))
 	d := open("capi-mem-d", memoryJSON(dstBuf, "hnd", ""))
+	moveIntoFramework(t, p, d, srcBuf, dstBuf, "m", "capi-mem-p")
+	if n := HandleCount(); n != base {
+		t.Fatalf("%d handles left, want %d", n, base)
+	}
+}
+
+// nhdStrides are the byte strides of PyTorch's NHD tensors of the test's
+// memory, as a "memory" object's "strides".
+func nhdStrides() string {
+	return fmt.Sprintf(`{"block":%d,"token":%d,"head":%d,"elem":%d,"kv":%d}`,
+		memBlock, memHeads*memDim*memElem, memDim*memElem, memElem, memBlocks*memBlock)
+}
+
+// moveIntoFramework moves request id of 32 tokens from p (NHD tensors in
+// srcBuf; its instance is ctxName) into the framework's blocks 7 and 3 of
+// d (HND tensors in dstBuf), checks that READY names them and that every
+// byte landed where d's layout holds it, then releases the request and
+// closes both engines.
+func moveIntoFramework(t *testing.T, p, d *Engine, srcBuf, dstBuf []byte, id, ctxName string) {
+	t.Helper()
 	src, err := p.AllocBlocks(0, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -81,26 +99,31 @@ func TestMemoryDescriptorsFromJSON(t *testing.T) {
 	pattern := func(layer, part, blk, tok, head, b int) byte {
 		return byte(layer*61 + part*29 + blk*17 + tok*7 + head*3 + b + 1)
 	}
-	for blk, id := range src {
-		for layer := range memLayers {
-			for part := range 2 {
-				for tok := range memTPB {
-					for head := range memHeads {
-						for b := range memDim * memElem {
-							srcBuf[elemAt("nhd", layer, part, int(id), tok, head, b)] = pattern(layer, part, blk, tok, head, b)
+	each := func(f func(layer, part, blk, tok, head, b int)) {
+		for blk := range 2 {
+			for layer := range memLayers {
+				for part := range 2 {
+					for tok := range memTPB {
+						for head := range memHeads {
+							for b := range memDim * memElem {
+								f(layer, part, blk, tok, head, b)
+							}
 						}
 					}
 				}
 			}
 		}
 	}
+	each(func(layer, part, blk, tok, head, b int) {
+		srcBuf[elemAt("nhd", layer, part, int(src[blk]), tok, head, b)] = pattern(layer, part, blk, tok, head, b)
+	})
 	owned := []kvcache.BlockID{7, 3}
-	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "m", PromptLen: 32, Context: "capi-mem-p",
+	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: ctxName,
 		Blocks: [][]kvcache.BlockID{owned}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "m", PromptLen: 32}})
+	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 32}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,23 +141,13 @@ func TestMemoryDescriptorsFromJSON(t *testing.T) {
 		t.Fatalf("READY blocks %v (%v), want the framework's %v", ids, err, owned)
 	}
 	n := 0
-	for blk, id := range owned {
-		for layer := range memLayers {
-			for part := range 2 {
-				for tok := range memTPB {
-					for head := range memHeads {
-						for b := range memDim * memElem {
-							got, want := dstBuf[elemAt("hnd", layer, part, int(id), tok, head, b)], pattern(layer, part, blk, tok, head, b)
-							if got != want {
-								t.Fatalf("block %d layer %d part %d token %d head %d byte %d: %#x, want %#x", id, layer, part, tok, head, b, got, want)
-							}
-							n++
-						}
-					}
-				}
-			}
+	each(func(layer, part, blk, tok, head, b int) {
+		got, want := dstBuf[elemAt("hnd", layer, part, int(owned[blk]), tok, head, b)], pattern(layer, part, blk, tok, head, b)
+		if got != want {
+			t.Fatalf("block %d layer %d part %d token %d head %d byte %d: %#x, want %#x", owned[blk], layer, part, tok, head, b, got, want)
 		}
-	}
+		n++
+	})
 	if n != 2*memLayers*2*memBlock {
 		t.Fatalf("verified %d bytes", n)
 	}
@@ -147,9 +160,6 @@ func TestMemoryDescriptorsFromJSON(t *testing.T) {
 		}
 	}
 	closeBoth(t, p, d)
-	if n := HandleCount(); n != base {
-		t.Fatalf("%d handles left, want %d", n, base)
-	}
 }
 
 // TestMemoryConfigErrors: a bad "memory" object is refused naming the

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer"
-	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
@@ -36,83 +34,18 @@ func TestNodeOverFrameworkMemoryFromJSON(t *testing.T) {
 	base := HandleCount()
 	dir := t.TempDir()
 	srcBuf, dstBuf := hostBuf(t), hostBuf(t)
-	nhdStrides := fmt.Sprintf(`{"block":%d,"token":%d,"head":%d,"elem":%d,"kv":%d}`,
-		memBlock, memHeads*memDim*memElem, memDim*memElem, memElem, memBlocks*memBlock)
 	d, _, err := OpenNode(nodeMemJSON(dir, "nm-gen", "nm-ctx", "ucx", memoryJSON(dstBuf, "hnd", ""), ""))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _, err := OpenNode(nodeMemJSON(dir, "nm-ctx", "nm-gen", "ucx", memoryJSON(srcBuf, "nhd", nhdStrides), `,"send_only":true`))
+	p, _, err := OpenNode(nodeMemJSON(dir, "nm-ctx", "nm-gen", "ucx", memoryJSON(srcBuf, "nhd", nhdStrides()), `,"send_only":true`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.WaitPeers(10 * 1e9); err != nil {
 		t.Fatal(err)
 	}
-	src, err := p.AllocBlocks(0, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pattern := func(layer, part, blk, tok, head, b int) byte {
-		return byte(layer*61 + part*29 + blk*17 + tok*7 + head*3 + b + 1)
-	}
-	each := func(f func(layer, part, blk, tok, head, b int)) {
-		for blk := range 2 {
-			for layer := range memLayers {
-				for part := range 2 {
-					for tok := range memTPB {
-						for head := range memHeads {
-							for b := range memDim * memElem {
-								f(layer, part, blk, tok, head, b)
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-	each(func(layer, part, blk, tok, head, b int) {
-		srcBuf[elemAt("nhd", layer, part, int(src[blk]), tok, head, b)] = pattern(layer, part, blk, tok, head, b)
-	})
-	owned := []kvcache.BlockID{7, 3}
-	rx, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "nm", PromptLen: 32, Context: "nm-ctx",
-		Blocks: [][]kvcache.BlockID{owned}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "nm", PromptLen: 32}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, false); err != nil {
-		t.Fatal(err)
-	}
-	if ev := waitFor(t, p, th); ev.Outcome != OutcomeDone || ev.Error != OK {
-		t.Fatalf("tx %+v", ev)
-	}
-	if ev := waitFor(t, d, rh); ev.Outcome != OutcomeReady {
-		t.Fatalf("rx %+v", ev)
-	}
-	n := 0
-	each(func(layer, part, blk, tok, head, b int) {
-		got, want := dstBuf[elemAt("hnd", layer, part, int(owned[blk]), tok, head, b)], pattern(layer, part, blk, tok, head, b)
-		if got != want {
-			t.Fatalf("block %d layer %d part %d token %d head %d byte %d: %#x, want %#x", owned[blk], layer, part, tok, head, b, got, want)
-		}
-		n++
-	})
-	if n != 2*memLayers*2*memBlock {
-		t.Fatalf("verified %d bytes", n)
-	}
-	if err := p.FreeBlocks(0, src); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range []*Request{tx, rx} {
-		if err := r.Release(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	closeBoth(t, p, d)
+	moveIntoFramework(t, p, d, srcBuf, dstBuf, "nm", "nm-ctx")
 	if n := HandleCount(); n != base {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}

@@ -3,11 +3,9 @@ package node_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -99,68 +97,18 @@ func TestCallerMemoryMovesIntoTheFrameworksTensors(t *testing.T) {
 			if err := genN.WaitPeers(ctx); err != nil {
 				t.Fatal(err)
 			}
-			const prompt = 40 // 3 blocks, the last partial
-			owned := [][]kvcache.BlockID{{9, 4, 0}}
-			rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "caller", PromptLen: prompt, Context: "ctx", Blocks: owned})
-			if err != nil {
-				t.Fatal(err)
-			}
-			src, err := ce.Pools().Alloc([]int{3})
-			if err != nil {
-				t.Fatal(err)
-			}
 			// Written and checked through the framework's own descriptors
 			// (the engine's would agree with themselves whatever it laid out).
-			buf, srcMem := cc.CallerMemory.Region.Bytes(), cc.CallerMemory.Memory[0]
 			dstMem := ge.Memory(0) // the generation side's pool layout (shm)
 			if gc.CallerMemory != nil {
 				dstMem = gc.CallerMemory.Memory[0]
 			}
-			for blk, id := range src[0] {
-				eachByteOf(srcMem, id, blk, func(off uint64, layer, part, head, token, b int) { buf[off] = memByte(layer, part, head, token, b) })
-			}
-			tx, err := ce.Send(ctx, kvxfer.SendRequest{ID: "caller", PromptLen: prompt})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ch := kvcache.Chunk{Start: 0, End: prompt, Last: true}
-			if err := tx.Chunk(ch, ch.Runs(16, src), nil); err != nil {
-				t.Fatal(err)
-			}
-			var o kvxfer.Outcome
-			select {
-			case o = <-rx.Done():
-			case <-time.After(patience):
-				t.Fatal("no outcome")
-			}
-			if !o.OK || !slices.EqualFunc(o.Blocks, owned, slices.Equal) {
-				t.Fatalf("%s %v blocks %v, want READY with %v", o.Status, o.Err, o.Blocks, owned)
-			}
 			dst := ge.Region().Bytes()
-			written := make([]bool, len(dst))
-			n := 0
-			for blk, id := range owned[0] {
-				eachByteOf(dstMem, id, blk, func(off uint64, layer, part, head, token, b int) {
-					if want := memByte(layer, part, head, token, b); dst[off] != want {
-						t.Fatalf("block %d layer %d part %d head %d token %d byte %d: %#x, want %#x", id, layer, part, head, token, b, dst[off], want)
-					}
-					written[off] = true
-					n++
-				})
-			}
-			if uint64(n) != o.Bytes || n == 0 {
-				t.Fatalf("verified %d bytes, READY says %d", n, o.Bytes)
-			}
+			written := moveIntoBlocks(t, genN, ce, "caller", cc.CallerMemory.Region.Bytes(), cc.CallerMemory.Memory[0], dstMem, dst)
 			for off, w := range written {
 				if !w && dst[off] != 0 {
 					t.Fatalf("byte %d of the generation side's memory is %#x: written outside the blocks' described bytes", off, dst[off])
 				}
-			}
-			if to := <-tx.Done(); !to.OK {
-				t.Fatalf("tx %s %v", to.Status, to.Err)
-			}
-			if err := ce.Pools().Free(src); err != nil {
-				t.Fatal(err)
 			}
 		})
 	}

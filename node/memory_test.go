@@ -19,12 +19,6 @@ func memByte(layer, part, head, token, b int) byte {
 	return byte(layer*71 + part*37 + head*13 + token*5 + b + 1)
 }
 
-// eachByte visits every byte of block id (global block blk) of group g of
-// e through its descriptor.
-func eachByte(e *kvxfer.Engine, g int, id kvcache.BlockID, blk int, f func(off uint64, layer, part, head, token, b int)) {
-	eachByteOf(e.Memory(g), id, blk, f)
-}
-
 // eachByteOf visits every byte of block id (global block blk) through the
 // descriptor m.
 func eachByteOf(m *kvcache.KVMemory, id kvcache.BlockID, blk int, f func(off uint64, layer, part, head, token, b int)) {
@@ -61,11 +55,21 @@ func TestMemoryInPool(t *testing.T) {
 	if m := ge.Memory(0); m == nil || m.Kind != kvcache.MemHND || m.Blocks != 10 || m.RegionLen != ge.Region().Len {
 		t.Fatalf("generation memory %+v", m)
 	}
-	const prompt = 40 // 3 blocks, the last partial
+	moveIntoBlocks(t, genN, ce, "mem", ce.Region().Bytes(), ce.Memory(0), ge.Memory(0), ge.Region().Bytes())
+}
+
+// moveIntoBlocks moves request id (40 tokens: 3 blocks, the last partial)
+// from ce, whose source bytes it writes into srcBuf through srcMem, into
+// the framework's blocks 9, 4 and 0 of genN, and checks that READY names
+// them and that every byte landed in dst where dstMem says. It returns
+// which bytes of dst it checked.
+func moveIntoBlocks(t *testing.T, genN *node.Node, ce *kvxfer.Engine, id string, srcBuf []byte, srcMem, dstMem *kvcache.KVMemory, dst []byte) []bool {
+	t.Helper()
+	const prompt = 40
 	owned := [][]kvcache.BlockID{{9, 4, 0}}
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "mem", PromptLen: prompt, Context: "ctx", Blocks: owned})
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: id, PromptLen: prompt, Context: "ctx", Blocks: owned})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,11 +77,10 @@ func TestMemoryInPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := ce.Region().Bytes()
-	for blk, id := range src[0] {
-		eachByte(ce, 0, id, blk, func(off uint64, layer, part, head, token, b int) { buf[off] = memByte(layer, part, head, token, b) })
+	for blk, b := range src[0] {
+		eachByteOf(srcMem, b, blk, func(off uint64, layer, part, head, token, b int) { srcBuf[off] = memByte(layer, part, head, token, b) })
 	}
-	tx, err := ce.Send(ctx, kvxfer.SendRequest{ID: "mem", PromptLen: prompt})
+	tx, err := ce.Send(ctx, kvxfer.SendRequest{ID: id, PromptLen: prompt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,12 +97,13 @@ func TestMemoryInPool(t *testing.T) {
 	if !o.OK || !slices.EqualFunc(o.Blocks, owned, slices.Equal) {
 		t.Fatalf("%s %v blocks %v, want READY with %v", o.Status, o.Err, o.Blocks, owned)
 	}
-	dst, n := ge.Region().Bytes(), 0
-	for blk, id := range owned[0] {
-		eachByte(ge, 0, id, blk, func(off uint64, layer, part, head, token, b int) {
+	checked, n := make([]bool, len(dst)), 0
+	for blk, b := range owned[0] {
+		eachByteOf(dstMem, b, blk, func(off uint64, layer, part, head, token, b int) {
 			if want := memByte(layer, part, head, token, b); dst[off] != want {
-				t.Fatalf("block %d layer %d part %d head %d token %d byte %d: %#x, want %#x", id, layer, part, head, token, b, dst[off], want)
+				t.Fatalf("block %d layer %d part %d head %d token %d byte %d: %#x, want %#x", owned[0][blk], layer, part, head, token, b, dst[off], want)
 			}
+			checked[off] = true
 			n++
 		})
 	}
@@ -112,6 +116,7 @@ func TestMemoryInPool(t *testing.T) {
 	if err := ce.Pools().Free(src); err != nil {
 		t.Fatal(err)
 	}
+	return checked
 }
 
 // TestMemoryConfigRefused: a memory layout that does not fit is refused at

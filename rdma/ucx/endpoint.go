@@ -19,6 +19,9 @@ import (
 type remoteKey struct {
 	reg, base, len uint64
 	rkey           []byte // packed, for ucp_ep_rkey_unpack
+	// parsed is rkey as checkPackedRkey read it (its parts alias rkey),
+	// for the segment probe before the unpack (worker.unpack).
+	parsed packedRkey
 	// checked: the unpacked rkey this key was last checked against
 	// (worker.rkey). Progress goroutine only.
 	checked *unpackedRkey
@@ -187,10 +190,10 @@ func (e *endpoint) resolve(key []byte) (*remoteKey, error) {
 	// format and the bounds it carries are checked here, once per key, and
 	// again with the segments it names just before UCX unpacks it
 	// (worker.rkey).
-	if _, err := checkPackedRkey(e.link.mds, pk.rkey, pk.base, pk.len); err != nil {
+	k := &remoteKey{reg: pk.reg, base: pk.base, len: pk.len, rkey: append([]byte(nil), pk.rkey...)}
+	if k.parsed, err = checkPackedRkey(e.link.mds, k.rkey, k.base, k.len); err != nil {
 		return nil, fmt.Errorf("registration %d of agent %s: %w", pk.reg, pk.owner, err)
 	}
-	k := &remoteKey{reg: pk.reg, base: pk.base, len: pk.len, rkey: append([]byte(nil), pk.rkey...)}
 	if len(e.keys) >= maxCachedKeys {
 		clear(e.keys)
 	}

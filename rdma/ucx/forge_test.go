@@ -63,9 +63,16 @@ func newForgeRig(t *testing.T) *forgeRig {
 // write posts one 4 KiB write from A into B's region and waits for it.
 func (r *forgeRig) write(t *testing.T) error {
 	t.Helper()
+	return postWait(t, r.ab, r.src, r.dst.Remote(), 4096)
+}
+
+// postWait posts one 4 KiB write on ep from src's first bytes to offset
+// off of dst and returns Post's refusal or the batch's outcome.
+func postWait(t *testing.T, ep rdma.Endpoint, src rdma.Registration, dst rdma.RemoteRegion, off uint64) error {
+	t.Helper()
 	done := make(chan error, 1)
-	err := r.ab.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(),
-		Segments: []kvcache.Segment{{Src: 0, Dst: 4096, Len: 4096}}, Done: func(err error) { done <- err }})
+	err := ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: []kvcache.Segment{{Src: 0, Dst: off, Len: 4096}},
+		Done: func(err error) { done <- err }})
 	if err != nil {
 		return err
 	}
@@ -75,6 +82,17 @@ func (r *forgeRig) write(t *testing.T) error {
 	case <-time.After(time.Minute):
 		t.Fatal("a write did not complete within a minute")
 		return nil
+	}
+}
+
+// untouched fails the test if the first 4 KiB of r, which no registration
+// covers (what), were written.
+func untouched(t *testing.T, r *kvcache.Region, what string) {
+	t.Helper()
+	for i, b := range r.Bytes()[:4096] {
+		if b != 0 {
+			t.Fatalf("byte %d of %s was written", i, what)
+		}
 	}
 }
 
@@ -250,26 +268,12 @@ func TestSelfLinkKeyBoundedByOwnRegistration(t *testing.T) {
 		{owner: w.id, reg: pk.reg, base: pk.base + 4096, len: pk.len, rkey: pk.rkey},          // past its end
 		{owner: w.id, reg: pk.reg + 100, base: uint64(victim.Base), len: 4096, rkey: pk.rkey}, // no such registration
 	} {
-		forged := k.encode(w.sign)
-		done := make(chan error, 1)
-		err := self.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: forged, Len: k.len},
-			Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}, Done: func(err error) { done <- err }})
-		if err == nil {
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				t.Fatal("no completion within a minute")
-			}
-		}
+		err := postWait(t, self, src, rdma.RemoteRegion{Key: k.encode(w.sign), Len: k.len}, 0)
 		if !errors.Is(err, rdma.ErrBadKey) {
 			t.Errorf("key of registration %d at [%#x, +%d): %v, want ErrBadKey", k.reg, k.base, k.len, err)
 		}
 	}
-	for i, b := range victim.Bytes()[:4096] {
-		if b != 0 {
-			t.Fatalf("byte %d of memory no registration covers was written", i)
-		}
-	}
+	untouched(t, victim, "memory no registration covers")
 }
 
 // TestKeyOnlyItsOwnerCanSign: P, a peer of owner V, mints a key in V's
@@ -332,24 +336,10 @@ func TestKeyOnlyItsOwnerCanSign(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer wv.Close()
-			done := make(chan error, 1)
-			err = wv.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: forged, Len: 4096},
-				Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}, Done: func(err error) { done <- err }})
-			if err == nil {
-				select {
-				case err = <-done:
-				case <-time.After(time.Minute):
-					t.Fatal("no completion within a minute")
-				}
-			}
-			if !errors.Is(err, rdma.ErrBadKey) {
+			if err := postWait(t, wv, src, rdma.RemoteRegion{Key: forged, Len: 4096}, 0); !errors.Is(err, rdma.ErrBadKey) {
 				t.Errorf("a key P signed in V's name: %v, want ErrBadKey", err)
 			}
-			for i, b := range victim.Bytes()[:4096] {
-				if b != 0 {
-					t.Fatalf("byte %d of V's unregistered memory was written", i)
-				}
-			}
+			untouched(t, victim, "V's unregistered memory")
 		})
 	}
 }

@@ -30,6 +30,25 @@ func anonMem(tb testing.TB, n int) []byte {
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
+// rxMemory is n bytes of rx's memory, mapped: UCX's own (memAlloc) when
+// alloc, else anonymous memory mapped with memMap.
+func rxMemory(t *testing.T, rx *rawUCP, n uint64, alloc bool) (rawMemh, []byte) {
+	t.Helper()
+	var m rawMemh
+	var dst []byte
+	var err error
+	if alloc {
+		m, dst, err = rx.memAlloc(n)
+	} else {
+		dst = anonMem(t, int(n))
+		m, err = rx.memMap(addrOf(dst), n)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, dst
+}
+
 // BenchmarkRegistrationWindow measures a registration per request window:
 // ucp_mem_map of memory the pool already has, ucp_rkey_pack (the key sent
 // with the request) and ucp_mem_unmap (the revocation), per request, for a
@@ -283,17 +302,7 @@ func TestSharedMemoryPutWhoCopies(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer tx.close()
-				var m rawMemh
-				var dst []byte
-				if alloc {
-					m, dst, err = rx.memAlloc(n)
-				} else {
-					dst = anonMem(t, n)
-					m, err = rx.memMap(addrOf(dst), n)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				m, dst := rxMemory(t, rx, n, alloc)
 				defer rx.memUnmap(m)
 				ep, rk, _ := reach(t, tx, rx, m)
 				defer tx.closeEP(ep, rx)

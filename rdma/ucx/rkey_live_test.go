@@ -53,17 +53,7 @@ func TestRkeyOfLiveContexts(t *testing.T) {
 				}
 				defer tx.close()
 				const n = 1 << 20
-				var m rawMemh
-				var dst []byte
-				if alloc {
-					m, dst, err = rx.memAlloc(n)
-				} else {
-					dst = anonMem(t, n)
-					m, err = rx.memMap(addrOf(dst), n)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				m, dst := rxMemory(t, rx, n, alloc)
 				defer rx.memUnmap(m)
 				packed, err := rx.rkeyPack(m)
 				if err != nil {

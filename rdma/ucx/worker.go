@@ -741,17 +741,15 @@ func (ur *unpackedRkey) admit(k *remoteKey) error {
 	return within(ur.bounds, k.base, k.len)
 }
 
-// unpack checks k's packed rkey (checkPackedRkey, then the segments it
-// names) and unpacks it on u.
+// unpack checks the segments k's packed rkey names (its format was
+// checked when the endpoint resolved the key: remoteKey.parsed) and
+// unpacks it on u.
 func (w *worker) unpack(u *uep, k *remoteKey) (*unpackedRkey, error) {
-	pk, err := checkPackedRkey(u.link.mds, k.rkey, k.base, k.len)
-	if err != nil {
-		return nil, fmt.Errorf("%s: registration %d: %w", u.name, k.reg, err)
-	}
 	ur := &unpackedRkey{packed: string(k.rkey)}
 	release := func() {}
+	var err error
 	if rkeyChecks {
-		ur.bounds, release, err = pk.probeSegments()
+		ur.bounds, release, err = k.parsed.probeSegments()
 		if err == nil {
 			err = within(ur.bounds, k.base, k.len)
 		}
