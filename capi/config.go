@@ -34,6 +34,9 @@ type Config struct {
 	// Memory, when set, is the framework's KV memory (Memory); the engine
 	// then takes no pool.
 	Memory *Memory `json:"memory"`
+	// PoolDevice is node's "pool_device" key, here only to be refused by
+	// name (Open): the engine's pool is host memory.
+	PoolDevice json.RawMessage `json:"pool_device"`
 }
 
 // Layout is kvcache.Layout in JSON.

@@ -66,6 +66,10 @@ func newEngine(eng *kvxfer.Engine, n *node.Node, instance string) *Engine {
 	return e
 }
 
+// noDeviceMemory is why Open refuses GPU memory and what to do instead.
+const noDeviceMemory = "the in-process engine (kvxfer_engine_open, loopback data plane) copies with the CPU and cannot read or write GPU memory: " +
+	"open a node (kvxfer_node_open) over backend \"ucx\" with a UCX built with CUDA, or \"cudaipc\" between processes of one host, with"
+
 // Open starts an engine from a JSON config. pool, when not nil, is the
 // caller's memory of poolBytes bytes, which must outlive the engine.
 func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, uint64, error) {
@@ -77,12 +81,20 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	if err != nil {
 		return nil, 0, err
 	}
+	if c.PoolDevice != nil {
+		return nil, 0, errorf(ErrConfig, "pool_device = %s: %s (pool_address with pool_device)", clip(string(c.PoolDevice)), noDeviceMemory)
+	}
 	if c.Memory != nil {
 		if pool != nil || poolBytes != 0 || c.PoolBytes != 0 {
 			return nil, 0, errorf(ErrConfig, "memory is set: pass no pool and no pool_bytes (the memory is the framework's tensors)")
 		}
 		if err := c.Memory.describe(&kc); err != nil {
 			return nil, 0, err
+		}
+		// The loopback data plane memmoves between regions: a device
+		// region never reaches it.
+		if r := kc.Region; r.Kind != kvcache.HostMem {
+			return nil, 0, errorf(ErrConfig, "memory.device = %d: %s (the same memory object)", r.Device, noDeviceMemory)
 		}
 	} else if pool != nil {
 		if c.PoolBytes != 0 && c.PoolBytes != poolBytes {

@@ -1,6 +1,7 @@
 package capi
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
@@ -28,6 +29,10 @@ import (
 // only the described elements of it. dtype_bytes, when given, is the
 // tensors' element size, refused unless it is the layout's dtype_bytes
 // (float32 tensors under a bf16 layout would get half of each element).
+// device, when given, is the CUDA ordinal of the tensors: the region is
+// then GPU memory (kvcache.ExternalDeviceRegion over the same span), which
+// only a node over a data plane that reaches GPU memory can use (Open
+// refuses it: its loopback data plane copies with the CPU).
 type Memory struct {
 	Kind       string   `json:"kind"`
 	NumBlocks  int      `json:"num_blocks"`
@@ -35,6 +40,9 @@ type Memory struct {
 	VLayers    []uint64 `json:"v_layers"`
 	Strides    *Strides `json:"strides"`
 	DTypeBytes int      `json:"dtype_bytes"`
+	// Device is the raw "device" value (cudaOrdinal reads it): absent or
+	// null for host memory.
+	Device json.RawMessage `json:"device"`
 }
 
 // Strides are a Memory's byte strides.
@@ -54,8 +62,29 @@ type Strides struct {
 // between.
 const maxMemorySpan = 1 << 47
 
-// describe sets kc.Region and kc.Memory from m.
+// cudaOrdinal reads key's raw value, the CUDA device ordinal of memory
+// given by address: (ordinal, true) for an integer in [0, 2^31), (0,
+// false) when absent or null (host memory). Anything else (negative, a
+// fraction, a string) is ErrConfig naming key and value.
+func cudaOrdinal(key string, raw json.RawMessage) (int, bool, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, false, nil
+	}
+	var d int64
+	if err := json.Unmarshal(raw, &d); err != nil || d < 0 || d > math.MaxInt32 {
+		return 0, false, errorf(ErrConfig, "%s = %s: want the CUDA device ordinal of the memory (torch's tensor.device.index), an integer ≥ 0; leave %s out for host memory",
+			key, clip(string(raw)), key)
+	}
+	return int(d), true, nil
+}
+
+// describe sets kc.Region and kc.Memory from m: a host region, or a
+// device region (kvcache.DeviceMem) when m.Device is given.
 func (m *Memory) describe(kc *kvxfer.Config) error {
+	dev, onDevice, err := cudaOrdinal("memory.device", m.Device)
+	if err != nil {
+		return err
+	}
 	l, s, err := kc.LayoutShape()
 	if err != nil {
 		return errorf(ErrConfig, "memory: %v", err)
@@ -145,10 +174,17 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 			d.RegionLen = end
 		}
 	}
-	// lo is the caller's (C) address, never a Go pointer: reinterpret its
-	// bits rather than convert a uintptr (which vet rightly flags for Go
-	// memory).
-	r, err := kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&lo)), end)
+	var r *kvcache.Region
+	if onDevice {
+		// A device address: never dereferenced here (the region has no
+		// bytes); the data plane that registers it reaches GPU memory.
+		r, err = kvcache.ExternalDeviceRegion(uintptr(lo), end, dev)
+	} else {
+		// lo is the caller's (C) address, never a Go pointer: reinterpret
+		// its bits rather than convert a uintptr (which vet rightly flags
+		// for Go memory).
+		r, err = kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&lo)), end)
+	}
 	if err != nil {
 		return errorf(ErrInvalidArgument, "memory at %#x of %d bytes: %v", lo, end, err)
 	}

@@ -114,6 +114,11 @@ func Keygen() (public, secret string, err error) {
 //   - "pool_address": the caller's pool of pool_bytes bytes (host memory),
 //     in kvxfer's block layout, as kvxfer_engine_open's pool argument: the
 //     node's CallerMemory with no descriptors.
+//   - "pool_device" (with "pool_address") and "memory"'s "device": the
+//     CUDA ordinal of that memory, which then is GPU memory
+//     (kvcache.ExternalDeviceRegion over the same span; node's Validate
+//     and Open say which backends can use it). Only the region's device
+//     is set: the node's own settings are untouched.
 //
 // Every error is ErrConfig naming the key.
 func nodeConfig(js string) (node.Config, error) {
@@ -143,7 +148,20 @@ func nodeConfig(js string) (node.Config, error) {
 				return node.Config{}, errorf(ErrConfig, "memory: %v", err)
 			}
 			delete(top, "memory")
+		} else if d, ok := keys["device"]; ok {
+			return node.Config{}, errorf(ErrConfig, "memory.device = %s without memory.layers: device is the CUDA ordinal of the framework's tensors given by address (layers); a node's own pool ({kind, num_blocks}) is host memory",
+				clip(string(d)))
 		}
+	}
+	poolDev, poolOnDevice, err := cudaOrdinal("pool_device", top["pool_device"])
+	if err != nil {
+		return node.Config{}, err
+	}
+	if raw, ok := top["pool_device"]; ok {
+		if _, ok := top["pool_address"]; !ok {
+			return node.Config{}, errorf(ErrConfig, "pool_device = %s without pool_address: pool_device is the CUDA ordinal of the caller's pool at pool_address", clip(string(raw)))
+		}
+		delete(top, "pool_device")
 	}
 	var poolAddr uint64
 	if raw, ok := top["pool_address"]; ok {
@@ -188,8 +206,13 @@ func nodeConfig(js string) (node.Config, error) {
 		if cfg.PoolBytes == 0 {
 			return cfg, errorf(ErrConfig, "pool_address = %#x without pool_bytes: give the pool's length", poolAddr)
 		}
-		// The caller's (C) address, never a Go pointer (as Memory.describe).
-		r, err := kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&poolAddr)), cfg.PoolBytes)
+		var r *kvcache.Region
+		if poolOnDevice {
+			r, err = kvcache.ExternalDeviceRegion(uintptr(poolAddr), cfg.PoolBytes, poolDev)
+		} else {
+			// The caller's (C) address, never a Go pointer (as Memory.describe).
+			r, err = kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&poolAddr)), cfg.PoolBytes)
+		}
 		if err != nil {
 			return cfg, errorf(ErrInvalidArgument, "pool_address = %#x, pool_bytes = %d: %v", poolAddr, cfg.PoolBytes, err)
 		}

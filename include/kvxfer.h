@@ -54,8 +54,9 @@ extern "C" {
  * object's dtype_bytes; 5: kvxfer_send_parallel, and kvxfer_receive checks
  * each destination run's first; 6: kvxfer_node_open over the framework's
  * own tensors ("memory" with "layers") or pool ("pool_address"), and its
- * "layout" key. */
-#define KVXFER_ABI_MINOR 6
+ * "layout" key; 7: GPU memory by address: the "memory" object's device and
+ * kvxfer_node_open's pool_device. */
+#define KVXFER_ABI_MINOR 7
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -217,7 +218,15 @@ const char *kvxfer_status_name(int32_t status);
  * from a joint tensor's K to its V) instead of the kind's contiguous ones;
  * dtype_bytes, optional (since KVXFER_ABI_MINOR 4), the tensors' element
  * size: one other than the layout's dtype_bytes (float32 tensors under a
- * bf16 model) is KVXFER_ERR_CONFIG naming both.
+ * bf16 model) is KVXFER_ERR_CONFIG naming both; device, optional (since
+ * KVXFER_ABI_MINOR 7), the CUDA ordinal of the tensors (torch's
+ * tensor.device.index), an integer >= 0: absent (or null), they are host
+ * memory; given, the addresses are device pointers on that GPU (one region
+ * over the same span, never read or written by the CPU). Only
+ * kvxfer_node_open takes device memory: kvxfer_engine_open refuses a
+ * device (and a pool_device) with KVXFER_ERR_CONFIG naming it, its loopback
+ * data plane copying with the CPU; a bad ordinal (negative, not an
+ * integer) is KVXFER_ERR_CONFIG naming the key and the value.
  * Block ids are then the framework's, [0, num_blocks): kvxfer_alloc_blocks
  * hands out and tracks ids only, and kvxfer_engine_group's offset and
  * block_bytes do not locate a block (block b of a layer is at the tensor's
@@ -269,15 +278,30 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * object {kind, num_blocks, layers, v_layers, strides, dtype_bytes} (see
  * there; its errors name memory's keys), which the node then uses instead
  * of a pool of its own: peers write into the framework's tensors, block
- * ids are the framework's. What can run over either, each refusal
- * KVXFER_ERR_CONFIG naming the value:
+ * ids are the framework's.
+ *
+ * Since KVXFER_ABI_MINOR 7, GPU memory: memory's device (see
+ * kvxfer_engine_open) or pool_device (with pool_address), the CUDA ordinal
+ * of the tensors or the pool, an integer >= 0 (absent: host memory; a bad
+ * value is KVXFER_ERR_CONFIG naming the key and the value; pool_device
+ * without pool_address, and device in a memory object without layers, are
+ * refused). The node's memory is then that GPU's, over the same span; the
+ * key sets only the memory's device, none of the node's own settings.
+ *
+ * What can run over either, each refusal KVXFER_ERR_CONFIG naming the
+ * value:
  *   - a rank that receives (not send_only) needs backend "ucx", which
- *     registers memory it did not allocate (host memory; the library
- *     registers host tensors only); "shm" (or "auto" in a library without
- *     UCX) is refused: its pool must live in its /dev/shm file. "loopback"
- *     reaches peers in this same process only.
- *   - a send_only rank's tensors are only read by its own data plane: any
- *     backend.
+ *     registers memory it did not allocate; "shm" (or "auto" in a library
+ *     without UCX) is refused: its pool must live in its /dev/shm file.
+ *     "loopback" reaches peers in this same process only.
+ *   - a send_only rank's host tensors are only read by its own data plane:
+ *     any backend.
+ *   - GPU memory (device, pool_device), sending or receiving, needs a data
+ *     plane that reaches it: "ucx" with a UCX built with CUDA (a UCX
+ *     without it is refused at open, naming the memory types it
+ *     registers), or a CUDA IPC backend between processes of one host
+ *     where the library has one; "shm" and "loopback" are refused naming
+ *     the backend.
  *   - revoke_spare_bytes > 0 and a pool_bytes other than the tensors' span
  *     are refused; a peer's exit is no proof that its writes are over (no
  *     peer process maps the framework's memory): a failed request's blocks
