@@ -467,17 +467,15 @@ class KvxferWorkerConnector:
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         if self.layer_parts and self._stage is None:  # no names: the model's first layers
             self._stage = (0, kv_cache.shape[1])
-        dev = getattr(kv_cache, "device", None)
-        if dev is not None and getattr(dev, "type", "cpu") != "cpu":
-            raise ValueError("vLLM's KV cache is on %s: kvxfer's C ABI registers host memory only (GPU memory would "
-                             "need a UCX built with CUDA and a device address, which kvxfer_node_open does not take): "
-                             "keep the KV cache on the CPU" % (dev,))
         nbytes = kv_cache.numel() * kv_cache.element_size()
         if self.node:
-            # A node over vLLM's own KV cache: peers of other processes
-            # write into it.
+            # A node over vLLM's own KV cache, on the CPU or a GPU
+            # (pool_device: Node reads it from the tensor): peers of other
+            # processes write into it.
             self.engine = Node(node_config(self.config, self.role), memory=kv_cache)
         else:
+            # An in-process engine: host memory only (Engine refuses a CUDA
+            # tensor, saying to give the node's keys).
             cfg = dict(self.config)
             cfg["pool_bytes"] = nbytes
             self.engine = Engine(cfg, memory=kv_cache)

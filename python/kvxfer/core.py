@@ -180,16 +180,44 @@ class Event:
         return "Event(request=%d, %s, error=%s, bytes=%d)" % (self.request, self.outcome.name, self.error.name, self.bytes)
 
 
-def buffer_address(mem):
-    """(address, nbytes) of contiguous host memory: a PyTorch CPU tensor
-    (data_ptr()), anything with __array_interface__ (NumPy), or a writable
+def _cuda_index(t):
+    """The CUDA ordinal of a torch tensor's memory (t.device: type "cuda",
+    index), or None for host memory (a CPU tensor, or no device). Another
+    device type is a ValueError naming it."""
+    dev = getattr(t, "device", None)
+    kind = getattr(dev, "type", "cpu")
+    if dev is None or kind == "cpu":
+        return None
+    if kind != "cuda":
+        raise ValueError("tensor on %s: kvxfer registers host memory and CUDA memory only" % (dev,))
+    index = getattr(dev, "index", None)
+    if not isinstance(index, int) or index < 0:
+        raise ValueError("tensor on %s has no CUDA device index (%r)" % (dev, index))
+    return index
+
+
+def _where(device):
+    """A memory's place as the errors name it: "cpu" or "cuda:N"."""
+    return "cpu" if device is None else "cuda:%d" % device
+
+
+# Why the in-process Engine refuses GPU memory, and what to use instead.
+_ENGINE_NO_CUDA = ("the in-process Engine (kvxfer_engine_open, loopback data plane) copies with the CPU and cannot "
+                   "read or write GPU memory: use a Node (kvxfer_node_open; for the vLLM connector, a node's keys "
+                   "such as bind and peers) over backend 'ucx' with a UCX built with CUDA, or 'cudaipc' between "
+                   "processes of one host")
+
+
+def _buffer(mem):
+    """(address, nbytes, CUDA ordinal or None) of contiguous memory: a
+    PyTorch tensor (data_ptr(); a CUDA tensor's address is a device
+    pointer), anything with __array_interface__ (NumPy), or a writable
     buffer (bytearray, memoryview)."""
     if hasattr(mem, "data_ptr") and hasattr(mem, "element_size"):  # torch.Tensor
-        if getattr(mem, "device", None) is not None and mem.device.type != "cpu":
-            raise ValueError("tensor on %s: this build registers host memory only" % mem.device)
+        device = _cuda_index(mem)
         if not mem.is_contiguous():
             raise ValueError("tensor of shape %s is not contiguous" % (tuple(mem.shape),))
-        return mem.data_ptr(), mem.numel() * mem.element_size()
+        return mem.data_ptr(), mem.numel() * mem.element_size(), device
     ai = getattr(mem, "__array_interface__", None)
     if ai is not None:
         if ai.get("strides") is not None and not mem.flags["C_CONTIGUOUS"]:
@@ -197,11 +225,23 @@ def buffer_address(mem):
         addr, readonly = ai["data"]
         if readonly:
             raise ValueError("array is read-only")
-        return addr, mem.nbytes
+        return addr, mem.nbytes, None
     view = memoryview(mem)
     if view.readonly or not view.contiguous:
         raise ValueError("buffer is read-only or not contiguous")
-    return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes, None
+
+
+def buffer_address(mem):
+    """(address, nbytes) of contiguous host memory: a PyTorch CPU tensor
+    (data_ptr()), anything with __array_interface__ (NumPy), or a writable
+    buffer (bytearray, memoryview). A CUDA tensor is a ValueError (a Node
+    takes one as memory=)."""
+    addr, nbytes, device = _buffer(mem)
+    if device is not None:
+        raise ValueError("tensor on %s: buffer_address is for host memory (a Node takes a CUDA tensor as its "
+                         "memory)" % _where(device))
+    return addr, nbytes
 
 
 _KV_KINDS = ("nhd", "hnd", "split_kv", "mla")
@@ -216,23 +256,22 @@ class _KvMemory(dict):
 
 
 def _tensor(t):
-    """(address, shape, byte strides, dtype, element size) of a CPU tensor or
-    NumPy array, any strides."""
+    """(address, shape, byte strides, dtype, element size, CUDA ordinal or
+    None) of a PyTorch tensor (CPU or CUDA) or NumPy array, any strides."""
     if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch.Tensor
-        if getattr(t, "device", None) is not None and t.device.type != "cpu":
-            raise ValueError("tensor on %s: this build registers host memory only" % t.device)
+        device = _cuda_index(t)
         es = t.element_size()
-        return t.data_ptr(), tuple(t.shape), [s * es for s in t.stride()], t.dtype, es
+        return t.data_ptr(), tuple(t.shape), [s * es for s in t.stride()], t.dtype, es, device
     ai = getattr(t, "__array_interface__", None)
     if ai is None:
         raise TypeError("%r is neither a tensor nor an array" % (type(t),))
-    return ai["data"][0], tuple(t.shape), list(t.strides), t.dtype, t.itemsize
+    return ai["data"][0], tuple(t.shape), list(t.strides), t.dtype, t.itemsize, None
 
 
 def kv_memory(kind, layers, v_layers=None):
     """The "memory" config object for the framework's own KV tensors, one per
-    layer this rank holds, in ascending layer order (PyTorch CPU tensors or
-    NumPy arrays, any strides):
+    layer this rank holds, in ascending layer order (PyTorch tensors, CPU or
+    CUDA, or NumPy arrays, any strides):
 
       - "nhd": vLLM's [2, num_blocks, block_size, kv_heads, head_dim];
       - "hnd": [2, num_blocks, kv_heads, block_size, head_dim];
@@ -240,10 +279,12 @@ def kv_memory(kind, layers, v_layers=None):
         layers and V tensors in v_layers;
       - "mla": [num_blocks, block_size, latent].
 
-    Every tensor (V tensors too) must have the shape, dtype and strides of
-    layers[0] (ValueError naming the first that differs): num_blocks and the
-    strides are read from it. Its element size goes in as dtype_bytes, which
-    the engine refuses unless it is the layout's. Pass the result as
+    Every tensor (V tensors too) must have the shape, dtype, strides and
+    device of layers[0] (ValueError naming the first that differs):
+    num_blocks and the strides are read from it. Its element size goes in
+    as dtype_bytes, which the engine refuses unless it is the layout's.
+    CUDA tensors (all on one GPU) put their ordinal in as "device": only a
+    Node takes them (an Engine refuses them). Pass the result as
     config["memory"] of an Engine or a Node: the result holds the tensors,
     and an Engine or Node opened with it keeps them alive until it is
     closed (a copy made with dict(), or a config passed as JSON text, holds
@@ -260,13 +301,16 @@ def kv_memory(kind, layers, v_layers=None):
     for name, t in tensors:
         if len(t.shape) != want_dims:
             raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
-        a, shape, st, dtype, es = _tensor(t)
+        a, shape, st, dtype, es, device = _tensor(t)
         neg = [d for d, x in enumerate(st) if x < 0]
         if neg:
             raise ValueError("%s has a negative stride (%d bytes in dimension %d, shape %s): the engine addresses "
                              "memory forward only; pass a copy in ascending order" % (name, st[neg[0]], neg[0], shape))
         if first is None:
-            first = shape, st, dtype, es
+            first = shape, st, dtype, es, device
+        elif device != first[4]:
+            raise ValueError("%s is on %s, layers[0] on %s: every layer's tensor must be on layers[0]'s device"
+                             % (name, _where(device), _where(first[4])))
         elif shape != first[0]:
             raise ValueError("%s is of shape %s, layers[0] of %s: every layer's tensor must have layers[0]'s shape"
                              % (name, shape, first[0]))
@@ -277,7 +321,7 @@ def kv_memory(kind, layers, v_layers=None):
             raise ValueError("%s has different strides from layers[0]: %s and %s bytes (shape %s)"
                              % (name, st, first[1], shape))
         addrs.append(a)
-    shape, strides, _, elem_bytes = first
+    shape, strides, _, elem_bytes, device = first
     if kind == "nhd":
         kv, block, token, head, elem = strides
     elif kind == "hnd":
@@ -289,6 +333,8 @@ def kv_memory(kind, layers, v_layers=None):
     num_blocks = shape[1] if kind in ("nhd", "hnd") else shape[0]
     mem = _KvMemory(kind=kind, num_blocks=int(num_blocks), layers=addrs[:len(layers)], dtype_bytes=elem_bytes,
                     strides={"block": block, "token": token, "head": head, "elem": elem, "kv": kv})
+    if device is not None:
+        mem["device"] = device
     mem.tensors = [t for _, t in tensors]
     if kind == "split_kv":
         if v_layers is None or len(v_layers) != len(layers):
@@ -434,6 +480,10 @@ class Engine:
     engine); block ids are then the tensors' own, and block_address and
     block_bytes do not apply.
 
+    Host memory only: its loopback data plane copies with the CPU. CUDA
+    tensors (as memory, or kv_memory of them) are a ValueError saying to
+    use a Node, which takes them.
+
     memory and kv_caches (and the tensors of a kv_memory config["memory"])
     are kept alive by the module until close() succeeds, even when the
     Engine itself is dropped without it, and for the rest of the process
@@ -444,7 +494,11 @@ class Engine:
 
     def __init__(self, config, memory=None, kv_caches=None):
         js, cfg = _config_bytes(config)
-        addr, nbytes = (None, 0) if memory is None else buffer_address(memory)
+        addr, nbytes, device = (None, 0, None) if memory is None else _buffer(memory)
+        if device is None and isinstance(cfg, dict) and isinstance(cfg.get("memory"), dict):
+            device = cfg["memory"].get("device")
+        if device is not None:
+            raise ValueError("memory on %s: %s" % (_where(device), _ENGINE_NO_CUDA))
         h = _lib.engine_t()
         _check(lib.kvxfer_engine_open(js, addr, nbytes, ctypes.byref(h)))
         self._keep_tensors(cfg, kv_caches)
@@ -808,27 +862,36 @@ class Node(Engine):
     works on a Node.
 
     Or the node runs over memory the framework allocated, as Engine does:
-    memory, a CPU tensor, NumPy array or writable buffer, is the pool
-    (config["pool_address"] and "pool_bytes" are set from it; block b of
-    group g at group(g).offset + b * group(g).block_bytes in it); or
-    config["memory"] is kv_memory(kind, tensors), the framework's own
-    tensors (kv_caches, optional, more tensors to keep alive), block ids the
-    framework's. The node then has no pool of its own: peers write into
-    that memory. A node that receives (not send_only) needs backend "ucx"
-    (on "shm" it is refused naming the backend: shm's pool must live in its
-    own /dev/shm file); a send_only node works on any backend. memory and
-    the tensors are kept alive as Engine keeps them (for the rest of the
-    process when close() does not finish)."""
+    memory, a tensor (CPU or CUDA), NumPy array or writable buffer, is the
+    pool (config["pool_address"] and "pool_bytes" are set from it, and
+    "pool_device" from a CUDA tensor's device; block b of group g at
+    group(g).offset + b * group(g).block_bytes in it); or config["memory"]
+    is kv_memory(kind, tensors), the framework's own tensors (kv_caches,
+    optional, more tensors to keep alive), block ids the framework's. The
+    node then has no pool of its own: peers write into that memory. A node
+    that receives (not send_only) needs backend "ucx" (on "shm" it is
+    refused naming the backend: shm's pool must live in its own /dev/shm
+    file); a send_only node over host memory works on any backend. CUDA
+    tensors need a data plane that reaches GPU memory (ucx with a UCX built
+    with CUDA, or cudaipc between processes of one host; the library refuses
+    others, naming them). memory and the tensors are kept alive as Engine
+    keeps them (for the rest of the process when close() does not
+    finish)."""
 
     def __init__(self, config, memory=None, kv_caches=None):
         if memory is not None:
-            addr, nbytes = buffer_address(memory)
+            addr, nbytes, device = _buffer(memory)
             _, cfg = _json(config)
             if not isinstance(cfg, dict):
                 raise ValueError("memory given with a config that is no JSON object")
             if cfg.get("pool_bytes", nbytes) != nbytes:
                 raise ValueError("pool_bytes = %r in the config but memory is %d bytes" % (cfg["pool_bytes"], nbytes))
+            if cfg.get("pool_device", device) != device:
+                raise ValueError("pool_device = %r in the config but memory is on %s"
+                                 % (cfg["pool_device"], _where(device)))
             config = dict(cfg, pool_address=addr, pool_bytes=nbytes)
+            if device is not None:
+                config["pool_device"] = device
         js, cfg = _config_bytes(config)
         h = _lib.engine_t()
         _check(lib.kvxfer_node_open(js, ctypes.byref(h)))

@@ -49,12 +49,18 @@ instance name within one process only. With a node's keys
 "secret_key" or "key_file" or "insecure", "heartbeat_interval", ...) it opens
 a node (kvxfer_node_open) over vLLM's KV cache, which reaches the other
 instance's processes (another `vllm serve`, another host); a kv_producer's
-node is send_only. What still does not work, named at startup: a receiving
-rank (kv_consumer, kv_both) on backend "shm" (peers must write into vLLM's
-own memory, which only ucx registers: a ValueError naming the backend), and
-a KV cache off the CPU (the C ABI takes host memory only: a ValueError
-naming the device at register time). "parallel", "rank", "pool_bytes" and
-"memory" come from vLLM, never from the extra config.
+node is send_only. A KV cache on a GPU goes to the node as GPU memory
+(kvxfer_node_open's pool_device, the tensor's device), which needs a data
+plane that reaches it: backend "ucx" with a UCX built with CUDA, or
+"cudaipc" between processes of one host; the library refuses others at
+register time, naming the backend or the memory types UCX registers. What
+still does not work, named at startup: a receiving rank (kv_consumer,
+kv_both) on backend "shm" (peers must write into vLLM's own memory, which
+only ucx registers: a ValueError naming the backend), and a KV cache on a
+GPU without a node's keys (the in-process engine copies with the CPU: a
+ValueError at register time saying to use a node). "parallel", "rank",
+"pool_bytes", "pool_address", "pool_device" and "memory" come from vLLM,
+never from the extra config.
 
 Not declared: SupportsHMA. kvxfer's worker registers one cross-layer tensor,
 one block table for every layer: one KV cache group. vLLM turns its hybrid
@@ -84,7 +90,8 @@ FROM_VLLM = {"tp": "parallel_config.tensor_parallel_size", "pp": "parallel_confi
 # kvxfer_node_open's keys that come from vLLM, never from the extra config.
 FROM_VLLM.update({"parallel": "parallel_config (tensor and pipeline parallel sizes)",
                   "rank": "the worker's tensor- and pipeline-parallel ranks",
-                  "pool_address": "vLLM's KV cache tensor"})
+                  "pool_address": "vLLM's KV cache tensor",
+                  "pool_device": "the device of vLLM's KV cache tensor"})
 
 
 def _int(name, value, minimum):
