@@ -336,10 +336,11 @@ func genChild(t *testing.T, gc node.Config, caller bool) *rdmatest.Child {
 // to host memory and checks every byte, and READY's byte count. Once with
 // the node's own device pool on both sides, once with the generation
 // node over device memory its "framework" allocated (CallerMemory).
-// (Checked to fail: with openData not giving a cudaipc node a device pool
-// (the engine's private host memory), the send-only context node's
-// registration is refused, and Open fails; with the caller-memory
-// agent left to ucx, Open fails on the receiving side.)
+// (Checked to fail: with openData not giving a cudaipc node a device pool,
+// the context node's pool is host memory and the generation node's Open
+// fails; with the caller-memory agent left to ucx, the generation node's
+// Open fails; with a source block left unwritten, the child reports the
+// block's mismatch.)
 func TestCUDAIPCTwoProcesses(t *testing.T) {
 	for _, caller := range []bool{false, true} {
 		name := map[bool]string{false: "own device pool", true: "caller memory"}[caller]

@@ -32,6 +32,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -276,6 +277,9 @@ func (o Options) validate() error {
 	}
 	switch o.Backend {
 	case "", shm.Backend, ucx.Backend:
+	case cudaipc.Backend:
+		return fmt.Errorf("proc: --backend = %q: this workload fills and checks blocks through the CPU, and a cudaipc pool is GPU memory: want %s or %s",
+			o.Backend, shm.Backend, ucx.Backend)
 	default:
 		return fmt.Errorf("proc: --backend = %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
 	}

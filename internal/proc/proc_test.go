@@ -35,6 +35,13 @@ func TestBackendRefused(t *testing.T) {
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `"carrier-pigeon"`) {
 		t.Fatalf("validate: %v, want an error naming the backend", err)
 	}
+	// cudaipc is a node backend, but this workload reads and writes its
+	// pool through the CPU: refused by name, saying why and what to use.
+	o.Backend = "cudaipc"
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `"cudaipc"`) || !strings.Contains(err.Error(), "GPU memory") ||
+		!strings.Contains(err.Error(), "want shm or ucx") {
+		t.Fatalf("validate: %v, want an error naming cudaipc and why", err)
+	}
 }
 
 // TestDiscoveryOptionsRefused: etcd discovery needs a cluster; more than
