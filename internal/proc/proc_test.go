@@ -35,12 +35,22 @@ func TestBackendRefused(t *testing.T) {
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `"carrier-pigeon"`) {
 		t.Fatalf("validate: %v, want an error naming the backend", err)
 	}
-	// cudaipc is a node backend, but this workload reads and writes its
-	// pool through the CPU: refused by name, saying why and what to use.
-	o.Backend = "cudaipc"
-	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `"cudaipc"`) || !strings.Contains(err.Error(), "GPU memory") ||
-		!strings.Contains(err.Error(), "want shm or ucx") {
-		t.Fatalf("validate: %v, want an error naming cudaipc and why", err)
+	// A GPU is cudaipc's: a device ordinal is refused negative, or with
+	// another backend, and reaches the node's config.
+	o.Backend, o.Device = "cudaipc", -1
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--device = -1") {
+		t.Fatalf("validate: %v, want an error naming --device", err)
+	}
+	o.Backend, o.Device = "shm", 1
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--device = 1") || !strings.Contains(err.Error(), `"shm"`) {
+		t.Fatalf("validate: %v, want an error naming --device and the backend", err)
+	}
+	o.Backend, o.PeerEndpoint, o.Bind = "cudaipc", "ipc:///x", "ipc:///y"
+	if err := o.validate(); err != nil {
+		t.Fatalf("validate cudaipc on device 1: %v", err)
+	}
+	if c := o.nodeConfig(false, func() {}); c.Backend != "cudaipc" || c.Device != 1 {
+		t.Fatalf("node config: backend %q device %d, want cudaipc on device 1", c.Backend, c.Device)
 	}
 }
 
