@@ -66,7 +66,8 @@ type Config struct {
 	CallerMemory *CallerMemory `json:"-"`
 	// SendOnly marks a rank that only sends (a prefill rank): its pool is
 	// private memory rather than memory peers can write (no /dev/shm file
-	// with shm), and Node.Receive refuses at once.
+	// with shm; device memory still on cudaipc, which moves nothing else),
+	// and Node.Receive refuses at once.
 	SendOnly bool `json:"send_only"`
 	// RevokeSpareBytes is the spare reserve of an shm pool that revokes
 	// (docs/membership.md §4): destination blocks of a request that failed
