@@ -39,6 +39,11 @@ import (
 //     receiving node over caller memory on shm, or on "auto" where this
 //     binary has no UCX, is refused. loopback works, for peers in this
 //     same process only.
+//   - cudaipc (GPU to GPU on one host): device memory of GPU
+//     Config.Device only, lying in one CUDA allocation (its IPC handle is
+//     the allocation's: one cross-layer tensor, not per-layer tensors);
+//     host memory, another GPU's memory and a region past its allocation
+//     are refused by name.
 //   - A SendOnly rank's memory is only read by its own agent, so any
 //     backend works for host memory (shm and loopback read host memory
 //     only; device memory needs ucx with CUDA).
@@ -112,6 +117,10 @@ func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, erro
 	case cudaipc.Backend:
 		a, err := newCUDAAgent(c)
 		if err != nil {
+			return nil, err
+		}
+		if err := a.checkOneAllocation(c.CallerMemory.Region); err != nil {
+			_ = a.Close()
 			return nil, err
 		}
 		return a, nil

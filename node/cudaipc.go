@@ -179,3 +179,20 @@ func (c Config) validateDevice() error {
 	}
 	return nil
 }
+
+// checkOneAllocation refuses caller memory that does not lie in one CUDA
+// allocation: cudaipc shares memory by its allocation's IPC handle, so a
+// region spanning several (a framework's per-layer tensors, each its own
+// allocation) cannot be registered.
+func (a *oneHostAgent) checkOneAllocation(r *kvcache.Region) error {
+	base, size, err := a.Device().AddressRange(cuda.DevicePtr(r.Base))
+	if err != nil {
+		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes) is no CUDA allocation's memory on device %d (%v): give memory the framework allocated on that GPU",
+			ErrConfig, r.Device, r.Base, r.Len, r.Device, err)
+	}
+	if off := uint64(cuda.DevicePtr(r.Base) - base); off > size || r.Len > size-off {
+		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes) runs past the CUDA allocation that holds it ([%#x, +%d)): backend %q shares memory by its allocation's IPC handle, so the region must lie in one allocation: give one tensor (vLLM's cross-layer KV cache) rather than per-layer tensors, or use backend \"ucx\" with a UCX built with CUDA",
+			ErrConfig, r.Device, r.Base, r.Len, uintptr(base), size, cudaipc.Backend)
+	}
+	return nil
+}

@@ -427,7 +427,15 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 }
 
 // TestCUDAIPCRefusals: each setting a cudaipc node cannot honour is
-// refused by name, at Validate or at Open, and nothing stays open.
+// refused by name, at Validate or at Open, and nothing stays open; the
+// caller memory refused is left as it was. (Checked to fail, one
+// mechanism at a time: without validateDevice, memory, revocation, a
+// negative device and a device on another backend are not refused by
+// name; without the cudaipc case of validateCallerMemory, host memory
+// and another GPU's memory are refused without saying so; without the
+// device count check, device 64 fails in cuda without naming "device";
+// without checkOneAllocation, memory past its allocation fails in the
+// agent's Register, without ErrConfig.)
 func TestCUDAIPCRefusals(t *testing.T) {
 	d := requireCUDA(t)
 	host, err := kvcache.NewHostRegion(1 << 20)
@@ -440,6 +448,12 @@ func TestCUDAIPCRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mem.Free()
+	// Caller memory must lie in one allocation: its IPC handle is the
+	// allocation's.
+	over, err := kvcache.ExternalDeviceRegion(dev.Base, 2*dev.Len, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name  string
 		edit  func(*node.Config)
@@ -449,6 +463,8 @@ func TestCUDAIPCRefusals(t *testing.T) {
 			[]string{"CallerMemory.Region", "host memory", fmt.Sprintf("%#x", host.Base), `"shm"`, `"ucx"`}},
 		{"device mismatch", func(c *node.Config) { c.Device = 1; c.CallerMemory = &node.CallerMemory{Region: dev}; c.PoolBytes = 0 },
 			[]string{"device 0", "device = 1"}},
+		{"caller memory past its allocation", func(c *node.Config) { c.CallerMemory = &node.CallerMemory{Region: over}; c.PoolBytes = 0 },
+			[]string{"CallerMemory.Region", "runs past the CUDA allocation", "one allocation"}},
 		{"negative device", func(c *node.Config) { c.Device = -1 }, []string{"device = -1"}},
 		{"device past the count", func(c *node.Config) { c.Device = 64 }, []string{"device = 64", "CUDA devices"}},
 		{"memory", func(c *node.Config) { c.Memory = &node.Memory{Kind: "nhd", NumBlocks: 4} }, []string{"memory = ", "cudaipc", "CallerMemory"}},
