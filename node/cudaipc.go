@@ -106,8 +106,9 @@ func (p *devicePool) Close() error {
 // its host and pid namespace) and refuses, by name, to connect to the
 // agent of a peer on another host, instead of letting the request fail on
 // a missing control file. A Hello that names no process leaves the check
-// to cudaipc (a pid not on this host: rdma.ErrPeerGone, which the error
-// then explains).
+// to cudaipc: a pid with no process here is rdma.ErrPeerGone (which the
+// error then explains), one that is another process's fails the first
+// write (rdma.ErrBadKey: the key's control file is not on this host).
 type oneHostAgent struct {
 	*cudaipc.Agent
 	host    string // pidwatch.Host of this process

@@ -31,8 +31,10 @@
 //     framework's device tensors as CallerMemory) and revoke_spare_bytes
 //     > 0 (a CUDA IPC mapping cannot be withdrawn). One host only: a
 //     request whose peer's Hello names a process of another host (or pid
-//     namespace) fails at its connect with ErrOtherHost; a pid not on this
-//     host fails with rdma.ErrPeerGone. A writer's exit is no proof on
+//     namespace) fails at its connect with ErrOtherHost (a Hello naming
+//     no process leaves it to cudaipc: a pid with no process here fails
+//     with rdma.ErrPeerGone, one of another process at its first write,
+//     whose control file is not here). A writer's exit is no proof on
 //     cudaipc (its copies run on the GPU; the driver documents nothing
 //     about queued copies at process exit): failed requests' pages wait
 //     for the writer's Result or CancelAck.
