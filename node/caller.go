@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -38,6 +39,11 @@ import (
 //     receiving node over caller memory on shm, or on "auto" where this
 //     binary has no UCX, is refused. loopback works, for peers in this
 //     same process only.
+//   - cudaipc (GPU to GPU on one host): device memory of GPU
+//     Config.Device only, lying in one CUDA allocation (its IPC handle is
+//     the allocation's: one cross-layer tensor, not per-layer tensors);
+//     host memory, another GPU's memory and a region past its allocation
+//     are refused by name.
 //   - A SendOnly rank's memory is only read by its own agent, so any
 //     backend works for host memory (shm and loopback read host memory
 //     only; device memory needs ucx with CUDA).
@@ -82,8 +88,19 @@ func (c Config) validateCallerMemory() error {
 	if backend != c.Backend {
 		shown += " (" + backend + ")"
 	}
+	if backend == cudaipc.Backend {
+		switch {
+		case m.Region.Kind != kvcache.DeviceMem:
+			return fmt.Errorf("%w: CallerMemory.Region (%s memory at %#x, %d bytes): backend %q moves GPU memory only: give device tensors, or use backend \"shm\" (send_only) or \"ucx\" for host memory",
+				ErrConfig, m.Region.Kind, m.Region.Base, m.Region.Len, backend)
+		case m.Region.Device != c.Device:
+			return fmt.Errorf("%w: CallerMemory.Region is memory of device %d, but device = %d: the node's cudaipc agent copies on device %d: give device = %d (or tensors of device %d)",
+				ErrConfig, m.Region.Device, c.Device, c.Device, m.Region.Device, c.Device)
+		}
+		return nil
+	}
 	if m.Region.Kind == kvcache.DeviceMem && backend != ucx.Backend {
-		return fmt.Errorf("%w: backend = %s: the framework's memory is GPU memory (device %d), which backend %s cannot read or write (host memory only): use backend \"ucx\" with a UCX built with CUDA",
+		return fmt.Errorf("%w: backend = %s: the framework's memory is GPU memory (device %d), which backend %s cannot read or write (host memory only): use backend \"ucx\" with a UCX built with CUDA, or \"cudaipc\" between processes of one host",
 			ErrConfig, shown, m.Region.Device, backend)
 	}
 	if !c.SendOnly && backend == shm.Backend {
@@ -97,6 +114,16 @@ func (c Config) validateCallerMemory() error {
 // memory, refusing device memory this UCX cannot register.
 func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, error) {
 	switch backend {
+	case cudaipc.Backend:
+		a, err := newCUDAAgent(c)
+		if err != nil {
+			return nil, err
+		}
+		if err := a.checkOneAllocation(c.CallerMemory.Region); err != nil {
+			_ = a.Close()
+			return nil, err
+		}
+		return a, nil
 	case loopback.Backend:
 		return loopback.New(), nil
 	case shm.Backend: // a send-only node: its memory is only a source

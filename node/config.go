@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -65,7 +66,8 @@ type Config struct {
 	CallerMemory *CallerMemory `json:"-"`
 	// SendOnly marks a rank that only sends (a prefill rank): its pool is
 	// private memory rather than memory peers can write (no /dev/shm file
-	// with shm), and Node.Receive refuses at once.
+	// with shm; device memory still on cudaipc, which moves nothing else),
+	// and Node.Receive refuses at once.
 	SendOnly bool `json:"send_only"`
 	// RevokeSpareBytes is the spare reserve of an shm pool that revokes
 	// (docs/membership.md §4): destination blocks of a request that failed
@@ -80,9 +82,25 @@ type Config struct {
 	// Workers is the number of sender workers (default 4).
 	Workers int `json:"workers"`
 
-	// Backend is the data plane: "auto" (the default), "ucx", "shm", or
-	// "loopback" (peers in this same process only).
+	// Backend is the data plane: "auto" (the default), "ucx", "shm",
+	// "cudaipc" (GPU to GPU between processes of one host, through CUDA
+	// IPC handles; never chosen by "auto"), or "loopback" (peers in this
+	// same process only).
+	//
+	// On cudaipc the node's pool is pool_bytes of device memory on GPU
+	// Device, which peers of this host write with their GPUs' copy
+	// engines; Open fails with an error wrapping cuda.ErrNoDevice on a
+	// host without a GPU or CUDA driver. CallerMemory must then be device
+	// memory of that GPU; memory and revoke_spare_bytes > 0 are refused
+	// (the CPU cannot address the pool, and CUDA IPC mappings cannot be
+	// withdrawn); a peer of another host fails its requests with
+	// ErrOtherHost; and no writer's exit is taken as proof that its
+	// copies are over (exitProves).
 	Backend string `json:"backend"`
+	// Device is the CUDA ordinal of this node's GPU on backend cudaipc
+	// (default 0). Refused when negative, past the devices the driver
+	// reports (at Open), or nonzero with another backend.
+	Device int `json:"device"`
 
 	// Bind is this node's control endpoint ("tcp://10.0.0.1:5600",
 	// "ipc:///run/kvxfer/gen0.sock"; tcp port 0 picks a free port, see
@@ -444,13 +462,16 @@ func (c Config) Validate() error {
 		return bad("workers", c.Workers, "must be ≥ 1 (0: the default)")
 	}
 	switch c.Backend {
-	case "", BackendAuto, shm.Backend, loopback.Backend:
+	case "", BackendAuto, shm.Backend, loopback.Backend, cudaipc.Backend:
 	case ucx.Backend:
 		if !ucx.Available {
 			return bad("backend", c.Backend, "%v (backend \"shm\" runs without UCX)", ucx.ErrUnavailable)
 		}
 	default:
-		return bad("backend", c.Backend, "want %q, %q, %q or %q", BackendAuto, ucx.Backend, shm.Backend, loopback.Backend)
+		return bad("backend", c.Backend, "want %q, %q, %q, %q or %q", BackendAuto, ucx.Backend, shm.Backend, cudaipc.Backend, loopback.Backend)
+	}
+	if err := c.validateDevice(); err != nil {
+		return err
 	}
 	if err := c.validateCallerMemory(); err != nil {
 		return err

@@ -6,7 +6,8 @@
 //     directory of peers (instance, rank, endpoint, CURVE public key), CURVE
 //     keys from key files (`kvxfer keygen`) or inline, unless Insecure.
 //   - The data plane: ucx where this binary has it (ucx.Available), else
-//     shm; loopback for peers in this same process.
+//     shm; loopback for peers in this same process; cudaipc (never chosen
+//     by auto) for GPU to GPU between processes of one host.
 //   - Pool memory the backend can write: a shared-memory file (shm) or
 //     memory UCX allocated (ucx); private memory would make every request
 //     fail late. A SendOnly node (a prefill rank) keeps private memory and
@@ -16,6 +17,27 @@
 //     registers memory it did not allocate; shm is refused), a send-only
 //     rank any backend; no revocation, no exit proofs; the memory must
 //     outlive the node (CallerMemory's doc).
+//   - GPU to GPU on one host (backend "cudaipc", Config.Device): the
+//     pool is pool_bytes of device memory on GPU Device (for a send-only
+//     rank too), allocated through package cuda and registered with a
+//     cudaipc agent on that GPU; peers map it through its CUDA IPC handle
+//     and write it with their GPU's copy engines (prefill on GPU 0,
+//     decode on GPU 1, two processes). Or CallerMemory: device memory of
+//     that GPU in one CUDA allocation (host memory, another GPU's memory
+//     and a region past its allocation are refused by name). It needs the NVIDIA driver (libcuda.so.1, or
+//     $KVXFER_LIBCUDA): without one Open fails with an error wrapping
+//     cuda.ErrNoDevice that names the backend and what to use instead.
+//     Refused: memory (the CPU cannot address the pool: give the
+//     framework's device tensors as CallerMemory) and revoke_spare_bytes
+//     > 0 (a CUDA IPC mapping cannot be withdrawn). One host only: a
+//     request whose peer's Hello names a process of another host (or pid
+//     namespace) fails at its connect with ErrOtherHost (a Hello naming
+//     no process leaves it to cudaipc: a pid with no process here fails
+//     with rdma.ErrPeerGone, one of another process at its first write,
+//     whose control file is not here). A writer's exit is no proof on
+//     cudaipc (its copies run on the GPU; the driver documents nothing
+//     about queued copies at process exit): failed requests' pages wait
+//     for the writer's Result or CancelAck.
 //   - Liveness: heartbeats on the control link; a peer silent for
 //     HeartbeatMisses intervals is handed to Engine.PeerDown (its requests
 //     fail and drain) and to Config.OnPeerDown. Suspicion only: pages the

@@ -30,6 +30,24 @@ const exitHow = "process exited (pidfd)"
 // socket addresses (UCP_EP_ATTR_FIELD_TRANSPORTS came in a later UCX).
 // On top of it, an exit counts only for a process tied to this node's
 // pool (watch.tied).
+//
+// cudaipc: no proof. A cudaipc writer does not copy with its own threads:
+// it enqueues cuMemcpyDtoDAsync on a stream, and the GPU's copy engines
+// run the copy, asynchronously to every thread of the process. A pidfd
+// says only that the threads are gone. The CUDA driver API documents what
+// a process's exit does to its context's pending work nowhere: neither
+// cuCtxDestroy's nor cuIpcOpenMemHandle's documentation says that copies
+// queued into an imported allocation are finished or discarded by the
+// time the process's exit is visible to another process (teardown of the
+// context may still be under way in the driver after the last thread
+// exited, and the exporter's allocation stays valid while any importer
+// maps it). That is the driver's behaviour, not its contract, and a
+// measurement on one GPU and driver would not make it one. So a cudaipc
+// writer's exit is not taken as proof: the pages of its failed requests
+// stay quarantined until its Result or CancelAck (docs/membership.md §4,
+// "cudaipc"). Nor could the node tie a process to its pool as it does on
+// shm: device memory is no shared mapping of a file that a writer's
+// /proc/<pid>/maps would show.
 func exitProves(backend string) bool {
 	switch backend {
 	case shm.Backend:
@@ -37,7 +55,7 @@ func exitProves(backend string) bool {
 	case ucx.Backend:
 		return ucxSharedMemory(os.Getenv("UCX_TLS"))
 	}
-	return false
+	return false // cudaipc (above), loopback (no other process)
 }
 
 // ucxSharedMemory reports whether a UCX_TLS value leaves UCX a

@@ -278,7 +278,7 @@ func TestExitProvesByBackendAndUCXTLS(t *testing.T) {
 		want         bool
 	}{
 		{"shm", "", true}, {"shm", "tcp", true},
-		{"loopback", "", false},
+		{"loopback", "", false}, {"cudaipc", "", false},
 		{"ucx", "", true}, {"ucx", "sm", true}, {"ucx", "tcp,cma", true}, {"ucx", "^tcp", true},
 		{"ucx", "tcp", false}, {"ucx", "rc,dc", false}, {"ucx", "^sm", false}, {"ucx", "^tcp,shm", false},
 	} {

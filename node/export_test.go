@@ -17,3 +17,11 @@ func SetPeerUpHook(f func(self string, rec discovery.Record)) {
 
 // PeerState is the node's link's PeerState of peer.
 func (n *Node) PeerState(peer messages.PeerID) (zmq.PeerState, error) { return n.link.PeerState(peer) }
+
+// SetThisHost makes the cudaipc agents of nodes opened from now on take
+// host for this host's identity (pidwatch.Host), until restore is called.
+func SetThisHost(host string) (restore func()) {
+	old := thisHost
+	thisHost = func() (string, error) { return host, nil }
+	return func() { thisHost = old }
+}

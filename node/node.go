@@ -23,6 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -191,7 +192,13 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			n.watchPools(region)
 		}
 		sink := engineSink(&engp)
-		zc.OnHello = func(h *messages.Hello) { n.watchExit(h, sink) }
+		oneHost, _ := n.agent.(*oneHostAgent)
+		zc.OnHello = func(h *messages.Hello) {
+			if oneHost != nil {
+				oneHost.noteHello(h)
+			}
+			n.watchExit(h, sink)
+		}
 		zc.OnFrame = n.onFrame
 		zc.OnPeerAlive = func(p messages.PeerID) {
 			if e := engp.Load(); e != nil {
@@ -328,6 +335,12 @@ func openData(c Config, backend string, self messages.PeerID, admit func([]byte)
 			return nil, nil, nil, nil, err
 		}
 		return a, c.CallerMemory.Region, nil, nil, nil
+	case backend == cudaipc.Backend: // device memory, also for a send-only node: cudaipc moves nothing else
+		a, region, pool, err := openCUDA(c, size)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		return a, region, pool, nil, nil
 	case backend == loopback.Backend:
 		return loopback.New(), nil, nil, nil, nil
 	case c.SendOnly: // the engine allocates private memory
@@ -491,7 +504,8 @@ func (n *Node) PublicKey() string {
 	return n.link.PublicKey()
 }
 
-// Backend is the data plane in use ("ucx", "shm" or "loopback").
+// Backend is the data plane in use ("ucx", "shm", "cudaipc" or
+// "loopback").
 func (n *Node) Backend() string { return n.backend }
 
 // WaitPeers waits until every configured peer said Hello and checks that

@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/demo"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
@@ -122,6 +123,8 @@ otherwise each finished request is a log line on standard error.`,
 			}
 			f.backend = s.Backend
 			switch {
+			case s.Backend == cudaipc.Backend:
+				return s.Invalid(config.Backend, "demo runs over host memory: run kvxfer ctx and kvxfer gen with --backend cudaipc (each on its GPU: --device) for GPU to GPU")
 			case (f.processes == 2 || f.cluster) && s.Origin(config.Backend).Source == config.SourceDefault:
 				f.backend = crossProcessBackend()
 			case f.processes == 2 || f.cluster:

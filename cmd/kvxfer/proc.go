@@ -19,6 +19,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -38,10 +39,13 @@ func crossProcessBackend() string {
 	return shm.Backend
 }
 
-// checkCrossProcessBackend refuses a backend that cannot join processes.
+// checkCrossProcessBackend refuses a backend that cannot join processes
+// (kvxfer ctx and gen also run cudaipc: GPU to GPU on one host).
 func checkCrossProcessBackend(s config.Settings, what string) error {
 	switch s.Backend {
 	case shm.Backend:
+		return nil
+	case cudaipc.Backend: // kvxfer demo refuses it first
 		return nil
 	case ucx.Backend:
 		if !ucx.Available {
@@ -71,6 +75,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.StringVar(&f.keyFile, "key", "", "this engine's CURVE secret key file (kvxfer keygen)")
 	fl.StringVar(&f.peerPubFile, "peer-key", "", "the peer's CURVE public key file")
 	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only)")
+	fl.IntVar(&f.o.Device, "device", 0, "CUDA ordinal of this process's GPU (--backend cudaipc: the pool is device memory there)")
 	config.AddFlags(fl, roleDefaults, roleKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
@@ -111,8 +116,10 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
-	if err := checkPoolMemory(s, meminfo.Available); err != nil {
-		return err
+	if s.Backend != cudaipc.Backend { // a cudaipc pool is GPU memory
+		if err := checkPoolMemory(s, meminfo.Available); err != nil {
+			return err
+		}
 	}
 	// Named by their flags here: the node would refuse a negative one by
 	// its config key, and take 0 for its default without a word.
@@ -237,7 +244,9 @@ with each request, and gen names a difference and fails the run). Each
 prints one JSON report line on standard output when it ends and exits
 non-zero if a request failed, a byte differed (gen) or a block leaked. Both must use the same
 --backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
-or TCP) or shm. kvxfer demo --processes 2 runs both.
+or TCP), shm, or cudaipc (GPU to GPU between processes of one host: each
+pool is --pool of device memory on GPU --device, written by the GPUs' copy
+engines; it needs the NVIDIA driver). kvxfer demo --processes 2 runs both.
 
 With --discovery etcd://HOST:PORT and --cluster NAME each process registers
 its endpoint and CURVE public key in etcd under a lease (--discovery-ttl) and

@@ -135,7 +135,7 @@ func TestErrorsNameKeySourceAndValue(t *testing.T) {
 		{name: "env pool", env: map[string]string{"KVXFER_POOL": "2XB"}, want: `KVXFER_POOL = "2XB": unknown unit "XB" (want B, KiB, MiB or GiB)`},
 		{name: "flag pool", args: []string{"--pool=0"}, want: `--pool = "0": must be at least 1 byte`},
 		{name: "env model", env: map[string]string{"KVXFER_MODEL": "gpt-5"}, want: `KVXFER_MODEL = "gpt-5": unknown model (known: Llama-3.1-8B,`},
-		{name: "env backend", env: map[string]string{"KVXFER_BACKEND": "pigeon"}, want: `KVXFER_BACKEND = "pigeon": unknown backend (known: loopback, shm, ucx)`},
+		{name: "env backend", env: map[string]string{"KVXFER_BACKEND": "pigeon"}, want: `KVXFER_BACKEND = "pigeon": unknown backend (known: loopback, shm, ucx, cudaipc)`},
 		{name: "env timeout", env: map[string]string{"KVXFER_TIMEOUT": "soon"}, want: `KVXFER_TIMEOUT = "soon": not a duration such as 30s or 5m`},
 		{name: "file timeout", file: "timeout: -5s", want: `kvxfer.yaml:1: timeout = "-5s": must be positive`},
 		{name: "env level", env: map[string]string{"KVXFER_LOG_LEVEL": "loud"}, want: `KVXFER_LOG_LEVEL = "loud": unknown level (want trace, debug, info, warn, error, disabled)`},

@@ -32,8 +32,9 @@ type Key struct {
 }
 
 // Backends are the data-plane names the backend key accepts; a command
-// narrows them (kvxfer ctx needs a cross-process one).
-var Backends = []string{"loopback", "shm", "ucx"}
+// narrows them (kvxfer ctx needs a cross-process one; only kvxfer ctx and
+// gen run cudaipc).
+var Backends = []string{"loopback", "shm", "ucx", "cudaipc"}
 
 // LogLevels are the names the log-level key accepts.
 var LogLevels = []string{"trace", "debug", "info", "warn", "error", "disabled"}

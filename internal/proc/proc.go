@@ -25,6 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
@@ -32,6 +33,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -51,9 +53,13 @@ type Options struct {
 	// peer already.
 	Identities []zmq.Identity
 
-	// Backend is the data plane both processes use: shm (also when empty)
-	// or ucx. Both must use the same.
+	// Backend is the data plane both processes use: shm (also when empty),
+	// ucx, or cudaipc (GPU to GPU on one host: each pool is device memory
+	// on GPU Device, filled and checked through CUDA copies). Both must
+	// use the same.
 	Backend string
+	// Device is the CUDA ordinal of this process's GPU (backend cudaipc).
+	Device int `json:",omitempty"`
 
 	// Discovery is node.Config.Discovery: "" or "static" (PeerEndpoint and
 	// PeerPublicKey name the one peer rank) or "etcd://HOST:PORT": every
@@ -275,9 +281,16 @@ func (o Options) validate() error {
 			o.WriterLease, 2*o.Heartbeat)
 	}
 	switch o.Backend {
-	case "", shm.Backend, ucx.Backend:
+	case "", shm.Backend, ucx.Backend, cudaipc.Backend:
 	default:
-		return fmt.Errorf("proc: --backend = %q: want %s or %s", o.Backend, shm.Backend, ucx.Backend)
+		return fmt.Errorf("proc: --backend = %q: want %s, %s or %s", o.Backend, shm.Backend, ucx.Backend, cudaipc.Backend)
+	}
+	switch {
+	case o.Device < 0:
+		return fmt.Errorf("proc: --device = %d: not a CUDA ordinal (0: the first GPU)", o.Device)
+	case o.Device != 0 && o.Backend != cudaipc.Backend:
+		return fmt.Errorf("proc: --device = %d with --backend = %q: only backend %s runs on a GPU: drop --device, or give --backend %s",
+			o.Device, o.Backend, cudaipc.Backend, cudaipc.Backend)
 	}
 	for _, p := range []struct {
 		flag string
@@ -344,7 +357,7 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 		backend = shm.Backend
 	}
 	c := node.Config{Instance: o.Instance, Parallel: o.Parallel, Rank: o.Rank, Model: o.Model, Layout: o.Layout, TokensPerBlock: o.TokensPerBlock,
-		PoolBytes: o.PoolBytes, SendOnly: sendOnly, Workers: o.Workers, Backend: backend, Bind: o.Bind,
+		PoolBytes: o.PoolBytes, SendOnly: sendOnly, Workers: o.Workers, Backend: backend, Device: o.Device, Bind: o.Bind,
 		Peers:    o.peers(),
 		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
 		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
@@ -371,6 +384,7 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 type role struct {
 	*node.Node
 	eng  *kvxfer.Engine
+	mem  *poolMem      // the pool's bytes (through CUDA copies on cudaipc)
 	down chan struct{} // closed when the peer is declared dead
 	log  zerolog.Logger
 }
@@ -387,6 +401,10 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 		return nil, err
 	}
 	r.Node, r.eng = n, n.Engine()
+	if r.mem, err = openPoolMem(r.eng); err != nil {
+		_ = n.Close(ctx)
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -507,9 +525,13 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			for g, grp := range l.Groups {
 				first, _ := kvcache.NeededRange(pl, grp.Window, l.TokensPerBlock, 0)
 				geom := n.eng.Pools().Geometry(g)
+				buf := make([]byte, geom.BlockBytes)
 				for bi, id := range res.Blocks[g] {
-					off := geom.Offset + uint64(id)*geom.BlockBytes
-					b := n.eng.Region().Bytes()[off : off+geom.BlockBytes]
+					b, err := n.mem.get(geom.Offset+uint64(id)*geom.BlockBytes, buf)
+					if err != nil {
+						fail(fmt.Errorf("%s: read block %d of group %d: %w", RequestID(i), id, g, err))
+						return
+					}
 					if checkBlock(b, l, shape, i, g, first+bi) {
 						verified += uint64(len(b))
 					} else {
@@ -721,9 +743,12 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 		_ = n.eng.Pools().Free(src)
 		return err
 	}
-	region := n.eng.Region().Bytes()
 	shape := n.eng.Shape()
 	parts := kvcache.SplitLayers(l.Layers, o.LayerParts)
+	bufs := make([][]byte, len(l.Groups)) // a device pool's blocks go through these
+	for g := range bufs {
+		bufs[g] = make([]byte, n.eng.Pools().Geometry(g).BlockBytes)
+	}
 chunks:
 	for _, c := range chunks {
 		// Part by part, as a forward pass computes it: hand the part
@@ -744,15 +769,9 @@ chunks:
 			if part.Final() {
 				handed.chunks.Add(1)
 			}
-			for g := range l.Groups {
-				if len(src[g]) == 0 {
-					continue
-				}
-				geom := n.eng.Pools().Geometry(g)
-				for b := b0; b < b1; b++ {
-					off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
-					fillBlock(region[off:off+geom.BlockBytes], l, shape, i, g, b, part)
-				}
+			if err := fillChunk(n.mem, n.eng.Pools(), bufs, l, shape, src, i, b0, b1, part); err != nil {
+				f.Fire(err)
+				break chunks
 			}
 			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
 				sleepCtx(ctx, rest) // simulated prefill compute: a signal's drain does not wait it out
@@ -772,6 +791,30 @@ chunks:
 	}
 	if !res.OK {
 		return fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
+	}
+	return nil
+}
+
+// fillChunk writes request i's pattern for layers part into blocks b0..b1
+// of its source blocks src (a device pool's through bufs: read, filled,
+// written back, so that the other parts' bytes stay).
+func fillChunk(m *poolMem, pools *actors.Pools, bufs [][]byte, l kvcache.Layout, shape kvcache.Shape, src [][]kvcache.BlockID, i, b0, b1 int, part kvcache.LayerPart) error {
+	for g := range l.Groups {
+		if len(src[g]) == 0 {
+			continue
+		}
+		geom := pools.Geometry(g)
+		for b := b0; b < b1; b++ {
+			off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
+			blk, err := m.get(off, bufs[g])
+			if err != nil {
+				return fmt.Errorf("%s: read source block %d of group %d: %w", RequestID(i), src[g][b], g, err)
+			}
+			fillBlock(blk, l, shape, i, g, b, part)
+			if err := m.put(off, blk); err != nil {
+				return fmt.Errorf("%s: write source block %d of group %d: %w", RequestID(i), src[g][b], g, err)
+			}
+		}
 	}
 	return nil
 }
@@ -801,7 +844,6 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	// below then take them, and a stale writer's late writes must not show).
 	held := func() int { return pools.Quarantined() + int(n.eng.Stats().RevokedHeldBlocks) }
 	quarantined = held()
-	region := n.eng.Region().Bytes()
 	var taken [][][]kvcache.BlockID
 	counts := make([]int, pools.Groups())
 	for g := range counts {
@@ -809,8 +851,8 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	}
 	pools.SetQuarantineLimit(1 << 62) // the canaries take every free block, whatever is quarantined
 	for {
-		b, err := pools.Alloc(counts)
-		if err != nil {
+		b, aerr := pools.Alloc(counts)
+		if aerr != nil {
 			break
 		}
 		taken = append(taken, b)
@@ -818,8 +860,15 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 			geom := pools.Geometry(g)
 			for _, id := range ids {
 				off := geom.Offset + uint64(id)*geom.BlockBytes
-				for i := range geom.BlockBytes {
-					region[off+i] = canaryByte(g, id, int(i))
+				blk, gerr := n.mem.get(off, make([]byte, geom.BlockBytes))
+				if gerr == nil {
+					for i := range blk {
+						blk[i] = canaryByte(g, id, i)
+					}
+					gerr = n.mem.put(off, blk)
+				}
+				if gerr != nil && err == nil {
+					err = fmt.Errorf("write a canary into block %d of group %d: %w", id, g, gerr)
 				}
 				blocks++
 			}
@@ -845,8 +894,15 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 			geom := pools.Geometry(g)
 			for _, id := range ids {
 				off := geom.Offset + uint64(id)*geom.BlockBytes
-				for i := range geom.BlockBytes {
-					if region[off+i] != canaryByte(g, id, int(i)) {
+				blk, gerr := n.mem.get(off, make([]byte, geom.BlockBytes))
+				if gerr != nil {
+					if err == nil {
+						err = fmt.Errorf("read the canary of block %d of group %d: %w", id, g, gerr)
+					}
+					continue
+				}
+				for i := range blk {
+					if blk[i] != canaryByte(g, id, i) {
 						corrupt++
 						break
 					}
@@ -961,6 +1017,9 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := n.Close(ctx)
+	if merr := n.mem.close(); merr != nil {
+		err = errors.Join(err, merr)
+	}
 	if onlyNotWithdrawn(err) {
 		// etcd went at the end: the record expires with its lease, and
 		// the run's own outcome stands.

@@ -35,6 +35,23 @@ func TestBackendRefused(t *testing.T) {
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `"carrier-pigeon"`) {
 		t.Fatalf("validate: %v, want an error naming the backend", err)
 	}
+	// A GPU is cudaipc's: a device ordinal is refused negative, or with
+	// another backend, and reaches the node's config.
+	o.Backend, o.Device = "cudaipc", -1
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--device = -1") {
+		t.Fatalf("validate: %v, want an error naming --device", err)
+	}
+	o.Backend, o.Device = "shm", 1
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--device = 1") || !strings.Contains(err.Error(), `"shm"`) {
+		t.Fatalf("validate: %v, want an error naming --device and the backend", err)
+	}
+	o.Backend, o.PeerEndpoint, o.Bind = "cudaipc", "ipc:///x", "ipc:///y"
+	if err := o.validate(); err != nil {
+		t.Fatalf("validate cudaipc on device 1: %v", err)
+	}
+	if c := o.nodeConfig(false, func() {}); c.Backend != "cudaipc" || c.Device != 1 {
+		t.Fatalf("node config: backend %q device %d, want cudaipc on device 1", c.Backend, c.Device)
+	}
 }
 
 // TestDiscoveryOptionsRefused: etcd discovery needs a cluster; more than
