@@ -18,11 +18,12 @@ from conftest import unique
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twoproc_child.py")
 
 
-def run_children(jobs):
-    """Runs each job in its own child process; {name: (exit code, its JSON
-    line, its stderr's end)}."""
+def run_children(jobs, env=None):
+    """Runs each job in its own child process (env added to this process's
+    environment); {name: (exit code, its JSON line, its stderr's end)}."""
+    env = dict(os.environ, **(env or {}))
     procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for k, job in jobs.items()}
+                                 stderr=subprocess.PIPE, text=True, env=env) for k, job in jobs.items()}
     out = {}
     for k, p in procs.items():
         try:
@@ -105,6 +106,43 @@ def test_two_vllm_instances_through_the_worker_connector():
     assert pre["params"]["remote_instance"] == p_name, pre
     assert dec["loaded"] and dec["failed"] == {}, dec
     assert dec["verified"] == 4 * 2 * 200 * 2 * 8 * 2, dec  # layers × K,V × tokens × heads × head_dim × bf16
+
+
+def test_two_processes_gpu_memory_over_cudaipc():
+    """Two processes, each a node over the framework's own per-layer KV
+    tensors in GPU memory (kv_memory of device allocations; device 0 of
+    the fake CUDA driver, which KVXFER_LIBCUDA points kvxfer at), backend
+    cudaipc: the context hands a chunked prompt over from scattered
+    blocks, the generation side receives into blocks of its choosing, and
+    every byte of them is read back from the device and checked. (Checked
+    to fail: with kvxfer_node_open dropping memory.device the nodes are
+    refused, cudaipc taking only GPU memory; with the gen side's tensors
+    read at the ctx's block ids: "mismatch".)"""
+    import fakecuda
+
+    (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
+    ctx_name, gen_name = unique("gpu-ctx"), unique("gpu-gen")
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        lib, why = fakecuda.build(d)
+        if lib is None:
+            pytest.skip(why)
+        ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
+        common = {"backend": "cudaipc", "workers": 2, "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+        ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
+                       peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
+        gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
+                       peers=[{"instance": ctx_name, "endpoint": ctx_ep, "public_key": ctx_pub}])
+        out = run_children({
+            "ctx": {"role": "ctx", "cuda": lib, "config": ctx_cfg, "prompt": 200, "chunk": 64, "request": "gpu-1"},
+            "gen": {"role": "gen", "cuda": lib, "config": gen_cfg, "prompt": 200, "request": "gpu-1",
+                    "context": ctx_name},
+        }, env={"KVXFER_LIBCUDA": lib})
+    for k, (rc, res, err) in out.items():
+        assert rc == 0, (k, res, err)
+    ctx, gen = out["ctx"][1], out["gen"][1]
+    assert ctx["outcome"] == "DONE" and gen["outcome"] == "READY", out
+    assert gen["verified"] == 13 * 4 * 2 * 16 * 2 * 8 * 2, gen  # blocks × layers × K,V × tokens × heads × head × bf16
+    assert gen["payload"] == "tok-42"
 
 
 def test_connector_receiving_on_shm_is_refused():

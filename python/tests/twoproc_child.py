@@ -111,10 +111,83 @@ def connector_side(args):
     sys.exit(0 if ok and out["handles_left"] == 0 else 1)
 
 
+def gpu_side(args):
+    """One side over "GPU" memory of the fake CUDA driver (args["cuda"]:
+    the library, which KVXFER_LIBCUDA also names): the framework's per-layer
+    NHD tensors, in one device allocation, given to the node as kv_memory. The
+    context fills its tensors' blocks with the pattern (host to device) and
+    hands the prompt over in chunks; the generation side receives into
+    blocks of its own choosing and checks every byte of them (device to
+    host)."""
+    from fakecuda import DeviceTensor, Driver
+
+    layers, heads, head, tpb, nblocks = 4, 2, 8, 16, 32
+    drv = Driver(args["cuda"])
+    shape = (2, nblocks, tpb, heads, head)
+    half = nblocks * tpb * heads * head * 2  # the K (or V) half of a layer's tensor
+    # One allocation for every layer's tensor (cudaipc's IPC handle is an
+    # allocation's), as a cross-layer cache is.
+    base = drv.alloc(layers * 2 * half)
+    tensors = [DeviceTensor(shape, base + i * 2 * half) for i in range(layers)]
+    cfg = dict(args["config"], layout={"layers": layers, "kv_heads": heads, "head_dim": head, "dtype_bytes": 2,
+                                       "tokens_per_block": tpb},
+               memory=kvxfer.kv_memory("nhd", tensors))
+    node = kvxfer.Node(cfg)
+    node.alloc(0, node.groups[0].blocks)  # the framework owns every block id, as the connector's
+    prompt, rid, role = args["prompt"], args["request"], args["role"]
+    nb = -(-prompt // tpb)
+    part = tpb * heads * head * 2  # one block of one layer's K (or V)
+    out = {"role": role, "backend": cfg.get("backend")}
+    ok = False
+    try:
+        node.wait_peers(20000)
+        if role == "ctx":
+            src = list(range(nblocks - 1, nblocks - 1 - 2 * nb, -2))  # not contiguous, as a framework's
+            for b, blk in enumerate(src):
+                for i, t in enumerate(tensors):
+                    for kv in range(2):
+                        drv.htod(t.data_ptr() + kv * half + blk * part, pattern(b * 8 + i * 2 + kv, part).tobytes())
+            tx = node.send(rid, prompt, payload=b"tok-42")
+            for start in range(0, prompt, args["chunk"]):
+                end = min(start + args["chunk"], prompt)
+                b0, b1 = start // tpb, -(-end // tpb)
+                tx.chunk(start, end, [(b0, src[b0:b1])]).ready()
+            ev = tx.wait(30)
+            out.update(outcome=ev.outcome.name, error=ev.error.name, message=tx.error_message())
+            ok = ev.outcome.name == "DONE"
+            tx.release()
+        else:
+            dst = list(range(1, 1 + 2 * nb, 2))
+            rx = node.receive(rid, prompt, args["context"], blocks=[dst])
+            ev = rx.wait(30)
+            out.update(outcome=ev.outcome.name, error=ev.error.name, message=rx.error_message())
+            ok = ev.outcome == kvxfer.Outcome.READY
+            verified = 0
+            if ok:
+                for b, blk in enumerate(dst):
+                    for i, t in enumerate(tensors):
+                        for kv in range(2):
+                            got = drv.dtoh(t.data_ptr() + kv * half + blk * part, part)
+                            if got != pattern(b * 8 + i * 2 + kv, part).tobytes():
+                                ok = False
+                                out["mismatch"] = "block %d (framework block %d) layer %d part %d" % (b, blk, i, kv)
+                                break
+                            verified += part
+                out.update(verified=verified, payload=rx.payload().decode())
+            rx.release()
+    finally:
+        node.close(10000)
+    out["handles_left"] = kvxfer.handle_count()
+    print(json.dumps(out), flush=True)
+    sys.exit(0 if ok and out["handles_left"] == 0 else 1)
+
+
 def main():
     args = json.loads(sys.argv[1])
     if "side" in args:
         return connector_side(args)
+    if "cuda" in args:
+        return gpu_side(args)
     node = kvxfer.Node(args["config"])
     out = {"role": args["role"], "backend": args["config"].get("backend")}
     try:
