@@ -3,8 +3,9 @@
 #
 #   1. discovery: kvxfer info (GPUs, CUDA driver, UCX, backends);
 #   2. the rdma conformance suite on cudaipc, plus its cross-process,
-#      registration and no-late-write tests, and package cuda's unit tests,
-#      all on the real driver;
+#      registration and no-late-write tests, package cuda's unit tests, and
+#      node's cudaipc tests (two processes, GPU to GPU, bytes verified) with
+#      the ctx/gen roles, all on the real driver;
 #   3. the demo: two engines with device pools and event fences, every
 #      byte verified on the device; and a chunk handed over through the C
 #      ABI's Go layer (capi) behind a borrowed CUDA event recorded after a
@@ -68,6 +69,9 @@ run_tests ./test/gpu '^TestDiscovery$' '^$'
 step "2/4 conformance: rdma/cudaipc and package cuda on the real driver"
 run_tests ./rdma/cudaipc '^(TestConformance|TestCrossProcess|TestRegister|TestSubRegion|TestCloseNoLateWrite)$' '^$'
 run_tests ./cuda '.' '^TestInitNoDevice$' KVXFER_LIBCUDA=libcuda.so.1 # that one needs the fake driver
+# a node over cudaipc: two processes, device pools and framework memory, refusals; the ctx/gen roles
+run_tests ./node '^TestCUDAIPC' '^$' KVXFER_LIBCUDA=libcuda.so.1
+run_tests ./internal/proc '^TestCUDAIPCRoles$' '^$' KVXFER_LIBCUDA=libcuda.so.1
 
 step "3/4 demo: device pools, event fences, cudaipc, bytes verified; a chunk behind a borrowed CUDA event"
 run_tests ./test/gpu '^(TestDemo|TestChunkBehindCUDAEvent)$' '^$'
