@@ -222,3 +222,30 @@ func TestNodeDeviceMemoryBackends(t *testing.T) {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
 }
+
+// TestDeviceMemoryPicksTheNodesGPU: on backend cudaipc a node over GPU
+// memory runs on that memory's GPU when the config names none (one config
+// serves every rank of an instance, each on its own GPU), in both memory
+// forms; a "device" given is kept (Open then refuses a mismatch), and
+// other backends keep device 0. (Checked to fail: without the default,
+// the node is on device 0 for memory on device 3.)
+func TestDeviceMemoryPicksTheNodesGPU(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		js   string
+		want int
+	}{
+		{nodeMemJSON(dir, "dm-a", "dm-b", "cudaipc", deviceMemoryJSON(`,"device":3`), ""), 3},
+		{poolJSON(dir, "cudaipc", `,"pool_device":2`), 2},
+		{poolJSON(dir, "cudaipc", `,"pool_device":2,"device":1`), 1},
+		{nodeMemJSON(dir, "dm-a", "dm-b", "ucx", deviceMemoryJSON(`,"device":3`), ""), 0},
+	} {
+		cfg, err := nodeConfig(c.js)
+		if err != nil {
+			t.Fatalf("%s: %v", c.js, err)
+		}
+		if cfg.Device != c.want {
+			t.Errorf("%s: node device %d, want %d", c.js, cfg.Device, c.want)
+		}
+	}
+}

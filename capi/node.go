@@ -12,6 +12,7 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 )
 
 // OpenNode opens a node (package node: control link with CURVE, data plane,
@@ -117,8 +118,10 @@ func Keygen() (public, secret string, err error) {
 //   - "pool_device" (with "pool_address") and "memory"'s "device": the
 //     CUDA ordinal of that memory, which then is GPU memory
 //     (kvcache.ExternalDeviceRegion over the same span; node's Validate
-//     and Open say which backends can use it). Only the region's device
-//     is set: the node's own settings are untouched.
+//     and Open say which backends can use it). On backend cudaipc the
+//     node's "device" defaults to that ordinal (the ranks of an instance
+//     share one config, each on its own GPU); a "device" given and
+//     different is refused at Open, naming both.
 //
 // Every error is ErrConfig naming the key.
 func nodeConfig(js string) (node.Config, error) {
@@ -217,6 +220,14 @@ func nodeConfig(js string) (node.Config, error) {
 			return cfg, errorf(ErrInvalidArgument, "pool_address = %#x, pool_bytes = %d: %v", poolAddr, cfg.PoolBytes, err)
 		}
 		cfg.CallerMemory = &node.CallerMemory{Region: r}
+	}
+	// A node on cudaipc runs on the GPU of its memory unless "device" says
+	// otherwise (the node then refuses the mismatch, naming both): the
+	// ranks of one instance share their config, each on its own GPU.
+	if m := cfg.CallerMemory; m != nil && m.Region.Kind == kvcache.DeviceMem && cfg.Backend == cudaipc.Backend {
+		if _, given := top["device"]; !given {
+			cfg.Device = m.Region.Device
+		}
 	}
 	return cfg, nil
 }

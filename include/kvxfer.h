@@ -285,8 +285,10 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * of the tensors or the pool, an integer >= 0 (absent: host memory; a bad
  * value is KVXFER_ERR_CONFIG naming the key and the value; pool_device
  * without pool_address, and device in a memory object without layers, are
- * refused). The node's memory is then that GPU's, over the same span; the
- * key sets only the memory's device, none of the node's own settings.
+ * refused). The node's memory is then that GPU's, over the same span. On
+ * backend "cudaipc" the node runs on that GPU unless the config's "device"
+ * names another (then refused at open, naming both): the ranks of one
+ * instance can share one config, each over its own GPU's tensors.
  *
  * What can run over either, each refusal KVXFER_ERR_CONFIG naming the
  * value:
@@ -299,8 +301,8 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  *   - GPU memory (device, pool_device), sending or receiving, needs a data
  *     plane that reaches it: "ucx" with a UCX built with CUDA (a UCX
  *     without it is refused at open, naming the memory types it
- *     registers), or a CUDA IPC backend between processes of one host
- *     where the library has one; "shm" and "loopback" are refused naming
+ *     registers), or "cudaipc" between processes of one host (CUDA IPC
+ *     handles: no UCX needed); "shm" and "loopback" are refused naming
  *     the backend.
  *   - revoke_spare_bytes > 0 and a pool_bytes other than the tensors' span
  *     are refused; a peer's exit is no proof that its writes are over (no

@@ -110,14 +110,17 @@ def test_two_vllm_instances_through_the_worker_connector():
 
 def test_two_processes_gpu_memory_over_cudaipc():
     """Two processes, each a node over the framework's own per-layer KV
-    tensors in GPU memory (kv_memory of device allocations; device 0 of
-    the fake CUDA driver, which KVXFER_LIBCUDA points kvxfer at), backend
-    cudaipc: the context hands a chunked prompt over from scattered
+    tensors in GPU memory (kv_memory of device allocations of the fake
+    CUDA driver, which KVXFER_LIBCUDA points kvxfer at: the context's on
+    GPU 0, the generation's on GPU 1, neither config naming its node's
+    GPU), backend cudaipc: the context hands a chunked prompt over from scattered
     blocks, the generation side receives into blocks of its choosing, and
     every byte of them is read back from the device and checked. (Checked
     to fail: with kvxfer_node_open dropping memory.device the nodes are
-    refused, cudaipc taking only GPU memory; with the gen side's tensors
-    read at the ctx's block ids: "mismatch".)"""
+    refused, cudaipc taking only GPU memory; without the node's GPU taken
+    from its memory's, the generation node is refused (memory on GPU 1, the
+    node on 0); with the gen side's tensors read at other blocks:
+    "mismatch".)"""
     import fakecuda
 
     (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
@@ -134,9 +137,9 @@ def test_two_processes_gpu_memory_over_cudaipc():
                        peers=[{"instance": ctx_name, "endpoint": ctx_ep, "public_key": ctx_pub}])
         out = run_children({
             "ctx": {"role": "ctx", "cuda": lib, "config": ctx_cfg, "prompt": 200, "chunk": 64, "request": "gpu-1"},
-            "gen": {"role": "gen", "cuda": lib, "config": gen_cfg, "prompt": 200, "request": "gpu-1",
+            "gen": {"role": "gen", "cuda": lib, "device": 1, "config": gen_cfg, "prompt": 200, "request": "gpu-1",
                     "context": ctx_name},
-        }, env={"KVXFER_LIBCUDA": lib})
+        }, env={"KVXFER_LIBCUDA": lib, "FAKECUDA_DEVICES": "2"})
     for k, (rc, res, err) in out.items():
         assert rc == 0, (k, res, err)
     ctx, gen = out["ctx"][1], out["gen"][1]

@@ -114,7 +114,9 @@ def connector_side(args):
 def gpu_side(args):
     """One side over "GPU" memory of the fake CUDA driver (args["cuda"]:
     the library, which KVXFER_LIBCUDA also names): the framework's per-layer
-    NHD tensors, in one device allocation, given to the node as kv_memory. The
+    NHD tensors, in one allocation on GPU args["device"] (default 0), given
+    to the node as kv_memory (the node's GPU is the tensors': the config
+    names none). The
     context fills its tensors' blocks with the pattern (host to device) and
     hands the prompt over in chunks; the generation side receives into
     blocks of its own choosing and checks every byte of them (device to
@@ -122,13 +124,14 @@ def gpu_side(args):
     from fakecuda import DeviceTensor, Driver
 
     layers, heads, head, tpb, nblocks = 4, 2, 8, 16, 32
-    drv = Driver(args["cuda"])
+    dev = args.get("device", 0)
+    drv = Driver(args["cuda"], dev)
     shape = (2, nblocks, tpb, heads, head)
     half = nblocks * tpb * heads * head * 2  # the K (or V) half of a layer's tensor
     # One allocation for every layer's tensor (cudaipc's IPC handle is an
     # allocation's), as a cross-layer cache is.
     base = drv.alloc(layers * 2 * half)
-    tensors = [DeviceTensor(shape, base + i * 2 * half) for i in range(layers)]
+    tensors = [DeviceTensor(shape, base + i * 2 * half, dev) for i in range(layers)]
     cfg = dict(args["config"], layout={"layers": layers, "kv_heads": heads, "head_dim": head, "dtype_bytes": 2,
                                        "tokens_per_block": tpb},
                memory=kvxfer.kv_memory("nhd", tensors))
