@@ -65,7 +65,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from .core import Engine, KvxferError, Node, Outcome
+from .core import Engine, KvxferError, Node, Outcome, _cuda_index
 
 logger = logging.getLogger(__name__)
 
@@ -446,6 +446,8 @@ class KvxferWorkerConnector:
         self._load_errors = set()   # blocks of failed receives, until vLLM asks
         self.failed = {}    # request id -> Event (or error) of a request that did not succeed
         self._reported_failed = set()  # ids of failed, reported by the last get_finished
+        self._device = None         # CUDA ordinal of the KV cache; None: host memory
+        self._fences = {}           # send handle -> the CUDA events its chunks wait on (kept alive until it ends)
 
     # Registration -----------------------------------------------------------
 
@@ -489,6 +491,33 @@ class KvxferWorkerConnector:
         # The framework owns every block id: kvxfer's allocator is unused.
         for grp, gi in enumerate(self.engine.groups):
             self.engine.alloc(grp, gi.blocks)
+        self._device = _cuda_index(kv_cache)
+
+    def _written(self):
+        """What says that the KV the model wrote so far is in the cache:
+        None on the host (the CPU wrote it before vLLM called us: a fence
+        made ready at once), or, for a KV cache on a GPU, a CUDA event
+        recorded now on the cache's device's current stream, behind the
+        kernels that write the KV (they are queued, not done, when vLLM
+        calls wait_for_save or save_kv_layer). A fresh event each call:
+        kvxfer borrows it until each request it fences has ended."""
+        if self._device is None:
+            return None
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self._device))
+        return ev
+
+    def _hand(self, r, start, end, runs, written, last=None, layers=None):
+        """Hands a chunk (or a layer part of it) of send r over behind
+        written (_written's): a fence made ready at once on the host, the
+        CUDA event on a GPU, kept alive until r ends."""
+        if written is None:
+            r.chunk(start, end, runs, last=last, layers=layers).ready()
+            return
+        r.chunk(start, end, runs, last=last, cuda_event=written, device=self._device, layers=layers)
+        self._fences.setdefault(r.handle, []).append(written)
 
     # Per step ---------------------------------------------------------------
 
@@ -558,8 +587,9 @@ class KvxferWorkerConnector:
         With it, layer L's KV of the step is written (vLLM calls this after
         each attention layer, in order): each request's chunk of the step
         leaves its part (L, L + 1, num_layers) (kvxfer_chunk_layers), its
-        fence made ready at once. (On a GPU: hand it with
-        cuda_event=ev, an event recorded after layer L's attention.) A
+        fence made ready at once on the host; for a KV cache on a GPU,
+        behind a CUDA event recorded now on the cache's device's current
+        stream, after layer L's attention kernels (_written). A
         chunk's parts run from layer 0 to num_layers on every rank, so a
         pipeline stage holding layers [a, b) also hands (0, a) before its
         first layer's part and (b, num_layers) after its last, unfenced:
@@ -570,6 +600,7 @@ class KvxferWorkerConnector:
         layer = layer_index(layer_name)
         first, end = self._stage
         of = self.num_layers or end
+        written = self._written() if self._meta.reqs_to_send else None
         for rid, spec in self._meta.reqs_to_send.items():
             r = self._send(rid, spec)
             for start, stop in spec.chunks:
@@ -580,7 +611,7 @@ class KvxferWorkerConnector:
                 try:
                     if layer == first and first > 0:
                         r.chunk(start, stop, runs, last=last, fenced=False, layers=(0, first, of))
-                    r.chunk(start, stop, runs, last=last, layers=(layer, layer + 1, of)).ready()
+                    self._hand(r, start, stop, runs, written, last=last, layers=(layer, layer + 1, of))
                     if layer == end - 1 and end < of:
                         r.chunk(start, stop, runs, last=last, fenced=False, layers=(end, of, of))
                 except _REFUSED as exc:
@@ -631,10 +662,12 @@ class KvxferWorkerConnector:
         return [(b0, ids[b0:b1]) for ids in spec.block_ids]
 
     def wait_for_save(self):
-        """The step's KV is written. (On a GPU: record a torch.cuda.Event
-        here and hand each chunk over with Request.chunk(..., cuda_event=ev)
-        instead of a fence made ready; use a fresh event per step, since
-        kvxfer borrows it until each of its requests has finished.)
+        """The step's KV is written: each request's chunk of the step is
+        handed over, its fence made ready at once on the host; for a KV
+        cache on a GPU, behind a CUDA event recorded now on the cache's
+        device's current stream (the model's kernels are queued there, not
+        done), a fresh one per step, kept alive until each request it
+        fences has ended (_written, _hand).
 
         With "layer_parts" the chunks left from save_kv_layer: a chunk of
         the step whose parts did not reach the model's last layer (a layer
@@ -655,13 +688,14 @@ class KvxferWorkerConnector:
                                                           "layers up to %d of %s" % (rid, start, end, got, of)))
             self._note_handed_all()
             return
+        written = self._written() if self._meta.reqs_to_send else None
         for rid, spec in self._meta.reqs_to_send.items():
             for start, end in spec.chunks:
                 r = self._send(rid, spec)
                 if r is None:
                     continue
                 try:
-                    r.chunk(start, end, self._chunk_runs(spec, start, end)).ready()
+                    self._hand(r, start, end, self._chunk_runs(spec, start, end), written)
                 except _REFUSED as exc:
                     self._fail_send(rid, exc)
         self._note_handed_all()
@@ -694,6 +728,7 @@ class KvxferWorkerConnector:
                              "its freed blocks may still be read", rid, PREEMPT_WAIT_S)
                 continue
             del self._by_handle[r.handle], self._silent[r.handle]
+            self._fences.pop(r.handle, None)
             r.release()
 
     def _note_handed_all(self):
@@ -746,6 +781,7 @@ class KvxferWorkerConnector:
     def _reap(self):
         for ev in self.engine.poll():
             rid, side = self._by_handle.pop(ev.request)
+            self._fences.pop(ev.request, None)  # the request ended: kvxfer waits on its events no more
             if side == "silent":
                 self._silent.pop(ev.request).release()
                 continue

@@ -439,3 +439,122 @@ def test_connector_passes_the_decode_parallelism(layer_parts):
     finally:
         wp.shutdown()
     assert kvxfer.handle_count() == before
+
+
+class FakeStream:
+    """The current CUDA stream of a pretend GPU: the model's KV writes and
+    the events recorded behind them queue here and run, in order, only
+    when the test says the GPU ran them (run())."""
+
+    def __init__(self):
+        self.queue = []
+
+    def run(self):
+        queue, self.queue = self.queue, []
+        for work in queue:
+            work()
+
+
+class FakeEvent:
+    """The part of torch.cuda.Event the connector uses: record(stream)
+    completes it behind the work queued on stream so far."""
+
+    made = []
+
+    def __init__(self):
+        self.done, self.waiters = False, []
+        self.cuda_event, self.device = 0xE000 + len(FakeEvent.made), torch.device("cuda", 0)
+        FakeEvent.made.append(self)
+
+    def record(self, stream):
+        stream.queue.append(self._complete)
+
+    def _complete(self):
+        self.done = True
+        for w in self.waiters:
+            w()
+
+
+@pytest.mark.parametrize("layer_parts", [False, True])
+def test_connector_gpu_cache_hands_chunks_behind_cuda_events(monkeypatch, layer_parts):
+    """A KV cache on a GPU: the model's kernels are queued, not done, when
+    vLLM calls save_kv_layer or wait_for_save, so each chunk must leave
+    behind a CUDA event recorded then on the cache's device's current
+    stream, never behind a fence made ready at once (which would send the
+    blocks before the KV is in them). The GPU is pretended: the prefill
+    cache is host memory marked as on cuda:0, torch.cuda's Event and
+    current_stream are stand-ins whose stream runs the model's writes and
+    the events when the test says, and an event handed to Request.chunk
+    makes the chunk's fence ready once it completes. Every element is
+    checked on the decode side, and the events are kept until the send
+    ended. (Checked to fail: with the fence made ready at once, as before,
+    "handed behind a host fence"; with the events dropped only at close,
+    "events kept after their send ended".)"""
+    stream = FakeStream()
+    FakeEvent.made = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+    def current_stream(device=None):
+        assert device == 0, device
+        return stream
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    host_fenced = []
+    real_chunk = kvxfer.core.Request.chunk
+
+    def chunk(self, start, end, runs, last=None, fenced=True, cuda_event=None, device=None, layers=None):
+        if cuda_event is None:
+            if fenced:
+                host_fenced.append((start, end, layers))
+            return real_chunk(self, start, end, runs, last=last, fenced=fenced, layers=layers)
+        assert device == 0 and isinstance(cuda_event, FakeEvent) and not cuda_event.done, (device, cuda_event)
+        cuda_event.waiters.append(real_chunk(self, start, end, runs, last=last, layers=layers).ready)
+        return None
+
+    monkeypatch.setattr(kvxfer.core.Request, "chunk", chunk)
+    with pd_pair(prefill=dict(layer_parts=layer_parts)) as (sp, sd, wp, p_layers, wd, d_layers):
+        wp._device = 0  # the pretend GPU's (register_cross_layers_kv_cache reads it from a CUDA tensor)
+        prompt = 150
+        req = prefill_request("cmpl-g", prompt)
+        nb = -(-prompt // TPB)
+        p_blocks = [list(range(NBLOCKS - 1, NBLOCKS - 1 - 2 * nb, -2))]
+        sp.get_num_new_matched_tokens(req, 0)
+        sp.update_state_after_alloc(req, p_blocks, 0)
+        torch.manual_seed(5)
+        truth = torch.randn((LAYERS, 2, prompt, HEADS, HEAD)).to(torch.bfloat16)
+
+        def write(layer, i, t):
+            def run():
+                layer[p_blocks[0][t // TPB], :, t % TPB] = truth[i, :, t]
+            return run
+
+        done = 0
+        while done < prompt:
+            n = min(64, prompt - done)
+            wp.bind_connector_metadata(sp.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"cmpl-g": n})))
+            wp.start_load_kv(None)
+            for i, (name, layer) in enumerate(p_layers.items()):  # the forward pass: kernels queued
+                stream.queue.extend(write(layer, i, t) for t in range(done, done + n))
+                wp.save_kv_layer(name, layer, None)
+            wp.wait_for_save()
+            wp.clear_connector_metadata()
+            stream.run()  # the GPU runs the step: the KV lands, then the events complete
+            done += n
+        assert not host_fenced, "handed behind a host fence: %s" % host_fenced
+        assert FakeEvent.made and all(e.done for e in FakeEvent.made)
+        held = [e for evs in wp._fences.values() for e in evs]
+        _, params = sp.request_finished(req, p_blocks)
+        dreq = SimpleNamespace(request_id="cmpl-g-decode", prompt_token_ids=list(range(prompt)),
+                               kv_transfer_params=params)
+        sd.get_num_new_matched_tokens(dreq, 0)
+        d_blocks = [list(range(1, 1 + nb))]
+        sd.update_state_after_alloc(dreq, d_blocks, prompt)
+        wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
+        wd.start_load_kv(None)
+        wd.clear_connector_metadata()
+        finished(wd, "recv", "cmpl-g-decode")
+        finished(wp, "send", "cmpl-g", finished_req_ids={"cmpl-g"})
+        assert wp.failed == {} and wd.failed == {}
+        check_tokens(d_layers, d_blocks, truth, prompt)
+        assert sorted(map(id, held)) == sorted(map(id, FakeEvent.made)), "an event not kept until its send ended"
+        assert wp._fences == {}, "events kept after their send ended"
