@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -140,6 +141,17 @@ func TestEngineRefusesDeviceMemory(t *testing.T) {
 	js := fmt.Sprintf(`{"instance":"dm-eng",%s,"memory":%s}`, tinyLayout, deviceMemoryJSON(`,"device":-2`))
 	if _, _, err := Open(js, nil, 0); Code(err) != ErrConfig || !strings.Contains(err.Error(), "memory.device = -2") {
 		t.Errorf("%s: %v", js, err)
+	}
+	js = fmt.Sprintf(`{"instance":"dm-eng",%s,"pool_device":"1"}`, tinyLayout)
+	if _, _, err := Open(js, nil, 0); Code(err) != ErrConfig || !strings.Contains(err.Error(), `pool_device = "1": want the CUDA device ordinal`) {
+		t.Errorf("%s: %v", js, err)
+	}
+	// "pool_device": null is host memory, as kvxfer_node_open reads it.
+	js = fmt.Sprintf(`{"instance":"dm-eng-null",%s,"workers":2,"pool_device":null}`, tinyLayout)
+	if e, _, err := Open(js, nil, 0); err != nil {
+		t.Errorf("%s: %v, want an engine over host memory", js, err)
+	} else if err := e.Close(10 * time.Second); err != nil {
+		t.Error(err)
 	}
 	// Below capi's refusal: the root engine over the same device region.
 	c, err := ParseConfig(fmt.Sprintf(`{"instance":"dm-eng-raw",%s,"workers":2,"memory":%s}`, tinyLayout, deviceMemoryJSON(`,"device":0`)))

@@ -81,7 +81,9 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	if err != nil {
 		return nil, 0, err
 	}
-	if c.PoolDevice != nil {
+	if _, onDevice, err := cudaOrdinal("pool_device", c.PoolDevice); err != nil {
+		return nil, 0, err
+	} else if onDevice { // absent or null: host memory, as kvxfer_node_open reads it
 		return nil, 0, errorf(ErrConfig, "pool_device = %s: %s (pool_address with pool_device)", clip(string(c.PoolDevice)), noDeviceMemory)
 	}
 	if c.Memory != nil {
@@ -323,6 +325,9 @@ type Info struct {
 	Groups, TokensPerBlock, KVHeads, HeadDim, DTypeBytes, Parts int
 	PoolBase                                                    uintptr
 	PoolBytes, BytesPerToken                                    uint64
+	// PoolDevice is the CUDA ordinal of the pool's memory, -1 for host
+	// memory: on a GPU, PoolBase is a device pointer the CPU cannot read.
+	PoolDevice int
 }
 
 // Info describes the engine.
@@ -333,8 +338,13 @@ func (e *Engine) Info() Info {
 		perTok += uint64(len(s.Layers[g]) * l.Parts() * s.Heads() * l.TokenBytes())
 	}
 	r := e.eng.Region()
+	dev := -1
+	if r.Kind == kvcache.DeviceMem {
+		dev = r.Device
+	}
 	return Info{Groups: len(l.Groups), TokensPerBlock: l.TokensPerBlock, KVHeads: s.Heads(), HeadDim: l.HeadDim,
-		DTypeBytes: l.DTypeBytes, Parts: l.Parts(), PoolBase: r.Base, PoolBytes: r.Len, BytesPerToken: perTok}
+		DTypeBytes: l.DTypeBytes, Parts: l.Parts(), PoolBase: r.Base, PoolBytes: r.Len, BytesPerToken: perTok,
+		PoolDevice: dev}
 }
 
 // GroupInfo is one layer group's pool (kvxfer_group_info).

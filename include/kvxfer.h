@@ -55,7 +55,7 @@ extern "C" {
  * each destination run's first; 6: kvxfer_node_open over the framework's
  * own tensors ("memory" with "layers") or pool ("pool_address"), and its
  * "layout" key; 7: GPU memory by address: the "memory" object's device and
- * kvxfer_node_open's pool_device. */
+ * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device. */
 #define KVXFER_ABI_MINOR 7
 
 /* Status codes: what every call returns. */
@@ -297,7 +297,7 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  *     without UCX) is refused: its pool must live in its /dev/shm file.
  *     "loopback" reaches peers in this same process only.
  *   - a send_only rank's host tensors are only read by its own data plane:
- *     any backend.
+ *     any backend but "cudaipc" (which moves GPU memory only).
  *   - GPU memory (device, pool_device), sending or receiving, needs a data
  *     plane that reaches it: "ucx" with a UCX built with CUDA (a UCX
  *     without it is refused at open, naming the memory types it
@@ -348,6 +348,12 @@ kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
 kvxfer_status kvxfer_engine_close(kvxfer_engine_t engine, int32_t timeout_ms);
 
 kvxfer_status kvxfer_engine_info_get(kvxfer_engine_t engine, kvxfer_engine_info *out);
+/* Since KVXFER_ABI_MINOR 7: *device is the CUDA ordinal of the memory at
+ * kvxfer_engine_info's pool_base (a node on backend "cudaipc", or over GPU
+ * memory given by address), or -1 for host memory. On a GPU pool_base and
+ * block addresses are device pointers: read and write them with CUDA,
+ * never with the CPU. */
+kvxfer_status kvxfer_engine_pool_device(kvxfer_engine_t engine, int32_t *device);
 kvxfer_status kvxfer_engine_group(kvxfer_engine_t engine, uint32_t group, kvxfer_group_info *out);
 
 /* Allocates n blocks of layer group `group` from the engine's pool into ids

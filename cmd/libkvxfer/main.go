@@ -219,6 +219,20 @@ func kvxfer_engine_info_get(eh C.kvxfer_engine_t, out *C.kvxfer_engine_info) (st
 	return 0
 }
 
+//export kvxfer_engine_pool_device
+func kvxfer_engine_pool_device(eh C.kvxfer_engine_t, device *C.int32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_pool_device")
+	if device == nil {
+		return fail(nullArg("kvxfer_engine_pool_device", "device"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	*device = C.int32_t(e.Info().PoolDevice)
+	return 0
+}
+
 //export kvxfer_engine_group
 func kvxfer_engine_group(eh C.kvxfer_engine_t, g C.uint32_t, out *C.kvxfer_group_info) (st C.int32_t) {
 	defer guard(&st, "kvxfer_engine_group")

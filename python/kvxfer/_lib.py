@@ -140,6 +140,7 @@ _PROTOTYPES = {
 SINCE_MINOR = {
     "kvxfer_send_parallel": (5, (_st, [engine_t, ctypes.POINTER(SendRequest), ctypes.c_int32, ctypes.c_int32,
                                        ctypes.POINTER(request_t)])),
+    "kvxfer_engine_pool_device": (7, (_st, [engine_t, ctypes.POINTER(ctypes.c_int32)])),
 }
 
 

@@ -648,9 +648,26 @@ class Engine:
             raise ValueError("block = %d outside group %d's [0, %d)" % (block, group, gi.blocks))
         return self.info.pool_base + gi.offset + block * gi.block_bytes
 
+    @property
+    def pool_device(self):
+        """The CUDA ordinal of the pool's memory (a node on backend
+        "cudaipc", or over CUDA tensors), or None for host memory. On a GPU
+        block_address gives device pointers, which the CPU cannot read."""
+        if "kvxfer_engine_pool_device" in _lib.missing:
+            return None  # a library older than GPU memory: host memory only
+        dev = ctypes.c_int32()
+        _check(lib.kvxfer_engine_pool_device(self._live(), ctypes.byref(dev)))
+        return None if dev.value < 0 else dev.value
+
     def block_bytes(self, group, block):
-        """A copy of one block's bytes."""
-        return ctypes.string_at(self.block_address(group, block), self.groups[group].block_bytes)
+        """A copy of one block's bytes (host memory; a ValueError on a GPU
+        pool, whose block_address is a device pointer: copy it with CUDA)."""
+        addr = self.block_address(group, block)
+        dev = self.pool_device
+        if dev is not None:
+            raise ValueError("block %d of group %d is GPU memory (cuda:%d, device pointer %#x): block_bytes reads "
+                             "host memory; copy it with CUDA" % (block, group, dev, addr))
+        return ctypes.string_at(addr, self.groups[group].block_bytes)
 
     # Requests --------------------------------------------------------------
 

@@ -9,6 +9,9 @@ the library's refusals prove it never did."""
 
 import ctypes
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from types import SimpleNamespace
 
@@ -227,3 +230,58 @@ def test_vllm_worker_passes_a_gpu_kv_cache_to_its_node(opened):
     with pytest.raises(ValueError, match="memory on cuda:5: the in-process Engine .* a node's keys"):
         w.register_cross_layers_kv_cache(cache)
     assert kvxfer.handle_count() == before
+
+
+# A child process: a Node on backend cudaipc with its own pool (device
+# memory of the fake driver's GPU 1), printing what pool_device and
+# block_bytes say.
+_DEVICE_POOL_CHILD = r"""
+import json, sys
+sys.path.insert(0, %(py)r)
+sys.path.insert(0, %(tests)r)
+import kvxfer
+from conftest import small_config, unique
+cfg = small_config(unique("dp"), backend="cudaipc", device=1, insecure=True, bind="ipc://%(dir)s/n.sock",
+                   transfer_timeout="10s")
+del cfg["transfer_timeout_ms"]
+n = kvxfer.Node(cfg)
+out = {"pool_device": n.pool_device}
+try:
+    n.block_bytes(0, 0)
+    out["read"] = True
+except ValueError as e:
+    out["refused"] = str(e)
+finally:
+    n.close()
+print(json.dumps(out))
+"""
+
+
+def test_device_pool_is_named_and_never_read_by_the_cpu():
+    """A node's pool on a GPU (backend cudaipc, device 1 of the fake CUDA
+    driver): pool_device names the GPU, and block_bytes, which reads host
+    memory, refuses its device pointer instead of dereferencing it (a
+    SIGSEGV on a real GPU; the fake driver's device memory is a host
+    mapping, so only the refusal shows the read did not happen). A host
+    engine's pool_device is None. (Checked to fail: with block_bytes not
+    asking pool_device, the child reads the block.)"""
+    import fakecuda
+
+    e = kvxfer.Engine(small_config(unique("dp-host")))
+    try:
+        assert e.pool_device is None
+        assert len(e.block_bytes(0, 0)) == e.groups[0].block_bytes
+    finally:
+        e.close()
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        lib, why = fakecuda.build(d)
+        if lib is None:
+            pytest.skip(why)
+        src = _DEVICE_POOL_CHILD % {"py": os.path.dirname(here), "tests": here, "dir": d}
+        env = dict(os.environ, KVXFER_LIBCUDA=lib, FAKECUDA_DEVICES="2")
+        p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["pool_device"] == 1, out
+    assert "GPU memory (cuda:1" in out.get("refused", ""), "block_bytes read a device pool with the CPU: %s" % out
