@@ -119,7 +119,7 @@ func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, erro
 		if err != nil {
 			return nil, err
 		}
-		if err := a.checkOneAllocation(c.CallerMemory.Region); err != nil {
+		if err := a.useCallerMemory(c.CallerMemory); err != nil {
 			_ = a.Close()
 			return nil, err
 		}
