@@ -284,7 +284,7 @@ func TestSpansCrossProcess(t *testing.T) {
 		return ep.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: key, Len: n},
 			Segments: []kvcache.Segment{{Src: e0.Off, Dst: e0.Off, Len: 64}}, Done: noDone})
 	}
-	if err := post(cudaipc.ForgeCount(key, cudaipc.MaxAllocations+1)); !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "4097") {
+	if err := post(cudaipc.ForgeCount(key, cudaipc.MaxAllocations+1)); !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "4097 allocations, want 1..4096") {
 		t.Errorf("a key claiming 4097 allocations: Post = %v, want ErrBadKey naming the count", err)
 	} else {
 		t.Logf("too many allocations: %v", err)
