@@ -145,8 +145,9 @@ const layerBlocks = 16
 
 // perLayer is a framework's KV cache as vLLM allocates it: one NHD tensor
 // [2, blocks, tokens, heads, head_dim] per layer, each its own
-// allocation, with unmapped gaps between them (an allocation made between
-// each two and freed).
+// allocation, with an allocation made and freed after each (an unmapped
+// gap between them where the driver allocates in order, as the fake
+// does).
 type perLayer struct {
 	mems   []*cuda.Memory // by layer
 	offs   []uint64       // each layer's tensor's offset in region
@@ -666,9 +667,10 @@ func TestCUDAIPCRefusals(t *testing.T) {
 }
 
 // crossingTensors is caller memory of tiny()'s two layers, NHD, each
-// layer's tensor its own allocation with another allocation between
-// them, but layer 1's described 64 bytes past its allocation's start, so
-// that it runs out of it.
+// layer's tensor its own allocation, but layer 1's — the allocation at
+// the higher address, whatever order the driver placed them in —
+// described 64 bytes past its allocation's start, so that it runs out of
+// its allocation (and overlaps no other tensor).
 func crossingTensors(t *testing.T, d *cuda.Device) *node.CallerMemory {
 	t.Helper()
 	kl, s, err := kvxfer.Config{Layout: tiny(), Parallel: kvcache.Parallel{TP: 1, PP: 1}}.LayoutShape()
@@ -677,8 +679,8 @@ func crossingTensors(t *testing.T, d *cuda.Device) *node.CallerMemory {
 	}
 	size := uint64(kl.Parts()) * layerBlocks * uint64(kl.TokensPerBlock*s.Heads()*kl.TokenBytes())
 	var ms []*cuda.Memory
-	for _, n := range []uint64{size, 4096, size} {
-		m, err := d.Alloc(n)
+	for range 2 {
+		m, err := d.Alloc(size)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -689,15 +691,15 @@ func crossingTensors(t *testing.T, d *cuda.Device) *node.CallerMemory {
 		})
 		ms = append(ms, m)
 	}
-	lo, hi := ^uintptr(0), uintptr(0)
-	for _, m := range ms {
-		lo, hi = min(lo, uintptr(m.Ptr())), max(hi, uintptr(m.Ptr())+uintptr(m.Len()))
+	if ms[0].Ptr() > ms[1].Ptr() {
+		ms[0], ms[1] = ms[1], ms[0]
 	}
+	lo, hi := uintptr(ms[0].Ptr()), uintptr(ms[1].Ptr())+uintptr(size)
 	r, err := kvcache.ExternalDeviceRegion(lo, uint64(hi-lo)+64, d.Ordinal())
 	if err != nil {
 		t.Fatal(err)
 	}
-	offs := []uint64{uint64(uintptr(ms[0].Ptr()) - lo), uint64(uintptr(ms[2].Ptr())-lo) + 64}
+	offs := []uint64{0, uint64(uintptr(ms[1].Ptr())-lo) + 64}
 	mem, err := kvcache.FrameworkMemory("nhd", kl, s, 0, layerBlocks, offs, nil, r.Len)
 	if err != nil {
 		t.Fatal(err)

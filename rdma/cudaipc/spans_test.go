@@ -445,15 +445,22 @@ func TestRegisterSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	last := ms[len(ms)-1]
-	lastOff := uint64(uintptr(last.Ptr()) - r.Base)
+	// The used allocation at the lowest address: a span from inside it
+	// past its end still lies in the region.
+	low := ms[0]
+	for i := 2; i < len(ms); i += 2 {
+		if ms[i].Ptr() < low.Ptr() {
+			low = ms[i]
+		}
+	}
+	lowOff := uint64(uintptr(low.Ptr()) - r.Base)
 	for _, c := range []struct {
 		name  string
 		spans []cudaipc.Span
 		index int
 		want  string
 	}{
-		{"a span past its allocation", append(slices.Clone(spans), cudaipc.Span{Off: lastOff + 100, Len: last.Len()}), len(spans), "run past the CUDA allocation"},
+		{"a span past its allocation", append(slices.Clone(spans), cudaipc.Span{Off: lowOff + 100, Len: low.Len()}), len(spans), "run past the CUDA allocation"},
 		{"a span outside the region", []cudaipc.Span{spans[0], {Off: r.Len - 10, Len: 11}}, 1, "outside the"},
 		{"no span", []cudaipc.Span{{Off: 0, Len: 0}}, -1, "no span"},
 	} {
