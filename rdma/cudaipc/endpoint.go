@@ -86,19 +86,19 @@ func (e *endpoint) Post(b rdma.Batch) error {
 			e.copies = append(e.copies, cuda.Copy{Dst: t.allocs[0].ptr, Src: src.allocs[0].ptr})
 			continue
 		}
-		sm := find(src.allocs, s.Src, s.Len)
-		if sm == nil {
-			clear(e.copies)
-			return fmt.Errorf("%s: post: %w", e.name, &rdma.SegmentError{Index: i, Segment: s,
-				Err: fmt.Errorf("%w: source [%d, +%d) does not lie in one registered allocation of source registration %d (%s)",
-					rdma.ErrOutOfRange, s.Src, s.Len, src.id, describeAllocs(src.allocs, s.Src))})
-		}
 		dm := find(t.allocs, s.Dst, s.Len)
 		if dm == nil {
 			clear(e.copies)
 			return fmt.Errorf("%s: post: %w", e.name, &rdma.SegmentError{Index: i, Segment: s,
 				Err: fmt.Errorf("%w: destination [%d, +%d) does not lie in one allocation of the peer's region (%s): it falls into a gap or crosses from one allocation into another",
 					rdma.ErrOutOfRange, s.Dst, s.Len, describeAllocs(t.allocs, s.Dst))})
+		}
+		sm := find(src.allocs, s.Src, s.Len)
+		if sm == nil {
+			clear(e.copies)
+			return fmt.Errorf("%s: post: %w", e.name, &rdma.SegmentError{Index: i, Segment: s,
+				Err: fmt.Errorf("%w: source [%d, +%d) does not lie in one registered allocation of source registration %d (%s)",
+					rdma.ErrOutOfRange, s.Src, s.Len, src.id, describeAllocs(src.allocs, s.Src))})
 		}
 		e.copies = append(e.copies, cuda.Copy{Dst: dm.ptr + cuda.DevicePtr(s.Dst-dm.off), Src: sm.ptr + cuda.DevicePtr(s.Src-sm.off), Len: s.Len})
 	}

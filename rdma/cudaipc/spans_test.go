@@ -63,21 +63,58 @@ func tensors(t *testing.T, d *cuda.Device) ([]*cuda.Memory, *kvcache.Region, []c
 	return ms, r, spans
 }
 
+// packed is where the writer's source holds each entry's bytes: entries
+// (ascending) back to back, so that the source is as large as the bytes
+// written, whatever the distances the driver put between the
+// allocations; total is their sum.
+func packed(entries []cudaipc.Span) (at []uint64, total uint64) {
+	for _, e := range entries {
+		at = append(at, total)
+		total += e.Len
+	}
+	return at, total
+}
+
 // wantTensors is what the receiver's allocations hold once every byte of
-// every span was written with pattern(region length, seed) at its region
-// offset; with written false, what they held before.
-func wantTensors(ms []*cuda.Memory, r *kvcache.Region, seed byte, written bool) [][]byte {
-	src := pattern(int(r.Len), seed)
+// every entry (allocs) was written from a source holding pattern(total,
+// seed) packed (packed); with written false, what they held before.
+func wantTensors(ms []*cuda.Memory, allocs []cudaipc.Allocation, seed byte, written bool) [][]byte {
+	var entries []cudaipc.Span
+	for _, al := range allocs {
+		entries = append(entries, cudaipc.Span{Off: al.Off, Len: al.Len})
+	}
+	at, total := packed(entries)
+	src := pattern(int(total), seed)
 	var out [][]byte
 	for i, m := range ms {
 		w := pattern(int(m.Len()), byte(10+i))
-		if written && i%2 == 0 {
-			off := uintptr(m.Ptr()) - r.Base
-			copy(w[spanHead:m.Len()-spanTail], src[off+spanHead:off+uintptr(m.Len())-spanTail])
+		for k, al := range allocs {
+			if written && al.Base == m.Ptr() {
+				copy(w[al.AllocOff:al.AllocOff+al.Len], src[at[k]:at[k]+al.Len])
+			}
 		}
 		out = append(out, w)
 	}
 	return out
+}
+
+// sourceOver registers, with a, a source region of n bytes (the
+// destination's length: segment offsets are checked against it) of which
+// only the first total bytes are memory, an allocation filled with
+// pattern(total, seed): the rest is never read (Post refuses a segment
+// that reads outside the span).
+func sourceOver(t *testing.T, d *cuda.Device, a *cudaipc.Agent, n, total uint64, seed byte) rdma.Registration {
+	t.Helper()
+	sm := devMem(t, d, total, seed)
+	r, err := kvcache.ExternalDeviceRegion(uintptr(sm.Ptr()), max(n, total), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := a.RegisterSpans(r, []cudaipc.Span{{Off: 0, Len: total}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
 
 // checkTensors compares each allocation with want and names the first
@@ -130,7 +167,7 @@ func TestSpansCrossProcessChild(t *testing.T) {
 		cmd, arg, _ := strings.Cut(in.Text(), " ")
 		switch cmd {
 		case "PRISTINE":
-			if diff := checkTensors(t, d, ms, wantTensors(ms, r, 0, false)); diff != "" {
+			if diff := checkTensors(t, d, ms, wantTensors(ms, allocs, 0, false)); diff != "" {
 				fmt.Println("PRISTINE", diff)
 			} else {
 				fmt.Println("PRISTINE ok")
@@ -150,7 +187,7 @@ func TestSpansCrossProcessChild(t *testing.T) {
 				fmt.Println("MISMATCH deregister:", err)
 				return
 			}
-			if diff := checkTensors(t, d, ms, wantTensors(ms, r, byte(seed), true)); diff != "" {
+			if diff := checkTensors(t, d, ms, wantTensors(ms, allocs, byte(seed), true)); diff != "" {
 				fmt.Println("MISMATCH", diff)
 				return
 			}
@@ -203,12 +240,9 @@ func TestSpansCrossProcess(t *testing.T) {
 
 	d := gpu(t)
 	const seed = 9
-	sm := devMem(t, d, n, seed)
+	at, total := packed(entries)
 	a := agent(t)
-	src, err := a.Register(region(t, sm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := sourceOver(t, d, a, n, total, seed)
 	ep, err := a.Connect([]byte(f[0]))
 	if err != nil {
 		t.Fatal(err)
@@ -223,16 +257,16 @@ func TestSpansCrossProcess(t *testing.T) {
 		name string
 		segs []kvcache.Segment
 	}{
-		{"straddling two allocations", []kvcache.Segment{{Src: end0 - 10, Dst: end0 - 10, Len: e1.Off + 10 - (end0 - 10)}}},
-		{"running off an allocation into a gap", []kvcache.Segment{{Src: end0 - 10, Dst: end0 - 10, Len: 20}}},
-		{"in a gap", []kvcache.Segment{{Src: end0, Dst: end0, Len: 1}}},
+		{"straddling two allocations", []kvcache.Segment{{Src: 0, Dst: end0 - 10, Len: e1.Off + 10 - (end0 - 10)}}},
+		{"running off an allocation into a gap", []kvcache.Segment{{Src: 0, Dst: end0 - 10, Len: 20}}},
+		{"in a gap", []kvcache.Segment{{Src: 0, Dst: end0, Len: 1}}},
 		{"before the first allocation's entry", []kvcache.Segment{{Src: 0, Dst: e0.Off - 1, Len: 1}}},
-		{"in a gap behind a good segment", []kvcache.Segment{{Src: e0.Off, Dst: e0.Off, Len: 100}, {Src: end0 + 1, Dst: end0 + 1, Len: 4}}},
+		{"in a gap behind a good segment", []kvcache.Segment{{Src: 0, Dst: e0.Off, Len: 100}, {Src: 0, Dst: end0 + 1, Len: 4}}},
 	} {
 		err := ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: c.segs, Done: noDone})
 		var se *rdma.SegmentError
-		if !errors.As(err, &se) || !errors.Is(err, rdma.ErrOutOfRange) || se.Index != len(c.segs)-1 {
-			t.Errorf("segment %s: Post = %v, want a *rdma.SegmentError for segment %d wrapping ErrOutOfRange", c.name, err, len(c.segs)-1)
+		if !errors.As(err, &se) || !errors.Is(err, rdma.ErrOutOfRange) || se.Index != len(c.segs)-1 || !strings.Contains(err.Error(), "destination") {
+			t.Errorf("segment %s: Post = %v, want a *rdma.SegmentError for segment %d's destination wrapping ErrOutOfRange", c.name, err, len(c.segs)-1)
 		} else {
 			t.Logf("%s: %v", c.name, err)
 		}
@@ -282,7 +316,7 @@ func TestSpansCrossProcess(t *testing.T) {
 	}
 	post := func(key []byte) error {
 		return ep.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: key, Len: n},
-			Segments: []kvcache.Segment{{Src: e0.Off, Dst: e0.Off, Len: 64}}, Done: noDone})
+			Segments: []kvcache.Segment{{Src: 0, Dst: e0.Off, Len: 64}}, Done: noDone})
 	}
 	if err := post(cudaipc.ForgeCount(key, cudaipc.MaxAllocations+1)); !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "4097 allocations, want 1..4096") {
 		t.Errorf("a key claiming 4097 allocations: Post = %v, want ErrBadKey naming the count", err)
@@ -321,10 +355,10 @@ func TestSpansCrossProcess(t *testing.T) {
 	// blocks in its Done so the second stays pending behind it.
 	const chunk = 24 << 10
 	var segs []kvcache.Segment
-	for _, e := range entries {
+	for k, e := range entries {
 		for off := e.Off; off < e.Off+e.Len; off += chunk {
 			l := min(chunk, e.Off+e.Len-off)
-			segs = append(segs, kvcache.Segment{Src: off, Dst: off, Len: l})
+			segs = append(segs, kvcache.Segment{Src: at[k] + off - e.Off, Dst: off, Len: l})
 		}
 	}
 	for i := range segs { // a fixed shuffle
@@ -404,12 +438,17 @@ func TestRegisterSpans(t *testing.T) {
 	d := gpu(t)
 	ms, r, spans := tensors(t, d)
 	const seed = 5
-	sm := devMem(t, d, r.Len, seed)
 	s, rcv := agent(t), agent(t)
-	src, err := s.Register(region(t, sm, 0, r.Len))
+	allocs, err := rcv.Allocations(r, spans)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var entries []cudaipc.Span
+	for _, al := range allocs {
+		entries = append(entries, cudaipc.Span{Off: al.Off, Len: al.Len})
+	}
+	at, total := packed(entries)
+	src := sourceOver(t, d, s, r.Len, total, seed)
 	dst, err := rcv.RegisterSpans(r, spans)
 	if err != nil {
 		t.Fatal(err)
@@ -419,11 +458,19 @@ func TestRegisterSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ep.Close()
+	// Each span, from where its entry's bytes are packed in the source;
+	// the spans cover their entries whole.
 	var segs []kvcache.Segment
 	for _, sp := range spans {
-		segs = append(segs, kvcache.Segment{Src: sp.Off, Dst: sp.Off, Len: sp.Len})
+		for k, e := range entries {
+			if sp.Off >= e.Off && sp.Off < e.Off+e.Len {
+				segs = append(segs, kvcache.Segment{Src: at[k] + sp.Off - e.Off, Dst: sp.Off, Len: sp.Len})
+			}
+		}
 	}
-	slices.Reverse(segs)
+	if len(segs) != len(spans) {
+		t.Fatalf("%d of %d spans in the allocations' entries", len(segs), len(spans))
+	}
 	done := make(chan error, 1)
 	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: segs, Done: func(err error) { done <- err }}); err != nil {
 		t.Fatal(err)
@@ -431,14 +478,12 @@ func TestRegisterSpans(t *testing.T) {
 	if err := wait(t, done, "Done"); err != nil {
 		t.Fatal(err)
 	}
-	// A segment over the gap between the two spans of one allocation's
-	// entry is inside the entry: none here. One across two entries is
-	// refused.
+	// A segment across the entries, gaps included, is refused.
 	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Src: 0, Dst: 0, Len: r.Len}},
 		Done: func(error) { t.Error("Done of a refused post") }}); !errors.Is(err, rdma.ErrOutOfRange) {
 		t.Errorf("a segment over the whole region: %v, want ErrOutOfRange", err)
 	}
-	if diff := checkTensors(t, d, ms, wantTensors(ms, r, seed, true)); diff != "" {
+	if diff := checkTensors(t, d, ms, wantTensors(ms, allocs, seed, true)); diff != "" {
 		t.Fatalf("the receiver's allocations differ from the model at %s", diff)
 	}
 	if err := rcv.Deregister(dst); err != nil {
