@@ -40,10 +40,16 @@ import (
 //     binary has no UCX, is refused. loopback works, for peers in this
 //     same process only.
 //   - cudaipc (GPU to GPU on one host): device memory of GPU
-//     Config.Device only, lying in one CUDA allocation (its IPC handle is
-//     the allocation's: one cross-layer tensor, not per-layer tensors);
-//     host memory, another GPU's memory and a region past its allocation
-//     are refused by name.
+//     Config.Device only. Its bytes may lie in several CUDA allocations
+//     (vLLM's per-layer tensors, each its own, with gaps between them):
+//     the node registers the region by the allocations that hold the
+//     described tensors (each (layer, part) tensor from its block 0 to its
+//     last block; the whole region when Memory is nil), one IPC handle
+//     each (cudaipc.Agent.RegisterSpans). Each tensor must lie in one
+//     allocation: host memory, another GPU's memory, a tensor in no
+//     allocation or one that runs out of its allocation (a view across
+//     two) are refused at Open by name, as are more than
+//     cudaipc.MaxAllocations allocations.
 //   - A SendOnly rank's memory is only read by its own agent, so any
 //     backend works for host memory (shm and loopback read host memory
 //     only; device memory needs ucx with CUDA).
@@ -119,7 +125,7 @@ func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, erro
 		if err != nil {
 			return nil, err
 		}
-		if err := a.checkOneAllocation(c.CallerMemory.Region); err != nil {
+		if err := a.useCallerMemory(c.CallerMemory); err != nil {
 			_ = a.Close()
 			return nil, err
 		}

@@ -116,6 +116,13 @@ type oneHostAgent struct {
 
 	mu    sync.Mutex
 	procs map[string]hostPeer // by agent address
+
+	// caller is the framework's memory (CallerMemory.Region), registered
+	// by callerSpans, the bytes its tensors use, in callerAllocs
+	// allocations; nil for a node's own pool.
+	caller       *kvcache.Region
+	callerSpans  []cudaipc.Span
+	callerAllocs int
 }
 
 // hostPeer is the peer whose Hello carried an agent address, and the
@@ -181,19 +188,75 @@ func (c Config) validateDevice() error {
 	return nil
 }
 
-// checkOneAllocation refuses caller memory that does not lie in one CUDA
-// allocation: cudaipc shares memory by its allocation's IPC handle, so a
-// region spanning several (a framework's per-layer tensors, each its own
-// allocation) cannot be registered.
-func (a *oneHostAgent) checkOneAllocation(r *kvcache.Region) error {
-	base, size, err := a.Device().AddressRange(cuda.DevicePtr(r.Base))
+// useCallerMemory makes the agent register the framework's memory m
+// (CallerMemory on backend cudaipc) by the CUDA allocations its described
+// tensors lie in: a framework's per-layer tensors are as many
+// allocations, with unmapped gaps between them, and cudaipc shares memory
+// by each allocation's IPC handle (cudaipc.Agent.RegisterSpans). It checks
+// them now, so that a tensor no allocation holds, or one that runs out of
+// the allocation holding its first byte, fails Open with ErrConfig naming
+// the tensor and its addresses; Register then registers m.Region with
+// those spans.
+func (a *oneHostAgent) useCallerMemory(m *CallerMemory) error {
+	r := m.Region
+	spans, names, err := callerSpans(m)
 	if err != nil {
-		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes) is no CUDA allocation's memory on device %d (%v): give memory the framework allocated on that GPU",
-			ErrConfig, r.Device, r.Base, r.Len, r.Device, err)
+		return err
 	}
-	if off := uint64(cuda.DevicePtr(r.Base) - base); off > size || r.Len > size-off {
-		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes) runs past the CUDA allocation that holds it ([%#x, +%d)): backend %q shares memory by its allocation's IPC handle, so the region must lie in one allocation: give one tensor (vLLM's cross-layer KV cache) rather than per-layer tensors, or use backend \"ucx\" with a UCX built with CUDA",
-			ErrConfig, r.Device, r.Base, r.Len, uintptr(base), size, cudaipc.Backend)
+	allocs, err := a.Agent.Allocations(r, spans)
+	var se *cudaipc.SpanError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): %s, region bytes [%d, +%d): %v: backend %q registers the framework's memory by the CUDA allocations its tensors lie in (one IPC handle each), so each tensor must lie in one allocation on device %d: give tensors the framework allocated on that GPU, each whole (not a view across allocations), or use backend \"ucx\" with a UCX built with CUDA",
+			ErrConfig, r.Device, r.Base, r.Len, names[se.Index], se.Span.Off, se.Span.Len, se.Err, cudaipc.Backend, r.Device)
+	case err != nil:
+		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): %v", ErrConfig, r.Device, r.Base, r.Len, err)
 	}
+	a.caller, a.callerSpans, a.callerAllocs = r, spans, len(allocs)
 	return nil
+}
+
+// callerSpans lists the bytes of m.Region that m's tensors use, one span
+// per (group, layer, part) from its block 0's first byte to its last
+// block's last byte, named for errors; the whole region when m has no
+// descriptors (the region is then a pool laid out as the node's own).
+func callerSpans(m *CallerMemory) ([]cudaipc.Span, []string, error) {
+	if len(m.Memory) == 0 {
+		return []cudaipc.Span{{Off: 0, Len: m.Region.Len}}, []string{"the region (no Memory descriptors: all of it is the pool)"}, nil
+	}
+	var spans []cudaipc.Span
+	var names []string
+	for g, km := range m.Memory {
+		if km == nil {
+			return nil, nil, fmt.Errorf("%w: CallerMemory.Memory[%d] is nil: give one descriptor per layer group", ErrConfig, g)
+		}
+		if km.Blocks == 0 {
+			continue
+		}
+		for _, layer := range km.Layers {
+			for part := range km.Parts {
+				lo, _, ok1 := km.TensorBlock(layer, part, 0)
+				hi, n, ok2 := km.TensorBlock(layer, part, kvcache.BlockID(km.Blocks-1))
+				name := fmt.Sprintf("CallerMemory.Memory[%d] (%s) layer %d part %d", g, km.Kind, layer, part)
+				if !ok1 || !ok2 || hi+n < lo {
+					return nil, nil, fmt.Errorf("%w: %s: no tensor span (its Base, strides and Blocks do not give one): check the descriptor (kvcache.KVMemory.Validate)", ErrConfig, name)
+				}
+				spans = append(spans, cudaipc.Span{Off: lo, Len: hi + n - lo})
+				names = append(names, name)
+			}
+		}
+	}
+	if len(spans) == 0 {
+		return []cudaipc.Span{{Off: 0, Len: m.Region.Len}}, []string{"the region (its descriptors hold no block)"}, nil
+	}
+	return spans, names, nil
+}
+
+// Register registers the framework's memory (useCallerMemory) by the
+// allocations its tensors lie in, and any other region as cudaipc does.
+func (a *oneHostAgent) Register(r *kvcache.Region) (rdma.Registration, error) {
+	if a.caller != nil && r == a.caller {
+		return a.Agent.RegisterSpans(r, a.callerSpans)
+	}
+	return a.Agent.Register(r)
 }

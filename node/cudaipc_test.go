@@ -51,7 +51,7 @@ func TestFakeCUDA(t *testing.T) {
 			t.Log(l)
 		}
 	}
-	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto"} {
+	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPerLayerTensors", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto"} {
 		if !strings.Contains(out, "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
 		}
@@ -128,7 +128,120 @@ func requireCUDA(t *testing.T) *cuda.Device {
 const (
 	genChildEnv = "KVXFER_NODE_CUDA_GEN"
 	callerEnv   = "KVXFER_NODE_CUDA_CALLER"
+	// layersEnv makes the caller memory vLLM's shape: one allocation per
+	// layer (fourLayers()), NHD, unmapped gaps between them.
+	layersEnv = "KVXFER_NODE_CUDA_LAYERS"
 )
+
+// fourLayers is tiny() with 4 layers.
+func fourLayers() *kvcache.Layout {
+	l := tiny()
+	l.Name, l.Layers, l.Groups = "four", 4, kvcache.FullAttention(4)
+	return l
+}
+
+// layerBlocks is how many blocks each per-layer tensor holds.
+const layerBlocks = 16
+
+// perLayer is a framework's KV cache as vLLM allocates it: one NHD tensor
+// [2, blocks, tokens, heads, head_dim] per layer, each its own
+// allocation, with an allocation made and freed after each (an unmapped
+// gap between them where the driver allocates in order, as the fake
+// does).
+type perLayer struct {
+	mems   []*cuda.Memory // by layer
+	offs   []uint64       // each layer's tensor's offset in region
+	region *kvcache.Region
+	mem    *kvcache.KVMemory
+}
+
+// newPerLayer allocates the tensors of layout l (one group of full
+// attention, TP 1) on d, freed at cleanup.
+func newPerLayer(t *testing.T, d *cuda.Device, l *kvcache.Layout) *perLayer {
+	t.Helper()
+	kl, s, err := kvxfer.Config{Layout: l, Parallel: kvcache.Parallel{TP: 1, PP: 1}}.LayoutShape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := uint64(kl.Parts()) * layerBlocks * uint64(kl.TokensPerBlock*s.Heads()*kl.TokenBytes())
+	p := &perLayer{}
+	for range s.Layers[0] {
+		m, err := d.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // after the node's Close (cleanups run in reverse)
+			if err := m.Free(); err != nil {
+				t.Errorf("free the framework's memory: %v", err)
+			}
+		})
+		p.mems = append(p.mems, m)
+		gap, err := d.Alloc(8192)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gap.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lo, hi := ^uintptr(0), uintptr(0)
+	for _, m := range p.mems {
+		lo, hi = min(lo, uintptr(m.Ptr())), max(hi, uintptr(m.Ptr())+uintptr(m.Len()))
+	}
+	if p.region, err = kvcache.ExternalDeviceRegion(lo, uint64(hi-lo), d.Ordinal()); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range p.mems {
+		p.offs = append(p.offs, uint64(uintptr(m.Ptr())-lo))
+	}
+	if p.mem, err = kvcache.FrameworkMemory("nhd", kl, s, 0, layerBlocks, p.offs, nil, p.region.Len); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// verify copies each layer's tensor back to host memory and checks every
+// byte of the request's blocks against what the context side wrote from
+// its own pool (sendDevice: pattern by pool block byte, the group-pool
+// layout of the node's own pool); it returns the bytes checked.
+func (p *perLayer) verify(d *cuda.Device, l *kvcache.Layout, req string, blocks [][]kvcache.BlockID) (uint64, error) {
+	kl, s, err := kvxfer.Config{Layout: l, Parallel: kvcache.Parallel{TP: 1, PP: 1}}.LayoutShape()
+	if err != nil {
+		return 0, err
+	}
+	e := uint64(kl.DTypeBytes)
+	content := uint64(len(s.Layers[0])*kl.Parts()*s.Heads()*kl.TokensPerBlock) * uint64(kl.TokenBytes())
+	src, err := kvcache.PoolMemory(kl, s, 0, kvcache.PoolGeometry{BlockBytes: content, Blocks: 1})
+	if err != nil {
+		return 0, err
+	}
+	dst := p.mem
+	var n uint64
+	for li, m := range p.mems {
+		buf := make([]byte, m.Len())
+		if err := d.CopyDtoH(buf, m.Ptr()); err != nil {
+			return n, err
+		}
+		for b, id := range blocks[0] {
+			for part := range kl.Parts() {
+				for tok := range uint64(kl.TokensPerBlock) {
+					for h := range uint64(s.Heads()) {
+						for x := range uint64(kl.HeadDim) * e {
+							so := src.Base[li][part] + tok*src.TokenStride + h*src.HeadStride + x
+							do := dst.Base[li][part] + uint64(id)*dst.BlockStride + tok*dst.TokenStride + h*dst.HeadStride + x - p.offs[li]
+							if want := pattern(req, 0, b, int(so)); buf[do] != want {
+								return n, fmt.Errorf("layer %d part %d block %d (destination block %d) token %d head %d byte %d = %#x, want %#x",
+									li, part, b, id, tok, h, x, buf[do], want)
+							}
+							n++
+						}
+					}
+				}
+			}
+		}
+	}
+	return n, nil
+}
 
 // The generation child's protocol, one line each way:
 //
@@ -153,6 +266,9 @@ func TestChildGenCUDA(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Layout = tiny()
+	if os.Getenv(layersEnv) != "" {
+		cfg.Layout = fourLayers()
+	}
 	d, err := cuda.OpenDevice(cfg.Device) // the node's GPU
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +278,12 @@ func TestChildGenCUDA(t *testing.T) {
 			t.Errorf("device Close: %v", err)
 		}
 	})
-	if os.Getenv(callerEnv) != "" { // a framework's own device tensors
+	var layers *perLayer
+	if os.Getenv(layersEnv) != "" { // vLLM's per-layer tensors
+		layers = newPerLayer(t, d, cfg.Layout)
+		cfg.CallerMemory = &node.CallerMemory{Region: layers.region, Memory: []*kvcache.KVMemory{layers.mem}}
+		cfg.PoolBytes = 0
+	} else if os.Getenv(callerEnv) != "" { // a framework's own device tensors
 		r, m, err := d.NewRegion(cfg.PoolBytes)
 		if err != nil {
 			t.Fatal(err)
@@ -179,6 +300,9 @@ func TestChildGenCUDA(t *testing.T) {
 	e := n.Engine()
 	if r := e.Region(); r.Kind != kvcache.DeviceMem || r.Device != cfg.Device {
 		t.Fatalf("pool %s memory of device %d, want device memory of device %d", r.Kind, r.Device, cfg.Device)
+	}
+	if layers != nil && n.CallerAllocations() != len(layers.mems) {
+		t.Fatalf("the framework's memory is registered by %d allocations, want %d (one per layer)", n.CallerAllocations(), len(layers.mems))
 	}
 	fmt.Printf("READY %#x\n", e.Region().Base)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -209,7 +333,12 @@ func TestChildGenCUDA(t *testing.T) {
 			fmt.Printf("FAILED %s %s: %v\n", id, o.Status, o.Err)
 			continue
 		}
-		got, err := verifyDevice(d, e, id, o.Blocks)
+		var got uint64
+		if layers != nil {
+			got, err = layers.verify(d, cfg.Layout, id, o.Blocks)
+		} else {
+			got, err = verifyDevice(d, e, id, o.Blocks)
+		}
 		if err != nil {
 			fmt.Println("MISMATCH", id, err)
 		} else if got != o.Bytes || got == 0 {
@@ -313,7 +442,7 @@ func sendDevice(t *testing.T, d *cuda.Device, e *kvxfer.Engine, id string, promp
 // genChild starts the generation node in a child process (another
 // process than the writer's: a process cannot open its own CUDA IPC
 // handles) and waits for its READY.
-func genChild(t *testing.T, gc node.Config, caller bool) *rdmatest.Child {
+func genChild(t *testing.T, gc node.Config, caller bool, env ...string) *rdmatest.Child {
 	t.Helper()
 	gc.Layout = nil
 	gc.Model = ""
@@ -321,7 +450,7 @@ func genChild(t *testing.T, gc node.Config, caller bool) *rdmatest.Child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := []string{genChildEnv + "=" + string(js)}
+	env = append(env, genChildEnv+"="+string(js))
 	if caller {
 		env = append(env, callerEnv+"=1")
 	}
@@ -352,37 +481,65 @@ func TestCUDAIPCTwoProcesses(t *testing.T) {
 				gc.Device = 1 // GPU 0 to GPU 1, as prefill and decode on two GPUs
 			}
 			child := genChild(t, gc, caller)
-			ctxN := open(t, cc)
-			if ctxN.Backend() != cudaipc.Backend {
-				t.Fatalf("backend %s", ctxN.Backend())
-			}
-			if r := ctxN.Engine().Region(); r.Kind != kvcache.DeviceMem {
-				t.Fatalf("the context node's pool is %s memory, want device memory", r.Kind)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), patience)
-			defer cancel()
-			if err := ctxN.WaitPeers(ctx); err != nil {
-				t.Fatal(err)
-			}
-			for i, promptLen := range []int{100, 37} {
-				id := fmt.Sprintf("gpu-%d", i)
-				child.Send(t, fmt.Sprintf("RECV %s %d", id, promptLen))
-				child.Expect(t, "RECEIVING "+id)
-				if o := sendDevice(t, d, ctxN.Engine(), id, promptLen, 32); !o.OK {
-					t.Fatalf("%s: context side %s: %v", id, o.Status, o.Err)
-				}
-				got := child.Expect(t, "")
-				if !strings.HasPrefix(got, "VERIFIED "+id+" ") {
-					t.Fatalf("%s: generation side: %s", id, got)
-				}
-				t.Logf("%s: %d tokens from device 0 to device %d: %s", id, promptLen, gc.Device, got)
-			}
-			if u := ctxN.Engine().Pools().Used(); u != 0 {
-				t.Errorf("%d source blocks in use after both requests", u)
-			}
-			child.Wait(t)
+			moveRequests(t, d, cc, child, gc.Device)
 		})
 	}
+}
+
+// moveRequests opens the context node of cc in this process, and moves
+// two requests of several chunks each to the generation child, which
+// checks every byte and READY's byte count; then lets the child close.
+func moveRequests(t *testing.T, d *cuda.Device, cc node.Config, child *rdmatest.Child, genDevice int) {
+	t.Helper()
+	ctxN := open(t, cc)
+	if ctxN.Backend() != cudaipc.Backend {
+		t.Fatalf("backend %s", ctxN.Backend())
+	}
+	if r := ctxN.Engine().Region(); r.Kind != kvcache.DeviceMem {
+		t.Fatalf("the context node's pool is %s memory, want device memory", r.Kind)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := ctxN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, promptLen := range []int{100, 37} {
+		id := fmt.Sprintf("gpu-%d", i)
+		child.Send(t, fmt.Sprintf("RECV %s %d", id, promptLen))
+		child.Expect(t, "RECEIVING "+id)
+		if o := sendDevice(t, d, ctxN.Engine(), id, promptLen, 32); !o.OK {
+			t.Fatalf("%s: context side %s: %v", id, o.Status, o.Err)
+		}
+		got := child.Expect(t, "")
+		if !strings.HasPrefix(got, "VERIFIED "+id+" ") {
+			t.Fatalf("%s: generation side: %s", id, got)
+		}
+		t.Logf("%s: %d tokens from device 0 to device %d: %s", id, promptLen, genDevice, got)
+	}
+	if u := ctxN.Engine().Pools().Used(); u != 0 {
+		t.Errorf("%d source blocks in use after both requests", u)
+	}
+	child.Wait(t)
+}
+
+// TestCUDAIPCPerLayerTensors: the generation node runs over its
+// framework's KV cache as vLLM allocates it — one NHD tensor [2, blocks,
+// tokens, heads, head_dim] per layer, 4 layers, each its own CUDA
+// allocation with unmapped gaps between them — on backend cudaipc; the
+// node registers it by the 4 allocations the described tensors lie in,
+// and a context node in this process moves requests into it in several
+// chunks; the generation side checks every byte of every layer's tensor
+// where NHD puts it, and READY's count.
+func TestCUDAIPCPerLayerTensors(t *testing.T) {
+	d := requireCUDA(t)
+	cc, gc := pair(t, cudaipc.Backend)
+	cc.Layout, gc.Layout = fourLayers(), fourLayers()
+	cc.SendOnly = true
+	if n, _ := cuda.DeviceCount(); n > 1 {
+		gc.Device = 1
+	}
+	child := genChild(t, gc, false, layersEnv+"=1")
+	moveRequests(t, d, cc, child, gc.Device)
 }
 
 // TestCUDAIPCPeerOnAnotherHost: the generation node's Hello names a
@@ -434,8 +591,9 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 // name; without the cudaipc case of validateCallerMemory, host memory
 // and another GPU's memory are refused without saying so; without the
 // device count check, device 64 fails in cuda without naming "device";
-// without checkOneAllocation, memory past its allocation fails in the
-// agent's Register, without ErrConfig.)
+// without useCallerMemory's check, memory past its allocation and a
+// layer's tensor that runs out of its allocation fail in the agent's
+// Register, without ErrConfig or the tensor's name.)
 func TestCUDAIPCRefusals(t *testing.T) {
 	d := requireCUDA(t)
 	host, err := kvcache.NewHostRegion(1 << 20)
@@ -448,12 +606,16 @@ func TestCUDAIPCRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mem.Free()
-	// Caller memory must lie in one allocation: its IPC handle is the
-	// allocation's.
+	// Caller memory without descriptors is one pool: it must lie in one
+	// allocation.
 	over, err := kvcache.ExternalDeviceRegion(dev.Base, 2*dev.Len, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Per-layer tensors may lie in several allocations, but each in one:
+	// layer 1's tensor described 64 bytes past its allocation's start
+	// runs out of it.
+	crossing := crossingTensors(t, d)
 	for _, c := range []struct {
 		name  string
 		edit  func(*node.Config)
@@ -464,7 +626,9 @@ func TestCUDAIPCRefusals(t *testing.T) {
 		{"device mismatch", func(c *node.Config) { c.Device = 1; c.CallerMemory = &node.CallerMemory{Region: dev}; c.PoolBytes = 0 },
 			[]string{"device 0", "device = 1"}},
 		{"caller memory past its allocation", func(c *node.Config) { c.CallerMemory = &node.CallerMemory{Region: over}; c.PoolBytes = 0 },
-			[]string{"CallerMemory.Region", "runs past the CUDA allocation", "one allocation"}},
+			[]string{"CallerMemory.Region", "run past the CUDA allocation", "one allocation"}},
+		{"a layer's tensor past its allocation", func(c *node.Config) { c.CallerMemory = crossing; c.PoolBytes = 0 },
+			[]string{"CallerMemory.Memory[0]", "layer 1 ", "run past the CUDA allocation", "one allocation", `"ucx"`}},
 		{"negative device", func(c *node.Config) { c.Device = -1 }, []string{"device = -1"}},
 		{"device past the count", func(c *node.Config) { c.Device = 64 }, []string{"device = 64", "CUDA devices"}},
 		{"memory", func(c *node.Config) { c.Memory = &node.Memory{Kind: "nhd", NumBlocks: 4} }, []string{"memory = ", "cudaipc", "CallerMemory"}},
@@ -500,6 +664,47 @@ func TestCUDAIPCRefusals(t *testing.T) {
 	if err := d.CopyDtoH(got, mem.Ptr()); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("the refused caller memory after the refusals: %v", err)
 	}
+}
+
+// crossingTensors is caller memory of tiny()'s two layers, NHD, each
+// layer's tensor its own allocation, but layer 1's — the allocation at
+// the higher address, whatever order the driver placed them in —
+// described 64 bytes past its allocation's start, so that it runs out of
+// its allocation (and overlaps no other tensor).
+func crossingTensors(t *testing.T, d *cuda.Device) *node.CallerMemory {
+	t.Helper()
+	kl, s, err := kvxfer.Config{Layout: tiny(), Parallel: kvcache.Parallel{TP: 1, PP: 1}}.LayoutShape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := uint64(kl.Parts()) * layerBlocks * uint64(kl.TokensPerBlock*s.Heads()*kl.TokenBytes())
+	var ms []*cuda.Memory
+	for range 2 {
+		m, err := d.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := m.Free(); err != nil {
+				t.Error(err)
+			}
+		})
+		ms = append(ms, m)
+	}
+	if ms[0].Ptr() > ms[1].Ptr() {
+		ms[0], ms[1] = ms[1], ms[0]
+	}
+	lo, hi := uintptr(ms[0].Ptr()), uintptr(ms[1].Ptr())+uintptr(size)
+	r, err := kvcache.ExternalDeviceRegion(lo, uint64(hi-lo)+64, d.Ordinal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs := []uint64{0, uint64(uintptr(ms[1].Ptr())-lo) + 64}
+	mem, err := kvcache.FrameworkMemory("nhd", kl, s, 0, layerBlocks, offs, nil, r.Len)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node.CallerMemory{Region: r, Memory: []*kvcache.KVMemory{mem}}
 }
 
 // TestCUDAIPCNotAuto: backend "auto" never picks cudaipc, even where a

@@ -23,8 +23,11 @@
 //     cudaipc agent on that GPU; peers map it through its CUDA IPC handle
 //     and write it with their GPU's copy engines (prefill on GPU 0,
 //     decode on GPU 1, two processes). Or CallerMemory: device memory of
-//     that GPU in one CUDA allocation (host memory, another GPU's memory
-//     and a region past its allocation are refused by name). It needs the NVIDIA driver (libcuda.so.1, or
+//     that GPU, its tensors in one CUDA allocation or several (vLLM's
+//     per-layer tensors: the node registers every allocation the
+//     described tensors lie in); host memory, another GPU's memory and a
+//     tensor that runs out of its allocation are refused by name. It
+//     needs the NVIDIA driver (libcuda.so.1, or
 //     $KVXFER_LIBCUDA): without one Open fails with an error wrapping
 //     cuda.ErrNoDevice that names the backend and what to use instead.
 //     Refused: memory (the CPU cannot address the pool: give the

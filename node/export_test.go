@@ -25,3 +25,12 @@ func SetThisHost(host string) (restore func()) {
 	thisHost = func() (string, error) { return host, nil }
 	return func() { thisHost = old }
 }
+
+// CallerAllocations is the number of CUDA allocations the node's cudaipc
+// agent registers the framework's memory by (0: none, or another backend).
+func (n *Node) CallerAllocations() int {
+	if a, ok := n.agent.(*oneHostAgent); ok {
+		return a.callerAllocs
+	}
+	return 0
+}

@@ -150,6 +150,10 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if n.agent, region, n.pool, revoker, err = openData(cfg, n.backend, self, n.admit); err != nil {
 		return nil, err
 	}
+	if a, ok := n.agent.(*oneHostAgent); ok && a.caller != nil {
+		n.log.Info().Int("allocations", a.callerAllocs).Int("tensor_spans", len(a.callerSpans)).
+			Msg("cudaipc: the framework's memory is registered by the CUDA allocations its tensors lie in")
+	}
 	if revoker != nil {
 		n.log.Info().Int64("spare_bytes", spareBytes(cfg)).Msg("pool revokes: blocks of requests failed without proof are reused at once, their old memory held until the proof")
 	}

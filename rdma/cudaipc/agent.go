@@ -2,6 +2,7 @@ package cudaipc
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -80,44 +81,59 @@ func (a *Agent) String() string { return a.addr.String() }
 // Register registers a device region (kvcache.DeviceMem) that lies inside
 // one cuMemAlloc allocation: peers holding its RemoteRegion can write into
 // it, and this agent's endpoints can read it as a source. Host memory is
-// refused (kvcache.ErrBadRegion): use a host backend for it.
+// refused (kvcache.ErrBadRegion): use a host backend for it. It is
+// RegisterSpans(r, []Span{{0, r.Len}}).
 func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%s: register: %w: nil region", a, kvcache.ErrBadRegion)
 	}
+	return a.RegisterSpans(r, []Span{{0, r.Len}})
+}
+
+// RegisterSpans registers a device region whose bytes in use — spans,
+// relative to r.Base — may lie in several cuMemAlloc allocations (a
+// framework's per-layer KV tensors, each its own allocation, with
+// unmapped gaps between them): the region's key names every allocation
+// that holds a span (Allocations), and peers may write, and this agent's
+// endpoints read, exactly the bytes from each allocation's first span byte
+// to its last; a segment elsewhere (a gap, or across two allocations) is
+// refused. Spans may overlap and come in any order. Refusals wrap
+// kvcache.ErrBadRegion (a *SpanError for one span). Everything else —
+// control file, leases, Deregister refusing while a batch is in flight,
+// Close revoking — is as for Register.
+func (a *Agent) RegisterSpans(r *kvcache.Region, spans []Span) (rdma.Registration, error) {
 	if a.closed.Load() {
 		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
 	}
-	if r.Kind != kvcache.DeviceMem {
-		return nil, fmt.Errorf("%s: register %s region at %#x (%d bytes): %w: cudaipc registers device memory only",
-			a, r.Kind, r.Base, r.Len, kvcache.ErrBadRegion)
-	}
-	ptr := cuda.DevicePtr(r.Base)
-	base, size, err := a.dev.AddressRange(ptr)
+	allocs, err := a.Allocations(r, spans)
 	if err != nil {
-		return nil, fmt.Errorf("%s: register device region at %#x (%d bytes): %w: not device memory of a cuMemAlloc allocation: %v",
-			a, r.Base, r.Len, kvcache.ErrBadRegion, err)
+		if r == nil {
+			return nil, fmt.Errorf("%s: register: %w", a, err)
+		}
+		return nil, fmt.Errorf("%s: register device region at %#x (%d bytes): %w", a, r.Base, r.Len, err)
 	}
-	off := uint64(ptr - base)
-	if off > size || r.Len > size-off {
-		return nil, fmt.Errorf("%s: register device region at %#x (%d bytes): %w: it runs past its allocation [%#x, +%d)",
-			a, r.Base, r.Len, kvcache.ErrBadRegion, uintptr(base), size)
+	es := make([]entry, len(allocs))
+	local := make([]mapped, len(allocs))
+	for i, al := range allocs {
+		h, err := a.dev.IPCHandle(al.Base)
+		if err != nil {
+			return nil, fmt.Errorf("%s: register device region at %#x: allocation %d: %w", a, r.Base, i, err)
+		}
+		es[i] = entry{handle: h, allocOff: al.AllocOff, off: al.Off, len: al.Len}
+		local[i] = mapped{off: al.Off, len: al.Len, ptr: cuda.DevicePtr(r.Base) + cuda.DevicePtr(al.Off)}
 	}
-	h, err := a.dev.IPCHandle(base)
-	if err != nil {
-		return nil, fmt.Errorf("%s: register device region at %#x: %w", a, r.Base, err)
-	}
-	reg := &registration{agent: a, region: r, ptr: ptr, alloc: base}
-	reg.key = regionKey{owner: a.addr.nonce, pid: a.addr.pid, handle: h, offset: off, length: r.Len}
+	table := encodeTable(es)
+	reg := &registration{agent: a, region: r, ptr: cuda.DevicePtr(r.Base), allocs: local}
+	reg.key = regionKey{owner: a.addr.nonce, pid: a.addr.pid, length: r.Len, count: len(es), digest: sha256.Sum256(table)}
 	rand.Read(reg.key.fileID[:])
 	rand.Read(reg.key.secret[:])
-	ctl, err := createControl(controlPath(a.addr.pid, reg.key.fileID))
+	ctl, err := createControl(controlPath(a.addr.pid, reg.key.fileID), len(es), table)
 	if err != nil {
 		return nil, fmt.Errorf("%s: register: control file: %w", a, err)
 	}
 	c := ctl.c
 	copy(c.magic[:], controlMagic)
-	c.fileID, c.handle, c.offset, c.length = reg.key.fileID, h, off, r.Len
+	c.fileID, c.length, c.count, c.digest = reg.key.fileID, r.Len, uint64(len(es)), reg.key.digest
 	c.setOwner(a.addr.nonce)
 	c.setSecret(reg.key.secret) // descriptor, owner and secret first: whoever acquires sees them
 	c.lease.Reset(false)

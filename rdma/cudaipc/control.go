@@ -10,29 +10,36 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 	"github.com/kvxfer/kvxfer/rdma/internal/host"
 )
 
-// controlSize is the size of a control file: one page.
+// controlSize is the size of a control file's header: one page. The
+// table of the registration's allocations follows it (tableSize).
 const controlSize = 4096
 
-// controlMagic starts every control file.
-const controlMagic = "KVXCIPC1"
+// controlMagic starts every control file. Version 1 ("KVXCIPC1") held one
+// allocation in its header.
+const controlMagic = "KVXCIPC2"
 
-// control is the layout of a registration's control file, shared by the
-// registering process and every process that writes into the region. The
-// descriptor (magic … length) is written once, before the secret is
-// published; the rest changes while other processes read it and is
-// accessed atomically only.
+// tableSize is the space the table of count allocations takes in a
+// control file: whole pages.
+func tableSize(count int) int {
+	return (count*entryLen + controlSize - 1) / controlSize * controlSize
+}
+
+// control is the layout of a registration's control file header, shared
+// by the registering process and every process that writes into the
+// region. The descriptor (magic … digest) and the table behind the header
+// are written once, before the secret is published; the rest changes while
+// other processes read it and is accessed atomically only.
 type control struct {
 	magic  [8]byte
 	fileID [16]byte
-	handle cuda.IPCHandle
-	offset uint64
 	length uint64
+	count  uint64
+	digest [32]byte
 	lease  copier.Lease
 	secret [2]atomic.Uint64 // of the registration; zero once revoked
 	owner  [2]atomic.Uint64 // nonce of the registering agent
@@ -68,10 +75,10 @@ func (c *control) ownerIs(n [16]byte) bool {
 }
 
 // describes reports whether the control block is the one k was issued
-// for: same file, allocation, offset and length.
+// for: same file, region length, allocation count and table digest.
 func (c *control) describes(k regionKey) bool {
-	return string(c.magic[:]) == controlMagic && c.fileID == k.fileID && c.handle == k.handle &&
-		c.offset == k.offset && c.length == k.length
+	return string(c.magic[:]) == controlMagic && c.fileID == k.fileID && c.length == k.length &&
+		c.count == uint64(k.count) && c.digest == k.digest
 }
 
 // Dir holds control files: /dev/shm where it is a directory, else
@@ -83,21 +90,26 @@ func controlPath(pid int, fileID [16]byte) string {
 	return filepath.Join(Dir(), fmt.Sprintf("kvxfer-cudaipc-%d-%s", pid, hex.EncodeToString(fileID[:])))
 }
 
-// controlMap is one process's mapping of a control file.
+// controlMap is one process's mapping of a control file's header.
 type controlMap struct {
 	path string
 	mem  []byte
 	c    *control
 }
 
-// createControl creates and maps a new control file (mode 0600).
-func createControl(path string) (*controlMap, error) {
+// createControl creates and maps a new control file (mode 0600) for a
+// table of count allocations, and writes table behind its header.
+func createControl(path string, count int, table []byte) (*controlMap, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if err := f.Truncate(controlSize); err != nil {
+	if err := f.Truncate(int64(controlSize + tableSize(count))); err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	if _, err := f.WriteAt(table, controlSize); err != nil {
 		os.Remove(path)
 		return nil, err
 	}
@@ -108,30 +120,42 @@ func createControl(path string) (*controlMap, error) {
 	return m, err
 }
 
-// openControl maps the control file k names, as a peer. Errors wrap
-// rdma.ErrBadKey.
-func openControl(k regionKey) (*controlMap, error) {
+// openControl maps the control file k names, as a peer, and reads its
+// table of allocations into this process's memory, checked against k
+// (parseTable). Errors wrap rdma.ErrBadKey.
+func openControl(k regionKey) (*controlMap, []entry, error) {
 	path := controlPath(k.pid, k.fileID)
 	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: region not registered (deregistered, or its agent closed): %v", rdma.ErrBadKey, err)
+		return nil, nil, fmt.Errorf("%w: region not registered (deregistered, or its agent closed): %v", rdma.ErrBadKey, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() != controlSize {
-		return nil, fmt.Errorf("%w: %s is not a control file", rdma.ErrBadKey, path)
+	if size := int64(controlSize + tableSize(k.count)); err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
+		return nil, nil, fmt.Errorf("%w: %s is not the control file of a region of %d allocations (%d bytes)", rdma.ErrBadKey, path, k.count, size)
 	}
 	m, err := mapControl(f, path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
+		return nil, nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
 	}
 	if !m.c.describes(k) {
 		m.close()
-		return nil, fmt.Errorf("%w: %s does not describe the key's region", rdma.ErrBadKey, path)
+		return nil, nil, fmt.Errorf("%w: %s does not describe the key's region", rdma.ErrBadKey, path)
 	}
-	return m, nil
+	table := make([]byte, k.count*entryLen)
+	if _, err := f.ReadAt(table, controlSize); err != nil {
+		m.close()
+		return nil, nil, fmt.Errorf("%w: read the table of %s: %v", rdma.ErrBadKey, path, err)
+	}
+	es, err := parseTable(k, table)
+	if err != nil {
+		m.close()
+		return nil, nil, fmt.Errorf("%w (%s)", err, path)
+	}
+	return m, es, nil
 }
 
+// mapControl maps the header of a control file.
 func mapControl(f *os.File, path string) (*controlMap, error) {
 	mem, err := syscall.Mmap(int(f.Fd()), 0, controlSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {

@@ -1,9 +1,11 @@
 // Package cudaipc is the rdma backend for GPU-to-GPU writes between
 // processes of one node: the receiver registers device memory (a
-// kvcache.Region of kind DeviceMem, e.g. from cuda.Device.NewRegion) and
-// hands out its CUDA IPC handle in the region key; the sender maps the
-// allocation into its own process once (cuIpcOpenMemHandle) and copies
-// into it with cuMemcpyDtoDAsync on its endpoint's stream — over NVLink or
+// kvcache.Region of kind DeviceMem, e.g. from cuda.Device.NewRegion, or
+// spanning a framework's tensors in several allocations) and hands out the
+// CUDA IPC handles of the allocations that hold it through the region key;
+// the sender maps each allocation into its own process once
+// (cuIpcOpenMemHandle) and copies into it with cuMemcpyDtoDAsync on its
+// endpoint's stream — over NVLink or
 // PCIe, by the GPUs' copy engines, with no CPU copy and no help from the
 // receiver. Host memory is refused: use rdma/shm for it.
 //
@@ -12,19 +14,55 @@
 //
 // # Keys and addresses
 //
-// An agent's Address is "cudaipc:<pid>:<nonce>". A registration's
-// RemoteRegion.Key carries the owner's nonce and pid, the id of its control
-// file, a 128-bit secret, the IPC handle of the cuMemAlloc allocation that
-// holds the region, the region's offset in it and its length. The control
-// file (Dir()/kvxfer-cudaipc-<pid>-<id>, one page, mode 0600) holds the
-// same descriptor, the owner, the current secret and a copier.Lease (batches
-// in flight, retired, owner gone) that every process updates atomically.
+// An agent's Address is "cudaipc:<pid>:<nonce>".
+//
+// A region's bytes may lie in several cuMemAlloc allocations, with
+// unmapped gaps between them (a framework's per-layer KV tensors, each its
+// own allocation): Agent.RegisterSpans takes the region with the spans of
+// it that are in use, asks the driver (cuMemGetAddressRange) for the
+// allocation of each, and registers one entry per allocation (deduplicated;
+// at most MaxAllocations): the allocation's IPC handle, the region bytes it
+// holds [off, off+len) — from its first span byte to its last — and where
+// they start in the allocation. A span that runs out of its allocation, or
+// lies in none, is refused (a *SpanError naming the span and the
+// addresses); Agent.Allocations makes the same check without registering.
+// Register(r) is RegisterSpans(r, the whole region): one allocation. The
+// rdma.Agent interface is unchanged.
+//
+// A registration's RemoteRegion.Key ("CIK2", 100 bytes) carries the
+// owner's nonce and pid, the id of its control file, a 128-bit secret, the
+// region's length, the number of allocations and the SHA-256 digest of
+// their table. The table itself (88 bytes per allocation: handle, offset in
+// the allocation, region offset, length) lives in the control file
+// (Dir()/kvxfer-cudaipc-<pid>-<id>, mode 0600), behind a one-page header
+// that holds the same descriptor, the owner, the current secret and a
+// copier.Lease (batches in flight, retired, owner gone) that every process
+// updates atomically: 4096 IPC handles would not fit a Hello. A key of
+// version 1 ("CIK1", one allocation) is refused by its version; a sender of
+// version 1 refuses a version 2 key by its length.
+//
+// The key and the control file are both the receiver's to write, so the
+// sender trusts neither: it refuses, with rdma.ErrBadKey and before any
+// copy, a key that claims no or more than MaxAllocations allocations, a
+// control file of another size or descriptor, a table that is not the
+// key's (digest), entries that are empty, overlap, come out of order,
+// pass the end of the region, or name one allocation twice, a handle that
+// does not open, and an entry that passes the end of its allocation as
+// the driver sizes it once opened. It reads the table into its own memory
+// once, when it first maps the region; each allocation is mapped once per
+// process and device (shared by every endpoint and registration that uses
+// it) and closed by the last endpoint that used it.
+//
 // Post refuses, with rdma.ErrBadKey, a key whose owner is not the
 // endpoint's peer, whose control file is missing or describes another
 // region, or whose secret is not the registration's (revoked); with
-// rdma.ErrPeerGone one whose owner agent closed. A process cannot open its
-// own IPC handles, so an endpoint to an agent of the same process uses the
-// allocation's address directly.
+// rdma.ErrPeerGone one whose owner agent closed; and, with a
+// *rdma.SegmentError wrapping rdma.ErrOutOfRange before anything is
+// enqueued, a segment whose destination (or source) does not lie inside
+// one allocation's entry: one that falls into a gap or straddles two
+// allocations (they are mapped apart in the writer). A process cannot open
+// its own IPC handles, so an endpoint to an agent of the same process uses
+// the allocations' addresses directly.
 //
 // # Data path and completion
 //

@@ -1,8 +1,11 @@
 package cudaipc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -39,11 +42,11 @@ type endpoint struct {
 var _ rdma.Endpoint = (*endpoint)(nil)
 
 // target is a peer region as this endpoint reaches it: the mapping of its
-// control file and the device address of its allocation here.
+// control file and its allocations as this process reaches them
+// (ascending, disjoint; imp nil for memory of this process).
 type target struct {
-	ctl  *controlMap
-	base cuda.DevicePtr // the allocation's base in this process
-	imp  *imported      // nil for an allocation of this process
+	ctl    *controlMap
+	allocs []mapped
 }
 
 // Post checks the batch (source registration, key, ranges), takes the
@@ -75,11 +78,37 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if err := copier.CheckSegments(b.Segments, src.region.Len, k.length); err != nil {
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
+	// Each segment within one allocation on both sides, before any lease
+	// is taken or copy enqueued.
+	e.copies = e.copies[:0]
+	for i, s := range b.Segments {
+		if s.Len == 0 { // copies nothing: any mapped address does
+			e.copies = append(e.copies, cuda.Copy{Dst: t.allocs[0].ptr, Src: src.allocs[0].ptr})
+			continue
+		}
+		dm := find(t.allocs, s.Dst, s.Len)
+		if dm == nil {
+			clear(e.copies)
+			return fmt.Errorf("%s: post: %w", e.name, &rdma.SegmentError{Index: i, Segment: s,
+				Err: fmt.Errorf("%w: destination [%d, +%d) does not lie in one allocation of the peer's region (%s): it falls into a gap or crosses from one allocation into another",
+					rdma.ErrOutOfRange, s.Dst, s.Len, describeAllocs(t.allocs, s.Dst))})
+		}
+		sm := find(src.allocs, s.Src, s.Len)
+		if sm == nil {
+			clear(e.copies)
+			return fmt.Errorf("%s: post: %w", e.name, &rdma.SegmentError{Index: i, Segment: s,
+				Err: fmt.Errorf("%w: source [%d, +%d) does not lie in one registered allocation of source registration %d (%s)",
+					rdma.ErrOutOfRange, s.Src, s.Len, src.id, describeAllocs(src.allocs, s.Src))})
+		}
+		e.copies = append(e.copies, cuda.Copy{Dst: dm.ptr + cuda.DevicePtr(s.Dst-dm.off), Src: sm.ptr + cuda.DevicePtr(s.Src-sm.off), Len: s.Len})
+	}
 	if st := src.ctl.c.lease.Acquire(); st != copier.Live {
+		clear(e.copies)
 		return fmt.Errorf("%s: post: source registration %d: %w (%s)", e.name, src.id, rdma.ErrUnregistered, st)
 	}
 	dl := &t.ctl.c.lease
 	if err := acquireRemote(t.ctl, k); err != nil {
+		clear(e.copies)
 		src.ctl.c.lease.Release()
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
@@ -89,15 +118,11 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	}
 	ev, err := e.event()
 	if err != nil {
+		clear(e.copies)
 		release()
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
 
-	e.copies = e.copies[:0]
-	dst := t.base + cuda.DevicePtr(k.offset)
-	for _, s := range b.Segments {
-		e.copies = append(e.copies, cuda.Copy{Dst: dst + cuda.DevicePtr(s.Dst), Src: src.ptr + cuda.DevicePtr(s.Src), Len: s.Len})
-	}
 	n, cerr := e.stream.CopyDtoDBatch(e.copies)
 	clear(e.copies)
 	var failed error // the outcome when part of the batch was not enqueued
@@ -174,11 +199,12 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *target, error) {
 	return k, t, nil
 }
 
-// open maps k's control file and finds its allocation: this process's own
-// (a process cannot open its own IPC handles), or the peer's, mapped
-// through its IPC handle on the agent's GPU.
+// open maps k's control file, reads its table of allocations and maps
+// each: this process's own (a process cannot open its own IPC handles), or
+// the peer's, each opened through its IPC handle on the agent's GPU (once
+// per process: imports) and checked against the size the driver gives it.
 func (e *endpoint) open(k regionKey) (*target, error) {
-	ctl, err := openControl(k)
+	ctl, es, err := openControl(k)
 	if err != nil {
 		return nil, err
 	}
@@ -189,23 +215,55 @@ func (e *endpoint) open(k regionKey) (*target, error) {
 			ctl.close()
 			return nil, fmt.Errorf("%w: region of %s not registered (deregistered?)", rdma.ErrBadKey, e.peer)
 		}
-		t.base = r.alloc
+		t.allocs = r.allocs
 		return t, nil
 	}
-	if t.imp, err = openImport(e.agent.dev, k.handle); err != nil {
-		ctl.close()
-		return nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
+	t.allocs = make([]mapped, 0, len(es))
+	for i, en := range es {
+		imp, err := openImport(e.agent.dev, en.handle)
+		if err != nil {
+			t.release()
+			return nil, fmt.Errorf("%w: region of %s: allocation %d of %d: %v", rdma.ErrBadKey, e.peer, i, len(es), err)
+		}
+		t.allocs = append(t.allocs, mapped{off: en.off, len: en.len, ptr: imp.base + cuda.DevicePtr(en.allocOff), imp: imp})
+		// The key and the control file are both the peer's to write:
+		// only the driver's size of the allocation bounds where copies
+		// may go.
+		if en.allocOff > imp.size || en.len > imp.size-en.allocOff {
+			t.release()
+			return nil, fmt.Errorf("%w: region of %s: allocation %d of %d: offset %d + length %d passes the end of its allocation (%d bytes)",
+				rdma.ErrBadKey, e.peer, i, len(es), en.allocOff, en.len, imp.size)
+		}
 	}
-	// The key and the control file are both the peer's to write: only
-	// the driver's size of the allocation bounds where copies may go.
-	if end := k.offset + k.length; end < k.offset || end > t.imp.size {
-		_ = t.imp.release()
-		ctl.close()
-		return nil, fmt.Errorf("%w: region of %s: offset %d + length %d passes the end of its allocation (%d bytes)",
-			rdma.ErrBadKey, e.peer, k.offset, k.length, t.imp.size)
-	}
-	t.base = t.imp.base
 	return t, nil
+}
+
+// release drops t's imports and unmaps its control file.
+func (t *target) release() error {
+	var errs []error
+	for _, m := range t.allocs {
+		if m.imp != nil {
+			if err := m.imp.release(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	t.allocs = nil
+	if err := t.ctl.close(); err != nil {
+		errs = append(errs, fmt.Errorf("unmap %s: %w", t.ctl.path, err))
+	}
+	return errors.Join(errs...)
+}
+
+// describeAllocs names the allocations of ms around region offset off,
+// for an error.
+func describeAllocs(ms []mapped, off uint64) string {
+	i, _ := slices.BinarySearchFunc(ms, off, func(m mapped, off uint64) int { return cmp.Compare(m.off, off) })
+	var parts []string
+	for j := max(i-1, 0); j <= i && j < len(ms); j++ {
+		parts = append(parts, fmt.Sprintf("[%d, %d)", ms[j].off, ms[j].off+ms[j].len))
+	}
+	return fmt.Sprintf("%d allocations; nearest: %s", len(ms), strings.Join(parts, ", "))
 }
 
 // acquireRemote takes the destination's lease and checks that the key's
@@ -288,13 +346,8 @@ func (e *endpoint) Close() error {
 
 		e.mu.Lock()
 		for id, t := range e.targets {
-			if t.imp != nil {
-				if err := t.imp.release(); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", e.name, err))
-				}
-			}
-			if err := t.ctl.close(); err != nil {
-				errs = append(errs, fmt.Errorf("%s: unmap %s: %w", e.name, t.ctl.path, err))
+			if err := t.release(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", e.name, err))
 			}
 			delete(e.targets, id)
 		}

@@ -10,15 +10,18 @@ import (
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
-// registration is a device region registered with one agent: its
-// allocation's IPC handle and a control file that peers map to check the
-// key and count their batches in flight.
+// registration is a device region registered with one agent: the
+// allocations its bytes in use lie in (their IPC handles in the control
+// file's table) and a control file that peers map to check the key and
+// count their batches in flight.
 type registration struct {
 	agent  *Agent
 	id     uint64
 	region *kvcache.Region
 	ptr    cuda.DevicePtr // the region's base (device address)
-	alloc  cuda.DevicePtr // the base of the allocation that holds it
+	// allocs are the region's bytes that may be read or written, by
+	// allocation: ascending and disjoint, addresses of this process.
+	allocs []mapped
 	key    regionKey
 	ctl    *controlMap
 	remote rdma.RemoteRegion

@@ -1,0 +1,86 @@
+package cudaipc
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"os"
+
+	"github.com/kvxfer/kvxfer/cuda"
+)
+
+// ForgedEntry is one allocation of a forged key's table.
+type ForgedEntry struct {
+	Handle        cuda.IPCHandle
+	AllocOff, Off uint64
+	Len           uint64
+}
+
+// ForgeKey plays a hostile receiver: it reads the table of key's control
+// file, lets edit change it, and publishes the result as a new
+// registration of the same owner (a control file of the owner's pid, the
+// key's owner and secret, a live lease) — with the table's digest, or
+// with the old one when staleDigest. It returns the forged key and a
+// function that removes its control file.
+func ForgeKey(key []byte, edit func([]ForgedEntry) []ForgedEntry, staleDigest bool) ([]byte, func() error, error) {
+	k, err := parseKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctl, es, err := openControl(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctl.close()
+	fes := make([]ForgedEntry, len(es))
+	for i, e := range es {
+		fes[i] = ForgedEntry{Handle: e.handle, AllocOff: e.allocOff, Off: e.off, Len: e.len}
+	}
+	if edit != nil {
+		fes = edit(fes)
+	}
+	es = es[:0]
+	for _, f := range fes {
+		es = append(es, entry{handle: f.Handle, allocOff: f.AllocOff, off: f.Off, len: f.Len})
+	}
+	table := encodeTable(es)
+	k.count = len(es)
+	if !staleDigest {
+		k.digest = sha256.Sum256(table)
+	}
+	rand.Read(k.fileID[:])
+	path := controlPath(k.pid, k.fileID)
+	m, err := createControl(path, len(es), table)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := m.c
+	copy(c.magic[:], controlMagic)
+	c.fileID, c.length, c.count, c.digest = k.fileID, k.length, uint64(k.count), k.digest
+	c.setOwner(k.owner)
+	c.setSecret(k.secret)
+	c.lease.Reset(false)
+	return k.encode(), func() error { return errors.Join(os.Remove(path), m.close()) }, nil
+}
+
+// ForgeCount returns key claiming count allocations.
+func ForgeCount(key []byte, count int) []byte {
+	k, err := parseKey(key)
+	if err != nil {
+		panic(err)
+	}
+	k.count = count
+	return k.encode()
+}
+
+// ImportRefs counts this process's references to mappings of other
+// processes' allocations.
+func ImportRefs() int {
+	imports.mu.Lock()
+	defer imports.mu.Unlock()
+	n := 0
+	for _, im := range imports.m {
+		n += im.refs
+	}
+	return n
+}
