@@ -114,7 +114,7 @@ def connector_side(args):
 def gpu_side(args):
     """One side over "GPU" memory of the fake CUDA driver (args["cuda"]:
     the library, which KVXFER_LIBCUDA also names): the framework's per-layer
-    NHD tensors, in one allocation on GPU args["device"] (default 0), given
+    NHD tensors, each its own allocation on GPU args["device"] (default 0), given
     to the node as kv_memory (the node's GPU is the tensors': the config
     names none). The
     context fills its tensors' blocks with the pattern (host to device) and
@@ -128,10 +128,9 @@ def gpu_side(args):
     drv = Driver(args["cuda"], dev)
     shape = (2, nblocks, tpb, heads, head)
     half = nblocks * tpb * heads * head * 2  # the K (or V) half of a layer's tensor
-    # One allocation for every layer's tensor (cudaipc's IPC handle is an
-    # allocation's), as a cross-layer cache is.
-    base = drv.alloc(layers * 2 * half)
-    tensors = [DeviceTensor(shape, base + i * 2 * half, dev) for i in range(layers)]
+    # A tensor per layer, each its own allocation, as vLLM's per-layer
+    # caches (cudaipc registers the region by the allocations they lie in).
+    tensors = [DeviceTensor(shape, drv.alloc(2 * half), dev) for i in range(layers)]
     cfg = dict(args["config"], layout={"layers": layers, "kv_heads": heads, "head_dim": head, "dtype_bytes": 2,
                                        "tokens_per_block": tpb},
                memory=kvxfer.kv_memory("nhd", tensors))
