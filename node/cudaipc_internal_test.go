@@ -21,7 +21,7 @@ import (
 // before cudaipc is asked. (Checked to fail: with Connect passing
 // cudaipc's error through unexplained, and with the host check removed.)
 func TestCUDAIPCConnectGonePeer(t *testing.T) {
-	a, err := newCUDAAgent(Config{Backend: cudaipc.Backend})
+	a, err := newCUDAAgent(Config{Backend: cudaipc.Backend}, "ctx/0")
 	if errors.Is(err, cuda.ErrNoDevice) {
 		t.Skipf("needs a CUDA device (TestFakeCUDA runs this on the fake driver): %v", err)
 	}
@@ -33,8 +33,9 @@ func TestCUDAIPCConnectGonePeer(t *testing.T) {
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
 	}
-	_, nonce, _ := strings.Cut(strings.TrimPrefix(string(a.Address()), cudaipc.Backend+":"), ":")
-	addr := []byte(cudaipc.Backend + ":" + strconv.Itoa(gone.Process.Pid) + ":" + nonce)
+	scheme, rest, _ := strings.Cut(string(a.Address()), ":")
+	_, nonce, _ := strings.Cut(rest, ":")
+	addr := []byte(scheme + ":" + strconv.Itoa(gone.Process.Pid) + ":" + nonce)
 	ep, err := a.Connect(addr)
 	if err == nil {
 		ep.Close()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -543,12 +545,15 @@ func TestCUDAIPCPerLayerTensors(t *testing.T) {
 }
 
 // TestCUDAIPCPeerOnAnotherHost: the generation node's Hello names a
-// process of another host (this process is told its host is another
-// one): the request fails at once on both sides, the context side's
-// error wrapping node.ErrOtherHost and saying the backend reaches one
-// host only; no write is posted, nothing waits for a deadline.
-// (Checked to fail: with oneHostAgent.Connect not checking the host, the
-// request succeeds — the fake driver's handles open on this host.)
+// process of another host (this process is told its host is another one,
+// and the generation agent's agent file is made to say another host, as
+// an agent elsewhere that shared this Dir would): the request fails at
+// once on both sides, the context side's error wrapping node.ErrOtherHost
+// and saying the backend reaches one host only; no write is posted,
+// nothing waits for a deadline. (Checked to fail: with cudaipc's Connect
+// not checking the agent file's host, the request succeeds — the fake
+// driver's handles open on this host; with oneHostAgent.Connect not
+// wording it, the error is rdma.ErrPeerGone.)
 func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	d := requireCUDA(t)
 	cc, gc := pair(t, cudaipc.Backend)
@@ -556,6 +561,7 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	cc.TransferTimeout = node.Duration(time.Hour) // a hang would show as the test's timeout
 	gc.TransferTimeout = cc.TransferTimeout
 	child := genChild(t, gc, false)
+	agentFilesElsewhere(t, child.Process().Pid)
 	defer node.SetThisHost("another-boot-id/pid:[4026531836]")()
 	ctxN := open(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -581,6 +587,30 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	}
 	t.Logf("generation side: %s", got)
 	child.Wait(t)
+}
+
+// agentFilesElsewhere makes the agent files of process pid's cudaipc
+// agents say another host than this one (its bytes, of the same length,
+// all 'x'): cudaipc's Connect then finds those agents on another host.
+func agentFilesElsewhere(t *testing.T, pid int) {
+	t.Helper()
+	host, err := pidwatch.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(cudaipc.Dir(), fmt.Sprintf("kvxfer-cudaipc-agent-%d-*", pid)))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no agent file of process %d in %s: %v", pid, cudaipc.Dir(), err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(b, []byte(host)) {
+			t.Fatalf("agent file %s: %v, or it does not hold this host %q", f, err, host)
+		}
+		if err := os.WriteFile(f, bytes.Replace(b, []byte(host), bytes.Repeat([]byte("x"), len(host)), 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestCUDAIPCRefusals: each setting a cudaipc node cannot honour is
