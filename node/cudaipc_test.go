@@ -53,7 +53,8 @@ func TestFakeCUDA(t *testing.T) {
 			t.Log(l)
 		}
 	}
-	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPerLayerTensors", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto"} {
+	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPerLayerTensors", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto",
+		"TestCUDAIPCPeerNamesAnotherAgent", "TestCUDAIPCHelloOfAnotherPeer"} {
 		if !strings.Contains(out, "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
 		}
