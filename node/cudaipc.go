@@ -224,8 +224,9 @@ func (c Config) validateDevice() error {
 // by each allocation's IPC handle (cudaipc.Agent.RegisterSpans). It checks
 // them now, so that a tensor no allocation holds, or one that runs out of
 // the allocation holding its first byte, fails Open with ErrConfig naming
-// the tensor and its addresses; Register then registers m.Region with
-// those spans.
+// the tensor and its addresses, and so does memory of another GPU than
+// the region's Device (the driver's word: cuPointerGetAttribute), naming
+// both; Register then registers m.Region with those spans.
 func (a *oneHostAgent) useCallerMemory(m *CallerMemory) error {
 	r := m.Region
 	spans, names, err := callerSpans(m)
@@ -240,6 +241,19 @@ func (a *oneHostAgent) useCallerMemory(m *CallerMemory) error {
 			ErrConfig, r.Device, r.Base, r.Len, names[se.Index], se.Span.Off, se.Span.Len, se.Err, cudaipc.Backend, r.Device)
 	case err != nil:
 		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): %v", ErrConfig, r.Device, r.Base, r.Len, err)
+	}
+	// Under unified addressing the driver sizes another GPU's allocation
+	// as well: ask whose memory each allocation is.
+	for i, al := range allocs {
+		o, err := a.Agent.Device().PointerDevice(al.Base)
+		if err != nil {
+			return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): allocation %d of %d at %#x: which device's memory: %v",
+				ErrConfig, r.Device, r.Base, r.Len, i, len(allocs), uintptr(al.Base), err)
+		}
+		if o != r.Device {
+			return fmt.Errorf("%w: CallerMemory.Region (at %#x, %d bytes) says device %d, but the driver puts its allocation %d of %d at %#x on device %d: give the device the framework's tensors are on (Region.Device and device = %d), or tensors of device %d",
+				ErrConfig, r.Base, r.Len, r.Device, i, len(allocs), uintptr(al.Base), o, o, r.Device)
+		}
 	}
 	a.caller, a.callerSpans, a.callerAllocs = r, spans, len(allocs)
 	return nil

@@ -624,7 +624,8 @@ func agentFilesElsewhere(t *testing.T, pid int) {
 // device count check, device 64 fails in cuda without naming "device";
 // without useCallerMemory's check, memory past its allocation and a
 // layer's tensor that runs out of its allocation fail in the agent's
-// Register, without ErrConfig or the tensor's name.)
+// Register, without ErrConfig or the tensor's name; without its device
+// check, device 0's memory declared as device 1's opens.)
 func TestCUDAIPCRefusals(t *testing.T) {
 	d := requireCUDA(t)
 	host, err := kvcache.NewHostRegion(1 << 20)
@@ -647,6 +648,11 @@ func TestCUDAIPCRefusals(t *testing.T) {
 	// layer 1's tensor described 64 bytes past its allocation's start
 	// runs out of it.
 	crossing := crossingTensors(t, d)
+	// Device 0's memory, declared as device 1's.
+	other, err := kvcache.ExternalDeviceRegion(dev.Base, dev.Len, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name  string
 		edit  func(*node.Config)
@@ -656,6 +662,11 @@ func TestCUDAIPCRefusals(t *testing.T) {
 			[]string{"CallerMemory.Region", "host memory", fmt.Sprintf("%#x", host.Base), `"shm"`, `"ucx"`}},
 		{"device mismatch", func(c *node.Config) { c.Device = 1; c.CallerMemory = &node.CallerMemory{Region: dev}; c.PoolBytes = 0 },
 			[]string{"device 0", "device = 1"}},
+		{"memory of another device than the region says", func(c *node.Config) {
+			c.Device = 1
+			c.CallerMemory = &node.CallerMemory{Region: other}
+			c.PoolBytes = 0
+		}, []string{"says device 1", "on device 0", fmt.Sprintf("%#x", other.Base)}},
 		{"caller memory past its allocation", func(c *node.Config) { c.CallerMemory = &node.CallerMemory{Region: over}; c.PoolBytes = 0 },
 			[]string{"CallerMemory.Region", "run past the CUDA allocation", "one allocation"}},
 		{"a layer's tensor past its allocation", func(c *node.Config) { c.CallerMemory = crossing; c.PoolBytes = 0 },
