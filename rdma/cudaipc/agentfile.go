@@ -123,10 +123,11 @@ func readAgentFile(a address) (string, error) {
 		return "", fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, a.pid)
 	}
 	path := agentPath(a)
-	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	// O_NONBLOCK: a FIFO in its place must not hang Connect.
+	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("%w: no agent file %s: the agent closed, runs on another host or pid namespace (process %d here is another), or is of a kvxfer version before agent files", rdma.ErrPeerGone, path, a.pid)
+			return "", fmt.Errorf("%w: no agent file %s: the agent closed, runs on another host or pid namespace (process %d here is another), or is of a kvxfer version before agent files: run both ranks on one host, with one kvxfer version", rdma.ErrPeerGone, path, a.pid)
 		}
 		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
 	}
@@ -151,7 +152,7 @@ func readAgentFile(a address) (string, error) {
 		return "", fmt.Errorf("%w: %s: %v", rdma.ErrBadAddress, path, err)
 	}
 	if f.addr != a {
-		return "", fmt.Errorf("%w: agent file %s states the agent %s, not %s: refusing it (a file named for one agent must describe it)", rdma.ErrBadAddress, path, f.addr, a)
+		return "", fmt.Errorf("%w: agent file %s states the agent %s, not %s: a file named for one agent must describe it (another process wrote it): restart the peer", rdma.ErrBadAddress, path, f.addr, a)
 	}
 	if h, err := thisHost(); err == nil && f.host != h {
 		return "", fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only", rdma.ErrPeerGone, path, f.host, h)
