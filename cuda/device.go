@@ -115,6 +115,18 @@ func (d *Device) CopyDtoD(dst, src DevicePtr, n uint64) error {
 	return libCopyDtoD(ctx, dst, src, n)
 }
 
+// PointerDevice returns the ordinal of the device whose memory p is
+// (cuPointerGetAttribute, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL): with
+// unified addressing the driver resolves another device's pointer too,
+// so this is how to tell whose memory an address is.
+func (d *Device) PointerDevice(p DevicePtr) (int, error) {
+	ctx, err := d.context()
+	if err != nil {
+		return 0, err
+	}
+	return libPointerDevice(ctx, p)
+}
+
 // AddressRange returns the base and size of the allocation that contains
 // p (cuMemGetAddressRange); an address no allocation contains is an error.
 func (d *Device) AddressRange(p DevicePtr) (DevicePtr, uint64, error) {

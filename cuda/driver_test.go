@@ -175,6 +175,32 @@ func TestAddressRangeAndIPC(t *testing.T) {
 	}
 }
 
+// TestPointerDevice: the driver names the device whose memory an address
+// is, also asked through another device (with two devices or more).
+func TestPointerDevice(t *testing.T) {
+	d := device(t)
+	m := alloc(t, d, 1<<16)
+	if o, err := d.PointerDevice(m.Ptr() + 100); err != nil || o != 0 {
+		t.Errorf("PointerDevice(memory of device 0) = %d, %v; want 0", o, err)
+	}
+	if _, err := d.PointerDevice(0x1000); err == nil {
+		t.Error("PointerDevice(0x1000): no error for an address outside every allocation")
+	}
+	if n, err := DeviceCount(); err != nil || n < 2 {
+		t.Logf("one device (%v): not asking through another", err)
+		return
+	}
+	d1, err := OpenDevice(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d1.Close() }) // after m1 is freed
+	m1 := alloc(t, d1, 1<<16)
+	if o, err := d.PointerDevice(m1.Ptr()); err != nil || o != 1 {
+		t.Errorf("PointerDevice(memory of device 1), asked through device 0 = %d, %v; want 1", o, err)
+	}
+}
+
 func TestRegionAndPool(t *testing.T) {
 	d := device(t)
 	r, m, err := d.NewRegion(1 << 20)

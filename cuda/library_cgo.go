@@ -42,6 +42,7 @@ static struct {
 	CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*cuMemFree)(CUdeviceptr);
 	CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
 	CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
 	CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 	CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
@@ -93,6 +94,7 @@ static int kvx_load(const char *path, char *err, size_t errlen) {
 		{{"cuMemAlloc_v2", NULL}, (void **)&kvx.cuMemAlloc},
 		{{"cuMemFree_v2", NULL}, (void **)&kvx.cuMemFree},
 		{{"cuMemGetAddressRange_v2", NULL}, (void **)&kvx.cuMemGetAddressRange},
+		{{"cuPointerGetAttribute", NULL}, (void **)&kvx.cuPointerGetAttribute},
 		{{"cuMemcpyHtoDAsync_v2", NULL}, (void **)&kvx.cuMemcpyHtoDAsync},
 		{{"cuMemcpyDtoHAsync_v2", NULL}, (void **)&kvx.cuMemcpyDtoHAsync},
 		{{"cuMemcpyDtoDAsync_v2", NULL}, (void **)&kvx.cuMemcpyDtoDAsync},
@@ -191,6 +193,13 @@ static int kvx_mem_address_range(uintptr_t ctx, uint64_t p, uint64_t *base, uint
 	*base = b;
 	*size = s;
 	return r;
+}
+
+// kvx_pointer_device is the ordinal of the device whose memory p is
+// (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 9).
+static int kvx_pointer_device(uintptr_t ctx, uint64_t p, int *ordinal) {
+	KVX_USE(ctx);
+	return kvx.cuPointerGetAttribute(ordinal, 9, p);
 }
 
 // Synchronous copies are the asynchronous ones on the legacy default
@@ -386,6 +395,12 @@ func libMemAddressRange(ctx uintptr, p DevicePtr) (DevicePtr, uint64, error) {
 	var base, size C.uint64_t
 	err := check("cuMemGetAddressRange", C.kvx_mem_address_range(C.uintptr_t(ctx), C.uint64_t(p), &base, &size))
 	return DevicePtr(base), uint64(size), err
+}
+
+func libPointerDevice(ctx uintptr, p DevicePtr) (int, error) {
+	var o C.int
+	err := check("cuPointerGetAttribute", C.kvx_pointer_device(C.uintptr_t(ctx), C.uint64_t(p), &o))
+	return int(o), err
 }
 
 // hostPtr is the address of b's first byte for C (nil for an empty slice).

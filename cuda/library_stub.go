@@ -30,6 +30,7 @@ func libMemFree(uintptr, DevicePtr) error            { return unreachable() }
 func libMemAddressRange(uintptr, DevicePtr) (DevicePtr, uint64, error) {
 	return 0, 0, unreachable()
 }
+func libPointerDevice(uintptr, DevicePtr) (int, error)           { return 0, unreachable() }
 func libCopyHtoD(uintptr, DevicePtr, []byte) error               { return unreachable() }
 func libCopyDtoH(uintptr, []byte, DevicePtr) error               { return unreachable() }
 func libCopyDtoD(uintptr, DevicePtr, DevicePtr, uint64) error    { return unreachable() }

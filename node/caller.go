@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -118,10 +119,10 @@ func (c Config) validateCallerMemory() error {
 
 // callerAgent opens backend's agent for a node over the framework's
 // memory, refusing device memory this UCX cannot register.
-func callerAgent(c Config, backend string, uopts []ucx.Option) (rdma.Agent, error) {
+func callerAgent(c Config, backend string, self messages.PeerID, uopts []ucx.Option) (rdma.Agent, error) {
 	switch backend {
 	case cudaipc.Backend:
-		a, err := newCUDAAgent(c)
+		a, err := newCUDAAgent(c, self.String())
 		if err != nil {
 			return nil, err
 		}

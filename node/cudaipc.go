@@ -3,6 +3,8 @@ package node
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -49,7 +51,7 @@ func cudaDevice(c Config) error {
 // the engine with a cudaipc agent on that GPU. The returned closer frees
 // the memory and releases the device; closeData calls it after the agent
 // closed.
-func openCUDA(c Config, size uint64) (rdma.Agent, *kvcache.Region, *devicePool, error) {
+func openCUDA(c Config, size uint64, identity string) (rdma.Agent, *kvcache.Region, *devicePool, error) {
 	if err := cudaDevice(c); err != nil {
 		return nil, nil, nil, err
 	}
@@ -63,7 +65,7 @@ func openCUDA(c Config, size uint64) (rdma.Agent, *kvcache.Region, *devicePool, 
 		return nil, nil, nil, fmt.Errorf("node: pool_bytes = %d on %s: %w", size, dev, err)
 	}
 	pool := &devicePool{mem: mem, dev: dev}
-	a, err := newCUDAAgent(c)
+	a, err := newCUDAAgent(c, identity)
 	if err != nil {
 		_ = pool.Close()
 		return nil, nil, nil, err
@@ -71,17 +73,18 @@ func openCUDA(c Config, size uint64) (rdma.Agent, *kvcache.Region, *devicePool, 
 	return a, region, pool, nil
 }
 
-// newCUDAAgent starts the cudaipc agent on GPU c.Device, wrapped so that
-// a peer of another host is refused by name.
-func newCUDAAgent(c Config) (*oneHostAgent, error) {
+// newCUDAAgent starts the cudaipc agent on GPU c.Device, stating
+// identity (the node's rank) in its agent file, wrapped so that a peer of
+// another host is refused by name.
+func newCUDAAgent(c Config, identity string) (*oneHostAgent, error) {
 	if err := cudaDevice(c); err != nil {
 		return nil, err
 	}
-	a, err := cudaipc.New(cudaipc.WithDevice(c.Device))
+	a, err := cudaipc.New(cudaipc.WithDevice(c.Device), cudaipc.WithIdentity(identity))
 	if err != nil {
 		return nil, fmt.Errorf("node: backend = %q, device = %d: %w (%s)", cudaipc.Backend, c.Device, err, cudaHint)
 	}
-	o := &oneHostAgent{Agent: a, procs: map[string]hostPeer{}}
+	o := &oneHostAgent{Agent: a, procs: map[messages.PeerID]hostPeer{}}
 	o.host, o.hostErr = thisHost()
 	return o, nil
 }
@@ -101,21 +104,26 @@ func (p *devicePool) Close() error {
 
 // oneHostAgent is the cudaipc agent of a node. CUDA IPC handles open only
 // in processes of the host that made them, and cudaipc's agent addresses
-// name a pid, which on another host is some other process or none: the
-// node therefore remembers each peer's Hello (the process it names, with
-// its host and pid namespace) and refuses, by name, to connect to the
-// agent of a peer on another host, instead of letting the request fail on
-// a missing control file. A Hello that names no process leaves the check
-// to cudaipc: a pid with no process here is rdma.ErrPeerGone (which the
-// error then explains), one that is another process's fails the first
-// write (rdma.ErrBadKey: the key's control file is not on this host).
+// name a pid, which on another host is some other process or none.
+// Whether an agent is on this host is cudaipc's to answer, from what is
+// local: its agent file, which names the agent's process, host and pid
+// namespace (cudaipc.Agent.Connect). The node only words the refusal:
+// it remembers each peer's last Hello (the agent address and the process
+// it names), and when cudaipc cannot find an agent here that a peer of
+// another host named, it refuses with ErrOtherHost naming that peer and
+// host. A Hello decides nothing about an agent that is found: a peer's
+// Hello naming another's address cannot fail requests to it. Which peer
+// an agent found serves is the writer's check (cudaipc's endpoints are
+// rdma.IdentifiedEndpoint).
 type oneHostAgent struct {
 	*cudaipc.Agent
 	host    string // pidwatch.Host of this process
 	hostErr error
 
-	mu    sync.Mutex
-	procs map[string]hostPeer // by agent address
+	mu sync.Mutex
+	// procs holds each peer's last cudaipc Hello: one entry per peer (a
+	// restarted peer replaces its own), at most maxHelloPeers.
+	procs map[messages.PeerID]hostPeer
 
 	// caller is the framework's memory (CallerMemory.Region), registered
 	// by callerSpans, the bytes its tensors use, in callerAllocs
@@ -125,40 +133,61 @@ type oneHostAgent struct {
 	callerAllocs int
 }
 
-// hostPeer is the peer whose Hello carried an agent address, and the
-// process it named.
+// maxHelloPeers bounds the peers whose Hello oneHostAgent remembers; past
+// it one entry is dropped for each new peer (the records only word an
+// error).
+const maxHelloPeers = 4096
+
+// hostPeer is the agent address of a peer's Hello, and the process it
+// named.
 type hostPeer struct {
-	peer messages.PeerID
+	addr string
 	proc messages.ProcessID
 }
 
-// noteHello records the process a cudaipc peer's Hello names.
+// noteHello records the agent address and process a cudaipc peer's Hello
+// names, replacing that peer's earlier one.
 func (a *oneHostAgent) noteHello(h *messages.Hello) {
 	if h.Backend != cudaipc.Backend || len(h.AgentAddr) == 0 {
 		return
 	}
 	a.mu.Lock()
-	a.procs[string(h.AgentAddr)] = hostPeer{peer: h.From, proc: h.Process}
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	if _, ok := a.procs[h.From]; !ok && len(a.procs) >= maxHelloPeers {
+		for p := range a.procs {
+			delete(a.procs, p)
+			break
+		}
+	}
+	a.procs[h.From] = hostPeer{addr: string(h.AgentAddr), proc: h.Process}
 }
 
-// Connect refuses the agent of a peer whose Hello names a process of
-// another host or pid namespace (ErrOtherHost), and otherwise connects
-// through cudaipc, saying on rdma.ErrPeerGone that the backend reaches
-// processes of this host only.
+// Connect connects through cudaipc, which finds the agent on this host or
+// refuses. When it cannot find it (rdma.ErrPeerGone), the error says that
+// the backend reaches processes of this host only, and is ErrOtherHost,
+// naming the peer and its host, if a peer whose last Hello named this
+// address runs on another host or pid namespace.
 func (a *oneHostAgent) Connect(peer []byte) (rdma.Endpoint, error) {
-	a.mu.Lock()
-	p, ok := a.procs[string(peer)]
-	a.mu.Unlock()
-	if ok && !p.proc.IsZero() && a.hostErr == nil && p.proc.Host != a.host {
-		return nil, fmt.Errorf("%w: peer %s runs on host %s (process %d), this node on %s: backend %q reaches GPU memory of processes of one host only: run both ranks on one host, or use backend \"ucx\" (with a UCX built with CUDA) across hosts",
-			ErrOtherHost, p.peer, p.proc.Host, p.proc.Pid, a.host, cudaipc.Backend)
-	}
 	ep, err := a.Agent.Connect(peer)
-	if errors.Is(err, rdma.ErrPeerGone) {
-		return nil, fmt.Errorf("%w (backend %q reaches processes of this host only: a peer on another host needs backend \"ucx\")", err, cudaipc.Backend)
+	if !errors.Is(err, rdma.ErrPeerGone) {
+		return ep, err
 	}
-	return ep, err
+	if a.hostErr == nil {
+		a.mu.Lock()
+		var far []string
+		for id, p := range a.procs {
+			if p.addr == string(peer) && !p.proc.IsZero() && p.proc.Host != a.host {
+				far = append(far, fmt.Sprintf("peer %s runs on host %s (process %d)", id, p.proc.Host, p.proc.Pid))
+			}
+		}
+		a.mu.Unlock()
+		if len(far) > 0 {
+			slices.Sort(far)
+			return nil, fmt.Errorf("%w: %s, this node on %s: backend %q reaches GPU memory of processes of one host only: run both ranks on one host, or use backend \"ucx\" (with a UCX built with CUDA) across hosts (%v)",
+				ErrOtherHost, strings.Join(far, "; "), a.host, cudaipc.Backend, err)
+		}
+	}
+	return nil, fmt.Errorf("%w (backend %q reaches processes of this host only: a peer on another host needs backend \"ucx\")", err, cudaipc.Backend)
 }
 
 // validateDevice checks device, and what a node on backend cudaipc cannot
@@ -195,8 +224,9 @@ func (c Config) validateDevice() error {
 // by each allocation's IPC handle (cudaipc.Agent.RegisterSpans). It checks
 // them now, so that a tensor no allocation holds, or one that runs out of
 // the allocation holding its first byte, fails Open with ErrConfig naming
-// the tensor and its addresses; Register then registers m.Region with
-// those spans.
+// the tensor and its addresses, and so does memory of another GPU than
+// the region's Device (the driver's word: cuPointerGetAttribute), naming
+// both; Register then registers m.Region with those spans.
 func (a *oneHostAgent) useCallerMemory(m *CallerMemory) error {
 	r := m.Region
 	spans, names, err := callerSpans(m)
@@ -211,6 +241,19 @@ func (a *oneHostAgent) useCallerMemory(m *CallerMemory) error {
 			ErrConfig, r.Device, r.Base, r.Len, names[se.Index], se.Span.Off, se.Span.Len, se.Err, cudaipc.Backend, r.Device)
 	case err != nil:
 		return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): %v", ErrConfig, r.Device, r.Base, r.Len, err)
+	}
+	// Under unified addressing the driver sizes another GPU's allocation
+	// as well: ask whose memory each allocation is.
+	for i, al := range allocs {
+		o, err := a.Agent.Device().PointerDevice(al.Base)
+		if err != nil {
+			return fmt.Errorf("%w: CallerMemory.Region (device %d at %#x, %d bytes): allocation %d of %d at %#x: which device's memory: %v",
+				ErrConfig, r.Device, r.Base, r.Len, i, len(allocs), uintptr(al.Base), err)
+		}
+		if o != r.Device {
+			return fmt.Errorf("%w: CallerMemory.Region (at %#x, %d bytes) says device %d, but the driver puts its allocation %d of %d at %#x on device %d: give the device the framework's tensors are on (Region.Device and device = %d), or tensors of device %d",
+				ErrConfig, r.Base, r.Len, r.Device, i, len(allocs), uintptr(al.Base), o, o, r.Device)
+		}
 	}
 	a.caller, a.callerSpans, a.callerAllocs = r, spans, len(allocs)
 	return nil

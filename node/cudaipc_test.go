@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -51,7 +53,8 @@ func TestFakeCUDA(t *testing.T) {
 			t.Log(l)
 		}
 	}
-	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPerLayerTensors", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto"} {
+	for _, name := range []string{"TestCUDAIPCTwoProcesses", "TestCUDAIPCPerLayerTensors", "TestCUDAIPCPeerOnAnotherHost", "TestCUDAIPCRefusals", "TestCUDAIPCConnectGonePeer", "TestCUDAIPCNotAuto",
+		"TestCUDAIPCPeerNamesAnotherAgent", "TestCUDAIPCHelloOfAnotherPeer"} {
 		if !strings.Contains(out, "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
 		}
@@ -543,12 +546,15 @@ func TestCUDAIPCPerLayerTensors(t *testing.T) {
 }
 
 // TestCUDAIPCPeerOnAnotherHost: the generation node's Hello names a
-// process of another host (this process is told its host is another
-// one): the request fails at once on both sides, the context side's
-// error wrapping node.ErrOtherHost and saying the backend reaches one
-// host only; no write is posted, nothing waits for a deadline.
-// (Checked to fail: with oneHostAgent.Connect not checking the host, the
-// request succeeds — the fake driver's handles open on this host.)
+// process of another host (this process is told its host is another one,
+// and the generation agent's agent file is made to say another host, as
+// an agent elsewhere that shared this Dir would): the request fails at
+// once on both sides, the context side's error wrapping node.ErrOtherHost
+// and saying the backend reaches one host only; no write is posted,
+// nothing waits for a deadline. (Checked to fail: with cudaipc's Connect
+// not checking the agent file's host, the request succeeds — the fake
+// driver's handles open on this host; with oneHostAgent.Connect not
+// wording it, the error is rdma.ErrPeerGone.)
 func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	d := requireCUDA(t)
 	cc, gc := pair(t, cudaipc.Backend)
@@ -556,6 +562,7 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	cc.TransferTimeout = node.Duration(time.Hour) // a hang would show as the test's timeout
 	gc.TransferTimeout = cc.TransferTimeout
 	child := genChild(t, gc, false)
+	agentFilesElsewhere(t, child.Process().Pid)
 	defer node.SetThisHost("another-boot-id/pid:[4026531836]")()
 	ctxN := open(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -583,6 +590,30 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 	child.Wait(t)
 }
 
+// agentFilesElsewhere makes the agent files of process pid's cudaipc
+// agents say another host than this one (its bytes, of the same length,
+// all 'x'): cudaipc's Connect then finds those agents on another host.
+func agentFilesElsewhere(t *testing.T, pid int) {
+	t.Helper()
+	host, err := pidwatch.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(cudaipc.Dir(), fmt.Sprintf("kvxfer-cudaipc-agent-%d-*", pid)))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no agent file of process %d in %s: %v", pid, cudaipc.Dir(), err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(b, []byte(host)) {
+			t.Fatalf("agent file %s: %v, or it does not hold this host %q", f, err, host)
+		}
+		if err := os.WriteFile(f, bytes.Replace(b, []byte(host), bytes.Repeat([]byte("x"), len(host)), 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestCUDAIPCRefusals: each setting a cudaipc node cannot honour is
 // refused by name, at Validate or at Open, and nothing stays open; the
 // caller memory refused is left as it was. (Checked to fail, one
@@ -593,7 +624,8 @@ func TestCUDAIPCPeerOnAnotherHost(t *testing.T) {
 // device count check, device 64 fails in cuda without naming "device";
 // without useCallerMemory's check, memory past its allocation and a
 // layer's tensor that runs out of its allocation fail in the agent's
-// Register, without ErrConfig or the tensor's name.)
+// Register, without ErrConfig or the tensor's name; without its device
+// check, device 0's memory declared as device 1's opens.)
 func TestCUDAIPCRefusals(t *testing.T) {
 	d := requireCUDA(t)
 	host, err := kvcache.NewHostRegion(1 << 20)
@@ -616,6 +648,11 @@ func TestCUDAIPCRefusals(t *testing.T) {
 	// layer 1's tensor described 64 bytes past its allocation's start
 	// runs out of it.
 	crossing := crossingTensors(t, d)
+	// Device 0's memory, declared as device 1's.
+	other, err := kvcache.ExternalDeviceRegion(dev.Base, dev.Len, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name  string
 		edit  func(*node.Config)
@@ -625,6 +662,11 @@ func TestCUDAIPCRefusals(t *testing.T) {
 			[]string{"CallerMemory.Region", "host memory", fmt.Sprintf("%#x", host.Base), `"shm"`, `"ucx"`}},
 		{"device mismatch", func(c *node.Config) { c.Device = 1; c.CallerMemory = &node.CallerMemory{Region: dev}; c.PoolBytes = 0 },
 			[]string{"device 0", "device = 1"}},
+		{"memory of another device than the region says", func(c *node.Config) {
+			c.Device = 1
+			c.CallerMemory = &node.CallerMemory{Region: other}
+			c.PoolBytes = 0
+		}, []string{"says device 1", "on device 0", fmt.Sprintf("%#x", other.Base)}},
 		{"caller memory past its allocation", func(c *node.Config) { c.CallerMemory = &node.CallerMemory{Region: over}; c.PoolBytes = 0 },
 			[]string{"CallerMemory.Region", "run past the CUDA allocation", "one allocation"}},
 		{"a layer's tensor past its allocation", func(c *node.Config) { c.CallerMemory = crossing; c.PoolBytes = 0 },

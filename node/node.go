@@ -330,17 +330,19 @@ func openData(c Config, backend string, self messages.PeerID, admit func([]byte)
 	}
 	// A ucx agent links only with agents a peer vouched for, and tells its
 	// peers' writers whom it serves (this rank), which they check against
-	// the peer whose Hello named its address.
+	// the peer whose Hello named its address; a cudaipc agent states the
+	// same in its agent file (cudaipc.WithIdentity, in openCUDA and
+	// callerAgent).
 	uopts := []ucx.Option{ucx.WithAdmission(admit), ucx.WithIdentity(self.String())}
 	switch {
 	case c.CallerMemory != nil:
-		a, err := callerAgent(c, backend, uopts)
+		a, err := callerAgent(c, backend, self, uopts)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
 		return a, c.CallerMemory.Region, nil, nil, nil
 	case backend == cudaipc.Backend: // device memory, also for a send-only node: cudaipc moves nothing else
-		a, region, pool, err := openCUDA(c, size)
+		a, region, pool, err := openCUDA(c, size, self.String())
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
-	"github.com/kvxfer/kvxfer/rdma/internal/host"
 )
 
 // Backend is the cudaipc backend's name.
@@ -25,6 +25,10 @@ type Agent struct {
 	poller *cuda.Poller
 	addr   address
 	bytes  []byte // addr, encoded
+	// identity is whom the agent serves (WithIdentity), stated in its
+	// agent file at file.
+	identity string
+	file     string
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -49,26 +53,49 @@ func New(opts ...Option) (*Agent, error) {
 	if o.poller == nil {
 		o.poller = cuda.DefaultPoller()
 	}
+	if len(o.identity) > MaxIdentity {
+		return nil, fmt.Errorf("cudaipc: identity %.32q… of %d bytes: at most %d", o.identity, len(o.identity), MaxIdentity)
+	}
+	self, err := pidwatch.Self()
+	if err != nil {
+		return nil, fmt.Errorf("cudaipc: this process's start time and host, for its agent file: %w", err)
+	}
+	if len(self.Host) > maxHost {
+		return nil, fmt.Errorf("cudaipc: host %.32q… of %d bytes: at most %d", self.Host, len(self.Host), maxHost)
+	}
 	dev, err := cuda.OpenDevice(o.device)
 	if err != nil {
 		return nil, fmt.Errorf("cudaipc: %w", err)
 	}
 	a := &Agent{
-		dev:    dev,
-		poller: o.poller,
-		regs:   make(map[*registration]struct{}),
-		eps:    make(map[*endpoint]struct{}),
+		dev:      dev,
+		poller:   o.poller,
+		identity: o.identity,
+		regs:     make(map[*registration]struct{}),
+		eps:      make(map[*endpoint]struct{}),
 	}
 	a.addr.pid = os.Getpid()
 	rand.Read(a.addr.nonce[:])
 	a.bytes = []byte(a.addr.String())
+	a.file, err = createAgentFile(agentFile{addr: a.addr, start: self.StartTime, host: self.Host, identity: o.identity})
+	if err != nil {
+		_ = dev.Close()
+		return nil, fmt.Errorf("cudaipc: agent %s: agent file: %w", a.addr, err)
+	}
+	agents.mu.Lock()
+	agents.m[a.addr.nonce] = a
+	agents.mu.Unlock()
 	return a, nil
 }
+
+// Identity is whom the agent serves, as WithIdentity gave it ("" for
+// none).
+func (a *Agent) Identity() string { return a.identity }
 
 // Backend returns "cudaipc".
 func (a *Agent) Backend() string { return Backend }
 
-// Address returns "cudaipc:<pid>:<nonce>".
+// Address returns "cudaipc2:<pid>:<nonce>".
 func (a *Agent) Address() []byte { return append([]byte(nil), a.bytes...) }
 
 // Device is the GPU the agent copies with. The agent closes it in Close:
@@ -188,8 +215,13 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 }
 
 // Connect opens an endpoint to the agent at peer: a stream on this agent's
-// GPU. It fails with rdma.ErrPeerGone when the peer's process does not
-// exist.
+// GPU. It reads the peer's agent file first (for an agent of this process:
+// the agent itself), and the endpoint reports the identity the peer states
+// there (rdma.IdentifiedEndpoint). It fails with rdma.ErrPeerGone when the
+// agent cannot be found on this host (no such process, no agent file, one
+// of another host or pid namespace, a process that is not the agent's),
+// and with rdma.ErrBadAddress for an agent file that does not describe the
+// address (another pid or nonce) or is not of this process's user.
 func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	if a.closed.Load() {
 		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
@@ -198,8 +230,14 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: connect: %w", a, err)
 	}
-	if pa.pid != a.addr.pid && host.ProcessGone(pa.pid) {
-		return nil, fmt.Errorf("%s: connect %s: %w: no process %d", a, pa, rdma.ErrPeerGone, pa.pid)
+	var identity string
+	if pa.pid == a.addr.pid {
+		identity, err = localIdentity(pa)
+	} else {
+		identity, err = readAgentFile(pa)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect %s: %w", a, pa, err)
 	}
 	s, err := a.dev.NewStream()
 	if err != nil {
@@ -213,7 +251,7 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
 	}
 	a.nextEp++
-	e := &endpoint{agent: a, peer: pa, stream: s, q: a.poller.NewQueue(), targets: make(map[[16]byte]*target)}
+	e := &endpoint{agent: a, peer: pa, identity: identity, stream: s, q: a.poller.NewQueue(), targets: make(map[[16]byte]*target)}
 	e.name = fmt.Sprintf("cudaipc endpoint %d of %s → %s", a.nextEp, a, pa)
 	a.eps[e] = struct{}{}
 	return e, nil
@@ -226,6 +264,9 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 func (a *Agent) Close() error {
 	var errs []error
 	a.closeOnce.Do(func() {
+		agents.mu.Lock()
+		delete(agents.m, a.addr.nonce)
+		agents.mu.Unlock()
 		a.mu.Lock()
 		a.closed.Store(true)
 		eps := make([]*endpoint, 0, len(a.eps))
@@ -248,6 +289,9 @@ func (a *Agent) Close() error {
 			delete(a.regs, r)
 		}
 		a.mu.Unlock()
+		if err := os.Remove(a.file); err != nil {
+			errs = append(errs, fmt.Errorf("%s: agent file: %w", a, err))
+		}
 		if err := a.dev.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", a, err))
 		}

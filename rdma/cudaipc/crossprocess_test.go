@@ -13,11 +13,15 @@ import (
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/rdmatest"
 )
 
 // childEnv makes the test binary, re-executed, act as the receiver.
 const childEnv = "KVXFER_CUDAIPC_CHILD"
+
+// identityEnv is the identity the receiver's agent serves.
+const identityEnv = "KVXFER_CUDAIPC_IDENTITY"
 
 // crossLen is the receiver's region size; crossOff its offset in the
 // allocation.
@@ -40,7 +44,7 @@ func TestCrossProcessChild(t *testing.T) {
 	}
 	d := gpu(t)
 	m := devMem(t, d, crossLen+2*crossOff, 0)
-	a := agent(t)
+	a := agent(t, cudaipc.WithIdentity(os.Getenv(identityEnv)))
 	defer a.Close() // before VERIFY returns: the agent closes before the memory is freed
 	reg, err := a.Register(region(t, m, crossOff, crossLen))
 	if err != nil {
@@ -85,10 +89,12 @@ func TestCrossProcessChild(t *testing.T) {
 // shuffled batches. While a batch is pending, the receiver's Deregister is
 // refused as busy; once flushed, the receiver finds every byte, and the
 // bytes around its region untouched. After the receiver exited, posts fail
-// with ErrPeerGone.
+// with ErrPeerGone. The endpoint reports the identity the receiver's agent
+// was given (its agent file's).
 func TestCrossProcess(t *testing.T) {
 	requireGPU(t)
-	child := rdmatest.StartChild(t, "TestCrossProcessChild", childEnv+"=1")
+	const serves = "gen/7"
+	child := rdmatest.StartChild(t, "TestCrossProcessChild", childEnv+"=1", identityEnv+"="+serves)
 	f := strings.Fields(strings.TrimPrefix(child.Expect(t, readyPrefix), readyPrefix))
 	if len(f) != 3 {
 		t.Fatalf("bad READY line %q", f)
@@ -110,6 +116,9 @@ func TestCrossProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ep.Close()
+	if got := ep.(rdma.IdentifiedEndpoint).PeerIdentity(); got != serves {
+		t.Errorf("the endpoint to the receiver's agent (another process) reports identity %q, want %q", got, serves)
+	}
 
 	// Batch A blocks in its Done, so batch B stays pending behind it.
 	const chunk = 256 << 10

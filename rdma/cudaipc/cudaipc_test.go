@@ -32,9 +32,9 @@ func requireGPU(t *testing.T) {
 }
 
 // agent starts an agent closed at cleanup.
-func agent(t *testing.T) *cudaipc.Agent {
+func agent(t *testing.T, opts ...cudaipc.Option) *cudaipc.Agent {
 	t.Helper()
-	a, err := cudaipc.New()
+	a, err := cudaipc.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestConformance(t *testing.T) {
 }
 
 // childTests are the tests TestFakeDriver runs against the fake driver.
-const childTests = "^(TestConformance|TestCrossProcess|TestRegister|TestCloseNoLateWrite|TestSubRegion|TestSpansCrossProcess|TestRegisterSpans)$"
+const childTests = "^(TestConformance|TestCrossProcess|TestIdentity|TestRegister|TestCloseNoLateWrite|TestSubRegion|TestSpansCrossProcess|TestRegisterSpans)$"
 
 // TestFakeDriver runs the GPU tests of this package in a child process
 // against the fake driver (cuda/cudatest), so that the backend's logic is
@@ -114,8 +114,10 @@ func TestFakeDriver(t *testing.T) {
 			t.Errorf("a GPU test skipped on the fake driver: %s", l)
 		}
 	}
-	if !strings.Contains(string(out), "--- PASS: TestConformance") {
-		t.Errorf("TestConformance did not pass on the fake driver:\n%s", out)
+	for _, name := range []string{"TestConformance", "TestCrossProcess", "TestIdentity"} {
+		if !strings.Contains(out, "--- PASS: "+name+" ") {
+			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
+		}
 	}
 }
 

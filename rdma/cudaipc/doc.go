@@ -14,7 +14,27 @@
 //
 // # Keys and addresses
 //
-// An agent's Address is "cudaipc:<pid>:<nonce>".
+// An agent's Address is "cudaipc2:<pid>:<nonce>". At New the agent states
+// itself in an agent file, Dir()/kvxfer-cudaipc-agent-<pid>-<nonce> (mode
+// 0600, created exclusively, removed at Close): "KVXCIPA1", its pid and
+// nonce, its process's start time and host (boot id and pid namespace,
+// as internal/pidwatch names them), and whom it serves (WithIdentity, at
+// most MaxIdentity bytes; a node gives its rank). Connect reads the
+// agent file of the address before anything else and refuses, naming the
+// file, one that is missing, of another user than this process's, or
+// names another pid or nonce (rdma.ErrBadAddress for a file that does not
+// describe the address or is not this user's; rdma.ErrPeerGone when the
+// agent cannot be found here: no process, no file, another host or pid
+// namespace, another start time — the pid was reused). The endpoint then
+// reports the identity the file states (rdma.IdentifiedEndpoint), so that
+// a writer can refuse an agent address a peer named that reaches another
+// peer's agent (actors' worker does, before Post). An endpoint to an agent
+// of this process takes the identity from that agent itself. Addresses of
+// version 1 ("cudaipc:", agents without a file) are refused by their
+// version; a writer of version 1 refuses "cudaipc2:" by its scheme. The
+// agent file is the agent's statement, readable and writable by its user
+// only: it ties an address to an identity for a writer of that user, it
+// is no capability (see docs/threat-model.md).
 //
 // A region's bytes may lie in several cuMemAlloc allocations, with
 // unmapped gaps between them (a framework's per-layer KV tensors, each its
@@ -94,7 +114,8 @@
 // hold as written there; Deregister refuses with rdma.ErrRegionBusy while a
 // batch of any process reads or writes the region.
 //
-// A receiver process that dies leaves its control files behind (as
-// rdma/shm leaves region files); senders' later Connects and Posts to it
-// fail with rdma.ErrPeerGone (Post checks that the peer process exists).
+// A receiver process that dies leaves its control files and its agent file
+// behind (as rdma/shm leaves region files); senders' later Connects and
+// Posts to it fail with rdma.ErrPeerGone (Connect checks the agent file's
+// process start time, Post that the peer process exists).
 package cudaipc

@@ -19,11 +19,14 @@ import (
 // completes them. It maps the peer's control files and allocations on
 // first use and keeps them until it closes.
 type endpoint struct {
-	agent  *Agent
-	peer   address
-	name   string
-	stream *cuda.Stream
-	q      *cuda.Queue
+	agent *Agent
+	peer  address
+	name  string
+	// identity is whom the peer agent serves, as its agent file states it
+	// (for an agent of this process: as it was given).
+	identity string
+	stream   *cuda.Stream
+	q        *cuda.Queue
 
 	// mu serialises Post and Flush with Close: once closed is set no copy
 	// is enqueued any more.
@@ -39,7 +42,14 @@ type endpoint struct {
 	closeErr  error
 }
 
-var _ rdma.Endpoint = (*endpoint)(nil)
+var _ rdma.IdentifiedEndpoint = (*endpoint)(nil)
+
+// PeerIdentity is whom the peer agent serves, as it states it in its agent
+// file (WithIdentity; "" when it was given none), read at Connect: an agent
+// address names exactly one agent file, which only that agent's process
+// creates. An endpoint to an agent of this process reports that agent's
+// identity.
+func (e *endpoint) PeerIdentity() string { return e.identity }
 
 // target is a peer region as this endpoint reaches it: the mapping of its
 // control file and its allocations as this process reaches them

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
 )
 
 // ForgedEntry is one allocation of a forged key's table.
@@ -83,4 +84,47 @@ func ImportRefs() int {
 		n += im.refs
 	}
 	return n
+}
+
+// AgentFile is what an agent file states (see agentFile).
+type AgentFile struct {
+	Pid      int
+	Nonce    [16]byte
+	Start    uint64
+	Host     string
+	Identity string
+}
+
+// WriteAgentFile writes, mode 0600, the agent file named for the agent
+// "cudaipc2:<pid>:<nonce>" (a fresh nonce), stating what edit makes of the
+// truth about process pid (its start time, this host) and identity; edit
+// nil writes no file. It returns the address and the file's path.
+func WriteAgentFile(pid int, identity string, edit func(*AgentFile)) (addr []byte, path string, err error) {
+	a := address{pid: pid}
+	rand.Read(a.nonce[:])
+	path = agentPath(a)
+	if edit == nil {
+		return []byte(a.String()), path, nil
+	}
+	start, err := pidwatch.StartTime(pid)
+	if err != nil {
+		return nil, "", err
+	}
+	host, err := thisHost()
+	if err != nil {
+		return nil, "", err
+	}
+	f := AgentFile{Pid: pid, Nonce: a.nonce, Start: start, Host: host, Identity: identity}
+	edit(&f)
+	b := agentFile{addr: address{pid: f.Pid, nonce: f.Nonce}, start: f.Start, host: f.Host, identity: f.Identity}.encode()
+	return []byte(a.String()), path, os.WriteFile(path, b, 0o600)
+}
+
+// AgentPath names the agent file of the agent at addr.
+func AgentPath(addr []byte) string {
+	a, err := parseAddress(addr)
+	if err != nil {
+		panic(err)
+	}
+	return agentPath(a)
 }

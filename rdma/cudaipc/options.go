@@ -6,8 +6,9 @@ import "github.com/kvxfer/kvxfer/cuda"
 type Option func(*options)
 
 type options struct {
-	device int
-	poller *cuda.Poller
+	device   int
+	poller   *cuda.Poller
+	identity string
 }
 
 // WithDevice makes the agent copy with GPU ordinal (default 0): its
@@ -17,3 +18,12 @@ func WithDevice(ordinal int) Option { return func(o *options) { o.device = ordin
 // WithPoller makes the agent's completions come from p (default
 // cuda.DefaultPoller()).
 func WithPoller(p *cuda.Poller) Option { return func(o *options) { o.poller = p } }
+
+// WithIdentity names whom this agent serves (a node: its rank,
+// "instance/rank"; at most MaxIdentity bytes). The agent states it in its
+// agent file, which only its process creates (see the package doc), and
+// the endpoints of other agents to it report it
+// (rdma.IdentifiedEndpoint), so that a writer can check that an agent
+// address a peer named reaches that peer's agent, not another's (another
+// instance's, or the writer's own).
+func WithIdentity(id string) Option { return func(o *options) { o.identity = id } }

@@ -71,6 +71,7 @@ struct alloc {
 	int refs;     // opens of an imported mapping
 	pid_t pid;    // the exporter, for imports
 	int efd;      // the exporter's fd number, for imports
+	int dev;      // the device of the context current at cuMemAlloc or the import
 	struct alloc *next;
 };
 static struct alloc *allocs;
@@ -215,6 +216,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	a->base = (uint64_t)(uintptr_t)m;
 	a->size = n;
 	a->fd = fd;
+	a->dev = cur->dev;
 	pthread_mutex_lock(&mu);
 	a->next = allocs;
 	allocs = a;
@@ -249,6 +251,19 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 	}
 	pthread_mutex_unlock(&mu);
 	return a != NULL ? SUCCESS : NOT_FOUND;
+}
+
+// cuPointerGetAttribute answers CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9)
+// only: the device of the allocation that holds p, whatever the current
+// context (as unified addressing does).
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+	NEED_CTX();
+	if (attr != 9 || data == NULL) return INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	struct alloc *a = find(p, 0);
+	if (a != NULL) *(int *)data = a->dev;
+	pthread_mutex_unlock(&mu);
+	return a != NULL ? SUCCESS : INVALID_VALUE;
 }
 
 // ---- streams and events ----
@@ -540,6 +555,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int fl
 	a->refs = 1;
 	a->pid = k.pid;
 	a->efd = k.fd;
+	a->dev = cur->dev;
 	pthread_mutex_lock(&mu);
 	a->next = allocs;
 	allocs = a;

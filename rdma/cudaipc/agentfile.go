@@ -1,0 +1,188 @@
+package cudaipc
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/kvxfer/kvxfer/internal/pidwatch"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/internal/host"
+)
+
+// agentMagic starts every agent file.
+const agentMagic = "KVXCIPA1"
+
+// MaxIdentity bounds the identity an agent states (WithIdentity).
+const MaxIdentity = 256
+
+// maxHost bounds the host name in an agent file (pidwatch.Host: a boot id
+// and a pid namespace).
+const maxHost = 256
+
+// maxAgentFile bounds an agent file's size.
+const maxAgentFile = len(agentMagic) + 4 + 16 + 8 + 2 + maxHost + 2 + MaxIdentity
+
+// agentFile is what an agent states about itself in its agent file
+// (Dir()/kvxfer-cudaipc-agent-<pid>-<nonce>, mode 0600, created
+// exclusively by the agent's process at New, removed at Close):
+//
+//	"KVXCIPA1" pid[4] nonce[16] start[8] hostLen[2] host idLen[2] identity
+//
+// pid and nonce are the agent's address; start is its process's start time
+// (pidwatch.StartTime) and host its host and pid namespace
+// (pidwatch.Host), so that a writer can tell the process at pid here from
+// another that had the pid before, or has it in another namespace;
+// identity is whom the agent serves (WithIdentity; may be empty).
+type agentFile struct {
+	addr     address
+	start    uint64
+	host     string
+	identity string
+}
+
+// agentPath names the agent file of the agent at a.
+func agentPath(a address) string {
+	return filepath.Join(Dir(), fmt.Sprintf("kvxfer-cudaipc-agent-%d-%s", a.pid, hex.EncodeToString(a.nonce[:])))
+}
+
+func (f agentFile) encode() []byte {
+	b := make([]byte, 0, maxAgentFile)
+	b = append(b, agentMagic...)
+	b = binary.BigEndian.AppendUint32(b, uint32(f.addr.pid))
+	b = append(b, f.addr.nonce[:]...)
+	b = binary.BigEndian.AppendUint64(b, f.start)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(f.host)))
+	b = append(b, f.host...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(f.identity)))
+	return append(b, f.identity...)
+}
+
+func parseAgentFile(b []byte) (agentFile, error) {
+	var f agentFile
+	const fixed = len(agentMagic) + 4 + 16 + 8 + 2
+	if len(b) < fixed || string(b[:len(agentMagic)]) != agentMagic {
+		if len(b) >= len(agentMagic) && string(b[:len(agentMagic)-1]) == agentMagic[:len(agentMagic)-1] {
+			return f, fmt.Errorf("agent file of version %q, this writer reads %q: run the same kvxfer version on both sides", b[:len(agentMagic)], agentMagic)
+		}
+		return f, fmt.Errorf("%d bytes that are not a %q agent file", len(b), agentMagic)
+	}
+	b = b[len(agentMagic):]
+	f.addr.pid = int(binary.BigEndian.Uint32(b))
+	copy(f.addr.nonce[:], b[4:20])
+	f.start = binary.BigEndian.Uint64(b[20:])
+	n := int(binary.BigEndian.Uint16(b[28:]))
+	b = b[30:]
+	if n > maxHost || n+2 > len(b) {
+		return f, fmt.Errorf("agent file: host of %d bytes in %d", n, len(b))
+	}
+	f.host = string(b[:n])
+	b = b[n:]
+	n = int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	if n > MaxIdentity || n != len(b) {
+		return f, fmt.Errorf("agent file: identity of %d bytes, %d follow", n, len(b))
+	}
+	f.identity = string(b)
+	return f, nil
+}
+
+// createAgentFile states an agent's address, process and identity in a
+// new agent file (mode 0600, created exclusively: never one of another
+// process's).
+func createAgentFile(f agentFile) (string, error) {
+	path := agentPath(f.addr)
+	fd, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", err
+	}
+	_, err = fd.Write(f.encode())
+	if err = errors.Join(err, fd.Close()); err != nil {
+		os.Remove(path)
+		return "", err
+	}
+	return path, nil
+}
+
+// readAgentFile reads and checks the agent file of the agent at a, as a
+// writer about to connect to it: the file must be a regular file of this
+// process's user, name a itself (pid and nonce), this host and pid
+// namespace, and the start time of the process now at a.pid. It returns
+// the identity the agent states. Errors wrap rdma.ErrPeerGone when the
+// agent cannot be found here (no such process, no file, another host or
+// pid namespace, a process that is not the agent's), else
+// rdma.ErrBadAddress; they name the file.
+func readAgentFile(a address) (string, error) {
+	if host.ProcessGone(a.pid) {
+		return "", fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, a.pid)
+	}
+	path := agentPath(a)
+	// O_NONBLOCK: a FIFO in its place must not hang Connect.
+	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("%w: no agent file %s: the agent closed, runs on another host or pid namespace (process %d here is another), or is of a kvxfer version before agent files: run both ranks on one host, with one kvxfer version", rdma.ErrPeerGone, path, a.pid)
+		}
+		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+	}
+	defer fd.Close()
+	fi, err := fd.Stat()
+	if err != nil {
+		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > int64(maxAgentFile) {
+		return "", fmt.Errorf("%w: agent file %s is not a regular file of at most %d bytes (%s, %d bytes)", rdma.ErrBadAddress, path, maxAgentFile, fi.Mode(), fi.Size())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return "", fmt.Errorf("%w: agent file %s belongs to uid %d, this process runs as uid %d: cudaipc connects to agents of its own user only (run both ranks as one user)",
+			rdma.ErrBadAddress, path, st.Uid, os.Getuid())
+	}
+	b, err := io.ReadAll(io.LimitReader(fd, int64(maxAgentFile)+1))
+	if err != nil {
+		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+	}
+	f, err := parseAgentFile(b)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %v", rdma.ErrBadAddress, path, err)
+	}
+	if f.addr != a {
+		return "", fmt.Errorf("%w: agent file %s states the agent %s, not %s: a file named for one agent must describe it (another process wrote it): restart the peer", rdma.ErrBadAddress, path, f.addr, a)
+	}
+	if h, err := thisHost(); err == nil && f.host != h {
+		return "", fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only", rdma.ErrPeerGone, path, f.host, h)
+	}
+	st, err := pidwatch.StartTime(a.pid)
+	if err != nil {
+		return "", fmt.Errorf("%w: agent file %s: process %d: %v", rdma.ErrPeerGone, path, a.pid, err)
+	}
+	if st != f.start {
+		return "", fmt.Errorf("%w: agent file %s: process %d here started at %d, the agent's at %d: it is another process (the agent's exited and its pid was reused)", rdma.ErrPeerGone, path, a.pid, st, f.start)
+	}
+	return f.identity, nil
+}
+
+// thisHost is pidwatch.Host, read once.
+var thisHost = sync.OnceValues(pidwatch.Host)
+
+// agents are this process's open agents, by nonce: an endpoint to an
+// agent of this process takes its identity from here.
+var agents = struct {
+	mu sync.Mutex
+	m  map[[16]byte]*Agent
+}{m: make(map[[16]byte]*Agent)}
+
+// localIdentity returns the identity of the agent of this process at a.
+func localIdentity(a address) (string, error) {
+	agents.mu.Lock()
+	defer agents.mu.Unlock()
+	if l := agents.m[a.nonce]; l != nil && !l.closed.Load() {
+		return l.identity, nil
+	}
+	return "", fmt.Errorf("%w: no agent %s in this process (it closed)", rdma.ErrPeerGone, a)
+}

@@ -1,0 +1,146 @@
+package cudaipc_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
+)
+
+// TestIdentity: an endpoint reports whom the agent it reaches serves, as
+// that agent was given it (cudaipc.WithIdentity), "" when it was given
+// none — for an agent of this process too; an agent of another process is
+// found by its agent file, and a file that does not describe the address
+// (another nonce, another pid), states another start time (the pid is
+// another process's) or host, belongs to another user, or is missing, is
+// refused at Connect, naming the file. The file goes with Close.
+// (TestCrossProcess checks the
+// identity through a real agent's file in another process.) (Checked to
+// fail: with the endpoint not reporting the identity, with Connect reading
+// no agent file, and with each of the file's checks removed in turn.)
+func TestIdentity(t *testing.T) {
+	requireGPU(t)
+	w := agent(t)
+	for _, id := range []string{"gen/3", ""} {
+		var opts []cudaipc.Option
+		if id != "" {
+			opts = append(opts, cudaipc.WithIdentity(id))
+		}
+		peer := agent(t, opts...)
+		for _, from := range []*cudaipc.Agent{w, peer} { // another agent of this process, and the agent itself
+			ep, err := from.Connect(peer.Address())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ep.(rdma.IdentifiedEndpoint).PeerIdentity(); got != id {
+				t.Errorf("endpoint of %s to an agent of this process given identity %q reports %q", from, id, got)
+			}
+			ep.Close()
+		}
+	}
+	// The agent file exists while the agent is open, mode 0600, and goes
+	// with Close; an endpoint to the closed agent is refused.
+	closing, err := cudaipc.New(cudaipc.WithIdentity("gen/4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := cudaipc.AgentPath(closing.Address())
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("agent file %s of an open agent: %v, %v; want mode 0600", path, fi, err)
+	}
+	if err := closing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("agent file %s after Close: %v, want removed", path, err)
+	}
+	if ep, err := w.Connect(closing.Address()); !errors.Is(err, rdma.ErrPeerGone) {
+		if err == nil {
+			ep.Close()
+		}
+		t.Errorf("Connect to a closed agent of this process: %v, want rdma.ErrPeerGone", err)
+	}
+	if _, err := cudaipc.New(cudaipc.WithIdentity(strings.Repeat("x", cudaipc.MaxIdentity+1))); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Errorf("New with an identity of %d bytes: %v, want refused", cudaipc.MaxIdentity+1, err)
+	}
+
+	// A live process of this host that is not this one, to name in
+	// addresses (its agent files are written here, by this test).
+	other := exec.Command("cat")
+	stdin, err := other.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = other.Wait()
+	}()
+	pid := other.Process.Pid
+
+	for _, c := range []struct {
+		name string
+		edit func(*cudaipc.AgentFile) // nil: no file
+		uid  int                      // >0: the file belongs to this uid
+		want error                    // nil: Connect succeeds
+		says string
+	}{
+		{"true", func(*cudaipc.AgentFile) {}, 0, nil, ""},
+		{"another nonce", func(f *cudaipc.AgentFile) { f.Nonce[0] ^= 1 }, 0, rdma.ErrBadAddress, "states the agent"},
+		{"another pid", func(f *cudaipc.AgentFile) { f.Pid = os.Getpid() }, 0, rdma.ErrBadAddress, "states the agent"},
+		{"missing", nil, 0, rdma.ErrPeerGone, "no agent file"},
+		{"another start time", func(f *cudaipc.AgentFile) { f.Start++ }, 0, rdma.ErrPeerGone, "is another process"},
+		{"another host", func(f *cudaipc.AgentFile) { f.Host = "elsewhere/pid:[1]" }, 0, rdma.ErrPeerGone, "elsewhere"},
+		{"another user", func(*cudaipc.AgentFile) {}, 65534, rdma.ErrBadAddress, "uid 65534"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, path, err := cudaipc.WriteAgentFile(pid, "gen/5", c.edit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.edit != nil {
+				defer os.Remove(path)
+			}
+			if c.uid > 0 {
+				if os.Getuid() != 0 {
+					t.Logf("not root: cannot give the file to uid %d; the check stays unexercised here", c.uid)
+					return
+				}
+				if err := os.Chown(path, c.uid, c.uid); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ep, err := w.Connect(addr)
+			if c.want == nil {
+				if err != nil {
+					t.Fatalf("Connect to an agent whose file is true: %v", err)
+				}
+				defer ep.Close()
+				if got := ep.(rdma.IdentifiedEndpoint).PeerIdentity(); got != "gen/5" {
+					t.Errorf("the endpoint reports identity %q, its agent file states %q", got, "gen/5")
+				}
+				return
+			}
+			if err == nil {
+				ep.Close()
+				t.Fatalf("Connect to %s with an agent file of %s succeeded", addr, c.name)
+			}
+			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("Connect with an agent file of %s: %v, want %v naming %s and saying %q", c.name, err, c.want, path, c.says)
+			}
+			t.Log(err)
+		})
+	}
+
+	// An address of version 1 is refused by its version.
+	v1 := strings.Replace(string(w.Address()), "cudaipc2:", "cudaipc:", 1)
+	if _, err := w.Connect([]byte(v1)); !errors.Is(err, rdma.ErrBadAddress) || !strings.Contains(err.Error(), "version 1") {
+		t.Errorf("Connect to %s: %v, want rdma.ErrBadAddress naming version 1", v1, err)
+	}
+}
