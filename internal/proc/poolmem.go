@@ -31,12 +31,25 @@ func openPoolMem(e *kvxfer.Engine) (*poolMem, error) {
 	return &poolMem{dev: d, base: cuda.DevicePtr(r.Base)}, nil
 }
 
-// get returns the len(buf) bytes at pool offset off: the pool's own
-// memory for a host pool (buf unused; writes into it land in the pool),
-// buf filled from the GPU for a device pool (write it back with put).
-func (m *poolMem) get(off uint64, buf []byte) ([]byte, error) {
+// scratch is a buffer get needs for n bytes: none for a host pool (the
+// timed paths allocate nothing for it), n bytes for a device pool.
+func (m *poolMem) scratch(n uint64) []byte {
 	if m.dev == nil {
-		return m.host[off : off+uint64(len(buf)) : off+uint64(len(buf))], nil
+		return nil
+	}
+	return make([]byte, n)
+}
+
+// get returns the n bytes at pool offset off: the pool's own memory for a
+// host pool (buf unused; writes into it land in the pool), buf (scratch's,
+// of n bytes) filled from the GPU for a device pool (write it back with
+// put).
+func (m *poolMem) get(off, n uint64, buf []byte) ([]byte, error) {
+	if m.dev == nil {
+		return m.host[off : off+n : off+n], nil
+	}
+	if uint64(len(buf)) != n {
+		return nil, fmt.Errorf("proc: a %d-byte buffer for %d bytes of the device pool", len(buf), n)
 	}
 	if err := m.dev.CopyDtoH(buf, m.base+cuda.DevicePtr(off)); err != nil {
 		return nil, err

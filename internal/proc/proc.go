@@ -525,9 +525,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			for g, grp := range l.Groups {
 				first, _ := kvcache.NeededRange(pl, grp.Window, l.TokensPerBlock, 0)
 				geom := n.eng.Pools().Geometry(g)
-				buf := make([]byte, geom.BlockBytes)
+				buf := n.mem.scratch(geom.BlockBytes)
 				for bi, id := range res.Blocks[g] {
-					b, err := n.mem.get(geom.Offset+uint64(id)*geom.BlockBytes, buf)
+					b, err := n.mem.get(geom.Offset+uint64(id)*geom.BlockBytes, geom.BlockBytes, buf)
 					if err != nil {
 						fail(fmt.Errorf("%s: read block %d of group %d: %w", RequestID(i), id, g, err))
 						return
@@ -747,7 +747,7 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 	parts := kvcache.SplitLayers(l.Layers, o.LayerParts)
 	bufs := make([][]byte, len(l.Groups)) // a device pool's blocks go through these
 	for g := range bufs {
-		bufs[g] = make([]byte, n.eng.Pools().Geometry(g).BlockBytes)
+		bufs[g] = n.mem.scratch(n.eng.Pools().Geometry(g).BlockBytes)
 	}
 chunks:
 	for _, c := range chunks {
@@ -806,7 +806,7 @@ func fillChunk(m *poolMem, pools *actors.Pools, bufs [][]byte, l kvcache.Layout,
 		geom := pools.Geometry(g)
 		for b := b0; b < b1; b++ {
 			off := geom.Offset + uint64(src[g][b])*geom.BlockBytes
-			blk, err := m.get(off, bufs[g])
+			blk, err := m.get(off, geom.BlockBytes, bufs[g])
 			if err != nil {
 				return fmt.Errorf("%s: read source block %d of group %d: %w", RequestID(i), src[g][b], g, err)
 			}
@@ -860,7 +860,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 			geom := pools.Geometry(g)
 			for _, id := range ids {
 				off := geom.Offset + uint64(id)*geom.BlockBytes
-				blk, gerr := n.mem.get(off, make([]byte, geom.BlockBytes))
+				blk, gerr := n.mem.get(off, geom.BlockBytes, n.mem.scratch(geom.BlockBytes))
 				if gerr == nil {
 					for i := range blk {
 						blk[i] = canaryByte(g, id, i)
@@ -894,7 +894,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 			geom := pools.Geometry(g)
 			for _, id := range ids {
 				off := geom.Offset + uint64(id)*geom.BlockBytes
-				blk, gerr := n.mem.get(off, make([]byte, geom.BlockBytes))
+				blk, gerr := n.mem.get(off, geom.BlockBytes, n.mem.scratch(geom.BlockBytes))
 				if gerr != nil {
 					if err == nil {
 						err = fmt.Errorf("read the canary of block %d of group %d: %w", id, g, gerr)
