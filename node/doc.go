@@ -35,9 +35,9 @@
 //     > 0 (a CUDA IPC mapping cannot be withdrawn). One host only: a
 //     request whose peer's Hello names a process of another host (or pid
 //     namespace) fails at its connect with ErrOtherHost (a Hello naming
-//     no process leaves it to cudaipc: a pid with no process here fails
-//     with rdma.ErrPeerGone, one of another process at its first write,
-//     whose control file is not here). A writer's exit is no proof on
+//     no process leaves it to cudaipc: an agent whose agent file is not
+//     on this host, for its pid and start time, fails the connect with
+//     rdma.ErrPeerGone). A writer's exit is no proof on
 //     cudaipc (its copies run on the GPU; the driver documents nothing
 //     about queued copies at process exit): failed requests' pages wait
 //     for the writer's Result or CancelAck.

@@ -95,6 +95,29 @@ type controlMap struct {
 	path string
 	mem  []byte
 	c    *control
+	// peer is set for a peer's control file, which its owner can truncate
+	// under our mapping: every access goes through guard.
+	peer *copier.PeerMemory
+}
+
+// guard runs f, which reads or writes m's header. On a peer's control
+// file a memory fault (its owner truncated the file under the mapping:
+// SIGBUS) fails f's caller with rdma.ErrPeerGone instead of killing this
+// process, and every later access fails the same way without touching the
+// mapping.
+func (m *controlMap) guard(f func()) error {
+	if m.peer == nil {
+		f()
+		return nil
+	}
+	if err := m.peer.Err(); err != nil {
+		return err
+	}
+	if addr, faulted := copier.CatchFault(f); faulted {
+		m.peer.MarkFaulted(addr)
+		return m.peer.Err()
+	}
+	return nil
 }
 
 // createControl creates and maps a new control file (mode 0600) for a
@@ -138,7 +161,13 @@ func openControl(k regionKey) (*controlMap, []entry, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", rdma.ErrBadKey, err)
 	}
-	if !m.c.describes(k) {
+	m.peer = copier.NewPeerMemory("control file "+path, m.mem)
+	var ok bool
+	if err := m.guard(func() { ok = m.c.describes(k) }); err != nil {
+		m.close()
+		return nil, nil, err
+	}
+	if !ok {
 		m.close()
 		return nil, nil, fmt.Errorf("%w: %s does not describe the key's region", rdma.ErrBadKey, path)
 	}

@@ -116,15 +116,15 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		clear(e.copies)
 		return fmt.Errorf("%s: post: source registration %d: %w (%s)", e.name, src.id, rdma.ErrUnregistered, st)
 	}
-	dl := &t.ctl.c.lease
 	if err := acquireRemote(t.ctl, k); err != nil {
 		clear(e.copies)
 		src.ctl.c.lease.Release()
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
+	dst := t.ctl
 	release := func() {
 		src.ctl.c.lease.Release()
-		dl.Release()
+		_ = dst.guard(dst.c.lease.Release) // a truncated file has no count left to release
 	}
 	ev, err := e.event()
 	if err != nil {
@@ -164,7 +164,6 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		if w != nil {
 			e.recycle(ev)
 		}
-		release()
 		switch {
 		case failed != nil:
 			err = failed
@@ -173,6 +172,13 @@ func (e *endpoint) Post(b rdma.Batch) error {
 			err = &rdma.SegmentError{Index: 0, Segment: segs[0], Err: fmt.Errorf("%s: copies failed on the device: %w", e.name, err)}
 		case err != nil:
 			err = fmt.Errorf("%s: %w", e.name, err)
+		}
+		// The leases say the copies are over only when they are: an
+		// unproven end (a synchronise that failed) keeps both held, so
+		// that the regions stay busy (Deregister refuses) for as long as a
+		// copy may still read or write them.
+		if !errors.Is(err, rdma.ErrCloseUnproven) {
+			release()
 		}
 		if done != nil {
 			done(err)
@@ -203,7 +209,13 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *target, error) {
 			return k, nil, err
 		}
 		e.targets[k.fileID] = t
-	} else if !t.ctl.c.describes(k) {
+		return k, t, nil
+	}
+	var ok bool
+	if err := t.ctl.guard(func() { ok = t.ctl.c.describes(k) }); err != nil {
+		return k, nil, err
+	}
+	if !ok {
 		return k, nil, fmt.Errorf("%w: %s does not describe the key's region", rdma.ErrBadKey, t.ctl.path)
 	}
 	return k, t, nil
@@ -278,16 +290,25 @@ func describeAllocs(ms []mapped, off uint64) string {
 
 // acquireRemote takes the destination's lease and checks that the key's
 // owner and secret are the current registration's.
+// Every access goes through m.guard: the owner may truncate the file.
 func acquireRemote(m *controlMap, k regionKey) error {
-	switch m.c.lease.Acquire() {
+	var st copier.LeaseState
+	if err := m.guard(func() { st = m.c.lease.Acquire() }); err != nil {
+		return err
+	}
+	switch st {
 	case copier.Live:
 	case copier.Gone:
 		return fmt.Errorf("%w: the owner of %s closed", rdma.ErrPeerGone, m.path)
 	default:
 		return fmt.Errorf("%w: region %s is not registered (deregistered?)", rdma.ErrBadKey, m.path)
 	}
-	if !m.c.ownerIs(k.owner) || !m.c.secretIs(k.secret) {
-		m.c.lease.Release()
+	var ours bool
+	if err := m.guard(func() { ours = m.c.ownerIs(k.owner) && m.c.secretIs(k.secret) }); err != nil {
+		return err // the file is gone, and the count taken with it
+	}
+	if !ours {
+		_ = m.guard(m.c.lease.Release)
 		return fmt.Errorf("%w: wrong secret for region %s (stale key?)", rdma.ErrBadKey, m.path)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package cudaipc
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -85,7 +86,10 @@ type imported struct {
 	refs int
 }
 
-// openImport maps h on dev (or takes another reference to its mapping).
+// openImport maps h on dev's GPU (or takes another reference to its
+// mapping). The mapping holds a Device of its own on that GPU (a reference
+// to its primary context), closed with the mapping: the agent whose
+// endpoint opened it may close before the last endpoint that shares it.
 func openImport(dev *cuda.Device, h cuda.IPCHandle) (*imported, error) {
 	k := importKey{h, dev.Ordinal()}
 	imports.mu.Lock()
@@ -94,8 +98,13 @@ func openImport(dev *cuda.Device, h cuda.IPCHandle) (*imported, error) {
 		im.refs++
 		return im, nil
 	}
+	dev, err := cuda.OpenDevice(k.device)
+	if err != nil {
+		return nil, err
+	}
 	base, err := dev.OpenIPC(h)
 	if err != nil {
+		_ = dev.Close()
 		return nil, err
 	}
 	// The size comes from the driver, not from the peer: a key's offset
@@ -103,6 +112,7 @@ func openImport(dev *cuda.Device, h cuda.IPCHandle) (*imported, error) {
 	start, size, err := dev.AddressRange(base)
 	if err != nil || start != base {
 		_ = dev.CloseIPC(base)
+		_ = dev.Close()
 		if err == nil {
 			err = fmt.Errorf("the driver puts the imported allocation at %#x, not %#x", start, base)
 		}
@@ -122,5 +132,5 @@ func (im *imported) release() error {
 		return nil
 	}
 	delete(imports.m, im.key)
-	return im.dev.CloseIPC(im.base)
+	return errors.Join(im.dev.CloseIPC(im.base), im.dev.Close())
 }

@@ -1,0 +1,231 @@
+package cudaipc_test
+
+// A peer's control file truncated under the writer, an endpoint closed
+// without proof, and a mapping shared by the endpoints of two agents: each
+// test below failed before its fix (a SIGBUS that killed the writer;
+// leases released on an unproven end, so Deregister succeeded while a
+// copy could still land; a mapping left open for the life of the process).
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
+	"github.com/kvxfer/kvxfer/rdma/rdmatest"
+)
+
+// onFakeDriver runs the tests matching run on the fake driver in a child
+// (as TestFakeDriver does), failing t with the child's output unless
+// each test in names passed.
+func onFakeDriver(t *testing.T, run string, names []string, env ...string) {
+	t.Helper()
+	if p := os.Getenv(cuda.LibraryEnv); p != "" {
+		t.Skipf("the driver under test is chosen already ($%s=%s)", cuda.LibraryEnv, p)
+	}
+	out, err := cudatest.RunOnFake(t, cuda.LibraryEnv, run, env...)
+	for _, n := range names {
+		if !strings.Contains(out, "--- PASS: "+n+" ") {
+			t.Fatalf("%s on the fake driver did not pass (%v):\n%s", n, err, out)
+		}
+	}
+}
+
+// controlFileOf names the control file a key names (key layout: "CIK2"
+// owner[16] pid[4] fileID[16] ...).
+func controlFileOf(key []byte) string {
+	pid := binary.BigEndian.Uint32(key[20:24])
+	return filepath.Join(cudaipc.Dir(), fmt.Sprintf("kvxfer-cudaipc-%d-%s", pid, hex.EncodeToString(key[24:40])))
+}
+
+// TestTruncatedControlFile: the owner of a region (the peer the
+// writer copies to) truncates its control file after the writer mapped
+// its header. The writer's next Post to that region reads the lease in
+// the mapping (acquireRemote) and dies of SIGBUS: a peer's file aborts
+// the writer. Post should refuse the batch and the writer live on.
+func TestTruncatedControlFile(t *testing.T) {
+	onFakeDriver(t, "^TestTruncatedControlFileParent$", []string{"TestTruncatedControlFileParent"})
+}
+
+const truncChildEnv = "KVXFER_CUDAIPC_TRUNC_CHILD"
+
+// TestTruncatedControlFileParent runs the writer in a child, so
+// that its death is seen.
+func TestTruncatedControlFileParent(t *testing.T) {
+	requireGPU(t)
+	child := rdmatest.StartChild(t, "TestTruncatedControlFileChild", truncChildEnv+"=1")
+	got := child.Expect(t, "SURVIVED")
+	t.Log(got)
+}
+
+func TestTruncatedControlFileChild(t *testing.T) {
+	if os.Getenv(truncChildEnv) == "" {
+		t.Skip("runs only as TestTruncatedControlFileParent's child")
+	}
+	d := gpu(t)
+	const n = 1 << 16
+	sm, dm := devMem(t, d, n, 1), devMem(t, d, n, 2)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	post := func() error {
+		done := make(chan error, 1)
+		if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 4096}}, Done: func(err error) { done <- err }}); err != nil {
+			return err
+		}
+		return wait(t, done, "Done")
+	}
+	if err := post(); err != nil {
+		t.Fatal(err)
+	}
+	// The owner shrinks its control file under the writer's mapping.
+	if err := os.Truncate(controlFileOf(dst.Remote().Key), 0); err != nil {
+		t.Fatal(err)
+	}
+	err = post()
+	if !errors.Is(err, rdma.ErrPeerGone) {
+		t.Fatalf("post after the control file was truncated: %v, want rdma.ErrPeerGone", err)
+	}
+	if err2 := post(); !errors.Is(err2, rdma.ErrPeerGone) { // without touching the mapping again
+		t.Fatalf("second post: %v, want rdma.ErrPeerGone", err2)
+	}
+	fmt.Printf("SURVIVED %v\n", err)
+}
+
+// TestUnprovenCloseKeepsLeases: an endpoint whose Close cannot
+// prove its copies over (the stream's synchronisation fails, a copy still
+// running) completes its batches with ErrCloseUnproven — and releases
+// their leases on both regions as it does. The receiver's Deregister then
+// succeeds while the copy still writes into the region: the package doc
+// says "Deregister refuses with rdma.ErrRegionBusy while a batch of any
+// process reads or writes the region", and a caller that frees the
+// memory after a successful Deregister has the copy land in freed memory.
+func TestUnprovenCloseKeepsLeases(t *testing.T) {
+	onFakeDriver(t, "^TestUnprovenCloseChild$", []string{"TestUnprovenCloseChild"},
+		"FAKECUDA_FAIL_SYNC=1", "FAKECUDA_COPY_DELAY_US=300000")
+}
+
+func TestUnprovenCloseChild(t *testing.T) {
+	if os.Getenv("FAKECUDA_FAIL_SYNC") != "1" {
+		t.Skip("runs on the fake driver with a failing stream synchronisation (TestUnprovenCloseKeepsLeases)")
+	}
+	d := gpu(t)
+	const n = 1 << 20
+	// Not freed: the copy in flight may land at any time.
+	sm, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) {
+		t.Fatalf("Close: %v, want ErrCloseUnproven", err)
+	}
+	if err := wait(t, done, "Done"); !errors.Is(err, rdma.ErrCloseUnproven) {
+		t.Fatalf("Done(%v), want ErrCloseUnproven", err)
+	}
+	// The copy may still be writing dst (ErrCloseUnproven says so).
+	if err := r.Deregister(dst); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("receiver's Deregister while a copy into the region is unproven: %v, want rdma.ErrRegionBusy", err)
+	}
+	if err := s.Deregister(src); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("sender's Deregister while a copy from the region is unproven: %v, want rdma.ErrRegionBusy", err)
+	}
+}
+
+// TestImportOutlivesItsAgent: the process's mappings of a peer's
+// allocations (imports) are shared by every agent of the process on the
+// same GPU ordinal, but each keeps the *cuda.Device of the agent that
+// opened it first. When that agent closes (its Device closed), the other
+// agent's endpoint, closing later, cannot unmap it: CloseIPC on the
+// closed Device fails, the endpoint's Close returns that error and the
+// mapping of the peer's allocation is never closed (it pins the peer's
+// memory for the life of the process).
+func TestImportOutlivesItsAgent(t *testing.T) {
+	onFakeDriver(t, "^TestImportOutlivesParent$", []string{"TestImportOutlivesParent"})
+}
+
+func TestImportOutlivesParent(t *testing.T) {
+	requireGPU(t)
+	base := cudaipc.ImportRefs()
+	child := rdmatest.StartChild(t, "TestSpansCrossProcessChild", spansChildEnv+"=1")
+	f := strings.Fields(strings.TrimPrefix(child.Expect(t, spansReady), spansReady))
+	key, _ := hex.DecodeString(f[1])
+	var n uint64
+	var e0 cudaipc.Span
+	fmt.Sscan(f[2], &n)
+	fmt.Sscanf(strings.Split(f[3], ",")[0], "%d:%d", &e0.Off, &e0.Len)
+	d := gpu(t)
+	post := func(a *cudaipc.Agent) rdma.Endpoint {
+		src := sourceOver(t, d, a, n, n, 1)
+		ep, err := a.Connect([]byte(f[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		if err := ep.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: key, Len: n},
+			Segments: []kvcache.Segment{{Src: 0, Dst: e0.Off, Len: 64}}, Done: func(err error) { done <- err }}); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(t, done, "Done"); err != nil {
+			t.Fatal(err)
+		}
+		return ep
+	}
+	first, err := cudaipc.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := agent(t)
+	ep1 := post(first)  // opens the imports, with first's Device
+	ep2 := post(second) // shares them
+	_ = ep1
+	if err := first.Close(); err != nil { // closes ep1, then first's Device
+		t.Fatal(err)
+	}
+	if err := ep2.Close(); err != nil {
+		t.Errorf("the second agent's endpoint Close, after the first agent closed: %v", err)
+	}
+	if got := cudaipc.ImportRefs(); got != base {
+		t.Errorf("%d references to mappings of the peer's allocations left after every endpoint closed", got-base)
+	}
+}
