@@ -492,6 +492,10 @@ class KvxferWorkerConnector:
         for grp, gi in enumerate(self.engine.groups):
             self.engine.alloc(grp, gi.blocks)
         self._device = _cuda_index(kv_cache)
+        # The events kvxfer queries live as long as the engine, which the
+        # module keeps open until it is closed, even when this worker is
+        # dropped without shutdown().
+        self.engine.cuda_fences = self._fences
 
     def _written(self):
         """What says that the KV the model wrote so far is in the cache:

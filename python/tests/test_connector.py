@@ -542,7 +542,9 @@ def test_connector_gpu_cache_hands_chunks_behind_cuda_events(monkeypatch, layer_
             done += n
         assert not host_fenced, "handed behind a host fence: %s" % host_fenced
         assert FakeEvent.made and all(e.done for e in FakeEvent.made)
-        held = [e for evs in wp._fences.values() for e in evs]
+        # Held by the engine, which the module keeps open even if the
+        # worker is dropped without shutdown().
+        held = [e for evs in wp.engine.cuda_fences.values() for e in evs]
         _, params = sp.request_finished(req, p_blocks)
         dreq = SimpleNamespace(request_id="cmpl-g-decode", prompt_token_ids=list(range(prompt)),
                                kv_transfer_params=params)
@@ -557,4 +559,4 @@ def test_connector_gpu_cache_hands_chunks_behind_cuda_events(monkeypatch, layer_
         assert wp.failed == {} and wd.failed == {}
         check_tokens(d_layers, d_blocks, truth, prompt)
         assert sorted(map(id, held)) == sorted(map(id, FakeEvent.made)), "an event not kept until its send ended"
-        assert wp._fences == {}, "events kept after their send ended"
+        assert wp.engine.cuda_fences == {}, "events kept after their send ended"
