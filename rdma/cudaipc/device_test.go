@@ -262,6 +262,16 @@ func TestCloseUnprovenWhenSyncFails(t *testing.T) {
 	if err := wait(t, done, "the batch's Done"); !errors.Is(err, rdma.ErrCloseUnproven) || !errors.Is(err, rdma.ErrEndpointClosed) {
 		t.Errorf("the batch cut by an unproven close: Done(%v), want ErrEndpointClosed and ErrCloseUnproven", err)
 	}
+	// Unproven, the batch keeps both regions' leases: a copy may still
+	// read src and write dst, so neither may be deregistered (and freed).
+	// (Checked to fail: with the leases released on every end, both
+	// Deregisters succeed.)
+	if err := r.Deregister(dst); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("receiver's Deregister while a copy into the region is unproven: %v, want rdma.ErrRegionBusy", err)
+	}
+	if err := s.Deregister(src); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("sender's Deregister while a copy from the region is unproven: %v, want rdma.ErrRegionBusy", err)
+	}
 	// The copy was still running: it lands now (and the memory may be freed
 	// at cleanup only after it did).
 	want := pattern(n, 7)
