@@ -24,6 +24,7 @@ from kvxfer import KvxferError, Status
 from kvxfer.connector import KvxferWorkerConnector
 
 from conftest import small_config, unique
+from fakecuda import DeviceTensor
 
 # The tiny layout of conftest: 4 layers, 2 KV heads, head size 8, bf16,
 # 16 tokens per block.
@@ -31,36 +32,10 @@ LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 8
 FAKE_BASE = 1 << 40  # a device address: never mapped in this process
 
 
-class FakeCudaTensor:
-    """What kvxfer reads of a torch.Tensor on a GPU: data_ptr (a device
-    pointer), device (type "cuda", index), shape, stride, element_size,
-    numel, dtype, is_contiguous. Contiguous, bf16."""
-
-    def __init__(self, shape, index, addr=FAKE_BASE):
-        self.shape = torch.Size(shape)
-        self.device = torch.device("cuda", index)
-        self.dtype = torch.bfloat16
-        self._addr = addr
-        st, n = [], 1
-        for d in reversed(shape):
-            st.append(n)
-            n *= d
-        self._stride = tuple(reversed(st))
-
-    def data_ptr(self):
-        return self._addr
-
-    def element_size(self):
-        return 2
-
-    def numel(self):
-        return self.shape.numel()
-
-    def stride(self, dim=None):
-        return self._stride if dim is None else self._stride[dim]
-
-    def is_contiguous(self):
-        return True
+def FakeCudaTensor(shape, index, addr=FAKE_BASE):
+    """A contiguous bf16 torch.Tensor on cuda:index as kvxfer reads it (a
+    stand-in: data_ptr is addr, which no host mapping has)."""
+    return DeviceTensor(shape, addr, index)
 
 
 def cuda_layers(index, n=LAYERS, shape=(2, NBLOCKS, TPB, HEADS, HEAD)):
