@@ -367,7 +367,9 @@ def node_config(config, role=None):
     """A node's config (kvxfer_node_open) from the worker's, whose keys are
     kvxfer_engine_open's (tp, pp, rank_tp, rank_pp, transfer_timeout_ms,
     drain_grace_ms) plus the node's: the parallelism becomes parallel and
-    rank, the millisecond timeouts durations (ValueError when the node's
+    rank, "bind" may name the rank ({tp}, {pp}, {rank} = pp * tp_size + tp:
+    every rank of an instance shares the config and binds its own
+    endpoint), the millisecond timeouts durations (ValueError when the node's
     own key is given too), and a producer's rank (role "producer") is
     send_only unless the config says. A receiving rank on backend "shm" is
     a ValueError naming it: peers must write into vLLM's own KV cache,
@@ -376,6 +378,18 @@ def node_config(config, role=None):
     tp, pp = cfg.pop("tp", 1) or 1, cfg.pop("pp", 1) or 1
     cfg["parallel"] = {"tp": tp, "pp": pp}
     cfg["rank"] = {"tp": cfg.pop("rank_tp", 0), "pp": cfg.pop("rank_pp", 0)}
+    bind = cfg.get("bind")
+    if isinstance(bind, str) and ("{" in bind or "}" in bind):
+        # One config serves every rank of the instance: each binds its own
+        # endpoint ("ipc:///run/kvxfer/prefill-{rank}.sock",
+        # "tcp://10.0.0.1:56{rank:02d}").
+        r = cfg["rank"]
+        try:
+            cfg["bind"] = bind.format(tp=r["tp"], pp=r["pp"], rank=r["pp"] * tp + r["tp"])
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise ValueError("bind = %r: a rank's endpoint may name {tp}, {pp} and {rank} (pp * tp_size + tp, "
+                             "with Python format specs such as {rank:02d}), nothing else (%s: %s)"
+                             % (bind, type(exc).__name__, exc)) from None
     for ms, key in (("transfer_timeout_ms", "transfer_timeout"), ("drain_grace_ms", "drain_grace")):
         if ms in cfg:
             if key in cfg:

@@ -49,7 +49,9 @@ instance name within one process only. With a node's keys
 "secret_key" or "key_file" or "insecure", "heartbeat_interval", ...) it opens
 a node (kvxfer_node_open) over vLLM's KV cache, which reaches the other
 instance's processes (another `vllm serve`, another host); a kv_producer's
-node is send_only. A KV cache on a GPU goes to the node as GPU memory
+node is send_only. Every worker gets the same config: "bind" names the rank
+({tp}, {pp}, {rank} = pp * tp_size + tp, e.g.
+"ipc:///run/kvxfer/prefill-{rank}.sock") so that each binds its own endpoint. A KV cache on a GPU goes to the node as GPU memory
 (kvxfer_node_open's pool_device, the tensor's device), which needs a data
 plane that reaches it: backend "ucx" with a UCX built with CUDA, or
 "cudaipc" between processes of one host; the library refuses others at

@@ -560,3 +560,37 @@ def test_connector_gpu_cache_hands_chunks_behind_cuda_events(monkeypatch, layer_
         check_tokens(d_layers, d_blocks, truth, prompt)
         assert sorted(map(id, held)) == sorted(map(id, FakeEvent.made)), "an event not kept until its send ended"
         assert wp.engine.cuda_fences == {}, "events kept after their send ended"
+
+
+def test_one_config_serves_every_rank_bind_names_the_rank():
+    """vLLM hands every worker of an instance the same kv_transfer_config:
+    "bind" names the rank ({tp}, {pp}, {rank} = pp * tp_size + tp, format
+    specs allowed), so that each rank's node binds its own endpoint. Two
+    tensor-parallel ranks of one prefill instance open their nodes side by
+    side; a placeholder kvxfer does not know is a ValueError naming bind.
+    (Checked to fail: without the substitution both ranks bind the same
+    path, and the second is refused.)"""
+    import tempfile
+
+    from kvxfer.connector import node_config
+
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        cfg = {"instance": unique("tp2-prefill"), "workers": 2, "backend": "shm", "insecure": True,
+               "bind": "ipc://%s/prefill-{rank}.sock" % d, "tp": 2, "pp": 1,
+               "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD, "dtype_bytes": 2,
+                          "tokens_per_block": TPB}}
+        workers = []
+        try:
+            for rank in (0, 1):
+                w = KvxferWorkerConnector(dict(cfg, rank_tp=rank), role="producer")
+                workers.append(w)
+                w.register_cross_layers_kv_cache(
+                    torch.zeros((NBLOCKS, LAYERS, 2, HEADS // 2, TPB, HEAD), dtype=torch.bfloat16))  # a rank's heads
+            assert [w.engine.endpoint() for w in workers] == ["ipc://%s/prefill-%d.sock" % (d, r) for r in (0, 1)]
+        finally:
+            for w in workers:
+                w.shutdown()
+    assert node_config(dict(cfg, bind="tcp://10.0.0.1:56{rank:02d}", rank_tp=1, rank_pp=1, pp=2),
+                       "producer")["bind"] == "tcp://10.0.0.1:5603"
+    with pytest.raises(ValueError, match=r"bind = 'ipc:///x/\{node\}\.sock': a rank's endpoint may name \{tp\}"):
+        node_config(dict(cfg, bind="ipc:///x/{node}.sock"), "producer")
