@@ -363,6 +363,29 @@ NODE_KEYS = {"bind", "peers", "key_file", "secret_key", "insecure", "identities"
              "discovery_user", "discovery_password_file"}
 
 
+# A placeholder of a rank's bind: {tp}, {pp} or {rank}, optionally
+# zero-padded to a width of at most 9 ({rank:02d}).
+_BIND_FIELD = re.compile(r"\{(tp|pp|rank)(?::(0?)([1-9]?)d)?\}")
+
+
+def _rank_bind(bind, rank, tp):
+    """bind with its placeholders replaced by this rank's numbers ({rank}
+    = pp * tp_size + tp); anything else in braces is a ValueError naming
+    bind (no attribute access, no unbounded widths: it is not str.format)."""
+    values = {"tp": rank["tp"], "pp": rank["pp"], "rank": rank["pp"] * tp + rank["tp"]}
+
+    def field(m):
+        v = values[m.group(1)]
+        width = m.group(3) or ""
+        return ("%" + (m.group(2) or "") + width + "d") % v if width else str(v)
+
+    out = _BIND_FIELD.sub(field, bind)
+    if "{" in _BIND_FIELD.sub("", bind) or "}" in _BIND_FIELD.sub("", bind):
+        raise ValueError("bind = %r: a rank's endpoint may name {tp}, {pp} and {rank} (pp * tp_size + tp), each "
+                         "optionally zero-padded ({rank:02d}, width 1 to 9), nothing else in braces" % (bind,))
+    return out
+
+
 def node_config(config, role=None):
     """A node's config (kvxfer_node_open) from the worker's, whose keys are
     kvxfer_engine_open's (tp, pp, rank_tp, rank_pp, transfer_timeout_ms,
@@ -383,13 +406,7 @@ def node_config(config, role=None):
         # One config serves every rank of the instance: each binds its own
         # endpoint ("ipc:///run/kvxfer/prefill-{rank}.sock",
         # "tcp://10.0.0.1:56{rank:02d}").
-        r = cfg["rank"]
-        try:
-            cfg["bind"] = bind.format(tp=r["tp"], pp=r["pp"], rank=r["pp"] * tp + r["tp"])
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise ValueError("bind = %r: a rank's endpoint may name {tp}, {pp} and {rank} (pp * tp_size + tp, "
-                             "with Python format specs such as {rank:02d}), nothing else (%s: %s)"
-                             % (bind, type(exc).__name__, exc)) from None
+        cfg["bind"] = _rank_bind(bind, cfg["rank"], tp)
     for ms, key in (("transfer_timeout_ms", "transfer_timeout"), ("drain_grace_ms", "drain_grace")):
         if ms in cfg:
             if key in cfg:

@@ -592,5 +592,9 @@ def test_one_config_serves_every_rank_bind_names_the_rank():
                 w.shutdown()
     assert node_config(dict(cfg, bind="tcp://10.0.0.1:56{rank:02d}", rank_tp=1, rank_pp=1, pp=2),
                        "producer")["bind"] == "tcp://10.0.0.1:5603"
-    with pytest.raises(ValueError, match=r"bind = 'ipc:///x/\{node\}\.sock': a rank's endpoint may name \{tp\}"):
-        node_config(dict(cfg, bind="ipc:///x/{node}.sock"), "producer")
+    assert node_config(dict(cfg, bind="ipc:///x/p{pp}-t{tp}.sock", rank_tp=1), "producer")["bind"] == "ipc:///x/p0-t1.sock"
+    # Not str.format: no attribute access, no unbounded width, nothing but the three names.
+    for bad in ("ipc:///x/{node}.sock", "ipc:///x/{rank.__class__}.sock", "ipc:///x/{rank.nope}.sock",
+                "tcp://h:{rank:999999999}", "ipc:///x/{rank:x}.sock", "ipc:///x/{}.sock", "ipc:///x/{rank.sock"):
+        with pytest.raises(ValueError, match=r"bind = .*: a rank's endpoint may name \{tp\}, \{pp\} and \{rank\}"):
+            node_config(dict(cfg, bind=bad), "producer")

@@ -184,12 +184,16 @@ func (a *Agent) RegisterSpans(r *kvcache.Region, spans []Span) (rdma.Registratio
 // clears its secret, removes its control file and unmaps it. Peers that
 // mapped the file see the retirement; later ones find no file.
 func (r *registration) revoke(gone bool) error {
+	r.use.Lock()
+	defer r.use.Unlock()
 	r.dead.Store(true)
 	unexportLocal(r)
 	c := r.ctl.c
-	c.lease.ForceRetire(gone)
-	c.setSecret([16]byte{})
-	return errors.Join(os.Remove(r.ctl.path), r.ctl.close())
+	ferr := r.ctl.guard(func() {
+		c.lease.ForceRetire(gone)
+		c.setSecret([16]byte{})
+	})
+	return errors.Join(ferr, os.Remove(r.ctl.path), r.ctl.close())
 }
 
 // Deregister revokes reg. With batches of any process in flight from or
@@ -204,8 +208,19 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 	if _, ok := a.regs[r]; !ok {
 		return fmt.Errorf("%s: deregister registration %d: %w: already deregistered", a, r.id, rdma.ErrUnregistered)
 	}
-	if !r.ctl.c.lease.TryRetire() {
-		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, r.ctl.c.lease.InFlight())
+	var retired bool
+	var inFlight uint64
+	if err := r.ctl.guard(func() {
+		if retired = r.ctl.c.lease.TryRetire(); !retired {
+			inFlight = r.ctl.c.lease.InFlight()
+		}
+	}); err != nil {
+		// Its count is gone with the file: whether a batch still reads or
+		// writes the region cannot be known, so it stays busy.
+		return fmt.Errorf("%s: deregister registration %d: %w: batches in flight unknown: %w", a, r.id, rdma.ErrRegionBusy, err)
+	}
+	if !retired {
+		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, inFlight)
 	}
 	delete(a.regs, r)
 	if err := r.revoke(false); err != nil {

@@ -95,16 +95,17 @@ type controlMap struct {
 	path string
 	mem  []byte
 	c    *control
-	// peer is set for a peer's control file, which its owner can truncate
-	// under our mapping: every access goes through guard.
+	// peer guards the mapping: a peer's control file can be truncated
+	// under it by its owner, and this agent's own by any peer that opened
+	// it through a key (peers map it read-write for the lease): every
+	// access to the header goes through guard.
 	peer *copier.PeerMemory
 }
 
-// guard runs f, which reads or writes m's header. On a peer's control
-// file a memory fault (its owner truncated the file under the mapping:
-// SIGBUS) fails f's caller with rdma.ErrPeerGone instead of killing this
-// process, and every later access fails the same way without touching the
-// mapping.
+// guard runs f, which reads or writes m's header. A memory fault (the
+// file truncated under the mapping: SIGBUS) fails f's caller with
+// rdma.ErrPeerGone instead of killing this process, and every later access
+// fails the same way without touching the mapping.
 func (m *controlMap) guard(f func()) error {
 	if m.peer == nil {
 		f()
@@ -139,8 +140,10 @@ func createControl(path string, count int, table []byte) (*controlMap, error) {
 	m, err := mapControl(f, path)
 	if err != nil {
 		os.Remove(path)
+		return nil, err
 	}
-	return m, err
+	m.peer = copier.NewPeerMemory("this agent's control file "+path+" (a peer that opened it through its key truncated it?)", m.mem)
+	return m, nil
 }
 
 // openControl maps the control file k names, as a peer, and reads its

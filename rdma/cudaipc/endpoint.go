@@ -78,6 +78,10 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if !ok || src == nil || src.agent != e.agent {
 		return fmt.Errorf("%s: post: source %T: %w: not a registration of agent %s", e.name, b.Src, rdma.ErrUnregistered, e.agent)
 	}
+	// Held until the source's lease is taken (and to the end of Post): a
+	// Deregister racing this Post cannot unmap its control file under it.
+	src.use.RLock()
+	defer src.use.RUnlock()
 	if src.dead.Load() {
 		return fmt.Errorf("%s: post: source registration %d: %w: deregistered", e.name, src.id, rdma.ErrUnregistered)
 	}
@@ -112,18 +116,29 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		}
 		e.copies = append(e.copies, cuda.Copy{Dst: dm.ptr + cuda.DevicePtr(s.Dst-dm.off), Src: sm.ptr + cuda.DevicePtr(s.Src-sm.off), Len: s.Len})
 	}
-	if st := src.ctl.c.lease.Acquire(); st != copier.Live {
+	var st copier.LeaseState
+	if err := src.ctl.guard(func() { st = src.ctl.c.lease.Acquire() }); err != nil {
+		clear(e.copies)
+		return fmt.Errorf("%s: post: source registration %d: %w", e.name, src.id, err)
+	}
+	if st != copier.Live {
 		clear(e.copies)
 		return fmt.Errorf("%s: post: source registration %d: %w (%s)", e.name, src.id, rdma.ErrUnregistered, st)
 	}
 	if err := acquireRemote(t.ctl, k); err != nil {
 		clear(e.copies)
-		src.ctl.c.lease.Release()
+		_ = src.ctl.guard(src.ctl.c.lease.Release)
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
 	dst := t.ctl
 	release := func() {
-		src.ctl.c.lease.Release()
+		// After Post returned: the source is revoked under a held lease
+		// only by its agent's Close, which retires the count anyway.
+		src.use.RLock()
+		if !src.dead.Load() {
+			_ = src.ctl.guard(src.ctl.c.lease.Release)
+		}
+		src.use.RUnlock()
 		_ = dst.guard(dst.c.lease.Release) // a truncated file has no count left to release
 	}
 	ev, err := e.event()
@@ -136,6 +151,9 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	n, cerr := e.stream.CopyDtoDBatch(e.copies)
 	clear(e.copies)
 	var failed error // the outcome when part of the batch was not enqueued
+	// unproven: what was enqueued may still be copying and nothing will
+	// say when it is over (a stream synchronisation that failed).
+	var unproven error
 	if cerr != nil {
 		if n == 0 { // nothing enqueued: refuse
 			e.recycle(ev)
@@ -151,11 +169,11 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		// order behind the earlier batches.
 		e.recycle(ev)
 		w = nil
-		if serr := e.stream.Synchronize(); serr != nil && failed == nil {
+		if serr := e.stream.Synchronize(); serr != nil {
 			// What was enqueued may still be copying: no proof.
-			failed = fmt.Errorf("%s: %w: stream synchronize: %w", e.name, rdma.ErrCloseUnproven, serr)
+			unproven = fmt.Errorf("%s: %w: stream synchronize: %w", e.name, rdma.ErrCloseUnproven, serr)
 		}
-		if failed == nil {
+		if failed == nil && unproven == nil {
 			failed = fmt.Errorf("%s: record event: %w", e.name, err)
 		}
 	}
@@ -163,6 +181,10 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if err := e.q.Add(w, func(err error) {
 		if w != nil {
 			e.recycle(ev)
+		}
+		unproven := unproven
+		if unproven == nil && errors.Is(err, rdma.ErrCloseUnproven) { // the endpoint's Close could not prove it
+			unproven = err
 		}
 		switch {
 		case failed != nil:
@@ -176,16 +198,24 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		// The leases say the copies are over only when they are: an
 		// unproven end (a synchronise that failed) keeps both held, so
 		// that the regions stay busy (Deregister refuses) for as long as a
-		// copy may still read or write them.
-		if !errors.Is(err, rdma.ErrCloseUnproven) {
+		// copy may still read or write them, and Done says so whatever
+		// else failed (a segment the driver refused after others were
+		// enqueued).
+		switch {
+		case unproven == nil:
 			release()
+		case err == nil:
+			err = unproven
+		case !errors.Is(err, rdma.ErrCloseUnproven):
+			err = fmt.Errorf("%w; %w", err, unproven)
 		}
 		if done != nil {
 			done(err)
 		}
 	}); err != nil { // the queue closed: cannot happen while e.mu is held and e is open
-		release()
-		return fmt.Errorf("%s: post: %w: %v", e.name, rdma.ErrEndpointClosed, err)
+		// Copies were enqueued and nothing will complete them: the leases
+		// stay held (the regions busy) rather than claim they are over.
+		return fmt.Errorf("%s: post: %w: %w: %v", e.name, rdma.ErrCloseUnproven, rdma.ErrEndpointClosed, err)
 	}
 	return nil
 }

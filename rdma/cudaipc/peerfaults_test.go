@@ -1,10 +1,14 @@
 package cudaipc_test
 
-// A peer's control file truncated under the writer, and a mapping shared
-// by the endpoints of two agents: each test below failed before its fix (a
-// SIGBUS that killed the writer; a mapping left open for the life of the
-// process). TestCloseUnprovenWhenSyncFails checks that an unproven end
-// keeps its leases.
+// A control file truncated under the writer (the peer's) and under its
+// owner (its own, by a peer holding the key), a batch only partly enqueued
+// whose end is unproven, a Deregister racing a Post of the same source,
+// and a mapping shared by the endpoints of two agents: each test below
+// failed before its fix (SIGBUS or SIGSEGV killing the process; leases
+// released, so Deregister succeeded while a copy could still land; a
+// mapping left open for the life of the process).
+// TestCloseUnprovenWhenSyncFails checks that a whole unproven batch keeps
+// its leases.
 
 import (
 	"encoding/binary"
@@ -65,6 +69,7 @@ func TestTruncatedControlFileParent(t *testing.T) {
 	child := rdmatest.StartChild(t, "TestTruncatedControlFileChild", truncChildEnv+"=1")
 	got := child.Expect(t, "SURVIVED")
 	t.Log(got)
+	child.Wait(t) // exits 0 only if the owner's own Close survived the truncated file too
 }
 
 func TestTruncatedControlFileChild(t *testing.T) {
@@ -74,7 +79,13 @@ func TestTruncatedControlFileChild(t *testing.T) {
 	d := gpu(t)
 	const n = 1 << 16
 	sm, dm := devMem(t, d, n, 1), devMem(t, d, n, 2)
-	s, r := agent(t), agent(t)
+	s := agent(t)
+	// The owner: a peer that opened its control file through the key
+	// can truncate it too; its own Close must survive that (checked below).
+	r, err := cudaipc.New()
+	if err != nil {
+		t.Fatal(err)
+	}
 	src, err := s.Register(region(t, sm, 0, n))
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +119,18 @@ func TestTruncatedControlFileChild(t *testing.T) {
 	}
 	if err2 := post(); !errors.Is(err2, rdma.ErrPeerGone) { // without touching the mapping again
 		t.Fatalf("second post: %v, want rdma.ErrPeerGone", err2)
+	}
+	// The owner's Deregister cannot know whether a batch still uses the
+	// region (its count went with the file): busy; its Close names the
+	// fault.
+	if derr := r.Deregister(dst); !errors.Is(derr, rdma.ErrRegionBusy) {
+		t.Fatalf("the owner's Deregister of a region whose control file was truncated: %v, want rdma.ErrRegionBusy", derr)
+	}
+	if cerr := ep.Close(); cerr != nil {
+		t.Fatal(cerr)
+	}
+	if cerr := r.Close(); !errors.Is(cerr, rdma.ErrPeerGone) {
+		t.Fatalf("the owner's Close over its truncated control file: %v, want rdma.ErrPeerGone naming the fault", cerr)
 	}
 	fmt.Printf("SURVIVED %v\n", err)
 }

@@ -27,8 +27,11 @@ type registration struct {
 	ctl    *controlMap
 	remote rdma.RemoteRegion
 	// dead is set once the registration is revoked, before its control
-	// file is unmapped: a stale registration never touches its lease.
+	// file is unmapped, under use's write lock; a Post reads it, and uses
+	// the lease, under use's read lock: a stale registration never touches
+	// its lease, and a Deregister cannot unmap it under a Post.
 	dead atomic.Bool
+	use  sync.RWMutex
 }
 
 var _ rdma.Registration = (*registration)(nil)

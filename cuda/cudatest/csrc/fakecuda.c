@@ -15,6 +15,8 @@
 //   - FAKECUDA_FAIL_SYNC=1 makes cuStreamSynchronize of a stream fail at
 //     once with CUDA_ERROR_UNKNOWN (a failing driver), its copies still
 //     running.
+//   - FAKECUDA_FAIL_RECORD=1 (review 3) makes cuEventRecord on a stream
+//     fail with CUDA_ERROR_UNKNOWN.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -58,6 +60,7 @@ static int ndev = 1;
 static int inited;
 static long delay_ns;
 static int fail_sync;
+static int fail_record;
 static __thread struct ctx *cur;
 
 // mu guards the allocation list and every event's state.
@@ -113,6 +116,8 @@ CUresult cuInit(unsigned int flags) {
 	if (s != NULL) delay_ns = atol(s) * 1000;
 	s = getenv("FAKECUDA_FAIL_SYNC");
 	fail_sync = s != NULL && strcmp(s, "1") == 0;
+	s = getenv("FAKECUDA_FAIL_RECORD");
+	fail_record = s != NULL && strcmp(s, "1") == 0;
 	if (ndev <= 0) return NO_DEVICE;
 	inited = 1;
 	return SUCCESS;
@@ -452,6 +457,7 @@ CUresult cuEventRecord(void *e, void *h) {
 	NEED_CTX();
 	struct event *ev = e;
 	if (ev == NULL) return INVALID_HANDLE;
+	if (fail_record && h != NULL) return UNKNOWN;
 	pthread_mutex_lock(&mu);
 	uint64_t gen = ++ev->gen;
 	if (h == NULL) {
