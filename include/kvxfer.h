@@ -349,8 +349,9 @@ kvxfer_status kvxfer_engine_close(kvxfer_engine_t engine, int32_t timeout_ms);
 
 kvxfer_status kvxfer_engine_info_get(kvxfer_engine_t engine, kvxfer_engine_info *out);
 /* Since KVXFER_ABI_MINOR 7: *device is the CUDA ordinal of the memory at
- * kvxfer_engine_info's pool_base (a node on backend "cudaipc", or over GPU
- * memory given by address), or -1 for host memory. On a GPU pool_base and
+ * kvxfer_engine_info's pool_base (a node on backend "cudaipc", or a node
+ * over GPU memory given by address: "memory" with "device", or
+ * "pool_address" with "pool_device"), or -1 for host memory. On a GPU pool_base and
  * block addresses are device pointers: read and write them with CUDA,
  * never with the CPU. */
 kvxfer_status kvxfer_engine_pool_device(kvxfer_engine_t engine, int32_t *device);

@@ -762,6 +762,10 @@ class KvxferWorkerConnector:
                 logger.error("kvxfer: request %s preempted, but its cancelled send did not end in %.0f s: "
                              "its freed blocks may still be read", rid, PREEMPT_WAIT_S)
                 continue
+            except KvxferError as exc:  # the engine closed under the wait: nothing to raise into vLLM
+                logger.error("kvxfer: request %s preempted while the engine closed (%s): its freed blocks may "
+                             "still be read until the close ended", rid, exc)
+                continue
             del self._by_handle[r.handle], self._silent[r.handle]
             self._fences.pop(r.handle, None)
             r.release()

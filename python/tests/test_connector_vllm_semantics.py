@@ -431,3 +431,30 @@ def test_request_finished_reads_vllms_status_enum(status, keep):
     done, params = sp.request_finished(req, [1, 2])
     assert done and (params is not None) == keep, params
     assert sp.build_connector_meta(sched_out({})).reqs_to_cancel == (set() if keep else {"r"})
+
+
+def test_preemption_while_the_engine_closes_raises_nothing_into_vllm(monkeypatch):
+    """handle_preemptions waits for the cancelled send's event; an engine
+    that closes under that wait (KvxferError CLOSED) must not raise out
+    of vLLM's scheduler step: the preemption is logged and the send left
+    to the close. (Checked to fail: without the except, the KvxferError
+    escapes.)"""
+    prompt, rid = 100, "closing-preempted"
+    blocks = [10, 11, 12, 13, 14, 15, 16]
+    truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, d_layers):
+        req = prefill_request(rid, prompt)
+        sp.update_state_after_alloc(req, Blocks(blocks), 0)
+        forward(wp, p_layers, sp.build_connector_meta(sched_out({rid: 64}, new=[(rid, blocks, 0)])),
+                write_tokens(truth, blocks, 0, 64))
+
+        def closed(*args, **kwargs):
+            raise kvxfer.KvxferError(kvxfer.Status.CLOSED, "engine closed")
+
+        monkeypatch.setattr(wp.engine, "wait", closed)
+        so = sched_out({}, preempted=[rid])
+        wp.bind_connector_metadata(sp.build_connector_meta(so))
+        wp.handle_preemptions(so.preempted_req_ids)  # must not raise
+        wp.clear_connector_metadata()
+        monkeypatch.undo()
+        assert rid not in wp._sends
