@@ -98,8 +98,12 @@
 // Flush adds a marker to the same queue: it completes after every earlier
 // batch (events of one stream complete in order). A driver error while
 // enqueueing refuses the batch when nothing was enqueued, else completes it
-// with a *rdma.SegmentError naming the first segment not enqueued; an
-// error reported by the event fails the batch.
+// with a *rdma.SegmentError naming the first segment not enqueued. An end
+// that proves nothing about the copies already enqueued — the event
+// reporting an error instead of completing, or a stream synchronisation
+// that fails (a failed record, Close) — completes the batch with
+// rdma.ErrCloseUnproven (beside any segment's error) and keeps both
+// leases: the regions stay busy for as long as a copy may still run.
 //
 // # Close
 //

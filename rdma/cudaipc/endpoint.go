@@ -183,8 +183,15 @@ func (e *endpoint) Post(b rdma.Batch) error {
 			e.recycle(ev)
 		}
 		unproven := unproven
-		if unproven == nil && errors.Is(err, rdma.ErrCloseUnproven) { // the endpoint's Close could not prove it
+		switch {
+		case unproven != nil:
+		case errors.Is(err, rdma.ErrCloseUnproven): // the endpoint's Close could not prove it
 			unproven = err
+		case err != nil && w != nil && !errors.Is(err, rdma.ErrEndpointClosed):
+			// The event reported an error instead of completing: that
+			// says nothing of when the copies before it stop (DESIGN
+			// §3 counts no such proof), whatever the driver does.
+			unproven = fmt.Errorf("%s: %w: the batch's event reported %w", e.name, rdma.ErrCloseUnproven, err)
 		}
 		switch {
 		case failed != nil:

@@ -218,3 +218,62 @@ func TestPostRacesDeregisterChild(t *testing.T) {
 	}
 	fmt.Println("ROUNDS", rounds)
 }
+
+// TestEventErrorIsUnproven: a batch whose event reports an error instead
+// of completing (cuEventQuery fails while its copies still run) says
+// nothing of when those copies stop: Done must say ErrCloseUnproven, and
+// both regions stay busy (Deregister refuses), as for any end without a
+// proof (DESIGN §3). (Checked to fail: with an event's error taken as the
+// batch's end, both Deregisters succeed while the copy runs.)
+func TestEventErrorIsUnproven(t *testing.T) {
+	out, err := runOnFakeEnv(t, "^TestEventErrorChild$", "FAKECUDA_FAIL_QUERY=1", "FAKECUDA_COPY_DELAY_US=300000")
+	if !bytes.Contains([]byte(out), []byte("--- PASS: TestEventErrorChild ")) {
+		t.Fatalf("on the fake driver (%v):\n%s", err, out)
+	}
+}
+
+func TestEventErrorChild(t *testing.T) {
+	if os.Getenv("FAKECUDA_FAIL_QUERY") != "1" {
+		t.Skip("runs on the fake driver with failing event queries (TestEventErrorIsUnproven)")
+	}
+	d := gpu(t)
+	const n = 64 << 10
+	sm, dm := devMem(t, d, n, 3), devMem(t, d, n, 4)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, done, "Done"); !errors.Is(got, rdma.ErrCloseUnproven) {
+		t.Errorf("Done of a batch whose event reported an error: %v, want ErrCloseUnproven", got)
+	}
+	if err := r.Deregister(dst); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("receiver's Deregister while the copy may run: %v, want ErrRegionBusy", err)
+	}
+	if err := s.Deregister(src); !errors.Is(err, rdma.ErrRegionBusy) {
+		t.Errorf("sender's Deregister while the copy may run: %v, want ErrRegionBusy", err)
+	}
+	// Let the copy land before the memory is freed at cleanup.
+	deadline := time.Now().Add(time.Minute)
+	for !bytes.Equal(read(t, d, dm.Ptr(), n), pattern(n, 3)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy never landed")
+		}
+		runtime.Gosched()
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

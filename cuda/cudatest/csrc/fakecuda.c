@@ -15,8 +15,11 @@
 //   - FAKECUDA_FAIL_SYNC=1 makes cuStreamSynchronize of a stream fail at
 //     once with CUDA_ERROR_UNKNOWN (a failing driver), its copies still
 //     running.
-//   - FAKECUDA_FAIL_RECORD=1 (review 3) makes cuEventRecord on a stream
-//     fail with CUDA_ERROR_UNKNOWN.
+//   - FAKECUDA_FAIL_RECORD=1 makes cuEventRecord on a stream fail with
+//     CUDA_ERROR_UNKNOWN.
+//   - FAKECUDA_FAIL_QUERY=1 makes cuEventQuery of an event not yet
+//     complete fail with CUDA_ERROR_UNKNOWN (its stream's copies still
+//     running).
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -61,6 +64,7 @@ static int inited;
 static long delay_ns;
 static int fail_sync;
 static int fail_record;
+static int fail_query;
 static __thread struct ctx *cur;
 
 // mu guards the allocation list and every event's state.
@@ -118,6 +122,8 @@ CUresult cuInit(unsigned int flags) {
 	fail_sync = s != NULL && strcmp(s, "1") == 0;
 	s = getenv("FAKECUDA_FAIL_RECORD");
 	fail_record = s != NULL && strcmp(s, "1") == 0;
+	s = getenv("FAKECUDA_FAIL_QUERY");
+	fail_query = s != NULL && strcmp(s, "1") == 0;
 	if (ndev <= 0) return NO_DEVICE;
 	inited = 1;
 	return SUCCESS;
@@ -483,6 +489,7 @@ CUresult cuEventQuery(void *e) {
 	pthread_mutex_lock(&mu);
 	int done = ev->done >= ev->gen;
 	pthread_mutex_unlock(&mu);
+	if (!done && fail_query) return UNKNOWN;
 	return done ? SUCCESS : NOT_READY;
 }
 
