@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -136,6 +138,31 @@ func TestIdentity(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+
+	// A FIFO in the agent file's place: Connect refuses it at once instead
+	// of blocking in open until someone writes to it. (Checked to fail:
+	// without O_NONBLOCK, Connect is still blocked at the deadline.)
+	fifoAddr, fifo, _ := cudaipc.WriteAgentFile(pid, "gen/5", nil)
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(fifo)
+	connected := make(chan error, 1)
+	go func() {
+		ep, err := w.Connect(fifoAddr)
+		if err == nil {
+			ep.Close()
+		}
+		connected <- err
+	}()
+	select {
+	case err := <-connected:
+		if !errors.Is(err, rdma.ErrBadAddress) || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("Connect with a FIFO for its agent file: %v, want rdma.ErrBadAddress saying it is not a regular file", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Connect with a FIFO for its agent file still blocked after a minute")
 	}
 
 	// An address of version 1 is refused by its version.
