@@ -89,9 +89,6 @@ class DeviceTensor:
     def numel(self):
         return self.shape.numel()
 
-    def nbytes(self):
-        return self.numel() * self._es
-
     def stride(self, dim=None):
         return self._stride if dim is None else self._stride[dim]
 

@@ -10,6 +10,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 )
 
 // gpu opens device 0 for the test's memory, closed at cleanup. Open it,
@@ -78,6 +79,35 @@ func pattern(n int, seed byte) []byte {
 }
 
 // wait waits for one error from ch.
+// linked registers sm on s and dm on r (their first n bytes) and connects
+// s to r: a writer, the region it reads and the peer's region it writes.
+func linked(t *testing.T, s, r *cudaipc.Agent, sm, dm *cuda.Memory, n uint64) (src, dst rdma.Registration, ep rdma.Endpoint) {
+	t.Helper()
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err = r.Register(region(t, dm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep, err = s.Connect(r.Address()); err != nil {
+		t.Fatal(err)
+	}
+	return src, dst, ep
+}
+
+// postAll posts one batch copying the first n bytes of src to dst and
+// returns the channel its Done sends on.
+func postAll(t *testing.T, ep rdma.Endpoint, src, dst rdma.Registration, n uint64) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	return done
+}
+
 func wait(t *testing.T, ch <-chan error, what string) error {
 	t.Helper()
 	select {
@@ -168,18 +198,7 @@ func TestCloseNoLateWrite(t *testing.T) {
 	const n = 8 << 20
 	sm, dm, tmp := devMem(t, d, n, 4), devMem(t, d, n, 5), devMem(t, d, n, 6)
 	s, r := agent(t), agent(t)
-	src, err := s.Register(region(t, sm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := r.Register(region(t, dm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := s.Connect(r.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, dst, ep := linked(t, s, r, sm, dm, n)
 	const batches = 32
 	results := make(chan error, batches)
 	for i := range batches {
@@ -240,22 +259,8 @@ func TestCloseUnprovenWhenSyncFails(t *testing.T) {
 	const n = 1 << 20
 	sm, dm := devMem(t, d, n, 7), devMem(t, d, n, 8)
 	s, r := agent(t), agent(t)
-	src, err := s.Register(region(t, sm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := r.Register(region(t, dm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := s.Connect(r.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
+	src, dst, ep := linked(t, s, r, sm, dm, n)
+	done := postAll(t, ep, src, dst, n)
 	if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) {
 		t.Errorf("Close with the stream's synchronisation failing: %v, want rdma.ErrCloseUnproven", err)
 	}

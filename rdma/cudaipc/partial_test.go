@@ -240,22 +240,8 @@ func TestEventErrorChild(t *testing.T) {
 	const n = 64 << 10
 	sm, dm := devMem(t, d, n, 3), devMem(t, d, n, 4)
 	s, r := agent(t), agent(t)
-	src, err := s.Register(region(t, sm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := r.Register(region(t, dm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := s.Connect(r.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: n}}, Done: func(err error) { done <- err }}); err != nil {
-		t.Fatal(err)
-	}
+	src, dst, ep := linked(t, s, r, sm, dm, n)
+	done := postAll(t, ep, src, dst, n)
 	if got := wait(t, done, "Done"); !errors.Is(got, rdma.ErrCloseUnproven) {
 		t.Errorf("Done of a batch whose event reported an error: %v, want ErrCloseUnproven", got)
 	}

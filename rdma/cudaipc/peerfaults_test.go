@@ -86,18 +86,7 @@ func TestTruncatedControlFileChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := s.Register(region(t, sm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := r.Register(region(t, dm, 0, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, err := s.Connect(r.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, dst, ep := linked(t, s, r, sm, dm, n)
 	defer ep.Close()
 	post := func() error {
 		done := make(chan error, 1)
