@@ -246,16 +246,18 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 		return nil, fmt.Errorf("%s: connect: %w", a, err)
 	}
 	var identity string
+	var proc *os.File // the peer's process (nil: this one, or no pidfd_open)
 	if pa.pid == a.addr.pid {
 		identity, err = localIdentity(pa)
 	} else {
-		identity, err = readAgentFile(pa)
+		identity, proc, err = readAgentFile(pa)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: connect %s: %w", a, pa, err)
 	}
 	s, err := a.dev.NewStream()
 	if err != nil {
+		closeProc(proc)
 		return nil, fmt.Errorf("%s: connect %s: %w", a, pa, err)
 	}
 
@@ -263,10 +265,11 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	defer a.mu.Unlock()
 	if a.closed.Load() {
 		s.Close()
+		closeProc(proc)
 		return nil, fmt.Errorf("%s: connect: %w", a, rdma.ErrAgentClosed)
 	}
 	a.nextEp++
-	e := &endpoint{agent: a, peer: pa, identity: identity, stream: s, q: a.poller.NewQueue(), targets: make(map[[16]byte]*target)}
+	e := &endpoint{agent: a, peer: pa, proc: proc, identity: identity, stream: s, q: a.poller.NewQueue(), targets: make(map[[16]byte]*target)}
 	e.name = fmt.Sprintf("cudaipc endpoint %d of %s → %s", a.nextEp, a, pa)
 	a.eps[e] = struct{}{}
 	return e, nil

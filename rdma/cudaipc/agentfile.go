@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/internal/host"
@@ -114,57 +116,101 @@ func createAgentFile(f agentFile) (string, error) {
 // writer about to connect to it: the file must be a regular file of this
 // process's user, name a itself (pid and nonce), this host and pid
 // namespace, and the start time of the process now at a.pid. It returns
-// the identity the agent states. Errors wrap rdma.ErrPeerGone when the
+// the identity the agent states and a pidfd of the agent's process (nil
+// on a kernel without pidfd_open), opened before the start time is
+// checked, so that it refers to that process and no later one with its
+// pid: it becomes readable once the process has exited, zombie or reaped.
+// Errors wrap rdma.ErrPeerGone when the
 // agent cannot be found here (no such process, no file, another host or
 // pid namespace, a process that is not the agent's), else
 // rdma.ErrBadAddress; they name the file.
-func readAgentFile(a address) (string, error) {
-	if host.ProcessGone(a.pid) {
-		return "", fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, a.pid)
+func readAgentFile(a address) (identity string, proc *os.File, err error) {
+	proc, err = openProcess(a.pid)
+	if err != nil {
+		return "", nil, err
 	}
+	defer func() {
+		if err != nil && proc != nil {
+			proc.Close()
+			proc = nil
+		}
+	}()
 	path := agentPath(a)
 	// O_NONBLOCK: a FIFO in its place must not hang Connect.
 	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("%w: no agent file %s: the agent closed, runs on another host or pid namespace (process %d here is another), or is of a kvxfer version before agent files: run both ranks on one host, with one kvxfer version", rdma.ErrPeerGone, path, a.pid)
+			return "", nil, fmt.Errorf("%w: no agent file %s: the agent closed, runs on another host or pid namespace (process %d here is another), or is of a kvxfer version before agent files: run both ranks on one host, with one kvxfer version", rdma.ErrPeerGone, path, a.pid)
 		}
-		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+		return "", nil, fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
 	}
 	defer fd.Close()
 	fi, err := fd.Stat()
 	if err != nil {
-		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+		return "", nil, fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > int64(maxAgentFile) {
-		return "", fmt.Errorf("%w: agent file %s is not a regular file of at most %d bytes (%s, %d bytes)", rdma.ErrBadAddress, path, maxAgentFile, fi.Mode(), fi.Size())
+		return "", nil, fmt.Errorf("%w: agent file %s is not a regular file of at most %d bytes (%s, %d bytes)", rdma.ErrBadAddress, path, maxAgentFile, fi.Mode(), fi.Size())
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
-		return "", fmt.Errorf("%w: agent file %s belongs to uid %d, this process runs as uid %d: cudaipc connects to agents of its own user only (run both ranks as one user)",
+		return "", nil, fmt.Errorf("%w: agent file %s belongs to uid %d, this process runs as uid %d: cudaipc connects to agents of its own user only (run both ranks as one user)",
 			rdma.ErrBadAddress, path, st.Uid, os.Getuid())
 	}
 	b, err := io.ReadAll(io.LimitReader(fd, int64(maxAgentFile)+1))
 	if err != nil {
-		return "", fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
+		return "", nil, fmt.Errorf("%w: agent file %s: %v", rdma.ErrBadAddress, path, err)
 	}
 	f, err := parseAgentFile(b)
 	if err != nil {
-		return "", fmt.Errorf("%w: %s: %v", rdma.ErrBadAddress, path, err)
+		return "", nil, fmt.Errorf("%w: %s: %v", rdma.ErrBadAddress, path, err)
 	}
 	if f.addr != a {
-		return "", fmt.Errorf("%w: agent file %s states the agent %s, not %s: a file named for one agent must describe it (another process wrote it): restart the peer", rdma.ErrBadAddress, path, f.addr, a)
+		return "", nil, fmt.Errorf("%w: agent file %s states the agent %s, not %s: a file named for one agent must describe it (another process wrote it): restart the peer", rdma.ErrBadAddress, path, f.addr, a)
 	}
 	if h, err := thisHost(); err == nil && f.host != h {
-		return "", fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only", rdma.ErrPeerGone, path, f.host, h)
+		return "", nil, fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only", rdma.ErrPeerGone, path, f.host, h)
 	}
 	st, err := pidwatch.StartTime(a.pid)
 	if err != nil {
-		return "", fmt.Errorf("%w: agent file %s: process %d: %v", rdma.ErrPeerGone, path, a.pid, err)
+		return "", nil, fmt.Errorf("%w: agent file %s: process %d: %v", rdma.ErrPeerGone, path, a.pid, err)
 	}
 	if st != f.start {
-		return "", fmt.Errorf("%w: agent file %s: process %d here started at %d, the agent's at %d: it is another process (the agent's exited and its pid was reused)", rdma.ErrPeerGone, path, a.pid, st, f.start)
+		return "", nil, fmt.Errorf("%w: agent file %s: process %d here started at %d, the agent's at %d: it is another process (the agent's exited and its pid was reused)", rdma.ErrPeerGone, path, a.pid, st, f.start)
 	}
-	return f.identity, nil
+	return f.identity, proc, nil
+}
+
+// openProcess opens a pidfd of process pid (nil, nil where the kernel has
+// no pidfd_open: the caller falls back on host.ProcessGone). No such
+// process is rdma.ErrPeerGone.
+func openProcess(pid int) (*os.File, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	switch {
+	case err == nil:
+		return os.NewFile(uintptr(fd), fmt.Sprintf("pidfd %d", pid)), nil
+	case errors.Is(err, unix.ENOSYS):
+		if host.ProcessGone(pid) {
+			return nil, fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, pid)
+		}
+		return nil, nil
+	case errors.Is(err, unix.ESRCH):
+		return nil, fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, pid)
+	}
+	return nil, fmt.Errorf("%w: process %d: pidfd_open: %v", rdma.ErrPeerGone, pid, err)
+}
+
+// exited reports whether the process of pidfd proc has exited (its pidfd
+// is readable): a zombie has, and so has a process whose pid now names
+// another.
+func exited(proc *os.File) bool {
+	fds := []unix.PollFd{{Fd: int32(proc.Fd()), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0
+	}
 }
 
 // thisHost is pidwatch.Host, read once.
@@ -185,4 +231,11 @@ func localIdentity(a address) (string, error) {
 		return l.identity, nil
 	}
 	return "", fmt.Errorf("%w: no agent %s in this process (it closed)", rdma.ErrPeerGone, a)
+}
+
+// closeProc closes a pidfd of openProcess (nil: none).
+func closeProc(proc *os.File) {
+	if proc != nil {
+		proc.Close()
+	}
 }

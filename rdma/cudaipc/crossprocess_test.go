@@ -6,10 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -179,5 +184,98 @@ func TestCrossProcess(t *testing.T) {
 	}
 	if _, err := a.Connect([]byte(f[0])); !errors.Is(err, rdma.ErrPeerGone) {
 		t.Errorf("Connect after the receiver exited: %v, want ErrPeerGone", err)
+	}
+}
+
+// TestPostToAnExitedReceiver: a receiver killed mid-run (no Close: its
+// control file still says it is open) and not yet reaped by its parent —
+// its pid still names a process, a zombie — is gone for a writer's Post:
+// its allocations died with it. The endpoint watches the process it
+// connected to (a pidfd), not whatever holds its pid now; with a check of
+// the pid alone ("a process exists"), the Post below succeeds.
+func TestPostToAnExitedReceiver(t *testing.T) {
+	requireGPU(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessChild$", "-test.count=1", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+		// A killed receiver leaves its agent file and control files.
+		for _, pat := range []string{fmt.Sprintf("kvxfer-cudaipc-agent-%d-*", pid), fmt.Sprintf("kvxfer-cudaipc-%d-*", pid)} {
+			left, _ := filepath.Glob(filepath.Join(cudaipc.Dir(), pat))
+			for _, p := range left {
+				os.Remove(p)
+			}
+		}
+	})
+	lines := bufio.NewScanner(out)
+	var ready string
+	for ready == "" && lines.Scan() {
+		if l := lines.Text(); strings.HasPrefix(l, readyPrefix) {
+			ready = strings.TrimPrefix(l, readyPrefix)
+		}
+	}
+	f := strings.Fields(ready)
+	if len(f) != 3 {
+		t.Fatalf("bad or no READY line %q (%v)", ready, lines.Err())
+	}
+	key, _ := hex.DecodeString(f[1])
+	n, _ := strconv.ParseUint(f[2], 10, 64)
+	dst := rdma.RemoteRegion{Key: key, Len: n}
+
+	d := gpu(t)
+	sm := devMem(t, d, crossLen, 3)
+	a := agent(t)
+	src, err := a.Register(region(t, sm, 0, crossLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := a.Connect([]byte(f[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	seg := []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}
+	done := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: seg, Done: func(err error) { done <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done, "the first batch"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Until it has exited, without reaping it (WNOWAIT): a zombie.
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			if err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("the killed receiver, not reaped, is no zombie: kill(%d, 0): %v", pid, err)
+	}
+	err = ep.Post(rdma.Batch{Src: src, Dst: dst, Segments: seg, Done: func(error) { t.Error("Done of a refused post") }})
+	if !errors.Is(err, rdma.ErrPeerGone) {
+		t.Fatalf("Post to a receiver that exited (a zombie, pid %d): %v, want ErrPeerGone", pid, err)
 	}
 }

@@ -121,5 +121,6 @@
 // A receiver process that dies leaves its control files and its agent file
 // behind (as rdma/shm leaves region files); senders' later Connects and
 // Posts to it fail with rdma.ErrPeerGone (Connect checks the agent file's
-// process start time, Post that the peer process exists).
+// process start time and opens a pidfd of that process; Post refuses once
+// it has exited, even as a zombie or with its pid reused).
 package cudaipc

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,12 @@ import (
 type endpoint struct {
 	agent *Agent
 	peer  address
-	name  string
+	// proc is a pidfd of the peer's process, opened at Connect (nil for an
+	// agent of this process, or where the kernel has no pidfd_open): Post
+	// refuses once it is readable, the process having exited even when its
+	// pid is not reaped yet or names another process now. Closed by Close.
+	proc *os.File
+	name string
 	// identity is whom the peer agent serves, as its agent file states it
 	// (for an agent of this process: as it was given).
 	identity string
@@ -69,10 +75,10 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if e.closed {
 		return fmt.Errorf("%s: post: %w", e.name, rdma.ErrEndpointClosed)
 	}
-	if e.peer.pid != e.agent.addr.pid && host.ProcessGone(e.peer.pid) {
+	if e.peerGone() {
 		// Its allocations died with it: do not copy into a mapping of
 		// them.
-		return fmt.Errorf("%s: post: %w: no process %d", e.name, rdma.ErrPeerGone, e.peer.pid)
+		return fmt.Errorf("%s: post: %w: process %d exited", e.name, rdma.ErrPeerGone, e.peer.pid)
 	}
 	src, ok := b.Src.(*registration)
 	if !ok || src == nil || src.agent != e.agent {
@@ -387,6 +393,19 @@ func (e *endpoint) Flush(done func(err error)) {
 	}
 }
 
+// peerGone reports whether the peer agent's process has exited (false for
+// an agent of this process). Called with e.mu held, which keeps Close from
+// closing the pidfd under it.
+func (e *endpoint) peerGone() bool {
+	switch {
+	case e.peer.pid == e.agent.addr.pid:
+		return false
+	case e.proc != nil:
+		return exited(e.proc)
+	}
+	return host.ProcessGone(e.peer.pid)
+}
+
 // Close refuses new batches, synchronises the stream (every copy enqueued
 // has landed or failed: nothing more will be written), completes every
 // batch and flush not yet reported with rdma.ErrEndpointClosed, in order,
@@ -399,7 +418,9 @@ func (e *endpoint) Flush(done func(err error)) {
 func (e *endpoint) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
-		e.closed = true
+		e.closed = true // no Post reads proc any more
+		closeProc(e.proc)
+		e.proc = nil
 		e.mu.Unlock()
 
 		var errs []error
