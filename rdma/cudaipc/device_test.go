@@ -3,7 +3,9 @@ package cudaipc_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,7 +80,6 @@ func pattern(n int, seed byte) []byte {
 	return b
 }
 
-// wait waits for one error from ch.
 // linked registers sm on s and dm on r (their first n bytes) and connects
 // s to r: a writer, the region it reads and the peer's region it writes.
 func linked(t *testing.T, s, r *cudaipc.Agent, sm, dm *cuda.Memory, n uint64) (src, dst rdma.Registration, ep rdma.Endpoint) {
@@ -108,6 +109,7 @@ func postAll(t *testing.T, ep rdma.Endpoint, src, dst rdma.Registration, n uint6
 	return done
 }
 
+// wait waits for one error from ch.
 func wait(t *testing.T, ch <-chan error, what string) error {
 	t.Helper()
 	select {
@@ -286,5 +288,46 @@ func TestCloseUnprovenWhenSyncFails(t *testing.T) {
 			t.Fatal("the copy in flight at Close never landed")
 		}
 		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
+}
+
+// TestPeerRegistrationsBounded: an endpoint maps the control file and the
+// allocations of every peer registration it is given a key of, until it
+// closes; past MaxPeerRegistrations a key of one more is refused with
+// ErrBadKey naming the limit, and the registrations already mapped still
+// take copies.
+func TestPeerRegistrationsBounded(t *testing.T) {
+	d := gpu(t)
+	const n = 4096
+	sm := devMem(t, d, n, 1)
+	dm := devMem(t, d, (cudaipc.MaxPeerRegistrations+1)*n, 0)
+	s, r := agent(t), agent(t)
+	src, err := s.Register(region(t, sm, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	dsts := make([]rdma.Registration, cudaipc.MaxPeerRegistrations+1)
+	for i := range dsts {
+		if dsts[i], err = r.Register(region(t, dm, uint64(i)*n, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, dst := range dsts[:cudaipc.MaxPeerRegistrations] {
+		if err := wait(t, postAll(t, ep, src, dst, n), "a batch"); err != nil {
+			t.Fatalf("batch into peer registration %d: %v", i, err)
+		}
+	}
+	err = ep.Post(rdma.Batch{Src: src, Dst: dsts[cudaipc.MaxPeerRegistrations].Remote(), Segments: []kvcache.Segment{{Len: n}},
+		Done: func(error) { t.Error("Done of a refused post") }})
+	if !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), fmt.Sprint(cudaipc.MaxPeerRegistrations)) {
+		t.Fatalf("a post into registration %d of the peer: %v, want ErrBadKey naming the limit", cudaipc.MaxPeerRegistrations+1, err)
+	}
+	if err := wait(t, postAll(t, ep, src, dsts[0], n), "a batch"); err != nil {
+		t.Fatalf("a batch into a registration mapped before the limit: %v", err)
 	}
 }

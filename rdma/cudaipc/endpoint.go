@@ -50,6 +50,13 @@ type endpoint struct {
 
 var _ rdma.IdentifiedEndpoint = (*endpoint)(nil)
 
+// MaxPeerRegistrations bounds the peer registrations one endpoint maps:
+// each key of a registration not seen before maps its control file and
+// opens its allocations, kept until the endpoint closes, so that a peer
+// handing out ever new keys cannot grow this process's mappings without
+// bound. A node registers its pool once.
+const MaxPeerRegistrations = 1024
+
 // PeerIdentity is whom the peer agent serves, as it states it in its agent
 // file (WithIdentity; "" when it was given none), read at Connect: an agent
 // address names exactly one agent file, which only that agent's process
@@ -248,6 +255,9 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *target, error) {
 	}
 	t := e.targets[k.fileID]
 	if t == nil {
+		if len(e.targets) >= MaxPeerRegistrations {
+			return k, nil, fmt.Errorf("%w: the peer %s handed out keys of more than %d registrations: refused (an endpoint keeps each one mapped until it closes; a peer registers its pool once)", rdma.ErrBadKey, e.peer, MaxPeerRegistrations)
+		}
 		if t, err = e.open(k); err != nil {
 			return k, nil, err
 		}
