@@ -13,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
@@ -166,10 +167,28 @@ type resolved struct {
 	blocks int
 }
 
+// checkInstance refuses an instance name its peers would refuse in every
+// frame (longer than messages.MaxInstanceLen), or one no C string or log
+// line can carry whole (a control character: NUL, a newline).
+func checkInstance(name string) error {
+	if len(name) > messages.MaxInstanceLen {
+		return fmt.Errorf("%w: Instance %q is %d bytes, at most %d", ErrConfig, name, len(name), messages.MaxInstanceLen)
+	}
+	for _, c := range name {
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: Instance %q holds control character %U", ErrConfig, name, c)
+		}
+	}
+	return nil
+}
+
 func (c Config) resolve() (resolved, error) {
 	r := resolved{Config: c}
 	if r.Instance == "" {
 		r.Instance = DefaultInstance
+	}
+	if err := checkInstance(r.Instance); err != nil {
+		return r, err
 	}
 	if r.Parallel.TP == 0 && r.Parallel.PP == 0 {
 		r.Parallel = kvcache.Parallel{TP: 1, PP: 1}
@@ -232,6 +251,9 @@ func (c Config) resolve() (resolved, error) {
 		r.layout = l
 	default:
 		return r, fmt.Errorf("%w: neither Model nor Layout set", ErrConfig)
+	}
+	if r.TokensPerBlock < 0 {
+		return r, fmt.Errorf("%w: TokensPerBlock = %d, must be > 0 (0: the layout's)", ErrConfig, r.TokensPerBlock)
 	}
 	if r.TokensPerBlock > 0 {
 		r.layout = r.layout.WithTokensPerBlock(r.TokensPerBlock)

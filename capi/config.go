@@ -142,6 +142,9 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 			return kvxfer.Config{}, errorf(ErrConfig, "%s = %d: must be in [0, %d] (0: the default)", f.name, f.ms, maxMs)
 		}
 	}
+	if c.TokensPerBlock < 0 {
+		return kvxfer.Config{}, errorf(ErrConfig, "tokens_per_block = %d: must be ≥ 0 (0: the layout's)", c.TokensPerBlock)
+	}
 	kc := kvxfer.Config{
 		Instance: c.Instance, Model: c.Model, TokensPerBlock: c.TokensPerBlock,
 		Parallel: kvcache.Parallel{TP: c.TP, PP: c.PP}, Rank: kvcache.Rank{TP: c.RankTP, PP: c.RankPP},
@@ -153,6 +156,9 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 		return kc, err
 	}
 	if c.Layout != nil {
+		if c.Model != "" { // as kvxfer_node_open: one of them would be ignored
+			return kc, errorf(ErrConfig, "layout and model = %s: give one", quote(c.Model))
+		}
 		kc.Layout = c.Layout.kv()
 	}
 	if kc.Parallel.TP == 0 && kc.Parallel.PP != 0 {

@@ -176,3 +176,52 @@ func fakeStream(t *testing.T) (*cuda.Device, *cuda.Stream) {
 	t.Cleanup(func() { _ = s.Close() })
 	return dev, s
 }
+
+// TestChunkCUDAAfterEventsReleased (on the fake driver, in a child
+// process): a chunk behind a CUDA event handed while the engine's close
+// releases its requests' events — here after it, the interleaving the
+// close can produce — is not left watched: nobody would release it, and
+// kvxfer would go on querying the caller's event after the close returned.
+func TestChunkCUDAAfterEventsReleased(t *testing.T) {
+	if !onFakeDriver(t, "TestChunkCUDAAfterEventsReleased") {
+		return
+	}
+	dev, s := fakeStream(t)
+	p, d := open(t, "capi-cu-p3"), open(t, "capi-cu-d3")
+	src, err := p.AllocBlocks(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "cu3", PromptLen: 32, Context: "capi-cu-p3"}}); err != nil {
+		t.Fatal(err)
+	}
+	tx, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "cu3", PromptLen: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := dev.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(ev); err != nil {
+		t.Fatal(err)
+	}
+	tx.releaseEvents(fmt.Errorf("%w: engine closing (the test's)", ErrEngineClosed))
+	if err := tx.ChunkCUDA(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, uint64(ev.Handle()), 0); err != nil {
+		t.Fatal(err)
+	}
+	tx.mu.Lock()
+	left := len(tx.events)
+	tx.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d fence(s) watched after the request's events were released, want 0", left)
+	}
+	closeBoth(t, p, d)
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("CHILD-OK")
+}

@@ -418,7 +418,7 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 		return nil, 0, fmt.Errorf("engine %d: receive %s: %w", e.h, quote(req.ID), err)
 	}
 	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
-		prefix: append([]int(nil), req.PrefixHitBlocks...)}
+		prefix: append([]int(nil), req.PrefixHitBlocks...), callerBlocks: req.Blocks != nil}
 	return r, e.adopt(r, rx.Done(), rx.Released()), nil
 }
 
@@ -532,9 +532,15 @@ type Request struct {
 	// has not finished for the caller, whatever out says.
 	posted bool
 	freed  bool // FreeBlocks ran
+	// callerBlocks: a receive into the caller's own blocks
+	// (ReceiveRequest.Blocks): FreeBlocks does not free them.
+	callerBlocks bool
 	// events are the fences over the caller's CUDA events (ChunkCUDA), all
 	// released once the request finished, before its event is posted.
 	events []*cuda.BorrowedFence
+	// eventsReleased: releaseEvents ran (the engine closing): a fence
+	// added later is released at once, not left for nobody to release.
+	eventsReleased bool
 }
 
 // releaseEvents stops watching the request's CUDA events, failing those
@@ -543,6 +549,7 @@ func (r *Request) releaseEvents(why error) {
 	r.mu.Lock()
 	events := r.events
 	r.events = nil
+	r.eventsReleased = true
 	r.mu.Unlock()
 	for _, f := range events {
 		f.Release(why)
@@ -664,9 +671,9 @@ func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerP
 		return err
 	}
 	r.mu.Lock()
-	if r.out != nil { // finished meanwhile: its watcher released the others
+	if r.out != nil || r.eventsReleased { // finished or closed meanwhile: the others were released
 		r.mu.Unlock()
-		f.Release(fmt.Errorf("request %d (%s) finished", r.h, quote(r.id)))
+		f.Release(fmt.Errorf("request %d (%s) finished or its engine closed", r.h, quote(r.id)))
 		return nil
 	}
 	r.events = append(r.events, f)
@@ -758,7 +765,10 @@ func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
 }
 
 // FreeBlocks frees a READY outcome's destination blocks into the engine's
-// pool (blocks kvxfer allocated: not the framework's own), once.
+// pool (blocks kvxfer allocated: not the framework's own), once. A receive
+// into the caller's own blocks is refused: they are the caller's to free,
+// and freeing them here would let the next allocation hand them out while
+// the caller still reads them.
 func (r *Request) FreeBlocks() error {
 	o, err := r.Outcome()
 	if err != nil {
@@ -766,6 +776,10 @@ func (r *Request) FreeBlocks() error {
 	}
 	if o.Status != kvxfer.StatusReady {
 		return errorf(ErrInvalidArgument, "request %d (%s) is %s, not READY: it has no blocks", r.h, quote(r.id), o.Status)
+	}
+	if r.callerBlocks {
+		return errorf(ErrInvalidArgument, "request %d (%s) received into the caller's own blocks (the receive's blocks): "+
+			"kvxfer allocated none to free; the caller frees its blocks itself (kvxfer_blocks_free)", r.h, quote(r.id))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

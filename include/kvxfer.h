@@ -321,7 +321,7 @@ kvxfer_status kvxfer_node_open(const char *config_json, kvxfer_engine_t *out);
 kvxfer_status kvxfer_node_endpoint(kvxfer_engine_t node, char *buf, uint32_t cap);
 /* The node's CURVE public key (Z85, 40 characters), "" when insecure. */
 kvxfer_status kvxfer_node_public_key(kvxfer_engine_t node, char *buf, uint32_t cap);
-/* Waits up to timeout_ms for every configured peer to say Hello
+/* Waits up to timeout_ms (0 or more) for every configured peer to say Hello
  * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named).
  * A wait under way when kvxfer_engine_close of the node starts returns
  * KVXFER_ERR_CLOSED at once. */
@@ -457,7 +457,8 @@ kvxfer_status kvxfer_receive(kvxfer_engine_t engine, const kvxfer_receive_reques
 kvxfer_status kvxfer_cancel(kvxfer_request_t request);
 
 /* Moves up to n finished events into events; *got is how many. Never blocks
- * when timeout_ms is 0; else waits up to timeout_ms for the first event.
+ * when timeout_ms is 0; else waits up to timeout_ms for the first event (a
+ * negative timeout_ms is KVXFER_ERR_INVALID_ARGUMENT).
  * Once kvxfer_engine_close has started, it returns the events still queued
  * and then KVXFER_ERR_CLOSED (*got 0); a poll blocked when the close
  * starts returns at once. */
@@ -482,9 +483,11 @@ kvxfer_status kvxfer_request_blocks(kvxfer_request_t request, uint32_t group, in
 kvxfer_status kvxfer_request_payload(kvxfer_request_t request, void *buf, uint32_t cap, uint32_t *n);
 /* The outcome's message ("" on success) into buf (NUL-terminated, truncated). */
 kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t cap);
-/* Frees a READY request's destination blocks into the engine's pool (those
- * the engine allocated; not blocks the caller passed in), once: the same as
- * kvxfer_blocks_free on each group's kvxfer_request_blocks, in one call. */
+/* Frees a READY request's destination blocks into the engine's pool, once,
+ * when the engine allocated them: the same as kvxfer_blocks_free on each
+ * group's kvxfer_request_blocks, in one call. A receive into blocks the
+ * caller passed in (kvxfer_receive_request.blocks) is refused with
+ * KVXFER_ERR_INVALID_ARGUMENT: those are the caller's to free. */
 kvxfer_status kvxfer_request_free_blocks(kvxfer_request_t request);
 /* Frees a finished request's handle (KVXFER_ERR_NOT_FINISHED before its event). */
 kvxfer_status kvxfer_request_release(kvxfer_request_t request);

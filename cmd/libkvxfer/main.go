@@ -169,6 +169,9 @@ func kvxfer_node_wait_peers(eh C.kvxfer_engine_t, timeoutMs C.int32_t) (st C.int
 	if err != nil {
 		return fail(err)
 	}
+	if timeoutMs < 0 {
+		return fail(invalid("kvxfer_node_wait_peers: timeout_ms = %d is negative", timeoutMs))
+	}
 	return status(e.WaitPeers(timeoutOf(timeoutMs)))
 }
 
@@ -608,6 +611,9 @@ func kvxfer_poll(eh C.kvxfer_engine_t, events *C.kvxfer_event, n C.uint32_t, got
 	*got = 0
 	if events == nil && n > 0 {
 		return fail(nullArg("kvxfer_poll", "events"))
+	}
+	if timeoutMs < 0 {
+		return fail(invalid("kvxfer_poll: timeout_ms = %d is negative (0: do not wait)", timeoutMs))
 	}
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {

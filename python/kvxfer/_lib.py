@@ -186,3 +186,23 @@ def load():
 path = None  # the library loaded (library_path())
 missing = set()  # the functions of SINCE_MINOR that library lacks
 lib = load()
+
+
+def _refuse_after_fork():
+    """In a child forked from this process (os.fork, multiprocessing's
+    "fork" start method): the library's Go runtime did not survive the
+    fork (only the forking thread did), and its first call would block
+    forever. Every function of the library raises instead, naming the
+    fork; the engines open in the parent are the parent's."""
+    msg = ("kvxfer: this process (pid %d) was forked from process %d after it loaded libkvxfer: the library's "
+           "runtime does not survive a fork. Start the process with the 'spawn' or 'forkserver' start method "
+           "(vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn), or import kvxfer only in the child" % (os.getpid(), os.getppid()))
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError(msg)
+
+    for name in list(_PROTOTYPES) + list(SINCE_MINOR):
+        setattr(lib, name, refuse)
+
+
+os.register_at_fork(after_in_child=_refuse_after_fork)

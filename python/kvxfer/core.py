@@ -4,6 +4,7 @@ import atexit
 import ctypes
 import enum
 import json
+import os
 import operator
 import threading
 import time
@@ -209,7 +210,8 @@ _ENGINE_NO_CUDA = ("the in-process Engine (kvxfer_engine_open, loopback data pla
 
 
 def _buffer(mem):
-    """(address, nbytes, CUDA ordinal or None) of contiguous memory: a
+    """(address, nbytes, CUDA ordinal or None, what to hold while the
+    address is used: None, or a buffer's memoryview) of contiguous memory: a
     PyTorch tensor (data_ptr(); a CUDA tensor's address is a device
     pointer), anything with __array_interface__ (NumPy), or a writable
     buffer (bytearray, memoryview)."""
@@ -217,7 +219,7 @@ def _buffer(mem):
         device = _cuda_index(mem)
         if not mem.is_contiguous():
             raise ValueError("tensor of shape %s is not contiguous" % (tuple(mem.shape),))
-        return mem.data_ptr(), mem.numel() * mem.element_size(), device
+        return mem.data_ptr(), mem.numel() * mem.element_size(), device, None
     ai = getattr(mem, "__array_interface__", None)
     if ai is not None:
         if ai.get("strides") is not None and not mem.flags["C_CONTIGUOUS"]:
@@ -225,11 +227,13 @@ def _buffer(mem):
         addr, readonly = ai["data"]
         if readonly:
             raise ValueError("array is read-only")
-        return addr, mem.nbytes, None
+        return addr, mem.nbytes, None, None
     view = memoryview(mem)
     if view.readonly or not view.contiguous:
         raise ValueError("buffer is read-only or not contiguous")
-    return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes, None
+    # view, kept by the caller while the address is in use, holds the
+    # buffer's export: a bytearray cannot be resized (moved) under it.
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes, None, view
 
 
 def buffer_address(mem):
@@ -237,7 +241,7 @@ def buffer_address(mem):
     (data_ptr()), anything with __array_interface__ (NumPy), or a writable
     buffer (bytearray, memoryview). A CUDA tensor is a ValueError (a Node
     takes one as memory=)."""
-    addr, nbytes, device = _buffer(mem)
+    addr, nbytes, device, _ = _buffer(mem)
     if device is not None:
         raise ValueError("tensor on %s: buffer_address is for host memory (a Node takes a CUDA tensor as its "
                          "memory)" % _where(device))
@@ -419,6 +423,19 @@ def _close_at_exit():
 atexit.register(_close_at_exit)
 
 
+def _forget_after_fork():
+    """In a forked child the engines of the parent are not this process's
+    (the library refuses every call there, _lib._refuse_after_fork): none
+    is closed at the child's exit. The lock may have been held by another
+    thread of the parent at the fork."""
+    global _open_lock
+    _open_lock = threading.Lock()
+    _open.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _nbytes(obj):
     """Bytes of a tensor, an array, a buffer, or lists / tuples / dicts of
     them (0 for what it cannot size)."""
@@ -494,7 +511,7 @@ class Engine:
 
     def __init__(self, config, memory=None, kv_caches=None):
         js, cfg = _config_bytes(config)
-        addr, nbytes, device = (None, 0, None) if memory is None else _buffer(memory)
+        addr, nbytes, device, pin = (None, 0, None, None) if memory is None else _buffer(memory)
         if device is None and isinstance(cfg, dict) and isinstance(cfg.get("memory"), dict):
             device = cfg["memory"].get("device")
         if device is not None:
@@ -502,7 +519,7 @@ class Engine:
         h = _lib.engine_t()
         _check(lib.kvxfer_engine_open(js, addr, nbytes, ctypes.byref(h)))
         self._keep_tensors(cfg, kv_caches)
-        self._setup(h.value, cfg, memory)
+        self._setup(h.value, cfg, memory, pin)
 
     def _keep_tensors(self, cfg, kv_caches):
         """Keeps the tensors config["memory"] (kv_memory) points into, and
@@ -511,8 +528,13 @@ class Engine:
         mem = cfg.get("memory") if isinstance(cfg, dict) else None
         self._config_tensors = getattr(mem, "tensors", None)
 
-    def _setup(self, handle, cfg, memory):
+    def _setup(self, handle, cfg, memory, pin=None):
         self.handle = handle
+        # A memoryview of a buffer given as memory (a bytearray): while it
+        # is held the buffer cannot be resized, which would move its bytes
+        # away from the address the engine writes. Released by a close
+        # that finished.
+        self._pin = pin
         with _open_lock:
             _open[handle] = self
         self.instance = (cfg.get("instance") or "kvxfer") if isinstance(cfg, dict) else None
@@ -588,6 +610,9 @@ class Engine:
             self.handle = 0
             with _open_lock:
                 _open.pop(h, None)
+            if self._pin is not None:
+                self._pin.release()
+                self._pin = None
             return
         msg = lib.kvxfer_last_error().decode("utf-8", "replace")
         if st == Status.INVALID_ARGUMENT:  # refused: the engine is as it was
@@ -608,6 +633,8 @@ class Engine:
         """Keeps the memory of an engine whose close did not finish alive
         for the rest of the process (_held), with a warning."""
         objs = [o for o in (self.memory, self.kv_caches, self._config_tensors) if o is not None]
+        if self._pin is not None:  # the buffer stays unresizable too
+            _held.append(self._pin)
         if not objs:
             return
         _held.append(objs)
@@ -621,7 +648,9 @@ class Engine:
     def alloc(self, group, n):
         """n source blocks of group from the engine's pool."""
         group, n = _u32("group", group), _u32("n", n)
-        if group < len(self.groups) and n > self.groups[group].blocks:
+        if group >= len(self.groups):  # before an array of n ids is built
+            raise KvxferError(Status.INVALID_ARGUMENT, "alloc: layer group %d outside [0,%d)" % (group, len(self.groups)))
+        if n > self.groups[group].blocks:
             raise KvxferError(Status.OUT_OF_BLOCKS, "alloc: n = %d blocks, group %d has %d in all"
                               % (n, group, self.groups[group].blocks))
         ids = (ctypes.c_int32 * n)()
@@ -896,8 +925,9 @@ class Node(Engine):
     finish)."""
 
     def __init__(self, config, memory=None, kv_caches=None):
+        pin = None
         if memory is not None:
-            addr, nbytes, device = _buffer(memory)
+            addr, nbytes, device, pin = _buffer(memory)
             _, cfg = _json(config)
             if not isinstance(cfg, dict):
                 raise ValueError("memory given with a config that is no JSON object")
@@ -913,7 +943,7 @@ class Node(Engine):
         h = _lib.engine_t()
         _check(lib.kvxfer_node_open(js, ctypes.byref(h)))
         self._keep_tensors(cfg, kv_caches)
-        self._setup(h.value, cfg, memory)
+        self._setup(h.value, cfg, memory, pin)
 
     def _string(self, fn):
         buf = ctypes.create_string_buffer(512)
@@ -1068,7 +1098,8 @@ class Request:
         return buf.value.decode("utf-8", "replace")
 
     def free_blocks(self):
-        """Frees a READY request's engine-allocated destination blocks."""
+        """Frees a READY request's engine-allocated destination blocks (a receive
+        into the caller's own blocks is refused: they are the caller's to free)."""
         _check(lib.kvxfer_request_free_blocks(self.handle))
 
     def release(self):

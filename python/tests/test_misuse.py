@@ -1,0 +1,184 @@
+"""Misuse of the Python package and the C ABI an embedder can make: a
+buffer resized under the engine, freeing the caller's own blocks, a fork
+after import, config keys one of which would be ignored, bad timeouts and
+groups. Each is refused with an error naming it, never a crash, a hang or
+pages handed out twice."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kvxfer
+from kvxfer import KvxferError, Outcome, Status
+
+from conftest import small_config, unique
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+
+
+def _child(code, timeout=60):
+    """Runs code in a fresh interpreter with this package and the tests'
+    helpers importable; (returncode, output)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, HERE]))
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_bytearray_pool_cannot_be_resized_under_the_engine():
+    """Engine(memory=bytearray) documents the buffer as kept alive by the
+    engine, but _buffer drops its buffer export at once: the bytearray can
+    then grow, moving its bytes, and the engine keeps the old address."""
+    pool = bytearray(1 << 20)
+    e = kvxfer.Engine(small_config(unique("ba")), memory=pool)
+    try:
+        with pytest.raises(BufferError):
+            pool.extend(b"\0" * (64 << 20))  # must be refused while the engine uses the buffer
+    finally:
+        e.close()
+
+
+def test_transfer_into_resized_bytearray_does_not_kill_the_process():
+    """The consequence: a transfer into the moved bytearray's old address
+    is a SIGSEGV in the loopback copier (a Go panic, SIGABRT, the whole
+    process gone)."""
+    rc, out = _child("""
+        import kvxfer
+        from conftest import small_config, unique
+        ctx = kvxfer.Engine(small_config(unique("ctx")))
+        pool = bytearray(1 << 20)
+        gen = kvxfer.Engine(small_config(unique("gen")), memory=pool)
+        try:
+            pool.extend(b"\\0" * (64 << 20))
+        except BufferError:
+            print("refused"); raise SystemExit(0)
+        ids = ctx.alloc(0, 2)
+        rx = gen.receive("r", 32, ctx.instance)
+        tx = ctx.send("r", 32)
+        tx.chunk(0, 32, [(0, ids)], fenced=False)
+        rx.wait(10)
+    """)
+    assert rc == 0, "child died (rc %d):\n%s" % (rc, out[-1500:])
+
+
+def test_request_free_blocks_leaves_the_callers_own_blocks():
+    """kvxfer_request_free_blocks frees 'those the engine allocated; not
+    blocks the caller passed in' (kvxfer.h), and Request.free_blocks says
+    'engine-allocated': a READY receive into the caller's blocks must not
+    put them back into the pool, where the next alloc hands them out while
+    the caller still reads them."""
+    ctx = kvxfer.Engine(small_config(unique("ctx")))
+    gen = kvxfer.Engine(small_config(unique("gen")))
+    try:
+        src = ctx.alloc(0, 2)
+        mine = gen.alloc(0, 2)  # the caller's own destination blocks
+        rx = gen.receive("own", 32, ctx.instance, blocks=[mine])
+        tx = ctx.send("own", 32)
+        tx.chunk(0, 32, [(0, src)], fenced=False)
+        assert tx.wait(10).outcome == Outcome.DONE
+        assert rx.wait(10).outcome == Outcome.READY
+        with pytest.raises(KvxferError) as ei:
+            rx.free_blocks()
+        assert ei.value.status == Status.INVALID_ARGUMENT and "caller's own blocks" in ei.value.message
+        assert gen.used(0) == 2, "the caller's blocks %s were freed into the pool" % mine
+        again = gen.alloc(0, 2)
+        assert not set(again) & set(mine), "alloc handed out %s, the caller still holds %s" % (again, mine)
+    finally:
+        ctx.close()
+        gen.close()
+
+
+def test_engine_in_a_forked_child_does_not_hang():
+    """Importing kvxfer starts libkvxfer's Go runtime; a child forked
+    afterwards (multiprocessing's default on Linux, vLLM's
+    VLLM_WORKER_MULTIPROC_METHOD=fork) hangs in its first kvxfer call, with
+    no error. Every call in the child raises instead, naming the fork and
+    the way out."""
+    rc, out = _child("""
+        import os, sys, time
+        import kvxfer
+        from conftest import small_config, unique
+        pid = os.fork()
+        if pid == 0:
+            try:
+                kvxfer.Engine(small_config(unique("child"))).close()
+            except RuntimeError as exc:
+                ok = "forked" in str(exc) and "spawn" in str(exc)
+                print("child refused:", exc, flush=True)
+                os._exit(0 if ok else 4)
+            os._exit(5)  # it must be refused: the library's runtime did not survive the fork
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                sys.exit(0 if status == 0 else 3)
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("child hung in kvxfer_engine_open for 20 s")
+        sys.exit(2)
+    """)
+    assert rc == 0, out[-1500:]
+
+
+@pytest.mark.parametrize("extra", [
+    {"model": "Llama-3.1-8B"},          # with "layout": silently ignored (kvxfer_node_open refuses both)
+    {"model": "no-such-model"},         # not even checked
+    {"tokens_per_block": -16},          # a negative value silently means "the layout's"
+])
+def test_engine_config_refuses_ignored_or_bad_keys(extra):
+    cfg = small_config(unique("cfg"))
+    cfg.update(extra)
+    with pytest.raises(KvxferError) as ei:
+        kvxfer.Engine(cfg).close()
+    assert ei.value.status == Status.CONFIG
+    assert list(extra)[0] in ei.value.message
+
+
+@pytest.mark.parametrize("instance", ["a\u0000b", "a\nb"])
+def test_instance_with_a_control_character_refused(instance):
+    """No C string (a receive's context) or log line carries such a name."""
+    cfg = small_config(unique("cfg"))
+    cfg["instance"] = instance
+    with pytest.raises(KvxferError) as ei:
+        kvxfer.Engine(cfg).close()
+    assert ei.value.status == Status.CONFIG and "control character" in ei.value.message
+
+
+def test_negative_poll_timeout_refused():
+    e = kvxfer.Engine(small_config(unique("poll")))
+    try:
+        with pytest.raises(KvxferError) as ei:
+            e.poll(timeout_ms=-1)
+        assert ei.value.status == Status.INVALID_ARGUMENT and "timeout_ms = -1" in ei.value.message
+    finally:
+        e.close()
+
+
+def test_alloc_of_an_unknown_group_refused_before_building_ids(monkeypatch):
+    """The group is checked before an array of n ids is built for the
+    library (n up to 2**32 - 1: 16 GiB): the library is not called."""
+    e = kvxfer.Engine(small_config(unique("grp")))
+    try:
+        def called(*_args):
+            raise AssertionError("kvxfer_blocks_alloc called for an unknown group")
+        monkeypatch.setattr(kvxfer.core.lib, "kvxfer_blocks_alloc", called)
+        with pytest.raises(KvxferError) as ei:
+            e.alloc(len(e.groups), 2**32 - 1)
+        assert ei.value.status == Status.INVALID_ARGUMENT and "layer group %d" % len(e.groups) in ei.value.message
+    finally:
+        monkeypatch.undo()
+        e.close()
+
+
+def test_bytearray_pool_usable_again_after_close():
+    """The engine holds the buffer unresizable until its close finished,
+    not longer."""
+    pool = bytearray(1 << 20)
+    kvxfer.Engine(small_config(unique("ba2")), memory=pool).close()
+    pool.extend(b"\0" * 4096)
+    assert len(pool) == (1 << 20) + 4096
