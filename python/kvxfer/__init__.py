@@ -35,7 +35,8 @@ from .core import (  # noqa: E402
 def library_path():
     """The libkvxfer.so this package loaded: $KVXFER_LIB when set, else the
     one next to the package (an installed wheel's), else the repository's
-    lib/."""
+    lib/. Loads it if no call did yet."""
+    _lib.library()
     return _lib.path
 
 

@@ -1,11 +1,17 @@
 """ctypes declarations of include/kvxfer.h and the loading of libkvxfer.so.
 
 The library is found at $KVXFER_LIB, else next to this package, else in the
-repository's lib/ (where `make lib` puts it).
+repository's lib/ (where `make lib` puts it). It is loaded at the first
+call of one of its functions, not at import: loading it starts its Go
+runtime, which a forked child does not inherit, and a process that only
+imports kvxfer before it forks (vLLM's engine process, whose scheduler-side
+connector makes no call, before it forks its workers) must leave its
+children able to load it themselves.
 """
 
 import ctypes
 import os
+import threading
 
 ABI_VERSION = 1  # KVXFER_ABI_VERSION this package was written against
 
@@ -185,15 +191,46 @@ def load():
 
 path = None  # the library loaded (library_path())
 missing = set()  # the functions of SINCE_MINOR that library lacks
-lib = load()
+_loaded = None  # the CDLL, once loaded
+_load_lock = threading.Lock()
+
+
+def library():
+    """The library, loaded (once) if it was not yet: OSError when it cannot
+    be found or has another ABI."""
+    global _loaded
+    if _loaded is None:
+        with _load_lock:
+            if _loaded is None:
+                _loaded = load()
+    return _loaded
+
+
+class _Library:
+    """lib: libkvxfer.so's functions, the library loaded at the first one
+    used (library())."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        return getattr(library(), name)
+
+    def __setattr__(self, name, value):
+        setattr(library(), name, value)
+
+    def __delattr__(self, name):
+        delattr(library(), name)
+
+
+lib = _Library()
 
 
 def _refuse_after_fork():
     """In a child forked from this process (os.fork, multiprocessing's
-    "fork" start method): the library's Go runtime did not survive the
-    fork (only the forking thread did), and its first call would block
-    forever. Every function of the library raises instead, naming the
-    fork; the engines open in the parent are the parent's."""
+    "fork" start method) after the library was loaded: its Go runtime did
+    not survive the fork (only the forking thread did), and its first call
+    would block forever. Every function of the library raises instead,
+    naming the fork; the engines open in the parent are the parent's."""
     msg = ("kvxfer: this process (pid %d) was forked from process %d after it loaded libkvxfer: the library's "
            "runtime does not survive a fork. Start the process with the 'spawn' or 'forkserver' start method "
            "(vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn), or import kvxfer only in the child" % (os.getpid(), os.getppid()))
@@ -201,8 +238,10 @@ def _refuse_after_fork():
     def refuse(*_args, **_kwargs):
         raise RuntimeError(msg)
 
+    if _loaded is None:  # not loaded before the fork: the child loads its own
+        return
     for name in list(_PROTOTYPES) + list(SINCE_MINOR):
-        setattr(lib, name, refuse)
+        setattr(_loaded, name, refuse)
 
 
 os.register_at_fork(after_in_child=_refuse_after_fork)

@@ -68,6 +68,7 @@ class KvxferError(Exception):
 def _require(name, what):
     """KvxferError(UNSUPPORTED) when the loaded library lacks function name
     (one of _lib.SINCE_MINOR), naming what needed it and the minor."""
+    _lib.library()  # what it lacks is known once it is loaded
     if name in _lib.missing:
         raise KvxferError(Status.UNSUPPORTED, "%s needs %s (KVXFER_ABI_MINOR %d), which libkvxfer.so at %s "
                           "lacks: load a newer library (make lib, or a newer wheel)"
@@ -682,6 +683,7 @@ class Engine:
         """The CUDA ordinal of the pool's memory (a node on backend
         "cudaipc", or over CUDA tensors), or None for host memory. On a GPU
         block_address gives device pointers, which the CPU cannot read."""
+        _lib.library()
         if "kvxfer_engine_pool_device" in _lib.missing:
             return None  # a library older than GPU memory: host memory only
         dev = ctypes.c_int32()

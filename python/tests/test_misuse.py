@@ -92,25 +92,30 @@ def test_request_free_blocks_leaves_the_callers_own_blocks():
         gen.close()
 
 
-def test_engine_in_a_forked_child_does_not_hang():
-    """Importing kvxfer starts libkvxfer's Go runtime; a child forked
-    afterwards (multiprocessing's default on Linux, vLLM's
-    VLLM_WORKER_MULTIPROC_METHOD=fork) hangs in its first kvxfer call, with
-    no error. Every call in the child raises instead, naming the fork and
-    the way out."""
+@pytest.mark.parametrize("loaded", [False, True])
+def test_engine_in_a_forked_child_does_not_hang(loaded):
+    """libkvxfer's Go runtime does not survive a fork (multiprocessing's
+    default on Linux, vLLM's VLLM_WORKER_MULTIPROC_METHOD=fork): a child
+    forked after the library was loaded hung in its first call, with no
+    error. Now the library is loaded at the first call, not at import: a
+    parent that only imported kvxfer leaves its child free to load its own
+    (not loaded); in a child of a parent that used it, every call raises,
+    naming the fork and the way out (loaded)."""
     rc, out = _child("""
         import os, sys, time
         import kvxfer
         from conftest import small_config, unique
+        if %r:
+            kvxfer.Engine(small_config(unique("parent"))).close()
         pid = os.fork()
         if pid == 0:
             try:
                 kvxfer.Engine(small_config(unique("child"))).close()
             except RuntimeError as exc:
-                ok = "forked" in str(exc) and "spawn" in str(exc)
+                ok = %r and "forked" in str(exc) and "spawn" in str(exc)
                 print("child refused:", exc, flush=True)
                 os._exit(0 if ok else 4)
-            os._exit(5)  # it must be refused: the library's runtime did not survive the fork
+            os._exit(5 if %r else 0)  # after a load: it must be refused
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -121,7 +126,7 @@ def test_engine_in_a_forked_child_does_not_hang():
         os.waitpid(pid, 0)
         print("child hung in kvxfer_engine_open for 20 s")
         sys.exit(2)
-    """)
+    """ % (loaded, loaded, loaded))
     assert rc == 0, out[-1500:]
 
 
