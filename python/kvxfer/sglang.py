@@ -731,9 +731,10 @@ def install(backend="mooncake", config=None):
 
     get_kv_class._kvxfer_original = original
     get_kv_class._kvxfer_backend = member
+    replaced = (original, utils.get_kv_class)  # SGLang's, and a wrapper an earlier install() left
     for name, mod in list(sys.modules.items()):
         if (name == "sglang" or name.startswith("sglang.")) and mod is not None:
-            if getattr(mod, "get_kv_class", None) in (original, utils.get_kv_class):
+            if getattr(mod, "get_kv_class", None) in replaced:
                 mod.get_kv_class = get_kv_class
     utils.get_kv_class = get_kv_class
     return get_kv_class
