@@ -409,6 +409,11 @@ class _Transfer:
             self.mgr.reap()
         except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
             self._fail("kvxfer: polling failed: %s" % exc)
+        if self.mgr.closed and (self.live or self.state == KVPoll.Transferring):
+            # close() released the requests (their events no longer come)
+            # once no write touched the memory, or kept it for good.
+            self.live.clear()
+            self._fail("kvxfer node %s was closed" % self.mgr.instance)
         if self.reason is not None:
             return KVPoll.Transferring if self.live else KVPoll.Failed
         return None
