@@ -1,0 +1,745 @@
+"""kvxfer as an SGLang PD-disaggregation transfer backend.
+
+SGLang's prefill and decode schedulers drive a backend through four classes
+(python/sglang/srt/disaggregation/base/conn.py of SGLang's GitHub
+repository): a KVManager per scheduler process (rank), a KVSender per
+prefill request, a KVReceiver per decode request and a KVBootstrapServer on
+the prefill host. This module gives those four classes over a kvxfer Node
+(kvxfer_node_open) opened on SGLang's own KV pool; it does not import SGLang
+at module import (install() and the KVPoll values do, lazily), so it loads
+where SGLang is not installed.
+
+The call sequence it follows (SGLang's disaggregation/prefill.py and
+decode.py, commits 000c2b9 and 0035ca4 of prefill.py / decode.py, and the
+older receiver API):
+
+  prefill (PrefillBootstrapQueue, SchedulerDisaggregationPrefillMixin):
+    sender = KVSender(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)
+    sender.poll() until it is not Bootstrapping (Failed: failure_exception())
+    sender.init(num_pages, metadata_buffer_index)
+    sender.send(page_indices) once per prefill chunk, the pages of that
+        chunk; the last chunk is the one that completes num_pages (SGLang
+        writes the aux (metadata) buffers before it: set_buf)
+    sender.poll() until Success (the pages may be freed) or Failed
+        (failure_exception() raises, naming the reason); abort() on an
+        abort request; clear() after Success
+
+  decode (DecodePreallocQueue, DecodeTransferQueue):
+    receiver = KVReceiver(mgr, bootstrap_addr, bootstrap_room, ...)
+    newer SGLang: receiver.init(prefill_dp_rank), poll() until
+        WaitingForInput, then send_metadata(page_indices,
+        metadata_buffer_index, state_indices, decode_prefix_len=...)
+    older SGLang: poll() until WaitingForInput, then
+        receiver.init(page_indices, metadata_buffer_index)
+    receiver.poll() until Success (the pages and the aux slot hold the
+        prefill's bytes) or Failed; abort(), clear()
+
+No method SGLang calls from its scheduler loop raises for one request's
+trouble (poll, init, send, send_metadata, abort, clear): the request ends
+Failed and failure_exception() raises a RuntimeError naming the reason, as
+SGLang expects (it catches it and aborts that request alone). Failed is
+reported only once kvxfer's event for the request came: on the prefill side
+no transfer reads the pages any more, on the decode side no write can land
+in them (SGLang frees the pages as soon as it reads Failed).
+
+Mapping (docs/integration.md, "SGLang"):
+
+  - request id: "sglang-<bootstrap_room>" on both sides (the room is the
+    one value SGLang gives both sides of a request); the aux pieces move as
+    "sglang-<room>/aux<k>".
+  - a page is a kvxfer block: tokens_per_block = SGLang's page_size, a
+    request's kvxfer prompt is num_pages * page_size tokens (whole pages, as
+    SGLang moves them); send(page_indices) is one chunk of its pages.
+  - KV memory: kv_data_ptrs (one buffer per layer's K, then one per
+    layer's V; for MLA one per layer) become the node's "memory" of kind
+    "split_kv" (or "mla"), num_blocks = kv_data_lens / kv_item_lens, block
+    ids SGLang's page indices. The item length must be the layout's page
+    (tokens_per_block * kv_heads * head_dim * dtype_bytes per K or V
+    buffer): anything kvxfer cannot describe exactly is a ValueError at
+    KVManager construction naming it.
+  - aux (metadata) buffers: kvxfer's only way to move bytes outside the
+    KV layout is a request's payload (at most 4096 bytes, fixed when the
+    send opens), so at the last chunk the sender opens ceil(aux bytes /
+    4096) extra requests whose payloads carry the request's aux slot (every
+    aux buffer's item at aux_index, concatenated) and whose KV the receiver
+    takes none of; the decode side copies them into its own aux slot before
+    poll() says Success. Aux buffers must be host memory (SGLang's
+    MetadataBuffers are CPU tensors).
+  - routing: the decode side's kvxfer peer for a request is the prefill
+    instance named for the request's bootstrap_addr in the config
+    ("prefill_instances": {"host:port": "instance"}, or one
+    "prefill_instance"); its parallelism from the static peers' "parallel",
+    else "prefill_parallel". kvxfer's own rank mapping (TP heads, PP
+    layers) replaces SGLang's dest_tp_ranks. SGLang's bootstrap server is
+    not needed: KVBootstrapServer starts nothing.
+
+Configuration: install(backend, config) or $KVXFER_SGLANG_CONFIG (JSON
+text, or the path of a JSON file): kvxfer_node_open's keys (bind with
+{tp}/{pp}/{rank}, peers or discovery, key_file / secret_key / insecure,
+backend, ...) and the layout ("model" or "layout"), as the vLLM connector
+takes them, plus this module's own keys: "prefill_instance",
+"prefill_instances", "prefill_parallel", "kv_device" ("cuda", the default:
+SGLang's KV pool is on the rank's GPU, gpu_id; "cpu" for host memory) and
+"max_aux_requests" (default 16).
+"""
+
+import ctypes
+import json
+import logging
+import os
+import threading
+
+from .connector import NODE_KEYS, node_config
+from .core import KvxferError, Node, Outcome
+
+logger = logging.getLogger(__name__)
+
+# kvxfer's payload limit (messages.MaxPayload): the bytes one request carries.
+PAYLOAD_MAX = 4096
+
+# The keys this module reads from the config (the rest go to the node).
+OWN_KEYS = ("prefill_instance", "prefill_instances", "prefill_parallel", "kv_device", "max_aux_requests")
+
+_REFUSED = (KvxferError, ValueError, TypeError)
+
+
+class _Poll:
+    """SGLang's KVPoll values (base/conn.py, a class of plain ints there
+    too, which poll_and_all_reduce turns into a tensor)."""
+
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+# The values poll() returns: SGLang compares them with its own KVPoll.
+KVPoll = _Poll
+
+_installed_config = None
+
+
+def room_id(room):
+    """kvxfer's request id of SGLang's bootstrap_room (an int)."""
+    if isinstance(room, bool) or not isinstance(room, int):
+        try:
+            room = int(room)
+        except (TypeError, ValueError):
+            raise ValueError("bootstrap_room = %r: want an int" % (room,)) from None
+    return "sglang-%d" % room
+
+
+def _config(server_args=None):
+    """The kvxfer config: install()'s, else $KVXFER_SGLANG_CONFIG (JSON
+    text or a file's path). A ValueError names what is missing or wrong."""
+    if _installed_config is not None:
+        return dict(_installed_config)
+    raw = os.environ.get("KVXFER_SGLANG_CONFIG")
+    if not raw:
+        raise ValueError("kvxfer's SGLang backend has no config: call kvxfer.sglang.install(backend, config) in "
+                         "each SGLang process, or set KVXFER_SGLANG_CONFIG to its JSON (or a JSON file's path)")
+    text = raw
+    if not raw.lstrip().startswith("{"):
+        try:
+            with open(raw) as f:
+                text = f.read()
+        except OSError as exc:
+            raise ValueError("KVXFER_SGLANG_CONFIG = %r: neither JSON nor a readable file (%s)" % (raw, exc)) from None
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise ValueError("KVXFER_SGLANG_CONFIG: invalid JSON: %s" % exc) from None
+    if not isinstance(cfg, dict):
+        raise ValueError("KVXFER_SGLANG_CONFIG: want a JSON object, got %s" % type(cfg).__name__)
+    return cfg
+
+
+def _mode_name(mode):
+    """"prefill" or "decode" of SGLang's DisaggregationMode (an Enum whose
+    value is the name), or of a str."""
+    name = getattr(mode, "value", mode)
+    if name not in ("prefill", "decode"):
+        raise ValueError("disaggregation_mode = %r: want prefill or decode" % (mode,))
+    return name
+
+
+class KVManager:
+    """One scheduler process's (rank's) kvxfer Node over SGLang's KV pool.
+
+    KVManager(args, disaggregation_mode, server_args, is_mla_backend) as
+    SGLang's BaseKVManager. Everything kvxfer cannot do exactly is a
+    ValueError here, at startup, naming the value: a layout whose page is
+    not SGLang's item length, hybrid state pools (state_data_ptrs),
+    attention data parallelism, pipeline-parallel prefill, KV buffers of
+    unequal size, no node keys."""
+
+    def __init__(self, args, disaggregation_mode, server_args=None, is_mla_backend=False, config=None):
+        self.kv_args = args
+        self.mode = _mode_name(disaggregation_mode)
+        self.is_mla = bool(is_mla_backend)
+        cfg = dict(config) if config is not None else _config(server_args)
+        own = {k: cfg.pop(k) for k in OWN_KEYS if k in cfg}
+        if not any(k in cfg for k in NODE_KEYS):
+            raise ValueError("kvxfer's SGLang backend runs over a node: the config needs a node's keys (bind, and "
+                             "peers or discovery; key_file, secret_key or insecure), none of %s given"
+                             % sorted(cfg))
+        if server_args is not None and getattr(server_args, "enable_dp_attention", False):
+            raise ValueError("enable_dp_attention: kvxfer's SGLang backend does not map attention data-parallel "
+                             "ranks (each DP rank would be its own kvxfer instance); not supported yet")
+        states = [p for p in (getattr(args, "state_data_ptrs", None) or []) if p]
+        if states:
+            raise ValueError("state_data_ptrs (%d state pools: %s): hybrid models' Mamba/SWA/DSA state is no KV "
+                             "layer group kvxfer can describe; not supported"
+                             % (len(states), getattr(args, "state_types", "?")))
+        self.page_size = int(args.page_size)
+        self.prefill_instances = own.get("prefill_instances") or {}
+        if not isinstance(self.prefill_instances, dict):
+            raise ValueError("prefill_instances = %r: want {\"host:port\": \"instance\"}" % (self.prefill_instances,))
+        self.prefill_instance = own.get("prefill_instance")
+        self.prefill_parallel = own.get("prefill_parallel") or {}
+        self._peers = cfg.get("peers") if isinstance(cfg.get("peers"), list) else []
+        self.max_aux = int(own.get("max_aux_requests", 16))
+        kv_device = own.get("kv_device", "cuda")
+        if kv_device not in ("cuda", "cpu"):
+            raise ValueError("kv_device = %r: want \"cuda\" (SGLang's KV pool on the rank's GPU) or \"cpu\""
+                             % (kv_device,))
+        self.device = int(getattr(args, "gpu_id", 0) or 0) if kv_device == "cuda" else None
+
+        ptrs, lens, items = list(args.kv_data_ptrs), list(args.kv_data_lens), list(args.kv_item_lens)
+        if not ptrs or not (len(ptrs) == len(lens) == len(items)):
+            raise ValueError("kv_data_ptrs, kv_data_lens, kv_item_lens: %d, %d and %d entries, want equal and > 0"
+                             % (len(ptrs), len(lens), len(items)))
+        for i in range(len(ptrs)):
+            if items[i] != items[0] or lens[i] != lens[0]:
+                raise ValueError("KV buffer %d: %d bytes of %d-byte pages, buffer 0: %d of %d: kvxfer describes "
+                                 "every layer's buffer with one geometry" % (i, lens[i], items[i], lens[0], items[0]))
+        if items[0] <= 0 or lens[0] % items[0]:
+            raise ValueError("KV buffer of %d bytes is no whole number of %d-byte pages" % (lens[0], items[0]))
+        if self.is_mla:
+            layers, v_layers, kind = ptrs, None, "mla"
+        else:
+            if len(ptrs) % 2:
+                raise ValueError("%d KV buffers: an MHA pool has one K and one V buffer per layer (an even count)"
+                                 % len(ptrs))
+            layers, v_layers, kind = ptrs[: len(ptrs) // 2], ptrs[len(ptrs) // 2:], "split_kv"
+        self.num_pages = lens[0] // items[0]
+        mem = {"kind": kind, "num_blocks": self.num_pages, "layers": layers}
+        if v_layers is not None:
+            mem["v_layers"] = v_layers
+        if self.device is not None:
+            mem["device"] = self.device
+
+        tpb = cfg.get("tokens_per_block", (cfg.get("layout") or {}).get("tokens_per_block"))
+        if tpb is not None and tpb != self.page_size:
+            raise ValueError("tokens_per_block = %r in the config, SGLang's page_size is %d: a kvxfer block is an "
+                             "SGLang page" % (tpb, self.page_size))
+        cfg["tokens_per_block"] = self.page_size
+        tp = getattr(server_args, "tp_size", None) or cfg.get("tp", 1)
+        pp = getattr(server_args, "pp_size", None) or cfg.get("pp", 1)
+        if pp != 1 and self.mode == "prefill":
+            raise ValueError("pp_size = %d: kvxfer's layer split of a pipeline stage is not checked against "
+                             "SGLang's (start_layer, end_layer); pipeline-parallel prefill is not supported" % pp)
+        cfg.update(tp=tp, pp=pp, rank_tp=int(getattr(args, "engine_rank", 0) or 0),
+                   rank_pp=int(getattr(args, "pp_rank", 0) or 0))
+        ncfg = node_config(cfg, "producer" if self.mode == "prefill" else "consumer")
+        ncfg["memory"] = mem
+        self.node = Node(ncfg)
+        try:
+            self._check_geometry(items[0], len(layers))
+            # SGLang owns every page: kvxfer's allocator is unused.
+            for g, gi in enumerate(self.node.groups):
+                self.node.alloc(g, gi.blocks)
+        except BaseException:
+            self.node.close()
+            raise
+        self.instance = self.node.instance
+        self.aux = list(zip(getattr(args, "aux_data_ptrs", None) or [], getattr(args, "aux_item_lens", None) or []))
+        self.aux_bytes = sum(n for _, n in self.aux)
+        self.aux_requests = -(-self.aux_bytes // PAYLOAD_MAX)
+        if self.aux_requests > self.max_aux:
+            self.node.close()
+            raise ValueError("aux buffers of %d bytes per request need %d kvxfer requests of %d bytes each "
+                             "(payloads), more than max_aux_requests = %d"
+                             % (self.aux_bytes, self.aux_requests, PAYLOAD_MAX, self.max_aux))
+        self._lock = threading.RLock()
+        self._owners = {}  # request handle -> (owner, tag)
+        self.closed = False
+
+    def _check_geometry(self, item_len, nlayers):
+        info = self.node.info
+        if info.tokens_per_block != self.page_size:
+            raise ValueError("kvxfer opened %d tokens per block, SGLang's page_size is %d"
+                             % (info.tokens_per_block, self.page_size))
+        page = info.tokens_per_block * info.kv_heads * info.head_dim * info.dtype_bytes
+        if page != item_len:
+            raise ValueError("SGLang's page is %d bytes per layer buffer (kv_item_lens), kvxfer's layout has %d "
+                             "(%d tokens x %d KV heads on this rank x head_dim %d x %d bytes): the config's model "
+                             "or layout is not SGLang's" % (item_len, page, info.tokens_per_block, info.kv_heads,
+                                                            info.head_dim, info.dtype_bytes))
+        have = sum(g.layers for g in self.node.groups)
+        if have != nlayers or len(self.node.groups) != 1:
+            raise ValueError("SGLang registered %d layers' KV buffers, kvxfer's layout has %d layers on this rank "
+                             "in %d layer groups (want one group of the same layers; a draft model's KV pool "
+                             "adds its layers)" % (nlayers, have, len(self.node.groups)))
+
+    # SGLang calls ---------------------------------------------------------
+
+    def register_to_bootstrap(self):
+        """Nothing: routing comes from the config (prefill_instances)."""
+        return None
+
+    def close(self, timeout_ms=5000):
+        if not self.closed:
+            self.closed = True
+            self.node.close(timeout_ms)
+
+    # Events ----------------------------------------------------------------
+
+    def _track(self, req, owner, tag):
+        with self._lock:
+            self._owners[req.handle] = (owner, tag)
+
+    def reap(self):
+        """Hands every polled kvxfer event to its sender or receiver."""
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                events = self.node.poll(0)
+            except KvxferError as exc:  # closed under us: owners fail on their own
+                logger.warning("kvxfer: polling node %s: %s", self.instance, exc)
+                return
+            for ev in events:
+                owner, tag = self._owners.pop(ev.request, (None, None))
+                if owner is not None:
+                    owner._event(tag, ev)
+
+    def aux_slot(self, index):
+        """The aux slot index's bytes: each aux buffer's item, in order."""
+        return b"".join(ctypes.string_at(ptr + index * n, n) for ptr, n in self.aux)
+
+    def write_aux_slot(self, index, data):
+        off = 0
+        for ptr, n in self.aux:
+            ctypes.memmove(ptr + index * n, data[off:off + n], n)
+            off += n
+
+    def route(self, bootstrap_addr):
+        """(prefill instance, tp, pp) for a request of bootstrap_addr, or a
+        ValueError naming the address."""
+        name = self.prefill_instances.get(bootstrap_addr, self.prefill_instance)
+        if not name:
+            raise ValueError("bootstrap_addr %r names no prefill instance: the config's prefill_instances has %s "
+                             "and no prefill_instance" % (bootstrap_addr, sorted(self.prefill_instances)))
+        par = self.prefill_parallel.get(name, self.prefill_parallel) if isinstance(self.prefill_parallel, dict) else {}
+        if not par or not isinstance(par.get("tp", None), int):
+            par = {}
+            for p in self._peers:
+                if isinstance(p, dict) and p.get("instance") == name and p.get("parallel"):
+                    par = p["parallel"]
+                    break
+        return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1)
+
+
+class _Transfer:
+    """What a sender and a receiver share: the kvxfer requests of one
+    SGLang request, their events, and the Failed rule (reported once every
+    opened request's event came)."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room):
+        self.mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.room = bootstrap_room
+        self.reason = None  # why it failed, once decided
+        self.decided = False  # the reason is this side's own (abort, a bad call), not a kvxfer event's
+        self.live = {}      # tag -> kvxfer Request, until its event
+        self.events = {}    # tag -> Event
+        self.opened = False
+        self.state = KVPoll.Bootstrapping
+        try:
+            self.id = room_id(bootstrap_room)
+        except ValueError as exc:
+            self.id = None
+            self.reason, self.decided = str(exc), True
+
+    def _open(self, tag, req):
+        self.live[tag] = req
+        self.mgr._track(req, self, tag)
+        self.opened = True
+
+    def _event(self, tag, ev):
+        req = self.live.pop(tag, None)
+        self.events[tag] = ev
+        # The KV request's end says most: it replaces an aux request's
+        # (a cancel that followed it), not a cause this side decided.
+        if not ev.ok and (self.reason is None or (tag == "kv" and not self.decided)):
+            msg = ""
+            if req is not None:
+                try:
+                    msg = req.error_message()
+                except KvxferError:
+                    pass
+            self.reason = "kvxfer request %s%s ended %s (%s)%s" % (
+                self.id, "" if tag == "kv" else "/" + tag, ev.outcome.name, ev.error.name, ": " + msg if msg else "")
+        self._done(tag, ev, req)
+        if req is not None:
+            req.release()
+        if not ev.ok:
+            self._fail(self.reason, decided=False)  # the request's other kvxfer requests end too
+
+    def _done(self, tag, ev, req):
+        pass
+
+    def _fail(self, reason, decided=True):
+        """Decides the failure (the first reason wins; decided: this side's
+        own cause, not a kvxfer request's end) and cancels what is live:
+        Failed is reported once their events came."""
+        if self.reason is None:
+            self.reason = reason
+            self.decided = decided
+        for req in list(self.live.values()):
+            try:
+                req.cancel()
+            except KvxferError:
+                pass  # it ended meanwhile: its event still comes
+
+    def _poll(self):
+        try:
+            self.mgr.reap()
+        except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
+            self._fail("kvxfer: polling failed: %s" % exc)
+        if self.mgr.closed and (self.live or self.state == KVPoll.Transferring):
+            # close() released the requests (their events no longer come)
+            # once no write touched the memory, or kept it for good.
+            self.live.clear()
+            self._fail("kvxfer node %s was closed" % self.mgr.instance)
+        if self.reason is not None:
+            return KVPoll.Transferring if self.live else KVPoll.Failed
+        return None
+
+    def failure_exception(self):
+        raise RuntimeError("kvxfer transfer of bootstrap_room %s failed: %s" % (self.room, self.reason or "no failure"))
+
+    def abort(self):
+        self._fail("aborted (abort() called)")
+
+    def clear(self):
+        return None
+
+    def get_transfer_metric(self):
+        try:
+            from sglang.srt.disaggregation.base.conn import KVTransferMetric
+        except ImportError:
+            return None
+        total = sum(ev.bytes for ev in self.events.values())
+        return KVTransferMetric(transfer_total_bytes=total or None)
+
+
+class KVSender(_Transfer):
+    """The prefill side of one request: KVSender(mgr, bootstrap_addr,
+    bootstrap_room, dest_tp_ranks, pp_rank, ...) as SGLang's BaseKVSender.
+    dest_tp_ranks is not used: kvxfer maps ranks itself."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks=None, pp_rank=0, *args, **kwargs):
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self.num_pages = None
+        self.aux_index = None
+        self.sent = 0  # pages handed over
+        self.first_page = None
+        self.fences = []  # CUDA events kept until the request ends
+
+    def poll(self):
+        st = self._poll()
+        if st is not None:
+            return st
+        if self.state == KVPoll.Bootstrapping:
+            # kvxfer needs no handshake before the prefill: its sends wait
+            # for the decode side's request (either may come first).
+            self.state = KVPoll.WaitingForInput
+            return KVPoll.Bootstrapping
+        if self.state == KVPoll.Transferring and not self.live and self.sent == self.num_pages:
+            self.state = KVPoll.Success
+        return self.state
+
+    def init(self, num_kv_indices, aux_index=None):
+        try:
+            n = int(num_kv_indices)
+        except (TypeError, ValueError):
+            self._fail("init: num_kv_indices = %r is no page count" % (num_kv_indices,))
+            return
+        if n <= 0:
+            self._fail("init: num_kv_indices = %d, want at least one page" % n)
+            return
+        self.num_pages, self.aux_index = n, aux_index
+        if self.state == KVPoll.Bootstrapping:
+            self.state = KVPoll.WaitingForInput
+
+    def pop_decode_prefix_len(self):
+        return 0
+
+    def should_send_kv_chunk(self, num_pages, last_chunk):
+        return num_pages > 0
+
+    def _written(self):
+        """A CUDA event recorded on the KV device's current stream (the
+        forward's kernels are queued there), or None for host memory."""
+        if self.mgr.device is None:
+            return None
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.mgr.device))
+        self.fences.append(ev)
+        return ev
+
+    def _hand(self, req, start, end, runs, last, written):
+        if written is None:
+            req.chunk(start, end, runs, last=last).ready()
+        else:
+            req.chunk(start, end, runs, last=last, cuda_event=written, device=self.mgr.device)
+
+    def send(self, kv_indices, state_indices=None, *args, **kwargs):
+        """One prefill chunk: its page indices. Never raises: a chunk
+        kvxfer refuses, or one past the pages init() announced, fails this
+        request (poll() says Failed once no transfer reads its pages)."""
+        try:
+            self.mgr.reap()  # a failure already known stops the chunk
+        except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
+            self._fail("kvxfer: polling failed: %s" % exc)
+        if self.reason is not None:
+            return
+        try:
+            pages = [int(p) for p in kv_indices]
+        except (TypeError, ValueError) as exc:
+            self._fail("send: kv_indices %r: %s" % (kv_indices, exc))
+            return
+        if self.num_pages is None:
+            self._fail("send before init(num_kv_indices, aux_index)")
+            return
+        if state_indices and any(s is not None for s in state_indices):
+            self._fail("send: state_indices given: hybrid state is not supported by kvxfer's backend")
+            return
+        start, end = self.sent, self.sent + len(pages)
+        if end > self.num_pages:
+            self._fail("send: %d pages after %d sent, init announced %d" % (len(pages), start, self.num_pages))
+            return
+        if not pages:
+            return
+        ps, last = self.mgr.page_size, end == self.num_pages
+        try:
+            written = self._written()
+            if "kv" not in self.live and "kv" not in self.events:
+                self._open("kv", self.mgr.node.send(self.id, self.num_pages * ps))
+                self.first_page = pages[0]
+            self._hand(self.live["kv"], start * ps, end * ps, [(start, pages)], last, written)
+            self.sent = end
+            self.state = KVPoll.Transferring
+            if last:
+                self._send_aux(written)
+        except _REFUSED as exc:
+            self._fail("send of pages [%d, %d): %s" % (start, end, exc))
+        except KeyError:
+            self._fail("send of pages [%d, %d): its kvxfer request already ended" % (start, end))
+
+    def _send_aux(self, written):
+        """The request's aux slot, in payloads of at most PAYLOAD_MAX bytes,
+        one extra request each; the decode side takes no KV of them (a
+        one-page chunk of this request's first page names a source that is
+        pinned anyway)."""
+        mgr = self.mgr
+        if not mgr.aux_requests:
+            return
+        if self.aux_index is None:
+            data = b""
+        else:
+            data = mgr.aux_slot(int(self.aux_index))
+        ps = mgr.page_size
+        for k in range(mgr.aux_requests):
+            piece = data[k * PAYLOAD_MAX:(k + 1) * PAYLOAD_MAX]
+            tag = "aux%d" % k
+            req = mgr.node.send("%s/%s" % (self.id, tag), ps, payload=piece)
+            self._open(tag, req)
+            self._hand(req, 0, ps, [(0, [self.first_page])], True, written)
+
+
+class KVReceiver(_Transfer):
+    """The decode side of one request: KVReceiver(mgr, bootstrap_addr,
+    bootstrap_room, ...) as SGLang's BaseKVReceiver; the destination pages
+    come with init(kv_indices, aux_index) (older SGLang) or
+    send_metadata(kv_indices, aux_index, state_indices, decode_prefix_len)
+    after init(prefill_dp_rank) (newer)."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, *args, **kwargs):
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self.route = None
+        self.aux_index = None
+        self.aux_data = {}
+        if self.reason is None:
+            try:
+                self.route = mgr.route(bootstrap_addr)
+            except ValueError as exc:
+                self.reason, self.decided = str(exc), True
+
+    def poll(self):
+        st = self._poll()
+        if st is not None:
+            return st
+        if self.state == KVPoll.Bootstrapping:
+            self.state = KVPoll.WaitingForInput
+            return KVPoll.Bootstrapping
+        if self.state == KVPoll.Transferring and not self.live and self.opened:
+            if not self._finish():
+                return KVPoll.Failed
+            self.state = KVPoll.Success
+        return self.state
+
+    def init(self, kv_indices=None, aux_index=None, *args, **kwargs):
+        """Newer SGLang: init(prefill_dp_rank), an int (the pages come with
+        send_metadata). Older: init(kv_indices, aux_index)."""
+        if kv_indices is None or isinstance(kv_indices, int):
+            if kv_indices not in (None, 0):
+                self._fail("init: prefill_dp_rank = %r: attention data parallelism is not supported" % (kv_indices,))
+            return
+        self.send_metadata(kv_indices, aux_index)
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None, **kwargs):
+        if self.reason is not None or self.opened:
+            if self.opened:
+                self._fail("send_metadata called twice")
+            return
+        try:
+            pages = [int(p) for p in kv_indices]
+        except (TypeError, ValueError) as exc:
+            self._fail("send_metadata: kv_indices %r: %s" % (kv_indices, exc))
+            return
+        if state_indices and any(s is not None for s in state_indices):
+            self._fail("send_metadata: state_indices given: hybrid state is not supported by kvxfer's backend")
+            return
+        mgr, ps = self.mgr, self.mgr.page_size
+        hit = int(decode_prefix_len or 0)
+        if hit % ps:
+            self._fail("send_metadata: decode_prefix_len = %d is not whole pages of %d" % (hit, ps))
+            return
+        total = hit // ps + len(pages)
+        if total <= 0:
+            self._fail("send_metadata: no pages")
+            return
+        context, tp, pp = self.route
+        self.aux_index = aux_index
+        try:
+            req = mgr.node.receive(self.id, total * ps, context, blocks=[pages], prefix_hit_blocks=[hit // ps],
+                                   context_tp=tp, context_pp=pp)
+            self._open("kv", req)
+            for k in range(mgr.aux_requests):
+                tag = "aux%d" % k
+                self._open(tag, mgr.node.receive("%s/%s" % (self.id, tag), ps, context, blocks=[[]],
+                                                 prefix_hit_blocks=[1], context_tp=tp, context_pp=pp))
+        except _REFUSED as exc:
+            self._fail("receive from %s: %s" % (context, exc))
+            return
+        self.state = KVPoll.Transferring
+
+    def _done(self, tag, ev, req):
+        if tag != "kv" and ev.ok and req is not None:
+            self.aux_data[tag] = req.payload()
+
+    def _finish(self):
+        """Copies the aux pieces into the aux slot; False (with the reason)
+        when they are not the bytes this side's aux buffers hold."""
+        mgr = self.mgr
+        if not mgr.aux_requests:
+            return True
+        data = b"".join(self.aux_data.get("aux%d" % k, b"") for k in range(mgr.aux_requests))
+        if len(data) != mgr.aux_bytes:
+            self.reason = ("aux: the prefill sent %d bytes of metadata, this side's aux buffers hold %d per request "
+                           "(another model, or a prefill that had no aux_index)" % (len(data), mgr.aux_bytes))
+            return False
+        if self.aux_index is None:
+            self.reason = "aux: the prefill sent metadata, but no aux_index was given"
+            return False
+        mgr.write_aux_slot(int(self.aux_index), data)
+        return True
+
+
+class KVBootstrapServer:
+    """SGLang's bootstrap server, KVBootstrapServer(host, port): kvxfer
+    needs none (routing is in the config, peers are the node's), so it
+    starts nothing and keeps the address."""
+
+    def __init__(self, host=None, port=None, *args, **kwargs):
+        self.host, self.port = host, port
+
+    def run(self):
+        return None
+
+    def close(self):
+        return None
+
+
+class KVArgs:
+    """KVArgs for an SGLang without its own class (SGLang's is used when
+    it has one)."""
+
+
+_CLASSES = {"kvargs": KVArgs, "manager": KVManager, "sender": KVSender, "receiver": KVReceiver,
+            "bootstrap_server": KVBootstrapServer}
+
+
+def install(backend="mooncake", config=None):
+    """Makes SGLang's get_kv_class return kvxfer's classes for the
+    transfer backend named backend (a TransferBackend value: "mooncake",
+    "nixl", ...), so that `--disaggregation-transfer-backend <backend>`
+    runs kvxfer. config: the kvxfer config (else $KVXFER_SGLANG_CONFIG).
+
+    It replaces sglang.srt.disaggregation.utils.get_kv_class, and the
+    name in every SGLang module already imported that bound it (prefill.py
+    and decode.py import it by name), with a wrapper that answers
+    backend's classes and hands every other backend to SGLang's. Run it in
+    every SGLang process (with multiprocessing's spawn, at the top level of
+    the launching script, which each child imports again). An SGLang
+    without get_kv_class, TransferBackend or KVClassType, or without the
+    backend name, is a RuntimeError naming what is missing."""
+    global _installed_config
+    import importlib
+    import sys
+
+    try:
+        utils = importlib.import_module("sglang.srt.disaggregation.utils")
+    except ImportError as exc:
+        raise RuntimeError("kvxfer.sglang.install: SGLang's sglang.srt.disaggregation.utils cannot be imported "
+                           "(%s)" % exc) from None
+    missing = [n for n in ("get_kv_class", "TransferBackend", "KVClassType") if not hasattr(utils, n)]
+    if missing:
+        raise RuntimeError("kvxfer.sglang.install: this SGLang's disaggregation/utils.py lacks %s, which install "
+                           "patches" % ", ".join(missing))
+    try:
+        member = utils.TransferBackend(backend)
+    except ValueError:
+        raise RuntimeError("kvxfer.sglang.install: backend %r is not one of this SGLang's TransferBackend values "
+                           "(%s)" % (backend, ", ".join(b.value for b in utils.TransferBackend))) from None
+    if config is not None:
+        _installed_config = dict(config)
+    original = getattr(utils.get_kv_class, "_kvxfer_original", utils.get_kv_class)
+
+    def get_kv_class(transfer_backend, class_type):
+        if transfer_backend != member:
+            return original(transfer_backend, class_type)
+        key = getattr(class_type, "value", class_type)
+        if key == "kvargs":
+            try:
+                from sglang.srt.disaggregation.base.conn import KVArgs as SGLangKVArgs
+                return SGLangKVArgs
+            except ImportError:
+                return KVArgs
+        return _CLASSES.get(key)
+
+    get_kv_class._kvxfer_original = original
+    get_kv_class._kvxfer_backend = member
+    replaced = (original, utils.get_kv_class)  # SGLang's, and a wrapper an earlier install() left
+    for name, mod in list(sys.modules.items()):
+        if (name == "sglang" or name.startswith("sglang.")) and mod is not None:
+            if getattr(mod, "get_kv_class", None) in replaced:
+                mod.get_kv_class = get_kv_class
+    utils.get_kv_class = get_kv_class
+    return get_kv_class

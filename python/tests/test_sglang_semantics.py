@@ -1,0 +1,264 @@
+"""kvxfer.sglang driven as SGLang's schedulers drive a transfer backend.
+
+The sequence (SGLang's python/sglang/srt/disaggregation/prefill.py and
+decode.py; kvxfer/sglang.py's docstring cites the commits):
+
+  prefill: sender = KVSender(mgr, bootstrap_addr, bootstrap_room,
+           dest_tp_ranks, pp_rank); poll() until not Bootstrapping
+           (PrefillBootstrapQueue.pop_bootstrapped); init(num_pages,
+           metadata_buffer_index); send(page_indices) per chunk from
+           send_kv_chunk, set_buf(req) writing the aux slot before the last
+           one; poll() in process_disagg_prefill_inflight_queue until
+           Success or Failed (then failure_exception(), caught).
+  decode:  receiver = KVReceiver(mgr, bootstrap_addr, bootstrap_room);
+           older: poll() until WaitingForInput, init(page_indices,
+           metadata_buffer_index); newer: init(prefill_dp_rank), poll()
+           until WaitingForInput, send_metadata(page_indices,
+           metadata_buffer_index, state_indices, decode_prefix_len=...);
+           poll() in DecodeTransferQueue.pop_transferred until Success
+           (reads the aux slot) or Failed.
+
+Two nodes in one process over host memory (ucx, CURVE); every byte of
+every layer's K and V pages and of the aux slot is compared."""
+
+import tempfile
+
+import pytest
+
+import kvxfer
+from kvxfer import sglang as ks
+from kvxfer.sglang import KVManager, KVPoll, KVReceiver, KVSender
+
+from conftest import unique
+from sglang_helpers import AUX_ITEMS, ITEM, PAGE, Pool, node_cfg, poll_until
+
+P, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
+ADDR = "10.0.0.1:8998"  # the prefill's bootstrap address, as the router hands it to both sides
+TERMINAL = (S, F)
+
+
+def _pair(tmp, prefill_kw=None, decode_kw=None, start_prefill=True):
+    (p_pub, p_sec), (d_pub, d_sec) = kvxfer.keygen(), kvxfer.keygen()
+    p_name, d_name = unique("sg-prefill"), unique("sg-decode")
+    p_ep, d_ep = "ipc://%s/p.sock" % tmp, "ipc://%s/d.sock" % tmp
+    p_cfg = node_cfg(p_name, p_ep, p_sec, [{"instance": d_name, "endpoint": d_ep, "public_key": d_pub}],
+                     **(prefill_kw or {}))
+    d_cfg = node_cfg(d_name, d_ep, d_sec, [{"instance": p_name, "endpoint": p_ep, "public_key": p_pub}],
+                     prefill_instances={ADDR: p_name}, **(decode_kw or {}))
+    p_pool, d_pool = Pool(), Pool()
+    pm = KVManager(p_pool.args, "prefill", None, False, config=p_cfg) if start_prefill else None
+    dm = KVManager(d_pool.args, "decode", None, False, config=d_cfg)
+    if pm is not None:  # both connected, as long-running instances are
+        pm.node.wait_peers(20000)
+        dm.node.wait_peers(20000)
+    return pm, dm, p_pool, d_pool
+
+
+@pytest.fixture
+def pair():
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        made = []
+
+        def make(**kw):
+            out = _pair(tmp, **kw)
+            made.extend(m for m in out[:2] if m is not None)
+            return out
+
+        before = kvxfer.handle_count()
+        yield make
+        for m in made:
+            m.close()
+        assert kvxfer.handle_count() == before
+
+
+def _bootstrap(sender, receiver, num_pages, p_slot, d_pages, d_slot, newer=False, seen=None):
+    """Both sides as SGLang bootstraps them, up to the decode's pages."""
+    if newer:
+        receiver.init(0)  # prefill_dp_rank
+    poll_until([sender], lambda s: s[0] != P, seen=seen and seen[:1])
+    sender.init(num_pages, p_slot)
+    poll_until([receiver], lambda s: s[0] != P, seen=seen and seen[1:])
+    if newer:
+        receiver.send_metadata(d_pages, d_slot, None, decode_prefix_len=0)
+    else:
+        receiver.init(d_pages, d_slot)
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["init-pages", "send-metadata"])
+def test_chunked_prompt_lands_in_the_decode_pages(pair, newer):
+    """A 10-page prompt in chunks of 4, 4 and 2 pages, into other page ids
+    on the decode side: every byte of every layer's K and V and of the aux
+    slot (two payloads) lands; both sides go Bootstrapping,
+    WaitingForInput, Transferring, Success. (Checked to fail: with the aux
+    copy in _finish removed, the aux slot stays zero; with each chunk's
+    run naming its first page for every page, the request fails.)"""
+    pm, dm, pp, dp = pair()
+    room = 1234567890123
+    src, dst = list(range(3, 13)), [30, 2, 17, 5, 9, 21, 11, 28, 14, 6]
+    pp.fill(src, seed=1)
+    pp.fill_aux(2, seed=2)
+    sender = KVSender(pm, ADDR, room, [0], 0)
+    receiver = KVReceiver(dm, ADDR, room)
+    seen = [[], []]
+    _bootstrap(sender, receiver, len(src), 2, dst, 3, newer=newer, seen=seen)
+    for lst, o in zip(seen, (sender, receiver)):
+        lst.append(o.poll())
+    for a, b in ((0, 4), (4, 8), (8, 10)):
+        sender.send(src[a:b])
+        assert sender.poll() in (T, S)
+    states = poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s), seen=seen)
+    assert states == [S, S], (sender.reason, receiver.reason)
+    dedup = [[s for i, s in enumerate(lst) if i == 0 or lst[i - 1] != s] for lst in seen]
+    assert dedup == [[P, W, T, S], [P, W, T, S]], dedup
+    assert (dp.pages(dst) == pp.pages(src)).all()
+    assert dp.aux_slot(3) == pp.aux_slot(2) and any(dp.aux_slot(3))
+    assert not dp.pages([0, 1]).any()  # no other page touched
+    assert dm.aux_requests == 2  # 5,504 aux bytes: two payloads of at most 4096
+
+
+def test_decode_prefix_hit_pages_are_not_written(pair):
+    """newer SGLang's decode_prefix_len: the decode holds the first pages in
+    its own prefix cache and names only the rest; the prefill (whose
+    pop_decode_prefix_len is 0) sends the whole prompt, and only the pages
+    past the hit are written."""
+    pm, dm, pp, dp = pair()
+    src, dst = list(range(3, 9)), [20, 21, 22, 23]  # 6 pages, 2 of them a decode prefix hit
+    pp.fill(src, seed=3)
+    sender, receiver = KVSender(pm, ADDR, 77, [0], 0), KVReceiver(dm, ADDR, 77)
+    receiver.init(0)
+    poll_until([sender, receiver], lambda s: P not in s)
+    sender.init(len(src), 0)
+    receiver.send_metadata(dst, 0, None, decode_prefix_len=2 * PAGE)
+    sender.send(src[:4])
+    sender.send(src[4:])
+    assert poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s)) == [S, S], receiver.reason
+    assert (dp.pages(dst) == pp.pages(src[2:])).all()
+
+
+def _failed(obj, *words):
+    """obj's failure_exception raises, naming every word."""
+    with pytest.raises(RuntimeError) as exc:
+        obj.failure_exception()
+    for w in words:
+        assert w in str(exc.value), (w, str(exc.value))
+    return str(exc.value)
+
+
+def test_wrong_pages_count_fails_both_sides(pair):
+    """The decode side names 9 pages, the prefill announced 10: kvxfer's
+    prompt check fails both, naming both lengths, no hang, no exception raised into
+    the caller."""
+    pm, dm, pp, dp = pair()
+    sender, receiver = KVSender(pm, ADDR, 5, [0], 0), KVReceiver(dm, ADDR, 5)
+    _bootstrap(sender, receiver, 10, 0, list(range(20, 29)), 0)
+    sender.send(list(range(3, 13)))
+    assert poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s)) == [F, F]
+    _failed(receiver, "planned a prompt of 36 tokens, Send has 40 tokens")
+    _failed(sender, "sglang-5", "40 tokens")
+
+
+def test_send_past_the_announced_pages_fails_alone(pair):
+    """A send past init's page count raises nothing: the request fails,
+    naming the counts, once its kvxfer send ended; another request of the
+    same managers still succeeds."""
+    pm, dm, pp, dp = pair()
+    bad, badr = KVSender(pm, ADDR, 6, [0], 0), KVReceiver(dm, ADDR, 6)
+    _bootstrap(bad, badr, 2, 0, [20, 21], 0)
+    bad.send([3])
+    bad.send([4, 5])  # 3 pages of 2
+    assert poll_until([bad, badr], lambda s: all(x in TERMINAL for x in s)) == [F, F]
+    _failed(bad, "init announced 2")
+    good, goodr = KVSender(pm, ADDR, 7, [0], 0), KVReceiver(dm, ADDR, 7)
+    pp.fill([8, 9], seed=4)
+    _bootstrap(good, goodr, 2, 1, [22, 23], 1)
+    good.send([8, 9])
+    assert poll_until([good, goodr], lambda s: all(x in TERMINAL for x in s)) == [S, S]
+    assert (dp.pages([22, 23]) == pp.pages([8, 9])).all()
+
+
+@pytest.mark.parametrize("who", ["receiver", "sender"])
+def test_abort_mid_transfer(pair, who):
+    """abort() after the first of two chunks: both sides end Failed (the
+    aborted one naming the abort, the other its kvxfer request's end),
+    each only once kvxfer's events came; nothing raises. (Checked to fail
+    with abort() a no-op.)"""
+    # A decode abort that races the prefill's last chunk leaves the aux
+    # sends opened after it to end at the transfer timeout (a kvxfer send
+    # opened after its receiver cancelled waits for its deadline): 5 s here.
+    pm, dm, pp, dp = pair(prefill_kw={"transfer_timeout": "5s"}, decode_kw={"transfer_timeout": "5s"})
+    sender, receiver = KVSender(pm, ADDR, 8, [0], 0), KVReceiver(dm, ADDR, 8)
+    _bootstrap(sender, receiver, 4, 0, [20, 21, 22, 23], 0)
+    sender.send([3, 4])
+    (receiver if who == "receiver" else sender).abort()
+    sender.send([5, 6])  # SGLang hands the last chunk all the same: nothing raises
+    assert poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s)) == [F, F]
+    aborted, other = (receiver, sender) if who == "receiver" else (sender, receiver)
+    _failed(aborted, "aborted")
+    _failed(other, "sglang-8")
+
+
+def test_prefill_closing_mid_transfer_fails_the_decode(pair):
+    """The prefill's manager closes (its node cancels what is live) after
+    the first chunk: the decode request ends Failed naming the cause."""
+    pm, dm, pp, dp = pair()
+    sender, receiver = KVSender(pm, ADDR, 9, [0], 0), KVReceiver(dm, ADDR, 9)
+    _bootstrap(sender, receiver, 4, 0, [20, 21, 22, 23], 0)
+    sender.send([3, 4])
+    pm.close()
+    assert poll_until([receiver], lambda s: s[0] in TERMINAL) == [F]
+    msg = _failed(receiver, "sglang-9")
+    assert "CANCELLED" in msg or "PEER_GONE" in msg, msg
+    assert sender.poll() == F  # its node is closed: no exception either
+    _failed(sender, "was closed")
+
+
+def test_prefill_not_started_fails_at_the_deadline(pair):
+    """No prefill process at all: the decode request waits for its writer
+    and ends Failed at kvxfer's transfer timeout, naming it; no hang."""
+    pm, dm, pp, dp = pair(decode_kw={"transfer_timeout": "2s"}, start_prefill=False)
+    receiver = KVReceiver(dm, ADDR, 10)
+    poll_until([receiver], lambda s: s[0] != P)
+    receiver.init([20, 21], 0)
+    assert poll_until([receiver], lambda s: s[0] in TERMINAL) == [F]
+    _failed(receiver, "TIMED_OUT")
+
+
+def test_unknown_bootstrap_addr_fails_at_once(pair):
+    pm, dm, pp, dp = pair()
+    receiver = KVReceiver(dm, "10.9.9.9:1", 11)
+    assert receiver.poll() == F
+    _failed(receiver, "10.9.9.9:1", "prefill_instances")
+    receiver.init([20], 0)  # nothing raises, nothing opens
+    assert receiver.poll() == F
+
+
+def test_manager_refuses_what_kvxfer_cannot_describe():
+    """Each refusal names the value: a page (kv_item_lens) other than the
+    layout's, hybrid state pools, aux needing more payloads than allowed,
+    no node keys, a config tokens_per_block other than page_size."""
+    pub, sec = kvxfer.keygen()
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        cfg = node_cfg(unique("sg-r"), "ipc://%s/r.sock" % tmp, sec, [], send_only=True)
+        before = kvxfer.handle_count()
+        bad = Pool(item=ITEM * 2)
+        with pytest.raises(ValueError, match="256 bytes per layer buffer.*kvxfer's layout has 128"):
+            KVManager(bad.args, "prefill", None, False, config=cfg)
+        pool = Pool()
+        pool.args.state_data_ptrs = [[pool.kv.ctypes.data]]
+        with pytest.raises(ValueError, match="state_data_ptrs"):
+            KVManager(pool.args, "prefill", None, False, config=cfg)
+        big = Pool(aux_items=[4096] * 3)
+        with pytest.raises(ValueError, match="max_aux_requests = 2"):
+            KVManager(big.args, "prefill", None, False, config=dict(cfg, max_aux_requests=2))
+        with pytest.raises(ValueError, match="node's keys"):
+            KVManager(Pool().args, "prefill", None, False, config={"layout": cfg["layout"]})
+        with pytest.raises(ValueError, match="tokens_per_block = 16.*page_size is 4"):
+            KVManager(Pool().args, "prefill", None, False, config=dict(cfg, tokens_per_block=16))
+        assert kvxfer.handle_count() == before  # every refused node was closed
+
+
+def test_room_ids():
+    assert ks.room_id(42) == "sglang-42"
+    with pytest.raises(ValueError, match="bootstrap_room"):
+        ks.room_id("x")
+    assert sum(AUX_ITEMS) == 5504
