@@ -542,6 +542,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	// restarting, not a wrong endpoint, and is waited out).
 	spoke := map[messages.PeerID]time.Time{}
 	reached := map[messages.PeerID]bool{}
+	refused := n.link.Refused() // handshakes our listener refused before this wait
 	for {
 		if err := n.Err(); err != nil {
 			return err
@@ -609,6 +610,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			// the race the membership goroutine redials for.
 			st, err := n.link.PeerState(id)
 			if err == nil && st.Conn == zmq.ConnHandshakeFailed && p.Endpoint != "" {
+				n.awaitOurRefusals(ctx, refused)
 				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
 			}
 			who := id.String() + " at " + endpoint
@@ -663,6 +665,29 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 		if st, err := n.link.PeerState(peer); err != nil || st.Conn == zmq.ConnUp {
 			return
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-bound.C:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// awaitOurRefusals, before WaitPeers returns a failed handshake (and the
+// process, as the kvxfer command does, exits), lets the peer learn of it
+// too: when the mistake is the peer's (its own key is not the one we hold
+// for it), its only news is our refusal of its handshakes, which stops
+// with our listener. It waits until the link refused a handshake after
+// WaitPeers began (it had refused from before), for at most waitHintBeats
+// heartbeat intervals, or until ctx ends.
+func (n *Node) awaitOurRefusals(ctx context.Context, from int64) {
+	bound := time.NewTimer(waitHintBeats * n.heartbeat())
+	defer bound.Stop()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for n.link.Refused() <= from {
 		select {
 		case <-ctx.Done():
 			return

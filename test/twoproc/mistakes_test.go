@@ -155,3 +155,25 @@ func otherKey(t *testing.T) string {
 	}
 	return pub
 }
+
+// TestOwnWrongKeyNamedOnBothSides: ctx runs with gen's key pair (a user's
+// --key gen.key), gen as it should. gen names the failed handshake at
+// once and exits; ctx, the side with the mistake, must name it too (gen
+// refused its key) well inside its 20 s timeout, not wait it out and
+// blame a silent peer ("said nothing"). Before, gen exited before its
+// refusals reached ctx (a review: ctx failed at its deadline).
+func TestOwnWrongKeyNamedOnBothSides(t *testing.T) {
+	g, c := options(t, 3, 0)
+	g.Heartbeat, c.Heartbeat = 500*time.Millisecond, 500*time.Millisecond
+	c.SecretKey = g.SecretKey
+	gen := spawn(t, "gen", g)
+	ctx := spawn(t, "ctx", c)
+	gr, _ := gen.wait(t, 15*time.Second)
+	cr, _ := ctx.wait(t, 15*time.Second) // well inside the 20 s transfer timeout
+	if !strings.Contains(gr.FirstError, "handshake") || !strings.Contains(gr.FirstError, "ctx/0") {
+		t.Fatalf("gen's failure does not name the handshake with ctx/0: %q", gr.FirstError)
+	}
+	if cr.Failed != 3 || !strings.Contains(cr.FirstError, "refused our key") || !strings.Contains(cr.FirstError, "gen/0") {
+		t.Fatalf("ctx (the side with the wrong key) does not name gen/0's refusal of its key: %+v", cr)
+	}
+}
