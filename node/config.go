@@ -553,7 +553,7 @@ func (c Config) Validate() error {
 			}
 			continue
 		}
-		if err := zmq.CheckEndpoint(p.Endpoint); err != nil {
+		if err := zmq.CheckPeerEndpoint(p.Endpoint); err != nil { // one to dial: no wildcard
 			return bad(f+".endpoint", p.Endpoint, "%v", trimZmq(err))
 		}
 		if !c.Insecure && (p.PublicKeyFile == "") == (p.PublicKey == "") {

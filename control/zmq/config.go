@@ -213,7 +213,7 @@ func (c Config) normalize() (Config, error) {
 	}
 	peers := make(map[messages.PeerID]string, len(c.Peers))
 	for id, ep := range c.Peers {
-		if err := CheckEndpoint(ep); err != nil {
+		if err := CheckPeerEndpoint(ep); err != nil {
 			return c, fmt.Errorf("%w (peer %s)", err, id)
 		}
 		peers[id] = ep

@@ -40,9 +40,15 @@ func CheckEndpoint(endpoint string) error {
 		return fmt.Errorf("%w: endpoint %q has no address", ErrConfig, endpoint)
 	case scheme == "tcp":
 		return checkTCP(endpoint, addr, false)
+	case scheme == "ipc" && len(addr) > MaxIPCPath:
+		return fmt.Errorf("%w: endpoint %q: the path is %d bytes, a unix socket's holds at most %d: use a shorter path (a directory nearer the root)", ErrConfig, endpoint, len(addr), MaxIPCPath)
 	}
 	return nil
 }
+
+// MaxIPCPath is the longest path of an ipc:// endpoint: a unix socket
+// address holds 108 bytes, its terminating NUL included (Linux).
+const MaxIPCPath = 107
 
 // CheckPeerEndpoint is CheckEndpoint for an endpoint to connect to (a
 // peer's): a tcp:// one must name a host and a port in 1..65535, not the

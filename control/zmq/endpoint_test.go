@@ -45,6 +45,8 @@ func TestCheckTCPEndpoint(t *testing.T) {
 		{"tcp://h:1;h:0", "", "port 0 is no peer's port", "source, then a wildcard peer"},
 		{"tcp://h:x;h:1", `port "x" is not a number`, `port "x" is not a number`, "bad source"},
 		{"ipc:///run/ctx.sock", "", "", "ipc"},
+		{"ipc:///" + strings.Repeat("a", MaxIPCPath-1), "", "", "longest ipc path"},
+		{"ipc:///" + strings.Repeat("a", MaxIPCPath), "a unix socket's holds at most 107", "a unix socket's holds at most 107", "ipc path too long"},
 		{"inproc://ctx", "", "", "inproc"},
 	} {
 		for _, check := range []struct {

@@ -166,7 +166,7 @@ func (l *Link) peerLocked(id messages.PeerID) *peerInfo {
 // AddPeer adds (or moves) a peer's ROUTER endpoint to the directory. The
 // heartbeat goroutine starts beating it within one interval.
 func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
-	if err := CheckEndpoint(endpoint); err != nil {
+	if err := CheckPeerEndpoint(endpoint); err != nil {
 		return fmt.Errorf("%w (peer %s)", err, id)
 	}
 	l.mu.Lock()
