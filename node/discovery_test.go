@@ -372,6 +372,54 @@ func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
 	}
 }
 
+// TestEtcdPeerThatLeftIsNamed: ctx/0 waits for gen/0, found through etcd;
+// gen/0 registers, refuses ctx/0's record (it pins another key for it),
+// fails its own WaitPeers and closes, as the kvxfer command does. ctx/0's
+// WaitPeers then says at once that gen/0 registered and left, not "not
+// registered" at its deadline (a review found that). (Checked to fail
+// without the departure record: ErrPeerSilent at the deadline.)
+func TestEtcdPeerThatLeftIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	cluster := clusterName("node-left")
+	dir := t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
+	cc := base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	cc.Peers = []node.Peer{{Instance: "gen"}}
+	ctxN := open(t, cc)
+	waited := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	go func() { waited <- ctxN.WaitPeers(ctx) }()
+
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx", PublicKey: newKeys(t).public}}
+	genN, err := node.Open(context.Background(), gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, gcancel := context.WithTimeout(context.Background(), patience)
+	err = genN.WaitPeers(gctx)
+	gcancel()
+	if !errors.Is(err, node.ErrHandshake) {
+		t.Errorf("gen's WaitPeers: %v, want ErrHandshake (it pins another key for ctx/0)", err)
+	}
+	closeCtx, closeCancel := context.WithTimeout(context.Background(), patience)
+	if err := genN.Close(closeCtx); err != nil {
+		t.Errorf("Close(gen): %v", err)
+	}
+	closeCancel()
+	err = <-waited
+	if !errors.Is(err, node.ErrPeerUnreachable) || !strings.Contains(err.Error(), "gen/0 registered in etcd cluster "+cluster+", then left it") {
+		t.Fatalf("ctx's WaitPeers after gen/0 registered and left: %v, want ErrPeerUnreachable saying it registered, then left", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("ctx's WaitPeers waited out its deadline")
+	}
+}
+
 var clusterSeq atomic.Int64
 
 // clusterName is base made unique within this test process, so that runs

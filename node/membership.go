@@ -130,6 +130,7 @@ func (n *Node) apply(ev discovery.Event) {
 		gone := ok && f.rec.Incarnation == ev.Incarnation
 		if gone {
 			delete(n.found, id)
+			n.departed[id] = departure{at: time.Now(), reason: ev.Reason}
 		}
 		n.mu.Unlock()
 		if !ok {
@@ -240,6 +241,7 @@ func (n *Node) peerUp(rec discovery.Record) {
 	n.mu.Lock()
 	n.found[id] = &found{rec: rec}
 	delete(n.refused, id)
+	delete(n.departed, id)
 	n.mu.Unlock()
 	lg.Info().Str("endpoint", rec.ControlEndpoint).Msgf("peer %s found in etcd cluster %s at %s", id, n.cfg.Cluster, rec.ControlEndpoint)
 }
@@ -391,6 +393,21 @@ func (n *Node) whyRefused(id messages.PeerID) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.refused[id]
+}
+
+// departure is when and why a peer's record left etcd.
+type departure struct {
+	at     time.Time
+	reason string
+}
+
+// departure reports whether peer id's record left etcd and has not come
+// back, and when and why.
+func (n *Node) departure(id messages.PeerID) (departure, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d, ok := n.departed[id]
+	return d, ok
 }
 
 // foundEndpoint is the endpoint of an etcd peer up now.

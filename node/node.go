@@ -77,8 +77,10 @@ type Node struct {
 	mu      sync.Mutex
 	found   map[messages.PeerID]*found // peers etcd reports up
 	refused map[messages.PeerID]string // why a peer's record was refused
-	self    discovery.Record           // the record registered
-	err     error                      // ErrMembershipLost
+	// departed: peers whose record left etcd (not yet back), when and why
+	departed map[messages.PeerID]departure
+	self     discovery.Record // the record registered
+	err      error            // ErrMembershipLost
 
 	// Death proofs (exit.go): pids watches peer processes of this host
 	// (nil where the backend does not make an exit a proof); watched is
@@ -110,7 +112,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
 		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{},
-		watched: map[messages.PeerID]*watch{}}
+		departed: map[messages.PeerID]departure{},
+		watched:  map[messages.PeerID]*watch{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -557,6 +560,17 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				if endpoint, ok = n.foundEndpoint(id); !ok {
 					if why := n.whyRefused(id); why != "" {
 						return fmt.Errorf("%w: %s: its record in etcd cluster %s was refused: %s", ErrHandshake, id, n.cfg.Cluster, why)
+					}
+					d, gone := n.departure(id)
+					if gone && !d.at.Before(start) {
+						// It was there in this wait and left: news to
+						// give now, not a silence to wait out.
+						return fmt.Errorf("%w: %s registered in etcd cluster %s, then left it (%s) before it said Hello to this node: see its log",
+							ErrPeerUnreachable, id, n.cfg.Cluster, d.reason)
+					}
+					if gone {
+						silent = append(silent, fmt.Sprintf("%s (left etcd cluster %s %v ago: %s)", id, n.cfg.Cluster, time.Since(d.at).Round(time.Second), d.reason))
+						continue
 					}
 					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")")
 					continue
