@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -203,6 +204,11 @@ func (r *Report) failed(err error) {
 func (o Options) listSettings() string {
 	return fmt.Sprintf("--requests %d --seed %d --min-tokens %d --max-tokens %d", o.Requests, o.Seed, o.MinTokens, o.MaxTokens)
 }
+
+// promptMismatchText is in the error of a request the context side failed
+// for another prompt length than this side planned (actors/core's
+// TxSession.promptMismatch), as it reaches this side in the Result.
+const promptMismatchText = "planned a prompt of"
 
 // settingsTag starts the context role's payload (listSettings follows).
 const settingsTag = "kvxfer-proc settings: "
@@ -509,6 +515,18 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				hoptrace.Mark("gen.done", RequestID(i))
 			}
 			if !res.OK {
+				if res.Err != nil && strings.Contains(res.Err.Error(), promptMismatchText) {
+					// The context process's request list differs: its
+					// settings come only with a SUCCESS, which no request
+					// of such a run has. Name ours.
+					mu.Lock()
+					if rep.SettingsMismatch == "" {
+						rep.SettingsMismatch = fmt.Sprintf("the two roles were started with different request lists: %s has %d tokens here, another length in the context process, which this one derives from %s (give both the same)",
+							RequestID(i), pl, mine)
+						o.Log.Error().Msg(rep.SettingsMismatch)
+					}
+					mu.Unlock()
+				}
 				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
 				return
 			}

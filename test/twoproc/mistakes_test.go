@@ -24,7 +24,7 @@ var bothLengths = regexp.MustCompile(`planned a prompt of \d+ tokens, Send has \
 // their prompts from different seeds (or different --max-tokens): every
 // request whose lengths differ fails on both sides with a reason naming
 // both lengths; whatever ends READY is verified byte for byte; nothing
-// leaks.
+// leaks; gen names the cause, different request lists, and the flags.
 func TestMismatchedWorkloadsFailNamingBothLengths(t *testing.T) {
 	cases := map[string]func(g proc.Options, c *proc.Options){
 		"seed":       func(g proc.Options, c *proc.Options) { c.Seed = g.Seed + 1 },
@@ -51,6 +51,12 @@ func TestMismatchedWorkloadsFailNamingBothLengths(t *testing.T) {
 			}
 			if gr.LeakedBlocks != 0 || cr.LeakedBlocks != 0 || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
 				t.Fatalf("gen %+v ctx %+v", gr, cr)
+			}
+			// The run's cause, named for the user (before, only a SUCCESS
+			// carried the context side's settings: a run where every
+			// request failed did not name them).
+			if !strings.Contains(gr.SettingsMismatch, "different request lists") || !strings.Contains(gr.SettingsMismatch, "--seed") {
+				t.Errorf("gen does not name the different request lists and the flags to give both: %q", gr.SettingsMismatch)
 			}
 		})
 	}
