@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -14,11 +15,14 @@ import (
 // transports are the ZeroMQ transports an endpoint may name.
 var transports = []string{"tcp", "ipc", "inproc", "pgm", "epgm", "tipc", "vmci", "udp", "ws", "wss"}
 
-// CheckEndpoint reports whether endpoint is a ZeroMQ endpoint
+// CheckEndpoint reports whether endpoint is a ZeroMQ endpoint to bind
 // (TRANSPORT://ADDRESS). An endpoint without a transport ("127.0.0.1:5000",
 // "/run/ctx.sock") is refused with the endpoint it probably meant; the
 // error wraps ErrConfig.
-func CheckEndpoint(endpoint string) error {
+func CheckEndpoint(endpoint string) error { return checkEndpoint(endpoint, false) }
+
+// checkEndpoint is CheckEndpoint (dial false) and CheckPeerEndpoint.
+func checkEndpoint(endpoint string, dial bool) error {
 	if endpoint == "" {
 		return fmt.Errorf("%w: empty endpoint", ErrConfig)
 	}
@@ -39,7 +43,7 @@ func CheckEndpoint(endpoint string) error {
 	case addr == "":
 		return fmt.Errorf("%w: endpoint %q has no address", ErrConfig, endpoint)
 	case scheme == "tcp":
-		return checkTCP(endpoint, addr, false)
+		return checkTCP(endpoint, addr, dial)
 	case scheme == "ipc" && len(addr) > MaxIPCPath:
 		return fmt.Errorf("%w: endpoint %q: the path is %d bytes, a unix socket's holds at most %d: use a shorter path (a directory nearer the root)", ErrConfig, endpoint, len(addr), MaxIPCPath)
 	}
@@ -53,15 +57,7 @@ const MaxIPCPath = 107
 // CheckPeerEndpoint is CheckEndpoint for an endpoint to connect to (a
 // peer's): a tcp:// one must name a host and a port in 1..65535, not the
 // wildcards a bind takes (`*`, port 0).
-func CheckPeerEndpoint(endpoint string) error {
-	if err := CheckEndpoint(endpoint); err != nil {
-		return err
-	}
-	if addr, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
-		return checkTCP(endpoint, addr, true)
-	}
-	return nil
-}
+func CheckPeerEndpoint(endpoint string) error { return checkEndpoint(endpoint, true) }
 
 // checkTCP checks the address of a tcp:// endpoint: HOST:PORT, where HOST
 // is a name, an IPv4 address, an IPv6 address in brackets, an interface
@@ -105,7 +101,7 @@ func checkHostPort(endpoint, addr string, dial bool) error {
 		if dial {
 			return bad("port `*` is a wildcard to bind, not a peer's port")
 		}
-		return nil
+		return checkBindHost(endpoint, host)
 	}
 	for _, c := range port {
 		if c < '0' || c > '9' {
@@ -119,7 +115,33 @@ func checkHostPort(endpoint, addr string, dial bool) error {
 	case n == 0 && dial:
 		return bad("port 0 is no peer's port (1..65535)")
 	}
+	if !dial {
+		return checkBindHost(endpoint, host)
+	}
 	return nil
+}
+
+// checkBindHost refuses a host name where a bind takes an address: libzmq
+// binds `*`, an IP address or an interface name, and takes any other name
+// for an interface ("localhost": bind fails with "no such device"). A host
+// that is neither an address nor an interface here but resolves is named
+// with its addresses; anything else is left to libzmq.
+func checkBindHost(endpoint, host string) error {
+	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if h == "*" || net.ParseIP(h) != nil {
+		return nil
+	}
+	if _, err := net.InterfaceByName(h); err == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, h)
+	if err != nil || len(addrs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: endpoint %q: a bind takes an IP address, an interface name or `*`, and %q is a host name (no interface here): bind its address, e.g. tcp://%s",
+		ErrConfig, endpoint, h, net.JoinHostPort(addrs[0], endpoint[strings.LastIndex(endpoint, ":")+1:]))
 }
 
 // suggestEndpoint is what an endpoint without a transport probably meant:
@@ -153,8 +175,31 @@ func suggestEndpoint(endpoint string) string {
 // would silently take the path over from a running engine. A socket file
 // nobody accepts on (a process that died without unlinking it) is stale
 // and left for libzmq to replace; a file that is not a socket is refused
-// (libzmq would delete it). Other transports pass.
+// (libzmq would delete it). Other transports pass. A path in use is probed
+// again for up to ipcInUseWait: a process killed a moment ago still holds
+// its listening socket while the kernel tears down its memory (a large
+// pool takes a while), and a restart right after the kill must not be
+// refused for it.
 func checkIPCFree(endpoint string) error {
+	deadline := time.Now().Add(ipcInUseWait)
+	for {
+		err := probeIPC(endpoint)
+		if !errors.Is(err, ErrEndpointInUse) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(ipcInUseProbe)
+	}
+}
+
+// ipcInUseWait bounds how long checkIPCFree probes a path in use before it
+// refuses it; ipcInUseProbe is the time between probes.
+const (
+	ipcInUseWait  = 2 * time.Second
+	ipcInUseProbe = 50 * time.Millisecond
+)
+
+// probeIPC is one probe of checkIPCFree.
+func probeIPC(endpoint string) error {
 	path, ok := strings.CutPrefix(endpoint, "ipc://")
 	if !ok || path == "" || strings.HasPrefix(path, "@") || path == "*" {
 		return nil // not ipc, an abstract socket, or a path libzmq picks

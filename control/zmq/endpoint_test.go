@@ -2,6 +2,8 @@ package zmq
 
 import (
 	"errors"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -21,7 +23,7 @@ func TestCheckTCPEndpoint(t *testing.T) {
 		{"tcp://127.0.0.1:5600", "", "", "IPv4"},
 		{"tcp://10.0.0.1:65535", "", "", "highest port"},
 		{"tcp://127.0.0.1:1", "", "", "lowest port"},
-		{"tcp://localhost:5600", "", "", "host name"},
+		{"tcp://localhost:5600", "a bind takes an IP address", "", "host name: libzmq binds none (it takes one for an interface)"},
 		{"tcp://[::1]:5600", "", "", "IPv6 in brackets"},
 		{"tcp://::1:5600", "", "", "IPv6 without brackets (libzmq takes the last colon)"},
 		{"tcp://eth0:5555", "", "", "interface name"},
@@ -63,5 +65,37 @@ func TestCheckTCPEndpoint(t *testing.T) {
 				t.Errorf("%s(%s) (%s): %v, want ErrConfig naming the endpoint and %q", check.name, c.endpoint, c.description, err, check.want)
 			}
 		}
+	}
+}
+
+// TestIPCInUseReleasedMeanwhile: a path whose listener goes away while
+// checkIPCFree probes it (as a process killed a moment ago releases its
+// socket once the kernel tore down its memory) is free, not in use; one
+// that stays in use is refused. (Checked to fail with a single probe: the
+// first finds the listener and refuses.)
+func TestIPCInUseReleasedMeanwhile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ctx.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the first probe's connection is the last it takes
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+		ln.Close()
+	}()
+	if err := checkIPCFree("ipc://" + path); err != nil {
+		t.Fatalf("checkIPCFree of a path whose listener went away while probed: %v, want nil", err)
+	}
+
+	live := filepath.Join(t.TempDir(), "live.sock")
+	ln2, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	if err := checkIPCFree("ipc://" + live); !errors.Is(err, ErrEndpointInUse) {
+		t.Fatalf("checkIPCFree of a live path: %v, want ErrEndpointInUse", err)
 	}
 }
