@@ -211,6 +211,10 @@ func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
 		switch {
 		case cfg == nil && herr == nil:
 			return fmt.Sprintf("etcd at %s speaks TLS: use etcds:// (with the CA that signed its certificate)", ep)
+		case cfg == nil && !speaksHTTP(ctx, ep):
+			// Plaintext, and neither TLS nor HTTP answered: the port
+			// accepts connections, nothing behind it replies.
+			unreachable = append(unreachable, fmt.Sprintf("etcd at %s accepts connections but answers nothing (stopped, overloaded, or not etcd?)", ep))
 		case cfg != nil && herr != nil:
 			var rh tls.RecordHeaderError
 			if errors.As(herr, &rh) || speaksHTTP(ctx, ep) {

@@ -3,6 +3,7 @@ package discovery
 import (
 	"crypto/tls"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -327,4 +328,39 @@ func TestEtcdRotatedCANamedInError(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestEtcdThatAnswersNothingNamed: an etcd that accepts connections and
+// answers nothing (a stopped process: SIGSTOP, or a wedged one) is named
+// as such, not only "context deadline exceeded" (a review). (Checked to
+// fail without the silent-endpoint case in diagnose.)
+func TestEtcdThatAnswersNothingNamed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // kept open, never read or written
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	addr := ln.Addr().String()
+	openFails(t, "etcd://"+addr, clusterName(t), []Option{WithDialTimeout(time.Second)},
+		"etcd at "+addr+" accepts connections but answers nothing")
 }

@@ -420,6 +420,26 @@ func TestEtcdPeerThatLeftIsNamed(t *testing.T) {
 	}
 }
 
+// TestEtcdKeepaliveStoppedNamesEtcd: a node whose lease keepalive stopped
+// fails saying that it could not renew its lease at etcd's address and
+// why that happens, not only "keepalive stopped" (a review: an operator
+// whose etcd paused saw no word of etcd).
+func TestEtcdKeepaliveStoppedNamesEtcd(t *testing.T) {
+	url := etcdURL(t)
+	cluster := clusterName("node-keepalive")
+	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
+		Peers: []node.Peer{{Instance: "ctx"}}}
+	genN := open(t, gc)
+	genN.Apply(discovery.Event{Kind: discovery.EventLost, Reason: discovery.ReasonKeepaliveStopped})
+	err := genN.Err()
+	if !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "could not renew its lease at "+url) ||
+		!strings.Contains(err.Error(), "etcd stopped or unreachable") {
+		t.Fatalf("Err after the keepalive stopped: %v, want ErrMembershipLost naming etcd at %s and the cause", err, url)
+	}
+}
+
 var clusterSeq atomic.Int64
 
 // clusterName is base made unique within this test process, so that runs

@@ -34,3 +34,6 @@ func (n *Node) CallerAllocations() int {
 	}
 	return 0
 }
+
+// Apply acts on one registry event as the node's membership goroutine does.
+func (n *Node) Apply(ev discovery.Event) { n.apply(ev) }

@@ -161,7 +161,16 @@ func (n *Node) apply(ev discovery.Event) {
 		if n.closing.Load() {
 			return // Close withdrew the record
 		}
-		n.fail(fmt.Errorf("%w: %s in etcd cluster %s: %s", ErrMembershipLost, n.cfg.self(), n.cfg.Cluster, ev.Reason))
+		why := ev.Reason
+		if why == discovery.ReasonKeepaliveStopped {
+			ttl := discovery.DefaultTTL
+			if n.cfg.DiscoveryTTL > 0 {
+				ttl = time.Duration(n.cfg.DiscoveryTTL)
+			}
+			why += fmt.Sprintf(": this rank could not renew its lease at %s (etcd stopped or unreachable for a TTL, %v, or the lease revoked)",
+				n.cfg.Discovery, ttl)
+		}
+		n.fail(fmt.Errorf("%w: %s in etcd cluster %s: %s", ErrMembershipLost, n.cfg.self(), n.cfg.Cluster, why))
 	}
 }
 
