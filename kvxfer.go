@@ -376,7 +376,8 @@ type SendRequest struct {
 	// Timeout overrides Config.TransferTimeout when > 0.
 	Timeout time.Duration
 	// Payload is returned to the generation side with SUCCESS (first
-	// token, draft tokens); at most messages.MaxPayload bytes.
+	// token, draft tokens); at most messages.MaxPayload bytes. One known
+	// only when prefill ends is given with TxHandle.SetPayload instead.
 	Payload []byte
 	// Generation, when set, names the generation instance the request is
 	// for (a disaggregated router knows it): RequestData for the request
@@ -409,6 +410,9 @@ type TxHandle struct {
 	// per chunk (TxHandle.copyRuns).
 	idSlab  []kvcache.BlockID
 	runSlab []kvcache.BlockRun
+	// payload is SetPayload's, until the last chunk carries it (under mu;
+	// nil: none pending).
+	payload []byte
 }
 
 // Send opens the context side of a request, typically when prefill starts.
@@ -524,7 +528,34 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 		h.name(c, src)
 	}
 	h.order.Took(c, src)
-	h.inner.Chunk(c, src, fence)
+	var payload []byte
+	if c.Last && h.payload != nil {
+		payload, h.payload = h.payload, nil
+	}
+	h.inner.ChunkPayload(c, src, fence, payload)
+	return nil
+}
+
+// SetPayload sets the payload the generation side gets with SUCCESS
+// (SendRequest.Payload's, replaced), for what is known only when prefill
+// ends — the first token, a framework's per-request metadata. Call it
+// before the last chunk, or before its last layer part: the next of them
+// carries it. It copies p; at most messages.MaxPayload bytes. Refused with
+// ErrBadRequest once the last chunk was handed over, and once the
+// request's outcome is decided (ErrRequestFailed, as Chunk).
+func (h *TxHandle) SetPayload(p []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.Err(); err != nil {
+		return fmt.Errorf("payload not set: %w", err)
+	}
+	if len(p) > messages.MaxPayload {
+		return fmt.Errorf("%w: request %s: payload of %d bytes, at most %d", actors.ErrBadRequest, h.req.ID, len(p), messages.MaxPayload)
+	}
+	if h.order.Done() { // (a part of the last chunk still to come carries it)
+		return fmt.Errorf("%w: request %s: its last chunk was handed over (its payload leaves with it): set the payload before it", actors.ErrBadRequest, h.req.ID)
+	}
+	h.payload = append(make([]byte, 0, len(p)), p...)
 	return nil
 }
 

@@ -2,12 +2,14 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -391,5 +393,58 @@ func TestSendCopiesItsPayload(t *testing.T) {
 	_ = ce.Pools().Free(src)
 	if string(o.Payload) != "tok-A" {
 		t.Fatalf("READY payload %q, want %q (what Send was given)", o.Payload, "tok-A")
+	}
+}
+
+// TestSetPayloadAtTheLastChunk: a payload known only when prefill ends
+// (the first token) is set before the last chunk and replaces Send's: the
+// READY carries it, a copy of the caller's buffer. After the last chunk
+// SetPayload is refused (its Result may be leaving), as is a payload over
+// messages.MaxPayload. (Checked to fail with the last chunk not carrying
+// it: READY has Send's payload.)
+func TestSetPayloadAtTheLastChunk(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "late", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "late", PromptLen: 64, Payload: []byte("at open")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}
+	if err := tx.Chunk(first, first.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.SetPayload(make([]byte, messages.MaxPayload+1)); !errors.Is(err, actors.ErrBadRequest) {
+		t.Fatalf("SetPayload of %d bytes: %v, want ErrBadRequest", messages.MaxPayload+1, err)
+	}
+	buf := []byte("first token")
+	if err := tx.SetPayload(buf); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "overwritten")
+	last := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 32 / l.TokensPerBlock, Last: true}
+	if err := tx.Chunk(last, last.Runs(l.TokensPerBlock, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.SetPayload([]byte("too late")); !errors.Is(err, actors.ErrBadRequest) {
+		t.Fatalf("SetPayload after the last chunk: %v, want ErrBadRequest", err)
+	}
+	o := waitOutcome(t, rx.Done())
+	waitOutcome(t, tx.Done())
+	if !o.OK {
+		t.Fatalf("rx %s %v", o.Status, o.Err)
+	}
+	_ = ge.FreeBlocks(o.Blocks)
+	_ = ce.Pools().Free(src)
+	if string(o.Payload) != "first token" {
+		t.Fatalf("READY payload %q, want %q (SetPayload's, before the last chunk)", o.Payload, "first token")
 	}
 }

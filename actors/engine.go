@@ -321,13 +321,20 @@ type TxHandle struct {
 // Chunk hands one prefill chunk to the session. fence fires when the
 // chunk's KV is written; nil means it already is.
 func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
+	h.ChunkPayload(c, src, fence, nil)
+}
+
+// ChunkPayload is Chunk with the payload that replaces the request's
+// (TxChunk.Payload; nil: none): the caller passes it with the last chunk
+// only.
+func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence, payload []byte) {
 	if h.pid == nil {
 		return // a rank with nothing to write (Send finished it DONE)
 	}
 	if fence == nil {
 		fence = FiredFence{}
 	}
-	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src}, fence: fence})
+	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, Payload: payload}, fence: fence})
 }
 
 // Cancel cancels the request; Done still fires only after the session has

@@ -764,6 +764,18 @@ func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {
 	return ids, first, nil
 }
 
+// SetPayload sets a send's payload (kvxfer.TxHandle.SetPayload): refused
+// for a receive, after the last chunk, and over messages.MaxPayload.
+func (r *Request) SetPayload(p []byte) error {
+	if r.tx == nil {
+		return errorf(ErrInvalidArgument, "request %d (%s) is a receive: a payload is the send's", r.h, quote(r.id))
+	}
+	if err := r.tx.SetPayload(p); err != nil {
+		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), err)
+	}
+	return nil
+}
+
 // FreeBlocks frees a READY outcome's destination blocks into the engine's
 // pool (blocks kvxfer allocated: not the framework's own), once. A receive
 // into the caller's own blocks is refused: they are the caller's to free,

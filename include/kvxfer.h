@@ -55,8 +55,9 @@ extern "C" {
  * each destination run's first; 6: kvxfer_node_open over the framework's
  * own tensors ("memory" with "layers") or pool ("pool_address"), and its
  * "layout" key; 7: GPU memory by address: the "memory" object's device and
- * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device. */
-#define KVXFER_ABI_MINOR 7
+ * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device; 8:
+ * kvxfer_request_set_payload, and payloads of up to 65536 bytes. */
+#define KVXFER_ABI_MINOR 8
 
 /* Status codes: what every call returns. */
 typedef enum kvxfer_status {
@@ -145,7 +146,7 @@ typedef struct kvxfer_send_request {
     int32_t prompt_len;
     int32_t timeout_ms;          /* 0: the engine's transfer timeout; negative: KVXFER_ERR_INVALID_ARGUMENT */
     const void *payload;         /* handed to the generation side on READY; may be NULL */
-    uint32_t payload_len;        /* at most 4096 bytes, else KVXFER_ERR_INVALID_ARGUMENT */
+    uint32_t payload_len;        /* at most 65536 bytes, else KVXFER_ERR_INVALID_ARGUMENT */
     const char *generation;      /* the generation instance, or NULL: first to ask */
     uint64_t user_data;
 } kvxfer_send_request;
@@ -489,6 +490,15 @@ kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t
  * caller passed in (kvxfer_receive_request.blocks) is refused with
  * KVXFER_ERR_INVALID_ARGUMENT: those are the caller's to free. */
 kvxfer_status kvxfer_request_free_blocks(kvxfer_request_t request);
+/* Sets the payload a send's generation side gets with SUCCESS, replacing
+ * kvxfer_send_request.payload: for what is known only when prefill ends
+ * (the first token, a framework's per-request metadata). Copies n bytes
+ * (at most 65536, else KVXFER_ERR_INVALID_ARGUMENT) of buf (NULL with n
+ * 0: an empty payload). Call it before the last chunk, or its last layer
+ * part: the next of them carries it; after that, KVXFER_ERR_BAD_REQUEST
+ * (KVXFER_ERR_REQUEST_FAILED once the outcome is decided). A receive is
+ * KVXFER_ERR_INVALID_ARGUMENT. Since KVXFER_ABI_MINOR 8. */
+kvxfer_status kvxfer_request_set_payload(kvxfer_request_t request, const void *buf, uint32_t n);
 /* Frees a finished request's handle (KVXFER_ERR_NOT_FINISHED before its event). */
 kvxfer_status kvxfer_request_release(kvxfer_request_t request);
 

@@ -230,7 +230,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"request id absent", rawEnvelope(1, fieldResult, varintField(bytesField(nil, 3, rawPeer("p", 0)), 4, 1)), "request id length 0", false},
 		{"request id too long", marshalPB(t, pbResult(&pb.Result{RequestId: strings.Repeat("r", messages.MaxRequestIDLen+1)})), "request id length 257", false},
 		{"error text too long", marshalPB(t, pbResult(&pb.Result{Error: strings.Repeat("e", messages.MaxErrorLen+1)})), "error text length 1025", false},
-		{"payload too long", marshalPB(t, pbResult(&pb.Result{Payload: make([]byte, messages.MaxPayload+1)})), "payload length 4097", false},
+		{"payload too long", marshalPB(t, pbResult(&pb.Result{Payload: make([]byte, messages.MaxPayload+1)})), "payload length 65537", false},
 		{"negative block", marshalPB(t, pbRequestData(&pb.GroupDest{Blocks: []int32{3, -1}})), "group 0 block[1] = -1", false},
 		{"negative first", marshalPB(t, pbRequestData(&pb.GroupDest{First: -5, Blocks: []int32{3}})), "group 0 first block -5", false},
 		{"no groups", marshalPB(t, pbRequestData()), "0 layer groups", false},

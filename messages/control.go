@@ -16,7 +16,7 @@ const (
 	MaxGroups       = 16
 	MaxBlocks       = 1 << 20
 	MaxErrorLen     = 1024
-	MaxPayload      = 4096
+	MaxPayload      = 64 << 10 // a first token, or a framework's per-request metadata (SGLang's aux slot)
 	MaxRank         = 1 << 16
 	// MaxRemap bounds RequestData.Remap.
 	MaxRemap = 1 << 14

@@ -19,10 +19,14 @@ type (
 		Payload   []byte
 	}
 	// TxChunk: the serving process handed over one prefill chunk; Src
-	// holds its source blocks per layer group.
+	// holds its source blocks per layer group. Payload, when not nil (on
+	// the last chunk only: the handle refuses it elsewhere), replaces the
+	// payload TxStart gave: what the generation side gets with SUCCESS is
+	// often known only when prefill ends (its first token).
 	TxChunk struct {
-		Chunk kvcache.Chunk
-		Src   []kvcache.BlockRun
+		Chunk   kvcache.Chunk
+		Src     []kvcache.BlockRun
+		Payload []byte `json:",omitempty"`
 	}
 	// TxFenceFired: chunk Index's KV is written (or its producer failed).
 	TxFenceFired struct {
@@ -380,6 +384,11 @@ func (s *TxSession) onChunk(m TxChunk) {
 		// No op is admitted after the outcome: nothing is pinned, the
 		// serving process keeps its pages.
 		return
+	}
+	if m.Payload != nil {
+		// Before the chunk's writes are admitted: every Result leaves
+		// after them (each stream needs the prompt's last block).
+		s.payload = m.Payload
 	}
 	idx := len(s.chunks)
 	rec := chunkRec{c: m.Chunk, src: m.Src, pins: make([]bool, len(m.Src))}

@@ -734,6 +734,28 @@ func kvxfer_request_error(rh C.kvxfer_request_t, buf *C.char, cap C.uint32_t) (s
 	return 0
 }
 
+//export kvxfer_request_set_payload
+func kvxfer_request_set_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, n C.uint32_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_request_set_payload")
+	if buf == nil && n > 0 {
+		return fail(nullArg("kvxfer_request_set_payload", "buf"))
+	}
+	if n > messages.MaxPayload { // before the bytes are read
+		return fail(invalid("kvxfer_request_set_payload: n = %d bytes, more than the limit of %d (messages.MaxPayload)", n, messages.MaxPayload))
+	}
+	r, err := capi.LookupRequest(uint64(rh))
+	if err != nil {
+		return fail(err)
+	}
+	var p []byte
+	if n > 0 {
+		p = unsafe.Slice((*byte)(buf), int(n)) // SetPayload copies it
+	} else {
+		p = []byte{}
+	}
+	return status(r.SetPayload(p))
+}
+
 //export kvxfer_request_free_blocks
 func kvxfer_request_free_blocks(rh C.kvxfer_request_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_free_blocks")

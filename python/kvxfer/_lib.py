@@ -147,6 +147,7 @@ SINCE_MINOR = {
     "kvxfer_send_parallel": (5, (_st, [engine_t, ctypes.POINTER(SendRequest), ctypes.c_int32, ctypes.c_int32,
                                        ctypes.POINTER(request_t)])),
     "kvxfer_engine_pool_device": (7, (_st, [engine_t, ctypes.POINTER(ctypes.c_int32)])),
+    "kvxfer_request_set_payload": (8, (_st, [request_t, ctypes.c_void_p, ctypes.c_uint32])),
 }
 
 

@@ -705,7 +705,7 @@ class Engine:
     def send(self, id, prompt_len, payload=b"", timeout_ms=0, generation=None, user_data=0, generation_tp=0,
              generation_pp=0):
         """Opens the context side of request id (a str without NUL).
-        payload: at most 4096 bytes; timeout_ms: 0 is the engine's transfer
+        payload: at most 65536 bytes (or set later: Request.set_payload); timeout_ms: 0 is the engine's transfer
         timeout, a negative one is refused.
 
         generation_tp, generation_pp: the generation instance's
@@ -1098,6 +1098,17 @@ class Request:
         buf = ctypes.create_string_buffer(1024)
         _check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
         return buf.value.decode("utf-8", "replace")
+
+    def set_payload(self, data):
+        """Sets the payload this send's generation side gets with SUCCESS
+        (bytes-like, at most 65536 bytes), replacing send()'s: for what is
+        known only when prefill ends. Call it before the last chunk (or its
+        last layer part), which carries it; refused after it, and for a
+        receive."""
+        _require("kvxfer_request_set_payload", "Request.set_payload")
+        data = bytes(data)
+        buf = ctypes.create_string_buffer(data, len(data)) if data else None
+        _check(lib.kvxfer_request_set_payload(self.handle, buf, len(data)))
 
     def free_blocks(self):
         """Frees a READY request's engine-allocated destination blocks (a receive

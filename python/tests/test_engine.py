@@ -299,7 +299,7 @@ def test_unsigned_and_string_arguments_are_refused_not_cut(pair):
 
 def test_requests_refused_at_the_call(pair):
     """A negative timeout (0 is the engine's), a negative parallelism, a
-    payload past 4096 bytes are refused by the library naming the value;
+    payload past 65536 bytes are refused by the library naming the value;
     a 5000-character id is named by its start and length, and the reason
     still fits the message."""
     ctx, gen = pair
@@ -309,7 +309,7 @@ def test_requests_refused_at_the_call(pair):
         (lambda: gen.receive("neg", 32, ctx.instance, timeout_ms=-100000), Status.INVALID_ARGUMENT,
          ["timeout_ms = -100000"]),
         (lambda: gen.receive("neg", 32, ctx.instance, context_tp=-1), Status.INVALID_ARGUMENT, ["context_tp = -1"]),
-        (lambda: ctx.send("big", 32, payload=bytes(4097)), Status.INVALID_ARGUMENT, ["4097", "4096"]),
+        (lambda: ctx.send("big", 32, payload=bytes(65537)), Status.INVALID_ARGUMENT, ["65537", "65536"]),
         (lambda: ctx.send("x" * 5000, 32), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
         (lambda: gen.receive("y" * 5000, 32, ctx.instance), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
     ]:
@@ -556,3 +556,30 @@ def test_send_told_the_generation_parallelism(monkeypatch):
         assert tx.wait().outcome == Outcome.CANCELLED
         tx.release()
     assert kvxfer.handle_count() == before
+
+
+def test_set_payload_before_the_last_chunk(pair):
+    """A payload known only when prefill ends (the first token; SGLang's
+    aux slot, up to 64 KiB) is set before the last chunk, which carries it:
+    READY has it in place of send()'s. After the last chunk, and on a
+    receive, set_payload is refused."""
+    ctx, gen = pair
+    ids = ctx.alloc(0, 2)
+    rx = gen.receive("late-payload", 32, ctx.instance)
+    tx = ctx.send("late-payload", 32, payload=b"at open")
+    tx.chunk(0, 16, [(0, ids[:1])], fenced=False)
+    big = bytes(range(256)) * 256  # 65536 bytes, the most a payload holds
+    tx.set_payload(big)
+    tx.chunk(16, 32, [(1, ids[1:])], fenced=False)
+    with pytest.raises(KvxferError) as e:
+        tx.set_payload(b"too late")
+    assert e.value.status == Status.BAD_REQUEST and "last chunk" in e.value.message
+    with pytest.raises(KvxferError) as e:
+        rx.set_payload(b"x")
+    assert e.value.status == Status.INVALID_ARGUMENT and "receive" in e.value.message
+    assert tx.wait(10).outcome == Outcome.DONE
+    ev = rx.wait(10)
+    assert ev.outcome == Outcome.READY, (ev, rx.error_message())
+    assert rx.payload() == big
+    rx.free_blocks()
+    ctx.free(0, ids)
