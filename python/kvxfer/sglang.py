@@ -45,8 +45,7 @@ in them (SGLang frees the pages as soon as it reads Failed).
 Mapping (docs/integration.md, "SGLang"):
 
   - request id: "sglang-<bootstrap_room>" on both sides (the room is the
-    one value SGLang gives both sides of a request); the aux pieces move as
-    "sglang-<room>/aux<k>".
+    one value SGLang gives both sides of a request).
   - a page is a kvxfer block: tokens_per_block = SGLang's page_size, a
     request's kvxfer prompt is num_pages * page_size tokens (whole pages, as
     SGLang moves them); send(page_indices) is one chunk of its pages.
@@ -57,14 +56,13 @@ Mapping (docs/integration.md, "SGLang"):
     (tokens_per_block * kv_heads * head_dim * dtype_bytes per K or V
     buffer): anything kvxfer cannot describe exactly is a ValueError at
     KVManager construction naming it.
-  - aux (metadata) buffers: kvxfer's only way to move bytes outside the
-    KV layout is a request's payload (at most 4096 bytes, fixed when the
-    send opens), so at the last chunk the sender opens ceil(aux bytes /
-    4096) extra requests whose payloads carry the request's aux slot (every
-    aux buffer's item at aux_index, concatenated) and whose KV the receiver
-    takes none of; the decode side copies them into its own aux slot before
-    poll() says Success. Aux buffers must be host memory (SGLang's
-    MetadataBuffers are CPU tensors).
+  - aux (metadata) buffers: they travel as the request's payload (at most
+    65536 bytes), set just before the last chunk (Request.set_payload:
+    SGLang writes the slot, set_buf, before it sends that chunk): every aux
+    buffer's item at aux_index, concatenated; the decode side copies it
+    into its own aux slot before poll() says Success. Aux buffers must be
+    host memory (SGLang's MetadataBuffers are CPU tensors); more than 65536
+    bytes of them per request are refused at KVManager construction.
   - routing: the decode side's kvxfer peer for a request is the prefill
     instance named for the request's bootstrap_addr in the config
     ("prefill_instances": {"host:port": "instance"}, or one
@@ -78,9 +76,9 @@ text, or the path of a JSON file): kvxfer_node_open's keys (bind with
 {tp}/{pp}/{rank}, peers or discovery, key_file / secret_key / insecure,
 backend, ...) and the layout ("model" or "layout"), as the vLLM connector
 takes them, plus this module's own keys: "prefill_instance",
-"prefill_instances", "prefill_parallel", "kv_device" ("cuda", the default:
-SGLang's KV pool is on the rank's GPU, gpu_id; "cpu" for host memory) and
-"max_aux_requests" (default 16).
+"prefill_instances", "prefill_parallel" and "kv_device" ("cuda", the
+default: SGLang's KV pool is on the rank's GPU, gpu_id; "cpu" for host
+memory).
 """
 
 import ctypes
@@ -95,10 +93,10 @@ from .core import KvxferError, Node, Outcome
 logger = logging.getLogger(__name__)
 
 # kvxfer's payload limit (messages.MaxPayload): the bytes one request carries.
-PAYLOAD_MAX = 4096
+PAYLOAD_MAX = 65536
 
 # The keys this module reads from the config (the rest go to the node).
-OWN_KEYS = ("prefill_instance", "prefill_instances", "prefill_parallel", "kv_device", "max_aux_requests")
+OWN_KEYS = ("prefill_instance", "prefill_instances", "prefill_parallel", "kv_device")
 
 _REFUSED = (KvxferError, ValueError, TypeError)
 
@@ -199,7 +197,6 @@ class KVManager:
         self.prefill_instance = own.get("prefill_instance")
         self.prefill_parallel = own.get("prefill_parallel") or {}
         self._peers = cfg.get("peers") if isinstance(cfg.get("peers"), list) else []
-        self.max_aux = int(own.get("max_aux_requests", 16))
         kv_device = own.get("kv_device", "cuda")
         if kv_device not in ("cuda", "cpu"):
             raise ValueError("kv_device = %r: want \"cuda\" (SGLang's KV pool on the rank's GPU) or \"cpu\""
@@ -256,12 +253,10 @@ class KVManager:
         self.instance = self.node.instance
         self.aux = list(zip(getattr(args, "aux_data_ptrs", None) or [], getattr(args, "aux_item_lens", None) or []))
         self.aux_bytes = sum(n for _, n in self.aux)
-        self.aux_requests = -(-self.aux_bytes // PAYLOAD_MAX)
-        if self.aux_requests > self.max_aux:
+        if self.aux_bytes > PAYLOAD_MAX:
             self.node.close()
-            raise ValueError("aux buffers of %d bytes per request need %d kvxfer requests of %d bytes each "
-                             "(payloads), more than max_aux_requests = %d"
-                             % (self.aux_bytes, self.aux_requests, PAYLOAD_MAX, self.max_aux))
+            raise ValueError("aux buffers of %d bytes per request (aux_item_lens %s): more than a kvxfer payload "
+                             "holds, %d bytes" % (self.aux_bytes, [n for _, n in self.aux], PAYLOAD_MAX))
         self._lock = threading.RLock()
         self._owners = {}  # request handle -> (owner, tag)
         self.closed = False
@@ -532,35 +527,24 @@ class KVSender(_Transfer):
             if "kv" not in self.live and "kv" not in self.events:
                 self._open("kv", self.mgr.node.send(self.id, self.num_pages * ps))
                 self.first_page = pages[0]
+            if last:
+                self._set_aux(self.live["kv"])  # before the last chunk, which carries it
             self._hand(self.live["kv"], start * ps, end * ps, [(start, pages)], last, written)
             self.sent = end
             self.state = KVPoll.Transferring
-            if last:
-                self._send_aux(written)
         except _REFUSED as exc:
             self._fail("send of pages [%d, %d): %s" % (start, end, exc))
         except KeyError:
             self._fail("send of pages [%d, %d): its kvxfer request already ended" % (start, end))
 
-    def _send_aux(self, written):
-        """The request's aux slot, in payloads of at most PAYLOAD_MAX bytes,
-        one extra request each; the decode side takes no KV of them (a
-        one-page chunk of this request's first page names a source that is
-        pinned anyway)."""
+    def _set_aux(self, req):
+        """The request's aux slot (every aux buffer's item at aux_index) as
+        its payload, read now: SGLang wrote it (set_buf) before the last
+        chunk's send()."""
         mgr = self.mgr
-        if not mgr.aux_requests:
+        if not mgr.aux_bytes or self.aux_index is None:
             return
-        if self.aux_index is None:
-            data = b""
-        else:
-            data = mgr.aux_slot(int(self.aux_index))
-        ps = mgr.page_size
-        for k in range(mgr.aux_requests):
-            piece = data[k * PAYLOAD_MAX:(k + 1) * PAYLOAD_MAX]
-            tag = "aux%d" % k
-            req = mgr.node.send("%s/%s" % (self.id, tag), ps, payload=piece)
-            self._open(tag, req)
-            self._hand(req, 0, ps, [(0, [self.first_page])], True, written)
+        req.set_payload(mgr.aux_slot(int(self.aux_index)))
 
 
 class KVReceiver(_Transfer):
@@ -574,7 +558,7 @@ class KVReceiver(_Transfer):
         super().__init__(mgr, bootstrap_addr, bootstrap_room)
         self.route = None
         self.aux_index = None
-        self.aux_data = {}
+        self.aux_data = None  # the KV request's payload, once READY
         if self.reason is None:
             try:
                 self.route = mgr.route(bootstrap_addr)
@@ -631,26 +615,22 @@ class KVReceiver(_Transfer):
             req = mgr.node.receive(self.id, total * ps, context, blocks=[pages], prefix_hit_blocks=[hit // ps],
                                    context_tp=tp, context_pp=pp)
             self._open("kv", req)
-            for k in range(mgr.aux_requests):
-                tag = "aux%d" % k
-                self._open(tag, mgr.node.receive("%s/%s" % (self.id, tag), ps, context, blocks=[[]],
-                                                 prefix_hit_blocks=[1], context_tp=tp, context_pp=pp))
         except _REFUSED as exc:
             self._fail("receive from %s: %s" % (context, exc))
             return
         self.state = KVPoll.Transferring
 
     def _done(self, tag, ev, req):
-        if tag != "kv" and ev.ok and req is not None:
-            self.aux_data[tag] = req.payload()
+        if tag == "kv" and ev.ok and req is not None:
+            self.aux_data = req.payload()
 
     def _finish(self):
-        """Copies the aux pieces into the aux slot; False (with the reason)
-        when they are not the bytes this side's aux buffers hold."""
+        """Copies the payload into the aux slot; False (with the reason)
+        when it is not the bytes this side's aux buffers hold."""
         mgr = self.mgr
-        if not mgr.aux_requests:
+        if not mgr.aux_bytes:
             return True
-        data = b"".join(self.aux_data.get("aux%d" % k, b"") for k in range(mgr.aux_requests))
+        data = self.aux_data or b""
         if len(data) != mgr.aux_bytes:
             self.reason = ("aux: the prefill sent %d bytes of metadata, this side's aux buffers hold %d per request "
                            "(another model, or a prefill that had no aux_index)" % (len(data), mgr.aux_bytes))

@@ -113,7 +113,7 @@ def test_chunked_prompt_lands_in_the_decode_pages(pair, newer):
     assert (dp.pages(dst) == pp.pages(src)).all()
     assert dp.aux_slot(3) == pp.aux_slot(2) and any(dp.aux_slot(3))
     assert not dp.pages([0, 1]).any()  # no other page touched
-    assert dm.aux_requests == 2  # 5,504 aux bytes: two payloads of at most 4096
+    assert dm.aux_bytes == len(pp.aux_slot(2)) > 4096  # more than a payload held before 64 KiB
 
 
 def test_decode_prefix_hit_pages_are_not_written(pair):
@@ -247,9 +247,9 @@ def test_manager_refuses_what_kvxfer_cannot_describe():
         pool.args.state_data_ptrs = [[pool.kv.ctypes.data]]
         with pytest.raises(ValueError, match="state_data_ptrs"):
             KVManager(pool.args, "prefill", None, False, config=cfg)
-        big = Pool(aux_items=[4096] * 3)
-        with pytest.raises(ValueError, match="max_aux_requests = 2"):
-            KVManager(big.args, "prefill", None, False, config=dict(cfg, max_aux_requests=2))
+        big = Pool(aux_items=[32768] * 2 + [1])
+        with pytest.raises(ValueError, match="65537 bytes per request.*more than a kvxfer payload holds, 65536"):
+            KVManager(big.args, "prefill", None, False, config=cfg)
         with pytest.raises(ValueError, match="node's keys"):
             KVManager(Pool().args, "prefill", None, False, config={"layout": cfg["layout"]})
         with pytest.raises(ValueError, match="tokens_per_block = 16.*page_size is 4"):
