@@ -69,10 +69,16 @@ func TestCode(t *testing.T) {
 		// A request its engine's close cancelled (actors' ErrClosed).
 		{fmt.Errorf("%w: request r", actors.ErrClosed), ErrClosed},
 		{errors.New("unmapped"), ErrInternal},
+		// A peer's failure is the peer's, not a bug here.
+		{fmt.Errorf("%w: request r writer ctx/0: FAILED: it disagreed", actors.ErrPeerFailed), ErrPeerFailed},
+		{fmt.Errorf("%w: %w", actors.ErrPeerFailed, kvxfer.ErrPeerCancelled), ErrPeerCancelled},
 	} {
 		if got := Code(c.err); got != c.want {
 			t.Errorf("Code(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+	if s := ErrPeerFailed.String(); s != "KVXFER_ERR_PEER_FAILED" {
+		t.Errorf("ErrPeerFailed.String() = %q", s)
 	}
 	if s := ErrFence.String(); s != "KVXFER_ERR_FENCE" {
 		t.Errorf("ErrFence.String() = %q", s)

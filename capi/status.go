@@ -38,6 +38,7 @@ const (
 	ErrUnsupported     Status = 18
 	ErrClosed          Status = 19
 	ErrInternal        Status = 20
+	ErrPeerFailed      Status = 21
 )
 
 var statusNames = [...]string{
@@ -46,7 +47,7 @@ var statusNames = [...]string{
 	"KVXFER_ERR_TIMEOUT", "KVXFER_ERR_CANCELLED", "KVXFER_ERR_PEER_CANCELLED", "KVXFER_ERR_PEER_GONE",
 	"KVXFER_ERR_MISMATCH", "KVXFER_ERR_FENCE", "KVXFER_ERR_ENGINE_FAILED", "KVXFER_ERR_OUT_OF_BLOCKS",
 	"KVXFER_ERR_BUFFER_TOO_SMALL", "KVXFER_ERR_NOT_FINISHED", "KVXFER_ERR_UNSUPPORTED", "KVXFER_ERR_CLOSED",
-	"KVXFER_ERR_INTERNAL",
+	"KVXFER_ERR_INTERNAL", "KVXFER_ERR_PEER_FAILED",
 }
 
 func (s Status) String() string {
@@ -159,6 +160,9 @@ var codeMap = []struct {
 	{kvcache.ErrBadCount, ErrInvalidArgument},
 	{kvcache.ErrBadPlan, ErrInvalidArgument},
 	{kvcache.ErrBadRegion, ErrInvalidArgument},
+	// Last: a peer's failure whose cause this side has no sentinel for
+	// (its message says it), not a bug here.
+	{actors.ErrPeerFailed, ErrPeerFailed},
 }
 
 // Outcome codes (kvxfer_outcome).

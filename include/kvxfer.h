@@ -81,7 +81,9 @@ typedef enum kvxfer_status {
     KVXFER_ERR_NOT_FINISHED = 17,    /* the request has no outcome yet */
     KVXFER_ERR_UNSUPPORTED = 18,     /* not available in this build */
     KVXFER_ERR_CLOSED = 19,          /* the engine is closed or closing */
-    KVXFER_ERR_INTERNAL = 20         /* a bug in kvxfer (a recovered panic); the message says where */
+    KVXFER_ERR_INTERNAL = 20,        /* a bug in kvxfer (a recovered panic); the message says where */
+    KVXFER_ERR_PEER_FAILED = 21      /* the peer failed the request; its reason is in the message (since
+                                        KVXFER_ABI_MINOR 8; INTERNAL before) */
 } kvxfer_status;
 
 /* A request's outcome (kvxfer_event.outcome). */

@@ -40,6 +40,7 @@ class Status(enum.IntEnum):
     UNSUPPORTED = 18
     CLOSED = 19
     INTERNAL = 20
+    PEER_FAILED = 21  # the peer failed the request; its reason is in the message
 
 
 class Outcome(enum.IntEnum):
