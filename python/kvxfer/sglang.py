@@ -234,9 +234,23 @@ class KVManager:
         cfg["tokens_per_block"] = self.page_size
         tp = getattr(server_args, "tp_size", None) or cfg.get("tp", 1)
         pp = getattr(server_args, "pp_size", None) or cfg.get("pp", 1)
-        if pp != 1 and self.mode == "prefill":
+        if pp != 1:
+            # SGLang gives a stage's extra layers to the last stages
+            # (get_pp_indices, or SGLANG_PP_LAYER_PARTITION), kvxfer to the
+            # first: the same layer count on both sides can be other layers.
             raise ValueError("pp_size = %d: kvxfer's layer split of a pipeline stage is not checked against "
-                             "SGLang's (start_layer, end_layer); pipeline-parallel prefill is not supported" % pp)
+                             "SGLang's (start_layer, end_layer); pipeline parallelism is not supported" % pp)
+        if os.environ.get("SGLANG_DISAGG_STAGING_BUFFER"):
+            raise ValueError("SGLANG_DISAGG_STAGING_BUFFER is set: SGLang's staging buffers are its own backends' "
+                             "path; kvxfer writes SGLang's KV pool directly: unset it")
+        if "transfer_timeout" not in cfg and "transfer_timeout_ms" not in cfg:
+            # A decode request waits through the prefill's queue and forward
+            # pass: SGLang's own wait bound, not kvxfer's 30 s default.
+            wait_s = os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300")
+            try:
+                cfg["transfer_timeout"] = "%ds" % int(float(wait_s))
+            except ValueError:
+                raise ValueError("SGLANG_DISAGGREGATION_WAITING_TIMEOUT = %r: not a number of seconds" % wait_s)
         cfg.update(tp=tp, pp=pp, rank_tp=int(getattr(args, "engine_rank", 0) or 0),
                    rank_pp=int(getattr(args, "pp_rank", 0) or 0))
         ncfg = node_config(cfg, "producer" if self.mode == "prefill" else "consumer")
@@ -257,6 +271,9 @@ class KVManager:
             self.node.close()
             raise ValueError("aux buffers of %d bytes per request (aux_item_lens %s): more than a kvxfer payload "
                              "holds, %d bytes" % (self.aux_bytes, [n for _, n in self.aux], PAYLOAD_MAX))
+        # decode.py (0035ca4) reads prefill_info_table.get(bootstrap_addr).dp_size
+        # for every request: each prefill is one SGLang DP rank to kvxfer.
+        self.prefill_info_table = _PrefillInfoTable()
         self._lock = threading.RLock()
         self._owners = {}  # request handle -> (owner, tag)
         self.closed = False
@@ -279,6 +296,11 @@ class KVManager:
                              "adds its layers)" % (nlayers, have, len(self.node.groups)))
 
     # SGLang calls ---------------------------------------------------------
+
+    def try_ensure_parallel_info(self, bootstrap_addr):
+        """decode.py's _ensure_prefill_info: routing is the config's (an
+        unknown address fails its receiver), nothing to fetch."""
+        return True
 
     def register_to_bootstrap(self):
         """Nothing: routing comes from the config (prefill_instances)."""
@@ -337,10 +359,27 @@ class KVManager:
         return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1)
 
 
+class _PrefillInfoTable:
+    """SGLang's prefill_info_table as decode.py reads it: dp_size 1 for
+    every address (kvxfer refuses attention DP)."""
+
+    _info = type("PrefillInfo", (), {"dp_size": 1, "follow_bootstrap_room": True})()
+
+    def get(self, addr, default=None):
+        return self._info
+
+    def __contains__(self, addr):
+        return True
+
+
 class _Transfer:
     """What a sender and a receiver share: the kvxfer requests of one
     SGLang request, their events, and the Failed rule (reported once every
     opened request's event came)."""
+
+    # SGLang's utils.py reads it when SGLANG_DISAGG_STAGING_BUFFER is set
+    # (KVManager refuses that): kvxfer writes the pool directly.
+    require_staging = False
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room):
         self.mgr = mgr
@@ -412,6 +451,12 @@ class _Transfer:
         if self.reason is not None:
             return KVPoll.Transferring if self.live else KVPoll.Failed
         return None
+
+    @property
+    def conclude_state(self):
+        """decode.py's _update_handshake_waiters re-polls a waiting queue
+        only when a receiver's conclude_state is Failed (an abort)."""
+        return KVPoll.Failed if self.reason is not None else None
 
     def failure_exception(self):
         raise RuntimeError("kvxfer transfer of bootstrap_room %s failed: %s" % (self.room, self.reason or "no failure"))
@@ -666,11 +711,13 @@ _CLASSES = {"kvargs": KVArgs, "manager": KVManager, "sender": KVSender, "receive
             "bootstrap_server": KVBootstrapServer}
 
 
-def install(backend="mooncake", config=None):
+def install(backend="nixl", config=None):
     """Makes SGLang's get_kv_class return kvxfer's classes for the
-    transfer backend named backend (a TransferBackend value: "mooncake",
-    "nixl", ...), so that `--disaggregation-transfer-backend <backend>`
-    runs kvxfer. config: the kvxfer config (else $KVXFER_SGLANG_CONFIG).
+    transfer backend named backend (a TransferBackend value: "nixl", the
+    default and the one to use — with "mooncake" SGLang's model runner
+    also starts Mooncake's own transfer engine), so that
+    `--disaggregation-transfer-backend <backend>` runs kvxfer. config: the
+    kvxfer config (else $KVXFER_SGLANG_CONFIG).
 
     It replaces sglang.srt.disaggregation.utils.get_kv_class, and the
     name in every SGLang module already imported that bound it (prefill.py

@@ -22,6 +22,7 @@ Two nodes in one process over host memory (ucx, CURVE); every byte of
 every layer's K and V pages and of the aux slot is compared."""
 
 import tempfile
+import types
 
 import pytest
 
@@ -232,7 +233,7 @@ def test_unknown_bootstrap_addr_fails_at_once(pair):
     assert receiver.poll() == F
 
 
-def test_manager_refuses_what_kvxfer_cannot_describe():
+def test_manager_refuses_what_kvxfer_cannot_describe(monkeypatch):
     """Each refusal names the value: a page (kv_item_lens) other than the
     layout's, hybrid state pools, aux needing more payloads than allowed,
     no node keys, a config tokens_per_block other than page_size."""
@@ -254,6 +255,23 @@ def test_manager_refuses_what_kvxfer_cannot_describe():
             KVManager(Pool().args, "prefill", None, False, config={"layout": cfg["layout"]})
         with pytest.raises(ValueError, match="tokens_per_block = 16.*page_size is 4"):
             KVManager(Pool().args, "prefill", None, False, config=dict(cfg, tokens_per_block=16))
+        # Pipeline parallelism, on either side: SGLang's stage split is not
+        # kvxfer's (its extra layers go to the last stages, kvxfer's to the
+        # first).
+        for mode in ("prefill", "decode"):
+            with pytest.raises(ValueError, match="pp_size = 2"):
+                KVManager(Pool().args, mode, types.SimpleNamespace(pp_size=2, tp_size=1), False, config=cfg)
+        # SGLang's staging buffers are its own backends' path.
+        with monkeypatch.context() as m:
+            m.setenv("SGLANG_DISAGG_STAGING_BUFFER", "1")
+            with pytest.raises(ValueError, match="SGLANG_DISAGG_STAGING_BUFFER"):
+                KVManager(Pool().args, "decode", None, False, config=cfg)
+        # Without a transfer_timeout, SGLang's own wait bound is kvxfer's.
+        no_timeout = {k: v for k, v in cfg.items() if k != "transfer_timeout"}
+        with monkeypatch.context() as m:
+            m.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "soon")
+            with pytest.raises(ValueError, match="SGLANG_DISAGGREGATION_WAITING_TIMEOUT = 'soon'"):
+                KVManager(Pool().args, "decode", None, False, config=no_timeout)
         assert kvxfer.handle_count() == before  # every refused node was closed
 
 
