@@ -405,8 +405,8 @@ class _Transfer:
     def _event(self, tag, ev):
         req = self.live.pop(tag, None)
         self.events[tag] = ev
-        # The KV request's end says most: it replaces an aux request's
-        # (a cancel that followed it), not a cause this side decided.
+        # The KV request's end says most: it replaces a reason this side
+        # did not decide itself.
         if not ev.ok and (self.reason is None or (tag == "kv" and not self.decided)):
             msg = ""
             if req is not None:
