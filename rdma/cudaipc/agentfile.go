@@ -180,23 +180,26 @@ func readAgentFile(a address) (identity string, proc *os.File, err error) {
 	return f.identity, proc, nil
 }
 
-// openProcess opens a pidfd of process pid (nil, nil where the kernel has
-// no pidfd_open: the caller falls back on host.ProcessGone). No such
-// process is rdma.ErrPeerGone.
+// openProcess opens a pidfd of process pid (flags 0: poll needs no
+// O_NONBLOCK, which kernels before 5.10 refuse). Where pidfd_open is
+// missing or not allowed (a kernel before 5.3: ENOSYS; a seccomp profile:
+// EPERM; EINVAL) it returns nil, and the caller falls back on
+// host.ProcessGone. No such process is rdma.ErrPeerGone; another error
+// (EMFILE: this process is out of descriptors) is returned as it is.
 func openProcess(pid int) (*os.File, error) {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	fd, err := pidfdOpen(pid, 0)
 	switch {
 	case err == nil:
 		return os.NewFile(uintptr(fd), fmt.Sprintf("pidfd %d", pid)), nil
-	case errors.Is(err, unix.ENOSYS):
+	case errors.Is(err, unix.ESRCH):
+		return nil, fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, pid)
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES), errors.Is(err, unix.EINVAL):
 		if host.ProcessGone(pid) {
 			return nil, fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, pid)
 		}
 		return nil, nil
-	case errors.Is(err, unix.ESRCH):
-		return nil, fmt.Errorf("%w: no process %d", rdma.ErrPeerGone, pid)
 	}
-	return nil, fmt.Errorf("%w: process %d: pidfd_open: %v", rdma.ErrPeerGone, pid, err)
+	return nil, fmt.Errorf("process %d: pidfd_open: %w", pid, err)
 }
 
 // exited reports whether the process of pidfd proc has exited (its pidfd
@@ -239,3 +242,6 @@ func closeProc(proc *os.File) {
 		proc.Close()
 	}
 }
+
+// pidfdOpen is unix.PidfdOpen (a test makes it fail as a kernel would).
+var pidfdOpen = unix.PidfdOpen

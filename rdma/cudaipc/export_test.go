@@ -128,3 +128,13 @@ func AgentPath(addr []byte) string {
 	}
 	return agentPath(a)
 }
+
+// SetPidfdOpen makes openProcess call f for pidfd_open until restore.
+func SetPidfdOpen(f func(pid, flags int) (int, error)) (restore func()) {
+	old := pidfdOpen
+	pidfdOpen = f
+	return func() { pidfdOpen = old }
+}
+
+// OpenProcess is openProcess.
+func OpenProcess(pid int) (*os.File, error) { return openProcess(pid) }

@@ -171,3 +171,34 @@ func TestIdentity(t *testing.T) {
 		t.Errorf("Connect to %s: %v, want rdma.ErrBadAddress naming version 1", v1, err)
 	}
 }
+
+// TestOpenProcessWithoutPidfd: where pidfd_open is missing or not allowed
+// (ENOSYS before Linux 5.3, EPERM under a seccomp profile, EINVAL) a live
+// process is watched by its pid instead (no pidfd, no error): before,
+// every cross-process Connect failed there, "peer gone". No such process
+// is ErrPeerGone; running out of descriptors is not.
+func TestOpenProcessWithoutPidfd(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOSYS, syscall.EPERM, syscall.EINVAL} {
+		restore := cudaipc.SetPidfdOpen(func(int, int) (int, error) { return -1, errno })
+		f, err := cudaipc.OpenProcess(os.Getpid())
+		restore()
+		if f != nil || err != nil {
+			t.Errorf("pidfd_open failing with %v, for a live process: %v, %v; want no pidfd and no error", errno, f, err)
+		}
+	}
+	restore := cudaipc.SetPidfdOpen(func(int, int) (int, error) { return -1, syscall.ESRCH })
+	if _, err := cudaipc.OpenProcess(os.Getpid()); !errors.Is(err, rdma.ErrPeerGone) {
+		t.Errorf("pidfd_open failing with ESRCH: %v, want ErrPeerGone", err)
+	}
+	restore()
+	restore = cudaipc.SetPidfdOpen(func(int, int) (int, error) { return -1, syscall.EMFILE })
+	if _, err := cudaipc.OpenProcess(os.Getpid()); err == nil || errors.Is(err, rdma.ErrPeerGone) {
+		t.Errorf("pidfd_open failing with EMFILE: %v, want an error that is not ErrPeerGone", err)
+	}
+	restore()
+	f, err := cudaipc.OpenProcess(os.Getpid())
+	if err != nil || f == nil {
+		t.Fatalf("OpenProcess(self): %v, %v", f, err)
+	}
+	f.Close()
+}
