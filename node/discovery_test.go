@@ -440,6 +440,54 @@ func TestEtcdKeepaliveStoppedNamesEtcd(t *testing.T) {
 	}
 }
 
+// TestEtcdPeerRestartDuringWaitIsWaitedOut: a peer that said Hello, then
+// restarted (its record left etcd and came back) while WaitPeers still
+// waited for another peer, is waited out, not reported as gone (a review
+// found the departure record failing it at once).
+func TestEtcdPeerRestartDuringWaitIsWaitedOut(t *testing.T) {
+	url := etcdURL(t)
+	cluster := clusterName("node-restart-wait")
+	dir := t.TempDir()
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
+	cc := base
+	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
+	cc.Peers = []node.Peer{{Instance: "gen"}, {Instance: "dec"}}
+	var ctxEvents events
+	cc.OnMembership = ctxEvents.add
+	ctxN := open(t, cc)
+	waited := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	go func() { waited <- ctxN.WaitPeers(ctx) }()
+
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	genN, err := node.Open(context.Background(), gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := genN.Close(ctx); err != nil { // gen restarts
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "gen/0 Down at ctx", func() bool {
+		_, ok := ctxEvents.find(discovery.EventDown, "gen", 0)
+		return ok
+	})
+	open(t, gc) // its new incarnation
+	dc := base
+	dc.Instance, dc.Bind, dc.SecretKey = "dec", "ipc://"+filepath.Join(dir, "dec.sock"), newKeys(t).secret
+	dc.Peers = []node.Peer{{Instance: "ctx"}}
+	open(t, dc)
+	if err := <-waited; err != nil {
+		t.Fatalf("ctx's WaitPeers with gen/0 restarted during the wait: %v", err)
+	}
+}
+
 var clusterSeq atomic.Int64
 
 // clusterName is base made unique within this test process, so that runs

@@ -562,11 +562,16 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 						return fmt.Errorf("%w: %s: its record in etcd cluster %s was refused: %s", ErrHandshake, id, n.cfg.Cluster, why)
 					}
 					d, gone := n.departure(id)
-					if gone && !d.at.Before(start) {
-						// It was there in this wait and left: news to
-						// give now, not a silence to wait out.
-						return fmt.Errorf("%w: %s registered in etcd cluster %s, then left it (%s) before it said Hello to this node: see its log",
-							ErrPeerUnreachable, id, n.cfg.Cluster, d.reason)
+					_, heard := spoke[id]
+					if gone && !d.at.Before(start) && !heard && !reached[id] && time.Since(d.at) >= hintAfter {
+						// It registered in this wait, left before it said
+						// Hello, and has not come back for the hint's
+						// wait (a restart's new incarnation would have):
+						// news to give now, not a silence to wait out.
+						// (A peer that said Hello and restarts is waited
+						// out, as a connection that dropped.)
+						return fmt.Errorf("%w: %s registered in etcd cluster %s, then left it (%s) %v ago before it said Hello to this node, and has not come back: see its log",
+							ErrPeerUnreachable, id, n.cfg.Cluster, d.reason, time.Since(d.at).Round(time.Millisecond))
 					}
 					if gone {
 						silent = append(silent, fmt.Sprintf("%s (left etcd cluster %s %v ago: %s)", id, n.cfg.Cluster, time.Since(d.at).Round(time.Second), d.reason))
