@@ -87,6 +87,8 @@ func frameBytes(f messages.Frame) int {
 	switch m := f.(type) {
 	case *messages.RequestData:
 		return 4*core.DestBlocks(m) + 24*len(m.Remap)
+	case *messages.Result:
+		return len(m.Payload) // up to messages.MaxPayload (64 KiB): held Results count
 	case *messages.Hello:
 		n := len(m.AgentAddr) + 64*len(m.Pools)
 		for _, mem := range m.Memory {

@@ -138,3 +138,25 @@ func TestFrameCreditsWeighTheirBlocks(t *testing.T) {
 		t.Fatal("a frame heavier than the budget was refused while its peer holds nothing: it could never enter")
 	}
 }
+
+// TestFrameCreditsWeighResults: a held Result's payload (up to 64 KiB)
+// counts in its peer's byte budget — the Result itself is never shed, but
+// a RequestData past the budget is — and is given back with it. (Checked
+// to fail with frameBytes weighing a Result 0: the RequestData is taken.)
+func TestFrameCreditsWeighResults(t *testing.T) {
+	a := messages.PeerID{Instance: "a"}
+	c := newFrameCredits(100)
+	c.byteLimit = 1 << 16
+	res := &messages.Result{RequestID: "r", From: a, Payload: make([]byte, 60<<10)}
+	if !c.take(res) {
+		t.Fatal("a terminal frame was refused")
+	}
+	rd := &messages.RequestData{RequestID: "s", From: a, Groups: []messages.GroupDest{{Blocks: make([]int32, 2048)}}}
+	if c.take(rd) {
+		t.Fatalf("a RequestData of %d bytes taken past the byte budget (%d held of %d)", frameBytes(rd), c.weight[a], c.byteLimit)
+	}
+	c.give(res)
+	if !c.take(rd) {
+		t.Fatal("the RequestData refused once the Result's payload was given back")
+	}
+}

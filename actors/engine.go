@@ -325,8 +325,8 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
 }
 
 // ChunkPayload is Chunk with the payload that replaces the request's
-// (TxChunk.Payload; nil: none): the caller passes it with the last chunk
-// only.
+// (TxChunk.Payload; nil: none, an empty non-nil one: an empty payload):
+// the caller passes it with the last chunk only.
 func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence, payload []byte) {
 	if h.pid == nil {
 		return // a rank with nothing to write (Send finished it DONE)
@@ -334,7 +334,7 @@ func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence F
 	if fence == nil {
 		fence = FiredFence{}
 	}
-	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, Payload: payload}, fence: fence})
+	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, PayloadSet: payload != nil, Payload: payload}, fence: fence})
 }
 
 // Cancel cancels the request; Done still fires only after the session has

@@ -59,7 +59,10 @@ extern "C" {
  * kvxfer_request_set_payload, and payloads of up to 65536 bytes. */
 #define KVXFER_ABI_MINOR 8
 
-/* Status codes: what every call returns. */
+/* Status codes: what every call returns. A newer library of the same
+ * KVXFER_ABI_VERSION may return codes added since (KVXFER_ERR_PEER_FAILED
+ * in minor 8): treat a code you do not know as an error, its message in
+ * kvxfer_last_error or kvxfer_request_error. */
 typedef enum kvxfer_status {
     KVXFER_OK = 0,
     KVXFER_ERR_INVALID_ARGUMENT = 1, /* a null pointer, a negative count, bad value */

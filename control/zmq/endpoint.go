@@ -128,7 +128,8 @@ func checkHostPort(endpoint, addr string, dial bool) error {
 // with its addresses; anything else is left to libzmq.
 func checkBindHost(endpoint, host string) error {
 	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if h == "*" || net.ParseIP(h) != nil {
+	addr, _, zoned := strings.Cut(h, "%") // fe80::1%eth0: an address and its interface
+	if h == "*" || net.ParseIP(addr) != nil || zoned {
 		return nil
 	}
 	if _, err := net.InterfaceByName(h); err == nil {

@@ -24,6 +24,7 @@ func TestCheckTCPEndpoint(t *testing.T) {
 		{"tcp://10.0.0.1:65535", "", "", "highest port"},
 		{"tcp://127.0.0.1:1", "", "", "lowest port"},
 		{"tcp://localhost:5600", "a bind takes an IP address", "", "host name: libzmq binds none (it takes one for an interface)"},
+		{"tcp://[fe80::1%lo]:5600", "", "", "IPv6 link-local address with its zone"},
 		{"tcp://[::1]:5600", "", "", "IPv6 in brackets"},
 		{"tcp://::1:5600", "", "", "IPv6 without brackets (libzmq takes the last colon)"},
 		{"tcp://eth0:5555", "", "", "interface name"},

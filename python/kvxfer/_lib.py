@@ -239,7 +239,10 @@ def _refuse_after_fork():
     def refuse(*_args, **_kwargs):
         raise RuntimeError(msg)
 
+    global _load_lock
     if _loaded is None:  # not loaded before the fork: the child loads its own
+        # (another thread of the parent may have held the lock, loading)
+        _load_lock = threading.Lock()
         return
     for name in list(_PROTOTYPES) + list(SINCE_MINOR):
         setattr(_loaded, name, refuse)

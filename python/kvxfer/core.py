@@ -171,7 +171,10 @@ class Event:
     def __init__(self, ev):
         self.request = ev.request
         self.outcome = Outcome(ev.outcome)
-        self.error = Status(ev.error)
+        try:
+            self.error = Status(ev.error)
+        except ValueError:  # a code of a newer library: kept as the number
+            self.error = ev.error
         self.bytes = ev.bytes
         self.user_data = ev.user_data
 
@@ -1108,8 +1111,9 @@ class Request:
         receive."""
         _require("kvxfer_request_set_payload", "Request.set_payload")
         data = bytes(data)
-        buf = ctypes.create_string_buffer(data, len(data)) if data else None
-        _check(lib.kvxfer_request_set_payload(self.handle, buf, len(data)))
+        n = _u32("payload length", len(data))
+        buf = ctypes.create_string_buffer(data, n) if data else None
+        _check(lib.kvxfer_request_set_payload(self.handle, buf, n))
 
     def free_blocks(self):
         """Frees a READY request's engine-allocated destination blocks (a receive

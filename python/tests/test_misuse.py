@@ -187,3 +187,56 @@ def test_bytearray_pool_usable_again_after_close():
     kvxfer.Engine(small_config(unique("ba2")), memory=pool).close()
     pool.extend(b"\0" * 4096)
     assert len(pool) == (1 << 20) + 4096
+
+
+def test_fork_while_another_thread_loads_the_library():
+    """A fork while another thread of the parent loads libkvxfer (holding
+    the load lock) must not leave the child's first call blocked on that
+    lock for ever: the child gets a fresh one and loads its own library."""
+    rc, out = _child("""
+        import os, sys, threading, time
+        import kvxfer
+        from kvxfer import _lib
+        from conftest import small_config, unique
+        entered, release = threading.Event(), threading.Event()
+        real_load = _lib.load
+        def slow_load():
+            entered.set()
+            release.wait()
+            return real_load()
+        _lib.load = slow_load
+        t = threading.Thread(target=_lib.library)
+        t.start()
+        entered.wait()
+        _lib.load = real_load
+        pid = os.fork()
+        if pid == 0:
+            try:
+                kvxfer.Engine(small_config(unique("child"))).close()
+            except Exception as exc:
+                print("child:", exc, flush=True)
+                os._exit(4)
+            os._exit(0)
+        release.set()
+        t.join()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                sys.exit(0 if status == 0 else 3)
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("child hung on the load lock for 20 s")
+        sys.exit(2)
+    """)
+    assert rc == 0, out[-1500:]
+
+
+def test_event_of_an_unknown_status_code():
+    """A newer library of the same ABI may return a status code this
+    package does not know: the Event keeps it as the number instead of
+    raising in poll() (which would lose the events taken with it)."""
+    raw = kvxfer._lib.Event(request=7, outcome=int(Outcome.FAILED), error=99)
+    ev = kvxfer.core.Event(raw)
+    assert ev.error == 99 and ev.outcome == Outcome.FAILED and not ev.ok

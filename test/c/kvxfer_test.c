@@ -161,14 +161,14 @@ static void test_refused_requests(kvxfer_engine_t p, kvxfer_engine_t d) {
     uint64_t handles = kvxfer_handle_count();
     kvxfer_request_t r = 0;
     char buf[16] = {0};
-    uint32_t lens[] = {4097, 0x80000000u, 0xFFFFFFFFu};
+    uint32_t lens[] = {65537, 0x80000000u, 0xFFFFFFFFu};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "= %u bytes", lens[i]);
         kvxfer_send_request sr = {.id = "c-big", .prompt_len = 32, .payload = buf, .payload_len = lens[i]};
         kvxfer_status st = kvxfer_send(p, &sr, &r);
         CHECK(st == KVXFER_ERR_INVALID_ARGUMENT, "payload_len %u returned %s", lens[i], kvxfer_status_name(st));
-        CHECK(strstr(kvxfer_last_error(), want) && strstr(kvxfer_last_error(), "4096"),
+        CHECK(strstr(kvxfer_last_error(), want) && strstr(kvxfer_last_error(), "65536"),
               "message names the length and the limit: %s", kvxfer_last_error());
     }
     CHECK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-neg", .prompt_len = 32, .timeout_ms = -1}, &r) ==
