@@ -372,31 +372,30 @@ func TestEtcdPinnedKeyMismatchIsNamed(t *testing.T) {
 	}
 }
 
+// etcdNode is the config of a node named instance on etcd cluster
+// cluster, its ipc endpoint in dir, waiting for peers (found in etcd).
+func etcdNode(t testing.TB, url, cluster, dir, instance string, peers ...node.Peer) node.Config {
+	return node.Config{Instance: instance, Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		Bind: "ipc://" + filepath.Join(dir, instance+".sock"), SecretKey: newKeys(t).secret,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster, Peers: peers}
+}
+
 // TestEtcdPeerThatLeftIsNamed: ctx/0 waits for gen/0, found through etcd;
 // gen/0 registers, refuses ctx/0's record (it pins another key for it),
 // fails its own WaitPeers and closes, as the kvxfer command does. ctx/0's
-// WaitPeers then says at once that gen/0 registered and left, not "not
-// registered" at its deadline (a review found that). (Checked to fail
-// without the departure record: ErrPeerSilent at the deadline.)
+// WaitPeers then says within a few heartbeats that gen/0 registered and
+// left, not "not registered" at its deadline (a review found that).
+// (Checked to fail without the departure record: ErrPeerSilent at the
+// deadline.)
 func TestEtcdPeerThatLeftIsNamed(t *testing.T) {
-	url := etcdURL(t)
-	cluster := clusterName("node-left")
-	dir := t.TempDir()
-	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
-		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
-	cc := base
-	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
-	cc.Peers = []node.Peer{{Instance: "gen"}}
-	ctxN := open(t, cc)
+	url, cluster, dir := etcdURL(t), clusterName("node-left"), t.TempDir()
+	ctxN := open(t, etcdNode(t, url, cluster, dir, "ctx", node.Peer{Instance: "gen"}))
 	waited := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	go func() { waited <- ctxN.WaitPeers(ctx) }()
 
-	gc := base
-	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
-	gc.Peers = []node.Peer{{Instance: "ctx", PublicKey: newKeys(t).public}}
-	genN, err := node.Open(context.Background(), gc)
+	genN, err := node.Open(context.Background(), etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx", PublicKey: newKeys(t).public}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,12 +425,7 @@ func TestEtcdPeerThatLeftIsNamed(t *testing.T) {
 // whose etcd paused saw no word of etcd).
 func TestEtcdKeepaliveStoppedNamesEtcd(t *testing.T) {
 	url := etcdURL(t)
-	cluster := clusterName("node-keepalive")
-	gc := node.Config{Instance: "gen", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
-		Bind: "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), SecretKey: newKeys(t).secret,
-		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster,
-		Peers: []node.Peer{{Instance: "ctx"}}}
-	genN := open(t, gc)
+	genN := open(t, etcdNode(t, url, clusterName("node-keepalive"), t.TempDir(), "gen", node.Peer{Instance: "ctx"}))
 	genN.Apply(discovery.Event{Kind: discovery.EventLost, Reason: discovery.ReasonKeepaliveStopped})
 	err := genN.Err()
 	if !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "could not renew its lease at "+url) ||
@@ -445,14 +439,8 @@ func TestEtcdKeepaliveStoppedNamesEtcd(t *testing.T) {
 // waited for another peer, is waited out, not reported as gone (a review
 // found the departure record failing it at once).
 func TestEtcdPeerRestartDuringWaitIsWaitedOut(t *testing.T) {
-	url := etcdURL(t)
-	cluster := clusterName("node-restart-wait")
-	dir := t.TempDir()
-	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
-		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
-	cc := base
-	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
-	cc.Peers = []node.Peer{{Instance: "gen"}, {Instance: "dec"}}
+	url, cluster, dir := etcdURL(t), clusterName("node-restart-wait"), t.TempDir()
+	cc := etcdNode(t, url, cluster, dir, "ctx", node.Peer{Instance: "gen"}, node.Peer{Instance: "dec"})
 	var ctxEvents events
 	cc.OnMembership = ctxEvents.add
 	ctxN := open(t, cc)
@@ -461,9 +449,7 @@ func TestEtcdPeerRestartDuringWaitIsWaitedOut(t *testing.T) {
 	defer cancel()
 	go func() { waited <- ctxN.WaitPeers(ctx) }()
 
-	gc := base
-	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
-	gc.Peers = []node.Peer{{Instance: "ctx"}}
+	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
 	genN, err := node.Open(context.Background(), gc)
 	if err != nil {
 		t.Fatal(err)
@@ -479,10 +465,7 @@ func TestEtcdPeerRestartDuringWaitIsWaitedOut(t *testing.T) {
 		return ok
 	})
 	open(t, gc) // its new incarnation
-	dc := base
-	dc.Instance, dc.Bind, dc.SecretKey = "dec", "ipc://"+filepath.Join(dir, "dec.sock"), newKeys(t).secret
-	dc.Peers = []node.Peer{{Instance: "ctx"}}
-	open(t, dc)
+	open(t, etcdNode(t, url, cluster, dir, "dec", node.Peer{Instance: "ctx"}))
 	if err := <-waited; err != nil {
 		t.Fatalf("ctx's WaitPeers with gen/0 restarted during the wait: %v", err)
 	}

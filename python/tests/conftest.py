@@ -46,3 +46,17 @@ def pair():
     ctx.close()
     gen.close()
     assert kvxfer.handle_count() == before
+
+
+def reap_within(pid, seconds=20.0):
+    """The wait status of forked child pid once it exited, polled until the
+    deadline; None when it did not exit (it is killed and reaped then)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None

@@ -104,7 +104,7 @@ def test_engine_in_a_forked_child_does_not_hang(loaded):
     rc, out = _child("""
         import os, sys, time
         import kvxfer
-        from conftest import small_config, unique
+        from conftest import reap_within, small_config, unique
         if %r:
             kvxfer.Engine(small_config(unique("parent"))).close()
         pid = os.fork()
@@ -116,16 +116,11 @@ def test_engine_in_a_forked_child_does_not_hang(loaded):
                 print("child refused:", exc, flush=True)
                 os._exit(0 if ok else 4)
             os._exit(5 if %r else 0)  # after a load: it must be refused
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                sys.exit(0 if status == 0 else 3)
-            time.sleep(0.05)
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        print("child hung in kvxfer_engine_open for 20 s")
-        sys.exit(2)
+        status = reap_within(pid)
+        if status is None:
+            print("child hung in kvxfer_engine_open for 20 s")
+            sys.exit(2)
+        sys.exit(0 if status == 0 else 3)
     """ % (loaded, loaded, loaded))
     assert rc == 0, out[-1500:]
 
@@ -197,7 +192,7 @@ def test_fork_while_another_thread_loads_the_library():
         import os, sys, threading, time
         import kvxfer
         from kvxfer import _lib
-        from conftest import small_config, unique
+        from conftest import reap_within, small_config, unique
         entered, release = threading.Event(), threading.Event()
         real_load = _lib.load
         def slow_load():
@@ -219,16 +214,11 @@ def test_fork_while_another_thread_loads_the_library():
             os._exit(0)
         release.set()
         t.join()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                sys.exit(0 if status == 0 else 3)
-            time.sleep(0.05)
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        print("child hung on the load lock for 20 s")
-        sys.exit(2)
+        status = reap_within(pid)
+        if status is None:
+            print("child hung on the load lock for 20 s")
+            sys.exit(2)
+        sys.exit(0 if status == 0 else 3)
     """)
     assert rc == 0, out[-1500:]
 
