@@ -135,21 +135,17 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 			}
 		}
 		next += n
-		d, err := kvcache.FrameworkMemory(m.Kind, l, s, g, m.NumBlocks, offs, voffs, provisional)
+		var d *kvcache.KVMemory
+		if st := m.Strides; st != nil {
+			// Validated with these strides: layers interleaved within a
+			// block (vLLM's cross-layer caches) overlap as contiguous ones.
+			d, err = kvcache.FrameworkMemoryStrided(m.Kind, l, s, g, m.NumBlocks, offs, voffs,
+				kvcache.TensorStrides{Block: st.Block, Token: st.Token, Head: st.Head, Elem: st.Elem, KV: st.KV}, provisional)
+		} else {
+			d, err = kvcache.FrameworkMemory(m.Kind, l, s, g, m.NumBlocks, offs, voffs, provisional)
+		}
 		if err != nil {
 			return errorf(ErrConfig, "memory of group %d: %v", g, err)
-		}
-		if st := m.Strides; st != nil {
-			d.BlockStride, d.TokenStride, d.HeadStride, d.ElemStride = st.Block, st.Token, st.Head, st.Elem
-			if d.Parts == 2 && !split {
-				kv := st.KV
-				if kv == 0 {
-					kv = uint64(m.NumBlocks) * st.Block
-				}
-				for i := range d.Base {
-					d.Base[i][1] = d.Base[i][0] + kv
-				}
-			}
 		}
 		kc.Memory[g] = d
 	}

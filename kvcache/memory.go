@@ -554,6 +554,59 @@ func FrameworkMemory(kind string, l Layout, s Shape, g, blocks int, offsets, vOf
 	return nil, fmt.Errorf("%w: kind %q, want one of %s", ErrBadMemory, kind, strings.Join(FrameworkKinds, ", "))
 }
 
+// TensorStrides are the byte strides of a framework's tensors as they
+// really are (views of one cross-layer tensor, a KV cache layout of the
+// framework's own order): between blocks, tokens, heads and elements, and
+// KV, the V tensor's offset from its layer's K tensor (0: blocks × Block,
+// the V half after the K half; split and MLA kinds have none).
+type TensorStrides struct {
+	Block, Token, Head, Elem, KV uint64
+}
+
+// FrameworkMemoryStrided is FrameworkMemory with the tensors' real strides
+// st in place of the contiguous ones of kind: it validates the descriptor
+// as given (FrameworkMemory would first check the offsets against
+// contiguous tensors, which layers interleaved within a block, a few
+// hundred bytes apart, overlap). Errors wrap ErrBadMemory.
+func FrameworkMemoryStrided(kind string, l Layout, s Shape, g, blocks int, offsets, vOffsets []uint64, st TensorStrides, regionLen uint64) (*KVMemory, error) {
+	kinds := map[string]MemoryKind{"nhd": MemNHD, "hnd": MemHND, "split_kv": MemSplitKV, "mla": MemMLA}
+	k, ok := kinds[kind]
+	if !ok {
+		return nil, fmt.Errorf("%w: kind %q, want one of %s", ErrBadMemory, kind, strings.Join(FrameworkKinds, ", "))
+	}
+	m, err := memoryShape(k, l, s, g, blocks)
+	if err != nil {
+		return nil, err
+	}
+	if l.MLA != (k == MemMLA) {
+		return nil, m.errorf("layout %q (MLA: %v) and kind %s disagree", l.Name, l.MLA, kind)
+	}
+	m.BlockStride, m.TokenStride, m.HeadStride, m.ElemStride = st.Block, st.Token, st.Head, st.Elem
+	base := make([][]uint64, len(offsets))
+	for i, o := range offsets {
+		switch k {
+		case MemMLA:
+			base[i] = []uint64{o}
+		case MemSplitKV:
+			if len(vOffsets) != len(offsets) {
+				return nil, m.errorf("%d K offsets but %d V offsets", len(offsets), len(vOffsets))
+			}
+			base[i] = []uint64{o, vOffsets[i]}
+		default:
+			kv := st.KV
+			if kv == 0 {
+				kv = uint64(blocks) * st.Block
+			}
+			v, ok := addOK(o, kv)
+			if !ok {
+				return nil, m.errorf("layer offset %d + V offset %d overflow", o, kv)
+			}
+			base[i] = []uint64{o, v}
+		}
+	}
+	return m.perLayer(base, regionLen)
+}
+
 // NHDMemory describes vLLM-style memory for rank shape s of layout l, layer
 // group g: one contiguous tensor per layer, [2, blocks, TokensPerBlock,
 // heads, HeadDim], the tensor of the rank's i-th layer of g at region offset

@@ -382,3 +382,42 @@ func TestFrameworkMemory(t *testing.T) {
 		t.Fatalf("unknown kind: %v, want ErrBadMemory naming it", err)
 	}
 }
+
+// TestFrameworkMemoryStridedInterleaved: vLLM's cross-layer tensor in
+// FlashAttention's HND order (block, head, layer, K/V, token, dim) puts
+// each layer's K and V a few hundred bytes from the next layer's, heads a
+// layer-row apart: FrameworkMemoryStrided validates it with those strides
+// (FrameworkMemory first checks the offsets against contiguous tensors,
+// which overlap: the C ABI refused such caches that way), and still
+// refuses strides that do make two layers share bytes.
+func TestFrameworkMemoryStridedInterleaved(t *testing.T) {
+	const layers, heads, blocks = 4, 2, 8
+	l := testDense(layers, heads, nil)
+	s, err := l.Shape(Parallel{TP: 1, PP: 1}, rnk(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := uint64(l.DTypeBytes)
+	row := uint64(l.TokensPerBlock*l.HeadDim) * e // one head's tokens of one part
+	st := TensorStrides{Block: heads * layers * 2 * row, Token: uint64(l.HeadDim) * e, Head: layers * 2 * row, Elem: e, KV: row}
+	offs := make([]uint64, layers)
+	for i := range offs {
+		offs[i] = uint64(i) * 2 * row
+	}
+	end := blocks * st.Block
+	if _, err := NHDMemory(l, s, 0, blocks, offs, end); !errors.Is(err, ErrBadMemory) {
+		t.Fatalf("NHDMemory (contiguous strides) of interleaved layers: %v, want the overlap it sees", err)
+	}
+	m, err := FrameworkMemoryStrided("nhd", l, s, 0, blocks, offs, nil, st, end)
+	if err != nil {
+		t.Fatalf("FrameworkMemoryStrided of vLLM's FlashAttention HND cross-layer order: %v", err)
+	}
+	if off, n, ok := m.TensorBlock(1, 1, 3); !ok || off != 3*st.Block+2*row+row || n == 0 {
+		t.Fatalf("layer 1 V block 3 at %d (%d bytes, %v), want %d", off, n, ok, 3*st.Block+3*row)
+	}
+	bad := st
+	bad.Head = row // heads one part-row apart: head 1 of K lands on V
+	if _, err := FrameworkMemoryStrided("nhd", l, s, 0, blocks, offs, nil, bad, end); !errors.Is(err, ErrBadMemory) || !strings.Contains(err.Error(), "overlaps") {
+		t.Fatalf("strides making K's head 1 land on V: %v, want an overlap", err)
+	}
+}

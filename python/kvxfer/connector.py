@@ -50,22 +50,24 @@ No call vLLM makes from its engine loop raises for one request's trouble
 (kv_transfer_params a client got wrong, a chunk the engine refuses): vLLM
 would end the engine core or the worker, and with it every request. The
 request fails alone instead: its send is cancelled, its load reported as
-failed (vLLM recomputes it), and a warning is logged.
+failed (vLLM recomputes it under "kv_load_failure_policy": "recompute",
+else fails that request: its default), and a warning is logged.
 
-Memory: kvxfer's block holds every layer of one block ("cross-layer"
-blocks, vLLM's prefer_cross_layer_blocks), HND within a layer:
-one tensor of shape (num_blocks, num_layers, 2, num_kv_heads, block_size,
-head_size); vLLM's per-layer cache kv[:, i] viewed as (num_blocks, 2,
-block_size, num_kv_heads, head_size) with HND strides. The framework owns
-every block id: the worker marks the whole pool allocated to it, so kvxfer's
-allocator is never used.
+Memory: vLLM's KV cache as it is laid out. A cross-layer tensor
+(prefer_cross_layer_blocks: every layer of a block in one block) is read
+through its attention backend's stride order, per-layer caches through
+their strides; when they are kvxfer's own block layout (block, layer, K/V,
+head, token, dim) the engine takes the tensor as one pool, else it
+addresses each layer, K/V and head where vLLM put it (kv_memory). The
+framework owns every block id: the worker marks the whole pool allocated to
+it, so kvxfer's allocator is never used.
 """
 
 import logging
 import re
 from dataclasses import dataclass, field
 
-from .core import Engine, KvxferError, Node, Outcome, _cuda_index
+from .core import Engine, KvxferError, Node, Outcome, _cuda_index, kv_memory
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,65 @@ class KvxferConnectorMetadata:
     preempted_req_ids: set = field(default_factory=set)
 
 
+def _backend_name(backend):
+    get = getattr(backend, "get_name", None)
+    return get() if callable(get) else type(backend).__name__
+
+
+def _native_shape(t):
+    """Whether t has the rank of kvxfer's block layout over every layer:
+    (num_blocks, num_layers, 2, kv_heads, block_size, head_dim) (MLA: a
+    part and a head of 1), or (num_blocks, num_layers, block_size, latent);
+    the engine checks its sizes."""
+    shape = getattr(t, "shape", None)
+    return shape is not None and len(shape) in (4, 6)
+
+
+def _nhd_views(tensors):
+    """("nhd", views of (2, num_blocks, block_size, kv_heads, head_dim)) of
+    per-layer caches in FlashAttention's logical shape (as they are) or
+    FlashInfer's, (num_blocks, 2, ...) (K/V first), or ("mla", the
+    tensors) of (num_blocks, block_size, latent); ValueError naming a shape
+    it cannot read."""
+    shape = tuple(tensors[0].shape)
+    if len(shape) == 3:
+        return "mla", list(tensors)
+    if len(shape) != 5:
+        raise ValueError("a per-layer KV cache of shape %s: want (2, num_blocks, block_size, kv_heads, head_dim), "
+                         "(num_blocks, 2, block_size, kv_heads, head_dim) or MLA's (num_blocks, block_size, latent)"
+                         % (shape,))
+    if shape[0] == 2:
+        return "nhd", list(tensors)
+    if shape[1] == 2:
+        return "nhd", [t.permute(1, 0, 2, 3, 4) for t in tensors]
+    raise ValueError("a per-layer KV cache of shape %s has no K/V dimension of 2 first or second" % (shape,))
+
+
+def _native_pool(kind, views, whole):
+    """The one contiguous tensor the per-layer views (in layer order)
+    cover exactly in kvxfer's block layout (block, layer, K/V, head, token,
+    dim; MLA: block, layer, token, latent): whole, or the views' common
+    base; None when they are laid out otherwise."""
+    es, n = views[0].element_size(), len(views)
+    if kind == "nhd":
+        _, nb, bs, heads, dim = views[0].shape
+        layer = 2 * heads * bs * dim
+        want = (heads * bs * dim, n * layer, dim, bs * dim, 1)  # kv, block, token, head, elem
+    else:
+        nb, bs, dim = views[0].shape
+        layer = bs * dim
+        want = (n * layer, dim, 1)
+    base = views[0].data_ptr()
+    for i, v in enumerate(views):
+        if tuple(v.stride()) != want or v.data_ptr() != base + i * layer * es:
+            return None
+    for cand in (whole, getattr(views[0], "_base", None)):
+        if (cand is not None and cand.data_ptr() == base and cand.is_contiguous()
+                and cand.numel() * cand.element_size() == nb * n * layer * es):
+            return cand
+    return None
+
+
 def layer_index(name):
     """The model's layer index in a vLLM layer name: its one integer part
     ("model.layers.12.self_attn.attn" is 12), as vLLM's
@@ -156,6 +217,9 @@ class KvxferSchedulerConnector:
         self._recv = {}      # consumer: request id -> RecvSpec, until the next meta
         self._release = {}   # consumer: request id -> RecvSpec without blocks, until the next meta
         self._cancel = set()  # producer: ids of sends to cancel, until the next meta
+        # producer: ids whose blocks request_finished kept (True), until a
+        # worker reports them sent (finished_sending): has_pending_push_work
+        self._pushing = set()
         self._blocks = {}    # producer: request id -> block ids per group
         self._computed = {}  # producer: request id -> tokens computed (scheduled) so far
         self._handed = {}    # producer: request id -> tokens handed over so far
@@ -346,13 +410,26 @@ class KvxferSchedulerConnector:
         self._preempted.pop(rid, None)
         if prompt is None or handed == 0:
             return False, None
+        self._pushing.add(rid)  # kept until a worker reports it sent
         if handed == prompt and _status_name(request) == "FINISHED_LENGTH_CAPPED":
             return True, {"do_remote_prefill": True, "remote_instance": self.instance, "remote_request_id": xfer_id}
         self._cancel.add(rid)
         return True, None
 
     def update_connector_output(self, connector_output):
+        """vLLM's aggregated worker output: the sends reported finished
+        (finished_sending) no longer hold blocks here."""
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self._pushing.discard(rid)
         return None
+
+    def has_pending_push_work(self):
+        """Whether a request's blocks are kept for a send not reported
+        finished yet: vLLM's scheduler keeps stepping (and so polling the
+        workers' get_finished) while it is; without it an idle prefill
+        instance stops after its last request and holds those blocks until
+        the next one."""
+        return bool(self._pushing)
 
 
 # kvxfer_node_open's keys: with any of them the worker opens a node (other
@@ -483,23 +560,92 @@ class KvxferWorkerConnector:
     # Registration -----------------------------------------------------------
 
     def register_kv_caches(self, kv_caches):
-        """vLLM's per-layer caches: they must be per-layer views of one
-        cross-layer tensor (register_cross_layers_kv_cache takes it)."""
+        """vLLM's per-layer caches, by layer name: each in its attention
+        backend's logical shape — FlashAttention's (2, num_blocks,
+        block_size, kv_heads, head_dim), FlashInfer's (num_blocks, 2, ...),
+        MLA's (num_blocks, block_size, latent) — with whatever strides the
+        KV cache layout gave them (HND), views of one cross-layer tensor or
+        one allocation each (Model Runner V2, backends without a cross-layer
+        order)."""
+        names = list(kv_caches)
         if self.layer_parts:
-            idx = sorted(layer_index(n) for n in kv_caches)
+            idx = sorted(layer_index(n) for n in names)
             if idx != list(range(idx[0], idx[0] + len(idx))):
                 raise ValueError("layer_parts: the registered layers %s are not one run of the model's layers" % idx)
             self._stage = (idx[0], idx[-1] + 1)
-        tensors = list(kv_caches.values())
-        base = tensors[0]._base if getattr(tensors[0], "_base", None) is not None else None
-        if base is None or any(t._base is not base for t in tensors):
-            raise ValueError("kvxfer needs cross-layer blocks: per-layer caches that are views of one tensor "
-                             "of shape (num_blocks, num_layers, 2, num_kv_heads, block_size, head_size)")
-        self.register_cross_layers_kv_cache(base)
+        try:
+            names.sort(key=layer_index)  # the model's layer order
+        except ValueError:
+            pass  # names without a layer index: vLLM's order
+        tensors = [kv_caches[n] for n in names]
+        base = getattr(tensors[0], "_base", None)
+        if base is not None and all(getattr(t, "_base", None) is base for t in tensors) and _native_shape(base):
+            # Views of a tensor already in kvxfer's block layout.
+            self.register_cross_layers_kv_cache(base)
+            return
+        self._register(tensors, None)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
-        if self.layer_parts and self._stage is None:  # no names: the model's first layers
-            self._stage = (0, kv_cache.shape[1])
+        """vLLM's cross-layer KV cache (prefer_cross_layer_blocks): one
+        tensor whose dimensions are the backend's (num_layers, *per-layer
+        logical shape) permuted by its get_kv_cache_stride_order(
+        include_num_layers_dimension=True). Without a backend that says
+        its order, kvxfer's own block layout: (num_blocks, num_layers, 2,
+        kv_heads, block_size, head_dim), or (num_blocks, num_layers,
+        block_size, latent) for MLA."""
+        if attn_backend is None or not hasattr(attn_backend, "get_kv_cache_stride_order"):
+            if not _native_shape(kv_cache):
+                raise ValueError("a cross-layer KV cache of shape %s without its attention backend's stride order: "
+                                 "want kvxfer's block layout (num_blocks, num_layers, 2, num_kv_heads, block_size, "
+                                 "head_size)" % (tuple(kv_cache.shape),))
+            if self.layer_parts and self._stage is None:  # no names: the model's first layers
+                self._stage = (0, kv_cache.shape[1])
+            self._register_pool(kv_cache, kv_cache.shape[0])
+            return
+        try:
+            order = tuple(attn_backend.get_kv_cache_stride_order(include_num_layers_dimension=True))
+        except TypeError:  # a backend without the layers dimension in its order
+            order = None
+        if order is None or sorted(order) != list(range(kv_cache.dim())):
+            raise ValueError("attention backend %s: stride order %s does not order the %d dimensions of the "
+                             "cross-layer KV cache (shape %s)" % (_backend_name(attn_backend), order, kv_cache.dim(),
+                                                                  tuple(kv_cache.shape)))
+        logical = kv_cache.permute(*[order.index(d) for d in range(len(order))])
+        if self.layer_parts and self._stage is None:
+            self._stage = (0, logical.shape[0])
+        self._register([logical[i] for i in range(logical.shape[0])], kv_cache)
+
+    def _register(self, tensors, whole):
+        """Opens the engine over per-layer caches (tensors, in layer order;
+        whole: the tensor they are views of, or None): as one pool when
+        they are kvxfer's own block layout over one contiguous tensor (whole
+        blocks copied as they are), else through their strides (kv_memory:
+        each layer, K/V and head where the backend put it)."""
+        kind, views = _nhd_views(tensors)
+        nblocks = views[0].shape[1] if kind == "nhd" else views[0].shape[0]
+        pool = _native_pool(kind, views, whole)
+        if pool is not None:
+            self._register_pool(pool, nblocks)
+            return
+        mem = kv_memory(kind, views)
+        if self.node:
+            cfg = node_config(self.config, self.role)
+            cfg["memory"] = mem
+            self.engine = Node(cfg)
+        else:
+            cfg = dict(self.config)
+            cfg.pop("pool_bytes", None)
+            cfg["memory"] = mem
+            self.engine = Engine(cfg)
+        g = self.engine.groups[0]
+        if g.blocks != nblocks:
+            self.engine.close()
+            raise ValueError("kvxfer sees %d blocks in the KV cache, vLLM's caches hold %d" % (g.blocks, nblocks))
+        self._opened(views[0])
+
+    def _register_pool(self, kv_cache, nblocks):
+        """Opens the engine over kv_cache as its pool: kvxfer's own block
+        layout, block b at b × the block's bytes."""
         nbytes = kv_cache.numel() * kv_cache.element_size()
         if self.node:
             # A node over vLLM's own KV cache, on the CPU or a GPU
@@ -513,16 +659,18 @@ class KvxferWorkerConnector:
             cfg["pool_bytes"] = nbytes
             self.engine = Engine(cfg, memory=kv_cache)
         g = self.engine.groups[0]
-        stride = kv_cache.stride(0) * kv_cache.element_size()
-        if g.offset != 0 or g.block_bytes != stride or g.blocks != kv_cache.shape[0]:
+        stride = nbytes // nblocks
+        if g.offset != 0 or g.block_bytes != stride or g.blocks != nblocks:
             self.engine.close()
             raise ValueError("kvxfer block geometry (offset %d, %d bytes, %d blocks) differs from the tensor's "
-                             "(%d bytes per block, %d blocks)" % (g.offset, g.block_bytes, g.blocks, stride,
-                                                                  kv_cache.shape[0]))
+                             "(%d bytes per block, %d blocks)" % (g.offset, g.block_bytes, g.blocks, stride, nblocks))
+        self._opened(kv_cache)
+
+    def _opened(self, tensor):
         # The framework owns every block id: kvxfer's allocator is unused.
         for grp, gi in enumerate(self.engine.groups):
             self.engine.alloc(grp, gi.blocks)
-        self._device = _cuda_index(kv_cache)
+        self._device = _cuda_index(tensor)
         # The events kvxfer queries live as long as the engine, which the
         # module keeps open until it is closed, even when this worker is
         # dropped without shutdown().

@@ -238,6 +238,10 @@ class KvxferConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output):
         return self._scheduler("update_connector_output").update_connector_output(connector_output)
 
+    def has_pending_push_work(self):
+        # vLLM's Scheduler.has_requests asks the scheduler side.
+        return self._scheduler("has_pending_push_work").has_pending_push_work()
+
     # Worker side ------------------------------------------------------------
 
     def bind_connector_metadata(self, connector_metadata):

@@ -331,7 +331,7 @@ class Recorder:
 
 SCHEDULER_CALLS = [("get_num_new_matched_tokens", ("req", 3)), ("update_state_after_alloc", ("req", "blocks", 5)),
                    ("build_connector_meta", ("sched_out",)), ("request_finished", ("req", [1, 2])),
-                   ("update_connector_output", ("out",))]
+                   ("update_connector_output", ("out",)), ("has_pending_push_work", ())]
 WORKER_CALLS = [("bind_connector_metadata", ("meta",)), ("clear_connector_metadata", ()),
                 ("register_kv_caches", ("caches",)), ("register_cross_layers_kv_cache", ("tensor", "backend")),
                 ("handle_preemptions", ({"p"},)), ("start_load_kv", ("forward_context",)),
