@@ -1,8 +1,10 @@
 package kvcache
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // NewMemoryPlan builds the plan of link for layer group g between two
@@ -90,6 +92,7 @@ func NewMemoryPlan(link PeerLink, g int, src, dst *KVMemory) (*Plan, error) {
 			}
 		}
 	}
+	pieces = mergeInSourceOrder(pieces)
 	p := &Plan{
 		pieces: pieces, srcStride: src.BlockStride, dstStride: dst.BlockStride,
 		ctx: link.Ctx, gen: link.Gen, group: g,
@@ -107,6 +110,29 @@ func NewMemoryPlan(link PeerLink, g int, src, dst *KVMemory) (*Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// mergeInSourceOrder sorts a block pair's pieces by source offset and
+// merges those contiguous on both sides. Built layer by layer, the pieces
+// of a layout whose layers interleave within a block (vLLM's cross-layer
+// caches in FlashAttention's order: block, head, layer, K/V, token, dim)
+// are a piece per (layer, part, head); in source order, the same layout on
+// both sides is one piece a block again (whole blocks), and a cross layout
+// reads its source forward.
+func mergeInSourceOrder(pieces []Segment) []Segment {
+	if len(pieces) < 2 {
+		return pieces
+	}
+	slices.SortStableFunc(pieces, func(a, b Segment) int { return cmp.Compare(a.Src, b.Src) })
+	out := pieces[:1]
+	for _, pc := range pieces[1:] {
+		if k := len(out) - 1; out[k].Src+out[k].Len == pc.Src && out[k].Dst+out[k].Len == pc.Dst {
+			out[k].Len += pc.Len
+			continue
+		}
+		out = append(out, pc)
+	}
+	return out
 }
 
 // blockContent is the number of bytes one block holds over all of m's
