@@ -141,6 +141,9 @@ def _nhd_views(tensors):
         raise ValueError("a per-layer KV cache of shape %s: want (2, num_blocks, block_size, kv_heads, head_dim), "
                          "(num_blocks, 2, block_size, kv_heads, head_dim) or MLA's (num_blocks, block_size, latent)"
                          % (shape,))
+    if shape[0] == 2 and shape[1] == 2:
+        raise ValueError("a per-layer KV cache of shape %s: with 2 blocks its K/V dimension and its block "
+                         "dimension cannot be told apart; give the KV cache more blocks" % (shape,))
     if shape[0] == 2:
         return "nhd", list(tensors)
     if shape[1] == 2:
@@ -577,13 +580,7 @@ class KvxferWorkerConnector:
             names.sort(key=layer_index)  # the model's layer order
         except ValueError:
             pass  # names without a layer index: vLLM's order
-        tensors = [kv_caches[n] for n in names]
-        base = getattr(tensors[0], "_base", None)
-        if base is not None and all(getattr(t, "_base", None) is base for t in tensors) and _native_shape(base):
-            # Views of a tensor already in kvxfer's block layout.
-            self.register_cross_layers_kv_cache(base)
-            return
-        self._register(tensors, None)
+        self._register([kv_caches[n] for n in names], None)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         """vLLM's cross-layer KV cache (prefer_cross_layer_blocks): one
@@ -637,10 +634,20 @@ class KvxferWorkerConnector:
             cfg.pop("pool_bytes", None)
             cfg["memory"] = mem
             self.engine = Engine(cfg)
-        g = self.engine.groups[0]
-        if g.blocks != nblocks:
+        info = self.engine.info
+        # What the tensors hold against what the engine's layout and rank
+        # expect: the descriptor carries only addresses and strides.
+        if kind == "nhd":
+            got = {"tokens per block": views[0].shape[2], "kv heads": views[0].shape[3], "head dim": views[0].shape[4]}
+            want = {"tokens per block": info.tokens_per_block, "kv heads": info.kv_heads, "head dim": info.head_dim}
+        else:
+            got = {"tokens per block": views[0].shape[1], "latent width": views[0].shape[2]}
+            want = {"tokens per block": info.tokens_per_block, "latent width": info.head_dim}
+        bad = [k for k in got if got[k] != want[k]]
+        if bad:
             self.engine.close()
-            raise ValueError("kvxfer sees %d blocks in the KV cache, vLLM's caches hold %d" % (g.blocks, nblocks))
+            raise ValueError("vLLM's KV caches hold %s; kvxfer's layout for this rank has %s"
+                             % (", ".join("%s %d" % (k, got[k]) for k in bad), ", ".join("%s %d" % (k, want[k]) for k in bad)))
         self._opened(views[0])
 
     def _register_pool(self, kv_cache, nblocks):

@@ -195,9 +195,7 @@ def test_vllm_worker_passes_a_gpu_kv_cache_to_its_node(opened):
             w = KvxferWorkerConnector({"instance": unique("cn"), "workers": 2, "layout": layout, "backend": "ucx",
                                        "bind": "ipc://%s/w.sock" % d, "insecure": True}, role=role)
             with pytest.raises(KvxferError, match=r"GPU memory \(device 5 at %#x" % FAKE_BASE):
-                # vLLM's per-layer views of the cross-layer tensor (_base).
-                w.register_kv_caches({"model.layers.%d.self_attn" % i: SimpleNamespace(_base=cache)
-                                      for i in range(LAYERS)})
+                w.register_cross_layers_kv_cache(cache)  # in kvxfer's block layout: one pool
             sent = opened["kvxfer_node_open"][-1]
             assert (sent["pool_address"], sent["pool_device"], sent.get("send_only")) == \
                 (FAKE_BASE, 5, True if role == "producer" else None), sent
