@@ -334,7 +334,11 @@ func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence F
 	if fence == nil {
 		fence = FiredFence{}
 	}
-	h.e.sys.Root.Send(h.pid, txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, PayloadSet: payload != nil, Payload: payload}, fence: fence})
+	m := txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src}, fence: fence}
+	if payload != nil {
+		m.Payload = &payload
+	}
+	h.e.sys.Root.Send(h.pid, m)
 }
 
 // Cancel cancels the request; Done still fires only after the session has

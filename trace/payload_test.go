@@ -13,7 +13,7 @@ import (
 // in the live session; its trace record replays as a payload set, empty,
 // not as none (a review found the replay keeping Send's payload).
 func TestEmptyChunkPayloadRoundTrips(t *testing.T) {
-	typ, w := encodeMsg(actors.TxChunk{PayloadSet: true, Payload: []byte{}}, nil, nil)
+	typ, w := encodeMsg(actors.TxChunk{Payload: &[]byte{}}, nil, nil)
 	raw, err := json.Marshal(w)
 	if err != nil {
 		t.Fatal(err)
@@ -22,7 +22,7 @@ func TestEmptyChunkPayloadRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := m.(actors.TxChunk); !c.PayloadSet || len(c.Payload) != 0 {
+	if c := m.(actors.TxChunk); c.Payload == nil || len(*c.Payload) != 0 {
 		t.Fatalf("TxChunk with an empty payload set replays as %+v (%s): the session would keep Send's payload", c, raw)
 	}
 	// A chunk without one is recorded as before payloads could be set.

@@ -19,16 +19,15 @@ type (
 		Payload   []byte
 	}
 	// TxChunk: the serving process handed over one prefill chunk; Src
-	// holds its source blocks per layer group. With PayloadSet (on the
-	// last chunk only: the handle sets it nowhere else), Payload replaces
-	// the payload TxStart gave, an empty one included: what the generation
+	// holds its source blocks per layer group. Payload, when not nil (on
+	// the last chunk only: the handle sets it nowhere else), replaces the
+	// payload TxStart gave, an empty one included: what the generation
 	// side gets with SUCCESS is often known only when prefill ends (its
-	// first token).
+	// first token). A pointer: one word on every chunk's message.
 	TxChunk struct {
-		Chunk      kvcache.Chunk
-		Src        []kvcache.BlockRun
-		PayloadSet bool   `json:",omitempty"`
-		Payload    []byte `json:",omitempty"`
+		Chunk   kvcache.Chunk
+		Src     []kvcache.BlockRun
+		Payload *[]byte `json:",omitempty"`
 	}
 	// TxFenceFired: chunk Index's KV is written (or its producer failed).
 	TxFenceFired struct {
@@ -387,10 +386,10 @@ func (s *TxSession) onChunk(m TxChunk) {
 		// serving process keeps its pages.
 		return
 	}
-	if m.PayloadSet {
+	if m.Payload != nil {
 		// Before the chunk's writes are admitted: every Result leaves
 		// after them (each stream needs the prompt's last block).
-		s.payload = m.Payload
+		s.payload = *m.Payload
 	}
 	idx := len(s.chunks)
 	rec := chunkRec{c: m.Chunk, src: m.Src, pins: make([]bool, len(m.Src))}
