@@ -318,13 +318,18 @@ func withSummary(summary, err error) error {
 
 // runCause leads a failed run's message with what the report saw that
 // explains its failures: the two roles' settings differing (the generation
-// role's payload check), else the peer's death. The requests' own errors
+// role's payload check), else this process's node failing, else the
+// peer's death. The requests' own errors
 // (cancelled, out of blocks, never sent) are their consequences, and the
 // first of them alone misleads.
 func runCause(rep proc.Report, peer string) string {
 	switch {
 	case rep.SettingsMismatch != "":
 		return rep.SettingsMismatch + ": "
+	case rep.NodeFailed != "":
+		// Its own failure first: the peer, failing too (an etcd both
+		// lost), would otherwise be blamed.
+		return "this process's node failed: " + rep.NodeFailed + ": "
 	case rep.PeerDownMidRun:
 		return "the " + peer + " process went down (it exited, missed its heartbeats or left the etcd cluster) before the run finished: "
 	}

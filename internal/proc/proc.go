@@ -150,6 +150,10 @@ type Report struct {
 	// ended (PeerDown also counts a peer that left after the run, as the
 	// context role waits for under etcd).
 	PeerDownMidRun bool `json:"peer_down_mid_run,omitempty"`
+	// NodeFailed: this process's node failed during the run (it lost its
+	// etcd membership: node.Err), which fails its requests and, seen from
+	// the peer, looks like the peer going down.
+	NodeFailed string `json:"node_failed,omitempty"`
 	// SettingsMismatch (gen): the settings the context process derived its
 	// request list from, as it sent them with a request's SUCCESS, when
 	// they are not this process's (both sides' flags, named); such a run
@@ -576,6 +580,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	wg.Wait()
 	pool.close()
 	rep.PeerDownMidRun = closed(n.down)
+	if err := n.Err(); err != nil {
+		rep.NodeFailed = err.Error()
+	}
 	<-canaryDone
 	select {
 	case <-n.down:
@@ -681,6 +688,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	wg.Wait()
 	pool.close()
 	rep.PeerDownMidRun = closed(n.down)
+	if err := n.Err(); err != nil {
+		rep.NodeFailed = err.Error()
+	}
 	rep.Chunks, rep.Parts = int(handed.chunks.Load()), int(handed.parts.Load())
 	if o.etcd() {
 		// Leave only after the generation side did: its last request may
