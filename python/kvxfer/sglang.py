@@ -450,6 +450,11 @@ class _Transfer:
             self._fail("kvxfer node %s was closed" % self.mgr.instance)
         if self.reason is not None:
             return KVPoll.Transferring if self.live else KVPoll.Failed
+        if self.state == KVPoll.Bootstrapping:
+            # kvxfer needs no handshake: a send and its receive may open in
+            # either order. One poll says Bootstrapping, the next waits.
+            self.state = KVPoll.WaitingForInput
+            return KVPoll.Bootstrapping
         return None
 
     @property
@@ -486,18 +491,12 @@ class KVSender(_Transfer):
         self.num_pages = None
         self.aux_index = None
         self.sent = 0  # pages handed over
-        self.first_page = None
         self.fences = []  # CUDA events kept until the request ends
 
     def poll(self):
         st = self._poll()
         if st is not None:
             return st
-        if self.state == KVPoll.Bootstrapping:
-            # kvxfer needs no handshake before the prefill: its sends wait
-            # for the decode side's request (either may come first).
-            self.state = KVPoll.WaitingForInput
-            return KVPoll.Bootstrapping
         if self.state == KVPoll.Transferring and not self.live and self.sent == self.num_pages:
             self.state = KVPoll.Success
         return self.state
@@ -571,7 +570,6 @@ class KVSender(_Transfer):
             written = self._written()
             if "kv" not in self.live and "kv" not in self.events:
                 self._open("kv", self.mgr.node.send(self.id, self.num_pages * ps))
-                self.first_page = pages[0]
             if last:
                 self._set_aux(self.live["kv"])  # before the last chunk, which carries it
             self._hand(self.live["kv"], start * ps, end * ps, [(start, pages)], last, written)
@@ -614,9 +612,6 @@ class KVReceiver(_Transfer):
         st = self._poll()
         if st is not None:
             return st
-        if self.state == KVPoll.Bootstrapping:
-            self.state = KVPoll.WaitingForInput
-            return KVPoll.Bootstrapping
         if self.state == KVPoll.Transferring and not self.live and self.opened:
             if not self._finish():
                 return KVPoll.Failed

@@ -13,7 +13,6 @@ num_kv_heads, num_layers, 2, block_size, head_size); FlashInfer's is
 head_size). Neither is the (num_blocks, num_layers, 2, num_kv_heads,
 block_size, head_size) the worker connector assumes."""
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +22,7 @@ import kvxfer
 from kvxfer.connector import KvxferSchedulerConnector, KvxferWorkerConnector
 
 from conftest import unique
+from test_connector import finished
 
 LAYERS, HEADS, HEAD, TPB, NBLOCKS = 4, 2, 8, 16, 64
 
@@ -81,16 +81,6 @@ def worker(instance, backend, **extra):
     return w, layers
 
 
-def wait_finished(w, side, rid, finished_req_ids=()):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        sent, recv = w.get_finished(set(finished_req_ids))
-        if rid in ((sent if side == "send" else recv) or ()):
-            return
-        time.sleep(0.001)
-    raise AssertionError("%s of %s not finished" % (side, rid))
-
-
 @pytest.mark.parametrize("p_backend,d_backend,layer_parts", [
     ("FLASH_ATTN", "FLASH_ATTN", True),    # layer parts over a head-major block
     ("FLASHINFER", "FLASHINFER", True),
@@ -134,9 +124,9 @@ def test_prefill_to_decode_over_vllms_cross_layer_tensor(p_backend, d_backend, l
         wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
         wd.start_load_kv(None)
         wd.clear_connector_metadata()
-        wait_finished(wd, "recv", rid + "-d")
+        finished(wd, "recv", rid + "-d")
         assert wd.failed == {}, wd.failed
-        wait_finished(wp, "send", rid, finished_req_ids={rid})
+        finished(wp, "send", rid, finished_req_ids={rid})
         for i, layer in enumerate(d_layers.values()):
             for t in range(prompt):
                 assert torch.equal(read(d_backend, layer, d_blocks[0][t // TPB], t % TPB), truth[i, :, t]), \

@@ -6,7 +6,6 @@ what kvxfer cannot tell apart or that disagrees with the layout is refused
 at registration. (From a review of the registration: each failed before
 its fix.)"""
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from kvxfer.connector import KvxferSchedulerConnector, KvxferWorkerConnector
 
 from conftest import unique
+from test_connector import finished
 
 LAYERS, HEAD, TPB = 4, 8, 16
 FA_ORDER = (2, 4, 0, 1, 3, 5)   # FlashAttention HND, with layers
@@ -71,16 +71,6 @@ def read(backend, layer, block, slot):
     return layer[:, block, slot] if backend == "FA" else layer[block, :, slot]
 
 
-def wait_finished(w, side, rid, finished_req_ids=()):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        sent, recv = w.get_finished(set(finished_req_ids))
-        if rid in ((sent if side == "send" else recv) or ()):
-            return
-        time.sleep(0.001)
-    raise AssertionError("%s of %s not finished" % (side, rid))
-
-
 def transfer(p, d, prompt, p_blocks, d_blocks, heads=2, d_tp=1, hit=0):
     """p, d: (backend, nb, how). Sends a prompt from a TP=1 prefill to a
     decode instance of d_tp ranks (each a head slice); returns the mismatches."""
@@ -121,9 +111,9 @@ def transfer(p, d, prompt, p_blocks, d_blocks, heads=2, d_tp=1, hit=0):
             w.start_load_kv(None)
             w.clear_connector_metadata()
         for w in wds:
-            wait_finished(w, "recv", rid + "-d")
+            finished(w, "recv", rid + "-d")
             assert w.failed == {}, w.failed
-        wait_finished(wp, "send", rid, finished_req_ids={rid})
+        finished(wp, "send", rid, finished_req_ids={rid})
         bad = []
         hl = heads // d_tp
         for r in range(d_tp):
@@ -237,7 +227,7 @@ def test_mla_views_of_a_layer_major_4d_tensor():
         wd.bind_connector_metadata(sd.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})))
         wd.start_load_kv(None)
         wd.clear_connector_metadata()
-        wait_finished(wd, "recv", rid + "-d")
+        finished(wd, "recv", rid + "-d")
         bad = [(i, t) for i in range(LAYERS) for t in range(prompt)
                if not torch.equal(dcache[d_blocks[t // TPB], i, t % TPB], truth[i, t])]
         assert bad == [], "decode latent differs at (layer, token) %s" % bad[:4]
