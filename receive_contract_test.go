@@ -3,7 +3,9 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -446,5 +448,58 @@ func TestSetPayloadAtTheLastChunk(t *testing.T) {
 	_ = ce.Pools().Free(src)
 	if string(o.Payload) != "first token" {
 		t.Fatalf("READY payload %q, want %q (SetPayload's, before the last chunk)", o.Payload, "first token")
+	}
+}
+
+// TestPayloadAnOlderGenerationSideRefusesFailsBothSides: a generation
+// rank whose Hello lacks messages.FeatureLargePayload (an older version)
+// refuses Result payloads over messages.LegacyMaxPayload. A request with
+// a longer payload (set late, as a first token is) fails on the context
+// side, naming that rank and the upgrade, and the generation side gets
+// FAILED saying why — not a DONE here beside a refused Result there. A
+// payload within the old bound still moves to it. (Checked to fail with
+// the Hello's feature ignored.)
+func TestPayloadAnOlderGenerationSideRefusesFailsBothSides(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartClusterWith(t, l, func(string, *kvxfer.Config) {})
+	link.older.Store(true)
+	ce, ge := c.ctx[0], c.gen[0]
+	for _, n := range []int{messages.LegacyMaxPayload + 1, messages.LegacyMaxPayload} {
+		id := fmt.Sprintf("payload-%d", n)
+		rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.SetPayload(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+		all := kvcache.Chunk{Start: 0, End: 64, Last: true}
+		if err := tx.Chunk(all, all.Runs(l.TokensPerBlock, src), nil); err != nil {
+			t.Fatal(err)
+		}
+		to, ro := waitOutcome(t, tx.Done()), waitOutcome(t, rx.Done())
+		if n <= messages.LegacyMaxPayload {
+			if !to.OK || !ro.OK || len(ro.Payload) != n {
+				t.Fatalf("%d bytes: tx %s %v, rx %s %v (payload %d bytes)", n, to.Status, to.Err, ro.Status, ro.Err, len(ro.Payload))
+			}
+			_ = ge.FreeBlocks(ro.Blocks)
+		} else {
+			if to.OK || !errors.Is(to.Err, kvxfer.ErrMismatch) || !strings.Contains(to.Err.Error(), "gen/0") || !strings.Contains(to.Err.Error(), "upgrade") {
+				t.Fatalf("%d bytes: tx %s %v, want FAILED naming gen/0 and the upgrade", n, to.Status, to.Err)
+			}
+			if ro.OK || ro.Err == nil || !strings.Contains(ro.Err.Error(), "upgrade") {
+				t.Fatalf("%d bytes: rx %s %v, want FAILED saying why", n, ro.Status, ro.Err)
+			}
+			<-rx.Released()
+		}
+		_ = ce.Pools().Free(src)
 	}
 }

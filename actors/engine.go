@@ -244,7 +244,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
 		Memory: helloMemory(topo.Memory)}
 	e.hello.Incarnation = cfg.Incarnation
-	e.hello.Features = messages.FeatureRemap // its writers honour RequestData.Remap (resolve.go)
+	// Its writers honour RequestData.Remap (resolve.go); its receivers
+	// take Result payloads up to messages.MaxPayload.
+	e.hello.Features = messages.FeatureRemap | messages.FeatureLargePayload
 	// The process, so that a peer of this host can watch it exit (a
 	// pidfd: proof that its writes are over, docs/membership.md §4).
 	// Without /proc the Hello names none and peers get no such proof.

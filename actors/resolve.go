@@ -259,7 +259,7 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 		rp.plans[g] = plan
 	}
 	return &Route{Peer: rd.From, AgentAddr: hello.AgentAddr, RegionKey: hello.Region.Key, RegionLen: hello.Region.Len, Planner: rp,
-		CompletionsDeliver: self.CompletionsDeliver}, expected, nil
+		CompletionsDeliver: self.CompletionsDeliver, SmallPayload: !hello.Has(messages.FeatureLargePayload)}, expected, nil
 }
 
 // planGroup builds the plan of link for layer group g into the receiver

@@ -17,7 +17,10 @@ const (
 	MaxBlocks       = 1 << 20
 	MaxErrorLen     = 1024
 	MaxPayload      = 64 << 10 // a first token, or a framework's per-request metadata (SGLang's aux slot)
-	MaxRank         = 1 << 16
+	// LegacyMaxPayload is the largest payload a peer without
+	// FeatureLargePayload takes: it refuses a Result with a longer one.
+	LegacyMaxPayload = 4096
+	MaxRank          = 1 << 16
 	// MaxRemap bounds RequestData.Remap.
 	MaxRemap = 1 << 14
 )
@@ -127,6 +130,12 @@ const (
 	// A receiver whose request has moved blocks sends it only to writers
 	// that say so (an older writer would write into revoked memory).
 	FeatureRemap uint64 = 1 << iota
+	// FeatureLargePayload: the sender, as a receiver, takes Result
+	// payloads up to MaxPayload; one without it refuses any over
+	// LegacyMaxPayload, so a context rank fails such a request itself,
+	// naming the peer, instead of reporting DONE for a Result the peer
+	// refuses.
+	FeatureLargePayload
 )
 
 // Has reports whether every feature of want is in h.Features.

@@ -29,6 +29,9 @@ type Route struct {
 	// stream's last completion proves delivery and its Result needs no
 	// Flush first. False keeps the Flush.
 	CompletionsDeliver bool
+	// SmallPayload: the peer predates messages.FeatureLargePayload and
+	// refuses a Result whose payload is over messages.LegacyMaxPayload.
+	SmallPayload bool
 }
 
 // WorkerFor is the one routing function from (request, peer) to a worker:

@@ -363,6 +363,10 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 	if !m.Deadline.IsZero() {
 		s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: m.Deadline})
 	}
+	if err := s.payloadRefused(); err != nil {
+		s.fail(TxFailed, err)
+		return
+	}
 	// RequestData that came before Send: each peer must have planned for
 	// the prompt Send describes, or its READY would cover unwritten blocks.
 	for _, p := range s.order {
@@ -371,6 +375,29 @@ func (s *TxSession) onStart(m TxStart, now time.Time) {
 			return
 		}
 	}
+}
+
+// payloadRefused names the first stream whose generation rank would
+// refuse the request's payload (an older version: no
+// messages.FeatureLargePayload), or returns nil. The request fails here,
+// before its Result leaves: a Result the peer refuses would fail the
+// request there while this side reported DONE.
+func (s *TxSession) payloadRefused() error {
+	for _, p := range s.order {
+		if err := s.payloadRefusedBy(s.streams[p].route); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// payloadRefusedBy is payloadRefused for one route.
+func (s *TxSession) payloadRefusedBy(r *Route) error {
+	if r == nil || !r.SmallPayload || len(s.payload) <= messages.LegacyMaxPayload {
+		return nil
+	}
+	return fmt.Errorf("%w: request %s: its payload is %d bytes, and generation rank %s takes at most %d (an older version, without large payloads): upgrade it",
+		ErrMismatch, s.cfg.Request, len(s.payload), r.Peer, messages.LegacyMaxPayload)
 }
 
 // promptMismatch names both prompt lengths of a request whose generation
@@ -390,6 +417,12 @@ func (s *TxSession) onChunk(m TxChunk) {
 		// Before the chunk's writes are admitted: every Result leaves
 		// after them (each stream needs the prompt's last block).
 		s.payload = *m.Payload
+		if err := s.payloadRefused(); err != nil {
+			// Nothing of this chunk is pinned or admitted, as after any
+			// outcome.
+			s.fail(TxFailed, err)
+			return
+		}
 	}
 	idx := len(s.chunks)
 	rec := chunkRec{c: m.Chunk, src: m.Src, pins: make([]bool, len(m.Src))}
@@ -510,6 +543,11 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 		// posted, never settled, the session never drained.
 		err := fmt.Errorf("%w: request %s: sender worker %d for peer %d stopped (restart budget spent): %w",
 			ErrWorkerCrashed, s.cfg.Request, w, m.Peer, ErrEngineFailed)
+		s.fail(TxFailed, err)
+		s.rejectPeer(m, err)
+		return
+	}
+	if err := s.payloadRefusedBy(m.Route); err != nil {
 		s.fail(TxFailed, err)
 		s.rejectPeer(m, err)
 		return

@@ -1638,3 +1638,79 @@ func TestTx_StrayFlushReportChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestTx_PayloadAnOlderPeerRefusesFailsHere: a generation rank without
+// messages.FeatureLargePayload refuses a Result payload over
+// messages.LegacyMaxPayload. The request fails on this side, naming the
+// peer and both lengths, whichever comes first — Send's payload, the
+// peer's RequestData or the last chunk's payload — and the peer gets
+// FAILED, not a SUCCESS it would refuse after this side reported DONE.
+// A payload within the old bound, or a peer with the feature, moves.
+func TestTx_PayloadAnOlderPeerRefusesFailsHere(t *testing.T) {
+	big := make([]byte, messages.LegacyMaxPayload+1)
+	for _, tc := range []struct {
+		name        string
+		small, late bool // the peer predates the feature; the payload comes with the last chunk
+		requestLast bool // the RequestData comes after Send (else before)
+		payload     []byte
+		fails       bool
+	}{
+		{name: "send payload, request after", small: true, requestLast: true, payload: big, fails: true},
+		{name: "send payload, request before", small: true, payload: big, fails: true},
+		{name: "late payload", small: true, late: true, requestLast: true, payload: big, fails: true},
+		{name: "within the old bound", small: true, late: true, payload: big[:messages.LegacyMaxPayload]},
+		{name: "peer takes large payloads", late: true, payload: big},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.route(1).SmallPayload = tc.small
+			var effs []Effect
+			req := func() {
+				effs = append(effs, h.step(TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 1, PromptLen: 32, Route: h.route(1), Expected: []int{1}})...)
+			}
+			if !tc.requestLast {
+				req()
+			}
+			start := TxStart{PromptLen: 32}
+			if !tc.late {
+				start.Payload = tc.payload
+			}
+			effs = append(effs, h.step(start)...)
+			if tc.requestLast {
+				req()
+			}
+			c := testChunk(0, 32, true, 1)
+			if tc.late {
+				c.Payload = &tc.payload
+			}
+			effs = append(effs, h.step(c)...)
+			if !tc.fails {
+				h.wantState(TxReady)
+				effs = h.fence(0)
+				effs = append(effs, h.complete(1, 0, nil)...)
+				effs = append(effs, h.flushed(1, nil)...)
+				if r := wantResult(t, effs, 1, messages.StatusSuccess); len(r.Payload) != len(tc.payload) {
+					t.Fatalf("payload of %d bytes, want %d", len(r.Payload), len(tc.payload))
+				}
+				h.sent(1, nil)
+				h.wantReleased(TxDone, nil)
+				return
+			}
+			h.wantState(TxFailed)
+			err := h.s.Err()
+			for _, want := range []string{"gen/1", fmt.Sprint(len(big)), fmt.Sprint(messages.LegacyMaxPayload), "upgrade"} {
+				if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
+					t.Fatalf("err %v: want ErrMismatch naming %q", err, want)
+				}
+			}
+			wantNo(t, "a payload the peer refuses", effs, "Submit")
+			if !tc.late {
+				effs = append(effs, h.fence(0)...)
+			}
+			r := wantResult(t, append(effs, h.sent(1, nil)...), 1, messages.StatusFailed)
+			if !strings.Contains(r.Error, "upgrade") {
+				t.Fatalf("FAILED says %q", r.Error)
+			}
+		})
+	}
+}
