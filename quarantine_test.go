@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -130,7 +131,7 @@ func startPartClusterWith(t *testing.T, l kvcache.Layout, with func(inst string,
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, e := range append(c.ctx, c.gen...) {
-			if err := e.Close(ctx); err != nil {
+			if err := c.closeErr(e, e.Close(ctx)); err != nil {
 				t.Errorf("close: %v", err)
 			}
 		}
@@ -344,27 +345,6 @@ func sendOneChunk(t *testing.T, e *kvxfer.Engine, l kvcache.Layout, id string, r
 	}
 }
 
-// The engine closes while a suspected writer never answers: Close returns
-// (it does not wait for a proof that may never come) and the blocks stay
-// quarantined, never free.
-func TestCloseLeavesSuspectedBlocksQuarantined(t *testing.T) {
-	l := smallLayout()
-	c, link := startPartCluster(t, l, 0)
-	gen := c.gen[0]
-	rx := receiveAtWriter(t, gen, link, "q1")
-	link.setCut(true)
-	gen.PeerDown(c.ctx[0].Hello().From)
-	waitOutcome(t, rx.Done())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := gen.Close(ctx); err != nil {
-		t.Fatalf("Close with a suspected writer: %v", err)
-	}
-	if q := gen.Pools().Quarantined(); q == 0 || gen.Pools().Used() != 0 {
-		t.Fatalf("after Close: %d quarantined, %d used; want the blocks quarantined", q, gen.Pools().Used())
-	}
-}
-
 // After Close, an exit reported late (a pidfd that became readable while
 // the engine stopped) gets an error, not a count: no supervisor is left to
 // apply the proof.
@@ -382,5 +362,58 @@ func TestWriterExitedAfterClose(t *testing.T) {
 	}
 	if n, err := gen.WriterRequests(ctxE.Hello().From, 0); err == nil {
 		t.Fatalf("WriterRequests after Close: %d requests, no error", n)
+	}
+}
+
+// TestCloseReportsQuarantineAndReleasesBlocklessReceives: Close does not
+// wait for proofs that may never come, but what it leaves behind it says.
+// A receive whose writer was suspected (missed heartbeats) and never
+// proved its writes over keeps its blocks quarantined: Close reports it
+// (ErrUndrained, naming the request; before, nil, and the engine unmapped
+// a pool a late write could still reach), and its Released stays open. A
+// receive that holds no destination block (every block a prefix hit) has
+// nothing a write can touch: Close abandons it and says Released (before,
+// never: a caller waiting for it — the C ABI's close — hung).
+func TestCloseReportsQuarantineAndReleasesBlocklessReceives(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartClusterWith(t, l, func(string, *kvxfer.Config) {})
+	gen, ctxE := c.gen[0], c.ctx[0]
+	hits := make([]int, len(l.Groups))
+	for g := range hits {
+		hits[g] = l.BlocksFor(64)
+	}
+	free, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "all-hits", PromptLen: 64, Context: "ctx", PrefixHitBlocks: hits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "held", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "both RequestData at the context side", func() bool { return link.atCtx.Load() == 2 })
+	link.setCut(true) // the writer's answers (its proofs) are held back
+	gen.PeerDown(ctxE.Hello().From)
+	if o := waitOutcome(t, held.Done()); o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Fatalf("held: %s %v, want the writer suspected", o.Status, o.Err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.undrained = append(c.undrained, gen)
+	err = gen.Close(ctx)
+	if !errors.Is(err, actors.ErrUndrained) || !strings.Contains(err.Error(), "[held]") || !strings.Contains(err.Error(), "quarantined") {
+		t.Fatalf("Close: %v, want ErrUndrained naming request held, its blocks quarantined", err)
+	}
+	select {
+	case <-held.Released():
+		t.Fatal("held's blocks released with its writer suspected and no proof")
+	default:
+	}
+	if q := gen.Pools().Quarantined(); q == 0 || gen.Pools().Used() != 0 {
+		t.Fatalf("after Close: %d quarantined, %d used; want held's blocks quarantined", q, gen.Pools().Used())
+	}
+	select {
+	case <-free.Released():
+	default:
+		t.Fatal("all-hits holds no destination block, and Close did not say Released")
 	}
 }

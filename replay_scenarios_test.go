@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/trace"
@@ -213,11 +214,13 @@ func TestReplaySuspicion(t *testing.T) {
 			waitUntil(t, "r1's blocks released", func() bool { return gen.Pools().Used()+gen.Pools().Quarantined() == 0 })
 		}
 	}
-	// r2's proof is held back: Close abandons it (RxAbandon).
+	// r2's proof is held back: Close abandons it (RxAbandon), its blocks
+	// quarantined, and says so.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := gen.Close(ctx); err != nil {
-		t.Fatalf("close gen: %v", err)
+	c.undrained = append(c.undrained, gen)
+	if err := gen.Close(ctx); !errors.Is(err, actors.ErrUndrained) || !strings.Contains(err.Error(), "[r2]") {
+		t.Fatalf("close gen: %v, want ErrUndrained naming r2 (its blocks stay quarantined)", err)
 	}
 	replayAndExport(t, dir)
 }

@@ -661,6 +661,14 @@ func (e *Engine) close(ctx context.Context) error {
 		err = uerr
 		break
 	}
+	if err == nil {
+		// Drained, but a session abandoned with its writers suspected and
+		// no proof that their writes are over keeps its blocks
+		// quarantined: a write may still land in this engine's memory,
+		// which must stay allocated (kvxfer.Engine.Close keeps its pool
+		// mapped on any error).
+		err = e.inDoubt()
+	}
 	// Stop taking frames, then let each parent handle those the listener
 	// already routed to it (a ping, answered after them): their answers (a
 	// FAILED Result for a RequestData that came while draining) reach the
@@ -715,6 +723,22 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
+// inDoubt reports the requests Close abandoned with destination blocks
+// quarantined (nil: none).
+func (e *Engine) inDoubt() error {
+	r, ferr := e.sys.Root.RequestFuture(e.rx, &listInDoubt{}, time.Second).Result()
+	if ferr != nil {
+		return fmt.Errorf("%w: the generation side did not say whether blocks stay quarantined: %w", ErrUndrained, ferr)
+	}
+	ids := r.([]string)
+	if len(ids) == 0 {
+		return nil
+	}
+	sort.Strings(ids)
+	return fmt.Errorf("%w: %d requests keep destination blocks quarantined, their writers suspected with no proof that their writes are over: %v",
+		ErrUndrained, len(ids), ids)
+}
+
 func (e *Engine) undrained() error {
 	reply := make(chan []string, 2)
 	for _, pid := range []*actor.PID{e.tx, e.rx} {
@@ -734,3 +758,7 @@ func (e *Engine) undrained() error {
 }
 
 type listSessions struct{}
+
+// listInDoubt asks the rx parent for the requests whose sessions Close
+// abandoned with destination blocks a writer may still write.
+type listInDoubt struct{}

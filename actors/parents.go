@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -506,6 +507,10 @@ type rxParent struct {
 	// ErrOutOfBlocks for it: blocks in use, or the quarantine bound), for
 	// the error of a queued request that times out.
 	waitErr error
+	// inDoubt: the requests whose sessions Close abandoned with their
+	// destination blocks quarantined (sessionStopped.inDoubt), for Close's
+	// error (listInDoubt). At most the sessions live at Close.
+	inDoubt []string
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
@@ -587,6 +592,9 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		p.env.credits.give(m.res)
 	case *sessionStopped:
+		if m.inDoubt {
+			p.inDoubt = append(p.inDoubt, m.request)
+		}
 		delete(p.sessions.pids, m.request)
 		delete(p.handles, m.request)
 		p.table.Stopped(m.request)
@@ -623,6 +631,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 	case *listSessions:
 		ctx.Respond(p.sessions.list("rx"))
+	case *listInDoubt:
+		ctx.Respond(slices.Clone(p.inDoubt))
 	case *peerDown:
 		for _, r := range p.table.PeerDown(m.peer) {
 			// Missed heartbeats (or a record gone from etcd) are

@@ -167,10 +167,13 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		}
 	case Stop:
 		a.stopTimers()
-		// Every writer is quiescent: the blocks may be reused. A session
-		// abandoned at Close with writers unproven keeps its blocks
-		// quarantined: the handle never says Released.
-		if k.s.WritersQuiescent() {
+		// Every writer is quiescent, or the request holds no destination
+		// block (each one a prefix hit): no write can touch its blocks,
+		// which may be reused. A session abandoned at Close with writers
+		// unproven keeps its blocks quarantined: the handle never says
+		// Released, and Close reports the request (inDoubt).
+		quiet := k.s.WritersQuiescent()
+		if quiet || !k.s.HoldsBlocks() {
 			a.handle.release()
 			if k.s.Config().CallerOwned {
 				// The framework's blocks that were free in the pool go
@@ -178,7 +181,7 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 				a.env.pools.settleOver()
 			}
 		}
-		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request()})
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), inDoubt: !quiet && k.s.HoldsBlocks()})
 		ctx.Stop(ctx.Self())
 	}
 }

@@ -317,6 +317,10 @@ func sendTo(ctx actor.Context, pid *actor.PID, m any) {
 type sessionStopped struct {
 	request string
 	outcome Outcome
+	// inDoubt: a generation session abandoned at Close that holds
+	// destination blocks some writer may still write (suspected, no
+	// proof): they stay quarantined, and Close reports the request.
+	inDoubt bool
 }
 
 // violation records a shell disagreeing with its step (a bug).

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
@@ -173,11 +174,25 @@ func (e *Engine) Close(timeout time.Duration) error {
 	} else {
 		err = e.eng.Close(ctx)
 	}
-	if err != nil && ctx.Err() != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
 		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close after %v: %w", e.h, timeout, err)}
+	case errors.Is(err, actors.ErrUndrained):
+		// Drained, but with destination blocks a suspected writer may
+		// still write: the caller's memory must stay, as after a timeout.
+		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close: %w", e.h, err)}
 	}
 	if err == nil {
-		e.watchers.Wait() // every outcome is decided: each event is posted
+		// Every outcome is decided and each drained request's blocks
+		// released: each event is posted. Bounded all the same: a
+		// watcher still waiting when ctx ends posts what is ready and
+		// ends at e.stop below.
+		posted := make(chan struct{})
+		go func() { e.watchers.Wait(); close(posted) }()
+		select {
+		case <-posted:
+		case <-ctx.Done():
+		}
 	}
 	// The watchers of requests that did not drain would wait for good (the
 	// engine's actors are gone): they end now, posting nothing; one in the
@@ -485,15 +500,23 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 		select {
 		case o = <-done:
 		case <-e.stop: // a close that did not drain: the outcome may never come
-			r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
-			return
+			select {
+			case o = <-done: // it had come: the event is still posted
+			default:
+				r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
+				return
+			}
 		}
 		if released != nil {
 			select {
 			case <-released:
 			case <-e.stop:
-				r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
-				return
+				select {
+				case <-released:
+				default: // its blocks stay quarantined: no event says they are free
+					r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
+					return
+				}
 			}
 		}
 		r.mu.Lock()

@@ -346,8 +346,11 @@ kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
  * the engine is under way: both leave the engine as it was. Any other
  * status has closed it and released its handles.
  *
- * KVXFER_ERR_TIMEOUT: some requests did not drain. Their peers may still
- * be writing into this engine's memory, and nothing tells when they stop:
+ * KVXFER_ERR_TIMEOUT: some requests did not drain by timeout_ms, or did
+ * but keep destination blocks quarantined (their writers suspected, no
+ * proof that their writes are over; the message names them). Their peers
+ * may still be writing into this engine's memory, and nothing tells when
+ * they stop:
  * the pool passed to kvxfer_engine_open (or the "memory" tensors) must
  * then stay allocated for the rest of the process, never freed or
  * unmapped (the engine's own pool stays mapped, leaked). */

@@ -546,6 +546,10 @@ func (s *RxSession) maybeAbandon() {
 	s.stopped = true
 }
 
+// HoldsBlocks reports whether the request has a destination block at all
+// (none when every block was a prefix hit).
+func (s *RxSession) HoldsBlocks() bool { return s.holdsBlocks() }
+
 // holdsBlocks reports whether the request has a destination block at all.
 func (s *RxSession) holdsBlocks() bool {
 	for _, g := range s.cfg.Blocks {

@@ -598,8 +598,9 @@ class Engine:
         error has closed it.
 
         Status.TIMEOUT (or another error once the close began): some requests
-        did not drain and their peers may still write into this engine's
-        memory. The engine's memory and kv_caches are then referenced by the
+        did not drain, or keep blocks quarantined (their writers suspected
+        with no proof that their writes are over), and their peers may still
+        write into this engine's memory. The engine's memory and kv_caches are then referenced by the
         module for the rest of the process (a RuntimeWarning names the
         engine and the bytes kept): never free them yourself."""
         h = self.handle
