@@ -378,6 +378,9 @@ type SendRequest struct {
 	// Payload is returned to the generation side with SUCCESS (first
 	// token, draft tokens); at most messages.MaxPayload bytes. One known
 	// only when prefill ends is given with TxHandle.SetPayload instead.
+	// When several context ranks write a generation rank, its READY
+	// carries the first one's payload (in context rank order) that is not
+	// empty, whatever order their Results arrive in.
 	Payload []byte
 	// Generation, when set, names the generation instance the request is
 	// for (a disaggregated router knows it): RequestData for the request

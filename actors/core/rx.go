@@ -161,7 +161,11 @@ type RxSession struct {
 	// chain at most, however many paths ask for a Cancel.
 	cancelArmed bool
 	bytes       uint64
+	// payload is READY's: that of the first writer (in Config.Writers'
+	// order, the context ranks') whose Result carried one, whatever the
+	// order the Results came in; payloadFrom is that writer.
 	payload     []byte
+	payloadFrom int
 	stopped     bool
 	handed      bool // blocks handed to the handle (READY)
 	// quarantined: the blocks went to quarantine (QuarantineDest): the
@@ -367,8 +371,8 @@ func (s *RxSession) onFrame(m RxFrame) {
 		}
 		if f.Status == messages.StatusSuccess {
 			s.writers[m.Writer] = writerSucceeded
-			if len(f.Payload) > 0 {
-				s.payload = f.Payload
+			if len(f.Payload) > 0 && (s.payload == nil || m.Writer < s.payloadFrom) {
+				s.payload, s.payloadFrom = f.Payload, m.Writer
 			}
 			if s.allSucceeded() {
 				s.terminal(RxReady, nil)

@@ -561,6 +561,31 @@ func TestRx_ResendBackoffIsBounded(t *testing.T) {
 	h.wantState(RxReceiving)
 }
 
+// TestRx_ReadyPayloadIsTheFirstWritersWhateverTheOrder: when context
+// ranks set different payloads, READY hands over the first writer's (in
+// the request's writer order) whichever Result came last — it took the
+// last one to arrive, so the payload depended on timing.
+func TestRx_ReadyPayloadIsTheFirstWritersWhateverTheOrder(t *testing.T) {
+	for _, order := range [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}} {
+		t.Run(fmt.Sprint(order), func(t *testing.T) {
+			h := newRxHarness(t, 3, 10*time.Second)
+			h.step(RxBegin{})
+			for _, w := range order {
+				var payload []byte
+				if w > 0 { // writer 0 sends none
+					payload = []byte(fmt.Sprintf("tok-%d", w))
+				}
+				h.step(RxFrame{Writer: w, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(w),
+					Status: messages.StatusSuccess, Bytes: 32, Payload: payload}})
+			}
+			h.wantState(RxReady)
+			if len(h.finishes) != 1 || string(h.finishes[0].Payload) != "tok-1" {
+				t.Fatalf("outcome %+v, want writer 1's payload tok-1", h.finishes)
+			}
+		})
+	}
+}
+
 // TestRx_ReadyKeepsTheOnlyPayload: READY hands over the payload a writer
 // sent; another writer's Result without one does not erase it, whatever
 // the order.
