@@ -136,12 +136,20 @@ type RxOpen struct {
 	Deadline        time.Time
 }
 
+// maxPeerMaps bounds the peer maps RxTable keeps, one per context
+// parallelism a caller named (a serving fleet has a few).
+const maxPeerMaps = 64
+
 // writers are the context ranks that write to this rank for o.
 func (t *RxTable) writers(o RxOpen) ([]kvcache.Rank, *kvcache.PeerMap, error) {
 	m, ok := t.maps[o.ContextParallel]
 	if !ok {
 		m.pm, m.err = kvcache.NewPeerMap(t.layout, o.ContextParallel, t.par)
-		t.maps[o.ContextParallel] = m
+		// Errors are not kept, nor maps past the bound: every distinct
+		// parallelism a caller names must not grow the table for good.
+		if m.err == nil && len(t.maps) < maxPeerMaps {
+			t.maps[o.ContextParallel] = m
+		}
 	}
 	pm, err := m.pm, m.err
 	if err != nil {

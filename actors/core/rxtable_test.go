@@ -111,3 +111,31 @@ func TestRxTable_RouteAndDown(t *testing.T) {
 		t.Fatalf("live %v", got)
 	}
 }
+
+// TestRxTablePeerMapsAreBounded: every distinct context parallelism a
+// caller names, valid or not, is answered alike, but the table keeps
+// only valid maps and at most maxPeerMaps of them (it kept all, errors
+// included: a caller naming ever new ones grew it for good).
+func TestRxTablePeerMapsAreBounded(t *testing.T) {
+	tb := NewRxTable(rxGen, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 1)
+	for i := 1; i <= 3*maxPeerMaps; i++ {
+		o := rxOpen("r")
+		o.ContextParallel = kvcache.Parallel{TP: 1, PP: i} // PP past the layers: refused
+		if _, _, err := tb.writers(o); i <= 2 && err != nil || i > 2 && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("PP %d: %v", i, err)
+		}
+		o.ContextParallel = kvcache.Parallel{TP: i, PP: 1}
+		ranks, _, err := tb.writers(o)
+		if i <= 2 && (err != nil || len(ranks) != i) {
+			t.Fatalf("TP %d: writers %v, %v", i, ranks, err)
+		}
+	}
+	if n := len(tb.maps); n > maxPeerMaps {
+		t.Fatalf("%d peer maps kept, at most %d", n, maxPeerMaps)
+	}
+	for p, m := range tb.maps {
+		if m.err != nil {
+			t.Fatalf("the refused parallelism %v is kept: %v", p, m.err)
+		}
+	}
+}
