@@ -305,6 +305,14 @@ def _name(v):
     return str(v).rsplit(".", 1)[-1]
 
 
+def _describe(exc):
+    """An exception as a failure reason: kvxfer's and the argument checks'
+    as they read (they name the value), anything else with its type."""
+    if isinstance(exc, _REFUSED):
+        return str(exc)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def _local_id(req):
     """The id this transceiver reports a request by: its disaggregated
     unique id when its params carry one, else request_id (the ABC's
@@ -402,6 +410,7 @@ class KvxferCacheTransceiver:
         self.failures = {}    # local id -> reason, the newest FAILURES_KEPT
         self.ended = {}       # local id -> (side, outcome name), the newest FAILURES_KEPT settled transfers
         self.closed = False
+        self._closing = False
         self._close_finished = True
         self.node = None
 
@@ -646,12 +655,16 @@ class KvxferCacheTransceiver:
     # Events ----------------------------------------------------------------
 
     def _reap(self, timeout_ms=0):
-        """Hands every polled kvxfer event to its transfer. A closed node
-        (shutdown) ends what was live: its close drained them, or kept the
-        memory for good."""
+        """Hands every polled kvxfer event to its transfer. A node whose
+        close finished (shutdown) ends what was live: no write lands any
+        more. After a close that did not finish they stay in flight: a
+        peer may still write into their blocks."""
         with self._lock:
             if self.closed or self.node is None:
-                self._end_closed()
+                if self._close_finished:
+                    self._end_closed()
+                return
+            if self._closing:
                 return
             try:
                 events = self.node.poll(timeout_ms)
@@ -693,7 +706,7 @@ class KvxferCacheTransceiver:
             with self._lock:
                 live = [t for t in table.values() if not t.cancelled]
                 settled = sum(1 for t in live if t.settled)
-                if (settled >= want if want is not None else settled == len(live)) or self.closed:
+                if (settled >= want if want is not None else settled == len(live)) or self.closed or self._closing:
                     return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -835,8 +848,8 @@ class KvxferCacheTransceiver:
                     self._fences[t.handle.handle] = t.fences
                     t.handle.chunk(0, req.prompt_len, [(0, blocks)], last=True, cuda_event=written,
                                    device=self.device)
-            except _REFUSED as exc:
-                t.reason = "send of request %s (%s): %s" % (rid, t.key, exc)
+            except Exception as exc:  # noqa: BLE001 - one request's trouble: never into the loop
+                t.reason = "send of request %s (%s): %s" % (rid, t.key, _describe(exc))
                 self._cancel_handle(t)  # opened: its event comes; else settled now
 
     def _written(self):
@@ -960,8 +973,8 @@ class KvxferCacheTransceiver:
                 t.handle = self.node.receive(t.key, req.prompt_len, context, blocks=[blocks[hit:]],
                                              prefix_hit_blocks=[hit], context_tp=ctp, context_pp=cpp)
                 self._by_handle[t.handle.handle] = t
-            except _REFUSED as exc:
-                t.reason = "receive of request %s (%s): %s" % (rid, t.key, exc)
+            except Exception as exc:  # noqa: BLE001 - one request's trouble: never into the loop
+                t.reason = "receive of request %s (%s): %s" % (rid, t.key, _describe(exc))
                 self._cancel_handle(t)
 
     def request_and_receive_sync(self, req):
@@ -977,7 +990,7 @@ class KvxferCacheTransceiver:
         while True:
             with self._lock:
                 t = self._recvs.get(rid)
-                if t is None or t.settled or self.closed:
+                if t is None or t.settled or self.closed or self._closing:
                     break
             if time.monotonic() > deadline:
                 logger.warning("kvxfer: receive of request %s: no event within %.0f s, left in flight", rid,
@@ -1117,19 +1130,21 @@ class KvxferCacheTransceiver:
         return "\n".join(rows)
 
     def shutdown(self, timeout_ms=5000):
-        """Closes the node. A close that did not finish (a peer may still
-        write into the pool) keeps the pool for the rest of the process: the
-        node holds its tensor, and the KV cache manager's shutdown (which
-        releases the pool) is replaced on that manager by a no-op that logs
-        why. Idempotent; never raises."""
+        """Closes the node; what was in flight then ends failed. A close
+        that did not finish (a peer may still write into the pool) keeps
+        the pool for the rest of the process: the node holds its tensor, the
+        KV cache manager's shutdown (which releases the pool) is replaced on
+        that manager by a no-op that logs why, and the transfers in flight
+        stay so (cancel_request answers False). Idempotent; never raises."""
         with self._lock:
-            if self.closed or self.node is None:
+            if self.closed or self._closing or self.node is None:
                 return
-            self.closed = True
+            self._closing = True
+        finished = True
         try:
             self.node.close(timeout_ms)
         except KvxferError as exc:
-            self._close_finished = False
+            finished = False
             logger.warning("kvxfer: closing node %s did not finish (%s): TensorRT-LLM's KV pool is kept for the "
                            "rest of the process", self.instance, exc)
             mgr = self._mgr
@@ -1143,7 +1158,10 @@ class KvxferCacheTransceiver:
             except AttributeError:
                 logger.warning("kvxfer: cannot keep %s's pool from being released", type(mgr).__name__)
         with self._lock:
-            self._end_closed()
+            self.closed = True
+            self._close_finished = finished
+            if finished:
+                self._end_closed()
 
     def __enter__(self):
         return self

@@ -18,78 +18,14 @@ Every byte of every layer's K and V of the prompt is compared between the
 context ranks' blocks and the generation ranks' blocks, by global layer and
 global head."""
 
-import tempfile
-
 import numpy as np
 import pytest
 
 import kvxfer
 from kvxfer import trtllm as kt
 
-from conftest import unique
 from trtllm_helpers import (DIM, HEADS, TPB, S, CacheTransceiverConfig, CacheType, DisaggregatedParams, LlmRequest,
-                            gen_params, keypair, make_instance, on_ranks, reap_ctx, reap_gen)
-
-
-@pytest.fixture
-def cluster():
-    """make(ctx_parallel, gen_parallel, ...) -> (ctx transceivers, ctx
-    managers, gen transceivers, gen managers), every node connected;
-    closed after the test, the handle table back where it was."""
-    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
-        made = []
-        before = kvxfer.handle_count()
-
-        def make(cpar, gpar, ctx_mgr=None, gen_mgr=None, ctx_kw=None, gen_kw=None, start_ctx=True, ctc=None):
-            ck, gk = keypair(), keypair()
-            cname, gname = unique("trt-ctx"), unique("trt-gen")
-            cx, cm = ([], [])
-            if start_ctx:
-                cx, cm = make_instance(tmp, cname, cpar, gname, gpar, ck, gk[0], ctx_mgr, ctc, **(ctx_kw or {}))
-                made.extend(cx)
-            gx, gm = make_instance(tmp, gname, gpar, cname, cpar, gk, ck[0], gen_mgr, ctc, **(gen_kw or {}))
-            made.extend(gx)
-            if start_ctx:
-                for x in cx + gx:
-                    x.node.wait_peers(20000)
-            return cx, cm, gx, gm
-
-        yield make
-        for x in made:
-            x.shutdown()
-        assert kvxfer.handle_count() == before
-
-
-def _send(cx, cm, rid, prompt, seed, replicated=False):
-    """Each context rank's request rid over its own blocks, filled with
-    random bytes (replicated: the same bytes on every TP rank, as MLA's
-    latent is), then respond_and_send_async; the rank's requests and blocks."""
-    reqs, blocks = [], []
-    n = -(-prompt // TPB)
-    for r, (x, m) in enumerate(zip(cx, cm)):
-        ids = [5 + 7 * i + r for i in range(n)]
-        m.add_sequence(rid, ids)
-        m.fill(ids, seed=seed if replicated else seed + r)
-        req = LlmRequest(rid, prompt, DisaggregatedParams(request_type="context_only"))
-        x.respond_and_send_async(req)
-        assert req.state == S.DISAGG_CONTEXT_TRANS_IN_PROGRESS
-        reqs.append(req)
-        blocks.append(ids)
-    return reqs, blocks
-
-
-def _receive(gx, gm, rid, prompt, ctx_req, dst=None):
-    reqs, blocks = [], []
-    n = -(-prompt // TPB)
-    for r, (x, m) in enumerate(zip(gx, gm)):
-        ids = dst[r] if dst else [30 - 3 * i - r for i in range(n)]
-        m.add_sequence(rid, ids)
-        req = LlmRequest(rid, prompt, gen_params(ctx_req))
-        x.request_and_receive_async(req)
-        assert req.state == S.DISAGG_GENERATION_TRANS_IN_PROGRESS, (req.state, x.failures)
-        reqs.append(req)
-        blocks.append(ids)
-    return reqs, blocks
+                            cluster, gen_params, on_ranks, reap_ctx, reap_gen, receive, send)
 
 
 def _compare(cm, cblocks, gm, gblocks, prompt, gen_layout="HND", skip_blocks=0):
@@ -142,11 +78,11 @@ def test_every_byte_lands_in_the_generation_blocks(cluster, cpar, gpar, mgr_kw):
     bytes differ.)"""
     cx, cm, gx, gm = cluster(cpar, gpar, mgr_kw, mgr_kw)
     prompt = 10
-    creqs, cblocks = _send(cx, cm, 4242, prompt, seed=1)
+    creqs, cblocks = send(cx, cm, 4242, prompt, seed=1)
     for req in creqs:
         assert kt.parse_endpoint(req.context_phase_params.disagg_info_endpoint) == (cx[0].instance,) + cpar
         assert req.context_phase_params.req_id == 4242
-    greqs, gblocks = _receive(gx, gm, 77, prompt, creqs[0])
+    greqs, gblocks = receive(gx, gm, 77, prompt, creqs[0])
     got = on_ranks([lambda x=x: reap_ctx(x, [4242]) for x in cx] + [lambda x=x: reap_gen(x, [77]) for x in gx])
     assert got == [{4242: "done"}] * len(cx) + [{77: "done"}] * len(gx), [x.failures for x in cx + gx]
     assert all(r.state == S.DISAGG_CONTEXT_TRANS_IN_PROGRESS for r in creqs)  # mark_complete=False: the caller's
@@ -167,8 +103,8 @@ def test_mark_complete_and_the_reuse_commit(cluster):
     stores the received blocks (store_blocks_for_reuse, unpinned) when the
     manager reuses blocks, as KvCacheTransceiverV2's V1 adapter."""
     cx, cm, gx, gm = cluster((1, 1), (1, 1), None, {"enable_block_reuse": True})
-    creqs, _ = _send(cx, cm, 9, 8, seed=2)
-    greqs, _ = _receive(gx, gm, 10, 8, creqs[0])
+    creqs, _ = send(cx, cm, 9, 8, seed=2)
+    greqs, _ = receive(gx, gm, 10, 8, creqs[0])
     assert reap_gen(gx[0], [10]) == {10: "done"}
     st = cx[0].check_context_transfer_status(1, mark_complete=True)
     while not st.completed_request_ids:
@@ -186,7 +122,7 @@ def test_generation_prefix_hit_blocks_are_not_written(cluster):
     and left as it was; the rest lands. (Checked to fail with the hit
     taken as 0: block 20 is overwritten.)"""
     cx, cm, gx, gm = cluster((1, 1), (1, 1), None, {"enable_block_reuse": True})
-    creqs, cblocks = _send(cx, cm, 11, 12, seed=3)
+    creqs, cblocks = send(cx, cm, 11, 12, seed=3)
     dst = [[20, 21, 22]]
     gm[0].fill([20], seed=99)  # the cached prefix: other bytes than the context's
     cached = gm[0].bytes_view()[20].copy()
@@ -211,8 +147,8 @@ def test_mla_context_tp2_to_generation_tp1(cluster):
     mla = {"kv_cache_type": CacheType.SELFKONLY, "num_kv_heads": 1, "head_dim": 16}
     cx, cm, gx, gm = cluster((2, 1), (1, 1), mla, mla, ctx_kw={"generation_tp": 1, "generation_pp": 1})
     assert cx[0].mla and cx[0].node.info.kv_heads == 1
-    creqs, cblocks = _send(cx, cm, 13, 9, seed=4, replicated=True)
-    greqs, gblocks = _receive(gx, gm, 14, 9, creqs[0])
+    creqs, cblocks = send(cx, cm, 13, 9, seed=4, replicated=True)
+    greqs, gblocks = receive(gx, gm, 14, 9, creqs[0])
     got = on_ranks([lambda x=x: reap_ctx(x, [13]) for x in cx] + [lambda: reap_gen(gx[0], [14])])
     assert got == [{13: "done"}, {13: "done"}, {14: "done"}], [x.failures for x in cx + gx]
     assert _compare(cm, cblocks, gm, gblocks, 9) == 4 * 9 * 16 * 2
@@ -225,8 +161,8 @@ def test_nhd_generation_pool_from_hnd_context_ranks(cluster):
     puts it. (Checked to fail with the pool taken as HND whatever
     kv_layout says.)"""
     cx, cm, gx, gm = cluster((2, 1), (1, 1), None, None, gen_kw={"kv_layout": "NHD"})
-    creqs, cblocks = _send(cx, cm, 15, 7, seed=5)
-    greqs, gblocks = _receive(gx, gm, 16, 7, creqs[0])
+    creqs, cblocks = send(cx, cm, 15, 7, seed=5)
+    greqs, gblocks = receive(gx, gm, 16, 7, creqs[0])
     got = on_ranks([lambda x=x: reap_ctx(x, [15]) for x in cx] + [lambda: reap_gen(gx[0], [16])])
     assert got == [{15: "done"}, {15: "done"}, {16: "done"}], [x.failures for x in cx + gx]
     _compare(cm, cblocks, gm, gblocks, 7, gen_layout="NHD")
@@ -242,7 +178,7 @@ def test_route_from_the_config_without_an_endpoint(cluster):
     cx, cm, gx, gm = cluster((2, 1), (1, 1))
     for x in gx:
         x.context_instance = cx[0].instance
-    creqs, cblocks = _send(cx, cm, 17, 6, seed=6)
+    creqs, cblocks = send(cx, cm, 17, 6, seed=6)
     m = gm[0]
     m.add_sequence(18, [3, 4])
     req = LlmRequest(18, 6, DisaggregatedParams(request_type="generation_only", ctx_request_id=17))
@@ -270,11 +206,11 @@ def test_disagg_request_id_is_both_sides_id(cluster):
     assert (gm[0].bytes_view()[[8, 9]] == cm[0].bytes_view()[[1, 2]]).all()
 
 
-def test_synchronous_receive(cluster):
+def test_synchronousreceive(cluster):
     """request_and_receive_sync (TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP=1):
     returns with DISAGG_GENERATION_TRANS_COMPLETE, nothing left in flight."""
     cx, cm, gx, gm = cluster((1, 1), (1, 1))
-    creqs, cblocks = _send(cx, cm, 19, 5, seed=8)
+    creqs, cblocks = send(cx, cm, 19, 5, seed=8)
     gm[0].add_sequence(20, [6, 7])
     req = LlmRequest(20, 5, gen_params(creqs[0]))
     gx[0].request_and_receive_sync(req)

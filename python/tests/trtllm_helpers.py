@@ -34,7 +34,8 @@ commits kvxfer/trtllm.py cites, and says which lines it mirrors.
                      kv_transfer_timeout_ms, kv_transfer_sender_future_
                      timeout_ms (1000 by default), kv_transfer_poll_
                      interval_ms.
-  DataType           tensorrt_llm.bindings.DataType's names.
+  DataType, CacheType, AttentionType
+                     the names of TensorRT-LLM's bindings enums.
 
 gen_params(ctx_request) is what TensorRT-LLM's disaggregated server hands
 the generation request from the context response, as its transceiver test
@@ -44,15 +45,19 @@ context_phase_params.req_id, ctx_info_endpoint = its disagg_info_endpoint).
 
 import dataclasses
 import enum
+import tempfile
 import threading
 import time
 import types
 
 import numpy as np
+import pytest
 import torch
 
 import kvxfer
 from kvxfer.trtllm import KvxferCacheTransceiver, LlmRequestState
+
+from conftest import unique
 
 S = LlmRequestState
 
@@ -72,6 +77,13 @@ class CacheType(enum.Enum):
     SELF = 0
     CROSS = 1
     SELFKONLY = 2
+
+
+class AttentionType(enum.Enum):
+    """tensorrt_llm.bindings.internal.batch_manager.AttentionType."""
+
+    DEFAULT = 0
+    MLA = 1
 
 
 class DisaggScheduleStyle(enum.IntEnum):
@@ -278,7 +290,7 @@ def instance_configs(tmp, name, parallel, peer_name, peer_parallel, secret, peer
         cfg = {"instance": name, "backend": "ucx", "workers": 2, "bind": "ipc://%s/%s-%d.sock" % (tmp, name, r),
                "secret_key": secret, "peers": peers, "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
         cfg.update(kw)
-        out.append(cfg)
+        out.append({k: v for k, v in cfg.items() if v is not None})  # None: the key left out
     return out
 
 
@@ -358,6 +370,67 @@ def reap_gen(x, ids, timeout=60):
         assert time.monotonic() < deadline, "receives %s not reported in %d s: %s" % (ids, timeout,
                                                                                     x.get_status_dump())
     return seen
+
+
+@pytest.fixture
+def cluster():
+    """make(ctx_parallel, gen_parallel, ...) -> (ctx transceivers, ctx
+    managers, gen transceivers, gen managers), every node connected;
+    closed after the test, the handle table back where it was."""
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        made = []
+        before = kvxfer.handle_count()
+
+        def make(cpar, gpar, ctx_mgr=None, gen_mgr=None, ctx_kw=None, gen_kw=None, start_ctx=True, ctc=None):
+            ck, gk = keypair(), keypair()
+            cname, gname = unique("trt-ctx"), unique("trt-gen")
+            cx, cm = ([], [])
+            if start_ctx:
+                cx, cm = make_instance(tmp, cname, cpar, gname, gpar, ck, gk[0], ctx_mgr, ctc, **(ctx_kw or {}))
+                made.extend(cx)
+            gx, gm = make_instance(tmp, gname, gpar, cname, cpar, gk, ck[0], gen_mgr, ctc, **(gen_kw or {}))
+            made.extend(gx)
+            if start_ctx:
+                for x in cx + gx:
+                    x.node.wait_peers(20000)
+            return cx, cm, gx, gm
+
+        yield make
+        for x in made:
+            x.shutdown()
+        assert kvxfer.handle_count() == before
+
+
+def send(cx, cm, rid, prompt, seed, replicated=False):
+    """Each context rank's request rid over its own blocks, filled with
+    random bytes (replicated: the same bytes on every TP rank, as MLA's
+    latent is), then respond_and_send_async; the rank's requests and blocks."""
+    reqs, blocks = [], []
+    n = -(-prompt // TPB)
+    for r, (x, m) in enumerate(zip(cx, cm)):
+        ids = [5 + 7 * i + r for i in range(n)]
+        m.add_sequence(rid, ids)
+        m.fill(ids, seed=seed if replicated else seed + r)
+        req = LlmRequest(rid, prompt, DisaggregatedParams(request_type="context_only"))
+        x.respond_and_send_async(req)
+        assert req.state == S.DISAGG_CONTEXT_TRANS_IN_PROGRESS
+        reqs.append(req)
+        blocks.append(ids)
+    return reqs, blocks
+
+
+def receive(gx, gm, rid, prompt, ctx_req, dst=None):
+    reqs, blocks = [], []
+    n = -(-prompt // TPB)
+    for r, (x, m) in enumerate(zip(gx, gm)):
+        ids = dst[r] if dst else [30 - 3 * i - r for i in range(n)]
+        m.add_sequence(rid, ids)
+        req = LlmRequest(rid, prompt, gen_params(ctx_req))
+        x.request_and_receive_async(req)
+        assert req.state == S.DISAGG_GENERATION_TRANS_IN_PROGRESS, (req.state, x.failures)
+        reqs.append(req)
+        blocks.append(ids)
+    return reqs, blocks
 
 
 def keypair():
