@@ -247,7 +247,7 @@ def _config():
                          "each TensorRT-LLM worker process, or set KVXFER_TRTLLM_CONFIG to its JSON (or a JSON "
                          "file's path)")
     text = raw
-    if not raw.lstrip().startswith("{"):
+    if raw.lstrip()[:1] not in ("{", "["):  # not JSON text: a file's path
         try:
             with open(raw) as f:
                 text = f.read()
