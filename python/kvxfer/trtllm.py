@@ -37,8 +37,8 @@ What it follows, in TensorRT-LLM's GitHub repository (NVIDIA/TensorRT-LLM):
     orchestration/coordinator.py, commit 0513247 (reap_context_sends,
     reap_gen_receives, receive_gen_init, send_completed_context,
     try_finish_gen_receive, request_cancellation), and py_executor.py
-    (commit 0004396 and an older stored version: _try_cancel_request,
-    _handle_canceled_requests).
+    (commit 0004396, read in part; _try_cancel_request and
+    _handle_canceled_requests as an older stored version has them).
 
 The calls, as the executor makes them, and what this class does:
 
