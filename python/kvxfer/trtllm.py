@@ -37,8 +37,9 @@ What it follows, in TensorRT-LLM's GitHub repository (NVIDIA/TensorRT-LLM):
     orchestration/coordinator.py, commit 0513247 (reap_context_sends,
     reap_gen_receives, receive_gen_init, send_completed_context,
     try_finish_gen_receive, request_cancellation), and py_executor.py
-    (commit 0004396, read in part; _try_cancel_request and
-    _handle_canceled_requests as an older stored version has them).
+    (commit 0004396, read in part: _try_cancel_request,
+    _handle_canceled_requests, _handle_responses' transfer-timeout path,
+    _forward_step's execution stream).
 
 The calls, as the executor makes them, and what this class does:
 
@@ -71,7 +72,9 @@ The calls, as the executor makes them, and what this class does:
       (the executor then frees its blocks) only once kvxfer's event for it
       came: no write can land in them, no transfer reads them any more.
       False until then (the executor asks again on a later iteration). A
-      cancelled transfer is reported here only, never by check_*.
+      cancelled transfer is reported here only, never by check_*. (The
+      executor cancels a send only when its kv_transfer_timeout_ms passed;
+      a user's cancel of a context request waits for its send to settle.)
   prepare_context_requests, get_disaggregated_params ({}),
       commit_blocks_for_reuse (store_blocks_for_reuse, as V2's V1
       adapter), shutdown (closes the node).
