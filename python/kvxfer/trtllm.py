@@ -119,7 +119,7 @@ import typing
 import urllib.parse
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, Outcome, _cuda_index, kv_memory
+from .core import KvxferError, Node, _cuda_index, kv_memory
 
 logger = logging.getLogger(__name__)
 

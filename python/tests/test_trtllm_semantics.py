@@ -21,7 +21,6 @@ global head."""
 import numpy as np
 import pytest
 
-import kvxfer
 from kvxfer import trtllm as kt
 
 from trtllm_helpers import (DIM, HEADS, TPB, S, CacheTransceiverConfig, CacheType, DisaggregatedParams, LlmRequest,
