@@ -417,3 +417,53 @@ func TestCloseReportsQuarantineAndReleasesBlocklessReceives(t *testing.T) {
 		t.Fatal("all-hits holds no destination block, and Close did not say Released")
 	}
 }
+
+// TestUnfiredFenceHoldsOnlyTheSourcePages: a chunk whose fence never
+// fires (a producer that hangs) must not hold the generation side
+// hostage. Once the context side's request is decided (here, cancelled),
+// its op that never left never will: the generation side hears CANCELLED
+// at once and its blocks are released, while the context side keeps the
+// chunk's source pages pinned — and Done waits — until the fence fires.
+// (Before, the op stayed ADMITTED until the fence: the generation side got
+// nothing until its own deadline, then quarantined its blocks, and both
+// engines' Close with a background context never returned.)
+func TestUnfiredFenceHoldsOnlyTheSourcePages(t *testing.T) {
+	l := smallLayout()
+	c, link := startPartClusterWith(t, l, func(string, *kvxfer.Config) {})
+	gen, ce := c.gen[0], c.ctx[0]
+	rx := receiveAtWriter(t, gen, link, "hung")
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "hung", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := &kvxfer.ManualFence{}
+	all := kvcache.Chunk{Start: 0, End: 64, Last: true}
+	if err := tx.Chunk(all, all.Runs(l.TokensPerBlock, src), fence); err != nil {
+		t.Fatal(err)
+	}
+	tx.Cancel()
+	if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("generation side: %s %v, want CANCELLED while the fence has not fired", o.Status, o.Err)
+	}
+	<-rx.Released()
+	waitUntil(t, "the generation side's blocks free", func() bool { return gen.Pools().Used()+gen.Pools().Quarantined() == 0 })
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("context side Done (%s) before its chunk's fence fired: its source pages were unpinned", o.Status)
+	default:
+	}
+	if err := ce.Pools().Free(src); err == nil {
+		t.Fatal("source blocks freed while the producer may still write them (fence not fired)")
+	}
+	fence.Fire(nil)
+	if o := waitOutcome(t, tx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("context side: %s %v, want CANCELLED", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("source blocks after the fence: %v", err)
+	}
+}

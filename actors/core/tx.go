@@ -455,7 +455,8 @@ func (s *TxSession) onFence(m TxFenceFired) {
 // were closed before it stopped: proof that they are quiescent, but for the
 // ops in m.InDoubt, whose close proved nothing and which stay) and fails
 // the request if any of its streams used it. ADMITTED ops stay for
-// progress(), which makes them NOT_SUBMITTED once their fence fires.
+// progress(), which makes them NOT_SUBMITTED (their chunks stay pinned
+// until their fences fire).
 func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 	if !slices.Contains(s.dead, m.Worker) {
 		s.dead = append(s.dead, m.Worker)
@@ -489,8 +490,8 @@ func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 
 // onPinFailed records that a group of a chunk holds no pin (the pool
 // refused it, all or nothing) and fails the request: its ops must not read
-// pages the serving process does not hold. The ops stay ADMITTED until the
-// chunk's fence fires, then become NOT_SUBMITTED; nothing was posted.
+// pages the serving process does not hold. The ops become NOT_SUBMITTED
+// (nothing was posted); the chunk's other pins wait for its fence.
 func (s *TxSession) onPinFailed(m TxPinFailed) {
 	if m.Chunk < 0 || m.Chunk >= len(s.chunks) || m.Group < 0 || m.Group >= len(s.chunks[m.Chunk].pins) ||
 		!s.chunks[m.Chunk].pins[m.Group] {
@@ -786,11 +787,15 @@ func (s *TxSession) progress() {
 	for _, p := range s.order {
 		st := s.streams[p]
 		if terminal {
-			// Ops that never left stay behind: once their fence fired they
-			// are NOT_SUBMITTED (the pages were only ever read by us).
+			// Ops that never left never will (nothing is submitted after
+			// the outcome): they are NOT_SUBMITTED at once, so the stream
+			// answers its peer, which may free its pages, without waiting
+			// for a fence that may be late or never fire. Their chunks'
+			// source pages stay pinned until the fence fires (Quiescent):
+			// the serving process may still be writing them.
 			for i := st.next; i < len(st.ops); i++ {
 				o := &st.ops[i]
-				if o.state == OpAdmitted && s.chunks[o.chunk].fired {
+				if o.state == OpAdmitted {
 					s.setOp(OpRef{s.cfg.Request, st.peer, i}, o, OpNotSubmitted)
 				}
 			}

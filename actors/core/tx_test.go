@@ -372,11 +372,8 @@ func submits(effs []Effect) []OpRef {
 // Guards, each removed by hand and seen to fail this test:
 //   - progress: `if !c.fired { break }` (the op is submitted before its
 //     fence fires: "Submit before the fence" fails);
-//   - progress, terminal branch: `&& s.chunks[o.chunk].fired` (the op is
-//     declared NOT_SUBMITTED while the producer may still write the chunk,
-//     and the peer hears CANCELLED before that: "cancel while the op waits
-//     for its fence: unexpected SendFrame" fails);
-//   - progress, terminal branch: `&& streamQuiescent(st)` (same failure);
+//   - progress, terminal branch: `&& streamQuiescent(st)` (the peer hears
+//     CANCELLED while an op may still be submitted);
 //   - maybeRelease: `!s.Quiescent()` (the no-peer case: nothing holds the
 //     release back but the chunk's unfired fence, so Unpin comes at the
 //     cancel and the harness's "Unpin while chunk 0's fence has not fired"
@@ -393,18 +390,23 @@ func TestRace_CancelWhileOpWaitsForFence(t *testing.T) {
 		wantNo(t, "Submit before the fence", effs, "Submit")
 		h.wantOp(1, 0, OpAdmitted)
 
+		// The op never left and never will: the peer hears CANCELLED at
+		// once (it may free its pages: nothing of this request will write
+		// them), without waiting for the fence; the source pages stay
+		// pinned until it fires (the producer may still be writing them).
 		effs = h.step(TxCancel{})
 		h.wantState(TxCancelled)
-		wantNo(t, "cancel while the op waits for its fence", effs, "Unpin", "Finish", "Stop", "SendFrame", "Submit")
-		h.wantOp(1, 0, OpAdmitted)
+		wantNo(t, "cancel while the op waits for its fence", effs, "Unpin", "Finish", "Stop", "Submit")
+		h.wantOp(1, 0, OpNotSubmitted)
+		wantResult(t, effs, 1, messages.StatusCancelled)
 		if h.s.Quiescent() || !slices.Equal(h.s.PinnedChunks(), []int{0}) {
 			t.Fatalf("after cancel: quiescent=%v pinned=%v, want pinned [0]", h.s.Quiescent(), h.s.PinnedChunks())
 		}
+		effs = h.sent(1, nil)
+		wantNo(t, "the Result left, the fence has not fired", effs, "Unpin", "Finish", "Stop")
 
 		effs = h.fence(0)
-		wantNo(t, "fence after cancel", effs, "Submit")
-		h.wantOp(1, 0, OpNotSubmitted)
-		wantResult(t, effs, 1, messages.StatusCancelled)
+		wantNo(t, "fence after cancel", effs, "Submit", "SendFrame")
 		if got := len(effectsOf[Unpin](effs)); got != 2 {
 			t.Fatalf("fence after cancel: %d Unpins, want 2: %s", got, fmtEffects(effs))
 		}
