@@ -77,7 +77,10 @@ The calls, as the executor makes them, and what this class does:
       a user's cancel of a context request waits for its send to settle.)
   prepare_context_requests, get_disaggregated_params ({}),
       commit_blocks_for_reuse (store_blocks_for_reuse, as V2's V1
-      adapter), shutdown (closes the node).
+      adapter), shutdown (closes the node: True once the close finished).
+  The KV cache manager's shutdown: closes the node first, and releases the
+      pool only when that close finished (TensorRT-LLM tears executors
+      down through it; see _guard_manager_shutdown).
 
 No call the executor makes from its loop raises for one request's trouble
 (a send or receive kvxfer refuses, no id, no route, a peer that never
@@ -388,7 +391,8 @@ class KvxferCacheTransceiver:
     pp_partition, a layer mask, speculative layers) are not the ones kvxfer
     gives that stage (stage_layers); a pool that is not the layout's
     blocks; a config layout, tokens_per_block, tp or pp other than the
-    manager's; a world_size > 1 without dist."""
+    manager's; a world_size > 1 without dist; a manager whose shutdown
+    cannot be wrapped (_guard_manager_shutdown)."""
 
     def __new__(cls, *args, **kwargs):
         if cls is KvxferCacheTransceiver:
@@ -480,6 +484,7 @@ class KvxferCacheTransceiver:
             self._check_node(geo, kv_layout == "NHD" and not self.mla)
             for g, gi in enumerate(self.node.groups):
                 self.node.alloc(g, gi.blocks)  # TensorRT-LLM owns every block id
+            self._guard_manager_shutdown(mgr)
         except BaseException:
             self.node.close()
             raise
@@ -487,6 +492,35 @@ class KvxferCacheTransceiver:
         self.instance = self.node.instance
         self.endpoint = context_endpoint(self.instance, tp, pp)
         self._stream = getattr(mgr, "_stream", None)
+
+    def _guard_manager_shutdown(self, mgr):
+        """Makes the KV cache manager's shutdown (which releases the pool:
+        release_pools) close this node first, and release the pool only
+        when that close finished. TensorRT-LLM tears an executor down
+        through its managers' shutdown, without the transceiver's at commit
+        0004396 (PyExecutor.shutdown; the KV-cache estimation pass's
+        teardown_managers, after which create_py_executor builds a second
+        transceiver on the same endpoint); newer trees call the
+        transceiver's shutdown first. Either order closes the node before
+        the pool goes."""
+        original = getattr(mgr, "shutdown", None)
+        if not callable(original):
+            return
+
+        def shutdown(*args, **kwargs):
+            if not self.shutdown():
+                logger.warning("kvxfer: %s.shutdown skipped: node %s did not finish closing, a peer may still write "
+                               "into the pool, which is kept for the rest of the process", type(mgr).__name__,
+                               self.instance)
+                return None
+            return original(*args, **kwargs)
+
+        shutdown._kvxfer_original = original
+        try:
+            mgr.shutdown = shutdown
+        except (AttributeError, TypeError) as exc:
+            raise ValueError("kv_cache_manager is a %s whose shutdown cannot be wrapped (%s): kvxfer must close its "
+                             "node before the manager releases the pool" % (type(mgr).__name__, exc)) from None
 
     # Construction checks ---------------------------------------------------
 
@@ -1133,15 +1167,22 @@ class KvxferCacheTransceiver:
         return "\n".join(rows)
 
     def shutdown(self, timeout_ms=5000):
-        """Closes the node; what was in flight then ends failed. A close
-        that did not finish (a peer may still write into the pool) keeps
-        the pool for the rest of the process: the node holds its tensor, the
-        KV cache manager's shutdown (which releases the pool) is replaced on
-        that manager by a no-op that logs why, and the transfers in flight
-        stay so (cancel_request answers False). Idempotent; never raises."""
+        """Closes the node; what was in flight then ends failed. True once
+        the close finished (no write lands in the pool any more), False
+        while it did not (under way on another thread, or timed out: a peer
+        may still write into the pool). A close that did not finish keeps
+        the pool for the rest of the process: the node holds its tensor,
+        the KV cache manager's shutdown no longer releases it (see
+        _guard_manager_shutdown), and the transfers in flight stay so
+        (cancel_request answers False). Idempotent (a later call answers as
+        the close ended); never raises."""
         with self._lock:
-            if self.closed or self._closing or self.node is None:
-                return
+            if self.node is None:
+                return True
+            if self.closed:
+                return self._close_finished
+            if self._closing:
+                return False
             self._closing = True
         finished = True
         try:
@@ -1150,21 +1191,12 @@ class KvxferCacheTransceiver:
             finished = False
             logger.warning("kvxfer: closing node %s did not finish (%s): TensorRT-LLM's KV pool is kept for the "
                            "rest of the process", self.instance, exc)
-            mgr = self._mgr
-
-            def shutdown(*args, **kwargs):
-                logger.warning("kvxfer: KV cache manager shutdown skipped: node %s did not finish closing, a "
-                               "peer may still write into the pool", self.instance)
-
-            try:
-                mgr.shutdown = shutdown
-            except AttributeError:
-                logger.warning("kvxfer: cannot keep %s's pool from being released", type(mgr).__name__)
         with self._lock:
             self.closed = True
             self._close_finished = finished
             if finished:
                 self._end_closed()
+        return finished
 
     def __enter__(self):
         return self

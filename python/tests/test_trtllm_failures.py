@@ -264,13 +264,16 @@ def test_shutdown_ends_what_is_live_and_is_idempotent(cluster):
     assert not cm[0].impl.released  # the executor's resource manager releases the pool, not the transceiver
 
 
-def test_close_that_did_not_finish_keeps_the_pool(cluster, monkeypatch):
-    """A node close that timed out (a peer may still write): the KV cache
-    manager's shutdown no longer releases the pool, and says why; the
-    receive in flight stays so (not reported, cancel_request False: its
-    blocks are not freed); nothing raises. (Checked to fail without the
-    replacement: release_pools runs; and with the live receive ended at
-    such a close: it is reported failed.)"""
+@pytest.mark.parametrize("first", ["transceiver", "manager"])
+def test_close_that_did_not_finish_keeps_the_pool(cluster, monkeypatch, first):
+    """A node close that timed out (a peer may still write), reached
+    through the transceiver's shutdown or the manager's: shutdown()
+    answers False (again when asked again), the KV cache manager's shutdown
+    does not release the pool, and says why; the receive in flight stays
+    so (not reported, cancel_request False: its blocks are not freed);
+    nothing raises. (Checked to fail without the guard: release_pools
+    runs; with the live receive ended at such a close: it is reported
+    failed; and with shutdown() answering None.)"""
     cx, cm, gx, gm = cluster((1, 1), (1, 1))
     x, m = gx[0], gm[0]
     m.add_sequence(40, [2, 3])
@@ -283,9 +286,14 @@ def test_close_that_did_not_finish_keeps_the_pool(cluster, monkeypatch):
         raise KvxferError(Status.TIMEOUT, "close: 1 request did not drain")
 
     monkeypatch.setattr(node, "close", timed_out)
-    x.shutdown()
+    if first == "transceiver":
+        assert x.shutdown() is False
+        m.shutdown()
+    else:
+        m.shutdown()
+        assert x.shutdown() is False
     m.shutdown()
-    assert not m.impl.released
+    assert not m.impl.released and x.shutdown() is False
     assert tuple(x.check_gen_transfer_status(0)) == ([], [], [])
     assert not x.cancel_request(req) and not x.check_gen_transfer_complete()
     assert req.state == S.DISAGG_GENERATION_TRANS_IN_PROGRESS
@@ -327,6 +335,12 @@ class _NoPoolManager:
     """KVCacheManagerV2's shape: no C++ primary pool."""
 
     pp_layers, num_kv_heads_per_layer, tokens_per_block, head_dim, kv_factor = [0], [4], 4, 8, 2
+
+
+class _FixedShutdownManager(KVCacheManager):
+    """A manager whose shutdown cannot be replaced on the instance."""
+
+    shutdown = property(lambda self: self.impl.release_pools)
 
 
 def test_construction_refusals_name_the_value():
@@ -371,3 +385,4 @@ def test_construction_refusals_name_the_value():
                     layout={"name": "x", "layers": 4, "kv_heads": 4, "head_dim": 16, "dtype_bytes": 2,
                             "tokens_per_block": 4})
     _expect_refusal("backend = 'shm'", backend="shm")
+    _expect_refusal("_FixedShutdownManager whose shutdown cannot be wrapped", mgr=_FixedShutdownManager(Mapping()))
