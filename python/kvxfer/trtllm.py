@@ -75,6 +75,9 @@ The calls, as the executor makes them, and what this class does:
       cancelled transfer is reported here only, never by check_*. (The
       executor cancels a send only when its kv_transfer_timeout_ms passed;
       a user's cancel of a context request waits for its send to settle.)
+  requires_physical_drain_before_request_release (True: cancel_request
+      answers True only once the transfer settled), consumes_transfer_buffer
+      (False: the C++ transfer buffer is not used).
   prepare_context_requests, get_disaggregated_params ({}),
       commit_blocks_for_reuse (store_blocks_for_reuse, as V2's V1
       adapter), shutdown (closes the node: True once the close finished).
@@ -1118,6 +1121,26 @@ class KvxferCacheTransceiver:
 
     @property
     def pipeline_transfer_enabled(self):
+        return False
+
+    @property
+    def requires_physical_drain_before_request_release(self):
+        """True: a request's blocks stay owned until its cancel drained
+        (newer trees' KvCacheTransceiver: "Whether request resources must
+        remain owned until cancel drains"; KvCacheTransceiverV2 answers
+        True). cancel_request answers True only once kvxfer's event for
+        the request came, and shutdown() answers True or False, never
+        None (those trees refuse None from a transceiver that says True)."""
+        return True
+
+    @property
+    def consumes_transfer_buffer(self):
+        """False: kvxfer writes into the KV pool itself, never through the
+        C++ transceiver's transfer buffer that max_tokens_in_buffer sizes
+        (the executor reads this with no default: py_executor.py's
+        _is_disagg_transfer_window_bypass_eligible at 0004396, the
+        coordinator's transfer_window_bypass_eligible;
+        KvCacheTransceiverV2 answers False)."""
         return False
 
     def supports_inflight_request_cancellation(self):

@@ -8,7 +8,9 @@ mamba_cache_manager=None)), the older tensorrt_llm/_torch/pyexecutor/
 kv_cache_transceiver.py path re-exporting them, a module that bound
 create_kv_cache_transceiver by name (as the executor's creator imports
 it), and tensorrt_llm.bindings' LlmRequestState and
-executor.ContextPhaseParams."""
+executor.ContextPhaseParams. The ABC also has the newer trees'
+requires_physical_drain_before_request_release (False by default) and
+shutdown() -> Optional[bool]."""
 
 import abc
 import enum
@@ -36,6 +38,11 @@ class KvCacheTransceiver(abc.ABC):
 
     @property
     def pipeline_transfer_enabled(self):
+        return False
+
+    @property
+    def requires_physical_drain_before_request_release(self):
+        """Whether request resources must remain owned until cancel drains."""
         return False
 
     @abc.abstractmethod
@@ -190,6 +197,37 @@ def test_the_transceiver_takes_trtllms_types(trtllm_stub):
             assert type(x.check_gen_transfer_status(0)) is GenTransferStatus
         finally:
             x.shutdown()
+
+
+def transfer_window_bypass_eligible(transceiver, dist, is_kv_manager_v2, async_gen_transfer=True):
+    """orchestration/coordinator.py's (and py_executor.py's
+    _is_disagg_transfer_window_bypass_eligible at 0004396, read in
+    PyExecutor.__init__ on rank 0 and at each admission when
+    max_tokens_in_buffer is set): the attribute read with no default."""
+    return (transceiver is not None and transceiver.consumes_transfer_buffer is False and async_gen_transfer
+            and dist.pp_size == 1 and is_kv_manager_v2)
+
+
+def test_what_the_executor_reads_without_a_default(trtllm_stub):
+    """consumes_transfer_buffer is False (kvxfer never uses the C++
+    transfer buffer; the executor reads it with no default), and
+    requires_physical_drain_before_request_release is True over the ABC's
+    False (cancel_request answers True only once the transfer settled),
+    on the subclass of TensorRT-LLM's ABC. (Checked to fail without the
+    two properties: AttributeError, and the ABC's False.)"""
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        mapping = Mapping()
+        x = kt.KvxferCacheTransceiver(mapping, None, KVCacheManager(mapping), None, CacheTransceiverConfig(),
+                                      config=_config(tmp))
+        try:
+            assert isinstance(x, KvCacheTransceiver)
+            dist = types.SimpleNamespace(pp_size=1)
+            assert transfer_window_bypass_eligible(x, dist, is_kv_manager_v2=False) is False
+            assert transfer_window_bypass_eligible(x, dist, is_kv_manager_v2=True) is True
+            assert x.consumes_transfer_buffer is False
+            assert x.requires_physical_drain_before_request_release is True
+        finally:
+            assert x.shutdown() is True
 
 
 def test_without_trtllm_a_plain_class():
