@@ -66,7 +66,11 @@ The calls, as the executor makes them, and what this class does:
       returns (completed_request_ids, error_request_ids, []): receives
       whose kvxfer event came on every rank (READY:
       DISAGG_GENERATION_TRANS_COMPLETE; else DISAGG_TRANS_ERROR).
-  request_and_receive_sync(req)  the receive, waited for on this rank.
+  request_and_receive_sync(req)  the receive, waited for (bounded; at the
+      deadline cancelled and its event waited for), its outcome agreed
+      across the ranks: DISAGG_GENERATION_TRANS_COMPLETE or
+      DISAGG_TRANS_ERROR when it returns (TRTLLM_DISABLE_KV_CACHE_
+      TRANSFER_OVERLAP=1: nothing reports it later).
   check_gen_transfer_complete()  True when no receive is in flight.
   cancel_request(req)  cancels the request's kvxfer send or receive; True
       (the executor then frees its blocks) only once kvxfer's event for it
@@ -99,7 +103,9 @@ onto the generation ranks' itself. The check_* calls agree across the
 instance's ranks (dist.allgather, as KvCacheTransceiverV2): a request is
 reported on every rank in the same call, completed only when it completed
 on every rank; one rank's failure cancels the others' and is reported once
-their events came.
+their events came. request_and_receive_sync agrees too (one allgather per
+call, once this rank's receive ended; KvCacheTransceiverV2's synchronous
+receive does not), without cutting the other ranks' receives short.
 
 Configuration: install(config) or $KVXFER_TRTLLM_CONFIG (JSON text, or a
 JSON file's path): kvxfer_node_open's keys (bind, peers or discovery,
@@ -1018,37 +1024,98 @@ class KvxferCacheTransceiver:
                 self._cancel_handle(t)
 
     def request_and_receive_sync(self, req):
-        """request_and_receive_async, then waits on this rank for its end
-        (bounded by kvxfer's transfer timeout): DISAGG_GENERATION_TRANS_
-        COMPLETE or DISAGG_TRANS_ERROR. A receive whose event did not come
-        by then stays in flight (a later check_gen_transfer_status reports
-        it)."""
+        """request_and_receive_async, then waits for its end and sets the
+        final state before returning: DISAGG_GENERATION_TRANS_COMPLETE or
+        DISAGG_TRANS_ERROR, as the ABC requires of it. The executor calls it
+        with TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP=1, and then calls no
+        check_gen_transfer_status and times nothing out (the coordinator's
+        poll_gen_transfers returns, receive_gen_init only checks for
+        errors, the timeout sweep needs py_kv_transfer_start_time, set for
+        asynchronous receives only): a request left in transfer here would
+        never leave it.
+
+        The wait is bounded: kvxfer's transfer timeout ends the receive
+        before _wait_all_s(); at that deadline the receive is cancelled and
+        its event waited for, as long again. Only once the event came is
+        the request DISAGG_TRANS_ERROR (the executor then frees its blocks:
+        no write lands in them any more). An event that still does not come
+        (kvxfer's cancel promises one) is a RuntimeError naming the
+        request: its receive stays tracked and its blocks owned
+        (cancel_request answers False).
+
+        Ranks agree as check_* do, in the same call on every rank: once this
+        rank's receive ended, one dist.allgather of (id, outcome); COMPLETE
+        only when it completed on every rank, and on no rank for another
+        request (every rank of the instance receives the same requests in
+        the same order: the executor's batches are the same on every rank).
+        One rank's failure does not cut the others' receives short (no
+        rank polls while it waits): each ends on its own, by its deadline
+        at the latest.
+
+        After a node close that did not finish (or one under way) the
+        receive stays in flight and the request
+        DISAGG_GENERATION_TRANS_IN_PROGRESS, its blocks owned, with no
+        agreement (TensorRT-LLM shuts down after its loop ended)."""
         S = self._S
         self.request_and_receive_async(req)
         rid = _local_id(req)
-        deadline = time.monotonic() + self._wait_all_s()
-        while True:
-            with self._lock:
-                t = self._recvs.get(rid)
-                if t is None or t.settled or self.closed or self._closing:
-                    break
-            if time.monotonic() > deadline:
-                logger.warning("kvxfer: receive of request %s: no event within %.0f s, left in flight", rid,
-                               self._wait_all_s())
-                return
-            self._reap(50)
         with self._lock:
-            t = self._recvs.pop(rid, None)
-            if t is None:
-                return
-        if t.ok:
+            t = self._recvs[rid]  # tracked by the call above (or by an earlier one for the same id)
+        limit = self._wait_all_s()
+        if not self._wait_settled(t, time.monotonic() + limit):
+            with self._lock:
+                if not self._close_unfinished():
+                    if t.reason is None:
+                        t.reason = "receive of request %s (%s): no kvxfer event within %g s: cancelled" % (
+                            rid, t.key, limit)
+                    self._cancel_handle(t)
+            if not self._wait_settled(t, time.monotonic() + limit):
+                if self._close_unfinished():
+                    logger.warning("kvxfer: receive of request %s: node %s did not finish closing, left in flight",
+                                   rid, self.instance)
+                    return
+                raise RuntimeError("kvxfer: receive of request %s (%s): no event %g s after its cancel: its blocks "
+                                   "may still be written and stay owned (cancel_request answers False)"
+                                   % (rid, t.key, limit))
+        with self._lock:
+            if self._recvs.get(rid) is t:
+                del self._recvs[rid]
+        ok = t.ok
+        elsewhere = None
+        if self.tp * self.pp > 1:
+            gathered = [tuple(g) for g in self._dist.allgather([rid, ok])]
+            if any(g[0] != rid for g in gathered):
+                elsewhere = "kvxfer request %s: the ranks of instance %s received requests %s in the same call" % (
+                    t.key, self.instance, [g[0] for g in gathered])
+            elif not all(g[1] for g in gathered):
+                elsewhere = "kvxfer request %s failed on another rank of instance %s" % (t.key, self.instance)
+        if ok and elsewhere is None:
             req.state = S.DISAGG_GENERATION_TRANS_COMPLETE
             self._ended(t, "READY")
         else:
             if t.reason is None:
-                t.reason = "kvxfer node %s was closed" % self.instance
+                t.reason = elsewhere or "kvxfer request %s failed" % t.key
             req.state = S.DISAGG_TRANS_ERROR
             self._ended(t, "FAILED")
+
+    def _close_unfinished(self):
+        """A node close under way, or one that did not finish."""
+        with self._lock:
+            return self._closing or (self.closed and not self._close_finished)
+
+    def _wait_settled(self, t, deadline):
+        """Polls until t settled (True) or the deadline (time.monotonic()),
+        or a close under way or that did not finish (False)."""
+        while True:
+            with self._lock:
+                if t.settled:
+                    return True
+                if self._close_unfinished():
+                    return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._reap(max(1, min(50, int(left * 1000))))
 
     def check_gen_transfer_status(self, at_least_request_num=0):
         """(completed_request_ids, error_request_ids, []) of the receives

@@ -20,6 +20,7 @@ kvxfer/trtllm.py cites):
     the pool (the manager's shutdown no longer releases it)."""
 
 import tempfile
+import threading
 import time
 
 import pytest
@@ -244,6 +245,104 @@ def test_ranks_agree_on_each_outcome():
                 st = g.check_gen_transfer_status(1)
             assert tuple(st) == ([], [71], [])
             assert live.state == S.DISAGG_TRANS_ERROR and g.ended[71] == ("receive", "FAILED")
+        finally:
+            g.shutdown()
+            c.shutdown()
+
+
+def _lone_receiver(cluster, monkeypatch, deadline_s, rid=1):
+    """A generation instance whose context instance is configured but never
+    started (kvxfer's transfer timeout 60 s), its blocking waits cut to
+    deadline_s; the request rid to receive."""
+    cx, cm, gx, gm = cluster((1, 1), (1, 1), gen_kw={"transfer_timeout": "60s"}, start_ctx=False)
+    x = gx[0]
+    x.context_instance = x._peers[0]["instance"]
+    monkeypatch.setattr(x, "_wait_all_s", lambda: deadline_s)
+    gm[0].add_sequence(rid, [3, 4])
+    return x, LlmRequest(rid, 6, DisaggregatedParams(request_type="generation_only", ctx_request_id=100))
+
+
+def test_synchronous_receive_ends_by_its_deadline(cluster, monkeypatch):
+    """request_and_receive_sync (TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP=1:
+    nothing reports the request later) with no writer and kvxfer's timeout
+    far away: at its deadline the receive is cancelled, its event waited
+    for, and the call returns with DISAGG_TRANS_ERROR, the kvxfer request
+    released, nothing in flight. (Checked to fail without the change: the
+    call returned with the request DISAGG_GENERATION_TRANS_IN_PROGRESS.)"""
+    before = kvxfer.handle_count()
+    x, req = _lone_receiver(cluster, monkeypatch, 1.0)
+    x.request_and_receive_sync(req)
+    assert req.state == S.DISAGG_TRANS_ERROR, x.get_status_dump()
+    assert "no kvxfer event within 1 s: cancelled" in x.failures[1], x.failures
+    assert x.ended[1] == ("receive", "FAILED")
+    assert x.check_gen_transfer_complete() and not x.has_inflight_transfer(req)
+    assert kvxfer.handle_count() == before + 1  # the node alone: the receive's handle was released
+    assert tuple(x.check_gen_transfer_status(0)) == ([], [], [])  # reported by the call, never again
+
+
+def test_synchronous_receive_without_an_event_after_its_cancel_keeps_the_blocks(cluster, monkeypatch):
+    """No event even after the cancel (kvxfer's poll answers nothing): a
+    RuntimeError naming the request, which stays in transfer with its
+    receive tracked (cancel_request False: its blocks are not freed). Once
+    the event comes, cancel_request answers True. (Checked to fail without
+    the change, the request left in transfer with no error, and with it
+    ended DISAGG_TRANS_ERROR at the second deadline instead.)"""
+    x, req = _lone_receiver(cluster, monkeypatch, 0.3)
+    real_poll = x.node.poll
+    monkeypatch.setattr(x.node, "poll", lambda timeout_ms=0: (threading.Event().wait(timeout_ms / 1000.0), [])[1])
+    with pytest.raises(RuntimeError, match=r"receive of request 1 \(trtllm-100\): no event"):
+        x.request_and_receive_sync(req)
+    assert req.state == S.DISAGG_GENERATION_TRANS_IN_PROGRESS
+    assert x.has_inflight_transfer(req) and not x.cancel_request(req)
+    monkeypatch.setattr(x.node, "poll", real_poll)
+    _cancel_until_true(x, req)
+
+
+class _OtherRank:
+    """Rank 0 of 2: allgather returns [this rank's, answer(this rank's)]."""
+
+    world_size, rank = 2, 0
+
+    def __init__(self):
+        self.answer = None
+        self.calls = []
+
+    def allgather(self, obj):
+        self.calls.append(obj)
+        return [obj, self.answer(obj)]
+
+
+def test_synchronous_receive_agrees_across_ranks():
+    """Generation rank 0 of a TP2 instance, rank 1's answers scripted: a
+    receive READY here ends DISAGG_GENERATION_TRANS_COMPLETE only when rank
+    1's did too; DISAGG_TRANS_ERROR when rank 1's failed or rank 1 received
+    another request in that call; one allgather per call. (Checked to fail
+    without the agreement: COMPLETE whatever rank 1 says.)"""
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        ck, gk = keypair(), keypair()
+        cname, gname = unique("trt-ctx"), unique("trt-gen")
+        (c,), (cmgr,) = make_instance(tmp, cname, (1, 1), gname, (2, 1), ck, gk[0])
+        dist = _OtherRank()
+        cfg = instance_configs(tmp, gname, (2, 1), cname, (1, 1), gk[1], ck[0])[0]
+        gmgr = KVCacheManager(Mapping(2, 1, rank=0))
+        g = kt.KvxferCacheTransceiver(Mapping(2, 1, rank=0), dist, gmgr, None, CacheTransceiverConfig(), config=cfg)
+        try:
+            g.node.wait_peers(20000)
+            cases = [(lambda mine: [mine[0], True], S.DISAGG_GENERATION_TRANS_COMPLETE, None),
+                     (lambda mine: [mine[0], False], S.DISAGG_TRANS_ERROR, "failed on another rank"),
+                     (lambda mine: [mine[0] + 1, True], S.DISAGG_TRANS_ERROR, "received requests")]
+            for i, (answer, state, why) in enumerate(cases):
+                rid = 80 + i
+                (creq,), _ = send([c], [cmgr], rid, 8, seed=20 + i)
+                gmgr.add_sequence(rid, [4 + 2 * i, 5 + 2 * i])
+                req = LlmRequest(rid, 8, gen_params(creq))
+                dist.answer = answer
+                g.request_and_receive_sync(req)
+                assert dist.calls[-1] == [rid, True] and len(dist.calls) == i + 1
+                assert req.state == state, (rid, g.failures)
+                if why:
+                    assert why in g.failures[rid], g.failures
+                assert g.check_gen_transfer_complete()  # (the context's send waits for rank 1, never started)
         finally:
             g.shutdown()
             c.shutdown()
