@@ -392,7 +392,9 @@ class KvxferCacheTransceiver:
     parallelism (cp_size > 1); a Mamba/hybrid cache manager or
     mamba_cache_manager; a manager without a V1 primary pool
     (KVCacheManagerV2); more than one pool (num_pools: variable sliding
-    windows, or layers of different head counts); a sliding window smaller
+    windows, or layers of different head counts); blocks in a secondary
+    (host) pool (blocks_in_secondary_pool: KV cache host offload); a
+    sliding window smaller
     than max_seq_len; an indexer K cache; cross attention; NVFP4 or another
     data type kvxfer has no size for; KV heads TP does not split evenly
     (TensorRT-LLM replicates ceil(heads / tp), kvxfer splits them); a
@@ -577,6 +579,12 @@ class KvxferCacheTransceiver:
         if npools != 1:
             raise ValueError("num_pools = %d: kvxfer describes one pool (variable sliding windows, or layers of "
                              "different KV head counts, give TensorRT-LLM several)" % npools)
+        secondary = int(getattr(mgr, "blocks_in_secondary_pool", 0) or 0)
+        if secondary > 0:
+            raise ValueError("blocks_in_secondary_pool = %d (KV cache host offload, host_cache_size): a block "
+                             "offloaded and onboarded again may come back in another primary-pool slot than its id "
+                             "names, which kvxfer reads; not supported (TensorRT-LLM's KV connector refuses it too)"
+                             % secondary)
         windows = list(getattr(mgr, "max_attention_window_vec", None) or [])
         if len(set(windows)) > 1:
             raise ValueError("max_attention_window_vec = %s: variable sliding windows are not supported" % windows)

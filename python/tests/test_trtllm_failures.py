@@ -451,6 +451,8 @@ def test_construction_refusals_name_the_value():
     _expect_refusal("mamba_cache_manager", mamba=object())
     _expect_refusal("without get_unique_primary_pool", mgr=_NoPoolManager())
     _expect_refusal("num_pools = 2", mgr=_with(_mgr(), num_pools=2))
+    _expect_refusal(r"blocks_in_secondary_pool = 64 \(KV cache host offload, host_cache_size\)",
+                    mgr=_with(_mgr(), blocks_in_secondary_pool=64))
     _expect_refusal(r"max_attention_window_vec = \[128, 4096\]",
                     mgr=_with(_mgr(), max_attention_window_vec=[128, 4096]))
     _expect_refusal("max_attention_window = 1024 < max_seq_len = 4096",

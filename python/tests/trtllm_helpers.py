@@ -11,7 +11,9 @@ commits kvxfer/trtllm.py cites, and says which lines it mirrors.
   KVCacheManager     _torch/pyexecutor/resource_manager.py (001541b):
                      get_pp_layers (pp_layers, num_layers), layer_offsets,
                      num_kv_heads_per_layer = ceil(num_kv_heads / tp_size)
-                     (tp_size 1 under attention DP), kv_factor (1 for
+                     (tp_size 1 under attention DP), blocks_in_primary_pool,
+                     blocks_in_secondary_pool (0: no host_cache_size),
+                     kv_factor (1 for
                      CacheType SELFKONLY), max_attention_window_vec
                      ([max_seq_len] by default), the C++ primary pool
                      [blocks, local layers, kv_factor, tokens x heads x
@@ -174,6 +176,7 @@ class KVCacheManager:
         self.is_vswa = False
         self.enable_block_reuse = enable_block_reuse
         self.blocks_in_primary_pool = num_blocks
+        self.blocks_in_secondary_pool = 0  # host_cache_size unset
         heads = self.num_kv_heads_per_layer[0]
         elem = {DataType.HALF: torch.float16, DataType.BF16: torch.bfloat16, DataType.FLOAT: torch.float32,
                 DataType.FP8: torch.uint8, DataType.NVFP4: torch.uint8}[dtype]
