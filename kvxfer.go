@@ -487,8 +487,9 @@ func watchCtx(ctx context.Context, cancel func()) func() bool {
 // for another), or whose fence is a nil pointer (a *ManualFence never
 // set), is rejected with an error naming the chunk and the blocks; nothing
 // is pinned and the request goes on (the caller may hand a corrected
-// chunk). Chunk copies src: the caller may reuse its slices once it
-// returns.
+// chunk). A chunk taken has its source blocks pinned by the time Chunk
+// returns: the pool refuses to free them until Done. Chunk copies src:
+// the caller may reuse its slices once it returns.
 //
 // A chunk may also leave in layer parts (c.Layers: global layers [Lo, Hi)
 // of Of, the model's layer count), each with its own fence, as the forward
@@ -523,19 +524,27 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 			return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
 		}
 	}
-	// The session reads the runs long after Chunk returns (pin, plan,
-	// unpin): it gets its own copy, so that the caller may reuse its
-	// buffers (a copy of a chunk's block table is a few hundred bytes).
+	// The session reads the runs long after Chunk returns (plan, unpin):
+	// it gets its own copy, so that the caller may reuse its buffers (a
+	// copy of a chunk's block table is a few hundred bytes).
 	src = h.copyRuns(src)
+	var payload []byte
+	if c.Last {
+		payload = h.payload
+	}
+	// The source blocks are pinned before Chunk returns: from then on the
+	// pool refuses to free them until Done. A refusal hands nothing over
+	// and changes nothing here: the caller may hand a corrected chunk.
+	if err := h.inner.ChunkPayload(c, src, fence, payload); err != nil {
+		return err
+	}
+	if c.Last {
+		h.payload = nil
+	}
 	if !inPart {
 		h.name(c, src)
 	}
 	h.order.Took(c, src)
-	var payload []byte
-	if c.Last && h.payload != nil {
-		payload, h.payload = h.payload, nil
-	}
-	h.inner.ChunkPayload(c, src, fence, payload)
 	return nil
 }
 

@@ -503,3 +503,48 @@ func TestPayloadAnOlderGenerationSideRefusesFailsBothSides(t *testing.T) {
 		_ = ce.Pools().Free(src)
 	}
 }
+
+// TestChunkPinsBeforeItReturns: the source blocks of a chunk are pinned
+// by the time Chunk returns, so a caller that frees them before Done (too
+// early) is refused by the pool at once — before, the session pinned them
+// when it got to the chunk, and a Free in between succeeded: another
+// request could reuse the blocks, and their new bytes went out as this
+// request's KV, READY (a review; seen in its first run). Fifty requests,
+// each freeing right after Chunk. (Checked to fail with the pin left to
+// the session: the Free succeeded in the first rounds.)
+func TestChunkPinsBeforeItReturns(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, tp1, tp1, 1)
+	ce, ge := c.ctx[0], c.gen[0]
+	for i := range 50 {
+		id := fmt.Sprintf("early-free-%d", i)
+		rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := kvcache.Chunk{Start: 0, End: 64, Last: true}
+		if err := tx.Chunk(all, all.Runs(l.TokensPerBlock, src), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ce.Pools().Free(src); !errors.Is(err, kvcache.ErrBlockPinned) {
+			t.Fatalf("%s: Free right after Chunk: %v, want ErrBlockPinned (the blocks are the request's until Done)", id, err)
+		}
+		if o := waitOutcome(t, rx.Done()); !o.OK {
+			t.Fatalf("%s: rx %s %v", id, o.Status, o.Err)
+		} else {
+			_ = ge.FreeBlocks(o.Blocks)
+		}
+		waitOutcome(t, tx.Done())
+		if err := ce.Pools().Free(src); err != nil {
+			t.Fatalf("%s: Free after Done: %v", id, err)
+		}
+	}
+}

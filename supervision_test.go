@@ -231,9 +231,11 @@ func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 // TestRxSessionBudgetExhaustedFailsAndDrains: an RxSession crashed eight
 // times is restarted exactly its budget, three times; its request fails by
 // the crash at the first restart, and the session still holds its
-// destination blocks until its writer is quiescent — the writer's chunk is
-// held by its fence, so the CancelAck comes only after the fence fires —
-// then releases them: nothing used on either side, Close nil.
+// destination blocks until its writer is quiescent — the writer's op, held
+// by its chunk's fence, was never submitted and never will be once its
+// request is cancelled, so its CancelAck comes without waiting for the
+// fence, while the writer keeps its source pages pinned until the fence
+// fires — then releases them: nothing used on either side, Close nil.
 func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 	ce, ge, c, rx, tx, src, f := heldChunk(t, "rb")
 	for range 8 {
@@ -246,15 +248,18 @@ func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 	}
 	select {
 	case <-rx.Released():
-		t.Fatal("destination blocks released while the writer's chunk is still held")
+	case <-time.After(10 * time.Second):
+		t.Fatal("destination blocks never released: the writer's op never left, yet it gave no CancelAck")
+	}
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("tx Done (%s) before its chunk's fence fired", o.Status)
 	default:
 	}
-	f.Fire(nil)
-	select {
-	case <-rx.Released():
-	case <-time.After(10 * time.Second):
-		t.Fatal("destination blocks never released after the writer drained")
+	if st := ce.Pools().Stats()[0]; st.Pinned != 2 {
+		t.Fatalf("%d source blocks pinned before the fence, want the held chunk's 2", st.Pinned)
 	}
+	f.Fire(nil)
 	if to := waitOutcome(t, tx.Done()); to.OK {
 		t.Fatalf("tx outcome %s, want a failure", to.Status)
 	}

@@ -322,25 +322,44 @@ type TxHandle struct {
 
 // Chunk hands one prefill chunk to the session. fence fires when the
 // chunk's KV is written; nil means it already is.
-func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) {
-	h.ChunkPayload(c, src, fence, nil)
+func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) error {
+	return h.ChunkPayload(c, src, fence, nil)
 }
 
 // ChunkPayload is Chunk with the payload that replaces the request's
 // (TxChunk.Payload; nil: none, an empty non-nil one: an empty payload):
 // the caller passes it with the last chunk only.
-func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence, payload []byte) {
+//
+// It pins src's blocks before it returns, all or nothing (an error
+// wrapping ErrPin names what the pool refused; nothing is handed over),
+// so that a caller that frees them before Done — too early — is refused
+// by the pool from the moment Chunk returns, not from whenever the
+// session gets to the chunk. Once the session has stopped it pins nothing
+// and hands nothing over (the outcome, decided, is the handle's error).
+func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence, payload []byte) error {
 	if h.pid == nil {
-		return // a rank with nothing to write (Send finished it DONE)
+		return nil // a rank with nothing to write (Send finished it DONE)
 	}
 	if fence == nil {
 		fence = FiredFence{}
 	}
-	m := txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src}, fence: fence}
+	m := txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, Pinned: true}, fence: fence}
 	if payload != nil {
 		m.Payload = &payload
 	}
+	l := &h.pins
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seq, err, open := l.take(func() error { return h.e.env.pools.PinRuns(src) }, src)
+	if !open {
+		return fmt.Errorf("%w: request %s: chunk %v: its session has stopped (its outcome is decided)", ErrBadRequest, h.request, c)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: request %s chunk %v: %w", ErrPin, h.request, c, err)
+	}
+	m.seq = seq
 	h.e.sys.Root.Send(h.pid, m)
+	return nil
 }
 
 // Cancel cancels the request; Done still fires only after the session has

@@ -640,6 +640,48 @@ func (p *Pools) Pin(g int, ids []kvcache.BlockID) error {
 	return p.pools[g].Pin(ids...)
 }
 
+// PinRuns pins every run's blocks (run g: group g), all or nothing: when
+// the pool refuses one group, the groups pinned before it are unpinned and
+// its error, naming the group, is returned.
+func (p *Pools) PinRuns(src []kvcache.BlockRun) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for g, run := range src {
+		if len(run.IDs) == 0 {
+			continue
+		}
+		err := fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+		if g < len(p.pools) {
+			p.settleLocked(g, run.IDs)
+			err = p.pools[g].Pin(run.IDs...)
+		}
+		if err != nil {
+			for u := range g {
+				if len(src[u].IDs) > 0 {
+					_ = p.pools[u].Unpin(src[u].IDs...)
+				}
+			}
+			p.cond.Broadcast()
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+	}
+	return nil
+}
+
+// UnpinRuns unpins every run's blocks (run g: group g), reporting the
+// first refusal.
+func (p *Pools) UnpinRuns(src []kvcache.BlockRun) error {
+	var first error
+	for g, run := range src {
+		if len(run.IDs) > 0 {
+			if err := p.Unpin(g, run.IDs); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
 // Unpin unpins blocks of group g.
 func (p *Pools) Unpin(g int, ids []kvcache.BlockID) error {
 	p.mu.Lock()

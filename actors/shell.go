@@ -117,6 +117,65 @@ type Handle struct {
 	over     bool
 	released lazyDone
 	finished lazyDone // closed once the outcome is on done
+	// pins: the source pins a context-side handle took for chunks its
+	// session has not stepped yet (TxHandle.ChunkPayload).
+	pins pinLedger
+}
+
+// pinLedger accounts for source pins taken by the caller's goroutine, in
+// Chunk, before the chunk reaches its session: each is released exactly
+// once — by the session that takes the chunk (its own pins from then on),
+// by its shell when the session does not take it, or, for a chunk that
+// never reached the session (the actor stopped first), when the session's
+// actor stops. Once stopped, no pin is taken.
+type pinLedger struct {
+	mu      sync.Mutex
+	stopped bool
+	next    uint64
+	pending map[uint64][]kvcache.BlockRun
+}
+
+// take records src's pins under a new sequence number; false once the
+// session's actor stopped (nothing is pinned then).
+func (l *pinLedger) take(pin func() error, src []kvcache.BlockRun) (uint64, error, bool) {
+	if l.stopped {
+		return 0, nil, false
+	}
+	if err := pin(); err != nil {
+		return 0, err, true
+	}
+	if l.pending == nil {
+		l.pending = map[uint64][]kvcache.BlockRun{}
+	}
+	l.next++
+	l.pending[l.next] = src
+	return l.next, nil, true
+}
+
+// consume removes chunk seq's record: true when it was pending (its pins
+// are the caller's to hand over), false when stop swept it.
+func (l *pinLedger) consume(seq uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.pending[seq]; !ok {
+		return false
+	}
+	delete(l.pending, seq)
+	return true
+}
+
+// stop marks the ledger stopped and returns the pins of chunks that never
+// reached the session, for the caller to release.
+func (l *pinLedger) stop() [][]kvcache.BlockRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	var out [][]kvcache.BlockRun
+	for seq, src := range l.pending {
+		out = append(out, src)
+		delete(l.pending, seq)
+	}
+	return out
 }
 
 // Finished is closed once the outcome has been delivered on Done: a

@@ -10,10 +10,12 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// txChunkMsg carries a chunk and its fence from the handle to the shell.
+// txChunkMsg carries a chunk and its fence from the handle to the shell;
+// seq is its record in the handle's pin ledger (TxChunk.Pinned).
 type txChunkMsg struct {
 	TxChunk
 	fence Fence
+	seq   uint64
 }
 
 // txPeerRequestMsg carries a resolved RequestData from the tx parent to the
@@ -46,6 +48,10 @@ type txKind struct {
 	// of the session or of the stream past its budget); the next one for
 	// that peer takes its account from the step.
 	respawn map[int]bool
+	// ledger is the handle's pin ledger (txSetHandle), swept when the
+	// actor stops.
+	ledger *pinLedger
+	env    *shellEnv
 }
 
 // streamChild is a live peer-stream child of a session.
@@ -56,7 +62,7 @@ type streamChild struct {
 
 // newTxCell is a new TxSession's cell.
 func newTxCell(env *shellEnv, s *TxSession, meter *txMeter) *cell[*TxSession] {
-	return &cell[*TxSession]{env: env, s: s, k: &txKind{s: s, meter: meter}}
+	return &cell[*TxSession]{env: env, s: s, k: &txKind{s: s, meter: meter, env: env}}
 }
 
 func (k *txKind) side() string    { return "tx" }
@@ -88,6 +94,21 @@ func (k *txKind) stopped() {
 	if k.meter != nil {
 		k.meter.close()
 	}
+	k.sweep() // (Finish did, unless the actor stopped without one)
+}
+
+// sweep stops the handle's pin ledger and releases the pins of chunks
+// that have not reached the session: nothing of theirs was taken.
+func (k *txKind) sweep() {
+	if k.ledger == nil {
+		return
+	}
+	for _, src := range k.ledger.stop() {
+		if err := k.env.pools.UnpinRuns(src); err != nil {
+			k.env.stats.PinErrors.Add(1)
+			k.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin a chunk that never reached its session")
+		}
+	}
 }
 
 func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now time.Time) bool {
@@ -108,13 +129,29 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 		}
 		return false
 	case txChunkMsg:
+		if m.Pinned && m.seq != 0 && (a.handle == nil || !a.handle.pins.consume(m.seq)) {
+			// Its pins were released when the session finished (Finish
+			// sweeps the ledger before Done fires): it came too late to be
+			// taken, and nothing of it is held.
+			return true
+		}
+		taken := k.s.Chunks()
 		// The fence must be in place while the effects run: WatchFence
 		// takes it.
 		k.fence = m.fence
 		a.exec(ctx, a.step(m.TxChunk, now), now)
 		k.fence = nil
+		if m.Pinned && k.s.Chunks() == taken {
+			// Not taken (the outcome was decided, the payload refused, the
+			// session stopped): the pins the handle took are released here.
+			if err := a.env.pools.UnpinRuns(m.Src); err != nil {
+				a.env.stats.PinErrors.Add(1)
+				a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin a chunk the session did not take")
+			}
+		}
 	case *txSetHandle:
 		a.handle = m.h
+		k.ledger = &m.h.pins
 		eff := a.step(m.start, now)
 		if st := k.s.State(); st.Terminal() {
 			// Decided before Send adopted the session (a peer's frame or a
@@ -177,6 +214,11 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			a.handle.decide(e)
 		}
 	case Finish:
+		// Chunks the handle pinned that are still on their way here will
+		// not be taken (the session is released): their pins go now, so
+		// that Done means every pin dropped (the caller frees its source
+		// blocks at Done), and no pin is taken from now on.
+		k.sweep()
 		// The parent hears first: a caller woken by Done that closes the
 		// engine at once (its closeReq behind this in the parent's
 		// mailbox) finds the session gone, not "still draining".

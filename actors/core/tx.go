@@ -24,10 +24,18 @@ type (
 	// payload TxStart gave, an empty one included: what the generation
 	// side gets with SUCCESS is often known only when prefill ends (its
 	// first token). A pointer: one word on every chunk's message.
+	//
+	// Pinned: Src's blocks were pinned before the chunk was handed over
+	// (the engine's handle pins them in Chunk, so that a Free right after
+	// Chunk returns is refused). A session that takes the chunk takes
+	// over those pins — it emits no Pin and unpins them as its own; one
+	// that does not (its outcome decided, its payload refused) leaves them
+	// to whoever pinned them (the shell unpins them at once).
 	TxChunk struct {
 		Chunk   kvcache.Chunk
 		Src     []kvcache.BlockRun
 		Payload *[]byte `json:",omitempty"`
+		Pinned  bool    `json:",omitempty"`
 	}
 	// TxFenceFired: chunk Index's KV is written (or its producer failed).
 	TxFenceFired struct {
@@ -429,7 +437,9 @@ func (s *TxSession) onChunk(m TxChunk) {
 	for g, run := range m.Src {
 		if len(run.IDs) > 0 {
 			rec.pins[g], rec.pinned = true, true
-			s.eff = append(s.eff, Pin{Chunk: idx, Group: g, IDs: run.IDs})
+			if !m.Pinned {
+				s.eff = append(s.eff, Pin{Chunk: idx, Group: g, IDs: run.IDs})
+			}
 		}
 	}
 	s.chunks = append(s.chunks, rec)

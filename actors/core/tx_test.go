@@ -1716,3 +1716,41 @@ func TestTx_PayloadAnOlderPeerRefusesFailsHere(t *testing.T) {
 		})
 	}
 }
+
+// TestTx_PinnedChunkTakesOverTheHandlesPins: a chunk whose blocks the
+// handle pinned (TxChunk.Pinned) emits no Pin: the session takes those
+// pins over and unpins them as its own at release; one it does not take
+// (the outcome decided) leaves them to its shell. (Checked to fail with
+// the Pin emitted for a pinned chunk: the harness sees each block pinned
+// twice and unpinned once.)
+func TestTx_PinnedChunkTakesOverTheHandlesPins(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{groups: 2})
+	h.start(32, time.Minute)
+	h.request(1, 1)
+	c := testChunk(0, 32, true, 2)
+	c.Pinned = true
+	for g, run := range c.Src {
+		for _, id := range run.IDs {
+			h.pins[pinKey{g, id}]++ // the handle's pins
+		}
+	}
+	effs := h.step(c)
+	wantNo(t, "a chunk the handle pinned", effs, "Pin")
+	if h.s.Chunks() != 1 || !slices.Equal(h.s.PinnedChunks(), []int{0}) {
+		t.Fatalf("chunks %d pinned %v, want the chunk taken and pinned", h.s.Chunks(), h.s.PinnedChunks())
+	}
+	h.fence(0)
+	h.complete(1, 0, nil)
+	h.flushed(1, nil)
+	h.sent(1, nil)
+	h.wantReleased(TxDone, nil) // every pin dropped: the handle's too
+
+	d, _ := newTxHarness(t, txOpts{})
+	d.start(32, time.Minute)
+	d.step(TxCancel{})
+	late := testChunk(0, 32, true, 1)
+	late.Pinned = true
+	if effs := d.step(late); d.s.Chunks() != 0 || hasEffect[Unpin](effs) || hasEffect[Pin](effs) {
+		t.Fatalf("a pinned chunk after the outcome: chunks %d, effects %s; want it not taken, its pins left alone", d.s.Chunks(), fmtEffects(effs))
+	}
+}

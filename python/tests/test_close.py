@@ -23,47 +23,6 @@ from kvxfer.connector import KvxferWorkerConnector
 from conftest import small_config, unique, wait_until
 
 
-def test_close_that_times_out_keeps_the_memory_alive():
-    """The generation engine closes while a transfer into its memory is
-    half done (the writer's second chunk behind a fence not yet fired): the
-    close times out, and the array it was given stays referenced by the
-    module after the caller dropped every reference (peers may still write
-    into it), with a warning naming the engine and the bytes."""
-    before = kvxfer.handle_count()
-    ctx = kvxfer.Engine(small_config(unique("ctx")))
-    arr = np.zeros(1 << 20, np.uint8)
-    name = unique("gen")
-    gen = kvxfer.Engine(small_config(name), memory=arr)
-    ref = weakref.ref(arr)
-    src = ctx.alloc(0, 2)
-    for b in src:
-        ctypes.memset(ctx.block_address(0, b), 0x5A, ctx.groups[0].block_bytes)
-    rx = gen.receive("held", 32, ctx.instance)
-    tx = ctx.send("held", 32)
-    tx.chunk(0, 16, [(0, src[:1])], last=False, fenced=False)
-    wait_until(lambda: arr.any(), what="the first chunk's bytes in the generation engine's memory")
-    fence = tx.chunk(16, 32, [(1, src[1:])])  # fired only after the close
-    status = None
-    with pytest.warns(RuntimeWarning, match=r"engine '%s' \(handle \d+\) did not finish closing \(TIMEOUT\): "
-                                            r"its memory, 1048576 bytes, is kept alive" % name):
-        try:
-            gen.close(timeout_ms=50)
-        except KvxferError as e:
-            status = e.status
-    assert status == Status.TIMEOUT
-    assert gen.handle == 0
-    gen.close()  # closed: a no-op
-    del arr, gen, rx
-    gc.collect()
-    assert ref() is not None, "the memory of an engine whose close timed out was freed"
-    fence.ready()
-    assert tx.wait().outcome != Outcome.DONE
-    tx.release()
-    ctx.free(0, src)
-    ctx.close()
-    assert kvxfer.handle_count() == before
-
-
 def in_library_call(thread, method, call):
     """Waits (10 s deadline) until thread's innermost Python frame is
     method at the line that calls call: the thread is in the library (or

@@ -3,17 +3,22 @@ ZeroMQ control with CURVE, over shm and over ucx; every byte is verified on
 the generation side. A failed fence in the context process fails the
 request in both."""
 
+import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 
+import numpy as np
 import pytest
 
 import kvxfer
+from kvxfer import KvxferError, Status
 
-from conftest import unique
+from conftest import unique, wait_until
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twoproc_child.py")
 
@@ -161,3 +166,52 @@ def test_connector_receiving_on_shm_is_refused():
             KvxferWorkerConnector(cfg, role=role)
     w = KvxferWorkerConnector(cfg, role="producer")
     assert w.node
+
+
+def test_close_that_times_out_keeps_the_memory_alive():
+    """The generation node closes while a transfer into its memory is half
+    done and its writer cannot answer (the context process stopped, SIGSTOP,
+    after its first chunk landed): the close times out (the writer's Cancel
+    is never acked, and nothing proves its writes over), and the array the
+    node was given stays referenced by the module after the caller dropped
+    every reference (the writer may still write into it), with a warning
+    naming the node and the bytes. (A writer whose op only waits for its
+    fence no longer holds a close: it answers the Cancel at once.)"""
+    (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
+    ctx_name, gen_name = unique("hold-ctx"), unique("hold-gen")
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
+        common = {"model": "Llama-3.1-8B", "tokens_per_block": 16, "pool_bytes": 64 << 20, "backend": "ucx", "workers": 2,
+                  "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+        ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
+                       peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
+        gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
+                       peers=[{"instance": ctx_name, "endpoint": ctx_ep, "public_key": ctx_pub}])
+        job = {"role": "ctx", "config": ctx_cfg, "prompt": 64, "chunk": 32, "request": "held", "hold": True, "want": "DONE"}
+        child = subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            arr = np.zeros(64 << 20, np.uint8)
+            ref = weakref.ref(arr)
+            gen = kvxfer.Node(gen_cfg, memory=arr)
+            gen.wait_peers(20000)
+            rx = gen.receive("held", 64, ctx_name)
+            assert json.loads(child.stdout.readline()) == {"held": True}
+            wait_until(lambda: arr.any(), what="the first chunk's bytes in the generation node's memory")
+            child.send_signal(signal.SIGSTOP)
+            status = None
+            with pytest.warns(RuntimeWarning, match=r"engine '%s' \(handle \d+\) did not finish closing \(TIMEOUT\): "
+                                                    r"its memory, 67108864 bytes, is kept alive" % gen_name):
+                try:
+                    gen.close(timeout_ms=50)
+                except KvxferError as e:
+                    status = e.status
+            assert status == Status.TIMEOUT
+            assert gen.handle == 0
+            gen.close()  # closed: a no-op
+            del arr, gen, rx
+            gc.collect()
+            assert ref() is not None, "the memory of a node whose close timed out was freed"
+        finally:
+            child.kill()
+            child.wait()

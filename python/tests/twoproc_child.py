@@ -206,6 +206,11 @@ def main():
                 f = tx.chunk(start, end, [(b0, src[b0:b1])])
                 if args.get("fail_fence") and end == prompt:
                     f.fail("injected: the last chunk's kernel failed")
+                elif args.get("hold") and start > 0:
+                    # Only the first chunk is written: say so and wait to be
+                    # stopped (SIGSTOP) and killed by the test.
+                    print(json.dumps({"held": True}), flush=True)
+                    time.sleep(600)
                 else:
                     f.ready()
             ev = tx.wait(30)

@@ -542,6 +542,9 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 			}
 			if ts.app != nil {
 				a := ts.app
+				if c.live(a.inc) {
+					a.sweep()
+				}
 				ts.appFinished = true
 				s.mail(ts.name, a.name(), s.hop(), e, func() { a.finished() })
 			}
@@ -792,6 +795,22 @@ type ctxApp struct {
 	// early holds the source blocks it freed before the session pinned
 	// them (FaultPinRefused); they are not freed again.
 	early map[blockKey]bool
+	// pending are the chunks Chunk pinned that have not reached the
+	// session (actors' pinLedger), by sequence number.
+	pending map[int][]kvcache.BlockRun
+	nextSeq int
+}
+
+// sweep is the shell's at Finish: the pins of chunks still on their way
+// to the session are released, before Done reaches the serving process.
+func (a *ctxApp) sweep() {
+	s, c := a.c.s, a.c
+	for seq, src := range a.pending {
+		delete(a.pending, seq)
+		if err := c.guard.UnpinRuns(src); err != nil {
+			s.failf("%s: unpinning a chunk that never reached its session: %v", a.name(), err)
+		}
+	}
 }
 
 // freedEarly reports whether some of ids of group g were freed early.
@@ -904,23 +923,87 @@ func (a *ctxApp) handChunk(i, j int) {
 	if !a.orderChunk(i, j, ch, src) {
 		return
 	}
-	msg := actors.TxChunk{Chunk: ch, Src: src}
 	ts := a.ts
-	s.mail(a.name(), ts.name, s.hop(), msg, func() {
-		if c.live(a.inc) && !ts.stop && !ts.s.State().Terminal() && !a.freed && s.chance(s.faults.pPinRefuse) {
-			a.freeOneEarly(src)
+	// TxHandle.Chunk pins the source blocks before it returns, all or
+	// nothing (actors.TxHandle.ChunkPayload). A serving process that freed
+	// one of them before handing the chunk (FaultPinRefused: its own bug)
+	// is refused, nothing is handed over, and it cancels the request.
+	if !a.freed && s.chance(s.faults.pPinRefuse) {
+		a.freeOneEarly(src)
+	}
+	if err := c.guard.PinRuns(src); err != nil {
+		if !a.freedEarlyIn(src) {
+			s.failf("%s: Chunk's pin of source blocks the serving process holds refused: %v", a.name(), err)
+			return
 		}
+		s.fired(FaultPinRefused)
+		a.refused = true
+		s.sendTx(a.name(), ts, actors.TxCancel{})
+		return
+	}
+	if s.chance(s.faults.pPinRefuse) {
+		a.freeAfterChunk(src)
+	}
+	msg := actors.TxChunk{Chunk: ch, Src: src, Pinned: true}
+	// The handle's pin ledger: the session's Finish releases the pins of
+	// chunks still on their way (sweep), which are then dropped unstepped.
+	a.nextSeq++
+	seq := a.nextSeq
+	if a.pending == nil {
+		a.pending = map[int][]kvcache.BlockRun{}
+	}
+	a.pending[seq] = src
+	s.mail(a.name(), ts.name, s.hop(), msg, func() {
+		if _, ok := a.pending[seq]; !ok {
+			return // swept at Finish: its pins are gone
+		}
+		delete(a.pending, seq)
 		ts.cur = handedPart{chunk: i, layers: ch.Layers}
 		if !ch.Layers.Whole() {
 			s.res.Parts++
 		}
+		taken := ts.s.Chunks()
 		s.stepTx(ts, msg)
+		if s.fail == nil && c.live(a.inc) && ts.s.Chunks() == taken {
+			// Not taken (the outcome decided, the session stopped): the
+			// shell releases the pins Chunk took.
+			if err := c.guard.UnpinRuns(src); err != nil {
+				s.failf("%s: unpinning a chunk the session did not take: %v", ts.name, err)
+			}
+		}
 	})
 }
 
+// freedEarlyIn reports whether some block of src was freed early.
+func (a *ctxApp) freedEarlyIn(src []kvcache.BlockRun) bool {
+	for g, run := range src {
+		if a.freedEarly(g, run.IDs) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeAfterChunk is a serving process that frees a source block after
+// Chunk returned, before Done (too early): the pool must refuse, the
+// block being pinned since Chunk returned.
+func (a *ctxApp) freeAfterChunk(src []kvcache.BlockRun) {
+	s, c := a.c.s, a.c
+	for g, run := range src {
+		if len(run.IDs) == 0 {
+			continue
+		}
+		blocks := make([][]kvcache.BlockID, len(c.pools))
+		blocks[g] = []kvcache.BlockID{run.IDs[s.r.IntN(len(run.IDs))]}
+		if err := c.guard.Free(blocks); !errors.Is(err, kvcache.ErrBlockPinned) {
+			s.failf("%s: a Free of source block %v of group %d after Chunk returned: %v, want it refused (pinned)", a.name(), blocks[g], g, err)
+		}
+		return
+	}
+}
+
 // freeOneEarly is a serving process that frees one of a chunk's source
-// blocks after TxHandle.Chunk checked them and before the session pins
-// them: the pool refuses the Pin.
+// blocks before it hands the chunk over: Chunk's pin is refused.
 func (a *ctxApp) freeOneEarly(src []kvcache.BlockRun) {
 	s, c := a.c.s, a.c
 	for g, run := range src {

@@ -82,9 +82,11 @@ const (
 	// while (send queue full, peer not connected yet); a refused
 	// RequestData is re-sent with backoff.
 	FaultControlRefused
-	// FaultPinRefused: the serving process frees a source block between
-	// TxHandle.Chunk's check and the session's Pin, which the pool refuses
-	// (TxPinFailed).
+	// FaultPinRefused: the serving process frees a source block before it
+	// hands the block's chunk (its own bug): TxHandle.Chunk's pin is
+	// refused, nothing is handed over, and it cancels the request. (It
+	// also tries to free a block after Chunk returned: the pool must
+	// refuse, the block being pinned from then on.)
 	FaultPinRefused
 	// FaultQuarantine: a generation rank quarantined the blocks of a
 	// request that failed while a writer had given no proof of its end
