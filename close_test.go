@@ -2,6 +2,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -160,6 +161,35 @@ func TestBlockAfterClose(t *testing.T) {
 	}
 	if b := e.Block(0, 0); b != nil {
 		t.Fatalf("Block after Close: %d bytes of an unmapped pool", len(b))
+	}
+}
+
+// TestBlockAndAllocAfterCloseOfASmallPool: a pool under the size from
+// which it is mapped is Go memory, which Close does not unmap; Block is
+// nil after Close all the same, as documented, and Pools().Alloc fails
+// with ErrClosed. (Checked to fail: with Region.Close marking only the
+// regions it unmaps, Block returned the block; without Pools.Close, Alloc
+// handed out blocks of a closed engine.)
+func TestBlockAndAllocAfterCloseOfASmallPool(t *testing.T) {
+	e := startPool(t, 1<<20)
+	if b := e.Block(0, 0); len(b) == 0 {
+		t.Fatal("Block(0, 0) of a live engine is empty")
+	}
+	one := make([]int, e.Pools().Groups())
+	for g := range one {
+		one[g] = 1
+	}
+	if _, err := e.Pools().Alloc(one); err != nil {
+		t.Fatalf("Alloc of a live engine: %v", err)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b := e.Block(0, 0); b != nil {
+		t.Fatalf("Block after Close: %d bytes, want nil", len(b))
+	}
+	if ids, err := e.Pools().Alloc(one); !errors.Is(err, actors.ErrClosed) {
+		t.Fatalf("Alloc after Close: %v %v, want ErrClosed", ids, err)
 	}
 }
 

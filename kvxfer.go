@@ -182,7 +182,8 @@ func (e *Engine) Layout() kvcache.Layout { return e.cfg.layout }
 func (e *Engine) Shape() kvcache.Shape { return e.cfg.shape }
 
 // Pools is the engine's block pools: the serving process allocates source
-// blocks from them and frees READY destination blocks into them.
+// blocks from them and frees READY destination blocks into them. Once
+// Close has run, Alloc fails with ErrClosed.
 func (e *Engine) Pools() *actors.Pools { return e.pools }
 
 // Block is the memory of block id of layer group g in the engine's pool
@@ -859,6 +860,9 @@ func (e *Engine) Close(ctx context.Context) error {
 
 func (e *Engine) close(ctx context.Context) error {
 	err := e.inner.Close(ctx)
+	// No allocation after Close: the pool may be unmapped below, or by
+	// the region's owner (a node) after this returns.
+	e.pools.Close()
 	if e.metricsSrv != nil {
 		// Scrapes may watch the drain until here.
 		if merr := e.metricsSrv.Close(ctx); merr != nil && err == nil {

@@ -60,6 +60,8 @@ type poolSet struct {
 	// quarantined (a request failed without proof): only that view
 	// releases them (made at the group's first).
 	sessQ []map[kvcache.BlockID]bool
+	// closed: the engine closed (Close); Alloc refuses with ErrClosed.
+	closed bool
 }
 
 // lend is a caller's allocated blocks lent to one receive
@@ -509,7 +511,7 @@ func (p *Pools) Geometry(g int) kvcache.PoolGeometry {
 
 // Alloc allocates counts[g] blocks in every group, all or nothing: the
 // caller's (allocated), or in the sessions' view a live receive's
-// (receiving).
+// (receiving). After Close it fails with ErrClosed.
 func (p *Pools) Alloc(counts []int) ([][]kvcache.BlockID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -517,6 +519,9 @@ func (p *Pools) Alloc(counts []int) ([][]kvcache.BlockID, error) {
 }
 
 func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
+	if p.closed {
+		return nil, fmt.Errorf("%w: no blocks are allocated once the engine is closed", ErrClosed)
+	}
 	if len(counts) != len(p.pools) {
 		return nil, fmt.Errorf("%w: %d group counts for %d groups", kvcache.ErrBadPlan, len(counts), len(p.pools))
 	}
@@ -579,6 +584,16 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 		}
 		p.cond.Wait()
 	}
+}
+
+// Close refuses every later Alloc (ErrClosed, which wakes an AllocWait
+// too): the engine closed, and its pool memory may be gone. Frees still
+// work. Idempotent.
+func (p *Pools) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
 }
 
 // Held checks that every id of group g is held by its owner (allocated,

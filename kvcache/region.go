@@ -40,8 +40,9 @@ type Region struct {
 
 	buf     []byte       // the memory backing a host region (keeps it alive)
 	release func() error // unmaps memory this package mapped; nil otherwise
-	// closed is set by Close before it unmaps: Bytes, which may run on
-	// other goroutines (Engine.Block), returns nil from then on.
+	// closed is set by Close or MarkClosed before the memory goes: Bytes,
+	// which may run on other goroutines (Engine.Block), returns nil from
+	// then on.
 	closed atomic.Bool
 }
 
@@ -64,18 +65,26 @@ func NewHostRegion(n uint64) (*Region, error) {
 }
 
 // Close releases memory the region allocated itself (large host regions are
-// mapped directly); for other regions it does nothing. The region must not
-// be used afterwards, and nothing may still write into it: its owner (an
-// engine) closes it only after every writer is quiescent. Idempotent.
+// mapped directly) and marks every region closed (MarkClosed): Bytes is nil
+// from then on. The region must not be used afterwards, and nothing may
+// still write into it: its owner (an engine) closes it only after every
+// writer is quiescent. Idempotent.
 func (r *Region) Close() error {
+	r.MarkClosed()
 	if r.release == nil {
 		return nil
 	}
 	f := r.release
 	r.release = nil
-	r.closed.Store(true)
 	return f()
 }
+
+// MarkClosed withdraws the region's bytes without releasing anything:
+// Bytes returns nil from then on. The owner of memory the region only
+// wraps (a shared-memory file, a UCX allocation) calls it before it frees
+// that memory, so that accessors over the region (Engine.Block) stop
+// handing out slices of memory about to be unmapped. Idempotent.
+func (r *Region) MarkClosed() { r.closed.Store(true) }
 
 // ExternalHostRegion wraps host memory allocated elsewhere (a serving
 // framework, a pinned-memory allocator, a shared-memory mapping). The caller

@@ -64,6 +64,9 @@ type Node struct {
 	pool    io.Closer // the pool memory's closer (nil: the engine's own)
 	backend string
 	peers   []Peer
+	// region is the pool memory the node gave the engine (nil: the
+	// engine's own): Close marks it closed before the memory can go.
+	region *kvcache.Region
 
 	stop      chan struct{} // closed by Close: stops watch
 	watch     sync.WaitGroup
@@ -236,6 +239,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: %s: %w", self, err)
 	}
 	n.eng = eng
+	n.region = region
 	engp.Store(eng)
 	if a := eng.MetricsAddr(); a != "" {
 		n.log.Info().Str("url", "http://"+a+"/metrics").Msg("metrics")
@@ -775,6 +779,13 @@ func (n *Node) Close(ctx context.Context) error {
 			err = errors.Join(err, n.link.Close())
 		}
 		n.closePids()
+		if n.region != nil {
+			// Before the agent closes (a ucx agent frees the memory it
+			// allocated) and the pool's closer unmaps it: Engine.Block
+			// and BlockTensor return nil from here on, never a slice of
+			// memory that is going.
+			n.region.MarkClosed()
+		}
 		if err == nil {
 			err = n.closeData()
 		} else {
