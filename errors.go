@@ -37,8 +37,26 @@ var (
 	ErrTimeout = actors.ErrTimeout
 	// ErrCancelled: the request was cancelled on this side.
 	ErrCancelled = actors.ErrCancelled
-	// ErrPeerCancelled: the peer cancelled the request.
+	// ErrPeerCancelled: the peer cancelled the request (on the generation
+	// side, a context rank's CANCELLED Result: the outcome is
+	// StatusCancelled).
 	ErrPeerCancelled = actors.ErrPeerCancelled
+	// ErrPeerFailed: a peer failed the request (on the generation side, a
+	// context rank's FAILED Result, its reason in the message), or the
+	// data plane failed a write to the peer (on the context side).
+	ErrPeerFailed = actors.ErrPeerFailed
+	// ErrFence: a chunk's Fence reported an error (or panicked in
+	// OnReady): its KV may not be written, and the request fails.
+	ErrFence = actors.ErrFence
+	// ErrClosed: the engine is closed. Send, Receive and Pools().Alloc
+	// after Close are refused with it, and the requests Close cancelled
+	// end with it.
+	ErrClosed = actors.ErrClosed
+	// ErrUndrained: Close could not drain every request by its ctx's end,
+	// or a receive keeps its destination blocks quarantined (its writers
+	// suspected, with no proof that their writes are over); the error
+	// names the requests. The pool memory stays mapped.
+	ErrUndrained = actors.ErrUndrained
 	// ErrMismatch: the two sides disagree about the request (prompt
 	// length, bytes written against bytes planned, layout) or about the
 	// protocol (a writer's Result that fails validation, such as a status

@@ -298,14 +298,15 @@ func TestMetrics_Failures(t *testing.T) {
 		})
 	}
 	// The context side cancels: its failure is "cancelled", the
-	// generation side's is the writer's CANCELLED result.
+	// generation side's is the writer's CANCELLED result,
+	// "peer_cancelled".
 	f := begin(t, c, l, "c1", 100, 32)
 	ready()
 	f.tx.Cancel()
 	f.fire()
 	tx, rx := f.wait(t)
-	if tx.Status != kvxfer.StatusCancelled || rx.Status != kvxfer.StatusCancelled {
-		t.Fatalf("outcomes %s %v / %s %v", tx.Status, tx.Err, rx.Status, rx.Err)
+	if tx.Status != kvxfer.StatusCancelled || rx.Status != kvxfer.StatusCancelled || !errors.Is(rx.Err, kvxfer.ErrPeerCancelled) {
+		t.Fatalf("outcomes %s %v / %s %v, want both CANCELLED, the generation side's ErrPeerCancelled", tx.Status, tx.Err, rx.Status, rx.Err)
 	}
 	// The generation side cancels: "cancelled" there, "peer_cancelled" on
 	// the context side.
@@ -346,7 +347,7 @@ func TestMetrics_Failures(t *testing.T) {
 		{"tx cancelled", c1.get(t, "kvxfer_failures_total", "side", "tx", "reason", "cancelled") - c0.get(t, "kvxfer_failures_total", "side", "tx", "reason", "cancelled"), 1},
 		{"tx peer_cancelled", c1.get(t, "kvxfer_failures_total", "side", "tx", "reason", "peer_cancelled") - c0.get(t, "kvxfer_failures_total", "side", "tx", "reason", "peer_cancelled"), 1},
 		{"rx cancelled", g1.get(t, "kvxfer_failures_total", "side", "rx", "reason", "cancelled") - g0.get(t, "kvxfer_failures_total", "side", "rx", "reason", "cancelled"), 1},
-		{"rx peer_failed", g1.get(t, "kvxfer_failures_total", "side", "rx", "reason", "peer_failed") - g0.get(t, "kvxfer_failures_total", "side", "rx", "reason", "peer_failed"), 1},
+		{"rx peer_cancelled", g1.get(t, "kvxfer_failures_total", "side", "rx", "reason", "peer_cancelled") - g0.get(t, "kvxfer_failures_total", "side", "rx", "reason", "peer_cancelled"), 1},
 		{"tx failures", c1.sum("kvxfer_failures_total") - c0.sum("kvxfer_failures_total"), 2},
 		{"rx failures", g1.sum("kvxfer_failures_total") - g0.sum("kvxfer_failures_total"), 2},
 		{"tx CANCELLED durations", c1.get(t, "kvxfer_transfer_duration_seconds_count", "side", "tx", "outcome", "CANCELLED"), 2},

@@ -380,11 +380,13 @@ func (s *RxSession) onFrame(m RxFrame) {
 			return
 		}
 		s.writers[m.Writer] = writerStopped
-		st := RxFailed
+		// A CANCELLED Result is the peer's cancel (ErrPeerCancelled, as on
+		// the context side), a FAILED one its failure (ErrPeerFailed).
+		st, cause := RxFailed, ErrPeerFailed
 		if f.Status == messages.StatusCancelled {
-			st = RxCancelled
+			st, cause = RxCancelled, ErrPeerCancelled
 		}
-		s.terminal(st, fmt.Errorf("%w: request %s writer %s: %s: %s", ErrPeerFailed, s.cfg.Request, f.From, f.Status, f.Error))
+		s.terminal(st, fmt.Errorf("%w: request %s writer %s: %s: %s", cause, s.cfg.Request, f.From, f.Status, f.Error))
 	case *messages.CancelAck:
 		s.writers[m.Writer] = writerStopped
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: writer %s acknowledged a cancel", ErrPeerCancelled, s.cfg.Request, f.From))

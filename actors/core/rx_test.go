@@ -612,3 +612,29 @@ func TestRx_ReadyKeepsTheOnlyPayload(t *testing.T) {
 		})
 	}
 }
+
+// TestRx_ResultStatusNamesItsSentinel: a writer's CANCELLED Result ends
+// the request CANCELLED with an error wrapping ErrPeerCancelled (the
+// peer cancelled it), a FAILED one FAILED with ErrPeerFailed; each names
+// the writer and the status. (Checked to fail: before, a CANCELLED Result
+// wrapped ErrPeerFailed only.)
+func TestRx_ResultStatusNamesItsSentinel(t *testing.T) {
+	for _, tc := range []struct {
+		status      messages.Status
+		state       RxState
+		want, other error
+	}{
+		{messages.StatusCancelled, RxCancelled, ErrPeerCancelled, ErrPeerFailed},
+		{messages.StatusFailed, RxFailed, ErrPeerFailed, ErrPeerCancelled},
+	} {
+		h := newRxHarness(t, 1, 0)
+		h.step(RxBegin{})
+		h.result(0, tc.status, 0)
+		h.wantState(tc.state)
+		err := h.s.Err()
+		if !errors.Is(err, tc.want) || errors.Is(err, tc.other) ||
+			!strings.Contains(err.Error(), ctxPeer(0).String()) || !strings.Contains(err.Error(), tc.status.String()) {
+			t.Fatalf("%s Result: %v, want %v (not %v) naming %s and %s", tc.status, err, tc.want, tc.other, ctxPeer(0), tc.status)
+		}
+	}
+}
