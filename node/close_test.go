@@ -3,8 +3,11 @@ package node_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -42,5 +45,45 @@ func TestBlockAfterNodeClose(t *testing.T) {
 				t.Fatalf("Alloc after Close: %v, want ErrClosed", err)
 			}
 		})
+	}
+}
+
+// TestWaitPeersAfterClose: WaitPeers after Close returns at once, with a
+// background context too, an error wrapping kvxfer.ErrClosed; so does a
+// wait started beside Close (under way when Close begins, or not yet).
+// Before, it waited out its context and then blamed the silent peer
+// (ErrPeerSilent), or with a background context never returned. (Checked
+// to fail: without the closing checks, the first wait ends at its
+// deadline with ErrPeerSilent.)
+func TestWaitPeersAfterClose(t *testing.T) {
+	_, gc := pair(t, shm.Backend) // no ctx node runs: its peer stays silent
+	n, err := node.Open(context.Background(), gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	wctx, cancel := context.WithTimeout(context.Background(), 4*beat)
+	defer cancel()
+	go func() { waiting <- n.WaitPeers(wctx) }()
+	if err := n.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, kvxfer.ErrClosed) {
+			t.Fatalf("WaitPeers beside Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(patience):
+		t.Fatal("WaitPeers beside Close did not return")
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.WaitPeers(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, kvxfer.ErrClosed) || !strings.Contains(err.Error(), "gen/0") {
+			t.Fatalf("WaitPeers after Close: %v, want ErrClosed naming gen/0", err)
+		}
+	case <-time.After(patience):
+		t.Fatal("WaitPeers after Close with a background context did not return")
 	}
 }

@@ -536,7 +536,13 @@ func (n *Node) Backend() string { return n.backend }
 // endpoint; or our connection to it is up and it has not connected back),
 // while the wait goes on: a peer may be started after this one, but a user
 // who forgot it hears so in seconds, not at the deadline.
+//
+// Once Close has begun, WaitPeers returns at once (and a wait under way
+// returns) an error wrapping kvxfer.ErrClosed.
 func (n *Node) WaitPeers(ctx context.Context) error {
+	if n.closing.Load() {
+		return n.closedErr()
+	}
 	if n.link == nil || len(n.peers) == 0 {
 		return nil
 	}
@@ -659,6 +665,8 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 		}
 		select {
+		case <-n.stop:
+			return n.closedErr()
 		case <-ctx.Done():
 			ask := ""
 			if unexplained {
@@ -669,6 +677,12 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// closedErr is WaitPeers' error once Close has begun: no peer can say
+// Hello to a closed node.
+func (n *Node) closedErr() error {
+	return fmt.Errorf("%w: node %s: WaitPeers after Close: it waits for no peer any more", kvxfer.ErrClosed, n.cfg.self())
 }
 
 // awaitOurHello returns once this node's connection to peer is up (its
