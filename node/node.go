@@ -447,19 +447,20 @@ func (n *Node) logListening() {
 }
 
 // watchPeers logs, once per peer, when its Hello arrives: that it is
-// there, or that it serves another model (naming both), so that a
+// there, or that it serves another model (naming both) or runs as another
+// parallelism or rank than the config gives it (naming both), so that a
 // deployment mistake shows at startup rather than as failed requests.
 func (n *Node) watchPeers() {
 	defer n.watch.Done()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	left := make(map[messages.PeerID]bool, len(n.peers))
+	left := make(map[messages.PeerID]Peer, len(n.peers))
 	for _, p := range n.static() {
-		left[p.id()] = true
+		left[p.id()] = p
 	}
 	otherVersion := map[messages.PeerID]bool{}
 	for len(left) > 0 {
-		for id := range left {
+		for id, p := range left {
 			h, err := n.link.Hello(id)
 			var pv *zmq.PeerVersionError
 			if errors.As(err, &pv) && !otherVersion[id] {
@@ -473,6 +474,8 @@ func (n *Node) watchPeers() {
 			delete(left, id)
 			if err := n.eng.CheckPeer(h); err != nil {
 				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+			} else if err := checkPeerPlace(p, h); err != nil {
+				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer runs another parallelism or rank than this node's config gives it: every request with it will fail")
 			} else {
 				n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
 			}
@@ -483,6 +486,32 @@ func (n *Node) watchPeers() {
 		case <-t.C:
 		}
 	}
+}
+
+// checkPeer compares peer p's Hello h with this node: the engine's
+// CheckPeer (layout, backend), then p's place (checkPeerPlace).
+func (n *Node) checkPeer(p Peer, h *messages.Hello) error {
+	if err := n.eng.CheckPeer(h); err != nil {
+		return err
+	}
+	return checkPeerPlace(p, h)
+}
+
+// checkPeerPlace compares the parallelism and rank a peer's Hello says it
+// runs as with those this node's config gives it (a peer's parallelism
+// defaults to 1×1): an error wrapping kvxfer.ErrMismatch names the peer
+// and both, since every request with it would be planned for another head
+// and layer split and fail only at its deadline or its Result. A Hello
+// without a parallelism (a peer that predates it) is not checked.
+func checkPeerPlace(p Peer, h *messages.Hello) error {
+	want := p.Parallel.orOne()
+	if h.Parallel == (messages.Parallel{}) ||
+		h.Parallel.TP == int32(want.TP) && h.Parallel.PP == int32(want.PP) && h.TP == int32(p.Rank.TP) && h.PP == int32(p.Rank.PP) {
+		return nil
+	}
+	return fmt.Errorf("%w: peer %s runs as rank tp%d/pp%d of TP%d/PP%d, this node's config gives it rank tp%d/pp%d of TP%d/PP%d: "+
+		"make the peer's \"parallel\" and \"rank\" here what it runs as (or start it as configured here)",
+		kvxfer.ErrMismatch, h.From, h.TP, h.PP, h.Parallel.TP, h.Parallel.PP, p.Rank.TP, p.Rank.PP, want.TP, want.PP)
 }
 
 // static are the peers given with an endpoint (the others etcd finds).
@@ -522,9 +551,11 @@ func (n *Node) PublicKey() string {
 func (n *Node) Backend() string { return n.backend }
 
 // WaitPeers waits until every configured peer said Hello and checks that
-// each serves this node's layout. It returns early, naming the peer, when
-// a handshake failed (a wrong key, one side insecure: ErrHandshake), a
-// peer serves another model (an error naming both models) or its frames
+// each serves this node's layout as the parallelism and rank the config
+// gives it. It returns early, naming the peer, when a handshake failed (a
+// wrong key, one side insecure: ErrHandshake), a peer serves another
+// model (an error naming both models), runs as another parallelism or
+// rank (an error wrapping kvxfer.ErrMismatch naming both) or its frames
 // are of another control protocol version (an error wrapping
 // kvxfer.ErrMismatch and messages.ErrVersion); when ctx ends
 // first, an error wrapping ErrPeerSilent names the silent peers.
@@ -593,7 +624,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			h, err := n.link.Hello(id)
 			if err == nil {
-				if err := n.eng.CheckPeer(h); err != nil {
+				if err := n.checkPeer(p, h); err != nil {
 					n.awaitOurHello(ctx, id)
 					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
 				}

@@ -212,6 +212,38 @@ func TestModelMismatchNamedWithinThreeBeats(t *testing.T) {
 	})
 }
 
+// TestParallelismMismatchNamedWithinThreeBeats: gen's config lists ctx as
+// TP2 (ranks 0 and 1), but the process at rank 0 runs TP1. Its Hello says
+// so: WaitPeers returns ErrMismatch naming ctx/0 and both parallelisms
+// within 3 heartbeat intervals, and the log names them as the Hello
+// arrives. Before, nothing compared them: WaitPeers only said, at its
+// deadline, that ctx/1 was silent. (Checked to fail: without
+// checkPeerPlace the wait ends with ErrPeerSilent.)
+func TestParallelismMismatchNamedWithinThreeBeats(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	tp2 := node.Parallel{TP: 2, PP: 1}
+	p0 := gc.Peers[0]
+	p0.Parallel = tp2
+	p1 := p0
+	p1.Rank = node.Rank{TP: 1}
+	p1.Endpoint = strings.Replace(p0.Endpoint, "ctx.sock", "ctx1.sock", 1) // never started
+	gc.Peers = []node.Peer{p0, p1}
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	start := time.Now()
+	err := genN.WaitPeers(ctx)
+	want := "peer ctx/0 runs as rank tp0/pp0 of TP1/PP1, this node's config gives it rank tp0/pp0 of TP2/PP1"
+	if !errors.Is(err, kvxfer.ErrMismatch) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("WaitPeers after %v: %v, want ErrMismatch saying %q", time.Since(start), err, want)
+	}
+	within3Beats(t, "the log to name both parallelisms", func() bool {
+		return logs.Has("peer runs another parallelism or rank") && logs.Has(want)
+	})
+}
+
 // TestWrongPeerEndpointNamed: ctx names a wrong endpoint for gen (a typo),
 // while gen reaches ctx. gen's Hello arrives, so ctx hears from gen, but
 // ctx can send it nothing: its WaitPeers returns ErrPeerUnreachable naming
