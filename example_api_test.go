@@ -2,6 +2,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kvxfer/kvxfer"
@@ -55,6 +56,14 @@ func ExampleEngine_Send() {
 
 	src, _ := prefill.Pools().Alloc([]int{layout.BlocksFor(64)})
 	tx, _ := prefill.Send(context.Background(), kvxfer.SendRequest{ID: "r", PromptLen: 64, Payload: []byte("first token")})
+
+	// A chunk that is not the last must end on a block boundary: one
+	// that ends mid-block is refused, naming it; nothing is pinned, and
+	// the request goes on.
+	bad := kvcache.Chunk{Start: 0, End: 20, FirstBlock: 0}
+	err := tx.Chunk(bad, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}}, nil)
+	fmt.Println(errors.Is(err, kvxfer.ErrMisalignedChunk))
+
 	chunks, _ := kvcache.Chunks(64, 32, layout.TokensPerBlock)
 	for _, c := range chunks {
 		b0, b1 := c.Blocks(layout.TokensPerBlock)
@@ -62,9 +71,6 @@ func ExampleEngine_Send() {
 		_ = tx.Chunk(c, []kvcache.BlockRun{{First: b0, IDs: src[0][b0:b1]}}, fence)
 		fence.Fire(nil) // the chunk's KV is written
 	}
-	// A misaligned chunk is refused, naming it; nothing is pinned.
-	err := tx.Chunk(kvcache.Chunk{Start: 0, End: 20, FirstBlock: 0}, nil, nil)
-	fmt.Println(err != nil)
 
 	done := <-tx.Done()
 	fmt.Println(done.Status, done.Bytes)
