@@ -747,7 +747,7 @@ func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
 type ReceiveRequest struct {
 	ID        string
 	PromptLen int
-	// Context names the context instance and its parallelism.
+	// Context names the context instance (required) and its parallelism.
 	Context         string
 	ContextParallel kvcache.Parallel
 	// PrefixHitBlocks[g]: leading blocks of group g already held.
@@ -802,6 +802,11 @@ type RxHandle struct {
 func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if req.Context == "" {
+		// No writer to ask: the request could only wait out its timeout.
+		return nil, fmt.Errorf("%w: request %s: Context is empty: name the context instance whose ranks write its KV",
+			ErrBadRequest, req.ID)
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel

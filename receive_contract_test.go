@@ -548,3 +548,24 @@ func TestChunkPinsBeforeItReturns(t *testing.T) {
 		}
 	}
 }
+
+// TestReceiveWithoutContextRefused: a Receive that names no context
+// instance has no writer to ask; it is refused at once with ErrBadRequest
+// naming the request and the field, and holds no block. Before, it was
+// taken and waited out its whole timeout. (Checked to fail: without the
+// check Receive returned a handle.)
+func TestReceiveWithoutContextRefused(t *testing.T) {
+	e := startPool(t, 1<<20)
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	rx, err := e.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "nobody", PromptLen: 40, Timeout: time.Minute})
+	if rx != nil {
+		rx.Cancel()
+		<-rx.Done()
+	}
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "request nobody") || !strings.Contains(err.Error(), "Context is empty") {
+		t.Fatalf("Receive without Context: %v, want ErrBadRequest naming request nobody and Context", err)
+	}
+	if used := e.Pools().Used(); used != 0 {
+		t.Fatalf("%d blocks held by a refused Receive", used)
+	}
+}

@@ -562,6 +562,20 @@ func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 	}
 }
 
+// TestReceiveWithoutContextIsABadRequest: Node.Receive with an empty
+// Context is refused at once as the engine refuses it (ErrBadRequest
+// naming the field), not as a writer "/0" that is not among the peers.
+// (Checked to fail: without the node's hand-over to the engine the error
+// is ErrUnknownPeer.)
+func TestReceiveWithoutContextIsABadRequest(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	genN := open(t, gc)
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "nobody", PromptLen: 32})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "Context is empty") {
+		t.Fatalf("Receive without Context: %v, want ErrBadRequest naming Context", err)
+	}
+}
+
 // TestReceiveNamesUnknownAndSilentWriters: Node.Receive refuses at once a
 // request whose writer is not among the node's peers, naming it and the
 // peers there are; a request whose writer is configured but has not said

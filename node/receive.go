@@ -39,7 +39,7 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
 	writers, err := n.writersOf(req)
-	if err != nil { // the engine names a bad parallelism itself
+	if err != nil || req.Context == "" { // the engine names a bad parallelism, and an empty Context, itself
 		return n.eng.Receive(ctx, req)
 	}
 	var unknown, silent []Peer
