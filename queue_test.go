@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -120,6 +121,31 @@ func TestQueueTimeoutNamesWhy(t *testing.T) {
 	if o.Status != kvxfer.StatusTimedOut || o.Err == nil || !strings.Contains(o.Err.Error(), "quarantine full") ||
 		!strings.Contains(o.Err.Error(), "0 other requests still queued") {
 		t.Fatalf("a request that waited on a full quarantine ended %s: %v; want TIMED_OUT naming the quarantine bound", o.Status, o.Err)
+	}
+	if !errors.Is(o.Err, kvxfer.ErrTimeout) || !errors.Is(o.Err, actors.ErrQuarantineFull) || !errors.Is(o.Err, kvcache.ErrOutOfBlocks) {
+		t.Fatalf("a request that waited on a full quarantine: %v, want ErrTimeout wrapping ErrQuarantineFull (kvcache.ErrOutOfBlocks)", o.Err)
+	}
+}
+
+// TestQueueTimeoutWrapsOutOfBlocks: a Receive that waits for blocks of a
+// full pool and hits its deadline ends TIMED_OUT with an error wrapping
+// ErrTimeout and kvcache.ErrOutOfBlocks, naming the blocks it lacked.
+// Before, ErrOutOfBlocks was only in the text. (Checked to fail with the
+// queue's timeout wrapping ErrTimeout only.)
+func TestQueueTimeoutWrapsOutOfBlocks(t *testing.T) {
+	l := smallLayout()
+	c := metricsPair(t, l)
+	gen := c.gen[0]
+	held := holdFreeBlocks(t, gen)
+	t.Cleanup(func() { _ = gen.FreeBlocks(held) })
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "q", PromptLen: 64, Context: "ctx", Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	if o.Status != kvxfer.StatusTimedOut || !errors.Is(o.Err, kvxfer.ErrTimeout) || !errors.Is(o.Err, kvcache.ErrOutOfBlocks) ||
+		!strings.Contains(o.Err.Error(), "0 free") {
+		t.Fatalf("a request that waited on a full pool ended %s: %v; want TIMED_OUT wrapping ErrTimeout and kvcache.ErrOutOfBlocks", o.Status, o.Err)
 	}
 }
 

@@ -565,12 +565,16 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *rxQueueTimeout:
 		if q, ok := p.queue.Get(m.request); ok && q == m.q {
 			p.queue.Remove(m.request)
-			why := ""
+			// The error wraps why the queue waited (the pools'
+			// ErrOutOfBlocks, or ErrQuarantineFull, which wraps it) as
+			// well as ErrTimeout.
+			err := fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued): %w",
+				ErrTimeout, q.req.ID, p.queue.Len(), kvcache.ErrOutOfBlocks)
 			if p.waitErr != nil {
-				why = ": " + p.waitErr.Error()
+				err = fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited: %w)",
+					ErrTimeout, q.req.ID, p.queue.Len(), p.waitErr)
 			}
-			p.dropQueued(ctx, q, RxTimedOut, fmt.Errorf("%w: request %s waited for destination blocks (%d other requests still queued; the queue's head waited%s)",
-				ErrTimeout, q.req.ID, p.queue.Len(), why))
+			p.dropQueued(ctx, q, RxTimedOut, err)
 			// It may have been the head: those behind it may fit now.
 			p.drainQueue(ctx)
 		}
