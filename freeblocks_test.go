@@ -207,3 +207,30 @@ func TestFreeBlocksRefusesLentBlocks(t *testing.T) {
 	}
 	checkNoLeaks(t, c)
 }
+
+// TestFreeBlocksNeverHandedOut: FreeBlocks of a block the engine never
+// handed out says that the block is not allocated, naming the group and
+// the block (errors.Is: kvcache.ErrBlockFree, and kvcache.ErrDoubleFree as
+// before); freeing blocks twice still matches ErrDoubleFree. Before, both
+// read "double free". (Checked to fail with the old text.)
+func TestFreeBlocksNeverHandedOut(t *testing.T) {
+	e := startPool(t, 1<<20)
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	err := e.FreeBlocks([][]kvcache.BlockID{{50}})
+	if !errors.Is(err, kvcache.ErrBlockFree) || !errors.Is(err, kvcache.ErrDoubleFree) ||
+		!strings.Contains(err.Error(), "group 0") || !strings.Contains(err.Error(), "block 50 is not allocated") || strings.Contains(err.Error(), "double free") {
+		t.Fatalf("FreeBlocks of a block never handed out: %v, want ErrBlockFree saying block 50 of group 0 is not allocated", err)
+	}
+	one := make([]int, e.Pools().Groups())
+	one[0] = 1
+	b, err := e.Pools().Alloc(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.FreeBlocks(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.FreeBlocks(b); !errors.Is(err, kvcache.ErrDoubleFree) {
+		t.Fatalf("FreeBlocks twice: %v, want ErrDoubleFree", err)
+	}
+}

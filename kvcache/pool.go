@@ -12,7 +12,9 @@ var (
 	// ErrBadCount is returned for a negative block count.
 	ErrBadCount = errors.New("kvcache: bad block count")
 	// ErrBlockFree is returned when a block that is free (not allocated) is
-	// pinned.
+	// pinned or lent, or freed or quarantined as allocated (those errors
+	// wrap ErrDoubleFree too: the pool cannot tell a block never handed
+	// out from one freed already).
 	ErrBlockFree = errors.New("kvcache: block is free")
 	// ErrNotQuarantined is returned when ReleaseQuarantine names a block that
 	// is not quarantined.
@@ -210,7 +212,8 @@ func (p *Pool) alloc(op string, n int, to BlockState) ([]BlockID, error) {
 // Free returns allocated blocks to the free list. Every id must name an
 // allocated, unpinned block, and no id may appear twice; otherwise Free
 // changes nothing and returns an error wrapping ErrUnknownBlock (id out of
-// range), ErrDoubleFree (already free, or repeated in ids), ErrBlockPinned,
+// range), ErrDoubleFree (repeated in ids, or free: then ErrBlockFree too,
+// the text saying the block is not allocated), ErrBlockPinned,
 // ErrBlockQuarantined (use ReleaseQuarantine) or ErrBlockReceiving (a live
 // receive owns it).
 func (p *Pool) Free(ids ...BlockID) error {
@@ -332,9 +335,9 @@ func (p *Pool) Unpin(ids ...BlockID) error {
 // or read from them. They are not handed out again until ReleaseQuarantine,
 // which the caller may call only once it has proof of quiescence (DESIGN.md
 // §3). Free refuses quarantined blocks. Errors, with nothing changed:
-// ErrUnknownBlock (out of range), ErrDoubleFree (free, or an id repeated),
-// ErrBlockPinned, ErrBlockQuarantined (already quarantined),
-// ErrBlockReceiving.
+// ErrUnknownBlock (out of range), ErrDoubleFree (free: then ErrBlockFree
+// too; or an id repeated), ErrBlockPinned, ErrBlockQuarantined (already
+// quarantined), ErrBlockReceiving.
 func (p *Pool) Quarantine(ids ...BlockID) error {
 	if err := p.move("Quarantine", BlockAllocated, BlockQuarantined, ids); err != nil {
 		return err
@@ -413,9 +416,23 @@ func (p *Pool) moveError(op string, from BlockState, id BlockID, s BlockState, t
 		return fmt.Errorf("%w: %s: block %d listed twice", ErrDoubleFree, op, id)
 	case from == BlockReceiving && s != BlockFree:
 		return fmt.Errorf("%w: %s: block %d is %v", ErrNotReceiving, op, id, s)
+	case from == BlockAllocated && s == BlockFree && op != "Lend":
+		// Free or Quarantine of a free block: never handed out, or freed
+		// already; a "double free" only in the second case.
+		return alsoIs{fmt.Errorf("%w: %s: block %d is not allocated (it is free: never handed out, or freed already)",
+			ErrBlockFree, op, id), ErrDoubleFree}
 	}
 	return p.stateError(op, id, s)
 }
+
+// alsoIs is an error that errors.Is also matches with another sentinel,
+// which its text does not repeat.
+type alsoIs struct {
+	error
+	also error
+}
+
+func (e alsoIs) Unwrap() []error { return []error{e.error, e.also} }
 
 // State returns the state of block id, or an error wrapping ErrUnknownBlock.
 func (p *Pool) State(id BlockID) (BlockState, error) {
