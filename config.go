@@ -90,7 +90,7 @@ type Config struct {
 	// WriterLease by each frame of the peer and by Engine.PeerAlive (wire
 	// the control plane's heartbeats to it); a lapsed lease fails the
 	// requests to that peer and closes its endpoints. Liveness only: the
-	// receiver still quarantines until a proof. 0: off.
+	// receiver still quarantines until a proof. 0: off; < 0 is refused.
 	WriterLease time.Duration
 	// DrainGrace is how long in-doubt writes (a request past its deadline,
 	// a worker that crashed) may take to complete before their endpoint is
@@ -225,6 +225,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.DrainGrace < 0 {
 		return r, fmt.Errorf("%w: DrainGrace = %v, must be > 0", ErrConfig, r.DrainGrace)
+	}
+	if r.WriterLease < 0 {
+		return r, fmt.Errorf("%w: WriterLease = %v, must be ≥ 0 (0: off)", ErrConfig, r.WriterLease)
 	}
 	if r.Backend == "" {
 		r.Backend = DefaultBackend

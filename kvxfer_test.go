@@ -396,6 +396,7 @@ func TestConfigErrors(t *testing.T) {
 		{"model", kvxfer.Config{Model: "gpt-17"}, "gpt-17"},
 		{"none", kvxfer.Config{}, "neither Model nor Layout"},
 		{"rank", kvxfer.Config{Layout: &l, Rank: kvcache.Rank{TP: 3}}, "Rank"},
+		{"writer lease", kvxfer.Config{Layout: &l, WriterLease: -time.Second}, "WriterLease = -1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
