@@ -467,3 +467,41 @@ func TestUnfiredFenceHoldsOnlyTheSourcePages(t *testing.T) {
 		t.Fatalf("source blocks after the fence: %v", err)
 	}
 }
+
+// TestSendTimeoutNamesTheRefusedRequestData: a context rank refuses a
+// RequestData it cannot resolve (here: the generation side serves another
+// layout) and, the request not being bound to that instance, goes on
+// waiting (a frame from any peer cannot fail it). Its deadline's error
+// now names the refusal — it said only that the deadline passed — while
+// the generation side failed at once, naming both layouts.
+func TestSendTimeoutNamesTheRefusedRequestData(t *testing.T) {
+	l := smallLayout()
+	other := l
+	other.HeadDim *= 2
+	link := control.NewMemLink()
+	start := func(inst string, lay kvcache.Layout) *kvxfer.Engine {
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: tp1, Rank: tp1.RankAt(0),
+			Layout: &lay, PoolBytes: 4 << 20, Link: link, TransferTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close(context.Background()) })
+		return e
+	}
+	ce, ge := start("ctx", l), start("gen", other)
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "other-layout", PromptLen: 64, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "other-layout", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := waitOutcome(t, rx.Done()); o.OK {
+		t.Fatalf("generation side READY across two layouts")
+	}
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrTimeout) || !strings.Contains(o.Err.Error(), "refused") || !strings.Contains(o.Err.Error(), "gen/0") {
+		t.Fatalf("context side: %s %v, want its deadline's error naming gen/0's refused RequestData", o.Status, o.Err)
+	}
+}

@@ -473,6 +473,11 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if refuse {
 		// Nobody has claimed the request: this frame does not get to.
 		p.refuse(ctx, rd, rejectUnresolved, err)
+		if pid := p.sessions.pids[rd.RequestID]; pid != nil && err != nil {
+			// A session waits for it (Send, not bound to an instance):
+			// it keeps why, for its deadline's error.
+			ctx.Send(pid, TxRefused{From: rd.From, Why: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+		}
 		return
 	}
 	if err != nil {

@@ -66,6 +66,7 @@ type (
 	TxState         = core.TxState
 	TxSubmitted     = core.TxSubmitted
 	TxTimeout       = core.TxTimeout
+	TxRefused       = core.TxRefused
 	TxWorkerDead    = core.TxWorkerDead
 	Unpin           = core.Unpin
 	WatchFence      = core.WatchFence

@@ -210,6 +210,8 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "TxPeerGone", m
 	case actors.TxTimeout:
 		return "TxTimeout", m
+	case actors.TxRefused:
+		return "TxRefused", m
 	case actors.TxPanic:
 		return "TxPanic", txPanic{Err: errText(m.Err)}
 	case actors.RxBegin:
@@ -312,6 +314,8 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		out, err = decodeAs[actors.TxPeerGone](raw)
 	case "TxTimeout":
 		out, err = decodeAs[actors.TxTimeout](raw)
+	case "TxRefused":
+		out, err = decodeAs[actors.TxRefused](raw)
 	case "TxPanic":
 		var w txPanic
 		if err = unmarshal(raw, &w); err == nil {

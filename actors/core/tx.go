@@ -132,6 +132,17 @@ type (
 	}
 	// TxTimeout: a session timer fired.
 	TxTimeout struct{ Kind TimerKind }
+	// TxRefused: a generation rank's RequestData for this request was
+	// refused before it reached the session: it did not resolve (another
+	// layout, a place its Hello contradicts, …). A frame cannot fail a
+	// request not bound to its sender's instance (any peer could send
+	// one), so the session goes on; it keeps the first such reason for
+	// the error of its deadline, which would otherwise say only that the
+	// deadline passed.
+	TxRefused struct {
+		From messages.PeerID
+		Why  string
+	}
 	// TxPanic: the session's shell recovered a panic.
 	TxPanic struct{ Err error }
 )
@@ -210,9 +221,12 @@ type TxSession struct {
 	promptLn int
 	payload  []byte
 	deadline time.Time // TxStart's deadline (zero: none)
-	chunks   []chunkRec
-	streams  map[int]*stream
-	order    []int // stream peers in arrival order (deterministic iteration)
+	// refused is the first RequestData for this request that was refused
+	// unresolved (TxRefused), named for the deadline's error.
+	refused string
+	chunks  []chunkRec
+	streams map[int]*stream
+	order   []int // stream peers in arrival order (deterministic iteration)
 	// expected: the peers whose streams DONE waits for, from the first
 	// TxPeerRequest (expectedSet); a few, so a slice.
 	expected    []int
@@ -328,6 +342,10 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.onPeerGone(m, now)
 	case TxTimeout:
 		s.onTimeout(m, now)
+	case TxRefused:
+		if s.refused == "" {
+			s.refused = fmt.Sprintf("%s: %s", m.From, m.Why)
+		}
 	case TxPanic:
 		s.fail(TxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	default:
@@ -766,7 +784,11 @@ func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 // not change, but the deadline still bounds the physical drain: ops in
 // flight go IN_DOUBT and their endpoints are closed after the grace.
 func (s *TxSession) expire(now time.Time) {
-	s.fail(TxFailed, fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request))
+	err := fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request)
+	if s.refused != "" && len(s.order) == 0 {
+		err = fmt.Errorf("%w: request %s: no generation rank's RequestData resolved here; the one from %s was refused", ErrTimeout, s.cfg.Request, s.refused)
+	}
+	s.fail(TxFailed, err)
 	inDoubt := false
 	s.eachOp(func(r OpRef, o *op) {
 		if o.state == OpSubmitting || o.state == OpSubmitted {
