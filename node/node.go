@@ -834,6 +834,11 @@ func (n *Node) Close(ctx context.Context) error {
 		if err == nil {
 			err = n.closeData()
 		} else {
+			// The pool stays mapped: an agent that allocated it (ucx)
+			// must not unmap it as it closes.
+			if k, ok := n.agent.(interface{ KeepMemory() }); ok {
+				k.KeepMemory()
+			}
 			err = errors.Join(err, n.agent.Close())
 			// The pool stays mapped, but its name goes: peers that
 			// mapped it keep their mapping, and no file is left in

@@ -50,6 +50,8 @@ type Agent struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
+	// keep: Close leaves the memory the agent allocated mapped (KeepMemory).
+	keep atomic.Bool
 	closeErr  error
 
 	mu  sync.Mutex
@@ -232,6 +234,13 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	}
 	return c.ep, nil
 }
+
+// KeepMemory has Close leave the memory this agent allocated (Alloc)
+// mapped, and its UCX context alive, for the rest of the process. A node
+// whose close could not prove every peer's writes over calls it first: a
+// late write may still reach that memory (a peer on this host writes by
+// address over cma), which must then never be unmapped and reused.
+func (a *Agent) KeepMemory() { a.keep.Store(true) }
 
 // Close closes every endpoint, says goodbye to every linked peer and waits
 // for each to acknowledge (it then writes no more into this agent's

@@ -220,7 +220,7 @@ fail:
 	return st;
 }
 
-void kvx_close_worker(kvx_worker *w)
+static void close_worker(kvx_worker *w, int keep_ctx)
 {
 	if (w->addr != NULL) {
 		ucp_worker_release_address(w->worker, w->addr);
@@ -228,7 +228,7 @@ void kvx_close_worker(kvx_worker *w)
 	if (w->worker != NULL) {
 		ucp_worker_destroy(w->worker);
 	}
-	if (w->ctx != NULL) {
+	if (w->ctx != NULL && !keep_ctx) {
 		ucp_cleanup(w->ctx);
 	}
 	if (w->evfd >= 0) {
@@ -244,6 +244,10 @@ void kvx_close_worker(kvx_worker *w)
 	free(w->segs);
 	free(w);
 }
+
+void kvx_close_worker(kvx_worker *w) { close_worker(w, 0); }
+
+void kvx_close_worker_keep_ctx(kvx_worker *w) { close_worker(w, 1); }
 
 size_t kvx_poll(kvx_worker *w, unsigned max)
 {

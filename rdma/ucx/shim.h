@@ -72,6 +72,9 @@ typedef struct kvx_worker {
 // mods holds "NAME=VALUE" lines applied with ucp_config_modify.
 ucs_status_t kvx_open(kvx_worker **out, const char *mods, char *err, size_t errlen);
 void kvx_close_worker(kvx_worker *w);
+/* kvx_close_worker_keep_ctx destroys the worker but leaves the context, and
+ * the memory it mapped, alive for the rest of the process. */
+void kvx_close_worker_keep_ctx(kvx_worker *w);
 
 // kvx_poll progresses the worker until it reports nothing (at most max
 // rounds), then moves up to KVX_EVENTS events into w->out and returns how

@@ -594,13 +594,18 @@ func (w *worker) stepShutdown() {
 	}
 }
 
-// teardown unmaps every registration and destroys the worker and context.
+// teardown unmaps every registration and destroys the worker and context
+// — but for an agent told to keep its memory (Agent.KeepMemory): its
+// allocations stay mapped and its context alive, for good.
 func (w *worker) teardown() {
+	keep := w.a.keep.Load()
 	for _, r := range w.regs {
 		w.unmap(r)
 	}
 	for base, al := range w.allocs {
-		C.kvx_mem_unmap(w.c, al.memh)
+		if !keep {
+			C.kvx_mem_unmap(w.c, al.memh)
+		}
 		delete(w.allocs, base)
 	}
 	w.mu.Lock()
@@ -621,7 +626,11 @@ func (w *worker) teardown() {
 			r.call.reply(fmt.Errorf("%s: deregister: %w: the agent closed", w.a, rdma.ErrUnregistered))
 		}
 	}
-	C.kvx_close_worker(w.c)
+	if keep {
+		C.kvx_close_worker_keep_ctx(w.c)
+	} else {
+		C.kvx_close_worker(w.c)
+	}
 	w.c = nil
 	w.shutdown.reply(nil)
 }
