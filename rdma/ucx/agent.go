@@ -51,8 +51,8 @@ type Agent struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	// keep: Close leaves the memory the agent allocated mapped (KeepMemory).
-	keep atomic.Bool
-	closeErr  error
+	keep     atomic.Bool
+	closeErr error
 
 	mu  sync.Mutex
 	eps map[*endpoint]struct{}
