@@ -537,6 +537,11 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	// pool refuses to free them until Done. A refusal hands nothing over
 	// and changes nothing here: the caller may hand a corrected chunk.
 	if err := h.inner.ChunkPayload(c, src, fence, payload); err != nil {
+		if derr := h.Err(); derr != nil {
+			// The outcome was decided while the chunk was on its way in
+			// (its session had finished): as any chunk after it.
+			return fmt.Errorf("chunk %v not taken: %w", c, derr)
+		}
 		return err
 	}
 	if c.Last {

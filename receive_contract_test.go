@@ -531,12 +531,16 @@ func TestChunkPinsBeforeItReturns(t *testing.T) {
 			t.Fatal(err)
 		}
 		all := kvcache.Chunk{Start: 0, End: 64, Last: true}
-		if err := tx.Chunk(all, all.Runs(l.TokensPerBlock, src), nil); err != nil {
+		// The fence holds the transfer back, so that nothing of the
+		// request can end (and rightly unpin) before the Free below.
+		fence := &kvxfer.ManualFence{}
+		if err := tx.Chunk(all, all.Runs(l.TokensPerBlock, src), fence); err != nil {
 			t.Fatal(err)
 		}
 		if err := ce.Pools().Free(src); !errors.Is(err, kvcache.ErrBlockPinned) {
 			t.Fatalf("%s: Free right after Chunk: %v, want ErrBlockPinned (the blocks are the request's until Done)", id, err)
 		}
+		fence.Fire(nil)
 		if o := waitOutcome(t, rx.Done()); !o.OK {
 			t.Fatalf("%s: rx %s %v", id, o.Status, o.Err)
 		} else {

@@ -314,6 +314,10 @@ func (p *txParent) Receive(ctx actor.Context) {
 		// Send adopted it (the handle then went to a dead actor), this
 		// does (Handle.finish is once-only).
 		if h := p.handles[m.request]; h != nil {
+			// Done means every pin dropped: chunks the handle pinned that
+			// the session will never take are released first (its own
+			// Finish did, unless a Send adopted it after that).
+			p.env.sweepPins(m.request, &h.pins)
 			h.finish(m.outcome)
 		} else if m.outcome.Err != nil {
 			p.unsent.add(m.request, m.outcome)

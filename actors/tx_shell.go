@@ -100,13 +100,18 @@ func (k *txKind) stopped() {
 // sweep stops the handle's pin ledger and releases the pins of chunks
 // that have not reached the session: nothing of theirs was taken.
 func (k *txKind) sweep() {
-	if k.ledger == nil {
-		return
+	if k.ledger != nil {
+		k.env.sweepPins(k.request(), k.ledger)
 	}
-	for _, src := range k.ledger.stop() {
-		if err := k.env.pools.UnpinRuns(src); err != nil {
-			k.env.stats.PinErrors.Add(1)
-			k.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin a chunk that never reached its session")
+}
+
+// sweepPins stops l and releases the pins of the chunks it still holds
+// (they never reached their session, and none will be taken).
+func (env *shellEnv) sweepPins(request string, l *pinLedger) {
+	for _, src := range l.stop() {
+		if err := env.pools.UnpinRuns(src); err != nil {
+			env.stats.PinErrors.Add(1)
+			env.log.Error().Err(err).Str("request", request).Msg("unpin a chunk that never reached its session")
 		}
 	}
 }
@@ -135,23 +140,36 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 			// taken, and nothing of it is held.
 			return true
 		}
-		taken := k.s.Chunks()
+		if m.Pinned {
+			// A chunk the session does not take (the outcome decided, the
+			// payload refused, the session stopped) leaves the pins the
+			// handle took to this shell: released after the step, even
+			// when the step or one of its effects panics (its ledger
+			// record is consumed: no sweep would find it).
+			taken := k.s.Chunks()
+			defer func() {
+				if k.s.Chunks() == taken {
+					if err := a.env.pools.UnpinRuns(m.Src); err != nil {
+						a.env.stats.PinErrors.Add(1)
+						a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin a chunk the session did not take")
+					}
+				}
+			}()
+		}
 		// The fence must be in place while the effects run: WatchFence
 		// takes it.
 		k.fence = m.fence
 		a.exec(ctx, a.step(m.TxChunk, now), now)
 		k.fence = nil
-		if m.Pinned && k.s.Chunks() == taken {
-			// Not taken (the outcome was decided, the payload refused, the
-			// session stopped): the pins the handle took are released here.
-			if err := a.env.pools.UnpinRuns(m.Src); err != nil {
-				a.env.stats.PinErrors.Add(1)
-				a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin a chunk the session did not take")
-			}
-		}
 	case *txSetHandle:
 		a.handle = m.h
 		k.ledger = &m.h.pins
+		if k.s.Stopped() {
+			// Adopted after it finished (its Finish had no ledger to
+			// sweep): no chunk will be taken; the parent finishes the
+			// handle, sweeping too.
+			k.sweep()
+		}
 		eff := a.step(m.start, now)
 		if st := k.s.State(); st.Terminal() {
 			// Decided before Send adopted the session (a peer's frame or a

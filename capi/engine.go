@@ -184,15 +184,22 @@ func (e *Engine) Close(timeout time.Duration) error {
 	}
 	if err == nil {
 		// Every outcome is decided and each drained request's blocks
-		// released: each event is posted. Bounded all the same: a
-		// watcher still waiting when ctx ends posts what is ready and
-		// ends at e.stop below.
+		// released: each watcher posts its event at once. Bounded all the
+		// same (by the close's time left, and at least a second, so that
+		// a close with no time left still delivers what drained): a
+		// watcher that would wait for good ends at e.stop below.
+		wait := time.Second
+		if d, ok := ctx.Deadline(); ok && time.Until(d) > wait {
+			wait = time.Until(d)
+		}
 		posted := make(chan struct{})
 		go func() { e.watchers.Wait(); close(posted) }()
+		t := time.NewTimer(wait)
 		select {
 		case <-posted:
-		case <-ctx.Done():
+		case <-t.C:
 		}
+		t.Stop()
 	}
 	// The watchers of requests that did not drain would wait for good (the
 	// engine's actors are gone): they end now, posting nothing; one in the
@@ -501,7 +508,7 @@ func (e *Engine) adopt(r *Request, done <-chan kvxfer.Outcome, released <-chan s
 		case o = <-done:
 		case <-e.stop: // a close that did not drain: the outcome may never come
 			select {
-			case o = <-done: // it had come: the event is still posted
+			case o = <-done: // it had come: recorded (no event is posted after close)
 			default:
 				r.releaseEvents(fmt.Errorf("%w: engine %d closed", ErrEngineClosed, e.h))
 				return

@@ -604,7 +604,15 @@ func (s *TxSession) afterStop(msg any) {
 		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
 			return // a duplicate of a request already answered
 		}
-		s.rejectPeer(m, fmt.Errorf("%w: request %s already finished on the context side (%s)", ErrBadRequest, s.cfg.Request, s.state))
+		err := fmt.Errorf("%w: request %s already finished on the context side (%s)", ErrBadRequest, s.cfg.Request, s.state)
+		if s.state == TxCancelled {
+			// Cancelled here before this peer's RequestData came: the
+			// peer's request ends CANCELLED too, as a stream's would.
+			s.replyTo(m.From, m.Incarnation, &messages.Result{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self,
+				Status: messages.StatusCancelled, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+			return
+		}
+		s.rejectPeer(m, err)
 	case TxPeerCancel:
 		s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 	}

@@ -1372,10 +1372,11 @@ func TestTx_StoppedSessionAnswersLateFrames(t *testing.T) {
 	from := genPeer(1)
 	effs := h.s.Step(TxPeerRequest{Peer: 1, From: from, Epoch: 4, Route: h.route(1), Expected: []int{1}}, h.now)
 	if len(effs) != 1 {
-		t.Fatalf("effects %v, want one FAILED result", effs)
+		t.Fatalf("effects %v, want one CANCELLED result", effs)
 	}
-	if r, ok := effs[0].(SendFrame).Frame.(*messages.Result); !ok || r.Status != messages.StatusFailed || r.Epoch != 4 {
-		t.Fatalf("effect %v, want a FAILED result with epoch 4", effs[0])
+	// Cancelled here: the late peer's request ends CANCELLED too.
+	if r, ok := effs[0].(SendFrame).Frame.(*messages.Result); !ok || r.Status != messages.StatusCancelled || r.Epoch != 4 {
+		t.Fatalf("effect %v, want a CANCELLED result with epoch 4", effs[0])
 	}
 	effs = h.s.Step(TxPeerCancel{Peer: 1, From: from, Epoch: 4}, h.now)
 	if len(effs) != 1 {
@@ -1488,10 +1489,8 @@ func TestTx_PeerCancelBeforeItsRequestData(t *testing.T) {
 			if stopped != !withOther {
 				t.Fatalf("stopped %v with another peer streaming %v", stopped, withOther)
 			}
-			if stopped {
-				wantResult(t, effs, 1, messages.StatusFailed)
-			} else {
-				wantResult(t, effs, 1, messages.StatusCancelled)
+			wantResult(t, effs, 1, messages.StatusCancelled)
+			if !stopped {
 				h.sent(1, nil)
 				h.complete(2, 0, nil)
 				h.sent(2, nil)
