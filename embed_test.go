@@ -80,12 +80,13 @@ func TestCallerOwnedDestinationBlocks(t *testing.T) {
 }
 
 // TestCallerOwnedBlocksReleasedOnlyAfterQuiescence: after a failure the
-// framework's blocks are released only once the writer is quiescent (until
-// then another Receive into them is refused); a wrong count or an id
-// outside the pool is refused at once naming it.
+// framework's blocks are released only once the writer said it is
+// quiescent (until then another Receive into them is refused: here its
+// CancelAck is held back on the way); a wrong count or an id outside the
+// pool is refused at once naming it.
 func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
 	l := smallLayout()
-	c := startCluster(t, l, tp1, tp1, 2)
+	c, link := startPartClusterWith(t, l, func(string, *kvxfer.Config) {})
 	owned := ownedBlocks(c.gen[0], l, 64)
 	bad := [][]kvcache.BlockID{owned[0][:1], owned[1]}
 	if _, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "bad", PromptLen: 64, Context: "ctx", Blocks: bad}); err == nil {
@@ -99,8 +100,11 @@ func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The context side holds a chunk whose fence has not fired: its op is
-	// admitted, so the writer is not quiescent.
+	// The context side holds a chunk whose fence has not fired; the
+	// writer's answers to the generation side are held back, so nothing
+	// has told it the writer is quiescent.
+	waitUntil(t, "the RequestData at the context side", func() bool { return link.atCtx.Load() == 1 })
+	link.setCut(true)
 	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "fail", PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -120,15 +124,16 @@ func TestCallerOwnedBlocksReleasedOnlyAfterQuiescence(t *testing.T) {
 	}
 	select {
 	case <-rx.Released():
-		t.Fatal("released while the writer holds an unfired chunk")
+		t.Fatal("released before the writer said it is quiescent")
 	default:
 	}
 	if _, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "again", PromptLen: 64, Context: "ctx", Blocks: owned}); !errors.Is(err, kvcache.ErrBlockReceiving) {
 		t.Fatalf("a Receive into the framework's blocks before Released: %v, want ErrBlockReceiving", err)
 	}
+	link.setCut(false) // the writer's answer (its op never left) comes through
+	<-rx.Released()
 	fence.Fire(nil)
 	waitOutcome(t, tx.Done())
-	<-rx.Released() // the writer's CancelAck or Result arrives after its op settles
 	again, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "again", PromptLen: 64, Context: "ctx", Blocks: owned})
 	if err != nil {
 		t.Fatalf("a Receive into the framework's blocks after Released: %v", err)

@@ -745,7 +745,7 @@ func later(a, b time.Time) time.Time {
 // inDoubt reports the requests Close abandoned with destination blocks
 // quarantined (nil: none).
 func (e *Engine) inDoubt() error {
-	r, ferr := e.sys.Root.RequestFuture(e.rx, &listInDoubt{}, time.Second).Result()
+	r, ferr := e.sys.Root.RequestFuture(e.rx, &listInDoubt{}, answerTimeout).Result()
 	if ferr != nil {
 		return fmt.Errorf("%w: the generation side did not say whether blocks stay quarantined: %w", ErrUndrained, ferr)
 	}
