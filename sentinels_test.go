@@ -62,7 +62,47 @@ func TestOutcomesWrapTheExportedSentinels(t *testing.T) {
 	if !errors.Is(tx.Err, kvxfer.ErrFence) || !errors.Is(rx.Err, kvxfer.ErrPeerFailed) || rx.Status != kvxfer.StatusFailed {
 		t.Errorf("fence failed: context %s %v, want ErrFence; generation %s %v, want FAILED with ErrPeerFailed", tx.Status, tx.Err, rx.Status, rx.Err)
 	}
-	tx, rx = run("cancel", func(th *kvxfer.TxHandle, f *kvxfer.ManualFence) { th.Cancel(); f.Fire(nil) })
+	// Cancelled once its stream is open (an op of a first chunk posted),
+	// with a second chunk behind its fence: the generation side hears
+	// CANCELLED from the stream. (Cancelled before the RequestData came,
+	// the answer depends on whether the session was still there.)
+	{
+		rh, err := decode.Receive(ctx, kvxfer.ReceiveRequest{ID: "cancel", PromptLen: 40, Context: "prefill"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := prefill.Pools().Alloc([]int{l.BlocksFor(40)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		th, err := prefill.Send(ctx, kvxfer.SendRequest{ID: "cancel", PromptLen: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		posted := prefill.Stats().OpsPosted
+		first, last := kvcache.Chunk{Start: 0, End: 32}, kvcache.Chunk{Start: 32, End: 40, FirstBlock: 2, Last: true}
+		if err := th.Chunk(first, first.Runs(l.TokensPerBlock, src), nil); err != nil {
+			t.Fatal(err)
+		}
+		fence := &kvxfer.ManualFence{}
+		if err := th.Chunk(last, last.Runs(l.TokensPerBlock, src), fence); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for prefill.Stats().OpsPosted == posted {
+			if time.Now().After(deadline) {
+				t.Fatal("the first chunk's op was never posted")
+			}
+			time.Sleep(time.Millisecond) // poll with a deadline
+		}
+		th.Cancel()
+		rx = waitOutcome(t, rh.Done())
+		fence.Fire(nil)
+		tx = waitOutcome(t, th.Done())
+		if err := prefill.Pools().Free(src); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if rx.Status != kvxfer.StatusCancelled || !errors.Is(rx.Err, kvxfer.ErrPeerCancelled) {
 		t.Errorf("context side cancelled (its outcome %s %v): generation %s %v, want CANCELLED with ErrPeerCancelled", tx.Status, tx.Err, rx.Status, rx.Err)
 	}
