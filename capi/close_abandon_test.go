@@ -45,20 +45,16 @@ func TestCloseWithAbandonedReceives(t *testing.T) {
 		}
 	})
 	t.Run("suspected writer", func(t *testing.T) {
-		// Metrics on: waitTxPastInit reads the session gauges.
-		p, _, err := Open(`{"instance":"abandon-susp-p",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close(5 * time.Second) })
-		d := open(t, "abandon-susp-d")
+		// The writer's answers are held back: it cannot prove anything.
+		_, d, link := heldPair(t, "abandon-susp-p", "abandon-susp-d")
 		if _, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32,
 			Context: "abandon-susp-p"}}); err != nil {
 			t.Fatal(err)
 		}
-		waitTxPastInit(t, p)
+		link.waitRequestData(t, 1)
+		link.held.Store(true)
 		d.Inner().PeerDownBecause(messages.PeerID{Instance: "abandon-susp-p"}, "missed its heartbeats")
-		err = closeWithin(t, d, 5*time.Second)
+		err := closeWithin(t, d, 5*time.Second)
 		var ce *Error
 		if !errors.As(err, &ce) || ce.Code != ErrTimeout || !strings.Contains(err.Error(), "[r]") || !strings.Contains(err.Error(), "quarantined") {
 			t.Fatalf("close: %v, want KVXFER_ERR_TIMEOUT naming request r, its blocks quarantined", err)

@@ -129,19 +129,15 @@ func TestCloseCancelsWithErrClosed(t *testing.T) {
 }
 
 // TestTimedOutCloseEndsItsWatchers: a close that times out (a request
-// whose writer is past INIT cannot prove its quiescence in no time) leaves
-// no goroutine watching its requests, and nothing is delivered once it
-// returned.
+// whose writer got its RequestData and whose answers are held back — a
+// writer stopped or partitioned — cannot prove its quiescence in no time)
+// leaves no goroutine watching its requests, and nothing is delivered once
+// it returned.
 func TestTimedOutCloseEndsItsWatchers(t *testing.T) {
 	const watcher = "capi.(*Engine).adopt"
 	base := HandleCount()
-	// The sender serves metrics: waitTxPastInit reads its session gauges.
-	p, _, err := Open(`{"instance":"capi-undrained-p",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close(5 * time.Second) })
-	d := openClosed(t, "capi-undrained-d")
+	p, d, link := heldPair(t, "capi-undrained-p", "capi-undrained-d")
+	t.Cleanup(func() { _ = d.Close(5 * time.Second) })
 	delivered := make(chan Event, 4)
 	d.SetNotify(func(ev Event) { delivered <- ev })
 	if _, _, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "capi-undrained-p"}}); err != nil {
@@ -158,10 +154,11 @@ func TestTimedOutCloseEndsItsWatchers(t *testing.T) {
 	if _, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, true); err != nil { // never fired
 		t.Fatal(err)
 	}
-	waitTxPastInit(t, p)
+	link.waitRequestData(t, 1)
 	if n := goroutinesIn(watcher); n != 2 {
 		t.Fatalf("%d watchers for two requests", n)
 	}
+	link.held.Store(true)
 	if err := d.Close(0); Code(err) != ErrTimeout {
 		t.Fatalf("Close(0) with a request live: %v, want ErrTimeout", err)
 	}
