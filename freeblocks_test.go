@@ -124,7 +124,7 @@ func TestFreeBlocksRefusesLiveReceive(t *testing.T) {
 // again, allocated, never freed by kvxfer.
 func TestFreeBlocksRefusesLentBlocks(t *testing.T) {
 	l := smallLayout()
-	c := startCluster(t, l, tp1, tp1, 1)
+	c, link := startPartClusterWith(t, l, func(string, *kvxfer.Config) {})
 	gen := c.gen[0]
 	counts := make([]int, len(l.Groups))
 	for g, grp := range l.Groups {
@@ -164,11 +164,16 @@ func TestFreeBlocksRefusesLentBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A failure: refused until Released, then the framework's again.
+	// A failure: refused until Released, then the framework's again. The
+	// writer's answers are held back on the link: nothing has told this
+	// side it is quiescent.
+	before := link.atCtx.Load()
 	rx, err = gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "fail", PromptLen: 64, Context: "ctx", Blocks: owned})
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitUntil(t, "the RequestData at the context side", func() bool { return link.atCtx.Load() > before })
+	link.setCut(true)
 	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "fail", PromptLen: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +182,7 @@ func TestFreeBlocksRefusesLentBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := kvcache.Chunk{Start: 0, End: 64, Last: true}
-	fence := &kvxfer.ManualFence{} // holds the writer's op: not quiescent
+	fence := &kvxfer.ManualFence{}
 	if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fence); err != nil {
 		t.Fatal(err)
 	}
@@ -187,15 +192,16 @@ func TestFreeBlocksRefusesLentBlocks(t *testing.T) {
 	}
 	select {
 	case <-rx.Released():
-		t.Fatal("released while the writer holds an unfired chunk")
+		t.Fatal("released before the writer said it is quiescent")
 	default:
 	}
 	if err := gen.FreeBlocks(owned); !errors.Is(err, kvcache.ErrBlockReceiving) {
 		t.Fatalf("FreeBlocks of lent blocks before Released: %v, want ErrBlockReceiving", err)
 	}
+	link.setCut(false) // the writer's answer comes through
+	<-rx.Released()
 	fence.Fire(nil)
 	waitOutcome(t, tx.Done())
-	<-rx.Released()
 	if used := gen.Pools().Used(); used != n || receivingBlocks(gen) != 0 {
 		t.Fatalf("after Released: used %d (want the framework's %d, allocated), %+v", used, n, gen.Pools().Stats())
 	}
