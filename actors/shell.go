@@ -128,11 +128,21 @@ type Handle struct {
 // by its shell when the session does not take it, or, for a chunk that
 // never reached the session (the actor stopped first), when the session's
 // actor stops. Once stopped, no pin is taken.
+//
+// The session steps its chunks in the order the handle sent them (one
+// mailbox, sends under the handle's lock), so the records form a queue:
+// each consume takes the head.
 type pinLedger struct {
 	mu      sync.Mutex
 	stopped bool
 	next    uint64
-	pending map[uint64][]kvcache.BlockRun
+	pending []pinRecord // oldest first, from head on
+	head    int
+}
+
+type pinRecord struct {
+	seq uint64
+	src []kvcache.BlockRun
 }
 
 // take records src's pins under a new sequence number; false once the
@@ -144,11 +154,8 @@ func (l *pinLedger) take(pin func() error, src []kvcache.BlockRun) (uint64, erro
 	if err := pin(); err != nil {
 		return 0, err, true
 	}
-	if l.pending == nil {
-		l.pending = map[uint64][]kvcache.BlockRun{}
-	}
 	l.next++
-	l.pending[l.next] = src
+	l.pending = append(l.pending, pinRecord{l.next, src})
 	return l.next, nil, true
 }
 
@@ -157,10 +164,14 @@ func (l *pinLedger) take(pin func() error, src []kvcache.BlockRun) (uint64, erro
 func (l *pinLedger) consume(seq uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.pending[seq]; !ok {
-		return false
+	if l.head == len(l.pending) || l.pending[l.head].seq != seq {
+		return false // swept (or not the next in order: never the case)
 	}
-	delete(l.pending, seq)
+	l.pending[l.head] = pinRecord{}
+	l.head++
+	if l.head == len(l.pending) { // empty: reuse the array
+		l.pending, l.head = l.pending[:0], 0
+	}
 	return true
 }
 
@@ -171,10 +182,10 @@ func (l *pinLedger) stop() [][]kvcache.BlockRun {
 	defer l.mu.Unlock()
 	l.stopped = true
 	var out [][]kvcache.BlockRun
-	for seq, src := range l.pending {
-		out = append(out, src)
-		delete(l.pending, seq)
+	for _, r := range l.pending[l.head:] {
+		out = append(out, r.src)
 	}
+	l.pending, l.head = nil, 0
 	return out
 }
 
