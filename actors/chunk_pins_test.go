@@ -49,7 +49,8 @@ func TestChunkNotTakenIsUnpinned(t *testing.T) {
 }
 
 // TestPinLedger: each pin the handle takes is released once — consumed by
-// the session, or swept when the actor stops — and none is taken after.
+// the session (in order, or not: the record is found), or swept when the
+// actor stops — and none is taken after.
 func TestPinLedger(t *testing.T) {
 	var l pinLedger
 	runs := []kvcache.BlockRun{{IDs: []kvcache.BlockID{1}}}
@@ -63,6 +64,10 @@ func TestPinLedger(t *testing.T) {
 	if pinned != 2 || a == b {
 		t.Fatalf("pinned %d, seqs %d %d", pinned, a, b)
 	}
+	c, _, _ := l.take(pin, runs)
+	if !l.consume(c) || l.consume(c) { // out of order: found all the same
+		t.Fatal("a chunk consumed out of order twice, or not once")
+	}
 	if !l.consume(a) || l.consume(a) {
 		t.Fatal("a chunk consumed twice, or not once")
 	}
@@ -72,7 +77,7 @@ func TestPinLedger(t *testing.T) {
 	if l.consume(b) {
 		t.Fatal("a swept chunk consumed after the stop: its pins would be released twice")
 	}
-	if _, _, open := l.take(pin, runs); open || pinned != 2 {
+	if _, _, open := l.take(pin, runs); open || pinned != 3 {
 		t.Fatal("a pin taken after the stop")
 	}
 	refused := errors.New("refused")

@@ -164,9 +164,14 @@ func (l *pinLedger) take(pin func() error, src []kvcache.BlockRun) (uint64, erro
 func (l *pinLedger) consume(seq uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.head == len(l.pending) || l.pending[l.head].seq != seq {
-		return false // swept (or not the next in order: never the case)
+	i := l.head
+	for i < len(l.pending) && l.pending[i].seq != seq {
+		i++ // (the head, but for chunks stepped out of order: none are)
 	}
+	if i == len(l.pending) {
+		return false // swept
+	}
+	copy(l.pending[l.head+1:i+1], l.pending[l.head:i])
 	l.pending[l.head] = pinRecord{}
 	l.head++
 	if l.head == len(l.pending) { // empty: reuse the array
