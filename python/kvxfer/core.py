@@ -1123,3 +1123,26 @@ class Request:
 
     def release(self):
         _check(lib.kvxfer_request_release(self.handle))
+
+
+def config_from_env(var, missing):
+    """The JSON object in environment variable var: JSON text, or the path
+    of a file that holds it. A ValueError names what is missing (missing,
+    when var is unset or empty) or wrong."""
+    raw = os.environ.get(var)
+    if not raw:
+        raise ValueError(missing)
+    text = raw
+    if raw.lstrip()[:1] not in ("{", "["):  # not JSON text: a file's path
+        try:
+            with open(raw) as f:
+                text = f.read()
+        except OSError as exc:
+            raise ValueError("%s = %r: neither JSON nor a readable file (%s)" % (var, raw, exc)) from None
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise ValueError("%s: invalid JSON: %s" % (var, exc)) from None
+    if not isinstance(cfg, dict):
+        raise ValueError("%s: want a JSON object, got %s" % (var, type(cfg).__name__))
+    return cfg

@@ -82,13 +82,12 @@ memory).
 """
 
 import ctypes
-import json
 import logging
 import os
 import threading
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, Outcome
+from .core import KvxferError, Node, Outcome, config_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -133,24 +132,9 @@ def _config(server_args=None):
     text or a file's path). A ValueError names what is missing or wrong."""
     if _installed_config is not None:
         return dict(_installed_config)
-    raw = os.environ.get("KVXFER_SGLANG_CONFIG")
-    if not raw:
-        raise ValueError("kvxfer's SGLang backend has no config: call kvxfer.sglang.install(backend, config) in "
-                         "each SGLang process, or set KVXFER_SGLANG_CONFIG to its JSON (or a JSON file's path)")
-    text = raw
-    if not raw.lstrip().startswith("{"):
-        try:
-            with open(raw) as f:
-                text = f.read()
-        except OSError as exc:
-            raise ValueError("KVXFER_SGLANG_CONFIG = %r: neither JSON nor a readable file (%s)" % (raw, exc)) from None
-    try:
-        cfg = json.loads(text)
-    except ValueError as exc:
-        raise ValueError("KVXFER_SGLANG_CONFIG: invalid JSON: %s" % exc) from None
-    if not isinstance(cfg, dict):
-        raise ValueError("KVXFER_SGLANG_CONFIG: want a JSON object, got %s" % type(cfg).__name__)
-    return cfg
+    return config_from_env("KVXFER_SGLANG_CONFIG",
+                           "kvxfer's SGLang backend has no config: call kvxfer.sglang.install(backend, config) in "
+                           "each SGLang process, or set KVXFER_SGLANG_CONFIG to its JSON (or a JSON file's path)")
 
 
 def _mode_name(mode):

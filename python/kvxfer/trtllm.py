@@ -122,16 +122,14 @@ the KV cache manager; a "model" or "layout" in the config must agree.
 """
 
 import enum
-import json
 import logging
-import os
 import threading
 import time
 import typing
 import urllib.parse
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, _cuda_index, kv_memory
+from .core import KvxferError, Node, _cuda_index, config_from_env, kv_memory
 
 logger = logging.getLogger(__name__)
 
@@ -256,25 +254,10 @@ def _config():
     text or a file's path). A ValueError names what is missing or wrong."""
     if _installed_config is not None:
         return dict(_installed_config)
-    raw = os.environ.get("KVXFER_TRTLLM_CONFIG")
-    if not raw:
-        raise ValueError("kvxfer's TensorRT-LLM transceiver has no config: call kvxfer.trtllm.install(config) in "
-                         "each TensorRT-LLM worker process, or set KVXFER_TRTLLM_CONFIG to its JSON (or a JSON "
-                         "file's path)")
-    text = raw
-    if raw.lstrip()[:1] not in ("{", "["):  # not JSON text: a file's path
-        try:
-            with open(raw) as f:
-                text = f.read()
-        except OSError as exc:
-            raise ValueError("KVXFER_TRTLLM_CONFIG = %r: neither JSON nor a readable file (%s)" % (raw, exc)) from None
-    try:
-        cfg = json.loads(text)
-    except ValueError as exc:
-        raise ValueError("KVXFER_TRTLLM_CONFIG: invalid JSON: %s" % exc) from None
-    if not isinstance(cfg, dict):
-        raise ValueError("KVXFER_TRTLLM_CONFIG: want a JSON object, got %s" % type(cfg).__name__)
-    return cfg
+    return config_from_env("KVXFER_TRTLLM_CONFIG",
+                           "kvxfer's TensorRT-LLM transceiver has no config: call kvxfer.trtllm.install(config) in "
+                           "each TensorRT-LLM worker process, or set KVXFER_TRTLLM_CONFIG to its JSON (or a JSON "
+                           "file's path)")
 
 
 def stage_layers(layers, pp, stage):
