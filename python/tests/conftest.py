@@ -1,5 +1,7 @@
 import itertools
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -60,3 +62,24 @@ def reap_within(pid, seconds=20.0):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     return None
+
+
+def run_children(child, jobs, env=None, timeout=120):
+    """Runs each job in its own Python process running the script child
+    (the job as JSON in argv[1]; env added to this process's environment)
+    and waits for all; {name: (exit code, its last JSON line, its stderr's
+    end)}. A child past timeout kills them all and raises."""
+    env = dict(os.environ, **(env or {}))
+    procs = {k: subprocess.Popen([sys.executable, child, json.dumps(job)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env) for k, job in jobs.items()}
+    out = {}
+    for k, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs.values():
+                q.kill()
+            raise
+        lines = stdout.strip().splitlines()
+        out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
+    return out

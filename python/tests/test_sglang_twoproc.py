@@ -5,15 +5,12 @@ pages moves into other page ids on the decode side, with its aux slot, every
 byte compared. (Checked to fail: with the decode's aux copy removed,
 aux_equal is false.)"""
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import kvxfer
 
-from conftest import unique
+from conftest import run_children, unique
 from sglang_helpers import ITEM, LAYERS, node_cfg
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_child.py")
@@ -32,18 +29,7 @@ def test_chunked_prompt_between_two_processes():
                   "dst_pages": [31 - i for i in range(13)], "dst_slot": 3, "chunk": 5}
         jobs = {"prefill": dict(common, role="prefill", config=p_cfg),
                 "decode": dict(common, role="decode", config=d_cfg)}
-        procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(j)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for k, j in jobs.items()}
-        out = {}
-        for k, p in procs.items():
-            try:
-                stdout, stderr = p.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                for q in procs.values():
-                    q.kill()
-                raise
-            lines = stdout.strip().splitlines()
-            out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
+        out = run_children(CHILD, jobs)
     for k, (rc, res, err) in out.items():
         assert rc == 0 and res is not None, (k, res, err)
     prefill, decode = out["prefill"][1], out["decode"][1]

@@ -7,15 +7,12 @@ context_phase_params, as the disaggregated server hands them on; every
 byte compared. (Checked to fail: with the generation's blocks reversed in
 request_and_receive_async, equal is false.)"""
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import kvxfer
 
-from conftest import unique
+from conftest import run_children, unique
 from trtllm_helpers import DIM, HEADS, LAYERS, instance_configs
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trtllm_child.py")
@@ -32,18 +29,7 @@ def test_two_requests_between_two_processes():
         common = {"requests": reqs, "handoff": os.path.join(tmp, "ctx-params.json")}
         jobs = {"context": dict(common, role="context", config=c_cfg),
                 "generation": dict(common, role="generation", config=g_cfg)}
-        procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(j)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for k, j in jobs.items()}
-        out = {}
-        for k, p in procs.items():
-            try:
-                stdout, stderr = p.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                for q in procs.values():
-                    q.kill()
-                raise
-            lines = stdout.strip().splitlines()
-            out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
+        out = run_children(CHILD, jobs)
     for k, (rc, res, err) in out.items():
         assert rc == 0 and res is not None, (k, res, err)
     ctx, gen = out["context"][1], out["generation"][1]

@@ -18,28 +18,14 @@ import pytest
 import kvxfer
 from kvxfer import KvxferError, Status
 
-from conftest import unique, wait_until
+from conftest import run_children, unique, wait_until
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twoproc_child.py")
 
 
-def run_children(jobs, env=None):
-    """Runs each job in its own child process (env added to this process's
-    environment); {name: (exit code, its JSON line, its stderr's end)}."""
-    env = dict(os.environ, **(env or {}))
-    procs = {k: subprocess.Popen([sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env) for k, job in jobs.items()}
-    out = {}
-    for k, p in procs.items():
-        try:
-            stdout, stderr = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            for q in procs.values():
-                q.kill()
-            raise
-        lines = stdout.strip().splitlines()
-        out[k] = (p.returncode, json.loads(lines[-1]) if lines else None, stderr[-2000:])
-    return out
+def run_pair_children(jobs, env=None):
+    """run_children of twoproc_child.py (90 s each)."""
+    return run_children(CHILD, jobs, env, timeout=90)
 
 
 def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
@@ -60,7 +46,7 @@ def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
             "gen": {"role": "gen", "config": gen_cfg, "prompt": prompt, "request": "tp-1", "context": ctx_name,
                     "want": want or "READY"},
         }
-        return run_children(jobs)
+        return run_pair_children(jobs)
 
 
 @pytest.mark.parametrize("backend", ["shm", "ucx"])
@@ -100,7 +86,7 @@ def test_two_vllm_instances_through_the_worker_connector():
                      peers=[{"instance": d_name, "endpoint": d_ep, "public_key": d_pub}])
         d_cfg = dict(common, instance=d_name, bind=d_ep, secret_key=d_sec,
                      peers=[{"instance": p_name, "endpoint": p_ep, "public_key": p_pub}])
-        out = run_children({
+        out = run_pair_children({
             "prefill": {"side": "producer", "config": p_cfg, "prompt": 200},
             "decode": {"side": "consumer", "config": d_cfg, "prompt": 200, "context": p_name},
         })
@@ -140,7 +126,7 @@ def test_two_processes_gpu_memory_over_cudaipc():
                        peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
         gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
                        peers=[{"instance": ctx_name, "endpoint": ctx_ep, "public_key": ctx_pub}])
-        out = run_children({
+        out = run_pair_children({
             "ctx": {"role": "ctx", "cuda": lib, "config": ctx_cfg, "prompt": 200, "chunk": 64, "request": "gpu-1"},
             "gen": {"role": "gen", "cuda": lib, "device": 1, "config": gen_cfg, "prompt": 200, "request": "gpu-1",
                     "context": ctx_name},
