@@ -12,18 +12,24 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/faulty"
 )
 
 // observedFaultyPair is faultyPair with metrics served and each engine
-// tracing to INST.jsonl under dir.
-func observedFaultyPair(t *testing.T, l kvcache.Layout, dir string, opts ...faulty.Option) (ce, ge *kvxfer.Engine) {
+// tracing to INST.jsonl under dir, over a partLink it returns (a test may
+// hold the context side's answers back).
+func observedFaultyPair(t *testing.T, l kvcache.Layout, dir string, opts ...faulty.Option) (ce, ge *kvxfer.Engine, link *partLink) {
 	t.Helper()
-	return faultyPairWith(t, l, 1, func(inst string, cfg *kvxfer.Config) {
+	link = &partLink{MemLink: control.NewMemLink()}
+	ce, ge = faultyPairWith(t, l, 1, func(inst string, cfg *kvxfer.Config) {
 		cfg.MetricsAddr = "127.0.0.1:0"
 		cfg.TracePath = filepath.Join(dir, inst+".jsonl")
+		cfg.Link = link
 	}, opts...)
+	t.Cleanup(func() { link.setCut(false) }) // before the pair's close
+	return ce, ge, link
 }
 
 func closePair(t *testing.T, ce, ge *kvxfer.Engine) {
@@ -38,7 +44,7 @@ func TestWorkerCrashObserved(t *testing.T) {
 	l := smallLayout()
 	dir := t.TempDir()
 	var hung atomic.Bool
-	ce, ge := observedFaultyPair(t, l, dir, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	ce, ge, _ := observedFaultyPair(t, l, dir, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
 	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "crash", PromptLen: 64, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +77,7 @@ func TestWorkerCrashObserved(t *testing.T) {
 func TestSessionPanicsObserved(t *testing.T) {
 	l := smallLayout()
 	dir := t.TempDir()
-	ce, ge := observedFaultyPair(t, l, dir)
+	ce, ge, link := observedFaultyPair(t, l, dir)
 	for _, side := range []string{"tx", "rx"} {
 		id := "p-" + side
 		rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
@@ -89,6 +95,12 @@ func TestSessionPanicsObserved(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := ce
+		if side == "rx" {
+			// The writer's answers wait until the crashes are in: else the
+			// session could end, proven, between two of them.
+			waitUntil(t, "the RequestData at the context side", func() bool { return link.lastRD.Load() != nil && link.lastRD.Load().RequestID == id })
+			link.setCut(true)
+		}
 		for range 8 {
 			if side == "tx" {
 				tx.Crash()
@@ -98,6 +110,7 @@ func TestSessionPanicsObserved(t *testing.T) {
 			}
 		}
 		eventually(t, "panics past budget", func() bool { return e.Stats().SessionPanicsPastBudget >= 5 })
+		link.setCut(false)
 		f.Fire(nil)
 		waitOutcome(t, tx.Done())
 		_ = ce.Pools().Free(src)

@@ -235,9 +235,13 @@ func TestSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 // by its chunk's fence, was never submitted and never will be once its
 // request is cancelled, so its CancelAck comes without waiting for the
 // fence, while the writer keeps its source pages pinned until the fence
-// fires — then releases them: nothing used on either side, Close nil.
+// fires — then releases them: nothing used on either side, Close nil. The
+// writer's answers are held back while the session crashes (else the
+// session could end, proven, between two of the eight crashes).
 func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
-	ce, ge, c, rx, tx, src, f := heldChunk(t, "rb")
+	ce, ge, c, rx, tx, src, f, link := heldChunkOn(t, "rb")
+	waitUntil(t, "the RequestData at the context side", func() bool { return link.atCtx.Load() == 1 })
+	link.setCut(true)
 	for range 8 {
 		rx.Crash()
 	}
@@ -246,6 +250,12 @@ func TestRxSessionBudgetExhaustedFailsAndDrains(t *testing.T) {
 	if ro.OK || !errors.Is(ro.Err, actors.ErrSessionCrashed) {
 		t.Fatalf("rx outcome %s %v, want FAILED by a session crash", ro.Status, ro.Err)
 	}
+	select {
+	case <-rx.Released():
+		t.Fatal("destination blocks released before the writer's answer came")
+	default:
+	}
+	link.setCut(false)
 	select {
 	case <-rx.Released():
 	case <-time.After(10 * time.Second):
@@ -375,8 +385,20 @@ func TestWorkerBudgetExhaustedFailsAndDrains(t *testing.T) {
 func heldChunk(t *testing.T, id string) (ce, ge *kvxfer.Engine, c *cluster, rx *kvxfer.RxHandle, tx *kvxfer.TxHandle,
 	src [][]kvcache.BlockID, f *kvxfer.ManualFence) {
 	t.Helper()
+	ce, ge, c, rx, tx, src, f, _ = heldChunkOn(t, id)
+	return ce, ge, c, rx, tx, src, f
+}
+
+// heldChunkOn is heldChunk over a partLink, which it returns: a test may
+// hold the context side's answers back (setCut), as a writer that cannot
+// answer.
+func heldChunkOn(t *testing.T, id string) (ce, ge *kvxfer.Engine, c *cluster, rx *kvxfer.RxHandle, tx *kvxfer.TxHandle,
+	src [][]kvcache.BlockID, f *kvxfer.ManualFence, link *partLink) {
+	t.Helper()
 	l := smallLayout()
-	ce, ge = faultyPair(t, l)
+	link = &partLink{MemLink: control.NewMemLink()}
+	ce, ge = faultyPairWith(t, l, 1, func(_ string, cfg *kvxfer.Config) { cfg.Link = link })
+	t.Cleanup(func() { link.setCut(false) }) // before the pair's close (cleanups run last first)
 	c = &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}, ctxPar: kvcache.Parallel{TP: 1, PP: 1}}
 	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 64, Context: "ctx"})
 	if err != nil {
@@ -393,7 +415,7 @@ func heldChunk(t *testing.T, id string) (ce, ge *kvxfer.Engine, c *cluster, rx *
 	if err := tx.Chunk(c0, []kvcache.BlockRun{{First: 0, IDs: src[0][:2]}, {First: 0, IDs: src[1][:2]}}, f); err != nil {
 		t.Fatal(err)
 	}
-	return ce, ge, c, rx, tx, src, f
+	return ce, ge, c, rx, tx, src, f, link
 }
 
 // waitRestartBudget waits (with a deadline) for e's five session panics
