@@ -345,7 +345,8 @@ func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence F
 	}
 	m := txChunkMsg{TxChunk: TxChunk{Chunk: c, Src: src, Pinned: true}, fence: fence}
 	if payload != nil {
-		m.Payload = &payload
+		p := payload // (its own variable: &payload put every call's on the heap)
+		m.Payload = &p
 	}
 	l := &h.pins
 	l.mu.Lock()

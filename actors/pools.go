@@ -665,10 +665,12 @@ func (p *Pools) PinRuns(src []kvcache.BlockRun) error {
 		if len(run.IDs) == 0 {
 			continue
 		}
-		err := fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
+		var err error
 		if g < len(p.pools) {
 			p.settleLocked(g, run.IDs)
 			err = p.pools[g].Pin(run.IDs...)
+		} else {
+			err = fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
 		}
 		if err != nil {
 			for u := range g {

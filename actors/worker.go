@@ -152,8 +152,9 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			hoptrace.Mark("worker.submit", m.Op.Request)
 		}
 		// Record first: if anything below panics, the restart knows the op.
-		s.table.Admit(m.Op, m.session, string(m.Route.AgentAddr))
-		s.submit(ctx, m)
+		key := string(m.Route.AgentAddr)
+		s.table.Admit(m.Op, m.session, key)
+		s.submit(ctx, m, key)
 	case *batchDone:
 		if hoptrace.On {
 			hoptrace.Mark("worker.batchDone", m.op.Request)
@@ -256,9 +257,8 @@ func (w *workerActor) Receive(ctx actor.Context) {
 
 // submit posts an op's batch through its peer's endpoint, once there is
 // one; the op is refused if the endpoint cannot be opened or the post is
-// refused.
-func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit) {
-	key := string(m.Route.AgentAddr)
+// refused. key is m.Route.AgentAddr's string (the table's key of the op).
+func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit, key string) {
 	ep, open, queued := s.table.Endpoint(key, m)
 	if queued {
 		return
@@ -411,7 +411,7 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 				s.refuse(ctx, m, r.err)
 				continue
 			}
-			s.submit(ctx, m)
+			s.submit(ctx, m, key)
 		case *workerFlush:
 			s.flush(ctx, m)
 		case *workerClose:
