@@ -40,7 +40,11 @@ Failed and failure_exception() raises a RuntimeError naming the reason, as
 SGLang expects (it catches it and aborts that request alone). Failed is
 reported only once kvxfer's event for the request came: on the prefill side
 no transfer reads the pages any more, on the decode side no write can land
-in them (SGLang frees the pages as soon as it reads Failed).
+in them (SGLang frees the pages as soon as it reads Failed). The poll
+SGLang acts on is the MIN over its TP ranks' (poll_and_all_reduce): a rank
+whose own kvxfer request is still live when another rank's Failed decides
+the request ends it in failure_exception() (or clear()), which SGLang
+calls before it frees the pages, and which return once its event came.
 
 Mapping (docs/integration.md, "SGLang"):
 
@@ -85,6 +89,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 
 from .connector import NODE_KEYS, node_config
 from .core import KvxferError, Node, Outcome, config_from_env
@@ -98,6 +103,10 @@ PAYLOAD_MAX = 65536
 OWN_KEYS = ("prefill_instance", "prefill_instances", "prefill_parallel", "kv_device")
 
 _REFUSED = (KvxferError, ValueError, TypeError)
+
+# How long clear() waits for a live request's event once it cancelled it (a
+# cancel ends a request as soon as the writes already under way completed).
+CLEAR_WAIT_S = 30.0
 
 
 class _Poll:
@@ -448,13 +457,54 @@ class _Transfer:
         return KVPoll.Failed if self.reason is not None else None
 
     def failure_exception(self):
+        """Raises RuntimeError naming the reason. SGLang calls it once the
+        poll it acts on said Failed, before it frees the request's pages
+        (prefill.py's inflight queue, decode.py's pop_transferred: then
+        release_kv_cache). That poll is the MIN over every TP rank's
+        (utils.py poll_and_all_reduce): another rank's Failed is this
+        rank's too while this rank's kvxfer request may still be live (its
+        own poll said Transferring). So a live request is ended first
+        (_end_live): the pages are freed only once no transfer reads or
+        writes them."""
+        self._end_live("another rank's poll failed the request while this rank's kvxfer request was live")
         raise RuntimeError("kvxfer transfer of bootstrap_room %s failed: %s" % (self.room, self.reason or "no failure"))
 
     def abort(self):
         self._fail("aborted (abort() called)")
 
     def clear(self):
+        """SGLang is done with the request and drops this object (after
+        Success; after a Failed poll, right after freeing the pages). A
+        request still live, which failure_exception() would have ended
+        already, is ended here too (_end_live)."""
+        self._end_live("cleared by SGLang while its kvxfer request was live (another rank's poll failed the "
+                       "request)")
         return None
+
+    def _end_live(self, reason):
+        """Fails the request with reason (unless it failed already) when a
+        kvxfer request of it is live, cancels it and returns once every
+        event came, kvxfer's word that no transfer reads or writes the
+        pages any more. Should an event not come within CLEAR_WAIT_S, an
+        error is logged: SGLang frees the pages all the same."""
+        if not self.live:
+            return
+        self._fail(reason)
+        mgr = self.mgr
+        if mgr.closed:  # close() released them (as _poll says): their events no longer come
+            self.live.clear()
+            return
+        deadline = time.monotonic() + CLEAR_WAIT_S
+        with mgr._lock:  # no other thread's reap takes these events meanwhile
+            for tag, req in list(self.live.items()):
+                try:
+                    ev = mgr.node.wait(req, max(deadline - time.monotonic(), 0.001))
+                except (TimeoutError, KvxferError) as exc:
+                    logger.error("kvxfer: request %s ended by SGLang while live, and its cancelled %s did not end "
+                                 "(%s): the pages SGLang frees may still be read or written", self.id, req.side, exc)
+                    continue
+                mgr._owners.pop(req.handle, None)
+                self._event(tag, ev)
 
     def get_transfer_metric(self):
         try:

@@ -280,3 +280,54 @@ def test_room_ids():
     with pytest.raises(ValueError, match="bootstrap_room"):
         ks.room_id("x")
     assert sum(AUX_ITEMS) == 5504
+
+
+@pytest.mark.parametrize("hooks", [("failure_exception", "clear"), ("clear",)], ids=["failure-then-clear", "clear"])
+def test_decode_ended_while_live_no_write_lands(pair, hooks):
+    """SGLang acts on the MIN of every TP rank's poll (utils.py
+    poll_and_all_reduce): another rank's Failed is this rank's Failed too,
+    while this rank's kvxfer receive may still be live (its own poll says
+    Transferring). decode.py's pop_transferred then calls
+    failure_exception(), frees the pages (release_kv_cache) and calls
+    clear(), dropping the receiver. Once those hooks returned, the receive
+    has ended and no write can land in those pages: a prefill chunk sent
+    after them leaves them untouched. (Checked to fail with both hooks
+    doing nothing beyond raising: the chunk landed in the freed pages.)"""
+    pm, dm, pp, dp = pair(prefill_kw={"transfer_timeout": "5s"}, decode_kw={"transfer_timeout": "5s"})
+    src, dst = [3, 4], [20, 21]
+    pp.fill(src, seed=9)
+    sender, receiver = KVSender(pm, ADDR, 11, [0], 0), KVReceiver(dm, ADDR, 11)
+    _bootstrap(sender, receiver, len(src), 0, dst, 0)
+    assert receiver.poll() == T  # this rank's own poll: still transferring
+    for hook in hooks:  # the reduced poll said Failed
+        if hook == "failure_exception":
+            with pytest.raises(RuntimeError) as exc:
+                receiver.failure_exception()
+            assert not receiver.live and "kv" in receiver.events
+            assert "another rank" in str(exc.value), str(exc.value)
+        else:
+            receiver.clear()
+    assert not receiver.live and "kv" in receiver.events
+    sender.send(src)
+    assert poll_until([sender], lambda s: s[0] in TERMINAL) == [F]
+    assert not dp.pages(dst).any(), "a write landed in pages SGLang freed"
+
+
+def test_prefill_failed_by_another_rank_ends_the_live_send(pair):
+    """The prefill side of the same: prefill.py's inflight queue, on a
+    Failed that another rank's poll decided, calls failure_exception() and
+    then frees the pages (release_kv_cache), with no other call. This
+    rank's send, live after its first chunk, has ended once
+    failure_exception() returned (its event came: no transfer reads the
+    pages any more), and the decode side fails. (Checked to fail with
+    failure_exception() only raising: the send was still live.)"""
+    pm, dm, pp, dp = pair(prefill_kw={"transfer_timeout": "5s"}, decode_kw={"transfer_timeout": "5s"})
+    sender, receiver = KVSender(pm, ADDR, 12, [0], 0), KVReceiver(dm, ADDR, 12)
+    _bootstrap(sender, receiver, 4, 0, [20, 21, 22, 23], 0)
+    sender.send([3, 4])
+    assert sender.poll() == T
+    with pytest.raises(RuntimeError) as exc:
+        sender.failure_exception()
+    assert not sender.live and "kv" in sender.events
+    assert "another rank" in str(exc.value), str(exc.value)
+    assert poll_until([receiver], lambda s: s[0] in TERMINAL) == [F]
