@@ -245,7 +245,9 @@ func (a *Agent) KeepMemory() { a.keep.Store(true) }
 // Close closes every endpoint, says goodbye to every linked peer and waits
 // for each to acknowledge (it then writes no more into this agent's
 // regions), unmaps every registration and destroys the worker and the
-// context. Idempotent.
+// context. When a peer did not acknowledge (doc.go), it keeps the memory
+// it allocated and returns an error wrapping rdma.ErrCloseUnproven.
+// Idempotent.
 func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
 		a.closed.Store(true)

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmatest"
@@ -583,5 +585,47 @@ func TestDeregisterDoesNotWaitForASilentPeer(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond) // poll with a deadline
 		}
+	}
+}
+
+// TestCloseWithAStoppedPeerKeepsMemory: an agent whose linked peer is
+// stopped (SIGSTOP) gets no acknowledgement of its bye within the revoke
+// timeout. Nothing then proves the peer's writes into this agent's memory
+// over (a peer of this host writes by address over cma, and a stopped one
+// resumes): Close must say so (rdma.ErrCloseUnproven) and leave the memory
+// it allocated mapped, rather than return nil and unmap it. Before the
+// fix, Close returned nil and unmapped the allocation.
+func TestCloseWithAStoppedPeerKeepsMemory(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+	a, err := ucx.New(ucx.WithRevokeTimeout(200*time.Millisecond), ucx.WithCloseTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := a.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Register(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Connect(rem.addr); err != nil {
+		t.Fatal(err)
+	}
+	child.Stop(t)
+	defer child.Reap(t)
+	defer child.Process().Kill()
+	err = a.Close()
+	if !errors.Is(err, rdma.ErrCloseUnproven) || !strings.Contains(err.Error(), "did not acknowledge") {
+		t.Errorf("Close with the peer stopped: %v, want an error wrapping ErrCloseUnproven naming the unacknowledged bye", err)
+	}
+	// msync fails with ENOMEM on a range that is not mapped.
+	if err := unix.Msync(r.Bytes(), unix.MS_ASYNC); err != nil {
+		t.Errorf("the allocation after Close with the peer's bye unacknowledged: msync: %v (unmapped while the peer may still write into it)", err)
 	}
 }

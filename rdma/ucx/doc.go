@@ -107,7 +107,12 @@
 // refuses further posts with rdma.ErrPeerGone before it acknowledges, so
 // nothing lands in the closing agent's memory after Close returns. Then it
 // unmaps every registration and frees every Alloc, and destroys the worker
-// and the context.
+// and the context. A peer that does not acknowledge in time (stopped, cut
+// off), or one already silent that it does not wait for, proves nothing:
+// Close then leaves every Alloc mapped and the context alive, as
+// KeepMemory does, and returns an error wrapping rdma.ErrCloseUnproven
+// naming the peers; memory the caller registered must not be reused
+// either.
 //
 // # Close and what it proves
 //

@@ -164,6 +164,12 @@ type worker struct {
 	dirty      bool // links or the shutdown may move on
 	shutdown   *call
 	shutPhase  int
+	// unacked names the linked peers whose acknowledgement of this
+	// agent's bye never came (the revoke timeout passed, or a silent
+	// peer was not waited for): nothing proves their writes into this
+	// agent's memory over, so teardown keeps the allocations mapped and
+	// Close says so (rdma.ErrCloseUnproven).
+	unacked    []string
 	done       bool
 	now        time.Time
 	nextTimers time.Time
@@ -1032,6 +1038,7 @@ func (w *worker) checkTimers() {
 		}
 		if l.byeReq != 0 && now.After(l.byeBy) {
 			l.byeReq = 0
+			w.unacked = append(w.unacked, fmt.Sprintf("agent %s did not acknowledge the bye within %v", l.peer, w.a.opts.revoke))
 			w.dirty = true
 		}
 	}

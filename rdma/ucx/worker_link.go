@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -570,9 +571,14 @@ func (w *worker) stepShutdown() {
 			// A silent peer is told too, but not waited for: its
 			// acknowledgement's timeout ends the same way, later.
 			req := w.newID()
-			if w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) && l.silent == "" {
-				l.byeReq, l.byeBy = req, time.Now().Add(w.a.opts.revoke)
+			if !w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) {
+				continue // the link failed as it was sent
 			}
+			if l.silent != "" {
+				w.unacked = append(w.unacked, fmt.Sprintf("agent %s is silent (%s), so its acknowledgement was not waited for", l.peer, l.silent))
+				continue
+			}
+			l.byeReq, l.byeBy = req, time.Now().Add(w.a.opts.revoke)
 		}
 		w.shutPhase = 2
 		w.stepLinks()
@@ -598,7 +604,10 @@ func (w *worker) stepShutdown() {
 // — but for an agent told to keep its memory (Agent.KeepMemory): its
 // allocations stay mapped and its context alive, for good.
 func (w *worker) teardown() {
-	keep := w.a.keep.Load()
+	// A peer that never acknowledged the bye may still write into this
+	// agent's memory (a peer of this host writes by address over cma):
+	// its allocations stay mapped, as KeepMemory keeps them.
+	keep := w.a.keep.Load() || len(w.unacked) > 0
 	for _, r := range w.regs {
 		w.unmap(r)
 	}
@@ -632,5 +641,10 @@ func (w *worker) teardown() {
 		C.kvx_close_worker(w.c)
 	}
 	w.c = nil
-	w.shutdown.reply(nil)
+	var err error
+	if len(w.unacked) > 0 {
+		err = fmt.Errorf("%s: close: %w: %s; the memory this agent allocated stays mapped for the rest of the process, and registered memory must not be reused either",
+			w.a, rdma.ErrCloseUnproven, strings.Join(w.unacked, "; "))
+	}
+	w.shutdown.reply(err)
 }
