@@ -393,7 +393,8 @@ func startChild(t *testing.T, alloc bool) *rdmatest.Child {
 // (SIGSTOP) and batches on the wire, Close waits for the close timeout,
 // forces the endpoint closed and says that this proves nothing
 // (rdma.ErrCloseUnproven): the receiver may apply what reached its socket
-// once it runs again. A Close whose writes were acknowledged returns nil.
+// once it runs again, and its Deregister of the region is refused busy. A
+// Close whose writes were acknowledged returns nil.
 func TestCrossProcessCloseStalledPeer(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
 		t.Skip("parent only")
@@ -470,6 +471,17 @@ func TestCrossProcessCloseStalledPeer(t *testing.T) {
 		if err := rdmatest.Recv(t, done, "Done after the close"); !errors.Is(err, rdma.ErrEndpointClosed) || !errors.Is(err, rdma.ErrCloseUnproven) {
 			t.Fatalf("a batch cut by the close: Done(%v), want ErrEndpointClosed and ErrCloseUnproven", err)
 		}
+	}
+	// The cut writes may still land in the receiver's region once it
+	// runs again: they stay counted against it, so that the receiver's
+	// revoke is answered busy and its Deregister refuses (the region
+	// stays mapped) rather than succeed while they may land.
+	if err := child.Process().Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	child.Send(t, "DEREGISTER")
+	if got := child.Expect(t, "DEREGISTER "); got != "DEREGISTER busy" {
+		t.Fatalf("the receiver's Deregister after the sender's writes into it were cut unproven: %q, want busy", got)
 	}
 }
 

@@ -45,7 +45,10 @@
 // thread neither a wakeup per round nor a CPU that a spinner would take
 // from it on a small machine; a dispatcher that finds itself on the
 // progress thread's CPU moves off it before it naps (see nap.go). A batch
-// stops counting against its regions just before its Done runs.
+// stops counting against its regions just before its Done runs; one whose
+// writes were cut on the wire (rdma.ErrCloseUnproven) keeps counting
+// against the peer's region, which they may still reach, so that the
+// peer's Deregister of it stays busy.
 //
 // # Links: keys, revocation, goodbye
 //

@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -374,8 +375,14 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) 
 			continue
 		}
 		// Uncount the batch just before its Done: until then a
-		// Deregister of either region is refused.
-		e.link.release(ent.key.reg)
+		// Deregister of either region is refused. A batch whose writes
+		// were cut on the wire (rdma.ErrCloseUnproven) may still land
+		// in the peer's region: it stays counted there, so that the
+		// peer's revoke is answered busy and its Deregister refuses
+		// rather than unmap memory this agent may still write.
+		if !errors.Is(ent.err, rdma.ErrCloseUnproven) {
+			e.link.release(ent.key.reg)
+		}
 		ent.src.release()
 		if ent.batch.Done != nil {
 			ent.batch.Done(ent.err)
