@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -848,15 +849,21 @@ func (w *worker) settle(u *uep) {
 }
 
 // completeGroup completes batches that were flushed together; a batch that
-// already failed keeps its error.
+// already failed keeps its error, and when the flush's failure says its
+// writes may still land (rdma.ErrCloseUnproven) that is added to it: a put
+// refused part way through a batch leaves its earlier ones on the wire.
 func (w *worker) completeGroup(u *uep, ents []*entry, err error) {
 	if len(ents) > 0 {
 		e := ents[0].ep
+		unproven := errors.Is(err, rdma.ErrCloseUnproven)
 		e.mu.Lock()
 		for _, ent := range ents {
 			if !ent.done {
-				if ent.err == nil {
+				switch {
+				case ent.err == nil:
 					ent.err = err
+				case unproven && !errors.Is(ent.err, rdma.ErrCloseUnproven):
+					ent.err = fmt.Errorf("%w; %w", ent.err, err)
 				}
 				ent.done = true
 			}
