@@ -24,8 +24,9 @@ func regionName(self messages.PeerID, pid int) string {
 
 // SweepStale removes the shared-memory pool files of earlier processes of
 // instance that are gone (killed before they could remove their own): a
-// file named for a process that no longer exists can have no writer left
-// that this process would disturb. It returns how many it removed. Open
+// file named for a process that no longer exists, and that no process
+// holds (shm.Held: its maker, in any pid namespace), can have no writer
+// left that this process would disturb. It returns how many it removed. Open
 // calls it; a supervisor that restarts killed ranks may call it too.
 func SweepStale(instance string) (int, error) {
 	prefix := "kvxfer-" + instance + "-"
@@ -48,6 +49,16 @@ func SweepStale(instance string) (int, error) {
 		}
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 			continue // alive (or not ours to judge)
+		}
+		// No process of this pid namespace has that pid, but the file's
+		// maker may live in another one that shares the directory (a
+		// rank in another container): it holds the file while it maps
+		// it.
+		if held, err := shm.Held(name); held || err != nil {
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
 		}
 		if err := os.Remove(filepath.Join(shm.Dir(), name)); err != nil {
 			errs = append(errs, err)

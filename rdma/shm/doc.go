@@ -16,7 +16,9 @@
 // those batches).
 // Files are created with mode 0600: the file system's permissions are the
 // access control between users; the secret guards against stale and
-// misdirected keys, as an RDMA rkey does.
+// misdirected keys, as an RDMA rkey does. The maker holds a shared flock on
+// the file for as long as it maps it (Held), so that a sweep of stale
+// files by a process of another pid namespace can tell a live region.
 //
 // # Keys and addresses
 //

@@ -70,6 +70,53 @@ func unmapFile(mem []byte) error {
 
 const openNoFollow = syscall.O_NOFOLLOW
 
+// holdFile takes a shared flock on f's open file description. A mapping
+// made from f keeps that description, and so the lock, after f is closed:
+// the lock goes when the owner's last mapping of the file does (unmapped,
+// or the process died), which another process sees whatever its pid
+// namespace (Held).
+func holdFile(f *os.File) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := sc.Control(func(fd uintptr) {
+		for {
+			ferr = syscall.Flock(int(fd), syscall.LOCK_SH|syscall.LOCK_NB)
+			if ferr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return os.NewSyscallError("flock", ferr)
+}
+
+// fileHeld reports whether the region file at path is held by the
+// process that made it (holdFile): an exclusive flock of it would block.
+func fileHeld(path string) (bool, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false, os.NewSyscallError("open", err)
+	}
+	defer syscall.Close(fd)
+	for {
+		err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	switch err {
+	case nil:
+		return false, nil // closing fd drops the lock
+	case syscall.EWOULDBLOCK:
+		return true, nil
+	}
+	return false, os.NewSyscallError("flock", err)
+}
+
 // mapFixed maps n bytes of f at file offset off over the existing mapping at
 // addr (mmap MAP_FIXED|MAP_SHARED): the pages at addr show the file's range
 // [off, off+n) from then on. populate faults the new pages in now.

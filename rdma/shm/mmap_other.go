@@ -18,3 +18,7 @@ func reserveFile(*os.File, int) error { return errors.ErrUnsupported }
 const openNoFollow = 0
 
 func mapFixed(*os.File, uintptr, int, int64, bool) error { return errors.ErrUnsupported }
+
+func holdFile(*os.File) error { return nil }
+
+func fileHeld(string) (bool, error) { return false, errors.ErrUnsupported }

@@ -90,6 +90,12 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 		if err := reserveFile(f, size); err != nil {
 			return nil, err
 		}
+		// Held while this process maps the file (Held): a sweep of
+		// stale files by another process, in whatever pid namespace,
+		// leaves it alone.
+		if err := holdFile(f); err != nil {
+			return nil, err
+		}
 		return mapFile(f, size)
 	}()
 	if err != nil {
@@ -137,6 +143,19 @@ func (r reclaimed) String() string {
 		return fmt.Sprintf(" (no writer proven dead; %d with a slot alive or not proven dead)", r.Held)
 	}
 	return fmt.Sprintf(" (%d released of %d writers proven dead; %d with a slot alive or not proven dead)", r.Batches, r.Slots, r.Held)
+}
+
+// Held reports whether the region file name in Dir() is held by a live
+// process that made it with NewRegion or NewRevocableRegion: the maker
+// holds a lock on it for as long as it maps the file, and a process's
+// death drops it. A process of another pid namespace sharing Dir() holds
+// it too, where its pid in the file's name says nothing here. Files of
+// builds before the lock are never held.
+func Held(name string) (bool, error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
+	return fileHeld(filepath.Join(Dir(), name))
 }
 
 // checkName accepts a plain file name.
