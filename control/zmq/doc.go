@@ -154,8 +154,9 @@
 // connection sent it. Any accepted frame counts as a sign of life.
 //
 // Bounds: a listener binds at most 16384 connections (bindings of peers
-// that are down are forgotten first when full) and learns at most 4096
-// PeerIDs; past that, Hellos are rejected. Each Conn queues at most
+// that are down, or that the full directory forgot, are forgotten first
+// when full) and learns at most 4096 PeerIDs; past that, Hellos are
+// rejected. Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.
 //

@@ -18,11 +18,9 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// Bounds on what peers can make a listener remember.
-const (
-	// maxConns bounds the connections (routing ids) a listener binds.
-	maxConns = 16384
-)
+// maxConns bounds the connections (routing ids) a listener binds. A
+// variable for tests.
+var maxConns = 16384
 
 // maxPeers bounds the directory (PeerIDs learned from Hellos); when it is
 // full, a new peer's Hello takes the place of a peer that only a Hello put

@@ -307,7 +307,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 			s.reject(RejectFull, id, key, b, "Hello as %s: directory full (%d peers)", p, maxPeers)
 			return
 		}
-		s.live.forget(gone)
+		s.forgetPeer(gone)
 	}
 	if info == nil {
 		info = l.peerLocked(p)
@@ -437,15 +437,27 @@ func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
 }
 
 // forgetDownConns drops the bindings of connections whose peer is down,
-// to make room; it reports whether any went.
+// or was forgotten to make room in the directory (forgetPeer: liveness no
+// longer tracks it, and never will call it down), to make room; it
+// reports whether any went.
 func (s *listener) forgetDownConns() bool {
 	n := len(s.conns)
 	for id, b := range s.conns {
-		if s.live.isDown(b.peer) {
+		if s.live.isDown(b.peer) || !s.live.tracks(b.peer) {
 			delete(s.conns, id)
 		}
 	}
 	return len(s.conns) < n
+}
+
+// forgetPeer forgets what the listener remembers of p, a peer the full
+// directory forgot (forgetDownPeerLocked), but its connections' bindings:
+// their last frames are still delivered until forgetDownConns needs the
+// room.
+func (s *listener) forgetPeer(p messages.PeerID) {
+	s.live.forget(p)
+	delete(s.told, p)
+	delete(s.twins, p)
 }
 
 // alive notes a sign of life from a peer that said Hello.

@@ -62,6 +62,9 @@ func (l *liveness) refresh(s *lifeState, now time.Time) bool {
 	return back
 }
 
+// tracks reports whether p is tracked (said Hello, not forgotten).
+func (l *liveness) tracks(p messages.PeerID) bool { return l.peers[p] != nil }
+
 // isDown reports whether p is tracked and down.
 func (l *liveness) isDown(p messages.PeerID) bool {
 	s := l.peers[p]
