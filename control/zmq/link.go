@@ -423,7 +423,8 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 }
 
 // newDealer makes a DEALER connected to a peer's ROUTER: a random routing
-// id (kept across reconnects), CURVE client unless insecure, and a receive
+// id (kept across reconnects), reconnects that back off (reconnectIvlMax),
+// CURVE client unless insecure, and a receive
 // side that holds one tiny message (a ROUTER never answers on it).
 //
 // immediate (ZMQ_IMMEDIATE) queues frames only on a connection that has
@@ -458,6 +459,7 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("max message size", s.SetMaxmsgsize(64<<10))
 	set("routing id", s.SetIdentity(routingID()))
 	set("immediate", s.SetImmediate(immediate))
+	set("reconnect backoff", s.SetReconnectIvlMax(reconnectIvlMax))
 	if !l.cfg.Insecure {
 		set("CURVE server key", s.SetCurveServerkey(serverKey))
 		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
@@ -473,6 +475,15 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	}
 	return s, nil
 }
+
+// reconnectIvlMax bounds the exponential backoff of a DEALER's reconnects
+// (ZMQ_RECONNECT_IVL_MAX): after each failed attempt libzmq doubles its
+// wait, from ZMQ_RECONNECT_IVL (100 ms) up to this, and starts from the
+// interval again once connected. Without it libzmq retries every 100 ms
+// for as long as the peer is gone, from every Conn and heartbeat socket
+// of every process that knows the peer; with it a peer back at its
+// endpoint is reached within about a second, as a heartbeat interval.
+const reconnectIvlMax = time.Second
 
 // routingID is a DEALER's random routing id: 16 bytes, the first non-zero
 // (ZeroMQ reserves ids starting with a zero byte).

@@ -1,0 +1,39 @@
+package zmq
+
+import (
+	"path/filepath"
+	"testing"
+)
+
+// Every DEALER the link makes (Conns and heartbeat sockets, both from
+// newDealer) backs off between reconnects to a peer that is gone: libzmq
+// retries every ZMQ_RECONNECT_IVL (100 ms) forever unless
+// ZMQ_RECONNECT_IVL_MAX is set, so before, each worker's Conn and each
+// heartbeat socket to a dead peer's endpoint reconnected ten times a
+// second for as long as it was held (a reconnect storm on a restarted
+// host).
+func TestDealersBackOffBetweenReconnects(t *testing.T) {
+	dir := t.TempDir()
+	b := listen(t, pid("gen", 0), Config{Insecure: true})
+	ghost := pid("ctx", 9)
+	if err := b.link.AddPeer(ghost, "ipc://"+filepath.Join(dir, "nobody.sock")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := b.link.Dial(ghost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := conn.(*Conn)
+	c.mu.Lock()
+	ivl, err1 := c.sock.GetReconnectIvl()
+	most, err2 := c.sock.GetReconnectIvlMax()
+	c.mu.Unlock()
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if most != reconnectIvlMax || most <= ivl {
+		t.Fatalf("Conn's DEALER: ZMQ_RECONNECT_IVL %v, ZMQ_RECONNECT_IVL_MAX %v; want a maximum of %v above the interval (exponential backoff)",
+			ivl, most, reconnectIvlMax)
+	}
+}
