@@ -208,3 +208,60 @@ func TestDecodeRefusesOverBound(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeOverBoundThenMalformedNeverPanics: a Hello whose memory
+// descriptor holds more layers than MaxMemoryLayers is refused by the
+// first pass as soon as that descriptor is counted, before the rest of
+// the Hello's body is read; refuse then decoded the frame without its
+// bounded fields, to name its sender, and walked the whole body with
+// protowire.ConsumeField, slicing with its length unchecked: a malformed
+// field after the descriptor (or in a second Hello body) made Decode panic
+// (slice bounds out of range [:-1]), on the listener goroutine, from any
+// peer whose frames reach it. Decode refuses the frame instead.
+func TestDecodeOverBoundThenMalformedNeverPanics(t *testing.T) {
+	const L = messages.MaxMemoryLayers
+	memory := func(layers int) []byte {
+		var packed []byte
+		for range layers {
+			packed = protowire.AppendVarint(packed, 1)
+		}
+		var m []byte
+		m = protowire.AppendTag(m, 3, protowire.BytesType) // KVMemory.layers
+		return protowire.AppendBytes(m, packed)
+	}
+	body := func(fields ...[]byte) []byte {
+		var b []byte
+		for _, f := range fields {
+			b = append(b, f...)
+		}
+		return b
+	}
+	field := func(num protowire.Number, v []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), v)
+	}
+	envelope := func(bodies ...[]byte) []byte {
+		b := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), uint64(messages.Version))
+		for _, h := range bodies {
+			b = append(b, field(fieldHello, h)...)
+		}
+		return b
+	}
+	truncated := []byte{0x0a, 0x7f} // field 1, 127 bytes that are not there
+	badTag := []byte{0x80}          // a tag cut short
+	over := field(11, memory(L+1))  // Hello.memory, one layer too many
+	for _, c := range []struct {
+		name  string
+		frame []byte
+	}{
+		{"malformed field after the descriptor", envelope(body(over, truncated))},
+		{"cut tag after the descriptor", envelope(body(over, badTag))},
+		{"malformed second body", envelope(body(over), body(truncated))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f, err := messages.Decode(c.frame)
+			if f != nil || !errors.Is(err, messages.ErrInvalid) {
+				t.Fatalf("Decode = %v, %v; want ErrInvalid", f, err)
+			}
+		})
+	}
+}

@@ -298,8 +298,11 @@ func refuse(b []byte, body protowire.Number, over *overBound) error {
 	return invalid("%v", over)
 }
 
-// withoutBounded decodes b, a well-formed Envelope whose body is field
-// body, leaving out the body's bounded repeated fields; nil if that fails.
+// withoutBounded decodes b, an Envelope whose body is field body, leaving
+// out the body's bounded repeated fields; nil if that fails. Only b's
+// top-level fields are known to be well formed (checkWire's first pass):
+// its walk of a body stops at the field past its bound, so what follows
+// in that body, and any later body, may be malformed, and is checked here.
 func withoutBounded(b []byte, body protowire.Number) Frame {
 	drop := [2]protowire.Number{helloPools, helloMemory}
 	if body == envRequest {
@@ -308,6 +311,9 @@ func withoutBounded(b []byte, body protowire.Number) Frame {
 	var out []byte
 	for rest := b; len(rest) > 0; {
 		num, typ, n := protowire.ConsumeField(rest)
+		if n < 0 {
+			return nil
+		}
 		if num != body || typ != protowire.BytesType {
 			out = append(out, rest[:n]...)
 			rest = rest[n:]
@@ -318,6 +324,9 @@ func withoutBounded(b []byte, body protowire.Number) Frame {
 		var kept []byte
 		for len(v) > 0 {
 			num, _, k := protowire.ConsumeField(v)
+			if k < 0 {
+				return nil
+			}
 			if num != drop[0] && num != drop[1] {
 				kept = append(kept, v[:k]...)
 			}
