@@ -50,6 +50,10 @@ var statusNames = [...]string{
 	"KVXFER_ERR_INTERNAL", "KVXFER_ERR_PEER_FAILED",
 }
 
+// NumStatus is the number of status codes, 0 to NumStatus-1: what a table
+// indexed by code (kvxfer_status_name's) must hold.
+const NumStatus = len(statusNames)
+
 func (s Status) String() string {
 	if s >= 0 && int(s) < len(statusNames) {
 		return statusNames[s]

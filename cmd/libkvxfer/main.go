@@ -34,7 +34,7 @@ func main() {}
 const abiVersion = 1
 
 var statusCStrings = func() []*C.char {
-	out := make([]*C.char, capi.ErrInternal+1)
+	out := make([]*C.char, capi.NumStatus)
 	for i := range out {
 		out[i] = C.CString(capi.Status(i).String()) // static for the process's life
 	}

@@ -116,6 +116,15 @@ static void test_bad_input(void) {
     CHECK(strstr(kvxfer_last_error(), "req"), "this thread kept its message: %s", kvxfer_last_error());
     CHECK(strcmp(kvxfer_status_name(KVXFER_ERR_BAD_CHUNK), "KVXFER_ERR_BAD_CHUNK") == 0, "status name");
     CHECK(strcmp(kvxfer_status_name(-3), "KVXFER_ERR_UNKNOWN") == 0, "unknown status name");
+    /* Every code the header declares has its name (KVXFER_ERR_PEER_FAILED,
+     * the last added, was once "KVXFER_ERR_UNKNOWN"). */
+    CHECK(strcmp(kvxfer_status_name(KVXFER_ERR_PEER_FAILED), "KVXFER_ERR_PEER_FAILED") == 0, "status name 21: %s",
+          kvxfer_status_name(KVXFER_ERR_PEER_FAILED));
+    for (int32_t code = KVXFER_OK; code <= KVXFER_ERR_PEER_FAILED; code++)
+        CHECK(strncmp(kvxfer_status_name(code), "KVXFER_", 7) == 0 &&
+                  strcmp(kvxfer_status_name(code), "KVXFER_ERR_UNKNOWN") != 0,
+              "status %d is named %s", code, kvxfer_status_name(code));
+    CHECK(strcmp(kvxfer_status_name(KVXFER_ERR_PEER_FAILED + 1), "KVXFER_ERR_UNKNOWN") == 0, "status past the last");
     /* Every call with a bad handle or a NULL output is an error, never a crash. */
     kvxfer_status st[] = {
         kvxfer_engine_info_get(5555, NULL),
