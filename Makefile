@@ -145,7 +145,11 @@ lib:
 	@echo "lib: $(LIBDIR)/libkvxfer.so, include/kvxfer.h (ABI $$(sed -n 's/^#define KVXFER_ABI_VERSION //p' include/kvxfer.h))"
 
 ## ctest: the C ABI's test program (test/c) against lib/libkvxfer.so, then
-## again on cuda/cudatest's fake CUDA driver (layer parts behind CUDA events).
+## again on cuda/cudatest's fake CUDA driver (layer parts behind CUDA events),
+## then over a library that moves a goroutine's stack at every call
+## (runtime.mayMoreStackMove): a C value the library holds as a Go pointer
+## and that is none (a callback's user data) aborts that run at once, where
+## a plain build aborts only now and then.
 ctest: lib
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/kvxfer_test test/c/kvxfer_test.c \
 		-L$(LIBDIR) -lkvxfer -lpthread -ldl -Wl,-rpath,'$$ORIGIN'
@@ -153,6 +157,13 @@ ctest: lib
 	@mkdir -p $(LIBDIR)/fakecuda
 	$(CC) -shared -fPIC -O2 -Wall -o $(LIBDIR)/fakecuda/libcuda.so.1 cuda/cudatest/csrc/fakecuda.c -lpthread
 	KVXFER_LIBCUDA=$(CURDIR)/$(LIBDIR)/fakecuda/libcuda.so.1 FAKECUDA_COPY_DELAY_US=2000 $(LIBDIR)/kvxfer_test
+	@mkdir -p $(LIBDIR)/stackmove
+	$(GO) build -tags kvxfer_nonvml -buildmode=c-shared -gcflags=all=-d=maymorestack=runtime.mayMoreStackMove \
+		-o $(LIBDIR)/stackmove/libkvxfer.so ./cmd/libkvxfer
+	@rm -f $(LIBDIR)/stackmove/libkvxfer.h
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/stackmove/kvxfer_test test/c/kvxfer_test.c \
+		-L$(LIBDIR)/stackmove -lkvxfer -lpthread -ldl -Wl,-rpath,'$$ORIGIN'
+	$(LIBDIR)/stackmove/kvxfer_test
 
 ## pytest: the Python package (python/kvxfer) over lib/libkvxfer.so.
 pytest: lib

@@ -19,4 +19,8 @@ __attribute__((visibility("hidden"))) void kvxfer_set_error(const char *msg, siz
 
 const char *kvxfer_last_error(void) { return kvxfer_error_buf; }
 
-__attribute__((visibility("hidden"))) void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, void *user) { cb(ev, user); }
+// user is the caller's void * as an integer: Go never holds it as a
+// pointer (kvxfer_set_callback).
+__attribute__((visibility("hidden"))) void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, uintptr_t user) {
+    cb(ev, (void *)user);
+}

@@ -12,7 +12,7 @@ package main
 #include "kvxfer.h"
 
 void kvxfer_set_error(const char *msg, size_t n);
-void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, void *user);
+void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, uintptr_t user);
 */
 import "C"
 
@@ -638,8 +638,15 @@ func cEvent(ev capi.Event) C.kvxfer_event {
 		error: C.int32_t(ev.Error), bytes: C.uint64_t(ev.Bytes), user_data: C.uint64_t(ev.UserData)}
 }
 
+// kvxfer_set_callback's user is the caller's opaque value, often no
+// pointer at all (an index cast to void *): Go holds it as an integer,
+// never an unsafe.Pointer, which a stack move would check and, when it is
+// a small integer, abort the process over ("invalid pointer found on
+// stack"). The prototype in kvxfer.h says void *; uintptr_t is passed the
+// same way.
+//
 //export kvxfer_set_callback
-func kvxfer_set_callback(eh C.kvxfer_engine_t, cb C.kvxfer_callback, user unsafe.Pointer) (st C.int32_t) {
+func kvxfer_set_callback(eh C.kvxfer_engine_t, cb C.kvxfer_callback, user C.uintptr_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_set_callback")
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {

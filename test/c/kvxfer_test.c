@@ -736,6 +736,45 @@ static void test_receive_run_first(void) {
            (unsigned long long)checked);
 }
 
+/* The callback's user pointer is the caller's, opaque: a small integer
+ * cast to void * (an index, a handle, what Python's ctypes passes for an
+ * int) must reach the callback as given. The library once kept it as a Go
+ * pointer, and a Go stack move while the callback was on its way aborted
+ * the process ("invalid pointer found on stack"): rare in a plain build,
+ * at once in `make ctest`'s second run, over a library that moves the
+ * stack at every call. Each callback calls back into the library. */
+static int small_user_events, small_user_wrong;
+static void on_event_small_user(const kvxfer_event *ev, void *user) {
+    if ((uintptr_t)user != 7) __atomic_add_fetch(&small_user_wrong, 1, __ATOMIC_SEQ_CST);
+    char msg[128];
+    kvxfer_request_error(ev->request, msg, sizeof msg);
+    kvxfer_request_release(ev->request);
+    __atomic_add_fetch(&small_user_events, 1, __ATOMIC_SEQ_CST);
+}
+
+static void test_callback_small_user(void) {
+    kvxfer_engine_t d = open_engine("c-cb-decode", NULL, 1 << 20);
+    OK(kvxfer_set_callback(d, on_event_small_user, (void *)(uintptr_t)7));
+    const int n = 50;
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "c-cb-%d", i);
+        kvxfer_request_t rx;
+        OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = id, .prompt_len = 32, .context = "c-cb-nobody"}, &rx));
+        OK(kvxfer_cancel(rx));
+    }
+    double deadline = now() + 10;
+    while (__atomic_load_n(&small_user_events, __ATOMIC_SEQ_CST) < n && now() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(small_user_events == n, "callback events %d of %d", small_user_events, n);
+    CHECK(small_user_wrong == 0, "%d callbacks got another user pointer than 7", small_user_wrong);
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   callback with a small integer as user: %d events\n", n);
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
@@ -743,6 +782,7 @@ int main(void) {
     test_layer_parts_cuda();
     test_send_parallel_rank_without_peer();
     test_receive_run_first();
+    test_callback_small_user();
     printf("PASS\n");
     return 0;
 }
