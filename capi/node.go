@@ -169,7 +169,7 @@ func nodeConfig(js string) (node.Config, error) {
 	var poolAddr uint64
 	if raw, ok := top["pool_address"]; ok {
 		if err := json.Unmarshal(raw, &poolAddr); err != nil || poolAddr == 0 {
-			return node.Config{}, errorf(ErrConfig, "pool_address = %s: want the address of the caller's pool, a nonzero integer", raw)
+			return node.Config{}, errorf(ErrConfig, "pool_address = %s: want the address of the caller's pool, a nonzero integer", clip(string(raw)))
 		}
 		if _, ok := top["memory"]; ok || mem != nil {
 			return node.Config{}, errorf(ErrConfig, "pool_address and memory: give one (pool_address is the framework's pool in kvxfer's block layout, memory its tensors)")

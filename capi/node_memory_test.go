@@ -94,3 +94,21 @@ func TestNodeFrameworkMemoryErrors(t *testing.T) {
 		t.Fatalf("%d handles left, want %d", n, base)
 	}
 }
+
+// TestNodePoolAddressClipped: a pool_address that is no address, 5,000
+// bytes long, is refused with a message that shows its start and still
+// ends with the reason (kvxfer_last_error keeps 1,023 bytes). (Checked to
+// fail: the message quoted the whole value, and the C caller's copy lost
+// the reason.)
+func TestNodePoolAddressClipped(t *testing.T) {
+	long := `"` + strings.Repeat("x", 5000) + `"`
+	js := fmt.Sprintf(`{"instance":"nm-clip",%s,"insecure":true,"pool_bytes":4096,"pool_address":%s}`, tinyLayout, long)
+	_, _, err := OpenNode(js)
+	if Code(err) != ErrConfig {
+		t.Fatalf("pool_address of 5002 bytes: %v, want ErrConfig", err)
+	}
+	msg := err.Error()
+	if len(msg) > 400 || !strings.Contains(msg, `pool_address = "xxx`) || !strings.Contains(msg, "want the address of the caller's pool") {
+		t.Errorf("message of %d bytes: %.500s; want the value's start and the reason, in at most 400 bytes", len(msg), msg)
+	}
+}
