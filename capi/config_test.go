@@ -45,3 +45,43 @@ func TestHugeTimeoutMsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolBytesDisagreeingRefused: kvxfer_engine_open's pool_bytes
+// argument with no pool (the engine allocates it) and a config's
+// pool_bytes that says another size is refused naming both, as it is
+// with a pool, instead of taking the config's silently; the same size,
+// or either one alone, opens. (Checked to fail: the engine opened with
+// the config's 64 KiB pool though 128 KiB were passed.)
+func TestPoolBytesDisagreeingRefused(t *testing.T) {
+	cfg := func(instance string, poolBytes int) string {
+		return fmt.Sprintf(`{"instance":%q,%s,"pool_bytes":%d,"workers":2}`, instance, tinyLayout, poolBytes)
+	}
+	if e, _, err := Open(cfg("capi-pb-bad", 65536), nil, 131072); Code(err) != ErrConfig ||
+		!strings.Contains(err.Error(), "pool_bytes = 65536") || !strings.Contains(err.Error(), "131072") {
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		t.Fatalf("config pool_bytes 65536, argument 131072: %v, want ErrConfig naming both", err)
+	}
+	for _, c := range []struct {
+		cfg  string
+		arg  uint64
+		want uint64
+	}{
+		{cfg("capi-pb-same", 65536), 65536, 65536},
+		{cfg("capi-pb-cfg", 65536), 0, 65536},
+		{fmt.Sprintf(`{"instance":"capi-pb-arg",%s,"workers":2}`, tinyLayout), 131072, 131072},
+	} {
+		e, _, err := Open(c.cfg, nil, c.arg)
+		if err != nil {
+			t.Fatalf("%s with pool_bytes %d: %v", c.cfg, c.arg, err)
+		}
+		got := e.Info().PoolBytes
+		if err := e.Close(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s with pool_bytes %d: a pool of %d bytes, want %d", c.cfg, c.arg, got, c.want)
+		}
+	}
+}

@@ -108,7 +108,14 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 			return nil, 0, errorf(ErrInvalidArgument, "pool %p of %d bytes: %v", pool, poolBytes, err)
 		}
 		kc.Region, kc.PoolBytes = r, poolBytes
-	} else if poolBytes != 0 && c.PoolBytes == 0 {
+	} else if poolBytes != 0 {
+		// No pool: the engine allocates one of poolBytes, and a config
+		// that says another size is refused as with a pool, not
+		// overridden one way or the other.
+		if c.PoolBytes != 0 && c.PoolBytes != poolBytes {
+			return nil, 0, errorf(ErrConfig, "pool_bytes = %d in the config but %d passed (no pool: the engine allocates one of that size): give one, or the same",
+				c.PoolBytes, poolBytes)
+		}
 		kc.PoolBytes = poolBytes
 	}
 	eng, err := kvxfer.Start(context.Background(), kc)

@@ -209,7 +209,9 @@ const char *kvxfer_status_name(int32_t status);
  * Unknown keys are refused, naming them. pool, when not NULL, is the
  * caller's memory of pool_bytes bytes (it must outlive the engine and
  * pool_bytes must agree with the config's pool_bytes when that is set);
- * NULL lets the engine allocate it.
+ * NULL lets the engine allocate it, of pool_bytes bytes when not 0 (the
+ * config's pool_bytes when set must then agree, else KVXFER_ERR_CONFIG
+ * naming both), else of the config's.
  *
  * memory (since KVXFER_ABI_MINOR 1), instead of a pool: the framework's own
  * KV tensors, which must outlive the engine; pool must then be NULL and
