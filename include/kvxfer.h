@@ -482,7 +482,11 @@ kvxfer_status kvxfer_poll(kvxfer_engine_t engine, kvxfer_event *events, uint32_t
  * kvxfer_engine_close returns (after it, none runs, even when the close
  * timed out). It may call any function here except kvxfer_engine_close of
  * its own engine, which waits for every callback under way and so would
- * never return. */
+ * never return. cb may run on several library threads at once (requests
+ * finishing together), so it must be safe for that; event points to a
+ * record that is valid only during the call (copy what you keep); user is
+ * handed back as given and never dereferenced (any value, an integer cast
+ * to void * too). Events queued before cb was set stay for kvxfer_poll. */
 kvxfer_status kvxfer_set_callback(kvxfer_engine_t engine, kvxfer_callback cb, void *user);
 
 /* The destination blocks of a READY request's group: writes up to cap ids,
