@@ -62,6 +62,23 @@ type Strides struct {
 // between.
 const maxMemorySpan = 1 << 47
 
+// minHostAddress is the lowest address host memory can have: the first
+// page is never mapped, and the Go runtime aborts the process when it
+// finds a "pointer" below it on a stack it moves ("invalid pointer found
+// on stack"), so such an address must be refused before it becomes an
+// unsafe.Pointer.
+const minHostAddress = 4096
+
+// HostAddress refuses a caller's host address (what names it) that no
+// memory can have: 0 < a < minHostAddress (ErrInvalidArgument naming
+// it). 0 is left to the callers, which take it for "none" or refuse it.
+func HostAddress(what string, a uint64) error {
+	if a != 0 && a < minHostAddress {
+		return errorf(ErrInvalidArgument, "%s = %#x: not an address of host memory (below %d, never mapped)", what, a, minHostAddress)
+	}
+	return nil
+}
+
 // cudaOrdinal reads key's raw value, the CUDA device ordinal of memory
 // given by address: (ordinal, true) for an integer in [0, 2^31), (0,
 // false) when absent or null (host memory). Anything else (negative, a
@@ -179,6 +196,9 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 		// lo is the caller's (C) address, never a Go pointer: reinterpret
 		// its bits rather than convert a uintptr (which vet rightly flags
 		// for Go memory).
+		if err := HostAddress("memory's lowest tensor address", lo); err != nil {
+			return err
+		}
 		r, err = kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&lo)), end)
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package capi
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
@@ -185,5 +186,33 @@ func TestMemoryConfigErrors(t *testing.T) {
 	}
 	if _, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-bad",%s,"memory":%s}`, tinyLayout, good), unsafe.Pointer(&buf[0]), 64); Code(err) != ErrConfig {
 		t.Errorf("memory and a pool: %v", err)
+	}
+}
+
+// TestLowHostAddressesRefused: host memory at an address below the first
+// page (a small integer where an address belongs) is refused naming it,
+// ErrInvalidArgument, before it becomes a pointer: tensors by address and
+// a node's pool_address (kvxfer_engine_open's pool argument is checked the
+// same way in cmd/libkvxfer, test/c). (Checked to fail: the engine opened
+// over the tensors at 0x10, and the node went on to its backend's
+// refusal; held as an unsafe.Pointer such an address aborts the process
+// at a stack move.)
+func TestLowHostAddressesRefused(t *testing.T) {
+	if _, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-low",%s,"memory":{"kind":"nhd","num_blocks":8,"layers":[16,65552]}}`,
+		tinyLayout), nil, 0); Code(err) != ErrInvalidArgument || !strings.Contains(err.Error(), "= 0x10: not an address of host memory") {
+		t.Errorf("tensors at 0x10: %v, want ErrInvalidArgument naming the address", err)
+	}
+	js := fmt.Sprintf(`{"instance":"capi-pool-low",%s,"insecure":true,"bind":"ipc://%s","pool_bytes":4096,"pool_address":16}`,
+		tinyLayout, filepath.Join(t.TempDir(), "low.sock"))
+	if _, _, err := OpenNode(js); Code(err) != ErrInvalidArgument || !strings.Contains(err.Error(), "pool_address = 0x10: not an address of host memory") {
+		t.Errorf("pool_address 16: %v, want ErrInvalidArgument naming it", err)
+	}
+	for _, c := range []struct {
+		a  uint64
+		ok bool
+	}{{0, true}, {1, false}, {4095, false}, {4096, true}, {1 << 46, true}} {
+		if err := HostAddress("pool", c.a); (err == nil) != c.ok {
+			t.Errorf("HostAddress(%#x) = %v, want ok %v", c.a, err, c.ok)
+		}
 	}
 }

@@ -214,6 +214,9 @@ func nodeConfig(js string) (node.Config, error) {
 			r, err = kvcache.ExternalDeviceRegion(uintptr(poolAddr), cfg.PoolBytes, poolDev)
 		} else {
 			// The caller's (C) address, never a Go pointer (as Memory.describe).
+			if err := HostAddress("pool_address", poolAddr); err != nil {
+				return cfg, err
+			}
 			r, err = kvcache.ExternalHostRegion(*(*unsafe.Pointer)(unsafe.Pointer(&poolAddr)), cfg.PoolBytes)
 		}
 		if err != nil {

@@ -87,8 +87,13 @@ func kvxfer_status_name(s C.int32_t) *C.char {
 //export kvxfer_handle_count
 func kvxfer_handle_count() C.uint64_t { return C.uint64_t(capi.HandleCount()) }
 
+// kvxfer_engine_open's pool arrives as an integer (kvxfer.h: void *,
+// passed the same way) and becomes a pointer only once it is checked: an
+// address below the first page held as an unsafe.Pointer aborts the
+// process at the next stack move instead of being refused.
+//
 //export kvxfer_engine_open
-func kvxfer_engine_open(cfg *C.char, pool unsafe.Pointer, poolBytes C.uint64_t, out *C.kvxfer_engine_t) (st C.int32_t) {
+func kvxfer_engine_open(cfg *C.char, poolAddr C.uintptr_t, poolBytes C.uint64_t, out *C.kvxfer_engine_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_engine_open")
 	if cfg == nil {
 		return fail(nullArg("kvxfer_engine_open", "config_json"))
@@ -96,6 +101,11 @@ func kvxfer_engine_open(cfg *C.char, pool unsafe.Pointer, poolBytes C.uint64_t, 
 	if out == nil {
 		return fail(nullArg("kvxfer_engine_open", "out"))
 	}
+	if err := capi.HostAddress("kvxfer_engine_open: pool", uint64(poolAddr)); err != nil {
+		return fail(err)
+	}
+	// The caller's (C) address, never a Go pointer: reinterpret its bits.
+	pool := *(*unsafe.Pointer)(unsafe.Pointer(&poolAddr))
 	_, h, err := capi.Open(C.GoString(cfg), pool, uint64(poolBytes))
 	if err != nil {
 		return fail(err)

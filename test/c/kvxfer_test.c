@@ -96,6 +96,13 @@ static void test_bad_input(void) {
     CHECK(strstr(kvxfer_last_error(), "modle"), "message names the unknown key");
     CHECK(kvxfer_engine_open("{\"model\":\"no-such-model\"}", NULL, 0, &e) == KVXFER_ERR_CONFIG, "unknown model");
     CHECK(strstr(kvxfer_last_error(), "no-such-model"), "message names the model");
+    /* A pool below the first page is no memory: refused naming it (held as
+     * a Go pointer, such an address once aborted the process). */
+    char lowcfg[256];
+    snprintf(lowcfg, sizeof lowcfg, "{\"instance\":\"c-low\",%s}", LAYOUT);
+    CHECK(kvxfer_engine_open(lowcfg, (void *)(uintptr_t)16, 4096, &e) == KVXFER_ERR_INVALID_ARGUMENT, "pool at 0x10");
+    CHECK(strstr(kvxfer_last_error(), "pool = 0x10"), "message names the pool: %s", kvxfer_last_error());
+    CHECK(kvxfer_handle_count() == 0, "a refused open left a handle");
     CHECK(kvxfer_node_open("{}", &e) == KVXFER_ERR_CONFIG, "node_open without a model");
     CHECK(strstr(kvxfer_last_error(), "model"), "message names the field: %s", kvxfer_last_error());
     char ep[64];
