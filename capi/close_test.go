@@ -46,6 +46,20 @@ func waitBlockedIn(t *testing.T, fn string) {
 	}
 }
 
+// waitGoroutinesIn waits (10 s deadline) until at most want goroutines
+// have fn on their stack and returns how many do. A goroutine that has
+// called its WaitGroup's Done (the last thing a watcher does) may still be
+// on its way out when the Wait returns, its frame still on its stack.
+func waitGoroutinesIn(fn string, want int) int {
+	deadline := time.Now().Add(10 * time.Second)
+	n := goroutinesIn(fn)
+	for n > want && time.Now().Before(deadline) {
+		runtime.Gosched()
+		n = goroutinesIn(fn)
+	}
+	return n
+}
+
 // waitResult is what ch delivers within 10 s.
 func waitResult(t *testing.T, ch <-chan error, what string) error {
 	t.Helper()
@@ -162,12 +176,12 @@ func TestTimedOutCloseEndsItsWatchers(t *testing.T) {
 	if err := d.Close(0); Code(err) != ErrTimeout {
 		t.Fatalf("Close(0) with a request live: %v, want ErrTimeout", err)
 	}
-	if n := goroutinesIn(watcher); n != 1 {
+	if n := waitGoroutinesIn(watcher, 1); n != 1 {
 		t.Fatalf("%d watchers left after the generation side's close timed out, want the context side's only", n)
 	}
 	got := len(delivered)
 	closeBoth(t, p)
-	if n := goroutinesIn(watcher); n != 0 {
+	if n := waitGoroutinesIn(watcher, 0); n != 0 {
 		t.Fatalf("%d watchers left after both closed", n)
 	}
 	if len(delivered) != got {
