@@ -361,15 +361,37 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 }
 
 // waitGone waits until key changes after rev (deleted or rewritten).
+//
+// Once etcd compacted past rev a watch from rev+1 is refused at once, for
+// as long as the key is unchanged (a holder's key keeps the revision it
+// was registered at): the key is read then, and the watch starts again
+// after that read while it still holds rev, instead of the caller looking
+// again as fast as etcd answers, for as long as the holder lives.
 func (e *Etcd) waitGone(ctx context.Context, key string, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(e.ctx, cancel) // Close ends the wait too
 	defer stop()
-	for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(rev+1)) {
-		if resp.Err() != nil || len(resp.Events) > 0 || resp.CompactRevision != 0 {
-			return nil // look again
+	from := rev + 1
+	for {
+		compacted := false
+		for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(from)) {
+			if resp.CompactRevision != 0 {
+				compacted = true
+				break
+			}
+			if resp.Err() != nil || len(resp.Events) > 0 {
+				return nil // look again
+			}
 		}
+		if !compacted {
+			break
+		}
+		g, err := e.cli.Get(wctx, key)
+		if err != nil || len(g.Kvs) == 0 || g.Kvs[0].ModRevision != rev {
+			break // changed (or unreadable): look again
+		}
+		from = g.Header.Revision + 1
 	}
 	if err := ctx.Err(); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -600,5 +601,44 @@ func TestEtcdRegisterNamesTheHolder(t *testing.T) {
 		}
 	case <-time.After(waitFor):
 		t.Fatal("Register did not complete once the holder left")
+	}
+}
+
+// TestEtcdRegisterWaitsAcrossCompaction: a Register waiting for an older
+// incarnation's lease to go keeps waiting quietly once etcd compacted past
+// the holder's key (etcd's auto-compaction does, while a duplicate process
+// or a crashed run holds the rank): its watch from the key's revision is
+// refused as compacted. It looped (read, transaction, watch refused) as
+// fast as etcd answered, naming the holder through WithOnHeld each time,
+// for as long as the holder lived.
+func TestEtcdRegisterWaitsAcrossCompaction(t *testing.T) {
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	// A crashed holder: its record under a lease nobody renews.
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 1), lease.ID)
+	// Two writes after it, then compact up to the second: the revision
+	// after the holder's key is compacted (a compaction at R keeps R).
+	var put *clientv3.PutResponse
+	for range 2 {
+		if put, err = admin.Put(ctxFor(t, 10*time.Second), "/compaction-marker/"+cluster, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Compact(ctxFor(t, 10*time.Second), put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Int32
+	r := newEtcdRegistry(t, cluster, WithOnHeld(func(Record) { held.Add(1) }))
+	if err := r.Register(ctxFor(t, waitFor), testRecord("ctx", 0, 2)); err != nil {
+		t.Fatalf("Register once the holder's lease expired: %v", err)
+	}
+	// The holder's key changed once (its lease expired): one wait.
+	if n := held.Load(); n != 1 {
+		t.Errorf("Register named the holder %d times while it waited, want once", n)
 	}
 }
