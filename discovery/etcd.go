@@ -474,10 +474,13 @@ func (e *Etcd) Close() error {
 		e.cancel()
 		e.regs.Wait()
 		e.mu.Lock()
-		registered, failed, lease, key, value, self := e.registered, e.Err() != nil, e.lease, e.key, e.value, e.self
+		registered, lease, key, value, self := e.registered, e.lease, e.key, e.value, e.self
 		lost := e.m.lost // the record is gone already (Lost): nothing to withdraw, and etcd may be down
 		e.mu.Unlock()
-		if registered && lease != 0 && !failed && !lost && e.cli.Ctx().Err() == nil {
+		// A registry that failed (ErrEventOverflow) withdraws its record
+		// too: its keepalive stopped with it, and its record would stay a
+		// TTL. One whose client was closed cannot.
+		if registered && lease != 0 && !lost && e.cli.Ctx().Err() == nil {
 			err = e.leave(self, key, value, lease)
 		}
 		e.shut()

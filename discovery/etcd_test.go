@@ -642,3 +642,39 @@ func TestEtcdRegisterWaitsAcrossCompaction(t *testing.T) {
 		t.Errorf("Register named the holder %d times while it waited, want once", n)
 	}
 }
+
+// TestEtcdCloseAfterOverflowWithdraws: a registered registry stopped by
+// ErrEventOverflow still withdraws its record at Close: peers see it
+// leave at once. It withdrew nothing, and its keepalive had stopped with
+// it, so its record stayed for a TTL (an hour with a long
+// --discovery-ttl) as a member nobody answered for, and a restart of the
+// rank waited that long for it to go.
+func TestEtcdCloseAfterOverflowWithdraws(t *testing.T) {
+	cluster := clusterName(t)
+	a := newEtcdRegistry(t, cluster, WithEventQueue(2))
+	if err := a.Register(ctxFor(t, 10*time.Second), testRecord("gen", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	b := newEtcdRegistry(t, cluster, WithTTL(time.Minute))
+	waitEvent(t, b, waitFor, "gen/0 up", isUp("gen", 0, 1))
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		adminRegister(t, admin, cluster, testRecord("ctx", int32(i), 1), lease.ID)
+	}
+	poll(t, waitFor, "the registry to fail", func() bool { return a.Err() != nil })
+	if !errors.Is(a.Err(), ErrEventOverflow) {
+		t.Fatalf("err %v, want %v", a.Err(), ErrEventOverflow)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("Close after the overflow: %v", err)
+	}
+	down := waitEvent(t, b, waitFor, "gen/0 down", isDown("gen", 0, 1))
+	if down.Reason != ReasonLeft {
+		t.Errorf("gen/0 down %q after its registry's Close, want %q", down.Reason, ReasonLeft)
+	}
+}
