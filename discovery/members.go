@@ -54,12 +54,16 @@ func (m *members) isSelf(id messages.PeerID, inc uint64) bool {
 }
 
 // register notes this registry's own record; it fails when the table
-// already saw an incarnation of the rank at or above r's.
+// already saw an incarnation of the rank at or above r's. The error names
+// the rank's incarnation key, where the incarnation seen is stored (a
+// record is accepted only at the incarnation that key names, so it holds
+// the highest one seen).
 func (m *members) register(r Record) error {
 	if st := m.ranks[r.Peer()]; st != nil && (r.Incarnation <= st.floor || r.Incarnation <= st.reg.Incarnation) {
-		return fmt.Errorf("%w: %s: incarnation %d is not above %d, already seen for %s",
-			ErrStaleIncarnation, Key(m.cluster, r.Instance, r.Rank),
-			r.Incarnation, max(st.floor, st.reg.Incarnation), r.Peer())
+		return fmt.Errorf("%w: %s names incarnation %d, already registered for %s: incarnation %d is not above it "+
+			"(an incarnation is the rank's start time in nanoseconds: did this host's clock step back, or was the key written by hand?)",
+			ErrStaleIncarnation, IncarnationKey(m.cluster, r.Instance, r.Rank),
+			max(st.floor, st.reg.Incarnation), r.Peer(), r.Incarnation)
 	}
 	m.self, m.selfInc, m.hasSelf, m.lost = r.Peer(), r.Incarnation, true, false
 	return nil

@@ -262,3 +262,25 @@ func FuzzMembersPut(f *testing.F) {
 		m.del(key)
 	})
 }
+
+// TestMembersRegisterNamesIncarnationKey: a registration refused because
+// the rank's incarnation key names a higher incarnation names that key
+// and the incarnation it holds. It named the record's key, which holds
+// nothing then (the value to look at, or delete, is the incarnation
+// key's).
+func TestMembersRegisterNamesIncarnationKey(t *testing.T) {
+	m := newMembers("c")
+	ik := IncarnationKey("c", "gen", 0)
+	if evs := m.put(ik, registration{Incarnation: 900, Lease: 1}.encode(), 0); len(evs) != 0 {
+		t.Fatalf("incarnation key: %v", evs)
+	}
+	err := m.register(testRecord("gen", 0, 500))
+	if !errors.Is(err, ErrStaleIncarnation) {
+		t.Fatalf("register below the incarnation key: %v, want %v", err, ErrStaleIncarnation)
+	}
+	for _, want := range []string{ik, "900", "500", "gen/0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
