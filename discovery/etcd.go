@@ -174,7 +174,14 @@ func (e *Etcd) watch(rev int64) {
 				}
 			}
 			e.mu.Unlock()
-			rev = resp.Header.Revision + 1
+			// Resume after the last event applied, not after the header's
+			// revision: etcd sends a watcher that fell behind its events in
+			// batches of 1000 revisions, each with the store's current
+			// revision, and a watch resumed from there (below, when the
+			// read that resynchronises fails) would skip the rest.
+			if n := len(evs); n > 0 {
+				rev = max(rev, evs[n-1].Kv.ModRevision+1)
+			}
 		}
 		if e.ctx.Err() != nil {
 			return
