@@ -88,7 +88,8 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 			}
 		}
 		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: o.dialTimeout, TLS: o.tls,
-			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: context.Background()})
+			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: context.Background(),
+			DialKeepAliveTime: keepAlivePing, DialKeepAliveTimeout: keepAlivePingTimeout})
 		if err != nil {
 			return nil, explain(fmt.Errorf("discovery: etcd %v%s: %w", endpoints, e.authNote(), err), endpoints, o.tls)
 		}
@@ -115,6 +116,24 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	go e.watch(resp.Header.Revision + 1)
 	return e, nil
 }
+
+// keepAlivePing and keepAlivePingTimeout are the gRPC keepalive of the
+// registry's own client: a connection to an etcd member that answers
+// nothing (its host froze or dropped off the network, without a FIN or
+// an RST) is given up after keepAlivePing + keepAlivePingTimeout, and its
+// watch and lease keepalive move to another member (the lease outlives
+// that only with a TTL above those 15 s: under the default 5 s, a rank
+// whose keepalive ran over that connection is Lost first). Without them the
+// watch waited on such a connection until the kernel gave up on it, many
+// minutes later: the registry saw no arrival or departure meanwhile.
+// gRPC pings no more often than every 10 s; etcd refuses pings more
+// often than every 5 s (--grpc-keepalive-min-time) or on a connection
+// without a stream (the client sends none there: PermitWithoutStream is
+// off, and the registry's watch is a stream while it runs).
+const (
+	keepAlivePing        = 10 * time.Second
+	keepAlivePingTimeout = 5 * time.Second
+)
 
 // authNote names the etcd user in an error ("" without auth).
 func (e *Etcd) authNote() string {
