@@ -1,8 +1,10 @@
 package discovery
 
 import (
+	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,4 +140,56 @@ func TestEtcdWatchLeavesAFrozenMember(t *testing.T) {
 	if ev.Kind != EventUp || ev.Record.Incarnation != 7 {
 		t.Fatalf("got %v, want UP ctx/0#7", ev)
 	}
+}
+
+// TestEtcdRegisterEndsWithItsLease: a Register waiting for an older
+// incarnation to go ends, with an error that says so, once etcd stops
+// answering for the TTL of its own lease: the lease is gone and the
+// registration can never complete. It waited on for as long as its
+// caller let it (kvxfer gen hung after logging that its membership was
+// lost, until interrupted).
+func TestEtcdRegisterEndsWithItsLease(t *testing.T) {
+	direct := etcdEndpoints(t)[0]
+	p := newHoleProxy(t, direct)
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("gen", 0, 1), lease.ID) // a live holder
+	held := make(chan Record, 1)
+	r, err := NewEtcd(ctxFor(t, 10*time.Second), []string{p.addr()}, cluster, WithTTL(time.Second),
+		WithDialTimeout(time.Second), WithOnHeld(func(h Record) {
+			select {
+			case held <- h:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx := ctxFor(t, 5*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- r.Register(ctx, testRecord("gen", 0, 2)) }()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("Register returned %v before waiting for the holder", err)
+	case <-time.After(waitFor):
+		t.Fatal("Register did not find the holder")
+	}
+	p.hole.Store(true) // etcd stops answering
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Register still waits, two minutes after etcd stopped answering (its lease's TTL is 1 s)")
+	}
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "lease") ||
+		!strings.Contains(err.Error(), Key(cluster, "gen", 0)) {
+		t.Fatalf("Register: %v (its context: %v), want an error naming the key and the end of its lease", err, ctx.Err())
+	}
+	t.Logf("Register: %v", err)
 }

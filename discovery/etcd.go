@@ -275,9 +275,9 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	e.mu.Unlock()
 	defer e.regs.Done()
 	defer e.registering.Add(-1)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(e.ctx, cancel) // Close cuts it short
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(e.ctx, func() { cancel(nil) }) // Close cuts it short
 	defer stop()
 
 	lease, err := e.cli.Grant(ctx, e.opts.ttlSeconds())
@@ -296,12 +296,21 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 		return e.unregister(fmt.Errorf("discovery: etcd: keepalive for %s: %w", key, err), lease.ID)
 	}
 	e.wg.Add(1)
-	go e.keepalive(kctx, ka)
+	// The end of the lease ends a registration still in progress (waiting
+	// for an older incarnation to go, or for etcd): it can never complete.
+	go e.keepalive(kctx, ka, func() { cancel(errLeaseEnded) })
 	if err := e.put(ctx, r, key, value, lease.ID); err != nil {
+		if errors.Is(context.Cause(ctx), errLeaseEnded) {
+			err = fmt.Errorf("discovery: etcd: registering %s: its lease %x ended before the registration completed "+
+				"(not renewed for its TTL, %ds: etcd stopped or unreachable); it was: %w", key, lease.ID, lease.TTL, err)
+		}
 		return e.unregister(err, lease.ID)
 	}
 	return nil
 }
+
+// errLeaseEnded is the cause that ends a Register whose lease ended.
+var errLeaseEnded = errors.New("discovery: the registration's lease ended")
 
 // put writes the record once the key is free (or holds a value no peer
 // accepts), together with the rank's incarnation key in one transaction;
@@ -450,12 +459,14 @@ func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
 
 // keepalive drains the lease's keepalive responses; when they stop (the
 // lease expired, was revoked, or etcd could not be reached for a TTL)
-// this rank is out of the cluster.
-func (e *Etcd) keepalive(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+// this rank is out of the cluster, and a Register still in progress ends
+// (ended).
+func (e *Etcd) keepalive(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse, ended func()) {
 	defer e.wg.Done()
 	for range ka {
 	}
 	if ctx.Err() == nil {
+		ended()
 		e.lose(ReasonKeepaliveStopped)
 	}
 }
