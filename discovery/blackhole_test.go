@@ -193,3 +193,29 @@ func TestEtcdRegisterEndsWithItsLease(t *testing.T) {
 	}
 	t.Logf("Register: %v", err)
 }
+
+// TestEtcdRegisterBoundsItsLeaseGrant: a Register that finds etcd no
+// longer answering when it asks for its lease fails within the dial
+// timeout, naming the key. It waited for as long as its caller let it:
+// no lease yet, so no keepalive to end it.
+func TestEtcdRegisterBoundsItsLeaseGrant(t *testing.T) {
+	p := newHoleProxy(t, etcdEndpoints(t)[0])
+	r, err := NewEtcd(ctxFor(t, 10*time.Second), []string{p.addr()}, clusterName(t), WithTTL(time.Second), WithDialTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	p.hole.Store(true) // etcd stops answering
+	ctx := ctxFor(t, 5*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- r.Register(ctx, testRecord("gen", 0, 1)) }()
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Register still waits for its lease, two minutes after etcd stopped answering (dial timeout 1 s)")
+	}
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "lease") || !strings.Contains(err.Error(), Key(r.cluster, "gen", 0)) {
+		t.Fatalf("Register: %v (its context: %v), want an error naming the key and its lease", err, ctx.Err())
+	}
+	t.Logf("Register: %v", err)
+}

@@ -280,9 +280,13 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	stop := context.AfterFunc(e.ctx, func() { cancel(nil) }) // Close cuts it short
 	defer stop()
 
-	lease, err := e.cli.Grant(ctx, e.opts.ttlSeconds())
+	// Bounded as the first read is: until the keepalive runs, nothing
+	// else would end a wait on an etcd that stopped answering.
+	gctx, gcancel := context.WithTimeout(ctx, e.opts.dialTimeout)
+	lease, err := e.cli.Grant(gctx, e.opts.ttlSeconds())
+	gcancel()
 	if err != nil {
-		return e.unregister(fmt.Errorf("discovery: etcd: lease for %s: %w", key, err), 0)
+		return e.unregister(fmt.Errorf("discovery: etcd %v%s: lease for %s: %w", e.cli.Endpoints(), e.authNote(), key, err), 0)
 	}
 	e.mu.Lock()
 	e.lease = lease.ID
