@@ -780,6 +780,19 @@ func (r *Request) Outcome() (kvxfer.Outcome, error) {
 	return *r.out, nil
 }
 
+// Payload is a READY outcome's payload (the context side's); any other
+// outcome has none and is refused, as Blocks refuses it.
+func (r *Request) Payload() ([]byte, error) {
+	o, err := r.Outcome()
+	if err != nil {
+		return nil, err
+	}
+	if o.Status != kvxfer.StatusReady {
+		return nil, errorf(ErrInvalidArgument, "request %d (%s) is %s, not READY: it has no payload", r.h, quote(r.id), o.Status)
+	}
+	return o.Payload, nil
+}
+
 // Blocks are a READY outcome's destination blocks of group g and the global
 // index of the first.
 func (r *Request) Blocks(g int) ([]kvcache.BlockID, int, error) {

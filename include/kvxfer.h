@@ -494,7 +494,10 @@ kvxfer_status kvxfer_set_callback(kvxfer_engine_t engine, kvxfer_callback cb, vo
  * global index of the first block. */
 kvxfer_status kvxfer_request_blocks(kvxfer_request_t request, uint32_t group, int32_t *ids, uint32_t cap,
                                     uint32_t *n, int32_t *first);
-/* The context side's payload of a READY request, as kvxfer_request_blocks. */
+/* The context side's payload of a READY request, as kvxfer_request_blocks:
+ * writes up to cap bytes, *n is the size (KVXFER_ERR_BUFFER_TOO_SMALL if
+ * cap < *n); a finished request that is not READY (a send, a failed or
+ * cancelled receive) is KVXFER_ERR_INVALID_ARGUMENT. */
 kvxfer_status kvxfer_request_payload(kvxfer_request_t request, void *buf, uint32_t cap, uint32_t *n);
 /* The outcome's message ("" on success) into buf (NUL-terminated, truncated). */
 kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t cap);

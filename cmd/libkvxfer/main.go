@@ -718,16 +718,16 @@ func kvxfer_request_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, cap C.uin
 	if err != nil {
 		return fail(err)
 	}
-	o, err := r.Outcome()
+	payload, err := r.Payload()
 	if err != nil {
 		return fail(err)
 	}
-	*n = C.uint32_t(len(o.Payload))
-	if len(o.Payload) > int(cap) {
+	*n = C.uint32_t(len(payload))
+	if len(payload) > int(cap) {
 		return fail(&capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf(
-			"kvxfer_request_payload: request %d payload is %d bytes, cap is %d", rh, len(o.Payload), cap)})
+			"kvxfer_request_payload: request %d payload is %d bytes, cap is %d", rh, len(payload), cap)})
 	}
-	copy(unsafe.Slice((*byte)(buf), cap), o.Payload)
+	copy(unsafe.Slice((*byte)(buf), cap), payload)
 	return 0
 }
 

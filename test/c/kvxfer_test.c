@@ -349,6 +349,12 @@ static void test_transfer(void) {
     }
     CHECK(callback_events == 1, "callback events %d", callback_events);
     OK(kvxfer_request_error(rx, msg, sizeof msg));
+    {
+        /* A cancelled receive has no payload, as it has no blocks. */
+        uint32_t pn = 99;
+        kvxfer_status pst = kvxfer_request_payload(rx, NULL, 0, &pn);
+        CHECK(pst == KVXFER_ERR_INVALID_ARGUMENT, "payload of a cancelled receive: %s", kvxfer_status_name(pst));
+    }
     OK(kvxfer_request_release(rx));
     OK(kvxfer_set_callback(d, NULL, NULL));
     printf("ok   cancel via callback: %s\n", msg);
