@@ -30,6 +30,13 @@ const (
 	DefaultInstance        = "kvxfer"
 )
 
+// MaxWorkers bounds Config.Workers (and KVXFER_WORKERS). Each worker is an
+// actor with its own control connections and data-plane endpoints to every
+// peer it sends to; a count past this is a mistake (a value meant for
+// another setting), and Start would spend the process's memory on it
+// before any request came.
+const MaxWorkers = 1024
+
 // Config configures one engine rank. Zero values take the defaults above.
 type Config struct {
 	// Instance names the engine instance (all ranks of one serving
@@ -59,7 +66,8 @@ type Config struct {
 	Revoker kvcache.Revoker
 	// Workers is the number of sender workers (env KVXFER_WORKERS). The
 	// zero value means DefaultWorkers (4); a negative value is an error, and
-	// so is KVXFER_WORKERS=0 (an explicit setting below 1).
+	// so is KVXFER_WORKERS=0 (an explicit setting below 1), and so is one
+	// above MaxWorkers.
 	Workers int
 	// Backend names the data plane ("loopback"); Agent, when set, is used
 	// instead.
@@ -198,6 +206,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Workers < 1 {
 		return r, fmt.Errorf("%w: Workers = %d, must be ≥ 1", ErrConfig, r.Workers)
+	}
+	if r.Workers > MaxWorkers {
+		return r, fmt.Errorf("%w: Workers = %d, at most %d (MaxWorkers)", ErrConfig, r.Workers, MaxWorkers)
 	}
 	if r.Revoker != nil && r.Region == nil {
 		return r, fmt.Errorf("%w: Revoker is set without Region: it revokes the region's blocks", ErrConfig)

@@ -391,6 +391,10 @@ func TestConfigErrors(t *testing.T) {
 		want string
 	}{
 		{"workers", kvxfer.Config{Layout: &l, Workers: -1}, "Workers = -1"},
+		// A count meant for another setting: refused, naming it, rather
+		// than Start spending the process's memory on a worker table.
+		{"workers huge", kvxfer.Config{Layout: &l, Workers: 1 << 40}, "Workers = 1099511627776"},
+		{"workers past max", kvxfer.Config{Layout: &l, Workers: kvxfer.MaxWorkers + 1}, fmt.Sprintf("Workers = %d", kvxfer.MaxWorkers+1)},
 		{"backend", kvxfer.Config{Layout: &l, Backend: "carrier-pigeon"}, `Backend = "carrier-pigeon"`},
 		{"layout", kvxfer.Config{Layout: &bad}, "KVHeads = 0"},
 		{"model", kvxfer.Config{Model: "gpt-17"}, "gpt-17"},
