@@ -50,7 +50,9 @@ type Config struct {
 	Layout *kvcache.Layout
 	// TokensPerBlock overrides the layout's block size when > 0.
 	TokensPerBlock int
-	// PoolBytes is the size of the engine's block pool region.
+	// PoolBytes is the size of the engine's block pool region. It may
+	// hold at most messages.MaxBlocks blocks of each layer group (what a
+	// peer takes in a Hello).
 	PoolBytes uint64
 	// Region, when set, is the pool memory (for example a shared-memory
 	// region the shm backend can write into, or memory a serving framework
@@ -302,6 +304,13 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if perSet == 0 || r.PoolBytes < empty || (r.PoolBytes-empty)/perSet < 1 {
 		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
+	}
+	// Each group's pool goes in the Hello, whose peers refuse a pool of
+	// more than messages.MaxBlocks blocks (and so does its encoder: a
+	// wire link would fail at Listen with no word of PoolBytes).
+	if n := (r.PoolBytes - empty) / perSet; n > messages.MaxBlocks {
+		return r, fmt.Errorf("%w: PoolBytes = %d holds %d blocks per layer group (a block of every group is %d bytes), at most %d (messages.MaxBlocks): use a smaller pool or more TokensPerBlock",
+			ErrConfig, r.PoolBytes, n, perSet, messages.MaxBlocks)
 	}
 	r.blocks = int((r.PoolBytes - empty) / perSet)
 	return r, nil
