@@ -251,6 +251,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {
+			if errors.Is(err, ErrClosed) { // (the table's error is the bare sentinel)
+				err = fmt.Errorf("%w: send %s: the engine is closing", ErrClosed, m.request)
+			}
 			if o, ok := p.unsent.get(m.request); ok && errors.Is(err, ErrBadRequest) {
 				err = fmt.Errorf("request %s ended before Send (%s): the session its generation side's RequestData opened here ended: %w",
 					m.request, o.Status, o.Err)
@@ -530,7 +533,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			hoptrace.Mark("rxparent.open", m.req.ID)
 		}
 		if p.sessions.draining {
-			m.reply <- rxOpenReply{err: ErrClosed}
+			m.reply <- rxOpenReply{err: fmt.Errorf("%w: receive %s: the engine is closing", ErrClosed, m.req.ID)}
 			return
 		}
 		if p.table.Started(m.req.ID) || p.queue.Queued(m.req.ID) {
