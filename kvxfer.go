@@ -420,19 +420,21 @@ type TxHandle struct {
 }
 
 // Send opens the context side of a request, typically when prefill starts.
-// Cancelling ctx cancels the request (as TxHandle.Cancel); its deadline,
-// when earlier than the request's timeout, bounds the request, which then
+// A ctx already done opens nothing: the error wraps ctx.Err() and names
+// the request. Cancelling ctx later cancels the request (as
+// TxHandle.Cancel); its deadline, when earlier than the request's timeout,
+// bounds the request, which then
 // ends as at its timeout (FAILED, ErrTimeout), not cancelled. Done fires
 // after every pin is released: then the caller may free the source blocks.
 // A request that its generation instance cancelled before Send is refused
 // with ErrPeerCancelled: that instance freed its blocks, and prefill may
 // stop.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any message quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", actors.ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("kvxfer: send %s: %w", req.ID, err)
 	}
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
@@ -783,9 +785,10 @@ type RxHandle struct {
 	inner *actors.RxHandle
 }
 
-// Receive opens the generation side of a request. Cancelling ctx cancels
-// the request (as RxHandle.Cancel); its deadline, when earlier than the
-// request's timeout, bounds it, and the request then ends TIMED_OUT
+// Receive opens the generation side of a request. A ctx already done opens
+// nothing: the error wraps ctx.Err() and names the request. Cancelling ctx
+// later cancels the request (as RxHandle.Cancel); its deadline, when
+// earlier than the request's timeout, bounds it, and the request then ends TIMED_OUT
 // (ErrTimeout), not cancelled.
 //
 // The READY contract: Outcome.Blocks[g] are the destination blocks of
@@ -806,7 +809,7 @@ type RxHandle struct {
 // before.
 func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kvxfer: receive %s: %w", messages.TruncateText(req.ID, messages.MaxRequestIDLen), err)
 	}
 	if req.Context == "" {
 		// No writer to ask: the request could only wait out its timeout.
