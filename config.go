@@ -181,15 +181,25 @@ type resolved struct {
 // frame (longer than messages.MaxInstanceLen), or one no C string or log
 // line can carry whole (a control character: NUL, a newline).
 func checkInstance(name string) error {
+	if why := instanceNameProblem(name); why != "" {
+		return fmt.Errorf("%w: Instance %s", ErrConfig, why)
+	}
+	return nil
+}
+
+// instanceNameProblem says what is wrong with an instance name that no
+// engine can have (checkInstance), quoting it (cut to twice the longest
+// name), or "" when nothing is.
+func instanceNameProblem(name string) string {
 	if len(name) > messages.MaxInstanceLen {
-		return fmt.Errorf("%w: Instance %q is %d bytes, at most %d", ErrConfig, name, len(name), messages.MaxInstanceLen)
+		return fmt.Sprintf("%q is %d bytes, at most %d", messages.TruncateText(name, 2*messages.MaxInstanceLen), len(name), messages.MaxInstanceLen)
 	}
 	for _, c := range name {
 		if c < 0x20 || c == 0x7f {
-			return fmt.Errorf("%w: Instance %q holds control character %U", ErrConfig, name, c)
+			return fmt.Sprintf("%q holds control character %U", name, c)
 		}
 	}
-	return nil
+	return ""
 }
 
 func (c Config) resolve() (resolved, error) {

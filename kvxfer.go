@@ -387,6 +387,8 @@ type SendRequest struct {
 	// for (a disaggregated router knows it): RequestData for the request
 	// from any other instance is refused and cannot touch it. Empty: the
 	// first RequestData that validates binds the request to its instance.
+	// A name no engine can have (one Start refuses as Config.Instance) is
+	// refused with ErrBadRequest.
 	Generation string
 	// GenerationParallel, when set (TP > 0), is the generation instance's
 	// parallelism: a rank that writes to none of its ranks (MLA with a
@@ -438,6 +440,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	}
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
+	}
+	if why := instanceNameProblem(req.Generation); why != "" {
+		// No engine has that name: every RequestData would be refused,
+		// and the request would wait out its timeout pinning its chunks.
+		return nil, fmt.Errorf("%w: request %s: Generation %s", actors.ErrBadRequest, req.ID, why)
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	h, err := e.inner.Send(actors.TxRequest{ID: req.ID, PromptLen: req.PromptLen, Deadline: deadline, Payload: req.Payload,
@@ -755,6 +762,8 @@ type ReceiveRequest struct {
 	ID        string
 	PromptLen int
 	// Context names the context instance (required) and its parallelism.
+	// A name no engine can have (one Start refuses as Config.Instance) is
+	// refused with ErrBadRequest.
 	Context         string
 	ContextParallel kvcache.Parallel
 	// PrefixHitBlocks[g]: leading blocks of group g already held.
@@ -815,6 +824,12 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 		// No writer to ask: the request could only wait out its timeout.
 		return nil, fmt.Errorf("%w: request %s: Context is empty: name the context instance whose ranks write its KV",
 			ErrBadRequest, req.ID)
+	}
+	if why := instanceNameProblem(req.Context); why != "" {
+		// No engine has that name (Start refuses it): the RequestData
+		// could reach no writer, and the request would wait out its
+		// timeout holding its destination blocks.
+		return nil, fmt.Errorf("%w: request %s: Context %s", ErrBadRequest, req.ID, why)
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // TestCancelledContextNamesRequest: Send and Receive with a context
@@ -29,4 +30,37 @@ func TestCancelledContextNamesRequest(t *testing.T) {
 	transfer(t, c, l, "gone-tx", 1, 16, 16, true)
 	transfer(t, c, l, "gone-rx", 2, 16, 16, false)
 	checkNoLeaks(t, c)
+}
+
+// TestImpossibleInstanceNamesRefused: a Receive whose Context, or a Send
+// whose Generation, names an instance no engine can have (Start refuses
+// the name: too long, a control character) is refused at once, naming the
+// field, instead of waiting out its timeout holding blocks; the ids stay
+// free. Start's own refusal quotes a long name cut short.
+func TestImpossibleInstanceNamesRefused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	long := strings.Repeat("x", messages.MaxInstanceLen+1)
+	for _, name := range []string{long, "ctx\n", "c\x00tx"} {
+		_, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "named-rx", PromptLen: 16, Context: name})
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "named-rx: Context ") {
+			t.Fatalf("receive from instance %.20q: %v, want ErrBadRequest naming the request and Context", name, err)
+		}
+		_, err = c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "named-tx", PromptLen: 16, Generation: name})
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "named-tx: Generation ") {
+			t.Fatalf("send to instance %.20q: %v, want ErrBadRequest naming the request and Generation", name, err)
+		}
+	}
+	if st := c.gen[0].Pools().Stats(); st[0].Receiving != 0 || st[0].Used != 0 {
+		t.Fatalf("refused receives hold blocks: %+v", st[0])
+	}
+	transfer(t, c, l, "named-rx", 1, 16, 16, true)
+	transfer(t, c, l, "named-tx", 2, 16, 16, false)
+	checkNoLeaks(t, c)
+
+	huge := strings.Repeat("y", 1<<20)
+	_, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: huge, Layout: &l, PoolBytes: 1 << 20})
+	if !errors.Is(err, kvxfer.ErrConfig) || !strings.Contains(err.Error(), "is 1048576 bytes, at most 128") || len(err.Error()) > 1024 {
+		t.Fatalf("start as a 1 MiB instance name: %d-byte error %.200q, want ErrConfig naming its length, cut short", len(err.Error()), err)
+	}
 }
