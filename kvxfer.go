@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -370,9 +371,16 @@ func (e *Engine) MetricsAddr() string {
 	return e.metricsSrv.Addr()
 }
 
+// maxPromptLen is the longest prompt a request may have: RequestData
+// carries the prompt length in 32 bits, and a longer one would reach the
+// other side cut.
+const maxPromptLen = math.MaxInt32
+
 // SendRequest describes the context side of a request.
 type SendRequest struct {
-	ID        string
+	ID string
+	// PromptLen is the prompt's length in tokens, 1..math.MaxInt32 (the
+	// wire carries it in 32 bits).
 	PromptLen int
 	// Timeout overrides Config.TransferTimeout when > 0.
 	Timeout time.Duration
@@ -440,6 +448,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	}
 	if req.PromptLen < 1 {
 		return nil, fmt.Errorf("%w: request %q prompt length %d", actors.ErrBadRequest, req.ID, req.PromptLen)
+	}
+	if req.PromptLen > maxPromptLen {
+		return nil, fmt.Errorf("%w: request %q prompt length %d, at most %d", actors.ErrBadRequest, req.ID, req.PromptLen, maxPromptLen)
 	}
 	if why := instanceNameProblem(req.Generation); why != "" {
 		// No engine has that name: every RequestData would be refused,
@@ -759,7 +770,9 @@ func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
 
 // ReceiveRequest describes the generation side of a request.
 type ReceiveRequest struct {
-	ID        string
+	ID string
+	// PromptLen is the prompt's length in tokens, 1..math.MaxInt32 (the
+	// wire carries it in 32 bits).
 	PromptLen int
 	// Context names the context instance (required) and its parallelism.
 	// A name no engine can have (one Start refuses as Config.Instance) is
@@ -830,6 +843,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 		// could reach no writer, and the request would wait out its
 		// timeout holding its destination blocks.
 		return nil, fmt.Errorf("%w: request %s: Context %s", ErrBadRequest, req.ID, why)
+	}
+	if req.PromptLen > maxPromptLen {
+		return nil, fmt.Errorf("%w: request %s prompt length %d, at most %d", ErrBadRequest, req.ID, req.PromptLen, maxPromptLen)
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel

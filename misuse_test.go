@@ -64,3 +64,23 @@ func TestImpossibleInstanceNamesRefused(t *testing.T) {
 		t.Fatalf("start as a 1 MiB instance name: %d-byte error %.200q, want ErrConfig naming its length, cut short", len(err.Error()), err)
 	}
 }
+
+// TestPromptLenPastWireRefused: a prompt longer than the 32 bits
+// RequestData carries is refused at Send and at Receive, naming the
+// request and the length, instead of reaching the other side cut.
+func TestPromptLenPastWireRefused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	const n = 1<<32 + 16 // 16 once cut to 32 bits
+	_, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "long-tx", PromptLen: n})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "long-tx") || !strings.Contains(err.Error(), "prompt length 4294967312") {
+		t.Fatalf("send of a %d-token prompt: %v, want ErrBadRequest naming the request and the length", n, err)
+	}
+	_, err = c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "long-rx", PromptLen: n, Context: "ctx"})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "long-rx") || !strings.Contains(err.Error(), "prompt length 4294967312") {
+		t.Fatalf("receive of a %d-token prompt: %v, want ErrBadRequest naming the request and the length", n, err)
+	}
+	transfer(t, c, l, "long-tx", 1, 16, 16, true)
+	transfer(t, c, l, "long-rx", 2, 16, 16, false)
+	checkNoLeaks(t, c)
+}
