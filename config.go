@@ -143,7 +143,8 @@ type Config struct {
 	// track those ids (Engine.Block is nil for such a group; use
 	// Engine.BlockTensor). On a generation rank the descriptors travel in
 	// the Hello, and context ranks plan into them; on a context rank
-	// requests are planned from them. See Memory's doc in kvcache.
+	// requests are planned from them. Start copies them: the caller may
+	// reuse its descriptors once Start returns. See Memory's doc in kvcache.
 	Memory []*kvcache.KVMemory
 
 	workersSet bool
@@ -204,6 +205,9 @@ func instanceNameProblem(name string) string {
 
 func (c Config) resolve() (resolved, error) {
 	r := resolved{Config: c}
+	if c.Memory != nil {
+		r.Memory = cloneMemory(c.Memory)
+	}
 	if r.Instance == "" {
 		r.Instance = DefaultInstance
 	}

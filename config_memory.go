@@ -59,6 +59,29 @@ func (r *resolved) checkMemory() error {
 	return nil
 }
 
+// cloneMemory copies descriptors deep (nil entries stay nil): the engine
+// keeps the descriptors Start validated and planned from, whatever the
+// caller does with its own after Start returns (reuses one for the next
+// rank, say), as it keeps a clone of Config.Layout.
+func cloneMemory(ms []*kvcache.KVMemory) []*kvcache.KVMemory {
+	out := make([]*kvcache.KVMemory, len(ms))
+	for g, m := range ms {
+		if m == nil {
+			continue
+		}
+		c := *m
+		c.Layers = slices.Clone(m.Layers)
+		if m.Base != nil {
+			c.Base = make([][]uint64, len(m.Base))
+			for i, b := range m.Base {
+				c.Base[i] = slices.Clone(b)
+			}
+		}
+		out[g] = &c
+	}
+	return out
+}
+
 // memoryPools carves no memory: for descriptor memory kvxfer's pool of a
 // group only hands out and tracks the descriptor's block ids, so its
 // geometry is one byte per block at offset 0 (the region holds at least
@@ -103,8 +126,9 @@ func (e *Engine) BlockTensor(g, layer, part int, id kvcache.BlockID) []byte {
 }
 
 // Memory is the descriptor of layer group g of this rank's KV memory:
-// Config.Memory[g], or the pool's own layout (kvcache.PoolMemory) when
-// Config.Memory is not set; nil for a group the rank holds no layer of.
+// Start's copy of Config.Memory[g], or the pool's own layout
+// (kvcache.PoolMemory) when Config.Memory is not set; nil for a group the
+// rank holds no layer of. It is the engine's own: read it, never modify it.
 func (e *Engine) Memory(g int) *kvcache.KVMemory {
 	if g < 0 || g >= len(e.memory) {
 		return nil

@@ -461,3 +461,73 @@ func TestPeerRestartWithAnotherLayout(t *testing.T) {
 	}
 	checkNoLeaks(t, c)
 }
+
+// TestConfigMemoryIsCopied: Start keeps its own copy of Config.Memory. A
+// framework that changes its descriptors after Start (reuses one for the
+// next rank) changes nothing of the engine's: Engine.Memory still says
+// what Start validated, and requests still move every byte into the
+// blocks the generation side described.
+func TestConfigMemoryIsCopied(t *testing.T) {
+	tc := memCase{"NHD to NHD", smallLayout(), tp1, tp1, memNHD, memNHD}
+	l := tc.l
+	c := &cluster{link: control.NewMemLink(), ctxPar: tp1, genPar: tp1}
+	var callers [][]*kvcache.KVMemory // each engine's Config.Memory, as the caller holds it
+	for _, inst := range []string{"ctx", "gen"} {
+		s, err := l.Shape(tp1, tp1.RankAt(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		region, mem := frameworkMemory(t, l, s, memNHD, 24)
+		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, Region: region, Memory: mem,
+			Workers: 2, Link: c.link, TransferTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatalf("start %s: %v", inst, err)
+		}
+		if inst == "ctx" {
+			c.ctx = append(c.ctx, e)
+		} else {
+			c.gen = append(c.gen, e)
+		}
+		callers = append(callers, mem)
+	}
+	t.Cleanup(func() {
+		for _, e := range append(c.ctx, c.gen...) {
+			if err := e.Close(context.Background()); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	})
+	type saved struct {
+		base00, stride uint64
+		layer0, blocks int
+	}
+	var before []saved
+	for _, mem := range callers {
+		for _, m := range mem {
+			before = append(before, saved{m.Base[0][0], m.BlockStride, m.Layers[0], m.Blocks})
+			// Another rank's descriptor written over this one: every
+			// tensor a block further on, another layer, fewer blocks.
+			for i := range m.Base {
+				for p := range m.Base[i] {
+					m.Base[i][p] += m.BlockStride
+				}
+			}
+			m.Layers[0]++
+			m.Blocks--
+		}
+	}
+	i := 0
+	for _, e := range append(c.ctx, c.gen...) {
+		for g := range l.Groups {
+			m, want := e.Memory(g), before[i]
+			if got := (saved{m.Base[0][0], m.BlockStride, m.Layers[0], m.Blocks}); got != want {
+				t.Fatalf("group %d: Engine.Memory follows the caller's descriptor changed after Start: %+v, Start had %+v", g, got, want)
+			}
+			i++
+		}
+	}
+	if n := transferMemory(t, c, tc, "copied", 5, 100, 32); n == 0 {
+		t.Fatal("no byte verified")
+	}
+	checkNoLeaks(t, c)
+}
