@@ -3,10 +3,13 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -83,4 +86,45 @@ func TestPromptLenPastWireRefused(t *testing.T) {
 	transfer(t, c, l, "long-tx", 1, 16, 16, true)
 	transfer(t, c, l, "long-rx", 2, 16, 16, false)
 	checkNoLeaks(t, c)
+}
+
+// TestTracePathInUseRefused: a second engine of the process given the
+// trace file another one writes is refused at Start, naming TracePath,
+// rather than truncating it under the first; the first's trace is whole,
+// and the path is free again once the first closed.
+func TestTracePathInUseRefused(t *testing.T) {
+	l := smallLayout()
+	link := control.NewMemLink()
+	path := filepath.Join(t.TempDir(), "engine.jsonl")
+	start := func(inst string) (*kvxfer.Engine, error) {
+		return kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: 1 << 20, Link: link, TracePath: path})
+	}
+	first, err := start("first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := start("second")
+	if err == nil {
+		_ = second.Close(context.Background())
+	}
+	if !errors.Is(err, kvxfer.ErrConfig) || !strings.Contains(err.Error(), "TracePath") {
+		t.Fatalf("second engine on the first's trace file: %v, want ErrConfig naming TracePath", err)
+	}
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"first`) || strings.Contains(string(b), `"second`) {
+		t.Fatalf("the first engine's trace names another engine, or not itself:\n%.400s", b)
+	}
+	third, err := start("third")
+	if err != nil {
+		t.Fatalf("the path once its engine closed: %v", err)
+	}
+	if err := third.Close(context.Background()); err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }
