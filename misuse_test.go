@@ -128,3 +128,57 @@ func TestTracePathInUseRefused(t *testing.T) {
 		t.Fatalf("close: %v", err)
 	}
 }
+
+// TestCallerUnpinLeavesEnginePins: Pools' Unpin and UnpinRuns drop only
+// pins the caller took with Pin: the pins a chunk's admission took stay
+// until Done (DESIGN.md §3), so a source block a write may still read
+// cannot be unpinned and freed by a caller that undoes a pin it never
+// took. Nothing changes on a refusal; the caller's own pins work as before.
+func TestCallerUnpinLeavesEnginePins(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	e := c.ctx[0]
+	pools := e.Pools()
+	src, err := pools.Alloc([]int{1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.Send(context.Background(), kvxfer.SendRequest{ID: "pinned", PromptLen: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := kvcache.Chunk{Start: 0, End: 16, Last: true}
+	runs := ch.Runs(l.TokensPerBlock, src)
+	fence := &kvxfer.ManualFence{} // the op waits for it, admitted: its source stays pinned
+	if err := tx.Chunk(ch, runs, fence); err != nil {
+		t.Fatal(err)
+	}
+	if err := pools.Unpin(0, src[0]); !errors.Is(err, kvcache.ErrNotPinned) {
+		t.Fatalf("caller's Unpin of a block only the engine pinned: %v, want ErrNotPinned", err)
+	}
+	if err := pools.UnpinRuns(runs); !errors.Is(err, kvcache.ErrNotPinned) {
+		t.Fatalf("caller's UnpinRuns of blocks only the engine pinned: %v, want ErrNotPinned", err)
+	}
+	// The caller's own pin on top of the engine's comes off alone.
+	if err := pools.Pin(0, src[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := pools.Unpin(0, src[0]); err != nil {
+		t.Fatalf("caller's Unpin of its own pin: %v", err)
+	}
+	if err := pools.Unpin(0, src[0]); !errors.Is(err, kvcache.ErrNotPinned) {
+		t.Fatalf("caller's second Unpin: %v, want ErrNotPinned", err)
+	}
+	if err := pools.Free(src); !errors.Is(err, kvcache.ErrBlockPinned) {
+		t.Fatalf("free of a chunk's source before Done: %v, want ErrBlockPinned", err)
+	}
+	tx.Cancel()
+	fence.Fire(nil)
+	if o := waitOutcome(t, tx.Done()); o.Status != kvxfer.StatusCancelled {
+		t.Fatalf("tx: %v %v, want CANCELLED", o.Status, o.Err)
+	}
+	if err := pools.Free(src); err != nil {
+		t.Fatalf("free of the source after Done: %v", err)
+	}
+	checkNoLeaks(t, c)
+}

@@ -28,7 +28,9 @@ import (
 //     says Released, then the caller's again, allocated (not free);
 //   - blocks free in the pool that the caller passes to a receive (a
 //     framework that allocates its ids elsewhere) stay free here, but no
-//     other receive may be passed them until that handle says Released.
+//     other receive may be passed them until that handle says Released;
+//   - a pin is its taker's: the caller's Unpin drops only the pins its
+//     own Pin took, never those of a chunk's admission (held until Done).
 //
 // The engine's sessions use their own view of the same pools (forSessions),
 // whose Alloc hands out receiving blocks and whose Free and Quarantine take
@@ -62,6 +64,11 @@ type poolSet struct {
 	sessQ []map[kvcache.BlockID]bool
 	// closed: the engine closed (Close); Alloc refuses with ErrClosed.
 	closed bool
+	// callerPins[g][id] counts the pins the caller's view took (Pin,
+	// PinRuns) on block id of group g and has not dropped: the caller's
+	// Unpin drops only those, never a session's (a group's map is made at
+	// its first).
+	callerPins []map[kvcache.BlockID]uint32
 }
 
 // lend is a caller's allocated blocks lent to one receive
@@ -644,7 +651,8 @@ func (p *Pools) Free(blocks [][]kvcache.BlockID) error {
 	return p.putBack("Free", kvcache.BlockAllocated, blocks, (*kvcache.Pool).Free, nil)
 }
 
-// Pin pins blocks of group g.
+// Pin pins blocks of group g. In the caller's view the pins are the
+// caller's: its Unpin drops them, and only them.
 func (p *Pools) Pin(g int, ids []kvcache.BlockID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -652,7 +660,65 @@ func (p *Pools) Pin(g int, ids []kvcache.BlockID) error {
 		return fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
 	}
 	p.settleLocked(g, ids)
-	return p.pools[g].Pin(ids...)
+	if err := p.pools[g].Pin(ids...); err != nil {
+		return err
+	}
+	p.notePinsLocked(g, ids)
+	return nil
+}
+
+// notePinsLocked counts pins the caller's view took on ids of group g.
+func (p *Pools) notePinsLocked(g int, ids []kvcache.BlockID) {
+	if p.sessions || len(ids) == 0 {
+		return
+	}
+	if p.callerPins == nil {
+		p.callerPins = make([]map[kvcache.BlockID]uint32, len(p.pools))
+	}
+	if p.callerPins[g] == nil {
+		p.callerPins[g] = map[kvcache.BlockID]uint32{}
+	}
+	for _, id := range ids {
+		p.callerPins[g][id]++
+	}
+}
+
+// callerPinnedLocked checks, in the caller's view, that the caller pinned
+// each of ids of group g (as often as ids names it): a block only a session
+// pinned (a chunk's source, read until Done) is refused with ErrNotPinned,
+// naming it. It changes nothing.
+func (p *Pools) callerPinnedLocked(g int, ids []kvcache.BlockID) error {
+	var pins map[kvcache.BlockID]uint32
+	if p.callerPins != nil {
+		pins = p.callerPins[g]
+	}
+	var want map[kvcache.BlockID]uint32
+	if len(ids) > 1 {
+		want = make(map[kvcache.BlockID]uint32, len(ids))
+	}
+	for _, id := range ids {
+		n := uint32(1)
+		if want != nil {
+			want[id]++
+			n = want[id]
+		}
+		if pins[id] < n {
+			return fmt.Errorf("%w: Unpin: group %d block %d has no pin the caller took (Pools.Pin): a request's chunk pinned it, and its pins go at Done",
+				kvcache.ErrNotPinned, g, id)
+		}
+	}
+	return nil
+}
+
+// dropCallerPinsLocked uncounts the caller's pins on ids of group g, which
+// callerPinnedLocked found.
+func (p *Pools) dropCallerPinsLocked(g int, ids []kvcache.BlockID) {
+	pins := p.callerPins[g]
+	for _, id := range ids {
+		if pins[id]--; pins[id] == 0 {
+			delete(pins, id)
+		}
+	}
 }
 
 // PinRuns pins every run's blocks (run g: group g), all or nothing: when
@@ -682,6 +748,9 @@ func (p *Pools) PinRuns(src []kvcache.BlockRun) error {
 			return fmt.Errorf("group %d: %w", g, err)
 		}
 	}
+	for g, run := range src {
+		p.notePinsLocked(g, run.IDs)
+	}
 	return nil
 }
 
@@ -699,14 +768,25 @@ func (p *Pools) UnpinRuns(src []kvcache.BlockRun) error {
 	return first
 }
 
-// Unpin unpins blocks of group g.
+// Unpin unpins blocks of group g. In the caller's view it drops only pins
+// the caller took (Pin, PinRuns): a block pinned by a session alone (a
+// chunk's source until Done) is refused with kvcache.ErrNotPinned, naming
+// it, and nothing is unpinned.
 func (p *Pools) Unpin(g int, ids []kvcache.BlockID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if g < 0 || g >= len(p.pools) {
 		return fmt.Errorf("%w: group %d", kvcache.ErrUnknownBlock, g)
 	}
+	if !p.sessions {
+		if err := p.callerPinnedLocked(g, ids); err != nil {
+			return err
+		}
+	}
 	err := p.pools[g].Unpin(ids...)
+	if err == nil && !p.sessions && len(ids) > 0 {
+		p.dropCallerPinsLocked(g, ids)
+	}
 	p.cond.Broadcast()
 	return err
 }
