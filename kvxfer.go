@@ -271,8 +271,12 @@ func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
 // the same layout over the same data-plane backend, else an error wrapping
 // ErrMismatch that names both models and both layout hashes, or both
 // backends (every request between the two would fail with it — a backend
-// mismatch as an address the other backend cannot parse).
+// mismatch as an address the other backend cannot parse). A nil Hello is
+// an error wrapping ErrMismatch too.
 func (e *Engine) CheckPeer(h *messages.Hello) error {
+	if h == nil {
+		return fmt.Errorf("%w: CheckPeer: no Hello (nil) to compare", ErrMismatch)
+	}
 	if err := actors.LayoutMismatch(actors.Topology{Layout: e.cfg.layout, LayoutHash: e.cfg.layout.Hash()}, h); err != nil {
 		return err
 	}

@@ -182,3 +182,16 @@ func TestCallerUnpinLeavesEnginePins(t *testing.T) {
 	}
 	checkNoLeaks(t, c)
 }
+
+// TestCheckPeerNilHello: CheckPeer of no Hello (a lookup that found none)
+// is an error wrapping ErrMismatch, not a nil-pointer panic.
+func TestCheckPeerNilHello(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	if err := c.ctx[0].CheckPeer(nil); !errors.Is(err, kvxfer.ErrMismatch) || !strings.Contains(err.Error(), "nil") {
+		t.Fatalf("CheckPeer(nil): %v, want ErrMismatch saying there is no Hello", err)
+	}
+	if err := c.ctx[0].CheckPeer(c.gen[0].Hello()); err != nil {
+		t.Fatalf("CheckPeer of a matching peer: %v", err)
+	}
+}
