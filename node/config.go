@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -27,6 +28,19 @@ import (
 // ErrConfig is wrapped by every configuration error; the message names the
 // field (by its JSON name) and the value that was wrong.
 var ErrConfig = errors.New("node: bad config")
+
+// MinHeartbeatInterval and MinHeartbeatMisses are the least
+// Config.HeartbeatInterval and Config.HeartbeatMisses accepted. A peer is
+// declared down after Misses intervals without a beat; the link's
+// heartbeat and listener goroutines wait at least 1 ms per turn, and on a
+// loaded two-core machine a live peer's beats at a 2 ms interval (3
+// misses) already came late enough to be declared down, while 10 ms did
+// not. With 1 miss, a live peer is declared down whenever its next beat
+// comes a moment after one interval, which is about every other beat.
+const (
+	MinHeartbeatInterval = 10 * time.Millisecond
+	MinHeartbeatMisses   = 2
+)
 
 // BackendAuto picks the data plane: ucx when this binary has it (UCX then
 // chooses shared memory, RDMA or TCP), else shm.
@@ -162,6 +176,8 @@ type Config struct {
 	// HeartbeatInterval (default "1s") and HeartbeatMisses (default 3):
 	// a peer silent for Misses intervals is down, and every request with
 	// it fails and drains (Engine.PeerDown).
+	// The interval is at least MinHeartbeatInterval, Misses at least
+	// MinHeartbeatMisses: below, a live peer is declared down.
 	HeartbeatInterval Duration `json:"heartbeat_interval"`
 	HeartbeatMisses   int      `json:"heartbeat_misses"`
 	// TransferTimeout bounds a request (default 30s); DrainGrace is how
@@ -356,6 +372,19 @@ func show(v any) string {
 	}
 }
 
+// heartbeatParams is the heartbeat interval and misses in effect, with
+// their defaults filled in.
+func (c Config) heartbeatParams() (time.Duration, time.Duration) {
+	iv, m := time.Duration(c.HeartbeatInterval), c.HeartbeatMisses
+	if iv <= 0 {
+		iv = zmq.DefaultHeartbeatInterval
+	}
+	if m <= 0 {
+		m = zmq.DefaultHeartbeatMisses
+	}
+	return iv, time.Duration(m)
+}
+
 // backend is the data plane the config asks for, with auto resolved.
 func (c Config) backend() string {
 	switch c.Backend {
@@ -490,8 +519,14 @@ func (c Config) Validate() error {
 	if c.HeartbeatInterval < 0 {
 		return bad("heartbeat_interval", c.HeartbeatInterval, "must be > 0 (liveness needs heartbeats)")
 	}
-	if c.HeartbeatMisses < 0 {
-		return bad("heartbeat_misses", c.HeartbeatMisses, "must be ≥ 1")
+	if c.HeartbeatInterval > 0 && c.HeartbeatInterval < Duration(MinHeartbeatInterval) {
+		return bad("heartbeat_interval", c.HeartbeatInterval, "below the minimum %v: the link cannot beat that often, and a live peer would be declared down", MinHeartbeatInterval)
+	}
+	if c.HeartbeatMisses < 0 || c.HeartbeatMisses == 1 {
+		return bad("heartbeat_misses", c.HeartbeatMisses, "must be ≥ %d (0: the default %d; with 1, a live peer is declared down whenever a beat comes a moment late)", MinHeartbeatMisses, zmq.DefaultHeartbeatMisses)
+	}
+	if iv, m := c.heartbeatParams(); iv > math.MaxInt64/time.Duration(m) {
+		return bad("heartbeat_misses", c.HeartbeatMisses, "times heartbeat_interval (%v) overflows a duration", iv)
 	}
 	if c.TransferTimeout < 0 {
 		return bad("transfer_timeout", c.TransferTimeout, "must be > 0")

@@ -127,6 +127,10 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"zero tp", set(`{"parallel": {"tp": 0, "pp": 2}}`), []string{"parallel = {TP:0 PP:2}"}},
 		{"negative workers", set(`{"workers": -1}`), []string{"workers = -1"}},
 		{"negative misses", set(`{"heartbeat_misses": -2}`), []string{"heartbeat_misses = -2"}},
+		{"heartbeat of a microsecond", set(`{"heartbeat_interval": "1us"}`), []string{"heartbeat_interval = 1µs", "minimum 10ms"}},
+		{"heartbeat just under the minimum", set(`{"heartbeat_interval": "9ms"}`), []string{"heartbeat_interval = 9ms", "minimum 10ms"}},
+		{"one miss", set(`{"heartbeat_misses": 1}`), []string{"heartbeat_misses = 1", "must be ≥ 2"}},
+		{"liveness timeout overflows", set(`{"heartbeat_interval": "1000000h", "heartbeat_misses": 3000}`), []string{"heartbeat_misses = 3000", "1000000h0m0s", "overflows"}},
 		{"metrics address", set(`{"metrics_addr": "9465"}`), []string{`metrics_addr = "9465"`}},
 		{"no key", set(`{"key_file": null}`), []string{"key_file", "insecure"}},
 		{"two keys", set(`{"secret_key": "x"}`), []string{"key_file", "exactly one"}},
@@ -163,6 +167,11 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 				}
 			}
 		})
+	}
+	// The least heartbeat settings accepted are accepted.
+	least := set(`{"heartbeat_interval": "10ms", "heartbeat_misses": 2}`)
+	if _, err := node.ParseConfig([]byte(least)); err != nil {
+		t.Errorf("heartbeat_interval %v, heartbeat_misses %d: %v", node.MinHeartbeatInterval, node.MinHeartbeatMisses, err)
 	}
 	// Well-formed inline keys pass; a mistyped secret key is not echoed.
 	for _, where := range []string{"peers", "identities", "secret_key"} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
@@ -126,8 +128,14 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.o.Heartbeat <= 0 {
 		return fmt.Errorf("--heartbeat = %v: must be > 0 (a peer's liveness is its heartbeats)", f.o.Heartbeat)
 	}
-	if f.o.HeartbeatMisses < 1 {
-		return fmt.Errorf("--heartbeat-misses = %d: must be ≥ 1", f.o.HeartbeatMisses)
+	if f.o.Heartbeat < node.MinHeartbeatInterval {
+		return fmt.Errorf("--heartbeat = %v: below the minimum %v: the link cannot beat that often, and a live peer would be declared down", f.o.Heartbeat, node.MinHeartbeatInterval)
+	}
+	if f.o.HeartbeatMisses < node.MinHeartbeatMisses {
+		return fmt.Errorf("--heartbeat-misses = %d: must be ≥ %d (with 1, a live peer is declared down whenever a beat comes a moment late)", f.o.HeartbeatMisses, node.MinHeartbeatMisses)
+	}
+	if f.o.Heartbeat > math.MaxInt64/time.Duration(f.o.HeartbeatMisses) {
+		return fmt.Errorf("--heartbeat-misses = %d: times --heartbeat (%v) overflows a duration", f.o.HeartbeatMisses, f.o.Heartbeat)
 	}
 	for _, id := range s.CurveIdentities {
 		f.o.Identities = append(f.o.Identities, zmq.Identity{PublicKey: id.PublicKey, Instance: id.Instance, Ranks: id.Ranks})
