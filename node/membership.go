@@ -288,7 +288,7 @@ func (n *Node) tend() (more bool) {
 			n.mu.Unlock()
 			if first {
 				if err := n.eng.CheckPeer(h); err != nil {
-					n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+					n.log.Error().Err(err).Str("peer", id.String()).Msg(n.incompatible(h))
 				} else {
 					n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
 				}

@@ -473,7 +473,7 @@ func (n *Node) watchPeers() {
 			}
 			delete(left, id)
 			if err := n.eng.CheckPeer(h); err != nil {
-				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer serves another model: every request with it will fail")
+				n.log.Error().Err(err).Str("peer", id.String()).Msg(n.incompatible(h))
 			} else if err := checkPeerPlace(p, h); err != nil {
 				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer runs another parallelism or rank than this node's config gives it: every request with it will fail")
 			} else {
@@ -495,6 +495,22 @@ func (n *Node) checkPeer(p Peer, h *messages.Hello) error {
 		return err
 	}
 	return checkPeerPlace(p, h)
+}
+
+// incompatible is the log line for a peer whose Hello h the engine's
+// CheckPeer refused, saying what differs (the error says it in full): the
+// model, the layout of the same model, or the backend.
+func (n *Node) incompatible(h *messages.Hello) string {
+	mine, what := n.eng.Hello(), ""
+	switch {
+	case h.LayoutHash != mine.LayoutHash && h.Model != mine.Model:
+		what = " (it serves another model)"
+	case h.LayoutHash != mine.LayoutHash:
+		what = " (it lays out the same model differently)"
+	case h.Backend != mine.Backend:
+		what = " (it moves KV over another backend)"
+	}
+	return "peer is incompatible" + what + ": every request with it will fail"
 }
 
 // checkPeerPlace compares the parallelism and rank a peer's Hello says it

@@ -208,8 +208,26 @@ func TestModelMismatchNamedWithinThreeBeats(t *testing.T) {
 		t.Fatalf("WaitPeers after %v: %v, want an error naming both models", time.Since(start), err)
 	}
 	within3Beats(t, "the log to name both models", func() bool {
-		return logs.Has("peer serves another model") && logs.Has(`Llama-3.1-8B`) && logs.Has(`Qwen3-8B`)
+		return logs.Has("peer is incompatible (it serves another model)") && logs.Has(`Llama-3.1-8B`) && logs.Has(`Qwen3-8B`)
 	})
+}
+
+// TestBackendMismatchNotCalledAModel: ctx and gen serve one model, ctx
+// over loopback, gen over shm. The generation node's log says the peer is
+// incompatible because of its backend, not that it serves another model.
+// (Checked to fail: before, the line said "peer serves another model".)
+func TestBackendMismatchNotCalledAModel(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Backend = loopback.Backend
+	logs := logged(t, &gc)
+	open(t, gc)
+	open(t, cc)
+	within3Beats(t, "the log to name the backends", func() bool {
+		return logs.Has(`moves KV over the \"loopback\" backend`)
+	})
+	if !logs.Has("peer is incompatible (it moves KV over another backend)") || logs.Has("another model") {
+		t.Fatalf("the log does not say that the backend differs, or says the model does:\n%s", logs)
+	}
 }
 
 // TestParallelismMismatchNamedWithinThreeBeats: gen's config lists ctx as
