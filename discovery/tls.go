@@ -15,6 +15,7 @@ import (
 	"time"
 	"weak"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -153,8 +154,14 @@ func (k *keyPair) get(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 
 // explain adds to err, an etcd that did not answer, what diagnose finds.
 // An answer of etcd's own (a refused login, a permission) is left as it
-// is: the connection worked, there is nothing to probe.
+// is: the connection worked, there is nothing to probe; only etcd's
+// "user name is empty", which says nothing of why, gets the settings
+// that give it one.
 func explain(err error, endpoints []string, cfg *tls.Config) error {
+	if errors.Is(err, rpctypes.ErrUserEmpty) {
+		return fmt.Errorf("%w: etcd requires authentication and no user was given: "+
+			"give --discovery-user and --discovery-password-file (discovery_user, discovery_password_file; WithAuth)", err)
+	}
 	if !errors.Is(err, context.DeadlineExceeded) && status.Code(errors.Unwrap(err)) != codes.DeadlineExceeded {
 		return err
 	}

@@ -167,7 +167,9 @@ func TestEtcdTLSSettingsRefused(t *testing.T) {
 
 // TestEtcdAuth: with etcd's user auth on, a registry logs in with
 // WithAuth; a wrong password or no user is refused at Open, naming the
-// user and etcd's reason.
+// user and etcd's reason, and, with no user, that etcd requires one and
+// the settings that give it. (Checked to fail without explain's case for
+// etcd's "user name is empty".)
 func TestEtcdAuth(t *testing.T) {
 	srv := startEtcd(t, etcdlocal.Options{User: "kvxfer", Password: "s3cret"})
 	cluster := clusterName(t)
@@ -193,7 +195,7 @@ func TestEtcdAuth(t *testing.T) {
 		want []string
 	}{
 		{"wrong password", []Option{WithAuth("kvxfer", "guess")}, []string{`as user "kvxfer"`, "authentication failed"}},
-		{"no user", nil, []string{"user name is empty"}},
+		{"no user", nil, []string{"user name is empty", "etcd requires authentication", "--discovery-user", "discovery_user", "WithAuth"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The default dial timeout: the check of a password is
