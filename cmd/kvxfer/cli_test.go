@@ -283,3 +283,37 @@ func TestEveryCommandHasExamples(t *testing.T) {
 		t.Errorf("bench small --help:\n%s", out)
 	}
 }
+
+// TestTraceFlagNamedWhenUnwritable: a --trace file that cannot be written
+// (its directory missing, a directory in its place) is refused before
+// anything starts, naming --trace and the path, not kvxfer.Config's
+// TracePath. The check leaves a trace file that is there as it is and
+// creates none. (Checked to fail without checkTracePath: the error said
+// "kvxfer: bad config: TracePath: open …".)
+func TestTraceFlagNamedWhenUnwritable(t *testing.T) {
+	dir := t.TempDir()
+	for _, path := range []string{filepath.Join(dir, "missing", "x.trace"), dir} {
+		for _, role := range []string{"ctx", "gen"} {
+			_, _, err := runApp(newApp(), role, "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--trace", path)
+			if err == nil || !strings.HasPrefix(err.Error(), "--trace = "+path+": cannot write it") || strings.Contains(err.Error(), "TracePath") {
+				t.Errorf("%s --trace %s: %v, want an error naming --trace and the path", role, path, err)
+			}
+		}
+	}
+	old := filepath.Join(dir, "old.trace")
+	if err := os.WriteFile(old, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(dir, "new.trace")
+	for _, path := range []string{old, fresh} {
+		if err := checkTracePath(path); err != nil {
+			t.Fatalf("checkTracePath(%s): %v", path, err)
+		}
+	}
+	if b, err := os.ReadFile(old); err != nil || string(b) != "kept" {
+		t.Errorf("the trace file there before: %q, %v; want it as it was", b, err)
+	}
+	if _, err := os.Stat(fresh); !os.IsNotExist(err) {
+		t.Errorf("checkTracePath left %s behind: %v", fresh, err)
+	}
+}

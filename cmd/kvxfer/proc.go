@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -158,6 +159,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 			return fmt.Errorf("--bind and --peer-endpoint are both %q: the peer's endpoint is where the other process binds", f.o.Bind)
 		}
 	}
+	if err := checkTracePath(f.o.TracePath); err != nil {
+		return err
+	}
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
 	if f.o.Parallel.TP > 1 {
 		f.o.Log = f.o.Log.With().Int("tp_rank", f.o.Rank.TP).Logger()
@@ -176,6 +180,38 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
 			return fmt.Errorf("--peer-key: %w", err)
 		}
+	}
+	return nil
+}
+
+// checkTracePath refuses a --trace file this process cannot write, naming
+// the flag: the engine creates it only once the node has started, and its
+// error names kvxfer.Config's field (TracePath), not the flag. A file
+// that is there is left as it is; one that was not is removed again.
+func checkTracePath(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, err := os.Stat(path)
+	switch {
+	case err == nil:
+		var f *os.File
+		if f, err = os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+			_ = f.Close()
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		var f *os.File
+		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
+			_ = f.Close()
+			_ = os.Remove(path)
+		}
+	}
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("--trace = %s: cannot write it: %w", path, err)
 	}
 	return nil
 }
