@@ -12,19 +12,8 @@ import (
 // only when a writer first touches it — SIGBUS in the writer's process.
 // ENOSPC names what the directory has left.
 func reserveFile(f *os.File, size int) error {
-	sc, err := f.SyscallConn()
+	ferr, err := onFd(f, func(fd int) error { return syscall.Fallocate(fd, 0, 0, int64(size)) })
 	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := sc.Control(func(fd uintptr) {
-		for {
-			ferr = syscall.Fallocate(int(fd), 0, 0, int64(size))
-			if ferr != syscall.EINTR {
-				return
-			}
-		}
-	}); err != nil {
 		return err
 	}
 	switch {
@@ -76,22 +65,28 @@ const openNoFollow = syscall.O_NOFOLLOW
 // or the process died), which another process sees whatever its pid
 // namespace (Held).
 func holdFile(f *os.File) error {
-	sc, err := f.SyscallConn()
+	ferr, err := onFd(f, func(fd int) error { return syscall.Flock(fd, syscall.LOCK_SH|syscall.LOCK_NB) })
 	if err != nil {
 		return err
 	}
-	var ferr error
-	if err := sc.Control(func(fd uintptr) {
+	return os.NewSyscallError("flock", ferr)
+}
+
+// onFd runs call on f's descriptor, again while it is interrupted
+// (EINTR): callErr is call's result, err f's failure to lend it.
+func onFd(f *os.File, call func(fd int) error) (callErr, err error) {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	err = sc.Control(func(fd uintptr) {
 		for {
-			ferr = syscall.Flock(int(fd), syscall.LOCK_SH|syscall.LOCK_NB)
-			if ferr != syscall.EINTR {
+			if callErr = call(int(fd)); callErr != syscall.EINTR {
 				return
 			}
 		}
-	}); err != nil {
-		return err
-	}
-	return os.NewSyscallError("flock", ferr)
+	})
+	return callErr, err
 }
 
 // fileHeld reports whether the region file at path is held by the
