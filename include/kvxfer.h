@@ -264,7 +264,8 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * backend ("auto", "ucx",
  * "shm", "loopback"), bind, peers [{instance, parallel, rank, endpoint,
  * public_key | public_key_file}], insecure, secret_key | key_file,
- * identities, heartbeat_interval, heartbeat_misses, transfer_timeout,
+ * identities, heartbeat_interval (at least "10ms"), heartbeat_misses (0 =
+ * 3, else at least 2), transfer_timeout,
  * drain_grace, writer_lease ("1s"-style durations; writer_lease 0 = off),
  * revoke_spare_bytes (the shm revocation reserve: 0 = an eighth of the
  * pool, < 0 = off), metrics_addr, trace_path, and for
