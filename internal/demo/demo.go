@@ -229,7 +229,9 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		e, err := kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
 			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr,
 			Recorder: rec})
-		if errors.Is(err, kvcache.ErrBadRegion) {
+		// A pool the host cannot map, or of more blocks than the wire
+		// can name (Start names PoolBytes), is --pool's.
+		if errors.Is(err, kvcache.ErrBadRegion) || errors.Is(err, kvxfer.ErrConfig) && strings.Contains(err.Error(), "PoolBytes = ") {
 			err = poolErr(err)
 		}
 		return e, err

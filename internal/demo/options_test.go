@@ -204,8 +204,22 @@ func TestCheckRefusesPoolsPastMemory(t *testing.T) {
 func TestPoolRegionErrorNamesPool(t *testing.T) {
 	o := smallOptions()
 	o.PoolBytes = 1<<46 + 1<<30 // past the largest host region: refused before any mmap
-	_, err := runMode(context.Background(), o, Mode{"pipelined", true}, []int{64}, nil)
+	// Blocks of 128 MiB, so that the pool holds fewer blocks than the
+	// wire can name (messages.MaxBlocks) and it is the region that refuses.
+	o.TokensPerBlock, o.ChunkTokens = 1024, 1024
+	_, err := runMode(context.Background(), o, Mode{"pipelined", true}, []int{1024}, nil)
 	if !errors.Is(err, kvcache.ErrBadRegion) || !strings.HasPrefix(err.Error(), "--pool = 65537GiB: ") {
 		t.Fatalf("runMode with a pool past the largest region: %v, want it to name --pool", err)
+	}
+}
+
+// TestPoolPastMaxBlocksNamesPool: a pool of more blocks than the wire can
+// name (Start refuses it, naming PoolBytes) is named by its flag too.
+func TestPoolPastMaxBlocksNamesPool(t *testing.T) {
+	o := smallOptions()
+	o.PoolBytes = 4 << 40 // 2 Mi blocks of 2 MiB
+	_, err := runMode(context.Background(), o, Mode{"pipelined", true}, []int{64}, nil)
+	if !errors.Is(err, kvxfer.ErrConfig) || !strings.HasPrefix(err.Error(), "--pool = 4096GiB: ") || !strings.Contains(err.Error(), "MaxBlocks") {
+		t.Fatalf("runMode with a pool past MaxBlocks: %v, want it to name --pool", err)
 	}
 }
