@@ -64,15 +64,24 @@ func (p Parallel) StageLayers(layers, stage int) (lo, hi int) {
 	return lo, hi
 }
 
-// Validate checks that p can shard l: TP ≥ 1, 1 ≤ PP ≤ Layers, and for
-// non-MLA layouts KVHeads divisible by TP. Errors wrap ErrBadParallelism, or
-// ErrBadLayout when l itself fails Layout.Validate.
+// MaxTP bounds a Parallel's TP. A non-MLA layout's TP divides its KV
+// heads (at most MaxKVHeads); an MLA layout replicates its latent head on
+// every TP rank, so without this bound nothing would stop a TP that makes
+// TP×PP shapes (NewPeerMap holds one per rank) exhaust memory or overflow.
+const MaxTP = MaxKVHeads
+
+// Validate checks that p can shard l: 1 ≤ TP ≤ MaxTP, 1 ≤ PP ≤ Layers, and
+// for non-MLA layouts KVHeads divisible by TP. Errors wrap
+// ErrBadParallelism, or ErrBadLayout when l itself fails Layout.Validate.
 func (p Parallel) Validate(l Layout) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
 	if p.TP < 1 {
 		return fmt.Errorf("%w: TP %d < 1", ErrBadParallelism, p.TP)
+	}
+	if p.TP > MaxTP {
+		return fmt.Errorf("%w: TP %d > %d", ErrBadParallelism, p.TP, MaxTP)
 	}
 	if p.PP < 1 {
 		return fmt.Errorf("%w: PP %d < 1", ErrBadParallelism, p.PP)

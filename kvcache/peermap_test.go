@@ -125,6 +125,11 @@ func TestShapeErrors(t *testing.T) {
 		{"rank TP outside", testDense(4, 8, nil), Parallel{2, 1}, Rank{2, 0}, ErrBadParallelism, []string{"tp2/pp0"}},
 		{"rank PP outside", testDense(4, 8, nil), Parallel{2, 2}, Rank{0, -1}, ErrBadParallelism, []string{"tp0/pp-1"}},
 		{"bad layout", testDense(0, 8, nil), Parallel{1, 1}, Rank{}, ErrBadLayout, nil},
+		// MLA replicates instead of dividing heads, so nothing else bounds
+		// its TP: a typo'd context_tp must be an error, not a peer map of
+		// 2^31 shapes (an out-of-memory end of the process).
+		{"MLA TP huge", testMLA(4), Parallel{1<<31 - 1, 1}, Rank{}, ErrBadParallelism, []string{"TP 2147483647", "4096"}},
+		{"MLA TP past bound", testMLA(4), Parallel{MaxTP + 1, 1}, Rank{}, ErrBadParallelism, []string{"TP 4097"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.l.Shape(tc.p, tc.r)
@@ -141,6 +146,14 @@ func TestShapeErrors(t *testing.T) {
 	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{2, 1}, Parallel{3, 1}); !errors.Is(err, ErrBadParallelism) ||
 		!strings.Contains(err.Error(), "generation") {
 		t.Fatalf("NewPeerMap with bad gen TP: %v", err)
+	}
+	if _, err := NewPeerMap(testMLA(4), Parallel{MaxTP, 1}, Parallel{1, 1}); err != nil {
+		t.Fatalf("NewPeerMap with MLA context TP %d: %v", MaxTP, err)
+	}
+	// TP×PP = 2^64 wraps to 0: without the bound, a peer map with no ranks
+	// and no error.
+	if _, err := NewPeerMap(testMLA(4), Parallel{1, 1}, Parallel{1 << 62, 4}); !errors.Is(err, ErrBadParallelism) {
+		t.Fatalf("NewPeerMap with MLA generation TP 2^62 (TP×PP overflows): %v", err)
 	}
 	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{1, 5}, Parallel{1, 1}); !errors.Is(err, ErrBadParallelism) ||
 		!strings.Contains(err.Error(), "context") {
