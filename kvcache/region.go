@@ -88,13 +88,21 @@ func (r *Region) MarkClosed() { r.closed.Store(true) }
 
 // ExternalHostRegion wraps host memory allocated elsewhere (a serving
 // framework, a pinned-memory allocator, a shared-memory mapping). The caller
-// keeps it alive and mapped for the region's whole life.
+// keeps it alive and mapped for the region's whole life. A length of 0 or
+// above 64 TiB, or one that runs past the end of the address space, is an
+// error wrapping ErrBadRegion.
 func ExternalHostRegion(p unsafe.Pointer, n uint64) (*Region, error) {
 	if p == nil {
 		return nil, fmt.Errorf("%w: base address 0", ErrBadRegion)
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
+	}
+	if n > maxHostRegion {
+		return nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
+	}
+	if base := uint64(uintptr(p)); base+n < base || base+n-1 > uint64(^uintptr(0)) {
+		return nil, fmt.Errorf("%w: region length %d at address %#x runs past the end of the address space", ErrBadRegion, n, base)
 	}
 	return &Region{Base: uintptr(p), Len: n, Kind: HostMem, buf: unsafe.Slice((*byte)(p), n)}, nil
 }
