@@ -77,6 +77,16 @@ func NewMemoryPlan(link PeerLink, g int, src, dst *KVMemory) (*Plan, error) {
 	if other := tensorPieces(src, dst, link, !headOuter); len(other) < len(tmpl) {
 		tmpl = other
 	}
+	// A descriptor that scatters its elements (ElemStride > ElemBytes: one
+	// field of a peer's Hello) makes a piece of every element: millions a
+	// block at serving sizes, and a chunk's segments gigabytes. Bounded
+	// before the pieces are built: many pieces must be worth a post each.
+	perBlock := uint64(len(link.Layers[g])) * uint64(src.Parts) * uint64(link.HeadHi-link.HeadLo) *
+		uint64(src.TokensPerBlock) * uint64(src.HeadDim) * uint64(src.ElemBytes)
+	if n := uint64(len(tmpl)) * uint64(len(link.Layers[g])) * uint64(src.Parts); n > maxSmallPieces && perBlock < n*minPieceBytes {
+		return nil, fmt.Errorf("%w: %s: %w: source %v memory (element stride %d) and destination %v memory (element stride %d) make %d pieces a block of %d bytes, %d bytes on average: more than %d pieces a block must average at least %d bytes",
+			ErrBadPlan, name, ErrBadMemory, src.Kind, src.ElemStride, dst.Kind, dst.ElemStride, n, perBlock, perBlock/n, maxSmallPieces, minPieceBytes)
+	}
 	pieces := make([]Segment, 0, len(tmpl)*len(link.Layers[g])*src.Parts)
 	for _, L := range link.Layers[g] {
 		si, di := src.layerIndex(L), dst.layerIndex(L)
@@ -98,8 +108,7 @@ func NewMemoryPlan(link PeerLink, g int, src, dst *KVMemory) (*Plan, error) {
 		ctx: link.Ctx, gen: link.Gen, group: g,
 		srcBlocks: uint64(src.Blocks), dstBlocks: uint64(dst.Blocks),
 	}
-	p.perBlock = uint64(len(link.Layers[g])) * uint64(src.Parts) * uint64(link.HeadHi-link.HeadLo) *
-		uint64(src.TokensPerBlock) * uint64(src.HeadDim) * uint64(src.ElemBytes)
+	p.perBlock = perBlock
 	p.whole = len(pieces) == 1 && p.perBlock == src.blockContent() && p.perBlock == dst.blockContent()
 	if len(pieces) > 1 {
 		for _, pc := range pieces {
@@ -147,6 +156,15 @@ func (m *KVMemory) blockContent() uint64 {
 // on both sides. It walks the link's head vectors head-outer or
 // token-outer; a head vector is one range when its elements are packed on
 // both sides, else one per element.
+// maxSmallPieces and minPieceBytes bound a plan's pieces a block: more
+// than maxSmallPieces must average at least minPieceBytes (a piece of a
+// real layout is at least a head vector, 128 bytes and more; a padded
+// element, 1 to 8). A layout of smaller pieces is refused (ErrBadMemory).
+const (
+	maxSmallPieces = 4096
+	minPieceBytes  = 64
+)
+
 func tensorPieces(src, dst *KVMemory, link PeerLink, headOuter bool) []Segment {
 	e := uint64(src.ElemBytes)
 	vec := src.ElemStride == e && dst.ElemStride == e
