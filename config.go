@@ -320,6 +320,13 @@ func (c Config) resolve() (resolved, error) {
 	if perSet == 0 || r.PoolBytes < empty || (r.PoolBytes-empty)/perSet < 1 {
 		return r, fmt.Errorf("%w: PoolBytes = %d holds no block (one block per group is %d bytes)", ErrConfig, r.PoolBytes, perSet)
 	}
+	// A host pool (no Region given) past what Start's NewHostRegion maps
+	// is refused as that would refuse it (ErrBadRegion), before its block
+	// count is weighed: the length is the mistake, and callers (the demo)
+	// name their pool's setting on ErrBadRegion.
+	if r.Region == nil && r.PoolBytes > kvcache.MaxHostRegion {
+		return r, fmt.Errorf("%w: %w: region length %d: more than %d bytes", ErrConfig, kvcache.ErrBadRegion, r.PoolBytes, uint64(kvcache.MaxHostRegion))
+	}
 	// Each group's pool goes in the Hello, whose peers refuse a pool of
 	// more than messages.MaxBlocks blocks (and so does its encoder: a
 	// wire link would fail at Listen with no word of PoolBytes).

@@ -46,9 +46,9 @@ type Region struct {
 	closed atomic.Bool
 }
 
-// maxHostRegion is the largest host region NewHostRegion allocates (64 TiB,
+// MaxHostRegion is the largest host region NewHostRegion allocates (64 TiB,
 // beyond any host's memory).
-const maxHostRegion = 1 << 46
+const MaxHostRegion = 1 << 46
 
 // NewHostRegion allocates a zeroed Go-owned host region of n bytes. A length
 // of 0 or above 64 TiB, or one the kernel refuses to map, is an error

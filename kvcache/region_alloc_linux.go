@@ -19,8 +19,8 @@ func allocHost(n uint64) ([]byte, func() error, error) {
 	if n < hugeRegionMin {
 		return make([]byte, n), nil, nil
 	}
-	if n > maxHostRegion {
-		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
+	if n > MaxHostRegion {
+		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(MaxHostRegion))
 	}
 	b, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {

@@ -5,8 +5,8 @@ package kvcache
 import "fmt"
 
 func allocHost(n uint64) ([]byte, func() error, error) {
-	if n > maxHostRegion {
-		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
+	if n > MaxHostRegion {
+		return nil, nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(MaxHostRegion))
 	}
 	return make([]byte, n), nil, nil
 }
