@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,18 +52,18 @@ func SweepStale(instance string) (int, error) {
 		// No process of this pid namespace has that pid, but the file's
 		// maker may live in another one that shares the directory (a
 		// rank in another container): it holds the file while it maps
-		// it.
-		if held, err := shm.Held(name); held || err != nil {
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// it, from its creation. Removed under the file's own lock, so
+		// that a maker between its creation and its lock makes it again.
+		removed, err := shm.RemoveUnheld(name)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}
 			continue
 		}
-		if err := os.Remove(filepath.Join(shm.Dir(), name)); err != nil {
-			errs = append(errs, err)
-			continue
+		if removed {
+			n++
 		}
-		n++
 	}
 	return n, errors.Join(errs...)
 }

@@ -63,13 +63,26 @@ const openNoFollow = syscall.O_NOFOLLOW
 // made from f keeps that description, and so the lock, after f is closed:
 // the lock goes when the owner's last mapping of the file does (unmapped,
 // or the process died), which another process sees whatever its pid
-// namespace (Held).
-func holdFile(f *os.File) error {
-	ferr, err := onFd(f, func(fd int) error { return syscall.Flock(fd, syscall.LOCK_SH|syscall.LOCK_NB) })
+// namespace (Held). It waits while a sweep holds the file's exclusive lock
+// (removeUnheld: the instant it takes to remove the file), and then
+// reports whether the file is still linked: a sweep may have removed it.
+func holdFile(f *os.File) (linked bool, err error) {
+	ferr, err := onFd(f, func(fd int) error { return syscall.Flock(fd, syscall.LOCK_SH) })
 	if err != nil {
-		return err
+		return false, err
 	}
-	return os.NewSyscallError("flock", ferr)
+	if ferr != nil {
+		return false, os.NewSyscallError("flock", ferr)
+	}
+	var st syscall.Stat_t
+	ferr, err = onFd(f, func(fd int) error { return syscall.Fstat(fd, &st) })
+	if err != nil {
+		return false, err
+	}
+	if ferr != nil {
+		return false, os.NewSyscallError("fstat", ferr)
+	}
+	return st.Nlink > 0, nil
 }
 
 // onFd runs call on f's descriptor, again while it is interrupted
@@ -110,6 +123,46 @@ func fileHeld(path string) (bool, error) {
 		return true, nil
 	}
 	return false, os.NewSyscallError("flock", err)
+}
+
+// removeUnheld unlinks the region file at path unless a process holds it
+// (fileHeld), under the file's exclusive lock (RemoveUnheld), and reports
+// whether it did.
+func removeUnheld(path string) (bool, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd) // (after the unlink: a maker waiting to hold the file sees it removed)
+	for {
+		err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	switch err {
+	case nil:
+	case syscall.EWOULDBLOCK:
+		return false, nil
+	default:
+		return false, os.NewSyscallError("flock", err)
+	}
+	// The name may have been given to another file since it was opened
+	// (removed and made again): only the file locked here goes.
+	var held, named syscall.Stat_t
+	if err := syscall.Fstat(fd, &held); err != nil {
+		return false, os.NewSyscallError("fstat", err)
+	}
+	if err := syscall.Lstat(path, &named); err != nil {
+		return false, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if held.Dev != named.Dev || held.Ino != named.Ino {
+		return false, nil
+	}
+	if err := syscall.Unlink(path); err != nil {
+		return false, &os.PathError{Op: "remove", Path: path, Err: err}
+	}
+	return true, nil
 }
 
 // mapFixed maps n bytes of f at file offset off over the existing mapping at

@@ -19,6 +19,8 @@ const openNoFollow = 0
 
 func mapFixed(*os.File, uintptr, int, int64, bool) error { return errors.ErrUnsupported }
 
-func holdFile(*os.File) error { return nil }
+func holdFile(*os.File) (bool, error) { return true, nil }
 
 func fileHeld(string) (bool, error) { return false, errors.ErrUnsupported }
+
+func removeUnheld(string) (bool, error) { return false, errors.ErrUnsupported }

@@ -16,6 +16,10 @@ import (
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 )
 
+// testHookBeforeHold, when set (tests), runs after a region file is
+// created and before its maker holds it.
+var testHookBeforeHold func(path string)
+
 // maxNameLen bounds a region file's base name (it travels in every key).
 const maxNameLen = 200
 
@@ -77,7 +81,7 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 		return nil, nil, fmt.Errorf("shm: new region %q: %w: length %d + spare %d (want 1…%d in all)", name, kvcache.ErrBadRegion, n, spare, uint64(math.MaxInt-headerSize))
 	}
 	path := filepath.Join(Dir(), name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|openNoFollow, 0o600)
+	f, err := createHeld(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("shm: new region: %w", err)
 	}
@@ -88,12 +92,6 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 			return nil, err
 		}
 		if err := reserveFile(f, size); err != nil {
-			return nil, err
-		}
-		// Held while this process maps the file (Held): a sweep of
-		// stale files by another process, in whatever pid namespace,
-		// leaves it alone.
-		if err := holdFile(f); err != nil {
 			return nil, err
 		}
 		return mapFile(f, size)
@@ -123,6 +121,38 @@ func newSharedFile(name string, n, spare uint64) (*sharedFile, *os.File, error) 
 	files.m[region] = sf
 	files.mu.Unlock()
 	return sf, f, nil
+}
+
+// createHeld creates the region file at path and holds it (holdFile:
+// while this process maps it) before anything else, sizing and reserving
+// it included: a sweep of stale files by a process of another pid
+// namespace, to which this process's pid in the name says nothing, sees
+// it held from the start. A sweep that found it unheld in the instant
+// between its creation and the lock removes it under its own lock
+// (RemoveUnheld), so the lock comes after the removal, which is noticed
+// (the file is unlinked): the file is made again.
+func createHeld(path string) (*os.File, error) {
+	for try := 1; ; try++ {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|openNoFollow, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if testHookBeforeHold != nil {
+			testHookBeforeHold(path)
+		}
+		linked, err := holdFile(f)
+		if err == nil && linked {
+			return f, nil
+		}
+		f.Close()
+		if err != nil {
+			os.Remove(path)
+			return nil, err
+		}
+		if try == 3 {
+			return nil, fmt.Errorf("%s: created %d times, and each time removed (a sweep of stale files) before this process held it", path, try)
+		}
+	}
 }
 
 // reclaim releases the batches that writers proven dead left in flight in
@@ -156,6 +186,19 @@ func Held(name string) (bool, error) {
 		return false, err
 	}
 	return fileHeld(filepath.Join(Dir(), name))
+}
+
+// RemoveUnheld removes the region file name in Dir() unless a process
+// holds it (Held), and reports whether it did. It removes the file while
+// it holds the file's lock itself, so that a maker that created the file
+// an instant before (and has not held it yet) finds it removed once it
+// holds it, and makes it again, rather than go on with a file no writer
+// can open. A file gone already is an error wrapping os.ErrNotExist.
+func RemoveUnheld(name string) (bool, error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
+	return removeUnheld(filepath.Join(Dir(), name))
 }
 
 // checkName accepts a plain file name.
