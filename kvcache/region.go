@@ -98,8 +98,8 @@ func ExternalHostRegion(p unsafe.Pointer, n uint64) (*Region, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
 	}
-	if n > maxHostRegion {
-		return nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(maxHostRegion))
+	if n > MaxHostRegion {
+		return nil, fmt.Errorf("%w: region length %d: more than %d bytes", ErrBadRegion, n, uint64(MaxHostRegion))
 	}
 	if base := uint64(uintptr(p)); base+n < base || base+n-1 > uint64(^uintptr(0)) {
 		return nil, fmt.Errorf("%w: region length %d at address %#x runs past the end of the address space", ErrBadRegion, n, base)
