@@ -131,6 +131,7 @@ func TestErrorsNameKeySourceAndValue(t *testing.T) {
 		{name: "env workers", env: map[string]string{"KVXFER_WORKERS": "zero"}, want: `KVXFER_WORKERS = "zero": not an integer`},
 		{name: "env workers 0", env: map[string]string{"KVXFER_WORKERS": "0"}, want: `KVXFER_WORKERS = "0": must be at least 1`},
 		{name: "flag workers", args: []string{"--workers", "-2"}, want: `--workers = "-2": must be at least 1`},
+		{name: "flag workers past max", args: []string{"--workers", "2000"}, want: `--workers = "2000": at most 1024`},
 		{name: "file workers", file: "model: Llama-3.1-8B\nworkers: zero\n", want: `kvxfer.yaml:2: workers = "zero": not an integer`},
 		{name: "env pool", env: map[string]string{"KVXFER_POOL": "2XB"}, want: `KVXFER_POOL = "2XB": unknown unit "XB" (want B, KiB, MiB or GiB)`},
 		{name: "flag pool", args: []string{"--pool=0"}, want: `--pool = "0": must be at least 1 byte`},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -85,9 +86,12 @@ var Keys = []Key{
 			return why
 		}},
 	{Name: Workers, Env: "KVXFER_WORKERS", Type: "int", Default: "4",
-		Usage: "sender workers per engine (at least 1)",
+		Usage: fmt.Sprintf("sender workers per engine (1 to %d)", kvxfer.MaxWorkers),
 		apply: func(s *Settings, raw string) string {
 			n, why := positiveInt(raw)
+			if why == "" && n > kvxfer.MaxWorkers {
+				return fmt.Sprintf("at most %d (kvxfer.MaxWorkers)", kvxfer.MaxWorkers)
+			}
 			s.Workers = n
 			return why
 		}},
