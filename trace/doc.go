@@ -98,7 +98,10 @@
 // worker's endpoint being its key), and compares the outputs with the
 // recorded ones: a divergence there names the table's actor, the call's
 // sequence, method and line, the first output field that differs
-// ("out.Verdict"), expected, got, and the recorded inputs.
+// ("out.Verdict"), expected, got, and the recorded inputs. A trace whose
+// last line is a partial record (its process was killed or crashed while
+// writing it) replays up to its last whole record, and Result.TornLine
+// names the partial one.
 //
 // # Timeline
 //

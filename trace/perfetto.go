@@ -33,6 +33,10 @@ type ExportStats struct {
 	// Calls one instant per table call on them (version 2 traces).
 	Tables int `json:"tables,omitempty"`
 	Calls  int `json:"calls,omitempty"`
+	// TornLine is the line of the trace's partial last record (its
+	// process stopped while writing it), 0 when it ends in a whole one:
+	// the records before it were exported.
+	TornLine int `json:"torn_line,omitempty"`
 }
 
 // event is one Chrome trace event.
@@ -142,6 +146,7 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 	for {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
+			x.stats.TornLine = rd.Torn().Line
 			break
 		}
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Version is the trace format version this package writes. Version 2
@@ -66,18 +67,42 @@ type Reader struct {
 	sc      *bufio.Scanner
 	line    int
 	started bool
+	// unended: the token just scanned is the file's last and has no
+	// newline after it.
+	unended bool
+	torn    Torn
+}
+
+// Torn is a trace's last line when it is a partial record: the process
+// that wrote it stopped (was killed, crashed) in the middle of writing it.
+// The records before it are whole and read as usual.
+type Torn struct {
+	Line  int // its line number (0: the trace ends in a whole record)
+	Bytes int // the partial record's length
 }
 
 // NewReader reads records from r.
 func NewReader(r io.Reader) *Reader {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
-	return &Reader{sc: sc}
+	rd := &Reader{sc: sc}
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		adv, tok, err := bufio.ScanLines(data, atEOF)
+		rd.unended = atEOF && tok != nil && adv == len(data) && (len(data) == 0 || data[len(data)-1] != '\n')
+		return adv, tok, err
+	})
+	return rd
 }
+
+// Torn says whether the trace ended in a partial record, after Next
+// returned io.EOF.
+func (r *Reader) Torn() Torn { return r.torn }
 
 // Next returns the next record, or io.EOF after the last. The first record
 // must be the trace header of a version this package reads; blank lines
-// are skipped.
+// are skipped. A last line without its newline that is not a whole record
+// (the writer stopped mid-record) ends the trace: Next returns io.EOF and
+// Torn names it.
 func (r *Reader) Next() (*Record, error) {
 	for r.sc.Scan() {
 		r.line++
@@ -87,6 +112,13 @@ func (r *Reader) Next() (*Record, error) {
 		}
 		var rec Record
 		if err := json.Unmarshal(b, &rec); err != nil {
+			if r.unended && r.started && cutShort(b, `{"kind":"`) {
+				r.torn = Torn{Line: r.line, Bytes: len(b)}
+				return nil, io.EOF
+			}
+			if r.unended && !r.started && cutShort(b, `{"kind":"trace",`) {
+				return nil, fmt.Errorf("%w: line %d: the trace holds only a partial header (%d bytes): the process stopped while writing it", ErrFormat, r.line, len(b))
+			}
 			return nil, fmt.Errorf("%w: line %d: %v", ErrFormat, r.line, err)
 		}
 		rec.Line = r.line
@@ -108,4 +140,14 @@ func (r *Reader) Next() (*Record, error) {
 		return nil, fmt.Errorf("%w: empty trace", ErrFormat)
 	}
 	return nil, io.EOF
+}
+
+// cutShort reports whether b, a line that does not parse, is how a
+// Writer's record begins (prefix), cut short: a record the writing
+// process stopped in the middle of, not some other damage.
+func cutShort(b []byte, prefix string) bool {
+	if len(b) < len(prefix) {
+		return strings.HasPrefix(prefix, string(b))
+	}
+	return strings.HasPrefix(string(b), prefix)
 }

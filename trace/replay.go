@@ -77,8 +77,13 @@ type Result struct {
 	// birth to replay from.
 	Skipped int `json:"skipped,omitempty"`
 	// Truncated: the Writer hit its bound; sessions may end early.
-	Truncated bool            `json:"truncated,omitempty"`
-	Sessions  []SessionResult `json:"sessions"`
+	Truncated bool `json:"truncated,omitempty"`
+	// TornLine is the line of a partial last record (the writing process
+	// stopped in the middle of it: killed, crashed), 0 when the trace
+	// ends in a whole record. The records before it were replayed;
+	// sessions may end early.
+	TornLine int             `json:"torn_line,omitempty"`
+	Sessions []SessionResult `json:"sessions"`
 	// Tables are the parents', listener's and workers' tables (version 2
 	// traces); Calls counts the table calls replayed and CallsMatched the
 	// table births and calls whose outputs matched the recording.
@@ -144,6 +149,7 @@ func Replay(r io.Reader) (*Result, error) {
 	for {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
+			res.TornLine = rd.Torn().Line
 			break
 		}
 		if err != nil {
@@ -409,6 +415,10 @@ func (r *Result) Print(w io.Writer) {
 	}
 	if r.Truncated {
 		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
+	}
+	if r.TornLine > 0 {
+		fmt.Fprintf(w, "note: the trace ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the %d whole records before it were replayed, sessions may end early\n",
+			r.TornLine, r.Records)
 	}
 	if d := r.Divergence; d != nil {
 		if len(r.Tables) == 0 {

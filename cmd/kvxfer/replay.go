@@ -24,6 +24,9 @@ the recorded ones. It prints the final state of every session and the calls
 replayed on every table, or the first divergence (line, actor, sequence,
 message or method, field, expected, got, and a table call's inputs) and exits
 non-zero. Traces of the older format (sessions only) replay as before.
+A trace whose process was killed or crashed while writing it ends in a
+partial record: the whole records before it are replayed and a note names
+the partial one (so does one cut at its size bound).
 Each trace file is replayed on its own (a two-process run writes one per
 process): one that cannot be read is reported in its place, the others
 are still replayed, and the exit status is non-zero if any failed or

@@ -1,0 +1,71 @@
+package trace_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/trace"
+)
+
+// TestTornTraceReadsUpToItsLastWholeRecord: a process killed while its
+// Writer wrote leaves a trace whose last line is a partial record. Replay
+// and export read every whole record before it and name the partial one;
+// they do not refuse the whole trace (a crash is when a trace is needed
+// most). A damaged line that is not the last is still an error.
+func TestTornTraceReadsUpToItsLastWholeRecord(t *testing.T) {
+	b, err := os.ReadFile("testdata/v2-ctx.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	keep := len(lines) * 2 / 3
+	whole := strings.Join(lines[:keep], "")
+	partial := lines[keep][:len(lines[keep])/2]
+	torn := whole + partial
+
+	want, err := trace.Replay(strings.NewReader(whole))
+	if err != nil {
+		t.Fatalf("replay of the whole records: %v", err)
+	}
+	res, err := trace.Replay(strings.NewReader(torn))
+	if err != nil {
+		t.Fatalf("replay of a torn trace: %v, want the records before the partial one replayed", err)
+	}
+	if res.TornLine != keep+1 || res.Records != want.Records || res.Steps != want.Steps || res.Calls != want.Calls || !res.Identical() {
+		t.Fatalf("torn trace: line %d, %d records, %d steps, %d calls, identical %t; want line %d, %d records, %d steps, %d calls, identical",
+			res.TornLine, res.Records, res.Steps, res.Calls, res.Identical(), keep+1, want.Records, want.Steps, want.Calls)
+	}
+	if want.TornLine != 0 {
+		t.Errorf("a trace ending in a whole record: torn line %d, want 0", want.TornLine)
+	}
+	var out bytes.Buffer
+	res.Print(&out)
+	if !strings.Contains(out.String(), "partial record at line ") {
+		t.Errorf("replay's report does not name the partial record:\n%s", out.String())
+	}
+
+	st, err := trace.ExportPerfetto(strings.NewReader(torn), io.Discard)
+	if err != nil || st.TornLine != keep+1 {
+		t.Errorf("export of a torn trace: torn line %d, %v; want line %d, no error", st.TornLine, err, keep+1)
+	}
+
+	// The same damage before the last line is corruption, not a kill.
+	if _, err := trace.Replay(strings.NewReader(whole + partial + "\n" + lines[keep+1])); !errors.Is(err, trace.ErrFormat) {
+		t.Errorf("a partial record before the last line: %v, want ErrFormat", err)
+	}
+	// A last line that is not how a record begins is damage, not a cut.
+	if _, err := trace.Replay(strings.NewReader(whole + "\x00\x00garbage")); !errors.Is(err, trace.ErrFormat) {
+		t.Errorf("garbage after the last whole record: %v, want ErrFormat", err)
+	}
+	if _, err := trace.Replay(strings.NewReader("not a trace")); !errors.Is(err, trace.ErrFormat) || strings.Contains(err.Error(), "partial header") {
+		t.Errorf("a file that is no trace: %v, want ErrFormat not naming a partial header", err)
+	}
+	// A partial header is all there is: an error naming it.
+	if _, err := trace.Replay(strings.NewReader(lines[0][:10])); !errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), "partial header") {
+		t.Errorf("a partial header: %v, want ErrFormat naming a partial header", err)
+	}
+}
