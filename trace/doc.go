@@ -116,4 +116,6 @@
 // (WorkerTable)") with an instant per call (category "table"), named for
 // its method and what it is about ("Admit r1/peer0/op3", "Route Result
 // SUCCESS r1 from ctx/0"), its inputs and outputs in its arguments.
+// Timestamps count from the trace's header, whose wall-clock time the
+// document's otherData names (trace_start, trace_start_ns).
 package trace

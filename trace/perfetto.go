@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/messages"
@@ -134,16 +135,14 @@ func ExportPerfettoFile(in, out string) (ExportStats, error) {
 
 // ExportPerfetto reads a trace from r and writes it to w as Chrome
 // trace-event JSON (the package doc describes the tracks). Timestamps are
-// microseconds since the trace's header. It streams: memory grows with
+// microseconds since the trace's header, whose wall-clock time is
+// otherData.trace_start (and trace_start_ns). It streams: memory grows with
 // the number of sessions, not with the trace.
 func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 	x := &exporter{bw: bufio.NewWriter(w), first: true, pids: map[string]int{}, sessions: map[string]*pfSession{}, tables: map[string][2]int{}}
 	x.enc = json.NewEncoder(x.bw)
-	if _, err := x.bw.WriteString(`{"displayTimeUnit":"ms","otherData":{"source":"kvxfer trace","version":1},"traceEvents":[` + "\n"); err != nil {
-		return x.stats, err
-	}
 	rd := NewReader(r)
-	for {
+	for started := false; ; {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
 			x.stats.TornLine = rd.Torn().Line
@@ -151,6 +150,14 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 		}
 		if err != nil {
 			return x.stats, err
+		}
+		if !started {
+			// The header (Next refuses a trace that begins otherwise):
+			// its wall-clock time is what every ts counts from.
+			started = true
+			if err := x.preamble(rec.T); err != nil {
+				return x.stats, err
+			}
 		}
 		if err := x.safeRecord(rec); err != nil {
 			return x.stats, err
@@ -167,6 +174,20 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 		return x.stats, err
 	}
 	return x.stats, x.bw.Flush()
+}
+
+// preamble opens the document. otherData.trace_start is the trace
+// header's wall-clock time (RFC 3339, and trace_start_ns in Unix
+// nanoseconds), from which every ts counts: it lines up the exports of
+// the two processes of a run, and the timeline with their logs.
+func (x *exporter) preamble(t0 int64) error {
+	other, err := json.Marshal(map[string]any{"source": "kvxfer trace", "version": 1,
+		"trace_start": time.Unix(0, t0).UTC().Format(time.RFC3339Nano), "trace_start_ns": t0})
+	if err != nil {
+		return err
+	}
+	_, err = x.bw.WriteString(`{"displayTimeUnit":"ms","otherData":` + string(other) + `,"traceEvents":[` + "\n")
+	return err
 }
 
 func (x *exporter) emit(e *event) error {

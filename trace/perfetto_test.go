@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/trace"
 )
@@ -211,5 +212,47 @@ func TestExportPerfettoFileKeepsItsInput(t *testing.T) {
 	}
 	if want := []string{"g.trace", "link.json", "prev.json"}; !slices.Equal(names, want) {
 		t.Errorf("after failed exports the directory holds %q, want %q", names, want)
+	}
+}
+
+// TestExportPerfettoNamesItsStart: an export says the wall-clock time its
+// timestamps count from (the trace header's), so that the exports of a
+// run's two processes, and its logs, can be lined up: each export's ts
+// counts from its own trace's start.
+func TestExportPerfettoNamesItsStart(t *testing.T) {
+	for _, path := range []string{"testdata/v2-ctx.jsonl", "testdata/v2-gen.jsonl"} {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr, err := trace.NewReader(f).Next()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err = os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		_, err = trace.ExportPerfetto(f, &out)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			OtherData struct {
+				Start   string `json:"trace_start"`
+				StartNS int64  `json:"trace_start_ns"`
+			} `json:"otherData"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+			t.Fatalf("%s: not JSON: %v", path, err)
+		}
+		want := time.Unix(0, hdr.T).UTC().Format(time.RFC3339Nano)
+		if doc.OtherData.StartNS != hdr.T || doc.OtherData.Start != want {
+			t.Errorf("%s: otherData trace_start %q (%d ns), want %q (%d ns), the header's time", path,
+				doc.OtherData.Start, doc.OtherData.StartNS, want, hdr.T)
+		}
 	}
 }

@@ -47,7 +47,10 @@ ui.perfetto.dev and chrome://tracing open:
     queue, the listener and each sender worker ("tx (TxTable)",
     "worker-1 (WorkerTable)"), with an instant for every call on its table
     (category table; inputs and outputs in the arguments).
-Timestamps are microseconds since the trace began. OUT is written whole or
+Timestamps are microseconds since the trace began; otherData.trace_start
+(trace_start_ns) is that moment on the wall clock, which lines up the
+exports of a run's two processes (each counts from its own start) and
+their log lines. OUT is written whole or
 not at all (a temporary file beside it, renamed over it once the export
 succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 		Example: examples(
