@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 // runRole is a child process: one role of a two-process run, tracing to
 // Options.TracePath.
 func runRole(role string) int {
+	if role == holdRole {
+		return holdTrace(os.Getenv(optsEnv))
+	}
 	var o proc.Options
 	if err := json.Unmarshal([]byte(os.Getenv(optsEnv)), &o); err != nil {
 		fmt.Fprintln(os.Stderr, "bad options:", err)

@@ -111,12 +111,32 @@ func NewWriter(w io.Writer, opts ...Option) *Writer {
 	return t
 }
 
+// ErrInUse is returned by Create for a file another Writer (of this
+// process or another) has open: both would write it at once, and neither
+// trace would read back.
+var ErrInUse = errors.New("trace: another Writer (another process's --trace, or another engine's TracePath) writes this file: each needs its own")
+
 // Create creates (or truncates) the file at path and writes a trace to
-// it; Close closes the file.
+// it; Close closes the file. It holds a regular file's exclusive advisory
+// lock (flock) until Close, and refuses a file whose lock another Writer
+// holds (ErrInUse) before truncating it.
 func Create(path string, opts ...Option) (*Writer, error) {
-	f, err := os.Create(filepath.Clean(path))
+	path = filepath.Clean(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
 	if err != nil {
 		return nil, err
+	}
+	// A regular file is locked, then truncated; a device or a pipe
+	// (/dev/stderr, a FIFO a reader drains) is written as it is.
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		if err := lockFile(f); err != nil {
+			_ = f.Close()
+			return nil, &os.PathError{Op: "create trace", Path: path, Err: err}
+		}
+		if err := f.Truncate(0); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
 	}
 	w := NewWriter(f, opts...)
 	w.closer = f

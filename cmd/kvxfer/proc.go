@@ -89,7 +89,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the request list (both roles must agree)")
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
-	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file (kvxfer replay, kvxfer trace export)")
+	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file, one per process (kvxfer replay, kvxfer trace export)")
 	fl.StringVar(&f.o.Discovery, "discovery", "static", "membership: static (--peer-endpoint, --peer-key), etcd://HOST:PORT[,HOST:PORT] (peers found there) or etcds://… (etcd over TLS)")
 	fl.StringVar(&f.o.DiscoveryCA, "discovery-ca", "", "PEM file of the CA that signed etcd's server certificate (etcds://; default: the system's roots)")
 	fl.StringVar(&f.o.DiscoveryCert, "discovery-cert", "", "PEM client certificate for an etcd that asks for one (etcds://; with --discovery-key)")
