@@ -459,7 +459,7 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("max message size", s.SetMaxmsgsize(64<<10))
 	set("routing id", s.SetIdentity(routingID()))
 	set("immediate", s.SetImmediate(immediate))
-	set("reconnect backoff", s.SetReconnectIvlMax(reconnectIvlMax))
+	set("reconnect backoff", s.SetReconnectIvlMax(l.cfg.reconnectMax()))
 	if !l.cfg.Insecure {
 		set("CURVE server key", s.SetCurveServerkey(serverKey))
 		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
@@ -484,6 +484,20 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 // of every process that knows the peer; with it a peer back at its
 // endpoint is reached within about a second, as a heartbeat interval.
 const reconnectIvlMax = time.Second
+
+// reconnectMax is the DEALERs' reconnect backoff bound: reconnectIvlMax,
+// or the heartbeat interval when that is shorter. A peer that comes up
+// after a few failed attempts is then reached within a beat, well within
+// the waitHintBeats beats after its Hello that node.WaitPeers gives our
+// connection before it names the endpoint as wrong (a fixed second failed
+// every request of a pair whose heartbeat was 200 ms and whose other side
+// started late).
+func (c *Config) reconnectMax() time.Duration {
+	if c.heartbeats() && c.HeartbeatInterval < reconnectIvlMax {
+		return c.HeartbeatInterval
+	}
+	return reconnectIvlMax
+}
 
 // routingID is a DEALER's random routing id: 16 bytes, the first non-zero
 // (ZeroMQ reserves ids starting with a zero byte).

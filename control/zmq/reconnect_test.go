@@ -3,6 +3,7 @@ package zmq
 import (
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Every DEALER the link makes (Conns and heartbeat sockets, both from
@@ -35,5 +36,34 @@ func TestDealersBackOffBetweenReconnects(t *testing.T) {
 	if most != reconnectIvlMax || most <= ivl {
 		t.Fatalf("Conn's DEALER: ZMQ_RECONNECT_IVL %v, ZMQ_RECONNECT_IVL_MAX %v; want a maximum of %v above the interval (exponential backoff)",
 			ivl, most, reconnectIvlMax)
+	}
+}
+
+// With heartbeats faster than a second the backoff stops at the heartbeat
+// interval: a peer that starts late is reached within a beat, well before
+// node.WaitPeers gives up on a connection still down three beats after
+// the peer's Hello (with a 1 s bound, a pair beating every 200 ms failed
+// every request when one side started late).
+func TestDealersBackOffNoLongerThanABeat(t *testing.T) {
+	dir := t.TempDir()
+	b := listen(t, pid("gen", 0), Config{Insecure: true, HeartbeatInterval: 200 * time.Millisecond})
+	ghost := pid("ctx", 9)
+	if err := b.link.AddPeer(ghost, "ipc://"+filepath.Join(dir, "nobody.sock")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := b.link.Dial(ghost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := conn.(*Conn)
+	c.mu.Lock()
+	most, err := c.sock.GetReconnectIvlMax()
+	c.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most != 200*time.Millisecond {
+		t.Fatalf("ZMQ_RECONNECT_IVL_MAX %v with a 200ms heartbeat, want 200ms", most)
 	}
 }
