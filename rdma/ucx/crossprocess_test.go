@@ -641,3 +641,91 @@ func TestCloseWithAStoppedPeerKeepsMemory(t *testing.T) {
 		t.Errorf("the allocation after Close with the peer's bye unacknowledged: msync: %v (unmapped while the peer may still write into it)", err)
 	}
 }
+
+// TestUnansweredHelloProvesNothing: a peer stopped (SIGSTOP) before it
+// answers this agent's hello fails the Connect by the handshake timeout.
+// That is a timeout, not proof that the peer writes no more into this
+// agent's memory: once it runs again it takes the hello, brings its side
+// of the link up, and may write with the keys it holds. So a
+// deregistration that waited for the peer's answer to its revoke when
+// the timeout came, and one started after, fail busy (the registration
+// stays mapped), and Close returns rdma.ErrCloseUnproven naming the peer
+// and leaves the memory it allocated mapped. Before the fix, the
+// timeout let both deregistrations unmap their registration and Close
+// return nil and unmap the allocation.
+func TestUnansweredHelloProvesNothing(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+	child.Stop(t)
+	defer child.Reap(t)
+	defer child.Process().Kill()
+
+	// The revoke timeout is an hour: only the handshake's ends the wait.
+	a, err := ucx.New(ucx.WithHandshakeTimeout(2*time.Second), ucx.WithRevokeTimeout(time.Hour), ucx.WithCloseTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			a.Close()
+		}
+	}()
+	r, _, err := a.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := kvcache.NewHostRegion(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	var regs []rdma.Registration
+	for _, region := range []*kvcache.Region{r, r2} {
+		reg, err := a.Register(region)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, reg)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		_, err := a.Connect(rem.addr)
+		connected <- err
+	}()
+	deadline := time.Now().Add(rdmatest.WaitLimit)
+	for ucx.Connecting(a) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no link waits for the peer's answer within %v", rdmatest.WaitLimit)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	// Asks the peer, which is connecting, to revoke; the handshake's
+	// timeout ends the wait (were the timeout first, the link failed:
+	// the same as the second deregistration below).
+	deregistered := make(chan error, 1)
+	go func() { deregistered <- a.Deregister(regs[0]) }()
+	if err := rdmatest.Recv(t, connected, "Connect to the stopped peer"); !errors.Is(err, rdma.ErrPeerGone) || !strings.Contains(err.Error(), "did not answer the hello") {
+		t.Fatalf("Connect to the stopped peer: %v, want ErrPeerGone, the hello unanswered", err)
+	}
+	if err := rdmatest.Recv(t, deregistered, "Deregister waiting for the unanswered peer"); !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "without proof") {
+		t.Errorf("Deregister waiting for a peer whose hello went unanswered: %v, want ErrRegionBusy, its link failed without proof", err)
+	}
+	if err := a.Deregister(regs[1]); !errors.Is(err, rdma.ErrRegionBusy) || !strings.Contains(err.Error(), "without proof") {
+		t.Errorf("Deregister after the peer's hello went unanswered: %v, want ErrRegionBusy, its link failed without proof", err)
+	}
+	closed = true
+	err = a.Close()
+	if !errors.Is(err, rdma.ErrCloseUnproven) || !strings.Contains(err.Error(), "did not answer the hello") {
+		t.Errorf("Close after the peer's hello went unanswered: %v, want an error wrapping ErrCloseUnproven naming the unanswered hello", err)
+	}
+	// msync fails with ENOMEM on a range that is not mapped.
+	if err := unix.Msync(r.Bytes(), unix.MS_ASYNC); err != nil {
+		t.Errorf("the allocation after Close with the peer's hello unanswered: msync: %v (unmapped while the peer may still write into it)", err)
+	}
+}

@@ -102,7 +102,12 @@
 // restoration, that peer's other endpoints are refused with ErrBadKey for
 // it); otherwise peers refuse its key from then on (ErrBadKey) and it is
 // unmapped. A peer that never answers makes Deregister fail busy after
-// WithRevokeTimeout.
+// WithRevokeTimeout. A peer whose hello went unanswered within
+// WithHandshakeTimeout is failed for new work (Connect fails with
+// rdma.ErrPeerGone), but that timeout is no proof that it writes no more
+// into this agent: stopped or slow, it may take the hello later, bring
+// its side of the link up and write. A deregistration waiting for its
+// answer, and any later one while that link stands, fails busy.
 //
 // Agent.Close closes its endpoints, then says bye to every linked peer and
 // waits (at most WithRevokeTimeout) for each to acknowledge: a peer closes
@@ -111,7 +116,8 @@
 // nothing lands in the closing agent's memory after Close returns. Then it
 // unmaps every registration and frees every Alloc, and destroys the worker
 // and the context. A peer that does not acknowledge in time (stopped, cut
-// off), or one already silent that it does not wait for, proves nothing:
+// off), one already silent that it does not wait for, or one whose hello
+// went unanswered (above) or is still unanswered, proves nothing:
 // Close then leaves every Alloc mapped and the context alive, as
 // KeepMemory does, and returns an error wrapping rdma.ErrCloseUnproven
 // naming the peers; memory the caller registered must not be reused

@@ -19,3 +19,17 @@ func OnTheWire(ep rdma.Endpoint) bool {
 
 // MemAvailable is memAvailable, for tests.
 var MemAvailable = meminfo.Available
+
+// Connecting reports how many of a's links wait for the peer's answer to
+// their hello.
+func Connecting(a *Agent) int {
+	n := 0
+	a.w.do(func() {
+		for _, l := range a.w.links {
+			if l.getState() == linkConnecting {
+				n++
+			}
+		}
+	})
+	return n
+}

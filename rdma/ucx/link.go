@@ -79,6 +79,12 @@ type link struct {
 	// peer cost every registration two timeouts, a minute to close a pool
 	// of three.
 	silent string
+	// unproven: the link failed (failLink) without proof that the peer's
+	// writes into this agent's memory are over (why, for the errors): an
+	// unanswered hello is a timeout, no proof (docs/membership.md §4).
+	// Deregistrations are then refused busy and Close keeps the memory
+	// (ErrCloseUnproven), as for a peer that did not acknowledge the bye.
+	unproven string
 }
 
 func newLink(pa address, name string) *link {

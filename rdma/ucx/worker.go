@@ -1039,9 +1039,13 @@ func (w *worker) checkTimers() {
 	now := w.now
 	for _, l := range w.links {
 		if l.u != nil && !l.deadline.IsZero() && now.After(l.deadline) && l.getState() == linkConnecting {
-			l.unanswered = true
-			w.failLink(l, fmt.Errorf("%w: agent %s did not answer the hello within %v (not running or not reachable there, or it did not admit this agent: a node's agent answers only agents whose address one of its peers sent it in its Hello)",
-				rdma.ErrPeerGone, l.peer, w.a.opts.handshake))
+			err := fmt.Errorf("%w: agent %s did not answer the hello within %v (not running or not reachable there, or it did not admit this agent: a node's agent answers only agents whose address one of its peers sent it in its Hello)",
+				rdma.ErrPeerGone, l.peer, w.a.opts.handshake)
+			// A timeout, no proof: the peer may have taken the hello
+			// (it runs again after a stop, or it is slow), brought its
+			// side of the link up, and write into this agent's memory.
+			l.unanswered, l.unproven = true, err.Error()
+			w.failLink(l, err)
 		}
 		if l.byeReq != 0 && now.After(l.byeBy) {
 			l.byeReq = 0

@@ -245,7 +245,13 @@ func (w *worker) onBye(l *link, m *message) {
 }
 
 // failLink: the peer is unreachable (its control endpoint failed, or it
-// never answered). Its endpoints are forced closed.
+// never answered). Its endpoints are forced closed and no new work goes
+// to it. A link marked unproven (checkTimers: a hello unanswered in time
+// is a timeout, and the peer, stopped or slow, may have taken the hello,
+// brought its side up and write once it runs) is no proof that the peer
+// writes no more into this agent's memory: deregistrations waiting for
+// it, and later ones, fail busy (the registration stays mapped), and
+// Close keeps the memory and returns ErrCloseUnproven naming the peer.
 func (w *worker) failLink(l *link, err error) {
 	l.setState(linkFailed, err)
 	for _, c := range l.waiters {
@@ -437,14 +443,18 @@ func (w *worker) answerBy(c *call) (time.Time, string) {
 // silent peer (link.silent) gets it too, but is not waited for: a revoke
 // it has not answered makes the deregistration busy at once, which is
 // what its timeout would decide (the registration stays mapped); a
-// restore is for its use once it runs again.
+// restore is for its use once it runs again. A peer whose link failed
+// unproven (failLink) cannot be asked and may still write: a revoke is
+// busy at once.
 func (w *worker) ask(op *deregOp, kind msgKind) {
 	for _, l := range w.links {
 		if st := l.getState(); st != linkUp && st != linkConnecting {
+			w.unprovenBusy(op, kind, l)
 			continue
 		}
 		req := w.newID()
 		if !w.send(l, &message{kind: kind, req: req, from: w.a.id, reg: op.reg.id}) {
+			w.unprovenBusy(op, kind, l) // the link failed as it was sent
 			continue
 		}
 		if l.silent != "" {
@@ -455,6 +465,14 @@ func (w *worker) ask(op *deregOp, kind msgKind) {
 		}
 		op.waiting[l] = req
 		w.replies[req] = op
+	}
+}
+
+// unprovenBusy makes a revoke's deregistration busy when l failed
+// without proof that the peer's writes are over.
+func (w *worker) unprovenBusy(op *deregOp, kind msgKind, l *link) {
+	if kind == msgRevoke && op.busy == "" && l.unproven != "" {
+		op.busy = fmt.Sprintf("agent %s may still write into it: its link failed without proof that its writes are over (%s)", l.peer, l.unproven)
 	}
 }
 
@@ -471,12 +489,17 @@ func (w *worker) onReply(l *link, m *message) {
 	w.advanceDereg(op, false)
 }
 
-// peerGone: a peer that left or failed writes no more; it answers nothing.
+// peerGone: a peer that left or failed answers nothing. One that left
+// (its bye) writes no more; one whose link failed unproven may still
+// write: a revoke waiting for it is busy.
 func (w *worker) peerGone(l *link) {
 	for _, op := range append([]*deregOp(nil), w.deregs...) {
 		if req, ok := op.waiting[l]; ok {
 			delete(op.waiting, l)
 			delete(w.replies, req)
+			if !op.restore {
+				w.unprovenBusy(op, msgRevoke, l)
+			}
 			w.advanceDereg(op, false)
 		}
 	}
@@ -604,6 +627,16 @@ func (w *worker) stepShutdown() {
 // — but for an agent told to keep its memory (Agent.KeepMemory): its
 // allocations stay mapped and its context alive, for good.
 func (w *worker) teardown() {
+	// A peer whose link failed (failLink) or never came up (its hello
+	// unanswered) proves nothing either: it may have taken the hello.
+	for _, l := range w.links {
+		switch {
+		case l.unproven != "":
+			w.unacked = append(w.unacked, fmt.Sprintf("agent %s's link failed without proof that its writes into this agent are over (%s)", l.peer, l.unproven))
+		case l.getState() == linkConnecting:
+			w.unacked = append(w.unacked, fmt.Sprintf("agent %s never answered this agent's hello, which it may have taken", l.peer))
+		}
+	}
 	// A peer that never acknowledged the bye may still write into this
 	// agent's memory (a peer of this host writes by address over cma):
 	// its allocations stay mapped, as KeepMemory keeps them.

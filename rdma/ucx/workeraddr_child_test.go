@@ -154,7 +154,11 @@ func mutatedChild(t *testing.T) {
 	}
 	defer func() {
 		for _, x := range []*ucx.Agent{a, b} {
-			if err := x.Close(); err != nil && !errors.Is(err, rdma.ErrPeerGone) {
+			// A mutation that reached nobody left its hello unanswered:
+			// Close cannot prove that no such peer writes into the
+			// agent's memory (ErrCloseUnproven), which is not what is
+			// tested here.
+			if err := x.Close(); err != nil && !errors.Is(err, rdma.ErrPeerGone) && !errors.Is(err, rdma.ErrCloseUnproven) {
 				t.Error(err)
 			}
 		}
