@@ -252,6 +252,10 @@ func (w *worker) onBye(l *link, m *message) {
 // writes no more into this agent's memory: deregistrations waiting for
 // it, and later ones, fail busy (the registration stays mapped), and
 // Close keeps the memory and returns ErrCloseUnproven naming the peer.
+// An error UCX reports on the control endpoint (onError, sendSealed) is
+// no proof either, but is still taken as one: docs/membership.md §4
+// ("ucx: what the agent's own link to a peer proves") says why and what
+// is missing.
 func (w *worker) failLink(l *link, err error) {
 	l.setState(linkFailed, err)
 	for _, c := range l.waiters {
