@@ -729,3 +729,54 @@ func TestUnansweredHelloProvesNothing(t *testing.T) {
 		t.Errorf("the allocation after Close with the peer's hello unanswered: msync: %v (unmapped while the peer may still write into it)", err)
 	}
 }
+
+// TestCloseWithAHelloUnansweredKeepsMemory: an agent closed while its
+// hello to a stopped peer (SIGSTOP) is still unanswered (the handshake
+// timeout an hour) cannot tell whether the peer took it — and, once it
+// runs again, brings its side of the link up and writes. Close must say
+// so (rdma.ErrCloseUnproven) and leave the memory it allocated mapped.
+// Before the fix, Close returned nil and unmapped the allocation.
+func TestCloseWithAHelloUnansweredKeepsMemory(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	t.Setenv("UCX_TLS", "tcp")
+	usable(t, "tcp")
+	child := startChild(t, false)
+	rem := parseReady(t, child.Expect(t, readyPrefix))
+	child.Stop(t)
+	defer child.Reap(t)
+	defer child.Process().Kill()
+
+	a, err := ucx.New(ucx.WithHandshakeTimeout(time.Hour), ucx.WithCloseTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := a.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		_, err := a.Connect(rem.addr)
+		connected <- err
+	}()
+	deadline := time.Now().Add(rdmatest.WaitLimit)
+	for ucx.Connecting(a) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no link waits for the peer's answer within %v", rdmatest.WaitLimit)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	err = a.Close()
+	if !errors.Is(err, rdma.ErrCloseUnproven) || !strings.Contains(err.Error(), "never answered this agent's hello") {
+		t.Errorf("Close with a hello unanswered: %v, want an error wrapping ErrCloseUnproven naming the unanswered hello", err)
+	}
+	if err := rdmatest.Recv(t, connected, "Connect cut by Close"); !errors.Is(err, rdma.ErrAgentClosed) {
+		t.Errorf("Connect cut by Close: %v, want ErrAgentClosed", err)
+	}
+	// msync fails with ENOMEM on a range that is not mapped.
+	if err := unix.Msync(r.Bytes(), unix.MS_ASYNC); err != nil {
+		t.Errorf("the allocation after Close with a hello unanswered: msync: %v (unmapped while the peer may still write into it)", err)
+	}
+}
