@@ -120,7 +120,7 @@ type Config struct {
 	// TracePath, when set, records a replayable trace of every session
 	// (package trace, `kvxfer replay`) to this file, which Start creates
 	// and Engine.Close flushes and closes. Each engine needs its own file:
-	// a path another engine of this process writes is refused.
+	// a path another engine writes (of this process or another) is refused.
 	// With Recorder also set, both receive every message. The file is
 	// bounded (trace.DefaultMaxBytes); when it reaches its bound or a write
 	// fails, the engine logs a warning naming the file at once, and later

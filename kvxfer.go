@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -47,39 +46,6 @@ func DefaultLink() *control.MemLink {
 	return defaultLink
 }
 
-// tracePaths holds the trace files (absolute paths) that engines of this
-// process write: a second engine given one would truncate it under the
-// first, and both would write it at once.
-var tracePaths = struct {
-	sync.Mutex
-	inUse map[string]bool
-}{inUse: map[string]bool{}}
-
-// claimTracePath claims path for one engine's trace until release, or
-// refuses it (ErrConfig, naming it) while another engine of this process
-// holds it.
-func claimTracePath(path string) (release func(), err error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: TracePath %q: %w", ErrConfig, path, err)
-	}
-	tracePaths.Lock()
-	defer tracePaths.Unlock()
-	if tracePaths.inUse[abs] {
-		return nil, fmt.Errorf("%w: TracePath %q: another engine of this process writes its trace there (each engine needs its own file)",
-			ErrConfig, path)
-	}
-	tracePaths.inUse[abs] = true
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			tracePaths.Lock()
-			delete(tracePaths.inUse, abs)
-			tracePaths.Unlock()
-		})
-	}, nil
-}
-
 // Engine is one running engine rank.
 type Engine struct {
 	ownsRg bool
@@ -93,9 +59,6 @@ type Engine struct {
 	// pools' own layout.
 	memory []*kvcache.KVMemory
 	trace  *trace.Writer // Config.TracePath's, closed by Close
-	// traceRelease gives Config.TracePath back once the trace is closed
-	// (claimTracePath).
-	traceRelease func()
 	// metrics and their server: nil unless Config.MetricsAddr is set.
 	metrics    *metrics.Set
 	metricsSrv *metrics.Server
@@ -182,14 +145,8 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	self := messages.PeerID{Instance: r.Instance, Rank: int32(r.Parallel.Index(r.Rank))}
 	rec := r.Recorder
 	if r.TracePath != "" {
-		// Claimed before Create truncates it: another engine of this
-		// process may be writing it.
-		release, cerr := claimTracePath(r.TracePath)
-		if cerr != nil {
-			return nil, cerr
-		}
-		undo = append(undo, release)
-		e.traceRelease = release
+		// Create locks the file before it truncates it: another engine,
+		// of this process or another, writing it is refused (trace.ErrInUse).
 		path := r.TracePath
 		stopped := func(s trace.Stop) {
 			log.Warn().Str("trace", path).Msg(s.Error())
@@ -967,7 +924,6 @@ func (e *Engine) close(ctx context.Context) error {
 		if terr := e.trace.Close(); terr != nil && err == nil {
 			err = fmt.Errorf("trace %s: %w", e.cfg.TracePath, terr)
 		}
-		e.traceRelease()
 	}
 	if e.ownsAg {
 		if cerr := e.agent.Close(); cerr != nil && err == nil {
