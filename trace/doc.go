@@ -23,11 +23,11 @@
 // encoding on the session's own actor keeps per-actor order for free
 // (a session's records are written in the order it stepped).
 //
-// # Format (version 2)
+// # Format (version 3)
 //
 // JSON lines, one object per record, each with a "kind". Version 2 adds
-// the "table" and "call" records; a version-1 trace (sessions only) still
-// reads and replays.
+// the "table" and "call" records, version 3 the "end" record; version 1
+// (sessions only) and 2 traces still read and replay.
 //
 //	{"kind":"trace","version":1,"t":T}                          first line
 //	{"kind":"engine","engine":"ctx/0","t":T,"msg":EngineInfo}   once per engine
@@ -38,6 +38,7 @@
 //	{"kind":"table","actor":P,"engine":"ctx/0","t":T,"type":KIND,"msg":TableBirth}
 //	{"kind":"call","actor":P,"seq":N,"t":T,"type":METHOD,"msg":TableIn,"out":TableOut}
 //	{"kind":"truncated","t":T}                                  MaxBytes reached
+//	{"kind":"end","t":T,"msg":{"records":N,"dropped":D}}        Close, last line
 //
 // T is the shell's clock in Unix nanoseconds (wall time: monotonic clock
 // readings are not recorded, so a run during which the wall clock jumps may
@@ -101,7 +102,10 @@
 // ("out.Verdict"), expected, got, and the recorded inputs. A trace whose
 // last line is a partial record (its process was killed or crashed while
 // writing it) replays up to its last whole record, and Result.TornLine
-// names the partial one.
+// names the partial one. A version 3 trace without its "end" record was
+// not closed (its process stopped between two flushes, or still writes
+// it): it replays, and Result.Unclosed says its last records may be
+// missing.
 //
 // # Timeline
 //

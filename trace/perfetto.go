@@ -38,6 +38,9 @@ type ExportStats struct {
 	// process stopped while writing it), 0 when it ends in a whole one:
 	// the records before it were exported.
 	TornLine int `json:"torn_line,omitempty"`
+	// Unclosed: the trace lacks its Writer's "end" record (its process
+	// stopped without closing it; Reader.Unclosed).
+	Unclosed bool `json:"unclosed,omitempty"`
 }
 
 // event is one Chrome trace event.
@@ -145,7 +148,7 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 	for started := false; ; {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
-			x.stats.TornLine = rd.Torn().Line
+			x.stats.TornLine, x.stats.Unclosed = rd.Torn().Line, rd.Unclosed()
 			break
 		}
 		if err != nil {

@@ -11,8 +11,14 @@ import (
 
 // Version is the trace format version this package writes. Version 2
 // adds the "table" and "call" records (the parents', listener's and
-// workers' steps); it reads versions MinVersion to Version.
-const Version = 2
+// workers' steps), version 3 the "end" record a Writer's Close writes
+// last; it reads versions MinVersion to Version.
+const Version = 3
+
+// endVersion is the first version whose Writer ends a closed trace with
+// an "end" record: a trace of an older version without one is not known
+// to be cut short.
+const endVersion = 3
 
 // MinVersion is the oldest trace format version this package reads.
 const MinVersion = 1
@@ -27,7 +33,19 @@ const (
 	KindTruncated = "truncated"
 	KindTable     = "table"
 	KindCall      = "call"
+	// KindEnd is the last record of a trace whose Writer was closed (its
+	// Msg an EndStats). A version 3 trace without one was cut short: its
+	// process stopped without closing it (killed or crashed), or still
+	// writes it.
+	KindEnd = "end"
 )
+
+// EndStats is an "end" record's message: what the Writer wrote and
+// dropped (past its bound, or after a write failed) before its Close.
+type EndStats struct {
+	Records int64 `json:"records"`
+	Dropped int64 `json:"dropped"`
+}
 
 // Sides of a session.
 const (
@@ -71,6 +89,8 @@ type Reader struct {
 	// newline after it.
 	unended bool
 	torn    Torn
+	version int
+	ended   bool
 }
 
 // Torn is a trace's last line when it is a partial record: the process
@@ -97,6 +117,14 @@ func NewReader(r io.Reader) *Reader {
 // Torn says whether the trace ended in a partial record, after Next
 // returned io.EOF.
 func (r *Reader) Torn() Torn { return r.torn }
+
+// Unclosed says, after Next returned io.EOF, whether the trace lacks the
+// "end" record its Writer's Close writes last (a trace of a version that
+// writes one): its process stopped without closing it (killed or
+// crashed), or still writes it, and its last records (up to a flush
+// interval's) may be missing. A trace with a torn last line is unclosed
+// too.
+func (r *Reader) Unclosed() bool { return r.version >= endVersion && !r.ended }
 
 // Next returns the next record, or io.EOF after the last. The first record
 // must be the trace header of a version this package reads; blank lines
@@ -130,6 +158,13 @@ func (r *Reader) Next() (*Record, error) {
 				return nil, fmt.Errorf("%w: line %d: version %d, this kvxfer reads versions %d to %d", ErrFormat, r.line, rec.Version, MinVersion, Version)
 			}
 			r.started = true
+			r.version = rec.Version
+		}
+		if r.ended {
+			return nil, fmt.Errorf("%w: line %d: a %q record after the trace's %q record: two writers wrote this file", ErrFormat, r.line, rec.Kind, KindEnd)
+		}
+		if rec.Kind == KindEnd {
+			r.ended = true
 		}
 		return &rec, nil
 	}

@@ -82,7 +82,14 @@ type Result struct {
 	// stopped in the middle of it: killed, crashed), 0 when the trace
 	// ends in a whole record. The records before it were replayed;
 	// sessions may end early.
-	TornLine int             `json:"torn_line,omitempty"`
+	TornLine int `json:"torn_line,omitempty"`
+	// Unclosed: the trace lacks the "end" record of its Writer's Close
+	// (Reader.Unclosed): its process stopped without closing it, and its
+	// last records (up to a flush interval's) may be missing.
+	Unclosed bool `json:"unclosed,omitempty"`
+	// Dropped is the records the Writer dropped before its Close (its
+	// "end" record says): past its bound, or after a write failed.
+	Dropped  int64           `json:"dropped,omitempty"`
 	Sessions []SessionResult `json:"sessions"`
 	// Tables are the parents', listener's and workers' tables (version 2
 	// traces); Calls counts the table calls replayed and CallsMatched the
@@ -149,7 +156,7 @@ func Replay(r io.Reader) (*Result, error) {
 	for {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
-			res.TornLine = rd.Torn().Line
+			res.TornLine, res.Unclosed = rd.Torn().Line, rd.Unclosed()
 			break
 		}
 		if err != nil {
@@ -205,6 +212,12 @@ func Replay(r io.Reader) (*Result, error) {
 			res.Skipped++
 		case KindTruncated:
 			res.Truncated = true
+		case KindEnd:
+			var st EndStats
+			if err := json.Unmarshal(rec.Msg, &st); err != nil {
+				return res, fmt.Errorf("%w: line %d: end record: %v", ErrFormat, rec.Line, err)
+			}
+			res.Dropped = st.Dropped
 		default:
 			return res, fmt.Errorf("%w: line %d: unknown record kind %q", ErrFormat, rec.Line, rec.Kind)
 		}
@@ -416,9 +429,16 @@ func (r *Result) Print(w io.Writer) {
 	if r.Truncated {
 		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
 	}
-	if r.TornLine > 0 {
+	switch {
+	case r.TornLine > 0:
 		fmt.Fprintf(w, "note: the trace ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the %d whole records before it were replayed, sessions may end early\n",
 			r.TornLine, r.Records)
+	case r.Unclosed:
+		fmt.Fprintf(w, "note: the trace was not closed (no end record after its %d records): its process stopped without closing its engine (killed or crashed), or still writes it; its last second of records may be missing and sessions may end early\n",
+			r.Records)
+	}
+	if r.Dropped > 0 && !r.Truncated {
+		fmt.Fprintf(w, "note: the trace's writer dropped %d records (a write failed); sessions may end early\n", r.Dropped)
 	}
 	if d := r.Divergence; d != nil {
 		if len(r.Tables) == 0 {

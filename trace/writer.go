@@ -192,8 +192,9 @@ func (w *Writer) Flush() error {
 	return w.err
 }
 
-// Close flushes the trace and closes the file Create opened. Records that
-// arrive later are dropped. It reports the first write error.
+// Close writes the "end" record, flushes the trace and closes the file
+// Create opened. Records that arrive later are dropped. It reports the
+// first write error.
 func (w *Writer) Close() error {
 	w.stopOnce.Do(func() {
 		if w.stopFlush != nil {
@@ -205,6 +206,13 @@ func (w *Writer) Close() error {
 	defer w.mu.Unlock()
 	if w.closed {
 		return w.err
+	}
+	if w.err == nil {
+		// The end record, past the bound too: it says the trace was
+		// closed, not cut short (Reader.Unclosed).
+		end, _ := json.Marshal(EndStats{Records: w.records, Dropped: w.dropped})
+		b, _ := json.Marshal(&Record{Kind: KindEnd, T: w.o.clock().UnixNano(), Msg: end})
+		w.write(append(b, '\n'))
 	}
 	w.closed = true
 	if w.err == nil {

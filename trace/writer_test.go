@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -275,4 +276,57 @@ func mustOpen(t *testing.T, path string) *os.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// TestTraceEndRecord: Close ends a trace with an "end" record, so that a
+// trace cut on a line boundary (its process killed between flushes, the
+// common case: a flush writes whole lines) is told from a whole one; a
+// trace of a version before the end record is not called cut; a record
+// after the end (two writers of one file) is refused.
+func TestTraceEndRecord(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, `{"kind":"end"`) || !strings.Contains(last, `"records":`) {
+		t.Fatalf("a closed trace's last line is %q, want its end record", last)
+	}
+	res := replayBytes(t, buf.Bytes())
+	if res.Unclosed || !res.Identical() || res.Steps != 2 {
+		t.Fatalf("a closed trace: %+v", res)
+	}
+	cut := strings.Join(lines[:len(lines)-1], "")
+	res = replayBytes(t, []byte(cut))
+	if !res.Unclosed || !res.Identical() || res.Steps != 2 || res.TornLine != 0 {
+		t.Fatalf("a trace cut before its end record: %+v, want unclosed, its steps replayed", res)
+	}
+	var out strings.Builder
+	res.Print(&out)
+	if !strings.Contains(out.String(), "not closed") {
+		t.Errorf("replay's report does not say the trace was not closed:\n%s", out.String())
+	}
+	if st, err := ExportPerfetto(strings.NewReader(cut), io.Discard); err != nil || !st.Unclosed {
+		t.Errorf("export of a cut trace: unclosed %t, %v; want unclosed", st.Unclosed, err)
+	}
+	if st, err := ExportPerfetto(bytes.NewReader(buf.Bytes()), io.Discard); err != nil || st.Unclosed {
+		t.Errorf("export of a closed trace: unclosed %t, %v; want closed", st.Unclosed, err)
+	}
+
+	// A version 2 trace has no end record and is not called cut.
+	v2, err := os.ReadFile("testdata/v2-ctx.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := replayBytes(t, v2); res.Unclosed {
+		t.Errorf("a version 2 trace is reported unclosed")
+	}
+
+	// A record after the end record: two writers wrote the file.
+	if _, err := Replay(strings.NewReader(buf.String() + lines[1])); !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), "two writers") {
+		t.Errorf("a record after the end record: %v, want ErrFormat naming two writers", err)
+	}
 }

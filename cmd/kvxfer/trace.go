@@ -69,9 +69,13 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d events — %d engines, %d sessions, %d state slices, %d message instants, %d op slices, %d tables, %d table calls\n",
 				args[1], st.Events, st.Engines, st.Sessions, st.States, st.Instants, st.Ops, st.Tables, st.Calls)
-			if st.TornLine > 0 {
+			switch {
+			case st.TornLine > 0:
 				fmt.Fprintf(cmd.OutOrStdout(), "note: %s ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the records before it were exported\n",
 					args[0], st.TornLine)
+			case st.Unclosed:
+				fmt.Fprintf(cmd.OutOrStdout(), "note: %s was not closed (no end record): its process stopped without closing its engine (killed or crashed), or still writes it; its last second of records may be missing\n",
+					args[0])
 			}
 			return nil
 		},
