@@ -577,4 +577,5 @@ func ctxArgs(f demoFlags) []string {
 var notAcrossProcesses = map[string]string{
 	"prefill-devices": "each kvxfer ctx process computes every request's chunks on a device of its own",
 	"json":            "each process prints its own JSON report line",
+	"trace":           "each kvxfer ctx and gen process takes its own --trace file",
 }

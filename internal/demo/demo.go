@@ -144,7 +144,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	meter := cpustat.Start()
 	rep.Raw, rep.RawErr = measureRaw(o)
 	rep.RawSteal = steal(meter)
-	for _, m := range []Mode{{"pipelined", true}, {"after-prefill", false}} {
+	for _, m := range Modes {
 		meter := cpustat.Start()
 		row, err := runMode(ctx, o, m, prompts, progress)
 		if err != nil {
@@ -168,6 +168,10 @@ func Run(ctx context.Context, o Options, progress io.Writer) (Report, error) {
 	}
 	return rep, nil
 }
+
+// Modes are the demo's two runs, in order: chunks sent as prefill
+// computes them, and the whole prompt after prefill.
+var Modes = []Mode{{"pipelined", true}, {"after-prefill", false}}
 
 func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.Writer) (row Row, err error) {
 	link := control.NewMemLink()
@@ -226,9 +230,13 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		ctxAgent = o.Probe.Agent(m.Name, ctxAgent)
 	}
 	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
+		var tracePath string
+		if o.TraceDir != "" {
+			tracePath = traceFile(o.TraceDir, inst)
+		}
 		e, err := kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
 			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr,
-			Recorder: rec})
+			Recorder: rec, TracePath: tracePath})
 		// A pool the host cannot map, or of more blocks than the wire
 		// can name (Start names PoolBytes), is --pool's.
 		if errors.Is(err, kvcache.ErrBadRegion) || errors.Is(err, kvxfer.ErrConfig) && strings.Contains(err.Error(), "PoolBytes = ") {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
+	"github.com/kvxfer/kvxfer/trace"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,6 +40,30 @@ func TestSmallDemo(t *testing.T) {
 	for _, want := range wants {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestDemoTraces: --trace records each engine of each mode into a file of
+// its own, and each replays identical (every session and table step the
+// run took reproduces its digest), ending with its end record.
+func TestDemoTraces(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{Model: "Llama-3.1-8B", Requests: 2, MinTokens: 64, MaxTokens: 200, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Workers: 2, Concurrency: 2, Seed: 3, TokensPerBlock: 16, TraceDir: dir}
+	runOK(t, o)
+	files := o.TraceFiles()
+	if len(files) != 2*len(Modes) {
+		t.Fatalf("trace files %v, want one per engine of each mode", files)
+	}
+	for _, f := range files {
+		res, err := trace.ReplayFile(f)
+		if err != nil {
+			t.Fatalf("replay %s: %v", f, err)
+		}
+		if !res.Identical() || len(res.Sessions) < o.Requests || res.Unclosed || res.TornLine != 0 {
+			t.Errorf("replay %s: identical %t, %d sessions, unclosed %t, torn line %d; want identical, %d sessions or more, closed",
+				f, res.Identical(), len(res.Sessions), res.Unclosed, res.TornLine, o.Requests)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -69,6 +71,11 @@ type Options struct {
 	// generation engine's Prometheus metrics (kvxfer.Config.MetricsAddr).
 	MetricsAddr    string `json:"metrics_addr,omitempty"`
 	GenMetricsAddr string `json:"gen_metrics_addr,omitempty"`
+	// TraceDir, when set, is a directory each engine of the run records a
+	// replayable trace of every session into (kvxfer.Config.TracePath):
+	// TraceFiles names them. Tracing costs each step an encode, so the
+	// run's figures are not comparable with an untraced run's.
+	TraceDir string `json:"trace_dir,omitempty"`
 	// Started, when set, is called once both engines of a mode run.
 	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
 	// Probe, when set, observes the run (probe.go).
@@ -172,10 +179,52 @@ func (o Options) check(avail func() (uint64, bool)) error {
 	default:
 		return bad("backend", fmt.Sprintf("%q", o.Backend), fmt.Sprintf("want %s, %s or %s", loopback.Backend, shm.Backend, ucx.Backend))
 	}
+	if err := o.checkTraceDir(); err != nil {
+		return err
+	}
 	if err := o.checkPool(l); err != nil {
 		return err
 	}
 	return o.checkMemory(l, avail)
+}
+
+// checkTraceDir refuses a TraceDir that is not a directory this process
+// can create files in, before either mode's engines run.
+func (o Options) checkTraceDir() error {
+	if o.TraceDir == "" {
+		return nil
+	}
+	st, err := os.Stat(o.TraceDir)
+	if err != nil {
+		return bad("trace", o.TraceDir, fmt.Sprintf("want a directory to write the traces into: %v", err))
+	}
+	if !st.IsDir() {
+		return bad("trace", o.TraceDir, "want a directory to write the traces into, not a file")
+	}
+	f, err := os.CreateTemp(o.TraceDir, ".kvxfer-demo-*")
+	if err != nil {
+		return bad("trace", o.TraceDir, fmt.Sprintf("cannot write into it: %v", err))
+	}
+	name := f.Name()
+	return errors.Join(f.Close(), os.Remove(name))
+}
+
+// TraceFiles are the trace files a run with TraceDir writes: one per
+// engine of each mode (Modes), in order.
+func (o Options) TraceFiles() []string {
+	if o.TraceDir == "" {
+		return nil
+	}
+	var files []string
+	for _, m := range Modes {
+		files = append(files, traceFile(o.TraceDir, "ctx-"+m.Name), traceFile(o.TraceDir, "gen-"+m.Name))
+	}
+	return files
+}
+
+// traceFile is the trace of the engine named instance in dir.
+func traceFile(dir, instance string) string {
+	return filepath.Join(dir, instance+".jsonl")
 }
 
 // poolsAtOnce is how many pools of PoolBytes a demo run maps at once (the

@@ -47,6 +47,8 @@ func TestRunOptionErrorsNameTheValue(t *testing.T) {
 		{"compute", func(o *Options) { o.Compute = -time.Second }, "--compute = -1s: want 0 or more"},
 		{"timeout", func(o *Options) { o.Timeout = -time.Second }, "--timeout = -1s: want more than 0 (0: 5m0s)"},
 		{"backend", func(o *Options) { o.Backend = "carrier-pigeon" }, `--backend = "carrier-pigeon": want loopback, shm or ucx`},
+		{"trace missing", func(o *Options) { o.TraceDir = "no-such-dir/x" }, "--trace = no-such-dir/x: want a directory to write the traces into"},
+		{"trace a file", func(o *Options) { o.TraceDir = "options_test.go" }, "--trace = options_test.go: want a directory to write the traces into, not a file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := smallOptions()
