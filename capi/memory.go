@@ -2,6 +2,7 @@ package capi
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -95,6 +96,23 @@ func cudaOrdinal(key string, raw json.RawMessage) (int, bool, error) {
 	return int(d), true, nil
 }
 
+// stageNote says, for a rank of a pipeline-parallel instance, which layers
+// its stage holds and how kvxfer splits the model's layers over the
+// stages: a framework that splits them otherwise gives a stage another
+// number of layers (vLLM puts the extra layers of an uneven split on the
+// stages before the last, and VLLM_PP_LAYER_PARTITION splits any way).
+func stageNote(kc *kvxfer.Config, l kvcache.Layout, s kvcache.Shape) string {
+	if kc.Parallel.PP <= 1 {
+		return ""
+	}
+	note := fmt.Sprintf(" (layers %d to %d of the model's %d: kvxfer splits them over PP %d as %v",
+		s.LayerLo, s.LayerHi-1, l.Layers, kc.Parallel.PP, kc.Parallel.Split(l.Layers))
+	if l.Layers%kc.Parallel.PP != 0 {
+		note += ", the first stages one layer longer, as TensorRT-LLM does; a framework that splits an uneven count otherwise (vLLM's default puts the extra layers on the stages before the last) is not supported yet"
+	}
+	return note + ")"
+}
+
 // describe sets kc.Region and kc.Memory from m: a host region, or a
 // device region (kvcache.DeviceMem) when m.Device is given.
 func (m *Memory) describe(kc *kvxfer.Config) error {
@@ -122,7 +140,7 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 		return errorf(ErrConfig, "memory.num_blocks = %d, must be ≥ 1", m.NumBlocks)
 	}
 	if len(m.Layers) != held {
-		return errorf(ErrConfig, "memory.layers has %d addresses, rank %v holds %d layers", len(m.Layers), kc.Rank, held)
+		return errorf(ErrConfig, "memory.layers has %d addresses, rank %v holds %d layers%s", len(m.Layers), kc.Rank, held, stageNote(kc, l, s))
 	}
 	if split != (len(m.VLayers) > 0) || (split && len(m.VLayers) != held) {
 		return errorf(ErrConfig, "memory.v_layers has %d addresses for kind %s (split_kv needs one per layer, %d; other kinds none)",

@@ -189,6 +189,24 @@ func TestMemoryConfigErrors(t *testing.T) {
 	}
 }
 
+// TestMemoryStageSplitNamed: a pipeline stage's tensors of another count
+// than kvxfer's split gives the stage (the framework split the model's
+// layers otherwise: vLLM's default for an uneven count, 30 layers over PP
+// 4 as [7 8 8 7], is not kvxfer's [8 8 7 7]) are refused naming the
+// stage's layers and kvxfer's split, so that the user sees why.
+func TestMemoryStageSplitNamed(t *testing.T) {
+	buf := hostBuf(t)
+	addr := uintptr(unsafe.Pointer(&buf[0]))
+	layout := `"layout":{"layers":30,"kv_heads":2,"head_dim":4,"dtype_bytes":2,"tokens_per_block":16}`
+	seven := strings.TrimSuffix(strings.Repeat(fmt.Sprintf("%d,", addr), 7), ",")
+	_, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-pp",%s,"pp":4,"rank_pp":0,"memory":{"kind":"nhd","num_blocks":8,"layers":[%s]}}`, layout, seven), nil, 0)
+	for _, needle := range []string{"memory.layers has 7 addresses, rank tp0/pp0 holds 8 layers", "layers 0 to 7 of the model's 30", "as [8 8 7 7]", "vLLM"} {
+		if Code(err) != ErrConfig || err == nil || !strings.Contains(err.Error(), needle) {
+			t.Errorf("7 tensors on stage 0 of 4 over 30 layers: %v, want a config error naming %q", err, needle)
+		}
+	}
+}
+
 // TestLowHostAddressesRefused: host memory at an address below the first
 // page (a small integer where an address belongs) is refused naming it,
 // ErrInvalidArgument, before it becomes a pointer: tensors by address and

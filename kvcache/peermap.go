@@ -64,6 +64,17 @@ func (p Parallel) StageLayers(layers, stage int) (lo, hi int) {
 	return lo, hi
 }
 
+// Split is the number of layers each pipeline stage owns when layers
+// layers are split over p.PP stages (StageLayers), in stage order.
+func (p Parallel) Split(layers int) []int {
+	out := make([]int, p.PP)
+	for st := range out {
+		lo, hi := p.StageLayers(layers, st)
+		out[st] = hi - lo
+	}
+	return out
+}
+
 // MaxTP bounds a Parallel's TP. A non-MLA layout's TP divides its KV
 // heads (at most MaxKVHeads); an MLA layout replicates its latent head on
 // every TP rank, so without this bound nothing would stop a TP that makes
