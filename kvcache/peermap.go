@@ -1,6 +1,10 @@
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // Parallel is an instance's parallelism: TP tensor-parallel ranks per
 // pipeline stage and PP pipeline stages, TP×PP ranks in all.
@@ -13,13 +17,91 @@ import "fmt"
 // ranges (rank t holds heads [t*KVHeads/TP, (t+1)*KVHeads/TP)); MLA layouts
 // are replicated instead: every TP rank holds all (the single latent) heads.
 // Pipeline parallelism splits the layers 0..Layers-1 into PP contiguous
-// ranges in stage order; when Layers%PP != 0 the first Layers%PP stages get
-// one layer more (StageLayers).
+// ranges in stage order: as Stages says, or by default, when Layers%PP != 0,
+// the first Layers%PP stages one layer longer (StageLayers), as
+// TensorRT-LLM splits them.
 type Parallel struct {
 	// TP is the tensor-parallel degree (ranks per pipeline stage).
 	TP int
 	// PP is the pipeline-parallel degree (number of stages).
 	PP int
+	// Stages, when set, is how many layers each pipeline stage holds, in
+	// stage order, as comma-separated counts (PP of them, each at least 1,
+	// summing to the layout's Layers, no spaces or leading zeros) — the
+	// format of vLLM's VLLM_PP_LAYER_PARTITION, "7,8,8,7" — for a
+	// framework that splits an uneven count otherwise than the default:
+	// vLLM and SGLang put the extra layers on the stages before the last
+	// (VLLMStages). Empty: the default split. Both sides of a transfer
+	// need each other's: it travels in Hello and RequestData, and a
+	// Receive names its context's (ReceiveRequest.ContextParallel).
+	Stages string
+}
+
+// ParseStages reads a Stages value: its layer counts, in stage order. An
+// error (ErrBadParallelism) names what is wrong; "" is no counts.
+func ParseStages(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	out := make([]int, len(parts))
+	for i, f := range parts {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > MaxLayers || strconv.Itoa(n) != f {
+			return nil, fmt.Errorf("%w: Stages %q: stage %d's layer count %q, want an integer 1..%d", ErrBadParallelism, clipStages(s), i, clipStages(f), MaxLayers)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// clipStages shortens a bad Stages value for an error message.
+func clipStages(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// FormatStages writes layer counts as a Stages value.
+func FormatStages(counts []int) string {
+	var b strings.Builder
+	for i, n := range counts {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(n))
+	}
+	return b.String()
+}
+
+// VLLMStages is the Stages value of vLLM's default split of layers over pp
+// stages (vllm.distributed.utils.get_pp_indices without
+// VLLM_PP_LAYER_PARTITION; SGLang's is the same): the layers%pp extra
+// layers on the stages before the last, the last first. "" when it is
+// kvxfer's default split too.
+func VLLMStages(layers, pp int) string {
+	if pp < 1 || layers < pp {
+		return ""
+	}
+	counts := make([]int, pp)
+	for i := range counts {
+		counts[i] = layers / pp
+	}
+	for i := 2; i < layers%pp+2; i++ {
+		counts[pp-i]++
+	}
+	return Parallel{TP: 1, PP: pp, Stages: FormatStages(counts)}.Normal(layers).Stages
+}
+
+// Normal is p with Stages cleared when it names the default split of
+// layers layers (so that a Parallel that spells the default out equals
+// one that leaves it to the default).
+func (p Parallel) Normal(layers int) Parallel {
+	if p.Stages != "" && p.Stages == FormatStages(Parallel{TP: p.TP, PP: p.PP}.Split(layers)) {
+		p.Stages = ""
+	}
+	return p
 }
 
 // Rank is one rank of an instance: its tensor position TP in [0, Parallel.TP)
@@ -34,8 +116,14 @@ type Rank struct {
 // String renders the rank as "tp<t>/pp<s>".
 func (r Rank) String() string { return fmt.Sprintf("tp%d/pp%d", r.TP, r.PP) }
 
-// String renders the parallelism as "TP<t>/PP<s>".
-func (p Parallel) String() string { return fmt.Sprintf("TP%d/PP%d", p.TP, p.PP) }
+// String renders the parallelism as "TP<t>/PP<s>", with its Stages when
+// set: "TP1/PP4(7,8,8,7)".
+func (p Parallel) String() string {
+	if p.Stages != "" {
+		return fmt.Sprintf("TP%d/PP%d(%s)", p.TP, p.PP, clipStages(p.Stages))
+	}
+	return fmt.Sprintf("TP%d/PP%d", p.TP, p.PP)
+}
 
 // Size is the number of ranks, TP×PP.
 func (p Parallel) Size() int { return p.TP * p.PP }
@@ -53,8 +141,15 @@ func (p Parallel) Contains(r Rank) bool {
 
 // StageLayers is the global layer range [lo, hi) that pipeline stage stage
 // owns when layers layers are split over p.PP stages: contiguous ranges in
-// stage order, the first layers%PP stages one layer longer.
+// stage order, as Stages says, or by default the first layers%PP stages
+// one layer longer. p must be valid (Validate) for Stages to be followed.
 func (p Parallel) StageLayers(layers, stage int) (lo, hi int) {
+	if counts, err := ParseStages(p.Stages); err == nil && len(counts) == p.PP && stage < len(counts) {
+		for _, n := range counts[:stage] {
+			lo += n
+		}
+		return lo, lo + counts[stage]
+	}
 	base, rem := layers/p.PP, layers%p.PP
 	lo = stage*base + min(stage, rem)
 	hi = lo + base
@@ -99,6 +194,20 @@ func (p Parallel) Validate(l Layout) error {
 	}
 	if p.PP > l.Layers {
 		return fmt.Errorf("%w: PP %d > Layers %d of %q", ErrBadParallelism, p.PP, l.Layers, l.Name)
+	}
+	if p.Stages != "" {
+		counts, err := ParseStages(p.Stages)
+		if err != nil {
+			return err
+		}
+		sum := 0
+		for _, n := range counts {
+			sum += n
+		}
+		if len(counts) != p.PP || sum != l.Layers {
+			return fmt.Errorf("%w: Stages %q: %d stages of %d layers in all, want PP %d stages of the %d layers of %q",
+				ErrBadParallelism, clipStages(p.Stages), len(counts), sum, p.PP, l.Layers, l.Name)
+		}
 	}
 	if !l.MLA && l.KVHeads%p.TP != 0 {
 		return fmt.Errorf("%w: KVHeads %d of %q not divisible by TP %d",

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -73,22 +74,22 @@ func TestShape(t *testing.T) {
 		want   Shape
 		blocks []uint64 // BlockBytes per group
 	}{
-		{"llama70 TP4 PP2 tp1/pp1", llama70, Parallel{4, 2}, Rank{1, 1},
+		{"llama70 TP4 PP2 tp1/pp1", llama70, Parallel{TP: 4, PP: 2}, Rank{1, 1},
 			Shape{Rank: Rank{1, 1}, HeadLo: 2, HeadHi: 4, LayerLo: 40, LayerHi: 80, Layers: [][]int{LayerRange(40, 80)}},
 			[]uint64{40 * 2 * 2 * 32 * 128 * 2}},
-		{"uneven PP2 stage 0, two groups", twoGroups, Parallel{2, 2}, Rank{1, 0},
+		{"uneven PP2 stage 0, two groups", twoGroups, Parallel{TP: 2, PP: 2}, Rank{1, 0},
 			Shape{Rank: Rank{1, 0}, HeadLo: 2, HeadHi: 4, LayerLo: 0, LayerHi: 3, Layers: [][]int{{0, 2}, {1}}},
 			[]uint64{2 * 2 * 2 * 4 * 4 * 2, 1 * 2 * 2 * 4 * 4 * 2}},
-		{"uneven PP2 stage 1", twoGroups, Parallel{1, 2}, Rank{0, 1},
+		{"uneven PP2 stage 1", twoGroups, Parallel{TP: 1, PP: 2}, Rank{0, 1},
 			Shape{Rank: Rank{0, 1}, HeadLo: 0, HeadHi: 4, LayerLo: 3, LayerHi: 5, Layers: [][]int{{4}, {3}}},
 			[]uint64{1 * 2 * 4 * 4 * 4 * 2, 1 * 2 * 4 * 4 * 4 * 2}},
-		{"group absent from stage", testDense(4, 2, []LayerGroup{{Layers: []int{0, 1}}, {Layers: []int{2, 3}}}), Parallel{1, 2}, Rank{0, 1},
+		{"group absent from stage", testDense(4, 2, []LayerGroup{{Layers: []int{0, 1}}, {Layers: []int{2, 3}}}), Parallel{TP: 1, PP: 2}, Rank{0, 1},
 			Shape{Rank: Rank{0, 1}, HeadLo: 0, HeadHi: 2, LayerLo: 2, LayerHi: 4, Layers: [][]int{nil, {2, 3}}},
 			[]uint64{0, 2 * 2 * 2 * 4 * 4 * 2}},
-		{"MLA TP8 replicated", testMLA(6), Parallel{8, 1}, Rank{5, 0},
+		{"MLA TP8 replicated", testMLA(6), Parallel{TP: 8, PP: 1}, Rank{5, 0},
 			Shape{Rank: Rank{5, 0}, HeadLo: 0, HeadHi: 1, LayerLo: 0, LayerHi: 6, Layers: [][]int{LayerRange(0, 6)}},
 			[]uint64{6 * 1 * 1 * 4 * 8 * 2}},
-		{"MLA TP3 (no divisibility needed)", testMLA(6), Parallel{3, 2}, Rank{2, 1},
+		{"MLA TP3 (no divisibility needed)", testMLA(6), Parallel{TP: 3, PP: 2}, Rank{2, 1},
 			Shape{Rank: Rank{2, 1}, HeadLo: 0, HeadHi: 1, LayerLo: 3, LayerHi: 6, Layers: [][]int{LayerRange(3, 6)}},
 			[]uint64{3 * 1 * 1 * 4 * 8 * 2}},
 	} {
@@ -118,18 +119,18 @@ func TestShapeErrors(t *testing.T) {
 		err   error
 		names []string
 	}{
-		{"heads not divisible", testDense(4, 8, nil), Parallel{3, 1}, Rank{}, ErrBadParallelism, []string{"KVHeads 8", "TP 3"}},
-		{"TP 0", testDense(4, 8, nil), Parallel{0, 1}, Rank{}, ErrBadParallelism, []string{"TP 0"}},
-		{"PP 0", testDense(4, 8, nil), Parallel{1, 0}, Rank{}, ErrBadParallelism, []string{"PP 0"}},
-		{"PP > Layers", testDense(4, 8, nil), Parallel{1, 5}, Rank{}, ErrBadParallelism, []string{"PP 5", "Layers 4"}},
-		{"rank TP outside", testDense(4, 8, nil), Parallel{2, 1}, Rank{2, 0}, ErrBadParallelism, []string{"tp2/pp0"}},
-		{"rank PP outside", testDense(4, 8, nil), Parallel{2, 2}, Rank{0, -1}, ErrBadParallelism, []string{"tp0/pp-1"}},
-		{"bad layout", testDense(0, 8, nil), Parallel{1, 1}, Rank{}, ErrBadLayout, nil},
+		{"heads not divisible", testDense(4, 8, nil), Parallel{TP: 3, PP: 1}, Rank{}, ErrBadParallelism, []string{"KVHeads 8", "TP 3"}},
+		{"TP 0", testDense(4, 8, nil), Parallel{TP: 0, PP: 1}, Rank{}, ErrBadParallelism, []string{"TP 0"}},
+		{"PP 0", testDense(4, 8, nil), Parallel{TP: 1, PP: 0}, Rank{}, ErrBadParallelism, []string{"PP 0"}},
+		{"PP > Layers", testDense(4, 8, nil), Parallel{TP: 1, PP: 5}, Rank{}, ErrBadParallelism, []string{"PP 5", "Layers 4"}},
+		{"rank TP outside", testDense(4, 8, nil), Parallel{TP: 2, PP: 1}, Rank{2, 0}, ErrBadParallelism, []string{"tp2/pp0"}},
+		{"rank PP outside", testDense(4, 8, nil), Parallel{TP: 2, PP: 2}, Rank{0, -1}, ErrBadParallelism, []string{"tp0/pp-1"}},
+		{"bad layout", testDense(0, 8, nil), Parallel{TP: 1, PP: 1}, Rank{}, ErrBadLayout, nil},
 		// MLA replicates instead of dividing heads, so nothing else bounds
 		// its TP: a typo'd context_tp must be an error, not a peer map of
 		// 2^31 shapes (an out-of-memory end of the process).
-		{"MLA TP huge", testMLA(4), Parallel{1<<31 - 1, 1}, Rank{}, ErrBadParallelism, []string{"TP 2147483647", "4096"}},
-		{"MLA TP past bound", testMLA(4), Parallel{MaxTP + 1, 1}, Rank{}, ErrBadParallelism, []string{"TP 4097"}},
+		{"MLA TP huge", testMLA(4), Parallel{TP: 1<<31 - 1, PP: 1}, Rank{}, ErrBadParallelism, []string{"TP 2147483647", "4096"}},
+		{"MLA TP past bound", testMLA(4), Parallel{TP: MaxTP + 1, PP: 1}, Rank{}, ErrBadParallelism, []string{"TP 4097"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.l.Shape(tc.p, tc.r)
@@ -143,19 +144,19 @@ func TestShapeErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{2, 1}, Parallel{3, 1}); !errors.Is(err, ErrBadParallelism) ||
+	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{TP: 2, PP: 1}, Parallel{TP: 3, PP: 1}); !errors.Is(err, ErrBadParallelism) ||
 		!strings.Contains(err.Error(), "generation") {
 		t.Fatalf("NewPeerMap with bad gen TP: %v", err)
 	}
-	if _, err := NewPeerMap(testMLA(4), Parallel{MaxTP, 1}, Parallel{1, 1}); err != nil {
+	if _, err := NewPeerMap(testMLA(4), Parallel{TP: MaxTP, PP: 1}, Parallel{TP: 1, PP: 1}); err != nil {
 		t.Fatalf("NewPeerMap with MLA context TP %d: %v", MaxTP, err)
 	}
 	// TP×PP = 2^64 wraps to 0: without the bound, a peer map with no ranks
 	// and no error.
-	if _, err := NewPeerMap(testMLA(4), Parallel{1, 1}, Parallel{1 << 62, 4}); !errors.Is(err, ErrBadParallelism) {
+	if _, err := NewPeerMap(testMLA(4), Parallel{TP: 1, PP: 1}, Parallel{TP: 1 << 62, PP: 4}); !errors.Is(err, ErrBadParallelism) {
 		t.Fatalf("NewPeerMap with MLA generation TP 2^62 (TP×PP overflows): %v", err)
 	}
-	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{1, 5}, Parallel{1, 1}); !errors.Is(err, ErrBadParallelism) ||
+	if _, err := NewPeerMap(testDense(4, 8, nil), Parallel{TP: 1, PP: 5}, Parallel{TP: 1, PP: 1}); !errors.Is(err, ErrBadParallelism) ||
 		!strings.Contains(err.Error(), "context") {
 		t.Fatalf("NewPeerMap with bad ctx PP: %v", err)
 	}
@@ -173,39 +174,39 @@ func TestPeerMap(t *testing.T) {
 		want     []PeerLink
 		writers  map[Rank][]Rank
 	}{
-		{"TP2->TP4 split", testDense(2, 8, nil), Parallel{2, 1}, Parallel{4, 1}, []PeerLink{
+		{"TP2->TP4 split", testDense(2, 8, nil), Parallel{TP: 2, PP: 1}, Parallel{TP: 4, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 2, full(2)},
 			{rnk(0, 0), rnk(1, 0), 2, 4, full(2)},
 			{rnk(1, 0), rnk(2, 0), 4, 6, full(2)},
 			{rnk(1, 0), rnk(3, 0), 6, 8, full(2)},
 		}, map[Rank][]Rank{rnk(2, 0): {rnk(1, 0)}}},
-		{"TP4->TP2 gather", testDense(2, 8, nil), Parallel{4, 1}, Parallel{2, 1}, []PeerLink{
+		{"TP4->TP2 gather", testDense(2, 8, nil), Parallel{TP: 4, PP: 1}, Parallel{TP: 2, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 2, full(2)},
 			{rnk(1, 0), rnk(0, 0), 2, 4, full(2)},
 			{rnk(2, 0), rnk(1, 0), 4, 6, full(2)},
 			{rnk(3, 0), rnk(1, 0), 6, 8, full(2)},
 		}, map[Rank][]Rank{rnk(0, 0): {rnk(0, 0), rnk(1, 0)}, rnk(1, 0): {rnk(2, 0), rnk(3, 0)}}},
-		{"TP4->TP8 split", testDense(1, 8, nil), Parallel{4, 1}, Parallel{8, 1}, []PeerLink{
+		{"TP4->TP8 split", testDense(1, 8, nil), Parallel{TP: 4, PP: 1}, Parallel{TP: 8, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 1, full(1)}, {rnk(0, 0), rnk(1, 0), 1, 2, full(1)},
 			{rnk(1, 0), rnk(2, 0), 2, 3, full(1)}, {rnk(1, 0), rnk(3, 0), 3, 4, full(1)},
 			{rnk(2, 0), rnk(4, 0), 4, 5, full(1)}, {rnk(2, 0), rnk(5, 0), 5, 6, full(1)},
 			{rnk(3, 0), rnk(6, 0), 6, 7, full(1)}, {rnk(3, 0), rnk(7, 0), 7, 8, full(1)},
 		}, map[Rank][]Rank{rnk(7, 0): {rnk(3, 0)}}},
-		{"PP2->PP1 uneven", testDense(5, 2, nil), Parallel{1, 2}, Parallel{1, 1}, []PeerLink{
+		{"PP2->PP1 uneven", testDense(5, 2, nil), Parallel{TP: 1, PP: 2}, Parallel{TP: 1, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 2, [][]int{{0, 1, 2}}},
 			{rnk(0, 1), rnk(0, 0), 0, 2, [][]int{{3, 4}}},
 		}, map[Rank][]Rank{rnk(0, 0): {rnk(0, 0), rnk(0, 1)}}},
 		{"PP1->PP2 uneven, two groups", testDense(5, 2, []LayerGroup{{Layers: []int{0, 2, 4}}, {Layers: []int{1, 3}, Window: 8}}),
-			Parallel{1, 1}, Parallel{1, 2}, []PeerLink{
+			Parallel{TP: 1, PP: 1}, Parallel{TP: 1, PP: 2}, []PeerLink{
 				{rnk(0, 0), rnk(0, 0), 0, 2, [][]int{{0, 2}, {1}}},
 				{rnk(0, 0), rnk(0, 1), 0, 2, [][]int{{4}, {3}}},
 			}, map[Rank][]Rank{rnk(0, 1): {rnk(0, 0)}}},
 		{"PP1->PP2, group only in stage 0", testDense(4, 2, []LayerGroup{{Layers: []int{0, 1}}, {Layers: []int{2, 3}}}),
-			Parallel{1, 1}, Parallel{1, 2}, []PeerLink{
+			Parallel{TP: 1, PP: 1}, Parallel{TP: 1, PP: 2}, []PeerLink{
 				{rnk(0, 0), rnk(0, 0), 0, 2, [][]int{{0, 1}, nil}},
 				{rnk(0, 0), rnk(0, 1), 0, 2, [][]int{nil, {2, 3}}},
 			}, nil},
-		{"TP2 PP2 -> TP1 PP3", testDense(6, 2, nil), Parallel{2, 2}, Parallel{1, 3}, []PeerLink{
+		{"TP2 PP2 -> TP1 PP3", testDense(6, 2, nil), Parallel{TP: 2, PP: 2}, Parallel{TP: 1, PP: 3}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 1, [][]int{{0, 1}}},
 			{rnk(0, 0), rnk(0, 1), 0, 1, [][]int{{2}}},
 			{rnk(1, 0), rnk(0, 0), 1, 2, [][]int{{0, 1}}},
@@ -215,13 +216,13 @@ func TestPeerMap(t *testing.T) {
 			{rnk(1, 1), rnk(0, 1), 1, 2, [][]int{{3}}},
 			{rnk(1, 1), rnk(0, 2), 1, 2, [][]int{{4, 5}}},
 		}, map[Rank][]Rank{rnk(0, 1): {rnk(0, 0), rnk(1, 0), rnk(0, 1), rnk(1, 1)}, rnk(0, 2): {rnk(0, 1), rnk(1, 1)}}},
-		{"MLA TP8->TP4 replicated", testMLA(2), Parallel{8, 1}, Parallel{4, 1}, []PeerLink{
+		{"MLA TP8->TP4 replicated", testMLA(2), Parallel{TP: 8, PP: 1}, Parallel{TP: 4, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 1, full(2)},
 			{rnk(1, 0), rnk(1, 0), 0, 1, full(2)},
 			{rnk(2, 0), rnk(2, 0), 0, 1, full(2)},
 			{rnk(3, 0), rnk(3, 0), 0, 1, full(2)},
 		}, map[Rank][]Rank{rnk(3, 0): {rnk(3, 0)}}},
-		{"MLA TP2->TP4 replicated", testMLA(2), Parallel{2, 1}, Parallel{4, 1}, []PeerLink{
+		{"MLA TP2->TP4 replicated", testMLA(2), Parallel{TP: 2, PP: 1}, Parallel{TP: 4, PP: 1}, []PeerLink{
 			{rnk(0, 0), rnk(0, 0), 0, 1, full(2)},
 			{rnk(0, 0), rnk(2, 0), 0, 1, full(2)},
 			{rnk(1, 0), rnk(1, 0), 0, 1, full(2)},
@@ -276,11 +277,11 @@ func TestPeerMap(t *testing.T) {
 
 func TestPeerMapAccessors(t *testing.T) {
 	l := testDense(4, 4, nil)
-	m, err := NewPeerMap(l, Parallel{2, 1}, Parallel{4, 2})
+	m, err := NewPeerMap(l, Parallel{TP: 2, PP: 1}, Parallel{TP: 4, PP: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Ctx() != (Parallel{2, 1}) || m.Gen() != (Parallel{4, 2}) || m.Layout().Name != l.Name {
+	if m.Ctx() != (Parallel{TP: 2, PP: 1}) || m.Gen() != (Parallel{TP: 4, PP: 2}) || m.Layout().Name != l.Name {
 		t.Fatalf("accessors: %v %v %q", m.Ctx(), m.Gen(), m.Layout().Name)
 	}
 	if m.From(rnk(2, 0)) != nil || m.WritersOf(rnk(0, 2)) != nil {
@@ -299,14 +300,97 @@ func TestPeerMapAccessors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := l.Shape(Parallel{4, 2}, rnk(3, 1))
+	want, _ := l.Shape(Parallel{TP: 4, PP: 2}, rnk(3, 1))
 	if !reflect.DeepEqual(gs, want) {
 		t.Fatalf("GenShape = %+v, want %+v", gs, want)
 	}
 	if gs.LayerIndex(0, 3) != 1 || gs.LayerIndex(0, 1) != -1 {
 		t.Fatalf("LayerIndex: %d %d", gs.LayerIndex(0, 3), gs.LayerIndex(0, 1))
 	}
-	if got := (Rank{1, 2}).String() + " " + (Parallel{4, 2}).String(); got != "tp1/pp2 TP4/PP2" {
+	if got := (Rank{1, 2}).String() + " " + (Parallel{TP: 4, PP: 2}).String(); got != "tp1/pp2 TP4/PP2" {
 		t.Fatalf("String = %q", got)
+	}
+}
+
+// TestStages: a Parallel's Stages splits the layers as it says (vLLM's
+// VLLM_PP_LAYER_PARTITION format), and VLLMStages is vLLM's default split
+// (its get_pp_indices' examples), "" where it is the default one too.
+func TestStages(t *testing.T) {
+	for _, tc := range []struct {
+		layers, pp int
+		want       string
+	}{
+		{7, 3, "2,3,2"},
+		{43, 10, "4,4,4,4,4,4,5,5,5,4"},
+		{61, 4, "15,15,16,15"},
+		{30, 4, "7,8,8,7"},
+		{80, 3, ""}, // 27,27,26: the default split too
+		{61, 2, ""},
+		{32, 4, ""},
+		{5, 1, ""},
+	} {
+		if got := VLLMStages(tc.layers, tc.pp); got != tc.want {
+			t.Errorf("VLLMStages(%d, %d) = %q, want %q", tc.layers, tc.pp, got, tc.want)
+		}
+	}
+
+	l := testDense(30, 2, nil)
+	p := Parallel{TP: 1, PP: 4, Stages: "7,8,8,7"}
+	if err := p.Validate(l); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Split(30); fmt.Sprint(got) != "[7 8 8 7]" {
+		t.Errorf("Split = %v", got)
+	}
+	for st, want := range [][2]int{{0, 7}, {7, 15}, {15, 23}, {23, 30}} {
+		if lo, hi := p.StageLayers(30, st); lo != want[0] || hi != want[1] {
+			t.Errorf("stage %d: [%d,%d), want %v", st, lo, hi, want)
+		}
+	}
+	s, err := l.Shape(p, Rank{PP: 1})
+	if err != nil || s.LayerLo != 7 || s.LayerHi != 15 || fmt.Sprint(s.Layers[0]) != "[7 8 9 10 11 12 13 14]" {
+		t.Errorf("Shape of stage 1: %+v, %v", s, err)
+	}
+	if p.String() != "TP1/PP4(7,8,8,7)" {
+		t.Errorf("String = %q", p.String())
+	}
+	if n := (Parallel{TP: 1, PP: 4, Stages: "8,8,7,7"}).Normal(30); n != (Parallel{TP: 1, PP: 4}) {
+		t.Errorf("the default split spelled out: Normal = %+v, want Stages cleared", n)
+	}
+	if n := p.Normal(30); n != p {
+		t.Errorf("Normal of another split = %+v, want it kept", n)
+	}
+
+	for _, c := range []struct{ stages, needle string }{
+		{"7,8,8", "3 stages of 23 layers in all, want PP 4 stages of the 30 layers"},
+		{"7,8,8,8", "4 stages of 31 layers"},
+		{"7,8,0,15", `stage 2's layer count "0"`},
+		{"7, 8,8,7", `stage 1's layer count " 8"`},
+		{"07,8,8,7", `stage 0's layer count "07"`},
+		{"7,8,8,x", `stage 3's layer count "x"`},
+		{"7,8,8,7,", `stage 4's layer count ""`},
+	} {
+		err := Parallel{TP: 1, PP: 4, Stages: c.stages}.Validate(l)
+		if !errors.Is(err, ErrBadParallelism) || !strings.Contains(err.Error(), c.needle) {
+			t.Errorf("Stages %q: %v, want ErrBadParallelism naming %q", c.stages, err, c.needle)
+		}
+	}
+
+	// A context split by default (8,8,7,7) and a generation split as vLLM
+	// splits (7,8,8,7): the generation's stage 0 (layers 0..6) is written
+	// by the context's stage 0 (0..7) alone, its stage 1 (7..14) by stages
+	// 0 and 1, its stage 2 (15..22) by stages 1 and 2, its stage 3 by 3.
+	m, err := NewPeerMap(l, Parallel{TP: 1, PP: 4}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for gen, want := range map[int][]int{0: {0}, 1: {0, 1}, 2: {1, 2}, 3: {3}} {
+		var got []int
+		for _, r := range m.WritersOf(Rank{PP: gen}) {
+			got = append(got, r.PP)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("generation stage %d written by context stages %v, want %v", gen, got, want)
+		}
 	}
 }

@@ -32,7 +32,7 @@ func planFor(t testing.TB, m *PeerMap, ctx, gen Rank, g, n int, pad uint64) *Pla
 
 func TestPlanWholeBlocks(t *testing.T) {
 	l := testDense(2, 4, nil) // block: 2 layers × 2 parts × heads × 4 tokens × 8 bytes
-	m, err := NewPeerMap(l, Parallel{2, 1}, Parallel{2, 1})
+	m, err := NewPeerMap(l, Parallel{TP: 2, PP: 1}, Parallel{TP: 2, PP: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestPlanHeadSplit(t *testing.T) {
 	// 2 layers, 4 heads; ctx TP1 holds all 4 heads, gen TP2 rank 1 holds
 	// heads [2,4). unit = 4 tokens × 4 dims × 2 bytes = 32 bytes per head.
 	l := testDense(2, 4, nil)
-	m, err := NewPeerMap(l, Parallel{1, 1}, Parallel{2, 1})
+	m, err := NewPeerMap(l, Parallel{TP: 1, PP: 1}, Parallel{TP: 2, PP: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestPlanHeadSplit(t *testing.T) {
 
 	// Gather: ctx TP2 rank 1 (heads [2,4)) into gen TP1 (heads [0,4)):
 	// source pieces abut, destination pieces do not.
-	m2, err := NewPeerMap(l, Parallel{2, 1}, Parallel{1, 1})
+	m2, err := NewPeerMap(l, Parallel{TP: 2, PP: 1}, Parallel{TP: 1, PP: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestPlanHeadSplit(t *testing.T) {
 // TestPropertyCoalescingIsMaximal.
 func TestPlanPartialLayers(t *testing.T) {
 	l := testDense(4, 2, nil)
-	m, err := NewPeerMap(l, Parallel{1, 1}, Parallel{1, 2})
+	m, err := NewPeerMap(l, Parallel{TP: 1, PP: 1}, Parallel{TP: 1, PP: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestPlanPartialLayers(t *testing.T) {
 
 func TestPlanAppendReusesAndDoesNotMergeIntoCallerSegments(t *testing.T) {
 	l := testDense(2, 4, nil)
-	m, _ := NewPeerMap(l, Parallel{1, 1}, Parallel{1, 1})
+	m, _ := NewPeerMap(l, Parallel{TP: 1, PP: 1}, Parallel{TP: 1, PP: 1})
 	p := planFor(t, m, rnk(0, 0), rnk(0, 0), 0, 8, 0)
 	bb := p.BytesPerBlock()
 	prior := []Segment{{Src: 0, Dst: 0, Len: bb}} // ends exactly where block 1 starts
@@ -171,7 +171,7 @@ func TestPlanAppendReusesAndDoesNotMergeIntoCallerSegments(t *testing.T) {
 
 func TestPlanErrors(t *testing.T) {
 	l := testDense(4, 4, nil)
-	m, err := NewPeerMap(l, Parallel{2, 2}, Parallel{4, 1})
+	m, err := NewPeerMap(l, Parallel{TP: 2, PP: 2}, Parallel{TP: 4, PP: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
