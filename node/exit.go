@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
@@ -110,6 +112,9 @@ type watch struct {
 	inc  uint64
 	pid  uint32
 	proc messages.ProcessID
+	// agent is the data-plane agent address the Hello named (the ucx
+	// agent's proof goes to it: rdma.ExitProofTaker).
+	agent []byte
 	// tied: the process was seen, alive, mapping this node's pool shared
 	// and writable; disputed: another peer's Hello names the same
 	// process. Its exit is proof for the peer's writes only when tied and
@@ -140,7 +145,7 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 		return
 	}
 	peer, inc := h.From, h.Incarnation
-	w := &watch{peer: peer, inc: inc, pid: h.Process.Pid, proc: h.Process}
+	w := &watch{peer: peer, inc: inc, pid: h.Process.Pid, proc: h.Process, agent: slices.Clone(h.AgentAddr)}
 	n.mu.Lock()
 	old := n.watched[peer]
 	if old != nil && inc <= old.inc {
@@ -238,14 +243,27 @@ func (n *Node) tie(w *watch, wrote bool) {
 type deadReclaimer interface{ ReclaimDead() int }
 
 // writerExited reports that the process of w exited. If it was tied to
-// this node's pool, the engine ends the quarantine of the requests
-// addressed to that incarnation, and, unless a newer incarnation said
-// Hello meanwhile, the application hears the peer is down. If not, the
-// exit proves nothing about the peer's writes: its pages stay
-// quarantined until another proof, and liveness is left to heartbeats.
-// Logged at warn only when requests of the peer were live or quarantined.
+// this node's pool, the agent gets the proof for the peer's agent (a ucx
+// agent keeps the pool mapped while its link to that agent failed
+// without proof: rdma.ExitProofTaker), the engine ends the quarantine of
+// the requests addressed to that incarnation, and, unless a newer
+// incarnation said Hello meanwhile, the application hears the peer is
+// down. If not, the exit proves nothing about the peer's writes: its
+// pages stay quarantined until another proof, and liveness is left to
+// heartbeats. Logged at warn only when requests of the peer were live or
+// quarantined.
 func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	peer, inc := w.peer, w.inc
+	tied := w.tied.Load() && !w.disputed.Load()
+	if x, ok := n.agent.(rdma.ExitProofTaker); ok && tied && len(w.agent) > 0 {
+		// Before the engine's part, and whether or not the engine still
+		// runs: the agent's Close, after the engine's, needs it. Node.Close
+		// closes the agent only after the watches' callbacks returned.
+		if err := x.PeerExited(w.agent, peer.String(), exitHow); err != nil {
+			n.log.Warn().Err(err).Str("peer", peer.String()).Uint64("incarnation", inc).Uint32("pid", w.pid).
+				Msgf("peer %s's process %d exited, but its agent did not take the proof: what that agent keeps mapped for it stays", peer, w.pid)
+		}
+	}
 	if a, ok := n.agent.(deadReclaimer); ok {
 		// Its writer slots in this node's pool file: a writer that died
 		// with batches in flight (or without closing) would otherwise
@@ -261,7 +279,6 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 		n.exitMu.RUnlock()
 		return
 	}
-	tied := w.tied.Load() && !w.disputed.Load()
 	var reqs int
 	var err error
 	if tied {

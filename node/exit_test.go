@@ -317,3 +317,56 @@ func TestWriterExitReclaimsDeadWritersSlots(t *testing.T) {
 		t.Fatalf("ReclaimDead called %d times on the writer's exit, want 1", c)
 	}
 }
+
+// exitAgent is an agent that records the exit proofs handed to it
+// (rdma.ExitProofTaker).
+type exitAgent struct {
+	rdma.Agent
+	mu     sync.Mutex
+	proofs []string // "addr identity how"
+}
+
+func (a *exitAgent) PeerExited(addr []byte, identity, how string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.proofs = append(a.proofs, fmt.Sprintf("%s %s %s", addr, identity, how))
+	return nil
+}
+
+// A ucx agent keeps its memory mapped while its link to a peer failed
+// without proof (an endpoint error is none, docs/membership.md §4): the
+// node's proof of a writer's exit must reach it, for the agent address
+// and identity the writer's Hello named — and only a proof: the exit of
+// a process never seen mapping the pool reaches the agent no more than
+// the engine. Before the wiring no proof reached the agent, and a node
+// whose ucx agent's link to a killed writer failed on an endpoint error
+// could not close (rdma.ErrCloseUnproven).
+func TestExitProofReachesTheAgent(t *testing.T) {
+	n, path := newShmNode(t)
+	a := &exitAgent{}
+	n.agent = a
+	s := &sink{}
+	eng := func() exitSink { return s }
+	mapper, mp := pidwatchtest.Mapper(t, path)
+	liar, lp := pidwatchtest.Idle(t)
+	honest := messages.PeerID{Instance: "ctx", Rank: 0}
+	lying := messages.PeerID{Instance: "ctx", Rank: 1}
+	n.watchExit(&messages.Hello{From: honest, Backend: "shm", Incarnation: 1, Process: mp, AgentAddr: []byte("agent-0")}, eng)
+	n.watchExit(&messages.Hello{From: lying, Backend: "shm", Incarnation: 1, Process: lp, AgentAddr: []byte("agent-1")}, eng)
+	for i := 0; i < maxTieMisses; i++ {
+		for _, p := range []messages.PeerID{honest, lying} {
+			n.onFrame(&messages.Result{RequestID: fmt.Sprint("r", i), From: p, Status: messages.StatusSuccess, Bytes: 4096})
+		}
+	}
+	for _, c := range []interface{ Kill() error }{liar.Process, mapper.Process} {
+		if err := c.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitCalls(t, s, 2) // the agent hears first
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if want := "agent-0 ctx/0 " + exitHow; len(a.proofs) != 1 || a.proofs[0] != want {
+		t.Fatalf("the agent got the exit proofs %q, want only %q (the process that maps the pool)", a.proofs, want)
+	}
+}

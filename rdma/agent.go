@@ -108,3 +108,23 @@ func CompletionsDeliver(a Agent) bool {
 	d, ok := a.(Delivering)
 	return ok && d.CompletionsDeliver()
 }
+
+// ExitProofTaker is an optional Agent capability: it takes a proof,
+// found outside the backend, that the process of a peer agent has
+// exited (a node's pidfd on a process of this host that it saw mapping
+// the memory the agent allocated). An agent that keeps memory mapped
+// while a peer's writes into it are unproven (its link to the peer failed
+// on a timeout or an endpoint error) implements it to release what that
+// proof covers. The caller vouches that the peer's writes into the
+// agent's own memory were copies made by the peer's own threads (a
+// shared-memory transport), which end with its process; what else the
+// proof covers is the backend's to say.
+type ExitProofTaker interface {
+	// PeerExited says that the process of the peer agent at addr (its
+	// Address, as a peer passes it to Connect), which serves identity
+	// (what IdentifiedEndpoint.PeerIdentity says of it), has exited; how
+	// names the proof for errors and logs. It returns an error, and
+	// releases nothing, when addr is malformed or the agent's link to it
+	// serves another identity.
+	PeerExited(addr []byte, identity, how string) error
+}

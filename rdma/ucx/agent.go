@@ -235,6 +235,39 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	return c.ep, nil
 }
 
+var _ rdma.ExitProofTaker = (*Agent)(nil)
+
+// PeerExited takes a proof, found outside UCX, that the process of the
+// peer agent at addr, which serves identity, has exited (a node's pidfd
+// on a process of this host seen mapping this agent's Alloc memory):
+// rdma.ExitProofTaker. The caller vouches that the peer wrote into this
+// agent's memory over UCX's shared-memory transports, where a put into
+// Alloc memory is a copy by one of the writer's own threads, which ends
+// with its process; over tcp, or into memory registered with ucp_mem_map
+// (UCX's software RMA), what the peer queued is applied by this agent's
+// worker after its exit, and the proof covers none of it.
+//
+// So a link to the peer that failed without proof (an unanswered hello,
+// an error UCX reported on its control endpoint) no longer keeps
+// deregistrations of Alloc memory busy, nor Close from unmapping it;
+// memory registered with ucp_mem_map stays as unproven as before. A link
+// still up fails (Connect and Post to the peer fail with
+// rdma.ErrPeerGone). The link's hello must have named identity (sealed
+// under its key, WithIdentity): a proof for another peer, or for an
+// agent that named none, releases nothing and returns an error wrapping
+// rdma.ErrBadAddress. No link to the agent: nil, nothing to release.
+func (a *Agent) PeerExited(addr []byte, identity, how string) error {
+	pa, err := parseAddress(addr)
+	if err != nil {
+		return fmt.Errorf("%s: peer exited: %w", a, err)
+	}
+	c := &call{addr: address{id: pa.id}, ident: identity, how: how, done: make(chan struct{})}
+	if !a.w.call(reqPeerExited, c) {
+		return fmt.Errorf("%s: peer exited: %w", a, rdma.ErrAgentClosed)
+	}
+	return c.err
+}
+
 // KeepMemory has Close leave the memory this agent allocated (Alloc)
 // mapped, and its UCX context alive, for the rest of the process. A node
 // whose close could not prove every peer's writes over calls it first: a

@@ -233,7 +233,11 @@ func crossProcess(t *testing.T, alloc bool) {
 // TestCrossProcessPeerKilled: the receiver is stopped, batches are posted
 // into it, and it is killed (SIGKILL). Every batch completes exactly once,
 // those that had not landed with ErrPeerGone; later posts are refused; the
-// endpoint and agent close; no goroutine is left (TestMain).
+// endpoint and agent close; no goroutine is left (TestMain). The error
+// UCX reports on the link's control endpoint is no proof that the peer
+// writes no more into this agent (docs/membership.md §4), and nothing
+// here gives the agent the proof of its exit: the agent's Close says so
+// (rdma.ErrCloseUnproven).
 func TestCrossProcessPeerKilled(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
 		t.Skip("parent only")
@@ -366,14 +370,17 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 		if err := rdmatest.Recv(t, flushed, "Flush"); !errors.Is(err, rdma.ErrPeerGone) {
 			t.Errorf("Flush after the kill: %v, want ErrPeerGone", err)
 		}
+		// Batches that the link's failure cut on the wire, before UCX
+		// reported their own endpoint failed, may still land as far as
+		// this agent knows: then Close says so.
 		closed := make(chan error, 1)
 		go func() { closed <- ep.Close() }()
-		if err := rdmatest.Recv(t, closed, "endpoint Close"); err != nil {
-			t.Errorf("endpoint Close: %v", err)
+		if err := rdmatest.Recv(t, closed, "endpoint Close"); err != nil && !errors.Is(err, rdma.ErrCloseUnproven) {
+			t.Errorf("endpoint Close: %v, want nil or ErrCloseUnproven", err)
 		}
 		go func() { closed <- a.Close() }()
-		if err := rdmatest.Recv(t, closed, "agent Close"); err != nil {
-			t.Errorf("agent Close: %v", err)
+		if err := rdmatest.Recv(t, closed, "agent Close"); !errors.Is(err, rdma.ErrCloseUnproven) {
+			t.Errorf("agent Close after the peer's link failed on an endpoint error: %v, want ErrCloseUnproven", err)
 		}
 	}
 }

@@ -103,11 +103,17 @@
 // it); otherwise peers refuse its key from then on (ErrBadKey) and it is
 // unmapped. A peer that never answers makes Deregister fail busy after
 // WithRevokeTimeout. A peer whose hello went unanswered within
-// WithHandshakeTimeout is failed for new work (Connect fails with
-// rdma.ErrPeerGone), but that timeout is no proof that it writes no more
-// into this agent: stopped or slow, it may take the hello later, bring
-// its side of the link up and write. A deregistration waiting for its
-// answer, and any later one while that link stands, fails busy.
+// WithHandshakeTimeout, or whose link's control endpoint UCX reports
+// failed, is failed for new work (Connect fails with rdma.ErrPeerGone),
+// but neither is proof that it writes no more into this agent: stopped
+// or slow, it may take the hello later, bring its side of the link up
+// and write; an endpoint error concerns that one endpoint of this agent,
+// not the peer's own. A deregistration waiting for its answer, and any
+// later one while that link stands, fails busy — until the peer's exit
+// is proven from outside UCX (Agent.PeerExited, a node's pidfd), which
+// releases the memory this agent allocated (Alloc), not memory
+// registered with ucp_mem_map, into which what the peer queued is
+// applied by this agent's worker.
 //
 // Agent.Close closes its endpoints, then says bye to every linked peer and
 // waits (at most WithRevokeTimeout) for each to acknowledge: a peer closes
@@ -116,8 +122,10 @@
 // nothing lands in the closing agent's memory after Close returns. Then it
 // unmaps every registration and frees every Alloc, and destroys the worker
 // and the context. A peer that does not acknowledge in time (stopped, cut
-// off), one already silent that it does not wait for, or one whose hello
-// went unanswered (above) or is still unanswered, proves nothing:
+// off), one already silent that it does not wait for, one whose hello
+// went unanswered (above) or is still unanswered, or one whose link
+// failed on an endpoint error (above; unless its exit was proven and
+// only allocated memory is registered), proves nothing:
 // Close then leaves every Alloc mapped and the context alive, as
 // KeepMemory does, and returns an error wrapping rdma.ErrCloseUnproven
 // naming the peers; memory the caller registered must not be reused
@@ -141,7 +149,12 @@
 // When UCX reports an endpoint failed (the peer died: tcp resets at once,
 // shared memory within about two keepalive intervals, WithKeepalive), its
 // batches fail with rdma.ErrPeerGone, later posts are refused with it, and
-// the endpoint is closed. A failed link fails every endpoint to that peer.
+// the endpoint is closed. A failed link fails every endpoint to that peer;
+// the batches on the wire of an endpoint that UCX did not report failed
+// itself are cut by its forced close, and unless the peer's exit was
+// proven they fail with rdma.ErrCloseUnproven beside ErrPeerGone and the
+// endpoint's Close returns ErrCloseUnproven: a peer that runs on may
+// still apply them.
 //
 // # Memory
 //

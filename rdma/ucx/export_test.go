@@ -33,3 +33,22 @@ func Connecting(a *Agent) int {
 	})
 	return n
 }
+
+// FailControlEndpoint has a's progress goroutine take an error report
+// from UCX (UCS_ERR_ENDPOINT_TIMEOUT, as from the endpoint's error
+// callback) for its link's control endpoint to the agent at peer; false
+// when a has no such link or endpoint.
+func FailControlEndpoint(a *Agent, peer []byte) bool {
+	pa, err := parseAddress(peer)
+	if err != nil {
+		return false
+	}
+	ok := false
+	a.w.do(func() {
+		if l := a.w.links[pa.id]; l != nil && l.u != nil {
+			a.w.onError(l.u.id, ucsEndpointTimeout)
+			ok = true
+		}
+	})
+	return ok
+}

@@ -81,10 +81,33 @@ type link struct {
 	silent string
 	// unproven: the link failed (failLink) without proof that the peer's
 	// writes into this agent's memory are over (why, for the errors): an
-	// unanswered hello is a timeout, no proof (docs/membership.md §4).
-	// Deregistrations are then refused busy and Close keeps the memory
-	// (ErrCloseUnproven), as for a peer that did not acknowledge the bye.
+	// unanswered hello is a timeout, and an error UCX reports on the
+	// control endpoint concerns that endpoint alone, no proof either
+	// (docs/membership.md §4). Deregistrations are then refused busy and
+	// Close keeps the memory (ErrCloseUnproven), as for a peer that did
+	// not acknowledge the bye.
 	unproven string
+	// exited: the peer's process exited, as proven from outside UCX
+	// (Agent.PeerExited; how, for the errors). Proof for the memory this
+	// agent allocated (Alloc), which the peer wrote into with copies of
+	// its own threads; none for memory registered with ucp_mem_map, where
+	// what the peer queued is applied by this worker (unprovenFor).
+	exited string
+	// byeAcked: the peer acknowledged this agent's bye (it closed its
+	// endpoints to this agent first): an error on the control endpoint
+	// after that leaves nothing unproven.
+	byeAcked bool
+}
+
+// unprovenFor says why the peer's writes into r may not be over since
+// its link failed ("" when they are over, or the link did not fail
+// unproven). The peer's exit (exited) clears it for memory this agent
+// allocated. Progress goroutine only.
+func (l *link) unprovenFor(r *registration) string {
+	if l.exited != "" && r.alloc != nil {
+		return ""
+	}
+	return l.unproven
 }
 
 func newLink(pa address, name string) *link {

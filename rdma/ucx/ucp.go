@@ -16,6 +16,9 @@ const (
 	ucsOK       = C.UCS_OK
 	ucsBusy     = C.UCS_ERR_BUSY
 	ucsCanceled = C.UCS_ERR_CANCELED
+	// ucsEndpointTimeout: what UCX reports of an endpoint whose keepalive
+	// or retries ran out (tests feed it to the error callback).
+	ucsEndpointTimeout = C.UCS_ERR_ENDPOINT_TIMEOUT
 )
 
 // memTypeCUDA is ucs_memory_type_t's CUDA device memory.

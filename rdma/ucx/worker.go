@@ -38,6 +38,7 @@ const (
 	reqCloseAgent
 	reqAlloc
 	reqFree
+	reqPeerExited
 	reqRun // run fn on the progress goroutine (tests)
 )
 
@@ -66,6 +67,8 @@ type call struct {
 	by   time.Time
 	err  error
 	done chan struct{}
+	// ident and how: a peer's exit proof (Agent.PeerExited), for addr.
+	ident, how string
 }
 
 func (c *call) reply(err error) {
@@ -413,6 +416,8 @@ func (w *worker) handle(r *request) {
 		w.alloc(r.call)
 	case reqFree:
 		w.free(r.call)
+	case reqPeerExited:
+		w.peerExited(r.call)
 	case reqRun:
 		r.fn()
 		r.call.reply(nil)
@@ -1023,7 +1028,7 @@ func (w *worker) closedUEP(u *uep) {
 		e.mu.Lock()
 		e.ucpClosed = true
 		if u.unproven {
-			e.unproven = fmt.Errorf("%s: %w (close timeout %v, see WithCloseTimeout)", u.name, rdma.ErrCloseUnproven, w.a.opts.close)
+			e.unproven = u.reason // the close timeout's, or failLink's
 		}
 		e.mu.Unlock()
 		w.touch(e)
@@ -1058,7 +1063,7 @@ func (w *worker) checkTimers() {
 			u.force = true
 			u.unproven = u.failed == nil && (len(u.pend) > 0 || len(u.group) > 0)
 			if u.unproven {
-				u.reason = fmt.Errorf("%s: %w: %w (close timeout %v)", u.name, rdma.ErrEndpointClosed, rdma.ErrCloseUnproven, w.a.opts.close)
+				u.reason = fmt.Errorf("%s: %w: %w (close timeout %v, see WithCloseTimeout)", u.name, rdma.ErrEndpointClosed, rdma.ErrCloseUnproven, w.a.opts.close)
 			}
 		}
 	}

@@ -169,7 +169,7 @@ func (w *worker) onMessage(b []byte) {
 		w.onBye(l, m)
 	case msgByeAck:
 		if m.req != 0 && l.byeReq == m.req {
-			l.byeReq = 0
+			l.byeReq, l.byeAcked = 0, true
 			w.dirty = true
 		}
 	}
@@ -244,20 +244,30 @@ func (w *worker) onBye(l *link, m *message) {
 	w.dirty = true
 }
 
-// failLink: the peer is unreachable (its control endpoint failed, or it
-// never answered). Its endpoints are forced closed and no new work goes
-// to it. A link marked unproven (checkTimers: a hello unanswered in time
-// is a timeout, and the peer, stopped or slow, may have taken the hello,
-// brought its side up and write once it runs) is no proof that the peer
-// writes no more into this agent's memory: deregistrations waiting for
-// it, and later ones, fail busy (the registration stays mapped), and
-// Close keeps the memory and returns ErrCloseUnproven naming the peer.
-// An error UCX reports on the control endpoint (onError, sendSealed) is
-// no proof either, but is still taken as one: docs/membership.md §4
-// ("ucx: what the agent's own link to a peer proves") says why and what
-// is missing.
+// failLink: the peer is unreachable (its control endpoint failed, it
+// never answered, or its process exited: peerExited). Its endpoints are
+// forced closed and no new work goes to it. None of the first two is
+// proof that the peer writes no more into this agent's memory: an
+// unanswered hello is a timeout (the peer, stopped or slow, may take it
+// later, bring its side up and write once it runs), and an error UCX
+// reports on the control endpoint (onError, sendSealed) concerns that
+// one endpoint of this agent (a keepalive or retry timeout, or a reset a
+// live peer causes by closing its end), while the peer writes on
+// endpoints of its own that closing this agent's does not close
+// (docs/membership.md §4, "ucx: what the agent's own link to a peer
+// proves"). So the link is marked unproven, unless the peer acknowledged
+// this agent's bye first: deregistrations waiting for it, and later
+// ones, fail busy (the registration stays mapped), and Close keeps the
+// memory and returns ErrCloseUnproven naming the peer — until the peer's
+// exit is proven (peerExited), which releases the memory this agent
+// allocated. This agent's own batches on the wire to the peer, cut by
+// the forced close, may land as well: they fail with ErrCloseUnproven
+// beside err, and their endpoint's Close returns it.
 func (w *worker) failLink(l *link, err error) {
-	l.setState(linkFailed, err)
+	if l.setState(linkFailed, err) && l.unproven == "" && l.exited == "" && !l.byeAcked {
+		l.unproven = err.Error()
+	}
+	cut := l.unproven != "" && l.exited == ""
 	for _, c := range l.waiters {
 		c.reply(fmt.Errorf("%s: connect: %w", w.a, err))
 	}
@@ -265,11 +275,49 @@ func (w *worker) failLink(l *link, err error) {
 	for u := range l.eps {
 		u.ep.setState(epFailed, err)
 		w.startClose(u, fmt.Errorf("%s: %w", u.name, err), false)
+		if cut && !u.closed && u.failed == nil && (len(u.pend) > 0 || len(u.group) > 0) {
+			u.unproven = true
+			u.reason = fmt.Errorf("%s: %w: %w (its link failed without proof that they no longer land)", u.name, err, rdma.ErrCloseUnproven)
+		}
 	}
 	w.startClose(l.u, err, false)
 	l.byeReq, l.ackDue = 0, false
 	w.peerGone(l)
 	w.dirty = true
+}
+
+// peerExited takes the proof that the process of a peer agent exited
+// (Agent.PeerExited): for the memory this agent allocated (Alloc) its
+// writes are over, as a peer of this host writes into it with copies of
+// its own threads; memory registered with ucp_mem_map, into which UCX
+// carries its puts as active messages that this worker applies as it
+// progresses, stays unproven. A link still up fails (no answer can come
+// from it); one that failed unproven releases what the proof covers. The
+// link must be the one to the agent that serves the proof's identity, as
+// its sealed hello said (a link whose hello went unanswered learnt none:
+// refused).
+func (w *worker) peerExited(c *call) {
+	l := w.links[c.addr.id]
+	if l == nil {
+		c.reply(nil) // no link: no key of it, nothing it kept mapped
+		return
+	}
+	if ident := l.identity(); c.ident == "" || ident != c.ident {
+		c.reply(fmt.Errorf("%s: peer exited: %w: agent %s serves %q, the proof is for %q: nothing released", w.a, rdma.ErrBadAddress, l.peer, ident, c.ident))
+		return
+	}
+	switch st := l.getState(); {
+	case st == linkLeft || l.exited != "":
+	case st == linkFailed && l.unproven == "":
+	case st == linkFailed:
+		l.exited = c.how
+		l.unproven += fmt.Sprintf("; its process exited since (%s), which is no proof for memory registered with ucp_mem_map: what it queued there is applied by this agent's worker", c.how)
+	default:
+		l.exited = c.how
+		l.unproven = fmt.Sprintf("its process exited (%s) with its link up, which is no proof for memory registered with ucp_mem_map: what it queued there is applied by this agent's worker", c.how)
+		w.failLink(l, fmt.Errorf("%w: agent %s's process exited (%s)", rdma.ErrPeerGone, l.peer, c.how))
+	}
+	c.reply(nil)
 }
 
 // stepLinks acknowledges byes whose endpoints have closed and counts the
@@ -475,8 +523,8 @@ func (w *worker) ask(op *deregOp, kind msgKind) {
 // unprovenBusy makes a revoke's deregistration busy when l failed
 // without proof that the peer's writes are over.
 func (w *worker) unprovenBusy(op *deregOp, kind msgKind, l *link) {
-	if kind == msgRevoke && op.busy == "" && l.unproven != "" {
-		op.busy = fmt.Sprintf("agent %s may still write into it: its link failed without proof that its writes are over (%s)", l.peer, l.unproven)
+	if why := l.unprovenFor(op.reg); kind == msgRevoke && op.busy == "" && why != "" {
+		op.busy = fmt.Sprintf("agent %s may still write into it: its link failed without proof that its writes are over (%s)", l.peer, why)
 	}
 }
 
@@ -627,16 +675,32 @@ func (w *worker) stepShutdown() {
 	}
 }
 
+// unprovenOf says why the peer of l may still write into a registration
+// of this agent since its link failed ("" if into none).
+func (w *worker) unprovenOf(l *link) string {
+	if l.exited == "" {
+		return l.unproven
+	}
+	for _, r := range w.regs {
+		if why := l.unprovenFor(r); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
 // teardown unmaps every registration and destroys the worker and context
 // — but for an agent told to keep its memory (Agent.KeepMemory): its
 // allocations stay mapped and its context alive, for good.
 func (w *worker) teardown() {
 	// A peer whose link failed (failLink) or never came up (its hello
-	// unanswered) proves nothing either: it may have taken the hello.
+	// unanswered) proves nothing either: it may have taken the hello. Its
+	// proven exit (peerExited) covers the memory this agent allocated,
+	// not registered memory still mapped.
 	for _, l := range w.links {
-		switch {
-		case l.unproven != "":
-			w.unacked = append(w.unacked, fmt.Sprintf("agent %s's link failed without proof that its writes into this agent are over (%s)", l.peer, l.unproven))
+		switch why := w.unprovenOf(l); {
+		case why != "":
+			w.unacked = append(w.unacked, fmt.Sprintf("agent %s's link failed without proof that its writes into this agent are over (%s)", l.peer, why))
 		case l.getState() == linkConnecting:
 			w.unacked = append(w.unacked, fmt.Sprintf("agent %s never answered this agent's hello, which it may have taken", l.peer))
 		}
@@ -661,7 +725,7 @@ func (w *worker) teardown() {
 	w.mu.Unlock()
 	for _, r := range late {
 		switch r.kind {
-		case reqConnect, reqRegister, reqAlloc:
+		case reqConnect, reqRegister, reqAlloc, reqPeerExited:
 			r.call.reply(fmt.Errorf("%s: %w", w.a, rdma.ErrAgentClosed))
 		case reqFree:
 			r.call.reply(nil)
