@@ -114,7 +114,7 @@ func memoryPools(r resolved) ([]*kvcache.Pool, []kvcache.PoolGeometry, error) {
 // from the start of the slice. It returns nil for a group, layer, part or
 // id the rank does not hold, and for device memory.
 func (e *Engine) BlockTensor(g, layer, part int, id kvcache.BlockID) []byte {
-	if g < 0 || g >= len(e.memory) || e.memory[g] == nil {
+	if !e.started() || g < 0 || g >= len(e.memory) || e.memory[g] == nil {
 		return nil
 	}
 	off, n, ok := e.memory[g].TensorBlock(layer, part, id)
@@ -130,7 +130,7 @@ func (e *Engine) BlockTensor(g, layer, part int, id kvcache.BlockID) []byte {
 // (kvcache.PoolMemory) when Config.Memory is not set; nil for a group the
 // rank holds no layer of. It is the engine's own: read it, never modify it.
 func (e *Engine) Memory(g int) *kvcache.KVMemory {
-	if g < 0 || g >= len(e.memory) {
+	if !e.started() || g < 0 || g >= len(e.memory) {
 		return nil
 	}
 	return e.memory[g]

@@ -30,6 +30,13 @@ var (
 	// timed out or cancelled); TxHandle.Chunk returns it so that prefill
 	// can stop. The error also wraps the outcome's cause.
 	ErrRequestFailed = errors.New("kvxfer: request failed")
+	// ErrNotStarted: a method was called on an Engine that Start did not
+	// return (the zero Engine, a nil *Engine), or on a TxHandle or
+	// RxHandle that Send or Receive did not return (nil, or the zero
+	// value): there is nothing to act on. The error names the method.
+	// Methods without an error return a zero result instead (each says
+	// which).
+	ErrNotStarted = errors.New("kvxfer: not started")
 	// ErrPeerGone: a peer died or could not be reached (one sentinel for
 	// the control plane, the data plane and the sessions).
 	ErrPeerGone = rdma.ErrPeerGone

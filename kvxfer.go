@@ -46,7 +46,9 @@ func DefaultLink() *control.MemLink {
 	return defaultLink
 }
 
-// Engine is one running engine rank.
+// Engine is one running engine rank, made by Start. An Engine Start did
+// not return (the zero Engine, a nil *Engine) runs nothing: its methods
+// return an error wrapping ErrNotStarted, or their zero result.
 type Engine struct {
 	ownsRg bool
 	cfg    resolved
@@ -178,25 +180,54 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	return e, nil
 }
 
-// Layout is the engine's (whole-model) layout.
-func (e *Engine) Layout() kvcache.Layout { return e.cfg.layout }
+// started reports whether Start made e (the zero Engine and a nil
+// *Engine hold nothing to act on).
+func (e *Engine) started() bool { return e != nil && e.inner != nil }
 
-// Shape is what this rank holds of the layout.
-func (e *Engine) Shape() kvcache.Shape { return e.cfg.shape }
+// errNotStarted is what method of an Engine that Start did not make
+// returns.
+func errNotStarted(method string) error {
+	return fmt.Errorf("%w: Engine.%s on an Engine that Start did not return (a zero or nil Engine)", ErrNotStarted, method)
+}
+
+// Layout is the engine's (whole-model) layout (the zero Layout for an
+// Engine Start did not return).
+func (e *Engine) Layout() kvcache.Layout {
+	if !e.started() {
+		return kvcache.Layout{}
+	}
+	return e.cfg.layout
+}
+
+// Shape is what this rank holds of the layout (the zero Shape for an
+// Engine Start did not return).
+func (e *Engine) Shape() kvcache.Shape {
+	if !e.started() {
+		return kvcache.Shape{}
+	}
+	return e.cfg.shape
+}
 
 // Pools is the engine's block pools: the serving process allocates source
 // blocks from them and frees READY destination blocks into them. Once
-// Close has run, Alloc fails with ErrClosed.
-func (e *Engine) Pools() *actors.Pools { return e.pools }
+// Close has run, Alloc fails with ErrClosed. Nil for an Engine Start did
+// not return.
+func (e *Engine) Pools() *actors.Pools {
+	if !e.started() {
+		return nil
+	}
+	return e.pools
+}
 
 // Block is the memory of block id of layer group g in the engine's pool
 // region (source blocks to fill, READY destination blocks to read). It
 // returns nil for a group or id outside the pool, for every group when
 // Config.Memory describes the memory (a block is then one slice per
 // (layer, part) tensor: use BlockTensor), and once Close has unmapped the
-// pool. A slice taken before Close must not be used after it.
+// pool. A slice taken before Close must not be used after it. Nil for an
+// Engine Start did not return.
 func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
-	if g < 0 || g >= e.pools.Groups() || e.cfg.Memory != nil {
+	if !e.started() || g < 0 || g >= e.pools.Groups() || e.cfg.Memory != nil {
 		return nil
 	}
 	geom := e.pools.Geometry(g)
@@ -211,16 +242,31 @@ func (e *Engine) Block(g int, id kvcache.BlockID) []byte {
 	return buf[off : off+geom.BlockBytes : off+geom.BlockBytes]
 }
 
-// Region is the engine's registered pool memory.
-func (e *Engine) Region() *kvcache.Region { return e.region }
+// Region is the engine's registered pool memory (nil for an Engine Start
+// did not return).
+func (e *Engine) Region() *kvcache.Region {
+	if !e.started() {
+		return nil
+	}
+	return e.region
+}
 
-// Hello is what the engine tells its peers about itself.
-func (e *Engine) Hello() *messages.Hello { return e.inner.Hello() }
+// Hello is what the engine tells its peers about itself (nil for an
+// Engine Start did not return).
+func (e *Engine) Hello() *messages.Hello {
+	if !e.started() {
+		return nil
+	}
+	return e.inner.Hello()
+}
 
 // PeerMapFrom is the peer map from a context instance of parallelism ctx
 // to this engine's instance: WritersOf(this rank) are the context ranks a
 // Receive from that instance needs. It is cached per parallelism.
 func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
+	if !e.started() {
+		return nil, errNotStarted("PeerMapFrom")
+	}
 	return e.inner.PeerMapFrom(ctx)
 }
 
@@ -231,6 +277,9 @@ func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
 // mismatch as an address the other backend cannot parse). A nil Hello is
 // an error wrapping ErrMismatch too.
 func (e *Engine) CheckPeer(h *messages.Hello) error {
+	if !e.started() {
+		return errNotStarted("CheckPeer")
+	}
 	if h == nil {
 		return fmt.Errorf("%w: CheckPeer: no Hello (nil) to compare", ErrMismatch)
 	}
@@ -261,8 +310,12 @@ func baseBackend(s string) string {
 // heartbeat callback): its sessions fail and drain, saying it missed its
 // heartbeats; destination pages it may still write are quarantined until
 // a proof (WriterExited, its CancelAck or Result), never freed on
-// suspicion alone. PeerDownBecause says another why.
+// suspicion alone. PeerDownBecause says another why. It does nothing on
+// an Engine Start did not return.
 func (e *Engine) PeerDown(peer messages.PeerID) {
+	if !e.started() {
+		return
+	}
 	e.inner.HeartbeatMissed(peer)
 	e.inner.PeerDown(peer, "missed its heartbeats")
 }
@@ -270,12 +323,21 @@ func (e *Engine) PeerDown(peer messages.PeerID) {
 // PeerDownBecause is PeerDown for another suspicion than missed
 // heartbeats; why is how the caller knows, as a predicate of the peer
 // ("is out of etcd cluster c (lease expired)"), and the failed requests'
-// errors name it.
-func (e *Engine) PeerDownBecause(peer messages.PeerID, why string) { e.inner.PeerDown(peer, why) }
+// errors name it. It does nothing on an Engine Start did not return.
+func (e *Engine) PeerDownBecause(peer messages.PeerID, why string) {
+	if e.started() {
+		e.inner.PeerDown(peer, why)
+	}
+}
 
 // PeerAlive tells the engine that peer is alive now (its heartbeat
-// arrived): it renews this writer's lease on it (Config.WriterLease).
-func (e *Engine) PeerAlive(peer messages.PeerID) { e.inner.PeerAlive(peer) }
+// arrived): it renews this writer's lease on it (Config.WriterLease). It
+// does nothing on an Engine Start did not return.
+func (e *Engine) PeerAlive(peer messages.PeerID) {
+	if e.started() {
+		e.inner.PeerAlive(peer)
+	}
+}
 
 // WriterExited tells the engine that incarnation inc of writer peer is
 // gone as its backend defines death (docs/membership.md §4): proof that
@@ -284,6 +346,9 @@ func (e *Engine) PeerAlive(peer messages.PeerID) { e.inner.PeerAlive(peer) }
 // the exit touched nothing, as at the end of a normal run), or an error
 // when the engine did not answer (closed).
 func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+	if !e.started() {
+		return 0, errNotStarted("WriterExited")
+	}
 	return e.inner.WriterExited(peer, inc, how)
 }
 
@@ -291,6 +356,9 @@ func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int
 // writer peer are live or quarantined here (inc 0: any incarnation). It
 // changes nothing.
 func (e *Engine) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
+	if !e.started() {
+		return 0, errNotStarted("WriterRequests")
+	}
 	return e.inner.WriterRequests(peer, inc)
 }
 
@@ -350,8 +418,12 @@ type Stats struct {
 	WaitingForBlocks int
 }
 
-// Stats returns a snapshot of the engine's counters.
+// Stats returns a snapshot of the engine's counters (all zero for an
+// Engine Start did not return).
 func (e *Engine) Stats() Stats {
+	if !e.started() {
+		return Stats{}
+	}
 	c := e.inner.Stats()
 	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
@@ -365,13 +437,20 @@ func (e *Engine) Stats() Stats {
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil
 // when Config.MetricsAddr is empty. Its Registry can be gathered into an
-// embedder's own exposition as well.
-func (e *Engine) Metrics() *metrics.Set { return e.metrics }
+// embedder's own exposition as well. Nil for an Engine Start did not
+// return.
+func (e *Engine) Metrics() *metrics.Set {
+	if !e.started() {
+		return nil
+	}
+	return e.metrics
+}
 
 // MetricsAddr is the address the metrics server is bound to (Config.MetricsAddr
-// with its port resolved), or "" when metrics are off.
+// with its port resolved), or "" when metrics are off (and for an Engine
+// Start did not return).
 func (e *Engine) MetricsAddr() string {
-	if e.metricsSrv == nil {
+	if !e.started() || e.metricsSrv == nil {
 		return ""
 	}
 	return e.metricsSrv.Addr()
@@ -411,7 +490,10 @@ type SendRequest struct {
 	GenerationParallel kvcache.Parallel
 }
 
-// TxHandle is the context side's handle on one request.
+// TxHandle is the context side's handle on one request, returned by
+// Engine.Send. One Send did not return (nil, the zero TxHandle) refuses
+// Chunk, SetPayload and Err with ErrNotStarted, its Cancel does nothing
+// and its Done delivers a FAILED outcome wrapping ErrNotStarted.
 type TxHandle struct {
 	inner *actors.TxHandle
 	e     *Engine
@@ -446,6 +528,9 @@ type TxHandle struct {
 // with ErrPeerCancelled: that instance freed its blocks, and prefill may
 // stop.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
+	if !e.started() {
+		return nil, errNotStarted("Send")
+	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any message quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", actors.ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
 	}
@@ -532,6 +617,9 @@ func watchCtx(ctx context.Context, cancel func()) func() bool {
 // ErrRequestFailed and the outcome's cause, so that prefill can stop
 // computing; Done still fires only after the drain.
 func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) error {
+	if !h.valid() {
+		return errNoHandle("TxHandle.Chunk")
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.Err(); err != nil {
@@ -588,6 +676,9 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 // ErrBadRequest once the last chunk was handed over, and once the
 // request's outcome is decided (ErrRequestFailed, as Chunk).
 func (h *TxHandle) SetPayload(p []byte) error {
+	if !h.valid() {
+		return errNoHandle("TxHandle.SetPayload")
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.Err(); err != nil {
@@ -760,8 +851,12 @@ func repeatedID(ids []kvcache.BlockID) (i, j int, ok bool) {
 // Err returns nil while the request is live, and once its outcome is
 // decided an error wrapping ErrRequestFailed and the cause (before Done,
 // which waits for the drain): a cheap check for prefill to stop early. A
-// request that ended DONE has no error.
+// request that ended DONE has no error. A handle Send did not return has
+// ErrNotStarted.
 func (h *TxHandle) Err() error {
+	if !h.valid() {
+		return errNoHandle("TxHandle.Err")
+	}
 	if d := h.inner.Decided(); d != nil && d.Err != nil {
 		return fmt.Errorf("%w: request %s is %s: %w", ErrRequestFailed, h.req.ID, d.Status, d.Err)
 	}
@@ -769,10 +864,46 @@ func (h *TxHandle) Err() error {
 }
 
 // Cancel cancels the request. Done still fires only after the pins drop.
-func (h *TxHandle) Cancel() { h.inner.Cancel() }
+func (h *TxHandle) Cancel() {
+	if h.valid() {
+		h.inner.Cancel()
+	}
+}
 
 // Done delivers the outcome once, after the session released every pin.
-func (h *TxHandle) Done() <-chan Outcome { return h.inner.Done() }
+func (h *TxHandle) Done() <-chan Outcome {
+	if !h.valid() {
+		return failedOutcome("TxHandle.Done")
+	}
+	return h.inner.Done()
+}
+
+// valid reports whether Send made h.
+func (h *TxHandle) valid() bool { return h != nil && h.inner != nil }
+
+// errNoHandle is what method of a handle that Send or Receive did not
+// return returns.
+func errNoHandle(method string) error {
+	return fmt.Errorf("%w: %s on a handle that Send or Receive did not return (a nil or zero handle)", ErrNotStarted, method)
+}
+
+// failedOutcome is the Done of a handle that Send or Receive did not
+// return: a FAILED outcome wrapping ErrNotStarted, delivered at once (a
+// nil channel would block its reader for good).
+func failedOutcome(method string) <-chan Outcome {
+	ch := make(chan Outcome, 1)
+	ch <- Outcome{Status: StatusFailed, Err: errNoHandle(method)}
+	close(ch)
+	return ch
+}
+
+// closedChan is Released and Finished of a handle that Receive did not
+// return: nothing to wait for.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // ReceiveRequest describes the generation side of a request.
 type ReceiveRequest struct {
@@ -808,7 +939,10 @@ type ReceiveRequest struct {
 	Timeout time.Duration
 }
 
-// RxHandle is the generation side's handle on one request.
+// RxHandle is the generation side's handle on one request, returned by
+// Engine.Receive. One Receive did not return (nil, the zero RxHandle)
+// holds no blocks: its Cancel does nothing, Released and Finished are
+// closed, and its Done delivers a FAILED outcome wrapping ErrNotStarted.
 type RxHandle struct {
 	inner *actors.RxHandle
 }
@@ -836,6 +970,9 @@ type RxHandle struct {
 // frees its own then, and the framework may reuse its own then, never
 // before.
 func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, error) {
+	if !e.started() {
+		return nil, errNotStarted("Receive")
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvxfer: receive %s: %w", messages.TruncateText(req.ID, messages.MaxRequestIDLen), err)
 	}
@@ -871,27 +1008,54 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 }
 
 // Cancel cancels the request.
-func (h *RxHandle) Cancel() { h.inner.Cancel() }
+func (h *RxHandle) Cancel() {
+	if h.valid() {
+		h.inner.Cancel()
+	}
+}
+
+// valid reports whether Receive made h.
+func (h *RxHandle) valid() bool { return h != nil && h.inner != nil }
 
 // Released is closed once no write of the request can touch its
 // destination blocks: at READY, or after a failure once every writer is
 // quiescent (a Result, a CancelAck, its death, or a RequestData that never
 // left). Blocks the framework passed in req.Blocks may be reused from then
 // on, and never before.
-func (h *RxHandle) Released() <-chan struct{} { return h.inner.Released() }
+func (h *RxHandle) Released() <-chan struct{} {
+	if !h.valid() {
+		return closedChan
+	}
+	return h.inner.Released()
+}
 
 // Done delivers the outcome once.
-func (h *RxHandle) Done() <-chan Outcome { return h.inner.Done() }
+func (h *RxHandle) Done() <-chan Outcome {
+	if !h.valid() {
+		return failedOutcome("RxHandle.Done")
+	}
+	return h.inner.Done()
+}
 
 // Finished is closed once the outcome has been delivered on Done, without
 // taking it: for a watcher beside the goroutine that receives from Done.
-func (h *RxHandle) Finished() <-chan struct{} { return h.inner.Finished() }
+func (h *RxHandle) Finished() <-chan struct{} {
+	if !h.valid() {
+		return closedChan
+	}
+	return h.inner.Finished()
+}
 
 // FreeBlocks frees destination blocks handed over by a READY outcome, all
 // or nothing. A block a live request owns (not yet READY, or the caller's
 // own passed in ReceiveRequest.Blocks and not yet Released) is refused
 // with an error wrapping kvcache.ErrBlockReceiving, and nothing is freed.
-func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.Free(blocks) }
+func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error {
+	if !e.started() {
+		return errNotStarted("FreeBlocks")
+	}
+	return e.pools.Free(blocks)
+}
 
 // Close cancels live requests, waits for every session to drain and release
 // its pages (or ctx to end), then stops the engine. It reports the requests
@@ -904,6 +1068,9 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error { return e.pools.F
 // with nothing live closes cleanly even with ctx already ended. Close runs
 // once: a later or concurrent call waits for it and returns its error.
 func (e *Engine) Close(ctx context.Context) error {
+	if !e.started() {
+		return errNotStarted("Close")
+	}
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
 	return e.closeErr
 }
