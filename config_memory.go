@@ -128,12 +128,13 @@ func (e *Engine) BlockTensor(g, layer, part int, id kvcache.BlockID) []byte {
 // Memory is the descriptor of layer group g of this rank's KV memory:
 // Start's copy of Config.Memory[g], or the pool's own layout
 // (kvcache.PoolMemory) when Config.Memory is not set; nil for a group the
-// rank holds no layer of. It is the engine's own: read it, never modify it.
+// rank holds no layer of. It is a copy, deep: the caller may change it
+// without changing the engine's, which plans requests and BlockTensor.
 func (e *Engine) Memory(g int) *kvcache.KVMemory {
-	if !e.started() || g < 0 || g >= len(e.memory) {
+	if !e.started() || g < 0 || g >= len(e.memory) || e.memory[g] == nil {
 		return nil
 	}
-	return e.memory[g]
+	return cloneMemory(e.memory[g : g+1])[0]
 }
 
 // engineMemory is the descriptor of every group: Config.Memory, or the

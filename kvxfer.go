@@ -1,11 +1,13 @@
 package kvxfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -191,21 +193,31 @@ func errNotStarted(method string) error {
 }
 
 // Layout is the engine's (whole-model) layout (the zero Layout for an
-// Engine Start did not return).
+// Engine Start did not return). It is a copy, deep: the caller may change
+// it (its Groups, their Layers) without changing the engine's, which
+// plans every request.
 func (e *Engine) Layout() kvcache.Layout {
 	if !e.started() {
 		return kvcache.Layout{}
 	}
-	return e.cfg.layout
+	return e.cfg.layout.Clone()
 }
 
 // Shape is what this rank holds of the layout (the zero Shape for an
-// Engine Start did not return).
+// Engine Start did not return). It is a copy, deep (Layers too), as
+// Layout's.
 func (e *Engine) Shape() kvcache.Shape {
 	if !e.started() {
 		return kvcache.Shape{}
 	}
-	return e.cfg.shape
+	s := e.cfg.shape
+	if s.Layers != nil {
+		s.Layers = make([][]int, len(e.cfg.shape.Layers))
+		for g, ls := range e.cfg.shape.Layers {
+			s.Layers[g] = slices.Clone(ls)
+		}
+	}
+	return s
 }
 
 // Pools is the engine's block pools: the serving process allocates source
@@ -252,12 +264,33 @@ func (e *Engine) Region() *kvcache.Region {
 }
 
 // Hello is what the engine tells its peers about itself (nil for an
-// Engine Start did not return).
+// Engine Start did not return). It is a copy, deep: the caller may change
+// it without changing what the engine tells its peers.
 func (e *Engine) Hello() *messages.Hello {
 	if !e.started() {
 		return nil
 	}
-	return e.inner.Hello()
+	return cloneHello(e.inner.Hello())
+}
+
+// cloneHello copies h and every slice it holds.
+func cloneHello(h *messages.Hello) *messages.Hello {
+	if h == nil {
+		return nil
+	}
+	c := *h
+	c.AgentAddr = bytes.Clone(h.AgentAddr)
+	c.Region.Key = bytes.Clone(h.Region.Key)
+	c.Pools = slices.Clone(h.Pools)
+	if h.Memory != nil {
+		c.Memory = make([]messages.KVMemory, len(h.Memory))
+		for i, m := range h.Memory {
+			m.Layers = slices.Clone(m.Layers)
+			m.Base = slices.Clone(m.Base)
+			c.Memory[i] = m
+		}
+	}
+	return &c
 }
 
 // PeerMapFrom is the peer map from a context instance of parallelism ctx
