@@ -944,8 +944,9 @@ type ReceiveRequest struct {
 	// PromptLen is the prompt's length in tokens, 1..math.MaxInt32 (the
 	// wire carries it in 32 bits).
 	PromptLen int
-	// Context names the context instance (required) and its parallelism.
-	// A name no engine can have (one Start refuses as Config.Instance) is
+	// Context names the context instance (required) and its parallelism
+	// (zero: 1 × 1). A name no engine can have (one Start refuses as
+	// Config.Instance), or a parallelism that does not fit the layout, is
 	// refused with ErrBadRequest.
 	Context         string
 	ContextParallel kvcache.Parallel
@@ -1027,6 +1028,13 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	cp := req.ContextParallel
 	if cp.TP == 0 && cp.PP == 0 {
 		cp = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	// A parallelism that does not fit the layout (or this instance's) has
+	// no peer map: refused here, naming it, rather than failing the
+	// request once it has queued for blocks. (PeerMapFrom is cached: one
+	// lookup per Receive.)
+	if _, err := e.inner.PeerMapFrom(cp); err != nil {
+		return nil, fmt.Errorf("%w: request %s: ContextParallel %v: %w", ErrBadRequest, req.ID, req.ContextParallel, err)
 	}
 	h, err := e.inner.Receive(actors.RxRequest{ID: req.ID, PromptLen: req.PromptLen, Context: req.Context,
 		ContextParallel: cp, PrefixHitBlocks: req.PrefixHitBlocks, Blocks: req.Blocks, Deadline: deadline})

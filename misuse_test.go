@@ -195,3 +195,32 @@ func TestCheckPeerNilHello(t *testing.T) {
 		t.Fatalf("CheckPeer of a matching peer: %v", err)
 	}
 }
+
+// TestBadContextParallelRefusedAtReceive: a Receive whose ContextParallel
+// does not fit the layout (a TP that does not divide the KV heads, a
+// negative or half-set one, a PP past the layers) is refused by the call,
+// wrapping ErrBadRequest and kvcache.ErrBadParallelism and naming the
+// request and the value, instead of returning a handle whose request
+// fails later; it holds no block, and the id stays free. (Checked to fail:
+// without the check, Receive returns a handle and the request fails
+// FAILED afterwards.)
+func TestBadContextParallelRefusedAtReceive(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	for _, p := range []kvcache.Parallel{{TP: 3, PP: 1}, {TP: -1, PP: 1}, {TP: 0, PP: 2}, {TP: 1, PP: 0}, {TP: 1, PP: 5}} {
+		h, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "par-rx", PromptLen: 16, Context: "ctx", ContextParallel: p})
+		if h != nil {
+			h.Cancel()
+			<-h.Done()
+		}
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !errors.Is(err, kvcache.ErrBadParallelism) ||
+			!strings.Contains(err.Error(), "par-rx") || !strings.Contains(err.Error(), "ContextParallel "+p.String()) {
+			t.Fatalf("receive from a context of parallelism %v: %v, want ErrBadRequest and ErrBadParallelism naming the request and ContextParallel %v", p, err, p)
+		}
+	}
+	if st := c.gen[0].Pools().Stats(); st[0].Receiving != 0 || st[0].Used != 0 {
+		t.Fatalf("refused receives hold blocks: %+v", st[0])
+	}
+	transfer(t, c, l, "par-rx", 1, 16, 16, true)
+	checkNoLeaks(t, c)
+}
