@@ -27,7 +27,25 @@ import (
 // Re-exported so that an embedder needs only this package for the common
 // path.
 type (
-	// Fence says when a chunk's KV is written.
+	// Fence says when a chunk's KV is written. For each chunk (or layer
+	// part) handed over with it, the request's session calls OnReady(f)
+	// once; OnReady must see that f is called exactly once, from any
+	// goroutine, when the producer has written the KV (err nil) or failed
+	// (err not nil: the request fails with ErrFence).
+	//
+	// OnReady must return promptly: call f at once when the KV is already
+	// written (as actors.FiredFence does), else register f and return,
+	// calling it later from another goroutine (cuda.EventFence polls its
+	// events on a goroutine of its own). It must not wait for the KV
+	// itself (a device synchronize, a channel, a lock held by code that
+	// waits on this request): OnReady runs on the request's session
+	// goroutine, and while it blocks the session takes nothing else — not
+	// its other chunks' fences, not Cancel, not its deadline, not its
+	// peer's frames. The
+	// request then cannot fail, time out or be cancelled, its source
+	// blocks stay pinned and Done does not fire; Engine.Close waits for it
+	// until its ctx ends and reports it (ErrUndrained), after which Done
+	// may never fire. A panic in OnReady fails the chunk with ErrFence.
 	Fence = actors.Fence
 	// Outcome is a request's terminal result.
 	Outcome = actors.Outcome
@@ -626,6 +644,8 @@ func watchCtx(ctx context.Context, cancel func()) func() bool {
 // Chunk hands over one prefill chunk: tokens [c.Start, c.End) whose KV sits
 // in src (per layer group, the source blocks of global block indices
 // src[g].First…). fence fires when the KV is written; nil means it is.
+// Its OnReady must not block (see Fence): a blocking one stalls the
+// request, which can then neither end nor be cancelled.
 // A misaligned or out-of-order chunk, or one whose source blocks do not
 // cover what it holds of a layer group, are not allocated or name one
 // block for two global blocks (in the chunk, or one an earlier chunk named
