@@ -518,7 +518,8 @@ type SendRequest struct {
 	// PromptLen is the prompt's length in tokens, 1..math.MaxInt32 (the
 	// wire carries it in 32 bits).
 	PromptLen int
-	// Timeout overrides Config.TransferTimeout when > 0.
+	// Timeout overrides Config.TransferTimeout when > 0 (0 keeps it; a
+	// negative one is refused with ErrBadRequest).
 	Timeout time.Duration
 	// Payload is returned to the generation side with SUCCESS (first
 	// token, draft tokens); at most messages.MaxPayload bytes. One known
@@ -599,6 +600,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 		// and the request would wait out its timeout pinning its chunks.
 		return nil, fmt.Errorf("%w: request %s: Generation %s", actors.ErrBadRequest, req.ID, why)
 	}
+	if err := checkTimeout(req.ID, req.Timeout); err != nil {
+		return nil, err
+	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	h, err := e.inner.Send(actors.TxRequest{ID: req.ID, PromptLen: req.PromptLen, Deadline: deadline, Payload: req.Payload,
 		Generation: req.Generation, GenerationParallel: req.GenerationParallel})
@@ -611,6 +615,16 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 		h.AfterFinish(watchCtx(ctx, tx.Cancel))
 	}
 	return tx, nil
+}
+
+// checkTimeout refuses a request's negative Timeout: time left computed
+// past its end, which "no override" (the whole TransferTimeout) would
+// turn into the longest wait instead of none.
+func checkTimeout(id string, t time.Duration) error {
+	if t < 0 {
+		return fmt.Errorf("%w: request %s: Timeout %v is negative (0: Config.TransferTimeout)", ErrBadRequest, id, t)
+	}
+	return nil
 }
 
 // requestDeadline is when a request of timeout t (≤ 0: TransferTimeout)
@@ -989,7 +1003,8 @@ type ReceiveRequest struct {
 	// still uses.
 	// Nil: kvxfer allocates from its pool (waiting while it is full).
 	Blocks [][]kvcache.BlockID
-	// Timeout overrides Config.TransferTimeout when > 0.
+	// Timeout overrides Config.TransferTimeout when > 0 (0 keeps it; a
+	// negative one is refused with ErrBadRequest).
 	Timeout time.Duration
 }
 
@@ -1043,6 +1058,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	if req.PromptLen > maxPromptLen {
 		return nil, fmt.Errorf("%w: request %s prompt length %d, at most %d", ErrBadRequest, req.ID, req.PromptLen, maxPromptLen)
+	}
+	if err := checkTimeout(req.ID, req.Timeout); err != nil {
+		return nil, err
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel

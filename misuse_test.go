@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control"
@@ -222,5 +223,38 @@ func TestBadContextParallelRefusedAtReceive(t *testing.T) {
 		t.Fatalf("refused receives hold blocks: %+v", st[0])
 	}
 	transfer(t, c, l, "par-rx", 1, 16, 16, true)
+	checkNoLeaks(t, c)
+}
+
+// TestNegativeRequestTimeoutRefused: a Send or Receive whose Timeout is
+// negative (a time left computed past its end) is refused, naming the
+// request and the value, instead of being taken as "no override" and
+// given the whole Config.TransferTimeout; nothing is opened and the ids
+// stay free. (Checked to fail: without the check both calls return a
+// handle.)
+func TestNegativeRequestTimeoutRefused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "neg-tx", PromptLen: 16, Timeout: -time.Second})
+	if tx != nil {
+		tx.Cancel()
+		<-tx.Done()
+	}
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "neg-tx") || !strings.Contains(err.Error(), "Timeout -1s") {
+		t.Fatalf("send with Timeout -1s: %v, want ErrBadRequest naming the request and the timeout", err)
+	}
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "neg-rx", PromptLen: 16, Context: "ctx", Timeout: -time.Second})
+	if rx != nil {
+		rx.Cancel()
+		<-rx.Done()
+	}
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "neg-rx") || !strings.Contains(err.Error(), "Timeout -1s") {
+		t.Fatalf("receive with Timeout -1s: %v, want ErrBadRequest naming the request and the timeout", err)
+	}
+	if st := c.gen[0].Pools().Stats(); st[0].Receiving != 0 || st[0].Used != 0 {
+		t.Fatalf("refused receive holds blocks: %+v", st[0])
+	}
+	transfer(t, c, l, "neg-tx", 1, 16, 16, true)
+	transfer(t, c, l, "neg-rx", 2, 16, 16, false)
 	checkNoLeaks(t, c)
 }
