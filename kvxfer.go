@@ -538,7 +538,9 @@ type SendRequest struct {
 	// GenerationParallel, when set (TP > 0), is the generation instance's
 	// parallelism: a rank that writes to none of its ranks (MLA with a
 	// context TP larger than the generation TP) ends DONE at once, holding
-	// nothing, instead of waiting for a RequestData that never comes.
+	// nothing, instead of waiting for a RequestData that never comes. The
+	// zero value is "not known"; one that is neither that nor a
+	// parallelism fitting the layout is refused with ErrBadRequest.
 	GenerationParallel kvcache.Parallel
 }
 
@@ -602,6 +604,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	}
 	if err := checkTimeout(req.ID, req.Timeout); err != nil {
 		return nil, err
+	}
+	if gp := req.GenerationParallel; gp != (kvcache.Parallel{}) && gp.TP < 1 {
+		// (TP > 0 is "set", and the peer map refuses a bad PP or a TP
+		// that does not fit the layout.)
+		return nil, fmt.Errorf("%w: request %s: GenerationParallel %v: give TP and PP (each ≥ 1), or neither when not known",
+			actors.ErrBadRequest, req.ID, gp)
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	h, err := e.inner.Send(actors.TxRequest{ID: req.ID, PromptLen: req.PromptLen, Deadline: deadline, Payload: req.Payload,

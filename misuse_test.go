@@ -258,3 +258,25 @@ func TestNegativeRequestTimeoutRefused(t *testing.T) {
 	transfer(t, c, l, "neg-rx", 2, 16, 16, false)
 	checkNoLeaks(t, c)
 }
+
+// TestBadGenerationParallelRefusedAtSend: a SendRequest whose
+// GenerationParallel is set but not as a parallelism (a negative TP, TP 0
+// with a PP) is refused by the call, naming the request and the value,
+// instead of being taken as not set; the id stays free. (Checked to fail:
+// without the check, Send returns a handle for TP-1/PP1 and TP0/PP3.)
+func TestBadGenerationParallelRefusedAtSend(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	for _, p := range []kvcache.Parallel{{TP: -1, PP: 1}, {TP: 0, PP: 3}, {TP: -2, PP: -2}, {TP: 3, PP: 1}, {TP: 1, PP: 0}} {
+		tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "par-tx", PromptLen: 16, GenerationParallel: p})
+		if tx != nil {
+			tx.Cancel()
+			<-tx.Done()
+		}
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "par-tx") || !strings.Contains(err.Error(), p.String()) {
+			t.Fatalf("send to a generation of parallelism %v: %v, want ErrBadRequest naming the request and %v", p, err, p)
+		}
+	}
+	transfer(t, c, l, "par-tx", 1, 16, 16, true)
+	checkNoLeaks(t, c)
+}
