@@ -1050,8 +1050,11 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	if !e.started() {
 		return nil, errNotStarted("Receive")
 	}
+	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any error quotes it
+		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("kvxfer: receive %s: %w", messages.TruncateText(req.ID, messages.MaxRequestIDLen), err)
+		return nil, fmt.Errorf("kvxfer: receive %s: %w", req.ID, err)
 	}
 	if req.Context == "" {
 		// No writer to ask: the request could only wait out its timeout.

@@ -280,3 +280,30 @@ func TestBadGenerationParallelRefusedAtSend(t *testing.T) {
 	transfer(t, c, l, "par-tx", 1, 16, 16, true)
 	checkNoLeaks(t, c)
 }
+
+// TestReceiveHugeIDErrorBounded: a Receive whose id is past
+// messages.MaxRequestIDLen is refused for its id, before any other field
+// is judged and quoted with it, so that the error stays short whatever
+// else is wrong with the request (as Send's). (Checked to fail: without
+// the check first, an empty Context, a bad Context or PromptLen, or a bad
+// ContextParallel quoted the whole 1 MiB id.)
+func TestReceiveHugeIDErrorBounded(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	huge := strings.Repeat("i", 1<<20)
+	for _, r := range []kvxfer.ReceiveRequest{
+		{ID: huge, PromptLen: 16},
+		{ID: huge, PromptLen: 16, Context: "c\n"},
+		{ID: huge, PromptLen: 1 << 40, Context: "ctx"},
+		{ID: huge, PromptLen: 16, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 3, PP: 1}},
+		{ID: huge, PromptLen: 16, Context: "ctx", Timeout: -time.Second},
+	} {
+		_, err := c.gen[0].Receive(context.Background(), r)
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "request id length 1048576") || len(err.Error()) > 1024 {
+			t.Fatalf("receive with a 1 MiB id: %d-byte error %.200q, want ErrBadRequest naming the id's length, short", len(err.Error()), err)
+		}
+	}
+	if st := c.gen[0].Pools().Stats(); st[0].Receiving != 0 || st[0].Used != 0 {
+		t.Fatalf("refused receives hold blocks: %+v", st[0])
+	}
+}
