@@ -400,7 +400,18 @@ func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int
 	if !e.started() {
 		return 0, errNotStarted("WriterExited")
 	}
-	return e.inner.WriterExited(peer, inc, how)
+	n, err := e.inner.WriterExited(peer, inc, how)
+	if err != nil {
+		return n, writerQueryErr("WriterExited", peer, inc, err)
+	}
+	return n, nil
+}
+
+// writerQueryErr names method, the peer and the incarnation it was asked
+// about in err (the actors name their internal message).
+func writerQueryErr(method string, peer messages.PeerID, inc uint64, err error) error {
+	return fmt.Errorf("kvxfer: %s(%s, incarnation %d): %w", method,
+		messages.TruncateText(peer.String(), 2*messages.MaxInstanceLen), inc, err)
 }
 
 // WriterRequests is how many requests addressed to incarnation inc of
@@ -410,7 +421,11 @@ func (e *Engine) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
 	if !e.started() {
 		return 0, errNotStarted("WriterRequests")
 	}
-	return e.inner.WriterRequests(peer, inc)
+	n, err := e.inner.WriterRequests(peer, inc)
+	if err != nil {
+		return n, writerQueryErr("WriterRequests", peer, inc, err)
+	}
+	return n, nil
 }
 
 // Stats are an engine's event counts since Start (monotonic).

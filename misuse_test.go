@@ -307,3 +307,30 @@ func TestReceiveHugeIDErrorBounded(t *testing.T) {
 		t.Fatalf("refused receives hold blocks: %+v", st[0])
 	}
 }
+
+// TestWriterQueriesAfterCloseNameTheCall: WriterExited and WriterRequests
+// after Close are refused with ErrClosed, and the error names the method,
+// the peer and the incarnation asked about (it named an internal message
+// type). (Checked to fail: the errors read "actors: *actors.writerExited:
+// actors: engine closed".)
+func TestWriterQueriesAfterCloseNameTheCall(t *testing.T) {
+	l := smallLayout()
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "lone", Layout: &l, PoolBytes: 1 << 20, Link: control.NewMemLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	peer := messages.PeerID{Instance: "writer", Rank: 3}
+	n, err := e.WriterExited(peer, 7, "exited")
+	if n != 0 || !errors.Is(err, kvxfer.ErrClosed) || !strings.Contains(err.Error(), "WriterExited") ||
+		!strings.Contains(err.Error(), peer.String()) || !strings.Contains(err.Error(), "incarnation 7") {
+		t.Fatalf("WriterExited after Close: %d, %v, want ErrClosed naming the method, %s and incarnation 7", n, err, peer)
+	}
+	n, err = e.WriterRequests(peer, 7)
+	if n != 0 || !errors.Is(err, kvxfer.ErrClosed) || !strings.Contains(err.Error(), "WriterRequests") ||
+		!strings.Contains(err.Error(), peer.String()) || !strings.Contains(err.Error(), "incarnation 7") {
+		t.Fatalf("WriterRequests after Close: %d, %v, want ErrClosed naming the method, %s and incarnation 7", n, err, peer)
+	}
+}
