@@ -152,13 +152,19 @@ type Config struct {
 }
 
 // WithEnv applies KVXFER_* environment variables that are set, returning
-// an error naming the variable and value when one is invalid. An empty
+// an error naming the variable and value when one is invalid (a
+// KVXFER_WORKERS that is not an integer in 1..MaxWorkers). An empty
 // variable counts as unset, as on the CLI.
 func (c Config) WithEnv() (Config, error) {
 	if v := os.Getenv("KVXFER_WORKERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: not an integer", ErrConfig, v)
+		}
+		if n < 1 || n > MaxWorkers {
+			// Start would refuse it as "Workers = n", not saying where
+			// it came from.
+			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: want 1..%d", ErrConfig, v, MaxWorkers)
 		}
 		c.Workers = n
 		c.workersSet = true
