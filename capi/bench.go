@@ -34,7 +34,7 @@ func benchGo(src, dst *Engine, promptLen, chunkTokens, iters int, ph *Phases) (t
 		// for a context side that never answers.
 		return 0, 0, errorf(ErrInvalidArgument, "bench: source and destination are the same engine %d: open two", src.h)
 	}
-	l := src.eng.Layout()
+	l := src.layout
 	groups := len(l.Groups)
 	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
 	if err != nil {

@@ -26,8 +26,12 @@ type Event struct {
 
 // Engine is an open engine and the requests and fences it owns.
 type Engine struct {
-	h        uint64
-	eng      *kvxfer.Engine
+	h   uint64
+	eng *kvxfer.Engine
+	// layout and shape are the engine's, copied once (its accessors copy
+	// at every call, and the chunk path reads them).
+	layout   kvcache.Layout
+	shape    kvcache.Shape
 	node     *node.Node // set when opened by OpenNode: Close closes it
 	instance string
 
@@ -61,7 +65,7 @@ func newEngine(eng *kvxfer.Engine, n *node.Node, instance string) *Engine {
 		instance = kvxfer.DefaultInstance
 	}
 	e := &Engine{eng: eng, node: n, instance: instance, wake: make(chan struct{}), stop: make(chan struct{}),
-		requests: make(map[uint64]*Request), fences: make(map[uint64]*fence)}
+		requests: make(map[uint64]*Request), fences: make(map[uint64]*fence), layout: eng.Layout(), shape: eng.Shape()}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.h = put(e)
 	return e
@@ -361,7 +365,7 @@ type Info struct {
 
 // Info describes the engine.
 func (e *Engine) Info() Info {
-	l, s := e.eng.Layout(), e.eng.Shape()
+	l, s := e.layout, e.shape
 	var perTok uint64
 	for g := range l.Groups {
 		perTok += uint64(len(s.Layers[g]) * l.Parts() * s.Heads() * l.TokenBytes())
@@ -390,7 +394,7 @@ func (e *Engine) Group(g int) (GroupInfo, error) {
 	}
 	geom := e.eng.Pools().Geometry(g)
 	return GroupInfo{Offset: geom.Offset, BlockBytes: geom.BlockBytes, Blocks: geom.Blocks,
-		Layers: len(e.eng.Shape().Layers[g]), Window: e.eng.Layout().Groups[g].Window}, nil
+		Layers: len(e.shape.Layers[g]), Window: e.layout.Groups[g].Window}, nil
 }
 
 // SendRequest is kvxfer_send_request.
@@ -422,7 +426,7 @@ func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("engine %d: send %s: %w", e.h, quote(req.ID), err)
 	}
-	r := &Request{e: e, id: req.ID, tx: tx, userData: req.UserData, tpb: e.eng.Layout().TokensPerBlock}
+	r := &Request{e: e, id: req.ID, tx: tx, userData: req.UserData, tpb: e.layout.TokensPerBlock}
 	return r, e.adopt(r, tx.Done(), nil), nil
 }
 
@@ -456,7 +460,7 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 // group, the run's first and the expected one). An empty run is not
 // checked, nor a group the layout lacks (the engine names the count).
 func (e *Engine) checkFirsts(req ReceiveRequest) error {
-	l := e.eng.Layout()
+	l := e.layout
 	for g, first := range req.Firsts {
 		if g >= len(req.Blocks) || len(req.Blocks[g]) == 0 || g >= len(l.Groups) {
 			continue
@@ -479,7 +483,7 @@ func (e *Engine) checkFirsts(req ReceiveRequest) error {
 // receives for a prompt of promptLen tokens with prefix hits prefix (per
 // group, may be short): kvcache.NeededRange with the group's window.
 func (e *Engine) NeededRange(promptLen, g int, prefix []int) (first, end int) {
-	l := e.eng.Layout()
+	l := e.layout
 	return kvcache.NeededRange(promptLen, l.Groups[g].Window, l.TokensPerBlock, prefixHit(prefix, g))
 }
 
@@ -655,7 +659,7 @@ func (r *Request) chunkOf(start, end int, last bool, part kvcache.LayerPart) (kv
 	if start < 0 || end < start {
 		return kvcache.Chunk{}, errorf(ErrBadChunk, "request %d (%s): chunk [%d,%d) is empty or negative", r.h, quote(r.id), start, end)
 	}
-	if err := part.Check(r.e.eng.Layout().Layers); err != nil {
+	if err := part.Check(r.e.layout.Layers); err != nil {
 		return kvcache.Chunk{}, fmt.Errorf("request %d (%s) chunk [%d,%d): %w", r.h, quote(r.id), start, end, err)
 	}
 	return kvcache.Chunk{Start: start, End: end, FirstBlock: start / r.tpb, Last: last, Layers: part}, nil
