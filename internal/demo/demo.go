@@ -294,12 +294,13 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	}
 	t0 := time.Now()
 	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeStart, At: t0})
+	gl := ge.Layout() // a copy: once, not per request
 	for i, n := range prompts {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func(i, n int) {
 			defer func() { <-sem; wg.Done() }()
-			need := int64(len(ge.Layout().Groups) * ge.Layout().BlocksFor(n))
+			need := int64(len(gl.Groups) * gl.BlocksFor(n))
 			o.mark(ProbeEvent{Mode: m.Name, Request: fmt.Sprintf("%s-%d", m.Name, i), Chunk: -1, Kind: ProbeAdmit})
 			if err := admit.Acquire(ctx, need); err != nil {
 				mu.Lock()

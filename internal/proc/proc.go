@@ -639,7 +639,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		return finish(n, rep, t0, cpu0, out)
 	}
 	o.Log.Info().Int("requests", o.Requests).Msg("peers ready: requests start")
-	l := n.eng.Layout()
+	l, shape := n.eng.Layout(), n.eng.Shape() // copies: once, not per request
 	sem := make(chan struct{}, o.Concurrency)
 	var wg sync.WaitGroup
 	var handed handedCount
@@ -660,7 +660,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		// Source blocks in index order (see RunGen).
 		counts := make([]int, len(l.Groups))
 		for g := range counts {
-			if len(n.eng.Shape().Layers[g]) > 0 {
+			if len(shape.Layers[g]) > 0 {
 				counts[g] = l.BlocksFor(pl)
 			}
 		}
@@ -673,7 +673,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		wg.Add(1)
 		pool.run(func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := ctxRequest(ctx, o, n, l, i, pl, src, settings, &handed); err != nil {
+			if err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed); err != nil {
 				fail(err)
 				return
 			}
@@ -758,7 +758,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) error {
+func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, shape kvcache.Shape, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) error {
 	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl, Payload: settings})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
@@ -771,7 +771,6 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, i, pl
 		_ = n.eng.Pools().Free(src)
 		return err
 	}
-	shape := n.eng.Shape()
 	parts := kvcache.SplitLayers(l.Layers, o.LayerParts)
 	bufs := make([][]byte, len(l.Groups)) // a device pool's blocks go through these
 	for g := range bufs {
