@@ -42,7 +42,9 @@ type Config struct {
 	// Instance names the engine instance (all ranks of one serving
 	// instance share it).
 	Instance string
-	// Parallel is the instance's TP × PP; Rank is this engine's rank in it.
+	// Parallel is the instance's TP × PP (and, when its pipeline stages
+	// split the layers otherwise than kvxfer's default, its Stages: see
+	// kvcache.Parallel); Rank is this engine's rank in it.
 	Parallel kvcache.Parallel
 	Rank     kvcache.Rank
 	// Model is a preset name (kvcache.Presets); Layout overrides it.
@@ -301,6 +303,9 @@ func (c Config) resolve() (resolved, error) {
 	if err := r.Parallel.Validate(r.layout); err != nil {
 		return r, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	// Stages that spell out the default split are the default: peers
+	// compare parallelisms, and a Hello's must equal its RequestData's.
+	r.Parallel = r.Parallel.Normal(r.layout.Layers)
 	if !r.Parallel.Contains(r.Rank) {
 		return r, fmt.Errorf("%w: Rank %v outside %v", ErrConfig, r.Rank, r.Parallel)
 	}

@@ -1090,9 +1090,10 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	deadline := e.requestDeadline(ctx, req.Timeout)
 	cp := req.ContextParallel
-	if cp.TP == 0 && cp.PP == 0 {
+	if cp == (kvcache.Parallel{}) {
 		cp = kvcache.Parallel{TP: 1, PP: 1}
 	}
+	cp = cp.Normal(e.cfg.layout.Layers) // as the context's Hello says it
 	// A parallelism that does not fit the layout (or this instance's) has
 	// no peer map: refused here, naming it, rather than failing the
 	// request once it has queued for blocks. (PeerMapFrom is cached: one

@@ -240,7 +240,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	rr := reg.Remote()
 	e.hello = &messages.Hello{From: cfg.Self, Backend: cfg.Agent.Backend(), AgentAddr: cfg.Agent.Address(),
 		Region:     messages.RemoteRegion{Key: rr.Key, Len: rr.Len},
-		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP)},
+		LayoutHash: topo.LayoutHash, Parallel: messages.Parallel{TP: int32(topo.Parallel.TP), PP: int32(topo.Parallel.PP), Stages: topo.Parallel.Stages},
 		TP: int32(topo.Rank.TP), PP: int32(topo.Rank.PP), Pools: pools, Model: modelName(topo.Layout),
 		Memory: helloMemory(topo.Memory)}
 	e.hello.Incarnation = cfg.Incarnation

@@ -166,15 +166,15 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	if hello.LayoutHash != self.LayoutHash {
 		return nil, nil, fmt.Errorf("%w: request %s: %w", ErrBadRequest, rd.RequestID, LayoutMismatch(self, hello))
 	}
-	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP)}
+	genPar := kvcache.Parallel{TP: int(rd.GenParallel.TP), PP: int(rd.GenParallel.PP), Stages: rd.GenParallel.Stages}
 	genRank := kvcache.Rank{TP: int(rd.GenTP), PP: int(rd.GenPP)}
 	// The receiver's place comes from its RequestData and its Hello: both
 	// must say the same before anything is built from it (a peer map
 	// costs O(ranks²) and is cached).
 	if rd.GenParallel != hello.Parallel || rd.GenTP != hello.TP || rd.GenPP != hello.PP {
-		return nil, nil, fmt.Errorf("%w: request %s: names generation rank tp%d/pp%d of TP%d/PP%d, its sender's Hello says tp%d/pp%d of TP%d/PP%d",
-			ErrBadRequest, rd.RequestID, rd.GenTP, rd.GenPP, rd.GenParallel.TP, rd.GenParallel.PP,
-			hello.TP, hello.PP, hello.Parallel.TP, hello.Parallel.PP)
+		helloPar := kvcache.Parallel{TP: int(hello.Parallel.TP), PP: int(hello.Parallel.PP), Stages: hello.Parallel.Stages}
+		return nil, nil, fmt.Errorf("%w: request %s: names generation rank tp%d/pp%d of %v, its sender's Hello says tp%d/pp%d of %v",
+			ErrBadRequest, rd.RequestID, rd.GenTP, rd.GenPP, genPar, hello.TP, hello.PP, helloPar)
 	}
 	if !genPar.Contains(genRank) || genPar.Index(genRank) != int(rd.From.Rank) {
 		return nil, nil, fmt.Errorf("%w: request %s: sender rank %d does not match generation rank %v of %v",

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -105,6 +106,18 @@ func (r Record) validate(full bool) error {
 		if r.TP < 0 || r.TP >= p.TP || r.PP < 0 || r.PP >= p.PP {
 			return invalid("%s/%d: coordinates tp=%d pp=%d outside TP=%d PP=%d", r.Instance, r.Rank, r.TP, r.PP, p.TP, p.PP)
 		}
+		if p.Stages != "" {
+			if len(p.Stages) > 5*int(p.PP) {
+				return invalid("%s/%d: pp_stages of %d bytes for PP=%d", r.Instance, r.Rank, len(p.Stages), p.PP)
+			}
+			counts, err := kvcache.ParseStages(p.Stages)
+			if err != nil {
+				return invalid("%s/%d: pp_stages: %v", r.Instance, r.Rank, err)
+			}
+			if len(counts) != int(p.PP) {
+				return invalid("%s/%d: pp_stages %q name %d stages, PP=%d", r.Instance, r.Rank, p.Stages, len(counts), p.PP)
+			}
+		}
 	} else if r.TP != 0 || r.PP != 0 {
 		return invalid("%s/%d: coordinates tp=%d pp=%d without parallel sizes", r.Instance, r.Rank, r.TP, r.PP)
 	}
@@ -190,6 +203,7 @@ type wireRecord struct {
 	LayoutHash      uint64 `json:"layout_hash,string"`
 	TPSize          int32  `json:"tp_size"`
 	PPSize          int32  `json:"pp_size"`
+	PPStages        string `json:"pp_stages,omitempty"`
 	TP              int32  `json:"tp"`
 	PP              int32  `json:"pp"`
 }
@@ -208,7 +222,7 @@ func (r Record) encode(state string) ([]byte, error) {
 	err := enc.Encode(wireRecord{V: RecordVersion, State: state, Instance: r.Instance, Rank: r.Rank,
 		Incarnation: r.Incarnation, ControlEndpoint: r.ControlEndpoint, CurvePublicKey: r.CurvePublicKey,
 		Backend: r.Backend, AgentAddr: r.AgentAddr, LayoutHash: r.LayoutHash,
-		TPSize: r.Parallel.TP, PPSize: r.Parallel.PP, TP: r.TP, PP: r.PP})
+		TPSize: r.Parallel.TP, PPSize: r.Parallel.PP, PPStages: r.Parallel.Stages, TP: r.TP, PP: r.PP})
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
 }
 
@@ -248,7 +262,7 @@ func decodeRecord(b []byte) (Record, bool, error) {
 	r := Record{Instance: w.Instance, Rank: w.Rank, Incarnation: w.Incarnation,
 		ControlEndpoint: w.ControlEndpoint, CurvePublicKey: w.CurvePublicKey, Backend: w.Backend,
 		AgentAddr: w.AgentAddr, LayoutHash: w.LayoutHash,
-		Parallel: messages.Parallel{TP: w.TPSize, PP: w.PPSize}, TP: w.TP, PP: w.PP}
+		Parallel: messages.Parallel{TP: w.TPSize, PP: w.PPSize, Stages: w.PPStages}, TP: w.TP, PP: w.PP}
 	if err := r.Validate(); err != nil {
 		return Record{}, false, err
 	}

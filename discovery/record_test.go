@@ -27,6 +27,19 @@ func TestRecordRoundTrip(t *testing.T) {
 	if !recordsEqual(got, r) {
 		t.Errorf("round trip %+v, want %+v", got, r)
 	}
+	// A pipeline split otherwise than by default travels with the record.
+	staged := r
+	staged.Parallel, staged.PP = messages.Parallel{TP: 2, PP: 4, Stages: "7,8,8,7"}, 3
+	b2, err := staged.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeRecord(b2); err != nil || got.Parallel != staged.Parallel || !bytes.Contains(b2, []byte(`"pp_stages":"7,8,8,7"`)) {
+		t.Errorf("round trip of %s: %+v, %v; want its pp_stages", b2, got.Parallel, err)
+	}
+	if bytes.Contains(b, []byte("pp_stages")) {
+		t.Errorf("a record of the default split names pp_stages: %s", b)
+	}
 	if !bytes.Contains(b, []byte(`"curve_public_key":"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"`)) {
 		t.Errorf("encoded %s: want the Z85 key as is", b)
 	}
@@ -64,6 +77,8 @@ func TestRecordValidate(t *testing.T) {
 		{"no agent address", mod(func(r *Record) { r.AgentAddr = nil }), "agent address of 0 bytes"},
 		{"no parallel", mod(func(r *Record) { r.Parallel = messages.Parallel{} }), "parallel TP=0"},
 		{"tp outside", mod(func(r *Record) { r.TP = 2 }), "coordinates tp=2"},
+		{"stages of another PP", mod(func(r *Record) { r.Parallel.Stages = "3,4" }), `pp_stages "3,4" name 2 stages, PP=1`},
+		{"stages malformed", mod(func(r *Record) { r.Parallel.Stages = "x" }), `pp_stages: kvcache: bad parallelism: Stages "x"`},
 	}
 	for _, c := range cases {
 		err := c.r.Validate()

@@ -252,6 +252,14 @@ func TestDecodeRejects(t *testing.T) {
 		})), "ends past 2^64", false},
 		{"hello rank outside parallel", marshalPB(t, hello(func(h *pb.Hello) { h.Tp = 1 })), "hello rank tp=1", false},
 		{"hello missing region", marshalPB(t, hello(func(h *pb.Hello) { h.Region = nil })), "region key length 0", false},
+		{"hello stages of another PP", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = "3,4" })), `hello parallel stages "3,4" name 2 stages, PP=1`, false},
+		{"hello stages malformed", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = "x" })), `stage 0's layer count "x"`, false},
+		{"hello stages too long", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = strings.Repeat("1,", 3000) })), "hello parallel stages of 6000 bytes for PP=1", false},
+		{"request stages of another PP", marshalPB(t, func() *pb.Envelope {
+			e := pbRequestData(&pb.GroupDest{Blocks: []int32{1}})
+			e.GetRequestData().GenParallel.Stages = "1,1"
+			return e
+		}()), `generation parallel stages "1,1" name 2 stages, PP=1`, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package messages
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"math/bits"
 )
 
@@ -36,10 +37,13 @@ type PeerID struct {
 
 func (p PeerID) String() string { return fmt.Sprintf("%s/%d", p.Instance, p.Rank) }
 
-// Parallel is an instance's tensor- and pipeline-parallel size.
+// Parallel is an instance's tensor- and pipeline-parallel size, and its
+// pipeline stages' split of the layers when not the default one
+// (kvcache.Parallel.Stages: each stage's layer count, comma-separated).
 type Parallel struct {
-	TP int32
-	PP int32
+	TP     int32
+	PP     int32
+	Stages string
 }
 
 // GroupDest is one layer group's destination: global block indices
@@ -312,6 +316,20 @@ func validateRequestID(id string) error {
 func (p Parallel) validate(what string) error {
 	if p.TP < 1 || p.TP > 1024 || p.PP < 1 || p.PP > 1024 {
 		return invalid("%s parallel TP=%d PP=%d, want 1..1024 each", what, p.TP, p.PP)
+	}
+	if p.Stages == "" {
+		return nil
+	}
+	// Bounded before it is split: PP counts of at most 4 digits each.
+	if len(p.Stages) > 5*int(p.PP) {
+		return invalid("%s parallel stages of %d bytes for PP=%d, want at most %d", what, len(p.Stages), p.PP, 5*p.PP)
+	}
+	counts, err := kvcache.ParseStages(p.Stages)
+	if err != nil {
+		return invalid("%s parallel: %v", what, err)
+	}
+	if len(counts) != int(p.PP) {
+		return invalid("%s parallel stages %q name %d stages, PP=%d", what, p.Stages, len(counts), p.PP)
 	}
 	return nil
 }

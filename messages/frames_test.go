@@ -7,6 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -93,7 +94,7 @@ func maxRequestData() *messages.RequestData {
 		RequestID:        strings.Repeat("r", messages.MaxRequestIDLen),
 		Epoch:            math.MaxUint64,
 		From:             messages.PeerID{Instance: strings.Repeat("i", messages.MaxInstanceLen), Rank: messages.MaxRank - 1},
-		GenParallel:      messages.Parallel{TP: 1024, PP: 1024},
+		GenParallel:      messages.Parallel{TP: 1024, PP: 1024, Stages: strings.TrimSuffix(strings.Repeat("4096,", 1024), ",")},
 		GenTP:            1023,
 		GenPP:            1023,
 		PromptLen:        math.MaxInt32,
@@ -174,10 +175,15 @@ func drawPeer(t *rapid.T, label string) messages.PeerID {
 }
 
 func drawParallel(t *rapid.T, label string) messages.Parallel {
-	return messages.Parallel{
+	p := messages.Parallel{
 		TP: rapid.Int32Range(1, 1024).Draw(t, label+".tp"),
 		PP: rapid.Int32Range(1, 1024).Draw(t, label+".pp"),
 	}
+	if rapid.Bool().Draw(t, label+".split") {
+		counts := rapid.SliceOfN(rapid.IntRange(1, kvcache.MaxLayers), int(p.PP), int(p.PP)).Draw(t, label+".stages")
+		p.Stages = kvcache.FormatStages(counts)
+	}
+	return p
 }
 
 func drawBytes(t *rapid.T, label string, minLen, maxLen int) []byte {

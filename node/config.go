@@ -210,6 +210,11 @@ type Config struct {
 type Parallel struct {
 	TP int `json:"tp"`
 	PP int `json:"pp"`
+	// Stages, when set, is how many layers each pipeline stage holds,
+	// comma-separated ("7,8,8,7", vLLM's VLLM_PP_LAYER_PARTITION format),
+	// for an instance whose stages split the layers otherwise than
+	// kvxfer's default (kvcache.Parallel.Stages).
+	Stages string `json:"stages,omitempty"`
 }
 
 // Rank is one rank's tensor position and pipeline stage.
@@ -293,13 +298,22 @@ func badDuration(b []byte) error {
 	return nil
 }
 
+// String is p as the config's errors name it: {TP:2 PP:1}, with
+// Stages when set.
+func (p Parallel) String() string {
+	if p.Stages != "" {
+		return fmt.Sprintf("{TP:%d PP:%d Stages:%s}", p.TP, p.PP, p.Stages)
+	}
+	return fmt.Sprintf("{TP:%d PP:%d}", p.TP, p.PP)
+}
+
 // kv converts to kvcache's types.
-func (p Parallel) kv() kvcache.Parallel { return kvcache.Parallel{TP: p.TP, PP: p.PP} }
+func (p Parallel) kv() kvcache.Parallel { return kvcache.Parallel{TP: p.TP, PP: p.PP, Stages: p.Stages} }
 func (r Rank) kv() kvcache.Rank         { return kvcache.Rank{TP: r.TP, PP: r.PP} }
 
 // orOne is p with a zero value read as 1×1.
 func (p Parallel) orOne() Parallel {
-	if p.TP == 0 && p.PP == 0 {
+	if p.TP == 0 && p.PP == 0 && p.Stages == "" {
 		return Parallel{TP: 1, PP: 1}
 	}
 	return p

@@ -153,6 +153,8 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"peer is self", set(`{"instance": "ctx", "rank": {"tp": 0, "pp": 0}}`), []string{"peers[0]", "ctx/0", "this node itself"}},
 		{"pool too small", set(`{"pool_bytes": 4096}`), []string{"pool_bytes = 4096", "holds no block"}},
 		{"tp does not divide the heads", set(`{"parallel": {"tp": 3, "pp": 1}, "rank": {"tp": 0, "pp": 0}}`), []string{"parallel = {TP:3 PP:1}"}},
+		{"stages of another count", set(`{"parallel": {"tp": 1, "pp": 2, "stages": "7,8,8"}, "rank": {"tp": 0, "pp": 0}}`),
+			[]string{"parallel = {TP:1 PP:2 Stages:7,8,8}", `Stages "7,8,8": 3 stages of 23 layers in all, want PP 2 stages of the 32 layers`}},
 		{"trailing data", goodJSON + "{}", []string{"trailing data"}},
 	}
 	for _, c := range cases {

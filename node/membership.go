@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -210,10 +211,11 @@ func (n *Node) peerUp(rec discovery.Record) {
 		if p.id() != id || rec.Parallel == (messages.Parallel{}) {
 			continue
 		}
-		want := p.Parallel.orOne()
-		if rec.Parallel.TP != int32(want.TP) || rec.Parallel.PP != int32(want.PP) || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
-			refuse("it registered as rank tp%d/pp%d of TP%d/PP%d, this node expects rank tp%d/pp%d of TP%d/PP%d (compare the peer's --tp with this node's --peer-tp)",
-				rec.TP, rec.PP, rec.Parallel.TP, rec.Parallel.PP, p.Rank.TP, p.Rank.PP, want.TP, want.PP)
+		want := p.Parallel.orOne().kv().Normal(n.eng.Layout().Layers)
+		got := kvcache.Parallel{TP: int(rec.Parallel.TP), PP: int(rec.Parallel.PP), Stages: rec.Parallel.Stages}
+		if got != want || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
+			refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (compare the peer's --tp with this node's --peer-tp)",
+				rec.TP, rec.PP, got, p.Rank.TP, p.Rank.PP, want)
 			return
 		}
 	}

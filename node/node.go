@@ -474,7 +474,7 @@ func (n *Node) watchPeers() {
 			delete(left, id)
 			if err := n.eng.CheckPeer(h); err != nil {
 				n.log.Error().Err(err).Str("peer", id.String()).Msg(n.incompatible(h))
-			} else if err := checkPeerPlace(p, h); err != nil {
+			} else if err := checkPeerPlace(p, h, n.eng.Layout().Layers); err != nil {
 				n.log.Error().Err(err).Str("peer", id.String()).Msg("peer runs another parallelism or rank than this node's config gives it: every request with it will fail")
 			} else {
 				n.log.Info().Str("peer", id.String()).Str("model", h.Model).Msg("peer said Hello")
@@ -494,7 +494,7 @@ func (n *Node) checkPeer(p Peer, h *messages.Hello) error {
 	if err := n.eng.CheckPeer(h); err != nil {
 		return err
 	}
-	return checkPeerPlace(p, h)
+	return checkPeerPlace(p, h, n.eng.Layout().Layers)
 }
 
 // incompatible is the log line for a peer whose Hello h the engine's
@@ -519,15 +519,16 @@ func (n *Node) incompatible(h *messages.Hello) string {
 // and both, since every request with it would be planned for another head
 // and layer split and fail only at its deadline or its Result. A Hello
 // without a parallelism (a peer that predates it) is not checked.
-func checkPeerPlace(p Peer, h *messages.Hello) error {
-	want := p.Parallel.orOne()
+func checkPeerPlace(p Peer, h *messages.Hello, layers int) error {
+	want := p.Parallel.orOne().kv().Normal(layers)
+	got := kvcache.Parallel{TP: int(h.Parallel.TP), PP: int(h.Parallel.PP), Stages: h.Parallel.Stages}
 	if h.Parallel == (messages.Parallel{}) ||
-		h.Parallel.TP == int32(want.TP) && h.Parallel.PP == int32(want.PP) && h.TP == int32(p.Rank.TP) && h.PP == int32(p.Rank.PP) {
+		got == want && h.TP == int32(p.Rank.TP) && h.PP == int32(p.Rank.PP) {
 		return nil
 	}
-	return fmt.Errorf("%w: peer %s runs as rank tp%d/pp%d of TP%d/PP%d, this node's config gives it rank tp%d/pp%d of TP%d/PP%d: "+
+	return fmt.Errorf("%w: peer %s runs as rank tp%d/pp%d of %v, this node's config gives it rank tp%d/pp%d of %v: "+
 		"make the peer's \"parallel\" and \"rank\" here what it runs as (or start it as configured here)",
-		kvxfer.ErrMismatch, h.From, h.TP, h.PP, h.Parallel.TP, h.Parallel.PP, p.Rank.TP, p.Rank.PP, want.TP, want.PP)
+		kvxfer.ErrMismatch, h.From, h.TP, h.PP, got, p.Rank.TP, p.Rank.PP, want)
 }
 
 // static are the peers given with an endpoint (the others etcd finds).

@@ -177,6 +177,65 @@ func TestPeerRankIsParallelIndex(t *testing.T) {
 	_ = genN.Engine().FreeBlocks(o.Blocks)
 }
 
+// TestReceiveTakesTheContextsParallel: the context instance runs PP2 as
+// two nodes whose stages split the model's 5 layers 1 and 4 (not kvxfer's
+// default 3 and 2: a framework's split, as vLLM's for an uneven count).
+// The generation node's Receive is not told the context's parallelism (a
+// vLLM decode worker cannot know it): the node takes it, split included,
+// from the context's Hello, and the request gets every layer from the
+// stage that holds it. (Checked to fail: without instanceParallel the
+// Receive plans for one writer of every layer and fails; without the
+// stages on the wire it plans for the default split and fails.)
+func TestReceiveTakesTheContextsParallel(t *testing.T) {
+	dir := t.TempDir()
+	ep := func(n string) string { return "ipc://" + filepath.Join(dir, n+".sock") }
+	five := &kvcache.Layout{Name: "five", Layers: 5, KVHeads: 2, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(5)}
+	pp2 := node.Parallel{TP: 1, PP: 2, Stages: "1,4"}
+	base := node.Config{Layout: five, PoolBytes: 1 << 20, Backend: shm.Backend, Insecure: true,
+		HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience)}
+	gc := base
+	gc.Instance, gc.Bind = "gen", ep("gen")
+	var ctxs []*node.Node
+	for r := range 2 {
+		gc.Peers = append(gc.Peers, node.Peer{Instance: "ctx", Parallel: pp2, Rank: node.Rank{PP: r}, Endpoint: ep(fmt.Sprint("ctx", r))})
+		cc := base
+		cc.Instance, cc.Parallel, cc.Rank, cc.Bind = "ctx", pp2, node.Rank{PP: r}, ep(fmt.Sprint("ctx", r))
+		cc.Peers = []node.Peer{{Instance: "gen", Endpoint: ep("gen")}}
+		ctxs = append(ctxs, open(t, cc))
+	}
+	if s := ctxs[1].Engine().Shape(); s.LayerLo != 1 || s.LayerHi != 5 {
+		t.Fatalf("context stage 1 holds layers [%d, %d), want [1, 5)", s.LayerLo, s.LayerHi)
+	}
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "pp", PromptLen: 40, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, c := range ctxs {
+		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "pp", PromptLen: 40}, blockPattern) }()
+	}
+	for range ctxs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := <-rx.Done()
+	if !o.OK {
+		t.Fatalf("%s: %v", o.Status, o.Err)
+	}
+	if n, err := verify(genN.Engine(), "pp", o.Blocks, blockPattern); err != nil || n != o.Bytes {
+		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
+	}
+	_ = genN.Engine().FreeBlocks(o.Blocks)
+}
+
 // TestStartupLogsWhereItListensAndWaits: Open says where it listens and
 // which peer it waits for, at once. (Checked to fail: with logListening's
 // call removed the wait times out.)

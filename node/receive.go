@@ -38,6 +38,12 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	if err := n.Err(); err != nil {
 		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
+	if req.ContextParallel == (kvcache.Parallel{}) {
+		// Not given: the context instance's own, as this node knows it.
+		if p, ok := n.instanceParallel(req.Context); ok {
+			req.ContextParallel = p
+		}
+	}
 	writers, err := n.writersOf(req)
 	if err != nil || req.Context == "" { // the engine names a bad parallelism, and an empty Context, itself
 		return n.eng.Receive(ctx, req)
@@ -75,6 +81,37 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	n.watch.Add(1)
 	go n.awaitHello(req.ID, silent, h)
 	return h, nil
+}
+
+// instanceParallel is the parallelism of instance as this node knows it:
+// what its rank 0 said in its Hello (what it runs as, pipeline split
+// included), else what its etcd records say, else what this node's config
+// gives its peers; false when the node knows none of them. A Receive
+// without a ContextParallel takes it, so that a caller that cannot know
+// the context's parallelism (vLLM's decode side: the prefill instance's
+// TP is not in a request's kv_transfer_params) plans for the writers the
+// context instance has, not for one.
+func (n *Node) instanceParallel(instance string) (kvcache.Parallel, bool) {
+	from := func(p messages.Parallel) kvcache.Parallel {
+		return kvcache.Parallel{TP: int(p.TP), PP: int(p.PP), Stages: p.Stages}
+	}
+	if h, err := n.link.Hello(messages.PeerID{Instance: instance, Rank: 0}); err == nil && h.Parallel != (messages.Parallel{}) {
+		return from(h.Parallel), true
+	}
+	n.mu.Lock()
+	for id, f := range n.found {
+		if id.Instance == instance && f.rec.Parallel != (messages.Parallel{}) {
+			n.mu.Unlock()
+			return from(f.rec.Parallel), true
+		}
+	}
+	n.mu.Unlock()
+	for _, p := range n.peers {
+		if p.Instance == instance {
+			return p.Parallel.orOne().kv(), true
+		}
+	}
+	return kvcache.Parallel{}, false
 }
 
 // writersOf are the context ranks this rank needs for req.

@@ -298,11 +298,14 @@ func (x *PeerID) GetRank() int32 {
 	return 0
 }
 
-// Parallel is an instance's tensor- and pipeline-parallel size.
+// Parallel is an instance's tensor- and pipeline-parallel size, and how
+// its pipeline stages split the layers when not by default (the layer
+// count of each stage, comma-separated: kvcache.Parallel.Stages).
 type Parallel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tp            int32                  `protobuf:"varint,1,opt,name=tp,proto3" json:"tp,omitempty"`
 	Pp            int32                  `protobuf:"varint,2,opt,name=pp,proto3" json:"pp,omitempty"`
+	Stages        string                 `protobuf:"bytes,3,opt,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -349,6 +352,13 @@ func (x *Parallel) GetPp() int32 {
 		return x.Pp
 	}
 	return 0
+}
+
+func (x *Parallel) GetStages() string {
+	if x != nil {
+		return x.Stages
+	}
+	return ""
 }
 
 // GroupDest is one layer group's destination: global block indices
@@ -1455,10 +1465,11 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x04body\"8\n" +
 	"\x06PeerID\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12\x12\n" +
-	"\x04rank\x18\x02 \x01(\x05R\x04rank\"*\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\"B\n" +
 	"\bParallel\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
-	"\x02pp\x18\x02 \x01(\x05R\x02pp\"=\n" +
+	"\x02pp\x18\x02 \x01(\x05R\x02pp\x12\x16\n" +
+	"\x06stages\x18\x03 \x01(\tR\x06stages\"=\n" +
 	"\tGroupDest\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\x05R\x05first\x12\x1a\n" +
 	"\x06blocks\x18\x02 \x03(\x05B\x02\x10\x01R\x06blocks\"_\n" +
