@@ -308,8 +308,10 @@ func (p Parallel) String() string {
 }
 
 // kv converts to kvcache's types.
-func (p Parallel) kv() kvcache.Parallel { return kvcache.Parallel{TP: p.TP, PP: p.PP, Stages: p.Stages} }
-func (r Rank) kv() kvcache.Rank         { return kvcache.Rank{TP: r.TP, PP: r.PP} }
+func (p Parallel) kv() kvcache.Parallel {
+	return kvcache.Parallel{TP: p.TP, PP: p.PP, Stages: p.Stages}
+}
+func (r Rank) kv() kvcache.Rank { return kvcache.Rank{TP: r.TP, PP: r.PP} }
 
 // orOne is p with a zero value read as 1×1.
 func (p Parallel) orOne() Parallel {
