@@ -17,20 +17,24 @@ import (
 // Config is an engine's JSON config (kvxfer_engine_open). Zero values take
 // kvxfer.Config's defaults.
 type Config struct {
-	Instance          string  `json:"instance"`
-	Model             string  `json:"model"`
-	Layout            *Layout `json:"layout"`
-	TokensPerBlock    int     `json:"tokens_per_block"`
-	TP                int     `json:"tp"`
-	PP                int     `json:"pp"`
-	RankTP            int     `json:"rank_tp"`
-	RankPP            int     `json:"rank_pp"`
-	PoolBytes         uint64  `json:"pool_bytes"`
-	Workers           int     `json:"workers"`
-	TransferTimeoutMs int64   `json:"transfer_timeout_ms"`
-	DrainGraceMs      int64   `json:"drain_grace_ms"`
-	Backend           string  `json:"backend"`
-	MetricsAddr       string  `json:"metrics_addr"`
+	Instance       string  `json:"instance"`
+	Model          string  `json:"model"`
+	Layout         *Layout `json:"layout"`
+	TokensPerBlock int     `json:"tokens_per_block"`
+	TP             int     `json:"tp"`
+	PP             int     `json:"pp"`
+	// PPStages is each pipeline stage's layer count, comma-separated,
+	// when the framework splits the layers otherwise than kvxfer's
+	// default (kvcache.Parallel.Stages).
+	PPStages          string `json:"pp_stages"`
+	RankTP            int    `json:"rank_tp"`
+	RankPP            int    `json:"rank_pp"`
+	PoolBytes         uint64 `json:"pool_bytes"`
+	Workers           int    `json:"workers"`
+	TransferTimeoutMs int64  `json:"transfer_timeout_ms"`
+	DrainGraceMs      int64  `json:"drain_grace_ms"`
+	Backend           string `json:"backend"`
+	MetricsAddr       string `json:"metrics_addr"`
 	// Memory, when set, is the framework's KV memory (Memory); the engine
 	// then takes no pool.
 	Memory *Memory `json:"memory"`
@@ -147,7 +151,7 @@ func (c Config) engineConfig() (kvxfer.Config, error) {
 	}
 	kc := kvxfer.Config{
 		Instance: c.Instance, Model: c.Model, TokensPerBlock: c.TokensPerBlock,
-		Parallel: kvcache.Parallel{TP: c.TP, PP: c.PP}, Rank: kvcache.Rank{TP: c.RankTP, PP: c.RankPP},
+		Parallel: kvcache.Parallel{TP: c.TP, PP: c.PP, Stages: c.PPStages}, Rank: kvcache.Rank{TP: c.RankTP, PP: c.RankPP},
 		PoolBytes: c.PoolBytes, Workers: c.Workers, Backend: c.Backend, MetricsAddr: c.MetricsAddr,
 		TransferTimeout: time.Duration(c.TransferTimeoutMs) * time.Millisecond,
 		DrainGrace:      time.Duration(c.DrainGraceMs) * time.Millisecond,

@@ -97,18 +97,21 @@ func cudaOrdinal(key string, raw json.RawMessage) (int, bool, error) {
 }
 
 // stageNote says, for a rank of a pipeline-parallel instance, which layers
-// its stage holds and how kvxfer splits the model's layers over the
+// its stage holds and how the config splits the model's layers over the
 // stages: a framework that splits them otherwise gives a stage another
-// number of layers (vLLM puts the extra layers of an uneven split on the
-// stages before the last, and VLLM_PP_LAYER_PARTITION splits any way).
+// number of layers, and says its split in pp_stages (vLLM puts the extra
+// layers of an uneven split on the stages before the last, and
+// VLLM_PP_LAYER_PARTITION splits any way).
 func stageNote(kc *kvxfer.Config, l kvcache.Layout, s kvcache.Shape) string {
 	if kc.Parallel.PP <= 1 {
 		return ""
 	}
-	note := fmt.Sprintf(" (layers %d to %d of the model's %d: kvxfer splits them over PP %d as %v",
-		s.LayerLo, s.LayerHi-1, l.Layers, kc.Parallel.PP, kc.Parallel.Split(l.Layers))
-	if l.Layers%kc.Parallel.PP != 0 {
-		note += ", the first stages one layer longer, as TensorRT-LLM does; a framework that splits an uneven count otherwise (vLLM's default puts the extra layers on the stages before the last) is not supported yet"
+	note := fmt.Sprintf(" (layers %d to %d of the model's %d: the stages split them as %v",
+		s.LayerLo, s.LayerHi-1, l.Layers, kc.Parallel.Split(l.Layers))
+	if kc.Parallel.Stages == "" && l.Layers%kc.Parallel.PP != 0 {
+		note += ", kvxfer's default for an uneven count, the first stages one layer longer (TensorRT-LLM's); " +
+			"a framework that splits otherwise says its split in pp_stages (vLLM's default here: \"" +
+			kvcache.VLLMStages(l.Layers, kc.Parallel.PP) + "\")"
 	}
 	return note + ")"
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
@@ -193,17 +194,37 @@ func TestMemoryConfigErrors(t *testing.T) {
 // than kvxfer's split gives the stage (the framework split the model's
 // layers otherwise: vLLM's default for an uneven count, 30 layers over PP
 // 4 as [7 8 8 7], is not kvxfer's [8 8 7 7]) are refused naming the
-// stage's layers and kvxfer's split, so that the user sees why.
+// stage's layers, the split and the pp_stages that says vLLM's; with
+// pp_stages the same tensors open.
 func TestMemoryStageSplitNamed(t *testing.T) {
-	buf := hostBuf(t)
-	addr := uintptr(unsafe.Pointer(&buf[0]))
+	r, err := kvcache.NewHostRegion(7 * 4096) // 7 layers of 8 blocks: K and V of 16 tokens × 2 heads × 4 × 2 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
 	layout := `"layout":{"layers":30,"kv_heads":2,"head_dim":4,"dtype_bytes":2,"tokens_per_block":16}`
-	seven := strings.TrimSuffix(strings.Repeat(fmt.Sprintf("%d,", addr), 7), ",")
-	_, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-pp",%s,"pp":4,"rank_pp":0,"memory":{"kind":"nhd","num_blocks":8,"layers":[%s]}}`, layout, seven), nil, 0)
-	for _, needle := range []string{"memory.layers has 7 addresses, rank tp0/pp0 holds 8 layers", "layers 0 to 7 of the model's 30", "as [8 8 7 7]", "vLLM"} {
+	var addrs []string
+	for i := range 7 {
+		addrs = append(addrs, fmt.Sprint(uintptr(unsafe.Pointer(&r.Bytes()[i*4096]))))
+	}
+	seven := strings.Join(addrs, ",")
+	_, _, err = Open(fmt.Sprintf(`{"instance":"capi-mem-pp",%s,"pp":4,"rank_pp":0,"memory":{"kind":"nhd","num_blocks":8,"layers":[%s]}}`, layout, seven), nil, 0)
+	for _, needle := range []string{"memory.layers has 7 addresses, rank tp0/pp0 holds 8 layers", "layers 0 to 7 of the model's 30",
+		"as [8 8 7 7]", `says its split in pp_stages (vLLM's default here: "7,8,8,7")`} {
 		if Code(err) != ErrConfig || err == nil || !strings.Contains(err.Error(), needle) {
 			t.Errorf("7 tensors on stage 0 of 4 over 30 layers: %v, want a config error naming %q", err, needle)
 		}
+	}
+	// With vLLM's split said, the same tensors open stage 0.
+	e, _, err := Open(fmt.Sprintf(`{"instance":"capi-mem-pp",%s,"pp":4,"pp_stages":"7,8,8,7","rank_pp":0,"memory":{"kind":"nhd","num_blocks":8,"layers":[%s]}}`, layout, seven), nil, 0)
+	if err != nil {
+		t.Fatalf("stage 0 of vLLM's split: %v", err)
+	}
+	if got := e.shape; got.LayerLo != 0 || got.LayerHi != 7 {
+		t.Errorf("stage 0 holds layers [%d, %d), want [0, 7)", got.LayerLo, got.LayerHi)
+	}
+	if err := e.Close(5 * time.Second); err != nil {
+		t.Error(err)
 	}
 }
 

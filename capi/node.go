@@ -194,8 +194,8 @@ func nodeConfig(js string) (node.Config, error) {
 		return cfg, &Error{Code: ErrConfig, Err: err}
 	}
 	if mem != nil {
-		par := kvcache.Parallel{TP: cfg.Parallel.TP, PP: cfg.Parallel.PP}
-		if par.TP == 0 && par.PP == 0 {
+		par := kvcache.Parallel{TP: cfg.Parallel.TP, PP: cfg.Parallel.PP, Stages: cfg.Parallel.Stages}
+		if par == (kvcache.Parallel{}) {
 			par = kvcache.Parallel{TP: 1, PP: 1}
 		}
 		kc := kvxfer.Config{Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, Parallel: par,

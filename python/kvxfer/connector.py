@@ -468,7 +468,7 @@ def _rank_bind(bind, rank, tp):
 
 def node_config(config, role=None):
     """A node's config (kvxfer_node_open) from the worker's, whose keys are
-    kvxfer_engine_open's (tp, pp, rank_tp, rank_pp, transfer_timeout_ms,
+    kvxfer_engine_open's (tp, pp, pp_stages, rank_tp, rank_pp, transfer_timeout_ms,
     drain_grace_ms) plus the node's: the parallelism becomes parallel and
     rank, "bind" may name the rank ({tp}, {pp}, {rank} = pp * tp_size + tp:
     every rank of an instance shares the config and binds its own
@@ -480,6 +480,9 @@ def node_config(config, role=None):
     cfg = dict(config)
     tp, pp = cfg.pop("tp", 1) or 1, cfg.pop("pp", 1) or 1
     cfg["parallel"] = {"tp": tp, "pp": pp}
+    stages = cfg.pop("pp_stages", None)
+    if stages:
+        cfg["parallel"]["stages"] = stages
     cfg["rank"] = {"tp": cfg.pop("rank_tp", 0), "pp": cfg.pop("rank_pp", 0)}
     bind = cfg.get("bind")
     if isinstance(bind, str) and ("{" in bind or "}" in bind):

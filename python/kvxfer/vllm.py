@@ -88,7 +88,8 @@ WORKER_KEYS = {"layer_parts", "num_layers", "generation_tp", "generation_pp"}
 # Set from vLLM's config or its KV cache, never from the extra config.
 FROM_VLLM = {"tp": "parallel_config.tensor_parallel_size", "pp": "parallel_config.pipeline_parallel_size",
              "rank_tp": "the worker's tensor-parallel rank", "rank_pp": "the worker's pipeline-parallel rank",
-             "pool_bytes": "the size of vLLM's KV cache", "memory": "vLLM's KV cache tensor"}
+             "pool_bytes": "the size of vLLM's KV cache", "memory": "vLLM's KV cache tensor",
+             "pp_stages": "vLLM's split of the model's layers over its pipeline stages (get_pp_indices)"}
 # kvxfer_node_open's keys that come from vLLM, never from the extra config.
 FROM_VLLM.update({"parallel": "parallel_config (tensor and pipeline parallel sizes)",
                   "rank": "the worker's tensor- and pipeline-parallel ranks",
@@ -154,6 +155,33 @@ def worker_config(kv_transfer_config, block_size, tp=1, pp=1):
     return instance, ROLES[kv_role], cfg
 
 
+def pp_stages(vllm_config, pp):
+    """vLLM's split of the model's layers over its pp pipeline stages as
+    kvxfer's pp_stages (each stage's layer count, "7,8,8,7"), or None when
+    it is kvxfer's default split too (pp 1, or an even count): vLLM's
+    get_pp_indices, which follows VLLM_PP_LAYER_PARTITION and else puts the
+    extra layers of an uneven count on the stages before the last (kvxfer's
+    default puts them on the first stages, as TensorRT-LLM does)."""
+    if pp <= 1:
+        return None
+    mc = vllm_config.model_config
+    if hasattr(mc, "get_total_num_hidden_layers"):
+        layers = mc.get_total_num_hidden_layers()
+    else:
+        layers = mc.hf_text_config.num_hidden_layers
+    try:
+        from vllm.distributed.utils import get_pp_indices
+    except ImportError:  # vLLM's default split, as get_pp_indices computes it
+        def get_pp_indices(n, rank, size):
+            counts = [n // size] * size
+            for i in range(2, n % size + 2):
+                counts[-i] += 1
+            return sum(counts[:rank]), sum(counts[:rank + 1])
+    counts = [hi - lo for lo, hi in (get_pp_indices(layers, r, pp) for r in range(pp))]
+    default = [layers // pp + (1 if r < layers % pp else 0) for r in range(pp)]
+    return None if counts == default else ",".join(str(c) for c in counts)
+
+
 def _ranks():
     """This worker's (tensor-parallel, pipeline-parallel) ranks, from vLLM's
     parallel state (initialized before vLLM builds a worker's connector)."""
@@ -183,6 +211,9 @@ class KvxferConnector(KVConnectorBase_V1):
             self.connector_scheduler = KvxferSchedulerConnector(instance, side, cfg["tokens_per_block"])
         elif role == KVConnectorRole.WORKER:
             cfg["rank_tp"], cfg["rank_pp"] = _ranks()
+            stages = pp_stages(vllm_config, parallel.pipeline_parallel_size)
+            if stages is not None:
+                cfg["pp_stages"] = stages
             self.connector_worker = KvxferWorkerConnector(cfg, side)
         else:
             raise ValueError("role %r: want KVConnectorRole.SCHEDULER or KVConnectorRole.WORKER" % (role,))

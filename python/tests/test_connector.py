@@ -598,3 +598,14 @@ def test_one_config_serves_every_rank_bind_names_the_rank():
                 "tcp://h:{rank:999999999}", "ipc:///x/{rank:x}.sock", "ipc:///x/{}.sock", "ipc:///x/{rank.sock"):
         with pytest.raises(ValueError, match=r"bind = .*: a rank's endpoint may name \{tp\}, \{pp\} and \{rank\}"):
             node_config(dict(cfg, bind=bad), "producer")
+
+
+def test_node_config_carries_the_pipeline_split():
+    """A worker's pp_stages (vLLM's split of the layers over its pipeline
+    stages) goes into the node's parallel as its stages; a worker without
+    one leaves the node on kvxfer's default split."""
+    from kvxfer.connector import node_config
+
+    cfg = {"instance": "p", "insecure": True, "bind": "ipc:///x/p{rank}.sock", "tp": 1, "pp": 4, "rank_pp": 1}
+    assert node_config(dict(cfg, pp_stages="7,8,8,7"), "producer")["parallel"] == {"tp": 1, "pp": 4, "stages": "7,8,8,7"}
+    assert node_config(cfg, "producer")["parallel"] == {"tp": 1, "pp": 4}

@@ -308,6 +308,53 @@ def test_factory_builds_each_role(kv_role, side, old_factory):
     w.shutdown()
 
 
+def test_worker_says_vllms_pipeline_split():
+    """A worker of a pipeline-parallel instance says vLLM's split of the
+    model's layers over its stages (get_pp_indices) as pp_stages when it is
+    not kvxfer's default: 30 layers over 4 stages are 7,8,8,7 in vLLM
+    (8,8,7,7 by default), 32 over 4 are 8 each in both (no pp_stages);
+    VLLM_PP_LAYER_PARTITION's split is said as it is. (Checked to fail:
+    without it the worker's config had no pp_stages and stage 0's 7 layers
+    were refused for the 8 kvxfer's split gives it.)"""
+    from kvxfer.vllm import pp_stages
+
+    def get_pp_indices(n, rank, size):  # vLLM's, without VLLM_PP_LAYER_PARTITION
+        counts = [n // size] * size
+        for i in range(2, n % size + 2):
+            counts[-i] += 1
+        return sum(counts[:rank]), sum(counts[:rank + 1])
+
+    utils = types.ModuleType("vllm.distributed.utils")
+    utils.get_pp_indices = get_pp_indices
+    saved = sys.modules.get("vllm.distributed.utils")
+    sys.modules["vllm.distributed.utils"] = utils
+    try:
+        def cfg(layers, pp):
+            c = vllm_config("kv_producer", pp=pp)
+            c.model_config.get_total_num_hidden_layers = lambda: layers
+            return c
+
+        assert pp_stages(cfg(30, 4), 4) == "7,8,8,7"
+        assert pp_stages(cfg(61, 4), 4) == "15,15,16,15"
+        assert pp_stages(cfg(32, 4), 4) is None
+        assert pp_stages(cfg(80, 3), 3) is None  # 27,27,26 either way
+        assert pp_stages(cfg(30, 1), 1) is None
+        RANKS["pp"] = 1
+        try:
+            w = create_connector(cfg(30, 4), KVConnectorRole.WORKER, object())
+        finally:
+            RANKS["pp"] = 0
+        assert w.connector_worker.config["pp_stages"] == "7,8,8,7"
+        w.shutdown()
+        utils.get_pp_indices = lambda n, rank, size: [(0, 5), (5, 30)][rank]  # VLLM_PP_LAYER_PARTITION="5,25"
+        assert pp_stages(cfg(30, 2), 2) == "5,25"
+    finally:
+        if saved is None:
+            sys.modules.pop("vllm.distributed.utils", None)
+        else:
+            sys.modules["vllm.distributed.utils"] = saved
+
+
 def test_hybrid_kv_cache_manager_needs_disabling():
     """KvxferConnector does not declare SupportsHMA (its worker registers
     one cross-layer tensor: one KV cache group), so vLLM's factory refuses
