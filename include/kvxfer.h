@@ -203,7 +203,9 @@ const char *kvxfer_status_name(int32_t status);
  * one. config_json is an object:
  *   instance (string), model (preset name) or layout {layers, kv_heads,
  *   head_dim, dtype_bytes, tokens_per_block, mla, groups: [{name, layers,
- *   window}]}, tokens_per_block, tp, pp, rank_tp, rank_pp, pool_bytes,
+ *   window}]}, tokens_per_block, tp, pp, pp_stages (each pipeline stage's
+ *   layer count, "7,8,8,7", when the stages split the layers otherwise
+ *   than the first layers % pp one longer), rank_tp, rank_pp, pool_bytes,
  *   workers, transfer_timeout_ms, drain_grace_ms, backend ("loopback"),
  *   metrics_addr.
  * Unknown keys are refused, naming them. pool, when not NULL, is the
