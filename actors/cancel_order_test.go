@@ -11,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
@@ -84,6 +85,13 @@ var cancelOrderLayout = kvcache.Layout{Name: "test", Layers: 2, KVHeads: 2, Head
 
 func startTestRank(t *testing.T, inst string, link control.Link) *testRank {
 	t.Helper()
+	return startTestRankOn(t, inst, link, loopback.New())
+}
+
+// startTestRankOn is startTestRank on a data-plane agent of the test's
+// (closed when the test ends).
+func startTestRankOn(t *testing.T, inst string, link control.Link, agent rdma.Agent) *testRank {
+	t.Helper()
 	l := cancelOrderLayout
 	par := kvcache.Parallel{TP: 1, PP: 1}
 	rank := par.RankAt(0)
@@ -109,7 +117,6 @@ func startTestRank(t *testing.T, inst string, link control.Link) *testRank {
 		geoms = append(geoms, p.Geometry())
 		off += bb * 16
 	}
-	agent := loopback.New()
 	t.Cleanup(func() { _ = agent.Close() })
 	r.e, err = StartEngine(EngineConfig{Self: messages.PeerID{Instance: inst},
 		Topology: Topology{Layout: l, LayoutHash: l.Hash(), Parallel: par, Rank: rank, Pools: geoms, Plans: NewPlanCache()},

@@ -240,6 +240,17 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			s.closeEndpoint(ctx, key)
 		}
 		s.background.Wait()
+		// Frames that waited for a down peer's old connection to close
+		// (workerPeerDown): it has closed, but its connRetired comes
+		// after this stop and would never be handled. They go out now,
+		// in order, on a new connection — a terminal frame among them
+		// may be the only proof its peer gets that our writes are over.
+		for peer, q := range s.retiring {
+			delete(s.retiring, peer)
+			for _, w := range q {
+				s.deliver(ctx, w)
+			}
+		}
 		// What connectors opened after the actor last looked: nothing
 		// will post through it.
 		for key, r := range s.opened {
