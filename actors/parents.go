@@ -309,9 +309,11 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch,
 			Incarnation: m.FromIncarnation})
 	case *sessionStopped:
-		if pid := p.sessions.pids[m.request]; pid != nil {
-			ctx.Poison(pid) // after whatever this parent already sent it
+		pid := p.sessions.pids[m.request]
+		if pid == nil || !pid.Equal(m.session) {
+			return // a second one (sessionStopped.session)
 		}
+		ctx.Poison(pid) // after whatever this parent already sent it
 		delete(p.sessions.pids, m.request)
 		// The session finishes its handle itself; if it stopped before a
 		// Send adopted it (the handle then went to a dead actor), this
@@ -608,6 +610,9 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		p.env.credits.give(m.res)
 	case *sessionStopped:
+		if pid := p.sessions.pids[m.request]; pid == nil || !pid.Equal(m.session) {
+			return // a second one (sessionStopped.session)
+		}
 		if m.inDoubt {
 			p.inDoubt = append(p.inDoubt, m.request)
 		}

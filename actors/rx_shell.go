@@ -181,7 +181,7 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 				a.env.pools.settleOver()
 			}
 		}
-		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), inDoubt: !quiet && k.s.HoldsBlocks()})
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), inDoubt: !quiet && k.s.HoldsBlocks()})
 		ctx.Stop(ctx.Self())
 	}
 }

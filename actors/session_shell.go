@@ -44,9 +44,14 @@ type cell[S stepper] struct {
 	// unpins and its outcome, a terminal frame): the next incarnation runs
 	// them first. The effect that panicked is dropped (what it did, if
 	// anything, is not known: pins it would have dropped stay, never a
-	// page freed early).
+	// page freed early) — unless it is one of the session's own ends
+	// (rerunnable), which touch no page and no peer and, dropped, would
+	// leave the handle without its outcome or the session never
+	// stopping: that one runs again, once (retried; a second panic in it
+	// drops it).
 	pending  []Effect
 	running  Effect
+	retried  bool
 	feedback []any
 }
 
@@ -159,14 +164,26 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 	if a.running != nil || len(a.pending) > 0 {
 		// Left by a panic (this incarnation restarted or resumed after
 		// it; sessionStrategy): first.
-		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", a.running)).
-			Int("left", len(a.pending)).Msg("session panicked running an effect: that effect dropped, the rest run now")
-		left := a.pending
+		left, panicked := a.pending, a.running
 		a.pending, a.running = nil, nil
+		if panicked != nil && !a.retried && rerunnable(panicked) {
+			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", panicked)).
+				Int("left", len(left)).Msg("session panicked running an effect: that effect runs again, then the rest")
+			left = append([]Effect{panicked}, left...)
+			a.retried = true
+		} else {
+			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", panicked)).
+				Int("left", len(left)).Msg("session panicked running an effect: that effect dropped, the rest run now")
+			a.retried = false
+		}
 		a.run(ctx, left, now)
+		a.retried = false
 	}
 	// No defer: a panic must leave pending and running as they are.
 	for i, e := range eff {
+		if i > 0 && a.retried {
+			a.retried = false // the effect run again (eff[0]) returned
+		}
 		if a.k.hold(a, eff[i:]) {
 			a.pending, a.running = nil, nil
 			return
@@ -188,6 +205,25 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 		}
 	}
 	a.pending, a.running = nil, nil
+}
+
+// rerunnable reports whether an effect a panic interrupted runs again in
+// the next incarnation rather than being dropped: the session's own ends
+// and bookkeeping, which touch no page and no peer and are safe twice —
+// the outcome (Decide, Finish: the handle takes it once, the parent
+// ignores a second sessionStopped), the stop, a timer (a second one's
+// timeout changes nothing), a log line. Dropped, a Finish left the
+// handle's Done unsent for good and a Stop left the session never
+// stopping (Close reported it draining, holding nothing). Never an
+// Unpin, a ReleaseDest or a QuarantineDest (twice, it could release what
+// another took since), nor what goes to a worker or a peer stream
+// (whether it left is not known).
+func rerunnable(e Effect) bool {
+	switch e.(type) {
+	case Decide, Finish, Stop, StartTimer, Log:
+		return true
+	}
+	return false
 }
 
 // stopTimers stops the session's timers (at its Stop).

@@ -391,6 +391,11 @@ func sendTo(ctx actor.Context, pid *actor.PID, m any) {
 // sessionStopped tells a parent that a session released everything.
 type sessionStopped struct {
 	request string
+	// session is the session's actor: a parent takes the message only
+	// from the session its table holds for the request (an effect a panic
+	// interrupted runs again, and may send it twice; by then the id may
+	// be another session's).
+	session *actor.PID
 	outcome Outcome
 	// inDoubt: a generation session abandoned at Close that holds
 	// destination blocks some writer may still write (suspected, no

@@ -240,7 +240,7 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 		// The parent hears first: a caller woken by Done that closes the
 		// engine at once (its closeReq behind this in the parent's
 		// mailbox) finds the session gone, not "still draining".
-		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), outcome: e.Outcome})
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), outcome: e.Outcome})
 		if a.handle != nil {
 			a.handle.finish(e.Outcome)
 		}
