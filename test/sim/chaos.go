@@ -455,7 +455,7 @@ func (s *Sim) bogusRequest(id string, from messages.PeerID) *messages.RequestDat
 		groups[0].First = int32(l.BlocksFor(prompt))
 	}
 	rd := &messages.RequestData{RequestID: id, Epoch: r.Uint64(), From: from,
-		GenParallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
+		GenParallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP), Stages: s.genPar.Stages},
 		GenTP:       int32(g.rank.TP), GenPP: int32(g.rank.PP), PromptLen: int32(prompt), Groups: groups}
 	if err := rd.Validate(); err != nil {
 		s.failf("sim: bogus RequestData is not well formed: %v", err)

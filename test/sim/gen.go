@@ -87,7 +87,7 @@ func (g *genRank) boot() {
 	}
 	g.hello = &messages.Hello{From: g.self, Backend: "sim", AgentAddr: []byte(g.nm + "/agent"),
 		Region:     messages.RemoteRegion{Key: []byte(g.nm + "/key"), Len: region.Len},
-		LayoutHash: s.layoutHash, Parallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP)},
+		LayoutHash: s.layoutHash, Parallel: messages.Parallel{TP: int32(s.genPar.TP), PP: int32(s.genPar.PP), Stages: s.genPar.Stages},
 		TP: int32(g.rank.TP), PP: int32(g.rank.PP), Pools: mp, Incarnation: uint64(g.inc + 1)}
 	if err := g.hello.Validate(); err != nil {
 		s.failf("gen hello: %v", err)

@@ -138,7 +138,10 @@ type Sim struct {
 	// restart or stop for them (conn.go, worker_stop.go), and the
 	// generation side's worker panics: a stream of its own, so that a
 	// seed draws its other faults as before they existed.
-	cr      *rand.Rand
+	cr *rand.Rand
+	// sr draws the pipeline stages' split of the layers (world.go
+	// drawStages): a stream of its own, so that no other draw moves.
+	sr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -186,6 +189,7 @@ func Run(cfg Config) *Result {
 		pr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
 		or:    rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
 		cr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
+		sr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},

@@ -66,6 +66,7 @@ func (s *Sim) setup() {
 			s.genPar.TP = min(s.genPar.TP, 2)
 		}
 	}
+	s.ctxPar, s.genPar = s.drawStages(s.ctxPar), s.drawStages(s.genPar)
 	pm, err := kvcache.NewPeerMap(s.layout, s.ctxPar, s.genPar)
 	if err != nil {
 		s.failf("setup: peer map: %v", err)
@@ -263,6 +264,24 @@ func (s *Sim) drawParallel() kvcache.Parallel {
 		p.PP = 1
 	}
 	return p
+}
+
+// drawStages gives half the pipelines of two stages or more a split of
+// the layers of their own (as a framework's: vLLM's for an uneven count,
+// or VLLM_PP_LAYER_PARTITION's), each stage at least one layer.
+func (s *Sim) drawStages(p kvcache.Parallel) kvcache.Parallel {
+	if p.PP < 2 || s.sr.IntN(2) == 0 {
+		return p
+	}
+	counts := make([]int, p.PP)
+	for i := range counts {
+		counts[i] = 1
+	}
+	for range s.layout.Layers - p.PP {
+		counts[s.sr.IntN(p.PP)]++
+	}
+	p.Stages = kvcache.FormatStages(counts)
+	return p.Normal(s.layout.Layers)
 }
 
 // rankPools carves one region into one pool per layer group, as the root
