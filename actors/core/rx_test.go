@@ -638,3 +638,35 @@ func TestRx_ResultStatusNamesItsSentinel(t *testing.T) {
 		}
 	}
 }
+
+// TestRx_SuccessWithAnotherByteCountIsNeverReady: READY is exact
+// (DESIGN.md §3): a writer's SUCCESS reporting more bytes than this rank
+// planned fails the request as surely as one reporting fewer, naming both
+// counts. The writer is done (a Result is its terminal frame), so the
+// blocks are released, not quarantined.
+//
+// Guard, changed by hand and seen to fail this test: onFrame's
+// `f.Bytes != want` (as `f.Bytes < want`: a SUCCESS of 33 or 64 bytes
+// where 32 were planned made the request READY).
+func TestRx_SuccessWithAnotherByteCountIsNeverReady(t *testing.T) {
+	for _, got := range []uint64{0, 31, 33, 64} {
+		t.Run(fmt.Sprint(got), func(t *testing.T) {
+			h := newRxHarness(t, 2, 10*time.Second)
+			h.step(RxBegin{})
+			h.result(0, messages.StatusSuccess, 32)
+			effs := h.result(1, messages.StatusSuccess, got)
+			h.wantState(RxFailed)
+			if err := h.s.Err(); !errors.Is(err, ErrMismatch) ||
+				!strings.Contains(err.Error(), fmt.Sprintf("SUCCESS with %d bytes written, this rank planned 32", got)) {
+				t.Fatalf("err %v, want ErrMismatch naming %d and 32 bytes", err, got)
+			}
+			if f := effectsOf[Finish](effs); len(f) != 1 || f[0].Outcome.OK || f[0].Outcome.Blocks != nil {
+				t.Fatalf("want Finish FAILED without blocks: %s", fmtEffects(effs))
+			}
+			if r := effectsOf[ReleaseDest](effs); len(r) != 1 || r[0].Quarantined || !hasEffect[Stop](effs) {
+				t.Fatalf("every writer is done: want the blocks released: %s", fmtEffects(effs))
+			}
+			wantNo(t, "every writer done", effs, "QuarantineDest", "SendFrame")
+		})
+	}
+}
