@@ -670,3 +670,96 @@ func TestRx_SuccessWithAnotherByteCountIsNeverReady(t *testing.T) {
 		})
 	}
 }
+
+// TestRx_ReaddressedRequestData: RxAddress says the shell did not send a
+// writer's RequestData because the writer restarted (its Hello names
+// another incarnation). On a live request it goes again, addressed to the
+// new incarnation, whose answers count from then on and the old one's do
+// not; on a decided request it never left, so the writer is quiescent and
+// the blocks go back; an RxAddress for a RequestData that already left
+// (RxSent without error) is stray and changes nothing — the writer may be
+// writing, addressed as it was.
+//
+// Guards, each removed by hand and seen to fail this test: onAddress's
+// `s.sent[m.Writer] != deliverySending` (a stray RxAddress re-sends the
+// RequestData; on a decided request it frees the blocks of a writer that
+// got its RequestData), and its `if s.state.Terminal()` branch (a decided
+// request sends its RequestData after the outcome and keeps its blocks
+// waiting for an answer to it).
+func TestRx_ReaddressedRequestData(t *testing.T) {
+	const was, now = 3, 9
+	newH := func(t *testing.T) *rxHarness {
+		h := newRxHarness(t, 1, 10*time.Second)
+		rd := *h.s.cfg.Writers[0].Request
+		rd.ToIncarnation = was
+		h.s.cfg.Writers[0].Request, h.s.cfg.Writers[0].Incarnation = &rd, was
+		h.step(RxBegin{})
+		return h
+	}
+	success := func(from uint64) RxFrame {
+		return RxFrame{Writer: 0, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(0),
+			Status: messages.StatusSuccess, Bytes: 32, Incarnations: messages.Incarnations{FromIncarnation: from}}}
+	}
+	t.Run("live", func(t *testing.T) {
+		h := newH(t)
+		old := h.s.cfg.Writers[0].Request
+		effs := h.step(RxAddress{Writer: 0, Incarnation: now})
+		sends := effectsOf[SendRequestData](effs)
+		if len(sends) != 1 || sends[0].Writer != 0 || sends[0].Frame.ToIncarnation != now {
+			t.Fatalf("want the RequestData again, addressed to incarnation %d: %s", now, fmtEffects(effs))
+		}
+		if old.ToIncarnation != was {
+			t.Fatalf("the RequestData handed out before was changed in place: to %d", old.ToIncarnation)
+		}
+		h.step(RxSent{Writer: 0})
+		if effs := h.step(success(was)); len(effs) != 0 || h.s.StaleFrames != 1 {
+			t.Fatalf("a SUCCESS of incarnation %d: %s, stale %d; want nothing, 1", was, fmtEffects(effs), h.s.StaleFrames)
+		}
+		h.wantState(RxReceiving)
+		h.step(success(now))
+		h.wantState(RxReady)
+	})
+	t.Run("decided", func(t *testing.T) {
+		h := newH(t)
+		h.step(RxCancel{})
+		h.wantState(RxCancelled)
+		if !h.s.Quarantined() {
+			t.Fatal("cancelled with the RequestData handed to a worker: want the blocks quarantined")
+		}
+		effs := h.step(RxAddress{Writer: 0, Incarnation: now})
+		wantNo(t, "RxAddress after the outcome", effs, "SendRequestData", "SendFrame")
+		if got := h.s.Unproven(); len(got) != 0 {
+			t.Fatalf("unproven %v: the RequestData never left, want none", got)
+		}
+		if r := effectsOf[ReleaseDest](effs); len(r) != 1 || !r[0].Quarantined || !h.s.Stopped() {
+			t.Fatalf("want the quarantined blocks released: %s", fmtEffects(effs))
+		}
+	})
+	for _, decided := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stray/decided=%v", decided), func(t *testing.T) {
+			h := newH(t)
+			h.step(RxSent{Writer: 0}) // it left, addressed to incarnation was
+			if decided {
+				h.step(RxCancel{})
+				h.wantState(RxCancelled)
+			}
+			if effs := h.step(RxAddress{Writer: 0, Incarnation: now}); len(effs) != 0 {
+				t.Fatalf("stray RxAddress: %s, want nothing", fmtEffects(effs))
+			}
+			if got := h.s.Unproven(); !slices.Equal(got, []int{0}) || h.s.Stopped() {
+				t.Fatalf("stray RxAddress: unproven %v stopped %v, want [0] false", got, h.s.Stopped())
+			}
+			if w := h.s.cfg.Writers[0]; w.Incarnation != was || w.Request.ToIncarnation != was {
+				t.Fatalf("stray RxAddress readdressed the writer: %d, RequestData to %d", w.Incarnation, w.Request.ToIncarnation)
+			}
+			h.step(success(was))
+			if decided {
+				if !h.s.Stopped() || h.releases != 1 {
+					t.Fatalf("the writer's Result: stopped %v releases %d, want true 1", h.s.Stopped(), h.releases)
+				}
+				return
+			}
+			h.wantState(RxReady)
+		})
+	}
+}
