@@ -1753,3 +1753,41 @@ func TestTx_PinnedChunkTakesOverTheHandlesPins(t *testing.T) {
 		t.Fatalf("a pinned chunk after the outcome: chunks %d, effects %s; want it not taken, its pins left alone", d.s.Chunks(), fmtEffects(effs))
 	}
 }
+
+// TestTx_FlushReportBeforeTheFlushChangesNothing: a flush report for a
+// stream that asked for no flush (its last chunk not seen yet, or an op
+// still in flight) proves nothing about the writes still to come: no
+// SUCCESS leaves, the stream goes on, and its real flush ends it DONE.
+//
+// Guard, changed by hand and seen to fail this test: onFlushed's
+// `st.phase != streamFlushing` (as `st.answered()`: the stray report sent
+// Result{SUCCESS} with the last chunk's op not yet written).
+func TestTx_FlushReportBeforeTheFlushChangesNothing(t *testing.T) {
+	for _, err := range []error{nil, errors.New("stray flush error")} {
+		t.Run(fmt.Sprint(err), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(64, time.Minute)
+			h.request(1, 1)
+			h.chunk(0, 32, false)
+			h.fence(0)
+			h.complete(1, 0, nil)
+			effs := h.flushed(1, err)
+			wantNo(t, "a flush report before the last chunk", effs, "SendFrame", "Decide", "Finish", "Flush")
+			h.wantState(TxTransferring)
+			h.chunk(32, 64, true)
+			h.fence(1)
+			h.wantOp(1, 1, OpSubmitting)
+			effs = h.flushed(1, err)
+			wantNo(t, "a flush report with an op in flight", effs, "SendFrame", "Decide", "Finish", "Flush")
+			h.wantState(TxTransferring)
+			if f := effectsOf[Flush](h.complete(1, 1, nil)); len(f) != 1 {
+				t.Fatal("the last op done: want its Flush")
+			}
+			wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+			h.sent(1, nil)
+			if out := h.wantReleased(TxDone, nil); out.Bytes != 64 {
+				t.Fatalf("DONE with %d bytes, want 64", out.Bytes)
+			}
+		})
+	}
+}
