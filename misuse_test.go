@@ -208,7 +208,11 @@ func TestCheckPeerNilHello(t *testing.T) {
 func TestBadContextParallelRefusedAtReceive(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
-	for _, p := range []kvcache.Parallel{{TP: 3, PP: 1}, {TP: -1, PP: 1}, {TP: 0, PP: 2}, {TP: 1, PP: 0}, {TP: 1, PP: 5}} {
+	for _, p := range []kvcache.Parallel{{TP: 3, PP: 1}, {TP: -1, PP: 1}, {TP: 0, PP: 2}, {TP: 1, PP: 0}, {TP: 1, PP: 5},
+		// A split with a PP that splits nothing: refused too, not a
+		// panic (kvcache.Parallel.Normal, before the check, sized a
+		// slice by PP).
+		{TP: 1, PP: -1, Stages: "1"}, {TP: 1, PP: 1 << 62, Stages: "1"}} {
 		h, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "par-rx", PromptLen: 16, Context: "ctx", ContextParallel: p})
 		if h != nil {
 			h.Cancel()

@@ -96,9 +96,14 @@ func VLLMStages(layers, pp int) string {
 
 // Normal is p with Stages cleared when it names the default split of
 // layers layers (so that a Parallel that spells the default out equals
-// one that leaves it to the default).
+// one that leaves it to the default). p need not be valid: one whose PP
+// splits no layers (below 1, or past layers) is returned as it is, for
+// Validate to name.
 func (p Parallel) Normal(layers int) Parallel {
-	if p.Stages != "" && p.Stages == FormatStages(Parallel{TP: p.TP, PP: p.PP}.Split(layers)) {
+	if p.Stages == "" || p.PP < 1 || p.PP > layers {
+		return p
+	}
+	if p.Stages == FormatStages(Parallel{TP: p.TP, PP: p.PP}.Split(layers)) {
 		p.Stages = ""
 	}
 	return p

@@ -394,3 +394,20 @@ func TestStages(t *testing.T) {
 		}
 	}
 }
+
+// TestNormalOfABadParallelism: Normal runs on values nobody validated yet
+// (a ReceiveRequest's ContextParallel, a node config's peer), so it must
+// not panic nor allocate per PP when PP is no split of the layers: such
+// a value is returned as it is, for Validate to name.
+func TestNormalOfABadParallelism(t *testing.T) {
+	for _, p := range []Parallel{
+		{TP: 1, PP: -1, Stages: "1"},
+		{TP: 1, PP: 1 << 62, Stages: "1"},
+		{TP: 1, PP: 31, Stages: "1"}, // more stages than the 30 layers
+		{TP: 1, PP: 0, Stages: "30"},
+	} {
+		if n := p.Normal(30); n != p {
+			t.Errorf("Normal(30) of %+v = %+v, want it unchanged", p, n)
+		}
+	}
+}
