@@ -109,11 +109,13 @@
 // or slow, it may take the hello later, bring its side of the link up
 // and write; an endpoint error concerns that one endpoint of this agent,
 // not the peer's own. A deregistration waiting for its answer, and any
-// later one while that link stands, fails busy — until the peer's exit
-// is proven from outside UCX (Agent.PeerExited, a node's pidfd), which
-// releases the memory this agent allocated (Alloc), not memory
-// registered with ucp_mem_map, into which what the peer queued is
-// applied by this agent's worker.
+// later one while that link stands, fails busy — until the peer, which
+// ran on, says bye after all (it says it once its endpoints to this
+// agent closed: proof for all memory), or its exit is proven from
+// outside UCX (Agent.PeerExited, a node's pidfd), which releases the
+// memory this agent allocated (Alloc), not memory registered with
+// ucp_mem_map, into which what the peer queued is applied by this
+// agent's worker.
 //
 // Agent.Close closes its endpoints, then says bye to every linked peer and
 // waits (at most WithRevokeTimeout) for each to acknowledge: a peer closes

@@ -142,6 +142,59 @@ func TestEndpointErrorOnALiveLinkProvesNothing(t *testing.T) {
 	})
 }
 
+// TestByeAfterAnEndpointErrorIsProof: the link's control endpoint fails
+// (an injected UCS_ERR_ENDPOINT_TIMEOUT: no proof, the peer runs on on
+// endpoints of its own), then the peer closes gracefully: it closes its
+// endpoints to this agent and says bye, on its own control endpoint. That
+// bye is the proof the failure lacked, as a bye before it would have
+// been: a deregistration then unmaps, for memory the agent allocated and
+// for memory registered with ucp_mem_map, and Close returns nil. (Before
+// the fix a bye after the failure was acknowledged but changed nothing:
+// deregistrations stayed busy and Close returned ErrCloseUnproven.)
+func TestByeAfterAnEndpointErrorIsProof(t *testing.T) {
+	inMode(t, func(t *testing.T, tls string) {
+		r, s := linkedPair(t)
+		closed := false
+		defer func() {
+			if !closed {
+				r.Close()
+			}
+		}()
+		_, regA := alloc(t, r, 1<<20)
+		rh, err := kvcache.NewHostRegion(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rh.Close()
+		regH, err := r.Register(rh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		failLink(t, r, s)
+		// The sender's Close says bye and waits its revoke timeout for an
+		// acknowledgement that cannot come (the receiver's control
+		// endpoint is closed): its error says only that.
+		_ = s.Close()
+		for name, reg := range map[string]rdma.Registration{"allocated": regA, "registered": regH} {
+			deadline := time.Now().Add(rdmatest.WaitLimit)
+			for {
+				err := r.Deregister(reg) // a busy one leaves it registered
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, rdma.ErrRegionBusy) || time.Now().After(deadline) {
+					t.Fatalf("Deregister of %s memory after the peer's bye: %v, want nil", name, err)
+				}
+				time.Sleep(10 * time.Millisecond) // poll with a deadline: the bye is on its way
+			}
+		}
+		closed = true
+		if err := r.Close(); err != nil {
+			t.Errorf("Close after the peer's bye: %v, want nil", err)
+		}
+	})
+}
+
 // TestPeerExitReleasesAllocatedMemory: the proof that the peer's process
 // exited (Agent.PeerExited, as a node's pidfd gives it) releases what an
 // endpoint error kept: memory the agent allocated (Alloc) deregisters,

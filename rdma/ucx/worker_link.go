@@ -226,7 +226,13 @@ func (w *worker) linkUp(l *link, m *message) {
 }
 
 // onBye: the peer is closing. Close the endpoints to it (after their
-// writes are acknowledged), then acknowledge (stepLinks).
+// writes are acknowledged), then acknowledge (stepLinks). The peer says
+// bye only once it has closed every endpoint of its to this agent: its
+// writes into this agent are over. That holds as well when the bye comes
+// after the link failed without proof (an error on this agent's control
+// endpoint, or a hello that went unanswered, while the peer ran on and
+// kept its own endpoints): the bye, sealed under the link's key, is the
+// proof the failure lacked.
 func (w *worker) onBye(l *link, m *message) {
 	err := fmt.Errorf("%w: agent %s closed", rdma.ErrPeerGone, l.peer)
 	if l.setState(linkLeft, err) {
@@ -239,6 +245,8 @@ func (w *worker) onBye(l *link, m *message) {
 			w.startClose(u, fmt.Errorf("%s: %w", u.name, err), true)
 		}
 		w.peerGone(l)
+	} else if l.unproven != "" {
+		l.unproven = ""
 	}
 	l.ackTo, l.ackDue = m.req, true
 	w.dirty = true
