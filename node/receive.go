@@ -38,15 +38,20 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	if err := n.Err(); err != nil {
 		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
+	derived := false
 	if req.ContextParallel == (kvcache.Parallel{}) {
 		// Not given: the context instance's own, as this node knows it.
 		if p, ok := n.instanceParallel(req.Context); ok {
-			req.ContextParallel = p
+			req.ContextParallel, derived = p, true
 		}
 	}
 	writers, err := n.writersOf(req)
 	if err != nil || req.Context == "" { // the engine names a bad parallelism, and an empty Context, itself
-		return n.eng.Receive(ctx, req)
+		h, err := n.eng.Receive(ctx, req)
+		if err != nil && derived {
+			err = fmt.Errorf("%w (the request named no ContextParallel: %s is what context instance %s says it runs as)", err, req.ContextParallel, req.Context)
+		}
+		return h, err
 	}
 	var unknown, silent []Peer
 	for _, w := range writers {

@@ -294,7 +294,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	}
 	t0 := time.Now()
 	o.mark(ProbeEvent{Mode: m.Name, Chunk: -1, Kind: ProbeModeStart, At: t0})
-	gl := ge.Layout() // a copy: once, not per request
+	gl, cl, cshape := ge.Layout(), ce.Layout(), ce.Shape() // copies: once, not per request
 	for i, n := range prompts {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -308,7 +308,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 				mu.Unlock()
 				return
 			}
-			res, err := runRequest(ctx, o, m, ce, ge, devices, i, n)
+			res, err := runRequest(ctx, o, m, ce, ge, cl, cshape, devices, i, n)
 			admit.Release(need)
 			mu.Lock()
 			defer mu.Unlock()
@@ -388,9 +388,9 @@ type reqResult struct {
 // runRequest moves request i of promptLen tokens in mode m, then checks
 // every byte that arrived (the request holds its --concurrency slot until
 // then).
-func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, devices chan struct{}, i, promptLen int) (reqResult, error) {
+func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l kvcache.Layout, shape kvcache.Shape,
+	devices chan struct{}, i, promptLen int) (reqResult, error) {
 	var res reqResult
-	l := ce.Layout()
 	id := fmt.Sprintf("%s-%d", m.Name, i)
 	nblk := l.BlocksFor(promptLen)
 	counts := make([]int, len(l.Groups))
@@ -436,7 +436,6 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, d
 	mark := func(chunk int, k ProbeKind, bytes uint64) {
 		o.mark(ProbeEvent{Mode: m.Name, Request: id, Chunk: chunk, Kind: k, Bytes: bytes})
 	}
-	shape := ce.Shape()
 	parts := o.parts(l.Layers)
 	// compute simulates the prefill of chunk k on a prefill device: layer
 	// part by layer part, it writes the part's KV with the CPU and sleeps
