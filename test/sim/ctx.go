@@ -43,7 +43,12 @@ type ctxRank struct {
 	// written holds, per source block, the layers (bit i: the rank's i-th
 	// layer of the block's group) the serving process wrote for the
 	// request that holds the block, before their fence fired.
-	written  map[blockKey]uint64
+	written map[blockKey]uint64
+	// srcOwner holds, per source block, the serving process (one request)
+	// that allocated it and has not freed it: the framework's kernels
+	// write a chunk's KV into its blocks until the chunk's fence fires,
+	// whatever the session did meanwhile.
+	srcOwner map[blockKey]*ctxApp
 	posted   int    // batches ever posted by this incarnation
 	maxFrame uint64 // highest frame number delivered (reorder detection)
 	nm       string
@@ -139,7 +144,7 @@ func (c *ctxRank) boot() {
 	c.incs = core.NewIncarnationTable(c.incarnation())
 	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
-	c.written = map[blockKey]uint64{}
+	c.written, c.srcOwner = map[blockKey]uint64{}, map[blockKey]*ctxApp{}
 	c.posted, c.maxFrame, c.apps, c.failed = 0, 0, nil, false
 	c.workers = nil
 	for i := range s.ctxW {
@@ -609,13 +614,22 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 	}
 	msg := actors.TxFenceFired{Index: idx, Err: err}
 	s.at(h.fenceAt, ts.name, msg, func() {
-		if !ts.c.live(ts.inc) || ts.stop {
+		if !ts.c.live(ts.inc) {
+			return
+		}
+		if err == nil && a != nil {
+			// The serving process's kernel wrote the part up to now,
+			// whatever the session did meanwhile.
+			a.writePart(h.chunk, h.layers)
+			if s.fail != nil {
+				return
+			}
+		}
+		if ts.stop {
 			return
 		}
 		if err != nil {
 			s.fired(FaultFence)
-		} else if a != nil && !a.freed {
-			a.writePart(h.chunk, h.layers)
 		}
 		s.stepTx(ts, msg)
 	})
@@ -855,6 +869,7 @@ func (a *ctxApp) start() {
 	for g, gids := range ids {
 		for _, id := range gids {
 			delete(c.written, blockKey{g, id}) // nothing of this request written yet
+			c.srcOwner[blockKey{g, id}] = a
 		}
 	}
 	if c.failed {
@@ -1026,6 +1041,7 @@ func (a *ctxApp) freeOneEarly(src []kvcache.BlockRun) {
 			s.failf("%s: freeing source block %d of group %d: %v", a.name(), id, g, err)
 			return
 		}
+		delete(c.srcOwner, blockKey{g, id})
 		if a.early == nil {
 			a.early = map[blockKey]bool{}
 		}
@@ -1054,6 +1070,19 @@ func (a *ctxApp) writePart(i int, part kvcache.LayerPart) {
 			k := blockKey{g, ids[b]}
 			if a.early[k] {
 				continue // not the serving process's any more
+			}
+			if o := c.srcOwner[k]; o != a {
+				// The kernel writes until the fence fires: a session
+				// that let Done fire before (its pins released, the
+				// blocks freed) let the framework reuse pages it still
+				// writes (DESIGN.md §3).
+				who := "nobody (free)"
+				if o != nil {
+					who = o.name()
+				}
+				s.failf("%s: the serving process writes chunk %d %v into group %d block %d until its fence fires, but the block was freed after Done and is now held by %s",
+					a.name(), i, part, g, ids[b], who)
+				return
 			}
 			buf := c.pools[g].Block(ids[b])
 			walkBlock(s.layout, c.shape, g, a.q.idx, b, part, func(off int, want byte) bool {
@@ -1090,6 +1119,11 @@ func (a *ctxApp) finished() {
 		}
 		if err := c.guard.Free(held); err != nil {
 			s.failf("%s: freeing source blocks after Done: %v", a.name(), err)
+		}
+		for g, ids := range held {
+			for _, id := range ids {
+				delete(c.srcOwner, blockKey{g, id})
+			}
 		}
 		s.checkPools(c.name(), c.pools)
 	})

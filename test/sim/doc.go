@@ -128,7 +128,10 @@
 // request's session still owns, never after its endpoint closed, and
 // reads only source layers whose fence fired (the serving process wrote
 // them: an op of a layer part that read a later part's layers would copy
-// stale bytes), never a block's padding; every
+// stale bytes), never a block's padding; the serving process writes a
+// chunk's KV, until its fence fires, into source blocks it still holds
+// (a session that let Done fire first would let it free them while its
+// kernel writes: the pages could be reused); every
 // pool passes CheckInvariants; a READY request's bytes equal what the
 // sources wrote (at READY and again when its blocks are freed), and each
 // of its writers reported SUCCESS with exactly the bytes the two ranks'
