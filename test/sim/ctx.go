@@ -187,6 +187,10 @@ type txSess struct {
 	// pin), stepped right after the effects that caused them, before any
 	// other message (txActor.exec).
 	feedback []any
+	// pinFailed holds the (session chunk, group) pairs whose Pin was
+	// refused (TxPinFailed): the session holds none of those pages, so it
+	// owes no wait for that chunk's fence on them.
+	pinFailed map[[2]int]bool
 }
 
 // handedPart is one TxChunk a session took: request chunk chunk, the
@@ -500,7 +504,11 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 					s.failf("%s: Pin of blocks the serving process holds refused: %v", ts.name, err)
 					return
 				}
-				s.fired(FaultPinRefused)
+				s.fired(FaultSessionPinRefused)
+				if ts.pinFailed == nil {
+					ts.pinFailed = map[[2]int]bool{}
+				}
+				ts.pinFailed[[2]int{e.Chunk, e.Group}] = true
 				ts.feedback = append(ts.feedback, actors.TxPinFailed{Chunk: e.Chunk, Group: e.Group, Err: err})
 			}
 		case actors.Unpin:
@@ -619,8 +627,10 @@ func (s *Sim) watchFence(ts *txSess, idx int) {
 		}
 		if err == nil && a != nil {
 			// The serving process's kernel wrote the part up to now,
-			// whatever the session did meanwhile.
-			a.writePart(h.chunk, h.layers)
+			// whatever the session did meanwhile (but into a group whose
+			// Pin the session was refused: that chunk's pages there are
+			// the serving process's own business).
+			a.writePart(h.chunk, h.layers, func(g int) bool { return ts.pinFailed[[2]int{idx, g}] })
 			if s.fail != nil {
 				return
 			}
@@ -813,6 +823,11 @@ type ctxApp struct {
 	// session (actors' pinLedger), by sequence number.
 	pending map[int][]kvcache.BlockRun
 	nextSeq int
+	// unpinned: its chunks are handed without the handle's pins
+	// (TxChunk.Pinned false, as in a replayed trace of an engine whose
+	// handle did not pin): the session pins them (Pin), and a refused Pin
+	// comes back to it as TxPinFailed.
+	unpinned bool
 }
 
 // sweep is the shell's at Finish: the pins of chunks still on their way
@@ -845,7 +860,8 @@ func (s *Sim) scheduleCtxApp(q *request, c *ctxRank) {
 			return
 		}
 		a := &ctxApp{q: q, c: c, inc: c.inc, nm: c.name() + "/app/" + q.id,
-			order: kvcache.NewChunkOrder(q.promptLen, s.layout.TokensPerBlock, s.layout.Layers)}
+			order:    kvcache.NewChunkOrder(q.promptLen, s.layout.TokensPerBlock, s.layout.Layers),
+			unpinned: s.ur.IntN(4) == 0}
 		c.apps = append(c.apps, a)
 		a.start()
 	})
@@ -943,7 +959,12 @@ func (a *ctxApp) handChunk(i, j int) {
 	// nothing (actors.TxHandle.ChunkPayload). A serving process that freed
 	// one of them before handing the chunk (FaultPinRefused: its own bug)
 	// is refused, nothing is handed over, and it cancels the request.
-	if !a.freed && s.chance(s.faults.pPinRefuse) {
+	early := !a.freed && s.chance(s.faults.pPinRefuse)
+	if a.unpinned {
+		a.handUnpinned(i, ch, src, early)
+		return
+	}
+	if early {
 		a.freeOneEarly(src)
 	}
 	if err := c.guard.PinRuns(src); err != nil {
@@ -986,6 +1007,30 @@ func (a *ctxApp) handChunk(i, j int) {
 				s.failf("%s: unpinning a chunk the session did not take: %v", ts.name, err)
 			}
 		}
+	})
+}
+
+// handUnpinned hands part of request chunk i to the session without the
+// handle's pins (TxChunk.Pinned false): the session's Pin takes them when
+// it steps the chunk, and one refused comes back to it at once as
+// TxPinFailed. With early, the serving process frees one of the chunk's
+// blocks just before the session steps it (FaultPinRefused: its own bug;
+// just before, so that no other request is handed the block meanwhile).
+func (a *ctxApp) handUnpinned(i int, ch kvcache.Chunk, src []kvcache.BlockRun, early bool) {
+	s, c, ts := a.c.s, a.c, a.ts
+	msg := actors.TxChunk{Chunk: ch, Src: src}
+	s.mail(a.name(), ts.name, s.hop(), msg, func() {
+		if !c.live(a.inc) || ts.stop {
+			return
+		}
+		if early && !a.freed {
+			a.freeOneEarly(src)
+		}
+		ts.cur = handedPart{chunk: i, layers: ch.Layers}
+		if !ch.Layers.Whole() {
+			s.res.Parts++
+		}
+		s.stepTx(ts, msg)
 	})
 }
 
@@ -1052,12 +1097,12 @@ func (a *ctxApp) freeOneEarly(src []kvcache.BlockRun) {
 
 // writePart writes the KV of the layers in part (the zero value: every
 // layer) of request chunk i into its source blocks, and records them as
-// written.
-func (a *ctxApp) writePart(i int, part kvcache.LayerPart) {
+// written; groups skip names are left alone.
+func (a *ctxApp) writePart(i int, part kvcache.LayerPart, skip func(g int) bool) {
 	s, c := a.c.s, a.c
 	first, end := a.q.chunks[i].Blocks(s.layout.TokensPerBlock)
 	for g, ids := range a.blocks {
-		if len(ids) == 0 {
+		if len(ids) == 0 || skip(g) {
 			continue
 		}
 		var mask uint64

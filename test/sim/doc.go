@@ -69,7 +69,13 @@
 // after the last), which Check must refuse as out of order without moving
 // the order; then the right one must be accepted. The handle's checks of
 // the source blocks themselves (allocated, covering the chunk) are not
-// modelled: the session takes any chunk it is handed.
+// modelled: the session takes any chunk it is handed. A chunk's source
+// blocks are pinned by the handle before it reaches the session
+// (TxChunk.Pinned), but a serving process in four, drawn from a stream of
+// its own, hands them unpinned (as a replayed trace of an engine whose
+// handle did not pin): the session's Pin takes them, and under
+// FaultPinRefused (FaultSessionPinRefused) a block freed just before is
+// refused there and the session hears TxPinFailed.
 //
 // Mailboxes are FIFO per (sender, receiver); the control link encodes and
 // decodes every frame and is FIFO per connection (a worker's DEALER to a

@@ -129,6 +129,11 @@ const (
 	// (another connection), ops for it are never posted, and the engine
 	// refuses new work.
 	FaultWorkerDead
+	// FaultSessionPinRefused: FaultPinRefused on a serving process that
+	// hands its chunks unpinned (TxChunk.Pinned false; Sim.ur draws
+	// which): the session's own Pin is refused, it hears TxPinFailed, and
+	// the request fails.
+	FaultSessionPinRefused
 
 	numFaults
 )
@@ -143,6 +148,7 @@ var faultNames = [numFaults]string{
 	"blocks quarantined (no proof)", "writer stalled past suspicion", "clock drift", "writer lease lapsed",
 	"context frame refused (Result not sent)",
 	"connection remade, older frames late or lost", "worker stopped (restart budget spent)",
+	"session's pin refused (chunk handed unpinned)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -438,7 +444,7 @@ func (p *plan) drawConnFaults(r *rand.Rand, active, horizon time.Duration, densi
 		}
 		return time.Duration(r.Int64N(int64(horizon)))
 	}
-	for f := FaultConnRemade; f < numFaults; f++ {
+	for f := FaultConnRemade; f <= FaultWorkerDead; f++ {
 		p.on[f] = r.Float64() < density
 	}
 	if p.on[FaultConnRemade] {

@@ -141,7 +141,11 @@ type Sim struct {
 	cr *rand.Rand
 	// sr draws the pipeline stages' split of the layers (world.go
 	// drawStages): a stream of its own, so that no other draw moves.
-	sr      *rand.Rand
+	sr *rand.Rand
+	// ur draws the serving processes that hand their chunks unpinned
+	// (ctxApp.unpinned): a stream of its own, so that no other draw of a
+	// seed whose chunks all leave pinned moves.
+	ur      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -190,6 +194,7 @@ func Run(cfg Config) *Result {
 		or:    rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
 		cr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
 		sr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
+		ur:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},
