@@ -220,6 +220,12 @@ func (w *worker) post(ep *endpoint, m wSubmit) error {
 	}
 	ep.pending = append(ep.pending, b)
 	s.batches = append(s.batches, b)
+	if s.faults.pHung > 0 && s.hr.Float64() < s.faults.pHung {
+		// It hangs: no landing, no completion, until its endpoint is
+		// closed (closeEndpoint) or its peer's death is detected.
+		s.fired(FaultHungBatch)
+		return nil
+	}
 	s.at(land, "backend", b.op, func() { s.land(b) })
 	return nil
 }

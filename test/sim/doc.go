@@ -50,7 +50,12 @@
 // cancel, and freeing blocks after Done). A batch lands —
 // its segments are copied between the two regions — at a scheduled time; a
 // closed endpoint's batches never land and complete with
-// rdma.ErrEndpointClosed, as the rdma.Endpoint contract says. A serving
+// rdma.ErrEndpointClosed, as the rdma.Endpoint contract says; under
+// FaultHungBatch (a stream of its own) a batch hangs — its peer alive
+// but not progressing — and neither lands nor completes until its
+// endpoint is closed or its peer's death detected, so that only the
+// closes a session owes (after its deadline's drain grace, or when its
+// peer is declared gone) end its drain. A serving
 // process writes each chunk's KV (a function of global coordinates only)
 // just before the chunk's fence fires, so a receiver can check its bytes
 // without trusting the plan code.

@@ -134,6 +134,13 @@ const (
 	// which): the session's own Pin is refused, it hears TxPinFailed, and
 	// the request fails.
 	FaultSessionPinRefused
+	// FaultHungBatch: a posted batch never completes on its own (its
+	// peer alive but not progressing, a wedged queue pair): it neither
+	// lands nor fails until its endpoint is closed, which completes it
+	// with rdma.ErrEndpointClosed (or the peer's death is detected).
+	// Only a close bounds such an op's drain: a session whose deadline
+	// passed, or whose peer was declared gone, must close the endpoint.
+	FaultHungBatch
 
 	numFaults
 )
@@ -149,6 +156,7 @@ var faultNames = [numFaults]string{
 	"context frame refused (Result not sent)",
 	"connection remade, older frames late or lost", "worker stopped (restart budget spent)",
 	"session's pin refused (chunk handed unpinned)",
+	"batch hung until its endpoint closed",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -268,6 +276,9 @@ type plan struct {
 	// (FaultConnRemade); stops: a worker stopped for good
 	// (FaultWorkerDead).
 	remakes, stops []time.Duration
+	// pHung is the probability that a posted batch hangs
+	// (FaultHungBatch).
+	pHung float64
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -454,6 +465,14 @@ func (p *plan) drawConnFaults(r *rand.Rand, active, horizon time.Duration, densi
 	}
 	if p.on[FaultWorkerDead] {
 		p.stops = append(p.stops, at())
+	}
+}
+
+// drawHung draws FaultHungBatch from its own stream r (Sim.hr) with the
+// seed's density.
+func (p *plan) drawHung(r *rand.Rand, density float64) {
+	if p.on[FaultHungBatch] = r.Float64() < density; p.on[FaultHungBatch] {
+		p.pHung = 0.05 + 0.2*r.Float64()
 	}
 }
 

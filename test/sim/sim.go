@@ -145,7 +145,10 @@ type Sim struct {
 	// ur draws the serving processes that hand their chunks unpinned
 	// (ctxApp.unpinned): a stream of its own, so that no other draw of a
 	// seed whose chunks all leave pinned moves.
-	ur      *rand.Rand
+	ur *rand.Rand
+	// hr draws the backend's batches that hang (FaultHungBatch): a
+	// stream of its own, so that no other draw moves.
+	hr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -195,6 +198,7 @@ func Run(cfg Config) *Result {
 		cr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
 		sr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
 		ur:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
+		hr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767868756e67)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},
