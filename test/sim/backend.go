@@ -19,6 +19,7 @@ var (
 	errBatch        = errors.New("sim backend: batch failed")
 	errPartial      = errors.New("sim backend: batch failed after a partial write")
 	errGone         = fmt.Errorf("sim backend: %w", rdma.ErrPeerGone)
+	errUnproven     = fmt.Errorf("sim backend: cut by a forced close: %w: %w", rdma.ErrPeerGone, rdma.ErrCloseUnproven)
 )
 
 // Messages a simulated worker receives (besides the session's effects).
@@ -60,6 +61,10 @@ type worker struct {
 	// mailbox holds is lost. dead: the engine knows (shellEnv.dead): ops
 	// for it are never posted, its frames go through the next live worker.
 	stopped, dead bool
+	// unproven are the ops of endpoints whose close proved nothing
+	// (FaultCloseUnproven): a stop names them (TxWorkerDead.InDoubt), as
+	// workerSlot.unprovenOps.
+	unproven []actors.OpRef
 }
 
 func (w *worker) name() string {
@@ -78,6 +83,7 @@ type endpoint struct {
 	gen      *genRank
 	genInc   int
 	closed   bool
+	unproven bool          // its close proved nothing: cut writes may land
 	doomed   bool          // the peer is dead; detection pending
 	detectAt time.Duration // when the death is detected
 	broken   error         // detected: every post and flush fails
@@ -106,6 +112,10 @@ type batch struct {
 	partial uint64 // bytes written before failing (errPartial)
 	late    bool
 	settled bool
+	// hung: it completes only when its endpoint is closed
+	// (FaultHungBatch). cut: an unproven close cut it (its Done was
+	// called with ErrCloseUnproven), and it may still land.
+	hung, cut bool
 }
 
 func (w *worker) toSession(ts *txSess, msg any) { w.s.sendTx(w.name(), ts, msg) }
@@ -224,6 +234,7 @@ func (w *worker) post(ep *endpoint, m wSubmit) error {
 		// It hangs: no landing, no completion, until its endpoint is
 		// closed (closeEndpoint) or its peer's death is detected.
 		s.fired(FaultHungBatch)
+		b.hung = true
 		return nil
 	}
 	s.at(land, "backend", b.op, func() { s.land(b) })
@@ -286,8 +297,12 @@ func (s *Sim) land(b *batch) {
 	if b.settled {
 		return
 	}
+	if b.cut && (!b.src.live(b.srcInc) || !b.gen.live(b.genInc)) {
+		s.settle(b) // gone with its writer's or its target's process
+		return
+	}
 	switch {
-	case b.ep.closed:
+	case b.ep.closed && !b.cut:
 		s.failf("backend: a write of op %v lands after its endpoint closed", b.op)
 		return
 	case !b.src.live(b.srcInc) || !b.gen.live(b.genInc):
@@ -319,6 +334,9 @@ func (s *Sim) land(b *batch) {
 		copy(dst[seg.Dst:seg.Dst+n], src[seg.Src:seg.Src+n])
 	}
 	s.settle(b)
+	if b.cut {
+		return // its Done was called when the close cut it
+	}
 	w, err := b.w, b.err
 	s.mail("backend", w.name(), s.between(10*time.Microsecond, 300*time.Microsecond), wBatchDone{b.op, b.sess, err}, func() { w.batchDone(b.op, b.sess, err) })
 }
@@ -367,7 +385,7 @@ func (w *worker) batchDone(op actors.OpRef, ts *txSess, err error) {
 		return
 	}
 	w.tbl.Settle(op)
-	w.toSession(ts, actors.TxCompleted{Op: op, Err: err})
+	w.toSession(ts, actors.TxCompleted{Op: op, Err: err, Unproven: errors.Is(err, rdma.ErrCloseUnproven)})
 }
 
 func (w *worker) flush(m wFlush) {
@@ -437,6 +455,16 @@ func (w *worker) closeEndpoint(key string) {
 		return
 	}
 	ep.closed = true
+	if cut := w.cutUnproven(ep, retired); cut != nil {
+		// workerSlot.closeEndpoint after an ErrCloseUnproven: each cut
+		// batch's Done says so, and no op is retired.
+		for _, b := range cut {
+			op, ts := b.op, b.sess
+			s.mail("backend", w.name(), s.hop(), wBatchDone{op, ts, errUnproven}, func() { w.batchDone(op, ts, errUnproven) })
+		}
+		ep.failWaiters(errUnproven)
+		return
+	}
 	for _, b := range slices.Clone(ep.pending) {
 		s.settle(b)
 		op, ts := b.op, b.sess
@@ -446,6 +474,49 @@ func (w *worker) closeEndpoint(key string) {
 	for _, so := range retired {
 		w.toSession(so.Session, actors.TxRetired{Ops: so.Ops})
 	}
+}
+
+// cutUnproven decides whether the close of ep, with writes on the wire,
+// proves nothing (FaultCloseUnproven): then its unfinished batches are
+// cut but may still land (a hung one once its peer progresses again),
+// the ops the close would have retired are in doubt for good
+// (w.unproven), and the writer's process exits a while later (its
+// supervisor restarts it: its pool's deregistration fails busy), which
+// is what settles them. It returns the cut batches, or nil for a close
+// that proves.
+func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) []*batch {
+	s, c := w.s, w.c
+	if len(ep.pending) == 0 || s.faults.pUnproven == 0 || s.xr.Float64() >= s.faults.pUnproven {
+		return nil
+	}
+	s.fired(FaultCloseUnproven)
+	ep.unproven = true
+	cut := ep.pending
+	ep.pending = nil
+	for _, b := range cut {
+		b.cut = true
+		if b.hung {
+			b.hung = false
+			s.at(s.vt+time.Duration(s.xr.Int64N(int64(30*time.Millisecond))), "backend", b.op, func() { s.land(b) })
+		}
+	}
+	for _, so := range retired {
+		w.unproven = append(w.unproven, so.Ops...)
+	}
+	if !c.exitDue {
+		c.exitDue = true
+		inc := c.inc
+		d := death{rank: c.idx, at: s.vt + 20*time.Millisecond + time.Duration(s.xr.Int64N(int64(100*time.Millisecond)))}
+		if s.xr.IntN(2) == 0 {
+			d.back = d.at + time.Millisecond + time.Duration(s.xr.Int64N(int64(40*time.Millisecond)))
+		}
+		s.at(d.at, "chaos", "death", func() {
+			if c.live(inc) {
+				s.kill(d)
+			}
+		})
+	}
+	return cut
 }
 
 // crash is a worker panic and its supervisor's restart (workerSlot.restart):

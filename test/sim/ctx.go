@@ -65,6 +65,9 @@ type ctxRank struct {
 	// failed: a sender worker stopped for good (FaultWorkerDead); the
 	// engine refuses new work (ErrEngineFailed).
 	failed bool
+	// exitDue: an endpoint close of this incarnation proved nothing
+	// (FaultCloseUnproven): its process exit is scheduled.
+	exitDue bool
 }
 
 // renewLease is txParent.renewLease: a sign of peer's life renews the
@@ -145,7 +148,7 @@ func (c *ctxRank) boot() {
 	c.leases, c.leaseArmed = core.NewPeerLeases(s.faults.leaseTTL), false
 	c.routes = map[*actors.Route]routeMeta{}
 	c.written, c.srcOwner = map[blockKey]uint64{}, map[blockKey]*ctxApp{}
-	c.posted, c.maxFrame, c.apps, c.failed = 0, 0, nil, false
+	c.posted, c.maxFrame, c.apps, c.failed, c.exitDue = 0, 0, nil, false, false
 	c.workers = nil
 	for i := range s.ctxW {
 		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,

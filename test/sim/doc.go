@@ -55,7 +55,14 @@
 // but not progressing — and neither lands nor completes until its
 // endpoint is closed or its peer's death detected, so that only the
 // closes a session owes (after its deadline's drain grace, or when its
-// peer is declared gone) end its drain. A serving
+// peer is declared gone) end its drain. Under FaultCloseUnproven (a
+// stream of its own) a context rank's close of an endpoint with writes
+// on the wire may prove nothing (rdma.ErrCloseUnproven): the cut batches
+// complete saying so (TxCompleted.Unproven), no op is retired, a worker
+// that stops names those ops (TxWorkerDead.InDoubt), and the cut writes
+// still land later, where every physical check above applies; the
+// writer's process exits a while later (its supervisor restarts it),
+// and the generation ranks' exit proofs settle what it held. A serving
 // process writes each chunk's KV (a function of global coordinates only)
 // just before the chunk's fence fires, so a receiver can check its bytes
 // without trusting the plan code.

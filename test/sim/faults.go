@@ -141,6 +141,16 @@ const (
 	// Only a close bounds such an op's drain: a session whose deadline
 	// passed, or whose peer was declared gone, must close the endpoint.
 	FaultHungBatch
+	// FaultCloseUnproven: a context rank's endpoint close cuts writes on
+	// the wire without proof that they are over (rdma.ErrCloseUnproven:
+	// the peer alive but not progressing past the close timeout): the
+	// cut batches complete with that error (TxCompleted.Unproven), no op
+	// is retired, a worker that stops names them (TxWorkerDead.InDoubt),
+	// and the cut writes may still land. Their ops stay in doubt for
+	// good, holding their pins and their peers' blocks, until the
+	// writer's process exits (a supervisor restarts it: its pool
+	// deregistration fails busy), which the peers' exit proofs settle.
+	FaultCloseUnproven
 
 	numFaults
 )
@@ -157,6 +167,7 @@ var faultNames = [numFaults]string{
 	"connection remade, older frames late or lost", "worker stopped (restart budget spent)",
 	"session's pin refused (chunk handed unpinned)",
 	"batch hung until its endpoint closed",
+	"endpoint close unproven, writer restarted",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -279,6 +290,10 @@ type plan struct {
 	// pHung is the probability that a posted batch hangs
 	// (FaultHungBatch).
 	pHung float64
+	// pUnproven is the probability that a context rank's close of an
+	// endpoint with writes on the wire proves nothing
+	// (FaultCloseUnproven).
+	pUnproven float64
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -473,6 +488,14 @@ func (p *plan) drawConnFaults(r *rand.Rand, active, horizon time.Duration, densi
 func (p *plan) drawHung(r *rand.Rand, density float64) {
 	if p.on[FaultHungBatch] = r.Float64() < density; p.on[FaultHungBatch] {
 		p.pHung = 0.05 + 0.2*r.Float64()
+	}
+}
+
+// drawUnproven draws FaultCloseUnproven from its own stream r (Sim.xr)
+// with the seed's density.
+func (p *plan) drawUnproven(r *rand.Rand, density float64) {
+	if p.on[FaultCloseUnproven] = r.Float64() < density; p.on[FaultCloseUnproven] {
+		p.pUnproven = 0.3 + 0.6*r.Float64()
 	}
 }
 

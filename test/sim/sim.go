@@ -148,7 +148,11 @@ type Sim struct {
 	ur *rand.Rand
 	// hr draws the backend's batches that hang (FaultHungBatch): a
 	// stream of its own, so that no other draw moves.
-	hr      *rand.Rand
+	hr *rand.Rand
+	// xr draws the endpoint closes that prove nothing
+	// (FaultCloseUnproven) and what follows them: a stream of its own, so
+	// that no other draw of a seed without them moves.
+	xr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -199,6 +203,7 @@ func Run(cfg Config) *Result {
 		sr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
 		ur:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
 		hr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767868756e67)),
+		xr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678756e7072)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},

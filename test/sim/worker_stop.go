@@ -116,8 +116,11 @@ func (w *worker) stop() {
 	s.fired(FaultWorkerDead)
 	w.stopped = true
 	for _, k := range w.tbl.Keys() {
-		ep, _, _ := w.tbl.Close(k)
+		ep, retired, _ := w.tbl.Close(k)
 		ep.closed, ep.waiters = true, nil
+		if w.cutUnproven(ep, retired) != nil {
+			continue // their Done reaches a stopped worker: lost
+		}
 		for _, b := range slices.Clone(ep.pending) {
 			s.settle(b) // it never lands
 		}
@@ -134,7 +137,7 @@ func (w *worker) stop() {
 				return
 			}
 			for _, ts := range sortedSessions(c.sessions) {
-				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx})
+				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx, InDoubt: slices.Clone(w.unproven)})
 			}
 		})
 	})
