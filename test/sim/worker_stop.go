@@ -32,7 +32,10 @@ func (s *Sim) stopWorker() {
 		}
 		for _, w := range c.workers {
 			if !w.stopped {
-				add(cand{false, c.idx, w.idx}, s.inFlightFrom(false, c.idx, c.inc, w.idx))
+				// Under FaultCloseUnproven, a worker with writes on the
+				// wire counts as busy too: its stop's closes may cut them.
+				busy := s.inFlightFrom(false, c.idx, c.inc, w.idx) || s.faults.on[FaultCloseUnproven] && w.tbl.InFlight() > 0
+				add(cand{false, c.idx, w.idx}, busy)
 			}
 		}
 	}
