@@ -107,25 +107,7 @@ func TestEtcdDiscoveryMovesARequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := make(chan error, 2)
-	for _, c := range ctxs {
-		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "tp", PromptLen: 40}, blockPattern) }()
-	}
-	for range ctxs {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	o := <-rx.Done()
-	if !o.OK {
-		t.Fatalf("%s: %v", o.Status, o.Err)
-	}
-	if n, err := verify(genN.Engine(), "tp", o.Blocks, blockPattern); err != nil || n != o.Bytes || n == 0 {
-		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
-	}
-	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
-		t.Fatal(err)
-	}
+	sendAllAndVerify(t, ctxs, genN, rx, kvxfer.SendRequest{ID: "tp", PromptLen: 40})
 	cctx, ccancel := context.WithTimeout(context.Background(), patience)
 	defer ccancel()
 	if err := ctxs[1].Close(cctx); err != nil {

@@ -158,23 +158,7 @@ func TestPeerRankIsParallelIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := make(chan error, 2)
-	for _, c := range ctxs {
-		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "tp", PromptLen: 40}, blockPattern) }()
-	}
-	for range ctxs {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	o := <-rx.Done()
-	if !o.OK {
-		t.Fatalf("%s: %v", o.Status, o.Err)
-	}
-	if n, err := verify(genN.Engine(), "tp", o.Blocks, blockPattern); err != nil || n != o.Bytes {
-		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
-	}
-	_ = genN.Engine().FreeBlocks(o.Blocks)
+	sendAllAndVerify(t, ctxs, genN, rx, kvxfer.SendRequest{ID: "tp", PromptLen: 40})
 }
 
 // TestReceiveTakesTheContextsParallel: the context instance runs PP2 as
@@ -217,9 +201,16 @@ func TestReceiveTakesTheContextsParallel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := make(chan error, 2)
+	sendAllAndVerify(t, ctxs, genN, rx, kvxfer.SendRequest{ID: "pp", PromptLen: 40})
+}
+
+// sendAllAndVerify sends req from every context node at once and checks
+// that rx, its receive on genN, ends READY with every byte of the pattern.
+func sendAllAndVerify(t *testing.T, ctxs []*node.Node, genN *node.Node, rx *kvxfer.RxHandle, req kvxfer.SendRequest) {
+	t.Helper()
+	errs := make(chan error, len(ctxs))
 	for _, c := range ctxs {
-		go func() { errs <- send(c.Engine(), kvxfer.SendRequest{ID: "pp", PromptLen: 40}, blockPattern) }()
+		go func() { errs <- send(c.Engine(), req, blockPattern) }()
 	}
 	for range ctxs {
 		if err := <-errs; err != nil {
@@ -230,10 +221,12 @@ func TestReceiveTakesTheContextsParallel(t *testing.T) {
 	if !o.OK {
 		t.Fatalf("%s: %v", o.Status, o.Err)
 	}
-	if n, err := verify(genN.Engine(), "pp", o.Blocks, blockPattern); err != nil || n != o.Bytes {
+	if n, err := verify(genN.Engine(), req.ID, o.Blocks, blockPattern); err != nil || n != o.Bytes || n == 0 {
 		t.Fatalf("verified %d of %d bytes: %v", n, o.Bytes, err)
 	}
-	_ = genN.Engine().FreeBlocks(o.Blocks)
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestStartupLogsWhereItListensAndWaits: Open says where it listens and
