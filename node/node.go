@@ -602,6 +602,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	// up to at some point of this wait (a drop after that is a peer
 	// restarting, not a wrong endpoint, and is waited out).
 	spoke := map[messages.PeerID]time.Time{}
+	spokeInc := map[messages.PeerID]uint64{} // the incarnation etcd had of a peer when it spoke
 	reached := map[messages.PeerID]bool{}
 	refused := n.link.Refused() // handshakes our listener refused before this wait
 	for {
@@ -662,6 +663,9 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				if !ok {
 					heard = time.Now()
 					spoke[id] = heard
+					if r, ok := n.member(id); ok {
+						spokeInc[id] = r.Incarnation // etcd's incarnation of it (0: a configured peer)
+					}
 				}
 				if waited := time.Since(heard); waited >= hintAfter {
 					return fmt.Errorf("%w: %s said Hello, but this node's connection to it at %s is still not up %v after that (%s): is that the endpoint it listens on?",
@@ -678,6 +682,15 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					ErrHandshake, id, endpoint, id, claimed, id.Instance)
 			}
 			if _, heard := spoke[id]; heard && !reached[id] {
+				if r, ok := n.member(id); ok && r.Incarnation != spokeInc[id] {
+					// Another incarnation than the one that spoke is in
+					// etcd: the peer restarted before this node reached
+					// it (its Down and its new Up came between two looks
+					// of this wait). Waited out as a restart.
+					delete(spoke, id)
+					silent = append(silent, id.String()+" at "+endpoint+": it restarted; waiting for its new incarnation's Hello")
+					continue
+				}
 				// Its Hello is gone: the link declared it down after it
 				// spoke (it exited, or fell silent, at its start).
 				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",
