@@ -68,6 +68,14 @@ type Config struct {
 	// of being quarantined themselves (docs/membership.md §4). It needs
 	// Region and a backend whose writers address the region's file (shm).
 	Revoker kvcache.Revoker
+	// SendOnly marks an engine that only sends (a prefill rank): its pool
+	// is registered as a source only (rdma.RegisterSource), so that where
+	// the backend can (ucx, loopback) its Hello names no region key, no
+	// peer can write into its memory, and its Close owes no proof about
+	// its peers' writes — a UCX context engine closes cleanly after a
+	// generation peer crashed. Receive is refused (ErrSendOnly), as is a
+	// Revoker (it revokes blocks peers write into).
+	SendOnly bool
 	// Workers is the number of sender workers (env KVXFER_WORKERS). The
 	// zero value means DefaultWorkers (4); a negative value is an error, and
 	// so is KVXFER_WORKERS=0 (an explicit setting below 1), and so is one
@@ -237,6 +245,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.Revoker != nil && r.Region == nil {
 		return r, fmt.Errorf("%w: Revoker is set without Region: it revokes the region's blocks", ErrConfig)
+	}
+	if r.Revoker != nil && r.SendOnly {
+		return r, fmt.Errorf("%w: Revoker is set with SendOnly: it revokes blocks that peers write into, and no peer writes into a send-only engine", ErrConfig)
 	}
 	if r.Revoker != nil && r.Memory != nil {
 		return r, fmt.Errorf("%w: Revoker is set with Memory: a block of framework memory is no one range of the region to revoke", ErrConfig)

@@ -37,6 +37,8 @@ var (
 	// Methods without an error return a zero result instead (each says
 	// which).
 	ErrNotStarted = errors.New("kvxfer: not started")
+	// ErrSendOnly: Receive on an engine started with Config.SendOnly.
+	ErrSendOnly = errors.New("kvxfer: send-only engine cannot receive")
 	// ErrPeerGone: a peer died or could not be reached (one sentinel for
 	// the control plane, the data plane and the sessions).
 	ErrPeerGone = rdma.ErrPeerGone

@@ -192,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			Rank: r.Rank, Pools: geoms, Memory: r.Memory, Plans: actors.NewPlanCache()},
 		Workers: r.Workers, Agent: e.agent, Region: e.region, Pools: e.pools, Link: link,
 		Timeout: r.TransferTimeout, DrainGrace: r.DrainGrace, Clock: r.Clock, Log: log, Recorder: rec, Metrics: e.metrics,
-		WriterLease: r.WriterLease, MaxOrphans: r.MaxOrphanRequests, Revoker: r.Revoker,
+		WriterLease: r.WriterLease, MaxOrphans: r.MaxOrphanRequests, Revoker: r.Revoker, SendOnly: r.SendOnly,
 	})
 	if err != nil {
 		return nil, err
@@ -1070,6 +1070,10 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvxfer: receive %s: %w", req.ID, err)
+	}
+	if e.cfg.SendOnly {
+		return nil, fmt.Errorf("%w: request %s: engine %s was started with SendOnly (its pool is registered as a source only)",
+			ErrSendOnly, req.ID, e.inner.Hello().From)
 	}
 	if req.Context == "" {
 		// No writer to ask: the request could only wait out its timeout.

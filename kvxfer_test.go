@@ -64,6 +64,8 @@ type clusterOpts struct {
 	link  func(inst string, ml *control.MemLink) control.Link
 	// traceDir, when set, has each engine trace to INST-RANK.jsonl there.
 	traceDir string
+	// ctxSendOnly starts the context engines with Config.SendOnly.
+	ctxSendOnly bool
 }
 
 // startClusterOn is startCluster with the engines' agents and links from o.
@@ -85,7 +87,7 @@ func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Paral
 		}
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
 			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second,
-			TracePath: tracePath})
+			TracePath: tracePath, SendOnly: o.ctxSendOnly && inst == "ctx"})
 		if err != nil {
 			t.Fatalf("start %s rank %d: %v", inst, i, err)
 		}

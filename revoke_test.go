@@ -100,7 +100,7 @@ func TestRevokedBlocksReusableAtOnce(t *testing.T) {
 }
 
 // A Revoker is refused with a backend whose writers do not address the
-// region's file, and without a Region.
+// region's file, without a Region, and on a send-only engine.
 func TestRevokerNeedsShmAndRegion(t *testing.T) {
 	l := smallLayout()
 	page := uint64(os.Getpagesize())
@@ -116,6 +116,8 @@ func TestRevokerNeedsShmAndRegion(t *testing.T) {
 	}{
 		{"loopback", kvxfer.Config{Instance: "g", Layout: &l, Region: rr.Region(), Revoker: rr.Revoker()}, `the agent is "loopback"`},
 		{"no region", kvxfer.Config{Instance: "g", Layout: &l, Revoker: rr.Revoker(), Agent: shm.New()}, "Revoker is set without Region"},
+		{"send-only", kvxfer.Config{Instance: "g", Layout: &l, Region: rr.Region(), Revoker: rr.Revoker(), Agent: shm.New(), SendOnly: true},
+			"Revoker is set with SendOnly"},
 	} {
 		e, err := kvxfer.Start(context.Background(), tc.cfg)
 		if err == nil {

@@ -65,6 +65,12 @@ type EngineConfig struct {
 	// nil turns them off. A Set serves one engine: a second engine on the
 	// same Set fails to start.
 	Metrics *metrics.Set
+	// SendOnly: this rank only sends. Its region is registered as a source
+	// (rdma.RegisterSource): where the agent can, its Hello names no
+	// region key, no peer can write into it, and the agent's Close owes no
+	// proof about peers for it (a UCX rank's Close after a peer's crash).
+	// Its Receive is refused by the caller (the root package).
+	SendOnly bool
 	// Incarnation is this start of the rank, new at each start (0: the
 	// engine takes the wall clock's nanoseconds). Its Hello and frames
 	// carry it; frames of earlier incarnations are refused (issue 17).
@@ -111,7 +117,11 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	// Whether a stream's Result needs a flush first is the agent's to say;
 	// the trace records it with the topology, so replay decides the same.
 	cfg.Topology.CompletionsDeliver = rdma.CompletionsDeliver(cfg.Agent)
-	reg, err := cfg.Agent.Register(cfg.Region)
+	register := cfg.Agent.Register
+	if cfg.SendOnly {
+		register = func(r *kvcache.Region) (rdma.Registration, error) { return rdma.RegisterSource(cfg.Agent, r) }
+	}
+	reg, err := register(cfg.Region)
 	if err != nil {
 		return nil, fmt.Errorf("register pool region: %w", err)
 	}

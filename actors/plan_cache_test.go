@@ -318,3 +318,20 @@ func TestResolveRequestChecksPlaceAgainstHello(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A RequestData from a rank whose Hello names no region key (a send-only
+// rank: rdma.RegisterSource) is refused naming it, with the ranks this
+// rank writes to still listed: there is nothing to write into, and a
+// route with an empty key would only fail at the worker's Post.
+func TestResolveRequestRefusesSendOnlyReceiver(t *testing.T) {
+	f := newDescriptorFixture(t)
+	hello := *f.hello
+	hello.Region.Key = nil
+	route, expected, err := ResolveRequest(f.topo, &hello, f.rd)
+	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "receives no writes") || route != nil {
+		t.Fatalf("route %v, err %v; want ErrBadRequest saying the rank receives no writes", route, err)
+	}
+	if len(expected) == 0 {
+		t.Errorf("no expected writer ranks with the refusal")
+	}
+}

@@ -39,8 +39,8 @@ func TestResolveRequestPlansFromFrameworkMemory(t *testing.T) {
 	count := make([]int, len(dst))
 	dstParts, countParts := make([]byte, len(dst)), make([]int, len(dst))
 	hello := &messages.Hello{From: messages.PeerID{Instance: "gen", Rank: 0}, LayoutHash: l.Hash(),
-		Parallel: messages.Parallel{TP: 1, PP: 1},
-		Pools:    []messages.PoolGeometry{{Offset: 16, BlockBytes: bb, Blocks: blocks}}}
+		Parallel: messages.Parallel{TP: 1, PP: 1}, Region: messages.RemoteRegion{Key: []byte("key")},
+		Pools: []messages.PoolGeometry{{Offset: 16, BlockBytes: bb, Blocks: blocks}}}
 	rd := &messages.RequestData{RequestID: "r1", From: hello.From, GenParallel: hello.Parallel, PromptLen: prompt,
 		Groups: []messages.GroupDest{{First: 0, Blocks: dstIDs}}}
 

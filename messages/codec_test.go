@@ -251,7 +251,10 @@ func TestDecodeRejects(t *testing.T) {
 			h.Pools[0] = &pb.PoolGeometry{Offset: 0, BlockBytes: 1 << 63, Blocks: 2} // 2 * 2^63 wraps to 0
 		})), "ends past 2^64", false},
 		{"hello rank outside parallel", marshalPB(t, hello(func(h *pb.Hello) { h.Tp = 1 })), "hello rank tp=1", false},
-		{"hello missing region", marshalPB(t, hello(func(h *pb.Hello) { h.Region = nil })), "region key length 0", false},
+		// A Hello without a key is a send-only rank's; without a region
+		// at all, its pools lie past a region of length 0.
+		{"hello missing region", marshalPB(t, hello(func(h *pb.Hello) { h.Region = nil })), "pool 0 ends at 1048576 past region length 0", false},
+		{"hello region key too long", marshalPB(t, hello(func(h *pb.Hello) { h.Region.Key = make([]byte, 4097) })), "hello region key length 4097, want at most 4096", false},
 		{"hello stages of another PP", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = "3,4" })), `hello parallel stages "3,4" name 2 stages, PP=1`, false},
 		{"hello stages malformed", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = "x" })), `stage 0's layer count "x"`, false},
 		{"hello stages too long", marshalPB(t, hello(func(h *pb.Hello) { h.Parallel.Stages = strings.Repeat("1,", 3000) })), "hello parallel stages of 6000 bytes for PP=1", false},

@@ -348,8 +348,10 @@ func (m *Hello) Validate() error {
 	if len(m.AgentAddr) == 0 || len(m.AgentAddr) > 4096 {
 		return invalid("hello agent address length %d, want 1..4096", len(m.AgentAddr))
 	}
-	if len(m.Region.Key) == 0 || len(m.Region.Key) > 4096 {
-		return invalid("hello region key length %d, want 1..4096", len(m.Region.Key))
+	// No key: a send-only rank, which receives no writes
+	// (rdma.RegisterSource); a writer refuses its RequestData.
+	if len(m.Region.Key) > 4096 {
+		return invalid("hello region key length %d, want at most 4096", len(m.Region.Key))
 	}
 	if err := m.Parallel.validate("hello"); err != nil {
 		return err

@@ -32,3 +32,27 @@ func TestHelloPoolsInsideRegion(t *testing.T) {
 		}
 	})
 }
+
+// TestHelloWithoutKeyRoundTrips: a send-only rank's Hello names no region
+// key (rdma.RegisterSource); it validates and decodes with no key, and
+// its region's length still bounds its pools.
+func TestHelloWithoutKeyRoundTrips(t *testing.T) {
+	h := sampleHello()
+	h.Region.Key = nil
+	b, err := messages.Encode(h)
+	if err != nil {
+		t.Fatalf("Encode of a Hello without a region key: %v", err)
+	}
+	f, err := messages.Decode(b)
+	if err != nil {
+		t.Fatalf("Decode of a Hello without a region key: %v", err)
+	}
+	got, ok := f.(*messages.Hello)
+	if !ok || len(got.Region.Key) != 0 || got.Region.Len != h.Region.Len {
+		t.Fatalf("decoded %T %+v, want a Hello with no key and region length %d", f, f, h.Region.Len)
+	}
+	h.Region.Len = 0
+	if err := h.Validate(); err == nil {
+		t.Errorf("a keyless Hello whose pools lie past its region of length 0 validates")
+	}
+}

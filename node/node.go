@@ -226,7 +226,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	eng, err := kvxfer.Start(ctx, kvxfer.Config{Instance: self.Instance, Parallel: cfg.Parallel.orOne().kv(), Rank: cfg.Rank.kv(),
 		Model: cfg.Model, Layout: cfg.Layout, TokensPerBlock: cfg.TokensPerBlock, PoolBytes: cfg.PoolBytes, Region: region, Memory: memory,
-		Revoker: revoker,
+		Revoker: revoker, SendOnly: cfg.SendOnly,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
 		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr,
 		WriterLease: time.Duration(cfg.WriterLease)})

@@ -109,6 +109,29 @@ func CompletionsDeliver(a Agent) bool {
 	return ok && d.CompletionsDeliver()
 }
 
+// SourceRegisterer is an optional Agent capability: it registers a
+// region that only this agent's own batches read (the memory of a rank
+// that only sends). The registration's Remote has no Key: no peer is ever
+// told how to write into the region, so no peer's writes into it need
+// proof of being over, and the agent's Close owes none for it (a peer
+// whose link failed unproven, or that never acknowledged a bye, keeps no
+// source registration mapped). A Batch may not name such a Remote as its
+// destination. An agent that cannot tell the difference does not implement
+// it; its Register serves both.
+type SourceRegisterer interface {
+	RegisterSource(r *kvcache.Region) (Registration, error)
+}
+
+// RegisterSource registers r for a's own batches to read: with
+// RegisterSource where a implements SourceRegisterer, else with Register
+// (whose Remote then still names a key).
+func RegisterSource(a Agent, r *kvcache.Region) (Registration, error) {
+	if s, ok := a.(SourceRegisterer); ok {
+		return s.RegisterSource(r)
+	}
+	return a.Register(r)
+}
+
 // ExitProofTaker is an optional Agent capability: it takes a proof,
 // found outside the backend, that the process of a peer agent has
 // exited (a node's pidfd on a process of this host that it saw mapping

@@ -63,7 +63,10 @@
 // checks, so a peer without the key (or with the key of an earlier
 // registration) is refused with ErrBadKey. Deregister refuses with
 // ErrRegionBusy, changing nothing, while any accepted batch whose Done has not
-// been called reads or writes the region.
+// been called reads or writes the region. RegisterSource (an optional
+// SourceRegisterer, called through the package's RegisterSource) registers a
+// region only the agent's own batches read: its RemoteRegion has no key,
+// and the agent owes no proof about peers' writes for it.
 //
 // # In-doubt operations
 //

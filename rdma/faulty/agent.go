@@ -42,6 +42,11 @@ func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
 	return a.inner.Register(r)
 }
 
+// RegisterSource defers to the wrapped agent (rdma.RegisterSource).
+func (a *Agent) RegisterSource(r *kvcache.Region) (rdma.Registration, error) {
+	return rdma.RegisterSource(a.inner, r)
+}
+
 // Deregister refuses with rdma.ErrRegionBusy while a faulty endpoint holds a
 // batch that reads or writes reg, else defers to the wrapped agent.
 func (a *Agent) Deregister(reg rdma.Registration) error {

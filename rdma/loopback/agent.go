@@ -30,7 +30,10 @@ type Agent struct {
 	eps     map[*endpoint]struct{}
 }
 
-var _ rdma.Agent = (*Agent)(nil)
+var (
+	_ rdma.Agent            = (*Agent)(nil)
+	_ rdma.SourceRegisterer = (*Agent)(nil)
+)
 
 // New starts an agent in the process-wide network, or the one WithNetwork
 // names.
@@ -65,6 +68,17 @@ func (a *Agent) String() string { return a.addr.String() }
 
 // Register registers a host region; its key embeds a fresh random secret.
 func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
+	return a.register(r, false)
+}
+
+// RegisterSource registers r for this agent's own batches to read: its
+// Remote has no key, and no batch can write into it
+// (rdma.SourceRegisterer).
+func (a *Agent) RegisterSource(r *kvcache.Region) (rdma.Registration, error) {
+	return a.register(r, true)
+}
+
+func (a *Agent) register(r *kvcache.Region, source bool) (rdma.Registration, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%s: register: %w: nil region", a, kvcache.ErrBadRegion)
 	}
@@ -83,9 +97,9 @@ func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
 	}
 	a.nextReg++
 	reg.id = a.nextReg
-	reg.remote = rdma.RemoteRegion{
-		Key: regionKey{agent: a.id, reg: reg.id, secret: reg.secret}.encode(),
-		Len: r.Len,
+	reg.remote = rdma.RemoteRegion{Len: r.Len}
+	if !source {
+		reg.remote.Key = regionKey{agent: a.id, reg: reg.id, secret: reg.secret}.encode()
 	}
 	a.regs[reg.id] = reg
 	return reg, nil

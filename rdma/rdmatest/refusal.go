@@ -153,3 +153,56 @@ func testRegisterDevice(t *testing.T, e *env) {
 		t.Errorf("Register(nil): accepted, want an error")
 	}
 }
+
+// testSourceRegistration: a region registered with rdma.RegisterSource
+// is a source like any other (its bytes arrive intact); where the agent
+// implements rdma.SourceRegisterer, its Remote has no key and a batch
+// naming it as a destination is refused at Post (ErrBadKey) without
+// touching it, Done never called.
+func testSourceRegistration(t *testing.T, e *env) {
+	const n = 64 << 10
+	dst := e.dst(n, 31)
+	r, err := e.p.NewSrc(n)
+	if err != nil {
+		t.Fatalf("NewSrc(%d): %v", n, err)
+	}
+	t.Cleanup(e.closeAgents)
+	reg, err := rdma.RegisterSource(e.p.Sender, r)
+	if err != nil {
+		t.Fatalf("sender RegisterSource(%d bytes): %v", n, err)
+	}
+	src := side{reg: reg, bytes: r.Bytes()}
+	Pattern(src.bytes, 32)
+	ep := e.connect()
+	segs := []kvcache.Segment{{Src: 0, Dst: 4096, Len: 8192}, {Src: n - 100, Dst: 0, Len: 100}}
+	model := bytes.Clone(dst.bytes)
+	apply(model, src.bytes, segs)
+	if err := e.post(ep, src, dst, segs); err != nil {
+		t.Fatalf("a batch from a source registration: %v", err)
+	}
+	if d := diff(dst.bytes, model, segs); d != "" {
+		t.Errorf("a batch from a source registration: %s", d)
+	}
+	if _, ok := e.p.Receiver.(rdma.SourceRegisterer); !ok {
+		return
+	}
+	dr, err := e.p.NewDst(n)
+	if err != nil {
+		t.Fatalf("NewDst(%d): %v", n, err)
+	}
+	t.Cleanup(e.closeAgents)
+	dreg, err := rdma.RegisterSource(e.p.Receiver, dr)
+	if err != nil {
+		t.Fatalf("receiver RegisterSource(%d bytes): %v", n, err)
+	}
+	if k := dreg.Remote().Key; len(k) != 0 {
+		t.Errorf("a source registration's Remote names a %d-byte key, want none", len(k))
+	}
+	before := bytes.Clone(dr.Bytes())
+	err = ep.Post(rdma.Batch{Src: src.reg, Dst: dreg.Remote(), Segments: []kvcache.Segment{{Len: 64}}, Done: e.refused("into a source registration")})
+	mustFail(t, "a batch into a source registration", err, rdma.ErrBadKey)
+	e.noStray(ep)
+	if !bytes.Equal(dr.Bytes(), before) {
+		t.Errorf("a refused batch into a source registration wrote into it")
+	}
+}

@@ -50,6 +50,7 @@ func Run(t *testing.T, f Factory) {
 		{"CloseStopsWrites", testCloseStopsWrites},
 		{"OutOfRange", testOutOfRange},
 		{"BadKey", testBadKey},
+		{"SourceRegistration", testSourceRegistration},
 		{"Unregistered", testUnregistered},
 		{"DeregisterBusy", testDeregisterBusy},
 		{"ConcurrentEndpoints", testConcurrentEndpoints},

@@ -120,6 +120,19 @@ func (a *Agent) MemoryTypes() []string { return memTypeNames(a.memTypes) }
 // region's key. Device memory registers only where UCX reports CUDA
 // support.
 func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
+	return a.register(r, false)
+}
+
+// RegisterSource maps the region with ucp_mem_map for this agent's own
+// batches to read, and packs no rkey: its Remote has no key, no peer can
+// write into it, and neither a peer's failed link nor an unacknowledged
+// bye keeps it mapped or makes Close return rdma.ErrCloseUnproven for it
+// (rdma.SourceRegisterer). Its Deregister asks no peer.
+func (a *Agent) RegisterSource(r *kvcache.Region) (rdma.Registration, error) {
+	return a.register(r, true)
+}
+
+func (a *Agent) register(r *kvcache.Region, source bool) (rdma.Registration, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%s: register: %w: nil region", a, kvcache.ErrBadRegion)
 	}
@@ -139,7 +152,7 @@ func (a *Agent) Register(r *kvcache.Region) (rdma.Registration, error) {
 	if a.closed.Load() {
 		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
 	}
-	c := &call{region: r, done: make(chan struct{})}
+	c := &call{region: r, source: source, done: make(chan struct{})}
 	if !a.w.call(reqRegister, c) {
 		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
 	}
@@ -235,7 +248,10 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 	return c.ep, nil
 }
 
-var _ rdma.ExitProofTaker = (*Agent)(nil)
+var (
+	_ rdma.ExitProofTaker   = (*Agent)(nil)
+	_ rdma.SourceRegisterer = (*Agent)(nil)
+)
 
 // PeerExited takes a proof, found outside UCX, that the process of the
 // peer agent at addr, which serves identity, has exited (a node's pidfd

@@ -104,6 +104,9 @@ type link struct {
 // unproven). The peer's exit (exited) clears it for memory this agent
 // allocated. Progress goroutine only.
 func (l *link) unprovenFor(r *registration) string {
+	if r.source {
+		return "" // no peer was told how to write into it
+	}
 	if l.exited != "" && r.alloc != nil {
 		return ""
 	}

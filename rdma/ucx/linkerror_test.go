@@ -379,3 +379,84 @@ func TestBatchesCutByAnEndpointErrorAreUnproven(t *testing.T) {
 		t.Errorf("Close of an endpoint whose batches an endpoint error on its link cut: %v, want ErrCloseUnproven", err)
 	}
 }
+
+// TestSourceRegistrationOwesNoProof: memory registered with
+// RegisterSource (a send-only rank's pool, which only this agent's
+// batches read) has no key to give a peer, so a link failed without
+// proof bears on nothing of it: after an endpoint error on a live peer's
+// link (which keeps writable memory, TestEndpointErrorOnALiveLinkProvesNothing)
+// its Deregister unmaps it at once, asking no peer, and Close returns nil
+// with another source registration still mapped. Before RegisterSource a
+// send-only rank registered its pool as writable memory and its Close
+// returned ErrCloseUnproven after any peer's link failed so.
+func TestSourceRegistrationOwesNoProof(t *testing.T) {
+	inMode(t, func(t *testing.T, tls string) {
+		r, s := linkedPair(t)
+		closed := false
+		defer func() {
+			if !closed {
+				r.Close()
+			}
+		}()
+		var regs []rdma.Registration
+		for range 2 {
+			rh, err := kvcache.NewHostRegion(1 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rh.Close()
+			reg, err := r.RegisterSource(rh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k := reg.Remote().Key; len(k) != 0 || reg.Remote().Len != rh.Len {
+				t.Fatalf("source registration's Remote: key of %d bytes, length %d; want no key, length %d", len(k), reg.Remote().Len, rh.Len)
+			}
+			regs = append(regs, reg)
+		}
+		failLink(t, r, s)
+		if err := r.Deregister(regs[0]); err != nil {
+			t.Errorf("Deregister of a source registration after an endpoint error: %v, want nil", err)
+		}
+		closed = true
+		if err := r.Close(); err != nil {
+			t.Errorf("Close with a source registration after an endpoint error: %v, want nil", err)
+		}
+	})
+}
+
+// TestSourceRegistrationIsNoDestination: a batch naming a source
+// registration's Remote (no key) as its destination is refused at Post
+// with rdma.ErrBadKey, and Done is not called.
+func TestSourceRegistrationIsNoDestination(t *testing.T) {
+	r, s := linkedPair(t)
+	defer r.Close()
+	rh, err := kvcache.NewHostRegion(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rh.Close()
+	dst, err := r.RegisterSource(rh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := kvcache.NewHostRegion(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	src, err := s.RegisterSource(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	err = ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 64}},
+		Done: func(err error) { t.Errorf("Done(%v) of a refused batch", err) }})
+	if !errors.Is(err, rdma.ErrBadKey) {
+		t.Errorf("Post into a source registration: %v, want ErrBadKey", err)
+	}
+}

@@ -31,6 +31,10 @@ type registration struct {
 	remote rdma.RemoteRegion
 	memh   C.ucp_mem_h // progress goroutine only
 	alloc  *allocation // the Alloc this region came from, if any
+	// source: registered with RegisterSource, its rkey never packed nor
+	// handed out: only this agent's batches read it, no peer can write
+	// into it, so no peer's link bears on it (unprovenFor).
+	source bool
 
 	// state and busy sit on their own cache line: every Post and every
 	// Done writes busy, and the progress goroutine reads memh and region

@@ -33,6 +33,9 @@ func (*Agent) Backend() string { return Backend }
 func (*Agent) Register(*kvcache.Region) (rdma.Registration, error) {
 	return nil, fmt.Errorf("%w", ErrUnavailable)
 }
+func (*Agent) RegisterSource(*kvcache.Region) (rdma.Registration, error) {
+	return nil, fmt.Errorf("%w", ErrUnavailable)
+}
 func (*Agent) Deregister(rdma.Registration) error    { return ErrUnavailable }
 func (*Agent) Address() []byte                       { return nil }
 func (*Agent) Connect([]byte) (rdma.Endpoint, error) { return nil, ErrUnavailable }

@@ -69,6 +69,9 @@ type call struct {
 	done chan struct{}
 	// ident and how: a peer's exit proof (Agent.PeerExited), for addr.
 	ident, how string
+	// source: a register of memory no peer is given a key to
+	// (Agent.RegisterSource).
+	source bool
 }
 
 func (c *call) reply(err error) {

@@ -375,7 +375,7 @@ func (w *worker) register(c *call) {
 		return
 	}
 	r := c.region
-	reg := &registration{a: w.a, region: r}
+	reg := &registration{a: w.a, region: r, source: c.source}
 	if al := w.allocs[r.Base]; al != nil && r.Kind == kvcache.HostMem && al.len == r.Len {
 		if al.reg != nil {
 			c.reply(fmt.Errorf("%s: register region at %#x: %w: already registered (registration %d)", w.a, r.Base, rdma.ErrRegionBusy, al.reg.id))
@@ -392,6 +392,15 @@ func (w *worker) register(c *call) {
 			return
 		}
 	}
+	w.nextReg++
+	reg.id = w.nextReg
+	if reg.source {
+		reg.remote = rdma.RemoteRegion{Len: r.Len}
+		w.adoptReg(reg)
+		c.reg = reg
+		c.reply(nil)
+		return
+	}
 	var buf unsafe.Pointer
 	var n C.size_t
 	if st := C.kvx_rkey_pack(w.c, reg.memh, &buf, &n); st != ucsOK {
@@ -403,16 +412,19 @@ func (w *worker) register(c *call) {
 	}
 	rkey := C.GoBytes(buf, C.int(n))
 	C.kvx_rkey_buffer_release(buf)
-	w.nextReg++
-	reg.id = w.nextReg
 	k := regionKey{owner: w.a.id, reg: reg.id, base: uint64(r.Base), len: r.Len, rkey: rkey}
 	reg.remote = rdma.RemoteRegion{Key: k.encode(w.a.sign), Len: r.Len}
+	w.adoptReg(reg)
+	c.reg = reg
+	c.reply(nil)
+}
+
+// adoptReg records a new registration (and ties its allocation to it).
+func (w *worker) adoptReg(reg *registration) {
 	if reg.alloc != nil {
 		reg.alloc.reg = reg
 	}
 	w.regs[reg.id] = reg
-	c.reg = reg
-	c.reply(nil)
 }
 
 // unmap releases a registration's UCX mapping (an allocation's memory
@@ -484,7 +496,9 @@ func (w *worker) deregister(c *call) {
 	op := &deregOp{reg: r, c: c, waiting: make(map[*link]uint64)}
 	op.deadline, op.within = w.answerBy(c)
 	w.deregs = append(w.deregs, op)
-	w.ask(op, msgRevoke)
+	if !r.source { // no peer holds a source registration's key
+		w.ask(op, msgRevoke)
+	}
 	w.advanceDereg(op, false)
 }
 
@@ -705,7 +719,22 @@ func (w *worker) teardown() {
 	// unanswered) proves nothing either: it may have taken the hello. Its
 	// proven exit (peerExited) covers the memory this agent allocated,
 	// not registered memory still mapped.
+	// A peer holds the key of no source registration (RegisterSource):
+	// with nothing else registered or allocated (an allocation counts,
+	// unless registered as a source: it may have been registered
+	// before), no peer can write into this agent's memory, whatever
+	// became of its link.
+	writable := false
+	for _, r := range w.regs {
+		writable = writable || !r.source
+	}
+	for _, al := range w.allocs {
+		writable = writable || al.reg == nil || !al.reg.source
+	}
 	for _, l := range w.links {
+		if !writable {
+			break
+		}
 		switch why := w.unprovenOf(l); {
 		case why != "":
 			w.unacked = append(w.unacked, fmt.Sprintf("agent %s's link failed without proof that its writes into this agent are over (%s)", l.peer, why))

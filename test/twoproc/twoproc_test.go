@@ -456,9 +456,17 @@ func testKillGenerationMidTransfer(t *testing.T, b string) {
 			_ = gen.cmd.Process.Kill()
 			killed := time.Now()
 			_, _ = gen.wait(t, time.Minute)
-			cr, _ := ctx.wait(t, time.Minute)
+			cr, cerr := ctx.wait(t, time.Minute)
 			t.Logf("ctx ended %v after the kill (heartbeat timeout %v): %+v", time.Since(killed).Round(time.Millisecond),
 				time.Duration(c.HeartbeatMisses)*c.Heartbeat, cr)
+			if cerr != nil {
+				// Its pool is a send-only rank's, which no peer was told
+				// how to write into: nothing of the killed peer's is in
+				// doubt, and its Close owes no proof (before
+				// rdma.RegisterSource, a UCX ctx's Close kept its memory
+				// and said ErrCloseUnproven).
+				t.Fatalf("ctx exited with %v after its generation peer was killed (its error is on stderr above)", cerr)
+			}
 			if cr.LeakedBlocks != 0 {
 				t.Fatalf("ctx leaked %d blocks", cr.LeakedBlocks)
 			}
