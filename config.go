@@ -93,7 +93,8 @@ type Config struct {
 	// (blocks of requests that failed while a writer had given no proof
 	// that its writes are over, DESIGN.md §3): past it new requests wait
 	// for destination blocks (until their deadline); quarantined blocks
-	// are never freed early. 0: half of PoolBytes.
+	// are never freed early. 0: half of PoolBytes; more than PoolBytes is
+	// refused.
 	MaxQuarantinedBytes uint64
 	// MaxOrphanRequests bounds, per generation instance, the requests
 	// whose RequestData reached this context rank before its Send (their
@@ -260,6 +261,12 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.PoolBytes == 0 {
 		r.PoolBytes = DefaultPoolBytes
+	}
+	if r.MaxQuarantinedBytes > r.PoolBytes {
+		// More than the pool can hold: a unit slip, most likely (a
+		// count of blocks or MiB meant), and no bound at all as given.
+		return r, fmt.Errorf("%w: MaxQuarantinedBytes = %d is more than PoolBytes = %d: at most the whole pool can be quarantined (0: half of it)",
+			ErrConfig, r.MaxQuarantinedBytes, r.PoolBytes)
 	}
 	if r.TransferTimeout == 0 {
 		r.TransferTimeout = DefaultTransferTimeout

@@ -246,8 +246,9 @@ func sendFilled(t *testing.T, e *kvxfer.Engine, h *kvxfer.TxHandle, l kvcache.La
 }
 
 // TestPeerMapFrom: an engine's peer map from a context parallelism is the
-// one a fresh computation gives (its writers), computed once, and a bad
-// parallelism is named.
+// one a fresh computation gives (its writers), a copy that a caller may
+// change without changing the engine's (whose requests still plan from
+// the right map), and a bad parallelism is named.
 func TestPeerMapFrom(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, kvcache.Parallel{TP: 2, PP: 1}, tp1, 2)
@@ -264,9 +265,24 @@ func TestPeerMapFrom(t *testing.T) {
 	if got, want := pm.WritersOf(kvcache.Rank{}), fresh.WritersOf(kvcache.Rank{}); !slices.Equal(got, want) || len(got) != 2 {
 		t.Fatalf("writers of gen rank 0: %v, want %v (both context ranks)", got, want)
 	}
-	if again, err := g.PeerMapFrom(ctxPar); err != nil || again != pm {
-		t.Fatalf("second call: %p, %v; want the cached %p", again, err, pm)
+	// A copy of the engine's cached map: a caller's edit of what it
+	// returns changes neither the next call's map nor the engine's.
+	pm.WritersOf(kvcache.Rank{})[0] = kvcache.Rank{TP: 7}
+	pm.Links()[0].Layers[0][0] = -1
+	again, err := g.PeerMapFrom(ctxPar)
+	if err != nil || again == pm {
+		t.Fatalf("second call: %p, %v; want a copy of its own", again, err)
 	}
+	if got, want := again.WritersOf(kvcache.Rank{}), fresh.WritersOf(kvcache.Rank{}); !slices.Equal(got, want) {
+		t.Fatalf("writers after a caller's edit of an earlier map: %v, want %v", got, want)
+	}
+	if got, want := again.Links()[0].Layers[0][0], fresh.Links()[0].Layers[0][0]; got != want {
+		t.Fatalf("link 0's first layer after a caller's edit of an earlier map: %d, want %d", got, want)
+	}
+	if got, err := g.WritersFrom(ctxPar); err != nil || !slices.Equal(got, fresh.WritersOf(kvcache.Rank{})) {
+		t.Fatalf("WritersFrom: %v, %v; want %v", got, err, fresh.WritersOf(kvcache.Rank{}))
+	}
+	transfer(t, c, l, "after-edits", 1, 100, 32, false)
 	if _, err := g.PeerMapFrom(kvcache.Parallel{TP: 3, PP: 1}); !errors.Is(err, kvcache.ErrBadParallelism) {
 		t.Fatalf("TP 3: %v, want ErrBadParallelism", err)
 	}

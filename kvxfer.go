@@ -313,12 +313,33 @@ func cloneHello(h *messages.Hello) *messages.Hello {
 
 // PeerMapFrom is the peer map from a context instance of parallelism ctx
 // to this engine's instance: WritersOf(this rank) are the context ranks a
-// Receive from that instance needs. It is cached per parallelism.
+// Receive from that instance needs. The engine caches it per
+// parallelism; each call returns a copy of its own (WritersFrom copies
+// only the writers).
 func (e *Engine) PeerMapFrom(ctx kvcache.Parallel) (*kvcache.PeerMap, error) {
 	if !e.started() {
 		return nil, errNotStarted("PeerMapFrom")
 	}
-	return e.inner.PeerMapFrom(ctx)
+	pm, err := e.inner.PeerMapFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pm.Clone(), nil
+}
+
+// WritersFrom are the ranks of a context instance of parallelism ctx that
+// write to this rank (PeerMapFrom's WritersOf this rank), in a slice of
+// the caller's: what a Receive from that instance waits for, without the
+// copy of the whole map.
+func (e *Engine) WritersFrom(ctx kvcache.Parallel) ([]kvcache.Rank, error) {
+	if !e.started() {
+		return nil, errNotStarted("WritersFrom")
+	}
+	pm, err := e.inner.PeerMapFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(pm.WritersOf(e.cfg.Rank)), nil
 }
 
 // CheckPeer compares a peer's Hello with this engine: nil when both serve

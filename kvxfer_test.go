@@ -403,6 +403,8 @@ func TestConfigErrors(t *testing.T) {
 		{"none", kvxfer.Config{}, "neither Model nor Layout"},
 		{"rank", kvxfer.Config{Layout: &l, Rank: kvcache.Rank{TP: 3}}, "Rank"},
 		{"writer lease", kvxfer.Config{Layout: &l, WriterLease: -time.Second}, "WriterLease = -1s"},
+		{"quarantine past pool", kvxfer.Config{Layout: &l, PoolBytes: 1 << 20, MaxQuarantinedBytes: 1<<20 + 1},
+			"MaxQuarantinedBytes = 1048577 is more than PoolBytes = 1048576"},
 		// 2^21 blocks of 512 bytes per group: a Hello no peer (nor the
 		// wire encoder) takes, refused at Start naming PoolBytes.
 		{"pool blocks", kvxfer.Config{Layout: &l, TokensPerBlock: 1, PoolBytes: 1 << 30}, "PoolBytes = 1073741824 holds 2097152 blocks per layer group"},

@@ -67,6 +67,13 @@ func TestZeroEngineRefusesCalls(t *testing.T) {
 					t.Errorf("PeerMapFrom returned a map")
 				}
 			})
+			calm(t, "WritersFrom", func() {
+				w, err := e.WritersFrom(kvcache.Parallel{TP: 1, PP: 1})
+				notStarted(t, "Engine.WritersFrom", err)
+				if w != nil {
+					t.Errorf("WritersFrom returned ranks")
+				}
+			})
 			calm(t, "CheckPeer", func() { notStarted(t, "Engine.CheckPeer", e.CheckPeer(&messages.Hello{})) })
 			calm(t, "WriterExited", func() {
 				n, err := e.WriterExited(peer, 1, "exited")

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -417,6 +418,46 @@ func linkBetween(l Layout, ctx Parallel, cs, gs Shape) (PeerLink, bool) {
 		}
 	}
 	return link, shared
+}
+
+// Clone returns a deep copy of m: what the copy's accessors return may be
+// changed without changing m (an engine hands out copies of the maps it
+// caches and plans from).
+func (m *PeerMap) Clone() *PeerMap {
+	c := *m
+	c.layout = m.layout.Clone()
+	c.ctxShapes, c.genShapes = cloneShapes(m.ctxShapes), cloneShapes(m.genShapes)
+	c.links = make([]PeerLink, len(m.links))
+	for i, link := range m.links {
+		link.Layers = cloneLayers(link.Layers)
+		c.links[i] = link
+	}
+	c.fromCtx = slices.Clone(m.fromCtx)
+	c.writers = make([][]Rank, len(m.writers))
+	for i, w := range m.writers {
+		c.writers[i] = slices.Clone(w)
+	}
+	return &c
+}
+
+func cloneShapes(shapes []Shape) []Shape {
+	out := make([]Shape, len(shapes))
+	for i, s := range shapes {
+		s.Layers = cloneLayers(s.Layers)
+		out[i] = s
+	}
+	return out
+}
+
+func cloneLayers(layers [][]int) [][]int {
+	if layers == nil {
+		return nil
+	}
+	out := make([][]int, len(layers))
+	for g, ls := range layers {
+		out[g] = slices.Clone(ls)
+	}
+	return out
 }
 
 // Layout is the layout the map was built for.

@@ -125,11 +125,10 @@ func (n *Node) writersOf(req kvxfer.ReceiveRequest) ([]messages.PeerID, error) {
 	if cp.TP == 0 && cp.PP == 0 {
 		cp = kvcache.Parallel{TP: 1, PP: 1}
 	}
-	pm, err := n.eng.PeerMapFrom(cp)
+	ranks, err := n.eng.WritersFrom(cp)
 	if err != nil {
 		return nil, err
 	}
-	ranks := pm.WritersOf(n.cfg.Rank.kv())
 	out := make([]messages.PeerID, 0, len(ranks))
 	for _, r := range ranks {
 		out = append(out, messages.PeerID{Instance: req.Context, Rank: int32(cp.Index(r))})
