@@ -440,6 +440,9 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	if err := e.checkFirsts(req); err != nil {
 		return nil, 0, err
 	}
+	if err := e.checkContextStages(req); err != nil {
+		return nil, 0, err
+	}
 	var rx *kvxfer.RxHandle
 	var err error
 	if e.node != nil {
@@ -475,6 +478,37 @@ func (e *Engine) checkFirsts(req ReceiveRequest) error {
 				"receives global blocks [%d, %d) of a prompt of %d tokens (%s, %d prefix-hit blocks)",
 				e.h, quote(req.ID), g, first, want, g, want, end, req.PromptLen, attn, prefixHit(req.PrefixHitBlocks, g))
 		}
+	}
+	return nil
+}
+
+// checkContextStages refuses a context split (ContextParallel.Stages,
+// kvxfer_receive_stages' context_pp_stages) that is no list of
+// ContextParallel.PP layer counts adding up to the layout's layers
+// (ErrInvalidArgument, naming the value): the caller's argument, not a
+// parallelism the model cannot take. "" (the default split) is not checked.
+func (e *Engine) checkContextStages(req ReceiveRequest) error {
+	cp := req.ContextParallel
+	if cp.Stages == "" {
+		return nil
+	}
+	bad := func(format string, args ...any) error {
+		return errorf(ErrInvalidArgument, "engine %d: receive %s: context_pp_stages %s: %s", e.h, quote(req.ID),
+			quote(cp.Stages), fmt.Sprintf(format, args...))
+	}
+	counts, err := kvcache.ParseStages(cp.Stages)
+	if err != nil {
+		return bad("%v", err)
+	}
+	if len(counts) != cp.PP {
+		return bad("%d stages, the context's PP (context_pp) is %d: give one layer count per stage", len(counts), cp.PP)
+	}
+	sum := 0
+	for _, n := range counts {
+		sum += n
+	}
+	if layers := e.layout.Layers; sum != layers {
+		return bad("%d layers in all, the model has %d", sum, layers)
 	}
 	return nil
 }

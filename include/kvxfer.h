@@ -56,8 +56,12 @@ extern "C" {
  * own tensors ("memory" with "layers") or pool ("pool_address"), and its
  * "layout" key; 7: GPU memory by address: the "memory" object's device and
  * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device; 8:
- * kvxfer_request_set_payload, and payloads of up to 65536 bytes. */
-#define KVXFER_ABI_MINOR 8
+ * kvxfer_request_set_payload, and payloads of up to 65536 bytes; 9:
+ * kvxfer_receive_stages. Where a request struct would need a new field,
+ * a new function takes it as an argument instead: the structs keep their
+ * size, so a caller built against an older header passes no shorter one
+ * than the library reads. */
+#define KVXFER_ABI_MINOR 9
 
 /* Status codes: what every call returns. A newer library of the same
  * KVXFER_ABI_VERSION may return codes added since (KVXFER_ERR_PEER_FAILED
@@ -464,8 +468,27 @@ kvxfer_status kvxfer_chunk_layers_cuda(kvxfer_request_t request, int32_t start, 
                                        const kvxfer_block_run *runs, uint32_t groups, uint64_t cu_event,
                                        int32_t device);
 
-/* Opens the generation side of a request. */
+/* Opens the generation side of a request. The context instance's
+ * pipeline stages (req->context_pp of them) hold kvxfer's default split of
+ * the layers (the first layers % context_pp stages one layer longer); for
+ * another split, kvxfer_receive_stages. */
 kvxfer_status kvxfer_receive(kvxfer_engine_t engine, const kvxfer_receive_request *req, kvxfer_request_t *out);
+
+/* (Since KVXFER_ABI_MINOR 9.) kvxfer_receive for a context instance whose
+ * pipeline splits its layers otherwise than kvxfer's default (vLLM's
+ * VLLM_PP_LAYER_PARTITION, TensorRT-LLM's pp_partition, or vLLM's own
+ * default for an uneven count): context_pp_stages is the layer count of
+ * each of its req->context_pp stages, in stage order, comma-separated
+ * ("7,8,8,7"), as that instance's engine config says it in pp_stages.
+ * NULL or "" is the default split, as kvxfer_receive. A value that is no
+ * such list (a count that is not an integer >= 1, spaces), whose count of
+ * stages is not req->context_pp, or whose counts do not add up to the
+ * model's layers, is KVXFER_ERR_INVALID_ARGUMENT naming it; nothing is
+ * opened. The string is copied. (A node that knows the context instance,
+ * through discovery or its peers, takes its parallelism and split from
+ * there when context_tp and context_pp are 0 and 0.) */
+kvxfer_status kvxfer_receive_stages(kvxfer_engine_t engine, const kvxfer_receive_request *req,
+                                    const char *context_pp_stages, kvxfer_request_t *out);
 
 /* Cancels a live request (its event still arrives); no-op once finished. */
 kvxfer_status kvxfer_cancel(kvxfer_request_t request);

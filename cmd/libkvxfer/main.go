@@ -547,23 +547,38 @@ func kvxfer_fence_fail(fh C.kvxfer_fence_t, reason *C.char) (st C.int32_t) {
 //export kvxfer_receive
 func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.kvxfer_request_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_receive")
+	return receive("kvxfer_receive", eh, req, nil, out)
+}
+
+//export kvxfer_receive_stages
+func kvxfer_receive_stages(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, contextPPStages *C.char,
+	out *C.kvxfer_request_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_receive_stages")
+	return receive("kvxfer_receive_stages", eh, req, contextPPStages, out)
+}
+
+// receive is kvxfer_receive and kvxfer_receive_stages (stages: NULL for
+// the first): stages, the context's split of its layers over its
+// context_pp stages, is checked by capi (ErrInvalidArgument naming it).
+func receive(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, stages *C.char,
+	out *C.kvxfer_request_t) C.int32_t {
 	if req == nil {
-		return fail(nullArg("kvxfer_receive", "req"))
+		return fail(nullArg(fn, "req"))
 	}
 	if out == nil {
-		return fail(nullArg("kvxfer_receive", "out"))
+		return fail(nullArg(fn, "out"))
 	}
 	if req.id == nil {
-		return fail(nullArg("kvxfer_receive", "req->id"))
+		return fail(nullArg(fn, "req->id"))
 	}
 	if req.context == nil {
-		return fail(nullArg("kvxfer_receive", "req->context"))
+		return fail(nullArg(fn, "req->context"))
 	}
 	if req.context_tp < 0 || req.context_pp < 0 {
-		return fail(invalid("kvxfer_receive: req->context_tp = %d, req->context_pp = %d: a parallelism is ≥ 1 (0 and 0 mean 1 x 1)",
-			req.context_tp, req.context_pp))
+		return fail(invalid("%s: req->context_tp = %d, req->context_pp = %d: a parallelism is ≥ 1 (0 and 0 mean 1 x 1)",
+			fn, req.context_tp, req.context_pp))
 	}
-	timeout, err := requestTimeout("kvxfer_receive", req.timeout_ms)
+	timeout, err := requestTimeout(fn, req.timeout_ms)
 	if err != nil {
 		return fail(err)
 	}
@@ -571,14 +586,17 @@ func kvxfer_receive(eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, out *C.
 	if err != nil {
 		return fail(err)
 	}
-	if err := groupCount("kvxfer_receive", req.groups); err != nil {
+	if err := groupCount(fn, req.groups); err != nil {
 		return fail(err)
 	}
 	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
 		Context: C.GoString(req.context), ContextParallel: kvcache.Parallel{TP: int(req.context_tp), PP: int(req.context_pp)},
 		Timeout: timeout}, UserData: uint64(req.user_data)}
+	if stages != nil {
+		rr.ContextParallel.Stages = C.GoString(stages)
+	}
 	if req.blocks != nil {
-		rs, err := runs("kvxfer_receive", "req->blocks", req.blocks, req.groups)
+		rs, err := runs(fn, "req->blocks", req.blocks, req.groups)
 		if err != nil {
 			return fail(err)
 		}

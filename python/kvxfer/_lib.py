@@ -148,6 +148,8 @@ SINCE_MINOR = {
                                        ctypes.POINTER(request_t)])),
     "kvxfer_engine_pool_device": (7, (_st, [engine_t, ctypes.POINTER(ctypes.c_int32)])),
     "kvxfer_request_set_payload": (8, (_st, [request_t, ctypes.c_void_p, ctypes.c_uint32])),
+    "kvxfer_receive_stages": (9, (_st, [engine_t, ctypes.POINTER(ReceiveRequest), ctypes.c_char_p,
+                                        ctypes.POINTER(request_t)])),
 }
 
 

@@ -147,6 +147,19 @@ def _cstr(name, s):
     return b
 
 
+def _stages(name, stages):
+    """A pipeline split (a Stages value: "7,8,8,7", or a list of each
+    stage's layer count) as its string, "" for None; the library checks
+    what it says. TypeError naming it for anything else."""
+    if stages is None:
+        return ""
+    if isinstance(stages, str):
+        return stages
+    if isinstance(stages, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in stages):
+        return ",".join(str(n) for n in stages)
+    raise TypeError("%s = %r: want each pipeline stage's layer count, \"7,8,8,7\" or [7, 8, 8, 7]" % (name, stages))
+
+
 def _layer_part(layers):
     """(lo, hi, of) ints of a LayerPart or a 3-tuple; the library checks
     the values against the model."""
@@ -759,13 +772,27 @@ class Engine:
         return min(first, end), end
 
     def receive(self, id, prompt_len, context, blocks=None, prefix_hit_blocks=None, context_tp=0, context_pp=0,
-                timeout_ms=0, user_data=0):
+                timeout_ms=0, user_data=0, context_pp_stages=None):
         """Opens the generation side of request id. blocks, when given, are
         the caller's destination block ids per layer group (a list of lists),
         group g's for the global blocks needed_range(prompt_len, g,
         prefix_hit_blocks[g]) in order (a sliding-window group's only the
         window's, none past the prefix hits); else the engine allocates them
-        from its pool."""
+        from its pool.
+
+        context_tp, context_pp: the context instance's parallelism (0 and
+        0: 1 x 1, or, on a node, what the node knows of that instance).
+        context_pp_stages: how its context_pp pipeline stages split the
+        model's layers when not kvxfer's default, each stage's layer count
+        in stage order ("7,8,8,7", or a list of ints), as that instance's
+        pp_stages; None or "": the default split. A split that is no list
+        of context_pp counts adding up to the model's layers raises
+        KvxferError with Status.INVALID_ARGUMENT naming it; a library older
+        than KVXFER_ABI_MINOR 9 raises it with Status.UNSUPPORTED
+        (kvxfer_receive_stages)."""
+        stages = _stages("context_pp_stages", context_pp_stages)
+        if stages:
+            _require("kvxfer_receive_stages", "receive(context_pp_stages=%r)" % stages)
         req = _lib.ReceiveRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
                                   _cstr("context", context), _i32("context_tp", context_tp),
                                   _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
@@ -788,7 +815,11 @@ class Engine:
             req.groups = len(ph)
             keep.append(ph)
         h = _lib.request_t()
-        _check(lib.kvxfer_receive(self._live(), ctypes.byref(req), ctypes.byref(h)))
+        if stages:
+            _check(lib.kvxfer_receive_stages(self._live(), ctypes.byref(req), _cstr("context_pp_stages", stages),
+                                             ctypes.byref(h)))
+        else:
+            _check(lib.kvxfer_receive(self._live(), ctypes.byref(req), ctypes.byref(h)))
         return Request(self, h.value, id, prompt_len, "receive")
 
     # Completions -----------------------------------------------------------

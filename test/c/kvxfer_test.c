@@ -198,6 +198,17 @@ static void test_refused_requests(kvxfer_engine_t p, kvxfer_engine_t d) {
                                                        .context_tp = -1}, &r) == KVXFER_ERR_INVALID_ARGUMENT,
           "receive context_tp -1");
     CHECK(strstr(kvxfer_last_error(), "context_tp = -1"), "message names context_tp: %s", kvxfer_last_error());
+    /* kvxfer_receive_stages: a context split of the wrong stage count (the
+     * model has 2 layers) is refused naming it; NULL is kvxfer_receive's. */
+    CHECK(kvxfer_receive_stages(d, &(kvxfer_receive_request){.id = "c-neg", .prompt_len = 32, .context = "c-prefill",
+                                                              .context_tp = 1, .context_pp = 2}, "2", &r) ==
+              KVXFER_ERR_INVALID_ARGUMENT, "receive_stages \"2\" over context_pp 2");
+    CHECK(strstr(kvxfer_last_error(), "context_pp_stages \"2\""), "message names the split: %s", kvxfer_last_error());
+    CHECK(kvxfer_receive_stages(d, &(kvxfer_receive_request){.id = "c-neg", .prompt_len = 32, .context = "c-prefill",
+                                                              .timeout_ms = -5}, NULL, &r) == KVXFER_ERR_INVALID_ARGUMENT,
+          "receive_stages timeout_ms -5");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_receive_stages: req->timeout_ms = -5"), "message names the call: %s",
+          kvxfer_last_error());
     char id[5001];
     memset(id, 'x', 5000);
     id[5000] = 0;
