@@ -101,6 +101,11 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.IntVar(&f.o.Parallel.TP, "tp", 1, "this instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
 	fl.IntVar(&f.o.Rank.TP, "tp-rank", 0, "this process's tensor rank in its instance, 0..--tp-1")
 	fl.IntVar(&f.o.PeerParallel.TP, "peer-tp", 1, "the peer instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
+	fl.IntVar(&f.o.Parallel.PP, "pp", 1, "this instance's pipeline parallelism (more than 1 needs --discovery etcd://…)")
+	fl.IntVar(&f.o.Rank.PP, "pp-rank", 0, "this process's pipeline stage in its instance, 0..--pp-1")
+	fl.StringVar(&f.o.Parallel.Stages, "pp-stages", "", "each of this instance's --pp stages' layer count, comma-separated (\"7,8,8,7\", as VLLM_PP_LAYER_PARTITION), when they split the model's layers otherwise than kvxfer's default (the first layers % pp stages one layer longer)")
+	fl.IntVar(&f.o.PeerParallel.PP, "peer-pp", 1, "the peer instance's pipeline parallelism (more than 1 needs --discovery etcd://…)")
+	fl.StringVar(&f.o.PeerParallel.Stages, "peer-pp-stages", "", "each of the peer instance's --peer-pp stages' layer count, as --pp-stages")
 	if self == "ctx" {
 		fl.DurationVar(&f.o.WriterLease, "writer-lease", 0, "post writes for the generation peer only while its frames or heartbeats renewed a lease within this long (0: off; at least two --heartbeat intervals)")
 		fl.IntVar(&f.o.LayerParts, "layer-parts", 0, "layer ranges each chunk is handed over in, each as the simulated forward pass computes it (0: one per layer; 1: the whole chunk at its end)")
@@ -144,6 +149,12 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if err := f.resolveDiscovery(cmd); err != nil {
 		return err
 	}
+	if err := checkStages("pp-stages", f.o.Parallel.Stages, "pp", f.o.Parallel.PP, f.o.Model, f.o.Layout); err != nil {
+		return err
+	}
+	if err := checkStages("peer-pp-stages", f.o.PeerParallel.Stages, "peer-pp", f.o.PeerParallel.PP, f.o.Model, f.o.Layout); err != nil {
+		return err
+	}
 	etcd := f.o.Discovery != "static"
 	if f.o.Bind == "" || (!etcd && f.o.PeerEndpoint == "") {
 		return fmt.Errorf("--bind and --peer-endpoint are required (--peer-endpoint only with --discovery static)")
@@ -165,6 +176,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
 	if f.o.Parallel.TP > 1 {
 		f.o.Log = f.o.Log.With().Int("tp_rank", f.o.Rank.TP).Logger()
+	}
+	if f.o.Parallel.PP > 1 {
+		f.o.Log = f.o.Log.With().Int("pp_rank", f.o.Rank.PP).Logger()
 	}
 	if f.o.Insecure {
 		f.o.Log.Warn().Msg("--insecure: control plane neither authenticated nor encrypted")
@@ -248,6 +262,12 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 		if o.Parallel.TP != 1 || o.PeerParallel.TP != 1 {
 			return fmt.Errorf("--tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)", o.Parallel.TP, o.PeerParallel.TP)
 		}
+		if o.Parallel.PP < 1 || o.PeerParallel.PP < 1 {
+			return fmt.Errorf("--pp = %d, --peer-pp = %d: must be ≥ 1", o.Parallel.PP, o.PeerParallel.PP)
+		}
+		if o.Parallel.PP != 1 || o.PeerParallel.PP != 1 {
+			return fmt.Errorf("--pp = %d, --peer-pp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)", o.Parallel.PP, o.PeerParallel.PP)
+		}
 	default:
 		if _, err := discovery.ParseEtcdURL(o.Discovery); err != nil {
 			return fmt.Errorf("--discovery: %w (want static, etcd://HOST:PORT[,HOST:PORT] or etcds://…)", err)
@@ -271,7 +291,46 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 	if o.Rank.TP < 0 || o.Rank.TP >= o.Parallel.TP {
 		return fmt.Errorf("--tp-rank = %d: want 0..%d (--tp = %d)", o.Rank.TP, o.Parallel.TP-1, o.Parallel.TP)
 	}
-	o.Parallel.PP, o.PeerParallel.PP = 1, 1
+	if o.Parallel.PP < 1 {
+		return fmt.Errorf("--pp = %d: must be ≥ 1", o.Parallel.PP)
+	}
+	if o.PeerParallel.PP < 1 {
+		return fmt.Errorf("--peer-pp = %d: must be ≥ 1", o.PeerParallel.PP)
+	}
+	if o.Rank.PP < 0 || o.Rank.PP >= o.Parallel.PP {
+		return fmt.Errorf("--pp-rank = %d: want 0..%d (--pp = %d)", o.Rank.PP, o.Parallel.PP-1, o.Parallel.PP)
+	}
+	return nil
+}
+
+// checkStages refuses a --pp-stages (or --peer-pp-stages) that is no list
+// of pp layer counts (--pp or --peer-pp, named by ppFlag) adding up to the
+// model's layers, naming the flag and its value, before anything starts.
+// An unknown model is left to the engine to name.
+func checkStages(flag, stages, ppFlag string, pp int, model string, layout *kvcache.Layout) error {
+	if stages == "" {
+		return nil
+	}
+	counts, err := kvcache.ParseStages(stages)
+	if err != nil {
+		return fmt.Errorf("--%s = %q: %w", flag, stages, err)
+	}
+	if len(counts) != pp {
+		return fmt.Errorf("--%s = %q: %d stages, --%s = %d: give one layer count per pipeline stage", flag, stages, len(counts), ppFlag, pp)
+	}
+	var l kvcache.Layout
+	if layout != nil {
+		l = *layout
+	} else if l, err = kvcache.Preset(model); err != nil {
+		return nil
+	}
+	sum := 0
+	for _, n := range counts {
+		sum += n
+	}
+	if sum != l.Layers {
+		return fmt.Errorf("--%s = %q: %d layers in all, model %s has %d", flag, stages, sum, l.Name, l.Layers)
+	}
 	return nil
 }
 
@@ -296,8 +355,11 @@ With --discovery etcd://HOST:PORT and --cluster NAME each process registers
 its endpoint and CURVE public key in etcd under a lease (--discovery-ttl) and
 finds its peers there: no --peer-endpoint, and --peer-key only to pin the
 peer's key. A peer killed is seen as down when its lease expires. --tp,
---tp-rank and --peer-tp run an instance as several ranks (etcd only);
-kvxfer demo --cluster runs a context of TP2 and a generation of TP1.`,
+--tp-rank and --peer-tp (and --pp, --pp-rank and --peer-pp) run an
+instance as several ranks (etcd only); --pp-stages and --peer-pp-stages
+say a pipeline split other than kvxfer's default (each stage's layer
+count, "7,8,8,7"). kvxfer demo --cluster runs a context of TP2 and a
+generation of TP1.`,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

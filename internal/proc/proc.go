@@ -305,7 +305,7 @@ func (o Options) validate() error {
 	for _, p := range []struct {
 		flag string
 		tp   int
-	}{{"--tp", o.parallel().TP}, {"--peer-tp", o.peerParallel().TP}} {
+	}{{"--tp", o.parallel().TP}, {"--peer-tp", o.peerParallel().TP}, {"--pp", o.parallel().PP}, {"--peer-pp", o.peerParallel().PP}} {
 		if p.tp < 1 { // before the check below blames the discovery
 			return fmt.Errorf("proc: %s = %d: must be ≥ 1", p.flag, p.tp)
 		}
@@ -315,7 +315,7 @@ func (o Options) validate() error {
 			return fmt.Errorf("proc: --discovery = %q needs --cluster", o.Discovery)
 		}
 		if o.PeerPublicKey != "" && o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
-			return fmt.Errorf("proc: --peer-key pins one peer rank, but --peer-tp = %d: the ranks' keys come from etcd", o.peerParallel().TP)
+			return fmt.Errorf("proc: --peer-key pins one peer rank, but --peer-tp = %d, --peer-pp = %d: the ranks' keys come from etcd", o.peerParallel().TP, o.peerParallel().PP)
 		}
 		if !o.Insecure && o.SecretKey == "" {
 			return fmt.Errorf("proc: CURVE needs a secret key (or --insecure)")
@@ -323,8 +323,8 @@ func (o Options) validate() error {
 		return nil
 	}
 	if o.parallel() != (node.Parallel{TP: 1, PP: 1}) || o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
-		return fmt.Errorf("proc: --tp = %d, --peer-tp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)",
-			o.parallel().TP, o.peerParallel().TP)
+		return fmt.Errorf("proc: --tp = %d, --pp = %d, --peer-tp = %d, --peer-pp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)",
+			o.parallel().TP, o.parallel().PP, o.peerParallel().TP, o.peerParallel().PP)
 	}
 	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
 		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
@@ -342,6 +342,14 @@ func orOne(p node.Parallel) node.Parallel {
 		return node.Parallel{TP: 1, PP: 1}
 	}
 	return p
+}
+
+// ContextParallel is the parallelism a generation role's receives name
+// for its context peer: PeerParallel (1×1 when unset), its split of the
+// layers over its stages included.
+func ContextParallel(o Options) kvcache.Parallel {
+	pp := o.peerParallel()
+	return kvcache.Parallel{TP: pp.TP, PP: pp.PP, Stages: pp.Stages}
 }
 
 // peers are the peer instance's ranks: the one static peer, or with etcd
@@ -497,9 +505,8 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			sleepCtx(ctx, o.Pause)
 		}
 		t := time.Now()
-		pp := o.peerParallel()
 		h, err := n.Receive(ctx, kvxfer.ReceiveRequest{ID: RequestID(i), PromptLen: pl, Context: o.Peer,
-			ContextParallel: kvcache.Parallel{TP: pp.TP, PP: pp.PP}})
+			ContextParallel: ContextParallel(o)})
 		if err != nil {
 			fail(err)
 			<-sem

@@ -63,7 +63,7 @@ func TestDiscoveryOptionsRefused(t *testing.T) {
 		want string
 	}{
 		{func(o *Options) { o.Discovery = "etcd://127.0.0.1:2379" }, `--discovery = "etcd://127.0.0.1:2379" needs --cluster`},
-		{func(o *Options) { o.Parallel = node.Parallel{TP: 2, PP: 1} }, "--tp = 2, --peer-tp = 1: more than one rank per instance needs --discovery"},
+		{func(o *Options) { o.Parallel = node.Parallel{TP: 2, PP: 1} }, "--tp = 2, --pp = 1, --peer-tp = 1, --peer-pp = 1: more than one rank per instance needs --discovery"},
 		{func(o *Options) { o.Parallel = node.Parallel{TP: 0, PP: 1} }, "--tp = 0: must be ≥ 1"},
 		{func(o *Options) { o.PeerParallel = node.Parallel{TP: -1, PP: 1} }, "--peer-tp = -1: must be ≥ 1"},
 		{func(o *Options) {
