@@ -50,7 +50,7 @@ The calls, as the executor makes them, and what this class does:
       KV cache manager holds for it, fenced by a CUDA event recorded on the
       manager's execution stream (host memory: ready at once);
       req.context_phase_params set as KvCacheTransceiverV2 sets it (req_id,
-      disagg_info_endpoint "kvxfer://<instance>?tp=..&pp=..", which
+      disagg_info_endpoint "kvxfer://<instance>?tp=..&pp=..[&stages=..]", which
       TensorRT-LLM hands the generation request as ctx_info_endpoint).
   check_context_transfer_status(at_least, mark_complete=False)
       returns (completed_request_ids, error_request_ids): sends whose
@@ -118,7 +118,10 @@ send_only; "generation" or "both", the default), "kv_layout" ("HND", the
 default: TensorRT-LLM's pool as its TRTLLM attention kernels and its own
 transceivers lay it out; "NHD": as get_buffers(kv_layout="NHD") reads it).
 The layout (layers, heads, head_dim, dtype, tokens_per_block) is read from
-the KV cache manager; a "model" or "layout" in the config must agree.
+the KV cache manager; a "model" or "layout" in the config must agree. So is
+the pipeline split: a Mapping.pp_partition other than kvxfer's default
+split becomes the node's pp_stages ("context_parallel"'s "stages" says a
+context instance's for the generation side's route).
 """
 
 import enum
@@ -269,15 +272,28 @@ def stage_layers(layers, pp, stage):
     return lo, lo + base + (1 if stage < rem else 0)
 
 
-def context_endpoint(instance, tp, pp):
+def context_endpoint(instance, tp, pp, stages=None):
     """The disagg_info_endpoint a context rank of kvxfer instance `instance`
-    (parallelism tp x pp) stamps on its requests."""
-    return "%s%s?tp=%d&pp=%d" % (ENDPOINT_SCHEME, urllib.parse.quote(instance, safe=""), tp, pp)
+    (parallelism tp x pp; stages, when its pipeline splits the layers
+    otherwise than kvxfer's default, each stage's layer count "1,3")
+    stamps on its requests."""
+    out = "%s%s?tp=%d&pp=%d" % (ENDPOINT_SCHEME, urllib.parse.quote(instance, safe=""), tp, pp)
+    if stages:
+        out += "&stages=" + urllib.parse.quote(stages, safe=",")
+    return out
 
 
 def parse_endpoint(endpoint):
     """(instance, tp, pp) of a context_endpoint string, or None when it is
     not one (another transceiver's endpoint)."""
+    got = parse_route(endpoint)
+    return got[:3] if got is not None else None
+
+
+def parse_route(endpoint):
+    """(instance, tp, pp, stages) of a context_endpoint string (stages: its
+    pipeline split, None for kvxfer's default; the receive checks it), or
+    None when it is not one."""
     if isinstance(endpoint, (list, tuple)):  # get_disaggregated_params' form: [endpoint]
         endpoint = endpoint[0] if len(endpoint) == 1 else None
     if not isinstance(endpoint, str) or not endpoint.startswith(ENDPOINT_SCHEME):
@@ -292,7 +308,7 @@ def parse_endpoint(endpoint):
     name = urllib.parse.unquote(name)
     if not name or tp < 1 or pp < 1:
         return None
-    return name, tp, pp
+    return name, tp, pp, q.get("stages", [None])[0] or None
 
 
 def _name(v):
@@ -382,9 +398,12 @@ class KvxferCacheTransceiver:
     data type kvxfer has no size for; KV heads TP does not split evenly
     (TensorRT-LLM replicates ceil(heads / tp), kvxfer splits them); a
     pipeline stage whose layers (kv_cache_manager.pp_layers: Mapping.pp_layers,
-    pp_partition, a layer mask, speculative layers) are not the ones kvxfer
-    gives that stage (stage_layers); a pool that is not the layout's
-    blocks; a config layout, tokens_per_block, tp or pp other than the
+    a layer mask, speculative layers) are not one contiguous range, or not
+    the range kvxfer's default split (stage_layers) or the mapping's
+    pp_partition gives that stage (a pp_partition that does is kvxfer's
+    pp_stages, which the node, the endpoint and the generation side's
+    receives carry); a pool that is not the layout's blocks; a config
+    layout, tokens_per_block, tp, pp or pp_stages other than the
     manager's; a world_size > 1 without dist; a manager whose shutdown
     cannot be wrapped (_guard_manager_shutdown)."""
 
@@ -445,7 +464,8 @@ class KvxferCacheTransceiver:
         self.context_instance = own.get("context_instance")
         self.context_parallel = own.get("context_parallel") or {}
         if not isinstance(self.context_parallel, dict):
-            raise ValueError("context_parallel = %r: want {\"tp\": n, \"pp\": m}" % (self.context_parallel,))
+            raise ValueError("context_parallel = %r: want {\"tp\": n, \"pp\": m}, and \"stages\": \"1,3\" for a "
+                             "pipeline split other than kvxfer's default" % (self.context_parallel,))
         self.generation = (own.get("generation_tp", 0), own.get("generation_pp", 0))
         self._peers = cfg.get("peers") if isinstance(cfg.get("peers"), list) else []
 
@@ -464,8 +484,16 @@ class KvxferCacheTransceiver:
         cfg["tokens_per_block"] = self.tokens_per_block
         if "transfer_timeout" not in cfg and "transfer_timeout_ms" not in cfg and self.kv_transfer_timeout_ms:
             cfg["transfer_timeout"] = "%dms" % int(self.kv_transfer_timeout_ms)
+        stages = geo["pp_stages"]
+        given = cfg.get("pp_stages")
+        if given not in (None, "", stages) or (given == "" and stages):
+            raise ValueError("pp_stages = %r in the config, TensorRT-LLM's KV cache manager splits the layers %s: the "
+                             "manager's pp_layers are the rank's" % (given, stages or "as kvxfer's default does"))
+        cfg.pop("pp_stages", None)
+        if stages:
+            cfg["pp_stages"] = stages
         cfg.update(tp=tp, pp=pp, rank_tp=int(mapping.tp_rank), rank_pp=int(mapping.pp_rank))
-        self.tp, self.pp = tp, pp
+        self.tp, self.pp, self.pp_stages = tp, pp, stages
         ncfg = node_config(cfg, "producer" if self.role == "context" else None)
         pool = geo["pool"]
         self.device = _cuda_index(pool)
@@ -484,7 +512,7 @@ class KvxferCacheTransceiver:
             raise
         self.node.cuda_fences = self._fences  # the events kvxfer queries live as long as the node
         self.instance = self.node.instance
-        self.endpoint = context_endpoint(self.instance, tp, pp)
+        self.endpoint = context_endpoint(self.instance, tp, pp, stages)
         self._stream = getattr(mgr, "_stream", None)
 
     def _guard_manager_shutdown(self, mgr):
@@ -609,12 +637,9 @@ class KvxferCacheTransceiver:
             raise ValueError("pp_size = %d > %d layers" % (pp, layers))
         lo, hi = stage_layers(layers, pp, stage)
         have = [int(x) for x in mgr.pp_layers]
+        stages = None
         if have != list(range(lo, hi)):
-            shown = have if len(have) <= 12 else have[:6] + ["..."] + have[-3:]
-            raise ValueError("pipeline stage %d of %d holds layers %s of %d (kv_cache_manager.pp_layers), kvxfer "
-                             "gives it [%d, %d): kvxfer splits layers contiguously, the first layers %% pp stages "
-                             "one layer longer (a pp_partition, a layer mask or speculative layers that differ are "
-                             "not supported)" % (stage, pp, shown, layers, lo, hi))
+            stages = self._pp_stages(have, layers, pp, stage, lo, hi)
         tpb, dim = int(mgr.tokens_per_block), int(mgr.head_dim)
         dtype_bytes = _DTYPE_BYTES[dtype]
         buffer = tpb * heads_local[0] * dim * dtype_bytes
@@ -652,7 +677,40 @@ class KvxferCacheTransceiver:
                   "tokens_per_block": tpb, "mla": mla}
         return {"layout": layout, "tokens_per_block": tpb, "mla": mla, "pool": pool, "blocks": blocks, "slot": slot,
                 "buffer": buffer, "kv": kv, "heads": heads_local[0], "dim": dim, "layers": len(have),
-                "dtype_bytes": dtype_bytes}
+                "dtype_bytes": dtype_bytes, "pp_stages": stages}
+
+    def _pp_stages(self, have, layers, pp, stage, lo, hi):
+        """kvxfer's pp_stages (each stage's layer count, "1,3") of a
+        pipeline whose stage `stage` holds layers `have` (the manager's
+        pp_layers) instead of kvxfer's default [lo, hi): the mapping's
+        pp_partition, when the stages hold contiguous layers as it splits
+        them. A ValueError names what no split says: layers that are not
+        one contiguous range (a layer mask), or a range no pp_partition
+        gives this stage (speculative layers, a mask at a stage's edge)."""
+        shown = have if len(have) <= 12 else have[:6] + ["..."] + have[-3:]
+        if not have or have != list(range(have[0], have[-1] + 1)):
+            raise ValueError("pipeline stage %d of %d holds layers %s of %d (kv_cache_manager.pp_layers): not one "
+                             "contiguous range (a layer mask?); kvxfer gives each stage a contiguous range of the "
+                             "layers; not supported" % (stage, pp, shown, layers))
+        part = getattr(self._mapping, "pp_partition", None)
+        if part is None:
+            raise ValueError("pipeline stage %d of %d holds layers [%d, %d) of %d (kv_cache_manager.pp_layers), "
+                             "kvxfer's default split gives it [%d, %d), and the mapping has no pp_partition to say "
+                             "every stage's layer count (a layer mask or speculative layers?); not supported"
+                             % (stage, pp, have[0], have[-1] + 1, layers, lo, hi))
+        try:
+            counts = [int(n) for n in part]
+        except (TypeError, ValueError):
+            raise ValueError("pp_partition = %r: want each pipeline stage's layer count" % (part,)) from None
+        if len(counts) != pp or sum(counts) != layers or min(counts) < 1:
+            raise ValueError("pp_partition = %s: want %d stages' layer counts, each >= 1, adding up to the %d layers"
+                             % (counts, pp, layers))
+        plo = sum(counts[:stage])
+        if have != list(range(plo, plo + counts[stage])):
+            raise ValueError("pipeline stage %d of %d holds layers [%d, %d) of %d (kv_cache_manager.pp_layers), "
+                             "pp_partition %s gives it [%d, %d) (a layer mask or speculative layers?); not supported"
+                             % (stage, pp, have[0], have[-1] + 1, layers, counts, plo, plo + counts[stage]))
+        return ",".join(str(n) for n in counts)
 
     @staticmethod
     def _nhd_memory(pool, geo):
@@ -954,15 +1012,17 @@ class KvxferCacheTransceiver:
         return v
 
     def _route(self, req):
-        """(context instance, tp, pp) of req: its kvxfer ctx_info_endpoint
-        (or context_phase_params' disagg_info_endpoint), else the config's
-        context_instance. A ValueError names what is missing."""
+        """(context instance, tp, pp, stages) of req: its kvxfer
+        ctx_info_endpoint (or context_phase_params' disagg_info_endpoint),
+        else the config's context_instance (and context_parallel, or its
+        peers' parallel). stages: the context's pipeline split, None for
+        kvxfer's default. A ValueError names what is missing."""
         params = getattr(req, "py_disaggregated_params", None)
         seen = []
         for src in (getattr(params, "ctx_info_endpoint", None) if params is not None else None,
                     getattr(getattr(req, "context_phase_params", None), "disagg_info_endpoint", None)):
             if src:
-                got = parse_endpoint(src)
+                got = parse_route(src)
                 if got is not None:
                     return got
                 seen.append(src)
@@ -977,7 +1037,7 @@ class KvxferCacheTransceiver:
                 if isinstance(p, dict) and p.get("instance") == name and p.get("parallel"):
                     par = p["parallel"]
                     break
-        return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1)
+        return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1), par.get("stages") or None
 
     def request_and_receive_async(self, req):
         """Starts receiving req's KV cache into its blocks (generation
@@ -1000,7 +1060,7 @@ class KvxferCacheTransceiver:
             if t.reason is not None:
                 return
             try:
-                context, ctp, cpp = self._route(req)
+                context, ctp, cpp, cstages = self._route(req)
                 blocks = self._blocks(req, "receive")
                 hit = 0
                 if getattr(self._mgr, "enable_block_reuse", False):
@@ -1008,7 +1068,8 @@ class KvxferCacheTransceiver:
                     hit = int(getattr(req, "prepopulated_prompt_len", 0) or 0) // self.tokens_per_block
                 hit = min(hit, len(blocks))
                 t.handle = self.node.receive(t.key, req.prompt_len, context, blocks=[blocks[hit:]],
-                                             prefix_hit_blocks=[hit], context_tp=ctp, context_pp=cpp)
+                                             prefix_hit_blocks=[hit], context_tp=ctp, context_pp=cpp,
+                                             context_pp_stages=cstages)
                 self._by_handle[t.handle.handle] = t
             except Exception as exc:  # noqa: BLE001 - one request's trouble: never into the loop
                 t.reason = "receive of request %s (%s): %s" % (rid, t.key, _describe(exc))

@@ -463,13 +463,28 @@ def test_construction_refusals_name_the_value():
     _expect_refusal("num_kv_heads = 4 over tp_size = 8", mapping=Mapping(8, 1), dist=_DIST,
                     mgr=_mgr(Mapping(8, 1)))
     _expect_refusal("attention_type MLA with kv_factor = 2", attention_type=AttentionType.MLA)
-    # A pipeline split other than kvxfer's: a pp_partition of [1, 3] puts
-    # layer 0 alone on stage 0, kvxfer gives it [0, 2); a layer mask leaves
-    # a gap.
+    # Stage layers no pipeline split says (a pp_partition is one: it is
+    # taken as pp_stages): a layer mask that leaves a gap; one that cuts a
+    # stage's edge, with no pp_partition, or other than the pp_partition
+    # gives it; a pp_partition of other stages or layers than the
+    # mapping's; a config pp_stages other than the manager's split.
+    _expect_refusal(r"holds layers \[0, 2, 3\] of 4 \(kv_cache_manager.pp_layers\): not one contiguous range",
+                    mgr=_mgr(num_layers=3, layer_mask=[True, False, True, True]))
+    _expect_refusal(r"stage 0 of 1 holds layers \[1, 4\) of 4 .*default split gives it \[0, 4\), and the mapping "
+                    r"has no pp_partition", mgr=_mgr(layer_mask=[False, True, True, True]))
+    pmap = Mapping(1, 2, rank=1, pp_partition=[2, 2])
+    _expect_refusal(r"stage 1 of 2 holds layers \[2, 3\) of 4 .*pp_partition \[2, 2\] gives it \[2, 4\)",
+                    mapping=pmap, dist=_DIST, mgr=_mgr(pmap, layer_mask=[True, True, True, False]))
+    _expect_refusal(r"pp_partition = \[1, 2\]: want 2 stages' layer counts, each >= 1, adding up to the 4 layers",
+                    mapping=Mapping(1, 2, rank=0, pp_partition=[1, 2]), dist=_DIST,
+                    mgr=_mgr(Mapping(1, 2, rank=0, pp_partition=[1, 3])))
     pmap = Mapping(1, 2, rank=0, pp_partition=[1, 3])
-    _expect_refusal(r"stage 0 of 2 holds layers \[0\] of 4.*gives it \[0, 2\)", mapping=pmap, dist=_DIST,
-                    mgr=_mgr(pmap))
-    _expect_refusal(r"holds layers \[0, 2, 3\]", mgr=_mgr(num_layers=3, layer_mask=[True, False, True, True]))
+    _expect_refusal(r"pp_stages = '2,2' in the config, TensorRT-LLM's KV cache manager splits the layers 1,3",
+                    mapping=pmap, dist=_DIST, mgr=_mgr(pmap), pp_stages="2,2")
+    _expect_refusal(r"pp_stages = '' in the config, TensorRT-LLM's KV cache manager splits the layers 1,3",
+                    mapping=pmap, dist=_DIST, mgr=_mgr(pmap), pp_stages="")
+    _expect_refusal(r"pp_stages = '1,3' in the config, TensorRT-LLM's KV cache manager splits the layers as "
+                    r"kvxfer's default", pp_stages="1,3")
     _expect_refusal("world_size = 2 without a Distributed", mapping=Mapping(2, 1), mgr=_mgr(Mapping(2, 1)))
     # The pool is not block-first: layer offset 1's view starts elsewhere.
     odd = _mgr()

@@ -96,6 +96,43 @@ def test_every_byte_lands_in_the_generation_blocks(cluster, cpar, gpar, mgr_kw):
         assert not x.failures
 
 
+PARTITIONS = [
+    pytest.param((1, 2), [1, 3], (1, 1), None, id="ctx-pp2-partition-1-3-to-gen-pp1"),
+    pytest.param((1, 1), None, (1, 2), [3, 1], id="ctx-pp1-to-gen-pp2-partition-3-1"),
+    pytest.param((1, 2), [3, 1], (1, 2), [1, 3], id="ctx-partition-3-1-to-gen-partition-1-3"),
+]
+
+
+@pytest.mark.parametrize("cpar,cpart,gpar,gpart", PARTITIONS)
+def test_a_pp_partition_is_carried_as_pp_stages(cluster, cpar, cpart, gpar, gpart):
+    """A pipeline split by TensorRT-LLM's pp_partition other than kvxfer's
+    default (2 + 2 layers of 4) is each node's pp_stages: the context's
+    endpoint carries it, the generation side's receive names it, and every
+    K and V byte of every layer lands where the generation rank's layers
+    are. The route from the config's peers carries it too. (Checked to
+    fail before: the transceiver refused the pp_partition at
+    construction.)"""
+    cx, cm, gx, gm = cluster(cpar, gpar, ctx_partition=cpart, gen_partition=gpart)
+    stages = ",".join(map(str, cpart)) if cpart else None
+    for x, part in [(x, cpart) for x in cx] + [(x, gpart) for x in gx]:
+        assert x.pp_stages == (",".join(map(str, part)) if part else None)
+    prompt = 10
+    creqs, cblocks = send(cx, cm, 4343, prompt, seed=5)
+    for req in creqs:
+        assert kt.parse_route(req.context_phase_params.disagg_info_endpoint) == (cx[0].instance,) + cpar + (stages,)
+        assert kt.parse_endpoint(req.context_phase_params.disagg_info_endpoint) == (cx[0].instance,) + cpar
+    greqs, gblocks = receive(gx, gm, 78, prompt, creqs[0])
+    got = on_ranks([lambda x=x: reap_ctx(x, [4343]) for x in cx] + [lambda x=x: reap_gen(x, [78]) for x in gx])
+    assert got == [{4343: "done"}] * len(cx) + [{78: "done"}] * len(gx), [x.failures for x in cx + gx]
+    assert _compare(cm, cblocks, gm, gblocks, prompt) == 2 * 4 * HEADS * prompt * DIM * 2
+    # No kvxfer endpoint on the request: the config's context_instance and
+    # its peers' parallel (with the split) route it.
+    g = gx[0]
+    g.context_instance = cx[0].instance
+    assert g._route(LlmRequest(79, prompt, DisaggregatedParams(ctx_request_id=1))) == (cx[0].instance,) + cpar + (
+        stages,)
+
+
 def test_mark_complete_and_the_reuse_commit(cluster):
     """check_context_transfer_status(n, mark_complete=True) moves a
     completed send to DISAGG_CONTEXT_COMPLETE; commit_blocks_for_reuse

@@ -279,13 +279,16 @@ class Group:
         return d
 
 
-def instance_configs(tmp, name, parallel, peer_name, peer_parallel, secret, peer_pub, **kw):
+def instance_configs(tmp, name, parallel, peer_name, peer_parallel, secret, peer_pub, peer_stages=None, **kw):
     """A kvxfer config per rank of instance `name` (TP-fastest ranks): a
     node bound at ipc://<tmp>/<name>-<rank>.sock, every rank of the peer
-    instance a static peer."""
+    instance a static peer (peer_stages: its pipeline split, "1,3")."""
     tp, pp = parallel
     ptp, ppp = peer_parallel
-    peers = [{"instance": peer_name, "parallel": {"tp": ptp, "pp": ppp}, "rank": {"tp": r % ptp, "pp": r // ptp},
+    ppar = {"tp": ptp, "pp": ppp}
+    if peer_stages:
+        ppar["stages"] = peer_stages
+    peers = [{"instance": peer_name, "parallel": ppar, "rank": {"tp": r % ptp, "pp": r // ptp},
               "endpoint": "ipc://%s/%s-%d.sock" % (tmp, peer_name, r), "public_key": peer_pub}
              for r in range(ptp * ppp)]
     out = []
@@ -297,15 +300,18 @@ def instance_configs(tmp, name, parallel, peer_name, peer_parallel, secret, peer
     return out
 
 
-def make_instance(tmp, name, parallel, peer_name, peer_parallel, keys, peer_pub, mgr_kw=None, ctc=None, **kw):
-    """(transceivers, managers) of every rank of an instance."""
+def make_instance(tmp, name, parallel, peer_name, peer_parallel, keys, peer_pub, mgr_kw=None, ctc=None,
+                  partition=None, peer_partition=None, **kw):
+    """(transceivers, managers) of every rank of an instance (partition:
+    its Mapping's pp_partition; peer_partition: the peer instance's)."""
     tp, pp = parallel
     group = Group(tp * pp) if tp * pp > 1 else None
-    cfgs = instance_configs(tmp, name, parallel, peer_name, peer_parallel, keys[1], peer_pub, **kw)
+    cfgs = instance_configs(tmp, name, parallel, peer_name, peer_parallel, keys[1], peer_pub,
+                            peer_stages=",".join(map(str, peer_partition)) if peer_partition else None, **kw)
     xs, ms = [], []
     try:
         for r, cfg in enumerate(cfgs):
-            mapping = Mapping(tp, pp, rank=r)
+            mapping = Mapping(tp, pp, rank=r, pp_partition=partition)
             mgr = KVCacheManager(mapping, **(mgr_kw or {}))
             dist = group.dist(r) if group else None
             xs.append(KvxferCacheTransceiver(mapping, dist, mgr, None, ctc or CacheTransceiverConfig(), config=cfg))
@@ -384,14 +390,17 @@ def cluster():
         made = []
         before = kvxfer.handle_count()
 
-        def make(cpar, gpar, ctx_mgr=None, gen_mgr=None, ctx_kw=None, gen_kw=None, start_ctx=True, ctc=None):
+        def make(cpar, gpar, ctx_mgr=None, gen_mgr=None, ctx_kw=None, gen_kw=None, start_ctx=True, ctc=None,
+                 ctx_partition=None, gen_partition=None):
             ck, gk = keypair(), keypair()
             cname, gname = unique("trt-ctx"), unique("trt-gen")
             cx, cm = ([], [])
             if start_ctx:
-                cx, cm = make_instance(tmp, cname, cpar, gname, gpar, ck, gk[0], ctx_mgr, ctc, **(ctx_kw or {}))
+                cx, cm = make_instance(tmp, cname, cpar, gname, gpar, ck, gk[0], ctx_mgr, ctc, ctx_partition,
+                                       gen_partition, **(ctx_kw or {}))
                 made.extend(cx)
-            gx, gm = make_instance(tmp, gname, gpar, cname, cpar, gk, ck[0], gen_mgr, ctc, **(gen_kw or {}))
+            gx, gm = make_instance(tmp, gname, gpar, cname, cpar, gk, ck[0], gen_mgr, ctc, gen_partition,
+                                   ctx_partition, **(gen_kw or {}))
             made.extend(gx)
             if start_ctx:
                 for x in cx + gx:
