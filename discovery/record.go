@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -106,17 +105,8 @@ func (r Record) validate(full bool) error {
 		if r.TP < 0 || r.TP >= p.TP || r.PP < 0 || r.PP >= p.PP {
 			return invalid("%s/%d: coordinates tp=%d pp=%d outside TP=%d PP=%d", r.Instance, r.Rank, r.TP, r.PP, p.TP, p.PP)
 		}
-		if p.Stages != "" {
-			if len(p.Stages) > 5*int(p.PP) {
-				return invalid("%s/%d: pp_stages of %d bytes for PP=%d", r.Instance, r.Rank, len(p.Stages), p.PP)
-			}
-			counts, err := kvcache.ParseStages(p.Stages)
-			if err != nil {
-				return invalid("%s/%d: pp_stages: %v", r.Instance, r.Rank, err)
-			}
-			if len(counts) != int(p.PP) {
-				return invalid("%s/%d: pp_stages %q name %d stages, PP=%d", r.Instance, r.Rank, p.Stages, len(counts), p.PP)
-			}
+		if err := messages.CheckStages(p.Stages, p.PP); err != nil {
+			return invalid("%s/%d: pp_stages: %v", r.Instance, r.Rank, err)
 		}
 	} else if r.TP != 0 || r.PP != 0 {
 		return invalid("%s/%d: coordinates tp=%d pp=%d without parallel sizes", r.Instance, r.Rank, r.TP, r.PP)

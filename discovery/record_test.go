@@ -77,8 +77,9 @@ func TestRecordValidate(t *testing.T) {
 		{"no agent address", mod(func(r *Record) { r.AgentAddr = nil }), "agent address of 0 bytes"},
 		{"no parallel", mod(func(r *Record) { r.Parallel = messages.Parallel{} }), "parallel TP=0"},
 		{"tp outside", mod(func(r *Record) { r.TP = 2 }), "coordinates tp=2"},
-		{"stages of another PP", mod(func(r *Record) { r.Parallel.Stages = "3,4" }), `pp_stages "3,4" name 2 stages, PP=1`},
-		{"stages malformed", mod(func(r *Record) { r.Parallel.Stages = "x" }), `pp_stages: kvcache: bad parallelism: Stages "x"`},
+		{"stages of another PP", mod(func(r *Record) { r.Parallel.Stages = "3,4" }), `gen/1: pp_stages: stages "3,4" name 2 stages, PP=1`},
+		{"stages malformed", mod(func(r *Record) { r.Parallel.Stages = "x" }), `gen/1: pp_stages: stages: kvcache: bad parallelism: Stages "x"`},
+		{"stages too long", mod(func(r *Record) { r.Parallel.Stages = "1,1,1,1,1,1" }), `gen/1: pp_stages: stages of 11 bytes for PP=1, want at most 5`},
 	}
 	for _, c := range cases {
 		err := c.r.Validate()
@@ -114,6 +115,7 @@ func TestDecodeRecordRefuses(t *testing.T) {
 		"negative tp size": strings.Replace(s, `"tp_size":2`, `"tp_size":-2`, 1),
 		"oversized":        s + strings.Repeat(" ", MaxRecordBytes),
 		"bad base64":       strings.Replace(s, `"agent_addr":"`, `"agent_addr":"!`, 1),
+		"bad pp_stages":    strings.Replace(s, `"tp":`, `"pp_stages":"3,4","tp":`, 1),
 	}
 	for name, v := range cases {
 		if v == s {
@@ -122,6 +124,18 @@ func TestDecodeRecordRefuses(t *testing.T) {
 		if _, err := DecodeRecord([]byte(v)); !errors.Is(err, ErrInvalidRecord) {
 			t.Errorf("%s: %v, want %v", name, err, ErrInvalidRecord)
 		}
+	}
+}
+
+// TestDecodeRecordNamesBadStages: a stored record whose pp_stages does not
+// fit its pp_size is refused with an error naming the record, the field
+// and the value.
+func TestDecodeRecordNamesBadStages(t *testing.T) {
+	good, _ := testRecord("gen", 0, 1).Encode()
+	bad := strings.Replace(string(good), `"tp":`, `"pp_stages":"3,4","tp":`, 1)
+	_, err := DecodeRecord([]byte(bad))
+	if want := `gen/0: pp_stages: stages "3,4" name 2 stages, PP=1`; !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), want) {
+		t.Errorf("DecodeRecord(%s): %v, want %v naming %q", bad, err, ErrInvalidRecord, want)
 	}
 }
 

@@ -317,19 +317,30 @@ func (p Parallel) validate(what string) error {
 	if p.TP < 1 || p.TP > 1024 || p.PP < 1 || p.PP > 1024 {
 		return invalid("%s parallel TP=%d PP=%d, want 1..1024 each", what, p.TP, p.PP)
 	}
-	if p.Stages == "" {
+	if err := CheckStages(p.Stages, p.PP); err != nil {
+		return invalid("%s parallel %v", what, err)
+	}
+	return nil
+}
+
+// CheckStages checks a Parallel's Stages against its PP, wherever a peer's
+// parallelism comes from (a Hello, a RequestData, a discovery record): ""
+// (the default split) or PP layer counts as kvcache.ParseStages reads them,
+// the value bounded before it is split (counts of at most 4 digits each).
+// The error names the value; the caller says where it came from.
+func CheckStages(stages string, pp int32) error {
+	if stages == "" {
 		return nil
 	}
-	// Bounded before it is split: PP counts of at most 4 digits each.
-	if len(p.Stages) > 5*int(p.PP) {
-		return invalid("%s parallel stages of %d bytes for PP=%d, want at most %d", what, len(p.Stages), p.PP, 5*p.PP)
+	if pp < 1 || len(stages) > 5*int(pp) {
+		return fmt.Errorf("stages of %d bytes for PP=%d, want at most %d", len(stages), pp, 5*max(int(pp), 0))
 	}
-	counts, err := kvcache.ParseStages(p.Stages)
+	counts, err := kvcache.ParseStages(stages)
 	if err != nil {
-		return invalid("%s parallel: %v", what, err)
+		return fmt.Errorf("stages: %w", err)
 	}
-	if len(counts) != int(p.PP) {
-		return invalid("%s parallel stages %q name %d stages, PP=%d", what, p.Stages, len(counts), p.PP)
+	if len(counts) != int(pp) {
+		return fmt.Errorf("stages %q name %d stages, PP=%d", stages, len(counts), pp)
 	}
 	return nil
 }

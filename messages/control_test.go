@@ -2,6 +2,7 @@ package messages_test
 
 import (
 	"math/big"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -54,5 +55,36 @@ func TestHelloWithoutKeyRoundTrips(t *testing.T) {
 	h.Region.Len = 0
 	if err := h.Validate(); err == nil {
 		t.Errorf("a keyless Hello whose pools lie past its region of length 0 validates")
+	}
+}
+
+// TestCheckStages: the one check of a Parallel's Stages (the wire's and a
+// discovery record's) names the value it refuses.
+func TestCheckStages(t *testing.T) {
+	for _, c := range []struct {
+		stages string
+		pp     int32
+		want   string // "" accepted
+	}{
+		{"", 4, ""},
+		{"7,8,8,7", 4, ""},
+		{"3,4", 1, `stages "3,4" name 2 stages, PP=1`},
+		{"x", 1, `stages: kvcache: bad parallelism: Stages "x": stage 0's layer count "x"`},
+		{"07", 1, `stage 0's layer count "07"`},
+		{"1,1,1", 1, `stages "1,1,1" name 3 stages, PP=1`},
+		{"1,1,1,1", 1, "stages of 7 bytes for PP=1, want at most 5"},
+		{"1", 0, "stages of 1 bytes for PP=0, want at most 0"},
+		{"1", -3, "stages of 1 bytes for PP=-3, want at most 0"},
+	} {
+		err := messages.CheckStages(c.stages, c.pp)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("CheckStages(%q, %d): %v, want nil", c.stages, c.pp, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CheckStages(%q, %d): %v, want an error naming %q", c.stages, c.pp, err, c.want)
+		}
 	}
 }
