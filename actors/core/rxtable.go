@@ -1,6 +1,7 @@
 package core
 
 import (
+	"container/list"
 	"fmt"
 	"slices"
 	"time"
@@ -27,8 +28,23 @@ type RxTable struct {
 	down    map[messages.PeerID]bool
 	// inc is this rank's incarnation; incs the latest heard of each writer
 	// (its Hello or its frames): a request is addressed to it.
-	inc  uint64
-	incs map[messages.PeerID]uint64
+	//
+	// incs is bounded: writing counts the started requests each peer
+	// writes for, and idle lists the peers in incs that write for none,
+	// least recently learnt or idle first; past maxIdleIncs of them the
+	// first is forgotten, so that writers that come and go (ever new
+	// identities, a restart under a new name) do not grow it for good. A
+	// frame of a peer neither known nor writing teaches nothing (Route).
+	// Forgetting loses nothing a started request needs — routing reads
+	// the requests' own writers (entries), never incs — and for the next
+	// request the shell learns each writer's latest Hello again (Writers);
+	// a RequestData addressed to no incarnation (0) waits for that Hello
+	// before it leaves (docs/membership.md).
+	inc     uint64
+	incs    map[messages.PeerID]uint64
+	writing map[messages.PeerID]int
+	idle    map[messages.PeerID]*list.Element
+	idleLRU *list.List // of messages.PeerID, least recently idle first
 	// gone is the latest incarnation of each writer proven exited
 	// (Exited): a request is never addressed to it or an earlier one.
 	gone map[messages.PeerID]uint64
@@ -71,7 +87,8 @@ func (e *rxEntry) writer(peer messages.PeerID) (index int, inc uint64, ok bool) 
 func NewRxTable(self messages.PeerID, l kvcache.Layout, par kvcache.Parallel, rank kvcache.Rank, workers int) *RxTable {
 	return &RxTable{self: self, layout: l, par: par, rank: rank, workers: max(workers, 1),
 		entries: map[string]*rxEntry{}, down: map[messages.PeerID]bool{}, maps: map[kvcache.Parallel]peerMap{},
-		incs: map[messages.PeerID]uint64{}, gone: map[messages.PeerID]uint64{}}
+		incs: map[messages.PeerID]uint64{}, writing: map[messages.PeerID]int{},
+		idle: map[messages.PeerID]*list.Element{}, idleLRU: list.New(), gone: map[messages.PeerID]uint64{}}
 }
 
 // SetIncarnation sets this rank's incarnation: RequestData carry it.
@@ -82,6 +99,50 @@ func (t *RxTable) SetIncarnation(inc uint64) { t.inc = inc }
 func (t *RxTable) Learn(peer messages.PeerID, inc uint64) {
 	if inc > t.incs[peer] {
 		t.incs[peer] = inc
+		t.noteIdle(peer)
+	}
+}
+
+// maxIdleIncs bounds the incarnations RxTable keeps of peers that write
+// for no started request (incs): as many as the control link's directory
+// holds peers (control/zmq's maxPeers).
+const maxIdleIncs = 4096
+
+// noteIdle lists peer as idle (last) when it has an incarnation and
+// writes for no started request, and forgets the first idle peers' past
+// maxIdleIncs.
+func (t *RxTable) noteIdle(peer messages.PeerID) {
+	if _, known := t.incs[peer]; !known || t.writing[peer] > 0 {
+		return
+	}
+	if el := t.idle[peer]; el != nil {
+		t.idleLRU.MoveToBack(el) // heard again
+		return
+	}
+	t.idle[peer] = t.idleLRU.PushBack(peer)
+	for t.idleLRU.Len() > maxIdleIncs {
+		old := t.idleLRU.Remove(t.idleLRU.Front()).(messages.PeerID)
+		delete(t.idle, old)
+		delete(t.incs, old)
+	}
+}
+
+// notIdle takes peer off the idle list.
+func (t *RxTable) notIdle(peer messages.PeerID) {
+	if el := t.idle[peer]; el != nil {
+		t.idleLRU.Remove(el)
+		delete(t.idle, peer)
+	}
+}
+
+// unref drops e's writers from writing; each that writes for no started
+// request any more becomes idle.
+func (t *RxTable) unref(e *rxEntry) {
+	for _, w := range e.writers {
+		if t.writing[w.peer]--; t.writing[w.peer] <= 0 {
+			delete(t.writing, w.peer)
+			t.noteIdle(w.peer)
+		}
 	}
 }
 
@@ -234,6 +295,13 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 				GenTP:        int32(t.rank.TP), GenPP: int32(t.rank.PP),
 				PromptLen: int32(o.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
+	if old := t.entries[o.Request]; old != nil {
+		t.unref(old) // the shell starts no request twice; were it to, count it once
+	}
+	for _, w := range e.writers {
+		t.writing[w.peer]++
+		t.notIdle(w.peer)
+	}
 	t.entries[o.Request] = e
 	return epoch, writers, nil
 }
@@ -253,11 +321,16 @@ const (
 
 // Route classifies a Result or CancelAck from its sender; with
 // RxRouteDeliver, writer is the sender's writer index. Any frame from a
-// peer shows it alive: it leaves the down set.
+// peer shows it alive: it leaves the down set. A frame teaches its
+// sender's incarnation when the sender writes for a started request or
+// its incarnation is known; one of any other peer teaches nothing (incs:
+// every identity a peer names would be kept).
 func (t *RxTable) Route(f messages.Frame) (v RxRouteVerdict, writer int) {
 	from := f.Sender()
 	delete(t.down, from)
-	t.Learn(from, FromIncarnation(f))
+	if _, known := t.incs[from]; known || t.writing[from] > 0 {
+		t.Learn(from, FromIncarnation(f))
+	}
 	return t.Lookup(f)
 }
 
@@ -309,6 +382,7 @@ func (t *RxTable) WriterRefs(peer messages.PeerID) []RxWriterRef {
 func (t *RxTable) Exited(peer messages.PeerID, inc uint64) []RxWriterRef {
 	if t.incs[peer] == inc {
 		delete(t.incs, peer)
+		t.notIdle(peer)
 	}
 	if inc > t.gone[peer] {
 		t.gone[peer] = inc
@@ -353,8 +427,14 @@ func (t *RxTable) ExitedWriters(o RxOpen) []messages.PeerID {
 // Heard takes peer out of the down set: the control plane hears it again.
 func (t *RxTable) Heard(peer messages.PeerID) { delete(t.down, peer) }
 
-// Stopped forgets a request whose session released everything.
-func (t *RxTable) Stopped(request string) { delete(t.entries, request) }
+// Stopped forgets a request whose session released everything; its
+// writers that write for no other become idle (incs).
+func (t *RxTable) Stopped(request string) {
+	if e := t.entries[request]; e != nil {
+		t.unref(e)
+		delete(t.entries, request)
+	}
+}
 
 // Started reports whether request has a started session.
 func (t *RxTable) Started(request string) bool { return t.entries[request] != nil }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -137,5 +138,121 @@ func TestRxTablePeerMapsAreBounded(t *testing.T) {
 		if m.err != nil {
 			t.Fatalf("the refused parallelism %v is kept: %v", p, m.err)
 		}
+	}
+}
+
+// rxResult is a Result of request from incarnation inc of peer.
+func rxResult(request string, peer messages.PeerID, inc uint64) *messages.Result {
+	return &messages.Result{RequestID: request, From: peer, Incarnations: messages.Incarnations{FromIncarnation: inc}}
+}
+
+// rxOpenOf is a request of one writer, rank 0 of instance.
+func rxOpenOf(id, instance string) RxOpen {
+	return RxOpen{Request: id, PromptLen: 16, Context: instance, ContextParallel: kvcache.Parallel{TP: 1, PP: 1}}
+}
+
+// rxStartOf starts request id of the one writer peer, learnt at inc just
+// before (its Hello), and checks it is addressed to inc.
+func rxStartOf(t *testing.T, tb *RxTable, id string, peer messages.PeerID, inc uint64) {
+	t.Helper()
+	tb.Learn(peer, inc)
+	if _, ws, err := tb.Start(rxOpenOf(id, peer.Instance), [][]kvcache.BlockID{{1}}, testEpoch0); err != nil || len(ws) != 1 || ws[0].Incarnation != inc {
+		t.Fatalf("start %s: %v %+v, want one writer addressed to %d", id, err, ws, inc)
+	}
+}
+
+// TestRxTableIncarnationsAreBounded: the table keeps the incarnations of
+// at most maxIdleIncs peers that write for no started request, forgetting
+// the least recently heard first, and none of a peer it never knew that
+// sends frames (--insecure peers may name any identity); a writer of a
+// live request is never forgotten, however many come and go. Without the
+// bound it kept the latest incarnation of every peer it had heard, for
+// good: writers under ever new identities (a context instance restarted
+// under a new name each time) and strangers' frames grew it without end.
+func TestRxTableIncarnationsAreBounded(t *testing.T) {
+	const n = maxIdleIncs + 100
+	tb := NewRxTable(rxGen, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+	keep := messages.PeerID{Instance: "keep"}
+	rxStartOf(t, tb, "live", keep, 9) // stays live throughout
+	ctx := messages.PeerID{Instance: "ctx"}
+	for i := range n {
+		peer := messages.PeerID{Instance: fmt.Sprintf("ctx-%d", i)}
+		// A writer of a new identity, and a restart of the same one.
+		for _, p := range []messages.PeerID{peer, ctx} {
+			id := fmt.Sprintf("%s/r%d", p.Instance, i)
+			rxStartOf(t, tb, id, p, uint64(i+1))
+			if v, w := tb.Route(rxResult(id, p, uint64(i+1))); v != RxRouteDeliver || w != 0 {
+				t.Fatalf("Result of %s: %v writer %d", id, v, w)
+			}
+			tb.Stopped(id)
+		}
+		// Frames of senders the table never knew: for no request, and
+		// for a request they do not write for.
+		for _, req := range []string{"nothing", "live"} {
+			stranger := messages.PeerID{Instance: fmt.Sprintf("evil-%s-%d", req, i), Rank: int32(i)}
+			tb.Route(rxResult(req, stranger, 7))
+			if tb.Incarnation(stranger) != 0 {
+				t.Fatalf("a stranger's frame taught its incarnation")
+			}
+		}
+	}
+	if len(tb.incs) != maxIdleIncs+1 || len(tb.idle) != maxIdleIncs || tb.idleLRU.Len() != maxIdleIncs || len(tb.writing) != 1 {
+		t.Fatalf("after %d identities, %d restarts and %d strangers: incarnations of %d peers kept (%d idle, %d listed, %d writing), want %d (%d idle, 1 writing)",
+			n, n, 2*n, len(tb.incs), len(tb.idle), tb.idleLRU.Len(), len(tb.writing), maxIdleIncs+1, maxIdleIncs)
+	}
+	if got := tb.Incarnation(keep); got != 9 {
+		t.Fatalf("the live request's writer: incarnation %d, want 9", got)
+	}
+	if got := tb.Incarnation(ctx); got != n {
+		t.Fatalf("the writer restarted %d times: incarnation %d, want %d", n, got, n)
+	}
+	if tb.Incarnation(messages.PeerID{Instance: "ctx-0"}) != 0 || tb.Incarnation(messages.PeerID{Instance: fmt.Sprintf("ctx-%d", n-1)}) != n {
+		t.Fatal("the least recently heard idle writer is kept, or the latest forgotten")
+	}
+	// A forgotten writer's next request is addressed as any: to its latest
+	// Hello, learnt just before its Start.
+	rxStartOf(t, tb, "again", messages.PeerID{Instance: "ctx-0"}, 77)
+}
+
+// TestRxTableOldIncarnationStillRoutes: a writer that restarted while a
+// request addressed to its old incarnation still drains keeps its latest
+// incarnation while that request is live, however many idle writers push
+// others out: the old incarnation's Result still reaches the request, its
+// exit proof still names it, and a frame of the writer still teaches its
+// incarnation; once every request of it stopped it is kept as before, and
+// a request started without a fresh Hello is addressed to it.
+func TestRxTableOldIncarnationStillRoutes(t *testing.T) {
+	tb := NewRxTable(rxGen, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+	writer := messages.PeerID{Instance: "ctx"}
+	rxStartOf(t, tb, "old", writer, 5)
+	rxStartOf(t, tb, "new", writer, 6) // the writer restarted: its new Hello
+	tb.Stopped("new")
+	// A late frame of the writer still teaches its incarnation.
+	if tb.Route(rxResult("new", writer, 7)); tb.Incarnation(writer) != 7 {
+		t.Fatalf("incarnation %d after a frame of incarnation 7, want 7", tb.Incarnation(writer))
+	}
+	for i := range maxIdleIncs + 10 { // idle writers enough to push the first out
+		rxStartOf(t, tb, fmt.Sprintf("r%d", i), messages.PeerID{Instance: fmt.Sprintf("ctx-%d", i)}, 1)
+		tb.Stopped(fmt.Sprintf("r%d", i))
+	}
+	if got := tb.Incarnation(writer); got != 7 {
+		t.Fatalf("incarnation %d while a request of the writer is live, want 7 (the latest)", got)
+	}
+	if v, w := tb.Route(rxResult("old", writer, 5)); v != RxRouteDeliver || w != 0 {
+		t.Fatalf("Result of incarnation 5 for the request addressed to it: %v writer %d", v, w)
+	}
+	if got := tb.Incarnation(writer); got != 7 {
+		t.Fatalf("incarnation %d after the old one's Result, want 7 (never backwards)", got)
+	}
+	if refs := tb.Exited(writer, 5); len(refs) != 1 || refs[0] != (RxWriterRef{Request: "old"}) {
+		t.Fatalf("Exited(5) = %v, want the old request's writer 0", refs)
+	}
+	tb.Stopped("old")
+	if v, _ := tb.Route(rxResult("old", writer, 5)); v != RxRouteStale {
+		t.Fatalf("Result after the session stopped: %v", v)
+	}
+	_, ws, err := tb.Start(rxOpenOf("next", "ctx"), [][]kvcache.BlockID{{1}}, testEpoch0)
+	if err != nil || ws[0].Incarnation != 7 {
+		t.Fatalf("a request without a fresh Hello: %v %+v, want addressed to 7", err, ws)
 	}
 }
