@@ -37,3 +37,6 @@ func (n *Node) CallerAllocations() int {
 
 // Apply acts on one registry event as the node's membership goroutine does.
 func (n *Node) Apply(ev discovery.Event) { n.apply(ev) }
+
+// LinkHello is the node's link's Hello of peer.
+func (n *Node) LinkHello(peer messages.PeerID) (*messages.Hello, error) { return n.link.Hello(peer) }

@@ -89,28 +89,49 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 }
 
 // instanceParallel is the parallelism of instance as this node knows it:
-// what its rank 0 said in its Hello (what it runs as, pipeline split
-// included), else what its etcd records say, else what this node's config
-// gives its peers; false when the node knows none of them. A Receive
-// without a ContextParallel takes it, so that a caller that cannot know
-// the context's parallelism (vLLM's decode side: the prefill instance's
-// TP is not in a request's kv_transfer_params) plans for the writers the
-// context instance has, not for one.
+// what its rank 0 runs as, else what its other ranks' etcd records say,
+// else what this node's config gives its peers; false when the node knows
+// none of them. A Receive without a ContextParallel takes it, so that a
+// caller that cannot know the context's parallelism (vLLM's decode side:
+// the prefill instance's TP is not in a request's kv_transfer_params)
+// plans for the writers the context instance has, not for one.
+//
+// What rank 0 runs as (pipeline split included) is its etcd record while
+// etcd holds one (the incarnation etcd has now: the link's Hello of the
+// rank may still be an incarnation etcd put out, whose process lives on
+// and repeats its Hello), else its Hello, unless etcd put the rank out
+// and no incarnation came back. Of the other ranks' records, the newest
+// incarnation's: a rank of an earlier deployment of the instance may
+// hold its record until its lease runs out.
 func (n *Node) instanceParallel(instance string) (kvcache.Parallel, bool) {
 	from := func(p messages.Parallel) kvcache.Parallel {
 		return kvcache.Parallel{TP: int(p.TP), PP: int(p.PP), Stages: p.Stages}
 	}
-	if h, err := n.link.Hello(messages.PeerID{Instance: instance, Rank: 0}); err == nil && h.Parallel != (messages.Parallel{}) {
-		return from(h.Parallel), true
-	}
+	rank0 := messages.PeerID{Instance: instance, Rank: 0}
+	var p0, newest messages.Parallel
+	var newestInc uint64
 	n.mu.Lock()
+	if f := n.found[rank0]; f != nil {
+		p0 = f.rec.Parallel
+	}
+	_, out0 := n.departed[rank0]
 	for id, f := range n.found {
-		if id.Instance == instance && f.rec.Parallel != (messages.Parallel{}) {
-			n.mu.Unlock()
-			return from(f.rec.Parallel), true
+		if id.Instance == instance && f.rec.Parallel != (messages.Parallel{}) && f.rec.Incarnation > newestInc {
+			newest, newestInc = f.rec.Parallel, f.rec.Incarnation
 		}
 	}
 	n.mu.Unlock()
+	if p0 != (messages.Parallel{}) {
+		return from(p0), true
+	}
+	if !out0 {
+		if h, err := n.link.Hello(rank0); err == nil && h.Parallel != (messages.Parallel{}) {
+			return from(h.Parallel), true
+		}
+	}
+	if newest != (messages.Parallel{}) {
+		return from(newest), true
+	}
 	for _, p := range n.peers {
 		if p.Instance == instance {
 			return p.Parallel.orOne().kv(), true
