@@ -127,7 +127,9 @@ func TestEtcdDiscoveryMovesARequest(t *testing.T) {
 
 // TestEtcdPeerNeverRegisteredIsNamed: a peer expected through etcd that
 // never registers is named by WaitPeers as not registered, within the
-// wait's deadline.
+// wait's deadline, and a Receive that needs it fails saying so. (The
+// Receive checked to fail: its error said ctx/0 "is not among this node's
+// peers (ctx/0)".)
 func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	url := etcdURL(t)
 	cluster := clusterName("node-never")
@@ -142,9 +144,12 @@ func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 (not registered in etcd cluster "+cluster+")") {
 		t.Fatalf("WaitPeers for a peer that never registers: %v, want ErrPeerSilent naming ctx/0 as not registered", err)
 	}
+	// ctx/0 is one of this node's peers: the error says etcd has no
+	// record of it, not that it is not among the peers (it lists them).
 	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx"})
-	if !errors.Is(err, node.ErrUnknownPeer) {
-		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer", err)
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/0 is not in etcd cluster "+cluster+" (it never registered)") ||
+		strings.Contains(err.Error(), "not among") {
+		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer saying ctx/0 never registered in etcd", err)
 	}
 }
 
@@ -672,5 +677,12 @@ func TestEtcdDownReasonReachesTheRequest(t *testing.T) {
 		}
 	case <-time.After(patience):
 		t.Fatal("the request did not end")
+	}
+	// The next request needs ctx/0, which etcd no longer holds: refused
+	// at once, saying it left and why.
+	_, err = genN.Receive(wctx, kvxfer.ReceiveRequest{ID: "r2", PromptLen: 32, Context: "ctx"})
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/0 is not in etcd cluster "+cluster+" (it left ") ||
+		!strings.Contains(err.Error(), "ago: lease expired)") {
+		t.Fatalf("Receive from ctx/0 after its Down: %v; want ErrUnknownPeer saying it left etcd (lease expired)", err)
 	}
 }

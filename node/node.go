@@ -44,7 +44,8 @@ var (
 	// Result), so every request would wait for its deadline.
 	ErrPeerUnreachable = errors.New("node: peer unreachable")
 	// ErrUnknownPeer: a request needs a rank that is not among the node's
-	// peers (Node.Receive).
+	// peers, or a peer found through etcd that etcd holds no record of
+	// now (Node.Receive).
 	ErrUnknownPeer = errors.New("node: not a peer")
 	// ErrSendOnly: Node.Receive on a node opened with SendOnly.
 	ErrSendOnly = errors.New("node: send-only node cannot receive")

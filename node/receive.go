@@ -23,9 +23,11 @@ const helloPatience = 2
 // at once instead of at the request's deadline: a writer (a rank of
 // req.Context under req.ContextParallel that this rank needs) that is not
 // among the node's peers fails the call with ErrUnknownPeer naming it and
-// the peers there are; a writer that has not said Hello within 2
-// heartbeat intervals is logged (with its handshake failure, if any)
-// while the request goes on waiting for it. On the in-process link it is
+// the peers there are, and so does one of its peers found through etcd
+// that etcd holds no record of now, saying why (it never registered, it
+// left and when, its record was refused); a writer that has not said
+// Hello within 2 heartbeat intervals is logged (with its handshake
+// failure, if any) while the request goes on waiting for it. On the in-process link it is
 // Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly;
 // one whose etcd membership was lost with ErrMembershipLost.
 func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
@@ -53,31 +55,38 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 		}
 		return h, err
 	}
-	var unknown, silent []Peer
+	var unknown, absent []string
+	var silent []Peer
 	for _, w := range writers {
 		p, ok := n.peer(w)
 		switch {
+		case !ok && n.configured(w):
+			// A peer of this node's config that etcd holds no record of now.
+			absent = append(absent, w.String()+" is not in etcd cluster "+n.cfg.Cluster+" ("+n.whyAbsent(w)+")")
 		case !ok:
-			unknown = append(unknown, Peer{Instance: w.Instance, Endpoint: w.String()})
+			unknown = append(unknown, w.String())
 		case !n.saidHello(w):
 			silent = append(silent, p)
 		}
 	}
-	if len(unknown) > 0 {
-		var names, known []string
-		for _, u := range unknown {
-			names = append(names, u.Endpoint)
-		}
-		for _, p := range n.peers {
-			known = append(known, p.id().String())
-		}
-		for _, r := range n.Members() {
-			if !slices.Contains(known, r.Peer().String()) {
-				known = append(known, r.Peer().String())
+	if len(unknown) > 0 || len(absent) > 0 {
+		var why []string
+		if len(unknown) > 0 {
+			var known []string
+			for _, p := range n.peers {
+				known = append(known, p.id().String())
 			}
+			for _, r := range n.Members() {
+				if !slices.Contains(known, r.Peer().String()) {
+					known = append(known, r.Peer().String())
+				}
+			}
+			why = append(why, fmt.Sprintf("writer %s is not among this node's peers (%s)", strings.Join(unknown, ", "), strings.Join(known, ", ")))
 		}
-		return nil, fmt.Errorf("%w: request %s: writer %s is not among this node's peers (%s)",
-			ErrUnknownPeer, req.ID, strings.Join(names, ", "), strings.Join(known, ", "))
+		for _, a := range absent {
+			why = append(why, "writer "+a)
+		}
+		return nil, fmt.Errorf("%w: request %s: %s", ErrUnknownPeer, req.ID, strings.Join(why, "; "))
 	}
 	h, err := n.eng.Receive(ctx, req)
 	if err != nil || len(silent) == 0 {
@@ -176,6 +185,29 @@ func (n *Node) peer(id messages.PeerID) (Peer, bool) {
 		return peerOf(rec), true
 	}
 	return Peer{}, false
+}
+
+// configured reports whether id is one of the peers this node's config
+// lists.
+func (n *Node) configured(id messages.PeerID) bool {
+	for _, p := range n.peers {
+		if p.id() == id {
+			return true
+		}
+	}
+	return false
+}
+
+// whyAbsent says why etcd holds no record of configured peer id now: its
+// record was refused, it left (when and why), or it never registered.
+func (n *Node) whyAbsent(id messages.PeerID) string {
+	if why := n.whyRefused(id); why != "" {
+		return "its record was refused: " + why
+	}
+	if d, ok := n.departure(id); ok {
+		return fmt.Sprintf("it left %v ago: %s", time.Since(d.at).Round(time.Millisecond), d.reason)
+	}
+	return "it never registered"
 }
 
 // peerOf is the Peer a record describes.
