@@ -69,8 +69,12 @@ type Node struct {
 	// engine's own): Close marks it closed before the memory can go.
 	region *kvcache.Region
 
-	stop      chan struct{} // closed by Close: stops watch
-	watch     sync.WaitGroup
+	stop  chan struct{} // closed by Close: stops watch
+	watch sync.WaitGroup
+	// goMu orders a goroutine's start under watch (goWatch) with Close's
+	// setting closing: one started later would Add to watch while Close
+	// Waits on it.
+	goMu      sync.Mutex
 	closeOnce sync.Once
 	closeErr  error
 
@@ -838,7 +842,9 @@ func (n *Node) unnamedVersion() string {
 // by the framework either. Close is idempotent.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
+		n.goMu.Lock()
 		n.closing.Store(true)
+		n.goMu.Unlock()
 		var regErr error
 		if n.reg != nil { // first, so that peers see "left"
 			regErr = n.reg.Close()

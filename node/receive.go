@@ -92,9 +92,23 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	if err != nil || len(silent) == 0 {
 		return h, err
 	}
-	n.watch.Add(1)
-	go n.awaitHello(req.ID, silent, h)
+	n.goWatch(func() { n.awaitHello(req.ID, silent, h) })
 	return h, nil
+}
+
+// goWatch runs f on a goroutine that Close waits for, unless Close has
+// begun (then f does not run).
+func (n *Node) goWatch(f func()) {
+	n.goMu.Lock()
+	defer n.goMu.Unlock()
+	if n.closing.Load() {
+		return
+	}
+	n.watch.Add(1)
+	go func() {
+		defer n.watch.Done()
+		f()
+	}()
 }
 
 // instanceParallel is the parallelism of instance as this node knows it:
@@ -233,7 +247,6 @@ func (n *Node) heartbeat() time.Duration {
 // Hello after helloPatience heartbeat intervals, unless the request ended
 // first.
 func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
-	defer n.watch.Done()
 	t := time.NewTimer(helloPatience * n.heartbeat())
 	defer t.Stop()
 	select {
