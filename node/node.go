@@ -606,9 +606,12 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	// connection to it was not up; reached: the peers that connection was
 	// up to at some point of this wait (a drop after that is a peer
 	// restarting, not a wrong endpoint, and is waited out).
+	// For a peer found through etcd both are of the incarnation in inc,
+	// and start afresh at another (a restart): the new incarnation is
+	// judged as a first one is, its Hello and its endpoint its own.
 	spoke := map[messages.PeerID]time.Time{}
-	spokeInc := map[messages.PeerID]uint64{} // the incarnation etcd had of a peer when it spoke
 	reached := map[messages.PeerID]bool{}
+	inc := map[messages.PeerID]uint64{}
 	refused := n.link.Refused() // handshakes our listener refused before this wait
 	for {
 		if err := n.Err(); err != nil {
@@ -644,6 +647,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")")
 					continue
 				}
+				if r, ok := n.member(id); ok && r.Incarnation != inc[id] {
+					delete(spoke, id)
+					delete(reached, id)
+					inc[id] = r.Incarnation
+				}
 			}
 			h, err := n.link.Hello(id)
 			if err == nil {
@@ -668,9 +676,6 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				if !ok {
 					heard = time.Now()
 					spoke[id] = heard
-					if r, ok := n.member(id); ok {
-						spokeInc[id] = r.Incarnation // etcd's incarnation of it (0: a configured peer)
-					}
 				}
 				if waited := time.Since(heard); waited >= hintAfter {
 					return fmt.Errorf("%w: %s said Hello, but this node's connection to it at %s is still not up %v after that (%s): is that the endpoint it listens on?",
@@ -687,15 +692,9 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					ErrHandshake, id, endpoint, id, claimed, id.Instance)
 			}
 			if _, heard := spoke[id]; heard && !reached[id] {
-				if r, ok := n.member(id); ok && r.Incarnation != spokeInc[id] {
-					// Another incarnation than the one that spoke is in
-					// etcd: the peer restarted before this node reached
-					// it (its Down and its new Up came between two looks
-					// of this wait). Waited out as a restart.
-					delete(spoke, id)
-					silent = append(silent, id.String()+" at "+endpoint+": it restarted; waiting for its new incarnation's Hello")
-					continue
-				}
+				// (An etcd peer that restarted before this node reached
+				// it, its Down and new Up between two looks of this wait,
+				// is not here: spoke is its new incarnation's.)
 				// Its Hello is gone: the link declared it down after it
 				// spoke (it exited, or fell silent, at its start).
 				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",
