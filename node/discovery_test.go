@@ -702,6 +702,15 @@ func TestEtcdRestartedPeerUnreachableIsNamed(t *testing.T) {
 	var ctxEvents events
 	cc.OnMembership = ctxEvents.add
 	ctxN := open(t, cc)
+	gen0 := messages.PeerID{Instance: "gen"}
+	reachedGen := make(chan struct{})
+	var reachedOnce sync.Once
+	node.SetWaitReachedHook(func(id messages.PeerID) {
+		if id == gen0 {
+			reachedOnce.Do(func() { close(reachedGen) })
+		}
+	})
+	t.Cleanup(func() { node.SetWaitReachedHook(nil) })
 	waited := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*beat)
 	defer cancel()
@@ -712,17 +721,14 @@ func TestEtcdRestartedPeerUnreachableIsNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gen0 := messages.PeerID{Instance: "gen"}
-	waitFor(t, patience, "ctx's connection to gen up and gen's Hello at ctx", func() bool {
-		st, err := ctxN.PeerState(gen0)
-		_, herr := ctxN.LinkHello(gen0)
-		return err == nil && st.Conn == zmq.ConnUp && herr == nil
-	})
-	// Not a wait for something the test needs: with the fix it passes
-	// either way. It gives WaitPeers a few of its looks (10 ms apart) at
-	// gen reached, which it tells nobody, so that the code before the fix
-	// takes the path under test.
-	time.Sleep(40 * time.Millisecond)
+	// WaitPeers must have found gen reached before gen restarts, so that
+	// the code before the fix takes the path under test (with the fix it
+	// passes either way).
+	select {
+	case <-reachedGen:
+	case <-time.After(patience):
+		t.Fatalf("WaitPeers did not find gen/0 reached within %v", patience)
+	}
 	var ups atomic.Int32
 	node.SetPeerUpHook(func(self string, rec discovery.Record) {
 		if self == "ctx" && rec.Instance == "gen" && ups.Add(1) == 1 {

@@ -15,6 +15,15 @@ func SetPeerUpHook(f func(self string, rec discovery.Record)) {
 	peerUpHook.Store(&f)
 }
 
+// SetWaitReachedHook sets waitReachedHook (nil: none).
+func SetWaitReachedHook(f func(id messages.PeerID)) {
+	if f == nil {
+		waitReachedHook.Store(nil)
+		return
+	}
+	waitReachedHook.Store(&f)
+}
+
 // PeerState is the node's link's PeerState of peer.
 func (n *Node) PeerState(peer messages.PeerID) (zmq.PeerState, error) { return n.link.PeerState(peer) }
 

@@ -115,6 +115,10 @@ func (n *Node) membership() {
 // admitting this node's key.
 var peerUpHook atomic.Pointer[func(self string, rec discovery.Record)]
 
+// waitReachedHook, when set (tests), runs each time WaitPeers finds a
+// peer reached (its connection up).
+var waitReachedHook atomic.Pointer[func(id messages.PeerID)]
+
 // tendEvery is how often the membership goroutine tends the peers etcd
 // found while one is left to tend.
 const tendEvery = 20 * time.Millisecond

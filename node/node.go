@@ -666,6 +666,9 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				st, err := n.link.PeerState(id)
 				if err != nil || st.Conn == zmq.ConnUp {
 					reached[id] = true
+					if h := waitReachedHook.Load(); h != nil {
+						(*h)(id)
+					}
 					continue
 				}
 				if reached[id] {
