@@ -155,6 +155,86 @@ def _mode_name(mode):
     return name
 
 
+def _sglang_split(layers, pp):
+    """SGLang's split of layers over pp stages (each stage's layer count):
+    its get_pp_indices where SGLang is installed, else the same rule —
+    SGLANG_PP_LAYER_PARTITION when set, else layers // pp each, the last
+    layers % pp stages one longer."""
+    try:
+        from sglang.srt.distributed.utils import get_pp_indices
+    except ImportError:
+        get_pp_indices = None
+    if get_pp_indices is not None:
+        return [hi - lo for lo, hi in (get_pp_indices(layers, r, pp) for r in range(pp))]
+    env = os.environ.get("SGLANG_PP_LAYER_PARTITION")
+    if env is not None:
+        try:
+            counts = [int(c) for c in env.split(",")]
+        except ValueError:
+            raise ValueError("SGLANG_PP_LAYER_PARTITION = %r: not a list of layer counts" % env)
+        if len(counts) != pp or sum(counts) != layers:
+            raise ValueError("SGLANG_PP_LAYER_PARTITION = %r: %d stages of %d layers in all, want %d stages of %d"
+                             % (env, len(counts), sum(counts), pp, layers))
+        return counts
+    base, extra = divmod(layers, pp)
+    return [base + (1 if r >= pp - extra else 0) for r in range(pp)]
+
+
+def _model_layers(cfg, server_args):
+    """The model's layer count: the config's layout's, else SGLang's model
+    config's (from server_args), else None."""
+    layout = cfg.get("layout")
+    if isinstance(layout, dict) and isinstance(layout.get("layers"), int):
+        return layout["layers"]
+    if server_args is None:
+        return None
+    try:
+        from sglang.srt.configs.model_config import ModelConfig
+        mc = ModelConfig.from_server_args(server_args)
+    except Exception:  # not installed, or no model to read: the caller says what to give
+        return None
+    n = getattr(mc, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        n = getattr(getattr(mc, "hf_text_config", None), "num_hidden_layers", None)
+    return n if isinstance(n, int) else None
+
+
+def sglang_pp_stages(cfg, server_args, args, pp, rank_pp, nlayers):
+    """kvxfer's pp_stages for an SGLang pipeline of pp stages ("3,4"): the
+    config's own pp_stages when it says one, else SGLang's split of the
+    model's layers (_sglang_split). A ValueError names what disagrees: this
+    stage's KV buffers (nlayers layers) or its first layer
+    (KVArgs.prefill_start_layer, where SGLang gives it) against the split."""
+    if not 0 <= rank_pp < pp:
+        raise ValueError("pp_rank = %d of pp_size = %d" % (rank_pp, pp))
+    given = cfg.get("pp_stages")
+    if given:
+        try:
+            counts = [int(c) for c in str(given).split(",")]
+        except ValueError:
+            raise ValueError("pp_stages = %r: not a list of layer counts" % (given,))
+        if len(counts) != pp:
+            raise ValueError("pp_stages = %r names %d stages, pp_size = %d" % (given, len(counts), pp))
+        what = "the config's pp_stages %r" % (given,)
+    else:
+        layers = _model_layers(cfg, server_args)
+        if layers is None:
+            raise ValueError("pp_size = %d: kvxfer needs SGLang's split of the model's layers over its stages: give "
+                             "the config's \"layout\" (with \"layers\") or \"pp_stages\" (each stage's layer "
+                             "count, \"16,16\"), or run where SGLang reads the model's config" % pp)
+        counts = _sglang_split(layers, pp)
+        what = "SGLang's split of %d layers over %d stages (%s)" % (
+            layers, pp, ",".join(map(str, counts)))
+    if counts[rank_pp] != nlayers:
+        raise ValueError("pipeline stage %d registered %d layers' KV buffers, %s gives it %d"
+                         % (rank_pp, nlayers, what, counts[rank_pp]))
+    start = getattr(args, "prefill_start_layer", None)
+    if isinstance(start, int) and start != sum(counts[:rank_pp]):
+        raise ValueError("pipeline stage %d starts at layer %d (KVArgs.prefill_start_layer), %s starts it at %d"
+                         % (rank_pp, start, what, sum(counts[:rank_pp])))
+    return ",".join(str(c) for c in counts)
+
+
 class KVManager:
     """One scheduler process's (rank's) kvxfer Node over SGLang's KV pool.
 
@@ -162,8 +242,9 @@ class KVManager:
     SGLang's BaseKVManager. Everything kvxfer cannot do exactly is a
     ValueError here, at startup, naming the value: a layout whose page is
     not SGLang's item length, hybrid state pools (state_data_ptrs),
-    attention data parallelism, pipeline-parallel prefill, KV buffers of
-    unequal size, no node keys."""
+    attention data parallelism, a pipeline stage whose layers are not
+    SGLang's split (sglang_pp_stages), KV buffers of unequal size, no node
+    keys."""
 
     def __init__(self, args, disaggregation_mode, server_args=None, is_mla_backend=False, config=None):
         self.kv_args = args
@@ -227,12 +308,13 @@ class KVManager:
         cfg["tokens_per_block"] = self.page_size
         tp = getattr(server_args, "tp_size", None) or cfg.get("tp", 1)
         pp = getattr(server_args, "pp_size", None) or cfg.get("pp", 1)
+        rank_pp = int(getattr(args, "pp_rank", 0) or 0)
         if pp != 1:
             # SGLang gives a stage's extra layers to the last stages
-            # (get_pp_indices, or SGLANG_PP_LAYER_PARTITION), kvxfer to the
-            # first: the same layer count on both sides can be other layers.
-            raise ValueError("pp_size = %d: kvxfer's layer split of a pipeline stage is not checked against "
-                             "SGLang's (start_layer, end_layer); pipeline parallelism is not supported" % pp)
+            # (get_pp_indices, or SGLANG_PP_LAYER_PARTITION), kvxfer's
+            # default to the first: the node is told SGLang's split.
+            cfg["pp_stages"] = sglang_pp_stages(cfg, server_args, args, pp, rank_pp,
+                                                len(ptrs) if self.is_mla else len(ptrs) // 2)
         if os.environ.get("SGLANG_DISAGG_STAGING_BUFFER"):
             raise ValueError("SGLANG_DISAGG_STAGING_BUFFER is set: SGLang's staging buffers are its own backends' "
                              "path; kvxfer writes SGLang's KV pool directly: unset it")
@@ -244,8 +326,8 @@ class KVManager:
                 cfg["transfer_timeout"] = "%ds" % int(float(wait_s))
             except ValueError:
                 raise ValueError("SGLANG_DISAGGREGATION_WAITING_TIMEOUT = %r: not a number of seconds" % wait_s)
-        cfg.update(tp=tp, pp=pp, rank_tp=int(getattr(args, "engine_rank", 0) or 0),
-                   rank_pp=int(getattr(args, "pp_rank", 0) or 0))
+        cfg.update(tp=tp, pp=pp, rank_tp=int(getattr(args, "engine_rank", 0) or 0), rank_pp=rank_pp)
+        self.pp_size, self.pp_rank = pp, rank_pp
         ncfg = node_config(cfg, "producer" if self.mode == "prefill" else "consumer")
         ncfg["memory"] = mem
         self.node = Node(ncfg)
@@ -336,8 +418,10 @@ class KVManager:
             off += n
 
     def route(self, bootstrap_addr):
-        """(prefill instance, tp, pp) for a request of bootstrap_addr, or a
-        ValueError naming the address."""
+        """(prefill instance, tp, pp, stages) for a request of
+        bootstrap_addr, or a ValueError naming the address. stages is the
+        prefill pipeline's split as the config says it ("stages" or
+        "pp_stages" of its parallelism), else None."""
         name = self.prefill_instances.get(bootstrap_addr, self.prefill_instance)
         if not name:
             raise ValueError("bootstrap_addr %r names no prefill instance: the config's prefill_instances has %s "
@@ -349,7 +433,8 @@ class KVManager:
                 if isinstance(p, dict) and p.get("instance") == name and p.get("parallel"):
                     par = p["parallel"]
                     break
-        return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1)
+        stages = par.get("stages") or par.get("pp_stages") or None
+        return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1), stages
 
 
 class _PrefillInfoTable:
@@ -617,9 +702,12 @@ class KVSender(_Transfer):
     def _set_aux(self, req):
         """The request's aux slot (every aux buffer's item at aux_index) as
         its payload, read now: SGLang wrote it (set_buf) before the last
-        chunk's send()."""
+        chunk's send(). Only the last pipeline stage's: it alone computes
+        the logits, hence the output its aux slot holds, and the decode
+        side takes the first writer's payload (the lowest rank index, a
+        stage before the last)."""
         mgr = self.mgr
-        if not mgr.aux_bytes or self.aux_index is None:
+        if not mgr.aux_bytes or self.aux_index is None or mgr.pp_rank != mgr.pp_size - 1:
             return
         req.set_payload(mgr.aux_slot(int(self.aux_index)))
 
@@ -683,11 +771,16 @@ class KVReceiver(_Transfer):
         if total <= 0:
             self._fail("send_metadata: no pages")
             return
-        context, tp, pp = self.route
+        context, tp, pp, stages = self.route
+        if pp > 1 and stages is None:
+            # SGLang's split of the prefill's layers is the prefill's to
+            # say: the node takes the instance's parallelism, split
+            # included, from what its ranks told it (their Hello).
+            tp = pp = 0
         self.aux_index = aux_index
         try:
             req = mgr.node.receive(self.id, total * ps, context, blocks=[pages], prefix_hit_blocks=[hit // ps],
-                                   context_tp=tp, context_pp=pp)
+                                   context_tp=tp, context_pp=pp, context_pp_stages=stages)
             self._open("kv", req)
         except _REFUSED as exc:
             self._fail("receive from %s: %s" % (context, exc))

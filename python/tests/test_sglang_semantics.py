@@ -31,7 +31,7 @@ from kvxfer import sglang as ks
 from kvxfer.sglang import KVManager, KVPoll, KVReceiver, KVSender
 
 from conftest import unique
-from sglang_helpers import AUX_ITEMS, ITEM, PAGE, Pool, node_cfg, poll_until
+from sglang_helpers import AUX_ITEMS, ITEM, LAYOUT, PAGE, Pool, node_cfg, poll_until
 
 P, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 ADDR = "10.0.0.1:8998"  # the prefill's bootstrap address, as the router hands it to both sides
@@ -255,12 +255,19 @@ def test_manager_refuses_what_kvxfer_cannot_describe(monkeypatch):
             KVManager(Pool().args, "prefill", None, False, config={"layout": cfg["layout"]})
         with pytest.raises(ValueError, match="tokens_per_block = 16.*page_size is 4"):
             KVManager(Pool().args, "prefill", None, False, config=dict(cfg, tokens_per_block=16))
-        # Pipeline parallelism, on either side: SGLang's stage split is not
-        # kvxfer's (its extra layers go to the last stages, kvxfer's to the
-        # first).
+        # Pipeline parallelism, on either side: a stage whose KV buffers
+        # are not its layers of SGLang's split (the tiny layout's 2 layers
+        # over 2 stages: one each; this pool registers both), or one that
+        # starts elsewhere, is named.
         for mode in ("prefill", "decode"):
-            with pytest.raises(ValueError, match="pp_size = 2"):
+            with pytest.raises(ValueError, match=r"stage 0 registered 2 layers' KV buffers, SGLang's split of 2 "
+                                                 r"layers over 2 stages \(1,1\) gives it 1"):
                 KVManager(Pool().args, mode, types.SimpleNamespace(pp_size=2, tp_size=1), False, config=cfg)
+        late = Pool(layers=1)
+        late.args.prefill_start_layer = 1
+        with pytest.raises(ValueError, match=r"stage 0 starts at layer 1 \(KVArgs.prefill_start_layer\), SGLang's "
+                                             r"split .* starts it at 0"):
+            KVManager(late.args, "prefill", types.SimpleNamespace(pp_size=2, tp_size=1), False, config=cfg)
         # SGLang's staging buffers are its own backends' path.
         with monkeypatch.context() as m:
             m.setenv("SGLANG_DISAGG_STAGING_BUFFER", "1")
@@ -331,3 +338,98 @@ def test_prefill_failed_by_another_rank_ends_the_live_send(pair):
     assert not sender.live and "kv" in sender.events
     assert "another rank" in str(exc.value), str(exc.value)
     assert poll_until([receiver], lambda s: s[0] in TERMINAL) == [F]
+
+
+def test_sglang_pp_split():
+    """SGLang's split (get_pp_indices, which this host has no SGLang for):
+    the last layers % pp stages one layer longer, or
+    SGLANG_PP_LAYER_PARTITION; the config's pp_stages wins."""
+    args = types.SimpleNamespace()
+    assert ks.sglang_pp_stages({"layout": {"layers": 5}}, None, args, 2, 1, 3) == "2,3"
+    assert ks.sglang_pp_stages({"layout": {"layers": 30}}, None, args, 4, 0, 7) == "7,7,8,8"
+    assert ks.sglang_pp_stages({"pp_stages": "4,1"}, None, args, 2, 1, 1) == "4,1"
+    with pytest.raises(ValueError, match=r"stage 1 registered 2 layers' KV buffers, the config's pp_stages '4,1'"):
+        ks.sglang_pp_stages({"pp_stages": "4,1"}, None, args, 2, 1, 2)
+    with pytest.raises(ValueError, match="give the config's \"layout\""):
+        ks.sglang_pp_stages({"model": "Llama-3.1-8B"}, None, args, 2, 0, 16)
+
+
+def test_sglang_pp_split_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,4")
+    args = types.SimpleNamespace()
+    assert ks.sglang_pp_stages({"layout": {"layers": 5}}, None, args, 2, 0, 1) == "1,4"
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "2,4")
+    with pytest.raises(ValueError, match="SGLANG_PP_LAYER_PARTITION = '2,4': 2 stages of 6 layers"):
+        ks.sglang_pp_stages({"layout": {"layers": 5}}, None, args, 2, 0, 2)
+
+
+@pytest.mark.parametrize("route", ["peers", "prefill_parallel"])
+def test_pipelined_prefill_lands_in_the_decode_pages(route):
+    """A prefill of two pipeline stages over a 3-layer model (SGLang's
+    split: 1 layer, then 2 — kvxfer's default would be 2, then 1) into a
+    decode of one: each stage's KVSender sends its layers of every page,
+    and the decode's one KVReceiver gets every byte of every layer and
+    the last stage's aux slot
+    (the earlier stage sends none: the decode takes the first writer's
+    payload). (Checked to fail: with the split left to kvxfer's default
+    the stages refuse their buffers; with every stage sending its aux
+    slot, the decode's aux slot is stage 0's.) The receive names the
+    split its static peers' "parallel" gives, or, routed by a
+    "prefill_parallel" that names none, lets the node take it from the
+    stages' Hello."""
+    layers = 3
+    layout = dict(LAYOUT, layers=layers)
+    (p_pub, p_sec), (d_pub, d_sec) = kvxfer.keygen(), kvxfer.keygen()
+    p_name, d_name = unique("sg-pp-prefill"), unique("sg-pp-decode")
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        p_eps = ["ipc://%s/p%d.sock" % (tmp, r) for r in range(2)]
+        d_ep = "ipc://%s/d.sock" % tmp
+        par = {"tp": 1, "pp": 2, "stages": "1,2"}
+        own = {"prefill_parallel": {"tp": 1, "pp": 2}} if route == "prefill_parallel" else {}
+        d_cfg = node_cfg(d_name, d_ep, d_sec, [{"instance": p_name, "parallel": par, "rank": {"tp": 0, "pp": r},
+                                                "endpoint": p_eps[r], "public_key": p_pub} for r in range(2)],
+                         layout=layout, prefill_instances={ADDR: p_name}, **own)
+        before = kvxfer.handle_count()
+        stage_pools = [Pool(layers=1), Pool(layers=2)]
+        managers = []
+        try:
+            for r, pool in enumerate(stage_pools):
+                pool.args.pp_rank, pool.args.prefill_start_layer = r, r
+                cfg = node_cfg(p_name, p_eps[r], p_sec, [{"instance": d_name, "endpoint": d_ep, "public_key": d_pub}],
+                               layout=layout, send_only=True)
+                managers.append(KVManager(pool.args, "prefill", types.SimpleNamespace(pp_size=2, tp_size=1), False,
+                                          config=cfg))
+            d_pool = Pool(layers=layers)
+            dm = KVManager(d_pool.args, "decode", None, False, config=d_cfg)
+            managers.append(dm)
+            for m in managers:
+                m.node.wait_peers(20000)
+            room = 77
+            src, dst = [3, 4, 5, 6, 7], [9, 2, 30, 11, 5]
+            for r, pool in enumerate(stage_pools):
+                pool.fill(src, seed=10 + r)
+                pool.fill_aux(1, seed=20 + r)
+            senders = [KVSender(m, ADDR, room, [0], r) for r, m in enumerate(managers[:2])]
+            receiver = KVReceiver(dm, ADDR, room)
+            poll_until(senders, lambda st: all(x != P for x in st))
+            for s_ in senders:
+                s_.init(len(src), 1)
+            poll_until([receiver], lambda st: st[0] != P)
+            receiver.init(dst, 3)
+            for s_ in senders:
+                s_.send(src[:3])
+                s_.send(src[3:])
+            states = poll_until(senders + [receiver], lambda st: all(x in TERMINAL for x in st))
+            assert states == [S, S, S], [o.reason for o in senders + [receiver]]
+            # Decode layer L's K is buffer L, its V buffer layers + L; stage
+            # r's layer l (global stage_start + l) likewise in its pool.
+            for r, pool in enumerate(stage_pools):
+                for l in range(pool.layers):
+                    g = r + l
+                    assert (d_pool.kv[g][dst] == pool.kv[l][src]).all(), ("K", r, l)
+                    assert (d_pool.kv[layers + g][dst] == pool.kv[pool.layers + l][src]).all(), ("V", r, l)
+            assert d_pool.aux_slot(3) == stage_pools[1].aux_slot(1) != stage_pools[0].aux_slot(1)
+        finally:
+            for m in managers:
+                m.close()
+        assert kvxfer.handle_count() == before
