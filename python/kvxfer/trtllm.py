@@ -638,7 +638,11 @@ class KvxferCacheTransceiver:
         lo, hi = stage_layers(layers, pp, stage)
         have = [int(x) for x in mgr.pp_layers]
         stages = None
-        if have != list(range(lo, hi)):
+        # A pp_partition is checked on every stage, not only on one whose
+        # layers differ from kvxfer's default: a stage it happens to give
+        # the default range ([3, 4) of 4 layers over 1,2,1 or 2,1,1) must
+        # say the instance's split as its other stages do.
+        if have != list(range(lo, hi)) or getattr(self._mapping, "pp_partition", None) is not None:
             stages = self._pp_stages(have, layers, pp, stage, lo, hi)
         tpb, dim = int(mgr.tokens_per_block), int(mgr.head_dim)
         dtype_bytes = _DTYPE_BYTES[dtype]
@@ -682,11 +686,12 @@ class KvxferCacheTransceiver:
     def _pp_stages(self, have, layers, pp, stage, lo, hi):
         """kvxfer's pp_stages (each stage's layer count, "1,3") of a
         pipeline whose stage `stage` holds layers `have` (the manager's
-        pp_layers) instead of kvxfer's default [lo, hi): the mapping's
+        pp_layers; kvxfer's default gives it [lo, hi)): the mapping's
         pp_partition, when the stages hold contiguous layers as it splits
-        them. A ValueError names what no split says: layers that are not
-        one contiguous range (a layer mask), or a range no pp_partition
-        gives this stage (speculative layers, a mask at a stage's edge)."""
+        them; None when that is kvxfer's default split. A ValueError names
+        what no split says: layers that are not one contiguous range (a
+        layer mask), or a range no pp_partition gives this stage
+        (speculative layers, a mask at a stage's edge)."""
         shown = have if len(have) <= 12 else have[:6] + ["..."] + have[-3:]
         if not have or have != list(range(have[0], have[-1] + 1)):
             raise ValueError("pipeline stage %d of %d holds layers %s of %d (kv_cache_manager.pp_layers): not one "
@@ -710,6 +715,8 @@ class KvxferCacheTransceiver:
             raise ValueError("pipeline stage %d of %d holds layers [%d, %d) of %d (kv_cache_manager.pp_layers), "
                              "pp_partition %s gives it [%d, %d) (a layer mask or speculative layers?); not supported"
                              % (stage, pp, have[0], have[-1] + 1, layers, counts, plo, plo + counts[stage]))
+        if counts == [stage_layers(layers, pp, s)[1] - stage_layers(layers, pp, s)[0] for s in range(pp)]:
+            return None  # kvxfer's default split: no pp_stages
         return ",".join(str(n) for n in counts)
 
     @staticmethod

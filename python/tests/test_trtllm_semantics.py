@@ -100,6 +100,11 @@ PARTITIONS = [
     pytest.param((1, 2), [1, 3], (1, 1), None, id="ctx-pp2-partition-1-3-to-gen-pp1"),
     pytest.param((1, 1), None, (1, 2), [3, 1], id="ctx-pp1-to-gen-pp2-partition-3-1"),
     pytest.param((1, 2), [3, 1], (1, 2), [1, 3], id="ctx-partition-3-1-to-gen-partition-1-3"),
+    # A stage that the partition gives the same layers as kvxfer's default
+    # split (stage 2: [3, 4) either way) holds the partition's pp_stages
+    # too: every rank of an instance says one split.
+    pytest.param((1, 3), [1, 2, 1], (1, 1), None, id="ctx-pp3-partition-1-2-1-to-gen-pp1"),
+    pytest.param((1, 1), None, (1, 3), [1, 2, 1], id="ctx-pp1-to-gen-pp3-partition-1-2-1"),
 ]
 
 
