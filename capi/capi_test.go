@@ -72,6 +72,10 @@ func TestCode(t *testing.T) {
 		// A peer's failure is the peer's, not a bug here.
 		{fmt.Errorf("%w: request r writer ctx/0: FAILED: it disagreed", actors.ErrPeerFailed), ErrPeerFailed},
 		{fmt.Errorf("%w: %w", actors.ErrPeerFailed, kvxfer.ErrPeerCancelled), ErrPeerCancelled},
+		// A Receive on a send-only engine: the node's refusal and the
+		// engine's own (Config.SendOnly) are the caller's mistake alike.
+		{fmt.Errorf("%w: request r", node.ErrSendOnly), ErrBadRequest},
+		{fmt.Errorf("%w: request r", kvxfer.ErrSendOnly), ErrBadRequest},
 	} {
 		if got := Code(c.err); got != c.want {
 			t.Errorf("Code(%v) = %v, want %v", c.err, got, c.want)

@@ -133,6 +133,7 @@ var codeMap = []struct {
 	{node.ErrConfig, ErrConfig},
 	{node.ErrUnknownPeer, ErrBadRequest},
 	{node.ErrSendOnly, ErrBadRequest},
+	{kvxfer.ErrSendOnly, ErrBadRequest},
 	{node.ErrHandshake, ErrPeerGone},
 	{node.ErrPeerSilent, ErrPeerGone},
 	{node.ErrPeerUnreachable, ErrPeerGone},
