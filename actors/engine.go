@@ -257,6 +257,13 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	// Its writers honour RequestData.Remap (resolve.go); its receivers
 	// take Result payloads up to messages.MaxPayload.
 	e.hello.Features = messages.FeatureRemap | messages.FeatureLargePayload
+	if cfg.SendOnly {
+		// No peer may write into it, whether the agent gave the region a
+		// key (a backend without source registrations) or not: the
+		// placeholder keeps the Hello one that earlier versions take.
+		e.hello.Features |= messages.FeatureSendOnly
+		e.hello.Region.Key = slices.Clone(messages.SendOnlyKey)
+	}
 	// The process, so that a peer of this host can watch it exit (a
 	// pidfd: proof that its writes are over, docs/membership.md §4).
 	// Without /proc the Hello names none and peers get no such proof.

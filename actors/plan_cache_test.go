@@ -319,19 +319,27 @@ func TestResolveRequestChecksPlaceAgainstHello(t *testing.T) {
 	}
 }
 
-// A RequestData from a rank whose Hello names no region key (a send-only
-// rank: rdma.RegisterSource) is refused naming it, with the ranks this
+// A RequestData from a rank whose Hello says FeatureSendOnly (its key a
+// placeholder), or names no region key, is refused naming it, with the ranks this
 // rank writes to still listed: there is nothing to write into, and a
 // route with an empty key would only fail at the worker's Post.
 func TestResolveRequestRefusesSendOnlyReceiver(t *testing.T) {
 	f := newDescriptorFixture(t)
-	hello := *f.hello
-	hello.Region.Key = nil
-	route, expected, err := ResolveRequest(f.topo, &hello, f.rd)
-	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "receives no writes") || route != nil {
-		t.Fatalf("route %v, err %v; want ErrBadRequest saying the rank receives no writes", route, err)
-	}
-	if len(expected) == 0 {
-		t.Errorf("no expected writer ranks with the refusal")
+	for name, mutate := range map[string]func(h *messages.Hello){
+		"FeatureSendOnly": func(h *messages.Hello) {
+			h.Features |= messages.FeatureSendOnly
+			h.Region.Key = messages.SendOnlyKey
+		},
+		"no key": func(h *messages.Hello) { h.Region.Key = nil },
+	} {
+		hello := *f.hello
+		mutate(&hello)
+		route, expected, err := ResolveRequest(f.topo, &hello, f.rd)
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "receives no writes") || route != nil {
+			t.Fatalf("%s: route %v, err %v; want ErrBadRequest saying the rank receives no writes", name, route, err)
+		}
+		if len(expected) == 0 {
+			t.Errorf("%s: no expected writer ranks with the refusal", name)
+		}
 	}
 }

@@ -193,8 +193,8 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 		return nil, expected, fmt.Errorf("%w: request %s: generation rank %v is not a peer of context rank %v",
 			ErrBadRequest, rd.RequestID, genRank, self.Rank)
 	}
-	if len(hello.Region.Key) == 0 {
-		return nil, expected, fmt.Errorf("%w: request %s: generation rank %s receives no writes: its Hello names no region key (a send-only rank)",
+	if hello.Has(messages.FeatureSendOnly) || len(hello.Region.Key) == 0 {
+		return nil, expected, fmt.Errorf("%w: request %s: generation rank %s receives no writes: its Hello says it is a send-only rank",
 			ErrBadRequest, rd.RequestID, rd.From)
 	}
 	groups := len(self.Layout.Groups)

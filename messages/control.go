@@ -140,7 +140,19 @@ const (
 	// naming the peer, instead of reporting DONE for a Result the peer
 	// refuses.
 	FeatureLargePayload
+	// FeatureSendOnly: the sender receives no writes (a send-only rank,
+	// whose region is registered as a source only, rdma.RegisterSource):
+	// its Region.Key is SendOnlyKey, a placeholder no backend takes (a
+	// Hello of a version before this feature needs a key; such a peer,
+	// writing only to the ranks that ask it to, never uses it). A writer
+	// refuses its RequestData, naming it.
+	FeatureSendOnly
 )
+
+// SendOnlyKey is the region key a send-only rank's Hello names
+// (FeatureSendOnly): a placeholder, so that a peer of an earlier version,
+// which refuses a Hello without a key, still takes it.
+var SendOnlyKey = []byte("kvxfer: send-only rank, no writable region")
 
 // Has reports whether every feature of want is in h.Features.
 func (h *Hello) Has(want uint64) bool { return h.Features&want == want }
@@ -359,8 +371,8 @@ func (m *Hello) Validate() error {
 	if len(m.AgentAddr) == 0 || len(m.AgentAddr) > 4096 {
 		return invalid("hello agent address length %d, want 1..4096", len(m.AgentAddr))
 	}
-	// No key: a send-only rank, which receives no writes
-	// (rdma.RegisterSource); a writer refuses its RequestData.
+	// No key: a rank that receives no writes (FeatureSendOnly's
+	// placeholder is the usual form); a writer refuses its RequestData.
 	if len(m.Region.Key) > 4096 {
 		return invalid("hello region key length %d, want at most 4096", len(m.Region.Key))
 	}
