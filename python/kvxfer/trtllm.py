@@ -486,7 +486,12 @@ class KvxferCacheTransceiver:
             cfg["transfer_timeout"] = "%dms" % int(self.kv_transfer_timeout_ms)
         stages = geo["pp_stages"]
         given = cfg.get("pp_stages")
-        if given not in (None, "", stages) or (given == "" and stages):
+        total = geo["layout"]["layers"]
+        default = ",".join(str(total // pp + (1 if r < total % pp else 0)) for r in range(pp))
+        said = given
+        if isinstance(given, str) and given.replace(" ", "") == default:
+            said = ""  # kvxfer's default split spelt out: as the node takes it
+        if said not in (None, "", stages) or (said == "" and stages):
             raise ValueError("pp_stages = %r in the config, TensorRT-LLM's KV cache manager splits the layers %s: the "
                              "manager's pp_layers are the rank's" % (given, stages or "as kvxfer's default does"))
         cfg.pop("pp_stages", None)

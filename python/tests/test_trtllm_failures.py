@@ -420,6 +420,25 @@ def _expect_refusal(match, mapping=None, mgr=None, dist=None, mamba=None, attent
 _DIST = ns(allgather=lambda obj: [obj])
 
 
+def test_a_config_pp_stages_spelling_out_the_default_is_taken():
+    """A config's pp_stages that spells out kvxfer's default split ("2,2"
+    for 4 layers over 2 stages, the manager's own split) is that split, as
+    the node takes it, not a disagreement with the manager (it was refused
+    naming both)."""
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        pub, sec = keypair()
+        mapping = Mapping(1, 2, rank=0)
+        cfg = {"instance": unique("trt-d"), "backend": "ucx", "bind": "ipc://%s/d.sock" % tmp, "secret_key": sec,
+               "peers": [], "pp_stages": "2,2"}
+        before = kvxfer.handle_count()
+        x = kt.KvxferCacheTransceiver(mapping, _DIST, _mgr(mapping), None, CacheTransceiverConfig(), None, config=cfg)
+        try:
+            assert x.pp_stages is None
+        finally:
+            x.shutdown()
+        assert kvxfer.handle_count() == before
+
+
 def _mgr(mapping=None, **kw):
     return KVCacheManager(mapping or Mapping(), **kw)
 
