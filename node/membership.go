@@ -217,7 +217,7 @@ func (n *Node) peerUp(rec discovery.Record) {
 		}
 		want := p.Parallel.orOne().kv().Normal(n.eng.Layout().Layers)
 		got := kvcache.Parallel{TP: int(rec.Parallel.TP), PP: int(rec.Parallel.PP), Stages: rec.Parallel.Stages}
-		if got != want || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
+		if got.Normal(n.eng.Layout().Layers) != want || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
 			refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (compare the peer's --tp with this node's --peer-tp)",
 				rec.TP, rec.PP, got, p.Rank.TP, p.Rank.PP, want)
 			return

@@ -527,8 +527,10 @@ func (n *Node) incompatible(h *messages.Hello) string {
 func checkPeerPlace(p Peer, h *messages.Hello, layers int) error {
 	want := p.Parallel.orOne().kv().Normal(layers)
 	got := kvcache.Parallel{TP: int(h.Parallel.TP), PP: int(h.Parallel.PP), Stages: h.Parallel.Stages}
+	// Both normalized: a peer that spells the default split out runs as
+	// one that leaves it to the default.
 	if h.Parallel == (messages.Parallel{}) ||
-		got == want && h.TP == int32(p.Rank.TP) && h.PP == int32(p.Rank.PP) {
+		got.Normal(layers) == want && h.TP == int32(p.Rank.TP) && h.PP == int32(p.Rank.PP) {
 		return nil
 	}
 	return fmt.Errorf("%w: peer %s runs as rank tp%d/pp%d of %v, this node's config gives it rank tp%d/pp%d of %v: "+
