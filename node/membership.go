@@ -211,16 +211,44 @@ func (n *Node) peerUp(rec discovery.Record) {
 	// same parallelism (the peer's --tp, this side's --peer-tp) and the
 	// same coordinates. Ranks of one instance that disagree would move
 	// KV for another head split and fail only at each request's Result.
-	for _, p := range n.peers {
-		if p.id() != id || rec.Parallel == (messages.Parallel{}) {
-			continue
-		}
-		want := p.Parallel.orOne().kv().Normal(n.eng.Layout().Layers)
+	// A rank the config does not list, of an instance it lists ranks of,
+	// must run as that instance's configured parallelism too, at the
+	// coordinates of its rank there: it would be dialed and planned for
+	// as a writer of that instance.
+	if rec.Parallel != (messages.Parallel{}) {
+		layers := n.eng.Layout().Layers
 		got := kvcache.Parallel{TP: int(rec.Parallel.TP), PP: int(rec.Parallel.PP), Stages: rec.Parallel.Stages}
-		if got.Normal(n.eng.Layout().Layers) != want || rec.TP != int32(p.Rank.TP) || rec.PP != int32(p.Rank.PP) {
-			refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (compare the peer's --tp with this node's --peer-tp)",
-				rec.TP, rec.PP, got, p.Rank.TP, p.Rank.PP, want)
-			return
+		at := kvcache.Rank{TP: int(rec.TP), PP: int(rec.PP)}
+		var listed, sibling *Peer
+		for i, p := range n.peers {
+			if p.id() == id {
+				listed = &n.peers[i]
+				break
+			}
+			if p.Instance == id.Instance && sibling == nil {
+				sibling = &n.peers[i]
+			}
+		}
+		switch {
+		case listed != nil:
+			want := listed.Parallel.orOne().kv().Normal(layers)
+			if got.Normal(layers) != want || at != listed.Rank.kv() {
+				refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (compare the peer's --tp with this node's --peer-tp)",
+					rec.TP, rec.PP, got, listed.Rank.TP, listed.Rank.PP, want)
+				return
+			}
+		case sibling != nil:
+			want := sibling.Parallel.orOne().kv().Normal(layers)
+			if got.Normal(layers) != want {
+				refuse("it registered as rank tp%d/pp%d of %v, but this node's config gives instance %s %v (compare the peer's --tp with this node's --peer-tp)",
+					rec.TP, rec.PP, got, id.Instance, want)
+				return
+			}
+			if want.Index(at) != int(id.Rank) {
+				refuse("it registered as rank tp%d/pp%d of %v, which is rank %d of %s, not %d",
+					rec.TP, rec.PP, got, want.Index(at), id.Instance, id.Rank)
+				return
+			}
 		}
 	}
 	if pinned, ok := n.pinnedKey(id); ok && pinned != rec.CurvePublicKey {

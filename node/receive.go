@@ -64,6 +64,12 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 			// A peer of this node's config that etcd holds no record of now.
 			absent = append(absent, w.String()+" is not in etcd cluster "+n.cfg.Cluster+" ("+n.whyAbsent(w)+")")
 		case !ok:
+			if why := n.whyRefused(w); why != "" {
+				// A rank of an instance the config lists, whose record
+				// this node refused.
+				unknown = append(unknown, w.String()+" (its record in etcd cluster "+n.cfg.Cluster+" was refused: "+why+")")
+				break
+			}
 			unknown = append(unknown, w.String())
 		case !n.saidHello(w):
 			silent = append(silent, p)
