@@ -102,9 +102,10 @@
 //     CURVE key (this node using CURVE), or with a key other than one the
 //     config pins for that rank, is refused and logged, and WaitPeers
 //     returns that (ErrHandshake) at once.
-//   - Down (lease expired, left, superseded): Engine.PeerDown (its
-//     requests fail and drain) and Config.OnPeerDown, logged with the
-//     reason. Their destination pages stay quarantined until a proof (a
+//   - Down (lease expired, left, superseded) of the incarnation found:
+//     Engine.PeerDown (its requests fail and drain) and
+//     Config.OnPeerDown, logged with the reason (a Down of another
+//     incarnation is ignored, logged at debug). Their destination pages stay quarantined until a proof (a
 //     Result or CancelAck, or the writer's exit seen through a pidfd;
 //     docs/membership.md §3–4).
 //   - Rejected: logged with its key.

@@ -132,7 +132,11 @@ func (n *Node) apply(ev discovery.Event) {
 		id := messages.PeerID{Instance: ev.Instance, Rank: ev.Rank}
 		n.mu.Lock()
 		f, ok := n.found[id]
-		gone := ok && f.rec.Incarnation == ev.Incarnation
+		var foundInc uint64
+		if ok {
+			foundInc = f.rec.Incarnation
+		}
+		gone := ok && foundInc == ev.Incarnation
 		if gone {
 			delete(n.found, id)
 			n.departed[id] = departure{at: time.Now(), reason: ev.Reason}
@@ -141,13 +145,21 @@ func (n *Node) apply(ev discovery.Event) {
 		if !ok {
 			return // a record this node refused
 		}
-		if gone && n.link != nil {
+		if !gone {
+			// Another incarnation than the one found (the registry sends
+			// a rank's Down before its successor's Up, so this is not
+			// expected): the one found is up, and its requests are not
+			// this Down's to fail.
+			n.log.Debug().Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Uint64("found", foundInc).Str("reason", ev.Reason).
+				Msgf("Down of incarnation %d of %s ignored: etcd holds incarnation %d of it", ev.Incarnation, id, foundInc)
+			return
+		}
+		if n.link != nil {
 			// The link forgets it: no more heartbeats or redials to it
 			// (a socket and a monitor each), and its name is free for
 			// a new incarnation with another key. Its connections' last
 			// frames are still accepted. A superseding incarnation's Up
-			// comes after this Down and adds it afresh; one that came
-			// first left a newer record in found, which stays.
+			// comes after this Down and adds it afresh.
 			n.link.RemovePeer(id)
 		}
 		n.eng.PeerDownBecause(id, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
