@@ -85,8 +85,9 @@
 // certificate), and DiscoveryUser with DiscoveryPasswordFile logs in to
 // etcd's user auth:
 //
-//   - Open registers this rank's record after the link listens: a new
-//     incarnation (discovery.NewIncarnation), the real bound endpoint
+//   - Open registers this rank's record after the link listens: the
+//     engine's incarnation (its Hello's, new at each start, so that a
+//     peer ties a Hello to its record), the real bound endpoint
 //     (Node.Endpoint), the CURVE public key (Node.PublicKey: a public key
 //     only; the secret key stays in key_file or secret_key and never
 //     leaves the process), and the backend, agent address, layout hash

@@ -60,8 +60,11 @@ func (n *Node) register(ctx context.Context) error {
 	n.reg = reg
 	n.watch.Add(1)
 	go n.membership()
+	// The record's incarnation is the engine's (its Hello's): a peer ties
+	// a Hello to the record of the same incarnation, and knows one of
+	// another incarnation for a departed incarnation's.
 	h := n.eng.Hello()
-	rec := discovery.Record{Instance: h.From.Instance, Rank: h.From.Rank, Incarnation: discovery.NewIncarnation(),
+	rec := discovery.Record{Instance: h.From.Instance, Rank: h.From.Rank, Incarnation: h.Incarnation,
 		ControlEndpoint: n.link.Endpoint(), CurvePublicKey: n.link.PublicKey(), Backend: h.Backend,
 		AgentAddr: h.AgentAddr, LayoutHash: h.LayoutHash, Parallel: h.Parallel, TP: h.TP, PP: h.PP}
 	if err := reg.Register(ctx, rec); err != nil {
