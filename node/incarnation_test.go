@@ -2,8 +2,17 @@ package node_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -31,5 +40,76 @@ func TestEtcdRecordIsTheHellosIncarnation(t *testing.T) {
 	}
 	if m := genN.Members(); len(m) != 1 || m[0].Incarnation != h.Incarnation {
 		t.Fatalf("gen holds ctx/0's Hello of incarnation %d and its etcd records %v: want the record of that incarnation", h.Incarnation, m)
+	}
+}
+
+// TestEtcdHelloOfADepartedIncarnationIsNotTheRecords: ctx/0 said Hello,
+// then its record left etcd (deleted: etcd's word that it is out) while
+// its process lives on and repeats its Hello; a new incarnation of ctx/0
+// registered (no process serves it: it has not spoken). The Hello gen's
+// link holds is the departed incarnation's, and gen knows it from the
+// incarnation numbers: tend does not take it for the new incarnation's
+// (it says so, and logs no second "peer said Hello"), WaitPeers does not
+// count ctx/0 as having spoken (it names the two incarnations at its
+// deadline), and a Receive that needs ctx/0 logs that it waits for the
+// Hello of the incarnation etcd holds. (Checked to fail: the departed
+// incarnation's Hello was taken for the new one's: tend logged "peer
+// said Hello" again, and WaitPeers judged the new incarnation's endpoint
+// by the old Hello, ErrPeerUnreachable.)
+func TestEtcdHelloOfADepartedIncarnationIsNotTheRecords(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-old-hello"), t.TempDir()
+	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
+	var evs events
+	gc.OnMembership = evs.add
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	cc := etcdNode(t, url, cluster, dir, "ctx", node.Peer{Instance: "gen"})
+	cc.HeartbeatMisses = 2 // its Hello again every 2 beats
+	ctxN := open(t, cc)
+	wctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(wctx); err != nil {
+		t.Fatal(err)
+	}
+	old := ctxN.Incarnation()
+	waitFor(t, patience, "gen's tend took ctx/0's Hello", func() bool { return logs.Has(`"peer said Hello"`) })
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "ctx", 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "ctx/0 Down at gen", func() bool { _, ok := evs.find(discovery.EventDown, "ctx", 0); return ok })
+	registerFake(t, url, cluster, dir, "ctx", messages.Parallel{TP: 1, PP: 1}, 0)
+	var now uint64
+	waitFor(t, patience, "the new ctx/0 Up at gen, and the old one's Hello back in gen's link", func() bool {
+		h, err := genN.LinkHello(ctx0)
+		m := genN.Members()
+		if len(m) == 1 {
+			now = m[0].Incarnation
+		}
+		return len(m) == 1 && now != old && err == nil && h.Incarnation == old
+	})
+	other := fmt.Sprintf("the Hello of ctx/0 is of incarnation %d, etcd holds incarnation %d (a departed incarnation's", old, now)
+	waitFor(t, 6*beat, "gen's tend saying the Hello is the departed incarnation's", func() bool { return logs.Has(other) })
+	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "old-hello", PromptLen: 16, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Cancel()
+	wctx, cancel = context.WithTimeout(context.Background(), 4*beat)
+	defer cancel()
+	err = genN.WaitPeers(wctx)
+	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("WaitPeers with only the departed incarnation's Hello: %v, want ErrPeerSilent naming both incarnations", err)
+	}
+	waitFor(t, 6*beat, "the Receive's log that it waits for the new incarnation's Hello", func() bool {
+		return logs.Has("request old-hello waits for ctx/0 at ") && logs.Count(other) >= 2
+	})
+	if c := logs.Count(`"peer said Hello"`); c != 1 {
+		t.Fatalf("gen logged \"peer said Hello\" %d times, want once (the departed incarnation's, before it departed)", c)
 	}
 }

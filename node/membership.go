@@ -32,6 +32,54 @@ type found struct {
 	// redialed is when the node last redialed the peer after a refused
 	// handshake.
 	redialed time.Time
+	// otherHello is the incarnation of the last Hello of another
+	// incarnation than rec's that tend logged (0: none).
+	otherHello uint64
+}
+
+// otherIncarnationError: the Hello the link holds of a peer is of another
+// incarnation than the record etcd holds of it now. A node registers the
+// incarnation its engine says Hello with, so the Hello is not that
+// record's: an older one is a departed incarnation's (its process lives
+// on and repeats it), a newer one an incarnation whose record has not
+// reached this node yet.
+type otherIncarnationError struct {
+	Peer messages.PeerID
+	// Hello is the Hello's incarnation, Record the record's.
+	Hello, Record uint64
+}
+
+func (e *otherIncarnationError) Error() string {
+	which := "a departed incarnation's, whose process still talks"
+	if e.Hello > e.Record {
+		which = "a newer incarnation's, whose record has not reached this node yet"
+	}
+	return fmt.Sprintf("the Hello of %s is of incarnation %d, etcd holds incarnation %d (%s)", e.Peer, e.Hello, e.Record, which)
+}
+
+// otherIncarnation is the error for Hello h of peer id when it is of
+// another incarnation than rec, the record etcd holds of id; nil when it
+// is rec's, or carries no incarnation.
+func otherIncarnation(id messages.PeerID, h *messages.Hello, rec discovery.Record) error {
+	if h.Incarnation == 0 || h.Incarnation == rec.Incarnation {
+		return nil
+	}
+	return &otherIncarnationError{Peer: id, Hello: h.Incarnation, Record: rec.Incarnation}
+}
+
+// hello is the link's Hello of peer id, unless etcd holds a record of id
+// of another incarnation (then an *otherIncarnationError).
+func (n *Node) hello(id messages.PeerID) (*messages.Hello, error) {
+	h, err := n.link.Hello(id)
+	if err != nil {
+		return nil, err
+	}
+	if rec, ok := n.member(id); ok {
+		if err := otherIncarnation(id, h, rec); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // register opens the etcd registry, starts the membership goroutine and
@@ -330,11 +378,25 @@ func (n *Node) tend() (more bool) {
 		if h, err := n.link.Hello(id); err == nil {
 			n.mu.Lock()
 			f := n.found[id]
-			first := f != nil && !f.hello
+			var other error
 			if f != nil {
+				other = otherIncarnation(id, h, f.rec)
+			}
+			// A Hello of another incarnation is not the found one's: it
+			// is neither checked nor taken for it.
+			first := f != nil && !f.hello && other == nil
+			if first {
 				f.hello = true
 			}
+			tell := other != nil && f.otherHello != h.Incarnation
+			if tell {
+				f.otherHello = h.Incarnation
+			}
 			n.mu.Unlock()
+			if tell {
+				n.log.Warn().Str("peer", id.String()).Uint64("hello_incarnation", h.Incarnation).
+					Msgf("%v: waiting for the Hello of the incarnation etcd holds", other)
+			}
 			if first {
 				if err := n.eng.CheckPeer(h); err != nil {
 					n.log.Error().Err(err).Str("peer", id.String()).Msg(n.incompatible(h))

@@ -574,7 +574,9 @@ func (n *Node) PublicKey() string {
 // "loopback").
 func (n *Node) Backend() string { return n.backend }
 
-// WaitPeers waits until every configured peer said Hello and checks that
+// WaitPeers waits until every configured peer said Hello (one etcd found:
+// the incarnation etcd holds; a Hello of another incarnation is named
+// while the wait goes on) and checks that
 // each serves this node's layout as the parallelism and rank the config
 // gives it. It returns early, naming the peer, when a handshake failed (a
 // wrong key, one side insecure: ErrHandshake), a peer serves another
@@ -656,6 +658,14 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				}
 			}
 			h, err := n.link.Hello(id)
+			if r, ok := n.member(id); ok && err == nil {
+				if other := otherIncarnation(id, h, r); other != nil {
+					// Not the Hello of the incarnation etcd holds: that
+					// one has not spoken yet.
+					silent = append(silent, id.String()+" at "+endpoint+": "+other.Error())
+					continue
+				}
+			}
 			if err == nil {
 				if err := n.checkPeer(p, h); err != nil {
 					n.awaitOurHello(ctx, id)

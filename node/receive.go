@@ -26,7 +26,8 @@ const helloPatience = 2
 // the peers there are, and so does one of its peers found through etcd
 // that etcd holds no record of now, saying why (it never registered, it
 // left and when, its record was refused); a writer that has not said
-// Hello within 2 heartbeat intervals is logged (with its handshake
+// Hello within 2 heartbeat intervals (for one found through etcd: the
+// Hello of the incarnation etcd holds) is logged (with its handshake
 // failure, if any) while the request goes on waiting for it. On the in-process link it is
 // Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly;
 // one whose etcd membership was lost with ErrMembershipLost.
@@ -236,8 +237,10 @@ func peerOf(r discovery.Record) Peer {
 		Rank: Rank{TP: int(r.TP), PP: int(r.PP)}, Endpoint: r.ControlEndpoint, PublicKey: r.CurvePublicKey}
 }
 
+// saidHello reports whether peer id said Hello (the incarnation etcd
+// holds, for a peer etcd found).
 func (n *Node) saidHello(id messages.PeerID) bool {
-	_, err := n.link.Hello(id)
+	_, err := n.hello(id)
 	return err == nil
 }
 
@@ -264,11 +267,15 @@ func (n *Node) awaitHello(id string, writers []Peer, h *kvxfer.RxHandle) {
 	}
 	for _, p := range writers {
 		w := p.id()
-		_, err := n.link.Hello(w)
+		_, err := n.hello(w)
 		if err == nil {
 			continue
 		}
 		ev := n.log.Warn().Str("request", id).Str("peer", w.String()).Str("endpoint", p.Endpoint)
+		if oi := (*otherIncarnationError)(nil); errors.As(err, &oi) {
+			ev.Msgf("request %s waits for %s at %s: %v", id, w, p.Endpoint, oi)
+			continue
+		}
 		if pv := (*zmq.PeerVersionError)(nil); errors.As(err, &pv) {
 			ev.Msgf("request %s waits for %s at %s, which speaks %v: it cannot answer", id, w, p.Endpoint, pv)
 			continue
