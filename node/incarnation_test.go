@@ -93,7 +93,7 @@ func TestEtcdHelloOfADepartedIncarnationIsNotTheRecords(t *testing.T) {
 		}
 		return len(m) == 1 && now != old && err == nil && h.Incarnation == old
 	})
-	other := fmt.Sprintf("the Hello of ctx/0 is of incarnation %d, etcd holds incarnation %d (a departed incarnation's", old, now)
+	other := fmt.Sprintf("the Hello of ctx/0 is of incarnation %d, whose etcd record left; etcd holds incarnation %d (a departed incarnation's", old, now)
 	waitFor(t, 6*beat, "gen's tend saying the Hello is the departed incarnation's", func() bool { return logs.Has(other) })
 	rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "old-hello", PromptLen: 16, Context: "ctx"})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -37,12 +38,11 @@ type found struct {
 	otherHello uint64
 }
 
-// otherIncarnationError: the Hello the link holds of a peer is of another
-// incarnation than the record etcd holds of it now. A node registers the
-// incarnation its engine says Hello with, so the Hello is not that
-// record's: an older one is a departed incarnation's (its process lives
-// on and repeats it), a newer one an incarnation whose record has not
-// reached this node yet.
+// otherIncarnationError: the Hello the link holds of a peer is of an
+// incarnation whose etcd record left, while etcd holds another record of
+// the peer now: a departed incarnation's Hello (its process lives on and
+// repeats it). A node registers the incarnation its engine says Hello
+// with, so the two tie.
 type otherIncarnationError struct {
 	Peer messages.PeerID
 	// Hello is the Hello's incarnation, Record the record's.
@@ -50,18 +50,39 @@ type otherIncarnationError struct {
 }
 
 func (e *otherIncarnationError) Error() string {
-	which := "a departed incarnation's, whose process still talks"
-	if e.Hello > e.Record {
-		which = "a newer incarnation's, whose record has not reached this node yet"
-	}
-	return fmt.Sprintf("the Hello of %s is of incarnation %d, etcd holds incarnation %d (%s)", e.Peer, e.Hello, e.Record, which)
+	return fmt.Sprintf("the Hello of %s is of incarnation %d, whose etcd record left; etcd holds incarnation %d "+
+		"(a departed incarnation's Hello, whose process still talks)", e.Peer, e.Hello, e.Record)
 }
 
-// otherIncarnation is the error for Hello h of peer id when it is of
-// another incarnation than rec, the record etcd holds of id; nil when it
-// is rec's, or carries no incarnation.
-func otherIncarnation(id messages.PeerID, h *messages.Hello, rec discovery.Record) error {
-	if h.Incarnation == 0 || h.Incarnation == rec.Incarnation {
+// maxPastIncs bounds the departed incarnations remembered per peer.
+const maxPastIncs = 8
+
+// notePastLocked remembers that incarnation inc of peer id left etcd.
+func (n *Node) notePastLocked(id messages.PeerID, inc uint64) {
+	past := n.pastIncs[id]
+	if slices.Contains(past, inc) {
+		return
+	}
+	if len(past) >= maxPastIncs {
+		past = slices.Delete(past, 0, 1)
+	}
+	n.pastIncs[id] = append(past, inc)
+}
+
+// otherIncarnation is the error for Hello h of peer id when it is of an
+// incarnation of id whose record left etcd, other than rec, the record
+// etcd holds of id now; nil otherwise. Only a departed record's
+// incarnation is decidable: a node of an earlier version registered
+// another incarnation than its Hello's, which ties to no record at all
+// and is taken as before (the record's).
+func (n *Node) otherIncarnation(id messages.PeerID, h *messages.Hello, rec discovery.Record) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.otherIncarnationLocked(id, h, rec)
+}
+
+func (n *Node) otherIncarnationLocked(id messages.PeerID, h *messages.Hello, rec discovery.Record) error {
+	if h.Incarnation == 0 || h.Incarnation == rec.Incarnation || !slices.Contains(n.pastIncs[id], h.Incarnation) {
 		return nil
 	}
 	return &otherIncarnationError{Peer: id, Hello: h.Incarnation, Record: rec.Incarnation}
@@ -75,7 +96,7 @@ func (n *Node) hello(id messages.PeerID) (*messages.Hello, error) {
 		return nil, err
 	}
 	if rec, ok := n.member(id); ok {
-		if err := otherIncarnation(id, h, rec); err != nil {
+		if err := n.otherIncarnation(id, h, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -191,6 +212,7 @@ func (n *Node) apply(ev discovery.Event) {
 		if gone {
 			delete(n.found, id)
 			n.departed[id] = departure{at: time.Now(), reason: ev.Reason}
+			n.notePastLocked(id, ev.Incarnation)
 		}
 		n.mu.Unlock()
 		if !ok {
@@ -380,7 +402,7 @@ func (n *Node) tend() (more bool) {
 			f := n.found[id]
 			var other error
 			if f != nil {
-				other = otherIncarnation(id, h, f.rec)
+				other = n.otherIncarnationLocked(id, h, f.rec)
 			}
 			// A Hello of another incarnation is not the found one's: it
 			// is neither checked nor taken for it.

@@ -87,6 +87,10 @@ type Node struct {
 	refused map[messages.PeerID]string // why a peer's record was refused
 	// departed: peers whose record left etcd (not yet back), when and why
 	departed map[messages.PeerID]departure
+	// pastIncs: per peer, the incarnations whose records left etcd (the
+	// latest maxPastIncs), whether or not the peer came back: a Hello of
+	// one of them is a departed incarnation's (otherIncarnation).
+	pastIncs map[messages.PeerID][]uint64
 	self     discovery.Record // the record registered
 	err      error            // ErrMembershipLost
 
@@ -121,6 +125,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, backend: cfg.backend(), peers: slices.Clone(cfg.Peers), stop: make(chan struct{}),
 		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{},
 		departed: map[messages.PeerID]departure{},
+		pastIncs: map[messages.PeerID][]uint64{},
 		watched:  map[messages.PeerID]*watch{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
@@ -659,7 +664,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			h, err := n.link.Hello(id)
 			if r, ok := n.member(id); ok && err == nil {
-				if other := otherIncarnation(id, h, r); other != nil {
+				if other := n.otherIncarnation(id, h, r); other != nil {
 					// Not the Hello of the incarnation etcd holds: that
 					// one has not spoken yet.
 					silent = append(silent, id.String()+" at "+endpoint+": "+other.Error())
