@@ -143,7 +143,10 @@
 //     as Sender; a second Hello on the connection may not change the
 //     PeerID, nor claim the listener's own (sender); a PeerID stays bound
 //     to the key of its first Hello while it is alive (taken); bounds
-//     (full).
+//     (full); a Hello of an incarnation RemovePeer forgot puts nothing
+//     back in the directory and binds the name to no key, until an
+//     AddPeer or SetPeerServerKey of the name lets it back (departed; its
+//     connection is bound all the same: its last frames are delivered).
 //
 // A peer can therefore not speak for a PeerID its key is not bound to,
 // whatever key it holds; in insecure mode it can still claim any PeerID on

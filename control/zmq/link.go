@@ -62,7 +62,14 @@ type Link struct {
 	// departed are CURVE keys that may still speak for peers the
 	// directory forgot or rebound to another key, oldest first
 	// (RemovePeer, SetPeerServerKey).
-	departed  []departedKey
+	departed []departedKey
+	// gone are the peer incarnations RemovePeer forgot, by name, oldest
+	// first: their Hellos put nothing back in the directory
+	// (RejectDeparted) unless a re-add lets them back (readdLocked).
+	// goneN counts them (at most maxPeers); goneSeq orders removals.
+	gone      map[messages.PeerID][]goneIncarnation
+	goneN     int
+	goneSeq   uint64
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
 	endpoint  string
@@ -162,7 +169,10 @@ func (l *Link) peerLocked(id messages.PeerID) *peerInfo {
 }
 
 // AddPeer adds (or moves) a peer's ROUTER endpoint to the directory. The
-// heartbeat goroutine starts beating it within one interval.
+// heartbeat goroutine starts beating it within one interval. An
+// incarnation of the peer that RemovePeer forgot may say Hello again,
+// unless it spoke with another CURVE key than the peer's server key
+// (departedLocked).
 func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
 	if err := CheckPeerEndpoint(endpoint); err != nil {
 		return fmt.Errorf("%w (peer %s)", err, id)
@@ -173,10 +183,14 @@ func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
 		return fmt.Errorf("%w: add peer %s", control.ErrClosed, id)
 	}
 	l.peerLocked(id).endpoint = endpoint
+	l.readdLocked(id)
 	return nil
 }
 
-// SetPeerServerKey records a peer's CURVE server public key (Z85).
+// SetPeerServerKey records a peer's CURVE server public key (Z85). As
+// AddPeer, it adds the peer again after a RemovePeer: an incarnation
+// RemovePeer forgot that spoke with key may say Hello again; one that
+// spoke with another key may not (departedLocked).
 func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 	if err := checkKey("server key of "+id.String(), key); err != nil {
 		return err
@@ -194,6 +208,7 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 		}
 	}
 	info.serverKey = key
+	l.readdLocked(id)
 	l.rebuildIdentitiesLocked()
 	return nil
 }

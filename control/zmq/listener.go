@@ -299,6 +299,11 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		s.live.expire(now, s.down)
 	}
 	l.mu.Lock()
+	if gone, ok := l.departedLocked(p, h.Incarnation); ok {
+		l.mu.Unlock()
+		s.departedHello(id, key, b, h, gone)
+		return
+	}
 	info := l.peers[p]
 	if info == nil && len(l.peers) >= maxPeers {
 		gone, ok := l.forgetDownPeerLocked(s.live.isDown)
@@ -332,6 +337,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	if b == nil {
 		info.incarnation.Add(1)
 	}
+	l.helloAcceptedLocked(p, h.Incarnation)
 	l.mu.Unlock()
 	if b == nil {
 		b = &binding{peer: p, key: key}
@@ -348,6 +354,28 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		l.cfg.OnHello(h)
 	}
 	s.tellAlive(p, now)
+}
+
+// departedHello refuses Hello h, of an incarnation RemovePeer forgot
+// (which spoke with goneKey), its claim on the name: the directory is
+// left as it is (no entry made, no Hello stored, the name bound to no
+// key), and neither OnHello nor liveness hears of it. The connection is
+// bound to the peer (b made if need be), so that the departed process's
+// last frames on it (a Result, a CancelAck: proofs a generation side
+// waits for) are delivered, as on its connections bound before the
+// removal.
+func (s *listener) departedHello(id, key string, b *binding, h *messages.Hello, goneKey string) {
+	if b == nil {
+		b = &binding{peer: h.From, key: key}
+		s.conns[id] = b
+	}
+	b.inc, b.pid = h.Incarnation, h.Process.Pid
+	was := ""
+	if goneKey != "" && goneKey != key {
+		was = " (it spoke with key " + goneKey + ")"
+	}
+	s.reject(RejectDeparted, id, key, b, "Hello of %s's incarnation %d (pid %d), which left the cluster (RemovePeer)%s: "+
+		"it does not take the name back; its connection's frames are still delivered", h.From, h.Incarnation, h.Process.Pid, was)
 }
 
 // Two live processes may say Hello as one peer: one instance started

@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -30,6 +31,20 @@ type departedKey struct {
 // maxDeparted departures. A later AddPeer of the name starts a new peer.
 // Conns dialled to the peer stay usable until their owner closes them.
 // Removing an unknown peer, or the link's own id, does nothing.
+//
+// The incarnation whose Hello the entry held is remembered as departed
+// (departIncarnationLocked): the process may live on (draining in its
+// Close, or out of etcd without knowing it) and repeat its Hello, which
+// then puts nothing back (RejectDeparted): no entry, no Hello for
+// Link.Hello, no binding of the name to its key. Its connections are
+// still bound, so that their last frames are delivered. A Hello of
+// another incarnation is accepted as before. An AddPeer or
+// SetPeerServerKey of the name lifts the mark (readdLocked: the link is
+// not told which incarnation an add is for), but not while the name's
+// server key is another key than the one the incarnation spoke with, and
+// no longer once a newer incarnation's Hello is accepted
+// (departedLocked, helloAcceptedLocked). Incarnation 0 (not told) is not
+// remembered.
 func (l *Link) RemovePeer(peer messages.PeerID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -41,6 +56,13 @@ func (l *Link) RemovePeer(peer messages.PeerID) {
 		return
 	}
 	delete(l.peers, peer)
+	if h := info.hello; h != nil && h.Incarnation != 0 {
+		key := info.key
+		if key == "" {
+			key = info.serverKey
+		}
+		l.departIncarnationLocked(peer, h.Incarnation, key)
+	}
 	if info.serverKey != "" {
 		l.departLocked(info.serverKey, peer)
 	}
@@ -106,3 +128,127 @@ func (l *Link) departLocked(key string, peer messages.PeerID) {
 // (and a monitor) for, as of its latest beat: the directory's peers with
 // an endpoint, less those whose socket could not be made.
 func (l *Link) Beating() int { return int(l.beating.Load()) }
+
+// maxGoneIncarnations bounds the departed incarnations remembered per
+// peer name (a name removed again and again while its old processes live
+// on): the oldest goes first.
+const maxGoneIncarnations = 4
+
+// goneIncarnation is a peer incarnation RemovePeer forgot.
+type goneIncarnation struct {
+	inc uint64
+	key string // the CURVE key it spoke with ("" insecure, or not known)
+	seq uint64 // order of removal, for eviction
+	// readded: AddPeer or SetPeerServerKey added the name again since,
+	// and this incarnation's Hellos are accepted (but see
+	// departedLocked), until a newer incarnation's Hello is
+	// (readdLocked, helloAcceptedLocked).
+	readded bool
+}
+
+// departIncarnationLocked remembers incarnation inc of peer, which spoke
+// with key, as departed: its Hellos put nothing back in the directory.
+// At most maxPeers are remembered in all, maxGoneIncarnations per name;
+// the oldest removal goes first. Callers hold l.mu.
+func (l *Link) departIncarnationLocked(peer messages.PeerID, inc uint64, key string) {
+	for i, g := range l.gone[peer] {
+		if g.inc == inc {
+			l.dropGoneLocked(peer, i)
+			break
+		}
+	}
+	if len(l.gone[peer]) >= maxGoneIncarnations {
+		l.dropGoneLocked(peer, 0)
+	}
+	for l.goneN > 0 && l.goneN >= maxPeers {
+		l.evictGoneLocked()
+	}
+	if l.gone == nil {
+		l.gone = map[messages.PeerID][]goneIncarnation{}
+	}
+	l.goneSeq++
+	l.gone[peer] = append(l.gone[peer], goneIncarnation{inc: inc, key: key, seq: l.goneSeq})
+	l.goneN++
+}
+
+// evictGoneLocked forgets the departed incarnation removed longest ago.
+// Callers hold l.mu.
+func (l *Link) evictGoneLocked() {
+	var (
+		oldest messages.PeerID
+		seq    uint64
+		found  bool
+	)
+	for p, marks := range l.gone {
+		if len(marks) > 0 && (!found || marks[0].seq < seq) {
+			oldest, seq, found = p, marks[0].seq, true
+		}
+	}
+	if !found {
+		return
+	}
+	l.dropGoneLocked(oldest, 0)
+}
+
+// dropGoneLocked forgets the i-th departed incarnation of peer. Callers
+// hold l.mu.
+func (l *Link) dropGoneLocked(peer messages.PeerID, i int) {
+	marks := slices.Delete(l.gone[peer], i, i+1)
+	l.goneN--
+	if len(marks) == 0 {
+		delete(l.gone, peer)
+		return
+	}
+	l.gone[peer] = marks
+}
+
+// departedLocked reports whether a Hello of incarnation inc of peer is one
+// of a departed incarnation (RemovePeer) that no re-add since lets back,
+// and with which key it spoke. A re-add lets it back (readdLocked) unless
+// the name's server key is now another key than the one it spoke with:
+// the add was for another process, and the departed one must not take
+// the name (the name bound to its old key, the new key's Hello would be
+// refused as taken). Callers hold l.mu.
+func (l *Link) departedLocked(peer messages.PeerID, inc uint64) (key string, ok bool) {
+	if inc == 0 {
+		return "", false
+	}
+	for _, g := range l.gone[peer] {
+		if g.inc != inc {
+			continue
+		}
+		if !g.readded {
+			return g.key, true
+		}
+		if info := l.peers[peer]; info != nil && info.serverKey != "" && g.key != "" && g.key != info.serverKey {
+			return g.key, true
+		}
+		return "", false
+	}
+	return "", false
+}
+
+// readdLocked is an explicit add of peer (AddPeer, SetPeerServerKey): the
+// departed incarnations of the name may be what is added again (the link
+// is not told which incarnation an add is for), so their Hellos are
+// accepted again — but see departedLocked for one that spoke with another
+// key than the name's server key — until a newer incarnation's Hello is
+// (helloAcceptedLocked). Callers hold l.mu.
+func (l *Link) readdLocked(peer messages.PeerID) {
+	for i := range l.gone[peer] {
+		l.gone[peer][i].readded = true
+	}
+}
+
+// helloAcceptedLocked notes that the directory took incarnation inc's
+// Hello for peer: a departed incarnation older than inc that a re-add
+// let back is departed again (the re-add was for inc, or inc superseded
+// it), so that it does not take the name back from inc. Callers hold
+// l.mu.
+func (l *Link) helloAcceptedLocked(peer messages.PeerID, inc uint64) {
+	for i := range l.gone[peer] {
+		if g := &l.gone[peer][i]; g.readded && inc > g.inc {
+			g.readded = false
+		}
+	}
+}

@@ -13,7 +13,8 @@ import (
 // (Stats.Rejected) and published as kvxfer_frames_rejected_total{reason}.
 type RejectReason uint8
 
-// Reasons, in the order the listener checks them.
+// Reasons, in the order the listener checks them (departed, added last,
+// is checked with the Hello's bounds).
 const (
 	// RejectEnvelope: not exactly one payload part after the routing id.
 	RejectEnvelope RejectReason = iota
@@ -44,10 +45,16 @@ const (
 	RejectSender
 	// RejectFull: a Hello past the bounds on connections or peers.
 	RejectFull
+	// RejectDeparted: a Hello of a peer incarnation that RemovePeer
+	// forgot (it left the cluster and lives on: draining, or out of etcd
+	// without knowing it). It puts nothing back in the directory and
+	// binds the name to no key; its connection is bound, so that its
+	// last frames (Result, CancelAck) are delivered.
+	RejectDeparted
 	numRejectReasons
 )
 
-var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "version", "identity", "taken", "no_hello", "sender", "full"}
+var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "version", "identity", "taken", "no_hello", "sender", "full", "departed"}
 
 func (r RejectReason) String() string {
 	if r < numRejectReasons {

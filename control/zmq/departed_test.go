@@ -1,0 +1,367 @@
+package zmq
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// secureBareListener is bareListener in CURVE mode: a test hands handle
+// each message with the CURVE key its connection authenticated with.
+func secureBareListener(t *testing.T, clock *fakeClock) *listener {
+	t.Helper()
+	l, err := New(Config{Curve: Curve{Secret: newKeys(t).secret}, Bind: "tcp://127.0.0.1:0", HeartbeatInterval: time.Second,
+		HeartbeatMisses: 3, Clock: clock.now, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	self := pid("ctx", 0)
+	l.mu.Lock()
+	l.self = helloOf(self, "self")
+	l.mu.Unlock()
+	return &listener{l: l, self: self, secure: true, deliver: func(messages.Frame) {}, conns: map[string]*binding{},
+		live: newLiveness(l.liveTimeout())}
+}
+
+// incHello is id's Hello as incarnation inc (process 1000+inc).
+func incHello(id messages.PeerID, inc uint64) *messages.Hello {
+	h := helloOf(id, fmt.Sprint(inc))
+	h.Incarnation, h.Process = inc, messages.ProcessID{Pid: uint32(1000 + inc), StartTime: inc, Host: "test-host"}
+	return h
+}
+
+// departedFixture is a CURVE listener's state with peer gen/0 known from
+// etcd (server key old, an endpoint) and its incarnation 1 said Hello on
+// connection c1 with that key.
+type departedFixture struct {
+	t    *testing.T
+	s    *listener
+	peer messages.PeerID
+	old  keypair
+	// endpointFirst: add adds the endpoint before the server key.
+	endpointFirst bool
+}
+
+func newDepartedFixture(t *testing.T) *departedFixture {
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	f := &departedFixture{t: t, s: secureBareListener(t, clock), peer: pid("gen", 0), old: newKeys(t)}
+	f.add(f.old.public)
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 1 {
+		f.t.Fatalf("gen/0's Hello at the link: incarnation %d, want 1", inc)
+	}
+	return f
+}
+
+// add is what a node does for an etcd Up: the key, then the endpoint
+// (the other way round when endpointFirst).
+func (f *departedFixture) add(key string) {
+	f.t.Helper()
+	if f.endpointFirst {
+		f.addEndpoint()
+	}
+	if err := f.s.l.SetPeerServerKey(f.peer, key); err != nil {
+		f.t.Fatal(err)
+	}
+	if !f.endpointFirst {
+		f.addEndpoint()
+	}
+}
+
+func (f *departedFixture) addEndpoint() {
+	f.t.Helper()
+	if err := f.s.l.AddPeer(f.peer, "tcp://127.0.0.1:1"); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// hello hands the listener incarnation inc's Hello on connection conn
+// authenticated with key.
+func (f *departedFixture) hello(conn string, inc uint64, key string) {
+	f.t.Helper()
+	f.s.handle(conn, mustEncode(f.t, incHello(f.peer, inc)), key, 1)
+}
+
+// current is the incarnation of the Hello the directory holds for gen/0
+// (0: none).
+func (f *departedFixture) current() uint64 {
+	h, err := f.s.l.Hello(f.peer)
+	if err != nil {
+		return 0
+	}
+	return h.Incarnation
+}
+
+func (f *departedFixture) rejected(r RejectReason) int64 { return f.s.l.Stats().Rejected[r] }
+
+// After RemovePeer (etcd said gen/0 left), the departed incarnation, still
+// running, repeats its Hello on its connection and says it on a new one:
+// neither puts it back in the directory nor binds the name to its key
+// again. Before, the listener made the entry afresh from the old Hello
+// and bound gen/0 to the old key: a node took it for its new
+// incarnation's Hello, and the new incarnation's key was refused as
+// taken. The departed process's last frames are still delivered.
+func TestRemovedIncarnationDoesNotTakeTheNameBack(t *testing.T) {
+	f := newDepartedFixture(t)
+	var got []messages.Frame
+	f.s.deliver = func(fr messages.Frame) { got = append(got, fr) }
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c1", 1, f.old.public) // its periodic Hello
+	f.hello("c2", 1, f.old.public) // a connection it dials now
+	f.s.l.mu.Lock()
+	info := f.s.l.peers[f.peer]
+	f.s.l.mu.Unlock()
+	if info != nil {
+		t.Fatalf("the departed incarnation's Hello put gen/0 back in the directory (Hello of incarnation %d, bound to key %q)",
+			f.current(), info.key)
+	}
+	if n := f.rejected(RejectDeparted); n != 2 {
+		t.Fatalf("%d Hellos refused as departed, want 2 (%+v)", n, f.s.l.Stats().Rejected)
+	}
+	// Its last frames, on the connection bound before the removal and on
+	// the one bound after, still reach the engine.
+	f.s.handle("c1", mustEncode(t, result(f.peer, 1)), f.old.public, 1)
+	f.s.handle("c2", mustEncode(t, result(f.peer, 2)), f.old.public, 1)
+	if len(got) != 2 {
+		t.Fatalf("%d of the departed incarnation's 2 last Results delivered (%+v)", len(got), f.s.l.Stats().Rejected)
+	}
+}
+
+// A new incarnation of gen/0 with a new key is accepted while the
+// departed one, with the old key, goes on saying Hello, before and after
+// the new one's; the departed one never has the name again. Before, the
+// old Hello bound the name to the old key, and the new key's Hello was
+// refused as taken ("alive and bound to key …") for as long as the old
+// process lived.
+//
+// The order in which the name is added again does not matter: an AddPeer
+// before the new key lets the departed incarnation back no more than one
+// after it.
+func TestNewIncarnationWithNewKeyWhileTheDepartedOneBeats(t *testing.T) {
+	for _, endpointFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("endpoint-first-%v", endpointFirst), func(t *testing.T) {
+			f := newDepartedFixture(t)
+			f.endpointFirst = endpointFirst
+			newIncarnationWithNewKey(t, f)
+		})
+	}
+}
+
+func newIncarnationWithNewKey(t *testing.T, f *departedFixture) {
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c1", 1, f.old.public)
+	next := newKeys(t)
+	f.add(next.public) // etcd's Up of incarnation 2
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 0 {
+		t.Fatalf("after the new incarnation's Up, the departed one's Hello is gen/0's (incarnation %d)", inc)
+	}
+	f.hello("c3", 2, next.public)
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("gen/0's Hello: incarnation %d, want the new one, 2 (%+v)", inc, f.s.l.Stats().Rejected)
+	}
+	f.hello("c1", 1, f.old.public)
+	f.hello("c4", 1, f.old.public)
+	f.hello("c3", 2, next.public)
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("gen/0's Hello: incarnation %d, want 2", inc)
+	}
+	if n := f.rejected(RejectTaken); n != 0 {
+		t.Fatalf("%d Hellos refused as taken", n)
+	}
+	if n := f.rejected(RejectDeparted); n != 4 {
+		t.Fatalf("%d of the departed incarnation's 4 Hellos refused as departed (%+v)", n, f.s.l.Stats().Rejected)
+	}
+}
+
+// An explicit re-add of the name (AddPeer, SetPeerServerKey with the key
+// the departed incarnation spoke with) lets that incarnation back: the
+// link is not told which incarnation an add is for, and a registry may
+// bring one back (a caller's own registry, a record applied late).
+func TestReaddedIncarnationSaysHelloAgain(t *testing.T) {
+	f := newDepartedFixture(t)
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 0 {
+		t.Fatalf("the removed incarnation's Hello is gen/0's (incarnation %d)", inc)
+	}
+	f.add(f.old.public)
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 1 {
+		t.Fatalf("after the re-add, gen/0's Hello: incarnation %d, want 1 (%+v)", inc, f.s.l.Stats().Rejected)
+	}
+	// AddPeer alone (insecure callers have no key to set) re-adds too.
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 0 {
+		t.Fatalf("the removed incarnation's Hello is gen/0's (incarnation %d)", inc)
+	}
+	if err := f.s.l.AddPeer(f.peer, "tcp://127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	f.hello("c1", 1, f.old.public)
+	if inc := f.current(); inc != 1 {
+		t.Fatalf("after AddPeer, gen/0's Hello: incarnation %d, want 1 (%+v)", inc, f.s.l.Stats().Rejected)
+	}
+}
+
+// A restart under the same key (the key_file of a rank is its own for
+// good): the re-add for the new incarnation cannot be told from one for
+// the departed incarnation, which may say Hello again — until the newer
+// incarnation's Hello comes; from then on the departed one does not take
+// the name back. Before, the two Hellos replaced each other in the
+// directory for as long as the old process lived.
+func TestSameKeyRestartKeepsTheDepartedIncarnationOut(t *testing.T) {
+	f := newDepartedFixture(t)
+	f.s.l.RemovePeer(f.peer)
+	f.add(f.old.public)
+	f.hello("c1", 1, f.old.public)
+	f.hello("c3", 2, f.old.public)
+	f.hello("c1", 1, f.old.public)
+	f.hello("c4", 1, f.old.public)
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("gen/0's Hello: incarnation %d, want the new one, 2 (%+v)", inc, f.s.l.Stats().Rejected)
+	}
+	if n := f.rejected(RejectDeparted); n != 2 {
+		t.Fatalf("%d of the departed incarnation's 2 Hellos after the new one's refused", n)
+	}
+	// The new incarnation leaves in turn: both are departed now.
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c1", 1, f.old.public)
+	f.hello("c3", 2, f.old.public)
+	if inc := f.current(); inc != 0 {
+		t.Fatalf("a departed incarnation's Hello is gen/0's (incarnation %d)", inc)
+	}
+}
+
+// The departed incarnations a link remembers are bounded: maxPeers in
+// all (the removal longest ago forgotten first) and maxGoneIncarnations
+// per name. A forgotten one's Hello is taken again, as before the
+// removals were remembered.
+func TestDepartedIncarnationsBounded(t *testing.T) {
+	old := maxPeers
+	maxPeers = 3
+	t.Cleanup(func() { maxPeers = old })
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	s := bareListener(t, clock)
+	say := func(p messages.PeerID, inc uint64) {
+		t.Helper()
+		s.handle(fmt.Sprintf("%s-%d", p, inc), mustEncode(t, incHello(p, inc)), "", 1)
+	}
+	// Five names, each removed: the first two are forgotten.
+	for i := range 5 {
+		p := pid(fmt.Sprintf("gen%d", i), 0)
+		say(p, 1)
+		if _, err := s.l.Hello(p); err != nil {
+			t.Fatalf("%s's Hello: %v (%+v)", p, err, s.l.Stats().Rejected)
+		}
+		s.l.RemovePeer(p)
+	}
+	if s.l.goneN != maxPeers {
+		t.Fatalf("%d departed incarnations remembered, want maxPeers (%d)", s.l.goneN, maxPeers)
+	}
+	for i := range 5 {
+		p := pid(fmt.Sprintf("gen%d", i), 0)
+		say(p, 1)
+		_, err := s.l.Hello(p)
+		if forgotten := i < 2; forgotten != (err == nil) {
+			t.Fatalf("%s (removal %d of 5): Hello after its removal taken: %v, want %v", p, i+1, err == nil, forgotten)
+		}
+	}
+	// One name removed again and again: its latest maxGoneIncarnations.
+	maxPeers = 100
+	p := pid("ctx", 7)
+	for inc := uint64(1); inc <= 2*maxGoneIncarnations; inc++ {
+		say(p, inc)
+		s.l.RemovePeer(p)
+	}
+	s.l.mu.Lock()
+	n := len(s.l.gone[p])
+	s.l.mu.Unlock()
+	if n != maxGoneIncarnations {
+		t.Fatalf("%d departed incarnations of %s remembered, want %d", n, p, maxGoneIncarnations)
+	}
+	say(p, 2*maxGoneIncarnations)
+	if _, err := s.l.Hello(p); err == nil {
+		t.Fatal("the latest departed incarnation's Hello taken")
+	}
+	say(p, 1)
+	if _, err := s.l.Hello(p); err != nil {
+		t.Fatalf("the oldest departed incarnation, past the bound, not taken: %v", err)
+	}
+}
+
+// listenAs is listen with Hello h of the caller's (an incarnation).
+func listenAs(t *testing.T, h *messages.Hello, cfg Config) *node {
+	t.Helper()
+	cfg.Bind = "tcp://127.0.0.1:0"
+	cfg.Logger = testLogger(t)
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &inbox{}
+	if _, err := l.Listen(h, in.deliver); err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return &node{id: h.From, link: l, in: in}
+}
+
+// End to end, with processes that beat: gen/0's incarnation 1 is removed
+// (etcd: it left) and lives on, repeating its Hello every two beats; its
+// Hellos do not bring it back, and incarnation 2, with another key, is
+// accepted beside it and keeps the name.
+func TestDepartedIncarnationBeatsOnWithoutTheName(t *testing.T) {
+	const beat = 10 * time.Millisecond
+	ka, kb, kb2 := newKeys(t), newKeys(t), newKeys(t)
+	a := listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}, HeartbeatInterval: 2 * beat, HeartbeatMisses: 1000})
+	start := func(inc uint64, k keypair) *node {
+		n := listenAs(t, incHello(pid("gen", 0), inc), Config{Curve: Curve{Secret: k.secret}, HeartbeatInterval: beat, HeartbeatMisses: 2})
+		if err := n.link.AllowKey(ka.public); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.link.AllowKey(k.public); err != nil {
+			t.Fatal(err)
+		}
+		introduce(t, a, n)
+		introduce(t, n, a)
+		return n
+	}
+	b := start(1, kb)
+	incAtA := func() uint64 {
+		h, err := a.link.Hello(b.id)
+		if err != nil {
+			return 0
+		}
+		return h.Incarnation
+	}
+	departed := func() int64 { return a.link.Stats().Rejected[RejectDeparted] }
+	waitFor(t, patience, "incarnation 1's Hello at a", func() bool { return incAtA() == 1 })
+
+	a.link.RemovePeer(b.id)
+	waitFor(t, patience, "incarnation 1's Hellos after its removal", func() bool { return departed() >= 2 || incAtA() != 0 })
+	if inc := incAtA(); inc != 0 {
+		t.Fatalf("after RemovePeer, the departed incarnation's Hello put gen/0 back (incarnation %d)", inc)
+	}
+
+	start(2, kb2)
+	waitFor(t, patience, "incarnation 2's Hello at a", func() bool { return incAtA() == 2 })
+	seen := departed()
+	taken := func() int64 { return a.link.Stats().Rejected[RejectTaken] }
+	waitFor(t, patience, "incarnation 1's Hellos after incarnation 2's", func() bool {
+		return departed() >= seen+2 || incAtA() != 2 || taken() != 0
+	})
+	if inc := incAtA(); inc != 2 {
+		t.Fatalf("gen/0's Hello at a: incarnation %d, want 2", inc)
+	}
+	if n := taken(); n != 0 {
+		t.Fatalf("%d Hellos refused as taken", n)
+	}
+}
