@@ -68,7 +68,8 @@
 //	                                                               version), decode (refused by messages.Decode), identity
 //	                                                               (a sender its CURVE key may not speak for), taken (a Hello for a live peer bound
 //	                                                               to another key), no_hello (before Hello), sender (another PeerID than its
-//	                                                               connection's Hello), full (a Hello past the bounds on connections or peers)
+//	                                                               connection's Hello), full (a Hello past the bounds on connections or peers),
+//	                                                               departed (a Hello of an incarnation removed from the cluster)
 //	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
 //	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
 //	                                                               OnPeerDown); peer is "instance/rank"

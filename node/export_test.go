@@ -47,5 +47,9 @@ func (n *Node) CallerAllocations() int {
 // Apply acts on one registry event as the node's membership goroutine does.
 func (n *Node) Apply(ev discovery.Event) { n.apply(ev) }
 
+// DepartedHellos counts the Hellos the node's link refused as a removed
+// incarnation's (zmq.RejectDeparted).
+func (n *Node) DepartedHellos() int64 { return n.link.Stats().Rejected[zmq.RejectDeparted] }
+
 // LinkHello is the node's link's Hello of peer.
 func (n *Node) LinkHello(peer messages.PeerID) (*messages.Hello, error) { return n.link.Hello(peer) }

@@ -102,9 +102,11 @@ func TestEtcdDerivedParallelIsNotADepartedRanksHello(t *testing.T) {
 	}
 	waitFor(t, patience, "ctx/0 Down at gen", func() bool { _, ok := evs.find(discovery.EventDown, "ctx", 0); return ok })
 	registerFake(t, url, cluster, dir, "ctx", messages.Parallel{TP: 2, PP: 1}, 0)
-	waitFor(t, patience, "the new ctx/0 Up at gen, and the old one's Hello back in gen's link", func() bool {
-		h, err := genN.LinkHello(ctx0)
-		return len(genN.Members()) == 1 && genN.Members()[0].Parallel.TP == 2 && err == nil && h.Parallel.TP == 1
+	// The old process goes on saying Hello; gen's link refuses it (a
+	// removed incarnation's) and holds none of ctx/0.
+	waitFor(t, patience, "the new ctx/0 Up at gen, and the old one's Hello refused by gen's link", func() bool {
+		_, err := genN.LinkHello(ctx0)
+		return len(genN.Members()) == 1 && genN.Members()[0].Parallel.TP == 2 && err != nil && genN.DepartedHellos() > 0
 	})
 	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "derive", PromptLen: 16, Context: "ctx"})
 	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/1 ") {

@@ -179,12 +179,15 @@ func newKeys(t testing.TB) keypair {
 // introduce puts b in a's directory (endpoint and, if secure, server key).
 func introduce(t testing.TB, a, b *node) {
 	t.Helper()
-	if err := a.link.AddPeer(b.id, b.link.Endpoint()); err != nil {
-		t.Fatal(err)
-	}
+	// The key first, as the node does: a heartbeat refresh between the
+	// two calls would otherwise find the endpoint without a key (and, with
+	// a long heartbeat interval, keep that error).
 	if k := b.link.PublicKey(); k != "" {
 		if err := a.link.SetPeerServerKey(b.id, k); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := a.link.AddPeer(b.id, b.link.Endpoint()); err != nil {
+		t.Fatal(err)
 	}
 }
