@@ -199,12 +199,13 @@ def _model_layers(cfg, server_args):
     return n if isinstance(n, int) else None
 
 
-def sglang_pp_stages(cfg, server_args, args, pp, rank_pp, nlayers):
+def sglang_pp_stages(cfg, server_args, args, pp, rank_pp, nlayers, check_start=True):
     """kvxfer's pp_stages for an SGLang pipeline of pp stages ("3,4"): the
     config's own pp_stages when it says one, else SGLang's split of the
     model's layers (_sglang_split). A ValueError names what disagrees: this
-    stage's KV buffers (nlayers layers) or its first layer
-    (KVArgs.prefill_start_layer, where SGLang gives it) against the split."""
+    stage's KV buffers (nlayers layers) or, with check_start (a prefill
+    rank), its first layer (KVArgs.prefill_start_layer, where SGLang gives
+    it) against the split."""
     if not 0 <= rank_pp < pp:
         raise ValueError("pp_rank = %d of pp_size = %d" % (rank_pp, pp))
     given = cfg.get("pp_stages")
@@ -228,7 +229,7 @@ def sglang_pp_stages(cfg, server_args, args, pp, rank_pp, nlayers):
     if counts[rank_pp] != nlayers:
         raise ValueError("pipeline stage %d registered %d layers' KV buffers, %s gives it %d"
                          % (rank_pp, nlayers, what, counts[rank_pp]))
-    start = getattr(args, "prefill_start_layer", None)
+    start = getattr(args, "prefill_start_layer", None) if check_start else None
     if isinstance(start, int) and start != sum(counts[:rank_pp]):
         raise ValueError("pipeline stage %d starts at layer %d (KVArgs.prefill_start_layer), %s starts it at %d"
                          % (rank_pp, start, what, sum(counts[:rank_pp])))
@@ -314,7 +315,8 @@ class KVManager:
             # (get_pp_indices, or SGLANG_PP_LAYER_PARTITION), kvxfer's
             # default to the first: the node is told SGLang's split.
             cfg["pp_stages"] = sglang_pp_stages(cfg, server_args, args, pp, rank_pp,
-                                                len(ptrs) if self.is_mla else len(ptrs) // 2)
+                                                len(ptrs) if self.is_mla else len(ptrs) // 2,
+                                                check_start=self.mode == "prefill")
         if os.environ.get("SGLANG_DISAGG_STAGING_BUFFER"):
             raise ValueError("SGLANG_DISAGG_STAGING_BUFFER is set: SGLang's staging buffers are its own backends' "
                              "path; kvxfer writes SGLang's KV pool directly: unset it")

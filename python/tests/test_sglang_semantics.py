@@ -352,6 +352,12 @@ def test_sglang_pp_split():
         ks.sglang_pp_stages({"pp_stages": "4,1"}, None, args, 2, 1, 2)
     with pytest.raises(ValueError, match="give the config's \"layout\""):
         ks.sglang_pp_stages({"model": "Llama-3.1-8B"}, None, args, 2, 0, 16)
+    # prefill_start_layer is a prefill rank's: a decode stage's is not
+    # checked (SGLang may leave it 0 there).
+    late = types.SimpleNamespace(prefill_start_layer=0)
+    with pytest.raises(ValueError, match=r"stage 1 starts at layer 0 \(KVArgs.prefill_start_layer\)"):
+        ks.sglang_pp_stages({"layout": {"layers": 5}}, None, late, 2, 1, 3)
+    assert ks.sglang_pp_stages({"layout": {"layers": 5}}, None, late, 2, 1, 3, check_start=False) == "2,3"
 
 
 def test_sglang_pp_split_from_the_environment(monkeypatch):
