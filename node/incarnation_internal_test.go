@@ -44,3 +44,43 @@ func TestOtherIncarnationOnlyOfADepartedRecord(t *testing.T) {
 		t.Fatalf("the latest departed incarnation's Hello taken for the record's")
 	}
 }
+
+// TestDepartedPeersAreBounded: the node remembers the departures (and the
+// departed incarnations) of at most maxDepartedPeers peers, the ones that
+// left last: a long-lived node whose peers come and go under new names
+// (an autoscaled instance per pod) does not grow without bound. A peer
+// that leaves again is the latest to have left. (Checked to fail: every
+// peer that ever left stayed in pastIncs and departed.)
+func TestDepartedPeersAreBounded(t *testing.T) {
+	old := maxDepartedPeers
+	maxDepartedPeers = 4
+	t.Cleanup(func() { maxDepartedPeers = old })
+	n := &Node{pastIncs: map[messages.PeerID][]uint64{}, departed: map[messages.PeerID]departure{}}
+	leave := func(r int32, inc uint64) {
+		id := messages.PeerID{Instance: "ctx", Rank: r}
+		n.departed[id] = departure{reason: "left"}
+		n.notePastLocked(id, inc)
+	}
+	for r := int32(0); r < 4; r++ {
+		leave(r, 10)
+	}
+	leave(0, 11) // ctx/0 again: now the latest to leave, ctx/1 the oldest
+	for r := int32(4); r < 7; r++ {
+		leave(r, 10)
+	}
+	if len(n.pastIncs) != 4 || len(n.departed) != 4 {
+		t.Fatalf("%d peers' departed incarnations and %d departures remembered, want %d each", len(n.pastIncs), len(n.departed), 4)
+	}
+	for _, r := range []int32{0, 4, 5, 6} {
+		id := messages.PeerID{Instance: "ctx", Rank: r}
+		if _, ok := n.pastIncs[id]; !ok {
+			t.Errorf("%s, among the 4 that left last, forgotten", id)
+		}
+		if _, ok := n.departed[id]; !ok {
+			t.Errorf("%s's departure, among the 4 latest, forgotten", id)
+		}
+	}
+	if got := n.pastIncs[messages.PeerID{Instance: "ctx"}]; len(got) != 2 {
+		t.Errorf("ctx/0's departed incarnations %v, want 10 and 11", got)
+	}
+}

@@ -57,8 +57,25 @@ func (e *otherIncarnationError) Error() string {
 // maxPastIncs bounds the departed incarnations remembered per peer.
 const maxPastIncs = 8
 
-// notePastLocked remembers that incarnation inc of peer id left etcd.
+// maxDepartedPeers bounds the peers whose departures (departed, pastIncs)
+// the node remembers: those that left etcd last. A var for tests.
+var maxDepartedPeers = 4096
+
+// notePastLocked remembers that incarnation inc of peer id left etcd. Of
+// the peers that left, only the maxDepartedPeers that left last are
+// remembered (pastIncs and departed): the oldest departure is forgotten
+// first. Callers hold n.mu.
 func (n *Node) notePastLocked(id messages.PeerID, inc uint64) {
+	if i := slices.Index(n.pastOrder, id); i >= 0 {
+		n.pastOrder = slices.Delete(n.pastOrder, i, i+1)
+	}
+	n.pastOrder = append(n.pastOrder, id)
+	for len(n.pastOrder) > maxDepartedPeers {
+		oldest := n.pastOrder[0]
+		n.pastOrder = slices.Delete(n.pastOrder, 0, 1)
+		delete(n.pastIncs, oldest)
+		delete(n.departed, oldest)
+	}
 	past := n.pastIncs[id]
 	if slices.Contains(past, inc) {
 		return

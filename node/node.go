@@ -91,8 +91,11 @@ type Node struct {
 	// latest maxPastIncs), whether or not the peer came back: a Hello of
 	// one of them is a departed incarnation's (otherIncarnation).
 	pastIncs map[messages.PeerID][]uint64
-	self     discovery.Record // the record registered
-	err      error            // ErrMembershipLost
+	// pastOrder: the peers of pastIncs, the one that left etcd longest
+	// ago first (at most maxDepartedPeers).
+	pastOrder []messages.PeerID
+	self      discovery.Record // the record registered
+	err       error            // ErrMembershipLost
 
 	// Death proofs (exit.go): pids watches peer processes of this host
 	// (nil where the backend does not make an exit a proof); watched is
