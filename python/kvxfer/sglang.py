@@ -800,6 +800,13 @@ class KVReceiver(_Transfer):
         if not mgr.aux_bytes:
             return True
         data = self.aux_data or b""
+        if not data and mgr.pp_size > 1 and mgr.pp_rank != mgr.pp_size - 1:
+            # A decode stage before the last of a pipelined decode: only
+            # the prefill's last stage sends the aux slot, to the decode
+            # ranks it writes to, as SGLang's own backends send it (decode
+            # stage k pairs with prefill stage k). None came: this stage's
+            # aux slot is left as it is.
+            return True
         if len(data) != mgr.aux_bytes:
             self.reason = ("aux: the prefill sent %d bytes of metadata, this side's aux buffers hold %d per request "
                            "(another model, or a prefill that had no aux_index)" % (len(data), mgr.aux_bytes))

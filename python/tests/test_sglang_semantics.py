@@ -439,3 +439,74 @@ def test_pipelined_prefill_lands_in_the_decode_pages(route):
             for m in managers:
                 m.close()
         assert kvxfer.handle_count() == before
+
+
+def test_pipelined_decode_behind_a_pipelined_prefill():
+    """A decode of two pipeline stages behind a prefill of two, over a
+    3-layer model (SGLang's split, 1 + 2, on both sides: SGLang pairs decode
+    stage k with prefill stage k when the sizes match). Each decode stage
+    gets every byte of its layers from its prefill stage; only the last
+    prefill stage sends the aux slot (SGLang's backends send aux from
+    there alone, to the decode ranks it transfers to), so decode stage 0,
+    which no last prefill stage writes to, succeeds without one and keeps
+    its aux slot as it was, while decode stage 1 gets the last stage's.
+    (Checked to fail: decode stage 0 failed every request, "the prefill
+    sent 0 bytes of metadata".)"""
+    layers = 3
+    layout = dict(LAYOUT, layers=layers)
+    (p_pub, p_sec), (d_pub, d_sec) = kvxfer.keygen(), kvxfer.keygen()
+    p_name, d_name = unique("sg-pp2-prefill"), unique("sg-pp2-decode")
+    par = {"tp": 1, "pp": 2, "stages": "1,2"}
+    with tempfile.TemporaryDirectory(prefix="kvx") as tmp:
+        p_eps = ["ipc://%s/p%d.sock" % (tmp, r) for r in range(2)]
+        d_eps = ["ipc://%s/d%d.sock" % (tmp, r) for r in range(2)]
+
+        def peers(name, eps, pub):
+            return [{"instance": name, "parallel": par, "rank": {"tp": 0, "pp": r}, "endpoint": eps[r],
+                     "public_key": pub} for r in range(2)]
+
+        before = kvxfer.handle_count()
+        p_pools, d_pools = [Pool(layers=1), Pool(layers=2)], [Pool(layers=1), Pool(layers=2)]
+        prefill, decode = [], []
+        try:
+            for r in range(2):
+                p_pools[r].args.pp_rank, p_pools[r].args.prefill_start_layer = r, r
+                d_pools[r].args.pp_rank, d_pools[r].args.prefill_start_layer = r, r
+                sa = types.SimpleNamespace(pp_size=2, tp_size=1)
+                prefill.append(KVManager(p_pools[r].args, "prefill", sa, False, config=node_cfg(
+                    p_name, p_eps[r], p_sec, peers(d_name, d_eps, d_pub), layout=layout, send_only=True)))
+                decode.append(KVManager(d_pools[r].args, "decode", sa, False, config=node_cfg(
+                    d_name, d_eps[r], d_sec, peers(p_name, p_eps, p_pub), layout=layout,
+                    prefill_instances={ADDR: p_name})))
+            for m in prefill + decode:
+                m.node.wait_peers(20000)
+            room = 78
+            src, dst = [3, 4, 5, 6, 7], [9, 2, 30, 11, 5]
+            for r in range(2):
+                p_pools[r].fill(src, seed=10 + r)
+                p_pools[r].fill_aux(1, seed=20 + r)
+            kept = d_pools[0].aux_slot(3)
+            senders = [KVSender(m, ADDR, room, [0], r) for r, m in enumerate(prefill)]
+            receivers = [KVReceiver(m, ADDR, room) for m in decode]
+            poll_until(senders, lambda st: all(x != P for x in st))
+            for s_ in senders:
+                s_.init(len(src), 1)
+            poll_until(receivers, lambda st: all(x != P for x in st))
+            for rv in receivers:
+                rv.init(dst, 3)
+            for s_ in senders:
+                s_.send(src[:3])
+                s_.send(src[3:])
+            states = poll_until(senders + receivers, lambda st: all(x in TERMINAL for x in st))
+            assert states == [S, S, S, S], [o.reason for o in senders + receivers]
+            for r in range(2):
+                n = d_pools[r].layers
+                for l in range(n):
+                    assert (d_pools[r].kv[l][dst] == p_pools[r].kv[l][src]).all(), ("K", r, l)
+                    assert (d_pools[r].kv[n + l][dst] == p_pools[r].kv[n + l][src]).all(), ("V", r, l)
+            assert d_pools[1].aux_slot(3) == p_pools[1].aux_slot(1)
+            assert d_pools[0].aux_slot(3) == kept
+        finally:
+            for m in prefill + decode:
+                m.close()
+        assert kvxfer.handle_count() == before
