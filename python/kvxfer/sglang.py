@@ -423,7 +423,9 @@ class KVManager:
         """(prefill instance, tp, pp, stages) for a request of
         bootstrap_addr, or a ValueError naming the address. stages is the
         prefill pipeline's split as the config says it ("stages" or
-        "pp_stages" of its parallelism), else None."""
+        "pp_stages" of its parallelism), else None; tp and pp are 0 when
+        neither "prefill_parallel" nor the peers' "parallel" says them (the
+        node then takes them from the prefill's ranks)."""
         name = self.prefill_instances.get(bootstrap_addr, self.prefill_instance)
         if not name:
             raise ValueError("bootstrap_addr %r names no prefill instance: the config's prefill_instances has %s "
@@ -435,6 +437,11 @@ class KVManager:
                 if isinstance(p, dict) and p.get("instance") == name and p.get("parallel"):
                     par = p["parallel"]
                     break
+        if not par:
+            # Nothing says it (peers found through etcd, or listed without
+            # "parallel"): 0, 0 lets the node take the instance's
+            # parallelism, split included, from what its ranks said.
+            return name, 0, 0, None
         stages = par.get("stages") or par.get("pp_stages") or None
         return name, int(par.get("tp", 1) or 1), int(par.get("pp", 1) or 1), stages
 

@@ -510,3 +510,23 @@ def test_pipelined_decode_behind_a_pipelined_prefill():
             for m in prefill + decode:
                 m.close()
         assert kvxfer.handle_count() == before
+
+
+def test_route_names_what_the_config_says_else_lets_the_node_derive():
+    """The decode's route to a prefill instance: its parallelism and split
+    from "prefill_parallel", else from the static peers' "parallel"; when
+    neither says it (peers found through etcd), 0, 0 so that the node takes
+    it from the prefill's ranks (a 1 x 1 here failed every request of a
+    TP2 prefill found through etcd)."""
+    def mgr(**kw):
+        m = types.SimpleNamespace(prefill_instances={ADDR: "p"}, prefill_instance=None, prefill_parallel={},
+                                  _peers=[])
+        m.__dict__.update(kw)
+        return m
+    assert KVManager.route(mgr(), ADDR) == ("p", 0, 0, None)
+    assert KVManager.route(mgr(_peers=[{"instance": "p"}]), ADDR) == ("p", 0, 0, None)
+    assert KVManager.route(mgr(prefill_parallel={"tp": 2, "pp": 1}), ADDR) == ("p", 2, 1, None)
+    peers = [{"instance": "p", "parallel": {"tp": 1, "pp": 2, "stages": "1,2"}, "rank": {"tp": 0, "pp": 0}}]
+    assert KVManager.route(mgr(_peers=peers), ADDR) == ("p", 1, 2, "1,2")
+    with pytest.raises(ValueError, match="names no prefill instance"):
+        KVManager.route(mgr(prefill_instances={}), "10.9.9.9:1")
