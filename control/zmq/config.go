@@ -66,7 +66,8 @@ type Config struct {
 	// OnPeerAlive is called, on the listener goroutine, when a frame or
 	// heartbeat of a peer that said Hello arrives, at most once per
 	// HeartbeatInterval per peer (the writer lease's renewal:
-	// Engine.PeerAlive); it must not block. Optional.
+	// Engine.PeerAlive); not for the frames of an incarnation RemovePeer
+	// forgot. It must not block. Optional.
 	OnPeerAlive func(messages.PeerID)
 	// OnFrame is called, on the listener goroutine, with each frame other
 	// than Hello and Heartbeat of a peer that said Hello, after its checks

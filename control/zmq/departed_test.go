@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,10 +38,11 @@ func incHello(id messages.PeerID, inc uint64) *messages.Hello {
 // etcd (server key old, an endpoint) and its incarnation 1 said Hello on
 // connection c1 with that key.
 type departedFixture struct {
-	t    *testing.T
-	s    *listener
-	peer messages.PeerID
-	old  keypair
+	t     *testing.T
+	s     *listener
+	clock *fakeClock
+	peer  messages.PeerID
+	old   keypair
 	// endpointFirst: add adds the endpoint before the server key.
 	endpointFirst bool
 }
@@ -48,7 +50,7 @@ type departedFixture struct {
 func newDepartedFixture(t *testing.T) *departedFixture {
 	clock := &fakeClock{}
 	clock.advance(time.Hour)
-	f := &departedFixture{t: t, s: secureBareListener(t, clock), peer: pid("gen", 0), old: newKeys(t)}
+	f := &departedFixture{t: t, s: secureBareListener(t, clock), clock: clock, peer: pid("gen", 0), old: newKeys(t)}
 	f.add(f.old.public)
 	f.hello("c1", 1, f.old.public)
 	if inc := f.current(); inc != 1 {
@@ -97,6 +99,137 @@ func (f *departedFixture) current() uint64 {
 }
 
 func (f *departedFixture) rejected(r RejectReason) int64 { return f.s.l.Stats().Rejected[r] }
+
+// beat hands the listener a Heartbeat of gen/0 on connection conn
+// authenticated with key.
+func (f *departedFixture) beat(conn string, seq uint64, key string) {
+	f.t.Helper()
+	f.s.handle(conn, mustEncode(f.t, &messages.Heartbeat{From: f.peer, Seq: seq}), key, 1)
+}
+
+// A removed incarnation's heartbeats, on the connection it said Hello on
+// before its removal and on one it dials after, are no sign of life of
+// the name: they do not tell OnPeerAlive (a node renews the writer's
+// lease on gen/0 with it), do not keep the name from going down, do not
+// bring the new incarnation's entry back once it went down, and are not
+// taken for a twin of the new incarnation. Its last Result is still
+// delivered. Before, every frame on a bound connection counted as life
+// of its name, whichever incarnation said Hello on it.
+func TestDepartedIncarnationsBeatsAreNoSignOfLife(t *testing.T) {
+	f := newDepartedFixture(t)
+	interval := f.s.l.cfg.HeartbeatInterval
+	alive := 0
+	f.s.l.cfg.OnPeerAlive = func(p messages.PeerID) {
+		if p == f.peer {
+			alive++
+		}
+	}
+	downs := 0
+	f.s.l.cfg.OnPeerDown = func(p messages.PeerID) {
+		if p == f.peer {
+			downs++
+		}
+	}
+	var got []messages.Frame
+	f.s.deliver = func(fr messages.Frame) { got = append(got, fr) }
+	f.s.l.RemovePeer(f.peer)
+	f.hello("c2", 1, f.old.public) // a connection it dials after its removal
+	seq := uint64(0)
+	departedBeats := func() {
+		t.Helper()
+		for _, c := range []string{"c1", "c2"} {
+			seq++
+			f.beat(c, seq, f.old.public)
+		}
+	}
+
+	// Removed, with no new incarnation yet: its beats renew nothing, and
+	// the name's silence runs out.
+	for range 4 {
+		f.clock.advance(interval)
+		departedBeats()
+		f.s.live.expire(f.clock.now(), f.s.down)
+	}
+	if alive != 0 {
+		t.Fatalf("the departed incarnation's heartbeats told OnPeerAlive %d times", alive)
+	}
+	if downs != 1 {
+		t.Fatalf("gen/0 went down %d times while only its departed incarnation beat, want 1", downs)
+	}
+
+	// The new incarnation, with a new key, says Hello, then falls silent.
+	next := newKeys(t)
+	f.add(next.public)
+	f.clock.advance(interval)
+	f.hello("c3", 2, next.public)
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("gen/0's Hello: incarnation %d, want 2 (%+v)", inc, f.s.l.Stats().Rejected)
+	}
+	alive = 0
+	for range 4 {
+		f.clock.advance(interval)
+		departedBeats()
+		f.s.live.expire(f.clock.now(), f.s.down)
+	}
+	if downs != 2 {
+		t.Fatalf("gen/0 went down %d times, want 2: the departed incarnation's beats kept its new incarnation alive", downs)
+	}
+	if alive != 0 {
+		t.Fatalf("the departed incarnation's heartbeats told OnPeerAlive %d times after the new incarnation's Hello", alive)
+	}
+	if _, err := f.s.l.Hello(f.peer); err == nil {
+		t.Fatal("gen/0's silent new incarnation is up: the departed incarnation's beats cleared its down")
+	}
+	if twin := f.s.twins[f.peer]; twin != 0 {
+		t.Fatalf("the departed incarnation's beats were taken for a twin of the new one (pair %x)", twin)
+	}
+
+	// Its last Result is still delivered, and counts for no life either.
+	f.s.handle("c1", mustEncode(t, result(f.peer, 1)), f.old.public, 1)
+	if len(got) != 1 {
+		t.Fatalf("%d of the departed incarnation's 1 last Result delivered (%+v)", len(got), f.s.l.Stats().Rejected)
+	}
+	if _, err := f.s.l.Hello(f.peer); err == nil || alive != 0 {
+		t.Fatalf("the departed incarnation's Result counted as life of gen/0 (Hello: %v, OnPeerAlive %d times)", err, alive)
+	}
+
+	// The new incarnation's own beat is life.
+	f.s.handle("c3", mustEncode(t, &messages.Heartbeat{From: f.peer, Seq: 1}), next.public, 1)
+	if inc := f.current(); inc != 2 || alive != 1 {
+		t.Fatalf("after the new incarnation's beat: Hello of incarnation %d, OnPeerAlive %d times; want 2, 1", inc, alive)
+	}
+}
+
+// A re-add that lets the departed incarnation back (AddPeer with the key
+// it spoke with) makes its beats life of the name again, until a newer
+// incarnation says Hello.
+func TestReaddedIncarnationsBeatsAreLife(t *testing.T) {
+	f := newDepartedFixture(t)
+	interval := f.s.l.cfg.HeartbeatInterval
+	alive := 0
+	f.s.l.cfg.OnPeerAlive = func(messages.PeerID) { alive++ }
+	f.s.l.RemovePeer(f.peer)
+	f.clock.advance(interval)
+	f.beat("c1", 1, f.old.public)
+	if alive != 0 {
+		t.Fatalf("the departed incarnation's beat told OnPeerAlive %d times", alive)
+	}
+	f.add(f.old.public)
+	f.beat("c1", 2, f.old.public)
+	if alive != 1 {
+		t.Fatalf("the re-added incarnation's beat told OnPeerAlive %d times, want 1", alive)
+	}
+	// A newer incarnation's Hello (a restart under the same key) departs
+	// it again (helloAcceptedLocked): its beats are no life once more.
+	f.clock.advance(interval)
+	f.hello("c3", 2, f.old.public)
+	alive = 0
+	f.clock.advance(interval)
+	f.beat("c1", 3, f.old.public)
+	if alive != 0 {
+		t.Fatalf("after incarnation 2's Hello, the departed incarnation 1's beat told OnPeerAlive %d times", alive)
+	}
+}
 
 // After RemovePeer (etcd said gen/0 left), the departed incarnation, still
 // running, repeats its Hello on its connection and says it on a new one:
@@ -316,12 +449,19 @@ func listenAs(t *testing.T, h *messages.Hello, cfg Config) *node {
 
 // End to end, with processes that beat: gen/0's incarnation 1 is removed
 // (etcd: it left) and lives on, repeating its Hello every two beats; its
-// Hellos do not bring it back, and incarnation 2, with another key, is
-// accepted beside it and keeps the name.
+// Hellos do not bring it back, its heartbeats tell OnPeerAlive nothing,
+// and incarnation 2, with another key, is accepted beside it and keeps
+// the name.
 func TestDepartedIncarnationBeatsOnWithoutTheName(t *testing.T) {
 	const beat = 10 * time.Millisecond
 	ka, kb, kb2 := newKeys(t), newKeys(t), newKeys(t)
-	a := listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}, HeartbeatInterval: 2 * beat, HeartbeatMisses: 1000})
+	var alive atomic.Int64 // OnPeerAlive calls for gen/0
+	a := listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}, HeartbeatInterval: 2 * beat, HeartbeatMisses: 1000,
+		OnPeerAlive: func(p messages.PeerID) {
+			if p == pid("gen", 0) {
+				alive.Add(1)
+			}
+		}})
 	start := func(inc uint64, k keypair) *node {
 		n := listenAs(t, incHello(pid("gen", 0), inc), Config{Curve: Curve{Secret: k.secret}, HeartbeatInterval: beat, HeartbeatMisses: 2})
 		if err := n.link.AllowKey(ka.public); err != nil {
@@ -350,10 +490,18 @@ func TestDepartedIncarnationBeatsOnWithoutTheName(t *testing.T) {
 	if inc := incAtA(); inc != 0 {
 		t.Fatalf("after RemovePeer, the departed incarnation's Hello put gen/0 back (incarnation %d)", inc)
 	}
+	// The listener handles a connection's frames in order: every beat
+	// from here on came after a Hello it refused as departed.
+	told := alive.Load()
+	seen := departed()
+	waitFor(t, patience, "more of incarnation 1's Hellos", func() bool { return departed() >= seen+2 })
+	if n := alive.Load() - told; n != 0 {
+		t.Fatalf("the departed incarnation's heartbeats told OnPeerAlive for gen/0 %d times", n)
+	}
 
 	start(2, kb2)
 	waitFor(t, patience, "incarnation 2's Hello at a", func() bool { return incAtA() == 2 })
-	seen := departed()
+	seen = departed()
 	taken := func() int64 { return a.link.Stats().Rejected[RejectTaken] }
 	waitFor(t, patience, "incarnation 1's Hellos after incarnation 2's", func() bool {
 		return departed() >= seen+2 || incAtA() != 2 || taken() != 0

@@ -154,7 +154,11 @@
 //
 // Hello is stored in the directory (Hello(peer) returns it); Heartbeat only
 // marks the peer alive; every other frame goes to deliver, in the order its
-// connection sent it. Any accepted frame counts as a sign of life.
+// connection sent it. Any accepted frame counts as a sign of life, except
+// those on a connection whose Hello named an incarnation RemovePeer
+// forgot (and no AddPeer or SetPeerServerKey let back): there heartbeats
+// are dropped and other frames delivered, and none keeps the name alive,
+// brings it back from down, tells OnPeerAlive or counts as a twin.
 //
 // Bounds: a listener binds at most 16384 connections (bindings of peers
 // that are down, or that the full directory forgot, are forgotten first

@@ -53,6 +53,10 @@ type Link struct {
 	// beating is how many peers the heartbeat goroutine holds a socket
 	// for (Beating).
 	beating atomic.Int64
+	// goneNow is the set of departed incarnations (departedLocked), as of
+	// the latest change of what departedLocked reads (rebuildGoneLocked):
+	// the listener reads it for every frame without taking mu. nil: none.
+	goneNow atomic.Pointer[goneSet]
 
 	mu       sync.Mutex
 	peers    map[messages.PeerID]*peerInfo

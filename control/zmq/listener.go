@@ -255,13 +255,27 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		s.deliver(f)
 		return
 	}
-	s.alive(b.peer, now)
-	s.tellAlive(b.peer, now)
-	if _, ok := f.(*messages.Heartbeat); ok {
-		if b.inc != 0 {
-			s.checkTwin(b, now)
+	_, beat := f.(*messages.Heartbeat)
+	switch {
+	case s.l.departedInc(b.peer, b.inc):
+		// The connection's incarnation left (RemovePeer) and lives on
+		// (draining in its Close, or out of etcd without knowing it):
+		// its frames are no life of the name, whose entry (if any) is
+		// another incarnation's. Its heartbeats go no further; its
+		// other frames (its last Result or CancelAck: proofs the other
+		// side waits for) are delivered.
+		if beat {
+			return
 		}
-		return
+	default:
+		s.alive(b.peer, now)
+		s.tellAlive(b.peer, now)
+		if beat {
+			if b.inc != 0 {
+				s.checkTwin(b, now)
+			}
+			return
+		}
 	}
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.recv.%T", f), f.Request())

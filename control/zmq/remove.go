@@ -37,14 +37,17 @@ type departedKey struct {
 // Close, or out of etcd without knowing it) and repeat its Hello, which
 // then puts nothing back (RejectDeparted): no entry, no Hello for
 // Link.Hello, no binding of the name to its key. Its connections are
-// still bound, so that their last frames are delivered. A Hello of
-// another incarnation is accepted as before. An AddPeer or
-// SetPeerServerKey of the name lifts the mark (readdLocked: the link is
-// not told which incarnation an add is for), but not while the name's
-// server key is another key than the one the incarnation spoke with, and
-// no longer once a newer incarnation's Hello is accepted
-// (departedLocked, helloAcceptedLocked). Incarnation 0 (not told) is not
-// remembered.
+// still bound, so that their last frames are delivered, but nothing on
+// them is a sign of life of the name (departedInc): its heartbeats and
+// frames neither keep the name alive nor bring a newer incarnation's
+// entry back from down, tell Config.OnPeerAlive nothing, and are not
+// taken for a twin. A Hello of another incarnation is accepted as
+// before. An AddPeer or SetPeerServerKey of the name lifts the mark
+// (readdLocked: the link is not told which incarnation an add is for),
+// but not while the name's server key is another key than the one the
+// incarnation spoke with, and no longer once a newer incarnation's Hello
+// is accepted (departedLocked, helloAcceptedLocked). Incarnation 0 (not
+// told) is not remembered.
 func (l *Link) RemovePeer(peer messages.PeerID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -70,6 +73,7 @@ func (l *Link) RemovePeer(peer messages.PeerID) {
 		l.departLocked(info.key, peer)
 	}
 	l.rebuildIdentitiesLocked()
+	l.rebuildGoneLocked() // the marks, and the entry departedLocked reads
 }
 
 // forgetDownPeerLocked makes room in a full directory: it removes, as
@@ -235,9 +239,13 @@ func (l *Link) departedLocked(peer messages.PeerID, inc uint64) (key string, ok 
 // key than the name's server key — until a newer incarnation's Hello is
 // (helloAcceptedLocked). Callers hold l.mu.
 func (l *Link) readdLocked(peer messages.PeerID) {
+	if len(l.gone[peer]) == 0 {
+		return
+	}
 	for i := range l.gone[peer] {
 		l.gone[peer][i].readded = true
 	}
+	l.rebuildGoneLocked()
 }
 
 // helloAcceptedLocked notes that the directory took incarnation inc's
@@ -246,9 +254,73 @@ func (l *Link) readdLocked(peer messages.PeerID) {
 // it), so that it does not take the name back from inc. Callers hold
 // l.mu.
 func (l *Link) helloAcceptedLocked(peer messages.PeerID, inc uint64) {
+	changed := false
 	for i := range l.gone[peer] {
 		if g := &l.gone[peer][i]; g.readded && inc > g.inc {
-			g.readded = false
+			g.readded, changed = false, true
 		}
 	}
+	if changed {
+		l.rebuildGoneLocked()
+	}
+}
+
+// goneInc names one incarnation of a peer.
+type goneInc struct {
+	peer messages.PeerID
+	inc  uint64
+}
+
+// goneSet is the set of departed incarnations as departedLocked says, for
+// the listener (Link.goneNow). It is never changed once stored.
+type goneSet map[goneInc]struct{}
+
+// rebuildGoneLocked stores in goneNow the incarnations departedLocked
+// takes for departed. Every change of what departedLocked reads calls it:
+// the marks (RemovePeer, readdLocked, helloAcceptedLocked) and the
+// directory entry of a marked name (RemovePeer deletes it,
+// SetPeerServerKey sets its server key and then calls readdLocked;
+// forgetDownPeerLocked deletes only entries without a server key, and
+// peerLocked makes them without one, which departedLocked reads as no
+// entry). Callers hold l.mu.
+func (l *Link) rebuildGoneLocked() {
+	var set goneSet
+	for p, marks := range l.gone {
+		for _, g := range marks {
+			if _, ok := l.departedLocked(p, g.inc); !ok {
+				continue
+			}
+			if set == nil {
+				set = make(goneSet, l.goneN)
+			}
+			set[goneInc{p, g.inc}] = struct{}{}
+		}
+	}
+	if set == nil {
+		l.goneNow.Store(nil)
+		return
+	}
+	l.goneNow.Store(&set)
+}
+
+// departedInc reports whether incarnation inc of peer is one RemovePeer
+// forgot that no re-add let back (departedLocked), without the lock: the
+// listener asks it for every frame on a connection bound to inc's Hello,
+// whose frames are then delivered but no sign of life of the name. A
+// heartbeat names only its sender's PeerID (From) and its own sequence
+// number, which says nothing of the process; the connection it comes on
+// is bound to the Hello that process said first on it, and a connection
+// (a ROUTER routing id: a random id per socket) is one process's. A
+// connection whose Hello named no incarnation (0) cannot be told apart
+// and counts as before.
+func (l *Link) departedInc(peer messages.PeerID, inc uint64) bool {
+	if inc == 0 {
+		return false
+	}
+	set := l.goneNow.Load()
+	if set == nil {
+		return false
+	}
+	_, ok := (*set)[goneInc{peer, inc}]
+	return ok
 }
