@@ -213,7 +213,8 @@ type Parallel struct {
 	// Stages, when set, is how many layers each pipeline stage holds,
 	// comma-separated ("7,8,8,7", vLLM's VLLM_PP_LAYER_PARTITION format),
 	// for an instance whose stages split the layers otherwise than
-	// kvxfer's default (kvcache.Parallel.Stages).
+	// kvxfer's default (kvcache.Parallel.Stages). The default split
+	// spelled out is the same parallelism as none.
 	Stages string `json:"stages,omitempty"`
 }
 
@@ -569,7 +570,18 @@ func (c Config) Validate() error {
 		}
 	}
 	seen := map[messages.PeerID]int{}
-	pars := map[string]Parallel{}
+	// A peer's parallelism is compared normalized for the layers of this
+	// node's layout (kvcache.Parallel.Normal; a peer lays the model out
+	// as this node does, or every request with it fails at its Hello):
+	// the default split spelled out ("16,16" for 32 layers at PP2) is the
+	// same parallelism as "" (the default), as node compares a peer's
+	// Hello and etcd record with it. Errors name the values as given.
+	type listed struct {
+		as   Parallel         // as the first peer of the instance gave it
+		norm kvcache.Parallel // normalized
+	}
+	pars := map[string]listed{}
+	self := par.kv().Normal(layout.Layers)
 	for i, p := range c.Peers {
 		f := fmt.Sprintf("peers[%d]", i)
 		if p.Instance == "" || len(p.Instance) > messages.MaxInstanceLen {
@@ -585,16 +597,18 @@ func (c Config) Validate() error {
 		if !pp.kv().Contains(p.Rank.kv()) {
 			return bad(f+".rank", p.Rank, "outside %s's parallel %+v (tp in 0..%d, pp in 0..%d)", p.Instance, pp, pp.TP-1, pp.PP-1)
 		}
-		if prev, ok := pars[p.Instance]; ok && prev != pp {
-			return bad(f+".parallel", pp, "another peer of %s says %+v: one instance has one parallelism", p.Instance, prev)
+		norm := pp.kv().Normal(layout.Layers)
+		if prev, ok := pars[p.Instance]; !ok {
+			pars[p.Instance] = listed{as: pp, norm: norm}
+		} else if prev.norm != norm {
+			return bad(f+".parallel", pp, "another peer of %s says %+v: one instance has one parallelism", p.Instance, prev.as)
 		}
-		pars[p.Instance] = pp
 		id := p.id()
 		if j, ok := seen[id]; ok {
 			return bad(f+".rank", p.Rank, "%s is also peers[%d]", id, j)
 		}
 		seen[id] = i
-		if p.Instance == c.instance() && pp == par && p.Rank == c.Rank {
+		if p.Instance == c.instance() && norm == self && p.Rank == c.Rank {
 			return bad(f, id.String(), "is this node itself")
 		}
 		if p.Endpoint == "" && c.etcd() {

@@ -3,6 +3,7 @@ package node_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -183,6 +184,71 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 	}
 	if _, err := node.ParseConfig([]byte(inlineKey("secret_key", z85[:30]))); err == nil || strings.Contains(err.Error(), z85[:30]) {
 		t.Errorf("mistyped secret key: error %v shows the key", err)
+	}
+}
+
+// TestPeersSpellingTheDefaultSplitAreOneParallelism: listed ranks of one
+// instance whose parallelism differs only in how the split is spelled
+// ("" and the default split spelled out: "16,16" for the 32 layers of
+// Llama-3.1-8B at PP2) are one parallelism, and a peer so spelled at this
+// node's own place is this node; a real mismatch of the split is still
+// refused, naming both. Before, the check compared Stages as spelled and
+// refused the first as two parallelisms (and took the second for another
+// rank than this node).
+func TestPeersSpellingTheDefaultSplitAreOneParallelism(t *testing.T) {
+	withPeers := func(self string, stages ...string) string {
+		t.Helper()
+		var m map[string]any
+		if err := json.Unmarshal([]byte(goodJSON), &m); err != nil {
+			t.Fatal(err)
+		}
+		if self != "" {
+			m["instance"] = self
+			m["parallel"] = map[string]any{"tp": 1, "pp": 2}
+			m["rank"] = map[string]any{"tp": 0, "pp": 0}
+		}
+		var peers []any
+		for i, st := range stages {
+			peers = append(peers, map[string]any{"instance": "ctx", "parallel": map[string]any{"tp": 1, "pp": 2, "stages": st},
+				"rank": map[string]any{"tp": 0, "pp": i}, "endpoint": fmt.Sprintf("tcp://10.0.0.1:56%d0", i),
+				"public_key_file": fmt.Sprintf("ctx%d.pub", i)})
+		}
+		m["peers"] = peers
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	for _, stages := range [][]string{{"", "16,16"}, {"16,16", ""}, {"16,16", "16,16"}} {
+		if _, err := node.ParseConfig([]byte(withPeers("", stages...))); err != nil {
+			t.Errorf("ctx's ranks with stages %q: %v", stages, err)
+		}
+	}
+	for _, c := range []struct {
+		stages []string
+		want   []string
+	}{
+		{[]string{"16,16", "15,17"}, []string{"peers[1].parallel = {TP:1 PP:2 Stages:15,17}", "{TP:1 PP:2 Stages:16,16}", "one instance has one parallelism"}},
+		{[]string{"", "15,17"}, []string{"peers[1].parallel = {TP:1 PP:2 Stages:15,17}", "says {TP:1 PP:2}:"}},
+		{[]string{"17,15", "16,16"}, []string{"peers[1].parallel = {TP:1 PP:2 Stages:16,16}", "{TP:1 PP:2 Stages:17,15}"}},
+	} {
+		_, err := node.ParseConfig([]byte(withPeers("", c.stages...)))
+		if !errors.Is(err, node.ErrConfig) {
+			t.Errorf("ctx's ranks with stages %q: ParseConfig = %v, want ErrConfig", c.stages, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("ctx's ranks with stages %q: error %q lacks %q", c.stages, err, w)
+			}
+		}
+	}
+	// This node is ctx's rank pp0 of TP1/PP2 (no stages): a peer listed
+	// there with the default split spelled out is this node.
+	_, err := node.ParseConfig([]byte(withPeers("ctx", "16,16", "")))
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), "peers[0]") || !strings.Contains(err.Error(), "this node itself") {
+		t.Errorf("this node's own place listed with the default split spelled out: ParseConfig = %v, want it named as this node", err)
 	}
 }
 
