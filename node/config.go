@@ -597,6 +597,11 @@ func (c Config) Validate() error {
 		if !pp.kv().Contains(p.Rank.kv()) {
 			return bad(f+".rank", p.Rank, "outside %s's parallel %+v (tp in 0..%d, pp in 0..%d)", p.Instance, pp, pp.TP-1, pp.PP-1)
 		}
+		// A peer serves this node's model: a parallelism (a split) that
+		// model cannot take is a mistake here, not at the peer's Hello.
+		if err := pp.kv().Validate(layout); err != nil {
+			return bad(f+".parallel", pp, "%v", err)
+		}
 		norm := pp.kv().Normal(layout.Layers)
 		if prev, ok := pars[p.Instance]; !ok {
 			pars[p.Instance] = listed{as: pp, norm: norm}

@@ -244,6 +244,14 @@ func TestPeersSpellingTheDefaultSplitAreOneParallelism(t *testing.T) {
 			}
 		}
 	}
+	// A split the model cannot take is named at the config (it was taken,
+	// to fail at the peer's Hello or a request's plan).
+	for _, st := range []string{"7,8", "16,16,0", "x"} {
+		_, err := node.ParseConfig([]byte(withPeers("", st, st)))
+		if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), "peers[0].parallel") {
+			t.Errorf("ctx's ranks with stages %q: ParseConfig = %v, want ErrConfig naming peers[0].parallel", st, err)
+		}
+	}
 	// This node is ctx's rank pp0 of TP1/PP2 (no stages): a peer listed
 	// there with the default split spelled out is this node.
 	_, err := node.ParseConfig([]byte(withPeers("ctx", "16,16", "")))
