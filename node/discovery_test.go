@@ -12,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
@@ -310,14 +307,7 @@ func TestEtcdLostFailsTheNode(t *testing.T) {
 	if err := genN.Err(); err != nil {
 		t.Fatalf("Err of a registered node: %v", err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "gen", 0)); err != nil {
-		t.Fatal(err)
-	}
+	deleteRecord(t, url, cluster, "gen", 0)
 	waitFor(t, patience, "the node to fail", func() bool { return genN.Err() != nil })
 	if err := genN.Err(); !errors.Is(err, node.ErrMembershipLost) || !strings.Contains(err.Error(), "gen/0 in etcd cluster "+cluster) {
 		t.Fatalf("Err after the record was deleted: %v, want ErrMembershipLost naming gen/0 and the cluster", err)
@@ -658,14 +648,7 @@ func TestEtcdDownReasonReachesTheRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "ctx", 0)); err != nil {
-		t.Fatal(err)
-	}
+	deleteRecord(t, url, cluster, "ctx", 0)
 	select {
 	case o := <-rx.Done():
 		if o.OK {

@@ -5,10 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/messages"
@@ -69,14 +65,7 @@ func TestEtcdHelloOfADepartedIncarnationIsNotTheRecords(t *testing.T) {
 	old := ctxN.Incarnation()
 	waitFor(t, patience, "gen's tend took ctx/0's Hello", func() bool { return logs.Has(`"peer said Hello"`) })
 	ctx0 := messages.PeerID{Instance: "ctx"}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "ctx", 0)); err != nil {
-		t.Fatal(err)
-	}
+	deleteRecord(t, url, cluster, "ctx", 0)
 	waitFor(t, patience, "ctx/0 Down at gen", func() bool { _, ok := evs.find(discovery.EventDown, "ctx", 0); return ok })
 	registerFake(t, url, cluster, dir, "ctx", messages.Parallel{TP: 1, PP: 1}, 0)
 	var now uint64
@@ -94,7 +83,7 @@ func TestEtcdHelloOfADepartedIncarnationIsNotTheRecords(t *testing.T) {
 	})
 	wctx, cancel = context.WithTimeout(context.Background(), 4*beat)
 	defer cancel()
-	err = genN.WaitPeers(wctx)
+	err := genN.WaitPeers(wctx)
 	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0") {
 		t.Fatalf("WaitPeers with only the departed incarnation's Hello: %v, want ErrPeerSilent naming ctx/0", err)
 	}

@@ -3,8 +3,6 @@ package node_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/kvxfer/kvxfer/discovery"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/node"
-	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
 // registerFake registers, in etcd, a record of rank (tp, 0) of instance
@@ -24,17 +21,19 @@ import (
 // has not run out yet), and closes its registry when the test ends.
 func registerFake(t *testing.T, url, cluster, dir, instance string, par messages.Parallel, tp int32) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
-	reg, err := discovery.Open(ctx, url, cluster, nil)
+	registerRecord(t, url, cluster, dir, discovery.Record{Instance: instance, Rank: tp, Parallel: par, TP: tp})
+}
+
+// deleteRecord deletes the etcd record of rank of instance, as an operator
+// (or an expired lease) would: etcd's word that the rank is out.
+func deleteRecord(t *testing.T, url, cluster, instance string, rank int32) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = reg.Close() })
-	rec := discovery.Record{Instance: instance, Rank: tp, Incarnation: discovery.NewIncarnation(),
-		ControlEndpoint: "ipc://" + filepath.Join(dir, fmt.Sprintf("fake-%s-%d.sock", instance, tp)), CurvePublicKey: newKeys(t).public,
-		Backend: shm.Backend, AgentAddr: []byte("nobody"), Parallel: par, TP: tp}
-	if err := reg.Register(ctx, rec); err != nil {
+	defer cli.Close()
+	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, instance, rank)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -92,14 +91,7 @@ func TestEtcdDerivedParallelIsNotADepartedRanksHello(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx0 := messages.PeerID{Instance: "ctx"}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(url, "etcd://")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if _, err := cli.Delete(context.Background(), discovery.Key(cluster, "ctx", 0)); err != nil {
-		t.Fatal(err)
-	}
+	deleteRecord(t, url, cluster, "ctx", 0)
 	waitFor(t, patience, "ctx/0 Down at gen", func() bool { _, ok := evs.find(discovery.EventDown, "ctx", 0); return ok })
 	registerFake(t, url, cluster, dir, "ctx", messages.Parallel{TP: 2, PP: 1}, 0)
 	// The old process goes on saying Hello; gen's link refuses it (a
@@ -108,7 +100,7 @@ func TestEtcdDerivedParallelIsNotADepartedRanksHello(t *testing.T) {
 		_, err := genN.LinkHello(ctx0)
 		return len(genN.Members()) == 1 && genN.Members()[0].Parallel.TP == 2 && err != nil && genN.DepartedHellos() > 0
 	})
-	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "derive", PromptLen: 16, Context: "ctx"})
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "derive", PromptLen: 16, Context: "ctx"})
 	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/1 ") {
 		t.Fatalf("Receive without a ContextParallel: %v; want it planned for the TP2 etcd holds (ErrUnknownPeer naming ctx/1)", err)
 	}
