@@ -70,11 +70,13 @@ type Config struct {
 	Revoker kvcache.Revoker
 	// SendOnly marks an engine that only sends (a prefill rank): its pool
 	// is registered as a source only (rdma.RegisterSource), so that where
-	// the backend can (ucx, loopback) its Hello names no region key, no
-	// peer can write into its memory, and its Close owes no proof about
-	// its peers' writes — a UCX context engine closes cleanly after a
-	// generation peer crashed. Receive is refused (ErrSendOnly), as is a
-	// Revoker (it revokes blocks peers write into).
+	// the backend can (ucx, loopback) the pool has no key to give, no peer
+	// can write into its memory, and its Close owes no proof about its
+	// peers' writes — a UCX context engine closes cleanly after a
+	// generation peer crashed. Its Hello says messages.FeatureSendOnly
+	// (with a placeholder key, which earlier versions take). Receive is
+	// refused (ErrSendOnly), as is a Revoker (it revokes blocks peers
+	// write into).
 	SendOnly bool
 	// Workers is the number of sender workers (env KVXFER_WORKERS). The
 	// zero value means DefaultWorkers (4); a negative value is an error, and

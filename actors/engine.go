@@ -66,10 +66,11 @@ type EngineConfig struct {
 	// same Set fails to start.
 	Metrics *metrics.Set
 	// SendOnly: this rank only sends. Its region is registered as a source
-	// (rdma.RegisterSource): where the agent can, its Hello names no
-	// region key, no peer can write into it, and the agent's Close owes no
-	// proof about peers for it (a UCX rank's Close after a peer's crash).
-	// Its Receive is refused by the caller (the root package).
+	// (rdma.RegisterSource: where the agent can, the region has no key, no
+	// peer can write into it, and the agent's Close owes no proof about
+	// peers for it, a UCX rank's Close after a peer's crash), and its
+	// Hello says messages.FeatureSendOnly with the placeholder key. Its
+	// Receive is refused by the caller (the root package).
 	SendOnly bool
 	// Incarnation is this start of the rank, new at each start (0: the
 	// engine takes the wall clock's nanoseconds). Its Hello and frames

@@ -233,7 +233,7 @@ func (n *Node) whyAbsent(id messages.PeerID) string {
 
 // peerOf is the Peer a record describes.
 func peerOf(r discovery.Record) Peer {
-	return Peer{Instance: r.Instance, Parallel: Parallel{TP: int(r.Parallel.TP), PP: int(r.Parallel.PP)},
+	return Peer{Instance: r.Instance, Parallel: Parallel{TP: int(r.Parallel.TP), PP: int(r.Parallel.PP), Stages: r.Parallel.Stages},
 		Rank: Rank{TP: int(r.TP), PP: int(r.PP)}, Endpoint: r.ControlEndpoint, PublicKey: r.CurvePublicKey}
 }
 
