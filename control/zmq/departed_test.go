@@ -513,3 +513,52 @@ func TestDepartedIncarnationBeatsOnWithoutTheName(t *testing.T) {
 		t.Fatalf("%d Hellos refused as taken", n)
 	}
 }
+
+// A removed incarnation that still beats (draining in its Close) keeps
+// its connections' bindings when the listener needs room: its last
+// Result on a connection bound before its removal is a proof the
+// generation side waits for. Since its beats stopped counting as life of
+// the name, the name goes down by silence one timeout after the removal,
+// and forgetDownConns dropped the bindings of every down name, so the
+// departed process's Result on such a connection was refused (no Hello
+// on it) once another peer's connections filled maxConns. Once it falls
+// silent too, its bindings make room as before.
+func TestDepartedBeatingIncarnationKeepsItsBindings(t *testing.T) {
+	oldConns := maxConns
+	maxConns = 3
+	t.Cleanup(func() { maxConns = oldConns })
+	f := newDepartedFixture(t)
+	interval := f.s.l.cfg.HeartbeatInterval
+	var got []messages.Frame
+	f.s.deliver = func(fr messages.Frame) { got = append(got, fr) }
+	f.s.l.RemovePeer(f.peer)
+	for seq := range uint64(6) {
+		f.clock.advance(interval)
+		f.beat("c1", seq+1, f.old.public)
+		f.s.live.expire(f.clock.now(), f.s.down)
+	}
+	if !f.s.live.isDown(f.peer) {
+		t.Fatal("the removed name is not down by silence: the test no longer tests what it says")
+	}
+	// Another peer, with a key of its own, fills the table.
+	other := newKeys(t)
+	if err := f.s.l.SetPeerServerKey(pid("gen", 1), other.public); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"d1", "d2", "d3"} {
+		f.s.handle(c, mustEncode(t, incHello(pid("gen", 1), 7)), other.public, 1)
+	}
+	if f.s.conns["c1"] == nil {
+		t.Fatal("the beating departed incarnation's binding was dropped to make room")
+	}
+	f.s.handle("c1", mustEncode(t, result(f.peer, 1)), f.old.public, 1)
+	if len(got) != 1 {
+		t.Fatalf("%d of the departed incarnation's 1 last Result delivered (%+v)", len(got), f.s.l.Stats().Rejected)
+	}
+	// Silent for a timeout, it makes room.
+	f.clock.advance(4 * interval)
+	f.s.handle("d4", mustEncode(t, incHello(pid("gen", 1), 7)), other.public, 1)
+	if f.s.conns["c1"] != nil || f.s.conns["d4"] == nil {
+		t.Fatalf("the silent departed incarnation's binding kept the room (c1 %v, d4 %v)", f.s.conns["c1"] != nil, f.s.conns["d4"] != nil)
+	}
+}

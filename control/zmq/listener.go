@@ -33,6 +33,10 @@ type listener struct {
 	// the pair of incarnations last warned about (xor), so that it is
 	// said once.
 	twins map[messages.PeerID]uint64
+	// departedBeat is when each departed incarnation (Link.departedInc)
+	// last beat: while it beats its bindings are not forgotten to make
+	// room (forgetDownConns), though its name may be down.
+	departedBeat map[goneInc]time.Time
 }
 
 // binding is what a connection said it is in its Hello.
@@ -265,6 +269,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// other frames (its last Result or CancelAck: proofs the other
 		// side waits for) are delivered.
 		if beat {
+			s.departedBeating(b, now)
 			return
 		}
 	default:
@@ -299,7 +304,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	case b != nil && b.peer != p:
 		s.reject(RejectSender, id, key, b, "Hello as %s on a connection bound to %s", p, b.peer)
 		return
-	case b == nil && len(s.conns) >= maxConns && !s.forgetDownConns():
+	case b == nil && len(s.conns) >= maxConns && !s.forgetDownConns(now):
 		s.reject(RejectFull, id, key, b, "Hello as %s: already %d connections", p, len(s.conns))
 		return
 	}
@@ -481,15 +486,44 @@ func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
 // forgetDownConns drops the bindings of connections whose peer is down,
 // or was forgotten to make room in the directory (forgetPeer: liveness no
 // longer tracks it, and never will call it down), to make room; it
-// reports whether any went.
-func (s *listener) forgetDownConns() bool {
+// reports whether any went. A departed incarnation (RemovePeer) still
+// beating keeps its bindings, though its name goes down by silence (its
+// beats are no life of the name): its last Result or CancelAck on them is
+// a proof the other side waits for.
+func (s *listener) forgetDownConns(now time.Time) bool {
 	n := len(s.conns)
+	s.pruneDepartedBeats(now)
 	for id, b := range s.conns {
+		if _, beating := s.departedBeat[goneInc{b.peer, b.inc}]; beating && s.l.departedInc(b.peer, b.inc) {
+			continue
+		}
 		if s.live.isDown(b.peer) || !s.live.tracks(b.peer) {
 			delete(s.conns, id)
 		}
 	}
 	return len(s.conns) < n
+}
+
+// departedBeating notes a heartbeat on b, a connection of a departed
+// incarnation.
+func (s *listener) departedBeating(b *binding, now time.Time) {
+	if s.departedBeat == nil {
+		s.departedBeat = map[goneInc]time.Time{}
+	}
+	s.departedBeat[goneInc{b.peer, b.inc}] = now
+	if len(s.departedBeat) > maxPeers {
+		s.pruneDepartedBeats(now)
+	}
+}
+
+// pruneDepartedBeats forgets the departed incarnations silent for the
+// liveness timeout, or no longer departed.
+func (s *listener) pruneDepartedBeats(now time.Time) {
+	for g, at := range s.departedBeat {
+		if now.Sub(at) >= s.live.timeout || !s.l.departedInc(g.peer, g.inc) {
+			delete(s.departedBeat, g)
+		}
+	}
 }
 
 // forgetPeer forgets what the listener remembers of p, a peer the full
