@@ -249,8 +249,9 @@ func (n *Node) apply(ev discovery.Event) {
 			// (a socket and a monitor each), and its name is free for
 			// a new incarnation with another key. Its connections' last
 			// frames are still accepted. A superseding incarnation's Up
-			// comes after this Down and adds it afresh.
-			n.link.RemovePeer(id)
+			// comes after this Down and adds it afresh; one whose Hello
+			// came first stays (RemovePeerIncarnation).
+			n.link.RemovePeerIncarnation(id, ev.Incarnation)
 		}
 		n.eng.PeerDownBecause(id, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
 		lvl := n.log.Warn()

@@ -562,3 +562,40 @@ func TestDepartedBeatingIncarnationKeepsItsBindings(t *testing.T) {
 		t.Fatalf("the silent departed incarnation's binding kept the room (c1 %v, d4 %v)", f.s.conns["c1"] != nil, f.s.conns["d4"] != nil)
 	}
 }
+
+// A removal of an incarnation older than the one whose Hello the link
+// holds (a restart whose Hello came before the old incarnation's etcd
+// Down) leaves the newer one: its entry, Hello and key stay, and its
+// beats are life of the name; only the older incarnation is departed, its
+// Hello refused. Before, RemovePeer marked the incarnation the link held
+// — the new, live one — as departed: its Hellos refused and its beats
+// dropped until a re-add.
+func TestRemovalOfAnOlderIncarnationKeepsTheNewer(t *testing.T) {
+	f := newDepartedFixture(t)
+	var alive atomic.Int32
+	f.s.l.cfg.OnPeerAlive = func(p messages.PeerID) {
+		if p == f.peer {
+			alive.Add(1)
+		}
+	}
+	f.hello("c2", 2, f.old.public) // the restart, same key, before the Down of 1
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("gen/0's Hello at the link: incarnation %d, want 2", inc)
+	}
+	f.s.l.RemovePeerIncarnation(f.peer, 1)
+	if inc := f.current(); inc != 2 {
+		t.Fatalf("after the removal of incarnation 1, the link holds gen/0's incarnation %d, want 2 (kept)", inc)
+	}
+	before := f.rejected(RejectDeparted)
+	f.hello("c1", 1, f.old.public) // the old process, draining, repeats its Hello
+	if f.rejected(RejectDeparted) != before+1 || f.current() != 2 {
+		t.Fatalf("incarnation 1's Hello after its removal: departed rejects %d→%d, link holds %d; want it refused, 2 kept",
+			before, f.rejected(RejectDeparted), f.current())
+	}
+	n := alive.Load()
+	f.clock.advance(time.Second)
+	f.beat("c2", 1, f.old.public)
+	if alive.Load() != n+1 {
+		t.Fatalf("incarnation 2's beat after incarnation 1's removal told OnPeerAlive %d times, want once", alive.Load()-n)
+	}
+}

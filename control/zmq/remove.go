@@ -48,7 +48,16 @@ type departedKey struct {
 // incarnation spoke with, and no longer once a newer incarnation's Hello
 // is accepted (departedLocked, helloAcceptedLocked). Incarnation 0 (not
 // told) is not remembered.
-func (l *Link) RemovePeer(peer messages.PeerID) {
+func (l *Link) RemovePeer(peer messages.PeerID) { l.RemovePeerIncarnation(peer, 0) }
+
+// RemovePeerIncarnation is RemovePeer for incarnation inc of peer, the one
+// that left (an etcd Down names it; 0: whichever the link holds). When the
+// link holds a Hello of a newer incarnation — a restart whose Hello came
+// before the old incarnation's removal (a same-key restart dialled at a
+// static endpoint, or an old lease that ran out after the new process
+// spoke) — that incarnation stays: only inc is remembered as departed, so
+// that its Hellos and beats are refused, and nothing else changes.
+func (l *Link) RemovePeerIncarnation(peer messages.PeerID, inc uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.self != nil && peer == l.self.From {
@@ -56,6 +65,11 @@ func (l *Link) RemovePeer(peer messages.PeerID) {
 	}
 	info := l.peers[peer]
 	if info == nil {
+		return
+	}
+	if h := info.hello; inc != 0 && h != nil && h.Incarnation > inc {
+		l.departIncarnationLocked(peer, inc, "")
+		l.rebuildGoneLocked()
 		return
 	}
 	delete(l.peers, peer)
