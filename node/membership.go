@@ -24,6 +24,8 @@ var ErrMembershipLost = errors.New("node: membership lost")
 // found is a peer rank etcd reported up, and what the node knows of it.
 type found struct {
 	rec discovery.Record
+	// at is when the node found this record (wall clock).
+	at time.Time
 	// hello: the Hello of this incarnation's link arrived and was checked.
 	hello bool
 	// linked: this node's own connection to the peer completed its
@@ -385,7 +387,7 @@ func (n *Node) peerUp(rec discovery.Record) {
 	// this incarnation answered. (A first dial takes it as its own.)
 	_ = n.link.Redial(id)
 	n.mu.Lock()
-	n.found[id] = &found{rec: rec}
+	n.found[id] = &found{rec: rec, at: time.Now()}
 	delete(n.refused, id)
 	delete(n.departed, id)
 	n.mu.Unlock()
@@ -545,6 +547,19 @@ func (n *Node) member(id messages.PeerID) (discovery.Record, bool) {
 		return f.rec, true
 	}
 	return discovery.Record{}, false
+}
+
+// returning is the record of peer id and when the node found it, when
+// etcd holds a record of id and an earlier incarnation of id left etcd
+// (the engine was told it is down, and refuses requests it writes for
+// until the new incarnation's Hello).
+func (n *Node) returning(id messages.PeerID) (discovery.Record, time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if f := n.found[id]; f != nil && len(n.pastIncs[id]) > 0 {
+		return f.rec, f.at, true
+	}
+	return discovery.Record{}, time.Time{}, false
 }
 
 // whyRefused says why this node refused the latest etcd record of id

@@ -28,7 +28,12 @@ const helloPatience = 2
 // left and when, its record was refused); a writer that has not said
 // Hello within 2 heartbeat intervals (for one found through etcd: the
 // Hello of the incarnation etcd holds) is logged (with its handshake
-// failure, if any) while the request goes on waiting for it. On the in-process link it is
+// failure, if any) while the request goes on waiting for it. A writer
+// that restarted (etcd holds a new record of it after an earlier
+// incarnation left) and has not said Hello yet is waited for in Receive,
+// at most HeartbeatMisses heartbeat intervals from when its record was
+// found, then named (ErrPeerGone): the engine would fail the request at
+// once, the earlier incarnation being down. On the in-process link it is
 // Engine().Receive. A node opened with SendOnly refuses with ErrSendOnly;
 // one whose etcd membership was lost with ErrMembershipLost.
 func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.RxHandle, error) {
@@ -95,12 +100,92 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 		}
 		return nil, fmt.Errorf("%w: request %s: %s", ErrUnknownPeer, req.ID, strings.Join(why, "; "))
 	}
+	if len(silent) > 0 {
+		if err := n.awaitReturning(ctx, req, silent); err != nil {
+			return nil, err
+		}
+	}
 	h, err := n.eng.Receive(ctx, req)
 	if err != nil || len(silent) == 0 {
 		return h, err
 	}
 	n.goWatch(func() { n.awaitHello(req.ID, silent, h) })
 	return h, nil
+}
+
+// helloPoll is how often awaitReturning looks for a Hello.
+const helloPoll = 5 * time.Millisecond
+
+// awaitReturning waits for the Hello of each writer among silent that
+// restarted: etcd holds a new record of it after an earlier incarnation
+// of it left. The engine was told the earlier one is down, and would fail
+// the request at once ("writer ctx/0 is down") until the new one speaks;
+// the new one registered after it began to listen, so its Hello is due
+// within HeartbeatMisses heartbeat intervals of its record. awaitReturning
+// waits that long from when the record was found (no longer than the
+// request's timeout, ctx or Close), then names a writer still silent
+// (ErrPeerGone, its incarnation and when it registered). A writer that
+// never left is not waited for here: the request waits for it.
+func (n *Node) awaitReturning(ctx context.Context, req kvxfer.ReceiveRequest, silent []Peer) error {
+	type ret struct {
+		id  messages.PeerID
+		rec discovery.Record
+		at  time.Time
+	}
+	var waiting []ret
+	iv, misses := n.cfg.heartbeatParams()
+	var until time.Time
+	for _, p := range silent {
+		id := p.id()
+		if rec, at, ok := n.returning(id); ok {
+			waiting = append(waiting, ret{id, rec, at})
+			if due := at.Add(misses * iv); due.After(until) {
+				until = due
+			}
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = time.Duration(n.cfg.TransferTimeout)
+	}
+	if timeout > 0 && time.Now().Add(timeout).Before(until) {
+		until = time.Now().Add(timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && d.Before(until) {
+		until = d
+	}
+	logged := false
+	t := time.NewTicker(helloPoll)
+	defer t.Stop()
+	for {
+		waiting = slices.DeleteFunc(waiting, func(r ret) bool { return n.saidHello(r.id) })
+		if len(waiting) == 0 {
+			return nil
+		}
+		if !time.Now().Before(until) {
+			var who []string
+			for _, r := range waiting {
+				who = append(who, fmt.Sprintf("%s restarted: etcd cluster %s holds its incarnation %d, found %v ago at %s, which has not said Hello to this node within %d heartbeat intervals",
+					r.id, n.cfg.Cluster, r.rec.Incarnation, time.Since(r.at).Round(time.Millisecond), r.rec.ControlEndpoint, int(misses)))
+			}
+			return fmt.Errorf("%w: request %s: writer %s", kvxfer.ErrPeerGone, req.ID, strings.Join(who, "; writer "))
+		}
+		if !logged {
+			logged = true
+			n.log.Info().Str("request", req.ID).Str("peer", waiting[0].id.String()).
+				Msgf("request %s waits for the Hello of %s's new incarnation %d", req.ID, waiting[0].id, waiting[0].rec.Incarnation)
+		}
+		select {
+		case <-n.stop:
+			return fmt.Errorf("%w: request %s: node %s closed while the request waited for the Hello of %s's new incarnation", kvxfer.ErrClosed, req.ID, n.cfg.self(), waiting[0].id)
+		case <-ctx.Done():
+			return fmt.Errorf("request %s: waiting for the Hello of %s's new incarnation: %w", req.ID, waiting[0].id, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
 }
 
 // goWatch runs f on a goroutine that Close waits for, unless Close has

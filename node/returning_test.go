@@ -1,0 +1,167 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/testlog"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// departedWriter opens a generation node on etcd, lets ctx/0 (found
+// through etcd) say Hello to it and move a request, then closes ctx/0 and
+// waits for its Down there: the engine was told ctx/0 is down. It returns
+// the generation node, its config's public key and its log.
+func departedWriter(t *testing.T, cluster string) (genN *node.Node, gc node.Config, genPublic string, logs *testlog.Buffer) {
+	t.Helper()
+	url, dir := etcdURL(t), t.TempDir()
+	gk := newKeys(t)
+	gc = etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
+	gc.SecretKey, gc.TransferTimeout = gk.secret, node.Duration(patience)
+	var genEvents events
+	gc.OnMembership = genEvents.add
+	logs = logged(t, &gc)
+	genN = open(t, gc)
+	cc := etcdNode(t, url, cluster, dir, "ctx", node.Peer{Instance: "gen"})
+	cc.SendOnly = true
+	ctx1, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	for _, n := range []*node.Node{genN, ctx1} {
+		if err := n.WaitPeers(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moveOne(t, ctx1, genN, "before", 32)
+	if err := ctx1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "ctx/0's Down at the generation node", func() bool {
+		_, ok := genEvents.find(discovery.EventDown, "ctx", 0)
+		return ok
+	})
+	return genN, gc, gk.public, logs
+}
+
+// newRecord is an etcd record of ctx/0 at endpoint ep with key k, of a
+// new incarnation.
+func newRecord(ep string, k keys) discovery.Record {
+	return discovery.Record{Instance: "ctx", Incarnation: discovery.NewIncarnation(), ControlEndpoint: ep,
+		CurvePublicKey: k.public, Backend: shm.Backend, AgentAddr: []byte("nobody"), Parallel: messages.Parallel{TP: 1, PP: 1}}
+}
+
+// TestReceiveWaitsForARestartedWritersHello: ctx/0 left etcd (the
+// generation engine was told it is down), and etcd holds its next
+// incarnation, which has not said Hello yet (it registered, its Hello is
+// on its way). A Receive in that window waits for the Hello, and the
+// request moves once ctx/0's new process speaks, every byte verified.
+// (Checked to fail: without Node.awaitReturning the request failed at
+// once, "writer ctx/0 is down".)
+func TestReceiveWaitsForARestartedWritersHello(t *testing.T) {
+	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returning"))
+	k2 := newKeys(t)
+	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
+	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: newRecord(ep2, k2)})
+
+	type received struct {
+		rx  *kvxfer.RxHandle
+		err error
+	}
+	got := make(chan received, 1)
+	go func() {
+		rx, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "after", PromptLen: 32, Context: "ctx"})
+		got <- received{rx, err}
+	}()
+	// The new process starts once the request waits (or, without the
+	// wait, has its handle): its Hello must not come first.
+	var r received
+	returned := false
+	waitFor(t, patience, "the request waiting for ctx/0's Hello", func() bool {
+		select {
+		case r = <-got:
+			returned = true
+		default:
+		}
+		return returned || logs.Has("waits for the Hello of ctx/0's new incarnation")
+	})
+	cc2 := node.Config{Instance: "ctx", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, SendOnly: true,
+		Bind: ep2, SecretKey: k2.secret, HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Peers: []node.Peer{{Instance: "gen", Endpoint: gc.Bind, PublicKey: genPublic}}}
+	ctx2 := open(t, cc2)
+	if !returned {
+		select {
+		case r = <-got:
+		case <-time.After(patience):
+			t.Fatalf("Receive did not return within %v of ctx/0's new process", patience)
+		}
+	}
+	if r.err != nil {
+		t.Fatalf("Receive while ctx/0's new incarnation had not said Hello: %v", r.err)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- send(ctx2.Engine(), kvxfer.SendRequest{ID: "after", PromptLen: 32}, pattern) }()
+	var o kvxfer.Outcome
+	select {
+	case o = <-r.rx.Done():
+	case <-time.After(patience):
+		t.Fatalf("no outcome within %v", patience)
+	}
+	if !o.OK {
+		t.Fatalf("request from ctx/0's new incarnation: %s: %v", o.Status, o.Err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	n, err := verify(genN.Engine(), "after", o.Blocks, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != o.Bytes || n == 0 {
+		t.Fatalf("verified %d bytes, READY says %d", n, o.Bytes)
+	}
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReceiveNamesARestartedWriterThatStaysSilent: etcd holds ctx/0's
+// next incarnation, whose process never says Hello. A Receive waits at
+// most HeartbeatMisses heartbeat intervals from when the record was found,
+// then fails with ErrPeerGone saying ctx/0 restarted, its incarnation and
+// endpoint; nothing is held. (Checked to fail: without the wait's
+// bound the call waited out its context; without the wait the error said
+// "writer ctx/0 is down", naming no restart.)
+func TestReceiveNamesARestartedWriterThatStaysSilent(t *testing.T) {
+	genN, _, _, _ := departedWriter(t, clusterName("node-returning-silent"))
+	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
+	rec := newRecord(ep2, newKeys(t))
+	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: rec})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "silent", PromptLen: 32, Context: "ctx"})
+	if err == nil {
+		o := <-rx.Done()
+		t.Fatalf("Receive from a restarted writer that never spoke: handle, outcome %s: %v; want ErrPeerGone naming the restart", o.Status, o.Err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Receive waited out its context: %v", err)
+	}
+	if !errors.Is(err, kvxfer.ErrPeerGone) || !strings.Contains(err.Error(), "ctx/0 restarted") ||
+		!strings.Contains(err.Error(), ep2) || !strings.Contains(err.Error(), "has not said Hello") {
+		t.Fatalf("Receive from a restarted writer that never spoke: %v; want ErrPeerGone naming ctx/0's restart and endpoint", err)
+	}
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use", u)
+	}
+}
