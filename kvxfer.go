@@ -402,6 +402,19 @@ func (e *Engine) PeerDownBecause(peer messages.PeerID, why string) {
 	}
 }
 
+// PeerIncarnationDown is PeerDownBecause for incarnation inc of peer
+// alone (0: any), as a registry's Down names it: the requests addressed
+// to that incarnation, or to an earlier one, fail and drain; those
+// addressed to a later one go on (a restarted peer whose Hello came before
+// the Down of the incarnation it replaced), and new requests from the
+// peer fail only while no later incarnation of it said Hello. It does
+// nothing on an Engine Start did not return.
+func (e *Engine) PeerIncarnationDown(peer messages.PeerID, inc uint64, why string) {
+	if e.started() {
+		e.inner.PeerIncarnationDown(peer, inc, why)
+	}
+}
+
 // PeerAlive tells the engine that peer is alive now (its heartbeat
 // arrived): it renews this writer's lease on it (Config.WriterLease). It
 // does nothing on an Engine Start did not return.

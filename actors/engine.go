@@ -599,8 +599,17 @@ func (e *Engine) Pools() *Pools { return e.cfg.Pools }
 // closes its control connection to the peer (the next frame to it dials
 // afresh).
 func (e *Engine) PeerDown(peer messages.PeerID, why string) {
-	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why})
-	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why})
+	e.PeerIncarnationDown(peer, 0, why)
+}
+
+// PeerIncarnationDown is PeerDown for incarnation inc of peer (0: any):
+// the sessions of its requests fail (those of a later incarnation go on:
+// a restarted peer whose Hello came before the Down of the incarnation it
+// replaced), and new requests from the peer fail while no later
+// incarnation of it is known.
+func (e *Engine) PeerIncarnationDown(peer messages.PeerID, inc uint64, why string) {
+	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why, inc: inc})
+	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why, inc: inc})
 	for i := range e.env.workers {
 		if w := e.env.opWorker(i); w != nil {
 			e.sys.Root.Send(w, workerPeerDown{peer: peer})

@@ -45,9 +45,11 @@ type (
 	closeReq struct{ drained chan struct{} }
 	// peerDown: the control plane declared a peer dead, for why (how
 	// it knows: "missed its heartbeats", "is out of etcd cluster …").
+	// inc: that incarnation of it, or an earlier one (0: any).
 	peerDown struct {
 		peer messages.PeerID
 		why  string
+		inc  uint64
 	}
 	// peerAlive: a peer's heartbeat (Engine.PeerAlive); leaseTick: the
 	// earliest writer lease may have lapsed.
@@ -341,7 +343,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		ctx.Respond(p.sessions.list("tx"))
 	case *peerDown:
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxPeerGone{Peer: m.peer, Why: m.why})
+			ctx.Send(pid, TxPeerGone{Peer: m.peer, Why: m.why, Incarnation: m.inc})
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
@@ -655,7 +657,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 	case *listInDoubt:
 		ctx.Respond(slices.Clone(p.inDoubt))
 	case *peerDown:
-		for _, r := range p.table.PeerDown(m.peer) {
+		for _, r := range p.table.PeerDown(m.peer, m.inc) {
 			// Missed heartbeats (or a record gone from etcd) are
 			// suspicion, not proof (DESIGN.md §3): the request fails, its
 			// blocks are quarantined.

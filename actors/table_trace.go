@@ -293,10 +293,10 @@ func (t *rxTable) Lookup(f messages.Frame) (core.RxRouteVerdict, int) {
 	return v, w
 }
 
-func (t *rxTable) PeerDown(peer messages.PeerID) []core.RxWriterRef {
-	refs := t.RxTable.PeerDown(peer)
+func (t *rxTable) PeerDown(peer messages.PeerID, inc uint64) []core.RxWriterRef {
+	refs := t.RxTable.PeerDown(peer, inc)
 	if t.tr != nil {
-		t.tr.Call("PeerDown", t.clock.Now(), TableIn{Peer: ptr(peer)}, TableOut{Refs: refs})
+		t.tr.Call("PeerDown", t.clock.Now(), TableIn{Peer: ptr(peer), Inc: inc}, TableOut{Refs: refs})
 	}
 	return refs
 }

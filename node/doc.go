@@ -104,7 +104,9 @@
 //     config pins for that rank, is refused and logged, and WaitPeers
 //     returns that (ErrHandshake) at once.
 //   - Down (lease expired, left, superseded) of the incarnation found:
-//     Engine.PeerDown (its requests fail and drain) and
+//     Engine.PeerIncarnationDown (the requests addressed to that
+//     incarnation fail and drain; those of a later one whose Hello came
+//     first go on) and
 //     Config.OnPeerDown, logged with the reason (a Down of another
 //     incarnation is ignored, logged at debug). Their destination pages stay quarantined until a proof (a
 //     Result or CancelAck, or the writer's exit seen through a pidfd;

@@ -255,7 +255,10 @@ func (n *Node) apply(ev discovery.Event) {
 			// came first stays (RemovePeerIncarnation).
 			n.link.RemovePeerIncarnation(id, ev.Incarnation)
 		}
-		n.eng.PeerDownBecause(id, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
+		// That incarnation's requests fail, not those of a later one
+		// whose Hello came first (a quick restart at the same endpoint,
+		// before the old lease expired).
+		n.eng.PeerIncarnationDown(id, ev.Incarnation, fmt.Sprintf("is out of etcd cluster %s (%s)", n.cfg.Cluster, ev.Reason))
 		lvl := n.log.Warn()
 		if ev.Reason == discovery.ReasonLeft {
 			lvl = n.log.Info() // a peer that closed: the end of every run, no fault

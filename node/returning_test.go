@@ -165,3 +165,76 @@ func TestReceiveNamesARestartedWriterThatStaysSilent(t *testing.T) {
 		t.Fatalf("%d blocks in use", u)
 	}
 }
+
+// TestDownOfAReplacedIncarnationSparesItsSuccessor: ctx/0 restarted at
+// the same endpoint with the same key before its first incarnation's
+// etcd lease expired (a crash and a quick restart): its new incarnation
+// said Hello while etcd still held the old record, and a request
+// addressed to the new one is in flight when the old record's Down
+// (lease expired) comes. The Down fails the old incarnation's requests,
+// not this one: it moves, every byte verified. (Checked to fail: with
+// the node calling PeerDownBecause, by name, the request failed, "ctx/0
+// is out of etcd cluster … (lease expired)".)
+func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-replaced"), t.TempDir()
+	gk, ck := newKeys(t), newKeys(t)
+	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
+	gc.SecretKey, gc.TransferTimeout = gk.secret, node.Duration(patience)
+	genN := open(t, gc)
+	ep := "ipc://" + filepath.Join(dir, "ctx.sock")
+	cc := node.Config{Instance: "ctx", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, SendOnly: true,
+		Bind: ep, SecretKey: ck.secret, HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Peers: []node.Peer{{Instance: "gen", Endpoint: gc.Bind, PublicKey: gk.public}}}
+	ctx1, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc1 := ctx1.Engine().Hello().Incarnation
+	rec := newRecord(ep, ck)
+	rec.Incarnation = inc1
+	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: rec})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctx2 := open(t, cc)
+	inc2 := ctx2.Engine().Hello().Incarnation
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	waitFor(t, patience, "the Hello of ctx/0's second incarnation", func() bool {
+		h, err := genN.LinkHello(ctx0)
+		return err == nil && h.Incarnation == inc2
+	})
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	genN.Apply(discovery.Event{Kind: discovery.EventDown, Instance: "ctx", Incarnation: inc1, Reason: discovery.ReasonLeaseExpired})
+	sent := make(chan error, 1)
+	go func() { sent <- send(ctx2.Engine(), kvxfer.SendRequest{ID: "r", PromptLen: 32}, pattern) }()
+	var o kvxfer.Outcome
+	select {
+	case o = <-rx.Done():
+	case <-time.After(patience):
+		t.Fatalf("no outcome within %v", patience)
+	}
+	if !o.OK {
+		t.Fatalf("a request addressed to ctx/0's second incarnation, after the Down of its first: %s: %v", o.Status, o.Err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	n, err := verify(genN.Engine(), "r", o.Blocks, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != o.Bytes || n == 0 {
+		t.Fatalf("verified %d bytes, READY says %d", n, o.Bytes)
+	}
+	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -199,7 +199,7 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 				tb.Heard(*in.Peer)
 				break
 			}
-			out.Refs = tb.PeerDown(*in.Peer)
+			out.Refs = tb.PeerDown(*in.Peer, in.Inc)
 		case "Route", "Lookup":
 			if in.Frame == nil {
 				return out, fmt.Errorf("no frame recorded for %s", m)

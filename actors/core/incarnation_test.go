@@ -291,3 +291,44 @@ func TestRxTableExitProofByIncarnation(t *testing.T) {
 		}
 	})
 }
+
+// TestRxTableDownOfAnEarlierIncarnation: writer ctx/0 restarted, and its
+// incarnation 6 said Hello before the Down of incarnation 5 came (a quick
+// restart at the same endpoint, before 5's lease expired). That Down
+// names only the request addressed to 5 and leaves ctx/0 up for new
+// requests; the Down of 6 names the others and keeps new requests from
+// starting. (Checked to fail: with PeerDown naming every request of the
+// peer, the first Down named "new" too and the start of "next" failed.)
+func TestRxTableDownOfAnEarlierIncarnation(t *testing.T) {
+	self := messages.PeerID{Instance: "gen", Rank: 0}
+	writer := messages.PeerID{Instance: "ctx", Rank: 0}
+	open := func(id string) RxOpen {
+		return RxOpen{Request: id, PromptLen: 32, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 1, PP: 1}}
+	}
+	tb := NewRxTable(self, rxTestLayout(), kvcache.Parallel{TP: 1, PP: 1}, kvcache.Rank{}, 2)
+	blocks := [][]kvcache.BlockID{{0, 1}}
+	start := func(id string) error {
+		_, _, err := tb.Start(open(id), blocks, testEpoch0)
+		return err
+	}
+	tb.Learn(writer, 5)
+	if err := start("old"); err != nil {
+		t.Fatal(err)
+	}
+	tb.Learn(writer, 6)
+	if err := start("new"); err != nil {
+		t.Fatal(err)
+	}
+	if got := tb.PeerDown(writer, 5); len(got) != 1 || got[0] != (RxWriterRef{Request: "old"}) {
+		t.Fatalf("Down of incarnation 5 named %v, want only request old", got)
+	}
+	if err := start("next"); err != nil {
+		t.Fatalf("a request after the Down of incarnation 5, whose successor 6 said Hello: %v", err)
+	}
+	if got := tb.PeerDown(writer, 6); len(got) != 3 {
+		t.Fatalf("Down of incarnation 6 named %v, want old, new and next", got)
+	}
+	if err := start("after"); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("a request after the Down of incarnation 6: %v, want ErrPeerGone", err)
+	}
+}

@@ -355,11 +355,28 @@ type RxWriterRef struct {
 	Writer  int
 }
 
-// PeerDown records that the control plane declared peer dead and returns
-// the writers it was, by request.
-func (t *RxTable) PeerDown(peer messages.PeerID) []RxWriterRef {
-	t.down[peer] = true
-	return t.WriterRefs(peer)
+// PeerDown records that the control plane declared incarnation inc of
+// peer dead (0: the peer, whichever incarnation) and returns the writers
+// it was, by request: those addressed to inc, to an earlier incarnation,
+// or to none known. A request addressed to a later incarnation is not
+// that one's (a restarted writer whose Hello came before the Down of the
+// incarnation it replaced), and the peer is down for new requests only
+// while this table knows no later incarnation of it.
+func (t *RxTable) PeerDown(peer messages.PeerID, inc uint64) []RxWriterRef {
+	if inc == 0 {
+		t.down[peer] = true
+		return t.WriterRefs(peer)
+	}
+	if t.incs[peer] <= inc {
+		t.down[peer] = true
+	}
+	var out []RxWriterRef
+	for _, id := range t.Live() {
+		if w, winc, ok := t.entries[id].writer(peer); ok && winc <= inc {
+			out = append(out, RxWriterRef{Request: id, Writer: w})
+		}
+	}
+	return out
 }
 
 // WriterRefs returns the writers peer is, by started request.

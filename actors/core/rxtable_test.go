@@ -85,7 +85,7 @@ func TestRxTable_RouteAndDown(t *testing.T) {
 	if v, _ := tb.Route(&messages.CancelAck{RequestID: "zzz", From: ctx1}); v != RxRouteStale {
 		t.Fatalf("CancelAck for no request: %v", v)
 	}
-	refs := tb.PeerDown(ctx1)
+	refs := tb.PeerDown(ctx1, 0)
 	if len(refs) != 1 || refs[0] != (RxWriterRef{Request: "a", Writer: 1}) {
 		t.Fatalf("PeerDown named %v", refs)
 	}
@@ -99,7 +99,7 @@ func TestRxTable_RouteAndDown(t *testing.T) {
 	if _, _, err := tb.Start(rxOpen("b"), blocks, testEpoch0); err != nil {
 		t.Fatalf("Start once the writer is heard: %v", err)
 	}
-	tb.PeerDown(ctx1)
+	tb.PeerDown(ctx1, 0)
 	tb.Route(&messages.CancelAck{RequestID: "b", From: ctx1}) // it speaks again
 	if _, _, err := tb.Start(rxOpen("c"), blocks, testEpoch0); err != nil {
 		t.Fatalf("Start after a frame of the writer: %v", err)

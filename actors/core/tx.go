@@ -126,9 +126,13 @@ type (
 	// heartbeats, out of the etcd cluster, a writer lease lapsed: Why,
 	// when told). Its stream fails; ops in flight to it go IN_DOUBT and
 	// its endpoint is closed, which retires them.
+	// With Incarnation (0: any), only that incarnation of the peer, or
+	// an earlier one, is gone: a stream of a later incarnation's
+	// RequestData goes on.
 	TxPeerGone struct {
-		Peer messages.PeerID
-		Why  string `json:",omitempty"`
+		Peer        messages.PeerID
+		Why         string `json:",omitempty"`
+		Incarnation uint64 `json:",omitempty"`
 	}
 	// TxTimeout: a session timer fired.
 	TxTimeout struct{ Kind TimerKind }
@@ -743,7 +747,7 @@ func (s *TxSession) onSent(m TxSent) {
 func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
 	for _, p := range s.order {
 		st := s.streams[p]
-		if st.route.Peer != m.Peer || st.answered() {
+		if st.route.Peer != m.Peer || st.answered() || (m.Incarnation != 0 && st.peerInc > m.Incarnation) {
 			continue
 		}
 		if m.Why != "" {

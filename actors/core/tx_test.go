@@ -1791,3 +1791,36 @@ func TestTx_FlushReportBeforeTheFlushChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestTx_PeerGoneOfAnEarlierIncarnation: the Down of incarnation 4 of the
+// generation peer leaves a stream of its incarnation 5's RequestData
+// alone (a restarted peer whose Hello came before its predecessor's
+// Down); the Down of incarnation 5, or of the peer (0), fails it.
+// (Checked to fail: with onPeerGone ignoring Incarnation the first step
+// failed the session.)
+func TestTx_PeerGoneOfAnEarlierIncarnation(t *testing.T) {
+	for _, down := range []uint64{5, 0} {
+		h, _ := newTxHarness(t, txOpts{})
+		h.step(TxPeerRequest{Peer: 1, Epoch: 1, Incarnation: 5, Route: h.route(1), Expected: []int{1}})
+		h.chunk(0, 32, true)
+		h.fence(0)
+		for _, e := range h.step(TxPeerGone{Peer: genPeer(1), Why: "is out of etcd cluster c (lease expired)", Incarnation: 4}) {
+			if _, ok := e.(CloseEndpoint); ok {
+				t.Fatalf("the Down of incarnation 4 closed incarnation 5's endpoint: %v", e)
+			}
+		}
+		if st := h.s.State(); st == TxFailed {
+			t.Fatalf("the Down of incarnation 4 failed a stream of incarnation 5's RequestData")
+		}
+		if st := h.s.OpStates()[h.op(1, 0)]; st == OpInDoubt {
+			t.Fatalf("the Down of incarnation 4: op %v", st)
+		}
+		h.step(TxPeerGone{Peer: genPeer(1), Why: "is out of etcd cluster c (lease expired)", Incarnation: down})
+		if h.s.State() != TxFailed {
+			t.Fatalf("the Down of incarnation %d: state %v, want FAILED", down, h.s.State())
+		}
+		if st := h.s.OpStates()[h.op(1, 0)]; st != OpInDoubt {
+			t.Fatalf("the Down of incarnation %d: op %v, want IN_DOUBT", down, st)
+		}
+	}
+}

@@ -580,7 +580,7 @@ func (g *genRank) onFrame(f messages.Frame) {
 func (g *genRank) peerDown(peer messages.PeerID) {
 	s := g.s
 	dead := !s.ctx[peer.Rank].alive
-	for _, r := range g.table.PeerDown(peer) {
+	for _, r := range g.table.PeerDown(peer, 0) {
 		var msg any = actors.RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)}
 		if dead {
 			msg = actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s exited", actors.ErrPeerGone, peer)}
