@@ -143,7 +143,7 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 			return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight%s", a, r.id, rdma.ErrRegionBusy, r.lease.InFlight(), why)
 		}
 	}
-	r.dead.Store(true)
+	r.revoke()
 	if f := r.file; f != nil {
 		files.mu.Lock()
 		f.hdr.setSecret([16]byte{})
@@ -223,7 +223,7 @@ func (a *Agent) Close() error {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		for r := range a.regs {
-			r.dead.Store(true)
+			r.revoke()
 			r.lease.ForceRetire(true)
 			if f := r.file; f != nil {
 				files.mu.Lock()

@@ -9,6 +9,10 @@ import (
 	"github.com/kvxfer/kvxfer/rdma/internal/copier"
 )
 
+// testHookPostSourceChecked, when set (tests), runs in Post after its
+// first check that the source registration is live.
+var testHookPostSourceChecked func()
+
 // endpoint is a connection to a peer agent of this host. It maps the peer's
 // region files on first use and keeps the mappings until it closes.
 type endpoint struct {
@@ -43,6 +47,9 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if src.dead.Load() {
 		return fmt.Errorf("%s: post: source registration %d: %w: deregistered", e.name, src.id, rdma.ErrUnregistered)
 	}
+	if testHookPostSourceChecked != nil {
+		testHookPostSourceChecked()
+	}
 	k, m, err := e.resolve(b.Dst)
 	if err != nil {
 		return fmt.Errorf("%s: post: %w", e.name, err)
@@ -50,7 +57,13 @@ func (e *endpoint) Post(b rdma.Batch) error {
 	if err := copier.CheckSegments(b.Segments, src.region.Len, uint64(len(m.data))); err != nil {
 		return fmt.Errorf("%s: post: %w", e.name, err)
 	}
-	if st := src.lease.Acquire(); st != copier.Live {
+	// Deregistered meanwhile (its file may be unmapped since): refused
+	// without touching its lease.
+	st, ok := src.acquire()
+	if !ok {
+		return fmt.Errorf("%s: post: source registration %d: %w: deregistered", e.name, src.id, rdma.ErrUnregistered)
+	}
+	if st != copier.Live {
 		return fmt.Errorf("%s: post: source registration %d: %w (%s)", e.name, src.id, rdma.ErrUnregistered, st)
 	}
 	if err := m.acquire(k); err != nil {
