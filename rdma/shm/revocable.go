@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"unsafe"
@@ -386,6 +387,10 @@ type Indirection struct {
 func (ix Indirection) Translate(segs []kvcache.Segment) ([]kvcache.Segment, error) {
 	if ix.Block == 0 {
 		return nil, fmt.Errorf("shm: translate: %w: indirection with block size 0", ErrBadRange)
+	}
+	if maxBlocks := math.MaxUint64 / ix.Block; ix.First > maxBlocks || uint64(len(ix.Files)) > maxBlocks-ix.First {
+		return nil, fmt.Errorf("shm: translate: %w: indirection of %d blocks of %d bytes from block %d ends past 2^64",
+			ErrBadRange, len(ix.Files), ix.Block, ix.First)
 	}
 	lo := ix.First * ix.Block
 	hi := lo + uint64(len(ix.Files))*ix.Block

@@ -393,6 +393,34 @@ func TestIndirectionTranslate(t *testing.T) {
 	}
 }
 
+// TestIndirectionTranslateRefusesAnOverflowingTable: an Indirection is what
+// a receiver sends its writers, so its fields come from a peer. A table
+// whose view range [First*Block, (First+len(Files))*Block) does not fit in
+// 64 bits is refused with ErrBadRange; before, First*Block wrapped to a
+// small range that the segment check let through, and the table lookup
+// panicked with an index out of range.
+func TestIndirectionTranslateRefusesAnOverflowingTable(t *testing.T) {
+	for _, ix := range []shm.Indirection{
+		{Block: 4096, First: 1 << 52, Files: []uint64{0}},      // First*Block wraps to 0
+		{Block: 4096, First: 1<<52 - 1, Files: []uint64{0, 0}}, // the end wraps to 0
+		{Block: 1 << 63, First: 2, Files: []uint64{0}},
+	} {
+		var got []kvcache.Segment
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			got, err = ix.Translate([]kvcache.Segment{{Src: 0, Dst: 0, Len: 1}})
+		}()
+		if !errors.Is(err, shm.ErrBadRange) {
+			t.Errorf("Translate with table %+v: %v, %v; want ErrBadRange", ix, got, err)
+		}
+	}
+}
+
 // ---- Across processes: a writer stopped mid-copy resumes after a revoke ----
 
 const (
