@@ -441,7 +441,10 @@ func (v revoker) Remap(dst []kvcache.Extent, off, n uint64) []kvcache.Extent {
 	if n == 0 || off >= size {
 		return dst
 	}
-	end := min(off+n, size)
+	end := size
+	if n < size-off { // off+n, where it cannot pass 2^64
+		end = off + n
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.moved == nil {

@@ -560,6 +560,33 @@ func TestRevokerRemap(t *testing.T) {
 	}
 }
 
+// TestRevokerRemapOfARangePast2To64: a range whose end off+n passes 2^64
+// reaches to the region's end, as one that ends past the region does;
+// before, off+n wrapped below off and Remap named no run at all, so the
+// writers of a revoked block in it would have been sent no remap and
+// written into its quarantined file block.
+func TestRevokerRemapOfARangePast2To64(t *testing.T) {
+	page := uint64(os.Getpagesize())
+	rr, err := shm.NewRevocableRegion(4*page, shm.RevocableOptions{Block: page, Spare: page})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	rv := rr.Revoker()
+	release, err := rv.Revoke(2*page, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	want := rv.Remap(nil, page, 3*page)
+	if len(want) != 1 || want[0].View != 2*page {
+		t.Fatalf("remap of blocks 1..3 after revoking block 2: %+v", want)
+	}
+	if got := rv.Remap(nil, page, math.MaxUint64); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Remap(%d, 2^64-1) = %+v, want %+v (as for the range to the region's end)", page, got, want)
+	}
+}
+
 // TestRevocableUnlinkKeepsTheMapping: a revocable region's Unlink removes
 // its file's name and keeps its view mapped; Close still succeeds.
 func TestRevocableUnlinkKeepsTheMapping(t *testing.T) {
