@@ -216,7 +216,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.env.workers = <-ready
 
 	if cfg.Incarnation == 0 {
-		cfg.Incarnation = uint64(time.Now().UnixNano())
+		cfg.Incarnation = nextIncarnation(time.Now())
 	}
 	e.env.incarnation = cfg.Incarnation
 	txCfg := TxConfig{Self: cfg.Self, Workers: cfg.Workers, DrainGrace: cfg.DrainGrace, Timeout: cfg.Timeout, Incarnation: cfg.Incarnation}
