@@ -85,3 +85,33 @@ func TestPoolBytesDisagreeingRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenResourceErrorsAreConfig: kvxfer_engine_open of an instance name
+// another engine of the process already listens as, or with a
+// metrics_addr it cannot listen on, is the caller's config, not a bug in
+// kvxfer: KVXFER_ERR_CONFIG naming the value, as kvxfer_node_open says
+// the same mistakes (nodeError), not KVXFER_ERR_INTERNAL.
+func TestOpenResourceErrorsAreConfig(t *testing.T) {
+	first := open(t, "capi-dup")
+	defer func() { _ = first.Close(5 * time.Second) }()
+	if e, _, err := Open(`{"instance":"capi-dup",`+tinyLayout+`,"pool_bytes":65536,"workers":2}`, nil, 0); Code(err) != ErrConfig ||
+		!strings.Contains(err.Error(), "capi-dup") {
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		t.Fatalf("a second engine named capi-dup: %v (%s), want ErrConfig naming the instance", err, Code(err))
+	}
+	p, _, err := Open(`{"instance":"capi-dup-m1",`+tinyLayout+`,"pool_bytes":65536,"workers":2,"metrics_addr":"127.0.0.1:0"}`, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close(5 * time.Second) }()
+	addr := p.Inner().MetricsAddr()
+	if e, _, err := Open(fmt.Sprintf(`{"instance":"capi-dup-m2",%s,"pool_bytes":65536,"workers":2,"metrics_addr":%q}`, tinyLayout, addr), nil, 0); Code(err) != ErrConfig ||
+		!strings.Contains(err.Error(), addr) {
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		t.Fatalf("metrics_addr %s in use: %v (%s), want ErrConfig naming it", addr, err, Code(err))
+	}
+}

@@ -124,7 +124,10 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	}
 	eng, err := kvxfer.Start(context.Background(), kc)
 	if err != nil {
-		return nil, 0, err
+		// As OpenNode's: a resource the open could not get (an instance
+		// name another engine of the process listens as, a metrics_addr
+		// in use) is the caller's config, not a bug in kvxfer.
+		return nil, 0, nodeError(err)
 	}
 	e := newEngine(eng, nil, kc.Instance)
 	return e, e.h, nil

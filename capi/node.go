@@ -38,6 +38,8 @@ func OpenNode(configJSON string) (*Engine, uint64, error) {
 	return e, e.h, nil
 }
 
+// nodeError is the error of an open (OpenNode's, Open's): one that wraps
+// no sentinel is a resource the open could not get, the caller's config.
 func nodeError(err error) error {
 	if Code(err) == ErrInternal { // not a sentinel: a resource Open could not get (a port, a file)
 		return &Error{Code: ErrConfig, Err: err}
