@@ -608,7 +608,8 @@ class Engine:
         own callback, which would wait for that callback forever:
         Status.INVALID_ARGUMENT; another thread's close under way:
         Status.CLOSED) leaves the engine open, its handle kept. Any other
-        error has closed it.
+        error has closed it. (Status.CLOSED too when another thread's
+        close finished meanwhile: that close answers for the memory.)
 
         Status.TIMEOUT (or another error once the close began): some requests
         did not drain, or keep blocks quarantined (their writers suspected
@@ -634,6 +635,12 @@ class Engine:
                 self._pin = None
             return
         msg = lib.kvxfer_last_error().decode("utf-8", "replace")
+        if st == Status.BAD_HANDLE:
+            # Only a close releases an engine's handle: another thread's
+            # close finished meanwhile and kept (or released) the memory
+            # as its own status said. Nothing here did not finish.
+            raise KvxferError(Status.CLOSED, "engine %s (handle %d) was closed by another thread's close() "
+                              "meanwhile: %s" % (self._name(), h, msg))
         if st == Status.INVALID_ARGUMENT:  # refused: the engine is as it was
             self._closing = False
         elif st != Status.CLOSED:  # (CLOSED: another close is under way) the handle is gone

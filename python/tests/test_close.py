@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 
 import numpy as np
@@ -266,3 +267,50 @@ def test_exit_with_callbacks_and_open_engines_is_clean():
         assert p.returncode == 0 and p.stdout.startswith("exiting"), (run, p.returncode, p.stdout, p.stderr[-2000:])
         for bad in ("Segmentation", "signal", "fatal", "Traceback"):
             assert bad not in p.stderr, (run, p.stderr[-2000:])
+
+
+def test_concurrent_close_does_not_hold_memory_a_finished_close_released(monkeypatch):
+    """Two threads close() one engine: the first's close finishes (the
+    library releases the handle) before it sets engine.handle = 0; the
+    second's kvxfer_engine_close then answers BAD_HANDLE. That is no close
+    that failed to finish: the memory must not be kept for the rest of the
+    process with a warning that peers may still write into it, and the
+    second caller hears CLOSED (another close), not BAD_HANDLE."""
+    arr = np.zeros(1 << 20, np.uint8)
+    e = kvxfer.Engine(small_config(unique("twice")), memory=arr)
+    ref = weakref.ref(arr)
+    del arr
+    real = kvxfer.core.lib.kvxfer_engine_close
+    first_done, second_done = threading.Event(), threading.Event()
+
+    def close(h, ms):
+        st = real(h, ms)
+        if not first_done.is_set():  # the first caller: let the second in before it returns
+            first_done.set()
+            assert second_done.wait(20)
+        return st
+
+    monkeypatch.setattr(kvxfer.core.lib, "kvxfer_engine_close", close)
+    held = len(kvxfer.core._held)
+    res = {}
+
+    def first():
+        res["first"] = e.close()
+
+    th = threading.Thread(target=first)
+    th.start()
+    assert first_done.wait(20)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # "did not finish closing" would raise here
+            with pytest.raises(KvxferError) as err:
+                e.close()
+    finally:
+        second_done.set()
+        th.join(20)
+    assert err.value.status == Status.CLOSED, err.value
+    assert res == {"first": None} and e.handle == 0
+    assert len(kvxfer.core._held) == held, "a close that finished left the engine's memory held for good"
+    del e, err  # (the exception's traceback holds close()'s frame, and so the engine)
+    gc.collect()
+    assert ref() is None, "the memory of a closed engine is still referenced"
