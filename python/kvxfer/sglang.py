@@ -502,7 +502,9 @@ class _Transfer:
                 except KvxferError:
                     pass
             self.reason = "kvxfer request %s%s ended %s (%s)%s" % (
-                self.id, "" if tag == "kv" else "/" + tag, ev.outcome.name, ev.error.name, ": " + msg if msg else "")
+                self.id, "" if tag == "kv" else "/" + tag, ev.outcome.name,
+                getattr(ev.error, "name", ev.error),  # a code of a newer library: its number
+                ": " + msg if msg else "")
         self._done(tag, ev, req)
         if req is not None:
             req.release()

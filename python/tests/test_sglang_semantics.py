@@ -530,3 +530,36 @@ def test_route_names_what_the_config_says_else_lets_the_node_derive():
     assert KVManager.route(mgr(_peers=peers), ADDR) == ("p", 1, 2, "1,2")
     with pytest.raises(ValueError, match="names no prefill instance"):
         KVManager.route(mgr(prefill_instances={}), "10.9.9.9:1")
+
+
+def test_event_of_an_unknown_status_code_loses_no_other_event(pair):
+    """A newer library of the same ABI may end a request with a status
+    code this package does not know (kvxfer.h: treat it as an error; Event
+    keeps it as the number). The backend's reason named ev.error.name: the
+    AttributeError left reap() with the rest of the polled batch, whose
+    events the library had handed over already, so those requests never
+    heard their end (Transferring for good), and the first one's handle
+    was never released."""
+    pm, dm, pp, dp = pair(decode_kw={"transfer_timeout": "1s"}, start_prefill=False)
+    a, b = KVReceiver(dm, ADDR, 41), KVReceiver(dm, ADDR, 42)
+    for r, pages in ((a, [20, 21]), (b, [22, 23])):
+        poll_until([r], lambda s: s[0] != P)
+        r.init(pages, 0)
+    assert [a.poll(), b.poll()] == [T, T]
+    before = kvxfer.handle_count()
+    real, got = dm.node.poll, []
+
+    def poll(timeout_ms=0):  # both events in one batch, the first of an unknown status code
+        got.extend(real(timeout_ms))
+        if len(got) < 2:
+            return []
+        evs = list(got)
+        got.clear()
+        evs[0].error = 99
+        return evs
+
+    dm.node.poll = poll  # no prefill: both end TIMED_OUT at the deadline
+    assert poll_until([a, b], lambda s: all(x in TERMINAL for x in s), timeout=20) == [F, F]
+    assert kvxfer.handle_count() == before - 2, "a request handle was not released"
+    msgs = [_failed(a, "sglang-41", "TIMED_OUT"), _failed(b, "sglang-42", "TIMED_OUT")]
+    assert sum("(99)" in m for m in msgs) == 1, msgs  # the unknown code, as its number
