@@ -196,7 +196,8 @@ class Event:
         return self.outcome in (Outcome.DONE, Outcome.READY)
 
     def __repr__(self):
-        return "Event(request=%d, %s, error=%s, bytes=%d)" % (self.request, self.outcome.name, self.error.name, self.bytes)
+        return "Event(request=%d, %s, error=%s, bytes=%d)" % (self.request, self.outcome.name,
+                                                              getattr(self.error, "name", self.error), self.bytes)
 
 
 def _cuda_index(t):

@@ -230,3 +230,6 @@ def test_event_of_an_unknown_status_code():
     raw = kvxfer._lib.Event(request=7, outcome=int(Outcome.FAILED), error=99)
     ev = kvxfer.core.Event(raw)
     assert ev.error == 99 and ev.outcome == Outcome.FAILED and not ev.ok
+    # Its repr (a log line, a connector's failed entry printed) names the
+    # number instead of raising AttributeError (an int has no .name).
+    assert "error=99" in repr(ev), repr(ev)
