@@ -171,6 +171,53 @@ func suggestEndpoint(endpoint string) string {
 	return "tcp://" + endpoint
 }
 
+// CheckBindFree reports, before anything is set up for it, whether
+// Listen could bind endpoint now, so that a caller can name the mistake
+// before it allocates what the bind would wait behind (a pool of many
+// GiB takes seconds to map): an ipc:// path a live process accepts on is
+// refused as Listen refuses it (ErrEndpointInUse, after the same wait),
+// a tcp:// port another socket holds is refused (ErrEndpointInUse), and
+// so is a tcp:// address that is not this host's or a port this process
+// may not bind (ErrConfig). Other transports, wildcard or system-picked
+// ports and interface names pass: Listen remains the authority.
+func CheckBindFree(endpoint string) error {
+	scheme, addr, ok := strings.Cut(endpoint, "://")
+	switch {
+	case !ok:
+		return nil
+	case scheme == "ipc":
+		return checkIPCFree(endpoint)
+	case scheme != "tcp" || strings.Contains(addr, ";"):
+		return nil
+	}
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		return nil
+	}
+	host, port := strings.TrimSuffix(strings.TrimPrefix(addr[:i], "["), "]"), addr[i+1:]
+	if port == "*" || port == "0" {
+		return nil
+	}
+	if host == "*" {
+		host = ""
+	} else if net.ParseIP(host) == nil {
+		return nil // an interface name: libzmq's to resolve
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+	switch {
+	case err == nil:
+		_ = ln.Close()
+		return nil
+	case errors.Is(err, syscall.EADDRINUSE):
+		return fmt.Errorf("%w: %s: port %s is in use by another socket (stop the process that holds it, or bind another port)", ErrEndpointInUse, endpoint, port)
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return fmt.Errorf("%w: endpoint %q: %s is not an address of this host", ErrConfig, endpoint, host)
+	case errors.Is(err, syscall.EACCES):
+		return fmt.Errorf("%w: endpoint %q: this process may not bind port %s (below 1024 needs privilege)", ErrConfig, endpoint, port)
+	}
+	return nil
+}
+
 // checkIPCFree refuses to bind an ipc:// path that a live process listens
 // on: libzmq unlinks whatever file is at the path and binds it anew, which
 // would silently take the path over from a running engine. A socket file
