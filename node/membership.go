@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -287,6 +288,27 @@ func (n *Node) apply(ev discovery.Event) {
 	}
 }
 
+// parallelHint names the flags whose values differ between a peer's
+// parallelism (got) and the one this node expects of it (want), both
+// normalized: the peer's --tp, --pp or --pp-stages against this node's
+// --peer-tp, --peer-pp or --peer-pp-stages; where they agree, the rank's
+// coordinates (--tp-rank, --pp-rank) put it elsewhere.
+func parallelHint(got, want kvcache.Parallel) string {
+	var c []string
+	if got.TP != want.TP {
+		c = append(c, "the peer's --tp with this node's --peer-tp")
+	}
+	if got.PP != want.PP {
+		c = append(c, "the peer's --pp with this node's --peer-pp")
+	} else if got.Stages != want.Stages {
+		c = append(c, "the peer's --pp-stages with this node's --peer-pp-stages")
+	}
+	if len(c) == 0 {
+		return "compare the peer's --tp-rank and --pp-rank with its rank"
+	}
+	return "compare " + strings.Join(c, ", and ")
+}
+
 // peerUp wires a peer etcd found into the control link: its key admitted
 // at the handshake and bound to its rank, then its endpoint (so that the
 // link dials it with the key known).
@@ -302,7 +324,7 @@ func (n *Node) peerUp(rec discovery.Record) {
 		// only word of it.
 		own := n.cfg.Parallel.orOne()
 		if rec.Parallel != (messages.Parallel{}) && (rec.Parallel.TP != int32(own.TP) || rec.Parallel.PP != int32(own.PP)) {
-			n.log.Error().Str("peer", id.String()).Msgf("rank %s of this instance registered as TP%d/PP%d, this rank runs TP%d/PP%d: give every rank of %s the same --tp",
+			n.log.Error().Str("peer", id.String()).Msgf("rank %s of this instance registered as TP%d/PP%d, this rank runs TP%d/PP%d: give every rank of %s the same --tp and --pp",
 				id, rec.Parallel.TP, rec.Parallel.PP, own.TP, own.PP, id.Instance)
 		}
 		return
@@ -341,15 +363,15 @@ func (n *Node) peerUp(rec discovery.Record) {
 		case listed != nil:
 			want := listed.Parallel.orOne().kv().Normal(layers)
 			if got.Normal(layers) != want || at != listed.Rank.kv() {
-				refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (compare the peer's --tp with this node's --peer-tp)",
-					rec.TP, rec.PP, got, listed.Rank.TP, listed.Rank.PP, want)
+				refuse("it registered as rank tp%d/pp%d of %v, this node expects rank tp%d/pp%d of %v (%s)",
+					rec.TP, rec.PP, got, listed.Rank.TP, listed.Rank.PP, want, parallelHint(got.Normal(layers), want))
 				return
 			}
 		case sibling != nil:
 			want := sibling.Parallel.orOne().kv().Normal(layers)
 			if got.Normal(layers) != want {
-				refuse("it registered as rank tp%d/pp%d of %v, but this node's config gives instance %s %v (compare the peer's --tp with this node's --peer-tp)",
-					rec.TP, rec.PP, got, id.Instance, want)
+				refuse("it registered as rank tp%d/pp%d of %v, but this node's config gives instance %s %v (%s)",
+					rec.TP, rec.PP, got, id.Instance, want, parallelHint(got.Normal(layers), want))
 				return
 			}
 			if want.Index(at) != int(id.Rank) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,5 +113,48 @@ func TestEtcdUnlistedRankOfAnotherParallelismIsRefused(t *testing.T) {
 	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "unlisted", PromptLen: 16, Context: "ctx"})
 	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "ctx/1 (its record in etcd cluster "+cluster+" was refused: it registered as rank tp1/pp0 of TP4/PP1") {
 		t.Fatalf("Receive needing ctx/1: %v, want ErrUnknownPeer saying ctx/1's TP4 record was refused", err)
+	}
+}
+
+// TestEtcdRefusalNamesTheFlagsThatDiffer: a record refused for its
+// parallelism names the flags that differ: a ctx/0 of PP2 where the node
+// expects PP1 is a --pp / --peer-pp mismatch, one of TP2 a --tp /
+// --peer-tp one, and a rank of this node's own instance at another PP
+// asks for the same --tp and --pp. (Checked to fail: every refusal said
+// "compare the peer's --tp with this node's --peer-tp", the sibling line
+// "give every rank of gen the same --tp", whatever differed.)
+func TestEtcdRefusalNamesTheFlagsThatDiffer(t *testing.T) {
+	url, dir := etcdURL(t), t.TempDir()
+	for _, c := range []struct {
+		name string
+		par  messages.Parallel
+		want string
+	}{
+		{"pp", messages.Parallel{TP: 1, PP: 2}, "it registered as rank tp0/pp0 of TP1/PP2, this node expects rank tp0/pp0 of TP1/PP1 (compare the peer's --pp with this node's --peer-pp)"},
+		{"tp", messages.Parallel{TP: 2, PP: 1}, "it registered as rank tp0/pp0 of TP2/PP1, this node expects rank tp0/pp0 of TP1/PP1 (compare the peer's --tp with this node's --peer-tp)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cluster := clusterName("node-hint-" + c.name)
+			if err := os.MkdirAll(filepath.Join(dir, c.name), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			gc := etcdNode(t, url, cluster, filepath.Join(dir, c.name), "gen", node.Peer{Instance: "ctx"})
+			logs := logged(t, &gc)
+			open(t, gc)
+			registerFake(t, url, cluster, dir, "ctx", c.par, 0)
+			waitFor(t, patience, "ctx/0's record refused", func() bool { return logs.Has("etcd record of ctx/0 refused") })
+			if !logs.Has(c.want) {
+				t.Errorf("log lacks %q:\n%s", c.want, logs)
+			}
+			if c.name != "pp" {
+				return
+			}
+			registerRecord(t, url, cluster, dir, discovery.Record{Instance: "gen", Rank: 1, Parallel: messages.Parallel{TP: 1, PP: 2}, PP: 1})
+			want := "rank gen/1 of this instance registered as TP1/PP2, this rank runs TP1/PP1: give every rank of gen the same --tp and --pp"
+			waitFor(t, patience, "gen/1 named", func() bool { return logs.Has("rank gen/1 of this instance") })
+			if !logs.Has(want) {
+				t.Errorf("log lacks %q:\n%s", want, logs)
+			}
+		})
 	}
 }
