@@ -155,6 +155,10 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if err := checkStages("peer-pp-stages", f.o.PeerParallel.Stages, "peer-pp", f.o.PeerParallel.PP, f.o.Model, f.o.Layout); err != nil {
 		return err
 	}
+	if f.o.Instance == "" {
+		// The node would run as the library's default instance name.
+		return fmt.Errorf("--instance = \"\": want this engine's instance name (the peer's --peer)")
+	}
 	etcd := f.o.Discovery != "static"
 	if f.o.Bind == "" || (!etcd && f.o.PeerEndpoint == "") {
 		return fmt.Errorf("--bind and --peer-endpoint are required (--peer-endpoint only with --discovery static)")

@@ -162,3 +162,21 @@ func TestRoleRefusesABindInUseFirst(t *testing.T) {
 		}
 	}
 }
+
+// An empty --instance (a shell variable that was not set) is refused,
+// naming the flag: the node took it for the library's default instance
+// name ("kvxfer"), so the process ran as kvxfer/0 and its peer, waiting
+// for ctx/0 or gen/0, refused its Hello at run time. An empty --peer was
+// already refused, by the node. (Checked to fail without resolve's
+// check: ctx ran as kvxfer/0 and failed at its 1 s timeout with "said
+// nothing".)
+func TestRoleRefusesAnEmptyInstance(t *testing.T) {
+	dir := t.TempDir()
+	for _, role := range []string{"ctx", "gen"} {
+		_, err := run(role, "--instance", "", "--insecure", "--backend", "shm", "--pool", "64MiB", "--timeout", "1s",
+			"--bind", "ipc://"+filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "peer.sock"))
+		if want := `--instance = "": `; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s --instance '': %v, want an error containing %q", role, err, want)
+		}
+	}
+}
