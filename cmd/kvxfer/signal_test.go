@@ -124,7 +124,7 @@ func TestRoleDrainsOnSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	cmd, out, errOut := startCommand(t, "gen", "--insecure", "--backend", "shm", "--pool", "64MiB",
 		"--bind", "ipc://"+filepath.Join(dir, "gen.sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "ctx.sock"),
-		"--requests", "1", "--timeout", "10m", "--log-level", "info")
+		"--max-tokens", "512", "--requests", "1", "--timeout", "10m", "--log-level", "info")
 	pool := "/dev/shm/kvxfer-gen-" + strconv.Itoa(cmd.Process.Pid)
 	t.Cleanup(func() { _ = os.Remove(pool) })
 	waitFor(t, errOut, "listening on")

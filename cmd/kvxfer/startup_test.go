@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/testlog"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // `kvxfer gen` with no context process says at once where it listens and
@@ -27,7 +28,7 @@ func TestRoleSaysWhereItListensAndWaits(t *testing.T) {
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs([]string{"gen", "--insecure", "--bind", bind, "--peer-endpoint", peer, "--pool", "64MiB",
-		"--requests", "1", "--heartbeat", beat.String(), "--timeout", "2s", "--log-level", "info"})
+		"--max-tokens", "512", "--requests", "1", "--heartbeat", beat.String(), "--timeout", "2s", "--log-level", "info"})
 	done := make(chan error, 1)
 	go func() { done <- root.Execute() }()
 	want := "listening on " + bind + ", waiting for ctx/0 at " + peer
@@ -177,6 +178,25 @@ func TestRoleRefusesAnEmptyInstance(t *testing.T) {
 			"--bind", "ipc://"+filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "peer.sock"))
 		if want := `--instance = "": `; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s --instance '': %v, want an error containing %q", role, err, want)
+		}
+	}
+}
+
+// A role whose --pool cannot hold the longest prompt of its request list
+// is refused as soon as its pool is known, naming --pool and
+// --max-tokens, as the demo refuses one: before, it waited for its peer
+// and then failed that request alone at run time ("kvcache: pool too
+// small", naming neither flag; the peer saw it leave). (Checked to fail
+// without proc's fitsPool: each role, with no peer, failed at its 1 s
+// timeout with "said nothing".)
+func TestRolePoolTooSmallForTheLongestPrompt(t *testing.T) {
+	dir := t.TempDir()
+	for _, role := range []string{"ctx", "gen"} {
+		_, err := run(role, "--insecure", "--backend", "shm", "--pool", "64MiB", "--max-tokens", "4096", "--timeout", "1s",
+			"--bind", "ipc://"+filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "peer.sock"))
+		if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.Contains(err.Error(), "--pool is too small for req-") ||
+			!strings.Contains(err.Error(), "--max-tokens 4096") {
+			t.Errorf("%s --pool 64MiB --max-tokens 4096: %v, want kvcache.ErrPoolTooSmall naming --pool and --max-tokens", role, err)
 		}
 	}
 }

@@ -423,7 +423,34 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 		_ = n.Close(ctx)
 		return nil, err
 	}
+	if err := fitsPool(r.eng, o); err != nil {
+		_ = n.Close(ctx)
+		_ = r.mem.close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// fitsPool fails, wrapping kvcache.ErrPoolTooSmall and naming --pool and
+// --max-tokens, when the longest prompt of o's request list needs more
+// blocks in some layer group than this rank's pool holds: each side
+// allocates every block of a prompt in every group, so that request
+// could only fail, and only once the peer had come.
+func fitsPool(e *kvxfer.Engine, o Options) error {
+	i, n := 0, 0
+	for j, p := range Prompts(o) {
+		if p > n {
+			i, n = j, p
+		}
+	}
+	l, pools := e.Layout(), e.Pools()
+	for g := range pools.Groups() {
+		if err := pools.Geometry(g).CheckFits(l.BlocksFor(n)); err != nil {
+			return fmt.Errorf("proc: --pool is too small for %s (%d tokens of %s, --max-tokens %d), layer group %d: %w: use a larger --pool or a smaller --max-tokens",
+				RequestID(i), n, l.Name, o.MaxTokens, g, err)
+		}
+	}
+	return nil
 }
 
 // RunGen is the generation role: receive every request, verify every byte,
