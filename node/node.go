@@ -164,6 +164,14 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	if zc != nil {
+		// Before the pool is allocated (seconds for one of many GiB,
+		// which the bind would otherwise wait behind): an endpoint another
+		// process holds is a mistake to name at once.
+		if err := zmq.CheckBindFree(cfg.Bind); err != nil {
+			return nil, fmt.Errorf("node: %s: bind: %w", self, err)
+		}
+	}
 	var region *kvcache.Region
 	var revoker kvcache.Revoker
 	if n.agent, region, n.pool, revoker, err = openData(cfg, n.backend, self, n.admit); err != nil {
