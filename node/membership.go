@@ -575,13 +575,14 @@ func (n *Node) member(id messages.PeerID) (discovery.Record, bool) {
 }
 
 // returning is the record of peer id and when the node found it, when
-// etcd holds a record of id and an earlier incarnation of id left etcd
-// (the engine was told it is down, and refuses requests it writes for
-// until the new incarnation's Hello).
+// etcd holds a record of id whose incarnation has not said Hello yet and
+// an earlier incarnation of id left etcd (the engine was told it is down,
+// and refuses requests it writes for until the new incarnation's Hello).
+// One that said Hello and fell silent since is not returning: it is down.
 func (n *Node) returning(id messages.PeerID) (discovery.Record, time.Time, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if f := n.found[id]; f != nil && len(n.pastIncs[id]) > 0 {
+	if f := n.found[id]; f != nil && !f.hello && len(n.pastIncs[id]) > 0 {
 		return f.rec, f.at, true
 	}
 	return discovery.Record{}, time.Time{}, false

@@ -238,3 +238,53 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor: ctx/0's
+// new incarnation said Hello, then fell silent (its process closed while
+// its etcd record stays): a Receive is not held for a Hello, nor told the
+// writer never spoke since its restart; it fails at once as for any
+// writer that went down. (Checked to fail: without the found Hello's
+// check in returning, Receive said "ctx/0 restarted ... has not said
+// Hello".)
+func TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor(t *testing.T) {
+	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returned-silent"))
+	k2 := newKeys(t)
+	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
+	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: newRecord(ep2, k2)})
+	cc2 := node.Config{Instance: "ctx", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, SendOnly: true,
+		Bind: ep2, SecretKey: k2.secret, HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Peers: []node.Peer{{Instance: "gen", Endpoint: gc.Bind, PublicKey: genPublic}}}
+	ctx2, err := node.Open(context.Background(), cc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The node took the Hello for the found incarnation's (as it logs).
+	waitFor(t, patience, "the node's word that ctx/0's second incarnation said Hello", func() bool {
+		return logs.Count(`"peer":"ctx/0","model":"tiny","message":"peer said Hello"`) >= 2
+	})
+	if err := ctx2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	waitFor(t, patience, "ctx/0 declared down after its heartbeats", func() bool {
+		_, err := genN.LinkHello(ctx0)
+		return err != nil
+	})
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatalf("Receive from a writer that spoke and fell silent: %v; want a handle failed as for a writer down", err)
+	}
+	select {
+	case o := <-rx.Done():
+		if o.Status != kvxfer.StatusFailed || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+			t.Fatalf("request from a writer that fell silent: %s: %v, want FAILED with ErrPeerGone", o.Status, o.Err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("no outcome within %v", patience)
+	}
+}
