@@ -550,7 +550,20 @@ func (w *worker) issue(r *request) uint64 {
 	u := e.u
 	switch {
 	case u.closing || u.closed:
-		w.finish(ent, u.reason)
+		reason := u.reason
+		if u.unproven {
+			// u.reason says that writes on the wire were cut and may
+			// still land; this batch never reached UCX, so none of it
+			// can: it fails with why a post is refused now.
+			e.mu.Lock()
+			reason = e.refusal()
+			e.mu.Unlock()
+			if reason == nil {
+				reason = fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed)
+			}
+			reason = fmt.Errorf("batch not posted: %w", reason)
+		}
+		w.finish(ent, reason)
 		return 0
 	case e.closing.Load():
 		w.finish(ent, fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed))
