@@ -72,6 +72,10 @@ func New(opts ...Option) (*Agent, error) {
 	for _, o := range opts {
 		o(&a.opts)
 	}
+	if n := len(a.opts.identity); n > maxIdentity {
+		// A peer drops a hello with a longer one as malformed.
+		return nil, fmt.Errorf("ucx: new agent: identity %.32q… of %d bytes: at most %d", a.opts.identity, n, maxIdentity)
+	}
 	for _, c := range a.opts.cpus {
 		if c < 0 || c >= cpuSetSize {
 			return nil, fmt.Errorf("ucx: new agent: progress CPU %d: want 0..%d", c, cpuSetSize-1)

@@ -99,10 +99,11 @@ func WithAdmission(admit func(addr []byte) bool) Option {
 }
 
 // WithIdentity names whom this agent serves (a node: its rank,
-// "instance/rank"; at most maxIdentity bytes). Its hello and welcome carry
-// it, sealed under each link key, and the endpoints of a peer's agent
-// report it (rdma.IdentifiedEndpoint), so that a writer can check that an
-// agent address a peer named reaches that peer's agent, not another's.
+// "instance/rank"; at most 256 bytes, else New fails). Its hello and
+// welcome carry it, sealed under each link key, and the endpoints of a
+// peer's agent report it (rdma.IdentifiedEndpoint), so that a writer can
+// check that an agent address a peer named reaches that peer's agent, not
+// another's.
 func WithIdentity(id string) Option {
 	return func(o *options) { o.identity = id }
 }
