@@ -48,6 +48,10 @@ const (
 	maxLive = 1 << 16
 	// maxIdentity bounds an agent's identity.
 	maxIdentity = 256
+	// maxMessage bounds a control message as received: far above any
+	// (a hello with maxLive registrations is about 512 KiB besides its
+	// address), and below what a C int holds.
+	maxMessage = 16 << 20
 )
 
 var errBadMessage = errors.New("ucx: malformed control message")

@@ -468,6 +468,14 @@ func (w *worker) event(ev *C.kvx_event) {
 	case C.KVX_EV_EPERR:
 		w.onError(id, st)
 	case C.KVX_EV_AM:
+		if uint64(ev.len) > maxMessage {
+			// Longer than any control message, and from anyone who can
+			// reach this worker: dropped unread (C.GoBytes takes a C
+			// int, which 2 GiB and more overflow).
+			C.free(ev.data)
+			w.dropped++
+			return
+		}
 		b := C.GoBytes(ev.data, C.int(ev.len))
 		C.free(ev.data)
 		w.onMessage(b)
