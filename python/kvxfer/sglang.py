@@ -92,7 +92,7 @@ import threading
 import time
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, Outcome, config_from_env
+from .core import KvxferError, Node, Outcome, Status, config_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -353,7 +353,13 @@ class KVManager:
         self.prefill_info_table = _PrefillInfoTable()
         self._lock = threading.RLock()
         self._owners = {}  # request handle -> (owner, tag)
-        self.closed = False
+        # close()'s state, under its own lock (never held while the node
+        # closes, nor while a clear() waits for its events).
+        self._close_lock = threading.Lock()
+        self._close_done = threading.Event()
+        self.closed = False  # a close() returned
+        self._closing = False  # a close() under way
+        self._close_finished = True
 
     def _check_geometry(self, item_len, nlayers):
         info = self.node.info
@@ -384,9 +390,67 @@ class KVManager:
         return None
 
     def close(self, timeout_ms=5000):
-        if not self.closed:
-            self.closed = True
+        """Closes the node; what was live then ends Failed. True once the
+        close finished (no write lands in SGLang's pool any more), False
+        while it did not (under way on another thread, or timed out: a peer
+        may still write into the pool, which kvxfer then keeps referenced
+        for the rest of the process). The requests live at a close that did
+        not finish stay Transferring: poll() never says Failed for them, so
+        SGLang never frees their pages. Idempotent (a later call answers as
+        the close ended, and does not close again); raises only for a close
+        kvxfer refused (a negative timeout_ms), which leaves the node open."""
+        with self._close_lock:
+            if self.closed:
+                return self._close_finished
+            if self._closing:
+                return False
+            self._closing = True
+        finished = False
+        try:
             self.node.close(timeout_ms)
+            finished = True
+        except (ValueError, KvxferError) as exc:
+            if isinstance(exc, ValueError) or exc.status == Status.INVALID_ARGUMENT:
+                with self._close_lock:  # refused (the timeout): the node is open, as it was
+                    self._closing = False
+                raise
+            logger.warning("kvxfer: closing node %s did not finish (%s): SGLang's KV pool is kept for the rest of "
+                           "the process, the requests live stay Transferring", self.instance, exc)
+        finally:
+            with self._close_lock:
+                if self._closing:  # (not refused)
+                    self.closed, self._closing, self._close_finished = True, False, finished
+                    self._close_done.set()
+        return finished
+
+    def _close_begun(self):
+        """A close under way, or one that returned."""
+        with self._close_lock:
+            return self._closing or self.closed
+
+    def _close_unfinished(self):
+        """A close under way, or one that did not finish: kvxfer may still
+        read or write the pages of what was live, and their events no
+        longer come."""
+        with self._close_lock:
+            return self._closing or (self.closed and not self._close_finished)
+
+    def _close_ended_finished(self):
+        """A close returned and finished: no transfer touches the pool."""
+        with self._close_lock:
+            return self.closed and self._close_finished
+
+    def _wait_close(self, deadline):
+        """Waits until no close is under way or the deadline
+        (time.monotonic()): True when a close finished by then."""
+        while True:
+            with self._close_lock:
+                if not self._closing:
+                    return self.closed and self._close_finished
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._close_done.wait(min(left, 0.1))
 
     # Events ----------------------------------------------------------------
 
@@ -397,7 +461,7 @@ class KVManager:
     def reap(self):
         """Hands every polled kvxfer event to its sender or receiver."""
         with self._lock:
-            if self.closed:
+            if self.closed or self._closing:  # (their events no longer come)
                 return
             try:
                 events = self.node.poll(0)
@@ -532,11 +596,17 @@ class _Transfer:
             self.mgr.reap()
         except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
             self._fail("kvxfer: polling failed: %s" % exc)
-        if self.mgr.closed and (self.live or self.state == KVPoll.Transferring):
-            # close() released the requests (their events no longer come)
-            # once no write touched the memory, or kept it for good.
+        mgr = self.mgr
+        if self.live and mgr._close_unfinished():
+            # A close under way, or one that did not finish (a peer may
+            # still write the memory): kvxfer may still read or write the
+            # pages, so never Failed (SGLang would free them).
+            return KVPoll.Transferring
+        if mgr._close_ended_finished() and (self.live or self.state == KVPoll.Transferring):
+            # The close finished: no write touches the memory any more, and
+            # the requests' events no longer come.
             self.live.clear()
-            self._fail("kvxfer node %s was closed" % self.mgr.instance)
+            self._fail("kvxfer node %s was closed" % mgr.instance)
         if self.reason is not None:
             return KVPoll.Transferring if self.live else KVPoll.Failed
         if self.state == KVPoll.Bootstrapping:
@@ -581,26 +651,38 @@ class _Transfer:
         """Fails the request with reason (unless it failed already) when a
         kvxfer request of it is live, cancels it and returns once every
         event came, kvxfer's word that no transfer reads or writes the
-        pages any more. Should an event not come within CLEAR_WAIT_S, an
-        error is logged: SGLang frees the pages all the same."""
+        pages any more; a close of the node under way answers for them
+        instead, once it finished. Should an event (or the close's end) not
+        come within CLEAR_WAIT_S, or the close not finish, an error is
+        logged: SGLang frees the pages all the same, and those stay live
+        (poll() says Transferring)."""
         if not self.live:
             return
         self._fail(reason)
         mgr = self.mgr
-        if mgr.closed:  # close() released them (as _poll says): their events no longer come
-            self.live.clear()
-            return
         deadline = time.monotonic() + CLEAR_WAIT_S
-        with mgr._lock:  # no other thread's reap takes these events meanwhile
-            for tag, req in list(self.live.items()):
-                try:
-                    ev = mgr.node.wait(req, max(deadline - time.monotonic(), 0.001))
-                except (TimeoutError, KvxferError) as exc:
-                    logger.error("kvxfer: request %s ended by SGLang while live, and its cancelled %s did not end "
-                                 "(%s): the pages SGLang frees may still be read or written", self.id, req.side, exc)
-                    continue
-                mgr._owners.pop(req.handle, None)
-                self._event(tag, ev)
+        if not mgr._close_begun():
+            with mgr._lock:  # no other thread's reap takes these events meanwhile
+                for tag, req in list(self.live.items()):
+                    try:
+                        ev = mgr.node.wait(req, max(deadline - time.monotonic(), 0.001))
+                    except (TimeoutError, KvxferError) as exc:
+                        if mgr._close_begun():
+                            break  # the close answers for what is live (below)
+                        logger.error("kvxfer: request %s ended by SGLang while live, and its cancelled %s did not "
+                                     "end (%s): the pages SGLang frees may still be read or written", self.id,
+                                     req.side, exc)
+                        continue
+                    mgr._owners.pop(req.handle, None)
+                    self._event(tag, ev)
+        if self.live and mgr._close_begun():
+            if mgr._wait_close(deadline):
+                self.live.clear()  # the close finished: their events no longer come, no write lands
+            else:
+                logger.error("kvxfer: request %s ended by SGLang while live, and node %s did not finish closing "
+                             "(%s): the pages SGLang frees may still be read or written", self.id, mgr.instance,
+                             "its close ended in an error" if mgr.closed else
+                             "still under way after %g s" % CLEAR_WAIT_S if mgr._closing else "its close was refused")
 
     def get_transfer_metric(self):
         try:

@@ -21,16 +21,20 @@ decode.py; kvxfer/sglang.py's docstring cites the commits):
 Two nodes in one process over host memory (ucx, CURVE); every byte of
 every layer's K and V pages and of the aux slot is compared."""
 
+import logging
+import sys
 import tempfile
+import threading
 import types
 
 import pytest
 
 import kvxfer
+from kvxfer import KvxferError, Status
 from kvxfer import sglang as ks
 from kvxfer.sglang import KVManager, KVPoll, KVReceiver, KVSender
 
-from conftest import unique
+from conftest import unique, wait_until
 from sglang_helpers import AUX_ITEMS, ITEM, LAYOUT, PAGE, Pool, node_cfg, poll_until
 
 P, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
@@ -563,3 +567,159 @@ def test_event_of_an_unknown_status_code_loses_no_other_event(pair):
     assert kvxfer.handle_count() == before - 2, "a request handle was not released"
     msgs = [_failed(a, "sglang-41", "TIMED_OUT"), _failed(b, "sglang-42", "TIMED_OUT")]
     assert sum("(99)" in m for m in msgs) == 1, msgs  # the unknown code, as its number
+
+
+def _live(pair, room):
+    """A request both of whose sides hold a live kvxfer request: the first
+    chunk (2 of 4 pages) handed over, the last one not. The pools are kept
+    (on the managers) as long as the nodes: kvxfer writes them by raw
+    pointer."""
+    pm, dm, pp, dp = pair()
+    sender, receiver = KVSender(pm, ADDR, room, [0], 0), KVReceiver(dm, ADDR, room)
+    _bootstrap(sender, receiver, 4, 0, [20, 21, 22, 23], 0)
+    sender.send([3, 4])
+    assert [sender.poll(), receiver.poll()] == [T, T]
+    assert sender.live and receiver.live
+    pm.test_pool, dm.test_pool = pp, dp
+    return pm, dm, sender, receiver
+
+
+def _held_close(monkeypatch, mgr, order=None):
+    """Replaces mgr.node.close by one that stops before the library's
+    close until the returned go is set: (entered, go, calls)."""
+    real, entered, go, calls = mgr.node.close, threading.Event(), threading.Event(), []
+
+    def close(timeout_ms=5000):
+        calls.append(timeout_ms)
+        entered.set()
+        assert go.wait(20)
+        real(timeout_ms)
+        if order is not None:
+            order.append("close finished")
+
+    monkeypatch.setattr(mgr.node, "close", close)
+    return entered, go, calls
+
+
+def _in_function(thread, name):
+    f = sys._current_frames().get(thread.ident)
+    while f is not None:
+        if f.f_code.co_name == name:
+            return True
+        f = f.f_back
+    return False
+
+
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_poll_during_a_close_under_way_keeps_live_requests_transferring(pair, monkeypatch, side):
+    """A poll on another thread while the manager's close still drains:
+    kvxfer may still write (decode) or read (prefill) the request's pages,
+    so poll() says Transferring, not Failed (SGLang frees the pages on
+    Failed); Failed once the close finished. A second close() while the
+    first is under way answers False and closes nothing twice; one after
+    it answers True. (Checked to fail without the fix: close() set closed
+    before the node's close ran, and that poll said Failed.)"""
+    pm, dm, sender, receiver = _live(pair, 12)
+    mgr, obj = (dm, receiver) if side == "decode" else (pm, sender)
+    entered, go, calls = _held_close(monkeypatch, mgr)
+    res = {}
+    th = threading.Thread(target=lambda: res.setdefault("first", mgr.close()))
+    th.start()
+    try:
+        assert entered.wait(20)
+        assert obj.poll() == T, obj.reason
+        assert mgr.close() is False  # under way on another thread
+        assert obj.poll() == T, obj.reason
+    finally:
+        go.set()
+        th.join(20)
+    assert res == {"first": True} and len(calls) == 1
+    assert obj.poll() == F  # the close finished: no transfer touches the pages
+    _failed(obj, "was closed")
+    assert mgr.close() is True and len(calls) == 1
+
+
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_close_that_did_not_finish_never_reports_live_pages_free(pair, monkeypatch, caplog, side):
+    """A close that times out (Status.TIMEOUT: some requests did not
+    drain, a peer may still write the memory): close() answers False (it
+    raised) and the requests live at it stay Transferring for good, also
+    after failure_exception() and clear() (which log that the pages SGLang
+    frees may still be written); a later close() answers False again and
+    does not close again (a second library close would look finished).
+    (Checked to fail without the fix: poll() said Failed right after the
+    close, and close() raised KvxferError.)"""
+    pm, dm, sender, receiver = _live(pair, 13)
+    mgr, obj = (dm, receiver) if side == "decode" else (pm, sender)
+    real, calls = mgr.node.close, []
+
+    def timed_out(timeout_ms=5000):
+        calls.append(timeout_ms)
+        raise KvxferError(Status.TIMEOUT, "close: 1 request did not drain")
+
+    monkeypatch.setattr(mgr.node, "close", timed_out)
+    try:
+        got = mgr.close()
+    except KvxferError as exc:
+        got = exc
+    assert obj.poll() == T, obj.reason
+    assert got is False
+    assert mgr.close() is False and len(calls) == 1
+    assert obj.poll() == T
+    with caplog.at_level(logging.ERROR, logger="kvxfer.sglang"):
+        _failed(obj)
+        obj.clear()
+    assert "did not finish closing" in caplog.text, caplog.text
+    assert obj.live and obj.poll() == T
+    monkeypatch.setattr(mgr.node, "close", real)
+    mgr.node.close()  # for the fixture's handle count
+    assert obj.poll() == T
+
+
+def test_failure_exception_during_a_close_under_way_waits_for_it(pair, monkeypatch):
+    """failure_exception() (SGLang frees the pages right after it) of a
+    live request while another thread's close still drains returns only
+    once the close finished, when no write lands in the pages any more.
+    (Checked to fail without the fix: it returned at once, the close still
+    held.)"""
+    pm, dm, sender, receiver = _live(pair, 14)
+    order = []
+    entered, go, calls = _held_close(monkeypatch, dm, order)
+    th = threading.Thread(target=dm.close)
+    th.start()
+
+    def fail():
+        try:
+            receiver.failure_exception()
+        except RuntimeError:
+            pass
+        order.append("failure_exception returned")
+
+    ft = threading.Thread(target=fail)
+    try:
+        assert entered.wait(20)
+        ft.start()
+        wait_until(lambda: order or _in_function(ft, "_wait_close"), what="failure_exception waiting for the close")
+    finally:
+        go.set()
+        th.join(20)
+        ft.join(20)
+    assert order == ["close finished", "failure_exception returned"], order
+    assert not receiver.live and receiver.poll() == F
+
+
+def test_refused_close_leaves_the_manager_open(pair):
+    """close(-1): kvxfer refuses the timeout (naming it) and the node stays
+    open, so the manager does too: its live requests stay Transferring and
+    end as kvxfer says, and a later close() closes the node. (Checked to
+    fail without the fix: the manager counted itself closed, poll() said
+    Failed with the transfer still running, and no later close() closed
+    the node.)"""
+    pm, dm, sender, receiver = _live(pair, 15)
+    with pytest.raises(KvxferError) as err:
+        dm.close(-1)
+    assert err.value.status == Status.INVALID_ARGUMENT and "-1" in err.value.message
+    assert dm.node.handle and receiver.poll() == T, receiver.reason
+    sender.send([5, 6])
+    assert poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s)) == [S, S], receiver.reason
+    assert dm.close() is True and not dm.node.handle
