@@ -470,8 +470,13 @@ class KVManager:
                 return
             for ev in events:
                 owner, tag = self._owners.pop(ev.request, (None, None))
-                if owner is not None:
+                if owner is None:
+                    continue
+                try:
                     owner._event(tag, ev)
+                except Exception as exc:  # noqa: BLE001 - the rest of the batch is handed over already
+                    logger.error("kvxfer: the event of request %s: %s", owner.id, exc)
+                    owner._fail("kvxfer: the event of request %s: %s" % (owner.id, exc), decided=False)
 
     def aux_slot(self, index):
         """The aux slot index's bytes: each aux buffer's item, in order."""
@@ -571,7 +576,10 @@ class _Transfer:
                 ": " + msg if msg else "")
         self._done(tag, ev, req)
         if req is not None:
-            req.release()
+            try:
+                req.release()
+            except KvxferError:
+                pass  # a close released it meanwhile
         if not ev.ok:
             self._fail(self.reason, decided=False)  # the request's other kvxfer requests end too
 

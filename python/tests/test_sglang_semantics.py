@@ -723,3 +723,55 @@ def test_refused_close_leaves_the_manager_open(pair):
     sender.send([5, 6])
     assert poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s)) == [S, S], receiver.reason
     assert dm.close() is True and not dm.node.handle
+
+
+@pytest.mark.parametrize("end", ["timed-out", "ready"])
+def test_close_between_poll_and_dispatch_loses_no_event(pair, monkeypatch, end):
+    """A close on another thread that ends (here: one that did not finish,
+    Status.TIMEOUT, having released every handle) after reap() took a batch
+    of events from the node and before it handed them over: releasing the
+    first request's handle (timed-out), or reading its payload (ready),
+    raised BAD_HANDLE out of reap(), and the rest of the batch, which the
+    library had handed over already, was lost: those requests stayed
+    Transferring for good although their events (no write lands any more)
+    came. Each event reaches its request, which ends Failed. (Checked to
+    fail without the fix: the second request stayed Transferring; the
+    ready case also with only release() guarded.)"""
+    ready = end == "ready"
+    pm, dm, pp, dp = pair(decode_kw={"transfer_timeout": "1s"}, start_prefill=ready)
+    a, b = KVReceiver(dm, ADDR, 43), KVReceiver(dm, ADDR, 44)
+    senders = [KVSender(pm, ADDR, room, [0], 0) for room in (43, 44)] if ready else []
+    for r, pages in ((a, [20, 21]), (b, [22, 23])):
+        poll_until([r], lambda s: s[0] != P)
+        r.init(pages, 0)
+    assert [a.poll(), b.poll()] == [T, T]
+    real_poll, real_close, got = dm.node.poll, dm.node.close, []
+
+    def close_not_finished(timeout_ms=5000):
+        real_close(timeout_ms)  # every handle released, as any close that began
+        raise KvxferError(Status.TIMEOUT, "close: 1 request did not drain")
+
+    def poll(timeout_ms=0):  # both events in one batch; the close ends before reap hands them over
+        got.extend(real_poll(timeout_ms))
+        if len(got) < 2:
+            return []
+        assert dm.close() is False
+        return list(got)
+
+    monkeypatch.setattr(dm.node, "close", close_not_finished)
+    monkeypatch.setattr(dm.node, "poll", poll)
+    for i, s in enumerate(senders):
+        poll_until([s], lambda st: st[0] != P)
+        s.init(2, i)
+        s.send([3 + 2 * i, 4 + 2 * i])
+
+    def polled():
+        for o in senders + [a, b]:
+            o.poll()
+        return len(got) == 2
+
+    wait_until(polled, timeout=20, what="both events polled")
+    assert [ev.ok for ev in got] == [ready, ready]
+    assert [a.poll(), b.poll()] == [F, F], (a.reason, b.reason)
+    for r, room in ((a, 43), (b, 44)):
+        _failed(r, "sglang-%d" % room, "BAD_HANDLE" if ready else "TIMED_OUT")
