@@ -678,3 +678,82 @@ func TestEtcdCloseAfterOverflowWithdraws(t *testing.T) {
 		t.Errorf("gen/0 down %q after its registry's Close, want %q", down.Reason, ReasonLeft)
 	}
 }
+
+// stoppableLease ends the keepalive channels it hands out once stop is
+// closed, as the client does when it gives up renewing a lease (etcd
+// unreachable for a TTL): the registry's keepalive stops while etcd
+// still holds its lease and its record.
+type stoppableLease struct {
+	clientv3.Lease
+	stop chan struct{}
+}
+
+func (l *stoppableLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	ka, err := l.Lease.KeepAlive(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *clientv3.LeaseKeepAliveResponse)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case r, ok := <-ka:
+				if !ok {
+					return
+				}
+				select {
+				case out <- r:
+				case <-l.stop:
+					return
+				case <-ctx.Done():
+					return
+				}
+			case <-l.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// TestEtcdNoDownOfSelfAfterLost: a registry whose keepalive stopped
+// reports its record Lost; when etcd then deletes the record (its lease
+// expired), that is no Down of this rank: it never had an Up, and its
+// Lost was said. A Down of this very rank followed (after the Lost, from
+// the watch), and Peers listed the rank itself.
+func TestEtcdNoDownOfSelfAfterLost(t *testing.T) {
+	cluster := clusterName(t)
+	cli := newClient(t)
+	defer cli.Close()
+	sl := &stoppableLease{Lease: cli.Lease, stop: make(chan struct{})}
+	cli.Lease = sl
+	r := newEtcdRegistry(t, cluster, WithClient(cli))
+	if err := r.Register(ctxFor(t, 10*time.Second), testRecord("gen", 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	close(sl.stop) // the keepalive gives up; etcd still holds the record
+	waitEvent(t, r, waitFor, "gen/0 lost", func(e Event) bool { return e.Kind == EventLost })
+	if p := r.Peers(); len(p) != 0 {
+		t.Errorf("peers %v after Lost, want none (this rank is not its own peer)", p)
+	}
+	admin := newClient(t)
+	defer admin.Close()
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), r.leaseID()); err != nil { // etcd expires the lease
+		t.Fatal(err)
+	}
+	// A marker after the deletion: events are delivered in order.
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("ctx", 0, 1), lease.ID)
+	waitEvent(t, r, waitFor, "ctx/0 up, no event about gen/0 before it", func(e Event) bool {
+		if e.Kind != EventRejected && (e.Instance == "gen" || e.Record.Instance == "gen") {
+			t.Errorf("%v after this rank's Lost, want no event about it", e)
+		}
+		return isUp("ctx", 0, 1)(e)
+	})
+}

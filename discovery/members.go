@@ -49,8 +49,10 @@ func newMembers(cluster string) *members {
 	return &members{cluster: cluster, prefix: ClusterPrefix(cluster), ranks: map[messages.PeerID]*rankState{}}
 }
 
+// isSelf: the record of this registry's own incarnation, also once it was
+// Lost (its deletion afterwards is no Down, its record no Up or peer).
 func (m *members) isSelf(id messages.PeerID, inc uint64) bool {
-	return m.hasSelf && !m.lost && id == m.self && inc == m.selfInc
+	return m.hasSelf && id == m.self && inc == m.selfInc
 }
 
 // register notes this registry's own record; it fails when the table

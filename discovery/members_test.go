@@ -284,3 +284,34 @@ func TestMembersRegisterNamesIncarnationKey(t *testing.T) {
 		}
 	}
 }
+
+// TestMembersNoDownOfSelfAfterLost: once this registry reported its own
+// record Lost (its keepalive stopped first), the deletion of that record
+// (its lease expiring in etcd) is no Down of this rank — it never had an
+// Up, and its Lost was already said — and Peers never lists it.
+func TestMembersNoDownOfSelfAfterLost(t *testing.T) {
+	m := newMembers("c")
+	k := Key("c", "ctx", 0)
+	if err := m.register(testRecord("ctx", 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if evs := regPut(t, m, testRecord("ctx", 0, 4), 2); len(evs) != 0 {
+		t.Fatalf("own record: %v, want no event", evs)
+	}
+	if evs := m.lose(ReasonKeepaliveStopped); kinds(evs) != "[LOST ctx/0#4: "+ReasonKeepaliveStopped+"]" {
+		t.Fatalf("keepalive stopped: %v", evs)
+	}
+	if p := m.peers(); len(p) != 0 {
+		t.Errorf("peers %v after Lost: want this rank left out", p)
+	}
+	if evs := m.del(k); len(evs) != 0 {
+		t.Errorf("own key deleted after Lost: %v, want no event", evs)
+	}
+	// A successor of this rank is a peer: Up, then Down.
+	if evs := regPut(t, m, testRecord("ctx", 0, 5), 3); kinds(evs) != "[UP ctx/0#5]" {
+		t.Errorf("successor: %v, want UP ctx/0#5", evs)
+	}
+	if evs := m.del(k); kinds(evs) != "[DOWN ctx/0#5: lease expired]" {
+		t.Errorf("successor expires: %v", evs)
+	}
+}
