@@ -757,3 +757,58 @@ func TestEtcdNoDownOfSelfAfterLost(t *testing.T) {
 		return isUp("ctx", 0, 1)(e)
 	})
 }
+
+// TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue: while the watch was
+// broken, a live rank's lease expired and the rank registered again with
+// a record this registry refuses (a newer build's record with a field
+// this one does not know). The resynchronisation must put the rank that
+// was up Down: its key holds no record of it. It stayed up for good.
+func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	l1, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("gen", 1, 1), l1.ID)
+
+	cli := newClient(t)
+	defer cli.Close()
+	w := &scriptedWatcher{Watcher: cli.Watcher, calls: make(chan scriptedWatch)}
+	cli.Watcher = w
+	r := newEtcdRegistry(t, cluster, WithClient(cli))
+	waitEvent(t, r, waitFor, "gen/1#1 up", isUp("gen", 1, 1))
+	first := receive(t, w.calls, waitFor, "the registry's watch")
+
+	// Unseen by the (scripted) watch: gen/1#1 expires, gen/1#2 registers.
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), l1.ID); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := testRecord("gen", 1, 2).Encode()
+	newer := strings.Replace(string(v), `"v":1,`, `"v":1,"zone":"b",`, 1)
+	if _, err := admin.Txn(ctxFor(t, 10*time.Second)).Then(
+		clientv3.OpPut(IncarnationKey(cluster, "gen", 1), string(registration{Incarnation: 2, Lease: int64(l2.ID)}.encode())),
+		clientv3.OpPut(Key(cluster, "gen", 1), newer, clientv3.WithLease(l2.ID))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The watch breaks: the registry reads the prefix again, then
+	// watches anew.
+	close(first.ch)
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	go func() {
+		select {
+		case <-w.calls:
+		case <-done:
+		}
+	}()
+	waitEvent(t, r, waitFor, "gen/1#1 down", isDown("gen", 1, 1))
+	if p := r.Peers(); len(p) != 0 {
+		t.Errorf("peers %v, want none", p)
+	}
+}

@@ -40,9 +40,12 @@ type storedValue struct {
 }
 
 type rankState struct {
-	reg   registration
-	live  *Record
-	floor uint64
+	reg  registration
+	live *Record
+	// liveLease is the lease live was registered under; reg may name a
+	// later registration meanwhile (its incarnation key applied first).
+	liveLease int64
+	floor     uint64
 }
 
 func newMembers(cluster string) *members {
@@ -147,9 +150,12 @@ func (m *members) putRecord(key string, id messages.PeerID, value []byte, lease 
 	// rank's lease: the lease's end will delete nothing, so no Down would
 	// ever come. The record is gone from etcd: the rank is out (and its
 	// incarnation, as any that went down, is never accepted again). Under
-	// the rank's own lease the key still goes when the lease does.
+	// the rank's own lease the key still goes when the lease does. The
+	// rank's lease is its live record's: a resynchronisation applies a
+	// later registration's incarnation key before its record, so the
+	// registration may already name the lease of the refused value.
 	if len(evs) == 1 && evs[0].Kind == EventRejected {
-		if st := m.ranks[id]; st != nil && st.live != nil && lease != st.reg.Lease {
+		if st := m.ranks[id]; st != nil && st.live != nil && lease != st.liveLease {
 			old := st.live
 			st.live = nil
 			evs = append(evs, m.down(old, ReasonOverwritten)...)
@@ -208,7 +214,7 @@ func (m *members) applyRecord(key string, id messages.PeerID, value []byte, leas
 	if leaving {
 		return evs
 	}
-	st.live = &r
+	st.live, st.liveLease = &r, lease
 	return append(evs, m.up(r)...)
 }
 

@@ -315,3 +315,28 @@ func TestMembersNoDownOfSelfAfterLost(t *testing.T) {
 		t.Errorf("successor expires: %v", evs)
 	}
 }
+
+// TestMembersSyncDownsRecordReplacedByRefusedOne: while the watch was
+// broken a live rank's lease expired and a new registration of the rank
+// was written whose record this registry refuses (a field it does not
+// know, say, from a newer build, or garbage under the new lease). The
+// key no longer holds the live record, so the rank that was up is down.
+func TestMembersSyncDownsRecordReplacedByRefusedOne(t *testing.T) {
+	m := newMembers("c")
+	k, ik := Key("c", "gen", 1), IncarnationKey("c", "gen", 1)
+	if evs := regPut(t, m, testRecord("gen", 1, 1), 1); kinds(evs) != "[UP gen/1#1]" {
+		t.Fatalf("up: %v", evs)
+	}
+	newer := strings.Replace(string(enc(t, testRecord("gen", 1, 2), stateUp)), `"v":1,`, `"v":1,"zone":"b",`, 1)
+	snap := map[string]storedValue{
+		ik: {registration{2, 2}.encode(), 0},
+		k:  {[]byte(newer), 2},
+	}
+	evs := m.sync(snap)
+	if !strings.Contains(kinds(evs), "DOWN gen/1#1") {
+		t.Errorf("sync: %v, want DOWN gen/1#1 (its key holds another registration's value)", evs)
+	}
+	if p := m.peers(); len(p) != 0 {
+		t.Errorf("peers %v, want gen/1#1 gone", p)
+	}
+}
