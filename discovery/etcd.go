@@ -338,11 +338,12 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		}
 		var incRev int64
 		var cur registration
+		named := false // the incarnation key names a registration
 		if len(g.Kvs) > 0 {
 			incRev = g.Kvs[0].ModRevision
 			// A malformed incarnation key is rewritten (cur stays zero).
 			if c, err := decodeRegistration(g.Kvs[0].Value); err == nil {
-				cur = c
+				cur, named = c, true
 			}
 			if cur.Incarnation >= r.Incarnation {
 				return fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
@@ -375,10 +376,13 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		}
 		switch {
 		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0 ||
-			old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease:
+			named && (old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease):
 			// A value no peer accepts holds the key (malformed, another
-			// rank's, held by no lease, or not the rank's registration):
-			// replace it.
+			// rank's, held by no lease, or not the registration the
+			// incarnation key names): replace it. With that key missing
+			// or malformed, an older record of the rank under a live
+			// lease is waited for: registries that saw its registration
+			// still hold it up, and it may be a live holder.
 			resp, err := e.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision), incSame).
 				Then(writes...).Commit()

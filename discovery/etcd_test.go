@@ -812,3 +812,42 @@ func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
 		t.Errorf("peers %v, want none", p)
 	}
 }
+
+// TestEtcdRegisterWaitsForLiveHolderWithoutIncarnationKey: with the
+// rank's incarnation key deleted (by hand), a Register above the
+// incarnation holding the rank's record under a live lease waits for it
+// to go, as it does with the key in place, instead of pushing the live
+// holder out (it replaced the record at once: the holder — a second
+// process of the rank, or a previous run still up — was Lost).
+func TestEtcdRegisterWaitsForLiveHolderWithoutIncarnationKey(t *testing.T) {
+	cluster := clusterName(t)
+	holder := newEtcdRegistry(t, cluster)
+	if err := holder.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 7)); err != nil {
+		t.Fatal(err)
+	}
+	admin := newClient(t)
+	defer admin.Close()
+	if _, err := admin.Delete(ctxFor(t, 10*time.Second), IncarnationKey(cluster, "ctx", 0)); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan Record, 4)
+	next := newEtcdRegistry(t, cluster, WithOnHeld(func(r Record) { held <- r }))
+	done := make(chan error, 1)
+	go func() { done <- next.Register(ctxFor(t, time.Minute), testRecord("ctx", 0, 8)) }()
+	select {
+	case r := <-held:
+		if r.Incarnation != 7 {
+			t.Errorf("held by %v, want incarnation 7", r)
+		}
+	case err := <-done:
+		t.Fatalf("Register over a live holder (incarnation key deleted) returned %v without waiting for it", err)
+	case <-time.After(waitFor):
+		t.Fatal("Register neither waited for the live holder nor returned")
+	}
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := receive(t, done, waitFor, "Register once the holder left"); err != nil {
+		t.Fatalf("Register once the holder left: %v", err)
+	}
+}
