@@ -179,8 +179,12 @@ func (r *Reader) Next() (*Record, error) {
 
 // cutShort reports whether b, a line that does not parse, is how a
 // Writer's record begins (prefix), cut short: a record the writing
-// process stopped in the middle of, not some other damage.
+// process stopped in the middle of, not some other damage. A cut record
+// is never whole JSON: one that is (a field of the wrong type) is damage.
 func cutShort(b []byte, prefix string) bool {
+	if json.Valid(b) {
+		return false
+	}
 	if len(b) < len(prefix) {
 		return strings.HasPrefix(prefix, string(b))
 	}

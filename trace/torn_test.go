@@ -69,3 +69,25 @@ func TestTornTraceReadsUpToItsLastWholeRecord(t *testing.T) {
 		t.Errorf("a partial header: %v, want ErrFormat naming a partial header", err)
 	}
 }
+
+// TestWholeMalformedLastLineIsNotTorn: a last line without its newline
+// that is a whole JSON object the reader cannot take (a field of the wrong
+// type: damage or a hand edit) is no record cut short by a kill — a cut
+// record is never whole JSON. It is an error naming the line, not a "torn"
+// record silently left out of a replay that then reports identical.
+func TestWholeMalformedLastLineIsNotTorn(t *testing.T) {
+	const body = `{"kind":"trace","version":3,"t":1}` + "\n" +
+		`{"kind":"birth","actor":"a","engine":"e/0","side":"tx","request":"s","t":1,"type":"TxConfig","msg":{"Request":"s"},"post":{"state":"INIT"}}` + "\n" +
+		`{"kind":"step","actor":"a","seq":"1","t":2,"type":"TxCancel","msg":{},"post":{"state":"CANCELLED"}}`
+	res, err := trace.Replay(strings.NewReader(body))
+	if !errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), "line 3") {
+		var torn int
+		if res != nil {
+			torn = res.TornLine
+		}
+		t.Fatalf("replay of a trace whose whole last record is malformed: %v (torn line %d), want ErrFormat naming line 3", err, torn)
+	}
+	if _, err := trace.ExportPerfetto(strings.NewReader(body), io.Discard); !errors.Is(err, trace.ErrFormat) {
+		t.Errorf("export of a trace whose whole last record is malformed: %v, want ErrFormat", err)
+	}
+}
