@@ -107,7 +107,12 @@ func NewWriter(w io.Writer, opts ...Option) *Writer {
 		f(&o)
 	}
 	t := &Writer{bw: bufio.NewWriterSize(w, o.bufSize), o: o}
-	t.writeRecord(&Record{Kind: KindTrace, Version: Version, T: o.clock().UnixNano()})
+	// The header is written whatever the bound: without it the trace
+	// does not read, not even its "truncated" record.
+	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, T: o.clock().UnixNano()})
+	t.mu.Lock()
+	t.write(append(b, '\n'))
+	t.mu.Unlock()
 	return t
 }
 

@@ -156,6 +156,26 @@ func TestWriterMaxBytes(t *testing.T) {
 	}
 }
 
+// TestWriterMaxBytesBelowHeader: a bound smaller than the header line
+// still leaves a trace that reads: the header, then the truncation. It
+// was dropped like any record past the bound, and the trace began with
+// its "truncated" record, which no reader takes.
+func TestWriterMaxBytesBelowHeader(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf, WithMaxBytes(10))
+	driveRx(w, "gen/0/$1/$1", rxConfig("r"), actors.RxBegin{})
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Replay(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatalf("replay of a trace bounded below its header's size: %v\n%s", err, buf.String())
+	}
+	if !res.Truncated || res.Births != 0 {
+		t.Fatalf("a trace bounded below its header's size: %+v, want truncated with no session", res)
+	}
+}
+
 func TestWriterClosed(t *testing.T) {
 	var buf bytes.Buffer
 	w := NewWriter(&buf)
