@@ -67,7 +67,11 @@ func OpStateOf(letter byte) (actors.OpState, bool) {
 
 // DigestOf digests a session (*actors.TxSession or *actors.RxSession) and
 // the effects its last step returned.
-func DigestOf(session any, eff []actors.Effect) Digest {
+func DigestOf(session any, eff []actors.Effect) Digest { return digestOf(session, eff, Version) }
+
+// digestOf digests as a Writer of trace format version v did (replay
+// compares a trace's digests in its own version's form).
+func digestOf(session any, eff []actors.Effect, v int) Digest {
 	var d Digest
 	switch s := session.(type) {
 	case *actors.TxSession:
@@ -90,7 +94,7 @@ func DigestOf(session any, eff []actors.Effect) Digest {
 	if len(eff) > 0 {
 		d.Eff = make([]string, len(eff))
 		for i, e := range eff {
-			d.Eff[i] = EffectString(e)
+			d.Eff[i] = effectString(e, v)
 		}
 	}
 	return d
@@ -145,8 +149,17 @@ func TimerName(k actors.TimerKind) string {
 	return fmt.Sprintf("timer%d", k)
 }
 
+// quarantineVersion is the first trace format version whose digest
+// tells a ReleaseDest out of quarantine from a plain one and names a
+// QuarantineDest's blocks and writers.
+const quarantineVersion = 4
+
 // EffectString is an effect's line in Digest.Eff.
-func EffectString(e actors.Effect) string {
+func EffectString(e actors.Effect) string { return effectString(e, Version) }
+
+// effectString is an effect's line as a Writer of trace format version v
+// wrote it.
+func effectString(e actors.Effect, v int) string {
 	switch e := e.(type) {
 	case actors.Pin:
 		return fmt.Sprintf("Pin chunk%d g%d %s", e.Chunk, e.Group, idsString(e.IDs))
@@ -172,7 +185,14 @@ func EffectString(e actors.Effect) string {
 		o := e.Outcome
 		return fmt.Sprintf("Finish %s ok=%t bytes=%d blocks=%d payload=%d", o.Status, o.OK, o.Bytes, countIDs(o.Blocks), len(o.Payload))
 	case actors.ReleaseDest:
+		if e.Quarantined && v >= quarantineVersion {
+			return fmt.Sprintf("ReleaseDest blocks=%d quarantined", countIDs(e.Blocks))
+		}
 		return fmt.Sprintf("ReleaseDest blocks=%d", countIDs(e.Blocks))
+	case actors.QuarantineDest:
+		if v >= quarantineVersion {
+			return fmt.Sprintf("QuarantineDest blocks=%d writers=%v", countIDs(e.Blocks), e.Writers)
+		}
 	case actors.Stop:
 		return "Stop"
 	case actors.Log:

@@ -23,11 +23,14 @@
 // encoding on the session's own actor keeps per-actor order for free
 // (a session's records are written in the order it stepped).
 //
-// # Format (version 3)
+// # Format (version 4)
 //
 // JSON lines, one object per record, each with a "kind". Version 2 adds
-// the "table" and "call" records, version 3 the "end" record; version 1
-// (sessions only) and 2 traces still read and replay.
+// the "table" and "call" records, version 3 the "end" record, version 4
+// digest lines that tell a ReleaseDest out of quarantine ("ReleaseDest
+// blocks=N quarantined") from a plain one and name a QuarantineDest's
+// blocks and writers; version 1 (sessions only), 2 and 3 traces still
+// read and replay, their digests compared in the form they were written.
 //
 //	{"kind":"trace","version":1,"t":T}                          first line
 //	{"kind":"engine","engine":"ctx/0","t":T,"msg":EngineInfo}   once per engine
@@ -102,10 +105,10 @@
 // ("out.Verdict"), expected, got, and the recorded inputs. A trace whose
 // last line is a partial record (its process was killed or crashed while
 // writing it) replays up to its last whole record, and Result.TornLine
-// names the partial one. A version 3 trace without its "end" record was
-// not closed (its process stopped between two flushes, or still writes
-// it): it replays, and Result.Unclosed says its last records may be
-// missing.
+// names the partial one. A trace of version 3 or later without its "end"
+// record was not closed (its process stopped between two flushes, or
+// still writes it): it replays, and Result.Unclosed says its last records
+// may be missing.
 //
 // # Timeline
 //

@@ -12,8 +12,10 @@ import (
 // Version is the trace format version this package writes. Version 2
 // adds the "table" and "call" records (the parents', listener's and
 // workers' steps), version 3 the "end" record a Writer's Close writes
-// last; it reads versions MinVersion to Version.
-const Version = 3
+// last, version 4 digest lines that tell a ReleaseDest out of quarantine
+// from a plain one and name a QuarantineDest's blocks and writers; it
+// reads versions MinVersion to Version.
+const Version = 4
 
 // endVersion is the first version whose Writer ends a closed trace with
 // an "end" record: a trace of an older version without one is not known
@@ -34,9 +36,9 @@ const (
 	KindTable     = "table"
 	KindCall      = "call"
 	// KindEnd is the last record of a trace whose Writer was closed (its
-	// Msg an EndStats). A version 3 trace without one was cut short: its
-	// process stopped without closing it (killed or crashed), or still
-	// writes it.
+	// Msg an EndStats). A trace of version 3 or later without one was cut
+	// short: its process stopped without closing it (killed or crashed),
+	// or still writes it.
 	KindEnd = "end"
 )
 

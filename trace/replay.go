@@ -114,6 +114,8 @@ type replayed struct {
 	topo *actors.Topology
 	seq  int
 	dead bool
+	// version is the trace's format version: its digests' form.
+	version int
 }
 
 // session is the session being replayed; nil when its birth failed.
@@ -176,7 +178,7 @@ func Replay(r io.Reader) (*Result, error) {
 			if sessions[rec.Actor] != nil {
 				return res, fmt.Errorf("%w: line %d: second birth of %s", ErrFormat, rec.Line, rec.Actor)
 			}
-			s := &replayed{res: SessionResult{Actor: rec.Actor, Engine: rec.Engine, Side: rec.Side, Request: rec.Request}}
+			s := &replayed{res: SessionResult{Actor: rec.Actor, Engine: rec.Engine, Side: rec.Side, Request: rec.Request}, version: rd.version}
 			sessions[rec.Actor] = s
 			order = append(order, s)
 			res.Births++
@@ -309,7 +311,7 @@ func (s *replayed) check(rec *Record, eff []actors.Effect, res *Result) {
 		s.diverge(res, rec, "post", "a digest", "none recorded")
 		return
 	}
-	if field, want, got, ok := rec.Post.Diff(DigestOf(s.session(), eff)); !ok {
+	if field, want, got, ok := rec.Post.Diff(digestOf(s.session(), eff, s.version)); !ok {
 		s.diverge(res, rec, field, want, got)
 		return
 	}
