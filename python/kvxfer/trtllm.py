@@ -132,7 +132,7 @@ import typing
 import urllib.parse
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, _cuda_index, config_from_env, kv_memory
+from .core import KvxferError, Node, Status, _cuda_index, config_from_env, kv_memory
 
 logger = logging.getLogger(__name__)
 
@@ -1329,7 +1329,11 @@ class KvxferCacheTransceiver:
         the KV cache manager's shutdown no longer releases it (see
         _guard_manager_shutdown), and the transfers in flight stay so
         (cancel_request answers False). Idempotent (a later call answers as
-        the close ended); never raises."""
+        the close ended, and does not close again); raises only for a close
+        kvxfer refused (a negative timeout_ms: KvxferError with
+        Status.INVALID_ARGUMENT; one that is no int32: ValueError or
+        TypeError), which leaves the node open and the transceiver as it
+        was."""
         with self._lock:
             if self.node is None:
                 return True
@@ -1341,7 +1345,11 @@ class KvxferCacheTransceiver:
         finished = True
         try:
             self.node.close(timeout_ms)
-        except KvxferError as exc:
+        except (ValueError, TypeError, KvxferError) as exc:
+            if not isinstance(exc, KvxferError) or exc.status == Status.INVALID_ARGUMENT:
+                with self._lock:  # refused (the timeout): the node is open, as it was
+                    self._closing = False
+                raise
             finished = False
             logger.warning("kvxfer: closing node %s did not finish (%s): TensorRT-LLM's KV pool is kept for the "
                            "rest of the process", self.instance, exc)

@@ -521,3 +521,31 @@ def test_construction_refusals_name_the_value():
                             "tokens_per_block": 4})
     _expect_refusal("backend = 'shm'", backend="shm")
     _expect_refusal("_FixedShutdownManager whose shutdown cannot be wrapped", mgr=_FixedShutdownManager(Mapping()))
+
+
+@pytest.mark.parametrize("timeout_ms", [-1, 1 << 40])
+def test_refused_shutdown_raises_and_leaves_the_transceiver_open(cluster, timeout_ms):
+    """A shutdown kvxfer refuses (a negative timeout_ms: Status.INVALID_ARGUMENT;
+    one that does not fit the C ABI's int32: ValueError) raises naming the
+    value and leaves the node open: the send in flight goes on and is
+    reported done, the manager's shutdown still closes the node and then
+    releases the pool, and a later shutdown() closes it (True). (Checked to
+    fail without the fix: shutdown(-1) answered False with no error and
+    the node stayed open for good, nothing reaped; shutdown(1 << 40)
+    raised but left _closing set, so nothing was reaped either.)"""
+    cx, cm, gx, gm = cluster((1, 1), (1, 1))
+    x, m = cx[0], cm[0]
+    (creq,), cblocks = send(cx, cm, 60, 6, seed=9)
+    with pytest.raises((KvxferError, ValueError), match=str(timeout_ms)) as info:
+        x.shutdown(timeout_ms)
+    if isinstance(info.value, KvxferError):
+        assert info.value.status == Status.INVALID_ARGUMENT
+    assert not x.closed and x.node.handle
+    gm[0].add_sequence(61, [8, 9])
+    req = LlmRequest(61, 6, gen_params(creq))
+    gx[0].request_and_receive_async(req)
+    assert reap_gen(gx[0], [61], timeout=20) == {61: "done"}, gx[0].failures
+    assert reap_ctx(x, [60], timeout=20) == {60: "done"}, x.failures
+    m.shutdown()  # the manager's: closes the node (finished), then releases the pool
+    assert m.impl.released and x.closed
+    assert x.shutdown() is True
