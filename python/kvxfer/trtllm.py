@@ -1134,13 +1134,16 @@ class KvxferCacheTransceiver:
                             rid, t.key, limit)
                     self._cancel_handle(t)
             if not self._wait_settled(t, time.monotonic() + limit):
-                if self._close_unfinished():
+                with self._lock:  # (a close that finished meanwhile ended it: settled)
+                    settled, unfinished = t.settled, self._close_unfinished()
+                if unfinished and not settled:
                     logger.warning("kvxfer: receive of request %s: node %s did not finish closing, left in flight",
                                    rid, self.instance)
                     return
-                raise RuntimeError("kvxfer: receive of request %s (%s): no event %g s after its cancel: its blocks "
-                                   "may still be written and stay owned (cancel_request answers False)"
-                                   % (rid, t.key, limit))
+                if not settled:
+                    raise RuntimeError("kvxfer: receive of request %s (%s): no event %g s after its cancel: its "
+                                       "blocks may still be written and stay owned (cancel_request answers False)"
+                                       % (rid, t.key, limit))
         with self._lock:
             if self._recvs.get(rid) is t:
                 del self._recvs[rid]
@@ -1354,8 +1357,7 @@ class KvxferCacheTransceiver:
             logger.warning("kvxfer: closing node %s did not finish (%s): TensorRT-LLM's KV pool is kept for the "
                            "rest of the process", self.instance, exc)
         with self._lock:
-            self.closed = True
-            self._close_finished = finished
+            self.closed, self._closing, self._close_finished = True, False, finished
             if finished:
                 self._end_closed()
         return finished

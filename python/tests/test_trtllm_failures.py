@@ -19,6 +19,7 @@ kvxfer/trtllm.py cites):
   - shutdown: what was live ends failed; a close that did not finish keeps
     the pool (the manager's shutdown no longer releases it)."""
 
+import logging
 import tempfile
 import threading
 import time
@@ -549,3 +550,65 @@ def test_refused_shutdown_raises_and_leaves_the_transceiver_open(cluster, timeou
     m.shutdown()  # the manager's: closes the node (finished), then releases the pool
     assert m.impl.released and x.closed
     assert x.shutdown() is True
+
+
+def test_sync_receive_whose_close_finished_meanwhile_ends_failed(cluster, monkeypatch, caplog):
+    """request_and_receive_sync on one thread, the transceiver's shutdown on
+    another: the receive's wait sees the close under way, and the close
+    finishes (every live transfer ended, no write lands any more) before the
+    receive decides. The request ends DISAGG_TRANS_ERROR naming the close,
+    with no "did not finish closing" warning, and nothing is left in flight;
+    the close under way reads as not unfinished once it finished. (Checked
+    to fail without the fix: _closing stayed set after the finished close,
+    so the receive logged that the node did not finish closing and left the
+    request DISAGG_GENERATION_TRANS_IN_PROGRESS.)"""
+    cx, cm, gx, gm = cluster((1, 1), (1, 1))
+    g = gx[0]
+    gm[0].add_sequence(70, [2, 3])
+    req = LlmRequest(70, 6, DisaggregatedParams(ctx_request_id=71, ctx_info_endpoint=cx[0].endpoint))  # never sent
+    real_close, entered, go = g.node.close, threading.Event(), threading.Event()
+
+    def held_close(timeout_ms=5000):
+        entered.set()
+        assert go.wait(20)
+        real_close(timeout_ms)
+
+    monkeypatch.setattr(g.node, "close", held_close)
+    real_wait, waits, res = g._wait_settled, [], {}
+
+    def wait_settled(t, deadline):
+        waits.append(t)
+        got = real_wait(t, deadline)
+        if len(waits) == 2 and not got:  # the receive is about to decide: the close finishes first
+            go.set()
+            wait_until(lambda: "shutdown" in res, 20, "the shutdown to return")
+        return got
+
+    monkeypatch.setattr(g, "_wait_settled", wait_settled)
+
+    def receive():
+        try:
+            res["receive"] = g.request_and_receive_sync(req)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            res["receive"] = exc
+
+    a = threading.Thread(target=receive)
+    b = threading.Thread(target=lambda: res.setdefault("shutdown", g.shutdown()))
+    with caplog.at_level(logging.WARNING, logger="kvxfer.trtllm"):
+        a.start()
+        try:
+            wait_until(lambda: waits, 20, "the receive to wait")
+            b.start()
+            assert entered.wait(20)
+            a.join(30)
+        finally:
+            go.set()
+            a.join(30)
+            if b.ident is not None:
+                b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert res == {"receive": None, "shutdown": True}, res
+    assert "did not finish closing" not in caplog.text, caplog.text
+    assert req.state == S.DISAGG_TRANS_ERROR and "was closed" in g.failures[70], (req.state, g.failures)
+    assert g.check_gen_transfer_complete() and not g._close_unfinished()
+    assert g.shutdown() is True
