@@ -612,3 +612,54 @@ def test_sync_receive_whose_close_finished_meanwhile_ends_failed(cluster, monkey
     assert req.state == S.DISAGG_TRANS_ERROR and "was closed" in g.failures[70], (req.state, g.failures)
     assert g.check_gen_transfer_complete() and not g._close_unfinished()
     assert g.shutdown() is True
+
+
+def test_concurrent_shutdowns_report_no_block_free_while_the_close_is_under_way(cluster, monkeypatch):
+    """A shutdown on another thread whose node close is still draining: a
+    second shutdown() answers False and closes nothing twice, the KV cache
+    manager's shutdown does not release the pool, check_* report nothing,
+    cancel_request answers False (kvxfer may still write the blocks); once
+    the close finished the first answers True, the live receive is reported
+    failed, the cancelled one may be freed, and shutdown() answers True
+    without closing again. (A regression test: it passes without this
+    branch's fixes too.)"""
+    cx, cm, gx, gm = cluster((1, 1), (1, 1))
+    g, m = gx[0], gm[0]
+    reqs = []
+    for rid, blocks in ((80, [2, 3]), (82, [4, 5])):
+        m.add_sequence(rid, blocks)
+        reqs.append(LlmRequest(rid, 6, DisaggregatedParams(ctx_request_id=rid + 1,
+                                                           ctx_info_endpoint=cx[0].endpoint)))  # never sent
+        g.request_and_receive_async(reqs[-1])
+    live, cancelled = reqs
+    real_close, entered, go, calls = g.node.close, threading.Event(), threading.Event(), []
+
+    def held_close(timeout_ms=5000):
+        calls.append(timeout_ms)
+        entered.set()
+        assert go.wait(20)
+        real_close(timeout_ms)
+
+    monkeypatch.setattr(g.node, "close", held_close)
+    res = {}
+    th = threading.Thread(target=lambda: res.setdefault("first", g.shutdown()))
+    th.start()
+    try:
+        assert entered.wait(20)
+        assert g.shutdown() is False
+        m.shutdown()
+        assert not m.impl.released
+        assert tuple(g.check_gen_transfer_status(0)) == ([], [], [])
+        assert tuple(g.check_gen_transfer_status(None)) == ([], [], [])
+        assert not g.cancel_request(cancelled)
+        assert g.has_inflight_transfer(live) and not g.check_gen_transfer_complete()
+    finally:
+        go.set()
+        th.join(30)
+    assert res == {"first": True} and calls == [5000]
+    assert tuple(g.check_gen_transfer_status(0)) == ([], [80], [])
+    assert live.state == S.DISAGG_TRANS_ERROR and "was closed" in g.failures[80]
+    assert g.cancel_request(cancelled) and g.check_gen_transfer_complete()
+    assert g.shutdown() is True and calls == [5000]
+    m.shutdown()
+    assert m.impl.released
