@@ -510,6 +510,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	l, shape := n.eng.Layout(), n.eng.Shape()
 	mine := o.listSettings()
 	pool := newWorkers(o.Concurrency)
+	end := newLastEnd(o.Requests, n.down)
 	var lat []time.Duration
 	// Requests are opened in index order on both sides, so both pools
 	// are allocated in one global order: the oldest unfinished request
@@ -520,11 +521,13 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		sem <- struct{}{}
 		if closed(n.down) {
 			fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
+			end.ended()
 			<-sem
 			continue
 		}
 		if err := n.Err(); err != nil { // out of the etcd cluster: no request can start
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
+			end.ended()
 			<-sem
 			continue
 		}
@@ -536,6 +539,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			ContextParallel: ContextParallel(o)})
 		if err != nil {
 			fail(err)
+			end.ended()
 			<-sem
 			continue
 		}
@@ -547,6 +551,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			// A request opened as it fell (the engine failed those it had)
 			// would otherwise wait for its Hello until the timeout.
 			res := outcome(h.Done(), h.Cancel, n.down)
+			end.ended() // its bytes are checked below, the peer's part is over
 			inflight.Add(-1)
 			d := time.Since(t)
 			if hoptrace.On {
@@ -613,7 +618,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	}
 	wg.Wait()
 	pool.close()
-	rep.PeerDownMidRun = closed(n.down)
+	rep.PeerDownMidRun = end.downMidRun()
 	if err := n.Err(); err != nil {
 		rep.NodeFailed = err.Error()
 	}
@@ -679,15 +684,18 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	var handed handedCount
 	settings := []byte(settingsTag + o.listSettings())
 	pool := newWorkers(o.Concurrency)
+	end := newLastEnd(o.Requests, n.down)
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
 			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
+			end.ended()
 			<-sem
 			continue
 		}
 		if err := n.Err(); err != nil { // as RunGen
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
+			end.ended()
 			<-sem
 			continue
 		}
@@ -701,13 +709,16 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		src, err := n.eng.Pools().AllocWait(ctx, counts)
 		if err != nil {
 			fail(err)
+			end.ended()
 			<-sem
 			continue
 		}
 		wg.Add(1)
 		pool.run(func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed); err != nil {
+			err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
+			end.ended()
+			if err != nil {
 				fail(err)
 				return
 			}
@@ -721,7 +732,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	}
 	wg.Wait()
 	pool.close()
-	rep.PeerDownMidRun = closed(n.down)
+	rep.PeerDownMidRun = end.downMidRun()
 	if err := n.Err(); err != nil {
 		rep.NodeFailed = err.Error()
 	}
@@ -749,6 +760,39 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	default:
 	}
 	return finish(n, rep, t0, cpu0, out)
+}
+
+// lastEnd tells whether the peer was declared down before the run's last
+// request ended (Report.PeerDownMidRun): each request's end calls ended,
+// and the last one reads the peer's state then. A peer that leaves once
+// every request ended (the context process exits while the generation
+// process still checks the last request's bytes) is not down mid-run.
+type lastEnd struct {
+	left   atomic.Int64
+	down   <-chan struct{}
+	midRun atomic.Bool
+}
+
+func newLastEnd(requests int, down <-chan struct{}) *lastEnd {
+	e := &lastEnd{down: down}
+	e.left.Store(int64(requests))
+	return e
+}
+
+// ended notes one request's end (its outcome, or its failure to start).
+func (e *lastEnd) ended() {
+	if e.left.Add(-1) == 0 {
+		e.midRun.Store(closed(e.down))
+	}
+}
+
+// downMidRun is whether the peer was down before the last request ended;
+// with requests that never ended, whether it is down now.
+func (e *lastEnd) downMidRun() bool {
+	if e.left.Load() > 0 {
+		return closed(e.down)
+	}
+	return e.midRun.Load()
 }
 
 // workers runs the jobs handed to it on n long-lived goroutines, as a

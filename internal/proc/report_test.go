@@ -1,0 +1,135 @@
+package proc
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/internal/testlog"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// reportDeadline bounds each wait of these tests: a regression fails with
+// it instead of hanging. It is no speed assertion.
+const reportDeadline = time.Minute
+
+// pairOptions are a ctx and a gen role of one small request list in this
+// process, over shm with no CURVE, on a tiny layout.
+func pairOptions(t *testing.T, requests int) (ctxO, genO Options) {
+	t.Helper()
+	dir := t.TempDir()
+	l := kvcache.Layout{Name: "tiny", Layers: 2, KVHeads: 2, HeadDim: 8, DTypeBytes: 2, TokensPerBlock: 16,
+		Groups: kvcache.FullAttention(2)}
+	base := Options{Insecure: true, Backend: shm.Backend, Layout: &l, PoolBytes: 4 << 20, Workers: 1,
+		Requests: requests, MinTokens: 40, MaxTokens: 100, ChunkTokens: 32, Concurrency: 1, Seed: 1,
+		Heartbeat: 100 * time.Millisecond, HeartbeatMisses: 3, Timeout: 30 * time.Second}
+	ctxO, genO = base, base
+	ctxO.Instance, ctxO.Peer = "ctx", "gen"
+	genO.Instance, genO.Peer = "gen", "ctx"
+	ctxO.Bind, genO.Bind = "ipc://"+filepath.Join(dir, "ctx.sock"), "ipc://"+filepath.Join(dir, "gen.sock")
+	ctxO.PeerEndpoint, genO.PeerEndpoint = genO.Bind, ctxO.Bind
+	return ctxO, genO
+}
+
+// hookWriter calls hook with each line written to it.
+type hookWriter struct{ hook func(line string) }
+
+func (w hookWriter) Write(p []byte) (int, error) {
+	w.hook(string(p))
+	return len(p), nil
+}
+
+// TestGenPeerLeavingAfterTheLastRequestIsNotMidRun: the context process
+// exits as soon as its last request is done, while the generation process
+// may still be checking that request's bytes. Its report then says the
+// peer is down (it is), but not down mid-run: every request had ended.
+// The generation role's last request is held after its READY (its
+// Progress line) until the context role has returned and this role has
+// seen it leave. (Checked to fail: with PeerDownMidRun read after the
+// byte checks, as before, the report said peer_down_mid_run true.)
+func TestGenPeerLeavingAfterTheLastRequestIsNotMidRun(t *testing.T) {
+	ctxO, genO := pairOptions(t, 2)
+	var genLog testlog.Buffer
+	genO.Log = zerolog.New(&genLog)
+	ctxDone := make(chan struct{})
+	var held sync.Once
+	genO.Progress = hookWriter{func(line string) {
+		if line != "ready "+RequestID(genO.Requests-1)+"\n" {
+			return
+		}
+		held.Do(func() {
+			select {
+			case <-ctxDone:
+			case <-time.After(reportDeadline):
+				t.Error("the context role did not return")
+				return
+			}
+			deadline := time.Now().Add(reportDeadline)
+			for !strings.Contains(genLog.String(), "peer fell silent") {
+				if time.Now().After(deadline) {
+					t.Errorf("the generation role did not see the context role leave:\n%s", genLog.String())
+					return
+				}
+				time.Sleep(5 * time.Millisecond) // poll with a deadline
+			}
+		})
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*reportDeadline)
+	defer cancel()
+	var genRep Report
+	var genErr error
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		genRep, genErr = RunGen(ctx, genO, io.Discard)
+	}()
+	ctxRep, ctxErr := RunCtx(ctx, ctxO, io.Discard)
+	close(ctxDone)
+	<-genDone
+	if ctxErr != nil || ctxRep.OK != ctxO.Requests || ctxRep.PeerDownMidRun {
+		t.Fatalf("ctx: %+v, %v", ctxRep, ctxErr)
+	}
+	if genErr != nil || genRep.OK != genO.Requests || genRep.BytesVerified != genRep.Bytes || genRep.Bytes == 0 {
+		t.Fatalf("gen: %+v, %v", genRep, genErr)
+	}
+	if !genRep.PeerDown {
+		t.Fatalf("gen: %+v: the context role had left, want peer_down", genRep)
+	}
+	if genRep.PeerDownMidRun {
+		t.Errorf("gen: %+v: every request was READY before the context role left, want no peer_down_mid_run", genRep)
+	}
+}
+
+// TestLastEnd: a peer down before the last request ended is down mid-run;
+// one down after it is not; with requests that never ended, it is if it
+// is down now.
+func TestLastEnd(t *testing.T) {
+	down := make(chan struct{})
+	e := newLastEnd(2, down)
+	e.ended()
+	close(down)
+	e.ended()
+	if !e.downMidRun() {
+		t.Error("peer down before the last request ended: not mid-run")
+	}
+	down = make(chan struct{})
+	e = newLastEnd(2, down)
+	e.ended()
+	e.ended()
+	close(down)
+	if e.downMidRun() {
+		t.Error("peer down after the last request ended: mid-run")
+	}
+	e = newLastEnd(2, down)
+	e.ended()
+	if !e.downMidRun() {
+		t.Error("peer down with a request that never ended: not mid-run")
+	}
+}
