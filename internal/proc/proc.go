@@ -137,7 +137,7 @@ type Report struct {
 	Requests      int    `json:"requests"`
 	OK            int    `json:"ok"`
 	Failed        int    `json:"failed"`
-	Bytes         uint64 `json:"bytes"`
+	Bytes         uint64 `json:"bytes"` // the successful requests' received (gen) or sent (ctx) bytes, as the engine reports them
 	BytesVerified uint64 `json:"bytes_verified"`
 	Mismatches    int    `json:"mismatches"`
 	LeakedBlocks  int    `json:"leaked_blocks"`
@@ -716,7 +716,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		wg.Add(1)
 		pool.run(func() {
 			defer func() { <-sem; wg.Done() }()
-			err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
+			sent, err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
 			end.ended()
 			if err != nil {
 				fail(err)
@@ -727,6 +727,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				fmt.Fprintf(o.Progress, "done %s\n", RequestID(i))
 			}
 			rep.OK++
+			rep.Bytes += sent
 			mu.Unlock()
 		})
 	}
@@ -836,18 +837,20 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, shape kvcache.Shape, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) error {
+// ctxRequest sends request i and returns the bytes its send reports
+// (kvxfer.Outcome.Bytes) when it succeeded.
+func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, shape kvcache.Shape, i, pl int, src [][]kvcache.BlockID, settings []byte, handed *handedCount) (uint64, error) {
 	tx, err := n.eng.Send(ctx, kvxfer.SendRequest{ID: RequestID(i), PromptLen: pl, Payload: settings})
 	if err != nil {
 		_ = n.eng.Pools().Free(src)
-		return err
+		return 0, err
 	}
 	chunks, err := kvcache.Chunks(pl, o.ChunkTokens, l.TokensPerBlock)
 	if err != nil {
 		tx.Cancel()
 		<-tx.Done()
 		_ = n.eng.Pools().Free(src)
-		return err
+		return 0, err
 	}
 	parts := kvcache.SplitLayers(l.Layers, o.LayerParts)
 	bufs := make([][]byte, len(l.Groups)) // a device pool's blocks go through these
@@ -892,12 +895,12 @@ chunks:
 	res := outcome(tx.Done(), tx.Cancel, n.down)
 	// Done fires only after every pin dropped: the source blocks are ours.
 	if err := n.eng.Pools().Free(src); err != nil {
-		return err
+		return 0, err
 	}
 	if !res.OK {
-		return fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
+		return 0, fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
 	}
-	return nil
+	return res.Bytes, nil
 }
 
 // fillChunk writes request i's pattern for layers part into blocks b0..b1
