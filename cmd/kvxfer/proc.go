@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -77,7 +78,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.StringVar(&f.o.PeerEndpoint, "peer-endpoint", "", "the peer's control endpoint")
 	fl.StringVar(&f.keyFile, "key", "", "this engine's CURVE secret key file (kvxfer keygen)")
 	fl.StringVar(&f.peerPubFile, "peer-key", "", "the peer's CURVE public key file")
-	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only)")
+	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only; refused with --key or --peer-key)")
 	fl.IntVar(&f.o.Device, "device", 0, "CUDA ordinal of this process's GPU (--backend cudaipc: the pool is device memory there)")
 	config.AddFlags(fl, roleDefaults, roleKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
@@ -185,6 +186,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		f.o.Log = f.o.Log.With().Int("pp_rank", f.o.Rank.PP).Logger()
 	}
 	if f.o.Insecure {
+		if err := f.checkInsecureKeys(); err != nil {
+			return err
+		}
 		f.o.Log.Warn().Msg("--insecure: control plane neither authenticated nor encrypted")
 		return nil
 	}
@@ -200,6 +204,23 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		}
 	}
 	return nil
+}
+
+// checkInsecureKeys refuses --insecure given with --key or --peer-key:
+// --insecure turns CURVE off, and the keys were ignored without a word,
+// the user believing the link authenticated.
+func (f *roleFlags) checkInsecureKeys() error {
+	var given []string
+	for _, k := range []struct{ flag, file string }{{"--key", f.keyFile}, {"--peer-key", f.peerPubFile}} {
+		if k.file != "" {
+			given = append(given, fmt.Sprintf("%s %s", k.flag, k.file))
+		}
+	}
+	if len(given) == 0 {
+		return nil
+	}
+	return fmt.Errorf("--insecure with %s: --insecure turns CURVE off, so the keys would be ignored: drop --insecure to authenticate with them, or drop the keys",
+		strings.Join(given, " and "))
 }
 
 // checkTracePath refuses a --trace file this process cannot write, naming

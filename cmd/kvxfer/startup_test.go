@@ -200,3 +200,43 @@ func TestRolePoolTooSmallForTheLongestPrompt(t *testing.T) {
 		}
 	}
 }
+
+// --insecure given with --key or --peer-key is refused before the role
+// runs (nothing bound, no pool mapped), naming --insecure and the key
+// flags: --insecure turns CURVE off, and the keys were ignored without a
+// word beyond the general insecure warning. --insecure alone still
+// passes. (Checked to fail without resolve's checkInsecureKeys: each
+// combination reached the run.)
+func TestRoleRefusesInsecureWithKeys(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"ctx", "gen"} {
+		if _, err := run("keygen", "--out", filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, role := range []string{"ctx", "gen"} {
+		peer := map[string]string{"ctx": "gen", "gen": "ctx"}[role]
+		key, peerKey := filepath.Join(dir, role+".key"), filepath.Join(dir, peer+".pub")
+		base := []string{"--insecure", "--backend", "shm", "--pool", "64MiB",
+			"--bind", "ipc://" + filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://" + filepath.Join(dir, peer+".sock")}
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--key", key}, "--insecure with --key " + key + ": "},
+			{[]string{"--peer-key", peerKey}, "--insecure with --peer-key " + peerKey + ": "},
+			{[]string{"--key", key, "--peer-key", peerKey}, "--insecure with --key " + key + " and --peer-key " + peerKey + ": "},
+		} {
+			o, err := roleOptions(t, role, append(append([]string{}, base...), c.args...)...)
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "the keys would be ignored") {
+				t.Errorf("%s %v: %v, want an error containing %q", role, c.args, err, c.want)
+			}
+			if o.Instance != "" {
+				t.Errorf("%s %v: the role ran", role, c.args)
+			}
+		}
+		if o, err := roleOptions(t, role, base...); err != nil || !o.Insecure {
+			t.Errorf("%s --insecure alone: %v (insecure %v), want it to run", role, err, o.Insecure)
+		}
+	}
+}
