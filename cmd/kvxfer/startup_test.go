@@ -240,3 +240,26 @@ func TestRoleRefusesInsecureWithKeys(t *testing.T) {
 		}
 	}
 }
+
+// A decimal --pool is taken, rounded down to a whole byte count, as users
+// write sizes ("1.5GiB"); before, it was refused with `unknown unit
+// ".5GiB"`. (Small pools here: the role refuses one past the memory
+// available.) A negative one is still refused, naming --pool. (Checked to
+// fail without parseSize's decimals: the unknown unit.)
+func TestRolePoolTakesADecimalSize(t *testing.T) {
+	dir := t.TempDir()
+	for _, role := range []string{"ctx", "gen"} {
+		base := []string{"--insecure", "--backend", "shm", "--bind", "ipc://" + filepath.Join(dir, role+".sock"),
+			"--peer-endpoint", "ipc://" + filepath.Join(dir, "peer.sock")}
+		for pool, want := range map[string]uint64{"1.5MiB": 3 << 19, "0.0625GiB": 64 << 20, "64MiB": 64 << 20, "1000.9": 1000} {
+			o, err := roleOptions(t, role, append([]string{"--pool", pool}, base...)...)
+			if err != nil || o.PoolBytes != want {
+				t.Errorf("%s --pool %s: %d bytes, %v; want %d", role, pool, o.PoolBytes, err, want)
+			}
+		}
+		_, err := roleOptions(t, role, append([]string{"--pool", "-1.5GiB"}, base...)...)
+		if want := `--pool = "-1.5GiB": want a byte count such as 4096, 64KiB, 16MiB or 1.5GiB, not a negative size`; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s --pool -1.5GiB: %v, want an error containing %q", role, err, want)
+		}
+	}
+}

@@ -71,7 +71,7 @@ var Keys = []Key{
 		}},
 	{Name: Pool, Env: "KVXFER_POOL", Type: "size",
 		DefaultDoc: "demo: 2GiB; ctx, gen: 1GiB; bench: sized to the scenario",
-		Usage:      "each engine's block pool size (4096, 64KiB, 2GiB)",
+		Usage:      "each engine's block pool size (4096, 64KiB, 1.5GiB; a decimal rounds down to whole bytes)",
 		apply: func(s *Settings, raw string) string {
 			n, why := parseSize(raw)
 			s.Pool = n
