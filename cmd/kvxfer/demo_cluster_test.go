@@ -80,7 +80,7 @@ func TestClusterFlagErrors(t *testing.T) {
 		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--peer-tp", "2"}, "--peer-tp = 2: more than one rank per instance needs --discovery"},
 		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--discovery-ca", "ca.pem"}, `--discovery-ca = ca.pem: only with --discovery etcd://`},
 		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1", "--discovery-user", "u"}, `--discovery-user = u: only with --discovery etcd://`},
-		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:1", "--cluster", "c", "--discovery-cert", "c.pem"}, `discovery_cert = "c.pem": a TLS setting with the plaintext discovery`},
+		{[]string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:1", "--cluster", "c", "--discovery-cert", "c.pem"}, `--discovery-cert = "c.pem": a TLS setting with the plaintext discovery`},
 		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379", "--cluster", "c", "--tp", "2", "--tp-rank", "2"}, "--tp-rank = 2: want 0..1"},
 		{[]string{"ctx", "--insecure", "--bind", "tcp://127.0.0.1:0", "--discovery", "etcd://127.0.0.1:2379", "--cluster", "c", "--peer-endpoint", "tcp://127.0.0.1:1"}, `--peer-endpoint = "tcp://127.0.0.1:1": with --discovery etcd://`},
 	} {

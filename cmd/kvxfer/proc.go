@@ -65,6 +65,9 @@ type roleFlags struct {
 	o           proc.Options
 	keyFile     string
 	peerPubFile string
+	// settings are the common settings resolve applied, with where each
+	// came from (nameFlags names them).
+	settings *config.Settings
 }
 
 func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
@@ -119,7 +122,11 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	f.settings = &s
 	if err := checkCrossProcessBackend(s, "kvxfer "+cmd.Name()); err != nil {
+		return err
+	}
+	if err := checkTokensPerBlock(&s); err != nil {
 		return err
 	}
 	f.o.Backend = s.Backend
@@ -398,7 +405,7 @@ generation of TP1.`,
 			}
 			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
-			err := run(ctx, f.o, cmd)
+			err := f.nameFlags(run(ctx, f.o, cmd))
 			if errors.Is(err, kvcache.ErrBadRegion) {
 				// A pool the host cannot map says which flag set it.
 				err = fmt.Errorf("--pool = %s: %w", config.FormatSize(f.o.PoolBytes), err)

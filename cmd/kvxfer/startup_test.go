@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 )
 
 // `kvxfer gen` with no context process says at once where it listens and
@@ -260,6 +262,63 @@ func TestRolePoolTakesADecimalSize(t *testing.T) {
 		_, err := roleOptions(t, role, append([]string{"--pool", "-1.5GiB"}, base...)...)
 		if want := `--pool = "-1.5GiB": want a byte count such as 4096, 64KiB, 16MiB or 1.5GiB, not a negative size`; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s --pool -1.5GiB: %v, want an error containing %q", role, err, want)
+		}
+	}
+}
+
+// A value the node (or its engine) refuses is named by the flag the user
+// gave, or the setting's variable, not by the node's config field:
+// before, `--pool 1` said "node: bad config: pool_bytes = 1", a
+// --tokens-per-block past the layout's bound "parallel = {TP:1 PP:1}:
+// kvcache: bad layout: TokensPerBlock = …", and a --metrics-addr in use
+// "kvxfer: MetricsAddr: …". The error still wraps the node's
+// (node.ErrConfig). (Checked to fail without nameFlags and
+// checkTokensPerBlock: each case named the node's field.)
+func TestRoleNamesTheFlagNotTheNodeField(t *testing.T) {
+	dir := t.TempDir()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	static := []string{"--bind", "ipc://" + filepath.Join(dir, "self.sock"), "--peer-endpoint", "ipc://" + filepath.Join(dir, "peer.sock")}
+	// Refused before etcd is dialled: nothing listens at etcd's address.
+	etcd := []string{"--bind", "tcp://127.0.0.1:1", "--discovery", "etcd://127.0.0.1:1", "--cluster", "c"}
+	for _, c := range []struct {
+		env        string // KVXFER_POOL, when set
+		args       []string
+		want, not  string
+		configFail bool // the node's node.ErrConfig, wrapped
+	}{
+		{"", append([]string{"--pool", "1"}, static...), `--pool = "1": holds no block: one block of every layer group of Llama-3.1-8B is`, "pool_bytes", true},
+		{"", append([]string{"--pool", "1KiB"}, static...), `--pool = "1KiB": holds no block`, "pool_bytes", true},
+		{"1", static, `KVXFER_POOL = "1": holds no block`, "pool_bytes", true},
+		{"", append([]string{"--tokens-per-block", "100000000"}, static...), `--tokens-per-block = "100000000": kvcache: bad layout: TokensPerBlock = 100000000, must be ≤ 65536`, "parallel", false},
+		{"", append([]string{"--metrics-addr", held.Addr().String()}, static...), `--metrics-addr = "` + held.Addr().String() + `": metrics: listen on`, "MetricsAddr", false},
+		{"", append([]string{"--instance", "a b"}, static...), `--instance = "a b": contains ' '`, "bad config", true},
+		{"", append([]string{"--peer", "a b"}, static...), `--peer = "a b": contains ' '`, "peers[0]", true},
+		{"", append([]string{"--discovery-ttl", "2h"}, etcd...), `--discovery-ttl = 2h0m0s: want 1s..`, "discovery_ttl", true},
+		{"", append([]string{"--tp", "3"}, etcd...), `--tp = 3, --pp = 1: kvcache: bad parallelism: KVHeads 8 of "Llama-3.1-8B" not divisible by TP 3`, "parallel =", true},
+		{"", append([]string{"--peer-tp", "3"}, etcd...), `--peer-tp = 3, --peer-pp = 1: kvcache: bad parallelism`, "peers[0]", true},
+	} {
+		if c.env != "" {
+			t.Setenv("KVXFER_POOL", c.env)
+		}
+		for _, role := range []string{"ctx", "gen"} {
+			args := append([]string{role, "--insecure", "--backend", "shm", "--max-tokens", "512", "--timeout", "1s"}, c.args...)
+			if c.env == "" && !slices.Contains(c.args, "--pool") {
+				args = append(args, "--pool", "64MiB")
+			}
+			_, err := run(args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), c.not) {
+				t.Errorf("%v: %v, want an error containing %q, not %q", args, err, c.want, c.not)
+			}
+			if c.configFail && !errors.Is(err, node.ErrConfig) {
+				t.Errorf("%v: %v does not wrap node.ErrConfig", args, err)
+			}
+		}
+		if c.env != "" {
+			t.Setenv("KVXFER_POOL", "")
 		}
 	}
 }
