@@ -35,3 +35,25 @@ func TestOpenNamesABindInUseBeforeThePool(t *testing.T) {
 		t.Fatal("the pool was set up before the endpoint in use was named")
 	}
 }
+
+// TestOpenNamesAMetricsAddrInUseBeforeThePool: a metrics address another
+// socket holds fails Open with ErrConfig naming metrics_addr before the
+// pool is set up. (Checked to fail without checkMetricsFree: the pool was
+// set up first, and the error named the engine's MetricsAddr.)
+func TestOpenNamesAMetricsAddrInUseBeforeThePool(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, gc := pair(t, shm.Backend)
+	gc.MetricsAddr = ln.Addr().String()
+	logs := logged(t, &gc)
+	_, err = node.Open(context.Background(), gc)
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), "metrics_addr = \""+gc.MetricsAddr) {
+		t.Fatalf("Open with a metrics address in use: %v, want ErrConfig naming metrics_addr %s", err, gc.MetricsAddr)
+	}
+	if logs.Has("pool revokes") {
+		t.Fatal("the pool was set up before the metrics address in use was named")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -171,6 +172,9 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		if err := zmq.CheckBindFree(cfg.Bind); err != nil {
 			return nil, fmt.Errorf("node: %s: bind: %w", self, err)
 		}
+	}
+	if err := checkMetricsFree(cfg.MetricsAddr); err != nil {
+		return nil, err
 	}
 	var region *kvcache.Region
 	var revoker kvcache.Revoker
@@ -773,6 +777,24 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// checkMetricsFree refuses, before the pool is allocated, a metrics
+// address the engine could not listen on now (a port another socket
+// holds, an address not of this host): ErrConfig naming metrics_addr.
+// "" and port 0 pass; the engine's listen remains the authority.
+func checkMetricsFree(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
+		return nil // Validate names a malformed one
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return bad("metrics_addr", addr, "%v", err)
+	}
+	return ln.Close()
 }
 
 // closedErr is WaitPeers' error once Close has begun: no peer can say

@@ -294,7 +294,7 @@ func TestRoleNamesTheFlagNotTheNodeField(t *testing.T) {
 		{"", append([]string{"--pool", "1KiB"}, static...), `--pool = "1KiB": holds no block`, "pool_bytes", true},
 		{"1", static, `KVXFER_POOL = "1": holds no block`, "pool_bytes", true},
 		{"", append([]string{"--tokens-per-block", "100000000"}, static...), `--tokens-per-block = "100000000": kvcache: bad layout: TokensPerBlock = 100000000, must be ≤ 65536`, "parallel", false},
-		{"", append([]string{"--metrics-addr", held.Addr().String()}, static...), `--metrics-addr = "` + held.Addr().String() + `": metrics: listen on`, "MetricsAddr", false},
+		{"", append([]string{"--metrics-addr", held.Addr().String()}, static...), `--metrics-addr = "` + held.Addr().String() + `": listen tcp`, "MetricsAddr", false},
 		{"", append([]string{"--instance", "a b"}, static...), `--instance = "a b": contains ' '`, "bad config", true},
 		{"", append([]string{"--peer", "a b"}, static...), `--peer = "a b": contains ' '`, "peers[0]", true},
 		{"", append([]string{"--discovery-ttl", "2h"}, etcd...), `--discovery-ttl = 2h0m0s: want 1s..`, "discovery_ttl", true},
