@@ -216,12 +216,21 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // handle's Done unsent for good and a Stop left the session never
 // stopping (Close reported it draining, holding nothing). Never an
 // Unpin, a ReleaseDest or a QuarantineDest (twice, it could release what
-// another took since), nor what goes to a worker or a peer stream
-// (whether it left is not known).
+// another took since), nor a frame that goes to a worker (whether it left
+// is not known). A peer stream's op (Submit) and terminal frame
+// (SendFrame FromStream) do run again: a stream runs synchronously on its
+// session's goroutine and recovers its own panics, so a panic that
+// escaped the effect came before the stream took it — nothing of it left,
+// and nothing would ever report it. Dropped, the op stayed SUBMITTING for
+// good (the session never drained, its pins held, Close undrained), and
+// the terminal frame never reached the peer (a generation side without a
+// deadline waited for it for good).
 func rerunnable(e Effect) bool {
-	switch e.(type) {
-	case Decide, Finish, Stop, StartTimer, Log:
+	switch e := e.(type) {
+	case Decide, Finish, Stop, StartTimer, Log, Submit:
 		return true
+	case SendFrame:
+		return e.FromStream
 	}
 	return false
 }

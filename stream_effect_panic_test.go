@@ -1,0 +1,78 @@
+//go:build kvxfer_invariants
+
+package kvxfer_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+)
+
+// TestSessionPanicRunningAStreamEffectStillEnds: a TxSession panics
+// running an effect for one of its peer streams — a Submit (the op the
+// step marked SUBMITTING), or the stream's terminal SendFrame (its SUCCESS
+// Result). The stream never took it, so nothing would ever report it:
+// dropped, the op stayed SUBMITTING (the session never drained, its pins
+// held) or the generation side, with no deadline, waited for the Result
+// for good. Both sides must end: the context side's Done with every pin
+// dropped, the generation side's outcome and Released, and Close clean.
+func TestSessionPanicRunningAStreamEffectStillEnds(t *testing.T) {
+	for _, name := range []string{"core.Submit", "core.SendFrame"} {
+		t.Run(name, func(t *testing.T) { testPanicRunning(t, name) })
+	}
+}
+
+func testPanicRunning(t *testing.T, name string) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	var hit atomic.Bool
+	hook := func(side string, e actors.Effect) bool {
+		return side == "tx" && fmt.Sprintf("%T", e) == name && hit.CompareAndSwap(false, true)
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	rx, tx := receiveAndSend(t, ce, ge, "sub", 3)
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after a panic running a %s (hook hit %v): the session never drains", name, hit.Load())
+	}
+	if !hit.Load() {
+		t.Fatalf("no %s ran: the test proves nothing", name)
+	}
+	if o.OK {
+		t.Fatalf("tx %s: want the request failed by the panic", o.Status)
+	}
+	for g, st := range ce.Pools().Stats() {
+		if st.Pinned != 0 {
+			t.Fatalf("group %d: %d blocks pinned after Done", g, st.Pinned)
+		}
+	}
+	// The generation side ends too: FAILED, or READY with every byte
+	// when the Result the step decided had left (a SendFrame run again).
+	ro := waitOutcome(t, rx.Done())
+	if ro.OK {
+		if n := verify(t, ge, l, 64, ro.Blocks, 3); n == 0 {
+			t.Fatal("no byte verified")
+		}
+		_ = ge.FreeBlocks(ro.Blocks)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(20 * time.Second):
+		t.Fatal("rx never released")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, e := range []interface{ Close(context.Context) error }{ce, ge} {
+		if err := e.Close(ctx); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	}
+}
