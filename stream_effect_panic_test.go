@@ -11,18 +11,19 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // TestSessionPanicRunningAStreamEffectStillEnds: a TxSession panics
 // running an effect for one of its peer streams — a Submit (the op the
 // step marked SUBMITTING), or the stream's terminal SendFrame (its SUCCESS
-// Result). The stream never took it, so nothing would ever report it:
-// dropped, the op stayed SUBMITTING (the session never drained, its pins
-// held) or the generation side, with no deadline, waited for the Result
-// for good. Both sides must end: the context side's Done with every pin
+// Result) — or a chunk's WatchFence. The stream never took it, so nothing
+// would ever report it: dropped, the op stayed SUBMITTING (the session
+// never drained, its pins held), the generation side, with no deadline,
+// waited for the Result for good, or the chunk's fence was never watched. Both sides must end: the context side's Done with every pin
 // dropped, the generation side's outcome and Released, and Close clean.
 func TestSessionPanicRunningAStreamEffectStillEnds(t *testing.T) {
-	for _, name := range []string{"core.Submit", "core.SendFrame"} {
+	for _, name := range []string{"core.Submit", "core.SendFrame", "core.WatchFence"} {
 		t.Run(name, func(t *testing.T) { testPanicRunning(t, name) })
 	}
 }
@@ -74,5 +75,70 @@ func testPanicRunning(t *testing.T, name string) {
 		if err := e.Close(ctx); err != nil {
 			t.Fatalf("close: %v", err)
 		}
+	}
+}
+
+// watchedFence is a ManualFence that counts its OnReady calls.
+type watchedFence struct {
+	kvxfer.ManualFence
+	watched atomic.Int32
+}
+
+func (f *watchedFence) OnReady(cb func(error)) {
+	f.watched.Add(1)
+	f.ManualFence.OnReady(cb)
+}
+
+// TestSessionPanicRunningWatchFenceWatchesTheChunksFence: the WatchFence a
+// panic interrupted runs again with the chunk's own fence (not one that
+// has fired): the session watches it, and ends only once it fires.
+func TestSessionPanicRunningWatchFenceWatchesTheChunksFence(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPair(t, l)
+	var hit atomic.Bool
+	hook := func(side string, e actors.Effect) bool {
+		_, ok := e.(actors.WatchFence)
+		return side == "tx" && ok && hit.CompareAndSwap(false, true)
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "wf", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "wf", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &watchedFence{}
+	c := kvcache.Chunk{Start: 0, End: 64, Last: true}
+	if err := tx.Chunk(c, c.Runs(l.TokensPerBlock, src), f); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the chunk's own fence watched after the panic", func() bool { return f.watched.Load() == 1 })
+	if !hit.Load() {
+		t.Fatal("no WatchFence ran: the test proves nothing")
+	}
+	select {
+	case o := <-tx.Done():
+		t.Fatalf("tx %s %v before the chunk's fence fired", o.Status, o.Err)
+	default:
+	}
+	f.Fire(nil)
+	if o := waitOutcome(t, tx.Done()); o.OK {
+		t.Fatalf("tx %s: want the request failed by the panic", o.Status)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("source blocks after Done: %v", err)
+	}
+	waitOutcome(t, rx.Done())
+	select {
+	case <-rx.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the generation side never released")
 	}
 }

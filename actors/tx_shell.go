@@ -37,6 +37,8 @@ type txKind struct {
 	s     *TxSession
 	meter *txMeter // nil: metrics off
 	// fence is the fence of the chunk being stepped: WatchFence takes it.
+	// A panic while the chunk's effects run leaves it set, for the
+	// restarted incarnation's run of the WatchFence (rerunnable).
 	fence Fence
 	// streams are the session's peer-stream children by generation rank
 	// index, until their Terminated.
