@@ -291,7 +291,7 @@ func (m *poolModel) apply(op string, ids []BlockID) error {
 			return ErrUnknownBlock
 		}
 		s := st[id]
-		if s == BlockReceiving && !seen[id] && op != "freeReceiving" {
+		if s == BlockReceiving && !seen[id] && op != "freeReceiving" && op != "handOver" && op != "quarantineReceiving" {
 			// A live receive's (Reserve): only FreeReceiving takes it back.
 			switch op {
 			case "release":
@@ -315,14 +315,28 @@ func (m *poolModel) apply(op string, ids []BlockID) error {
 			default:
 				return ErrUnknownBlock // allocated
 			}
-		case "freeReceiving":
+		case "freeReceiving", "handOver", "quarantineReceiving":
 			switch {
 			case s == BlockReceiving && !seen[id]:
-				st[id] = BlockFree
+				st[id] = map[string]BlockState{"freeReceiving": BlockFree, "handOver": BlockAllocated,
+					"quarantineReceiving": BlockQuarantined}[op]
 			case seen[id] || s == BlockFree:
 				return ErrDoubleFree
 			default:
 				return ErrNotReceiving
+			}
+		case "lend":
+			switch {
+			case s == BlockAllocated:
+				st[id] = BlockReceiving
+			case seen[id]:
+				return ErrDoubleFree
+			case s == BlockFree:
+				return ErrBlockFree
+			case s == BlockPinned:
+				return ErrBlockPinned
+			default:
+				return ErrBlockQuarantined
 			}
 		case "free":
 			switch {
@@ -424,11 +438,11 @@ func TestPoolModel(t *testing.T) {
 				}
 			}
 		}
-		t.Repeat(map[string]func(*rapid.T){
-			"alloc": func(t *rapid.T) {
+		allocOp := func(alloc func(int) ([]BlockID, error), to BlockState) func(*rapid.T) {
+			return func(t *rapid.T) {
 				k := rapid.IntRange(0, n+1).Draw(t, "n")
 				free := m.stats().Free
-				ids, err := p.Alloc(k)
+				ids, err := alloc(k)
 				if k > n {
 					if !errors.Is(err, ErrPoolTooSmall) || errors.Is(err, ErrOutOfBlocks) || ids != nil {
 						t.Fatalf("Alloc(%d) of a %d-block pool = %v, %v; want ErrPoolTooSmall", k, n, ids, err)
@@ -448,16 +462,42 @@ func TestPoolModel(t *testing.T) {
 					if id < 0 || int(id) >= n || m.state[id] != BlockFree {
 						t.Fatalf("Alloc returned block %d, which the model has %v", id, m.state[id])
 					}
-					m.state[id] = BlockAllocated
+					m.state[id] = to
 				}
-			},
-			"free":          idsOp("free", p.Free),
-			"pin":           idsOp("pin", p.Pin),
-			"unpin":         idsOp("unpin", p.Unpin),
-			"quarantine":    idsOp("quarantine", p.Quarantine),
-			"release":       idsOp("release", p.ReleaseQuarantine),
-			"reserve":       idsOp("reserve", p.Reserve),
-			"freeReceiving": idsOp("freeReceiving", p.FreeReceiving),
+			}
+		}
+		// Check answers what the call it names would, and changes nothing.
+		checkOp := func(op string, from BlockState, model string) func(*rapid.T) {
+			return func(t *rapid.T) {
+				ids := drawIDs(t)
+				before := snapshot(p)
+				cp := &poolModel{state: slices.Clone(m.state), pins: slices.Clone(m.pins)}
+				want := cp.apply(model, ids)
+				err := p.Check(op, from, ids...)
+				if !errors.Is(err, want) || (want == nil) != (err == nil) {
+					t.Fatalf("Check(%s, %v, %v) = %v, model expects %v", op, from, ids, err, want)
+				}
+				if snapshot(p) != before {
+					t.Fatalf("Check(%s, %v, %v) changed the pool", op, from, ids)
+				}
+			}
+		}
+		t.Repeat(map[string]func(*rapid.T){
+			"alloc":               allocOp(p.Alloc, BlockAllocated),
+			"allocReceiving":      allocOp(p.AllocReceiving, BlockReceiving),
+			"lend":                idsOp("lend", p.Lend),
+			"handOver":            idsOp("handOver", p.HandOver),
+			"quarantineReceiving": idsOp("quarantineReceiving", p.QuarantineReceiving),
+			"checkFree":           checkOp("Free", BlockAllocated, "free"),
+			"checkFreeReceiving":  checkOp("FreeReceiving", BlockReceiving, "freeReceiving"),
+			"checkRelease":        checkOp("ReleaseQuarantine", BlockQuarantined, "release"),
+			"free":                idsOp("free", p.Free),
+			"pin":                 idsOp("pin", p.Pin),
+			"unpin":               idsOp("unpin", p.Unpin),
+			"quarantine":          idsOp("quarantine", p.Quarantine),
+			"release":             idsOp("release", p.ReleaseQuarantine),
+			"reserve":             idsOp("reserve", p.Reserve),
+			"freeReceiving":       idsOp("freeReceiving", p.FreeReceiving),
 			"": func(t *rapid.T) {
 				if err := p.CheckInvariants(); err != nil {
 					t.Fatal(err)
