@@ -140,7 +140,9 @@
 //     changed, and it may speak for the frame's sender (identity);
 //  5. binding: a connection (a ROUTER routing id) must say Hello first
 //     (no_hello), and every later frame on it must name the Hello's PeerID
-//     as Sender; a second Hello on the connection may not change the
+//     as Sender and, when the Hello named an incarnation, no other
+//     incarnation as its FromIncarnation (one naming none is taken as the
+//     Hello's; sender); a second Hello on the connection may not change the
 //     PeerID, nor claim the listener's own (sender); a PeerID stays bound
 //     to the key of its first Hello while it is alive (taken); bounds
 //     (full); a Hello of an incarnation RemovePeer forgot puts nothing

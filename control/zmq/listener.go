@@ -255,7 +255,13 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		s.reject(RejectSender, id, key, b, "%T of request %q claims sender %s on a connection that said Hello as %s",
 			f, f.Request(), f.Sender(), b.peer)
 		return
-	case inv != nil:
+	}
+	if claimed, ok := ownIncarnation(b, f); !ok {
+		s.reject(RejectSender, id, key, b, "%T of request %q claims incarnation %d of %s on a connection whose Hello named incarnation %d",
+			f, f.Request(), claimed, b.peer, b.inc)
+		return
+	}
+	if inv != nil {
 		s.deliver(f)
 		return
 	}
@@ -292,6 +298,41 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())
 	}
+}
+
+// ownIncarnation holds frame f, on connection b, to the incarnation b's
+// Hello named (b.inc): a connection is one process's, and its frames are
+// that incarnation's whatever they claim. A frame naming no incarnation
+// (FromIncarnation 0) is taken as b's; one naming another is refused
+// (false, with the incarnation it claimed): it would be taken, by the
+// request it names, for another incarnation's answer or proof. A Hello
+// that named none (a peer that predates incarnations) holds its frames
+// to none.
+func ownIncarnation(b *binding, f messages.Frame) (claimed uint64, ok bool) {
+	if b.inc == 0 {
+		return 0, true
+	}
+	var in *messages.Incarnations
+	switch m := f.(type) {
+	case *messages.RequestData:
+		in = &m.Incarnations
+	case *messages.Result:
+		in = &m.Incarnations
+	case *messages.Cancel:
+		in = &m.Incarnations
+	case *messages.CancelAck:
+		in = &m.Incarnations
+	default:
+		return 0, true
+	}
+	switch in.FromIncarnation {
+	case 0:
+		in.FromIncarnation = b.inc
+	case b.inc:
+	default:
+		return in.FromIncarnation, false
+	}
+	return 0, true
 }
 
 // hello binds a connection to the PeerID of its Hello and stores the Hello.
