@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,5 +75,54 @@ func TestForgottenPeersFreeTheirConnections(t *testing.T) {
 		if s.conns[c] != nil {
 			t.Fatalf("connection %s of forgotten gen/1 still bound while room was needed", c)
 		}
+	}
+}
+
+// A peer RemovePeer forgot (an etcd Down) is forgotten by the listener too
+// once its silence has put it down: its liveness entry, and when
+// OnPeerAlive was last told of it. Before, only a peer the full directory
+// forgot was (forgetPeer); with RemovePeer the directory never fills, so
+// with names that come and go (restarted pods under new names, each Down
+// removed) every name ever heard stayed in liveness, walked at each expiry
+// and each wait, and in OnPeerAlive's table: memory and work that grew
+// for as long as the link lived.
+func TestRemovedPeersAreForgottenOnceDown(t *testing.T) {
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	s := bareListener(t, clock)
+	s.l.cfg.OnPeerAlive = func(messages.PeerID) {}
+	downs := 0
+	s.l.cfg.OnPeerDown = func(messages.PeerID) { downs++ }
+	const names = 50
+	for i := range names {
+		id := pid(fmt.Sprintf("gen-%d", i), 0)
+		conn := fmt.Sprintf("c%d", i)
+		h := helloOf(id, conn)
+		h.Incarnation = uint64(i + 1)
+		s.handle(conn, mustEncode(t, h), "", 1)
+		s.handle(conn, mustEncode(t, &messages.Heartbeat{From: id, Seq: 1}), "", 1)
+		if !s.live.tracks(id) {
+			t.Fatalf("%s not tracked after its Hello (%+v)", id, s.l.Stats().Rejected)
+		}
+		s.l.RemovePeer(id)
+		clock.advance(time.Hour) // silence: it goes down
+		s.live.expire(clock.now(), s.down)
+	}
+	if downs != names {
+		t.Fatalf("OnPeerDown told %d times, want once for each of the %d removed names", downs, names)
+	}
+	if n := len(s.live.peers); n != 0 {
+		t.Fatalf("liveness still tracks %d of %d names RemovePeer forgot, all down", n, names)
+	}
+	if n := len(s.told); n != 0 {
+		t.Fatalf("OnPeerAlive's table still holds %d of %d names RemovePeer forgot, all down", n, names)
+	}
+	// A name said Hello again after its removal is a peer as any other.
+	id := pid("gen-0", 0)
+	h := helloOf(id, "again")
+	h.Incarnation = 100
+	s.handle("again", mustEncode(t, h), "", 1)
+	if _, err := s.l.Hello(id); err != nil || !s.live.tracks(id) {
+		t.Fatalf("gen-0/0 back after its removal: Hello %v, tracked %v", err, s.live.tracks(id))
 	}
 }

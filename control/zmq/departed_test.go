@@ -537,7 +537,9 @@ func TestDepartedBeatingIncarnationKeepsItsBindings(t *testing.T) {
 		f.beat("c1", seq+1, f.old.public)
 		f.s.live.expire(f.clock.now(), f.s.down)
 	}
-	if !f.s.live.isDown(f.peer) {
+	// Down by silence, and so forgotten by liveness (a name RemovePeer
+	// forgot): either way, forgetDownConns may drop its bindings.
+	if f.s.live.tracks(f.peer) && !f.s.live.isDown(f.peer) {
 		t.Fatal("the removed name is not down by silence: the test no longer tests what it says")
 	}
 	// Another peer, with a key of its own, fills the table.

@@ -590,16 +590,25 @@ func (s *listener) alive(p messages.PeerID, now time.Time) {
 	s.l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
 }
 
-// down marks a silent peer down and tells OnPeerDown.
+// down marks a silent peer down and tells OnPeerDown. A peer no longer
+// in the directory (RemovePeer forgot it) is then forgotten here too
+// (forgetPeer), as one the full directory forgot: else, with names that
+// come and go, liveness would hold every name ever heard. Its bindings
+// stay until forgetDownConns needs the room; a Hello of the name tracks
+// it again.
 func (s *listener) down(p messages.PeerID) {
 	s.l.mu.Lock()
-	if info := s.l.peers[p]; info != nil {
+	info := s.l.peers[p]
+	if info != nil {
 		info.down = true
 	}
 	s.l.mu.Unlock()
 	s.l.log.Warn().Stringer("peer", p).Dur("silence", s.live.timeout).Msg("control/zmq: peer down (missed heartbeats)")
 	if s.l.cfg.OnPeerDown != nil {
 		s.l.cfg.OnPeerDown(p)
+	}
+	if info == nil {
+		s.forgetPeer(p)
 	}
 }
 
