@@ -59,9 +59,10 @@ type Config struct {
 	// said Hello falls silent; it must not block. Optional.
 	OnPeerDown func(messages.PeerID)
 	// OnHello is called, on the listener goroutine, with a peer's Hello
-	// when it binds a new connection or names another incarnation or
-	// process than the peer's Hello before (not for the periodic repeats);
-	// it must not block. Optional.
+	// when it is the peer's first or names another incarnation or process
+	// than the peer's Hello before (not for the periodic repeats, nor for
+	// the same Hello on another connection of the peer); it must not
+	// block. Optional.
 	OnHello func(*messages.Hello)
 	// OnPeerAlive is called, on the listener goroutine, when a frame or
 	// heartbeat of a peer that said Hello arrives, at most once per

@@ -410,7 +410,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	if s.live.hello(p, now) {
 		l.log.Info().Stringer("peer", p).Msg("control/zmq: peer is back")
 	}
-	if l.cfg.OnHello != nil && (b == nil || prev == nil || prev.Incarnation != h.Incarnation || prev.Process != h.Process) {
+	if l.cfg.OnHello != nil && (prev == nil || prev.Incarnation != h.Incarnation || prev.Process != h.Process) {
 		l.cfg.OnHello(h)
 	}
 	s.tellAlive(p, now)
