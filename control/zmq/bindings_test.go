@@ -126,3 +126,45 @@ func TestRemovedPeersAreForgottenOnceDown(t *testing.T) {
 		t.Fatalf("gen-0/0 back after its removal: Hello %v, tracked %v", err, s.live.tracks(id))
 	}
 }
+
+// A peer that restarts again and again while never down long enough (a
+// crash loop under one name) does not fill maxConns with its superseded
+// incarnations' bindings: once room is needed they go, and its newest
+// incarnation's Hello, or another peer's, is taken. (Checked to fail:
+// without forgetDownConns' superseded pass the third incarnation's Hello
+// was refused, the table full of the first two's bindings.)
+func TestSupersededIncarnationsFreeTheirConnections(t *testing.T) {
+	oldConns := maxConns
+	maxConns = 3
+	t.Cleanup(func() { maxConns = oldConns })
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	s := bareListener(t, clock)
+	hello := func(conn string, id messages.PeerID, inc uint64) {
+		t.Helper()
+		before := s.l.Rejected()
+		h := helloOf(id, conn)
+		h.Incarnation = inc
+		s.handle(conn, mustEncode(t, h), "", 1)
+		if n := s.l.Rejected(); n != before {
+			t.Fatalf("Hello of incarnation %d of %s on connection %s rejected (%+v)", inc, id, conn, s.l.Stats().Rejected)
+		}
+	}
+	gen := pid("gen", 1)
+	hello("a1", gen, 1)
+	hello("a2", gen, 1)
+	hello("b1", gen, 2) // restarted: the table is full
+	hello("c1", gen, 3) // restarted again, never down
+	for _, c := range []string{"a1", "a2"} {
+		if s.conns[c] != nil {
+			t.Fatalf("connection %s of superseded incarnation 1 still bound while room was needed", c)
+		}
+	}
+	if b := s.conns["c1"]; b == nil || b.inc != 3 {
+		t.Fatalf("the newest incarnation's connection: %+v, want bound to incarnation 3", b)
+	}
+	if len(s.conns) > maxConns {
+		t.Fatalf("%d bindings, want at most %d", len(s.conns), maxConns)
+	}
+	hello("d1", pid("gen", 2), 7) // another peer finds room too
+}

@@ -531,6 +531,17 @@ func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
 // beating keeps its bindings, though its name goes down by silence (its
 // beats are no life of the name): its last Result or CancelAck on them is
 // a proof the other side waits for.
+//
+// When that frees nothing, the bindings of superseded incarnations go: a
+// connection whose Hello named another incarnation than the one the
+// directory holds for its peer now (a restarted process's old ones).
+// Otherwise a peer that restarts again and again without ever being down
+// long enough (a crash loop) left its old incarnations' bindings for
+// good, and once they filled maxConns every new connection's Hello, of
+// any peer, was refused. A superseded process still alive that sends on
+// such a connection is refused (no Hello on it) until it repeats its
+// Hello there; a Result or CancelAck it sends meanwhile is lost, which
+// leaves the pages it names quarantined: nothing is freed for it.
 func (s *listener) forgetDownConns(now time.Time) bool {
 	n := len(s.conns)
 	s.pruneDepartedBeats(now)
@@ -539,6 +550,22 @@ func (s *listener) forgetDownConns(now time.Time) bool {
 			continue
 		}
 		if s.live.isDown(b.peer) || !s.live.tracks(b.peer) {
+			delete(s.conns, id)
+		}
+	}
+	if len(s.conns) < n {
+		return true
+	}
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	for id, b := range s.conns {
+		if b.inc == 0 {
+			continue
+		}
+		if _, beating := s.departedBeat[goneInc{b.peer, b.inc}]; beating && s.l.departedInc(b.peer, b.inc) {
+			continue
+		}
+		if info := s.l.peers[b.peer]; info != nil && info.hello != nil && info.hello.Incarnation != 0 && info.hello.Incarnation != b.inc {
 			delete(s.conns, id)
 		}
 	}
