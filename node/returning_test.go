@@ -109,26 +109,34 @@ func TestReceiveWaitsForARestartedWritersHello(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("Receive while ctx/0's new incarnation had not said Hello: %v", r.err)
 	}
+	sendAndVerify(t, ctx2, genN, r.rx, "after", "request from ctx/0's new incarnation")
+}
+
+// sendAndVerify sends request id (32 tokens) from ctxN while rx, its
+// receive at genN, waits, and checks that rx ends READY with every byte
+// the pattern's (what names the request in a failure).
+func sendAndVerify(t *testing.T, ctxN, genN *node.Node, rx *kvxfer.RxHandle, id, what string) {
+	t.Helper()
 	sent := make(chan error, 1)
-	go func() { sent <- send(ctx2.Engine(), kvxfer.SendRequest{ID: "after", PromptLen: 32}, pattern) }()
+	go func() { sent <- send(ctxN.Engine(), kvxfer.SendRequest{ID: id, PromptLen: 32}, pattern) }()
 	var o kvxfer.Outcome
 	select {
-	case o = <-r.rx.Done():
+	case o = <-rx.Done():
 	case <-time.After(patience):
-		t.Fatalf("no outcome within %v", patience)
+		t.Fatalf("%s: no outcome within %v", what, patience)
 	}
 	if !o.OK {
-		t.Fatalf("request from ctx/0's new incarnation: %s: %v", o.Status, o.Err)
+		t.Fatalf("%s: %s: %v", what, o.Status, o.Err)
 	}
 	if err := <-sent; err != nil {
 		t.Fatal(err)
 	}
-	n, err := verify(genN.Engine(), "after", o.Blocks, pattern)
+	n, err := verify(genN.Engine(), id, o.Blocks, pattern)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n != o.Bytes || n == 0 {
-		t.Fatalf("verified %d bytes, READY says %d", n, o.Bytes)
+		t.Fatalf("%s: verified %d bytes, READY says %d", what, n, o.Bytes)
 	}
 	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
 		t.Fatal(err)
@@ -213,30 +221,7 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	genN.Apply(discovery.Event{Kind: discovery.EventDown, Instance: "ctx", Incarnation: inc1, Reason: discovery.ReasonLeaseExpired})
-	sent := make(chan error, 1)
-	go func() { sent <- send(ctx2.Engine(), kvxfer.SendRequest{ID: "r", PromptLen: 32}, pattern) }()
-	var o kvxfer.Outcome
-	select {
-	case o = <-rx.Done():
-	case <-time.After(patience):
-		t.Fatalf("no outcome within %v", patience)
-	}
-	if !o.OK {
-		t.Fatalf("a request addressed to ctx/0's second incarnation, after the Down of its first: %s: %v", o.Status, o.Err)
-	}
-	if err := <-sent; err != nil {
-		t.Fatal(err)
-	}
-	n, err := verify(genN.Engine(), "r", o.Blocks, pattern)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != o.Bytes || n == 0 {
-		t.Fatalf("verified %d bytes, READY says %d", n, o.Bytes)
-	}
-	if err := genN.Engine().FreeBlocks(o.Blocks); err != nil {
-		t.Fatal(err)
-	}
+	sendAndVerify(t, ctx2, genN, rx, "r", "a request addressed to ctx/0's second incarnation, after the Down of its first")
 }
 
 // TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor: ctx/0's
