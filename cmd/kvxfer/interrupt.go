@@ -32,7 +32,7 @@ func interruptible(parent context.Context) (ctx context.Context, got func() sysc
 			mu.Lock()
 			sig, _ = s.(syscall.Signal)
 			mu.Unlock()
-			fmt.Fprintf(interruptOut, "kvxfer: %s: stopping; live requests drain first (signal again to exit at once, without draining)\n", sigName(sig))
+			fmt.Fprintf(interruptOut, "kvxfer: %s: stopping; live requests are cancelled, and their writes drain first (signal again to exit at once, without draining)\n", sigName(sig))
 			cancel()
 		case <-done:
 			return

@@ -299,7 +299,7 @@ func TestRoleNamesARequestListMismatch(t *testing.T) {
 }
 
 // TestSecondSignalExitsAtOnce: the first SIGTERM cancels the run's
-// context and says that live requests drain first and that a second
+// context and says that live requests are cancelled and their writes drain first and that a second
 // signal exits at once; the second exits (128 + its number) without
 // waiting, after the force-exit hooks (a demo's children killed).
 func TestSecondSignalExitsAtOnce(t *testing.T) {
@@ -328,7 +328,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if got() != syscall.SIGTERM {
 		t.Fatalf("got %v", got())
 	}
-	waitFor(t, &out, "SIGTERM: stopping; live requests drain first (signal again to exit at once")
+	waitFor(t, &out, "SIGTERM: stopping; live requests are cancelled, and their writes drain first (signal again to exit at once")
 	select {
 	case code := <-exited:
 		t.Fatalf("one signal exited (%d)", code)
