@@ -79,13 +79,17 @@ func (c Chunk) Blocks(tokensPerBlock int) (first, end int) {
 
 // Runs is the chunk's blocks as one run per group over a request's block
 // ids: ids[g] lists group g's blocks from block 0. A group with no blocks
-// (ids[g] empty) gets an empty run.
+// (ids[g] empty) gets an empty run. A group whose ids end before the
+// chunk's blocks do gets the run its ids reach (short, or empty), which a
+// TxHandle.Chunk refuses naming the group and the blocks missing
+// (ErrMissingSource): a framework's block table shorter than its prompt
+// is the caller's mistake to name, not a panic.
 func (c Chunk) Runs(tokensPerBlock int, ids [][]BlockID) []BlockRun {
 	b0, b1 := c.Blocks(tokensPerBlock)
 	runs := make([]BlockRun, len(ids))
 	for g, gi := range ids {
 		if len(gi) > 0 {
-			runs[g] = BlockRun{First: b0, IDs: gi[b0:b1]}
+			runs[g] = BlockRun{First: b0, IDs: gi[min(b0, len(gi)):min(b1, len(gi))]}
 		}
 	}
 	return runs

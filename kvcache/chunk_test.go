@@ -220,3 +220,22 @@ func TestSplitLayers(t *testing.T) {
 		t.Fatalf("parts %v: want 5 covering 32 layers", got)
 	}
 }
+
+// TestChunkRunsOfShortIDs: a group's block ids that end before the
+// chunk's blocks give a short (or empty) run starting at the chunk's
+// first block, not a panic: the caller's Chunk is then refused naming
+// what is missing. (Checked to fail: the slice of ids past their end
+// panicked.)
+func TestChunkRunsOfShortIDs(t *testing.T) {
+	c := Chunk{Start: 32, End: 64} // blocks [2, 4) of 16 tokens
+	runs := c.Runs(16, [][]BlockID{{10, 11, 12}, {20}, {30, 31, 32, 33, 34}})
+	if r := runs[0]; r.First != 2 || len(r.IDs) != 1 || r.IDs[0] != 12 {
+		t.Errorf("group 0 (ids end mid-chunk): %+v, want First 2, IDs [12]", r)
+	}
+	if r := runs[1]; r.First != 2 || len(r.IDs) != 0 || r.End() >= 4 {
+		t.Errorf("group 1 (ids end before the chunk): %+v, want an empty run at 2", r)
+	}
+	if r := runs[2]; r.First != 2 || len(r.IDs) != 2 || r.IDs[0] != 32 || r.End() != 4 {
+		t.Errorf("group 2 (ids cover it): %+v, want First 2, IDs [32 33]", r)
+	}
+}
