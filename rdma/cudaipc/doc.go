@@ -96,7 +96,9 @@
 // releases both leases, then calls Done. Done callbacks of one endpoint
 // therefore run one at a time, in post order, on the poller goroutine.
 // Flush adds a marker to the same queue: it completes after every earlier
-// batch (events of one stream complete in order). A driver error while
+// batch (events of one stream complete in order). A Flush right behind a
+// batch that ended unproven (below) completes with that batch's
+// rdma.ErrCloseUnproven, not nil. A driver error while
 // enqueueing refuses the batch when nothing was enqueued, else completes it
 // with a *rdma.SegmentError naming the first segment not enqueued. An end
 // that proves nothing about the copies already enqueued — the event

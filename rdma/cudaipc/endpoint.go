@@ -44,6 +44,12 @@ type endpoint struct {
 	evMu   sync.Mutex
 	events []*cuda.Event // idle events, reused by Post
 
+	// lastUnproven is why the last batch completed ended without proof
+	// that its copies are over (nil when it had one): a Flush completing
+	// right behind it proves nothing either. Only the queue's callbacks,
+	// which run one at a time, touch it.
+	lastUnproven error
+
 	closeOnce sync.Once // concurrent Closes wait for the first
 	closeErr  error
 }
@@ -206,6 +212,9 @@ func (e *endpoint) Post(b rdma.Batch) error {
 			// §3 counts no such proof), whatever the driver does.
 			unproven = fmt.Errorf("%s: %w: the batch's event reported %w", e.name, rdma.ErrCloseUnproven, err)
 		}
+		// A later batch's proof (its event, or a synchronisation) covers
+		// this one too: a stream runs its work in order.
+		e.lastUnproven = unproven
 		switch {
 		case failed != nil:
 			err = failed
@@ -388,7 +397,10 @@ func (e *endpoint) recycle(ev *cuda.Event) {
 
 // Flush calls done once every batch posted earlier has completed: a
 // marker behind the endpoint's last event in its ordered queue (events of
-// one stream complete in order, so no event of its own is needed).
+// one stream complete in order, so no event of its own is needed). When
+// the last batch completed before it ended without proof that its copies
+// are over (rdma.ErrCloseUnproven), done gets that error: the copies may
+// still run.
 func (e *endpoint) Flush(done func(err error)) {
 	e.mu.Lock()
 	if e.closed {
@@ -396,7 +408,14 @@ func (e *endpoint) Flush(done func(err error)) {
 		done(fmt.Errorf("%s: flush: %w", e.name, rdma.ErrEndpointClosed))
 		return
 	}
-	err := e.q.Add(nil, done)
+	err := e.q.Add(nil, func(err error) {
+		if err == nil && e.lastUnproven != nil {
+			// The batch before the marker ended without proof: its
+			// copies may still run.
+			err = fmt.Errorf("%s: flush: %w", e.name, e.lastUnproven)
+		}
+		done(err)
+	})
 	e.mu.Unlock()
 	if err != nil {
 		done(fmt.Errorf("%s: flush: %w: %v", e.name, rdma.ErrEndpointClosed, err))

@@ -263,3 +263,53 @@ func TestEventErrorChild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFlushAfterUnprovenBatch: a batch whose event reported an error
+// instead of completing ends unproven (its copies may still run); a Flush
+// posted behind it must not then report nil, which says that every batch
+// posted before it has landed or failed (rdma: a Flush callback proves its
+// endpoint's earlier batches quiescent). (Checked to fail without the fix:
+// the Flush marker completed nil right behind the unproven batch, the copy
+// still running.)
+func TestFlushAfterUnprovenBatch(t *testing.T) {
+	out, err := runOnFakeEnv(t, "^TestFlushAfterUnprovenChild$", "FAKECUDA_FAIL_QUERY=1", "FAKECUDA_COPY_DELAY_US=300000")
+	if !bytes.Contains([]byte(out), []byte("--- PASS: TestFlushAfterUnprovenChild ")) {
+		t.Fatalf("on the fake driver (%v):\n%s", err, out)
+	}
+}
+
+func TestFlushAfterUnprovenChild(t *testing.T) {
+	if os.Getenv("FAKECUDA_FAIL_QUERY") != "1" {
+		t.Skip("runs on the fake driver with failing event queries (TestFlushAfterUnprovenBatch)")
+	}
+	d := gpu(t)
+	const n = 64 << 10
+	sm, dm := devMem(t, d, n, 5), devMem(t, d, n, 6)
+	s, r := agent(t), agent(t)
+	src, dst, ep := linked(t, s, r, sm, dm, n)
+	done := postAll(t, ep, src, dst, n)
+	flushed := make(chan error, 1)
+	ep.Flush(func(err error) { flushed <- err }) // queued behind the batch
+	if got := wait(t, done, "Done"); !errors.Is(got, rdma.ErrCloseUnproven) {
+		t.Fatalf("Done of a batch whose event reported an error: %v, want ErrCloseUnproven", got)
+	}
+	if got := wait(t, flushed, "the Flush behind the batch"); !errors.Is(got, rdma.ErrCloseUnproven) {
+		t.Errorf("Flush behind a batch whose end is unproven: %v, want ErrCloseUnproven", got)
+	}
+	later := make(chan error, 1)
+	ep.Flush(func(err error) { later <- err }) // nothing proved it since
+	if got := wait(t, later, "a later Flush"); !errors.Is(got, rdma.ErrCloseUnproven) {
+		t.Errorf("a later Flush, nothing posted since the unproven batch: %v, want ErrCloseUnproven", got)
+	}
+	// Let the copy land before the memory is freed at cleanup.
+	deadline := time.Now().Add(time.Minute)
+	for !bytes.Equal(read(t, d, dm.Ptr(), n), pattern(n, 5)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy never landed")
+		}
+		runtime.Gosched()
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
