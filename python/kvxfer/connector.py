@@ -233,13 +233,17 @@ class KvxferSchedulerConnector:
         """(context instance, its request id) of a decode request whose
         kv_transfer_params ask for a remote prefill (do_remote_prefill), or
         None. The params come from the client's JSON body: a value of the
-        wrong type is None too (with warn, a warning naming it), as NIXL's
-        'Got invalid KVTransferParams ... will not utilize KVTransfer'."""
+        wrong type, or a missing one, is None too (with warn, a warning
+        naming it), as NIXL's 'Got invalid KVTransferParams ... will not
+        utilize KVTransfer'. remote_request_id has no default: this
+        request's own id is not the prefill's (vLLM makes its internal ids
+        unique per engine), and a receive under it would wait for a send
+        that never comes until the transfer timeout."""
         params = _params(request)
         if not params.get("do_remote_prefill"):
             return None
         instance = params.get("remote_instance")
-        remote_id = params.get("remote_request_id", request.request_id)
+        remote_id = params.get("remote_request_id")
         bad = None
         if not isinstance(instance, str) or not instance:
             bad = "remote_instance = %r (want the prefill instance's name)" % (instance,)

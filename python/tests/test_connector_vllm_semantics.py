@@ -208,6 +208,10 @@ def test_decode_prefix_hit_blocks_are_not_written():
     {"do_remote_prefill": True},                                        # no remote_instance
     {"do_remote_prefill": True, "remote_instance": "p", "remote_request_id": None},
     {"do_remote_prefill": True, "remote_instance": 7, "remote_request_id": "r"},
+    # No remote_request_id: the decode request's own id never names the
+    # prefill's send (vLLM makes internal ids unique per engine), so a
+    # receive under it would only end at the transfer timeout.
+    {"do_remote_prefill": True, "remote_instance": "p"},
 ])
 def test_malformed_kv_transfer_params(params, caplog):
     """kv_transfer_params come from the client's JSON body. NIXL checks them
