@@ -72,7 +72,7 @@ def node_cfg(name, endpoint, secret, peers, kv_device="cpu", **kw):
     """A kvxfer config as the SGLang backend takes it: node keys, the
     layout, and the backend's own keys."""
     cfg = {"instance": name, "layout": dict(LAYOUT), "backend": "ucx", "workers": 2, "bind": endpoint,
-           "secret_key": secret, "peers": peers, "transfer_timeout": "20s", "heartbeat_interval": "200ms",
+           "secret_key": secret, "peers": peers, "transfer_timeout": "20s", "heartbeat_interval": "200ms", "heartbeat_misses": 8,
            "kv_device": kv_device}
     cfg.update(kw)
     return cfg

@@ -294,7 +294,8 @@ def instance_configs(tmp, name, parallel, peer_name, peer_parallel, secret, peer
     out = []
     for r in range(tp * pp):
         cfg = {"instance": name, "backend": "ucx", "workers": 2, "bind": "ipc://%s/%s-%d.sock" % (tmp, name, r),
-               "secret_key": secret, "peers": peers, "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+               "secret_key": secret, "peers": peers, "transfer_timeout": "20s", "heartbeat_interval": "200ms",
+               "heartbeat_misses": 8}
         cfg.update(kw)
         out.append({k: v for k, v in cfg.items() if v is not None})  # None: the key left out
     return out
