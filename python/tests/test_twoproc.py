@@ -34,7 +34,8 @@ def run_pair(backend, prompt=300, chunk=128, fail_fence=False):
     with tempfile.TemporaryDirectory(prefix="kvx") as d:
         ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
         common = {"model": "Llama-3.1-8B", "tokens_per_block": 16, "pool_bytes": 64 << 20, "backend": backend, "workers": 2,
-                  "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+                  "transfer_timeout": "20s", "heartbeat_interval": "200ms",
+                  "heartbeat_misses": 8}
         ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
                        peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
         gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
@@ -81,7 +82,8 @@ def test_two_vllm_instances_through_the_worker_connector():
     p_name, d_name = unique("cn-prefill"), unique("cn-decode")
     with tempfile.TemporaryDirectory(prefix="kvx") as d:
         p_ep, d_ep = "ipc://%s/p.sock" % d, "ipc://%s/d.sock" % d
-        common = {"backend": "ucx", "workers": 2, "transfer_timeout_ms": 20000, "heartbeat_interval": "200ms"}
+        common = {"backend": "ucx", "workers": 2, "transfer_timeout_ms": 20000, "heartbeat_interval": "200ms",
+                  "heartbeat_misses": 8}
         p_cfg = dict(common, instance=p_name, bind=p_ep, secret_key=p_sec,
                      peers=[{"instance": d_name, "endpoint": d_ep, "public_key": d_pub}])
         d_cfg = dict(common, instance=d_name, bind=d_ep, secret_key=d_sec,
@@ -121,7 +123,8 @@ def test_two_processes_gpu_memory_over_cudaipc():
         if lib is None:
             pytest.skip(why)
         ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
-        common = {"backend": "cudaipc", "workers": 2, "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+        common = {"backend": "cudaipc", "workers": 2, "transfer_timeout": "20s", "heartbeat_interval": "200ms",
+                  "heartbeat_misses": 8}
         ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
                        peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
         gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
@@ -168,7 +171,8 @@ def test_close_that_times_out_keeps_the_memory_alive():
     with tempfile.TemporaryDirectory(prefix="kvx") as d:
         ctx_ep, gen_ep = "ipc://%s/c.sock" % d, "ipc://%s/g.sock" % d
         common = {"model": "Llama-3.1-8B", "tokens_per_block": 16, "pool_bytes": 64 << 20, "backend": "ucx", "workers": 2,
-                  "transfer_timeout": "20s", "heartbeat_interval": "200ms"}
+                  "transfer_timeout": "20s", "heartbeat_interval": "200ms",
+                  "heartbeat_misses": 8}
         ctx_cfg = dict(common, instance=ctx_name, bind=ctx_ep, secret_key=ctx_sec, send_only=True,
                        peers=[{"instance": gen_name, "endpoint": gen_ep, "public_key": gen_pub}])
         gen_cfg = dict(common, instance=gen_name, bind=gen_ep, secret_key=gen_sec,
