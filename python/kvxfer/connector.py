@@ -228,6 +228,7 @@ class KvxferSchedulerConnector:
         self._handed = {}    # producer: request id -> tokens handed over so far
         self._prompt = {}    # producer: request id -> prompt length, of P/D requests only
         self._preempted = {}  # producer: request id -> times preempted
+        self._warned = set()  # consumer: request ids whose bad params were logged (once each)
 
     def _remote(self, request, warn=False):
         """(context instance, its request id) of a decode request whose
@@ -250,7 +251,12 @@ class KvxferSchedulerConnector:
         elif not isinstance(remote_id, str) or not remote_id:
             bad = "remote_request_id = %r (want the prefill instance's request id)" % (remote_id,)
         if bad is not None:
-            if warn:
+            # Once a request: vLLM asks get_num_new_matched_tokens at every
+            # step while the request waits for blocks.
+            if warn and request.request_id not in self._warned:
+                if len(self._warned) >= 4096:
+                    self._warned.clear()
+                self._warned.add(request.request_id)
                 logger.warning("kvxfer: request %s: invalid kv_transfer_params, %s: computing it locally",
                                request.request_id, bad)
             return None
@@ -402,6 +408,7 @@ class KvxferSchedulerConnector:
         the context instance to free its blocks now rather than at its
         transfer timeout."""
         rid = request.request_id
+        self._warned.discard(rid)
         if self.role != "producer":
             remote = self._remote(request)
             if remote is not None:

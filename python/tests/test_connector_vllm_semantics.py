@@ -232,6 +232,12 @@ def test_malformed_kv_transfer_params(params, caplog):
         assert (n, load_async) == (0, False)
         field = "remote_instance" if not isinstance(params.get("remote_instance"), str) else "remote_request_id"
         assert "request bad: invalid kv_transfer_params, %s = " % field in caplog.text, caplog.text
+        # vLLM asks again at every step while the request waits for blocks:
+        # the warning is not repeated.
+        with caplog.at_level(logging.WARNING, logger="kvxfer.connector"):
+            for _ in range(3):
+                assert sd.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert caplog.text.count("request bad: invalid kv_transfer_params") == 1, caplog.text
         sd.update_state_after_alloc(req, Blocks([1, 2]), n)
         assert sd.request_finished(req, [1, 2]) == (False, None)
         meta = sd.build_connector_meta(sched_out({}))
