@@ -168,7 +168,7 @@ func (n *Node) awaitReturning(ctx context.Context, req kvxfer.ReceiveRequest, si
 		if !time.Now().Before(until) {
 			var who []string
 			for _, r := range waiting {
-				who = append(who, fmt.Sprintf("%s restarted: etcd cluster %s holds its incarnation %d, found %v ago at %s, which has not said Hello to this node within %d heartbeat intervals",
+				who = append(who, fmt.Sprintf("%s restarted: etcd cluster %s holds its incarnation %d, found %v ago at %s, which has not said Hello to this node since (due within %d heartbeat intervals of its record)",
 					r.id, n.cfg.Cluster, r.rec.Incarnation, time.Since(r.at).Round(time.Millisecond), r.rec.ControlEndpoint, int(misses)))
 			}
 			return fmt.Errorf("%w: request %s: writer %s", kvxfer.ErrPeerGone, req.ID, strings.Join(who, "; writer "))
