@@ -187,6 +187,97 @@ func TestCrossProcess(t *testing.T) {
 	}
 }
 
+// TestRefusedKeyMapsNothing: a key of the receiver (another process) with
+// the right control file and table but a wrong secret, or whose control
+// file names another owner, is refused by Post with ErrBadKey naming what
+// was wrong — and leaves nothing behind: no mapping of the receiver's
+// allocations, no slot of MaxPeerRegistrations. Before the fix the
+// endpoint mapped the control file, opened every allocation of its table
+// and kept them (until it closed) before it checked the owner and the
+// secret. The true key still works, and a wrong secret after it still is
+// refused.
+func TestRefusedKeyMapsNothing(t *testing.T) {
+	requireGPU(t)
+	child := rdmatest.StartChild(t, "TestCrossProcessChild", childEnv+"=1")
+	f := strings.Fields(strings.TrimPrefix(child.Expect(t, readyPrefix), readyPrefix))
+	if len(f) != 3 {
+		t.Fatalf("bad READY line %q", f)
+	}
+	key, _ := hex.DecodeString(f[1])
+	n, _ := strconv.ParseUint(f[2], 10, 64)
+
+	d := gpu(t)
+	sm := devMem(t, d, crossLen, 5)
+	a := agent(t)
+	src, err := a.Register(region(t, sm, 0, crossLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := cudaipc.ImportRefs()
+	ep, err := a.Connect([]byte(f[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ep.Close(); err != nil {
+			t.Error(err)
+		}
+		if got := cudaipc.ImportRefs(); got != base {
+			t.Errorf("%d mappings left after Close", got-base)
+		}
+	}()
+	seg := []kvcache.Segment{{Src: 0, Dst: 0, Len: 4096}}
+	post := func(key []byte, done func(error)) error {
+		return ep.Post(rdma.Batch{Src: src, Dst: rdma.RemoteRegion{Key: key, Len: n}, Segments: seg, Done: done})
+	}
+	noDone := func(error) { t.Error("Done of a refused post") }
+	holds := func(what string, refs, targets int) {
+		t.Helper()
+		if got := cudaipc.ImportRefs() - base; got != refs {
+			t.Errorf("%s: %d mappings of the receiver's allocations, want %d", what, got, refs)
+		}
+		if got := cudaipc.PeerTargets(ep); got != targets {
+			t.Errorf("%s: the endpoint holds %d peer registrations, want %d", what, got, targets)
+		}
+	}
+
+	wrongSecret := cudaipc.ForgeSecret(key)
+	if err := post(wrongSecret, noDone); !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "secret") {
+		t.Errorf("a key with a wrong secret: Post = %v, want ErrBadKey naming the secret", err)
+	} else {
+		t.Logf("wrong secret: %v", err)
+	}
+	holds("after a key with a wrong secret", 0, 0)
+
+	wrongOwner, remove, err := cudaipc.ForgeOwner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = post(wrongOwner, noDone)
+	if rerr := remove(); rerr != nil {
+		t.Error(rerr)
+	}
+	if !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "owner") {
+		t.Errorf("a key whose control file names another owner: Post = %v, want ErrBadKey naming the owner", err)
+	} else {
+		t.Logf("wrong owner: %v", err)
+	}
+	holds("after a key whose control file names another owner", 0, 0)
+
+	done := make(chan error, 1)
+	if err := post(key, func(err error) { done <- err }); err != nil {
+		t.Fatalf("the true key after refused ones: %v", err)
+	}
+	if err := wait(t, done, "the batch"); err != nil {
+		t.Fatalf("the true key after refused ones: %v", err)
+	}
+	holds("after the true key", 1, 1)
+	if err := post(wrongSecret, noDone); !errors.Is(err, rdma.ErrBadKey) || !strings.Contains(err.Error(), "secret") {
+		t.Errorf("a key with a wrong secret, its region mapped: Post = %v, want ErrBadKey naming the secret", err)
+	}
+	holds("after a wrong secret, the region mapped", 1, 1)
+}
+
 // TestPostToAnExitedReceiver: a receiver killed mid-run (no Close: its
 // control file still says it is open) and not yet reaped by its parent —
 // its pid still names a process, a zombie — is gone for a writer's Post:

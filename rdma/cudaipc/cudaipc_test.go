@@ -90,7 +90,7 @@ func TestConformance(t *testing.T) {
 }
 
 // childTests are the tests TestFakeDriver runs against the fake driver.
-const childTests = "^(TestConformance|TestCrossProcess|TestIdentity|TestRegister|TestCloseNoLateWrite|TestSubRegion|TestSpansCrossProcess|TestRegisterSpans)$"
+const childTests = "^(TestConformance|TestCrossProcess|TestRefusedKeyMapsNothing|TestIdentity|TestRegister|TestCloseNoLateWrite|TestSubRegion|TestSpansCrossProcess|TestRegisterSpans)$"
 
 // TestFakeDriver runs the GPU tests of this package in a child process
 // against the fake driver (cuda/cudatest), so that the backend's logic is

@@ -76,7 +76,9 @@
 // Post refuses, with rdma.ErrBadKey, a key whose owner is not the
 // endpoint's peer, whose control file is missing or describes another
 // region, or whose secret is not the registration's (revoked); with
-// rdma.ErrPeerGone one whose owner agent closed; and, with a
+// rdma.ErrPeerGone one whose owner agent closed — all checked before any
+// allocation of the key's table is mapped, so that a refused key holds
+// nothing (no mapping, no slot of MaxPeerRegistrations); and, with a
 // *rdma.SegmentError wrapping rdma.ErrOutOfRange before anything is
 // enqueued, a segment whose destination (or source) does not lie inside
 // one allocation's entry: one that falls into a gap or straddles two

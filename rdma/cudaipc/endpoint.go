@@ -283,14 +283,34 @@ func (e *endpoint) resolve(rr rdma.RemoteRegion) (regionKey, *target, error) {
 	return k, t, nil
 }
 
-// open maps k's control file, reads its table of allocations and maps
-// each: this process's own (a process cannot open its own IPC handles), or
-// the peer's, each opened through its IPC handle on the agent's GPU (once
-// per process: imports) and checked against the size the driver gives it.
+// open maps k's control file, reads its table of allocations, checks
+// that the registration is live and k's owner and secret are its own, and
+// only then maps each allocation: this process's own (a process cannot
+// open its own IPC handles), or the peer's, each opened through its IPC
+// handle on the agent's GPU (once per process: imports) and checked
+// against the size the driver gives it. A key refused here leaves nothing
+// mapped.
 func (e *endpoint) open(k regionKey) (*target, error) {
 	ctl, es, err := openControl(k)
 	if err != nil {
 		return nil, err
+	}
+	// Before any import: a key the registration does not vouch for (a
+	// wrong secret or owner, a revoked registration) must not open the
+	// peer's allocations nor take a slot of MaxPeerRegistrations.
+	var st copier.LeaseState
+	var verr error
+	if err := ctl.guard(func() { st, verr = ctl.c.lease.State(), vouch(ctl, k) }); err != nil {
+		ctl.close()
+		return nil, err
+	}
+	if err := leaseErr(ctl, st); err != nil {
+		ctl.close()
+		return nil, err
+	}
+	if verr != nil {
+		ctl.close()
+		return nil, verr
 	}
 	t := &target{ctl: ctl}
 	if k.pid == e.agent.addr.pid {
@@ -358,19 +378,38 @@ func acquireRemote(m *controlMap, k regionKey) error {
 	if err := m.guard(func() { st = m.c.lease.Acquire() }); err != nil {
 		return err
 	}
-	switch st {
-	case copier.Live:
-	case copier.Gone:
-		return fmt.Errorf("%w: the owner of %s closed", rdma.ErrPeerGone, m.path)
-	default:
-		return fmt.Errorf("%w: region %s is not registered (deregistered?)", rdma.ErrBadKey, m.path)
+	if err := leaseErr(m, st); err != nil {
+		return err
 	}
-	var ours bool
-	if err := m.guard(func() { ours = m.c.ownerIs(k.owner) && m.c.secretIs(k.secret) }); err != nil {
+	var verr error
+	if err := m.guard(func() { verr = vouch(m, k) }); err != nil {
 		return err // the file is gone, and the count taken with it
 	}
-	if !ours {
+	if verr != nil {
 		_ = m.guard(m.c.lease.Release)
+		return verr
+	}
+	return nil
+}
+
+// leaseErr is why a lease in state st takes no batch (nil when Live).
+func leaseErr(m *controlMap, st copier.LeaseState) error {
+	switch st {
+	case copier.Live:
+		return nil
+	case copier.Gone:
+		return fmt.Errorf("%w: the owner of %s closed", rdma.ErrPeerGone, m.path)
+	}
+	return fmt.Errorf("%w: region %s is not registered (deregistered?)", rdma.ErrBadKey, m.path)
+}
+
+// vouch checks that k's owner and secret are those of the registration
+// m's header holds now. Called inside m.guard.
+func vouch(m *controlMap, k regionKey) error {
+	switch {
+	case !m.c.ownerIs(k.owner):
+		return fmt.Errorf("%w: region %s belongs to another agent than the key's owner %x", rdma.ErrBadKey, m.path, k.owner)
+	case !m.c.secretIs(k.secret):
 		return fmt.Errorf("%w: wrong secret for region %s (stale key?)", rdma.ErrBadKey, m.path)
 	}
 	return nil

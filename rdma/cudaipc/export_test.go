@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
+	"github.com/kvxfer/kvxfer/rdma"
 )
 
 // ForgedEntry is one allocation of a forged key's table.
@@ -72,6 +73,49 @@ func ForgeCount(key []byte, count int) []byte {
 	}
 	k.count = count
 	return k.encode()
+}
+
+// ForgeSecret returns key with another secret: the same owner, control
+// file and table.
+func ForgeSecret(key []byte) []byte {
+	k, err := parseKey(key)
+	if err != nil {
+		panic(err)
+	}
+	k.secret[0] ^= 0xff
+	return k.encode()
+}
+
+// ForgeOwner republishes key's registration unchanged (ForgeKey) under a
+// control file that names another owner than the key (and the endpoint's
+// peer) does. It returns the forged key and a function that removes its
+// control file.
+func ForgeOwner(key []byte) ([]byte, func() error, error) {
+	fk, remove, err := ForgeKey(key, nil, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := parseKey(fk)
+	if err != nil {
+		return nil, nil, errors.Join(err, remove())
+	}
+	ctl, _, err := openControl(k)
+	if err != nil {
+		return nil, nil, errors.Join(err, remove())
+	}
+	other := k.owner
+	other[0] ^= 0xff
+	ctl.c.setOwner(other)
+	return fk, remove, ctl.close()
+}
+
+// PeerTargets is the number of peer registrations ep keeps mapped: the
+// slots of MaxPeerRegistrations it holds.
+func PeerTargets(ep rdma.Endpoint) int {
+	e := ep.(*endpoint)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.targets)
 }
 
 // ImportRefs counts this process's references to mappings of other
