@@ -101,7 +101,9 @@ func (e *Event) Synchronize() error {
 
 // Close destroys the event, or for a borrowed one waits for a driver call
 // on it in flight and leaves it to its owner: after Close the package
-// never touches the handle again. Idempotent.
+// never touches the handle again. Idempotent: once it is closed, later
+// calls return nil. An event of the package's own on a device closed first
+// is not destroyed, and every call says ErrClosed.
 func (e *Event) Close() error {
 	if e.borrowed {
 		e.use.Lock()
@@ -109,12 +111,15 @@ func (e *Event) Close() error {
 		e.use.Unlock()
 		return nil
 	}
-	if e.closed.Swap(true) {
+	if e.closed.Load() {
 		return nil
 	}
 	ctx, err := e.dev.context()
 	if err != nil {
-		return err
+		return err // not destroyed: a later call says so again
+	}
+	if e.closed.Swap(true) {
+		return nil
 	}
 	return libEventDestroy(ctx, e.h)
 }

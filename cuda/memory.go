@@ -50,14 +50,19 @@ func (m *Memory) Region() (*kvcache.Region, error) {
 }
 
 // Free releases the allocation. Nothing may still read or write it (every
-// stream that used it synchronised). Idempotent.
+// stream that used it synchronised). Idempotent: once it is freed, later
+// calls return nil. On a device closed first (Device.Close says to free
+// its memory before) nothing is freed and every call says ErrClosed.
 func (m *Memory) Free() error {
-	if m.freed.Swap(true) {
+	if m.freed.Load() {
 		return nil
 	}
 	ctx, err := m.dev.context()
 	if err != nil {
-		return err
+		return err // not freed: a later call says so again
+	}
+	if m.freed.Swap(true) {
+		return nil
 	}
 	return libMemFree(ctx, m.ptr)
 }

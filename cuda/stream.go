@@ -141,14 +141,18 @@ func (s *Stream) Query() (bool, error) {
 }
 
 // Close destroys the stream; work already enqueued still completes (CUDA's
-// rule). Idempotent.
+// rule). Idempotent: once it is destroyed, later calls return nil. On a
+// device closed first nothing is destroyed and every call says ErrClosed.
 func (s *Stream) Close() error {
-	if s.closed.Swap(true) {
+	if s.closed.Load() {
 		return nil
 	}
 	ctx, err := s.dev.context()
 	if err != nil {
-		return err
+		return err // not destroyed: a later call says so again
+	}
+	if s.closed.Swap(true) {
+		return nil
 	}
 	return libStreamDestroy(ctx, s.h)
 }
