@@ -19,13 +19,14 @@ import (
 // departedWriter opens a generation node on etcd, lets ctx/0 (found
 // through etcd) say Hello to it and move a request, then closes ctx/0 and
 // waits for its Down there: the engine was told ctx/0 is down. It returns
-// the generation node, its config's public key and its log.
-func departedWriter(t *testing.T, cluster string) (genN *node.Node, gc node.Config, genPublic string, logs *testlog.Buffer) {
+// the generation node, its config's public key and its log. misses is the
+// generation node's HeartbeatMisses (0: the default).
+func departedWriter(t *testing.T, cluster string, misses int) (genN *node.Node, gc node.Config, genPublic string, logs *testlog.Buffer) {
 	t.Helper()
 	url, dir := etcdURL(t), t.TempDir()
 	gk := newKeys(t)
 	gc = etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
-	gc.SecretKey, gc.TransferTimeout = gk.secret, node.Duration(patience)
+	gc.SecretKey, gc.TransferTimeout, gc.HeartbeatMisses = gk.secret, node.Duration(patience), misses
 	var genEvents events
 	gc.OnMembership = genEvents.add
 	logs = logged(t, &gc)
@@ -69,7 +70,9 @@ func newRecord(ep string, k keys) discovery.Record {
 // (Checked to fail: without Node.awaitReturning the request failed at
 // once, "writer ctx/0 is down".)
 func TestReceiveWaitsForARestartedWritersHello(t *testing.T) {
-	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returning"))
+	// The wait is HeartbeatMisses beats from the record: 10 (5 s) leave a
+	// loaded machine room to start the new process within it.
+	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returning"), 10)
 	k2 := newKeys(t)
 	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
 	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: newRecord(ep2, k2)})
@@ -151,7 +154,7 @@ func sendAndVerify(t *testing.T, ctxN, genN *node.Node, rx *kvxfer.RxHandle, id,
 // bound the call waited out its context; without the wait the error said
 // "writer ctx/0 is down", naming no restart.)
 func TestReceiveNamesARestartedWriterThatStaysSilent(t *testing.T) {
-	genN, _, _, _ := departedWriter(t, clusterName("node-returning-silent"))
+	genN, _, _, _ := departedWriter(t, clusterName("node-returning-silent"), 0)
 	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
 	rec := newRecord(ep2, newKeys(t))
 	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: rec})
@@ -232,7 +235,7 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 // check in returning, Receive said "ctx/0 restarted ... has not said
 // Hello".)
 func TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor(t *testing.T) {
-	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returned-silent"))
+	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returned-silent"), 0)
 	k2 := newKeys(t)
 	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
 	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: newRecord(ep2, k2)})
