@@ -90,8 +90,12 @@ type Engine struct {
 }
 
 // Start validates cfg, carves the pool region into one pool per layer
-// group, registers it with the data plane and starts the actor tree.
+// group, registers it with the data plane and starts the actor tree. A
+// nil ctx is refused (ErrConfig).
 func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: Start: nil context (pass context.Background())", ErrConfig)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -622,8 +626,8 @@ type TxHandle struct {
 
 // Send opens the context side of a request, typically when prefill starts.
 // A ctx already done opens nothing: the error wraps ctx.Err() and names
-// the request. Cancelling ctx later cancels the request (as
-// TxHandle.Cancel); its deadline, when earlier than the request's timeout,
+// the request (a nil ctx is refused with ErrBadRequest). Cancelling ctx
+// later cancels the request (as TxHandle.Cancel); its deadline, when earlier than the request's timeout,
 // bounds the request, which then
 // ends as at its timeout (FAILED, ErrTimeout), not cancelled. Done fires
 // after every pin is released: then the caller may free the source blocks.
@@ -636,6 +640,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any message quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", actors.ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
+	if ctx == nil {
+		return nil, nilContext("send", req.ID)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvxfer: send %s: %w", req.ID, err)
@@ -672,6 +679,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 		h.AfterFinish(watchCtx(ctx, tx.Cancel))
 	}
 	return tx, nil
+}
+
+// nilContext is Send's and Receive's refusal of a nil ctx (ctx.Err would
+// panic), naming the request.
+func nilContext(op, id string) error {
+	return fmt.Errorf("%w: %s %s: nil context (pass context.Background())", ErrBadRequest, op, id)
 }
 
 // checkTimeout refuses a request's negative Timeout: time left computed
@@ -1074,7 +1087,8 @@ type RxHandle struct {
 }
 
 // Receive opens the generation side of a request. A ctx already done opens
-// nothing: the error wraps ctx.Err() and names the request. Cancelling ctx
+// nothing: the error wraps ctx.Err() and names the request (a nil ctx is
+// refused with ErrBadRequest). Cancelling ctx
 // later cancels the request (as RxHandle.Cancel); its deadline, when
 // earlier than the request's timeout, bounds it, and the request then ends TIMED_OUT
 // (ErrTimeout), not cancelled.
@@ -1101,6 +1115,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any error quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
+	if ctx == nil {
+		return nil, nilContext("receive", req.ID)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvxfer: receive %s: %w", req.ID, err)
@@ -1210,10 +1227,17 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error {
 // blocks stay quarantined and, as after any error, the engine's own pool
 // stays mapped and memory the caller gave it must stay allocated. An engine
 // with nothing live closes cleanly even with ctx already ended. Close runs
-// once: a later or concurrent call waits for it and returns its error.
+// once: a later or concurrent call waits for it and returns its error. A
+// nil ctx is refused (ErrBadRequest) and closes nothing: a later Close
+// with a ctx still runs.
 func (e *Engine) Close(ctx context.Context) error {
 	if !e.started() {
 		return errNotStarted("Close")
+	}
+	if ctx == nil {
+		// Refused before the once: a panic inside it would leave every
+		// later Close returning nil with the engine still running.
+		return fmt.Errorf("%w: Engine.Close: nil context (pass context.Background() to wait for the drain)", ErrBadRequest)
 	}
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
 	return e.closeErr

@@ -338,3 +338,80 @@ func TestWriterQueriesAfterCloseNameTheCall(t *testing.T) {
 		t.Fatalf("WriterRequests after Close: %d, %v, want ErrClosed naming the method, %s and incarnation 7", n, err, peer)
 	}
 }
+
+// TestNilContextRefused: Start, Send, Receive and Close given a nil
+// context return an error naming it instead of panicking, and open or
+// close nothing: the request ids stay free, and a Close given a nil
+// context leaves the engine to a later Close, which drains and stops it
+// (a panic inside Close's once used to leave every later Close returning
+// nil with the engine still running).
+func TestNilContextRefused(t *testing.T) {
+	var nilCtx context.Context // (a variable: linters refuse a literal nil)
+	call := func(what string, f func() error) error {
+		t.Helper()
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%s with a nil context panicked: %v", what, r)
+				}
+			}()
+			err = f()
+		}()
+		if err == nil || !strings.Contains(err.Error(), "nil context") {
+			t.Fatalf("%s with a nil context: %v, want an error naming the nil context", what, err)
+		}
+		return err
+	}
+	l := smallLayout()
+	err := call("Start", func() error {
+		e, err := kvxfer.Start(nilCtx, kvxfer.Config{Instance: "nilctx", Layout: &l, PoolBytes: 1 << 20, Link: control.NewMemLink()})
+		if err == nil {
+			_ = e.Close(context.Background())
+		}
+		return err
+	})
+	if !errors.Is(err, kvxfer.ErrConfig) {
+		t.Fatalf("Start with a nil context: %v, want ErrConfig", err)
+	}
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	err = call("Send", func() error {
+		_, err := c.ctx[0].Send(nilCtx, kvxfer.SendRequest{ID: "nil-tx", PromptLen: 16})
+		return err
+	})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "nil-tx") {
+		t.Fatalf("Send with a nil context: %v, want ErrBadRequest naming nil-tx", err)
+	}
+	err = call("Receive", func() error {
+		_, err := c.gen[0].Receive(nilCtx, kvxfer.ReceiveRequest{ID: "nil-rx", PromptLen: 16, Context: "ctx"})
+		return err
+	})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "nil-rx") {
+		t.Fatalf("Receive with a nil context: %v, want ErrBadRequest naming nil-rx", err)
+	}
+	transfer(t, c, l, "nil-tx", 1, 16, 16, true)
+	transfer(t, c, l, "nil-rx", 2, 16, 16, false)
+	checkNoLeaks(t, c)
+
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "nilclose", Layout: &l, PoolBytes: 1 << 20, Link: control.NewMemLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call("Close", func() error { return e.Close(nilCtx) })
+	// Nothing was closed: the engine still takes requests...
+	tx, err := e.Send(context.Background(), kvxfer.SendRequest{ID: "after-nil-close", PromptLen: 16})
+	if err != nil {
+		t.Fatalf("Send after a refused Close: %v", err)
+	}
+	// ...and a Close with a context closes it (goleak checks its
+	// goroutines are gone), cancelling the live request.
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatalf("Close after a refused Close: %v", err)
+	}
+	if o := waitOutcome(t, tx.Done()); o.Status != kvxfer.StatusCancelled || !errors.Is(o.Err, kvxfer.ErrClosed) {
+		t.Fatalf("request live at Close: %v %v, want CANCELLED by Close", o.Status, o.Err)
+	}
+	if _, err := e.Send(context.Background(), kvxfer.SendRequest{ID: "after-close", PromptLen: 16}); !errors.Is(err, kvxfer.ErrClosed) {
+		t.Fatalf("Send after Close: %v, want ErrClosed", err)
+	}
+}
