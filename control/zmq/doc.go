@@ -163,9 +163,17 @@
 // brings it back from down, tells OnPeerAlive or counts as a twin.
 //
 // Bounds: a listener binds at most 16384 connections (bindings of peers
-// that are down, or that the full directory forgot, are forgotten first
-// when full) and learns at most 4096 PeerIDs; past that, Hellos are
-// rejected. Each Conn queues at most
+// that are down, or that the full directory forgot, then of superseded
+// incarnations, are forgotten first when full), at most 4096 of them for
+// one identity (one CURVE key; insecure, one PeerID), and learns at most
+// 4096 PeerIDs; past that, Hellos are rejected (full). An identity at its
+// 4096 makes room only from its own bindings that would be forgotten
+// when full; else its new connection's Hello is rejected, naming the
+// identity and the bound, and its bound connections and every other
+// identity's stay: one peer saying Hello on many connections cannot take
+// the others' room. A rank opens one connection per sender worker and a
+// heartbeat socket to each listener (1025 at most), and a new one on
+// each redial. Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.
 //

@@ -22,6 +22,21 @@ import (
 // variable for tests.
 var maxConns = 16384
 
+// maxConnsPerIdentity bounds the connections a listener binds for one
+// identity (connOwner): one CURVE key, or, insecure, one PeerID. Without
+// it one authenticated peer saying Hello on maxConns connections held
+// every binding, and every other peer's new connection was refused.
+//
+// A rank opens one connection to a listener per sender worker that sends
+// to it (at most kvxfer.MaxWorkers, 1024; 4 by default) and one heartbeat
+// socket, and a new one for each redial (a worker restart, the listener
+// seen down); a key shared by an instance's ranks opens that for each.
+// A quarter of maxConns (4096) is about four times what a rank at
+// MaxWorkers keeps open (1025), or room for 819 ranks of one key at the
+// default workers, and leaves three quarters of the table to the others.
+// A variable for tests.
+var maxConnsPerIdentity = maxConns / 4
+
 // maxPeers bounds the directory (PeerIDs learned from Hellos); when it is
 // full, a new peer's Hello takes the place of a peer that only a Hello put
 // there and that missed its heartbeats (forgetDownPeerLocked). A variable

@@ -26,7 +26,10 @@ type listener struct {
 	deliver func(messages.Frame)
 	self    messages.PeerID
 	conns   map[string]*binding // by ROUTER routing id
-	live    *liveness
+	// owned is conns by identity (connOwner), for maxConnsPerIdentity:
+	// bind and unbind keep the two in step. Made on first use.
+	owned map[connOwner]map[string]*binding
+	live  *liveness
 	// told is when OnPeerAlive was last called for each peer.
 	told map[messages.PeerID]time.Time
 	// twins is, for each peer named by two live processes (checkTwin),
@@ -47,6 +50,73 @@ type binding struct {
 	// told).
 	inc uint64
 	pid uint32
+}
+
+// connOwner is the identity whose bindings maxConnsPerIdentity bounds:
+// the connection's CURVE key, or, insecure (no key), the PeerID its Hello
+// named. Neither changes on a bound connection (handle, hello).
+type connOwner struct {
+	key  string
+	peer messages.PeerID // only when key is ""
+}
+
+func ownerOf(key string, p messages.PeerID) connOwner {
+	if key != "" {
+		return connOwner{key: key}
+	}
+	return connOwner{peer: p}
+}
+
+func (b *binding) owner() connOwner { return ownerOf(b.key, b.peer) }
+
+func (o connOwner) String() string {
+	if o.key != "" {
+		return "CURVE key " + o.key
+	}
+	return "peer " + o.peer.String() + " (insecure)"
+}
+
+// bind binds connection id to b.
+func (s *listener) bind(id string, b *binding) {
+	s.conns[id] = b
+	o := b.owner()
+	if s.owned == nil {
+		s.owned = map[connOwner]map[string]*binding{}
+	}
+	if s.owned[o] == nil {
+		s.owned[o] = map[string]*binding{}
+	}
+	s.owned[o][id] = b
+}
+
+// unbind forgets connection id's binding b.
+func (s *listener) unbind(id string, b *binding) {
+	delete(s.conns, id)
+	o := b.owner()
+	delete(s.owned[o], id)
+	if len(s.owned[o]) == 0 {
+		delete(s.owned, o)
+	}
+}
+
+// room reports whether a new connection id may be bound to peer p with
+// key; when not, it rejects the Hello (full). The identity's own bound
+// first: one at maxConnsPerIdentity gets room only from its own bindings
+// that forgetDownConns would forget (those of its peers down or
+// forgotten, then of its superseded incarnations), never from another
+// identity's; then the table's (maxConns), as before.
+func (s *listener) room(id, key string, p messages.PeerID, now time.Time) bool {
+	o := ownerOf(key, p)
+	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.forgetDownConns(now, s.owned[o]) {
+		s.reject(RejectFull, id, key, nil, "Hello as %s: %s already holds %d connections, at most %d per identity "+
+			"(maxConnsPerIdentity): this new connection is not bound; its bound ones stay", p, o, n, maxConnsPerIdentity)
+		return false
+	}
+	if len(s.conns) >= maxConns && !s.forgetDownConns(now, s.conns) {
+		s.reject(RejectFull, id, key, nil, "Hello as %s: already %d connections", p, len(s.conns))
+		return false
+	}
+	return true
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
@@ -345,8 +415,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	case b != nil && b.peer != p:
 		s.reject(RejectSender, id, key, b, "Hello as %s on a connection bound to %s", p, b.peer)
 		return
-	case b == nil && len(s.conns) >= maxConns && !s.forgetDownConns(now):
-		s.reject(RejectFull, id, key, b, "Hello as %s: already %d connections", p, len(s.conns))
+	case b == nil && !s.room(id, key, p, now):
 		return
 	}
 	l := s.l
@@ -401,7 +470,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	l.mu.Unlock()
 	if b == nil {
 		b = &binding{peer: p, key: key}
-		s.conns[id] = b
+		s.bind(id, b)
 	}
 	b.inc, b.pid = h.Incarnation, h.Process.Pid
 	if back {
@@ -427,7 +496,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 func (s *listener) departedHello(id, key string, b *binding, h *messages.Hello, goneKey string) {
 	if b == nil {
 		b = &binding{peer: h.From, key: key}
-		s.conns[id] = b
+		s.bind(id, b)
 	}
 	b.inc, b.pid = h.Incarnation, h.Process.Pid
 	was := ""
@@ -524,7 +593,8 @@ func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
 	fn(p)
 }
 
-// forgetDownConns drops the bindings of connections whose peer is down,
+// forgetDownConns drops, of the bindings in conns (s.conns, or one
+// identity's: s.owned), those of connections whose peer is down,
 // or was forgotten to make room in the directory (forgetPeer: liveness no
 // longer tracks it, and never will call it down), to make room; it
 // reports whether any went. A departed incarnation (RemovePeer) still
@@ -542,15 +612,15 @@ func (s *listener) tellAlive(p messages.PeerID, now time.Time) {
 // such a connection is refused (no Hello on it) until it repeats its
 // Hello there; a Result or CancelAck it sends meanwhile is lost, which
 // leaves the pages it names quarantined: nothing is freed for it.
-func (s *listener) forgetDownConns(now time.Time) bool {
+func (s *listener) forgetDownConns(now time.Time, conns map[string]*binding) bool {
 	n := len(s.conns)
 	s.pruneDepartedBeats(now)
-	for id, b := range s.conns {
+	for id, b := range conns {
 		if _, beating := s.departedBeat[goneInc{b.peer, b.inc}]; beating && s.l.departedInc(b.peer, b.inc) {
 			continue
 		}
 		if s.live.isDown(b.peer) || !s.live.tracks(b.peer) {
-			delete(s.conns, id)
+			s.unbind(id, b)
 		}
 	}
 	if len(s.conns) < n {
@@ -558,7 +628,7 @@ func (s *listener) forgetDownConns(now time.Time) bool {
 	}
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	for id, b := range s.conns {
+	for id, b := range conns {
 		if b.inc == 0 {
 			continue
 		}
@@ -566,7 +636,7 @@ func (s *listener) forgetDownConns(now time.Time) bool {
 			continue
 		}
 		if info := s.l.peers[b.peer]; info != nil && info.hello != nil && info.hello.Incarnation != 0 && info.hello.Incarnation != b.inc {
-			delete(s.conns, id)
+			s.unbind(id, b)
 		}
 	}
 	return len(s.conns) < n

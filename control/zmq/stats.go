@@ -43,7 +43,8 @@ const (
 	// RejectSender: a frame (or Hello) naming a PeerID other than the one
 	// its connection said Hello as, or the listener's own.
 	RejectSender
-	// RejectFull: a Hello past the bounds on connections or peers.
+	// RejectFull: a Hello past the bounds on connections (in all, or of
+	// one identity: maxConnsPerIdentity) or peers.
 	RejectFull
 	// RejectDeparted: a Hello of a peer incarnation that RemovePeer
 	// forgot (it left the cluster and lives on: draining, or out of etcd

@@ -1,0 +1,199 @@
+package zmq
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// boundFixture is a bare listener (insecure, or CURVE when keyed) with
+// maxConns and maxConnsPerIdentity lowered, whose warnings a test reads.
+type boundFixture struct {
+	t     *testing.T
+	s     *listener
+	clock *fakeClock
+	in    *inbox
+	logs  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func newBoundFixture(t *testing.T, secure bool, conns, perIdentity int) *boundFixture {
+	oldConns, oldPer := maxConns, maxConnsPerIdentity
+	maxConns, maxConnsPerIdentity = conns, perIdentity
+	t.Cleanup(func() { maxConns, maxConnsPerIdentity = oldConns, oldPer })
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	f := &boundFixture{t: t, clock: clock, in: &inbox{}, logs: &syncBuffer{}}
+	if secure {
+		f.s = secureBareListener(t, clock)
+	} else {
+		f.s = bareListener(t, clock)
+	}
+	f.s.deliver = f.in.deliver
+	f.s.l.log = zerolog.New(f.logs).Level(zerolog.WarnLevel)
+	return f
+}
+
+// hello hands the listener inc's Hello as id on connection conn with key
+// and reports whether it was taken (no rejection counted).
+func (f *boundFixture) hello(conn string, id messages.PeerID, inc uint64, key string) bool {
+	f.t.Helper()
+	before := f.s.l.Rejected()
+	f.s.handle(conn, mustEncode(f.t, incHello(id, inc)), key, 1)
+	return f.s.l.Rejected() == before
+}
+
+func (f *boundFixture) mustHello(conn string, id messages.PeerID, inc uint64, key string) {
+	f.t.Helper()
+	if !f.hello(conn, id, inc, key) {
+		f.t.Fatalf("Hello of %s (incarnation %d) on connection %s rejected (%+v)", id, inc, conn, f.s.l.Stats().Rejected)
+	}
+}
+
+// bound checks that exactly the connections want are bound, each to its
+// PeerID.
+func (f *boundFixture) bound(want map[string]messages.PeerID) {
+	f.t.Helper()
+	for conn, p := range want {
+		if b := f.s.conns[conn]; b == nil || b.peer != p {
+			f.t.Fatalf("connection %s: binding %+v, want bound to %s", conn, b, p)
+		}
+	}
+	if len(f.s.conns) != len(want) {
+		f.t.Fatalf("%d connections bound, want %d (%v)", len(f.s.conns), len(want), want)
+	}
+	n := 0
+	for _, of := range f.s.owned {
+		n += len(of)
+	}
+	if n != len(f.s.conns) {
+		f.t.Fatalf("%d bindings by identity, %d in all", n, len(f.s.conns))
+	}
+}
+
+// One peer saying Hello on many connections holds at most
+// maxConnsPerIdentity of the listener's bindings: its Hello past that is
+// rejected (full) with a warning naming it and the bound, its bound
+// connections still deliver, and another peer's new connections are
+// still bound. Before, the only bound was the table's (maxConns): the
+// first peer took every binding and the second's Hello was refused.
+// (Checked to fail without the per-identity bound: gen/1's third Hello
+// was taken and dec/0's second refused, full.)
+func TestOnePeerCannotTakeEveryBinding(t *testing.T) {
+	f := newBoundFixture(t, false, 4, 2)
+	gen, dec := pid("gen", 1), pid("dec", 0)
+	f.mustHello("a1", gen, 1, "")
+	f.mustHello("a2", gen, 1, "")
+	full := f.s.l.Stats().Rejected[RejectFull]
+	if f.hello("a3", gen, 1, "") {
+		t.Fatalf("gen/1's third connection bound past maxConnsPerIdentity %d", maxConnsPerIdentity)
+	}
+	if n := f.s.l.Stats().Rejected[RejectFull]; n != full+1 {
+		t.Fatalf("full rejections %d, want %d", n, full+1)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "peer gen/1 (insecure) already holds 2 connections, at most 2 per identity") {
+		t.Fatalf("the refusal does not name the identity and the bound:\n%s", logs)
+	}
+	// The other peer still binds, up to the table's bound.
+	f.mustHello("b1", dec, 1, "")
+	f.mustHello("b2", dec, 1, "")
+	f.bound(map[string]messages.PeerID{"a1": gen, "a2": gen, "b1": dec, "b2": dec})
+	// gen/1's bound connections are undisturbed: a Hello again on one is
+	// taken, its frames are delivered; the refused one is not bound.
+	f.mustHello("a1", gen, 1, "")
+	f.s.handle("a2", mustEncode(t, result(gen, 1)), "", 1)
+	f.s.handle("b1", mustEncode(t, result(dec, 2)), "", 1)
+	if len(f.in.from(gen)) != 1 || len(f.in.from(dec)) != 1 {
+		t.Fatalf("delivered %d frames of gen/1 and %d of dec/0, want 1 each", len(f.in.from(gen)), len(f.in.from(dec)))
+	}
+	noHello := f.s.l.Stats().Rejected[RejectNoHello]
+	f.s.handle("a3", mustEncode(t, result(gen, 3)), "", 1)
+	if f.s.l.Stats().Rejected[RejectNoHello] != noHello+1 {
+		t.Fatal("a frame on the refused connection was not rejected as before its Hello")
+	}
+	if _, err := f.s.l.Hello(dec); err != nil {
+		t.Fatalf("dec/0: %v", err)
+	}
+	f.bound(map[string]messages.PeerID{"a1": gen, "a2": gen, "b1": dec, "b2": dec})
+}
+
+// With CURVE the bound is per key, whichever names the key speaks for: a
+// key bound to every rank of an instance cannot spread over its ranks to
+// take the table. (Checked to fail without the per-identity bound: the
+// key's third connection, as gen/2, was bound, and key B's second Hello
+// refused.)
+func TestOneCurveKeyCannotTakeEveryBinding(t *testing.T) {
+	f := newBoundFixture(t, true, 4, 2)
+	a, b := newKeys(t), newKeys(t)
+	for _, id := range []Identity{{PublicKey: a.public, Instance: "gen"}, {PublicKey: b.public, Instance: "dec"}} {
+		if err := f.s.l.AddIdentity(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.mustHello("a1", pid("gen", 0), 1, a.public)
+	f.mustHello("a2", pid("gen", 1), 2, a.public)
+	if f.hello("a3", pid("gen", 2), 3, a.public) {
+		t.Fatalf("key A's third connection (as gen/2) bound past maxConnsPerIdentity %d", maxConnsPerIdentity)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "CURVE key "+a.public+" already holds 2 connections, at most 2 per identity") {
+		t.Fatalf("the refusal does not name the key and the bound:\n%s", logs)
+	}
+	if _, err := f.s.l.Hello(pid("gen", 2)); err == nil {
+		t.Fatal("the refused Hello of gen/2 is in the directory")
+	}
+	f.mustHello("b1", pid("dec", 0), 4, b.public)
+	f.mustHello("b2", pid("dec", 1), 5, b.public)
+	f.bound(map[string]messages.PeerID{"a1": pid("gen", 0), "a2": pid("gen", 1), "b1": pid("dec", 0), "b2": pid("dec", 1)})
+}
+
+// An identity at its bound makes room from its own bindings that the
+// table would forget when full (here its superseded incarnation's), and
+// never from another identity's, though the other's are forgettable (its
+// peer is down): with none of its own to forget its Hello is rejected.
+// (Checked to fail without the per-identity bound: gen/1's superseded
+// binding stayed, and its last Hello took the room of dec/0's binding.)
+func TestIdentityAtItsBoundForgetsOnlyItsOwn(t *testing.T) {
+	f := newBoundFixture(t, false, 4, 2)
+	gen, dec := pid("gen", 1), pid("dec", 0)
+	f.mustHello("b1", dec, 1, "")
+	f.clock.advance(time.Hour) // dec/0 falls silent: down
+	f.s.live.expire(f.clock.now(), f.s.down)
+	if !f.s.live.isDown(dec) {
+		t.Fatal("dec/0 is not down after an hour of silence")
+	}
+	f.mustHello("a1", gen, 1, "")
+	f.mustHello("a2", gen, 2, "") // restarted: a1 is superseded
+	f.mustHello("a3", gen, 2, "") // at its bound: a1 makes room
+	f.bound(map[string]messages.PeerID{"b1": dec, "a2": gen, "a3": gen})
+	if f.hello("a4", gen, 2, "") {
+		t.Fatal("gen/1's connection bound past its bound by forgetting down dec/0's binding")
+	}
+	f.bound(map[string]messages.PeerID{"b1": dec, "a2": gen, "a3": gen})
+	// dec/0's binding still delivers.
+	f.s.handle("b1", mustEncode(t, result(dec, 1)), "", 1)
+	if len(f.in.from(dec)) != 1 {
+		t.Fatal("dec/0's frame on its bound connection not delivered")
+	}
+}
