@@ -737,8 +737,11 @@ func watchCtx(ctx context.Context, cancel func()) func() bool {
 // set), is rejected with an error naming the chunk and the blocks; nothing
 // is pinned and the request goes on (the caller may hand a corrected
 // chunk). A chunk taken has its source blocks pinned by the time Chunk
-// returns: the pool refuses to free them until Done. Chunk copies src:
-// the caller may reuse its slices once it returns.
+// returns: the pool refuses to free them until Done. Only the blocks of
+// the chunk's own global blocks are checked and pinned: src may name more
+// (a request's whole block table, a run from before block 0), and the
+// rest stays the caller's. Chunk copies src: the caller may reuse its
+// slices once it returns.
 //
 // A chunk may also leave in layer parts (c.Layers: global layers [Lo, Hi)
 // of Of, the model's layer count), each with its own fence, as the forward
@@ -778,8 +781,12 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	}
 	// The session reads the runs long after Chunk returns (plan, unpin):
 	// it gets its own copy, so that the caller may reuse its buffers (a
-	// copy of a chunk's block table is a few hundred bytes).
-	src = h.copyRuns(src)
+	// copy of a chunk's block table is a few hundred bytes). The copy holds
+	// only the blocks the chunk reads (Chunk.Clip): those are all it pins,
+	// so that a run wider than the chunk (a whole block table) holds no
+	// block of another chunk's, or of another request's, until Done.
+	given := src
+	src = h.copyRuns(c, src)
 	var payload []byte
 	if c.Last {
 		payload = h.payload
@@ -801,7 +808,7 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	if !inPart {
 		h.name(c, src)
 	}
-	h.order.Took(c, src)
+	h.order.Took(c, given) // (a later part's sources are compared with what the caller gave)
 	return nil
 }
 
@@ -845,14 +852,15 @@ func isNilPointer(f Fence) bool {
 	return false
 }
 
-// copyRuns copies runs and their ids into the handle's slabs: the
+// copyRuns copies the part of runs chunk c reads (Chunk.Clip) into the
+// handle's slabs: the
 // session keeps a chunk's runs until the request ends, and a copy per
 // chunk of its own (one or two small objects, kept as long) cost the
 // chunk path ~6 % in BenchmarkChunkOverhead; cut from slabs, ~1 %.
-func (h *TxHandle) copyRuns(runs []kvcache.BlockRun) []kvcache.BlockRun {
+func (h *TxHandle) copyRuns(c kvcache.Chunk, runs []kvcache.BlockRun) []kvcache.BlockRun {
 	n := 0
 	for _, r := range runs {
-		n += len(r.IDs)
+		n += len(c.Clip(h.tpb, r).IDs)
 	}
 	// Each new slab twice the last, up to 4,096 ids and 512 runs: a
 	// one-chunk request allocates about what it copies.
@@ -864,6 +872,7 @@ func (h *TxHandle) copyRuns(runs []kvcache.BlockRun) []kvcache.BlockRun {
 	}
 	start := len(h.runSlab)
 	for _, r := range runs {
+		r = c.Clip(h.tpb, r)
 		at := len(h.idSlab)
 		h.idSlab = append(h.idSlab, r.IDs...)
 		h.runSlab = append(h.runSlab, kvcache.BlockRun{First: r.First, IDs: h.idSlab[at:len(h.idSlab):len(h.idSlab)]})
@@ -914,10 +923,11 @@ func (h *TxHandle) name(c kvcache.Chunk, src []kvcache.BlockRun) {
 // checkSources refuses a chunk whose source blocks cannot be pinned: for
 // every layer group this rank holds, src must cover the chunk's blocks that
 // the group keeps resident (a sliding-window group keeps only the window's
-// suffix), and every block it names must be allocated in the engine's pool,
-// each for one global block only, in this chunk and across the request's
-// chunks (a block named twice would hold one of them while READY claims
-// both).
+// suffix), and every block it names for the chunk's own global blocks
+// (Chunk.Clip: src may name more, which are neither checked nor pinned)
+// must be allocated in the engine's pool, each for one global block only,
+// in this chunk and across the request's chunks (a block named twice would
+// hold one of them while READY claims both).
 func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 	l, shape := h.e.cfg.layout, h.e.cfg.shape
 	if len(src) > len(l.Groups) {
@@ -948,12 +958,12 @@ func (h *TxHandle) checkSources(c kvcache.Chunk, src []kvcache.BlockRun) error {
 				}
 			}
 		}
-		if len(run.IDs) > 0 {
-			if i, j, ok := repeatedID(run.IDs); ok {
+		if read := c.Clip(h.tpb, run); len(read.IDs) > 0 {
+			if i, j, ok := repeatedID(read.IDs); ok {
 				return fmt.Errorf("%w: group %d names source block %d for global blocks %d and %d",
-					actors.ErrBadChunk, g, run.IDs[j], run.First+i, run.First+j)
+					actors.ErrBadChunk, g, read.IDs[j], read.First+i, read.First+j)
 			}
-			if err := h.e.pools.Held(g, run.IDs); err != nil {
+			if err := h.e.pools.Held(g, read.IDs); err != nil {
 				return fmt.Errorf("%w: %w", actors.ErrPin, err)
 			}
 		}

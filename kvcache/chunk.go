@@ -95,6 +95,23 @@ func (c Chunk) Runs(tokensPerBlock int, ids [][]BlockID) []BlockRun {
 	return runs
 }
 
+// Clip is the part of run that chunk c reads: the run's blocks among the
+// chunk's global blocks [first, end) (Blocks), as a run of its own whose
+// IDs are a sub-slice of run.IDs. A caller may name more blocks than the
+// chunk's — a request's whole block table, a run that starts before block
+// 0 — and only the clipped part is the chunk's to check and pin: a block
+// outside it may be another chunk's, or another request's. A run that
+// misses the chunk's blocks clips to an empty run at the chunk's first
+// block.
+func (c Chunk) Clip(tokensPerBlock int, run BlockRun) BlockRun {
+	b0, b1 := c.Blocks(tokensPerBlock)
+	lo, hi := max(b0, run.First), min(b1, run.End())
+	if lo >= hi {
+		return BlockRun{First: b0}
+	}
+	return BlockRun{First: lo, IDs: run.IDs[lo-run.First : hi-run.First : hi-run.First]}
+}
+
 // String formats the chunk as "chunk [Start, End) block FirstBlock", with
 // " last" appended for the last chunk and " layers [Lo, Hi) of Of" for a
 // part of one.

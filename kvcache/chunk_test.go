@@ -239,3 +239,39 @@ func TestChunkRunsOfShortIDs(t *testing.T) {
 		t.Errorf("group 2 (ids cover it): %+v, want First 2, IDs [32 33]", r)
 	}
 }
+
+// TestChunkClip: Clip keeps the run's blocks among the chunk's own, from
+// a run that starts before block 0, ends past the chunk, misses it or
+// only partly covers it, and never indexes outside the run (a First so
+// large that End overflows clips to nothing).
+func TestChunkClip(t *testing.T) {
+	c := Chunk{Start: 32, End: 64, FirstBlock: 2} // blocks [2, 4) of 16 tokens
+	ids := []BlockID{10, 11, 12, 13, 14, 15, 16}
+	tests := []struct {
+		name string
+		run  BlockRun
+		want BlockRun
+	}{
+		{"exact", BlockRun{First: 2, IDs: ids[:2]}, BlockRun{First: 2, IDs: ids[:2]}},
+		{"whole table", BlockRun{First: 0, IDs: ids}, BlockRun{First: 2, IDs: ids[2:4]}},
+		{"from before block 0", BlockRun{First: -3, IDs: ids}, BlockRun{First: 2, IDs: ids[5:7]}},
+		{"partly: its tail", BlockRun{First: 3, IDs: ids}, BlockRun{First: 3, IDs: ids[:1]}},
+		{"partly: its head", BlockRun{First: 1, IDs: ids[:2]}, BlockRun{First: 2, IDs: ids[1:2]}},
+		{"before it", BlockRun{First: -5, IDs: ids[:3]}, BlockRun{First: 2}},
+		{"after it", BlockRun{First: 4, IDs: ids}, BlockRun{First: 2}},
+		{"empty", BlockRun{First: 2}, BlockRun{First: 2}},
+		{"End overflows", BlockRun{First: int(^uint(0)>>1) - 2, IDs: ids}, BlockRun{First: 2}},
+	}
+	for _, tt := range tests {
+		got := c.Clip(16, tt.run)
+		if got.First != tt.want.First || !slices.Equal(got.IDs, tt.want.IDs) {
+			t.Errorf("%s: Clip(%+v) = %+v, want %+v", tt.name, tt.run, got, tt.want)
+		}
+		if len(got.IDs) > 0 && cap(got.IDs) != len(got.IDs) {
+			t.Errorf("%s: clipped ids have room to grow into the caller's (cap %d, len %d)", tt.name, cap(got.IDs), len(got.IDs))
+		}
+	}
+	if got := (Chunk{Start: 48, End: 50, FirstBlock: 3, Last: true}).Clip(16, BlockRun{First: 0, IDs: ids}); got.First != 3 || !slices.Equal(got.IDs, ids[3:4]) {
+		t.Errorf("a last chunk ending mid-block: Clip = %+v, want block 3 alone", got)
+	}
+}
