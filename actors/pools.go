@@ -605,8 +605,9 @@ func (p *Pools) Close() {
 
 // Held checks that every id of group g is held by its owner (allocated,
 // pinned or not), as a source block must be before Pin: the error wraps
-// kvcache.ErrBlockFree (kvcache.ErrBlockReceiving for a block a live
-// receive owns, or the pool's error) and names every bad block, up to a
+// the first bad block's kvcache.ErrBlockFree (kvcache.ErrBlockReceiving
+// for a block a live receive owns, kvcache.ErrBlockQuarantined for one in
+// quarantine, or the pool's error) and names every bad block, up to a
 // few.
 func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 	p.mu.Lock()
@@ -625,6 +626,10 @@ func (p *Pools) Held(g int, ids []kvcache.BlockID) error {
 		switch {
 		case err == nil && st == kvcache.BlockReceiving:
 			err = fmt.Errorf("%w: block %d is receiving: a live request owns it", kvcache.ErrBlockReceiving, id)
+		case err == nil && st == kvcache.BlockQuarantined:
+			// Not free: held until no write can reach it (ReleaseQuarantine).
+			err = fmt.Errorf("%w: block %d is quarantined: it is not the caller's until its quarantine is released",
+				kvcache.ErrBlockQuarantined, id)
 		case err == nil:
 			err = fmt.Errorf("%w: block %d is %v", kvcache.ErrBlockFree, id, st)
 		}

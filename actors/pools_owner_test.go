@@ -216,3 +216,25 @@ func TestCallerCannotReleaseSessionQuarantine(t *testing.T) {
 		t.Fatalf("caller's release of its own quarantine: %v", err)
 	}
 }
+
+// Held refuses a quarantined block as quarantined (ErrBlockQuarantined,
+// naming it), not as free: before, it wrapped ErrBlockFree, "block is
+// free", for a block nobody may allocate until its quarantine is released.
+func TestPoolsHeldNamesQuarantine(t *testing.T) {
+	p := testPools(t, 8, 64)
+	a, err := p.Alloc([]int{3, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Quarantine([][]kvcache.BlockID{a[0][1:2]}); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Held(0, a[0])
+	if !errors.Is(err, kvcache.ErrBlockQuarantined) || errors.Is(err, kvcache.ErrBlockFree) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("block %d is quarantined", a[0][1])) {
+		t.Fatalf("Held with block %d quarantined: %v, want ErrBlockQuarantined (not ErrBlockFree) naming it", a[0][1], err)
+	}
+	if err := p.Held(0, []kvcache.BlockID{7}); !errors.Is(err, kvcache.ErrBlockFree) {
+		t.Fatalf("Held of a free block: %v, want ErrBlockFree", err)
+	}
+}
