@@ -370,9 +370,9 @@ func peerKilled(t *testing.T, tls string, alloc bool) {
 		if err := rdmatest.Recv(t, flushed, "Flush"); !errors.Is(err, rdma.ErrPeerGone) {
 			t.Errorf("Flush after the kill: %v, want ErrPeerGone", err)
 		}
-		// Batches that the link's failure cut on the wire, before UCX
-		// reported their own endpoint failed, may still land as far as
-		// this agent knows: then Close says so.
+		// Batches that the failure of the link or of their own endpoint
+		// cut on the wire may still land as far as this agent knows (no
+		// proof of the peer's exit reaches it here): then Close says so.
 		closed := make(chan error, 1)
 		go func() { closed <- ep.Close() }()
 		if err := rdmatest.Recv(t, closed, "endpoint Close"); err != nil && !errors.Is(err, rdma.ErrCloseUnproven) {

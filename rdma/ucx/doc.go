@@ -156,15 +156,24 @@
 // ErrEndpointClosed and rdma.ErrCloseUnproven, and Close returns an error
 // wrapping rdma.ErrCloseUnproven, so that their owner keeps them in doubt.
 //
-// When UCX reports an endpoint failed (the peer died: tcp resets at once,
-// shared memory within about two keepalive intervals, WithKeepalive), its
-// batches fail with rdma.ErrPeerGone, later posts are refused with it, and
-// the endpoint is closed. A failed link fails every endpoint to that peer;
-// the batches on the wire of an endpoint that UCX did not report failed
-// itself are cut by its forced close, and unless the peer's exit was
-// proven they fail with rdma.ErrCloseUnproven beside ErrPeerGone and the
-// endpoint's Close returns ErrCloseUnproven: a peer that runs on may
-// still apply them.
+// When UCX reports a data endpoint failed (the peer died: tcp resets at
+// once, shared memory within about two keepalive intervals,
+// WithKeepalive; or the peer was stopped, or its VM paused, for longer
+// than the keepalive), or fails a flush on it, later posts are refused
+// with rdma.ErrPeerGone and the endpoint is closed by force. The report
+// concerns this agent's endpoint, not what already reached the peer:
+// over tcp and UCX's software RMA the peer's own worker applies what sits
+// in its socket buffers once it runs. So the endpoint's batches on the
+// wire fail with rdma.ErrCloseUnproven beside ErrPeerGone, and its Close
+// returns ErrCloseUnproven, unless the peer's exit was proven before
+// (Agent.PeerExited): then they fail with ErrPeerGone alone. A failed
+// link fails every endpoint to that peer and cuts their batches on the
+// wire the same way, so a batch ends alike whichever of UCX's reports,
+// the link's or its endpoint's, comes first. Batches not yet handed to
+// UCX fail with ErrPeerGone alone (none of their bytes left), and an
+// endpoint with nothing on the wire closes with nil. A cut batch stays
+// counted against the peer's region (above): the peer's Deregister of it
+// is answered busy while the link stands.
 //
 // # Memory
 //

@@ -82,8 +82,9 @@ type endpoint struct {
 	closeReq  bool  // Close was called (by its owner or the agent)
 	ucpClosed bool  // the progress goroutine closed the UCP endpoint
 	gone      bool  // the dispatcher exited
-	// unproven: the UCP endpoint was closed by force after the close
-	// timeout with writes on the wire (ErrCloseUnproven); Close returns it.
+	// unproven: the UCP endpoint was closed by force with writes on the
+	// wire that may still land (the close timeout, an endpoint error:
+	// ErrCloseUnproven); Close returns it.
 	unproven error
 
 	wake    chan struct{}

@@ -103,8 +103,9 @@ type uep struct {
 	closeID  uint64    // the pending ucp_ep_close_nbx
 	closed   bool
 	failed   error // UCX reported the endpoint failed
-	// unproven: the close timeout passed with flushes on the wire and no
-	// failure reported by UCX; the forced close proves nothing of them.
+	// unproven: its writes on the wire were cut without proof that they
+	// no longer land (the close timeout passed, its link failed
+	// unproven, or UCX reported it failed: dataFailed); reason says so.
 	unproven bool
 }
 
@@ -823,6 +824,7 @@ func (w *worker) flush(u *uep) *flushOp {
 	op.u = u
 	id := w.newID()
 	if C.kvx_flush(w.c, u.h, C.uint64_t(id)) == 0 {
+		w.flushFailed(u, w.c.st)
 		op.settled, op.err = true, w.statusErr(u, w.c.st)
 	} else {
 		op.id = id
@@ -838,8 +840,21 @@ func (w *worker) onFlush(id uint64, st C.ucs_status_t) {
 		return // its endpoint closed first and failed its batches
 	}
 	delete(w.flushes, id)
+	w.flushFailed(op.u, st)
 	op.settled, op.err = true, w.statusErr(op.u, st)
 	w.settle(op.u)
+}
+
+// flushFailed takes a flush of a data endpoint that UCX failed (st) as
+// the endpoint's failure (dataFailed): UCX fails an endpoint's operations
+// before it calls its error callback, so the flush's status may come
+// first. A flush cancelled by this agent's own close of u (issued:
+// closeID) is not one.
+func (w *worker) flushFailed(u *uep, st C.ucs_status_t) {
+	if st == ucsOK || u.ep == nil || u.failed != nil || (st == ucsCanceled && (u.closeID != 0 || u.closed)) {
+		return
+	}
+	w.dataFailed(u, fmt.Errorf("%s: %w: UCX failed its flush: %s", u.name, rdma.ErrPeerGone, statusText(st)))
 }
 
 // settle completes the batches of u's settled flushes, oldest first, up to
@@ -940,6 +955,11 @@ func (w *worker) statusErr(u *uep, st C.ucs_status_t) error {
 	switch {
 	case st == ucsOK:
 		return nil
+	case u.unproven:
+		// Its writes on the wire were cut without proof that they no
+		// longer land (the close timeout, failLink, dataFailed): so were
+		// these, whether UCX cancelled the flush or failed it.
+		return u.reason
 	case st == ucsCanceled && u.reason != nil:
 		return u.reason
 	case st == ucsCanceled:
@@ -976,15 +996,43 @@ func (w *worker) onError(id uint64, st C.ucs_status_t) {
 		return
 	}
 	err := fmt.Errorf("%s: %w: UCX reports the endpoint failed: %s", u.name, rdma.ErrPeerGone, statusText(st))
+	if u.ep != nil {
+		w.dataFailed(u, err)
+		return
+	}
 	if u.failed == nil {
 		u.failed = err
 	}
-	if e := u.ep; e != nil {
-		e.setState(epFailed, err)
-	} else if u.link.u == u {
+	if u.link.u == u {
 		w.failLink(u.link, err)
 	}
 	w.startClose(u, err, false)
+}
+
+// dataFailed: UCX failed data endpoint u (its error callback, or a flush
+// it failed first: flushFailed). Later posts are refused with err and u
+// is closed by force. The failure concerns this endpoint of this agent
+// alone and proves nothing of what its batches on the wire left behind:
+// a peer that runs on (stopped long enough for a keepalive to time out,
+// a paused VM), or one whose death UCX reports before its worker stopped,
+// may still apply what reached its side (over tcp and UCX's software RMA
+// its own worker applies what sits in its socket buffers). So those
+// batches fail with rdma.ErrCloseUnproven beside err, and the endpoint's
+// Close returns it, as when failLink cuts them — unless the peer's exit
+// was proven first (Agent.PeerExited): its worker applies nothing more.
+// Whichever comes first, this or its link's failure, the batches end the
+// same. Idempotent.
+func (w *worker) dataFailed(u *uep, err error) {
+	if u.failed != nil {
+		return
+	}
+	u.failed = err
+	u.ep.setState(epFailed, err)
+	w.startClose(u, err, false)
+	if !u.unproven && u.link.exited == "" && (len(u.pend) > 0 || len(u.group) > 0) {
+		u.unproven = true
+		u.reason = fmt.Errorf("%w: %w (UCX's report proves nothing of what the peer already holds, and the peer's exit is not proven)", err, rdma.ErrCloseUnproven)
+	}
 }
 
 // startClose closes u once its flushes completed (wait) or at once; the
@@ -1052,7 +1100,7 @@ func (w *worker) closedUEP(u *uep) {
 		e.mu.Lock()
 		e.ucpClosed = true
 		if u.unproven {
-			e.unproven = u.reason // the close timeout's, or failLink's
+			e.unproven = u.reason // the close timeout's, failLink's or dataFailed's
 		}
 		e.mu.Unlock()
 		w.touch(e)

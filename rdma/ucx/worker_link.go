@@ -283,6 +283,7 @@ func (w *worker) failLink(l *link, err error) {
 	for u := range l.eps {
 		u.ep.setState(epFailed, err)
 		w.startClose(u, fmt.Errorf("%s: %w", u.name, err), false)
+		// (An endpoint UCX reported failed itself was cut by dataFailed.)
 		if cut && !u.closed && u.failed == nil && (len(u.pend) > 0 || len(u.group) > 0) {
 			u.unproven = true
 			u.reason = fmt.Errorf("%s: %w: %w (its link failed without proof that they no longer land)", u.name, err, rdma.ErrCloseUnproven)
