@@ -219,3 +219,78 @@ func TestEtcdRegisterBoundsItsLeaseGrant(t *testing.T) {
 	}
 	t.Logf("Register: %v", err)
 }
+
+// TestEtcdRegisterEndedIsNoLost: a Register whose lease ends before it
+// completes (it waited for an older holder while etcd stopped answering)
+// fails, and no Lost is delivered: nothing was registered, so nothing was
+// lost, and the caller already has Register's error. A Lost came as well
+// (the keepalive's end reported this rank's membership lost), so that a
+// node both failed to start and logged its membership lost.
+func TestEtcdRegisterEndedIsNoLost(t *testing.T) {
+	p := newHoleProxy(t, etcdEndpoints(t)[0])
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("gen", 0, 1), lease.ID) // a live holder
+	held := make(chan struct{}, 1)
+	r, err := NewEtcd(ctxFor(t, 10*time.Second), []string{p.addr()}, cluster, WithTTL(time.Second),
+		WithDialTimeout(time.Second), WithOnHeld(func(Record) {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []Event
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for ev := range r.Events() {
+			evs = append(evs, ev)
+		}
+	}()
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = r.Close()
+			<-read
+		}
+	})
+	ctx := ctxFor(t, 5*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- r.Register(ctx, testRecord("gen", 0, 2)) }()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("Register returned %v before waiting for the holder", err)
+	case <-time.After(waitFor):
+		t.Fatal("Register did not find the holder")
+	}
+	p.hole.Store(true) // etcd stops answering: the lease ends
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Register still waits, two minutes after etcd stopped answering (its lease's TTL is 1 s)")
+	}
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Register: %v (its context: %v), want the end of its lease", err, ctx.Err())
+	}
+	// Close waits for the keepalive goroutine: a Lost it pushed (as it did
+	// when its lease ended, about a second before Register returned:
+	// Register's revoke waits its dial timeout on the silent etcd) has
+	// been read by then.
+	closed = true
+	_ = r.Close()
+	<-read
+	for _, ev := range evs {
+		if ev.Kind == EventLost {
+			t.Errorf("%v after Register failed with %v: want no Lost for a registration that never completed", ev, err)
+		}
+	}
+}

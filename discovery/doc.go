@@ -31,7 +31,8 @@
 // them. Per peer rank they follow Up(i1) → Down(i1) → Up(i2) → … with
 // strictly growing incarnations; Rejected reports a value refused (and
 // changes nothing); Lost reports, once, that this rank's own record is
-// gone. The membership table is a state machine without I/O (members);
+// gone — only after its Register returned nil: a registration lost before
+// it completed fails its Register instead. The membership table is a state machine without I/O (members);
 // the etcd shell feeds it what the watch reads, under one mutex, so
 // decisions and deliveries cannot interleave differently.
 //

@@ -250,6 +250,11 @@ func (e *Etcd) lose(reason string) {
 // Close cuts a Register in flight short and waits for it: that Register
 // fails with ErrClosed and leaves no record, lease or goroutine behind; a
 // Register after Close is ErrClosed as well.
+//
+// Lost is said only of a registration whose Register returned nil. One
+// whose lease ends or whose record goes before Register returns (etcd
+// stopped answering for the TTL while it waited) fails that Register,
+// with an error that says so, and no Lost is ever delivered for it.
 func (e *Etcd) Register(ctx context.Context, r Record) error {
 	value, err := r.Encode()
 	if err != nil {
@@ -309,6 +314,15 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 				"(not renewed for its TTL, %ds: etcd stopped or unreachable); it was: %w", key, lease.ID, lease.TTL, err)
 		}
 		return e.unregister(err, lease.ID)
+	}
+	// The registration completes only if its record and lease are still
+	// there: one lost meanwhile (the keepalive stopped, the key was
+	// deleted or taken) fails the Register, and is no Lost.
+	e.mu.Lock()
+	err = e.m.confirm()
+	e.mu.Unlock()
+	if err != nil {
+		return e.unregister(fmt.Errorf("discovery: etcd: registering %s under lease %x: %w", key, lease.ID, err), lease.ID)
 	}
 	return nil
 }

@@ -29,7 +29,9 @@ const (
 	// EventLost: this registry's own record is gone (its lease expired or
 	// could not be renewed, or its key was deleted or taken by a newer
 	// incarnation). The rank is out of the cluster: its writers must stop.
-	// Reason is set.
+	// Reason is set. It comes only after this registry's Register returned
+	// nil: a registration whose lease or record was lost before it
+	// completed fails its Register, with no Lost.
 	EventLost
 )
 

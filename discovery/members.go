@@ -26,11 +26,16 @@ type members struct {
 	ranks   map[messages.PeerID]*rankState
 	// self is this registry's own rank once it registers; selfInc its
 	// incarnation. Events about selfInc are not Up/Down but Lost.
-	self     messages.PeerID
-	selfInc  uint64
-	hasSelf  bool
-	lost     bool
-	rejected uint64
+	self    messages.PeerID
+	selfInc uint64
+	hasSelf bool
+	// confirmed: the Register of self completed (confirm). Until then a
+	// loss of its record or lease is no Lost: it fails the Register
+	// (lostWhy says why).
+	confirmed bool
+	lost      bool
+	lostWhy   string
+	rejected  uint64
 }
 
 // storedValue is a value read from etcd and the lease that holds it.
@@ -70,12 +75,27 @@ func (m *members) register(r Record) error {
 			ErrStaleIncarnation, IncarnationKey(m.cluster, r.Instance, r.Rank),
 			max(st.floor, st.reg.Incarnation), r.Peer(), r.Incarnation)
 	}
-	m.self, m.selfInc, m.hasSelf, m.lost = r.Peer(), r.Incarnation, true, false
+	m.self, m.selfInc, m.hasSelf = r.Peer(), r.Incarnation, true
+	m.confirmed, m.lost, m.lostWhy = false, false, ""
+	return nil
+}
+
+// confirm marks this registry's own registration complete: from now on
+// the loss of its record is a Lost. It fails (naming the reason) when the
+// record or its lease was lost before: the registration did not complete,
+// and no Lost is ever said of it.
+func (m *members) confirm() error {
+	if m.lost {
+		return fmt.Errorf("its record was lost before the registration completed (%s)", m.lostWhy)
+	}
+	m.confirmed = true
 	return nil
 }
 
 // unregister forgets this registry's own record after a failed Register.
-func (m *members) unregister() { m.hasSelf, m.selfInc = false, 0 }
+func (m *members) unregister() {
+	m.hasSelf, m.selfInc, m.confirmed, m.lost, m.lostWhy = false, 0, false, false, ""
+}
 
 func (m *members) reject(key string, err error) []Event {
 	m.rejected++
@@ -96,12 +116,17 @@ func (m *members) down(r *Record, reason string) []Event {
 	return []Event{{Kind: EventDown, Instance: r.Instance, Rank: r.Rank, Incarnation: r.Incarnation, Reason: reason}}
 }
 
-// lose reports this registry's own rank out of the cluster, once.
+// lose reports this registry's own rank out of the cluster, once, and
+// only once its Register completed: before, the loss fails the Register
+// instead (confirm).
 func (m *members) lose(reason string) []Event {
 	if !m.hasSelf || m.lost {
 		return nil
 	}
-	m.lost = true
+	m.lost, m.lostWhy = true, reason
+	if !m.confirmed {
+		return nil
+	}
 	return []Event{{Kind: EventLost, Instance: m.self.Instance, Rank: m.self.Rank, Incarnation: m.selfInc, Reason: reason}}
 }
 

@@ -120,6 +120,9 @@ func TestMembersOverwrittenKeyIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	regPut(t, self, rec(7), 3)
+	if err := self.confirm(); err != nil { // Register completed
+		t.Fatal(err)
+	}
 	if got := kinds(self.put(k, enc(t, rec(7), stateUp), 0)); !strings.HasSuffix(got, "LOST gen/1#7: "+ReasonOverwritten+"]") {
 		t.Fatalf("own key overwritten: %s, want LOST", got)
 	}
@@ -191,6 +194,9 @@ func TestMembersSelf(t *testing.T) {
 	}
 	if evs := regPut(t, m, testRecord("ctx", 0, 4), 2); len(evs) != 0 {
 		t.Fatalf("own record: %v, want no event", evs)
+	}
+	if err := m.confirm(); err != nil { // Register completed
+		t.Fatal(err)
 	}
 	if p := m.peers(); len(p) != 0 {
 		t.Errorf("peers %v: want self left out", p)
@@ -298,6 +304,9 @@ func TestMembersNoDownOfSelfAfterLost(t *testing.T) {
 	if evs := regPut(t, m, testRecord("ctx", 0, 4), 2); len(evs) != 0 {
 		t.Fatalf("own record: %v, want no event", evs)
 	}
+	if err := m.confirm(); err != nil { // Register completed
+		t.Fatal(err)
+	}
 	if evs := m.lose(ReasonKeepaliveStopped); kinds(evs) != "[LOST ctx/0#4: "+ReasonKeepaliveStopped+"]" {
 		t.Fatalf("keepalive stopped: %v", evs)
 	}
@@ -338,5 +347,58 @@ func TestMembersSyncDownsRecordReplacedByRefusedOne(t *testing.T) {
 	}
 	if p := m.peers(); len(p) != 0 {
 		t.Errorf("peers %v, want gen/1#1 gone", p)
+	}
+}
+
+// TestMembersNoLostBeforeRegistered: the loss of this registry's own
+// record or lease before its Register completed is no Lost (nothing was
+// registered to lose); it makes the Register fail (confirm), naming why.
+// A later registration of the rank that completes is Lost as usual.
+func TestMembersNoLostBeforeRegistered(t *testing.T) {
+	k := Key("c", "ctx", 0)
+	for _, c := range []struct {
+		name string
+		lose func(m *members) []Event
+		why  string
+	}{
+		{"keepalive stopped", func(m *members) []Event { return m.lose(ReasonKeepaliveStopped) }, ReasonKeepaliveStopped},
+		{"own key deleted", func(m *members) []Event { regPut(t, m, testRecord("ctx", 0, 4), 2); return m.del(k) }, ReasonLeaseExpired},
+		{"own key overwritten", func(m *members) []Event {
+			regPut(t, m, testRecord("ctx", 0, 4), 2)
+			var evs []Event
+			for _, e := range m.put(k, []byte("garbage"), 9) {
+				if e.Kind != EventRejected { // the garbage's own rejection is expected
+					evs = append(evs, e)
+				}
+			}
+			return evs
+		}, ReasonOverwritten},
+	} {
+		m := newMembers("c")
+		if err := m.register(testRecord("ctx", 0, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if evs := c.lose(m); len(evs) != 0 {
+			t.Errorf("%s before Register completed: %v, want no event", c.name, evs)
+		}
+		err := m.confirm()
+		if err == nil || !strings.Contains(err.Error(), "before the registration completed") || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("%s: confirm: %v, want an error naming %q", c.name, err, c.why)
+		}
+		m.unregister()
+		if evs := m.lose(ReasonKeepaliveStopped); len(evs) != 0 {
+			t.Errorf("%s: lose after unregister: %v, want no event", c.name, evs)
+		}
+		// The next incarnation registers, completes, and is lost: Lost.
+		if err := m.register(testRecord("ctx", 0, 5)); err != nil {
+			t.Fatal(err)
+		}
+		regPut(t, m, testRecord("ctx", 0, 5), 3)
+		if err := m.confirm(); err != nil {
+			t.Fatalf("%s: confirm of the next incarnation: %v", c.name, err)
+		}
+		if evs := m.del(k); kinds(evs) != "[LOST ctx/0#5: "+ReasonLeaseExpired+"]" {
+			t.Errorf("%s: next incarnation's key deleted: %v, want LOST", c.name, evs)
+		}
 	}
 }
