@@ -47,7 +47,11 @@
 // # Values from etcd are peer bytes
 //
 // Anyone with access to the prefix can write anything. Every value is
-// bounded, strictly decoded (one version, no unknown fields, no trailing
-// bytes), validated and checked against its key before it touches the
-// table; a value that fails is a Rejected event naming its key.
+// bounded, strictly decoded (one version; every field this build knows
+// present, of its type and in range; no trailing bytes), validated and
+// checked against its key before it touches the table; a value that fails
+// is a Rejected event naming its key. Fields this build does not know — a
+// later build of the same version may add some (RecordVersion) — are
+// skipped, never kept, so that ranks upgraded one at a time keep seeing
+// each other.
 package discovery

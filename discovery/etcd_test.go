@@ -760,8 +760,8 @@ func TestEtcdNoDownOfSelfAfterLost(t *testing.T) {
 
 // TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue: while the watch was
 // broken, a live rank's lease expired and the rank registered again with
-// a record this registry refuses (a newer build's record with a field
-// this one does not know). The resynchronisation must put the rank that
+// a record this registry refuses (a newer build's record of a version
+// this one does not read). The resynchronisation must put the rank that
 // was up Down: its key holds no record of it. It stayed up for good.
 func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
 	cluster := clusterName(t)
@@ -790,7 +790,7 @@ func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := testRecord("gen", 1, 2).Encode()
-	newer := strings.Replace(string(v), `"v":1,`, `"v":1,"zone":"b",`, 1)
+	newer := strings.Replace(string(v), `"v":1,`, `"v":2,"zone":"b",`, 1)
 	if _, err := admin.Txn(ctxFor(t, 10*time.Second)).Then(
 		clientv3.OpPut(IncarnationKey(cluster, "gen", 1), string(registration{Incarnation: 2, Lease: int64(l2.ID)}.encode())),
 		clientv3.OpPut(Key(cluster, "gen", 1), newer, clientv3.WithLease(l2.ID))).Commit(); err != nil {

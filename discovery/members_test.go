@@ -155,7 +155,8 @@ func TestMembersRejectsWithoutState(t *testing.T) {
 		{ik, []byte("garbage"), 0, ErrInvalidRecord},
 		{ik, []byte(`{"v":1,"incarnation":"0","lease":"1"}`), 0, ErrInvalidRecord},
 		{ik, []byte(`{"v":1,"incarnation":"1","lease":"0"}`), 0, ErrInvalidRecord},
-		{ik, []byte(`{"v":1,"incarnation":"1","lease":"1","x":1}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":2,"incarnation":"1","lease":"1","x":1}`), 0, ErrInvalidRecord},
+		{ik, []byte(`{"v":1,"lease":"1","x":1}`), 0, ErrInvalidRecord},
 	}
 	for _, c := range cases {
 		evs := m.put(c.key, c.value, c.lease)
@@ -225,7 +226,7 @@ func TestMembersSync(t *testing.T) {
 		Key("c", "ctx", 1):            {[]byte("{}"), 3},
 	}
 	got := kinds(m.sync(snap))
-	want := "[DOWN gen/0#1: lease expired UP ctx/0#1 REJECTED /kvxfer/c/ctx/1: key /kvxfer/c/ctx/1: discovery: invalid record: record version 0, want 1 DOWN gen/1#1: superseded by incarnation 2 UP gen/1#2]"
+	want := "[DOWN gen/0#1: lease expired UP ctx/0#1 REJECTED /kvxfer/c/ctx/1: key /kvxfer/c/ctx/1: discovery: invalid record: record has no version (\"v\"), want 1 DOWN gen/1#1: superseded by incarnation 2 UP gen/1#2]"
 	if got != want {
 		t.Errorf("sync:\n got %s\nwant %s", got, want)
 	}
@@ -327,8 +328,8 @@ func TestMembersNoDownOfSelfAfterLost(t *testing.T) {
 
 // TestMembersSyncDownsRecordReplacedByRefusedOne: while the watch was
 // broken a live rank's lease expired and a new registration of the rank
-// was written whose record this registry refuses (a field it does not
-// know, say, from a newer build, or garbage under the new lease). The
+// was written whose record this registry refuses (a newer build's record
+// of a version it does not read, or garbage under the new lease). The
 // key no longer holds the live record, so the rank that was up is down.
 func TestMembersSyncDownsRecordReplacedByRefusedOne(t *testing.T) {
 	m := newMembers("c")
@@ -336,7 +337,7 @@ func TestMembersSyncDownsRecordReplacedByRefusedOne(t *testing.T) {
 	if evs := regPut(t, m, testRecord("gen", 1, 1), 1); kinds(evs) != "[UP gen/1#1]" {
 		t.Fatalf("up: %v", evs)
 	}
-	newer := strings.Replace(string(enc(t, testRecord("gen", 1, 2), stateUp)), `"v":1,`, `"v":1,"zone":"b",`, 1)
+	newer := strings.Replace(string(enc(t, testRecord("gen", 1, 2), stateUp)), `"v":1,`, `"v":2,"zone":"b",`, 1)
 	snap := map[string]storedValue{
 		ik: {registration{2, 2}.encode(), 0},
 		k:  {[]byte(newer), 2},

@@ -2,9 +2,11 @@ package discovery
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -13,6 +15,12 @@ import (
 // RecordVersion is the version of the record format this package writes
 // and the only one it reads. A record of another version is refused (and
 // named), never guessed at.
+//
+// Within a version a later build may add fields: a reader ignores the
+// fields it does not know (so that ranks upgraded one at a time keep
+// reading each other), and requires and checks every field it knows. A
+// change an older reader must not read past (a field removed or renamed,
+// a value's meaning changed) is a new version, which older readers refuse.
 const RecordVersion = 1
 
 // Bounds on a record. A value beyond them is broken or hostile.
@@ -180,6 +188,7 @@ const (
 
 // wireRecord is the JSON form, version 1. uint64 fields travel as strings
 // so that readers whose numbers are doubles (jq, JavaScript) keep them exact.
+// Every field without omitempty is required (wireRecordIn).
 type wireRecord struct {
 	V               int    `json:"v"`
 	State           string `json:"state"`
@@ -196,6 +205,30 @@ type wireRecord struct {
 	PPStages        string `json:"pp_stages,omitempty"`
 	TP              int32  `json:"tp"`
 	PP              int32  `json:"pp"`
+}
+
+// wireRecordIn is wireRecord as read: a required field is a pointer, so
+// that a field left out (or null) is told apart from one at its zero value
+// (rank 0, tp 0, a layout hash of 0). The version is kept raw, to be read
+// (and a record of another version refused as such) before anything else;
+// the fields JSON carries as strings (64-bit numbers, base64) are parsed
+// here, so that an error names the field.
+type wireRecordIn struct {
+	V               json.RawMessage `json:"v"`
+	State           *string         `json:"state"`
+	Instance        *string         `json:"instance"`
+	Rank            *int32          `json:"rank"`
+	Incarnation     *string         `json:"incarnation"`
+	ControlEndpoint *string         `json:"control_endpoint"`
+	CurvePublicKey  string          `json:"curve_public_key"`
+	Backend         *string         `json:"backend"`
+	AgentAddr       *string         `json:"agent_addr"`
+	LayoutHash      *string         `json:"layout_hash"`
+	TPSize          *int32          `json:"tp_size"`
+	PPSize          *int32          `json:"pp_size"`
+	PPStages        string          `json:"pp_stages"`
+	TP              *int32          `json:"tp"`
+	PP              *int32          `json:"pp"`
 }
 
 // Encode returns the record's value as stored in etcd (JSON, version
@@ -218,8 +251,9 @@ func (r Record) encode(state string) ([]byte, error) {
 
 // DecodeRecord parses and validates a stored value. It never panics; any
 // value it does not accept whole (oversized, not JSON, another version,
-// unknown or missing fields, trailing bytes, a field out of range) is an
-// error wrapping ErrInvalidRecord.
+// a field missing, of the wrong type or out of range, trailing bytes) is
+// an error wrapping ErrInvalidRecord that names the version or the field.
+// Fields it does not know (a later build's, RecordVersion) are ignored.
 func DecodeRecord(b []byte) (Record, error) {
 	r, _, err := decodeRecord(b)
 	return r, err
@@ -229,30 +263,66 @@ func decodeRecord(b []byte) (Record, bool, error) {
 	if len(b) == 0 || len(b) > MaxRecordBytes {
 		return Record{}, false, invalid("value of %d bytes, want 1..%d", len(b), MaxRecordBytes)
 	}
+	// Decode reads the whole value (a syntax error leaves w untouched),
+	// then fills what it can: a field of the wrong type is an error, but
+	// the version is still read, and is checked first, so that a record of
+	// another version is refused as such, whatever its fields became.
+	// Fields this build does not know are skipped, never kept.
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var w wireRecord
-	if err := dec.Decode(&w); err != nil {
-		return Record{}, false, invalid("value is not a version %d record: %v", RecordVersion, err)
+	var w wireRecordIn
+	derr := dec.Decode(&w)
+	if derr != nil && w.V == nil {
+		return Record{}, false, invalid("value is not a version %d record: %v", RecordVersion, derr)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Record{}, false, invalid("value has bytes after the record")
 	}
-	if w.V != RecordVersion {
-		return Record{}, false, invalid("record version %d, want %d", w.V, RecordVersion)
+	if w.V == nil || string(w.V) == "null" {
+		return Record{}, false, invalid(`record has no version ("v"), want %d`, RecordVersion)
+	}
+	if v, err := strconv.Atoi(string(w.V)); err != nil || v != RecordVersion {
+		return Record{}, false, invalid("record version %.20s, want %d: this build reads version %d records only", w.V, RecordVersion, RecordVersion)
+	}
+	if derr != nil {
+		return Record{}, false, invalid("version %d record: %v", RecordVersion, derr)
+	}
+	for _, f := range [...]struct {
+		name    string
+		present bool
+	}{
+		{"state", w.State != nil}, {"instance", w.Instance != nil}, {"rank", w.Rank != nil},
+		{"incarnation", w.Incarnation != nil}, {"control_endpoint", w.ControlEndpoint != nil},
+		{"backend", w.Backend != nil}, {"agent_addr", w.AgentAddr != nil}, {"layout_hash", w.LayoutHash != nil},
+		{"tp_size", w.TPSize != nil}, {"pp_size", w.PPSize != nil}, {"tp", w.TP != nil}, {"pp", w.PP != nil},
+	} {
+		if !f.present {
+			return Record{}, false, invalid("version %d record without %q (or null): every version %d record has it", RecordVersion, f.name, RecordVersion)
+		}
+	}
+	inc, err := strconv.ParseUint(*w.Incarnation, 10, 64)
+	if err != nil {
+		return Record{}, false, invalid(`"incarnation" %.30q, want a decimal uint64 in a string`, *w.Incarnation)
+	}
+	layout, err := strconv.ParseUint(*w.LayoutHash, 10, 64)
+	if err != nil {
+		return Record{}, false, invalid(`"layout_hash" %.30q, want a decimal uint64 in a string`, *w.LayoutHash)
+	}
+	agent, err := base64.StdEncoding.DecodeString(*w.AgentAddr)
+	if err != nil {
+		return Record{}, false, invalid(`"agent_addr" of %d characters is not base64: %v`, len(*w.AgentAddr), err)
 	}
 	var leaving bool
-	switch w.State {
+	switch *w.State {
 	case stateUp:
 	case stateLeaving:
 		leaving = true
 	default:
-		return Record{}, false, invalid("record state %q, want %q or %q", w.State, stateUp, stateLeaving)
+		return Record{}, false, invalid("record state %q, want %q or %q", *w.State, stateUp, stateLeaving)
 	}
-	r := Record{Instance: w.Instance, Rank: w.Rank, Incarnation: w.Incarnation,
-		ControlEndpoint: w.ControlEndpoint, CurvePublicKey: w.CurvePublicKey, Backend: w.Backend,
-		AgentAddr: w.AgentAddr, LayoutHash: w.LayoutHash,
-		Parallel: messages.Parallel{TP: w.TPSize, PP: w.PPSize, Stages: w.PPStages}, TP: w.TP, PP: w.PP}
+	r := Record{Instance: *w.Instance, Rank: *w.Rank, Incarnation: inc,
+		ControlEndpoint: *w.ControlEndpoint, CurvePublicKey: w.CurvePublicKey, Backend: *w.Backend,
+		AgentAddr: agent, LayoutHash: layout,
+		Parallel: messages.Parallel{TP: *w.TPSize, PP: *w.PPSize, Stages: w.PPStages}, TP: *w.TP, PP: *w.PP}
 	if err := r.Validate(); err != nil {
 		return Record{}, false, err
 	}
@@ -277,14 +347,14 @@ func (g registration) encode() []byte {
 	return b
 }
 
-// decodeRegistration parses an incarnation key's value, as strictly as a
-// record.
+// decodeRegistration parses an incarnation key's value as a record is
+// parsed: every field required and checked, fields a later build added
+// (of the same version) ignored.
 func decodeRegistration(b []byte) (registration, error) {
 	if len(b) == 0 || len(b) > MaxRecordBytes {
 		return registration{}, invalid("incarnation value of %d bytes, want 1..%d", len(b), MaxRecordBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var w wireRegistration
 	if err := dec.Decode(&w); err != nil {
 		return registration{}, invalid("incarnation value is not version %d: %v", RecordVersion, err)

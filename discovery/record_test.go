@@ -108,7 +108,6 @@ func TestDecodeRecordRefuses(t *testing.T) {
 		"array":            "[]",
 		"other version":    strings.Replace(s, `"v":1`, `"v":2`, 1),
 		"no version":       strings.Replace(s, `"v":1,`, ``, 1),
-		"unknown field":    strings.Replace(s, `"v":1`, `"v":1,"secret_key":"x"`, 1),
 		"trailing bytes":   s + "{}",
 		"bad state":        strings.Replace(s, `"state":"up"`, `"state":"zombie"`, 1),
 		"number as string": strings.Replace(s, `"incarnation":"1"`, `"incarnation":1`, 1),
@@ -123,6 +122,130 @@ func TestDecodeRecordRefuses(t *testing.T) {
 		}
 		if _, err := DecodeRecord([]byte(v)); !errors.Is(err, ErrInvalidRecord) {
 			t.Errorf("%s: %v, want %v", name, err, ErrInvalidRecord)
+		}
+	}
+}
+
+// recordFields is a valid record's value as a map of its fields, to edit.
+func recordFields(t *testing.T, r Record, state string) map[string]json.RawMessage {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(enc(t, r, state), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func marshalFields(t *testing.T, m map[string]json.RawMessage) []byte {
+	t.Helper()
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestDecodeRecordIgnoresUnknownFields: a version 1 record with fields this
+// build does not know (as a later build that adds a field writes it) is
+// accepted with the fields it knows, so that a rank upgraded while its
+// peers are not is seen by them. It was refused ("unknown field"): during
+// a rolling upgrade, every rank upgraded first was Rejected by the others
+// and never came Up.
+func TestDecodeRecordIgnoresUnknownFields(t *testing.T) {
+	r := testRecord("gen", 0, 1<<40)
+	r.Parallel, r.PP = messages.Parallel{TP: 2, PP: 2, Stages: "3,5"}, 1
+	for _, state := range []string{stateUp, stateLeaving} {
+		m := recordFields(t, r, state)
+		m["zone"] = json.RawMessage(`"us-east-1b"`)
+		m["numa"] = json.RawMessage(`{"node":1,"cpus":[0,1,2],"nested":{"deep":[null,true,1.5e3]}}`)
+		m["tp_groups"] = json.RawMessage(`[[0,1],[2,3]]`)
+		m["weight"] = json.RawMessage(`-0.25`)
+		b := marshalFields(t, m)
+		got, leaving, err := decodeRecord(b)
+		if err != nil {
+			t.Fatalf("%s record with fields this build does not know: %v\n%s", state, err, b)
+		}
+		if !recordsEqual(got, r) || leaving != (state == stateLeaving) {
+			t.Errorf("decoded %+v (leaving %v), want %+v (state %s)", got, leaving, r, state)
+		}
+	}
+	// As the newer build's Encode writes it: the extra field after the
+	// known ones.
+	v, _ := r.Encode()
+	newer := append(bytes.TrimSuffix(v, []byte("}")), []byte(`,"zone":"b"}`)...)
+	if got, err := DecodeRecord(newer); err != nil || !recordsEqual(got, r) {
+		t.Errorf("DecodeRecord(%s): %+v, %v; want %+v", newer, got, err, r)
+	}
+	// The incarnation key too.
+	g, err := decodeRegistration([]byte(`{"v":1,"incarnation":"7","lease":"9","zone":"b"}`))
+	if err != nil || g != (registration{Incarnation: 7, Lease: 9}) {
+		t.Errorf("incarnation value with an unknown field: %+v, %v; want incarnation 7 lease 9", g, err)
+	}
+}
+
+// TestDecodeRecordRequiresKnownFields: every field a version 1 record
+// carries is required and checked, unknown fields notwithstanding: one left
+// out, null, of the wrong type or out of range is refused, naming the
+// field; a record of another version is refused naming its version, before
+// its fields are looked at. A field left out whose zero value is valid
+// (rank 0, tp 0, a layout hash of 0) was taken as that zero.
+func TestDecodeRecordRequiresKnownFields(t *testing.T) {
+	r := testRecord("gen", 0, 5)
+	for _, f := range []string{"v", "state", "instance", "rank", "incarnation", "control_endpoint",
+		"backend", "agent_addr", "layout_hash", "tp_size", "pp_size", "tp", "pp"} {
+		for _, how := range []string{"left out", "null"} {
+			m := recordFields(t, r, stateUp)
+			if _, ok := m[f]; !ok {
+				t.Fatalf("the record has no %q to take out", f)
+			}
+			if how == "null" {
+				m[f] = json.RawMessage(`null`)
+			} else {
+				delete(m, f)
+			}
+			m["zone"] = json.RawMessage(`"b"`) // a newer build's, besides
+			b := marshalFields(t, m)
+			_, err := DecodeRecord(b)
+			if !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), `"`+f+`"`) {
+				t.Errorf("%s %s: %v, want %v naming %q\n%s", f, how, err, ErrInvalidRecord, f, b)
+			}
+		}
+	}
+	good, _ := r.Encode()
+	s := strings.Replace(string(good), `"v":1,`, `"v":1,"zone":"b",`, 1)
+	bad := map[string]struct{ value, want string }{
+		"rank of the wrong type":        {strings.Replace(s, `"rank":0`, `"rank":"0"`, 1), "rank"},
+		"rank out of range":             {strings.Replace(s, `"rank":0`, `"rank":70000`, 1), "rank 70000"},
+		"incarnation not a string":      {strings.Replace(s, `"incarnation":"5"`, `"incarnation":5`, 1), "incarnation"},
+		"incarnation 0":                 {strings.Replace(s, `"incarnation":"5"`, `"incarnation":"0"`, 1), "incarnation 0"},
+		"layout_hash not a number":      {strings.Replace(s, `"layout_hash":"`, `"layout_hash":"x`, 1), "layout_hash"},
+		"tp_size negative":              {strings.Replace(s, `"tp_size":2`, `"tp_size":-2`, 1), "TP=-2"},
+		"tp outside":                    {strings.Replace(s, `"tp":0`, `"tp":5`, 1), "tp=5"},
+		"state unknown":                 {strings.Replace(s, `"state":"up"`, `"state":"draining"`, 1), `state "draining"`},
+		"endpoint":                      {strings.Replace(s, `"control_endpoint":"tcp://`, `"control_endpoint":"udp://`, 1), "control endpoint"},
+		"curve key":                     {strings.Replace(s, `"curve_public_key":"rq`, `"curve_public_key":"~~`, 1), "CURVE public key"},
+		"version of the wrong type":     {strings.Replace(s, `"v":1`, `"v":"1"`, 1), `record version "1", want 1`},
+		"agent_addr not base64":         {strings.Replace(s, `"agent_addr":"`, `"agent_addr":"!`, 1), `"agent_addr" of`},
+		"version 2":                     {strings.Replace(s, `"v":1`, `"v":2`, 1), "record version 2, want 1"},
+		"version 2, a field left out":   {strings.Replace(strings.Replace(s, `"v":1`, `"v":2`, 1), `"rank":0,`, ``, 1), "record version 2, want 1"},
+		"version 2, a field's type new": {strings.Replace(strings.Replace(s, `"v":1`, `"v":2`, 1), `"rank":0`, `"rank":{"tp":0}`, 1), "record version 2, want 1"},
+		"trailing bytes":                {s + "{}", "bytes after the record"},
+		"oversized, unknown field":      {strings.Replace(s, `"zone":"b"`, `"zone":"`+strings.Repeat("b", MaxRecordBytes)+`"`, 1), "want 1..16384"},
+	}
+	for name, c := range bad {
+		if c.value == s {
+			t.Fatalf("%s: the case changed nothing", name)
+		}
+		_, err := DecodeRecord([]byte(c.value))
+		if !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %v naming %q", name, err, ErrInvalidRecord, c.want)
+		}
+	}
+	// The incarnation key: each field required, the version checked.
+	for _, v := range []string{`{"lease":"9","incarnation":"7","x":1}`, `{"v":1,"lease":"9","x":1}`,
+		`{"v":1,"incarnation":"7","x":1}`, `{"v":2,"incarnation":"7","lease":"9"}`} {
+		if _, err := decodeRegistration([]byte(v)); !errors.Is(err, ErrInvalidRecord) {
+			t.Errorf("incarnation value %s: %v, want %v", v, err, ErrInvalidRecord)
 		}
 	}
 }
