@@ -148,8 +148,11 @@ lib:
 ## again on cuda/cudatest's fake CUDA driver (layer parts behind CUDA events),
 ## then over a library that moves a goroutine's stack at every call
 ## (runtime.mayMoreStackMove): a C value the library holds as a Go pointer
-## and that is none (a callback's user data) aborts that run at once, where
-## a plain build aborts only now and then.
+## and that is none (a callback's user data, an empty array's dangling
+## pointer) aborts that run at once, where a plain build aborts only now and
+## then. cmd/libkvxfer itself is built there without optimisation (-N -l),
+## so that every local it has lives on the stack the move checks: an
+## optimised build keeps many in registers, and only now and then not.
 ctest: lib
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/kvxfer_test test/c/kvxfer_test.c \
 		-L$(LIBDIR) -lkvxfer -lpthread -ldl -Wl,-rpath,'$$ORIGIN'
@@ -159,6 +162,7 @@ ctest: lib
 	KVXFER_LIBCUDA=$(CURDIR)/$(LIBDIR)/fakecuda/libcuda.so.1 FAKECUDA_COPY_DELAY_US=2000 $(LIBDIR)/kvxfer_test
 	@mkdir -p $(LIBDIR)/stackmove
 	$(GO) build -tags kvxfer_nonvml -buildmode=c-shared -gcflags=all=-d=maymorestack=runtime.mayMoreStackMove \
+		'-gcflags=./cmd/libkvxfer=-N -l -d=maymorestack=runtime.mayMoreStackMove' \
 		-o $(LIBDIR)/stackmove/libkvxfer.so ./cmd/libkvxfer
 	@rm -f $(LIBDIR)/stackmove/libkvxfer.h
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -o $(LIBDIR)/stackmove/kvxfer_test test/c/kvxfer_test.c \

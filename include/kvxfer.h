@@ -14,6 +14,12 @@
  *    first 64 bytes of an over-long value, with its length). Bad input (a
  *    bad handle, a null pointer, bad JSON, a misaligned chunk) is an error
  *    status, never a crash.
+ *  - An array passed with a count (ids and n, buf and cap, runs and groups,
+ *    a run's ids and count, a request's payload and payload_len, blocks and
+ *    groups) is never read when its count is 0, whatever its pointer: NULL,
+ *    or a dangling one such as Rust's empty slice's (0x4) are the same
+ *    empty array. A non-zero count with NULL, or with a pointer below the
+ *    first page (4096), is KVXFER_ERR_INVALID_ARGUMENT naming it.
  *  - Completions are polled: kvxfer_poll() returns finished requests as
  *    kvxfer_event records. A callback (kvxfer_set_callback) is optional; it
  *    runs on a thread the library owns, and must not unwind (no C++ exception,
@@ -181,7 +187,8 @@ typedef struct kvxfer_receive_request {
      * than the caller's run said). A run with count 0 (a group this rank
      * holds no layer of, or nothing left to receive) is not checked. */
     const kvxfer_block_run *blocks;
-    uint32_t groups;             /* entries in blocks (and in prefix_hit_blocks) */
+    uint32_t groups;             /* entries in blocks (and in prefix_hit_blocks); 0: both are NULL,
+                                  * whatever their pointers */
     const int32_t *prefix_hit_blocks; /* per group, may be NULL */
     uint64_t user_data;
 } kvxfer_receive_request;

@@ -19,6 +19,7 @@ import "C"
 import (
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -72,6 +73,52 @@ func guard(st *C.int32_t, fn string) {
 func nullArg(fn, name string) error {
 	return &capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf("%s: %s is NULL", fn, name)}
 }
+
+// An array the caller passes with a count arrives as an integer
+// (C.uintptr_t, passed as the header's pointer is) and becomes a Go
+// pointer only in cArray, when the count is not 0: an empty array may come
+// with any pointer (Rust's empty slice is a dangling non-NULL one, 0x4 for
+// an int32_t), and such a value held as a Go pointer, in a local or a
+// struct copied from C, aborts the process when a stack move finds it
+// ("invalid pointer found on stack"). Pointers inside the caller's structs
+// are read the same way (addrAt).
+
+// argName names an array in errors: arg, or arg[i].field for one in the
+// i-th element of the array arg (formatted only for an error).
+type argName struct {
+	arg   string
+	i     int
+	field string
+}
+
+func (a argName) String() string {
+	if a.field == "" {
+		return a.arg
+	}
+	return fmt.Sprintf("%s[%d].%s", a.arg, a.i, a.field)
+}
+
+// cArray is the caller's array of n T at addr (arg of fn names it): nil
+// when n is 0, whatever addr is; a non-zero n at NULL, or at an address
+// below the first page, is refused naming it.
+func cArray[T any](fn string, arg argName, addr uintptr, n uint32) ([]T, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if addr == 0 {
+		return nil, nullArg(fn, arg.String())
+	}
+	if capi.HostAddress("", uint64(addr)) != nil { // named only when refused
+		return nil, capi.HostAddress(fmt.Sprintf("%s: %s (%d elements)", fn, arg, n), uint64(addr))
+	}
+	// The caller's (C) address, never a Go pointer: reinterpret its bits.
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*T)(p), n), nil
+}
+
+// addrAt is the address held in the caller's pointer field at f, as an
+// integer: it is never loaded as a Go pointer.
+func addrAt[P any](f *P) uintptr { return *(*uintptr)(unsafe.Pointer(f)) }
 
 //export kvxfer_abi_version
 func kvxfer_abi_version() C.int32_t { return abiVersion }
@@ -132,20 +179,23 @@ func kvxfer_node_open(cfg *C.char, out *C.kvxfer_engine_t) (st C.int32_t) {
 }
 
 // putString copies s and a NUL into buf of cap bytes.
-func putString(fn string, s string, buf *C.char, cap C.uint32_t) error {
-	if buf == nil {
+func putString(fn string, s string, buf uintptr, cap C.uint32_t) error {
+	if buf == 0 {
 		return nullArg(fn, "buf")
 	}
 	if len(s)+1 > int(cap) {
 		return &capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf("%s: %d bytes needed, cap is %d", fn, len(s)+1, cap)}
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), cap)
+	dst, err := cArray[byte](fn, argName{arg: "buf"}, buf, uint32(cap))
+	if err != nil {
+		return err
+	}
 	dst[copy(dst, s)] = 0
 	return nil
 }
 
 //export kvxfer_node_endpoint
-func kvxfer_node_endpoint(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+func kvxfer_node_endpoint(eh C.kvxfer_engine_t, buf C.uintptr_t, cap C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_node_endpoint")
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
@@ -155,11 +205,11 @@ func kvxfer_node_endpoint(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st
 	if err != nil {
 		return fail(err)
 	}
-	return status(putString("kvxfer_node_endpoint", s, buf, cap))
+	return status(putString("kvxfer_node_endpoint", s, uintptr(buf), cap))
 }
 
 //export kvxfer_node_public_key
-func kvxfer_node_public_key(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+func kvxfer_node_public_key(eh C.kvxfer_engine_t, buf C.uintptr_t, cap C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_node_public_key")
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
@@ -169,7 +219,7 @@ func kvxfer_node_public_key(eh C.kvxfer_engine_t, buf *C.char, cap C.uint32_t) (
 	if err != nil {
 		return fail(err)
 	}
-	return status(putString("kvxfer_node_public_key", s, buf, cap))
+	return status(putString("kvxfer_node_public_key", s, uintptr(buf), cap))
 }
 
 //export kvxfer_node_wait_peers
@@ -195,10 +245,10 @@ func kvxfer_keygen(public, secret *C.char) (st C.int32_t) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := putString("kvxfer_keygen", pub, public, 41); err != nil {
+	if err := putString("kvxfer_keygen", pub, addrAt(&public), 41); err != nil {
 		return fail(err)
 	}
-	return status(putString("kvxfer_keygen", sec, secret, 41))
+	return status(putString("kvxfer_keygen", sec, addrAt(&secret), 41))
 }
 
 //export kvxfer_engine_close
@@ -266,10 +316,11 @@ func kvxfer_engine_group(eh C.kvxfer_engine_t, g C.uint32_t, out *C.kvxfer_group
 }
 
 //export kvxfer_blocks_alloc
-func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids *C.int32_t) (st C.int32_t) {
+func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids C.uintptr_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_blocks_alloc")
-	if ids == nil && n > 0 {
-		return fail(nullArg("kvxfer_blocks_alloc", "ids"))
+	dst, err := cArray[C.int32_t]("kvxfer_blocks_alloc", argName{arg: "ids"}, uintptr(ids), uint32(n))
+	if err != nil {
+		return fail(err)
 	}
 	e, err := capi.LookupEngine(uint64(eh))
 	if err != nil {
@@ -279,7 +330,6 @@ func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids *C.int32_t) 
 	if err != nil {
 		return fail(err)
 	}
-	dst := unsafe.Slice(ids, n)
 	for i, id := range got {
 		dst[i] = C.int32_t(id)
 	}
@@ -287,9 +337,9 @@ func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids *C.int32_t) 
 }
 
 //export kvxfer_blocks_free
-func kvxfer_blocks_free(eh C.kvxfer_engine_t, g C.uint32_t, ids *C.int32_t, n C.uint32_t) (st C.int32_t) {
+func kvxfer_blocks_free(eh C.kvxfer_engine_t, g C.uint32_t, ids C.uintptr_t, n C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_blocks_free")
-	if ids == nil && n > 0 {
+	if ids == 0 && n > 0 {
 		return fail(nullArg("kvxfer_blocks_free", "ids"))
 	}
 	e, err := capi.LookupEngine(uint64(eh))
@@ -299,7 +349,11 @@ func kvxfer_blocks_free(eh C.kvxfer_engine_t, g C.uint32_t, ids *C.int32_t, n C.
 	if n > messages.MaxBlocks {
 		return fail(invalid("kvxfer_blocks_free: n = %d block ids, more than the %d a request may name", n, messages.MaxBlocks))
 	}
-	return status(e.FreeBlocks(int(g), blockIDs(ids, n)))
+	src, err := blockIDs("kvxfer_blocks_free", argName{arg: "ids"}, uintptr(ids), n)
+	if err != nil {
+		return fail(err)
+	}
+	return status(e.FreeBlocks(int(g), src))
 }
 
 //export kvxfer_blocks_used
@@ -320,40 +374,45 @@ func kvxfer_blocks_used(eh C.kvxfer_engine_t, g C.uint32_t, out *C.uint32_t) (st
 	return 0
 }
 
-// blockIDs copies n block ids; n is at most messages.MaxBlocks (the
-// callers check), so that a wild count is an error, not an allocation
-// that aborts the process.
-func blockIDs(p *C.int32_t, n C.uint32_t) []kvcache.BlockID {
-	if n == 0 {
-		return nil
+// blockIDs copies the n block ids at p (arg of fn); n is at most
+// messages.MaxBlocks (the callers check), so that a wild count is an
+// error, not an allocation that aborts the process.
+func blockIDs(fn string, arg argName, p uintptr, n C.uint32_t) ([]kvcache.BlockID, error) {
+	src, err := cArray[C.int32_t](fn, arg, p, uint32(n))
+	if err != nil || len(src) == 0 {
+		return nil, err
 	}
-	out := make([]kvcache.BlockID, n)
-	for i, v := range unsafe.Slice(p, n) {
+	out := make([]kvcache.BlockID, len(src))
+	for i, v := range src {
 		out[i] = kvcache.BlockID(v)
 	}
-	return out
+	return out, nil
 }
 
-// runs copies n block runs; fn and arg name them in errors.
-func runs(fn, arg string, p *C.kvxfer_block_run, n C.uint32_t) ([]kvcache.BlockRun, error) {
-	if n == 0 {
-		return nil, nil
-	}
-	if p == nil {
+// runs copies n block runs; fn and arg name them in errors. A run's ids
+// are read as an address (addrAt), the run is never copied whole: a run
+// with count 0 may hold any pointer.
+func runs(fn, arg string, p uintptr, n C.uint32_t) ([]kvcache.BlockRun, error) {
+	if n > 0 && p == 0 {
 		return nil, nullArg(fn, arg)
 	}
 	if err := groupCount(fn, n); err != nil {
 		return nil, err
 	}
-	out := make([]kvcache.BlockRun, n)
-	for g, r := range unsafe.Slice(p, n) {
-		if r.ids == nil && r.count > 0 {
-			return nil, nullArg(fn, fmt.Sprintf("%s[%d].ids", arg, g))
-		}
+	src, err := cArray[C.kvxfer_block_run](fn, argName{arg: arg}, p, uint32(n))
+	if err != nil || len(src) == 0 {
+		return nil, err
+	}
+	out := make([]kvcache.BlockRun, len(src))
+	for g := range src {
+		r := &src[g]
 		if r.count > messages.MaxBlocks {
 			return nil, invalid("%s: %s[%d].count = %d block ids, more than the %d a request may name", fn, arg, g, r.count, messages.MaxBlocks)
 		}
-		out[g] = kvcache.BlockRun{First: int(r.first), IDs: blockIDs(r.ids, r.count)}
+		if out[g].IDs, err = blockIDs(fn, argName{arg, g, "ids"}, addrAt(&r.ids), r.count); err != nil {
+			return nil, err
+		}
+		out[g].First = int(r.first)
 	}
 	return out, nil
 }
@@ -422,7 +481,7 @@ func send(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, ge
 	if req.id == nil {
 		return fail(nullArg(fn, "req->id"))
 	}
-	if req.payload == nil && req.payload_len > 0 {
+	if addrAt(&req.payload) == 0 && req.payload_len > 0 {
 		return fail(nullArg(fn, "req->payload"))
 	}
 	if req.payload_len > messages.MaxPayload {
@@ -443,8 +502,12 @@ func send(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, ge
 	}
 	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
 		Timeout: timeout, GenerationParallel: gp}, UserData: uint64(req.user_data)}
-	if req.payload_len > 0 {
-		sr.Payload = C.GoBytes(req.payload, C.int(req.payload_len))
+	payload, err := cArray[byte](fn, argName{arg: "req->payload"}, addrAt(&req.payload), uint32(req.payload_len))
+	if err != nil {
+		return fail(err)
+	}
+	if len(payload) > 0 {
+		sr.Payload = slices.Clone(payload)
 	}
 	if req.generation != nil {
 		sr.Generation = C.GoString(req.generation)
@@ -458,7 +521,7 @@ func send(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, ge
 }
 
 //export kvxfer_chunk
-func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
+func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs C.uintptr_t, groups C.uint32_t,
 	fence *C.kvxfer_fence_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk")
 	return chunk("kvxfer_chunk", rh, start, end, last, kvcache.LayerPart{}, rs, groups, fence)
@@ -466,7 +529,7 @@ func kvxfer_chunk(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfe
 
 //export kvxfer_chunk_layers
 func kvxfer_chunk_layers(rh C.kvxfer_request_t, start, end, last, layerLo, layerHi, layers C.int32_t,
-	rs *C.kvxfer_block_run, groups C.uint32_t, fence *C.kvxfer_fence_t) (st C.int32_t) {
+	rs C.uintptr_t, groups C.uint32_t, fence *C.kvxfer_fence_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk_layers")
 	return chunk("kvxfer_chunk_layers", rh, start, end, last, layerPart(layerLo, layerHi, layers), rs, groups, fence)
 }
@@ -474,12 +537,12 @@ func kvxfer_chunk_layers(rh C.kvxfer_request_t, start, end, last, layerLo, layer
 // chunk is kvxfer_chunk and kvxfer_chunk_layers (the zero part: every
 // layer).
 func chunk(fn string, rh C.kvxfer_request_t, start, end, last C.int32_t, part kvcache.LayerPart,
-	rs *C.kvxfer_block_run, groups C.uint32_t, fence *C.kvxfer_fence_t) C.int32_t {
+	rs C.uintptr_t, groups C.uint32_t, fence *C.kvxfer_fence_t) C.int32_t {
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
 		return fail(err)
 	}
-	src, err := runs(fn, "runs", rs, groups)
+	src, err := runs(fn, "runs", uintptr(rs), groups)
 	if err != nil {
 		return fail(err)
 	}
@@ -494,7 +557,7 @@ func chunk(fn string, rh C.kvxfer_request_t, start, end, last C.int32_t, part kv
 }
 
 //export kvxfer_chunk_cuda
-func kvxfer_chunk_cuda(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.kvxfer_block_run, groups C.uint32_t,
+func kvxfer_chunk_cuda(rh C.kvxfer_request_t, start, end, last C.int32_t, rs C.uintptr_t, groups C.uint32_t,
 	cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk_cuda")
 	return chunkCUDA("kvxfer_chunk_cuda", rh, start, end, last, kvcache.LayerPart{}, rs, groups, cuEvent, device)
@@ -502,7 +565,7 @@ func kvxfer_chunk_cuda(rh C.kvxfer_request_t, start, end, last C.int32_t, rs *C.
 
 //export kvxfer_chunk_layers_cuda
 func kvxfer_chunk_layers_cuda(rh C.kvxfer_request_t, start, end, last, layerLo, layerHi, layers C.int32_t,
-	rs *C.kvxfer_block_run, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
+	rs C.uintptr_t, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_chunk_layers_cuda")
 	return chunkCUDA("kvxfer_chunk_layers_cuda", rh, start, end, last, layerPart(layerLo, layerHi, layers), rs, groups,
 		cuEvent, device)
@@ -510,12 +573,12 @@ func kvxfer_chunk_layers_cuda(rh C.kvxfer_request_t, start, end, last, layerLo, 
 
 // chunkCUDA is kvxfer_chunk_cuda and kvxfer_chunk_layers_cuda.
 func chunkCUDA(fn string, rh C.kvxfer_request_t, start, end, last C.int32_t, part kvcache.LayerPart,
-	rs *C.kvxfer_block_run, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) C.int32_t {
+	rs C.uintptr_t, groups C.uint32_t, cuEvent C.uint64_t, device C.int32_t) C.int32_t {
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
 		return fail(err)
 	}
-	src, err := runs(fn, "runs", rs, groups)
+	src, err := runs(fn, "runs", uintptr(rs), groups)
 	if err != nil {
 		return fail(err)
 	}
@@ -595,8 +658,10 @@ func receive(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, sta
 	if stages != nil {
 		rr.ContextParallel.Stages = C.GoString(stages)
 	}
-	if req.blocks != nil {
-		rs, err := runs(fn, "req->blocks", req.blocks, req.groups)
+	// blocks and prefix_hit_blocks with groups 0 are NULL, whatever the
+	// pointers (an empty array's may be any).
+	if blocks := addrAt(&req.blocks); blocks != 0 && req.groups > 0 {
+		rs, err := runs(fn, "req->blocks", blocks, req.groups)
 		if err != nil {
 			return fail(err)
 		}
@@ -606,8 +671,12 @@ func receive(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, sta
 			rr.Blocks[g], rr.Firsts[g] = r.IDs, r.First
 		}
 	}
-	if req.prefix_hit_blocks != nil && req.groups > 0 {
-		for _, v := range unsafe.Slice(req.prefix_hit_blocks, req.groups) {
+	if hits := addrAt(&req.prefix_hit_blocks); hits != 0 && req.groups > 0 {
+		src, err := cArray[C.int32_t](fn, argName{arg: "req->prefix_hit_blocks"}, hits, uint32(req.groups))
+		if err != nil {
+			return fail(err)
+		}
+		for _, v := range src {
 			rr.PrefixHitBlocks = append(rr.PrefixHitBlocks, int(v))
 		}
 	}
@@ -631,14 +700,15 @@ func kvxfer_cancel(rh C.kvxfer_request_t) (st C.int32_t) {
 }
 
 //export kvxfer_poll
-func kvxfer_poll(eh C.kvxfer_engine_t, events *C.kvxfer_event, n C.uint32_t, got *C.uint32_t, timeoutMs C.int32_t) (st C.int32_t) {
+func kvxfer_poll(eh C.kvxfer_engine_t, events C.uintptr_t, n C.uint32_t, got *C.uint32_t, timeoutMs C.int32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_poll")
 	if got == nil {
 		return fail(nullArg("kvxfer_poll", "got"))
 	}
 	*got = 0
-	if events == nil && n > 0 {
-		return fail(nullArg("kvxfer_poll", "events"))
+	dst, err := cArray[C.kvxfer_event]("kvxfer_poll", argName{arg: "events"}, uintptr(events), uint32(n))
+	if err != nil {
+		return fail(err)
 	}
 	if timeoutMs < 0 {
 		return fail(invalid("kvxfer_poll: timeout_ms = %d is negative (0: do not wait)", timeoutMs))
@@ -653,7 +723,6 @@ func kvxfer_poll(eh C.kvxfer_engine_t, events *C.kvxfer_event, n C.uint32_t, got
 	if err != nil {
 		return fail(err)
 	}
-	dst := unsafe.Slice(events, n)
 	for i, ev := range buf[:k] {
 		dst[i] = cEvent(ev)
 	}
@@ -692,13 +761,14 @@ func kvxfer_set_callback(eh C.kvxfer_engine_t, cb C.kvxfer_callback, user C.uint
 }
 
 //export kvxfer_request_blocks
-func kvxfer_request_blocks(rh C.kvxfer_request_t, g C.uint32_t, ids *C.int32_t, cap C.uint32_t, n *C.uint32_t, first *C.int32_t) (st C.int32_t) {
+func kvxfer_request_blocks(rh C.kvxfer_request_t, g C.uint32_t, ids C.uintptr_t, cap C.uint32_t, n *C.uint32_t, first *C.int32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_blocks")
 	if n == nil {
 		return fail(nullArg("kvxfer_request_blocks", "n"))
 	}
-	if ids == nil && cap > 0 {
-		return fail(nullArg("kvxfer_request_blocks", "ids"))
+	dst, err := cArray[C.int32_t]("kvxfer_request_blocks", argName{arg: "ids"}, uintptr(ids), uint32(cap))
+	if err != nil {
+		return fail(err)
 	}
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
@@ -716,7 +786,6 @@ func kvxfer_request_blocks(rh C.kvxfer_request_t, g C.uint32_t, ids *C.int32_t, 
 		return fail(&capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf(
 			"kvxfer_request_blocks: request %d group %d has %d blocks, cap is %d", rh, g, len(got), cap)})
 	}
-	dst := unsafe.Slice(ids, cap)
 	for i, id := range got {
 		dst[i] = C.int32_t(id)
 	}
@@ -724,13 +793,14 @@ func kvxfer_request_blocks(rh C.kvxfer_request_t, g C.uint32_t, ids *C.int32_t, 
 }
 
 //export kvxfer_request_payload
-func kvxfer_request_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, cap C.uint32_t, n *C.uint32_t) (st C.int32_t) {
+func kvxfer_request_payload(rh C.kvxfer_request_t, buf C.uintptr_t, cap C.uint32_t, n *C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_payload")
 	if n == nil {
 		return fail(nullArg("kvxfer_request_payload", "n"))
 	}
-	if buf == nil && cap > 0 {
-		return fail(nullArg("kvxfer_request_payload", "buf"))
+	dst, err := cArray[byte]("kvxfer_request_payload", argName{arg: "buf"}, uintptr(buf), uint32(cap))
+	if err != nil {
+		return fail(err)
 	}
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
@@ -745,15 +815,19 @@ func kvxfer_request_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, cap C.uin
 		return fail(&capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf(
 			"kvxfer_request_payload: request %d payload is %d bytes, cap is %d", rh, len(payload), cap)})
 	}
-	copy(unsafe.Slice((*byte)(buf), cap), payload)
+	copy(dst, payload)
 	return 0
 }
 
 //export kvxfer_request_error
-func kvxfer_request_error(rh C.kvxfer_request_t, buf *C.char, cap C.uint32_t) (st C.int32_t) {
+func kvxfer_request_error(rh C.kvxfer_request_t, buf C.uintptr_t, cap C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_error")
-	if buf == nil || cap == 0 {
+	if buf == 0 || cap == 0 {
 		return fail(nullArg("kvxfer_request_error", "buf (or cap 0)"))
+	}
+	dst, err := cArray[byte]("kvxfer_request_error", argName{arg: "buf"}, uintptr(buf), uint32(cap))
+	if err != nil {
+		return fail(err)
 	}
 	r, err := capi.LookupRequest(uint64(rh))
 	if err != nil {
@@ -763,16 +837,15 @@ func kvxfer_request_error(rh C.kvxfer_request_t, buf *C.char, cap C.uint32_t) (s
 	if err != nil {
 		return fail(err)
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), cap)
 	k := copy(dst[:cap-1], msg)
 	dst[k] = 0
 	return 0
 }
 
 //export kvxfer_request_set_payload
-func kvxfer_request_set_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, n C.uint32_t) (st C.int32_t) {
+func kvxfer_request_set_payload(rh C.kvxfer_request_t, buf C.uintptr_t, n C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_set_payload")
-	if buf == nil && n > 0 {
+	if buf == 0 && n > 0 {
 		return fail(nullArg("kvxfer_request_set_payload", "buf"))
 	}
 	if n > messages.MaxPayload { // before the bytes are read
@@ -782,10 +855,11 @@ func kvxfer_request_set_payload(rh C.kvxfer_request_t, buf unsafe.Pointer, n C.u
 	if err != nil {
 		return fail(err)
 	}
-	var p []byte
-	if n > 0 {
-		p = unsafe.Slice((*byte)(buf), int(n)) // SetPayload copies it
-	} else {
+	p, err := cArray[byte]("kvxfer_request_set_payload", argName{arg: "buf"}, uintptr(buf), uint32(n)) // SetPayload copies it
+	if err != nil {
+		return fail(err)
+	}
+	if p == nil {
 		p = []byte{}
 	}
 	return status(r.SetPayload(p))

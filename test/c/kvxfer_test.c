@@ -799,6 +799,73 @@ static void test_callback_small_user(void) {
     printf("ok   callback with a small integer as user: %d events\n", n);
 }
 
+/* An empty array may come with any pointer: Rust's empty slice is a
+ * dangling non-NULL pointer (its alignment, 0x4 for int32_t), and other
+ * bindings do the like. With a count of 0 the library must never hold it
+ * as a Go pointer: it did, and a Go stack move during the call aborted the
+ * process ("invalid pointer found on stack"), at once in `make ctest`'s
+ * run over a library that moves the stack at every call. Each call below
+ * takes such a pointer with a count of 0, and the request goes through:
+ * the empty array is handled as an empty one (receive blocks as NULL: the
+ * engine allocates). */
+static void test_empty_dangling(void) {
+    void *D = (void *)(uintptr_t)4;
+    kvxfer_engine_t p = open_engine("c-dangle-prefill", NULL, 1 << 20);
+    kvxfer_engine_t d = open_engine("c-dangle-decode", NULL, 1 << 20);
+    uint32_t got = 99, used = 99;
+    OK(kvxfer_blocks_alloc(p, 0, 0, (int32_t *)D));
+    OK(kvxfer_blocks_free(p, 0, (const int32_t *)D, 0));
+    OK(kvxfer_blocks_used(p, 0, &used));
+    CHECK(used == 0, "used %u after an empty alloc and free", used);
+    OK(kvxfer_poll(p, (kvxfer_event *)D, 0, &got, 0));
+    CHECK(got == 0, "poll of 0 events got %u", got);
+    CHECK(kvxfer_node_endpoint(p, (char *)D, 0) == KVXFER_ERR_INVALID_ARGUMENT, "endpoint into cap 0");
+    CHECK(kvxfer_node_public_key(p, (char *)D, 0) == KVXFER_ERR_INVALID_ARGUMENT, "public key into cap 0");
+
+    kvxfer_request_t rx = 0, tx = 0;
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-dangle", .prompt_len = 32, .payload = D, .payload_len = 0}, &tx));
+    OK(kvxfer_request_set_payload(tx, D, 0));
+    /* Chunks naming no run, or an empty run, are refused; the request goes on. */
+    kvxfer_block_run empty = {.first = 0, .count = 0, .ids = D};
+    kvxfer_status st[] = {
+        kvxfer_chunk(tx, 0, 32, 1, D, 0, NULL),
+        kvxfer_chunk(tx, 0, 32, 1, &empty, 1, NULL),
+        kvxfer_chunk_layers(tx, 0, 32, 1, 0, 1, 2, D, 0, NULL),
+        kvxfer_chunk_layers(tx, 0, 32, 1, 0, 1, 2, &empty, 1, NULL),
+        kvxfer_chunk_cuda(tx, 0, 32, 1, D, 0, 0, 0),
+        kvxfer_chunk_layers_cuda(tx, 0, 32, 1, 0, 1, 2, &empty, 1, 0, 0),
+    };
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        CHECK(st[i] != KVXFER_OK, "empty chunk %zu was taken", i);
+    /* blocks with groups 0 is NULL: the engine allocates (it was refused,
+     * "destination blocks for 0 layer groups"). */
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-dangle", .prompt_len = 32, .context = "c-dangle-prefill",
+                                                    .blocks = D, .groups = 0, .prefix_hit_blocks = D}, &rx));
+    int32_t src[2];
+    OK(kvxfer_blocks_alloc(p, 0, 2, src));
+    OK(kvxfer_chunk(tx, 0, 32, 1, &(kvxfer_block_run){.first = 0, .count = 2, .ids = src}, 1, NULL));
+    kvxfer_event ev = wait_event(p, tx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_DONE, "tx outcome %d error %s", ev.outcome, kvxfer_status_name(ev.error));
+    ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_READY, "rx outcome %d error %s", ev.outcome, kvxfer_status_name(ev.error));
+    uint32_t n = 99;
+    int32_t first = -1;
+    CHECK(kvxfer_request_blocks(rx, 0, (int32_t *)D, 0, &n, &first) == KVXFER_ERR_BUFFER_TOO_SMALL && n == 2,
+          "blocks into cap 0: n %u", n);
+    n = 99;
+    OK(kvxfer_request_payload(rx, D, 0, &n));
+    CHECK(n == 0, "empty payload: n %u", n);
+    CHECK(kvxfer_request_error(rx, (char *)D, 0) == KVXFER_ERR_INVALID_ARGUMENT, "error into cap 0");
+    OK(kvxfer_request_free_blocks(rx)); /* the engine's blocks: blocks = D, groups = 0 was NULL */
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(p, 0, src, 2));
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   empty arrays behind a dangling pointer (0x4) with count 0\n");
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
@@ -807,6 +874,7 @@ int main(void) {
     test_send_parallel_rank_without_peer();
     test_receive_run_first();
     test_callback_small_user();
+    test_empty_dangling();
     printf("PASS\n");
     return 0;
 }
