@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
@@ -61,10 +62,12 @@ var nodeFlags = map[string]string{
 const metricsAddrErr = "kvxfer: MetricsAddr: "
 
 // nameFlags rewords a role's startup error that names a node config field
-// ("node: bad config: pool_bytes = 1: holds no block: …") or the engine's
-// config field ("kvxfer: MetricsAddr: …") to name the flag or setting the
-// user gave ("--pool = \"1\": holds no block: …"). Any other error, and
-// one of a field no flag sets, is returned as it is.
+// ("node: bad config: pool_bytes = 1: holds no block: …"), the engine's
+// config field ("kvxfer: MetricsAddr: …") or the node's bind endpoint
+// ("node: gen/0: bind: control/zmq: endpoint in use: …") to name the flag
+// or setting the user gave ("--pool = \"1\": holds no block: …", "--bind:
+// control/zmq: endpoint in use: …"). Any other error, and one of a field
+// no flag sets, is returned as it is.
 func (f *roleFlags) nameFlags(err error) error {
 	if err == nil {
 		return nil
@@ -72,6 +75,9 @@ func (f *roleFlags) nameFlags(err error) error {
 	msg := err.Error()
 	if _, rest, ok := strings.Cut(msg, metricsAddrErr); ok && f.settings != nil {
 		return &renamed{msg: f.settings.Invalid(config.MetricsAddr, rest).Error(), err: err}
+	}
+	if why, ok := bindErr(msg); ok && (errors.Is(err, zmq.ErrEndpointInUse) || errors.Is(err, zmq.ErrConfig)) {
+		return &renamed{msg: "--bind: " + why, err: err}
 	}
 	rest, ok := strings.CutPrefix(msg, node.ErrConfig.Error()+": ")
 	if !ok || !errors.Is(err, node.ErrConfig) {
@@ -100,6 +106,20 @@ func (f *roleFlags) nameFlags(err error) error {
 		return &renamed{msg: flag + " = " + value, err: err}
 	}
 	return err
+}
+
+// bindErr is the reason of node.Open's refusal of its bind endpoint
+// (zmq.CheckBindFree's error, before the pool is allocated): msg is
+// "node: <instance/rank>: bind: <why>".
+func bindErr(msg string) (why string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "node: ")
+	if !ok {
+		return "", false
+	}
+	if _, rest, ok = strings.Cut(rest, ": "); !ok {
+		return "", false
+	}
+	return strings.CutPrefix(rest, "bind: ")
 }
 
 // checkTokensPerBlock refuses a --tokens-per-block (or its variable or

@@ -398,11 +398,6 @@ generation of TP1.`,
 			if err := f.resolve(a, cmd); err != nil {
 				return err
 			}
-			// Named before the pool is mapped (seconds for a large one),
-			// which the node does before it binds.
-			if err := zmq.CheckBindFree(f.o.Bind); err != nil {
-				return fmt.Errorf("--bind: %w", err)
-			}
 			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
 			err := f.nameFlags(run(ctx, f.o, cmd))

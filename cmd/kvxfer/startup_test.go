@@ -132,13 +132,18 @@ func TestRolePoolPastMemory(t *testing.T) {
 }
 
 // A --bind another process holds (a tcp:// port, an ipc:// path a live
-// process accepts on) is refused naming --bind before the role maps its
-// pool: with a large pool the bind's own failure came only after the
-// pool was mapped and touched (about 15 s for a 4GiB gen pool on a
-// 2-core machine), naming no flag. (Checked to fail without resolve's
-// zmq.CheckBindFree call: the errors were "node: gen/0: control/zmq:
-// listen on tcp://…: bind: address already in use" and "node: gen/0:
-// control/zmq: endpoint in use: …", neither naming --bind.)
+// process accepts on), or an address not of this host, is refused naming
+// --bind before the role maps its pool: with a large pool the bind's own
+// failure came only after the pool was mapped and touched (about 15 s for
+// a 4GiB gen pool on a 2-core machine), naming no flag. node.Open checks
+// the endpoint before the pool (zmq.CheckBindFree; "endpoint in use" is
+// that check's, not the later bind's) and nameFlags names the flag.
+// (Checked to fail without resolve's zmq.CheckBindFree call, before Open
+// checked: the errors were "node: gen/0: control/zmq: listen on tcp://…:
+// bind: address already in use" and "node: gen/0: control/zmq: endpoint
+// in use: …", neither naming --bind; and, once Open checked and resolve
+// no longer did, without nameFlags' bindErr: "node: gen/0: bind:
+// control/zmq: endpoint in use: …".)
 func TestRoleRefusesABindInUseFirst(t *testing.T) {
 	dir := t.TempDir()
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
@@ -155,12 +160,14 @@ func TestRoleRefusesABindInUseFirst(t *testing.T) {
 	for _, c := range []struct{ bind, peer, want string }{
 		{"tcp://" + tcp.Addr().String(), "tcp://127.0.0.1:1", "--bind: control/zmq: endpoint in use: tcp://" + tcp.Addr().String() + ": port"},
 		{"ipc://" + sock, "ipc://" + filepath.Join(dir, "peer.sock"), "--bind: control/zmq: endpoint in use: ipc://" + sock + " is in use by a live process"},
+		// 192.0.2.1 (TEST-NET-1) is no host's address.
+		{"tcp://192.0.2.1:5600", "tcp://127.0.0.1:1", `--bind: control/zmq: bad config: endpoint "tcp://192.0.2.1:5600": 192.0.2.1 is not an address of this host`},
 	} {
 		for _, role := range []string{"ctx", "gen"} {
 			_, err := run(role, "--insecure", "--backend", "shm", "--pool", "64MiB", "--timeout", "5s",
 				"--bind", c.bind, "--peer-endpoint", c.peer)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("%s --bind %s (held): %v, want an error containing %q", role, c.bind, err, c.want)
+				t.Errorf("%s --bind %s: %v, want an error containing %q", role, c.bind, err, c.want)
 			}
 		}
 	}
