@@ -10,5 +10,8 @@ func mutWholePlanForParts() bool { return false }
 // panicOnEffect is off in a default build (see invariants_on.go).
 func panicOnEffect(string, Effect) bool { return false }
 
+// panicOnStep is off in a default build (see invariants_on.go).
+func panicOnStep(string, any) bool { return false }
+
 // panicOnRoute is off in a default build (see invariants_on.go).
 func panicOnRoute(messages.Frame) bool { return false }

@@ -62,6 +62,17 @@ func panicOnEffect(side string, e Effect) bool {
 	return f != nil && (*f)(side, e)
 }
 
+// PanicOnStep, when set, makes a session panic inside its step, as the
+// step takes a message the function returns true for (crash injection:
+// side is "tx" or "rx"). The step has not seen the message: it is lost
+// with the panic, as a bug's panic anywhere in a step loses it.
+var PanicOnStep atomic.Pointer[func(side string, m any) bool]
+
+func panicOnStep(side string, m any) bool {
+	f := PanicOnStep.Load()
+	return f != nil && (*f)(side, m)
+}
+
 // PanicOnRoute, when set, makes the listener panic as a frame it returns
 // true for comes in (crash injection).
 var PanicOnRoute atomic.Pointer[func(f messages.Frame) bool]

@@ -46,6 +46,10 @@ func (k *rxKind) born(a *shell[*RxSession], ctx actor.Context, now time.Time) []
 func (k *rxKind) panicked(err error) any     { return RxPanic{Err: err} }
 func (k *rxKind) timeout(kind TimerKind) any { return RxTimeout{Kind: kind} }
 
+// restepable: every message (an RxSession checks each against its state:
+// one it took already changes nothing more).
+func (k *rxKind) restepable(any) bool { return true }
+
 func (k *rxKind) stepped(_ any, now time.Time) {
 	if k.meter != nil {
 		k.meter.stepped(k.s, now)

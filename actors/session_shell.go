@@ -53,6 +53,27 @@ type cell[S stepper] struct {
 	running  Effect
 	retried  bool
 	feedback []any
+	// stepping is the message a step is taking, nil between steps: a
+	// panic inside the step leaves it set — the message is lost with the
+	// panic. The next incarnation (or, past the restart budget, the next
+	// message) takes it as lost and steps it once more after the request
+	// has failed (restep): a worker's report in it may be the only proof
+	// that an op is over (its completion, its endpoint's close), a fence
+	// the only word that the producer stopped writing. Dropped, its op
+	// stayed SUBMITTED for good: the session never drained, its peer got
+	// no terminal frame and waited for its deadline, Done never came.
+	stepping any
+	lost     any
+	// lostRetried: the lost message is being stepped again; a second
+	// panic in it drops it for good (what it would have proved stays
+	// unproven: pins held, no terminal frame, blocks quarantined).
+	lostRetried bool
+	// restarting: between the actor's Restarting and its next
+	// incarnation's Started.
+	restarting bool
+	// crash is the value of the panic that ended the last incarnation
+	// (Receive records it on its way up), for the request's error.
+	crash string
 }
 
 // kind is what a session kind adds to the generic shell.
@@ -65,6 +86,9 @@ type kind[S stepper] interface {
 	born(a *shell[S], ctx actor.Context, now time.Time) []Effect
 	// panicked is the message a restarted incarnation steps first.
 	panicked(err error) any
+	// restepable reports whether a message a panic inside a step lost
+	// may be stepped again (shell.restep).
+	restepable(m any) bool
 	// timeout is the message a fired timer of the kind steps.
 	timeout(k TimerKind) any
 	// receive handles a message of the kind's own; false: the shell steps
@@ -106,6 +130,7 @@ type panicNow struct{}
 type runLeftover struct{}
 
 func (a *shell[S]) Receive(ctx actor.Context) {
+	defer a.notePanic()
 	now := a.env.clock.Now()
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("%s.%T", a.k.side(), ctx.Message()), a.k.request())
@@ -113,34 +138,126 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
 		if a.restarted {
+			a.restarting = false
+			a.takeLost()
+			err := a.panicErr()
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
 			a.exec(ctx, nil, now)
-			a.exec(ctx, a.step(a.k.panicked(fmt.Errorf("restarted after panic")), now), now)
+			a.exec(ctx, a.step(a.k.panicked(err), now), now)
 			// Counted once its effects ran, so the count says the session
-			// has failed and acted on it.
+			// has failed and acted on it (and a panic in what follows
+			// counts again).
 			a.env.stats.SessionPanics.Add(1)
+			// Then what a panic inside a step lost, the request failed.
+			a.restep(ctx, now)
 			return
 		}
 		a.exec(ctx, a.k.born(a, ctx, now), now)
 	case *actor.Stopped:
 		a.k.stopped()
-	case *actor.Restarting, *actor.Stopping, *actor.Restart:
+	case *actor.Restarting:
+		a.restarting = true
+	case *actor.Stopping, *actor.Restart:
 	case *panicNow:
 		panic(a.k.side() + " session: panic requested")
 	case runLeftover:
 		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
+		if a.takeLost() {
+			a.restep(ctx, now)
+		}
 
 	default:
+		if !a.restarting && a.takeLost() {
+			// Resumed past its restart budget (no Started came, and
+			// runLeftover may be behind this): what a panic left and
+			// lost first. (While the actor restarts, its stream
+			// children's Terminated come before Started, which takes it.)
+			a.exec(ctx, nil, now)
+			a.restep(ctx, now)
+		}
 		if !a.k.receive(a, ctx, m, now) {
 			a.exec(ctx, a.step(m, now), now)
 		}
 	}
 }
 
+// takeLost takes the message a panic inside a step lost (cell.stepping)
+// as lost; false when there is none.
+func (a *shell[S]) takeLost() bool {
+	if a.stepping == nil {
+		return false
+	}
+	a.lost, a.stepping = a.stepping, nil
+	return true
+}
+
+// notePanic records the value of a panic on its way up to the session's
+// supervisor (sessionStrategy), for the next incarnation's error.
+func (a *shell[S]) notePanic() {
+	if r := recover(); r != nil {
+		a.crash = fmt.Sprint(r)
+		panic(r)
+	}
+}
+
+// panicErr names the panic that ended the last incarnation and where it
+// came: inside a step (the message it was taking), running an effect, or
+// elsewhere in the shell.
+func (a *shell[S]) panicErr() error {
+	what := a.crash
+	if what == "" {
+		what = "unknown panic"
+	}
+	a.crash = ""
+	switch {
+	case a.lost != nil:
+		return fmt.Errorf("panicked stepping %T: %s", a.lost, what)
+	case a.running != nil:
+		return fmt.Errorf("panicked running %T: %s", a.running, what)
+	}
+	return fmt.Errorf("panicked: %s", what)
+}
+
+// restep steps the message a panic inside a step lost (cell.lost) once
+// more, the request failed by then (the restart stepped the panic first):
+// a lost worker report, fence or timer is not lost for good. A second
+// panic in it drops it: what it would have proved stays unproven. A
+// chunk (TxChunk) is never stepped again: its pins were the shell's to
+// release (txKind.receive) unless the step took them.
+func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
+	m := a.lost
+	if m == nil {
+		return
+	}
+	a.lost = nil
+	if a.lostRetried || !a.k.restepable(m) {
+		why := "it is not stepped again"
+		if a.lostRetried {
+			why = "it panicked again; what it would have proved stays unproven"
+		}
+		a.lostRetried = false
+		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", m)).
+			Msg("session panicked stepping a message: dropped, " + why)
+		return
+	}
+	a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", m)).
+		Msg("session panicked stepping a message: its request failed; the message is stepped again, once")
+	a.lostRetried = true
+	eff := a.step(m, now)
+	a.lostRetried = false
+	a.exec(ctx, eff, now)
+}
+
 // step steps the session on m, telling the tracer and the meter.
 func (a *shell[S]) step(m any, now time.Time) []Effect {
+	// No defer: a panic must leave stepping as it is.
+	a.stepping = m
+	if panicOnStep(a.k.side(), m) {
+		panic(a.k.side() + " session: panic injected in a step")
+	}
 	eff := traced(a.env, a.path, a.tr, a.s, m, now)
+	a.stepping = nil
 	a.k.stepped(m, now)
 	return eff
 }

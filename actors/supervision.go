@@ -33,13 +33,16 @@ const (
 )
 
 // sessionStrategy supervises the sessions of a tx or rx parent. A session
-// that panics is restarted: its fresh shell steps TxPanic or RxPanic, so
-// the request fails at once and the session goes on draining. Past its
-// budget (sessionRestarts in its life) it is resumed instead — the message
-// it panicked on is dropped, as a restart drops it — never stopped: a
-// stopped session would leave its pins and its ops in flight with no one
-// to settle them, and its handle with no outcome. Its request has failed
-// already (at its first restart); it drains and releases as any other.
+// that panics is restarted: its fresh shell steps TxPanic or RxPanic, with
+// an error naming the panic, so the request fails at once and the session
+// goes on draining. Past its budget (sessionRestarts in its life) it is
+// resumed instead, never stopped: a stopped session would leave its pins
+// and its ops in flight with no one to settle them, and its handle with no
+// outcome. Its request has failed already (at its first restart); it
+// drains and releases as any other. Either way a message a panic inside
+// the step lost (a worker's report may be an op's only proof) is stepped
+// once more, after the failure (cell.stepping); a second panic in it
+// drops it, and what it would have proved stays unproven.
 type sessionStrategy struct {
 	env  *shellEnv
 	side string // "tx" or "rx", for the log

@@ -86,6 +86,10 @@ func (k *txKind) born(a *shell[*TxSession], ctx actor.Context, now time.Time) []
 func (k *txKind) panicked(err error) any     { return TxPanic{Err: err} }
 func (k *txKind) timeout(kind TimerKind) any { return TxTimeout{Kind: kind} }
 
+// restepable: all but a chunk (its pins: txKind.receive); a TxSession
+// checks every other message against its state.
+func (k *txKind) restepable(m any) bool { _, chunk := m.(TxChunk); return !chunk }
+
 func (k *txKind) stepped(m any, now time.Time) {
 	if k.meter != nil {
 		k.meter.stepped(k.s, m, now)
