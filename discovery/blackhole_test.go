@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // holeProxy forwards TCP connections to target until hole is set; from
@@ -107,6 +110,14 @@ func (p *holeProxy) close() {
 // connection, its watch waited on it (a peer's arrival or departure was
 // never seen) until the kernel gave up on the connection, many minutes
 // later, while the other member answered all along.
+//
+// The member goes silent right after Register returns. Register waited
+// for no renewal of its lease then: when etcd's reply to the first one
+// had not come yet, the client gave the keepalive only its dial timeout
+// + 1 s, and the rank was Lost (keepalive stopped) about 6 s later,
+// despite its 60 s TTL. Register now returns only once the lease was
+// renewed (TestEtcdRegisterWaitsForTheFirstRenewal), and the keepalive
+// has its TTL to move to the other member.
 func TestEtcdWatchLeavesAFrozenMember(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for gRPC keepalive to give up on a connection (over 10 s)")
@@ -218,6 +229,111 @@ func TestEtcdRegisterBoundsItsLeaseGrant(t *testing.T) {
 		t.Fatalf("Register: %v (its context: %v), want an error naming the key and its lease", err, ctx.Err())
 	}
 	t.Logf("Register: %v", err)
+}
+
+// silentLease answers nothing on the keepalives it hands out, as an etcd
+// that stopped answering just after it granted the lease does: the
+// channel stays open and empty until its context ends; with reaped, it
+// closes at once without a reply, as the client does with a keepalive
+// that had no reply within its first keepalive timeout. The lease is
+// never renewed. kept receives the id of each lease given a keepalive.
+type silentLease struct {
+	clientv3.Lease
+	reaped bool
+	kept   chan clientv3.LeaseID
+}
+
+func (l *silentLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	select {
+	case l.kept <- id:
+	default:
+	}
+	out := make(chan *clientv3.LeaseKeepAliveResponse)
+	if l.reaped {
+		close(out)
+		return out, nil
+	}
+	go func() {
+		<-ctx.Done()
+		close(out)
+	}()
+	return out, nil
+}
+
+// TestEtcdRegisterWaitsForTheFirstRenewal: Register returns nil only once
+// etcd has renewed its lease once; a lease whose keepalive has no reply
+// within the dial timeout (or whose keepalive the client gives up before
+// any reply) fails the Register, naming the key, leaves no record and no
+// lease, and no Lost is delivered. Register returned nil as soon as its
+// record was written, with no renewal yet: the client gives a keepalive
+// that never had a reply only its dial timeout + 1 s, not the TTL, so a
+// rank registered with a 60 s TTL whose etcd went silent just then was
+// Lost about 6 s later (TestEtcdWatchLeavesAFrozenMember failed so).
+func TestEtcdRegisterWaitsForTheFirstRenewal(t *testing.T) {
+	for _, reaped := range []bool{false, true} {
+		name := "silent"
+		if reaped {
+			name = "reaped"
+		}
+		t.Run(name, func(t *testing.T) {
+			cluster := clusterName(t)
+			cli := newClient(t)
+			defer cli.Close()
+			sl := &silentLease{Lease: cli.Lease, reaped: reaped, kept: make(chan clientv3.LeaseID, 1)}
+			cli.Lease = sl
+			r, err := NewEtcd(ctxFor(t, 10*time.Second), nil, cluster, WithClient(cli), WithTTL(time.Minute),
+				WithDialTimeout(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var evs []Event
+			read := make(chan struct{})
+			go func() {
+				defer close(read)
+				for ev := range r.Events() {
+					evs = append(evs, ev)
+				}
+			}()
+			closed := false
+			t.Cleanup(func() {
+				if !closed {
+					_ = r.Close()
+					<-read
+				}
+			})
+			ctx := ctxFor(t, 5*time.Minute)
+			key := Key(cluster, "gen", 0)
+			err = r.Register(ctx, testRecord("gen", 0, 1))
+			if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "keepalive") ||
+				!strings.Contains(err.Error(), key) {
+				t.Fatalf("Register with no renewal of its lease: %v (its context: %v), want an error naming the key and its keepalive", err, ctx.Err())
+			}
+			t.Logf("Register: %v", err)
+			g, err := cli.Get(ctxFor(t, 10*time.Second), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(g.Kvs) != 0 {
+				t.Errorf("after the failed Register: %s = %s, want no record", key, g.Kvs[0].Value)
+			}
+			lease := receive(t, sl.kept, waitFor, "the keepalive of Register's lease")
+			ttl, err := cli.TimeToLive(ctxFor(t, 10*time.Second), lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl.TTL != -1 {
+				t.Errorf("after the failed Register: its lease %x has %d s to live, want it revoked", lease, ttl.TTL)
+			}
+			closed = true
+			_ = r.Close()
+			<-read
+			for _, ev := range evs {
+				if ev.Kind == EventLost {
+					t.Errorf("%v after Register failed with %v: want no Lost for a registration that never completed", ev, err)
+				}
+			}
+		})
+	}
 }
 
 // TestEtcdRegisterEndedIsNoLost: a Register whose lease ends before it

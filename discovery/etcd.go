@@ -251,6 +251,11 @@ func (e *Etcd) lose(reason string) {
 // fails with ErrClosed and leaves no record, lease or goroutine behind; a
 // Register after Close is ErrClosed as well.
 //
+// Register returns nil only once etcd has renewed the new lease once (the
+// keepalive's first reply, awaited within ctx and the dial timeout): from
+// then on the registration is Lost only when its lease is not renewed for
+// its TTL, or its record goes.
+//
 // Lost is said only of a registration whose Register returned nil. One
 // whose lease ends or whose record goes before Register returns (etcd
 // stopped answering for the TTL while it waited) fails that Register,
@@ -304,6 +309,9 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	if err != nil {
 		return e.unregister(fmt.Errorf("discovery: etcd: keepalive for %s: %w", key, err), lease.ID)
 	}
+	if err := e.firstRenewal(ctx, ka, key, lease.ID); err != nil {
+		return e.unregister(err, lease.ID)
+	}
 	e.wg.Add(1)
 	// The end of the lease ends a registration still in progress (waiting
 	// for an older incarnation to go, or for etcd): it can never complete.
@@ -325,6 +333,33 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 		return e.unregister(fmt.Errorf("discovery: etcd: registering %s under lease %x: %w", key, lease.ID, err), lease.ID)
 	}
 	return nil
+}
+
+// firstRenewal waits for the first reply of the lease's keepalive, within
+// ctx and the dial timeout. Until a keepalive has had a reply, the etcd
+// client gives it only its first keepalive timeout (the client's dial
+// timeout + 1 s, not the lease's TTL, which it does not know yet) before
+// it closes it: a Register that returned before that reply left its rank
+// to be Lost a few seconds after, whatever its TTL, if etcd went silent
+// just then. Once a reply came, the client keeps the keepalive for a TTL
+// after each reply, and so a registration is Lost only per its TTL.
+func (e *Etcd) firstRenewal(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse, key string, lease clientv3.LeaseID) error {
+	wctx, cancel := context.WithTimeout(ctx, e.opts.dialTimeout)
+	defer cancel()
+	select {
+	case _, ok := <-ka:
+		if ok {
+			return nil
+		}
+		return fmt.Errorf("discovery: etcd %v%s: keepalive for %s: the client gave up lease %x before etcd renewed it once "+
+			"(no reply within its first keepalive timeout, or the lease had expired)", e.cli.Endpoints(), e.authNote(), key, lease)
+	case <-wctx.Done():
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("discovery: etcd: keepalive for %s: waiting for the first renewal of lease %x: %w", key, lease, err)
+		}
+		return fmt.Errorf("discovery: etcd %v%s: keepalive for %s: no renewal of lease %x within %v: %w",
+			e.cli.Endpoints(), e.authNote(), key, lease, e.opts.dialTimeout, wctx.Err())
+	}
 }
 
 // errLeaseEnded is the cause that ends a Register whose lease ended.
