@@ -118,12 +118,11 @@
 // and write; an endpoint error concerns that one endpoint of this agent,
 // not the peer's own. A deregistration waiting for its answer, and any
 // later one while that link stands, fails busy — until the peer, which
-// ran on, says bye after all (it says it once its endpoints to this
-// agent closed: proof for all memory), or its exit is proven from
-// outside UCX (Agent.PeerExited, a node's pidfd), which releases the
-// memory this agent allocated (Alloc), not memory registered with
-// ucp_mem_map, into which what the peer queued is applied by this
-// agent's worker.
+// ran on, says bye after all (proof for all memory: below), or its exit
+// is proven from outside UCX (Agent.PeerExited, a node's pidfd), which
+// releases the memory this agent allocated (Alloc), not memory
+// registered with ucp_mem_map, into which what the peer queued is
+// applied by this agent's worker.
 //
 // Agent.Close closes its endpoints, then says bye to every linked peer and
 // waits (at most WithRevokeTimeout) for each to acknowledge: a peer closes
@@ -131,11 +130,37 @@
 // refuses further posts with rdma.ErrPeerGone before it acknowledges, so
 // nothing lands in the closing agent's memory after Close returns. Then it
 // unmaps every registration and frees every Alloc, and destroys the worker
-// and the context. A peer that does not acknowledge in time (stopped, cut
-// off), one already silent that it does not wait for, one whose hello
-// went unanswered (above) or is still unanswered, or one whose link
-// failed on an endpoint error (above; unless its exit was proven and
-// only allocated memory is registered), proves nothing:
+// and the context.
+//
+// A bye, and the acknowledgement of one, say exactly this: every
+// endpoint of the sender to the receiver has closed, and every write
+// posted on them either landed (its flush completed) or never reached
+// the wire. An agent one of whose endpoints to a peer had writes cut on
+// the wire (their batches failed with rdma.ErrCloseUnproven: the close
+// timeout, an endpoint error, a failed link; below) cannot say that:
+// over tcp and UCX's software RMA the cut bytes may sit in the peer's
+// socket buffers, on another connection than the bye's and not ordered
+// with it, and the peer's worker may apply them after it took the bye.
+// So it says that peer no bye and acknowledges none of its byes. The
+// peer then treats it as any writer gone without a bye: its link fails
+// without proof, or its revoke or bye goes unanswered; its
+// deregistrations fail busy and its Close returns rdma.ErrCloseUnproven
+// keeping the memory, until the writer's exit is proven
+// (Agent.PeerExited) for what that proof covers. Nothing new goes on the
+// wire: an agent of an earlier version, as the peer, sees a writer that
+// went away without a bye, and handles it as its version does. An agent
+// of an earlier version, as the writer, still says bye (and acknowledges
+// one) after a cut; nothing tells that bye from a sound one, so against
+// such a writer the peer still takes it as proof.
+//
+// A peer that does not acknowledge in time (stopped, cut off, or
+// withholding it as above), one already silent that it does not wait
+// for, one this agent said no bye to since its own writes into it were
+// cut (so none was acknowledged; nothing owed where every registration
+// is a source), one whose hello went unanswered (above) or is still
+// unanswered, or one whose link failed on an endpoint error (above;
+// unless its exit was proven and only allocated memory is registered),
+// proves nothing:
 // Close then leaves every Alloc mapped and the context alive, as
 // KeepMemory does, and returns an error wrapping rdma.ErrCloseUnproven
 // naming the peers; memory the caller registered must not be reused
@@ -154,7 +179,8 @@
 // forced close cut writes that transports such as tcp may still deliver
 // once the peer progresses again: their batches fail with
 // ErrEndpointClosed and rdma.ErrCloseUnproven, and Close returns an error
-// wrapping rdma.ErrCloseUnproven, so that their owner keeps them in doubt.
+// wrapping rdma.ErrCloseUnproven, so that their owner keeps them in doubt;
+// and the agent says no bye to that peer (above).
 //
 // When UCX reports a data endpoint failed (the peer died: tcp resets at
 // once, shared memory within about two keepalive intervals,
@@ -173,7 +199,8 @@
 // UCX fail with ErrPeerGone alone (none of their bytes left), and an
 // endpoint with nothing on the wire closes with nil. A cut batch stays
 // counted against the peer's region (above): the peer's Deregister of it
-// is answered busy while the link stands.
+// is answered busy while the link stands, and the agent says the peer no
+// bye (above).
 //
 // # Memory
 //

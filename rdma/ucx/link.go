@@ -97,6 +97,16 @@ type link struct {
 	// endpoints to this agent first): an error on the control endpoint
 	// after that leaves nothing unproven.
 	byeAcked bool
+	// cut: a data endpoint of this agent to the peer closed with writes
+	// cut on the wire without proof that they no longer land (uep.unproven:
+	// the close timeout, failLink, dataFailed; its reason, for the
+	// errors). They may still be applied by the peer's worker after
+	// anything this agent sends later on the control endpoint, so this
+	// agent owes the peer a proof it cannot give: it says no bye to the
+	// peer and acknowledges none of its byes (stepShutdown, stepLinks),
+	// which the peer would take as proof that this agent's writes into
+	// its memory are over.
+	cut string
 }
 
 // unprovenFor says why the peer's writes into r may not be over since

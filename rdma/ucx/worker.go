@@ -1101,6 +1101,9 @@ func (w *worker) closedUEP(u *uep) {
 		e.ucpClosed = true
 		if u.unproven {
 			e.unproven = u.reason // the close timeout's, failLink's or dataFailed's
+			if u.link.cut == "" {
+				u.link.cut = fmt.Sprint(u.reason)
+			}
 		}
 		e.mu.Unlock()
 		w.touch(e)

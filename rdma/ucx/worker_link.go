@@ -226,13 +226,17 @@ func (w *worker) linkUp(l *link, m *message) {
 }
 
 // onBye: the peer is closing. Close the endpoints to it (after their
-// writes are acknowledged), then acknowledge (stepLinks). The peer says
-// bye only once it has closed every endpoint of its to this agent: its
-// writes into this agent are over. That holds as well when the bye comes
-// after the link failed without proof (an error on this agent's control
-// endpoint, or a hello that went unanswered, while the peer ran on and
-// kept its own endpoints): the bye, sealed under the link's key, is the
-// proof the failure lacked.
+// writes are acknowledged), then acknowledge (stepLinks) — unless one of
+// them had writes cut on the wire (link.cut): then no acknowledgement,
+// which would claim they are over. The peer says bye only once it has
+// closed every endpoint of its to this agent, and none with writes cut
+// on the wire without proof (stepShutdown): its writes into this agent
+// are over. That holds as well when the bye comes after the link failed
+// without proof (an error on this agent's control endpoint, or a hello
+// that went unanswered, while the peer ran on and kept its own
+// endpoints): the bye, sealed under the link's key, is the proof the
+// failure lacked. (A peer of an earlier version says bye after a cut as
+// well; nothing here tells the two apart: docs/membership.md §4.)
 func (w *worker) onBye(l *link, m *message) {
 	err := fmt.Errorf("%w: agent %s closed", rdma.ErrPeerGone, l.peer)
 	if l.setState(linkLeft, err) {
@@ -330,13 +334,21 @@ func (w *worker) peerExited(c *call) {
 }
 
 // stepLinks acknowledges byes whose endpoints have closed and counts the
-// links with a deadline.
+// links with a deadline. A bye is not acknowledged when an endpoint of
+// this agent to that peer had writes cut on the wire without proof
+// (link.cut): the acknowledgement is the peer's proof that this agent's
+// writes into its memory are over, and those may land after it. The
+// peer's Close then waits its revoke timeout and keeps its memory
+// (rdma.ErrCloseUnproven), the designed quarantine; no message says
+// why, so that a peer of an earlier version reads nothing new.
 func (w *worker) stepLinks() {
 	w.linkTimers = 0
 	for _, l := range w.links {
 		if l.ackDue && len(l.eps) == 0 {
 			l.ackDue = false
-			w.send(l, &message{kind: msgByeAck, req: l.ackTo, from: w.a.id})
+			if l.cut == "" {
+				w.send(l, &message{kind: msgByeAck, req: l.ackTo, from: w.a.id})
+			}
 			if w.shutdown == nil {
 				w.closeLink(l)
 			}
@@ -626,7 +638,12 @@ func (w *worker) endDereg(op *deregOp, err error) {
 
 // beginShutdown starts Agent.Close: close every endpoint, then say bye to
 // every peer and wait for the acknowledgements, then close the control
-// endpoints, then tear down (stepShutdown).
+// endpoints, then tear down (stepShutdown). A peer into which an
+// endpoint of this agent had writes cut on the wire without proof
+// (link.cut) is told no bye: the bye says this agent's writes into the
+// peer are over, and the cut ones may be applied by the peer's worker
+// after it (they travel on another connection than the bye's, over tcp
+// and UCX's software RMA, with nothing to order the two).
 func (w *worker) beginShutdown(c *call) {
 	w.shutdown = c
 	for _, l := range w.links {
@@ -664,6 +681,14 @@ func (w *worker) stepShutdown() {
 		}
 		for _, l := range w.links {
 			if l.getState() != linkUp {
+				continue
+			}
+			if l.cut != "" {
+				// No bye, which the peer would take as proof: it holds
+				// its memory in doubt (its link fails unproven, or its
+				// revoke goes unanswered) until this agent's exit is
+				// proven (Agent.PeerExited). Its own writes into this
+				// agent are not proven over either (teardown).
 				continue
 			}
 			// A silent peer is told too, but not waited for: its
@@ -741,6 +766,10 @@ func (w *worker) teardown() {
 			w.unacked = append(w.unacked, fmt.Sprintf("agent %s's link failed without proof that its writes into this agent are over (%s)", l.peer, why))
 		case l.getState() == linkConnecting:
 			w.unacked = append(w.unacked, fmt.Sprintf("agent %s never answered this agent's hello, which it may have taken", l.peer))
+		case l.cut != "" && l.getState() == linkUp:
+			// Told no bye (stepShutdown), it acknowledged none, and
+			// said none of its own.
+			w.unacked = append(w.unacked, fmt.Sprintf("agent %s was told no bye, and so acknowledged none, since this agent's writes into it were cut on the wire without proof that they no longer land (%s)", l.peer, l.cut))
 		}
 	}
 	// A peer that never acknowledged the bye may still write into this
