@@ -242,8 +242,10 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			return nil, err
 		}
 		env.Body = &pb.Envelope_Heartbeat{Heartbeat: &pb.Heartbeat{
-			From: peerToWire(m.From),
-			Seq:  m.Seq,
+			From:            peerToWire(m.From),
+			Seq:             m.Seq,
+			Leaving:         m.Leaving,
+			FromIncarnation: m.FromIncarnation,
 		}}
 	default:
 		return nil, invalid("encode: frame type %T has no wire encoding", f)
@@ -346,7 +348,8 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 		}, nil
 	case *pb.Envelope_Heartbeat:
 		m := body.Heartbeat
-		return &Heartbeat{From: peerFromWire(m.GetFrom()), Seq: m.GetSeq()}, nil
+		return &Heartbeat{From: peerFromWire(m.GetFrom()), Seq: m.GetSeq(),
+			FromIncarnation: m.GetFromIncarnation(), Leaving: m.GetLeaving()}, nil
 	case nil:
 		if num, ok := firstUnknownField(env); ok {
 			return nil, invalid("unknown frame type (envelope field %d)", num)

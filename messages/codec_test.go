@@ -308,6 +308,68 @@ func TestDecodeIgnoresUnknownFields(t *testing.T) {
 	}
 }
 
+// TestGoodbyeIsAHeartbeatToAnOlderPeer: a goodbye (Heartbeat.Leaving) and
+// the sender's incarnation are two optional fields of the Heartbeat body,
+// numbers 3 and 20, and nothing else changes: a heartbeat that sets
+// neither encodes as an older build writes it (from, seq), and one that
+// sets both is that encoding plus those two fields, which a decoder that
+// does not know them skips (TestDecodeIgnoresUnknownFields): an older
+// peer takes a goodbye for a plain heartbeat, and a newer one takes an
+// older peer's heartbeat for one that is no goodbye and names no
+// incarnation.
+func TestGoodbyeIsAHeartbeatToAnOlderPeer(t *testing.T) {
+	peer := messages.PeerID{Instance: "p", Rank: 3}
+	old := rawEnvelope(1, fieldHeartbeat, varintField(bytesField(nil, 1, rawPeer("p", 3)), 2, 42))
+	if b := mustEncode(t, &messages.Heartbeat{From: peer, Seq: 42}); !bytes.Equal(b, old) {
+		t.Fatalf("a plain heartbeat encodes as %x, want the older encoding %x", b, old)
+	}
+	f, err := messages.Decode(old)
+	if err != nil || !reflect.DeepEqual(f, &messages.Heartbeat{From: peer, Seq: 42}) {
+		t.Fatalf("an older peer's heartbeat decodes as %#v, %v", f, err)
+	}
+	bye := mustEncode(t, &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Leaving: true})
+	var env pb.Envelope
+	if err := proto.Unmarshal(bye, &env); err != nil {
+		t.Fatal(err)
+	}
+	// The body as an older build reads it: its known fields, in order,
+	// and the two it does not know.
+	body := env.GetHeartbeat()
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var known []byte
+	unknown := map[protowire.Number]uint64{}
+	for len(raw) > 0 {
+		num, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			t.Fatalf("goodbye body %x does not parse", raw)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, raw[n:])
+		if m < 0 {
+			t.Fatalf("goodbye body %x does not parse", raw)
+		}
+		switch num {
+		case 1, 2:
+			known = append(known, raw[:n+m]...)
+		default:
+			v, k := protowire.ConsumeVarint(raw[n:])
+			if typ != protowire.VarintType || k < 0 {
+				t.Fatalf("goodbye body field %d of wire type %d, want varints only", num, typ)
+			}
+			unknown[num] = v
+		}
+		raw = raw[n+m:]
+	}
+	if want := map[protowire.Number]uint64{3: 1, 20: 7}; !reflect.DeepEqual(unknown, want) {
+		t.Fatalf("goodbye adds fields %v to the heartbeat body, want %v (leaving, from_incarnation)", unknown, want)
+	}
+	if b := rawEnvelope(1, fieldHeartbeat, known); !bytes.Equal(b, old) {
+		t.Fatalf("goodbye without its new fields is %x, want the older heartbeat %x", b, old)
+	}
+}
+
 // TestDecodeEveryPrefixAndSuffix splits every sample at every byte: each
 // part decodes to a valid frame or is rejected with ErrInvalid.
 func TestDecodeEveryPrefixAndSuffix(t *testing.T) {

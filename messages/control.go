@@ -284,10 +284,22 @@ type CancelAck struct {
 	Incarnations
 }
 
-// Heartbeat proves a peer is alive.
+// Heartbeat proves a peer is alive. With Leaving set it is a goodbye: the
+// sender's control link is closing gracefully and this is its last
+// heartbeat to the receiver.
 type Heartbeat struct {
 	From PeerID
 	Seq  uint64
+	// FromIncarnation is the sender's incarnation, as its Hello named it
+	// (0: not told, as from a peer that predates it).
+	FromIncarnation uint64
+	// Leaving marks a goodbye: the sender's link closes (a graceful stop)
+	// and it will say nothing more on this connection. A receiver may take
+	// that incarnation of the sender as down at once instead of after its
+	// heartbeat timeout. It is liveness, never proof that the sender's
+	// writes are over (DESIGN.md §3). A peer that predates it ignores the
+	// field and takes the frame for a heartbeat.
+	Leaving bool
 }
 
 func (m *Hello) Request() string       { return "" }

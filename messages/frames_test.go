@@ -75,6 +75,7 @@ func sampleFrames() map[string]messages.Frame {
 		"cancel":        &messages.Cancel{RequestID: "req-0001", Epoch: 7, From: testPeer, Reason: "client went away"},
 		"cancel_ack":    &messages.CancelAck{RequestID: "req-0001", Epoch: 7, From: testPeer},
 		"heartbeat":     &messages.Heartbeat{From: testPeer, Seq: math.MaxUint64},
+		"goodbye":       &messages.Heartbeat{From: testPeer, Seq: 9, FromIncarnation: math.MaxUint64, Leaving: true},
 	}
 }
 
@@ -282,7 +283,8 @@ func drawFrame(t *rapid.T) messages.Frame {
 			From:      drawPeer(t, "from"),
 		}
 	default:
-		return &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq")}
+		return &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq"),
+			FromIncarnation: rapid.Uint64().Draw(t, "fromIncarnation"), Leaving: rapid.Bool().Draw(t, "leaving")}
 	}
 }
 

@@ -1395,13 +1395,18 @@ func (x *CancelAck) GetToIncarnation() uint64 {
 	return 0
 }
 
-// Heartbeat proves a peer is alive.
+// Heartbeat proves a peer is alive. With leaving set it is a goodbye: the
+// sender's control link is closing gracefully (its last heartbeat to the
+// receiver). Both fields are optional: a peer that predates them ignores
+// them and takes a goodbye for a heartbeat.
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	From            *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Seq             uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Leaving         bool                   `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -1444,6 +1449,20 @@ func (x *Heartbeat) GetFrom() *PeerID {
 func (x *Heartbeat) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
+func (x *Heartbeat) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
 	}
 	return 0
 }
@@ -1569,10 +1588,12 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
 	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
-	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"D\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\x89\x01\n" +
 	"\tHeartbeat\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq*n\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation*n\n" +
 	"\x06Status\x12\x12\n" +
 	"\x0eSTATUS_UNKNOWN\x10\x00\x12\x12\n" +
 	"\x0eSTATUS_SUCCESS\x10\x01\x12\x11\n" +
