@@ -521,13 +521,13 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		sem <- struct{}{}
 		if closed(n.down) {
 			fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
 		if err := n.Err(); err != nil { // out of the etcd cluster: no request can start
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
@@ -539,7 +539,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			ContextParallel: ContextParallel(o)})
 		if err != nil {
 			fail(err)
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
@@ -551,7 +551,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			// A request opened as it fell (the engine failed those it had)
 			// would otherwise wait for its Hello until the timeout.
 			res := outcome(h.Done(), h.Cancel, n.down)
-			end.ended() // its bytes are checked below, the peer's part is over
+			end.ended(res.OK) // its bytes are checked below, the peer's part is over
 			inflight.Add(-1)
 			d := time.Since(t)
 			if hoptrace.On {
@@ -689,13 +689,13 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		sem <- struct{}{}
 		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
 			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
 		if err := n.Err(); err != nil { // as RunGen
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
@@ -709,7 +709,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		src, err := n.eng.Pools().AllocWait(ctx, counts)
 		if err != nil {
 			fail(err)
-			end.ended()
+			end.ended(false)
 			<-sem
 			continue
 		}
@@ -717,7 +717,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		pool.run(func() {
 			defer func() { <-sem; wg.Done() }()
 			sent, err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
-			end.ended()
+			end.ended(err == nil)
 			if err != nil {
 				fail(err)
 				return
@@ -765,13 +765,19 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 
 // lastEnd tells whether the peer was declared down before the run's last
 // request ended (Report.PeerDownMidRun): each request's end calls ended,
-// and the last one reads the peer's state then. A peer that leaves once
-// every request ended (the context process exits while the generation
-// process still checks the last request's bytes) is not down mid-run.
+// and the last one reads what the ends saw. A peer that leaves once every
+// request ended (the context process exits while the generation process
+// still checks the last request's bytes) is not down mid-run. A request
+// that succeeded ended before the peer's down, however late its role
+// looks at it (a down fails the requests it finds live; a peer's goodbye
+// as it closes comes within moments of its last request's success); one
+// that failed is taken to have ended after the down when the down is
+// known as the role sees the failure.
 type lastEnd struct {
-	left   atomic.Int64
-	down   <-chan struct{}
-	midRun atomic.Bool
+	left     atomic.Int64
+	down     <-chan struct{}
+	lateFail atomic.Bool // a request failed with the peer known down
+	midRun   atomic.Bool
 }
 
 func newLastEnd(requests int, down <-chan struct{}) *lastEnd {
@@ -780,10 +786,14 @@ func newLastEnd(requests int, down <-chan struct{}) *lastEnd {
 	return e
 }
 
-// ended notes one request's end (its outcome, or its failure to start).
-func (e *lastEnd) ended() {
+// ended notes one request's end (its outcome, or its failure to start);
+// ok: it succeeded.
+func (e *lastEnd) ended(ok bool) {
+	if !ok && closed(e.down) {
+		e.lateFail.Store(true) // before the count: the last end reads it
+	}
 	if e.left.Add(-1) == 0 {
-		e.midRun.Store(closed(e.down))
+		e.midRun.Store(e.lateFail.Load())
 	}
 }
 

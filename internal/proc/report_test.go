@@ -131,28 +131,48 @@ func TestGenPeerLeavingAfterTheLastRequestIsNotMidRun(t *testing.T) {
 	}
 }
 
-// TestLastEnd: a peer down before the last request ended is down mid-run;
-// one down after it is not; with requests that never ended, it is if it
-// is down now.
+// TestLastEnd: a peer down before the last request ended (it failed) is
+// down mid-run; one down after it is not, nor one whose down the role
+// learned before it looked at a request that had succeeded; with requests
+// that never ended, it is if it is down now. (Checked to fail: with the
+// last end reading only whether the peer is down, a success seen after
+// the down counted as mid-run.)
 func TestLastEnd(t *testing.T) {
 	down := make(chan struct{})
 	e := newLastEnd(2, down)
-	e.ended()
+	e.ended(true)
 	close(down)
-	e.ended()
+	e.ended(false)
 	if !e.downMidRun() {
 		t.Error("peer down before the last request ended: not mid-run")
 	}
 	down = make(chan struct{})
+	e = newLastEnd(3, down)
+	e.ended(true)
+	close(down)
+	e.ended(false) // failed by the down
+	e.ended(true)  // succeeded before it, seen after
+	if !e.downMidRun() {
+		t.Error("peer down before a request that it failed ended, the last seen a success: not mid-run")
+	}
+	down = make(chan struct{})
 	e = newLastEnd(2, down)
-	e.ended()
-	e.ended()
+	e.ended(true)
+	e.ended(true)
 	close(down)
 	if e.downMidRun() {
 		t.Error("peer down after the last request ended: mid-run")
 	}
+	down = make(chan struct{})
 	e = newLastEnd(2, down)
-	e.ended()
+	e.ended(true)
+	close(down)
+	e.ended(true) // a success the role saw only after the peer's down
+	if e.downMidRun() {
+		t.Error("every request succeeded, the last seen after the peer's down: mid-run")
+	}
+	e = newLastEnd(2, down)
+	e.ended(true)
 	if !e.downMidRun() {
 		t.Error("peer down with a request that never ended: not mid-run")
 	}
