@@ -69,10 +69,11 @@
 //	                                                               (a sender its CURVE key may not speak for), taken (a Hello for a live peer bound
 //	                                                               to another key), no_hello (before Hello), sender (another PeerID than its
 //	                                                               connection's Hello), full (a Hello past the bounds on connections or peers),
-//	                                                               departed (a Hello of an incarnation removed from the cluster)
+//	                                                               departed (a Hello of an incarnation removed from the cluster),
+//	                                                               goodbye (a peer's goodbye not taken: not its current incarnation's)
 //	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
 //	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
-//	                                                               OnPeerDown); peer is "instance/rank"
+//	                                                               OnPeerDown); peer is "instance/rank"; a peer's goodbye is not counted
 //	kvxfer_pool_blocks                  gauge      group, state    blocks of each layer group's pool by state: free, allocated (no pin), pinned,
 //	                                                               quarantined; they sum to the pool's size. Sampled at scrape
 //	kvxfer_quarantined_bytes            gauge      -               bytes of destination blocks in quarantine: their request failed (suspicion,

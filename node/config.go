@@ -200,9 +200,10 @@ type Config struct {
 	// Logger receives the node's and the engine's logs (default: none).
 	Logger *zerolog.Logger `json:"-"`
 	// OnPeerDown, when set, is called after the engine learned that a peer
-	// fell silent, or that its process exited (a pidfd, on one host:
-	// docs/membership.md §4); instance and rank index as in Peer. It may
-	// be called more than once for one death, and must not block.
+	// fell silent, or said goodbye as it closed, or that its process
+	// exited (a pidfd, on one host: docs/membership.md §4); instance and
+	// rank index as in Peer. It may be called more than once for one
+	// death, and must not block.
 	OnPeerDown func(instance string, rank int) `json:"-"`
 }
 

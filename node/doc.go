@@ -46,7 +46,13 @@
 //     fail and drain) and to Config.OnPeerDown. Suspicion only: pages the
 //     peer may still write stay quarantined. Its frames and heartbeats
 //     renew this node's writer lease on it (Engine.PeerAlive, at most once
-//     per heartbeat interval; Config.WriterLease, off by default).
+//     per heartbeat interval; Config.WriterLease, off by default). A node
+//     that closes gracefully (Close) says goodbye on its control link to
+//     each peer it is connected to; a peer takes that incarnation down at
+//     once (Engine.PeerIncarnationDown, "closed (it said goodbye)", and
+//     Config.OnPeerDown) instead of after the heartbeat timeout — with or
+//     without etcd. Suspicion too: it does what a Down does and frees
+//     nothing more (docs/membership.md, "A graceful stop says goodbye").
 //   - Proof of death (issue 17): a peer of this host and pid namespace
 //     whose Hello names its process (pid and start time, checked) is
 //     watched through a pidfd, on the shm backend and on ucx over shared

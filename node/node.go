@@ -219,6 +219,19 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				cfg.OnPeerDown(p.Instance, int(p.Rank))
 			}
 		}
+		// A peer's graceful Close says goodbye on its link: that
+		// incarnation is down at once, as after missed heartbeats (its
+		// requests fail, naming the close; pages wait for a proof as
+		// for any Down), without the heartbeat timeout.
+		zc.OnPeerGoodbye = func(p messages.PeerID, inc uint64) {
+			if e := engp.Load(); e != nil {
+				e.PeerIncarnationDown(p, inc, zmq.ErrPeerClosed.Error())
+			}
+			n.log.Info().Str("peer", p.String()).Uint64("incarnation", inc).Msg("peer said goodbye (its node closed): its requests fail")
+			if cfg.OnPeerDown != nil {
+				cfg.OnPeerDown(p.Instance, int(p.Rank))
+			}
+		}
 		switch {
 		case !exitProves(n.backend):
 		case cfg.CallerMemory != nil:
@@ -607,7 +620,10 @@ func (n *Node) Backend() string { return n.backend }
 // first, an error wrapping ErrPeerSilent names the silent peers.
 //
 // A peer that said Hello while this node's own connection to it is still
-// not up after 3 heartbeat intervals is named at once (ErrPeerUnreachable).
+// not up after 3 heartbeat intervals is named at once (ErrPeerUnreachable),
+// and so is one that said Hello and went down before that connection came
+// up (it exited, or fell silent, at its start); one that said goodbye as
+// it closed is waited for again, its next Hello judged afresh.
 // A peer still silent after 3 heartbeat intervals is named in a warning,
 // with what the link knows of it (nothing accepts connections at its
 // endpoint; or our connection to it is up and it has not connected back),
@@ -726,14 +742,25 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				return fmt.Errorf("%w: %s at %s: a Hello came with the CURVE key given for %s, but it names itself %s: is %q the instance name (and rank) that peer runs as?",
 					ErrHandshake, id, endpoint, id, claimed, id.Instance)
 			}
-			if _, heard := spoke[id]; heard && !reached[id] {
+			if _, heard := spoke[id]; heard && !reached[id] && !errors.Is(err, zmq.ErrPeerClosed) {
 				// (An etcd peer that restarted before this node reached
 				// it, its Down and new Up between two looks of this wait,
-				// is not here: spoke is its new incarnation's.)
+				// is not here: spoke is its new incarnation's. Nor is one
+				// that closed gracefully, saying goodbye, which may be
+				// restarting: it is waited for, as one that never came.)
 				// Its Hello is gone: the link declared it down after it
 				// spoke (it exited, or fell silent, at its start).
 				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",
 					ErrPeerUnreachable, id, endpoint)
+			}
+			if errors.Is(err, zmq.ErrPeerClosed) {
+				// It closed on purpose; its next start (a restart) is
+				// judged afresh, as a new incarnation found through
+				// etcd is: its Hello, and our connection after it.
+				delete(spoke, id)
+				delete(reached, id)
+				silent = append(silent, id.String()+" at "+endpoint+": it said goodbye as it closed, and has not said Hello again")
+				continue
 			}
 			// A refused handshake with a peer etcd found is most likely
 			// the race the membership goroutine redials for.

@@ -111,8 +111,9 @@ func TestOtherProtocolVersionNamed(t *testing.T) {
 }
 
 // TestRestartedAsOtherVersionNamed: ctx/0 said Hello in this version, then
-// restarted as a build of another one. Once the heartbeats declare it down,
-// a request from it fails at once with ErrMismatch naming the version, not
+// restarted as a build of another one. Once it is declared down (its
+// goodbye as it closed, or its heartbeats) and its new process spoke, a
+// request from it fails at once with ErrMismatch naming the version, not
 // with ErrPeerGone as for a dead peer. (Checked to fail: with neither of
 // rxParent.start's writer loops asking otherVersion, the request fails with
 // ErrPeerGone, "writer ctx/0 is down".)
@@ -134,8 +135,14 @@ func TestRestartedAsOtherVersionNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	speakVersion(t, cc.Bind, gc.Bind, cc.Peers[0].PublicKey, keys{public: gc.Peers[0].PublicKey, secret: cc.SecretKey}, messages.Version+1)
-	// Silence is declared after HeartbeatMisses (3) intervals.
+	// ctx/0's Close said goodbye (else its silence is declared after
+	// HeartbeatMisses (3) intervals); the down comes before the new
+	// process's frame may have: wait for both.
 	waitFor(t, 6*beat, "OnPeerDown(ctx/0)", down.Load)
+	waitFor(t, 6*beat, "the link to hear ctx/0's frame of version 2", func() bool {
+		_, err := genN.LinkHello(messages.PeerID{Instance: "ctx"})
+		return errors.Is(err, messages.ErrVersion)
+	})
 	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)

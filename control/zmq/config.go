@@ -58,6 +58,15 @@ type Config struct {
 	// OnPeerDown is called, on the listener goroutine, when a peer that
 	// said Hello falls silent; it must not block. Optional.
 	OnPeerDown func(messages.PeerID)
+	// OnPeerGoodbye is called, on the listener goroutine, when a peer
+	// that said Hello and is alive says goodbye (its link closes
+	// gracefully: a Heartbeat with Leaving) on a connection bound to it,
+	// for the incarnation the directory holds for it (inc; a Hello that
+	// named none gets no goodbye taken): the peer is down from then on,
+	// as after missed heartbeats, without waiting for them. Liveness, not
+	// proof: its writes may still land. It must not block. Optional: when
+	// nil, OnPeerDown is called instead.
+	OnPeerGoodbye func(peer messages.PeerID, inc uint64)
 	// OnHello is called, on the listener goroutine, with a peer's Hello
 	// when it is the peer's first or names another incarnation or process
 	// than the peer's Hello before (not for the periodic repeats, nor for
@@ -132,6 +141,11 @@ var (
 	ErrHandshakeFailed = errors.New("control/zmq: handshake failed")
 	// ErrNoHeartbeats: PeerState needs heartbeats (HeartbeatInterval ≥ 0).
 	ErrNoHeartbeats = errors.New("control/zmq: heartbeats are off")
+	// ErrPeerClosed is wrapped, beside control.ErrPeerGone, by Hello's
+	// error for a peer down because it said goodbye (its link closed
+	// gracefully), not because it fell silent; its text follows the
+	// peer's name ("ctx/0 closed (it said goodbye)").
+	ErrPeerClosed = errors.New("closed (it said goodbye)")
 )
 
 // sentinel is an error of this package that is also one of package

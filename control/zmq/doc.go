@@ -19,15 +19,19 @@
 //     (inproc), owned by the same goroutine, which polls them without
 //     blocking (sleeping in Go between polls) every 100 ms while a peer's
 //     connection is not up, else at each beat, and closes both (monitor
-//     stopped first) when the peer's socket is remade or the link closes;
+//     stopped first) when the peer's socket is remade or the link closes
+//     — but for the DEALERs of connected peers, which it hands, as it
+//     stops, to Link.Close to say goodbye on (see Goodbye below); Close
+//     uses them only after that goroutine has ended;
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal
 //     backlog, by that backlog's flusher goroutine, one at a time under the
 //     Conn's mutex. Conn.Send never blocks (see Send queues below).
 //
 // Close stops these goroutines, which close their sockets with linger 0, and
-// every flusher. The context is terminated when the Link is closed and its
-// last Conn is closed.
+// every flusher; the heartbeat DEALERs that carry a goodbye close with a
+// linger of 200 ms (goodbyeLinger). The context is terminated when the
+// Link is closed and its last Conn is closed.
 //
 // # Send queues
 //
@@ -155,7 +159,8 @@
 // its own connection.
 //
 // Hello is stored in the directory (Hello(peer) returns it); Heartbeat only
-// marks the peer alive; every other frame goes to deliver, in the order its
+// marks the peer alive, and a goodbye (a Heartbeat with Leaving) marks it
+// down (see Goodbye); every other frame goes to deliver, in the order its
 // connection sent it. Any accepted frame counts as a sign of life, except
 // those on a connection whose Hello named an incarnation RemovePeer
 // forgot (and no AddPeer or SetPeerServerKey let back): there heartbeats
@@ -206,6 +211,55 @@
 //
 // deliver and OnPeerDown run on the listener goroutine and must not block
 // (nor close the link, which waits for that goroutine).
+//
+// # Goodbye
+//
+// A graceful Close says goodbye: a link whose Hello names an incarnation
+// sends, as Close ends it, a last Heartbeat with Leaving set (and its
+// incarnation) on the heartbeat connection of each peer that connection
+// is up to (as its socket monitor says) and that heard the link's Hello
+// on it. It is sent in Link.Close, not when the Listener closes: an engine
+// closes its listener before its workers send their last frames (a FAILED
+// Result, a CancelAck), which a goodbye sent then would overtake. Best
+// effort: a goodbye that cannot be queued is dropped, and one queued waits
+// at most 200 ms (the socket's linger, which the context's end waits for)
+// for a peer that is gone: Close never hangs on it. A peer that does not
+// get it learns the close from missed heartbeats, as before.
+//
+// The listener takes a goodbye only as its connection's own: past the
+// checks of every frame (bound, its sender the Hello's, no other
+// incarnation than the Hello's: sender), it acts only when the
+// connection's incarnation is named (not 0), is the one the directory
+// holds for the peer (not an earlier process's, still connected), and
+// liveness tracks the peer; else it is rejected (reason goodbye), counted
+// and logged, and changes nothing, making no entry for anyone. The
+// goodbye of an incarnation that left (RemovePeer: with etcd, its lease
+// revoke came first) is its own and no news: ignored, not counted.
+//
+// Taken, it marks the peer down at once, as missed heartbeats do:
+// Hello(peer) returns control.ErrPeerGone and ErrPeerClosed ("closed (it
+// said goodbye)"), and OnPeerGoodbye(peer, incarnation) is called once
+// (OnPeerDown when OnPeerGoodbye is nil); a goodbye of a peer already
+// down changes nothing. "At once" is once the ROUTER is drained: the
+// peer's last frames come on its other connections, which the ROUTER
+// fair-queues with the goodbye's, so a goodbye read in a batch is acted
+// on after every frame read with it (a Result sent just before the close
+// ends its request as sent, not failed by the goodbye). From then until
+// the peer's next Hello, that incarnation's frames are no sign of life
+// (its heartbeats are dropped; its Results and CancelAcks are delivered:
+// they are proofs).
+//
+// A goodbye is liveness, never proof that the peer's writes are over
+// (DESIGN.md §3): what a receiver does with it is what it does with a
+// Down.
+//
+// Mixed versions: Leaving and FromIncarnation are new optional fields of
+// Heartbeat. A build that predates them ignores them (messages.Decode
+// skips unknown fields) and takes a goodbye for a heartbeat: it learns
+// the close from missed heartbeats counted from the goodbye (one more
+// beat), at most one interval later than from a peer that sends none.
+// Such a build sends no goodbye, and its heartbeats name no incarnation
+// (taken as the connection's).
 //
 // # Time
 //

@@ -29,6 +29,7 @@ type beatSock struct {
 type beater struct {
 	l     *Link
 	self  messages.PeerID
+	inc   uint64 // self's incarnation, as its Hello names it
 	hello []byte
 	socks map[messages.PeerID]*beatSock
 	// failed remembers peers whose socket could not be made, to log once.
@@ -41,10 +42,14 @@ type beater struct {
 // directory's peers and sends each a Heartbeat, preceded by the link's
 // Hello on a new socket, when the peer has a new incarnation, and every
 // HeartbeatMisses beats. Between beats it reads the sockets' monitor
-// events (PeerState).
+// events (PeerState). When stop is closed it leaves the sockets of the
+// peers it is connected to for Link.Close to say goodbye on (park).
 func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 	defer l.wg.Done()
-	b := &beater{l: l, self: self, hello: hello, socks: map[messages.PeerID]*beatSock{}, failed: map[messages.PeerID]bool{}}
+	l.mu.Lock()
+	inc := l.self.Incarnation
+	l.mu.Unlock()
+	b := &beater{l: l, self: self, inc: inc, hello: hello, socks: map[messages.PeerID]*beatSock{}, failed: map[messages.PeerID]bool{}}
 	defer b.closeAll()
 	next := time.Now()
 	for {
@@ -55,6 +60,7 @@ func (l *Link) beat(stop <-chan struct{}, self messages.PeerID, hello []byte) {
 		}
 		select {
 		case <-stop:
+			b.park()
 			return
 		default:
 		}
@@ -289,7 +295,7 @@ func (s *beatSock) close() {
 // drops the beat: the peer will see silence, which is the truth.
 func (b *beater) send() {
 	b.seq++
-	beat, err := encode(&messages.Heartbeat{From: b.self, Seq: b.seq})
+	beat, err := encode(&messages.Heartbeat{From: b.self, Seq: b.seq, FromIncarnation: b.inc})
 	if err != nil {
 		b.l.log.Error().Err(err).Msg("control/zmq: encoding a heartbeat")
 		return
@@ -313,4 +319,81 @@ func (b *beater) closeAll() {
 		delete(b.socks, id)
 	}
 	b.l.beating.Store(0)
+}
+
+// goodbyeLinger bounds how long the goodbyes Link.Close sends may wait to
+// leave (ZMQ_LINGER of the heartbeat sockets they go on): the zmq
+// context's end (Close, or the last Conn's Close) waits at most this for
+// them, and a goodbye to a peer that is gone is dropped then.
+const goodbyeLinger = 200 * time.Millisecond
+
+// goodbyes are the heartbeat sockets the heartbeat goroutine left, as it
+// stopped, for Link.Close to say goodbye on, and the goodbye.
+type goodbyes struct {
+	frame []byte
+	socks []*zmq4.Socket
+}
+
+// park ends the heartbeat goroutine's sockets as the link stops: when
+// the link's Hello names an incarnation, the DEALERs to peers whose
+// connection is up (as its monitor last said, after the events waiting
+// are read) and that heard our Hello on it are left to Link.Close
+// (Link.byes), which sends each a goodbye; the rest, and every monitor,
+// are closed (closeAll). The goodbye waits for Link.Close, not
+// for the listener's Close: an engine closes its listener before its
+// workers send their last frames, which a goodbye sent then would
+// overtake.
+func (b *beater) park() {
+	if b.inc == 0 {
+		return // no goodbye is taken from a Hello without incarnation
+	}
+	bye, err := encode(&messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true})
+	if err != nil {
+		b.l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
+		return
+	}
+	g := &goodbyes{frame: bye}
+	for id, s := range b.socks {
+		if s.mon != nil {
+			b.events(s)
+		}
+		if s.watch.state.Conn != ConnUp || s.needHello {
+			continue
+		}
+		if s.mon != nil {
+			_ = s.sock.Monitor("", 0)
+			closeSocket(s.mon)
+		}
+		g.socks = append(g.socks, s.sock)
+		delete(b.socks, id)
+	}
+	if len(g.socks) == 0 {
+		return
+	}
+	b.l.mu.Lock()
+	b.l.byes = g
+	b.l.mu.Unlock()
+}
+
+// sayGoodbye sends the goodbye on each socket the heartbeat goroutine
+// parked, without waiting, and closes them with goodbyeLinger (the rest
+// of the wait falls to the context's end). Best effort: a goodbye the
+// socket cannot queue is dropped, and the peer learns the close from
+// missed heartbeats as before.
+func (l *Link) sayGoodbye() {
+	l.mu.Lock()
+	g := l.byes
+	l.byes = nil
+	l.mu.Unlock()
+	if g == nil {
+		return
+	}
+	for _, sock := range g.socks {
+		if _, err := sock.SendBytes(g.frame, zmq4.DONTWAIT); err == nil {
+			_ = sock.SetLinger(goodbyeLinger)
+		} else {
+			_ = sock.SetLinger(0)
+		}
+		_ = sock.Close()
+	}
 }

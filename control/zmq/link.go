@@ -101,6 +101,10 @@ type Link struct {
 	closed    bool
 	refs      int // the link itself plus each open Conn; the context ends at 0
 	wg        sync.WaitGroup
+
+	// byes are the heartbeat sockets to connected peers that the heartbeat
+	// goroutine left as it stopped, for Close to say goodbye on (under mu).
+	byes *goodbyes
 }
 
 // peerInfo is one directory entry. Fields are guarded by Link.mu except
@@ -115,6 +119,9 @@ type peerInfo struct {
 	replaced [4]uint64
 	key      string // CURVE key the PeerID is bound to, while alive
 	down     bool
+	// left: the peer is down for its goodbye (ErrPeerClosed), not for
+	// missed heartbeats.
+	left bool
 	// conn is the heartbeat connection's state, connErr why it could not
 	// be made; both written by the heartbeat goroutine (PeerState).
 	conn    PeerState
@@ -566,7 +573,8 @@ func (l *Link) SaysAgent(addr []byte) bool {
 }
 
 // Hello implements control.Link: the latest Hello peer said, while it is
-// alive; control.ErrPeerGone when unknown or down. When a CURVE key that
+// alive; control.ErrPeerGone when unknown or down (wrapping ErrPeerClosed
+// too when it is down for its goodbye). When a CURVE key that
 // may speak for peer sent frames of another protocol version, the error
 // also wraps messages.ErrVersion and names that version.
 func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
@@ -580,6 +588,8 @@ func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
 	switch {
 	case info == nil || info.hello == nil:
 		err = fmt.Errorf("%w: %s has not said Hello", control.ErrPeerGone, peer)
+	case info.down && info.left:
+		err = fmt.Errorf("%w: %s %w", control.ErrPeerGone, peer, ErrPeerClosed)
 	case info.down:
 		err = fmt.Errorf("%w: %s missed %d heartbeats", control.ErrPeerGone, peer, l.cfg.HeartbeatMisses)
 	default:
@@ -664,6 +674,7 @@ func (l *Link) Close() error {
 	close(l.done)
 	l.mu.Unlock()
 	l.stopListening()
+	l.sayGoodbye()
 	l.release()
 	return nil
 }

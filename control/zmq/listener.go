@@ -40,6 +40,15 @@ type listener struct {
 	// last beat: while it beats its bindings are not forgotten to make
 	// room (forgetDownConns), though its name may be down.
 	departedBeat map[goneInc]time.Time
+	// byes are the goodbyes read and not yet acted on (goodbyes): at most
+	// one batch of the ROUTER's.
+	byes []pendingBye
+}
+
+// pendingBye is a goodbye read on a bound connection.
+type pendingBye struct {
+	id, key string
+	b       *binding
 }
 
 // binding is what a connection said it is in its Hello.
@@ -134,7 +143,10 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 	}
 	s.waitLoop(stop, "listener poll failed; listener stops",
 		func() error { _, err := rw.serve(s.tick(), s.drain); return err },
-		func() { s.live.expire(s.l.cfg.Clock(), s.down) })
+		func() {
+			s.goodbyes()
+			s.live.expire(s.l.cfg.Clock(), s.down)
+		})
 }
 
 // idleWait bounds a wait of the listener or the ZAP handler when nothing
@@ -221,6 +233,9 @@ func (s *listener) drain() (empty bool) {
 	}
 	if held {
 		s.handle(id, payload, key, parts)
+	}
+	if empty {
+		s.goodbyes()
 	}
 	return empty
 }
@@ -335,7 +350,14 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		s.deliver(f)
 		return
 	}
-	_, beat := f.(*messages.Heartbeat)
+	hb, beat := f.(*messages.Heartbeat)
+	if beat && hb.Leaving {
+		// Acted on once the ROUTER is drained (goodbyes): the peer's last
+		// frames on its other connections (a Result it sent just before
+		// it closed) may wait behind it in the ROUTER's fair queue.
+		s.byes = append(s.byes, pendingBye{id, key, b})
+		return
+	}
 	switch {
 	case s.l.departedInc(b.peer, b.inc):
 		// The connection's incarnation left (RemovePeer) and lives on
@@ -346,6 +368,15 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// side waits for) are delivered.
 		if beat {
 			s.departedBeating(b, now)
+			return
+		}
+	case s.live.leftAs(b.peer, b.inc):
+		// The connection's incarnation said goodbye: its frames are no
+		// life of the name (one that came late on another connection
+		// would bring it back). Its heartbeats go no further; its other
+		// frames (a last Result or CancelAck, proofs the other side
+		// waits for) are delivered.
+		if beat {
 			return
 		}
 	default:
@@ -375,32 +406,34 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 // that incarnation's whatever they claim. A frame naming no incarnation
 // (FromIncarnation 0) is taken as b's; one naming another is refused
 // (false, with the incarnation it claimed): it would be taken, by the
-// request it names, for another incarnation's answer or proof. A Hello
-// that named none (a peer that predates incarnations) holds its frames
-// to none.
+// request it names, for another incarnation's answer or proof, and a
+// Heartbeat (a goodbye) for another incarnation's. A Hello that named
+// none (a peer that predates incarnations) holds its frames to none.
 func ownIncarnation(b *binding, f messages.Frame) (claimed uint64, ok bool) {
 	if b.inc == 0 {
 		return 0, true
 	}
-	var in *messages.Incarnations
+	var from *uint64
 	switch m := f.(type) {
 	case *messages.RequestData:
-		in = &m.Incarnations
+		from = &m.FromIncarnation
 	case *messages.Result:
-		in = &m.Incarnations
+		from = &m.FromIncarnation
 	case *messages.Cancel:
-		in = &m.Incarnations
+		from = &m.FromIncarnation
 	case *messages.CancelAck:
-		in = &m.Incarnations
+		from = &m.FromIncarnation
+	case *messages.Heartbeat:
+		from = &m.FromIncarnation
 	default:
 		return 0, true
 	}
-	switch in.FromIncarnation {
+	switch *from {
 	case 0:
-		in.FromIncarnation = b.inc
+		*from = b.inc
 	case b.inc:
 	default:
-		return in.FromIncarnation, false
+		return *from, false
 	}
 	return 0, true
 }
@@ -697,7 +730,7 @@ func (s *listener) down(p messages.PeerID) {
 	s.l.mu.Lock()
 	info := s.l.peers[p]
 	if info != nil {
-		info.down = true
+		info.down, info.left = true, false
 	}
 	s.l.mu.Unlock()
 	s.l.log.Warn().Stringer("peer", p).Dur("silence", s.live.timeout).Msg("control/zmq: peer down (missed heartbeats)")
@@ -706,6 +739,79 @@ func (s *listener) down(p messages.PeerID) {
 	}
 	if info == nil {
 		s.forgetPeer(p)
+	}
+}
+
+// goodbyes acts on the goodbyes read (goodbye), in order. The listener
+// calls it when a read found the ROUTER empty, and after each wait (a
+// full batch, or its deadline): a goodbye comes on the sender's heartbeat
+// connection, its last frames (a Result, a CancelAck) on others, which
+// the ROUTER fair-queues, so a goodbye read first may have overtaken
+// frames sent before it. Those are read, and handled while the peer is
+// alive, before it takes the peer down.
+func (s *listener) goodbyes() {
+	for i, g := range s.byes {
+		s.goodbye(g.id, g.key, g.b)
+		s.byes[i] = pendingBye{}
+	}
+	s.byes = s.byes[:0]
+}
+
+// goodbye acts on a goodbye (a Heartbeat with Leaving) read on
+// connection b (goodbyes), which passed the checks of every frame: bound, its sender b's PeerID,
+// its incarnation b's. It is taken only for the incarnation (named: not
+// 0) the directory holds for the peer, while liveness tracks it: the peer
+// is then down at once, as after missed heartbeats (Hello returns
+// control.ErrPeerGone saying it closed), and OnPeerGoodbye (else
+// OnPeerDown) is told, once; from then on the frames of that incarnation
+// are no sign of life. The goodbye of an incarnation that left the
+// cluster (RemovePeer), or of a peer already down, is no news and
+// ignored. Any other goodbye is rejected (RejectGoodbye) and changes
+// nothing: it makes no entry and tracks no one.
+func (s *listener) goodbye(id, key string, b *binding) {
+	l := s.l
+	if b.inc == 0 {
+		// Without incarnations, a process's goodbye could not be told
+		// from its successor's name: it could take the successor down.
+		s.reject(RejectGoodbye, id, key, b, "goodbye of %s on a connection whose Hello named no incarnation: ignored", b.peer)
+		return
+	}
+	if l.departedInc(b.peer, b.inc) {
+		// It left the cluster already (etcd: its lease revoke, which a
+		// closing node says first) and is down: the goodbye is its own,
+		// and no news.
+		l.log.Debug().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Msg("control/zmq: goodbye of a peer incarnation that left the cluster")
+		return
+	}
+	l.mu.Lock()
+	info := l.peers[b.peer]
+	var cur *messages.Hello
+	if info != nil {
+		cur = info.hello
+	}
+	switch {
+	case cur == nil || !s.live.tracks(b.peer):
+		l.mu.Unlock()
+		s.reject(RejectGoodbye, id, key, b, "goodbye of %s, whose Hello the directory does not hold: ignored", b.peer)
+		return
+	case cur.Incarnation != b.inc:
+		l.mu.Unlock()
+		s.reject(RejectGoodbye, id, key, b, "goodbye of %s's incarnation %d on a connection of its Hello, the directory holding incarnation %d: ignored",
+			b.peer, b.inc, cur.Incarnation)
+		return
+	}
+	if !s.live.leave(b.peer, b.inc) {
+		l.mu.Unlock()
+		return // down already, and told so
+	}
+	info.down, info.left = true, true
+	l.mu.Unlock()
+	l.log.Info().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Msg("control/zmq: peer down (it said goodbye: its control link closed)")
+	switch {
+	case l.cfg.OnPeerGoodbye != nil:
+		l.cfg.OnPeerGoodbye(b.peer, b.inc)
+	case l.cfg.OnPeerDown != nil:
+		l.cfg.OnPeerDown(b.peer)
 	}
 }
 

@@ -11,8 +11,9 @@ import (
 // goroutine.
 //
 // A peer is tracked from its first Hello. States: alive —(silence ≥
-// timeout)→ down —(heard from)→ alive. expire reports each alive→down
-// transition once.
+// timeout, or its goodbye)→ down —(heard from)→ alive. expire reports each
+// alive→down transition by silence once; leave makes the transition for a
+// goodbye.
 type liveness struct {
 	timeout time.Duration // 0: never expire
 	peers   map[messages.PeerID]*lifeState
@@ -21,6 +22,10 @@ type liveness struct {
 type lifeState struct {
 	last time.Time
 	down bool
+	// left: the incarnation leftInc said goodbye (leave), until a Hello
+	// of the peer; its frames are then no sign of life (leftAs).
+	left    bool
+	leftInc uint64
 }
 
 func newLiveness(timeout time.Duration) *liveness {
@@ -35,7 +40,28 @@ func (l *liveness) hello(p messages.PeerID, now time.Time) (back bool) {
 		l.peers[p] = &lifeState{last: now}
 		return false
 	}
+	s.left = false
 	return l.refresh(s, now)
+}
+
+// leave marks p down because incarnation inc of it said goodbye; it
+// reports whether p was tracked and alive (untracked peers are ignored,
+// and a peer already down stays so, untold). Until p's next Hello, the
+// frames of inc are no sign of life (leftAs).
+func (l *liveness) leave(p messages.PeerID, inc uint64) bool {
+	s := l.peers[p]
+	if s == nil || s.down {
+		return false
+	}
+	s.down, s.left, s.leftInc = true, true, inc
+	return true
+}
+
+// leftAs reports whether incarnation inc of p said goodbye and p has not
+// said Hello since.
+func (l *liveness) leftAs(p messages.PeerID, inc uint64) bool {
+	s := l.peers[p]
+	return s != nil && s.left && s.leftInc == inc
 }
 
 // forget stops tracking p (a peer the directory forgot to make room):

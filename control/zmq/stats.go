@@ -52,10 +52,20 @@ const (
 	// binds the name to no key; its connection is bound, so that its
 	// last frames (Result, CancelAck) are delivered.
 	RejectDeparted
+	// RejectGoodbye: a goodbye (a Heartbeat with Leaving) that passed the
+	// checks of any frame but is not acted on: its connection's
+	// incarnation is not the one the directory holds for the peer (an
+	// earlier process's, still connected), or is none (a Hello without
+	// incarnation), or the peer is not tracked (the directory forgot
+	// it). The goodbye of an incarnation that left the cluster
+	// (RemovePeer: with etcd, a closing node's lease revoke comes first)
+	// is ignored, not counted. Either way the peer's state is left as it
+	// is, and nothing is made for it.
+	RejectGoodbye
 	numRejectReasons
 )
 
-var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "version", "identity", "taken", "no_hello", "sender", "full", "departed"}
+var rejectNames = [numRejectReasons]string{"envelope", "oversize", "decode", "version", "identity", "taken", "no_hello", "sender", "full", "departed", "goodbye"}
 
 func (r RejectReason) String() string {
 	if r < numRejectReasons {
