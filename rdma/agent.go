@@ -85,7 +85,10 @@ type Endpoint interface {
 	// posted on this endpoint can land anywhere any more. When it could
 	// not prove that (writes cut on the wire, which a peer may still
 	// apply), it returns an error wrapping ErrCloseUnproven, and those
-	// writes stay in doubt. Idempotent.
+	// writes stay in doubt. When, besides, the backend reads none of
+	// their sources any more once Close returns, the error also wraps
+	// ErrSourcesReleased: the writes stay in doubt towards the peer, but
+	// their source pages may go. Idempotent.
 	Close() error
 }
 

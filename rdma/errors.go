@@ -24,6 +24,18 @@ var (
 	// memory once it progresses, so the close proves nothing about them:
 	// their ops stay in doubt (DESIGN.md §3).
 	ErrCloseUnproven = errors.New("rdma: endpoint closed by force with writes on the wire: they may still land")
+	// ErrSourcesReleased is wrapped beside ErrCloseUnproven by a backend
+	// whose Endpoint.Close can say more: the close cut writes whose
+	// landing it cannot prove, but it has completed, and the backend reads
+	// none of their sources any more (UCX: its forced close completed,
+	// which releases every request's buffers). The cut writes may still
+	// land at the peer, so their ops stay in doubt towards it (no terminal
+	// frame, no proof), but their source pages may be unpinned: the one
+	// rule protects pages a write still touches, and it no longer reads
+	// them (DESIGN.md §3). A backend whose cut writes may still read their
+	// sources (a GPU copy enqueued on a stream) must not wrap it. Only a
+	// Close error means it; a batch's Done error never does.
+	ErrSourcesReleased = errors.New("rdma: the backend reads none of the cut writes' sources any more")
 )
 
 // SegmentError names the segment of a batch that failed.

@@ -122,6 +122,11 @@
 // hold as written there; Deregister refuses with rdma.ErrRegionBusy while a
 // batch of any process reads or writes the region.
 //
+// A Close whose synchronisation fails returns rdma.ErrCloseUnproven and
+// never rdma.ErrSourcesReleased: a copy still enqueued on the stream may
+// still read its source as well as write its destination, so the source
+// pages of the cut batches stay pinned with their ops in doubt.
+//
 // A receiver process that dies leaves its control files and its agent file
 // behind (as rdma/shm leaves region files); senders' later Connects and
 // Posts to it fail with rdma.ErrPeerGone (Connect checks the agent file's

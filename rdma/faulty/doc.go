@@ -21,6 +21,14 @@
 //   - Slow(m, g): Done waits until the test opens Gate g.
 //   - PeerGone: this and every later Post fail with rdma.ErrPeerGone; a
 //     Flush then reports rdma.ErrPeerGone.
+//   - Cut: the batch is posted, then fails with rdma.ErrPeerGone and
+//     rdma.ErrCloseUnproven, as UCX's endpoint error fails a batch on the
+//     wire; later posts and flushes fail with rdma.ErrPeerGone, and Close
+//     returns rdma.ErrCloseUnproven.
+//
+// WithUnprovenClose makes a Close that cuts held batches (Hang, Slow)
+// return rdma.ErrCloseUnproven, and WithSourcesReleased makes such a
+// Close (or a Cut endpoint's) wrap rdma.ErrSourcesReleased beside it.
 //
 // # Order and goroutines
 //

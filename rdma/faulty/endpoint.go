@@ -21,6 +21,7 @@ type endpoint struct {
 	mu       sync.Mutex
 	seq      uint64
 	peerGone bool
+	cut      int // batches Cut failed: Close proves nothing about them
 	closed   bool
 	draining bool     // every entry is ready; the deliverer exits when empty
 	fifo     []*entry // accepted batches and flushes, in post order
@@ -155,6 +156,14 @@ func (e *endpoint) complete(ent *entry, err error) {
 		ent.ready = true
 	case r.kind == kindHang:
 		// withheld until Close
+	case r.kind == kindCut:
+		ent.err = fmt.Errorf("faulty: batch %d cut by an injected endpoint failure: %w: %w", ent.seq, rdma.ErrPeerGone, rdma.ErrCloseUnproven)
+		if err != nil {
+			ent.err = fmt.Errorf("%w; %w", err, ent.err)
+		}
+		ent.ready = true
+		e.peerGone = true
+		e.cut++
 	case r.kind == kindDelay:
 		ent.stop = e.agent.cfg.clock.AfterFunc(r.delay, func() { e.release(ent) })
 	case r.kind == kindSlow:
@@ -230,9 +239,17 @@ func (e *endpoint) Close() error {
 				cut++
 			}
 		}
+		var unproven []error
 		if cut > 0 && e.agent.cfg.unproven {
-			e.closeErr = errors.Join(e.closeErr, fmt.Errorf("faulty: %d batches cut at close: %w", cut, rdma.ErrCloseUnproven))
+			unproven = append(unproven, fmt.Errorf("faulty: %d batches cut at close: %w", cut, rdma.ErrCloseUnproven))
 		}
+		if e.cut > 0 {
+			unproven = append(unproven, fmt.Errorf("faulty: %d batches cut by an injected endpoint failure: %w", e.cut, rdma.ErrCloseUnproven))
+		}
+		if len(unproven) > 0 && e.agent.cfg.released {
+			unproven = append(unproven, fmt.Errorf("faulty: %w", rdma.ErrSourcesReleased))
+		}
+		e.closeErr = errors.Join(append([]error{e.closeErr}, unproven...)...)
 		e.draining = true
 		e.signal()
 		e.mu.Unlock()

@@ -377,6 +377,93 @@ func TestPeerGone(t *testing.T) {
 	}
 }
 
+// TestCut: the matched batch is posted (its data lands) and fails as
+// UCX's endpoint error fails a batch on the wire, with ErrPeerGone and
+// ErrCloseUnproven (never ErrSourcesReleased: only Close says that);
+// later posts fail with ErrPeerGone, a flush reports it, and Close proves
+// nothing: ErrCloseUnproven, with ErrSourcesReleased beside it only under
+// WithSourcesReleased.
+func TestCut(t *testing.T) {
+	for _, released := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sources released %v", released), func(t *testing.T) {
+			opts := []faulty.Option{faulty.Cut(faulty.Nth(1))}
+			if released {
+				opts = append(opts, faulty.WithSourcesReleased())
+			}
+			r := newRig(t, 64<<10, opts...)
+			var cut error
+			done := make(chan struct{})
+			l := newLog()
+			if err := r.post("0", l, seg(0)); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.ep.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(), Segments: []kvcache.Segment{seg(1)},
+				Done: func(err error) { cut = err; close(done) }}); err != nil {
+				t.Fatal(err)
+			}
+			if got := l.next(t); got != "0:ok" {
+				t.Fatalf("first completion %s, want 0:ok", got)
+			}
+			select {
+			case <-done:
+			case <-time.After(waitLimit):
+				t.Fatalf("no completion of the cut batch within %v", waitLimit)
+			}
+			if !errors.Is(cut, rdma.ErrPeerGone) || !errors.Is(cut, rdma.ErrCloseUnproven) || errors.Is(cut, rdma.ErrSourcesReleased) {
+				t.Errorf("cut batch: Done(%v), want ErrPeerGone and ErrCloseUnproven, not ErrSourcesReleased", cut)
+			}
+			if !r.landed(seg(1)) {
+				t.Errorf("the cut batch's data has not landed: Cut stands for writes that may land")
+			}
+			if err := r.post("2", l, seg(2)); !errors.Is(err, rdma.ErrPeerGone) {
+				t.Errorf("Post after the cut: %v, want ErrPeerGone", err)
+			}
+			r.flush(l)
+			if got := l.next(t); got != "flush:peer-gone" {
+				t.Errorf("flush after the cut: %s, want flush:peer-gone", got)
+			}
+			err := r.ep.Close()
+			if !errors.Is(err, rdma.ErrCloseUnproven) || errors.Is(err, rdma.ErrSourcesReleased) != released {
+				t.Errorf("Close after the cut: %v, want ErrCloseUnproven, and ErrSourcesReleased %v", err, released)
+			}
+		})
+	}
+}
+
+// TestUnprovenCloseSourcesReleased: a Close that cuts a hung batch wraps
+// ErrSourcesReleased beside ErrCloseUnproven under WithSourcesReleased,
+// and only then; without WithUnprovenClose the Close is a proof (nil).
+func TestUnprovenCloseSourcesReleased(t *testing.T) {
+	for _, tc := range []struct {
+		unproven, released bool
+	}{{false, true}, {true, false}, {true, true}} {
+		t.Run(fmt.Sprintf("unproven %v released %v", tc.unproven, tc.released), func(t *testing.T) {
+			opts := []faulty.Option{faulty.Hang(faulty.Always())}
+			if tc.unproven {
+				opts = append(opts, faulty.WithUnprovenClose())
+			}
+			if tc.released {
+				opts = append(opts, faulty.WithSourcesReleased())
+			}
+			r := newRig(t, 64<<10, opts...)
+			l := newLog()
+			if err := r.post("0", l, seg(0)); err != nil {
+				t.Fatal(err)
+			}
+			err := r.ep.Close()
+			switch {
+			case !tc.unproven && err != nil:
+				t.Errorf("Close: %v, want nil", err)
+			case tc.unproven && (!errors.Is(err, rdma.ErrCloseUnproven) || errors.Is(err, rdma.ErrSourcesReleased) != tc.released):
+				t.Errorf("Close: %v, want ErrCloseUnproven, and ErrSourcesReleased %v", err, tc.released)
+			}
+			if got := l.next(t); got != "0:closed" {
+				t.Errorf("hung batch: %s, want 0:closed", got)
+			}
+		})
+	}
+}
+
 // TestRefusalPassesThrough: the wrapped backend's synchronous refusals come
 // back from Post unchanged.
 func TestRefusalPassesThrough(t *testing.T) {

@@ -13,6 +13,7 @@ type config struct {
 	rules    []rule
 	postCost time.Duration
 	unproven bool // WithUnprovenClose
+	released bool // WithSourcesReleased
 }
 
 // kind is a kind of fault.
@@ -25,6 +26,7 @@ const (
 	kindDelay
 	kindSlow
 	kindPeerGone
+	kindCut
 )
 
 func (k kind) String() string {
@@ -41,6 +43,8 @@ func (k kind) String() string {
 		return "slow"
 	case kindPeerGone:
 		return "peer-gone"
+	case kindCut:
+		return "cut"
 	}
 	return "kind(?)"
 }
@@ -67,6 +71,14 @@ func WithPostCost(d time.Duration) Option { return func(c *config) { c.postCost 
 // writes on the wire that the peer may still apply. (Without it such a
 // Close is a proof, as a loopback or shm close is.)
 func WithUnprovenClose() Option { return func(c *config) { c.unproven = true } }
+
+// WithSourcesReleased makes a Close that returns rdma.ErrCloseUnproven
+// (WithUnprovenClose, Cut) wrap rdma.ErrSourcesReleased beside it, as
+// UCX's does once its forced close has completed: the cut writes may
+// still land at the peer, but nothing reads their sources any more.
+// Without it such a Close says nothing of the sources, as a backend whose
+// cut writes may still read them (a GPU copy on a stream).
+func WithSourcesReleased() Option { return func(c *config) { c.released = true } }
 
 // WithSeed seeds the endpoints' random streams (default 0).
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
@@ -96,6 +108,15 @@ func Delay(m Match, d time.Duration) Option {
 
 // Slow holds the Done of the batches m matches until g opens.
 func Slow(m Match, g *Gate) Option { return addRule(rule{kind: kindSlow, match: m, gate: g}) }
+
+// Cut posts the batches m matches and, once they complete, fails them as
+// UCX's endpoint error fails a batch on the wire to a peer it lost: with
+// rdma.ErrPeerGone and rdma.ErrCloseUnproven (its writes may still land).
+// The endpoint is failed from then on: later posts fail with
+// rdma.ErrPeerGone, a Flush reports it, and Close returns an error
+// wrapping rdma.ErrCloseUnproven (and rdma.ErrSourcesReleased with
+// WithSourcesReleased), with or without WithUnprovenClose.
+func Cut(m Match) Option { return addRule(rule{kind: kindCut, match: m}) }
 
 // PeerGone fails the first batch m matches, and every later one, with
 // rdma.ErrPeerGone at Post.

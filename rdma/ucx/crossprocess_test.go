@@ -471,8 +471,8 @@ func TestCrossProcessCloseStalledPeer(t *testing.T) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- ep.Close() }()
-	if err := rdmatest.Recv(t, closed, "Close of the endpoint into the stopped receiver"); !errors.Is(err, rdma.ErrCloseUnproven) {
-		t.Fatalf("Close with writes cut on the wire: %v, want rdma.ErrCloseUnproven", err)
+	if err := rdmatest.Recv(t, closed, "Close of the endpoint into the stopped receiver"); !errors.Is(err, rdma.ErrCloseUnproven) || !errors.Is(err, rdma.ErrSourcesReleased) {
+		t.Fatalf("Close with writes cut on the wire: %v, want rdma.ErrCloseUnproven and, its forced close completed, rdma.ErrSourcesReleased", err)
 	}
 	for range batches {
 		if err := rdmatest.Recv(t, done, "Done after the close"); !errors.Is(err, rdma.ErrEndpointClosed) || !errors.Is(err, rdma.ErrCloseUnproven) {

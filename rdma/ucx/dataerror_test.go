@@ -164,6 +164,8 @@ func TestDataEndpointErrorCutsBatchesUnproven(t *testing.T) {
 					t.Errorf("batch on the wire, the peer's exit proven first: Done(%v), want no ErrCloseUnproven", err)
 				case !tc.proven && !errors.Is(err, rdma.ErrCloseUnproven):
 					t.Errorf("batch on the wire: Done(%v), want ErrCloseUnproven beside ErrPeerGone", err)
+				case errors.Is(err, rdma.ErrSourcesReleased):
+					t.Errorf("batch on the wire: Done(%v), want no ErrSourcesReleased (only Close says it)", err)
 				}
 			}
 			err = ep.Close()
@@ -172,6 +174,13 @@ func TestDataEndpointErrorCutsBatchesUnproven(t *testing.T) {
 				t.Errorf("Close: %v, want nil", err)
 			case !tc.proven && !errors.Is(err, rdma.ErrCloseUnproven):
 				t.Errorf("Close of the endpoint whose batch the error cut: %v, want ErrCloseUnproven", err)
+			case !tc.proven && !errors.Is(err, rdma.ErrSourcesReleased):
+				// Its forced close has completed when Close returns: UCX
+				// reads none of the cut batch's source any more.
+				t.Errorf("Close of the endpoint whose batch the error cut: %v, want ErrSourcesReleased beside ErrCloseUnproven", err)
+			}
+			if again := ep.Close(); !errors.Is(again, rdma.ErrCloseUnproven) != tc.proven || !errors.Is(again, rdma.ErrSourcesReleased) != tc.proven {
+				t.Errorf("second Close: %v, want what the first said (%v)", again, err)
 			}
 		})
 	}

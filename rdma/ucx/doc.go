@@ -181,6 +181,13 @@
 // ErrEndpointClosed and rdma.ErrCloseUnproven, and Close returns an error
 // wrapping rdma.ErrCloseUnproven, so that their owner keeps them in doubt;
 // and the agent says no bye to that peer (above).
+// Whenever Close returns rdma.ErrCloseUnproven (this case or the ones
+// below), it wraps rdma.ErrSourcesReleased beside it: Close returns only
+// once the forced close has completed and every callback has run, and a
+// completed forced close has purged the endpoint's requests, whose buffers
+// UCX no longer reads. The cut writes may still land at the peer, but none
+// of them reads its source any more: their owner may unpin the source
+// pages while it keeps the writes in doubt towards the peer.
 //
 // When UCX reports a data endpoint failed (the peer died: tcp resets at
 // once, shared memory within about two keepalive intervals,

@@ -229,7 +229,12 @@ func (e *endpoint) PeerIdentity() string { return e.link.identity() }
 // Close closes the UCP endpoint (after the writes already on the wire are
 // acknowledged, or the close timeout) and returns once every callback has
 // run. When the close timeout cut writes still on the wire, it returns an
-// error wrapping rdma.ErrCloseUnproven (doc.go). Idempotent.
+// error wrapping rdma.ErrCloseUnproven (doc.go) and, beside it,
+// rdma.ErrSourcesReleased: the dispatcher exits only once the forced
+// close of the UCP endpoint has completed (ucpClosed, set where its
+// completion is handled: closedUEP), which purged every request of the
+// endpoint and released their buffers, and every callback has run, so
+// UCX reads none of the cut writes' sources any more. Idempotent.
 func (e *endpoint) Close() error {
 	if e.requestClose() {
 		e.a.w.submit(request{kind: reqCloseEndpoint, ep: e})
@@ -239,7 +244,10 @@ func (e *endpoint) Close() error {
 	e.a.forget(e)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.unproven
+	if e.unproven == nil || !e.ucpClosed {
+		return e.unproven
+	}
+	return fmt.Errorf("%w: %w (the forced close completed)", e.unproven, rdma.ErrSourcesReleased)
 }
 
 // requestClose marks the endpoint closing; true the first time.
