@@ -512,10 +512,19 @@ type Stats struct {
 	QuarantinedBytes, QuarantineLimitBytes uint64
 	// ClosesUnproven: data-plane endpoint closes that could not prove the
 	// writes on them over (a peer alive but not progressing past the
-	// backend's close timeout): their ops stay in doubt for good, their
-	// requests keep their source pages and send no terminal frame (the
-	// peer fails them at its deadline and quarantines its pages).
+	// backend's close timeout, or lost by the backend with writes on the
+	// wire): their ops stay in doubt for good, and their requests send no
+	// terminal frame (the peer fails them at its deadline and quarantines
+	// its pages). Their requests keep their source pages, unless the
+	// backend proved it reads none of them any more
+	// (rdma.ErrSourcesReleased, as UCX's forced close does): then they
+	// release them and Done comes.
 	ClosesUnproven int64
+	// FramesSilenced: Cancel and RequestData frames left unanswered for
+	// good because writes of their request to their sender were cut
+	// without proof (above): any answer would tell that peer they are
+	// over.
+	FramesSilenced int64
 	// WaitingForBlocks: receive requests waiting now for destination
 	// blocks (the pools had too few free when they came; they start, in
 	// order, as blocks are freed, or fail at their deadline).
@@ -535,6 +544,7 @@ func (e *Engine) Stats() Stats {
 		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
 		RevokedHeldBlocks: c.RevokedHeld.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
+		FramesSilenced:   c.FramesSilenced.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
 }

@@ -37,7 +37,10 @@
 // chunk's fence has fired. Timeouts, cancels and errors change the logical
 // outcome at once; the physical release waits. A stream sends its terminal
 // frame (Result or CancelAck) only when it is quiescent, so the generation
-// side may free destination pages on that frame.
+// side may free destination pages on that frame. A source page is only
+// read: an op whose endpoint's close proved the backend reads its source no
+// more, but not that its writes no longer land (SOURCES_RELEASED), lets its
+// source pages go, and its stream ends without a terminal frame.
 //
 // # Metrics
 //

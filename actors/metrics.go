@@ -84,11 +84,12 @@ const (
 	rejectOrphans                        // a new request past its instance's orphan limit
 	rejectShed                           // a RequestData or Cancel dropped: its peer's frame credits were spent
 	rejectTombsFull                      // a Cancel left unanswered until a cancel tombstone ages (TxTable.Cancel)
+	rejectSilenced                       // a Cancel or RequestData left unanswered for good (TxTable.Silence)
 	numRejects
 )
 
 var rejectNames = [numRejects]string{"invalid", "not_writer", "stale", "unresolved", "not_bound", "orphan_limit", "shed",
-	"tombstones_full"}
+	"tombstones_full", "silenced"}
 
 // meters are an engine's resolved metric children. Every method is safe
 // on a nil *meters (metrics off) and on any goroutine.
@@ -248,7 +249,7 @@ type txMeter struct {
 
 type streamMeter struct {
 	st     core.StreamView // a session never replaces a stream
-	lo     int             // ops [0, lo) are quiescent: final
+	lo     int             // ops [0, lo) are source-quiescent: final
 	states []OpState       // the op states last seen
 	bytes  uint64
 }
@@ -348,7 +349,7 @@ func (t *txMeter) sync(s *TxSession) {
 				sm.states[j] = now
 			}
 		}
-		for sm.lo < len(sm.states) && sm.states[sm.lo].Quiescent() {
+		for sm.lo < len(sm.states) && sm.states[sm.lo].SourceQuiescent() { // final states
 			sm.lo++
 		}
 	}

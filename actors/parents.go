@@ -287,6 +287,16 @@ func (p *txParent) Receive(ctx actor.Context) {
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
 		deliver, notBound, hold := p.table.Cancel(m, p.env.clock.Now())
+		if hold && p.table.Silenced(m.RequestID, m.From) {
+			// Our stream to it ended without a terminal frame: writes to
+			// it may still land, and a CancelAck would be a proof.
+			p.silenced()
+			if ev := p.env.warn(m.From.Instance, "silenced"); ev != nil {
+				ev.Str("peer", m.From.String()).Str("request", m.RequestID).
+					Msg("Cancel left unanswered: writes of this request to that peer were cut by a close that proved nothing about them; only this rank's exit proves them over")
+			}
+			return
+		}
 		if hold {
 			// No tombstone can be kept for it yet (TxTable.Cancel): no
 			// answer, so that its sender keeps the blocks and re-sends.
@@ -330,6 +340,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			p.unsent.add(m.request, m.outcome)
 		}
 		delete(p.handles, m.request)
+		p.table.Silence(m.request, m.silent)
 		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 	case *closeReq:
@@ -405,6 +416,12 @@ type invalidResult struct {
 // sender and incarnations.
 type shedRequestData struct{ rd *messages.RequestData }
 
+// silenced counts a frame left unanswered for good (TxTable.Silence).
+func (p *txParent) silenced() {
+	p.env.stats.FramesSilenced.Add(1)
+	p.env.meters.reject(rejectSilenced)
+}
+
 // onUnread decides a RequestData that was not read — one that failed
 // validation (invalidRequestData) or was refused for its peer's spent
 // credits (shedRequestData) — so that its request fails at once instead
@@ -412,9 +429,14 @@ type shedRequestData struct{ rd *messages.RequestData }
 // the sender's instance gets it as a RequestData that failed to resolve
 // (its session changes nothing if it has that epoch from that peer, else
 // it fails and answers the peer FAILED); every other is answered FAILED
-// by the parent, saying why, and nothing is remembered. Only the
-// RequestData's naming fields are read.
+// by the parent, saying why, and nothing is remembered. One from a peer
+// the request is silenced for gets no answer at all (TxTable.Silence).
+// Only the RequestData's naming fields are read.
 func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why string) {
+	if p.table.Silenced(rd.RequestID, rd.From) {
+		p.silenced() // any answer would be a proof (TxTable.Silence)
+		return
+	}
 	if p.table.Unread(rd) {
 		ctx.Send(p.sessions.pids[rd.RequestID], txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From,
 			Epoch: rd.Epoch, Err: fmt.Errorf("%w: request %s: %s", ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation}})
@@ -436,6 +458,9 @@ func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why str
 // own instance can fail it.
 func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	switch v, bound := p.table.RequestData(rd); v {
+	case core.RequestDataSilenced:
+		p.silenced() // any answer would be a proof (TxTable.Silence)
+		return
 	case core.RequestDataStale:
 		p.env.meters.reject(rejectStale)
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,

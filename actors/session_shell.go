@@ -341,14 +341,16 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // and nothing would ever report it. Dropped, the op stayed SUBMITTING for
 // good (the session never drained, its pins held, Close undrained), and
 // the terminal frame never reached the peer (a generation side without a
-// deadline waited for it for good). A WatchFence runs again too: dropped,
+// deadline waited for it for good). So does a stream's end without a frame
+// (EndStream), for the same reason: dropped, the stream never stopped and
+// held the session's release for good. A WatchFence runs again too: dropped,
 // the chunk's fence was never watched, and its pins and ops waited for it
 // for good. (Only a live session takes chunks, so only a restart — its
 // Started runs the rest first — can leave one, and the chunk's fence is
 // still the shell's then: txKind.fence.)
 func rerunnable(e Effect) bool {
 	switch e := e.(type) {
-	case Decide, Finish, Stop, StartTimer, Log, Submit, WatchFence:
+	case Decide, Finish, Stop, StartTimer, Log, Submit, WatchFence, EndStream:
 		return true
 	case SendFrame:
 		return e.FromStream

@@ -54,8 +54,16 @@ type Counters struct {
 	LeasesLapsed atomic.Int64
 	// ClosesUnproven counts endpoint closes that could not prove the
 	// writes on them over (rdma.ErrCloseUnproven): their ops stay in
-	// doubt and their requests keep their source pages.
+	// doubt and their requests keep their source pages — unless the close
+	// proved their sources released (rdma.ErrSourcesReleased): then the
+	// requests release their source pages, and their streams end without
+	// a terminal frame.
 	ClosesUnproven atomic.Int64
+	// FramesSilenced counts Cancel and RequestData frames left unanswered
+	// for good: their request's stream to their sender ended without a
+	// terminal frame, its writes may still land there, and any answer
+	// would be a proof (TxTable.Silence).
+	FramesSilenced atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,
@@ -401,6 +409,10 @@ type sessionStopped struct {
 	// destination blocks some writer may still write (suspected, no
 	// proof): they stay quarantined, and Close reports the request.
 	inDoubt bool
+	// silent: the generation ranks a context session's streams ended
+	// without a terminal frame for (TxSession.SilentPeers): the parent
+	// never answers them about the request (TxTable.Silence).
+	silent []messages.PeerID
 }
 
 // violation records a shell disagreeing with its step (a bug).

@@ -14,6 +14,7 @@ type (
 	CloseEndpoint   = core.CloseEndpoint
 	Decide          = core.Decide
 	Effect          = core.Effect
+	EndStream       = core.EndStream
 	Finish          = core.Finish
 	Flush           = core.Flush
 	Log             = core.Log
@@ -74,36 +75,37 @@ type (
 
 // Constants of package core.
 const (
-	OpAdmitted      = core.OpAdmitted
-	OpBackendDone   = core.OpBackendDone
-	OpInDoubt       = core.OpInDoubt
-	OpNotSubmitted  = core.OpNotSubmitted
-	OpRetired       = core.OpRetired
-	OpSubmitted     = core.OpSubmitted
-	OpSubmitting    = core.OpSubmitting
-	RxCancelled     = core.RxCancelled
-	RxFailed        = core.RxFailed
-	RxReady         = core.RxReady
-	RxReceiving     = core.RxReceiving
-	RxRequested     = core.RxRequested
-	RxTimedOut      = core.RxTimedOut
-	StatusCancelled = core.StatusCancelled
-	StatusDone      = core.StatusDone
-	StatusFailed    = core.StatusFailed
-	StatusReady     = core.StatusReady
-	StatusTimedOut  = core.StatusTimedOut
-	StatusUnknown   = core.StatusUnknown
-	TimerDeadline   = core.TimerDeadline
-	TimerDrain      = core.TimerDrain
-	TimerOrphan     = core.TimerOrphan
-	TimerResend     = core.TimerResend
-	TxCancelled     = core.TxCancelled
-	TxDone          = core.TxDone
-	TxFailed        = core.TxFailed
-	TxInit          = core.TxInit
-	TxReady         = core.TxReady
-	TxTransferring  = core.TxTransferring
-	Invariants      = core.Invariants
+	OpAdmitted        = core.OpAdmitted
+	OpBackendDone     = core.OpBackendDone
+	OpInDoubt         = core.OpInDoubt
+	OpNotSubmitted    = core.OpNotSubmitted
+	OpRetired         = core.OpRetired
+	OpSourcesReleased = core.OpSourcesReleased
+	OpSubmitted       = core.OpSubmitted
+	OpSubmitting      = core.OpSubmitting
+	RxCancelled       = core.RxCancelled
+	RxFailed          = core.RxFailed
+	RxReady           = core.RxReady
+	RxReceiving       = core.RxReceiving
+	RxRequested       = core.RxRequested
+	RxTimedOut        = core.RxTimedOut
+	StatusCancelled   = core.StatusCancelled
+	StatusDone        = core.StatusDone
+	StatusFailed      = core.StatusFailed
+	StatusReady       = core.StatusReady
+	StatusTimedOut    = core.StatusTimedOut
+	StatusUnknown     = core.StatusUnknown
+	TimerDeadline     = core.TimerDeadline
+	TimerDrain        = core.TimerDrain
+	TimerOrphan       = core.TimerOrphan
+	TimerResend       = core.TimerResend
+	TxCancelled       = core.TxCancelled
+	TxDone            = core.TxDone
+	TxFailed          = core.TxFailed
+	TxInit            = core.TxInit
+	TxReady           = core.TxReady
+	TxTransferring    = core.TxTransferring
+	Invariants        = core.Invariants
 )
 
 // Sentinel errors of package core (the same values).

@@ -19,7 +19,9 @@ import (
 //     completion, a retirement, or the death of its worker). It holds its
 //     terminal frame until that count is zero — a second, independent check
 //     of the step's quiescence: the peer frees its pages on that frame — and
-//     stops only once the frame has left.
+//     stops only once the frame has left. A stream the step ends without a
+//     frame (EndStream: writes of it may still land at the peer) stops
+//     likewise once that count is zero, and sends nothing.
 //   - Its session releases the source pins and finishes only after every
 //     stream child has terminated (protoactor's Terminated): the supervisor
 //     tree is the drain.
@@ -54,8 +56,12 @@ type streamState struct {
 	inflight map[int]struct{}
 	// held is the terminal frame, waiting for inflight to empty.
 	held *SendFrame
-	// done: the terminal frame left; the stream has stopped (or is
-	// stopping). Read by its session, on the session's goroutine.
+	// ending: the step ended the stream without a frame (EndStream); it
+	// stops once inflight is empty.
+	ending bool
+	// done: the terminal frame left (or the stream ended without one);
+	// the stream has stopped (or is stopping). Read by its session, on the
+	// session's goroutine.
 	done bool
 }
 
@@ -86,7 +92,7 @@ func (a *streamActor) Receive(ctx actor.Context) {
 
 // deliver hands one stream effect to its worker, in order.
 func (st *streamState) deliver(ctx actor.Context, e Effect) {
-	if st.done || st.held != nil {
+	if st.done || st.held != nil || st.ending {
 		// Nothing of a stream follows its terminal frame (the step sends
 		// it last, once every op is quiescent).
 		st.env.violation(fmt.Sprintf("stream %d: %T after its terminal frame", st.peer, e))
@@ -108,13 +114,24 @@ func (st *streamState) deliver(ctx actor.Context, e Effect) {
 		}
 		st.held = &e
 		st.maybeFinish(ctx)
+	case EndStream:
+		if len(st.inflight) > 0 {
+			st.env.violation(fmt.Sprintf("stream %d: ended with %d ops unsettled", st.peer, len(st.inflight)))
+		}
+		st.ending = true
+		st.maybeFinish(ctx)
 	}
 }
 
 // maybeFinish sends the held terminal frame once no op is unsettled, then
-// stops the stream.
+// stops the stream; a stream ending without one (EndStream) just stops.
 func (st *streamState) maybeFinish(ctx actor.Context) {
-	if st.held == nil || len(st.inflight) > 0 {
+	if st.held == nil && !st.ending || len(st.inflight) > 0 {
+		return
+	}
+	if st.ending {
+		st.done = true
+		ctx.Stop(ctx.Self())
 		return
 	}
 	e := *st.held

@@ -74,7 +74,9 @@ type TableIn struct {
 	Open   *core.RxOpen        `json:",omitempty"`
 	Blocks [][]kvcache.BlockID `json:",omitempty"`
 	Peer   *messages.PeerID    `json:",omitempty"`
-	Counts []int               `json:",omitempty"`
+	// Peers are the generation ranks of a TxTable Silence.
+	Peers  []messages.PeerID `json:",omitempty"`
+	Counts []int             `json:",omitempty"`
 	// Allocs are what the pool answered, in order, during an
 	// AllocQueue.Drain.
 	Allocs  []AllocAnswer `json:",omitempty"`
@@ -197,6 +199,16 @@ func (t *txTable) Cancel(m *messages.Cancel, now time.Time) (bool, bool, bool) {
 		t.tr.Call("Cancel", now, TableIn{Cancel: m}, TableOut{Deliver: deliver, NotBound: notBound, Hold: hold})
 	}
 	return deliver, notBound, hold
+}
+
+func (t *txTable) Silence(request string, peers []messages.PeerID) {
+	if len(peers) == 0 {
+		return // nothing to record: no change
+	}
+	t.TxTable.Silence(request, peers)
+	if t.tr != nil {
+		t.tr.Call("Silence", t.clock.Now(), TableIn{Request: request, Peers: peers}, TableOut{})
+	}
 }
 
 func (t *txTable) Stopped(request string) {

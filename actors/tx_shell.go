@@ -225,6 +225,8 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 		k.toStream(a, ctx, e.Peer, e.Worker, e)
 	case CloseEndpoint:
 		k.toStream(a, ctx, e.Peer, e.Worker, e)
+	case EndStream:
+		k.toStream(a, ctx, e.Peer, e.Worker, e)
 	case SendFrame:
 		if e.FromStream {
 			k.toStream(a, ctx, e.Peer, e.Worker, e)
@@ -246,7 +248,7 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 		// The parent hears first: a caller woken by Done that closes the
 		// engine at once (its closeReq behind this in the parent's
 		// mailbox) finds the session gone, not "still draining".
-		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), outcome: e.Outcome})
+		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), outcome: e.Outcome, silent: k.s.SilentPeers()})
 		if a.handle != nil {
 			a.handle.finish(e.Outcome)
 		}

@@ -180,13 +180,26 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		s.connected(ctx, m.key)
 	case *endpointClosed:
 		if errors.Is(m.err, rdma.ErrCloseUnproven) {
-			// No proof: the ops stay in doubt, so their sessions keep
-			// their pins and send no terminal frame (the peer's pages
-			// wait for its own proof or quarantine).
 			n := 0
 			for _, so := range m.retired {
 				n += len(so.Ops)
 			}
+			if errors.Is(m.err, rdma.ErrSourcesReleased) {
+				// No proof that the writes are over, but the backend reads
+				// none of their sources any more: their sessions may
+				// unpin the source pages, and end those streams without a
+				// terminal frame (the peer's pages wait for its own proof
+				// or quarantine).
+				s.log.Warn().Err(m.err).Int("ops_in_doubt", n).
+					Msg("endpoint closed without proof that its writes are over, but with their sources released: their requests release their source pages and tell the peer nothing")
+				for _, so := range m.retired {
+					ctx.Send(so.Session, TxRetired{Ops: so.Ops, Unproven: true})
+				}
+				break
+			}
+			// No proof: the ops stay in doubt, so their sessions keep
+			// their pins and send no terminal frame (the peer's pages
+			// wait for its own proof or quarantine).
 			s.log.Error().Err(m.err).Int("ops_in_doubt", n).
 				Msg("endpoint closed without proof that its writes are over: its ops stay in doubt and their requests keep their pages")
 			break
@@ -437,7 +450,9 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 // stop, a UCX forced close). Only when Close has returned can no write of
 // the endpoint land, so only then does endpointClosed retire the ops that
 // were in flight on it — unless Close says it could not prove that
-// (rdma.ErrCloseUnproven): then they stay in doubt.
+// (rdma.ErrCloseUnproven): then they stay in doubt, towards the peer and,
+// unless Close also says the backend reads none of their sources any more
+// (rdma.ErrSourcesReleased: TxRetired{Unproven}), towards their sources.
 func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	ep, retired, ok := s.table.Close(key)
 	if !ok {

@@ -36,7 +36,7 @@
 //	kvxfer_chunk_write_latency_seconds  histogram  -               a chunk handed over (TxHandle.Chunk reached its session) to one of its ops BACKEND_DONE
 //	                                                               without error; one observation per op (per generation rank the chunk goes to)
 //	kvxfer_ops                          gauge      state           ops of live tx sessions by state: ADMITTED, NOT_SUBMITTED, SUBMITTING, SUBMITTED,
-//	                                                               BACKEND_DONE, IN_DOUBT, RETIRED; a session's ops leave the gauge when it releases
+//	                                                               BACKEND_DONE, IN_DOUBT, RETIRED, SOURCES_RELEASED; a session's ops leave the gauge when it releases
 //	kvxfer_ops_in_doubt                 gauge      -               kvxfer_ops{state="IN_DOUBT"}: writes whose outcome is unknown until their endpoint is
 //	                                                               flushed or closed (their pages stay pinned)
 //	kvxfer_sessions                     gauge      side, state     live sessions by state; tx: INIT, READY, TRANSFERRING, DONE, FAILED, CANCELLED;
@@ -62,7 +62,8 @@
 //	                                                               the RequestData answered as an invalid one;
 //	                                                               at most 256 of a peer wait for their answer), tombstones_full (a Cancel
 //	                                                               left unanswered, to be re-sent, while every cancel tombstone of its instance
-//	                                                               is younger than 30 s);
+//	                                                               is younger than 30 s), silenced (a Cancel or RequestData left unanswered
+//	                                                               for good: writes of its request to its sender were cut without proof);
 //	                                                               over the zmq link also the listener's own: envelope (not one payload part),
 //	                                                               oversize (past MaxFrameBytes), version (written in another control protocol
 //	                                                               version), decode (refused by messages.Decode), identity

@@ -75,5 +75,9 @@
 // retired — its pages may be reused — only when the backend proves
 // quiescence: a Flush callback on its endpoint, or the return of its
 // endpoint's Close. Both prove that the batch's Done has been called and that
-// it will write nothing more. Nothing else retires an in-doubt op.
+// it will write nothing more. Nothing else retires an in-doubt op. A Close
+// that cannot prove that returns ErrCloseUnproven: the op stays in doubt;
+// when it wraps ErrSourcesReleased too, the backend reads none of the op's
+// source any more, so its source pages may go while the op stays in doubt
+// towards its peer.
 package rdma

@@ -36,18 +36,19 @@ type Digest struct {
 
 // opLetters maps actors.OpState to its letter in Digest.Ops.
 var opLetters = [...]byte{
-	actors.OpAdmitted:     'A',
-	actors.OpNotSubmitted: 'N',
-	actors.OpSubmitting:   'G',
-	actors.OpSubmitted:    'S',
-	actors.OpBackendDone:  'D',
-	actors.OpInDoubt:      '?',
-	actors.OpRetired:      'R',
+	actors.OpAdmitted:        'A',
+	actors.OpNotSubmitted:    'N',
+	actors.OpSubmitting:      'G',
+	actors.OpSubmitted:       'S',
+	actors.OpBackendDone:     'D',
+	actors.OpInDoubt:         '?',
+	actors.OpRetired:         'R',
+	actors.OpSourcesReleased: 'U',
 }
 
 // OpLetter is an op state's letter in Digest.Ops: A ADMITTED, N
 // NOT_SUBMITTED, G SUBMITTING, S SUBMITTED, D BACKEND_DONE, ? IN_DOUBT,
-// R RETIRED.
+// R RETIRED, U SOURCES_RELEASED (cut unproven, its source released).
 func OpLetter(s actors.OpState) byte {
 	if int(s) < len(opLetters) && opLetters[s] != 0 {
 		return opLetters[s]
@@ -173,6 +174,8 @@ func effectString(e actors.Effect, v int) string {
 		return fmt.Sprintf("Flush w%d peer%d", e.Worker, e.Peer)
 	case actors.CloseEndpoint:
 		return fmt.Sprintf("CloseEndpoint w%d peer%d", e.Worker, e.Peer)
+	case actors.EndStream:
+		return fmt.Sprintf("EndStream w%d peer%d", e.Worker, e.Peer)
 	case actors.SendFrame:
 		return fmt.Sprintf("SendFrame w%d %s %s", e.Worker, e.To, FrameString(e.Frame))
 	case actors.SendRequestData:

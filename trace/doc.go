@@ -118,7 +118,8 @@
 // its states (INIT, READY, TRANSFERRING, …) and an instant per message it
 // stepped on; and async slices for ops, from the step that submitted each
 // op (SUBMITTING) to the step that made it quiescent (BACKEND_DONE,
-// NOT_SUBMITTED or RETIRED), one group per (request, peer). Above the
+// NOT_SUBMITTED or RETIRED) or released its source (SOURCES_RELEASED), one
+// group per (request, peer). Above the
 // sessions, each table has a track ("tx (TxTable)", "worker-1
 // (WorkerTable)") with an instant per call (category "table"), named for
 // its method and what it is about ("Admit r1/peer0/op3", "Route Result

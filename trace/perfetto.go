@@ -392,7 +392,7 @@ func (x *exporter) opsChanged(s *pfSession, t int64, ops string) error {
 					Args: map[string]any{"op": fmt.Sprintf("%s/peer%d/op%d", s.request, p, i)}}); err != nil {
 					return err
 				}
-			case st.Quiescent() && isOpen:
+			case st.SourceQuiescent() && isOpen: // SOURCES_RELEASED: the writer is done with it
 				if err := x.closeOp(s, id, t, st.String()); err != nil {
 					return err
 				}

@@ -71,7 +71,8 @@ func TestTableInRoundTrip(t *testing.T) {
 	op := actors.OpRef{Request: "r1", Peer: 1, Seq: 2}
 	for _, f := range frames {
 		in := actors.TableIn{Request: "r1", Generation: "gen", Err: "boom", RequestData: &messages.RequestData{RequestID: "r2"},
-			Cancel: &messages.Cancel{RequestID: "r3"}, Frame: f, Peer: &from, Counts: []int{1, 2},
+			Cancel: &messages.Cancel{RequestID: "r3"}, Frame: f, Peer: &from, Peers: []messages.PeerID{from, {Instance: "gen", Rank: 2}},
+			Counts: []int{1, 2},
 			Allocs: []actors.AllocAnswer{{Blocks: [][]kvcache.BlockID{{1, 2}}}, {Err: "full", OutOfBlocks: true}},
 			Op:     &op, Session: "$1/$2", Key: []byte{0xff, 0, 'a'}, Msg: "submit r1/peer1/op2",
 			Open: &core.RxOpen{Request: "r1", PromptLen: 64, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 2, PP: 1},
@@ -90,7 +91,7 @@ func TestTableInRoundTrip(t *testing.T) {
 		}
 	}
 	// Every field of TableIn is set above: one added later must be too.
-	if n := reflect.TypeOf(actors.TableIn{}).NumField(); n != 17 {
-		t.Errorf("TableIn has %d fields, this test sets 17: set the new ones", n)
+	if n := reflect.TypeOf(actors.TableIn{}).NumField(); n != 18 {
+		t.Errorf("TableIn has %d fields, this test sets 18: set the new ones", n)
 	}
 }

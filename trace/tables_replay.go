@@ -160,6 +160,8 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 				return out, errors.New("no frame recorded for Cancel")
 			}
 			out.Deliver, out.NotBound, out.Hold = tb.Cancel(in.Cancel, time.Unix(0, rec.T))
+		case "Silence":
+			tb.Silence(in.Request, in.Peers)
 		case "Stopped":
 			tb.Stopped(in.Request)
 		case "Close":
@@ -347,6 +349,8 @@ var verdictNames = map[string]map[string]string{
 		fmt.Sprint(int(core.RequestDataStale)):    "stale",
 		fmt.Sprint(int(core.RequestDataNotBound)): "not bound",
 		fmt.Sprint(int(core.RequestDataShed)):     "shed (orphan limit)",
+		fmt.Sprint(int(core.RequestDataClosing)):  "closing",
+		fmt.Sprint(int(core.RequestDataSilenced)): "silenced",
 	},
 	actors.TableRx: {
 		fmt.Sprint(int(core.RxRouteDeliver)):   "deliver",

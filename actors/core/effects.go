@@ -68,6 +68,16 @@ type SendFrame struct {
 	Peer       int
 }
 
+// EndStream ends stream Peer without a terminal frame (context side):
+// some op of it was cut by a close that proved its sources released but
+// not its writes over (OpSourcesReleased), so the peer must get no frame
+// that it would take as proof. The stream's actor stops once its ops are
+// settled, as after a terminal frame, and sends nothing.
+type EndStream struct {
+	Worker int
+	Peer   int
+}
+
 // SendRequestData sends writer Writer's RequestData (generation side)
 // through a worker, which reports to the session whether the control plane
 // took it (RxSent).
@@ -146,6 +156,7 @@ func (Submit) effect()          {}
 func (Flush) effect()           {}
 func (CloseEndpoint) effect()   {}
 func (SendFrame) effect()       {}
+func (EndStream) effect()       {}
 func (SendRequestData) effect() {}
 func (StartTimer) effect()      {}
 func (Finish) effect()          {}

@@ -110,9 +110,23 @@ type (
 		Ops    []OpRef
 		Reason error
 	}
-	// TxRetired: a worker closed the endpoint of these ops; none of them
-	// can write any more.
-	TxRetired struct{ Ops []OpRef }
+	// TxRetired: a worker closed the endpoint of these ops, and the close
+	// has returned: none of them can write any more, so those in doubt are
+	// RETIRED (their stream's terminal frame says IN_DOUBT).
+	//
+	// Unproven: the close cut their writes without proof that they no
+	// longer land (rdma.ErrCloseUnproven), but the backend proved that it
+	// reads none of their sources any more (rdma.ErrSourcesReleased).
+	// Those in doubt go SOURCES_RELEASED: the source pins may go, but their
+	// writes may still land at the peer, so their stream ends without a
+	// terminal frame (EndStream) — a FAILED or IN_DOUBT Result would let
+	// the peer free its pages — and the peer keeps them until its own
+	// proof (the writer's proven exit) or quarantines them. (A close that
+	// proves nothing at all sends no TxRetired: its ops stay in doubt.)
+	TxRetired struct {
+		Ops      []OpRef
+		Unproven bool `json:",omitempty"`
+	}
 	// TxCancel: the local serving process cancelled the request.
 	TxCancel struct{ Reason error }
 	// TxPeerCancel: a generation rank cancelled the request.
@@ -187,10 +201,16 @@ type stream struct {
 	bytes     uint64
 	retired   bool // some op was retired by closing its endpoint
 	cancelled bool // the peer sent Cancel: answer CancelAck
-	// doneOps counts ops in BACKEND_DONE, busyOps ops not quiescent: kept
-	// by setOp, so that a step does not scan every op (a long request has
-	// thousands).
-	doneOps, busyOps int
+	// silent: the stream ended without a terminal frame (EndStream): some
+	// op of it is SOURCES_RELEASED, its writes may still land at the peer,
+	// which must get no proof from this rank — not now, not after the
+	// session stopped (SilentPeers).
+	silent bool
+	// doneOps counts ops in BACKEND_DONE, busyOps ops that may still read
+	// their source (not SourceQuiescent), cutOps ops in SOURCES_RELEASED:
+	// kept by setOp, so that a step does not scan every op (a long request
+	// has thousands).
+	doneOps, busyOps, cutOps int
 }
 
 type chunkRec struct {
@@ -312,7 +332,12 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: now.Add(s.cfg.DrainGrace)})
 	case TxRetired:
 		for _, r := range m.Ops {
-			if o := s.opOf(r); o != nil && o.state == OpInDoubt {
+			o := s.opOf(r)
+			switch {
+			case o == nil || o.state != OpInDoubt:
+			case m.Unproven:
+				s.setOp(r, o, OpSourcesReleased)
+			default:
 				s.setOp(r, o, OpRetired)
 				s.streams[r.Peer].retired = true
 			}
@@ -325,6 +350,11 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.fail(TxCancelled, err)
 	case TxPeerCancel:
 		st := s.streams[m.Peer]
+		if st != nil && st.silent {
+			// Its stream ended silent: its writes may still land, and a
+			// CancelAck, of any epoch, is a proof. No answer.
+			break
+		}
 		if st != nil && st.epoch == m.Epoch {
 			st.cancelled = true
 			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
@@ -367,17 +397,24 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 func (s *TxSession) checkCounts() {
 	for _, p := range s.order {
 		st := s.streams[p]
-		done, busy := 0, 0
+		done, busy, cut := 0, 0, 0
 		for i := range st.ops {
-			if st.ops[i].state == OpBackendDone {
+			switch st.ops[i].state {
+			case OpBackendDone:
 				done++
+			case OpSourcesReleased:
+				cut++
 			}
-			if !st.ops[i].state.Quiescent() {
+			if !st.ops[i].state.SourceQuiescent() {
 				busy++
 			}
 		}
-		if done != st.doneOps || busy != st.busyOps {
-			s.violate("stream %d: counts done %d busy %d, ops say done %d busy %d", p, st.doneOps, st.busyOps, done, busy)
+		if done != st.doneOps || busy != st.busyOps || cut != st.cutOps {
+			s.violate("stream %d: counts done %d busy %d cut %d, ops say done %d busy %d cut %d",
+				p, st.doneOps, st.busyOps, st.cutOps, done, busy, cut)
+		}
+		if st.silent && (st.cutOps == 0 || st.phase != streamFinished) {
+			s.violate("stream %d: silent with %d ops SOURCES_RELEASED, phase %d", p, st.cutOps, st.phase)
 		}
 	}
 }
@@ -538,6 +575,11 @@ func (s *TxSession) onPinFailed(m TxPinFailed) {
 
 func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 	old := s.streams[m.Peer]
+	if old != nil && old.silent {
+		// Its stream ended silent: its writes may still land, and a
+		// FAILED Result, of any epoch, is a proof. No answer.
+		return
+	}
 	if old != nil && old.epoch == m.Epoch && (m.Err == nil || !mutRejectUnresolvedDuplicate()) {
 		// A duplicate RequestData for the same epoch changes nothing, even
 		// one that failed to resolve: its stream may have writes in
@@ -605,8 +647,11 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 func (s *TxSession) afterStop(msg any) {
 	switch m := msg.(type) {
 	case TxPeerRequest:
-		if st := s.streams[m.Peer]; st != nil && st.epoch == m.Epoch {
-			return // a duplicate of a request already answered
+		if st := s.streams[m.Peer]; st != nil && (st.epoch == m.Epoch || st.silent) {
+			// A duplicate of a request already answered, or a peer whose
+			// stream ended silent: its writes may still land, and a
+			// FAILED Result is a proof.
+			return
 		}
 		err := fmt.Errorf("%w: request %s already finished on the context side (%s)", ErrBadRequest, s.cfg.Request, s.state)
 		if s.state == TxCancelled {
@@ -618,6 +663,10 @@ func (s *TxSession) afterStop(msg any) {
 		}
 		s.rejectPeer(m, err)
 	case TxPeerCancel:
+		if st := s.streams[m.Peer]; st != nil && st.silent {
+			// Its writes may still land: no proof, whatever the epoch.
+			return
+		}
 		s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
 	}
 }
@@ -898,12 +947,27 @@ func (s *TxSession) lastSeen(st *stream) bool {
 
 func allDone(st *stream) bool { return st.doneOps == len(st.ops) }
 
+// streamQuiescent reports whether no op of the stream may still read its
+// source; with no op in SOURCES_RELEASED, none may still write either.
 func streamQuiescent(st *stream) bool { return st.busyOps == 0 }
 
 // finishStream sends the stream's terminal frame; it is only called when
-// every op of the stream is quiescent, so the peer may free its pages.
+// every op of the stream is source-quiescent (streamQuiescent). When every
+// op is quiescent, the peer may free its pages on that frame. When some op
+// is SOURCES_RELEASED its writes may still land, so the stream ends
+// without a frame (EndStream): it counts as answered, the session may
+// release its source pins and stop, and the peer gets no proof from us
+// (it fails the request at its deadline and quarantines its pages until
+// the writer's proven exit).
 func (s *TxSession) finishStream(st *stream) {
 	st.phase = streamFinished
+	if st.cutOps > 0 {
+		st.silent = true
+		s.eff = append(s.eff, EndStream{Worker: st.worker, Peer: st.peer},
+			Log{Level: "warn", Msg: fmt.Sprintf("tx session %s: stream to %s ends without a terminal frame: %d of its ops were cut by a close that proved their sources released but not their writes over",
+				s.cfg.Request, st.route.Peer, st.cutOps)})
+		return
+	}
 	if st.cancelled {
 		s.eff = append(s.eff, SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.CancelAck{
 			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Incarnations: s.incs(st)}})
@@ -931,8 +995,10 @@ func (s *TxSession) incs(st *stream) messages.Incarnations {
 	return messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: st.peerInc}
 }
 
-// Quiescent reports whether no op of any stream may still touch a page and
-// every chunk's fence has fired.
+// Quiescent reports whether no op of any stream may still touch a source
+// page and every pinned chunk's fence has fired: the session may release
+// its source pins. An op in SOURCES_RELEASED may still write its peer's
+// pages; its stream gives the peer no proof (finishStream).
 func (s *TxSession) Quiescent() bool {
 	for i := range s.chunks {
 		if s.chunks[i].pinned && !s.chunks[i].fired {
@@ -1014,10 +1080,16 @@ func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
 		if to == OpBackendDone {
 			st.doneOps++
 		}
-		if !o.state.Quiescent() {
+		if o.state == OpSourcesReleased {
+			st.cutOps--
+		}
+		if to == OpSourcesReleased {
+			st.cutOps++
+		}
+		if !o.state.SourceQuiescent() {
 			st.busyOps--
 		}
-		if !to.Quiescent() {
+		if !to.SourceQuiescent() {
 			st.busyOps++
 		}
 	}
@@ -1029,6 +1101,20 @@ func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
 func (s *TxSession) OpStates() map[OpRef]OpState {
 	out := map[OpRef]OpState{}
 	s.eachOp(func(r OpRef, o *op) { out[r] = o.state })
+	return out
+}
+
+// SilentPeers returns the generation ranks whose streams ended without a
+// terminal frame (EndStream): writes to them may still land. No frame of
+// this rank may ever tell them otherwise — no CancelAck, no FAILED Result
+// — also once the session has stopped (TxTable.Silence).
+func (s *TxSession) SilentPeers() []messages.PeerID {
+	var out []messages.PeerID
+	for _, p := range s.order {
+		if st := s.streams[p]; st.silent {
+			out = append(out, st.route.Peer)
+		}
+	}
 	return out
 }
 

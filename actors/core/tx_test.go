@@ -69,8 +69,10 @@ type pinKey struct {
 // txHarness wraps a TxSession with a fake clock, fake routes and the checks
 // every step must pass, whatever the test: no violation, no Pin or Submit
 // after a terminal outcome, a terminal state never changes, Unpin only when
-// every op is quiescent and every watched fence fired, Unpin only of what
-// was pinned, Finish at most once, nothing after Stop.
+// no op may still read its source (every op quiescent or SOURCES_RELEASED)
+// and every watched fence fired, Unpin only of what was pinned, Finish at
+// most once, nothing after Stop, no frame to a peer after its stream ended
+// silent (EndStream).
 type txHarness struct {
 	t        testing.TB
 	s        *TxSession
@@ -83,6 +85,7 @@ type txHarness struct {
 	pins     map[pinKey]int
 	finishes []Outcome
 	stopped  bool
+	silent   map[int]bool // streams EndStream ended
 	// prompt fills the PromptLen of a TxPeerRequest that names none: the
 	// prompt of the TxStart stepped, or set by a test whose RequestData
 	// comes first.
@@ -107,6 +110,7 @@ func newTxHarness(t testing.TB, o txOpts) (*txHarness, []Effect) {
 		watched:  map[int]bool{},
 		fired:    map[int]bool{},
 		pins:     map[pinKey]int{},
+		silent:   map[int]bool{},
 	}
 	h.s = NewTxSession(TxConfig{Request: "r1", Self: messages.PeerID{Instance: "ctx", Rank: 0},
 		Workers: 1, DrainGrace: 5 * time.Second, Timeout: o.timeout})
@@ -171,7 +175,7 @@ func (h *txHarness) step(msg any) []Effect {
 				h.pins[k]--
 			}
 			for r, st := range h.s.OpStates() {
-				if !st.Quiescent() {
+				if !st.SourceQuiescent() {
 					h.t.Fatalf("%T: Unpin while op %v is %v", msg, r, st)
 				}
 			}
@@ -179,6 +183,15 @@ func (h *txHarness) step(msg any) []Effect {
 				if !h.fired[c] {
 					h.t.Fatalf("%T: Unpin while chunk %d's fence has not fired", msg, c)
 				}
+			}
+		case EndStream:
+			if h.silent[e.Peer] {
+				h.t.Fatalf("%T: second EndStream of stream %d", msg, e.Peer)
+			}
+			h.silent[e.Peer] = true
+		case SendFrame:
+			if h.silent[e.Peer] && e.FromStream || h.silent[int(e.To.Rank)] && e.To == genPeer(int(e.To.Rank)) {
+				h.t.Fatalf("%T: frame %s to peer %v after its stream ended silent", msg, fmtFrame(e.Frame), e.To)
 			}
 		case Finish:
 			h.finishes = append(h.finishes, e.Outcome)
@@ -302,7 +315,7 @@ func effectsOf[T Effect](effs []Effect) []T {
 func hasEffect[T Effect](effs []Effect) bool { return len(effectsOf[T](effs)) > 0 }
 
 // effectNames are the names wantNo takes: every Effect type's.
-var effectNames = []string{"Pin", "Unpin", "WatchFence", "Submit", "Flush", "CloseEndpoint", "SendFrame",
+var effectNames = []string{"Pin", "Unpin", "WatchFence", "Submit", "Flush", "CloseEndpoint", "EndStream", "SendFrame",
 	"SendRequestData", "StartTimer", "Decide", "Finish", "ReleaseDest", "QuarantineDest", "Stop", "Log"}
 
 // effectName is an effect's type name without its package: "SendFrame".
@@ -692,6 +705,127 @@ func TestRace_LateCompletionAfterTimeout(t *testing.T) {
 		h.wantState(TxFailed)
 		h.wantOp(1, 0, OpInDoubt)
 		wantNo(t, "an unproven completion", effs, "Unpin", "Finish", "Stop", "SendFrame")
+	})
+}
+
+// TestTx_UnprovenCloseWithSourcesReleased: the deadline passed with a
+// write on the wire; the drain closed its endpoint by force, which cut the
+// batch without proof that it no longer lands (TxCompleted{Unproven}), but
+// the backend proved that it reads none of its source any more
+// (rdma.ErrSourcesReleased: TxRetired{Unproven}). The op goes
+// SOURCES_RELEASED; the source pins are dropped, Finish and Stop come —
+// and the peer gets no terminal frame (FAILED and IN_DOUBT both let it
+// free its pages, where the write may still land): the stream ends silent
+// (EndStream), and nothing, before or after the stop, ever answers that
+// peer about the request again. Before the change the op stayed IN_DOUBT
+// for good: the pins were never dropped and Done never came.
+func TestTx_UnprovenCloseWithSourcesReleased(t *testing.T) {
+	cut := errors.New("endpoint closed by force")
+	setup := func(t *testing.T, peers ...int) *txHarness {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, 10*time.Second)
+		for _, p := range peers {
+			h.step(TxPeerRequest{Peer: p, From: genPeer(p), Epoch: 1, Route: h.route(p), Expected: peers})
+		}
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.advance(10 * time.Second)
+		h.step(TxTimeout{Kind: TimerDeadline})
+		h.advance(5 * time.Second)
+		h.step(TxTimeout{Kind: TimerDrain})
+		effs := h.step(TxCompleted{Op: h.op(1, 0), Err: cut, Unproven: true})
+		h.wantOp(1, 0, OpInDoubt)
+		wantNo(t, "an unproven completion", effs, "Unpin", "Finish", "Stop", "SendFrame", "EndStream")
+		return h
+	}
+	t.Run("one peer", func(t *testing.T) {
+		h := setup(t, 1)
+		effs := h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}, Unproven: true})
+		h.wantOp(1, 0, OpSourcesReleased)
+		if len(framesTo(effs, 1)) != 0 {
+			t.Fatalf("a frame to the peer its write may still reach: %s", fmtEffects(effs))
+		}
+		if ends := effectsOf[EndStream](effs); len(ends) != 1 || ends[0].Peer != 1 {
+			t.Fatalf("want EndStream of stream 1: %s", fmtEffects(effs))
+		}
+		if !hasEffect[Unpin](effs) {
+			t.Fatalf("no Unpin once the backend reads no source: %s", fmtEffects(effs))
+		}
+		h.wantReleased(TxFailed, ErrTimeout)
+		if got := h.s.SilentPeers(); !slices.Equal(got, []messages.PeerID{genPeer(1)}) {
+			t.Fatalf("silent peers %v, want [%v]", got, genPeer(1))
+		}
+		// Stopped: a Cancel (of its epoch or another) and a RequestData
+		// from that peer get nothing — either answer is a proof.
+		for _, m := range []any{
+			TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 1},
+			TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 2},
+			TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 2, Route: h.route(1), Expected: []int{1}},
+		} {
+			if effs := h.s.Step(m, h.now); len(effs) != 0 {
+				t.Fatalf("%T after the stop: %s, want nothing", m, fmtEffects(effs))
+			}
+		}
+	})
+	t.Run("two peers", func(t *testing.T) {
+		h := setup(t, 1, 2)
+		h.wantOp(2, 0, OpInDoubt)
+		effs := h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}, Unproven: true})
+		h.wantOp(1, 0, OpSourcesReleased)
+		if ends := effectsOf[EndStream](effs); len(ends) != 1 || ends[0].Peer != 1 {
+			t.Fatalf("want EndStream of stream 1: %s", fmtEffects(effs))
+		}
+		wantNo(t, "stream 2's op still in doubt", effs, "Unpin", "Finish", "Stop", "SendFrame")
+		// Live: the peer's Cancel, of its epoch or another, and its
+		// RequestData get nothing.
+		for _, m := range []any{
+			TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 1},
+			TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 2},
+			TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 2, Route: h.route(1), Expected: []int{1, 2}},
+		} {
+			if effs := h.step(m); len(effs) != 0 {
+				t.Fatalf("%T to a session with a silent stream: %s, want nothing", m, fmtEffects(effs))
+			}
+		}
+		// A close that proves stream 2's op over: IN_DOUBT Result to it,
+		// and the release.
+		effs = h.step(TxRetired{Ops: []OpRef{h.op(2, 0)}})
+		h.wantOp(2, 0, OpRetired)
+		wantResult(t, effs, 2, messages.StatusInDoubt)
+		if len(framesTo(effs, 1)) != 0 {
+			t.Fatalf("a frame to the silent peer: %s", fmtEffects(effs))
+		}
+		h.wantReleased(TxFailed, ErrTimeout)
+		if got := h.s.SilentPeers(); !slices.Equal(got, []messages.PeerID{genPeer(1)}) {
+			t.Fatalf("silent peers %v, want [%v]", got, genPeer(1))
+		}
+	})
+	// A close that proves nothing at all sends no TxRetired (the worker):
+	// the op stays in doubt (TestRace_LateCompletionAfterTimeout). A
+	// proven one retires it with an IN_DOUBT Result, as before.
+	t.Run("proven close", func(t *testing.T) {
+		h := setup(t, 1)
+		effs := h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}})
+		h.wantOp(1, 0, OpRetired)
+		wantResult(t, effs, 1, messages.StatusInDoubt)
+		wantNo(t, "a proven close", effs, "EndStream")
+		h.wantReleased(TxFailed, ErrTimeout)
+		if got := h.s.SilentPeers(); len(got) != 0 {
+			t.Fatalf("silent peers %v after a proven close", got)
+		}
+	})
+	// An op not in doubt is not touched by TxRetired{Unproven}: it is
+	// settled by its own completion, which comes first.
+	t.Run("op already done", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, 10*time.Second)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		effs := h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}, Unproven: true})
+		h.wantOp(1, 0, OpBackendDone)
+		wantNo(t, "TxRetired of a done op", effs, "EndStream", "Unpin", "Finish")
 	})
 }
 

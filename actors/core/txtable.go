@@ -42,6 +42,13 @@ type TxTable struct {
 	// limit on it is limit × OrphanBlocksEach.
 	orphanBlocks map[string]int
 	blocksOf     map[string]int
+	// silenced holds, per request, the generation ranks whose streams
+	// ended without a terminal frame (TxSession.SilentPeers): writes to
+	// them may still land, so no frame of this rank may ever tell them
+	// otherwise. Never forgotten (a forgotten entry would let a Cancel be
+	// acknowledged): one entry per such request for the engine's life, a
+	// few bytes where the alternative was its source blocks.
+	silenced map[string][]messages.PeerID
 }
 
 // OrphanBlocksEach is what the orphan limit allows each orphan on average,
@@ -82,7 +89,8 @@ func DestBlocks(rd *messages.RequestData) int {
 // before any session here had them.
 func NewTxTable(n int) *TxTable {
 	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
-		tombs: newTombstones(n), ctombs: map[string]*tombstones{}, orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{}}
+		tombs: newTombstones(n), ctombs: map[string]*tombstones{}, orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{},
+		silenced: map[string][]messages.PeerID{}}
 }
 
 // Open is Engine.Send for request, naming its generation instance or not
@@ -118,7 +126,7 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 				ErrPeerCancelled, request, by)
 		}
 	}
-	if t.tombs.has(request) {
+	if t.tombs.has(request) || t.silenced[request] != nil {
 		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
 	}
 	if b := t.bound[request]; t.live[request] && generation != "" && b != "" && b != generation {
@@ -168,6 +176,8 @@ func (t *TxTable) unorphan(request string) {
 // instance), so the answer is a proof, and the session, if any, is not
 // touched — nothing unvalidated fails a request that is not its sender's.
 // This is what Resolved does with a RequestData that fails to resolve.
+// One from a peer the request is silenced for (Silenced) must not be
+// answered at all: its caller checks that first.
 func (t *TxTable) Unread(rd *messages.RequestData) (toSession bool) {
 	return t.live[rd.RequestID] && t.bound[rd.RequestID] == rd.From.Instance
 }
@@ -198,11 +208,18 @@ const (
 	// is closing (Drain): no Send will take it; answer FAILED saying so,
 	// remember nothing.
 	RequestDataClosing
+	// RequestDataSilenced: the request's stream to the sender ended
+	// without a terminal frame (Silence): writes to it may still land,
+	// and any answer would be a proof. Drop it unanswered.
+	RequestDataSilenced
 )
 
 // RequestData classifies rd; with RequestDataNotBound, bound is the
 // instance the request is bound to.
 func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
+	if t.Silenced(rd.RequestID, rd.From) {
+		return RequestDataSilenced, ""
+	}
 	if t.cancelled(rd.RequestID, rd.From.Instance) || !t.live[rd.RequestID] && t.tombs.has(rd.RequestID) {
 		return RequestDataStale, ""
 	}
@@ -266,7 +283,14 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 // side re-sends it every second, and one of them is answered once a slot
 // has aged. Forgetting a young tombstone instead would let a RequestData
 // still on its way open a session that writes into freed blocks.
+//
+// A Cancel from a generation rank whose stream of the request ended
+// without a terminal frame (Silence) is held for good: writes to it may
+// still land, and the CancelAck would be a proof.
 func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, hold bool) {
+	if t.Silenced(m.RequestID, m.From) {
+		return false, false, true
+	}
 	if !t.live[m.RequestID] {
 		if m.From.Instance != "" && !t.tombs.has(m.RequestID) && !t.addCancel(m.RequestID, m.From.Instance, now) {
 			return false, false, true
@@ -293,6 +317,27 @@ func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, 
 // burst of Cancels only delays acknowledgements instead of forgetting a
 // tombstone such a RequestData still needs.
 const CancelTombMinAge = 30 * time.Second
+
+// Silence records, for good, that the request's streams to peers ended
+// without a terminal frame (TxSession.SilentPeers, before Stopped): their
+// Cancels are never acknowledged (Cancel holds them), their RequestData
+// never answered (RequestDataSilenced, Silenced), and the request is never
+// opened again (Open).
+func (t *TxTable) Silence(request string, peers []messages.PeerID) {
+	for _, p := range peers {
+		if !slices.Contains(t.silenced[request], p) {
+			t.silenced[request] = append(t.silenced[request], p)
+		}
+	}
+}
+
+// Silenced reports whether the request's stream to peer ended without a
+// terminal frame (Silence): no frame may answer that peer about it. A
+// RequestData that was not read (Unread) from such a peer is dropped
+// unanswered too.
+func (t *TxTable) Silenced(request string, peer messages.PeerID) bool {
+	return slices.Contains(t.silenced[request], peer)
+}
 
 // Stopped takes a session that released everything off the table and
 // leaves its tombstone.

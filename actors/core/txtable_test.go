@@ -124,6 +124,49 @@ func TestTxTable_StoppedAndClose(t *testing.T) {
 	}
 }
 
+// TestTxTable_Silence: a request whose stream to a generation rank ended
+// without a terminal frame (its writes may still land) never answers that
+// rank again, also once its tombstone is forgotten: its Cancel is held,
+// not acknowledged, and its RequestData dropped, not answered FAILED — both
+// would be proofs; the request is never opened again. Another rank of the
+// same instance is answered as for any finished request.
+func TestTxTable_Silence(t *testing.T) {
+	tb := NewTxTable(1)
+	silent, other := messages.PeerID{Instance: "gen", Rank: 1}, messages.PeerID{Instance: "gen", Rank: 2}
+	if _, err := tb.Open("r", "gen"); err != nil {
+		t.Fatal(err)
+	}
+	tb.Silence("r", []messages.PeerID{silent})
+	tb.Silence("r", []messages.PeerID{silent}) // twice: once is enough
+	tb.Stopped("r")
+	if _, err := tb.Open("q", ""); err != nil {
+		t.Fatal(err)
+	}
+	tb.Stopped("q") // the ring holds 1: r's tombstone is forgotten
+	if !tb.Silenced("r", silent) || tb.Silenced("r", other) || tb.Silenced("q", silent) {
+		t.Fatalf("Silenced: r/%v %v, r/%v %v, q/%v %v", silent, tb.Silenced("r", silent), other, tb.Silenced("r", other), silent, tb.Silenced("q", silent))
+	}
+	for _, epoch := range []uint64{1, 2} {
+		deliver, notBound, hold := tb.Cancel(&messages.Cancel{RequestID: "r", Epoch: epoch, From: silent}, t0)
+		if deliver || notBound || !hold {
+			t.Fatalf("Cancel r epoch %d from the silenced rank: deliver %v notBound %v hold %v, want held", epoch, deliver, notBound, hold)
+		}
+		rd := &messages.RequestData{RequestID: "r", Epoch: epoch, From: silent}
+		if v, _ := tb.RequestData(rd); v != RequestDataSilenced {
+			t.Fatalf("RequestData r epoch %d from the silenced rank: %v, want silenced (%v)", epoch, v, RequestDataSilenced)
+		}
+	}
+	if _, err := tb.Open("r", ""); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("Open of a silenced request: %v, want ErrBadRequest", err)
+	}
+	if deliver, _, hold := tb.Cancel(&messages.Cancel{RequestID: "r", Epoch: 1, From: other}, t0); deliver || hold {
+		t.Fatalf("Cancel r from another rank: deliver %v hold %v, want it acknowledged", deliver, hold)
+	}
+	if tb.Close(); !tb.Silenced("r", silent) {
+		t.Fatal("closing forgot the silenced rank")
+	}
+}
+
 // TestTxTable_OrphanLimit: a generation instance may have at most the
 // limit of sessions its RequestData opened and no Send adopted; past it a
 // new request's RequestData is shed, while frames for live requests,

@@ -116,6 +116,10 @@ type batch struct {
 	// (FaultHungBatch). cut: an unproven close cut it (its Done was
 	// called with ErrCloseUnproven), and it may still land.
 	hung, cut bool
+	// snap: the close that cut it proved its source released
+	// (FaultCloseSourcesReleased): the bytes it had read then, per
+	// segment, which is what may still land; it reads its source no more.
+	snap [][]byte
 }
 
 func (w *worker) toSession(ts *txSess, msg any) { w.s.sendTx(w.name(), ts, msg) }
@@ -319,12 +323,21 @@ func (s *Sim) land(b *batch) {
 		s.fired(FaultPartialWrite)
 	}
 	src, dst := b.src.region.Bytes(), b.gen.region.Bytes()
-	for _, seg := range b.segs {
+	for i, seg := range b.segs {
 		n := min(seg.Len, budget)
 		if n == 0 {
 			break
 		}
 		budget -= n
+		if b.snap != nil {
+			// Cut by a close that proved its source released: what lands
+			// is what it had read, wherever its source pages went since.
+			if !s.dstOwned(b, seg.Dst, seg.Dst+n) {
+				return
+			}
+			copy(dst[seg.Dst:seg.Dst+n], b.snap[i][:n])
+			continue
+		}
 		if !s.srcPinned(b.src, seg.Src, seg.Src+n, b.op, "landing") || !s.srcWritten(b.src, seg.Src, seg.Src+n, b.op) {
 			return
 		}
@@ -455,14 +468,27 @@ func (w *worker) closeEndpoint(key string) {
 		return
 	}
 	ep.closed = true
-	if cut := w.cutUnproven(ep, retired); cut != nil {
+	if cut, released := w.cutUnproven(ep, retired); cut != nil {
 		// workerSlot.closeEndpoint after an ErrCloseUnproven: each cut
-		// batch's Done says so, and no op is retired.
+		// batch's Done says so, and no op is retired — unless the close
+		// proved their sources released (rdma.ErrSourcesReleased): then,
+		// once Close returned (after every Done), endpointClosed retires
+		// them unproven.
 		for _, b := range cut {
 			op, ts := b.op, b.sess
 			s.mail("backend", w.name(), s.hop(), wBatchDone{op, ts, errUnproven}, func() { w.batchDone(op, ts, errUnproven) })
 		}
 		ep.failWaiters(errUnproven)
+		if released {
+			s.mail("backend", w.name(), s.hop(), "endpoint closed, sources released", func() {
+				if !w.live() {
+					return
+				}
+				for _, so := range retired {
+					w.toSession(so.Session, actors.TxRetired{Ops: so.Ops, Unproven: true})
+				}
+			})
+		}
 		return
 	}
 	for _, b := range slices.Clone(ep.pending) {
@@ -483,18 +509,37 @@ func (w *worker) closeEndpoint(key string) {
 // (w.unproven), and the writer's process exits a while later (its
 // supervisor restarts it: its pool's deregistration fails busy), which
 // is what settles them. It returns the cut batches, or nil for a close
-// that proves.
-func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) []*batch {
+// that proves, and whether the close proves their sources released
+// (FaultCloseSourcesReleased): then each keeps the bytes it had read
+// (what may still land) and reads its source no more, and the ops are
+// retired unproven (the caller).
+func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) (cut []*batch, released bool) {
 	s, c := w.s, w.c
 	if len(ep.pending) == 0 || s.faults.pUnproven == 0 || s.xr.Float64() >= s.faults.pUnproven {
-		return nil
+		return nil, false
 	}
 	s.fired(FaultCloseUnproven)
+	if released = s.rr.IntN(2) == 0; released {
+		s.fired(FaultCloseSourcesReleased)
+	}
 	ep.unproven = true
-	cut := ep.pending
+	cut = ep.pending
 	ep.pending = nil
 	for _, b := range cut {
 		b.cut = true
+		if released {
+			// The bytes on the wire were read while the source was
+			// pinned and written; from now on it may be unpinned, freed
+			// and reused.
+			b.snap = make([][]byte, len(b.segs))
+			src := b.src.region.Bytes()
+			for i, seg := range b.segs {
+				if !s.srcPinned(b.src, seg.Src, seg.Src+seg.Len, b.op, "cut") || !s.srcWritten(b.src, seg.Src, seg.Src+seg.Len, b.op) {
+					return cut, released
+				}
+				b.snap[i] = slices.Clone(src[seg.Src : seg.Src+seg.Len])
+			}
+		}
 		if b.hung {
 			b.hung = false
 			s.at(s.vt+time.Duration(s.xr.Int64N(int64(30*time.Millisecond))), "backend", b.op, func() { s.land(b) })
@@ -516,7 +561,7 @@ func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) [
 			}
 		})
 	}
-	return cut
+	return cut, released
 }
 
 // crash is a worker panic and its supervisor's restart (workerSlot.restart):

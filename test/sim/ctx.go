@@ -290,7 +290,10 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 			}
 		case actors.Unpin:
 			for r, st := range opsAfter() {
-				if !st.Quiescent() {
+				// An op in SOURCES_RELEASED reads no source page any more
+				// (its writes may still land at the peer: no terminal
+				// frame, checked below).
+				if !st.SourceQuiescent() {
 					s.failf("%s: %T: Unpin of group %d blocks %v while op %v is %v (DESIGN.md §3)", ts.name, msg, e.Group, e.IDs, r, st)
 					return
 				}
@@ -477,8 +480,8 @@ func srcBlocks(c *ctxRank, segs []kvcache.Segment) map[blockKey]bool {
 // no posted, unsettled write still reads the blocks being unpinned or freed.
 func (s *Sim) checkNoReader(c *ctxRank, ts *txSess, g int, ids []kvcache.BlockID, what string) {
 	for _, b := range s.batches {
-		if b.src != c || b.srcInc != c.inc {
-			continue
+		if b.src != c || b.srcInc != c.inc || b.snap != nil {
+			continue // another's, or reading its source no more
 		}
 		for _, id := range ids {
 			lo, hi := blockRange(c.pools[g], id)
@@ -535,6 +538,8 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 			if w := c.workers[e.Worker]; !w.dead {
 				s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
 			}
+		case actors.EndStream:
+			// The stream ends without a terminal frame: nothing to send.
 		case actors.SendFrame:
 			// A dead worker's frames go through the next live one
 			// (shellEnv.frameWorker).
@@ -564,6 +569,7 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				ts.appFinished = true
 				s.mail(ts.name, a.name(), s.hop(), e, func() { a.finished() })
 			}
+			silent := ts.s.SilentPeers() // sessionStopped.silent
 			s.mail(ts.name, c.parentName(), s.hop(), "sessionStopped", func() {
 				if !c.live(ts.inc) {
 					return
@@ -571,6 +577,7 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				if c.sessions[ts.id] == ts {
 					delete(c.sessions, ts.id)
 				}
+				c.table.Silence(ts.id, silent)
 				c.table.Stopped(ts.id)
 				// Engine.Send may have adopted the session after it stopped
 				// but before this message reached the parent: its TxStart
@@ -677,6 +684,9 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		// FAILED with the reason. It renews no lease.
 		rd := f.(*messages.RequestData)
 		why := "invalid RequestData: " + invalid.Error()
+		if c.table.Silenced(rd.RequestID, rd.From) {
+			return // any answer would be a proof
+		}
 		if c.table.Unread(rd) {
 			s.sendTx(c.parentName(), c.sessions[rd.RequestID], actors.TxPeerRequest{Peer: int(rd.From.Rank), From: rd.From, Epoch: rd.Epoch,
 				Err: fmt.Errorf("%w: request %s: %s", actors.ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation})
@@ -750,6 +760,8 @@ func (c *ctxRank) resolved(id string, gen int, epoch uint64) bool {
 func (c *ctxRank) onRequestData(rd *messages.RequestData) {
 	s := c.s
 	switch v, _ := c.table.RequestData(rd); v {
+	case core.RequestDataSilenced:
+		return // any answer would be a proof (txParent.onRequestData)
 	case core.RequestDataStale:
 		c.reply(rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: c.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})

@@ -62,7 +62,15 @@
 // that stops names those ops (TxWorkerDead.InDoubt), and the cut writes
 // still land later, where every physical check above applies; the
 // writer's process exits a while later (its supervisor restarts it),
-// and the generation ranks' exit proofs settle what it held. A serving
+// and the generation ranks' exit proofs settle what it held. Under
+// FaultCloseSourcesReleased (half of those closes, a stream of its own)
+// the close also proves the backend reads none of the cut writes'
+// sources any more (rdma.ErrSourcesReleased, as UCX's): each cut batch
+// keeps the bytes it had read (what still lands) and reads its source no
+// more, the ops are retired unproven (TxRetired.Unproven), and their
+// sessions unpin and stop while no frame tells the peer the writes are
+// over — the checks catch a terminal frame to it, or a CancelAck that
+// frees blocks a cut write then lands in. A serving
 // process writes each chunk's KV (a function of global coordinates only)
 // just before the chunk's fence fires, so a receiver can check its bytes
 // without trusting the plan code.

@@ -151,6 +151,15 @@ const (
 	// writer's process exits (a supervisor restarts it: its pool
 	// deregistration fails busy), which the peers' exit proofs settle.
 	FaultCloseUnproven
+	// FaultCloseSourcesReleased: a FaultCloseUnproven close that also
+	// proves the backend reads none of the cut writes' sources any more
+	// (rdma.ErrSourcesReleased, as UCX's completed forced close): what the
+	// cut batches write may still land (from the bytes they had read at
+	// the cut), their ops are retired unproven (TxRetired.Unproven), and
+	// their sessions release their source pins and end those streams
+	// without a terminal frame. Drawn per such close from a stream of its
+	// own (Sim.rr).
+	FaultCloseSourcesReleased
 
 	numFaults
 )
@@ -168,6 +177,7 @@ var faultNames = [numFaults]string{
 	"session's pin refused (chunk handed unpinned)",
 	"batch hung until its endpoint closed",
 	"endpoint close unproven, writer restarted",
+	"endpoint close unproven, sources released",
 }
 
 func (f Fault) String() string { return faultNames[f] }

@@ -152,7 +152,11 @@ type Sim struct {
 	// xr draws the endpoint closes that prove nothing
 	// (FaultCloseUnproven) and what follows them: a stream of its own, so
 	// that no other draw of a seed without them moves.
-	xr      *rand.Rand
+	xr *rand.Rand
+	// rr draws which of those closes prove the cut writes' sources
+	// released (FaultCloseSourcesReleased): a stream of its own, so that
+	// no other draw of a seed moves.
+	rr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -204,6 +208,7 @@ func Run(cfg Config) *Result {
 		ur:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
 		hr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767868756e67)),
 		xr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678756e7072)),
+		rr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767872656c73)),
 		fifo:  map[fifoKey]time.Duration{},
 		links: newConnTable(),
 		res:   &Result{Seed: cfg.Seed},

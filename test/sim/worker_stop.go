@@ -121,8 +121,11 @@ func (w *worker) stop() {
 	for _, k := range w.tbl.Keys() {
 		ep, retired, _ := w.tbl.Close(k)
 		ep.closed, ep.waiters = true, nil
-		if w.cutUnproven(ep, retired) != nil {
-			continue // their Done reaches a stopped worker: lost
+		if cut, _ := w.cutUnproven(ep, retired); cut != nil {
+			// Their Done, and endpointClosed of a close that proved
+			// their sources released, reach a stopped worker: lost. The
+			// ops stay in doubt (TxWorkerDead.InDoubt), pins held.
+			continue
 		}
 		for _, b := range slices.Clone(ep.pending) {
 			s.settle(b) // it never lands
