@@ -176,3 +176,33 @@ func TestUnprovenCloseWithSourcesReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointErrorWithSourcesReleased: the backend loses the endpoint
+// with a batch on the wire (UCX's endpoint error when a receiver dies:
+// faulty.Cut) and fails the batch without proof that it no longer lands
+// (rdma.ErrCloseUnproven), before anyone closed the endpoint. The worker
+// settled such an op at its completion, so a later close retired nothing,
+// and nothing closed the endpoint anyway: the source blocks stayed pinned
+// and Done never came, on every cross-host receiver death with writes in
+// flight. Now the worker closes the endpoint at once; its Close proves the
+// sources released (rdma.ErrSourcesReleased), so the request releases its
+// source blocks and Done comes, while the generation side gets no proof
+// (its pages stay quarantined). Without the sentinel the op stays in doubt.
+func TestEndpointErrorWithSourcesReleased(t *testing.T) {
+	for _, released := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sources released %v", released), func(t *testing.T) {
+			l := smallLayout()
+			var cut atomic.Bool
+			opts := []faulty.Option{faulty.Cut(func(uint64, *rand.Rand) bool { return cut.CompareAndSwap(false, true) })}
+			if released {
+				opts = append(opts, faulty.WithSourcesReleased())
+			}
+			tracePath := filepath.Join(t.TempDir(), "ctx.jsonl")
+			ce, ge, closeAgents := unprovenPair(t, l, tracePath, opts...)
+			defer closeAgents()
+			rx, tx, src := sendCut(t, ce, ge, l, "lost", 30*time.Second)
+			waitUntil(t, "the cut endpoint's close", func() bool { return ce.Stats().ClosesUnproven == 1 })
+			checkSourcesReleasedEnd(t, ce, ge, rx, tx, src, released, kvxfer.ErrPeerFailed, tracePath)
+		})
+	}
+}

@@ -159,6 +159,22 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if hoptrace.On {
 			hoptrace.Mark("worker.batchDone", m.op.Request)
 		}
+		unproven := errors.Is(m.err, rdma.ErrCloseUnproven)
+		if k, ok := s.table.KeyOf(m.op); ok && unproven {
+			if _, open := s.table.Lookup(k); open {
+				// The backend cut the batch on the wire with its endpoint
+				// before we closed it (UCX's endpoint error, a failed
+				// link): its writes may still land. The op stays in flight
+				// on the endpoint, which is closed now: only its Close can
+				// say whether the backend still reads the op's source
+				// (endpointClosed), and nothing more can be posted through
+				// it anyway. Later ops to the peer connect afresh.
+				ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: true})
+				delete(s.stale, k)
+				s.closeEndpoint(ctx, k)
+				break
+			}
+		}
 		var key string // a stale address's, whose last op may be this one
 		if len(s.stale) > 0 {
 			if k, ok := s.table.KeyOf(m.op); ok && s.stale[k] {
@@ -166,7 +182,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			}
 		}
 		s.table.Settle(m.op)
-		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: errors.Is(m.err, rdma.ErrCloseUnproven)})
+		ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: unproven})
 		if key != "" {
 			s.retireStale(ctx, key)
 		}
