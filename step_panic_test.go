@@ -316,3 +316,54 @@ func TestStepPanicOnAChunkReleasesItsPins(t *testing.T) {
 		t.Fatalf("%d panics injected, want 1", got)
 	}
 }
+
+// TestStepPanicOnAPeerRequestReplays: the context session panics inside
+// its step as it takes a generation rank's RequestData (TxPeerRequest),
+// and the shell steps it again after the restart. The trace must still
+// replay: the re-stepped TxPeerRequest is recorded with the Hello and
+// RequestData that built its route, as the first one was, so that replay
+// can rebuild the route. Before, the re-step was recorded without them
+// and replay diverged on it ("resolve inputs: a Hello and RequestData,
+// none recorded").
+func TestStepPanicOnAPeerRequestReplays(t *testing.T) {
+	l := smallLayout()
+	dir := t.TempDir()
+	c := startTracedCluster(t, l, tp1, tp1, dir)
+	// TxPeerRequest names no request; "a" is the only one on the cluster.
+	hits := stepPanicOn(t, "tx", "", "core.TxPeerRequest", 1)
+	// Send first: a RequestData that came first would open the session
+	// (and panic it) before Send, which would then be refused.
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: "a", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "a", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sendFilled(t, c.ctx[0], tx, l, 64, 64, 1)
+	if err != nil && !errors.Is(err, kvxfer.ErrRequestFailed) {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, tx.Done())
+	if o.OK {
+		t.Fatalf("tx a %s, want the request failed by the panic", o.Status)
+	}
+	wantCrashNamed(t, "tx a's outcome", o.Err, "panicked stepping core.TxPeerRequest")
+	if err := c.ctx[0].Pools().Free(src); err != nil {
+		t.Fatalf("free a's source blocks after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx a %s, want the writer's failure", ro.Status)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(10 * time.Second):
+		t.Fatal("rx a never released its blocks")
+	}
+	if got := hits.Load(); got != 1 {
+		t.Fatalf("%d panics injected, want 1", got)
+	}
+	closeAll(t, c)
+	replayAndExport(t, dir)
+}

@@ -50,6 +50,9 @@ func (k *rxKind) timeout(kind TimerKind) any { return RxTimeout{Kind: kind} }
 // one it took already changes nothing more).
 func (k *rxKind) restepable(any) bool { return true }
 
+// restepping: an RxSession's messages carry all a replay needs.
+func (k *rxKind) restepping(*shell[*RxSession], any) {}
+
 func (k *rxKind) stepped(_ any, now time.Time) {
 	if k.meter != nil {
 		k.meter.stepped(k.s, now)

@@ -89,6 +89,10 @@ type kind[S stepper] interface {
 	// restepable reports whether a message a panic inside a step lost
 	// may be stepped again (shell.restep).
 	restepable(m any) bool
+	// restepping is told just before a lost message is stepped again:
+	// the kind hands the tracer what it handed it before the first step
+	// (a TxPeerRequest's route inputs), so that the trace still replays.
+	restepping(a *shell[S], m any)
 	// timeout is the message a fired timer of the kind steps.
 	timeout(k TimerKind) any
 	// receive handles a message of the kind's own; false: the shell steps
@@ -244,6 +248,7 @@ func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
 	a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", m)).
 		Msg("session panicked stepping a message: its request failed; the message is stepped again, once")
 	a.lostRetried = true
+	a.k.restepping(a, m)
 	eff := a.step(m, now)
 	a.lostRetried = false
 	a.exec(ctx, eff, now)

@@ -54,6 +54,11 @@ type txKind struct {
 	// actor stops.
 	ledger *pinLedger
 	env    *shellEnv
+	// resolving is the TxPeerRequest being stepped with the inputs that
+	// built its route (told to the tracer before the step): a panic in
+	// the step leaves it set, so that the re-step of the lost message
+	// tells the tracer them again (restepping) and the trace replays.
+	resolving *txPeerRequestMsg
 }
 
 // streamChild is a live peer-stream child of a session.
@@ -89,6 +94,17 @@ func (k *txKind) timeout(kind TimerKind) any { return TxTimeout{Kind: kind} }
 // restepable: all but a chunk (its pins: txKind.receive); a TxSession
 // checks every other message against its state.
 func (k *txKind) restepable(m any) bool { _, chunk := m.(TxChunk); return !chunk }
+
+// restepping: a lost TxPeerRequest is recorded again with its route's
+// inputs (the Hello and RequestData that built it), as it was the first
+// time: replay rebuilds the route from them.
+func (k *txKind) restepping(a *shell[*TxSession], m any) {
+	r := k.resolving
+	k.resolving = nil
+	if _, ok := m.(TxPeerRequest); ok && r != nil && a.tr != nil {
+		a.tr.Resolved(r.hello, r.rd)
+	}
+}
 
 func (k *txKind) stepped(m any, now time.Time) {
 	if k.meter != nil {
@@ -188,7 +204,11 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 		if a.tr != nil {
 			a.tr.Resolved(m.hello, m.rd)
 		}
-		a.exec(ctx, a.step(m.TxPeerRequest, now), now)
+		// No defer: a panic in the step leaves resolving for its re-step.
+		k.resolving = &m
+		eff := a.step(m.TxPeerRequest, now)
+		k.resolving = nil
+		a.exec(ctx, eff, now)
 	default:
 		return false
 	}
