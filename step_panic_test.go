@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
@@ -366,4 +367,84 @@ func TestStepPanicOnAPeerRequestReplays(t *testing.T) {
 	}
 	closeAll(t, c)
 	replayAndExport(t, dir)
+}
+
+// afterChunkTracer is a Tracer whose sessions panic once, after the step
+// that took a chunk returned (its Stepped, with a WatchFence among the
+// effects): as a panic inside the step once it has taken the chunk (a
+// bug in planning it for a stream, admit) does, it loses the chunk's
+// effects.
+type afterChunkTracer struct{ hit atomic.Int32 }
+
+func (*afterChunkTracer) Record(string, any, time.Time) {}
+func (*afterChunkTracer) Engine(actors.EngineInfo)      {}
+func (tr *afterChunkTracer) Session(string, actors.Birth) actors.SessionTracer {
+	return afterChunkSession{tr}
+}
+
+type afterChunkSession struct{ tr *afterChunkTracer }
+
+func (afterChunkSession) Record(any, time.Time)                           {}
+func (afterChunkSession) Resolved(*messages.Hello, *messages.RequestData) {}
+func (s afterChunkSession) Stepped(session any, eff []actors.Effect) {
+	if _, tx := session.(*actors.TxSession); !tx {
+		return
+	}
+	for _, e := range eff {
+		if _, ok := e.(actors.WatchFence); ok && s.tr.hit.CompareAndSwap(0, 1) {
+			panic("tracer: panic injected after a chunk's step")
+		}
+	}
+}
+
+// TestStepPanicAfterAChunkWasTakenDrains: the context session panics in
+// its step after the step took a chunk (its pins are the session's now)
+// but before the chunk's effects ran: its WatchFence is lost with them.
+// The chunk is not stepped again (it would be taken twice), but its fence
+// must still be watched: until it fires, the chunk's ops may read its
+// pages, and the session never drains without it. The request fails
+// naming the panic, Done comes with every pin dropped, and the
+// generation side fails and releases. Before, the fence was never
+// watched: the chunk stayed pinned and unfired for good, Done never came.
+func TestStepPanicAfterAChunkWasTakenDrains(t *testing.T) {
+	l := smallLayout()
+	tr := &afterChunkTracer{}
+	ce, ge := faultyPairWith(t, l, 1, func(inst string, cfg *kvxfer.Config) {
+		if inst == "ctx" {
+			cfg.Recorder = tr
+		}
+	})
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "a", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "a", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sendFilled(t, ce, tx, l, 64, 64, 1)
+	if err != nil && !errors.Is(err, kvxfer.ErrRequestFailed) {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, tx.Done())
+	if o.OK {
+		t.Fatalf("tx a %s, want the request failed by the panic", o.Status)
+	}
+	if !errors.Is(o.Err, actors.ErrSessionCrashed) || !strings.Contains(o.Err.Error(), "panicked stepping core.TxChunk: tracer: panic injected") {
+		t.Fatalf("tx a's outcome: %v, want a session crash naming the chunk and the panic", o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free a's source blocks after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx a %s, want the writer's failure", ro.Status)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(10 * time.Second):
+		t.Fatal("rx a never released its blocks")
+	}
+	if got := tr.hit.Load(); got != 1 {
+		t.Fatalf("%d panics injected, want 1", got)
+	}
 }

@@ -53,6 +53,9 @@ func (k *rxKind) restepable(any) bool { return true }
 // restepping: an RxSession's messages carry all a replay needs.
 func (k *rxKind) restepping(*shell[*RxSession], any) {}
 
+// dropped: an RxSession takes no message it must act on later.
+func (k *rxKind) dropped(*shell[*RxSession], actor.Context, any, time.Time) {}
+
 func (k *rxKind) stepped(_ any, now time.Time) {
 	if k.meter != nil {
 		k.meter.stepped(k.s, now)

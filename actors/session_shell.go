@@ -93,6 +93,11 @@ type kind[S stepper] interface {
 	// the kind hands the tracer what it handed it before the first step
 	// (a TxPeerRequest's route inputs), so that the trace still replays.
 	restepping(a *shell[S], m any)
+	// dropped is told of a lost message that is not stepped again (not
+	// restepable, or it panicked again): what the step took of it before
+	// it panicked, and whose effects were lost with the panic, the kind
+	// may still need to act on (a taken chunk's fence).
+	dropped(a *shell[S], ctx actor.Context, m any, now time.Time)
 	// timeout is the message a fired timer of the kind steps.
 	timeout(k TimerKind) any
 	// receive handles a message of the kind's own; false: the shell steps
@@ -228,7 +233,8 @@ func (a *shell[S]) panicErr() error {
 // a lost worker report, fence or timer is not lost for good. A second
 // panic in it drops it: what it would have proved stays unproven. A
 // chunk (TxChunk) is never stepped again: its pins were the shell's to
-// release (txKind.receive) unless the step took them.
+// release (txKind.receive) unless the step took them — then its fence is
+// watched still (txKind.dropped), its WatchFence lost with the panic.
 func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
 	m := a.lost
 	if m == nil {
@@ -243,6 +249,7 @@ func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
 		a.lostRetried = false
 		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", m)).
 			Msg("session panicked stepping a message: dropped, " + why)
+		a.k.dropped(a, ctx, m, now)
 		return
 	}
 	a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", m)).

@@ -59,6 +59,12 @@ type txKind struct {
 	// the step leaves it set, so that the re-step of the lost message
 	// tells the tracer them again (restepping) and the trace replays.
 	resolving *txPeerRequestMsg
+	// chunkAt is the index the chunk being stepped takes (the session's
+	// Chunks() before its step), while chunkStepping: a panic in the
+	// step leaves both, and fence, set, so that a chunk the step took
+	// before it panicked still has its fence watched (dropped).
+	chunkAt       int
+	chunkStepping bool
 }
 
 // streamChild is a live peer-stream child of a session.
@@ -104,6 +110,25 @@ func (k *txKind) restepping(a *shell[*TxSession], m any) {
 	if _, ok := m.(TxPeerRequest); ok && r != nil && a.tr != nil {
 		a.tr.Resolved(r.hello, r.rd)
 	}
+}
+
+// dropped: a chunk whose step panicked after the session took it (its
+// pins are the session's: txKind.receive left them) lost its effects with
+// the panic, its WatchFence among them. It is not stepped again (it would
+// be taken twice), but its fence is watched now, with the chunk's own
+// fence, which the panic left in k.fence: until it fires the chunk's
+// pages may still be written, and the session cannot drain without it
+// (it waited, pinned, for good). A chunk the step did not take needs
+// nothing: the shell released its pins.
+func (k *txKind) dropped(a *shell[*TxSession], ctx actor.Context, m any, now time.Time) {
+	at, stepping, f := k.chunkAt, k.chunkStepping, k.fence
+	k.chunkStepping, k.fence = false, nil
+	if _, chunk := m.(TxChunk); !chunk || !stepping || k.s.Chunks() <= at || f == nil {
+		return
+	}
+	k.fence = f
+	a.exec(ctx, []Effect{WatchFence{Chunk: at}}, now)
+	k.fence = nil
 }
 
 func (k *txKind) stepped(m any, now time.Time) {
@@ -181,7 +206,11 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 		// The fence must be in place while the effects run: WatchFence
 		// takes it.
 		k.fence = m.fence
-		a.exec(ctx, a.step(m.TxChunk, now), now)
+		// No defer: a panic in the step leaves chunkAt for dropped.
+		k.chunkAt, k.chunkStepping = k.s.Chunks(), true
+		eff := a.step(m.TxChunk, now)
+		k.chunkStepping = false
+		a.exec(ctx, eff, now)
 		k.fence = nil
 	case *txSetHandle:
 		a.handle = m.h
