@@ -252,7 +252,7 @@ func (e *Etcd) lose(reason string) {
 // Register after Close is ErrClosed as well.
 //
 // Register returns nil only once etcd has renewed the new lease once (the
-// keepalive's first reply, awaited within ctx and the dial timeout): from
+// keepalive's first reply, awaited within ctx and the dial timeout + 1 s): from
 // then on the registration is Lost only when its lease is not renewed for
 // its TTL, or its record goes.
 //
@@ -336,7 +336,8 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 }
 
 // firstRenewal waits for the first reply of the lease's keepalive, within
-// ctx and the dial timeout. Until a keepalive has had a reply, the etcd
+// ctx and the client's first keepalive timeout (its dial timeout + 1 s,
+// the client's own bound). Until a keepalive has had a reply, the etcd
 // client gives it only its first keepalive timeout (the client's dial
 // timeout + 1 s, not the lease's TTL, which it does not know yet) before
 // it closes it: a Register that returned before that reply left its rank
@@ -344,7 +345,12 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 // just then. Once a reply came, the client keeps the keepalive for a TTL
 // after each reply, and so a registration is Lost only per its TTL.
 func (e *Etcd) firstRenewal(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse, key string, lease clientv3.LeaseID) error {
-	wctx, cancel := context.WithTimeout(ctx, e.opts.dialTimeout)
+	// The client sends a new keepalive's first request on its next tick (up
+	// to 500 ms later) and gives the keepalive up a dial timeout + 1 s after
+	// it began: waiting that long, not a dial timeout, leaves a loaded
+	// machine's reply its whole chance.
+	bound := e.opts.dialTimeout + time.Second
+	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	select {
 	case _, ok := <-ka:
@@ -358,7 +364,7 @@ func (e *Etcd) firstRenewal(ctx context.Context, ka <-chan *clientv3.LeaseKeepAl
 			return fmt.Errorf("discovery: etcd: keepalive for %s: waiting for the first renewal of lease %x: %w", key, lease, err)
 		}
 		return fmt.Errorf("discovery: etcd %v%s: keepalive for %s: no renewal of lease %x within %v: %w",
-			e.cli.Endpoints(), e.authNote(), key, lease, e.opts.dialTimeout, wctx.Err())
+			e.cli.Endpoints(), e.authNote(), key, lease, bound, wctx.Err())
 	}
 }
 
