@@ -178,7 +178,15 @@
 // identity's stay: one peer saying Hello on many connections cannot take
 // the others' room. A rank opens one connection per sender worker and a
 // heartbeat socket to each listener (1025 at most), and a new one on
-// each redial. Each Conn queues at most
+// each redial. The ROUTER does not tell the listener that a connection
+// closed (ZMQ_ROUTER_NOTIFY is a draft API), so a live peer's closed
+// connections (a worker restarted, a redial) keep their bindings; at a
+// bound (the identity's, the table's) the listener therefore first
+// probes the bindings it would make room from, at most once a second
+// each: it sends each connection an empty message (ZMQ_ROUTER_MANDATORY),
+// and forgets those whose connection is gone (EHOSTUNREACH). Nothing
+// reads such a message: it waits in the DEALER's receive queue, at most
+// a few per connection (ROUTER send HWM 4). Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.
 //

@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -195,5 +196,99 @@ func TestIdentityAtItsBoundForgetsOnlyItsOwn(t *testing.T) {
 	f.s.handle("b1", mustEncode(t, result(dec, 1)), "", 1)
 	if len(f.in.from(dec)) != 1 {
 		t.Fatal("dec/0's frame on its bound connection not delivered")
+	}
+}
+
+// A live peer that closes connections and dials new ones (a worker
+// restart, a redial of this node taken for down) gets its new
+// connections bound at its bound (or the table's): the ROUTER never tells
+// the listener that a connection closed, so the closed connections'
+// bindings, of a live, current incarnation that forgetDownConns never
+// frees, stayed, and once they filled the bound every new connection's
+// Hello was refused (full). The listener now probes the bindings at the
+// bound and forgets those whose connection is gone; the live one still
+// delivers. (Checked to fail without probeDead: every new connection's
+// Hello was refused until the deadline.)
+func TestClosedConnectionsLeaveRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		conns, perIdentity int
+	}{
+		{"identity", 1000, 3},
+		{"table", 3, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			oldConns, oldPer := maxConns, maxConnsPerIdentity
+			maxConns, maxConnsPerIdentity = tc.conns, tc.perIdentity
+			t.Cleanup(func() { maxConns, maxConnsPerIdentity = oldConns, oldPer })
+			a := listen(t, pid("ctx", 0), Config{Insecure: true})
+			b := listen(t, pid("gen", 0), Config{Insecure: true})
+			introduce(t, b, a)
+			req := 0
+			// send sends a Result on c and reports whether a delivered it
+			// (false: a rejected it, its connection not bound).
+			send := func(c interface{ Send(messages.Frame) error }) bool {
+				t.Helper()
+				req++
+				id := fmt.Sprintf("req-%d", req)
+				noHello := a.link.Stats().Rejected[RejectNoHello]
+				if err := c.Send(result(b.id, req)); err != nil {
+					t.Fatal(err)
+				}
+				delivered := false
+				waitFor(t, patience, "the Result's delivery or rejection", func() bool {
+					for _, f := range a.in.from(b.id) {
+						if f.Request() == id {
+							delivered = true
+							return true
+						}
+					}
+					return a.link.Stats().Rejected[RejectNoHello] > noHello
+				})
+				return delivered
+			}
+			var conns []interface {
+				Send(messages.Frame) error
+				Close() error
+			}
+			for range 3 {
+				c, err := b.link.Dial(a.id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				if !send(c) {
+					t.Fatalf("connection %d of 3 refused", len(conns)+1)
+				}
+				conns = append(conns, c)
+			}
+			// Two close; gen/0 stays alive and current.
+			conns[0].Close()
+			conns[1].Close()
+			// Its next connection is bound once the ROUTER has seen the
+			// two close (a Hello before that is refused, and the
+			// connection closed: it says no Hello again).
+			tries := 0
+			deadline := time.Now().Add(patience)
+			for {
+				tries++
+				c, err := b.link.Dial(a.id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if send(c) {
+					t.Cleanup(func() { c.Close() })
+					break
+				}
+				c.Close()
+				if time.Now().After(deadline) {
+					t.Fatalf("no new connection of gen/0 bound in %d tries: the closed connections' bindings stay (%+v)",
+						tries, a.link.Stats().Rejected)
+				}
+			}
+			if !send(conns[2]) {
+				t.Fatal("the live connection's binding was forgotten")
+			}
+		})
 	}
 }

@@ -401,6 +401,15 @@ func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 	if err = router.SetMaxmsgsize(int64(l.cfg.MaxFrameBytes + oversizeSlack)); err != nil {
 		return fail("max message size", err)
 	}
+	// The listener sends only probes (probeDead): a send to a connection
+	// that is gone fails (EHOSTUNREACH) instead of being dropped, and a
+	// live one queues few of them.
+	if err = router.SetRouterMandatory(1); err != nil {
+		return fail("router mandatory", err)
+	}
+	if err = router.SetSndhwm(probeHWM); err != nil {
+		return fail("send HWM", err)
+	}
 	if !l.cfg.Insecure {
 		if err = router.SetCurveServer(1); err != nil {
 			return fail("CURVE server", err)
@@ -466,7 +475,8 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 // newDealer makes a DEALER connected to a peer's ROUTER: a random routing
 // id (kept across reconnects), reconnects that back off (reconnectIvlMax),
 // CURVE client unless insecure, and a receive
-// side that holds one tiny message (a ROUTER never answers on it).
+// side that holds one tiny message (a ROUTER sends only empty probes on
+// it, probeDead, which nothing reads).
 //
 // immediate (ZMQ_IMMEDIATE) queues frames only on a connection that has
 // completed its handshake (CURVE included): a frame the socket takes has a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"syscall"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
@@ -43,6 +44,9 @@ type listener struct {
 	// byes are the goodbyes read and not yet acted on (goodbyes): at most
 	// one batch of the ROUTER's.
 	byes []pendingBye
+	// probed: probeDead sent on the ROUTER during this drain, which may
+	// have taken ZMQ_FD's signal (drain).
+	probed bool
 }
 
 // pendingBye is a goodbye read on a bound connection.
@@ -59,6 +63,9 @@ type binding struct {
 	// told).
 	inc uint64
 	pid uint32
+	// probedAt is when probeDead last found the connection there (wall
+	// clock).
+	probedAt time.Time
 }
 
 // connOwner is the identity whose bindings maxConnsPerIdentity bounds:
@@ -110,18 +117,19 @@ func (s *listener) unbind(id string, b *binding) {
 
 // room reports whether a new connection id may be bound to peer p with
 // key; when not, it rejects the Hello (full). The identity's own bound
-// first: one at maxConnsPerIdentity gets room only from its own bindings
-// that forgetDownConns would forget (those of its peers down or
-// forgotten, then of its superseded incarnations), never from another
-// identity's; then the table's (maxConns), as before.
+// first: one at maxConnsPerIdentity gets room only from its own bindings,
+// never from another identity's: first those whose connection is gone
+// (probeDead), else those forgetDownConns would forget (of its peers down
+// or forgotten, then of its superseded incarnations); then the table's
+// (maxConns) likewise.
 func (s *listener) room(id, key string, p messages.PeerID, now time.Time) bool {
 	o := ownerOf(key, p)
-	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.forgetDownConns(now, s.owned[o]) {
+	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.probeDead(s.owned[o]) && !s.forgetDownConns(now, s.owned[o]) {
 		s.reject(RejectFull, id, key, nil, "Hello as %s: %s already holds %d connections, at most %d per identity "+
 			"(maxConnsPerIdentity): this new connection is not bound; its bound ones stay", p, o, n, maxConnsPerIdentity)
 		return false
 	}
-	if len(s.conns) >= maxConns && !s.forgetDownConns(now, s.conns) {
+	if len(s.conns) >= maxConns && !s.probeDead(s.conns) && !s.forgetDownConns(now, s.conns) {
 		s.reject(RejectFull, id, key, nil, "Hello as %s: already %d connections", p, len(s.conns))
 		return false
 	}
@@ -236,6 +244,13 @@ func (s *listener) drain() (empty bool) {
 	}
 	if empty {
 		s.goodbyes()
+	}
+	if s.probed {
+		// A send (probeDead) processes the socket's commands, as a
+		// receive does, and may have taken ZMQ_FD's signal of messages
+		// that came after the empty receive: read again before parking.
+		s.probed = false
+		return false
 	}
 	return empty
 }
@@ -671,6 +686,62 @@ func (s *listener) forgetDownConns(now time.Time, conns map[string]*binding) boo
 		if info := s.l.peers[b.peer]; info != nil && info.hello != nil && info.hello.Incarnation != 0 && info.hello.Incarnation != b.inc {
 			s.unbind(id, b)
 		}
+	}
+	return len(s.conns) < n
+}
+
+// probeEvery bounds how often probeDead sends to one connection: a
+// Hello refused at a bound, again and again, costs a walk of the
+// bindings, as before, not a send to each; and a live DEALER, which reads
+// nothing, is sent at most one empty message a second, up to probeHWM.
+const probeEvery = time.Second
+
+// probeHWM is the ROUTER's send high-water mark (per connection): the
+// listener sends only probes (probeDead), which no DEALER reads, so a
+// live connection holds at most this many of them queued (and one in its
+// DEALER's receive queue, ZMQ_RCVHWM 1); past that a probe finds the
+// queue full (EAGAIN), which says the connection is there.
+const probeHWM = 4
+
+// probeDead forgets, of the bindings in conns (s.conns, or one
+// identity's: s.owned), those whose connection is gone, and reports
+// whether any went. The ROUTER forgets a connection that closed, but
+// says nothing (ZMQ_ROUTER_NOTIFY is a draft API), so a binding of a live
+// peer's closed connection (a DEALER it closed and dialled again: a
+// worker restart, a redial of this node taken for down) stayed for good:
+// its peer alive and current, forgetDownConns never freed it, and over a
+// long uptime such bindings filled their identity's maxConnsPerIdentity,
+// and every new connection of the identity was refused.
+//
+// It sends the connection an empty message, which the DEALER never
+// reads: with ZMQ_ROUTER_MANDATORY a send to a routing id the ROUTER no
+// longer has fails at once (EHOSTUNREACH) and the binding goes; a queued
+// send, or a full queue (EAGAIN), says the connection is there, and any
+// other error keeps the binding (when in doubt, keep). A connection is
+// probed at most once per probeEvery (wall clock); one whose close the
+// ROUTER has not processed yet counts as there until a later probe. The
+// sends leave drain to read again before it parks (s.probed). Without a
+// ROUTER (a test's bare listener) nothing is probed.
+func (s *listener) probeDead(conns map[string]*binding) bool {
+	if s.router == nil {
+		return false
+	}
+	n := len(s.conns)
+	at := time.Now()
+	for id, b := range conns {
+		if !b.probedAt.IsZero() && at.Sub(b.probedAt) < probeEvery && !at.Before(b.probedAt) {
+			continue
+		}
+		s.probed = true
+		if _, err := s.router.SendBytes([]byte(id), zmq4.SNDMORE|zmq4.DONTWAIT); err != nil {
+			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EHOSTUNREACH) {
+				s.unbind(id, b)
+				continue
+			}
+		} else {
+			_, _ = s.router.SendBytes(nil, zmq4.DONTWAIT)
+		}
+		b.probedAt = at
 	}
 	return len(s.conns) < n
 }
