@@ -156,15 +156,17 @@
 // A peer that does not acknowledge in time (stopped, cut off, or
 // withholding it as above), one already silent that it does not wait
 // for, one this agent said no bye to since its own writes into it were
-// cut (so none was acknowledged; nothing owed where every registration
-// is a source), one whose hello went unanswered (above) or is still
-// unanswered, or one whose link failed on an endpoint error (above;
-// unless its exit was proven and only allocated memory is registered),
-// proves nothing:
+// cut (so none was acknowledged), one whose hello went unanswered
+// (above) or is still unanswered, or one whose link failed on an
+// endpoint error (above; unless its exit was proven and only allocated
+// memory is registered), proves nothing:
 // Close then leaves every Alloc mapped and the context alive, as
 // KeepMemory does, and returns an error wrapping rdma.ErrCloseUnproven
 // naming the peers; memory the caller registered must not be reused
-// either.
+// either. Nothing is owed where every registration is a source
+// (RegisterSource) and every Alloc is registered as one: no peer can
+// write into such an agent's memory, and none of the above makes its
+// Close return ErrCloseUnproven or keep its memory.
 //
 // # Close and what it proves
 //

@@ -176,7 +176,8 @@ type worker struct {
 	// agent's bye never came (the revoke timeout passed, or a silent
 	// peer was not waited for): nothing proves their writes into this
 	// agent's memory over, so teardown keeps the allocations mapped and
-	// Close says so (rdma.ErrCloseUnproven).
+	// Close says so (rdma.ErrCloseUnproven) — unless every registration
+	// of this agent is a source, into which no peer writes.
 	unacked    []string
 	done       bool
 	now        time.Time

@@ -757,6 +757,12 @@ func (w *worker) teardown() {
 	for _, al := range w.allocs {
 		writable = writable || al.reg == nil || !al.reg.source
 	}
+	if !writable {
+		// A bye not acknowledged in time (checkTimers), or a silent
+		// peer's not waited for (stepShutdown), leaves nothing in doubt
+		// either: no peer can have written into this agent's memory.
+		w.unacked = nil
+	}
 	for _, l := range w.links {
 		if !writable {
 			break
