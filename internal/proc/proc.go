@@ -405,10 +405,14 @@ type role struct {
 	mem  *poolMem      // the pool's bytes (through CUDA copies on cudaipc)
 	down chan struct{} // closed when the peer is declared dead
 	log  zerolog.Logger
+	// proofWait bounds how long the role waits, once its peer is down,
+	// for the proof that frees what that peer's unanswered requests keep
+	// quarantined (awaitProof).
+	proofWait time.Duration
 }
 
 func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
-	r := &role{down: make(chan struct{}), log: o.Log}
+	r := &role{down: make(chan struct{}), log: o.Log, proofWait: min(max(o.Heartbeat*time.Duration(o.HeartbeatMisses), time.Second), 5*time.Second)}
 	// The heap the collector's floor lets grow, resident before the first
 	// request rather than faulted in over the first thousands
 	// (internal/gcfloor; nothing where no floor is set).
@@ -1111,6 +1115,31 @@ func onlyNotWithdrawn(err error) bool {
 	return true
 }
 
+// awaitProof waits, at most proofWait, for the blocks quarantined when
+// the peer went down to be released. A peer that closed gracefully says
+// goodbye and is down at once, before its process has exited; the pages
+// of the requests it never answered stay quarantined until the proof of
+// its exit (a pidfd on its process, same host) comes a moment later, and
+// closing the engine first would cut that proof off (the blocks would be
+// reported quarantined at the end). Missed heartbeats used to give the
+// proof that time; the wait gives it back, no longer than they took (at
+// least a second, at most five). A peer whose exit cannot be proven from
+// here leaves them quarantined: the report says so.
+func (n *role) awaitProof() {
+	pools := n.eng.Pools()
+	if pools.Quarantined() == 0 {
+		return
+	}
+	deadline := time.Now().Add(n.proofWait)
+	for pools.Quarantined() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // a gauge to poll: no event says a quarantine ended
+	}
+	if q := pools.Quarantined(); q > 0 {
+		n.log.Warn().Int("blocks", q).Dur("waited", n.proofWait).
+			Msg("the peer is down and no proof that its writes are over came: its requests' blocks stay quarantined")
+	}
+}
+
 // closed reports whether c is closed (it is never sent on).
 func closed(c <-chan struct{}) bool {
 	select {
@@ -1128,6 +1157,9 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	}
 	if err := hoptrace.Dump(); err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace:", err)
+	}
+	if closed(n.down) {
+		n.awaitProof()
 	}
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -125,12 +126,16 @@ func runRole(role string) int {
 			}
 		}()
 	}
+	// SIGINT stops the role gracefully, as the kvxfer command does: its
+	// requests are cancelled, its node closes and says goodbye.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
 	var err error
 	switch role {
 	case "gen":
-		_, err = proc.RunGen(context.Background(), o, os.Stdout)
+		_, err = proc.RunGen(ctx, o, os.Stdout)
 	case "ctx":
-		_, err = proc.RunCtx(context.Background(), o, os.Stdout)
+		_, err = proc.RunCtx(ctx, o, os.Stdout)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, role+":", err)
@@ -520,6 +525,56 @@ func testKillContextMidTransfer(t *testing.T, b string) {
 				t.Fatalf("gen ended with %d blocks quarantined: the writer's death was not taken as proof", gr.QuarantinedBlocks)
 			}
 			if gr.Failed == 0 || !gr.PeerDown || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
+				t.Fatalf("gen report %+v", gr)
+			}
+		})
+	}
+}
+
+// TestInterruptContextMidTransfer: SIGINT the context process
+// mid-transfer. It closes gracefully and says goodbye, so the generation
+// process takes it down at once, before its process has exited: the
+// requests it had in flight fail, and the pages of those it never
+// answered stay quarantined until the proof of its exit (a pidfd) comes a
+// moment later. The generation process must wait for that proof before it
+// closes: it ends with 0 blocks quarantined, as after a SIGKILL.
+func TestInterruptContextMidTransfer(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) { testInterruptContextMidTransfer(t, b) })
+	}
+}
+
+func testInterruptContextMidTransfer(t *testing.T, b string) {
+	for r := 0; r < *rounds; r++ {
+		t.Run(fmt.Sprint("round", r), func(t *testing.T) {
+			g, c := options(t, 40, 2*time.Millisecond)
+			// Missed heartbeats alone would take a minute: only the
+			// goodbye can take the context down within the run.
+			for _, o := range []*proc.Options{&g, &c} {
+				o.Heartbeat, o.HeartbeatMisses = time.Second, 60
+				// The CLI's request shape (longer prompts, 5 ms chunks)
+				// over tcp: RequestData in flight as the context closes.
+				o.MinTokens, o.MaxTokens, o.ChunkTokens, o.Compute = 512, 1024, 256, 5*time.Millisecond
+				o.Concurrency, o.PoolBytes = 4, 1<<30
+			}
+			g.Bind, c.Bind = freeTCP(t), freeTCP(t)
+			g.PeerEndpoint, c.PeerEndpoint = c.Bind, g.Bind
+			g, c = on(b, g, c)
+			gen := spawn(t, "gen", g)
+			ctx := spawn(t, "ctx", c)
+			gen.waitLine(t, "ready", time.Minute)
+			_ = ctx.cmd.Process.Signal(os.Interrupt)
+			cr, _ := ctx.wait(t, time.Minute)
+			gr, gerr := gen.wait(t, 2*time.Minute)
+			t.Logf("ctx: %+v", cr)
+			t.Logf("gen: %+v (%v)", gr, gerr)
+			if gr.LeakedBlocks != 0 {
+				t.Fatalf("gen leaked %d blocks", gr.LeakedBlocks)
+			}
+			if gr.QuarantinedBlocks != 0 {
+				t.Fatalf("gen ended with %d blocks quarantined: it closed before the proof of the context's exit came", gr.QuarantinedBlocks)
+			}
+			if !gr.PeerDown || gr.Mismatches != 0 || gr.BytesVerified != gr.Bytes {
 				t.Fatalf("gen report %+v", gr)
 			}
 		})
