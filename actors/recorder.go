@@ -67,6 +67,9 @@ type SessionTracer interface {
 // stepper is what both session kinds offer their shells.
 type stepper interface {
 	Step(msg any, now time.Time) []Effect
+	// Unreturned takes the effects of a step that panicked after it
+	// emitted them (and forgets them).
+	Unreturned() []Effect
 }
 
 // traced steps s on m, telling the tracer (or the plain recorder) first.

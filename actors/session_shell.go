@@ -153,6 +153,10 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
 			a.exec(ctx, nil, now)
+			// What the step that panicked emitted before it did (its
+			// outcome, a terminal frame, the release: the session's state
+			// says they were sent), as it decided.
+			a.unreturned(ctx, now)
 			a.exec(ctx, a.step(a.k.panicked(err), now), now)
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it (and a panic in what follows
@@ -172,18 +176,25 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 		panic(a.k.side() + " session: panic requested")
 	case runLeftover:
 		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
+		a.unreturned(ctx, now)
 		if a.takeLost() {
 			a.restep(ctx, now)
 		}
 
 	default:
-		if !a.restarting && a.takeLost() {
+		if !a.restarting {
 			// Resumed past its restart budget (no Started came, and
 			// runLeftover may be behind this): what a panic left and
 			// lost first. (While the actor restarts, its stream
 			// children's Terminated come before Started, which takes it.)
-			a.exec(ctx, nil, now)
-			a.restep(ctx, now)
+			lost := a.takeLost()
+			if lost {
+				a.exec(ctx, nil, now)
+			}
+			a.unreturned(ctx, now)
+			if lost {
+				a.restep(ctx, now)
+			}
 		}
 		if !a.k.receive(a, ctx, m, now) {
 			a.exec(ctx, a.step(m, now), now)
@@ -271,7 +282,29 @@ func (a *shell[S]) step(m any, now time.Time) []Effect {
 	eff := traced(a.env, a.path, a.tr, a.s, m, now)
 	a.stepping = nil
 	a.k.stepped(m, now)
+	// Returned: nothing of it is left for a panic to lose (unreturned).
+	a.s.Unreturned()
 	return eff
+}
+
+// unreturned runs the effects a step emitted before it panicked, inside
+// the step or in what the shell does with its effects before it runs
+// them (the tracer, the meter): the step's changes to the session stay,
+// and each of those effects goes with one — a Decide with the outcome, a
+// stream's terminal frame with its stream finished, the release (Unpin…,
+// Finish, Stop) with the session stopped. Lost, the session was terminal
+// and stopped for its step but nothing had told the handle (Done never
+// came), the peer (no terminal frame: it waited for its deadline) or the
+// parent, and its TxPanic or RxPanic changed nothing (the outcome was
+// decided). None of them ran: the step never returned them.
+func (a *shell[S]) unreturned(ctx actor.Context, now time.Time) {
+	eff := a.s.Unreturned()
+	if len(eff) == 0 {
+		return
+	}
+	a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Int("effects", len(eff)).
+		Msg("session panicked after its step emitted effects: they run now, as it decided")
+	a.exec(ctx, eff, now)
 }
 
 // exec runs a step's effects, then steps what failed among them, in order,

@@ -260,6 +260,12 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin")
 		}
 	case WatchFence:
+		if k.chunkStepping && e.Chunk == k.chunkAt {
+			// The chunk's own WatchFence, from the effects its step
+			// emitted before it panicked (unreturned): dropped has
+			// nothing left to watch.
+			k.chunkStepping = false
+		}
 		f := k.fence
 		if f == nil {
 			f = FiredFence{}

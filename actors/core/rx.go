@@ -222,6 +222,15 @@ func (s *RxSession) WritersQuiescent() bool {
 	return true
 }
 
+// Unreturned takes the effects of a Step that never returned them (a
+// panic inside it, after it emitted them) and forgets them: see
+// TxSession.Unreturned.
+func (s *RxSession) Unreturned() []Effect {
+	eff := s.eff
+	s.eff = nil
+	return eff
+}
+
 // Step applies one message and returns the effects to execute.
 func (s *RxSession) Step(msg any, now time.Time) []Effect {
 	s.eff, s.now = nil, now

@@ -284,6 +284,19 @@ func (s *TxSession) Err() error { return s.err }
 // Stopped reports whether the session released everything and stopped.
 func (s *TxSession) Stopped() bool { return s.stopped }
 
+// Unreturned takes the effects of a Step that never returned them (a
+// panic inside it, after it emitted them) and forgets them: each of them
+// goes with a change the step made to the session, which is not undone
+// (a terminal outcome, a stream's terminal frame, the release). Its shell
+// runs them after the panic, as the step decided; it calls Unreturned
+// after each Step that did return as well, so that it finds nothing there
+// but what a panic left.
+func (s *TxSession) Unreturned() []Effect {
+	eff := s.eff
+	s.eff = nil
+	return eff
+}
+
 // Init returns the effects of a new session: its orphan deadline.
 func (s *TxSession) Init(now time.Time) []Effect {
 	if s.cfg.Timeout > 0 {
