@@ -147,3 +147,64 @@ func TestStepPanicAfterRxReadyFinishes(t *testing.T) {
 		t.Fatalf("rx a %s (%v), want READY", rx.Status, rx.Err)
 	}
 }
+
+// TestStepPanicOnTheRestartKeepsTheLostReport: the context session panics
+// inside its step as it takes its op's completion (the worker's only
+// report of it), then again inside the restart's own first step
+// (TxPanic), before the completion was stepped again. Before, the second
+// lost message took the first one's place silently: the completion was
+// never stepped again, the op stayed SUBMITTED for good, no terminal
+// frame left for the generation side, and Done never came. Now both are
+// kept and stepped again in order: the request fails naming a panic, Done
+// comes with every pin dropped, and the generation side fails on the
+// writer's Result and releases its blocks on that proof.
+func TestStepPanicOnTheRestartKeepsTheLostReport(t *testing.T) {
+	l := smallLayout()
+	var completion, restart atomic.Int32
+	hook := func(side string, m any) bool {
+		if side != "tx" {
+			return false
+		}
+		switch m := m.(type) {
+		case actors.TxCompleted:
+			return m.Op.Request == "a" && completion.CompareAndSwap(0, 1)
+		case actors.TxPanic:
+			return restart.CompareAndSwap(0, 1)
+		}
+		return false
+	}
+	actors.PanicOnStep.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	ce, ge := faultyPairWith(t, l, 1, nil)
+	rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "a", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "a", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sendFilled(t, ce, tx, l, 64, 64, 1)
+	if err != nil && !errors.Is(err, kvxfer.ErrRequestFailed) {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, tx.Done())
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx a %s %v, want the request failed by the panic", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free a's source blocks after Done: %v", err)
+	}
+	ro := waitOutcome(t, rx.Done())
+	if ro.OK || !errors.Is(ro.Err, kvxfer.ErrPeerFailed) {
+		t.Fatalf("rx a %s %v, want the writer's failure (not its deadline)", ro.Status, ro.Err)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("rx a never released its blocks: the writer's Result proved it over")
+	}
+	if completion.Load() != 1 || restart.Load() != 1 {
+		t.Fatalf("panics injected: %d on the completion, %d on the restart; want 1 and 1", completion.Load(), restart.Load())
+	}
+}

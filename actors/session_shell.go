@@ -63,7 +63,13 @@ type cell[S stepper] struct {
 	// stayed SUBMITTED for good: the session never drained, its peer got
 	// no terminal frame and waited for its deadline, Done never came.
 	stepping any
-	lost     any
+	// lost are the messages panics inside steps lost, oldest first, each
+	// stepped once more in that order (restep). A list: a step of the
+	// restart path (its TxPanic/RxPanic, a failure of the leftover
+	// effects) may panic before the re-step, and its message must not
+	// take the place of one still waiting (a worker's report, which may
+	// be an op's only proof).
+	lost []lostMsg
 	// lostRetried: the lost message is being stepped again; a second
 	// panic in it drops it for good (what it would have proved stays
 	// unproven: pins held, no terminal frame, blocks quarantined).
@@ -74,6 +80,13 @@ type cell[S stepper] struct {
 	// crash is the value of the panic that ended the last incarnation
 	// (Receive records it on its way up), for the request's error.
 	crash string
+}
+
+// lostMsg is a message a panic inside a step lost; retried: the panic came
+// as it was stepped again.
+type lostMsg struct {
+	m       any
+	retried bool
 }
 
 // kind is what a session kind adds to the generic shell.
@@ -148,8 +161,7 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	case *actor.Started:
 		if a.restarted {
 			a.restarting = false
-			a.takeLost()
-			err := a.panicErr()
+			err := a.panicErr(a.takeLost())
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
 			a.exec(ctx, nil, now)
@@ -177,9 +189,8 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	case runLeftover:
 		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
 		a.unreturned(ctx, now)
-		if a.takeLost() {
-			a.restep(ctx, now)
-		}
+		a.takeLost()
+		a.restep(ctx, now)
 
 	default:
 		if !a.restarting {
@@ -187,14 +198,11 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			// runLeftover may be behind this): what a panic left and
 			// lost first. (While the actor restarts, its stream
 			// children's Terminated come before Started, which takes it.)
-			lost := a.takeLost()
-			if lost {
+			if a.takeLost() {
 				a.exec(ctx, nil, now)
 			}
 			a.unreturned(ctx, now)
-			if lost {
-				a.restep(ctx, now)
-			}
+			a.restep(ctx, now)
 		}
 		if !a.k.receive(a, ctx, m, now) {
 			a.exec(ctx, a.step(m, now), now)
@@ -203,12 +211,13 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 }
 
 // takeLost takes the message a panic inside a step lost (cell.stepping)
-// as lost; false when there is none.
+// as lost, after those lost before it; false when there is none.
 func (a *shell[S]) takeLost() bool {
 	if a.stepping == nil {
 		return false
 	}
-	a.lost, a.stepping = a.stepping, nil
+	a.lost = append(a.lost, lostMsg{m: a.stepping, retried: a.lostRetried})
+	a.stepping, a.lostRetried = nil, false
 	return true
 }
 
@@ -222,17 +231,17 @@ func (a *shell[S]) notePanic() {
 }
 
 // panicErr names the panic that ended the last incarnation and where it
-// came: inside a step (the message it was taking), running an effect, or
-// elsewhere in the shell.
-func (a *shell[S]) panicErr() error {
+// came: inside a step (the message it was taking, lost: takeLost took
+// it), running an effect, or elsewhere in the shell.
+func (a *shell[S]) panicErr(lost bool) error {
 	what := a.crash
 	if what == "" {
 		what = "unknown panic"
 	}
 	a.crash = ""
 	switch {
-	case a.lost != nil:
-		return fmt.Errorf("panicked stepping %T: %s", a.lost, what)
+	case lost:
+		return fmt.Errorf("panicked stepping %T: %s", a.lost[len(a.lost)-1].m, what)
 	case a.running != nil:
 		return fmt.Errorf("panicked running %T: %s", a.running, what)
 	}
@@ -246,30 +255,32 @@ func (a *shell[S]) panicErr() error {
 // chunk (TxChunk) is never stepped again: its pins were the shell's to
 // release (txKind.receive) unless the step took them — then its fence is
 // watched still (txKind.dropped), its WatchFence lost with the panic.
+//
+// Each lost message is stepped in turn, oldest first; a panic in one
+// leaves the rest in cell.lost for the next incarnation.
 func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
-	m := a.lost
-	if m == nil {
-		return
-	}
-	a.lost = nil
-	if a.lostRetried || !a.k.restepable(m) {
-		why := "it is not stepped again"
-		if a.lostRetried {
-			why = "it panicked again; what it would have proved stays unproven"
+	for len(a.lost) > 0 {
+		l := a.lost[0]
+		a.lost = a.lost[1:]
+		m := l.m
+		if l.retried || !a.k.restepable(m) {
+			why := "it is not stepped again"
+			if l.retried {
+				why = "it panicked again; what it would have proved stays unproven"
+			}
+			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", m)).
+				Msg("session panicked stepping a message: dropped, " + why)
+			a.k.dropped(a, ctx, m, now)
+			continue
 		}
+		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", m)).
+			Msg("session panicked stepping a message: its request failed; the message is stepped again, once")
+		a.lostRetried = true
+		a.k.restepping(a, m)
+		eff := a.step(m, now)
 		a.lostRetried = false
-		a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", m)).
-			Msg("session panicked stepping a message: dropped, " + why)
-		a.k.dropped(a, ctx, m, now)
-		return
+		a.exec(ctx, eff, now)
 	}
-	a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", m)).
-		Msg("session panicked stepping a message: its request failed; the message is stepped again, once")
-	a.lostRetried = true
-	a.k.restepping(a, m)
-	eff := a.step(m, now)
-	a.lostRetried = false
-	a.exec(ctx, eff, now)
 }
 
 // step steps the session on m, telling the tracer and the meter.
