@@ -15,3 +15,6 @@ func panicOnStep(string, any) bool { return false }
 
 // panicOnRoute is off in a default build (see invariants_on.go).
 func panicOnRoute(messages.Frame) bool { return false }
+
+// panicOnStream is off in a default build (see invariants_on.go).
+func panicOnStream(Effect) bool { return false }

@@ -73,6 +73,17 @@ func panicOnStep(side string, m any) bool {
 	return f != nil && (*f)(side, m)
 }
 
+// PanicOnStream, when set, makes a peer stream panic as it handles a
+// message the function returns true for (crash injection): e is the
+// stream's effect for an op (Submit, Flush, CloseEndpoint, its terminal
+// SendFrame, EndStream), nil for a worker's report about its ops.
+var PanicOnStream atomic.Pointer[func(e Effect) bool]
+
+func panicOnStream(e Effect) bool {
+	f := PanicOnStream.Load()
+	return f != nil && (*f)(e)
+}
+
 // PanicOnRoute, when set, makes the listener panic as a frame it returns
 // true for comes in (crash injection).
 var PanicOnRoute atomic.Pointer[func(f messages.Frame) bool]

@@ -63,6 +63,15 @@ type streamState struct {
 	// the stream has stopped (or is stopping). Read by its session, on the
 	// session's goroutine.
 	done bool
+	// handling is the message the stream is handling (a streamOp or a
+	// streamSettle), nil between messages: a panic leaves it set — the
+	// message is lost with the panic. The next incarnation (Started)
+	// handles it once more (retried); a second panic in it drops it,
+	// logged. Dropped, an op was never posted (it stayed SUBMITTING: the
+	// session never drained) or a settle never counted (the terminal
+	// frame was held for good).
+	handling any
+	retried  bool
 }
 
 type streamActor struct{ st *streamState }
@@ -77,6 +86,35 @@ func streamProps(st *streamState) *actor.Props {
 func (a *streamActor) Receive(ctx actor.Context) {
 	st := a.st
 	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if m := st.handling; m != nil {
+			st.handling = nil
+			if st.retried {
+				st.retried = false
+				st.env.log.Error().Int("peer", st.peer).Str("dropped", fmt.Sprintf("%T", m)).
+					Msg("stream panicked handling a message again: dropped")
+				return
+			}
+			st.env.log.Error().Int("peer", st.peer).Str("again", fmt.Sprintf("%T", m)).
+				Msg("stream panicked handling a message: it is handled again, once")
+			st.retried = true
+			st.handle(ctx, m)
+			st.retried = false
+		}
+	case streamOp, streamSettle:
+		st.handle(ctx, m)
+	}
+}
+
+// handle handles a streamOp or a streamSettle, keeping it in handling
+// until it is done (no defer: a panic leaves it, for the next
+// incarnation).
+func (st *streamState) handle(ctx actor.Context, msg any) {
+	st.handling = msg
+	if m, ok := msg.(streamOp); ok && panicOnStream(m.eff) || !ok && panicOnStream(nil) {
+		panic(fmt.Sprintf("stream %d: panic injected handling %T", st.peer, msg))
+	}
+	switch m := msg.(type) {
 	case streamOp:
 		st.deliver(ctx, m.eff)
 	case streamSettle:
@@ -88,6 +126,7 @@ func (a *streamActor) Receive(ctx actor.Context) {
 		}
 		st.maybeFinish(ctx)
 	}
+	st.handling = nil
 }
 
 // deliver hands one stream effect to its worker, in order.
