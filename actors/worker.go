@@ -159,21 +159,19 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		if hoptrace.On {
 			hoptrace.Mark("worker.batchDone", m.op.Request)
 		}
-		unproven := errors.Is(m.err, rdma.ErrCloseUnproven)
-		if k, ok := s.table.KeyOf(m.op); ok && unproven {
-			if _, open := s.table.Lookup(k); open {
-				// The backend cut the batch on the wire with its endpoint
-				// before we closed it (UCX's endpoint error, a failed
-				// link): its writes may still land. The op stays in flight
-				// on the endpoint, which is closed now: only its Close can
-				// say whether the backend still reads the op's source
-				// (endpointClosed), and nothing more can be posted through
-				// it anyway. Later ops to the peer connect afresh.
-				ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: true})
-				delete(s.stale, k)
-				s.closeEndpoint(ctx, k)
-				break
-			}
+		unproven := m.err != nil && errors.Is(m.err, rdma.ErrCloseUnproven)
+		if k, ok := s.unprovenKey(m.op, unproven); ok {
+			// The backend cut the batch on the wire with its endpoint
+			// before we closed it (UCX's endpoint error, a failed link):
+			// its writes may still land. The op stays in flight on the
+			// endpoint, which is closed now: only its Close can say
+			// whether the backend still reads the op's source
+			// (endpointClosed), and nothing more can be posted through it
+			// anyway. Later ops to the peer connect afresh.
+			ctx.Send(m.session, TxCompleted{Op: m.op, Err: m.err, Unproven: true})
+			delete(s.stale, k)
+			s.closeEndpoint(ctx, k)
+			break
 		}
 		var key string // a stale address's, whose last op may be this one
 		if len(s.stale) > 0 {
@@ -489,6 +487,21 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		}
 		sys.Root.Send(self, &endpointClosed{retired: retired, err: err})
 	}()
+}
+
+// unprovenKey is the key of the endpoint still open that op's batch was
+// cut on without proof (unproven), for batchDone to close; false for a
+// batch that completed otherwise (the common case: no table lookup).
+func (s *workerSlot) unprovenKey(op core.OpRef, unproven bool) (string, bool) {
+	if !unproven {
+		return "", false
+	}
+	k, ok := s.table.KeyOf(op)
+	if !ok {
+		return "", false
+	}
+	_, open := s.table.Lookup(k)
+	return k, open
 }
 
 // sent is the report of a send's outcome.
