@@ -375,7 +375,8 @@ var errLeaseEnded = errors.New("discovery: the registration's lease ended")
 // accepts), together with the rank's incarnation key in one transaction;
 // it waits for an older incarnation's key to go, and refuses an
 // incarnation the incarnation key says was already registered, or one not
-// above the record the key holds under a live lease. The incarnation key
+// above the record the key holds under a live lease, and an incarnation
+// key it cannot decode (left as it is). The incarnation key
 // alone does not do: it has no lease and etcd's compaction keeps it, but
 // anyone may delete it, and a lower incarnation would then replace a live
 // higher one. Each write is conditional on the record key being as read
@@ -396,10 +397,18 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		named := false // the incarnation key names a registration
 		if len(g.Kvs) > 0 {
 			incRev = g.Kvs[0].ModRevision
-			// A malformed incarnation key is rewritten (cur stays zero).
-			if c, err := decodeRegistration(g.Kvs[0].Value); err == nil {
-				cur, named = c, true
+			// An incarnation key this build cannot decode is never
+			// rewritten: it may be a later build's (another version), and
+			// name an incarnation above r's; rewriting it would let that
+			// incarnation back. Someone must look at it.
+			c, err := decodeRegistration(g.Kvs[0].Value)
+			if err != nil {
+				return fmt.Errorf("discovery: etcd: %s holds a value this build cannot decode, %.80q: %w; "+
+					"registering %s would overwrite it, and it may name a later incarnation (a later build's "+
+					"format): it is left as it is (delete it by hand only if it is damaged and no run of %s is up)",
+					incKey, g.Kvs[0].Value, err, r, r.Peer())
 			}
+			cur, named = c, true
 			if cur.Incarnation >= r.Incarnation {
 				return fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
 			}
@@ -434,10 +443,10 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			named && (old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease):
 			// A value no peer accepts holds the key (malformed, another
 			// rank's, held by no lease, or not the registration the
-			// incarnation key names): replace it. With that key missing
-			// or malformed, an older record of the rank under a live
-			// lease is waited for: registries that saw its registration
-			// still hold it up, and it may be a live holder.
+			// incarnation key names): replace it. With that key missing,
+			// an older record of the rank under a live lease is waited
+			// for: registries that saw its registration still hold it
+			// up, and it may be a live holder.
 			resp, err := e.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision), incSame).
 				Then(writes...).Commit()

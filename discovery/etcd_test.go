@@ -851,3 +851,41 @@ func TestEtcdRegisterWaitsForLiveHolderWithoutIncarnationKey(t *testing.T) {
 		t.Fatalf("Register once the holder left: %v", err)
 	}
 }
+
+// TestEtcdRegisterKeepsAnIncarnationKeyItCannotRead: a rank's incarnation
+// key whose value this build cannot decode (a later build's version, or a
+// value damaged by hand) is never overwritten: it may name an incarnation
+// above the one registering, and rewriting it dropped that protection (a
+// downgrade past a later format let a reused incarnation back). Register
+// fails naming the key and what it could not decode, and writes nothing.
+func TestEtcdRegisterKeepsAnIncarnationKeyItCannotRead(t *testing.T) {
+	admin := newClient(t)
+	defer admin.Close()
+	for _, v := range []string{
+		`{"v":2,"incarnation":"100","lease":"5","epoch":"3"}`,
+		`{"v":1,"incarnation":100,"lease":"5"}`,
+		`not json`,
+	} {
+		cluster := clusterName(t)
+		incKey := IncarnationKey(cluster, "ctx", 0)
+		if _, err := admin.Put(ctxFor(t, 10*time.Second), incKey, v); err != nil {
+			t.Fatal(err)
+		}
+		r := newEtcdRegistry(t, cluster)
+		err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 50))
+		t.Logf("Register: %v", err)
+		if !errors.Is(err, ErrInvalidRecord) {
+			t.Errorf("Register over %s = %s: %v, want %v", incKey, v, err, ErrInvalidRecord)
+		}
+		if err != nil && (!strings.Contains(err.Error(), incKey) || !strings.Contains(err.Error(), "cannot decode")) {
+			t.Errorf("error %q does not name %s and what it could not decode", err, incKey)
+		}
+		g, gerr := admin.Get(ctxFor(t, 10*time.Second), ClusterPrefix(cluster), clientv3.WithPrefix())
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		if len(g.Kvs) != 1 || string(g.Kvs[0].Key) != incKey || string(g.Kvs[0].Value) != v {
+			t.Errorf("after the refused Register, %s holds %v, want only %s = %s", ClusterPrefix(cluster), g.Kvs, incKey, v)
+		}
+	}
+}
