@@ -256,6 +256,12 @@ func (e *Etcd) lose(reason string) {
 // then on the registration is Lost only when its lease is not renewed for
 // its TTL, or its record goes.
 //
+// A Register that fails once its lease was granted revokes it (within the
+// dial timeout), so that a record etcd committed goes with it; when etcd
+// cannot be reached for that, the record stays until the lease's TTL, and
+// this registry never lists it nor reports it (no Up, no Down): other
+// registries see it come and go.
+//
 // Lost is said only of a registration whose Register returned nil. One
 // whose lease ends or whose record goes before Register returns (etcd
 // stopped answering for the TTL while it waited) fails that Register,
@@ -524,7 +530,7 @@ func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
 	}
 	e.mu.Lock()
 	e.registered, e.lease, e.stopKeepalive = false, 0, nil
-	e.m.unregister()
+	e.m.unregister(int64(lease))
 	e.mu.Unlock()
 	return err
 }

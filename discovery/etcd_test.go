@@ -889,3 +889,94 @@ func TestEtcdRegisterKeepsAnIncarnationKeyItCannotRead(t *testing.T) {
 		}
 	}
 }
+
+// lostReplyKV commits the first transaction that succeeds once armed,
+// then answers it with an error, as a connection lost after etcd
+// committed the write does.
+type lostReplyKV struct {
+	clientv3.KV
+	armed atomic.Bool
+}
+
+func (k *lostReplyKV) Txn(ctx context.Context) clientv3.Txn {
+	return &lostReplyTxn{Txn: k.KV.Txn(ctx), kv: k}
+}
+
+type lostReplyTxn struct {
+	clientv3.Txn
+	kv *lostReplyKV
+}
+
+func (t *lostReplyTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *lostReplyTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *lostReplyTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+func (t *lostReplyTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err == nil && resp.Succeeded && t.kv.armed.CompareAndSwap(true, false) {
+		return nil, errors.New("scripted: the connection to etcd broke after the commit")
+	}
+	return resp, err
+}
+
+// unrevokableLease fails every Revoke, as an etcd out of reach does.
+type unrevokableLease struct{ clientv3.Lease }
+
+func (unrevokableLease) Revoke(context.Context, clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	return nil, errors.New("scripted: etcd unreachable")
+}
+
+// TestEtcdFailedRegisterIsNoPeer: a Register whose write etcd committed
+// but whose reply was lost fails, and cannot revoke its lease (etcd out of
+// reach just then): its record stays in etcd until the lease's TTL. Its
+// own registry must never list it as a peer nor report it (no Up, no
+// Down): the registry listed its own rank as a peer until the TTL.
+func TestEtcdFailedRegisterIsNoPeer(t *testing.T) {
+	cluster := clusterName(t)
+	cli := newClient(t)
+	defer cli.Close()
+	kv := &lostReplyKV{KV: cli.KV}
+	cli.KV, cli.Lease = kv, unrevokableLease{cli.Lease}
+	r := newEtcdRegistry(t, cluster, WithClient(cli), WithTTL(time.Minute))
+	kv.armed.Store(true)
+	if err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 1)); err == nil {
+		t.Fatal("Register whose reply was lost returned nil")
+	} else {
+		t.Logf("Register: %v", err)
+	}
+	admin := newClient(t)
+	defer admin.Close()
+	key := Key(cluster, "ctx", 0)
+	g, err := admin.Get(ctxFor(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Kvs) != 1 || g.Kvs[0].Lease == 0 {
+		t.Fatalf("%s after the failed Register: %v, want its record under its unrevoked lease", key, g.Kvs)
+	}
+	ghostLease := clientv3.LeaseID(g.Kvs[0].Lease)
+	noSelf := func(e Event) {
+		if e.Instance == "ctx" || e.Record.Instance == "ctx" {
+			t.Errorf("%v: an event about the rank whose Register failed", e)
+		}
+	}
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Markers: events come in revision order, so by a marker's Up the
+	// registry applied everything written before it.
+	adminRegister(t, admin, cluster, testRecord("gen", 0, 1), lease.ID)
+	waitEvent(t, r, waitFor, "gen/0 up", func(e Event) bool { noSelf(e); return isUp("gen", 0, 1)(e) })
+	if p := r.Peers(); len(p) != 1 || p[0].Instance != "gen" {
+		t.Errorf("peers %v, want gen/0 only (not the rank whose Register failed)", p)
+	}
+	// The lease ends (its TTL): the record goes; that is no Down either.
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), ghostLease); err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("gen", 1, 1), lease.ID)
+	waitEvent(t, r, waitFor, "gen/1 up", func(e Event) bool { noSelf(e); return isUp("gen", 1, 1)(e) })
+	if p := r.Peers(); len(p) != 2 {
+		t.Errorf("peers %v, want gen/0 and gen/1", p)
+	}
+}

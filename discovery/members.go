@@ -35,7 +35,19 @@ type members struct {
 	confirmed bool
 	lost      bool
 	lostWhy   string
-	rejected  uint64
+	// failed holds this registry's own registrations (incarnation and
+	// lease) whose Register failed after its lease was granted: etcd may
+	// have committed the record (its reply lost) and, when the lease could
+	// not be revoked, keeps it until its TTL. Such a record is never a
+	// peer here: no Up, no Down, not in peers.
+	failed   map[ownRegistration]bool
+	rejected uint64
+}
+
+type ownRegistration struct {
+	id    messages.PeerID
+	inc   uint64
+	lease int64
 }
 
 // storedValue is a value read from etcd and the lease that holds it.
@@ -61,6 +73,12 @@ func newMembers(cluster string) *members {
 // Lost (its deletion afterwards is no Down, its record no Up or peer).
 func (m *members) isSelf(id messages.PeerID, inc uint64) bool {
 	return m.hasSelf && id == m.self && inc == m.selfInc
+}
+
+// isOwn: a record (under lease) of this registry's own, the incarnation
+// registered (isSelf) or the registration of a Register that failed.
+func (m *members) isOwn(id messages.PeerID, inc uint64, lease int64) bool {
+	return m.isSelf(id, inc) || m.failed[ownRegistration{id, inc, lease}]
 }
 
 // register notes this registry's own record; it fails when the table
@@ -92,8 +110,16 @@ func (m *members) confirm() error {
 	return nil
 }
 
-// unregister forgets this registry's own record after a failed Register.
-func (m *members) unregister() {
+// unregister forgets this registry's own record after a failed Register
+// whose lease was lease (0: none granted, so no record written); a
+// record of that registration stays its own (isOwn), never a peer.
+func (m *members) unregister(lease int64) {
+	if m.hasSelf && lease != 0 {
+		if m.failed == nil {
+			m.failed = map[ownRegistration]bool{}
+		}
+		m.failed[ownRegistration{m.self, m.selfInc, lease}] = true
+	}
 	m.hasSelf, m.selfInc, m.confirmed, m.lost, m.lostWhy = false, 0, false, false, ""
 }
 
@@ -102,16 +128,19 @@ func (m *members) reject(key string, err error) []Event {
 	return []Event{{Kind: EventRejected, Key: key, Err: err}}
 }
 
-func (m *members) up(r Record) []Event {
-	if m.isSelf(r.Peer(), r.Incarnation) {
+func (m *members) up(r Record, lease int64) []Event {
+	if m.isOwn(r.Peer(), r.Incarnation, lease) {
 		return nil
 	}
 	return []Event{{Kind: EventUp, Record: r}}
 }
 
-func (m *members) down(r *Record, reason string) []Event {
+func (m *members) down(r *Record, lease int64, reason string) []Event {
 	if m.isSelf(r.Peer(), r.Incarnation) {
 		return m.lose(reason)
+	}
+	if m.isOwn(r.Peer(), r.Incarnation, lease) {
+		return nil // a failed Register's record: it never was Up
 	}
 	return []Event{{Kind: EventDown, Instance: r.Instance, Rank: r.Rank, Incarnation: r.Incarnation, Reason: reason}}
 }
@@ -183,7 +212,7 @@ func (m *members) putRecord(key string, id messages.PeerID, value []byte, lease 
 		if st := m.ranks[id]; st != nil && st.live != nil && lease != st.liveLease {
 			old := st.live
 			st.live = nil
-			evs = append(evs, m.down(old, ReasonOverwritten)...)
+			evs = append(evs, m.down(old, st.liveLease, ReasonOverwritten)...)
 		}
 	}
 	return evs
@@ -216,7 +245,7 @@ func (m *members) applyRecord(key string, id messages.PeerID, value []byte, leas
 		if leaving {
 			old := st.live
 			st.live = nil
-			return m.down(old, ReasonLeft)
+			return m.down(old, st.liveLease, ReasonLeft)
 		}
 		if !reflect.DeepEqual(*st.live, r) {
 			return m.reject(key, fmt.Errorf("%w: key %s: the record of incarnation %d changed while it is up", ErrInvalidRecord, key, r.Incarnation))
@@ -233,14 +262,14 @@ func (m *members) applyRecord(key string, id messages.PeerID, value []byte, leas
 	if st.live != nil {
 		old := st.live
 		st.live = nil
-		evs = m.down(old, reasonSuperseded(r.Incarnation))
+		evs = m.down(old, st.liveLease, reasonSuperseded(r.Incarnation))
 	}
 	st.floor = r.Incarnation
 	if leaving {
 		return evs
 	}
 	st.live, st.liveLease = &r, lease
-	return append(evs, m.up(r)...)
+	return append(evs, m.up(r, lease)...)
 }
 
 // del applies the deletion of key: the incarnation registered there is
@@ -258,7 +287,7 @@ func (m *members) del(key string) []Event {
 	}
 	old := st.live
 	st.live = nil
-	return m.down(old, ReasonLeaseExpired)
+	return m.down(old, st.liveLease, ReasonLeaseExpired)
 }
 
 // sync applies a full snapshot of the prefix (at the start, and after the
@@ -303,7 +332,7 @@ func (m *members) sync(snapshot map[string]storedValue) []Event {
 func (m *members) peers() []Record {
 	var out []Record
 	for _, st := range m.ranks {
-		if st.live != nil && !m.isSelf(st.live.Peer(), st.live.Incarnation) {
+		if st.live != nil && !m.isOwn(st.live.Peer(), st.live.Incarnation, st.liveLease) {
 			out = append(out, *st.live)
 		}
 	}

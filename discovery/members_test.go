@@ -386,7 +386,7 @@ func TestMembersNoLostBeforeRegistered(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "before the registration completed") || !strings.Contains(err.Error(), c.why) {
 			t.Errorf("%s: confirm: %v, want an error naming %q", c.name, err, c.why)
 		}
-		m.unregister()
+		m.unregister(0)
 		if evs := m.lose(ReasonKeepaliveStopped); len(evs) != 0 {
 			t.Errorf("%s: lose after unregister: %v, want no event", c.name, evs)
 		}
@@ -401,5 +401,52 @@ func TestMembersNoLostBeforeRegistered(t *testing.T) {
 		if evs := m.del(k); kinds(evs) != "[LOST ctx/0#5: "+ReasonLeaseExpired+"]" {
 			t.Errorf("%s: next incarnation's key deleted: %v, want LOST", c.name, evs)
 		}
+	}
+}
+
+// TestMembersFailedRegisterIsNoPeer: the record of a Register that failed
+// after its lease was granted (etcd committed it, its reply was lost) is
+// never a peer of its own registry, whether applied before or after the
+// failure: no Up, no Down, not in peers. The same incarnation under
+// another lease is not its own, and is a peer as any other. (Checked to
+// fail without the rule: the table listed its own rank until the record
+// expired, with an Up and a Down of it.)
+func TestMembersFailedRegisterIsNoPeer(t *testing.T) {
+	for _, applied := range []string{"before", "after"} {
+		m := newMembers("c")
+		k := Key("c", "ctx", 0)
+		if err := m.register(testRecord("ctx", 0, 4)); err != nil {
+			t.Fatal(err)
+		}
+		var evs []Event
+		if applied == "before" {
+			evs = regPut(t, m, testRecord("ctx", 0, 4), 7)
+		}
+		m.unregister(7) // the Register failed, its lease was 7
+		if applied == "after" {
+			evs = regPut(t, m, testRecord("ctx", 0, 4), 7)
+		}
+		if len(evs) != 0 {
+			t.Errorf("%s: failed Register's record: %v, want no event", applied, evs)
+		}
+		if p := m.peers(); len(p) != 0 {
+			t.Errorf("%s: peers %v, want none (the failed Register's record is not a peer)", applied, p)
+		}
+		if evs := m.del(k); len(evs) != 0 {
+			t.Errorf("%s: failed Register's record expires: %v, want no event", applied, evs)
+		}
+	}
+	// The incarnation whose Register failed, seen under another lease
+	// (another process started with the same incarnation), is a peer.
+	m := newMembers("c")
+	if err := m.register(testRecord("ctx", 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	m.unregister(7)
+	if evs := regPut(t, m, testRecord("ctx", 0, 4), 8); kinds(evs) != "[UP ctx/0#4]" {
+		t.Errorf("incarnation 4 under another lease: %v, want an Up", evs)
+	}
+	if p := m.peers(); len(p) != 1 {
+		t.Errorf("peers %v, want ctx/0#4", p)
 	}
 }
