@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -251,9 +253,11 @@ func (r Record) encode(state string) ([]byte, error) {
 
 // DecodeRecord parses and validates a stored value. It never panics; any
 // value it does not accept whole (oversized, not JSON, another version,
-// a field missing, of the wrong type or out of range, trailing bytes) is
-// an error wrapping ErrInvalidRecord that names the version or the field.
-// Fields it does not know (a later build's, RecordVersion) are ignored.
+// a field missing, of the wrong type or out of range, trailing bytes, a
+// key given twice or differing from a field's name only in case) is an
+// error wrapping ErrInvalidRecord that names the version, the field or
+// the key. Fields it does not know (a later build's, RecordVersion) are
+// ignored.
 func DecodeRecord(b []byte) (Record, error) {
 	r, _, err := decodeRecord(b)
 	return r, err
@@ -282,6 +286,9 @@ func decodeRecord(b []byte) (Record, bool, error) {
 	}
 	if v, err := strconv.Atoi(string(w.V)); err != nil || v != RecordVersion {
 		return Record{}, false, invalid("record version %.20s, want %d: this build reads version %d records only", w.V, RecordVersion, RecordVersion)
+	}
+	if err := checkKeys(b, "record", recordKeys); err != nil {
+		return Record{}, false, err
 	}
 	if derr != nil {
 		return Record{}, false, invalid("version %d record: %v", RecordVersion, derr)
@@ -362,9 +369,69 @@ func decodeRegistration(b []byte) (registration, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return registration{}, invalid("incarnation value has bytes after it")
 	}
+	if err := checkKeys(b, "incarnation value", registrationKeys); err != nil {
+		return registration{}, err
+	}
 	if w.V != RecordVersion || w.Incarnation == 0 || w.Lease == 0 {
 		return registration{}, invalid("incarnation value version %d incarnation %d lease %d, want version %d and both set",
 			w.V, w.Incarnation, w.Lease, RecordVersion)
 	}
 	return registration{Incarnation: w.Incarnation, Lease: w.Lease}, nil
+}
+
+// The keys of the JSON forms, as every build wrote them (their json tags).
+var (
+	recordKeys       = jsonKeys(reflect.TypeOf(wireRecordIn{}))
+	registrationKeys = jsonKeys(reflect.TypeOf(wireRegistration{}))
+)
+
+func jsonKeys(t reflect.Type) []string {
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		keys = append(keys, name)
+	}
+	return keys
+}
+
+// checkKeys refuses a JSON object (b, a what) whose keys encoding/json
+// would read other than as written: a key given twice (the last one wins,
+// silently), or a key that is none of keys but matches one of them but
+// for case (encoding/json matches names case-insensitively, Unicode
+// folding included: "RANK", "ſtate"). Every build writes the exact
+// names; keys that match none, a later build's fields, are left to be
+// ignored. A value that does not parse as an object is left to the
+// decoder, which refuses it.
+func checkKeys(b []byte, what string, keys []string) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool, len(keys))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		k, ok := t.(string)
+		if !ok {
+			return nil
+		}
+		if seen[k] {
+			return invalid("%s holds the key %.40q twice", what, k)
+		}
+		seen[k] = true
+		if !slices.Contains(keys, k) {
+			for _, want := range keys {
+				if strings.EqualFold(k, want) {
+					return invalid("%s key %.40q, want %q: keys are matched exactly", what, k, want)
+				}
+			}
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil
+		}
+	}
+	return nil
 }

@@ -305,3 +305,49 @@ func TestNewIncarnationGrows(t *testing.T) {
 		prev = n
 	}
 }
+
+// TestDecodeRecordKeysAreExact: encoding/json matches a key to a field
+// case-insensitively (also through Unicode folding: 'ſ' for 's', the
+// Kelvin sign for 'k') and lets the last of two equal keys win, so a
+// record with "RANK", or with "rank" and "Rank" both, was accepted, one
+// of them silently read. Every build writes the exact names (the json
+// tags), so a key that differs from one only in case, and a key given
+// twice, is refused naming it; keys that match no field still are
+// ignored. The incarnation key's value is read the same way.
+func TestDecodeRecordKeysAreExact(t *testing.T) {
+	good, _ := testRecord("gen", 3, 1).Encode()
+	s := string(good)
+	for name, v := range map[string]string{
+		"RANK":            strings.Replace(s, `"rank":3`, `"RANK":3`, 1),
+		"Rank too":        strings.Replace(s, `"rank":3`, `"rank":3,"Rank":5`, 1),
+		"Rank first":      strings.Replace(s, `"rank":3`, `"Rank":5,"rank":3`, 1),
+		"rank twice":      strings.Replace(s, `"rank":3`, `"rank":5,"rank":3`, 1),
+		"V":               strings.Replace(s, `"v":1`, `"V":1`, 1),
+		"long s":          strings.Replace(s, `"state":"up"`, `"ſtate":"up"`, 1),
+		"kelvin":          strings.Replace(s, `"backend":"shm"`, `"bac\u212Aend":"shm"`, 1),
+		"unknown twice":   strings.Replace(s, `"v":1`, `"v":1,"zone":"a","zone":"b"`, 1),
+		"escaped variant": strings.Replace(s, `"tp":1`, `"tp":1,"T\u0050":0`, 1),
+	} {
+		if v == s {
+			t.Fatalf("%s: the case changed nothing", name)
+		}
+		_, err := DecodeRecord([]byte(v))
+		if !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("%s: %v, want %v naming the key\n%s", name, err, ErrInvalidRecord, v)
+		}
+	}
+	for name, v := range map[string]string{
+		"LEASE":       `{"v":1,"incarnation":"7","lease":"9","LEASE":"10"}`,
+		"Incarnation": `{"v":1,"Incarnation":"7","lease":"9"}`,
+		"v twice":     `{"v":1,"incarnation":"7","lease":"9","v":1}`,
+	} {
+		if g, err := decodeRegistration([]byte(v)); !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("incarnation value %s: %+v, %v, want %v naming the key", name, g, err, ErrInvalidRecord)
+		}
+	}
+	// Keys that match no field, whatever their case, are a later build's.
+	v := strings.Replace(s, `"v":1`, `"v":1,"Zone":"a","ZONE":"b"`, 1)
+	if r, err := DecodeRecord([]byte(v)); err != nil || !recordsEqual(r, testRecord("gen", 3, 1)) {
+		t.Errorf("record with unknown keys: %+v, %v", r, err)
+	}
+}
