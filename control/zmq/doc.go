@@ -163,7 +163,8 @@
 // down (see Goodbye); every other frame goes to deliver, in the order its
 // connection sent it. Any accepted frame counts as a sign of life, except
 // those on a connection whose Hello named an incarnation RemovePeer
-// forgot (and no AddPeer or SetPeerServerKey let back): there heartbeats
+// forgot (and no AddPeer or SetPeerServerKey let back), or one that said
+// goodbye (see Goodbye): there heartbeats
 // are dropped and other frames delivered, and none keeps the name alive,
 // brings it back from down, tells OnPeerAlive or counts as a twin.
 //
@@ -252,10 +253,16 @@
 // peer's last frames come on its other connections, which the ROUTER
 // fair-queues with the goodbye's, so a goodbye read in a batch is acted
 // on after every frame read with it (a Result sent just before the close
-// ends its request as sent, not failed by the goodbye). From then until
-// the peer's next Hello, that incarnation's frames are no sign of life
-// (its heartbeats are dropped; its Results and CancelAcks are delivered:
-// they are proofs).
+// ends its request as sent, not failed by the goodbye). From then on,
+// that incarnation's frames are no sign of life (its heartbeats are
+// dropped; its Results and CancelAcks are delivered: they are proofs),
+// and a late Hello of it (a Conn's, fair-queued behind the goodbye)
+// brings nothing back: its connection is bound, for its last frames, but
+// the directory, liveness and OnHello do not hear of it, and it is not
+// counted as a rejection. The listener remembers the last four
+// incarnations of each peer that said goodbye (also one down already by
+// silence when its goodbye came). A new incarnation's Hello brings the
+// name back.
 //
 // A goodbye is liveness, never proof that the peer's writes are over
 // (DESIGN.md §3): what a receiver does with it is what it does with a

@@ -317,7 +317,8 @@ func TestCloseDoesNotWaitForAGonePeer(t *testing.T) {
 }
 
 // leave takes a tracked alive peer down once, for one incarnation, whose
-// frames are then no sign of life (leftAs) until the peer's next Hello;
+// frames are then no sign of life (leftAs), even after the peer's next
+// Hello (a new incarnation's);
 // an untracked peer is not made, a down one is not told again, and a
 // goodbye'd peer's silence is no second Down.
 func TestLivenessLeave(t *testing.T) {
@@ -340,8 +341,17 @@ func TestLivenessLeave(t *testing.T) {
 	if downs != 0 {
 		t.Fatalf("a peer that left went down again by silence (%d)", downs)
 	}
-	if back := l.hello(p, t0.Add(time.Hour)); !back || l.leftAs(p, 7) || l.isDown(p) {
-		t.Fatalf("after a Hello: back %v, leftAs(7) %v, down %v; want back, not left, alive", back, l.leftAs(p, 7), l.isDown(p))
+	// A new incarnation's Hello (the listener keeps incarnation 7's late
+	// Hello from liveness) brings p back; 7 stays gone.
+	if back := l.hello(p, t0.Add(time.Hour)); !back || !l.leftAs(p, 7) || l.isDown(p) {
+		t.Fatalf("after a Hello: back %v, leftAs(7) %v, down %v; want back, 7 left, alive", back, l.leftAs(p, 7), l.isDown(p))
+	}
+	// A goodbye of a peer down by silence tells nothing, but its
+	// incarnation is gone too.
+	l.expire(t0.Add(3*time.Hour), func(messages.PeerID) { downs++ })
+	if l.leave(p, 8) || !l.leftAs(p, 8) || !l.leftAs(p, 7) || l.leftAs(p, 0) {
+		t.Fatalf("goodbye of 8, down by silence: leftAs(8) %v, leftAs(7) %v, leftAs(0) %v; want 8 and 7 left, not 0",
+			l.leftAs(p, 8), l.leftAs(p, 7), l.leftAs(p, 0))
 	}
 }
 
@@ -370,5 +380,84 @@ func TestGoodbyeWaitsForTheFramesReadWithIt(t *testing.T) {
 	f.s.goodbyes() // the ROUTER found empty
 	if want := []string{"frame", "goodbye"}; !slices.Equal(events, want) {
 		t.Fatalf("events %v, want %v: the Result read with the goodbye handled while the peer is up", events, want)
+	}
+}
+
+// An incarnation that said goodbye stays gone: a Hello of it that comes
+// late (a Conn whose Hello left its backlog after the goodbye, on another
+// connection the ROUTER fair-queues), on a new connection or on one it
+// said Hello on before, does not make the name live again, nor do the
+// heartbeats on it; its Result there is still delivered (a proof). This
+// holds also once the peer was down by silence when the goodbye came,
+// and after a new incarnation's Hello, which is welcome and which the
+// old one's late Hello does not replace. (Checked to fail: the late Hello
+// revived incarnation 1, OnPeerAlive was called and its silence called a
+// second Down.)
+func TestLateHelloAfterGoodbyeDoesNotRevive(t *testing.T) {
+	f := newDepartedFixture(t)
+	log := &goodbyeLog{}
+	f.s.l.cfg.OnPeerGoodbye, f.s.l.cfg.OnPeerDown = log.goodbye, log.down
+	alive, hellos := 0, 0
+	f.s.l.cfg.OnPeerAlive = func(messages.PeerID) { alive++ }
+	f.s.l.cfg.OnHello = func(*messages.Hello) { hellos++ }
+	var got []messages.Frame
+	f.s.deliver = func(fr messages.Frame) { got = append(got, fr) }
+	gone := func(what string) {
+		t.Helper()
+		if _, err := f.s.l.Hello(f.peer); !errors.Is(err, ErrPeerClosed) {
+			t.Fatalf("%s: Hello of gen/0 %v; want ErrPeerClosed", what, err)
+		}
+		if alive != 0 || hellos != 0 {
+			t.Fatalf("%s: OnPeerAlive %d times, OnHello %d times; want none", what, alive, hellos)
+		}
+	}
+
+	f.goodbye("c1", 1, f.old.public)
+	if byes, _ := log.counts(); byes != 1 {
+		t.Fatalf("%d goodbyes told, want 1", byes)
+	}
+	alive = 0
+	f.clock.advance(time.Second)
+	f.hello("c2", 1, f.old.public) // late, on a new connection
+	gone("a late Hello on a new connection")
+	f.hello("c1", 1, f.old.public) // late, on its connection
+	gone("a late Hello on its own connection")
+	f.beat("c2", 1, f.old.public)
+	f.s.handle("c2", mustEncode(t, result(f.peer, 1)), f.old.public, 1)
+	gone("a heartbeat after the late Hello")
+	if len(got) != 1 {
+		t.Fatalf("%d frames delivered on the late Hello's connection, want its Result", len(got))
+	}
+	f.clock.advance(time.Hour)
+	f.s.live.expire(f.clock.now(), f.s.down)
+	if byes, downs := log.counts(); byes != 1 || downs != 0 {
+		t.Fatalf("after the late Hello's silence: %d goodbyes, %d downs; want 1, 0", byes, downs)
+	}
+
+	// A new incarnation is welcome; the old one's late Hello does not
+	// take the name back from it.
+	f.hello("c3", 2, f.old.public)
+	if inc := f.current(); inc != 2 || hellos != 1 {
+		t.Fatalf("incarnation 2's Hello: incarnation %d is up (OnHello %d times), want 2 (once)", f.current(), hellos)
+	}
+	f.hello("c4", 1, f.old.public)
+	if inc := f.current(); inc != 2 || hellos != 1 {
+		t.Fatalf("incarnation 1's late Hello after 2's: incarnation %d is up (OnHello %d times), want 2 (once)", inc, hellos)
+	}
+
+	// Down by silence when its goodbye comes: the goodbye tells nothing
+	// more, and a late Hello of it does not revive it either.
+	f.clock.advance(time.Hour)
+	f.s.live.expire(f.clock.now(), f.s.down)
+	if _, downs := log.counts(); downs != 1 {
+		t.Fatalf("incarnation 2 silent: %d downs, want 1", downs)
+	}
+	f.goodbye("c3", 2, f.old.public)
+	f.hello("c5", 2, f.old.public)
+	if _, err := f.s.l.Hello(f.peer); err == nil {
+		t.Fatal("incarnation 2, down by silence, said goodbye; its late Hello revived it")
+	}
+	if byes, downs := log.counts(); byes != 1 || downs != 1 {
+		t.Fatalf("after incarnation 2's goodbye and late Hello: %d goodbyes, %d downs; want 1, 1", byes, downs)
 	}
 }

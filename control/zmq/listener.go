@@ -481,6 +481,11 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		s.departedHello(id, key, b, h, gone)
 		return
 	}
+	if h.Incarnation != 0 && s.live.leftAs(p, h.Incarnation) {
+		l.mu.Unlock()
+		s.leftHello(id, key, b, h)
+		return
+	}
 	info := l.peers[p]
 	if info == nil && len(l.peers) >= maxPeers {
 		gone, ok := l.forgetDownPeerLocked(s.live.isDown)
@@ -553,6 +558,25 @@ func (s *listener) departedHello(id, key string, b *binding, h *messages.Hello, 
 	}
 	s.reject(RejectDeparted, id, key, b, "Hello of %s's incarnation %d (pid %d), which left the cluster (RemovePeer)%s: "+
 		"it does not take the name back; its connection's frames are still delivered", h.From, h.Incarnation, h.Process.Pid, was)
+}
+
+// leftHello takes Hello h, of an incarnation that said goodbye (leftAs),
+// as a late frame of it (a Conn's Hello that left its backlog after the
+// goodbye, on a connection the ROUTER fair-queued behind it): it brings
+// nothing back. The directory is left as it is (the peer stays down, or
+// its newer incarnation's), and neither OnHello nor liveness hears of it;
+// it is no rejection and is not counted. The connection is bound to the
+// incarnation (b made if need be), so that its last frames on it (a
+// Result, a CancelAck: proofs the other side waits for) are delivered,
+// while its heartbeats are dropped (handle).
+func (s *listener) leftHello(id, key string, b *binding, h *messages.Hello) {
+	if b == nil {
+		b = &binding{peer: h.From, key: key}
+		s.bind(id, b)
+	}
+	b.inc, b.pid = h.Incarnation, h.Process.Pid
+	s.l.log.Debug().Stringer("peer", h.From).Uint64("incarnation", h.Incarnation).
+		Msg("control/zmq: late Hello of a peer incarnation that said goodbye: it stays gone")
 }
 
 // Two live processes may say Hello as one peer: one instance started

@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -13,7 +14,9 @@ import (
 // A peer is tracked from its first Hello. States: alive —(silence ≥
 // timeout, or its goodbye)→ down —(heard from)→ alive. expire reports each
 // alive→down transition by silence once; leave makes the transition for a
-// goodbye.
+// goodbye. An incarnation that said goodbye stays gone (leftAs): its
+// frames are no sign of life, and a late Hello of it (the listener asks
+// leftAs first) does not bring the peer back; a new incarnation's does.
 type liveness struct {
 	timeout time.Duration // 0: never expire
 	peers   map[messages.PeerID]*lifeState
@@ -22,10 +25,11 @@ type liveness struct {
 type lifeState struct {
 	last time.Time
 	down bool
-	// left: the incarnation leftInc said goodbye (leave), until a Hello
-	// of the peer; its frames are then no sign of life (leftAs).
-	left    bool
-	leftInc uint64
+	// byes are the last incarnations of the peer that said goodbye
+	// (leave), newest first; 0: none. Incarnations are new at each start
+	// of a rank, so one that said goodbye never speaks again but for its
+	// late frames.
+	byes [4]uint64
 }
 
 func newLiveness(timeout time.Duration) *liveness {
@@ -33,35 +37,42 @@ func newLiveness(timeout time.Duration) *liveness {
 }
 
 // hello starts tracking p (or refreshes it) at now; it reports whether p
-// was down (it came back).
+// was down (it came back). The listener does not call it for a Hello of
+// an incarnation that said goodbye (leftAs).
 func (l *liveness) hello(p messages.PeerID, now time.Time) (back bool) {
 	s := l.peers[p]
 	if s == nil {
 		l.peers[p] = &lifeState{last: now}
 		return false
 	}
-	s.left = false
 	return l.refresh(s, now)
 }
 
-// leave marks p down because incarnation inc of it said goodbye; it
-// reports whether p was tracked and alive (untracked peers are ignored,
-// and a peer already down stays so, untold). Until p's next Hello, the
-// frames of inc are no sign of life (leftAs).
+// leave notes that incarnation inc (not 0) of p said goodbye and marks p
+// down; it reports whether p was tracked and alive (untracked peers are
+// ignored, and a peer already down stays so, untold, though inc is
+// noted). From then on the frames of inc, a Hello included, are no sign
+// of life (leftAs).
 func (l *liveness) leave(p messages.PeerID, inc uint64) bool {
 	s := l.peers[p]
-	if s == nil || s.down {
+	if s == nil {
 		return false
 	}
-	s.down, s.left, s.leftInc = true, true, inc
+	if inc != 0 && !slices.Contains(s.byes[:], inc) {
+		copy(s.byes[1:], s.byes[:])
+		s.byes[0] = inc
+	}
+	if s.down {
+		return false
+	}
+	s.down = true
 	return true
 }
 
-// leftAs reports whether incarnation inc of p said goodbye and p has not
-// said Hello since.
+// leftAs reports whether incarnation inc (not 0) of p said goodbye.
 func (l *liveness) leftAs(p messages.PeerID, inc uint64) bool {
 	s := l.peers[p]
-	return s != nil && s.left && s.leftInc == inc
+	return s != nil && inc != 0 && slices.Contains(s.byes[:], inc)
 }
 
 // forget stops tracking p (a peer the directory forgot to make room):
