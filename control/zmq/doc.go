@@ -185,7 +185,15 @@
 // bound (the identity's, the table's) the listener therefore first
 // probes the bindings it would make room from, at most once a second
 // each: it sends each connection an empty message (ZMQ_ROUTER_MANDATORY),
-// and forgets those whose connection is gone (EHOSTUNREACH). Nothing
+// and forgets those whose connection is gone (EHOSTUNREACH). A live
+// connection whose transport is being re-established just then (a TCP
+// reconnect keeps its routing id, but the ROUTER holds none for it in
+// between) looks gone too; the listener therefore remembers the bindings
+// a probe forgot (at most 4096; past that, those older than a minute go
+// first) and binds the connection again, room permitting, when a frame
+// of the same key and sender comes on its routing id: its frames are
+// delivered, where they were refused (no_hello) until a Hello that a
+// Conn repeats only when the peer's incarnation changes. Nothing
 // reads such a message: it waits in the DEALER's receive queue, at most
 // a few per connection (ROUTER send HWM 4). Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	zmq4 "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -290,5 +291,97 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 				t.Fatal("the live connection's binding was forgotten")
 			}
 		})
+	}
+}
+
+// probeRouter gives f's bare listener a ROUTER of its own
+// (ZMQ_ROUTER_MANDATORY, as Listen makes it) to which no connection is
+// made: every probe (probeDead) finds the connection it sends to gone
+// (EHOSTUNREACH), as it finds a live connection whose transport is being
+// re-established (a TCP reconnect keeps its routing id, but the ROUTER
+// holds none for it between the two).
+func (f *boundFixture) probeRouter() {
+	f.t.Helper()
+	r, err := f.s.l.zctx.NewSocket(zmq4.ROUTER)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { closeSocket(r) }) // before the link's Close ends the context
+	if err := r.SetRouterMandatory(1); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := r.Bind("inproc://probe-router-" + f.t.Name()); err != nil {
+		f.t.Fatal(err)
+	}
+	f.s.router = r
+}
+
+// A live connection whose transport reconnects at the very moment a
+// probe runs at a bound (the ROUTER holds no connection for its routing
+// id just then) keeps its binding: when its frames come again, on the
+// same routing id with the same key and sender, the listener binds it
+// again (room permitting) and delivers them, instead of refusing them
+// (no_hello) until a Hello that the Conn repeats only when the peer's
+// incarnation changes. A frame on the routing id with another key or
+// sender is not taken for it. (Checked to fail: without the memory of
+// connections a probe forgot, c1's Result was rejected, no_hello.)
+func TestProbedReconnectingConnectionKeepsItsBinding(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(mode(secure), func(t *testing.T) {
+			f := newBoundFixture(t, secure, 1000, 2)
+			f.probeRouter()
+			gen, dec := pid("gen", 0), pid("dec", 0)
+			key, other := "", ""
+			if secure {
+				ka, kb := newKeys(t), newKeys(t)
+				key, other = ka.public, kb.public
+				for _, id := range []Identity{{PublicKey: key, Instance: "gen"}, {PublicKey: other, Instance: "dec"}} {
+					if err := f.s.l.AddIdentity(id); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			f.mustHello("c1", gen, 1, key)
+			f.mustHello("c2", gen, 1, key)
+			// gen/0 at its bound: a third connection's Hello probes c1 and
+			// c2, which the ROUTER does not hold just now.
+			f.mustHello("c3", gen, 1, key)
+			f.bound(map[string]messages.PeerID{"c3": gen})
+			noHello := f.s.l.Stats().Rejected[RejectNoHello]
+			// c1 reconnected: its Result comes on its routing id.
+			f.s.handle("c1", mustEncode(t, result(gen, 1)), key, 1)
+			if got := f.in.from(gen); len(got) != 1 || f.s.l.Stats().Rejected[RejectNoHello] != noHello {
+				t.Fatalf("c1's Result after it reconnected: %d delivered, %d rejected (no_hello); want it delivered",
+					len(got), f.s.l.Stats().Rejected[RejectNoHello]-noHello)
+			}
+			f.bound(map[string]messages.PeerID{"c1": gen, "c3": gen})
+			// Another sender (with its own key) on c2's routing id is not
+			// c2: no Hello on it.
+			f.s.handle("c2", mustEncode(t, result(dec, 2)), other, 1)
+			if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 1 || len(f.in.from(dec)) != 0 {
+				t.Fatalf("dec/0's frame on c2's routing id: %d rejected (no_hello), %d delivered; want 1, 0", n, len(f.in.from(dec)))
+			}
+		})
+	}
+}
+
+// The bindings probeDead forgot are remembered at most maxGhosts: past
+// it, the old ones go first, else any one.
+func TestForgottenBindingsAreBounded(t *testing.T) {
+	old := maxGhosts
+	maxGhosts = 2
+	t.Cleanup(func() { maxGhosts = old })
+	s := &listener{}
+	t0 := time.Unix(1000, 0)
+	b := &binding{peer: pid("gen", 0)}
+	s.ghost("g1", b, t0)
+	s.ghost("g2", b, t0.Add(ghostKeep/2))
+	s.ghost("g3", b, t0.Add(ghostKeep)) // g1 is old: it goes
+	if _, ok := s.ghosts["g1"]; ok || len(s.ghosts) != 2 {
+		t.Fatalf("ghosts %v: want g2 and g3", s.ghosts)
+	}
+	s.ghost("g4", b, t0.Add(ghostKeep)) // none old: any one goes
+	if _, ok := s.ghosts["g4"]; !ok || len(s.ghosts) != 2 {
+		t.Fatalf("ghosts %v: want g4 and one other", s.ghosts)
 	}
 }

@@ -47,7 +47,28 @@ type listener struct {
 	// probed: probeDead sent on the ROUTER during this drain, which may
 	// have taken ZMQ_FD's signal (drain).
 	probed bool
+	// ghosts are the bindings probeDead forgot, by routing id: a live
+	// connection whose transport was being re-established (same routing
+	// id) looked gone; its next frame binds it again (revive). Made on
+	// first use; at most maxGhosts.
+	ghosts map[string]ghost
 }
+
+// ghost is a binding probeDead forgot, and when (wall clock).
+type ghost struct {
+	b  *binding
+	at time.Time
+}
+
+// maxGhosts bounds the bindings probeDead forgot that the listener
+// remembers (revive): past it, those older than ghostKeep go, else any
+// one. A variable for tests.
+var maxGhosts = 4096
+
+// ghostKeep is how long a forgotten binding is kept for sure when
+// maxGhosts is reached: a DEALER reconnects within reconnectIvlMax of
+// its peer being reachable again.
+const ghostKeep = time.Minute
 
 // pendingBye is a goodbye read on a bound connection.
 type pendingBye struct {
@@ -95,6 +116,7 @@ func (o connOwner) String() string {
 // bind binds connection id to b.
 func (s *listener) bind(id string, b *binding) {
 	s.conns[id] = b
+	delete(s.ghosts, id)
 	o := b.owner()
 	if s.owned == nil {
 		s.owned = map[connOwner]map[string]*binding{}
@@ -122,18 +144,67 @@ func (s *listener) unbind(id string, b *binding) {
 // (probeDead), else those forgetDownConns would forget (of its peers down
 // or forgotten, then of its superseded incarnations); then the table's
 // (maxConns) likewise.
-func (s *listener) room(id, key string, p messages.PeerID, now time.Time) bool {
+//
+// what names what wants the room: "Hello", or, for a connection revive
+// binds again, its frame.
+func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) bool {
 	o := ownerOf(key, p)
 	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.probeDead(s.owned[o]) && !s.forgetDownConns(now, s.owned[o]) {
-		s.reject(RejectFull, id, key, nil, "Hello as %s: %s already holds %d connections, at most %d per identity "+
-			"(maxConnsPerIdentity): this new connection is not bound; its bound ones stay", p, o, n, maxConnsPerIdentity)
+		s.reject(RejectFull, id, key, nil, "%s as %s: %s already holds %d connections, at most %d per identity "+
+			"(maxConnsPerIdentity): this new connection is not bound; its bound ones stay", what, p, o, n, maxConnsPerIdentity)
 		return false
 	}
 	if len(s.conns) >= maxConns && !s.probeDead(s.conns) && !s.forgetDownConns(now, s.conns) {
-		s.reject(RejectFull, id, key, nil, "Hello as %s: already %d connections", p, len(s.conns))
+		s.reject(RejectFull, id, key, nil, "%s as %s: already %d connections", what, p, len(s.conns))
 		return false
 	}
 	return true
+}
+
+// revive binds connection id again to the binding probeDead forgot for
+// it, when frame f, which came on it with key, is that binding's (its key
+// and sender): a live DEALER whose transport was being re-established
+// when the probe ran (its routing id is kept across reconnects) and whose
+// Conn will not say Hello again. It needs room as a Hello does (else f is
+// rejected: full, and ok is false). It returns nil and true when id has no
+// such binding (f is then rejected as before Hello). Only frames on
+// unbound connections come here: bound ones never look at ghosts.
+func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *binding, ok bool) {
+	g, found := s.ghosts[id]
+	if !found || g.b.key != key || g.b.peer != f.Sender() {
+		return nil, true
+	}
+	delete(s.ghosts, id)
+	if !s.room("frame on a connection that reconnected as a probe ran", id, key, g.b.peer, now) {
+		return nil, false
+	}
+	g.b.probedAt = time.Now()
+	s.bind(id, g.b)
+	s.l.log.Debug().Stringer("peer", g.b.peer).Hex("conn", []byte(id)).
+		Msg("control/zmq: a connection a probe found gone is back (it reconnected): bound again")
+	return g.b, true
+}
+
+// ghost remembers binding b of connection id, which probeDead forgot at
+// wall time at, for revive.
+func (s *listener) ghost(id string, b *binding, at time.Time) {
+	if s.ghosts == nil {
+		s.ghosts = map[string]ghost{}
+	}
+	if len(s.ghosts) >= maxGhosts {
+		for gid, g := range s.ghosts {
+			if at.Sub(g.at) >= ghostKeep || at.Before(g.at) {
+				delete(s.ghosts, gid)
+			}
+		}
+		for gid := range s.ghosts {
+			if len(s.ghosts) < maxGhosts {
+				break
+			}
+			delete(s.ghosts, gid)
+		}
+	}
+	s.ghosts[id] = ghost{b: b, at: at}
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
@@ -347,6 +418,12 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		s.hello(id, key, b, h, now)
 		return
 	}
+	if b == nil && len(s.ghosts) > 0 {
+		var ok bool
+		if b, ok = s.revive(id, key, f, now); !ok {
+			return
+		}
+	}
 	switch {
 	case b == nil:
 		s.reject(RejectNoHello, id, key, b, "%T from %s before Hello on this connection", f, f.Sender())
@@ -463,7 +540,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	case b != nil && b.peer != p:
 		s.reject(RejectSender, id, key, b, "Hello as %s on a connection bound to %s", p, b.peer)
 		return
-	case b == nil && !s.room(id, key, p, now):
+	case b == nil && !s.room("Hello", id, key, p, now):
 		return
 	}
 	l := s.l
@@ -741,7 +818,9 @@ const probeHWM = 4
 // reads: with ZMQ_ROUTER_MANDATORY a send to a routing id the ROUTER no
 // longer has fails at once (EHOSTUNREACH) and the binding goes; a queued
 // send, or a full queue (EAGAIN), says the connection is there, and any
-// other error keeps the binding (when in doubt, keep). A connection is
+// other error keeps the binding (when in doubt, keep). A binding that
+// goes is remembered (ghost): a live connection reconnecting just then
+// looks gone, and its next frame binds it again (revive). A connection is
 // probed at most once per probeEvery (wall clock); one whose close the
 // ROUTER has not processed yet counts as there until a later probe. The
 // sends leave drain to read again before it parks (s.probed). Without a
@@ -760,6 +839,7 @@ func (s *listener) probeDead(conns map[string]*binding) bool {
 		if _, err := s.router.SendBytes([]byte(id), zmq4.SNDMORE|zmq4.DONTWAIT); err != nil {
 			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EHOSTUNREACH) {
 				s.unbind(id, b)
+				s.ghost(id, b, at)
 				continue
 			}
 		} else {
