@@ -175,7 +175,8 @@
 // 4096 PeerIDs; past that, Hellos are rejected (full). An identity at its
 // 4096 makes room only from its own bindings that would be forgotten
 // when full; else its new connection's Hello is rejected, naming the
-// identity and the bound, and its bound connections and every other
+// identity and the bound (a later frame on its connection tries again,
+// see below), and its bound connections and every other
 // identity's stay: one peer saying Hello on many connections cannot take
 // the others' room. A rank opens one connection per sender worker and a
 // heartbeat socket to each listener (1025 at most), and a new one on
@@ -185,7 +186,9 @@
 // bound (the identity's, the table's) the listener therefore first
 // probes the bindings it would make room from, at most once a second
 // each: it sends each connection an empty message (ZMQ_ROUTER_MANDATORY),
-// and forgets those whose connection is gone (EHOSTUNREACH). A live
+// and forgets those whose connection is gone (EHOSTUNREACH). Nothing
+// reads such a message: it waits in the DEALER's receive queue, at most
+// a few per connection (ROUTER send HWM 4). A live
 // connection whose transport is being re-established just then (a TCP
 // reconnect keeps its routing id, but the ROUTER holds none for it in
 // between) looks gone too; the listener therefore remembers the bindings
@@ -193,9 +196,14 @@
 // first) and binds the connection again, room permitting, when a frame
 // of the same key and sender comes on its routing id: its frames are
 // delivered, where they were refused (no_hello) until a Hello that a
-// Conn repeats only when the peer's incarnation changes. Nothing
-// reads such a message: it waits in the DEALER's receive queue, at most
-// a few per connection (ROUTER send HWM 4). Each Conn queues at most
+// Conn repeats only when the peer's incarnation changes. A probe finds
+// a connection at most once a second, so a connection closed within that
+// second still counts as there, and a Hello at the bound is refused
+// then; the listener remembers such a refused Hello's binding too, and a
+// later frame on its connection binds it once there is room (while the
+// directory holds that Hello's incarnation), else is rejected (full):
+// a Conn says Hello only once (the frames refused before it is bound are
+// lost). Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.
 //

@@ -130,10 +130,12 @@ func TestOnePeerCannotTakeEveryBinding(t *testing.T) {
 	if len(f.in.from(gen)) != 1 || len(f.in.from(dec)) != 1 {
 		t.Fatalf("delivered %d frames of gen/1 and %d of dec/0, want 1 each", len(f.in.from(gen)), len(f.in.from(dec)))
 	}
-	noHello := f.s.l.Stats().Rejected[RejectNoHello]
+	// A frame on the refused connection tries its Hello's binding again
+	// (revive): still no room, it is rejected (full).
+	full = f.s.l.Stats().Rejected[RejectFull]
 	f.s.handle("a3", mustEncode(t, result(gen, 3)), "", 1)
-	if f.s.l.Stats().Rejected[RejectNoHello] != noHello+1 {
-		t.Fatal("a frame on the refused connection was not rejected as before its Hello")
+	if f.s.l.Stats().Rejected[RejectFull] != full+1 || len(f.in.from(gen)) != 1 {
+		t.Fatal("a frame on the refused connection, still without room, was not rejected (full)")
 	}
 	if _, err := f.s.l.Hello(dec); err != nil {
 		t.Fatalf("dec/0: %v", err)
@@ -374,14 +376,65 @@ func TestForgottenBindingsAreBounded(t *testing.T) {
 	s := &listener{}
 	t0 := time.Unix(1000, 0)
 	b := &binding{peer: pid("gen", 0)}
-	s.ghost("g1", b, t0)
-	s.ghost("g2", b, t0.Add(ghostKeep/2))
-	s.ghost("g3", b, t0.Add(ghostKeep)) // g1 is old: it goes
+	s.ghost("g1", b, t0, false)
+	s.ghost("g2", b, t0.Add(ghostKeep/2), false)
+	s.ghost("g3", b, t0.Add(ghostKeep), false) // g1 is old: it goes
 	if _, ok := s.ghosts["g1"]; ok || len(s.ghosts) != 2 {
 		t.Fatalf("ghosts %v: want g2 and g3", s.ghosts)
 	}
-	s.ghost("g4", b, t0.Add(ghostKeep)) // none old: any one goes
+	s.ghost("g4", b, t0.Add(ghostKeep), true) // none old: any one goes
 	if _, ok := s.ghosts["g4"]; !ok || len(s.ghosts) != 2 {
 		t.Fatalf("ghosts %v: want g4 and one other", s.ghosts)
+	}
+}
+
+// A connection whose Hello was refused at its identity's bound because
+// a closed connection still counted as there (probeDead probes a binding
+// at most once a second) is bound at a frame of it that comes once a
+// probe may find room, instead of being refused (no_hello) for good: a
+// Conn does not say Hello again. Only for the incarnation the directory
+// holds: a refused Hello of another is not taken from a later frame.
+// (Checked to fail: without the memory of refused Hellos, c3's Result
+// was rejected, no_hello.)
+func TestHelloRefusedAtABoundIsTakenLater(t *testing.T) {
+	f := newBoundFixture(t, false, 1000, 2)
+	f.probeRouter()
+	gen := pid("gen", 0)
+	f.mustHello("c1", gen, 1, "")
+	f.mustHello("c2", gen, 1, "")
+	// A probe just found c1 and c2 there; c1 then closed.
+	probed := time.Now()
+	f.s.conns["c1"].probedAt, f.s.conns["c2"].probedAt = probed, probed
+	if f.hello("c3", gen, 1, "") {
+		t.Fatal("c3's Hello taken within a second of the probe: the test does not show the window")
+	}
+	noHello := f.s.l.Stats().Rejected[RejectNoHello]
+	// A second later (the probe times made older), c3's Result comes.
+	f.s.conns["c1"].probedAt, f.s.conns["c2"].probedAt = probed.Add(-2*probeEvery), probed.Add(-2*probeEvery)
+	f.s.handle("c3", mustEncode(t, result(gen, 1)), "", 1)
+	if got := f.in.from(gen); len(got) != 1 || f.s.l.Stats().Rejected[RejectNoHello] != noHello {
+		t.Fatalf("c3's Result once a probe may find room: %d delivered, %d rejected (no_hello); want it delivered",
+			len(got), f.s.l.Stats().Rejected[RejectNoHello]-noHello)
+	}
+	if b := f.s.conns["c3"]; b == nil || b.peer != gen || b.inc != 1 {
+		t.Fatalf("c3 bound as %+v, want gen/0's incarnation 1", b)
+	}
+
+	// A Hello of incarnation 2 refused at the bound (c3 and c5, whose
+	// probes are fresh) is not taken from a later frame while the
+	// directory holds incarnation 1.
+	f.mustHello("c5", gen, 1, "")
+	for _, b := range f.s.conns {
+		b.probedAt = time.Now()
+	}
+	if f.hello("c4", gen, 2, "") {
+		t.Fatal("c4's Hello taken past the bound")
+	}
+	for _, b := range f.s.conns {
+		b.probedAt = b.probedAt.Add(-2 * probeEvery)
+	}
+	f.s.handle("c4", mustEncode(t, result(gen, 2)), "", 1)
+	if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 1 || len(f.in.from(gen)) != 1 {
+		t.Fatalf("incarnation 2's frame on c4: %d rejected (no_hello), %d of gen/0 delivered; want 1, 1", n, len(f.in.from(gen)))
 	}
 }

@@ -47,22 +47,24 @@ type listener struct {
 	// probed: probeDead sent on the ROUTER during this drain, which may
 	// have taken ZMQ_FD's signal (drain).
 	probed bool
-	// ghosts are the bindings probeDead forgot, by routing id: a live
-	// connection whose transport was being re-established (same routing
-	// id) looked gone; its next frame binds it again (revive). Made on
-	// first use; at most maxGhosts.
+	// ghosts are, by routing id, the bindings probeDead forgot (a live
+	// connection whose transport was being re-established, same routing
+	// id, looked gone) and those of Hellos refused at a bound (room: a
+	// closed connection still counted as there); a later frame on the
+	// connection binds it (revive). Made on first use; at most maxGhosts.
 	ghosts map[string]ghost
 }
 
-// ghost is a binding probeDead forgot, and when (wall clock).
+// ghost is a binding probeDead forgot, or a Hello refused at a bound
+// would have made (refused), and when (wall clock).
 type ghost struct {
-	b  *binding
-	at time.Time
+	b       *binding
+	at      time.Time
+	refused bool
 }
 
-// maxGhosts bounds the bindings probeDead forgot that the listener
-// remembers (revive): past it, those older than ghostKeep go, else any
-// one. A variable for tests.
+// maxGhosts bounds the ghosts the listener remembers (revive): past it,
+// those older than ghostKeep go, else any one. A variable for tests.
 var maxGhosts = 4096
 
 // ghostKeep is how long a forgotten binding is kept for sure when
@@ -151,7 +153,7 @@ func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) 
 	o := ownerOf(key, p)
 	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.probeDead(s.owned[o]) && !s.forgetDownConns(now, s.owned[o]) {
 		s.reject(RejectFull, id, key, nil, "%s as %s: %s already holds %d connections, at most %d per identity "+
-			"(maxConnsPerIdentity): this new connection is not bound; its bound ones stay", what, p, o, n, maxConnsPerIdentity)
+			"(maxConnsPerIdentity): this new connection is not bound (a later frame on it is, once there is room); its bound ones stay", what, p, o, n, maxConnsPerIdentity)
 		return false
 	}
 	if len(s.conns) >= maxConns && !s.probeDead(s.conns) && !s.forgetDownConns(now, s.conns) {
@@ -161,13 +163,20 @@ func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) 
 	return true
 }
 
-// revive binds connection id again to the binding probeDead forgot for
-// it, when frame f, which came on it with key, is that binding's (its key
-// and sender): a live DEALER whose transport was being re-established
-// when the probe ran (its routing id is kept across reconnects) and whose
-// Conn will not say Hello again. It needs room as a Hello does (else f is
-// rejected: full, and ok is false). It returns nil and true when id has no
-// such binding (f is then rejected as before Hello). Only frames on
+// revive binds connection id to its ghost's binding when frame f, which
+// came on it with key, is that binding's (its key and sender) — a
+// connection whose Conn will not say Hello again:
+//   - one probeDead forgot: a live DEALER whose transport was being
+//     re-established as the probe ran (its routing id is kept across
+//     reconnects);
+//   - one whose Hello was refused at a bound (room) while a closed
+//     connection still counted as there (probed less than probeEvery
+//     ago): only while the directory holds the Hello's incarnation,
+//     bound to key (as that Hello, taken now, would find it).
+//
+// It needs room as a Hello does: else f is rejected (full), ok is false,
+// and a later frame tries again. It returns nil and true when id has no
+// such ghost (f is then rejected as before Hello). Only frames on
 // unbound connections come here: bound ones never look at ghosts.
 func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *binding, ok bool) {
 	g, found := s.ghosts[id]
@@ -175,19 +184,37 @@ func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *b
 		return nil, true
 	}
 	delete(s.ghosts, id)
-	if !s.room("frame on a connection that reconnected as a probe ran", id, key, g.b.peer, now) {
+	what := "frame on a connection that reconnected as a probe ran"
+	if g.refused {
+		if !s.l.holdsIncarnation(g.b.peer, g.b.inc, key) {
+			return nil, true
+		}
+		what = "frame on a connection whose Hello was refused at the bound"
+	}
+	if !s.room(what, id, key, g.b.peer, now) {
+		s.ghosts[id] = g
 		return nil, false
 	}
 	g.b.probedAt = time.Now()
 	s.bind(id, g.b)
-	s.l.log.Debug().Stringer("peer", g.b.peer).Hex("conn", []byte(id)).
-		Msg("control/zmq: a connection a probe found gone is back (it reconnected): bound again")
+	s.l.log.Debug().Stringer("peer", g.b.peer).Hex("conn", []byte(id)).Bool("refused", g.refused).
+		Msg("control/zmq: a connection without binding (its Hello refused at a bound, or a probe found it gone) is bound")
 	return g.b, true
 }
 
-// ghost remembers binding b of connection id, which probeDead forgot at
-// wall time at, for revive.
-func (s *listener) ghost(id string, b *binding, at time.Time) {
+// holdsIncarnation reports whether the directory holds a Hello of
+// incarnation inc for p, and p is bound to key (or to no key).
+func (l *Link) holdsIncarnation(p messages.PeerID, inc uint64, key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	info := l.peers[p]
+	return info != nil && info.hello != nil && info.hello.Incarnation == inc && (info.key == "" || info.key == key)
+}
+
+// ghost remembers binding b of connection id, which probeDead forgot
+// (or a Hello refused at a bound would have made: refused) at wall time
+// at, for revive.
+func (s *listener) ghost(id string, b *binding, at time.Time, refused bool) {
 	if s.ghosts == nil {
 		s.ghosts = map[string]ghost{}
 	}
@@ -204,7 +231,7 @@ func (s *listener) ghost(id string, b *binding, at time.Time) {
 			delete(s.ghosts, gid)
 		}
 	}
-	s.ghosts[id] = ghost{b: b, at: at}
+	s.ghosts[id] = ghost{b: b, at: at, refused: refused}
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
@@ -541,6 +568,9 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 		s.reject(RejectSender, id, key, b, "Hello as %s on a connection bound to %s", p, b.peer)
 		return
 	case b == nil && !s.room("Hello", id, key, p, now):
+		// Its Conn will not say Hello again: a later frame on it binds
+		// it once there is room (revive).
+		s.ghost(id, &binding{peer: p, key: key, inc: h.Incarnation, pid: h.Process.Pid}, time.Now(), true)
 		return
 	}
 	l := s.l
@@ -839,7 +869,7 @@ func (s *listener) probeDead(conns map[string]*binding) bool {
 		if _, err := s.router.SendBytes([]byte(id), zmq4.SNDMORE|zmq4.DONTWAIT); err != nil {
 			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EHOSTUNREACH) {
 				s.unbind(id, b)
-				s.ghost(id, b, at)
+				s.ghost(id, b, at, false)
 				continue
 			}
 		} else {
