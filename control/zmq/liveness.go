@@ -72,7 +72,7 @@ func (l *liveness) leave(p messages.PeerID, inc uint64) bool {
 // leftAs reports whether incarnation inc (not 0) of p said goodbye.
 func (l *liveness) leftAs(p messages.PeerID, inc uint64) bool {
 	s := l.peers[p]
-	return s != nil && inc != 0 && slices.Contains(s.byes[:], inc)
+	return s != nil && s.byes[0] != 0 && inc != 0 && slices.Contains(s.byes[:], inc)
 }
 
 // forget stops tracking p (a peer the directory forgot to make room):
