@@ -133,6 +133,26 @@ func TestStepPanicAfterATerminalFrameSendsIt(t *testing.T) {
 	}
 }
 
+// TestStepPanicAfterASuccessResultBothSidesAgree: the context session
+// panics after the step that handed the writer's SUCCESS Result to its
+// stream (in the tracer, as a panic in the meter would). The Result
+// leaves after the restart, so the generation side ends READY on it.
+// Before, the restart's crash failed the context side before the
+// worker's report that the Result left (TxSent) could decide DONE: the
+// generation side READY, the context side FAILED. Now a panic after every
+// stream's SUCCESS Result was handed over fails nothing: both sides end
+// with success, every pin dropped.
+func TestStepPanicAfterASuccessResultBothSidesAgree(t *testing.T) {
+	tx, rx := transferPanickingAfter(t, &afterEffectTracer{side: "tx", match: func(e actors.Effect) bool {
+		f, ok := e.(actors.SendFrame)
+		r, result := f.Frame.(*messages.Result)
+		return ok && f.FromStream && result && r.Status == messages.StatusSuccess
+	}})
+	if !rx.OK || !tx.OK {
+		t.Fatalf("tx a %s (%v), rx a %s (%v): want DONE and READY, the Result having left", tx.Status, tx.Err, rx.Status, rx.Err)
+	}
+}
+
 // TestStepPanicAfterRxReadyFinishes: the generation session panics after
 // the step that made it READY (its Finish, its Stop). Before, both were
 // lost: the session was READY and stopped for its step, RxPanic changed

@@ -394,6 +394,16 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 			s.refused = fmt.Sprintf("%s: %s", m.From, m.Why)
 		}
 	case TxPanic:
+		if s.resultsHandedOver() {
+			// Every peer's SUCCESS Result was handed to its worker before
+			// the panic (or runs again after it, as the step decided):
+			// every peer ends READY on it. Failing now would only make
+			// this side disagree; the reports that the Results left
+			// (TxSent) decide DONE, or fail the request.
+			s.eff = append(s.eff, Log{Level: "warn", Msg: "tx session " + s.cfg.Request +
+				" panicked after every Result was handed over: its outcome waits for their reports", Err: m.Err})
+			break
+		}
 		s.fail(TxFailed, fmt.Errorf("%w: request %s: %w", ErrSessionCrashed, s.cfg.Request, m.Err))
 	default:
 		s.violate("unknown message %T", msg)
@@ -789,6 +799,22 @@ func (s *TxSession) succeed(st *stream) {
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self,
 		Status: messages.StatusSuccess, Bytes: st.bytes, Payload: s.payload, Incarnations: s.incs(st),
 	}})
+}
+
+// resultsHandedOver reports whether the session is undecided with every
+// stream the plan expects past its SUCCESS Result's handover (waiting for
+// the report that it left, or finished): what every peer learns is
+// decided, only those reports are left to decide DONE.
+func (s *TxSession) resultsHandedOver() bool {
+	if s.state.Terminal() || len(s.expected) == 0 {
+		return false
+	}
+	for _, p := range s.expected {
+		if st := s.streams[p]; st == nil || !st.answered() {
+			return false
+		}
+	}
+	return true
 }
 
 // onSent records whether a stream's SUCCESS Result left this process: one

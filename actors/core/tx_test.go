@@ -1958,3 +1958,55 @@ func TestTx_PeerGoneOfAnEarlierIncarnation(t *testing.T) {
 		}
 	}
 }
+
+// TestTx_PanicAfterEveryResultHandedOver: a panic of the session's shell
+// (TxPanic) after every expected stream's SUCCESS Result was handed to its
+// worker fails nothing — every peer ends READY on its Result — and the
+// reports that the Results left decide: DONE, or FAILED for one that did
+// not leave. A panic while another stream still writes fails the request.
+//
+// Without the resultsHandedOver check, TxPanic failed the session while
+// its Results were on their way: checked, this test fails ("state FAILED,
+// want TRANSFERRING").
+func TestTx_PanicAfterEveryResultHandedOver(t *testing.T) {
+	handedOver := func(t *testing.T) *txHarness {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+		return h
+	}
+	t.Run("sent", func(t *testing.T) {
+		h := handedOver(t)
+		effs := h.step(TxPanic{Err: errors.New("tracer")})
+		h.wantState(TxTransferring)
+		wantNo(t, "panic after the handover", effs, "Decide", "SendFrame", "Unpin", "Finish")
+		h.sent(1, nil)
+		h.wantState(TxDone)
+		h.wantReleased(TxDone, nil)
+	})
+	t.Run("not sent", func(t *testing.T) {
+		h := handedOver(t)
+		h.step(TxPanic{Err: errors.New("tracer")})
+		h.sent(1, errors.New("connection closed"))
+		h.wantReleased(TxFailed, ErrFrameUnsent)
+	})
+	t.Run("another stream writing", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1, 2)
+		h.request(2, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+		h.step(TxPanic{Err: errors.New("tracer")})
+		h.wantState(TxFailed)
+		h.sent(1, nil)
+		wantResult(t, h.complete(2, 0, nil), 2, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrSessionCrashed)
+	})
+}
