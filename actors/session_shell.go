@@ -77,6 +77,9 @@ type cell[S stepper] struct {
 	// restarting: between the actor's Restarting and its next
 	// incarnation's Started.
 	restarting bool
+	// stopping: the actor is stopping (its Stopping came): it spawns no
+	// child from now on.
+	stopping bool
 	// crash is the value of the panic that ended the last incarnation
 	// (Receive records it on its way up), for the request's error.
 	crash string
@@ -87,6 +90,13 @@ type cell[S stepper] struct {
 type lostMsg struct {
 	m       any
 	retried bool
+}
+
+// restarter is a kind that acts first when a restart of its session
+// ends, before the leftovers of the panic run (txKind: the stream children
+// the restart stopped with their terminal frame still to send).
+type restarter[S stepper] interface {
+	restarted(a *shell[S], ctx actor.Context)
 }
 
 // kind is what a session kind adds to the generic shell.
@@ -161,6 +171,9 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	case *actor.Started:
 		if a.restarted {
 			a.restarting = false
+			if r, ok := a.k.(restarter[S]); ok {
+				r.restarted(a, ctx)
+			}
 			err := a.panicErr(a.takeLost())
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
@@ -183,7 +196,9 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 		a.k.stopped()
 	case *actor.Restarting:
 		a.restarting = true
-	case *actor.Stopping, *actor.Restart:
+	case *actor.Stopping:
+		a.stopping = true
+	case *actor.Restart:
 	case *panicNow:
 		panic(a.k.side() + " session: panic requested")
 	case runLeftover:

@@ -20,7 +20,11 @@ import (
 //     default strategy; a stream's state survives its restart
 //     (streamState). A restart of the session stops them (protoactor
 //     stops a restarting actor's children); they are spawned again on
-//     their next effect, with the step's ops in flight as their account.
+//     their next effect, with the step's ops in flight as their account —
+//     except one stopped with its terminal frame held (or its end
+//     waiting, or a message a panic lost): the step will emit nothing
+//     more for it, so it is spawned again at the restart's Started, over
+//     its own state (txKind.carried).
 //
 // A producer returns a fresh shell per incarnation over the state that
 // survives it (a session's cell, a stream's streamState, workerSlot).

@@ -50,6 +50,14 @@ type txKind struct {
 	// of the session or of the stream past its budget); the next one for
 	// that peer takes its account from the step.
 	respawn map[int]bool
+	// carried: stream children stopped with something of theirs still to
+	// do — a terminal frame held for its ops to settle, an end without a
+	// frame waiting likewise, a message a panic lost — which the step, for
+	// which the stream is answered, will never emit again. Each is spawned
+	// again over the same state (with its own account) as soon as the
+	// session may spawn: at once, or at the Started that ends the
+	// session's restart (restarted).
+	carried []*streamState
 	// ledger is the handle's pin ledger (txSetHandle), swept when the
 	// actor stops.
 	ledger *pinLedger
@@ -342,6 +350,25 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 	ctx.Send(c.pid, streamOp{eff: e})
 }
 
+// restarted is told first thing when a restart of the session ends
+// (Started): the stream children the restart stopped with something of
+// theirs still to do are spawned again, before anything else of the
+// session runs (its leftover effects, its TxPanic).
+func (k *txKind) restarted(_ *shell[*TxSession], ctx actor.Context) { k.spawnCarried(ctx) }
+
+// spawnCarried spawns each carried stream again over its state: its held
+// frame leaves once its own count of ops unsettled is empty, as it would
+// have; a message a panic lost is handled again at its Started.
+func (k *txKind) spawnCarried(ctx actor.Context) {
+	for _, st := range k.carried {
+		if k.streams == nil {
+			k.streams = map[int]*streamChild{}
+		}
+		k.streams[st.peer] = &streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
+	}
+	k.carried = nil
+}
+
 // watchFence calls f.OnReady(fired), and turns a panic in it (the
 // caller's Fence: a nil pointer, a broken implementation) into the
 // chunk's fence failing with the panic, named. Crashing the session
@@ -397,7 +424,19 @@ func (k *txKind) hold(_ *shell[*TxSession], rest []Effect) bool {
 func (k *txKind) streamTerminated(a *shell[*TxSession], ctx actor.Context, who *actor.PID) {
 	for peer, c := range k.streams {
 		if c.pid.Equal(who) {
-			if !c.st.done {
+			switch st := c.st; {
+			case st.done:
+			case st.held != nil || st.ending || st.handling != nil:
+				// Stopped (by a restart of the session, or past its own
+				// restart budget) with its terminal frame held, its end
+				// waiting, or a message lost: nothing would send that
+				// frame again, and its count of ops unsettled, the check
+				// on the step's, would be lost with it. It is spawned
+				// again over the same state.
+				a.env.log.Warn().Str("request", k.request()).Int("peer", peer).Bool("frame", st.held != nil).
+					Int("unsettled", len(st.inflight)).Msg("stream stopped before its terminal frame left: spawned again over its state")
+				k.carried = append(k.carried, st)
+			default:
 				// Stopped by a restart of the session, not by its own
 				// terminal frame: it is spawned again on its next effect.
 				a.env.log.Debug().Str("request", k.request()).Int("peer", peer).Msg("stream stopped before its terminal frame")
@@ -409,7 +448,12 @@ func (k *txKind) streamTerminated(a *shell[*TxSession], ctx actor.Context, who *
 			delete(k.streams, peer)
 		}
 	}
-	if len(k.streams) == 0 && k.release != nil {
+	if !a.restarting && !a.stopping {
+		// (While the session restarts or stops, a child spawned now would
+		// hold that up: restarted spawns them.)
+		k.spawnCarried(ctx)
+	}
+	if len(k.streams) == 0 && len(k.carried) == 0 && k.release != nil {
 		rel := k.release
 		k.release = nil
 		a.run(ctx, rel, a.env.clock.Now())

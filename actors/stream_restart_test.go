@@ -1,0 +1,154 @@
+//go:build kvxfer_invariants
+
+package actors
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/kvcache"
+)
+
+// TestStreamHeldFrameSurvivesSessionRestart: a peer stream holds its
+// terminal frame (its own count has an op unsettled: here it dropped the
+// worker's report after panicking on it twice, a stream-accounting
+// violation) when its session restarts. The restart stops the stream.
+// Before, the frame was lost with it: nothing sent it again (the step had
+// finished the stream), the generation side waited for its deadline, and
+// the session released its source pins although its stream still counted
+// an op unsettled. Now the stream is spawned again over the state it
+// held: the report that settles its count (here the same completion once
+// more) lets the frame leave, the generation side ends READY on it, and
+// the context side DONE.
+func TestStreamHeldFrameSurvivesSessionRestart(t *testing.T) {
+	const id, prompt = "held", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+
+	var settles atomic.Int32
+	hook := func(e Effect) bool { return e == nil && settles.Add(1) <= 2 }
+	PanicOnStream.Store(&hook)
+	t.Cleanup(func() { PanicOnStream.Store(nil) })
+
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ctxR.e.FreeBlocks(src) }()
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := ctxR.e.env.stats
+	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
+	tx.Crash()
+	pollUntil(t, "the session to restart", func() bool { return stats.SessionPanics.Load() == 1 })
+	// The completion once more (a late duplicate: the step ignores it)
+	// settles the stream's count.
+	ctxR.e.sys.Root.Send(tx.pid, TxCompleted{Op: OpRef{Request: id, Peer: 0, Seq: 0}})
+	if o := wait(t, "generation outcome", rx.Done()); !o.OK {
+		t.Fatalf("generation side %s %v, want READY on the held Result", o.Status, o.Err)
+	}
+	if o := wait(t, "context outcome", tx.Done()); !o.OK {
+		t.Fatalf("context side %s %v, want DONE", o.Status, o.Err)
+	}
+	wait(t, "generation blocks released", rx.Released())
+	if n := settles.Load(); n != 3 {
+		t.Fatalf("%d settles, want 3 (two panics, then the one that settled)", n)
+	}
+	if n := stats.StreamViolations.Load(); n != 1 {
+		t.Fatalf("%d stream violations, want 1 (the held frame)", n)
+	}
+}
+
+// pollUntil polls cond until it holds, failing the test if it does not
+// within 10s (a bound on a bug, not a way of waiting).
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 10s", what)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+}
+
+// TestStreamHeldFrameCloseStops: a stream spawned again over its held
+// frame, whose count never settles (the report it dropped never comes
+// again), holds the frame and its session's release for good — as it does
+// without a restart — but Close still returns, naming the session
+// undrained: a session that is stopping spawns no stream again (checked:
+// spawning it there, Close never returned).
+func TestStreamHeldFrameCloseStops(t *testing.T) {
+	const id, prompt = "held", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+	var settles atomic.Int32
+	hook := func(e Effect) bool { return e == nil && settles.Add(1) <= 2 }
+	PanicOnStream.Store(&hook)
+	t.Cleanup(func() { PanicOnStream.Store(nil) })
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := ctxR.e.env.stats
+	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
+	tx.Crash()
+	pollUntil(t, "the session to restart", func() bool { return stats.SessionPanics.Load() == 1 })
+	// Both sides stay undrained: the context side's session holds its
+	// release for its stream, the generation side waits for the frame.
+	ctxR.undrainedOK, genR.undrainedOK = true, true
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done <- ctxR.e.Close(ctx)
+	}()
+	if err := wait(t, "Close to return", done); !errors.Is(err, ErrUndrained) {
+		t.Fatalf("Close: %v, want ErrUndrained (the held stream)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = genR.e.Close(ctx) // (its Receive waits for the frame)
+}
