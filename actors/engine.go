@@ -194,7 +194,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 				// A worker stopped outside Close: its restart budget is spent.
 				// Its Stopping closed its endpoints (no op of it can write,
 				// but those whose close proved nothing), so its requests fail
-				// and drain; the engine refuses new work.
+				// and drain; the engine refuses new work. The closes' reports
+				// it never handled (they came after it stopped) are carried
+				// here: what proved sources released releases them.
 				if e.env.closing.Load() {
 					return
 				}
@@ -204,9 +206,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 						e.env.fail(fmt.Sprintf("its sender worker %d spent its restart budget", i))
 						cfg.Log.Error().Int("worker", i).Msg("sender worker stopped: restart budget spent; failing its requests, refusing new ones")
 						if ps := e.parents.Load(); ps != nil {
-							inDoubt := slots[i].unprovenOps()
-							ctx.Send(ps[0], &workerDead{worker: i, inDoubt: inDoubt})
-							ctx.Send(ps[1], &workerDead{worker: i, inDoubt: inDoubt})
+							dead := &workerDead{worker: i, inDoubt: slots[i].unprovenOps(), released: slots[i].releasedOps()}
+							ctx.Send(ps[0], dead)
+							ctx.Send(ps[1], dead)
 						}
 					}
 				}

@@ -73,6 +73,9 @@ type (
 	workerDead struct {
 		worker  int
 		inDoubt []core.OpRef // its ops whose endpoint's close proved nothing
+		// released: those of inDoubt whose close proved their sources
+		// released, a report the worker stopped before it handled
+		released []core.OpRef
 	}
 	// blocksFreed wakes the rx supervisor's allocation queue.
 	blocksFreed struct{}
@@ -358,7 +361,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxWorkerDead{Worker: m.worker, InDoubt: m.inDoubt})
+			ctx.Send(pid, TxWorkerDead{Worker: m.worker, InDoubt: m.inDoubt, Released: m.released})
 		}
 	}
 }

@@ -114,6 +114,11 @@ type workerSlot struct {
 	// append to it.
 	unprovenMu sync.Mutex
 	unproven   []core.OpRef
+	// closed are the closers' reports (endpointClosed) the worker has not
+	// handled yet, under unprovenMu: one that comes after the worker
+	// stopped for good is lost with its mailbox, so its stop carries what
+	// those reports proved (releasedOps).
+	closed []*endpointClosed
 }
 
 // unprovenOps returns the ops whose endpoint's close proved nothing.
@@ -121,6 +126,34 @@ func (s *workerSlot) unprovenOps() []core.OpRef {
 	s.unprovenMu.Lock()
 	defer s.unprovenMu.Unlock()
 	return slices.Clone(s.unproven)
+}
+
+// releasedOps returns the ops of the close reports the worker never
+// handled (it stopped first) whose close proved their sources released
+// but not their writes over (rdma.ErrCloseUnproven with
+// rdma.ErrSourcesReleased, as endpointClosed reads it). Read once the
+// worker has stopped.
+func (s *workerSlot) releasedOps() []core.OpRef {
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
+	var out []core.OpRef
+	for _, m := range s.closed {
+		if errors.Is(m.err, rdma.ErrCloseUnproven) && errors.Is(m.err, rdma.ErrSourcesReleased) {
+			for _, so := range m.retired {
+				out = append(out, so.Ops...)
+			}
+		}
+	}
+	return out
+}
+
+// takeClosed marks a closer's report handled.
+func (s *workerSlot) takeClosed(m *endpointClosed) {
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
+	if i := slices.Index(s.closed, m); i >= 0 {
+		s.closed = slices.Delete(s.closed, i, i+1)
+	}
 }
 
 type connectResult struct {
@@ -193,6 +226,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 	case *endpointOpened:
 		s.connected(ctx, m.key)
 	case *endpointClosed:
+		s.takeClosed(m)
 		if errors.Is(m.err, rdma.ErrCloseUnproven) {
 			n := 0
 			for _, so := range m.retired {
@@ -477,15 +511,17 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 	go func() {
 		defer s.background.Done()
 		err := ep.Close()
+		m := &endpointClosed{retired: retired, err: err}
+		s.unprovenMu.Lock()
 		if errors.Is(err, rdma.ErrCloseUnproven) {
 			s.stats.ClosesUnproven.Add(1)
-			s.unprovenMu.Lock()
 			for _, so := range retired {
 				s.unproven = append(s.unproven, so.Ops...)
 			}
-			s.unprovenMu.Unlock()
 		}
-		sys.Root.Send(self, &endpointClosed{retired: retired, err: err})
+		s.closed = append(s.closed, m)
+		s.unprovenMu.Unlock()
+		sys.Root.Send(self, m)
 	}()
 }
 

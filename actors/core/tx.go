@@ -74,10 +74,15 @@ type (
 	// stopped. It closed every endpoint before it stopped (that is its
 	// Stopping), so no op it held can write any more, but those in InDoubt:
 	// their endpoint's close could not prove it (rdma.ErrCloseUnproven).
+	// Those in Released (some of InDoubt) had a close that proved at least
+	// that the backend reads none of their sources any more
+	// (rdma.ErrSourcesReleased), a report the worker stopped before it
+	// handled: they go SOURCES_RELEASED, as by TxRetired{Unproven}.
 	// What was sent to it after is never posted. Its streams fail.
 	TxWorkerDead struct {
-		Worker  int
-		InDoubt []OpRef
+		Worker   int
+		InDoubt  []OpRef
+		Released []OpRef `json:",omitempty"`
 	}
 	// TxCompleted: a worker reports the exactly-once outcome of an op's
 	// batch. Refused means it never reached the backend. Unproven means
@@ -545,10 +550,10 @@ func (s *TxSession) onFence(m TxFenceFired) {
 
 // onWorkerDead retires every op in flight on the dead worker (its endpoints
 // were closed before it stopped: proof that they are quiescent, but for the
-// ops in m.InDoubt, whose close proved nothing and which stay) and fails
-// the request if any of its streams used it. ADMITTED ops stay for
-// progress(), which makes them NOT_SUBMITTED (their chunks stay pinned
-// until their fences fire).
+// ops in m.InDoubt, whose close proved nothing and which stay — or, those
+// also in m.Released, go SOURCES_RELEASED) and fails the request if any of
+// its streams used it. ADMITTED ops stay for progress(), which makes them
+// NOT_SUBMITTED (their chunks stay pinned until their fences fire).
 func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 	if !slices.Contains(s.dead, m.Worker) {
 		s.dead = append(s.dead, m.Worker)
@@ -565,7 +570,11 @@ func (s *TxSession) onWorkerDead(m TxWorkerDead) {
 			if o.state == OpSubmitting || o.state == OpSubmitted {
 				s.setOp(r, o, OpInDoubt)
 			}
-			if o.state == OpInDoubt && !slices.Contains(m.InDoubt, r) {
+			switch {
+			case o.state != OpInDoubt:
+			case slices.Contains(m.Released, r):
+				s.setOp(r, o, OpSourcesReleased)
+			case !slices.Contains(m.InDoubt, r):
 				s.setOp(r, o, OpRetired)
 				st.retired = true
 			}

@@ -858,6 +858,41 @@ func TestTx_WorkerDeadKeepsUnprovenOpsInDoubt(t *testing.T) {
 	}
 }
 
+// TestTx_WorkerDeadReleasesProvenSources: a worker stopped for good before
+// it handled its close's report that the backend reads none of an op's
+// sources any more (TxWorkerDead.Released): the op goes SOURCES_RELEASED
+// — its source pins go, its stream ends without a terminal frame (the
+// write may still land) — whether the session had it SUBMITTED (the
+// stop's own close) or IN_DOUBT (a restart's close). Before, it stayed in
+// doubt for good (checked to fail with the Released case removed from
+// onWorkerDead).
+func TestTx_WorkerDeadReleasesProvenSources(t *testing.T) {
+	for _, restarted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted=%v", restarted), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, time.Minute)
+			h.request(1, 1)
+			h.chunk(0, 32, true)
+			h.fence(0)
+			if restarted {
+				h.step(TxInDoubt{Ops: []OpRef{h.op(1, 0)}, Reason: fmt.Errorf("%w: worker 0", ErrWorkerCrashed)})
+				h.wantOp(1, 0, OpInDoubt)
+			}
+			ops := []OpRef{h.op(1, 0)}
+			effs := h.step(TxWorkerDead{Worker: 0, InDoubt: ops, Released: ops})
+			h.wantOp(1, 0, OpSourcesReleased)
+			if ends := effectsOf[EndStream](effs); len(ends) != 1 || ends[0].Peer != 1 {
+				t.Fatalf("want EndStream of stream 1: %s", fmtEffects(effs))
+			}
+			wantNo(t, "a silent stream", effs, "SendFrame")
+			h.wantReleased(TxFailed, ErrWorkerCrashed)
+			if got := h.s.SilentPeers(); !slices.Equal(got, []messages.PeerID{genPeer(1)}) {
+				t.Fatalf("silent peers %v, want [%v]", got, genPeer(1))
+			}
+		})
+	}
+}
+
 // TestRace_WorkerPanicWithSubmittedOps: a worker dies with an op in flight.
 // The op is IN_DOUBT, the session FAILED at once, a drain timer starts; the
 // worker's restart closes the endpoint (TxRetired): the op is RETIRED, the
