@@ -65,6 +65,10 @@ type worker struct {
 	// (FaultCloseUnproven): a stop names them (TxWorkerDead.InDoubt), as
 	// workerSlot.unprovenOps.
 	unproven []actors.OpRef
+	// released are the ops of closes that proved their sources released
+	// whose report the worker has not handled: a stop carries them
+	// (TxWorkerDead.Released), as workerSlot.releasedOps.
+	released []actors.OpRef
 }
 
 func (w *worker) name() string {
@@ -480,10 +484,16 @@ func (w *worker) closeEndpoint(key string) {
 		}
 		ep.failWaiters(errUnproven)
 		if released {
+			var ops []actors.OpRef
+			for _, so := range retired {
+				ops = append(ops, so.Ops...)
+			}
+			w.released = append(w.released, ops...)
 			s.mail("backend", w.name(), s.hop(), "endpoint closed, sources released", func() {
 				if !w.live() {
-					return
+					return // lost: the worker's stop carries it
 				}
+				w.released = slices.DeleteFunc(w.released, func(r actors.OpRef) bool { return slices.Contains(ops, r) })
 				for _, so := range retired {
 					w.toSession(so.Session, actors.TxRetired{Ops: so.Ops, Unproven: true})
 				}

@@ -121,10 +121,17 @@ func (w *worker) stop() {
 	for _, k := range w.tbl.Keys() {
 		ep, retired, _ := w.tbl.Close(k)
 		ep.closed, ep.waiters = true, nil
-		if cut, _ := w.cutUnproven(ep, retired); cut != nil {
+		if cut, released := w.cutUnproven(ep, retired); cut != nil {
 			// Their Done, and endpointClosed of a close that proved
 			// their sources released, reach a stopped worker: lost. The
-			// ops stay in doubt (TxWorkerDead.InDoubt), pins held.
+			// ops stay in doubt (TxWorkerDead.InDoubt), pins held, but
+			// for those whose close proved their sources released: the
+			// stop carries that (TxWorkerDead.Released).
+			if released {
+				for _, so := range retired {
+					w.released = append(w.released, so.Ops...)
+				}
+			}
 			continue
 		}
 		for _, b := range slices.Clone(ep.pending) {
@@ -143,7 +150,7 @@ func (w *worker) stop() {
 				return
 			}
 			for _, ts := range sortedSessions(c.sessions) {
-				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx, InDoubt: slices.Clone(w.unproven)})
+				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx, InDoubt: slices.Clone(w.unproven), Released: slices.Clone(w.released)})
 			}
 		})
 	})
