@@ -4,9 +4,11 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,4 +114,88 @@ func TestWorkerStoppedForGoodWithSourcesReleased(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestNewWorkForAStoppedWorkerFailsPromptly: once sender worker 0 has
+// stopped for good, new batches routed to it fail their requests at once
+// with an error naming the stopped worker, and hang nothing: request x's
+// next chunk (its stream already on worker 0; the chunk may reach the
+// session before or after it hears of the stop), and request y's first
+// stream (its Send came before the stop, its RequestData after), which
+// is refused with a FAILED Result that goes out through worker 1. Both
+// sides end well before the requests' deadlines, with no timeout, and
+// every block comes back; the failed engine still closes clean.
+func TestNewWorkForAStoppedWorkerFailsPromptly(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPairN(t, l, 2)
+	c := &cluster{ctx: []*kvxfer.Engine{ce}, gen: []*kvxfer.Engine{ge}}
+	idX, idY := onWorker0(ge, "x"), onWorker0(ge, "y")
+	spendRestarts(t, ce, 10)
+	long := time.Minute // the deadlines: no outcome here may come from them
+	rxX, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: idX, PromptLen: 64, Context: "ctx", Timeout: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcX, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txX, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: idX, PromptLen: 64, Timeout: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := kvcache.Chunk{Start: 0, End: 32, FirstBlock: 0}
+	if err := txX.Chunk(c0, c0.Runs(l.TokensPerBlock, srcX), nil); err != nil {
+		t.Fatal(err)
+	}
+	srcY, err := ce.Pools().Alloc([]int{l.BlocksFor(64), l.BlocksFor(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txY, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: idY, PromptLen: 64, Timeout: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cy := kvcache.Chunk{Start: 0, End: 64, FirstBlock: 0, Last: true}
+	if err := txY.Chunk(cy, cy.Runs(l.TokensPerBlock, srcY), nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "x's first batch posted", func() bool { return ce.Stats().OpsPosted >= 1 })
+
+	ce.CrashWorker(0) // the eleventh: stopped for good
+	c1 := kvcache.Chunk{Start: 32, End: 64, FirstBlock: 2, Last: true}
+	if err := txX.Chunk(c1, c1.Runs(l.TokensPerBlock, srcX), nil); err != nil && !errors.Is(err, kvxfer.ErrEngineFailed) {
+		t.Fatalf("x's next chunk: %v, want nil or ErrEngineFailed", err)
+	}
+	wantStopped := func(side string, o kvxfer.Outcome) {
+		t.Helper()
+		if o.OK || o.Err == nil || errors.Is(o.Err, kvxfer.ErrTimeout) || !strings.Contains(o.Err.Error(), "sender worker 0") || !strings.Contains(o.Err.Error(), "stopped (restart budget spent)") {
+			t.Fatalf("%s: %s %v, want FAILED naming the stopped worker, before any deadline", side, o.Status, o.Err)
+		}
+	}
+	o := waitOutcome(t, txX.Done())
+	wantStopped("tx x", o)
+	if !errors.Is(o.Err, kvxfer.ErrEngineFailed) {
+		t.Fatalf("tx x: %v, want ErrEngineFailed", o.Err)
+	}
+	if ro := waitOutcome(t, rxX.Done()); ro.OK || errors.Is(ro.Err, kvxfer.ErrTimeout) {
+		t.Fatalf("rx x: %s %v, want a failure before its deadline", ro.Status, ro.Err)
+	}
+	// y's RequestData comes after the stop: its stream would go to worker 0.
+	rxY, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: idY, PromptLen: 64, Context: "ctx", Timeout: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = waitOutcome(t, txY.Done())
+	wantStopped("tx y", o)
+	if !errors.Is(o.Err, kvxfer.ErrEngineFailed) {
+		t.Fatalf("tx y: %v, want ErrEngineFailed", o.Err)
+	}
+	wantStopped("rx y", waitOutcome(t, rxY.Done()))
+	for _, src := range [][][]kvcache.BlockID{srcX, srcY} {
+		if err := ce.Pools().Free(src); err != nil {
+			t.Fatalf("free after Done: %v", err)
+		}
+	}
+	checkNoLeaks(t, c)
 }
