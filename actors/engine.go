@@ -105,6 +105,9 @@ type Engine struct {
 	// result instead of stopping a stopped actor system.
 	closeOnce sync.Once
 	closeErr  error
+	// slots are the workers' slots (for tests), set before StartEngine
+	// returns.
+	slots []*workerSlot
 }
 
 // StartEngine builds the actor tree and starts listening.
@@ -188,6 +191,9 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 					slot := newWorkerSlot(i, cfg.Agent, reg, cfg.Link, cfg.Log, e.stats, e.env)
 					slots[i] = slot
 					pids[i] = ctx.Spawn(e.env.props(func() actor.Actor { return &workerActor{slot: slot} }))
+				}
+				if e.slots == nil {
+					e.slots = slots
 				}
 				ready <- pids
 			case *actor.Terminated:

@@ -71,11 +71,13 @@ type (
 	}
 	// workerDead: a sender worker was stopped for good.
 	workerDead struct {
-		worker  int
-		inDoubt []core.OpRef // its ops whose endpoint's close proved nothing
+		worker int
+		// inDoubt: its ops whose endpoint's close proved nothing, by
+		// session (each hears of its own only: workerDead.tx)
+		inDoubt []core.SessionOps[*actor.PID]
 		// released: those of inDoubt whose close proved their sources
 		// released, a report the worker stopped before it handled
-		released []core.OpRef
+		released []core.SessionOps[*actor.PID]
 	}
 	// blocksFreed wakes the rx supervisor's allocation queue.
 	blocksFreed struct{}
@@ -361,7 +363,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 	case *workerDead:
 		for _, pid := range p.sessions.pids {
-			ctx.Send(pid, TxWorkerDead{Worker: m.worker, InDoubt: m.inDoubt, Released: m.released})
+			ctx.Send(pid, m.tx(pid))
 		}
 	}
 }

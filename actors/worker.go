@@ -109,11 +109,15 @@ type workerSlot struct {
 	peerKey map[messages.PeerID]string
 	stale   map[string]bool
 	// unproven are the ops of endpoints whose Close could not prove them
-	// over (rdma.ErrCloseUnproven): they stay in doubt for good, also
-	// when the worker stops (workerDead carries them). Closer goroutines
-	// append to it.
+	// over (rdma.ErrCloseUnproven), with their sessions: they stay in
+	// doubt for good, also when the worker stops (workerDead carries
+	// them, and the tx parent gives each session only its own: a later
+	// session may reuse a request id, and so an op's ref). Closer
+	// goroutines append to it; a session's entries go once it has
+	// stopped (the worker watches it from its endpointClosed on: its
+	// Terminated), as nothing can tell it of its ops any more.
 	unprovenMu sync.Mutex
-	unproven   []core.OpRef
+	unproven   []core.SessionOps[*actor.PID]
 	// closed are the closers' reports (endpointClosed) the worker has not
 	// handled yet, under unprovenMu: one that comes after the worker
 	// stopped for good is lost with its mailbox, so its stop carries what
@@ -121,11 +125,39 @@ type workerSlot struct {
 	closed []*endpointClosed
 }
 
-// unprovenOps returns the ops whose endpoint's close proved nothing.
-func (s *workerSlot) unprovenOps() []core.OpRef {
+// unprovenOps returns the ops whose endpoint's close proved nothing, of
+// the sessions not known to have stopped.
+func (s *workerSlot) unprovenOps() []core.SessionOps[*actor.PID] {
 	s.unprovenMu.Lock()
 	defer s.unprovenMu.Unlock()
 	return slices.Clone(s.unproven)
+}
+
+// sessionStopped forgets the unproven ops of a session that has stopped:
+// nothing can tell it of them any more, and its request id (so its ops'
+// refs) may come back with a later session.
+func (s *workerSlot) sessionStopped(session *actor.PID) {
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
+	s.unproven = slices.DeleteFunc(s.unproven, func(so core.SessionOps[*actor.PID]) bool { return so.Session.Equal(session) })
+}
+
+// tx is what session hears of the stop: the ops of its own in doubt and
+// released (those of a stopped session with the same request id, so the
+// same refs, are not its).
+func (m *workerDead) tx(session *actor.PID) TxWorkerDead {
+	return TxWorkerDead{Worker: m.worker, InDoubt: opsOf(m.inDoubt, session), Released: opsOf(m.released, session)}
+}
+
+// opsOf returns the ops of sos that belong to session.
+func opsOf(sos []core.SessionOps[*actor.PID], session *actor.PID) []core.OpRef {
+	var out []core.OpRef
+	for _, so := range sos {
+		if so.Session.Equal(session) {
+			out = append(out, so.Ops...)
+		}
+	}
+	return out
 }
 
 // releasedOps returns the ops of the close reports the worker never
@@ -133,15 +165,13 @@ func (s *workerSlot) unprovenOps() []core.OpRef {
 // but not their writes over (rdma.ErrCloseUnproven with
 // rdma.ErrSourcesReleased, as endpointClosed reads it). Read once the
 // worker has stopped.
-func (s *workerSlot) releasedOps() []core.OpRef {
+func (s *workerSlot) releasedOps() []core.SessionOps[*actor.PID] {
 	s.unprovenMu.Lock()
 	defer s.unprovenMu.Unlock()
-	var out []core.OpRef
+	var out []core.SessionOps[*actor.PID]
 	for _, m := range s.closed {
 		if errors.Is(m.err, rdma.ErrCloseUnproven) && errors.Is(m.err, rdma.ErrSourcesReleased) {
-			for _, so := range m.retired {
-				out = append(out, so.Ops...)
-			}
+			out = append(out, m.retired...)
 		}
 	}
 	return out
@@ -231,6 +261,11 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			n := 0
 			for _, so := range m.retired {
 				n += len(so.Ops)
+				// Its ops stay in unproven until it has stopped (its
+				// Terminated; at once if it already has).
+				if so.Session != nil {
+					ctx.Watch(so.Session)
+				}
 			}
 			if errors.Is(m.err, rdma.ErrSourcesReleased) {
 				// No proof that the writes are over, but the backend reads
@@ -287,6 +322,9 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		for _, w := range q {
 			s.deliver(ctx, w)
 		}
+	case *actor.Terminated:
+		// A session watched for its unproven ops (endpointClosed).
+		s.sessionStopped(m.Who)
 	case workerCrash:
 		panic(fmt.Sprintf("worker %d: crash requested", s.idx))
 	case *actor.Restarting:
@@ -515,9 +553,7 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		s.unprovenMu.Lock()
 		if errors.Is(err, rdma.ErrCloseUnproven) {
 			s.stats.ClosesUnproven.Add(1)
-			for _, so := range retired {
-				s.unproven = append(s.unproven, so.Ops...)
-			}
+			s.unproven = append(s.unproven, retired...)
 		}
 		s.closed = append(s.closed, m)
 		s.unprovenMu.Unlock()
