@@ -62,13 +62,34 @@ type worker struct {
 	// for it are never posted, its frames go through the next live worker.
 	stopped, dead bool
 	// unproven are the ops of endpoints whose close proved nothing
-	// (FaultCloseUnproven): a stop names them (TxWorkerDead.InDoubt), as
-	// workerSlot.unprovenOps.
-	unproven []actors.OpRef
+	// (FaultCloseUnproven), by session: a stop names each session its
+	// own (TxWorkerDead.InDoubt), as workerSlot.unprovenOps; a live
+	// worker forgets a session's once it has stopped (sessionStopped).
+	unproven []core.SessionOps[*txSess]
 	// released are the ops of closes that proved their sources released
 	// whose report the worker has not handled: a stop carries them
 	// (TxWorkerDead.Released), as workerSlot.releasedOps.
-	released []actors.OpRef
+	released []core.SessionOps[*txSess]
+}
+
+// sessionStopped: session ts has stopped. A live worker forgets its
+// unproven ops, as workerSlot.sessionStopped (the worker watches it): a
+// later session may reuse its request id, so its ops' refs.
+func (w *worker) sessionStopped(ts *txSess) {
+	if w.live() {
+		w.unproven = slices.DeleteFunc(w.unproven, func(so core.SessionOps[*txSess]) bool { return so.Session == ts })
+	}
+}
+
+// opsOf returns the ops of sos that belong to ts (workerDead.tx).
+func opsOf(sos []core.SessionOps[*txSess], ts *txSess) []actors.OpRef {
+	var out []actors.OpRef
+	for _, so := range sos {
+		if so.Session == ts {
+			out = append(out, so.Ops...)
+		}
+	}
+	return out
 }
 
 func (w *worker) name() string {
@@ -484,16 +505,16 @@ func (w *worker) closeEndpoint(key string) {
 		}
 		ep.failWaiters(errUnproven)
 		if released {
-			var ops []actors.OpRef
-			for _, so := range retired {
-				ops = append(ops, so.Ops...)
-			}
-			w.released = append(w.released, ops...)
+			w.released = append(w.released, retired...)
 			s.mail("backend", w.name(), s.hop(), "endpoint closed, sources released", func() {
 				if !w.live() {
 					return // lost: the worker's stop carries it
 				}
-				w.released = slices.DeleteFunc(w.released, func(r actors.OpRef) bool { return slices.Contains(ops, r) })
+				w.released = slices.DeleteFunc(w.released, func(so core.SessionOps[*txSess]) bool {
+					return slices.ContainsFunc(retired, func(r core.SessionOps[*txSess]) bool {
+						return r.Session == so.Session && slices.Equal(r.Ops, so.Ops)
+					})
+				})
 				for _, so := range retired {
 					w.toSession(so.Session, actors.TxRetired{Ops: so.Ops, Unproven: true})
 				}
@@ -555,9 +576,7 @@ func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) (
 			s.at(s.vt+time.Duration(s.xr.Int64N(int64(30*time.Millisecond))), "backend", b.op, func() { s.land(b) })
 		}
 	}
-	for _, so := range retired {
-		w.unproven = append(w.unproven, so.Ops...)
-	}
+	w.unproven = append(w.unproven, retired...)
 	if !c.exitDue {
 		c.exitDue = true
 		inc := c.inc

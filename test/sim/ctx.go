@@ -577,6 +577,9 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				if c.sessions[ts.id] == ts {
 					delete(c.sessions, ts.id)
 				}
+				for _, w := range c.workers {
+					w.sessionStopped(ts)
+				}
 				c.table.Silence(ts.id, silent)
 				c.table.Stopped(ts.id)
 				// Engine.Send may have adopted the session after it stopped

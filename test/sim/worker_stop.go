@@ -128,9 +128,7 @@ func (w *worker) stop() {
 			// for those whose close proved their sources released: the
 			// stop carries that (TxWorkerDead.Released).
 			if released {
-				for _, so := range retired {
-					w.released = append(w.released, so.Ops...)
-				}
+				w.released = append(w.released, retired...)
 			}
 			continue
 		}
@@ -150,7 +148,7 @@ func (w *worker) stop() {
 				return
 			}
 			for _, ts := range sortedSessions(c.sessions) {
-				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx, InDoubt: slices.Clone(w.unproven), Released: slices.Clone(w.released)})
+				s.sendTx(c.parentName(), ts, actors.TxWorkerDead{Worker: w.idx, InDoubt: opsOf(w.unproven, ts), Released: opsOf(w.released, ts)})
 			}
 		})
 	})
