@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,6 +175,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if err := zmq.CheckEndpoint(f.o.Bind); err != nil {
 		return fmt.Errorf("--bind: %w", err)
 	}
+	if err := checkBindPlace(f.o.Bind); err != nil {
+		return err
+	}
 	if !etcd {
 		if err := zmq.CheckPeerEndpoint(f.o.PeerEndpoint); err != nil {
 			return fmt.Errorf("--peer-endpoint: %w", err)
@@ -258,6 +262,48 @@ func checkTracePath(path string) error {
 			err = pe.Err
 		}
 		return fmt.Errorf("--trace = %s: cannot write it: %w", path, err)
+	}
+	return nil
+}
+
+// checkBindPlace refuses, before the pool is mapped, a --bind that
+// libzmq can only refuse once it binds, naming neither the flag nor the
+// mistake: an ipc:// path in a directory that is not there ("bind: no
+// such file or directory") and a tcp:// host that is neither `*`, an IP
+// address nor an interface of this host ("bind: no such device": libzmq
+// resolves no host name to bind; zmq.CheckEndpoint names one that
+// resolves). Abstract (ipc://@name) and system-picked (ipc://*) paths,
+// and a source;address pair, are left to libzmq.
+func checkBindPlace(bind string) error {
+	scheme, addr, _ := strings.Cut(bind, "://")
+	switch scheme {
+	case "ipc":
+		if addr == "*" || strings.HasPrefix(addr, "@") {
+			return nil
+		}
+		dir := filepath.Dir(addr)
+		st, err := os.Stat(dir)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("--bind = %q: directory %s does not exist: create it, or bind a socket in a directory that does", bind, dir)
+		case err == nil && !st.IsDir():
+			return fmt.Errorf("--bind = %q: %s is not a directory: bind a socket in a directory", bind, dir)
+		}
+	case "tcp":
+		i := strings.LastIndex(addr, ":")
+		if i < 0 || strings.Contains(addr, ";") {
+			return nil
+		}
+		host := strings.TrimSuffix(strings.TrimPrefix(addr[:i], "["), "]")
+		ip, _, zoned := strings.Cut(host, "%")
+		if host == "*" || zoned || net.ParseIP(ip) != nil {
+			return nil
+		}
+		if _, err := net.InterfaceByName(host); err == nil {
+			return nil
+		}
+		return fmt.Errorf("--bind = %q: %q is neither an IP address nor an interface of this host: bind one of its addresses (tcp://127.0.0.1%s), an interface name or every interface (tcp://*%s)",
+			bind, host, addr[i:], addr[i:])
 	}
 	return nil
 }

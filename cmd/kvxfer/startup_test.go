@@ -329,3 +329,46 @@ func TestRoleNamesTheFlagNotTheNodeField(t *testing.T) {
 		}
 	}
 }
+
+// A --bind that libzmq can only refuse once it binds, after the pool is
+// mapped, is refused before, naming the flag and the mistake: an ipc://
+// socket in a directory that is not there, or under a file, and a tcp://
+// host that is neither an address nor an interface of this host. (Checked
+// to fail without resolve's checkBindPlace: the errors were "node: ctx/0:
+// control/zmq: listen on ipc://…/x.sock: bind: no such file or directory"
+// and "…: bind: no such device", naming neither --bind nor the directory
+// or host; a socket under a file was refused early, as "--bind:
+// control/zmq: bad config: …: lstat …: not a directory".)
+func TestRoleRefusesABindLibzmqCannotMake(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
+	for _, c := range []struct{ bind, want string }{
+		{"ipc://" + filepath.Join(missing, "x.sock"), `--bind = "ipc://` + filepath.Join(missing, "x.sock") + `": directory ` + missing + " does not exist"},
+		{"ipc://" + filepath.Join(file, "x.sock"), `--bind = "ipc://` + filepath.Join(file, "x.sock") + `": ` + file + " is not a directory"},
+		// .invalid never resolves (RFC 2606), and names no interface.
+		{"tcp://nohost.invalid:5600", `--bind = "tcp://nohost.invalid:5600": "nohost.invalid" is neither an IP address nor an interface of this host`},
+	} {
+		for _, role := range []string{"ctx", "gen"} {
+			_, err := run(role, "--insecure", "--backend", "shm", "--pool", "64MiB", "--timeout", "5s",
+				"--bind", c.bind, "--peer-endpoint", "tcp://127.0.0.1:1")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s --bind %s: %v, want an error containing %q", role, c.bind, err, c.want)
+			}
+		}
+	}
+	// What libzmq binds passes: an interface name, every interface, a
+	// relative ipc:// path (the working directory's).
+	binds := []string{"tcp://*:0", "ipc://x.sock"}
+	if ifs, err := net.Interfaces(); err == nil && len(ifs) > 0 {
+		binds = append(binds, "tcp://"+ifs[0].Name+":0")
+	}
+	for _, bind := range binds {
+		if err := checkBindPlace(bind); err != nil {
+			t.Errorf("checkBindPlace(%s): %v", bind, err)
+		}
+	}
+}
