@@ -23,6 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/report"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -234,6 +235,35 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 	return cmd
 }
 
+// sizeFlags names, for each scenario whose engines' pools it sizes itself
+// (--pool unset), the flags that size them.
+var sizeFlags = map[string]string{
+	"small":      "--tokens or --concurrency",
+	"fragmented": "--tokens",
+	"e2e":        "--max-tokens or --concurrency (or a --pool that fits)",
+}
+
+// poolHint adds to a scenario's error what to change when the error is its
+// pools': a pool the machine would not map (kvcache.ErrBadRegion: past
+// the largest host region, or refused by mmap), which the scenario sized
+// to its requests unless --pool was set, and a --pool too small for a
+// request. Without it the error named only a byte count ("kvxfer: bad
+// config: kvcache: bad region: region length 65558020096: mmap: cannot
+// allocate memory"), or the pool's blocks, and no flag.
+func poolHint(scenario string, s config.Settings, err error) error {
+	set := s.Set(config.Pool) && s.Pool > 0
+	switch {
+	case errors.Is(err, kvcache.ErrBadRegion) && set:
+		return fmt.Errorf("%w: this machine maps no pool of --pool %s: use a smaller --pool", err, config.FormatSize(s.Pool))
+	case errors.Is(err, kvcache.ErrBadRegion) && sizeFlags[scenario] != "":
+		return fmt.Errorf("%w: bench %s sizes its pools to hold its requests, and this machine maps no pool that large: use a smaller %s",
+			err, scenario, sizeFlags[scenario])
+	case errors.Is(err, kvcache.ErrPoolTooSmall) && set:
+		return fmt.Errorf("%w: use a larger --pool (unset, bench sizes the pools to the scenario)", err)
+	}
+	return err
+}
+
 // runScenarios runs each scenario with progress, prints it, and writes the
 // report. JSON from several scenarios is one object per scenario.
 func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
@@ -263,7 +293,7 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 		err := sc.run(ctx, s, p.Step, &res)
 		p.Done()
 		if err != nil {
-			return fmt.Errorf("bench %s: %w", sc.name(), err)
+			return fmt.Errorf("bench %s: %w", sc.name(), poolHint(sc.name(), s, err))
 		}
 		steal, stealKnown := meter.Stop()
 		if stealKnown {

@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/report"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -667,8 +668,42 @@ func (e *e2eScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&e.concurrency, "concurrency", e.concurrency, "requests in flight")
 	f.Uint64Var(&e.seed, "seed", e.seed, "seed of the prompt-length shuffle")
 }
-func (*e2eScenario) steps() int                      { return 2 }
-func (e *e2eScenario) check(s config.Settings) error { return engineBackend(s, "e2e") }
+func (*e2eScenario) steps() int { return 2 }
+func (e *e2eScenario) check(s config.Settings) error {
+	if err := engineBackend(s, "e2e"); err != nil {
+		return err
+	}
+	return poolHoldsABlock(s)
+}
+
+// poolHoldsABlock refuses a --pool (or its variable or YAML key) that
+// holds no block of the model's layout, naming it as ctx and gen do: the
+// engine refused it naming its own field ("kvxfer: bad config: PoolBytes
+// = 1048576 holds no block"). An unknown model or a bad
+// --tokens-per-block is named elsewhere.
+func poolHoldsABlock(s config.Settings) error {
+	if !s.Set(config.Pool) || s.Pool == 0 {
+		return nil
+	}
+	l, err := kvcache.Preset(s.Model)
+	if err != nil {
+		return nil
+	}
+	if s.TokensPerBlock > 0 {
+		l = l.WithTokensPerBlock(s.TokensPerBlock)
+	}
+	if l.Validate() != nil {
+		return nil
+	}
+	var perSet uint64
+	for g := range l.Groups {
+		perSet += uint64(l.BlockBytes(g))
+	}
+	if s.Pool < perSet {
+		return s.Invalid(config.Pool, fmt.Sprintf("holds no block: one block of every layer group of %s is %d bytes", l.Name, perSet))
+	}
+	return nil
+}
 func (e *e2eScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	if err := e.validate(); err != nil {
 		return err

@@ -479,3 +479,38 @@ func TestBenchBackendCheckedFirst(t *testing.T) {
 		t.Errorf("a scenario ran before the backend was refused:\n%s", out)
 	}
 }
+
+// A scenario's pool error names the flag to change: a --pool that holds no
+// block (the engine named its own field, "PoolBytes = 1048576 holds no
+// block"), a --pool too small for a request and a pool no host maps,
+// sized by the scenario from its requests or set by --pool (each named
+// only byte counts: "kvcache: bad region: region length …: more than …
+// bytes", "kvcache: pool too small: …"). Past the largest host region
+// (64 TiB), so that nothing is mapped whatever the machine's overcommit.
+// (Checked to fail without e2e's poolHoldsABlock and runScenarios'
+// poolHint: each error was the engine's or kvcache's alone.)
+func TestBenchNamesThePoolsFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"bench", "e2e", "--pool", "1MiB"}, want: `--pool = "1MiB": holds no block: one block of every layer group of Llama-3.1-8B is 4194304 bytes`},
+		{args: []string{"bench", "e2e"}, env: map[string]string{"KVXFER_POOL": "1MiB"}, want: `KVXFER_POOL = "1MiB": holds no block`},
+		{args: []string{"bench", "e2e", "--pool", "100MiB", "--requests", "2", "--concurrency", "1"}, want: "pool too small: need 64 blocks of 4MiB (256MiB), the pool holds 25 (100MiB): use a larger --pool"},
+		{args: []string{"bench", "e2e", "--max-tokens", "1000000", "--concurrency", "1000"}, want: "bench e2e sizes its pools to hold its requests, and this machine maps no pool that large: use a smaller --max-tokens or --concurrency"},
+		{args: []string{"bench", "fragmented", "--tokens", "200000000"}, want: "bench fragmented sizes its pools to hold its requests, and this machine maps no pool that large: use a smaller --tokens"},
+		{args: []string{"bench", "e2e", "--pool", "102400GiB"}, want: "this machine maps no pool of --pool 102400GiB: use a smaller --pool"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := run(c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v %v: %v, want an error containing %s", c.env, c.args, err, c.want)
+		}
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+	}
+}
