@@ -36,7 +36,12 @@ diverged.`,
 			"kvxfer replay ctx.trace gen.trace",
 			"one JSON object per trace", "kvxfer replay --json ctx.trace",
 		),
-		Args: cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("want one or more trace files to replay (kvxfer ctx or gen --trace FILE records one)")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
 			diverged, failed := 0, 0

@@ -266,3 +266,39 @@ func TestTraceUnknownSubcommand(t *testing.T) {
 		t.Errorf("kvxfer trace: %v, want its help\n%s", err, out)
 	}
 }
+
+// replay and trace export say what arguments they want, and export names
+// its OUT when OUT's directory is not there. (Checked to fail without
+// the Args functions and checkOutDir: the errors were cobra's "requires at
+// least 1 arg(s), only received 0" and "accepts 2 arg(s), received 1",
+// naming neither a trace nor OUT, and "export …: open
+// …/missing/.out.json.NNN.tmp: no such file or directory", naming a
+// temporary file instead of OUT.)
+func TestReplayAndExportNameTheirArguments(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "ctx.trace")
+	if err := os.WriteFile(trace, []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay"}, "want one or more trace files to replay"},
+		{[]string{"trace", "export", "--perfetto"}, "want a trace and the file to write, got 0 argument(s)"},
+		{[]string{"trace", "export", "--perfetto", trace}, "want a trace and the file to write, got 1 argument(s)"},
+		{[]string{"trace", "export", "--perfetto", trace, filepath.Join(missing, "out.json")},
+			"cannot write " + filepath.Join(missing, "out.json") + ": directory " + missing + " does not exist"},
+		{[]string{"trace", "export", "--perfetto", trace, filepath.Join(file, "out.json")},
+			"cannot write " + filepath.Join(file, "out.json") + ": " + file + " is not a directory"},
+	} {
+		if _, err := run(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("kvxfer %s: %v, want an error containing %q", strings.Join(c.args, " "), err, c.want)
+		}
+	}
+}

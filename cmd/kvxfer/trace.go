@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -58,10 +62,18 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 			"kvxfer ctx --trace ctx.trace --bind ipc:///tmp/ctx.sock --peer-endpoint ipc:///tmp/gen.sock --insecure",
 			"", "kvxfer trace export --perfetto ctx.trace ctx.perfetto.json",
 		),
-		Args: cobra.ExactArgs(2),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return fmt.Errorf("want a trace and the file to write, got %d argument(s) %q: kvxfer trace export --perfetto TRACE OUT.json", len(args), args)
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !perfetto {
 				return fmt.Errorf("choose an output format: --perfetto (the only one so far)")
+			}
+			if err := checkOutDir(args[1]); err != nil {
+				return err
 			}
 			st, err := trace.ExportPerfettoFile(args[0], args[1])
 			if err != nil {
@@ -82,4 +94,20 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 	}
 	cmd.Flags().BoolVar(&perfetto, "perfetto", false, "write Chrome trace-event JSON for Perfetto / chrome://tracing")
 	return cmd
+}
+
+// checkOutDir refuses an export's OUT in a directory that is not there,
+// naming OUT: the export writes a temporary file beside it first, and the
+// error named only that file ("open /nonexistent/.x.json.178383342.tmp:
+// no such file or directory").
+func checkOutDir(out string) error {
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("cannot write %s: directory %s does not exist", out, dir)
+	case err == nil && !st.IsDir():
+		return fmt.Errorf("cannot write %s: %s is not a directory", out, dir)
+	}
+	return nil
 }
