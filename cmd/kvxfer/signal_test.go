@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -382,5 +383,30 @@ func TestCtrlCToTheDemosProcessGroupDrainsItsChildren(t *testing.T) {
 	// they should warn of.
 	if strings.Contains(errOut.String(), demoChildEnv+" is not a kvxfer setting") {
 		t.Fatalf("a child warned of the demo's own variable:\n%s", errOut.String())
+	}
+}
+
+// TestCtxNamesARequestListMismatch: the two roles given different --seed,
+// so that their requests' prompt lengths differ. ctx, as gen, names the
+// cause and its own settings; before, only gen did, and ctx's error was
+// its first request's engine error alone ("req-1: FAILED: actors: context
+// and generation disagree: request req-1: generation rank gen/0 planned a
+// prompt of 814 tokens, Send has 673 tokens"), naming no flag. (Checked
+// to fail without RunCtx's SettingsMismatch.)
+func TestCtxNamesARequestListMismatch(t *testing.T) {
+	dir := t.TempDir()
+	gsock, csock := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
+	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--requests", "4",
+		"--timeout", "1m", "--log-level", "info"}
+	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock, "--seed", "2"}, common...)...)
+	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "1ms"}, common...)...)
+	waitExit(t, ctx, ctxErr)
+	waitExit(t, gen, genErr)
+	if ctx.ProcessState.ExitCode() == 0 {
+		t.Errorf("ctx exited 0 with a request list other than gen's:\n%s", ctxErr.String())
+	}
+	want := regexp.MustCompile(`Error: ctx: the two roles were started with different request lists: req-\d+ has \d+ tokens here, another length in the generation process, which this one derives from --requests 4 --seed 1 --min-tokens 512 --max-tokens 1024 \(give both the same\)`)
+	if !want.MatchString(ctxErr.String()) {
+		t.Errorf("no %q:\n%s", want, ctxErr.String())
 	}
 }

@@ -154,10 +154,12 @@ type Report struct {
 	// etcd membership: node.Err), which fails its requests and, seen from
 	// the peer, looks like the peer going down.
 	NodeFailed string `json:"node_failed,omitempty"`
-	// SettingsMismatch (gen): the settings the context process derived its
-	// request list from, as it sent them with a request's SUCCESS, when
-	// they are not this process's (both sides' flags, named); such a run
-	// fails even if every request it made succeeded.
+	// SettingsMismatch: (gen) the settings the context process derived
+	// its request list from, as it sent them with a request's SUCCESS,
+	// when they are not this process's (both sides' flags, named); such a
+	// run fails even if every request it made succeeded. Either role: a
+	// request the peer planned with another prompt length, and this
+	// process's settings.
 	SettingsMismatch string  `json:"settings_mismatch,omitempty"`
 	Seconds          float64 `json:"seconds"`
 	// CPUSeconds is the CPU time the process used over those Seconds
@@ -723,6 +725,17 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			sent, err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
 			end.ended(err == nil)
 			if err != nil {
+				if strings.Contains(err.Error(), promptMismatchText) {
+					// As RunGen: the generation process planned another
+					// length, so its request list differs. Name ours.
+					mu.Lock()
+					if rep.SettingsMismatch == "" {
+						rep.SettingsMismatch = fmt.Sprintf("the two roles were started with different request lists: %s has %d tokens here, another length in the generation process, which this one derives from %s (give both the same)",
+							RequestID(i), pl, o.listSettings())
+						o.Log.Error().Msg(rep.SettingsMismatch)
+					}
+					mu.Unlock()
+				}
 				fail(err)
 				return
 			}
