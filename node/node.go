@@ -66,6 +66,11 @@ type Node struct {
 	pool    io.Closer // the pool memory's closer (nil: the engine's own)
 	backend string
 	peers   []Peer
+	// stranger is the last Hello from a sender that is none of peers
+	// (static peers only: an insecure link admits any sender), for
+	// WaitPeers to name beside a silent peer: the peer runs under
+	// another instance name than this node was given for it.
+	stranger atomic.Pointer[messages.PeerID]
 	// region is the pool memory the node gave the engine (nil: the
 	// engine's own): Close marks it closed before the memory can go.
 	region *kvcache.Region
@@ -245,6 +250,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			if oneHost != nil {
 				oneHost.noteHello(h)
 			}
+			n.noteStranger(h.From)
 			n.watchExit(h, sink)
 		}
 		zc.OnFrame = n.onFrame
@@ -642,6 +648,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	start, hinted, hintAfter := time.Now(), false, waitHintBeats*n.heartbeat()
+	hintedStranger := false // the hint named a Hello from a sender that is no peer
 	// spoke: when WaitPeers first saw each peer's Hello while its own
 	// connection to it was not up; reached: the peers that connection was
 	// up to at some point of this wait (a drop after that is a peer
@@ -770,7 +777,16 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
 			}
 			who := id.String() + " at " + endpoint
-			if why := n.silentWhy(st, err); why != "" {
+			why := n.silentWhy(st, err)
+			if from := n.stranger.Load(); from != nil && p.Endpoint != "" {
+				// First: the likelier mistake, which silentWhy cannot see.
+				hint := fmt.Sprintf("a Hello came from %s, which is not a peer of this engine: is %q the instance name (and rank) that peer runs as?", *from, id.Instance)
+				if why != "" {
+					hint += " Or: " + why
+				}
+				why = hint
+			}
+			if why != "" {
 				who += ": " + why
 			} else {
 				unexplained = true
@@ -780,15 +796,22 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 		if len(silent) == 0 {
 			return nil
 		}
-		if !hinted && time.Since(start) >= hintAfter {
-			hinted = true
+		// A Hello from a sender that is no peer (noteStranger), come
+		// after the hint, is news the hint is said once more for.
+		stranger := n.stranger.Load() != nil
+		if time.Since(start) >= hintAfter && (!hinted || stranger && !hintedStranger) {
+			after := hintAfter
+			if hinted {
+				after = time.Since(start).Round(100 * time.Millisecond)
+			}
+			hinted, hintedStranger = true, stranger
 			dl, left := "until the deadline", time.Duration(1<<63-1)
 			if d, ok := ctx.Deadline(); ok {
 				left = time.Until(d)
 				dl = "up to " + left.Round(time.Second).String() + " more"
 			}
 			if left >= n.heartbeat() { // else the error says it in a moment
-				n.log.Warn().Strs("peers", silent).Msgf("still waiting for a Hello after %v (%s): %s", hintAfter, dl, strings.Join(silent, "; "))
+				n.log.Warn().Strs("peers", silent).Msgf("still waiting for a Hello after %v (%s): %s", after, dl, strings.Join(silent, "; "))
 			}
 		}
 		select {
@@ -877,6 +900,22 @@ func (n *Node) awaitOurRefusals(ctx context.Context, from int64) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// noteStranger keeps a Hello's sender that is none of the node's static
+// peers (one with an endpoint) for WaitPeers' hint. Peers found through
+// etcd are not judged: any rank of the cluster may say Hello.
+func (n *Node) noteStranger(from messages.PeerID) {
+	static := false
+	for _, p := range n.peers {
+		if p.id() == from {
+			return
+		}
+		static = static || p.Endpoint != ""
+	}
+	if static {
+		n.stranger.Store(&from)
 	}
 }
 

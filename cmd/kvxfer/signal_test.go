@@ -410,3 +410,28 @@ func TestCtxNamesARequestListMismatch(t *testing.T) {
 		t.Errorf("no %q:\n%s", want, ctxErr.String())
 	}
 }
+
+// TestCtxNamesAPeerUnderAnotherName: ctx is given --peer gen2 while gen
+// runs as gen, both --insecure (with CURVE the peer key's binding names
+// it at once). ctx's wait names the Hello that came from gen/0 and asks
+// whether gen2 is the peer's instance name; before, it said only "our
+// connection to it is up, but it has not connected back to this engine
+// …: is that its peer endpoint, and is this engine's public key among its
+// peer keys?", for the whole wait (a minute). (Checked to fail without
+// the node's stranger hint.)
+func TestCtxNamesAPeerUnderAnotherName(t *testing.T) {
+	dir := t.TempDir()
+	gsock, csock := "ipc://"+filepath.Join(dir, "gen.sock"), "ipc://"+filepath.Join(dir, "ctx.sock")
+	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--requests", "2",
+		"--timeout", "1m", "--log-level", "info", "--heartbeat", "100ms"}
+	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock}, common...)...)
+	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--peer", "gen2"}, common...)...)
+	waitFor(t, ctxErr, `gen2/0 at `+gsock+`: a Hello came from gen/0, which is not a peer of this engine: is \"gen2\" the instance name (and rank) that peer runs as?`)
+	for _, c := range []*exec.Cmd{ctx, gen} {
+		if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitExit(t, ctx, ctxErr)
+	waitExit(t, gen, genErr)
+}
