@@ -127,6 +127,24 @@ const (
 	resendMax   = time.Second
 )
 
+// Cancel re-sends (RxConfig.CancelResend) keep their period for the first
+// cancelFastFor after the first Cancel, then back off, doubling up to
+// cancelResendMax. A writer may hold a Cancel unanswered while every
+// cancel tombstone slot it has is younger than CancelTombMinAge
+// (TxTable.Cancel): a slot ages within CancelTombMinAge of the held
+// Cancel's arrival, and the re-send after it is answered, so the prompt
+// re-sends cover that twice over (for Cancels that compete for the slots).
+// A writer that still answers nothing after that has silenced the request
+// (TxTable.Silence: its writes may still land, it answers only once
+// proven quiescent, if ever) or is gone: a Cancel every cancelResendMax
+// costs such a request next to nothing, where one a period cost a frame a
+// second for the life of the session. Writers of every version take the
+// same Cancel, whenever it comes.
+const (
+	cancelFastFor   = 2 * CancelTombMinAge
+	cancelResendMax = 30 * time.Second
+)
+
 // RxConfig is what an RxSession knows at birth.
 type RxConfig struct {
 	Request  string
@@ -140,8 +158,9 @@ type RxConfig struct {
 	// hands them back through the handle instead of freeing them.
 	CallerOwned bool
 	// CancelResend is how often a decided session sends Cancel again to
-	// writers that have not answered (any frame may be lost); 0 sends it
-	// once.
+	// writers that have not answered (any frame may be lost), for the
+	// first cancelFastFor; then the period doubles up to cancelResendMax
+	// (or CancelResend, if longer). 0 sends it once.
 	CancelResend time.Duration
 	// Incarnation is this rank's (0: not known).
 	Incarnation uint64
@@ -158,8 +177,12 @@ type RxSession struct {
 	backoff []time.Duration // the next re-send delay of each writer
 	resend  bool            // a re-send timer is armed
 	// cancelArmed: a Cancel re-send timer (TimerDrain) is armed; one
-	// chain at most, however many paths ask for a Cancel.
+	// chain at most, however many paths ask for a Cancel. cancelFirst is
+	// when the first Cancel went, cancelEvery the chain's last period
+	// (cancelFastFor).
 	cancelArmed bool
+	cancelFirst time.Time
+	cancelEvery time.Duration
 	bytes       uint64
 	// payload is READY's: that of the first writer (in Config.Writers'
 	// order, the context ranks') whose Result carried one, whatever the
@@ -603,9 +626,17 @@ func (s *RxSession) cancelPending() {
 			sent = true
 		}
 	}
+	if sent && s.cancelFirst.IsZero() {
+		s.cancelFirst = s.now
+	}
 	if sent && s.cfg.CancelResend > 0 && !s.cancelArmed {
 		s.cancelArmed = true
-		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: s.now.Add(s.cfg.CancelResend)})
+		d := s.cfg.CancelResend
+		if s.now.Sub(s.cancelFirst) >= cancelFastFor && s.cancelEvery > 0 {
+			d = min(2*s.cancelEvery, max(cancelResendMax, s.cfg.CancelResend))
+		}
+		s.cancelEvery = d
+		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: s.now.Add(d)})
 	}
 }
 

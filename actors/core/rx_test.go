@@ -763,3 +763,59 @@ func TestRx_ReaddressedRequestData(t *testing.T) {
 		})
 	}
 }
+
+// TestRx_CancelResendBacksOff: a writer that never answers a Cancel (its
+// context rank silenced the request: TxTable.Silence) used to be sent
+// one every CancelResend for as long as the session lived. The re-sends
+// keep CancelResend's period for the first cancelFastFor — a Cancel the
+// writer holds for a tombstone slot (TxTable.Cancel's hold) is answered
+// within a period of a slot aging, which takes at most CancelTombMinAge —
+// and then back off, doubling up to cancelResendMax.
+func TestRx_CancelResendBacksOff(t *testing.T) {
+	h := newRxHarness(t, 1, 0)
+	h.s.cfg.CancelResend = time.Second
+	h.step(RxBegin{})
+	h.step(RxSent{Writer: 0})
+	first := h.now
+	effs := h.step(RxCancel{})
+	if got := cancelsTo(effs); !slices.Equal(got, []int{0}) {
+		t.Fatalf("cancel: Cancels to %v, want [0]: %s", got, fmtEffects(effs))
+	}
+	var gaps []time.Duration
+	cancels := 1
+	for h.now.Sub(first) < time.Hour {
+		ts := effectsOf[StartTimer](effs)
+		if len(ts) != 1 || ts[0].Kind != TimerDrain {
+			t.Fatalf("after %v: want one re-send timer: %s", h.now.Sub(first), fmtEffects(effs))
+		}
+		gaps = append(gaps, ts[0].At.Sub(h.now))
+		h.now = ts[0].At
+		effs = h.step(RxTimeout{Kind: TimerDrain})
+		if got := cancelsTo(effs); !slices.Equal(got, []int{0}) {
+			t.Fatalf("re-send after %v: Cancels to %v, want [0]: %s", h.now.Sub(first), got, fmtEffects(effs))
+		}
+		cancels++
+	}
+	at, prev := time.Duration(0), time.Duration(0)
+	for i, g := range gaps {
+		if at < 2*CancelTombMinAge && g != time.Second {
+			t.Fatalf("re-send %d, %v after the first Cancel, comes %v later; want every %v while a tombstone hold may last",
+				i, at, g, time.Second)
+		}
+		if g < prev || g > 30*time.Second {
+			t.Fatalf("re-send %d, %v after the first Cancel: gap %v after %v: want non-decreasing, at most 30s", i, at, g, prev)
+		}
+		at, prev = at+g, g
+	}
+	if last := gaps[len(gaps)-1]; last != 30*time.Second {
+		t.Fatalf("after an hour the re-sends come every %v (%d Cancels), want every 30s", last, cancels)
+	}
+	if cancels > 200 {
+		t.Fatalf("%d Cancels in an hour to a writer that never answers, want at most 200", cancels)
+	}
+	h.cancelAck(0)
+	h.wantState(RxCancelled)
+	if !h.s.Stopped() {
+		t.Fatal("the CancelAck after the back-off did not release the blocks")
+	}
+}

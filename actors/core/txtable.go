@@ -280,8 +280,9 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 // hold: the Cancel can be given no tombstone now (every slot of its
 // instance's ring, or of the table's instances, holds one younger than
 // CancelTombMinAge), so it must not be acknowledged yet: the generation
-// side re-sends it every second, and one of them is answered once a slot
-// has aged. Forgetting a young tombstone instead would let a RequestData
+// side re-sends it every second (for the first 2×CancelTombMinAge, then
+// backing off: RxConfig.CancelResend), and one of them is answered once a
+// slot has aged. Forgetting a young tombstone instead would let a RequestData
 // still on its way open a session that writes into freed blocks.
 //
 // A Cancel from a generation rank whose stream of the request ended
