@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -100,14 +101,21 @@ func NewTxTable(n int) *TxTable {
 // ErrPeerCancelled a request without a session that a generation instance
 // cancelled here — the one Send names, or any when Send names none: that
 // instance was told nothing of ours writes for it and freed its blocks,
-// so the serving process may stop its prefill at once. spawn says the
-// session must be started (no RequestData opened it first).
+// so the serving process may stop its prefill at once. A request silenced
+// towards a generation rank (Silence) is refused for the engine's life,
+// with an error naming the rank and saying why (silencedErr), before any
+// other reason. spawn says the session must be started (no RequestData
+// opened it first).
 func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	if t.draining {
 		return false, ErrClosed
 	}
 	if t.adopted[request] {
 		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
+	}
+	if peers := t.silenced[request]; peers != nil {
+		// Before any other reason: this one lasts the engine's life.
+		return false, silencedErr(request, peers)
 	}
 	if !t.live[request] {
 		by := generation
@@ -126,7 +134,7 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 				ErrPeerCancelled, request, by)
 		}
 	}
-	if t.tombs.has(request) || t.silenced[request] != nil {
+	if t.tombs.has(request) {
 		return false, fmt.Errorf("%w: request %s already sent", ErrBadRequest, request)
 	}
 	if b := t.bound[request]; t.live[request] && generation != "" && b != "" && b != generation {
@@ -330,6 +338,18 @@ func (t *TxTable) Silence(request string, peers []messages.PeerID) {
 			t.silenced[request] = append(t.silenced[request], p)
 		}
 	}
+}
+
+// silencedErr is Open's refusal of a request silenced towards peers: the
+// caller learns that the id is refused for good, and why, instead of a
+// bare "already sent" (a framework retrying under the same id).
+func silencedErr(request string, peers []messages.PeerID) error {
+	names := make([]string, len(peers))
+	for i, p := range peers {
+		names[i] = p.String()
+	}
+	return fmt.Errorf("%w: request %s already sent, and silenced towards %s: its writes there were cut by a close that proved nothing about them, so they may still land, and no frame of this engine may tell that rank otherwise; the id cannot be sent again on this engine (send it under another id)",
+		ErrBadRequest, request, strings.Join(names, ", "))
 }
 
 // Silenced reports whether the request's stream to peer ended without a

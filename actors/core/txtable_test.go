@@ -167,6 +167,58 @@ func TestTxTable_Silence(t *testing.T) {
 	}
 }
 
+// TestTxTable_SilencedOpenSaysWhy: Send of a request silenced towards a
+// generation rank is refused for the engine's life, and the error says
+// why — the rank it is silenced towards, and that writes to it may still
+// land — instead of a bare "already sent" that reads as the caller's
+// mistake; also once its tombstone is forgotten and another rank of the
+// instance cancelled it (a cancel tombstone), and whether Send names the
+// instance or not.
+func TestTxTable_SilencedOpenSaysWhy(t *testing.T) {
+	tb := NewTxTable(1)
+	silent, other := messages.PeerID{Instance: "gen", Rank: 1}, messages.PeerID{Instance: "gen", Rank: 2}
+	if _, err := tb.Open("r", "gen"); err != nil {
+		t.Fatal(err)
+	}
+	tb.Silence("r", []messages.PeerID{silent})
+	tb.Stopped("r")
+	check := func(when string) {
+		t.Helper()
+		for _, gen := range []string{"gen", ""} {
+			_, err := tb.Open("r", gen)
+			if !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("%s: Open(r, %q): %v, want ErrBadRequest", when, gen, err)
+			}
+			for _, want := range []string{"silenced towards gen/1", "may still land"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Fatalf("%s: Open(r, %q): %q, want it to say %q", when, gen, err, want)
+				}
+			}
+		}
+	}
+	check("after the stop")
+	if _, err := tb.Open("q", ""); err != nil {
+		t.Fatal(err)
+	}
+	tb.Stopped("q") // the ring holds 1: r's tombstone is forgotten
+	check("tombstone forgotten")
+	// A RequestData of another instance opens a session for it (nothing
+	// remembers it finished): Send still may not adopt it.
+	rd := &messages.RequestData{RequestID: "r", Epoch: 1, From: messages.PeerID{Instance: "gen2"}}
+	if v, _ := tb.RequestData(rd); v != RequestDataResolve {
+		t.Fatalf("RequestData r from another instance: %v", v)
+	}
+	if refuse, spawn := tb.Resolved(rd, nil); refuse || !spawn {
+		t.Fatalf("Resolved: refuse %v spawn %v", refuse, spawn)
+	}
+	check("reopened by another instance's RequestData")
+	tb.Stopped("r")
+	if deliver, _, hold := tb.Cancel(&messages.Cancel{RequestID: "r", Epoch: 1, From: other}, t0); deliver || hold {
+		t.Fatalf("Cancel r from another rank: deliver %v hold %v, want it acknowledged", deliver, hold)
+	}
+	check("cancelled by another rank")
+}
+
 // TestTxTable_OrphanLimit: a generation instance may have at most the
 // limit of sessions its RequestData opened and no Send adopted; past it a
 // new request's RequestData is shed, while frames for live requests,
