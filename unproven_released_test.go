@@ -214,3 +214,76 @@ func TestEndpointErrorWithSourcesReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestSilencedRequestAnswersRestartedReceiver: a request is silenced
+// towards the incarnation of the generation rank its write was cut to
+// (faulty.Cut: UCX's endpoint error when a receiver dies). When that rank
+// restarts — a new incarnation, which never got a write of the request —
+// and asks for the same id again (a framework retrying it), the context
+// side answers it as any finished request: FAILED, and its destination
+// blocks are released, not quarantined. Before, silencing was by rank
+// alone: the new incarnation's RequestData was dropped and its Cancel held
+// for good, so it timed out and its blocks stayed quarantined for the life
+// of the context engine.
+func TestSilencedRequestAnswersRestartedReceiver(t *testing.T) {
+	l := smallLayout()
+	link := control.NewMemLink()
+	net := loopback.NewNetwork()
+	var cut atomic.Bool
+	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), faulty.WithSourcesReleased(),
+		faulty.Cut(func(uint64, *rand.Rand) bool { return cut.CompareAndSwap(false, true) }))
+	defer func() { _ = ag.Close() }()
+	ce, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
+		Link: link, Agent: ag, TransferTimeout: 30 * time.Second, DrainGrace: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Bounded: an engine with quarantined pages never drains.
+	closeSoon := func(e *kvxfer.Engine) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_ = e.Close(ctx)
+	}
+	defer closeSoon(ce)
+	startGen := func() (*kvxfer.Engine, func()) {
+		gag := loopback.New(loopback.WithNetwork(net))
+		ge, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
+			Link: link, Agent: gag, TransferTimeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ge, func() { _ = gag.Close() }
+	}
+	ge, closeGag := startGen()
+	defer closeGag()
+	rx, tx, _ := sendCut(t, ce, ge, l, "lost", 30*time.Second)
+	if o := waitOutcome(t, tx.Done()); o.OK {
+		t.Fatalf("tx outcome %s, want a failure", o.Status)
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx outcome %s, want a failure", ro.Status)
+	}
+	waitUntil(t, "the old incarnation's Cancel left unanswered", func() bool { return ce.Stats().FramesSilenced > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := ge.Close(ctx); !errors.Is(err, actors.ErrUndrained) {
+		t.Fatalf("old generation engine Close: %v, want ErrUndrained (its pages are quarantined)", err)
+	}
+
+	ge2, closeGag2 := startGen()
+	defer closeGag2()
+	defer closeSoon(ge2)
+	rx2, err := ge2.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "lost", PromptLen: 64, Context: "ctx", Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx2.Done())
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerFailed) {
+		t.Fatalf("the new incarnation's request: %s %v, want FAILED by the context side (the request finished there)", o.Status, o.Err)
+	}
+	waitUntil(t, "the new incarnation's blocks released", func() bool { return ge2.Stats().QuarantinedBytes == 0 })
+	if _, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "lost", PromptLen: 64, Timeout: time.Second}); !errors.Is(err, actors.ErrBadRequest) ||
+		!strings.Contains(err.Error(), "silenced towards gen/0 (incarnation") {
+		t.Fatalf("Send of lost again: %v, want it refused, silenced towards the old incarnation", err)
+	}
+}

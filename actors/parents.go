@@ -292,7 +292,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 	case *messages.Cancel:
 		defer p.env.credits.give(m)
 		deliver, notBound, hold := p.table.Cancel(m, p.env.clock.Now())
-		if hold && p.table.Silenced(m.RequestID, m.From) {
+		if hold && p.table.Silenced(m.RequestID, m.From, m.FromIncarnation) {
 			// Our stream to it ended without a terminal frame: writes to
 			// it may still land, and a CancelAck would be a proof.
 			p.silenced()
@@ -438,7 +438,7 @@ func (p *txParent) silenced() {
 // the request is silenced for gets no answer at all (TxTable.Silence).
 // Only the RequestData's naming fields are read.
 func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why string) {
-	if p.table.Silenced(rd.RequestID, rd.From) {
+	if p.table.Silenced(rd.RequestID, rd.From, rd.FromIncarnation) {
 		p.silenced() // any answer would be a proof (TxTable.Silence)
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -412,7 +413,7 @@ type sessionStopped struct {
 	// silent: the generation ranks a context session's streams ended
 	// without a terminal frame for (TxSession.SilentPeers): the parent
 	// never answers them about the request (TxTable.Silence).
-	silent []messages.PeerID
+	silent []core.SilentPeer
 }
 
 // violation records a shell disagreeing with its step (a bug).

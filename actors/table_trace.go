@@ -74,8 +74,10 @@ type TableIn struct {
 	Open   *core.RxOpen        `json:",omitempty"`
 	Blocks [][]kvcache.BlockID `json:",omitempty"`
 	Peer   *messages.PeerID    `json:",omitempty"`
-	// Peers are the generation ranks of a TxTable Silence.
-	Peers  []messages.PeerID `json:",omitempty"`
+	// Peers are the generation ranks of a TxTable Silence, each with the
+	// incarnation its stream wrote to (none in traces that predate it:
+	// 0, every incarnation).
+	Peers  []core.SilentPeer `json:",omitempty"`
 	Counts []int             `json:",omitempty"`
 	// Allocs are what the pool answered, in order, during an
 	// AllocQueue.Drain.
@@ -201,7 +203,7 @@ func (t *txTable) Cancel(m *messages.Cancel, now time.Time) (bool, bool, bool) {
 	return deliver, notBound, hold
 }
 
-func (t *txTable) Silence(request string, peers []messages.PeerID) {
+func (t *txTable) Silence(request string, peers []core.SilentPeer) {
 	if len(peers) == 0 {
 		return // nothing to record: no change
 	}

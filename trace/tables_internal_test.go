@@ -71,7 +71,7 @@ func TestTableInRoundTrip(t *testing.T) {
 	op := actors.OpRef{Request: "r1", Peer: 1, Seq: 2}
 	for _, f := range frames {
 		in := actors.TableIn{Request: "r1", Generation: "gen", Err: "boom", RequestData: &messages.RequestData{RequestID: "r2"},
-			Cancel: &messages.Cancel{RequestID: "r3"}, Frame: f, Peer: &from, Peers: []messages.PeerID{from, {Instance: "gen", Rank: 2}},
+			Cancel: &messages.Cancel{RequestID: "r3"}, Frame: f, Peer: &from, Peers: []core.SilentPeer{{PeerID: from, Incarnation: 5}, {PeerID: messages.PeerID{Instance: "gen", Rank: 2}}},
 			Counts: []int{1, 2},
 			Allocs: []actors.AllocAnswer{{Blocks: [][]kvcache.BlockID{{1, 2}}}, {Err: "full", OutOfBlocks: true}},
 			Op:     &op, Session: "$1/$2", Key: []byte{0xff, 0, 'a'}, Msg: "submit r1/peer1/op2",

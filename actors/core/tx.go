@@ -1153,14 +1153,15 @@ func (s *TxSession) OpStates() map[OpRef]OpState {
 }
 
 // SilentPeers returns the generation ranks whose streams ended without a
-// terminal frame (EndStream): writes to them may still land. No frame of
+// terminal frame (EndStream), with the incarnation each stream wrote to:
+// writes to them may still land. No frame of
 // this rank may ever tell them otherwise — no CancelAck, no FAILED Result
 // — also once the session has stopped (TxTable.Silence).
-func (s *TxSession) SilentPeers() []messages.PeerID {
-	var out []messages.PeerID
+func (s *TxSession) SilentPeers() []SilentPeer {
+	var out []SilentPeer
 	for _, p := range s.order {
 		if st := s.streams[p]; st.silent {
-			out = append(out, st.route.Peer)
+			out = append(out, SilentPeer{PeerID: st.route.Peer, Incarnation: st.peerInc})
 		}
 	}
 	return out

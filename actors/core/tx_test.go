@@ -725,7 +725,7 @@ func TestTx_UnprovenCloseWithSourcesReleased(t *testing.T) {
 		h, _ := newTxHarness(t, txOpts{})
 		h.start(32, 10*time.Second)
 		for _, p := range peers {
-			h.step(TxPeerRequest{Peer: p, From: genPeer(p), Epoch: 1, Route: h.route(p), Expected: peers})
+			h.step(TxPeerRequest{Peer: p, From: genPeer(p), Epoch: 1, Route: h.route(p), Expected: peers, Incarnation: 9})
 		}
 		h.chunk(0, 32, true)
 		h.fence(0)
@@ -752,8 +752,8 @@ func TestTx_UnprovenCloseWithSourcesReleased(t *testing.T) {
 			t.Fatalf("no Unpin once the backend reads no source: %s", fmtEffects(effs))
 		}
 		h.wantReleased(TxFailed, ErrTimeout)
-		if got := h.s.SilentPeers(); !slices.Equal(got, []messages.PeerID{genPeer(1)}) {
-			t.Fatalf("silent peers %v, want [%v]", got, genPeer(1))
+		if got, want := h.s.SilentPeers(), []SilentPeer{{PeerID: genPeer(1), Incarnation: 9}}; !slices.Equal(got, want) {
+			t.Fatalf("silent peers %v, want %v", got, want)
 		}
 		// Stopped: a Cancel (of its epoch or another) and a RequestData
 		// from that peer get nothing — either answer is a proof.
@@ -796,8 +796,8 @@ func TestTx_UnprovenCloseWithSourcesReleased(t *testing.T) {
 			t.Fatalf("a frame to the silent peer: %s", fmtEffects(effs))
 		}
 		h.wantReleased(TxFailed, ErrTimeout)
-		if got := h.s.SilentPeers(); !slices.Equal(got, []messages.PeerID{genPeer(1)}) {
-			t.Fatalf("silent peers %v, want [%v]", got, genPeer(1))
+		if got, want := h.s.SilentPeers(), []SilentPeer{{PeerID: genPeer(1), Incarnation: 9}}; !slices.Equal(got, want) {
+			t.Fatalf("silent peers %v, want %v", got, want)
 		}
 	})
 	// A close that proves nothing at all sends no TxRetired (the worker):

@@ -44,12 +44,13 @@ type TxTable struct {
 	orphanBlocks map[string]int
 	blocksOf     map[string]int
 	// silenced holds, per request, the generation ranks whose streams
-	// ended without a terminal frame (TxSession.SilentPeers): writes to
-	// them may still land, so no frame of this rank may ever tell them
-	// otherwise. Never forgotten (a forgotten entry would let a Cancel be
-	// acknowledged): one entry per such request for the engine's life, a
-	// few bytes where the alternative was its source blocks.
-	silenced map[string][]messages.PeerID
+	// ended without a terminal frame (TxSession.SilentPeers), with the
+	// incarnation each stream wrote to: writes to it may still land, so
+	// no frame of this rank may ever tell it otherwise. Never forgotten (a
+	// forgotten entry would let a Cancel be acknowledged): one entry per
+	// such request for the engine's life, a few bytes where the
+	// alternative was its source blocks.
+	silenced map[string][]SilentPeer
 }
 
 // OrphanBlocksEach is what the orphan limit allows each orphan on average,
@@ -91,7 +92,7 @@ func DestBlocks(rd *messages.RequestData) int {
 func NewTxTable(n int) *TxTable {
 	return &TxTable{live: map[string]bool{}, adopted: map[string]bool{}, bound: map[string]string{},
 		tombs: newTombstones(n), ctombs: map[string]*tombstones{}, orphans: map[string]int{}, orphanBlocks: map[string]int{}, blocksOf: map[string]int{},
-		silenced: map[string][]messages.PeerID{}}
+		silenced: map[string][]SilentPeer{}}
 }
 
 // Open is Engine.Send for request, naming its generation instance or not
@@ -225,7 +226,7 @@ const (
 // RequestData classifies rd; with RequestDataNotBound, bound is the
 // instance the request is bound to.
 func (t *TxTable) RequestData(rd *messages.RequestData) (v RequestDataVerdict, bound string) {
-	if t.Silenced(rd.RequestID, rd.From) {
+	if t.Silenced(rd.RequestID, rd.From, rd.FromIncarnation) {
 		return RequestDataSilenced, ""
 	}
 	if t.cancelled(rd.RequestID, rd.From.Instance) || !t.live[rd.RequestID] && t.tombs.has(rd.RequestID) {
@@ -297,7 +298,7 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 // without a terminal frame (Silence) is held for good: writes to it may
 // still land, and the CancelAck would be a proof.
 func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, hold bool) {
-	if t.Silenced(m.RequestID, m.From) {
+	if t.Silenced(m.RequestID, m.From, m.FromIncarnation) {
 		return false, false, true
 	}
 	if !t.live[m.RequestID] {
@@ -327,12 +328,36 @@ func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, 
 // tombstone such a RequestData still needs.
 const CancelTombMinAge = 30 * time.Second
 
+// SilentPeer is a generation rank a stream ended silent towards
+// (TxSession.SilentPeers), with the incarnation of it the stream wrote
+// to: its RequestData's (0: not known, a peer without incarnations).
+type SilentPeer struct {
+	messages.PeerID
+	Incarnation uint64 `json:",omitempty"`
+}
+
+func (p SilentPeer) String() string {
+	if p.Incarnation == 0 {
+		return p.PeerID.String()
+	}
+	return fmt.Sprintf("%s (incarnation %d)", p.PeerID, p.Incarnation)
+}
+
+// covers reports whether a frame of peer's incarnation inc must go
+// unanswered: it is p's rank, and that incarnation or an earlier one, or
+// either is not known. A later incarnation never got a write of the
+// stream: nothing of this request may still land in what it owns.
+func (p SilentPeer) covers(peer messages.PeerID, inc uint64) bool {
+	return p.PeerID == peer && (p.Incarnation == 0 || inc == 0 || inc <= p.Incarnation)
+}
+
 // Silence records, for good, that the request's streams to peers ended
-// without a terminal frame (TxSession.SilentPeers, before Stopped): their
-// Cancels are never acknowledged (Cancel holds them), their RequestData
-// never answered (RequestDataSilenced, Silenced), and the request is never
-// opened again (Open).
-func (t *TxTable) Silence(request string, peers []messages.PeerID) {
+// without a terminal frame (TxSession.SilentPeers, before Stopped): the
+// Cancels of those incarnations (or earlier ones) of those ranks are never
+// acknowledged (Cancel holds them), their RequestData never answered
+// (RequestDataSilenced, Silenced), and the request is never opened again
+// (Open).
+func (t *TxTable) Silence(request string, peers []SilentPeer) {
 	for _, p := range peers {
 		if !slices.Contains(t.silenced[request], p) {
 			t.silenced[request] = append(t.silenced[request], p)
@@ -343,7 +368,7 @@ func (t *TxTable) Silence(request string, peers []messages.PeerID) {
 // silencedErr is Open's refusal of a request silenced towards peers: the
 // caller learns that the id is refused for good, and why, instead of a
 // bare "already sent" (a framework retrying under the same id).
-func silencedErr(request string, peers []messages.PeerID) error {
+func silencedErr(request string, peers []SilentPeer) error {
 	names := make([]string, len(peers))
 	for i, p := range peers {
 		names[i] = p.String()
@@ -353,11 +378,18 @@ func silencedErr(request string, peers []messages.PeerID) error {
 }
 
 // Silenced reports whether the request's stream to peer ended without a
-// terminal frame (Silence): no frame may answer that peer about it. A
-// RequestData that was not read (Unread) from such a peer is dropped
-// unanswered too.
-func (t *TxTable) Silenced(request string, peer messages.PeerID) bool {
-	return slices.Contains(t.silenced[request], peer)
+// terminal frame (Silence), for a frame of incarnation inc of it (its
+// FromIncarnation; 0: not known): no frame may answer it about the
+// request. A later incarnation than the stream wrote to is answered as
+// for any finished request. A RequestData that was not read (Unread) from
+// a silenced peer is dropped unanswered too.
+func (t *TxTable) Silenced(request string, peer messages.PeerID, inc uint64) bool {
+	for _, p := range t.silenced[request] {
+		if p.covers(peer, inc) {
+			return true
+		}
+	}
+	return false
 }
 
 // Stopped takes a session that released everything off the table and

@@ -136,15 +136,15 @@ func TestTxTable_Silence(t *testing.T) {
 	if _, err := tb.Open("r", "gen"); err != nil {
 		t.Fatal(err)
 	}
-	tb.Silence("r", []messages.PeerID{silent})
-	tb.Silence("r", []messages.PeerID{silent}) // twice: once is enough
+	tb.Silence("r", []SilentPeer{{PeerID: silent}})
+	tb.Silence("r", []SilentPeer{{PeerID: silent}}) // twice: once is enough
 	tb.Stopped("r")
 	if _, err := tb.Open("q", ""); err != nil {
 		t.Fatal(err)
 	}
 	tb.Stopped("q") // the ring holds 1: r's tombstone is forgotten
-	if !tb.Silenced("r", silent) || tb.Silenced("r", other) || tb.Silenced("q", silent) {
-		t.Fatalf("Silenced: r/%v %v, r/%v %v, q/%v %v", silent, tb.Silenced("r", silent), other, tb.Silenced("r", other), silent, tb.Silenced("q", silent))
+	if !tb.Silenced("r", silent, 0) || tb.Silenced("r", other, 0) || tb.Silenced("q", silent, 0) {
+		t.Fatalf("Silenced: r/%v %v, r/%v %v, q/%v %v", silent, tb.Silenced("r", silent, 0), other, tb.Silenced("r", other, 0), silent, tb.Silenced("q", silent, 0))
 	}
 	for _, epoch := range []uint64{1, 2} {
 		deliver, notBound, hold := tb.Cancel(&messages.Cancel{RequestID: "r", Epoch: epoch, From: silent}, t0)
@@ -162,7 +162,7 @@ func TestTxTable_Silence(t *testing.T) {
 	if deliver, _, hold := tb.Cancel(&messages.Cancel{RequestID: "r", Epoch: 1, From: other}, t0); deliver || hold {
 		t.Fatalf("Cancel r from another rank: deliver %v hold %v, want it acknowledged", deliver, hold)
 	}
-	if tb.Close(); !tb.Silenced("r", silent) {
+	if tb.Close(); !tb.Silenced("r", silent, 0) {
 		t.Fatal("closing forgot the silenced rank")
 	}
 }
@@ -180,7 +180,7 @@ func TestTxTable_SilencedOpenSaysWhy(t *testing.T) {
 	if _, err := tb.Open("r", "gen"); err != nil {
 		t.Fatal(err)
 	}
-	tb.Silence("r", []messages.PeerID{silent})
+	tb.Silence("r", []SilentPeer{{PeerID: silent}})
 	tb.Stopped("r")
 	check := func(when string) {
 		t.Helper()
@@ -217,6 +217,61 @@ func TestTxTable_SilencedOpenSaysWhy(t *testing.T) {
 		t.Fatalf("Cancel r from another rank: deliver %v hold %v, want it acknowledged", deliver, hold)
 	}
 	check("cancelled by another rank")
+}
+
+// TestTxTable_SilenceIsPerIncarnation: a request is silenced towards the
+// incarnation of the generation rank its stream wrote to. A later
+// incarnation of that rank (a receiver that died — the usual cause of an
+// endpoint cut without proof — and restarted) never got a write of it: its
+// RequestData for the id is answered (stale) and its Cancel acknowledged,
+// as for any finished request. They were dropped and held for good, so the
+// new incarnation's destination pages for a retried id stayed quarantined
+// for the life of this engine. Frames of that incarnation, of an earlier
+// one, or without incarnations (0) stay unanswered.
+func TestTxTable_SilenceIsPerIncarnation(t *testing.T) {
+	tb := NewTxTable(8)
+	rank := messages.PeerID{Instance: "gen", Rank: 1}
+	if _, err := tb.Open("r", "gen"); err != nil {
+		t.Fatal(err)
+	}
+	tb.Silence("r", []SilentPeer{{PeerID: rank, Incarnation: 5}})
+	tb.Stopped("r")
+	for _, inc := range []uint64{0, 4, 5} {
+		if !tb.Silenced("r", rank, inc) {
+			t.Fatalf("incarnation %d: not silenced", inc)
+		}
+		cancel := &messages.Cancel{RequestID: "r", Epoch: 1, From: rank, Incarnations: messages.Incarnations{FromIncarnation: inc}}
+		if deliver, _, hold := tb.Cancel(cancel, t0); deliver || !hold {
+			t.Fatalf("Cancel of incarnation %d: deliver %v hold %v, want held", inc, deliver, hold)
+		}
+		rd := &messages.RequestData{RequestID: "r", Epoch: 1, From: rank, Incarnations: messages.Incarnations{FromIncarnation: inc}}
+		if v, _ := tb.RequestData(rd); v != RequestDataSilenced {
+			t.Fatalf("RequestData of incarnation %d: %v, want silenced", inc, v)
+		}
+	}
+	if tb.Silenced("r", rank, 6) {
+		t.Fatal("incarnation 6: silenced, but nothing of r ever wrote to it")
+	}
+	rd := &messages.RequestData{RequestID: "r", Epoch: 1, From: rank, Incarnations: messages.Incarnations{FromIncarnation: 6}}
+	if v, _ := tb.RequestData(rd); v != RequestDataStale {
+		t.Fatalf("RequestData of incarnation 6: %v, want stale (answered FAILED)", v)
+	}
+	cancel := &messages.Cancel{RequestID: "r", Epoch: 1, From: rank, Incarnations: messages.Incarnations{FromIncarnation: 6}}
+	if deliver, _, hold := tb.Cancel(cancel, t0); deliver || hold {
+		t.Fatalf("Cancel of incarnation 6: deliver %v hold %v, want it acknowledged", deliver, hold)
+	}
+	// Send stays refused: it names no incarnation, and its streams could
+	// be read by the one whose writes may still land.
+	if _, err := tb.Open("r", "gen"); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "incarnation 5") {
+		t.Fatalf("Open of r: %v, want ErrBadRequest naming incarnation 5", err)
+	}
+	// A stream of a peer without incarnations (0) silences every one.
+	tb.Silence("q", []SilentPeer{{PeerID: rank}})
+	for _, inc := range []uint64{0, 5, 6} {
+		if !tb.Silenced("q", rank, inc) {
+			t.Fatalf("q, incarnation %d: not silenced after a stream to incarnation 0", inc)
+		}
+	}
 }
 
 // TestTxTable_OrphanLimit: a generation instance may have at most the

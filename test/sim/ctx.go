@@ -687,7 +687,7 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		// FAILED with the reason. It renews no lease.
 		rd := f.(*messages.RequestData)
 		why := "invalid RequestData: " + invalid.Error()
-		if c.table.Silenced(rd.RequestID, rd.From) {
+		if c.table.Silenced(rd.RequestID, rd.From, rd.FromIncarnation) {
 			return // any answer would be a proof
 		}
 		if c.table.Unread(rd) {
