@@ -99,6 +99,13 @@ type restarter[S stepper] interface {
 	restarted(a *shell[S], ctx actor.Context)
 }
 
+// effectDropper is a kind told of an effect a panic interrupted that is
+// dropped (run): it may act on what the effect's absence means (txKind: a
+// stream's terminal frame that never left).
+type effectDropper[S stepper] interface {
+	droppedEffect(a *shell[S], ctx actor.Context, e Effect)
+}
+
 // kind is what a session kind adds to the generic shell.
 type kind[S stepper] interface {
 	// side names the kind ("tx", "rx") in traces and panics.
@@ -363,6 +370,9 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", panicked)).
 				Int("left", len(left)).Msg("session panicked running an effect: that effect dropped, the rest run now")
 			a.retried = false
+			if d, ok := a.k.(effectDropper[S]); ok && panicked != nil {
+				d.droppedEffect(a, ctx, panicked)
+			}
 		}
 		a.run(ctx, left, now)
 		a.retried = false
@@ -412,7 +422,8 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // and nothing would ever report it. Dropped, the op stayed SUBMITTING for
 // good (the session never drained, its pins held, Close undrained), and
 // the terminal frame never reached the peer (a generation side without a
-// deadline waited for it for good). So does a stream's end without a frame
+// deadline waited for it for good); one a second panic drops is stepped as
+// a frame that did not leave (txKind.droppedEffect). So does a stream's end without a frame
 // (EndStream), for the same reason: dropped, the stream never stopped and
 // held the session's release for good. A WatchFence runs again too: dropped,
 // the chunk's fence was never watched, and its pins and ops waited for it

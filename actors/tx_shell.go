@@ -350,6 +350,24 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 	ctx.Send(c.pid, streamOp{eff: e})
 }
 
+// droppedEffect: a stream's terminal frame dropped after a second panic
+// (run) never reached its stream (a panic that escapes the effect comes
+// before the stream takes it: rerunnable), so it never left, and nothing
+// will report it. It is stepped as a frame that did not leave (TxSent with
+// an error: a SUCCESS Result fails the request at once, another terminal
+// frame changes nothing), and the stream ends without it (EndStream: it
+// stops once its own count of ops unsettled is empty, holding the
+// session's release until then). Before, the session waited for a TxSent
+// that never came and decided only at its deadline.
+func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect) {
+	f, ok := e.(SendFrame)
+	if !ok || !f.FromStream {
+		return
+	}
+	a.feedback = append(a.feedback, TxSent{Peer: f.Peer, Err: fmt.Errorf("%w: it panicked twice handing the frame to its stream: dropped", ErrSessionCrashed)})
+	k.toStream(a, ctx, f.Peer, f.Worker, EndStream{Worker: f.Worker, Peer: f.Peer})
+}
+
 // restarted is told first thing when a restart of the session ends
 // (Started): the stream children the restart stopped with something of
 // theirs still to do are spawned again, before anything else of the
