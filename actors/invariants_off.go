@@ -18,3 +18,6 @@ func panicOnRoute(messages.Frame) bool { return false }
 
 // panicOnStream is off in a default build (see invariants_on.go).
 func panicOnStream(Effect) bool { return false }
+
+// panicOnFrameSent is off in a default build (see invariants_on.go).
+func panicOnFrameSent(SendFrame) bool { return false }

@@ -84,6 +84,16 @@ func panicOnStream(e Effect) bool {
 	return f != nil && (*f)(e)
 }
 
+// PanicOnFrameSent, when set, makes a peer stream panic just after it
+// handed its terminal frame to its worker, before that hand-over returned
+// (crash injection): the frame may have left.
+var PanicOnFrameSent atomic.Pointer[func(f SendFrame) bool]
+
+func panicOnFrameSent(f SendFrame) bool {
+	p := PanicOnFrameSent.Load()
+	return p != nil && (*p)(f)
+}
+
 // PanicOnRoute, when set, makes the listener panic as a frame it returns
 // true for comes in (crash injection).
 var PanicOnRoute atomic.Pointer[func(f messages.Frame) bool]

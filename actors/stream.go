@@ -54,7 +54,8 @@ type streamState struct {
 	worker  int
 	// inflight: ops handed to a worker and not settled by a report yet.
 	inflight map[int]struct{}
-	// held is the terminal frame, waiting for inflight to empty.
+	// held is the terminal frame, waiting for inflight to empty, then
+	// for its hand-over to the worker to return.
 	held *SendFrame
 	// ending: the step ended the stream without a frame (EndStream); it
 	// stops once inflight is empty.
@@ -87,6 +88,13 @@ func (a *streamActor) Receive(ctx actor.Context) {
 	st := a.st
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
+		if st.done {
+			// It finished (its frame left, or it ended without one)
+			// before a panic restarted it: it stops.
+			st.handling, st.retried = nil, false
+			ctx.Stop(ctx.Self())
+			return
+		}
 		if m := st.handling; m != nil {
 			st.handling = nil
 			if st.retried {
@@ -98,7 +106,18 @@ func (a *streamActor) Receive(ctx actor.Context) {
 			st.env.log.Error().Int("peer", st.peer).Str("again", fmt.Sprintf("%T", m)).
 				Msg("stream panicked handling a message: it is handled again, once")
 			st.retried = true
-			st.handle(ctx, m)
+			if _, op := m.(streamOp); op && (st.held != nil || st.ending) {
+				// The panic came after the stream took its terminal
+				// frame (or its end), as it finished: it finishes again
+				// (the frame may have left: a duplicate at worst, which
+				// the peer drops). Delivered again, it would count as a
+				// second terminal frame.
+				st.handling = m
+				st.maybeFinish(ctx)
+				st.handling = nil
+			} else {
+				st.handle(ctx, m)
+			}
 			st.retried = false
 		}
 	case streamOp, streamSettle:
@@ -174,9 +193,14 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 		return
 	}
 	e := *st.held
-	st.held, st.done = nil, true
 	// The worker reports to the session whether the frame left (TxSent):
-	// a SUCCESS Result that did not fails the request.
+	// a SUCCESS Result that did not fails the request. The frame stays
+	// held until the hand-over returned: a panic before that leaves it
+	// held, and the next incarnation sends it again.
 	sendTo(ctx, st.env.frameWorker(e.Worker), &workerSend{SendFrame: e, stream: ctx.Self(), report: st.session})
+	if panicOnFrameSent(e) {
+		panic(fmt.Sprintf("stream %d: panic injected after its frame left", st.peer))
+	}
+	st.held, st.done = nil, true
 	ctx.Stop(ctx.Self())
 }

@@ -152,3 +152,84 @@ func TestStreamHeldFrameCloseStops(t *testing.T) {
 	defer cancel()
 	_ = genR.e.Close(ctx) // (its Receive waits for the frame)
 }
+
+// TestStreamPanicAfterItsFrameLeft: a peer stream panics right after it
+// handed its SUCCESS Result to its worker, before that returned (the frame
+// left). Its next incarnation finishes it again: the frame is sent once
+// more (a duplicate: the peer drops it, the second report that it left
+// changes nothing) and the stream stops. Before, the stream had already
+// marked the frame sent and itself done: handled again, the frame counted
+// as a second terminal frame (a stream violation, for no bug of the step),
+// and — when the frame had been held for a settle — it was never sent
+// again and the stream never stopped, holding its session's release.
+func TestStreamPanicAfterItsFrameLeft(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sent", true: "held"}[held], func(t *testing.T) { testPanicAfterFrameLeft(t, held) })
+	}
+}
+
+func testPanicAfterFrameLeft(t *testing.T, held bool) {
+	const id, prompt = "left", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+
+	var sent, settles atomic.Int32
+	frameHook := func(f SendFrame) bool { return sent.Add(1) == 1 }
+	PanicOnFrameSent.Store(&frameHook)
+	t.Cleanup(func() { PanicOnFrameSent.Store(nil) })
+	if held {
+		// The stream drops the report of its op (two panics): it holds
+		// its Result until the same completion comes once more.
+		hook := func(e Effect) bool { return e == nil && settles.Add(1) <= 2 }
+		PanicOnStream.Store(&hook)
+		t.Cleanup(func() { PanicOnStream.Store(nil) })
+	}
+
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := ctxR.e.env.stats
+	violations := int64(0)
+	if held {
+		violations = 1 // the held frame
+		pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
+		ctxR.e.sys.Root.Send(tx.pid, TxCompleted{Op: OpRef{Request: id, Peer: 0, Seq: 0}})
+	}
+	if o := wait(t, "context outcome", tx.Done()); !o.OK {
+		t.Fatalf("context side %s %v, want DONE", o.Status, o.Err)
+	}
+	if err := ctxR.e.FreeBlocks(src); err != nil {
+		t.Fatalf("source blocks after Done: %v", err)
+	}
+	if o := wait(t, "generation outcome", rx.Done()); !o.OK {
+		t.Fatalf("generation side %s %v, want READY", o.Status, o.Err)
+	}
+	wait(t, "generation blocks released", rx.Released())
+	if n := sent.Load(); n != 2 {
+		t.Fatalf("the frame handed over %d times, want 2 (the panic, then once more)", n)
+	}
+	if n := stats.StreamViolations.Load(); n != violations {
+		t.Fatalf("%d stream violations, want %d", n, violations)
+	}
+}
