@@ -106,6 +106,13 @@ type effectDropper[S stepper] interface {
 	droppedEffect(a *shell[S], ctx actor.Context, e Effect)
 }
 
+// reforwarder is a kind that hands a lost message, about to be stepped
+// again (restep), to whoever else took it before its first step (txKind:
+// a worker's report, to the stream whose ops it settles).
+type reforwarder[S stepper] interface {
+	reforward(a *shell[S], ctx actor.Context, m any)
+}
+
 // kind is what a session kind adds to the generic shell.
 type kind[S stepper] interface {
 	// side names the kind ("tx", "rx") in traces and panics.
@@ -299,6 +306,9 @@ func (a *shell[S]) restep(ctx actor.Context, now time.Time) {
 			Msg("session panicked stepping a message: its request failed; the message is stepped again, once")
 		a.lostRetried = true
 		a.k.restepping(a, m)
+		if r, ok := a.k.(reforwarder[S]); ok {
+			r.reforward(a, ctx, m)
+		}
 		eff := a.step(m, now)
 		a.lostRetried = false
 		a.exec(ctx, eff, now)

@@ -233,3 +233,77 @@ func testPanicAfterFrameLeft(t *testing.T, held bool) {
 		t.Fatalf("%d stream violations, want %d", n, violations)
 	}
 }
+
+// TestStreamLostReportForwardedAgainAtRestep: a peer stream holds its
+// SUCCESS Result (it dropped its op's completion after panicking on it
+// twice: its count keeps the op unsettled). The same completion comes
+// once more; the stream drops it again (two more panics) and the
+// session's step panics on it: lost, it is stepped again after the
+// restart. Before, only the step got it again (a duplicate there: it
+// changes nothing); the stream, spawned again over its held frame, never
+// got the report that settles its count, so the frame was never sent and
+// the session never released. Now the report is forwarded to the stream
+// again before it is stepped again (a settle is idempotent): the frame
+// leaves, the generation side ends READY on it, the context side DONE.
+func TestStreamLostReportForwardedAgainAtRestep(t *testing.T) {
+	const id, prompt = "relost", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+
+	var settles, steps atomic.Int32
+	streamHook := func(e Effect) bool { return e == nil && settles.Add(1) <= 4 }
+	PanicOnStream.Store(&streamHook)
+	t.Cleanup(func() { PanicOnStream.Store(nil) })
+	stepHook := func(side string, m any) bool {
+		_, ok := m.(TxCompleted)
+		return side == "tx" && ok && steps.Add(1) == 2
+	}
+	PanicOnStep.Store(&stepHook)
+	t.Cleanup(func() { PanicOnStep.Store(nil) })
+
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := ctxR.e.env.stats
+	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
+	// The completion once more (a late duplicate): lost by the stream and
+	// by the step.
+	ctxR.e.sys.Root.Send(tx.pid, TxCompleted{Op: OpRef{Request: id, Peer: 0, Seq: 0}})
+	if o := wait(t, "generation outcome", rx.Done()); !o.OK {
+		t.Fatalf("generation side %s %v, want READY on the held Result", o.Status, o.Err)
+	}
+	if o := wait(t, "context outcome", tx.Done()); !o.OK {
+		t.Fatalf("context side %s %v, want DONE", o.Status, o.Err)
+	}
+	if err := ctxR.e.FreeBlocks(src); err != nil {
+		t.Fatalf("source blocks after Done: %v", err)
+	}
+	wait(t, "generation blocks released", rx.Released())
+	if s, n := settles.Load(), steps.Load(); s != 5 || n != 3 {
+		t.Fatalf("%d settles, %d steps of TxCompleted: want 5 (four panics, then the one that settled) and 3", s, n)
+	}
+	if n := stats.StreamViolations.Load(); n != 1 {
+		t.Fatalf("%d stream violations, want 1 (the held frame)", n)
+	}
+}

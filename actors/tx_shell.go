@@ -175,18 +175,8 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 	switch m := msg.(type) {
 	case *actor.Terminated:
 		k.streamTerminated(a, ctx, m.Who)
-	case TxCompleted:
-		k.settle(ctx, m.Op.Peer, streamSettle{seqs: []int{m.Op.Seq}})
-		return false
-	case TxRetired:
-		for _, r := range m.Ops {
-			k.settle(ctx, r.Peer, streamSettle{seqs: []int{r.Seq}})
-		}
-		return false
-	case TxWorkerDead:
-		for peer := range k.streams {
-			k.settle(ctx, peer, streamSettle{dead: m.Worker + 1})
-		}
+	case TxCompleted, TxRetired, TxWorkerDead:
+		k.forward(ctx, m)
 		return false
 	case txChunkMsg:
 		if m.Pinned && m.seq != 0 && (a.handle == nil || !a.handle.pins.consume(m.seq)) {
@@ -402,6 +392,33 @@ func watchFence(f Fence, fired func(error)) (err error) {
 	f.OnReady(fired)
 	return nil
 }
+
+// forward forwards a worker's report about streams' ops (TxCompleted,
+// TxRetired, TxWorkerDead) to those streams (settle).
+func (k *txKind) forward(ctx actor.Context, msg any) {
+	switch m := msg.(type) {
+	case TxCompleted:
+		k.settle(ctx, m.Op.Peer, streamSettle{seqs: []int{m.Op.Seq}})
+	case TxRetired:
+		for _, r := range m.Ops {
+			k.settle(ctx, r.Peer, streamSettle{seqs: []int{r.Seq}})
+		}
+	case TxWorkerDead:
+		for peer := range k.streams {
+			k.settle(ctx, peer, streamSettle{dead: m.Worker + 1})
+		}
+	}
+}
+
+// reforward: a worker's report a panic inside the step lost is forwarded
+// to its streams again before it is stepped again (restep). The first
+// forward may not have counted: the stream may have dropped it (a panic
+// in it, twice) and been spawned again over its state since (carried).
+// Never forwarded again, the report that settles a stream's count was
+// lost for it, while the step, which takes it, says the op is over: the
+// stream held its terminal frame, and its session's release, for good. A
+// settle is idempotent: forwarded twice, it changes nothing more.
+func (k *txKind) reforward(_ *shell[*TxSession], ctx actor.Context, m any) { k.forward(ctx, m) }
 
 // settle forwards a worker's report about a stream's ops to the stream
 // before the session steps it: the frame the step may emit in answer
