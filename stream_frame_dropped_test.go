@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -62,6 +63,130 @@ func TestSessionDroppedResultFailsPromptly(t *testing.T) {
 	rx.Cancel()
 	if ro := waitOutcome(t, rx.Done()); ro.OK {
 		t.Fatalf("rx %s: want it failed (no Result came)", ro.Status)
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("rx never released")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}
+
+// TestSessionDroppedSubmitStillDrains: a TxSession panics twice running a
+// stream's Submit (its run again panics too): the Submit is dropped. It
+// never reached the stream, so no worker ever got the op and nothing
+// would ever report it. Before, the op stayed SUBMITTING for good: the
+// session never drained, its source pins held, Done never came. Now the
+// dropped Submit is stepped as an op its worker refused (never posted):
+// NOT_SUBMITTED, quiescent. The request has failed (the panic), both
+// sides end, every pin is dropped at Done, and Close is clean.
+//
+// behind: the stream is open (its first chunk's op went) when the
+// dropped Submit comes first in a batch (the fence of the chunk ahead of
+// two fired ones fires last). The restarts stopped the stream; the
+// Submits after the dropped one spawn it again with the step's ops in
+// flight as its account — which must not count the dropped op: no
+// report would ever settle it, and the stream would hold its terminal
+// frame, and the session's release, for good.
+func TestSessionDroppedSubmitStillDrains(t *testing.T) {
+	for _, mode := range []string{"one", "behind"} {
+		t.Run(mode, func(t *testing.T) { testDroppedSubmit(t, mode == "behind") })
+	}
+}
+
+func testDroppedSubmit(t *testing.T, behind bool) {
+	l := smallLayout()
+	ce, ge := faultyPairWith(t, l, 1, func(_ string, cfg *kvxfer.Config) { cfg.TransferTimeout = time.Hour })
+	var hits atomic.Int32
+	var first atomic.Bool // the first op's Submit ran
+	drop := 0             // the op whose Submit panics twice
+	if behind {
+		drop = 1
+	}
+	hook := func(side string, e actors.Effect) bool {
+		s, ok := e.(actors.Submit)
+		if !ok || side != "tx" {
+			return false
+		}
+		if s.Op.Seq == 0 {
+			first.Store(true)
+		}
+		return s.Op.Seq == drop && hits.Add(1) <= 2
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	var rx *kvxfer.RxHandle
+	var tx *kvxfer.TxHandle
+	if behind {
+		var err error
+		if rx, err = ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "dropsub", PromptLen: 64, Context: "ctx"}); err != nil {
+			t.Fatal(err)
+		}
+		if tx, err = ce.Send(context.Background(), kvxfer.SendRequest{ID: "dropsub", PromptLen: 64}); err != nil {
+			t.Fatal(err)
+		}
+		counts := make([]int, len(l.Groups))
+		for g := range counts {
+			counts[g] = l.BlocksFor(64)
+		}
+		src, err := ce.Pools().Alloc(counts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunks, err := kvcache.Chunks(64, l.TokensPerBlock, l.TokensPerBlock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(chunks) < 3 {
+			t.Fatalf("%d chunks: the test needs 3", len(chunks))
+		}
+		fences := make([]*kvxfer.ManualFence, len(chunks))
+		for i, ch := range chunks {
+			fences[i] = &kvxfer.ManualFence{}
+			if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fences[i]); err != nil {
+				t.Fatal(err)
+			}
+			b0, b1 := ch.Blocks(l.TokensPerBlock)
+			for g := range l.Groups {
+				for b := b0; b < b1; b++ {
+					fill(ce, l, g, src[g][b], b, 3)
+				}
+			}
+		}
+		fences[0].Fire(nil)
+		waitUntil(t, "the first op's Submit (the stream open)", first.Load)
+		// Those behind the second chunk first: its fence lets them all go
+		// in one batch, the second chunk's op first.
+		for i := 2; i < len(fences); i++ {
+			fences[i].Fire(nil)
+		}
+		fences[1].Fire(nil)
+	} else {
+		rx, tx = receiveAndSend(t, ce, ge, "dropsub", 3)
+	}
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its Submit was dropped (%d panics): the session never drains", hits.Load())
+	}
+	if n := hits.Load(); n < 2 {
+		t.Fatalf("%d panics running a Submit, want 2: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx %s (%v): want FAILED by the panic", o.Status, o.Err)
+	}
+	for g, st := range ce.Pools().Stats() {
+		if st.Pinned != 0 {
+			t.Fatalf("group %d: %d blocks pinned after Done", g, st.Pinned)
+		}
+	}
+	if ro := waitOutcome(t, rx.Done()); ro.OK {
+		t.Fatalf("rx %s: want it failed", ro.Status)
 	}
 	select {
 	case <-rx.Released():

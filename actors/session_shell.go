@@ -432,9 +432,10 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // and nothing would ever report it. Dropped, the op stayed SUBMITTING for
 // good (the session never drained, its pins held, Close undrained), and
 // the terminal frame never reached the peer (a generation side without a
-// deadline waited for it for good); one a second panic drops is stepped as
-// a frame that did not leave (txKind.droppedEffect). So does a stream's end without a frame
-// (EndStream), for the same reason: dropped, the stream never stopped and
+// deadline waited for it for good). One a second panic drops is stepped
+// as what it is: an op never posted, a frame that did not leave
+// (txKind.droppedEffect). A stream's end without a frame (EndStream) runs
+// again too, for the same reason: dropped, the stream never stopped and
 // held the session's release for good. A WatchFence runs again too: dropped,
 // the chunk's fence was never watched, and its pins and ops waited for it
 // for good. (Only a live session takes chunks, so only a restart — its

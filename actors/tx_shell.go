@@ -58,6 +58,9 @@ type txKind struct {
 	// session may spawn: at once, or at the Started that ends the
 	// session's restart (restarted).
 	carried []*streamState
+	// unhanded: ops whose Submit a panic dropped (droppedEffect): no
+	// stream or worker ever got them, so none counts them.
+	unhanded []OpRef
 	// ledger is the handle's pin ledger (txSetHandle), swept when the
 	// actor stops.
 	ledger *pinLedger
@@ -329,7 +332,7 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 			// one's Terminated marks it here). What the step has in flight
 			// for the peer is the new stream's account.
 			for r, s := range k.s.OpStates() {
-				if r.Peer == peer && (s == OpSubmitting || s == OpSubmitted || s == OpInDoubt) {
+				if r.Peer == peer && (s == OpSubmitting || s == OpSubmitted || s == OpInDoubt) && !slices.Contains(k.unhanded, r) {
 					st.inflight[r.Seq] = struct{}{}
 				}
 			}
@@ -349,13 +352,27 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 // stops once its own count of ops unsettled is empty, holding the
 // session's release until then). Before, the session waited for a TxSent
 // that never came and decided only at its deadline.
+//
+// Likewise a stream's Submit dropped so never reached the stream, nor a
+// worker: it is stepped as an op its worker refused (never posted:
+// NOT_SUBMITTED, quiescent). Before, the op stayed SUBMITTING for good:
+// the session never drained, its source pins held, Done never came. A
+// stream spawned again takes the step's ops in flight as its account
+// (toStream), but never such an op: no report would settle it.
 func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect) {
-	f, ok := e.(SendFrame)
-	if !ok || !f.FromStream {
-		return
+	switch e := e.(type) {
+	case Submit:
+		// (Until that is stepped the op is still SUBMITTING in the step:
+		// a stream spawned again meanwhile must not count it.)
+		k.unhanded = append(k.unhanded, e.Op)
+		a.feedback = append(a.feedback, TxCompleted{Op: e.Op, Refused: true, Err: fmt.Errorf("%w: it panicked twice handing the op to its stream: dropped, never posted", ErrSessionCrashed)})
+	case SendFrame:
+		if !e.FromStream {
+			return
+		}
+		a.feedback = append(a.feedback, TxSent{Peer: e.Peer, Err: fmt.Errorf("%w: it panicked twice handing the frame to its stream: dropped", ErrSessionCrashed)})
+		k.toStream(a, ctx, e.Peer, e.Worker, EndStream{Worker: e.Worker, Peer: e.Peer})
 	}
-	a.feedback = append(a.feedback, TxSent{Peer: f.Peer, Err: fmt.Errorf("%w: it panicked twice handing the frame to its stream: dropped", ErrSessionCrashed)})
-	k.toStream(a, ctx, f.Peer, f.Worker, EndStream{Worker: f.Worker, Peer: f.Peer})
 }
 
 // restarted is told first thing when a restart of the session ends
