@@ -5,14 +5,18 @@ package kvxfer_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/rdma/faulty"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
 // TestSessionDroppedResultFailsPromptly: a TxSession panics twice running
@@ -197,5 +201,85 @@ func testDroppedSubmit(t *testing.T, behind bool) {
 	defer cancel()
 	if err := ce.Close(ctx); err != nil {
 		t.Fatalf("close: %v", err)
+	}
+}
+
+// TestSessionDroppedEndStreamStillReleases: as
+// TestUnprovenCloseWithSourcesReleased (a cut write whose close proves its
+// sources released but not its write over: the stream ends without a
+// terminal frame, EndStream), but the session has spent its restart
+// budget (three crashes while the write hangs, before its deadline) and
+// then panics twice running that EndStream: resumed, not restarted, its
+// stream child lives on, and the EndStream dropped never reached it.
+// Before, the stream never stopped, and the session's release (its
+// source unpins, Finish) waited for it for good: Done never came. Now a
+// dropped EndStream is handed to the stream anyway (it touches no page
+// and no peer, and the stream still stops only once its own count of ops
+// unsettled is empty): the context side releases.
+func TestSessionDroppedEndStreamStillReleases(t *testing.T) {
+	l := smallLayout()
+	var hits atomic.Int32
+	hook := func(side string, e actors.Effect) bool {
+		_, ok := e.(actors.EndStream)
+		return ok && side == "tx" && hits.Add(1) <= 2
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	var hung atomic.Bool
+	link := control.NewMemLink()
+	net := loopback.NewNetwork()
+	ag := faulty.New(loopback.New(loopback.WithNetwork(net)), faulty.WithUnprovenClose(), faulty.WithSourcesReleased(),
+		faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	gag := loopback.New(loopback.WithNetwork(net))
+	defer func() { _, _ = ag.Close(), gag.Close() }()
+	clk := actors.NewFakeClock(time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC))
+	ce, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx", Layout: &l, PoolBytes: 4 << 20,
+		Link: link, Agent: ag, TransferTimeout: time.Hour, DrainGrace: 50 * time.Millisecond, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ge, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, PoolBytes: 4 << 20,
+		Link: link, Agent: gag, TransferTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, tx, src := sendCut(t, ce, ge, l, "cut", time.Second) // (the context side's deadline on the fake clock)
+	waitUntil(t, "the write to hang", hung.Load)
+	for range 3 {
+		tx.Crash()
+	}
+	waitUntil(t, "three restarts", func() bool { return ce.Stats().SessionPanics == 3 })
+	// The deadline puts the hung op in doubt; the drain closes its
+	// endpoint: sources released, the write not proven over.
+	waitUntil(t, "the endpoint's unproven close", func() bool {
+		clk.Advance(10 * time.Millisecond)
+		return ce.Stats().ClosesUnproven == 1
+	})
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its EndStream was dropped (%d panics): its stream never stopped", hits.Load())
+	}
+	if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+		t.Fatalf("tx %s (%v): want FAILED by the crash", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("the source blocks after Done: %v", err)
+	}
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("%d panics running the EndStream, want 2: the test proves nothing", n)
+	}
+	if n := ce.Stats().SessionPanicsPastBudget; n != 2 {
+		t.Fatalf("%d panics past the budget, want 2 (the EndStream's)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Errorf("context engine Close: %v", err)
+	}
+	rx.Cancel() // its pages stay quarantined: no frame said the write is over
+	if err := ge.Close(ctx); !errors.Is(err, actors.ErrUndrained) {
+		t.Errorf("generation engine Close: %v, want ErrUndrained (its pages are quarantined)", err)
 	}
 }

@@ -359,6 +359,13 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 // the session never drained, its source pins held, Done never came. A
 // stream spawned again takes the step's ops in flight as its account
 // (toStream), but never such an op: no report would settle it.
+//
+// A stream's end without a frame (EndStream) dropped is handed to the
+// stream anyway, unless it has it: it touches no page and no peer, and
+// the stream still stops only once its own count of ops unsettled is
+// empty. Before, a stream that lived through the panics (its session
+// resumed past its restart budget, not restarted) never stopped, and the
+// session's release waited for it for good.
 func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
@@ -372,6 +379,10 @@ func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect
 		}
 		a.feedback = append(a.feedback, TxSent{Peer: e.Peer, Err: fmt.Errorf("%w: it panicked twice handing the frame to its stream: dropped", ErrSessionCrashed)})
 		k.toStream(a, ctx, e.Peer, e.Worker, EndStream{Worker: e.Worker, Peer: e.Peer})
+	case EndStream:
+		if c := k.streams[e.Peer]; c == nil || !c.st.ending && !c.st.done {
+			k.toStream(a, ctx, e.Peer, e.Worker, e)
+		}
 	}
 }
 
