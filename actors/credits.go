@@ -58,7 +58,7 @@ func orphanLimit(n int) int {
 //
 // A peer's Cancels count against credits of their own (the same limit):
 // the generation side re-sends each Cancel every second until it is
-// acknowledged, so a burst of requests timing out together can keep a
+// acknowledged (backing off after the first minute), so a burst of requests timing out together can keep a
 // shared budget spent for as long as the storm lasts, and every new
 // RequestData would be shed meanwhile — past ShedAnswers dropped, its
 // request failing at its deadline and joining the next storm. Apart, a
