@@ -360,9 +360,10 @@ func TestRoleRefusesABindLibzmqCannotMake(t *testing.T) {
 			}
 		}
 	}
-	// What libzmq binds passes: an interface name, every interface, a
-	// relative ipc:// path (the working directory's).
-	binds := []string{"tcp://*:0", "ipc://x.sock"}
+	// What libzmq binds passes: an interface name, every interface, an
+	// IPv6 address in brackets, a relative ipc:// path (the working
+	// directory's).
+	binds := []string{"tcp://*:0", "tcp://[::1]:0", "tcp://[fe80::1%lo]:0", "ipc://x.sock"}
 	if ifs, err := net.Interfaces(); err == nil && len(ifs) > 0 {
 		binds = append(binds, "tcp://"+ifs[0].Name+":0")
 	}

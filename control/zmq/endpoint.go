@@ -145,6 +145,26 @@ func checkBindHost(endpoint, host string) error {
 		ErrConfig, endpoint, h, net.JoinHostPort(addrs[0], endpoint[strings.LastIndex(endpoint, ":")+1:]))
 }
 
+// ipv6Endpoint reports whether a tcp:// endpoint names an IPv6 address
+// literal, [ADDRESS] (either side of a connect's SOURCE;HOST:PORT): libzmq
+// binds and connects to one only on a socket with ZMQ_IPV6 set, and
+// refuses it otherwise ("no such device"). The option is set for such an
+// endpoint alone, so that `*`, IPv4 addresses, interface names and host
+// names resolve as they always did (IPv4 only: with the option, a name
+// such as localhost may resolve to ::1 where the peer bound 127.0.0.1).
+func ipv6Endpoint(endpoint string) bool {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return false
+	}
+	for _, part := range strings.Split(addr, ";") {
+		if i := strings.LastIndex(part, ":"); i > 0 && strings.ContainsAny(part[:i], "[:") {
+			return true // [::1]:5000, or a bare ::1:5000 libzmq reads alike
+		}
+	}
+	return false
+}
+
 // suggestEndpoint is what an endpoint without a transport probably meant:
 // a transport with a mistyped separator ("tcp//h:1", "tcp:h:1",
 // "ipc:/run/x.sock") that transport with "://"; else a path is an ipc

@@ -100,3 +100,27 @@ func TestIPCInUseReleasedMeanwhile(t *testing.T) {
 		t.Fatalf("checkIPCFree of a live path: %v, want ErrEndpointInUse", err)
 	}
 }
+
+// ipv6Endpoint picks out the tcp:// endpoints that name an IPv6 literal
+// (libzmq needs ZMQ_IPV6 for them), and no other: `*`, IPv4, interface
+// and host names keep resolving as IPv4.
+func TestIPv6EndpointDetected(t *testing.T) {
+	for ep, want := range map[string]bool{
+		"tcp://[::1]:5712":                true,
+		"tcp://[fe80::1%eth0]:5712":       true,
+		"tcp://::1:5712":                  true,
+		"tcp://127.0.0.1:0;[::1]:5712":    true,
+		"tcp://[::1]:0;10.0.0.2:5712":     true,
+		"tcp://127.0.0.1:5712":            false,
+		"tcp://*:5712":                    false,
+		"tcp://localhost:5712":            false,
+		"tcp://eth0:*;10.0.0.2:5712":      false,
+		"ipc:///run/[x]:1.sock":           false,
+		"inproc://a:b":                    false,
+		"tcp://127.0.0.1:0;10.0.0.2:5712": false,
+	} {
+		if got := ipv6Endpoint(ep); got != want {
+			t.Errorf("ipv6Endpoint(%s) = %v, want %v", ep, got, want)
+		}
+	}
+}

@@ -410,6 +410,11 @@ func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 	if err = router.SetSndhwm(probeHWM); err != nil {
 		return fail("send HWM", err)
 	}
+	if ipv6Endpoint(l.cfg.Bind) {
+		if err = router.SetIpv6(true); err != nil {
+			return fail("IPv6", err)
+		}
+	}
 	if !l.cfg.Insecure {
 		if err = router.SetCurveServer(1); err != nil {
 			return fail("CURVE server", err)
@@ -511,6 +516,9 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("routing id", s.SetIdentity(routingID()))
 	set("immediate", s.SetImmediate(immediate))
 	set("reconnect backoff", s.SetReconnectIvlMax(l.cfg.reconnectMax()))
+	if ipv6Endpoint(endpoint) {
+		set("IPv6", s.SetIpv6(true))
+	}
 	if !l.cfg.Insecure {
 		set("CURVE server key", s.SetCurveServerkey(serverKey))
 		set("CURVE public key", s.SetCurvePublickey(l.cfg.Curve.Public))
