@@ -83,7 +83,9 @@
 // key. The client learns it from its heartbeat DEALER's socket monitor
 // (handshake succeeded, failed: auth, protocol, no detail; connected,
 // disconnected), which also names a wrong server key (the server hangs up
-// during the handshake) and a CURVE/insecure mismatch: the link logs
+// during the handshake), a CURVE/insecure mismatch, and an endpoint where
+// something that is no kvxfer engine accepts the connection and then
+// hangs up or never completes a ZeroMQ handshake: the link logs
 // "CURVE handshake with PEER at ENDPOINT failed: REASON" at warn
 // (throttled per peer) and PeerState(peer) reports the connection's
 // ConnState and the reason, for an embedder to print while it waits for a
@@ -91,7 +93,9 @@
 // heartbeats on.
 //
 // Endpoints must name a transport: "127.0.0.1:5000" is refused (ErrConfig)
-// with "did you mean tcp://127.0.0.1:5000?". Listen refuses an ipc:// path
+// with "did you mean tcp://127.0.0.1:5000?". An IPv6 address goes in
+// brackets, tcp://[::1]:5000 (the sockets for it get ZMQ_IPV6; other
+// tcp:// endpoints, host names included, resolve IPv4 only). Listen refuses an ipc:// path
 // a live process accepts on (ErrEndpointInUse): libzmq would unlink the
 // path and take it over. A socket file nobody accepts on (its process
 // died) is stale and replaced.

@@ -125,6 +125,12 @@ func (b *beater) watch(d time.Duration, stop <-chan struct{}) error {
 			b.events(s)
 		}
 	}
+	now := b.l.cfg.Clock()
+	for _, s := range byMon {
+		if s.watch.stalled(now) {
+			b.publish(s)
+		}
+	}
 	sleep(d, stop)
 	return nil
 }
@@ -149,17 +155,22 @@ func (b *beater) events(s *beatSock) {
 			}
 			return
 		}
-		if !s.watch.step(ev, value, b.l.cfg.Clock()) {
-			continue
+		if s.watch.step(ev, value, b.l.cfg.Clock()) {
+			b.publish(s)
 		}
-		st := s.watch.state
-		b.l.mu.Lock()
-		if s.info.endpoint == s.endpoint && s.info.redials == s.redials { // not superseded
-			s.info.conn = st
-		}
-		b.l.mu.Unlock()
-		b.logState(s.peer, st)
 	}
+}
+
+// publish makes s's connection state the peer's PeerState, unless a newer
+// socket superseded s, and logs the change.
+func (b *beater) publish(s *beatSock) {
+	st := s.watch.state
+	b.l.mu.Lock()
+	if s.info.endpoint == s.endpoint && s.info.redials == s.redials { // not superseded
+		s.info.conn = st
+	}
+	b.l.mu.Unlock()
+	b.logState(s.peer, st)
 }
 
 // logState logs a change of a peer's connection state: a failed handshake

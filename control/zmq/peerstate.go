@@ -134,6 +134,12 @@ type connWatch struct {
 	// mistake (a protocol error, a refused key); zero when none since the
 	// last handshake that succeeded.
 	named time.Time
+	// connected is when the transport last connected (EVENT_CONNECTED):
+	// the handshake began then.
+	connected time.Time
+	// silent: the handshake begun at connected has gone on for
+	// handshakeStall without a word (stalled).
+	silent bool
 }
 
 // namedHold is how long a named handshake failure outlasts bare hang-ups.
@@ -151,7 +157,7 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 	old := w.state
 	switch ev {
 	case zmq4.EVENT_CONNECTED:
-		w.handshaking = true
+		w.handshaking, w.connected, w.silent = true, now, false
 		if w.state.Conn == ConnHandshakeFailed {
 			return false
 		}
@@ -178,13 +184,13 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 		w.named = now
 		w.set(ConnHandshakeFailed, protocolReason(value, w.secure), now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-		w.handshaking = false
 		w.hungUp(value, now)
+		w.handshaking = false
 	case zmq4.EVENT_DISCONNECTED:
 		switch {
 		case w.handshaking:
-			w.handshaking = false
 			w.hungUp(0, now)
+			w.handshaking = false
 		case w.state.Conn == ConnUp:
 			w.set(ConnDown, "", now)
 		}
@@ -194,13 +200,50 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 	return w.state.Conn != old.Conn || w.state.Reason != old.Reason
 }
 
-// hungUp records a handshake the peer closed without a word, unless a
-// named failure came less than namedHold ago: that one says more.
+// hungUp records a handshake that ended without a word, unless a named
+// failure came less than namedHold ago: that one says more. One found
+// silent (stalled) before it ended was no hang-up of the peer's: nothing
+// answered, and libzmq gave up after its handshake timeout
+// (ZMQ_HANDSHAKE_IVL).
 func (w *connWatch) hungUp(errno int, now time.Time) {
 	if w.state.Conn == ConnHandshakeFailed && !w.named.IsZero() && now.Sub(w.named) < namedHold {
 		return
 	}
+	if w.handshaking && w.silent {
+		w.set(ConnHandshakeFailed, stalledReason(w.state.Endpoint)+" (the handshake timed out)", now)
+		return
+	}
 	w.set(ConnHandshakeFailed, closedReason(errno, w.secure), now)
+}
+
+// handshakeStall is how long a connection's handshake may go on, the
+// transport connected, before PeerState.Reason says that nothing answers
+// there. A handshake between two engines takes milliseconds (a CURVE one
+// a few more); libzmq itself gives up only after 30 s.
+const handshakeStall = time.Second
+
+// stalled notes a connection whose transport connected handshakeStall or
+// more ago without its handshake completing or failing, and names it
+// (stalledReason) while nothing else is said of it; it reports whether
+// the state changed. The heartbeat goroutine calls it as it reads the
+// monitors: no event comes for a silence.
+func (w *connWatch) stalled(now time.Time) bool {
+	if !w.handshaking || w.state.Conn == ConnUp || now.Sub(w.connected) < handshakeStall {
+		return false
+	}
+	w.silent = true
+	if w.state.Conn == ConnHandshakeFailed || w.state.Reason != "" {
+		return false
+	}
+	w.state.Reason = stalledReason(w.state.Endpoint)
+	return true
+}
+
+// stalledReason is PeerState.Reason for a connection accepted at endpoint
+// whose handshake never completed: what accepted it speaks no ZeroMQ (a
+// service other than a kvxfer engine), or the process there is stopped.
+func stalledReason(endpoint string) string {
+	return "connected to " + endpoint + ", but nothing there completed a ZeroMQ handshake: is that the peer's control endpoint (and its process not stopped)?"
 }
 
 func (w *connWatch) set(c ConnState, reason string, now time.Time) {
@@ -233,21 +276,24 @@ func protocolReason(code int, secure bool) string {
 	return fmt.Sprintf("protocol error 0x%x", code)
 }
 
-// closedReason explains a connection the peer closed before the handshake
-// completed. Two mistakes look alike from here: a CURVE server that cannot
-// decrypt a client's HELLO (the client holds a wrong server key for it)
-// hangs up without a word, and so, attempt after attempt, may a peer of
-// the other mechanism (libzmq reports the mismatch itself only when it
-// reads the peer's greeting before the peer has closed: on a loaded
-// machine, a minority of attempts). The reason names both.
+// closedReason explains a connection closed at the endpoint before the
+// handshake completed. Several mistakes look alike from here: a CURVE
+// server that cannot decrypt a client's HELLO (the client holds a wrong
+// server key for it) hangs up without a word, and so, attempt after
+// attempt, may a peer of the other mechanism (libzmq reports the mismatch
+// itself only when it reads the peer's greeting before the peer has
+// closed: on a loaded machine, a minority of attempts), and so does a
+// service that is not a kvxfer engine (no ZeroMQ) and closes what it
+// accepts. The reason names them all.
 func closedReason(errno int, secure bool) string {
-	why := "the peer hung up during the handshake"
+	why := "what listens there hung up during the handshake"
 	if errno != 0 {
 		why += " (" + syscall.Errno(errno).Error() + ")"
 	}
+	const stranger = "or it is not a kvxfer engine at all (is that the peer's control endpoint?)"
 	if secure {
-		return why + ", as a CURVE server does when the server key we hold for it is not its key, " +
-			"and a peer without CURVE (insecure) on a security mechanism mismatch"
+		return why + ": a CURVE server does so when the server key we hold for it is not its key, " +
+			"and a peer without CURVE (insecure) on a security mechanism mismatch; " + stranger
 	}
-	return why + ", as a peer that uses CURVE does on a security mechanism mismatch (we are insecure)"
+	return why + ": a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); " + stranger
 }
