@@ -108,11 +108,18 @@ func checkSourcesReleasedEnd(t *testing.T, ce, ge *kvxfer.Engine, rx *kvxfer.RxH
 			t.Fatal("the destination pages left quarantine: a frame told the generation side the cut write is over")
 		}
 		// A Send retrying the id is refused for good, saying why (it was
-		// a bare "already sent", which reads as the caller's mistake).
+		// a bare "already sent", which reads as the caller's mistake). An
+		// engine a worker stopped for good failed refuses every Send
+		// first, saying so (ErrEngineFailed).
 		id := ro.Request
 		_, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 64, Timeout: time.Second})
-		if !errors.Is(err, actors.ErrBadRequest) || !strings.Contains(err.Error(), "silenced towards gen/0") ||
-			!strings.Contains(err.Error(), "may still land") {
+		switch {
+		case errors.Is(errIs, actors.ErrWorkerCrashed):
+			if !errors.Is(err, kvxfer.ErrEngineFailed) {
+				t.Fatalf("Send of %s again on an engine whose worker stopped for good: %v, want ErrEngineFailed", id, err)
+			}
+		case !errors.Is(err, actors.ErrBadRequest) || !strings.Contains(err.Error(), "silenced towards gen/0") ||
+			!strings.Contains(err.Error(), "may still land"):
 			t.Fatalf("Send of %s again: %v, want ErrBadRequest saying it is silenced towards gen/0, whose writes may still land", id, err)
 		}
 	} else {
