@@ -53,6 +53,8 @@ type listener struct {
 	// closed connection still counted as there); a later frame on the
 	// connection binds it (revive). Made on first use; at most maxGhosts.
 	ghosts map[string]ghost
+	// ghostScan: when ghost last scanned the ghosts for old ones.
+	ghostScan time.Time
 }
 
 // ghost is a binding probeDead forgot, or a Hello refused at a bound
@@ -219,9 +221,15 @@ func (s *listener) ghost(id string, b *binding, at time.Time, refused bool) {
 		s.ghosts = map[string]ghost{}
 	}
 	if len(s.ghosts) >= maxGhosts {
-		for gid, g := range s.ghosts {
-			if at.Sub(g.at) >= ghostKeep || at.Before(g.at) {
-				delete(s.ghosts, gid)
+		// The old ones go, in one scan a second at most (else a peer
+		// refused at the bound would make each refusal scan them all);
+		// then any one, until there is room.
+		if at.Sub(s.ghostScan) >= time.Second || at.Before(s.ghostScan) {
+			s.ghostScan = at
+			for gid, g := range s.ghosts {
+				if at.Sub(g.at) >= ghostKeep || at.Before(g.at) {
+					delete(s.ghosts, gid)
+				}
 			}
 		}
 		for gid := range s.ghosts {
