@@ -68,7 +68,9 @@ func (l *Layout) kv() *kvcache.Layout {
 	k := kvcache.Layout{Name: l.Name, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim,
 		DTypeBytes: l.DTypeBytes, TokensPerBlock: l.TokensPerBlock, MLA: l.MLA}
 	if len(l.Groups) == 0 {
-		k.Groups = kvcache.FullAttention(l.Layers)
+		// max: layers < 0 is left to the layout's check (naming it), not
+		// a negative slice capacity (a panic).
+		k.Groups = kvcache.FullAttention(max(l.Layers, 0))
 	}
 	for _, g := range l.Groups {
 		k.Groups = append(k.Groups, kvcache.LayerGroup{Name: g.Name, Layers: g.Layers, Window: g.Window})

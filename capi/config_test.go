@@ -115,3 +115,28 @@ func TestOpenResourceErrorsAreConfig(t *testing.T) {
 		t.Fatalf("metrics_addr %s in use: %v (%s), want ErrConfig naming it", addr, err, Code(err))
 	}
 }
+
+// TestNegativeLayersRefused: a layout of layers -1 (and no groups), of
+// an engine or a node, is refused as ErrConfig naming the value, as 0 is, not a panic in
+// building its full-attention group (KVXFER_ERR_INTERNAL with a
+// goroutine dump through the C ABI).
+func TestNegativeLayersRefused(t *testing.T) {
+	for _, n := range []int{-1, -1 << 40} {
+		js := fmt.Sprintf(`{"instance":"capi-neg-layers","layout":{"layers":%d,"kv_heads":2,"head_dim":8,"dtype_bytes":2,"tokens_per_block":16},"pool_bytes":65536,"workers":2}`, n)
+		e, _, err := Open(js, nil, 0)
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), fmt.Sprintf("Layers = %d", n)) {
+			t.Fatalf("layers %d: %v (%s), want ErrConfig naming it", n, err, Code(err))
+		}
+		// kvxfer_node_open reads the same layout.
+		e, _, err = OpenNode(fmt.Sprintf(`{"instance":"capi-neg-layers-node","insecure":true,"bind":"tcp://127.0.0.1:0","layout":{"layers":%d,"kv_heads":2,"head_dim":8,"dtype_bytes":2,"tokens_per_block":16}}`, n))
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), fmt.Sprintf("Layers = %d", n)) {
+			t.Fatalf("node, layers %d: %v (%s), want ErrConfig naming it", n, err, Code(err))
+		}
+	}
+}
