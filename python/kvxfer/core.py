@@ -275,7 +275,35 @@ class _KvMemory(dict):
     tensors its addresses point into (tensors), which an Engine opened with
     it keeps alive: the addresses alone would not."""
 
-    __slots__ = ("tensors",)
+    __slots__ = ("tensors", "shape")
+
+
+# Each kind's tensor dimensions (kv_memory), as the engine's info names them.
+_KV_DIMS = {"nhd": ("2", "num_blocks", "tokens_per_block", "kv_heads", "head_dim"),
+            "hnd": ("2", "num_blocks", "kv_heads", "tokens_per_block", "head_dim"),
+            "split_kv": ("num_blocks", "tokens_per_block", "kv_heads", "head_dim"),
+            "mla": ("num_blocks", "tokens_per_block", "head_dim")}
+
+
+def _kv_shape_error(mem, info):
+    """A message when the tensors of kv_memory's mem (its shape) do not
+    have the engine's block size, heads of this rank or head dim (info):
+    the library, given addresses and strides only, cannot tell, and would
+    move part of each block, or past it. None when they match, or when mem
+    is no kv_memory result (a copy made with dict() holds no shape)."""
+    shape = getattr(mem, "shape", None)
+    if shape is None or mem.get("kind") not in _KV_DIMS:
+        return None
+    dims = _KV_DIMS[mem["kind"]]
+    known = {"2": 2, "num_blocks": shape[dims.index("num_blocks")], "tokens_per_block": info.tokens_per_block,
+             "kv_heads": info.kv_heads, "head_dim": info.head_dim}
+    want = tuple(known[d] for d in dims)
+    if tuple(shape) == want:
+        return None
+    return ("memory: %s tensors of shape %s [%s], but kvxfer's layout for this rank has %s (%s; kv_heads: the "
+            "heads this rank holds): the engine would move a part of each block, or past it"
+            % (mem["kind"], tuple(shape), ", ".join(dims), want,
+               ", ".join("%s %d" % (d, known[d]) for d in dims if d not in ("2", "num_blocks"))))
 
 
 def _tensor(t):
@@ -305,7 +333,11 @@ def kv_memory(kind, layers, v_layers=None):
     Every tensor (V tensors too) must have the shape, dtype, strides and
     device of layers[0] (ValueError naming the first that differs):
     num_blocks and the strides are read from it. Its element size goes in
-    as dtype_bytes, which the engine refuses unless it is the layout's.
+    as dtype_bytes, which the engine refuses unless it is the layout's;
+    an Engine or Node opened with the result refuses (ValueError naming
+    both shapes) tensors whose block size, heads or
+    head dim are not its layout's (block_size the tokens_per_block,
+    kv_heads the heads the rank holds; mla's latent the head_dim).
     CUDA tensors (all on one GPU) put their ordinal in as "device": only a
     Node takes them (an Engine refuses them). Pass the result as
     config["memory"] of an Engine or a Node: the result holds the tensors,
@@ -359,6 +391,7 @@ def kv_memory(kind, layers, v_layers=None):
     if device is not None:
         mem["device"] = device
     mem.tensors = [t for _, t in tensors]
+    mem.shape = shape
     if kind == "split_kv":
         if v_layers is None or len(v_layers) != len(layers):
             raise ValueError("split_kv needs one V tensor per K tensor")
@@ -577,6 +610,12 @@ class Engine:
             gi = _lib.GroupInfo()
             _check(lib.kvxfer_engine_group(self.handle, g, ctypes.byref(gi)))
             self.groups.append(gi)
+        bad = _kv_shape_error(cfg.get("memory") if isinstance(cfg, dict) else None, info)
+        if bad is not None:
+            try:
+                self.close()
+            finally:
+                raise ValueError(bad)
 
     def __enter__(self):
         return self
@@ -696,7 +735,10 @@ class Engine:
         return n.value
 
     def block_address(self, group, block):
+        """The address of a block of the pool (KvxferError with
+        Status.CLOSED once the engine is closed: its pool may be freed)."""
         group, block = operator.index(group), operator.index(block)
+        self._live()
         if not 0 <= group < len(self.groups):
             raise ValueError("group = %d outside [0, %d)" % (group, len(self.groups)))
         gi = self.groups[group]
@@ -873,7 +915,11 @@ class Engine:
 
     def wait(self, request, timeout=30.0):
         """The event of request (a Request or handle), polling until it
-        arrives or timeout seconds pass (then TimeoutError). A close() of the
+        arrives or timeout seconds pass (then TimeoutError; None: no
+        timeout). A Request's event is kept on it: a later wait() returns
+        it again, and a wait() on a Request released after poll() or a
+        callback took its event raises KvxferError with Status.BAD_HANDLE at
+        once (not TimeoutError after timeout). A close() of the
         engine meanwhile raises KvxferError with Status.CLOSED. Events of
         other requests it polls are kept for their wait() or poll(). A
         Request of another engine raises ValueError naming both: its event
@@ -881,8 +927,14 @@ class Engine:
         if isinstance(request, Request) and request.engine is not self:
             raise ValueError("request %r belongs to engine %s, not to engine %s: wait on its own engine"
                              % (request.id, request.engine._name(), self._name()))
+        if isinstance(request, Request):
+            if getattr(request, "_event", None) is not None:
+                return request._event
+            if getattr(request, "_released", False):
+                raise KvxferError(Status.BAD_HANDLE, "request %r (handle %d) was released: its event went to poll() "
+                                  "or a callback, and no other will come" % (request.id, request.handle))
         h = request.handle if isinstance(request, Request) else request
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._waiting[h] = self._waiting.get(h, 0) + 1
         try:
@@ -890,8 +942,8 @@ class Engine:
                 with self._lock:
                     ev = self._events.pop(h, None)
                 if ev is not None:
-                    return ev
-                left = deadline - time.monotonic()
+                    break
+                left = 0.1 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError("no event for request handle %d in %.1f s" % (h, timeout))
                 for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
@@ -901,12 +953,15 @@ class Engine:
                         with self._lock:
                             self._events[e.request] = e
                 if ev is not None:
-                    return ev
+                    break
         finally:
             with self._lock:
                 n = self._waiting.pop(h) - 1
                 if n:
                     self._waiting[h] = n
+        if isinstance(request, Request):
+            request._event = ev
+        return ev
 
     def set_callback(self, fn):
         """Delivers each later event to fn(Event) on a library thread instead
@@ -1040,6 +1095,8 @@ class Request:
         self.id = id
         self.prompt_len = prompt_len
         self.side = side
+        self._event = None  # the event a wait() returned: a later wait() returns it again
+        self._released = False
 
     def __repr__(self):
         return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
@@ -1162,6 +1219,7 @@ class Request:
 
     def release(self):
         _check(lib.kvxfer_request_release(self.handle))
+        self._released = True
 
 
 def config_from_env(var, missing):

@@ -1,0 +1,90 @@
+"""Mistakes a new user makes with the package: each is refused at once,
+naming the value, instead of being accepted, or answered after a timeout."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import kvxfer  # noqa: E402
+from conftest import small_config, unique, wait_until  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+LAYOUT = {"layers": 4, "kv_heads": 2, "head_dim": 8, "dtype_bytes": 2, "tokens_per_block": 16}
+
+
+@pytest.mark.parametrize("kind,shape,what", [
+    ("nhd", (2, 64, 16, 3, 8), "kv_heads 2"),
+    ("nhd", (2, 64, 16, 2, 16), "head_dim 8"),
+    ("nhd", (2, 64, 32, 2, 8), "tokens_per_block 16"),
+    ("hnd", (2, 64, 4, 16, 8), "kv_heads 2"),
+    ("split_kv", (64, 16, 2, 16), "head_dim 8"),
+])
+def test_user_mistakes_kv_memory_of_another_layout_refused(kind, shape, what):
+    """Tensors whose block size, heads or head dim are not the layout's:
+    the library gets addresses and strides only and opened over them,
+    moving a part of each block (checked to fail: no error)."""
+    before = kvxfer.handle_count()
+    layers = [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(4)]
+    v = [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(4)] if kind == "split_kv" else None
+    mem = kvxfer.kv_memory(kind, layers, v)
+    with pytest.raises(ValueError) as e:
+        kvxfer.Engine({"instance": unique("shape"), "layout": LAYOUT, "memory": mem}).close()
+    assert str(tuple(shape)) in str(e.value) and what in str(e.value), e.value
+    assert kvxfer.handle_count() == before  # the engine it opened is closed
+    ok = [torch.zeros((2, 64, 16, 2, 8), dtype=torch.bfloat16) for _ in range(4)]
+    kvxfer.Engine({"instance": unique("shape"), "layout": LAYOUT, "memory": kvxfer.kv_memory("nhd", ok)}).close()
+
+
+def test_user_mistakes_block_address_of_a_closed_engine_refused():
+    """block_address after close() gave an address in a pool the close
+    may have freed (checked to fail: an int came back)."""
+    e = kvxfer.Engine(small_config(unique("addr")))
+    e.block_address(0, 0)
+    e.close()
+    with pytest.raises(kvxfer.KvxferError) as err:
+        e.block_address(0, 0)
+    assert err.value.status == kvxfer.Status.CLOSED
+
+
+def test_user_mistakes_wait_with_no_timeout(pair):
+    """wait(timeout=None) waits with no timeout (it was a TypeError of
+    float + None; checked to fail)."""
+    ctx, _ = pair
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    assert tx.wait(timeout=None).outcome == kvxfer.Outcome.CANCELLED
+    tx.release()
+
+
+def test_user_mistakes_wait_again(pair):
+    """A second wait() of a request, before or after its release, returns
+    its event again: it waited out its timeout, then raised a TimeoutError
+    naming a handle (checked to fail)."""
+    ctx, _ = pair
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    ev = tx.wait()
+    assert ev.outcome == kvxfer.Outcome.CANCELLED
+    assert tx.wait(timeout=5) is ev
+    tx.release()
+    assert tx.wait(timeout=5) is ev
+
+
+def test_user_mistakes_wait_after_release(pair):
+    """A wait() of a request released after poll() took its event is
+    refused at once (BAD_HANDLE, saying it was released): it waited out
+    its timeout, then raised a TimeoutError naming a handle (checked to
+    fail)."""
+    ctx, _ = pair
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    got = []
+    wait_until(lambda: got.extend(ctx.poll(10)) or got, what="the cancelled request's event")
+    tx.release()
+    with pytest.raises(kvxfer.KvxferError) as err:
+        tx.wait(timeout=5)
+    assert err.value.status == kvxfer.Status.BAD_HANDLE and "released" in str(err.value)
