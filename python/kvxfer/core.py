@@ -444,6 +444,10 @@ _open_lock = threading.Lock()
 # running (close() of such an engine would wait for itself).
 _in_callback = threading.local()
 
+# The longest single wait of poll() in the library: a KeyboardInterrupt
+# (any signal's handler) waits at most this long.
+_POLL_SLICE_MS = 100
+
 # How long the exit hook lets all engines still open drain, in all.
 _EXIT_CLOSE_MS = 2000
 
@@ -880,7 +884,8 @@ class Engine:
 
         Events another thread's wait() is waiting for are left to it (it
         finds them within 0.1 s), so poll() may return [] before
-        timeout_ms. An event poll() returned is not seen by a wait() that
+        timeout_ms. Ctrl-C (KeyboardInterrupt) ends a long poll() within
+        0.1 s. An event poll() returned is not seen by a wait() that
         starts later. Once close() has begun, the events left are returned,
         then KvxferError with Status.CLOSED is raised."""
         timeout_ms = _i32("timeout_ms", timeout_ms)
@@ -890,8 +895,16 @@ class Engine:
                 del self._events[ev.request]
         if out:
             return out
-        out = []
-        evs = self._poll_raw(timeout_ms)
+        # Waits in slices of at most _POLL_SLICE_MS: Python runs a signal's
+        # handler (Ctrl-C's KeyboardInterrupt) only between C calls, and
+        # would otherwise run it only once the whole timeout had passed.
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        left = timeout_ms  # a negative one goes to the library, which names it
+        while True:
+            evs = self._poll_raw(min(left, _POLL_SLICE_MS))
+            if evs or left <= _POLL_SLICE_MS:
+                break
+            left = max(0, int((deadline - time.monotonic()) * 1000))
         with self._lock:
             for ev in evs:
                 if ev.request in self._waiting:

@@ -2,6 +2,7 @@
 naming the value, instead of being accepted, or answered after a timeout."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -88,3 +89,30 @@ def test_user_mistakes_wait_after_release(pair):
     with pytest.raises(kvxfer.KvxferError) as err:
         tx.wait(timeout=5)
     assert err.value.status == kvxfer.Status.BAD_HANDLE and "released" in str(err.value)
+
+
+_INTERRUPTED_POLL = r"""
+import os, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+import kvxfer
+e = kvxfer.Engine({"instance": "ctrl-c", "layout": %r, "pool_bytes": 1 << 20, "workers": 2})
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    e.poll(600000)
+except KeyboardInterrupt:
+    print("interrupted")
+e.close()
+""" % (LAYOUT,)
+
+
+def test_user_mistakes_ctrl_c_ends_a_long_poll():
+    """Ctrl-C during poll(timeout_ms) raised KeyboardInterrupt only once
+    the library's wait of the whole timeout_ms returned (10 minutes here;
+    checked to fail: the child was still in poll at the 60 s deadline)."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(kvxfer.__file__)))
+    try:
+        out = subprocess.run([sys.executable, "-c", _INTERRUPTED_POLL, pkg], capture_output=True, text=True,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("poll(600000) was still running 60 s after SIGINT")
+    assert out.returncode == 0 and "interrupted" in out.stdout, (out.returncode, out.stdout, out.stderr)
