@@ -1075,10 +1075,19 @@ class Node(Engine):
     def wait_peers(self, timeout_ms=10000):
         """Waits for every configured peer's Hello (KvxferError with
         Status.TIMEOUT after timeout_ms; Status.CLOSED at once when the node
-        is closed meanwhile)."""
+        is closed meanwhile). Ctrl-C ends it within 0.1 s."""
         timeout_ms = _i32("timeout_ms", timeout_ms)
         h = self._live()
-        st = lib.kvxfer_node_wait_peers(h, timeout_ms)
+        # In calls of at most _POLL_SLICE_MS, as poll(): Ctrl-C's
+        # KeyboardInterrupt runs only between C calls. The last call's
+        # TIMEOUT names the peers that said nothing.
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        left = timeout_ms  # a negative one goes to the library, which names it
+        while True:
+            st = lib.kvxfer_node_wait_peers(h, min(left, _POLL_SLICE_MS))
+            if st != Status.TIMEOUT or left <= _POLL_SLICE_MS:
+                break
+            left = max(0, int((deadline - time.monotonic()) * 1000))
         if self._closed_meanwhile(st, h):
             raise KvxferError(Status.CLOSED, "node %s was closed" % self._name())
         _check(st)

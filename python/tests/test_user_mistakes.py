@@ -116,3 +116,33 @@ def test_user_mistakes_ctrl_c_ends_a_long_poll():
     except subprocess.TimeoutExpired:
         pytest.fail("poll(600000) was still running 60 s after SIGINT")
     assert out.returncode == 0 and "interrupted" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+_INTERRUPTED_WAIT_PEERS = r"""
+import os, signal, sys, tempfile, threading
+sys.path.insert(0, sys.argv[1])
+import kvxfer
+d = tempfile.mkdtemp(prefix="kvx")
+n = kvxfer.Node({"model": "Llama-3.1-8B", "tokens_per_block": 16, "pool_bytes": 16 << 20, "backend": "shm",
+                 "workers": 2, "insecure": True, "instance": "gen", "bind": "ipc://%s/g.sock" % d,
+                 "peers": [{"instance": "ctx", "endpoint": "ipc://%s/c.sock" % d}]})
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    n.wait_peers(600000)
+except KeyboardInterrupt:
+    print("interrupted")
+n.close()
+"""
+
+
+def test_user_mistakes_ctrl_c_ends_wait_peers():
+    """Ctrl-C during wait_peers(timeout_ms) on a peer that is not started
+    raised KeyboardInterrupt only at timeout_ms (10 minutes here; checked
+    to fail: the child was still waiting at the 60 s deadline)."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(kvxfer.__file__)))
+    try:
+        out = subprocess.run([sys.executable, "-c", _INTERRUPTED_WAIT_PEERS, pkg], capture_output=True, text=True,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("wait_peers(600000) was still running 60 s after SIGINT")
+    assert out.returncode == 0 and "interrupted" in out.stdout, (out.returncode, out.stdout, out.stderr)
