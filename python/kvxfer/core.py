@@ -354,6 +354,8 @@ def kv_memory(kind, layers, v_layers=None):
     tensors += [("v_layers[%d]" % i, t) for i, t in enumerate(v_layers or [])]
     addrs, first = [], None
     for name, t in tensors:
+        if not hasattr(t, "shape"):
+            raise TypeError("%s is a %s, neither a tensor nor an array" % (name, type(t).__name__))
         if len(t.shape) != want_dims:
             raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
         a, shape, st, dtype, es, device = _tensor(t)
@@ -852,6 +854,10 @@ class Engine:
                                   _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
         keep = []
         if blocks is not None:
+            for g, ids in enumerate(blocks):
+                if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                    raise TypeError("blocks[%d] = %r: want one list of block ids per layer group, [[10, 11, 12]] for "
+                                    "one group" % (g, ids))
             # Each run names the global block its first id holds, which the
             # library checks: the group's first needed block.
             hits = list(prefix_hit_blocks) if prefix_hit_blocks is not None else []

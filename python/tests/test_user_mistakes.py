@@ -146,3 +146,14 @@ def test_user_mistakes_ctrl_c_ends_wait_peers():
     except subprocess.TimeoutExpired:
         pytest.fail("wait_peers(600000) was still running 60 s after SIGINT")
     assert out.returncode == 0 and "interrupted" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+def test_user_mistakes_flat_blocks_and_non_tensors_named(pair):
+    """receive(blocks=[1, 2]) (one group's ids, not a list per group) and
+    kv_memory of a list were a TypeError or AttributeError naming neither
+    the argument nor what to pass (checked to fail)."""
+    ctx, gen = pair
+    with pytest.raises(TypeError, match=r"blocks\[0\] = 1: want one list of block ids per layer group"):
+        gen.receive(unique("r"), 32, ctx.instance, blocks=[1, 2])
+    with pytest.raises(TypeError, match=r"layers\[0\] is a list, neither a tensor nor an array"):
+        kvxfer.kv_memory("nhd", [[1, 2]])
