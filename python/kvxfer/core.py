@@ -795,6 +795,8 @@ class Engine:
         if told:
             _require("kvxfer_send_parallel",
                      "send(generation_tp=%d, generation_pp=%d)" % (generation_tp, generation_pp))
+        if isinstance(payload, str):
+            raise TypeError("payload must be bytes-like, not str (%r): encode it" % (payload[:64],))
         payload = bytes(payload)
         buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
         req = _lib.SendRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
@@ -997,6 +999,8 @@ class Engine:
         if fn is None:
             _check(lib.kvxfer_set_callback(self._live(), _lib.CALLBACK(), None))
             return
+        if not callable(fn):  # else each event would be lost to a TypeError on a library thread
+            raise TypeError("set_callback: fn = %r is not callable (None goes back to polling)" % (fn,))
         h = self._live()
 
         def trampoline(evp, _user):
@@ -1235,6 +1239,8 @@ class Request:
         last layer part), which carries it; refused after it, and for a
         receive."""
         _require("kvxfer_request_set_payload", "Request.set_payload")
+        if isinstance(data, str):
+            raise TypeError("payload must be bytes-like, not str (%r): encode it" % (data[:64],))
         data = bytes(data)
         n = _u32("payload length", len(data))
         buf = ctypes.create_string_buffer(data, n) if data else None

@@ -157,3 +157,25 @@ def test_user_mistakes_flat_blocks_and_non_tensors_named(pair):
         gen.receive(unique("r"), 32, ctx.instance, blocks=[1, 2])
     with pytest.raises(TypeError, match=r"layers\[0\] is a list, neither a tensor nor an array"):
         kvxfer.kv_memory("nhd", [[1, 2]])
+
+
+def test_user_mistakes_non_callable_callback_and_str_payload_refused(pair):
+    """set_callback(5) was taken: every later event went to a TypeError
+    on a library thread, printed and lost, and its wait() timed out; a str
+    payload was "TypeError: string argument without an encoding", naming
+    neither (checked to fail)."""
+    ctx, _ = pair
+    with pytest.raises(TypeError, match="fn = 5 is not callable"):
+        ctx.set_callback(5)
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    assert tx.wait().outcome == kvxfer.Outcome.CANCELLED  # still polled: no callback was set
+    tx.release()
+    with pytest.raises(TypeError, match="payload must be bytes-like, not str"):
+        ctx.send(unique("r"), 32, payload="first token")
+    tx = ctx.send(unique("r"), 32)
+    with pytest.raises(TypeError, match="payload must be bytes-like, not str"):
+        tx.set_payload("first token")
+    tx.cancel()
+    tx.wait()
+    tx.release()
