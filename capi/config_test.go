@@ -140,3 +140,19 @@ func TestNegativeLayersRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondEngineOfAnInstanceSaysSo: a second engine of an instance and
+// rank already open in the process was refused as "control: already
+// listening: capi-dup2/0", naming neither the cause nor what to do; it
+// now says the instance and rank are already open in this process.
+func TestSecondEngineOfAnInstanceSaysSo(t *testing.T) {
+	first := open(t, "capi-dup2")
+	defer func() { _ = first.Close(5 * time.Second) }()
+	e, _, err := Open(`{"instance":"capi-dup2",`+tinyLayout+`,"pool_bytes":65536,"workers":2}`, nil, 0)
+	if e != nil {
+		_ = e.Close(5 * time.Second)
+	}
+	if Code(err) != ErrConfig || !strings.Contains(err.Error(), `instance "capi-dup2" rank tp0/pp0 is already open in this process`) {
+		t.Fatalf("a second engine named capi-dup2: %v (%s), want ErrConfig saying it is already open", err, Code(err))
+	}
+}

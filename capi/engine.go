@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
@@ -127,6 +128,13 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 		// As OpenNode's: a resource the open could not get (an instance
 		// name another engine of the process listens as, a metrics_addr
 		// in use) is the caller's config, not a bug in kvxfer.
+		if errors.Is(err, control.ErrDuplicate) {
+			if kc.Instance == "" {
+				kc.Instance = kvxfer.DefaultInstance
+			}
+			return nil, 0, errorf(ErrConfig, "instance %s rank %v is already open in this process (%v): engines of one process find each other by instance name and rank; give this one another instance (or rank), or close the other first",
+				quote(kc.Instance), kc.Rank, err)
+		}
 		return nil, 0, nodeError(err)
 	}
 	e := newEngine(eng, nil, kc.Instance)
