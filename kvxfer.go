@@ -773,7 +773,7 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.Err(); err != nil {
-		return fmt.Errorf("chunk %v not taken: %w", c, err)
+		return fmt.Errorf("%v not taken: %w", c, err)
 	}
 	if err := h.order.Check(c, src); err != nil {
 		// Misaligned, out of order, or a bad layer part: kvcache's error
@@ -781,12 +781,12 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 		return fmt.Errorf("%w: request %s: %w", actors.ErrBadChunk, h.req.ID, err)
 	}
 	if isNilPointer(fence) {
-		return fmt.Errorf("%w: request %s chunk %v: fence is a nil %T (pass a nil Fence for KV already written)", actors.ErrBadChunk, h.req.ID, c, fence)
+		return fmt.Errorf("%w: request %s %v: fence is a nil %T (pass a nil Fence for KV already written)", actors.ErrBadChunk, h.req.ID, c, fence)
 	}
 	inPart := h.order.InPart() // a later part's sources are its first part's
 	if !inPart {
 		if err := h.checkSources(c, src); err != nil {
-			return fmt.Errorf("request %s chunk %v: %w", h.req.ID, c, err)
+			return fmt.Errorf("request %s %v: %w", h.req.ID, c, err)
 		}
 	}
 	// The session reads the runs long after Chunk returns (plan, unpin):
@@ -808,7 +808,7 @@ func (h *TxHandle) Chunk(c kvcache.Chunk, src []kvcache.BlockRun, fence Fence) e
 		if derr := h.Err(); derr != nil {
 			// The outcome was decided while the chunk was on its way in
 			// (its session had finished): as any chunk after it.
-			return fmt.Errorf("chunk %v not taken: %w", c, derr)
+			return fmt.Errorf("%v not taken: %w", c, derr)
 		}
 		return err
 	}

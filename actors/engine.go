@@ -379,10 +379,10 @@ func (h *TxHandle) ChunkPayload(c kvcache.Chunk, src []kvcache.BlockRun, fence F
 	defer l.mu.Unlock()
 	seq, err, open := l.take(func() error { return h.e.env.pools.PinRuns(src) }, src)
 	if !open {
-		return fmt.Errorf("%w: request %s: chunk %v: its session has stopped (its outcome is decided)", ErrBadRequest, h.request, c)
+		return fmt.Errorf("%w: request %s: %v: its session has stopped (its outcome is decided)", ErrBadRequest, h.request, c)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: request %s chunk %v: %w", ErrPin, h.request, c, err)
+		return fmt.Errorf("%w: request %s %v: %w", ErrPin, h.request, c, err)
 	}
 	m.seq = seq
 	h.e.sys.Root.Send(h.pid, m)

@@ -53,7 +53,7 @@ func NewChunkOrder(promptLen, tokensPerBlock, layers int) ChunkOrder {
 // caller to wrap in its own sentinel and name the request.
 func (o *ChunkOrder) Check(c Chunk, src []BlockRun) error {
 	if o.done {
-		return orderErrorf("chunk %v after the last chunk", c)
+		return orderErrorf("%v after the last chunk", c)
 	}
 	if err := c.Validate(o.promptLen, o.tpb); err != nil {
 		return err
