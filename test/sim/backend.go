@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -145,6 +146,11 @@ type batch struct {
 	// (FaultCloseSourcesReleased): the bytes it had read then, per
 	// segment, which is what may still land; it reads its source no more.
 	snap [][]byte
+	// landSeq numbers its landings scheduled (landCut re-draws a cut
+	// one's): only the last one scheduled applies. cutAt: when a close
+	// cut it.
+	landSeq int
+	cutAt   time.Duration
 }
 
 func (w *worker) toSession(ts *txSess, msg any) { w.s.sendTx(w.name(), ts, msg) }
@@ -266,7 +272,11 @@ func (w *worker) post(ep *endpoint, m wSubmit) error {
 		b.hung = true
 		return nil
 	}
-	s.at(land, "backend", b.op, func() { s.land(b) })
+	s.at(land, "backend", b.op, func() {
+		if b.landSeq == 0 {
+			s.land(b)
+		}
+	})
 	return nil
 }
 
@@ -373,6 +383,9 @@ func (s *Sim) land(b *batch) {
 	}
 	s.settle(b)
 	if b.cut {
+		if s.vt-b.cutAt >= lateCut {
+			s.fired(FaultCutLandsLate)
+		}
 		return // its Done was called when the close cut it
 	}
 	w, err := b.w, b.err
@@ -535,12 +548,14 @@ func (w *worker) closeEndpoint(key string) {
 
 // cutUnproven decides whether the close of ep, with writes on the wire,
 // proves nothing (FaultCloseUnproven): then its unfinished batches are
-// cut but may still land (a hung one once its peer progresses again),
-// the ops the close would have retired are in doubt for good
-// (w.unproven), and the writer's process exits a while later (its
-// supervisor restarts it: its pool's deregistration fails busy), which
-// is what settles them. It returns the cut batches, or nil for a close
-// that proves, and whether the close proves their sources released
+// cut but may still land, at any time until the writer's process exits
+// (landCut; a hung one too), the ops the close would have retired are
+// in doubt for good (w.unproven), and the writer's process exits a while
+// later (its supervisor restarts it: its pool's deregistration fails
+// busy; exitDelay), which is what settles them; with
+// Config.CtxWorkerStops the worker may stop for good before that. It
+// returns the cut batches, or nil for a close that proves, and whether
+// the close proves their sources released
 // (FaultCloseSourcesReleased): then each keeps the bytes it had read
 // (what may still land) and reads its source no more, and the ops are
 // retired unproven (the caller).
@@ -571,26 +586,87 @@ func (w *worker) cutUnproven(ep *endpoint, retired []core.SessionOps[*txSess]) (
 				b.snap[i] = slices.Clone(src[seg.Src : seg.Src+seg.Len])
 			}
 		}
-		if b.hung {
-			b.hung = false
-			s.at(s.vt+time.Duration(s.xr.Int64N(int64(30*time.Millisecond))), "backend", b.op, func() { s.land(b) })
-		}
 	}
 	w.unproven = append(w.unproven, retired...)
 	if !c.exitDue {
 		c.exitDue = true
 		inc := c.inc
-		d := death{rank: c.idx, at: s.vt + 20*time.Millisecond + time.Duration(s.xr.Int64N(int64(100*time.Millisecond)))}
+		d := death{rank: c.idx, at: s.vt + s.exitDelay()}
 		if s.xr.IntN(2) == 0 {
 			d.back = d.at + time.Millisecond + time.Duration(s.xr.Int64N(int64(40*time.Millisecond)))
 		}
+		c.exitAt = d.at
 		s.at(d.at, "chaos", "death", func() {
 			if c.live(inc) {
 				s.kill(d)
 			}
 		})
 	}
+	for _, b := range cut {
+		b.hung = false
+		s.landCut(b, c.exitAt)
+	}
+	if s.cfg.CtxWorkerStops {
+		// The worker may stop for good (FaultWorkerDead) before the exit,
+		// holding those ops in doubt: its stop must name them
+		// (TxWorkerDead.InDoubt), whatever sessions stopped meanwhile.
+		at := s.vt + time.Duration(s.xr.Int64N(int64(max(c.exitAt-s.vt, time.Microsecond))))
+		s.at(at, "chaos", "workerStop", func() {
+			s.mail("chaos", w.name(), 0, workerCrash{}, func() { w.stop() })
+		})
+	}
 	return cut, released
+}
+
+// lateCut is how late after its cut a cut write's landing counts as
+// FaultCutLandsLate (the simulator let them land within 30 ms once).
+const lateCut = 100 * time.Millisecond
+
+// maxExitDelay bounds how long after its first unproven close a writer's
+// process exits (FaultCloseUnproven): far past every deadline, drain
+// grace, Cancel re-send, worker stop and session stop of a seed.
+const maxExitDelay = 4 * time.Second
+
+// exitDelay draws how long after its first unproven close a writer's
+// process exits: log-uniform from 20 ms to maxExitDelay, so that as many
+// exits come before a seed's deadlines as long after them.
+func (s *Sim) exitDelay() time.Duration {
+	const lo = 20 * time.Millisecond
+	return time.Duration(float64(lo) * math.Pow(float64(maxExitDelay)/float64(lo), s.xr.Float64()))
+}
+
+// landCut draws when a batch cut by an unproven close (ErrCloseUnproven,
+// with or without ErrSourcesReleased) lands, if ever: the close proved
+// nothing, so its writes may land at any time until the writer's process
+// exits (exit, the proof that settles them), past every deadline, Cancel,
+// worker stop and session stop — or never (they settle with the exit).
+// Its landing scheduled at its post no longer applies: a write its
+// backend did not prove over owes nothing to when it was due.
+func (s *Sim) landCut(b *batch, exit time.Duration) {
+	b.cutAt = s.vt
+	b.landSeq++
+	seq := b.landSeq
+	left := max(exit-s.vt, time.Microsecond)
+	var at time.Duration
+	switch k := s.xr.IntN(8); {
+	case k == 0:
+		return // never: it settles with its writer's exit
+	case k <= 2:
+		// Soon: what was on the wire lands shortly after the cut.
+		at = s.vt + time.Duration(s.xr.Int64N(int64(min(left, 30*time.Millisecond))))
+	case k <= 4:
+		// Any time until the exit.
+		at = s.vt + time.Duration(s.xr.Int64N(int64(left)))
+	default:
+		// Just before the exit: after whatever the engine did meanwhile
+		// with the pages it wrote and read.
+		at = exit - time.Duration(s.xr.Int64N(int64(min(left, 2*time.Millisecond)))) - 1
+	}
+	s.at(max(at, s.vt), "backend", b.op, func() {
+		if b.landSeq == seq {
+			s.land(b)
+		}
+	})
 }
 
 // crash is a worker panic and its supervisor's restart (workerSlot.restart):

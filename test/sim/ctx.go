@@ -66,8 +66,9 @@ type ctxRank struct {
 	// engine refuses new work (ErrEngineFailed).
 	failed bool
 	// exitDue: an endpoint close of this incarnation proved nothing
-	// (FaultCloseUnproven): its process exit is scheduled.
+	// (FaultCloseUnproven): its process exit is scheduled, at exitAt.
 	exitDue bool
+	exitAt  time.Duration
 }
 
 // renewLease is txParent.renewLease: a sign of peer's life renews the

@@ -61,8 +61,20 @@
 // complete saying so (TxCompleted.Unproven), no op is retired, a worker
 // that stops names those ops (TxWorkerDead.InDoubt), and the cut writes
 // still land later, where every physical check above applies; the
-// writer's process exits a while later (its supervisor restarts it),
-// and the generation ranks' exit proofs settle what it held. Under
+// writer's process exits a while later (its supervisor restarts it:
+// 20 ms to 4 s after its first such close, log-uniform), and the
+// generation ranks' exit proofs settle what it held. A write the backend
+// did not prove over owes nothing to when it was due: each cut batch's
+// landing is drawn anew at the cut — soon after it, any time before the
+// exit, just before the exit, or never (it settles with the exit) — so
+// that it may land past deadlines, drain graces, Cancel re-sends, worker
+// stops and session stops, into whatever the engine did meanwhile with
+// the pages it reads and writes; with Config.CtxWorkerStops the worker
+// that closed may also stop for good before the exit, holding those ops
+// in doubt (its stop must name them, whatever sessions stopped since).
+// FaultCutLandsLate counts the cut writes that land 100 ms or more after
+// their cut, so that coverage fails if the model stops reaching them.
+// A write whose close proved it over lands before that proof. Under
 // FaultCloseSourcesReleased (half of those closes, a stream of its own)
 // the close also proves the backend reads none of the cut writes'
 // sources any more (rdma.ErrSourcesReleased, as UCX's): each cut batch

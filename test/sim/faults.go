@@ -160,6 +160,11 @@ const (
 	// without a terminal frame. Drawn per such close from a stream of its
 	// own (Sim.rr).
 	FaultCloseSourcesReleased
+	// FaultCutLandsLate: a write cut by a FaultCloseUnproven close lands
+	// lateCut or more after the cut: past the deadlines, drain graces,
+	// Cancel re-sends and stops that came meanwhile (its landing is drawn
+	// anew at the cut: landCut).
+	FaultCutLandsLate
 
 	numFaults
 )
@@ -178,6 +183,7 @@ var faultNames = [numFaults]string{
 	"batch hung until its endpoint closed",
 	"endpoint close unproven, writer restarted",
 	"endpoint close unproven, sources released",
+	"cut write landed 100+ ms after the cut",
 }
 
 func (f Fault) String() string { return faultNames[f] }
