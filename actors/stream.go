@@ -73,6 +73,9 @@ type streamState struct {
 	// frame was held for good).
 	handling any
 	retried  bool
+	// sending: maybeFinish is handing the held frame to its worker (a
+	// panic leaves it set: whether the frame left is not known).
+	sending bool
 }
 
 type streamActor struct{ st *streamState }
@@ -101,6 +104,7 @@ func (a *streamActor) Receive(ctx actor.Context) {
 				st.retried = false
 				st.env.log.Error().Int("peer", st.peer).Str("dropped", fmt.Sprintf("%T", m)).
 					Msg("stream panicked handling a message again: dropped")
+				st.dropped(ctx, m)
 				return
 			}
 			st.env.log.Error().Int("peer", st.peer).Str("again", fmt.Sprintf("%T", m)).
@@ -193,6 +197,7 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 		return
 	}
 	e := *st.held
+	st.sending = true
 	// The worker reports to the session whether the frame left (TxSent):
 	// a SUCCESS Result that did not fails the request. The frame stays
 	// held until the hand-over returned: a panic before that leaves it
@@ -201,6 +206,30 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 	if panicOnFrameSent(e) {
 		panic(fmt.Sprintf("stream %d: panic injected after its frame left", st.peer))
 	}
-	st.held, st.done = nil, true
+	st.held, st.done, st.sending = nil, true, false
 	ctx.Stop(ctx.Self())
+}
+
+// dropped: a message the stream dropped after a second panic. When it
+// was the stream's terminal frame — taken or not, or held and its
+// hand-over to the worker interrupted (sending) — that frame is dropped:
+// a stream alive after the panics would never send it nor stop, and its
+// session's release (source unpins, Finish) would wait for it for good.
+// As the session does for a frame it dropped (txKind.droppedEffect), the
+// frame counts as one that did not leave (a TxSent with an error: a
+// SUCCESS Result fails the request with ErrFrameUnsent; when the frame
+// did leave, the worker's report that came first decided, and the step
+// ignores the second), and the stream ends without it: it stops once its
+// own count of ops unsettled is empty, as on EndStream.
+func (st *streamState) dropped(ctx actor.Context, m any) {
+	op, ok := m.(streamOp)
+	if st.done {
+		return
+	}
+	if _, frame := op.eff.(SendFrame); !(ok && frame) && !st.sending {
+		return
+	}
+	st.held, st.sending, st.ending = nil, false, true
+	ctx.Send(st.session, TxSent{Peer: st.peer, Err: fmt.Errorf("%w: stream %d panicked twice on its terminal frame: dropped", ErrSessionCrashed, st.peer)})
+	st.maybeFinish(ctx)
 }

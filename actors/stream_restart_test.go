@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // TestStreamHeldFrameSurvivesSessionRestart: a peer stream holds its
@@ -305,5 +306,90 @@ func TestStreamLostReportForwardedAgainAtRestep(t *testing.T) {
 	}
 	if n := stats.StreamViolations.Load(); n != 1 {
 		t.Fatalf("%d stream violations, want 1 (the held frame)", n)
+	}
+}
+
+// TestStreamDroppedFrameEndsRequest: a peer stream panics twice on its
+// SUCCESS Result and drops it after the second panic. "take": both panics
+// come as it takes the frame, before it holds it; "send": both come as it
+// hands the held frame to its worker (its next incarnation finishes
+// again, and panics again). Before, the stream stayed alive without
+// sending the frame again and never stopped: no report that the Result
+// left came, and the session's release (source unpins, Finish) waited for
+// the stream for good. Now the dropped frame is reported as one that did
+// not leave (TxSent with an error) and the stream ends without it,
+// stopping once its own count of ops unsettled is empty: the context side
+// ends at once — FAILED with ErrFrameUnsent ("send": or DONE, when the
+// worker's report that the frame left comes first), its sources freeable
+// at Done.
+func TestStreamDroppedFrameEndsRequest(t *testing.T) {
+	for _, mode := range []string{"take", "send"} {
+		t.Run(mode, func(t *testing.T) { testStreamDroppedFrame(t, mode == "send") })
+	}
+}
+
+func testStreamDroppedFrame(t *testing.T, send bool) {
+	const id, prompt = "dropframe", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+
+	var hits atomic.Int32
+	success := func(f SendFrame) bool {
+		r, ok := f.Frame.(*messages.Result)
+		return ok && r.Status == messages.StatusSuccess
+	}
+	if send {
+		hook := func(f SendFrame) bool { return success(f) && hits.Add(1) <= 2 }
+		PanicOnFrameSent.Store(&hook)
+		t.Cleanup(func() { PanicOnFrameSent.Store(nil) })
+	} else {
+		hook := func(e Effect) bool { f, ok := e.(SendFrame); return ok && success(f) && hits.Add(1) <= 2 }
+		PanicOnStream.Store(&hook)
+		t.Cleanup(func() { PanicOnStream.Store(nil) })
+	}
+
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := wait(t, "context outcome", tx.Done())
+	t.Logf("context side %s %v", o.Status, o.Err)
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("%d panics on the Result, want 2: the test proves nothing", n)
+	}
+	if !(send && o.OK) && (o.OK || !errors.Is(o.Err, ErrFrameUnsent)) {
+		t.Fatalf("context side %s %v, want FAILED, the Result unsent", o.Status, o.Err)
+	}
+	if err := ctxR.e.FreeBlocks(src); err != nil {
+		t.Fatalf("source blocks after Done: %v", err)
+	}
+	if !send {
+		// The generation side got no Result: its caller gives up on it.
+		rx.Cancel()
+	}
+	wait(t, "generation outcome", rx.Done())
+	wait(t, "generation blocks released", rx.Released())
+	if n := ctxR.e.env.stats.StreamViolations.Load(); n != 0 {
+		t.Fatalf("%d stream violations, want none", n)
 	}
 }
