@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -279,6 +280,57 @@ func TestSessionDroppedEndStreamStillReleases(t *testing.T) {
 		t.Errorf("context engine Close: %v", err)
 	}
 	rx.Cancel() // its pages stay quarantined: no frame said the write is over
+	if err := ge.Close(ctx); !errors.Is(err, actors.ErrUndrained) {
+		t.Errorf("generation engine Close: %v, want ErrUndrained (its pages are quarantined)", err)
+	}
+}
+
+// TestStreamDroppedEndStreamStillReleases: as
+// TestEndpointErrorWithSourcesReleased (a cut write whose close proves its
+// sources released but not its write over: the stream ends without a
+// terminal frame, EndStream), but the peer stream panics twice taking that
+// EndStream and drops it. Before, the stream lived on without its end and
+// never stopped: the session's release (its source unpins, Finish) waited
+// for it for good, and Done never came. Now a stream that drops its end
+// still ends (it touches no page and no peer, and stops only once its own
+// count of ops unsettled is empty): the context side releases.
+func TestStreamDroppedEndStreamStillReleases(t *testing.T) {
+	l := smallLayout()
+	var hits atomic.Int32
+	hook := func(e actors.Effect) bool {
+		_, ok := e.(actors.EndStream)
+		return ok && hits.Add(1) <= 2
+	}
+	actors.PanicOnStream.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnStream.Store(nil) })
+	var cut atomic.Bool
+	ce, ge, closeAgents := unprovenPair(t, l, filepath.Join(t.TempDir(), "ctx.jsonl"), faulty.WithSourcesReleased(),
+		faulty.Cut(func(uint64, *rand.Rand) bool { return cut.CompareAndSwap(false, true) }))
+	defer closeAgents()
+	_, tx, src := sendCut(t, ce, ge, l, "lost", 30*time.Second)
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its stream dropped its EndStream (%d panics): the stream never stopped", hits.Load())
+	}
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("%d panics taking the EndStream, want 2: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerFailed) {
+		t.Fatalf("tx %s (%v): want FAILED, the peer's endpoint lost", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("the source blocks after Done: %v", err)
+	}
+	if n := ce.Stats().StreamViolations; n != 0 {
+		t.Fatalf("%d stream violations", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Errorf("context engine Close: %v", err)
+	}
 	if err := ge.Close(ctx); !errors.Is(err, actors.ErrUndrained) {
 		t.Errorf("generation engine Close: %v, want ErrUndrained (its pages are quarantined)", err)
 	}

@@ -221,13 +221,25 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 // did leave, the worker's report that came first decided, and the step
 // ignores the second), and the stream ends without it: it stops once its
 // own count of ops unsettled is empty, as on EndStream.
+//
+// A dropped end without a frame (EndStream) is taken anyway: it touches
+// no page and no peer, and the stream still stops only once its own
+// count of ops unsettled is empty. Dropped, the stream never stopped.
 func (st *streamState) dropped(ctx actor.Context, m any) {
-	op, ok := m.(streamOp)
 	if st.done {
 		return
 	}
-	if _, frame := op.eff.(SendFrame); !(ok && frame) && !st.sending {
+	op, _ := m.(streamOp)
+	switch op.eff.(type) {
+	case EndStream:
+		st.ending = true
+		st.maybeFinish(ctx)
 		return
+	case SendFrame:
+	default:
+		if !st.sending {
+			return
+		}
 	}
 	st.held, st.sending, st.ending = nil, false, true
 	ctx.Send(st.session, TxSent{Peer: st.peer, Err: fmt.Errorf("%w: stream %d panicked twice on its terminal frame: dropped", ErrSessionCrashed, st.peer)})
