@@ -76,6 +76,9 @@ type streamState struct {
 	// sending: maybeFinish is handing the held frame to its worker (a
 	// panic leaves it set: whether the frame left is not known).
 	sending bool
+	// posting: deliver is handing a Submit to its worker (a panic leaves
+	// it set: whether the worker got the op is not known).
+	posting bool
 }
 
 type streamActor struct{ st *streamState }
@@ -162,7 +165,9 @@ func (st *streamState) deliver(ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
 		st.inflight[e.Op.Seq] = struct{}{}
+		st.posting = true
 		sendTo(ctx, st.env.opWorker(e.Worker), &workerSubmit{Submit: e, session: st.session, stream: ctx.Self()})
+		st.posting = false
 	case Flush:
 		sendTo(ctx, st.env.opWorker(e.Worker), &workerFlush{Flush: e, session: st.session, stream: ctx.Self()})
 	case CloseEndpoint:
@@ -225,12 +230,28 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 // A dropped end without a frame (EndStream) is taken anyway: it touches
 // no page and no peer, and the stream still stops only once its own
 // count of ops unsettled is empty. Dropped, the stream never stopped.
+//
+// A dropped Submit whose hand-over to the worker never began (not
+// posting) never reached a worker: it is reported to the session as an
+// op its worker refused (never posted: NOT_SUBMITTED, quiescent), as the
+// session does for a Submit it dropped. Before, the op stayed SUBMITTING
+// for good — past the deadline too: the session never drained, its pins
+// held, Done never came. One whose hand-over was interrupted may have
+// reached its worker, which then reports it: it stays as it is.
 func (st *streamState) dropped(ctx actor.Context, m any) {
 	if st.done {
 		return
 	}
 	op, _ := m.(streamOp)
-	switch op.eff.(type) {
+	switch e := op.eff.(type) {
+	case Submit:
+		if st.posting {
+			st.posting = false
+			return
+		}
+		ctx.Send(st.session, TxCompleted{Op: e.Op, Refused: true,
+			Err: fmt.Errorf("%w: stream %d panicked twice on the op: dropped, never posted", ErrSessionCrashed, st.peer)})
+		return
 	case EndStream:
 		st.ending = true
 		st.maybeFinish(ctx)

@@ -393,3 +393,63 @@ func testStreamDroppedFrame(t *testing.T, send bool) {
 		t.Fatalf("%d stream violations, want none", n)
 	}
 }
+
+// TestStreamDroppedSubmitStillDrains: a peer stream panics twice taking a
+// Submit, before handing it to its worker, and drops it: no worker ever
+// got the op, and nothing would report it. Before, the op stayed
+// SUBMITTING for good, past the deadline too: the session never drained,
+// its source pins held, Done never came. Now the stream reports the
+// dropped op as one its worker refused (never posted): NOT_SUBMITTED,
+// quiescent. The request fails, both sides end (the generation side on
+// the FAILED Result), and the sources are freeable at Done.
+func TestStreamDroppedSubmitStillDrains(t *testing.T) {
+	const id, prompt = "dropsub", 32
+	ml := control.NewMemLink()
+	ctxR := startTestRank(t, "ctx", ml)
+	genR := startTestRank(t, "gen", ml)
+	tpb := cancelOrderLayout.TokensPerBlock
+	var hits atomic.Int32
+	hook := func(e Effect) bool { _, ok := e.(Submit); return ok && hits.Add(1) <= 2 }
+	PanicOnStream.Store(&hook)
+	t.Cleanup(func() { PanicOnStream.Store(nil) })
+
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := wait(t, "context outcome", tx.Done())
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("%d panics on a Submit, want 2: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, ErrSessionCrashed) {
+		t.Fatalf("context side %s %v, want FAILED by the dropped op", o.Status, o.Err)
+	}
+	if err := ctxR.e.FreeBlocks(src); err != nil {
+		t.Fatalf("source blocks after Done: %v", err)
+	}
+	if ro := wait(t, "generation outcome", rx.Done()); ro.OK {
+		t.Fatalf("generation side %s, want it failed", ro.Status)
+	}
+	wait(t, "generation blocks released", rx.Released())
+	if n := ctxR.e.env.stats.StreamViolations.Load(); n != 0 {
+		t.Fatalf("%d stream violations, want none", n)
+	}
+}
