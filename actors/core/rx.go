@@ -270,7 +270,7 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 		}
 		s.state = RxReceiving
 		if !s.cfg.Deadline.IsZero() {
-			s.eff = append(s.eff, StartTimer{Kind: TimerDeadline, At: s.cfg.Deadline})
+			s.emit(StartTimer{Kind: TimerDeadline, At: s.cfg.Deadline})
 		}
 		for i := range s.cfg.Writers {
 			s.sendRequest(i)
@@ -450,7 +450,7 @@ func (s *RxSession) allSucceeded() bool {
 func (s *RxSession) sendRequest(i int) {
 	w := s.cfg.Writers[i]
 	s.sent[i] = deliverySending
-	s.eff = append(s.eff, SendRequestData{Writer: i, Worker: w.Worker, To: w.Peer, Frame: w.Request})
+	s.emit(SendRequestData{Writer: i, Worker: w.Worker, To: w.Peer, Frame: w.Request})
 }
 
 // onSent records whether a RequestData left. One that did not is re-sent
@@ -478,7 +478,7 @@ func (s *RxSession) onSent(m RxSent) {
 	s.backoff[m.Writer] = min(2*d, resendMax)
 	if !s.resend {
 		s.resend = true
-		s.eff = append(s.eff, StartTimer{Kind: TimerResend, At: s.now.Add(d)})
+		s.emit(StartTimer{Kind: TimerResend, At: s.now.Add(d)})
 	}
 }
 
@@ -509,7 +509,7 @@ func (s *RxSession) onAddress(m RxAddress) {
 func (s *RxSession) neverReached(i int) {
 	if s.writers[i] == writerPending {
 		s.writers[i] = writerStopped
-		s.eff = append(s.eff, Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: RequestData never reached writer %s",
+		s.emit(Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: RequestData never reached writer %s",
 			s.cfg.Request, s.cfg.Writers[i].Peer), Err: s.sendErr[i]})
 	}
 }
@@ -540,11 +540,11 @@ func (s *RxSession) terminal(to RxState, err error) {
 		out.Payload = s.payload
 		s.handed = true
 	}
-	s.eff = append(s.eff, Finish{Outcome: out})
+	s.emit(Finish{Outcome: out})
 	if to == RxReady {
 		return
 	}
-	s.eff = append(s.eff, Log{Level: "warn", Msg: "rx session " + s.cfg.Request + " " + to.String(), Err: err})
+	s.emit(Log{Level: "warn", Msg: "rx session " + s.cfg.Request + " " + to.String(), Err: err})
 	for i, d := range s.sent {
 		if d == deliveryRefused || d == deliveryNone {
 			s.neverReached(i)
@@ -566,7 +566,7 @@ func (s *RxSession) maybeAbandon() {
 		// Nothing of ours can be written (every block a prefix hit): no
 		// proof is owed to anyone, whatever the writers do (a writer's
 		// engine that closed first never answers).
-		s.eff = append(s.eff, Log{Level: "info", Msg: fmt.Sprintf("rx session %s: engine closing; it holds no destination blocks, writers %v gave no proof",
+		s.emit(Log{Level: "info", Msg: fmt.Sprintf("rx session %s: engine closing; it holds no destination blocks, writers %v gave no proof",
 			s.cfg.Request, s.Unproven())}, Stop{})
 		s.stopped = true
 		return
@@ -579,7 +579,7 @@ func (s *RxSession) maybeAbandon() {
 			return
 		}
 	}
-	s.eff = append(s.eff, Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: engine closing, blocks stay quarantined (suspected writers %v, no proof)",
+	s.emit(Log{Level: "warn", Msg: fmt.Sprintf("rx session %s: engine closing, blocks stay quarantined (suspected writers %v, no proof)",
 		s.cfg.Request, s.Unproven())}, Stop{})
 	s.stopped = true
 }
@@ -608,7 +608,7 @@ func (s *RxSession) quarantine() {
 		return
 	}
 	s.quarantined = true
-	s.eff = append(s.eff, QuarantineDest{Blocks: s.cfg.Blocks, Writers: s.Unproven()})
+	s.emit(QuarantineDest{Blocks: s.cfg.Blocks, Writers: s.Unproven()})
 }
 
 // cancelPending sends Cancel to every writer still pending and, as any
@@ -620,7 +620,7 @@ func (s *RxSession) cancelPending() {
 	for i, w := range s.writers {
 		if w == writerPending && s.sent[i] != deliveryRefused && s.sent[i] != deliveryNone {
 			wr := s.cfg.Writers[i]
-			s.eff = append(s.eff, SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
+			s.emit(SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
 				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String(),
 				Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
 			sent = true
@@ -636,7 +636,7 @@ func (s *RxSession) cancelPending() {
 			d = min(2*s.cancelEvery, max(cancelResendMax, s.cfg.CancelResend))
 		}
 		s.cancelEvery = d
-		s.eff = append(s.eff, StartTimer{Kind: TimerDrain, At: s.now.Add(d)})
+		s.emit(StartTimer{Kind: TimerDrain, At: s.now.Add(d)})
 	}
 }
 
@@ -651,8 +651,16 @@ func (s *RxSession) maybeRelease() {
 		return
 	}
 	if !s.handed {
-		s.eff = append(s.eff, ReleaseDest{Blocks: s.cfg.Blocks, Quarantined: s.quarantined})
+		s.emit(ReleaseDest{Blocks: s.cfg.Blocks, Quarantined: s.quarantined})
 	}
-	s.eff = append(s.eff, Stop{})
+	s.emit(Stop{})
 	s.stopped = true
+}
+
+// emit appends effects to the step's (TxSession.emit).
+func (s *RxSession) emit(e ...Effect) {
+	if cap(s.eff) == 0 {
+		s.eff = make([]Effect, 0, max(emitCap, len(e)))
+	}
+	s.eff = append(s.eff, e...)
 }
