@@ -232,7 +232,17 @@ func (h *Handle) AfterFinish(f func() bool) {
 // the drain and Done), or nil while the request is live.
 func (h *Handle) Decided() *Decide { return h.decided.Load() }
 
-func (h *Handle) decide(d Decide) { h.decided.CompareAndSwap(nil, &d) }
+// decide keeps the first outcome. A handle already decided (a context
+// session's step emits its Decide effect before its Finish) is left
+// as it is without a copy of d made on the heap first.
+func (h *Handle) decide(d Decide) {
+	if h.decided.Load() != nil {
+		return
+	}
+	p := new(Decide)
+	*p = d
+	h.decided.CompareAndSwap(nil, p)
+}
 
 // lazyDone is a channel closed once, made only when someone asks for it
 // (most handles' Released and Finished never are): two allocations fewer
