@@ -230,7 +230,7 @@ func (p *txParent) spawn(ctx actor.Context, id string) *actor.PID {
 	cfg := p.cfg
 	cfg.Request = id
 	c := newTxCell(p.env, NewTxSession(cfg), p.env.meters.txSession())
-	pid := ctx.Spawn(p.env.props(c.produce))
+	pid := ctx.Spawn(p.env.sessionProps(c.produce))
 	p.sessions.pids[id] = pid
 	return pid
 }
@@ -990,7 +990,7 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 	c := newRxCell(p.env, NewRxSession(RxConfig{Request: q.req.ID, Epoch: epoch, Self: p.self,
 		Deadline: q.req.Deadline, Writers: writers, Blocks: blocks, CancelResend: time.Second, CallerOwned: q.req.Blocks != nil,
 		Incarnation: p.env.incarnation}), q.handle, p.env.meters.rxSession(q.at))
-	p.sessions.pids[q.req.ID] = ctx.Spawn(p.env.props(c.produce))
+	p.sessions.pids[q.req.ID] = ctx.Spawn(p.env.sessionProps(c.produce))
 	p.handles[q.req.ID] = q.handle
 }
 

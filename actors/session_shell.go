@@ -153,8 +153,9 @@ type kind[S stepper] interface {
 	stopped()
 }
 
-// produce is the session's actor.Producer: a fresh shell per incarnation.
-func (c *cell[S]) produce() actor.Actor {
+// produce is the session's actor.ProducerWithActorSystem: a fresh shell
+// per incarnation.
+func (c *cell[S]) produce(*actor.ActorSystem) actor.Actor {
 	c.incarnations++
 	return &shell[S]{cell: c, restarted: c.incarnations > 1}
 }

@@ -361,6 +361,13 @@ func (env *shellEnv) props(p actor.Producer, opts ...actor.PropsOption) *actor.P
 	return actor.PropsFromProducer(p, append(opts, env.propsOpts...)...)
 }
 
+// sessionProps are a session's props, spawned once a request: its
+// producer is taken as protoactor calls it, not wrapped in a closure as
+// actor.PropsFromProducer wraps an actor.Producer (an allocation a spawn).
+func (env *shellEnv) sessionProps(p actor.ProducerWithActorSystem) *actor.Props {
+	return actor.PropsFromProducerWithActorSystem(p, env.propsOpts...)
+}
+
 // fail fails the engine: it takes no new request from now on. The first
 // reason stays.
 func (env *shellEnv) fail(why string) {

@@ -86,8 +86,11 @@ type streamActor struct{ st *streamState }
 // streamPropsOpts: the engine's mailbox, on a synchronized dispatcher.
 var streamPropsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.WithDispatcher(actor.NewSynchronizedDispatcher(300))}
 
+// streamProps: the producer is taken as protoactor calls it (not wrapped
+// in a closure, as actor.PropsFromProducer wraps one: an allocation a
+// stream).
 func streamProps(st *streamState) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &streamActor{st: st} }, streamPropsOpts...)
+	return actor.PropsFromProducerWithActorSystem(func(*actor.ActorSystem) actor.Actor { return &streamActor{st: st} }, streamPropsOpts...)
 }
 
 func (a *streamActor) Receive(ctx actor.Context) {
