@@ -33,9 +33,10 @@ import (
 // path. Workers report to the session (its PID survives a restart of the
 // session; a stream's does not).
 
-// streamOp is a stream effect for its worker (Submit, Flush, CloseEndpoint,
-// or the stream's terminal SendFrame).
-type streamOp struct{ eff Effect }
+// A stream effect for its worker (Submit, Flush, CloseEndpoint, EndStream,
+// or the stream's terminal SendFrame) is the stream's message as it is:
+// the Effect the step emitted, already boxed, with no wrapper to allocate
+// (one was, twice a request). Nothing else sent to a stream is an Effect.
 
 // streamSettle tells a stream that a worker report settled some of its ops
 // (completed, refused or retired) or that its worker died (dead: every op it
@@ -64,7 +65,7 @@ type streamState struct {
 	// the stream has stopped (or is stopping). Read by its session, on the
 	// session's goroutine.
 	done bool
-	// handling is the message the stream is handling (a streamOp or a
+	// handling is the message the stream is handling (an Effect or a
 	// streamSettle), nil between messages: a panic leaves it set — the
 	// message is lost with the panic. The next incarnation (Started)
 	// handles it once more (retried); a second panic in it drops it,
@@ -116,7 +117,7 @@ func (a *streamActor) Receive(ctx actor.Context) {
 			st.env.log.Error().Int("peer", st.peer).Str("again", fmt.Sprintf("%T", m)).
 				Msg("stream panicked handling a message: it is handled again, once")
 			st.retried = true
-			if _, op := m.(streamOp); op && (st.held != nil || st.ending) {
+			if _, op := m.(Effect); op && (st.held != nil || st.ending) {
 				// The panic came after the stream took its terminal
 				// frame (or its end), as it finished: it finishes again
 				// (the frame may have left: a duplicate at worst, which
@@ -130,22 +131,22 @@ func (a *streamActor) Receive(ctx actor.Context) {
 			}
 			st.retried = false
 		}
-	case streamOp, streamSettle:
+	case Effect, streamSettle:
 		st.handle(ctx, m)
 	}
 }
 
-// handle handles a streamOp or a streamSettle, keeping it in handling
+// handle handles an Effect or a streamSettle, keeping it in handling
 // until it is done (no defer: a panic leaves it, for the next
 // incarnation).
 func (st *streamState) handle(ctx actor.Context, msg any) {
 	st.handling = msg
-	if m, ok := msg.(streamOp); ok && panicOnStream(m.eff) || !ok && panicOnStream(nil) {
+	if m, ok := msg.(Effect); ok && panicOnStream(m) || !ok && panicOnStream(nil) {
 		panic(fmt.Sprintf("stream %d: panic injected handling %T", st.peer, msg))
 	}
 	switch m := msg.(type) {
-	case streamOp:
-		st.deliver(ctx, m.eff)
+	case Effect:
+		st.deliver(ctx, m)
 	case streamSettle:
 		for _, seq := range m.seqs {
 			delete(st.inflight, seq)

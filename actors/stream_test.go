@@ -81,12 +81,12 @@ func TestStreamHoldsTerminalFrameUntilOpsSettle(t *testing.T) {
 	h := newStreamHarness(t)
 	send := func(m any) { h.sys.Root.Send(h.stream, m) }
 	ref := OpRef{Request: "r", Peer: 1, Seq: 0}
-	send(streamOp{eff: Submit{Worker: 0, Peer: 1, Op: ref, Route: &Route{}}})
+	send(Submit{Worker: 0, Peer: 1, Op: ref, Route: &Route{}})
 	if m, ok := h.next(t).(*workerSubmit); !ok || m.Op != ref || !m.stream.Equal(h.stream) {
 		t.Fatalf("worker took %#v, want the submit from the stream", m)
 	}
 	result := &messages.Result{RequestID: "r", Status: messages.StatusFailed}
-	send(streamOp{eff: SendFrame{Worker: 0, FromStream: true, Peer: 1, Frame: result}})
+	send(SendFrame{Worker: 0, FromStream: true, Peer: 1, Frame: result})
 	// Settle an op the stream never handed over: the frame stays held.
 	send(streamSettle{seqs: []int{7}})
 	h.nothingSent(t, "with the stream's op unsettled")
@@ -116,10 +116,10 @@ func TestStreamWorkerDeathSettlesItsOps(t *testing.T) {
 	h := newStreamHarness(t)
 	send := func(m any) { h.sys.Root.Send(h.stream, m) }
 	for seq := range 3 {
-		send(streamOp{eff: Submit{Worker: 0, Peer: 1, Op: OpRef{Request: "r", Peer: 1, Seq: seq}, Route: &Route{}}})
+		send(Submit{Worker: 0, Peer: 1, Op: OpRef{Request: "r", Peer: 1, Seq: seq}, Route: &Route{}})
 		h.next(t)
 	}
-	send(streamOp{eff: SendFrame{Worker: 0, FromStream: true, Peer: 1, Frame: &messages.Result{RequestID: "r"}}})
+	send(SendFrame{Worker: 0, FromStream: true, Peer: 1, Frame: &messages.Result{RequestID: "r"}})
 	send(streamSettle{dead: 2}) // worker 1: not the stream's
 	h.nothingSent(t, "after another worker died")
 	send(streamSettle{dead: 1}) // worker 0: the stream's

@@ -340,7 +340,7 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 		c = &streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
 		k.streams[peer] = c
 	}
-	ctx.Send(c.pid, streamOp{eff: e})
+	ctx.Send(c.pid, e) // as it is (stream.go)
 }
 
 // droppedEffect: a stream's terminal frame dropped after a second panic
