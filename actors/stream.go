@@ -41,7 +41,9 @@ import (
 // streamSettle tells a stream that a worker report settled some of its ops
 // (completed, refused or retired) or that its worker died (dead: every op it
 // handed to that worker is retired: the worker closed its endpoints before
-// it stopped).
+// it stopped). A TxCompleted, the commonest report, is forwarded to the
+// stream as it came instead, and settles its one op as a streamSettle of
+// it would (no slice and no message to allocate, once an op).
 type streamSettle struct {
 	seqs []int
 	dead int // worker index + 1 that died; 0: none
@@ -65,8 +67,8 @@ type streamState struct {
 	// the stream has stopped (or is stopping). Read by its session, on the
 	// session's goroutine.
 	done bool
-	// handling is the message the stream is handling (an Effect or a
-	// streamSettle), nil between messages: a panic leaves it set — the
+	// handling is the message the stream is handling (an Effect, a
+	// streamSettle or a TxCompleted), nil between messages: a panic leaves it set — the
 	// message is lost with the panic. The next incarnation (Started)
 	// handles it once more (retried); a second panic in it drops it,
 	// logged. Dropped, an op was never posted (it stayed SUBMITTING: the
@@ -131,13 +133,13 @@ func (a *streamActor) Receive(ctx actor.Context) {
 			}
 			st.retried = false
 		}
-	case Effect, streamSettle:
+	case Effect, streamSettle, TxCompleted:
 		st.handle(ctx, m)
 	}
 }
 
-// handle handles an Effect or a streamSettle, keeping it in handling
-// until it is done (no defer: a panic leaves it, for the next
+// handle handles an Effect, a streamSettle or a TxCompleted, keeping it
+// in handling until it is done (no defer: a panic leaves it, for the next
 // incarnation).
 func (st *streamState) handle(ctx actor.Context, msg any) {
 	st.handling = msg
@@ -154,6 +156,9 @@ func (st *streamState) handle(ctx actor.Context, msg any) {
 		if m.dead > 0 && m.dead-1 == st.worker {
 			clear(st.inflight)
 		}
+		st.maybeFinish(ctx)
+	case TxCompleted:
+		delete(st.inflight, m.Op.Seq)
 		st.maybeFinish(ctx)
 	}
 	st.handling = nil

@@ -127,3 +127,28 @@ func TestStreamWorkerDeathSettlesItsOps(t *testing.T) {
 		t.Fatal("the terminal frame did not leave after the stream's worker died")
 	}
 }
+
+// TestStreamSettledByCompletion: a worker's TxCompleted, forwarded to the
+// stream as it came, settles its op as a streamSettle of it would: a
+// completion of another op leaves the terminal frame held, the op's own
+// releases it.
+func TestStreamSettledByCompletion(t *testing.T) {
+	h := newStreamHarness(t)
+	send := func(m any) { h.sys.Root.Send(h.stream, m) }
+	ref := OpRef{Request: "r", Peer: 1, Seq: 3}
+	send(Submit{Worker: 0, Peer: 1, Op: ref, Route: &Route{}})
+	h.next(t)
+	result := &messages.Result{RequestID: "r"}
+	send(SendFrame{Worker: 0, FromStream: true, Peer: 1, Frame: result})
+	send(TxCompleted{Op: OpRef{Request: "r", Peer: 1, Seq: 4}})
+	h.nothingSent(t, "after another op's completion")
+	send(TxCompleted{Op: ref})
+	if m, ok := h.next(t).(*workerSend); !ok || m.Frame != result {
+		t.Fatalf("worker took %#v, want the held Result once its op completed", m)
+	}
+	select {
+	case <-h.terminated:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not stop after its terminal frame")
+	}
+}

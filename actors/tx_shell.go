@@ -426,7 +426,10 @@ func watchFence(f Fence, fired func(error)) (err error) {
 func (k *txKind) forward(ctx actor.Context, msg any) {
 	switch m := msg.(type) {
 	case TxCompleted:
-		k.settle(ctx, m.Op.Peer, streamSettle{seqs: []int{m.Op.Seq}})
+		// The report itself (msg, the interface it came in: nothing to
+		// allocate), which the stream settles as streamSettle{seqs:
+		// []int{m.Op.Seq}}.
+		k.settle(ctx, m.Op.Peer, msg)
 	case TxRetired:
 		for _, r := range m.Ops {
 			k.settle(ctx, r.Peer, streamSettle{seqs: []int{r.Seq}})
@@ -451,7 +454,7 @@ func (k *txKind) reforward(_ *shell[*TxSession], ctx actor.Context, m any) { k.f
 // settle forwards a worker's report about a stream's ops to the stream
 // before the session steps it: the frame the step may emit in answer
 // finds the stream's account settled.
-func (k *txKind) settle(ctx actor.Context, peer int, m streamSettle) {
+func (k *txKind) settle(ctx actor.Context, peer int, m any) {
 	if c := k.streams[peer]; c != nil && !c.st.done {
 		ctx.Send(c.pid, m)
 	}
