@@ -443,7 +443,7 @@ func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why str
 		return
 	}
 	if p.table.Unread(rd) {
-		ctx.Send(p.sessions.pids[rd.RequestID], txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From,
+		ctx.Send(p.sessions.pids[rd.RequestID], &txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From,
 			Epoch: rd.Epoch, Err: fmt.Errorf("%w: request %s: %s", ErrBadRequest, rd.RequestID, why), Incarnation: rd.FromIncarnation}})
 		return
 	}
@@ -529,7 +529,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	if spawn {
 		pid = p.spawn(ctx, rd.RequestID)
 	}
-	ctx.Send(pid, txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
+	ctx.Send(pid, &txPeerRequestMsg{TxPeerRequest: TxPeerRequest{Peer: p.genIndex(rd.From), From: rd.From, Epoch: rd.Epoch,
 		PromptLen: int(rd.PromptLen), Route: route, Expected: expected, Err: err, Incarnation: rd.FromIncarnation}, hello: hello, rd: rd})
 }
 

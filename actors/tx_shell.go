@@ -19,7 +19,8 @@ type txChunkMsg struct {
 }
 
 // txPeerRequestMsg carries a resolved RequestData from the tx parent to the
-// shell with what resolved it, for the tracer.
+// shell with what resolved it, for the tracer. Sent as a pointer: the
+// shell keeps it in resolving while it steps it, with no copy to make.
 type txPeerRequestMsg struct {
 	TxPeerRequest
 	hello *messages.Hello
@@ -230,12 +231,12 @@ func (k *txKind) receive(a *shell[*TxSession], ctx actor.Context, msg any, now t
 			a.handle.decide(Decide{Status: st.String(), Err: k.s.Err()})
 		}
 		a.exec(ctx, eff, now)
-	case txPeerRequestMsg:
+	case *txPeerRequestMsg:
 		if a.tr != nil {
 			a.tr.Resolved(m.hello, m.rd)
 		}
 		// No defer: a panic in the step leaves resolving for its re-step.
-		k.resolving = &m
+		k.resolving = m
 		eff := a.step(m.TxPeerRequest, now)
 		k.resolving = nil
 		a.exec(ctx, eff, now)
