@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -92,7 +93,9 @@ func openTrace(env *shellEnv, id string, b Birth) (path string, tr SessionTracer
 	if env.recorder == nil {
 		return "", nil
 	}
-	path = env.self.String() + "/" + id
+	// env.self.String() + "/" + id, in one allocation (PeerID.String is a
+	// Sprintf: one more a session, each of them while recording).
+	path = env.self.Instance + "/" + strconv.Itoa(int(env.self.Rank)) + "/" + id
 	if env.tracer != nil {
 		b.Engine = env.self
 		tr = env.tracer.Session(path, b)
