@@ -32,8 +32,11 @@ func (k *rxKind) side() string    { return "rx" }
 func (k *rxKind) request() string { return k.s.Config().Request }
 
 func (k *rxKind) born(a *shell[*RxSession], ctx actor.Context, now time.Time) []Effect {
-	cfg := k.s.Config()
-	a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
+	if a.env.recorder != nil {
+		// Only then: the birth takes a copy of the config on the heap.
+		cfg := k.s.Config()
+		a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Rx: &cfg})
+	}
 	if a.tr != nil {
 		a.tr.Stepped(k.s, nil)
 	}

@@ -94,8 +94,11 @@ func (k *txKind) side() string    { return "tx" }
 func (k *txKind) request() string { return k.s.Config().Request }
 
 func (k *txKind) born(a *shell[*TxSession], ctx actor.Context, now time.Time) []Effect {
-	cfg := k.s.Config()
-	a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
+	if a.env.recorder != nil {
+		// Only then: the birth takes a copy of the config on the heap.
+		cfg := k.s.Config()
+		a.path, a.tr = openTrace(a.env, ctx.Self().Id, Birth{At: now, Tx: &cfg})
+	}
 	eff := k.s.Init(now)
 	if a.tr != nil {
 		a.tr.Stepped(k.s, eff)
