@@ -205,8 +205,24 @@ type RxSession struct {
 // NewRxSession returns a session in REQUESTED.
 func NewRxSession(cfg RxConfig) *RxSession {
 	n := len(cfg.Writers)
+	if n == 1 {
+		// One writer (a context instance of one rank, the common case):
+		// its five slices of one, in one allocation instead of five.
+		one := new(rxOneWriter)
+		return &RxSession{cfg: cfg, writers: one.writers[:], sent: one.sent[:], sendErr: one.sendErr[:],
+			backoff: one.backoff[:], suspect: one.suspect[:]}
+	}
 	return &RxSession{cfg: cfg, writers: make([]writerState, n), sent: make([]delivery, n),
 		sendErr: make([]error, n), backoff: make([]time.Duration, n), suspect: make([]bool, n)}
+}
+
+// rxOneWriter holds a one-writer session's per-writer slices (NewRxSession).
+type rxOneWriter struct {
+	writers [1]writerState
+	sent    [1]delivery
+	sendErr [1]error
+	backoff [1]time.Duration
+	suspect [1]bool
 }
 
 // Quarantined reports whether the session's blocks are in quarantine.
