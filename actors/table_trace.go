@@ -248,7 +248,7 @@ func (env *shellEnv) rxTable(topo Topology, workers int, inc uint64) rxTable {
 func (t *rxTable) Learn(peer messages.PeerID, inc uint64) {
 	t.RxTable.Learn(peer, inc)
 	if t.tr != nil {
-		t.tr.Call("Learn", t.clock.Now(), TableIn{Peer: &peer, Inc: inc}, TableOut{})
+		t.tr.Call("Learn", t.clock.Now(), TableIn{Peer: ptr(peer), Inc: inc}, TableOut{})
 	}
 }
 
@@ -263,7 +263,7 @@ func (t *rxTable) Readdress(request string, w int, inc uint64) bool {
 func (t *rxTable) Exited(peer messages.PeerID, inc uint64) []core.RxWriterRef {
 	out := t.RxTable.Exited(peer, inc)
 	if t.tr != nil {
-		t.tr.Call("Exited", t.clock.Now(), TableIn{Peer: &peer, Inc: inc}, TableOut{Refs: out})
+		t.tr.Call("Exited", t.clock.Now(), TableIn{Peer: ptr(peer), Inc: inc}, TableOut{Refs: out})
 	}
 	return out
 }
