@@ -557,6 +557,10 @@ type rxParent struct {
 	// destination blocks quarantined (sessionStopped.inDoubt), for Close's
 	// error (listInDoubt). At most the sessions live at Close.
 	inDoubt []string
+	// shape is this rank's Layout.Shape, made by the first request that
+	// needs it (the topology never changes): a request no longer makes
+	// its layer lists again.
+	shape *kvcache.Shape
 }
 
 func (p *rxParent) Receive(ctx actor.Context) {
@@ -827,10 +831,14 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 		return nil, fmt.Errorf("%w: request %s prompt length %d", ErrBadRequest, r.ID, r.PromptLen)
 	}
 	l := p.topo.Layout
-	shape, err := l.Shape(p.topo.Parallel, p.topo.Rank)
-	if err != nil {
-		return nil, err
+	if p.shape == nil {
+		shape, err := l.Shape(p.topo.Parallel, p.topo.Rank)
+		if err != nil {
+			return nil, err
+		}
+		p.shape = &shape
 	}
+	shape := p.shape
 	if len(r.PrefixHitBlocks) > len(l.Groups) {
 		return nil, fmt.Errorf("%w: request %s: prefix hits for %d layer groups, the layout has %d",
 			ErrBadRequest, r.ID, len(r.PrefixHitBlocks), len(l.Groups))
