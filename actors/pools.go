@@ -572,6 +572,14 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	ids, err := p.allocLocked(counts)
+	if err == nil {
+		return ids, nil
+	}
+	// Out of blocks: only now is ctx watched (its end wakes the wait), so
+	// that an allocation that fits at once registers nothing. Registered
+	// under mu, before the first Wait: an end from now on takes mu after
+	// the Wait released it, and wakes it.
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		p.cond.Broadcast()
@@ -579,10 +587,6 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 	})
 	defer stop()
 	for {
-		ids, err := p.allocLocked(counts)
-		if err == nil {
-			return ids, nil
-		}
 		if !errors.Is(err, kvcache.ErrOutOfBlocks) {
 			return nil, err // too small for the pool, a bad count: no free can help
 		}
@@ -590,6 +594,9 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
 		}
 		p.cond.Wait()
+		if ids, err = p.allocLocked(counts); err == nil {
+			return ids, nil
+		}
 	}
 }
 

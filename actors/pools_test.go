@@ -1,8 +1,12 @@
 package actors
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 )
@@ -80,5 +84,56 @@ func TestPoolsQuarantineBound(t *testing.T) {
 	}
 	if err := p.Free(b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPoolsAllocWait: AllocWait returns at once what fits, fails at once
+// what no free can make fit, waits while blocks are in use until a free
+// makes room, and gives up, naming both, when its ctx ends while it waits.
+func TestPoolsAllocWait(t *testing.T) {
+	p := testPools(t, 4, 64)
+	all, err := p.AllocWait(context.Background(), []int{4, 4})
+	if err != nil {
+		t.Fatalf("AllocWait of free blocks: %v", err)
+	}
+	if _, err := p.AllocWait(context.Background(), []int{5, 0}); !errors.Is(err, kvcache.ErrPoolTooSmall) {
+		t.Fatalf("AllocWait larger than the pool: %v, want ErrPoolTooSmall at once", err)
+	}
+	type res struct {
+		ids [][]kvcache.BlockID
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		ids, err := p.AllocWait(context.Background(), []int{1, 0})
+		got <- res{ids, err}
+	}()
+	if err := p.Free(all); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil || len(r.ids) != 2 || len(r.ids[0]) != 1 {
+			t.Fatalf("AllocWait after a free: %v %v, want one block of group 0", r.ids, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AllocWait still waiting 10s after a free made room")
+	}
+	if _, err := p.Alloc([]int{3, 4}); err != nil { // the pools are full again
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		ids, err := p.AllocWait(ctx, []int{1, 0})
+		got <- res{ids, err}
+	}()
+	cancel()
+	select {
+	case r := <-got:
+		if !errors.Is(r.err, kvcache.ErrOutOfBlocks) || !strings.Contains(fmt.Sprint(r.err), context.Canceled.Error()) {
+			t.Fatalf("AllocWait whose ctx ended: %v %v, want ErrOutOfBlocks naming the cancel", r.ids, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AllocWait still waiting 10s after its ctx ended")
 	}
 }
