@@ -251,8 +251,8 @@ func (st *streamState) dropped(ctx actor.Context, m any) {
 	if st.done {
 		return
 	}
-	op, _ := m.(streamOp)
-	switch e := op.eff.(type) {
+	eff, _ := m.(Effect) // nil for a worker's report
+	switch e := eff.(type) {
 	case Submit:
 		if st.posting {
 			st.posting = false
