@@ -99,8 +99,9 @@ func startTestRankOn(t *testing.T, inst string, link control.Link, agent rdma.Ag
 }
 
 // startTestRankClose is startTestRankOn; unless drained, the engine's
-// Close may report it undrained when the test ends.
-func startTestRankClose(t *testing.T, inst string, link control.Link, agent rdma.Agent, drained bool) *testRank {
+// Close may report it undrained when the test ends. rec, if given, is the
+// engine's Recorder.
+func startTestRankClose(t *testing.T, inst string, link control.Link, agent rdma.Agent, drained bool, rec ...Recorder) *testRank {
 	t.Helper()
 	l := cancelOrderLayout
 	par := kvcache.Parallel{TP: 1, PP: 1}
@@ -128,9 +129,13 @@ func startTestRankClose(t *testing.T, inst string, link control.Link, agent rdma
 		off += bb * 16
 	}
 	t.Cleanup(func() { _ = agent.Close() })
+	var recorder Recorder
+	if len(rec) > 0 {
+		recorder = rec[0]
+	}
 	r.e, err = StartEngine(EngineConfig{Self: messages.PeerID{Instance: inst},
 		Topology: Topology{Layout: l, LayoutHash: l.Hash(), Parallel: par, Rank: rank, Pools: geoms, Plans: NewPlanCache()},
-		Workers:  2, Agent: agent, Region: region, Pools: NewPools(r.pools), Link: link, Timeout: 20 * time.Second})
+		Workers:  2, Agent: agent, Region: region, Pools: NewPools(r.pools), Link: link, Timeout: 20 * time.Second, Recorder: recorder})
 	if err != nil {
 		t.Fatal(err)
 	}

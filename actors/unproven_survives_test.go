@@ -4,7 +4,6 @@ package actors
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
-	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/faulty"
 	"github.com/kvxfer/kvxfer/rdma/loopback"
@@ -84,46 +82,7 @@ func (r *deadRecorder) deadOf(request string) []TxWorkerDead {
 // engine's Recorder.
 func startRecordedRank(t *testing.T, inst string, link control.Link, agent rdma.Agent, rec Recorder) *testRank {
 	t.Helper()
-	l := cancelOrderLayout
-	par := kvcache.Parallel{TP: 1, PP: 1}
-	rank := par.RankAt(0)
-	shape, err := l.Shape(par, rank)
-	if err != nil {
-		t.Fatal(err)
-	}
-	region, err := kvcache.NewHostRegion(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = region.Close() })
-	r := &testRank{undrainedOK: true}
-	var geoms []kvcache.PoolGeometry
-	var off uint64
-	for g := range l.Groups {
-		bb := shape.BlockBytes(l, g)
-		p, err := kvcache.NewPool(region, off, bb, 16)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.pools = append(r.pools, p)
-		geoms = append(geoms, p.Geometry())
-		off += bb * 16
-	}
-	t.Cleanup(func() { _ = agent.Close() })
-	r.e, err = StartEngine(EngineConfig{Self: messages.PeerID{Instance: inst},
-		Topology: Topology{Layout: l, LayoutHash: l.Hash(), Parallel: par, Rank: rank, Pools: geoms, Plans: NewPlanCache()},
-		Workers:  2, Agent: agent, Region: region, Pools: NewPools(r.pools), Link: link, Timeout: 20 * time.Second, Recorder: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // it may well not drain
-		defer cancel()
-		if err := r.e.Close(ctx); err != nil && !errors.Is(err, ErrUndrained) {
-			t.Errorf("close %s: %v", inst, err)
-		}
-	})
-	return r
+	return startTestRankClose(t, inst, link, agent, false, rec) // it may well not drain
 }
 
 // unprovenOf is whether worker slot s keeps an unproven op of request.
