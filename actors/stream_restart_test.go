@@ -30,36 +30,14 @@ func TestStreamHeldFrameSurvivesSessionRestart(t *testing.T) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 
 	var settles atomic.Int32
 	hook := func(e Effect) bool { return e == nil && settles.Add(1) <= 2 }
 	PanicOnStream.Store(&hook)
 	t.Cleanup(func() { PanicOnStream.Store(nil) })
 
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, rx, tx := transfer(t, ctxR, genR, id, prompt, time.Minute)
 	defer func() { _ = ctxR.e.FreeBlocks(src) }()
-	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	stats := ctxR.e.env.stats
 	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
 	tx.Crash()
@@ -174,7 +152,6 @@ func testPanicAfterFrameLeft(t *testing.T, held bool) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 
 	var sent, settles atomic.Int32
 	frameHook := func(f SendFrame) bool { return sent.Add(1) == 1 }
@@ -188,28 +165,7 @@ func testPanicAfterFrameLeft(t *testing.T, held bool) {
 		t.Cleanup(func() { PanicOnStream.Store(nil) })
 	}
 
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src, rx, tx := transfer(t, ctxR, genR, id, prompt, time.Hour)
 	stats := ctxR.e.env.stats
 	violations := int64(0)
 	if held {
@@ -251,7 +207,6 @@ func TestStreamLostReportForwardedAgainAtRestep(t *testing.T) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 
 	var settles, steps atomic.Int32
 	streamHook := func(e Effect) bool { return e == nil && settles.Add(1) <= 4 }
@@ -264,28 +219,7 @@ func TestStreamLostReportForwardedAgainAtRestep(t *testing.T) {
 	PanicOnStep.Store(&stepHook)
 	t.Cleanup(func() { PanicOnStep.Store(nil) })
 
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src, rx, tx := transfer(t, ctxR, genR, id, prompt, time.Hour)
 	stats := ctxR.e.env.stats
 	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
 	// The completion once more (a late duplicate): lost by the stream and
@@ -333,7 +267,6 @@ func testStreamDroppedFrame(t *testing.T, send bool) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 
 	var hits atomic.Int32
 	success := func(f SendFrame) bool {
@@ -350,28 +283,7 @@ func testStreamDroppedFrame(t *testing.T, send bool) {
 		t.Cleanup(func() { PanicOnStream.Store(nil) })
 	}
 
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src, rx, tx := transfer(t, ctxR, genR, id, prompt, time.Hour)
 	o := wait(t, "context outcome", tx.Done())
 	t.Logf("context side %s %v", o.Status, o.Err)
 	if n := hits.Load(); n != 2 {
@@ -407,34 +319,12 @@ func TestStreamDroppedSubmitStillDrains(t *testing.T) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 	var hits atomic.Int32
 	hook := func(e Effect) bool { _, ok := e.(Submit); return ok && hits.Add(1) <= 2 }
 	PanicOnStream.Store(&hook)
 	t.Cleanup(func() { PanicOnStream.Store(nil) })
 
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src, rx, tx := transfer(t, ctxR, genR, id, prompt, time.Hour)
 	o := wait(t, "context outcome", tx.Done())
 	if n := hits.Load(); n != 2 {
 		t.Fatalf("%d panics on a Submit, want 2: the test proves nothing", n)
@@ -452,4 +342,35 @@ func TestStreamDroppedSubmitStillDrains(t *testing.T) {
 	if n := ctxR.e.env.stats.StreamViolations.Load(); n != 0 {
 		t.Fatalf("%d stream violations, want none", n)
 	}
+}
+
+// transfer allocates the source blocks of a prompt of one group on ctxR,
+// opens its Receive on genR and its Send on ctxR (each with a deadline d
+// from now), and hands every chunk of it over, its KV already written.
+func transfer(t *testing.T, ctxR, genR *testRank, id string, prompt int, d time.Duration) ([][]kvcache.BlockID, *RxHandle, *TxHandle) {
+	t.Helper()
+	tpb := cancelOrderLayout.TokensPerBlock
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(d)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(d)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chunks {
+		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return src, rx, tx
 }
