@@ -490,7 +490,7 @@ func TestInsecureMismatchNamed(t *testing.T) {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0", err)
 	}
 	within3Beats(t, "gen to log the failed handshake", func() bool {
-		return glog.Has("handshake (insecure) with ctx/0 at "+cc.Bind+" failed") && glog.Has("is one side --insecure?")
+		return glog.Has("handshake (insecure) with ctx/0 at "+cc.Bind+" failed") && glog.Has("is the peer --insecure too?")
 	})
 	within3Beats(t, "ctx to log the failed handshake", func() bool {
 		return clog.Has("handshake with gen/0 at "+gc.Bind+" failed") && clog.Has("is one side --insecure?")

@@ -179,17 +179,17 @@ func (b *beater) publish(s *beatSock) {
 func (b *beater) logState(peer messages.PeerID, st PeerState) {
 	switch st.Conn {
 	case ConnHandshakeFailed:
-		what := "CURVE handshake"
+		what, hint := "CURVE handshake", fmt.Sprintf("is %s's public key right? is one side --insecure?", peer)
 		if b.l.cfg.Insecure {
-			what = "handshake (insecure)"
+			// No key to get wrong on this side.
+			what, hint = "handshake (insecure)", "is the peer --insecure too?"
 		}
 		ev := b.l.warn(peer.String(), "handshake failed")
 		if ev == nil {
 			return
 		}
 		ev.Stringer("peer", peer).Str("endpoint", st.Endpoint).Str("reason", st.Reason).
-			Msgf("control/zmq: %s with %s at %s failed: %s (is %s's public key right? is one side --insecure?)",
-				what, peer, st.Endpoint, st.Reason, peer)
+			Msgf("control/zmq: %s with %s at %s failed: %s (%s)", what, peer, st.Endpoint, st.Reason, hint)
 	case ConnUp:
 		b.l.log.Debug().Stringer("peer", peer).Str("endpoint", st.Endpoint).Msg("control/zmq: connected to peer")
 	default:
