@@ -66,6 +66,23 @@ class KvxferError(Exception):
         self.message = message
 
 
+class KvxferTimeoutError(KvxferError, TimeoutError):
+    """A kvxfer timeout: a KvxferError with Status.TIMEOUT that is also the
+    builtin TimeoutError, so one `except TimeoutError` or one `except
+    KvxferError` (with .status) catches every timeout the package raises:
+    wait() past its timeout, and each call the library answers
+    KVXFER_ERR_TIMEOUT (wait_peers(), a close() that did not finish).
+    Built as KvxferError, (status, message), with its attributes."""
+
+
+def _error(status, message):
+    """The exception for a refused call's status: KvxferTimeoutError for
+    Status.TIMEOUT, KvxferError for any other."""
+    if status == Status.TIMEOUT:
+        return KvxferTimeoutError(status, message)
+    return KvxferError(status, message)
+
+
 def _require(name, what):
     """KvxferError(UNSUPPORTED) when the loaded library lacks function name
     (one of _lib.SINCE_MINOR), naming what needed it and the minor."""
@@ -173,7 +190,7 @@ def _layer_part(layers):
 
 def _check(st):
     if st != 0:
-        raise KvxferError(st, lib.kvxfer_last_error().decode("utf-8", "replace"))
+        raise _error(st, lib.kvxfer_last_error().decode("utf-8", "replace"))
 
 
 class Event:
@@ -657,7 +674,8 @@ class Engine:
         error has closed it. (Status.CLOSED too when another thread's
         close finished meanwhile: that close answers for the memory.)
 
-        Status.TIMEOUT (or another error once the close began): some requests
+        Status.TIMEOUT (raised as KvxferTimeoutError, also a TimeoutError),
+        or another error once the close began: some requests
         did not drain, or keep blocks quarantined (their writers suspected
         with no proof that their writes are over), and their peers may still
         write into this engine's memory. The engine's memory and kv_caches are then referenced by the
@@ -694,7 +712,7 @@ class Engine:
             self._hold(h, st)
             with _open_lock:
                 _open.pop(h, None)
-        raise KvxferError(st, msg)
+        raise _error(st, msg)
 
     def _closed_meanwhile(self, st, h):
         """Whether st (of a call on handle h) is BAD_HANDLE because a
@@ -936,7 +954,8 @@ class Engine:
 
     def wait(self, request, timeout=30.0):
         """The event of request (a Request or handle), polling until it
-        arrives or timeout seconds pass (then TimeoutError; None: no
+        arrives or timeout seconds pass (then KvxferTimeoutError, a
+        TimeoutError and a KvxferError with Status.TIMEOUT; None: no
         timeout). A Request's event is kept on it: a later wait() returns
         it again, and a wait() on a Request released after poll() or a
         callback took its event raises KvxferError with Status.BAD_HANDLE at
@@ -966,7 +985,8 @@ class Engine:
                     break
                 left = 0.1 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError("no event for request handle %d in %.1f s" % (h, timeout))
+                    raise KvxferTimeoutError(Status.TIMEOUT, "no event for request handle %d in %.1f s"
+                                             % (h, timeout))
                 for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
                     if e.request == h:
                         ev = e
@@ -1083,9 +1103,10 @@ class Node(Engine):
         return self._string(lib.kvxfer_node_public_key)
 
     def wait_peers(self, timeout_ms=10000):
-        """Waits for every configured peer's Hello (KvxferError with
-        Status.TIMEOUT after timeout_ms; Status.CLOSED at once when the node
-        is closed meanwhile). Ctrl-C ends it within 0.1 s."""
+        """Waits for every configured peer's Hello (KvxferTimeoutError, a
+        KvxferError with Status.TIMEOUT and a TimeoutError, after
+        timeout_ms; KvxferError with Status.CLOSED at once when the node is
+        closed meanwhile). Ctrl-C ends it within 0.1 s."""
         timeout_ms = _i32("timeout_ms", timeout_ms)
         h = self._live()
         # In calls of at most _POLL_SLICE_MS, as poll(): Ctrl-C's

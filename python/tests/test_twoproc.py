@@ -164,7 +164,9 @@ def test_close_that_times_out_keeps_the_memory_alive():
     is never acked, and nothing proves its writes over), and the array the
     node was given stays referenced by the module after the caller dropped
     every reference (the writer may still write into it), with a warning
-    naming the node and the bytes. (A writer whose op only waits for its
+    naming the node and the bytes. The close raises KvxferTimeoutError, a
+    KvxferError with Status.TIMEOUT and a TimeoutError (checked to fail
+    when it was a KvxferError alone). (A writer whose op only waits for its
     fence no longer holds a close: it answers the Cancel at once.)"""
     (ctx_pub, ctx_sec), (gen_pub, gen_sec) = kvxfer.keygen(), kvxfer.keygen()
     ctx_name, gen_name = unique("hold-ctx"), unique("hold-gen")
@@ -189,14 +191,16 @@ def test_close_that_times_out_keeps_the_memory_alive():
             assert json.loads(child.stdout.readline()) == {"held": True}
             wait_until(lambda: arr.any(), what="the first chunk's bytes in the generation node's memory")
             child.send_signal(signal.SIGSTOP)
-            status = None
+            status, timeout = None, False
             with pytest.warns(RuntimeWarning, match=r"engine '%s' \(handle \d+\) did not finish closing \(TIMEOUT\): "
                                                     r"its memory, 67108864 bytes, is kept alive" % gen_name):
                 try:
                     gen.close(timeout_ms=50)
                 except KvxferError as e:
                     status = e.status
+                    timeout = isinstance(e, TimeoutError) and isinstance(e, kvxfer.KvxferTimeoutError)
             assert status == Status.TIMEOUT
+            assert timeout, "a close that timed out raised no TimeoutError (KvxferTimeoutError)"
             assert gen.handle == 0
             gen.close()  # closed: a no-op
             del arr, gen, rx
