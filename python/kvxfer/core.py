@@ -65,6 +65,11 @@ class KvxferError(Exception):
         self.status = status
         self.message = message
 
+    def __reduce__(self):
+        # Built again from (status, message), not from args (the text):
+        # an error that crosses processes (multiprocessing) unpickles.
+        return (type(self), (self.status, self.message))
+
 
 class KvxferTimeoutError(KvxferError, TimeoutError):
     """A kvxfer timeout: a KvxferError with Status.TIMEOUT that is also the

@@ -67,3 +67,16 @@ def test_timeout_errors_wait_peers():
             _is_timeout(err.value)
         finally:
             node.close()
+
+
+def test_timeout_errors_pickle():
+    # A kvxfer error crossing processes (multiprocessing pickles it) comes
+    # back as itself: same class, status and message. (Before, unpickling
+    # called __init__ with the text alone and raised TypeError.)
+    import pickle
+    for err in (kvxfer.KvxferError(kvxfer.Status.CONFIG, "layers -1"),
+                kvxfer.KvxferTimeoutError(kvxfer.Status.TIMEOUT, "no Hello")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert back.status == err.status and back.message == err.message
+        assert str(back) == str(err)
