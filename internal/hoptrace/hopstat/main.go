@@ -30,7 +30,7 @@ var hops = []string{
 	"gen.Receive", "rxparent.open", "rx.*actor.Started", "worker.send.*messages.RequestData",
 	"zmq.encoded.*messages.RequestData", "zmq.sent.*messages.RequestData", "zmq.recv.*messages.RequestData",
 	"listener.*messages.RequestData", "txparent.RequestData",
-	"tx.actors.txPeerRequestMsg", "worker.submit", "tx.core.TxSubmitted", "worker.batchDone",
+	"tx.*actors.txPeerRequestMsg", "worker.submit", "tx.core.TxSubmitted", "worker.batchDone",
 	"tx.core.TxCompleted", "tx.core.TxFlushed", "worker.send.*messages.Result", "zmq.encoded.*messages.Result",
 	"zmq.sent.*messages.Result", "zmq.recv.*messages.Result",
 	"listener.*messages.Result", "rxparent.Result", "rx.core.RxFrame", "rx.finish", "gen.done",
