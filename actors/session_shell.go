@@ -28,6 +28,9 @@ type cell[S stepper] struct {
 	k      kind[S]
 	handle *Handle
 	timers []*armedTimer // armed and not known to have fired
+	// timerBuf backs timers until a session has more armed at once (most
+	// arm one or two in their life): no slice to allocate per session.
+	timerBuf [2]*armedTimer
 	// finishLater tells the handle the outcome once the whole step's
 	// effects ran (exec): a caller woken by it then finds the session's
 	// stop, if the step stopped it, already in the parent's mailbox.
@@ -406,6 +409,9 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 			// Forget the timers that fired: a session that waits long
 			// (a quarantine re-sending Cancel every second) arms many.
 			a.timers = slices.DeleteFunc(a.timers, func(t *armedTimer) bool { return t.fired.Load() })
+			if a.timers == nil {
+				a.timers = a.timerBuf[:0]
+			}
 			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, a.k.timeout(e.Kind)))
 		case Log:
 			a.env.logEffect(e)
