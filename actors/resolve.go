@@ -47,7 +47,36 @@ type routePlanner struct {
 	remap []messages.Extent
 	// parts builds the plan of group g restricted to a chunk's layer part
 	// (cached in the topology's PlanCache beside the whole plans).
-	parts func(g int, part kvcache.LayerPart) (*kvcache.Plan, error)
+	parts partPlanner
+}
+
+// partPlanner is what a route keeps of ResolveRequest to plan a chunk's
+// layer part: held in the routePlanner, not captured by a closure (which
+// moved the whole Topology to the heap, and the closure with it, each
+// request).
+type partPlanner struct {
+	self               Topology
+	hello              *messages.Hello
+	link               kvcache.PeerLink
+	peer               messages.PeerID
+	genPar             kvcache.Parallel
+	genRank            kvcache.Rank
+	ctxShape, genShape kvcache.Shape
+}
+
+// plan is the plan of group g restricted to part: nil when none of the
+// link's layers of g are in part.
+func (pp *partPlanner) plan(g int, part kvcache.LayerPart) (*kvcache.Plan, error) {
+	if !slices.ContainsFunc(pp.link.Layers[g], part.Contains) {
+		return nil, nil
+	}
+	key := planKey{peer: pp.peer, genPar: pp.genPar, genRank: pp.genRank, group: g, layers: part}
+	return pp.self.Plans.plan(key, pp.hello, func() (*kvcache.Plan, error) {
+		sub := pp.link
+		sub.Layers = slices.Clone(pp.link.Layers)
+		sub.Layers[g] = slices.DeleteFunc(slices.Clone(pp.link.Layers[g]), func(L int) bool { return !part.Contains(L) })
+		return planGroup(pp.self, pp.hello, sub, pp.ctxShape, pp.genShape, g)
+	})
 }
 
 func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcache.Segment) ([]kvcache.Segment, uint64, error) {
@@ -58,7 +87,7 @@ func (p *routePlanner) Plan(c kvcache.Chunk, src []kvcache.BlockRun, buf []kvcac
 		}
 		if !c.Layers.Whole() && !mutWholePlanForParts() {
 			var err error
-			if plan, err = p.parts(g, c.Layers); err != nil {
+			if plan, err = p.parts.plan(g, c.Layers); err != nil {
 				return nil, 0, fmt.Errorf("group %d: %w", g, err)
 			}
 			if plan == nil {
@@ -215,19 +244,8 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 	}
 	maxBlocks := self.Layout.BlocksFor(int(rd.PromptLen))
 	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups),
-		remap: rd.Remap}
-	rp.parts = func(g int, part kvcache.LayerPart) (*kvcache.Plan, error) {
-		if !slices.ContainsFunc(link.Layers[g], part.Contains) {
-			return nil, nil
-		}
-		key := planKey{peer: rd.From, genPar: genPar, genRank: genRank, group: g, layers: part}
-		return self.Plans.plan(key, hello, func() (*kvcache.Plan, error) {
-			sub := link
-			sub.Layers = slices.Clone(link.Layers)
-			sub.Layers[g] = slices.DeleteFunc(slices.Clone(link.Layers[g]), func(L int) bool { return !part.Contains(L) })
-			return planGroup(self, hello, sub, ctxShape, genShape, g)
-		})
-	}
+		remap: rd.Remap, parts: partPlanner{self: self, hello: hello, link: link, peer: rd.From, genPar: genPar, genRank: genRank,
+			ctxShape: ctxShape, genShape: genShape}}
 	for g := 0; g < groups; g++ {
 		d := rd.Groups[g]
 		pg := hello.Pools[g]
