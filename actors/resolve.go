@@ -48,6 +48,10 @@ type routePlanner struct {
 	// parts builds the plan of group g restricted to a chunk's layer part
 	// (cached in the topology's PlanCache beside the whole plans).
 	parts partPlanner
+	// plansBuf and dstBuf back plans and dst for a one-group layout: no
+	// slices to allocate per request.
+	plansBuf [1]*kvcache.Plan
+	dstBuf   [1]kvcache.BlockRun
 }
 
 // partPlanner is what a route keeps of ResolveRequest to plan a chunk's
@@ -243,9 +247,13 @@ func ResolveRequest(self Topology, hello *messages.Hello, rd *messages.RequestDa
 		return nil, expected, err
 	}
 	maxBlocks := self.Layout.BlocksFor(int(rd.PromptLen))
-	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, plans: make([]*kvcache.Plan, groups), dst: make([]kvcache.BlockRun, groups),
-		remap: rd.Remap, parts: partPlanner{self: self, hello: hello, link: link, peer: rd.From, genPar: genPar, genRank: genRank,
-			ctxShape: ctxShape, genShape: genShape}}
+	rp := &routePlanner{tpb: self.Layout.TokensPerBlock, remap: rd.Remap, parts: partPlanner{self: self, hello: hello, link: link,
+		peer: rd.From, genPar: genPar, genRank: genRank, ctxShape: ctxShape, genShape: genShape}}
+	if groups <= len(rp.plansBuf) {
+		rp.plans, rp.dst = rp.plansBuf[:groups], rp.dstBuf[:groups]
+	} else {
+		rp.plans, rp.dst = make([]*kvcache.Plan, groups), make([]kvcache.BlockRun, groups)
+	}
 	for g := 0; g < groups; g++ {
 		d := rd.Groups[g]
 		pg := hello.Pools[g]
