@@ -280,16 +280,16 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			a.feedback = append(a.feedback, TxFenceFired{Index: idx, Err: err})
 		}
 	case Submit:
-		k.toStream(a, ctx, e.Peer, e.Worker, e)
+		k.toStream(a, ctx, e.Peer, e.Worker, eff)
 	case Flush:
-		k.toStream(a, ctx, e.Peer, e.Worker, e)
+		k.toStream(a, ctx, e.Peer, e.Worker, eff)
 	case CloseEndpoint:
-		k.toStream(a, ctx, e.Peer, e.Worker, e)
+		k.toStream(a, ctx, e.Peer, e.Worker, eff)
 	case EndStream:
-		k.toStream(a, ctx, e.Peer, e.Worker, e)
+		k.toStream(a, ctx, e.Peer, e.Worker, eff)
 	case SendFrame:
 		if e.FromStream {
-			k.toStream(a, ctx, e.Peer, e.Worker, e)
+			k.toStream(a, ctx, e.Peer, e.Worker, eff)
 			break
 		}
 		// A frame of no stream (an answer to a peer the session has no
