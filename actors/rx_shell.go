@@ -23,9 +23,15 @@ type rxKind struct {
 	callerHeld int64
 }
 
-// newRxCell is a new RxSession's cell.
+// newRxCell is a new RxSession's cell. The cell and its kind live and die
+// together: one allocation holds both.
 func newRxCell(env *shellEnv, s *RxSession, handle *Handle, meter *rxMeter) *cell[*RxSession] {
-	return &cell[*RxSession]{env: env, s: s, handle: handle, k: &rxKind{s: s, meter: meter}}
+	b := &struct {
+		c cell[*RxSession]
+		k rxKind
+	}{c: cell[*RxSession]{env: env, s: s, handle: handle}, k: rxKind{s: s, meter: meter}}
+	b.c.k = &b.k
+	return &b.c
 }
 
 func (k *rxKind) side() string    { return "rx" }

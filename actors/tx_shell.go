@@ -85,9 +85,15 @@ type streamChild struct {
 	st  *streamState
 }
 
-// newTxCell is a new TxSession's cell.
+// newTxCell is a new TxSession's cell. The cell and its kind live and die
+// together: one allocation holds both.
 func newTxCell(env *shellEnv, s *TxSession, meter *txMeter) *cell[*TxSession] {
-	return &cell[*TxSession]{env: env, s: s, k: &txKind{s: s, meter: meter, env: env}}
+	b := &struct {
+		c cell[*TxSession]
+		k txKind
+	}{c: cell[*TxSession]{env: env, s: s}, k: txKind{s: s, meter: meter, env: env}}
+	b.c.k = &b.k
+	return &b.c
 }
 
 func (k *txKind) side() string    { return "tx" }
