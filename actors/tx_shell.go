@@ -335,7 +335,13 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 		if k.streams == nil {
 			k.streams = map[int]*streamChild{}
 		}
-		st := &streamState{env: a.env, session: ctx.Self(), peer: peer, worker: worker, inflight: map[int]struct{}{}}
+		// The child and its state in one allocation (a later respawn over
+		// the same state makes a child of its own).
+		b := &struct {
+			c  streamChild
+			st streamState
+		}{st: streamState{env: a.env, session: ctx.Self(), peer: peer, worker: worker, inflight: map[int]struct{}{}}}
+		st := &b.st
 		if k.respawn[peer] {
 			// Respawned: the stream stopped before its terminal frame (a
 			// restart of the session stops its children first, and each
@@ -347,7 +353,8 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 				}
 			}
 		}
-		c = &streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
+		b.c = streamChild{pid: ctx.Spawn(streamProps(st)), st: st}
+		c = &b.c
 		k.streams[peer] = c
 	}
 	ctx.Send(c.pid, e) // as it is (stream.go)
