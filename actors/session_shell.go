@@ -40,6 +40,9 @@ type cell[S stepper] struct {
 	// incarnations counts the actors produced for the session: the first
 	// is its birth, each later one a restart after a panic.
 	incarnations int
+	// firstShell is the first incarnation's actor, allocated with the
+	// cell; a restart produces a fresh shell on the heap.
+	firstShell shell[S]
 	// pending is what is left of the effects being run, and running the
 	// effect under way; feedback holds the failures of effects already
 	// run, stepped right after them. The step has moved on when its
@@ -160,7 +163,11 @@ type kind[S stepper] interface {
 // per incarnation.
 func (c *cell[S]) produce(*actor.ActorSystem) actor.Actor {
 	c.incarnations++
-	return &shell[S]{cell: c, restarted: c.incarnations > 1}
+	if c.incarnations == 1 {
+		c.firstShell = shell[S]{cell: c}
+		return &c.firstShell
+	}
+	return &shell[S]{cell: c, restarted: true}
 }
 
 // shell is one incarnation of a session's actor.
