@@ -122,7 +122,8 @@ type Handle struct {
 	done     chan Outcome
 	decided  atomic.Pointer[Decide]
 	mu       sync.Mutex
-	after    []func() bool // AfterFinish's, run once the outcome is delivered
+	after    []func() bool  // AfterFinish's, run once the outcome is delivered
+	afterBuf [1]func() bool // backs after for the first AfterFinish
 	over     bool
 	released lazyDone
 	finished lazyDone // closed once the outcome is on done
@@ -220,6 +221,9 @@ func (h *Handle) release() { h.released.close() }
 func (h *Handle) AfterFinish(f func() bool) {
 	h.mu.Lock()
 	if !h.over {
+		if h.after == nil {
+			h.after = h.afterBuf[:0]
+		}
 		h.after = append(h.after, f)
 		h.mu.Unlock()
 		return
