@@ -51,10 +51,12 @@ type streamSettle struct {
 
 // streamState is what a stream keeps across restarts of its own actor.
 type streamState struct {
-	env     *shellEnv
-	session *actor.PID
-	peer    int
-	worker  int
+	// firstActor is the stream's first actor (streamProps).
+	firstActor streamActor
+	env        *shellEnv
+	session    *actor.PID
+	peer       int
+	worker     int
 	// inflight: ops handed to a worker and not settled by a report yet.
 	inflight map[int]struct{}
 	// held is the terminal frame, waiting for inflight to empty, then
@@ -93,7 +95,15 @@ var streamPropsOpts = []actor.PropsOption{actor.WithMailbox(newMailbox), actor.W
 // in a closure, as actor.PropsFromProducer wraps one: an allocation a
 // stream).
 func streamProps(st *streamState) *actor.Props {
-	return actor.PropsFromProducerWithActorSystem(func(*actor.ActorSystem) actor.Actor { return &streamActor{st: st} }, streamPropsOpts...)
+	return actor.PropsFromProducerWithActorSystem(func(*actor.ActorSystem) actor.Actor {
+		if st.firstActor.st == nil {
+			// The state's first actor is allocated with it; restarts and
+			// respawns get fresh ones.
+			st.firstActor.st = st
+			return &st.firstActor
+		}
+		return &streamActor{st: st}
+	}, streamPropsOpts...)
 }
 
 func (a *streamActor) Receive(ctx actor.Context) {
