@@ -523,8 +523,15 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 	// the session): a caller may reuse its buffers at once.
 	req.Blocks = kvcache.CloneBlockTable(req.Blocks)
 	req.PrefixHitBlocks = slices.Clone(req.PrefixHitBlocks)
-	h := NewHandle()
-	rx := &RxHandle{Handle: h, e: e, request: req.ID, done: make(chan Outcome, 1), owned: req.Blocks != nil}
+	// The RxHandle and its Handle in one allocation (each as NewHandle
+	// and the literal below made them).
+	b := &struct {
+		rx RxHandle
+		h  Handle
+	}{h: Handle{done: make(chan Outcome, 1)}}
+	h := &b.h
+	rx := &b.rx
+	*rx = RxHandle{Handle: h, e: e, request: req.ID, done: make(chan Outcome, 1), owned: req.Blocks != nil}
 	if req.Blocks != nil {
 		var err error
 		if rx.lent, err = e.cfg.Pools.lend(req.ID, req.Blocks, h.Released()); err != nil {
