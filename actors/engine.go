@@ -453,7 +453,14 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 			return &TxHandle{Handle: h, e: e, request: req.ID}, nil
 		}
 	}
-	h := NewHandle()
+	// The TxHandle and its Handle in one allocation (each as NewHandle
+	// and the literal below made them); the TxHandle is filled in once
+	// the session is open.
+	b := &struct {
+		tx TxHandle
+		h  Handle
+	}{h: Handle{done: make(chan Outcome, 1)}}
+	h := &b.h
 	reply := make(chan txOpenReply, 1)
 	e.sys.Root.Send(e.tx, &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
 		generation: req.Generation, handle: h, reply: reply})
@@ -464,7 +471,8 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	return &TxHandle{Handle: h, e: e, pid: r.pid, request: req.ID}, nil
+	b.tx = TxHandle{Handle: h, e: e, pid: r.pid, request: req.ID}
+	return &b.tx, nil
 }
 
 // RxHandle is the generation side's handle on one request.
