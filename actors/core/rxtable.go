@@ -65,6 +65,9 @@ type rxEntry struct {
 	// request has a few (its context ranks): a slice, searched, costs less
 	// than two maps a request.
 	writers []rxEntryWriter
+	// writersBuf backs writers for a request of one writer: no slice to
+	// allocate per request.
+	writersBuf [1]rxEntryWriter
 }
 
 type rxEntryWriter struct {
@@ -277,7 +280,12 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 	if !o.Deadline.IsZero() {
 		deadline = o.Deadline.UnixNano()
 	}
-	e := &rxEntry{epoch: epoch, writers: make([]rxEntryWriter, len(ranks))}
+	e := &rxEntry{epoch: epoch}
+	if len(ranks) <= len(e.writersBuf) {
+		e.writers = e.writersBuf[:len(ranks)]
+	} else {
+		e.writers = make([]rxEntryWriter, len(ranks))
+	}
 	for i, r := range ranks {
 		peer := o.peer(r)
 		e.writers[i] = rxEntryWriter{peer: peer, inc: t.incs[peer]}
