@@ -84,33 +84,11 @@ func TestStreamHeldFrameCloseStops(t *testing.T) {
 	ml := control.NewMemLink()
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", ml)
-	tpb := cancelOrderLayout.TokensPerBlock
 	var settles atomic.Int32
 	hook := func(e Effect) bool { return e == nil && settles.Add(1) <= 2 }
 	PanicOnStream.Store(&hook)
 	t.Cleanup(func() { PanicOnStream.Store(nil) })
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / tpb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(prompt, prompt, tpb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chunks {
-		if err := tx.Chunk(c, c.Runs(tpb, src), FiredFence{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, _, tx := transfer(t, ctxR, genR, id, prompt, time.Minute)
 	stats := ctxR.e.env.stats
 	pollUntil(t, "the stream to hold its frame", func() bool { return stats.StreamViolations.Load() == 1 })
 	tx.Crash()
