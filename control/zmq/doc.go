@@ -94,8 +94,10 @@
 //
 // Endpoints must name a transport: "127.0.0.1:5000" is refused (ErrConfig)
 // with "did you mean tcp://127.0.0.1:5000?". An IPv6 address goes in
-// brackets, tcp://[::1]:5000 (the sockets for it get ZMQ_IPV6; other
-// tcp:// endpoints, host names included, resolve IPv4 only). Listen refuses an ipc:// path
+// brackets, tcp://[::1]:5000 (the sockets for it get ZMQ_IPV6, and so do
+// those for a peer's host name that resolves to IPv6 addresses only, such
+// as one mapped to ::1 alone; other tcp:// endpoints, host names with an
+// IPv4 address included, resolve IPv4 only). Listen refuses an ipc:// path
 // a live process accepts on (ErrEndpointInUse): libzmq would unlink the
 // path and take it over. A socket file nobody accepts on (its process
 // died) is stale and replaced.

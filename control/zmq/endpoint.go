@@ -149,9 +149,11 @@ func checkBindHost(endpoint, host string) error {
 // literal, [ADDRESS] (either side of a connect's SOURCE;HOST:PORT): libzmq
 // binds and connects to one only on a socket with ZMQ_IPV6 set, and
 // refuses it otherwise ("no such device"). The option is set for such an
-// endpoint alone, so that `*`, IPv4 addresses, interface names and host
-// names resolve as they always did (IPv4 only: with the option, a name
-// such as localhost may resolve to ::1 where the peer bound 127.0.0.1).
+// endpoint, and for a peer's host name with IPv6 addresses only
+// (ipv6OnlyHost), alone, so that `*`, IPv4 addresses, interface names and
+// other host names resolve as they always did (IPv4 only: with the
+// option, a name such as localhost may resolve to ::1 where the peer
+// bound 127.0.0.1).
 func ipv6Endpoint(endpoint string) bool {
 	addr, ok := strings.CutPrefix(endpoint, "tcp://")
 	if !ok {
@@ -164,6 +166,51 @@ func ipv6Endpoint(endpoint string) bool {
 	}
 	return false
 }
+
+// ipv6OnlyHost reports whether a tcp:// endpoint to connect to names a
+// host (not an address) that resolves to IPv6 addresses only, such as a
+// name mapped to ::1 alone: libzmq resolves a name on a socket without
+// ZMQ_IPV6 as IPv4 only, finds no address, and retries for ever as if
+// nothing listened there (PeerState: nothing accepts connections). With the option it asks for IPv6 addresses, and IPv4 ones mapped
+// into IPv6 should the name gain some later. A name with an IPv4 address,
+// one that does not resolve (within dialLookupWait) and an endpoint with a
+// SOURCE; part are left as they were: libzmq resolves them as before.
+func ipv6OnlyHost(endpoint string) bool {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok || strings.Contains(addr, ";") {
+		return false
+	}
+	i := strings.LastIndex(addr, ":")
+	if i <= 0 {
+		return false
+	}
+	host := addr[:i]
+	if strings.ContainsAny(host, "[]:%") || net.ParseIP(host) != nil {
+		return false // an address (IPv6 ones are ipv6Endpoint's)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dialLookupWait)
+	defer cancel()
+	ips, err := lookupIP(ctx, host)
+	if err != nil || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if ip.To4() != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// lookupIP resolves a peer's host name for ipv6OnlyHost (a variable, so
+// that a test can resolve a name of its own).
+var lookupIP = func(ctx context.Context, host string) ([]net.IP, error) {
+	return net.DefaultResolver.LookupIP(ctx, "ip", host)
+}
+
+// dialLookupWait bounds ipv6OnlyHost's lookup of a peer's host name (a
+// dial waits for it).
+const dialLookupWait = time.Second
 
 // suggestEndpoint is what an endpoint without a transport probably meant:
 // a transport with a mistyped separator ("tcp//h:1", "tcp:h:1",

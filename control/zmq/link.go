@@ -516,7 +516,7 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("routing id", s.SetIdentity(routingID()))
 	set("immediate", s.SetImmediate(immediate))
 	set("reconnect backoff", s.SetReconnectIvlMax(l.cfg.reconnectMax()))
-	if ipv6Endpoint(endpoint) {
+	if ipv6Endpoint(endpoint) || ipv6OnlyHost(endpoint) {
 		set("IPv6", s.SetIpv6(true))
 	}
 	if !l.cfg.Insecure {
