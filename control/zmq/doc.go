@@ -85,7 +85,10 @@
 // disconnected), which also names a wrong server key (the server hangs up
 // during the handshake), a CURVE/insecure mismatch, and an endpoint where
 // something that is no kvxfer engine accepts the connection and then
-// hangs up or never completes a ZeroMQ handshake: the link logs
+// hangs up or never completes a ZeroMQ handshake (a handshake silent for
+// a second is named as a hint, which allows a peer too loaded to answer
+// yet, and as timed out only at libzmq's handshake timeout, 30 s; one
+// that ends sooner is a hang-up): the link logs
 // "CURVE handshake with PEER at ENDPOINT failed: REASON" at warn
 // (throttled per peer) and PeerState(peer) reports the connection's
 // ConnState and the reason, for an embedder to print while it waits for a

@@ -140,6 +140,9 @@ type connWatch struct {
 	// silent: the handshake begun at connected has gone on for
 	// handshakeStall without a word (stalled).
 	silent bool
+	// spoke: a handshake completed on this socket before (its endpoint
+	// has a ZeroMQ peer behind it, or had one).
+	spoke bool
 }
 
 // namedHold is how long a named handshake failure outlasts bare hang-ups.
@@ -172,7 +175,7 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 		w.handshaking = false
 		w.state.Reason = refusedReason
 	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
-		w.handshaking = false
+		w.handshaking, w.spoke = false, true
 		w.named = time.Time{}
 		w.set(ConnUp, "", now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -202,25 +205,40 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 
 // hungUp records a handshake that ended without a word, unless a named
 // failure came less than namedHold ago: that one says more. One found
-// silent (stalled) before it ended was no hang-up of the peer's: nothing
-// answered, and libzmq gave up after its handshake timeout
-// (ZMQ_HANDSHAKE_IVL).
+// silent (stalled) that ended about libzmq's handshake timeout after it
+// began (handshakeTimedOut) was no hang-up of the peer's: nothing
+// answered, and libzmq gave up. One that ended sooner was a hang-up,
+// slow as it was (a loaded peer that then refused the handshake, or a
+// service that closes idle connections).
 func (w *connWatch) hungUp(errno int, now time.Time) {
 	if w.state.Conn == ConnHandshakeFailed && !w.named.IsZero() && now.Sub(w.named) < namedHold {
 		return
 	}
-	if w.handshaking && w.silent {
-		w.set(ConnHandshakeFailed, stalledReason(w.state.Endpoint)+" (the handshake timed out)", now)
+	if w.handshaking && w.silent && now.Sub(w.connected) >= handshakeTimedOut {
+		w.set(ConnHandshakeFailed, w.stalledReason()+" (the handshake timed out)", now)
 		return
 	}
 	w.set(ConnHandshakeFailed, closedReason(errno, w.secure), now)
 }
 
 // handshakeStall is how long a connection's handshake may go on, the
-// transport connected, before PeerState.Reason says that nothing answers
-// there. A handshake between two engines takes milliseconds (a CURVE one
-// a few more); libzmq itself gives up only after 30 s.
+// transport connected, before PeerState.Reason says that nothing has
+// answered there yet. A handshake between two engines takes milliseconds
+// (a CURVE one a few more), but a peer on a loaded machine (its ZAP
+// handler waiting for a CPU, its process paused) may take longer: the
+// reason is a hint while the handshake goes on, and names that case too.
+// libzmq itself gives up only at handshakeTimeout.
 const handshakeStall = time.Second
+
+// handshakeTimeout is libzmq's handshake timeout (ZMQ_HANDSHAKE_IVL, 30 s
+// by default; the link keeps the default). A silent handshake that ends
+// handshakeTimedOut or more after it began is taken for that timeout:
+// half of it, because the monitor's events are read late on a loaded
+// machine (the connection's start among them).
+const (
+	handshakeTimeout  = 30 * time.Second
+	handshakeTimedOut = handshakeTimeout / 2
+)
 
 // stalled notes a connection whose transport connected handshakeStall or
 // more ago without its handshake completing or failing, and names it
@@ -235,15 +253,21 @@ func (w *connWatch) stalled(now time.Time) bool {
 	if w.state.Conn == ConnHandshakeFailed || w.state.Reason != "" {
 		return false
 	}
-	w.state.Reason = stalledReason(w.state.Endpoint)
+	w.state.Reason = w.stalledReason()
 	return true
 }
 
-// stalledReason is PeerState.Reason for a connection accepted at endpoint
-// whose handshake never completed: what accepted it speaks no ZeroMQ (a
-// service other than a kvxfer engine), or the process there is stopped.
-func stalledReason(endpoint string) string {
-	return "connected to " + endpoint + ", but nothing there completed a ZeroMQ handshake: is that the peer's control endpoint (and its process not stopped)?"
+// stalledReason is PeerState.Reason for a connection accepted at the
+// endpoint whose handshake has not completed: what accepted it speaks no
+// ZeroMQ (a service other than a kvxfer engine), or the process there is
+// stopped, or so loaded that its handshake is slow. Where a handshake on
+// this socket completed before, a ZeroMQ peer is there: the endpoint is
+// not in question.
+func (w *connWatch) stalledReason() string {
+	if w.spoke {
+		return "connected to " + w.state.Endpoint + ", where handshakes completed before, but this one has not: is the peer's process stopped, or too loaded to answer?"
+	}
+	return "connected to " + w.state.Endpoint + ", but nothing there completed a ZeroMQ handshake: is that the peer's control endpoint (and its process not stopped, nor too loaded to answer)?"
 }
 
 func (w *connWatch) set(c ConnState, reason string, now time.Time) {

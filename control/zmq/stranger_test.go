@@ -149,3 +149,41 @@ func TestConnWatchNamesASilentHandshake(t *testing.T) {
 		t.Fatalf("after success: %v %q", w.state.Conn, w.state.Reason)
 	}
 }
+
+// A slow handshake is not taken for a silent service: one that ends in a
+// hang-up well before libzmq's handshake timeout, silent as it was for
+// more than handshakeStall (a kvxfer peer on a loaded machine that then
+// refused it, or restarted), is a hang-up, not "timed out"; the hint
+// while it lasts names a loaded peer too; and where a handshake on the
+// socket completed before, the hint does not question the endpoint.
+// (Checked to fail: with hungUp's timeout bound and connWatch.spoke
+// removed and the old hint, the hang-up after 3 s reads "the handshake
+// timed out", the hint names no loaded peer, and a silence after an
+// earlier success asks "is that the peer's control endpoint".)
+func TestConnWatchSlowHandshakeIsNoSilentService(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	const ep = "tcp://127.0.0.1:5600"
+	w := connWatch{secure: true, state: PeerState{Conn: ConnConnecting, Endpoint: ep}}
+	w.step(zmq4.EVENT_CONNECTED, 0, t0)
+	if !w.stalled(t0.Add(3*handshakeStall/2)) || !strings.Contains(w.state.Reason, "too loaded to answer") {
+		t.Fatalf("a handshake slow for %v: %q, want a hint that names a loaded peer", 3*handshakeStall/2, w.state.Reason)
+	}
+	w.step(zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32, t0.Add(3*time.Second))
+	if w.state.Conn != ConnHandshakeFailed || strings.Contains(w.state.Reason, "timed out") ||
+		!strings.Contains(w.state.Reason, "hung up during the handshake") {
+		t.Fatalf("a hang-up 3 s into the handshake: %v %q, want failed, hung up", w.state.Conn, w.state.Reason)
+	}
+	// The peer comes up; later a reconnection's handshake is slow.
+	t1 := t0.Add(10 * time.Second)
+	w.step(zmq4.EVENT_CONNECTED, 0, t1)
+	w.step(zmq4.EVENT_HANDSHAKE_SUCCEEDED, 0, t1)
+	w.step(zmq4.EVENT_DISCONNECTED, 0, t1.Add(time.Minute))
+	t2 := t1.Add(2 * time.Minute)
+	w.step(zmq4.EVENT_CONNECTED, 0, t2)
+	if !w.stalled(t2.Add(2*handshakeStall)) || w.state.Conn != ConnDown {
+		t.Fatalf("a slow reconnection: %v %q, want down with a hint", w.state.Conn, w.state.Reason)
+	}
+	if r := w.state.Reason; strings.Contains(r, "control endpoint") || !strings.Contains(r, "handshakes completed before") {
+		t.Fatalf("a slow reconnection where handshakes completed: %q, want no doubt about the endpoint", r)
+	}
+}
