@@ -116,9 +116,11 @@ func TestHandshakeWrongServerKeyNamed(t *testing.T) {
 }
 
 // One side insecure, the other CURVE: each client names the mechanism
-// mismatch. (Checked to fail: without the monitor the state stays
-// Connecting; with protocolReason's mismatch case removed the reason is
-// "protocol error 0x11000002" and the wait times out.)
+// mismatch, with a hint that fits its own mode. (Checked to fail: without
+// the monitor the state stays Connecting; with protocolReason's mismatch
+// case removed the reason is "protocol error 0x11000002" and the wait
+// times out; with logState's hint the same for both modes, as before
+// 8f0d91f, the insecure client asks for the peer's public key.)
 func TestHandshakeInsecureMismatchNamed(t *testing.T) {
 	for _, clientSecure := range []bool{true, false} {
 		name := map[bool]string{true: "server insecure", false: "client insecure"}[clientSecure]
@@ -140,6 +142,15 @@ func TestHandshakeInsecureMismatchNamed(t *testing.T) {
 				return clientLog.Has("handshake") && clientLog.Has("with ctx/0 at "+server.Endpoint()+" failed: ") &&
 					clientLog.Has("security mechanism mismatch")
 			})
+			// The hint fits the client's own mode: an insecure client has
+			// no key to get wrong.
+			hint, wrong := "(is ctx/0's public key right? is one side --insecure?)", ""
+			if !clientSecure {
+				hint, wrong = "(is the peer --insecure too?)", "public key right?"
+			}
+			if !clientLog.Has(hint) || wrong != "" && clientLog.Has(wrong) {
+				t.Errorf("client log lacks the hint %q (or asks %q):\n%s", hint, wrong, clientLog)
+			}
 		})
 	}
 }
