@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -171,8 +172,10 @@ func ipv6Endpoint(endpoint string) bool {
 // host (not an address) that resolves to IPv6 addresses only, such as a
 // name mapped to ::1 alone: libzmq resolves a name on a socket without
 // ZMQ_IPV6 as IPv4 only, finds no address, and retries for ever as if
-// nothing listened there (PeerState: nothing accepts connections). With the option it asks for IPv6 addresses, and IPv4 ones mapped
-// into IPv6 should the name gain some later. A name with an IPv4 address,
+// nothing listened there (PeerState: nothing accepts connections). With
+// the option it asks for IPv6 addresses, and IPv4 ones mapped into IPv6
+// should the name gain some later. The answer is kept for a name for
+// hostAnswerTTL (v6Hosts). A name with an IPv4 address,
 // one that does not resolve (within dialLookupWait) and an endpoint with a
 // SOURCE; part are left as they were: libzmq resolves them as before.
 func ipv6OnlyHost(endpoint string) bool {
@@ -188,6 +191,26 @@ func ipv6OnlyHost(endpoint string) bool {
 	if strings.ContainsAny(host, "[]:%") || net.ParseIP(host) != nil {
 		return false // an address (IPv6 ones are ipv6Endpoint's)
 	}
+	now := time.Now()
+	v6Hosts.mu.Lock()
+	e, ok := v6Hosts.m[host]
+	v6Hosts.mu.Unlock()
+	if ok && now.Sub(e.at) < hostAnswerTTL {
+		return e.v6only
+	}
+	v6only := resolvesToIPv6Only(host)
+	v6Hosts.mu.Lock()
+	if v6Hosts.m == nil || len(v6Hosts.m) >= maxHostAnswers {
+		v6Hosts.m = map[string]hostAnswer{} // a bound: names are peers', few
+	}
+	v6Hosts.m[host] = hostAnswer{v6only: v6only, at: now}
+	v6Hosts.mu.Unlock()
+	return v6only
+}
+
+// resolvesToIPv6Only looks host up (within dialLookupWait) and says whether
+// it has addresses, all of them IPv6.
+func resolvesToIPv6Only(host string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), dialLookupWait)
 	defer cancel()
 	ips, err := lookupIP(ctx, host)
@@ -201,6 +224,26 @@ func ipv6OnlyHost(endpoint string) bool {
 	}
 	return true
 }
+
+// v6Hosts remembers ipv6OnlyHost's answer for a host name for
+// hostAnswerTTL: the heartbeat goroutine makes its sockets one after
+// another, and would otherwise wait on a slow resolver (up to
+// dialLookupWait) for every socket to a named peer, delaying the beats of
+// the others.
+var v6Hosts struct {
+	mu sync.Mutex
+	m  map[string]hostAnswer
+}
+
+type hostAnswer struct {
+	v6only bool
+	at     time.Time
+}
+
+const (
+	hostAnswerTTL  = 30 * time.Second
+	maxHostAnswers = 1024
+)
 
 // lookupIP resolves a peer's host name for ipv6OnlyHost (a variable, so
 // that a test can resolve a name of its own).

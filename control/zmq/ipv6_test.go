@@ -84,7 +84,8 @@ func TestIPv6OnlyHostGetsIPv6(t *testing.T) {
 		}
 		return nil, errors.New("no such host")
 	}
-	t.Cleanup(func() { lookupIP = old })
+	forgetHostAnswers()
+	t.Cleanup(func() { lookupIP = old; forgetHostAnswers() })
 	for ep, want := range map[string]bool{
 		"tcp://v6only.test:5712":          true,
 		"tcp://dual.test:5712":            false,
@@ -164,4 +165,48 @@ func TestIPv6OnlyHostNameConnects(t *testing.T) {
 	}
 	waitFor(t, patience, "the Cancel to "+byName, func() bool { return len(a.in.from(b.id)) == 1 })
 	waitFor(t, patience, "the heartbeat connection to "+byName+" to be up", peerStateIs(b.link, a.id, ConnUp, ""))
+}
+
+func forgetHostAnswers() {
+	v6Hosts.mu.Lock()
+	v6Hosts.m = nil
+	v6Hosts.mu.Unlock()
+}
+
+// ipv6OnlyHost looks a name up once per hostAnswerTTL: the heartbeat
+// goroutine makes its sockets one after another, and a slow resolver
+// would otherwise hold every beat for up to dialLookupWait per socket. A
+// name's answer older than the TTL is looked up again.
+func TestIPv6OnlyHostAnswerKept(t *testing.T) {
+	lookups := map[string]int{}
+	old := lookupIP
+	lookupIP = func(_ context.Context, host string) ([]net.IP, error) {
+		lookups[host]++
+		if host == "v6only.test" {
+			return []net.IP{net.ParseIP("::1")}, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	forgetHostAnswers()
+	t.Cleanup(func() { lookupIP = old; forgetHostAnswers() })
+	for range 3 {
+		if !ipv6OnlyHost("tcp://v6only.test:5712") {
+			t.Fatal("v6only.test: want IPv6 only")
+		}
+		if ipv6OnlyHost("tcp://missing.test:5712") {
+			t.Fatal("missing.test: want false")
+		}
+	}
+	if lookups["v6only.test"] != 1 || lookups["missing.test"] != 1 {
+		t.Fatalf("lookups %v, want one of each name", lookups)
+	}
+	v6Hosts.mu.Lock()
+	e := v6Hosts.m["v6only.test"]
+	e.at = e.at.Add(-hostAnswerTTL)
+	v6Hosts.m["v6only.test"] = e
+	v6Hosts.mu.Unlock()
+	ipv6OnlyHost("tcp://v6only.test:5712")
+	if lookups["v6only.test"] != 2 {
+		t.Fatalf("an answer older than %v was not looked up again: lookups %v", hostAnswerTTL, lookups)
+	}
 }
