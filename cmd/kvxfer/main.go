@@ -1,7 +1,7 @@
-// Command kvxfer runs kvxfer standalone. Each subcommand lives in its own
-// file and adds itself to the root in newRootCmd: demo, ctx and gen
-// (demo.go, proc.go), bench (bench.go, bench_scenarios.go), replay,
-// trace export, keygen and version. The engine commands take their common
+// Command kvxfer runs kvxfer standalone. Each subcommand is built in its
+// own file and added to the root in newRootCmd: demo (demo.go), ctx, gen
+// and keygen (proc.go), bench (bench.go, bench_scenarios.go), replay,
+// trace export, info and version. The engine commands take their common
 // settings from a YAML file, the environment and flags (internal/config,
 // docs/configuration.md); logs go to standard error through zerolog.
 package main
