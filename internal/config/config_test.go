@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -225,6 +227,44 @@ func TestOtherEnvNotWarned(t *testing.T) {
 		if !strings.Contains(s.Warnings[0], name) {
 			t.Errorf("the warning does not list %s as known: %s", name, s.Warnings[0])
 		}
+	}
+}
+
+// TestPythonEnvIsOtherEnv: every KVXFER_ variable the Python package reads
+// (a quoted "KVXFER_..." name in python/kvxfer, other than the C ABI's
+// KVXFER_ERR_ and KVXFER_ABI_ constants) is a key's or in OtherEnv, so a
+// user who exports it for the Python stack is not warned of it by every
+// engine command. Before, KVXFER_SGLANG_CONFIG and KVXFER_TRTLLM_CONFIG
+// were ("is not a kvxfer setting").
+func TestPythonEnvIsOtherEnv(t *testing.T) {
+	files, err := filepath.Glob("../../python/kvxfer/*.py")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("python/kvxfer/*.py: %v (%d files)", err, len(files))
+	}
+	name := regexp.MustCompile(`"(KVXFER_[A-Z0-9_]+)"`)
+	seen := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range name.FindAllStringSubmatch(string(b), -1) {
+			v := m[1]
+			if strings.HasPrefix(v, "KVXFER_ERR_") || strings.HasPrefix(v, "KVXFER_ABI_") {
+				continue
+			}
+			seen++
+			known := slices.Contains(OtherEnv, v)
+			for _, k := range Keys {
+				known = known || k.Env == v
+			}
+			if !known {
+				t.Errorf("%s reads %s, which is neither a key's variable nor in OtherEnv", filepath.Base(f), v)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("found no KVXFER_ variable in python/kvxfer: the pattern is stale")
 	}
 }
 

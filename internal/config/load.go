@@ -144,6 +144,8 @@ var OtherEnv = []string{
 	"KVXFER_GC_FLOOR",       // internal/gcfloor.Env: the collector's heap floor, or "off"
 	"KVXFER_LIBCUDA",        // cuda.LibraryEnv: the CUDA driver library to load
 	"KVXFER_LIB",            // the Python package's libkvxfer.so (python/kvxfer)
+	"KVXFER_SGLANG_CONFIG",  // the Python package's SGLang config (python/kvxfer/sglang.py)
+	"KVXFER_TRTLLM_CONFIG",  // the Python package's TensorRT-LLM config (python/kvxfer/trtllm.py)
 	"KVXFER_HOPTRACE",       // internal/hoptrace (kvxfer_hoptrace builds): where to dump hop logs
 	"KVXFER_RDMABENCH_PEER", // rdma/rdmabench.PeerEnv: set by bench raw --peer-process for its receiver
 	"KVXFER_DEMO_CHILD",     // cmd/kvxfer: set by a demo for the processes it starts (a second signal does not force them out)
