@@ -86,7 +86,7 @@ func TestConfigErrorsThroughCLI(t *testing.T) {
 		{"flag timeout", nil, []string{"demo", "--timeout", "soon"}, `--timeout = "soon": not a duration`},
 		{"env level", map[string]string{"KVXFER_LOG_LEVEL": "loud"}, []string{"version"}, `KVXFER_LOG_LEVEL = "loud": unknown level`},
 		{"ctx backend", map[string]string{"KVXFER_BACKEND": "loopback"}, []string{"ctx", "--insecure", "--bind", "ipc:///x", "--peer-endpoint", "ipc:///y"},
-			`KVXFER_BACKEND = "loopback": kvxfer ctx runs across processes: want shm or ucx`},
+			`KVXFER_BACKEND = "loopback": kvxfer ctx runs across processes: want shm, ucx or cudaipc (GPU to GPU on one host)`},
 		{"demo cudaipc", nil, []string{"demo", "--backend", "cudaipc"},
 			`--backend = "cudaipc": demo runs over host memory: run kvxfer ctx and kvxfer gen with --backend cudaipc`},
 		{"demo two processes cudaipc", nil, []string{"demo", "--processes", "2", "--backend", "cudaipc"},

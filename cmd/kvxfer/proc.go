@@ -58,7 +58,11 @@ func checkCrossProcessBackend(s config.Settings, what string) error {
 		}
 		return nil
 	}
-	return s.Invalid(config.Backend, what+" runs across processes: want shm or ucx")
+	want := "want shm or ucx"
+	if !strings.HasPrefix(what, "demo") {
+		want = "want shm, ucx or cudaipc (GPU to GPU on one host)"
+	}
+	return s.Invalid(config.Backend, what+" runs across processes: "+want)
 }
 
 // roleFlags are the flags `kvxfer ctx` and `kvxfer gen` share.
