@@ -168,7 +168,7 @@ otherwise each finished request is a log line on standard error.`,
 	fl.IntVar(&f.o.LayerParts, "layer-parts", f.o.LayerParts, "layer ranges each chunk leaves in, each as the simulated forward pass computes it (0: one per layer; 1: the whole chunk at its end)")
 	fl.IntVar(&f.o.PrefillDevices, "prefill-devices", f.o.PrefillDevices, "chunks the simulated prefill computes at once, shared by the requests in flight (0: one per request)")
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the prompt-length shuffle")
-	fl.StringVar(&f.o.TraceDir, "trace", "", "a directory to record a replayable trace of every session into, a file per engine and mode (kvxfer replay, kvxfer trace export); tracing slows the run")
+	fl.StringVar(&f.o.TraceDir, "trace", "", "a directory (made if missing) to record a replayable trace of every session into, a file per engine and mode (kvxfer replay, kvxfer trace export); tracing slows the run")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fl.BoolVar(&f.progress, "progress", true, "report finished requests (a bar on a terminal, log lines otherwise)")
 	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ with CURVE; ucx, or shm in a build without UCX)")

@@ -3,6 +3,7 @@ package demo
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -188,13 +189,21 @@ func (o Options) check(avail func() (uint64, bool)) error {
 	return o.checkMemory(l, avail)
 }
 
-// checkTraceDir refuses a TraceDir that is not a directory this process
-// can create files in, before either mode's engines run.
+// checkTraceDir makes a TraceDir that does not exist, and refuses one that
+// is not a directory this process can create files in, before either
+// mode's engines run.
 func (o Options) checkTraceDir() error {
 	if o.TraceDir == "" {
 		return nil
 	}
 	st, err := os.Stat(o.TraceDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Made as bench --report makes its directory.
+		if err := os.MkdirAll(o.TraceDir, 0o755); err != nil {
+			return bad("trace", o.TraceDir, fmt.Sprintf("want a directory to write the traces into: %v", err))
+		}
+		st, err = os.Stat(o.TraceDir)
+	}
 	if err != nil {
 		return bad("trace", o.TraceDir, fmt.Sprintf("want a directory to write the traces into: %v", err))
 	}

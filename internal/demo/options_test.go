@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -47,7 +49,7 @@ func TestRunOptionErrorsNameTheValue(t *testing.T) {
 		{"compute", func(o *Options) { o.Compute = -time.Second }, "--compute = -1s: want 0 or more"},
 		{"timeout", func(o *Options) { o.Timeout = -time.Second }, "--timeout = -1s: want more than 0 (0: 5m0s)"},
 		{"backend", func(o *Options) { o.Backend = "carrier-pigeon" }, `--backend = "carrier-pigeon": want loopback, shm or ucx`},
-		{"trace missing", func(o *Options) { o.TraceDir = "no-such-dir/x" }, "--trace = no-such-dir/x: want a directory to write the traces into"},
+		{"trace under a file", func(o *Options) { o.TraceDir = "options_test.go/x" }, "--trace = options_test.go/x: want a directory to write the traces into"},
 		{"trace a file", func(o *Options) { o.TraceDir = "options_test.go" }, "--trace = options_test.go: want a directory to write the traces into, not a file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -223,5 +225,19 @@ func TestPoolPastMaxBlocksNamesPool(t *testing.T) {
 	_, err := runMode(context.Background(), o, Mode{"pipelined", true}, []int{64}, nil)
 	if !errors.Is(err, kvxfer.ErrConfig) || !strings.HasPrefix(err.Error(), "--pool = 4096GiB: ") || !strings.Contains(err.Error(), "MaxBlocks") {
 		t.Fatalf("runMode with a pool past MaxBlocks: %v, want it to name --pool", err)
+	}
+}
+
+// TestTraceDirMade: a --trace directory that does not exist is made (as
+// bench --report makes its own), before any engine runs. Before, the demo
+// refused it ("want a directory ... no such file or directory").
+func TestTraceDirMade(t *testing.T) {
+	o := smallOptions()
+	o.TraceDir = filepath.Join(t.TempDir(), "traces", "today")
+	if err := o.checkTraceDir(); err != nil {
+		t.Fatalf("checkTraceDir(%s) = %v, want the directory made", o.TraceDir, err)
+	}
+	if st, err := os.Stat(o.TraceDir); err != nil || !st.IsDir() {
+		t.Fatalf("%s after checkTraceDir: %v", o.TraceDir, err)
 	}
 }
