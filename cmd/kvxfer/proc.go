@@ -106,7 +106,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.StringVar(&f.o.DiscoveryUser, "discovery-user", "", "etcd user to log in as (etcd's auth; with --discovery-password-file)")
 	fl.StringVar(&f.o.DiscoveryPasswordFile, "discovery-password-file", "", "file whose first line is --discovery-user's password")
 	fl.StringVar(&f.o.Cluster, "cluster", "", "the etcd cluster name both roles register under (with --discovery etcd://…)")
-	fl.DurationVar(&f.o.DiscoveryTTL, "discovery-ttl", 0, "etcd lease TTL, whole seconds (default 5s): how long a killed rank stays a member")
+	fl.DurationVar(&f.o.DiscoveryTTL, "discovery-ttl", 0, "etcd lease TTL, rounded up to whole seconds (default 5s): how long a killed rank stays a member")
 	fl.IntVar(&f.o.Parallel.TP, "tp", 1, "this instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
 	fl.IntVar(&f.o.Rank.TP, "tp-rank", 0, "this process's tensor rank in its instance, 0..--tp-1")
 	fl.IntVar(&f.o.PeerParallel.TP, "peer-tp", 1, "the peer instance's tensor parallelism (more than 1 needs --discovery etcd://…)")
