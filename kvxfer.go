@@ -473,7 +473,8 @@ type Stats struct {
 	// WorkerRestarts: sender workers restarted after a panic.
 	WorkerRestarts int64
 	// FramesUnsent: control frames the control plane refused (the peer
-	// not connected, its queue full, gone).
+	// not connected, its queue full, gone), and RequestData held back
+	// while the control plane knew no Hello of its writer.
 	FramesUnsent int64
 	// FramesRejected: control frames refused on arrival (invalid, from a
 	// peer that is not the request's, unresolvable).

@@ -3,8 +3,10 @@ package kvxfer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,4 +289,72 @@ func TestReplayReaddressed(t *testing.T) {
 			t.Errorf("the trace has no %s: the request was not re-addressed, the test sees nothing", want)
 		}
 	}
+}
+
+// lagLink is the generation rank's view of a MemLink that lags behind a
+// writer's restart: while lagging, it knows no Hello of the context peers
+// (the old incarnation said goodbye, the new one's Hello has not come),
+// although a new incarnation listening there takes every frame sent to it.
+type lagLink struct {
+	*control.MemLink
+	lagging atomic.Bool
+}
+
+func (l *lagLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	if l.lagging.Load() && peer.Instance == "ctx" {
+		return nil, fmt.Errorf("%w: %s said goodbye", control.ErrPeerGone, peer)
+	}
+	return l.MemLink.Hello(peer)
+}
+
+// TestRequestDataWaitsForRestartedWritersHello: the interleaving behind
+// the occasional failure of TestRequestResentAcrossWriterRestart, forced.
+// The writer restarted; its new incarnation takes frames, but its Hello
+// has not reached the generation rank, which knows none for it. The
+// request's RequestData, addressed to the old incarnation (the one the
+// rank last heard), used to leave then: the new incarnation dropped it as
+// stale, nothing sent it again, and the request failed at its deadline
+// with its blocks quarantined. It waits for a Hello now (counted unsent),
+// and once the new incarnation's is read it is re-addressed and sent.
+// Checked: fails without the fix in core.Addressing.
+func TestRequestDataWaitsForRestartedWritersHello(t *testing.T) {
+	l := smallLayout()
+	mem := control.NewMemLink()
+	lag := &lagLink{MemLink: mem}
+	gen := startOn(t, lag, l, "gen")
+	ctx1 := startOn(t, mem, l, "ctx")
+	c := &cluster{link: mem, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
+	transfer(t, c, l, "before", 1, 64, 32, true) // gen learns ctx1's incarnation
+	closeWithin(t, ctx1, "ctx1")
+	lag.lagging.Store(true)
+	ctx2 := startOn(t, mem, l, "ctx") // takes frames at once
+	tx, src := sendWhole(t, ctx2, l, "across", 2, 64)
+
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx",
+		ContextParallel: tp1, Timeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	// The RequestData was checked against the Hello while none was known:
+	// it waited (unsent), or it left and ctx2 dropped it.
+	for gen.Stats().FramesUnsent == 0 && ctx2.Stats().FramesStale == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the RequestData was never checked")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	lag.lagging.Store(false) // ctx2's Hello arrives
+	o := waitOutcome(t, rx.Done())
+	to := waitOutcome(t, tx.Done())
+	_ = ctx2.Pools().Free(src)
+	if !o.OK {
+		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
+			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
+	} else {
+		verify(t, gen, l, 64, o.Blocks, 2)
+		_ = gen.FreeBlocks(o.Blocks)
+	}
+	closeWithin(t, ctx2, "ctx2")
+	closeWithin(t, gen, "gen")
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/internal/hoptrace"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
@@ -90,26 +91,22 @@ type readdressed struct {
 
 // unaddressed checks a RequestData against its writer's latest Hello just
 // before it leaves (it has never left: a writer is sent one until it
-// does). A Hello of another incarnation than the frame's (the writer
-// restarted since the request started) re-addresses it (RxAddress): the
-// new incarnation would drop it, and the old one's answers prove nothing
-// for a request it never got. A frame addressed to no incarnation, the
-// writer's Hello not known yet, waits for it (RxSent's refusal: re-sent
-// with backoff): an answer from whichever incarnation of the writer then
-// got it could not be told from the one that did. nil: it leaves.
+// does), as core.Addressing decides: nil, it leaves; an RxAddress, it is
+// re-addressed (the parent's table follows); an RxSent refusal, it waits
+// for a Hello (counted unsent, as a frame the control plane refused).
 func (k *rxKind) unaddressed(a *shell[*RxSession], ctx actor.Context, e SendRequestData) any {
 	if a.env.link == nil {
 		return nil
 	}
 	h, err := a.env.link.Hello(e.To)
-	switch {
-	case err == nil && h.Incarnation != 0 && h.Incarnation != e.Frame.ToIncarnation:
+	switch m := core.Addressing(e, h, err).(type) {
+	case RxAddress:
 		// The parent's table too: exit proofs are matched there.
-		ctx.Send(ctx.Parent(), &readdressed{request: k.request(), writer: e.Writer, inc: h.Incarnation})
-		return RxAddress{Writer: e.Writer, Incarnation: h.Incarnation}
-	case err != nil && e.Frame.ToIncarnation == 0:
-		return RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: writer %s has not said Hello: its incarnation is not known yet (%w)",
-			ErrPeerGone, e.To, err)}
+		ctx.Send(ctx.Parent(), &readdressed{request: k.request(), writer: e.Writer, inc: m.Incarnation})
+		return m
+	case RxSent:
+		a.env.stats.FramesUnsent.Add(1)
+		return m
 	}
 	return nil
 }

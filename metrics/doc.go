@@ -91,7 +91,8 @@
 //	                                                               their request failed without a writer's proof; not Released yet (kvxfer's pool
 //	                                                               does not hold them, so kvxfer_quarantined_bytes does not count them). Sampled at scrape
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
-//	kvxfer_frames_unsent_total          counter    -               control frames a worker could not send (dial or send failed)
+//	kvxfer_frames_unsent_total          counter    -               control frames not sent: a worker's dial or send failed, or a
+//	                                                               RequestData waited for its writer's Hello (none known)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic
 //	kvxfer_pin_errors_total             counter    -               pin or unpin calls the pools refused
 //	kvxfer_writer_leases_lapsed_total   counter    -               writer leases that lapsed (WriterLease): the writer stopped posting to that

@@ -498,6 +498,33 @@ func (s *RxSession) onSent(m RxSent) {
 	}
 }
 
+// Addressing decides, just before writer e.Writer's RequestData leaves,
+// what the writer's latest Hello makes of it: h, or err when the control
+// plane knows none now (the writer gone, down, or not heard yet). nil: it
+// leaves as addressed. An RxAddress: the Hello names another incarnation
+// than the frame's (the writer restarted since the request started): the
+// new incarnation would drop the frame, and the old one's answers prove
+// nothing for a request it never got, so the shell does not send it and
+// the session addresses it anew. An RxSent refusal: no Hello is known
+// now, so the frame waits for one (re-sent with backoff), whatever it is
+// addressed to. Addressed to no incarnation, an answer from whichever
+// incarnation then got it could not be told from the one that did;
+// addressed to the incarnation an earlier Hello named, it could reach a
+// new incarnation that takes frames before its Hello is read here (a
+// restart), which drops it as stale: the frame would have left, so it
+// would never be sent again, and the request would be lost at its
+// deadline with its blocks quarantined.
+func Addressing(e SendRequestData, h *messages.Hello, err error) any {
+	switch {
+	case err == nil && h != nil && h.Incarnation != 0 && h.Incarnation != e.Frame.ToIncarnation:
+		return RxAddress{Writer: e.Writer, Incarnation: h.Incarnation}
+	case err != nil:
+		return RxSent{Writer: e.Writer, Err: fmt.Errorf("%w: writer %s has no Hello known now, so its incarnation is not known (%w)",
+			ErrPeerGone, e.To, err)}
+	}
+	return nil
+}
+
 // onAddress re-addresses a RequestData the shell did not send (RxAddress).
 func (s *RxSession) onAddress(m RxAddress) {
 	if m.Writer < 0 || m.Writer >= len(s.sent) || s.sent[m.Writer] != deliverySending {

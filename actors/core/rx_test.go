@@ -764,6 +764,110 @@ func TestRx_ReaddressedRequestData(t *testing.T) {
 	}
 }
 
+// TestRx_RequestDataWaitsForTheRestartedWritersHello: a writer restarts
+// while its request's RequestData is re-sent (refused while no incarnation
+// listened). The new incarnation takes frames before its Hello is read on
+// this side (the control plane still knows none: the old one said
+// goodbye), and the RequestData, addressed to the old incarnation, is
+// checked against the Hello just then. It used to leave (the shell let a
+// frame addressed to a known incarnation go without a Hello): the new
+// incarnation dropped it as stale, the session took it as delivered and
+// never sent it again, and the request was lost at its deadline, its
+// blocks quarantined. It waits for a Hello instead (Addressing refuses
+// it), so the Hello read after the next backoff re-addresses it
+// (RxAddress) and it reaches the new incarnation, addressed to it.
+//
+// This drives the session and Addressing as the shell does, one step at a
+// time, the timers fired in order on the fake clock. Checked: with
+// Addressing's refusal limited to frames addressed to no incarnation (as
+// it was), this test fails (the RequestData reached the new incarnation
+// addressed to the old one, and nothing was sent again).
+func TestRx_RequestDataWaitsForTheRestartedWritersHello(t *testing.T) {
+	const was, now = 3, 9
+	h := newRxHarness(t, 1, 10*time.Second)
+	rd := *h.s.cfg.Writers[0].Request
+	rd.ToIncarnation = was
+	h.s.cfg.Writers[0].Request, h.s.cfg.Writers[0].Incarnation = &rd, was
+	// The control plane as the shell sees it: no Hello known (incarnation
+	// was said goodbye), while incarnation now takes every frame that
+	// leaves (reached: the incarnation each was addressed to).
+	var hello *messages.Hello
+	helloErr := fmt.Errorf("%w: ctx/0 said goodbye", ErrPeerGone)
+	var reached []uint64
+	var timers []StartTimer
+	var shell func(effs []Effect)
+	shell = func(effs []Effect) {
+		for _, e := range effs {
+			switch e := e.(type) {
+			case StartTimer:
+				timers = append(timers, e)
+			case SendRequestData:
+				if m := Addressing(e, hello, helloErr); m != nil {
+					shell(h.step(m))
+					continue
+				}
+				reached = append(reached, e.Frame.ToIncarnation)
+				shell(h.step(RxSent{Writer: e.Writer}))
+			}
+		}
+	}
+	shell(h.step(RxBegin{}))
+	// Incarnation now's Hello is read here from now on.
+	hello, helloErr = &messages.Hello{From: ctxPeer(0), Incarnation: now}, nil
+	for len(timers) > 0 && !h.s.State().Terminal() && !slices.Contains(reached, now) {
+		slices.SortStableFunc(timers, func(a, b StartTimer) int { return a.At.Compare(b.At) })
+		next := timers[0]
+		timers = timers[1:]
+		h.now = next.At
+		shell(h.step(RxTimeout{Kind: next.Kind}))
+	}
+	if !slices.Equal(reached, []uint64{now}) {
+		t.Fatalf("RequestData reached the new incarnation addressed to %v, want once to %d (state %v, err %v, quarantined %v)",
+			reached, now, h.s.State(), h.s.Err(), h.s.Quarantined())
+	}
+	h.wantState(RxReceiving)
+	if w := h.s.cfg.Writers[0]; w.Incarnation != now {
+		t.Fatalf("the writer is addressed as incarnation %d, want %d", w.Incarnation, now)
+	}
+	h.step(RxFrame{Writer: 0, Frame: &messages.Result{RequestID: "r1", Epoch: 7, From: ctxPeer(0),
+		Status: messages.StatusSuccess, Bytes: 32, Incarnations: messages.Incarnations{FromIncarnation: now}}})
+	h.wantState(RxReady)
+}
+
+// TestRx_AddressingUnknownHelloWaits: Addressing with no Hello known
+// refuses the frame (it waits), whatever it is addressed to; a Hello of
+// the frame's incarnation lets it go; another incarnation's re-addresses
+// it; a Hello without an incarnation (an older peer) lets it go.
+func TestRx_AddressingUnknownHelloWaits(t *testing.T) {
+	gone := fmt.Errorf("%w: ctx/0", ErrPeerGone)
+	for _, c := range []struct {
+		to   uint64
+		h    *messages.Hello
+		err  error
+		want any
+	}{
+		{to: 0, err: gone, want: RxSent{}},
+		{to: 3, err: gone, want: RxSent{}},
+		{to: 3, h: &messages.Hello{Incarnation: 3}, want: nil},
+		{to: 3, h: &messages.Hello{Incarnation: 9}, want: RxAddress{Writer: 1, Incarnation: 9}},
+		{to: 0, h: &messages.Hello{Incarnation: 9}, want: RxAddress{Writer: 1, Incarnation: 9}},
+		{to: 3, h: &messages.Hello{}, want: nil},
+	} {
+		e := SendRequestData{Writer: 1, To: ctxPeer(0), Frame: &messages.RequestData{Incarnations: messages.Incarnations{ToIncarnation: c.to}}}
+		got := Addressing(e, c.h, c.err)
+		switch want := c.want.(type) {
+		case RxSent:
+			if s, ok := got.(RxSent); !ok || s.Writer != 1 || !errors.Is(s.Err, ErrPeerGone) {
+				t.Errorf("to %d, Hello %v err %v: %#v, want RxSent{Writer: 1} wrapping ErrPeerGone", c.to, c.h, c.err, got)
+			}
+		default:
+			if got != want {
+				t.Errorf("to %d, Hello %v err %v: %#v, want %#v", c.to, c.h, c.err, got, want)
+			}
+		}
+	}
+}
+
 // TestRx_CancelResendBacksOff: a writer that never answers a Cancel (its
 // context rank silenced the request: TxTable.Silence) used to be sent
 // one every CancelResend for as long as the session lived. The re-sends
