@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -320,6 +321,9 @@ func (c Config) resolve() (resolved, error) {
 	if err := r.layout.Validate(); err != nil {
 		return r, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if err := checkDTypeBytes(r.layout); err != nil {
+		return r, err
+	}
 	if err := r.Parallel.Validate(r.layout); err != nil {
 		return r, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -367,4 +371,21 @@ func (c Config) resolve() (resolved, error) {
 	}
 	r.blocks = int((r.PoolBytes - empty) / perSet)
 	return r, nil
+}
+
+// dtypeBytesAccepted are the element sizes a layout's DTypeBytes may
+// take: fp8/int8, fp16/bf16, fp32 and fp64. Any other (3, 6, 16) is no
+// KV dtype, typically a byte count mistaken for it (a head's bytes, a
+// tensor's), and its blocks would be laid out at a size no framework's
+// tensors have.
+var dtypeBytesAccepted = []int{1, 2, 4, 8}
+
+// checkDTypeBytes refuses a layout whose DTypeBytes is not one of
+// dtypeBytesAccepted, naming the value and the accepted set.
+func checkDTypeBytes(l kvcache.Layout) error {
+	if slices.Contains(dtypeBytesAccepted, l.DTypeBytes) {
+		return nil
+	}
+	return fmt.Errorf("%w: layout %q: DTypeBytes = %d is no element size: want one of %v (fp8/int8 1, fp16/bf16 2, fp32 4, fp64 8)",
+		ErrConfig, l.Name, l.DTypeBytes, dtypeBytesAccepted)
 }

@@ -178,6 +178,9 @@ func (c Config) LayoutShape() (kvcache.Layout, kvcache.Shape, error) {
 	if err := l.Validate(); err != nil {
 		return l, kvcache.Shape{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if err := checkDTypeBytes(l); err != nil {
+		return l, kvcache.Shape{}, err
+	}
 	par := c.Parallel
 	if par.TP == 0 && par.PP == 0 {
 		par = kvcache.Parallel{TP: 1, PP: 1}

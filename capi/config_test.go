@@ -156,3 +156,25 @@ func TestSecondEngineOfAnInstanceSaysSo(t *testing.T) {
 		t.Fatalf("a second engine named capi-dup2: %v (%s), want ErrConfig saying it is already open", err, Code(err))
 	}
 }
+
+// TestDTypeBytesOutsideElementSizesRefused: a layout's dtype_bytes of 3 was
+// taken by kvxfer_engine_open and kvxfer_node_open alike (blocks laid out
+// at 3 bytes an element); both now refuse it as ErrConfig naming the value
+// and the accepted set. Checked to fail without the fix.
+func TestDTypeBytesOutsideElementSizesRefused(t *testing.T) {
+	want := []string{"DTypeBytes = 3", "[1 2 4 8]"}
+	e, _, err := Open(`{"instance":"capi-dtype3","layout":{"layers":4,"kv_heads":2,"head_dim":8,"dtype_bytes":3,"tokens_per_block":16},"pool_bytes":1048576,"workers":2}`, nil, 0)
+	if e != nil {
+		_ = e.Close(5 * time.Second)
+	}
+	if Code(err) != ErrConfig || !strings.Contains(err.Error(), want[0]) || !strings.Contains(err.Error(), want[1]) {
+		t.Fatalf("engine, dtype_bytes 3: %v (%s), want ErrConfig naming %q", err, Code(err), want)
+	}
+	e, _, err = OpenNode(`{"instance":"capi-dtype3-node","insecure":true,"bind":"tcp://127.0.0.1:0","pool_bytes":1048576,"layout":{"layers":4,"kv_heads":2,"head_dim":8,"dtype_bytes":3,"tokens_per_block":16}}`)
+	if e != nil {
+		_ = e.Close(5 * time.Second)
+	}
+	if Code(err) != ErrConfig || !strings.Contains(err.Error(), want[0]) || !strings.Contains(err.Error(), want[1]) {
+		t.Fatalf("node, dtype_bytes 3: %v (%s), want ErrConfig naming %q", err, Code(err), want)
+	}
+}

@@ -179,3 +179,21 @@ def test_user_mistakes_non_callable_callback_and_str_payload_refused(pair):
     tx.cancel()
     tx.wait()
     tx.release()
+
+
+@pytest.mark.parametrize("dtype_bytes", [3, 16])
+def test_user_mistakes_dtype_bytes_of_no_element_size_refused(dtype_bytes):
+    """A layout's dtype_bytes of 3 (or 16) is no KV element size, yet an
+    engine or a node opened with it (blocks laid out at 3 bytes an
+    element); both now raise CONFIG at once naming the value and
+    the accepted sizes (checked to fail without the fix: both opened)."""
+    layout = dict(LAYOUT, dtype_bytes=dtype_bytes)
+    with pytest.raises(kvxfer.KvxferError) as e:
+        kvxfer.Engine(small_config(unique("dtype"), layout=layout)).close()
+    assert e.value.status == kvxfer.Status.CONFIG, e.value
+    assert "DTypeBytes = %d" % dtype_bytes in e.value.message and "[1 2 4 8]" in e.value.message, e.value.message
+    with pytest.raises(kvxfer.KvxferError) as e:
+        kvxfer.Node({"instance": unique("dtype-node"), "layout": layout, "pool_bytes": 1 << 20, "workers": 2,
+                     "insecure": True, "bind": "tcp://127.0.0.1:0"}).close()
+    assert e.value.status == kvxfer.Status.CONFIG, e.value
+    assert "DTypeBytes = %d" % dtype_bytes in e.value.message and "[1 2 4 8]" in e.value.message, e.value.message
