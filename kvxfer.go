@@ -596,8 +596,8 @@ type SendRequest struct {
 	// for (a disaggregated router knows it): RequestData for the request
 	// from any other instance is refused and cannot touch it. Empty: the
 	// first RequestData that validates binds the request to its instance.
-	// A name no engine can have (one Start refuses as Config.Instance) is
-	// refused with ErrBadRequest.
+	// A name no engine can have (one Start refuses as Config.Instance), or
+	// this engine's own instance, is refused with ErrBadRequest.
 	Generation string
 	// GenerationParallel, when set (TP > 0), is the generation instance's
 	// parallelism: a rank that writes to none of its ranks (MLA with a
@@ -668,6 +668,13 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 		// No engine has that name: every RequestData would be refused,
 		// and the request would wait out its timeout pinning its chunks.
 		return nil, fmt.Errorf("%w: request %s: Generation %s", actors.ErrBadRequest, req.ID, why)
+	}
+	if self := e.inner.Hello().From; req.Generation != "" && req.Generation == self.Instance {
+		// As Receive's: no engine receives from its own instance, so no
+		// RequestData would come, and the request would pin its chunks
+		// until its timeout.
+		return nil, fmt.Errorf("%w: request %s: Generation %q is this engine itself (%s, Config.Instance): a request sends to another instance's generation engine; name that one",
+			actors.ErrBadRequest, req.ID, req.Generation, self)
 	}
 	if err := checkTimeout(req.ID, req.Timeout); err != nil {
 		return nil, err
@@ -1071,7 +1078,8 @@ type ReceiveRequest struct {
 	PromptLen int
 	// Context names the context instance (required) and its parallelism
 	// (zero: 1 × 1). A name no engine can have (one Start refuses as
-	// Config.Instance), or a parallelism that does not fit the layout, is
+	// Config.Instance), this engine's own instance (KV moves between
+	// instances), or a parallelism that does not fit the layout, is
 	// refused with ErrBadRequest.
 	Context         string
 	ContextParallel kvcache.Parallel
@@ -1157,6 +1165,13 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 		// could reach no writer, and the request would wait out its
 		// timeout holding its destination blocks.
 		return nil, fmt.Errorf("%w: request %s: Context %s", ErrBadRequest, req.ID, why)
+	}
+	if self := e.inner.Hello().From; req.Context == self.Instance {
+		// KV moves between instances: no rank of this one sends to it
+		// (its RequestData would reach no writer), and the request would
+		// wait out its timeout holding its destination blocks.
+		return nil, fmt.Errorf("%w: request %s: Context %q is this engine itself (%s, Config.Instance): a request receives from another instance's context engine; name that one",
+			ErrBadRequest, req.ID, req.Context, self)
 	}
 	if req.PromptLen > maxPromptLen {
 		return nil, fmt.Errorf("%w: request %s prompt length %d, at most %d", ErrBadRequest, req.ID, req.PromptLen, maxPromptLen)

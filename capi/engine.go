@@ -456,6 +456,13 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	}
 	var rx *kvxfer.RxHandle
 	var err error
+	if e.node != nil && req.Context == e.instance {
+		// The engine refuses it too (kvxfer.Engine.Receive), but a node
+		// first looks for the writers among its peers, and would name
+		// its own rank as "not a peer".
+		return nil, 0, fmt.Errorf("engine %d: receive %s: %w: request %s: Context %q is this engine itself (this node's own instance): a request receives from another instance's context ranks; name that one",
+			e.h, quote(req.ID), kvxfer.ErrBadRequest, req.ID, req.Context)
+	}
 	if e.node != nil {
 		rx, err = e.node.Receive(context.Background(), req.ReceiveRequest) // checks the writers are peers
 	} else {

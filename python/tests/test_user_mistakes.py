@@ -197,3 +197,29 @@ def test_user_mistakes_dtype_bytes_of_no_element_size_refused(dtype_bytes):
                      "insecure": True, "bind": "tcp://127.0.0.1:0"}).close()
     assert e.value.status == kvxfer.Status.CONFIG, e.value
     assert "DTypeBytes = %d" % dtype_bytes in e.value.message and "[1 2 4 8]" in e.value.message, e.value.message
+
+
+def test_user_mistakes_receive_from_itself_refused():
+    """receive() naming the engine's own instance as its context waited
+    out the whole transfer timeout: no engine sends to its own instance.
+    An engine and a node now raise BAD_REQUEST at once naming the request,
+    the instance and "this engine itself" (checked to fail without the
+    fix: the engine's receive was taken, the node's named an unknown
+    peer)."""
+    name = unique("self")
+    with kvxfer.Engine(small_config(name)) as e:
+        with pytest.raises(kvxfer.KvxferError) as err:
+            e.receive("self-rx", 16, name)
+        assert err.value.status == kvxfer.Status.BAD_REQUEST, err.value
+        assert "self-rx" in err.value.message and name in err.value.message, err.value.message
+        assert "this engine itself" in err.value.message, err.value.message
+        assert e.used(0) == 0
+    node = unique("self-node")
+    with kvxfer.Node({"instance": node, "layout": LAYOUT, "pool_bytes": 1 << 20, "workers": 2, "insecure": True,
+                      "bind": "tcp://127.0.0.1:0"}) as n:
+        with pytest.raises(kvxfer.KvxferError) as err:
+            n.receive("self-node-rx", 16, node)
+        assert err.value.status == kvxfer.Status.BAD_REQUEST, err.value
+        assert "self-node-rx" in err.value.message and node in err.value.message, err.value.message
+        assert "this engine itself" in err.value.message, err.value.message
+
