@@ -685,7 +685,14 @@ class Engine:
         with no proof that their writes are over), and their peers may still
         write into this engine's memory. The engine's memory and kv_caches are then referenced by the
         module for the rest of the process (a RuntimeWarning names the
-        engine and the bytes kept): never free them yourself."""
+        engine and the bytes kept): never free them yourself.
+
+        Ctrl-C (KeyboardInterrupt) ends a close() of the main thread within
+        0.1 s, however long timeout_ms: the close goes on in the background
+        and ends as it would have (its memory referenced until then, a
+        RuntimeWarning if it does not finish), and the interpreter waits for
+        it at exit. A close() called again meanwhile raises KvxferError with
+        Status.CLOSED, leaving it to that one."""
         h = self.handle
         if not h:
             return
@@ -694,7 +701,35 @@ class Engine:
             raise KvxferError(Status.INVALID_ARGUMENT, "close() of engine %s (handle %d) called from its own "
                               "callback: the close would wait for that callback to return, forever" % (self._name(), h))
         self._closing = True
-        st = lib.kvxfer_engine_close(h, timeout_ms)
+        if threading.current_thread() is not threading.main_thread():
+            self._close_done(h, lib.kvxfer_engine_close(h, timeout_ms))
+            return
+        # In the main thread the library's close runs in a thread of its
+        # own, waited for in slices of _POLL_SLICE_MS: Python runs a
+        # signal's handler (Ctrl-C's KeyboardInterrupt) only between C
+        # calls, and would otherwise run it only once the whole close
+        # returned. Interrupted, the close goes on in that thread, which
+        # does what its status asks (the engine stays in _open, its memory
+        # referenced, until then); the interpreter waits for it at exit.
+        res = {}
+
+        def run():
+            try:
+                self._close_done(h, lib.kvxfer_engine_close(h, timeout_ms))
+            except BaseException as exc:  # noqa: B036 - handed to the caller below
+                res["err"] = exc
+
+        th = threading.Thread(target=run, name="kvxfer-close-%d" % h)
+        th.start()
+        while th.is_alive():
+            th.join(_POLL_SLICE_MS / 1000.0)
+        if "err" in res:
+            raise res["err"]
+
+    def _close_done(self, h, st):
+        """What close() of handle h does once the library's close returned
+        st: forgets or keeps the handle and the engine's memory as st says,
+        and raises its error."""
         if st == Status.OK:
             self.handle = 0
             with _open_lock:

@@ -223,3 +223,75 @@ def test_user_mistakes_receive_from_itself_refused():
         assert "self-node-rx" in err.value.message and node in err.value.message, err.value.message
         assert "this engine itself" in err.value.message, err.value.message
 
+
+_INTERRUPTED_CLOSE = r"""
+import _thread, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import kvxfer
+e = kvxfer.Engine(%r)
+entered, release, interrupted = threading.Event(), threading.Event(), threading.Event()
+
+
+def held(ev):
+    # A callback under way holds close() until it returns.
+    entered.set()
+    release.wait(120)
+
+
+e.set_callback(held)
+e.receive("held", 16, "nobody")  # its event (unsent, or close's CLOSED) goes to held
+main = threading.main_thread().ident
+
+
+def in_close():
+    f = sys._current_frames().get(main)
+    while f is not None:
+        if f.f_code is kvxfer.Engine.close.__code__:
+            return True
+        f = f.f_back
+    return False
+
+
+fallback = []
+
+
+def interrupt():
+    deadline = time.monotonic() + 60
+    while not (entered.is_set() and in_close()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _thread.interrupt_main()
+    if not interrupted.wait(30):  # close() did not give way: let it end
+        fallback.append(True)
+    release.set()
+
+
+threading.Thread(target=interrupt).start()
+try:
+    e.close(600000)
+    print("returned")
+except KeyboardInterrupt:
+    interrupted.set()
+    print("interrupted")
+release.set()
+deadline = time.monotonic() + 60
+while e.handle and time.monotonic() < deadline:
+    time.sleep(0.001)
+print("closed" if not e.handle else "still open", "only-after-release" if fallback else "")
+"""
+
+
+def test_user_mistakes_ctrl_c_ends_a_long_close():
+    """Ctrl-C during close(timeout_ms) raised KeyboardInterrupt only once
+    the library's close returned: here never, as a callback under way
+    holds the close (the child lets it go 30 s after SIGINT; checked to
+    fail: KeyboardInterrupt came only after that). It now comes at once,
+    and the close, going on in the background, still finishes."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(kvxfer.__file__)))
+    cfg = small_config(unique("ctrl-c-close"))
+    try:
+        out = subprocess.run([sys.executable, "-c", _INTERRUPTED_CLOSE % (cfg,), pkg], capture_output=True, text=True,
+                             timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("close(600000) was still running 180 s after SIGINT")
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout.split() == ["interrupted", "closed"], (out.stdout, out.stderr)
