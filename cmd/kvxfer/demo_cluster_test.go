@@ -88,5 +88,8 @@ func TestClusterFlagErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
+		if err != nil && strings.Contains(err.Error(), "proc:") {
+			t.Errorf("%v: %v, want no internal package's \"proc:\" in a user's error", c.args, err)
+		}
 	}
 }

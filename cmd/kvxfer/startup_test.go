@@ -60,7 +60,8 @@ func TestRoleSaysWhereItListensAndWaits(t *testing.T) {
 // A bad demo option of ctx or gen is refused before anything starts,
 // naming the flag and its value. (Checked to fail: with proc's validate
 // reverted to one message for all four options, "--requests = 0" is
-// missing.)
+// missing.) The error reads as the flag's, with no "proc:" (the internal
+// package's name) before it (checked to fail with the prefix back).
 func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 	dir := t.TempDir()
 	base := []string{"ctx", "--insecure", "--bind", "ipc://" + filepath.Join(dir, "ctx.sock"),
@@ -83,6 +84,9 @@ func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 		_, err := run(append(append([]string{}, base...), c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "proc:") {
+			t.Errorf("%v: %v, want no internal package's \"proc:\" in a user's error", c.args, err)
 		}
 	}
 }

@@ -26,7 +26,7 @@ func openPoolMem(e *kvxfer.Engine) (*poolMem, error) {
 	}
 	d, err := cuda.OpenDevice(r.Device)
 	if err != nil {
-		return nil, fmt.Errorf("proc: the pool's GPU: %w", err)
+		return nil, fmt.Errorf("--device %d: the pool's GPU: %w", r.Device, err)
 	}
 	return &poolMem{dev: d, base: cuda.DevicePtr(r.Base)}, nil
 }
@@ -49,7 +49,7 @@ func (m *poolMem) get(off, n uint64, buf []byte) ([]byte, error) {
 		return m.host[off : off+n : off+n], nil
 	}
 	if uint64(len(buf)) != n {
-		return nil, fmt.Errorf("proc: a %d-byte buffer for %d bytes of the device pool", len(buf), n)
+		return nil, fmt.Errorf("a %d-byte buffer for %d bytes of the device pool", len(buf), n)
 	}
 	if err := m.dev.CopyDtoH(buf, m.base+cuda.DevicePtr(off)); err != nil {
 		return nil, err

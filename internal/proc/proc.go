@@ -256,7 +256,7 @@ func (o Options) checkLayerParts() error {
 		l = p
 	}
 	if o.LayerParts > l.Layers {
-		return fmt.Errorf("proc: --layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
+		return fmt.Errorf("--layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
 			o.LayerParts, l.Name, l.Layers)
 	}
 	return nil
@@ -273,35 +273,35 @@ func RequestID(i int) string { return fmt.Sprintf("req-%d", i) }
 func (o Options) validate() error {
 	switch {
 	case o.Requests < 1:
-		return fmt.Errorf("proc: --requests = %d: must be ≥ 1", o.Requests)
+		return fmt.Errorf("--requests = %d: must be ≥ 1", o.Requests)
 	case o.MinTokens < 1:
-		return fmt.Errorf("proc: --min-tokens = %d: must be ≥ 1", o.MinTokens)
+		return fmt.Errorf("--min-tokens = %d: must be ≥ 1", o.MinTokens)
 	case o.MaxTokens < o.MinTokens:
-		return fmt.Errorf("proc: --max-tokens = %d: must be ≥ --min-tokens (%d)", o.MaxTokens, o.MinTokens)
+		return fmt.Errorf("--max-tokens = %d: must be ≥ --min-tokens (%d)", o.MaxTokens, o.MinTokens)
 	case o.ChunkTokens < 0:
-		return fmt.Errorf("proc: --chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+		return fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
 	case o.Concurrency < 1:
-		return fmt.Errorf("proc: --concurrency = %d: must be ≥ 1", o.Concurrency)
+		return fmt.Errorf("--concurrency = %d: must be ≥ 1", o.Concurrency)
 	case o.Compute < 0:
-		return fmt.Errorf("proc: --compute = %v: must be ≥ 0", o.Compute)
+		return fmt.Errorf("--compute = %v: must be ≥ 0", o.Compute)
 	case o.LayerParts < 0:
-		return fmt.Errorf("proc: --layer-parts = %d: must be ≥ 0 (0: one per layer, 1: whole chunks)", o.LayerParts)
+		return fmt.Errorf("--layer-parts = %d: must be ≥ 0 (0: one per layer, 1: whole chunks)", o.LayerParts)
 	case o.WriterLease < 0:
-		return fmt.Errorf("proc: --writer-lease = %v: must be ≥ 0 (0: off)", o.WriterLease)
+		return fmt.Errorf("--writer-lease = %v: must be ≥ 0 (0: off)", o.WriterLease)
 	case o.WriterLease > 0 && o.WriterLease < 2*o.Heartbeat:
-		return fmt.Errorf("proc: --writer-lease = %v: shorter than two --heartbeat intervals (%v), it would lapse between heartbeats of a live peer",
+		return fmt.Errorf("--writer-lease = %v: shorter than two --heartbeat intervals (%v), it would lapse between heartbeats of a live peer",
 			o.WriterLease, 2*o.Heartbeat)
 	}
 	switch o.Backend {
 	case "", shm.Backend, ucx.Backend, cudaipc.Backend:
 	default:
-		return fmt.Errorf("proc: --backend = %q: want %s, %s or %s", o.Backend, shm.Backend, ucx.Backend, cudaipc.Backend)
+		return fmt.Errorf("--backend = %q: want %s, %s or %s", o.Backend, shm.Backend, ucx.Backend, cudaipc.Backend)
 	}
 	switch {
 	case o.Device < 0:
-		return fmt.Errorf("proc: --device = %d: not a CUDA ordinal (0: the first GPU)", o.Device)
+		return fmt.Errorf("--device = %d: not a CUDA ordinal (0: the first GPU)", o.Device)
 	case o.Device != 0 && o.Backend != cudaipc.Backend:
-		return fmt.Errorf("proc: --device = %d with --backend = %q: only backend %s runs on a GPU: drop --device, or give --backend %s",
+		return fmt.Errorf("--device = %d with --backend = %q: only backend %s runs on a GPU: drop --device, or give --backend %s",
 			o.Device, o.Backend, cudaipc.Backend, cudaipc.Backend)
 	}
 	for _, p := range []struct {
@@ -309,27 +309,27 @@ func (o Options) validate() error {
 		tp   int
 	}{{"--tp", o.parallel().TP}, {"--peer-tp", o.peerParallel().TP}, {"--pp", o.parallel().PP}, {"--peer-pp", o.peerParallel().PP}} {
 		if p.tp < 1 { // before the check below blames the discovery
-			return fmt.Errorf("proc: %s = %d: must be ≥ 1", p.flag, p.tp)
+			return fmt.Errorf("%s = %d: must be ≥ 1", p.flag, p.tp)
 		}
 	}
 	if o.etcd() {
 		if o.Cluster == "" {
-			return fmt.Errorf("proc: --discovery = %q needs --cluster", o.Discovery)
+			return fmt.Errorf("--discovery = %q needs --cluster", o.Discovery)
 		}
 		if o.PeerPublicKey != "" && o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
-			return fmt.Errorf("proc: --peer-key pins one peer rank, but --peer-tp = %d, --peer-pp = %d: the ranks' keys come from etcd", o.peerParallel().TP, o.peerParallel().PP)
+			return fmt.Errorf("--peer-key pins one peer rank, but --peer-tp = %d, --peer-pp = %d: the ranks' keys come from etcd", o.peerParallel().TP, o.peerParallel().PP)
 		}
 		if !o.Insecure && o.SecretKey == "" {
-			return fmt.Errorf("proc: CURVE needs a secret key (or --insecure)")
+			return fmt.Errorf("CURVE needs a secret key (or --insecure)")
 		}
 		return nil
 	}
 	if o.parallel() != (node.Parallel{TP: 1, PP: 1}) || o.peerParallel() != (node.Parallel{TP: 1, PP: 1}) {
-		return fmt.Errorf("proc: --tp = %d, --pp = %d, --peer-tp = %d, --peer-pp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)",
+		return fmt.Errorf("--tp = %d, --pp = %d, --peer-tp = %d, --peer-pp = %d: more than one rank per instance needs --discovery etcd://HOST:PORT (one --peer-endpoint names one rank)",
 			o.parallel().TP, o.parallel().PP, o.peerParallel().TP, o.peerParallel().PP)
 	}
 	if !o.Insecure && (o.SecretKey == "" || o.PeerPublicKey == "") {
-		return fmt.Errorf("proc: CURVE needs a secret key and the peer's public key (or --insecure)")
+		return fmt.Errorf("CURVE needs a secret key and the peer's public key (or --insecure)")
 	}
 	return nil
 }
@@ -452,7 +452,7 @@ func fitsPool(e *kvxfer.Engine, o Options) error {
 	l, pools := e.Layout(), e.Pools()
 	for g := range pools.Groups() {
 		if err := pools.Geometry(g).CheckFits(l.BlocksFor(n)); err != nil {
-			return fmt.Errorf("proc: --pool is too small for %s (%d tokens of %s, --max-tokens %d), layer group %d: %w: use a larger --pool or a smaller --max-tokens",
+			return fmt.Errorf("--pool is too small for %s (%d tokens of %s, --max-tokens %d), layer group %d: %w: use a larger --pool or a smaller --max-tokens",
 				RequestID(i), n, l.Name, o.MaxTokens, g, err)
 		}
 	}
@@ -655,7 +655,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		return rep, err
 	}
 	if o.ChunkTokens < 1 { // the generation role takes no chunk size
-		return rep, fmt.Errorf("proc: --chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+		return rep, fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
 	}
 	n, err := open(ctx, o, true)
 	if err != nil {
