@@ -201,13 +201,14 @@ func TestRoleRefusesAnEmptyInstance(t *testing.T) {
 // and then failed that request alone at run time ("kvcache: pool too
 // small", naming neither flag; the peer saw it leave). (Checked to fail
 // without proc's fitsPool: each role, with no peer, failed at its 1 s
-// timeout with "said nothing".)
+// timeout with "said nothing".) The error starts with the flag, not with
+// "proc:" (checked to fail with that prefix back).
 func TestRolePoolTooSmallForTheLongestPrompt(t *testing.T) {
 	dir := t.TempDir()
 	for _, role := range []string{"ctx", "gen"} {
 		_, err := run(role, "--insecure", "--backend", "shm", "--pool", "64MiB", "--max-tokens", "4096", "--timeout", "1s",
 			"--bind", "ipc://"+filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "peer.sock"))
-		if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.Contains(err.Error(), "--pool is too small for req-") ||
+		if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.HasPrefix(err.Error(), "--pool is too small for req-") ||
 			!strings.Contains(err.Error(), "--max-tokens 4096") {
 			t.Errorf("%s --pool 64MiB --max-tokens 4096: %v, want kvcache.ErrPoolTooSmall naming --pool and --max-tokens", role, err)
 		}
