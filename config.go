@@ -48,7 +48,8 @@ type Config struct {
 	// kvcache.Parallel); Rank is this engine's rank in it.
 	Parallel kvcache.Parallel
 	Rank     kvcache.Rank
-	// Model is a preset name (kvcache.Presets); Layout overrides it.
+	// Model is a preset name (kvcache.Presets); Layout overrides it. A
+	// Layout's DTypeBytes must be an element size: 1, 2, 4 or 8.
 	Model  string
 	Layout *kvcache.Layout
 	// TokensPerBlock overrides the layout's block size when > 0.
