@@ -213,8 +213,8 @@ const char *kvxfer_status_name(int32_t status);
  * find each other by instance name); kvxfer_node_open is the cross-process
  * one. config_json is an object:
  *   instance (string), model (preset name) or layout {layers, kv_heads,
- *   head_dim, dtype_bytes, tokens_per_block, mla, groups: [{name, layers,
- *   window}]}, tokens_per_block, tp, pp, pp_stages (each pipeline stage's
+ *   head_dim, dtype_bytes (1, 2, 4 or 8), tokens_per_block, mla, groups:
+ *   [{name, layers, window}]}, tokens_per_block, tp, pp, pp_stages (each pipeline stage's
  *   layer count, "7,8,8,7", when the stages split the layers otherwise
  *   than the first layers % pp one longer), rank_tp, rank_pp, pool_bytes,
  *   workers, transfer_timeout_ms, drain_grace_ms, backend ("loopback"),
