@@ -646,6 +646,21 @@ func TestReceiveWithoutContextIsABadRequest(t *testing.T) {
 	}
 }
 
+// TestReceiveFromItselfIsABadRequest: a request whose Context is the
+// node's own instance is refused as the engine refuses it (ErrBadRequest:
+// "this engine itself"), not as a writer "not among this node's peers".
+func TestReceiveFromItselfIsABadRequest(t *testing.T) {
+	_, gc := pair(t, shm.Backend)
+	genN := open(t, gc)
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "self", PromptLen: 32, Context: gc.Instance})
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "is this engine itself") {
+		t.Fatalf("Receive from the node's own instance %q: %v, want ErrBadRequest saying it is this engine", gc.Instance, err)
+	}
+	if u := genN.Engine().Pools().Used(); u != 0 {
+		t.Fatalf("%d blocks in use after the refusal", u)
+	}
+}
+
 // TestReceiveNamesUnknownAndSilentWriters: Node.Receive refuses at once a
 // request whose writer is not among the node's peers, naming it and the
 // peers there are; a request whose writer is configured but has not said

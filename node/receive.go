@@ -46,6 +46,12 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	if err := n.Err(); err != nil {
 		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
+	if req.Context == n.cfg.Instance {
+		// The engine names it (ErrBadRequest: this engine itself); the
+		// peers' check below would call the own rank "not among this
+		// node's peers".
+		return n.eng.Receive(ctx, req)
+	}
 	derived := false
 	if req.ContextParallel == (kvcache.Parallel{}) {
 		// Not given: the context instance's own, as this node knows it.
