@@ -16,6 +16,30 @@
 // unless WithMaxBytes says otherwise) the Writer writes one "truncated"
 // record and counts, but drops, everything after it.
 //
+// # Rotation
+//
+// A long-running process would keep only its first MaxBytes that way, not
+// the incident that came later. With WithRotate(keep) a Writer from
+// Create instead rotates at its bound: it ends the file with its "end"
+// record, renames PATH to PATH.1 (PATH.1 to PATH.2, …, deleting PATH.keep
+// beyond keep) and starts a new PATH whose header names its part
+// ("part":2 for the first rotation's file, and so on) followed by every
+// engine record the Writer wrote, so that each file replays and exports
+// on its own. Nothing else is written again: a session's or table's state
+// after its birth is not a record (re-emitting the birth would make its
+// later steps diverge), so a session in flight at the rotation, and the
+// parents', listener's and workers' tables, which live as long as their
+// engine, have only their later records in the new file. Replay of a part
+// past the first skips those records and names their actors
+// (Result.Earlier: "began in an earlier file"), not a divergence and not
+// a malformed trace; it replays everything born in the file. In a file
+// without a part (a first file) a record before its actor's birth is
+// still malformed. The rotation runs where a full buffer's flush runs, on
+// the recording goroutine that crossed the bound under the Writer's lock
+// (a flush, a close, up to keep renames and a create); one that fails
+// stops the Writer as a failed write does (WithOnStop, Close's error),
+// and the files written so far stay whole.
+//
 // # Deviation from DESIGN.md §7
 //
 // The tree's "tracer" is this Writer, not an actor: a tracer actor would
@@ -33,6 +57,7 @@
 // read and replay, their digests compared in the form they were written.
 //
 //	{"kind":"trace","version":1,"t":T}                          first line
+//	{"kind":"trace","version":4,"part":N,"t":T}                 first line of a rotated-in file
 //	{"kind":"engine","engine":"ctx/0","t":T,"msg":EngineInfo}   once per engine
 //	{"kind":"birth","actor":A,"seq":0,"engine":"ctx/0","side":"tx","request":"r1",
 //	 "t":T,"type":"TxConfig","msg":TxConfig,"post":DIGEST}       once per session

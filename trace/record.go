@@ -60,8 +60,13 @@ var ErrFormat = errors.New("trace: malformed trace")
 
 // Record is one line of a trace (see the package doc for each kind).
 type Record struct {
-	Kind    string          `json:"kind"`
-	Version int             `json:"version,omitempty"`
+	Kind    string `json:"kind"`
+	Version int    `json:"version,omitempty"`
+	// Part is a header's place in a rotated trace (WithRotate): 2 for
+	// the first file a rotation started, and so on; 0 for a trace's
+	// first file. Sessions and tables of a part past the first may have
+	// been born in an earlier file.
+	Part    int             `json:"part,omitempty"`
 	Actor   string          `json:"actor,omitempty"`
 	Seq     int             `json:"seq,omitempty"`
 	Engine  string          `json:"engine,omitempty"`
@@ -92,6 +97,7 @@ type Reader struct {
 	unended bool
 	torn    Torn
 	version int
+	part    int
 	ended   bool
 }
 
@@ -128,6 +134,11 @@ func (r *Reader) Torn() Torn { return r.torn }
 // too.
 func (r *Reader) Unclosed() bool { return r.version >= endVersion && !r.ended }
 
+// Part is the trace's place in a rotated trace (its header's Part): 0 or
+// 1 for a first file, 2 for the file the first rotation started, and so
+// on. Valid after the first Next.
+func (r *Reader) Part() int { return r.part }
+
 // Next returns the next record, or io.EOF after the last. The first record
 // must be the trace header of a version this package reads; blank lines
 // are skipped. A last line without its newline that is not a whole record
@@ -161,6 +172,7 @@ func (r *Reader) Next() (*Record, error) {
 			}
 			r.started = true
 			r.version = rec.Version
+			r.part = rec.Part
 		}
 		if r.ended {
 			return nil, fmt.Errorf("%w: line %d: a %q record after the trace's %q record: two writers wrote this file", ErrFormat, r.line, rec.Kind, KindEnd)

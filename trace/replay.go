@@ -89,7 +89,16 @@ type Result struct {
 	Unclosed bool `json:"unclosed,omitempty"`
 	// Dropped is the records the Writer dropped before its Close (its
 	// "end" record says): past its bound, or after a write failed.
-	Dropped  int64           `json:"dropped,omitempty"`
+	Dropped int64 `json:"dropped,omitempty"`
+	// Part is the file's place in a rotated trace (WithRotate): 2 for the
+	// file the first rotation started, and so on; 0 for a first file.
+	Part int `json:"part,omitempty"`
+	// Earlier are the sessions and tables of a rotated trace's later part
+	// that were born in an earlier file: their records here were skipped,
+	// not replayed (their state at the rotation is not recorded). Only a
+	// part past the first may have them; in any other trace a record
+	// before its actor's birth is malformed.
+	Earlier  []EarlierActor  `json:"earlier,omitempty"`
 	Sessions []SessionResult `json:"sessions"`
 	// Tables are the parents', listener's and workers' tables (version 2
 	// traces); Calls counts the table calls replayed and CallsMatched the
@@ -101,6 +110,16 @@ type Result struct {
 	// Diverged counts the sessions and tables that diverged.
 	Divergence *Divergence `json:"divergence,omitempty"`
 	Diverged   int         `json:"diverged,omitempty"`
+}
+
+// EarlierActor is a session or table born in an earlier file of a
+// rotated trace, whose later records replay skipped.
+type EarlierActor struct {
+	Actor string `json:"actor"`
+	// Table: a table's calls ("call" records), not a session's steps.
+	Table bool `json:"table,omitempty"`
+	// Records is the records skipped.
+	Records int `json:"records"`
 }
 
 // Identical reports whether every step reproduced its recorded digest.
@@ -155,6 +174,20 @@ func Replay(r io.Reader) (*Result, error) {
 	tables := map[string]*replayedTable{}
 	var tableOrder []*replayedTable
 	var order []*replayed
+	earlier := map[string]int{} // index in res.Earlier
+	skip := func(rec *Record, table bool) bool {
+		if rd.Part() < 2 {
+			return false
+		}
+		i, ok := earlier[rec.Actor]
+		if !ok {
+			i = len(res.Earlier)
+			earlier[rec.Actor] = i
+			res.Earlier = append(res.Earlier, EarlierActor{Actor: rec.Actor, Table: table})
+		}
+		res.Earlier[i].Records++
+		return true
+	}
 	for {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
@@ -167,6 +200,7 @@ func Replay(r io.Reader) (*Result, error) {
 		res.Records++
 		switch rec.Kind {
 		case KindTrace:
+			res.Part = rec.Part
 		case KindEngine:
 			var info actors.EngineInfo
 			if err := json.Unmarshal(rec.Msg, &info); err != nil {
@@ -186,6 +220,9 @@ func Replay(r io.Reader) (*Result, error) {
 			guard(func(p string) { s.diverge(res, rec, "panic", "no panic", p) }, func() { s.birth(rec, topo, res) })
 		case KindStep:
 			s := sessions[rec.Actor]
+			if s == nil && skip(rec, false) {
+				continue
+			}
 			if s == nil {
 				return res, fmt.Errorf("%w: line %d: step of %s before its birth", ErrFormat, rec.Line, rec.Actor)
 			}
@@ -203,6 +240,9 @@ func Replay(r io.Reader) (*Result, error) {
 			guard(func(p string) { t.diverge(res, rec, "panic", "no panic", p) }, func() { t.birth(rec, res) })
 		case KindCall:
 			t := tables[rec.Actor]
+			if t == nil && skip(rec, true) {
+				continue
+			}
 			if t == nil {
 				return res, fmt.Errorf("%w: line %d: call on table %s before its birth", ErrFormat, rec.Line, rec.Actor)
 			}
@@ -431,6 +471,24 @@ func (r *Result) Print(w io.Writer) {
 	if r.Truncated {
 		fmt.Fprintln(w, "note: the trace was truncated at its size bound; sessions may end early")
 	}
+	if r.Part > 1 {
+		fmt.Fprintf(w, "note: this file is part %d of a rotated trace (its writer's bound started a new file %d times before it)", r.Part, r.Part-1)
+		if len(r.Earlier) > 0 {
+			var sessions, tables []string
+			n := 0
+			for _, e := range r.Earlier {
+				n += e.Records
+				if e.Table {
+					tables = append(tables, e.Actor)
+				} else {
+					sessions = append(sessions, e.Actor)
+				}
+			}
+			fmt.Fprintf(w, "; %s and %s began in an earlier file: their %d records here were skipped, not replayed (not a divergence)",
+				namedList(sessions, "session"), namedList(tables, "table"), n)
+		}
+		fmt.Fprintln(w)
+	}
 	switch {
 	case r.TornLine > 0:
 		fmt.Fprintf(w, "note: the trace ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the %d whole records before it were replayed, sessions may end early\n",
@@ -470,6 +528,23 @@ func oneLine(s string, n int) string {
 		return s[:n] + "…"
 	}
 	return s
+}
+
+// namedList is "2 sessions (a, b)", naming at most 5.
+func namedList(names []string, what string) string {
+	if len(names) == 0 {
+		return "no " + what + "s"
+	}
+	s := plural(len(names), what)
+	shown := names
+	if len(shown) > 5 {
+		shown = shown[:5]
+	}
+	s += " (" + strings.Join(shown, ", ")
+	if len(shown) < len(names) {
+		s += ", …"
+	}
+	return s + ")"
 }
 
 func plural(n int, what string) string {

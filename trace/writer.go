@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,6 +32,7 @@ type options struct {
 	clock      func() time.Time
 	flushEvery time.Duration
 	onStop     func(Stop)
+	keep       int
 }
 
 // DefaultFlushEvery is how often a Writer from Create writes its buffered
@@ -38,8 +40,30 @@ type options struct {
 const DefaultFlushEvery = time.Second
 
 // WithMaxBytes bounds the trace at n bytes (0: unbounded). Past it the
-// Writer writes one "truncated" record and drops the rest.
+// Writer writes one "truncated" record and drops the rest, unless
+// WithRotate has it start a new file instead.
 func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
+
+// WithRotate has a Writer from Create rotate its file when it reaches its
+// bound (WithMaxBytes) instead of dropping later records: it ends the
+// file with its "end" record and closes it, renames PATH.(keep-1) to
+// PATH.keep, …, PATH.1 to PATH.2 and PATH to PATH.1 (deleting the old
+// PATH.keep), and starts a new PATH with the header and every engine
+// record the Writer wrote, so that each file replays on its own. At most
+// keep old files are kept beside PATH; at most (keep+1)×MaxBytes of disk,
+// give or take a record a file. keep 0 (the default) does not rotate: the
+// trace stops at its bound. Create removes the PATH.1 … PATH.keep an
+// earlier run left, as it truncates PATH, so that every file of the set
+// is this Writer's. A Writer from NewWriter (no path) does not rotate.
+//
+// A session or table born in an earlier file is not recorded again: the
+// later file holds only its later records, which replay skips and names
+// (Result.Earlier). The rotation runs on the recording goroutine that
+// crossed the bound, under the Writer's lock, like a flush of a full
+// buffer: a flush, a close, keep renames and a create. If one fails the
+// Writer stops as after a failed write (WithOnStop, Close's error) and
+// the files written so far stay whole.
+func WithRotate(keep int) Option { return func(o *options) { o.keep = keep } }
 
 // WithBufferSize sets the write buffer's size (default 256 KiB).
 func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
@@ -92,6 +116,18 @@ type Writer struct {
 	err       error
 	tables    map[string]int // table births by actor path
 
+	// Rotation (WithRotate): the file Create opened, and what each new
+	// file begins with.
+	path      string
+	file      *os.File
+	engines   [][]byte // the engine records written, in order
+	part      int      // the current file's place in the run, from 1
+	rotations int
+	fileStart int64 // bytes written before the current file
+	preamble  int64 // bytes written up to the current file's first record past its header and engines
+	fileRecs  int64 // records written before the current file
+	fileDrops int64 // records dropped before the current file
+
 	// The periodic flush of a Writer from Create (WithFlushEvery).
 	stopFlush chan struct{}
 	flushed   chan struct{} // closed when the flusher returned
@@ -106,12 +142,13 @@ func NewWriter(w io.Writer, opts ...Option) *Writer {
 	for _, f := range opts {
 		f(&o)
 	}
-	t := &Writer{bw: bufio.NewWriterSize(w, o.bufSize), o: o}
+	t := &Writer{bw: bufio.NewWriterSize(w, o.bufSize), o: o, part: 1}
 	// The header is written whatever the bound: without it the trace
 	// does not read, not even its "truncated" record.
 	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, T: o.clock().UnixNano()})
 	t.mu.Lock()
 	t.write(append(b, '\n'))
+	t.preamble = t.bytes
 	t.mu.Unlock()
 	return t
 }
@@ -125,31 +162,133 @@ var ErrInUse = errors.New("trace: another Writer (another process's --trace, or 
 // it; Close closes the file. It holds a regular file's exclusive advisory
 // lock (flock) until Close, and refuses a file whose lock another Writer
 // holds (ErrInUse) before truncating it.
+//
+// With WithRotate it rotates the file at its bound (see there): path must
+// then be a regular file, and Create removes the rotated files
+// path.1 … path.keep an earlier run left once it holds the lock.
 func Create(path string, opts ...Option) (*Writer, error) {
 	path = filepath.Clean(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.keep < 0 {
+		return nil, fmt.Errorf("trace: rotate: keep %d old files of %s: want 0 (no rotation) or more", o.keep, path)
+	}
+	f, regular, err := openLocked(path)
 	if err != nil {
 		return nil, err
 	}
-	// A regular file is locked, then truncated; a device or a pipe
-	// (/dev/stderr, a FIFO a reader drains) is written as it is.
-	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-		if err := lockFile(f); err != nil {
+	if o.keep > 0 {
+		if !regular {
 			_ = f.Close()
-			return nil, &os.PathError{Op: "create trace", Path: path, Err: err}
+			return nil, fmt.Errorf("trace: rotate: %s is not a regular file: only a regular file's trace rotates", path)
 		}
-		if err := f.Truncate(0); err != nil {
-			_ = f.Close()
-			return nil, err
+		for i := 1; i <= o.keep; i++ {
+			if err := removeOld(rotated(path, i)); err != nil {
+				_ = f.Close()
+				return nil, fmt.Errorf("trace: rotate: removing an earlier run's file: %w", err)
+			}
 		}
 	}
 	w := NewWriter(f, opts...)
 	w.closer = f
+	if w.o.keep > 0 {
+		w.path, w.file = path, f
+	}
 	if d := w.o.flushEvery; d > 0 {
 		w.stopFlush, w.flushed = make(chan struct{}), make(chan struct{})
 		go w.flushLoop(d)
 	}
 	return w, nil
+}
+
+// openLocked opens the file at path for a trace: a regular file is
+// locked, then truncated; a device or a pipe (/dev/stderr, a FIFO a
+// reader drains) is written as it is.
+func openLocked(path string) (f *os.File, regular bool, err error) {
+	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil, false, err
+	}
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		if err := lockFile(f); err != nil {
+			_ = f.Close()
+			return nil, false, &os.PathError{Op: "create trace", Path: path, Err: err}
+		}
+		if err := f.Truncate(0); err != nil {
+			_ = f.Close()
+			return nil, false, err
+		}
+		return f, true, nil
+	}
+	return f, false, nil
+}
+
+// rotated is the name of a trace's i-th old file (WithRotate).
+func rotated(path string, i int) string { return fmt.Sprintf("%s.%d", path, i) }
+
+// removeOld removes an old rotated file; one that is not there is fine.
+func removeOld(name string) error {
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// rotate ends the current file, shifts the old ones and starts a new file
+// at w.path with the header and the engine records (WithRotate). Called
+// with w.mu held, on the recording goroutine that crossed the bound. A
+// failure stops the Writer (setErr) and leaves the files written so far
+// whole: the ended file is renamed last, after the old ones made room.
+func (w *Writer) rotate() {
+	w.writeEnd()
+	if w.err == nil {
+		w.setErr(w.bw.Flush())
+	}
+	if w.err != nil {
+		return
+	}
+	f := w.file
+	w.file, w.closer = nil, nil
+	if err := f.Close(); err != nil {
+		w.setErr(fmt.Errorf("trace: rotate %s: close: %w", w.path, err))
+		return
+	}
+	if err := w.shift(); err != nil {
+		w.setErr(fmt.Errorf("trace: rotate %s: %w; the trace stops here, its files so far are whole", w.path, err))
+		return
+	}
+	nf, _, err := openLocked(w.path)
+	if err != nil {
+		w.setErr(fmt.Errorf("trace: rotate %s: start the next file: %w; the trace stops here, its files so far are whole", w.path, err))
+		return
+	}
+	w.file, w.closer = nf, nf
+	w.bw.Reset(nf)
+	w.rotations++
+	w.part++
+	w.fileStart, w.fileRecs, w.fileDrops = w.bytes, w.records, w.dropped
+	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, Part: w.part, T: w.o.clock().UnixNano()})
+	w.write(append(b, '\n'))
+	for _, e := range w.engines {
+		w.write(e)
+	}
+	w.preamble = w.bytes
+}
+
+// shift makes room for the ended file at w.path as w.path.1: it removes
+// w.path.keep and renames each w.path.i to w.path.(i+1), newest last.
+func (w *Writer) shift() error {
+	if err := removeOld(rotated(w.path, w.o.keep)); err != nil {
+		return err
+	}
+	for i := w.o.keep - 1; i >= 1; i-- {
+		if err := os.Rename(rotated(w.path, i), rotated(w.path, i+1)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return os.Rename(w.path, rotated(w.path, 1))
 }
 
 // flushLoop writes the buffered records to the file every d until Close.
@@ -171,17 +310,19 @@ func (w *Writer) flushLoop(d time.Duration) {
 	}
 }
 
-// Stats counts what a Writer wrote and dropped.
+// Stats counts what a Writer wrote and dropped, over all its files;
+// Rotations counts the files it ended and rotated (WithRotate).
 type Stats struct {
 	Records, Bytes, Dropped int64
 	Truncated               bool
+	Rotations               int
 }
 
 // Stats returns the Writer's counters.
 func (w *Writer) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return Stats{Records: w.records, Bytes: w.bytes, Dropped: w.dropped, Truncated: w.truncated}
+	return Stats{Records: w.records, Bytes: w.bytes, Dropped: w.dropped, Truncated: w.truncated, Rotations: w.rotations}
 }
 
 // Flush writes buffered records to the underlying writer.
@@ -215,9 +356,7 @@ func (w *Writer) Close() error {
 	if w.err == nil {
 		// The end record, past the bound too: it says the trace was
 		// closed, not cut short (Reader.Unclosed).
-		end, _ := json.Marshal(EndStats{Records: w.records, Dropped: w.dropped})
-		b, _ := json.Marshal(&Record{Kind: KindEnd, T: w.o.clock().UnixNano(), Msg: end})
-		w.write(append(b, '\n'))
+		w.writeEnd()
 	}
 	w.closed = true
 	if w.err == nil {
@@ -229,6 +368,13 @@ func (w *Writer) Close() error {
 		}
 	}
 	return w.err
+}
+
+// writeEnd writes the current file's "end" record: its records and drops.
+func (w *Writer) writeEnd() {
+	end, _ := json.Marshal(EndStats{Records: w.records - w.fileRecs, Dropped: w.dropped - w.fileDrops})
+	b, _ := json.Marshal(&Record{Kind: KindEnd, T: w.o.clock().UnixNano(), Msg: end})
+	w.write(append(b, '\n'))
 }
 
 // writeRecord encodes and appends one record (header records only: they
@@ -250,11 +396,24 @@ func (w *Writer) writeRecord(r *Record) {
 func (w *Writer) append(line []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.appendLocked(line)
+}
+
+// appendLocked is append with w.mu held.
+func (w *Writer) appendLocked(line []byte) {
 	if w.closed || w.err != nil || w.truncated {
 		w.dropped++
 		return
 	}
-	if w.o.maxBytes > 0 && w.bytes+int64(len(line)) > w.o.maxBytes {
+	if w.o.maxBytes > 0 && w.bytes-w.fileStart+int64(len(line)) > w.o.maxBytes && w.file != nil && w.bytes > w.preamble {
+		// A new file, unless this one holds nothing past its preamble:
+		// a record larger than the bound then gets a file of its own.
+		if w.rotate(); w.err != nil {
+			w.dropped++
+			return
+		}
+	}
+	if w.o.maxBytes > 0 && w.bytes-w.fileStart+int64(len(line)) > w.o.maxBytes && w.file == nil {
 		w.truncated = true
 		w.dropped++
 		b, _ := json.Marshal(&Record{Kind: KindTruncated, T: w.o.clock().UnixNano()})
@@ -283,7 +442,18 @@ func (w *Writer) Engine(info actors.EngineInfo) {
 		w.fail(err)
 		return
 	}
-	w.writeRecord(&Record{Kind: KindEngine, Engine: info.Self.String(), T: w.o.clock().UnixNano(), Msg: msg})
+	b, err := json.Marshal(&Record{Kind: KindEngine, Engine: info.Self.String(), T: w.o.clock().UnixNano(), Msg: msg})
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	line := append(b, '\n')
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.appendLocked(line)
+	// Every file a rotation starts begins with it again (after the
+	// ones before it: a rotation this append made wrote those).
+	w.engines = append(w.engines, line)
 }
 
 func (w *Writer) fail(err error) {
