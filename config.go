@@ -137,10 +137,19 @@ type Config struct {
 	// and Engine.Close flushes and closes. Each engine needs its own file:
 	// a path another engine writes (of this process or another) is refused.
 	// With Recorder also set, both receive every message. The file is
-	// bounded (trace.DefaultMaxBytes); when it reaches its bound or a write
-	// fails, the engine logs a warning naming the file at once, and later
-	// records are dropped (Close reports a write error).
+	// bounded (trace.DefaultMaxBytes, or TraceMaxBytes); when it reaches
+	// its bound (without TraceKeep) or a write fails, the engine logs a
+	// warning naming the file at once, and later records are dropped
+	// (Close reports a write error).
 	TracePath string
+	// TraceMaxBytes bounds TracePath's file (0: trace.DefaultMaxBytes).
+	TraceMaxBytes int64
+	// TraceKeep, when > 0, rotates TracePath's file at its bound instead
+	// of dropping later records (trace.WithRotate): the full file becomes
+	// TracePath.1 (the older ones .2, …), at most TraceKeep of them are
+	// kept, and a new TracePath starts, each file replayable on its own.
+	// 0: no rotation.
+	TraceKeep int
 	// MetricsAddr, when set ("127.0.0.1:9464"; port 0 picks a free one),
 	// serves the engine's Prometheus metrics (package metrics documents
 	// each) over HTTP on /metrics at that address until Close;

@@ -170,6 +170,14 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	}
 	self := messages.PeerID{Instance: r.Instance, Rank: int32(r.Parallel.Index(r.Rank))}
 	rec := r.Recorder
+	switch {
+	case r.TracePath == "" && (r.TraceMaxBytes != 0 || r.TraceKeep != 0):
+		return nil, fmt.Errorf("%w: TraceMaxBytes = %d, TraceKeep = %d without a TracePath: set TracePath to trace", ErrConfig, r.TraceMaxBytes, r.TraceKeep)
+	case r.TraceMaxBytes < 0:
+		return nil, fmt.Errorf("%w: TraceMaxBytes = %d: want 0 (trace.DefaultMaxBytes) or a positive bound", ErrConfig, r.TraceMaxBytes)
+	case r.TraceKeep < 0:
+		return nil, fmt.Errorf("%w: TraceKeep = %d: want 0 (no rotation) or the number of rotated files to keep", ErrConfig, r.TraceKeep)
+	}
 	if r.TracePath != "" {
 		// Create locks the file before it truncates it: another engine,
 		// of this process or another, writing it is refused (trace.ErrInUse).
@@ -177,7 +185,11 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		stopped := func(s trace.Stop) {
 			log.Warn().Str("trace", path).Msg(s.Error())
 		}
-		if e.trace, err = trace.Create(r.TracePath, trace.WithOnStop(stopped)); err != nil {
+		opts := []trace.Option{trace.WithOnStop(stopped), trace.WithRotate(r.TraceKeep)}
+		if r.TraceMaxBytes > 0 {
+			opts = append(opts, trace.WithMaxBytes(r.TraceMaxBytes))
+		}
+		if e.trace, err = trace.Create(r.TracePath, opts...); err != nil {
 			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
 		}
 		undo = append(undo, func() { _ = e.trace.Close() })

@@ -196,6 +196,12 @@ type Config struct {
 	// records a replayable trace. Both optional.
 	MetricsAddr string `json:"metrics_addr"`
 	TracePath   string `json:"trace_path"`
+	// TraceMaxBytes and TraceKeep bound and rotate TracePath's file
+	// (kvxfer.Config.TraceMaxBytes, TraceKeep). Go callers only (the
+	// kvxfer CLI): not keys of the JSON config, which the C header and
+	// the Python connector list.
+	TraceMaxBytes int64 `json:"-"`
+	TraceKeep     int   `json:"-"`
 
 	// Logger receives the node's and the engine's logs (default: none).
 	Logger *zerolog.Logger `json:"-"`

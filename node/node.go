@@ -273,6 +273,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		Revoker: revoker, SendOnly: cfg.SendOnly,
 		Workers: cfg.Workers, Agent: n.agent, Link: link, TransferTimeout: time.Duration(cfg.TransferTimeout),
 		DrainGrace: time.Duration(cfg.DrainGrace), Logger: &n.log, TracePath: cfg.TracePath, MetricsAddr: cfg.MetricsAddr,
+		TraceMaxBytes: cfg.TraceMaxBytes, TraceKeep: cfg.TraceKeep,
 		WriterLease: time.Duration(cfg.WriterLease)})
 	if err != nil {
 		if n.link != nil {

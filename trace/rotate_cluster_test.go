@@ -1,6 +1,7 @@
 package trace_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/trace"
 )
 
@@ -97,4 +101,69 @@ func TestRotatedRunReplaysFileByFile(t *testing.T) {
 		t.Errorf("no session spanned a rotation (the bound is too large for the test)")
 	}
 	t.Logf("%d files, %d sessions spanned a rotation (writer: %+v)", len(files), spanned, st)
+}
+
+// TestEngineConfigRotatesItsTrace: kvxfer.Config's TraceMaxBytes and
+// TraceKeep bound and rotate the engine's TracePath file (the CLI's
+// --trace-max-bytes and --trace-keep), and are refused, named, when
+// negative or without a TracePath.
+func TestEngineConfigRotatesItsTrace(t *testing.T) {
+	dir := t.TempDir()
+	l := smallLayout()
+	base := func() kvxfer.Config {
+		return kvxfer.Config{Instance: "ctx", Parallel: kvcache.Parallel{TP: 1, PP: 1}, Layout: &l, PoolBytes: 4 << 20,
+			Workers: 1, Link: control.NewMemLink()}
+	}
+	for _, c := range []struct {
+		edit func(*kvxfer.Config)
+		want string
+	}{
+		{func(c *kvxfer.Config) { c.TraceKeep = 2 }, "TraceKeep = 2 without a TracePath"},
+		{func(c *kvxfer.Config) { c.TraceMaxBytes = 1 << 20 }, "TraceMaxBytes = 1048576, TraceKeep = 0 without a TracePath"},
+		{func(c *kvxfer.Config) { c.TracePath, c.TraceKeep = filepath.Join(dir, "a"), -1 }, "TraceKeep = -1"},
+		{func(c *kvxfer.Config) { c.TracePath, c.TraceMaxBytes = filepath.Join(dir, "b"), -5 }, "TraceMaxBytes = -5"},
+	} {
+		cfg := base()
+		c.edit(&cfg)
+		e, err := kvxfer.Start(context.Background(), cfg)
+		if err == nil {
+			_ = e.Close(context.Background())
+		}
+		if !errors.Is(err, kvxfer.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrConfig naming it", c.want, err)
+		}
+	}
+	path := filepath.Join(dir, "ctx.jsonl")
+	ctx, gen := base(), base()
+	ctx.TracePath, ctx.TraceMaxBytes, ctx.TraceKeep = path, 16<<10, 2
+	link := &tapLink{MemLink: control.NewMemLink(), rds: map[string]*messages.RequestData{}}
+	ctx.Link, gen.Link, gen.Instance = link, link, "gen"
+	c := &cluster{l: l, ctxPar: ctx.Parallel, genPar: gen.Parallel, link: link}
+	for _, cfg := range []kvxfer.Config{ctx, gen} {
+		e, err := kvxfer.Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Instance == "ctx" {
+			c.ctx = append(c.ctx, e)
+		} else {
+			c.gen = append(c.gen, e)
+		}
+	}
+	t.Cleanup(func() { c.close(t) })
+	for i := range 6 {
+		c.transfer(t, fmt.Sprintf("r%d", i), 130, 32, i%2 == 0)
+	}
+	c.close(t)
+	for _, f := range []string{path + ".2", path + ".1", path} {
+		res := replayFile(t, f)
+		if !res.Identical() || res.Unclosed || res.Truncated || res.Engines != 1 {
+			var b strings.Builder
+			res.Print(&b)
+			t.Fatalf("%s:\n%s", filepath.Base(f), b.String())
+		}
+	}
+	if _, err := os.Stat(path + ".3"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a third old file with TraceKeep 2: %v", err)
+	}
 }

@@ -230,13 +230,13 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		ctxAgent = o.Probe.Agent(m.Name, ctxAgent)
 	}
 	start := func(inst string, agent rdma.Agent, region *kvcache.Region, metricsAddr string) (*kvxfer.Engine, error) {
-		var tracePath string
-		if o.TraceDir != "" {
-			tracePath = traceFile(o.TraceDir, inst)
-		}
-		e, err := kvxfer.Start(ctx, kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
+		cfg := kvxfer.Config{Instance: inst, Model: o.Model, PoolBytes: o.PoolBytes, TokensPerBlock: o.TokensPerBlock,
 			Workers: o.Workers, Link: link, TransferTimeout: timeout, Agent: agent, Region: region, MetricsAddr: metricsAddr,
-			Recorder: rec, TracePath: tracePath})
+			Recorder: rec}
+		if o.TraceDir != "" {
+			cfg.TracePath, cfg.TraceMaxBytes, cfg.TraceKeep = traceFile(o.TraceDir, inst), o.TraceMaxBytes, o.TraceKeep
+		}
+		e, err := kvxfer.Start(ctx, cfg)
 		// A pool the host cannot map, or of more blocks than the wire
 		// can name (Start names PoolBytes), is --pool's.
 		if errors.Is(err, kvcache.ErrBadRegion) || errors.Is(err, kvxfer.ErrConfig) && strings.Contains(err.Error(), "PoolBytes = ") {

@@ -77,6 +77,10 @@ type Options struct {
 	// TraceFiles names them. Tracing costs each step an encode, so the
 	// run's figures are not comparable with an untraced run's.
 	TraceDir string `json:"trace_dir,omitempty"`
+	// TraceMaxBytes and TraceKeep bound and rotate each trace file
+	// (kvxfer.Config.TraceMaxBytes, TraceKeep).
+	TraceMaxBytes int64 `json:"trace_max_bytes,omitempty"`
+	TraceKeep     int   `json:"trace_keep,omitempty"`
 	// Started, when set, is called once both engines of a mode run.
 	Started func(mode string, ctx, gen *kvxfer.Engine) `json:"-"`
 	// Probe, when set, observes the run (probe.go).

@@ -106,8 +106,11 @@ type Options struct {
 	// within this long. 0: off.
 	WriterLease time.Duration
 	// TracePath, when set, records this process's engine to a trace file
-	// (kvxfer.Config.TracePath).
-	TracePath string
+	// (kvxfer.Config.TracePath), bounded at TraceMaxBytes (0: the
+	// default) and rotated keeping TraceKeep old files (0: none).
+	TracePath     string
+	TraceMaxBytes int64 `json:",omitempty"`
+	TraceKeep     int   `json:",omitempty"`
 	// MetricsAddr, when set, serves the engine's Prometheus metrics
 	// (kvxfer.Config.MetricsAddr); the bound address is logged.
 	MetricsAddr string
@@ -382,7 +385,7 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 		Insecure: o.Insecure, SecretKey: o.SecretKey, HeartbeatInterval: node.Duration(o.Heartbeat),
 		HeartbeatMisses: o.HeartbeatMisses, TransferTimeout: node.Duration(o.Timeout), DrainGrace: node.Duration(time.Second),
 		WriterLease: node.Duration(o.WriterLease),
-		MetricsAddr: o.MetricsAddr, TracePath: o.TracePath, Logger: &o.Log,
+		MetricsAddr: o.MetricsAddr, TracePath: o.TracePath, TraceMaxBytes: o.TraceMaxBytes, TraceKeep: o.TraceKeep, Logger: &o.Log,
 		OnPeerDown: func(instance string, rank int) {
 			if instance == o.Peer {
 				down()
