@@ -28,6 +28,7 @@ var (
 // demoFlags holds `kvxfer demo`'s own flags.
 type demoFlags struct {
 	o         demo.Options
+	trace     traceFlags
 	json      bool
 	progress  bool
 	processes int
@@ -72,7 +73,10 @@ the memory available (MemAvailable) is refused at once too, naming --pool,
 or --max-tokens when the longest prompt alone needs pools that large.
 
 A progress bar shows finished requests when standard output is a terminal;
-otherwise each finished request is a log line on standard error.`,
+otherwise each finished request is a log line on standard error.
+
+--trace DIR records a replayable trace of each engine into a file of DIR
+(kvxfer replay, kvxfer trace export). ` + traceRotationHelp,
 		Example: examples(
 			"the README's demo: 16 Llama-3.1-8B requests of 512..8192 tokens", "kvxfer demo",
 			"a bigger model: pools sized to its 8k-token prompts (2560MiB each)", "kvxfer demo --model Llama-3.1-70B",
@@ -115,6 +119,9 @@ otherwise each finished request is a log line on standard error.`,
 				if err := fitPool(a, &f); err != nil {
 					return err
 				}
+			}
+			if f.o.TraceMaxBytes, f.o.TraceKeep, err = f.trace.resolve(cmd.Flags(), f.o.TraceDir, true); err != nil {
+				return err
 			}
 			// Every option error, a pool too small for a prompt among
 			// them, before anything starts: never a wait.
@@ -169,6 +176,7 @@ otherwise each finished request is a log line on standard error.`,
 	fl.IntVar(&f.o.PrefillDevices, "prefill-devices", f.o.PrefillDevices, "chunks the simulated prefill computes at once, shared by the requests in flight (0: one per request)")
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the prompt-length shuffle")
 	fl.StringVar(&f.o.TraceDir, "trace", "", "a directory (made if missing) to record a replayable trace of every session into, a file per engine and mode (kvxfer replay, kvxfer trace export); tracing slows the run")
+	addTraceFlags(fl, &f.trace)
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fl.BoolVar(&f.progress, "progress", true, "report finished requests (a bar on a terminal, log lines otherwise)")
 	fl.IntVar(&f.processes, "processes", 1, "1: both engines in this process; 2: separate ctx and gen processes (ZeroMQ with CURVE; ucx, or shm in a build without UCX)")
@@ -232,7 +240,11 @@ func runDemo(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) error
 		rep.Print(out)
 	}
 	if files := f.o.TraceFiles(); len(files) > 0 {
-		a.log.Info().Strs("traces", files).Msg("traces written (kvxfer replay FILE; kvxfer trace export --perfetto FILE OUT)")
+		ev := a.log.Info().Strs("traces", files)
+		if f.o.TraceKeep > 0 {
+			ev = ev.Int("trace_keep", f.o.TraceKeep).Str("rotated", "FILE.1 (newest) … FILE.N beside each, when it reached --trace-max-bytes")
+		}
+		ev.Msg("traces written (kvxfer replay FILE; kvxfer trace export --perfetto FILE OUT)")
 	}
 	if !rep.OK() {
 		return fmt.Errorf("demo failed: a byte differed or a block leaked")

@@ -68,6 +68,7 @@ func checkCrossProcessBackend(s config.Settings, what string) error {
 // roleFlags are the flags `kvxfer ctx` and `kvxfer gen` share.
 type roleFlags struct {
 	o           proc.Options
+	trace       traceFlags
 	keyFile     string
 	peerPubFile string
 	// settings are the common settings resolve applied, with where each
@@ -99,6 +100,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
 	fl.IntVar(&f.o.HeartbeatMisses, "heartbeat-misses", f.o.HeartbeatMisses, "missed heartbeats that make a peer dead")
 	fl.StringVar(&f.o.TracePath, "trace", "", "record a replayable trace of every session to this file, one per process (kvxfer replay, kvxfer trace export)")
+	addTraceFlags(fl, &f.trace)
 	fl.StringVar(&f.o.Discovery, "discovery", "static", "membership: static (--peer-endpoint, --peer-key), etcd://HOST:PORT[,HOST:PORT] (peers found there) or etcds://… (etcd over TLS)")
 	fl.StringVar(&f.o.DiscoveryCA, "discovery-ca", "", "PEM file of the CA that signed etcd's server certificate (etcds://; default: the system's roots)")
 	fl.StringVar(&f.o.DiscoveryCert, "discovery-cert", "", "PEM client certificate for an etcd that asks for one (etcds://; with --discovery-key)")
@@ -191,6 +193,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		}
 	}
 	if err := checkTracePath(f.o.TracePath); err != nil {
+		return err
+	}
+	if f.o.TraceMaxBytes, f.o.TraceKeep, err = f.trace.resolve(cmd.Flags(), f.o.TracePath, false); err != nil {
 		return err
 	}
 	f.o.Log = a.log.With().Str("role", f.o.Instance).Logger()
@@ -441,7 +446,10 @@ peer's key. A peer killed is seen as down when its lease expires. --tp,
 instance as several ranks (etcd only); --pp-stages and --peer-pp-stages
 say a pipeline split other than kvxfer's default (each stage's layer
 count, "7,8,8,7"). kvxfer demo --cluster runs a context of TP2 and a
-generation of TP1.`,
+generation of TP1.
+
+--trace FILE records a replayable trace (kvxfer replay, kvxfer trace
+export). ` + traceRotationHelp,
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -722,4 +730,6 @@ var notAcrossProcesses = map[string]string{
 	"prefill-devices": "each kvxfer ctx process computes every request's chunks on a device of its own",
 	"json":            "each process prints its own JSON report line",
 	"trace":           "each kvxfer ctx and gen process takes its own --trace file",
+	"trace-max-bytes": "each kvxfer ctx and gen process takes its own --trace file and bound",
+	"trace-keep":      "each kvxfer ctx and gen process takes its own --trace file and rotation",
 }

@@ -30,7 +30,13 @@ the partial one (so does one cut at its size bound).
 Each trace file is replayed on its own (a two-process run writes one per
 process): one that cannot be read is reported in its place, the others
 are still replayed, and the exit status is non-zero if any failed or
-diverged.`,
+diverged.
+A trace rotated with --trace-keep is a set of files, FILE.N (oldest) …
+FILE.1, FILE, each replayable on its own: a file a rotation started begins
+with the engines' records again, and a note names the sessions and tables
+that began in an earlier file, whose records there are skipped (their state
+at the rotation is not recorded), not counted as a divergence; everything
+born in the file is replayed as usual.`,
 		Example: examples(
 			"replay the traces kvxfer ctx --trace ctx.trace and kvxfer gen --trace gen.trace recorded",
 			"kvxfer replay ctx.trace gen.trace",
