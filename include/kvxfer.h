@@ -281,7 +281,9 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
  * 3, else at least 2), transfer_timeout,
  * drain_grace, writer_lease ("1s"-style durations; writer_lease 0 = off),
  * revoke_spare_bytes (the shm revocation reserve: 0 = an eighth of the
- * pool, < 0 = off), metrics_addr, trace_path, and for
+ * pool, < 0 = off), metrics_addr, trace_path, trace_max_bytes (the
+ * trace file's bound, 0 = 1 GiB), trace_keep (0 = stop recording at the
+ * bound, N = rotate it, keeping N earlier files PATH.1 ... PATH.N), and for
  * membership through etcd discovery ("static", "etcd://HOST:PORT",
  * "etcds://HOST:PORT" over TLS), cluster, discovery_ttl, discovery_ca,
  * discovery_cert, discovery_key, discovery_user, discovery_password_file

@@ -197,11 +197,11 @@ type Config struct {
 	MetricsAddr string `json:"metrics_addr"`
 	TracePath   string `json:"trace_path"`
 	// TraceMaxBytes and TraceKeep bound and rotate TracePath's file
-	// (kvxfer.Config.TraceMaxBytes, TraceKeep). Go callers only (the
-	// kvxfer CLI): not keys of the JSON config, which the C header and
-	// the Python connector list.
-	TraceMaxBytes int64 `json:"-"`
-	TraceKeep     int   `json:"-"`
+	// (kvxfer.Config.TraceMaxBytes, TraceKeep: 0 bytes is the default
+	// bound, 1 GiB; keep 0 stops recording at the bound, N > 0 rotates
+	// it, keeping N earlier files PATH.1 ... PATH.N).
+	TraceMaxBytes int64 `json:"trace_max_bytes"`
+	TraceKeep     int   `json:"trace_keep"`
 
 	// Logger receives the node's and the engine's logs (default: none).
 	Logger *zerolog.Logger `json:"-"`
@@ -560,6 +560,15 @@ func (c Config) Validate() error {
 	}
 	if c.WriterLease < 0 {
 		return bad("writer_lease", c.WriterLease, "must be ≥ 0 (0: off)")
+	}
+	if c.TraceMaxBytes < 0 {
+		return bad("trace_max_bytes", c.TraceMaxBytes, "must be ≥ 0 (0: 1 GiB)")
+	}
+	if c.TraceKeep < 0 {
+		return bad("trace_keep", c.TraceKeep, "must be ≥ 0 (0: stop recording at trace_max_bytes; N: keep N rotated files)")
+	}
+	if c.TracePath == "" && (c.TraceMaxBytes != 0 || c.TraceKeep != 0) {
+		return bad("trace_path", c.TracePath, "trace_max_bytes and trace_keep bound a trace: give its trace_path")
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {

@@ -28,7 +28,7 @@ const goodJSON = `{
   "identities": [{"public_key_file": "router.pub", "instance": "router"}],
   "heartbeat_interval": "500ms", "heartbeat_misses": 4,
   "transfer_timeout": "30s", "drain_grace": "2s",
-  "metrics_addr": "127.0.0.1:9465", "trace_path": "gen1.trace"
+  "metrics_addr": "127.0.0.1:9465", "trace_path": "gen1.trace", "trace_max_bytes": 67108864, "trace_keep": 3
 }`
 
 // TestParseConfigReadsEveryField: every snake_case name lands in its field
@@ -42,7 +42,8 @@ func TestParseConfigReadsEveryField(t *testing.T) {
 		c.TokensPerBlock != 32 || c.PoolBytes != 1<<30 || len(c.Peers) != 2 || c.Peers[1].Rank.TP != 1 ||
 		c.Peers[1].Endpoint != "tcp://10.0.0.1:5610" || c.KeyFile != "gen1.key" || c.Identities[0].Instance != "router" ||
 		time.Duration(c.HeartbeatInterval) != 500*time.Millisecond || c.HeartbeatMisses != 4 ||
-		time.Duration(c.TransferTimeout) != 30*time.Second || c.MetricsAddr != "127.0.0.1:9465" || c.TracePath != "gen1.trace" {
+		time.Duration(c.TransferTimeout) != 30*time.Second || c.MetricsAddr != "127.0.0.1:9465" || c.TracePath != "gen1.trace" ||
+		c.TraceMaxBytes != 64<<20 || c.TraceKeep != 3 {
 		t.Fatalf("parsed %+v", c)
 	}
 	b, err := json.Marshal(c)
@@ -127,6 +128,9 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"rank outside parallel", set(`{"rank": {"tp": 2, "pp": 0}}`), []string{"rank = {TP:2 PP:0}", "outside"}},
 		{"zero tp", set(`{"parallel": {"tp": 0, "pp": 2}}`), []string{"parallel = {TP:0 PP:2}"}},
 		{"negative workers", set(`{"workers": -1}`), []string{"workers = -1"}},
+		{"negative trace_keep", set(`{"trace_path": "t.jsonl", "trace_keep": -1}`), []string{"trace_keep = -1"}},
+		{"negative trace_max_bytes", set(`{"trace_path": "t.jsonl", "trace_max_bytes": -5}`), []string{"trace_max_bytes = -5"}},
+		{"trace_keep without trace_path", set(`{"trace_path": null, "trace_keep": 2}`), []string{`trace_path = ""`, "trace_keep"}},
 		{"negative misses", set(`{"heartbeat_misses": -2}`), []string{"heartbeat_misses = -2"}},
 		{"heartbeat of a microsecond", set(`{"heartbeat_interval": "1us"}`), []string{"heartbeat_interval = 1µs", "minimum 10ms"}},
 		{"heartbeat just under the minimum", set(`{"heartbeat_interval": "9ms"}`), []string{"heartbeat_interval = 9ms", "minimum 10ms"}},

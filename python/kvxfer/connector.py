@@ -450,6 +450,7 @@ class KvxferSchedulerConnector:
 # processes, other hosts) instead of an in-process engine.
 NODE_KEYS = {"bind", "peers", "key_file", "secret_key", "insecure", "identities", "send_only", "heartbeat_interval",
              "heartbeat_misses", "transfer_timeout", "drain_grace", "writer_lease", "revoke_spare_bytes", "trace_path",
+             "trace_max_bytes", "trace_keep",
              "discovery", "cluster", "discovery_ttl", "discovery_ca", "discovery_cert", "discovery_key",
              "discovery_user", "discovery_password_file"}
 
