@@ -450,14 +450,17 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // as what it is: an op never posted, a frame that did not leave
 // (txKind.droppedEffect). A stream's end without a frame (EndStream) runs
 // again too, for the same reason: dropped, the stream never stopped and
-// held the session's release for good. A WatchFence runs again too: dropped,
+// held the session's release for good. So does a stream's CloseEndpoint:
+// dropped, the ops it was to prove over (in doubt after a deadline, a
+// peer gone) stayed IN_DOUBT for good — the drain timer fires once — and
+// the session never drained. A WatchFence runs again too: dropped,
 // the chunk's fence was never watched, and its pins and ops waited for it
 // for good. (Only a live session takes chunks, so only a restart — its
 // Started runs the rest first — can leave one, and the chunk's fence is
 // still the shell's then: txKind.fence.)
 func rerunnable(e Effect) bool {
 	switch e := e.(type) {
-	case Decide, Finish, Stop, StartTimer, Log, Submit, WatchFence, EndStream:
+	case Decide, Finish, Stop, StartTimer, Log, Submit, WatchFence, EndStream, CloseEndpoint:
 		return true
 	case SendFrame:
 		return e.FromStream

@@ -1,0 +1,60 @@
+//go:build kvxfer_invariants
+
+package kvxfer_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/rdma/faulty"
+)
+
+// TestSessionPanicRunningCloseEndpointStillDrains: a write hangs, the
+// context side's deadline puts its op in doubt, and the drain grace's
+// CloseEndpoint — the only thing that can prove the op over — panics
+// once as the session runs it. The restart ran the rest of the effects
+// but dropped that one: the op stayed IN_DOUBT for good (the drain timer
+// fires once), so the session never drained, its source pins were held
+// for the engine's life, Done never came and Close reported it undrained.
+// Now the CloseEndpoint runs again after the restart (a panic that escapes
+// it came before its stream took it): the close proves the op over, the
+// request fails with its deadline, and every source pin goes at Done.
+func TestSessionPanicRunningCloseEndpointStillDrains(t *testing.T) {
+	l := smallLayout()
+	var hits atomic.Int32
+	hook := func(side string, e actors.Effect) bool {
+		_, ok := e.(actors.CloseEndpoint)
+		return ok && side == "tx" && hits.Add(1) == 1
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	var hung atomic.Bool
+	ce, ge := faultyPairWith(t, l, 1, nil, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	_, tx, src := sendCut(t, ce, ge, l, "closepanic", 300*time.Millisecond)
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its CloseEndpoint panicked (%d panics): its op stayed in doubt", hits.Load())
+	}
+	if n := hits.Load(); n < 1 {
+		t.Fatalf("%d panics running the CloseEndpoint: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrTimeout) {
+		t.Fatalf("tx %s (%v): want FAILED by its deadline", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("the source blocks after Done: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}
