@@ -383,6 +383,11 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 // empty. Before, a stream that lived through the panics (its session
 // resumed past its restart budget, not restarted) never stopped, and the
 // session's release waited for it for good.
+//
+// A stream's CloseEndpoint dropped is handed to the stream anyway too: it
+// never reached it, nor a worker, and it is what proves the ops in doubt
+// over (the drain timer fires once). Before, they stayed IN_DOUBT for
+// good: the session never drained, its pins held, Done never came.
 func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
@@ -400,6 +405,8 @@ func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect
 		if c := k.streams[e.Peer]; c == nil || !c.st.ending && !c.st.done {
 			k.toStream(a, ctx, e.Peer, e.Worker, e)
 		}
+	case CloseEndpoint:
+		k.toStream(a, ctx, e.Peer, e.Worker, e)
 	}
 }
 
