@@ -67,3 +67,48 @@ func testSessionPanicRunningCloseEndpoint(t *testing.T, panics int32) {
 		t.Fatalf("close: %v", err)
 	}
 }
+
+// TestStreamDroppedCloseEndpointStillDrains: as
+// TestSessionPanicRunningCloseEndpointStillDrains, but the peer stream
+// panics twice taking the drain's CloseEndpoint and drops it. Before, the
+// close never reached the worker: the op stayed IN_DOUBT for good (the
+// drain timer fires once), the session never drained, its source pins
+// were held for the engine's life, and Done never came. Now a stream that
+// drops a CloseEndpoint whose hand-over to its worker never began hands
+// it over anyway: the close proves the op over, and the request ends.
+func TestStreamDroppedCloseEndpointStillDrains(t *testing.T) {
+	l := smallLayout()
+	var hits atomic.Int32
+	hook := func(e actors.Effect) bool {
+		_, ok := e.(actors.CloseEndpoint)
+		return ok && hits.Add(1) <= 2
+	}
+	actors.PanicOnStream.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnStream.Store(nil) })
+	var hung atomic.Bool
+	ce, ge := faultyPairWith(t, l, 1, nil, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	_, tx, src := sendCut(t, ce, ge, l, "closedrop", 300*time.Millisecond)
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its stream dropped its CloseEndpoint (%d panics): its op stayed in doubt", hits.Load())
+	}
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("%d panics taking the CloseEndpoint, want 2: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrTimeout) {
+		t.Fatalf("tx %s (%v): want FAILED by its deadline", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("the source blocks after Done: %v", err)
+	}
+	if n := ce.Stats().StreamViolations; n != 0 {
+		t.Fatalf("%d stream violations", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}

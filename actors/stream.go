@@ -84,6 +84,9 @@ type streamState struct {
 	// posting: deliver is handing a Submit to its worker (a panic leaves
 	// it set: whether the worker got the op is not known).
 	posting bool
+	// closing: deliver is handing a CloseEndpoint to its worker (a panic
+	// leaves it set: whether the worker got it is not known).
+	closing bool
 }
 
 type streamActor struct{ st *streamState }
@@ -190,7 +193,9 @@ func (st *streamState) deliver(ctx actor.Context, e Effect) {
 	case Flush:
 		sendTo(ctx, st.env.opWorker(e.Worker), &workerFlush{Flush: e, session: st.session, stream: ctx.Self()})
 	case CloseEndpoint:
+		st.closing = true
 		sendTo(ctx, st.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: st.session, stream: ctx.Self()})
+		st.closing = false
 	case SendFrame:
 		if len(st.inflight) > 0 {
 			// The step called the stream quiescent while this stream has
@@ -257,6 +262,15 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 // for good — past the deadline too: the session never drained, its pins
 // held, Done never came. One whose hand-over was interrupted may have
 // reached its worker, which then reports it: it stays as it is.
+//
+// A dropped CloseEndpoint whose hand-over never began (not closing) is
+// handed to the worker anyway: the close is what proves the stream's ops
+// in doubt over (the session's drain timer fires once), and nothing else
+// would ask for it again. Dropped, those ops stayed IN_DOUBT for good:
+// the session never drained, its pins held, Done never came. One whose
+// hand-over was interrupted may have reached its worker: it is not sent
+// twice (a second close could cut another request's writes on an
+// endpoint opened since).
 func (st *streamState) dropped(ctx actor.Context, m any) {
 	if st.done {
 		return
@@ -270,6 +284,13 @@ func (st *streamState) dropped(ctx actor.Context, m any) {
 		}
 		ctx.Send(st.session, TxCompleted{Op: e.Op, Refused: true,
 			Err: fmt.Errorf("%w: stream %d panicked twice on the op: dropped, never posted", ErrSessionCrashed, st.peer)})
+		return
+	case CloseEndpoint:
+		if st.closing {
+			st.closing = false
+			return
+		}
+		sendTo(ctx, st.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: st.session, stream: ctx.Self()})
 		return
 	case EndStream:
 		st.ending = true
