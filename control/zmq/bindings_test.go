@@ -168,3 +168,74 @@ func TestSupersededIncarnationsFreeTheirConnections(t *testing.T) {
 	}
 	hello("d1", pid("gen", 2), 7) // another peer finds room too
 }
+
+// A name that went down before RemovePeer forgot it — the usual order: a
+// crashed peer misses its heartbeats (3 s by default) before its etcd
+// lease runs out (5 s), and a closing one's goodbye may come before the
+// etcd Down — is forgotten by the listener too. Before, only a name that
+// went down after its removal was (down): one already down was never told
+// down again, and stayed in liveness, in OnPeerAlive's table and in every
+// expiry walk for as long as the link lived, one entry per name ever
+// heard. A removed name still up, and a down name the directory still
+// holds, stay tracked.
+func TestPeersRemovedOnceDownAreForgotten(t *testing.T) {
+	clock := &fakeClock{}
+	clock.advance(time.Hour)
+	s := bareListener(t, clock)
+	s.l.cfg.OnPeerAlive = func(messages.PeerID) {}
+	const names = 20
+	say := func(id messages.PeerID, conn string, inc uint64) {
+		t.Helper()
+		h := helloOf(id, conn)
+		h.Incarnation = inc
+		s.handle(conn, mustEncode(t, h), "", 1)
+		s.handle(conn, mustEncode(t, &messages.Heartbeat{From: id, Seq: 1}), "", 1)
+		if !s.live.tracks(id) {
+			t.Fatalf("%s not tracked after its Hello (%+v)", id, s.l.Stats().Rejected)
+		}
+	}
+	for i := range names {
+		id := pid(fmt.Sprintf("gen-%d", i), 0)
+		conn := fmt.Sprintf("c%d", i)
+		say(id, conn, uint64(i+1))
+		if i%2 == 0 {
+			// A crash: silence puts it down, then etcd's Down removes it.
+			clock.advance(time.Hour)
+			s.live.expire(clock.now(), s.down)
+		} else {
+			// A close: its goodbye, then etcd's Down.
+			s.handle(conn, mustEncode(t, &messages.Heartbeat{From: id, Seq: 2, FromIncarnation: uint64(i + 1), Leaving: true}), "", 1)
+			s.goodbyes()
+		}
+		if !s.live.isDown(id) {
+			t.Fatalf("%s not down", id)
+		}
+		s.l.RemovePeer(id)
+		clock.advance(2 * time.Second)
+		s.afterWait()
+	}
+	// A name down but still in the directory, and one removed but up.
+	kept, up := pid("kept", 0), pid("up", 0)
+	say(kept, "kept", 1)
+	clock.advance(time.Hour)
+	s.live.expire(clock.now(), s.down)
+	say(up, "up", 1)
+	s.l.RemovePeer(up)
+	clock.advance(2 * time.Second)
+	s.afterWait()
+	if !s.live.tracks(kept) || !s.live.tracks(up) {
+		t.Fatalf("kept tracked %v, up tracked %v: want both", s.live.tracks(kept), s.live.tracks(up))
+	}
+	if n := len(s.live.peers); n != 2 {
+		t.Fatalf("liveness tracks %d names, want 2: the %d names removed once down are not forgotten", n, names)
+	}
+	if n := len(s.told); n != 2 {
+		t.Fatalf("OnPeerAlive's table holds %d names, want 2", n)
+	}
+	// A forgotten name that says Hello again is a peer as any other.
+	again := pid("gen-0", 0)
+	say(again, "again", 100)
+	if _, err := s.l.Hello(again); err != nil {
+		t.Fatalf("gen-0/0 back after its removal: %v", err)
+	}
+}

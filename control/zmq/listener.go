@@ -55,6 +55,8 @@ type listener struct {
 	ghosts map[string]ghost
 	// ghostScan: when ghost last scanned the ghosts for old ones.
 	ghostScan time.Time
+	// removedScan: when forgetRemoved last walked liveness.
+	removedScan time.Time
 }
 
 // ghost is a binding probeDead forgot, or a Hello refused at a bound
@@ -257,10 +259,48 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 	}
 	s.waitLoop(stop, "listener poll failed; listener stops",
 		func() error { _, err := rw.serve(s.tick(), s.drain); return err },
-		func() {
-			s.goodbyes()
-			s.live.expire(s.l.cfg.Clock(), s.down)
-		})
+		s.afterWait)
+}
+
+// afterWait runs after each wait of the listener: the goodbyes read, the
+// liveness expiry, and the names RemovePeer forgot once down
+// (forgetRemoved).
+func (s *listener) afterWait() {
+	s.goodbyes()
+	now := s.l.cfg.Clock()
+	s.live.expire(now, s.down)
+	s.forgetRemoved(now)
+}
+
+// removedScanEvery bounds how often forgetRemoved walks liveness.
+const removedScanEvery = time.Second
+
+// forgetRemoved forgets (forgetPeer) the names liveness tracks as down
+// that the directory no longer holds, at most once per removedScanEvery.
+// down forgets a name RemovePeer forgot, but it is told only of one that
+// goes down while tracked as alive: one already down when it was removed
+// — a crashed peer misses its heartbeats (3 s by default) before its etcd
+// lease runs out (5 s), and a closing one's goodbye may come before the
+// etcd Down — was never told down again, and stayed in liveness, in
+// OnPeerAlive's table and in every expiry walk for as long as the link
+// lived. Its bindings stay until forgetDownConns needs the room; a Hello
+// of the name tracks it again.
+func (s *listener) forgetRemoved(now time.Time) {
+	if !s.removedScan.IsZero() && now.Sub(s.removedScan) < removedScanEvery && !now.Before(s.removedScan) {
+		return
+	}
+	s.removedScan = now
+	var gone []messages.PeerID
+	s.l.mu.Lock()
+	for p, st := range s.live.peers {
+		if st.down && s.l.peers[p] == nil {
+			gone = append(gone, p)
+		}
+	}
+	s.l.mu.Unlock()
+	for _, p := range gone {
+		s.forgetPeer(p)
+	}
 }
 
 // idleWait bounds a wait of the listener or the ZAP handler when nothing
