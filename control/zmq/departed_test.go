@@ -601,3 +601,48 @@ func TestRemovalOfAnOlderIncarnationKeepsTheNewer(t *testing.T) {
 		t.Fatalf("incarnation 2's beat after incarnation 1's removal told OnPeerAlive %d times, want once", alive.Load()-n)
 	}
 }
+
+// An etcd Down of an incarnation whose Hello the link does not hold yet
+// (its Up was heard, its Hello not: a process out of etcd without knowing
+// it, or one whose Hello was still on its way) departs that incarnation:
+// its Hello, when it comes, is refused and puts nothing back. Before,
+// RemovePeerIncarnation departed only the incarnation whose Hello it held
+// (an older one, or none), and the removed incarnation's later Hello took
+// the name back: the link said it alive, and its beats kept it so, though
+// the node had failed its requests as out of the cluster.
+func TestRemovalOfAnIncarnationNotHeardYetRefusesItsHello(t *testing.T) {
+	f := newDepartedFixture(t) // incarnation 1 said Hello
+	f.add(f.old.public)        // incarnation 2's Up (same key)
+	f.s.l.RemovePeerIncarnation(f.peer, 2)
+	before := f.rejected(RejectDeparted)
+	f.hello("c2", 2, f.old.public)
+	if f.rejected(RejectDeparted) != before+1 || f.current() != 0 {
+		t.Fatalf("removed incarnation 2's Hello: departed rejects %d→%d, link holds incarnation %d; want it refused, none held",
+			before, f.rejected(RejectDeparted), f.current())
+	}
+	f.hello("c1", 1, f.old.public)
+	if f.current() != 0 {
+		t.Fatalf("incarnation 1's Hello after the removal: link holds incarnation %d, want none", f.current())
+	}
+
+	// A name whose Hello never came at all.
+	other := pid("gen", 1)
+	if err := f.s.l.SetPeerServerKey(other, f.old.public); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.l.AddPeer(other, "tcp://127.0.0.1:2"); err != nil {
+		t.Fatal(err)
+	}
+	f.s.l.RemovePeerIncarnation(other, 5)
+	before = f.rejected(RejectDeparted)
+	f.s.handle("c3", mustEncode(t, incHello(other, 5)), f.old.public, 1)
+	if _, err := f.s.l.Hello(other); err == nil || f.rejected(RejectDeparted) != before+1 {
+		t.Fatalf("removed incarnation 5 of gen/1, never heard: its Hello taken (Hello error %v, departed rejects %d→%d)",
+			err, before, f.rejected(RejectDeparted))
+	}
+	// A new incarnation is a peer as before.
+	f.s.handle("c4", mustEncode(t, incHello(other, 6)), f.old.public, 1)
+	if _, err := f.s.l.Hello(other); err != nil {
+		t.Fatalf("gen/1's incarnation 6 after 5's removal: %v", err)
+	}
+}

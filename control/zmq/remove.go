@@ -57,6 +57,10 @@ func (l *Link) RemovePeer(peer messages.PeerID) { l.RemovePeerIncarnation(peer, 
 // static endpoint, or an old lease that ran out after the new process
 // spoke) — that incarnation stays: only inc is remembered as departed, so
 // that its Hellos and beats are refused, and nothing else changes.
+// Otherwise the peer is removed as RemovePeer removes it, and inc is
+// remembered as departed too when the link holds no Hello of it (an
+// older incarnation's, or none), so that its Hello, should it come
+// later, takes nothing back.
 func (l *Link) RemovePeerIncarnation(peer messages.PeerID, inc uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -79,6 +83,13 @@ func (l *Link) RemovePeerIncarnation(peer messages.PeerID, inc uint64) {
 			key = info.serverKey
 		}
 		l.departIncarnationLocked(peer, h.Incarnation, key)
+	}
+	if h := info.hello; inc != 0 && (h == nil || h.Incarnation != inc) {
+		// The incarnation that left has not said Hello here yet (its Up
+		// was heard; its Hello is on its way, or it lives on out of etcd
+		// without knowing it): its Hello, when it comes, must not take
+		// the name back either. It spoke with the key its record named.
+		l.departIncarnationLocked(peer, inc, info.serverKey)
 	}
 	if info.serverKey != "" {
 		l.departLocked(info.serverKey, peer)
