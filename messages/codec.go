@@ -234,6 +234,19 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Epoch:     m.Epoch,
 			From:      peerToWire(m.From),
 		}}
+	case *Misaddressed:
+		if m == nil {
+			return nil, invalid("encode: nil %T", m)
+		}
+		if err := checkText(m, "request id", m.RequestID, "sender instance", m.From.Instance); err != nil {
+			return nil, err
+		}
+		env.Body = &pb.Envelope_Misaddressed{Misaddressed: &pb.Misaddressed{
+			RequestId: m.RequestID,
+			Epoch:     m.Epoch,
+			From:      peerToWire(m.From),
+			Addressed: m.Addressed,
+		}}
 	case *Heartbeat:
 		if m == nil {
 			return nil, invalid("encode: nil %T", m)
@@ -345,6 +358,14 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			RequestID: m.GetRequestId(),
 			Epoch:     m.GetEpoch(),
 			From:      peerFromWire(m.GetFrom()),
+		}, nil
+	case *pb.Envelope_Misaddressed:
+		m := body.Misaddressed
+		return &Misaddressed{
+			RequestID: m.GetRequestId(),
+			Epoch:     m.GetEpoch(),
+			From:      peerFromWire(m.GetFrom()),
+			Addressed: m.GetAddressed(),
 		}, nil
 	case *pb.Envelope_Heartbeat:
 		m := body.Heartbeat

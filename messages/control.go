@@ -147,6 +147,12 @@ const (
 	// writing only to the ranks that ask it to, never uses it). A writer
 	// refuses its RequestData, naming it.
 	FeatureSendOnly
+	// FeatureMisaddressed: the sender, as a generation rank, takes the
+	// Misaddressed frame. A writer answers a RequestData that reached it
+	// addressed to an earlier incarnation of itself with one only when the
+	// RequestData's sender says so: a build before it rejects the frame
+	// as of an unknown type (counted, with a warning).
+	FeatureMisaddressed
 )
 
 // SendOnlyKey is the region key a send-only rank's Hello names
@@ -204,10 +210,11 @@ type Incarnated interface {
 	Incarnation() Incarnations
 }
 
-func (m *RequestData) Incarnation() Incarnations { return m.Incarnations }
-func (m *Result) Incarnation() Incarnations      { return m.Incarnations }
-func (m *Cancel) Incarnation() Incarnations      { return m.Incarnations }
-func (m *CancelAck) Incarnation() Incarnations   { return m.Incarnations }
+func (m *RequestData) Incarnation() Incarnations  { return m.Incarnations }
+func (m *Result) Incarnation() Incarnations       { return m.Incarnations }
+func (m *Cancel) Incarnation() Incarnations       { return m.Incarnations }
+func (m *CancelAck) Incarnation() Incarnations    { return m.Incarnations }
+func (m *Misaddressed) Incarnation() Incarnations { return m.Incarnations }
 
 // MaxModelLen bounds Hello.Model.
 const MaxModelLen = 128
@@ -284,6 +291,33 @@ type CancelAck struct {
 	Incarnations
 }
 
+// Misaddressed answers a RequestData that reached an incarnation of its
+// writer other than the one it was addressed to — a later one: the writer
+// restarted on the same endpoint and took frames before its new Hello
+// reached the generation rank — which dropped it unread. It says: your
+// RequestData for RequestID (Epoch) addressed to incarnation Addressed
+// reached incarnation FromIncarnation of From, which dropped it.
+// ToIncarnation is the dropped frame's FromIncarnation (the generation
+// rank that sent it).
+//
+// It is not a terminal frame and no proof that any incarnation's writes
+// are over: the generation rank takes it only for a RequestData it sent
+// once addressed to Addressed, that left, and that no answer of Addressed
+// has shown received; a RequestData is handed to the transport once per
+// incarnation it is addressed to, and the transport delivers a copy at
+// most once, to one process, so the frame never reached Addressed, and
+// the request may be addressed to FromIncarnation (docs/membership.md).
+// It is sent only to a peer whose Hello says FeatureMisaddressed.
+type Misaddressed struct {
+	RequestID string
+	Epoch     uint64
+	From      PeerID
+	// Addressed is the incarnation the dropped RequestData was addressed
+	// to (its ToIncarnation): not 0, and earlier than FromIncarnation.
+	Addressed uint64
+	Incarnations
+}
+
 // Heartbeat proves a peer is alive. With Leaving set it is a goodbye: the
 // sender's control link is closing gracefully and this is its last
 // heartbeat to the receiver.
@@ -302,19 +336,21 @@ type Heartbeat struct {
 	Leaving bool
 }
 
-func (m *Hello) Request() string       { return "" }
-func (m *RequestData) Request() string { return m.RequestID }
-func (m *Result) Request() string      { return m.RequestID }
-func (m *Cancel) Request() string      { return m.RequestID }
-func (m *CancelAck) Request() string   { return m.RequestID }
-func (m *Heartbeat) Request() string   { return "" }
+func (m *Hello) Request() string        { return "" }
+func (m *RequestData) Request() string  { return m.RequestID }
+func (m *Result) Request() string       { return m.RequestID }
+func (m *Cancel) Request() string       { return m.RequestID }
+func (m *CancelAck) Request() string    { return m.RequestID }
+func (m *Misaddressed) Request() string { return m.RequestID }
+func (m *Heartbeat) Request() string    { return "" }
 
-func (m *Hello) Sender() PeerID       { return m.From }
-func (m *RequestData) Sender() PeerID { return m.From }
-func (m *Result) Sender() PeerID      { return m.From }
-func (m *Cancel) Sender() PeerID      { return m.From }
-func (m *CancelAck) Sender() PeerID   { return m.From }
-func (m *Heartbeat) Sender() PeerID   { return m.From }
+func (m *Hello) Sender() PeerID        { return m.From }
+func (m *RequestData) Sender() PeerID  { return m.From }
+func (m *Result) Sender() PeerID       { return m.From }
+func (m *Cancel) Sender() PeerID       { return m.From }
+func (m *CancelAck) Sender() PeerID    { return m.From }
+func (m *Misaddressed) Sender() PeerID { return m.From }
+func (m *Heartbeat) Sender() PeerID    { return m.From }
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
@@ -529,6 +565,25 @@ func (m *CancelAck) Validate() error {
 		return err
 	}
 	return m.From.validate()
+}
+
+// Validate implements Frame. Both incarnations it names are known (not 0),
+// and the one the dropped frame was addressed to is the earlier.
+func (m *Misaddressed) Validate() error {
+	if err := validateRequestID(m.RequestID); err != nil {
+		return err
+	}
+	if err := m.From.validate(); err != nil {
+		return err
+	}
+	if m.Addressed == 0 || m.FromIncarnation <= m.Addressed {
+		return invalid("request %s from %s: misaddressed to incarnation %d, dropped by incarnation %d: want an earlier incarnation than the dropping one, neither 0",
+			m.RequestID, m.From, m.Addressed, m.FromIncarnation)
+	}
+	if m.ToIncarnation == 0 {
+		return invalid("request %s from %s: misaddressed answer names no incarnation of its receiver", m.RequestID, m.From)
+	}
+	return nil
 }
 
 // Validate implements Frame.

@@ -26,7 +26,7 @@ const (
 	envVersion protowire.Number = 1
 	envHello   protowire.Number = 2
 	envRequest protowire.Number = 3
-	envLast    protowire.Number = 7 // heartbeat, the last body
+	envLast    protowire.Number = 8 // misaddressed, the last body
 
 	helloPools   protowire.Number = 9
 	helloMemory  protowire.Number = 11
@@ -39,7 +39,7 @@ const (
 )
 
 // bodyNames names the Envelope's body fields, by number.
-var bodyNames = [...]string{2: "hello", 3: "request_data", 4: "result", 5: "cancel", 6: "cancel_ack", 7: "heartbeat"}
+var bodyNames = [...]string{2: "hello", 3: "request_data", 4: "result", 5: "cancel", 6: "cancel_ack", 7: "heartbeat", 8: "misaddressed"}
 
 // overBound says that a repeated field holds more elements than its bound.
 type overBound struct {

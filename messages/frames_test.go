@@ -76,6 +76,8 @@ func sampleFrames() map[string]messages.Frame {
 		"cancel_ack":    &messages.CancelAck{RequestID: "req-0001", Epoch: 7, From: testPeer},
 		"heartbeat":     &messages.Heartbeat{From: testPeer, Seq: math.MaxUint64},
 		"goodbye":       &messages.Heartbeat{From: testPeer, Seq: 9, FromIncarnation: math.MaxUint64, Leaving: true},
+		"misaddressed": &messages.Misaddressed{RequestID: "req-0001", Epoch: 7, From: testPeer, Addressed: 1<<62 + 3,
+			Incarnations: messages.Incarnations{FromIncarnation: math.MaxUint64, ToIncarnation: 1<<63 + 1}},
 	}
 }
 
@@ -262,7 +264,7 @@ func drawResult(t *rapid.T) *messages.Result {
 }
 
 func drawFrame(t *rapid.T) messages.Frame {
-	switch rapid.IntRange(0, 5).Draw(t, "type") {
+	switch rapid.IntRange(0, 6).Draw(t, "type") {
 	case 0:
 		return drawHello(t)
 	case 1:
@@ -281,6 +283,16 @@ func drawFrame(t *rapid.T) messages.Frame {
 			RequestID: genNonEmptyText(messages.MaxRequestIDLen).Draw(t, "requestID"),
 			Epoch:     rapid.Uint64().Draw(t, "epoch"),
 			From:      drawPeer(t, "from"),
+		}
+	case 5:
+		addressed := rapid.Uint64Range(1, math.MaxUint64-1).Draw(t, "addressed")
+		return &messages.Misaddressed{
+			RequestID: genNonEmptyText(messages.MaxRequestIDLen).Draw(t, "requestID"),
+			Epoch:     rapid.Uint64().Draw(t, "epoch"),
+			From:      drawPeer(t, "from"),
+			Addressed: addressed,
+			Incarnations: messages.Incarnations{FromIncarnation: rapid.Uint64Range(addressed+1, math.MaxUint64).Draw(t, "fromIncarnation"),
+				ToIncarnation: rapid.Uint64Range(1, math.MaxUint64).Draw(t, "toIncarnation")},
 		}
 	default:
 		return &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq"),

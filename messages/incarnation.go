@@ -3,8 +3,8 @@ package messages
 import "github.com/kvxfer/kvxfer/messages/pb"
 
 // incarnationsToWire copies f's incarnations (Hello.Incarnation, the
-// Incarnations of RequestData, Result, Cancel, CancelAck) into env's body,
-// which toWire built from f.
+// Incarnations of RequestData, Result, Cancel, CancelAck, Misaddressed)
+// into env's body, which toWire built from f.
 func incarnationsToWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
 	case *pb.Envelope_Hello:
@@ -26,6 +26,9 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 	case *pb.Envelope_CancelAck:
 		in := f.(*CancelAck).Incarnations
 		b.CancelAck.FromIncarnation, b.CancelAck.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+	case *pb.Envelope_Misaddressed:
+		in := f.(*Misaddressed).Incarnations
+		b.Misaddressed.FromIncarnation, b.Misaddressed.ToIncarnation = in.FromIncarnation, in.ToIncarnation
 	}
 }
 
@@ -48,5 +51,7 @@ func incarnationsFromWire(env *pb.Envelope, f Frame) {
 		f.(*Cancel).Incarnations = Incarnations{b.Cancel.GetFromIncarnation(), b.Cancel.GetToIncarnation()}
 	case *pb.Envelope_CancelAck:
 		f.(*CancelAck).Incarnations = Incarnations{b.CancelAck.GetFromIncarnation(), b.CancelAck.GetToIncarnation()}
+	case *pb.Envelope_Misaddressed:
+		f.(*Misaddressed).Incarnations = Incarnations{b.Misaddressed.GetFromIncarnation(), b.Misaddressed.GetToIncarnation()}
 	}
 }

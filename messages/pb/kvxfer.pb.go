@@ -102,6 +102,7 @@ type Envelope struct {
 	//	*Envelope_Cancel
 	//	*Envelope_CancelAck
 	//	*Envelope_Heartbeat
+	//	*Envelope_Misaddressed
 	Body          isEnvelope_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -205,6 +206,15 @@ func (x *Envelope) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *Envelope) GetMisaddressed() *Misaddressed {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_Misaddressed); ok {
+			return x.Misaddressed
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -233,6 +243,13 @@ type Envelope_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,7,opt,name=heartbeat,proto3,oneof"`
 }
 
+type Envelope_Misaddressed struct {
+	// misaddressed: sent only to a peer whose Hello says
+	// feature bit 3 (messages.FeatureMisaddressed); a build before it
+	// rejects the frame as of an unknown type (counted, logged).
+	Misaddressed *Misaddressed `protobuf:"bytes,8,opt,name=misaddressed,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Body() {}
 
 func (*Envelope_RequestData) isEnvelope_Body() {}
@@ -244,6 +261,8 @@ func (*Envelope_Cancel) isEnvelope_Body() {}
 func (*Envelope_CancelAck) isEnvelope_Body() {}
 
 func (*Envelope_Heartbeat) isEnvelope_Body() {}
+
+func (*Envelope_Misaddressed) isEnvelope_Body() {}
 
 // PeerID names one rank of one engine instance.
 type PeerID struct {
@@ -564,7 +583,9 @@ type Hello struct {
 	// so. Absent: no such proof (an older peer, another host).
 	Process *ProcessID `protobuf:"bytes,21,opt,name=process,proto3" json:"process,omitempty"`
 	// features: what the sender's version understands beyond version 1
-	// (bit 0: RequestData.remap). Absent: none (an older peer).
+	// (bit 0: RequestData.remap; bit 1: Result payloads up to 64 KiB; bit 2:
+	// a send-only rank; bit 3: the Misaddressed frame). Absent: none (an
+	// older peer).
 	Features      uint64 `protobuf:"varint,22,opt,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1395,6 +1416,99 @@ func (x *CancelAck) GetToIncarnation() uint64 {
 	return 0
 }
 
+// Misaddressed answers a RequestData that reached an incarnation of its
+// writer other than the one it was addressed to (a newer one: the writer
+// restarted on the same endpoint, and took frames before its Hello reached
+// the sender), which dropped it unread: "your RequestData for request_id
+// (epoch) addressed to incarnation addressed reached incarnation
+// from_incarnation, which dropped it". to_incarnation is the dropped
+// frame's from_incarnation. It is sent only to a peer whose Hello has
+// feature bit 3, and is no proof that any incarnation's writes are over
+// (docs/membership.md).
+type Misaddressed struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch           uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	From            *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Addressed       uint64                 `protobuf:"varint,4,opt,name=addressed,proto3" json:"addressed,omitempty"`
+	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64                 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Misaddressed) Reset() {
+	*x = Misaddressed{}
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Misaddressed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Misaddressed) ProtoMessage() {}
+
+func (x *Misaddressed) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Misaddressed.ProtoReflect.Descriptor instead.
+func (*Misaddressed) Descriptor() ([]byte, []int) {
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Misaddressed) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Misaddressed) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Misaddressed) GetFrom() *PeerID {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *Misaddressed) GetAddressed() uint64 {
+	if x != nil {
+		return x.Addressed
+	}
+	return 0
+}
+
+func (x *Misaddressed) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *Misaddressed) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
 // Heartbeat proves a peer is alive. With leaving set it is a goodbye: the
 // sender's control link is closing gracefully (its last heartbeat to the
 // receiver). Both fields are optional: a peer that predates them ignores
@@ -1411,7 +1525,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1537,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_proto_kvxfer_proto_msgTypes[14]
+	mi := &file_messages_proto_kvxfer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1550,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{14}
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Heartbeat) GetFrom() *PeerID {
@@ -1471,7 +1585,7 @@ var File_messages_proto_kvxfer_proto protoreflect.FileDescriptor
 
 const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmessages/proto/kvxfer.proto\x12\tkvxfer.v1\"\xda\x02\n" +
+	"\x1bmessages/proto/kvxfer.proto\x12\tkvxfer.v1\"\x99\x03\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12(\n" +
 	"\x05hello\x18\x02 \x01(\v2\x10.kvxfer.v1.HelloH\x00R\x05hello\x12;\n" +
@@ -1480,7 +1594,8 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06cancel\x18\x05 \x01(\v2\x11.kvxfer.v1.CancelH\x00R\x06cancel\x125\n" +
 	"\n" +
 	"cancel_ack\x18\x06 \x01(\v2\x14.kvxfer.v1.CancelAckH\x00R\tcancelAck\x124\n" +
-	"\theartbeat\x18\a \x01(\v2\x14.kvxfer.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
+	"\theartbeat\x18\a \x01(\v2\x14.kvxfer.v1.HeartbeatH\x00R\theartbeat\x12=\n" +
+	"\fmisaddressed\x18\b \x01(\v2\x17.kvxfer.v1.MisaddressedH\x00R\fmisaddressedB\x06\n" +
 	"\x04body\"8\n" +
 	"\x06PeerID\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12\x12\n" +
@@ -1588,6 +1703,14 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
 	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xda\x01\n" +
+	"\fMisaddressed\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
+	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x1c\n" +
+	"\taddressed\x18\x04 \x01(\x04R\taddressed\x12)\n" +
+	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
 	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\x89\x01\n" +
 	"\tHeartbeat\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x10\n" +
@@ -1614,7 +1737,7 @@ func file_messages_proto_kvxfer_proto_rawDescGZIP() []byte {
 }
 
 var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(Status)(0),          // 0: kvxfer.v1.Status
 	(*Envelope)(nil),     // 1: kvxfer.v1.Envelope
@@ -1631,7 +1754,8 @@ var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(*Result)(nil),       // 12: kvxfer.v1.Result
 	(*Cancel)(nil),       // 13: kvxfer.v1.Cancel
 	(*CancelAck)(nil),    // 14: kvxfer.v1.CancelAck
-	(*Heartbeat)(nil),    // 15: kvxfer.v1.Heartbeat
+	(*Misaddressed)(nil), // 15: kvxfer.v1.Misaddressed
+	(*Heartbeat)(nil),    // 16: kvxfer.v1.Heartbeat
 }
 var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	7,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
@@ -1639,27 +1763,29 @@ var file_messages_proto_kvxfer_proto_depIdxs = []int32{
 	12, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
 	13, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
 	14, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
-	15, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
-	2,  // 6: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
-	6,  // 7: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
-	3,  // 8: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
-	5,  // 9: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
-	9,  // 10: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
-	8,  // 11: kvxfer.v1.Hello.process:type_name -> kvxfer.v1.ProcessID
-	2,  // 12: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
-	3,  // 13: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
-	4,  // 14: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
-	11, // 15: kvxfer.v1.RequestData.remap:type_name -> kvxfer.v1.Extent
-	2,  // 16: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
-	0,  // 17: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
-	2,  // 18: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
-	2,  // 19: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
-	2,  // 20: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	16, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
+	15, // 6: kvxfer.v1.Envelope.misaddressed:type_name -> kvxfer.v1.Misaddressed
+	2,  // 7: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
+	6,  // 8: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
+	3,  // 9: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
+	5,  // 10: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
+	9,  // 11: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
+	8,  // 12: kvxfer.v1.Hello.process:type_name -> kvxfer.v1.ProcessID
+	2,  // 13: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
+	3,  // 14: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
+	4,  // 15: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
+	11, // 16: kvxfer.v1.RequestData.remap:type_name -> kvxfer.v1.Extent
+	2,  // 17: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
+	0,  // 18: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
+	2,  // 19: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
+	2,  // 20: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
+	2,  // 21: kvxfer.v1.Misaddressed.from:type_name -> kvxfer.v1.PeerID
+	2,  // 22: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_messages_proto_kvxfer_proto_init() }
@@ -1674,6 +1800,7 @@ func file_messages_proto_kvxfer_proto_init() {
 		(*Envelope_Cancel)(nil),
 		(*Envelope_CancelAck)(nil),
 		(*Envelope_Heartbeat)(nil),
+		(*Envelope_Misaddressed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1681,7 +1808,7 @@ func file_messages_proto_kvxfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_proto_kvxfer_proto_rawDesc), len(file_messages_proto_kvxfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
