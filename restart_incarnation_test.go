@@ -358,3 +358,164 @@ func TestRequestDataWaitsForRestartedWritersHello(t *testing.T) {
 	closeWithin(t, ctx2, "ctx2")
 	closeWithin(t, gen, "gen")
 }
+
+// staleLink is the generation rank's view of a MemLink across a writer's
+// crash and restart over zmq: while it holds a Hello of the context peer,
+// it returns that one (the old incarnation's, taken as live: no heartbeat
+// missed yet) whatever the peer's listener is now, although a new
+// incarnation listening there takes every frame sent to it. As over zmq,
+// where a connection's Hello precedes its frames, the first frame that
+// reaches this rank from another incarnation of the peer ends the hold:
+// the Hello read from then on is the new incarnation's.
+type staleLink struct {
+	*control.MemLink
+	held atomic.Pointer[messages.Hello]
+}
+
+func (l *staleLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	if h := l.held.Load(); h != nil && peer == h.From {
+		return h, nil
+	}
+	return l.MemLink.Hello(peer)
+}
+
+func (l *staleLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (control.Listener, error) {
+	return l.MemLink.Listen(self, func(f messages.Frame) {
+		if h := l.held.Load(); h != nil && f.Sender() == h.From {
+			if in, ok := f.(messages.Incarnated); ok && in.Incarnation().FromIncarnation != h.Incarnation {
+				l.held.Store(nil)
+			}
+		}
+		deliver(f)
+	})
+}
+
+// TestMisaddressedRequestDataReaddressed: the zmq crash-restart window.
+// The writer ctx1 crashed without a goodbye and ctx2 restarted on its
+// endpoint; the generation rank still holds ctx1's Hello as live, so
+// the request's RequestData leaves addressed to ctx1 (core.Addressing
+// lets it go: a Hello names its incarnation), and ctx2, which takes
+// frames there before its Hello is read on the generation side, drops it
+// as addressed to its predecessor. The session took it as delivered and
+// never sent it again: the request failed at its deadline (or on ctx1's
+// exit proof), its blocks quarantined meanwhile. ctx2 now answers
+// Misaddressed (the generation rank's Hello says FeatureMisaddressed),
+// and the generation side addresses the request to ctx2 and sends it
+// again: READY, with ctx2's data.
+//
+// Checked: without the answer (the tx parent's onMisaddressed returning
+// at once) it fails: TIMED_OUT, the blocks quarantined, ctx2 having
+// dropped the frame as stale.
+func TestMisaddressedRequestDataReaddressed(t *testing.T) {
+	l := smallLayout()
+	mem := control.NewMemLink()
+	stale := &staleLink{MemLink: mem}
+	gen := startOn(t, stale, l, "gen")
+	ctx1 := startOn(t, mem, l, "ctx")
+	c := &cluster{link: mem, ctx: []*kvxfer.Engine{ctx1}, gen: []*kvxfer.Engine{gen}, ctxPar: tp1, genPar: tp1}
+	transfer(t, c, l, "before", 1, 64, 32, true) // gen learns ctx1's incarnation
+	peer := messages.PeerID{Instance: "ctx", Rank: 0}
+	h1, err := mem.Hello(peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.held.Store(h1) // ctx1's Hello, as live
+	closeWithin(t, ctx1, "ctx1")
+	ctx2 := startOn(t, mem, l, "ctx") // takes frames at once
+	if h2, err := mem.Hello(peer); err != nil || h2.Incarnation == h1.Incarnation {
+		t.Fatalf("ctx2's Hello %v (%v): want another incarnation than ctx1's %d", h2, err, h1.Incarnation)
+	}
+	tx, src := sendWhole(t, ctx2, l, "across", 2, 64)
+
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "across", PromptLen: 64, Context: "ctx",
+		ContextParallel: tp1, Timeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := waitOutcome(t, rx.Done())
+	to := waitOutcome(t, tx.Done())
+	_ = ctx2.Pools().Free(src)
+	if ctx2.Stats().FramesStale == 0 {
+		t.Errorf("the window was not hit: ctx2 dropped no frame addressed to ctx1")
+	}
+	if !o.OK {
+		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
+			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
+	} else {
+		verify(t, gen, l, 64, o.Blocks, 2)
+		_ = gen.FreeBlocks(o.Blocks)
+	}
+	closeWithin(t, ctx2, "ctx2")
+	closeWithin(t, gen, "gen")
+}
+
+// TestMisaddressedForgedChangesNothing: Misaddressed frames that answer
+// no RequestData copy of a live request — for a request not started
+// here, garbled (no incarnation it was addressed to), addressed to
+// another incarnation of the generation rank, from a peer that is no
+// writer of the request, about a copy addressed to an incarnation the
+// request is not addressed to — are counted (stale, rejected) and change
+// nothing: the request still completes READY with its writer's data, and
+// nothing was freed or re-sent meanwhile.
+func TestMisaddressedForgedChangesNothing(t *testing.T) {
+	l := smallLayout()
+	mem := control.NewMemLink()
+	gen := startOn(t, mem, l, "gen")
+	ctx := startOn(t, mem, l, "ctx")
+	genInc, ctxInc := gen.Hello().Incarnation, ctx.Hello().Incarnation
+	peer := messages.PeerID{Instance: "ctx", Rank: 0}
+	rx, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "live", PromptLen: 64, Context: "ctx",
+		ContextParallel: tp1, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := mem.Dial(gen.Hello().From)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mis := func(req string, from messages.PeerID, addressed, by, to uint64) *messages.Misaddressed {
+		return &messages.Misaddressed{RequestID: req, Epoch: 1, From: from, Addressed: addressed,
+			Incarnations: messages.Incarnations{FromIncarnation: by, ToIncarnation: to}}
+	}
+	before := gen.Stats()
+	for _, f := range []*messages.Misaddressed{
+		mis("nope", peer, ctxInc-1, ctxInc, genInc),                                        // stale: no such request
+		mis("live", peer, 0, ctxInc, genInc),                                               // rejected: invalid
+		mis("live", peer, ctxInc-1, ctxInc, genInc-1),                                      // stale: to another incarnation of gen
+		mis("live", messages.PeerID{Instance: "other", Rank: 0}, ctxInc-1, ctxInc, genInc), // rejected: not a writer
+		mis("live", peer, ctxInc-1, ctxInc, genInc),                                        // the session's: addressed to ctxInc, not ctxInc-1
+	} {
+		if err := conn.Send(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The listener counts two at once, the rx parent two as it routes.
+	counted := func() (stale, rejected int64) {
+		after := gen.Stats()
+		return after.FramesStale - before.FramesStale, after.FramesRejected - before.FramesRejected
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s, r := counted(); s < 2 || r < 2; s, r = counted() {
+		if time.Now().After(deadline) {
+			t.Fatalf("forged Misaddressed: %d counted stale, %d rejected; want 2 and 2", s, r)
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+	tx, src := sendWhole(t, ctx, l, "live", 3, 64)
+	o := waitOutcome(t, rx.Done())
+	to := waitOutcome(t, tx.Done())
+	_ = ctx.Pools().Free(src)
+	if !o.OK || !to.OK {
+		t.Fatalf("rx %s %v, tx %s %v: want both done", o.Status, o.Err, to.Status, to.Err)
+	}
+	verify(t, gen, l, 64, o.Blocks, 3)
+	_ = gen.FreeBlocks(o.Blocks)
+	if s, r := counted(); s != 2 || r != 2 {
+		t.Errorf("forged Misaddressed: %d counted stale, %d rejected; want 2 and 2", s, r)
+	}
+	if q := gen.Pools().Quarantined(); q != 0 {
+		t.Errorf("gen quarantines %d blocks", q)
+	}
+	closeWithin(t, ctx, "ctx")
+	closeWithin(t, gen, "gen")
+}

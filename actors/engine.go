@@ -265,7 +265,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 	e.hello.Incarnation = cfg.Incarnation
 	// Its writers honour RequestData.Remap (resolve.go); its receivers
 	// take Result payloads up to messages.MaxPayload.
-	e.hello.Features = messages.FeatureRemap | messages.FeatureLargePayload
+	e.hello.Features = messages.FeatureRemap | messages.FeatureLargePayload | messages.FeatureMisaddressed
 	if cfg.SendOnly {
 		// No peer may write into it, whether the agent gave the region a
 		// key (a backend without source registrations) or not: the

@@ -285,6 +285,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 	case *invalidRequestData:
 		p.onUnread(ctx, m.rd, "invalid RequestData: "+m.err.Error())
 		p.env.credits.give(m.rd)
+	case *misaddressedRequestData:
+		p.onMisaddressed(ctx, m.rd)
+		p.env.credits.giveAnswer(m.rd.From)
 	case *shedRequestData:
 		p.onUnread(ctx, m.rd, fmt.Sprintf("context rank %s dropped the RequestData unread: %s had %d control frames waiting here (EngineConfig.FrameCredits): retry later",
 			p.self, m.rd.From, p.env.credits.limit))
@@ -416,6 +419,11 @@ type invalidResult struct {
 	err error
 }
 
+// misaddressedRequestData is a RequestData the listener dropped as
+// addressed to an earlier incarnation of this rank (listener.misaddressed),
+// as the fields that name it: request id, epoch, sender and incarnations.
+type misaddressedRequestData struct{ rd *messages.RequestData }
+
 // shedRequestData is a RequestData refused for its peer's spent frame
 // credits (frameCredits), as the fields that name it: request id, epoch,
 // sender and incarnations.
@@ -454,6 +462,28 @@ func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why str
 	p.answering = core.FromIncarnation(rd)
 	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(why, messages.MaxErrorLen)})
+}
+
+// onMisaddressed answers a RequestData this incarnation dropped unread,
+// addressed to an earlier one (misaddressedRequestData), with a
+// messages.Misaddressed to the incarnation that sent it: its session took
+// the frame as delivered, and would otherwise wait for that earlier
+// incarnation's answer, which never comes, until a proof of its exit or
+// its deadline. The answer changes nothing here (no session, no
+// tombstone: the request is not this incarnation's until a RequestData
+// addressed to it comes) and proves nothing about any incarnation's
+// writes; the generation side takes it only for its one copy of that
+// RequestData (core.RxSession's onMisaddressed). It goes only to a sender
+// whose Hello, the one the link holds now, is of the frame's incarnation
+// and says messages.FeatureMisaddressed (core.MisaddressedAnswer): an
+// older build rejects the frame as of an unknown type (counted, with a
+// warning), so there the frame stays dropped unanswered, as before.
+func (p *txParent) onMisaddressed(ctx actor.Context, rd *messages.RequestData) {
+	hello, err := p.link.Hello(rd.From)
+	if a := core.MisaddressedAnswer(rd, p.self, p.env.incarnation, hello, err); a != nil {
+		p.answering = rd.FromIncarnation
+		p.reply(ctx, rd.RequestID, rd.From, a)
+	}
 }
 
 // onRequestData validates a RequestData against the sender's Hello and
@@ -636,6 +666,12 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *messages.CancelAck:
+		p.route(ctx, m)
+		p.env.credits.give(m)
+	case *messages.Misaddressed:
+		// Its session decides (core.RxSession's onMisaddressed); one for
+		// a request not started here (finished, or never) is counted
+		// stale, one from a peer that is no writer of it rejected.
 		p.route(ctx, m)
 		p.env.credits.give(m)
 	case *invalidResult:
@@ -1038,6 +1074,23 @@ func (l *listener) admit(f messages.Frame) bool {
 	return false
 }
 
+// misaddressed sends the tx parent, which answers it (onMisaddressed),
+// the fields that name f, a valid frame admit refused, when f is a
+// RequestData addressed to an earlier incarnation of this rank
+// (core.IncarnationTable.Misaddressed): its sender takes it as delivered
+// and would never send it again. The copy takes an answer credit of its
+// sender's (frameCredits), which the parent gives back; credited: the
+// caller took it already (shed). It reports whether the copy went.
+func (l *listener) misaddressed(f messages.Frame, credited bool) bool {
+	rd, ok := l.incs.Misaddressed(f)
+	if !ok || !credited && !l.env.credits.takeAnswer(rd.From) {
+		return false
+	}
+	l.root.Send(l.tx, &misaddressedRequestData{rd: &messages.RequestData{RequestID: rd.RequestID, Epoch: rd.Epoch, From: rd.From,
+		Incarnations: rd.Incarnations}})
+	return true
+}
+
 // shed takes a RequestData refused for its peer's spent credits through
 // the same step and incarnation check as any frame and, passing them,
 // sends the fields that name it to the tx parent, which decides what
@@ -1046,8 +1099,11 @@ func (l *listener) shed(rd *messages.RequestData) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	dest, _ := routeFrame(l.tr, l.env.clock, rd)
-	if (dest != core.FrameToTx && dest != core.FrameInvalidToTx) || !l.admit(rd) {
+	if dest != core.FrameToTx && dest != core.FrameInvalidToTx {
 		return false
+	}
+	if !l.admit(rd) {
+		return dest == core.FrameToTx && l.misaddressed(rd, true)
 	}
 	l.root.Send(l.tx, &shedRequestData{rd: &messages.RequestData{RequestID: rd.RequestID, Epoch: rd.Epoch, From: rd.From,
 		Incarnations: rd.Incarnations}})
@@ -1075,6 +1131,9 @@ func (l *listener) route(f messages.Frame) {
 	switch dest {
 	case core.FrameToTx, core.FrameToRx, core.FrameInvalidToTx, core.FrameInvalidToRx:
 		if !l.admit(f) {
+			if dest == core.FrameToTx {
+				l.misaddressed(f, false)
+			}
 			l.env.credits.give(f)
 			return
 		}

@@ -82,7 +82,7 @@ func (k *rxKind) receive(*shell[*RxSession], actor.Context, any, time.Time) bool
 func (k *rxKind) hold(*shell[*RxSession], []Effect) bool                         { return false }
 
 // readdressed tells the rx parent that a session addressed writer writer
-// of request to incarnation inc (RxAddress).
+// of request to incarnation inc (RxAddress, or Readdress).
 type readdressed struct {
 	request string
 	writer  int
@@ -115,6 +115,10 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 	switch e := eff.(type) {
 	case SendFrame:
 		sendTo(ctx, a.env.frameWorker(e.Worker), &workerSend{SendFrame: e})
+	case Readdress:
+		// A Misaddressed taken: the parent's table follows, as for an
+		// RxAddress (unaddressed).
+		ctx.Send(ctx.Parent(), &readdressed{request: k.request(), writer: e.Writer, inc: e.Incarnation})
 	case SendRequestData:
 		if held := k.unaddressed(a, ctx, e); held != nil {
 			a.feedback = append(a.feedback, held)

@@ -36,6 +36,7 @@ type (
 	QuarantineDest  = core.QuarantineDest
 	RxSent          = core.RxSent
 	RxAddress       = core.RxAddress
+	Readdress       = core.Readdress
 	RxSession       = core.RxSession
 	RxState         = core.RxState
 	RxTimeout       = core.RxTimeout

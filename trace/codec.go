@@ -94,6 +94,8 @@ type wireFrame struct {
 	RequestData *messages.RequestData `json:",omitempty"`
 	Hello       *messages.Hello       `json:",omitempty"`
 	Heartbeat   *messages.Heartbeat   `json:",omitempty"`
+	// Misaddressed: steps of builds before it leave it out.
+	Misaddressed *messages.Misaddressed `json:",omitempty"`
 }
 
 // Unknown stands for a message or frame of a type this package does not
@@ -141,6 +143,8 @@ func encodeFrame(f messages.Frame) *wireFrame {
 		return &wireFrame{Type: "Hello", Hello: f}
 	case *messages.Heartbeat:
 		return &wireFrame{Type: "Heartbeat", Heartbeat: f}
+	case *messages.Misaddressed:
+		return &wireFrame{Type: "Misaddressed", Misaddressed: f}
 	default:
 		return &wireFrame{Type: fmt.Sprintf("%T", f)}
 	}
@@ -165,6 +169,8 @@ func (w *wireFrame) frame() messages.Frame {
 		return w.Hello
 	case "Heartbeat":
 		return w.Heartbeat
+	case "Misaddressed":
+		return w.Misaddressed
 	}
 	return Unknown{Type: w.Type}
 }

@@ -200,6 +200,8 @@ func effectString(e actors.Effect, v int) string {
 		return "Stop"
 	case actors.Log:
 		return "Log " + e.Level
+	case actors.Readdress:
+		return fmt.Sprintf("Readdress writer%d inc=%d", e.Writer, e.Incarnation)
 	}
 	return fmt.Sprintf("%T", e)
 }
@@ -220,6 +222,8 @@ func FrameString(f messages.Frame) string {
 		return fmt.Sprintf("Cancel %s epoch=%d reason=%s", f.RequestID, f.Epoch, f.Reason)
 	case *messages.RequestData:
 		return fmt.Sprintf("RequestData %s epoch=%d", f.RequestID, f.Epoch)
+	case *messages.Misaddressed:
+		return fmt.Sprintf("Misaddressed %s epoch=%d addressed=%d dropped-by=%d", f.RequestID, f.Epoch, f.Addressed, f.FromIncarnation)
 	case Unknown:
 		return f.Type
 	}

@@ -88,6 +88,16 @@ type SendRequestData struct {
 	Frame  *messages.RequestData
 }
 
+// Readdress tells the rx parent that writer Writer of the session's
+// request is addressed to incarnation Incarnation from now on (a
+// Misaddressed taken: RxSession.onMisaddressed), so that the exit proofs
+// and downs it matches follow (RxTable.Readdress). The session's own
+// checks take only that incarnation's answers already.
+type Readdress struct {
+	Writer      int
+	Incarnation uint64
+}
+
 // TimerKind names a session timer.
 type TimerKind uint8
 
@@ -158,6 +168,7 @@ func (CloseEndpoint) effect()   {}
 func (SendFrame) effect()       {}
 func (EndStream) effect()       {}
 func (SendRequestData) effect() {}
+func (Readdress) effect()       {}
 func (StartTimer) effect()      {}
 func (Finish) effect()          {}
 func (Decide) effect()          {}

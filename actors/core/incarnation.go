@@ -86,6 +86,42 @@ func (t *IncarnationTable) Admit(f messages.Frame) error {
 	return nil
 }
 
+// Misaddressed reports whether f, which Admit refused, is a RequestData
+// addressed to an earlier incarnation of this rank by a sender whose
+// incarnation is not earlier than one already heard: this incarnation
+// drops it unread, and may answer it with a messages.Misaddressed (the
+// shell does when the sender's Hello says messages.FeatureMisaddressed),
+// so that the sender addresses it anew instead of taking it as delivered.
+// It changes nothing: a dropped frame teaches no incarnation. Only a
+// RequestData is answered: it is the frame a generation rank sends once
+// and takes as delivered once it leaves; a Cancel is re-sent on its own.
+func (t *IncarnationTable) Misaddressed(f messages.Frame) (*messages.RequestData, bool) {
+	rd, ok := f.(*messages.RequestData)
+	if !ok || t.self == 0 || rd.ToIncarnation == 0 || rd.ToIncarnation >= t.self || rd.FromIncarnation == 0 ||
+		rd.FromIncarnation < t.peers[rd.From] {
+		return nil, false
+	}
+	return rd, true
+}
+
+// MisaddressedAnswer is this rank's answer to rd, a RequestData it dropped
+// as addressed to an earlier incarnation of itself (Misaddressed), when
+// rd's sender may have one: hello, the sender's Hello the control plane
+// holds now (err: none known), is of rd's incarnation and says
+// messages.FeatureMisaddressed. nil: no answer — a build before the
+// feature rejects the frame as of an unknown type (counted, with a
+// warning), and an answer to another incarnation of the sender than
+// rd's would be dropped there as addressed to an earlier one. self and
+// selfInc are this rank's PeerID and incarnation.
+func MisaddressedAnswer(rd *messages.RequestData, self messages.PeerID, selfInc uint64, hello *messages.Hello, err error) *messages.Misaddressed {
+	if err != nil || hello == nil || hello.From != rd.From || hello.Incarnation == 0 || hello.Incarnation != rd.FromIncarnation ||
+		!hello.Has(messages.FeatureMisaddressed) || rd.ToIncarnation == 0 || rd.ToIncarnation >= selfInc {
+		return nil
+	}
+	return &messages.Misaddressed{RequestID: rd.RequestID, Epoch: rd.Epoch, From: self, Addressed: rd.ToIncarnation,
+		Incarnations: messages.Incarnations{FromIncarnation: selfInc, ToIncarnation: rd.FromIncarnation}}
+}
+
 // stamp sets the incarnations of a frame this rank sends.
 func stamp(f messages.Frame, in messages.Incarnations) {
 	switch m := f.(type) {
@@ -96,6 +132,8 @@ func stamp(f messages.Frame, in messages.Incarnations) {
 	case *messages.Cancel:
 		m.Incarnations = in
 	case *messages.CancelAck:
+		m.Incarnations = in
+	case *messages.Misaddressed:
 		m.Incarnations = in
 	}
 }

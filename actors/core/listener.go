@@ -12,7 +12,7 @@ const (
 	FrameRejected FrameDest = iota + 1
 	// FrameToTx: RequestData and Cancel go to the tx parent.
 	FrameToTx
-	// FrameToRx: Result and CancelAck go to the rx parent.
+	// FrameToRx: Result, CancelAck and Misaddressed go to the rx parent.
 	FrameToRx
 	// FrameIgnored: a valid frame of a kind no parent takes.
 	FrameIgnored
@@ -55,7 +55,7 @@ func RouteFrame(f messages.Frame) (FrameDest, error) {
 	switch f.(type) {
 	case *messages.RequestData, *messages.Cancel:
 		return FrameToTx, nil
-	case *messages.Result, *messages.CancelAck:
+	case *messages.Result, *messages.CancelAck, *messages.Misaddressed:
 		return FrameToRx, nil
 	}
 	return FrameIgnored, nil

@@ -15,7 +15,8 @@ import (
 type (
 	// RxBegin starts the session: its blocks are allocated.
 	RxBegin struct{}
-	// RxFrame: a Result or CancelAck from writer Writer. Invalid, when
+	// RxFrame: a Result, CancelAck or Misaddressed (onMisaddressed) from
+	// writer Writer. Invalid, when
 	// set, is why the frame failed validation (messages.InvalidFrame):
 	// only its naming fields (request, epoch, sender, incarnations) may be
 	// read. It fails the request at once, but proves nothing: the writer
@@ -107,6 +108,11 @@ type RxWriter struct {
 	// (0: not known). A frame of another incarnation of the writer is no
 	// answer for this request: not its outcome, not a proof.
 	Incarnation uint64
+	// DroppedBy is the latest incarnation of the writer whose Misaddressed
+	// the session took (0: none): one is taken only from a later one, so
+	// that each answers a distinct copy of the RequestData
+	// (onMisaddressed).
+	DroppedBy uint64
 }
 
 // delivery is what a session knows of a writer's RequestData.
@@ -377,6 +383,13 @@ func (s *RxSession) onFrame(m RxFrame) {
 		epoch, inc = f.Epoch, f.Incarnations
 	case *messages.CancelAck:
 		epoch, inc = f.Epoch, f.Incarnations
+	case *messages.Misaddressed:
+		if m.Invalid == nil {
+			s.onMisaddressed(m.Writer, f)
+		} else {
+			s.StaleFrames++
+		}
+		return
 	default:
 		s.StaleFrames++
 		return
@@ -523,6 +536,83 @@ func Addressing(e SendRequestData, h *messages.Hello, err error) any {
 			ErrPeerGone, e.To, err)}
 	}
 	return nil
+}
+
+// errMisaddressed is why a RequestData a Misaddressed answered never
+// reached its writer, for a session decided when it came.
+var errMisaddressed = errors.New("a later incarnation of the writer got it addressed to an earlier one and dropped it (Misaddressed)")
+
+// onMisaddressed takes writer w's Misaddressed: its RequestData,
+// addressed to incarnation f.Addressed, reached incarnation
+// f.FromIncarnation, which dropped it. Taken, the writer is addressed to
+// f.FromIncarnation from then on, and its RequestData goes again
+// (SendRequestData; the parent's table follows, Readdress); on a decided
+// request the writer never got it (neverReached, as RxAddress).
+//
+// It is taken only when every one of these holds, else it changes nothing
+// but StaleFrames (an unknown request never reaches a session: the rx
+// parent counts it):
+//   - it answers this request's epoch, and is addressed to this rank's
+//     incarnation;
+//   - the writer's RequestData left (deliveryDelivered: the control plane
+//     took it; one still deliverySending is not known to have left, one
+//     refused never did) and is addressed to f.Addressed, the incarnation
+//     the writer is addressed to now;
+//   - the writer is pending: no Result or CancelAck of the incarnation it
+//     is addressed to was taken (one would show that incarnation got a
+//     frame of the request: that Misaddressed is a lie or about another
+//     copy), and no proof ended it;
+//   - f.FromIncarnation is later than f.Addressed (Validate) and than any
+//     incarnation whose Misaddressed was taken for this writer before
+//     (DroppedBy).
+//
+// The one rule (DESIGN.md section 3). Once taken, only the new
+// incarnation's answers and proofs count for this writer (onFrame,
+// RxPeerGone): a Result, CancelAck or exit proof of f.Addressed can no
+// longer free the blocks. That is safe because f.Addressed never got the
+// request, so there is nothing of it to prove over: a writer's RequestData
+// is handed to the control plane once per addressing — again only while
+// it never left (RxSent's refusal, RxAddress) or after a Misaddressed
+// taken — and the transport delivers one copy to at most one process. The
+// copy this one names left addressed to f.Addressed (deliveryDelivered,
+// the writer's incarnation) and f.FromIncarnation got it: so it is not a
+// copy f.Addressed got. It is the only copy addressed to f.Addressed that
+// is unanswered: a copy addressed to f.Addressed again later (RxAddress,
+// from a Hello that still names it) leaves only after this Misaddressed
+// is taken, and a Misaddressed of it is taken only from an incarnation
+// later than this one's (DroppedBy), which did not get this copy. The
+// blocks are freed only on a proof of f.FromIncarnation, to which the
+// request goes now, as for any request (or, decided, at once: no
+// incarnation got it). The sender is the writer's peer (the rx parent
+// routes by request and sender, and the control plane binds a sender to
+// its key and Hello's incarnation): a peer cannot speak for another's
+// incarnations.
+func (s *RxSession) onMisaddressed(w int, f *messages.Misaddressed) {
+	wr := s.cfg.Writers[w]
+	if f.Epoch != s.cfg.Epoch || s.cfg.Incarnation == 0 || f.ToIncarnation != s.cfg.Incarnation ||
+		s.sent[w] != deliveryDelivered || s.writers[w] != writerPending ||
+		wr.Incarnation == 0 || f.Addressed != wr.Incarnation || wr.Request == nil || wr.Request.ToIncarnation != wr.Incarnation ||
+		f.FromIncarnation <= f.Addressed || f.FromIncarnation <= wr.DroppedBy {
+		s.StaleFrames++
+		return
+	}
+	// Copied, not changed in place (onAddress).
+	writers := slices.Clone(s.cfg.Writers)
+	nw := &writers[w]
+	rd := *nw.Request
+	rd.ToIncarnation = f.FromIncarnation
+	nw.Request, nw.Incarnation, nw.DroppedBy = &rd, f.FromIncarnation, f.FromIncarnation
+	s.cfg.Writers = writers
+	s.emit(Readdress{Writer: w, Incarnation: f.FromIncarnation},
+		Log{Level: "info", Msg: fmt.Sprintf("rx session %s: writer %s incarnation %d got the RequestData addressed to incarnation %d and dropped it: addressed to it",
+			s.cfg.Request, wr.Peer, f.FromIncarnation, f.Addressed)})
+	if s.state.Terminal() {
+		s.sent[w] = deliveryRefused
+		s.sendErr[w] = fmt.Errorf("%w: writer %s incarnation %d: %w", ErrPeerGone, wr.Peer, f.FromIncarnation, errMisaddressed)
+		s.neverReached(w)
+		return
+	}
+	s.sendRequest(w)
 }
 
 // onAddress re-addresses a RequestData the shell did not send (RxAddress).

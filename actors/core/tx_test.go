@@ -316,7 +316,7 @@ func hasEffect[T Effect](effs []Effect) bool { return len(effectsOf[T](effs)) > 
 
 // effectNames are the names wantNo takes: every Effect type's.
 var effectNames = []string{"Pin", "Unpin", "WatchFence", "Submit", "Flush", "CloseEndpoint", "EndStream", "SendFrame",
-	"SendRequestData", "StartTimer", "Decide", "Finish", "ReleaseDest", "QuarantineDest", "Stop", "Log"}
+	"SendRequestData", "Readdress", "StartTimer", "Decide", "Finish", "ReleaseDest", "QuarantineDest", "Stop", "Log"}
 
 // effectName is an effect's type name without its package: "SendFrame".
 func effectName(e Effect) string {

@@ -590,6 +590,8 @@ func ownIncarnation(b *binding, f messages.Frame) (claimed uint64, ok bool) {
 		from = &m.FromIncarnation
 	case *messages.CancelAck:
 		from = &m.FromIncarnation
+	case *messages.Misaddressed:
+		from = &m.FromIncarnation
 	case *messages.Heartbeat:
 		from = &m.FromIncarnation
 	default:
