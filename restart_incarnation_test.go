@@ -406,7 +406,53 @@ func (l *staleLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (
 // Checked: without the answer (the tx parent's onMisaddressed returning
 // at once) it fails: TIMED_OUT, the blocks quarantined, ctx2 having
 // dropped the frame as stale.
+//
+// "unheard": ctx2 has not heard the generation rank's Hello when the
+// frame comes (over zmq: the generation rank's connection reconnected to
+// it unbound, zmq's listener.misaddressed), so only the RequestData's own
+// Features say the generation rank takes the answer. Checked: without
+// them (RxTable.Start) "unheard" fails the same way.
 func TestMisaddressedRequestDataReaddressed(t *testing.T) {
+	for _, unheard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unheard=%v", unheard), func(t *testing.T) { testMisaddressedRequestDataReaddressed(t, unheard) })
+	}
+}
+
+// deafLink is a context rank's view of a MemLink that knows no Hello of
+// the generation peers while deaf; the first Misaddressed it sends ends
+// that (over zmq, the generation rank's connection says Hello again
+// before its next frame once its link hears this rank's Hello, which
+// precedes the answer on this rank's connection).
+type deafLink struct {
+	*control.MemLink
+	deaf atomic.Bool
+}
+
+func (l *deafLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	if l.deaf.Load() && peer.Instance == "gen" {
+		return nil, fmt.Errorf("%w: %s not heard yet", control.ErrPeerGone, peer)
+	}
+	return l.MemLink.Hello(peer)
+}
+
+func (l *deafLink) Dial(peer messages.PeerID) (control.Conn, error) {
+	c, err := l.MemLink.Dial(peer)
+	return &hearingConn{Conn: c, l: l}, err
+}
+
+type hearingConn struct {
+	control.Conn
+	l *deafLink
+}
+
+func (c *hearingConn) Send(f messages.Frame) error {
+	if _, ok := f.(*messages.Misaddressed); ok {
+		c.l.deaf.Store(false)
+	}
+	return c.Conn.Send(f)
+}
+
+func testMisaddressedRequestDataReaddressed(t *testing.T, unheard bool) {
 	l := smallLayout()
 	mem := control.NewMemLink()
 	stale := &staleLink{MemLink: mem}
@@ -421,7 +467,13 @@ func TestMisaddressedRequestDataReaddressed(t *testing.T) {
 	}
 	stale.held.Store(h1) // ctx1's Hello, as live
 	closeWithin(t, ctx1, "ctx1")
-	ctx2 := startOn(t, mem, l, "ctx") // takes frames at once
+	var ctxLink control.Link = mem
+	if unheard {
+		deaf := &deafLink{MemLink: mem}
+		deaf.deaf.Store(true)
+		ctxLink = deaf
+	}
+	ctx2 := startOn(t, ctxLink, l, "ctx") // takes frames at once
 	if h2, err := mem.Hello(peer); err != nil || h2.Incarnation == h1.Incarnation {
 		t.Fatalf("ctx2's Hello %v (%v): want another incarnation than ctx1's %d", h2, err, h1.Incarnation)
 	}

@@ -421,7 +421,8 @@ type invalidResult struct {
 
 // misaddressedRequestData is a RequestData the listener dropped as
 // addressed to an earlier incarnation of this rank (listener.misaddressed),
-// as the fields that name it: request id, epoch, sender and incarnations.
+// as the fields that name it — request id, epoch, sender, incarnations —
+// and its features.
 type misaddressedRequestData struct{ rd *messages.RequestData }
 
 // shedRequestData is a RequestData refused for its peer's spent frame
@@ -474,10 +475,11 @@ func (p *txParent) onUnread(ctx actor.Context, rd *messages.RequestData, why str
 // addressed to it comes) and proves nothing about any incarnation's
 // writes; the generation side takes it only for its one copy of that
 // RequestData (core.RxSession's onMisaddressed). It goes only to a sender
-// whose Hello, the one the link holds now, is of the frame's incarnation
-// and says messages.FeatureMisaddressed (core.MisaddressedAnswer): an
-// older build rejects the frame as of an unknown type (counted, with a
-// warning), so there the frame stays dropped unanswered, as before.
+// that says messages.FeatureMisaddressed, in the RequestData or in its
+// Hello the link holds now, of the frame's incarnation
+// (core.MisaddressedAnswer): an older build rejects the frame as of an
+// unknown type (counted, with a warning), so there the frame stays
+// dropped unanswered, as before.
 func (p *txParent) onMisaddressed(ctx actor.Context, rd *messages.RequestData) {
 	hello, err := p.link.Hello(rd.From)
 	if a := core.MisaddressedAnswer(rd, p.self, p.env.incarnation, hello, err); a != nil {
@@ -1087,7 +1089,7 @@ func (l *listener) misaddressed(f messages.Frame, credited bool) bool {
 		return false
 	}
 	l.root.Send(l.tx, &misaddressedRequestData{rd: &messages.RequestData{RequestID: rd.RequestID, Epoch: rd.Epoch, From: rd.From,
-		Incarnations: rd.Incarnations}})
+		Incarnations: rd.Incarnations, Features: rd.Features}})
 	return true
 }
 

@@ -150,8 +150,9 @@ const (
 	// FeatureMisaddressed: the sender, as a generation rank, takes the
 	// Misaddressed frame. A writer answers a RequestData that reached it
 	// addressed to an earlier incarnation of itself with one only when the
-	// RequestData's sender says so: a build before it rejects the frame
-	// as of an unknown type (counted, with a warning).
+	// RequestData's sender says so, in the RequestData's Features or in
+	// its Hello: a build before it rejects the frame as of an unknown type
+	// (counted, with a warning).
 	FeatureMisaddressed
 )
 
@@ -249,6 +250,12 @@ type RequestData struct {
 	// of the request's blocks was.
 	Remap []Extent
 	Incarnations
+	// Features are what the sender takes in answer beyond protocol
+	// version 1, as Hello.Features (FeatureMisaddressed): a writer that
+	// drops the frame unread may answer it without the sender's Hello,
+	// which it may not have heard yet (a restart). 0 from a peer that
+	// predates them.
+	Features uint64
 }
 
 // Extent says that region bytes [View, View+Len) are written at [File,
@@ -307,7 +314,8 @@ type CancelAck struct {
 // incarnation it is addressed to, and the transport delivers a copy at
 // most once, to one process, so the frame never reached Addressed, and
 // the request may be addressed to FromIncarnation (docs/membership.md).
-// It is sent only to a peer whose Hello says FeatureMisaddressed.
+// It is sent only to a peer that says FeatureMisaddressed, in its Hello
+// or in the RequestData answered (RequestData.Features).
 type Misaddressed struct {
 	RequestID string
 	Epoch     uint64

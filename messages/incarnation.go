@@ -4,7 +4,8 @@ import "github.com/kvxfer/kvxfer/messages/pb"
 
 // incarnationsToWire copies f's incarnations (Hello.Incarnation, the
 // Incarnations of RequestData, Result, Cancel, CancelAck, Misaddressed)
-// into env's body, which toWire built from f.
+// and features (Hello's, RequestData's) into env's body, which toWire
+// built from f.
 func incarnationsToWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
 	case *pb.Envelope_Hello:
@@ -15,8 +16,10 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 			b.Hello.Process = &pb.ProcessID{Pid: h.Process.Pid, StartTime: h.Process.StartTime, Host: h.Process.Host}
 		}
 	case *pb.Envelope_RequestData:
-		in := f.(*RequestData).Incarnations
+		rd := f.(*RequestData)
+		in := rd.Incarnations
 		b.RequestData.FromIncarnation, b.RequestData.ToIncarnation = in.FromIncarnation, in.ToIncarnation
+		b.RequestData.Features = rd.Features
 	case *pb.Envelope_Result:
 		in := f.(*Result).Incarnations
 		b.Result.FromIncarnation, b.Result.ToIncarnation = in.FromIncarnation, in.ToIncarnation
@@ -44,7 +47,9 @@ func incarnationsFromWire(env *pb.Envelope, f Frame) {
 			h.Process = ProcessID{Pid: p.GetPid(), StartTime: p.GetStartTime(), Host: p.GetHost()}
 		}
 	case *pb.Envelope_RequestData:
-		f.(*RequestData).Incarnations = Incarnations{b.RequestData.GetFromIncarnation(), b.RequestData.GetToIncarnation()}
+		rd := f.(*RequestData)
+		rd.Incarnations = Incarnations{b.RequestData.GetFromIncarnation(), b.RequestData.GetToIncarnation()}
+		rd.Features = b.RequestData.GetFeatures()
 	case *pb.Envelope_Result:
 		f.(*Result).Incarnations = Incarnations{b.Result.GetFromIncarnation(), b.Result.GetToIncarnation()}
 	case *pb.Envelope_Cancel:

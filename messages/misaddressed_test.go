@@ -84,3 +84,28 @@ func TestMisaddressedRejects(t *testing.T) {
 		t.Fatalf("a Misaddressed and a Heartbeat body in one frame: %v, %v; want refused as two bodies", f, err)
 	}
 }
+
+// TestRequestDataFeatures: RequestData.Features (field 22) survives the
+// wire, and a RequestData without features encodes as a build before the
+// field writes it (an older writer skips the field: unknown fields are
+// ignored).
+func TestRequestDataFeatures(t *testing.T) {
+	rd := sampleRequestData(2)
+	plain := mustEncode(t, rd)
+	rd.Features = messages.FeatureMisaddressed
+	b := mustEncode(t, rd)
+	got, err := messages.Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got.(*messages.RequestData).Features; f != messages.FeatureMisaddressed {
+		t.Fatalf("features %#x after the wire, want %#x", f, messages.FeatureMisaddressed)
+	}
+	if want := varintField(plain, 22, messages.FeatureMisaddressed); len(b) != len(want) {
+		t.Fatalf("with features: %d bytes, want the plain encoding (%d) plus field 22 (%d)", len(b), len(plain), len(want))
+	}
+	fields := pb.File_messages_proto_kvxfer_proto.Messages()
+	if got := fields.ByName("RequestData").Fields().ByName("features").Number(); got != 22 {
+		t.Fatalf("RequestData.features is field %d, want 22", got)
+	}
+}

@@ -106,16 +106,17 @@ func (t *IncarnationTable) Misaddressed(f messages.Frame) (*messages.RequestData
 
 // MisaddressedAnswer is this rank's answer to rd, a RequestData it dropped
 // as addressed to an earlier incarnation of itself (Misaddressed), when
-// rd's sender may have one: hello, the sender's Hello the control plane
-// holds now (err: none known), is of rd's incarnation and says
-// messages.FeatureMisaddressed. nil: no answer — a build before the
-// feature rejects the frame as of an unknown type (counted, with a
-// warning), and an answer to another incarnation of the sender than
-// rd's would be dropped there as addressed to an earlier one. self and
-// selfInc are this rank's PeerID and incarnation.
+// rd's sender takes one: rd says messages.FeatureMisaddressed (its
+// Features), or hello, the sender's Hello the control plane holds now
+// (err: none known), is of rd's incarnation and says it. nil: no answer
+// — a build before the feature rejects the frame as of an unknown type
+// (counted, with a warning). self and selfInc are this rank's PeerID and
+// incarnation.
 func MisaddressedAnswer(rd *messages.RequestData, self messages.PeerID, selfInc uint64, hello *messages.Hello, err error) *messages.Misaddressed {
-	if err != nil || hello == nil || hello.From != rd.From || hello.Incarnation == 0 || hello.Incarnation != rd.FromIncarnation ||
-		!hello.Has(messages.FeatureMisaddressed) || rd.ToIncarnation == 0 || rd.ToIncarnation >= selfInc {
+	takes := rd.Features&messages.FeatureMisaddressed != 0 ||
+		err == nil && hello != nil && hello.From == rd.From && hello.Incarnation != 0 && hello.Incarnation == rd.FromIncarnation &&
+			hello.Has(messages.FeatureMisaddressed)
+	if !takes || rd.FromIncarnation == 0 || rd.ToIncarnation == 0 || rd.ToIncarnation >= selfInc {
 		return nil
 	}
 	return &messages.Misaddressed{RequestID: rd.RequestID, Epoch: rd.Epoch, From: self, Addressed: rd.ToIncarnation,

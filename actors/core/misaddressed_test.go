@@ -322,6 +322,13 @@ func TestMisaddressedAnswer(t *testing.T) {
 	} else if err := got.Validate(); err != nil {
 		t.Fatalf("answer invalid: %v", err)
 	}
+	// No Hello known (a restart: the sender's connection reconnected
+	// here unbound), but the RequestData says it takes the answer.
+	said := *rd
+	said.Features = messages.FeatureMisaddressed
+	if got := MisaddressedAnswer(&said, self, misNew, nil, fmt.Errorf("%w: not heard", ErrPeerGone)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("answer to a RequestData that says the feature, no Hello known: %+v, want %+v", got, want)
+	}
 	for name, c := range map[string]struct {
 		h       *messages.Hello
 		err     error

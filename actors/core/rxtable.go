@@ -299,8 +299,11 @@ func (t *RxTable) Start(o RxOpen, blocks [][]kvcache.BlockID, now time.Time) (ep
 			Incarnation: t.incs[peer],
 			Request: &messages.RequestData{RequestID: o.Request, Epoch: epoch, From: t.self,
 				Incarnations: messages.Incarnations{FromIncarnation: t.inc, ToIncarnation: t.incs[peer]},
-				GenParallel:  messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP), Stages: t.par.Stages},
-				GenTP:        int32(t.rank.TP), GenPP: int32(t.rank.PP),
+				// A writer's incarnation that drops it may answer
+				// Misaddressed even before it heard this rank's Hello.
+				Features:    messages.FeatureMisaddressed,
+				GenParallel: messages.Parallel{TP: int32(t.par.TP), PP: int32(t.par.PP), Stages: t.par.Stages},
+				GenTP:       int32(t.rank.TP), GenPP: int32(t.rank.PP),
 				PromptLen: int32(o.PromptLen), Groups: groups, DeadlineUnixNano: deadline}})
 	}
 	if old := t.entries[o.Request]; old != nil {

@@ -163,6 +163,15 @@
 //     AddPeer or SetPeerServerKey of the name lets it back (departed; its
 //     connection is bound all the same: its last frames are delivered).
 //
+// One frame before Hello is delivered instead of rejected (no_hello): a
+// RequestData addressed to an earlier incarnation of this rank whose
+// sender says it takes a Misaddressed answer (RequestData.Features). Its
+// connection was made to that earlier incarnation and reconnected to this
+// one, restarted on the same endpoint, before the sender heard of it; the
+// engine drops the frame and answers it, so that the request is addressed
+// anew instead of lost. It binds nothing, is no sign of life, and passes
+// the identity check first, as every frame.
+//
 // A peer can therefore not speak for a PeerID its key is not bound to,
 // whatever key it holds; in insecure mode it can still claim any PeerID on
 // its own connection.

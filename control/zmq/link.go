@@ -337,6 +337,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		secure:  zap != nil,
 		deliver: deliver,
 		self:    self.From,
+		selfInc: self.Incarnation,
 		conns:   map[string]*binding{},
 		live:    newLiveness(l.liveTimeout()),
 	}

@@ -26,6 +26,9 @@ type listener struct {
 	secure  bool         // CURVE: zap != nil
 	deliver func(messages.Frame)
 	self    messages.PeerID
+	// selfInc is the incarnation of this listener's Hello (0: none):
+	// misaddressed tells a RequestData addressed to an earlier one.
+	selfInc uint64
 	conns   map[string]*binding // by ROUTER routing id
 	// owned is conns by identity (connOwner), for maxConnsPerIdentity:
 	// bind and unbind keep the two in step. Made on first use.
@@ -500,6 +503,12 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		}
 	}
 	switch {
+	case b == nil && inv == nil && s.misaddressed(f):
+		// Not bound, not a sign of life, not counted here: delivered
+		// only to be dropped there and answered (the engine counts it
+		// stale).
+		s.deliver(f)
+		return
 	case b == nil:
 		s.reject(RejectNoHello, id, key, b, "%T from %s before Hello on this connection", f, f.Sender())
 		return
@@ -566,6 +575,26 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.delivered.%T", f), f.Request())
 	}
+}
+
+// misaddressed reports whether f, a valid frame on a connection that has
+// not said Hello, is a RequestData addressed to an earlier incarnation of
+// this listener's rank whose sender takes a messages.Misaddressed answer
+// (its Features). Such a frame is delivered instead of rejected
+// (no_hello): its sender's connection was made to that earlier
+// incarnation and reached this one, restarted on the same endpoint,
+// before the sender heard of it (a DEALER reconnects transparently, and
+// says Hello again only once its link hears of the new incarnation), and
+// the sender took the frame as delivered. The engine drops it (addressed
+// to an earlier incarnation) and answers it, so that the sender addresses
+// it to this incarnation and sends it again, instead of waiting for an
+// answer that never comes. It binds nothing and is no sign of life; in
+// CURVE mode its sender was checked against the connection's key, as
+// every frame's. Any other frame before Hello is rejected as before.
+func (s *listener) misaddressed(f messages.Frame) bool {
+	rd, ok := f.(*messages.RequestData)
+	return ok && s.selfInc != 0 && rd.ToIncarnation != 0 && rd.ToIncarnation < s.selfInc && rd.FromIncarnation != 0 &&
+		rd.Features&messages.FeatureMisaddressed != 0
 }
 
 // ownIncarnation holds frame f, on connection b, to the incarnation b's

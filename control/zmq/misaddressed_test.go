@@ -41,3 +41,53 @@ func TestMisaddressedIncarnationIsItsConnections(t *testing.T) {
 		t.Fatalf("incarnation 2's Misaddressed: delivered %+v", got)
 	}
 }
+
+// The crash-restart window over zmq: a generation rank's DEALER to a
+// context rank that crashed reconnects, with its routing id, to the
+// incarnation restarted on the same endpoint, which has no binding for
+// it, and it says Hello again only once its link hears the new
+// incarnation's. A RequestData it sends meanwhile, addressed to the
+// crashed incarnation, used to be rejected (no_hello), unanswered: its
+// request, taken as delivered, was lost. Such a RequestData, when its
+// sender takes a Misaddressed answer (RequestData.Features), is delivered
+// (the engine drops and answers it), without binding the connection or
+// counting as a sign of life; every other frame before Hello is rejected
+// as before: a RequestData addressed to this incarnation or to none, or
+// whose sender does not take the answer (an older build), and any other
+// kind. Checked: without listener.misaddressed the first one is rejected.
+func TestMisaddressedBeforeHelloIsDelivered(t *testing.T) {
+	f := newDepartedFixture(t) // gen/0 incarnation 1 said Hello on c1
+	f.s.selfInc = 10
+	var got []messages.Frame
+	f.s.deliver = func(fr messages.Frame) { got = append(got, fr) }
+	rd := func(to uint64, features uint64) *messages.RequestData {
+		r := requestData(f.peer, 1)
+		r.Incarnations = messages.Incarnations{FromIncarnation: 1, ToIncarnation: to}
+		r.Features = features
+		return r
+	}
+	before := f.rejected(RejectNoHello)
+	f.s.handle("c9", mustEncode(t, rd(5, messages.FeatureMisaddressed)), f.old.public, 1)
+	if len(got) != 1 {
+		t.Fatalf("a RequestData addressed to an earlier incarnation before Hello: %d delivered, want 1 (%+v)", len(got), f.s.l.Stats().Rejected)
+	}
+	if n := f.rejected(RejectNoHello) - before; n != 0 {
+		t.Fatalf("it was also counted as rejected (no_hello): %d", n)
+	}
+	if f.s.conns["c9"] != nil {
+		t.Fatal("the connection was bound")
+	}
+	for name, fr := range map[string]messages.Frame{
+		"addressed to this incarnation": rd(10, messages.FeatureMisaddressed),
+		"addressed to none":             rd(0, messages.FeatureMisaddressed),
+		"from an older build":           rd(5, 0),
+		"a Result":                      result(f.peer, 2),
+		"a Cancel":                      &messages.Cancel{RequestID: "r", From: f.peer, Incarnations: messages.Incarnations{FromIncarnation: 1, ToIncarnation: 5}},
+	} {
+		before := f.rejected(RejectNoHello)
+		f.s.handle("c9", mustEncode(t, fr), f.old.public, 1)
+		if len(got) != 1 || f.rejected(RejectNoHello)-before != 1 {
+			t.Fatalf("%s before Hello: delivered %d, rejected %d; want rejected (no_hello)", name, len(got)-1, f.rejected(RejectNoHello)-before)
+		}
+	}
+}

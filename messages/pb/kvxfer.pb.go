@@ -244,9 +244,10 @@ type Envelope_Heartbeat struct {
 }
 
 type Envelope_Misaddressed struct {
-	// misaddressed: sent only to a peer whose Hello says
-	// feature bit 3 (messages.FeatureMisaddressed); a build before it
-	// rejects the frame as of an unknown type (counted, logged).
+	// misaddressed: sent only to a peer that says feature bit 3
+	// (messages.FeatureMisaddressed) in its Hello or in the RequestData
+	// answered; a build before it rejects the frame as of an unknown type
+	// (counted, logged).
 	Misaddressed *Misaddressed `protobuf:"bytes,8,opt,name=misaddressed,proto3,oneof"`
 }
 
@@ -966,8 +967,13 @@ type RequestData struct {
 	// its Hello (0: not known).
 	FromIncarnation uint64 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
 	ToIncarnation   uint64 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// features: what the sender takes in answer beyond version 1, as
+	// Hello.features (bit 3: the Misaddressed frame), so that a writer that
+	// drops the frame may answer it without the sender's Hello. Absent: none
+	// (an older peer).
+	Features      uint64 `protobuf:"varint,22,opt,name=features,proto3" json:"features,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestData) Reset() {
@@ -1080,6 +1086,13 @@ func (x *RequestData) GetFromIncarnation() uint64 {
 func (x *RequestData) GetToIncarnation() uint64 {
 	if x != nil {
 		return x.ToIncarnation
+	}
+	return 0
+}
+
+func (x *RequestData) GetFeatures() uint64 {
+	if x != nil {
+		return x.Features
 	}
 	return 0
 }
@@ -1422,9 +1435,9 @@ func (x *CancelAck) GetToIncarnation() uint64 {
 // the sender), which dropped it unread: "your RequestData for request_id
 // (epoch) addressed to incarnation addressed reached incarnation
 // from_incarnation, which dropped it". to_incarnation is the dropped
-// frame's from_incarnation. It is sent only to a peer whose Hello has
-// feature bit 3, and is no proof that any incarnation's writes are over
-// (docs/membership.md).
+// frame's from_incarnation. It is sent only to a peer that says feature
+// bit 3 (in its Hello or in the RequestData answered), and is no proof
+// that any incarnation's writes are over (docs/membership.md).
 type Misaddressed struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -1657,7 +1670,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\vhead_stride\x18\x0e \x01(\x04R\n" +
 	"headStride\x12\x1f\n" +
 	"\velem_stride\x18\x0f \x01(\x04R\n" +
-	"elemStride\"\xc5\x03\n" +
+	"elemStride\"\xe1\x03\n" +
 	"\vRequestData\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1673,7 +1686,8 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x05remap\x18\n" +
 	" \x03(\v2\x11.kvxfer.v1.ExtentR\x05remap\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
-	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"B\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\x12\x1a\n" +
+	"\bfeatures\x18\x16 \x01(\x04R\bfeatures\"B\n" +
 	"\x06Extent\x12\x12\n" +
 	"\x04view\x18\x01 \x01(\x04R\x04view\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\x04R\x04file\x12\x10\n" +
