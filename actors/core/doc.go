@@ -7,7 +7,8 @@
 //
 // Each session is a state machine: Step(msg, now) returns effects (Pin,
 // Unpin, WatchFence, Submit, Flush, CloseEndpoint, SendFrame,
-// SendRequestData, StartTimer, Decide, Finish, ReleaseDest, Stop, Log) as
+// SendRequestData, Readdress, StartTimer, Decide, Finish, ReleaseDest,
+// Stop, Log) as
 // data, with no I/O, clock, randomness, goroutine or blocking inside. The
 // package imports neither protoactor nor zmq nor any cgo package
 // (TestDeps_NoActorRuntimeNoCgo checks it): package actors runs the steps
