@@ -36,21 +36,35 @@ func benchGo(src, dst *Engine, promptLen, chunkTokens, iters int, ph *Phases) (t
 	}
 	l := src.layout
 	groups := len(l.Groups)
+	// Checked with no prompt first (chunk size, tokens per block), then
+	// planned only once the source blocks are allocated: the pool bounds
+	// the prompt, and so the chunks listed, where a prompt of INT32_MAX
+	// tokens would list gigabytes of them before the pool refused it.
+	if promptLen < 0 {
+		return 0, 0, errorf(ErrInvalidArgument, "bench: prompt_len = %d is negative", promptLen)
+	}
+	if _, err := kvcache.Chunks(0, chunkTokens, l.TokensPerBlock); err != nil {
+		return 0, 0, errorf(ErrInvalidArgument, "bench: %v", err)
+	}
+	srcIDs := make([][]kvcache.BlockID, groups)
+	defer func() {
+		for g := range groups {
+			if len(srcIDs[g]) > 0 {
+				_ = src.FreeBlocks(g, srcIDs[g])
+			}
+		}
+	}()
+	for g := range groups {
+		ids, err := src.AllocBlocks(g, l.BlocksFor(promptLen))
+		if err != nil {
+			return 0, 0, err
+		}
+		srcIDs[g] = ids
+	}
 	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
 	if err != nil {
 		return 0, 0, errorf(ErrInvalidArgument, "bench: %v", err)
 	}
-	srcIDs := make([][]kvcache.BlockID, groups)
-	for g := range groups {
-		if srcIDs[g], err = src.AllocBlocks(g, l.BlocksFor(promptLen)); err != nil {
-			return 0, 0, err
-		}
-	}
-	defer func() {
-		for g := range groups {
-			_ = src.FreeBlocks(g, srcIDs[g])
-		}
-	}()
 	var moved uint64
 	evs := make([]Event, 4)
 	start := time.Now()

@@ -232,6 +232,63 @@ func TestBenchGoMovesEveryByte(t *testing.T) {
 	closeBoth(t, p, d)
 }
 
+// A prompt the pool cannot hold is refused before anything is planned for
+// it: BenchGo listed every chunk of the prompt first, 64 bytes each, so
+// that kvxfer_bench_go(src, dst, INT32_MAX, tokens_per_block, 1) asked the
+// runtime for gigabytes (tens of them at one token per block: a fatal out
+// of memory, the caller's process gone) before the pool said it was too
+// small.
+func TestBenchGoHugePromptAllocatesNothing(t *testing.T) {
+	p, d := open(t, "capi-bhp"), open(t, "capi-bhd")
+	defer closeBoth(t, p, d)
+	const prompt = 1 << 25 // 2M chunks of 16 tokens: 128 MiB of plan
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err := BenchGo(p, d, prompt, 16, 1)
+	runtime.ReadMemStats(&after)
+	if Code(err) != ErrOutOfBlocks {
+		t.Fatalf("BenchGo of a %d-token prompt over a 64-block pool: %v (%v), want KVXFER_ERR_OUT_OF_BLOCKS", prompt, err, Code(err))
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("BenchGo allocated %d bytes before refusing a prompt its pool cannot hold", got)
+	}
+}
+
+// A group whose pool cannot give the source blocks leaves the groups
+// before it as they were: BenchGo returned before it deferred freeing
+// what it had allocated, and group 0's blocks stayed allocated for good.
+func TestBenchGoPartialAllocFreesNothingLeft(t *testing.T) {
+	const two = `"layout":{"layers":2,"kv_heads":2,"head_dim":4,"dtype_bytes":2,"tokens_per_block":16,` +
+		`"groups":[{"name":"a","layers":[0]},{"name":"b","layers":[1]}]},"pool_bytes":65536,"workers":2}`
+	var es [2]*Engine
+	for i, inst := range []string{"capi-bpa-p", "capi-bpa-d"} {
+		e, _, err := Open(fmt.Sprintf(`{"instance":%q,%s`, inst, two), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es[i] = e
+	}
+	p, d := es[0], es[1]
+	defer closeBoth(t, p, d)
+	gi, err := p.Group(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := p.AllocBlocks(1, gi.Blocks-1) // group 1 has one block free
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := BenchGo(p, d, 64, 16, 1); Code(err) != ErrOutOfBlocks {
+		t.Fatalf("BenchGo with group 1 full: %v (%v), want KVXFER_ERR_OUT_OF_BLOCKS", err, Code(err))
+	}
+	if n, err := p.UsedBlocks(0); err != nil || n != 0 {
+		t.Fatalf("group 0 after the refused bench: %d blocks used (%v), want 0", n, err)
+	}
+	if err := p.FreeBlocks(1, held); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitTxPastInit polls e's session gauges until a tx session has left INIT
 // (its RequestData arrived).
 func waitTxPastInit(t *testing.T, e *Engine) {
