@@ -67,10 +67,13 @@ type Group struct {
 func (l *Layout) kv() *kvcache.Layout {
 	k := kvcache.Layout{Name: l.Name, Layers: l.Layers, KVHeads: l.KVHeads, HeadDim: l.HeadDim,
 		DTypeBytes: l.DTypeBytes, TokensPerBlock: l.TokensPerBlock, MLA: l.MLA}
-	if len(l.Groups) == 0 {
-		// max: layers < 0 is left to the layout's check (naming it), not
-		// a negative slice capacity (a panic).
-		k.Groups = kvcache.FullAttention(max(l.Layers, 0))
+	if len(l.Groups) == 0 && l.Layers >= 0 && l.Layers <= kvcache.MaxLayers {
+		// Layers outside [0, MaxLayers] are left to the layout's check
+		// (naming them, before it looks at the groups), not built into a
+		// group: a negative count is a negative slice capacity (a panic),
+		// a huge one gigabytes of layer indices (the runtime's fatal out
+		// of memory, which ends the caller's process).
+		k.Groups = kvcache.FullAttention(l.Layers)
 	}
 	for _, g := range l.Groups {
 		k.Groups = append(k.Groups, kvcache.LayerGroup{Name: g.Name, Layers: g.Layers, Window: g.Window})

@@ -3,6 +3,7 @@ package capi
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -134,6 +135,46 @@ func TestNegativeLayersRefused(t *testing.T) {
 		e, _, err = OpenNode(fmt.Sprintf(`{"instance":"capi-neg-layers-node","insecure":true,"bind":"tcp://127.0.0.1:0","layout":{"layers":%d,"kv_heads":2,"head_dim":8,"dtype_bytes":2,"tokens_per_block":16}}`, n))
 		if e != nil {
 			_ = e.Close(5 * time.Second)
+		}
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), fmt.Sprintf("Layers = %d", n)) {
+			t.Fatalf("node, layers %d: %v (%s), want ErrConfig naming it", n, err, Code(err))
+		}
+	}
+}
+
+// TestHugeLayersRefused: a layout of more layers than any model has (and
+// no groups), of an engine or a node, is refused as ErrConfig naming the
+// value before its full-attention group is built: building it took 8
+// bytes a layer first, and a config of "layers": 100000000000 ended the
+// caller's process (the Go runtime's fatal out of memory, SIGABRT) inside
+// kvxfer_engine_open or kvxfer_node_open.
+func TestHugeLayersRefused(t *testing.T) {
+	// 2^26 layers: half a GiB of group before the check, enough to tell;
+	// 10^11: 800 GB, the abort, once the first passed.
+	for _, n := range []int{1 << 26, 100_000_000_000} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		js := fmt.Sprintf(`{"instance":"capi-huge-layers","layout":{"layers":%d,"kv_heads":2,"head_dim":8,"dtype_bytes":2,"tokens_per_block":16},"pool_bytes":65536,"workers":2}`, n)
+		e, _, err := Open(js, nil, 0)
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+			t.Fatalf("layers %d: %d bytes allocated to refuse it", n, got)
+		}
+		if Code(err) != ErrConfig || !strings.Contains(err.Error(), fmt.Sprintf("Layers = %d", n)) {
+			t.Fatalf("layers %d: %v (%s), want ErrConfig naming it", n, err, Code(err))
+		}
+		// kvxfer_node_open reads the same layout.
+		runtime.ReadMemStats(&before)
+		e, _, err = OpenNode(fmt.Sprintf(`{"instance":"capi-huge-layers-node","insecure":true,"bind":"tcp://127.0.0.1:0","layout":{"layers":%d,"kv_heads":2,"head_dim":8,"dtype_bytes":2,"tokens_per_block":16}}`, n))
+		if e != nil {
+			_ = e.Close(5 * time.Second)
+		}
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+			t.Fatalf("node, layers %d: %d bytes allocated to refuse it", n, got)
 		}
 		if Code(err) != ErrConfig || !strings.Contains(err.Error(), fmt.Sprintf("Layers = %d", n)) {
 			t.Fatalf("node, layers %d: %v (%s), want ErrConfig naming it", n, err, Code(err))
