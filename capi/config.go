@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/gcfloor"
@@ -88,6 +89,9 @@ func ParseConfig(js string) (Config, error) {
 	if js == "" {
 		return c, errorf(ErrConfig, "config JSON is empty")
 	}
+	if err := checkUTF8("config JSON", js); err != nil {
+		return c, err
+	}
 	d := json.NewDecoder(bytes.NewReader([]byte(js)))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&c); err != nil {
@@ -97,6 +101,26 @@ func ParseConfig(js string) (Config, error) {
 		return c, errorf(ErrConfig, "config JSON %q: data after the object", clip(js))
 	}
 	return c, nil
+}
+
+// checkUTF8 refuses a config (what names it) that is not UTF-8, naming
+// the first bad byte: encoding/json would replace each bad byte with
+// U+FFFD and so rename what the caller named ("instance":"ctx-\xff" an
+// engine "ctx-\uFFFD", which a request naming the instance as the caller
+// spells it never finds).
+func checkUTF8(what, js string) error {
+	if utf8.ValidString(js) {
+		return nil
+	}
+	i := 0
+	for i < len(js) {
+		r, n := utf8.DecodeRuneInString(js[i:])
+		if r == utf8.RuneError && n == 1 {
+			break
+		}
+		i += n
+	}
+	return errorf(ErrConfig, "%s is not valid UTF-8: byte %d (%#x) of %q", what, i, js[i], clip(js))
 }
 
 func clip(s string) string {

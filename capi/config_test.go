@@ -182,6 +182,31 @@ func TestHugeLayersRefused(t *testing.T) {
 	}
 }
 
+// TestConfigInvalidUTF8Refused: a config JSON that is not UTF-8 is
+// refused naming where, for an engine and a node. encoding/json replaced
+// each bad byte with U+FFFD: "instance":"ctx-\xff" opened an engine named
+// "ctx-\uFFFD", which a request naming the instance as the caller spells
+// it (kvxfer_receive's context, copied as given) never found.
+func TestConfigInvalidUTF8Refused(t *testing.T) {
+	js := `{"instance":"capi-utf8-` + "\xff" + `",` + tinyLayout + `,"pool_bytes":65536,"workers":2}`
+	e, _, err := Open(js, nil, 0)
+	if e != nil {
+		_ = e.Close(5 * time.Second)
+		t.Fatalf("opened as instance %q", e.instance)
+	}
+	if Code(err) != ErrConfig || !strings.Contains(err.Error(), "not valid UTF-8: byte 23") {
+		t.Fatalf("%v (%s), want ErrConfig naming the byte", err, Code(err))
+	}
+	e, _, err = OpenNode(`{"instance":"capi-utf8-node-` + "\xff" + `","insecure":true,"bind":"tcp://127.0.0.1:0",` + tinyLayout + `}`)
+	if e != nil {
+		_ = e.Close(5 * time.Second)
+		t.Fatalf("node opened as instance %q", e.instance)
+	}
+	if Code(err) != ErrConfig || !strings.Contains(err.Error(), "not valid UTF-8: byte 28") {
+		t.Fatalf("node: %v (%s), want ErrConfig naming the byte", err, Code(err))
+	}
+}
+
 // TestSecondEngineOfAnInstanceSaysSo: a second engine of an instance and
 // rank already open in the process was refused as "control: already
 // listening: capi-dup2/0", naming neither the cause nor what to do; it

@@ -127,6 +127,9 @@ func Keygen() (public, secret string, err error) {
 //
 // Every error is ErrConfig naming the key.
 func nodeConfig(js string) (node.Config, error) {
+	if err := checkUTF8("node config JSON", js); err != nil {
+		return node.Config{}, err
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(js), &top); err != nil {
 		// Not one JSON object: node's parser names what is wrong.
