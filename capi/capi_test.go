@@ -289,6 +289,25 @@ func TestBenchGoPartialAllocFreesNothingLeft(t *testing.T) {
 	}
 }
 
+// A request id that is not UTF-8 is refused by Send and Receive, naming
+// it. Both took it, and between nodes every frame naming the request
+// failed to encode (proto3 strings are UTF-8): the receive's RequestData
+// never left, and both sides waited for the transfer deadline, the send
+// side holding its chunks' pins, with TIMEOUT and no word of the cause.
+func TestRequestIDNotUTF8Refused(t *testing.T) {
+	p, d := open(t, "capi-utf8id-p"), open(t, "capi-utf8id-d")
+	defer closeBoth(t, p, d)
+	const id = "bad-\xff"
+	_, _, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: 16}})
+	if Code(err) != ErrBadRequest || !strings.Contains(err.Error(), `"bad-\xff": request id is not valid UTF-8`) {
+		t.Fatalf("send: %v (%v), want KVXFER_ERR_BAD_REQUEST naming the id", err, Code(err))
+	}
+	_, _, err = d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: 16, Context: "capi-utf8id-p"}})
+	if Code(err) != ErrBadRequest || !strings.Contains(err.Error(), `"bad-\xff": request id is not valid UTF-8`) {
+		t.Fatalf("receive: %v (%v), want KVXFER_ERR_BAD_REQUEST naming the id", err, Code(err))
+	}
+}
+
 // waitTxPastInit polls e's session gauges until a tx session has left INIT
 // (its RequestData arrived).
 func waitTxPastInit(t *testing.T, e *Engine) {

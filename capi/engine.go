@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
@@ -433,6 +434,9 @@ func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
 	if err := e.open(); err != nil {
 		return nil, 0, err
 	}
+	if err := e.checkID("send", req.ID); err != nil {
+		return nil, 0, err
+	}
 	tx, err := e.eng.Send(context.Background(), req.SendRequest)
 	if err != nil {
 		return nil, 0, fmt.Errorf("engine %d: send %s: %w", e.h, quote(req.ID), err)
@@ -446,6 +450,9 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	e.opening.RLock()
 	defer e.opening.RUnlock()
 	if err := e.open(); err != nil {
+		return nil, 0, err
+	}
+	if err := e.checkID("receive", req.ID); err != nil {
 		return nil, 0, err
 	}
 	if err := e.checkFirsts(req); err != nil {
@@ -474,6 +481,18 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
 		prefix: append([]int(nil), req.PrefixHitBlocks...), callerBlocks: req.Blocks != nil}
 	return r, e.adopt(r, rx.Done(), rx.Released()), nil
+}
+
+// checkID refuses a request id that is not UTF-8 (ErrBadRequest, naming
+// it): every frame between nodes that names the request would fail to
+// encode (proto3 strings are UTF-8), and both sides would wait for the
+// transfer deadline. The C ABI copies the caller's bytes as they are.
+func (e *Engine) checkID(op, id string) error {
+	if !utf8.ValidString(id) {
+		return errorf(ErrBadRequest, "engine %d: %s %s: request id is not valid UTF-8 (frames between nodes carry it as a UTF-8 string)",
+			e.h, op, quote(id))
+	}
+	return nil
 }
 
 // checkFirsts refuses a destination run that starts at another global

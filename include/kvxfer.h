@@ -157,7 +157,7 @@ typedef struct kvxfer_group_info {
 
 /* The context side of a request (kvxfer_send). Strings are copied. */
 typedef struct kvxfer_send_request {
-    const char *id;
+    const char *id;              /* 1 to 256 bytes of UTF-8, else KVXFER_ERR_BAD_REQUEST naming it */
     int32_t prompt_len;
     int32_t timeout_ms;          /* 0: the engine's transfer timeout; negative: KVXFER_ERR_INVALID_ARGUMENT */
     const void *payload;         /* handed to the generation side on READY; may be NULL */
@@ -168,7 +168,7 @@ typedef struct kvxfer_send_request {
 
 /* The generation side of a request (kvxfer_receive). */
 typedef struct kvxfer_receive_request {
-    const char *id;
+    const char *id;              /* as kvxfer_send_request's */
     int32_t prompt_len;
     int32_t timeout_ms;          /* as kvxfer_send_request's */
     const char *context;         /* the context instance */
