@@ -534,7 +534,8 @@ kvxfer_status kvxfer_request_blocks(kvxfer_request_t request, uint32_t group, in
  * cap < *n); a finished request that is not READY (a send, a failed or
  * cancelled receive) is KVXFER_ERR_INVALID_ARGUMENT. */
 kvxfer_status kvxfer_request_payload(kvxfer_request_t request, void *buf, uint32_t cap, uint32_t *n);
-/* The outcome's message ("" on success) into buf (NUL-terminated, truncated). */
+/* The outcome's message ("" on success) into buf (NUL-terminated, truncated
+ * to cap - 1 bytes or fewer: before a character, never inside one). */
 kvxfer_status kvxfer_request_error(kvxfer_request_t request, char *buf, uint32_t cap);
 /* Frees a READY request's destination blocks into the engine's pool, once,
  * when the engine allocated them: the same as kvxfer_blocks_free on each

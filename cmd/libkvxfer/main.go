@@ -21,6 +21,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
@@ -838,6 +839,9 @@ func kvxfer_request_error(rh C.kvxfer_request_t, buf C.uintptr_t, cap C.uint32_t
 		return fail(err)
 	}
 	k := copy(dst[:cap-1], msg)
+	for k < len(msg) && k > 0 && !utf8.RuneStart(msg[k]) { // cut before a character, not inside it
+		k--
+	}
 	dst[k] = 0
 	return 0
 }

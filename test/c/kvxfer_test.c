@@ -334,13 +334,23 @@ static void test_transfer(void) {
     OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-r2", .prompt_len = 32}, &tx));
     run.count = 2;
     OK(kvxfer_chunk(tx, 0, 32, 1, &run, 1, &f));
-    OK(kvxfer_fence_fail(f, "cuda event error 700"));
+    OK(kvxfer_fence_fail(f, "cuda event error 700 \xe2\x80\x94 an illegal address"));
     ev = wait_event(p, tx);
     CHECK(ev.outcome == KVXFER_OUTCOME_FAILED && ev.error == KVXFER_ERR_FENCE, "failed fence: outcome %d error %s",
           ev.outcome, kvxfer_status_name(ev.error));
     char msg[512];
     OK(kvxfer_request_error(tx, msg, sizeof msg));
     CHECK(strstr(msg, "cuda event error 700"), "message carries the reason: %s", msg);
+    /* A buffer that ends inside a character (the em dash's 3 bytes) gets
+     * the message cut before that character: UTF-8 still. */
+    const char *dash = strstr(msg, "\xe2\x80\x94");
+    CHECK(dash, "message keeps the reason's em dash: %s", msg);
+    size_t at = (size_t)(dash - msg);
+    char cut[512];
+    memset(cut, 'x', sizeof cut);
+    OK(kvxfer_request_error(tx, cut, (uint32_t)at + 2)); /* room for the dash's first byte and the NUL */
+    CHECK(strlen(cut) == at && strncmp(cut, msg, at) == 0, "truncated inside a character: %zu bytes (want %zu), last 0x%02x",
+          strlen(cut), at, strlen(cut) ? (unsigned char)cut[strlen(cut) - 1] : 0);
     ev = wait_event(d, rx);
     CHECK(ev.outcome != KVXFER_OUTCOME_READY, "rx after a failed fence: %d", ev.outcome);
     OK(kvxfer_request_release(tx));
