@@ -10,7 +10,8 @@
  *  - Every call returns a kvxfer_status. On failure it also leaves a message
  *    naming the value that was wrong, retrievable on the calling thread with
  *    kvxfer_last_error() (errno-style: a successful call leaves the previous
- *    message in place; at most 1023 bytes, so a message quotes only the
+ *    message in place; at most 1023 bytes, cut before a character, never
+ *    inside one, so a message quotes only the
  *    first 64 bytes of an over-long value, with its length). Bad input (a
  *    bad handle, a null pointer, bad JSON, a misaligned chunk) is an error
  *    status, never a crash.

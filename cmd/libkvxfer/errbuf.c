@@ -10,6 +10,12 @@ static __thread char kvxfer_error_buf[1024];
 __attribute__((visibility("hidden"))) void kvxfer_set_error(const char *msg, size_t n) {
     if (n >= sizeof kvxfer_error_buf) {
         n = sizeof kvxfer_error_buf - 1;
+        /* Cut before a character, not inside it: msg[n] is the first
+         * byte left out, and a continuation byte there means the cut
+         * splits a multi-byte character (the message stays UTF-8). */
+        while (n > 0 && ((unsigned char)msg[n] & 0xC0) == 0x80) {
+            n--;
+        }
     }
     if (n > 0) {
         memcpy(kvxfer_error_buf, msg, n);

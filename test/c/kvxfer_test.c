@@ -86,6 +86,19 @@ static void *thread_error(void *arg) {
     return NULL;
 }
 
+/* Whether s is UTF-8 (no lone or cut multi-byte sequence). */
+static int utf8_valid(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2 : (*p & 0xF8) == 0xF0 ? 3 : -1;
+        if (n < 0) return 0;
+        p++;
+        for (; n > 0; n--, p++)
+            if ((*p & 0xC0) != 0x80) return 0;
+    }
+    return 1;
+}
+
 static void test_bad_input(void) {
     kvxfer_engine_t e = 0;
     CHECK(kvxfer_abi_version() == KVXFER_ABI_VERSION, "abi %d, header %d", kvxfer_abi_version(), KVXFER_ABI_VERSION);
@@ -96,6 +109,20 @@ static void test_bad_input(void) {
     CHECK(strstr(kvxfer_last_error(), "modle"), "message names the unknown key");
     CHECK(kvxfer_engine_open("{\"model\":\"no-such-model\"}", NULL, 0, &e) == KVXFER_ERR_CONFIG, "unknown model");
     CHECK(strstr(kvxfer_last_error(), "no-such-model"), "message names the model");
+    /* A message longer than the thread's buffer (a long model name quoted
+     * whole) is cut before a character, never inside one: with each of the
+     * two offsets of a 2-byte character at the cut. */
+    for (int shift = 0; shift < 2; shift++) {
+        char longcfg[2048];
+        int k = snprintf(longcfg, sizeof longcfg, "{\"model\":\"%s", shift ? "x" : "");
+        for (int i = 0; i < 700; i++) k += snprintf(longcfg + k, sizeof longcfg - k, "\xc3\xa9");
+        snprintf(longcfg + k, sizeof longcfg - k, "\"}");
+        CHECK(kvxfer_engine_open(longcfg, NULL, 0, &e) == KVXFER_ERR_CONFIG, "long unknown model");
+        const char *m = kvxfer_last_error();
+        CHECK(strlen(m) <= 1023 && strlen(m) >= 1000 && utf8_valid(m),
+              "a long message (shift %d): %zu bytes, ends 0x%02x 0x%02x, valid UTF-8 %d", shift, strlen(m),
+              (unsigned char)m[strlen(m) - 2], (unsigned char)m[strlen(m) - 1], utf8_valid(m));
+    }
     /* A pool below the first page is no memory: refused naming it (held as
      * a Go pointer, such an address once aborted the process). */
     char lowcfg[256];
