@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // interruptible returns a context that SIGINT or SIGTERM cancels, a
@@ -16,7 +17,9 @@ import (
 // stops listening. The first signal starts the drain and says so on
 // standard error; a second one ends the process at once, without
 // draining (forceExit: live requests fail at their peers' deadlines, a
-// pool file may stay in /dev/shm until the next start sweeps it).
+// pool file may stay in /dev/shm until the next start sweeps it), unless
+// it is the first's kind within repeatWindow of it: a process-group
+// kill's copy, which the drain goes on through (once).
 func interruptible(parent context.Context) (ctx context.Context, got func() syscall.Signal, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	ch := make(chan os.Signal, 2)
@@ -27,12 +30,18 @@ func interruptible(parent context.Context) (ctx context.Context, got func() sysc
 	)
 	done := make(chan struct{})
 	go func() {
+		var (
+			first syscall.Signal
+			at    time.Time
+		)
 		select {
 		case s := <-ch:
+			at = time.Now()
+			first, _ = s.(syscall.Signal)
 			mu.Lock()
-			sig, _ = s.(syscall.Signal)
+			sig = first
 			mu.Unlock()
-			fmt.Fprintf(interruptOut, "kvxfer: %s: stopping; live requests are cancelled, and their writes drain first (signal again to exit at once, without draining)\n", sigName(sig))
+			fmt.Fprintf(interruptOut, "kvxfer: %s: stopping; live requests are cancelled, and their writes drain first (signal again to exit at once, without draining)\n", sigName(first))
 			cancel()
 		case <-done:
 			return
@@ -43,13 +52,25 @@ func interruptible(parent context.Context) (ctx context.Context, got func() sysc
 			// second signal kills its children at once).
 			return
 		}
-		select {
-		case s := <-ch:
-			again, _ := s.(syscall.Signal)
-			fmt.Fprintf(interruptOut, "kvxfer: %s during the drain: exiting at once, without draining\n", sigName(again))
-			runForceExitHooks()
-			forceExit(128 + int(again))
-		case <-done:
+		for absorbed := false; ; absorbed = true {
+			select {
+			case s := <-ch:
+				again, _ := s.(syscall.Signal)
+				if !absorbed && again == first && time.Since(at) < repeatWindow {
+					// One repeat of the same signal at once is a
+					// process-group kill's copy (timeout(1) signals its
+					// command and then its group), not a user asking
+					// twice: the drain goes on.
+					fmt.Fprintf(interruptOut, "kvxfer: %s again %v after the first: taken as the same stop (timeout(1) and a process-group kill send it twice); the drain goes on (signal again to exit at once)\n",
+						sigName(again), time.Since(at).Round(time.Microsecond))
+					continue
+				}
+				fmt.Fprintf(interruptOut, "kvxfer: %s during the drain: exiting at once, without draining\n", sigName(again))
+				runForceExitHooks()
+				forceExit(128 + int(again))
+			case <-done:
+			}
+			return
 		}
 	}()
 	var once sync.Once
@@ -81,6 +102,15 @@ type interruptedError struct {
 // demo --processes 2 or --cluster): a second signal does not force it out
 // (listed in config.OtherEnv: no unknown-setting warning).
 const demoChildEnv = "KVXFER_DEMO_CHILD"
+
+// repeatWindow: a second signal of the first one's kind this soon after
+// it is that signal's copy from a process-group kill (GNU timeout(1)
+// sends its signal to the command and then to its own process group, so
+// the command gets it twice, microseconds apart), not a second request:
+// one such repeat does not force the exit. A person's second Ctrl-C comes
+// later than this, and a third signal always forces it. A variable for
+// tests.
+var repeatWindow = 100 * time.Millisecond
 
 // interruptOut is where the signal handling speaks (standard error);
 // forceExit ends the process at a second signal. Variables for tests.
