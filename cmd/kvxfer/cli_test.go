@@ -116,6 +116,34 @@ func TestConfigErrorsThroughCLI(t *testing.T) {
 	}
 }
 
+// TestFlagTypoNamesTheFlag: a mistyped flag names the flag the command
+// takes that it is closest to, and a long flag written with one dash its
+// two-dash form; a flag the command does not take at all, and is close
+// to none of its flags, is named with where to look. Before, each was
+// only "unknown flag: --tokens-per-blok" or "unknown shorthand flag: 'p'
+// in -pool" (the latter naming neither what was meant nor the mistake).
+// (Checked to fail without flagError.)
+func TestFlagTypoNamesTheFlag(t *testing.T) {
+	common := []string{"--insecure", "--bind", "tcp://127.0.0.1:0", "--peer-endpoint", "tcp://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ctx", "--tokens-per-blok", "16"}, "unknown flag: --tokens-per-blok: did you mean --tokens-per-block? (kvxfer ctx --help lists its flags)"},
+		{[]string{"gen", "--pol", "1GiB"}, "unknown flag: --pol: did you mean --pool?"},
+		{[]string{"gen", "--peer_key", "gen.pub"}, "unknown flag: --peer_key: did you mean --peer-key?"},
+		{[]string{"ctx", "-pool", "1GiB"}, "unknown shorthand flag: 'p' in -pool: did you mean --pool? (a long flag takes two dashes)"},
+		{[]string{"demo", "--processs", "2"}, "unknown flag: --processs: did you mean --processes?"},
+		{[]string{"ctx", "--log-levl", "debug"}, "did you mean --log-level?"}, // a flag of the root command
+		{[]string{"gen", "--layer-parts", "2"}, "unknown flag: --layer-parts (kvxfer gen --help lists its flags)"},
+	} {
+		_, _, err := runApp(newApp(), append(c.args, common...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}
+
 // TestLogsJSONUnlessTerminal: JSON records when standard error is not a
 // terminal, human-readable ones when it is.
 func TestLogsJSONUnlessTerminal(t *testing.T) {

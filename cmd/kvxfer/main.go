@@ -66,6 +66,7 @@ docs/configuration.md.`,
 			return a.setupLog(cmd)
 		},
 	}
+	root.SetFlagErrorFunc(flagError) // the subcommands inherit it
 	root.PersistentFlags().StringVar(&a.configFile, "config", "", "read settings from this YAML file ["+config.ConfigEnv+"] (docs/configuration.md)")
 	config.AddFlags(root.PersistentFlags(), nil, config.LogLevel)
 	root.AddCommand(newBenchCmd(a), newDemoCmd(a), newCtxCmd(a), newGenCmd(a), newKeygenCmd(), newReplayCmd(), newTraceCmd(), newVersionCmd(), newInfoCmd())
