@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	zmq4 "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 
 	"github.com/kvxfer/kvxfer"
@@ -329,6 +330,7 @@ func (c Config) linkConfig() (*zmq.Config, error) {
 		}
 	}
 	zc.Curve = zmq.Curve{Secret: secret, PeerServerKeys: map[messages.PeerID]string{}}
+	own, _ := zmq4.AuthCurvePublic(secret) // a bad secret: the link names it
 	for i, p := range c.Peers {
 		key, err := publicKey(fmt.Sprintf("peers[%d]", i), p.PublicKey, p.PublicKeyFile)
 		if err != nil {
@@ -336,6 +338,16 @@ func (c Config) linkConfig() (*zmq.Config, error) {
 		}
 		if key == "" { // a peer etcd finds, its key not pinned
 			continue
+		}
+		if key == own {
+			// Both processes would hold one keypair: each refuses the
+			// other's handshake, named only once both are running.
+			what := "public_key"
+			if p.PublicKeyFile != "" {
+				what = "public_key_file " + p.PublicKeyFile
+			}
+			return nil, fmt.Errorf("%w: peers[%d] (%s): %s is this node's own public key, the one of its secret key: give the peer's public key (each node has its own keypair: kvxfer keygen)",
+				ErrConfig, i, p.id(), what)
 		}
 		zc.Curve.PeerServerKeys[p.id()] = key
 		zc.Curve.AllowedPeers = append(zc.Curve.AllowedPeers, key)

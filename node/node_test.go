@@ -575,6 +575,30 @@ func TestPublicKeyFileAsSecretRefused(t *testing.T) {
 	}
 }
 
+// TestOwnPublicKeyAsPeerKeyRefused: a node given its peer's keypair (or
+// its own public key as the peer's) holds the same key for itself and
+// for the peer; each side then refuses the other's handshake, and that
+// was named only once both ran, as a wrong key. Open refuses it before
+// anything opens, naming the peer and the file. (Checked to fail without
+// linkConfig's check: Open succeeded.)
+func TestOwnPublicKeyAsPeerKeyRefused(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	pub := filepath.Join(t.TempDir(), "gen.pub")
+	if err := os.WriteFile(pub, config.FormatPublicKeyFile(cc.Peers[0].PublicKey), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// ctx started with gen's keypair: --key gen.key --peer-key gen.pub.
+	cc.SecretKey = gc.SecretKey
+	cc.Peers[0].PublicKey, cc.Peers[0].PublicKeyFile = "", pub
+	n, err := node.Open(context.Background(), cc)
+	if err == nil {
+		_ = n.Close(context.Background())
+	}
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), "peers[0] (gen/0): public_key_file "+pub+" is this node's own public key") {
+		t.Fatalf("Open with its own public key as the peer's: %v, want ErrConfig naming peers[0] and %s", err, pub)
+	}
+}
+
 // TestLiveIPCPathRefused: a second node binding the ipc path a live node
 // listens on is refused naming the endpoint; the first keeps serving.
 func TestLiveIPCPathRefused(t *testing.T) {

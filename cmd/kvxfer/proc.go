@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	zmq4 "github.com/pebbe/zmq4"
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
@@ -221,6 +222,12 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.peerPubFile != "" {
 		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
 			return fmt.Errorf("--peer-key: %w", err)
+		}
+		if own, err := zmq4.AuthCurvePublic(f.o.SecretKey); err == nil && own == f.o.PeerPublicKey {
+			// Both processes would hold one keypair: each then refuses
+			// the other's handshake, named only once both are running.
+			return fmt.Errorf("--peer-key %s is the public key of this engine's own --key %s: give the peer's public key (each engine has its own keypair: kvxfer keygen --out ctx, kvxfer keygen --out gen)",
+				f.peerPubFile, f.keyFile)
 		}
 	}
 	return nil

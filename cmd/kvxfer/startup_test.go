@@ -255,6 +255,39 @@ func TestRoleRefusesInsecureWithKeys(t *testing.T) {
 	}
 }
 
+// TestRoleRefusesItsOwnKeyAsThePeers: a role given its peer's keypair
+// (--key gen.key --peer-key gen.pub on ctx), or its own public key as the
+// peer's, is refused before it starts, naming both flags and files:
+// before, it ran, and the two processes refused each other's handshakes,
+// named only once both were running and as a wrong key, not as this.
+// The right keys still pass. (Checked to fail without resolve's check:
+// the role ran.)
+func TestRoleRefusesItsOwnKeyAsThePeers(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"ctx", "gen"} {
+		if _, err := run("keygen", "--out", filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := []string{"--backend", "shm", "--pool", "64MiB",
+		"--bind", "ipc://" + filepath.Join(dir, "ctx.sock"), "--peer-endpoint", "ipc://" + filepath.Join(dir, "gen.sock")}
+	for _, prefix := range []string{"gen", "ctx"} {
+		key, pub := filepath.Join(dir, prefix+".key"), filepath.Join(dir, prefix+".pub")
+		o, err := roleOptions(t, "ctx", append(append([]string{}, base...), "--key", key, "--peer-key", pub)...)
+		want := "--peer-key " + pub + " is the public key of this engine's own --key " + key
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ctx --key %s --peer-key %s: %v, want an error containing %q", key, pub, err, want)
+		}
+		if o.Instance != "" {
+			t.Errorf("ctx --key %s --peer-key %s: the role ran", key, pub)
+		}
+	}
+	if _, err := roleOptions(t, "ctx", append(append([]string{}, base...),
+		"--key", filepath.Join(dir, "ctx.key"), "--peer-key", filepath.Join(dir, "gen.pub"))...); err != nil {
+		t.Errorf("ctx with its own key and gen's public key: %v", err)
+	}
+}
+
 // A decimal --pool is taken, rounded down to a whole byte count, as users
 // write sizes ("1.5GiB"); before, it was refused with `unknown unit
 // ".5GiB"`. (Small pools here: the role refuses one past the memory
