@@ -239,7 +239,7 @@ func TestRoleNamesItsPeersDeath(t *testing.T) {
 	common := []string{"--insecure", "--backend", "shm", "--pool", "256MiB", "--max-tokens", "1024", "--requests", "100000", "--timeout", "10m",
 		"--log-level", "info"}
 	gen, _, genErr := startCommand(t, append([]string{"gen", "--bind", gsock, "--peer-endpoint", csock}, common...)...)
-	ctx, _, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "20ms"}, common...)...)
+	ctx, ctxOut, ctxErr := startCommand(t, append([]string{"ctx", "--bind", csock, "--peer-endpoint", gsock, "--compute", "20ms"}, common...)...)
 	waitFor(t, genErr, "peers ready")
 	waitFor(t, ctxErr, "peers ready")
 	if err := gen.Process.Kill(); err != nil {
@@ -249,6 +249,24 @@ func TestRoleNamesItsPeersDeath(t *testing.T) {
 	waitExit(t, ctx, ctxErr)
 	if want := "Error: ctx: the gen process went down"; !strings.Contains(ctxErr.String(), want) {
 		t.Errorf("no %q after gen was killed:\n%s", want, ctxErr.String())
+	}
+	// The requests it had in flight, cancelled once gen was down, say
+	// why: their error was only "req-3: CANCELLED: actors: cancelled".
+	// (Checked to fail without proc's outcomeErr.)
+	var rep struct {
+		Errors []string `json:"errors"`
+	}
+	for _, line := range strings.Split(ctxOut.String(), "\n") {
+		if strings.Contains(line, `"role":"ctx"`) {
+			if err := json.Unmarshal([]byte(line), &rep); err != nil {
+				t.Fatalf("ctx's report %q: %v", line, err)
+			}
+		}
+	}
+	for _, e := range rep.Errors {
+		if strings.Contains(e, "CANCELLED") && !strings.Contains(e, "CANCELLED after the generation peer went down") {
+			t.Errorf("ctx's request error %q does not say that gen went down", e)
+		}
 	}
 }
 

@@ -579,7 +579,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 					}
 					mu.Unlock()
 				}
-				fail(fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err))
+				fail(outcomeErr(RequestID(i), res, n.down, "context"))
 				return
 			}
 			if bad := settingsMismatch(res.Payload, mine); bad != "" {
@@ -928,7 +928,7 @@ chunks:
 		return 0, err
 	}
 	if !res.OK {
-		return 0, fmt.Errorf("%s: %s: %v", RequestID(i), res.Status, res.Err)
+		return 0, outcomeErr(RequestID(i), res, n.down, "generation")
 	}
 	return res.Bytes, nil
 }
@@ -1157,6 +1157,17 @@ func (n *role) awaitProof() {
 }
 
 // closed reports whether c is closed (it is never sent on).
+// outcomeErr is a failed request's error in the report. One cancelled
+// once its peer was down says so: the role cancels its live requests
+// then (outcome), and the engine's own word for that is only "actors:
+// cancelled", which named no cause.
+func outcomeErr(id string, res kvxfer.Outcome, down <-chan struct{}, peer string) error {
+	if res.Status == kvxfer.StatusCancelled && closed(down) {
+		return fmt.Errorf("%s: %s after the %s peer went down: %v", id, res.Status, peer, res.Err)
+	}
+	return fmt.Errorf("%s: %s: %v", id, res.Status, res.Err)
+}
+
 func closed(c <-chan struct{}) bool {
 	select {
 	case <-c:
