@@ -1076,7 +1076,23 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no Hello within %v", timeout))
 	defer cancel()
-	return n.WaitPeers(ctx)
+	err := n.WaitPeers(ctx)
+	if errors.Is(err, node.ErrHandshake) && !o.Insecure && o.PeerPublicKey != "" && o.PeerEndpoint != "" {
+		// A wrong key is the likeliest cause: name both keys this side
+		// holds, which the user compares with the two .pub files.
+		err = fmt.Errorf("%w (this engine's public key is %s…, the one it holds for %s is %s…: each side's --peer-key must be the other's PREFIX.pub)",
+			err, keyPrefix(n.PublicKey()), o.Peer, keyPrefix(o.PeerPublicKey))
+	}
+	return err
+}
+
+// keyPrefix is the first 8 characters of a Z85 public key, as the link's
+// logs name a key.
+func keyPrefix(k string) string {
+	if len(k) > 8 {
+		return k[:8]
+	}
+	return k
 }
 
 // awaitPeerLeaves holds the context role's node open after the generation

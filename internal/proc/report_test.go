@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/shm"
@@ -177,5 +178,42 @@ func TestLastEnd(t *testing.T) {
 	e.ended(true)
 	if !e.downMidRun() {
 		t.Error("peer down with a request that never ended: not mid-run")
+	}
+}
+
+// TestWrongPeerKeyNamesBothKeys: the generation role holds a wrong public
+// key for the context role. Its error named the failed handshake and the
+// likely cause ("the server key we hold for it is not its key") but no
+// key, so the user could not tell which file was wrong; it now names the
+// first characters of this engine's public key and of the one it holds
+// for its peer. (Checked to fail without waitPeer's key hint.)
+func TestWrongPeerKeyNamesBothKeys(t *testing.T) {
+	ctxO, genO := pairOptions(t, 1)
+	keys := func() (string, string) {
+		pub, sec, err := zmq.GenerateKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pub, sec
+	}
+	_, ctxSec := keys()
+	genPub, genSec := keys()
+	wrongPub, _ := keys()
+	ctxO.Insecure, genO.Insecure = false, false
+	ctxO.SecretKey, ctxO.PeerPublicKey = ctxSec, genPub
+	genO.SecretKey, genO.PeerPublicKey = genSec, wrongPub
+	ctx, cancel := context.WithTimeout(context.Background(), 2*reportDeadline)
+	defer cancel()
+	ctxDone := make(chan struct{})
+	go func() {
+		defer close(ctxDone)
+		_, _ = RunCtx(ctx, ctxO, io.Discard)
+	}()
+	genRep, _ := RunGen(ctx, genO, io.Discard)
+	cancel() // the context role need not wait out its deadline
+	<-ctxDone
+	want := "this engine's public key is " + genPub[:8] + "…, the one it holds for ctx is " + wrongPub[:8] + "…"
+	if !strings.Contains(genRep.FirstError, "handshake") || !strings.Contains(genRep.FirstError, want) {
+		t.Fatalf("gen's first error %q, want the failed handshake and %q", genRep.FirstError, want)
 	}
 }
