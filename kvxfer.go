@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 
@@ -664,6 +665,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (*TxHandle, error) {
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any message quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", actors.ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
 	}
+	if !utf8.ValidString(req.ID) {
+		return nil, fmt.Errorf("%w: request id %q is not valid UTF-8 (frames between nodes carry it as a UTF-8 string)", actors.ErrBadRequest, req.ID)
+	}
 	if ctx == nil {
 		return nil, nilContext("send", req.ID)
 	}
@@ -1156,6 +1160,9 @@ func (e *Engine) Receive(ctx context.Context, req ReceiveRequest) (*RxHandle, er
 	}
 	if req.ID == "" || len(req.ID) > messages.MaxRequestIDLen { // before any error quotes it
 		return nil, fmt.Errorf("%w: request id length %d, want 1..%d", ErrBadRequest, len(req.ID), messages.MaxRequestIDLen)
+	}
+	if !utf8.ValidString(req.ID) {
+		return nil, fmt.Errorf("%w: request id %q is not valid UTF-8 (frames between nodes carry it as a UTF-8 string)", ErrBadRequest, req.ID)
 	}
 	if ctx == nil {
 		return nil, nilContext("receive", req.ID)

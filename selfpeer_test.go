@@ -39,3 +39,33 @@ func TestOwnInstanceAsPeerRefused(t *testing.T) {
 	transfer(t, c, l, "self-rx", 1, 16, 16, true)
 	checkNoLeaks(t, c)
 }
+
+// TestRequestIDNotUTF8Refused: a request id that is not valid UTF-8 is
+// refused at Send and Receive with ErrBadRequest naming it. Before, the
+// engine took it, and between nodes every frame naming the request failed
+// to encode (proto3 strings are UTF-8): both sides waited for the
+// transfer deadline, holding pins and blocks. (The C ABI had its own
+// check; this is the Go API's.)
+func TestRequestIDNotUTF8Refused(t *testing.T) {
+	l := smallLayout()
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	const id = "req-\xff"
+	rx, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: id, PromptLen: 16, Context: "ctx"})
+	if rx != nil {
+		rx.Cancel()
+	}
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !containsAll(err.Error(), []string{`"req-\xff"`, "not valid UTF-8"}) {
+		t.Fatalf("receive with id %q: %v, want ErrBadRequest naming it", id, err)
+	}
+	tx, err := c.ctx[0].Send(context.Background(), kvxfer.SendRequest{ID: id, PromptLen: 16, Generation: "gen"})
+	if tx != nil {
+		tx.Cancel()
+	}
+	if !errors.Is(err, kvxfer.ErrBadRequest) || !containsAll(err.Error(), []string{`"req-\xff"`, "not valid UTF-8"}) {
+		t.Fatalf("send with id %q: %v, want ErrBadRequest naming it", id, err)
+	}
+	if st := c.gen[0].Pools().Stats(); st[0].Receiving != 0 || st[0].Used != 0 {
+		t.Fatalf("a refused receive holds blocks: %+v", st[0])
+	}
+	checkNoLeaks(t, c)
+}
