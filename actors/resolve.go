@@ -184,11 +184,44 @@ func LayoutMismatch(self Topology, hello *messages.Hello) error {
 	same := ""
 	if hello.Model == modelName(self.Layout) {
 		// One name, two layouts: what differs is a setting, not the model.
-		same = fmt.Sprintf(": the same model laid out differently: compare both sides' tokens per block (here %d), "+
-			"KV dtype, heads and layer groups", self.Layout.TokensPerBlock)
+		if d := settingApart(self.Layout, hello.LayoutHash); d != "" {
+			same = ": the same model laid out differently: " + d
+		} else {
+			same = fmt.Sprintf(": the same model laid out differently: compare both sides' tokens per block (here %d), "+
+				"KV dtype, heads and layer groups", self.Layout.TokensPerBlock)
+		}
 	}
 	return fmt.Errorf("%w: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)%s",
 		ErrMismatch, hello.From, hello.Model, hello.LayoutHash, modelName(self.Layout), self.LayoutHash, same)
+}
+
+// settingApart names the one setting by which the peer's layout (its hash)
+// differs from l, when it is the tokens per block or the KV element size
+// alone ("" otherwise): the Hello carries the layout's hash, not its
+// fields, so the usual settings are tried. Called on a mismatch only (a
+// few dozen hashes).
+func settingApart(l kvcache.Layout, peerHash uint64) string {
+	for tpb := 1; tpb <= 4096; tpb *= 2 {
+		if tpb == l.TokensPerBlock {
+			continue
+		}
+		v := l
+		v.TokensPerBlock = tpb
+		if v.Hash() == peerHash {
+			return fmt.Sprintf("the peer's blocks hold %d tokens, this rank's %d (compare both sides' --tokens-per-block)", tpb, l.TokensPerBlock)
+		}
+	}
+	for _, b := range []int{1, 2, 4, 8} {
+		if b == l.DTypeBytes {
+			continue
+		}
+		v := l
+		v.DTypeBytes = b
+		if v.Hash() == peerHash {
+			return fmt.Sprintf("the peer's KV elements are %d bytes, this rank's %d (compare both sides' KV dtype)", b, l.DTypeBytes)
+		}
+	}
+	return ""
 }
 
 // ResolveRequest turns a generation rank's RequestData and Hello into the

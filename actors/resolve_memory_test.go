@@ -169,3 +169,27 @@ func TestLayoutMismatchOfOneModelNamesTheSetting(t *testing.T) {
 		t.Fatalf("one layout hash: %v", err)
 	}
 }
+
+// A peer whose layout differs from this rank's by its tokens per block or
+// its KV element size alone is named by that setting, with both values:
+// the Hello carries only the layout's hash, so before, the message named
+// this rank's tokens per block and left the peer's to guess.
+func TestLayoutMismatchNamesThePeersSetting(t *testing.T) {
+	l := kvcache.Layout{Name: "Llama-3.1-8B", Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2, TokensPerBlock: 32}
+	self := Topology{Layout: l, LayoutHash: l.Hash()}
+	for _, c := range []struct {
+		edit func(*kvcache.Layout)
+		want string
+	}{
+		{func(p *kvcache.Layout) { p.TokensPerBlock = 16 }, "the peer's blocks hold 16 tokens, this rank's 32"},
+		{func(p *kvcache.Layout) { p.DTypeBytes = 1 }, "the peer's KV elements are 1 bytes, this rank's 2"},
+		{func(p *kvcache.Layout) { p.KVHeads = 4 }, "compare both sides' tokens per block (here 32)"},
+	} {
+		peer := l
+		c.edit(&peer)
+		err := LayoutMismatch(self, &messages.Hello{Model: "Llama-3.1-8B", LayoutHash: peer.Hash()})
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("peer %+v: %v, want it to say %q", peer, err, c.want)
+		}
+	}
+}
