@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -137,15 +138,23 @@ func (s *Sim) kill(d death) {
 	s.fired(classify(pending, c.posted > 0))
 	inc := c.inc
 	s.ctxDied(c)
-	c.alive = false
+	c.alive, c.backAt = false, d.back
 	s.detect(false, d.rank, inc)
 	// The backend's proof of that incarnation's death (shm: its pidfd,
 	// opened at its Hello, becomes readable) reaches every live
-	// generation rank: Engine.WriterExited.
+	// generation rank: Engine.WriterExited. For a rank that returns, one
+	// time in two it comes late (exitProofDelay), so that the next
+	// incarnation may answer a RequestData addressed to this one
+	// (Misaddressed) before it.
+	late := d.back > 0 && s.mr.IntN(2) == 0
 	for _, g := range s.gen {
 		if g.alive {
 			ginc := g.inc
-			s.after(s.between(100*time.Microsecond, 2*time.Millisecond), g.parentName(), "writerExited", func() {
+			delay := s.between(100*time.Microsecond, 2*time.Millisecond)
+			if late {
+				delay = s.exitProofDelay()
+			}
+			s.after(delay, g.parentName(), "writerExited", func() {
 				if g.live(ginc) {
 					g.writerExited(c.self, uint64(inc+1))
 				}
@@ -160,6 +169,19 @@ func (s *Sim) kill(d death) {
 			s.detectFor(false, c.idx)
 		})
 	}
+}
+
+// maxExitProofDelay bounds how late the proof of a context incarnation's
+// exit may reach a generation rank: a backend without pidfds (RDMA) has
+// none, and the control plane's own (etcd's record of the incarnation
+// gone) comes a lease later.
+const maxExitProofDelay = 60 * time.Millisecond
+
+// exitProofDelay draws a late exit proof's delay: log-uniform from 2 ms
+// to maxExitProofDelay, from Sim.mr.
+func (s *Sim) exitProofDelay() time.Duration {
+	const lo = 2 * time.Millisecond
+	return time.Duration(float64(lo) * math.Pow(float64(maxExitProofDelay)/float64(lo), s.mr.Float64()))
 }
 
 // heartbeats: every live generation rank's heartbeat reaches every live

@@ -242,6 +242,13 @@ type requestKey struct {
 	epoch         uint64
 }
 
+// admitKey names a RequestData of generation rank incarnation
+// (k.gen, k.inc) that context rank k.ctx's incarnation ctxInc admitted.
+type admitKey struct {
+	k      requestKey
+	ctxInc int
+}
+
 // trackRequestData counts a RequestData put on the wire until it is
 // delivered or lost, so that a Cancel delivered meanwhile is known to
 // have overtaken it (Result.CancelsOvertook).

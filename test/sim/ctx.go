@@ -69,6 +69,10 @@ type ctxRank struct {
 	// (FaultCloseUnproven): its process exit is scheduled, at exitAt.
 	exitDue bool
 	exitAt  time.Duration
+	// backAt: the rank is down and its next incarnation boots then (0:
+	// up, or down for good); frames sent to it meanwhile wait for it
+	// (linkSend).
+	backAt time.Duration
 }
 
 // renewLease is txParent.renewLease: a sign of peer's life renews the
@@ -137,7 +141,7 @@ func (c *ctxRank) boot() {
 		s.failf("ctx pools: %v", err)
 		return
 	}
-	c.alive = true
+	c.alive, c.backAt = true, 0
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
 	// Half the ranks (by seed) run as over a backend whose completions
 	// prove delivery (the simulated backend's do: a batch lands before its
@@ -678,9 +682,20 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		return // rejected (counted by the real listener), or not the tx parent's
 	}
 	if err := c.incs.Admit(f); err != nil {
-		return // of an earlier incarnation: never acted on
+		// Of an earlier incarnation: never acted on. A RequestData
+		// addressed to an earlier incarnation of this rank is answered
+		// (listener.misaddressed, txParent.onMisaddressed): its sender
+		// took it as delivered.
+		if dest == core.FrameToTx {
+			c.misaddressed(f)
+		}
+		return
 	}
 	c.answering = core.FromIncarnation(f)
+	if rd, ok := f.(*messages.RequestData); ok && rd.From.Instance == "gen" && rd.FromIncarnation > 0 {
+		s.admitted[admitKey{k: requestKey{gen: int(rd.From.Rank), inc: int(rd.FromIncarnation) - 1, ctx: c.idx, request: rd.RequestID,
+			epoch: rd.Epoch}, ctxInc: c.inc}] = true
+	}
 	if dest == core.FrameInvalidToTx {
 		// txParent.onUnread, on the real core.TxTable: the session of a
 		// request bound to the sender's instance takes it as a
@@ -716,6 +731,29 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch,
 			Incarnation: m.FromIncarnation})
 	}
+}
+
+// misaddressed is listener.misaddressed and txParent.onMisaddressed: f,
+// which Admit refused, is answered with a messages.Misaddressed when it is
+// a RequestData addressed to an earlier incarnation of this rank
+// (core.IncarnationTable.Misaddressed) whose sender takes the answer — the
+// RequestData or the sender's Hello the link holds now says
+// messages.FeatureMisaddressed (core.MisaddressedAnswer). The answer goes
+// through a sender worker and the simulated link, as every reply. The
+// listener's answer credits are not modelled.
+func (c *ctxRank) misaddressed(f messages.Frame) {
+	rd, ok := c.incs.Misaddressed(f)
+	if !ok {
+		return
+	}
+	hello, err := c.s.hello(rd.From)
+	a := core.MisaddressedAnswer(rd, c.self, c.incarnation(), hello, err)
+	if a == nil {
+		return
+	}
+	c.s.res.MisaddressedAnswered++
+	c.answering = rd.FromIncarnation
+	c.reply(rd.RequestID, rd.From, a)
 }
 
 // peerDown is txParent's peerDown (Engine.PeerDown): every session hears

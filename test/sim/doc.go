@@ -128,7 +128,26 @@
 // connection refuse frames; a frame to a dead peer is taken and lost.
 // A rank's death takes its incarnation's state, its in-flight frames (both
 // ways) and its in-flight writes with it; a return boots a fresh
-// incarnation (new region, new agent address). The control plane's
+// incarnation (new region, new agent address). Frames a generation rank
+// sends to a context rank while it is down, and will return, wait on their
+// connection and reach its next incarnation (ZeroMQ reconnects a DEALER to
+// the same endpoint), addressed to the incarnation the sender knew: that
+// incarnation drops a RequestData addressed to its predecessor and answers
+// it with a Misaddressed (core.IncarnationTable.Misaddressed,
+// core.MisaddressedAnswer, as the tx parent), through the link like any
+// reply; the session that takes it sends the RequestData again to the new
+// incarnation (Readdress: the rx parent's table follows). From then on the
+// checks count only the new incarnation's terminal frame or exit as the
+// writer's end, and a Misaddressed whose claim is true (the incarnation
+// it names is gone and never admitted that RequestData: the simulator
+// records what each incarnation admitted) shows the earlier copies were
+// never acted on. For a rank that returns, its death's exit proof comes
+// late one time in two (2 to 60 ms, as a proof through the control plane
+// rather than a pidfd), so that the answer may come first; a rank that
+// returns is only suspected, never proven dead, when its heartbeats stop
+// (its next incarnation may still get the frames). Result counts the
+// answers sent and taken and the frames that reached the next
+// incarnation. The control plane's
 // failure detector is modelled as heartbeats: a rank that died and stays
 // silent for a while is declared to every live rank on the other side (and
 // to any that boots later) through the engine's own peer-down path —

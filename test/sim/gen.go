@@ -249,6 +249,7 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 func (s *Sim) noteProof(rs *rxSess, msg any) {
 	switch m := msg.(type) {
 	case actors.RxFrame:
+		s.noteMisaddressed(rs, m)
 		if m.Writer < 0 || m.Writer >= len(rs.proof) || rs.proof[m.Writer] || m.Invalid != nil {
 			return // an unreadable frame proves nothing
 		}
@@ -269,9 +270,31 @@ func (s *Sim) noteProof(rs *rxSess, msg any) {
 			rs.proof[m.Writer] = f.Epoch == rs.epoch
 		}
 	case actors.RxPeerGone:
-		if m.Writer >= 0 && m.Writer < len(rs.proof) {
+		// The death of another incarnation than the one the writer's
+		// RequestData went to last proves nothing (readdress).
+		if m.Writer >= 0 && m.Writer < len(rs.proof) &&
+			(m.Incarnation == 0 || rs.writerInc[m.Writer] == 0 || m.Incarnation == rs.writerInc[m.Writer]) {
 			rs.proof[m.Writer] = true
 		}
+	}
+}
+
+// noteMisaddressed: the session's own checks aside, a Misaddressed
+// that tells the truth — the incarnation the writer's RequestData is
+// addressed to is gone and never admitted one of this request and epoch
+// from this incarnation — shows that no copy of it that left was acted
+// on, nor will be (a later incarnation drops it unread).
+func (s *Sim) noteMisaddressed(rs *rxSess, m actors.RxFrame) {
+	f, ok := m.Frame.(*messages.Misaddressed)
+	w := m.Writer
+	if !ok || m.Invalid != nil || w < 0 || w >= len(rs.left) || f.Addressed == 0 || rs.writerInc[w] != f.Addressed ||
+		f.Epoch != rs.epoch || f.From.Instance != "ctx" || f.From.Rank < 0 || int(f.From.Rank) >= len(s.ctx) {
+		return
+	}
+	c, xinc := s.ctx[f.From.Rank], int(f.Addressed)-1
+	if !c.live(xinc) && !s.admitted[admitKey{k: requestKey{gen: rs.g.idx, inc: rs.inc, ctx: c.idx, request: rs.req.id, epoch: rs.epoch},
+		ctxInc: xinc}] {
+		rs.left[w], rs.unknown[w] = false, false
 	}
 }
 
@@ -369,6 +392,9 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 		case actors.SendRequestData:
 			// The worker hands the frame to the control plane and tells
 			// the session whether it left (workerSlot.send, RxSent).
+			if !s.readdress(rs, e) {
+				return
+			}
 			inc := rs.inc
 			if e.Writer >= 0 && e.Writer < len(rs.refused) && rs.refused[e.Writer] && !rs.unreachable[e.Writer] {
 				s.fired(FaultControlRefused) // a re-send after a refusal
@@ -414,6 +440,22 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 				}
 				msg := actors.RxSent{Writer: e.Writer, Err: err}
 				s.mail(wn, rs.name, s.hop(), msg, func() { s.stepRx(rs, msg) })
+			})
+		case actors.Readdress:
+			// A Misaddressed taken: the rx parent's table follows
+			// (rxParent's readdressed); an incarnation proven exited
+			// before gets the proof now.
+			s.res.MisaddressedTaken++
+			inc, id := rs.inc, rs.req.id
+			s.mail(rs.name, g.parentName(), s.hop(), e, func() {
+				if !g.live(inc) {
+					return
+				}
+				if g.table.Readdress(id, e.Writer, e.Incarnation) && g.entries[id] == rs {
+					msg := actors.RxPeerGone{Writer: e.Writer, Incarnation: e.Incarnation,
+						Err: fmt.Errorf("%w: writer incarnation %d has exited", actors.ErrPeerGone, e.Incarnation)}
+					s.sendRx(g.parentName(), rs, msg)
+				}
 			})
 		case actors.StartTimer:
 			d := max(e.At.Sub(g.now()), 0)
@@ -466,6 +508,38 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			s.failf("%s: unexpected effect %T", rs.name, e)
 		}
 	}
+}
+
+// readdress follows a writer's RequestData addressed to another
+// incarnation than its last one (a Misaddressed taken: the session sends
+// it again, to the incarnation that dropped it), from the frames the
+// session emits, not from its Readdress effect. The incarnation it went
+// to before must be gone for good — an incarnation that answers
+// Misaddressed exists only after its predecessors died, and a dead
+// incarnation's writes end with it —, so that what its copies left proves
+// nothing from now on: only the new incarnation's terminal frame or death
+// (noteProof) ends the writer. It reports false after a failure.
+func (s *Sim) readdress(rs *rxSess, e actors.SendRequestData) bool {
+	w := e.Writer
+	if w < 0 || w >= len(rs.writerInc) || e.Frame == nil {
+		return true // the worker's SendRequestData check fails it
+	}
+	old, inc := rs.writerInc[w], e.Frame.ToIncarnation
+	if inc == old {
+		return true
+	}
+	if e.To.Instance != "ctx" || e.To.Rank < 0 || int(e.To.Rank) >= len(s.ctx) {
+		return true // a context instance that does not exist: never sent
+	}
+	c := s.ctx[e.To.Rank]
+	if old == 0 || inc < old || c.live(int(old)-1) {
+		s.failf("%s: writer %d's RequestData re-addressed from incarnation %d to %d (the rank runs incarnation %d, alive %v)",
+			rs.name, w, old, inc, c.incarnation(), c.alive)
+		return false
+	}
+	rs.writerInc[w] = inc
+	rs.left[w], rs.unknown[w], rs.proof[w], rs.reported[w] = false, false, false, -1
+	return true
 }
 
 // frameWorker is shellEnv.frameWorker: the worker that sends a frame
@@ -576,10 +650,14 @@ func (g *genRank) onFrame(f messages.Frame) {
 // RxSuspect (missed heartbeats prove nothing), and sessions started while
 // it stays down fail at once. When the rank really is dead, the backend's
 // proof of its death (shm: the writer's pidfd, opened at its Hello) comes
-// too, as Engine.WriterExited: RxPeerGone.
+// too, as Engine.WriterExited: RxPeerGone — only when it does not return.
 func (g *genRank) peerDown(peer messages.PeerID) {
 	s := g.s
-	dead := !s.ctx[peer.Rank].alive
+	// Dead for good: a rank that returns gets the frames sent to it
+	// meanwhile (linkSend), one addressed to no incarnation included, so
+	// its death now proves nothing about what its next incarnation writes.
+	c := s.ctx[peer.Rank]
+	dead := !c.alive && c.backAt == 0
 	for _, r := range g.table.PeerDown(peer, 0) {
 		var msg any = actors.RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)}
 		if dead {
@@ -594,7 +672,8 @@ func (g *genRank) peerDown(peer messages.PeerID) {
 // addressed to it.
 func (g *genRank) writerExited(peer messages.PeerID, inc uint64) {
 	for _, r := range g.table.Exited(peer, inc) {
-		g.s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Err: fmt.Errorf("%w: %s incarnation %d exited", actors.ErrPeerGone, peer, inc)})
+		g.s.sendRx(g.parentName(), g.entries[r.Request], actors.RxPeerGone{Writer: r.Writer, Incarnation: inc,
+			Err: fmt.Errorf("%w: %s incarnation %d exited", actors.ErrPeerGone, peer, inc)})
 	}
 }
 

@@ -19,13 +19,17 @@ var errQueueFull = errors.New("sim link: send queue full")
 // subject to the seed's faults — loss, duplication, delay,
 // cross-connection reordering, and partitions (frames wait for the heal).
 // Frames to or from an incarnation that dies in the meantime are lost with
-// it.
+// it; frames a generation rank sends to a context rank while it is down
+// wait on the connection for its return and reach its next incarnation
+// (ZeroMQ reconnects a DEALER to the same endpoint), addressed to the
+// incarnation the sender knew.
 //
 // It returns an error when the frame does not leave this process, as
 // control.Link's Dial and Conn.Send do: a peer that is in no directory (the
 // dial fails), or a connection the seed's plan makes refuse frames (send
 // queue full). A frame to a dead peer is taken and lost, as ZeroMQ queues
-// frames for a peer that does not answer. A refusal other than a full
+// frames for a peer that does not answer (a context rank that returns gets
+// them, above). A refusal other than a full
 // queue closes the worker's connection to the peer, as actors/worker.go
 // does: its next frame goes on a new one.
 func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, f messages.Frame) error {
@@ -54,6 +58,8 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 	}
 	var toInc int
 	var toName string
+	base := s.vt // when the frame may leave for its peer
+	queued := false
 	if toGen {
 		g := s.gen[to.Rank]
 		if !g.alive {
@@ -63,9 +69,23 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 	} else {
 		c := s.ctx[to.Rank]
 		if !c.alive {
-			return nil
+			if c.backAt == 0 {
+				return nil
+			}
+			// A generation rank's DEALER to a context rank that is down
+			// but returns keeps its frames queued and reconnects to the
+			// rank's next incarnation (same endpoint, same routing id):
+			// they reach it once it is up, still addressed to the
+			// incarnation the sender knew (ZeroMQ). Its draws come from
+			// Sim.mr, so that no other draw moves.
+			r := s.r
+			s.r = s.mr
+			defer func() { s.r = r }()
+			base, queued = c.backAt, true
+			toInc, toName = c.inc+1, fmt.Sprintf("ctx%d.%d", c.idx, c.inc+1)
+		} else {
+			toInc, toName = c.inc, c.name()
 		}
-		toInc, toName = c.inc, c.name()
 	}
 	if s.chance(s.faults.pDrop) {
 		s.fired(FaultDrop)
@@ -83,12 +103,12 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 	if fromGen {
 		ci, gi = gi, ci
 	}
-	if end := s.faults.partitioned(ci, gi, s.vt, s.vt+lat); end > 0 {
+	if end := s.faults.partitioned(ci, gi, base, base+lat); end > 0 {
 		s.fired(FaultPartition)
-		lat = end - s.vt + s.between(20*time.Microsecond, 400*time.Microsecond)
+		lat = end - base + s.between(20*time.Microsecond, 400*time.Microsecond)
 	}
 	cn := s.conn(linkKey{fromGen: fromGen, from: from, inc: inc, worker: worker, to: int(to.Rank)})
-	t := max(s.vt+lat, cn.last)
+	t := max(base+lat, cn.last)
 	cn.last = t
 	s.frameSeq++
 	n := s.frameSeq
@@ -129,6 +149,9 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 				c := s.ctx[to.Rank]
 				if !c.live(toInc) {
 					return
+				}
+				if queued {
+					s.res.QueuedToNext++
 				}
 				s.noteOrder(&c.maxFrame, n)
 				if m, ok := fr.(*messages.Cancel); ok {

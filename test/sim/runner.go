@@ -39,6 +39,10 @@ type Sweep struct {
 	// SeedsCancelOvertook counts the seeds in which a Cancel overtook its
 	// RequestData, CancelsOvertook those Cancels.
 	SeedsCancelOvertook, CancelsOvertook int
+	// SeedsMisaddressed counts the seeds in which a generation session
+	// took a Misaddressed (Result.MisaddressedTaken); MisaddressedAnswered,
+	// MisaddressedTaken and QueuedToNext sum the runs' counts.
+	SeedsMisaddressed, MisaddressedAnswered, MisaddressedTaken, QueuedToNext int
 	// SeedsWithWrong[w] counts the seeds in which kvcache.ChunkOrder
 	// refused a wrong chunk of kind w, WrongChunks those refusals.
 	SeedsWithWrong, WrongChunks [numWrongChunks]int
@@ -111,6 +115,12 @@ func (sw *Sweep) add(r *Result) {
 		sw.SeedsInvalidFailed++
 	}
 	sw.CancelsOvertook += r.CancelsOvertook
+	sw.MisaddressedAnswered += r.MisaddressedAnswered
+	sw.MisaddressedTaken += r.MisaddressedTaken
+	sw.QueuedToNext += r.QueuedToNext
+	if r.MisaddressedTaken > 0 {
+		sw.SeedsMisaddressed++
+	}
 	if r.CancelsOvertook > 0 {
 		sw.SeedsCancelOvertook++
 	}
@@ -189,6 +199,9 @@ func (sw *Sweep) Report() string {
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "READY for a request handed in parts", per(sw.SeedsReadyParted), per(sw.ReadyParted))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "invalid Result failed a live session", per(sw.SeedsInvalidFailed), per(sw.InvalidFailed))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "Cancel overtook its RequestData", per(sw.SeedsCancelOvertook), per(sw.CancelsOvertook))
+	fmt.Fprintf(&b, "%-44s %14s %16.1f\n", "frame to a down rank reached its return", "", per(sw.QueuedToNext))
+	fmt.Fprintf(&b, "%-44s %14s %16.1f\n", "Misaddressed answered (context rank)", "", per(sw.MisaddressedAnswered))
+	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "Misaddressed taken (re-addressed)", per(sw.SeedsMisaddressed), per(sw.MisaddressedTaken))
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "wrong chunk refused (kvcache.ChunkOrder)", "seeds per 1000", "count per 1000")
 	for k := range numWrongChunks {
 		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", WrongChunk(k), per(sw.SeedsWithWrong[k]), per(sw.WrongChunks[k]))

@@ -60,6 +60,13 @@ type Result struct {
 	// InvalidFailed counts the live generation sessions a writer's
 	// invalid Result decided (FAILED, proving nothing).
 	InvalidFailed int
+	// MisaddressedAnswered counts the Misaddressed a context rank sent
+	// (a RequestData addressed to an earlier incarnation of it, answered
+	// as txParent.onMisaddressed does); MisaddressedTaken the ones a
+	// generation session took (its Readdress effect); QueuedToNext the
+	// frames sent to a context rank while it was down that its next
+	// incarnation got (a DEALER's queue, flushed when it reconnects).
+	MisaddressedAnswered, MisaddressedTaken, QueuedToNext int
 	// CancelsOvertook counts the Cancels that reached a context rank
 	// while a RequestData of the same request and epoch, sent before them,
 	// was still on its way (another connection: FaultConnRemade,
@@ -156,7 +163,12 @@ type Sim struct {
 	// rr draws which of those closes prove the cut writes' sources
 	// released (FaultCloseSourcesReleased): a stream of its own, so that
 	// no other draw of a seed moves.
-	rr      *rand.Rand
+	rr *rand.Rand
+	// mr draws what a context rank's restart does to the frames sent to
+	// it while it is down (linkSend) and when the proof of the dead
+	// incarnation's exit comes (kill): a stream of its own, so that no
+	// other draw moves.
+	mr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -183,7 +195,11 @@ type Sim struct {
 	cancelResend time.Duration
 	orphan       time.Duration
 
-	links       connTable // the control connections (conn.go)
+	links connTable // the control connections (conn.go)
+	// admitted holds the RequestData each context incarnation's listener
+	// admitted (admitKey): what that incarnation may have acted on
+	// (noteMisaddressed).
+	admitted    map[admitKey]bool
 	bogusFrames []*messages.RequestData
 	batches     []*batch // posted, not yet landed or dropped
 	frameSeq    uint64
@@ -199,19 +215,21 @@ func Run(cfg Config) *Result {
 		cfg.MaxEvents = 400_000
 	}
 	s := &Sim{
-		cfg:   cfg,
-		r:     rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
-		pr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
-		or:    rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
-		cr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
-		sr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
-		ur:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
-		hr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767868756e67)),
-		xr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b7678756e7072)),
-		rr:    rand.New(rand.NewPCG(cfg.Seed, 0x6b767872656c73)),
-		fifo:  map[fifoKey]time.Duration{},
-		links: newConnTable(),
-		res:   &Result{Seed: cfg.Seed},
+		cfg:      cfg,
+		r:        rand.New(rand.NewPCG(cfg.Seed, 0x6b767866657200)),
+		pr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767870617274)),
+		or:       rand.New(rand.NewPCG(cfg.Seed, 0x6b76786f726472)),
+		cr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678636f6e6e)),
+		sr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767873746773)),
+		ur:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767870696e73)),
+		hr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767868756e67)),
+		xr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678756e7072)),
+		rr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767872656c73)),
+		mr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b76786d697361)),
+		fifo:     map[fifoKey]time.Duration{},
+		links:    newConnTable(),
+		admitted: map[admitKey]bool{},
+		res:      &Result{Seed: cfg.Seed},
 	}
 	if cfg.Trace {
 		s.actorSeq = map[string]int{}
