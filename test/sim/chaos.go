@@ -24,6 +24,14 @@ func (s *Sim) scheduleFaults() {
 		s.at(t, "chaos", "workerStop", func() { s.stopWorker() })
 	}
 	for _, d := range p.deaths {
+		if !d.gen && d.back > 0 && s.mr.IntN(3) == 0 {
+			// A supervisor that restarts the rank at once: its next
+			// incarnation is up before the failure detector's timeout
+			// (2-15 ms), so that requests still live may be re-addressed
+			// to it (Misaddressed).
+			const lo, hi = 200 * time.Microsecond, 2 * time.Millisecond
+			d.back = d.at + time.Duration(float64(lo)*math.Pow(float64(hi)/float64(lo), s.mr.Float64()))
+		}
 		s.at(d.at, "chaos", "death", func() { s.kill(d) })
 	}
 	for _, t := range p.jumps {
@@ -143,7 +151,9 @@ func (s *Sim) kill(d death) {
 	// The backend's proof of that incarnation's death (shm: its pidfd,
 	// opened at its Hello, becomes readable) reaches every live
 	// generation rank: Engine.WriterExited. For a rank that returns, one
-	// time in two it comes late (exitProofDelay), so that the next
+	// time in two it comes only after the return (exitProofDelay: a
+	// backend without pidfds, where the control plane's record of the
+	// next incarnation replacing this one is the proof), so that the next
 	// incarnation may answer a RequestData addressed to this one
 	// (Misaddressed) before it.
 	late := d.back > 0 && s.mr.IntN(2) == 0
@@ -152,7 +162,7 @@ func (s *Sim) kill(d death) {
 			ginc := g.inc
 			delay := s.between(100*time.Microsecond, 2*time.Millisecond)
 			if late {
-				delay = s.exitProofDelay()
+				delay = d.back - d.at + s.exitProofDelay()
 			}
 			s.after(delay, g.parentName(), "writerExited", func() {
 				if g.live(ginc) {
@@ -166,21 +176,21 @@ func (s *Sim) kill(d death) {
 			s.fired(FaultPeerReturn)
 			c.inc++
 			c.boot()
+			s.restarted(c)
 			s.detectFor(false, c.idx)
 		})
 	}
 }
 
-// maxExitProofDelay bounds how late the proof of a context incarnation's
-// exit may reach a generation rank: a backend without pidfds (RDMA) has
-// none, and the control plane's own (etcd's record of the incarnation
-// gone) comes a lease later.
-const maxExitProofDelay = 60 * time.Millisecond
+// maxExitProofDelay bounds how long after its successor boots the proof
+// of a context incarnation's exit may reach a generation rank, when it
+// comes late (kill).
+const maxExitProofDelay = 30 * time.Millisecond
 
-// exitProofDelay draws a late exit proof's delay: log-uniform from 2 ms
-// to maxExitProofDelay, from Sim.mr.
+// exitProofDelay draws a late exit proof's delay after the return:
+// log-uniform from 100 µs to maxExitProofDelay, from Sim.mr.
 func (s *Sim) exitProofDelay() time.Duration {
-	const lo = 2 * time.Millisecond
+	const lo = 100 * time.Microsecond
 	return time.Duration(float64(lo) * math.Pow(float64(maxExitProofDelay)/float64(lo), s.mr.Float64()))
 }
 

@@ -141,13 +141,21 @@
 // writer's end, and a Misaddressed whose claim is true (the incarnation
 // it names is gone and never admitted that RequestData: the simulator
 // records what each incarnation admitted) shows the earlier copies were
-// never acted on. For a rank that returns, its death's exit proof comes
-// late one time in two (2 to 60 ms, as a proof through the control plane
-// rather than a pidfd), so that the answer may come first; a rank that
-// returns is only suspected, never proven dead, when its heartbeats stop
-// (its next incarnation may still get the frames). Result counts the
-// answers sent and taken and the frames that reached the next
-// incarnation. The control plane's
+// never acted on, and the exit of an incarnation the RequestData no
+// longer goes to must not move the session. So that the answer may come
+// before the requests are decided: one context return in three comes at
+// once (0.2 to 2 ms, before the failure detector's timeout); for a rank
+// that returns, its death's exit proof comes only after the return one
+// time in two (0.1 to 30 ms after it, as a proof through the control
+// plane, the next incarnation's record replacing the dead one's, rather
+// than a pidfd); and each live generation rank's control link holds the
+// previous incarnation's Hello for 0.1 to 20 ms after a return (or until
+// a frame of the new one comes), so that requests started meanwhile are
+// addressed to the dead incarnation (one proven exited fails at start,
+// as rxParent.start does). A rank that returns is only suspected, never
+// proven dead, when its heartbeats stop (its next incarnation may still
+// get the frames). Result counts the answers sent and taken and the
+// frames that reached the next incarnation. The control plane's
 // failure detector is modelled as heartbeats: a rank that died and stays
 // silent for a while is declared to every live rank on the other side (and
 // to any that boots later) through the engine's own peer-down path —

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -53,6 +54,11 @@ type genRank struct {
 	// incs is the real listener's incarnation table (issue 17); this
 	// incarnation is inc+1.
 	incs *core.IncarnationTable
+	// heard holds, per context rank that restarted since this
+	// incarnation booted, the incarnation whose Hello the control link
+	// holds until the new one's comes (helloLag) or a frame of it: a
+	// request started meanwhile is addressed to the earlier one.
+	heard map[int]uint64
 }
 
 func (g *genRank) name() string      { return g.nm }
@@ -96,6 +102,7 @@ func (g *genRank) boot() {
 	g.table = core.NewRxTable(g.self, s.layout, s.genPar, g.rank, s.genW)
 	g.table.SetIncarnation(uint64(g.inc + 1))
 	g.incs = core.NewIncarnationTable(uint64(g.inc + 1))
+	g.heard = map[int]uint64{}
 	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
@@ -173,6 +180,14 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	after := rs.s.State()
 	if before.Terminal() && after != before {
 		s.failf("%s: %T: first terminal outcome %v overwritten by %v", rs.name, msg, before, after)
+		return
+	}
+	if m, ok := msg.(actors.RxPeerGone); ok && m.Writer >= 0 && m.Writer < len(rs.writerInc) && m.Incarnation != 0 &&
+		rs.writerInc[m.Writer] != 0 && m.Incarnation != rs.writerInc[m.Writer] && (after != before || len(effs) > 0) {
+		// The RequestData went to another incarnation since (readdress):
+		// this one's exit proves nothing about the writer.
+		s.failf("%s: the exit of writer %d's incarnation %d moved the session (%v -> %v, %d effects), its RequestData went to incarnation %d",
+			rs.name, m.Writer, m.Incarnation, before, after, len(effs), rs.writerInc[m.Writer])
 		return
 	}
 	s.noteProof(rs, msg)
@@ -629,6 +644,7 @@ func (g *genRank) onFrame(f messages.Frame) {
 	if err := g.incs.Admit(f); err != nil {
 		return // of an earlier incarnation: never acted on
 	}
+	g.heardFrom(f)
 	if dest == core.FrameInvalidToRx {
 		// A writer's Result that fails validation: the rx parent looks
 		// its writer up (changing nothing) and fails the session, as no
@@ -643,6 +659,59 @@ func (g *genRank) onFrame(f messages.Frame) {
 		return // stale, or not a writer of the request
 	}
 	s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f})
+}
+
+// heardFrom: a frame of a context incarnation carries its Hello's
+// incarnation (the control link binds a connection to its Hello).
+func (g *genRank) heardFrom(f messages.Frame) {
+	from := f.Sender()
+	if h, ok := g.heard[int(from.Rank)]; ok && from.Instance == "ctx" && core.FromIncarnation(f) > h {
+		g.hear(int(from.Rank), core.FromIncarnation(f))
+	}
+}
+
+// hear records that the control link holds incarnation inc's Hello of
+// context rank c.
+func (g *genRank) hear(c int, inc uint64) {
+	if h, ok := g.heard[c]; !ok || inc <= h {
+		return
+	}
+	if inc >= g.s.ctx[c].incarnation() {
+		delete(g.heard, c) // the current one
+		return
+	}
+	g.heard[c] = inc
+}
+
+// restarted: context rank c booted incarnation inc+1; every live
+// generation rank holds the Hello it had (inc's, or none) until the new
+// one comes, after a lag drawn from Sim.mr (helloLag) or with a frame of
+// it.
+func (s *Sim) restarted(c *ctxRank) {
+	for _, g := range s.gen {
+		if !g.alive {
+			continue
+		}
+		if _, ok := g.heard[c.idx]; !ok {
+			g.heard[c.idx] = uint64(c.inc) // the previous incarnation's
+		}
+		ginc, cinc := g.inc, c.incarnation()
+		s.after(s.helloLag(), g.parentName(), "hello", func() {
+			if g.live(ginc) {
+				g.hear(c.idx, cinc)
+			}
+		})
+	}
+}
+
+// maxHelloLag bounds how long after a context rank's restart a
+// generation rank's control link holds its previous incarnation's Hello.
+const maxHelloLag = 20 * time.Millisecond
+
+// helloLag draws it: log-uniform from 100 µs to maxHelloLag.
+func (s *Sim) helloLag() time.Duration {
+	const lo = 100 * time.Microsecond
+	return time.Duration(float64(lo) * math.Pow(float64(maxHelloLag)/float64(lo), s.mr.Float64()))
 }
 
 // peerDown is rxParent's peerDown (Engine.PeerDown): the control plane
@@ -800,8 +869,22 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 	// directory: a live rank's current one).
 	for _, peer := range g.table.Writers(o) {
 		if c := s.ctx[peer.Rank]; peer.Instance == "ctx" && c.alive {
-			g.table.Learn(peer, c.incarnation())
+			inc := c.incarnation()
+			if h, ok := g.heard[c.idx]; ok && h < inc {
+				inc = h // the new incarnation's Hello has not come yet
+			}
+			g.table.Learn(peer, inc)
 		}
+	}
+	// A writer whose incarnation is proven exited would never answer:
+	// the request fails before any RequestData leaves (rxParent.start).
+	if len(g.table.ExitedWriters(o)) > 0 {
+		if err := g.guard.Free(blocks); err != nil {
+			s.failf("%s: %v", a.nm, err)
+		}
+		a.done = true
+		s.res.NotReady++
+		return
 	}
 	epoch, writers, err := g.table.Start(o, blocks, g.now())
 	if err != nil {
