@@ -23,3 +23,5 @@ func mutDoneOnHandoff() bool { return false }
 func mutProofFromInvalid() bool { return false }
 
 func mutRejectUnresolvedDuplicate() bool { return false }
+
+func mutReaddressKeepsPredecessor() bool { return false }

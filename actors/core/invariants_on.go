@@ -43,7 +43,16 @@ var Mutations struct {
 	// failed to resolve FAILED, as a first one, although the stream it
 	// duplicates may have writes in flight.
 	RejectUnresolvedDuplicate bool
+	// ReaddressKeepsPredecessor takes a Misaddressed by sending the
+	// writer's RequestData again to the incarnation that dropped it, but
+	// leaves the writer addressed to the predecessor for everything else
+	// (its answers, its exit proof, the rx parent's table): the
+	// predecessor's exit proof then ends a writer whose successor got
+	// the request.
+	ReaddressKeepsPredecessor bool
 }
+
+func mutReaddressKeepsPredecessor() bool { return Mutations.ReaddressKeepsPredecessor }
 
 func mutRejectUnresolvedDuplicate() bool { return Mutations.RejectUnresolvedDuplicate }
 

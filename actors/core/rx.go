@@ -601,9 +601,13 @@ func (s *RxSession) onMisaddressed(w int, f *messages.Misaddressed) {
 	nw := &writers[w]
 	rd := *nw.Request
 	rd.ToIncarnation = f.FromIncarnation
-	nw.Request, nw.Incarnation, nw.DroppedBy = &rd, f.FromIncarnation, f.FromIncarnation
+	inc := f.FromIncarnation
+	if mutReaddressKeepsPredecessor() {
+		inc = f.Addressed
+	}
+	nw.Request, nw.Incarnation, nw.DroppedBy = &rd, inc, f.FromIncarnation
 	s.cfg.Writers = writers
-	s.emit(Readdress{Writer: w, Incarnation: f.FromIncarnation},
+	s.emit(Readdress{Writer: w, Incarnation: inc},
 		Log{Level: "info", Msg: fmt.Sprintf("rx session %s: writer %s incarnation %d got the RequestData addressed to incarnation %d and dropped it: addressed to it",
 			s.cfg.Request, wr.Peer, f.FromIncarnation, f.Addressed)})
 	if s.state.Terminal() {

@@ -27,6 +27,7 @@ var mutations = []struct {
 	{"done-on-handoff", &core.Mutations.DoneOnHandoff, false},
 	{"proof-from-invalid", &core.Mutations.ProofFromInvalid, false},
 	{"reject-unresolved-duplicate", &core.Mutations.RejectUnresolvedDuplicate, false},
+	{"readdress-keeps-predecessor", &core.Mutations.ReaddressKeepsPredecessor, false},
 	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 
