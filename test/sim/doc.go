@@ -221,7 +221,7 @@
 // RequestData. TestSeeds fails when a fault kind, a race, a kind of wrong
 // chunk or a Cancel overtaking its RequestData is reached in fewer than
 // one seed in 1,000, or when fewer seeds than that have a request handed
-// in parts end READY. TestMutations turns on
+// in parts end READY or a Misaddressed taken. TestMutations turns on
 // each actors.Mutations switch and requires a failing seed within 1,000.
 //
 // FaultWorkerDead stops generation ranks' workers, and context ranks' too

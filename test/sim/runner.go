@@ -148,7 +148,9 @@ func (sw *Sweep) SeedsPerSecond() float64 { return float64(sw.Seeds) / sw.Elapse
 
 // Uncovered lists the fault kinds, races and kinds of wrong chunk reached
 // in fewer than one seed in 1,000 (at least one seed when fewer than 1,000
-// ran), and READY for a request handed in parts when it is that rare.
+// ran), and READY for a request handed in parts, an invalid Result failing
+// a live session, a Cancel overtaking its RequestData and a Misaddressed
+// taken when they are that rare.
 func (sw *Sweep) Uncovered() []string {
 	need := max(1, sw.Seeds/1000)
 	var out []string
@@ -170,6 +172,9 @@ func (sw *Sweep) Uncovered() []string {
 	}
 	if sw.SeedsCancelOvertook < need {
 		out = append(out, fmt.Sprintf("a Cancel overtook its RequestData in %d seeds of %d", sw.SeedsCancelOvertook, sw.Seeds))
+	}
+	if sw.SeedsMisaddressed < need {
+		out = append(out, fmt.Sprintf("a Misaddressed was taken in %d seeds of %d", sw.SeedsMisaddressed, sw.Seeds))
 	}
 	for k := range numWrongChunks {
 		if sw.SeedsWithWrong[k] < need {
