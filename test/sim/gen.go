@@ -57,7 +57,8 @@ type genRank struct {
 	// heard holds, per context rank that restarted since this
 	// incarnation booted, the incarnation whose Hello the control link
 	// holds until the new one's comes (helloLag) or a frame of it: a
-	// request started meanwhile is addressed to the earlier one.
+	// request started meanwhile is addressed to the earlier one (0: none,
+	// the rank was down when this incarnation booted).
 	heard map[int]uint64
 }
 
@@ -103,6 +104,11 @@ func (g *genRank) boot() {
 	g.table.SetIncarnation(uint64(g.inc + 1))
 	g.incs = core.NewIncarnationTable(uint64(g.inc + 1))
 	g.heard = map[int]uint64{}
+	for _, c := range s.ctx {
+		if !c.alive {
+			g.heard[c.idx] = 0 // no Hello of it: its dead incarnation's never came
+		}
+	}
 	g.queue, g.apps = core.AllocQueue[*genApp]{}, nil
 	g.postedTo, g.maxFrame = 0, 0
 	g.workers = nil
