@@ -53,3 +53,21 @@ func (n *Node) DepartedHellos() int64 { return n.link.Stats().Rejected[zmq.Rejec
 
 // LinkHello is the node's link's Hello of peer.
 func (n *Node) LinkHello(peer messages.PeerID) (*messages.Hello, error) { return n.link.Hello(peer) }
+
+// SetPeerStateHook sets peerStateHook (nil: none).
+func SetPeerStateHook(f func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error)) {
+	if f == nil {
+		peerStateHook.Store(nil)
+		return
+	}
+	peerStateHook.Store(&f)
+}
+
+// SetAwaitHook sets awaitHook (nil: none).
+func SetAwaitHook(f func(what string, id messages.PeerID)) {
+	if f == nil {
+		awaitHook.Store(nil)
+		return
+	}
+	awaitHook.Store(&f)
+}

@@ -211,6 +211,14 @@ var peerUpHook atomic.Pointer[func(self string, rec discovery.Record)]
 // peer reached (its connection up).
 var waitReachedHook atomic.Pointer[func(id messages.PeerID)]
 
+// peerStateHook, when set (tests), is what WaitPeers (and its waits)
+// take for the link's PeerState of a peer, given the link's answer.
+var peerStateHook atomic.Pointer[func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error)]
+
+// awaitHook, when set (tests), runs as WaitPeers begins awaitOurHello
+// ("hello") or awaitOurRefusals ("refusals") for peer id.
+var awaitHook atomic.Pointer[func(what string, id messages.PeerID)]
+
 // tendEvery is how often the membership goroutine tends the peers etcd
 // found while one is left to tend.
 const tendEvery = 20 * time.Millisecond

@@ -731,7 +731,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				// gets to it. A peer that speaks is up and listening, so
 				// a connection of ours still down after the hint's wait
 				// dials the wrong place.
-				st, err := n.link.PeerState(id)
+				st, err := n.peerState(id)
 				if err != nil || st.Conn == zmq.ConnUp {
 					reached[id] = true
 					if h := waitReachedHook.Load(); h != nil {
@@ -784,9 +784,15 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			}
 			// A refused handshake with a peer etcd found is most likely
 			// the race the membership goroutine redials for.
-			st, err := n.link.PeerState(id)
+			st, err := n.peerState(id)
 			if err == nil && st.Conn == zmq.ConnHandshakeFailed && p.Endpoint != "" {
-				n.awaitOurRefusals(ctx, refused)
+				n.awaitOurRefusals(ctx, id, refused)
+				// The wait may have brought a reason that names the
+				// mistake (a mechanism mismatch) where the first look saw
+				// only a hang-up.
+				if later, err := n.peerState(id); err == nil {
+					st = moreSpecific(st, later)
+				}
 				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
 			}
 			who := id.String() + " at " + endpoint
@@ -875,12 +881,15 @@ func (n *Node) closedErr() error {
 // peer, told nothing, would wait out its whole deadline and then blame a
 // silent peer instead of naming the mismatch too.
 func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
+	if h := awaitHook.Load(); h != nil {
+		(*h)("hello", peer)
+	}
 	bound := time.NewTimer(waitHintBeats * n.heartbeat())
 	defer bound.Stop()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if st, err := n.link.PeerState(peer); err != nil || st.Conn == zmq.ConnUp {
+		if st, err := n.peerState(peer); err != nil || st.Conn == zmq.ConnUp {
 			return
 		}
 		select {
@@ -900,7 +909,10 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 // with our listener. It waits until the link refused a handshake after
 // WaitPeers began (it had refused from before), for at most waitHintBeats
 // heartbeat intervals, or until ctx ends.
-func (n *Node) awaitOurRefusals(ctx context.Context, from int64) {
+func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from int64) {
+	if h := awaitHook.Load(); h != nil {
+		(*h)("refusals", peer)
+	}
 	bound := time.NewTimer(waitHintBeats * n.heartbeat())
 	defer bound.Stop()
 	t := time.NewTicker(10 * time.Millisecond)
@@ -914,6 +926,53 @@ func (n *Node) awaitOurRefusals(ctx context.Context, from int64) {
 		case <-t.C:
 		}
 	}
+}
+
+// peerState is the link's PeerState of peer, as WaitPeers reads it
+// (peerStateHook, in tests, may stand for the link's).
+func (n *Node) peerState(peer messages.PeerID) (zmq.PeerState, error) {
+	st, err := n.link.PeerState(peer)
+	if h := peerStateHook.Load(); h != nil {
+		return (*h)(peer, st, err)
+	}
+	return st, err
+}
+
+// moreSpecific is the failed handshake's state WaitPeers reports of a
+// peer it first saw as first and, after awaitOurRefusals, as later: later
+// (the connection's latest word), unless first names the mistake and
+// later does not. Against a peer of the other security mechanism libzmq
+// reports, attempt by attempt, either the mismatch or only that the peer
+// hung up; the link holds a named reason against hang-ups for a while
+// (control/zmq's namedHold), but a wait longer than that hold may see a
+// hang-up again.
+func moreSpecific(first, later zmq.PeerState) zmq.PeerState {
+	if later.Conn != zmq.ConnHandshakeFailed {
+		return first // it moved on (a new socket, fixed): the failure seen stays
+	}
+	if namesMistake(first) && !namesMistake(later) {
+		return first
+	}
+	return later
+}
+
+// namesMistake reports whether a failed handshake's reason names its
+// mistake (control/zmq's protocolReason and its ZAP refusal: a security
+// mechanism mismatch, a cryptographic error, our key refused) rather
+// than only that what listens hung up or did not answer, which several
+// mistakes share. The link exports no such mark: its reasons' first
+// words are what tell (a hang-up's reason goes on to name the mismatch
+// among its possible causes).
+func namesMistake(st zmq.PeerState) bool {
+	if st.Conn != zmq.ConnHandshakeFailed {
+		return false
+	}
+	for _, w := range []string{"security mechanism mismatch", "cryptographic error", "the peer refused our key"} {
+		if strings.HasPrefix(st.Reason, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // noteStranger keeps a Hello's sender that is none of the node's static

@@ -1,0 +1,63 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/control/zmq"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/shm"
+)
+
+// TestMechanismMismatchNamedAfterTheWait: gen is insecure, ctx uses
+// CURVE. Against a peer of the other mechanism libzmq reports, attempt by
+// attempt, either the mismatch or only that the peer hung up; here the
+// link's state of ctx/0 says "hung up" when WaitPeers first finds the
+// failed handshake and the mismatch once WaitPeers has begun to wait for
+// its own refusals (awaitOurRefusals): the order a new user saw. The
+// error names the mismatch, not the hang-up. (The states are driven
+// through peerStateHook: which one libzmq reports first is chance.)
+// Checked to fail without the second look after the wait: the error
+// named the hang-up.
+func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	gc.Insecure = true
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	const (
+		hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
+		mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
+	)
+	var waiting atomic.Bool
+	node.SetAwaitHook(func(what string, id messages.PeerID) {
+		if what == "refusals" && id == ctx0 {
+			waiting.Store(true)
+		}
+	})
+	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {
+		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
+			return st, err
+		}
+		st.Reason = hungUp
+		if waiting.Load() {
+			st.Reason = mismatch
+		}
+		return st, nil
+	})
+	t.Cleanup(func() { node.SetPeerStateHook(nil); node.SetAwaitHook(nil) })
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) ||
+		!strings.Contains(err.Error(), mismatch) || strings.Contains(err.Error(), "hung up") {
+		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0 at %s and %q, not the hang-up", err, cc.Bind, mismatch)
+	}
+	if !waiting.Load() {
+		t.Fatal("WaitPeers returned ErrHandshake without waiting for its refusals")
+	}
+}
