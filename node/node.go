@@ -873,13 +873,15 @@ func (n *Node) closedErr() error {
 }
 
 // awaitOurHello returns once this node's connection to peer is up (its
-// Hello then leaves, and Close lets it: closeLinger), at most
-// waitHintBeats heartbeat intervals or until ctx ends. WaitPeers calls it
-// before it returns a mismatch it found in the peer's Hello: a caller that
-// closes on that error would otherwise often leave before its own Hello
-// reached the peer (its connection can come up after the peer's), and the
-// peer, told nothing, would wait out its whole deadline and then blame a
-// silent peer instead of naming the mismatch too.
+// Hello then leaves, and Close lets it: closeLinger), or the peer is gone
+// (it said goodbye, or the link declared it down: its Hello is gone, and
+// nobody is left to tell), at most waitHintBeats heartbeat intervals or
+// until ctx ends. WaitPeers calls it before it returns a mismatch it
+// found in the peer's Hello: a caller that closes on that error would
+// otherwise often leave before its own Hello reached the peer (its
+// connection can come up after the peer's), and the peer, told nothing,
+// would wait out its whole deadline and then blame a silent peer instead
+// of naming the mismatch too.
 func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 	if h := awaitHook.Load(); h != nil {
 		(*h)("hello", peer)
@@ -890,6 +892,9 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 	defer t.Stop()
 	for {
 		if st, err := n.peerState(peer); err != nil || st.Conn == zmq.ConnUp {
+			return
+		}
+		if _, err := n.link.Hello(peer); err != nil {
 			return
 		}
 		select {
