@@ -725,7 +725,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			if err == nil {
 				if err := n.checkPeer(p, h); err != nil {
 					n.awaitOurHello(ctx, id)
-					return fmt.Errorf("node: %s at %s: %w", id, endpoint, err)
+					return n.closedAfter(fmt.Errorf("node: %s at %s: %w", id, endpoint, err))
 				}
 				// It reaches us; we must reach it too, or nothing of ours
 				// gets to it. A peer that speaks is up and listening, so
@@ -793,7 +793,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				if later, err := n.peerState(id); err == nil {
 					st = moreSpecific(st, later)
 				}
-				return fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err())
+				return n.closedAfter(fmt.Errorf("%w: %s at %s: %w", ErrHandshake, id, endpoint, st.Err()))
 			}
 			who := id.String() + " at " + endpoint
 			why := n.silentWhy(st, err)
@@ -866,6 +866,16 @@ func checkMetricsFree(addr string) error {
 	return ln.Close()
 }
 
+// closedAfter is err, a mistake WaitPeers found, as WaitPeers returns it
+// after awaitOurHello or awaitOurRefusals: wrapping kvxfer.ErrClosed too
+// (closedErr) when Close began meanwhile and ended the wait.
+func (n *Node) closedAfter(err error) error {
+	if n.closing.Load() {
+		return fmt.Errorf("%w; it had found: %w", n.closedErr(), err)
+	}
+	return err
+}
+
 // closedErr is WaitPeers' error once Close has begun: no peer can say
 // Hello to a closed node.
 func (n *Node) closedErr() error {
@@ -876,7 +886,7 @@ func (n *Node) closedErr() error {
 // Hello then leaves, and Close lets it: closeLinger), or the peer is gone
 // (it said goodbye, or the link declared it down: its Hello is gone, and
 // nobody is left to tell), at most waitHintBeats heartbeat intervals or
-// until ctx ends. WaitPeers calls it before it returns a mismatch it
+// until ctx ends or Close begins. WaitPeers calls it before it returns a mismatch it
 // found in the peer's Hello: a caller that closes on that error would
 // otherwise often leave before its own Hello reached the peer (its
 // connection can come up after the peer's), and the peer, told nothing,
@@ -898,6 +908,8 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 			return
 		}
 		select {
+		case <-n.stop:
+			return
 		case <-ctx.Done():
 			return
 		case <-bound.C:
@@ -913,7 +925,7 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 // for it), its only news is our refusal of its handshakes, which stops
 // with our listener. It waits until the link refused a handshake after
 // WaitPeers began (it had refused from before), for at most waitHintBeats
-// heartbeat intervals, or until ctx ends.
+// heartbeat intervals, or until ctx ends or Close begins.
 func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from int64) {
 	if h := awaitHook.Load(); h != nil {
 		(*h)("refusals", peer)
@@ -924,6 +936,8 @@ func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from 
 	defer t.Stop()
 	for n.link.Refused() <= from {
 		select {
+		case <-n.stop:
+			return
 		case <-ctx.Done():
 			return
 		case <-bound.C:
