@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/messages"
@@ -56,6 +57,64 @@ func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) ||
 		!strings.Contains(err.Error(), mismatch) || strings.Contains(err.Error(), "hung up") {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0 at %s and %q, not the hang-up", err, cc.Bind, mismatch)
+	}
+	if !waiting.Load() {
+		t.Fatal("WaitPeers returned ErrHandshake without waiting for its refusals")
+	}
+}
+
+// TestMechanismMismatchEndsTheRefusalsWait: on a security mechanism
+// mismatch no refusal of ours can come (the peer's handshakes with our
+// listener fail at the greeting, before any key is judged; an insecure
+// link has no ZAP handler at all) and the peer learns of the mismatch on
+// its own dial: WaitPeers' wait for its refusals ends as soon as the
+// link names the mismatch, and the error names it. As in
+// TestMechanismMismatchNamedAfterTheWait the link's reason is driven
+// (a hang-up, then the mismatch once the wait began); the heartbeat
+// interval is an hour, so a wait bounded only by 3 heartbeat intervals
+// would not end within the test's patience. (Checked to fail without
+// the mismatch ending the wait: still waiting at the deadline.)
+func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	gc.Insecure = true
+	for _, c := range []*node.Config{&cc, &gc} {
+		c.HeartbeatInterval = node.Duration(time.Hour)
+	}
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	const (
+		hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
+		mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
+	)
+	var waiting atomic.Bool
+	node.SetAwaitHook(func(what string, id messages.PeerID) {
+		if what == "refusals" && id == ctx0 {
+			waiting.Store(true)
+		}
+	})
+	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {
+		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
+			return st, err
+		}
+		st.Reason = hungUp
+		if waiting.Load() {
+			st.Reason = mismatch
+		}
+		return st, nil
+	})
+	t.Cleanup(func() { node.SetPeerStateHook(nil); node.SetAwaitHook(nil) })
+	genN := open(t, gc)
+	open(t, cc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- genN.WaitPeers(ctx) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), mismatch) {
+			t.Fatalf("WaitPeers = %v, want ErrHandshake naming %q", err, mismatch)
+		}
+	case <-time.After(patience):
+		t.Fatalf("WaitPeers still waiting %v after the link named the mismatch (3 heartbeat intervals are 3h)", patience)
 	}
 	if !waiting.Load() {
 		t.Fatal("WaitPeers returned ErrHandshake without waiting for its refusals")

@@ -924,8 +924,14 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 // too: when the mistake is the peer's (its own key is not the one we hold
 // for it), its only news is our refusal of its handshakes, which stops
 // with our listener. It waits until the link refused a handshake after
-// WaitPeers began (it had refused from before), for at most waitHintBeats
-// heartbeat intervals, or until ctx ends or Close begins.
+// WaitPeers began (it had refused from before), or the link names a
+// security mechanism mismatch with peer, for at most waitHintBeats
+// heartbeat intervals, or until ctx ends or Close begins. On a mechanism
+// mismatch no refusal can come (the peer's handshakes with our listener
+// fail at the greeting, before any key is judged; an insecure link has
+// no ZAP handler at all), and the peer learns of the mismatch on its own
+// dial; until the link names it (libzmq often reports only a hang-up),
+// the wait gives it the time to, for WaitPeers' error.
 func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from int64) {
 	if h := awaitHook.Load(); h != nil {
 		(*h)("refusals", peer)
@@ -935,6 +941,9 @@ func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from 
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for n.link.Refused() <= from {
+		if st, err := n.peerState(peer); err == nil && mechanismMismatch(st) {
+			return
+		}
 		select {
 		case <-n.stop:
 			return
@@ -973,6 +982,12 @@ func moreSpecific(first, later zmq.PeerState) zmq.PeerState {
 		return first
 	}
 	return later
+}
+
+// mechanismMismatch reports whether the link names a failed handshake a
+// security mechanism mismatch (one side insecure, the other CURVE).
+func mechanismMismatch(st zmq.PeerState) bool {
+	return st.Conn == zmq.ConnHandshakeFailed && strings.HasPrefix(st.Reason, "security mechanism mismatch")
 }
 
 // namesMistake reports whether a failed handshake's reason names its

@@ -19,8 +19,10 @@ import (
 // having found a mistake, waits for the peer to learn of it too, ends
 // that wait at once (as it ends WaitPeers' wait for a Hello), and
 // WaitPeers' error wraps kvxfer.ErrClosed as well as the mistake found.
-// "refusals": gen is insecure and ctx uses CURVE: the insecure gen has no
-// ZAP handler, so the refusals it waits for never come. "hello": gen
+// "refusals": gen holds a wrong key for ctx, so it refuses ctx's key,
+// and its own handshakes with ctx (made with that wrong key as ctx's
+// server key) fail before ctx's ZAP handler sees them: the refusals ctx
+// waits for never come. "hello": gen
 // serves another model and ctx's connection to it can never come up
 // (its endpoint for gen is one where nothing listens). The heartbeat
 // interval is an hour, so a wait bounded only by 3 heartbeat intervals
@@ -35,7 +37,7 @@ func TestCloseEndsWaitPeersMismatchWait(t *testing.T) {
 		setup  func(cc, gc *node.Config)
 		want   error
 	}{
-		{"refusals", gen0, func(cc, gc *node.Config) { gc.Insecure = true }, node.ErrHandshake},
+		{"refusals", ctx0, func(cc, gc *node.Config) { gc.Peers[0].PublicKey = newKeys(t).public }, node.ErrHandshake},
 		{"hello", ctx0, func(cc, gc *node.Config) {
 			cc.Peers[0].Endpoint = "ipc://" + filepath.Join(t.TempDir(), "nobody.sock")
 			other := tiny()
