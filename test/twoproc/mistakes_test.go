@@ -162,16 +162,22 @@ func otherKey(t *testing.T) string {
 	return pub
 }
 
-// TestOwnWrongKeyNamedOnBothSides: ctx runs with gen's key pair (a user's
-// --key gen.key), gen as it should. gen names the failed handshake at
-// once and exits; ctx, the side with the mistake, must name it too (gen
-// refused its key) well inside its 20 s timeout, not wait it out and
-// blame a silent peer ("said nothing"). Before, gen exited before its
-// refusals reached ctx (a review: ctx failed at its deadline).
+// TestOwnWrongKeyNamedOnBothSides: ctx runs with a key pair gen does not
+// know (a user's --key of another engine), gen as it should. gen names
+// the failed handshake at once and exits; ctx, the side with the mistake,
+// must name it too (gen refused its key) well inside its 20 s timeout,
+// not wait it out and blame a silent peer ("said nothing"). Before, gen
+// exited before its refusals reached ctx (a review: ctx failed at its
+// deadline). (gen's own key pair given to ctx is refused before ctx
+// starts: node's TestOwnPublicKeyAsPeerKeyRefused.)
 func TestOwnWrongKeyNamedOnBothSides(t *testing.T) {
 	g, c := options(t, 3, 0)
 	g.Heartbeat, c.Heartbeat = 500*time.Millisecond, 500*time.Millisecond
-	c.SecretKey = g.SecretKey
+	_, sec, err := zmq.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SecretKey = sec
 	gen := spawn(t, "gen", g)
 	ctx := spawn(t, "ctx", c)
 	gr, _ := gen.wait(t, 15*time.Second)
