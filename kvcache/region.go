@@ -50,9 +50,11 @@ type Region struct {
 // beyond any host's memory).
 const MaxHostRegion = 1 << 46
 
-// NewHostRegion allocates a zeroed Go-owned host region of n bytes. A length
-// of 0 or above 64 TiB, or one the kernel refuses to map, is an error
-// wrapping ErrBadRegion.
+// NewHostRegion allocates a zeroed host region of n bytes, owned by the
+// region: on Linux an anonymous mapping outside the Go heap, whatever its
+// size (its address may be handed to C, which writes into it), unmapped by
+// Close. A length of 0 or above 64 TiB, or one the kernel refuses to map,
+// is an error wrapping ErrBadRegion.
 func NewHostRegion(n uint64) (*Region, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: region length 0", ErrBadRegion)
@@ -64,7 +66,7 @@ func NewHostRegion(n uint64) (*Region, error) {
 	return &Region{Base: uintptr(unsafe.Pointer(&buf[0])), Len: n, Kind: HostMem, buf: buf, release: release}, nil
 }
 
-// Close releases memory the region allocated itself (large host regions are
+// Close releases memory the region allocated itself (host regions are
 // mapped directly) and marks every region closed (MarkClosed): Bytes is nil
 // from then on. The region must not be used afterwards, and nothing may
 // still write into it: its owner (an engine) closes it only after every
