@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
@@ -183,12 +184,12 @@ func (c Config) WithEnv() (Config, error) {
 	if v := os.Getenv("KVXFER_WORKERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: not an integer", ErrConfig, v)
+			return c, fmt.Errorf("%w: KVXFER_WORKERS = %s: not an integer", ErrConfig, quote.String(v))
 		}
 		if n < 1 || n > MaxWorkers {
 			// Start would refuse it as "Workers = n", not saying where
 			// it came from.
-			return c, fmt.Errorf("%w: KVXFER_WORKERS = %q: want 1..%d", ErrConfig, v, MaxWorkers)
+			return c, fmt.Errorf("%w: KVXFER_WORKERS = %s: want 1..%d", ErrConfig, quote.String(v), MaxWorkers)
 		}
 		c.Workers = n
 		c.workersSet = true
@@ -220,15 +221,15 @@ func checkInstance(name string) error {
 }
 
 // instanceNameProblem says what is wrong with an instance name that no
-// engine can have (checkInstance), quoting it (cut to twice the longest
-// name), or "" when nothing is.
+// engine can have (checkInstance), quoting it (its first quote.Max bytes
+// when longer), or "" when nothing is.
 func instanceNameProblem(name string) string {
 	if len(name) > messages.MaxInstanceLen {
-		return fmt.Sprintf("%q is %d bytes, at most %d", messages.TruncateText(name, 2*messages.MaxInstanceLen), len(name), messages.MaxInstanceLen)
+		return fmt.Sprintf("%q… is %d bytes, at most %d", messages.TruncateText(name, quote.Max), len(name), messages.MaxInstanceLen)
 	}
 	for _, c := range name {
 		if c < 0x20 || c == 0x7f {
-			return fmt.Sprintf("%q holds control character %U", name, c)
+			return fmt.Sprintf("%s holds control character %U", quote.String(name), c)
 		}
 	}
 	return ""
@@ -304,11 +305,11 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(r.MetricsAddr); err != nil {
-			return r, fmt.Errorf("%w: MetricsAddr = %q: %w", ErrConfig, r.MetricsAddr, err)
+			return r, fmt.Errorf("%w: MetricsAddr = %s: %w", ErrConfig, quote.String(r.MetricsAddr), quote.In(err, r.MetricsAddr))
 		}
 	}
 	if r.Agent == nil && r.Backend != "loopback" {
-		return r, fmt.Errorf("%w: Backend = %q: unknown in-process backend (known: loopback; pass Agent for others)", ErrConfig, r.Backend)
+		return r, fmt.Errorf("%w: Backend = %s: unknown in-process backend (known: loopback; pass Agent for others)", ErrConfig, quote.String(r.Backend))
 	}
 	switch {
 	case r.Layout != nil:
@@ -396,6 +397,6 @@ func checkDTypeBytes(l kvcache.Layout) error {
 	if slices.Contains(dtypeBytesAccepted, l.DTypeBytes) {
 		return nil
 	}
-	return fmt.Errorf("%w: layout %q: DTypeBytes = %d is no element size: want one of %v (fp8/int8 1, fp16/bf16 2, fp32 4, fp64 8)",
-		ErrConfig, l.Name, l.DTypeBytes, dtypeBytesAccepted)
+	return fmt.Errorf("%w: layout %s: DTypeBytes = %d is no element size: want one of %v (fp8/int8 1, fp16/bf16 2, fp32 4, fp64 8)",
+		ErrConfig, quote.String(l.Name), l.DTypeBytes, dtypeBytesAccepted)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -16,10 +17,10 @@ func (r *resolved) checkMemory() error {
 		return fmt.Errorf("%w: Memory is set but Region is not (descriptor offsets are relative to Region)", ErrConfig)
 	}
 	if len(r.Memory) != groups {
-		return fmt.Errorf("%w: Memory has %d descriptors, layout %q has %d layer groups", ErrConfig, len(r.Memory), r.layout.Name, groups)
+		return fmt.Errorf("%w: Memory has %d descriptors, layout %s has %d layer groups", ErrConfig, len(r.Memory), quote.String(r.layout.Name), groups)
 	}
 	for g, m := range r.Memory {
-		name := fmt.Sprintf("Memory[%d] (group %q)", g, r.layout.Groups[g].Name)
+		name := fmt.Sprintf("Memory[%d] (group %s)", g, quote.String(r.layout.Groups[g].Name))
 		if m == nil {
 			if len(r.shape.Layers[g]) != 0 {
 				return fmt.Errorf("%w: %s is nil but rank %v holds layers %v of it", ErrConfig, name, r.Rank, r.shape.Layers[g])
@@ -38,7 +39,7 @@ func (r *resolved) checkMemory() error {
 			{"ElemBytes", m.ElemBytes, r.layout.DTypeBytes}, {"TokensPerBlock", m.TokensPerBlock, r.layout.TokensPerBlock},
 		} {
 			if f.got != f.want {
-				return fmt.Errorf("%w: %s: %s = %d, rank %v of layout %q needs %d", ErrConfig, name, f.what, f.got, r.Rank, r.layout.Name, f.want)
+				return fmt.Errorf("%w: %s: %s = %d, rank %v of layout %s needs %d", ErrConfig, name, f.what, f.got, r.Rank, quote.String(r.layout.Name), f.want)
 			}
 		}
 		if !slices.Equal(m.Layers, r.shape.Layers[g]) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
+	"github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/metrics"
@@ -191,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 			opts = append(opts, trace.WithMaxBytes(r.TraceMaxBytes))
 		}
 		if e.trace, err = trace.Create(r.TracePath, opts...); err != nil {
-			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, err)
+			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, quote.In(err, r.TracePath))
 		}
 		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/gcfloor"
+	quotepkg "github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -95,10 +96,10 @@ func ParseConfig(js string) (Config, error) {
 	d := json.NewDecoder(bytes.NewReader([]byte(js)))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&c); err != nil {
-		return c, errorf(ErrConfig, "config JSON %q: %v", clip(js), err)
+		return c, errorf(ErrConfig, "config JSON %s: %v", quote(js), quotepkg.JSON(err))
 	}
 	if _, err := d.Token(); !errors.Is(err, io.EOF) {
-		return c, errorf(ErrConfig, "config JSON %q: data after the object", clip(js))
+		return c, errorf(ErrConfig, "config JSON %s: data after the object", quote(js))
 	}
 	return c, nil
 }
@@ -120,14 +121,7 @@ func checkUTF8(what, js string) error {
 		}
 		i += n
 	}
-	return errorf(ErrConfig, "%s is not valid UTF-8: byte %d (%#x) of %q", what, i, js[i], clip(js))
-}
-
-func clip(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "…"
-	}
-	return s
+	return errorf(ErrConfig, "%s is not valid UTF-8: byte %d (%#x) of %s", what, i, js[i], quote(js))
 }
 
 // fillFromEnv sets *workers and *backend from KVXFER_WORKERS and

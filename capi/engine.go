@@ -13,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/cuda"
+	quotepkg "github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -91,7 +92,7 @@ func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, ui
 	if _, onDevice, err := cudaOrdinal("pool_device", c.PoolDevice); err != nil {
 		return nil, 0, err
 	} else if onDevice { // absent or null: host memory, as kvxfer_node_open reads it
-		return nil, 0, errorf(ErrConfig, "pool_device = %s: %s (pool_address with pool_device)", clip(string(c.PoolDevice)), noDeviceMemory)
+		return nil, 0, errorf(ErrConfig, "pool_device = %s: %s (pool_address with pool_device)", quotepkg.JSONValue(c.PoolDevice), noDeviceMemory)
 	}
 	if c.Memory != nil {
 		if pool != nil || poolBytes != 0 || c.PoolBytes != 0 {

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer"
+	quotepkg "github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
@@ -91,7 +92,7 @@ func cudaOrdinal(key string, raw json.RawMessage) (int, bool, error) {
 	var d int64
 	if err := json.Unmarshal(raw, &d); err != nil || d < 0 || d > math.MaxInt32 {
 		return 0, false, errorf(ErrConfig, "%s = %s: want the CUDA device ordinal of the memory (torch's tensor.device.index), an integer ≥ 0; leave %s out for host memory",
-			key, clip(string(raw)), key)
+			key, quotepkg.JSONValue(raw), key)
 	}
 	return int(d), true, nil
 }

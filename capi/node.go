@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
+	quotepkg "github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -135,7 +136,7 @@ func nodeConfig(js string) (node.Config, error) {
 		// Not one JSON object: node's parser names what is wrong.
 		cfg, err := node.ParseConfig([]byte(js))
 		if err == nil {
-			err = errorf(ErrConfig, "node config JSON %q: not one object", clip(js))
+			err = errorf(ErrConfig, "node config JSON %s: not one object", quote(js))
 		}
 		return cfg, &Error{Code: ErrConfig, Err: err}
 	}
@@ -158,7 +159,7 @@ func nodeConfig(js string) (node.Config, error) {
 			delete(top, "memory")
 		} else if d, ok := keys["device"]; ok {
 			return node.Config{}, errorf(ErrConfig, "memory.device = %s without memory.layers: device is the CUDA ordinal of the framework's tensors given by address (layers); a node's own pool ({kind, num_blocks}) is host memory",
-				clip(string(d)))
+				quotepkg.JSONValue(d))
 		}
 	}
 	poolDev, poolOnDevice, err := cudaOrdinal("pool_device", top["pool_device"])
@@ -167,14 +168,14 @@ func nodeConfig(js string) (node.Config, error) {
 	}
 	if raw, ok := top["pool_device"]; ok {
 		if _, ok := top["pool_address"]; !ok {
-			return node.Config{}, errorf(ErrConfig, "pool_device = %s without pool_address: pool_device is the CUDA ordinal of the caller's pool at pool_address", clip(string(raw)))
+			return node.Config{}, errorf(ErrConfig, "pool_device = %s without pool_address: pool_device is the CUDA ordinal of the caller's pool at pool_address", quotepkg.JSONValue(raw))
 		}
 		delete(top, "pool_device")
 	}
 	var poolAddr uint64
 	if raw, ok := top["pool_address"]; ok {
 		if err := json.Unmarshal(raw, &poolAddr); err != nil || poolAddr == 0 {
-			return node.Config{}, errorf(ErrConfig, "pool_address = %s: want the address of the caller's pool, a nonzero integer", clip(string(raw)))
+			return node.Config{}, errorf(ErrConfig, "pool_address = %s: want the address of the caller's pool, a nonzero integer", quotepkg.JSONValue(raw))
 		}
 		if _, ok := top["memory"]; ok || mem != nil {
 			return node.Config{}, errorf(ErrConfig, "pool_address and memory: give one (pool_address is the framework's pool in kvxfer's block layout, memory its tensors)")
@@ -244,5 +245,5 @@ func nodeConfig(js string) (node.Config, error) {
 func strictJSON(raw json.RawMessage, v any) error {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.DisallowUnknownFields()
-	return d.Decode(v)
+	return quotepkg.JSON(d.Decode(v))
 }

@@ -3,11 +3,10 @@ package capi
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"unicode/utf8"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	quotepkg "github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 )
@@ -75,23 +74,11 @@ func errorf(code Status, format string, args ...any) error {
 	return &Error{Code: code, Err: fmt.Errorf(format, args...)}
 }
 
-// maxQuoted is how many bytes of a caller's value (a request id, an
-// instance name) a message quotes: the thread's message buffer
-// (kvxfer_last_error) holds 1023 bytes, and the reason must fit after it.
-const maxQuoted = 64
-
-// quote is s quoted for a message; a value longer than maxQuoted bytes
-// shows its first ones (cut at a character boundary) and its length.
-func quote(s string) string {
-	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
-	}
-	cut := maxQuoted
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:cut]), len(s))
-}
+// quote is s quoted for a message; a value longer than quotepkg.Max (64)
+// bytes shows its first ones (cut at a character boundary) and its
+// length: the thread's message buffer (kvxfer_last_error) holds 1023
+// bytes, and the reason must fit after the value.
+func quote(s string) string { return quotepkg.String(s) }
 
 // Sentinels of this package, wrapped by the errors it returns.
 var (

@@ -3,6 +3,8 @@ package kvcache
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kvxfer/kvxfer/internal/quote"
 )
 
 // DefaultTokensPerBlock is the block size, in tokens, of every preset.
@@ -56,8 +58,8 @@ func Preset(name string) (Layout, error) {
 			return p.build(p.name), nil
 		}
 	}
-	return Layout{}, fmt.Errorf("%w: unknown preset %q (known: %s)",
-		ErrBadLayout, name, strings.Join(Presets(), ", "))
+	return Layout{}, fmt.Errorf("%w: unknown preset %s (known: %s)",
+		ErrBadLayout, quote.String(name), strings.Join(Presets(), ", "))
 }
 
 // Presets returns the canonical names Preset accepts, in a fixed order.

@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -270,11 +271,11 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return &durationError{fmt.Sprintf("%s is not a duration string (want \"500ms\", \"30s\")", b)}
+		return &durationError{fmt.Sprintf("%s is not a duration string (want \"500ms\", \"30s\")", quote.JSONValue(b))}
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return &durationError{fmt.Sprintf("%q is not a duration (want \"500ms\", \"30s\")", s)}
+		return &durationError{fmt.Sprintf("%s is not a duration (want \"500ms\", \"30s\")", quote.String(s))}
 	}
 	*d = Duration(v)
 	return nil
@@ -299,7 +300,7 @@ func badDuration(b []byte) error {
 		if raw, ok := m[f]; ok {
 			var d Duration
 			if err := d.UnmarshalJSON(raw); err != nil {
-				return fmt.Errorf("%w: %s = %s: %v", ErrConfig, f, raw, err)
+				return fmt.Errorf("%w: %s = %s: %v", ErrConfig, f, quote.JSONValue(raw), err)
 			}
 		}
 	}
@@ -356,7 +357,7 @@ func DecodeConfig(b []byte) (Config, error) {
 		if errors.As(err, &te) {
 			return c, fmt.Errorf("%w: %s: a JSON %s, want %s", ErrConfig, te.Field, te.Value, te.Type)
 		}
-		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+		return c, fmt.Errorf("%w: %v", ErrConfig, quote.JSON(err))
 	}
 	if dec.More() {
 		return c, fmt.Errorf("%w: trailing data after the JSON object", ErrConfig)
@@ -364,7 +365,6 @@ func DecodeConfig(b []byte) (Config, error) {
 	return c, nil
 }
 
-// bad is a configuration error naming field and value.
 // instanceChars says what is wrong with the characters of an instance
 // name, or "": a rank is named instance/rank in logs, metrics and etcd
 // keys, so a '/' (or a space, or a control character) would make two
@@ -381,14 +381,24 @@ func instanceChars(s string) string {
 	return ""
 }
 
+// bad is a configuration error naming field and value (show), and a
+// string value clipped in the reason too (an endpoint parser's error
+// quoting it whole).
 func bad(field string, value any, format string, args ...any) error {
-	return fmt.Errorf("%w: %s = %s: %s", ErrConfig, field, show(value), fmt.Sprintf(format, args...))
+	reason := fmt.Sprintf(format, args...)
+	if s, ok := value.(string); ok {
+		reason = quote.InText(reason, s)
+	}
+	return fmt.Errorf("%w: %s = %s: %s", ErrConfig, field, show(value), reason)
 }
 
+// show is a field's value as bad names it: a string quoted, its first
+// quote.Max bytes and its length when longer (the C ABI's message buffer
+// holds 1023 bytes, and the reason follows the value).
 func show(v any) string {
 	switch v := v.(type) {
 	case string:
-		return fmt.Sprintf("%q", v)
+		return quote.String(v)
 	case Duration:
 		return time.Duration(v).String()
 	default:
