@@ -61,6 +61,19 @@ func TestLongConfigValueClipped(t *testing.T) {
 	}
 }
 
+// TestLongGCFloorEnvClipped: a long KVXFER_GC_FLOOR (read at every open)
+// is clipped as a config value is. Checked to fail before the fix: its
+// 2002 bytes were quoted twice (4126 bytes).
+func TestLongGCFloorEnvClipped(t *testing.T) {
+	long := "lots" + strings.Repeat("x", 1998)
+	t.Setenv("KVXFER_GC_FLOOR", long)
+	_, err := (Config{}).engineConfig()
+	if msg := fmt.Sprint(err); Code(err) != ErrConfig || len(msg) > 300 || !strings.Contains(msg, "(2002 bytes)") ||
+		!strings.Contains(msg, "want a size such as 64MiB") || strings.Contains(msg, long[:65]) {
+		t.Errorf("KVXFER_GC_FLOOR of 2002 bytes: %v, %d bytes: %.400s", Code(err), len(msg), msg)
+	}
+}
+
 // TestShortConfigValueWhole: a value of at most 64 bytes is quoted whole,
 // as before.
 func TestShortConfigValueWhole(t *testing.T) {

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/quote"
 )
 
 // Env names the variable that sets the floor: a size (64MiB) or "off".
@@ -65,7 +66,7 @@ func FromEnv() (uint64, error) {
 	case set:
 		n, err := config.ParseSize(v)
 		if err != nil {
-			return 0, fmt.Errorf("%s=%q: want a size such as 64MiB, or off: %w", Env, v, err)
+			return 0, fmt.Errorf("%s=%s: want a size such as 64MiB, or off: %w", Env, quote.String(v), quote.In(err, v))
 		}
 		if _, gogc := os.LookupEnv("GOGC"); gogc {
 			return 0, nil
