@@ -619,9 +619,25 @@ func TestLiveIPCPathRefused(t *testing.T) {
 }
 
 // TestPeerDownReachesEngineAndCallback: when ctx closes, gen's engine and
-// OnPeerDown learn it within the heartbeat timeout.
+// OnPeerDown learn it within the heartbeat timeout: a request waiting for
+// ctx/0 fails as its writer gone (ErrPeerGone), and its blocks are
+// released (its RequestData provably never left: nothing waits for a
+// proof).
+//
+// The generation node is given an endpoint for ctx/0 where nothing
+// listens (as in TestGracefulCloseSaysGoodbye): ctx/0 reaches it (its
+// Hello, its heartbeats and its goodbye come on ctx/0's own connection),
+// but the request's RequestData cannot leave. With ctx/0's real endpoint
+// the RequestData, re-sent after a first refusal (the connection not up
+// yet), could reach ctx/0 as it closes, after its listener stopped reading:
+// unread, unanswered, and the request's blocks would rightly stay
+// quarantined with no proof (a goodbye is none), failing gen's Close with
+// "sessions did not drain ... [orphan]". That happened on a loaded
+// machine; it reproduces by closing ctx/0 20 ms after the Receive (the
+// first re-send).
 func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
+	gc.Peers[0].Endpoint = "ipc://" + filepath.Join(t.TempDir(), "nobody.sock")
 	var down atomic.Value
 	gc.OnPeerDown = func(instance string, rank int) { down.Store(fmt.Sprintf("%s/%d", instance, rank)) }
 	genN := open(t, gc)
@@ -631,9 +647,12 @@ func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := genN.WaitPeers(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx0, gen0 := messages.PeerID{Instance: "ctx"}, messages.PeerID{Instance: "gen"}
+	waitFor(t, patience, "ctx/0's Hello at gen/0 and its connection to gen/0 up", func() bool {
+		_, err := genN.LinkHello(ctx0)
+		st, serr := ctxN.PeerState(gen0)
+		return err == nil && serr == nil && st.Conn == zmq.ConnUp
+	})
 	rx, err := genN.Engine().Receive(ctx, kvxfer.ReceiveRequest{ID: "orphan", PromptLen: 32, Context: "ctx"})
 	if err != nil {
 		t.Fatal(err)
@@ -644,15 +663,21 @@ func TestPeerDownReachesEngineAndCallback(t *testing.T) {
 	if err := ctxN.Close(ctx); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	// Silence is declared after HeartbeatMisses (3) intervals.
+	// Its goodbye takes it down at once; were it lost, silence is
+	// declared after HeartbeatMisses (3) intervals.
 	waitFor(t, 6*beat, "OnPeerDown(ctx/0)", func() bool { return down.Load() == "ctx/0" })
 	select {
 	case o := <-rx.Done():
-		if o.OK {
-			t.Fatalf("a request from a dead peer ended %s", o.Status)
+		if o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+			t.Fatalf("a request from a dead peer ended %s: %v; want it failed with ErrPeerGone", o.Status, o.Err)
 		}
 	case <-time.After(patience):
 		t.Fatal("the request with the dead peer did not end")
+	}
+	select {
+	case <-rx.Released():
+	case <-time.After(patience):
+		t.Fatal("the request's blocks were not released (its RequestData never left: no proof is due)")
 	}
 }
 
