@@ -661,6 +661,19 @@ func TestEtcdDownReasonReachesTheRequest(t *testing.T) {
 	case <-time.After(patience):
 		t.Fatal("the request did not end")
 	}
+	// Its blocks are released once ctx/0 answers: ctx/0 is alive (only its
+	// record went) and answers the request's Cancel, re-sent until
+	// answered. Not waited for, ctx/0 could close (the test's end) without
+	// having answered: a RequestData re-sent just before the Down (the
+	// first is refused while the worker's connection comes up) was taken
+	// by gen's link but never read by ctx/0, and no Cancel reached it
+	// before it closed; with no proof, gen's Close rightly reported the
+	// request's blocks quarantined.
+	select {
+	case <-rx.Released():
+	case <-time.After(patience):
+		t.Fatal("the failed request's blocks were not released though its writer is alive")
+	}
 	// The next request needs ctx/0, which etcd no longer holds: refused
 	// at once, saying it left and why.
 	_, err = genN.Receive(wctx, kvxfer.ReceiveRequest{ID: "r2", PromptLen: 32, Context: "ctx"})
