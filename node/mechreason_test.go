@@ -27,28 +27,7 @@ import (
 func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
 	gc.Insecure = true
-	ctx0 := messages.PeerID{Instance: "ctx"}
-	const (
-		hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
-		mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
-	)
-	var waiting atomic.Bool
-	node.SetAwaitHook(func(what string, id messages.PeerID) {
-		if what == "refusals" && id == ctx0 {
-			waiting.Store(true)
-		}
-	})
-	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {
-		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
-			return st, err
-		}
-		st.Reason = hungUp
-		if waiting.Load() {
-			st.Reason = mismatch
-		}
-		return st, nil
-	})
-	t.Cleanup(func() { node.SetPeerStateHook(nil); node.SetAwaitHook(nil) })
+	waiting := driveMismatchReason(t)
 	genN := open(t, gc)
 	open(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -80,28 +59,7 @@ func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	for _, c := range []*node.Config{&cc, &gc} {
 		c.HeartbeatInterval = node.Duration(time.Hour)
 	}
-	ctx0 := messages.PeerID{Instance: "ctx"}
-	const (
-		hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
-		mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
-	)
-	var waiting atomic.Bool
-	node.SetAwaitHook(func(what string, id messages.PeerID) {
-		if what == "refusals" && id == ctx0 {
-			waiting.Store(true)
-		}
-	})
-	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {
-		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
-			return st, err
-		}
-		st.Reason = hungUp
-		if waiting.Load() {
-			st.Reason = mismatch
-		}
-		return st, nil
-	})
-	t.Cleanup(func() { node.SetPeerStateHook(nil); node.SetAwaitHook(nil) })
+	waiting := driveMismatchReason(t)
 	genN := open(t, gc)
 	open(t, cc)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -119,4 +77,34 @@ func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	if !waiting.Load() {
 		t.Fatal("WaitPeers returned ErrHandshake without waiting for its refusals")
 	}
+}
+
+const (
+	hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
+	mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
+)
+
+// driveMismatchReason makes the link's reason for ctx/0's failed handshake
+// the hang-up until WaitPeers waits for its refusals, and the mechanism
+// mismatch from then on; the flag says whether that wait began.
+func driveMismatchReason(t *testing.T) *atomic.Bool {
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	var waiting atomic.Bool
+	node.SetAwaitHook(func(what string, id messages.PeerID) {
+		if what == "refusals" && id == ctx0 {
+			waiting.Store(true)
+		}
+	})
+	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {
+		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
+			return st, err
+		}
+		st.Reason = hungUp
+		if waiting.Load() {
+			st.Reason = mismatch
+		}
+		return st, nil
+	})
+	t.Cleanup(func() { node.SetPeerStateHook(nil); node.SetAwaitHook(nil) })
+	return &waiting
 }
