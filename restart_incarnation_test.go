@@ -85,18 +85,7 @@ func TestRequestResentAcrossWriterRestart(t *testing.T) {
 	}
 	ctx2 := startOn(t, link, l, "ctx")
 	tx, src := sendWhole(t, ctx2, l, "across", 2, 64)
-	o := waitOutcome(t, rx.Done())
-	to := waitOutcome(t, tx.Done())
-	_ = ctx2.Pools().Free(src)
-	if !o.OK {
-		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
-			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
-	} else {
-		verify(t, gen, l, 64, o.Blocks, 2)
-		_ = gen.FreeBlocks(o.Blocks)
-	}
-	closeWithin(t, ctx2, "ctx2")
-	closeWithin(t, gen, "gen")
+	endAcrossRestart(t, l, gen, ctx2, rx, tx, src)
 }
 
 // TestLateRequestDataOfOldIncarnationNotResolvedAgainstNewHello: a
@@ -345,18 +334,7 @@ func TestRequestDataWaitsForRestartedWritersHello(t *testing.T) {
 		time.Sleep(time.Millisecond) // poll with a deadline
 	}
 	lag.lagging.Store(false) // ctx2's Hello arrives
-	o := waitOutcome(t, rx.Done())
-	to := waitOutcome(t, tx.Done())
-	_ = ctx2.Pools().Free(src)
-	if !o.OK {
-		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
-			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
-	} else {
-		verify(t, gen, l, 64, o.Blocks, 2)
-		_ = gen.FreeBlocks(o.Blocks)
-	}
-	closeWithin(t, ctx2, "ctx2")
-	closeWithin(t, gen, "gen")
+	endAcrossRestart(t, l, gen, ctx2, rx, tx, src)
 }
 
 // staleLink is the generation rank's view of a MemLink across a writer's
@@ -484,21 +462,11 @@ func testMisaddressedRequestDataReaddressed(t *testing.T, unheard bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := waitOutcome(t, rx.Done())
-	to := waitOutcome(t, tx.Done())
-	_ = ctx2.Pools().Free(src)
-	if ctx2.Stats().FramesStale == 0 {
-		t.Errorf("the window was not hit: ctx2 dropped no frame addressed to ctx1")
-	}
-	if !o.OK {
-		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
-			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
-	} else {
-		verify(t, gen, l, 64, o.Blocks, 2)
-		_ = gen.FreeBlocks(o.Blocks)
-	}
-	closeWithin(t, ctx2, "ctx2")
-	closeWithin(t, gen, "gen")
+	endAcrossRestart(t, l, gen, ctx2, rx, tx, src, func() {
+		if ctx2.Stats().FramesStale == 0 {
+			t.Errorf("the window was not hit: ctx2 dropped no frame addressed to ctx1")
+		}
+	})
 }
 
 // TestMisaddressedForgedChangesNothing: Misaddressed frames that answer
@@ -569,5 +537,27 @@ func TestMisaddressedForgedChangesNothing(t *testing.T) {
 		t.Errorf("gen quarantines %d blocks", q)
 	}
 	closeWithin(t, ctx, "ctx")
+	closeWithin(t, gen, "gen")
+}
+
+// endAcrossRestart waits for a request sent across a writer's restart (rx
+// at gen, tx at the new incarnation ctx2), frees tx's source blocks, runs
+// check (if any), requires rx READY with tx's bytes, and closes both.
+func endAcrossRestart(t *testing.T, l kvcache.Layout, gen, ctx2 *kvxfer.Engine, rx *kvxfer.RxHandle, tx *kvxfer.TxHandle, src [][]kvcache.BlockID, check ...func()) {
+	t.Helper()
+	o := waitOutcome(t, rx.Done())
+	to := waitOutcome(t, tx.Done())
+	_ = ctx2.Pools().Free(src)
+	for _, c := range check {
+		c()
+	}
+	if !o.OK {
+		t.Errorf("rx: %s %v (ctx2's Send: %s %v); gen quarantines %d blocks, ctx2 dropped %d stale frames",
+			o.Status, o.Err, to.Status, to.Err, gen.Pools().Quarantined(), ctx2.Stats().FramesStale)
+	} else {
+		verify(t, gen, l, 64, o.Blocks, 2)
+		_ = gen.FreeBlocks(o.Blocks)
+	}
+	closeWithin(t, ctx2, "ctx2")
 	closeWithin(t, gen, "gen")
 }
