@@ -141,6 +141,7 @@ func (c *ctxRank) boot() {
 		s.failf("ctx pools: %v", err)
 		return
 	}
+	s.regions = append(s.regions, region)
 	c.alive, c.backAt = true, 0
 	c.region, c.pools, c.guard = region, pools, actorsPools(pools)
 	// Half the ranks (by seed) run as over a backend whose completions

@@ -83,6 +83,7 @@ func (g *genRank) boot() {
 		s.failf("gen pools: %v", err)
 		return
 	}
+	s.regions = append(s.regions, region)
 	g.alive = true
 	g.region, g.pools, g.guard = region, pools, actorsPools(pools)
 	g.topo = actors.Topology{Layout: s.layout, LayoutHash: s.layoutHash, Parallel: s.genPar, Rank: g.rank, Pools: geoms}

@@ -131,8 +131,11 @@ type fifoKey struct{ from, to string }
 // virtual time then sequence number, and the real step functions of every
 // session of a context and a generation instance.
 type Sim struct {
-	cfg Config
-	r   *rand.Rand
+	// regions are every rank incarnation's pool region, closed when Run
+	// ends.
+	regions []*kvcache.Region
+	cfg     Config
+	r       *rand.Rand
 	// pr draws how chunks are split into layer parts (world.go drawParts):
 	// a stream of its own, so that a seed whose chunks all leave whole
 	// runs as it did before chunks could leave in parts.
@@ -254,6 +257,12 @@ func Run(cfg Config) *Result {
 		s.checkEnd()
 	}
 	s.res.Failure = s.fail
+	// The ranks' regions are mappings outside the Go heap
+	// (kvcache.NewHostRegion): unmapped here, or every seed's stays
+	// mapped for the process's life. No event runs after the loop.
+	for _, r := range s.regions {
+		_ = r.Close()
+	}
 	return s.res
 }
 
