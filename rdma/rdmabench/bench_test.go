@@ -8,6 +8,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
 func TestMain(m *testing.M) {
@@ -138,5 +140,26 @@ func TestLayoutWritesEachSlotOnce(t *testing.T) {
 			}
 			seen[s.Dst] = true
 		}
+	}
+}
+
+// TestRigUnmapsItsRegion: a rig on the loopback backend allocates its
+// destination as a host region (a mapping outside the Go heap) and Close
+// unmaps it. Before, nothing closed it: every rig of a bench run left its
+// destination mapped for the process's life.
+func TestRigUnmapsItsRegion(t *testing.T) {
+	r, err := NewRig(loopback.Backend, Shape{SegmentBytes: 64 << 10, Segments: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, ok := r.dstCloser.(*kvcache.Region)
+	if !ok {
+		t.Fatalf("the loopback rig's destination closer is %T, want its *kvcache.Region", r.dstCloser)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if region.Bytes() != nil {
+		t.Fatal("the destination region is still open after the rig's Close")
 	}
 }

@@ -132,7 +132,11 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 	case ucx.Backend:
 		dstRegion, r.dstCloser, err = r.receiver.(*ucx.Agent).Alloc(n)
 	default:
+		// A mapping outside the Go heap: unmapped by Close.
 		dstRegion, err = kvcache.NewHostRegion(n)
+		if err == nil {
+			r.dstCloser = dstRegion
+		}
 	}
 	if err != nil {
 		return nil, err
