@@ -194,7 +194,6 @@ func TestRx_MisaddressedIgnored(t *testing.T) {
 			return f
 		}()},
 		{"writer out of range", sent, misaddressed(2, misOld, misNew)},
-		{"before the RequestData left", func(*testing.T, *rxHarness) {}, misaddressed(0, misOld, misNew)},
 		{"RequestData refused (never left)", func(t *testing.T, h *rxHarness) {
 			h.step(RxSent{Writer: 0, Err: fmt.Errorf("%w: queue full", ErrPeerGone)})
 		}, misaddressed(0, misOld, misNew)},
@@ -345,5 +344,58 @@ func TestMisaddressedAnswer(t *testing.T) {
 		if got := MisaddressedAnswer(rd, self, c.selfInc, c.h, c.err); got != nil {
 			t.Errorf("%s: answered %+v, want none", name, got)
 		}
+	}
+}
+
+// TestRx_MisaddressedBeforeSentIsHeld: the restarted writer's answer can
+// overtake the worker's word that the RequestData left (the link hands
+// the frame over before the worker reports it sent: seen under the race
+// detector in CI, where the answer was counted stale and the request lost
+// at its deadline with its blocks quarantined). The answer is held, and
+// judged when that word comes: taken if the copy left, dropped if it was
+// refused or not sent (a copy that never left answers nothing).
+func TestRx_MisaddressedBeforeSentIsHeld(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		then  any
+		taken bool
+	}{
+		{"then it left", RxSent{Writer: 0}, true},
+		{"then it was refused", RxSent{Writer: 0, Err: fmt.Errorf("%w: queue full", ErrPeerGone)}, false},
+		{"then it was addressed anew", RxAddress{Writer: 0, Incarnation: misNew}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := misHarness(t, 2)
+			h.step(RxSent{Writer: 1})
+			stale := h.s.StaleFrames
+			writers := slices.Clone(h.s.cfg.Writers)
+			if effs := h.step(misaddressed(0, misOld, misNew)); len(effs) != 0 {
+				t.Fatalf("the early answer: %s, want nothing yet", fmtEffects(effs))
+			}
+			if !reflect.DeepEqual(h.s.cfg.Writers, writers) {
+				t.Fatalf("the early answer changed the writers: %+v", h.s.cfg.Writers)
+			}
+			effs := h.step(c.then)
+			var readdressed bool
+			for _, e := range effs {
+				if r, ok := e.(Readdress); ok && r.Writer == 0 && r.Incarnation == misNew {
+					readdressed = true
+				}
+			}
+			if c.taken {
+				if !readdressed || h.s.cfg.Writers[0].Incarnation != misNew || h.s.cfg.Writers[0].DroppedBy != misNew {
+					t.Fatalf("after the copy left: %s, writer %+v; want the answer taken (re-addressed to %d)", fmtEffects(effs), h.s.cfg.Writers[0], misNew)
+				}
+				return
+			}
+			if readdressed || h.s.cfg.Writers[0].DroppedBy != 0 || h.s.StaleFrames != stale {
+				t.Fatalf("after %s: %s, writer %+v, stale %d: want the held answer dropped", c.name, fmtEffects(effs), h.s.cfg.Writers[0], h.s.StaleFrames)
+			}
+			// A later RxSent of a later copy does not take it either.
+			h.step(RxSent{Writer: 0})
+			if h.s.cfg.Writers[0].DroppedBy != 0 {
+				t.Fatalf("the dropped answer was taken later: writer %+v", h.s.cfg.Writers[0])
+			}
+		})
 	}
 }

@@ -182,6 +182,10 @@ type RxSession struct {
 	sendErr []error         // the last refusal of each writer's RequestData
 	backoff []time.Duration // the next re-send delay of each writer
 	resend  bool            // a re-send timer is armed
+	// early holds, per writer, a Misaddressed answer that came before the
+	// control plane's word that its RequestData left (RxSent): taken when
+	// that word comes, dropped if the copy never left. Made on first use.
+	early []*messages.Misaddressed
 	// cancelArmed: a Cancel re-send timer (TimerDrain) is armed; one
 	// chain at most, however many paths ask for a Cancel. cancelFirst is
 	// when the first Cancel went, cancelEvery the chain's last period
@@ -492,8 +496,12 @@ func (s *RxSession) onSent(m RxSent) {
 	}
 	if m.Err == nil {
 		s.sent[m.Writer] = deliveryDelivered
+		if f := s.takeEarly(m.Writer); f != nil {
+			s.onMisaddressed(m.Writer, f)
+		}
 		return
 	}
+	s.takeEarly(m.Writer) // that copy never left: the answer is about none
 	s.sent[m.Writer] = deliveryRefused
 	s.sendErr[m.Writer] = m.Err
 	if s.state.Terminal() {
@@ -589,6 +597,17 @@ var errMisaddressed = errors.New("a later incarnation of the writer got it addre
 // incarnations.
 func (s *RxSession) onMisaddressed(w int, f *messages.Misaddressed) {
 	wr := s.cfg.Writers[w]
+	if s.sent[w] == deliverySending && f.Epoch == s.cfg.Epoch && wr.Request != nil && f.Addressed == wr.Request.ToIncarnation {
+		// The answer overtook the worker's word that the copy left (the
+		// link hands a frame over before the worker reports it sent, and
+		// the restarted writer may answer first): kept for that word. A
+		// copy that never left answers nothing, so it is judged then.
+		if s.early == nil {
+			s.early = make([]*messages.Misaddressed, len(s.sent))
+		}
+		s.early[w] = f
+		return
+	}
 	if f.Epoch != s.cfg.Epoch || s.cfg.Incarnation == 0 || f.ToIncarnation != s.cfg.Incarnation ||
 		s.sent[w] != deliveryDelivered || s.writers[w] != writerPending ||
 		wr.Incarnation == 0 || f.Addressed != wr.Incarnation || wr.Request == nil || wr.Request.ToIncarnation != wr.Incarnation ||
@@ -619,11 +638,22 @@ func (s *RxSession) onMisaddressed(w int, f *messages.Misaddressed) {
 	s.sendRequest(w)
 }
 
+// takeEarly returns and forgets writer w's early Misaddressed (nil: none).
+func (s *RxSession) takeEarly(w int) *messages.Misaddressed {
+	if s.early == nil {
+		return nil
+	}
+	f := s.early[w]
+	s.early[w] = nil
+	return f
+}
+
 // onAddress re-addresses a RequestData the shell did not send (RxAddress).
 func (s *RxSession) onAddress(m RxAddress) {
 	if m.Writer < 0 || m.Writer >= len(s.sent) || s.sent[m.Writer] != deliverySending {
 		return
 	}
+	s.takeEarly(m.Writer) // that copy did not leave
 	// Copied, not changed in place: the config handed out (traces, the
 	// shell) keeps what it was.
 	writers := slices.Clone(s.cfg.Writers)
