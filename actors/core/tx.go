@@ -365,6 +365,17 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		if err == nil {
 			err = ErrCancelled
 		}
+		if s.resultsHandedOver() {
+			// Too late to cancel: every peer's SUCCESS Result is on its
+			// way (every peer ends READY on it), as for a TxPanic then.
+			// The reports that the Results left decide DONE, or fail the
+			// request. (A driver that cancels its live requests when its
+			// peer says goodbye raced the Result's report: the context
+			// side said CANCELLED for a transfer the peer had taken.)
+			s.emit(Log{Level: "info", Msg: "tx session " + s.cfg.Request +
+				" cancelled after every Result was handed over: its outcome waits for their reports", Err: err})
+			break
+		}
 		s.fail(TxCancelled, err)
 	case TxPeerCancel:
 		st := s.streams[m.Peer]

@@ -2045,3 +2045,52 @@ func TestTx_PanicAfterEveryResultHandedOver(t *testing.T) {
 		h.wantReleased(TxFailed, ErrSessionCrashed)
 	})
 }
+
+// TestTx_CancelAfterEveryResultHandedOver: a local Cancel after every
+// expected stream's SUCCESS Result was handed to its worker fails nothing
+// (every peer ends READY on its Result); the reports that the Results
+// left decide DONE, or FAILED for one that did not leave. A Cancel while
+// another stream still writes cancels the request. Seen in CI: the ctx
+// role cancels its live requests when its peer says goodbye, and a peer
+// that took its last Result and closed made the context side report
+// CANCELLED. (Checked: without the check, "state CANCELLED, want
+// TRANSFERRING".)
+func TestTx_CancelAfterEveryResultHandedOver(t *testing.T) {
+	handedOver := func(t *testing.T) *txHarness {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+		return h
+	}
+	t.Run("sent", func(t *testing.T) {
+		h := handedOver(t)
+		effs := h.step(TxCancel{})
+		h.wantState(TxTransferring)
+		wantNo(t, "cancel after the handover", effs, "Decide", "SendFrame", "Unpin", "Finish")
+		h.sent(1, nil)
+		h.wantState(TxDone)
+		h.wantReleased(TxDone, nil)
+	})
+	t.Run("not sent", func(t *testing.T) {
+		h := handedOver(t)
+		h.step(TxCancel{})
+		h.sent(1, errors.New("connection closed"))
+		h.wantReleased(TxFailed, ErrFrameUnsent)
+	})
+	t.Run("another stream writing", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.start(32, time.Minute)
+		h.request(1, 1, 2)
+		h.request(2, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+		h.step(TxCancel{})
+		h.wantState(TxCancelled)
+	})
+}
