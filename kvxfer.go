@@ -1046,6 +1046,9 @@ func (h *TxHandle) Err() error {
 }
 
 // Cancel cancels the request. Done still fires only after the pins drop.
+// A Cancel after every generation rank's SUCCESS Result was handed over
+// is too late: the peers end READY on it, and the request ends DONE once
+// those Results left (FAILED if one did not).
 func (h *TxHandle) Cancel() {
 	if h.valid() {
 		h.inner.Cancel()
