@@ -1994,103 +1994,64 @@ func TestTx_PeerGoneOfAnEarlierIncarnation(t *testing.T) {
 	}
 }
 
-// TestTx_PanicAfterEveryResultHandedOver: a panic of the session's shell
-// (TxPanic) after every expected stream's SUCCESS Result was handed to its
-// worker fails nothing — every peer ends READY on its Result — and the
-// reports that the Results left decide: DONE, or FAILED for one that did
-// not leave. A panic while another stream still writes fails the request.
+// TestTx_LateAfterEveryResultHandedOver: a panic of the session's shell
+// (TxPanic) or a local Cancel (TxCancel) after every expected stream's
+// SUCCESS Result was handed to its worker fails nothing — every peer ends
+// READY on its Result — and the reports that the Results left decide:
+// DONE, or FAILED for one that did not leave. Either one while another
+// stream still writes ends the request (FAILED by the crash, CANCELLED).
+// The Cancel was seen in CI: the ctx role cancels its live requests when
+// its peer says goodbye, and a peer that took its last Result and closed
+// made the context side report CANCELLED.
 //
-// Without the resultsHandedOver check, TxPanic failed the session while
-// its Results were on their way: checked, this test fails ("state FAILED,
-// want TRANSFERRING").
-func TestTx_PanicAfterEveryResultHandedOver(t *testing.T) {
-	handedOver := func(t *testing.T) *txHarness {
+// Without the resultsHandedOver check, either failed the session while
+// its Results were on their way: checked, this test fails ("state FAILED"
+// / "state CANCELLED, want TRANSFERRING").
+func TestTx_LateAfterEveryResultHandedOver(t *testing.T) {
+	handedOver := func(t *testing.T, peers ...int) *txHarness {
 		h, _ := newTxHarness(t, txOpts{})
 		h.start(32, time.Minute)
-		h.request(1, 1)
+		for _, p := range peers {
+			h.request(p, peers...)
+		}
 		h.chunk(0, 32, true)
 		h.fence(0)
 		h.complete(1, 0, nil)
 		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
 		return h
 	}
-	t.Run("sent", func(t *testing.T) {
-		h := handedOver(t)
-		effs := h.step(TxPanic{Err: errors.New("tracer")})
-		h.wantState(TxTransferring)
-		wantNo(t, "panic after the handover", effs, "Decide", "SendFrame", "Unpin", "Finish")
-		h.sent(1, nil)
-		h.wantState(TxDone)
-		h.wantReleased(TxDone, nil)
-	})
-	t.Run("not sent", func(t *testing.T) {
-		h := handedOver(t)
-		h.step(TxPanic{Err: errors.New("tracer")})
-		h.sent(1, errors.New("connection closed"))
-		h.wantReleased(TxFailed, ErrFrameUnsent)
-	})
-	t.Run("another stream writing", func(t *testing.T) {
-		h, _ := newTxHarness(t, txOpts{})
-		h.start(32, time.Minute)
-		h.request(1, 1, 2)
-		h.request(2, 1, 2)
-		h.chunk(0, 32, true)
-		h.fence(0)
-		h.complete(1, 0, nil)
-		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
-		h.step(TxPanic{Err: errors.New("tracer")})
-		h.wantState(TxFailed)
-		h.sent(1, nil)
-		wantResult(t, h.complete(2, 0, nil), 2, messages.StatusFailed)
-		h.wantReleased(TxFailed, ErrSessionCrashed)
-	})
-}
-
-// TestTx_CancelAfterEveryResultHandedOver: a local Cancel after every
-// expected stream's SUCCESS Result was handed to its worker fails nothing
-// (every peer ends READY on its Result); the reports that the Results
-// left decide DONE, or FAILED for one that did not leave. A Cancel while
-// another stream still writes cancels the request. Seen in CI: the ctx
-// role cancels its live requests when its peer says goodbye, and a peer
-// that took its last Result and closed made the context side report
-// CANCELLED. (Checked: without the check, "state CANCELLED, want
-// TRANSFERRING".)
-func TestTx_CancelAfterEveryResultHandedOver(t *testing.T) {
-	handedOver := func(t *testing.T) *txHarness {
-		h, _ := newTxHarness(t, txOpts{})
-		h.start(32, time.Minute)
-		h.request(1, 1)
-		h.chunk(0, 32, true)
-		h.fence(0)
-		h.complete(1, 0, nil)
-		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
-		return h
+	for _, c := range []struct {
+		name    string
+		late    any
+		writing TxState // the outcome while another stream writes
+		status  messages.Status
+		cause   error
+	}{
+		{"panic", TxPanic{Err: errors.New("tracer")}, TxFailed, messages.StatusFailed, ErrSessionCrashed},
+		{"cancel", TxCancel{}, TxCancelled, messages.StatusCancelled, ErrCancelled},
+	} {
+		t.Run(c.name+"/sent", func(t *testing.T) {
+			h := handedOver(t, 1)
+			effs := h.step(c.late)
+			h.wantState(TxTransferring)
+			wantNo(t, c.name+" after the handover", effs, "Decide", "SendFrame", "Unpin", "Finish")
+			h.sent(1, nil)
+			h.wantState(TxDone)
+			h.wantReleased(TxDone, nil)
+		})
+		t.Run(c.name+"/not sent", func(t *testing.T) {
+			h := handedOver(t, 1)
+			h.step(c.late)
+			h.sent(1, errors.New("connection closed"))
+			h.wantReleased(TxFailed, ErrFrameUnsent)
+		})
+		t.Run(c.name+"/another stream writing", func(t *testing.T) {
+			h := handedOver(t, 1, 2)
+			h.step(c.late)
+			h.wantState(c.writing)
+			h.sent(1, nil)
+			wantResult(t, h.complete(2, 0, nil), 2, c.status)
+			h.wantReleased(c.writing, c.cause)
+		})
 	}
-	t.Run("sent", func(t *testing.T) {
-		h := handedOver(t)
-		effs := h.step(TxCancel{})
-		h.wantState(TxTransferring)
-		wantNo(t, "cancel after the handover", effs, "Decide", "SendFrame", "Unpin", "Finish")
-		h.sent(1, nil)
-		h.wantState(TxDone)
-		h.wantReleased(TxDone, nil)
-	})
-	t.Run("not sent", func(t *testing.T) {
-		h := handedOver(t)
-		h.step(TxCancel{})
-		h.sent(1, errors.New("connection closed"))
-		h.wantReleased(TxFailed, ErrFrameUnsent)
-	})
-	t.Run("another stream writing", func(t *testing.T) {
-		h, _ := newTxHarness(t, txOpts{})
-		h.start(32, time.Minute)
-		h.request(1, 1, 2)
-		h.request(2, 1, 2)
-		h.chunk(0, 32, true)
-		h.fence(0)
-		h.complete(1, 0, nil)
-		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
-		h.step(TxCancel{})
-		h.wantState(TxCancelled)
-	})
 }
