@@ -150,5 +150,8 @@
 // its method and what it is about ("Admit r1/peer0/op3", "Route Result
 // SUCCESS r1 from ctx/0"), its inputs and outputs in its arguments.
 // Timestamps count from the trace's header, whose wall-clock time the
-// document's otherData names (trace_start, trace_start_ns).
+// document's otherData names (trace_start, trace_start_ns). A part past
+// the first of a rotated trace exports what was born in it; the records
+// of sessions and tables born earlier are left out and counted
+// (ExportStats.Skipped, SkippedActors), and `kvxfer trace export` says so.
 package trace

@@ -41,6 +41,14 @@ type ExportStats struct {
 	// Unclosed: the trace lacks its Writer's "end" record (its process
 	// stopped without closing it; Reader.Unclosed).
 	Unclosed bool `json:"unclosed,omitempty"`
+	// Part is the file's place in a rotated trace (its header's part: 2
+	// for the first file a rotation began), 0 when it is not one.
+	Part int `json:"part,omitempty"`
+	// Skipped counts the step and table-call records left out because
+	// their session or table was born before the file began (in an
+	// earlier part of a rotated trace), and SkippedActors those actors.
+	Skipped       int `json:"skipped,omitempty"`
+	SkippedActors int `json:"skipped_actors,omitempty"`
 }
 
 // event is one Chrome trace event.
@@ -92,6 +100,9 @@ type exporter struct {
 	nextTid  int
 	// tables: a table's actor → its track (pid, tid).
 	tables map[string][2]int
+	// skipped: the actors whose records were left out (born before the
+	// file began).
+	skipped map[string]bool
 }
 
 // ErrSameFile: an export's output names its input (the same path, or a
@@ -142,7 +153,7 @@ func ExportPerfettoFile(in, out string) (ExportStats, error) {
 // otherData.trace_start (and trace_start_ns). It streams: memory grows with
 // the number of sessions, not with the trace.
 func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
-	x := &exporter{bw: bufio.NewWriter(w), first: true, pids: map[string]int{}, sessions: map[string]*pfSession{}, tables: map[string][2]int{}}
+	x := &exporter{bw: bufio.NewWriter(w), first: true, pids: map[string]int{}, sessions: map[string]*pfSession{}, tables: map[string][2]int{}, skipped: map[string]bool{}}
 	x.enc = json.NewEncoder(x.bw)
 	rd := NewReader(r)
 	for started := false; ; {
@@ -220,6 +231,7 @@ func (x *exporter) record(rec *Record) error {
 	switch rec.Kind {
 	case KindTrace:
 		x.t0 = rec.T
+		x.stats.Part = rec.Part
 	case KindEngine:
 		_, err := x.pid(rec.Engine)
 		return err
@@ -229,14 +241,26 @@ func (x *exporter) record(rec *Record) error {
 		if s := x.sessions[rec.Actor]; s != nil {
 			return x.step(s, rec)
 		}
+		x.skip(rec.Actor)
 	case KindTable:
 		return x.table(rec)
 	case KindCall:
 		if tr, ok := x.tables[rec.Actor]; ok {
 			return x.call(tr, rec)
 		}
+		x.skip(rec.Actor)
 	}
 	return nil
+}
+
+// skip counts a record left out: its actor's birth (or table) is not in
+// this file, as in a later part of a rotated trace.
+func (x *exporter) skip(actor string) {
+	x.stats.Skipped++
+	if !x.skipped[actor] {
+		x.skipped[actor] = true
+		x.stats.SkippedActors++
+	}
 }
 
 // table opens a parent's, the listener's or a worker's track, above the

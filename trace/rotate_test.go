@@ -166,6 +166,28 @@ func TestRotateSessionSpanningFiles(t *testing.T) {
 		t.Errorf("print:\n%s", b.String())
 	}
 
+	// The export of the new file says what it left out, as replay names
+	// it: the records of the sessions born in the old file (the long
+	// session's step among them).
+	var exp bytes.Buffer
+	f1, err := os.Open(files[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	est, err := ExportPerfetto(f1, &exp)
+	f1.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := 0
+	for _, e := range cur.Earlier {
+		records += e.Records
+	}
+	if est.Part != 2 || est.Skipped != records || est.SkippedActors != len(cur.Earlier) {
+		t.Errorf("export of the new file: part %d, skipped %d records of %d actors; want part 2 and replay's %d records of %d (%+v)",
+			est.Part, est.Skipped, est.SkippedActors, records, len(cur.Earlier), cur.Earlier)
+	}
+
 	// Without the header's part the same records are malformed.
 	body, err := os.ReadFile(files[1])
 	if err != nil {

@@ -89,6 +89,14 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "note: %s was not closed (no end record): its process stopped without closing its engine (killed or crashed), or still writes it; its last second of records may be missing\n",
 					args[0])
 			}
+			if st.Skipped > 0 {
+				where := "before this file began"
+				if st.Part > 1 {
+					where = fmt.Sprintf("in an earlier file (this is part %d of a rotated trace: export its earlier parts too)", st.Part)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "note: %d records of %d sessions or tables were left out: they began %s\n",
+					st.Skipped, st.SkippedActors, where)
+			}
 			return nil
 		},
 	}
