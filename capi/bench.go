@@ -43,6 +43,10 @@ func benchGo(src, dst *Engine, promptLen, chunkTokens, iters int, ph *Phases) (t
 	if promptLen < 0 {
 		return 0, 0, errorf(ErrInvalidArgument, "bench: prompt_len = %d is negative", promptLen)
 	}
+	if iters < 0 {
+		// A loop of no iteration would report 0 bytes in 0 s as a success.
+		return 0, 0, errorf(ErrInvalidArgument, "bench: iters = %d is negative (0 or more transfers)", iters)
+	}
 	if _, err := kvcache.Chunks(0, chunkTokens, l.TokensPerBlock); err != nil {
 		return 0, 0, errorf(ErrInvalidArgument, "bench: %v", err)
 	}

@@ -232,6 +232,21 @@ func TestBenchGoMovesEveryByte(t *testing.T) {
 	closeBoth(t, p, d)
 }
 
+// A negative iteration count is refused naming it: it ran no transfer and
+// returned OK with 0 bytes in 0 s, a benchmark result that measured
+// nothing. Nothing is allocated for it.
+func TestBenchGoNegativeItersRefused(t *testing.T) {
+	p, d := open(t, "capi-bni-p"), open(t, "capi-bni-d")
+	defer closeBoth(t, p, d)
+	_, _, err := BenchGo(p, d, 100, 32, -3)
+	if Code(err) != ErrInvalidArgument || !strings.Contains(fmt.Sprint(err), "iters = -3") {
+		t.Fatalf("BenchGo with iters -3: %v (%v), want KVXFER_ERR_INVALID_ARGUMENT naming iters = -3", err, Code(err))
+	}
+	if n, err := p.UsedBlocks(0); err != nil || n != 0 {
+		t.Fatalf("after the refused bench: %d blocks used (%v), want 0", n, err)
+	}
+}
+
 // A prompt the pool cannot hold is refused before anything is planned for
 // it: BenchGo listed every chunk of the prompt first, 64 bytes each, so
 // that kvxfer_bench_go(src, dst, INT32_MAX, tokens_per_block, 1) asked the

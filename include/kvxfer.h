@@ -562,7 +562,8 @@ uint64_t kvxfer_handle_count(void);
 /* Benchmark aid: drives iters transfers of prompt_len tokens in chunks of
  * chunk_tokens from engine src to engine dst entirely in Go (the same calls
  * the C ABI makes, without the boundary), for comparison with a transfer
- * driven through this ABI. *seconds is the wall time, *bytes the bytes moved. */
+ * driven through this ABI. *seconds is the wall time, *bytes the bytes moved.
+ * A negative prompt_len or iters is KVXFER_ERR_INVALID_ARGUMENT naming it. */
 kvxfer_status kvxfer_bench_go(kvxfer_engine_t src, kvxfer_engine_t dst, int32_t prompt_len,
                               int32_t chunk_tokens, int32_t iters, double *seconds, uint64_t *bytes);
 
