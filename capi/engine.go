@@ -245,7 +245,9 @@ func (e *Engine) Close(timeout time.Duration) error {
 }
 
 // SetNotify sends every later event to f (on a goroutine of the engine)
-// instead of the poll queue; nil goes back to the queue.
+// instead of the poll queue; nil goes back to the queue. Close waits for
+// every f under way: f must not close its own engine (it would wait for
+// itself; kvxfer_engine_close refuses that call from its C callback).
 func (e *Engine) SetNotify(f func(Event)) {
 	e.mu.Lock()
 	e.notify = f

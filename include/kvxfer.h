@@ -361,8 +361,10 @@ kvxfer_status kvxfer_keygen(char *public_key, char *secret_key);
  * then stops the engine and releases every handle it owns. Once it
  * returns, whatever its status, no event of the engine is delivered any
  * more (no callback runs; a request that did not drain gets none). A negative timeout_ms is
- * KVXFER_ERR_INVALID_ARGUMENT, and KVXFER_ERR_CLOSED means another close of
- * the engine is under way: both leave the engine as it was. Any other
+ * KVXFER_ERR_INVALID_ARGUMENT, as is a call from the engine's own callback
+ * (kvxfer_set_callback: it would wait for itself forever), and
+ * KVXFER_ERR_CLOSED means another close of the engine is under way: each
+ * leaves the engine as it was. Any other
  * status has closed it and released its handles.
  *
  * KVXFER_ERR_TIMEOUT: some requests did not drain by timeout_ms, or did
@@ -516,9 +518,17 @@ kvxfer_status kvxfer_poll(kvxfer_engine_t engine, kvxfer_event *events, uint32_t
  * cb == NULL goes back to polling. A callback being replaced may still run
  * for an event already on its way: keep it callable until
  * kvxfer_engine_close returns (after it, none runs, even when the close
- * timed out). It may call any function here except kvxfer_engine_close of
- * its own engine, which waits for every callback under way and so would
- * never return. cb may run on several library threads at once (requests
+ * timed out). It may call any function here; kvxfer_engine_close of its
+ * own engine, which waits for every callback under way, that one too, is
+ * refused there (KVXFER_ERR_INVALID_ARGUMENT, the message saying it was
+ * called from its own callback; nothing is closed): close the engine from
+ * another thread once the callback returned (signal that thread from the
+ * callback). Closing another engine from the callback works (unless that
+ * engine's callback closes this one meanwhile: each waits for the other),
+ * as does any call of this engine (a kvxfer_poll there waits its
+ * timeout_ms for events that go to the callback); a callback that blocks
+ * until another thread's kvxfer_engine_close of its engine returns waits
+ * forever. cb may run on several library threads at once (requests
  * finishing together), so it must be safe for that; event points to a
  * record that is valid only during the call (copy what you keep); user is
  * handed back as given and never dereferenced (any value, an integer cast

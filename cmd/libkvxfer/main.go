@@ -12,7 +12,8 @@ package main
 #include "kvxfer.h"
 
 void kvxfer_set_error(const char *msg, size_t n);
-void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, uintptr_t user);
+void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, uintptr_t user, uint64_t engine);
+int kvxfer_in_callback_of(uint64_t engine);
 */
 import "C"
 
@@ -261,6 +262,14 @@ func kvxfer_engine_close(eh C.kvxfer_engine_t, timeoutMs C.int32_t) (st C.int32_
 	}
 	if timeoutMs < 0 {
 		return fail(&capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf("kvxfer_engine_close: timeout_ms %d < 0", timeoutMs)})
+	}
+	// From the engine's own callback the close would wait for that
+	// callback to return, forever: refused, the engine left as it was.
+	if C.kvxfer_in_callback_of(C.uint64_t(eh)) != 0 {
+		return fail(&capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf(
+			"kvxfer_engine_close: engine %d called from its own callback: the close waits for every callback under way, "+
+				"this one too, and would never return; nothing was closed: close it from another thread once the callback "+
+				"returned (signal that thread from the callback)", eh)})
 	}
 	return status(e.Close(time.Duration(timeoutMs) * time.Millisecond))
 }
@@ -756,7 +765,7 @@ func kvxfer_set_callback(eh C.kvxfer_engine_t, cb C.kvxfer_callback, user C.uint
 	}
 	e.SetNotify(func(ev capi.Event) {
 		cev := cEvent(ev)
-		C.kvxfer_invoke_callback(cb, &cev, user)
+		C.kvxfer_invoke_callback(cb, &cev, user, C.uint64_t(eh))
 	})
 	return 0
 }

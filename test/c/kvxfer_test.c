@@ -837,6 +837,59 @@ static void test_callback_small_user(void) {
     printf("ok   callback with a small integer as user: %d events\n", n);
 }
 
+/* kvxfer_engine_close from the engine's own callback waits for every
+ * callback under way, that one too: it hung for good. It is refused
+ * (KVXFER_ERR_INVALID_ARGUMENT, the message saying so) and closes nothing;
+ * a close of another engine from the callback still closes it. */
+static struct {
+    kvxfer_engine_t self, other;
+    kvxfer_status self_st, other_st;
+    char msg[1024];
+    int done;
+} close_cb;
+static void on_event_close(const kvxfer_event *ev, void *user) {
+    (void)ev;
+    (void)user;
+    if (__atomic_load_n(&close_cb.done, __ATOMIC_SEQ_CST)) return;
+    close_cb.self_st = kvxfer_engine_close(close_cb.self, 1000);
+    snprintf(close_cb.msg, sizeof close_cb.msg, "%s", kvxfer_last_error());
+    close_cb.other_st = kvxfer_engine_close(close_cb.other, 1000);
+    __atomic_store_n(&close_cb.done, 1, __ATOMIC_SEQ_CST);
+}
+
+static void test_close_from_own_callback(void) {
+    uint64_t handles = kvxfer_handle_count();
+    kvxfer_engine_t d = open_engine("c-cbclose-decode", NULL, 1 << 20);
+    close_cb.self = d;
+    close_cb.other = open_engine("c-cbclose-other", NULL, 1 << 20);
+    OK(kvxfer_set_callback(d, on_event_close, NULL));
+    kvxfer_request_t rx;
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-cbclose", .prompt_len = 32, .context = "c-cbclose-nobody"},
+                      &rx));
+    OK(kvxfer_cancel(rx));
+    double deadline = now() + 10;
+    while (!__atomic_load_n(&close_cb.done, __ATOMIC_SEQ_CST) && now() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(__atomic_load_n(&close_cb.done, __ATOMIC_SEQ_CST), "the callback's kvxfer_engine_close did not return in 10 s");
+    CHECK(close_cb.self_st == KVXFER_ERR_INVALID_ARGUMENT, "close from its own callback returned %s",
+          kvxfer_status_name(close_cb.self_st));
+    CHECK(strstr(close_cb.msg, "own callback") && strstr(close_cb.msg, "another thread"),
+          "message names the misuse and what to do: %s", close_cb.msg);
+    CHECK(close_cb.other_st == KVXFER_OK, "close of another engine from the callback returned %s",
+          kvxfer_status_name(close_cb.other_st));
+    /* Nothing of d was closed or released: its request is there, finished. */
+    kvxfer_engine_info info;
+    OK(kvxfer_engine_info_get(d, &info));
+    char msg[256];
+    OK(kvxfer_request_error(rx, msg, sizeof msg));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_handle_count() == handles, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   kvxfer_engine_close from its own callback refused: %s\n", close_cb.msg);
+}
+
 /* An empty array may come with any pointer: Rust's empty slice is a
  * dangling non-NULL pointer (its alignment, 0x4 for int32_t), and other
  * bindings do the like. With a count of 0 the library must never hold it
@@ -912,6 +965,7 @@ int main(void) {
     test_send_parallel_rank_without_peer();
     test_receive_run_first();
     test_callback_small_user();
+    test_close_from_own_callback();
     test_empty_dangling();
     printf("PASS\n");
     return 0;
