@@ -144,7 +144,7 @@ func fillFromEnv(workers *int, backend *string) error {
 		return &Error{Code: ErrConfig, Err: err}
 	}
 	if v := os.Getenv("KVXFER_WORKERS"); v != "" && env.Workers < 1 {
-		return errorf(ErrConfig, "KVXFER_WORKERS = %q: must be ≥ 1", v)
+		return errorf(ErrConfig, "KVXFER_WORKERS = %s: must be ≥ 1", quote(v))
 	}
 	if *workers == 0 {
 		*workers = env.Workers

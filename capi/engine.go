@@ -80,7 +80,14 @@ const noDeviceMemory = "the in-process engine (kvxfer_engine_open, loopback data
 
 // Open starts an engine from a JSON config. pool, when not nil, is the
 // caller's memory of poolBytes bytes, which must outlive the engine.
+// An error quotes at most the first 64 bytes of a long config value
+// (clipConfig).
 func Open(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, uint64, error) {
+	e, h, err := openEngine(configJSON, pool, poolBytes)
+	return e, h, clipConfig(err, configJSON)
+}
+
+func openEngine(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engine, uint64, error) {
 	c, err := ParseConfig(configJSON)
 	if err != nil {
 		return nil, 0, err
@@ -442,7 +449,7 @@ func (e *Engine) Send(req SendRequest) (*Request, uint64, error) {
 	}
 	tx, err := e.eng.Send(context.Background(), req.SendRequest)
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine %d: send %s: %w", e.h, quote(req.ID), err)
+		return nil, 0, fmt.Errorf("engine %d: send %s: %w", e.h, quote(req.ID), clip(err, req.ID, req.Generation))
 	}
 	r := &Request{e: e, id: req.ID, tx: tx, userData: req.UserData, tpb: e.layout.TokensPerBlock}
 	return r, e.adopt(r, tx.Done(), nil), nil
@@ -470,8 +477,8 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 		// The engine refuses it too (kvxfer.Engine.Receive), but a node
 		// first looks for the writers among its peers, and would name
 		// its own rank as "not a peer".
-		return nil, 0, fmt.Errorf("engine %d: receive %s: %w: request %s: Context %q is this engine itself (this node's own instance): a request receives from another instance's context ranks; name that one",
-			e.h, quote(req.ID), kvxfer.ErrBadRequest, req.ID, req.Context)
+		return nil, 0, fmt.Errorf("engine %d: receive %s: %w: Context %s is this engine itself (this node's own instance): a request receives from another instance's context ranks; name that one",
+			e.h, quote(req.ID), kvxfer.ErrBadRequest, quote(req.Context))
 	}
 	if e.node != nil {
 		rx, err = e.node.Receive(context.Background(), req.ReceiveRequest) // checks the writers are peers
@@ -479,7 +486,8 @@ func (e *Engine) Receive(req ReceiveRequest) (*Request, uint64, error) {
 		rx, err = e.eng.Receive(context.Background(), req.ReceiveRequest)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine %d: receive %s: %w", e.h, quote(req.ID), err)
+		return nil, 0, fmt.Errorf("engine %d: receive %s: %w", e.h, quote(req.ID),
+			clip(err, req.ID, req.Context, req.ContextParallel.Stages))
 	}
 	r := &Request{e: e, id: req.ID, rx: rx, userData: req.UserData, promptLen: req.PromptLen,
 		prefix: append([]int(nil), req.PrefixHitBlocks...), callerBlocks: req.Blocks != nil}
@@ -701,13 +709,13 @@ func (r *Request) ChunkLayers(start, end int, last bool, part kvcache.LayerPart,
 	}
 	if !withFence {
 		if err := r.tx.Chunk(c, runs, nil); err != nil {
-			return 0, err
+			return 0, clip(err, r.id)
 		}
 		return 0, nil
 	}
 	f := &fence{e: r.e, mf: &kvxfer.ManualFence{}}
 	if err := r.tx.Chunk(c, runs, f.mf); err != nil {
-		return 0, err
+		return 0, clip(err, r.id)
 	}
 	h := put(f)
 	r.e.mu.Lock()
@@ -783,7 +791,7 @@ func (r *Request) ChunkLayersCUDA(start, end int, last bool, part kvcache.LayerP
 	}
 	if err := r.tx.Chunk(c, runs, cudaFence{f, r.h}); err != nil {
 		f.Release(err)
-		return err
+		return clip(err, r.id)
 	}
 	r.mu.Lock()
 	if r.out != nil || r.eventsReleased { // finished or closed meanwhile: the others were released
@@ -899,7 +907,7 @@ func (r *Request) SetPayload(p []byte) error {
 		return errorf(ErrInvalidArgument, "request %d (%s) is a receive: a payload is the send's", r.h, quote(r.id))
 	}
 	if err := r.tx.SetPayload(p); err != nil {
-		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), err)
+		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), clip(err, r.id))
 	}
 	return nil
 }
@@ -927,7 +935,7 @@ func (r *Request) FreeBlocks() error {
 		return errorf(ErrInvalidArgument, "request %d (%s): its blocks are already freed", r.h, quote(r.id))
 	}
 	if err := r.e.eng.FreeBlocks(o.Blocks); err != nil {
-		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), err)
+		return fmt.Errorf("request %d (%s): %w", r.h, quote(r.id), clip(err, r.id))
 	}
 	r.freed = true
 	return nil

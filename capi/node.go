@@ -20,7 +20,16 @@ import (
 // pool memory peers can write, heartbeats) from its JSON config
 // (nodeConfig) and returns it as an engine handle: every engine call works
 // on it, and Close closes the node.
+//
+// An error quotes at most the first 64 bytes of a long config value
+// (clipConfig): node's own messages name some whole (discovery file
+// names, the parallelism with its stages).
 func OpenNode(configJSON string) (*Engine, uint64, error) {
+	e, h, err := openNode(configJSON)
+	return e, h, clipConfig(err, configJSON)
+}
+
+func openNode(configJSON string) (*Engine, uint64, error) {
 	if configJSON == "" {
 		return nil, 0, errorf(ErrConfig, "node config JSON is empty")
 	}

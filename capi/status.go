@@ -1,8 +1,10 @@
 package capi
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
@@ -79,6 +81,61 @@ func errorf(code Status, format string, args ...any) error {
 // length: the thread's message buffer (kvxfer_last_error) holds 1023
 // bytes, and the reason must fit after the value.
 func quote(s string) string { return quotepkg.String(s) }
+
+// clip is err with every over-long value of the caller's (longer than
+// quotepkg.Max) clipped in its message as quote clips it
+// (quotepkg.In): the engine, node and kvcache name a request id (up to
+// 256 bytes), an instance, a file name whole, and the message must fit
+// kvxfer_last_error's 1023 bytes with its reason. The longest value is
+// clipped first (a shorter one may be part of it); errors.Is and As, and
+// so Code, see through the result.
+func clip(err error, values ...string) error {
+	if err == nil {
+		return nil
+	}
+	long := values[:0:0]
+	for _, v := range values {
+		if len(v) > quotepkg.Max {
+			long = append(long, v)
+		}
+	}
+	sort.SliceStable(long, func(i, j int) bool { return len(long[i]) > len(long[j]) })
+	for _, v := range long {
+		err = quotepkg.In(err, v)
+	}
+	return err
+}
+
+// clipConfig is err (of an open of the JSON config js) with every
+// over-long string of js, a key or a value at any depth, clipped (clip).
+func clipConfig(err error, js string) error {
+	if err == nil {
+		return nil
+	}
+	var v any
+	if json.Unmarshal([]byte(js), &v) != nil {
+		return err // not JSON: the parser's error quotes js itself, clipped
+	}
+	var values []string
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case string:
+			values = append(values, v)
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		case map[string]any:
+			for k, x := range v {
+				values = append(values, k)
+				walk(x)
+			}
+		}
+	}
+	walk(v)
+	return clip(err, values...)
+}
 
 // Sentinels of this package, wrapped by the errors it returns.
 var (
