@@ -12,6 +12,7 @@ package main
 #include "kvxfer.h"
 
 void kvxfer_set_error(const char *msg, size_t n);
+const char *kvxfer_last_error(void);
 void kvxfer_invoke_callback(kvxfer_callback cb, const kvxfer_event *ev, uintptr_t user, uint64_t engine);
 int kvxfer_in_callback_of(uint64_t engine);
 */
@@ -56,6 +57,10 @@ func fail(err error) C.int32_t {
 	}
 	return C.int32_t(capi.Code(err))
 }
+
+// lastError is the calling thread's kvxfer_last_error (a test locks its
+// goroutine to its thread around fail and this).
+func lastError() string { return C.GoString(C.kvxfer_last_error()) }
 
 func status(err error) C.int32_t {
 	if err == nil {

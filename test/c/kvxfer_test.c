@@ -890,6 +890,43 @@ static void test_close_from_own_callback(void) {
     printf("ok   kvxfer_engine_close from its own callback refused: %s\n", close_cb.msg);
 }
 
+/* A message over the thread's 1023 bytes is cut there, before a
+ * character, never inside one. Config values are clipped to 64 bytes
+ * now, so no config error reaches the cut; a node's wait for silent
+ * peers names each of them, and with ten peers of 61-character names
+ * (122 bytes of UTF-8, mostly 2-byte characters) the message is over
+ * 1400 bytes. Run with the names shifted by one byte (a leading "x") so
+ * that the cut falls at either offset of a 2-byte character wherever it
+ * lands in the names. */
+static void test_last_error_cut(void) {
+    for (int shift = 0; shift < 2; shift++) {
+        char cfg[4096];
+        int k = snprintf(cfg, sizeof cfg,
+                         "{\"instance\":\"c-cut-%d\",\"model\":\"Llama-3.1-8B\",\"tokens_per_block\":16,"
+                         "\"pool_bytes\":4194304,\"backend\":\"loopback\",\"workers\":2,"
+                         "\"bind\":\"tcp://127.0.0.1:0\",\"insecure\":true,\"peers\":[",
+                         shift);
+        for (int p = 0; p < 10; p++) {
+            k += snprintf(cfg + k, sizeof cfg - k, "%s{\"instance\":\"%s", p ? "," : "", shift ? "x" : "");
+            for (int i = 0; i < 60; i++) k += snprintf(cfg + k, sizeof cfg - k, "\xc3\xa9");
+            k += snprintf(cfg + k, sizeof cfg - k, "%d\",\"endpoint\":\"tcp://127.0.0.1:1\"}", p);
+        }
+        snprintf(cfg + k, sizeof cfg - k, "]}");
+        CHECK(k < (int)sizeof cfg - 8, "config of %d bytes", k);
+        kvxfer_engine_t n = 0;
+        OK(kvxfer_node_open(cfg, &n));
+        CHECK(kvxfer_node_wait_peers(n, 0) == KVXFER_ERR_TIMEOUT, "wait for ten silent peers");
+        const char *m = kvxfer_last_error();
+        size_t len = strlen(m);
+        /* Cut at 1023 bytes, less at most the 3 bytes of a character it
+         * would split: the message is longer than the buffer. */
+        CHECK(len <= 1023 && len >= 1020 && utf8_valid(m) && strstr(m, "said nothing") && strstr(m, "0/0 at tcp://127.0.0.1:1"),
+              "a message over 1023 bytes (shift %d): %zu bytes, valid UTF-8 %d", shift, len, utf8_valid(m));
+        printf("ok   kvxfer_last_error cut a long message at %zu bytes (shift %d)\n", len, shift);
+        OK(kvxfer_engine_close(n, 5000));
+    }
+}
+
 /* An empty array may come with any pointer: Rust's empty slice is a
  * dangling non-NULL pointer (its alignment, 0x4 for int32_t), and other
  * bindings do the like. With a count of 0 the library must never hold it
@@ -966,6 +1003,7 @@ int main(void) {
     test_receive_run_first();
     test_callback_small_user();
     test_close_from_own_callback();
+    test_last_error_cut();
     test_empty_dangling();
     printf("PASS\n");
     return 0;
