@@ -1,6 +1,7 @@
 // The C side of libkvxfer: the per-thread error message and the callback
-// trampoline, which marks its thread as in the engine's callback. Go code that runs for a C call runs on the caller's thread,
-// so kvxfer_set_error stores into the caller's own buffer.
+// trampoline, which marks its thread as in the engine's callback. Go code
+// that runs for a C call runs on the caller's thread, so kvxfer_set_error
+// stores into the caller's own buffer.
 #include <string.h>
 
 #include "kvxfer.h"
