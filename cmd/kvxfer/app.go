@@ -9,9 +9,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // app is what every command shares: the --config file, the logger the
@@ -51,6 +53,30 @@ func (a *app) setupLog(cmd *cobra.Command) error {
 	a.log = zerolog.New(w).Level(s.LogLevel).With().Timestamp().Logger()
 	return nil
 }
+
+// addSettingFlags is config.AddFlags, the command's own defaults
+// (defaults) shown in the help, and for a key the command leaves unset
+// its own account of what that means (docs, by key name) instead of the
+// key's DefaultDoc, which states every command's default at once: one
+// command's help then showed the defaults of others ("demo: 2GiB; ctx,
+// gen: 1GiB; …" under kvxfer bench, "bench small, fragmented: 16" under
+// kvxfer ctx).
+func addSettingFlags(fl *pflag.FlagSet, defaults, docs map[string]string, keys ...string) {
+	config.AddFlags(fl, defaults, keys...)
+	for _, name := range keys {
+		doc, ok := docs[name]
+		if !ok || defaults[name] != "" {
+			continue
+		}
+		k, _ := config.KeyNamed(name)
+		f := fl.Lookup(k.Name)
+		f.Usage = strings.TrimSuffix(f.Usage, " (default: "+k.DefaultDoc+")") + " (default: " + doc + ")"
+	}
+}
+
+// presetBlockDoc is what --tokens-per-block unset means where the model's
+// preset sets the block size.
+var presetBlockDoc = fmt.Sprintf("the model preset's, %d", kvcache.DefaultTokensPerBlock)
 
 // settings loads keys for cmd from the file, the environment and its
 // flags, checking every value any source gives; defaults are the

@@ -76,6 +76,8 @@ func scenarioNames() []string {
 var (
 	benchKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout}
 	benchDefaults = map[string]string{config.Backend: "loopback", config.Timeout: "1m"}
+	benchDocs     = map[string]string{config.Pool: "e2e sizes its pools to hold its requests",
+		config.TokensPerBlock: presetBlockDoc + "; small and fragmented: 16"}
 )
 
 // benchOutput are the flags of every bench command.
@@ -153,7 +155,7 @@ compares within one run and reports medians.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&chosen, "scenarios", scenarioNames(), "scenarios to run, comma-separated")
-	config.AddFlags(f, benchDefaults, benchKeys...)
+	addSettingFlags(f, benchDefaults, benchDocs, benchKeys...)
 	cmd.PersistentFlags().BoolVar(&out.json, "json", false, "print JSON lines instead of tables")
 	cmd.PersistentFlags().StringVar(&out.report, "report", "", "also write DIR/README.md, DIR/results.json and PNG plots; DIR is created if missing and must be empty or hold a previous report, whose files are replaced (its plots this run does not draw are removed); checked before the first scenario runs")
 	for _, sc := range scenarios() {
@@ -230,7 +232,11 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 			return runScenarios(cmd, a, *out, s, []scenario{sc}, false)
 		},
 	}
-	config.AddFlags(cmd.Flags(), defaults, keys...)
+	var docs map[string]string
+	if d, ok := sc.(interface{ defaultDocs() map[string]string }); ok {
+		docs = d.defaultDocs()
+	}
+	addSettingFlags(cmd.Flags(), defaults, docs, keys...)
 	sc.flags(cmd.Flags())
 	return cmd
 }

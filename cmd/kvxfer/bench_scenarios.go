@@ -659,6 +659,11 @@ func (*e2eScenario) keys() ([]string, map[string]string) {
 	return []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout},
 		map[string]string{config.Backend: "loopback", config.Timeout: "1m"}
 }
+
+// defaultDocs say what e2e's settings left unset mean (addSettingFlags).
+func (*e2eScenario) defaultDocs() map[string]string {
+	return map[string]string{config.Pool: "sized to hold the scenario's requests", config.TokensPerBlock: presetBlockDoc}
+}
 func (e *e2eScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&e.requests, "requests", e.requests, "number of requests")
 	f.IntVar(&e.minTokens, "min-tokens", e.minTokens, "shortest prompt")

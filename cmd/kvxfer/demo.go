@@ -23,6 +23,7 @@ import (
 var (
 	demoKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr}
 	demoDefaults = map[string]string{config.Pool: "2GiB", config.Backend: "loopback", config.Timeout: "5m"}
+	demoDocs     = map[string]string{config.TokensPerBlock: presetBlockDoc}
 )
 
 // demoFlags holds `kvxfer demo`'s own flags.
@@ -165,7 +166,7 @@ otherwise each finished request is a log line on standard error.
 		},
 	}
 	fl := cmd.Flags()
-	config.AddFlags(fl, demoDefaults, demoKeys...)
+	addSettingFlags(fl, demoDefaults, demoDocs, demoKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")

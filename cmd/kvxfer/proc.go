@@ -34,6 +34,7 @@ import (
 var (
 	roleKeys     = []string{config.Model, config.Pool, config.TokensPerBlock, config.Workers, config.Backend, config.Timeout, config.MetricsAddr, config.CurveIdentities}
 	roleDefaults = map[string]string{config.Pool: "1GiB", config.Backend: crossProcessBackend(), config.Timeout: "1m"}
+	roleDocs     = map[string]string{config.TokensPerBlock: presetBlockDoc}
 )
 
 // crossProcessBackend is the default data plane between processes: ucx
@@ -90,12 +91,20 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.StringVar(&f.peerPubFile, "peer-key", "", "the peer's CURVE public key file")
 	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only; refused with --key or --peer-key)")
 	fl.IntVar(&f.o.Device, "device", 0, "CUDA ordinal of this process's GPU (--backend cudaipc: the pool is device memory there)")
-	config.AddFlags(fl, roleDefaults, roleKeys...)
+	addSettingFlags(fl, roleDefaults, roleDocs, roleKeys...)
 	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")
-	fl.IntVar(&f.o.ChunkTokens, "chunk-tokens", f.o.ChunkTokens, "prefill chunk size in tokens")
-	fl.DurationVar(&f.o.Compute, "compute", f.o.Compute, "simulated compute per chunk")
+	chunkUsage, computeUsage := "prefill chunk size in tokens", "simulated compute per chunk"
+	if self != "ctx" {
+		// Taken so that both roles accept one command line (kvxfer demo
+		// gives both the same), but only the context role prefills: the
+		// help showed its default as this role's own.
+		chunkUsage = "unused here: kvxfer ctx's prefill chunk size in tokens, taken so that both roles accept one command line"
+		computeUsage = "unused here: kvxfer ctx's simulated compute per chunk, taken so that both roles accept one command line"
+	}
+	fl.IntVar(&f.o.ChunkTokens, "chunk-tokens", f.o.ChunkTokens, chunkUsage)
+	fl.DurationVar(&f.o.Compute, "compute", f.o.Compute, computeUsage)
 	fl.IntVar(&f.o.Concurrency, "concurrency", f.o.Concurrency, "requests in flight")
 	fl.Uint64Var(&f.o.Seed, "seed", f.o.Seed, "seed of the request list (both roles must agree)")
 	fl.DurationVar(&f.o.Heartbeat, "heartbeat", f.o.Heartbeat, "heartbeat interval")
