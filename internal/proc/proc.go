@@ -1076,15 +1076,36 @@ func waitPeer(ctx context.Context, n *role, o Options) error {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no Hello within %v", timeout))
 	defer cancel()
-	err := n.WaitPeers(ctx)
-	if errors.Is(err, node.ErrHandshake) && !o.Insecure && o.PeerPublicKey != "" && o.PeerEndpoint != "" {
-		// A wrong key is the likeliest cause: name both keys this side
-		// holds, which the user compares with the two .pub files.
-		err = fmt.Errorf("%w (this engine's public key is %s…, the one it holds for %s is %s…: each side's --peer-key must be the other's PREFIX.pub)",
-			err, keyPrefix(n.PublicKey()), o.Peer, keyPrefix(o.PeerPublicKey))
+	return handshakeHint(n.WaitPeers(ctx), o, n.PublicKey())
+}
+
+// handshakeHint adds to a failed wait for the peer (err) what the user
+// should compare: with CURVE and a static peer, a wrong key is the
+// likeliest cause of a failed handshake, so both keys this side holds
+// (own, its public key, and the peer's) are named, to compare with the
+// two .pub files; but a handshake the link saw fail on a security
+// mechanism mismatch is one side running --insecure, not the keys.
+func handshakeHint(err error, o Options, own string) error {
+	if !errors.Is(err, node.ErrHandshake) {
+		return err
+	}
+	if strings.Contains(err.Error(), mechanismMismatch) {
+		// Naming the keys sent the user comparing key files that were
+		// right.
+		return fmt.Errorf("%w (give both roles --insecure, or neither)", err)
+	}
+	if !o.Insecure && o.PeerPublicKey != "" && o.PeerEndpoint != "" {
+		return fmt.Errorf("%w (this engine's public key is %s…, the one it holds for %s is %s…: each side's --peer-key must be the other's PREFIX.pub)",
+			err, keyPrefix(own), o.Peer, keyPrefix(o.PeerPublicKey))
 	}
 	return err
 }
+
+// mechanismMismatch is in a handshake's error when the link saw that one
+// side uses CURVE and the other does not (control/zmq's reason, which
+// node matches too); a reason that only suspects it says "on a security
+// mechanism mismatch;".
+const mechanismMismatch = "security mechanism mismatch: "
 
 // keyPrefix is the first 8 characters of a Z85 public key, as the link's
 // logs name a key.

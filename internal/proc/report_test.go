@@ -2,6 +2,7 @@ package proc
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
 
@@ -215,5 +217,35 @@ func TestWrongPeerKeyNamesBothKeys(t *testing.T) {
 	want := "this engine's public key is " + genPub[:8] + "…, the one it holds for ctx is " + wrongPub[:8] + "…"
 	if !strings.Contains(genRep.FirstError, "handshake") || !strings.Contains(genRep.FirstError, want) {
 		t.Fatalf("gen's first error %q, want the failed handshake and %q", genRep.FirstError, want)
+	}
+}
+
+// TestInsecureMismatchNamesNoKeys: a handshake the link saw fail on a
+// security mechanism mismatch (one role --insecure, the other CURVE) was
+// followed by both keys the role holds ("each side's --peer-key must be
+// the other's PREFIX.pub"), sending the user comparing key files that
+// were right; it now says to give both roles --insecure, or neither, and
+// names no key. A handshake that failed otherwise still names the keys.
+// (Checked to fail without the mismatch case in handshakeHint.)
+func TestInsecureMismatchNamesNoKeys(t *testing.T) {
+	o := Options{Peer: "gen", PeerEndpoint: "ipc://gen.sock", PeerPublicKey: "PEERKEY-0123456789"}
+	mismatch := fmt.Errorf("%w: gen/0 at ipc://gen.sock: control/zmq: handshake failed with ipc://gen.sock: security mechanism mismatch: we use CURVE, the peer does not", node.ErrHandshake)
+	got := handshakeHint(mismatch, o, "OWNKEY-0123456789").Error()
+	if !strings.Contains(got, "give both roles --insecure, or neither") || strings.Contains(got, "public key is") {
+		t.Errorf("mechanism mismatch: %q, want the advice and no key", got)
+	}
+	refused := fmt.Errorf("%w: gen/0 at ipc://gen.sock: control/zmq: handshake failed with ipc://gen.sock: the peer refused our key (ZAP status 400)", node.ErrHandshake)
+	got = handshakeHint(refused, o, "OWNKEY-0123456789").Error()
+	if want := "this engine's public key is OWNKEY-0…, the one it holds for gen is PEERKEY-…"; !strings.Contains(got, want) {
+		t.Errorf("refused key: %q, want %q", got, want)
+	}
+	// A reason that only suspects a mismatch among other causes keeps
+	// the keys.
+	hungUp := fmt.Errorf("%w: what listens there hung up during the handshake (broken pipe): a CURVE server does so when the server key we hold for it is not its key, and a peer without CURVE (insecure) on a security mechanism mismatch; or it is not a kvxfer engine at all", node.ErrHandshake)
+	if got := handshakeHint(hungUp, o, "OWNKEY-0123456789").Error(); !strings.Contains(got, "public key is") {
+		t.Errorf("hung up: %q, want the keys", got)
+	}
+	if err := handshakeHint(nil, o, "x"); err != nil {
+		t.Errorf("no error: %v", err)
 	}
 }
