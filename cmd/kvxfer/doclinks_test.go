@@ -141,3 +141,34 @@ func TestAnchor(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeCommandsParse: every kvxfer command line the README shows
+// (its indented examples) names a command and flags the CLI has: each is
+// run with --help appended, which parses every flag and runs nothing.
+func TestReadmeCommandsParse(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "    kvxfer ") {
+			continue
+		}
+		line, _, _ = strings.Cut(line, "#")
+		for _, c := range strings.Split(line, "&&") {
+			args := strings.Fields(c)
+			if len(args) == 0 || args[0] != "kvxfer" {
+				t.Errorf("README: %q is not a kvxfer command", c)
+				continue
+			}
+			n++
+			if _, stderr, err := runApp(newApp(), append(args[1:], "--help")...); err != nil {
+				t.Errorf("README: %s: %v\n%s", strings.TrimSpace(c), err, stderr)
+			}
+		}
+	}
+	if n < 6 {
+		t.Fatalf("found %d kvxfer commands in the README, want the by-hand and etcd examples' (6 or more): the pattern is stale", n)
+	}
+}
