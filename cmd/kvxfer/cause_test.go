@@ -24,3 +24,17 @@ func TestRunCauseNamesThisProcessFirst(t *testing.T) {
 		t.Errorf("cause with the peer down alone: %q", got)
 	}
 }
+
+// TestRunCauseNamesTheCounts: a peer that went down mid-run may have been
+// started with fewer --requests (kvxfer gen --requests 6 beside kvxfer ctx
+// --requests 8 leaves after its 6, and ctx sees only a peer going down:
+// gen never tells its count); the cause names how many of this process's
+// requests succeeded before, and the flag. (Checked to fail without the
+// counts: the cause said only "the gen process went down (...) before the
+// run finished".)
+func TestRunCauseNamesTheCounts(t *testing.T) {
+	got := runCause(proc.Report{PeerDownMidRun: true, Requests: 8, OK: 6, Failed: 2}, "gen")
+	if want := "before the run finished, after 6 of this process's 8 requests succeeded (a gen process given fewer --requests also leaves then"; !strings.Contains(got, want) {
+		t.Errorf("cause %q, want %q", got, want)
+	}
+}

@@ -543,7 +543,11 @@ func runCause(rep proc.Report, peer string) string {
 		// lost), would otherwise be blamed.
 		return "this process's node failed: " + rep.NodeFailed + ": "
 	case rep.PeerDownMidRun:
-		return "the " + peer + " process went down (it exited, missed its heartbeats or left the etcd cluster) before the run finished: "
+		// The counts too: a peer started with fewer --requests leaves
+		// once its own are done, which from here is the same down (it
+		// never tells its count), and only they show it.
+		return fmt.Sprintf("the %s process went down (it exited, missed its heartbeats or left the etcd cluster) before the run finished, after %d of this process's %d requests succeeded (a %s process given fewer --requests also leaves then: give both the same): ",
+			peer, rep.OK, rep.Requests, peer)
 	}
 	return ""
 }
