@@ -174,11 +174,20 @@ func ipv6Endpoint(endpoint string) bool {
 // ZMQ_IPV6 as IPv4 only, finds no address, and retries for ever as if
 // nothing listened there (PeerState: nothing accepts connections). With
 // the option it asks for IPv6 addresses, and IPv4 ones mapped into IPv6
-// should the name gain some later. The answer is kept for a name for
-// hostAnswerTTL (v6Hosts). A name with an IPv4 address,
+// should the name gain some later. A name with an IPv4 address,
 // one that does not resolve (within dialLookupWait) and an endpoint with a
 // SOURCE; part are left as they were: libzmq resolves them as before.
-func ipv6OnlyHost(endpoint string) bool {
+//
+// The answer is kept for a name (v6Hosts) and only a name's first lookup
+// waits (up to dialLookupWait): a Dial runs in a sender worker's Receive,
+// and the heartbeat goroutine makes its sockets one after another. An
+// answer older than hostAnswerTTL is still returned at once, and goroutine
+// (nil: none) looks the name up again in the background, one lookup at a
+// time per name; its answer is used from then on. A lookup that fails
+// keeps the old answer, until it is hostAnswerMaxAge old (since the last
+// lookup that answered): an answer that old is not served, and the name
+// is looked up as a new one (the Dial waits).
+func ipv6OnlyHost(endpoint string, goroutine func(func(context.Context)) bool) bool {
 	addr, ok := strings.CutPrefix(endpoint, "tcp://")
 	if !ok || strings.Contains(addr, ";") {
 		return false
@@ -193,56 +202,102 @@ func ipv6OnlyHost(endpoint string) bool {
 	}
 	now := time.Now()
 	v6Hosts.mu.Lock()
-	e, ok := v6Hosts.m[host]
-	v6Hosts.mu.Unlock()
-	if ok && now.Sub(e.at) < hostAnswerTTL {
-		return e.v6only
+	e := v6Hosts.m[host]
+	switch {
+	case e == nil || now.Sub(e.at) >= hostAnswerMaxAge:
+		// The first lookup (or one after an answer too old to serve).
+	case now.Sub(e.checked) < hostAnswerTTL || e.refreshing || goroutine == nil:
+		v6only := e.v6only
+		v6Hosts.mu.Unlock()
+		return v6only
+	default:
+		e.refreshing = true
+		v6only := e.v6only
+		v6Hosts.mu.Unlock()
+		if !goroutine(func(ctx context.Context) { e.refresh(ctx, host) }) {
+			v6Hosts.mu.Lock()
+			e.refreshing = false // the link is closed: no refresh
+			v6Hosts.mu.Unlock()
+		}
+		return v6only
 	}
-	v6only := resolvesToIPv6Only(host)
+	v6Hosts.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), dialLookupWait)
+	defer cancel()
+	v6only, _ := resolvesToIPv6Only(ctx, host) // not resolved: left as it was (false)
+	now = time.Now()
 	v6Hosts.mu.Lock()
 	if v6Hosts.m == nil || len(v6Hosts.m) >= maxHostAnswers {
-		v6Hosts.m = map[string]hostAnswer{} // a bound: names are peers', few
+		v6Hosts.m = map[string]*hostAnswer{} // a bound: names are peers', few
 	}
-	v6Hosts.m[host] = hostAnswer{v6only: v6only, at: now}
+	v6Hosts.m[host] = &hostAnswer{v6only: v6only, at: now, checked: now}
 	v6Hosts.mu.Unlock()
 	return v6only
 }
 
-// resolvesToIPv6Only looks host up (within dialLookupWait) and says whether
-// it has addresses, all of them IPv6.
-func resolvesToIPv6Only(host string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), dialLookupWait)
+// refresh looks host up again for its kept answer e (e.refreshing set by
+// the caller, cleared here). An answer replaces e's; a failed lookup
+// (ctx done, the link closed, or no address) keeps it, and the next
+// lookup is due hostAnswerTTL later.
+func (e *hostAnswer) refresh(ctx context.Context, host string) {
+	ctx, cancel := context.WithTimeout(ctx, dialLookupWait)
 	defer cancel()
+	v6only, ok := resolvesToIPv6Only(ctx, host)
+	now := time.Now()
+	v6Hosts.mu.Lock()
+	defer v6Hosts.mu.Unlock()
+	e.refreshing = false
+	e.checked = now
+	if ok {
+		e.v6only, e.at = v6only, now
+	}
+}
+
+// resolvesToIPv6Only looks host up (within ctx) and says whether it has
+// addresses, all of them IPv6; ok is false when the lookup found none.
+func resolvesToIPv6Only(ctx context.Context, host string) (v6only, ok bool) {
 	ips, err := lookupIP(ctx, host)
 	if err != nil || len(ips) == 0 {
-		return false
+		return false, false
 	}
 	for _, ip := range ips {
 		if ip.To4() != nil {
-			return false
+			return false, true
 		}
 	}
-	return true
+	return true, true
 }
 
-// v6Hosts remembers ipv6OnlyHost's answer for a host name for
-// hostAnswerTTL: the heartbeat goroutine makes its sockets one after
-// another, and would otherwise wait on a slow resolver (up to
-// dialLookupWait) for every socket to a named peer, delaying the beats of
-// the others.
+// v6Hosts remembers ipv6OnlyHost's answer for a host name, so that a dial
+// does not wait on a slow resolver (up to dialLookupWait) once the name
+// has an answer. A refresh updates the entry it started from: one the map
+// no longer holds (reset at maxHostAnswers, or the name looked up anew)
+// is updated unseen. Background lookups are so at most one per name the
+// map holds (maxHostAnswers), each within dialLookupWait.
 var v6Hosts struct {
 	mu sync.Mutex
-	m  map[string]hostAnswer
+	m  map[string]*hostAnswer
 }
 
+// hostAnswer is one name's answer; its fields are guarded by v6Hosts.mu.
 type hostAnswer struct {
 	v6only bool
-	at     time.Time
+	// at is when the name was last looked up with an answer (or first
+	// looked up, answered or not); checked is when it was last looked up
+	// at all (a refresh that failed included).
+	at, checked time.Time
+	refreshing  bool // a background lookup is under way
 }
 
 const (
-	hostAnswerTTL  = 30 * time.Second
-	maxHostAnswers = 1024
+	// hostAnswerTTL is how long an answer is used before the name is
+	// looked up again (in the background).
+	hostAnswerTTL = 30 * time.Second
+	// hostAnswerMaxAge is how long, at most, an answer is served while
+	// the lookups that should refresh it fail: a name whose resolver has
+	// been failing that long is looked up as a new one.
+	hostAnswerMaxAge = 10 * time.Minute
+	maxHostAnswers   = 1024
 )
 
 // lookupIP resolves a peer's host name for ipv6OnlyHost (a variable, so
@@ -251,8 +306,8 @@ var lookupIP = func(ctx context.Context, host string) ([]net.IP, error) {
 	return net.DefaultResolver.LookupIP(ctx, "ip", host)
 }
 
-// dialLookupWait bounds ipv6OnlyHost's lookup of a peer's host name (a
-// dial waits for it).
+// dialLookupWait bounds each of ipv6OnlyHost's lookups of a peer's host
+// name (a dial waits for a name's first).
 const dialLookupWait = time.Second
 
 // suggestEndpoint is what an endpoint without a transport probably meant:

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -96,7 +98,7 @@ func TestIPv6OnlyHostGetsIPv6(t *testing.T) {
 		"tcp://127.0.0.1:0;v6only.test:1": false,
 		"ipc:///run/v6only.test:1":        false,
 	} {
-		if got := ipv6OnlyHost(ep); got != want {
+		if got := ipv6OnlyHost(ep, nil); got != want {
 			t.Errorf("ipv6OnlyHost(%s) = %v, want %v", ep, got, want)
 		}
 	}
@@ -176,11 +178,15 @@ func forgetHostAnswers() {
 // ipv6OnlyHost looks a name up once per hostAnswerTTL: the heartbeat
 // goroutine makes its sockets one after another, and a slow resolver
 // would otherwise hold every beat for up to dialLookupWait per socket. A
-// name's answer older than the TTL is looked up again.
+// name's answer older than the TTL is looked up again, in the background
+// (TestIPv6OnlyHostRefreshInBackground).
 func TestIPv6OnlyHostAnswerKept(t *testing.T) {
+	var mu sync.Mutex
 	lookups := map[string]int{}
 	old := lookupIP
 	lookupIP = func(_ context.Context, host string) ([]net.IP, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		lookups[host]++
 		if host == "v6only.test" {
 			return []net.IP{net.ParseIP("::1")}, nil
@@ -189,24 +195,241 @@ func TestIPv6OnlyHostAnswerKept(t *testing.T) {
 	}
 	forgetHostAnswers()
 	t.Cleanup(func() { lookupIP = old; forgetHostAnswers() })
+	count := func(host string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return lookups[host]
+	}
 	for range 3 {
-		if !ipv6OnlyHost("tcp://v6only.test:5712") {
+		if !ipv6OnlyHost("tcp://v6only.test:5712", nil) {
 			t.Fatal("v6only.test: want IPv6 only")
 		}
-		if ipv6OnlyHost("tcp://missing.test:5712") {
+		if ipv6OnlyHost("tcp://missing.test:5712", nil) {
 			t.Fatal("missing.test: want false")
 		}
 	}
-	if lookups["v6only.test"] != 1 || lookups["missing.test"] != 1 {
+	if count("v6only.test") != 1 || count("missing.test") != 1 {
 		t.Fatalf("lookups %v, want one of each name", lookups)
 	}
-	v6Hosts.mu.Lock()
-	e := v6Hosts.m["v6only.test"]
-	e.at = e.at.Add(-hostAnswerTTL)
-	v6Hosts.m["v6only.test"] = e
-	v6Hosts.mu.Unlock()
-	ipv6OnlyHost("tcp://v6only.test:5712")
-	if lookups["v6only.test"] != 2 {
+	ageHostAnswer("v6only.test", hostAnswerTTL, 0)
+	var wg sync.WaitGroup
+	goroutine := func(f func(context.Context)) bool {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(context.Background()) }()
+		return true
+	}
+	if !ipv6OnlyHost("tcp://v6only.test:5712", goroutine) {
+		t.Fatal("v6only.test, kept answer: want IPv6 only")
+	}
+	wg.Wait()
+	if count("v6only.test") != 2 {
 		t.Fatalf("an answer older than %v was not looked up again: lookups %v", hostAnswerTTL, lookups)
+	}
+}
+
+// ageHostAnswer makes host's kept answer look older: checked (the last
+// lookup) by checked, at (the last that answered) by at.
+func ageHostAnswer(host string, checked, at time.Duration) {
+	v6Hosts.mu.Lock()
+	defer v6Hosts.mu.Unlock()
+	e := v6Hosts.m[host]
+	e.checked = e.checked.Add(-checked)
+	e.at = e.at.Add(-at)
+}
+
+// hostAnswerOf is host's kept answer and whether a lookup refreshes it.
+func hostAnswerOf(host string) (v6only, refreshing bool) {
+	v6Hosts.mu.Lock()
+	defer v6Hosts.mu.Unlock()
+	e := v6Hosts.m[host]
+	return e.v6only, e.refreshing
+}
+
+// Once a name has an answer, a Dial does not wait for its lookup again: a
+// Dial runs in a sender worker's Receive, and its mailbox waited up to
+// dialLookupWait for a name's lookup every hostAnswerTTL. An answer past
+// its TTL is served at once and looked up again in the background, one
+// lookup at a time; the new answer is used once it comes, a failed
+// lookup keeps the old answer until hostAnswerMaxAge, and Close stops a
+// lookup under way and waits for it. (Checked to fail: with the lookup
+// run in the Dial again, as before, the Dial after the TTL waits for the
+// blocked lookup; with a failed lookup replacing the answer, the kept
+// IPv6 answer is lost; without the max age, an answer that old is
+// served.)
+func TestIPv6OnlyHostRefreshInBackground(t *testing.T) {
+	// A name this host resolves at once (libzmq does when it connects;
+	// a name it must ask DNS for holds the context's end up to seconds),
+	// which the test's resolver answers for ipv6OnlyHost.
+	const name, ep = "localhost", "tcp://localhost:5712"
+	var (
+		mu     sync.Mutex
+		calls  int
+		answer []net.IP
+		fail   error
+		gate   chan struct{} // not nil: a lookup waits for it to close
+		quit   bool          // a waiting lookup also ends with its context
+	)
+	v4, v6 := []net.IP{net.ParseIP("127.0.0.1")}, []net.IP{net.ParseIP("::1")}
+	set := func(ips []net.IP, err error, g chan struct{}, q bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		answer, fail, gate, quit = ips, err, g, q
+	}
+	lookups := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls
+	}
+	old := lookupIP
+	lookupIP = func(ctx context.Context, host string) ([]net.IP, error) {
+		if host != name {
+			return nil, errors.New("no such host")
+		}
+		mu.Lock()
+		calls++
+		ips, err, g, q := answer, fail, gate, quit
+		mu.Unlock()
+		if g != nil {
+			if q {
+				select {
+				case <-g:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			} else {
+				<-g // the resolver ignores the dial's deadline: only the test ends this lookup
+			}
+		}
+		return ips, err
+	}
+	forgetHostAnswers()
+	t.Cleanup(func() { lookupIP = old; forgetHostAnswers() })
+
+	var (
+		conns   []control.Conn // closed after the link: nothing waits for their Hellos to leave
+		connsMu sync.Mutex
+		dials   sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		dials.Wait()
+		connsMu.Lock()
+		defer connsMu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	l := listen(t, pid("ctx", 0), Config{Insecure: true}).link
+	peer := pid("gen", 0)
+	if err := l.AddPeer(peer, ep); err != nil {
+		t.Fatal(err)
+	}
+	dialed := func() chan error {
+		done := make(chan error, 1)
+		dials.Add(1)
+		go func() {
+			defer dials.Done()
+			c, err := l.Dial(peer)
+			if err == nil {
+				connsMu.Lock()
+				conns = append(conns, c)
+				connsMu.Unlock()
+			}
+			done <- err
+		}()
+		return done
+	}
+	ipv6 := func() bool {
+		sock, err := l.newDealer(peer, ep, "", 4, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeSocket(sock)
+		on, err := sock.GetIpv6()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+
+	// The first lookup: the Dial waits for it (and gets IPv4 only).
+	set(v4, nil, nil, false)
+	if err := <-dialed(); err != nil {
+		t.Fatal(err)
+	}
+	if lookups() != 1 || ipv6() {
+		t.Fatalf("first Dial: %d lookups, IPv6 %v; want 1 lookup, no IPv6", lookups(), ipv6())
+	}
+
+	// Past the TTL, the name now IPv6 only and its resolver stuck: Dials
+	// take the kept answer at once while one lookup waits.
+	stuck := make(chan struct{})
+	release := sync.OnceFunc(func() { close(stuck) })
+	t.Cleanup(release) // before the link's Close: nothing left waiting
+	set(v6, nil, stuck, false)
+	ageHostAnswer(name, hostAnswerTTL, hostAnswerTTL)
+	done := dialed()
+	waitFor(t, patience, "the lookup after the TTL to start", func() bool { return lookups() == 2 })
+	for i := range 3 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(patience):
+			t.Fatalf("Dial %d after the TTL waits for the stuck lookup of %s", i, name)
+		}
+		if ipv6() {
+			t.Fatal("the kept answer (IPv4) was not used while the lookup waits")
+		}
+		done = dialed()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	release()
+	waitFor(t, patience, "the new answer (IPv6 only) to be used", ipv6)
+	if n := lookups(); n != 2 {
+		t.Fatalf("%d lookups, want 2: one at a time per name", n)
+	}
+
+	// A failed lookup keeps the answer...
+	set(nil, errors.New("resolver down"), nil, false)
+	ageHostAnswer(name, hostAnswerTTL, hostAnswerTTL)
+	if !ipv6() {
+		t.Fatal("the kept answer (IPv6 only) was not used past its TTL")
+	}
+	waitFor(t, patience, "the failed lookup to end", func() bool {
+		_, refreshing := hostAnswerOf(name)
+		return lookups() == 3 && !refreshing
+	})
+	if !ipv6() {
+		t.Fatal("a failed lookup lost the kept answer (IPv6 only)")
+	}
+	// ... until it is hostAnswerMaxAge old: then the name is looked up
+	// as a new one (no address: left as it was, IPv4).
+	ageHostAnswer(name, hostAnswerTTL, hostAnswerMaxAge)
+	if ipv6() {
+		t.Fatalf("an answer %v old was served", hostAnswerMaxAge)
+	}
+	if n := lookups(); n != 4 {
+		t.Fatalf("%d lookups, want 4", n)
+	}
+
+	// Close stops a lookup under way, and waits for it.
+	set(v6, nil, make(chan struct{}), true)
+	ageHostAnswer(name, hostAnswerTTL, 0)
+	if err := <-dialed(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "the lookup to start", func() bool { return lookups() == 5 })
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v6only, refreshing := hostAnswerOf(name); v6only || refreshing {
+		t.Fatalf("after Close: answer IPv6 %v, lookup under way %v; want the kept answer (IPv4), none", v6only, refreshing)
+	}
+	ageHostAnswer(name, hostAnswerTTL, 0)
+	if ipv6OnlyHost(ep, l.goLookup) || lookups() != 5 {
+		t.Fatalf("a closed link started a lookup (%d)", lookups())
 	}
 }

@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -102,6 +103,12 @@ type Link struct {
 	refs      int // the link itself plus each open Conn; the context ends at 0
 	wg        sync.WaitGroup
 
+	// lookups are the background lookups of peers' host names
+	// (goLookup), cancelled (stopLookups) and waited for by Close.
+	lookups     sync.WaitGroup
+	stopLookups context.CancelFunc
+	lookupCtx   context.Context
+
 	// byes are the heartbeat sockets to connected peers that the heartbeat
 	// goroutine left as it stopped, for Close to say goodbye on (under mu).
 	byes *goodbyes
@@ -157,6 +164,7 @@ func New(cfg Config) (*Link, error) {
 		explicit: map[string][]Identity{},
 		refs:     1,
 	}
+	l.lookupCtx, l.stopLookups = context.WithCancel(context.Background())
 	for id, ep := range cfg.Peers {
 		l.peerLocked(id).endpoint = ep
 	}
@@ -517,7 +525,7 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 	set("routing id", s.SetIdentity(routingID()))
 	set("immediate", s.SetImmediate(immediate))
 	set("reconnect backoff", s.SetReconnectIvlMax(l.cfg.reconnectMax()))
-	if ipv6Endpoint(endpoint) || ipv6OnlyHost(endpoint) {
+	if ipv6Endpoint(endpoint) || ipv6OnlyHost(endpoint, l.goLookup) {
 		set("IPv6", s.SetIpv6(true))
 	}
 	if !l.cfg.Insecure {
@@ -534,6 +542,23 @@ func (l *Link) newDealer(peer messages.PeerID, endpoint, serverKey string, hwm i
 		return nil, err
 	}
 	return s, nil
+}
+
+// goLookup runs f in a goroutine of the link's (ipv6OnlyHost's background
+// lookups), with a context that Close cancels before it waits for f to
+// return; once the link is closed it runs nothing and returns false.
+func (l *Link) goLookup(f func(ctx context.Context)) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.lookups.Add(1)
+	go func() {
+		defer l.lookups.Done()
+		f(l.lookupCtx)
+	}()
+	return true
 }
 
 // reconnectIvlMax bounds the exponential backoff of a DEALER's reconnects
@@ -692,6 +717,8 @@ func (l *Link) Close() error {
 	l.closing.Store(true)
 	close(l.done)
 	l.mu.Unlock()
+	l.stopLookups()
+	l.lookups.Wait() // no goLookup starts one now: closed is set
 	l.stopListening()
 	l.sayGoodbye()
 	l.release()
