@@ -92,6 +92,10 @@ type Link struct {
 	goneSeq   uint64
 	self      *messages.Hello
 	selfHello []byte // self, encoded once
+	// listening is the Hello of the Listen under way or done (nil: none,
+	// or it failed): a second Listen is refused while the first probes
+	// its ipc path without the lock.
+	listening *messages.Hello
 	endpoint  string
 	// boundFile is the ipc:// socket file Listen bound (nil: none, or not
 	// ipc): stopListening removes it, if it is still that file.
@@ -317,21 +321,41 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 			ErrFrameTooLarge, self.From, len(hello), l.cfg.MaxFrameBytes)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return nil, fmt.Errorf("%w: listen as %s", control.ErrClosed, self.From)
 	}
-	if l.self != nil {
-		return nil, fmt.Errorf("%w: %s (as %s)", control.ErrDuplicate, self.From, l.self.From)
+	if l.listening != nil {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s (as %s)", control.ErrDuplicate, self.From, l.listening.From)
+	}
+	l.listening = self
+	l.mu.Unlock()
+	// An ipc path in use is probed for up to ipcInUseWait: not under the
+	// lock, which every other call of the link takes. listening keeps a
+	// second Listen out meanwhile; a Close meanwhile is seen below, before
+	// anything is bound.
+	err = ipcFreeToListen(l.cfg.Bind)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.listening = nil
+		return nil, err
+	}
+	if l.closed {
+		l.listening = nil
+		return nil, fmt.Errorf("%w: listen as %s", control.ErrClosed, self.From)
 	}
 	router, zap, endpoint, err := l.bind()
 	if err != nil {
+		l.listening = nil
 		return nil, err
 	}
 	rw, zw, err := sockWaits(router, zap)
 	if err != nil {
 		closeSocket(router)
 		closeSocket(zap)
+		l.listening = nil
 		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)
 	}
 	l.self, l.selfHello, l.endpoint = self, hello, endpoint
@@ -358,6 +382,10 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 	return listenerHandle{l}, nil
 }
 
+// ipcFreeToListen is checkIPCFree, Listen's check of its ipc:// path (a
+// variable, so that a test can hold Listen there).
+var ipcFreeToListen = checkIPCFree
+
 // sockWaits makes the netpoller waits of the ROUTER and, when secure, of
 // the ZAP handler (zw nil when zap is).
 func sockWaits(router, zap *zmq4.Socket) (rw, zw *sockWait, err error) {
@@ -381,7 +409,8 @@ func (l *Link) liveTimeout() time.Duration {
 }
 
 // bind makes the ZAP handler (unless insecure) and the ROUTER. Both go to
-// the listener goroutine, which alone uses and closes them.
+// the listener goroutine, which alone uses and closes them. Listen checked
+// an ipc:// path first (ipcFreeToListen).
 func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 	fail := func(what string, e error) (*zmq4.Socket, *zmq4.Socket, string, error) {
 		closeSocket(router)
@@ -434,11 +463,6 @@ func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 		if err = router.SetZapDomain(zapDomain); err != nil {
 			return fail("ZAP domain", err)
 		}
-	}
-	if err = checkIPCFree(l.cfg.Bind); err != nil {
-		closeSocket(router)
-		closeSocket(zap)
-		return nil, nil, "", err
 	}
 	if err = router.Bind(l.cfg.Bind); err != nil {
 		return fail("bind", err)
