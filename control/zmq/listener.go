@@ -182,20 +182,25 @@ func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) 
 //     bound to key (as that Hello, taken now, would find it).
 //
 // It needs room as a Hello does: else f is rejected (full), ok is false,
-// and a later frame tries again. It returns nil and true when id has no
-// such ghost (f is then rejected as before Hello). Only frames on
+// and a later frame tries again. A refused Hello's ghost is kept for a
+// later frame too while the directory does not hold its incarnation (f is
+// rejected as before Hello). It returns nil and true when id has no such
+// ghost (f is then rejected as before Hello). Only frames on
 // unbound connections come here: bound ones never look at ghosts.
 func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *binding, ok bool) {
 	g, found := s.ghosts[id]
 	if !found || g.b.key != key || g.b.peer != f.Sender() {
 		return nil, true
 	}
+	if g.refused && !s.l.holdsIncarnation(g.b.peer, g.b.inc, key) {
+		// Not yet (the incarnation's Hello on another connection may
+		// come later), or no longer: the ghost stays for a later frame,
+		// until maxGhosts makes it go.
+		return nil, true
+	}
 	delete(s.ghosts, id)
 	what := "frame on a connection that reconnected as a probe ran"
 	if g.refused {
-		if !s.l.holdsIncarnation(g.b.peer, g.b.inc, key) {
-			return nil, true
-		}
 		what = "frame on a connection whose Hello was refused at the bound"
 	}
 	if !s.room(what, id, key, g.b.peer, now) {
