@@ -20,6 +20,11 @@ import (
 type liveness struct {
 	timeout time.Duration // 0: never expire
 	peers   map[messages.PeerID]*lifeState
+	// left are the goodbyes (lifeState.byes) of the peers forget stopped
+	// tracking, so that leftAs still knows them, and a Hello that tracks
+	// the name again takes them back. At most maxPeers names: past it,
+	// any one goes. Made on first use.
+	left map[messages.PeerID][4]uint64
 }
 
 type lifeState struct {
@@ -42,7 +47,8 @@ func newLiveness(timeout time.Duration) *liveness {
 func (l *liveness) hello(p messages.PeerID, now time.Time) (back bool) {
 	s := l.peers[p]
 	if s == nil {
-		l.peers[p] = &lifeState{last: now}
+		l.peers[p] = &lifeState{last: now, byes: l.left[p]}
+		delete(l.left, p)
 		return false
 	}
 	return l.refresh(s, now)
@@ -71,14 +77,34 @@ func (l *liveness) leave(p messages.PeerID, inc uint64) bool {
 
 // leftAs reports whether incarnation inc (not 0) of p said goodbye.
 func (l *liveness) leftAs(p messages.PeerID, inc uint64) bool {
-	s := l.peers[p]
-	return s != nil && s.byes[0] != 0 && inc != 0 && slices.Contains(s.byes[:], inc)
+	byes := l.left[p]
+	if s := l.peers[p]; s != nil {
+		byes = s.byes
+	}
+	return byes[0] != 0 && inc != 0 && slices.Contains(byes[:], inc)
 }
 
 // forget stops tracking p (a peer the directory forgot to make room):
 // with names that come and go, the table would otherwise grow with every
-// name ever heard, and each expiry walk with it.
-func (l *liveness) forget(p messages.PeerID) { delete(l.peers, p) }
+// name ever heard, and each expiry walk with it. p's goodbyes are kept
+// (left): the directory forgets first the peers that are down, those
+// that said goodbye among them, and a late Hello of an incarnation that
+// said goodbye must not bring it back once forgotten either.
+func (l *liveness) forget(p messages.PeerID) {
+	if s := l.peers[p]; s != nil && s.byes[0] != 0 {
+		if l.left == nil {
+			l.left = map[messages.PeerID][4]uint64{}
+		}
+		for q := range l.left {
+			if len(l.left) < maxPeers {
+				break
+			}
+			delete(l.left, q)
+		}
+		l.left[p] = s.byes
+	}
+	delete(l.peers, p)
+}
 
 // seen records a sign of life from a tracked peer at now; untracked peers
 // are ignored. It reports whether p was down.
