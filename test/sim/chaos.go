@@ -647,6 +647,8 @@ func summarize(m any) string {
 		return fmt.Sprintf("in its closed connection's linger until %v: %s", m.Until, frameSummary(m.Frame))
 	case lostFrame:
 		return "lost with its closed connection: " + frameSummary(m.Frame)
+	case sentHeld:
+		return m.String()
 	case actors.TxStart:
 		return fmt.Sprintf("prompt=%d deadline=%s", m.PromptLen, m.Deadline.Format(time.StampMicro))
 	}

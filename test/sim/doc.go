@@ -36,7 +36,11 @@
 // first, as on Started; timers carry their kind), sender workers (what
 // actors/worker.go does with Submit — TxSubmitted once the post returns —,
 // Flush, CloseEndpoint, SendFrame — TxSent with the control link's answer
-// for a stream's terminal frame —, SendRequestData — RxSent likewise —
+// for a stream's terminal frame —, SendRequestData — RxSent likewise; the
+// link puts a frame on the wire before the worker reports it, and under
+// FaultSentLate (a stream of its own) a generation worker is held up
+// between the two, stepping nothing else, until an answer of the writer
+// (a Misaddressed, a Result) reached the session, or a while —
 // and a restart: TxInDoubt, then close every endpoint, which retires its
 // ops, then every control connection; a restart inside a terminal frame's
 // send reports it not sent, inside a RequestData's reports nothing — a
@@ -201,7 +205,11 @@
 // sources wrote (at READY and again when its blocks are freed), and each
 // of its writers reported SUCCESS with exactly the bytes the two ranks'
 // shapes give; ReleaseDest never treats a writer whose RequestData left as
-// quiescent without its terminal frame or death; Decide comes once, at the
+// quiescent without its terminal frame or death; a Misaddressed whose
+// claim is true, about the copy the session knows left to the
+// incarnation its writer is addressed to, is taken (the writer addressed
+// anew) once the session stepped both it and the report that the copy
+// left, in whichever order they came; Decide comes once, at the
 // terminal transition; a completion never precedes its TxSubmitted. A
 // request whose Receive names another prompt length is never READY there,
 // and no context rank writing to that rank ends DONE. A request with a
@@ -217,11 +225,15 @@
 //
 // Fault and Race list the fault kinds a seed may inject and the races of
 // DESIGN.md §3; Result counts which fired, the layer parts sessions took,
-// the wrong chunks refused and the Cancels that overtook their
-// RequestData. TestSeeds fails when a fault kind, a race, a kind of wrong
-// chunk or a Cancel overtaking its RequestData is reached in fewer than
-// one seed in 1,000, or when fewer seeds than that have a request handed
-// in parts end READY or a Misaddressed taken. TestMutations turns on
+// the wrong chunks refused, the Cancels that overtook their
+// RequestData and the answers a session took before the report that
+// their RequestData left (by kind). TestSeeds fails when a fault kind, a
+// race, a kind of wrong chunk or a Cancel overtaking its RequestData is
+// reached in fewer than one seed in 1,000, or when fewer seeds than that
+// have a request handed in parts end READY, a Misaddressed taken, or a
+// Misaddressed or a Result reach its session before that report. (A
+// CancelAck does so only when its Cancel left through another worker:
+// the Cancel waits in the same worker's mailbox behind the report.) TestMutations turns on
 // each actors.Mutations switch and requires a failing seed within 1,000.
 //
 // FaultWorkerDead stops generation ranks' workers, and context ranks' too

@@ -165,6 +165,15 @@ const (
 	// Cancel re-sends and stops that came meanwhile (its landing is drawn
 	// anew at the cut: landCut).
 	FaultCutLandsLate
+	// FaultSentLate: a generation rank's sender worker hands a
+	// RequestData to the control link, which puts it on the wire at once,
+	// and is then held up (descheduled: a loaded machine, a GC pause)
+	// before it reports the send to the session (RxSent): the context
+	// rank's answer — a Misaddressed, a Result, a CancelAck — may reach
+	// the session first, as on a real link. The worker steps nothing
+	// else meanwhile. Drawn from a stream of its own (Sim.lr); counted
+	// when an answer of the writer reached the session before the report.
+	FaultSentLate
 
 	numFaults
 )
@@ -184,6 +193,7 @@ var faultNames = [numFaults]string{
 	"endpoint close unproven, writer restarted",
 	"endpoint close unproven, sources released",
 	"cut write landed 100+ ms after the cut",
+	"answer before its RequestData's sent report",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -310,6 +320,9 @@ type plan struct {
 	// endpoint with writes on the wire proves nothing
 	// (FaultCloseUnproven).
 	pUnproven float64
+	// pSentLate is the probability that a generation worker's report
+	// that a RequestData left comes late (FaultSentLate).
+	pSentLate float64
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -512,6 +525,14 @@ func (p *plan) drawHung(r *rand.Rand, density float64) {
 func (p *plan) drawUnproven(r *rand.Rand, density float64) {
 	if p.on[FaultCloseUnproven] = r.Float64() < density; p.on[FaultCloseUnproven] {
 		p.pUnproven = 0.3 + 0.6*r.Float64()
+	}
+}
+
+// drawSentLate draws FaultSentLate from its own stream r (Sim.lr) with
+// the seed's density.
+func (p *plan) drawSentLate(r *rand.Rand, density float64) {
+	if p.on[FaultSentLate] = r.Float64() < density; p.on[FaultSentLate] {
+		p.pSentLate = 0.2 + 0.6*r.Float64()
 	}
 }
 

@@ -41,7 +41,12 @@ type genRank struct {
 	// worker); failed: the engine refuses new work (ErrEngineFailed).
 	wstop, wdead []bool
 	failed       bool
-	entries      map[string]*rxSess
+	// late holds, per sender worker, the report it holds up
+	// (FaultSentLate); waiting, what its mailbox got meanwhile
+	// (sent_late.go).
+	late    []*sentLate
+	waiting [][]func()
+	entries map[string]*rxSess
 	// table is the real rx parent's table (core.RxTable): writers and
 	// epochs of started requests, the down set, the writers' plan.
 	table    *core.RxTable
@@ -117,6 +122,7 @@ func (g *genRank) boot() {
 		g.workers = append(g.workers, fmt.Sprintf("%s/w%d", g.nm, i))
 	}
 	g.wstop, g.wdead, g.failed = make([]bool, s.genW), make([]bool, s.genW), false
+	g.late, g.waiting = make([]*sentLate, s.genW), make([][]func(), s.genW)
 }
 
 // hello is the control link's view of a peer's Hello.
@@ -147,7 +153,12 @@ type rxSess struct {
 	prompt  int // the prompt length its Receive named
 	// deadlineAt is when its deadline timer fires (virtual time).
 	deadlineAt time.Duration
-	released   bool // ReleaseDest executed
+	// handled is when a worker last took one of its RequestData;
+	// queued counts those waiting in a held-up worker's mailbox
+	// (FaultSentLate).
+	handled  time.Duration
+	queued   int
+	released bool // ReleaseDest executed
 	// quarantined: QuarantineDest executed (the blocks are in the pool's
 	// quarantine, still owned by this session until a proof).
 	quarantined bool
@@ -170,6 +181,14 @@ type rxSess struct {
 	reported           []int64
 	planned            []uint64
 	neverConn, ncFired bool
+	// sentOK: the session stepped its worker's report that the last
+	// RequestData handed for the writer left (RxSent, no error).
+	// misTrue: the incarnation a Misaddressed whose claim is true said
+	// the writer's RequestData was addressed to (0: none); while the
+	// writer is still addressed to it, pending, and the session knows
+	// the copy left, the session must have taken it (checkMisaddressedTaken).
+	sentOK  []bool
+	misTrue []uint64
 }
 
 func (s *Sim) sendRx(from string, rs *rxSess, msg any) {
@@ -198,6 +217,9 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 		return
 	}
 	s.noteProof(rs, msg)
+	if m, ok := msg.(actors.RxSent); ok && m.Err == nil && m.Writer >= 0 && m.Writer < len(rs.sentOK) {
+		rs.sentOK[m.Writer] = true
+	}
 	if after.Terminal() && !rs.decided {
 		rs.decided, rs.first = true, after
 		if f, ok := msg.(actors.RxFrame); ok && f.Invalid != nil {
@@ -243,8 +265,12 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 					return
 				}
 			}
-			if !slices.Contains(rs.left, true) && !slices.Contains(rs.unknown, true) && rs.neverConn && s.vt > rs.deadlineAt+5*time.Millisecond {
-				s.failf("%s: %T: no RequestData ever left, yet the blocks were held until %v (deadline %v)", rs.name, msg, s.vt, rs.deadlineAt)
+			if !slices.Contains(rs.left, true) && !slices.Contains(rs.unknown, true) && rs.neverConn && rs.queued == 0 && s.vt > max(rs.deadlineAt, rs.handled)+5*time.Millisecond {
+				// (A worker held up by a late report of another
+				// RequestData, FaultSentLate, handles this one only
+				// when it resumes: the session cannot know sooner.)
+				s.failf("%s: %T: no RequestData ever left, yet the blocks were held until %v (deadline %v, last handed to the link at %v)",
+					rs.name, msg, s.vt, rs.deadlineAt, rs.handled)
 				return
 			}
 			s.checkNoWriter(g, rs, e.Blocks)
@@ -263,6 +289,15 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 	}
 	s.execRx(rs, effs)
 	s.checkPools(g.name(), g.pools)
+	if s.fail == nil && !rs.stop {
+		s.checkMisaddressedTaken(rs, msg)
+	}
+	if s.fail == nil {
+		// An answer of the writer came first: a report held up that
+		// its RequestData left comes now (FaultSentLate); one for a
+		// session that stopped, too.
+		g.answered(rs, msg)
+	}
 }
 
 // noteProof records what a message proves about a writer: a terminal
@@ -317,6 +352,28 @@ func (s *Sim) noteMisaddressed(rs *rxSess, m actors.RxFrame) {
 	if !c.live(xinc) && !s.admitted[admitKey{k: requestKey{gen: rs.g.idx, inc: rs.inc, ctx: c.idx, request: rs.req.id, epoch: rs.epoch},
 		ctxInc: xinc}] {
 		rs.left[w], rs.unknown[w] = false, false
+		rs.misTrue[w] = f.Addressed
+	}
+}
+
+// checkMisaddressedTaken: a Misaddressed whose claim is true (the
+// incarnation it names is gone and never admitted the RequestData) about
+// the copy the session knows left, to the incarnation its writer is
+// addressed to, must be taken once both the answer and the report that the
+// copy left are stepped, in whichever order they came (FaultSentLate): the
+// session addresses the writer anew (or, decided, counts it never
+// reached). Dropped, the request waits for an answer from an incarnation
+// that never got it: it is lost at its deadline and its blocks stay
+// quarantined until a proof that may never come (CI found the engine
+// dropping one that overtook its RxSent).
+func (s *Sim) checkMisaddressedTaken(rs *rxSess, msg any) {
+	pending := rs.s.Unproven()
+	for w, inc := range rs.misTrue {
+		if inc != 0 && inc == rs.writerInc[w] && rs.sentOK[w] && slices.Contains(pending, w) {
+			s.failf("%s: %T: writer %d's RequestData left addressed to incarnation %d, which is gone and never got it (a true Misaddressed came), yet the session did not address it anew",
+				rs.name, msg, w, inc)
+			return
+		}
 	}
 }
 
@@ -407,15 +464,20 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			}
 			inc := rs.inc
 			s.mail(rs.name, g.workers[wi], s.hop(), e, func() {
-				if g.live(inc) && !g.wstop[wi] {
-					_, _ = g.workerSend(wi, e.To, e.Frame, true)
-				}
+				g.onWorker(wi, func() {
+					if g.live(inc) && !g.wstop[wi] {
+						_, _ = g.workerSend(wi, e.To, e.Frame, true)
+					}
+				})
 			})
 		case actors.SendRequestData:
 			// The worker hands the frame to the control plane and tells
 			// the session whether it left (workerSlot.send, RxSent).
 			if !s.readdress(rs, e) {
 				return
+			}
+			if e.Writer >= 0 && e.Writer < len(rs.sentOK) {
+				rs.sentOK[e.Writer] = false // another copy
 			}
 			inc := rs.inc
 			if e.Writer >= 0 && e.Writer < len(rs.refused) && rs.refused[e.Writer] && !rs.unreachable[e.Writer] {
@@ -430,38 +492,51 @@ func (s *Sim) execRx(rs *rxSess, effs []actors.Effect) {
 			}
 			wn := g.workers[wi]
 			s.mail(rs.name, wn, s.hop(), e, func() {
-				if !g.live(inc) {
-					return
+				q := g.held(wi)
+				if q {
+					rs.queued++
 				}
-				if e.Writer < 0 || e.Writer >= len(rs.left) || e.Frame == nil || e.Frame.Epoch != rs.epoch {
-					s.failf("%s: SendRequestData for writer %d, epoch %v", rs.name, e.Writer, e.Frame)
-					return
-				}
-				if g.wstop[wi] {
-					// Lost in a stopped worker's mailbox: no report.
-					rs.unknown[e.Writer] = true
-					return
-				}
-				err, crashed := g.workerSend(wi, e.To, e.Frame, !rs.unreachable[e.Writer])
-				if err == nil {
-					rs.left[e.Writer] = true
-				}
-				if crashed {
-					// workerSlot.restart: a RequestData whose send the
-					// crash cut gets no report; whether it left is not
-					// known.
-					rs.unknown[e.Writer] = true
-					return
-				}
-				if err != nil {
-					rs.refused[e.Writer] = true
-				}
-				if err != nil && rs.unreachable[e.Writer] && !rs.ncFired {
-					rs.ncFired = true
-					s.fired(FaultNeverConnected)
-				}
-				msg := actors.RxSent{Writer: e.Writer, Err: err}
-				s.mail(wn, rs.name, s.hop(), msg, func() { s.stepRx(rs, msg) })
+				g.onWorker(wi, func() {
+					if q {
+						rs.queued--
+					}
+					if !g.live(inc) {
+						return
+					}
+					rs.handled = s.vt
+					if e.Writer < 0 || e.Writer >= len(rs.left) || e.Frame == nil || e.Frame.Epoch != rs.epoch {
+						s.failf("%s: SendRequestData for writer %d, epoch %v", rs.name, e.Writer, e.Frame)
+						return
+					}
+					if g.wstop[wi] {
+						// Lost in a stopped worker's mailbox: no report.
+						rs.unknown[e.Writer] = true
+						return
+					}
+					err, crashed := g.workerSend(wi, e.To, e.Frame, !rs.unreachable[e.Writer])
+					if err == nil {
+						rs.left[e.Writer] = true
+					}
+					if crashed {
+						// workerSlot.restart: a RequestData whose send the
+						// crash cut gets no report; whether it left is not
+						// known.
+						rs.unknown[e.Writer] = true
+						return
+					}
+					if err != nil {
+						rs.refused[e.Writer] = true
+					}
+					if err != nil && rs.unreachable[e.Writer] && !rs.ncFired {
+						rs.ncFired = true
+						s.fired(FaultNeverConnected)
+					}
+					msg := actors.RxSent{Writer: e.Writer, Err: err}
+					if g.sentReportLate(wi, rs, e, msg) {
+						return
+					}
+					s.mail(wn, rs.name, s.hop(), msg, func() { s.stepRx(rs, msg) })
+				})
 			})
 		case actors.Readdress:
 			// A Misaddressed taken: the rx parent's table follows
@@ -599,9 +674,11 @@ func (g *genRank) workerSend(wi int, to messages.PeerID, f messages.Frame, mayCr
 func (g *genRank) crashWorker(wi int) {
 	inc := g.inc
 	g.s.mail("chaos", g.workers[wi], 0, workerCrash{}, func() {
-		if g.live(inc) && !g.wstop[wi] {
-			g.restartWorker(wi)
-		}
+		g.onWorker(wi, func() {
+			if g.live(inc) && !g.wstop[wi] {
+				g.restartWorker(wi)
+			}
+		})
 	})
 }
 
@@ -914,6 +991,8 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.neverConn = rs.neverConn || unreachable
 		rs.left = append(rs.left, false)
 		rs.unknown = append(rs.unknown, false)
+		rs.sentOK = append(rs.sentOK, false)
+		rs.misTrue = append(rs.misTrue, 0)
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
 		rs.refused = append(rs.refused, false)

@@ -43,6 +43,10 @@ type Sweep struct {
 	// took a Misaddressed (Result.MisaddressedTaken); MisaddressedAnswered,
 	// MisaddressedTaken and QueuedToNext sum the runs' counts.
 	SeedsMisaddressed, MisaddressedAnswered, MisaddressedTaken, QueuedToNext int
+	// SeedsEarly[k] counts the seeds in which a generation session took
+	// an answer of kind k before its worker's report that the RequestData
+	// left (FaultSentLate), EarlyAnswers those answers.
+	SeedsEarly, EarlyAnswers [numEarly]int
 	// SeedsWithWrong[w] counts the seeds in which kvcache.ChunkOrder
 	// refused a wrong chunk of kind w, WrongChunks those refusals.
 	SeedsWithWrong, WrongChunks [numWrongChunks]int
@@ -135,6 +139,12 @@ func (sw *Sweep) add(r *Result) {
 			sw.SeedsWithRace[k]++
 		}
 	}
+	for k, n := range r.EarlyAnswers {
+		sw.EarlyAnswers[k] += n
+		if n > 0 {
+			sw.SeedsEarly[k]++
+		}
+	}
 	for k, n := range r.WrongChunks {
 		sw.WrongChunks[k] += n
 		if n > 0 {
@@ -149,8 +159,9 @@ func (sw *Sweep) SeedsPerSecond() float64 { return float64(sw.Seeds) / sw.Elapse
 // Uncovered lists the fault kinds, races and kinds of wrong chunk reached
 // in fewer than one seed in 1,000 (at least one seed when fewer than 1,000
 // ran), and READY for a request handed in parts, an invalid Result failing
-// a live session, a Cancel overtaking its RequestData and a Misaddressed
-// taken when they are that rare.
+// a live session, a Cancel overtaking its RequestData, a Misaddressed
+// taken, and a Misaddressed, a Result or a CancelAck reaching its session
+// before the report that its RequestData left, when they are that rare.
 func (sw *Sweep) Uncovered() []string {
 	need := max(1, sw.Seeds/1000)
 	var out []string
@@ -175,6 +186,14 @@ func (sw *Sweep) Uncovered() []string {
 	}
 	if sw.SeedsMisaddressed < need {
 		out = append(out, fmt.Sprintf("a Misaddressed was taken in %d seeds of %d", sw.SeedsMisaddressed, sw.Seeds))
+	}
+	// (A CancelAck cannot come first on its own: the Cancel waits in the
+	// same worker's mailbox behind the report. It can when the Cancel
+	// leaves through another worker, too rarely for a floor.)
+	for _, k := range []earlyAnswer{earlyMisaddressed, earlyResult} {
+		if sw.SeedsEarly[k] < need {
+			out = append(out, fmt.Sprintf("a %s reached its session before the report that its RequestData left in %d seeds of %d", k, sw.SeedsEarly[k], sw.Seeds))
+		}
 	}
 	for k := range numWrongChunks {
 		if sw.SeedsWithWrong[k] < need {
@@ -207,6 +226,10 @@ func (sw *Sweep) Report() string {
 	fmt.Fprintf(&b, "%-44s %14s %16.1f\n", "frame to a down rank reached its return", "", per(sw.QueuedToNext))
 	fmt.Fprintf(&b, "%-44s %14s %16.1f\n", "Misaddressed answered (context rank)", "", per(sw.MisaddressedAnswered))
 	fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", "Misaddressed taken (re-addressed)", per(sw.SeedsMisaddressed), per(sw.MisaddressedTaken))
+	fmt.Fprintf(&b, "%-44s %14s %16s\n", "answer before the RequestData's sent report", "seeds per 1000", "count per 1000")
+	for k := range numEarly {
+		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", k, per(sw.SeedsEarly[k]), per(sw.EarlyAnswers[k]))
+	}
 	fmt.Fprintf(&b, "%-44s %14s %16s\n", "wrong chunk refused (kvcache.ChunkOrder)", "seeds per 1000", "count per 1000")
 	for k := range numWrongChunks {
 		fmt.Fprintf(&b, "%-44s %14.1f %16.1f\n", WrongChunk(k), per(sw.SeedsWithWrong[k]), per(sw.WrongChunks[k]))

@@ -72,6 +72,10 @@ type Result struct {
 	// was still on its way (another connection: FaultConnRemade,
 	// FaultWorkerDead).
 	CancelsOvertook int
+	// EarlyAnswers counts, per kind of answer (earlyAnswer), the writers'
+	// answers a generation session took before its worker's report that
+	// the RequestData left (FaultSentLate).
+	EarlyAnswers [numEarly]int
 	// WrongChunks[w] counts the wrong chunks of kind w that
 	// kvcache.ChunkOrder refused.
 	WrongChunks [numWrongChunks]int
@@ -171,7 +175,11 @@ type Sim struct {
 	// it while it is down (linkSend) and when the proof of the dead
 	// incarnation's exit comes (kill): a stream of its own, so that no
 	// other draw moves.
-	mr      *rand.Rand
+	mr *rand.Rand
+	// lr draws the generation workers' late reports that a RequestData
+	// left (FaultSentLate, gen.go sentLate): a stream of its own, so that
+	// no other draw moves.
+	lr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -229,6 +237,7 @@ func Run(cfg Config) *Result {
 		xr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678756e7072)),
 		rr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767872656c73)),
 		mr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b76786d697361)),
+		lr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678736e746c)),
 		fifo:     map[fifoKey]time.Duration{},
 		links:    newConnTable(),
 		admitted: map[admitKey]bool{},

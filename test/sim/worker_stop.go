@@ -163,24 +163,26 @@ func (w *worker) stop() {
 func (g *genRank) stopWorker(wi int) {
 	s, inc := g.s, g.inc
 	s.mail("chaos", g.workers[wi], 0, workerCrash{}, func() {
-		if !g.live(inc) || g.wstop[wi] || g.liveWorkers() < 2 {
-			return
-		}
-		s.fired(FaultWorkerDead)
-		g.wstop[wi] = true
-		s.closeConns(true, g.idx, inc, wi)
-		s.mail(g.workers[wi], g.nm+"/senders", s.connHop(), "workerDead", func() {
-			if !g.live(inc) {
+		g.onWorker(wi, func() {
+			if !g.live(inc) || g.wstop[wi] || g.liveWorkers() < 2 {
 				return
 			}
-			g.wdead[wi], g.failed = true, true
-			s.mail(g.nm+"/senders", g.parentName(), s.connHop(), "workerDead", func() {
+			s.fired(FaultWorkerDead)
+			g.wstop[wi] = true
+			s.closeConns(true, g.idx, inc, wi)
+			s.mail(g.workers[wi], g.nm+"/senders", s.connHop(), "workerDead", func() {
 				if !g.live(inc) {
 					return
 				}
-				for _, id := range sortedIDs(g.entries) {
-					s.sendRx(g.parentName(), g.entries[id], actors.RxWorkerDead{Worker: wi})
-				}
+				g.wdead[wi], g.failed = true, true
+				s.mail(g.nm+"/senders", g.parentName(), s.connHop(), "workerDead", func() {
+					if !g.live(inc) {
+						return
+					}
+					for _, id := range sortedIDs(g.entries) {
+						s.sendRx(g.parentName(), g.entries[id], actors.RxWorkerDead{Worker: wi})
+					}
+				})
 			})
 		})
 	})

@@ -124,6 +124,7 @@ func (s *Sim) setup() {
 	s.faults.drawConnFaults(s.cr, s.activeEnd, s.lastStart+20*time.Millisecond, density)
 	s.faults.drawHung(s.hr, density)
 	s.faults.drawUnproven(s.xr, density)
+	s.faults.drawSentLate(s.lr, density)
 	var ctxBlocks, genMax, genSum int
 	for _, q := range s.reqs {
 		q.genPrompt = make([]int, s.genPar.Size())
