@@ -25,3 +25,5 @@ func mutProofFromInvalid() bool { return false }
 func mutRejectUnresolvedDuplicate() bool { return false }
 
 func mutReaddressKeepsPredecessor() bool { return false }
+
+func mutDropEarlyMisaddressed() bool { return false }

@@ -50,7 +50,14 @@ var Mutations struct {
 	// predecessor's exit proof then ends a writer whose successor got
 	// the request.
 	ReaddressKeepsPredecessor bool
+	// DropEarlyMisaddressed drops a Misaddressed that comes before the
+	// worker's report that its RequestData left (RxSent) as stale, as the
+	// session did before it held such answers: the writer stays
+	// addressed to an incarnation that never got the request.
+	DropEarlyMisaddressed bool
 }
+
+func mutDropEarlyMisaddressed() bool { return Mutations.DropEarlyMisaddressed }
 
 func mutReaddressKeepsPredecessor() bool { return Mutations.ReaddressKeepsPredecessor }
 

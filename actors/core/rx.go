@@ -602,6 +602,10 @@ func (s *RxSession) onMisaddressed(w int, f *messages.Misaddressed) {
 		// link hands a frame over before the worker reports it sent, and
 		// the restarted writer may answer first): kept for that word. A
 		// copy that never left answers nothing, so it is judged then.
+		if mutDropEarlyMisaddressed() {
+			s.StaleFrames++
+			return
+		}
 		if s.early == nil {
 			s.early = make([]*messages.Misaddressed, len(s.sent))
 		}

@@ -28,6 +28,7 @@ var mutations = []struct {
 	{"proof-from-invalid", &core.Mutations.ProofFromInvalid, false},
 	{"reject-unresolved-duplicate", &core.Mutations.RejectUnresolvedDuplicate, false},
 	{"readdress-keeps-predecessor", &core.Mutations.ReaddressKeepsPredecessor, false},
+	{"drop-early-misaddressed", &core.Mutations.DropEarlyMisaddressed, false},
 	{"whole-plan-for-parts", &actors.Mutations.WholePlanForParts, false},
 }
 
