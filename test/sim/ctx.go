@@ -593,6 +593,10 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 				// went to a dead actor. The parent finishes the handle it
 				// gave out (Handle.finish is idempotent), as parents.go does.
 				if a := ts.app; a != nil && !ts.appFinished {
+					// Done means every pin dropped: the parent sweeps the
+					// ledger first (parents.go), as the session's Finish
+					// did before Send adopted it.
+					a.sweep()
 					s.mail(c.parentName(), a.name(), s.hop(), e, func() { a.finished() })
 				}
 			})
@@ -881,6 +885,10 @@ type ctxApp struct {
 	// session (actors' pinLedger), by sequence number.
 	pending map[int][]kvcache.BlockRun
 	nextSeq int
+	// swept: the ledger stopped (sweep): Chunk pins nothing and hands
+	// nothing over from then on (actors' pinLedger.take), it returns an
+	// error.
+	swept bool
 	// unpinned: its chunks are handed without the handle's pins
 	// (TxChunk.Pinned false, as in a replayed trace of an engine whose
 	// handle did not pin): the session pins them (Pin), and a refused Pin
@@ -892,6 +900,7 @@ type ctxApp struct {
 // to the session are released, before Done reaches the serving process.
 func (a *ctxApp) sweep() {
 	s, c := a.c.s, a.c
+	a.swept = true
 	for seq, src := range a.pending {
 		delete(a.pending, seq)
 		if err := c.guard.UnpinRuns(src); err != nil {
@@ -996,7 +1005,9 @@ func (a *ctxApp) handChunk(i, j int) {
 	if !c.live(a.inc) || a.done || a.refused {
 		return
 	}
-	if a.decided != nil {
+	if a.decided != nil || a.swept && !a.unpinned {
+		// (Swept: the session stopped, and Done is on its way; a handle
+		// that does not pin hands the chunk to the stopped actor.)
 		a.refused = true
 		return
 	}

@@ -50,7 +50,8 @@
 // its frames through the next live worker, its ops never posted, Send and
 // Receive refused)), and
 // the serving processes (Send and
-// chunks — refused once the handle's Decided carries an error —, Receive,
+// chunks — refused once the handle's Decided carries an error, or its
+// pin ledger was swept (the session stopped) —, Receive,
 // cancel, and freeing blocks after Done). A batch lands —
 // its segments are copied between the two regions — at a scheduled time; a
 // closed endpoint's batches never land and complete with
