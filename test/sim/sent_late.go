@@ -52,15 +52,15 @@ const maxSentLate = 40 * time.Millisecond
 //
 // A RequestData addressed to an incarnation its context rank no longer
 // is (one that will be answered with a Misaddressed, the order CI once
-// caught the engine out on) is held whenever the fault is on, so that
-// the rarer answer is reached as often as a Result.
+// caught the engine out on) is held whenever plan.sentLateMis, so that
+// the rarer answer is reached often enough.
 func (g *genRank) sentReportLate(wi int, rs *rxSess, e actors.SendRequestData, msg actors.RxSent) bool {
 	s := g.s
-	if !s.faults.on[FaultSentLate] || msg.Err != nil {
+	if msg.Err != nil {
 		return false
 	}
-	mis := misaddressedTo(s, e)
-	if !mis && s.lr.Float64() >= s.faults.pSentLate {
+	mis := s.faults.sentLateMis && misaddressedTo(s, e)
+	if !mis && (!s.faults.on[FaultSentLate] || s.lr.Float64() >= s.faults.pSentLate) {
 		return false
 	}
 	h := &sentLate{wi: wi, rs: rs, msg: msg}
