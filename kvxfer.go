@@ -544,6 +544,32 @@ type Stats struct {
 	// blocks (the pools had too few free when they came; they start, in
 	// order, as blocks are freed, or fail at their deadline).
 	WaitingForBlocks int
+	// OrphanRequests: requests a generation instance's RequestData asked
+	// this (context) engine for that no Send adopted yet, now (bounded per
+	// instance by Config.MaxOrphanRequests). A Send normally adopts them
+	// within moments.
+	OrphanRequests int64
+	// OrphansEnded: such requests that ended with no Send ever adopting
+	// them (their deadline passed, the generation side cancelled them, the
+	// engine closed): a peer asked for requests this side never sent.
+	// Engine.OrphanIDs names the first few.
+	OrphansEnded int64
+}
+
+// OrphanIDs names the first few requests (at most 4) that a generation
+// instance asked this engine for and no Send adopted, live or ended
+// (Stats.OrphanRequests, Stats.OrphansEnded), in the order they came; nil
+// when none (and for an Engine Start did not return). A request Send
+// adopts leaves the list.
+func (e *Engine) OrphanIDs() []string {
+	if !e.started() {
+		return nil
+	}
+	ids := e.inner.Orphans().IDs
+	if len(ids) == 0 {
+		return nil
+	}
+	return ids
 }
 
 // Stats returns a snapshot of the engine's counters (all zero for an
@@ -553,7 +579,7 @@ func (e *Engine) Stats() Stats {
 		return Stats{}
 	}
 	c := e.inner.Stats()
-	return Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
+	st := Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
 		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(), ParentPanics: c.ParentPanics.Load(),
 		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
@@ -562,6 +588,9 @@ func (e *Engine) Stats() Stats {
 		FramesSilenced:   c.FramesSilenced.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
+	o := e.inner.Orphans()
+	st.OrphanRequests, st.OrphansEnded = o.Live, o.Ended
+	return st
 }
 
 // Metrics is the engine's Prometheus metric set (package metrics), nil

@@ -164,7 +164,7 @@ func StartEngine(cfg EngineConfig) (_ *Engine, err error) {
 		if rc, ok := cfg.Link.(control.RejectCounter); ok {
 			cfg.Metrics.AddRejectSource(rc.FramesRejected)
 		}
-		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups, &e.env.allocWaiting); err != nil {
+		if e.env.meters, err = newMeters(cfg.Metrics, e.stats, cfg.Pools, groups, &e.env.allocWaiting, &e.env.orphans); err != nil {
 			return nil, err
 		}
 	}

@@ -110,7 +110,7 @@ type meters struct {
 // newMeters resolves set's children and registers the engine's counters
 // and its pools, both read at scrape time. groups names the pools' layer
 // groups.
-func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string, waiting *atomic.Int64) (*meters, error) {
+func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string, waiting *atomic.Int64, orphans *orphanStats) (*meters, error) {
 	m := &meters{set: set,
 		bytesTx:    set.BytesTransferred.WithLabelValues(metrics.SideTx),
 		bytesRx:    set.BytesTransferred.WithLabelValues(metrics.SideRx),
@@ -184,6 +184,14 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 	if err := set.GaugeFunc("caller_blocks_awaiting_proof", "The framework's own destination blocks (ReceiveRequest.Blocks) whose request failed while a writer gave no proof that its writes are over: not Released yet; sampled at scrape.",
 		func() float64 { return float64(stats.CallerAwaitingProof.Load()) }); err != nil {
 		return nil, fmt.Errorf("metrics: caller_blocks_awaiting_proof: %w", err)
+	}
+	if err := set.GaugeFunc("orphan_requests", "Requests a generation instance's RequestData asked this context engine for that no Send adopted yet; sampled at scrape.",
+		func() float64 { return float64(orphans.live.Load()) }); err != nil {
+		return nil, fmt.Errorf("metrics: orphan_requests: %w", err)
+	}
+	if err := set.CounterFunc("orphan_requests_ended_total", "Requests a generation instance asked this context engine for that ended with no Send ever adopting them.",
+		func() float64 { return float64(orphans.ended.Load()) }); err != nil {
+		return nil, fmt.Errorf("metrics: orphan_requests_ended_total: %w", err)
 	}
 	return m, nil
 }

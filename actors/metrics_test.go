@@ -18,7 +18,7 @@ import (
 
 func testMeters(t testing.TB) *meters {
 	t.Helper()
-	m, err := newMeters(metrics.New("test/0"), &Counters{}, NewPools(nil), nil, new(atomic.Int64))
+	m, err := newMeters(metrics.New("test/0"), &Counters{}, NewPools(nil), nil, new(atomic.Int64), new(orphanStats))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,10 +389,10 @@ func value(m prometheus.Metric) float64 {
 // once; a second engine on the same Set is refused.
 func TestMeters_OneSetPerEngine(t *testing.T) {
 	set := metrics.New("e/0")
-	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64)); err != nil {
+	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64), new(orphanStats)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64)); err == nil {
+	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64), new(orphanStats)); err == nil {
 		t.Fatal("a second engine registered on the same Set")
 	}
 }

@@ -354,6 +354,9 @@ type shellEnv struct {
 	// that a request's blocks going back cost no mailbox run and no
 	// goroutine wake-up when nothing waits for them (rxParent.noteQueue).
 	allocWaiting atomic.Int64
+	// orphans is the tx table's orphans, as its parent last published
+	// them (Engine.Orphans).
+	orphans orphanStats
 }
 
 // props are the props of one of the engine's actors: the engine's mailbox

@@ -162,10 +162,11 @@ type txTable struct {
 	*core.TxTable
 	tr    TableTracer
 	clock Clock
+	pub   *orphanStats // where publish stores the orphans (nil: nowhere)
 }
 
 func (env *shellEnv) txTable(tombstones, orphans int) txTable {
-	t := txTable{TxTable: core.NewTxTable(tombstones), clock: env.clock,
+	t := txTable{TxTable: core.NewTxTable(tombstones), clock: env.clock, pub: &env.orphans,
 		tr: env.tableTracer("tx", TableTx, TableBirth{Tombstones: tombstones, OrphanLimit: orphans})}
 	t.SetOrphanLimit(orphans)
 	return t
@@ -173,6 +174,7 @@ func (env *shellEnv) txTable(tombstones, orphans int) txTable {
 
 func (t *txTable) Open(request, generation string) (bool, error) {
 	spawn, err := t.TxTable.Open(request, generation)
+	t.publish()
 	if t.tr != nil {
 		t.tr.Call("Open", t.clock.Now(), TableIn{Request: request, Generation: generation}, TableOut{Spawn: spawn, Err: ErrText(err)})
 	}
@@ -189,6 +191,7 @@ func (t *txTable) RequestData(rd *messages.RequestData) (core.RequestDataVerdict
 
 func (t *txTable) Resolved(rd *messages.RequestData, err error) (bool, bool) {
 	refuse, spawn := t.TxTable.Resolved(rd, err)
+	t.publish()
 	if t.tr != nil {
 		t.tr.Call("Resolved", t.clock.Now(), TableIn{RequestData: rd, Err: ErrText(err)}, TableOut{Refuse: refuse, Spawn: spawn})
 	}
@@ -215,6 +218,7 @@ func (t *txTable) Silence(request string, peers []core.SilentPeer) {
 
 func (t *txTable) Stopped(request string) {
 	t.TxTable.Stopped(request)
+	t.publish()
 	if t.tr != nil {
 		t.tr.Call("Stopped", t.clock.Now(), TableIn{Request: request}, TableOut{})
 	}

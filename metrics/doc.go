@@ -90,6 +90,11 @@
 //	kvxfer_caller_blocks_awaiting_proof gauge      -               the framework's own destination blocks (ReceiveRequest.Blocks) in the same state:
 //	                                                               their request failed without a writer's proof; not Released yet (kvxfer's pool
 //	                                                               does not hold them, so kvxfer_quarantined_bytes does not count them). Sampled at scrape
+//	kvxfer_orphan_requests              gauge      -               requests a generation instance's RequestData asked this context engine for that no
+//	                                                               Send adopted yet (Stats.OrphanRequests; a Send normally adopts them within
+//	                                                               moments). Sampled at scrape
+//	kvxfer_orphan_requests_ended_total  counter    -               such requests that ended with no Send ever adopting them (Stats.OrphansEnded):
+//	                                                               the generation side asked for requests this side never sent
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
 //	kvxfer_frames_unsent_total          counter    -               control frames not sent: a worker's dial or send failed, or a
 //	                                                               RequestData waited for its writer's Hello (none known)

@@ -43,6 +43,15 @@ type TxTable struct {
 	// limit on it is limit × OrphanBlocksEach.
 	orphanBlocks map[string]int
 	blocksOf     map[string]int
+	// orphansLive counts the orphans of every instance; orphansEnded the
+	// orphans whose session stopped with no Send ever adopting them;
+	// orphanIDs names the first MaxOrphanIDs orphans not adopted (live
+	// or ended), in the order their RequestData opened them, and
+	// orphanIDsV counts its changes (the shell publishes it on one).
+	orphansLive  int
+	orphansEnded int64
+	orphanIDs    []string
+	orphanIDsV   uint64
 	// silenced holds, per request, the generation ranks whose streams
 	// ended without a terminal frame (TxSession.SilentPeers), with the
 	// incarnation each stream wrote to: writes to it may still land, so
@@ -76,6 +85,26 @@ func (t *TxTable) Orphans(instance string) int { return t.orphans[instance] }
 // OrphanBlocks is how many destination block ids the RequestData of
 // instance's orphans name.
 func (t *TxTable) OrphanBlocks(instance string) int { return t.orphanBlocks[instance] }
+
+// OrphansLive is how many live sessions the RequestData of any generation
+// instance opened that no Send adopted yet.
+func (t *TxTable) OrphansLive() int { return t.orphansLive }
+
+// OrphansEnded is how many sessions a RequestData opened have stopped
+// with no Send ever adopting them (a generation instance asked for a
+// request this side never sent), since the table's birth.
+func (t *TxTable) OrphansEnded() int64 { return t.orphansEnded }
+
+// MaxOrphanIDs bounds OrphanIDs.
+const MaxOrphanIDs = 4
+
+// OrphanIDs names the first MaxOrphanIDs orphans that no Send adopted,
+// live or ended, in the order their RequestData opened them (the table's
+// own slice: do not modify it), and its version, which changes whenever
+// the list does. An orphan that Send adopts leaves the list; one whose
+// session stops unadopted stays: its request was asked for and never
+// sent.
+func (t *TxTable) OrphanIDs() ([]string, uint64) { return t.orphanIDs, t.orphanIDsV }
 
 // DestBlocks is how many destination block ids rd names.
 func DestBlocks(rd *messages.RequestData) int {
@@ -146,7 +175,7 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	}
 	spawn = !t.live[request]
 	if !spawn {
-		t.unorphan(request) // a RequestData opened it: Send adopts it now
+		t.unorphan(request, true) // a RequestData opened it: Send adopts it now
 	}
 	t.live[request] = true
 	if generation != "" {
@@ -156,10 +185,18 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 	return spawn, nil
 }
 
-// unorphan takes a live, unadopted request off its instance's count.
-func (t *TxTable) unorphan(request string) {
+// unorphan takes a live, unadopted request off its instance's count:
+// adopted by Send, or ended (its session stopped) without.
+func (t *TxTable) unorphan(request string, adopted bool) {
 	if !t.live[request] || t.adopted[request] {
 		return
+	}
+	t.orphansLive--
+	if !adopted {
+		t.orphansEnded++
+	} else if i := slices.Index(t.orphanIDs, request); i >= 0 {
+		t.orphanIDs = slices.Delete(t.orphanIDs, i, i+1)
+		t.orphanIDsV++
 	}
 	inst := t.bound[request]
 	if t.orphanBlocks[inst] -= t.blocksOf[request]; t.orphanBlocks[inst] <= 0 {
@@ -263,6 +300,11 @@ func (t *TxTable) Resolved(rd *messages.RequestData, err error) (refuse, spawn b
 		n := DestBlocks(rd)
 		t.blocksOf[rd.RequestID] = n
 		t.orphanBlocks[rd.From.Instance] += n
+		t.orphansLive++
+		if len(t.orphanIDs) < MaxOrphanIDs {
+			t.orphanIDs = append(t.orphanIDs, rd.RequestID)
+			t.orphanIDsV++
+		}
 	}
 	return false, spawn
 }
@@ -395,7 +437,7 @@ func (t *TxTable) Silenced(request string, peer messages.PeerID, inc uint64) boo
 // Stopped takes a session that released everything off the table and
 // leaves its tombstone.
 func (t *TxTable) Stopped(request string) {
-	t.unorphan(request)
+	t.unorphan(request, false)
 	delete(t.live, request)
 	delete(t.adopted, request)
 	delete(t.bound, request)

@@ -336,6 +336,84 @@ func TestTxTable_OrphanLimit(t *testing.T) {
 	}
 }
 
+// TestTxTable_OrphansCounted: the table counts the orphans live now (of
+// every instance) and those that stopped with no Send adopting them, and
+// names the first MaxOrphanIDs not adopted: an adopted orphan leaves the
+// names and counts nowhere, an ended one stays named and counted, a
+// shed RequestData and a Send's own request are no orphans. (What a
+// context process needs to tell that its generation peer asked for
+// requests it never sent.)
+func TestTxTable_OrphansCounted(t *testing.T) {
+	tb := NewTxTable(8)
+	tb.SetOrphanLimit(6)
+	open := func(inst, id string) {
+		t.Helper()
+		if v, _ := tb.RequestData(rdFrom(inst, id)); v != RequestDataResolve {
+			t.Fatalf("RequestData %s from %s: verdict %v, want resolve", id, inst, v)
+		}
+		if refuse, spawn := tb.Resolved(rdFrom(inst, id), nil); refuse || !spawn {
+			t.Fatalf("Resolved %s: refuse %v spawn %v", id, refuse, spawn)
+		}
+	}
+	check := func(what string, live int, ended int64, ids ...string) {
+		t.Helper()
+		got, _ := tb.OrphanIDs()
+		if tb.OrphansLive() != live || tb.OrphansEnded() != ended || !slices.Equal(got, ids) {
+			t.Fatalf("%s: orphans live %d ended %d ids %v, want %d %d %v", what, tb.OrphansLive(), tb.OrphansEnded(), got, live, ended, ids)
+		}
+	}
+	check("empty", 0, 0)
+	// Send first, then its RequestData: no orphan at any point.
+	if spawn, err := tb.Open("s", "gen"); err != nil || !spawn {
+		t.Fatalf("Open s: %v %v", spawn, err)
+	}
+	if refuse, spawn := tb.Resolved(rdFrom("gen", "s"), nil); refuse || spawn {
+		t.Fatalf("Resolved s: refuse %v spawn %v", refuse, spawn)
+	}
+	tb.Stopped("s")
+	check("a Send's request", 0, 0)
+	// RequestData first, Send adopts it, it ends: counted while live only.
+	open("gen", "a")
+	_, v0 := tb.OrphanIDs()
+	check("an orphan", 1, 0, "a")
+	if spawn, err := tb.Open("a", "gen"); err != nil || spawn {
+		t.Fatalf("Open a: spawn %v err %v", spawn, err)
+	}
+	if _, v := tb.OrphanIDs(); v == v0 {
+		t.Fatalf("the ids changed and their version did not (%d)", v)
+	}
+	tb.Stopped("a")
+	check("an adopted orphan that ended", 0, 0)
+	// Orphans no Send adopts, of two instances: the first MaxOrphanIDs
+	// named, in order; those that end stay named and are counted.
+	for i := range MaxOrphanIDs + 1 {
+		open("gen", fmt.Sprintf("req-%d", 8+i))
+	}
+	open("gen2", "q")
+	want := []string{"req-8", "req-9", "req-10", "req-11"}
+	check("orphans", MaxOrphanIDs+2, 0, want...)
+	tb.Stopped("req-9")
+	tb.Stopped("q")
+	check("two ended", MaxOrphanIDs, 2, want...)
+	// Adopting a named one makes room for the next new orphan's name.
+	if _, err := tb.Open("req-10", "gen"); err != nil {
+		t.Fatalf("Open req-10: %v", err)
+	}
+	check("one adopted", MaxOrphanIDs-1, 2, "req-8", "req-9", "req-11")
+	open("gen", "req-20")
+	check("after one more", MaxOrphanIDs, 2, "req-8", "req-9", "req-11", "req-20")
+	// A shed RequestData is no orphan.
+	tb.SetOrphanLimit(1)
+	if v, _ := tb.RequestData(rdFrom("gen", "req-30")); v != RequestDataShed {
+		t.Fatalf("RequestData past the limit: %v", v)
+	}
+	check("after a shed RequestData", MaxOrphanIDs, 2, "req-8", "req-9", "req-11", "req-20")
+	for _, id := range tb.Close() {
+		tb.Stopped(id)
+	}
+	check("closed", 0, 2+MaxOrphanIDs, "req-8", "req-9", "req-11", "req-20")
+}
+
 // TestTxTable_Unread: a RequestData not read (invalid, or refused for
 // its sender's spent credits) goes to the session only when the request
 // is live and bound to the sender's instance (by Send or by an earlier
