@@ -38,3 +38,22 @@ func TestRunCauseNamesTheCounts(t *testing.T) {
 		t.Errorf("cause %q, want %q", got, want)
 	}
 }
+
+// TestCtxRunFailsOnAnOrphan: kvxfer ctx exits non-zero when its run named
+// requests the generation process asked for past its --requests
+// (proc.RunCtx's SettingsMismatch), though every request it made
+// succeeded; the message leads with it. (Checked to fail with the exit
+// decided on failed requests and leaked blocks alone, as before.)
+func TestCtxRunFailsOnAnOrphan(t *testing.T) {
+	cause := "the generation process asked for req-8, past this process's --requests 8; give both roles the same --requests"
+	rep := proc.Report{Role: "ctx", Requests: 8, OK: 8, SettingsMismatch: cause}
+	if !ctxRunFailed(rep) {
+		t.Fatalf("ctx run %+v: exits 0", rep)
+	}
+	if got := runCause(rep, "gen"); !strings.HasPrefix(got, cause) {
+		t.Errorf("cause %q, want it to lead with %q", got, cause)
+	}
+	if ctxRunFailed(proc.Report{Role: "ctx", Requests: 8, OK: 8}) {
+		t.Error("a run where every request succeeded and nothing else is named fails")
+	}
+}

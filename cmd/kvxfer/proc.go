@@ -448,7 +448,10 @@ The two roles derive the same request list from --seed, --requests and the
 token range, so both must be given the same values (ctx sends its values
 with each request, and gen names a difference and fails the run). Each
 prints one JSON report line on standard output when it ends and exits
-non-zero if a request failed, a byte differed (gen) or a block leaked. Both must use the same
+non-zero if a request failed, a byte differed (gen), a block leaked, or
+(ctx) gen asked for a request past ctx's --requests: after its last request
+ctx waits for gen to leave (at most --timeout) and fails naming the first
+such request as soon as one comes. Both must use the same
 --backend: ucx (the default in a build with UCX; UCX picks shared memory, RDMA
 or TCP), shm, or cudaipc (GPU to GPU between processes of one host: each
 pool is --pool of device memory on GPU --device, written by the GPUs' copy
@@ -495,11 +498,20 @@ func newCtxCmd(a *app) *cobra.Command {
 		"kvxfer ctx --bind tcp://10.0.0.1:5601 --key ctx1.key --discovery etcd://10.0.0.9:2379 --cluster prod --tp 2 --tp-rank 1",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
 		rep, err := proc.RunCtx(ctx, o, cmd.OutOrStdout())
-		if rep.Failed > 0 || rep.LeakedBlocks > 0 {
+		if ctxRunFailed(rep) {
 			err = withSummary(fmt.Errorf("ctx: %s%d failed, %d leaked blocks%s", runCause(rep, "gen"), rep.Failed, rep.LeakedBlocks, firstError(rep)), err)
 		}
 		return err
 	}, "ctx", "gen")
+}
+
+// ctxRunFailed is whether kvxfer ctx exits non-zero after its run: a
+// request failed, a block leaked, or the run's settings differ from the
+// generation process's (RunCtx names it: that process asked for requests
+// past this one's --requests, which every request here succeeding does
+// not show).
+func ctxRunFailed(rep proc.Report) bool {
+	return rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.SettingsMismatch != ""
 }
 
 func newGenCmd(a *app) *cobra.Command {

@@ -162,7 +162,11 @@ type Report struct {
 	// when they are not this process's (both sides' flags, named); such a
 	// run fails even if every request it made succeeded. Either role: a
 	// request the peer planned with another prompt length, and this
-	// process's settings.
+	// process's settings. (ctx) The generation process asked for requests
+	// no request of this process took (past its --requests), named, as
+	// the context role saw them while it waited for that process to leave
+	// after its last request (awaitGenLeaves); such a run fails even if
+	// every request it made succeeded.
 	SettingsMismatch string  `json:"settings_mismatch,omitempty"`
 	Seconds          float64 `json:"seconds"`
 	// CPUSeconds is the CPU time the process used over those Seconds
@@ -648,7 +652,10 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 // RunCtx is the context role: prefill every request (simulated compute,
 // pattern-filled KV), hand each chunk over with a fence as it completes,
 // and report. If the generation peer goes down, outstanding requests are
-// cancelled (they can no longer complete).
+// cancelled (they can no longer complete). After its last request it
+// waits, at most the transfer timeout, for the generation peer to leave
+// (awaitGenLeaves), and names in Report.SettingsMismatch the requests
+// that peer asked for past this role's list, if any came.
 func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	rep := Report{Role: "ctx", Requests: o.Requests}
 	if err := o.validate(); err != nil {
@@ -758,22 +765,15 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		rep.NodeFailed = err.Error()
 	}
 	rep.Chunks, rep.Parts = int(handed.chunks.Load()), int(handed.parts.Load())
-	if o.etcd() {
-		// Leave only after the generation side did: its last request may
-		// still wait for another context rank, and this rank's "left" in
-		// etcd would fail it (a Down fails every request with the rank).
-		timeout := o.Timeout
-		if timeout <= 0 {
-			timeout = kvxfer.DefaultTransferTimeout
+	if !closed(n.down) && ctx.Err() == nil {
+		if cause := awaitGenLeaves(ctx, n, o); cause != "" {
+			o.Log.Error().Msg(cause)
+			mu.Lock()
+			if rep.SettingsMismatch == "" {
+				rep.SettingsMismatch = cause
+			}
+			mu.Unlock()
 		}
-		t := time.NewTimer(timeout)
-		select {
-		case <-n.down:
-		case <-ctx.Done():
-		case <-t.C:
-			o.Log.Warn().Msgf("the generation side did not leave within %v; leaving", timeout)
-		}
-		t.Stop()
 	}
 	select {
 	case <-n.down:
@@ -781,6 +781,94 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	default:
 	}
 	return finish(n, rep, t0, cpu0, out)
+}
+
+// orphanPoll is how often awaitGenLeaves looks at the engine's orphans
+// (no event says one came).
+const orphanPoll = 5 * time.Millisecond
+
+// awaitGenLeaves holds the context role's node open, once its last
+// request ended, until the generation side leaves (its goodbye, or its
+// down: missed heartbeats, or under etcd its departure), at most the
+// transfer timeout (a generation side that says nothing more cannot hold
+// this role longer), or until ctx ends. Under etcd the generation side's
+// last request may still wait for another context rank, and this rank's
+// departure would fail it (a Down fails every request with the rank). In
+// either mode a generation process given more --requests asks for
+// requests past this one's: their RequestData wait here for a Send that
+// never comes (orphans, kvxfer.Stats.OrphanRequests), and the generation
+// side would say goodbye only once they timed out. The first one seen
+// ends the wait at once; the cause names it, and this role's run fails.
+// It returns "" when the generation side left (or the wait ended) with
+// no orphan seen.
+func awaitGenLeaves(ctx context.Context, n *role, o Options) string {
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = kvxfer.DefaultTransferTimeout
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	tick := time.NewTicker(orphanPoll)
+	defer tick.Stop()
+	for {
+		if cause := orphanCause(n.eng, o); cause != "" {
+			return cause
+		}
+		select {
+		case <-n.down:
+			return orphanCause(n.eng, o) // what came before its goodbye
+		case <-ctx.Done():
+			return ""
+		case <-t.C:
+			o.Log.Warn().Msgf("the generation side did not leave within %v; leaving", timeout)
+			return ""
+		case <-tick.C:
+		}
+	}
+}
+
+// orphanCause names the requests the generation side asked this context
+// engine for that no Send of it took (kvxfer.Stats.OrphanRequests and
+// OrphansEnded, kvxfer.Engine.OrphanIDs), or "" when there are none. One
+// past this role's request list (its --requests) is named first: the
+// generation process was given more.
+func orphanCause(e *kvxfer.Engine, o Options) string {
+	st := e.Stats()
+	total := st.OrphanRequests + st.OrphansEnded
+	if total == 0 {
+		return ""
+	}
+	return orphanText(e.OrphanIDs(), total, o.Requests)
+}
+
+// orphanText is orphanCause's text for total orphans, ids the first few,
+// beside a request list of requests.
+func orphanText(ids []string, total int64, requests int) string {
+	if total == 0 {
+		return ""
+	}
+	more := func(named string) string {
+		if total > 1 {
+			return fmt.Sprintf("%s (and %d more)", named, total-1)
+		}
+		return named
+	}
+	mine := make(map[string]bool, requests)
+	for i := range requests {
+		mine[RequestID(i)] = true
+	}
+	for _, id := range ids {
+		if !mine[id] {
+			return fmt.Sprintf("the generation process asked for %s, past this process's --requests %d; give both roles the same --requests",
+				more(id), requests)
+		}
+	}
+	named := "requests"
+	if len(ids) > 0 {
+		named = ids[0]
+	}
+	return fmt.Sprintf("the generation process asked for %s that no request of this process took (its --requests %d); give both roles the same request list",
+		more(named), requests)
 }
 
 // lastEnd tells whether the peer was declared down before the run's last

@@ -43,25 +43,38 @@ func pairOptions(t *testing.T, requests int) (ctxO, genO Options) {
 
 // runPair runs both roles in this process and fails the test unless each
 // succeeded; ctxDone, if not nil, is closed once the context role returned.
-func runPair(t *testing.T, ctxO, genO Options, ctxDone chan struct{}) (ctxRep, genRep Report) {
+// With leaveAfterLast the context role's context is cancelled once its
+// last request is done (its Progress line), as an interrupt would: it
+// leaves then, without waiting for the generation role to.
+func runPair(t *testing.T, ctxO, genO Options, ctxDone chan struct{}, leaveAfterLast bool) (ctxRep, genRep Report) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*reportDeadline)
 	defer cancel()
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	if leaveAfterLast {
+		last := "done " + RequestID(ctxO.Requests-1) + "\n"
+		ctxO.Progress = hookWriter{func(line string) {
+			if line == last {
+				ccancel()
+			}
+		}}
+	}
 	var genErr error
 	genDone := make(chan struct{})
 	go func() {
 		defer close(genDone)
 		genRep, genErr = RunGen(ctx, genO, io.Discard)
 	}()
-	ctxRep, ctxErr := RunCtx(ctx, ctxO, io.Discard)
+	ctxRep, ctxErr := RunCtx(cctx, ctxO, io.Discard)
 	if ctxDone != nil {
 		close(ctxDone)
 	}
 	<-genDone
-	if ctxErr != nil || ctxRep.OK != ctxO.Requests || ctxRep.Failed != 0 {
+	if ctxErr != nil || ctxRep.OK != ctxO.Requests || ctxRep.Failed != 0 || ctxRep.SettingsMismatch != "" {
 		t.Fatalf("ctx: %+v, %v", ctxRep, ctxErr)
 	}
-	if genErr != nil || genRep.OK != genO.Requests || genRep.BytesVerified != genRep.Bytes || genRep.Bytes == 0 {
+	if genErr != nil || genRep.OK != genO.Requests || genRep.BytesVerified != genRep.Bytes || genRep.Bytes == 0 || genRep.SettingsMismatch != "" {
 		t.Fatalf("gen: %+v, %v", genRep, genErr)
 	}
 	return ctxRep, genRep
@@ -73,7 +86,7 @@ func runPair(t *testing.T, ctxO, genO Options, ctxDone chan struct{}) (ctxRep, g
 // fail without RunCtx's rep.Bytes sum: ctx reported 0 bytes, gen 32768.)
 func TestCtxReportsTheBytesItSent(t *testing.T) {
 	ctxO, genO := pairOptions(t, 3)
-	ctxRep, genRep := runPair(t, ctxO, genO, nil)
+	ctxRep, genRep := runPair(t, ctxO, genO, nil, false)
 	if ctxRep.Bytes != genRep.Bytes {
 		t.Fatalf("ctx reports %d bytes sent, gen %d received", ctxRep.Bytes, genRep.Bytes)
 	}
@@ -88,8 +101,9 @@ func (w hookWriter) Write(p []byte) (int, error) {
 }
 
 // TestGenPeerLeavingAfterTheLastRequestIsNotMidRun: the context process
-// exits as soon as its last request is done, while the generation process
-// may still be checking that request's bytes. Its report then says the
+// may exit as soon as its last request is done (interrupted, or its wait
+// for the generation process to leave timed out: awaitGenLeaves), while
+// the generation process may still be checking that request's bytes. Its report then says the
 // peer is down (it is), but not down mid-run: every request had ended.
 // The generation role's last request is held after its READY (its
 // Progress line) until the context role has returned and this role has
@@ -124,7 +138,7 @@ func TestGenPeerLeavingAfterTheLastRequestIsNotMidRun(t *testing.T) {
 			}
 		})
 	}}
-	ctxRep, genRep := runPair(t, ctxO, genO, ctxDone)
+	ctxRep, genRep := runPair(t, ctxO, genO, ctxDone, true)
 	if ctxRep.PeerDownMidRun {
 		t.Fatalf("ctx: %+v: want no peer_down_mid_run", ctxRep)
 	}
@@ -247,5 +261,64 @@ func TestInsecureMismatchNamesNoKeys(t *testing.T) {
 	}
 	if err := handshakeHint(nil, o, "x"); err != nil {
 		t.Errorf("no error: %v", err)
+	}
+}
+
+// TestGenWithMoreRequestsFailsTheContextRole: kvxfer gen --requests 4
+// beside kvxfer ctx --requests 3. The context role's 3 requests all
+// succeed, and it ended there with nothing failed (kvxfer ctx exited 0),
+// while the generation role's req-3 waited for a Send that never came:
+// nothing the generation role sends carries its count. The context role
+// now waits, after its last request, for the generation role to leave,
+// and fails its run as soon as it sees a request past its own list
+// (kvxfer.Stats.OrphanRequests), naming it and its --requests; the
+// generation role, its req-3 failed, names both request lists. Given the
+// same --requests (runPair, in the other tests) neither names anything.
+// (Checked to fail without awaitGenLeaves: the context role's report
+// named no mismatch.)
+func TestGenWithMoreRequestsFailsTheContextRole(t *testing.T) {
+	ctxO, genO := pairOptions(t, 3)
+	genO.Requests = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 2*reportDeadline)
+	defer cancel()
+	var genRep Report
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		genRep, _ = RunGen(ctx, genO, io.Discard)
+	}()
+	ctxRep, err := RunCtx(ctx, ctxO, io.Discard)
+	<-genDone
+	t.Logf("ctx %+v\ngen %+v", ctxRep, genRep)
+	if err != nil || ctxRep.OK != 3 || ctxRep.Failed != 0 || ctxRep.LeakedBlocks != 0 {
+		t.Fatalf("ctx: %+v, %v", ctxRep, err)
+	}
+	if want := "the generation process asked for req-3, past this process's --requests 3; give both roles the same --requests"; ctxRep.SettingsMismatch != want {
+		t.Fatalf("ctx names %q, want %q", ctxRep.SettingsMismatch, want)
+	}
+	if genRep.OK != 3 || genRep.Failed != 1 || genRep.LeakedBlocks != 0 ||
+		!strings.Contains(genRep.SettingsMismatch, "the context process runs --requests 3") || !strings.Contains(genRep.SettingsMismatch, "this one --requests 4") {
+		t.Fatalf("gen: %+v, want req-3 failed and both request lists named", genRep)
+	}
+}
+
+// TestOrphanCause: the cause names the first orphan past this role's
+// request list and how many more there are; orphans within it (a request
+// whose Send was refused) are named as requests no Send took.
+func TestOrphanCause(t *testing.T) {
+	for _, c := range []struct {
+		ids         []string
+		live, ended int64
+		want        string
+	}{
+		{nil, 0, 0, ""},
+		{[]string{"req-8"}, 1, 0, "the generation process asked for req-8, past this process's --requests 8; give both roles the same --requests"},
+		{[]string{"req-8", "req-9"}, 1, 2, "the generation process asked for req-8 (and 2 more), past this process's --requests 8; give both roles the same --requests"},
+		{[]string{"req-3", "req-9"}, 0, 2, "the generation process asked for req-9 (and 1 more), past this process's --requests 8"},
+		{[]string{"req-3"}, 0, 1, "the generation process asked for req-3 that no request of this process took (its --requests 8)"},
+	} {
+		if got := orphanText(c.ids, c.live+c.ended, 8); !strings.HasPrefix(got, c.want) || (c.want == "") != (got == "") {
+			t.Errorf("orphans %v (%d live, %d ended): %q, want %q", c.ids, c.live, c.ended, got, c.want)
+		}
 	}
 }

@@ -17,7 +17,7 @@ func TestRoleTraceRotates(t *testing.T) {
 	ctxO, genO := pairOptions(t, 4)
 	path := filepath.Join(t.TempDir(), "ctx.trace")
 	ctxO.TracePath, ctxO.TraceMaxBytes, ctxO.TraceKeep = path, 8<<10, 2
-	runPair(t, ctxO, genO, nil)
+	runPair(t, ctxO, genO, nil, false)
 	for _, f := range []string{path + ".1", path} {
 		res, err := trace.ReplayFile(f)
 		if err != nil {
