@@ -258,6 +258,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			From:            peerToWire(m.From),
 			Seq:             m.Seq,
 			Leaving:         m.Leaving,
+			Drained:         m.Drained,
 			FromIncarnation: m.FromIncarnation,
 		}}
 	default:
@@ -370,7 +371,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 	case *pb.Envelope_Heartbeat:
 		m := body.Heartbeat
 		return &Heartbeat{From: peerFromWire(m.GetFrom()), Seq: m.GetSeq(),
-			FromIncarnation: m.GetFromIncarnation(), Leaving: m.GetLeaving()}, nil
+			FromIncarnation: m.GetFromIncarnation(), Leaving: m.GetLeaving(), Drained: m.GetDrained()}, nil
 	case nil:
 		if num, ok := firstUnknownField(env); ok {
 			return nil, invalid("unknown frame type (envelope field %d)", num)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -367,6 +368,47 @@ func TestGoodbyeIsAHeartbeatToAnOlderPeer(t *testing.T) {
 	}
 	if b := rawEnvelope(1, fieldHeartbeat, known); !bytes.Equal(b, old) {
 		t.Fatalf("goodbye without its new fields is %x, want the older heartbeat %x", b, old)
+	}
+}
+
+// TestDrainedGoodbyeIsAGoodbyeToAnOlderPeer: a drained goodbye
+// (Heartbeat.Drained, the goodbye that proves the sender's writes over)
+// is the goodbye's encoding plus one optional varint field, number 4,
+// and round-trips. An older peer skips the field it does not know
+// (TestDecodeIgnoresUnknownFields) and reads the goodbye it knows, which
+// proves nothing to it; a newer peer reads an older peer's goodbye (no
+// field 4) as not drained. Drained without Leaving is refused both ways,
+// naming it: only a goodbye may say that the sender's writes are over.
+// (Checked to fail without the field: the round trip loses Drained.)
+func TestDrainedGoodbyeIsAGoodbyeToAnOlderPeer(t *testing.T) {
+	peer := messages.PeerID{Instance: "p", Rank: 3}
+	bye := &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Leaving: true}
+	drained := &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Leaving: true, Drained: true}
+	b := mustEncode(t, drained)
+	f, err := messages.Decode(b)
+	if err != nil || !reflect.DeepEqual(f, drained) {
+		t.Fatalf("a drained goodbye decodes as %#v, %v; want %#v", f, err, drained)
+	}
+	head := varintField(varintField(bytesField(nil, 1, rawPeer("p", 3)), 2, 42), 3, 1)
+	want := rawEnvelope(1, fieldHeartbeat, varintField(varintField(slices.Clone(head), 4, 1), 20, 7))
+	if !bytes.Equal(b, want) {
+		t.Fatalf("a drained goodbye encodes as %x, want the goodbye with field 4 = 1: %x", b, want)
+	}
+	// As an older build reads it: without field 4, the plain goodbye.
+	older := rawEnvelope(1, fieldHeartbeat, varintField(slices.Clone(head), 20, 7))
+	if plain := mustEncode(t, bye); !bytes.Equal(older, plain) {
+		t.Fatalf("a drained goodbye without field 4 is %x, want the plain goodbye %x", older, plain)
+	}
+	if f, err := messages.Decode(older); err != nil || !reflect.DeepEqual(f, bye) {
+		t.Fatalf("an older peer's goodbye decodes as %#v, %v; want %#v (not drained)", f, err, bye)
+	}
+	beat := &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Drained: true}
+	if _, err := messages.Encode(beat); !errors.Is(err, messages.ErrInvalid) || !strings.Contains(err.Error(), "drained without leaving") {
+		t.Fatalf("Encode of a heartbeat drained without leaving: %v; want ErrInvalid naming it", err)
+	}
+	raw := rawEnvelope(1, fieldHeartbeat, varintField(varintField(bytesField(nil, 1, rawPeer("p", 3)), 2, 42), 4, 1))
+	if f, err := messages.Decode(raw); !errors.Is(err, messages.ErrInvalid) || f != nil || !strings.Contains(err.Error(), "drained without leaving") {
+		t.Fatalf("Decode of a heartbeat drained without leaving: %#v, %v; want ErrInvalid naming it", f, err)
 	}
 }
 

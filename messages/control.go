@@ -338,10 +338,21 @@ type Heartbeat struct {
 	// Leaving marks a goodbye: the sender's link closes (a graceful stop)
 	// and it will say nothing more on this connection. A receiver may take
 	// that incarnation of the sender as down at once instead of after its
-	// heartbeat timeout. It is liveness, never proof that the sender's
-	// writes are over (DESIGN.md §3). A peer that predates it ignores the
-	// field and takes the frame for a heartbeat.
+	// heartbeat timeout. By itself it is liveness, never proof that the
+	// sender's writes are over (DESIGN.md §3). A peer that predates it
+	// ignores the field and takes the frame for a heartbeat.
 	Leaving bool
+	// Drained, set only with Leaving, makes the goodbye a proof: the
+	// sender's engine stopped taking the frames that start writes and
+	// every write it ever started is over (completed or proven over, none
+	// in doubt), so incarnation FromIncarnation of the sender writes no
+	// more — what a Result says for one request, said for all
+	// (docs/membership.md, "A drained goodbye is proof"). A receiver that
+	// validated the goodbye as the connection's own may end the quarantine
+	// of the requests addressed to that incarnation. Without it (an older
+	// sender, or one whose close left a write in doubt) a goodbye proves
+	// nothing. A peer that predates it ignores the field.
+	Drained bool
 }
 
 func (m *Hello) Request() string        { return "" }
@@ -595,4 +606,12 @@ func (m *Misaddressed) Validate() error {
 }
 
 // Validate implements Frame.
-func (m *Heartbeat) Validate() error { return m.From.validate() }
+func (m *Heartbeat) Validate() error {
+	if err := m.From.validate(); err != nil {
+		return err
+	}
+	if m.Drained && !m.Leaving {
+		return invalid("heartbeat %d of %s says drained without leaving: only a goodbye may say that its writes are over", m.Seq, m.From)
+	}
+	return nil
+}

@@ -76,6 +76,8 @@ func sampleFrames() map[string]messages.Frame {
 		"cancel_ack":    &messages.CancelAck{RequestID: "req-0001", Epoch: 7, From: testPeer},
 		"heartbeat":     &messages.Heartbeat{From: testPeer, Seq: math.MaxUint64},
 		"goodbye":       &messages.Heartbeat{From: testPeer, Seq: 9, FromIncarnation: math.MaxUint64, Leaving: true},
+		"goodbye_drained": &messages.Heartbeat{From: testPeer, Seq: 10, FromIncarnation: math.MaxUint64, Leaving: true,
+			Drained: true},
 		"misaddressed": &messages.Misaddressed{RequestID: "req-0001", Epoch: 7, From: testPeer, Addressed: 1<<62 + 3,
 			Incarnations: messages.Incarnations{FromIncarnation: math.MaxUint64, ToIncarnation: 1<<63 + 1}},
 	}
@@ -295,8 +297,12 @@ func drawFrame(t *rapid.T) messages.Frame {
 				ToIncarnation: rapid.Uint64Range(1, math.MaxUint64).Draw(t, "toIncarnation")},
 		}
 	default:
-		return &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq"),
+		hb := &messages.Heartbeat{From: drawPeer(t, "from"), Seq: rapid.Uint64().Draw(t, "seq"),
 			FromIncarnation: rapid.Uint64().Draw(t, "fromIncarnation"), Leaving: rapid.Bool().Draw(t, "leaving")}
+		if hb.Leaving {
+			hb.Drained = rapid.Bool().Draw(t, "drained") // only a goodbye may say it
+		}
+		return hb
 	}
 }
 

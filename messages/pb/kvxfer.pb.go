@@ -1524,13 +1524,19 @@ func (x *Misaddressed) GetToIncarnation() uint64 {
 
 // Heartbeat proves a peer is alive. With leaving set it is a goodbye: the
 // sender's control link is closing gracefully (its last heartbeat to the
-// receiver). Both fields are optional: a peer that predates them ignores
-// them and takes a goodbye for a heartbeat.
+// receiver). With drained set too, the goodbye says that the sender's
+// incarnation from_incarnation writes no more: its engine stopped taking
+// the frames that start writes and every write it ever started is over
+// (docs/membership.md, "A drained goodbye is proof"); drained is set only
+// with leaving. All three fields are optional: a peer that predates them
+// ignores them and takes a goodbye for a heartbeat (drained for a goodbye
+// that proves nothing).
 type Heartbeat struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	From            *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	Seq             uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	Leaving         bool                   `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	Drained         bool                   `protobuf:"varint,4,opt,name=drained,proto3" json:"drained,omitempty"`
 	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -1583,6 +1589,13 @@ func (x *Heartbeat) GetSeq() uint64 {
 func (x *Heartbeat) GetLeaving() bool {
 	if x != nil {
 		return x.Leaving
+	}
+	return false
+}
+
+func (x *Heartbeat) GetDrained() bool {
+	if x != nil {
+		return x.Drained
 	}
 	return false
 }
@@ -1725,11 +1738,12 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x1c\n" +
 	"\taddressed\x18\x04 \x01(\x04R\taddressed\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
-	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\x89\x01\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xa3\x01\n" +
 	"\tHeartbeat\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
-	"\aleaving\x18\x03 \x01(\bR\aleaving\x12)\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\x12\x18\n" +
+	"\adrained\x18\x04 \x01(\bR\adrained\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation*n\n" +
 	"\x06Status\x12\x12\n" +
 	"\x0eSTATUS_UNKNOWN\x10\x00\x12\x12\n" +
