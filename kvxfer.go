@@ -1331,6 +1331,19 @@ func (e *Engine) Close(ctx context.Context) error {
 	return e.closeErr
 }
 
+// WritesOver reports whether Close has returned having drained every
+// write this engine ever started, with none in doubt: each was completed,
+// never submitted, or proven over, and from Close on the engine read no
+// frame that could start another. It is the proof a graceful stop may
+// give its peers (node.Node.Close says it in its goodbye: a drained
+// goodbye, docs/membership.md): this incarnation writes no more. It is
+// about the context side only: Close may return nil with it false (a
+// write cut by a close that proved its sources released, not its writes
+// over, leaves no session undrained), and fail with it true (a receive
+// abandoned with blocks quarantined). False until Close has drained, and on
+// an Engine Start did not return.
+func (e *Engine) WritesOver() bool { return e.started() && e.inner.WritesOver() }
+
 func (e *Engine) close(ctx context.Context) error {
 	err := e.inner.Close(ctx)
 	// No allocation after Close: the pool may be unmapped below, or by

@@ -145,6 +145,11 @@ func checkSourcesReleasedEnd(t *testing.T, ce, ge *kvxfer.Engine, rx *kvxfer.RxH
 	case !released && !errors.Is(err, actors.ErrUndrained):
 		t.Errorf("context engine Close: %v, want ErrUndrained (its session's op is in doubt)", err)
 	}
+	if ce.WritesOver() {
+		// Its goodbye would tell the generation side the cut write is
+		// over (a drained goodbye: docs/membership.md).
+		t.Error("context engine's WritesOver after Close: true, want false (a write was cut without proof that it no longer lands)")
+	}
 	if err := ge.Close(ctx); !errors.Is(err, actors.ErrUndrained) {
 		t.Errorf("generation engine Close: %v, want ErrUndrained (its pages are quarantined)", err)
 	}

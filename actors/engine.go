@@ -105,6 +105,9 @@ type Engine struct {
 	// result instead of stopping a stopped actor system.
 	closeOnce sync.Once
 	closeErr  error
+	// writesOver: Close drained every write this engine started
+	// (WritesOver), set before Close returns.
+	writesOver atomic.Bool
 	// slots are the workers' slots (for tests), set before StartEngine
 	// returns.
 	slots []*workerSlot
@@ -712,9 +715,11 @@ func (e *Engine) close(ctx context.Context) error {
 	e.sys.Root.Send(e.tx, &closeReq{drained: txDrained})
 	e.sys.Root.Send(e.rx, &closeReq{drained: rxDrained})
 	var err error
+	txOver := false // every context session stopped (WritesOver)
 	for _, ch := range []chan struct{}{txDrained, rxDrained} {
 		select {
 		case <-ch:
+			txOver = txOver || ch == txDrained
 			continue
 		case <-ctx.Done():
 		}
@@ -725,6 +730,7 @@ func (e *Engine) close(ctx context.Context) error {
 		uerr := e.undrained()
 		select {
 		case <-ch:
+			txOver = txOver || ch == txDrained
 			continue
 		default:
 		}
@@ -766,8 +772,30 @@ func (e *Engine) close(ctx context.Context) error {
 	}
 	e.sys.Shutdown()
 	e.env.dispatch.close()
+	// Every context session stopped, none with a stream cut silent, and
+	// the engine never failed (a parent's panic dropped a message, a
+	// worker stopped for good): each op of this engine was quiescent when
+	// its session stopped, and no frame was read after the drain but to
+	// be answered FAILED (TxTable.Close) — nothing it started may still
+	// write. The failure is excluded on principle, though what it loses
+	// leaves sessions undrained or ops cut: such an engine is broken.
+	e.writesOver.Store(txOver && !e.env.writesCut.Load() && !e.env.failed.Load())
 	return err
 }
+
+// WritesOver reports whether Close has returned having drained every
+// write this engine (this incarnation) ever started: every context
+// session stopped within Close's ctx, each with its ops quiescent
+// (completed, never submitted, or retired by a close that proved them
+// over: none SOURCES_RELEASED, no stream ended silent), and the engine
+// never failed. From Close on it takes no frame that could start a write
+// (RequestData is answered FAILED while it drains, not read after), so
+// it is then the statement a Result makes for one request, made for
+// every request: this incarnation writes no more. It says nothing about
+// the generation side (a request Close abandoned with blocks quarantined
+// makes Close fail, not this). False before Close, during it, and after
+// a Close that did not drain the context side.
+func (e *Engine) WritesOver() bool { return e.writesOver.Load() }
 
 // deregisterBy deregisters reg, within ctx's deadline where the agent
 // waits for its peers (rdma/ucx's DeregisterBy), and no sooner than a

@@ -349,6 +349,9 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		delete(p.handles, m.request)
 		p.table.Silence(m.request, m.silent)
+		if len(m.silent) > 0 {
+			p.env.writesCut.Store(true) // Engine.WritesOver
+		}
 		p.table.Stopped(m.request)
 		p.sessions.maybeDrained()
 	case *closeReq:

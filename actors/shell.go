@@ -331,6 +331,11 @@ type shellEnv struct {
 	failed    atomic.Bool
 	failedWhy atomic.Pointer[string]
 	closing   atomic.Bool
+	// writesCut is set, for good, when a context session stopped with a
+	// stream that ended silent (TxTable.Silence): writes of this engine
+	// may still land at that peer, so its Close cannot say that every
+	// write it started is over (Engine.WritesOver).
+	writesCut atomic.Bool
 
 	// incarnation is this engine's (EngineConfig.Incarnation).
 	incarnation uint64
