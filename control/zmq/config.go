@@ -67,6 +67,17 @@ type Config struct {
 	// proof: its writes may still land. It must not block. Optional: when
 	// nil, OnPeerDown is called instead.
 	OnPeerGoodbye func(peer messages.PeerID, inc uint64)
+	// OnPeerDrained is called, on the listener goroutine, when a goodbye
+	// that passed every check a goodbye passes (OnPeerGoodbye's, or one
+	// of an incarnation already down or out of the cluster, which calls
+	// no OnPeerGoodbye) says drained (messages.Heartbeat.Drained: the
+	// sender's link owner said its engine drained every write it
+	// started, Link.MarkDrained): proof that incarnation inc of peer
+	// writes no more, as a Result is for one request. It comes after
+	// OnPeerGoodbye (or OnPeerDown) for the same goodbye, and may come
+	// more than once for one incarnation. It must not block for long.
+	// Optional.
+	OnPeerDrained func(peer messages.PeerID, inc uint64)
 	// OnHello is called, on the listener goroutine, with a peer's Hello
 	// when it is the peer's first or names another incarnation or process
 	// than the peer's Hello before (not for the periodic repeats, nor for

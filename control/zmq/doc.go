@@ -298,17 +298,29 @@
 // silence when its goodbye came). A new incarnation's Hello brings the
 // name back.
 //
-// A goodbye is liveness, never proof that the peer's writes are over
-// (DESIGN.md §3): what a receiver does with it is what it does with a
-// Down.
+// A plain goodbye is liveness, never proof that the peer's writes are
+// over (DESIGN.md §3): what a receiver does with it is what it does with
+// a Down. A drained goodbye is also proof: the link's owner calls
+// Link.MarkDrained before Close only when the engine that writes under
+// the link's Hello has stopped taking the frames that start writes and
+// every write it started is over (kvxfer.Engine.WritesOver), and the
+// goodbye then says Drained. The listener takes it as a goodbye, by the
+// same checks, and then tells OnPeerDrained(peer, incarnation), after
+// OnPeerGoodbye: that incarnation writes no more. It tells it also for a
+// drained goodbye that is no news (an incarnation that left the cluster,
+// or a peer down already): its proof is not. A rejected goodbye proves
+// nothing. docs/membership.md argues why the proof is sound.
 //
-// Mixed versions: Leaving and FromIncarnation are new optional fields of
-// Heartbeat. A build that predates them ignores them (messages.Decode
-// skips unknown fields) and takes a goodbye for a heartbeat: it learns
-// the close from missed heartbeats counted from the goodbye (one more
-// beat), at most one interval later than from a peer that sends none.
-// Such a build sends no goodbye, and its heartbeats name no incarnation
-// (taken as the connection's).
+// Mixed versions: Leaving, Drained and FromIncarnation are optional
+// fields of Heartbeat. A build that predates them ignores them
+// (messages.Decode skips unknown fields) and takes a goodbye for a
+// heartbeat: it learns the close from missed heartbeats counted from the
+// goodbye (one more beat), at most one interval later than from a peer
+// that sends none. Such a build sends no goodbye, and its heartbeats name
+// no incarnation (taken as the connection's). A build that knows Leaving
+// but not Drained takes a drained goodbye for a plain one (no proof, as
+// before); a plain goodbye, from such a build or from a close that left
+// a write in doubt, proves nothing here.
 //
 // # Time
 //

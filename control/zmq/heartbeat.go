@@ -339,10 +339,12 @@ func (b *beater) closeAll() {
 const goodbyeLinger = 200 * time.Millisecond
 
 // goodbyes are the heartbeat sockets the heartbeat goroutine left, as it
-// stopped, for Link.Close to say goodbye on, and the goodbye.
+// stopped, for Link.Close to say goodbye on, and the goodbye: frame, or
+// drained (the same with Drained set) when the link's owner said its
+// writes are over (Link.MarkDrained) by the time Close sends it.
 type goodbyes struct {
-	frame []byte
-	socks []*zmq4.Socket
+	frame, drained []byte
+	socks          []*zmq4.Socket
 }
 
 // park ends the heartbeat goroutine's sockets as the link stops: when
@@ -358,12 +360,19 @@ func (b *beater) park() {
 	if b.inc == 0 {
 		return // no goodbye is taken from a Hello without incarnation
 	}
-	bye, err := encode(&messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true})
+	hb := &messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true}
+	bye, err := encode(hb)
 	if err != nil {
 		b.l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
 		return
 	}
-	g := &goodbyes{frame: bye}
+	hb.Drained = true
+	drained, err := encode(hb)
+	if err != nil {
+		b.l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
+		return
+	}
+	g := &goodbyes{frame: bye, drained: drained}
 	for id, s := range b.socks {
 		if s.mon != nil {
 			b.events(s)
@@ -388,9 +397,10 @@ func (b *beater) park() {
 
 // sayGoodbye sends the goodbye on each socket the heartbeat goroutine
 // parked, without waiting, and closes them with goodbyeLinger (the rest
-// of the wait falls to the context's end). Best effort: a goodbye the
-// socket cannot queue is dropped, and the peer learns the close from
-// missed heartbeats as before.
+// of the wait falls to the context's end): a drained goodbye when the
+// link's owner said its writes are over (MarkDrained). Best effort: a
+// goodbye the socket cannot queue is dropped, and the peer learns the
+// close from missed heartbeats as before (and gets no proof from it).
 func (l *Link) sayGoodbye() {
 	l.mu.Lock()
 	g := l.byes
@@ -399,8 +409,12 @@ func (l *Link) sayGoodbye() {
 	if g == nil {
 		return
 	}
+	frame := g.frame
+	if l.drained.Load() && g.drained != nil {
+		frame = g.drained
+	}
 	for _, sock := range g.socks {
-		if _, err := sock.SendBytes(g.frame, zmq4.DONTWAIT); err == nil {
+		if _, err := sock.SendBytes(frame, zmq4.DONTWAIT); err == nil {
 			_ = sock.SetLinger(goodbyeLinger)
 		} else {
 			_ = sock.SetLinger(0)

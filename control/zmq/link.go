@@ -59,7 +59,10 @@ type Link struct {
 	throttle *control.Throttle // per (peer, kind) warnings
 	idents   atomic.Pointer[identities]
 	closing  atomic.Bool
-	done     chan struct{} // closed by Close: Conns' backlogs stop flushing
+	// drained: the link's owner said its engine's writes are over
+	// (MarkDrained): the goodbye Close sends says so.
+	drained atomic.Bool
+	done    chan struct{} // closed by Close: Conns' backlogs stop flushing
 	// anonForeign is the protocol version, not ours, of the last frame
 	// that came on a connection without a CURVE key (insecure); 0: none.
 	anonForeign atomic.Uint32
@@ -725,6 +728,17 @@ func (e *PeerVersionError) Error() string {
 	return fmt.Sprintf("control protocol version %d (CURVE key %s), this engine speaks %d", e.Version, e.Key, messages.Version)
 }
 func (e *PeerVersionError) Unwrap() error { return &messages.VersionError{Got: e.Version} }
+
+// MarkDrained tells the link that the goodbye its Close sends may say
+// that this incarnation's writes are over (messages.Heartbeat.Drained: a
+// drained goodbye, which a peer takes as proof that none of them can land
+// any more). Call it only when that is so: the engine that writes under
+// the link's Hello has stopped taking the frames that start writes (its
+// listener is closed) and every write it ever started is over, none in
+// doubt (kvxfer.Engine.WritesOver after its Close). Without it (the
+// default) the goodbye proves nothing. Once Close began it changes
+// nothing.
+func (l *Link) MarkDrained() { l.drained.Store(true) }
 
 // Close stops the listener and heartbeat goroutines (their sockets close
 // with linger 0) and removes the ipc:// socket file Listen bound, if it is

@@ -79,10 +79,12 @@ var maxGhosts = 4096
 // its peer being reachable again.
 const ghostKeep = time.Minute
 
-// pendingBye is a goodbye read on a bound connection.
+// pendingBye is a goodbye read on a bound connection; drained: it says
+// the sender's writes are over (messages.Heartbeat.Drained).
 type pendingBye struct {
 	id, key string
 	b       *binding
+	drained bool
 }
 
 // binding is what a connection said it is in its Hello.
@@ -536,7 +538,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// Acted on once the ROUTER is drained (goodbyes): the peer's last
 		// frames on its other connections (a Result it sent just before
 		// it closed) may wait behind it in the ROUTER's fair queue.
-		s.byes = append(s.byes, pendingBye{id, key, b})
+		s.byes = append(s.byes, pendingBye{id, key, b, hb.Drained})
 		return
 	}
 	switch {
@@ -1040,7 +1042,7 @@ func (s *listener) down(p messages.PeerID) {
 // alive, before it takes the peer down.
 func (s *listener) goodbyes() {
 	for i, g := range s.byes {
-		s.goodbye(g.id, g.key, g.b)
+		s.goodbye(g.id, g.key, g.b, g.drained)
 		s.byes[i] = pendingBye{}
 	}
 	s.byes = s.byes[:0]
@@ -1057,7 +1059,14 @@ func (s *listener) goodbyes() {
 // cluster (RemovePeer), or of a peer already down, is no news and
 // ignored. Any other goodbye is rejected (RejectGoodbye) and changes
 // nothing: it makes no entry and tracks no one.
-func (s *listener) goodbye(id, key string, b *binding) {
+//
+// A drained goodbye (drained) that is taken, or ignored as no news, is
+// also a proof: OnPeerDrained is told, after the Down, that this
+// incarnation writes no more. It is the connection's own word, as a
+// Result on it is (bound to the incarnation its Hello named, from a key
+// that may speak for the peer); its liveness news may be old, its proof
+// is not. A rejected one proves nothing.
+func (s *listener) goodbye(id, key string, b *binding, drained bool) {
 	l := s.l
 	if b.inc == 0 {
 		// Without incarnations, a process's goodbye could not be told
@@ -1070,6 +1079,7 @@ func (s *listener) goodbye(id, key string, b *binding) {
 		// closing node says first) and is down: the goodbye is its own,
 		// and no news.
 		l.log.Debug().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Msg("control/zmq: goodbye of a peer incarnation that left the cluster")
+		s.drainedBye(b, drained)
 		return
 	}
 	l.mu.Lock()
@@ -1091,7 +1101,8 @@ func (s *listener) goodbye(id, key string, b *binding) {
 	}
 	if !s.live.leave(b.peer, b.inc) {
 		l.mu.Unlock()
-		return // down already, and told so
+		s.drainedBye(b, drained) // down already, and told so
+		return
 	}
 	info.down, info.left = true, true
 	l.mu.Unlock()
@@ -1101,6 +1112,21 @@ func (s *listener) goodbye(id, key string, b *binding) {
 		l.cfg.OnPeerGoodbye(b.peer, b.inc)
 	case l.cfg.OnPeerDown != nil:
 		l.cfg.OnPeerDown(b.peer)
+	}
+	s.drainedBye(b, drained)
+}
+
+// drainedBye tells OnPeerDrained that incarnation b.inc of b.peer said,
+// in a goodbye goodbye took, that its writes are over (drained); nothing
+// when it did not say so.
+func (s *listener) drainedBye(b *binding, drained bool) {
+	if !drained {
+		return
+	}
+	s.l.log.Info().Stringer("peer", b.peer).Uint64("incarnation", b.inc).
+		Msg("control/zmq: the peer's goodbye says its writes are over (it closed after draining them)")
+	if s.l.cfg.OnPeerDrained != nil {
+		s.l.cfg.OnPeerDrained(b.peer, b.inc)
 	}
 }
 
