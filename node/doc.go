@@ -52,7 +52,12 @@
 //     once (Engine.PeerIncarnationDown, "closed (it said goodbye)", and
 //     Config.OnPeerDown) instead of after the heartbeat timeout — with or
 //     without etcd. Suspicion too: it does what a Down does and frees
-//     nothing more (docs/membership.md, "A graceful stop says goodbye").
+//     nothing more (docs/membership.md, "A graceful stop says goodbye") —
+//     unless it is a drained goodbye: a node whose engine's Close drained
+//     every write it started (kvxfer.Engine.WritesOver) says so in its
+//     goodbye, and a peer takes that as proof that the incarnation writes
+//     no more (Engine.WriterExited, "it closed after draining its writes
+//     (goodbye)"), as for a pidfd exit below, across hosts too.
 //   - Proof of death (issue 17): a peer of this host and pid namespace
 //     whose Hello names its process (pid and start time, checked) is
 //     watched through a pidfd, on the shm backend and on ucx over shared

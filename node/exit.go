@@ -314,6 +314,38 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	}
 }
 
+// drainedHow is the drained goodbye's proof, named in the requests' errors.
+const drainedHow = "it closed after draining its writes (goodbye)"
+
+// writerDrained takes a drained goodbye of incarnation inc of peer (the
+// link told it after the goodbye's Down: zmq.Config.OnPeerDrained): its
+// node closed after its engine stopped reading frames and drained every
+// write it started (kvxfer.Engine.WritesOver), which proves, as its
+// process's exit would, that none of its writes can land any more. The
+// engine ends the quarantine of the requests addressed to that
+// incarnation (Engine.WriterExited), as for a pidfd exit, unless it is
+// closing (engDone). Nothing goes to the agent: its ExitProofTaker takes
+// a process's exit only. It runs on the link's listener goroutine.
+func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSink) {
+	n.exitMu.RLock()
+	e := eng()
+	if e == nil || n.engDone {
+		n.exitMu.RUnlock()
+		return
+	}
+	reqs, err := e.WriterExited(peer, inc, drainedHow)
+	n.exitMu.RUnlock()
+	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Int("requests", reqs).Logger()
+	switch {
+	case err != nil:
+		lg.Warn().Err(err).Msgf("peer %s closed after draining its writes; the engine did not answer", peer)
+	case reqs == 0:
+		lg.Info().Msgf("peer %s closed after draining its writes (goodbye); no request of it was live here", peer)
+	default:
+		lg.Warn().Msgf("peer %s closed after draining its writes (goodbye): its %d requests here fail and their pages leave quarantine", peer, reqs)
+	}
+}
+
 // watchPools starts the pidfd watches if a writer's process can be tied
 // to this node's pool: the pool must be a shared mapping of a file (the
 // shm backend's region file; UCX's System V or POSIX segment), which a

@@ -33,8 +33,8 @@ import (
 // listens: ctx/0 reaches it (its Hello, its heartbeats and its goodbye
 // come on ctx/0's own connection), but the request's RequestData cannot
 // leave. Else it might reach ctx/0 as it closes, unread, and the
-// request's blocks would rightly stay quarantined with no proof (a
-// goodbye is none), failing the generation node's Close.
+// request's blocks would wait for ctx/0's proof (its drained goodbye:
+// TestDrainedGoodbyeReleasesUnreadRequests).
 func TestGracefulCloseSaysGoodbye(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
 	gc.Peers[0].Endpoint = "ipc://" + filepath.Join(t.TempDir(), "nobody.sock")

@@ -238,6 +238,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				cfg.OnPeerDown(p.Instance, int(p.Rank))
 			}
 		}
+		// A goodbye that says the peer drained every write it started
+		// (after the Down above) is proof, as a pidfd exit is: the
+		// requests addressed to that incarnation leave quarantine
+		// (writerDrained, docs/membership.md).
+		zc.OnPeerDrained = func(p messages.PeerID, inc uint64) { n.writerDrained(p, inc, engineSink(&engp)) }
 		switch {
 		case !exitProves(n.backend):
 		case cfg.CallerMemory != nil:
@@ -1063,7 +1068,10 @@ func (n *Node) unnamedVersion() string {
 // memory stays mapped (a late write must not land in freed memory) and the
 // error says which; over Config.CallerMemory the framework's memory is
 // never freed by the node, and after such an error it must never be freed
-// by the framework either. Close is idempotent.
+// by the framework either. The link's goodbye to the peers says that this
+// incarnation's writes are over (a drained goodbye, proof for them) only
+// when the engine's Close drained every write it started
+// (kvxfer.Engine.WritesOver). Close is idempotent.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.goMu.Lock()
@@ -1082,6 +1090,13 @@ func (n *Node) Close(ctx context.Context) error {
 		n.engDone = true
 		n.exitMu.Unlock()
 		if n.link != nil {
+			if n.eng.WritesOver() {
+				// The engine read its last frame and every write it
+				// started is over: the goodbye may say so (a drained
+				// goodbye, proof for the peers that this incarnation
+				// writes no more). Else it proves nothing.
+				n.link.MarkDrained()
+			}
 			err = errors.Join(err, n.link.Close())
 		}
 		n.closePids()
