@@ -308,8 +308,12 @@
 // same checks, and then tells OnPeerDrained(peer, incarnation), after
 // OnPeerGoodbye: that incarnation writes no more. It tells it also for a
 // drained goodbye that is no news (an incarnation that left the cluster,
-// or a peer down already): its proof is not. A rejected goodbye proves
-// nothing. docs/membership.md argues why the proof is sound.
+// or a peer down already): its proof is not; and for one rejected only
+// as liveness news (an earlier incarnation's, on its own connection, once
+// its successor said Hello; one of a peer the directory no longer holds),
+// which takes no peer down but proves for its own incarnation. A goodbye
+// rejected by the checks every frame passes proves nothing.
+// docs/membership.md argues why the proof is sound.
 //
 // Mixed versions: Leaving, Drained and FromIncarnation are optional
 // fields of Heartbeat. A build that predates them ignores them

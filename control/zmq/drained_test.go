@@ -31,6 +31,13 @@ func (g *drainedLog) watch(c *Config) {
 	}
 }
 
+// reset forgets the proofs and the order told so far.
+func (g *drainedLog) reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.drains, g.events = nil, nil
+}
+
 func (g *drainedLog) drained() []goneInc {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -142,8 +149,9 @@ func TestForgedDrainedGoodbyesProveNothing(t *testing.T) {
 	none("a drained goodbye before Hello")
 
 	// gen/0 restarts (incarnation 2); incarnation 1's drained goodbye, on
-	// its own connection, is rejected as any of its goodbyes: the
-	// directory holds incarnation 2.
+	// its own connection, is rejected as a goodbye (the directory holds
+	// incarnation 2, which it must not take down) but is incarnation 1's
+	// own word about its writes: proof for incarnation 1 alone.
 	f.clock.advance(time.Second)
 	f.hello("c2", 2, f.old.public)
 	before = f.rejected(RejectGoodbye)
@@ -151,7 +159,14 @@ func TestForgedDrainedGoodbyesProveNothing(t *testing.T) {
 	if f.rejected(RejectGoodbye) != before+1 {
 		t.Fatal("the earlier incarnation's drained goodbye was not rejected (goodbye)")
 	}
-	none("the earlier incarnation's drained goodbye")
+	if byes, downs := log.counts(); byes+downs != 0 || !slices.Equal(log.drained(), []goneInc{{f.peer, 1}}) {
+		t.Fatalf("the earlier incarnation's drained goodbye: %d goodbyes, %d downs, OnPeerDrained %v; want none, none, incarnation 1",
+			byes, downs, log.drained())
+	}
+	if _, err := f.s.l.Hello(f.peer); err != nil {
+		t.Fatalf("incarnation 2 after incarnation 1's drained goodbye: %v", err)
+	}
+	log.reset()
 
 	// A plain goodbye takes incarnation 2 down and proves nothing; its
 	// drained goodbye after it (no news as a goodbye) proves.

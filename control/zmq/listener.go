@@ -1060,12 +1060,17 @@ func (s *listener) goodbyes() {
 // ignored. Any other goodbye is rejected (RejectGoodbye) and changes
 // nothing: it makes no entry and tracks no one.
 //
-// A drained goodbye (drained) that is taken, or ignored as no news, is
-// also a proof: OnPeerDrained is told, after the Down, that this
+// A drained goodbye (drained) that is taken, ignored as no news, or
+// rejected only as liveness news (an incarnation the directory no longer
+// holds: a successor said Hello first, or the directory forgot the peer)
+// is also a proof: OnPeerDrained is told, after any Down, that this
 // incarnation writes no more. It is the connection's own word, as a
 // Result on it is (bound to the incarnation its Hello named, from a key
-// that may speak for the peer); its liveness news may be old, its proof
-// is not. A rejected one proves nothing.
+// that may speak for the peer), and it is about that incarnation alone:
+// its liveness news may be old or another's, its proof is not. One
+// rejected by the checks every frame passes (identity, sender, no
+// Hello), or on a connection whose Hello named no incarnation, proves
+// nothing.
 func (s *listener) goodbye(id, key string, b *binding, drained bool) {
 	l := s.l
 	if b.inc == 0 {
@@ -1092,11 +1097,13 @@ func (s *listener) goodbye(id, key string, b *binding, drained bool) {
 	case cur == nil || !s.live.tracks(b.peer):
 		l.mu.Unlock()
 		s.reject(RejectGoodbye, id, key, b, "goodbye of %s, whose Hello the directory does not hold: ignored", b.peer)
+		s.drainedBye(b, drained) // no liveness news, but its own word
 		return
 	case cur.Incarnation != b.inc:
 		l.mu.Unlock()
 		s.reject(RejectGoodbye, id, key, b, "goodbye of %s's incarnation %d on a connection of its Hello, the directory holding incarnation %d: ignored",
 			b.peer, b.inc, cur.Incarnation)
+		s.drainedBye(b, drained) // no liveness news, but its own word
 		return
 	}
 	if !s.live.leave(b.peer, b.inc) {
