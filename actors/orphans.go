@@ -52,7 +52,9 @@ func (t *txTable) publish() {
 		return // the common case: no lock
 	}
 	t.pub.mu.Lock()
-	t.pub.ids = append(t.pub.ids[:0:0], ids...)
+	// Into the same array: Orphans copies under the lock, and the list
+	// changes twice a request when RequestData comes before Send.
+	t.pub.ids = append(t.pub.ids[:0], ids...)
 	t.pub.mu.Unlock()
 	t.pub.v.Store(v)
 }
