@@ -271,6 +271,14 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 // hand-over was interrupted may have reached its worker: it is not sent
 // twice (a second close could cut another request's writes on an
 // endpoint opened since).
+//
+// A dropped Flush is handed to the worker anyway, whether its hand-over
+// began or not: the flush is what proves the stream's bytes landed before
+// its SUCCESS Result, and nothing else would ask for it again. It touches
+// no page and writes nothing; had the first reached the worker, the second
+// report is ignored by the step (the stream is no longer flushing).
+// Dropped, the session waited for a TxFlushed that could not come: the
+// request, on both sides, waited for its deadline.
 func (st *streamState) dropped(ctx actor.Context, m any) {
 	if st.done {
 		return
@@ -291,6 +299,9 @@ func (st *streamState) dropped(ctx actor.Context, m any) {
 			return
 		}
 		sendTo(ctx, st.env.opWorker(e.Worker), &workerClose{CloseEndpoint: e, session: st.session, stream: ctx.Self()})
+		return
+	case Flush:
+		sendTo(ctx, st.env.opWorker(e.Worker), &workerFlush{Flush: e, session: st.session, stream: ctx.Self()})
 		return
 	case EndStream:
 		st.ending = true
