@@ -394,6 +394,14 @@ func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect
 		// (Until that is stepped the op is still SUBMITTING in the step:
 		// a stream spawned again meanwhile must not count it.)
 		k.unhanded = append(k.unhanded, e.Op)
+		// A stream spawned again before the drop may have counted it
+		// already (its account is the step's ops in flight, this one's
+		// Submit still to run then): it is settled there too, as the
+		// worker's refusal would have been. Else that stream — alive
+		// past the session's restart budget, which stops no child —
+		// counted it unsettled for good: it held its terminal frame and
+		// the session's release (Done never came, the pins stayed).
+		k.settle(ctx, e.Peer, streamSettle{seqs: []int{e.Op.Seq}})
 		a.feedback = append(a.feedback, TxCompleted{Op: e.Op, Refused: true, Err: fmt.Errorf("%w: it panicked twice handing the op to its stream: dropped, never posted", ErrSessionCrashed)})
 	case SendFrame:
 		if !e.FromStream {
