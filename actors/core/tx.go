@@ -191,6 +191,16 @@ const (
 // worker: nothing more of the stream may be sent.
 func (st *stream) answered() bool { return st.phase >= streamSending }
 
+// silences reports whether a frame of the peer's incarnation inc (its
+// FromIncarnation; 0: not known) must go unanswered: the stream ended
+// silent, and inc is the incarnation it wrote to, an earlier one, or
+// either is not known — as TxTable.Silenced rules once the session has
+// stopped (SilentPeer.covers). A later incarnation never got a write of
+// the stream: it is answered as for any stream.
+func (st *stream) silences(inc uint64) bool {
+	return st.silent && SilentPeer{PeerID: st.route.Peer, Incarnation: st.peerInc}.covers(st.route.Peer, inc)
+}
+
 // stream is the context-side state for one (request, generation rank).
 type stream struct {
 	peer      int
@@ -379,12 +389,12 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.fail(TxCancelled, err)
 	case TxPeerCancel:
 		st := s.streams[m.Peer]
-		if st != nil && st.silent {
+		if st != nil && st.silences(m.Incarnation) {
 			// Its stream ended silent: its writes may still land, and a
 			// CancelAck, of any epoch, is a proof. No answer.
 			break
 		}
-		if st != nil && st.epoch == m.Epoch {
+		if st != nil && st.epoch == m.Epoch && !st.silent {
 			st.cancelled = true
 			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
 			break
@@ -618,7 +628,7 @@ func (s *TxSession) onPinFailed(m TxPinFailed) {
 
 func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 	old := s.streams[m.Peer]
-	if old != nil && old.silent {
+	if old != nil && old.silences(m.Incarnation) {
 		// Its stream ended silent: its writes may still land, and a
 		// FAILED Result, of any epoch, is a proof. No answer.
 		return
@@ -690,7 +700,7 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 func (s *TxSession) afterStop(msg any) {
 	switch m := msg.(type) {
 	case TxPeerRequest:
-		if st := s.streams[m.Peer]; st != nil && (st.epoch == m.Epoch || st.silent) {
+		if st := s.streams[m.Peer]; st != nil && (st.epoch == m.Epoch || st.silences(m.Incarnation)) {
 			// A duplicate of a request already answered, or a peer whose
 			// stream ended silent: its writes may still land, and a
 			// FAILED Result is a proof.
@@ -706,7 +716,7 @@ func (s *TxSession) afterStop(msg any) {
 		}
 		s.rejectPeer(m, err)
 	case TxPeerCancel:
-		if st := s.streams[m.Peer]; st != nil && st.silent {
+		if st := s.streams[m.Peer]; st != nil && st.silences(m.Incarnation) {
 			// Its writes may still land: no proof, whatever the epoch.
 			return
 		}

@@ -97,6 +97,23 @@ type txOpts struct {
 	groups  int
 }
 
+// silencedTo reports whether a frame not of a stream, to a rank whose
+// stream ended silent, goes to the incarnation that stream wrote to (or an
+// earlier one, or one not known): a later incarnation never got a write of
+// it, and may be answered (SilentPeer.covers).
+func (h *txHarness) silencedTo(e SendFrame) bool {
+	var to uint64
+	if in, ok := e.Frame.(messages.Incarnated); ok {
+		to = in.Incarnation().ToIncarnation
+	}
+	for _, p := range h.s.SilentPeers() {
+		if p.covers(e.To, to) {
+			return true
+		}
+	}
+	return false
+}
+
 func newTxHarness(t testing.TB, o txOpts) (*txHarness, []Effect) {
 	if o.groups == 0 {
 		o.groups = 1
@@ -190,7 +207,7 @@ func (h *txHarness) step(msg any) []Effect {
 			}
 			h.silent[e.Peer] = true
 		case SendFrame:
-			if h.silent[e.Peer] && e.FromStream || h.silent[int(e.To.Rank)] && e.To == genPeer(int(e.To.Rank)) {
+			if h.silent[e.Peer] && e.FromStream || h.silent[int(e.To.Rank)] && e.To == genPeer(int(e.To.Rank)) && h.silencedTo(e) {
 				h.t.Fatalf("%T: frame %s to peer %v after its stream ended silent", msg, fmtFrame(e.Frame), e.To)
 			}
 		case Finish:
@@ -827,6 +844,91 @@ func TestTx_UnprovenCloseWithSourcesReleased(t *testing.T) {
 		h.wantOp(1, 0, OpBackendDone)
 		wantNo(t, "TxRetired of a done op", effs, "EndStream", "Unpin", "Finish")
 	})
+}
+
+// TestTx_SilentStreamAnswersALaterIncarnation: a stream that ended silent
+// (its write cut without proof that it no longer lands) keeps every frame
+// of the incarnation it wrote to (or an earlier one, or one not known)
+// unanswered — but a later incarnation of that rank never got a write of
+// it: its RequestData gets a FAILED Result and its Cancel a CancelAck,
+// addressed to it, whether the session is still live (held by another
+// stream's op in doubt) or has stopped — as the tx parent answers it once
+// the session is gone (TxTable.Silenced). Before, a live session left
+// both unanswered: the later incarnation's request waited for its
+// deadline (its RequestData is not sent again) and its blocks stayed
+// quarantined until the session stopped.
+func TestTx_SilentStreamAnswersALaterIncarnation(t *testing.T) {
+	cut := errors.New("endpoint closed by force")
+	for _, stopped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stopped=%v", stopped), func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.start(32, 10*time.Second)
+			for _, p := range []int{1, 2} {
+				h.step(TxPeerRequest{Peer: p, From: genPeer(p), Epoch: 1, Route: h.route(p), Expected: []int{1, 2}, Incarnation: 9})
+			}
+			h.chunk(0, 32, true)
+			h.fence(0)
+			h.advance(10 * time.Second)
+			h.step(TxTimeout{Kind: TimerDeadline})
+			h.advance(5 * time.Second)
+			h.step(TxTimeout{Kind: TimerDrain})
+			h.step(TxCompleted{Op: h.op(1, 0), Err: cut, Unproven: true})
+			h.step(TxRetired{Ops: []OpRef{h.op(1, 0)}, Unproven: true})
+			h.wantOp(1, 0, OpSourcesReleased)
+			if stopped {
+				h.step(TxRetired{Ops: []OpRef{h.op(2, 0)}})
+				h.wantReleased(TxFailed, ErrTimeout)
+			} else {
+				h.wantOp(2, 0, OpInDoubt)
+			}
+			step := func(m any) []Effect {
+				if stopped {
+					// (After the stop: what the parent forwarded before it
+					// learnt of it; the harness checks what it can.)
+					return h.s.Step(m, h.now)
+				}
+				return h.step(m)
+			}
+			// That incarnation, an earlier one, or one not known: nothing.
+			for _, inc := range []uint64{9, 8, 0} {
+				for _, m := range []any{
+					TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 2, Incarnation: inc},
+					TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 2, Route: h.route(1), Expected: []int{1, 2}, Incarnation: inc},
+				} {
+					if effs := step(m); len(effs) != 0 {
+						t.Fatalf("%T of incarnation %d: %s, want nothing", m, inc, fmtEffects(effs))
+					}
+				}
+			}
+			// A later incarnation: answered, addressed to it.
+			effs := step(TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 2, Incarnation: 10})
+			fs := framesTo(effs, 1)
+			if ack, ok := only(fs).(*messages.CancelAck); !ok || ack.Epoch != 2 || ack.ToIncarnation != 10 {
+				t.Fatalf("Cancel of a later incarnation: %s, want a CancelAck of epoch 2 to incarnation 10", fmtEffects(effs))
+			}
+			effs = step(TxPeerRequest{Peer: 1, From: genPeer(1), Epoch: 3, Route: h.route(1), Expected: []int{1, 2}, Incarnation: 10})
+			fs = framesTo(effs, 1)
+			if r, ok := only(fs).(*messages.Result); !ok || r.Status != messages.StatusFailed || r.Epoch != 3 || r.ToIncarnation != 10 {
+				t.Fatalf("RequestData of a later incarnation: %s, want a FAILED Result of epoch 3 to incarnation 10", fmtEffects(effs))
+			}
+			if got, want := h.s.SilentPeers(), []SilentPeer{{PeerID: genPeer(1), Incarnation: 9}}; !slices.Equal(got, want) {
+				t.Fatalf("silent peers %v, want %v", got, want)
+			}
+			if !stopped {
+				// The session still ends as before.
+				h.step(TxRetired{Ops: []OpRef{h.op(2, 0)}})
+				h.wantReleased(TxFailed, ErrTimeout)
+			}
+		})
+	}
+}
+
+// only is the one frame of fs, nil unless there is exactly one.
+func only(fs []messages.Frame) messages.Frame {
+	if len(fs) != 1 {
+		return nil
+	}
+	return fs[0]
 }
 
 // TestTx_WorkerDeadKeepsUnprovenOpsInDoubt: a worker that stopped closed
