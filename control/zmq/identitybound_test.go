@@ -229,12 +229,19 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 			introduce(t, b, a)
 			req := 0
 			// send sends a Result on c and reports whether a delivered it
-			// (false: a rejected it, its connection not bound).
-			send := func(c interface{ Send(messages.Frame) error }) bool {
+			// (false: a rejected it, its connection not bound). c's
+			// messages that a has not handled yet are frames of them,
+			// the Result last (on a new connection its Hello comes
+			// first: 2), and rejected is a's count of rejections before
+			// the first of them was sent. The Result is not delivered
+			// once a has rejected them all, whatever the reason: a Hello
+			// refused at the bound (full), then its Result, which tries
+			// the refused Hello's binding again (revive) and, still
+			// without room, is rejected (full).
+			send := func(c interface{ Send(messages.Frame) error }, rejected, frames int64) bool {
 				t.Helper()
 				req++
 				id := fmt.Sprintf("req-%d", req)
-				noHello := a.link.Stats().Rejected[RejectNoHello]
 				if err := c.Send(result(b.id, req)); err != nil {
 					t.Fatal(err)
 				}
@@ -246,7 +253,7 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 							return true
 						}
 					}
-					return a.link.Stats().Rejected[RejectNoHello] > noHello
+					return a.link.Rejected() >= rejected+frames
 				})
 				return delivered
 			}
@@ -255,12 +262,13 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 				Close() error
 			}
 			for range 3 {
+				rejected := a.link.Rejected()
 				c, err := b.link.Dial(a.id)
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { c.Close() })
-				if !send(c) {
+				if !send(c, rejected, 2) {
 					t.Fatalf("connection %d of 3 refused", len(conns)+1)
 				}
 				conns = append(conns, c)
@@ -269,17 +277,20 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 			conns[0].Close()
 			conns[1].Close()
 			// Its next connection is bound once the ROUTER has seen the
-			// two close (a Hello before that is refused, and the
-			// connection closed: it says no Hello again).
+			// two close and a probe has run since (at most one a second
+			// per binding, probeEvery): a Hello before that is refused
+			// (full), and so is the Result after it; the connection is
+			// closed and another dialled.
 			tries := 0
 			deadline := time.Now().Add(patience)
 			for {
 				tries++
+				rejected := a.link.Rejected()
 				c, err := b.link.Dial(a.id)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if send(c) {
+				if send(c, rejected, 2) {
 					t.Cleanup(func() { c.Close() })
 					break
 				}
@@ -289,7 +300,7 @@ func TestClosedConnectionsLeaveRoom(t *testing.T) {
 						tries, a.link.Stats().Rejected)
 				}
 			}
-			if !send(conns[2]) {
+			if !send(conns[2], a.link.Rejected(), 1) {
 				t.Fatal("the live connection's binding was forgotten")
 			}
 		})
