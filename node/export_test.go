@@ -44,8 +44,21 @@ func (n *Node) CallerAllocations() int {
 	return 0
 }
 
-// Apply acts on one registry event as the node's membership goroutine does.
-func (n *Node) Apply(ev discovery.Event) { n.apply(ev) }
+// Apply acts on one registry event as the node's membership goroutine
+// does: on that goroutine (which then tends the peers it found, as after
+// an event of its registry), or here once it ended or without etcd.
+func (n *Node) Apply(ev discovery.Event) {
+	if n.injected != nil {
+		in := injectedEvent{ev: ev, done: make(chan struct{})}
+		select {
+		case n.injected <- in:
+			<-in.done
+			return
+		case <-n.membershipDone:
+		}
+	}
+	n.apply(ev)
+}
 
 // DepartedHellos counts the Hellos the node's link refused as a removed
 // incarnation's (zmq.RejectDeparted).

@@ -147,6 +147,7 @@ func (n *Node) register(ctx context.Context) error {
 		return fmt.Errorf("node: discovery = %q: %w", n.cfg.Discovery, err)
 	}
 	n.reg = reg
+	n.injected, n.membershipDone = make(chan injectedEvent), make(chan struct{})
 	n.watch.Add(1)
 	go n.membership()
 	// The record's incarnation is the engine's (its Hello's): a peer ties
@@ -176,6 +177,7 @@ func (n *Node) register(ctx context.Context) error {
 // peers all said Hello over connections that are up does not wake for it.
 func (n *Node) membership() {
 	defer n.watch.Done()
+	defer close(n.membershipDone)
 	t := time.NewTicker(tendEvery)
 	defer t.Stop()
 	evs := n.reg.Events()
@@ -193,6 +195,10 @@ func (n *Node) membership() {
 				n.cfg.OnMembership(ev)
 			}
 			t.Reset(tendEvery)
+		case in := <-n.injected:
+			n.apply(in.ev)
+			t.Reset(tendEvery)
+			close(in.done)
 		case <-t.C:
 			if !n.tend() {
 				t.Stop() // until the next event
@@ -222,6 +228,13 @@ var awaitHook atomic.Pointer[func(what string, id messages.PeerID)]
 // tendEvery is how often the membership goroutine tends the peers etcd
 // found while one is left to tend.
 const tendEvery = 20 * time.Millisecond
+
+// injectedEvent is a test's registry event (Apply) for the membership
+// goroutine; done is closed once it was applied.
+type injectedEvent struct {
+	ev   discovery.Event
+	done chan struct{}
+}
 
 // apply acts on one registry event.
 func (n *Node) apply(ev discovery.Event) {

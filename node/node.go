@@ -86,12 +86,18 @@ type Node struct {
 	closeErr  error
 
 	// Etcd discovery (nil reg with static discovery).
-	reg     discovery.Registry
-	pinned  map[messages.PeerID]string // public keys the config pins
-	closing atomic.Bool
-	mu      sync.Mutex
-	found   map[messages.PeerID]*found // peers etcd reports up
-	refused map[messages.PeerID]string // why a peer's record was refused
+	reg discovery.Registry
+	// injected carries a test's registry events (Apply) to the
+	// membership goroutine, which acts on them as on the registry's:
+	// on that goroutine, and waking its tending. Never sent on otherwise.
+	// membershipDone is closed as that goroutine ends.
+	injected       chan injectedEvent
+	membershipDone chan struct{}
+	pinned         map[messages.PeerID]string // public keys the config pins
+	closing        atomic.Bool
+	mu             sync.Mutex
+	found          map[messages.PeerID]*found // peers etcd reports up
+	refused        map[messages.PeerID]string // why a peer's record was refused
 	// departed: peers whose record left etcd (not yet back), when and why
 	departed map[messages.PeerID]departure
 	// pastIncs: per peer, the incarnations whose records left etcd (the
