@@ -127,6 +127,12 @@ type Options struct {
 	// stalled writer that landed in a block reused in between would show
 	// as a corrupt canary.
 	Canary bool
+	// ProofWait bounds how long a role whose peer went down waits, before
+	// it closes, for the proof that frees the blocks that peer's
+	// unanswered requests keep quarantined (awaitProof). 0: as long as
+	// the missed heartbeats took (Heartbeat × HeartbeatMisses), at least
+	// a second, at most five.
+	ProofWait time.Duration `json:",omitempty"`
 	// Pause (gen): idle this long before each request's Receive, so that
 	// every round trip starts with both processes' threads asleep, as
 	// between a lightly loaded serving process's requests (0: back to
@@ -293,6 +299,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("--compute = %v: must be ≥ 0", o.Compute)
 	case o.LayerParts < 0:
 		return fmt.Errorf("--layer-parts = %d: must be ≥ 0 (0: one per layer, 1: whole chunks)", o.LayerParts)
+	case o.ProofWait < 0:
+		return fmt.Errorf("ProofWait = %v: must be ≥ 0 (0: as long as the missed heartbeats take, 1 to 5 s)", o.ProofWait)
 	case o.WriterLease < 0:
 		return fmt.Errorf("--writer-lease = %v: must be ≥ 0 (0: off)", o.WriterLease)
 	case o.WriterLease > 0 && o.WriterLease < 2*o.Heartbeat:
@@ -407,6 +415,15 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 	return c
 }
 
+// proofWait is Options.ProofWait, or by default as long as the missed
+// heartbeats took, at least a second, at most five.
+func (o Options) proofWait() time.Duration {
+	if o.ProofWait > 0 {
+		return o.ProofWait
+	}
+	return min(max(o.Heartbeat*time.Duration(o.HeartbeatMisses), time.Second), 5*time.Second)
+}
+
 // role is one process's node and what the workload watches of it.
 type role struct {
 	*node.Node
@@ -421,7 +438,7 @@ type role struct {
 }
 
 func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
-	r := &role{down: make(chan struct{}), log: o.Log, proofWait: min(max(o.Heartbeat*time.Duration(o.HeartbeatMisses), time.Second), 5*time.Second)}
+	r := &role{down: make(chan struct{}), log: o.Log, proofWait: o.proofWait()}
 	// The heap the collector's floor lets grow, resident before the first
 	// request rather than faulted in over the first thousands
 	// (internal/gcfloor; nothing where no floor is set).
@@ -1265,7 +1282,8 @@ func onlyNotWithdrawn(err error) bool {
 // reported quarantined at the end). Missed heartbeats used to give the
 // proof that time; the wait gives it back, no longer than they took (at
 // least a second, at most five). A peer whose exit cannot be proven from
-// here leaves them quarantined: the report says so.
+// here leaves them quarantined: the report says so. Options.ProofWait
+// sets the bound instead.
 func (n *role) awaitProof() {
 	pools := n.eng.Pools()
 	if pools.Quarantined() == 0 {

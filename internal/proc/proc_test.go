@@ -149,6 +149,41 @@ func TestWriterLease(t *testing.T) {
 	}
 }
 
+// TestProofWait: a role whose peer went down waits for the proof as long
+// as Options.ProofWait says, or by default as long as the missed
+// heartbeats took (1 to 5 s); a negative wait is named before anything
+// opens.
+func TestProofWait(t *testing.T) {
+	base := Options{Requests: 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1, Heartbeat: time.Second, Insecure: true,
+		Bind: "tcp://127.0.0.1:0", PeerEndpoint: "tcp://127.0.0.1:1"}
+	for _, c := range []struct {
+		hb     time.Duration
+		misses int
+		wait   time.Duration
+		want   time.Duration
+	}{
+		{200 * time.Millisecond, 3, 0, time.Second},
+		{time.Second, 3, 0, 3 * time.Second},
+		{time.Second, 60, 0, 5 * time.Second},
+		{time.Second, 60, time.Minute, time.Minute},
+		{time.Second, 3, 100 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		o := base
+		o.Heartbeat, o.HeartbeatMisses, o.ProofWait = c.hb, c.misses, c.wait
+		if err := o.validate(); err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if got := o.proofWait(); got != c.want {
+			t.Errorf("heartbeat %v × %d, ProofWait %v: waits %v, want %v", c.hb, c.misses, c.wait, got, c.want)
+		}
+	}
+	o := base
+	o.ProofWait = -time.Second
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "ProofWait = -1s: must be ≥ 0") {
+		t.Fatalf("ProofWait -1s: %v", err)
+	}
+}
+
 // TestOnlyNotWithdrawn: a role's close error that is nothing but etcd's
 // record not withdrawn (etcd gone at the end) leaves the run's outcome as
 // it was, a warning; any other close error still fails it.
