@@ -289,6 +289,10 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	n.exitMu.RUnlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Uint32("pid", w.pid).Int("requests", reqs).Logger()
 	switch {
+	case errors.Is(err, kvxfer.ErrClosed):
+		// This node's engine is closing (its Close began before engDone
+		// is set): nothing of it waits for the proof any more.
+		lg.Debug().Err(err).Msgf("peer %s's process %d exited as this node's engine closes", peer, w.pid)
 	case err != nil:
 		lg.Warn().Err(err).Msgf("peer %s's process %d exited; the engine did not answer", peer, w.pid)
 	case !tied && reqs == 0:
@@ -337,6 +341,8 @@ func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSi
 	n.exitMu.RUnlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Int("requests", reqs).Logger()
 	switch {
+	case errors.Is(err, kvxfer.ErrClosed):
+		lg.Debug().Err(err).Msgf("peer %s closed after draining its writes as this node's engine closes", peer)
 	case err != nil:
 		lg.Warn().Err(err).Msgf("peer %s closed after draining its writes; the engine did not answer", peer)
 	case reqs == 0:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/internal/pidwatch/pidwatchtest"
 	"github.com/kvxfer/kvxfer/messages"
@@ -368,5 +369,44 @@ func TestExitProofReachesTheAgent(t *testing.T) {
 	defer a.mu.Unlock()
 	if want := "agent-0 ctx/0 " + exitHow; len(a.proofs) != 1 || a.proofs[0] != want {
 		t.Fatalf("the agent got the exit proofs %q, want only %q (the process that maps the pool)", a.proofs, want)
+	}
+}
+
+// closedSink is an engine that closed: every query says ErrClosed.
+type closedSink struct{}
+
+func (closedSink) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+	return 0, fmt.Errorf("kvxfer: WriterExited(%s, incarnation %d): %w", peer, inc, kvxfer.ErrClosed)
+}
+
+func (closedSink) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
+	return 0, fmt.Errorf("kvxfer: WriterRequests(%s, incarnation %d): %w", peer, inc, kvxfer.ErrClosed)
+}
+
+// A proof (a pidfd exit, a drained goodbye) that reaches this node's
+// engine as it closes (its Close began before the node set engDone) is
+// logged at debug, not as a warning that the engine did not answer: the
+// clean end of every two-process run warned. (Checked to fail without the
+// ErrClosed case: the lines came at warn.)
+func TestProofDuringEngineCloseIsNoWarning(t *testing.T) {
+	peer := messages.PeerID{Instance: "ctx", Rank: 0}
+	closed := func() exitSink { return closedSink{} }
+	for name, fn := range map[string]func(n *Node){
+		"pidfd exit": func(n *Node) {
+			w := &watch{peer: peer, inc: 1, pid: 42}
+			w.tied.Store(true)
+			n.writerExited(w, closed)
+		},
+		"drained goodbye": func(n *Node) { n.writerDrained(peer, 1, closed) },
+	} {
+		n := &Node{log: zerolog.Nop()}
+		lines := logLines(t, n, func() { fn(n) })
+		if len(lines) != 1 {
+			t.Fatalf("%s: %d log lines %v, want 1", name, len(lines), lines)
+		}
+		msg, _ := lines[0]["message"].(string)
+		if lines[0]["level"] != "debug" || !strings.Contains(msg, "as this node's engine closes") {
+			t.Errorf("%s: logged %v, want one debug line saying the engine closes", name, lines[0])
+		}
 	}
 }
