@@ -827,13 +827,15 @@ func awaitGenLeaves(ctx context.Context, n *role, o Options) string {
 	defer t.Stop()
 	tick := time.NewTicker(orphanPoll)
 	defer tick.Stop()
+	st := n.eng.Stats()
+	base := st.OrphanRequests + st.OrphansEnded
 	for {
-		if cause := orphanCause(n.eng, o); cause != "" {
+		if cause := orphanCause(n.eng, o, base); cause != "" {
 			return cause
 		}
 		select {
 		case <-n.down:
-			return orphanCause(n.eng, o) // what came before its goodbye
+			return orphanCause(n.eng, o, base) // what came before its goodbye
 		case <-ctx.Done():
 			return ""
 		case <-t.C:
@@ -845,47 +847,55 @@ func awaitGenLeaves(ctx context.Context, n *role, o Options) string {
 }
 
 // orphanCause names the requests the generation side asked this context
-// engine for that no Send of it took (kvxfer.Stats.OrphanRequests and
-// OrphansEnded, kvxfer.Engine.OrphanIDs), or "" when there are none. One
-// past this role's request list (its --requests) is named first: the
-// generation process was given more.
-func orphanCause(e *kvxfer.Engine, o Options) string {
+// engine for past this role's request list (kvxfer.Stats.OrphanRequests
+// and OrphansEnded, kvxfer.Engine.OrphanIDs), or "" when none is known.
+// base is the orphans' count (live and ended) when the wait began, once
+// every request of this role was sent.
+func orphanCause(e *kvxfer.Engine, o Options, base int64) string {
 	st := e.Stats()
-	total := st.OrphanRequests + st.OrphansEnded
-	if total == 0 {
-		return ""
-	}
-	return orphanText(e.OrphanIDs(), total, o.Requests)
+	return orphanText(e.OrphanIDs(), st.OrphanRequests+st.OrphansEnded, base, o.Requests)
 }
 
-// orphanText is orphanCause's text for total orphans, ids the first few,
-// beside a request list of requests.
-func orphanText(ids []string, total int64, requests int) string {
+// orphanText is orphanCause's text: ids are the first few orphans named,
+// total the orphans counted so far, base those counted when the wait
+// began, requests this role's request list. An orphan of this role's own
+// list is no mismatch: its RequestData came before this role's Send and
+// ended first (the generation side's deadline passed, it cancelled), and
+// that request's own failure says so. So the cause is a named orphan past
+// the list, or an orphan that came once every request of the list was
+// sent (one of the list would have found its Send: only one past it can
+// be an orphan then). Orphans of the list alone, before the wait, are no
+// cause: with the list's first few filling the names, one past it that
+// ended before the wait is not seen (the run then ends as before).
+func orphanText(ids []string, total, base int64, requests int) string {
 	if total == 0 {
 		return ""
-	}
-	more := func(named string) string {
-		if total > 1 {
-			return fmt.Sprintf("%s (and %d more)", named, total-1)
-		}
-		return named
 	}
 	mine := make(map[string]bool, requests)
 	for i := range requests {
 		mine[RequestID(i)] = true
 	}
+	var past []string
 	for _, id := range ids {
 		if !mine[id] {
-			return fmt.Sprintf("the generation process asked for %s, past this process's --requests %d; give both roles the same --requests",
-				more(id), requests)
+			past = append(past, id)
 		}
 	}
-	named := "requests"
-	if len(ids) > 0 {
-		named = ids[0]
+	more := func(named string, n int64) string {
+		if n > 1 {
+			return fmt.Sprintf("%s (and %d more)", named, n-1)
+		}
+		return named
 	}
-	return fmt.Sprintf("the generation process asked for %s that no request of this process took (its --requests %d); give both roles the same request list",
-		more(named), requests)
+	switch {
+	case len(past) > 0:
+		return fmt.Sprintf("the generation process asked for %s, past this process's --requests %d; give both roles the same --requests",
+			more(past[0], max(int64(len(past)), total-base)), requests)
+	case total > base:
+		return fmt.Sprintf("the generation process asked for %s after this process sent every request of its --requests %d; give both roles the same request list",
+			more("a request", total-base), requests)
+	}
+	return ""
 }
 
 // lastEnd tells whether the peer was declared down before the run's last

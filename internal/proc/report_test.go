@@ -303,22 +303,27 @@ func TestGenWithMoreRequestsFailsTheContextRole(t *testing.T) {
 }
 
 // TestOrphanCause: the cause names the first orphan past this role's
-// request list and how many more there are; orphans within it (a request
-// whose Send was refused) are named as requests no Send took.
+// request list and how many more there are, or an orphan that came once
+// every request of the list was sent; orphans of the list itself before
+// the wait (a request whose RequestData came first and timed out before
+// its Send) are no mismatch. (The last two cases failed before: such an
+// orphan was blamed on the request lists.)
 func TestOrphanCause(t *testing.T) {
 	for _, c := range []struct {
 		ids         []string
-		live, ended int64
+		total, base int64
 		want        string
 	}{
 		{nil, 0, 0, ""},
 		{[]string{"req-8"}, 1, 0, "the generation process asked for req-8, past this process's --requests 8; give both roles the same --requests"},
-		{[]string{"req-8", "req-9"}, 1, 2, "the generation process asked for req-8 (and 2 more), past this process's --requests 8; give both roles the same --requests"},
-		{[]string{"req-3", "req-9"}, 0, 2, "the generation process asked for req-9 (and 1 more), past this process's --requests 8"},
-		{[]string{"req-3"}, 0, 1, "the generation process asked for req-3 that no request of this process took (its --requests 8)"},
+		{[]string{"req-8", "req-9"}, 3, 0, "the generation process asked for req-8 (and 2 more), past this process's --requests 8; give both roles the same --requests"},
+		{[]string{"req-3", "req-9"}, 2, 1, "the generation process asked for req-9, past this process's --requests 8"},
+		{[]string{"req-0", "req-1", "req-2", "req-3"}, 5, 4, "the generation process asked for a request after this process sent every request of its --requests 8"},
+		{[]string{"req-3"}, 1, 1, ""},
+		{[]string{"req-0", "req-1", "req-2", "req-3"}, 6, 6, ""},
 	} {
-		if got := orphanText(c.ids, c.live+c.ended, 8); !strings.HasPrefix(got, c.want) || (c.want == "") != (got == "") {
-			t.Errorf("orphans %v (%d live, %d ended): %q, want %q", c.ids, c.live, c.ended, got, c.want)
+		if got := orphanText(c.ids, c.total, c.base, 8); !strings.HasPrefix(got, c.want) || (c.want == "") != (got == "") {
+			t.Errorf("orphans %v (%d, %d at the wait's start): %q, want %q", c.ids, c.total, c.base, got, c.want)
 		}
 	}
 }
