@@ -34,7 +34,8 @@ func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 	defer cancel()
 	err := genN.WaitPeers(ctx)
 	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "ctx/0 at "+cc.Bind) ||
-		!strings.Contains(err.Error(), mismatch) || strings.Contains(err.Error(), "hung up") {
+		!strings.Contains(err.Error(), mismatch) || strings.Contains(err.Error(), "hung up") ||
+		zmq.CauseOf(err) != zmq.CauseMechanismMismatch {
 		t.Fatalf("WaitPeers = %v, want ErrHandshake naming ctx/0 at %s and %q, not the hang-up", err, cc.Bind, mismatch)
 	}
 	if !waiting.Load() {
@@ -79,14 +80,20 @@ func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	}
 }
 
+// The driven reasons are worded unlike control/zmq's: node decides by
+// their zmq.Cause, not their words. The hang-up's starts as the link's
+// mismatch did and the mismatch's names no "security mechanism mismatch"
+// at all; node's former prefix checks took the hang-up for the mismatch
+// (checked: both tests then fail, the error naming the hang-up).
 const (
-	hungUp   = "what listens there hung up during the handshake (broken pipe): a peer that uses CURVE does so on a security mechanism mismatch (we are insecure); or it is not a kvxfer engine at all"
-	mismatch = "security mechanism mismatch: we are insecure, the peer uses CURVE"
+	hungUp   = "security mechanism mismatch, a wrong server key or no kvxfer engine: what listens there hung up during the handshake (broken pipe)"
+	mismatch = "we are insecure and the peer uses CURVE: the two mechanisms differ"
 )
 
-// driveMismatchReason makes the link's reason for ctx/0's failed handshake
-// the hang-up until WaitPeers waits for its refusals, and the mechanism
-// mismatch from then on; the flag says whether that wait began.
+// driveMismatchReason makes the link's state of ctx/0's failed handshake
+// the hang-up (zmq.CauseHungUp) until WaitPeers waits for its refusals,
+// and the mechanism mismatch (zmq.CauseMechanismMismatch) from then on;
+// the flag says whether that wait began.
 func driveMismatchReason(t *testing.T) *atomic.Bool {
 	ctx0 := messages.PeerID{Instance: "ctx"}
 	var waiting atomic.Bool
@@ -99,9 +106,9 @@ func driveMismatchReason(t *testing.T) *atomic.Bool {
 		if id != ctx0 || err != nil || st.Conn != zmq.ConnHandshakeFailed {
 			return st, err
 		}
-		st.Reason = hungUp
+		st.Reason, st.Cause = hungUp, zmq.CauseHungUp
 		if waiting.Load() {
-			st.Reason = mismatch
+			st.Reason, st.Cause = mismatch, zmq.CauseMechanismMismatch
 		}
 		return st, nil
 	})

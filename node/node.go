@@ -996,28 +996,19 @@ func moreSpecific(first, later zmq.PeerState) zmq.PeerState {
 }
 
 // mechanismMismatch reports whether the link names a failed handshake a
-// security mechanism mismatch (one side insecure, the other CURVE).
+// security mechanism mismatch (one side insecure, the other CURVE). It
+// decides by the state's Cause, not by its Reason's words (a hang-up's
+// reason names the mismatch among its possible causes).
 func mechanismMismatch(st zmq.PeerState) bool {
-	return st.Conn == zmq.ConnHandshakeFailed && strings.HasPrefix(st.Reason, "security mechanism mismatch")
+	return st.Conn == zmq.ConnHandshakeFailed && st.Cause == zmq.CauseMechanismMismatch
 }
 
-// namesMistake reports whether a failed handshake's reason names its
-// mistake (control/zmq's protocolReason and its ZAP refusal: a security
-// mechanism mismatch, a cryptographic error, our key refused) rather
-// than only that what listens hung up or did not answer, which several
-// mistakes share. The link exports no such mark: its reasons' first
-// words are what tell (a hang-up's reason goes on to name the mismatch
-// among its possible causes).
+// namesMistake reports whether a failed handshake's cause names its
+// mistake (a security mechanism mismatch, a cryptographic error, our key
+// refused, another protocol error) rather than only that what listens
+// hung up or did not answer, which several mistakes share.
 func namesMistake(st zmq.PeerState) bool {
-	if st.Conn != zmq.ConnHandshakeFailed {
-		return false
-	}
-	for _, w := range []string{"security mechanism mismatch", "cryptographic error", "the peer refused our key"} {
-		if strings.HasPrefix(st.Reason, w) {
-			return true
-		}
-	}
-	return false
+	return st.Conn == zmq.ConnHandshakeFailed && st.Cause.NamesMistake()
 }
 
 // noteStranger keeps a Hello's sender that is none of the node's static

@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -56,6 +57,60 @@ func (s ConnState) String() string {
 	return fmt.Sprintf("ConnState(%d)", uint8(s))
 }
 
+// Cause classifies PeerState.Reason: which of the link's reasons it is,
+// for callers to decide by (Reason's words are for people and may change).
+type Cause uint8
+
+const (
+	// CauseNone: no reason (the connection is up, or nothing failed yet).
+	CauseNone Cause = iota
+	// CauseRefused: connection attempts fail before any handshake:
+	// nothing accepts them at the endpoint (refused or unreachable).
+	CauseRefused
+	// CauseStalled: the transport connected but the handshake has gone on
+	// without a word (ConnConnecting or ConnDown: a hint while it goes on).
+	CauseStalled
+	// CauseHandshakeTimeout: a handshake that stayed silent ended at
+	// libzmq's handshake timeout: nothing answered there.
+	CauseHandshakeTimeout
+	// CauseHungUp: what listens hung up during the handshake without
+	// naming why (a wrong server key, a mechanism mismatch libzmq did not
+	// name, or no kvxfer engine: the reason names them all).
+	CauseHungUp
+	// CauseMechanismMismatch: one side uses CURVE, the other does not
+	// (libzmq named the mismatch).
+	CauseMechanismMismatch
+	// CauseCryptographic: a cryptographic error in the handshake (a wrong
+	// public key on one side).
+	CauseCryptographic
+	// CauseKeyRefused: the peer's ZAP handler refused our public key.
+	CauseKeyRefused
+	// CauseProtocol: another ZeroMQ protocol error (its code in Reason).
+	CauseProtocol
+)
+
+var causeNames = [...]string{"none", "refused", "stalled", "handshake_timeout", "hung_up",
+	"mechanism_mismatch", "cryptographic", "key_refused", "protocol"}
+
+func (c Cause) String() string {
+	if int(c) < len(causeNames) {
+		return causeNames[c]
+	}
+	return fmt.Sprintf("Cause(%d)", uint8(c))
+}
+
+// NamesMistake reports whether the cause names the handshake's mistake
+// (a mechanism mismatch, a cryptographic error, our key refused, another
+// protocol error) rather than only that what listens hung up or did not
+// answer, which several mistakes share.
+func (c Cause) NamesMistake() bool {
+	switch c {
+	case CauseMechanismMismatch, CauseCryptographic, CauseKeyRefused, CauseProtocol:
+		return true
+	}
+	return false
+}
+
 // PeerState is the state of the link's heartbeat connection to one
 // directory peer (Link.PeerState). It says whether our side can reach the
 // peer; whether the peer reached us is Hello's business.
@@ -65,6 +120,9 @@ type PeerState struct {
 	// ConnConnecting and ConnDown, that the connection attempts fail:
 	// nothing accepts them at the endpoint (empty while none failed).
 	Reason string
+	// Cause is which reason Reason is (CauseNone when Reason is empty):
+	// decide by it, not by Reason's words.
+	Cause Cause
 	// Endpoint is the peer's endpoint the connection dials.
 	Endpoint string
 	// Since is when Conn last changed (Config.Clock).
@@ -81,13 +139,35 @@ func (s PeerState) String() string {
 	return s.Conn.String()
 }
 
-// Err is nil unless the handshake failed; then it wraps
-// ErrHandshakeFailed and says why.
+// Err is nil unless the handshake failed; then it is a *HandshakeError,
+// which wraps ErrHandshakeFailed and says why (CauseOf tells its Cause).
 func (s PeerState) Err() error {
 	if s.Conn != ConnHandshakeFailed {
 		return nil
 	}
-	return fmt.Errorf("%w with %s: %s", ErrHandshakeFailed, s.Endpoint, s.Reason)
+	return &HandshakeError{State: s}
+}
+
+// HandshakeError is PeerState.Err's error: the state of a connection
+// whose handshake failed. It wraps ErrHandshakeFailed.
+type HandshakeError struct {
+	State PeerState
+}
+
+func (e *HandshakeError) Error() string {
+	return fmt.Sprintf("%v with %s: %s", ErrHandshakeFailed, e.State.Endpoint, e.State.Reason)
+}
+
+func (e *HandshakeError) Unwrap() error { return ErrHandshakeFailed }
+
+// CauseOf is the Cause of the first *HandshakeError in err's chain, or
+// CauseNone when there is none.
+func CauseOf(err error) Cause {
+	var he *HandshakeError
+	if errors.As(err, &he) {
+		return he.State.Cause
+	}
+	return CauseNone
 }
 
 // PeerState reports the state of the link's heartbeat connection to peer:
@@ -164,7 +244,7 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 		if w.state.Conn == ConnHandshakeFailed {
 			return false
 		}
-		w.state.Reason = "" // something accepts connections again
+		w.state.Reason, w.state.Cause = "", CauseNone // something accepts connections again
 	case zmq4.EVENT_CONNECT_RETRIED:
 		// A connection attempt failed before any handshake (refused,
 		// unreachable, no such ipc:// file); libzmq retries. A failed
@@ -173,19 +253,19 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 			return false
 		}
 		w.handshaking = false
-		w.state.Reason = refusedReason
+		w.state.Reason, w.state.Cause = refusedReason, CauseRefused
 	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
 		w.handshaking, w.spoke = false, true
 		w.named = time.Time{}
-		w.set(ConnUp, "", now)
+		w.set(ConnUp, CauseNone, "", now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_AUTH:
 		w.handshaking = false
 		w.named = now
-		w.set(ConnHandshakeFailed, fmt.Sprintf("the peer refused our key (ZAP status %d): this engine's public key is not among its peer keys", value), now)
+		w.set(ConnHandshakeFailed, CauseKeyRefused, fmt.Sprintf("the peer refused our key (ZAP status %d): this engine's public key is not among its peer keys", value), now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL:
 		w.handshaking = false
 		w.named = now
-		w.set(ConnHandshakeFailed, protocolReason(value, w.secure), now)
+		w.set(ConnHandshakeFailed, protocolCause(value), protocolReason(value, w.secure), now)
 	case zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
 		w.hungUp(value, now)
 		w.handshaking = false
@@ -195,12 +275,12 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 			w.hungUp(0, now)
 			w.handshaking = false
 		case w.state.Conn == ConnUp:
-			w.set(ConnDown, "", now)
+			w.set(ConnDown, CauseNone, "", now)
 		}
 	default:
 		return false
 	}
-	return w.state.Conn != old.Conn || w.state.Reason != old.Reason
+	return w.state.Conn != old.Conn || w.state.Reason != old.Reason || w.state.Cause != old.Cause
 }
 
 // hungUp records a handshake that ended without a word, unless a named
@@ -215,10 +295,10 @@ func (w *connWatch) hungUp(errno int, now time.Time) {
 		return
 	}
 	if w.handshaking && w.silent && now.Sub(w.connected) >= handshakeTimedOut {
-		w.set(ConnHandshakeFailed, w.stalledReason()+" (the handshake timed out)", now)
+		w.set(ConnHandshakeFailed, CauseHandshakeTimeout, w.stalledReason()+" (the handshake timed out)", now)
 		return
 	}
-	w.set(ConnHandshakeFailed, closedReason(errno, w.secure), now)
+	w.set(ConnHandshakeFailed, CauseHungUp, closedReason(errno, w.secure), now)
 }
 
 // handshakeStall is how long a connection's handshake may go on, the
@@ -253,7 +333,7 @@ func (w *connWatch) stalled(now time.Time) bool {
 	if w.state.Conn == ConnHandshakeFailed || w.state.Reason != "" {
 		return false
 	}
-	w.state.Reason = w.stalledReason()
+	w.state.Reason, w.state.Cause = w.stalledReason(), CauseStalled
 	return true
 }
 
@@ -270,11 +350,11 @@ func (w *connWatch) stalledReason() string {
 	return "connected to " + w.state.Endpoint + ", but nothing there completed a ZeroMQ handshake: is that the peer's control endpoint (and its process not stopped, nor too loaded to answer)?"
 }
 
-func (w *connWatch) set(c ConnState, reason string, now time.Time) {
+func (w *connWatch) set(c ConnState, cause Cause, reason string, now time.Time) {
 	if c != w.state.Conn {
 		w.state.Since = now
 	}
-	w.state.Conn, w.state.Reason = c, reason
+	w.state.Conn, w.state.Reason, w.state.Cause = c, reason, cause
 }
 
 // refusedReason is PeerState.Reason while connection attempts fail
@@ -286,6 +366,17 @@ const (
 	protocolErrorCryptographic     = 0x11000001
 	protocolErrorMechanismMismatch = 0x11000002
 )
+
+// protocolCause is the Cause of protocolReason(code, ...).
+func protocolCause(code int) Cause {
+	switch code {
+	case protocolErrorMechanismMismatch:
+		return CauseMechanismMismatch
+	case protocolErrorCryptographic:
+		return CauseCryptographic
+	}
+	return CauseProtocol
+}
 
 func protocolReason(code int, secure bool) string {
 	switch code {

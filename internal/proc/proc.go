@@ -1204,7 +1204,7 @@ func handshakeHint(err error, o Options, own string) error {
 	if !errors.Is(err, node.ErrHandshake) {
 		return err
 	}
-	if strings.Contains(err.Error(), mechanismMismatch) {
+	if zmq.CauseOf(err) == zmq.CauseMechanismMismatch {
 		// Naming the keys sent the user comparing key files that were
 		// right.
 		return fmt.Errorf("%w (give both roles --insecure, or neither)", err)
@@ -1215,12 +1215,6 @@ func handshakeHint(err error, o Options, own string) error {
 	}
 	return err
 }
-
-// mechanismMismatch is in a handshake's error when the link saw that one
-// side uses CURVE and the other does not (control/zmq's reason, which
-// node matches too); a reason that only suspects it says "on a security
-// mechanism mismatch;".
-const mechanismMismatch = "security mechanism mismatch: "
 
 // keyPrefix is the first 8 characters of a Z85 public key, as the link's
 // logs name a key.
