@@ -71,6 +71,11 @@ var (
 	// protocol (a writer's Result that fails validation, such as a status
 	// this version does not know).
 	ErrMismatch = actors.ErrMismatch
+	// ErrPromptMismatch: the two sides planned different prompt lengths
+	// for a request (their request lists differ). On the context side the
+	// request's error matches it and ErrMismatch; on the generation side,
+	// told by the context side's FAILED Result, it and ErrPeerFailed.
+	ErrPromptMismatch = actors.ErrPromptMismatch
 	// ErrFrameUnsent: a request's control frame did not leave this process
 	// (the peer could not be dialled, its connection closed); on the
 	// context side, a SUCCESS Result that did not leave fails the request.

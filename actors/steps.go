@@ -125,6 +125,7 @@ var (
 	ErrEngineFailed   = core.ErrEngineFailed
 	ErrPin            = core.ErrPin
 	ErrMismatch       = core.ErrMismatch
+	ErrPromptMismatch = core.ErrPromptMismatch
 	ErrFrameUnsent    = core.ErrFrameUnsent
 )
 

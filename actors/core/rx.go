@@ -451,7 +451,11 @@ func (s *RxSession) onFrame(m RxFrame) {
 		if f.Status == messages.StatusCancelled {
 			st, cause = RxCancelled, ErrPeerCancelled
 		}
-		s.terminal(st, fmt.Errorf("%w: request %s writer %s: %s: %s", cause, s.cfg.Request, f.From, f.Status, f.Error))
+		err := fmt.Errorf("%w: request %s writer %s: %s: %s", cause, s.cfg.Request, f.From, f.Status, f.Error)
+		if f.Status == messages.StatusFailed && strings.Contains(f.Error, promptMismatchWords) {
+			err = tagged{err, ErrPromptMismatch} // the context side's promptMismatch
+		}
+		s.terminal(st, err)
 	case *messages.CancelAck:
 		s.writers[m.Writer] = writerStopped
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: writer %s acknowledged a cancel", ErrPeerCancelled, s.cfg.Request, f.From))

@@ -517,11 +517,27 @@ func (s *TxSession) payloadRefusedBy(r *Route) error {
 }
 
 // promptMismatch names both prompt lengths of a request whose generation
-// rank planned for another prompt than the one Send describes.
+// rank planned for another prompt than the one Send describes; the error
+// matches ErrMismatch and ErrPromptMismatch.
 func (s *TxSession) promptMismatch(peer messages.PeerID, theirs int) error {
-	return fmt.Errorf("%w: request %s: generation rank %s planned a prompt of %d tokens, Send has %d tokens",
-		ErrMismatch, s.cfg.Request, peer, theirs, s.promptLn)
+	return tagged{fmt.Errorf("%w: request %s: generation rank %s "+promptMismatchWords+" %d tokens, Send has %d tokens",
+		ErrMismatch, s.cfg.Request, peer, theirs, s.promptLn), ErrPromptMismatch}
 }
+
+// promptMismatchWords are in promptMismatch's text, which reaches the
+// generation side only as a FAILED Result's Error: RxSession finds them
+// there to match its error to ErrPromptMismatch (the wire carries no
+// error kind). Both ends are in this package.
+const promptMismatchWords = "planned a prompt of"
+
+// tagged is err, which also matches tag (errors.Is) without a word of it
+// in the text.
+type tagged struct {
+	err, tag error
+}
+
+func (t tagged) Error() string   { return t.err.Error() }
+func (t tagged) Unwrap() []error { return []error{t.err, t.tag} }
 
 func (s *TxSession) onChunk(m TxChunk) {
 	if s.state.Terminal() && !mutAdmitAfterDrain() {

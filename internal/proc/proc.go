@@ -18,7 +18,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,11 +222,6 @@ func (r *Report) failed(err error) {
 func (o Options) listSettings() string {
 	return fmt.Sprintf("--requests %d --seed %d --min-tokens %d --max-tokens %d", o.Requests, o.Seed, o.MinTokens, o.MaxTokens)
 }
-
-// promptMismatchText is in the error of a request the context side failed
-// for another prompt length than this side planned (actors/core's
-// TxSession.promptMismatch), as it reaches this side in the Result.
-const promptMismatchText = "planned a prompt of"
 
 // settingsTag starts the context role's payload (listSettings follows).
 const settingsTag = "kvxfer-proc settings: "
@@ -588,7 +582,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				hoptrace.Mark("gen.done", RequestID(i))
 			}
 			if !res.OK {
-				if res.Err != nil && strings.Contains(res.Err.Error(), promptMismatchText) {
+				if errors.Is(res.Err, kvxfer.ErrPromptMismatch) {
 					// The context process's request list differs: its
 					// settings come only with a SUCCESS, which no request
 					// of such a run has. Name ours.
@@ -752,7 +746,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 			sent, err := ctxRequest(ctx, o, n, l, shape, i, pl, src, settings, &handed)
 			end.ended(err == nil)
 			if err != nil {
-				if strings.Contains(err.Error(), promptMismatchText) {
+				if errors.Is(err, kvxfer.ErrPromptMismatch) {
 					// As RunGen: the generation process planned another
 					// length, so its request list differs. Name ours.
 					mu.Lock()
@@ -1307,12 +1301,17 @@ func (n *role) awaitProof() {
 // outcomeErr is a failed request's error in the report. One cancelled
 // once its peer was down says so: the role cancels its live requests
 // then (outcome), and the engine's own word for that is only "actors:
-// cancelled", which named no cause.
+// cancelled", which named no cause. It wraps the engine's error (for
+// errors.Is: kvxfer.ErrPromptMismatch).
 func outcomeErr(id string, res kvxfer.Outcome, down <-chan struct{}, peer string) error {
-	if res.Status == kvxfer.StatusCancelled && closed(down) {
-		return fmt.Errorf("%s: %s after the %s peer went down: %v", id, res.Status, peer, res.Err)
+	verb := "%w"
+	if res.Err == nil {
+		verb = "%v" // "<nil>", as ever
 	}
-	return fmt.Errorf("%s: %s: %v", id, res.Status, res.Err)
+	if res.Status == kvxfer.StatusCancelled && closed(down) {
+		return fmt.Errorf("%s: %s after the %s peer went down: "+verb, id, res.Status, peer, res.Err)
+	}
+	return fmt.Errorf("%s: %s: "+verb, id, res.Status, res.Err)
 }
 
 func closed(c <-chan struct{}) bool {
