@@ -99,7 +99,7 @@ type Config struct {
 	MaxFrameBytes int
 	// SendHWM is each Conn's send queue in frames (default 1000); past it
 	// Send refuses a RequestData with ErrQueueFull. Terminal frames
-	// (Result, Cancel, CancelAck) are never refused for it: they wait in
+	// (Result, Cancel, CancelAck, Misaddressed) are never refused for it: they wait in
 	// the Conn's terminal backlog.
 	SendHWM int
 	// TerminalBacklog bounds each Conn's terminal backlog in frames

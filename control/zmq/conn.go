@@ -26,7 +26,7 @@ const (
 // between threads across a full memory barrier). Frames arrive in the
 // order Send accepted them. Send never blocks.
 //
-// Terminal frames (Result, Cancel, CancelAck) are never refused for queue
+// Terminal frames (Result, Cancel, CancelAck, Misaddressed) are never refused for queue
 // space: when the socket's queue (SendHWM) is full they wait, in order, in
 // the Conn's terminal backlog (at most Config.TerminalBacklog frames),
 // which a flusher goroutine moves into the socket as it drains. While a
@@ -55,10 +55,14 @@ var _ control.Conn = (*Conn)(nil)
 func (c *Conn) Peer() messages.PeerID { return c.peer }
 
 // terminal reports whether f ends or answers a request: such frames are
-// never dropped for queue space.
+// never dropped for queue space. A Misaddressed is one: it is the only
+// answer a RequestData addressed to an earlier incarnation gets, and it
+// is often the first frame a just-restarted context rank sends its peer,
+// on a Conn whose connection is not up yet (refused, the request waited
+// for an answer until its deadline).
 func terminal(f messages.Frame) bool {
 	switch f.(type) {
-	case *messages.Result, *messages.Cancel, *messages.CancelAck:
+	case *messages.Result, *messages.Cancel, *messages.CancelAck, *messages.Misaddressed:
 		return true
 	}
 	return false

@@ -40,7 +40,7 @@
 //
 //   - a RequestData (or Hello) is refused with ErrQueueFull; it was not
 //     queued, the Conn stays usable and what it queued before stays queued;
-//   - a terminal frame (Result, Cancel, CancelAck) is never refused for the
+//   - a terminal frame (Result, Cancel, CancelAck, Misaddressed) is never refused for the
 //     queue: it waits in the Conn's terminal backlog, in order, and a
 //     flusher goroutine moves the backlog into the socket as the queue
 //     drains (retrying every 1..50ms). While a backlog waits, every later

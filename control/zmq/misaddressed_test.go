@@ -1,6 +1,7 @@
 package zmq
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -89,5 +90,37 @@ func TestMisaddressedBeforeHelloIsDelivered(t *testing.T) {
 		if len(got) != 1 || f.rejected(RejectNoHello)-before != 1 {
 			t.Fatalf("%s before Hello: delivered %d, rejected %d; want rejected (no_hello)", name, len(got)-1, f.rejected(RejectNoHello)-before)
 		}
+	}
+}
+
+// A Misaddressed is often the first frame a just-restarted context rank
+// sends the generation rank (its answer to a RequestData addressed to its
+// predecessor), on a Conn dialled for it, whose connection is not up yet.
+// It waits in the Conn's terminal backlog, behind the Conn's Hello, and
+// arrives once the connection is up, as a Result would; it used to be
+// refused (ErrQueueFull: "1 frames (a Hello …) wait in the backlog") and
+// dropped, and the request it answered waited until its deadline.
+// Checked: without Misaddressed in terminal() Send returns ErrQueueFull.
+func TestMisaddressedWaitsForTheConnection(t *testing.T) {
+	endpoint := "ipc://" + filepath.Join(t.TempDir(), "gen.sock")
+	ctx := listen(t, pid("ctx", 0), Config{Insecure: true})
+	genID := pid("gen", 0)
+	if err := ctx.link.AddPeer(genID, endpoint); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ctx.link.Dial(genID) // nobody listens there yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mis := &messages.Misaddressed{RequestID: "r1", Epoch: 7, From: ctx.id, Addressed: 1,
+		Incarnations: messages.Incarnations{FromIncarnation: 2, ToIncarnation: 5}}
+	if err := conn.Send(mis); err != nil {
+		t.Fatalf("a Misaddressed on a Conn not connected yet: %v, want it kept until the connection is up", err)
+	}
+	gen := listen(t, genID, Config{Insecure: true, Bind: endpoint})
+	waitFor(t, patience, "the Misaddressed", func() bool { return gen.in.len() >= 1 })
+	if got, ok := gen.in.snapshot()[0].(*messages.Misaddressed); !ok || got.RequestID != "r1" {
+		t.Fatalf("delivered %+v, want the Misaddressed of r1", gen.in.snapshot()[0])
 	}
 }

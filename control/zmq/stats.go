@@ -94,7 +94,7 @@ type Stats struct {
 	// RequestData (and Hellos) past SendHWM, and terminal frames past the
 	// terminal backlog (Config.TerminalBacklog).
 	QueueFull int64
-	// Backlogged counts terminal frames (Result, Cancel, CancelAck) that
+	// Backlogged counts terminal frames (Result, Cancel, CancelAck, Misaddressed) that
 	// found the send queue full and waited in their Conn's terminal
 	// backlog instead of being dropped.
 	Backlogged int64
