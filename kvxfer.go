@@ -86,6 +86,8 @@ type Engine struct {
 	// metrics and their server: nil unless Config.MetricsAddr is set.
 	metrics    *metrics.Set
 	metricsSrv *metrics.Server
+	// proofs counts the writers' proofs taken (WriterProven).
+	proofs proofCounters
 	// closeOnce runs Close's body once; every Close returns closeErr.
 	closeOnce sync.Once
 	closeErr  error
@@ -199,6 +201,9 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 	}
 	if r.MetricsAddr != "" {
 		e.metrics = metrics.New(self.String())
+		if err = e.proofs.register(e.metrics); err != nil {
+			return nil, fmt.Errorf("kvxfer: %w", err)
+		}
 		if e.metricsSrv, err = metrics.Serve(r.MetricsAddr, e.metrics.Handler()); err != nil {
 			return nil, fmt.Errorf("kvxfer: MetricsAddr: %w", err)
 		}
@@ -447,16 +452,10 @@ func (e *Engine) PeerAlive(peer messages.PeerID) {
 // ends the quarantine of the requests addressed to it. It returns how many
 // requests addressed to that incarnation were live or quarantined here (0:
 // the exit touched nothing, as at the end of a normal run), or an error
-// when the engine did not answer (closed).
+// when the engine did not answer (closed). The proof counts as
+// ProofExited (Stats.WriteProofs); WriterProven takes another kind.
 func (e *Engine) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
-	if !e.started() {
-		return 0, errNotStarted("WriterExited")
-	}
-	n, err := e.inner.WriterExited(peer, inc, how)
-	if err != nil {
-		return n, writerQueryErr("WriterExited", peer, inc, err)
-	}
-	return n, nil
+	return e.writerProven("WriterExited", peer, inc, ProofExited, how)
 }
 
 // writerQueryErr names method, the peer and the incarnation it was asked
@@ -554,6 +553,14 @@ type Stats struct {
 	// engine closed): a peer asked for requests this side never sent.
 	// Engine.OrphanIDs names the first few.
 	OrphansEnded int64
+	// WriteProofs, by ProofKind (WriteProofs[ProofDrainedGoodbye]): the
+	// proofs that every write of one writer incarnation is over that the
+	// engine took (WriterExited, WriterProven), and the requests they
+	// concerned (kvxfer_write_proofs_total and
+	// kvxfer_write_proof_requests_total). A proof that concerned no
+	// request counts as a proof; one the engine refused or did not answer
+	// (closed) counts nothing.
+	WriteProofs [NumProofKinds]ProofCount
 }
 
 // OrphanIDs names the first few requests (at most 4) that a generation
@@ -590,6 +597,7 @@ func (e *Engine) Stats() Stats {
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
 	o := e.inner.Orphans()
 	st.OrphanRequests, st.OrphansEnded = o.Live, o.Ended
+	st.WriteProofs = e.proofs.snapshot()
 	return st
 }
 

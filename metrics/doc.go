@@ -95,6 +95,18 @@
 //	                                                               moments). Sampled at scrape
 //	kvxfer_orphan_requests_ended_total  counter    -               such requests that ended with no Send ever adopting them (Stats.OrphansEnded):
 //	                                                               the generation side asked for requests this side never sent
+//	kvxfer_write_proofs_total           counter    kind            proofs that every write of one writer incarnation is over (DESIGN.md §3) the engine took,
+//	                                                               each ending the quarantine of that incarnation's requests (Stats.WriteProofs);
+//	                                                               kind (kvxfer.ProofKind): exited (Engine.WriterExited, the caller's own detector),
+//	                                                               pidfd_exit (node: the writer's process exited, seen by a pidfd, the process seen
+//	                                                               mapping this rank's pool), drained_goodbye (node: the writer closed after draining
+//	                                                               every write it started and said so in its goodbye). A proof that concerned no
+//	                                                               request counts; one refused (an untied or disputed process, a plain goodbye, a
+//	                                                               goodbye the link refused, an engine that closed) counts nothing. A request's own
+//	                                                               proofs (its writer's Result or CancelAck, a proven endpoint close) are not counted here
+//	kvxfer_write_proof_requests_total   counter    kind            requests those proofs concerned (addressed to the proven incarnation; live, draining or
+//	                                                               quarantined): they fail, and their blocks leave quarantine once every writer of the
+//	                                                               request is proven quiescent; the bytes released show in kvxfer_quarantined_bytes
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
 //	kvxfer_frames_unsent_total          counter    -               control frames not sent: a worker's dial or send failed, or a
 //	                                                               RequestData waited for its writer's Hello (none known)

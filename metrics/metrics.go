@@ -150,6 +150,19 @@ func (s *Set) CounterFunc(name, help string, f func() float64) error {
 	return s.wrap.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, f))
 }
 
+// CounterFuncs registers the counter Namespace_name with one series per
+// value of label, values[i] read from f(i) at each scrape: CounterFunc
+// for a count kept elsewhere by a label known when the engine starts.
+func (s *Set) CounterFuncs(name, help, label string, values []string, f func(i int) float64) error {
+	for i, v := range values {
+		if err := s.wrap.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help,
+			ConstLabels: prometheus.Labels{label: v}}, func() float64 { return f(i) })); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // GaugeFunc registers the gauge Namespace_name whose value f reads at each
 // scrape.
 func (s *Set) GaugeFunc(name, help string, f func() float64) error {

@@ -190,3 +190,25 @@ func TestRejectSources(t *testing.T) {
 	wantLines(t, scrape(), `kvxfer_frames_rejected_total{engine="gen/0",reason="identity"} 5`,
 		`kvxfer_frames_rejected_total{engine="gen/0",reason="decode"} 7`)
 }
+
+// TestCounterFuncs: one series per label value, each read from its own
+// index at scrape; a second registration of a value is refused.
+func TestCounterFuncs(t *testing.T) {
+	s := metrics.New("gen/0")
+	vals := []float64{3, 0}
+	if err := s.CounterFuncs("write_proofs_total", "proofs", "kind", []string{"pidfd_exit", "drained_goodbye"},
+		func(i int) float64 { return vals[i] }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CounterFuncs("write_proofs_total", "proofs", "kind", []string{"pidfd_exit"},
+		func(int) float64 { return 0 }); err == nil {
+		t.Error("a second write_proofs_total{kind=pidfd_exit} was registered")
+	}
+	vals[1] = 2
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	_, body := get(t, srv.URL)
+	wantLines(t, body,
+		`kvxfer_write_proofs_total{engine="gen/0",kind="pidfd_exit"} 3`,
+		`kvxfer_write_proofs_total{engine="gen/0",kind="drained_goodbye"} 2`)
+}

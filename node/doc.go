@@ -56,15 +56,17 @@
 //     unless it is a drained goodbye: a node whose engine's Close drained
 //     every write it started (kvxfer.Engine.WritesOver) says so in its
 //     goodbye, and a peer takes that as proof that the incarnation writes
-//     no more (Engine.WriterExited, "it closed after draining its writes
-//     (goodbye)"), as for a pidfd exit below, across hosts too.
+//     no more (Engine.WriterProven, kvxfer.ProofDrainedGoodbye, "it closed
+//     after draining its writes (goodbye)"), as for a pidfd exit below,
+//     across hosts too.
 //   - Proof of death (issue 17): a peer of this host and pid namespace
 //     whose Hello names its process (pid and start time, checked) is
 //     watched through a pidfd, on the shm backend and on ucx over shared
 //     memory. Its exit is proof only if that process was seen, alive,
 //     mapping this node's pool (checked at the Hello and before each of
 //     the peer's successful Results is delivered) and no other peer names
-//     it; then Engine.WriterExited frees its requests' quarantined pages
+//     it; then Engine.WriterProven (kvxfer.ProofPidfdExit) frees its
+//     requests' quarantined pages
 //     and Config.OnPeerDown is called (docs/membership.md). An exit that
 //     touched no request here is logged at info, one that did at warn.
 //   - Stale pool files of killed processes of this instance are swept at

@@ -112,6 +112,7 @@ func drainedGoodbyeCase(t *testing.T, drained bool) {
 			st := genN.Engine().Stats()
 			return st.QuarantinedBytes == 0 && st.RevokedHeldBlocks == 0
 		})
+		wantProofs(t, genN.Engine(), kvxfer.ProofDrainedGoodbye, kvxfer.ProofCount{Proofs: 1, Requests: 1})
 		if err := genN.Close(ctx); err != nil {
 			t.Fatalf("gen/0's Close after ctx/0's drained goodbye: %v, want nil", err)
 		}
@@ -136,6 +137,23 @@ func drainedGoodbyeCase(t *testing.T, drained bool) {
 	}
 	if !held() {
 		t.Fatal("the request's destination memory was given back after a goodbye that proves nothing")
+	}
+	wantProofs(t, genN.Engine(), 0, kvxfer.ProofCount{})
+}
+
+// wantProofs checks e's Stats.WriteProofs: want for kind, none of any
+// other kind.
+func wantProofs(t *testing.T, e *kvxfer.Engine, kind kvxfer.ProofKind, want kvxfer.ProofCount) {
+	t.Helper()
+	st := e.Stats()
+	for k := range kvxfer.NumProofKinds {
+		w := kvxfer.ProofCount{}
+		if kvxfer.ProofKind(k) == kind {
+			w = want
+		}
+		if got := st.WriteProofs[k]; got != w {
+			t.Errorf("Stats.WriteProofs[%s] = %+v, want %+v", kvxfer.ProofKind(k), got, w)
+		}
 	}
 }
 

@@ -87,7 +87,7 @@ func ucxSharedMemory(tls string) bool {
 
 // exitSink is where a proven exit goes: the node's engine.
 type exitSink interface {
-	WriterExited(peer messages.PeerID, inc uint64, how string) (int, error)
+	WriterProven(peer messages.PeerID, inc uint64, kind kvxfer.ProofKind, how string) (int, error)
 	WriterRequests(peer messages.PeerID, inc uint64) (int, error)
 }
 
@@ -133,7 +133,7 @@ type watch struct {
 // the peer serves this node's backend, names a process of this host and
 // pid namespace whose start time matches, and this incarnation is not
 // watched yet, the node opens a pidfd for it; when it becomes readable
-// the engine gets the proof (Engine.WriterExited) for that incarnation —
+// the engine gets the proof (Engine.WriterProven) for that incarnation —
 // provided the process was seen, while alive, mapping this node's pool
 // (tie; checked here and after each successful Result of the peer). A
 // peer's word names a process, the mapping proves it is one that can
@@ -282,7 +282,7 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	var reqs int
 	var err error
 	if tied {
-		reqs, err = e.WriterExited(peer, inc, exitHow)
+		reqs, err = e.WriterProven(peer, inc, kvxfer.ProofPidfdExit, exitHow)
 	} else {
 		reqs, err = e.WriterRequests(peer, inc)
 	}
@@ -327,7 +327,7 @@ const drainedHow = "it closed after draining its writes (goodbye)"
 // write it started (kvxfer.Engine.WritesOver), which proves, as its
 // process's exit would, that none of its writes can land any more. The
 // engine ends the quarantine of the requests addressed to that
-// incarnation (Engine.WriterExited), as for a pidfd exit, unless it is
+// incarnation (Engine.WriterProven), as for a pidfd exit, unless it is
 // closing (engDone). Nothing goes to the agent: its ExitProofTaker takes
 // a process's exit only. It runs on the link's listener goroutine.
 func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSink) {
@@ -337,7 +337,7 @@ func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSi
 		n.exitMu.RUnlock()
 		return
 	}
-	reqs, err := e.WriterExited(peer, inc, drainedHow)
+	reqs, err := e.WriterProven(peer, inc, kvxfer.ProofDrainedGoodbye, drainedHow)
 	n.exitMu.RUnlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Int("requests", reqs).Logger()
 	switch {

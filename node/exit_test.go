@@ -77,15 +77,17 @@ func TestWatchExitTrustsOnlyThisHostsProcess(t *testing.T) {
 // sink is an exitSink that records what the node told it.
 type sink struct {
 	mu       sync.Mutex
-	exited   []messages.PeerID // WriterExited calls
-	asked    []messages.PeerID // WriterRequests calls
-	requests int               // what both answer
+	exited   []messages.PeerID  // WriterProven calls
+	kinds    []kvxfer.ProofKind // their kinds
+	asked    []messages.PeerID  // WriterRequests calls
+	requests int                // what both answer
 }
 
-func (s *sink) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
+func (s *sink) WriterProven(peer messages.PeerID, inc uint64, kind kvxfer.ProofKind, how string) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.exited = append(s.exited, peer)
+	s.kinds = append(s.kinds, kind)
 	return s.requests, nil
 }
 
@@ -107,8 +109,9 @@ func (s *sink) calls() int {
 // process was seen mapping this node's pool. A Hello that names a
 // process of this host that does not map the pool (a lie, or a mistake)
 // gets a pidfd, but when that process exits the engine hears no
-// WriterExited: the peer's pages stay quarantined. A Hello that names the
-// process that maps the pool gets WriterExited when it exits.
+// WriterProven: the peer's pages stay quarantined. A Hello that names the
+// process that maps the pool gets WriterProven (ProofPidfdExit) when it
+// exits.
 func TestExitIsProofOnlyForAProcessMappingThePool(t *testing.T) {
 	n, path := newShmNode(t)
 	s := &sink{}
@@ -143,8 +146,8 @@ func TestExitIsProofOnlyForAProcessMappingThePool(t *testing.T) {
 	awaitCalls(t, s, 2)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.exited) != 1 || s.exited[0] != honest {
-		t.Fatalf("WriterExited for %v, want only %v (the process that maps the pool)", s.exited, honest)
+	if len(s.exited) != 1 || s.exited[0] != honest || s.kinds[0] != kvxfer.ProofPidfdExit {
+		t.Fatalf("WriterProven for %v (%v), want only %v (the process that maps the pool), a pidfd exit", s.exited, s.kinds, honest)
 	}
 	if len(s.asked) != 1 || s.asked[0] != lying {
 		t.Fatalf("requests asked for %v, want %v (the exit that proves nothing)", s.asked, lying)
@@ -208,7 +211,7 @@ func TestExitOfAProcessTwoPeersNameIsNoProof(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.exited) != 0 {
-		t.Fatalf("WriterExited for %v; want none (a process two peers name)", s.exited)
+		t.Fatalf("WriterProven for %v; want none (a process two peers name)", s.exited)
 	}
 }
 
@@ -375,8 +378,8 @@ func TestExitProofReachesTheAgent(t *testing.T) {
 // closedSink is an engine that closed: every query says ErrClosed.
 type closedSink struct{}
 
-func (closedSink) WriterExited(peer messages.PeerID, inc uint64, how string) (int, error) {
-	return 0, fmt.Errorf("kvxfer: WriterExited(%s, incarnation %d): %w", peer, inc, kvxfer.ErrClosed)
+func (closedSink) WriterProven(peer messages.PeerID, inc uint64, _ kvxfer.ProofKind, how string) (int, error) {
+	return 0, fmt.Errorf("kvxfer: WriterProven(%s, incarnation %d): %w", peer, inc, kvxfer.ErrClosed)
 }
 
 func (closedSink) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
