@@ -58,7 +58,8 @@
 //     goodbye, and a peer takes that as proof that the incarnation writes
 //     no more (Engine.WriterProven, kvxfer.ProofDrainedGoodbye, "it closed
 //     after draining its writes (goodbye)"), as for a pidfd exit below,
-//     across hosts too.
+//     across hosts too; a ucx agent takes it as well, for the agent
+//     address that incarnation's Hello named (ucx.Agent.PeerDrained).
 //   - Proof of death (issue 17): a peer of this host and pid namespace
 //     whose Hello names its process (pid and start time, checked) is
 //     watched through a pidfd, on the shm backend and on ucx over shared

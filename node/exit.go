@@ -321,16 +321,58 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 // drainedHow is the drained goodbye's proof, named in the requests' errors.
 const drainedHow = "it closed after draining its writes (goodbye)"
 
+// drainProofTaker is an agent that takes a drained goodbye as proof that
+// the peer agent's writes into its memory are over (ucx.Agent.PeerDrained).
+type drainProofTaker interface {
+	PeerDrained(addr []byte, identity, how string) error
+}
+
+// helloAgent is the agent address a peer's Hello named, for incarnation inc.
+type helloAgent struct {
+	inc  uint64
+	addr []byte
+}
+
+// noteAgent records the agent address h names (the link's listener
+// goroutine, for each new Hello) where the node's agent takes drained
+// goodbyes; an earlier incarnation's Hello does not replace a later one's.
+func (n *Node) noteAgent(h *messages.Hello) {
+	if _, ok := n.agent.(drainProofTaker); !ok || h.Incarnation == 0 || len(h.AgentAddr) == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if old, ok := n.agents[h.From]; ok && old.inc > h.Incarnation {
+		return
+	}
+	n.agents[h.From] = helloAgent{inc: h.Incarnation, addr: slices.Clone(h.AgentAddr)}
+}
+
 // writerDrained takes a drained goodbye of incarnation inc of peer (the
 // link told it after the goodbye's Down: zmq.Config.OnPeerDrained): its
 // node closed after its engine stopped reading frames and drained every
 // write it started (kvxfer.Engine.WritesOver), which proves, as its
 // process's exit would, that none of its writes can land any more. The
-// engine ends the quarantine of the requests addressed to that
-// incarnation (Engine.WriterProven), as for a pidfd exit, unless it is
-// closing (engDone). Nothing goes to the agent: its ExitProofTaker takes
-// a process's exit only. It runs on the link's listener goroutine.
+// agent, where it takes the proof (drainProofTaker: the ucx agent), hears
+// it first for the agent address that incarnation's Hello named, whether
+// or not the engine still runs (as for a pidfd exit): the peer agent's
+// writes into this node's memory are over, and what the agent kept for
+// a link to it that failed without proof is released. Then the engine
+// ends the quarantine of the requests addressed to that incarnation
+// (Engine.WriterProven), as for a pidfd exit, unless it is closing
+// (engDone). It runs on the link's listener goroutine.
 func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSink) {
+	if x, ok := n.agent.(drainProofTaker); ok {
+		n.mu.Lock()
+		ha, known := n.agents[peer]
+		n.mu.Unlock()
+		if known && ha.inc == inc {
+			if err := x.PeerDrained(ha.addr, peer.String(), drainedHow); err != nil {
+				n.log.Warn().Err(err).Str("peer", peer.String()).Uint64("incarnation", inc).
+					Msgf("peer %s closed after draining its writes, but its agent did not take the proof: what that agent keeps mapped for it stays", peer)
+			}
+		}
+	}
 	n.exitMu.RLock()
 	e := eng()
 	if e == nil || n.engDone {

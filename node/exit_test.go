@@ -413,3 +413,49 @@ func TestProofDuringEngineCloseIsNoWarning(t *testing.T) {
 		}
 	}
 }
+
+// drainAgent is an agent that records the drained goodbyes handed to it
+// (ucx.Agent.PeerDrained).
+type drainAgent struct {
+	rdma.Agent
+	proofs []string // "addr identity how"
+}
+
+func (a *drainAgent) PeerDrained(addr []byte, identity, how string) error {
+	a.proofs = append(a.proofs, fmt.Sprintf("%s %s %s", addr, identity, how))
+	return nil
+}
+
+// A drained goodbye is proof that the peer's writes are over for the ucx
+// agent as for the engine: the node hands it to its agent for the agent
+// address the Hello of that very incarnation named (a later
+// incarnation's agent is another one, and an earlier Hello does not
+// replace a later one's), whether or not the engine still runs, and the
+// engine gets it as a ProofDrainedGoodbye. Before the wiring the agent
+// got nothing, and kept what a failed link to the drained peer left
+// unproven.
+func TestDrainedGoodbyeReachesTheAgent(t *testing.T) {
+	a := &drainAgent{}
+	n := &Node{agent: a, agents: map[messages.PeerID]helloAgent{}, log: zerolog.Nop()}
+	s := &sink{}
+	eng := func() exitSink { return s }
+	peer := messages.PeerID{Instance: "ctx", Rank: 0}
+	hello := func(inc uint64, addr string) *messages.Hello {
+		return &messages.Hello{From: peer, Incarnation: inc, AgentAddr: []byte(addr)}
+	}
+	n.noteAgent(hello(1, "agent-1"))
+	n.noteAgent(hello(3, "agent-3"))
+	n.noteAgent(hello(2, "agent-2")) // late: no news
+	n.writerDrained(peer, 1, eng)    // superseded: its agent address is not known any more
+	n.writerDrained(peer, 3, eng)
+	n.writerDrained(peer, 3, func() exitSink { return nil }) // the engine gone: the agent still hears
+	want := "agent-3 ctx/0 " + drainedHow
+	if len(a.proofs) != 2 || a.proofs[0] != want || a.proofs[1] != want {
+		t.Fatalf("the agent got the drained goodbyes %q, want %q twice", a.proofs, want)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.kinds) != 2 || s.kinds[0] != kvxfer.ProofDrainedGoodbye || s.kinds[1] != kvxfer.ProofDrainedGoodbye {
+		t.Fatalf("the engine got proofs of kinds %v, want two drained goodbyes", s.kinds)
+	}
+}

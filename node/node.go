@@ -125,6 +125,10 @@ type Node struct {
 	untied   atomic.Int32
 	exitMu   sync.RWMutex
 	engDone  bool
+	// agents is the agent address each peer's latest Hello named, with
+	// its incarnation, under mu: where a drained goodbye of that
+	// incarnation goes when the agent takes it (exit.go: writerDrained).
+	agents map[messages.PeerID]helloAgent
 }
 
 // Open starts a node: it sweeps pool files left by killed processes of
@@ -142,7 +146,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		found: map[messages.PeerID]*found{}, pinned: map[messages.PeerID]string{}, refused: map[messages.PeerID]string{},
 		departed: map[messages.PeerID]departure{},
 		pastIncs: map[messages.PeerID][]uint64{},
-		watched:  map[messages.PeerID]*watch{}}
+		watched:  map[messages.PeerID]*watch{}, agents: map[messages.PeerID]helloAgent{}}
 	n.log = zerolog.Nop()
 	if cfg.Logger != nil {
 		n.log = *cfg.Logger
@@ -263,6 +267,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 				oneHost.noteHello(h)
 			}
 			n.noteStranger(h.From)
+			n.noteAgent(h)
 			n.watchExit(h, sink)
 		}
 		zc.OnFrame = n.onFrame

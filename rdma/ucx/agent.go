@@ -288,6 +288,37 @@ func (a *Agent) PeerExited(addr []byte, identity, how string) error {
 	return c.err
 }
 
+// PeerDrained takes the statement of the peer agent at addr, which
+// serves identity, that every write into this agent's memory it made is
+// over: its node's engine read its last frame and drained every write it
+// started (a drained goodbye on the control link, as kvxfer's
+// Engine.WritesOver reports it); how names the proof for the errors. The
+// caller vouches that the peer agent writes only for the engine
+// incarnation that made the statement (a node's agent serves its one
+// engine) and that the statement came on a link authenticated for that
+// incarnation. It is the proof the peer's bye gives: a link to the peer
+// that failed without proof (an unanswered hello's timeout, an error UCX
+// reported on its control endpoint), before or after, no longer keeps
+// deregistrations busy, nor Close from unmapping memory, whether
+// allocated (Alloc) or registered with ucp_mem_map (every write the peer
+// posted completed, or never reached the wire); nor does a bye of this
+// agent it leaves unacknowledged. A link still up stays up. It covers
+// nothing of this agent's own writes into the peer. The link's hello must
+// have named identity, as for PeerExited: else an error wrapping
+// rdma.ErrBadAddress, and nothing is released. No link to the agent:
+// nil, nothing to release.
+func (a *Agent) PeerDrained(addr []byte, identity, how string) error {
+	pa, err := parseAddress(addr)
+	if err != nil {
+		return fmt.Errorf("%s: peer drained: %w", a, err)
+	}
+	c := &call{addr: address{id: pa.id}, ident: identity, how: how, done: make(chan struct{})}
+	if !a.w.call(reqPeerDrained, c) {
+		return fmt.Errorf("%s: peer drained: %w", a, rdma.ErrAgentClosed)
+	}
+	return c.err
+}
+
 // KeepMemory has Close leave the memory this agent allocated (Alloc)
 // mapped, and its UCX context alive, for the rest of the process. A node
 // whose close could not prove every peer's writes over calls it first: a

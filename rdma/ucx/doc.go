@@ -118,7 +118,10 @@
 // and write; an endpoint error concerns that one endpoint of this agent,
 // not the peer's own. A deregistration waiting for its answer, and any
 // later one while that link stands, fails busy — until the peer, which
-// ran on, says bye after all (proof for all memory: below), or its exit
+// ran on, says bye after all (proof for all memory: below), or its node
+// says in a drained goodbye that every write its engine started is over
+// (Agent.PeerDrained: proof for all memory, as the bye; before the link
+// failed or after), or its exit
 // is proven from outside UCX (Agent.PeerExited, a node's pidfd), which
 // releases the memory this agent allocated (Alloc), not memory
 // registered with ucp_mem_map, into which what the peer queued is

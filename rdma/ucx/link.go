@@ -93,6 +93,13 @@ type link struct {
 	// its own threads; none for memory registered with ucp_mem_map, where
 	// what the peer queued is applied by this worker (unprovenFor).
 	exited string
+	// drained: the peer's node stated, after its engine read its last
+	// frame, that every write it started is over (a drained goodbye;
+	// Agent.PeerDrained; how, for the logs). Proof for all of this
+	// agent's memory, as the peer's bye is: whatever failure of the link
+	// came before or comes after leaves nothing unproven (unprovenFor),
+	// and an acknowledgement of this agent's bye is not needed.
+	drained string
 	// byeAcked: the peer acknowledged this agent's bye (it closed its
 	// endpoints to this agent first): an error on the control endpoint
 	// after that leaves nothing unproven.
@@ -112,10 +119,11 @@ type link struct {
 // unprovenFor says why the peer's writes into r may not be over since
 // its link failed ("" when they are over, or the link did not fail
 // unproven). The peer's exit (exited) clears it for memory this agent
-// allocated. Progress goroutine only.
+// allocated; its drained goodbye (drained) clears it for all memory.
+// Progress goroutine only.
 func (l *link) unprovenFor(r *registration) string {
-	if r.source {
-		return "" // no peer was told how to write into it
+	if r.source || l.drained != "" {
+		return "" // no peer was told how to write into it, or its writes are over
 	}
 	if l.exited != "" && r.alloc != nil {
 		return ""

@@ -39,6 +39,7 @@ const (
 	reqAlloc
 	reqFree
 	reqPeerExited
+	reqPeerDrained
 	reqRun // run fn on the progress goroutine (tests)
 )
 
@@ -67,7 +68,8 @@ type call struct {
 	by   time.Time
 	err  error
 	done chan struct{}
-	// ident and how: a peer's exit proof (Agent.PeerExited), for addr.
+	// ident and how: a peer's exit or drain proof (Agent.PeerExited,
+	// Agent.PeerDrained), for addr.
 	ident, how string
 	// source: a register of memory no peer is given a key to
 	// (Agent.RegisterSource).
@@ -423,6 +425,8 @@ func (w *worker) handle(r *request) {
 		w.free(r.call)
 	case reqPeerExited:
 		w.peerExited(r.call)
+	case reqPeerDrained:
+		w.peerDrained(r.call)
 	case reqRun:
 		r.fn()
 		r.call.reply(nil)
@@ -1130,7 +1134,9 @@ func (w *worker) checkTimers() {
 		}
 		if l.byeReq != 0 && now.After(l.byeBy) {
 			l.byeReq = 0
-			w.unacked = append(w.unacked, fmt.Sprintf("agent %s did not acknowledge the bye within %v", l.peer, w.a.opts.revoke))
+			if l.drained == "" { // else its writes are proven over
+				w.unacked = append(w.unacked, fmt.Sprintf("agent %s did not acknowledge the bye within %v", l.peer, w.a.opts.revoke))
+			}
 			w.dirty = true
 		}
 	}

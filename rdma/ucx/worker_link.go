@@ -333,6 +333,33 @@ func (w *worker) peerExited(c *call) {
 	c.reply(nil)
 }
 
+// peerDrained takes the peer's statement, made after its engine read
+// its last frame, that every write it started is over (Agent.PeerDrained:
+// its drained goodbye). As the peer's bye, it is proof for all of this
+// agent's memory, allocated or registered: what a failure of the link
+// left unproven is released, and a failure that comes later leaves
+// nothing unproven (link.drained). A link still up stays up (the peer's
+// agent may still say its bye); this agent's own writes into the peer
+// are not covered (link.cut and the endpoints' unproven closes stay).
+// The link must be the one to the agent that serves the proof's
+// identity, as for peerExited.
+func (w *worker) peerDrained(c *call) {
+	l := w.links[c.addr.id]
+	if l == nil {
+		c.reply(nil) // no link: no key of it, nothing it kept mapped
+		return
+	}
+	if ident := l.identity(); c.ident == "" || ident != c.ident {
+		c.reply(fmt.Errorf("%s: peer drained: %w: agent %s serves %q, the proof is for %q: nothing released", w.a, rdma.ErrBadAddress, l.peer, ident, c.ident))
+		return
+	}
+	if l.drained == "" {
+		l.drained = c.how
+		w.dirty = true
+	}
+	c.reply(nil)
+}
+
 // stepLinks acknowledges byes whose endpoints have closed and counts the
 // links with a deadline. A bye is not acknowledged when an endpoint of
 // this agent to that peer had writes cut on the wire without proof
@@ -697,7 +724,7 @@ func (w *worker) stepShutdown() {
 			if !w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) {
 				continue // the link failed as it was sent
 			}
-			if l.silent != "" {
+			if l.silent != "" && l.drained == "" {
 				w.unacked = append(w.unacked, fmt.Sprintf("agent %s is silent (%s), so its acknowledgement was not waited for", l.peer, l.silent))
 				continue
 			}
@@ -726,6 +753,9 @@ func (w *worker) stepShutdown() {
 // unprovenOf says why the peer of l may still write into a registration
 // of this agent since its link failed ("" if into none).
 func (w *worker) unprovenOf(l *link) string {
+	if l.drained != "" {
+		return ""
+	}
 	if l.exited == "" {
 		return l.unproven
 	}
@@ -798,7 +828,7 @@ func (w *worker) teardown() {
 	w.mu.Unlock()
 	for _, r := range late {
 		switch r.kind {
-		case reqConnect, reqRegister, reqAlloc, reqPeerExited:
+		case reqConnect, reqRegister, reqAlloc, reqPeerExited, reqPeerDrained:
 			r.call.reply(fmt.Errorf("%s: %w", w.a, rdma.ErrAgentClosed))
 		case reqFree:
 			r.call.reply(nil)
