@@ -1,3 +1,5 @@
+//go:build cgo && linux && !kvxfer_noucx
+
 package ucx
 
 import (
