@@ -106,7 +106,8 @@ type Config struct {
 	// (default DefaultTerminalBacklog): terminal frames that found the
 	// send queue full wait there, in order, and are sent as soon as the
 	// queue has room. Past it (a peer unreachable for long) Send returns
-	// ErrQueueFull for terminal frames too. Size it to the sessions a
+	// ErrTerminalBacklogFull (an ErrQueueFull) for terminal frames too:
+	// the frame is not sent, now or later. Size it to the sessions a
 	// peer can have at once.
 	TerminalBacklog int
 	// Clock tells the listener the time (default time.Now).
@@ -140,11 +141,23 @@ type Curve struct {
 // Errors of package zmq; see also control.ErrClosed, control.ErrDuplicate
 // and control.ErrPeerGone, which it wraps where they apply.
 var (
-	ErrConfig              = errors.New("control/zmq: bad config")
-	ErrNotListening        = errors.New("control/zmq: not listening")
-	ErrQueueFull     error = &sentinel{"control/zmq: send queue full", control.ErrQueueFull}
-	ErrFrameTooLarge       = errors.New("control/zmq: frame too large")
-	ErrNoServerKey         = errors.New("control/zmq: no CURVE server key for peer")
+	ErrConfig             = errors.New("control/zmq: bad config")
+	ErrNotListening       = errors.New("control/zmq: not listening")
+	ErrQueueFull    error = &sentinel{"control/zmq: send queue full", control.ErrQueueFull}
+	// ErrTerminalBacklogFull: Send refused a terminal frame (Result,
+	// Cancel, CancelAck, Misaddressed) because the Conn's terminal
+	// backlog is full. It wraps ErrQueueFull (keep the Conn: closing it
+	// drops its backlog), but unlike a refused RequestData nothing sends
+	// the frame later: the request it answers must be ended knowingly.
+	ErrTerminalBacklogFull error = &sentinel{"control/zmq: terminal backlog full", ErrQueueFull}
+	// ErrTerminalDropped: terminal frames that Send had accepted into a
+	// Conn's backlog were dropped unsent (the Conn or the Link closed
+	// before the peer took them, or the socket failed). Conn.Close
+	// returns it, naming the peer and the count; so does Send once the
+	// socket failed.
+	ErrTerminalDropped = errors.New("control/zmq: terminal frames dropped unsent")
+	ErrFrameTooLarge   = errors.New("control/zmq: frame too large")
+	ErrNoServerKey     = errors.New("control/zmq: no CURVE server key for peer")
 	// ErrEndpointInUse: Listen found its ipc:// path held by a live
 	// process (libzmq would silently take the path over).
 	ErrEndpointInUse = errors.New("control/zmq: endpoint in use")

@@ -43,13 +43,40 @@ type Conn struct {
 	helloInc  uint64 // the peer's incarnation when this Conn last said Hello
 	helloSent bool   // this Conn's Hello went out (or waits in the backlog)
 	closed    bool
-	backlog   [][]byte      // terminal frames (and the Hellos before them) waiting for room
+	backlog   []pending     // terminal frames (and the Hellos before them) waiting for room
+	dropped   int           // terminal frames accepted into the backlog and dropped unsent
+	broken    error         // the socket refused for good: Send returns it
 	flushing  bool          // a flusher goroutine is running
 	idle      chan struct{} // closed by the flusher once the backlog left (a Close waits on it)
 	flusher   sync.WaitGroup
 }
 
 var _ control.Conn = (*Conn)(nil)
+
+// pending is one frame in a terminal backlog: a terminal frame, or a
+// Hello queued before one.
+type pending struct {
+	b        []byte
+	terminal bool
+}
+
+// dropBacklogLocked drops the backlog and counts the terminal frames in
+// it as dropped unsent (Stats.TerminalDropped; Close reports them).
+// Callers hold c.mu.
+func (c *Conn) dropBacklogLocked() int {
+	n := 0
+	for _, p := range c.backlog {
+		if p.terminal {
+			n++
+		}
+	}
+	c.backlog = nil
+	if n > 0 {
+		c.dropped += n
+		c.l.stats.terminalDropped.Add(int64(n))
+	}
+	return n
+}
 
 // Peer is the peer this Conn sends to.
 func (c *Conn) Peer() messages.PeerID { return c.peer }
@@ -70,10 +97,12 @@ func terminal(f messages.Frame) bool {
 
 // Send implements control.Conn: it encodes f and queues it without
 // blocking. It returns ErrQueueFull when the send queue is full (the peer
-// is slow or unreachable) for a RequestData, or for a terminal frame when
-// the terminal backlog is full too; ErrFrameTooLarge past MaxFrameBytes; a
-// messages.ErrInvalid error for an invalid frame; and control.ErrClosed
-// after Close (of the Conn or the Link).
+// is slow or unreachable) for a RequestData, or, as
+// ErrTerminalBacklogFull, for a terminal frame when the terminal backlog
+// is full too (that frame is never sent); ErrFrameTooLarge past
+// MaxFrameBytes; a messages.ErrInvalid error for an invalid frame;
+// ErrTerminalDropped once the socket failed for good and dropped the
+// backlog; and control.ErrClosed after Close (of the Conn or the Link).
 //
 // An ErrQueueFull leaves the Conn usable, and what it queued before
 // stays queued: closing the Conn on it would drop that.
@@ -96,6 +125,9 @@ func (c *Conn) Send(f messages.Frame) error {
 	defer c.mu.Unlock()
 	if c.closed {
 		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)
+	}
+	if c.broken != nil {
+		return c.broken
 	}
 	// The peer said Hello on a connection we had not seen: it may have
 	// restarted and forgotten ours, so say Hello again before this frame.
@@ -134,23 +166,27 @@ func (c *Conn) Send(f messages.Frame) error {
 		need++
 	}
 	if len(c.backlog)+need > c.l.cfg.TerminalBacklog {
+		// Not queued, and nothing will send it: unlike a refused
+		// RequestData, no one retries a terminal frame, so the error
+		// says so (ErrTerminalBacklogFull) and is counted apart.
 		c.l.stats.queueFull.Add(1)
-		return fmt.Errorf("%w: %T of request %q to %s: terminal backlog full (%d frames wait behind %d queued; TerminalBacklog): the peer has taken nothing for long",
-			ErrQueueFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM)
+		c.l.stats.terminalRefused.Add(1)
+		return fmt.Errorf("%w: %T of request %q to %s NOT sent: %d frames wait in the backlog behind %d queued (TerminalBacklog %d): the peer has taken nothing for long",
+			ErrTerminalBacklogFull, f, f.Request(), c.peer, len(c.backlog), c.l.cfg.SendHWM, c.l.cfg.TerminalBacklog)
 	}
 	if needHello {
-		c.backlog = append(c.backlog, c.l.selfHello)
+		c.backlog = append(c.backlog, pending{b: c.l.selfHello})
 		c.helloInc, c.helloSent = inc, true
 	}
-	c.backlogLocked(b)
+	c.backlogLocked(pending{b: b, terminal: true})
 	c.l.stats.backlogged.Add(1)
 	return nil
 }
 
 // backlogLocked appends b to the backlog and starts its flusher if none
 // runs. Callers hold c.mu.
-func (c *Conn) backlogLocked(b []byte) {
-	c.backlog = append(c.backlog, b)
+func (c *Conn) backlogLocked(p pending) {
+	c.backlog = append(c.backlog, p)
 	if !c.flushing {
 		c.flushing = true
 		c.flusher.Add(1)
@@ -167,7 +203,7 @@ func (c *Conn) sayHello(hello []byte) error {
 	defer c.mu.Unlock()
 	err := c.trySendLocked(hello, "Hello")
 	if isAgain(err) {
-		c.backlogLocked(hello)
+		c.backlogLocked(pending{b: hello})
 		err = nil
 	}
 	if err == nil {
@@ -186,23 +222,27 @@ func (c *Conn) flush() {
 		c.mu.Lock()
 		moved := false
 		for len(c.backlog) > 0 && !c.closed {
-			err := c.trySendLocked(c.backlog[0], "backlog")
+			err := c.trySendLocked(c.backlog[0].b, "backlog")
 			if isAgain(err) {
 				break
 			}
 			if err != nil {
-				// The socket refuses for good (the context is ending).
-				c.l.warn(c.peer.String(), "backlog").Err(err).Int("dropped", len(c.backlog)).
+				// The socket refuses for good (the context is ending): the
+				// backlog is lost, and so is the Conn; its next Send and
+				// its Close say so.
+				n := c.dropBacklogLocked()
+				c.broken = fmt.Errorf("%w: %d terminal frames to %s never left (the socket refused them for good, %v): their peers' requests get no answer from us",
+					ErrTerminalDropped, c.dropped, c.peer, err)
+				c.l.warn(c.peer.String(), "backlog").Err(err).Int("dropped", n).
 					Msg("control/zmq: terminal backlog dropped")
-				c.backlog = nil
 				break
 			}
-			c.backlog[0] = nil
+			c.backlog[0] = pending{}
 			c.backlog = c.backlog[1:]
 			moved = true
 		}
 		if len(c.backlog) == 0 || c.closed {
-			c.backlog = nil
+			c.dropBacklogLocked() // empty, or Close counted it
 			c.flushing = false
 			if c.idle != nil { // a Close waits for the backlog to leave
 				close(c.idle)
@@ -225,7 +265,8 @@ func (c *Conn) flush() {
 		case <-c.l.done:
 			t.Stop()
 			c.mu.Lock()
-			c.backlog, c.flushing = nil, false
+			c.dropBacklogLocked()
+			c.flushing = false
 			c.mu.Unlock()
 			return
 		}
@@ -272,7 +313,10 @@ const closeLinger = 500 * time.Millisecond
 
 // Close implements control.Conn. Frames queued before it get up to
 // closeLinger to leave (less once the Link is closing); what is left then
-// is dropped.
+// is dropped. Close returns an ErrTerminalDropped error naming the peer
+// and the count when terminal frames that Send had accepted into the
+// backlog were dropped unsent (now or earlier: the Link closed, the
+// socket failed): the requests they answer get no answer from us.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -298,7 +342,7 @@ func (c *Conn) Close() error {
 		}
 	}
 	c.closed = true
-	c.backlog = nil
+	c.dropBacklogLocked()
 	if c.sock != nil {
 		_ = c.sock.SetLinger(closeLinger)
 		_ = c.sock.Close()
@@ -307,6 +351,14 @@ func (c *Conn) Close() error {
 	c.mu.Unlock()
 	c.flusher.Wait()
 	c.l.release()
+	// The flusher has ended: c.dropped is final.
+	c.mu.Lock()
+	dropped := c.dropped
+	c.mu.Unlock()
+	if dropped > 0 {
+		return fmt.Errorf("%w: %d terminal frames (Result, Cancel, CancelAck, Misaddressed) to %s were accepted and never left: the peer took nothing until the Conn or the Link closed",
+			ErrTerminalDropped, dropped, c.peer)
+	}
 	return nil
 }
 

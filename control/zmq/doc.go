@@ -47,14 +47,24 @@
 //     frame queues behind it: a RequestData is refused, a terminal frame
 //     joins it. The backlog is bounded too (Config.TerminalBacklog, 4096
 //     frames by default: a peer that takes nothing for long cannot make us
-//     grow without bound); past it, terminal frames get ErrQueueFull
-//     ("terminal backlog full").
+//     grow without bound); past it, terminal frames get
+//     ErrTerminalBacklogFull, an ErrQueueFull (keep the Conn) that says
+//     the frame is lost for good: unlike a refused RequestData nothing
+//     sends it later, so its caller must end the request knowingly.
 //
 // Only heartbeats are shed: a heartbeat socket that cannot queue a beat
 // drops it (the peer then sees silence, which is the truth). Closing a
 // Conn drops whatever it still queues, its backlog included, so a caller
-// keeps a Conn on ErrQueueFull. Stats counts refusals (QueueFull) and
-// frames that waited in a backlog (Backlogged).
+// keeps a Conn on ErrQueueFull. A terminal frame Send accepted is never
+// dropped unsaid: when its backlog is dropped (the Conn's Close after
+// its linger, the Link's Close, a socket that fails for good), Close
+// returns ErrTerminalDropped naming the peer and the count (and Send
+// returns it once the socket failed). Frames already in the socket's
+// queue when it closes get its linger (closeLinger) and are not
+// counted: libzmq does not say what it dropped. Stats counts refusals
+// (QueueFull; TerminalRefused of them terminal), frames that waited in
+// a backlog (Backlogged) and terminal frames dropped from one
+// (TerminalDropped).
 //
 // # Authentication (CURVE and ZAP)
 //

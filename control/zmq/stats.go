@@ -98,6 +98,13 @@ type Stats struct {
 	// found the send queue full and waited in their Conn's terminal
 	// backlog instead of being dropped.
 	Backlogged int64
+	// TerminalRefused counts terminal frames Send refused because their
+	// Conn's terminal backlog was full (ErrTerminalBacklogFull; also in
+	// QueueFull): frames nobody sends later.
+	TerminalRefused int64
+	// TerminalDropped counts terminal frames Send accepted into a
+	// backlog that were dropped unsent (ErrTerminalDropped).
+	TerminalDropped int64
 	// WarningsHeld counts warnings the link did not log because the
 	// same kind about the same peer was logged just before (see
 	// control.Throttle).
@@ -106,18 +113,21 @@ type Stats struct {
 
 // counters are the Link's atomic counters behind Stats.
 type counters struct {
-	rejected     [numRejectReasons]atomic.Int64
-	refused      atomic.Int64
-	queueFull    atomic.Int64
-	backlogged   atomic.Int64
-	warningsHeld atomic.Int64
+	rejected        [numRejectReasons]atomic.Int64
+	refused         atomic.Int64
+	queueFull       atomic.Int64
+	backlogged      atomic.Int64
+	terminalRefused atomic.Int64
+	terminalDropped atomic.Int64
+	warningsHeld    atomic.Int64
 }
 
 // Stats returns the link's counters.
 func (l *Link) Stats() Stats {
 	s := Stats{Rejected: make(map[RejectReason]int64, numRejectReasons),
 		Refused: l.stats.refused.Load(), QueueFull: l.stats.queueFull.Load(),
-		Backlogged: l.stats.backlogged.Load(), WarningsHeld: l.stats.warningsHeld.Load()}
+		Backlogged: l.stats.backlogged.Load(), WarningsHeld: l.stats.warningsHeld.Load(),
+		TerminalRefused: l.stats.terminalRefused.Load(), TerminalDropped: l.stats.terminalDropped.Load()}
 	for r := range numRejectReasons {
 		s.Rejected[r] = l.stats.rejected[r].Load()
 	}
