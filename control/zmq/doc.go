@@ -229,9 +229,17 @@
 // second still counts as there, and a Hello at the bound is refused
 // then; the listener remembers such a refused Hello's binding too, and a
 // later frame on its connection binds it once there is room (while the
-// directory holds that Hello's incarnation), else is rejected (full):
-// a Conn says Hello only once (the frames refused before it is bound are
-// lost). Each Conn queues at most
+// directory holds that Hello's incarnation). A frame on such a
+// connection (or on one a probe forgot) that finds no room is held, not
+// rejected: its sender took it as sent and would never learn of a
+// rejection. The listener tries the connection's room again at its next
+// frame and every 100 ms, and once it is bound delivers the held frames
+// first, in order. Held frames are bounded (1024 per connection, 16 MiB
+// in all); past that, and for frames held when their connection is
+// forgotten (maxGhosts), they are rejected (full), counted and logged.
+// A frame on a refused Hello's connection while the directory holds
+// another incarnation of its peer is rejected (no_hello) as before.
+// Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.
 //

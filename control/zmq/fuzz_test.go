@@ -68,6 +68,21 @@ func FuzzListenerHandle(f *testing.F) {
 		if len(s.ghosts) > maxGhosts+1 {
 			t.Fatalf("%d ghosts, maxGhosts %d", len(s.ghosts), maxGhosts)
 		}
+		held := 0
+		for id, g := range s.ghosts {
+			if len(g.held) > 0 && s.conns[id] != nil {
+				t.Fatalf("bound connection %x still holds %d frames", id, len(g.held))
+			}
+			if len(g.held) > maxHeldPerConn {
+				t.Fatalf("connection %x holds %d frames, at most %d", id, len(g.held), maxHeldPerConn)
+			}
+			for _, p := range g.held {
+				held += len(p)
+			}
+		}
+		if held != s.heldBytes || held > maxHeldBytes {
+			t.Fatalf("held frames of %d bytes, heldBytes %d (at most %d)", held, s.heldBytes, maxHeldBytes)
+		}
 		n := 0
 		for o, m := range s.owned {
 			if len(m) > maxConnsPerIdentity {

@@ -56,6 +56,10 @@ type listener struct {
 	// closed connection still counted as there); a later frame on the
 	// connection binds it (revive). Made on first use; at most maxGhosts.
 	ghosts map[string]ghost
+	// heldBytes is the size of the frames the ghosts hold (hold), at most
+	// maxHeldBytes; heldRetry is when retryHeld last ran.
+	heldBytes int
+	heldRetry time.Time
 	// ghostScan: when ghost last scanned the ghosts for old ones.
 	ghostScan time.Time
 	// removedScan: when forgetRemoved last walked liveness.
@@ -64,11 +68,26 @@ type listener struct {
 
 // ghost is a binding probeDead forgot, or a Hello refused at a bound
 // would have made (refused), and when (wall clock).
+//
+// held are the frames that came on the connection while revive found no
+// room for it (hold), in order: delivered, first, once it is bound.
 type ghost struct {
 	b       *binding
 	at      time.Time
 	refused bool
+	held    [][]byte
 }
+
+// maxHeldPerConn and maxHeldBytes bound the frames held (hold): per
+// connection, and in all. Variables for tests.
+var (
+	maxHeldPerConn = 1024
+	maxHeldBytes   = 16 << 20
+)
+
+// heldRetryEvery bounds how often the listener tries the room of the
+// connections whose frames are held (retryHeld).
+const heldRetryEvery = 100 * time.Millisecond
 
 // maxGhosts bounds the ghosts the listener remembers (revive): past it,
 // those older than ghostKeep go, else any one. A variable for tests.
@@ -125,9 +144,11 @@ func (o connOwner) String() string {
 }
 
 // bind binds connection id to b.
+// Frames its ghost held (hold) are the caller's to replay (takeHeld):
+// here they are dropped, counted.
 func (s *listener) bind(id string, b *binding) {
 	s.conns[id] = b
-	delete(s.ghosts, id)
+	s.dropGhost(id, "its connection bound")
 	o := b.owner()
 	if s.owned == nil {
 		s.owned = map[connOwner]map[string]*binding{}
@@ -159,17 +180,24 @@ func (s *listener) unbind(id string, b *binding) {
 // what names what wants the room: "Hello", or, for a connection revive
 // binds again, its frame.
 func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) bool {
-	o := ownerOf(key, p)
-	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.probeDead(s.owned[o]) && !s.forgetDownConns(now, s.owned[o]) {
-		s.reject(RejectFull, id, key, nil, "%s as %s: %s already holds %d connections, at most %d per identity "+
-			"(maxConnsPerIdentity): this new connection is not bound (a later frame on it is, once there is room); its bound ones stay", what, p, o, n, maxConnsPerIdentity)
-		return false
-	}
-	if len(s.conns) >= maxConns && !s.probeDead(s.conns) && !s.forgetDownConns(now, s.conns) {
-		s.reject(RejectFull, id, key, nil, "%s as %s: already %d connections", what, p, len(s.conns))
+	if why := s.noRoom(key, p, now); why != "" {
+		s.reject(RejectFull, id, key, nil, "%s as %s: %s", what, p, why)
 		return false
 	}
 	return true
+}
+
+// noRoom is room's test: "" when there is room (made), else why not.
+func (s *listener) noRoom(key string, p messages.PeerID, now time.Time) string {
+	o := ownerOf(key, p)
+	if n := len(s.owned[o]); n >= maxConnsPerIdentity && !s.probeDead(s.owned[o]) && !s.forgetDownConns(now, s.owned[o]) {
+		return fmt.Sprintf("%s already holds %d connections, at most %d per identity "+
+			"(maxConnsPerIdentity): this new connection is not bound (a later frame on it is, once there is room); its bound ones stay", o, n, maxConnsPerIdentity)
+	}
+	if len(s.conns) >= maxConns && !s.probeDead(s.conns) && !s.forgetDownConns(now, s.conns) {
+		return fmt.Sprintf("already %d connections", len(s.conns))
+	}
+	return ""
 }
 
 // revive binds connection id to its ghost's binding when frame f, which
@@ -183,13 +211,16 @@ func (s *listener) room(what, id, key string, p messages.PeerID, now time.Time) 
 //     ago): only while the directory holds the Hello's incarnation,
 //     bound to key (as that Hello, taken now, would find it).
 //
-// It needs room as a Hello does: else f is rejected (full), ok is false,
-// and a later frame tries again. A refused Hello's ghost is kept for a
+// It needs room as a Hello does: else f (payload) is held (hold), ok is
+// false, and a later frame, or retryHeld, tries again; the frames held
+// are delivered first, in order, once it is bound. Its sender took them
+// as sent (its Send returned nil): a rejection would lose them unknown
+// to it. Past the hold's bounds f is rejected (full). A refused Hello's ghost is kept for a
 // later frame too while the directory does not hold its incarnation (f is
 // rejected as before Hello). It returns nil and true when id has no such
 // ghost (f is then rejected as before Hello). Only frames on
 // unbound connections come here: bound ones never look at ghosts.
-func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *binding, ok bool) {
+func (s *listener) revive(id, key string, f messages.Frame, payload []byte, now time.Time) (b *binding, ok bool) {
 	g, found := s.ghosts[id]
 	if !found || g.b.key != key || g.b.peer != f.Sender() {
 		return nil, true
@@ -200,20 +231,114 @@ func (s *listener) revive(id, key string, f messages.Frame, now time.Time) (b *b
 		// until maxGhosts makes it go.
 		return nil, true
 	}
-	delete(s.ghosts, id)
-	what := "frame on a connection that reconnected as a probe ran"
-	if g.refused {
-		what = "frame on a connection whose Hello was refused at the bound"
-	}
-	if !s.room(what, id, key, g.b.peer, now) {
-		s.ghosts[id] = g
+	if why := s.noRoom(key, g.b.peer, now); why != "" {
+		if !s.hold(id, payload) {
+			what := "frame on a connection that reconnected as a probe ran"
+			if g.refused {
+				what = "frame on a connection whose Hello was refused at the bound"
+			}
+			s.reject(RejectFull, id, key, nil, "%s as %s: %s; %d frames wait on it already, %d bytes on all such (at most %d, %d bytes)",
+				what, g.b.peer, why, len(s.ghosts[id].held), s.heldBytes, maxHeldPerConn, maxHeldBytes)
+		}
 		return nil, false
 	}
+	return s.rebind(id, g), true
+}
+
+// rebind binds connection id to its ghost g's binding, there being room,
+// and handles the frames g held, in order.
+func (s *listener) rebind(id string, g ghost) *binding {
+	held := s.takeHeld(id)
 	g.b.probedAt = time.Now()
 	s.bind(id, g.b)
-	s.l.log.Debug().Stringer("peer", g.b.peer).Hex("conn", []byte(id)).Bool("refused", g.refused).
+	s.l.log.Debug().Stringer("peer", g.b.peer).Hex("conn", []byte(id)).Bool("refused", g.refused).Int("held", len(held)).
 		Msg("control/zmq: a connection without binding (its Hello refused at a bound, or a probe found it gone) is bound")
-	return g.b, true
+	s.replay(id, g.b.key, held)
+	return g.b
+}
+
+// hold keeps payload, a frame on connection id (a ghost's), behind those
+// it holds already, within maxHeldPerConn and maxHeldBytes; false when
+// past them.
+func (s *listener) hold(id string, payload []byte) bool {
+	g := s.ghosts[id]
+	if len(g.held) >= maxHeldPerConn || s.heldBytes+len(payload) > maxHeldBytes {
+		return false
+	}
+	g.held = append(g.held, payload)
+	s.heldBytes += len(payload)
+	s.ghosts[id] = g
+	return true
+}
+
+// takeHeld takes the frames connection id's ghost holds, if any.
+func (s *listener) takeHeld(id string) [][]byte {
+	g, ok := s.ghosts[id]
+	if !ok || len(g.held) == 0 {
+		return nil
+	}
+	held := g.held
+	g.held = nil
+	s.ghosts[id] = g
+	for _, p := range held {
+		s.heldBytes -= len(p)
+	}
+	return held
+}
+
+// replay handles frames held on connection id (takeHeld) again, in
+// order, as if they came now.
+func (s *listener) replay(id, key string, held [][]byte) {
+	for _, p := range held {
+		s.handle(id, p, key, 1)
+	}
+}
+
+// dropGhost forgets connection id's ghost; frames it still holds are
+// rejected (full), counted, and logged once, saying why.
+func (s *listener) dropGhost(id, why string) {
+	g, ok := s.ghosts[id]
+	if !ok {
+		return
+	}
+	delete(s.ghosts, id)
+	if n := len(g.held); n > 0 {
+		for _, p := range g.held {
+			s.heldBytes -= len(p)
+		}
+		s.l.stats.rejected[RejectFull].Add(int64(n - 1))
+		s.reject(RejectFull, id, g.b.key, nil, "%d frames of %s held for room on a connection without binding dropped: %s", n, g.b.peer, why)
+	}
+}
+
+// retryHeld tries the room of each connection whose frames are held,
+// and binds it and delivers them when there is: the last frames a Conn
+// sends have no later frame to try for them (revive).
+func (s *listener) retryHeld() {
+	if s.heldBytes == 0 {
+		return
+	}
+	s.heldRetry = time.Now()
+	var ids []string
+	for id, g := range s.ghosts {
+		if len(g.held) > 0 {
+			ids = append(ids, id)
+		}
+	}
+	now := s.l.cfg.Clock()
+	for _, id := range ids {
+		g, ok := s.ghosts[id]
+		if !ok || len(g.held) == 0 || s.conns[id] != nil {
+			continue
+		}
+		if g.refused && !s.l.holdsIncarnation(g.b.peer, g.b.inc, g.b.key) {
+			continue
+		}
+		if s.noRoom(g.b.key, g.b.peer, now) != "" {
+			continue
+		}
+		s.rebind(id, g)
+	}
 }
 
 // holdsIncarnation reports whether the directory holds a Hello of
@@ -240,7 +365,7 @@ func (s *listener) ghost(id string, b *binding, at time.Time, refused bool) {
 			s.ghostScan = at
 			for gid, g := range s.ghosts {
 				if at.Sub(g.at) >= ghostKeep || at.Before(g.at) {
-					delete(s.ghosts, gid)
+					s.dropGhost(gid, "no room for a minute, and maxGhosts reached")
 				}
 			}
 		}
@@ -248,10 +373,13 @@ func (s *listener) ghost(id string, b *binding, at time.Time, refused bool) {
 			if len(s.ghosts) < maxGhosts {
 				break
 			}
-			delete(s.ghosts, gid)
+			if gid != id {
+				s.dropGhost(gid, "maxGhosts reached")
+			}
 		}
 	}
-	s.ghosts[id] = ghost{b: b, at: at, refused: refused}
+	// A ghost made again for the connection keeps the frames it held.
+	s.ghosts[id] = ghost{b: b, at: at, refused: refused, held: s.ghosts[id].held}
 }
 
 // serve is the listener goroutine: it waits for the ROUTER in Go's
@@ -277,6 +405,11 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 // (forgetRemoved).
 func (s *listener) afterWait() {
 	s.goodbyes()
+	if s.heldBytes > 0 {
+		if at := time.Now(); at.Sub(s.heldRetry) >= heldRetryEvery || at.Before(s.heldRetry) {
+			s.retryHeld()
+		}
+	}
 	now := s.l.cfg.Clock()
 	s.live.expire(now, s.down)
 	s.forgetRemoved(now)
@@ -327,7 +460,11 @@ func (s *listener) tick() time.Duration {
 	if !s.l.cfg.wallClock {
 		return s.l.cfg.pollInterval()
 	}
-	return max(s.live.next(time.Now(), idleWait), time.Millisecond)
+	t := max(s.live.next(time.Now(), idleWait), time.Millisecond)
+	if s.heldBytes > 0 { // frames wait for room (retryHeld)
+		t = min(t, heldRetryEvery)
+	}
+	return t
 }
 
 // serveZAPs is the ZAP goroutine: it answers ZAP requests as they come
@@ -500,12 +637,16 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 	}
 	now := s.l.cfg.Clock()
 	if h, ok := f.(*messages.Hello); ok {
+		// Frames held on the connection (a ghost's) came before this
+		// Hello: handled after it, bound to it or held again.
+		held := s.takeHeld(id)
 		s.hello(id, key, b, h, now)
+		s.replay(id, key, held)
 		return
 	}
 	if b == nil && len(s.ghosts) > 0 {
 		var ok bool
-		if b, ok = s.revive(id, key, f, now); !ok {
+		if b, ok = s.revive(id, key, f, payload, now); !ok {
 			return
 		}
 	}

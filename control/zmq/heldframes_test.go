@@ -1,0 +1,121 @@
+package zmq
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// heldFixture is a bound fixture (gen/0 may hold 2 connections) where
+// c1 and c2 are bound and were just probed, and c3's Hello came within
+// the probe's second and was refused (full): the window in which a
+// peer's new connection finds its closed ones still counted.
+func heldFixture(t *testing.T) *boundFixture {
+	f := newBoundFixture(t, false, 1000, 2)
+	f.probeRouter()
+	gen := pid("gen", 0)
+	f.mustHello("c1", gen, 1, "")
+	f.mustHello("c2", gen, 1, "")
+	for _, b := range f.s.conns {
+		b.probedAt = time.Now() // just probed: a Hello finds no room
+	}
+	if f.hello("c3", gen, 1, "") {
+		t.Fatal("c3's Hello taken past the bound: the test does not show the window")
+	}
+	return f
+}
+
+// oldProbes makes every probe of f's bindings a second old: the next
+// need of room probes them again, and finds c1 and c2 gone (the bare
+// ROUTER holds no connection).
+func oldProbes(f *boundFixture) {
+	for _, b := range f.s.conns {
+		b.probedAt = b.probedAt.Add(-2 * probeEvery)
+	}
+}
+
+func (f *boundFixture) requests() string {
+	var ids []string
+	for _, fr := range f.in.from(pid("gen", 0)) {
+		ids = append(ids, fr.Request())
+	}
+	return fmt.Sprint(ids)
+}
+
+// Frames on a connection whose Hello was refused at a bound, in the
+// window before a probe can find the peer's closed connections gone, are
+// held, in order, instead of rejected (full): their sender took them as
+// sent (its Send returned nil) and never learns of a rejection, so a
+// Result or Misaddressed rejected there left the peer's request to its
+// deadline. Once a later frame finds room, the held frames are delivered
+// first, in the order they came. (Checked to fail without holding: the
+// two Results in the window were rejected, full, and only req-3 came.)
+func TestFramesInTheBoundWindowAreHeld(t *testing.T) {
+	f := heldFixture(t)
+	gen := pid("gen", 0)
+	full := f.s.l.Stats().Rejected[RejectFull]
+	f.s.handle("c3", mustEncode(t, result(gen, 1)), "", 1)
+	f.s.handle("c3", mustEncode(t, result(gen, 2)), "", 1)
+	if n := f.s.l.Stats().Rejected[RejectFull] - full; n != 0 {
+		t.Fatalf("%d frames in the window rejected (full), want them held", n)
+	}
+	if got := f.in.from(gen); len(got) != 0 {
+		t.Fatalf("%d frames delivered before c3 is bound, want none yet", len(got))
+	}
+	oldProbes(f)
+	f.s.handle("c3", mustEncode(t, result(gen, 3)), "", 1)
+	if got := f.requests(); got != "[req-1 req-2 req-3]" {
+		t.Fatalf("delivered %s, want [req-1 req-2 req-3] (held frames first, in order)", got)
+	}
+	if n := f.s.l.Stats().Rejected[RejectFull] - full; n != 0 {
+		t.Fatalf("%d rejected (full), want 0", n)
+	}
+	if f.s.heldBytes != 0 {
+		t.Fatalf("%d bytes still held once c3 is bound", f.s.heldBytes)
+	}
+}
+
+// Held frames do not wait for a later frame on their connection: the
+// listener tries their connection's room again after its waits
+// (retryHeld), and delivers them once a probe finds room. The last frame
+// a Conn sends (its last Result) has no later frame behind it.
+func TestHeldFramesAreDeliveredWithoutALaterFrame(t *testing.T) {
+	f := heldFixture(t)
+	gen := pid("gen", 0)
+	f.s.handle("c3", mustEncode(t, result(gen, 1)), "", 1)
+	f.s.retryHeld()
+	if got := f.in.from(gen); len(got) != 0 {
+		t.Fatalf("%d frames delivered while there is no room", len(got))
+	}
+	oldProbes(f)
+	f.s.retryHeld()
+	if got := f.requests(); got != "[req-1]" {
+		t.Fatalf("delivered %s once there is room, want [req-1]", got)
+	}
+	if b := f.s.conns["c3"]; b == nil || b.peer != gen {
+		t.Fatalf("c3 bound as %+v, want gen/0", b)
+	}
+}
+
+// Held frames are bounded, per connection (maxHeldPerConn) and in all
+// (maxHeldBytes): past that a frame is rejected (full) as before, and
+// counted; those held still arrive, in order.
+func TestHeldFramesAreBounded(t *testing.T) {
+	old := maxHeldPerConn
+	maxHeldPerConn = 2
+	t.Cleanup(func() { maxHeldPerConn = old })
+	f := heldFixture(t)
+	gen := pid("gen", 0)
+	full := f.s.l.Stats().Rejected[RejectFull]
+	for i := 1; i <= 3; i++ {
+		f.s.handle("c3", mustEncode(t, result(gen, i)), "", 1)
+	}
+	if n := f.s.l.Stats().Rejected[RejectFull] - full; n != 1 {
+		t.Fatalf("%d rejected (full) past maxHeldPerConn, want 1", n)
+	}
+	oldProbes(f)
+	f.s.retryHeld()
+	if got := f.requests(); got != "[req-1 req-2]" {
+		t.Fatalf("delivered %s, want [req-1 req-2]", got)
+	}
+}
