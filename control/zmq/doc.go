@@ -236,9 +236,13 @@
 // frame and every 100 ms, and once it is bound delivers the held frames
 // first, in order. Held frames are bounded (1024 per connection, 16 MiB
 // in all); past that, and for frames held when their connection is
-// forgotten (maxGhosts), they are rejected (full), counted and logged.
-// A frame on a refused Hello's connection while the directory holds
-// another incarnation of its peer is rejected (no_hello) as before.
+// forgotten (maxGhosts) or held a minute without room, they are
+// rejected (full), counted and logged. A frame on a refused Hello's
+// connection while the directory holds another incarnation of its peer
+// is held too, until the directory holds the Hello's incarnation (then
+// bound, room permitting), for at most a minute (then rejected,
+// no_hello); but a RequestData the engine answers as misaddressed
+// (below) is delivered at once.
 // Each Conn queues at most
 // Config.SendHWM frames plus Config.TerminalBacklog terminal ones;
 // heartbeat sockets a few.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // heldFixture is a bound fixture (gen/0 may hold 2 connections) where
@@ -117,5 +119,31 @@ func TestHeldFramesAreBounded(t *testing.T) {
 	f.s.retryHeld()
 	if got := f.requests(); got != "[req-1 req-2]" {
 		t.Fatalf("delivered %s, want [req-1 req-2]", got)
+	}
+}
+
+// A RequestData addressed to an earlier incarnation of this listener, on
+// a connection whose Hello was refused at a bound while the directory
+// holds another incarnation of its sender, is answered now (delivered,
+// for the engine to drop and answer Misaddressed), not held.
+func TestMisaddressedOnAHeldConnectionIsNotHeld(t *testing.T) {
+	f := newBoundFixture(t, false, 1000, 2)
+	f.probeRouter()
+	f.s.selfInc = 10
+	gen := pid("gen", 0)
+	f.mustHello("c1", gen, 1, "")
+	f.mustHello("c2", gen, 1, "")
+	for _, b := range f.s.conns {
+		b.probedAt = time.Now()
+	}
+	if f.hello("c3", gen, 2, "") {
+		t.Fatal("c3's Hello taken past the bound")
+	}
+	rd := requestData(gen, 1)
+	rd.Incarnations = messages.Incarnations{FromIncarnation: 2, ToIncarnation: 5}
+	rd.Features = messages.FeatureMisaddressed
+	f.s.handle("c3", mustEncode(t, rd), "", 1)
+	if got := f.in.from(gen); len(got) != 1 || len(f.s.ghosts["c3"].held) != 0 {
+		t.Fatalf("a misaddressed RequestData on c3: %d delivered, %d held; want 1, 0", len(got), len(f.s.ghosts["c3"].held))
 	}
 }

@@ -435,7 +435,9 @@ func TestHelloRefusedAtABoundIsTakenLater(t *testing.T) {
 
 	// A Hello of incarnation 2 refused at the bound (c3 and c5, whose
 	// probes are fresh) is not taken from a later frame while the
-	// directory holds incarnation 1.
+	// directory holds incarnation 1: the frame is held (its sender took
+	// it as sent), and rejected (no_hello) once held for ghostKeep
+	// without the directory holding incarnation 2.
 	f.mustHello("c5", gen, 1, "")
 	for _, b := range f.s.conns {
 		b.probedAt = time.Now()
@@ -447,7 +449,20 @@ func TestHelloRefusedAtABoundIsTakenLater(t *testing.T) {
 		b.probedAt = b.probedAt.Add(-2 * probeEvery)
 	}
 	f.s.handle("c4", mustEncode(t, result(gen, 2)), "", 1)
-	if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 1 || len(f.in.from(gen)) != 1 {
-		t.Fatalf("incarnation 2's frame on c4: %d rejected (no_hello), %d of gen/0 delivered; want 1, 1", n, len(f.in.from(gen)))
+	if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 0 || len(f.in.from(gen)) != 1 || len(f.s.ghosts["c4"].held) != 1 {
+		t.Fatalf("incarnation 2's frame on c4: %d rejected (no_hello), %d of gen/0 delivered, %d held; want 0, 1, 1",
+			n, len(f.in.from(gen)), len(f.s.ghosts["c4"].held))
+	}
+	f.s.retryHeld()
+	if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 0 || len(f.in.from(gen)) != 1 {
+		t.Fatalf("incarnation 2's frame on c4, retried: %d rejected (no_hello), %d of gen/0 delivered; want 0, 1", n, len(f.in.from(gen)))
+	}
+	g := f.s.ghosts["c4"]
+	g.heldAt = g.heldAt.Add(-2 * ghostKeep)
+	f.s.ghosts["c4"] = g
+	f.s.retryHeld()
+	if n := f.s.l.Stats().Rejected[RejectNoHello] - noHello; n != 1 || len(f.in.from(gen)) != 1 || f.s.heldBytes != 0 {
+		t.Fatalf("incarnation 2's frame on c4, held for ghostKeep: %d rejected (no_hello), %d of gen/0 delivered, %d bytes held; want 1, 1, 0",
+			n, len(f.in.from(gen)), f.s.heldBytes)
 	}
 }

@@ -76,6 +76,7 @@ type ghost struct {
 	at      time.Time
 	refused bool
 	held    [][]byte
+	heldAt  time.Time // when the first of held came (wall clock)
 }
 
 // maxHeldPerConn and maxHeldBytes bound the frames held (hold): per
@@ -228,7 +229,15 @@ func (s *listener) revive(id, key string, f messages.Frame, payload []byte, now 
 	if g.refused && !s.l.holdsIncarnation(g.b.peer, g.b.inc, key) {
 		// Not yet (the incarnation's Hello on another connection may
 		// come later), or no longer: the ghost stays for a later frame,
-		// until maxGhosts makes it go.
+		// until maxGhosts makes it go, and f is held as for room (its
+		// sender took it as sent): once the directory holds the
+		// incarnation, retryHeld or a later frame binds the connection;
+		// held for ghostKeep without, it is rejected (no_hello). A
+		// RequestData the engine answers as misaddressed is not held:
+		// it is answered now.
+		if !s.misaddressed(f) && s.hold(id, payload) {
+			return nil, false
+		}
 		return nil, true
 	}
 	if why := s.noRoom(key, g.b.peer, now); why != "" {
@@ -265,6 +274,9 @@ func (s *listener) hold(id string, payload []byte) bool {
 	if len(g.held) >= maxHeldPerConn || s.heldBytes+len(payload) > maxHeldBytes {
 		return false
 	}
+	if len(g.held) == 0 {
+		g.heldAt = time.Now()
+	}
 	g.held = append(g.held, payload)
 	s.heldBytes += len(payload)
 	s.ghosts[id] = g
@@ -297,17 +309,20 @@ func (s *listener) replay(id, key string, held [][]byte) {
 // dropGhost forgets connection id's ghost; frames it still holds are
 // rejected (full), counted, and logged once, saying why.
 func (s *listener) dropGhost(id, why string) {
-	g, ok := s.ghosts[id]
-	if !ok {
-		return
+	if _, ok := s.ghosts[id]; ok {
+		s.dropHeld(id, RejectFull, why)
+		delete(s.ghosts, id)
 	}
-	delete(s.ghosts, id)
-	if n := len(g.held); n > 0 {
-		for _, p := range g.held {
-			s.heldBytes -= len(p)
-		}
-		s.l.stats.rejected[RejectFull].Add(int64(n - 1))
-		s.reject(RejectFull, id, g.b.key, nil, "%d frames of %s held for room on a connection without binding dropped: %s", n, g.b.peer, why)
+}
+
+// dropHeld rejects (r) the frames connection id's ghost holds, counted
+// each and logged once, saying why; the ghost stays.
+func (s *listener) dropHeld(id string, r RejectReason, why string) {
+	g := s.ghosts[id]
+	held := s.takeHeld(id)
+	if n := len(held); n > 0 {
+		s.l.stats.rejected[r].Add(int64(n - 1))
+		s.reject(r, id, g.b.key, nil, "%d frames of %s held on a connection without binding dropped: %s", n, g.b.peer, why)
 	}
 }
 
@@ -325,16 +340,23 @@ func (s *listener) retryHeld() {
 			ids = append(ids, id)
 		}
 	}
-	now := s.l.cfg.Clock()
+	now, at := s.l.cfg.Clock(), time.Now()
 	for _, id := range ids {
 		g, ok := s.ghosts[id]
 		if !ok || len(g.held) == 0 || s.conns[id] != nil {
 			continue
 		}
+		old := at.Sub(g.heldAt) >= ghostKeep || at.Before(g.heldAt)
 		if g.refused && !s.l.holdsIncarnation(g.b.peer, g.b.inc, g.b.key) {
+			if old {
+				s.dropHeld(id, RejectNoHello, fmt.Sprintf("their connection's Hello (incarnation %d) was refused at a bound, and the directory has not held that incarnation since", g.b.inc))
+			}
 			continue
 		}
 		if s.noRoom(g.b.key, g.b.peer, now) != "" {
+			if old {
+				s.dropHeld(id, RejectFull, "no room for their connection for a minute")
+			}
 			continue
 		}
 		s.rebind(id, g)
