@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,6 +146,11 @@ func drainedGoodbyeCase(t *testing.T, drained bool) {
 // other kind.
 func wantProofs(t *testing.T, e *kvxfer.Engine, kind kvxfer.ProofKind, want kvxfer.ProofCount) {
 	t.Helper()
+	// The proof is counted once the engine answered the node's
+	// WriterProven, which may be after the request's blocks were released.
+	waitFor(t, patience, fmt.Sprintf("Stats.WriteProofs[%s] = %+v", kind, want), func() bool {
+		return e.Stats().WriteProofs[kind] == want
+	})
 	st := e.Stats()
 	for k := range kvxfer.NumProofKinds {
 		w := kvxfer.ProofCount{}
