@@ -49,7 +49,14 @@ type Conn struct {
 	flushing  bool          // a flusher goroutine is running
 	idle      chan struct{} // closed by the flusher once the backlog left (a Close waits on it)
 	flusher   sync.WaitGroup
+	// enc is the buffer Send encodes into, reused frame after frame (nil
+	// once the backlog took it, or when a frame outgrew maxEncBuf).
+	enc []byte
 }
+
+// maxEncBuf is the largest encode buffer a Conn keeps for the next frame:
+// a rare large frame's buffer is not held for the Conn's life.
+const maxEncBuf = 64 << 10
 
 var _ control.Conn = (*Conn)(nil)
 
@@ -110,9 +117,18 @@ func (c *Conn) Send(f messages.Frame) error {
 	if c.l.closing.Load() {
 		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)
 	}
-	b, err := encode(f)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Encoded into the Conn's buffer (under mu: a flusher, or another
+	// sender, never sees it): zmq_send copies the bytes into its own
+	// message before it returns, so once sent or refused the buffer is
+	// free for the next frame. Only a frame the backlog keeps takes it.
+	b, err := appendEncode(c.enc[:0], f)
 	if err != nil {
 		return fmt.Errorf("control/zmq: send to %s: %w", c.peer, err)
+	}
+	if cap(b) <= maxEncBuf {
+		c.enc = b
 	}
 	if hoptrace.On {
 		hoptrace.Mark(fmt.Sprintf("zmq.encoded.%T", f), f.Request())
@@ -121,8 +137,6 @@ func (c *Conn) Send(f messages.Frame) error {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
 		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)
 	}
@@ -178,6 +192,9 @@ func (c *Conn) Send(f messages.Frame) error {
 		c.backlog = append(c.backlog, pending{b: c.l.selfHello})
 		c.helloInc, c.helloSent = inc, true
 	}
+	// The backlog keeps b until its flusher sent it: the next frame gets
+	// a buffer of its own.
+	c.enc = nil
 	c.backlogLocked(pending{b: b, terminal: true})
 	c.l.stats.backlogged.Add(1)
 	return nil
