@@ -71,6 +71,9 @@ type stepper interface {
 	// Unreturned takes the effects of a step that panicked after it
 	// emitted them (and forgets them).
 	Unreturned() []Effect
+	// Recycle hands back a slice Step returned, its effects run and the
+	// slice referenced no more: the next Step reuses its storage.
+	Recycle(eff []Effect)
 }
 
 // traced steps s on m, telling the tracer (or the plain recorder) first.

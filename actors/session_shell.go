@@ -365,14 +365,28 @@ func (a *shell[S]) unreturned(ctx actor.Context, now time.Time) {
 // until nothing more fails.
 func (a *shell[S]) exec(ctx actor.Context, eff []Effect, now time.Time) {
 	a.run(ctx, eff, now)
+	a.recycle(eff)
 	for len(a.feedback) > 0 {
 		m := a.feedback[0]
 		a.feedback = a.feedback[1:]
-		a.run(ctx, a.step(m, now), now)
+		eff := a.step(m, now)
+		a.run(ctx, eff, now)
+		a.recycle(eff)
 	}
 	if f := a.finishLater; f != nil {
 		a.finishLater = nil
 		f()
+	}
+}
+
+// recycle hands a step's effects slice back to the session once run
+// returned (a panic in it leaves the rest in pending: not recycled). run
+// keeps nothing of it (pending is cleared, hold clones what it holds,
+// the effects themselves are copied out of it); a tracer was handed the
+// slice (Stepped) and may keep it, so under one nothing is recycled.
+func (a *shell[S]) recycle(eff []Effect) {
+	if a.tr == nil {
+		a.s.Recycle(eff)
 	}
 }
 

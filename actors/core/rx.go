@@ -208,6 +208,7 @@ type RxSession struct {
 	abandon     bool   // RxAbandon: stop without the suspects' proofs
 	now         time.Time
 	eff         []Effect
+	spare       []Effect // a step's effects slice handed back (Recycle)
 	// StaleFrames counts frames of another epoch or after the writer stopped.
 	StaleFrames int
 }
@@ -280,9 +281,13 @@ func (s *RxSession) Unreturned() []Effect {
 	return eff
 }
 
+// Recycle hands back a slice of effects Step returned, once its caller
+// has run them and keeps no reference to it: see TxSession.Recycle.
+func (s *RxSession) Recycle(eff []Effect) { s.spare = recycled(eff) }
+
 // Step applies one message and returns the effects to execute.
 func (s *RxSession) Step(msg any, now time.Time) []Effect {
-	s.eff, s.now = nil, now
+	s.eff, s.spare, s.now = s.spare[:0], nil, now
 	if s.stopped {
 		if f, ok := msg.(RxFrame); ok && f.Frame != nil {
 			s.StaleFrames++

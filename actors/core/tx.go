@@ -275,6 +275,9 @@ type TxSession struct {
 	dead    []int
 	stopped bool
 	eff     []Effect
+	// spare is a step's effects slice handed back (Recycle): the next
+	// step emits into its storage.
+	spare []Effect
 	// violations records illegal transitions in builds with the
 	// kvxfer_invariants tag (invariants_on.go); it stays nil otherwise.
 	violations []string
@@ -312,6 +315,12 @@ func (s *TxSession) Unreturned() []Effect {
 	return eff
 }
 
+// Recycle hands back a slice of effects Step returned, once its caller
+// has run them and keeps no reference to the slice or its storage: the
+// next Step emits into that storage instead of a new slice's (a step's
+// effects slice was an allocation of every step). Optional.
+func (s *TxSession) Recycle(eff []Effect) { s.spare = recycled(eff) }
+
 // Init returns the effects of a new session: its orphan deadline.
 func (s *TxSession) Init(now time.Time) []Effect {
 	if s.cfg.Timeout > 0 {
@@ -322,7 +331,7 @@ func (s *TxSession) Init(now time.Time) []Effect {
 
 // Step applies one message and returns the effects to execute, in order.
 func (s *TxSession) Step(msg any, now time.Time) []Effect {
-	s.eff = s.eff[:0:0]
+	s.eff, s.spare = s.spare[:0], nil
 	if s.stopped {
 		s.afterStop(msg)
 		return s.eff
@@ -1222,6 +1231,21 @@ func (s *TxSession) PinnedChunks() []int {
 // BenchmarkRequestOverhead (internal/bench): 3 allocations a request
 // for 17 bytes; 4 saved one more for 175 bytes.
 const emitCap = 2
+
+// maxSpare bounds the effects slice a session keeps for its next step
+// (Recycle): a step that emitted many does not leave a large one held.
+const maxSpare = 16
+
+// recycled is eff emptied for reuse, its elements cleared (they hold
+// effects that are done with), or nil when it is not worth keeping.
+func recycled(eff []Effect) []Effect {
+	if cap(eff) == 0 || cap(eff) > maxSpare {
+		return nil
+	}
+	eff = eff[:cap(eff)]
+	clear(eff)
+	return eff[:0]
+}
 
 // emit appends effects to the step's.
 func (s *TxSession) emit(e ...Effect) {
