@@ -62,6 +62,9 @@ type streamState struct {
 	// held is the terminal frame, waiting for inflight to empty, then
 	// for its hand-over to the worker to return.
 	held *SendFrame
+	// heldBuf is where held points: the frame is copied into the stream's
+	// state, not into an allocation of its own.
+	heldBuf SendFrame
 	// ending: the step ended the stream without a frame (EndStream); it
 	// stops once inflight is empty.
 	ending bool
@@ -203,7 +206,8 @@ func (st *streamState) deliver(ctx actor.Context, e Effect) {
 			// pages a write may still reach) until they settle.
 			st.env.violation(fmt.Sprintf("stream %d: terminal frame with %d ops unsettled", st.peer, len(st.inflight)))
 		}
-		st.held = &e
+		st.heldBuf = e
+		st.held = &st.heldBuf
 		st.maybeFinish(ctx)
 	case EndStream:
 		if len(st.inflight) > 0 {
@@ -235,7 +239,7 @@ func (st *streamState) maybeFinish(ctx actor.Context) {
 	if panicOnFrameSent(e) {
 		panic(fmt.Sprintf("stream %d: panic injected after its frame left", st.peer))
 	}
-	st.held, st.done, st.sending = nil, true, false
+	st.held, st.heldBuf, st.done, st.sending = nil, SendFrame{}, true, false
 	ctx.Stop(ctx.Self())
 }
 
@@ -313,7 +317,7 @@ func (st *streamState) dropped(ctx actor.Context, m any) {
 			return
 		}
 	}
-	st.held, st.sending, st.ending = nil, false, true
+	st.held, st.heldBuf, st.sending, st.ending = nil, SendFrame{}, false, true
 	ctx.Send(st.session, TxSent{Peer: st.peer, Err: fmt.Errorf("%w: stream %d panicked twice on its terminal frame: dropped", ErrSessionCrashed, st.peer)})
 	st.maybeFinish(ctx)
 }
