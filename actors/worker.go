@@ -215,7 +215,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			hoptrace.Mark("worker.submit", m.Op.Request)
 		}
 		// Record first: if anything below panics, the restart knows the op.
-		key := string(m.Route.AgentAddr)
+		key := s.addrKey(m.Route)
 		s.table.Admit(m.Op, m.session, key)
 		s.submit(ctx, m, key)
 	case *batchDone:
@@ -402,6 +402,16 @@ func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit, key string) {
 	ctx.Send(m.session, TxSubmitted{Op: m.Op})
 }
 
+// addrKey is r's agent address as the worker's table key: the string
+// the peer's ops last went to (peerKey) when the address is that one, so
+// that an op to a known address converts nothing, else a new string.
+func (s *workerSlot) addrKey(r *Route) string {
+	if k, ok := s.peerKey[r.Peer]; ok && k == string(r.AgentAddr) {
+		return k
+	}
+	return string(r.AgentAddr)
+}
+
 // usePeerKey notes that peer's ops now go to key. An address the peer
 // used before is stale (the peer came back with a new agent: a restarted
 // rank): its endpoint is closed once nothing is in flight on it.
@@ -461,7 +471,7 @@ func (s *workerSlot) refuse(ctx actor.Context, m *workerSubmit, err error) {
 // flush flushes the peer's endpoint behind everything posted to it; with
 // no endpoint there is nothing to flush.
 func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
-	ep, open, queued := s.table.Endpoint(string(m.Route.AgentAddr), m)
+	ep, open, queued := s.table.Endpoint(s.addrKey(m.Route), m)
 	if queued {
 		return
 	}
@@ -474,7 +484,7 @@ func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
 }
 
 func (s *workerSlot) close(ctx actor.Context, m *workerClose) {
-	key := string(m.Route.AgentAddr)
+	key := s.addrKey(m.Route)
 	if _, _, queued := s.table.Endpoint(key, m); queued {
 		return
 	}
