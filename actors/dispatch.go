@@ -18,7 +18,7 @@ import (
 type poolDispatcher struct {
 	throughput int
 	maxParked  int32
-	work       chan func()
+	work       chan task
 	done       chan struct{}
 	closeOnce  sync.Once
 	parked     atomic.Int32
@@ -28,30 +28,44 @@ var _ actor.Dispatcher = (*poolDispatcher)(nil)
 
 func newPoolDispatcher(throughput, maxParked int) *poolDispatcher {
 	return &poolDispatcher{throughput: throughput, maxParked: int32(maxParked),
-		work: make(chan func()), done: make(chan struct{})}
+		work: make(chan task), done: make(chan struct{})}
 }
 
+// task is a run the pool's goroutines take: an engine mailbox's, handed
+// over as itself (no func value bound per mailbox), or any other
+// function Schedule is given.
+type task interface{ runTask() }
+
+// funcTask is a function as a task (converting a func to an interface
+// allocates nothing).
+type funcTask func()
+
+func (f funcTask) runTask() { f() }
+
 // Schedule implements actor.Dispatcher.
-func (d *poolDispatcher) Schedule(fn func()) {
+func (d *poolDispatcher) Schedule(fn func()) { d.schedule(funcTask(fn)) }
+
+// schedule runs t on a parked goroutine, or on a new one when none is.
+func (d *poolDispatcher) schedule(t task) {
 	select {
-	case d.work <- fn: // a parked goroutine took it
+	case d.work <- t: // a parked goroutine took it
 	default:
-		go d.loop(fn)
+		go d.loop(t)
 	}
 }
 
 // Throughput implements actor.Dispatcher.
 func (d *poolDispatcher) Throughput() int { return d.throughput }
 
-func (d *poolDispatcher) loop(fn func()) {
+func (d *poolDispatcher) loop(t task) {
 	for {
-		fn()
+		t.runTask()
 		if d.parked.Add(1) > d.maxParked {
 			d.parked.Add(-1)
 			return
 		}
 		select {
-		case fn = <-d.work:
+		case t = <-d.work:
 			d.parked.Add(-1)
 		case <-d.done:
 			d.parked.Add(-1)

@@ -17,13 +17,17 @@ import (
 // mailbox is scheduled (its processMessages method value, ~24 times a
 // request), a node per system message, and three queues per mailbox; on
 // the control round trip's path that was a fifth of each request's
-// allocations (BENCHMARKS.md, "The engine's own mailbox"). Here the run
-// function is bound once per mailbox, and both queues are slices that keep
-// their storage (a few slots inline) once drained.
+// allocations (BENCHMARKS.md, "The engine's own mailbox"). Here the
+// engine's pool dispatcher takes the mailbox itself (another dispatcher
+// gets the run function, bound once per mailbox), and both queues are
+// slices that keep their storage (a few slots inline) once drained.
 type mailbox struct {
 	invoker    actor.MessageInvoker
 	dispatcher actor.Dispatcher
-	// process is m.processMessages, bound once: what Schedule gets.
+	// pool is the dispatcher when it is the engine's pool, which takes
+	// the mailbox itself; process is m.processMessages, bound once (at
+	// RegisterHandlers), what any other dispatcher's Schedule gets.
+	pool    *poolDispatcher
 	process func()
 
 	status    atomic.Int32 // mailboxIdle or mailboxRunning
@@ -48,7 +52,6 @@ var _ actor.Mailbox = (*mailbox)(nil)
 func newMailbox() actor.Mailbox {
 	m := &mailbox{}
 	m.user.items, m.sys.items = m.userInl[:0], m.sysInl[:0]
-	m.process = m.processMessages
 	return m
 }
 
@@ -87,6 +90,11 @@ func (m *mailbox) PostSystemMessage(msg any) {
 // RegisterHandlers implements actor.Mailbox.
 func (m *mailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher actor.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
+	if d, ok := dispatcher.(*poolDispatcher); ok {
+		m.pool = d
+	} else {
+		m.process = m.processMessages
+	}
 }
 
 // Start implements actor.Mailbox (no middlewares).
@@ -97,9 +105,16 @@ func (m *mailbox) UserMessageCount() int { return int(m.userN.Load()) }
 
 func (m *mailbox) schedule() {
 	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
+		if m.pool != nil {
+			m.pool.schedule(m)
+			return
+		}
 		m.dispatcher.Schedule(m.process)
 	}
 }
+
+// runTask implements task: the engine's pool runs the mailbox.
+func (m *mailbox) runTask() { m.processMessages() }
 
 func (m *mailbox) processMessages() {
 	for {

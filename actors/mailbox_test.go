@@ -117,6 +117,16 @@ func (goDispatcher) Throughput() int    { return 300 }
 // mailbox runs are all invoked exactly once, each poster's in its order
 // (no wake-up lost between a run's end and a post).
 func TestMailboxConcurrentPosters(t *testing.T) {
+	t.Run("goroutine each run", func(t *testing.T) { concurrentPosters(t, goDispatcher{}) })
+	// The engine's pool takes the mailbox itself (no bound run function).
+	t.Run("engine pool", func(t *testing.T) {
+		d := newPoolDispatcher(300, 4)
+		defer d.close()
+		concurrentPosters(t, d)
+	})
+}
+
+func concurrentPosters(t *testing.T, d actor.Dispatcher) {
 	const posters, each = 8, 5000
 	type msg struct{ from, n int }
 	var (
@@ -136,7 +146,7 @@ func TestMailboxConcurrentPosters(t *testing.T) {
 		seen++
 	}}
 	m := newMailbox()
-	m.RegisterHandlers(inv, goDispatcher{})
+	m.RegisterHandlers(inv, d)
 	var wg sync.WaitGroup
 	for p := range posters {
 		wg.Add(1)
@@ -250,5 +260,23 @@ func BenchmarkMailbox(b *testing.B) {
 				b.Fatalf("%d of %d messages invoked", n, b.N)
 			}
 		})
+	}
+}
+
+var mailboxSink actor.Mailbox
+
+// TestPoolMailboxAllocatesOnce pins a mailbox on the engine's pool to one
+// allocation, itself: the pool takes the mailbox, so no run function is
+// bound for it (one more allocation each of a request's session actors).
+func TestPoolMailboxAllocatesOnce(t *testing.T) {
+	d := newPoolDispatcher(300, 4)
+	defer d.close()
+	inv := &funcInvoker{user: func(any) {}}
+	if n := testing.AllocsPerRun(100, func() {
+		m := newMailbox()
+		m.RegisterHandlers(inv, d)
+		mailboxSink = m
+	}); n != 1 {
+		t.Fatalf("a mailbox on the engine's pool allocates %v objects, want 1", n)
 	}
 }
