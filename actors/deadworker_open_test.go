@@ -29,10 +29,11 @@ func TestOpenAfterWorkerDeathRefused(t *testing.T) {
 		time.Sleep(time.Millisecond) // poll with a deadline
 	}
 	// What Send does once its own check passed.
-	reply := make(chan txOpenReply, 1)
-	ctxR.e.sys.Root.Send(ctxR.e.tx, &txOpenReq{request: "late", start: TxStart{PromptLen: 32, Deadline: time.Now().Add(time.Minute)},
-		handle: NewHandle(), reply: reply})
-	if r := <-reply; !errors.Is(r.err, ErrEngineFailed) {
+	open := &txOpenReq{request: "late", start: TxStart{PromptLen: 32, Deadline: time.Now().Add(time.Minute)},
+		handle: NewHandle(), reply: newOpenReply[txOpenReply]()}
+	ctxR.e.sys.Root.Send(ctxR.e.tx, open)
+	<-open.reply.done
+	if r := open.reply.r; !errors.Is(r.err, ErrEngineFailed) {
 		t.Fatalf("open after the worker stopped: %v, want ErrEngineFailed", r.err)
 	}
 }

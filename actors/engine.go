@@ -464,10 +464,10 @@ func (e *Engine) Send(req TxRequest) (*TxHandle, error) {
 		h  Handle
 	}{h: Handle{done: make(chan Outcome, 1)}}
 	h := &b.h
-	reply := make(chan txOpenReply, 1)
-	e.sys.Root.Send(e.tx, &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
-		generation: req.Generation, handle: h, reply: reply})
-	r, ok := awaitOpen(e, reply)
+	open := &txOpenReq{request: req.ID, start: TxStart{PromptLen: req.PromptLen, Deadline: req.Deadline, Payload: req.Payload},
+		generation: req.Generation, handle: h, reply: newOpenReply[txOpenReply]()}
+	e.sys.Root.Send(e.tx, open)
+	r, ok := awaitOpen(e, &open.reply)
 	if !ok {
 		r.err = fmt.Errorf("%w: send %s: the engine closed", ErrClosed, req.ID)
 	}
@@ -496,14 +496,14 @@ type RxHandle struct {
 // the engine stopped without one: a Close raced the caller's check and
 // stopped the supervisor (one that took the request answered before it
 // stopped; none will now).
-func awaitOpen[T any](e *Engine, reply <-chan T) (T, bool) {
+func awaitOpen[T any](e *Engine, reply *openReply[T]) (T, bool) {
 	select {
-	case r := <-reply:
-		return r, true
+	case <-reply.done:
+		return reply.r, true
 	case <-e.env.dispatch.done:
 		select {
-		case r := <-reply:
-			return r, true
+		case <-reply.done:
+			return reply.r, true
 		default:
 			var zero T
 			return zero, false
@@ -550,9 +550,9 @@ func (e *Engine) Receive(req RxRequest) (*RxHandle, error) {
 		}
 	}
 	h.AfterFinish(rx.handOver)
-	reply := make(chan rxOpenReply, 1)
-	e.sys.Root.Send(e.rx, &rxOpenReq{req: req, handle: h, reply: reply, at: e.cfg.Clock.Now()})
-	r, ok := awaitOpen(e, reply)
+	open := &rxOpenReq{req: req, handle: h, reply: newOpenReply[rxOpenReply](), at: e.cfg.Clock.Now()}
+	e.sys.Root.Send(e.rx, open)
+	r, ok := awaitOpen(e, &open.reply)
 	if !ok { // no session holds the lend
 		r.err = fmt.Errorf("%w: receive %s: the engine closed", ErrClosed, req.ID)
 	}

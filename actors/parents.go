@@ -16,6 +16,15 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
+// newOpenReply is an open request's reply, waiting for its answer.
+func newOpenReply[T any]() openReply[T] { return openReply[T]{done: make(chan struct{}, 1)} }
+
+// answer gives the caller its answer; a request is answered once.
+func (o *openReply[T]) answer(r T) {
+	o.r = r
+	o.done <- struct{}{}
+}
+
 // Messages to the tx and rx supervisors.
 type (
 	txOpenReq struct {
@@ -23,7 +32,7 @@ type (
 		start      TxStart
 		generation string // the generation instance, when Send names it
 		handle     *Handle
-		reply      chan txOpenReply
+		reply      openReply[txOpenReply]
 	}
 	txOpenReply struct {
 		pid *actor.PID
@@ -32,7 +41,7 @@ type (
 	rxOpenReq struct {
 		req    RxRequest
 		handle *Handle
-		reply  chan rxOpenReply
+		reply  openReply[rxOpenReply]
 		at     time.Time // when Receive was called
 		// deadline fires rxQueueTimeout while the request waits for
 		// blocks; stopped once it leaves the queue, so that a finished
@@ -43,6 +52,16 @@ type (
 		err error
 	}
 	closeReq struct{ drained chan struct{} }
+	// openReply carries a supervisor's one answer to an open request
+	// (txOpenReq, rxOpenReq) back to the caller in awaitOpen: answer
+	// writes r, then signals done. It lives in the request message, and
+	// done is a channel of empty structs: one allocation, where a
+	// buffered channel of the answer took two (its buffer holds
+	// pointers, so it is allocated apart from the channel).
+	openReply[T any] struct {
+		r    T
+		done chan struct{}
+	}
 	// peerDown: the control plane declared a peer dead, for why (how
 	// it knows: "missed its heartbeats", "is out of etcd cluster …").
 	// inc: that incarnation of it, or an earlier one (0: any).
@@ -253,7 +272,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			// Send checked before asking; a worker may have stopped for
 			// good since (the flag is set before TxWorkerDead goes out): a
 			// session spawned now would not know that worker is dead.
-			m.reply <- txOpenReply{err: p.env.failedErr(m.request)}
+			m.reply.answer(txOpenReply{err: p.env.failedErr(m.request)})
 			return
 		}
 		spawn, err := p.table.Open(m.request, m.generation)
@@ -265,7 +284,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 				err = fmt.Errorf("request %s ended before Send (%s): the session its generation side's RequestData opened here ended: %w",
 					m.request, o.Status, o.Err)
 			}
-			m.reply <- txOpenReply{err: err}
+			m.reply.answer(txOpenReply{err: err})
 			return
 		}
 		p.unsent.forget(m.request) // taken: any later refusal is of this one
@@ -275,7 +294,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
-		m.reply <- txOpenReply{pid: pid}
+		m.reply.answer(txOpenReply{pid: pid})
 	case *messages.RequestData:
 		if hoptrace.On {
 			hoptrace.Mark("txparent.RequestData", m.RequestID)
@@ -606,7 +625,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			hoptrace.Mark("rxparent.open", m.req.ID)
 		}
 		if p.sessions.draining {
-			m.reply <- rxOpenReply{err: fmt.Errorf("%w: receive %s: the engine is closing", ErrClosed, m.req.ID)}
+			m.reply.answer(rxOpenReply{err: fmt.Errorf("%w: receive %s: the engine is closing", ErrClosed, m.req.ID)})
 			return
 		}
 		if p.table.Started(m.req.ID) || p.queue.Queued(m.req.ID) {
@@ -619,7 +638,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 				err = fmt.Errorf("%w: request %s ended (%s) and still waits for its writers' proof that they write no more into its blocks; retry under another id, or once its handle is released",
 					ErrBadRequest, m.req.ID, d.Status)
 			}
-			m.reply <- rxOpenReply{err: err}
+			m.reply.answer(rxOpenReply{err: err})
 			return
 		}
 		counts, err := p.needed(m.req)
@@ -627,10 +646,10 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			err = p.checkOwned(m.req, counts)
 		}
 		if err != nil {
-			m.reply <- rxOpenReply{err: err}
+			m.reply.answer(rxOpenReply{err: err})
 			return
 		}
-		m.reply <- rxOpenReply{}
+		m.reply.answer(rxOpenReply{})
 		if m.req.Blocks != nil {
 			// The framework allocated the blocks: nothing to wait for.
 			p.start(ctx, m, m.req.Blocks)
