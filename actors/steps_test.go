@@ -136,6 +136,7 @@ type txDriver struct {
 	inflight map[OpRef]bool
 	doubted  map[OpRef]bool
 	flushing map[int]bool
+	sending  map[int]bool // streams whose terminal frame a worker holds (no TxSent yet)
 	timers   map[TimerKind]bool
 	asked    map[int]bool
 }
@@ -143,7 +144,7 @@ type txDriver struct {
 func newTxDriver(rt *rapid.T) *txDriver {
 	return &txDriver{rt: rt, now: testEpoch0, s: NewTxSession(TxConfig{Request: "r1", Self: ctxPeer(0), Workers: 2,
 		DrainGrace: time.Second, Timeout: time.Minute}),
-		inflight: map[OpRef]bool{}, doubted: map[OpRef]bool{}, flushing: map[int]bool{}, timers: map[TimerKind]bool{}, asked: map[int]bool{}}
+		inflight: map[OpRef]bool{}, doubted: map[OpRef]bool{}, flushing: map[int]bool{}, sending: map[int]bool{}, timers: map[TimerKind]bool{}, asked: map[int]bool{}}
 }
 
 func (d *txDriver) step(msg any) {
@@ -155,6 +156,10 @@ func (d *txDriver) step(msg any) {
 			d.inflight[e.Op] = true
 		case Flush:
 			d.flushing[e.Peer] = true
+		case SendFrame:
+			if e.FromStream {
+				d.sending[e.Peer] = true // its worker reports TxSent
+			}
 		case StartTimer:
 			d.timers[e.Kind] = true
 		}
@@ -211,6 +216,9 @@ func (d *txDriver) randomStep() {
 	if len(d.flushing) > 0 {
 		actions = append(actions, "flush", "flush")
 	}
+	if len(d.sending) > 0 {
+		actions = append(actions, "sent", "sent")
+	}
 	for k := range d.timers {
 		actions = append(actions, fmt.Sprintf("timer-%d", k))
 	}
@@ -262,6 +270,14 @@ func (d *txDriver) randomStep() {
 		p := rapid.SampledFrom(sortedPeers(d.flushing)).Draw(rt, "peer")
 		delete(d.flushing, p)
 		d.step(TxFlushed{Peer: p})
+	case "sent":
+		p := rapid.SampledFrom(sortedPeers(d.sending)).Draw(rt, "peer")
+		delete(d.sending, p)
+		msg := TxSent{Peer: p}
+		if rapid.IntRange(0, 5).Draw(rt, "sent-err") == 5 {
+			msg.Err = errors.New("queue full")
+		}
+		d.step(msg)
 	case "cancel":
 		d.step(TxCancel{})
 	case "panic":
@@ -301,6 +317,10 @@ func (d *txDriver) drain() {
 			p := sortedPeers(d.flushing)[0]
 			delete(d.flushing, p)
 			d.step(TxFlushed{Peer: p})
+		case len(d.sending) > 0:
+			p := sortedPeers(d.sending)[0]
+			delete(d.sending, p)
+			d.step(TxSent{Peer: p})
 		case d.timers[TimerDrain]:
 			delete(d.timers, TimerDrain)
 			d.step(TxTimeout{Kind: TimerDrain})
