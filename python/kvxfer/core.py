@@ -425,21 +425,42 @@ def kv_memory(kind, layers, v_layers=None):
     return mem
 
 
-def _ids_array(ids):
-    ids = [int(i) for i in ids]
+def _ids_array(ids, name="block ids"):
+    """A ctypes int32 array of block ids (ints, or anything with __index__:
+    NumPy or torch integers). A float or str is a TypeError naming it:
+    int() would cut 1.7 to block 1, another block than the caller's."""
+    try:
+        ids = [operator.index(i) for i in ids]
+    except TypeError:
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError("%s = %r: want a list of int block ids" % (name, ids)) from None
+        for k, i in enumerate(ids):
+            try:
+                operator.index(i)
+            except TypeError:
+                raise TypeError("%s[%d] = %r is a %s, not an int block id" % (name, k, i, type(i).__name__)) from None
+        raise
     if ids and (min(ids) < _I32_MIN or max(ids) > _I32_MAX):
         bad = next(i for i in ids if not _I32_MIN <= i <= _I32_MAX)
         _i32("block id", bad)
     return (ctypes.c_int32 * len(ids))(*ids)
 
 
-def _runs(runs):
+def _runs(runs, name="runs"):
     """A ctypes BlockRun array for [(first, ids), ...] (one per layer group),
-    and the id arrays that must stay alive while it is used."""
+    and the id arrays that must stay alive while it is used. name is what
+    errors call runs (receive's blocks are its runs)."""
+    if isinstance(runs, (str, bytes)) or not hasattr(runs, "__len__"):
+        raise TypeError("%s = %r: want one (first global block, [block ids]) per layer group" % (name, runs))
     arr = (_lib.BlockRun * len(runs))()
     keep = []
-    for g, (first, ids) in enumerate(runs):
-        a = _ids_array(ids)
+    for g, run in enumerate(runs):
+        try:
+            first, ids = run
+        except (TypeError, ValueError):
+            raise TypeError("%s[%d] = %r: want a (first global block, [block ids]) pair per layer group, "
+                            "[(0, [0, 1, 2])] for one group" % (name, g, run)) from None
+        a = _ids_array(ids, "%s[%d] ids" % (name, g))
         keep.append(a)
         arr[g].first = _i32("runs[%d] first" % g, first)
         arr[g].count = len(a)
@@ -789,7 +810,7 @@ class Engine:
 
     def free(self, group, ids):
         group = _u32("group", group)
-        a = _ids_array(ids)
+        a = _ids_array(ids, "free ids")
         _check(lib.kvxfer_blocks_free(self._live(), group, a, len(a)))
 
     def used(self, group=0):
@@ -923,12 +944,12 @@ class Engine:
             hits = list(prefix_hit_blocks) if prefix_hit_blocks is not None else []
             firsts = [self.needed_range(prompt_len, g, hits[g] if g < len(hits) else 0)[0]
                       if g < len(self.groups) else 0 for g in range(len(blocks))]
-            arr, keep = _runs(list(zip(firsts, blocks)))
+            arr, keep = _runs(list(zip(firsts, blocks)), "blocks")
             req.blocks = arr
             req.groups = len(blocks)
             keep.append(arr)
         if prefix_hit_blocks is not None:
-            ph = _ids_array(prefix_hit_blocks)
+            ph = _ids_array(prefix_hit_blocks, "prefix_hit_blocks")
             if blocks is not None and len(ph) != len(blocks):
                 raise ValueError("prefix_hit_blocks has %d groups, blocks %d" % (len(ph), len(blocks)))
             req.prefix_hit_blocks = ph

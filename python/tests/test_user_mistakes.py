@@ -295,3 +295,34 @@ def test_user_mistakes_ctrl_c_ends_a_long_close():
         pytest.fail("close(600000) was still running 180 s after SIGINT")
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
     assert out.stdout.split() == ["interrupted", "closed"], (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("bad", [1.7, "1", None])
+def test_user_mistakes_block_id_of_no_int_refused(pair, bad):
+    """A float or str block id was cut by int() to another block: free(0,
+    [1.7]) freed block 1, chunk() and receive() named block 1 (checked to
+    fail: block 1 was freed). Each is a TypeError naming the value; no
+    block is freed or pinned."""
+    ctx, gen = pair
+    ids = ctx.alloc(0, 4)
+    assert ids[1] == 1
+    used = ctx.used(0)
+    with pytest.raises(TypeError) as e:
+        ctx.free(0, [ids[0], bad])
+    assert "free ids[1] = %r" % (bad,) in str(e.value), e.value
+    assert ctx.used(0) == used  # block 0 not freed either
+    tx = ctx.send(unique("r"), 32)
+    with pytest.raises(TypeError) as e:
+        tx.chunk(0, 32, [(0, [0, bad])])
+    assert "runs[0] ids[1] = %r" % (bad,) in str(e.value), e.value
+    with pytest.raises(TypeError) as e:
+        gen.receive(unique("r"), 32, ctx.instance, blocks=[[5, bad]])
+    assert "blocks[0] ids[1] = %r" % (bad,) in str(e.value), e.value
+    with pytest.raises(TypeError) as e:
+        tx.chunk(0, 32, [0, 1])
+    assert "runs[0] = 0" in str(e.value), e.value
+    tx.cancel()
+    assert tx.wait().outcome == kvxfer.Outcome.CANCELLED
+    tx.release()
+    ctx.free(0, ids)
+    assert ctx.used(0) == used - 4
