@@ -935,6 +935,11 @@ class Engine:
                                   _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
         keep = []
         if blocks is not None:
+            if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__") or not len(blocks):
+                # [] would reach the library as groups 0, which means "the
+                # engine allocates": the caller's (empty) table ignored.
+                raise ValueError("blocks = %r: want one list of block ids per layer group (the engine has %d); "
+                                 "None lets the engine allocate them" % (blocks, len(self.groups)))
             for g, ids in enumerate(blocks):
                 if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
                     raise TypeError("blocks[%d] = %r: want one list of block ids per layer group, [[10, 11, 12]] for "

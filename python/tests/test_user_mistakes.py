@@ -326,3 +326,17 @@ def test_user_mistakes_block_id_of_no_int_refused(pair, bad):
     tx.release()
     ctx.free(0, ids)
     assert ctx.used(0) == used - 4
+
+
+@pytest.mark.parametrize("blocks", [[], ()])
+def test_user_mistakes_empty_block_table_refused(pair, blocks):
+    """receive(blocks=[]) reached the library as groups 0, which means
+    "the engine allocates": the caller's (empty) table was ignored and
+    the request took blocks from the pool (checked to fail: a Request came
+    back). It is a ValueError naming it; nothing is taken."""
+    ctx, gen = pair
+    used = gen.used(0)
+    with pytest.raises(ValueError) as e:
+        gen.receive(unique("r"), 32, ctx.instance, blocks=blocks)
+    assert "blocks = %r" % (blocks,) in str(e.value) and "None lets the engine" in str(e.value), e.value
+    assert gen.used(0) == used
