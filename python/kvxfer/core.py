@@ -169,6 +169,18 @@ def _cstr(name, s):
     return b
 
 
+def _payload_bytes(data):
+    """A payload's bytes: a bytes-like object only. A str is a TypeError
+    (encode it), and so is an int: bytes(5) would be five zero bytes."""
+    if isinstance(data, str):
+        raise TypeError("payload must be bytes-like, not str (%r): encode it" % (data[:64],))
+    try:
+        return bytes(memoryview(data))
+    except TypeError:
+        raise TypeError("payload must be bytes-like (bytes, bytearray, memoryview), not %s (%r)"
+                        % (type(data).__name__, data)) from None
+
+
 def _stages(name, stages):
     """A pipeline split (a Stages value: "7,8,8,7", or a list of each
     stage's layer count) as its string, "" for None; the library checks
@@ -874,9 +886,7 @@ class Engine:
         if told:
             _require("kvxfer_send_parallel",
                      "send(generation_tp=%d, generation_pp=%d)" % (generation_tp, generation_pp))
-        if isinstance(payload, str):
-            raise TypeError("payload must be bytes-like, not str (%r): encode it" % (payload[:64],))
-        payload = bytes(payload)
+        payload = _payload_bytes(payload)
         buf = ctypes.create_string_buffer(payload, len(payload)) if payload else None
         req = _lib.SendRequest(_cstr("id", id), _i32("prompt_len", prompt_len), _i32("timeout_ms", timeout_ms),
                                ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None,
@@ -1326,9 +1336,7 @@ class Request:
         last layer part), which carries it; refused after it, and for a
         receive."""
         _require("kvxfer_request_set_payload", "Request.set_payload")
-        if isinstance(data, str):
-            raise TypeError("payload must be bytes-like, not str (%r): encode it" % (data[:64],))
-        data = bytes(data)
+        data = _payload_bytes(data)
         n = _u32("payload length", len(data))
         buf = ctypes.create_string_buffer(data, n) if data else None
         _check(lib.kvxfer_request_set_payload(self.handle, buf, n))

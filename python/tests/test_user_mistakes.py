@@ -340,3 +340,23 @@ def test_user_mistakes_empty_block_table_refused(pair, blocks):
         gen.receive(unique("r"), 32, ctx.instance, blocks=blocks)
     assert "blocks = %r" % (blocks,) in str(e.value) and "None lets the engine" in str(e.value), e.value
     assert gen.used(0) == used
+
+
+@pytest.mark.parametrize("bad", [5, None, [1, 2]])
+def test_user_mistakes_payload_of_no_bytes_refused(pair, bad):
+    """send(payload=5) sent bytes(5), five zero bytes, as the request's
+    payload (checked to fail: no error); None was an unnamed \"cannot
+    convert\" TypeError. Each is a TypeError naming the type, in send()
+    and set_payload(); bytes-like objects still do."""
+    ctx, _ = pair
+    with pytest.raises(TypeError) as e:
+        ctx.send(unique("r"), 32, payload=bad)
+    assert "payload must be bytes-like" in str(e.value) and type(bad).__name__ in str(e.value), e.value
+    tx = ctx.send(unique("r"), 32, payload=bytearray(b"ab"))
+    with pytest.raises(TypeError) as e:
+        tx.set_payload(bad)
+    assert "payload must be bytes-like" in str(e.value), e.value
+    tx.set_payload(memoryview(b"xyz"))
+    tx.cancel()
+    tx.wait()
+    tx.release()
