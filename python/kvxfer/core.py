@@ -4,6 +4,7 @@ import atexit
 import ctypes
 import enum
 import json
+import numbers
 import os
 import operator
 import threading
@@ -129,10 +130,20 @@ _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _U32_MAX, _U64_MAX = (1 << 32) - 1, (1 << 64) - 1
 
 
+def _int(name, v):
+    """v as an int (anything with __index__), or TypeError naming it: a
+    float would otherwise be an unnamed "cannot be interpreted as an
+    integer"."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError("%s = %r is a %s, not an int" % (name, v, type(v).__name__)) from None
+
+
 def _i32(name, v):
     """v as an int that fits the C ABI's int32_t, or ValueError naming it
     (ctypes would silently keep its low 32 bits)."""
-    v = operator.index(v)
+    v = _int(name, v)
     if not _I32_MIN <= v <= _I32_MAX:
         raise ValueError("%s = %d does not fit the C ABI's int32_t" % (name, v))
     return v
@@ -141,7 +152,7 @@ def _i32(name, v):
 def _u32(name, v):
     """v as an int that fits the C ABI's uint32_t, or ValueError naming it
     (ctypes would keep its low 32 bits: 2**32 would be 0, -1 4294967295)."""
-    v = operator.index(v)
+    v = _int(name, v)
     if not 0 <= v <= _U32_MAX:
         raise ValueError("%s = %d does not fit the C ABI's uint32_t" % (name, v))
     return v
@@ -149,7 +160,7 @@ def _u32(name, v):
 
 def _u64(name, v):
     """v as an int that fits the C ABI's uint64_t, or ValueError naming it."""
-    v = operator.index(v)
+    v = _int(name, v)
     if not 0 <= v <= _U64_MAX:
         raise ValueError("%s = %d does not fit the C ABI's uint64_t" % (name, v))
     return v
@@ -281,7 +292,11 @@ def _buffer(mem):
         if readonly:
             raise ValueError("array is read-only")
         return addr, mem.nbytes, None, None
-    view = memoryview(mem)
+    try:
+        view = memoryview(mem)
+    except TypeError:
+        raise TypeError("memory is a %s: want a PyTorch tensor, a NumPy array or a writable buffer (bytearray)"
+                        % type(mem).__name__) from None
     if view.readonly or not view.contiguous:
         raise ValueError("buffer is read-only or not contiguous")
     # view, kept by the caller while the address is in use, holds the
@@ -834,7 +849,7 @@ class Engine:
     def block_address(self, group, block):
         """The address of a block of the pool (KvxferError with
         Status.CLOSED once the engine is closed: its pool may be freed)."""
-        group, block = operator.index(group), operator.index(block)
+        group, block = _int("group", group), _int("block", block)
         self._live()
         if not 0 <= group < len(self.groups):
             raise ValueError("group = %d outside [0, %d)" % (group, len(self.groups)))
@@ -907,7 +922,8 @@ class Engine:
         kvcache.NeededRange): a sliding-window group only the blocks its
         window keeps, past the prefix hits. receive()'s blocks[group] are
         end - first ids, for these blocks in order."""
-        group, prompt_len, hit = operator.index(group), operator.index(prompt_len), operator.index(prefix_hit_blocks)
+        group, prompt_len, hit = (_int("group", group), _int("prompt_len", prompt_len),
+                                  _int("prefix_hit_blocks", prefix_hit_blocks))
         if not 0 <= group < len(self.groups):
             raise ValueError("group = %d outside [0, %d)" % (group, len(self.groups)))
         window, tpb = self.groups[group].window, self.tokens_per_block
@@ -1049,6 +1065,8 @@ class Engine:
             if getattr(request, "_released", False):
                 raise KvxferError(Status.BAD_HANDLE, "request %r (handle %d) was released: its event went to poll() "
                                   "or a callback, and no other will come" % (request.id, request.handle))
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
+            raise TypeError("timeout = %r: want seconds (a number) or None (no timeout)" % (timeout,))
         h = request.handle if isinstance(request, Request) else request
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:

@@ -360,3 +360,31 @@ def test_user_mistakes_payload_of_no_bytes_refused(pair, bad):
     tx.cancel()
     tx.wait()
     tx.release()
+
+
+def test_user_mistakes_argument_of_the_wrong_type_named(pair):
+    """A float or str where an int goes was an unnamed "'float' object
+    cannot be interpreted as an integer" (poll, alloc, close, send), a str
+    timeout an "unsupported operand" of float + str, a list as memory a
+    memoryview TypeError (checked to fail: none named the argument)."""
+    ctx, _ = pair
+    cases = [
+        (lambda: ctx.poll(1.5), "timeout_ms = 1.5 is a float"),
+        (lambda: ctx.alloc(0, 2.0), "n = 2.0 is a float"),
+        (lambda: ctx.send(unique("r"), 10.5), "prompt_len = 10.5 is a float"),
+        (lambda: ctx.close("1"), "timeout_ms = '1' is a str"),
+        (lambda: ctx.block_address(0.0, 0), "group = 0.0 is a float"),
+        (lambda: kvxfer.Engine(small_config(unique("m"), pool_bytes=64), memory=[0] * 64),
+         "memory is a list"),
+    ]
+    for call, want in cases:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert want in str(e.value), (want, e.value)
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    with pytest.raises(TypeError) as e:
+        tx.wait("1")
+    assert "timeout = '1'" in str(e.value), e.value
+    assert tx.wait(1).outcome == kvxfer.Outcome.CANCELLED
+    tx.release()
