@@ -67,7 +67,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from .core import Engine, KvxferError, Node, Outcome, _cuda_index, kv_memory
+from .core import Engine, KvxferError, Node, Outcome, _cuda_index, config_object, kv_memory
 
 logger = logging.getLogger(__name__)
 
@@ -545,7 +545,7 @@ class KvxferWorkerConnector:
         (Engine.send's): with MLA and a decode TP smaller than this
         instance's, a rank that writes to no decode rank then reports its
         sends at once instead of failing each at its deadline."""
-        self.config = dict(config)
+        self.config = config_object("KvxferWorkerConnector", config)
         self.node = any(k in self.config for k in NODE_KEYS)
         self.role = role
         if self.node:  # a receiving rank on shm: refused now, naming it

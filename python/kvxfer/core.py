@@ -1,6 +1,7 @@
 """Engines, requests and fences over libkvxfer.so (standard library only)."""
 
 import atexit
+import collections.abc
 import ctypes
 import enum
 import json
@@ -1367,6 +1368,23 @@ class Request:
     def release(self):
         _check(lib.kvxfer_request_release(self.handle))
         self._released = True
+
+
+def config_object(what, config):
+    """A config as a dict, from a mapping or the JSON text of an object
+    (as Engine takes it); anything else is a TypeError, and text that is
+    no JSON object a ValueError, naming what took it."""
+    if isinstance(config, str):
+        try:
+            cfg = json.loads(config)
+        except ValueError as exc:
+            raise ValueError("%s: config %r is no valid JSON: %s" % (what, config[:80], exc)) from None
+        if not isinstance(cfg, dict):
+            raise ValueError("%s: config %r: want a JSON object, got %s" % (what, config[:80], type(cfg).__name__))
+        return cfg
+    if isinstance(config, collections.abc.Mapping):
+        return dict(config)
+    raise TypeError("%s: config must be a dict (or its JSON text), not %s (%r)" % (what, type(config).__name__, config))
 
 
 def config_from_env(var, missing):

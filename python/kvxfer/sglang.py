@@ -92,7 +92,7 @@ import threading
 import time
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, Outcome, Status, config_from_env
+from .core import KvxferError, Node, Outcome, Status, config_from_env, config_object
 
 logger = logging.getLogger(__name__)
 
@@ -976,7 +976,7 @@ def install(backend="nixl", config=None):
         raise RuntimeError("kvxfer.sglang.install: backend %r is not one of this SGLang's TransferBackend values "
                            "(%s)" % (backend, ", ".join(b.value for b in utils.TransferBackend))) from None
     if config is not None:
-        _installed_config = dict(config)
+        _installed_config = config_object("kvxfer.sglang.install", config)
     original = getattr(utils.get_kv_class, "_kvxfer_original", utils.get_kv_class)
 
     def get_kv_class(transfer_backend, class_type):

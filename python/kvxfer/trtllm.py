@@ -132,7 +132,7 @@ import typing
 import urllib.parse
 
 from .connector import NODE_KEYS, node_config
-from .core import KvxferError, Node, Status, _cuda_index, config_from_env, kv_memory
+from .core import KvxferError, Node, Status, _cuda_index, config_from_env, config_object, kv_memory
 
 logger = logging.getLogger(__name__)
 
@@ -1401,7 +1401,7 @@ def install(config=None, backend=None):
         raise RuntimeError("kvxfer.trtllm.install: none of TensorRT-LLM's %s can be imported with a "
                            "create_kv_cache_transceiver" % ", ".join(TRTLLM_MODULES))
     if config is not None:
-        _installed_config = dict(config)
+        _installed_config = config_object("kvxfer.trtllm.install", config)
 
     replaced = {}  # a function TensorRT-LLM had (or an earlier wrapper) -> its wrapper
 

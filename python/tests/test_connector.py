@@ -609,3 +609,16 @@ def test_node_config_carries_the_pipeline_split():
     cfg = {"instance": "p", "insecure": True, "bind": "ipc:///x/p{rank}.sock", "tp": 1, "pp": 4, "rank_pp": 1}
     assert node_config(dict(cfg, pp_stages="7,8,8,7"), "producer")["parallel"] == {"tp": 1, "pp": 4, "stages": "7,8,8,7"}
     assert node_config(cfg, "producer")["parallel"] == {"tp": 1, "pp": 4}
+
+
+def test_connector_config_of_the_wrong_type_named():
+    """KvxferWorkerConnector(config) took dict(config): JSON text was
+    \"dictionary update sequence element #0 has length 1; 2 is required\",
+    None \"'NoneType' object is not iterable\" (checked to fail). JSON text
+    of an object is taken; anything else names the connector and value."""
+    w = KvxferWorkerConnector('{"instance": "json-text", "layer_parts": true}')
+    assert w.config == {"instance": "json-text"} and w.layer_parts
+    with pytest.raises(TypeError, match=r"KvxferWorkerConnector: config must be a dict .*not NoneType"):
+        KvxferWorkerConnector(None)
+    with pytest.raises(ValueError, match=r"KvxferWorkerConnector: config '\{' is no valid JSON"):
+        KvxferWorkerConnector("{")

@@ -93,3 +93,16 @@ def test_config_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("KVXFER_SGLANG_CONFIG", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="neither JSON nor a readable file"):
         ks._config()
+
+
+def test_install_config_as_json_text_or_refused_naming_it(sglang_stub):
+    """install("nixl", '{...}') was dict() of a str: \"dictionary update
+    sequence element #0 has length 1; 2 is required\" (checked to fail).
+    JSON text of an object is taken, as Engine takes it; anything else
+    names install and the value."""
+    ks.install("nixl", config='{"bind": "ipc://j"}')
+    assert ks._config() == {"bind": "ipc://j"}
+    with pytest.raises(TypeError, match=r"kvxfer.sglang.install: config must be a dict .*not list"):
+        ks.install("nixl", config=[("bind", "ipc://x")])
+    with pytest.raises(ValueError, match=r"kvxfer.sglang.install: config '\{bad' is no valid JSON"):
+        ks.install("nixl", config="{bad")

@@ -261,3 +261,16 @@ def test_config_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("KVXFER_TRTLLM_CONFIG", "[1]")
     with pytest.raises(ValueError, match="want a JSON object"):
         kt._config()
+
+
+def test_install_config_as_json_text_or_refused_naming_it(trtllm_stub):
+    """install(config='{...}') was dict() of a str: \"dictionary update
+    sequence element #0 has length 1; 2 is required\"; config=5 \"'int'
+    object is not iterable\" (checked to fail). JSON text of an object is
+    taken, as Engine takes it; anything else names install and the value."""
+    kt.install(config='{"bind": "ipc://j"}')
+    assert kt._config() == {"bind": "ipc://j"}
+    with pytest.raises(TypeError, match=r"kvxfer.trtllm.install: config must be a dict .*not int \(5\)"):
+        kt.install(config=5)
+    with pytest.raises(ValueError, match=r"kvxfer.trtllm.install: config '\[1\]': want a JSON object"):
+        kt.install(config="[1]")
