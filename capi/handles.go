@@ -1,6 +1,9 @@
 package capi
 
-import "sync"
+import (
+	"strings"
+	"sync"
+)
 
 // table is the process-wide handle table: integers to engines, requests
 // and fences. Handle 0 is never issued; handles are never reused.
@@ -36,7 +39,12 @@ func lookup[T any](h uint64, kind string) (T, error) {
 	}
 	t, ok := v.(T)
 	if !ok {
-		return zero, errorf(ErrBadHandle, "%s handle %d is a %s handle", kind, h, kindOf(v))
+		k := kindOf(v)
+		article := "a"
+		if strings.IndexByte("aeiou", k[0]) >= 0 {
+			article = "an"
+		}
+		return zero, errorf(ErrBadHandle, "%s handle %d is %s %s handle", kind, h, article, k)
 	}
 	return t, nil
 }
