@@ -167,7 +167,15 @@ def load():
     for candidate in _candidates():
         if os.path.exists(candidate):
             path = os.path.realpath(candidate)
-            lib = ctypes.CDLL(path)
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as exc:
+                # dlopen's words alone ("Is a directory", "invalid ELF
+                # header", a missing libzmq) name neither where the path
+                # came from nor what to do.
+                raise OSError("libkvxfer.so at %s%s cannot be loaded: %s; it must be the library `make lib` builds "
+                              "(lib/libkvxfer.so), and it needs libzmq and UCX at run time"
+                              % (candidate, " (from $KVXFER_LIB)" if os.environ.get("KVXFER_LIB") else "", exc)) from None
             break
         tried.append(candidate)
     else:

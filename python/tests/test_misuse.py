@@ -233,3 +233,21 @@ def test_event_of_an_unknown_status_code():
     # Its repr (a log line, a connector's failed entry printed) names the
     # number instead of raising AttributeError (an int has no .name).
     assert "error=99" in repr(ev), repr(ev)
+
+
+def test_kvxfer_lib_that_cannot_be_loaded_named(tmp_path):
+    """$KVXFER_LIB naming a directory, or a file that is no library, was
+    dlopen's words alone ("cannot read file data: Is a directory",
+    "invalid ELF header"), naming neither $KVXFER_LIB nor what to do
+    (checked to fail). The OSError names the path, where it came from and
+    what the library must be."""
+    bad = tmp_path / "notalib.so"
+    bad.write_text("not a library")
+    for path in (str(tmp_path), str(bad)):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, HERE]), KVXFER_LIB=path)
+        p = subprocess.run([sys.executable, "-c", "import kvxfer; kvxfer.handle_count()"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith("OSError: libkvxfer.so at %s (from $KVXFER_LIB) cannot be loaded" % path), last
+        assert "make lib" in last, last
