@@ -396,6 +396,8 @@ def kv_memory(kind, layers, v_layers=None):
     only addresses: pass the tensors as kv_caches then)."""
     if kind not in _KV_KINDS:
         raise ValueError("kind %r, want one of %s" % (kind, ", ".join(_KV_KINDS)))
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError("kv_memory: layers = %r: want a list of the layers' tensors" % (layers,))
     layers = list(layers)
     if not layers:
         raise ValueError("no layer tensors")
@@ -603,7 +605,11 @@ def _json(config):
             return config, json.loads(config)
         except ValueError:
             return config, None  # the library names what is wrong
-    return json.dumps(config), config
+    try:
+        return json.dumps(config), config
+    except (TypeError, ValueError) as exc:  # a set, a tensor, a NaN...: name the config
+        shown = repr(config)
+        raise TypeError("config %s: not JSON: %s" % (shown if len(shown) <= 200 else shown[:200] + "...", exc)) from None
 
 
 def _config_bytes(config):

@@ -388,3 +388,16 @@ def test_user_mistakes_argument_of_the_wrong_type_named(pair):
     assert "timeout = '1'" in str(e.value), e.value
     assert tx.wait(1).outcome == kvxfer.Outcome.CANCELLED
     tx.release()
+
+
+def test_user_mistakes_config_and_layers_of_the_wrong_type_named():
+    """A config json cannot write (a set, a tensor) was json's "Object of
+    type set is not JSON serializable", kv_memory(kind, None) "'NoneType'
+    object is not iterable", neither naming the argument (checked to
+    fail). Each TypeError names it."""
+    with pytest.raises(TypeError) as e:
+        kvxfer.Engine(small_config(unique("set"), workers={2}))
+    assert str(e.value).startswith("config {") and "not JSON" in str(e.value) and "set" in str(e.value), e.value
+    with pytest.raises(TypeError) as e:
+        kvxfer.kv_memory("nhd", None)
+    assert "kv_memory: layers = None" in str(e.value), e.value
