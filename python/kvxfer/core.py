@@ -279,7 +279,18 @@ def _buffer(mem):
     address is used: None, or a buffer's memoryview) of contiguous memory: a
     PyTorch tensor (data_ptr(); a CUDA tensor's address is a device
     pointer), anything with __array_interface__ (NumPy), or a writable
-    buffer (bytearray, memoryview)."""
+    buffer (bytearray, memoryview). Memory of no bytes is a ValueError: an
+    empty tensor's address is 0, which the C ABI reads as "no pool given"
+    (the engine would allocate one of its own and ignore the caller's)."""
+    addr, nbytes, device, pin = _buffer_of(mem)
+    if nbytes == 0:
+        raise ValueError("memory is empty (0 bytes, %s of shape %s): want the KV pool's memory"
+                         % (type(mem).__name__, tuple(getattr(mem, "shape", (0,)))))
+    return addr, nbytes, device, pin
+
+
+def _buffer_of(mem):
+    """_buffer's (address, nbytes, device, pin), any size."""
     if hasattr(mem, "data_ptr") and hasattr(mem, "element_size"):  # torch.Tensor
         device = _cuda_index(mem)
         if not mem.is_contiguous():
@@ -300,6 +311,8 @@ def _buffer(mem):
                         % type(mem).__name__) from None
     if view.readonly or not view.contiguous:
         raise ValueError("buffer is read-only or not contiguous")
+    if view.nbytes == 0:  # ctypes cannot take its address; _buffer names it
+        return 0, 0, None, None
     # view, kept by the caller while the address is in use, holds the
     # buffer's export: a bytearray cannot be resized (moved) under it.
     return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes, None, view
@@ -310,7 +323,7 @@ def buffer_address(mem):
     (data_ptr()), anything with __array_interface__ (NumPy), or a writable
     buffer (bytearray, memoryview). A CUDA tensor is a ValueError (a Node
     takes one as memory=)."""
-    addr, nbytes, device, _ = _buffer(mem)
+    addr, nbytes, device, _ = _buffer_of(mem)
     if device is not None:
         raise ValueError("tensor on %s: buffer_address is for host memory (a Node takes a CUDA tensor as its "
                          "memory)" % _where(device))

@@ -401,3 +401,22 @@ def test_user_mistakes_config_and_layers_of_the_wrong_type_named():
     with pytest.raises(TypeError) as e:
         kvxfer.kv_memory("nhd", None)
     assert "kv_memory: layers = None" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("make", [lambda: torch.zeros(0, dtype=torch.bfloat16), lambda: torch.zeros(64)[:0],
+                                  lambda: bytearray(0)])
+def test_user_mistakes_empty_memory_refused(make):
+    """An empty tensor as memory has data_ptr() 0, which reached
+    kvxfer_engine_open as a NULL pool: the engine opened over a pool of its
+    own (1 GiB without pool_bytes) and the caller's memory was ignored
+    (checked to fail: the engine opened); an empty bytearray was ctypes'
+    unnamed "Buffer size too small". Each is a ValueError naming memory."""
+    before = kvxfer.handle_count()
+    for cfg in (small_config(unique("empty")), {"instance": unique("empty"), "layout": LAYOUT}):
+        with pytest.raises(ValueError) as e:
+            kvxfer.Engine(cfg, memory=make())
+        assert "memory is empty (0 bytes" in str(e.value), e.value
+    with pytest.raises(ValueError, match="memory is empty"):
+        kvxfer.Node({"instance": unique("empty"), "layout": LAYOUT, "backend": "shm", "insecure": True,
+                     "bind": "ipc://unused.sock", "send_only": True}, memory=make())
+    assert kvxfer.handle_count() == before
