@@ -980,6 +980,7 @@ class Engine:
                                   _cstr("context", context), _i32("context_tp", context_tp),
                                   _i32("context_pp", context_pp), None, 0, None, _u64("user_data", user_data))
         keep = []
+        ph = None if prefix_hit_blocks is None else _ids_array(prefix_hit_blocks, "prefix_hit_blocks")
         if blocks is not None:
             if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__") or not len(blocks):
                 # [] would reach the library as groups 0, which means "the
@@ -992,15 +993,14 @@ class Engine:
                                     "one group" % (g, ids))
             # Each run names the global block its first id holds, which the
             # library checks: the group's first needed block.
-            hits = list(prefix_hit_blocks) if prefix_hit_blocks is not None else []
+            hits = list(ph) if ph is not None else []
             firsts = [self.needed_range(prompt_len, g, hits[g] if g < len(hits) else 0)[0]
                       if g < len(self.groups) else 0 for g in range(len(blocks))]
             arr, keep = _runs(list(zip(firsts, blocks)), "blocks")
             req.blocks = arr
             req.groups = len(blocks)
             keep.append(arr)
-        if prefix_hit_blocks is not None:
-            ph = _ids_array(prefix_hit_blocks, "prefix_hit_blocks")
+        if ph is not None:
             if blocks is not None and len(ph) != len(blocks):
                 raise ValueError("prefix_hit_blocks has %d groups, blocks %d" % (len(ph), len(blocks)))
             req.prefix_hit_blocks = ph
@@ -1076,6 +1076,9 @@ class Engine:
         other requests it polls are kept for their wait() or poll(). A
         Request of another engine raises ValueError naming both: its event
         would never come here."""
+        if not isinstance(request, Request) and (isinstance(request, bool) or not isinstance(request, int)):
+            raise TypeError("wait: request = %r is a %s: want the Request send() or receive() returned (or its "
+                            "handle), not its id" % (request, type(request).__name__))
         if isinstance(request, Request) and request.engine is not self:
             raise ValueError("request %r belongs to engine %s, not to engine %s: wait on its own engine"
                              % (request.id, request.engine._name(), self._name()))

@@ -420,3 +420,25 @@ def test_user_mistakes_empty_memory_refused(make):
         kvxfer.Node({"instance": unique("empty"), "layout": LAYOUT, "backend": "shm", "insecure": True,
                      "bind": "ipc://unused.sock", "send_only": True}, memory=make())
     assert kvxfer.handle_count() == before
+
+
+def test_user_mistakes_hits_and_wait_arguments_named(pair):
+    """receive(blocks=..., prefix_hit_blocks=5) was an unnamed "'int'
+    object is not iterable" (without blocks it was named); wait("id"), the
+    request's id instead of the Request, was "%d format: a real number is
+    required, not str" (checked to fail). Each TypeError names the
+    argument; nothing is taken."""
+    ctx, gen = pair
+    used = gen.used(0)
+    with pytest.raises(TypeError) as e:
+        gen.receive(unique("r"), 32, ctx.instance, blocks=[[1, 2]], prefix_hit_blocks=5)
+    assert "prefix_hit_blocks = 5" in str(e.value), e.value
+    assert gen.used(0) == used
+    rid = unique("r")
+    tx = ctx.send(rid, 32)
+    with pytest.raises(TypeError) as e:
+        ctx.wait(rid, 0.1)
+    assert "wait: request = %r is a str" % rid in str(e.value) and "not its id" in str(e.value), e.value
+    tx.cancel()
+    assert ctx.wait(tx.handle, 10).outcome == kvxfer.Outcome.CANCELLED  # a handle still does
+    tx.release()
