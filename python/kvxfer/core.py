@@ -4,6 +4,7 @@ import atexit
 import collections.abc
 import ctypes
 import enum
+import inspect
 import json
 import numbers
 import os
@@ -1138,6 +1139,16 @@ class Engine:
             return
         if not callable(fn):  # else each event would be lost to a TypeError on a library thread
             raise TypeError("set_callback: fn = %r is not callable (None goes back to polling)" % (fn,))
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without one: taken as it is
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(None)
+            except TypeError as exc:  # each event would be lost to this TypeError, on a library thread
+                raise TypeError("set_callback: fn = %r cannot be called with one Event (%s): it would lose every "
+                                "event" % (fn, exc)) from None
         h = self._live()
 
         def trampoline(evp, _user):

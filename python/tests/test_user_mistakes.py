@@ -442,3 +442,22 @@ def test_user_mistakes_hits_and_wait_arguments_named(pair):
     tx.cancel()
     assert ctx.wait(tx.handle, 10).outcome == kvxfer.Outcome.CANCELLED  # a handle still does
     tx.release()
+
+
+@pytest.mark.parametrize("fn", [lambda: None, lambda ev, extra: None])
+def test_user_mistakes_callback_of_another_arity_refused(pair, fn):
+    """set_callback(fn) with an fn that takes no event (or two) was taken:
+    each event then went to a TypeError on a library thread, printed and
+    appended to callback_errors, and the request's event was lost
+    (checked to fail: no error). It is a TypeError at once; the engine
+    keeps polling, and its events still come."""
+    ctx, _ = pair
+    with pytest.raises(TypeError) as e:
+        ctx.set_callback(fn)
+    assert "cannot be called with one Event" in str(e.value), e.value
+    ctx.set_callback(lambda ev, *rest, **kw: None)  # one that takes an event does
+    ctx.set_callback(None)
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    assert tx.wait(10).outcome == kvxfer.Outcome.CANCELLED and not ctx.callback_errors
+    tx.release()
