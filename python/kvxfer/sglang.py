@@ -87,6 +87,7 @@ memory).
 
 import ctypes
 import logging
+import operator
 import os
 import threading
 import time
@@ -128,11 +129,20 @@ _installed_config = None
 
 def room_id(room):
     """kvxfer's request id of SGLang's bootstrap_room (an int)."""
-    if isinstance(room, bool) or not isinstance(room, int):
+    room_arg = room
+    if isinstance(room, bool):
+        raise ValueError("bootstrap_room = %r: want an int" % (room,))
+    try:
+        room = operator.index(room)  # ints, NumPy's and torch's too
+    except TypeError:
+        # Decimal digits as text are taken; a float is not, since int()
+        # would cut 1.7 to room 1, another request's id.
         try:
-            room = int(room)
-        except (TypeError, ValueError):
-            raise ValueError("bootstrap_room = %r: want an int" % (room,)) from None
+            room = int(room) if isinstance(room, str) else None
+        except ValueError:
+            room = None
+        if room is None:
+            raise ValueError("bootstrap_room = %r: want an int" % (room_arg,)) from None
     return "sglang-%d" % room
 
 

@@ -290,6 +290,12 @@ def test_room_ids():
     assert ks.room_id(42) == "sglang-42"
     with pytest.raises(ValueError, match="bootstrap_room"):
         ks.room_id("x")
+    assert ks.room_id("42") == "sglang-42"
+    # A float room was cut by int(): 42.7 was room 42's id, another
+    # request's (checked to fail). It is refused, naming it.
+    for bad in (42.7, 42.0, None, True):
+        with pytest.raises(ValueError, match=r"bootstrap_room = %s: want an int" % bad):
+            ks.room_id(bad)
     assert sum(AUX_ITEMS) == 5504
 
 
