@@ -9,6 +9,7 @@ import json
 import numbers
 import os
 import operator
+import sys
 import threading
 import time
 import traceback
@@ -290,13 +291,29 @@ def _buffer(mem):
     return addr, nbytes, device, pin
 
 
+def _unresizable(t):
+    """Makes a contiguous CPU tensor's storage unresizable, and returns the
+    NumPy view that did it: t.resize_() to a larger size would move the
+    bytes and free the old ones under the engine, whose copies into them
+    then kill the process (SIGSEGV in the copier). PyTorch marks a
+    storage unresizable, for good, once NumPy views it (it has no public
+    setter); the tensor is otherwise untouched. None when it cannot be
+    viewed so (it stays resizable, as before)."""
+    torch = sys.modules.get("torch")
+    try:
+        return t.detach().reshape(-1).view(torch.uint8).numpy()
+    except Exception:  # noqa: BLE001 - no NumPy, an exotic tensor: best effort
+        return None
+
+
 def _buffer_of(mem):
     """_buffer's (address, nbytes, device, pin), any size."""
     if hasattr(mem, "data_ptr") and hasattr(mem, "element_size"):  # torch.Tensor
         device = _cuda_index(mem)
         if not mem.is_contiguous():
             raise ValueError("tensor of shape %s is not contiguous" % (tuple(mem.shape),))
-        return mem.data_ptr(), mem.numel() * mem.element_size(), device, None
+        nbytes = mem.numel() * mem.element_size()
+        return mem.data_ptr(), nbytes, device, _unresizable(mem) if device is None and nbytes else None
     ai = getattr(mem, "__array_interface__", None)
     if ai is not None:
         if ai.get("strides") is not None and not mem.flags["C_CONTIGUOUS"]:
@@ -639,7 +656,9 @@ class Engine:
     config is a dict (or JSON string) as kvxfer_engine_open documents it.
     memory, when given, is the pool: a PyTorch CPU tensor, a NumPy array or a
     writable buffer, kept alive by the engine; block b of group g is at byte
-    offset group(g).offset + b * group(g).block_bytes in it.
+    offset group(g).offset + b * group(g).block_bytes in it. It cannot be
+    resized meanwhile (that would move it under the engine): a bytearray
+    until close() finished, a tensor's storage for good (resize_() raises).
 
     Or the framework keeps its own KV tensors: config["memory"] is
     kv_memory(kind, tensors) and kv_caches the tensors (kept alive by the
@@ -682,7 +701,8 @@ class Engine:
         # A memoryview of a buffer given as memory (a bytearray): while it
         # is held the buffer cannot be resized, which would move its bytes
         # away from the address the engine writes. Released by a close
-        # that finished.
+        # that finished. (For a CPU tensor, the NumPy view that made its
+        # storage unresizable, _unresizable: that lasts.)
         self._pin = pin
         with _open_lock:
             _open[handle] = self
@@ -804,7 +824,9 @@ class Engine:
             with _open_lock:
                 _open.pop(h, None)
             if self._pin is not None:
-                self._pin.release()
+                release = getattr(self._pin, "release", None)  # a memoryview's; a tensor's stays unresizable
+                if release is not None:
+                    release()
                 self._pin = None
             return
         msg = lib.kvxfer_last_error().decode("utf-8", "replace")

@@ -251,3 +251,31 @@ def test_kvxfer_lib_that_cannot_be_loaded_named(tmp_path):
         last = p.stderr.strip().splitlines()[-1]
         assert last.startswith("OSError: libkvxfer.so at %s (from $KVXFER_LIB) cannot be loaded" % path), last
         assert "make lib" in last, last
+
+
+def test_tensor_pool_cannot_be_resized_under_the_engine():
+    """A CPU tensor given as memory could be resize_()d larger: its storage
+    moved, the old bytes were freed, and the transfer into the engine's
+    address killed the process (SIGSEGV in the copier, a Go panic; checked
+    to fail: rc -6, SIGABRT). The storage is made unresizable: resize_ raises
+    RuntimeError and the transfer lands."""
+    rc, out = _child("""
+        import torch
+        import kvxfer
+        from conftest import small_config, unique
+        ctx = kvxfer.Engine(small_config(unique("ctx")))
+        pool = torch.zeros(1 << 19, dtype=torch.bfloat16)
+        gen = kvxfer.Engine(small_config(unique("gen")), memory=pool)
+        try:
+            pool.resize_(64 << 20)
+        except RuntimeError as exc:
+            print("refused:", exc)
+        ids = ctx.alloc(0, 2)
+        rx = gen.receive("r", 32, ctx.instance)
+        tx = ctx.send("r", 32)
+        tx.chunk(0, 32, [(0, ids)], fenced=False)
+        print(rx.wait(10).outcome.name)
+        rx.release(); tx.release(); ctx.close(); gen.close()
+    """)
+    assert rc == 0, "child died (rc %d):\n%s" % (rc, out[-1500:])
+    assert "refused:" in out and "READY" in out, out
