@@ -292,18 +292,26 @@ def _buffer(mem):
 
 
 def _unresizable(t):
-    """Makes a contiguous CPU tensor's storage unresizable, and returns the
-    NumPy view that did it: t.resize_() to a larger size would move the
-    bytes and free the old ones under the engine, whose copies into them
-    then kill the process (SIGSEGV in the copier). PyTorch marks a
-    storage unresizable, for good, once NumPy views it (it has no public
-    setter); the tensor is otherwise untouched. None when it cannot be
-    viewed so (it stays resizable, as before)."""
+    """Makes a CPU tensor's storage unresizable, and returns the NumPy view
+    that did it: t.resize_() to a larger size would move the bytes and free
+    the old ones under the engine, whose copies into them then kill the
+    process (SIGSEGV in the copier). PyTorch marks a storage unresizable,
+    for good, once NumPy views it (it has no public setter); the tensor is
+    otherwise untouched. The view is of the whole storage (a strided
+    view's too). None when it cannot be made (it stays resizable, as
+    before)."""
     torch = sys.modules.get("torch")
     try:
-        return t.detach().reshape(-1).view(torch.uint8).numpy()
-    except Exception:  # noqa: BLE001 - no NumPy, an exotic tensor: best effort
-        return None
+        if hasattr(t, "untyped_storage"):  # PyTorch 2
+            whole = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+        else:
+            whole = torch.empty(0, dtype=t.dtype).set_(t.storage()).view(torch.uint8)
+        return whole.numpy()
+    except Exception:  # noqa: BLE001 - another PyTorch's API, no NumPy: the contiguous view, or nothing
+        try:
+            return t.detach().reshape(-1).view(torch.uint8).numpy()
+        except Exception:  # noqa: BLE001 - best effort
+            return None
 
 
 def _buffer_of(mem):
@@ -442,6 +450,8 @@ def kv_memory(kind, layers, v_layers=None):
         if len(t.shape) != want_dims:
             raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
         a, shape, st, dtype, es, device = _tensor(t)
+        if device is None and hasattr(t, "data_ptr"):  # a CPU tensor: resize_() would move it (_unresizable)
+            _unresizable(t)
         neg = [d for d, x in enumerate(st) if x < 0]
         if neg:
             raise ValueError("%s has a negative stride (%d bytes in dimension %d, shape %s): the engine addresses "
@@ -658,7 +668,8 @@ class Engine:
     writable buffer, kept alive by the engine; block b of group g is at byte
     offset group(g).offset + b * group(g).block_bytes in it. It cannot be
     resized meanwhile (that would move it under the engine): a bytearray
-    until close() finished, a tensor's storage for good (resize_() raises).
+    until close() finished, a tensor's storage for good (resize_() raises;
+    kv_memory's CPU tensors too).
 
     Or the framework keeps its own KV tensors: config["memory"] is
     kv_memory(kind, tensors) and kv_caches the tensors (kept alive by the

@@ -279,3 +279,19 @@ def test_tensor_pool_cannot_be_resized_under_the_engine():
     """)
     assert rc == 0, "child died (rc %d):\n%s" % (rc, out[-1500:])
     assert "refused:" in out and "READY" in out, out
+
+
+def test_kv_memory_tensors_cannot_be_resized():
+    """kv_memory's CPU tensors, which the engine addresses as the memory of
+    each layer, could be resize_()d as well (checked to fail: the resize
+    went through and moved the storage). Each storage, a strided view's
+    too, is made unresizable when kv_memory reads it."""
+    torch = pytest.importorskip("torch")
+    layers = [torch.zeros((2, 64, 16, 2, 8), dtype=torch.bfloat16) for _ in range(4)]
+    views = [t[:, ::2] for t in layers]
+    kvxfer.kv_memory("nhd", views)
+    for t in layers + views:
+        with pytest.raises(RuntimeError, match="not resizable"):
+            t.resize_(64 << 20)
+    free = torch.zeros(8)
+    free.resize_(64)  # others are not touched
