@@ -63,6 +63,7 @@ framework owns every block id: the worker marks the whole pool allocated to
 it, so kvxfer's allocator is never used.
 """
 
+import collections.abc
 import logging
 import re
 from dataclasses import dataclass, field
@@ -585,6 +586,14 @@ class KvxferWorkerConnector:
         KV cache layout gave them (HND), views of one cross-layer tensor or
         one allocation each (Model Runner V2, backends without a cross-layer
         order)."""
+        if not isinstance(kv_caches, collections.abc.Mapping):  # a list's entries would be taken as names
+            raise TypeError("register_kv_caches: kv_caches is a %s: want vLLM's dict of each layer's KV cache "
+                            "tensor by layer name" % type(kv_caches).__name__)
+        if not kv_caches:
+            raise ValueError("register_kv_caches: kv_caches is empty: no layer's KV cache to register")
+        for n, t in kv_caches.items():
+            if not hasattr(t, "shape"):
+                raise TypeError("register_kv_caches: kv_caches[%r] is a %s, not a tensor" % (n, type(t).__name__))
         names = list(kv_caches)
         if self.layer_parts:
             idx = sorted(layer_index(n) for n in names)

@@ -622,3 +622,28 @@ def test_connector_config_of_the_wrong_type_named():
         KvxferWorkerConnector(None)
     with pytest.raises(ValueError, match=r"KvxferWorkerConnector: config '\{' is no valid JSON"):
         KvxferWorkerConnector("{")
+
+
+def test_connector_register_kv_caches_of_the_wrong_type_named():
+    """register_kv_caches given a list of tensors (not vLLM's dict by layer
+    name) was a torch TypeError from split_with_sizes, an empty dict an
+    IndexError, None "'NoneType' object is not iterable", a non-tensor
+    entry an AttributeError (checked to fail: none named kv_caches). Each
+    names kv_caches; the worker opened nothing and registers afterwards."""
+    before = kvxfer.handle_count()
+    w = KvxferWorkerConnector({"instance": unique("reg"), "workers": 2,
+                               "layout": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD,
+                                          "dtype_bytes": 2, "tokens_per_block": TPB}})
+    layers = kv_caches()
+    for bad, exc, want in [(list(layers.values()), TypeError, "kv_caches is a list"),
+                           ({}, ValueError, "kv_caches is empty"),
+                           (None, TypeError, "kv_caches is a NoneType"),
+                           (dict(layers, **{"model.layers.0.self_attn": 5}), TypeError,
+                            "kv_caches['model.layers.0.self_attn'] is a int")]:
+        with pytest.raises(exc) as e:
+            w.register_kv_caches(bad)
+        assert "register_kv_caches: " + want in str(e.value), e.value
+    assert w.engine is None and kvxfer.handle_count() == before
+    w.register_kv_caches(layers)
+    w.shutdown()
+    assert kvxfer.handle_count() == before
