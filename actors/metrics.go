@@ -143,7 +143,7 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 	}{
 		{"worker_restarts_total", "Sender workers restarted after a panic.", &stats.WorkerRestarts},
 		{"ops_posted_total", "Ops posted to the data-plane backend.", &stats.OpsPosted},
-		{"frames_unsent_total", "Control frames not sent: a worker's dial or send failed, or a RequestData waited for its writer's Hello.", &stats.FramesUnsent},
+		{"frames_unsent_total", "Control frames not sent: a worker's dial or send failed, a connection closed with terminal frames it had accepted still unsent, or a RequestData waited for its writer's Hello.", &stats.FramesUnsent},
 		{"session_panics_total", "Sessions restarted after a panic.", &stats.SessionPanics},
 		{"pin_errors_total", "Pin or unpin calls the pools refused.", &stats.PinErrors},
 		{"writer_leases_lapsed_total", "Writer leases that lapsed: the writer stopped posting to that peer and failed its requests with it.", &stats.LeasesLapsed},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -311,7 +312,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			s.background.Add(1)
 			go func() {
 				defer s.background.Done()
-				_ = c.Close()
+				s.closeConn(peer, c)
 				sys.Root.Send(self, &connRetired{peer: peer})
 			}()
 		}
@@ -359,7 +360,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			delete(s.opened, key)
 		}
 		for id, c := range s.conns {
-			_ = c.Close()
+			s.closeConn(id, c)
 			delete(s.conns, id)
 		}
 	}
@@ -625,7 +626,7 @@ func (s *workerSlot) restart(ctx actor.Context) {
 	}
 	clear(s.stale) // every endpoint is closing
 	for id, c := range s.conns {
-		_ = c.Close()
+		s.closeConn(id, c)
 		delete(s.conns, id)
 	}
 }
@@ -668,25 +669,129 @@ func (s *workerSlot) send(to messages.PeerID, f messages.Frame) error {
 	}
 	if err := c.Send(f); err != nil {
 		s.stats.FramesUnsent.Add(1)
-		if errors.Is(err, control.ErrQueueFull) {
+		switch {
+		case errors.Is(err, control.ErrQueueFull) && terminalFrame(f):
+			// A terminal frame refused for space (zmq's
+			// ErrTerminalBacklogFull: its Conn's terminal backlog is full
+			// too): nothing sends it later. The Conn is kept (its backlog
+			// still holds earlier frames, other requests' answers); the
+			// frame's sender has what it needs to act (a stream's Result
+			// fails its session, an rx session resends its Cancel), the
+			// rest is said here, naming the request.
+			if ev := s.sampled(to, "terminal refused"); ev != nil {
+				ev.Err(err).Str("peer", to.String()).Str("frame", fmt.Sprintf("%T", f)).Str("request", f.Request()).
+					Msg("terminal frame NOT sent: its connection's backlog is full, nothing will send it")
+			}
+			return err
+		case errors.Is(err, control.ErrQueueFull):
 			// The connection is not up yet or its queue is full: what it
 			// queued stays queued (terminal frames wait in its backlog), so
 			// it is kept; the caller may try again.
 			// Debug, not a warning: the caller retries with backoff (a
-			// RequestData) or the Conn's backlog keeps the frame (a
-			// terminal frame), and a refusal that lasts ends the request
+			// RequestData), and a refusal that lasts ends the request
 			// with an error naming it ("RequestData never reached
 			// writer …"). At startup, before the connection is up, every
 			// first RequestData lands here.
 			s.log.Debug().Err(err).Int("worker", s.idx).Str("peer", to.String()).Msg("send refused, will retry")
 			return err
+		case frameError(err):
+			// About this frame alone (invalid, too large): the connection
+			// is fine, and closing it would drop what it still queues for
+			// other requests.
+			if ev := s.sampled(to, "frame refused"); ev != nil {
+				ev.Err(err).Str("peer", to.String()).Str("frame", fmt.Sprintf("%T", f)).Str("request", f.Request()).
+					Msg("frame refused, connection kept")
+			}
+			return err
 		}
 		if !errors.Is(err, control.ErrPeerGone) {
 			s.sampled(to, "send").Err(err).Str("peer", to.String()).Msg("send failed")
 		}
-		_ = c.Close()
 		delete(s.conns, to)
+		s.closeConn(to, c)
 		return err
 	}
 	return nil
+}
+
+// closeConn closes c, the connection to peer. Terminal frames it had
+// accepted and dropped unsent (zmq's ErrTerminalDropped: its linger ran
+// out, the link closed, its socket failed) are counted unsent and said,
+// with the peer and the count: the requests they answer get no answer
+// from us. Safe on a closer goroutine (atomics and the throttle only).
+func (s *workerSlot) closeConn(peer messages.PeerID, c control.Conn) {
+	err := c.Close()
+	if err == nil {
+		return
+	}
+	if n, ok := terminalDropped(err); ok {
+		s.stats.FramesUnsent.Add(int64(n))
+		s.sampled(peer, "terminal dropped").Err(err).Str("peer", peer.String()).Int("dropped", n).
+			Msg("connection closed with terminal frames it had accepted dropped unsent: their requests get no answer from us")
+		return
+	}
+	s.log.Debug().Err(err).Str("peer", peer.String()).Msg("connection close")
+}
+
+// terminalFrame reports whether f is a terminal frame: one the control
+// plane never refuses for space but keeps in a backlog, and that nobody
+// sends again once refused.
+func terminalFrame(f messages.Frame) bool {
+	switch f.(type) {
+	case *messages.Result, *messages.Cancel, *messages.CancelAck, *messages.Misaddressed:
+		return true
+	}
+	return false
+}
+
+// The texts of control/zmq's sentinels the worker tells apart. actors does
+// not import control/zmq (cgo, and a transport the root package wires), so
+// they are matched by text along the error's chain; a test pins them to
+// the package's own (TestZmqSentinelsMatched).
+const (
+	zmqFrameTooLarge   = "control/zmq: frame too large"
+	zmqTerminalDropped = "control/zmq: terminal frames dropped unsent"
+)
+
+// frameError reports whether err, from a Conn's Send, is about the frame
+// alone (invalid, or too large), not the connection.
+func frameError(err error) bool {
+	return errors.Is(err, messages.ErrInvalid) || inChain(err, zmqFrameTooLarge)
+}
+
+// terminalDropped reports whether err says a Conn dropped terminal frames
+// it had accepted, and how many ("…: N terminal frames …"; at least 1).
+func terminalDropped(err error) (int, bool) {
+	if !inChain(err, zmqTerminalDropped) {
+		return 0, false
+	}
+	n := 0
+	msg := err.Error()
+	if i := strings.Index(msg, zmqTerminalDropped+": "); i >= 0 {
+		_, _ = fmt.Sscanf(msg[i+len(zmqTerminalDropped)+2:], "%d", &n)
+	}
+	return max(n, 1), true
+}
+
+// inChain reports whether an error in err's chain has exactly the text.
+func inChain(err error, text string) bool {
+	for err != nil {
+		if err.Error() == text {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if inChain(e, text) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
 }

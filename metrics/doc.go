@@ -108,8 +108,9 @@
 //	                                                               quarantined): they fail, and their blocks leave quarantine once every writer of the
 //	                                                               request is proven quiescent; the bytes released show in kvxfer_quarantined_bytes
 //	kvxfer_ops_posted_total             counter    -               ops posted to the data-plane backend
-//	kvxfer_frames_unsent_total          counter    -               control frames not sent: a worker's dial or send failed, or a
-//	                                                               RequestData waited for its writer's Hello (none known)
+//	kvxfer_frames_unsent_total          counter    -               control frames not sent: a worker's dial or send failed, a
+//	                                                               connection closed with terminal frames it had accepted still
+//	                                                               unsent, or a RequestData waited for its writer's Hello (none known)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic
 //	kvxfer_pin_errors_total             counter    -               pin or unpin calls the pools refused
 //	kvxfer_writer_leases_lapsed_total   counter    -               writer leases that lapsed (WriterLease): the writer stopped posting to that
