@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -744,54 +743,21 @@ func terminalFrame(f messages.Frame) bool {
 	return false
 }
 
-// The texts of control/zmq's sentinels the worker tells apart. actors does
-// not import control/zmq (cgo, and a transport the root package wires), so
-// they are matched by text along the error's chain; a test pins them to
-// the package's own (TestZmqSentinelsMatched).
-const (
-	zmqFrameTooLarge   = "control/zmq: frame too large"
-	zmqTerminalDropped = "control/zmq: terminal frames dropped unsent"
-)
-
 // frameError reports whether err, from a Conn's Send, is about the frame
-// alone (invalid, or too large), not the connection.
+// alone (invalid, or refused: too large), not the connection.
 func frameError(err error) bool {
-	return errors.Is(err, messages.ErrInvalid) || inChain(err, zmqFrameTooLarge)
+	return errors.Is(err, messages.ErrInvalid) || errors.Is(err, control.ErrFrameRefused)
 }
 
-// terminalDropped reports whether err says a Conn dropped terminal frames
-// it had accepted, and how many ("…: N terminal frames …"; at least 1).
+// terminalDropped reports whether err, from a Conn's Close, says it dropped
+// frames it had accepted, and how many (at least 1).
 func terminalDropped(err error) (int, bool) {
-	if !inChain(err, zmqTerminalDropped) {
+	if !errors.Is(err, control.ErrFramesDropped) {
 		return 0, false
 	}
-	n := 0
-	msg := err.Error()
-	if i := strings.Index(msg, zmqTerminalDropped+": "); i >= 0 {
-		_, _ = fmt.Sscanf(msg[i+len(zmqTerminalDropped)+2:], "%d", &n)
+	var d *control.FramesDropped
+	if errors.As(err, &d) && d.N > 0 {
+		return d.N, true
 	}
-	return max(n, 1), true
-}
-
-// inChain reports whether an error in err's chain has exactly the text.
-func inChain(err error, text string) bool {
-	for err != nil {
-		if err.Error() == text {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if inChain(e, text) {
-					return true
-				}
-			}
-			return false
-		default:
-			return false
-		}
-	}
-	return false
+	return 1, true
 }

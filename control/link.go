@@ -20,7 +20,24 @@ var (
 	// slow or unreachable), the Conn stays usable and what it queued
 	// before stays queued, so a caller keeps the Conn.
 	ErrQueueFull = errors.New("control: send queue full")
+	// ErrFrameRefused: Send refused this one frame (too large, say): the
+	// Conn is fine and what it queued stays queued, so a caller keeps it.
+	ErrFrameRefused = errors.New("control: frame refused")
+	// ErrFramesDropped: frames Send had accepted were dropped unsent (the
+	// Conn or the Link closed before the peer took them, or the socket
+	// failed). errors.As into *FramesDropped gives how many.
+	ErrFramesDropped = errors.New("control: frames dropped unsent")
 )
+
+// FramesDropped is an error saying N frames a Conn had accepted were
+// dropped unsent; it matches ErrFramesDropped and what Err matches.
+type FramesDropped struct {
+	N   int
+	Err error
+}
+
+func (e *FramesDropped) Error() string   { return e.Err.Error() }
+func (e *FramesDropped) Unwrap() []error { return []error{e.Err, ErrFramesDropped} }
 
 // Link is the control-plane seam between engines: an engine listens for
 // frames addressed to it, and each worker dials its own connection to each

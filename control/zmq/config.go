@@ -155,9 +155,11 @@ var (
 	// before the peer took them, or the socket failed). Conn.Close
 	// returns it, naming the peer and the count; so does Send once the
 	// socket failed.
-	ErrTerminalDropped = errors.New("control/zmq: terminal frames dropped unsent")
-	ErrFrameTooLarge   = errors.New("control/zmq: frame too large")
-	ErrNoServerKey     = errors.New("control/zmq: no CURVE server key for peer")
+	ErrTerminalDropped error = &sentinel{"control/zmq: terminal frames dropped unsent", control.ErrFramesDropped}
+	// ErrFrameTooLarge: Send refused a frame past MaxFrameBytes (a
+	// control.ErrFrameRefused: the Conn stays usable).
+	ErrFrameTooLarge error = &sentinel{"control/zmq: frame too large", control.ErrFrameRefused}
+	ErrNoServerKey         = errors.New("control/zmq: no CURVE server key for peer")
 	// ErrEndpointInUse: Listen found its ipc:// path held by a live
 	// process (libzmq would silently take the path over).
 	ErrEndpointInUse = errors.New("control/zmq: endpoint in use")

@@ -248,8 +248,8 @@ func (c *Conn) flush() {
 				// backlog is lost, and so is the Conn; its next Send and
 				// its Close say so.
 				n := c.dropBacklogLocked()
-				c.broken = fmt.Errorf("%w: %d terminal frames to %s never left (the socket refused them for good, %v): their peers' requests get no answer from us",
-					ErrTerminalDropped, c.dropped, c.peer, err)
+				c.broken = &control.FramesDropped{N: c.dropped, Err: fmt.Errorf("%w: %d terminal frames to %s never left (the socket refused them for good, %v): their peers' requests get no answer from us",
+					ErrTerminalDropped, c.dropped, c.peer, err)}
 				c.l.warn(c.peer.String(), "backlog").Err(err).Int("dropped", n).
 					Msg("control/zmq: terminal backlog dropped")
 				break
@@ -373,8 +373,8 @@ func (c *Conn) Close() error {
 	dropped := c.dropped
 	c.mu.Unlock()
 	if dropped > 0 {
-		return fmt.Errorf("%w: %d terminal frames (Result, Cancel, CancelAck, Misaddressed) to %s were accepted and never left: the peer took nothing until the Conn or the Link closed",
-			ErrTerminalDropped, dropped, c.peer)
+		return &control.FramesDropped{N: dropped, Err: fmt.Errorf("%w: %d terminal frames (Result, Cancel, CancelAck, Misaddressed) to %s were accepted and never left: the peer took nothing until the Conn or the Link closed",
+			ErrTerminalDropped, dropped, c.peer)}
 	}
 	return nil
 }

@@ -63,6 +63,9 @@ func TestTerminalBacklogFullIsNamed(t *testing.T) {
 	if !errors.Is(err, ErrTerminalDropped) || !strings.Contains(err.Error(), ghost.String()) || !strings.Contains(err.Error(), "7 terminal frames") {
 		t.Fatalf("Close with %d terminal frames unsent: %v, want ErrTerminalDropped naming %s and the count", backlog-1, err, ghost)
 	}
+	if d := (*control.FramesDropped)(nil); !errors.As(err, &d) || d.N != backlog-1 || !errors.Is(err, control.ErrFramesDropped) {
+		t.Fatalf("Close's error %v: want a control.FramesDropped of %d frames", err, backlog-1)
+	}
 	if st := b.link.Stats(); st.TerminalDropped != backlog-1 {
 		t.Fatalf("Stats().TerminalDropped = %d, want %d", st.TerminalDropped, backlog-1)
 	}
