@@ -207,6 +207,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Status:    pb.Status(m.Status),
 			Bytes:     m.Bytes,
 			Error:     m.Error,
+			ErrorKind: pb.ErrorKind(m.ErrorKind),
 			Payload:   m.Payload,
 		}}
 	case *Cancel:
@@ -333,6 +334,10 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 			From:      peerFromWire(m.GetFrom()),
 			Bytes:     m.GetBytes(),
 			Error:     m.GetError(),
+			// An open enum too, kept as it came: an undefined kind (a
+			// newer writer's) is valid and names no reason this build
+			// acts on; absent (an older writer) it is unspecified.
+			ErrorKind: ErrorKind(m.GetErrorKind()),
 			Payload:   nonEmpty(m.GetPayload()),
 		}
 		// Status is an open enum (any int32) on the wire; it becomes the

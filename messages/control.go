@@ -79,6 +79,35 @@ func (s Status) String() string {
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
 
+// ErrorKind says why a FAILED Result failed, where its receiver acts on the
+// reason: the receiver reads it here, never from the error text. The
+// numbers are the wire's (pb.ErrorKind); a kind this build does not define
+// (a newer writer's) is kept as it came and is valid, and names no reason
+// this build acts on.
+type ErrorKind int32
+
+const (
+	// ErrorKindUnspecified: no kind named — any failure without one, and
+	// every Result of a writer that predates the field (its text is all
+	// there is).
+	ErrorKindUnspecified ErrorKind = iota
+	// ErrorKindPromptMismatch: the writer's Send describes another prompt
+	// length than the receiver's RequestData planned.
+	ErrorKindPromptMismatch
+)
+
+var errorKindNames = [...]string{"UNSPECIFIED", "PROMPT_MISMATCH"}
+
+// Defined reports whether k is a kind this build names.
+func (k ErrorKind) Defined() bool { return k >= 0 && int(k) < len(errorKindNames) }
+
+func (k ErrorKind) String() string {
+	if k.Defined() {
+		return errorKindNames[k]
+	}
+	return fmt.Sprintf("ErrorKind(%d)", int32(k))
+}
+
 // Frame is any control-plane frame.
 type Frame interface {
 	// Validate range-checks every field; errors wrap ErrInvalid.
@@ -273,6 +302,11 @@ type Result struct {
 	Status    Status
 	Bytes     uint64
 	Error     string
+	// ErrorKind says why a FAILED Result failed (Error is its text); a
+	// defined kind other than ErrorKindUnspecified is valid only with
+	// StatusFailed. An undefined one (a newer writer's) is valid with any
+	// status.
+	ErrorKind ErrorKind
 	// Payload is a small opaque value from the context side (first token).
 	Payload []byte
 	Incarnations
@@ -560,6 +594,13 @@ func (m *Result) Validate() error {
 	}
 	if len(m.Error) > MaxErrorLen {
 		return invalid("request %s: error text length %d > %d", m.RequestID, len(m.Error), MaxErrorLen)
+	}
+	if m.ErrorKind != ErrorKindUnspecified && m.ErrorKind.Defined() && m.Status != StatusFailed {
+		// A contradiction (a SUCCESS that failed for a reason). A kind
+		// this build does not define is a newer writer's, whose rules
+		// this build cannot judge: it passes, and means nothing here.
+		return invalid("request %s from %s: result status %s with error kind %s (%d): a kind is only for FAILED",
+			m.RequestID, m.From, m.Status, m.ErrorKind, int32(m.ErrorKind))
 	}
 	if len(m.Payload) > MaxPayload {
 		return invalid("request %s: payload length %d > %d", m.RequestID, len(m.Payload), MaxPayload)

@@ -66,12 +66,16 @@ func sampleFrames() map[string]messages.Frame {
 	failed := sampleResult()
 	failed.Status, failed.Payload = messages.StatusFailed, nil
 	failed.Error = "rdma: peer gone: ctx-0/3 (écrit 12 Mio)"
+	kind := sampleResult()
+	kind.Status, kind.Payload = messages.StatusFailed, nil
+	kind.Error, kind.ErrorKind = "prompt of 32 tokens, Send has 48", messages.ErrorKindPromptMismatch
 	return map[string]messages.Frame{
 		"hello":         sampleHello(),
 		"hello_memory":  sampleHelloMemory(),
 		"request_data":  sampleRequestData(8),
 		"result":        sampleResult(),
 		"result_failed": failed,
+		"result_kind":   kind,
 		"cancel":        &messages.Cancel{RequestID: "req-0001", Epoch: 7, From: testPeer, Reason: "client went away"},
 		"cancel_ack":    &messages.CancelAck{RequestID: "req-0001", Epoch: 7, From: testPeer},
 		"heartbeat":     &messages.Heartbeat{From: testPeer, Seq: math.MaxUint64},
@@ -252,7 +256,7 @@ func drawRequestData(t *rapid.T) *messages.RequestData {
 }
 
 func drawResult(t *rapid.T) *messages.Result {
-	return &messages.Result{
+	r := &messages.Result{
 		RequestID: genNonEmptyText(messages.MaxRequestIDLen).Draw(t, "requestID"),
 		Epoch:     rapid.Uint64().Draw(t, "epoch"),
 		From:      drawPeer(t, "from"),
@@ -263,6 +267,15 @@ func drawResult(t *rapid.T) *messages.Result {
 		Error:   genText(messages.MaxErrorLen).Draw(t, "error"),
 		Payload: drawBytes(t, "payload", 0, messages.MaxPayload),
 	}
+	// A defined kind only with FAILED; an undefined one (a newer
+	// writer's) with any status.
+	r.ErrorKind = rapid.SampledFrom([]messages.ErrorKind{
+		messages.ErrorKindUnspecified, messages.ErrorKindPromptMismatch, 7, -1,
+	}).Draw(t, "errorKind")
+	if r.ErrorKind.Defined() && r.Status != messages.StatusFailed {
+		r.ErrorKind = messages.ErrorKindUnspecified
+	}
+	return r
 }
 
 func drawFrame(t *rapid.T) messages.Frame {

@@ -89,6 +89,59 @@ func (Status) EnumDescriptor() ([]byte, []int) {
 	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{0}
 }
 
+// ErrorKind says why a FAILED Result failed where its receiver acts on the
+// reason, so that no receiver reads it from the error text. The numbers
+// equal messages.ErrorKind. Add kinds with new numbers; never renumber.
+type ErrorKind int32
+
+const (
+	// ERROR_KIND_UNSPECIFIED: no kind named (any failure without one, and
+	// every Result of a writer that predates the field).
+	ErrorKind_ERROR_KIND_UNSPECIFIED ErrorKind = 0
+	// ERROR_KIND_PROMPT_MISMATCH: the writer's Send describes another
+	// prompt length than the receiver's RequestData planned.
+	ErrorKind_ERROR_KIND_PROMPT_MISMATCH ErrorKind = 1
+)
+
+// Enum value maps for ErrorKind.
+var (
+	ErrorKind_name = map[int32]string{
+		0: "ERROR_KIND_UNSPECIFIED",
+		1: "ERROR_KIND_PROMPT_MISMATCH",
+	}
+	ErrorKind_value = map[string]int32{
+		"ERROR_KIND_UNSPECIFIED":     0,
+		"ERROR_KIND_PROMPT_MISMATCH": 1,
+	}
+)
+
+func (x ErrorKind) Enum() *ErrorKind {
+	p := new(ErrorKind)
+	*p = x
+	return p
+}
+
+func (x ErrorKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ErrorKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_messages_proto_kvxfer_proto_enumTypes[1].Descriptor()
+}
+
+func (ErrorKind) Type() protoreflect.EnumType {
+	return &file_messages_proto_kvxfer_proto_enumTypes[1]
+}
+
+func (x ErrorKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ErrorKind.Descriptor instead.
+func (ErrorKind) EnumDescriptor() ([]byte, []int) {
+	return file_messages_proto_kvxfer_proto_rawDescGZIP(), []int{1}
+}
+
 // Envelope carries one frame and the protocol version it was written in
 // (messages.Version). A receiver rejects any other version.
 type Envelope struct {
@@ -1160,16 +1213,23 @@ func (x *Extent) GetLen() uint64 {
 
 // Result is a writer's terminal outcome for one request.
 type Result struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch           uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	From            *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	Status          Status                 `protobuf:"varint,4,opt,name=status,proto3,enum=kvxfer.v1.Status" json:"status,omitempty"`
-	Bytes           uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Error           string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
-	Payload         []byte                 `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
-	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
-	ToIncarnation   uint64                 `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	From      *PeerID                `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Status    Status                 `protobuf:"varint,4,opt,name=status,proto3,enum=kvxfer.v1.Status" json:"status,omitempty"`
+	Bytes     uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Error     string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Payload   []byte                 `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
+	// error_kind: why a FAILED Result failed (error is its text); a kind
+	// defined here on any other status is invalid. Absent: unspecified (an
+	// older writer, whose error text is all there is). A receiver accepts a
+	// kind it does not know (a newer writer's), on any status, and acts on
+	// it as on a failure of no kind it knows: never a reason to refuse the
+	// frame. An older receiver skips the field.
+	ErrorKind       ErrorKind `protobuf:"varint,8,opt,name=error_kind,json=errorKind,proto3,enum=kvxfer.v1.ErrorKind" json:"error_kind,omitempty"`
+	FromIncarnation uint64    `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToIncarnation   uint64    `protobuf:"varint,21,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1251,6 +1311,13 @@ func (x *Result) GetPayload() []byte {
 		return x.Payload
 	}
 	return nil
+}
+
+func (x *Result) GetErrorKind() ErrorKind {
+	if x != nil {
+		return x.ErrorKind
+	}
+	return ErrorKind_ERROR_KIND_UNSPECIFIED
 }
 
 func (x *Result) GetFromIncarnation() uint64 {
@@ -1704,7 +1771,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06Extent\x12\x12\n" +
 	"\x04view\x18\x01 \x01(\x04R\x04view\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\x04R\x04file\x12\x10\n" +
-	"\x03len\x18\x03 \x01(\x04R\x03len\"\xa7\x02\n" +
+	"\x03len\x18\x03 \x01(\x04R\x03len\"\xdc\x02\n" +
 	"\x06Result\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1713,7 +1780,9 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06status\x18\x04 \x01(\x0e2\x11.kvxfer.v1.StatusR\x06status\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x18\n" +
-	"\apayload\x18\a \x01(\fR\apayload\x12)\n" +
+	"\apayload\x18\a \x01(\fR\apayload\x123\n" +
+	"\n" +
+	"error_kind\x18\b \x01(\x0e2\x14.kvxfer.v1.ErrorKindR\terrorKind\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
 	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xce\x01\n" +
 	"\x06Cancel\x12\x1d\n" +
@@ -1750,7 +1819,10 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x0eSTATUS_SUCCESS\x10\x01\x12\x11\n" +
 	"\rSTATUS_FAILED\x10\x02\x12\x13\n" +
 	"\x0fSTATUS_IN_DOUBT\x10\x03\x12\x14\n" +
-	"\x10STATUS_CANCELLED\x10\x04B)Z'github.com/kvxfer/kvxfer/messages/pb;pbb\x06proto3"
+	"\x10STATUS_CANCELLED\x10\x04*G\n" +
+	"\tErrorKind\x12\x1a\n" +
+	"\x16ERROR_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aERROR_KIND_PROMPT_MISMATCH\x10\x01B)Z'github.com/kvxfer/kvxfer/messages/pb;pbb\x06proto3"
 
 var (
 	file_messages_proto_kvxfer_proto_rawDescOnce sync.Once
@@ -1764,56 +1836,58 @@ func file_messages_proto_kvxfer_proto_rawDescGZIP() []byte {
 	return file_messages_proto_kvxfer_proto_rawDescData
 }
 
-var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_messages_proto_kvxfer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_messages_proto_kvxfer_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_messages_proto_kvxfer_proto_goTypes = []any{
 	(Status)(0),          // 0: kvxfer.v1.Status
-	(*Envelope)(nil),     // 1: kvxfer.v1.Envelope
-	(*PeerID)(nil),       // 2: kvxfer.v1.PeerID
-	(*Parallel)(nil),     // 3: kvxfer.v1.Parallel
-	(*GroupDest)(nil),    // 4: kvxfer.v1.GroupDest
-	(*PoolGeometry)(nil), // 5: kvxfer.v1.PoolGeometry
-	(*RemoteRegion)(nil), // 6: kvxfer.v1.RemoteRegion
-	(*Hello)(nil),        // 7: kvxfer.v1.Hello
-	(*ProcessID)(nil),    // 8: kvxfer.v1.ProcessID
-	(*KVMemory)(nil),     // 9: kvxfer.v1.KVMemory
-	(*RequestData)(nil),  // 10: kvxfer.v1.RequestData
-	(*Extent)(nil),       // 11: kvxfer.v1.Extent
-	(*Result)(nil),       // 12: kvxfer.v1.Result
-	(*Cancel)(nil),       // 13: kvxfer.v1.Cancel
-	(*CancelAck)(nil),    // 14: kvxfer.v1.CancelAck
-	(*Misaddressed)(nil), // 15: kvxfer.v1.Misaddressed
-	(*Heartbeat)(nil),    // 16: kvxfer.v1.Heartbeat
+	(ErrorKind)(0),       // 1: kvxfer.v1.ErrorKind
+	(*Envelope)(nil),     // 2: kvxfer.v1.Envelope
+	(*PeerID)(nil),       // 3: kvxfer.v1.PeerID
+	(*Parallel)(nil),     // 4: kvxfer.v1.Parallel
+	(*GroupDest)(nil),    // 5: kvxfer.v1.GroupDest
+	(*PoolGeometry)(nil), // 6: kvxfer.v1.PoolGeometry
+	(*RemoteRegion)(nil), // 7: kvxfer.v1.RemoteRegion
+	(*Hello)(nil),        // 8: kvxfer.v1.Hello
+	(*ProcessID)(nil),    // 9: kvxfer.v1.ProcessID
+	(*KVMemory)(nil),     // 10: kvxfer.v1.KVMemory
+	(*RequestData)(nil),  // 11: kvxfer.v1.RequestData
+	(*Extent)(nil),       // 12: kvxfer.v1.Extent
+	(*Result)(nil),       // 13: kvxfer.v1.Result
+	(*Cancel)(nil),       // 14: kvxfer.v1.Cancel
+	(*CancelAck)(nil),    // 15: kvxfer.v1.CancelAck
+	(*Misaddressed)(nil), // 16: kvxfer.v1.Misaddressed
+	(*Heartbeat)(nil),    // 17: kvxfer.v1.Heartbeat
 }
 var file_messages_proto_kvxfer_proto_depIdxs = []int32{
-	7,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
-	10, // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
-	12, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
-	13, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
-	14, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
-	16, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
-	15, // 6: kvxfer.v1.Envelope.misaddressed:type_name -> kvxfer.v1.Misaddressed
-	2,  // 7: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
-	6,  // 8: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
-	3,  // 9: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
-	5,  // 10: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
-	9,  // 11: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
-	8,  // 12: kvxfer.v1.Hello.process:type_name -> kvxfer.v1.ProcessID
-	2,  // 13: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
-	3,  // 14: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
-	4,  // 15: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
-	11, // 16: kvxfer.v1.RequestData.remap:type_name -> kvxfer.v1.Extent
-	2,  // 17: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
+	8,  // 0: kvxfer.v1.Envelope.hello:type_name -> kvxfer.v1.Hello
+	11, // 1: kvxfer.v1.Envelope.request_data:type_name -> kvxfer.v1.RequestData
+	13, // 2: kvxfer.v1.Envelope.result:type_name -> kvxfer.v1.Result
+	14, // 3: kvxfer.v1.Envelope.cancel:type_name -> kvxfer.v1.Cancel
+	15, // 4: kvxfer.v1.Envelope.cancel_ack:type_name -> kvxfer.v1.CancelAck
+	17, // 5: kvxfer.v1.Envelope.heartbeat:type_name -> kvxfer.v1.Heartbeat
+	16, // 6: kvxfer.v1.Envelope.misaddressed:type_name -> kvxfer.v1.Misaddressed
+	3,  // 7: kvxfer.v1.Hello.from:type_name -> kvxfer.v1.PeerID
+	7,  // 8: kvxfer.v1.Hello.region:type_name -> kvxfer.v1.RemoteRegion
+	4,  // 9: kvxfer.v1.Hello.parallel:type_name -> kvxfer.v1.Parallel
+	6,  // 10: kvxfer.v1.Hello.pools:type_name -> kvxfer.v1.PoolGeometry
+	10, // 11: kvxfer.v1.Hello.memory:type_name -> kvxfer.v1.KVMemory
+	9,  // 12: kvxfer.v1.Hello.process:type_name -> kvxfer.v1.ProcessID
+	3,  // 13: kvxfer.v1.RequestData.from:type_name -> kvxfer.v1.PeerID
+	4,  // 14: kvxfer.v1.RequestData.gen_parallel:type_name -> kvxfer.v1.Parallel
+	5,  // 15: kvxfer.v1.RequestData.groups:type_name -> kvxfer.v1.GroupDest
+	12, // 16: kvxfer.v1.RequestData.remap:type_name -> kvxfer.v1.Extent
+	3,  // 17: kvxfer.v1.Result.from:type_name -> kvxfer.v1.PeerID
 	0,  // 18: kvxfer.v1.Result.status:type_name -> kvxfer.v1.Status
-	2,  // 19: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
-	2,  // 20: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
-	2,  // 21: kvxfer.v1.Misaddressed.from:type_name -> kvxfer.v1.PeerID
-	2,  // 22: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	1,  // 19: kvxfer.v1.Result.error_kind:type_name -> kvxfer.v1.ErrorKind
+	3,  // 20: kvxfer.v1.Cancel.from:type_name -> kvxfer.v1.PeerID
+	3,  // 21: kvxfer.v1.CancelAck.from:type_name -> kvxfer.v1.PeerID
+	3,  // 22: kvxfer.v1.Misaddressed.from:type_name -> kvxfer.v1.PeerID
+	3,  // 23: kvxfer.v1.Heartbeat.from:type_name -> kvxfer.v1.PeerID
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_messages_proto_kvxfer_proto_init() }
@@ -1835,7 +1909,7 @@ func file_messages_proto_kvxfer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_proto_kvxfer_proto_rawDesc), len(file_messages_proto_kvxfer_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
