@@ -36,8 +36,8 @@ var (
 	// ErrPromptMismatch: the two sides planned different prompt lengths
 	// for a request (their request lists differ). The context side's
 	// error matches it and ErrMismatch; the generation side's, from the
-	// context side's FAILED Result, matches it and ErrPeerFailed. It adds
-	// no words to the error's text.
+	// context side's FAILED Result (its ErrorKindPromptMismatch), matches
+	// it and ErrPeerFailed. It adds no words to the error's text.
 	ErrPromptMismatch = errors.New("actors: the two sides planned different prompt lengths")
 	// ErrFrameUnsent: a request's control frame did not leave this process
 	// (the control plane refused it: the peer could not be dialled, its

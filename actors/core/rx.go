@@ -457,7 +457,7 @@ func (s *RxSession) onFrame(m RxFrame) {
 			st, cause = RxCancelled, ErrPeerCancelled
 		}
 		err := fmt.Errorf("%w: request %s writer %s: %s: %s", cause, s.cfg.Request, f.From, f.Status, f.Error)
-		if f.Status == messages.StatusFailed && strings.Contains(f.Error, promptMismatchWords) {
+		if f.Status == messages.StatusFailed && promptMismatched(f) {
 			err = tagged{err, ErrPromptMismatch} // the context side's promptMismatch
 		}
 		s.terminal(st, err)
@@ -465,6 +465,23 @@ func (s *RxSession) onFrame(m RxFrame) {
 		s.writers[m.Writer] = writerStopped
 		s.terminal(RxFailed, fmt.Errorf("%w: request %s: writer %s acknowledged a cancel", ErrPeerCancelled, s.cfg.Request, f.From))
 	}
+}
+
+// promptMismatched reports whether a FAILED Result is the context side's
+// promptMismatch: its ErrorKind says so. A Result of no kind may come
+// from a context rank that predates the kind (mixed versions), whose
+// error text is all there is: only then are promptMismatchWords looked
+// for in it, a fallback to drop once no such rank runs. A kind this
+// build does not define (a newer rank's) is not a prompt mismatch, which
+// that rank would name.
+func promptMismatched(f *messages.Result) bool {
+	switch f.ErrorKind {
+	case messages.ErrorKindPromptMismatch:
+		return true
+	case messages.ErrorKindUnspecified:
+		return strings.Contains(f.Error, promptMismatchWords) // an older context rank
+	}
+	return false
 }
 
 // frameName names a frame's type for an error text: "Result".

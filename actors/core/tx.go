@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -533,11 +534,24 @@ func (s *TxSession) promptMismatch(peer messages.PeerID, theirs int) error {
 		ErrMismatch, s.cfg.Request, peer, theirs, s.promptLn), ErrPromptMismatch}
 }
 
-// promptMismatchWords are in promptMismatch's text, which reaches the
-// generation side only as a FAILED Result's Error: RxSession finds them
-// there to match its error to ErrPromptMismatch (the wire carries no
-// error kind). Both ends are in this package.
+// promptMismatchWords are in promptMismatch's text. The FAILED Result
+// that tells the generation side carries ErrorKindPromptMismatch
+// (errorKind), which RxSession matches to ErrPromptMismatch; it looks
+// for these words in the Result's Error only when the Result names no
+// kind — a context rank that predates the kind, whose text is all there
+// is (mixed versions). Keep them in the text while such ranks may run.
+// Both ends are in this package.
 const promptMismatchWords = "planned a prompt of"
+
+// errorKind is the wire's kind of err, a FAILED Result's cause, for the
+// causes the generation side acts on (RxSession.onFrame); any other is
+// unspecified.
+func errorKind(err error) messages.ErrorKind {
+	if errors.Is(err, ErrPromptMismatch) {
+		return messages.ErrorKindPromptMismatch
+	}
+	return messages.ErrorKindUnspecified
+}
 
 // tagged is err, which also matches tag (errors.Is) without a word of it
 // in the text.
@@ -753,7 +767,7 @@ func (s *TxSession) afterStop(msg any) {
 // admitted for it, so the peer may free its blocks at once.
 func (s *TxSession) rejectPeer(m TxPeerRequest, err error) {
 	s.replyTo(m.From, m.Incarnation, &messages.Result{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self,
-		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen), ErrorKind: errorKind(err)})
 }
 
 // replyTo sends a frame to a peer that has no stream (a zero From — the
@@ -1074,13 +1088,16 @@ func (s *TxSession) finishStream(st *stream) {
 	case s.state == TxCancelled:
 		status = messages.StatusCancelled
 	}
-	text := ""
+	text, kind := "", messages.ErrorKindUnspecified
 	if s.err != nil {
 		text = messages.TruncateText(s.err.Error(), messages.MaxErrorLen)
 	}
+	if status == messages.StatusFailed {
+		kind = errorKind(s.err) // a kind is only for FAILED (Result.Validate)
+	}
 	s.emit(SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
 		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text,
-		Incarnations: s.incs(st)}})
+		ErrorKind: kind, Incarnations: s.incs(st)}})
 }
 
 // incs are the incarnations of a stream's frames: from this rank's, to the
