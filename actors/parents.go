@@ -182,6 +182,44 @@ func (u *endedBeforeSend) get(id string) (Outcome, bool) {
 	return o, ok
 }
 
+// refusedBeforeSend remembers, for the last refusedBeforeSendN request
+// ids, the last RequestData refused unresolved while no session here had
+// the request (txParent.refusedEarly): diagnostic text only, for a Send
+// that comes after. It opens no session, pins nothing and decides nothing
+// about a request by itself; a flood of refused frames only pushes older
+// entries out. At most refusedBeforeSendN × (request id + peer +
+// messages.MaxErrorLen bytes of text).
+type refusedBeforeSend struct {
+	byID  map[string]TxRefused
+	order []string // oldest first; each id at most once
+}
+
+const refusedBeforeSendN = 256
+
+func (u *refusedBeforeSend) add(id string, r TxRefused) {
+	if u.byID == nil {
+		u.byID = map[string]TxRefused{}
+	}
+	if _, ok := u.byID[id]; !ok {
+		if len(u.order) >= refusedBeforeSendN {
+			delete(u.byID, u.order[0])
+			u.order = slices.Delete(u.order, 0, 1)
+		}
+		u.order = append(u.order, id)
+	}
+	u.byID[id] = r
+}
+
+// take returns id's record, if any, and forgets it.
+func (u *refusedBeforeSend) take(id string) (TxRefused, bool) {
+	r, ok := u.byID[id]
+	if ok {
+		delete(u.byID, id)
+		u.order = slices.DeleteFunc(u.order, func(s string) bool { return s == id })
+	}
+	return r, ok
+}
+
 // txParent supervises TxSessions and routes context-side frames to them.
 // Its decisions are core.TxTable's; it keeps the sessions' PIDs and the
 // handles Send gave out.
@@ -199,6 +237,10 @@ type txParent struct {
 	// a Send that comes after: the table refuses it as done, and the
 	// caller learns what ended it.
 	unsent endedBeforeSend
+	// refusedEarly: the last RequestData refused unresolved for requests
+	// no session had yet, for the deadline's error of a Send that comes
+	// after (a session that waits gets a TxRefused at once).
+	refusedEarly refusedBeforeSend
 
 	// answering is the sender's incarnation of the frame being handled:
 	// the parent's own replies are addressed to it.
@@ -207,6 +249,33 @@ type txParent struct {
 	// leaseArmed: a leaseTick is pending.
 	leases     *core.PeerLeases
 	leaseArmed bool
+}
+
+// refusedInstance refuses a Send naming generation instance gen for a
+// request no session has, when a rank of gen asked for it before and was
+// refused (refusedEarly), and the Hello the link holds for that rank now
+// still serves another layout: every RequestData of it would be refused
+// the same way, so the request could only wait out its deadline. The
+// error wraps ErrMismatch (LayoutMismatch). Decided by the link's Hello,
+// not by the remembered text; nothing is remembered or changed, so a Send
+// after that rank came back with the right layout is taken.
+func (p *txParent) refusedInstance(request, gen string) error {
+	if gen == "" || p.sessions.draining || p.sessions.pids[request] != nil {
+		return nil
+	}
+	r, ok := p.refusedEarly.byID[request]
+	if !ok || r.From.Instance != gen {
+		return nil
+	}
+	hello, err := p.link.Hello(r.From)
+	if err != nil {
+		return nil
+	}
+	if err := LayoutMismatch(p.topo, hello); err != nil {
+		return fmt.Errorf("send %s: generation instance %s cannot be served by this rank: its rank %s asked for the request and was refused: %w",
+			request, gen, r.From, err)
+	}
+	return nil
 }
 
 // renewLease renews peer's lease at now and keeps a check armed for the
@@ -275,6 +344,10 @@ func (p *txParent) Receive(ctx actor.Context) {
 			m.reply.answer(txOpenReply{err: p.env.failedErr(m.request)})
 			return
 		}
+		if err := p.refusedInstance(m.request, m.generation); err != nil {
+			m.reply.answer(txOpenReply{err: err})
+			return
+		}
 		spawn, err := p.table.Open(m.request, m.generation)
 		if err != nil {
 			if errors.Is(err, ErrClosed) { // (the table's error is the bare sentinel)
@@ -294,6 +367,11 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		p.handles[m.request] = m.handle
 		ctx.Send(pid, &txSetHandle{h: m.handle, start: m.start})
+		if r, ok := p.refusedEarly.take(m.request); ok && spawn && (m.generation == "" || m.generation == r.From.Instance) {
+			// Its generation side asked before Send and was refused:
+			// the session names that for its deadline's error.
+			ctx.Send(pid, r)
+		}
 		m.reply.answer(txOpenReply{pid: pid})
 	case *messages.RequestData:
 		if hoptrace.On {
@@ -572,6 +650,9 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 			// A session waits for it (Send, not bound to an instance):
 			// it keeps why, for its deadline's error.
 			ctx.Send(pid, TxRefused{From: rd.From, Why: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
+		} else if err != nil {
+			// No session yet: kept (bounded) for a Send that comes after.
+			p.refusedEarly.add(rd.RequestID, TxRefused{From: rd.From, Why: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
 		}
 		return
 	}
