@@ -94,9 +94,10 @@ func newBenchCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure kvxfer: raw backends, per-chunk overhead, workers, pipelining, small and fragmented requests, end to end",
-		Long: `bench measures kvxfer on this machine. Each scenario is a subcommand; run
-alone, bench runs the scenarios --scenarios names (all of them by default,
-in the order below) with their defaults, prints each one's table (or JSON,
+		Long: `bench measures kvxfer on this machine. Each scenario is a subcommand; with
+--scenarios or --report, bench runs the scenarios --scenarios names (all of
+them by default, in the order below) with their defaults (with neither, it
+prints this help), prints each one's table (or JSON,
 one object per scenario, with --json) and, with --report DIR, writes
 DIR/README.md, DIR/results.json and PNG plots:
 
@@ -121,6 +122,12 @@ compares within one run and reports medians.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out.report == "" && !cmd.Flags().Changed("scenarios") {
+				// Bare, bench prints its help; given flags but no
+				// scenario, it would ignore them and still exit 0.
+				if given := givenFlags(cmd); len(given) > 0 {
+					return fmt.Errorf("%s: no scenario chosen, so nothing would run: add --scenarios NAMES (of %s) or --report DIR (every scenario, with a report), or run one scenario: kvxfer bench SCENARIO %s",
+						strings.Join(given, " "), strings.Join(scenarioNames(), ", "), strings.Join(given, " "))
+				}
 				return cmd.Help()
 			}
 			if len(chosen) == 0 {
@@ -163,6 +170,25 @@ compares within one run and reports medians.`,
 	}
 	cmd.AddCommand(newRawPeerCmd())
 	return cmd
+}
+
+// givenFlags are the flags given to cmd on its command line (as --name or
+// --name=value), --config and --log-level aside: they apply to whatever
+// runs.
+func givenFlags(cmd *cobra.Command) []string {
+	var given []string
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "config", "log-level", "help":
+			return
+		}
+		if f.Value.Type() == "bool" {
+			given = append(given, "--"+f.Name)
+			return
+		}
+		given = append(given, "--"+f.Name+"="+f.Value.String())
+	})
+	return given
 }
 
 // unusedSettings warns, for `kvxfer bench`, of each value given (not a
