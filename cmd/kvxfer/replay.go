@@ -53,7 +53,11 @@ born in the file is replayed as usual.`,
 			diverged, failed := 0, 0
 			var firstErr error
 			for i, path := range args {
-				res, err := trace.ReplayFile(path)
+				err := notADir(path, "kvxfer replay %s")
+				var res *trace.Result
+				if err == nil {
+					res, err = trace.ReplayFile(path)
+				}
 				if err != nil {
 					// One unreadable trace does not stop the others:
 					// it is reported in its place and counted.

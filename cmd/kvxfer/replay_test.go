@@ -302,3 +302,33 @@ func TestReplayAndExportNameTheirArguments(t *testing.T) {
 		}
 	}
 }
+
+// A directory given as a trace (kvxfer demo --trace DIR writes one file
+// per engine and mode there) is named as a directory with its files, by
+// replay and by trace export, and an export's OUT that is a directory is
+// named too. (Checked to fail: without notADir replay said "malformed
+// trace: after line 0: read DIR: is a directory", and without the OUT
+// check export said "rename ./.DIR.N.tmp DIR: file exists".)
+func TestTraceArgumentIsADirectory(t *testing.T) {
+	dir := t.TempDir()
+	traces := filepath.Join(dir, "traces")
+	if err := os.Mkdir(traces, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	one := filepath.Join(traces, "ctx-pipelined.jsonl")
+	// A trace's header alone: it exports (with a note), so that OUT's
+	// check is what the last case meets.
+	if err := os.WriteFile(one, []byte(`{"kind":"trace","version":4,"t":1}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := traces + " is a directory, not a trace file: name a trace file in it (" + one + ")"
+	if _, err := run("replay", traces); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("replay DIR: %v, want %q", err, want)
+	}
+	if _, err := run("trace", "export", "--perfetto", traces, filepath.Join(dir, "out.json")); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("trace export DIR: %v, want %q", err, want)
+	}
+	if _, err := run("trace", "export", "--perfetto", one, traces); err == nil || !strings.Contains(err.Error(), "cannot write "+traces+": it is a directory") {
+		t.Errorf("trace export TRACE DIR: %v, want it to name the directory", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -72,6 +73,9 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 			if !perfetto {
 				return fmt.Errorf("choose an output format: --perfetto (the only one so far)")
 			}
+			if err := notADir(args[0], "kvxfer trace export --perfetto %s OUT.json"); err != nil {
+				return err
+			}
 			if err := checkOutDir(args[1]); err != nil {
 				return err
 			}
@@ -117,5 +121,37 @@ func checkOutDir(out string) error {
 	case err == nil && !st.IsDir():
 		return fmt.Errorf("cannot write %s: %s is not a directory", out, dir)
 	}
+	// An OUT that is a directory failed at the rename, naming only the
+	// temporary file ("rename ./.out.123.tmp out: file exists").
+	if st, err := os.Stat(out); err == nil && st.IsDir() {
+		return fmt.Errorf("cannot write %s: it is a directory: name the file to write (%s)", out, filepath.Join(out, "trace.perfetto.json"))
+	}
 	return nil
+}
+
+// notADir refuses a TRACE argument that is a directory (kvxfer demo
+// --trace DIR writes one file per engine and mode there), naming its
+// files and the command for one of them (cmdFmt, with %s for the file);
+// the trace reader said "malformed trace: after line 0: read DIR: is a
+// directory".
+func notADir(path, cmdFmt string) error {
+	st, err := os.Stat(path)
+	if err != nil || !st.IsDir() {
+		return nil // the reader names a missing or unreadable file
+	}
+	entries, _ := os.ReadDir(path)
+	var files []string
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			files = append(files, filepath.Join(path, e.Name()))
+		}
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("%s is a directory, not a trace file, and holds no file", path)
+	}
+	named := files
+	if len(named) > 6 {
+		named = append(named[:6:6], fmt.Sprintf("and %d more", len(files)-6))
+	}
+	return fmt.Errorf("%s is a directory, not a trace file: name a trace file in it (%s), as in "+cmdFmt, path, strings.Join(named, ", "), files[0])
 }
