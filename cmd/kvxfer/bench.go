@@ -119,7 +119,7 @@ compares within one run and reports medians.`,
 			"two scenarios, JSON", "kvxfer bench --scenarios small,e2e --json",
 			"one scenario with its own flags", "kvxfer bench small --tokens 128,512 --concurrency 8",
 		),
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out.report == "" && !cmd.Flags().Changed("scenarios") {
 				// Bare, bench prints its help; given flags but no
@@ -230,7 +230,7 @@ func newRawPeerCmd() *cobra.Command {
 		Use:    "raw-peer",
 		Short:  "The receiver process of bench raw --peer-process",
 		Hidden: true,
-		Args:   cobra.NoArgs,
+		Args:   noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec := os.Getenv(rdmabench.PeerEnv)
 			if spec == "" {
@@ -249,7 +249,7 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 		Short:   sc.short(),
 		Long:    sc.long(),
 		Example: sc.example(),
-		Args:    cobra.NoArgs,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := a.settings(cmd, defaults, keys...)
 			if err != nil {

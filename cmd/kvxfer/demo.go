@@ -86,7 +86,7 @@ otherwise each finished request is a log line on standard error.
 			"two processes (ucx, shm in a build without UCX), metrics of the context engine on :9464 (the generation engine's on :9465)", "kvxfer demo --processes 2 --metrics-addr 127.0.0.1:9464",
 			"three processes (context TP2, generation TP1) discovering each other through an embedded etcd", "kvxfer demo --cluster",
 		),
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.processes != 1 && f.processes != 2 {
 				return fmt.Errorf("--processes = %d: want 1 or 2", f.processes)

@@ -64,3 +64,42 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// noArgs is cobra.NoArgs for every command, naming what was meant: for a
+// command with subcommands (bench, trace), an unknown one with the
+// subcommands close to it (`kvxfer bench smal`: did you mean small?), as
+// cobra does for kvxfer itself; for the others, which take only flags,
+// the argument as unexpected, with the flag it may have been meant as
+// (`kvxfer gen insecure`: --insecure). cobra.NoArgs said `unknown command
+// "smal" for "kvxfer bench"` with no suggestion, and `unknown command
+// "insecure" for "kvxfer gen"` of a command that has none.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	arg := args[0]
+	if cmd.HasAvailableSubCommands() {
+		msg := fmt.Sprintf("unknown command %q for %q", arg, cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // as cobra's own suggestions
+		}
+		if s := cmd.SuggestionsFor(arg); len(s) > 0 {
+			msg += ": did you mean " + strings.Join(s, " or ") + "?"
+		}
+		return fmt.Errorf("%s (%s --help lists its commands)", msg, cmd.CommandPath())
+	}
+	msg := fmt.Sprintf("unexpected argument %q: %s takes flags only", arg, cmd.CommandPath())
+	typed := strings.TrimLeft(arg, "-")
+	best, bestD := "", 0
+	visit := func(f *pflag.Flag) {
+		if d := editDistance(typed, f.Name); best == "" || d < bestD || d == bestD && f.Name < best {
+			best, bestD = f.Name, d
+		}
+	}
+	cmd.Flags().VisitAll(visit)
+	cmd.InheritedFlags().VisitAll(visit)
+	if best != "" && bestD <= 2 && bestD < len(typed)/2+1 {
+		msg += fmt.Sprintf(": did you mean --%s?", best)
+	}
+	return fmt.Errorf("%s (%s --help lists its flags)", msg, cmd.CommandPath())
+}

@@ -303,7 +303,7 @@ without an NVIDIA driver or without UCX says so; info itself does not fail.`,
   kvxfer info --json
   # exit non-zero unless a GPU is usable (scripts)
   kvxfer info --require-gpu`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			si := gatherInfo(cmd.Context(), o)
 			out := cmd.OutOrStdout()

@@ -470,7 +470,7 @@ generation of TP1.
 --trace FILE records a replayable trace (kvxfer replay, kvxfer trace
 export). ` + traceRotationHelp,
 		Example: example,
-		Args:    cobra.NoArgs,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.resolve(a, cmd); err != nil {
 				return err

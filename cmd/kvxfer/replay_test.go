@@ -332,3 +332,27 @@ func TestTraceArgumentIsADirectory(t *testing.T) {
 		t.Errorf("trace export TRACE DIR: %v, want it to name the directory", err)
 	}
 }
+
+// An argument a command does not take is named with what was likely
+// meant: a subcommand close to it (kvxfer bench smal: small), or, for a
+// command that takes flags only, the flag (kvxfer gen insecure:
+// --insecure), and not as an "unknown command" of a command that has
+// none. (Checked to fail with cobra.NoArgs back: `unknown command "smal"
+// for "kvxfer bench"` with no suggestion, `unknown command "insecure" for
+// "kvxfer gen"`.)
+func TestStrayArgumentNamesWhatWasMeant(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "smal"}, `unknown command "smal" for "kvxfer bench": did you mean small?`},
+		{[]string{"trace", "exprot"}, `unknown command "exprot" for "kvxfer trace": did you mean export?`},
+		{[]string{"gen", "insecure"}, `unexpected argument "insecure": kvxfer gen takes flags only: did you mean --insecure?`},
+		{[]string{"demo", "procesess"}, `unexpected argument "procesess": kvxfer demo takes flags only: did you mean --processes?`},
+		{[]string{"bench", "small", "extra"}, `unexpected argument "extra": kvxfer bench small takes flags only (kvxfer bench small --help lists its flags)`},
+	} {
+		if out, err := run(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("kvxfer %s: %v, want %q\n%s", strings.Join(c.args, " "), err, c.want, out)
+		}
+	}
+}

@@ -23,7 +23,7 @@ func newTraceCmd() *cobra.Command {
 		// Runnable, so that an unknown subcommand is an error (cobra.NoArgs:
 		// "unknown command"), as it is for kvxfer itself, and not help
 		// with exit status 0.
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cmd.Help()
 		},

@@ -61,7 +61,7 @@ func newVersionCmd() *cobra.Command {
 			"", "kvxfer version",
 			"for scripts", "kvxfer version --json",
 		),
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := buildVersion(debug.ReadBuildInfo)
 			out := cmd.OutOrStdout()
