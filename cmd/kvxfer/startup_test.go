@@ -76,6 +76,12 @@ func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 		{[]string{"--concurrency", "-2"}, "--concurrency = -2"},
 		{[]string{"--compute", "-1ms"}, "--compute = -1ms"},
 		{[]string{"--chunk-tokens", "0"}, "--chunk-tokens = 0: must be ≥ 1"},
+		// Before anything opens, not at each request's first chunk as
+		// "kvcache: misaligned chunk" after both processes connected
+		// (checked to fail without checkChunkTokens: here the pool
+		// check that follows it named --pool instead).
+		{[]string{"--chunk-tokens", "100"}, "--chunk-tokens = 100: want a multiple of the block size, 32 tokens (--tokens-per-block)"},
+		{[]string{"--tokens-per-block", "48"}, "--chunk-tokens = 512: want a multiple of the block size, 48 tokens (--tokens-per-block)"},
 		{[]string{"--peer-endpoint", "ipc://" + filepath.Join(dir, "ctx.sock")}, "--bind and --peer-endpoint are both"},
 		{[]string{"--peer-endpoint", "tcp://nohost:abc"}, `--peer-endpoint: control/zmq: bad config: endpoint "tcp://nohost:abc": port "abc" is not a number`},
 		{[]string{"--bind", "tcp://127.0.0.1:99999"}, `--bind: control/zmq: bad config: endpoint "tcp://127.0.0.1:99999": port 99999 is out of range (1..65535)`},

@@ -269,6 +269,32 @@ func (o Options) checkLayerParts() error {
 	return nil
 }
 
+// checkChunkTokens names a --chunk-tokens that is not a multiple of the
+// block size before anything opens: the context role found it only at
+// each request's first chunk, after both processes had connected, as
+// "kvcache: misaligned chunk", naming neither flag (and gen saw its
+// requests cancelled).
+func (o Options) checkChunkTokens() error {
+	var l kvcache.Layout
+	if o.Layout != nil {
+		l = *o.Layout
+	} else {
+		p, err := kvcache.Preset(o.Model)
+		if err != nil {
+			return nil // the engine names an unknown model
+		}
+		l = p
+	}
+	tpb := l.TokensPerBlock
+	if o.TokensPerBlock > 0 {
+		tpb = o.TokensPerBlock
+	}
+	if tpb > 0 && o.ChunkTokens%tpb != 0 {
+		return fmt.Errorf("--chunk-tokens = %d: want a multiple of the block size, %d tokens (--tokens-per-block)", o.ChunkTokens, tpb)
+	}
+	return nil
+}
+
 // handedCount counts what the context role handed over.
 type handedCount struct{ chunks, parts atomic.Int64 }
 
@@ -677,6 +703,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	}
 	if o.ChunkTokens < 1 { // the generation role takes no chunk size
 		return rep, fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+	}
+	if err := o.checkChunkTokens(); err != nil {
+		return rep, err
 	}
 	n, err := open(ctx, o, true)
 	if err != nil {

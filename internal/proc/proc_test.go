@@ -229,3 +229,28 @@ func TestSleepCtxEndsWithItsContext(t *testing.T) {
 		t.Fatalf("sleepCtx(20ms) returned after %v", d)
 	}
 }
+
+// TestChunkTokensRefused: a chunk size that is not a multiple of the
+// block size (the preset's, or --tokens-per-block) is named before
+// anything opens. (Checked to fail without checkChunkTokens: RunCtx
+// connected and failed each request with "kvcache: misaligned chunk".)
+func TestChunkTokensRefused(t *testing.T) {
+	tiny := kvcache.Layout{Name: "tiny", Layers: 2, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 4,
+		Groups: kvcache.FullAttention(2)}
+	for _, c := range []struct {
+		o    Options
+		want string // "" passes
+	}{
+		{Options{Model: "Llama-3.1-8B", ChunkTokens: 100}, "--chunk-tokens = 100: want a multiple of the block size, 32 tokens"},
+		{Options{Model: "Llama-3.1-8B", ChunkTokens: 512}, ""},
+		{Options{Model: "Llama-3.1-8B", ChunkTokens: 512, TokensPerBlock: 48}, "--chunk-tokens = 512: want a multiple of the block size, 48 tokens"},
+		{Options{Model: "Llama-3.1-8B", ChunkTokens: 96, TokensPerBlock: 48}, ""},
+		{Options{Layout: &tiny, ChunkTokens: 6}, "--chunk-tokens = 6: want a multiple of the block size, 4 tokens"},
+		{Options{Model: "no-such-model", ChunkTokens: 7}, ""}, // the engine names the model
+	} {
+		err := c.o.checkChunkTokens()
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%q %d tokens, blocks of %d: %v, want %q", c.o.Model, c.o.ChunkTokens, c.o.TokensPerBlock, err, c.want)
+		}
+	}
+}
