@@ -109,3 +109,20 @@ func TestKeygenRefusesDirectoryPrefix(t *testing.T) {
 		t.Errorf("a refused keygen wrote %s", ents[0].Name())
 	}
 }
+
+// kvxfer keygen ctx gen (two prefixes at once) says to run it once per
+// prefix, with the two commands, and writes nothing. (Checked to fail
+// with cobra.MaximumNArgs(1) back: "accepts at most 1 arg(s), received
+// 2".)
+func TestKeygenTwoPrefixes(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "ctx"), filepath.Join(dir, "gen")
+	_, err := run("keygen", a, b)
+	want := "one prefix per run (kvxfer keygen PREFIX writes PREFIX.key and PREFIX.pub): kvxfer keygen " + a + " && kvxfer keygen " + b
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("keygen %s %s: %v, want %q", a, b, err, want)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("a refused keygen wrote %d files", len(entries))
+	}
+}

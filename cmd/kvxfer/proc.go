@@ -592,7 +592,15 @@ is a symbolic link (its target is left alone).`,
 			"writes ctx.key and ctx.pub", "kvxfer keygen --out ctx",
 			"the same", "kvxfer keygen ctx",
 		),
-		Args: cobra.MaximumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			// cobra.MaximumNArgs(1) said "accepts at most 1 arg(s),
+			// received 2" to kvxfer keygen ctx gen.
+			if len(args) > 1 {
+				return fmt.Errorf("keygen %s: one prefix per run (kvxfer keygen PREFIX writes PREFIX.key and PREFIX.pub): kvxfer keygen %s && kvxfer keygen %s",
+					strings.Join(args, " "), args[0], args[1])
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				if cmd.Flags().Changed("out") && out != args[0] {
