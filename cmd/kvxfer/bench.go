@@ -134,10 +134,15 @@ compares within one run and reports medians.`,
 				return fmt.Errorf("--scenarios: no scenario given (known: %s)", strings.Join(scenarioNames(), ", "))
 			}
 			var run []scenario
-			for _, name := range chosen {
+			for j, name := range chosen {
 				i := slices.Index(scenarioNames(), name)
 				if i < 0 {
 					return fmt.Errorf("--scenarios: unknown scenario %q (known: %s)", name, strings.Join(scenarioNames(), ", "))
+				}
+				// Given twice, a scenario ran twice (twice its time),
+				// both runs into the one set of results.
+				if slices.Contains(chosen[:j], name) {
+					return fmt.Errorf("--scenarios %s: %q is given twice: name each scenario once", strings.Join(chosen, ","), name)
 				}
 				sc := scenarios()[i]
 				// More sizes than each subcommand's defaults, so that the

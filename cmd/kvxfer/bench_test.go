@@ -537,3 +537,14 @@ func TestBenchFlagsWithoutScenario(t *testing.T) {
 		t.Errorf("bench --log-level warn: %v, want its help\n%s", err, out)
 	}
 }
+
+// A scenario named twice in --scenarios is refused before anything runs,
+// naming it. (Checked to fail without the check: the bad --backend,
+// checked after the names, was named instead; with a good one bench ran
+// small twice.)
+func TestBenchScenarioGivenTwice(t *testing.T) {
+	out, err := run("bench", "--scenarios", "small,raw,small", "--backend", "nosuch-backend")
+	if err == nil || !strings.Contains(err.Error(), `--scenarios small,raw,small: "small" is given twice`) {
+		t.Errorf("bench --scenarios small,raw,small: %v, want it named as given twice\n%s", err, out)
+	}
+}
