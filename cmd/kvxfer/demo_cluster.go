@@ -118,7 +118,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	)
 	for _, name := range names {
 		c := procs[name]
-		if err := c.Start(); err != nil {
+		if err := startTied(c); err != nil {
 			cancel()
 			wg.Wait()
 			return fmt.Errorf("starting %s: %w", name, err)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	zmq4 "github.com/pebbe/zmq4"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/discovery"
@@ -674,10 +676,10 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 	}
 	gen, ctxp := role("gen", "ctx"), role("ctx", "gen")
 	a.log.Info().Str("keys", dir).Str("backend", f.backend).Msg("kvxfer demo --processes 2: gen and ctx processes, CURVE")
-	if err := gen.Start(); err != nil {
+	if err := startTied(gen); err != nil {
 		return err
 	}
-	if err := ctxp.Start(); err != nil {
+	if err := startTied(ctxp); err != nil {
 		_ = gen.Process.Signal(os.Interrupt)
 		_ = gen.Wait()
 		return err
@@ -741,6 +743,41 @@ func interruptWithin(c *exec.Cmd, drain, dump time.Duration) {
 			_ = c.Process.Kill()
 		}
 	})
+}
+
+// startTied starts a demo's child so that it is sent SIGTERM (and
+// drains, as on Ctrl-C) if the demo dies without interrupting it: a
+// demo killed by SIGKILL (or the OOM killer) left its kvxfer ctx and gen
+// running on their own, for all their requests, each with its pool in
+// /dev/shm, and the demo's key directory behind. The kernel sends the
+// signal when the thread that forked the child ends, not only the
+// process: the child is started from a goroutine locked to its thread,
+// which stays locked (and the thread alive) until the child has exited.
+func startTied(c *exec.Cmd) error {
+	if c.SysProcAttr == nil {
+		c.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	c.SysProcAttr.Pdeathsig = syscall.SIGTERM
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := c.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		// Until the child exits, without reaping it (c.Wait does): a
+		// child already reaped ends this at once (ECHILD).
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, c.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
+	}()
+	return <-started
 }
 
 // roleArgs are the flags demo --processes 2 and demo --cluster give both

@@ -517,3 +517,83 @@ func TestCtxNamesAPeerUnderAnotherName(t *testing.T) {
 	waitExit(t, ctx, ctxErr)
 	waitExit(t, gen, genErr)
 }
+
+// TestTwoProcessDemoKilledEndsItsChildren: `kvxfer demo --processes 2`
+// killed with SIGKILL (it cannot interrupt its children then) does not
+// leave them running: each is sent SIGTERM when the demo dies and drains
+// and exits as on Ctrl-C. (Checked to fail without startTied: both
+// children went on with their requests after the demo's death, until
+// this test's deadline.)
+func TestTwoProcessDemoKilledEndsItsChildren(t *testing.T) {
+	// The demo's key directory, which a killed demo cannot remove, in
+	// the test's.
+	t.Setenv("TMPDIR", t.TempDir())
+	cmd, out, errOut := startCommand(t, "demo", "--processes", "2", "--backend", "shm", "--progress=false",
+		"--requests", "100000", "--compute", "50ms", "--log-level", "info")
+	deadline := time.Now().Add(signalDeadline)
+	for errOut.Count("peer said Hello") < 2 { // both children are running
+		if time.Now().After(deadline) {
+			t.Fatalf("the children did not say Hello to each other within %v:\n%s", signalDeadline, errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
+	children := childPids(t, cmd.Process.Pid)
+	if len(children) != 2 {
+		t.Fatalf("the demo has children %v, want ctx and gen", children)
+	}
+	t.Cleanup(func() { // the test failed: end them here
+		for _, pid := range children {
+			if running(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	deadline = time.Now().Add(signalDeadline)
+	for _, pid := range children {
+		for running(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("child %d still runs %v after the demo was killed:\n%s\n%s", pid, signalDeadline, out.String(), errOut.String())
+			}
+			time.Sleep(10 * time.Millisecond) // poll with a deadline
+		}
+	}
+}
+
+// childPids are the pids of pid's children (every thread's).
+func childPids(t *testing.T, pid int) []int {
+	t.Helper()
+	files, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, field := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(field); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
+}
+
+// running reports whether pid is a process that has not exited (a zombie
+// no one reaped yet has).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) STATE …; comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
