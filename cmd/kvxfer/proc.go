@@ -94,7 +94,7 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.BoolVar(&f.o.Insecure, "insecure", false, "no CURVE authentication or encryption (local demos only; refused with --key or --peer-key)")
 	fl.IntVar(&f.o.Device, "device", 0, "CUDA ordinal of this process's GPU (--backend cudaipc: the pool is device memory there)")
 	addSettingFlags(fl, roleDefaults, roleDocs, roleKeys...)
-	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, "number of requests")
+	fl.IntVar(&f.o.Requests, "requests", f.o.Requests, fmt.Sprintf("number of requests (1 to %d)", proc.MaxRequests))
 	fl.IntVar(&f.o.MinTokens, "min-tokens", f.o.MinTokens, "shortest prompt")
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")
 	chunkUsage, computeUsage := "prefill chunk size in tokens", "simulated compute per chunk"

@@ -71,6 +71,11 @@ func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 		want string
 	}{
 		{[]string{"--requests", "0"}, "--requests = 0: must be ≥ 1"},
+		// (Checked to fail without the bound: the pool check that
+		// follows named --pool instead; with a pool large enough the
+		// role waited for its peer, then failed every request one by
+		// one for minutes.)
+		{[]string{"--requests", "100000000"}, "--requests = 100000000: at most 1048576"},
 		{[]string{"--min-tokens", "0"}, "--min-tokens = 0"},
 		{[]string{"--min-tokens", "600", "--max-tokens", "500"}, "--max-tokens = 500: must be ≥ --min-tokens (600)"},
 		{[]string{"--concurrency", "-2"}, "--concurrency = -2"},

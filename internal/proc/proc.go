@@ -301,12 +301,20 @@ type handedCount struct{ chunks, parts atomic.Int64 }
 // RequestID names request i.
 func RequestID(i int) string { return fmt.Sprintf("req-%d", i) }
 
+// MaxRequests bounds Options.Requests, as kvxfer demo bounds its own:
+// --requests 100000000 (a few zeros too many) was taken, and a role whose
+// peer never came then spent minutes failing every request one by one
+// after its --timeout before it exited.
+const MaxRequests = 1 << 20
+
 // validate names the first bad demo option and its value (flag names, as
 // `kvxfer ctx` and `kvxfer gen` take them).
 func (o Options) validate() error {
 	switch {
 	case o.Requests < 1:
 		return fmt.Errorf("--requests = %d: must be ≥ 1", o.Requests)
+	case o.Requests > MaxRequests:
+		return fmt.Errorf("--requests = %d: at most %d (kvxfer demo's bound: each role derives and reports on every request)", o.Requests, MaxRequests)
 	case o.MinTokens < 1:
 		return fmt.Errorf("--min-tokens = %d: must be ≥ 1", o.MinTokens)
 	case o.MaxTokens < o.MinTokens:

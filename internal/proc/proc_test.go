@@ -254,3 +254,16 @@ func TestChunkTokensRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestsBounded: --requests past MaxRequests is named by validate,
+// before anything opens. (Checked to fail without the bound.)
+func TestRequestsBounded(t *testing.T) {
+	o := Options{Requests: MaxRequests + 1, MinTokens: 1, MaxTokens: 1, Concurrency: 1}
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("--requests = %d: at most %d", MaxRequests+1, MaxRequests)) {
+		t.Errorf("%d requests: %v", o.Requests, err)
+	}
+	o.Requests = MaxRequests
+	if err := o.validate(); err != nil && strings.Contains(err.Error(), "--requests") {
+		t.Errorf("%d requests: %v", o.Requests, err)
+	}
+}
