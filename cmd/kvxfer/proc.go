@@ -523,6 +523,14 @@ func newGenCmd(a *app) *cobra.Command {
 		"without CURVE (local tests only)", "kvxfer gen --insecure --bind tcp://127.0.0.1:5601 --peer-endpoint tcp://127.0.0.1:5600",
 		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
+		// Unused here, but taken so that both roles accept one command
+		// line: a value kvxfer ctx refuses at once is refused here too,
+		// not after gen waited --timeout for a ctx that never came.
+		if cmd.Flags().Changed("chunk-tokens") {
+			if err := o.CheckChunkTokens(); err != nil {
+				return fmt.Errorf("%w (kvxfer ctx refuses it; gen takes it only so that both roles accept one command line)", err)
+			}
+		}
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
 		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes || rep.SettingsMismatch != "" {
 			err = withSummary(fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks%s", runCause(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, firstError(rep)), err)

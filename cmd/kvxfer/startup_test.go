@@ -83,7 +83,7 @@ func TestRoleOptionErrorsNameTheValue(t *testing.T) {
 		{[]string{"--chunk-tokens", "0"}, "--chunk-tokens = 0: must be ≥ 1"},
 		// Before anything opens, not at each request's first chunk as
 		// "kvcache: misaligned chunk" after both processes connected
-		// (checked to fail without checkChunkTokens: here the pool
+		// (checked to fail without CheckChunkTokens: here the pool
 		// check that follows it named --pool instead).
 		{[]string{"--chunk-tokens", "100"}, "--chunk-tokens = 100: want a multiple of the block size, 32 tokens (--tokens-per-block)"},
 		{[]string{"--tokens-per-block", "48"}, "--chunk-tokens = 512: want a multiple of the block size, 48 tokens (--tokens-per-block)"},
@@ -419,6 +419,27 @@ func TestRoleRefusesABindLibzmqCannotMake(t *testing.T) {
 	for _, bind := range binds {
 		if err := checkBindPlace(bind); err != nil {
 			t.Errorf("checkBindPlace(%s): %v", bind, err)
+		}
+	}
+}
+
+// kvxfer gen takes --chunk-tokens only so that both roles accept one
+// command line; a value kvxfer ctx refuses at once is refused by gen at
+// once too, not after its --timeout for a ctx that never came, and gen
+// without the flag still runs. (Checked to fail without gen's check:
+// gen started and failed with "peer said nothing" at --timeout.)
+func TestGenRefusesTheChunkTokensCtxRefuses(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"gen", "--insecure", "--bind", "ipc://" + filepath.Join(dir, "gen.sock"),
+		"--peer-endpoint", "ipc://" + filepath.Join(dir, "ctx.sock"), "--backend", "shm", "--pool", "1GiB",
+		"--requests", "1", "--timeout", "2s"}
+	for _, c := range []struct{ value, want string }{
+		{"0", "--chunk-tokens = 0: must be ≥ 1 (kvxfer ctx refuses it"},
+		{"100", "--chunk-tokens = 100: want a multiple of the block size, 32 tokens (--tokens-per-block) (kvxfer ctx refuses it"},
+	} {
+		_, err := run(append(append([]string{}, base...), "--chunk-tokens", c.value)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("gen --chunk-tokens %s: %v, want %q", c.value, err, c.want)
 		}
 	}
 }

@@ -269,12 +269,16 @@ func (o Options) checkLayerParts() error {
 	return nil
 }
 
-// checkChunkTokens names a --chunk-tokens that is not a multiple of the
-// block size before anything opens: the context role found it only at
-// each request's first chunk, after both processes had connected, as
-// "kvcache: misaligned chunk", naming neither flag (and gen saw its
-// requests cancelled).
-func (o Options) checkChunkTokens() error {
+// CheckChunkTokens names a --chunk-tokens below 1, or not a multiple of
+// the block size, before anything opens: the context role found the
+// latter only at each request's first chunk, after both processes had
+// connected, as "kvcache: misaligned chunk", naming neither flag (and gen
+// saw its requests cancelled). RunCtx calls it; the generation role takes
+// no chunk size, and kvxfer gen calls it only for a --chunk-tokens given.
+func (o Options) CheckChunkTokens() error {
+	if o.ChunkTokens < 1 {
+		return fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
+	}
 	var l kvcache.Layout
 	if o.Layout != nil {
 		l = *o.Layout
@@ -709,10 +713,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	if err := o.checkLayerParts(); err != nil {
 		return rep, err
 	}
-	if o.ChunkTokens < 1 { // the generation role takes no chunk size
-		return rep, fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
-	}
-	if err := o.checkChunkTokens(); err != nil {
+	if err := o.CheckChunkTokens(); err != nil { // the generation role takes no chunk size
 		return rep, err
 	}
 	n, err := open(ctx, o, true)

@@ -232,7 +232,7 @@ func TestSleepCtxEndsWithItsContext(t *testing.T) {
 
 // TestChunkTokensRefused: a chunk size that is not a multiple of the
 // block size (the preset's, or --tokens-per-block) is named before
-// anything opens. (Checked to fail without checkChunkTokens: RunCtx
+// anything opens. (Checked to fail without CheckChunkTokens: RunCtx
 // connected and failed each request with "kvcache: misaligned chunk".)
 func TestChunkTokensRefused(t *testing.T) {
 	tiny := kvcache.Layout{Name: "tiny", Layers: 2, KVHeads: 1, HeadDim: 1, DTypeBytes: 1, TokensPerBlock: 4,
@@ -247,8 +247,9 @@ func TestChunkTokensRefused(t *testing.T) {
 		{Options{Model: "Llama-3.1-8B", ChunkTokens: 96, TokensPerBlock: 48}, ""},
 		{Options{Layout: &tiny, ChunkTokens: 6}, "--chunk-tokens = 6: want a multiple of the block size, 4 tokens"},
 		{Options{Model: "no-such-model", ChunkTokens: 7}, ""}, // the engine names the model
+		{Options{Model: "Llama-3.1-8B", ChunkTokens: 0}, "--chunk-tokens = 0: must be ≥ 1"},
 	} {
-		err := c.o.checkChunkTokens()
+		err := c.o.CheckChunkTokens()
 		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%q %d tokens, blocks of %d: %v, want %q", c.o.Model, c.o.ChunkTokens, c.o.TokensPerBlock, err, c.want)
 		}
