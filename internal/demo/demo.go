@@ -414,11 +414,25 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 		_ = ce.Pools().Free(src)
 		return res, err
 	}
+	// genTimedOut adds to err, when the generation side's deadline passed
+	// first and it cancelled the request, that it did: the context side's
+	// error said only "cancelled by peer", not that --timeout was too
+	// short.
+	genTimedOut := func(err error, ro kvxfer.Outcome) error {
+		if !ro.OK && errors.Is(ro.Err, kvxfer.ErrTimeout) && !errors.Is(err, kvxfer.ErrTimeout) {
+			return fmt.Errorf("%w (the generation side's deadline passed first, --timeout %v: %w)", err, o.Timeout, ro.Err)
+		}
+		return err
+	}
 	tx, err := ce.Send(ctx, kvxfer.SendRequest{ID: id, PromptLen: promptLen})
 	if err != nil {
 		_ = ce.Pools().Free(src)
 		rx.Cancel()
-		return res, err
+		ro := <-rx.Done()
+		if ro.OK {
+			err = errors.Join(err, ge.FreeBlocks(ro.Blocks))
+		}
+		return res, genTimedOut(err, ro)
 	}
 	// abandon ends a request whose chunk was refused: it cancels both
 	// sides and frees the source blocks once the context side released
@@ -427,9 +441,11 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 		tx.Cancel()
 		rx.Cancel()
 		<-tx.Done()
-		if ro := <-rx.Done(); ro.OK {
+		ro := <-rx.Done()
+		if ro.OK {
 			err = errors.Join(err, ge.FreeBlocks(ro.Blocks))
 		}
+		err = genTimedOut(err, ro)
 		return res, errors.Join(err, ce.Pools().Free(src))
 	}
 	runs := func(c kvcache.Chunk) []kvcache.BlockRun { return c.Runs(l.TokensPerBlock, src) }

@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
@@ -378,5 +380,21 @@ func TestReportJSON(t *testing.T) {
 				t.Errorf("key %q is not snake_case", k)
 			}
 		}
+	}
+}
+
+// TestDemoNamesItsTimeout: a --timeout too short for the requests fails
+// the run with an error that is the timeout (errors.Is ErrTimeout) and
+// names --timeout, not only "cancelled by peer" (the generation side's
+// deadline passed first and cancelled the request). (Checked to fail
+// without abandon's check: "... CANCELLED: actors: cancelled by peer".)
+func TestDemoNamesItsTimeout(t *testing.T) {
+	_, err := Run(context.Background(), Options{Model: "Llama-3.1-8B", Requests: 1, MinTokens: 300, MaxTokens: 300, ChunkTokens: 64,
+		PoolBytes: 64 << 20, Compute: time.Millisecond, Workers: 2, Concurrency: 1, Seed: 7, TokensPerBlock: 16, Timeout: time.Nanosecond}, nil)
+	if err == nil || !errors.Is(err, kvxfer.ErrTimeout) {
+		t.Fatalf("demo with a 1ns timeout: %v, want a timeout", err)
+	}
+	if !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("demo with a 1ns timeout: %v, want it to say a deadline passed", err)
 	}
 }
