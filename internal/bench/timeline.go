@@ -32,11 +32,17 @@ type RequestTimeline struct {
 type Timeline struct {
 	mu       sync.Mutex
 	sessions map[string]*RequestTimeline // by actor path
+	// byRequest: the same timelines by request id, from the first op of
+	// each that completed (Request was a scan of sessions, O(requests)
+	// per call: quadratic over a benchmark's run).
+	byRequest map[string]*RequestTimeline
 }
 
 var _ actors.Recorder = (*Timeline)(nil)
 
-func newTimeline() *Timeline { return &Timeline{sessions: map[string]*RequestTimeline{}} }
+func newTimeline() *Timeline {
+	return &Timeline{sessions: map[string]*RequestTimeline{}, byRequest: map[string]*RequestTimeline{}}
+}
 
 // Record implements actors.Recorder.
 func (t *Timeline) Record(actor string, msg any, at time.Time) {
@@ -59,7 +65,12 @@ func (t *Timeline) Record(actor string, msg any, at time.Time) {
 			s.Chunks[m.Index].Fenced = at
 		}
 	case actors.TxCompleted:
-		s.Request = m.Op.Request // the path names the actor, not the request
+		if s.Request == "" {
+			s.Request = m.Op.Request // the path names the actor, not the request
+			if _, ok := t.byRequest[s.Request]; !ok {
+				t.byRequest[s.Request] = s
+			}
+		}
 		if m.Op.Seq >= 0 && m.Op.Seq < len(s.Chunks) {
 			s.Chunks[m.Op.Seq].Done = at
 		}
@@ -72,12 +83,11 @@ func (t *Timeline) Record(actor string, msg any, at time.Time) {
 func (t *Timeline) Request(id string) (RequestTimeline, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, s := range t.sessions {
-		if s.Request == id {
-			c := *s
-			c.Chunks = append([]ChunkSpan(nil), s.Chunks...)
-			return c, true
-		}
+	s, ok := t.byRequest[id]
+	if !ok {
+		return RequestTimeline{}, false
 	}
-	return RequestTimeline{}, false
+	c := *s
+	c.Chunks = append([]ChunkSpan(nil), s.Chunks...)
+	return c, true
 }
