@@ -154,32 +154,52 @@ func (t *sessionTable) maybeDrained() {
 // endedBeforeSend remembers the outcomes of the last endedBeforeSendN
 // sessions that ended before a Send adopted them (txParent.unsent).
 type endedBeforeSend struct {
-	byID  map[string]Outcome
-	order []string // oldest first
+	byID  map[string]endedEntry
+	order []endedSlot // oldest first
+	seq   uint64
+}
+
+// endedEntry is an outcome and the slot (seq) that holds it in order; a
+// slot whose seq is not its id's entry's is stale (forgotten, or the id
+// added again since) and evicts nothing.
+type endedEntry struct {
+	o   Outcome
+	seq uint64
+}
+
+type endedSlot struct {
+	id  string
+	seq uint64
 }
 
 const endedBeforeSendN = 4096
 
 func (u *endedBeforeSend) add(id string, o Outcome) {
 	if u.byID == nil {
-		u.byID = map[string]Outcome{}
+		u.byID = map[string]endedEntry{}
 	}
-	if _, ok := u.byID[id]; !ok {
-		if len(u.order) >= endedBeforeSendN {
-			delete(u.byID, u.order[0])
-			u.order = u.order[1:]
+	if e, ok := u.byID[id]; ok {
+		u.byID[id] = endedEntry{o: o, seq: e.seq}
+		return
+	}
+	if len(u.order) >= endedBeforeSendN {
+		if old := u.order[0]; u.byID[old.id].seq == old.seq {
+			delete(u.byID, old.id)
 		}
-		u.order = append(u.order, id)
+		u.order = u.order[1:]
 	}
-	u.byID[id] = o
+	u.seq++
+	u.order = append(u.order, endedSlot{id: id, seq: u.seq})
+	u.byID[id] = endedEntry{o: o, seq: u.seq}
 }
 
-// forget drops id's record (its slot in order goes with the oldest).
+// forget drops id's record (its slot in order goes, stale, with the
+// oldest: an id added again later gets a slot of its own).
 func (u *endedBeforeSend) forget(id string) { delete(u.byID, id) }
 
 func (u *endedBeforeSend) get(id string) (Outcome, bool) {
-	o, ok := u.byID[id]
-	return o, ok
+	e, ok := u.byID[id]
+	return e.o, ok
 }
 
 // refusedBeforeSend remembers, for the last refusedBeforeSendN request
