@@ -427,7 +427,7 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		s.onTimeout(m, now)
 	case TxRefused:
 		if s.refused == "" {
-			s.refused = fmt.Sprintf("%s: %s", m.From, m.Why)
+			s.refused = fmt.Sprintf("%s was refused: %s", m.From, m.Why)
 		}
 	case TxPanic:
 		if s.resultsHandedOver() {
@@ -955,7 +955,7 @@ func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 func (s *TxSession) expire(now time.Time) {
 	err := fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request)
 	if s.refused != "" && len(s.order) == 0 {
-		err = fmt.Errorf("%w: request %s: no generation rank's RequestData resolved here; the one from %s was refused", ErrTimeout, s.cfg.Request, s.refused)
+		err = fmt.Errorf("%w: request %s: no generation rank's RequestData resolved here; the one from %s", ErrTimeout, s.cfg.Request, s.refused)
 	}
 	s.fail(TxFailed, err)
 	inDoubt := false
