@@ -132,3 +132,19 @@ func TestDuplicateRecordIsNamed(t *testing.T) {
 		t.Fatalf("a duplicated step record: divergence %v, want field seq naming a duplicate", res.Divergence)
 	}
 }
+
+// TestNotATraceIsNamed: a file that is no trace at all (a README, a
+// compressed trace) is named as such, not only by the JSON decoder's words.
+func TestNotATraceIsNamed(t *testing.T) {
+	for _, body := range []string{"# a README\n", "\x1f\x8b\x08\x00binary\n", "[1, 2]\n"} {
+		_, err := replay(t, body)
+		if !errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), "not a kvxfer trace") || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("replay of %q: %v, want ErrFormat saying line 1 is not a kvxfer trace", body, err)
+		}
+	}
+	// A later line that is no record is named by its line, not as "no trace".
+	_, err := replay(t, `{"kind":"trace","version":2,"t":1}`+"\n# later\n")
+	if !errors.Is(err, trace.ErrFormat) || strings.Contains(err.Error(), "not a kvxfer trace") || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("replay of a trace whose line 2 is no record: %v, want ErrFormat naming line 2", err)
+	}
+}

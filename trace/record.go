@@ -160,6 +160,11 @@ func (r *Reader) Next() (*Record, error) {
 			if r.unended && !r.started && cutShort(b, `{"kind":"trace",`) {
 				return nil, fmt.Errorf("%w: line %d: the trace holds only a partial header (%d bytes): the process stopped while writing it", ErrFormat, r.line, len(b))
 			}
+			if !r.started {
+				// The first line is no JSON record: not a kvxfer trace
+				// at all (a README, a binary, a compressed trace).
+				return nil, fmt.Errorf("%w: line %d is no JSON record (%v): not a kvxfer trace, whose first line is its {\"kind\":\"trace\",…} header (compressed? decompress it first)", ErrFormat, r.line, err)
+			}
 			return nil, fmt.Errorf("%w: line %d: %v", ErrFormat, r.line, err)
 		}
 		rec.Line = r.line
