@@ -837,8 +837,12 @@ func kvxfer_request_payload(rh C.kvxfer_request_t, buf C.uintptr_t, cap C.uint32
 //export kvxfer_request_error
 func kvxfer_request_error(rh C.kvxfer_request_t, buf C.uintptr_t, cap C.uint32_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_request_error")
-	if buf == 0 || cap == 0 {
-		return fail(nullArg("kvxfer_request_error", "buf (or cap 0)"))
+	if buf == 0 {
+		return fail(nullArg("kvxfer_request_error", "buf"))
+	}
+	if cap == 0 {
+		return fail(&capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf(
+			"kvxfer_request_error: cap is 0: give buf's size, room for at least the terminating NUL")})
 	}
 	dst, err := cArray[byte]("kvxfer_request_error", argName{arg: "buf"}, uintptr(buf), uint32(cap))
 	if err != nil {

@@ -984,6 +984,8 @@ static void test_empty_dangling(void) {
     OK(kvxfer_request_payload(rx, D, 0, &n));
     CHECK(n == 0, "empty payload: n %u", n);
     CHECK(kvxfer_request_error(rx, (char *)D, 0) == KVXFER_ERR_INVALID_ARGUMENT, "error into cap 0");
+    CHECK(strstr(kvxfer_last_error(), "cap is 0") && !strstr(kvxfer_last_error(), "NULL"),
+          "error into cap 0 names the cap, not a NULL buf: %s", kvxfer_last_error());
     OK(kvxfer_request_free_blocks(rx)); /* the engine's blocks: blocks = D, groups = 0 was NULL */
     OK(kvxfer_request_release(rx));
     OK(kvxfer_request_release(tx));
