@@ -147,3 +147,37 @@ func TestMisaddressedOnAHeldConnectionIsNotHeld(t *testing.T) {
 		t.Fatalf("a misaddressed RequestData on c3: %d delivered, %d held; want 1, 0", len(got), len(f.s.ghosts["c3"].held))
 	}
 }
+
+// A frame held on a connection without binding came before its sender's
+// goodbye, which the listener reads on another connection: the goodbye
+// waits until the ROUTER is drained (goodbyes) so that the peer's last
+// frames on its other connections are handled first, and a held frame
+// is one of them. Its last Result (SUCCESS) must reach the engine before
+// the drained goodbye's proof (OnPeerDrained), which fails every request
+// still addressed to that incarnation: else a request the writer
+// finished is failed instead of READY.
+func TestHeldFramesComeBeforeTheSendersGoodbye(t *testing.T) {
+	f := heldFixture(t)
+	gen := pid("gen", 0)
+	var order []string
+	f.s.deliver = func(fr messages.Frame) {
+		f.in.deliver(fr)
+		order = append(order, fr.Request())
+	}
+	f.s.l.cfg.OnPeerDrained = func(p messages.PeerID, inc uint64) {
+		order = append(order, fmt.Sprintf("drained %s/%d", p, inc))
+	}
+	f.s.handle("c3", mustEncode(t, result(gen, 1)), "", 1) // held: no room for c3
+	if len(f.s.ghosts["c3"].held) != 1 {
+		t.Fatalf("the Result on c3 is not held (%d held): the test does not show the window", len(f.s.ghosts["c3"].held))
+	}
+	// The peer closes after draining: its goodbye on c1, read after the
+	// Result; its closed connections then leave room.
+	bye := &messages.Heartbeat{From: gen, Seq: 1, Leaving: true, Drained: true}
+	f.s.handle("c1", mustEncode(t, bye), "", 1)
+	oldProbes(f)
+	f.s.afterWait()
+	if got := fmt.Sprint(order); got != fmt.Sprintf("[req-1 drained %s/1]", gen) {
+		t.Fatalf("handled %s, want the held Result before the drained goodbye: [req-1 drained %s/1]", got, gen)
+	}
+}

@@ -1204,6 +1204,13 @@ func (s *listener) down(p messages.PeerID) {
 // frames sent before it. Those are read, and handled while the peer is
 // alive, before it takes the peer down.
 func (s *listener) goodbyes() {
+	if len(s.byes) > 0 && s.heldBytes > 0 {
+		// Frames held on connections without binding (hold) came before
+		// these goodbyes, as the frames the drain read did: a peer's
+		// last Result held there goes first where there is room now,
+		// else a drained goodbye's proof failed the request it finished.
+		s.retryHeld()
+	}
 	for i, g := range s.byes {
 		s.goodbye(g.id, g.key, g.b, g.drained)
 		s.byes[i] = pendingBye{}
