@@ -288,6 +288,10 @@ def _buffer(mem):
     if nbytes == 0:
         raise ValueError("memory is empty (0 bytes, %s of shape %s): want the KV pool's memory"
                          % (type(mem).__name__, tuple(getattr(mem, "shape", (0,)))))
+    if device is None and hasattr(mem, "data_ptr") and hasattr(mem, "element_size"):
+        # A CPU tensor the engine will address: its storage is made
+        # unresizable (only here: buffer_address gives it to no engine).
+        pin = _unresizable(mem)
     return addr, nbytes, device, pin
 
 
@@ -320,8 +324,7 @@ def _buffer_of(mem):
         device = _cuda_index(mem)
         if not mem.is_contiguous():
             raise ValueError("tensor of shape %s is not contiguous" % (tuple(mem.shape),))
-        nbytes = mem.numel() * mem.element_size()
-        return mem.data_ptr(), nbytes, device, _unresizable(mem) if device is None and nbytes else None
+        return mem.data_ptr(), mem.numel() * mem.element_size(), device, None
     ai = getattr(mem, "__array_interface__", None)
     if ai is not None:
         if ai.get("strides") is not None and not mem.flags["C_CONTIGUOUS"]:

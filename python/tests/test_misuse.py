@@ -295,3 +295,17 @@ def test_kv_memory_tensors_cannot_be_resized():
             t.resize_(64 << 20)
     free = torch.zeros(8)
     free.resize_(64)  # others are not touched
+
+
+def test_buffer_address_leaves_a_tensor_resizable():
+    """buffer_address only reports where a CPU tensor's bytes are: it gives
+    them to no engine, so it must not make the tensor's storage
+    unresizable for good as Engine(memory=) does (it did: resize_ raised
+    "Trying to resize storage that is not resizable" after merely asking
+    for the address)."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(64, dtype=torch.uint8)
+    addr, nbytes = kvxfer.buffer_address(t)
+    assert (addr, nbytes) == (t.data_ptr(), 64)
+    t.resize_(64 << 10)
+    assert t.numel() == 64 << 10
