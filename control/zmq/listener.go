@@ -1211,11 +1211,32 @@ func (s *listener) goodbyes() {
 		// else a drained goodbye's proof failed the request it finished.
 		s.retryHeld()
 	}
-	for i, g := range s.byes {
+	kept := s.byes[:0]
+	for _, g := range s.byes {
+		if s.heldBytes > 0 && s.holdsFramesOf(g.b) {
+			// Frames of this incarnation still wait for room (a probe
+			// runs at most once a second): the goodbye waits behind
+			// them, as it waits behind the frames the drain reads. They
+			// are delivered, or dropped after ghostKeep, and then it is
+			// acted on (afterWait runs every heldRetryEvery meanwhile).
+			kept = append(kept, g)
+			continue
+		}
 		s.goodbye(g.id, g.key, g.b, g.drained)
-		s.byes[i] = pendingBye{}
 	}
-	s.byes = s.byes[:0]
+	clear(s.byes[len(kept):])
+	s.byes = kept
+}
+
+// holdsFramesOf reports whether a connection without binding holds frames
+// (hold) of b's peer and incarnation.
+func (s *listener) holdsFramesOf(b *binding) bool {
+	for _, g := range s.ghosts {
+		if len(g.held) > 0 && g.b.peer == b.peer && g.b.inc == b.inc {
+			return true
+		}
+	}
+	return false
 }
 
 // goodbye acts on a goodbye (a Heartbeat with Leaving) read on
