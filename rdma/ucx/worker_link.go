@@ -724,8 +724,12 @@ func (w *worker) stepShutdown() {
 			if !w.send(l, &message{kind: msgBye, req: req, from: w.a.id}) {
 				continue // the link failed as it was sent
 			}
-			if l.silent != "" && l.drained == "" {
-				w.unacked = append(w.unacked, fmt.Sprintf("agent %s is silent (%s), so its acknowledgement was not waited for", l.peer, l.silent))
+			if l.silent != "" {
+				// Not waited for. A drained goodbye already proved
+				// its writes over (PeerDrained): nothing unacked.
+				if l.drained == "" {
+					w.unacked = append(w.unacked, fmt.Sprintf("agent %s is silent (%s), so its acknowledgement was not waited for", l.peer, l.silent))
+				}
 				continue
 			}
 			l.byeReq, l.byeBy = req, time.Now().Add(w.a.opts.revoke)
