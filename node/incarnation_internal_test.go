@@ -55,12 +55,17 @@ func TestDepartedPeersAreBounded(t *testing.T) {
 	old := maxDepartedPeers
 	maxDepartedPeers = 4
 	t.Cleanup(func() { maxDepartedPeers = old })
-	n := &Node{pastIncs: map[messages.PeerID][]uint64{}, departed: map[messages.PeerID]departure{}}
+	n := &Node{pastIncs: map[messages.PeerID][]uint64{}, departed: map[messages.PeerID]departure{},
+		found: map[messages.PeerID]*found{}, agents: map[messages.PeerID]helloAgent{}}
 	leave := func(r int32, inc uint64) {
 		id := messages.PeerID{Instance: "ctx", Rank: r}
 		n.departed[id] = departure{reason: "left"}
+		n.agents[id] = helloAgent{inc: inc, addr: []byte("agent")}
 		n.notePastLocked(id, inc)
 	}
+	// ctx/2 left and came back (found again): its agent address stays
+	// when its departure is forgotten.
+	n.found[messages.PeerID{Instance: "ctx", Rank: 2}] = &found{}
 	for r := int32(0); r < 4; r++ {
 		leave(r, 10)
 	}
@@ -79,6 +84,14 @@ func TestDepartedPeersAreBounded(t *testing.T) {
 		if _, ok := n.departed[id]; !ok {
 			t.Errorf("%s's departure, among the 4 latest, forgotten", id)
 		}
+	}
+	for _, r := range []int32{1, 3} {
+		if _, ok := n.agents[messages.PeerID{Instance: "ctx", Rank: r}]; ok {
+			t.Errorf("ctx/%d's agent address kept after its departure was forgotten", r)
+		}
+	}
+	if len(n.agents) != 5 {
+		t.Errorf("%d agent addresses kept, want 5 (the 4 latest to leave, and ctx/2, found again)", len(n.agents))
 	}
 	if got := n.pastIncs[messages.PeerID{Instance: "ctx"}]; len(got) != 2 {
 		t.Errorf("ctx/0's departed incarnations %v, want 10 and 11", got)

@@ -78,6 +78,12 @@ func (n *Node) notePastLocked(id messages.PeerID, inc uint64) {
 		n.pastOrder = slices.Delete(n.pastOrder, 0, 1)
 		delete(n.pastIncs, oldest)
 		delete(n.departed, oldest)
+		if _, back := n.found[oldest]; !back {
+			// Its agent address goes with it (a Hello of its next
+			// incarnation notes it again): agents stays bounded by the
+			// peers found and the departed ones remembered.
+			delete(n.agents, oldest)
+		}
 	}
 	past := n.pastIncs[id]
 	if slices.Contains(past, inc) {
