@@ -377,8 +377,29 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 		if _, err := discovery.ParseEtcdURL(o.Discovery); err != nil {
 			return fmt.Errorf("--discovery: %w (want static, etcd://HOST:PORT[,HOST:PORT] or etcds://…)", err)
 		}
+		if o.Cluster == "" {
+			// CheckCluster's words ("invalid record: cluster name of 0
+			// bytes") name no flag a user left out.
+			return fmt.Errorf("--cluster is required with --discovery %s: give every ctx and gen process of one deployment the same name (--cluster prod)", o.Discovery)
+		}
 		if err := discovery.CheckCluster(o.Cluster); err != nil {
 			return fmt.Errorf("--cluster = %q: %w (--discovery etcd://… needs one)", o.Cluster, err)
+		}
+		// Pairs the node would name by its config keys, half as flags
+		// ("--discovery-cert = …: and discovery_key = \"\""). A
+		// certificate over etcd:// is refused as a TLS setting over
+		// plaintext, by the node.
+		pairs := [][4]string{{"--discovery-user", o.DiscoveryUser, "--discovery-password-file", o.DiscoveryPasswordFile}}
+		if strings.HasPrefix(o.Discovery, "etcds://") {
+			pairs = append(pairs, [4]string{"--discovery-cert", o.DiscoveryCert, "--discovery-key", o.DiscoveryKey})
+		}
+		for _, p := range pairs {
+			switch {
+			case p[1] != "" && p[3] == "":
+				return fmt.Errorf("%s = %q without %s: give both", p[0], p[1], p[2])
+			case p[1] == "" && p[3] != "":
+				return fmt.Errorf("%s = %q without %s: give both", p[2], p[3], p[0])
+			}
 		}
 		if o.PeerEndpoint != "" {
 			return fmt.Errorf("--peer-endpoint = %q: with --discovery etcd://… peers are found in etcd", o.PeerEndpoint)
