@@ -500,7 +500,11 @@ export). ` + traceRotationHelp,
 			}
 			ctx, got, stop := interruptible(cmd.Context())
 			defer stop()
+			hint := clusterHint(ctx, f.o)
 			err := f.nameFlags(run(ctx, f.o, cmd))
+			if h := hint(); h != "" && err != nil && strings.Contains(err.Error(), notRegistered) {
+				err = fmt.Errorf("%w (%s)", err, h)
+			}
 			if errors.Is(err, kvcache.ErrBadRegion) {
 				// A pool the host cannot map says which flag set it.
 				err = fmt.Errorf("--pool = %s: %w", config.FormatSize(f.o.PoolBytes), err)

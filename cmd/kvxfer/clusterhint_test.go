@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/etcdlocal"
+	"github.com/kvxfer/kvxfer/messages"
+)
+
+// TestCtxNamesThePeersOtherCluster: gen registered under --cluster prod,
+// ctx started with --cluster Prod. Each waits for its own cluster only,
+// and ctx failed with "gen/0 (not registered in etcd cluster Prod)" and
+// no word that gen/0 was in etcd all along, under another name. ctx's
+// error now says where the gen ranks are and what to do.
+func TestCtxNamesThePeersOtherCluster(t *testing.T) {
+	srv, err := etcdlocal.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg, err := discovery.NewEtcd(ctx, []string{srv.Endpoint()}, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	rec := discovery.Record{Instance: "gen", Rank: 0, Incarnation: 1, ControlEndpoint: "tcp://127.0.0.1:1",
+		Backend: "shm", AgentAddr: []byte("agent"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}
+	if err := reg.Register(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer // the hint's warning is logged from its own goroutine
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
+		"--discovery", srv.URL(), "--cluster", "Prod", "--timeout", "3s"})
+	err = root.Execute()
+	want := `no gen rank is registered in etcd cluster "Prod" (--cluster), but gen/0 registered in cluster "prod": give every ctx and gen process the same --cluster`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%v, want an error containing %q", err, want)
+	}
+	if !strings.Contains(errOut.String(), `but gen/0 registered in cluster \"prod\"`) {
+		t.Errorf("no warning with the hint in the log:\n%s", errOut.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer written from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestPeerElsewhere: the hint only where the peer instance has no rank
+// in this cluster and some in another; ranks of other instances elsewhere
+// are no hint.
+func TestPeerElsewhere(t *testing.T) {
+	g0, g1, c0 := messages.PeerID{Instance: "gen", Rank: 0}, messages.PeerID{Instance: "gen", Rank: 1}, messages.PeerID{Instance: "ctx", Rank: 0}
+	for _, c := range []struct {
+		clusters map[string][]messages.PeerID
+		hint     string
+		found    bool
+	}{
+		{map[string][]messages.PeerID{"a": {c0, g0}, "b": {g1}}, "", true},
+		{map[string][]messages.PeerID{"a": {c0}, "b": {c0}}, "", false},
+		{map[string][]messages.PeerID{"a": {c0}, "b": {g0, g1}, "c": {g0}}, `but gen/0, gen/1 registered in cluster "b" and gen/0 registered in cluster "c"`, false},
+		{map[string][]messages.PeerID{}, "", false},
+	} {
+		h, found := peerElsewhere(c.clusters, "a", "gen")
+		if found != c.found || (c.hint == "") != (h == "") || !strings.Contains(h, c.hint) {
+			t.Errorf("%v: %q, %v; want %q, %v", c.clusters, h, found, c.hint, c.found)
+		}
+	}
+}
