@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -94,6 +96,38 @@ func TestClusterFlagErrors(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "proc:") {
 			t.Errorf("%v: %v, want no internal package's \"proc:\" in a user's error", c.args, err)
+		}
+	}
+}
+
+// TestDiscoveryFileErrors: a TLS or password file for etcd that cannot be
+// used is named by its flag before anything starts; the node named it by
+// its config keys ("node: discovery_ca = …, discovery_cert = \"\",
+// discovery_key = \"\": …") once the pool was mapped.
+func TestDiscoveryFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	empty := filepath.Join(dir, "pw")
+	for _, f := range []struct{ path, text string }{{notPEM, "not a certificate\n"}, {empty, "\nsecret\n"}} {
+		if err := os.WriteFile(f.path, []byte(f.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	missing := filepath.Join(dir, "missing")
+	base := []string{"gen", "--insecure", "--bind", "ipc://" + filepath.Join(dir, "gen.sock"), "--cluster", "c"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--discovery", "etcds://127.0.0.1:1", "--discovery-ca", notPEM}, `--discovery-ca = "` + notPEM + `": discovery: etcd TLS: CA file ` + notPEM + ` holds no PEM certificate: give the PEM file`},
+		{[]string{"--discovery", "etcds://127.0.0.1:1", "--discovery-ca", missing}, `--discovery-ca = "` + missing + `": discovery: etcd TLS: CA file: open ` + missing},
+		{[]string{"--discovery", "etcds://127.0.0.1:1", "--discovery-cert", missing, "--discovery-key", notPEM}, `--discovery-cert = "` + missing + `", --discovery-key = "` + notPEM + `": `},
+		{[]string{"--discovery", "etcd://127.0.0.1:1", "--discovery-user", "u", "--discovery-password-file", missing}, `--discovery-password-file = "` + missing + `": open `},
+		{[]string{"--discovery", "etcd://127.0.0.1:1", "--discovery-user", "u", "--discovery-password-file", empty}, `--discovery-password-file = "` + empty + `": its first line is empty: write --discovery-user u's password there`},
+	} {
+		_, _, err := runApp(newApp(), append(base, c.args...)...)
+		if err == nil || !strings.HasPrefix(strings.TrimPrefix(err.Error(), "Error: "), c.want[:20]) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error starting %q", c.args, err, c.want)
 		}
 	}
 }

@@ -244,6 +244,33 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	return nil
 }
 
+// checkDiscoveryFiles reads the TLS files of an etcds:// --discovery and
+// the password file of --discovery-user, naming the flag of a file that
+// cannot be used: the node reads them only once it starts, and named
+// them by its config keys ("node: discovery_ca = …, discovery_cert = \"\",
+// discovery_key = \"\": …", "node: discovery_password_file: …").
+func checkDiscoveryFiles(o *proc.Options) error {
+	if discovery.EtcdTLS(o.Discovery) {
+		if _, err := discovery.LoadTLS(o.DiscoveryCA, "", ""); err != nil {
+			return fmt.Errorf("--discovery-ca = %q: %w: give the PEM file of the CA that signed etcd's server certificate", o.DiscoveryCA, err)
+		}
+		if _, err := discovery.LoadTLS("", o.DiscoveryCert, o.DiscoveryKey); err != nil {
+			return fmt.Errorf("--discovery-cert = %q, --discovery-key = %q: %w", o.DiscoveryCert, o.DiscoveryKey, err)
+		}
+	}
+	if o.DiscoveryUser == "" {
+		return nil
+	}
+	b, err := os.ReadFile(o.DiscoveryPasswordFile)
+	if err != nil {
+		return fmt.Errorf("--discovery-password-file = %q: %w", o.DiscoveryPasswordFile, err)
+	}
+	if pw, _, _ := strings.Cut(string(b), "\n"); strings.TrimSuffix(pw, "\r") == "" {
+		return fmt.Errorf("--discovery-password-file = %q: its first line is empty: write --discovery-user %s's password there", o.DiscoveryPasswordFile, o.DiscoveryUser)
+	}
+	return nil
+}
+
 // checkInsecureKeys refuses --insecure given with --key or --peer-key:
 // --insecure turns CURVE off, and the keys were ignored without a word,
 // the user believing the link authenticated.
@@ -400,6 +427,9 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 			case p[1] == "" && p[3] != "":
 				return fmt.Errorf("%s = %q without %s: give both", p[2], p[3], p[0])
 			}
+		}
+		if err := checkDiscoveryFiles(o); err != nil {
+			return err
 		}
 		if o.PeerEndpoint != "" {
 			return fmt.Errorf("--peer-endpoint = %q: with --discovery etcd://… peers are found in etcd", o.PeerEndpoint)
