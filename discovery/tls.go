@@ -242,6 +242,10 @@ func diagnose(ctx context.Context, endpoints []string, cfg *tls.Config) string {
 			return fmt.Sprintf("TLS to etcd at %s: %v", ep, herr)
 		}
 	}
+	if len(unreachable) == len(endpoints) && len(unreachable) > 0 {
+		// No endpoint answered at all: what the user can do about it.
+		return strings.Join(unreachable, "; ") + ": is etcd running there? --discovery (discovery) must name etcd's client URL (its --advertise-client-urls)"
+	}
 	return strings.Join(unreachable, "; ")
 }
 

@@ -75,8 +75,9 @@ func TestOpenSpec(t *testing.T) {
 		t.Errorf("bad cluster: %v", err)
 	}
 	// Nothing listens on port 1: Open fails within its dial timeout and
-	// names the endpoint.
-	if _, err := Open(ctxFor(t, 5*time.Second), "etcd://127.0.0.1:1", "c", nil, WithDialTimeout(300*time.Millisecond)); err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
-		t.Errorf("unreachable etcd: %v, want an error naming it", err)
+	// names the endpoint, and what to do.
+	if _, err := Open(ctxFor(t, 5*time.Second), "etcd://127.0.0.1:1", "c", nil, WithDialTimeout(300*time.Millisecond)); err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") ||
+		!strings.Contains(err.Error(), "is etcd running there? --discovery (discovery) must name etcd's client URL") {
+		t.Errorf("unreachable etcd: %v, want an error naming it and what to do", err)
 	}
 }
