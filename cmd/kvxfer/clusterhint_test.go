@@ -93,3 +93,47 @@ func TestPeerElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondProcessAsOneRankEndsAtItsTimeout: a rank's key held by a live
+// process (another ctx started as the same rank, a forgotten --tp-rank):
+// the second process waited for the holder's lease to go without bound,
+// past its --timeout. It now fails at --timeout, saying so and what to do.
+func TestSecondProcessAsOneRankEndsAtItsTimeout(t *testing.T) {
+	srv, err := etcdlocal.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg, err := discovery.NewEtcd(ctx, []string{srv.Endpoint()}, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	// The live holder of ctx/0 (its lease is kept alive by reg).
+	rec := discovery.Record{Instance: "ctx", Rank: 0, Incarnation: 1, ControlEndpoint: "tcp://127.0.0.1:1",
+		Backend: "shm", AgentAddr: []byte("agent"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}
+	if err := reg.Register(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
+		"--discovery", srv.URL(), "--cluster", "c1", "--timeout", "2s"})
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		t.Fatal("a second process as ctx/0 still waits a minute into its --timeout 2s")
+	}
+	for _, want := range []string{"--timeout 2s", "still held", "give this one its own --tp-rank or --instance"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v, want an error containing %q", err, want)
+		}
+	}
+}

@@ -476,8 +476,22 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 	// (internal/gcfloor; nothing where no floor is set).
 	gcfloor.Warm()
 	var once sync.Once
-	n, err := node.Open(ctx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
+	octx := ctx
+	if o.Discovery != "" && o.Discovery != "static" && o.Timeout > 0 {
+		// Registering waits while another process's live lease holds
+		// this rank's key (a restart waits for its predecessor): the
+		// wait is bounded by --timeout, as every other wait of a role.
+		var cancel context.CancelFunc
+		octx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	n, err := node.Open(octx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("instance %s, rank tp%d/pp%d, could not register in etcd cluster %q within --timeout %s: %w; "+
+				"if another process runs as this rank, give this one its own --tp-rank or --instance, or stop that one",
+				o.Instance, o.Rank.TP, o.Rank.PP, o.Cluster, o.Timeout, err)
+		}
 		return nil, err
 	}
 	r.Node, r.eng = n, n.Engine()
