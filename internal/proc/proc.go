@@ -249,18 +249,22 @@ func Prompts(o Options) []int {
 	return out
 }
 
+// layout is the layout o names (Layout, else Model's preset); false for
+// an unknown model.
+func (o Options) layout() (kvcache.Layout, bool) {
+	if o.Layout != nil {
+		return *o.Layout, true
+	}
+	l, err := kvcache.Preset(o.Model)
+	return l, err == nil
+}
+
 // checkLayerParts refuses more layer parts than the model has layers,
 // before anything opens. An unknown model is left to the engine to name.
 func (o Options) checkLayerParts() error {
-	var l kvcache.Layout
-	if o.Layout != nil {
-		l = *o.Layout
-	} else {
-		p, err := kvcache.Preset(o.Model)
-		if err != nil {
-			return nil // the engine names an unknown model
-		}
-		l = p
+	l, ok := o.layout()
+	if !ok {
+		return nil // the engine names an unknown model
 	}
 	if o.LayerParts > l.Layers {
 		return fmt.Errorf("--layer-parts = %d: %s has %d layers (0: one part per layer, 1: whole chunks)",
@@ -279,15 +283,9 @@ func (o Options) CheckChunkTokens() error {
 	if o.ChunkTokens < 1 {
 		return fmt.Errorf("--chunk-tokens = %d: must be ≥ 1", o.ChunkTokens)
 	}
-	var l kvcache.Layout
-	if o.Layout != nil {
-		l = *o.Layout
-	} else {
-		p, err := kvcache.Preset(o.Model)
-		if err != nil {
-			return nil // the engine names an unknown model
-		}
-		l = p
+	l, ok := o.layout()
+	if !ok {
+		return nil // the engine names an unknown model
 	}
 	tpb := l.TokensPerBlock
 	if o.TokensPerBlock > 0 {
