@@ -141,12 +141,62 @@ func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	if !errors.Is(err, node.ErrPeerSilent) || !strings.Contains(err.Error(), "ctx/0 (not registered in etcd cluster "+cluster+")") {
 		t.Fatalf("WaitPeers for a peer that never registers: %v, want ErrPeerSilent naming ctx/0 as not registered", err)
 	}
+	if strings.Contains(err.Error(), "start rank") {
+		t.Fatalf("WaitPeers for an instance none of whose ranks registered: %v, want no hint to start a missing rank", err)
+	}
 	// ctx/0 is one of this node's peers: the error says etcd has no
 	// record of it, not that it is not among the peers (it lists them).
 	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx"})
 	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/0 is not in etcd cluster "+cluster+" (it never registered)") ||
 		strings.Contains(err.Error(), "not among") {
 		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer saying ctx/0 never registered in etcd", err)
+	}
+}
+
+// TestEtcdMissingRankOfARunningInstanceIsNamed: a TP2 context instance
+// of which only rank 0 was started: WaitPeers names ctx/1 as not
+// registered, says which ranks of instance ctx are, and says which rank to
+// start (with the CLI's flags for it). (Checked to fail without
+// missingRankHint: the error said only "ctx/1 (not registered in etcd
+// cluster C)".)
+func TestEtcdMissingRankOfARunningInstanceIsNamed(t *testing.T) {
+	url := etcdURL(t)
+	dir := t.TempDir()
+	cluster := clusterName("node-missing-rank")
+	tp2 := node.Parallel{TP: 2, PP: 1}
+	base := node.Config{Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend,
+		HeartbeatInterval: node.Duration(beat), Discovery: url, Cluster: cluster}
+	gc := base
+	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
+	for r := range 2 {
+		gc.Peers = append(gc.Peers, node.Peer{Instance: "ctx", Parallel: tp2, Rank: node.Rank{TP: r}})
+	}
+	cc := base
+	cc.Instance, cc.Parallel, cc.Bind, cc.SecretKey = "ctx", tp2, "ipc://"+filepath.Join(dir, "ctx0.sock"), newKeys(t).secret
+	open(t, cc) // rank tp0 only
+	genN := open(t, gc)
+	waitFor(t, patience, "ctx/0 found in etcd by the generation node", func() bool {
+		for _, r := range genN.Members() {
+			if r.Instance == "ctx" && r.Rank == 0 {
+				return true
+			}
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*beat)
+	defer cancel()
+	err := genN.WaitPeers(ctx)
+	if !errors.Is(err, node.ErrPeerSilent) {
+		t.Fatalf("WaitPeers with ctx/1 never started: %v, want ErrPeerSilent", err)
+	}
+	for _, want := range []string{
+		"ctx/1 (not registered in etcd cluster " + cluster + ")",
+		"of instance ctx ({TP:2 PP:1}), ctx/0 is registered, this rank is not",
+		"start rank tp1/pp0 of instance ctx (the CLI: --tp 2 --tp-rank 1)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("WaitPeers with ctx/1 never started: %v\nwant it to say %q", err, want)
+		}
 	}
 }
 

@@ -139,7 +139,9 @@
 // Peers found through etcd need no static entry. A Peer given without
 // endpoint (instance, parallel, rank) names a rank WaitPeers waits for;
 // one that never registers is named "(not registered in etcd cluster
-// C)". Config.OnMembership sees every registry event. Static discovery
+// C)", followed, where other ranks of its instance are registered, by
+// those ranks and the rank to start (with the CLI's --tp-rank for it).
+// Config.OnMembership sees every registry event. Static discovery
 // (the default) opens no registry: Peers are the membership, liveness is
 // heartbeats.
 //

@@ -638,6 +638,45 @@ func (n *Node) departure(id messages.PeerID) (departure, bool) {
 	return d, ok
 }
 
+// registeredOf are the ranks of instance etcd reports up now, by rank.
+func (n *Node) registeredOf(instance string) []messages.PeerID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []messages.PeerID
+	for id := range n.found {
+		if id.Instance == instance {
+			out = append(out, id)
+		}
+	}
+	slices.SortFunc(out, func(a, b messages.PeerID) int { return int(a.Rank) - int(b.Rank) })
+	return out
+}
+
+// missingRankHint is what WaitPeers adds to peer p's "(not registered in
+// etcd cluster C)" when other ranks of p's instance are registered: the
+// instance runs, one of its ranks was not started. "" when none is.
+func (n *Node) missingRankHint(p Peer) string {
+	ids := n.registeredOf(p.Instance)
+	if len(ids) == 0 {
+		return ""
+	}
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = id.String()
+	}
+	verb := "is"
+	if len(ids) > 1 {
+		verb = "are"
+	}
+	par := p.Parallel.orOne()
+	cli := fmt.Sprintf("--tp %d --tp-rank %d", par.TP, p.Rank.TP)
+	if par.PP > 1 {
+		cli += fmt.Sprintf(" --pp %d --pp-rank %d", par.PP, p.Rank.PP)
+	}
+	return fmt.Sprintf(": of instance %s (%s), %s %s registered, this rank is not: start rank tp%d/pp%d of instance %s (the CLI: %s)",
+		p.Instance, par, strings.Join(names, ", "), verb, p.Rank.TP, p.Rank.PP, p.Instance, cli)
+}
+
 // foundEndpoint is the endpoint of an etcd peer up now.
 func (n *Node) foundEndpoint(id messages.PeerID) (string, bool) {
 	r, ok := n.member(id)

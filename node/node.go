@@ -720,7 +720,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 						silent = append(silent, fmt.Sprintf("%s (left etcd cluster %s %v ago: %s)", id, n.cfg.Cluster, time.Since(d.at).Round(time.Second), d.reason))
 						continue
 					}
-					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")")
+					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")"+n.missingRankHint(p))
 					continue
 				}
 				if r, ok := n.member(id); ok && r.Incarnation != inc[id] {
