@@ -44,8 +44,9 @@ type listener struct {
 	// last beat: while it beats its bindings are not forgotten to make
 	// room (forgetDownConns), though its name may be down.
 	departedBeat map[goneInc]time.Time
-	// byes are the goodbyes read and not yet acted on (goodbyes): at most
-	// one batch of the ROUTER's.
+	// byes are the goodbyes read and not yet acted on (goodbyes): those of
+	// one batch of the ROUTER's, and those waiting behind held frames; one
+	// per connection binding (addBye).
 	byes []pendingBye
 	// probed: probeDead sent on the ROUTER during this drain, which may
 	// have taken ZMQ_FD's signal (drain).
@@ -701,7 +702,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// Acted on once the ROUTER is drained (goodbyes): the peer's last
 		// frames on its other connections (a Result it sent just before
 		// it closed) may wait behind it in the ROUTER's fair queue.
-		s.byes = append(s.byes, pendingBye{id, key, b, hb.Drained})
+		s.addBye(pendingBye{id, key, b, hb.Drained})
 		return
 	}
 	switch {
@@ -1226,6 +1227,22 @@ func (s *listener) goodbyes() {
 	}
 	clear(s.byes[len(kept):])
 	s.byes = kept
+}
+
+// addBye keeps goodbye g for goodbyes, one per connection binding: a
+// goodbye repeated on a connection whose goodbye still waits (behind held
+// frames, up to ghostKeep) is folded into it, drained if either said so,
+// so that byes stays bounded by the bound connections however many a
+// peer sends. Acting on a goodbye twice changed nothing but telling
+// OnPeerDrained twice.
+func (s *listener) addBye(g pendingBye) {
+	for i := range s.byes {
+		if s.byes[i].b == g.b && s.byes[i].id == g.id {
+			s.byes[i].drained = s.byes[i].drained || g.drained
+			return
+		}
+	}
+	s.byes = append(s.byes, g)
 }
 
 // holdsFramesOf reports whether a connection without binding holds frames
