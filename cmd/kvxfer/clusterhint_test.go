@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -134,6 +135,42 @@ func TestSecondProcessAsOneRankEndsAtItsTimeout(t *testing.T) {
 	for _, want := range []string{"--timeout 2s", "still held", "give this one its own --tp-rank or --instance"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("%v, want an error containing %q", err, want)
+		}
+	}
+}
+
+// TestUnreachableEtcdIsNotBlamedOnAHeldRank: an etcd that nothing answers
+// at fails registration at discovery's dial timeout with a deadline of its
+// own, well inside --timeout: the error must not say the rank could not
+// register within --timeout nor blame another process holding the rank
+// (the held-rank words were added to any deadline, whoever's).
+func TestUnreachableEtcdIsNotBlamedOnAHeldRank(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing answers there now
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
+		"--discovery", "etcd://" + addr, "--cluster", "c1", "--timeout", "10m"})
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("ctx with an unreachable etcd still runs 5 minutes on")
+	}
+	if err == nil || !strings.Contains(err.Error(), "is etcd running there?") {
+		t.Fatalf("%v, want discovery's words for an etcd nothing answers at", err)
+	}
+	for _, wrong := range []string{"within --timeout", "another process runs as this rank"} {
+		if strings.Contains(err.Error(), wrong) {
+			t.Fatalf("%v: says %q, but --timeout 10m did not pass and no process holds the rank", err, wrong)
 		}
 	}
 }

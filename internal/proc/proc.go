@@ -485,7 +485,9 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 	}
 	n, err := node.Open(octx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		if ctx.Err() == nil && octx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+			// --timeout's own deadline, not one inside discovery (an etcd
+			// nothing answers at fails at its dial timeout, and says so).
 			return nil, fmt.Errorf("instance %s, rank tp%d/pp%d, could not register in etcd cluster %q within --timeout %s: %w; "+
 				"if another process runs as this rank, give this one its own --tp-rank or --instance, or stop that one",
 				o.Instance, o.Rank.TP, o.Rank.PP, o.Cluster, o.Timeout, err)
