@@ -47,8 +47,11 @@ func Clusters(ctx context.Context, spec string, opts ...Option) (map[string][]me
 				addrs[i] = "https://" + ep
 			}
 		}
+		// ctx, not Background: with a user, New authenticates before it
+		// returns, and that wait must end with ctx too (the CLI's hint
+		// is stopped as its run ends).
 		if cli, err = clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: o.dialTimeout, TLS: o.tls,
-			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: context.Background()}); err != nil {
+			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: ctx}); err != nil {
 			return nil, fmt.Errorf("discovery: etcd %v: %w", eps, err)
 		}
 		defer cli.Close()

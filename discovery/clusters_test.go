@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"context"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -55,5 +57,49 @@ func TestClustersNamesAnEtcdThatIsNotThere(t *testing.T) {
 	}
 	if _, err := Clusters(ctxFor(t, time.Second), "etcd://nohost"); err == nil {
 		t.Fatal("etcd://nohost: no error")
+	}
+}
+
+// TestClustersEndsWithItsContextWhenAuthenticating: with a user (WithAuth)
+// the etcd client authenticates as it is made, and that wait took the
+// client's own context (Background) and the dial timeout, not ctx: the
+// CLI's cluster hint, stopped as its run ends, kept the run's exit
+// waiting for an etcd that answers nothing, up to the dial timeout (here
+// an hour). It must end with ctx.
+func TestClustersEndsWithItsContextWhenAuthenticating(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts, and never says a word
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Clusters(ctx, "etcd://"+ln.Addr().String(), WithAuth("u", "p"), WithDialTimeout(time.Hour))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("no error from an etcd that answers nothing")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Clusters with its context cancelled still waits a minute on")
 	}
 }
