@@ -151,56 +151,71 @@ func (t *sessionTable) maybeDrained() {
 	}
 }
 
-// endedBeforeSend remembers the outcomes of the last endedBeforeSendN
-// sessions that ended before a Send adopted them (txParent.unsent).
-type endedBeforeSend struct {
-	byID  map[string]endedEntry
-	order []endedSlot // oldest first
+// recent remembers a value for each of the last ids put in it, at most
+// a bound: past it the oldest goes. take and forget are O(1): a slot of
+// order whose seq is not its id's entry's is stale (the id was taken, or
+// put again since) and evicts nothing when it is the oldest.
+type recent[T any] struct {
+	byID  map[string]recentEntry[T]
+	order []recentSlot // oldest first
 	seq   uint64
 }
 
-// endedEntry is an outcome and the slot (seq) that holds it in order; a
-// slot whose seq is not its id's entry's is stale (forgotten, or the id
-// added again since) and evicts nothing.
-type endedEntry struct {
-	o   Outcome
+type recentEntry[T any] struct {
+	v   T
 	seq uint64
 }
 
-type endedSlot struct {
+type recentSlot struct {
 	id  string
 	seq uint64
 }
 
-const endedBeforeSendN = 4096
-
-func (u *endedBeforeSend) add(id string, o Outcome) {
+// put keeps v for id, within bound slots; an id already kept keeps its slot.
+func (u *recent[T]) put(id string, v T, bound int) {
 	if u.byID == nil {
-		u.byID = map[string]endedEntry{}
+		u.byID = map[string]recentEntry[T]{}
 	}
 	if e, ok := u.byID[id]; ok {
-		u.byID[id] = endedEntry{o: o, seq: e.seq}
+		u.byID[id] = recentEntry[T]{v: v, seq: e.seq}
 		return
 	}
-	if len(u.order) >= endedBeforeSendN {
+	if len(u.order) >= bound {
 		if old := u.order[0]; u.byID[old.id].seq == old.seq {
 			delete(u.byID, old.id)
 		}
 		u.order = u.order[1:]
 	}
 	u.seq++
-	u.order = append(u.order, endedSlot{id: id, seq: u.seq})
-	u.byID[id] = endedEntry{o: o, seq: u.seq}
+	u.order = append(u.order, recentSlot{id: id, seq: u.seq})
+	u.byID[id] = recentEntry[T]{v: v, seq: u.seq}
 }
 
-// forget drops id's record (its slot in order goes, stale, with the
-// oldest: an id added again later gets a slot of its own).
-func (u *endedBeforeSend) forget(id string) { delete(u.byID, id) }
-
-func (u *endedBeforeSend) get(id string) (Outcome, bool) {
+func (u *recent[T]) get(id string) (T, bool) {
 	e, ok := u.byID[id]
-	return e.o, ok
+	return e.v, ok
 }
+
+// take returns id's value, if any, and forgets it.
+func (u *recent[T]) take(id string) (T, bool) {
+	e, ok := u.byID[id]
+	if ok {
+		delete(u.byID, id)
+	}
+	return e.v, ok
+}
+
+// endedBeforeSend remembers the outcomes of the last endedBeforeSendN
+// sessions that ended before a Send adopted them (txParent.unsent).
+type endedBeforeSend struct{ recent[Outcome] }
+
+const endedBeforeSendN = 4096
+
+func (u *endedBeforeSend) add(id string, o Outcome) { u.put(id, o, endedBeforeSendN) }
+
+// forget drops id's record (an id ended again later gets a slot of its
+// own).
+func (u *endedBeforeSend) forget(id string) { u.take(id) }
 
 // refusedBeforeSend remembers, for the last refusedBeforeSendN request
 // ids, the last RequestData refused unresolved while no session here had
@@ -209,36 +224,11 @@ func (u *endedBeforeSend) get(id string) (Outcome, bool) {
 // about a request by itself; a flood of refused frames only pushes older
 // entries out. At most refusedBeforeSendN × (request id + peer +
 // messages.MaxErrorLen bytes of text).
-type refusedBeforeSend struct {
-	byID  map[string]TxRefused
-	order []string // oldest first; each id at most once
-}
+type refusedBeforeSend struct{ recent[TxRefused] }
 
 const refusedBeforeSendN = 256
 
-func (u *refusedBeforeSend) add(id string, r TxRefused) {
-	if u.byID == nil {
-		u.byID = map[string]TxRefused{}
-	}
-	if _, ok := u.byID[id]; !ok {
-		if len(u.order) >= refusedBeforeSendN {
-			delete(u.byID, u.order[0])
-			u.order = slices.Delete(u.order, 0, 1)
-		}
-		u.order = append(u.order, id)
-	}
-	u.byID[id] = r
-}
-
-// take returns id's record, if any, and forgets it.
-func (u *refusedBeforeSend) take(id string) (TxRefused, bool) {
-	r, ok := u.byID[id]
-	if ok {
-		delete(u.byID, id)
-		u.order = slices.DeleteFunc(u.order, func(s string) bool { return s == id })
-	}
-	return r, ok
-}
+func (u *refusedBeforeSend) add(id string, r TxRefused) { u.put(id, r, refusedBeforeSendN) }
 
 // txParent supervises TxSessions and routes context-side frames to them.
 // Its decisions are core.TxTable's; it keeps the sessions' PIDs and the
@@ -283,7 +273,7 @@ func (p *txParent) refusedInstance(request, gen string) error {
 	if gen == "" || p.sessions.draining || p.sessions.pids[request] != nil {
 		return nil
 	}
-	r, ok := p.refusedEarly.byID[request]
+	r, ok := p.refusedEarly.get(request)
 	if !ok || r.From.Instance != gen {
 		return nil
 	}

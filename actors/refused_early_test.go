@@ -35,7 +35,7 @@ func TestRefusedBeforeSendIsBounded(t *testing.T) {
 	for i := range refusedBeforeSendN - 1 {
 		u.add(fmt.Sprint("s", i), TxRefused{From: peer})
 	}
-	if r, ok := u.byID[newest]; !ok || r.Why != "again" || len(u.order) != refusedBeforeSendN {
+	if r, ok := u.get(newest); !ok || r.Why != "again" || len(u.order) != refusedBeforeSendN {
 		t.Fatalf("id added again after take: %+v %v (%d in order), want kept", r, ok, len(u.order))
 	}
 }

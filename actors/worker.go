@@ -669,7 +669,7 @@ func (s *workerSlot) send(to messages.PeerID, f messages.Frame) error {
 	if err := c.Send(f); err != nil {
 		s.stats.FramesUnsent.Add(1)
 		switch {
-		case errors.Is(err, control.ErrQueueFull) && terminalFrame(f):
+		case errors.Is(err, control.ErrQueueFull) && messages.Terminal(f):
 			// A terminal frame refused for space (zmq's
 			// ErrTerminalBacklogFull: its Conn's terminal backlog is full
 			// too): nothing sends it later. The Conn is kept (its backlog
@@ -730,17 +730,6 @@ func (s *workerSlot) closeConn(peer messages.PeerID, c control.Conn) {
 		return
 	}
 	s.log.Debug().Err(err).Str("peer", peer.String()).Msg("connection close")
-}
-
-// terminalFrame reports whether f is a terminal frame: one the control
-// plane never refuses for space but keeps in a backlog, and that nobody
-// sends again once refused.
-func terminalFrame(f messages.Frame) bool {
-	switch f.(type) {
-	case *messages.Result, *messages.Cancel, *messages.CancelAck, *messages.Misaddressed:
-		return true
-	}
-	return false
 }
 
 // frameError reports whether err, from a Conn's Send, is about the frame

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -40,18 +39,10 @@ func Clusters(ctx context.Context, spec string, opts ...Option) (map[string][]me
 		if !EtcdTLS(spec) {
 			o.tls = nil
 		}
-		addrs := eps
-		if o.tls != nil {
-			addrs = make([]string, len(eps))
-			for i, ep := range eps {
-				addrs[i] = "https://" + ep
-			}
-		}
 		// ctx, not Background: with a user, New authenticates before it
 		// returns, and that wait must end with ctx too (the CLI's hint
 		// is stopped as its run ends).
-		if cli, err = clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: o.dialTimeout, TLS: o.tls,
-			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: ctx}); err != nil {
+		if cli, err = dial(ctx, eps, o, false); err != nil {
 			return nil, fmt.Errorf("discovery: etcd %v: %w", eps, err)
 		}
 		defer cli.Close()

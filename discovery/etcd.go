@@ -80,16 +80,7 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 		if len(endpoints) == 0 {
 			return nil, fmt.Errorf("%w: no etcd endpoint", ErrInvalidURL)
 		}
-		eps := endpoints
-		if o.tls != nil {
-			eps = make([]string, len(endpoints))
-			for i, ep := range endpoints {
-				eps[i] = "https://" + ep // TLS required, never dropped
-			}
-		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: o.dialTimeout, TLS: o.tls,
-			Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: context.Background(),
-			DialKeepAliveTime: keepAlivePing, DialKeepAliveTimeout: keepAlivePingTimeout})
+		cli, err := dial(context.Background(), endpoints, o, true)
 		if err != nil {
 			return nil, explain(fmt.Errorf("discovery: etcd %v%s: %w", endpoints, e.authNote(), err), endpoints, o.tls)
 		}
@@ -115,6 +106,26 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 	e.wg.Add(1)
 	go e.watch(resp.Header.Revision + 1)
 	return e, nil
+}
+
+// dial makes a client of endpoints with o's TLS (https://: required,
+// never dropped) and auth, within ctx (with a user, clientv3.New
+// authenticates before it returns); keepalive adds the registry's gRPC
+// keepalive (a long-lived client).
+func dial(ctx context.Context, endpoints []string, o options, keepalive bool) (*clientv3.Client, error) {
+	eps := endpoints
+	if o.tls != nil {
+		eps = make([]string, len(endpoints))
+		for i, ep := range endpoints {
+			eps[i] = "https://" + ep
+		}
+	}
+	cfg := clientv3.Config{Endpoints: eps, DialTimeout: o.dialTimeout, TLS: o.tls,
+		Username: o.user, Password: o.pass, Logger: zap.NewNop(), Context: ctx}
+	if keepalive {
+		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = keepAlivePing, keepAlivePingTimeout
+	}
+	return clientv3.New(cfg)
 }
 
 // keepAlivePing and keepAlivePingTimeout are the gRPC keepalive of the

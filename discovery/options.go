@@ -2,6 +2,9 @@ package discovery
 
 import (
 	"crypto/tls"
+	"errors"
+	"os"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -53,6 +56,20 @@ func WithClient(c *clientv3.Client) Option { return func(o *options) { o.client 
 // reads the CA file once; a rotated CA needs a restart), its
 // GetClientCertificate is asked at each handshake.
 func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// ReadPassword reads a password file for WithAuth: its first line,
+// without a trailing CR. An empty first line is an error.
+func ReadPassword(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	pw, _, _ := strings.Cut(string(b), "\n")
+	if pw = strings.TrimSuffix(pw, "\r"); pw == "" {
+		return "", errors.New("its first line is empty")
+	}
+	return pw, nil
+}
 
 // WithAuth makes the etcd registry authenticate as user with password
 // (etcd's auth; the user needs read and write access to the cluster's

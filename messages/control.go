@@ -118,6 +118,18 @@ type Frame interface {
 	Sender() PeerID
 }
 
+// Terminal reports whether f ends or answers a request (Result, Cancel,
+// CancelAck, Misaddressed): nothing sends such a frame again, so a
+// control plane never drops it for queue space, and a sender learns when
+// it did not leave.
+func Terminal(f Frame) bool {
+	switch f.(type) {
+	case *Result, *Cancel, *CancelAck, *Misaddressed:
+		return true
+	}
+	return false
+}
+
 // RemoteRegion is a registered region a peer may write into.
 type RemoteRegion struct {
 	Key []byte

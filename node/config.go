@@ -702,9 +702,10 @@ func (c Config) etcdAccess() []struct{ name, value string } {
 		{"discovery_password_file", c.DiscoveryPasswordFile}}
 }
 
-// etcdOptions loads what TLS and auth to etcd need from the files the
-// config names; errors name the setting.
-func (c Config) etcdOptions() ([]discovery.Option, error) {
+// EtcdOptions loads what TLS and auth to etcd need from the files the
+// config names (discovery.WithTLS, discovery.WithAuth), for a caller that
+// reads the same etcd as the node; errors name the setting.
+func (c Config) EtcdOptions() ([]discovery.Option, error) {
 	var opts []discovery.Option
 	if discovery.EtcdTLS(c.Discovery) {
 		cfg, err := discovery.LoadTLS(c.DiscoveryCA, c.DiscoveryCert, c.DiscoveryKey)
@@ -715,14 +716,9 @@ func (c Config) etcdOptions() ([]discovery.Option, error) {
 		opts = append(opts, discovery.WithTLS(cfg))
 	}
 	if c.DiscoveryUser != "" {
-		b, err := os.ReadFile(c.DiscoveryPasswordFile)
+		pw, err := discovery.ReadPassword(c.DiscoveryPasswordFile)
 		if err != nil {
-			return nil, fmt.Errorf("node: discovery_password_file: %w", err)
-		}
-		pw, _, _ := strings.Cut(string(b), "\n")
-		pw = strings.TrimSuffix(pw, "\r")
-		if pw == "" {
-			return nil, fmt.Errorf("node: discovery_password_file = %q: its first line is empty", c.DiscoveryPasswordFile)
+			return nil, fmt.Errorf("node: discovery_password_file = %q: %w", c.DiscoveryPasswordFile, err)
 		}
 		opts = append(opts, discovery.WithAuth(c.DiscoveryUser, pw))
 	}

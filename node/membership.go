@@ -133,7 +133,7 @@ func (n *Node) hello(id messages.PeerID) (*messages.Hello, error) {
 // registers this node's record. The link listens already, so the record
 // carries the real endpoint. On error the registry is closed.
 func (n *Node) register(ctx context.Context) error {
-	opts, err := n.cfg.etcdOptions()
+	opts, err := n.cfg.EtcdOptions()
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -35,7 +34,7 @@ const notRegistered = "(not registered in etcd cluster "
 // the last time etcd was read, when no other cluster ever held one, or
 // when etcd could not be read).
 func clusterHint(ctx context.Context, o proc.Options) (stop func() string) {
-	opts, err := hintOptions(o)
+	opts, err := o.EtcdOptions()
 	if err != nil || !discovery.IsEtcd(o.Discovery) {
 		return func() string { return "" }
 	}
@@ -119,26 +118,4 @@ func peerElsewhere(clusters map[string][]messages.PeerID, cluster, instance stri
 	}
 	return fmt.Sprintf("no %s rank is registered in etcd cluster %q (--cluster), but %s: give every ctx and gen process the same --cluster",
 		instance, cluster, strings.Join(where, " and ")), false
-}
-
-// hintOptions are the TLS and auth options the node reaches etcd with;
-// an error where they cannot be built (the node names it).
-func hintOptions(o proc.Options) ([]discovery.Option, error) {
-	var opts []discovery.Option
-	if discovery.EtcdTLS(o.Discovery) {
-		cfg, err := discovery.LoadTLS(o.DiscoveryCA, o.DiscoveryCert, o.DiscoveryKey)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, discovery.WithTLS(cfg))
-	}
-	if o.DiscoveryUser != "" {
-		b, err := os.ReadFile(o.DiscoveryPasswordFile)
-		if err != nil {
-			return nil, err
-		}
-		pw, _, _ := strings.Cut(string(b), "\n")
-		opts = append(opts, discovery.WithAuth(o.DiscoveryUser, strings.TrimSuffix(pw, "\r")))
-	}
-	return opts, nil
 }

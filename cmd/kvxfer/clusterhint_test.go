@@ -21,23 +21,7 @@ import (
 // no word that gen/0 was in etcd all along, under another name. ctx's
 // error now says where the gen ranks are and what to do.
 func TestCtxNamesThePeersOtherCluster(t *testing.T) {
-	srv, err := etcdlocal.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	reg, err := discovery.NewEtcd(ctx, []string{srv.Endpoint()}, "prod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
-	rec := discovery.Record{Instance: "gen", Rank: 0, Incarnation: 1, ControlEndpoint: "tcp://127.0.0.1:1",
-		Backend: "shm", AgentAddr: []byte("agent"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}
-	if err := reg.Register(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
+	srv := etcdHolding(t, "prod", "gen")
 	root := newRootCmdWith(newApp())
 	var out, errOut lockedBuffer // the hint's warning is logged from its own goroutine
 	root.SetOut(&out)
@@ -45,7 +29,7 @@ func TestCtxNamesThePeersOtherCluster(t *testing.T) {
 	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
 		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
 		"--discovery", srv.URL(), "--cluster", "Prod", "--timeout", "3s"})
-	err = root.Execute()
+	err := root.Execute()
 	want := `no gen rank is registered in etcd cluster "Prod" (--cluster), but gen/0 registered in cluster "prod": give every ctx and gen process the same --cluster`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%v, want an error containing %q", err, want)
@@ -100,24 +84,9 @@ func TestPeerElsewhere(t *testing.T) {
 // the second process waited for the holder's lease to go without bound,
 // past its --timeout. It now fails at --timeout, saying so and what to do.
 func TestSecondProcessAsOneRankEndsAtItsTimeout(t *testing.T) {
-	srv, err := etcdlocal.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
+	srv := etcdHolding(t, "c1", "ctx") // the live holder of ctx/0
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	reg, err := discovery.NewEtcd(ctx, []string{srv.Endpoint()}, "c1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
-	// The live holder of ctx/0 (its lease is kept alive by reg).
-	rec := discovery.Record{Instance: "ctx", Rank: 0, Incarnation: 1, ControlEndpoint: "tcp://127.0.0.1:1",
-		Backend: "shm", AgentAddr: []byte("agent"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}
-	if err := reg.Register(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
 	root := newRootCmdWith(newApp())
 	var out, errOut lockedBuffer
 	root.SetOut(&out)
@@ -125,6 +94,7 @@ func TestSecondProcessAsOneRankEndsAtItsTimeout(t *testing.T) {
 	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
 		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
 		"--discovery", srv.URL(), "--cluster", "c1", "--timeout", "2s"})
+	var err error
 	done := make(chan error, 1)
 	go func() { done <- root.Execute() }()
 	select {
@@ -173,4 +143,28 @@ func TestUnreachableEtcdIsNotBlamedOnAHeldRank(t *testing.T) {
 			t.Fatalf("%v: says %q, but --timeout 10m did not pass and no process holds the rank", err, wrong)
 		}
 	}
+}
+
+// etcdHolding starts an etcd in which rank 0 of instance registered in
+// cluster, its lease kept alive until the test ends.
+func etcdHolding(t *testing.T, cluster, instance string) *etcdlocal.Server {
+	t.Helper()
+	srv, err := etcdlocal.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg, err := discovery.NewEtcd(ctx, []string{srv.Endpoint()}, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	rec := discovery.Record{Instance: instance, Rank: 0, Incarnation: 1, ControlEndpoint: "tcp://127.0.0.1:1",
+		Backend: "shm", AgentAddr: []byte("agent"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}
+	if err := reg.Register(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	return srv
 }

@@ -261,12 +261,8 @@ func checkDiscoveryFiles(o *proc.Options) error {
 	if o.DiscoveryUser == "" {
 		return nil
 	}
-	b, err := os.ReadFile(o.DiscoveryPasswordFile)
-	if err != nil {
-		return fmt.Errorf("--discovery-password-file = %q: %w", o.DiscoveryPasswordFile, err)
-	}
-	if pw, _, _ := strings.Cut(string(b), "\n"); strings.TrimSuffix(pw, "\r") == "" {
-		return fmt.Errorf("--discovery-password-file = %q: its first line is empty: write --discovery-user %s's password there", o.DiscoveryPasswordFile, o.DiscoveryUser)
+	if _, err := discovery.ReadPassword(o.DiscoveryPasswordFile); err != nil {
+		return fmt.Errorf("--discovery-password-file = %q: %w: write --discovery-user %s's password there", o.DiscoveryPasswordFile, err, o.DiscoveryUser)
 	}
 	return nil
 }

@@ -88,20 +88,6 @@ func (c *Conn) dropBacklogLocked() int {
 // Peer is the peer this Conn sends to.
 func (c *Conn) Peer() messages.PeerID { return c.peer }
 
-// terminal reports whether f ends or answers a request: such frames are
-// never dropped for queue space. A Misaddressed is one: it is the only
-// answer a RequestData addressed to an earlier incarnation gets, and it
-// is often the first frame a just-restarted context rank sends its peer,
-// on a Conn whose connection is not up yet (refused, the request waited
-// for an answer until its deadline).
-func terminal(f messages.Frame) bool {
-	switch f.(type) {
-	case *messages.Result, *messages.Cancel, *messages.CancelAck, *messages.Misaddressed:
-		return true
-	}
-	return false
-}
-
 // Send implements control.Conn: it encodes f and queues it without
 // blocking. It returns ErrQueueFull when the send queue is full (the peer
 // is slow or unreachable) for a RequestData, or, as
@@ -166,7 +152,12 @@ func (c *Conn) Send(f messages.Frame) error {
 			return err
 		}
 	}
-	if !terminal(f) {
+	// A terminal frame (messages.Terminal) is never dropped for queue
+	// space. A Misaddressed is one: it is the only answer a RequestData
+	// addressed to an earlier incarnation gets, and it is often the first
+	// frame a just-restarted context rank sends its peer, on a Conn whose
+	// connection is not up yet.
+	if !messages.Terminal(f) {
 		c.l.stats.queueFull.Add(1)
 		if len(c.backlog) > 0 {
 			return fmt.Errorf("%w: %T of request %q to %s: %d frames (a Hello, terminal frames) wait in the backlog for the connection or for room (SendHWM %d)",

@@ -115,7 +115,7 @@ func TestFramesArriveInOrder(t *testing.T) {
 // arrives, in order, once the peer listens.
 //
 // Regression (issue 14 item 5): without the backlog (checked by making
-// terminal() return false) the first terminal frame past the queue's 8
+// messages.Terminal return false) the first terminal frame past the queue's 8
 // fails with "send queue full … 8 frames queued" and the test stops there.
 func TestTerminalFramesNeverDroppedForQueueSpace(t *testing.T) {
 	for _, secure := range []bool{false, true} {

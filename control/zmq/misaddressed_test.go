@@ -100,7 +100,7 @@ func TestMisaddressedBeforeHelloIsDelivered(t *testing.T) {
 // arrives once the connection is up, as a Result would; it used to be
 // refused (ErrQueueFull: "1 frames (a Hello …) wait in the backlog") and
 // dropped, and the request it answered waited until its deadline.
-// Checked: without Misaddressed in terminal() Send returns ErrQueueFull.
+// Checked: without Misaddressed in messages.Terminal Send returns ErrQueueFull.
 func TestMisaddressedWaitsForTheConnection(t *testing.T) {
 	endpoint := "ipc://" + filepath.Join(t.TempDir(), "gen.sock")
 	ctx := listen(t, pid("ctx", 0), Config{Insecure: true})

@@ -415,6 +415,12 @@ func (o Options) peers() []node.Peer {
 	return out
 }
 
+// EtcdOptions are the TLS and auth options the role's node reaches etcd
+// with (node.Config.EtcdOptions), for another reader of that etcd.
+func (o Options) EtcdOptions() ([]discovery.Option, error) {
+	return o.nodeConfig(false, nil).EtcdOptions()
+}
+
 // nodeConfig is the node this role runs on (a context role only sends).
 func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 	backend := o.Backend

@@ -299,6 +299,24 @@ func (w *worker) failLink(l *link, err error) {
 	w.dirty = true
 }
 
+// provenLink is the link a proof (what: "peer exited") is about: the one
+// to the agent c names, which must serve the proof's identity as its
+// sealed hello said (a link whose hello went unanswered learnt none). nil
+// when there is none, c answered: no link is nothing to release, another
+// identity is refused.
+func (w *worker) provenLink(c *call, what string) *link {
+	l := w.links[c.addr.id]
+	if l == nil {
+		c.reply(nil) // no link: no key of it, nothing it kept mapped
+		return nil
+	}
+	if ident := l.identity(); c.ident == "" || ident != c.ident {
+		c.reply(fmt.Errorf("%s: %s: %w: agent %s serves %q, the proof is for %q: nothing released", w.a, what, rdma.ErrBadAddress, l.peer, ident, c.ident))
+		return nil
+	}
+	return l
+}
+
 // peerExited takes the proof that the process of a peer agent exited
 // (Agent.PeerExited): for the memory this agent allocated (Alloc) its
 // writes are over, as a peer of this host writes into it with copies of
@@ -310,13 +328,8 @@ func (w *worker) failLink(l *link, err error) {
 // its sealed hello said (a link whose hello went unanswered learnt none:
 // refused).
 func (w *worker) peerExited(c *call) {
-	l := w.links[c.addr.id]
+	l := w.provenLink(c, "peer exited")
 	if l == nil {
-		c.reply(nil) // no link: no key of it, nothing it kept mapped
-		return
-	}
-	if ident := l.identity(); c.ident == "" || ident != c.ident {
-		c.reply(fmt.Errorf("%s: peer exited: %w: agent %s serves %q, the proof is for %q: nothing released", w.a, rdma.ErrBadAddress, l.peer, ident, c.ident))
 		return
 	}
 	switch st := l.getState(); {
@@ -344,13 +357,8 @@ func (w *worker) peerExited(c *call) {
 // The link must be the one to the agent that serves the proof's
 // identity, as for peerExited.
 func (w *worker) peerDrained(c *call) {
-	l := w.links[c.addr.id]
+	l := w.provenLink(c, "peer drained")
 	if l == nil {
-		c.reply(nil) // no link: no key of it, nothing it kept mapped
-		return
-	}
-	if ident := l.identity(); c.ident == "" || ident != c.ident {
-		c.reply(fmt.Errorf("%s: peer drained: %w: agent %s serves %q, the proof is for %q: nothing released", w.a, rdma.ErrBadAddress, l.peer, ident, c.ident))
 		return
 	}
 	if l.drained == "" {
