@@ -163,3 +163,43 @@ func TestRigUnmapsItsRegion(t *testing.T) {
 		t.Fatal("the destination region is still open after the rig's Close")
 	}
 }
+
+// TestCompletionWakesPosterOnlyAtItsLimit: while the poster waits in
+// waitBelow(limit), a completion wakes it only once at most limit
+// operations remain. Before, every completion at or below Window()/2 woke
+// it, so draining a sample's last half window cost the backend's goroutine
+// (which runs Done) a goroutine wake-up, a futex call, per operation, a
+// cost the copy baseline does not pay.
+func TestCompletionWakesPosterOnlyAtItsLimit(t *testing.T) {
+	r, err := newRig(loopback.Backend, Shape{SegmentBytes: 1 << 20, Segments: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	for _, limit := range []int64{0, n / 2} {
+		r.inflight.Store(n)
+		r.waitLimit.Store(limit) // as waitBelow(limit) sets it before parking
+		for left := int64(n - 1); left >= 0; left-- {
+			r.complete(nil)
+			woke := false
+			select {
+			case <-r.wake:
+				woke = true
+			default:
+			}
+			if want := left == limit; woke != want {
+				t.Fatalf("waiting for %d in flight: completion leaving %d woke the poster: %v, want %v", limit, left, woke, want)
+			}
+			if woke {
+				r.waitLimit.Store(-1) // as waitBelow does on waking
+			}
+		}
+	}
+	r.inflight.Store(1)
+	r.complete(nil) // nobody waits
+	select {
+	case <-r.wake:
+		t.Fatal("a completion woke a poster that is not waiting")
+	default:
+	}
+}
