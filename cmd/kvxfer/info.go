@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,6 +71,11 @@ type runtimeInfo struct {
 	// GCFloorBytes is the heap the collector waits for (0: the runtime's
 	// default pacing, GOGC or KVXFER_GC_FLOOR=off).
 	GCFloorBytes uint64 `json:"gc_floor_bytes"`
+	// GOMAXPROCS is the runtime's, CPUs the CPUs this process may run on
+	// (its affinity): docs/configuration.md, "Small machines", says when
+	// GOMAXPROCS 1 serves a small machine better.
+	GOMAXPROCS int `json:"gomaxprocs"`
+	CPUs       int `json:"cpus"`
 }
 
 // cudaInfo is the CUDA driver API as package cuda loads it.
@@ -121,7 +127,8 @@ func gatherInfo(ctx context.Context, o infoOptions) systemInfo {
 	}
 	si.UCX = probeUCX(ctx, o.ucxInfo)
 	si.Backends = backends
-	si.Runtime = runtimeInfo{GoDebug: os.Getenv("GODEBUG"), SysmonAwake: sysmon.Awake(), GCFloorBytes: gcfloor.Floor()}
+	si.Runtime = runtimeInfo{GoDebug: os.Getenv("GODEBUG"), SysmonAwake: sysmon.Awake(), GCFloorBytes: gcfloor.Floor(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0), CPUs: runtime.NumCPU()}
 	return si
 }
 
@@ -283,6 +290,14 @@ func (si systemInfo) print(w io.Writer) {
 		fmt.Fprintf(w, "Go runtime: the collector waits for a heap of %s (%s)\n", config.FormatSize(f), gcfloor.Env)
 	} else {
 		fmt.Fprintf(w, "Go runtime: the collector's default pacing (GOGC, or %s=off, or not started as kvxfer): a collection every few hundred requests is the control path's tail\n", gcfloor.Env)
+	}
+	if r := si.Runtime; r.GOMAXPROCS > 0 {
+		fmt.Fprintf(w, "Go runtime: GOMAXPROCS %d, %d CPUs usable", r.GOMAXPROCS, r.CPUs)
+		if r.GOMAXPROCS > 1 && r.CPUs <= 2 {
+			// BENCHMARKS.md, "The shared-vCPU round trip".
+			fmt.Fprint(w, ": where both sides share these CPUs, GOMAXPROCS=1 cuts the control round trip and slows the data plane's workers (docs/configuration.md, Small machines)")
+		}
+		fmt.Fprintln(w)
 	}
 }
 

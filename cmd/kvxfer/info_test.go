@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -77,6 +79,37 @@ func TestInfoJSON(t *testing.T) {
 	}
 	if slices.Contains(names, "ucx") != ucx.Available {
 		t.Errorf("backends %v: ucx listed %v, built in %v", names, slices.Contains(names, "ucx"), ucx.Available)
+	}
+}
+
+// TestInfoRuntimeLine: the table and --json say GOMAXPROCS and the CPUs
+// usable, and a machine of two CPUs or fewer with GOMAXPROCS above 1 is
+// told where GOMAXPROCS=1 helps; one with more CPUs is not.
+func TestInfoRuntimeLine(t *testing.T) {
+	for _, c := range []struct {
+		procs, cpus int
+		hint        bool
+	}{{2, 2, true}, {1, 2, false}, {8, 8, false}} {
+		var b bytes.Buffer
+		systemInfo{Runtime: runtimeInfo{GOMAXPROCS: c.procs, CPUs: c.cpus}}.print(&b)
+		want := fmt.Sprintf("Go runtime: GOMAXPROCS %d, %d CPUs usable", c.procs, c.cpus)
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("GOMAXPROCS %d, %d CPUs: no %q in:\n%s", c.procs, c.cpus, want, b.String())
+		}
+		if got := strings.Contains(b.String(), "Small machines"); got != c.hint {
+			t.Errorf("GOMAXPROCS %d, %d CPUs: hint %v, want %v:\n%s", c.procs, c.cpus, got, c.hint, b.String())
+		}
+	}
+	out, err := runInfo(t, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var si systemInfo
+	if err := json.Unmarshal([]byte(out), &si); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if si.Runtime.GOMAXPROCS != runtime.GOMAXPROCS(0) || si.Runtime.CPUs != runtime.NumCPU() {
+		t.Errorf("runtime %+v: want gomaxprocs %d, cpus %d", si.Runtime, runtime.GOMAXPROCS(0), runtime.NumCPU())
 	}
 }
 
