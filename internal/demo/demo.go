@@ -617,9 +617,18 @@ func fillRange(b []byte, req, g, blk, lo, hi int) {
 	if k1 <= k0 {
 		return
 	}
-	w := words(b)[k0:k1]
-	fillWords(&w[0], len(w), seed(req, g, blk)+uint64(k0)*patternStep, patternStep)
+	w, v := words(b)[k0:k1], seed(req, g, blk)+uint64(k0)*patternStep
+	// In pieces: the goroutine cannot be preempted inside the assembly
+	// loop, and a piece takes microseconds, not a block's milliseconds.
+	for len(w) > 0 {
+		n := min(len(w), fillPiece)
+		fillWords(&w[0], n, v, patternStep)
+		w, v = w[n:], v+uint64(n)*patternStep
+	}
 }
+
+// fillPiece is the words fillWords writes in one call (256 KiB).
+const fillPiece = 32 << 10
 
 // CheckBlock reports whether b holds FillBlock's pattern for (req, g, blk).
 func CheckBlock(b []byte, req, g, blk int) bool {

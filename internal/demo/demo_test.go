@@ -109,10 +109,11 @@ func TestFillRangeWritesThePattern(t *testing.T) {
 			}
 		}
 	}
-	b := make([]byte, 8*words)
+	// A block of several pieces (fillPiece words each) and a part.
+	b := make([]byte, 8*(2*fillPiece+3))
 	FillBlock(b, 2, 1, 5)
 	if !CheckBlock(b, 2, 1, 5) {
-		t.Fatal("FillBlock's block does not check")
+		t.Fatal("FillBlock's block of several pieces does not check")
 	}
 }
 
