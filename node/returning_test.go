@@ -236,6 +236,11 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 // Hello".)
 func TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor(t *testing.T) {
 	genN, gc, genPublic, logs := departedWriter(t, clusterName("node-returned-silent"), 0)
+	// The departed incarnation's Hello is logged only if the node's
+	// membership poll saw it before it left (it may not have: its request
+	// moved and it closed within one tick), so count the lines from here.
+	const hello = `"peer":"ctx/0","model":"tiny","message":"peer said Hello"`
+	before := logs.Count(hello)
 	k2 := newKeys(t)
 	ep2 := "ipc://" + filepath.Join(t.TempDir(), "ctx2.sock")
 	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: newRecord(ep2, k2)})
@@ -253,7 +258,7 @@ func TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor(t *testing.T) {
 	}
 	// The node took the Hello for the found incarnation's (as it logs).
 	waitFor(t, patience, "the node's word that ctx/0's second incarnation said Hello", func() bool {
-		return logs.Count(`"peer":"ctx/0","model":"tiny","message":"peer said Hello"`) >= 2
+		return logs.Count(hello) > before
 	})
 	if err := ctx2.Close(ctx); err != nil {
 		t.Fatal(err)
