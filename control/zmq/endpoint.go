@@ -224,13 +224,13 @@ func ipv6OnlyHost(endpoint string, goroutine func(func(context.Context)) bool) b
 	v6Hosts.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), dialLookupWait)
 	defer cancel()
-	v6only, _ := resolvesToIPv6Only(ctx, host) // not resolved: left as it was (false)
+	v6only, resolved := resolvesToIPv6Only(ctx, host) // not resolved: left as it was (false)
 	now = time.Now()
 	v6Hosts.mu.Lock()
 	if v6Hosts.m == nil || len(v6Hosts.m) >= maxHostAnswers {
 		v6Hosts.m = map[string]*hostAnswer{} // a bound: names are peers', few
 	}
-	v6Hosts.m[host] = &hostAnswer{v6only: v6only, at: now, checked: now}
+	v6Hosts.m[host] = &hostAnswer{v6only: v6only, resolved: resolved, at: now, checked: now}
 	v6Hosts.mu.Unlock()
 	return v6only
 }
@@ -249,8 +249,28 @@ func (e *hostAnswer) refresh(ctx context.Context, host string) {
 	e.refreshing = false
 	e.checked = now
 	if ok {
-		e.v6only, e.at = v6only, now
+		e.v6only, e.resolved, e.at = v6only, true, now
 	}
+}
+
+// unresolvedHost is the host name of a tcp:// endpoint to connect to
+// whose lookup (ipv6OnlyHost's, as the endpoint was dialled) found no
+// address, or "": libzmq retries such a name as it retries a refused
+// connection, and the peer's state then names the name, not a process
+// that may be running.
+func unresolvedHost(endpoint string) string {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	i := strings.LastIndex(addr, ":")
+	if !ok || strings.Contains(addr, ";") || i <= 0 {
+		return ""
+	}
+	host := addr[:i]
+	v6Hosts.mu.Lock()
+	defer v6Hosts.mu.Unlock()
+	if e := v6Hosts.m[host]; e != nil && !e.resolved {
+		return host
+	}
+	return ""
 }
 
 // resolvesToIPv6Only looks host up (within ctx) and says whether it has
@@ -282,6 +302,9 @@ var v6Hosts struct {
 // hostAnswer is one name's answer; its fields are guarded by v6Hosts.mu.
 type hostAnswer struct {
 	v6only bool
+	// resolved: a lookup of the name found an address (the first one,
+	// or a refresh since; a failed refresh keeps what was found).
+	resolved bool
 	// at is when the name was last looked up with an answer (or first
 	// looked up, answered or not); checked is when it was last looked up
 	// at all (a refresh that failed included).

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
+	zmq4 "github.com/pebbe/zmq4"
 )
 
 // needLoopback6 skips a test on a host without an IPv6 loopback (::1 not
@@ -431,5 +432,35 @@ func TestIPv6OnlyHostRefreshInBackground(t *testing.T) {
 	ageHostAnswer(name, hostAnswerTTL, 0)
 	if ipv6OnlyHost(ep, l.goLookup) || lookups() != 5 {
 		t.Fatalf("a closed link started a lookup (%d)", lookups())
+	}
+}
+
+// TestUnresolvedPeerHostNamed: a peer endpoint whose host name does not
+// resolve fails its connection attempts as a refused one does (libzmq
+// reports EVENT_CONNECT_RETRIED for both); the peer's state names the
+// name, not a process that may well be running, while a name that
+// resolves keeps the refused connection's reason.
+func TestUnresolvedPeerHostNamed(t *testing.T) {
+	old := lookupIP
+	lookupIP = func(_ context.Context, host string) ([]net.IP, error) {
+		if host == "v4.test" {
+			return []net.IP{net.ParseIP("127.0.0.1")}, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	forgetHostAnswers()
+	t.Cleanup(func() { lookupIP = old; forgetHostAnswers() })
+	for ep, want := range map[string]string{
+		"tcp://misspelt.test:5712": `host name "misspelt.test" has no address`,
+		"tcp://v4.test:5712":       refusedReason,
+		"tcp://127.0.0.1:5712":     refusedReason,
+		"ipc://missing.sock":       refusedReason,
+	} {
+		ipv6OnlyHost(ep, nil) // as Dial looks the name up
+		w := connWatch{state: PeerState{Conn: ConnConnecting, Endpoint: ep}}
+		w.step(zmq4.EVENT_CONNECT_RETRIED, 0, time.Now())
+		if w.state.Cause != CauseRefused || !strings.Contains(w.state.Reason, want) {
+			t.Errorf("%s: cause %v reason %q, want %v with %q", ep, w.state.Cause, w.state.Reason, CauseRefused, want)
+		}
 	}
 }

@@ -65,7 +65,8 @@ const (
 	// CauseNone: no reason (the connection is up, or nothing failed yet).
 	CauseNone Cause = iota
 	// CauseRefused: connection attempts fail before any handshake:
-	// nothing accepts them at the endpoint (refused or unreachable).
+	// nothing accepts them at the endpoint (refused or unreachable), or
+	// its host name has no address.
 	CauseRefused
 	// CauseStalled: the transport connected but the handshake has gone on
 	// without a word (ConnConnecting or ConnDown: a hint while it goes on).
@@ -253,7 +254,7 @@ func (w *connWatch) step(ev zmq4.Event, value int, now time.Time) bool {
 			return false
 		}
 		w.handshaking = false
-		w.state.Reason, w.state.Cause = refusedReason, CauseRefused
+		w.state.Reason, w.state.Cause = refusedReasonFor(w.state.Endpoint), CauseRefused
 	case zmq4.EVENT_HANDSHAKE_SUCCEEDED:
 		w.handshaking, w.spoke = false, true
 		w.named = time.Time{}
@@ -360,6 +361,16 @@ func (w *connWatch) set(c ConnState, cause Cause, reason string, now time.Time) 
 // refusedReason is PeerState.Reason while connection attempts fail
 // before a handshake: on one host, nothing listens at the endpoint.
 const refusedReason = "nothing accepts connections there (refused or unreachable; libzmq retries): is the peer's process running, at that endpoint?"
+
+// refusedReasonFor is refusedReason, or, for a tcp:// endpoint whose host
+// name was looked up with no address found (a mistyped name), what names
+// that name: libzmq reports both as a connection attempt that failed.
+func refusedReasonFor(endpoint string) string {
+	if h := unresolvedHost(endpoint); h != "" {
+		return fmt.Sprintf("host name %q has no address (its lookup failed; libzmq retries): is the host in the peer's endpoint spelled right, and known to this host's resolver?", h)
+	}
+	return refusedReason
+}
 
 // libzmq's ZMQ_PROTOCOL_ERROR_* values (zmq.h) that name a mistake.
 const (
