@@ -27,4 +27,16 @@ var (
 	// lease expires (the TTL), and peers see it go as "lease expired",
 	// not "left". Nothing else is wrong with the registry.
 	ErrNotWithdrawn = errors.New("discovery: the record could not be withdrawn; it expires with its lease")
+	// ErrHeld: Register gave up (its context ended) while the rank's key
+	// was held by another incarnation under a live lease: the rank's
+	// previous run, or another process running as the same rank. The
+	// error also wraps the context's error.
+	ErrHeld = errors.New("discovery: rank held by a live lease")
 )
+
+// heldError is Register's error when it gave up waiting for a held key:
+// its words are its cause's, and it matches ErrHeld as well.
+type heldError struct{ err error }
+
+func (e heldError) Error() string   { return e.err.Error() }
+func (e heldError) Unwrap() []error { return []error{e.err, ErrHeld} }

@@ -479,7 +479,7 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			e.opts.onHeld(old)
 		}
 		if err := e.waitGone(ctx, key, kv.ModRevision); err != nil {
-			return fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)
+			return heldError{fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)}
 		}
 	}
 }

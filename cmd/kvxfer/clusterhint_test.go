@@ -145,6 +145,40 @@ func TestUnreachableEtcdIsNotBlamedOnAHeldRank(t *testing.T) {
 	}
 }
 
+// TestShortTimeoutUnreachableEtcdIsNotBlamedOnAHeldRank: a --timeout at or
+// under discovery's dial timeout (5 s) ends the dial of an etcd nothing
+// answers at itself, so the deadline is --timeout's; the error may say
+// that the rank could not register within it, but must name what the dial
+// met and not blame another process holding the rank (no key is held).
+func TestShortTimeoutUnreachableEtcdIsNotBlamedOnAHeldRank(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing answers there now
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
+		"--discovery", "etcd://" + addr, "--cluster", "c1", "--timeout", "2s"})
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("ctx with an unreachable etcd and --timeout 2s still runs 5 minutes on")
+	}
+	if err == nil || !strings.Contains(err.Error(), "is etcd running there?") {
+		t.Fatalf("%v, want discovery's words for an etcd nothing answers at", err)
+	}
+	if strings.Contains(err.Error(), "another process runs as this rank") {
+		t.Fatalf("%v: blames another process, but no process holds the rank", err)
+	}
+}
+
 // etcdHolding starts an etcd in which rank 0 of instance registered in
 // cluster, its lease kept alive until the test ends.
 func etcdHolding(t *testing.T, cluster, instance string) *etcdlocal.Server {

@@ -494,9 +494,16 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 		if ctx.Err() == nil && octx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
 			// --timeout's own deadline, not one inside discovery (an etcd
 			// nothing answers at fails at its dial timeout, and says so).
-			return nil, fmt.Errorf("instance %s, rank tp%d/pp%d, could not register in etcd cluster %q within --timeout %s: %w; "+
-				"if another process runs as this rank, give this one its own --tp-rank or --instance, or stop that one",
-				o.Instance, o.Rank.TP, o.Rank.PP, o.Cluster, o.Timeout, err)
+			// Only a key held by a live lease is another process's doing:
+			// a --timeout shorter than the dial timeout also ends a dial
+			// that failed for its own reason (no TLS, a wrong CA), named
+			// in err.
+			hint := ""
+			if errors.Is(err, discovery.ErrHeld) {
+				hint = "; if another process runs as this rank, give this one its own --tp-rank or --instance, or stop that one"
+			}
+			return nil, fmt.Errorf("instance %s, rank tp%d/pp%d, could not register in etcd cluster %q within --timeout %s: %w%s",
+				o.Instance, o.Rank.TP, o.Rank.PP, o.Cluster, o.Timeout, err, hint)
 		}
 		return nil, err
 	}
