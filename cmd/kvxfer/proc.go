@@ -430,8 +430,10 @@ func (f *roleFlags) resolveDiscovery(cmd *cobra.Command) error {
 		if o.PeerEndpoint != "" {
 			return fmt.Errorf("--peer-endpoint = %q: with --discovery etcd://… peers are found in etcd", o.PeerEndpoint)
 		}
-		if o.DiscoveryTTL < 0 {
-			return fmt.Errorf("--discovery-ttl = %v: must be ≥ 0", o.DiscoveryTTL)
+		// 0 is the flag's own value for "the default"; given, it would
+		// have been taken as the default without a word.
+		if o.DiscoveryTTL < 0 || o.DiscoveryTTL == 0 && cmd.Flags().Lookup("discovery-ttl").Changed {
+			return fmt.Errorf("--discovery-ttl = %v: want 1s..1h, a lease's time to live (leave the flag out for the default, 5s)", o.DiscoveryTTL)
 		}
 	}
 	if o.Parallel.TP < 1 {

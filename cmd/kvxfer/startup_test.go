@@ -354,6 +354,8 @@ func TestRoleNamesTheFlagNotTheNodeField(t *testing.T) {
 		{"", append([]string{"--instance", "a b"}, static...), `--instance = "a b": contains ' '`, "bad config", true},
 		{"", append([]string{"--peer", "a b"}, static...), `--peer = "a b": contains ' '`, "peers[0]", true},
 		{"", append([]string{"--discovery-ttl", "2h"}, etcd...), `--discovery-ttl = 2h0m0s: want 1s..`, "discovery_ttl", true},
+		{"", append([]string{"--discovery-ttl", "0s"}, etcd...), `--discovery-ttl = 0s: want 1s..1h`, "discovery_ttl", false},
+		{"", append([]string{"--discovery-ttl", "-1s"}, etcd...), `--discovery-ttl = -1s: want 1s..1h`, "discovery_ttl", false},
 		{"", append([]string{"--tp", "3"}, etcd...), `--tp = 3, --pp = 1: kvcache: bad parallelism: KVHeads 8 of "Llama-3.1-8B" not divisible by TP 3`, "parallel =", true},
 		{"", append([]string{"--peer-tp", "3"}, etcd...), `--peer-tp = 3, --peer-pp = 1: kvcache: bad parallelism`, "peers[0]", true},
 	} {
