@@ -26,6 +26,20 @@ func runInfo(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// infoJSON runs `kvxfer info --json` and decodes it.
+func infoJSON(t *testing.T) (systemInfo, string) {
+	t.Helper()
+	out, err := runInfo(t, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var si systemInfo
+	if err := json.Unmarshal([]byte(out), &si); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	return si, out
+}
+
 // TestInfoTable: the table names the GPUs or why there are none, the CUDA
 // driver, UCX and the backends.
 func TestInfoTable(t *testing.T) {
@@ -51,14 +65,7 @@ func TestInfoTable(t *testing.T) {
 // TestInfoJSON: --json carries the same, and a machine without GPUs says
 // why.
 func TestInfoJSON(t *testing.T) {
-	out, err := runInfo(t, "--json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var si systemInfo
-	if err := json.Unmarshal([]byte(out), &si); err != nil {
-		t.Fatalf("%v:\n%s", err, out)
-	}
+	si, out := infoJSON(t)
 	if si.GPUs == nil || si.UCX.Transports == nil {
 		t.Errorf("gpus / transports must be arrays, not null:\n%s", out)
 	}
@@ -100,14 +107,7 @@ func TestInfoRuntimeLine(t *testing.T) {
 			t.Errorf("GOMAXPROCS %d, %d CPUs: hint %v, want %v:\n%s", c.procs, c.cpus, got, c.hint, b.String())
 		}
 	}
-	out, err := runInfo(t, "--json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var si systemInfo
-	if err := json.Unmarshal([]byte(out), &si); err != nil {
-		t.Fatalf("%v:\n%s", err, out)
-	}
+	si, _ := infoJSON(t)
 	if si.Runtime.GOMAXPROCS != runtime.GOMAXPROCS(0) || si.Runtime.CPUs != runtime.NumCPU() {
 		t.Errorf("runtime %+v: want gomaxprocs %d, cpus %d", si.Runtime, runtime.GOMAXPROCS(0), runtime.NumCPU())
 	}
