@@ -76,14 +76,17 @@ func TestLiveSilencedSessionAnswersRestartedReceiver(t *testing.T) {
 	if err != nil || len(chunks) != 2 {
 		t.Fatalf("chunks %v: %v", chunks, err)
 	}
-	// The first chunk's write is cut; the last chunk's fence is held.
-	if err := tx.Chunk(chunks[0], chunks[0].Runs(l.TokensPerBlock, src), nil); err != nil {
+	// The first chunk's write is cut; the last chunk's fence is held. Both
+	// are handed before the first fence fires: a write cut at once fails
+	// the request, and a Chunk handed after that is refused.
+	first, held := &kvxfer.ManualFence{}, &kvxfer.ManualFence{}
+	if err := tx.Chunk(chunks[0], chunks[0].Runs(l.TokensPerBlock, src), first); err != nil {
 		t.Fatal(err)
 	}
-	held := &kvxfer.ManualFence{}
 	if err := tx.Chunk(chunks[1], chunks[1].Runs(l.TokensPerBlock, src), held); err != nil {
 		t.Fatal(err)
 	}
+	first.Fire(nil)
 	waitUntil(t, "the first write cut", func() bool { return cut.Load() })
 	if ro := waitOutcome(t, rx.Done()); ro.OK {
 		t.Fatalf("rx outcome %s, want a failure", ro.Status)
