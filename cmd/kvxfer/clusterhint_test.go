@@ -79,6 +79,30 @@ func TestPeerElsewhere(t *testing.T) {
 	}
 }
 
+// registeringCtx runs `kvxfer ctx` registering as ctx/0 of cluster c1 in
+// the etcd at url, with --timeout timeout, and returns its error; it
+// fails the test with stillRuns when the command still runs as give
+// fires.
+func registeringCtx[T any](t *testing.T, url, timeout string, give <-chan T, stillRuns string) error {
+	t.Helper()
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
+		"--discovery", url, "--cluster", "c1", "--timeout", timeout})
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+	select {
+	case err := <-done:
+		return err
+	case <-give:
+		t.Fatal(stillRuns)
+		return nil
+	}
+}
+
 // TestSecondProcessAsOneRankEndsAtItsTimeout: a rank's key held by a live
 // process (another ctx started as the same rank, a forgotten --tp-rank):
 // the second process waited for the holder's lease to go without bound,
@@ -87,21 +111,7 @@ func TestSecondProcessAsOneRankEndsAtItsTimeout(t *testing.T) {
 	srv := etcdHolding(t, "c1", "ctx") // the live holder of ctx/0
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	root := newRootCmdWith(newApp())
-	var out, errOut lockedBuffer
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
-		"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
-		"--discovery", srv.URL(), "--cluster", "c1", "--timeout", "2s"})
-	var err error
-	done := make(chan error, 1)
-	go func() { done <- root.Execute() }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		t.Fatal("a second process as ctx/0 still waits a minute into its --timeout 2s")
-	}
+	err := registeringCtx(t, srv.URL(), "2s", ctx.Done(), "a second process as ctx/0 still waits a minute into its --timeout 2s")
 	for _, want := range []string{"--timeout 2s", "still held", "give this one its own --tp-rank or --instance"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("%v, want an error containing %q", err, want)
@@ -131,20 +141,8 @@ func TestUnreachableEtcdIsNotBlamedOnAHeldRank(t *testing.T) {
 		{"10m", []string{"within --timeout", "another process runs as this rank"}},
 		{"2s", []string{"another process runs as this rank"}},
 	} {
-		root := newRootCmdWith(newApp())
-		var out, errOut lockedBuffer
-		root.SetOut(&out)
-		root.SetErr(&errOut)
-		root.SetArgs([]string{"ctx", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
-			"--bind", "ipc://" + filepath.Join(t.TempDir(), "ctx.sock"),
-			"--discovery", "etcd://" + addr, "--cluster", "c1", "--timeout", c.timeout})
-		done := make(chan error, 1)
-		go func() { done <- root.Execute() }()
-		select {
-		case err = <-done:
-		case <-time.After(5 * time.Minute):
-			t.Fatalf("ctx with an unreachable etcd and --timeout %s still runs 5 minutes on", c.timeout)
-		}
+		err := registeringCtx(t, "etcd://"+addr, c.timeout, time.After(5*time.Minute),
+			"ctx with an unreachable etcd and --timeout "+c.timeout+" still runs 5 minutes on")
 		if err == nil || !strings.Contains(err.Error(), "is etcd running there?") {
 			t.Fatalf("--timeout %s: %v, want discovery's words for an etcd nothing answers at", c.timeout, err)
 		}

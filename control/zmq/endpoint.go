@@ -188,16 +188,8 @@ func ipv6Endpoint(endpoint string) bool {
 // lookup that answered): an answer that old is not served, and the name
 // is looked up as a new one (the Dial waits).
 func ipv6OnlyHost(endpoint string, goroutine func(func(context.Context)) bool) bool {
-	addr, ok := strings.CutPrefix(endpoint, "tcp://")
-	if !ok || strings.Contains(addr, ";") {
-		return false
-	}
-	i := strings.LastIndex(addr, ":")
-	if i <= 0 {
-		return false
-	}
-	host := addr[:i]
-	if strings.ContainsAny(host, "[]:%") || net.ParseIP(host) != nil {
+	host := connectHost(endpoint)
+	if host == "" || strings.ContainsAny(host, "[]:%") || net.ParseIP(host) != nil {
 		return false // an address (IPv6 ones are ipv6Endpoint's)
 	}
 	now := time.Now()
@@ -259,16 +251,27 @@ func (e *hostAnswer) refresh(ctx context.Context, host string) {
 // connection, and the peer's state then names the name, not a process
 // that may be running.
 func unresolvedHost(endpoint string) string {
-	addr, ok := strings.CutPrefix(endpoint, "tcp://")
-	i := strings.LastIndex(addr, ":")
-	if !ok || strings.Contains(addr, ";") || i <= 0 {
+	host := connectHost(endpoint)
+	if host == "" {
 		return ""
 	}
-	host := addr[:i]
 	v6Hosts.mu.Lock()
 	defer v6Hosts.mu.Unlock()
 	if e := v6Hosts.m[host]; e != nil && !e.resolved {
 		return host
+	}
+	return ""
+}
+
+// connectHost is the HOST of a tcp://HOST:PORT endpoint to connect to,
+// or "" for another transport or an endpoint with a SOURCE; part.
+func connectHost(endpoint string) string {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok || strings.Contains(addr, ";") {
+		return ""
+	}
+	if i := strings.LastIndex(addr, ":"); i > 0 {
+		return addr[:i]
 	}
 	return ""
 }
