@@ -143,9 +143,20 @@ def test_poll_leaves_a_waited_event_to_its_wait(pair):
     try:
         for i in range(5):
             rx = gen.receive("waited-%d" % i, 32, ctx.instance)
+            # The wait begins before the event can exist: an event poll()
+            # took before a wait() began is poll()'s (as documented), so a
+            # wait() started after the chunk would race the poller.
+            got = []
+            waiter = threading.Thread(target=lambda: got.append(rx.wait(5)))
+            waiter.start()
+            deadline = time.monotonic() + 5
+            while rx.handle not in gen._waiting:
+                assert time.monotonic() < deadline, "wait() never began"
+                time.sleep(0.001)
             tx = ctx.send("waited-%d" % i, 32)
             tx.chunk(0, 32, [(0, src)], fenced=False)
-            assert rx.wait(5).outcome == Outcome.READY
+            waiter.join(10)
+            assert got and got[0].outcome == Outcome.READY
             assert tx.wait(5).outcome == Outcome.DONE
             gen.free(0, rx.blocks(0)[1])
             rx.release()
