@@ -126,7 +126,10 @@ func TestEtcdDiscoveryMovesARequest(t *testing.T) {
 // never registers is named by WaitPeers as not registered, within the
 // wait's deadline, and a Receive that needs it fails saying so. (The
 // Receive checked to fail: its error said ctx/0 "is not among this node's
-// peers (ctx/0)".)
+// peers (ctx/0)".) Both say at which etcd no rank of instance ctx is
+// registered, what to check, and which ranks are registered there (none):
+// before, they said only "not registered in etcd cluster C" and "it never
+// registered", with no word of where or what to look at.
 func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	url := etcdURL(t)
 	cluster := clusterName("node-never")
@@ -144,12 +147,79 @@ func TestEtcdPeerNeverRegisteredIsNamed(t *testing.T) {
 	if strings.Contains(err.Error(), "start rank") {
 		t.Fatalf("WaitPeers for an instance none of whose ranks registered: %v, want no hint to start a missing rank", err)
 	}
+	hint := "): no rank of instance ctx is registered there (etcd at " + url + `): is the ctx process running, started with cluster ` +
+		cluster + ` and instance name "ctx"? Ranks of other instances registered in ` + cluster + ": none"
+	if !strings.Contains(err.Error(), hint) {
+		t.Fatalf("WaitPeers for a peer that never registers: %v\nwant it to say %q", err, hint)
+	}
 	// ctx/0 is one of this node's peers: the error says etcd has no
 	// record of it, not that it is not among the peers (it lists them).
 	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx"})
-	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/0 is not in etcd cluster "+cluster+" (it never registered)") ||
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), "writer ctx/0 is not in etcd cluster "+cluster+" (it never registered"+hint) ||
 		strings.Contains(err.Error(), "not among") {
-		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer saying ctx/0 never registered in etcd", err)
+		t.Fatalf("Receive from a peer not in etcd: %v, want ErrUnknownPeer saying ctx/0 never registered in etcd, and %q", err, hint)
+	}
+}
+
+// TestEtcdNeverRegisteredHintWhileThePeerIsWaitedFor: WaitPeers' warning
+// for a peer not registered yet names etcd and what to check (the hint of
+// TestEtcdPeerNeverRegisteredIsNamed) while the wait goes on, and a peer
+// that registers after that is still waited for: the wait succeeds. A
+// peer may be started after this one; the hint is no verdict. (Checked to
+// fail without notRegisteredHint: no warning with the hint comes.)
+func TestEtcdNeverRegisteredHintWhileThePeerIsWaitedFor(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-never-then"), t.TempDir()
+	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
+	glog := logged(t, &gc)
+	genN := open(t, gc)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() { waited <- genN.WaitPeers(ctx) }()
+	hint := "ctx/0 (not registered in etcd cluster " + cluster + "): no rank of instance ctx is registered there (etcd at " + url + ")"
+	waitFor(t, patience, "WaitPeers' warning naming etcd for ctx/0", func() bool {
+		return glog.Has("still waiting for a Hello") && glog.Has(hint)
+	})
+	select {
+	case err := <-waited:
+		t.Fatalf("WaitPeers ended before ctx/0 registered: %v, want it to go on waiting", err)
+	default:
+	}
+	open(t, etcdNode(t, url, cluster, dir, "ctx", node.Peer{Instance: "gen"}))
+	if err := <-waited; err != nil {
+		t.Fatalf("WaitPeers with ctx/0 registered after the warning: %v, want nil", err)
+	}
+}
+
+// TestEtcdReceiveFromAnUnlistedRankNamesEtcd: with etcd discovery and no
+// peer in the config, a Receive from a context instance etcd holds no rank
+// of failed saying only "writer cxt/0 is not among this node's peers
+// (ctx/0)", with no word of etcd; one from a rank that registered and left
+// said the same ("()"), not that it left. Now the first says it never
+// registered, where etcd is, what to check and the ranks of other
+// instances registered (ctx/0: the misspelt name shows), the second when
+// it left and why. (Checked to fail without Receive's etcd case.)
+func TestEtcdReceiveFromAnUnlistedRankNamesEtcd(t *testing.T) {
+	url, cluster, dir := etcdURL(t), clusterName("node-unlisted"), t.TempDir()
+	ctxN := open(t, etcdNode(t, url, cluster, dir, "ctx")) // closed below too: Close is idempotent
+	genN := open(t, etcdNode(t, url, cluster, dir, "gen"))
+	waitFor(t, patience, "ctx/0 found in etcd by the generation node", func() bool { return len(genN.Members()) == 1 })
+	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "typo", PromptLen: 16, Context: "cxt"})
+	want := "writer cxt/0 is not in etcd cluster " + cluster + " (it never registered): no rank of instance cxt is registered there (etcd at " + url +
+		`): is the cxt process running, started with cluster ` + cluster + ` and instance name "cxt"? Ranks of other instances registered in ` + cluster + ": ctx/0"
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Receive from instance cxt, which never registered: %v\nwant ErrUnknownPeer saying %q", err, want)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), patience)
+	defer ccancel()
+	if err := ctxN.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "ctx/0's Down at the generation node", func() bool { return len(genN.Members()) == 0 })
+	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "left", PromptLen: 16, Context: "ctx"})
+	want = "writer ctx/0 is not in etcd cluster " + cluster + " (it left "
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), discovery.ReasonLeft+")") {
+		t.Fatalf("Receive from ctx/0, which registered and left: %v\nwant ErrUnknownPeer saying %q…%s)", err, want, discovery.ReasonLeft)
 	}
 }
 
@@ -197,6 +267,14 @@ func TestEtcdMissingRankOfARunningInstanceIsNamed(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("WaitPeers with ctx/1 never started: %v\nwant it to say %q", err, want)
 		}
+	}
+	// Receive says the same (it said only "writer ctx/1 is not in etcd
+	// cluster C (it never registered)").
+	_, err = genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "r", PromptLen: 16, Context: "ctx", ContextParallel: kvcache.Parallel{TP: 2, PP: 1}})
+	want := "writer ctx/1 is not in etcd cluster " + cluster + " (it never registered): of instance ctx ({TP:2 PP:1}), ctx/0 is registered, this rank is not: " +
+		"start rank tp1/pp0 of instance ctx (the CLI: --tp 2 --tp-rank 1)"
+	if !errors.Is(err, node.ErrUnknownPeer) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Receive with ctx/1 never started: %v\nwant ErrUnknownPeer saying %q", err, want)
 	}
 }
 

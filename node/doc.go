@@ -140,7 +140,12 @@
 // endpoint (instance, parallel, rank) names a rank WaitPeers waits for;
 // one that never registers is named "(not registered in etcd cluster
 // C)", followed, where other ranks of its instance are registered, by
-// those ranks and the rank to start (with the CLI's --tp-rank for it).
+// those ranks and the rank to start (with the CLI's --tp-rank for it),
+// and where none is, by etcd's address, whether that instance's process
+// runs with this cluster and instance name, and the ranks of other
+// instances registered in C (a misspelt instance name shows there): in
+// WaitPeers' warning after 3 heartbeat intervals, while it goes on
+// waiting, in its error, and in Receive's.
 // Config.OnMembership sees every registry event. Static discovery
 // (the default) opens no registry: Peers are the membership, liveness is
 // heartbeats.

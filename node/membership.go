@@ -677,6 +677,63 @@ func (n *Node) missingRankHint(p Peer) string {
 		p.Instance, par, strings.Join(names, ", "), verb, p.Rank.TP, p.Rank.PP, p.Instance, cli)
 }
 
+// maxNamedRanks bounds the registered ranks notRegisteredHint names.
+const maxNamedRanks = 8
+
+// notRegisteredHint is what follows peer p's "(not registered in etcd
+// cluster C)" in WaitPeers and Receive. Where other ranks of p's instance
+// are registered it is missingRankHint (the instance runs, one of its
+// ranks was not started). Where none is, it names the etcd the node
+// registered at, asks whether that instance's process runs with this
+// cluster and that instance name, and names the ranks of other instances
+// that are registered in the cluster (a misspelt instance name shows
+// there; the CLI adds where another --cluster holds the instance). told
+// holds the instances one message already gave that hint (each is given
+// it once); nil gives it always.
+func (n *Node) notRegisteredHint(p Peer, told map[string]bool) string {
+	if h := n.missingRankHint(p); h != "" {
+		return h
+	}
+	if told != nil {
+		if told[p.Instance] {
+			return ""
+		}
+		told[p.Instance] = true
+	}
+	return fmt.Sprintf(": no rank of instance %s is registered there (etcd at %s): is the %s process running, started with cluster %s and instance name %q? Ranks of other instances registered in %s: %s",
+		p.Instance, n.cfg.Discovery, p.Instance, n.cfg.Cluster, p.Instance, n.cfg.Cluster, n.othersRegistered())
+}
+
+// othersRegistered names the ranks of other instances than this node's
+// that etcd reports up in its cluster, sorted, at most maxNamedRanks of
+// them ("none" when there is none).
+func (n *Node) othersRegistered() string {
+	n.mu.Lock()
+	ids := make([]messages.PeerID, 0, len(n.found))
+	for id := range n.found {
+		ids = append(ids, id)
+	}
+	n.mu.Unlock()
+	if len(ids) == 0 {
+		return "none"
+	}
+	slices.SortFunc(ids, func(a, b messages.PeerID) int {
+		if c := strings.Compare(a.Instance, b.Instance); c != 0 {
+			return c
+		}
+		return int(a.Rank) - int(b.Rank)
+	})
+	names := make([]string, 0, min(len(ids), maxNamedRanks))
+	for _, id := range ids[:min(len(ids), maxNamedRanks)] {
+		names = append(names, id.String())
+	}
+	out := strings.Join(names, ", ")
+	if more := len(ids) - len(names); more > 0 {
+		out += fmt.Sprintf(" and %d more", more)
+	}
+	return out
+}
+
 // foundEndpoint is the endpoint of an etcd peer up now.
 func (n *Node) foundEndpoint(id messages.PeerID) (string, bool) {
 	r, ok := n.member(id)

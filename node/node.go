@@ -694,7 +694,8 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 			return err
 		}
 		var silent []string
-		unexplained := false // a silent peer the link knows nothing more of
+		unexplained := false      // a silent peer the link knows nothing more of
+		told := map[string]bool{} // instances notRegisteredHint named as absent
 		for _, p := range n.peers {
 			id := p.id()
 			endpoint := p.Endpoint
@@ -720,7 +721,7 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 						silent = append(silent, fmt.Sprintf("%s (left etcd cluster %s %v ago: %s)", id, n.cfg.Cluster, time.Since(d.at).Round(time.Second), d.reason))
 						continue
 					}
-					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")"+n.missingRankHint(p))
+					silent = append(silent, id.String()+" (not registered in etcd cluster "+n.cfg.Cluster+")"+n.notRegisteredHint(p, told))
 					continue
 				}
 				if r, ok := n.member(id); ok && r.Incarnation != inc[id] {

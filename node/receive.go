@@ -23,9 +23,14 @@ const helloPatience = 2
 // at once instead of at the request's deadline: a writer (a rank of
 // req.Context under req.ContextParallel that this rank needs) that is not
 // among the node's peers fails the call with ErrUnknownPeer naming it and
-// the peers there are, and so does one of its peers found through etcd
-// that etcd holds no record of now, saying why (it never registered, it
-// left and when, its record was refused); a writer that has not said
+// the peers there are, and so does one to be found through etcd (a peer
+// of the config without endpoint, or with etcd discovery any writer the
+// config does not list) that etcd holds no record of now, saying why (it
+// never registered, it left and when, its record was refused; for one
+// that never registered, what WaitPeers adds to "not registered": the
+// instance's ranks that are registered and the rank to start, or where
+// none is, etcd's address, what to check and the ranks of other
+// instances registered in the cluster); a writer that has not said
 // Hello within 2 heartbeat intervals (for one found through etcd: the
 // Hello of the incarnation etcd holds) is logged (with its handshake
 // failure, if any) while the request goes on waiting for it. A writer
@@ -69,17 +74,24 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	}
 	var unknown, absent []string
 	var silent []Peer
+	told := map[string]bool{} // instances notRegisteredHint named as absent
 	for _, w := range writers {
 		p, ok := n.peer(w)
 		switch {
 		case !ok && n.configured(w):
 			// A peer of this node's config that etcd holds no record of now.
-			absent = append(absent, w.String()+" is not in etcd cluster "+n.cfg.Cluster+" ("+n.whyAbsent(w)+")")
+			absent = append(absent, w.String()+" is not in etcd cluster "+n.cfg.Cluster+" "+n.whyAbsent(n.configuredPeer(w), told))
 		case !ok:
 			if why := n.whyRefused(w); why != "" {
 				// A rank of an instance the config lists, whose record
 				// this node refused.
 				unknown = append(unknown, w.String()+" (its record in etcd cluster "+n.cfg.Cluster+" was refused: "+why+")")
+				break
+			}
+			if n.cfg.etcd() {
+				// A rank the config does not list, to be found through
+				// etcd, which holds no record of it now.
+				absent = append(absent, w.String()+" is not in etcd cluster "+n.cfg.Cluster+" "+n.whyAbsent(requestPeer(req, w), told))
 				break
 			}
 			unknown = append(unknown, w.String())
@@ -310,16 +322,39 @@ func (n *Node) configured(id messages.PeerID) bool {
 	return false
 }
 
-// whyAbsent says why etcd holds no record of configured peer id now: its
-// record was refused, it left (when and why), or it never registered.
-func (n *Node) whyAbsent(id messages.PeerID) string {
+// whyAbsent says, in parentheses, why etcd holds no record of peer p now:
+// its record was refused, it left (when and why), or it never registered
+// (then followed by notRegisteredHint, told as there).
+func (n *Node) whyAbsent(p Peer, told map[string]bool) string {
+	id := p.id()
 	if why := n.whyRefused(id); why != "" {
-		return "its record was refused: " + why
+		return "(its record was refused: " + why + ")"
 	}
 	if d, ok := n.departure(id); ok {
-		return fmt.Sprintf("it left %v ago: %s", time.Since(d.at).Round(time.Millisecond), d.reason)
+		return fmt.Sprintf("(it left %v ago: %s)", time.Since(d.at).Round(time.Millisecond), d.reason)
 	}
-	return "it never registered"
+	return "(it never registered)" + n.notRegisteredHint(p, told)
+}
+
+// configuredPeer is the peer of this node's config with identity id.
+func (n *Node) configuredPeer(id messages.PeerID) Peer {
+	for _, p := range n.peers {
+		if p.id() == id {
+			return p
+		}
+	}
+	return Peer{Instance: id.Instance}
+}
+
+// requestPeer is writer w of req (a rank of req.Context, its index w.Rank
+// under req.ContextParallel) as a Peer: instance, parallelism and rank.
+func requestPeer(req kvxfer.ReceiveRequest, w messages.PeerID) Peer {
+	cp := req.ContextParallel
+	if cp.TP == 0 && cp.PP == 0 {
+		cp = kvcache.Parallel{TP: 1, PP: 1}
+	}
+	r := cp.RankAt(int(w.Rank))
+	return Peer{Instance: w.Instance, Parallel: Parallel{TP: cp.TP, PP: cp.PP}, Rank: Rank{TP: r.TP, PP: r.PP}}
 }
 
 // peerOf is the Peer a record describes.

@@ -39,6 +39,31 @@ func TestCtxNamesThePeersOtherCluster(t *testing.T) {
 	}
 }
 
+// TestGenNamesEtcdForAPeerThatNeverRegistered: gen started with a
+// misspelt --peer (cxt) in a cluster where ctx/0 is registered. gen
+// warned and failed with "cxt/0 (not registered in etcd cluster c1)" and
+// nothing more: no word of which etcd, what to check, or that ctx/0 is
+// there. Its warning, while it waits, and its error now say all three.
+func TestGenNamesEtcdForAPeerThatNeverRegistered(t *testing.T) {
+	srv := etcdHolding(t, "c1", "ctx")
+	root := newRootCmdWith(newApp())
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"gen", "--insecure", "--backend", "shm", "--pool", "512MiB", "--requests", "1",
+		"--bind", "ipc://" + filepath.Join(t.TempDir(), "gen.sock"), "--peer", "cxt",
+		"--discovery", srv.URL(), "--cluster", "c1", "--timeout", "5s"})
+	err := root.Execute()
+	want := `cxt/0 (not registered in etcd cluster c1): no rank of instance cxt is registered there (etcd at ` + srv.URL() +
+		`): is the cxt process running, started with cluster c1 and instance name "cxt"? Ranks of other instances registered in c1: ctx/0`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%v, want an error containing %q", err, want)
+	}
+	if !strings.Contains(errOut.String(), "still waiting for a Hello") || !strings.Contains(errOut.String(), strings.ReplaceAll(want, `"`, `\"`)) {
+		t.Errorf("no warning with the hint in the log:\n%s", errOut.String())
+	}
+}
+
 // lockedBuffer is a bytes.Buffer written from several goroutines.
 type lockedBuffer struct {
 	mu sync.Mutex
