@@ -43,7 +43,9 @@ func TestCtxNamesThePeersOtherCluster(t *testing.T) {
 // misspelt --peer (cxt) in a cluster where ctx/0 is registered. gen
 // warned and failed with "cxt/0 (not registered in etcd cluster c1)" and
 // nothing more: no word of which etcd, what to check, or that ctx/0 is
-// there. Its warning, while it waits, and its error now say all three.
+// there. Its error now says all three. (Its warning while it waits says
+// the same; node's TestEtcdNeverRegisteredHintWhileThePeerIsWaitedFor
+// checks it there, where no deadline races the warning's tick.)
 func TestGenNamesEtcdForAPeerThatNeverRegistered(t *testing.T) {
 	srv := etcdHolding(t, "c1", "ctx")
 	root := newRootCmdWith(newApp())
@@ -58,9 +60,6 @@ func TestGenNamesEtcdForAPeerThatNeverRegistered(t *testing.T) {
 		`): is the cxt process running, started with cluster c1 and instance name "cxt"? Ranks of other instances registered in c1: ctx/0`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%v, want an error containing %q", err, want)
-	}
-	if !strings.Contains(errOut.String(), "still waiting for a Hello") || !strings.Contains(errOut.String(), strings.ReplaceAll(want, `"`, `\"`)) {
-		t.Errorf("no warning with the hint in the log:\n%s", errOut.String())
 	}
 }
 
