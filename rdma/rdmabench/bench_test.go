@@ -1,8 +1,10 @@
 package rdmabench
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -201,5 +203,92 @@ func TestCompletionWakesPosterOnlyAtItsLimit(t *testing.T) {
 	case <-r.wake:
 		t.Fatal("a completion woke a poster that is not waiting")
 	default:
+	}
+}
+
+// TestRigRotatesOverSlots: a rig of Slots slots on every backend sends
+// operation i from slot i%Slots of its source to slot i%Slots of its
+// destination, so after Slots operations each slot of the destination
+// holds its own slot's source bytes (the source differs from slot to
+// slot); and Verify checks every slot written. Checked to fail with every
+// operation on slot 0, as a rig without slots posts them.
+func TestRigRotatesOverSlots(t *testing.T) {
+	const slots = 5
+	s := Shape{SegmentBytes: 4 << 10, Segments: 3, Slots: slots}
+	for _, backend := range backends() {
+		t.Run(backend, func(t *testing.T) {
+			r, err := NewRig(backend, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := r.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+			}()
+			if err := r.Run(slots + 2); err != nil { // every slot, two twice
+				t.Fatal(err)
+			}
+			dst := r.dstBytes
+			if backend == Copy {
+				dst = r.copyDst
+			}
+			if uint64(len(dst)) != s.SpanBytes() || uint64(len(r.copySrc)) != s.SpanBytes() {
+				t.Fatalf("source %d and destination %d bytes, want %d each", len(r.copySrc), len(dst), s.SpanBytes())
+			}
+			for k := range uint64(slots) {
+				off := k * s.Bytes()
+				for i, g := range layout(s) {
+					if !bytes.Equal(dst[off+g.Dst:off+g.Dst+g.Len], r.copySrc[off+g.Src:off+g.Src+g.Len]) {
+						t.Fatalf("slot %d, segment %d: the destination does not hold the slot's source bytes", k, i)
+					}
+				}
+			}
+			if err := r.Verify(); err != nil {
+				t.Fatal(err)
+			}
+			dst[3*s.Bytes()+7] ^= 0xff // slot 3's destination
+			if err := r.Verify(); err == nil || !strings.Contains(err.Error(), "slot 3,") {
+				t.Fatalf("Verify with slot 3 spoiled: %v, want an error naming slot 3", err)
+			}
+		})
+	}
+}
+
+// TestRigCopyRotatesOverSlots: Go's copy baseline rotates like the
+// backend, so both move the same distinct memory.
+func TestRigCopyRotatesOverSlots(t *testing.T) {
+	s := Shape{SegmentBytes: 4 << 10, Segments: 2, Slots: 4}
+	r, err := NewRig(loopback.Backend, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Copy(4)
+	for k := range uint64(4) {
+		off := k * s.Bytes()
+		for _, g := range layout(s) {
+			if !bytes.Equal(r.copyDst[off+g.Dst:off+g.Dst+g.Len], r.copySrc[off+g.Src:off+g.Src+g.Len]) {
+				t.Fatalf("slot %d: Go's copy did not write it", k)
+			}
+		}
+	}
+}
+
+func TestSlotsFor(t *testing.T) {
+	for _, c := range []struct {
+		s    Shape
+		span uint64
+		want int
+	}{
+		{Shape{SegmentBytes: 1 << 20, Segments: 1}, 256 << 20, 256},
+		{Shape{SegmentBytes: 16 << 20, Segments: 1}, 256 << 20, 16},
+		{Shape{SegmentBytes: 3 << 20, Segments: 1}, 256 << 20, 86}, // rounded up: 258 MiB
+		{Shape{SegmentBytes: 1 << 20, Segments: 4}, 1 << 20, 1},
+		{Shape{SegmentBytes: 1 << 20, Segments: 1}, 0, 1},
+	} {
+		if got := SlotsFor(c.s, c.span); got != c.want {
+			t.Errorf("SlotsFor(%d x %d B, %d) = %d, want %d", c.s.Segments, c.s.SegmentBytes, c.span, got, c.want)
+		}
 	}
 }

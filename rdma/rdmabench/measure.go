@@ -25,9 +25,12 @@ type Config struct {
 
 // Result is one shape's measurement: medians over the rounds.
 type Result struct {
-	Backend         string  `json:"backend"`
-	SizeBytes       uint64  `json:"size_bytes"`
-	Segments        int     `json:"segments"`
+	Backend   string `json:"backend"`
+	SizeBytes uint64 `json:"size_bytes"`
+	Segments  int    `json:"segments"`
+	// Slots is the shape's Slots where above 1: the operations rotated over
+	// that many distinct source and destination places.
+	Slots           int     `json:"slots,omitempty"`
 	BytesPerSec     float64 `json:"bytes_per_sec"`
 	CopyBytesPerSec float64 `json:"copy_bytes_per_sec"`
 	// Ratio is BytesPerSec / CopyBytesPerSec.
@@ -40,6 +43,14 @@ type Result struct {
 	// PauseSeconds is Config.Pause: how long the rig idled before each
 	// backend sample.
 	PauseSeconds float64 `json:"pause_seconds,omitempty"`
+}
+
+// SlotsFor is how many slots of shape s's operation span at least span
+// bytes (at least one): the Slots of a rig whose bytes must not stay in a
+// cache.
+func SlotsFor(s Shape, span uint64) int {
+	op := max(s.Bytes(), 1)
+	return int(max(1, min((span+op-1)/op, 1<<30)))
 }
 
 // Measure builds a rig for backend and shape s, warms it, then alternates a
@@ -94,6 +105,7 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 		Backend:         backend,
 		SizeBytes:       s.SegmentBytes,
 		Segments:        s.Segments,
+		Slots:           s.Slots,
 		BytesPerSec:     Median(rates),
 		CopyBytesPerSec: Median(copyRates),
 		Rounds:          cfg.Rounds,

@@ -30,6 +30,11 @@ func TestCheckShape(t *testing.T) {
 		{"shm", Shape{SegmentBytes: 8 * gib, Segments: 1 << 32}, avail(64 * gib), "overflows 64 bits"},
 		{"shm", Shape{SegmentBytes: 1, Segments: 1 << 62}, avail(64 * gib), "overflows 64 bits"},
 		{"shm", Shape{SegmentBytes: 1, Segments: 10 << 30}, avail(64 * gib), "segment list"},
+		// Slots multiply what the rig holds.
+		{"shm", Shape{SegmentBytes: gib, Segments: 4, Slots: 6}, avail(64 * gib),
+			"4 segments of 1GiB = 4GiB per batch; the shm rig holds 3 buffers of its 6 slots (24GiB) and their segment lists (72GiB), more than the 64GiB"},
+		{"shm", Shape{SegmentBytes: gib, Segments: 4, Slots: 5}, avail(64 * gib), ""},
+		{Copy, Shape{SegmentBytes: 1 << 20, Segments: 1, Slots: 1 << 50}, avail(64 * gib), "over 1125899906842624 slots: the batch's size overflows 64 bits"},
 	} {
 		err := checkShape(c.backend, c.s, c.avail)
 		switch {
@@ -38,6 +43,9 @@ func TestCheckShape(t *testing.T) {
 		case c.want != "" && (!errors.Is(err, ErrShapeTooLarge) || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%s %+v: %v, want ErrShapeTooLarge containing %q", c.backend, c.s, err, c.want)
 		}
+	}
+	if err := checkShape(Copy, Shape{SegmentBytes: 1, Segments: 1, Slots: -1}, avail(gib)); err == nil || !strings.Contains(err.Error(), "-1 slots") {
+		t.Errorf("negative slots: %v, want an error naming them", err)
 	}
 	if _, err := newRig("shm", Shape{SegmentBytes: 1 << 40, Segments: 1 << 20}); !errors.Is(err, ErrShapeTooLarge) {
 		t.Fatalf("newRig of 1EiB: %v, want ErrShapeTooLarge", err)

@@ -22,14 +22,15 @@ import (
 
 // A Rig with a peer process (Config.Peer) has its receiver in another
 // process, as a generation server is, and as ucx_perftest runs its server.
-// The peer is started with PeerEnv set to "<backend>/<segment bytes>/<segments>"
-// and must call ServePeer with it. They talk in lines:
+// The peer is started with PeerEnv set to
+// "<backend>/<segment bytes>/<segments>/<slots>" (without "/<slots>": one
+// slot) and must call ServePeer with it. They talk in lines:
 //
 //	peer:   READY <address hex> <key hex> <len>
-//	rig:    VERIFY             peer: VERIFIED | MISMATCH <segment>
+//	rig:    VERIFY <slots>     peer: VERIFIED | MISMATCH <slot> <segment>
 //
-// and the peer deregisters, closes its agent and returns when its stdin
-// closes.
+// VERIFY n checks the first n slots (without n: all of them). The peer
+// deregisters, closes its agent and returns when its stdin closes.
 const PeerEnv = "KVXFER_RDMABENCH_PEER"
 
 // peerBackends are the backends whose receiver can live in another process.
@@ -51,14 +52,14 @@ func ServePeer(spec string, in io.Reader, out io.Writer) (err error) {
 	switch backend {
 	case shm.Backend:
 		a = shm.New()
-		region, closer, err = shm.NewRegion("", s.Bytes())
+		region, closer, err = shm.NewRegion("", s.SpanBytes())
 	case ucx.Backend:
 		var u *ucx.Agent
 		if u, err = ucx.New(); err != nil {
 			return err
 		}
 		a = u
-		region, closer, err = u.Alloc(s.Bytes())
+		region, closer, err = u.Alloc(s.SpanBytes())
 	}
 	defer func() { err = errors.Join(err, a.Close()) }()
 	if err != nil {
@@ -73,17 +74,18 @@ func ServePeer(spec string, in io.Reader, out io.Writer) (err error) {
 	if _, err := fmt.Fprintf(out, "READY %s %s %d\n", hex.EncodeToString(a.Address()), hex.EncodeToString(rr.Key), rr.Len); err != nil {
 		return err
 	}
-	src := make([]byte, s.Bytes())
+	src := make([]byte, s.SpanBytes())
 	fill(src)
-	segs := layout(s)
+	slots := slotLayouts(s)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		if sc.Text() != "VERIFY" {
-			return fmt.Errorf("rdmabench peer: unknown request %q", sc.Text())
+		n, err := parseVerify(sc.Text(), len(slots))
+		if err != nil {
+			return err
 		}
 		answer := "VERIFIED"
-		if i := firstMismatch(region.Bytes(), src, segs); i >= 0 {
-			answer = fmt.Sprintf("MISMATCH %d", i)
+		if k, i := firstMismatch(region.Bytes(), src, slots[:n]); k >= 0 {
+			answer = fmt.Sprintf("MISMATCH %d %d", k, i)
 		}
 		if _, err := fmt.Fprintln(out, answer); err != nil {
 			return err
@@ -92,31 +94,56 @@ func ServePeer(spec string, in io.Reader, out io.Writer) (err error) {
 	return errors.Join(sc.Err(), a.Deregister(reg))
 }
 
+// parseVerify is a VERIFY request's slot count: "VERIFY n" with 1 <= n <=
+// slots, or "VERIFY" for all of them.
+func parseVerify(line string, slots int) (int, error) {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != "VERIFY" || len(f) > 2 {
+		return 0, fmt.Errorf("rdmabench peer: unknown request %q", line)
+	}
+	if len(f) == 1 {
+		return slots, nil
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil || n < 1 || n > slots {
+		return 0, fmt.Errorf("rdmabench peer: request %q: want VERIFY and a slot count from 1 to %d", line, slots)
+	}
+	return n, nil
+}
+
 func parsePeerSpec(spec string) (string, Shape, error) {
 	f := strings.Split(spec, "/")
-	if len(f) != 3 {
-		return "", Shape{}, fmt.Errorf("rdmabench: peer spec %q: want <backend>/<segment bytes>/<segments>", spec)
+	if len(f) != 3 && len(f) != 4 {
+		return "", Shape{}, fmt.Errorf("rdmabench: peer spec %q: want <backend>/<segment bytes>/<segments>[/<slots>]", spec)
 	}
 	size, err1 := strconv.ParseUint(f[1], 10, 64)
 	n, err2 := strconv.Atoi(f[2])
+	slots, err3 := 1, error(nil)
+	if len(f) == 4 {
+		slots, err3 = strconv.Atoi(f[3])
+	}
 	switch {
 	case !slices.Contains(peerBackends, f[0]):
 		return "", Shape{}, fmt.Errorf("rdmabench: peer spec %q: backend %q has no peer process (want one of %s)", spec, f[0], quoted(peerBackends))
 	case err1 != nil || err2 != nil || size == 0 || n < 1:
 		return "", Shape{}, fmt.Errorf("rdmabench: peer spec %q: want at least one segment of at least one byte", spec)
+	case err3 != nil || slots < 1:
+		return "", Shape{}, fmt.Errorf("rdmabench: peer spec %q: want at least one slot", spec)
 	}
-	return f[0], Shape{SegmentBytes: size, Segments: n}, nil
+	return f[0], Shape{SegmentBytes: size, Segments: n, Slots: slots}, nil
 }
 
-// firstMismatch is the first segment whose destination bytes differ from
-// its source bytes, or -1.
-func firstMismatch(dst, src []byte, segs []kvcache.Segment) int {
-	for i, s := range segs {
-		if !bytes.Equal(dst[s.Dst:s.Dst+s.Len], src[s.Src:s.Src+s.Len]) {
-			return i
+// firstMismatch is the first slot and segment of slots whose destination
+// bytes differ from its source bytes, or -1, -1.
+func firstMismatch(dst, src []byte, slots [][]kvcache.Segment) (slot, segment int) {
+	for k, segs := range slots {
+		for i, s := range segs {
+			if !bytes.Equal(dst[s.Dst:s.Dst+s.Len], src[s.Src:s.Src+s.Len]) {
+				return k, i
+			}
 		}
 	}
-	return -1
+	return -1, -1
 }
 
 // peer is a Rig's receiver process.
@@ -138,7 +165,7 @@ func startPeer(argv []string, backend string, s Shape) (p *peer, addr []byte, ds
 		return nil, nil, dst, fmt.Errorf("rdmabench: empty peer command")
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s/%d/%d", PeerEnv, backend, s.SegmentBytes, s.Segments))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s/%d/%d/%d", PeerEnv, backend, s.SegmentBytes, s.Segments, s.SlotCount()))
 	p = &peer{cmd: cmd, lines: make(chan string, 4), exited: make(chan error, 1)}
 	cmd.Stderr = &p.stderr
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
@@ -199,9 +226,9 @@ func (p *peer) expect(prefix string) (string, error) {
 	}
 }
 
-// verify asks the peer to check its destination.
-func (p *peer) verify() error {
-	if _, err := io.WriteString(p.stdin, "VERIFY\n"); err != nil {
+// verify asks the peer to check its destination's first slots slots.
+func (p *peer) verify(slots int) error {
+	if _, err := fmt.Fprintf(p.stdin, "VERIFY %d\n", slots); err != nil {
 		return fmt.Errorf("rdmabench: peer: %w", err)
 	}
 	line, err := p.expect("")

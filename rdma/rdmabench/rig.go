@@ -1,6 +1,7 @@
 package rdmabench
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -26,14 +27,28 @@ func Backends() []string {
 }
 
 // Shape is what one operation moves: Segments segments of SegmentBytes
-// each.
+// each, and over how much memory a rig's operations rotate.
 type Shape struct {
 	SegmentBytes uint64
 	Segments     int
+	// Slots is how many distinct places of one operation's size the rig's
+	// source and destination hold: operation i reads slot i%Slots of the
+	// source and writes slot i%Slots of the destination. 0 or 1: every
+	// operation reuses the same bytes, which then stay in a CPU cache when
+	// they fit one; enough slots to span more than any cache measure the
+	// rate over memory, as a request's distinct pages see it.
+	Slots int
 }
 
 // Bytes is the size of one operation.
 func (s Shape) Bytes() uint64 { return s.SegmentBytes * uint64(s.Segments) }
+
+// SlotCount is Slots, at least 1.
+func (s Shape) SlotCount() int { return max(1, s.Slots) }
+
+// SpanBytes is what the rig's source (and its destination) holds: Bytes()
+// for each slot.
+func (s Shape) SpanBytes() uint64 { return s.Bytes() * uint64(s.SlotCount()) }
 
 // A Rig keeps WindowFor(shape) operations in flight: at least MinWindow,
 // and enough for WindowBytes, up to MaxWindow. Every operation completes
@@ -54,12 +69,17 @@ func WindowFor(s Shape) int {
 	return max(MinWindow, int(min(uint64(MaxWindow), WindowBytes/max(s.Bytes(), 1))))
 }
 
-// Rig is one backend's sender and receiver, connected, with regions for one
-// operation. Not safe for concurrent use.
+// Rig is one backend's sender and receiver, connected, with regions for
+// Shape.SlotCount() operations. Not safe for concurrent use.
 type Rig struct {
 	backend string
 	shape   Shape
-	segs    []kvcache.Segment
+	// slots[k] is the segment list of an operation on slot k (see layout).
+	slots [][]kvcache.Segment
+	// posted and copied count the operations Run posted and Copy made: the
+	// next of each goes to slot count % len(slots), and Verify checks the
+	// slots written so far.
+	posted, copied uint64
 
 	// Go's copy between plain buffers, the baseline.
 	copySrc, copyDst []byte
@@ -95,8 +115,8 @@ func newRig(backend string, s Shape) (*Rig, error) {
 	if err := CheckShape(backend, s); err != nil {
 		return nil, err
 	}
-	n := s.Bytes()
-	r := &Rig{backend: backend, shape: s, segs: layout(s), window: int64(WindowFor(s)), wake: make(chan struct{}, 1)}
+	n := s.SpanBytes()
+	r := &Rig{backend: backend, shape: s, slots: slotLayouts(s), window: int64(WindowFor(s)), wake: make(chan struct{}, 1)}
 	r.done = r.complete
 	r.waitLimit.Store(-1)
 	r.copySrc, r.copyDst = make([]byte, n), make([]byte, n)
@@ -109,7 +129,7 @@ func NewRig(backend string, s Shape) (r *Rig, err error) {
 	if r, err = newRig(backend, s); err != nil {
 		return nil, err
 	}
-	n := s.Bytes()
+	n := s.SpanBytes()
 	switch backend {
 	case Copy:
 		return r, nil
@@ -222,8 +242,25 @@ func (r *Rig) newUCX() error {
 	return nil
 }
 
-// layout places segment i at source offset i and destination slot
-// (i*7) mod k, so destinations are scattered but each is written once.
+// slotLayouts is the segment list of an operation on each of s's slots:
+// layout(s) moved by the slot's offset, k*s.Bytes(), in the source and in
+// the destination.
+func slotLayouts(s Shape) [][]kvcache.Segment {
+	base := layout(s)
+	slots := make([][]kvcache.Segment, s.SlotCount())
+	for k := range slots {
+		off := uint64(k) * s.Bytes()
+		slots[k] = make([]kvcache.Segment, len(base))
+		for i, g := range base {
+			slots[k][i] = kvcache.Segment{Src: g.Src + off, Dst: g.Dst + off, Len: g.Len}
+		}
+	}
+	return slots
+}
+
+// layout places segment i at source position i and destination position
+// (i*7) mod k (in segments), so destinations are scattered but each is
+// written once.
 func layout(s Shape) []kvcache.Segment {
 	segs := make([]kvcache.Segment, s.Segments)
 	stride := 7
@@ -247,13 +284,23 @@ func gcd(a, b int) int {
 	return a
 }
 
+// fill writes a xorshift64 sequence over b, eight bytes a step: a rig's
+// source spans up to hundreds of MiB, and a byte a step cost half a second
+// at 256 MiB. A peer fills its copy of the source the same way.
 func fill(b []byte) {
-	x := uint32(2463534242)
-	for i := range b {
+	x := uint64(88172645463325252)
+	next := func() uint64 {
 		x ^= x << 13
-		x ^= x >> 17
-		x ^= x << 5
-		b[i] = byte(x)
+		x ^= x >> 7
+		x ^= x << 17
+		return x
+	}
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, next())
+		b = b[8:]
+	}
+	for i, v := 0, next(); i < len(b); i++ {
+		b[i] = byte(v >> (8 * i))
 	}
 }
 
@@ -275,19 +322,24 @@ func (r *Rig) Shape() Shape { return r.shape }
 func (r *Rig) Window() int { return int(r.window) }
 
 // Run performs n operations through the rig's backend, at most Window() in
-// flight, and returns once all completed: the first error, if any.
+// flight, each on the next slot in turn, and returns once all completed:
+// the first error, if any.
 func (r *Rig) Run(n int) error {
 	if r.backend == Copy {
 		r.Copy(n)
 		return nil
 	}
-	b := rdma.Batch{Src: r.src, Dst: r.dst, Segments: r.segs, Done: r.done}
+	b := rdma.Batch{Src: r.src, Dst: r.dst, Done: r.done}
+	k := uint64(len(r.slots))
 	for range n {
 		if r.inflight.Load() >= r.window {
 			r.waitBelow(r.window / 2)
 		}
 		r.inflight.Add(1)
+		b.Segments = r.slots[r.posted%k]
+		r.posted++
 		if err := r.ep.Post(b); err != nil {
+			r.posted--
 			r.inflight.Add(-1)
 			r.waitBelow(0)
 			return err
@@ -329,28 +381,35 @@ func (r *Rig) waitBelow(limit int64) {
 }
 
 // Copy performs n operations with Go's copy between the rig's plain
-// buffers.
+// buffers, each on the next slot in turn.
 func (r *Rig) Copy(n int) {
 	src, dst := r.copySrc, r.copyDst
+	k := uint64(len(r.slots))
 	for range n {
-		for _, s := range r.segs {
+		for _, s := range r.slots[r.copied%k] {
 			copy(dst[s.Dst:s.Dst+s.Len], src[s.Src:s.Src+s.Len])
 		}
+		r.copied++
 	}
 }
 
 // Verify checks, after Run, that the destination holds each segment's
-// source bytes.
+// source bytes, in every slot an operation went to (slot 0 before any).
 func (r *Rig) Verify() error {
+	ops := r.posted
+	if r.backend == Copy {
+		ops = r.copied
+	}
+	written := int(max(1, min(ops, uint64(len(r.slots)))))
 	if r.peer != nil {
-		return r.peer.verify()
+		return r.peer.verify(written)
 	}
 	dst := r.dstBytes
 	if r.backend == Copy {
 		dst = r.copyDst
 	}
-	if i := firstMismatch(dst, r.copySrc, r.segs); i >= 0 {
-		return fmt.Errorf("rdmabench: %s: segment %d %+v did not land", r.backend, i, r.segs[i])
+	if k, i := firstMismatch(dst, r.copySrc, r.slots[:written]); k >= 0 {
+		return fmt.Errorf("rdmabench: %s: slot %d, segment %d %+v did not land", r.backend, k, i, r.slots[k][i])
 	}
 	return nil
 }
