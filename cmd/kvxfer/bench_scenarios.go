@@ -449,10 +449,12 @@ type smallScenario struct {
 	concurrency int
 	rounds      int
 	rawBytes    string
+	peakSpan    string
 }
 
 func newSmallScenario() *smallScenario {
-	return &smallScenario{tokens: []int{128, 512}, requests: 32, concurrency: 4, rounds: 3, rawBytes: "256MiB"}
+	return &smallScenario{tokens: []int{128, 512}, requests: 32, concurrency: 4, rounds: 3, rawBytes: "256MiB",
+		peakSpan: config.FormatSize(bench.PeakSpan)}
 }
 
 func (*smallScenario) name() string { return "small" }
@@ -463,15 +465,18 @@ func (*smallScenario) long() string {
 	return `small moves whole requests of --tokens tokens (KV already written: one chunk,
 Receive → READY) between two engines in this process, with one request in
 flight and with --concurrency, and in the same run measures the backend's
-raw peak (the best of 1, 4 and 16 MiB single-segment batches) and its raw
-bandwidth at the request's size, alternating --rounds times; it reports
-medians, the fraction of the peak and of the raw bandwidth at the
-request's size (the peak's segments may stay in a CPU cache where a
-request's bytes cannot: then OF RAW is what the engine costs) and of
---concurrency raw endpoints at that size running at once (OF RAW ×N: the
-backend's bound for that many requests in flight), segments
-per request, latency and where one request's time goes (setup until the op
-can leave, the data, the finish until READY).`
+raw peak (the best of 1, 4 and 16 MiB single-segment batches, rotating
+over --peak-span of distinct source and destination memory, as a request's
+own pages are, so that the peak's bytes do not stay in a CPU cache), the
+same peak cache-resident (every batch on one source and one destination,
+as the peak was measured before --peak-span), and its raw bandwidth at
+the request's size, alternating --rounds times; it reports medians, the
+fraction of the peak (OF PEAK), of the cache-resident peak (OF CACHE
+PEAK), of the raw bandwidth at the request's size (OF RAW: what the
+engine costs) and of --concurrency raw endpoints at that size running at
+once (OF RAW ×N: the backend's bound for that many requests in flight),
+segments per request, latency and where one request's time goes (setup
+until the op can leave, the data, the finish until READY).`
 }
 func (*smallScenario) example() string {
 	return examples("the published anchor: 128- and 512-token Llama-3.1-8B requests, 16-token blocks", "kvxfer bench small --json",
@@ -487,6 +492,7 @@ func (sm *smallScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&sm.concurrency, "concurrency", sm.concurrency, "requests in flight in the concurrent samples")
 	f.IntVar(&sm.rounds, "rounds", sm.rounds, "rounds of raw and engine samples (medians are reported)")
 	f.StringVar(&sm.rawBytes, "raw-bytes", sm.rawBytes, "bytes each raw sample moves")
+	f.StringVar(&sm.peakSpan, "peak-span", sm.peakSpan, "distinct memory the peak's batches rotate over, in the source and in the destination (beyond the CPU's caches)")
 }
 func (sm *smallScenario) steps() int                    { return bench.SmallSteps(sm.rounds, len(sm.tokens)) }
 func (sm *smallScenario) check(s config.Settings) error { return engineBackend(s, "small") }
@@ -510,9 +516,13 @@ func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.Pro
 	if err != nil {
 		return fmt.Errorf("--raw-bytes: %w", err)
 	}
+	span, err := config.ParseSize(sm.peakSpan)
+	if err != nil {
+		return fmt.Errorf("--peak-span: %w", err)
+	}
 	r, err := bench.Small(ctx, bench.SmallConfig{Backend: s.Backend, Model: s.Model, TokensPerBlock: tpb, Tokens: sm.tokens,
 		Requests: sm.requests, Concurrency: sm.concurrency, Workers: s.Workers, Rounds: sm.rounds, RawBytes: raw,
-		Timeout: s.Timeout, Progress: p})
+		PeakSpanBytes: span, Timeout: s.Timeout, Progress: p})
 	if err != nil {
 		return err
 	}
@@ -524,15 +534,16 @@ func (*smallScenario) print(w io.Writer, res *report.Results, asJSON bool) error
 	if asJSON {
 		return jsonLines(w, r.Sizes...)
 	}
-	fmt.Fprintf(w, "%s, %d tokens per block, %s backend, %d workers; raw peak %s GB/s (%s segments)\n", r.Model, r.TokensPerBlock,
-		r.Backend, r.Workers, gb(r.PeakBytesPerSec), config.FormatSize(r.PeakSegmentBytes))
+	fmt.Fprintf(w, "%s, %d tokens per block, %s backend, %d workers; raw peak %s GB/s (%s segments over %s of distinct memory: OF PEAK); peak, cache-resident %s GB/s (%s segments, one region: OF CACHE PEAK)\n",
+		r.Model, r.TokensPerBlock, r.Backend, r.Workers, gb(r.PeakBytesPerSec), config.FormatSize(r.PeakSegmentBytes),
+		config.FormatSize(uint64(r.PeakSlots)*r.PeakSegmentBytes), gb(r.CachePeakBytesPerSec), config.FormatSize(r.CachePeakSegmentBytes))
 	tw := table(w)
-	fmt.Fprintf(tw, "TOKENS\tBYTES\tSEGS/REQ\tGB/s %d IN FLIGHT\tOF PEAK\tOF RAW\tOF RAW ×%d\tGB/s 1 IN FLIGHT\tOF PEAK\tOF RAW\tRAW GB/s AT SIZE\tRAW ×%d\tP50 µs\tP99 µs\tSETUP µs\tDATA µs\tFINISH µs\tRAW COPY µs\t\n",
+	fmt.Fprintf(tw, "TOKENS\tBYTES\tSEGS/REQ\tGB/s %d IN FLIGHT\tOF PEAK\tOF CACHE PEAK\tOF RAW\tOF RAW ×%d\tGB/s 1 IN FLIGHT\tOF PEAK\tOF RAW\tRAW GB/s AT SIZE\tRAW ×%d\tP50 µs\tP99 µs\tSETUP µs\tDATA µs\tFINISH µs\tRAW COPY µs\t\n",
 		r.Concurrency, r.Concurrency, r.Concurrency)
 	for _, z := range r.Sizes {
 		b := z.Breakdown
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%.0f%%\t%.2f\t%.2f\t%s\t%.0f%%\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", z.Tokens, config.FormatSize(z.RequestBytes),
-			z.SegmentsPerRequest, gb(z.BytesPerSec), 100*z.FractionOfPeak, z.FractionOfRaw, z.FractionOfParallelRaw, gb(z.SerialBytesPerSec),
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%.0f%%\t%.0f%%\t%.2f\t%.2f\t%s\t%.0f%%\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", z.Tokens, config.FormatSize(z.RequestBytes),
+			z.SegmentsPerRequest, gb(z.BytesPerSec), 100*z.FractionOfPeak, 100*z.FractionOfCachePeak, z.FractionOfRaw, z.FractionOfParallelRaw, gb(z.SerialBytesPerSec),
 			100*z.SerialFractionOfPeak, z.SerialFractionOfRaw, gb(z.RawBytesPerSec), gb(z.ParallelRawBytesPerSec), micros(z.LatencyP50),
 			micros(z.LatencyP99), micros(b.Setup), micros(b.Data), micros(b.Finish), micros(b.RawCopy))
 	}

@@ -189,10 +189,11 @@ func TestBenchRawRefuses(t *testing.T) {
 }
 
 // TestBenchSmallJSON: one object per request size with the fields the
-// issue names.
+// issue names, the peak over --peak-span of distinct memory and the
+// cache-resident peak beside it.
 func TestBenchSmallJSON(t *testing.T) {
 	out, err := run("bench", "small", "--tokens", "16,32", "--requests", "2", "--concurrency", "2", "--rounds", "1",
-		"--raw-bytes", "4MiB", "--workers", "2", "--json")
+		"--raw-bytes", "4MiB", "--peak-span", "32MiB", "--workers", "2", "--json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,13 @@ func TestBenchSmallJSON(t *testing.T) {
 	}
 	for i, obj := range objs {
 		positive(t, obj, "tokens", "bytes_per_sec", "peak_bytes_per_sec", "fraction_of_peak", "request_bytes", "segments_per_request",
-			"parallel_raw_bytes_per_sec", "fraction_of_parallel_raw")
+			"parallel_raw_bytes_per_sec", "fraction_of_parallel_raw", "cache_peak_bytes_per_sec", "fraction_of_cache_peak")
+		if obj["peak_span_bytes"] != float64(32<<20) {
+			t.Errorf("peak_span_bytes = %v, want --peak-span's %d", obj["peak_span_bytes"], 32<<20)
+		}
+		if f := obj["fraction_of_cache_peak"].(float64); f != obj["bytes_per_sec"].(float64)/obj["cache_peak_bytes_per_sec"].(float64) {
+			t.Errorf("fraction_of_cache_peak %v is not bytes_per_sec / cache_peak_bytes_per_sec", f)
+		}
 		if want := float64([]int{16, 32}[i]); obj["tokens"] != want {
 			t.Errorf("tokens = %v, want %v", obj["tokens"], want)
 		}
@@ -228,6 +235,8 @@ func TestBenchScenariosRefuseBadSettings(t *testing.T) {
 		{args: []string{"bench", "--scenarios", "small,warp"}, want: `unknown scenario "warp"`},
 		{args: []string{"bench", "overhead", "--workers", "x"}, want: `--workers = "x": not an integer`},
 		{args: []string{"bench", "small", "--rounds", "0"}, want: `--rounds 0`},
+		{args: []string{"bench", "small", "--peak-span", "0"}, want: `--peak-span: bad size "0": must be at least 1 byte`},
+		{args: []string{"bench", "small", "--peak-span", "lots"}, want: `--peak-span: bad size "lots"`},
 		// Each of these ran, or exited 0 having run nothing, or did not
 		// name the flag, before their checks.
 		{args: []string{"bench", "--scenarios", ""}, want: `--scenarios: no scenario given (known: raw,`},

@@ -10,19 +10,29 @@ import (
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
+// TestSmallRuns: every figure is there; the peak's rig rotated over at
+// least PeakSpanBytes of distinct memory (checked to fail with the peak
+// measured on one region, as before), the cache-resident peak beside it;
+// and the fractions are over the right peaks.
 func TestSmallRuns(t *testing.T) {
+	const span = 32 << 20
 	for _, backend := range Backends() {
 		r, err := Small(context.Background(), SmallConfig{Backend: backend, Tokens: []int{16, 64}, Requests: 4, Concurrency: 2,
-			Workers: 2, Rounds: 1, RawBytes: 8 << 20})
+			Workers: 2, Rounds: 1, RawBytes: 8 << 20, PeakSpanBytes: span})
 		if err != nil {
 			t.Fatalf("%s: %v", backend, err)
 		}
-		if r.PeakBytesPerSec <= 0 || len(r.Sizes) != 2 {
+		if r.PeakBytesPerSec <= 0 || r.CachePeakBytesPerSec <= 0 || r.CachePeakSegmentBytes == 0 || len(r.Sizes) != 2 {
 			t.Fatalf("%s: implausible %+v", backend, r)
+		}
+		if r.PeakSpanBytes != span || r.PeakSlots < 2 || uint64(r.PeakSlots)*r.PeakSegmentBytes < span {
+			t.Errorf("%s: the peak's rig rotated over %d slots of %d bytes, want at least %d bytes", backend, r.PeakSlots, r.PeakSegmentBytes, span)
 		}
 		for _, z := range r.Sizes {
 			if z.BytesPerSec <= 0 || z.SerialBytesPerSec <= 0 || z.RawBytesPerSec <= 0 || z.LatencyP50 <= 0 ||
-				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec || z.FractionOfRaw != z.BytesPerSec/z.RawBytesPerSec ||
+				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec || z.SerialFractionOfPeak != z.SerialBytesPerSec/r.PeakBytesPerSec ||
+				z.CachePeakBytesPerSec != r.CachePeakBytesPerSec || z.FractionOfCachePeak != z.BytesPerSec/r.CachePeakBytesPerSec ||
+				z.FractionOfRaw != z.BytesPerSec/z.RawBytesPerSec ||
 				z.SerialFractionOfRaw != z.SerialBytesPerSec/z.RawBytesPerSec || z.ParallelRawBytesPerSec <= 0 ||
 				z.FractionOfParallelRaw != z.BytesPerSec/z.ParallelRawBytesPerSec {
 				t.Errorf("%s: implausible %+v", backend, z)
@@ -216,7 +226,8 @@ func TestNewPairRefuses(t *testing.T) {
 }
 
 // BenchmarkSmall: 128- and 512-token Llama-3.1-8B requests (16-token
-// blocks) on loopback, 4 in flight, against the raw peak in the same run.
+// blocks) on loopback, 4 in flight, against the raw peak in the same run
+// (over PeakSpan of distinct memory; cache-peak: on one reused region).
 func BenchmarkSmall(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		r, err := Small(context.Background(), SmallConfig{Rounds: 3})
@@ -227,10 +238,12 @@ func BenchmarkSmall(b *testing.B) {
 			tag := map[int]string{128: "128t", 512: "512t"}[z.Tokens]
 			b.ReportMetric(z.FractionOfPeak, "peak-fraction-"+tag)
 			b.ReportMetric(z.SerialFractionOfPeak, "serial-peak-fraction-"+tag)
+			b.ReportMetric(z.FractionOfCachePeak, "cache-peak-fraction-"+tag)
 			b.ReportMetric(z.FractionOfParallelRaw, "parallel-raw-fraction-"+tag)
 			b.ReportMetric(z.BytesPerSec/1e9, "GB/s-"+tag)
 		}
 		b.ReportMetric(r.PeakBytesPerSec/1e9, "peak-GB/s")
+		b.ReportMetric(r.CachePeakBytesPerSec/1e9, "cache-peak-GB/s")
 	}
 }
 
@@ -260,5 +273,14 @@ func BenchmarkE2E(b *testing.B) {
 		b.ReportMetric(m.BytesPerSec/1e9, "GB/s")
 		b.ReportMetric(float64(m.ExposedP50.Microseconds()), "exposed-p50-us")
 		b.ReportMetric(float64(m.ExposedP99.Microseconds()), "exposed-p99-us")
+	}
+}
+
+// TestSmallDefaults: the peak spans PeakSpan unless told otherwise.
+func TestSmallDefaults(t *testing.T) {
+	var c SmallConfig
+	c.defaults()
+	if c.PeakSpanBytes != PeakSpan {
+		t.Errorf("default PeakSpanBytes %d, want %d", c.PeakSpanBytes, PeakSpan)
 	}
 }

@@ -129,7 +129,8 @@ func bandwidthPlot(r Results, path string) (bool, error) {
 		peak.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
 		peak.Color = color.Gray{Y: 0x40}
 		p.Add(peak)
-		p.Legend.Add(fmt.Sprintf("raw %s peak (%s segments)", s.Backend, sizeLabel(s.PeakSegmentBytes)), peak)
+		p.Legend.Add(fmt.Sprintf("raw %s peak (%s segments over %s)", s.Backend, sizeLabel(s.PeakSegmentBytes),
+			sizeLabel(uint64(s.PeakSlots)*s.PeakSegmentBytes)), peak)
 	}
 	// The legend sits above the data, top left.
 	p.Legend.Left = true
