@@ -467,11 +467,15 @@ Receive → READY) between two engines in this process, with one request in
 flight and with --concurrency, and in the same run measures the backend's
 raw peak (the best of 1, 4 and 16 MiB single-segment batches, rotating
 over --peak-span of distinct source and destination memory, as a request's
-own pages are, so that the peak's bytes do not stay in a CPU cache), the
+own pages are, so that the peak's bytes do not stay in a CPU cache; with
+one endpoint, the peak of one request in flight, and with --concurrency
+endpoints at once sharing the span, the peak of that many in flight), the
 same peak cache-resident (every batch on one source and one destination,
 as the peak was measured before --peak-span), and its raw bandwidth at
 the request's size, alternating --rounds times; it reports medians, the
-fraction of the peak (OF PEAK), of the cache-resident peak (OF CACHE
+fraction of the peak of as many endpoints as requests in flight (OF PEAK;
+with --concurrency in flight, the better of one and --concurrency
+endpoints), of the cache-resident peak (OF CACHE
 PEAK), of the raw bandwidth at the request's size (OF RAW: what the
 engine costs) and of --concurrency raw endpoints at that size running at
 once (OF RAW ×N: the backend's bound for that many requests in flight),
@@ -534,9 +538,11 @@ func (*smallScenario) print(w io.Writer, res *report.Results, asJSON bool) error
 	if asJSON {
 		return jsonLines(w, r.Sizes...)
 	}
-	fmt.Fprintf(w, "%s, %d tokens per block, %s backend, %d workers; raw peak %s GB/s (%s segments over %s of distinct memory: OF PEAK); peak, cache-resident %s GB/s (%s segments, one region: OF CACHE PEAK)\n",
+	fmt.Fprintf(w, "%s, %d tokens per block, %s backend, %d workers; raw peak over distinct memory: one endpoint %s GB/s (%s segments over %s: OF PEAK, 1 in flight), %d at once %s GB/s (%s segments over %s in all; OF PEAK, %d in flight: the better of the two); cache-resident %s GB/s (%s segments, one region: OF CACHE PEAK)\n",
 		r.Model, r.TokensPerBlock, r.Backend, r.Workers, gb(r.PeakBytesPerSec), config.FormatSize(r.PeakSegmentBytes),
-		config.FormatSize(uint64(r.PeakSlots)*r.PeakSegmentBytes), gb(r.CachePeakBytesPerSec), config.FormatSize(r.CachePeakSegmentBytes))
+		config.FormatSize(uint64(r.PeakSlots)*r.PeakSegmentBytes), r.Concurrency, gb(r.ParallelPeakBytesPerSec), config.FormatSize(r.ParallelPeakSegmentBytes),
+		config.FormatSize(uint64(r.ParallelPeakSlots*r.Concurrency)*r.ParallelPeakSegmentBytes), r.Concurrency,
+		gb(r.CachePeakBytesPerSec), config.FormatSize(r.CachePeakSegmentBytes))
 	tw := table(w)
 	fmt.Fprintf(tw, "TOKENS\tBYTES\tSEGS/REQ\tGB/s %d IN FLIGHT\tOF PEAK\tOF CACHE PEAK\tOF RAW\tOF RAW ×%d\tGB/s 1 IN FLIGHT\tOF PEAK\tOF RAW\tRAW GB/s AT SIZE\tRAW ×%d\tP50 µs\tP99 µs\tSETUP µs\tDATA µs\tFINISH µs\tRAW COPY µs\t\n",
 		r.Concurrency, r.Concurrency, r.Concurrency)

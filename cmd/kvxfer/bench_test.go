@@ -203,7 +203,8 @@ func TestBenchSmallJSON(t *testing.T) {
 	}
 	for i, obj := range objs {
 		positive(t, obj, "tokens", "bytes_per_sec", "peak_bytes_per_sec", "fraction_of_peak", "request_bytes", "segments_per_request",
-			"parallel_raw_bytes_per_sec", "fraction_of_parallel_raw", "cache_peak_bytes_per_sec", "fraction_of_cache_peak")
+			"parallel_raw_bytes_per_sec", "fraction_of_parallel_raw", "cache_peak_bytes_per_sec", "fraction_of_cache_peak",
+			"concurrent_peak_bytes_per_sec")
 		if obj["peak_span_bytes"] != float64(32<<20) {
 			t.Errorf("peak_span_bytes = %v, want --peak-span's %d", obj["peak_span_bytes"], 32<<20)
 		}
@@ -213,8 +214,8 @@ func TestBenchSmallJSON(t *testing.T) {
 		if want := float64([]int{16, 32}[i]); obj["tokens"] != want {
 			t.Errorf("tokens = %v, want %v", obj["tokens"], want)
 		}
-		if f := obj["fraction_of_peak"].(float64); f != obj["bytes_per_sec"].(float64)/obj["peak_bytes_per_sec"].(float64) {
-			t.Errorf("fraction_of_peak %v is not bytes_per_sec / peak_bytes_per_sec", f)
+		if f := obj["fraction_of_peak"].(float64); f != obj["bytes_per_sec"].(float64)/obj["concurrent_peak_bytes_per_sec"].(float64) {
+			t.Errorf("fraction_of_peak %v is not bytes_per_sec / concurrent_peak_bytes_per_sec", f)
 		}
 	}
 	// 16 tokens of Llama-3.1-8B at 16 tokens per block: one 2 MiB block.

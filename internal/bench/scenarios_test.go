@@ -15,22 +15,28 @@ import (
 // measured on one region, as before), the cache-resident peak beside it;
 // and the fractions are over the right peaks.
 func TestSmallRuns(t *testing.T) {
-	const span = 32 << 20
+	const span = 64 << 20 // past 2 rigs of one 16 MiB slot each: a rig of one region fails
 	for _, backend := range Backends() {
 		r, err := Small(context.Background(), SmallConfig{Backend: backend, Tokens: []int{16, 64}, Requests: 4, Concurrency: 2,
 			Workers: 2, Rounds: 1, RawBytes: 8 << 20, PeakSpanBytes: span})
 		if err != nil {
 			t.Fatalf("%s: %v", backend, err)
 		}
-		if r.PeakBytesPerSec <= 0 || r.CachePeakBytesPerSec <= 0 || r.CachePeakSegmentBytes == 0 || len(r.Sizes) != 2 {
+		if r.PeakBytesPerSec <= 0 || r.CachePeakBytesPerSec <= 0 || r.CachePeakSegmentBytes == 0 || r.ParallelPeakBytesPerSec <= 0 ||
+			r.ParallelPeakSegmentBytes == 0 || len(r.Sizes) != 2 {
 			t.Fatalf("%s: implausible %+v", backend, r)
 		}
 		if r.PeakSpanBytes != span || r.PeakSlots < 2 || uint64(r.PeakSlots)*r.PeakSegmentBytes < span {
 			t.Errorf("%s: the peak's rig rotated over %d slots of %d bytes, want at least %d bytes", backend, r.PeakSlots, r.PeakSegmentBytes, span)
 		}
+		if n := uint64(r.ParallelPeakSlots) * r.ParallelPeakSegmentBytes * uint64(r.Concurrency); n < span {
+			t.Errorf("%s: the parallel peak's %d rigs rotated over %d slots of %d bytes each, want at least %d bytes in all", backend,
+				r.Concurrency, r.ParallelPeakSlots, r.ParallelPeakSegmentBytes, span)
+		}
 		for _, z := range r.Sizes {
 			if z.BytesPerSec <= 0 || z.SerialBytesPerSec <= 0 || z.RawBytesPerSec <= 0 || z.LatencyP50 <= 0 ||
-				z.FractionOfPeak != z.BytesPerSec/r.PeakBytesPerSec || z.SerialFractionOfPeak != z.SerialBytesPerSec/r.PeakBytesPerSec ||
+				z.ConcurrentPeakBytesPerSec != max(r.PeakBytesPerSec, r.ParallelPeakBytesPerSec) ||
+				z.FractionOfPeak != z.BytesPerSec/z.ConcurrentPeakBytesPerSec || z.SerialFractionOfPeak != z.SerialBytesPerSec/r.PeakBytesPerSec ||
 				z.CachePeakBytesPerSec != r.CachePeakBytesPerSec || z.FractionOfCachePeak != z.BytesPerSec/r.CachePeakBytesPerSec ||
 				z.FractionOfRaw != z.BytesPerSec/z.RawBytesPerSec ||
 				z.SerialFractionOfRaw != z.SerialBytesPerSec/z.RawBytesPerSec || z.ParallelRawBytesPerSec <= 0 ||
@@ -244,6 +250,7 @@ func BenchmarkSmall(b *testing.B) {
 		}
 		b.ReportMetric(r.PeakBytesPerSec/1e9, "peak-GB/s")
 		b.ReportMetric(r.CachePeakBytesPerSec/1e9, "cache-peak-GB/s")
+		b.ReportMetric(r.ParallelPeakBytesPerSec/1e9, "parallel-peak-GB/s")
 	}
 }
 

@@ -128,9 +128,29 @@ type SmallResult struct {
 	// and one destination of the segment's size (cache-resident where
 	// they fit a cache: the peak before PeakSpanBytes);
 	// CachePeakSegmentBytes is the size that reached it.
-	CachePeakBytesPerSec  float64     `json:"cache_peak_bytes_per_sec"`
-	CachePeakSegmentBytes uint64      `json:"cache_peak_segment_bytes"`
-	Sizes                 []SmallSize `json:"sizes"`
+	CachePeakBytesPerSec  float64 `json:"cache_peak_bytes_per_sec"`
+	CachePeakSegmentBytes uint64  `json:"cache_peak_segment_bytes"`
+	// ParallelPeakBytesPerSec is the best, over PeakSizes, of Concurrency
+	// such rigs running at once, an endpoint each, each rotating over
+	// PeakSpanBytes/Concurrency (PeakSpanBytes together):
+	// the backend's peak for Concurrency requests in flight, where its
+	// copies run on several cores. ParallelPeakSegmentBytes is the size
+	// that reached it. The concurrent samples' FractionOfPeak is over the
+	// higher of it and PeakBytesPerSec (ConcurrentPeakBytesPerSec), the
+	// serial samples' over PeakBytesPerSec: each against the peak of the
+	// same number of endpoints.
+	// ParallelPeakSlots is how many slots each of those rigs rotated over.
+	ParallelPeakBytesPerSec  float64     `json:"parallel_peak_bytes_per_sec"`
+	ParallelPeakSegmentBytes uint64      `json:"parallel_peak_segment_bytes"`
+	ParallelPeakSlots        int         `json:"parallel_peak_slots"`
+	Sizes                    []SmallSize `json:"sizes"`
+}
+
+// ConcurrentPeakBytesPerSec is the peak the concurrent samples are
+// measured against: the higher of one endpoint's and Concurrency
+// endpoints' at once.
+func (r SmallResult) ConcurrentPeakBytesPerSec() float64 {
+	return max(r.PeakBytesPerSec, r.ParallelPeakBytesPerSec)
 }
 
 // SmallSize is one request size's figures (medians over the rounds).
@@ -142,19 +162,22 @@ type SmallSize struct {
 	SegmentsPerRequest float64 `json:"segments_per_request"`
 	BatchesPerRequest  float64 `json:"batches_per_request"`
 	// BytesPerSec is Requests requests' bytes over their wall time with
-	// Concurrency in flight; FractionOfPeak is it over PeakBytesPerSec
-	// (SmallResult.PeakBytesPerSec: the peak over PeakSpanBytes of
-	// distinct memory).
-	BytesPerSec     float64 `json:"bytes_per_sec"`
-	PeakBytesPerSec float64 `json:"peak_bytes_per_sec"`
-	PeakSpanBytes   uint64  `json:"peak_span_bytes"`
-	FractionOfPeak  float64 `json:"fraction_of_peak"`
+	// Concurrency in flight; FractionOfPeak is it over
+	// ConcurrentPeakBytesPerSec (SmallResult.ConcurrentPeakBytesPerSec:
+	// the better of one endpoint and Concurrency endpoints at once, over
+	// PeakSpanBytes of distinct memory). PeakBytesPerSec is one
+	// endpoint's (SmallResult.PeakBytesPerSec).
+	BytesPerSec               float64 `json:"bytes_per_sec"`
+	PeakBytesPerSec           float64 `json:"peak_bytes_per_sec"`
+	ConcurrentPeakBytesPerSec float64 `json:"concurrent_peak_bytes_per_sec"`
+	PeakSpanBytes             uint64  `json:"peak_span_bytes"`
+	FractionOfPeak            float64 `json:"fraction_of_peak"`
 	// CachePeakBytesPerSec is SmallResult.CachePeakBytesPerSec, the
 	// cache-resident peak, and FractionOfCachePeak BytesPerSec over it: the
 	// fraction of peak as figures before PeakSpanBytes reported it.
 	CachePeakBytesPerSec float64 `json:"cache_peak_bytes_per_sec"`
 	FractionOfCachePeak  float64 `json:"fraction_of_cache_peak"`
-	// Serial*: the same with one request in flight.
+	// Serial*: the same with one request in flight, over PeakBytesPerSec.
 	SerialBytesPerSec    float64 `json:"serial_bytes_per_sec"`
 	SerialFractionOfPeak float64 `json:"serial_fraction_of_peak"`
 	// RawBytesPerSec is the raw backend with batches of one segment of
@@ -231,8 +254,8 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 		setup, data, finish                      []time.Duration
 	}
 	per := make([]samples, len(cfg.Tokens))
-	peak, cachePeak := make([][]float64, len(PeakSizes)), make([][]float64, len(PeakSizes))
-	peakSlots := make([]int, len(PeakSizes))
+	peak, cachePeak, parPeak := make([][]float64, len(PeakSizes)), make([][]float64, len(PeakSizes)), make([][]float64, len(PeakSizes))
+	peakSlots, parSlots := make([]int, len(PeakSizes)), make([]int, len(PeakSizes))
 	total := SmallSteps(cfg.Rounds, len(cfg.Tokens))
 	done := 0
 	// Warm up: touch the pools and start every goroutine.
@@ -259,6 +282,15 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 			}
 			cachePeak[i] = append(cachePeak[i], m.BytesPerSec)
 			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s, one region", config.FormatSize(size)))
+
+			ps := rdmabench.Shape{SegmentBytes: size, Segments: 1}
+			ps.Slots = rdmabench.SlotsFor(ps, cfg.PeakSpanBytes/uint64(cfg.Concurrency))
+			pr, err := rawParallel(cfg.Backend, ps, cfg.Concurrency, cfg.RawBytes)
+			if err != nil {
+				return res, err
+			}
+			parPeak[i], parSlots[i] = append(parPeak[i], pr), ps.Slots
+			cfg.Progress.step(&done, total, fmt.Sprintf("raw %s over %s, %d at once", config.FormatSize(size), config.FormatSize(cfg.PeakSpanBytes), cfg.Concurrency))
 		}
 		for i, n := range cfg.Tokens {
 			b := RequestBytes(l, n)
@@ -311,17 +343,21 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 		if m := rdmabench.Median(cachePeak[i]); m > res.CachePeakBytesPerSec {
 			res.CachePeakBytesPerSec, res.CachePeakSegmentBytes = m, size
 		}
+		if m := rdmabench.Median(parPeak[i]); m > res.ParallelPeakBytesPerSec {
+			res.ParallelPeakBytesPerSec, res.ParallelPeakSegmentBytes, res.ParallelPeakSlots = m, size, parSlots[i]
+		}
 	}
 	for i, n := range cfg.Tokens {
 		s := per[i]
 		sz := SmallSize{Tokens: n, RequestBytes: RequestBytes(l, n), SegmentsPerRequest: rdmabench.Median(s.segs),
 			BatchesPerRequest: rdmabench.Median(s.batches), BytesPerSec: rdmabench.Median(s.conc), PeakBytesPerSec: res.PeakBytesPerSec,
-			PeakSpanBytes: res.PeakSpanBytes, CachePeakBytesPerSec: res.CachePeakBytesPerSec,
+			ConcurrentPeakBytesPerSec: res.ConcurrentPeakBytesPerSec(),
+			PeakSpanBytes:             res.PeakSpanBytes, CachePeakBytesPerSec: res.CachePeakBytesPerSec,
 			SerialBytesPerSec: rdmabench.Median(s.serial), RawBytesPerSec: rdmabench.Median(s.raw), ParallelRawBytesPerSec: rdmabench.Median(s.parRaw),
 			LatencyP50: quantile(s.lat, 0.5), LatencyP99: quantile(s.lat, 0.99), ConcurrentLatencyP50: quantile(s.concLat, 0.5)}
 		sz.Breakdown = Breakdown{Setup: quantile(s.setup, 0.5), Data: quantile(s.data, 0.5), Finish: quantile(s.finish, 0.5),
 			RawCopy: time.Duration(float64(sz.RequestBytes) / sz.RawBytesPerSec * 1e9)}
-		sz.FractionOfPeak = sz.BytesPerSec / res.PeakBytesPerSec
+		sz.FractionOfPeak = sz.BytesPerSec / sz.ConcurrentPeakBytesPerSec
 		sz.SerialFractionOfPeak = sz.SerialBytesPerSec / res.PeakBytesPerSec
 		sz.FractionOfCachePeak = sz.BytesPerSec / res.CachePeakBytesPerSec
 		sz.FractionOfRaw = sz.BytesPerSec / sz.RawBytesPerSec
@@ -334,7 +370,7 @@ func Small(ctx context.Context, cfg SmallConfig) (SmallResult, error) {
 
 // SmallSteps is how many progress steps Small reports for rounds rounds
 // of tokens request sizes.
-func SmallSteps(rounds, tokens int) int { return rounds * (2*len(PeakSizes) + 4*tokens) }
+func SmallSteps(rounds, tokens int) int { return rounds * (3*len(PeakSizes) + 4*tokens) }
 
 // rawParallel runs n raw rigs of shape s at once, an endpoint each, each
 // moving at least minBytes after a warm-up, and returns their bytes over

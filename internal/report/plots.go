@@ -108,7 +108,7 @@ func bandwidthPlot(r Results, path string) (bool, error) {
 			raw = append(raw, plotter.XY{X: x, Y: z.RawBytesPerSec / 1e9})
 			conc = append(conc, plotter.XY{X: x, Y: z.BytesPerSec / 1e9})
 			serial = append(serial, plotter.XY{X: x, Y: z.SerialBytesPerSec / 1e9})
-			top = max(top, z.RawBytesPerSec/1e9, z.BytesPerSec/1e9, z.SerialBytesPerSec/1e9, s.PeakBytesPerSec/1e9)
+			top = max(top, z.RawBytesPerSec/1e9, z.BytesPerSec/1e9, z.SerialBytesPerSec/1e9, s.ConcurrentPeakBytesPerSec()/1e9)
 		}
 		args = append(args,
 			"raw "+s.Backend+" at request size", raw,
@@ -121,16 +121,16 @@ func bandwidthPlot(r Results, path string) (bool, error) {
 	if err := plotutil.AddLinePoints(p, args...); err != nil {
 		return false, err
 	}
-	if s := r.Small; s != nil && s.PeakBytesPerSec > 0 {
-		peak, err := plotter.NewLine(plotter.XYs{{X: lo, Y: s.PeakBytesPerSec / 1e9}, {X: hi, Y: s.PeakBytesPerSec / 1e9}})
+	if s := r.Small; s != nil && s.ConcurrentPeakBytesPerSec() > 0 {
+		y := s.ConcurrentPeakBytesPerSec() / 1e9
+		peak, err := plotter.NewLine(plotter.XYs{{X: lo, Y: y}, {X: hi, Y: y}})
 		if err != nil {
 			return false, err
 		}
 		peak.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
 		peak.Color = color.Gray{Y: 0x40}
 		p.Add(peak)
-		p.Legend.Add(fmt.Sprintf("raw %s peak (%s segments over %s)", s.Backend, sizeLabel(s.PeakSegmentBytes),
-			sizeLabel(uint64(s.PeakSlots)*s.PeakSegmentBytes)), peak)
+		p.Legend.Add(fmt.Sprintf("raw %s peak, %d in flight (over %s of distinct memory)", s.Backend, s.Concurrency, sizeLabel(s.PeakSpanBytes)), peak)
 	}
 	// The legend sits above the data, top left.
 	p.Legend.Left = true

@@ -122,9 +122,11 @@ func markdown(w io.Writer, r Results, plots map[string]bool) {
 		p("\n")
 	}
 	if s := r.Small; s != nil {
-		p("## Small requests (`bench small`)\n\n%s, %d tokens per block, %s backend, %d workers. Raw peak of the same backend in this run: **%s GB/s** (one %s segment per batch, the batches rotating over %s of distinct memory, so that their bytes do not stay in a CPU cache); cache-resident, every batch on one source and one destination: %s GB/s (%s segments).\n\n",
+		p("## Small requests (`bench small`)\n\n%s, %d tokens per block, %s backend, %d workers. Raw peak of the same backend in this run, over distinct memory so that its bytes do not stay in a CPU cache: one endpoint **%s GB/s** (one %s segment per batch, the batches rotating over %s: the peak of one request in flight), %d endpoints at once **%s GB/s** (%s segments over %s in all; the peak of %d in flight is the better of the two); cache-resident, every batch on one source and one destination: %s GB/s (%s segments).\n\n",
 			s.Model, s.TokensPerBlock, s.Backend, s.Workers, gbps(s.PeakBytesPerSec), sizeLabel(s.PeakSegmentBytes),
-			sizeLabel(uint64(s.PeakSlots)*s.PeakSegmentBytes), gbps(s.CachePeakBytesPerSec), sizeLabel(s.CachePeakSegmentBytes))
+			sizeLabel(uint64(s.PeakSlots)*s.PeakSegmentBytes), s.Concurrency, gbps(s.ParallelPeakBytesPerSec), sizeLabel(s.ParallelPeakSegmentBytes),
+			sizeLabel(uint64(s.ParallelPeakSlots*s.Concurrency)*s.ParallelPeakSegmentBytes), s.Concurrency,
+			gbps(s.CachePeakBytesPerSec), sizeLabel(s.CachePeakSegmentBytes))
 		p("| tokens | bytes | segments/request | GB/s (%d in flight) | fraction of peak | GB/s (1 in flight) | fraction | raw GB/s at this size | latency p50 / p99 (µs) | setup / data / finish / raw copy (µs) |\n", s.Concurrency)
 		p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, z := range s.Sizes {
