@@ -3,8 +3,8 @@ package messages
 import "github.com/kvxfer/kvxfer/messages/pb"
 
 // incarnationsToWire copies f's incarnations (Hello.Incarnation, the
-// Incarnations of RequestData, Result, Cancel, CancelAck, Misaddressed)
-// and features (Hello's, RequestData's) into env's body, which toWire
+// Incarnations of RequestData, Result, Cancel, CancelAck, Misaddressed),
+// features (Hello's, RequestData's) and Hello.MaxFrameBytes into env's body, which toWire
 // built from f.
 func incarnationsToWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
@@ -12,6 +12,7 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 		h := f.(*Hello)
 		b.Hello.Incarnation = h.Incarnation
 		b.Hello.Features = h.Features
+		b.Hello.MaxFrameBytes = h.MaxFrameBytes
 		if !h.Process.IsZero() {
 			b.Hello.Process = &pb.ProcessID{Pid: h.Process.Pid, StartTime: h.Process.StartTime, Host: h.Process.Host}
 		}
@@ -36,13 +37,15 @@ func incarnationsToWire(env *pb.Envelope, f Frame) {
 }
 
 // incarnationsFromWire copies the incarnations of env's body into f, the
-// frame fromWire decoded from it. Any value is in range (0: not known).
+// frame fromWire decoded from it. Any incarnation is in range (0: not
+// known); Hello.Validate range-checks MaxFrameBytes.
 func incarnationsFromWire(env *pb.Envelope, f Frame) {
 	switch b := env.GetBody().(type) {
 	case *pb.Envelope_Hello:
 		h := f.(*Hello)
 		h.Incarnation = b.Hello.GetIncarnation()
 		h.Features = b.Hello.GetFeatures()
+		h.MaxFrameBytes = b.Hello.GetMaxFrameBytes()
 		if p := b.Hello.GetProcess(); p != nil {
 			h.Process = ProcessID{Pid: p.GetPid(), StartTime: p.GetStartTime(), Host: p.GetHost()}
 		}

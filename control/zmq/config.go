@@ -95,7 +95,10 @@ type Config struct {
 	// and before it is delivered; it must not block. Optional.
 	OnFrame func(messages.Frame)
 	// MaxFrameBytes bounds one incoming frame (default and maximum
-	// messages.MaxFrameBytes).
+	// messages.MaxFrameBytes). The link's Hello says it
+	// (Hello.MaxFrameBytes), and a peer's Conn refuses a larger frame to
+	// this link at Send (ErrFrameTooLarge, naming both limits); a link
+	// refuses one larger than its own limit too.
 	MaxFrameBytes int
 	// SendHWM is each Conn's send queue in frames (default 1000); past it
 	// Send refuses a RequestData with ErrQueueFull. Terminal frames

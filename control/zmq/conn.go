@@ -93,7 +93,7 @@ func (c *Conn) Peer() messages.PeerID { return c.peer }
 // is slow or unreachable) for a RequestData, or, as
 // ErrTerminalBacklogFull, for a terminal frame when the terminal backlog
 // is full too (that frame is never sent); ErrFrameTooLarge past
-// MaxFrameBytes; a messages.ErrInvalid error for an invalid frame;
+// MaxFrameBytes, ours or the one the peer's Hello said; a messages.ErrInvalid error for an invalid frame;
 // ErrTerminalDropped once the socket failed for good and dropped the
 // backlog; and control.ErrClosed after Close (of the Conn or the Link).
 //
@@ -122,6 +122,20 @@ func (c *Conn) Send(f messages.Frame) error {
 	if len(b) > c.l.cfg.MaxFrameBytes {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
+	}
+	// The peer's listener would drop a frame past the limit its Hello
+	// said (oversize), and every frame of ours after a Hello of ours past
+	// it (no_hello), unseen here: the request would wait for its
+	// deadline. Refused instead, naming both limits.
+	if peerMax := c.info.maxFrame.Load(); peerMax > 0 {
+		if int64(len(b)) > peerMax {
+			return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds the peer's MaxFrameBytes %d (its Hello; ours is %d)",
+				ErrFrameTooLarge, f, f.Request(), c.peer, len(b), peerMax, c.l.cfg.MaxFrameBytes)
+		}
+		if int64(len(c.l.selfHello)) > peerMax {
+			return fmt.Errorf("%w: send %T of request %q to %s: our Hello of %d bytes exceeds the peer's MaxFrameBytes %d (its Hello): it takes no frame of ours",
+				ErrFrameTooLarge, f, f.Request(), c.peer, len(c.l.selfHello), peerMax)
+		}
 	}
 	if c.closed {
 		return fmt.Errorf("%w: send to %s", control.ErrClosed, c.peer)

@@ -152,7 +152,13 @@
 //  1. envelope: exactly one payload part after the routing id (envelope);
 //  2. size: at most Config.MaxFrameBytes (oversize; libzmq itself drops the
 //     connection of a peer announcing more than MaxFrameBytes+64 KiB, before
-//     allocating; those are not counted here);
+//     allocating; those are not counted here). The listener's Hello says
+//     its limit (Hello.MaxFrameBytes, range-checked by Decode), and a Conn
+//     to it refuses at Send, with ErrFrameTooLarge naming the request, the
+//     size and both limits, a frame past it, and every frame once our own
+//     Hello is past it: of a peer of this version, this check drops only a
+//     Hello past the limit (said at Dial and by heartbeats, and named
+//     here with its size), never a request's frame;
 //  3. messages.Decode: the protocol version (version: a frame of another
 //     version; on a CURVE connection the link remembers the version the
 //     key speaks, and Hello(peer) for the peers it may speak for fails

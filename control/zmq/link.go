@@ -143,6 +143,10 @@ type peerInfo struct {
 	// incarnation counts connections on which the peer said Hello; a Conn
 	// repeats its own Hello when it changes (the peer may have restarted).
 	incarnation atomic.Uint64
+	// maxFrame is the frame limit the peer's latest Hello said
+	// (Hello.MaxFrameBytes, validated; 0: not said): Conns read it without
+	// the lock and refuse a larger frame (ErrFrameTooLarge).
+	maxFrame atomic.Int64
 	// redials counts Redial calls: the heartbeat goroutine remakes the
 	// peer's socket when it changes.
 	redials uint64
@@ -315,6 +319,12 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 	if self == nil || deliver == nil {
 		return nil, fmt.Errorf("%w: Listen needs a Hello and a deliver func", ErrConfig)
 	}
+	// The Hello says this listener's frame limit, so that peers refuse a
+	// larger frame at send, naming it, instead of sending what the
+	// listener drops (oversize).
+	own := *self
+	own.MaxFrameBytes = uint64(l.cfg.MaxFrameBytes)
+	self = &own
 	hello, err := encode(self)
 	if err != nil {
 		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)

@@ -640,7 +640,13 @@ type Hello struct {
 	// (bit 0: RequestData.remap; bit 1: Result payloads up to 64 KiB; bit 2:
 	// a send-only rank; bit 3: the Misaddressed frame). Absent: none (an
 	// older peer).
-	Features      uint64 `protobuf:"varint,22,opt,name=features,proto3" json:"features,omitempty"`
+	Features uint64 `protobuf:"varint,22,opt,name=features,proto3" json:"features,omitempty"`
+	// max_frame_bytes: the largest frame the sender's listener takes
+	// (control/zmq Config.MaxFrameBytes), 1..messages.MaxFrameBytes, so
+	// that a peer refuses a larger frame to it at send, naming both
+	// limits, instead of sending what the listener drops. Absent (0): not
+	// said (an older peer), taken as messages.MaxFrameBytes.
+	MaxFrameBytes uint64 `protobuf:"varint,23,opt,name=max_frame_bytes,json=maxFrameBytes,proto3" json:"max_frame_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -769,6 +775,13 @@ func (x *Hello) GetProcess() *ProcessID {
 func (x *Hello) GetFeatures() uint64 {
 	if x != nil {
 		return x.Features
+	}
+	return 0
+}
+
+func (x *Hello) GetMaxFrameBytes() uint64 {
+	if x != nil {
+		return x.MaxFrameBytes
 	}
 	return 0
 }
@@ -1707,7 +1720,7 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\x05R\x06blocks\"2\n" +
 	"\fRemoteRegion\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x10\n" +
-	"\x03len\x18\x02 \x01(\x04R\x03len\"\xea\x03\n" +
+	"\x03len\x18\x02 \x01(\x04R\x03len\"\x92\x04\n" +
 	"\x05Hello\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1d\n" +
@@ -1725,7 +1738,8 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x06memory\x18\v \x03(\v2\x13.kvxfer.v1.KVMemoryR\x06memory\x12 \n" +
 	"\vincarnation\x18\x14 \x01(\x04R\vincarnation\x12.\n" +
 	"\aprocess\x18\x15 \x01(\v2\x14.kvxfer.v1.ProcessIDR\aprocess\x12\x1a\n" +
-	"\bfeatures\x18\x16 \x01(\x04R\bfeatures\"P\n" +
+	"\bfeatures\x18\x16 \x01(\x04R\bfeatures\x12&\n" +
+	"\x0fmax_frame_bytes\x18\x17 \x01(\x04R\rmaxFrameBytes\"P\n" +
 	"\tProcessID\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x1d\n" +
 	"\n" +
