@@ -434,7 +434,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 			return
 		}
 		ctx.Send(p.sessions.pids[m.RequestID], TxPeerCancel{Peer: p.genIndex(m.From), From: m.From, Epoch: m.Epoch,
-			Incarnation: m.FromIncarnation})
+			Incarnation: m.FromIncarnation, Reason: m.Reason})
 	case *sessionStopped:
 		pid := p.sessions.pids[m.request]
 		if pid == nil || !pid.Equal(m.session) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -534,6 +535,25 @@ func (s *RxSession) onSent(m RxSent) {
 		s.neverReached(m.Writer)
 		return
 	}
+	if refusedForGood(m.Err) {
+		// The control plane refused this frame itself (larger than the
+		// writer's frame limit, invalid): sent again it is refused
+		// again, so the request fails now with the reason instead of at
+		// its deadline. The writer never got it (neverReached, in
+		// terminal): it cannot be writing, and owes no CancelAck. It is
+		// told all the same, with the reason, so that its own side of
+		// the request (a Send waiting for this RequestData) ends now,
+		// naming it, instead of at its deadline.
+		err := fmt.Errorf("%w: request %s: RequestData for writer %s refused: %w",
+			ErrFrameUnsent, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err)
+		s.terminal(RxFailed, err)
+		wr := s.cfg.Writers[m.Writer]
+		s.emit(SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
+			RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self,
+			Reason:       messages.TruncateText(err.Error(), messages.MaxErrorLen),
+			Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
+		return
+	}
 	d := s.backoff[m.Writer]
 	if d == 0 {
 		d = resendFirst
@@ -543,6 +563,14 @@ func (s *RxSession) onSent(m RxSent) {
 		s.resend = true
 		s.emit(StartTimer{Kind: TimerResend, At: s.now.Add(d)})
 	}
+}
+
+// refusedForGood reports whether err, a RequestData's send refusal, is
+// about the frame itself (control.ErrFrameRefused: too large for the
+// peer or for us; messages.ErrInvalid), which a re-send cannot change,
+// rather than about the connection (not up, queue full), which it can.
+func refusedForGood(err error) bool {
+	return errors.Is(err, control.ErrFrameRefused) || errors.Is(err, messages.ErrInvalid)
 }
 
 // Addressing decides, just before writer e.Writer's RequestData leaves,

@@ -66,8 +66,10 @@ func (h *rxHarness) step(msg any) []Effect {
 			}
 		case SendFrame:
 			if _, ok := e.Frame.(*messages.Cancel); ok {
+				// A writer whose RequestData was refused for good is
+				// told (onSent), though it never got the request.
 				w := int(e.To.Rank)
-				if h.s.writers[w] != writerPending {
+				if h.s.writers[w] != writerPending && !refusedForGood(h.s.sendErr[w]) {
 					h.t.Fatalf("%T: Cancel to writer %d, which is quiescent", msg, w)
 				}
 			}

@@ -141,6 +141,9 @@ type (
 		From        messages.PeerID
 		Epoch       uint64
 		Incarnation uint64 // the sender's (Cancel.FromIncarnation)
+		// Reason is the Cancel's (validated peer text), named in the
+		// error of a session it fails before its RequestData arrived.
+		Reason string
 	}
 	// TxPeerGone: the control plane declared a peer dead (missed
 	// heartbeats, out of the etcd cluster, a writer lease lapsed: Why,
@@ -416,7 +419,8 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 			// peer has our CancelAck it frees the blocks that RequestData
 			// names: the session fails, so that no stream it opens from
 			// now on writes (onPeerRequest).
-			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s before its RequestData arrived", ErrPeerCancelled, s.cfg.Request, m.From))
+			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s before its RequestData arrived (its reason: %q)",
+				ErrPeerCancelled, s.cfg.Request, m.From, m.Reason))
 		}
 		// Nothing of this session writes that epoch of that peer's
 		// blocks, and nothing will: acknowledge at once.

@@ -734,7 +734,7 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 			return
 		}
 		s.sendTx(c.parentName(), c.sessions[m.RequestID], actors.TxPeerCancel{Peer: int(m.From.Rank), From: m.From, Epoch: m.Epoch,
-			Incarnation: m.FromIncarnation})
+			Incarnation: m.FromIncarnation, Reason: m.Reason})
 	}
 }
 
