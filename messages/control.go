@@ -167,10 +167,22 @@ type Hello struct {
 	// Features are what the sender's version understands beyond protocol
 	// version 1 (FeatureRemap, …); 0 from a peer that predates them.
 	Features uint64
-	// MaxFrameBytes is the largest frame the sender's listener takes
-	// (1..MaxFrameBytes): a peer refuses to send it a larger one. 0: not
-	// said (a peer that predates the field), taken as MaxFrameBytes.
+	// MaxFrameBytes is the largest frame the sender's listener takes: a
+	// peer refuses to send it a larger one. 0: not said (a peer that
+	// predates the field), taken as MaxFrameBytes; above MaxFrameBytes (a
+	// later build's larger limit) it bounds nothing this build can send,
+	// so any value is valid (PeerFrameLimit).
 	MaxFrameBytes uint64
+}
+
+// PeerFrameLimit is the largest frame h's sender takes, for a sender of
+// this build: h.MaxFrameBytes, at most MaxFrameBytes (what this build can
+// encode), and MaxFrameBytes when h does not say.
+func (h *Hello) PeerFrameLimit() int {
+	if h.MaxFrameBytes == 0 || h.MaxFrameBytes > MaxFrameBytes {
+		return MaxFrameBytes
+	}
+	return int(h.MaxFrameBytes)
 }
 
 // Hello features.
@@ -517,9 +529,6 @@ func (m *Hello) Validate() error {
 		if end > m.Region.Len {
 			return invalid("hello: pool %d ends at %d past region length %d", g, end, m.Region.Len)
 		}
-	}
-	if m.MaxFrameBytes > MaxFrameBytes {
-		return invalid("hello from %s: max frame bytes %d, want 0 (not said) or 1..%d", m.From, m.MaxFrameBytes, MaxFrameBytes)
 	}
 	if err := m.Process.validate(); err != nil {
 		return err

@@ -1,10 +1,7 @@
 package messages_test
 
 import (
-	"errors"
-	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -15,8 +12,9 @@ import (
 
 // Hello says the largest frame its sender's listener takes
 // (MaxFrameBytes): the value survives the wire, a Hello without it (an
-// older peer) decodes with 0, and one past messages.MaxFrameBytes is
-// refused, naming the value, as any out-of-range peer input.
+// older peer) decodes with 0, and one past messages.MaxFrameBytes (a
+// later build's) is taken, bounding nothing past this build's limit
+// (PeerFrameLimit).
 func TestHelloMaxFrameBytes(t *testing.T) {
 	for _, v := range []uint64{1, 4096, messages.MaxFrameBytes} {
 		h := sampleHello()
@@ -33,25 +31,31 @@ func TestHelloMaxFrameBytes(t *testing.T) {
 	if err != nil || got.(*messages.Hello).MaxFrameBytes != 0 {
 		t.Fatalf("a Hello that says no limit decodes with %+v (%v)", got, err)
 	}
-	for _, bad := range []uint64{messages.MaxFrameBytes + 1, 1 << 31, 1 << 63, 1<<64 - 1} {
-		h := sampleHello()
-		h.MaxFrameBytes = bad
-		if err := h.Validate(); !errors.Is(err, messages.ErrInvalid) {
-			t.Fatalf("Validate of MaxFrameBytes %d: %v, want ErrInvalid", bad, err)
-		}
-		// The same value from a peer: written past Encode's validation.
+	// Past this build's limit (a later build's larger one, or any value a
+	// peer writes): valid, and it bounds nothing this build can send.
+	for _, big := range []uint64{messages.MaxFrameBytes + 1, 1 << 31, 1 << 63, 1<<64 - 1} {
 		var env pb.Envelope
 		if err := proto.Unmarshal(mustEncode(t, sampleHello()), &env); err != nil {
 			t.Fatal(err)
 		}
-		env.GetHello().MaxFrameBytes = bad
+		env.GetHello().MaxFrameBytes = big
 		b, err := proto.Marshal(&env)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = messages.Decode(b)
-		if !errors.Is(err, messages.ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("max frame bytes %d", bad)) {
-			t.Fatalf("Decode of a Hello with MaxFrameBytes %d: %v, want ErrInvalid naming the value", bad, err)
+		got, err := messages.Decode(b)
+		if err != nil {
+			t.Fatalf("Decode of a Hello with MaxFrameBytes %d: %v, want it taken", big, err)
+		}
+		if l := got.(*messages.Hello).PeerFrameLimit(); l != messages.MaxFrameBytes {
+			t.Errorf("PeerFrameLimit of MaxFrameBytes %d: %d, want %d", big, l, messages.MaxFrameBytes)
+		}
+	}
+	for v, want := range map[uint64]int{0: messages.MaxFrameBytes, 1: 1, 4096: 4096, messages.MaxFrameBytes: messages.MaxFrameBytes} {
+		h := sampleHello()
+		h.MaxFrameBytes = v
+		if l := h.PeerFrameLimit(); l != want {
+			t.Errorf("PeerFrameLimit of MaxFrameBytes %d: %d, want %d", v, l, want)
 		}
 	}
 }

@@ -144,8 +144,8 @@ type peerInfo struct {
 	// repeats its own Hello when it changes (the peer may have restarted).
 	incarnation atomic.Uint64
 	// maxFrame is the frame limit the peer's latest Hello said
-	// (Hello.MaxFrameBytes, validated; 0: not said): Conns read it without
-	// the lock and refuse a larger frame (ErrFrameTooLarge).
+	// (Hello.PeerFrameLimit; 0: no Hello yet): Conns read it without the
+	// lock and refuse a larger frame (ErrFrameTooLarge).
 	maxFrame atomic.Int64
 	// redials counts Redial calls: the heartbeat goroutine remakes the
 	// peer's socket when it changes.

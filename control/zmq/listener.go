@@ -866,7 +866,7 @@ func (s *listener) hello(id, key string, b *binding, h *messages.Hello, now time
 	delete(l.foreign, key) // it speaks our version now
 	prev := info.hello
 	info.hello, info.helloAt = h, now
-	info.maxFrame.Store(int64(h.MaxFrameBytes)) // at most messages.MaxFrameBytes (Validate)
+	info.maxFrame.Store(int64(h.PeerFrameLimit()))
 	info.down = false
 	back := false // h's incarnation was replaced by another before: two live processes
 	if prev != nil && h.Incarnation != 0 && prev.Incarnation != h.Incarnation {
