@@ -56,7 +56,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "kvxfer-cluster-")
+	dir, err := scratchDir(a, "kvxfer-cluster-")
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/internal/scratch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/cudaipc"
@@ -703,7 +704,7 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "kvxfer-demo-")
+	dir, err := scratchDir(a, "kvxfer-demo-")
 	if err != nil {
 		return err
 	}
@@ -751,6 +752,17 @@ func runTwoProcesses(ctx context.Context, a *app, cmd *cobra.Command, f demoFlag
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), "OK: two processes, every byte verified on the generation side, 0 leaked blocks")
 	return nil
+}
+
+// scratchDir makes the demo's private directory of keys and sockets
+// (internal/scratch), first removing those of demos killed (SIGKILL)
+// before their deferred RemoveAll ran, and says so.
+func scratchDir(a *app, prefix string) (string, error) {
+	dir, swept, err := scratch.Dir(prefix)
+	if len(swept) > 0 {
+		a.log.Info().Strs("removed", swept).Msg("removed the key directories of demos that were killed before they could")
+	}
+	return dir, err
 }
 
 // childDrain is how long a demo waits for a child process it interrupted

@@ -523,11 +523,14 @@ func TestCtxNamesAPeerUnderAnotherName(t *testing.T) {
 // leave them running: each is sent SIGTERM when the demo dies and drains
 // and exits as on Ctrl-C. (Checked to fail without startTied: both
 // children went on with their requests after the demo's death, until
-// this test's deadline.)
+// this test's deadline.) Its key directory, which it could not remove,
+// is removed by the next demo, which says so. (Checked to fail with the
+// demo's directory made by os.MkdirTemp: it stayed.)
 func TestTwoProcessDemoKilledEndsItsChildren(t *testing.T) {
 	// The demo's key directory, which a killed demo cannot remove, in
 	// the test's.
-	t.Setenv("TMPDIR", t.TempDir())
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
 	cmd, out, errOut := startCommand(t, "demo", "--processes", "2", "--backend", "shm", "--progress=false",
 		"--requests", "100000", "--compute", "50ms", "--log-level", "info")
 	deadline := time.Now().Add(signalDeadline)
@@ -560,6 +563,21 @@ func TestTwoProcessDemoKilledEndsItsChildren(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond) // poll with a deadline
 		}
+	}
+	left, err := filepath.Glob(filepath.Join(tmp, "kvxfer-demo-*", "ctx.key"))
+	if err != nil || len(left) != 1 {
+		t.Fatalf("the killed demo's key directory: %q (%v), want one", left, err)
+	}
+	next, _, nextErr := startCommand(t, "demo", "--processes", "2", "--backend", "shm", "--progress=false",
+		"--requests", "1", "--log-level", "info")
+	if err := next.Wait(); err != nil {
+		t.Fatalf("the next demo: %v\n%s", err, nextErr.String())
+	}
+	if _, err := os.Stat(left[0]); !os.IsNotExist(err) {
+		t.Errorf("the next demo left the killed one's secret key %s (%v)", left[0], err)
+	}
+	if !nextErr.Has("removed the key directories of demos that were killed") || !nextErr.Has(filepath.Dir(left[0])) {
+		t.Errorf("the next demo did not say it removed %s:\n%s", filepath.Dir(left[0]), nextErr.String())
 	}
 }
 

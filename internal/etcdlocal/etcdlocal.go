@@ -25,6 +25,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/internal/scratch"
 )
 
 // Server is a running embedded etcd.
@@ -65,7 +67,9 @@ func StartWith(o Options) (*Server, error) {
 }
 
 func start(o Options) (*Server, error) {
-	dir, err := os.MkdirTemp("", "kvxfer-etcd-")
+	// Its data, and those left by processes killed before they removed
+	// theirs (internal/scratch).
+	dir, _, err := scratch.Dir("kvxfer-etcd-")
 	if err != nil {
 		return nil, err
 	}
