@@ -67,9 +67,18 @@
 //     mapping this node's pool (checked at the Hello and before each of
 //     the peer's successful Results is delivered) and no other peer names
 //     it; then Engine.WriterProven (kvxfer.ProofPidfdExit) frees its
-//     requests' quarantined pages
-//     and Config.OnPeerDown is called (docs/membership.md). An exit that
-//     touched no request here is logged at info, one that did at warn.
+//     requests' quarantined pages, the incarnation is down
+//     (Engine.PeerIncarnationDown) and Config.OnPeerDown is called
+//     (docs/membership.md). Where no exit can be proof (a send-only node,
+//     a pool that is no shared mapping of a file, cudaipc, ucx over tcp,
+//     a peer of another backend), a same-host peer's process is watched
+//     for liveness only: its exit takes that incarnation down at once, as
+//     missed heartbeats would later (Engine.PeerIncarnationDown, "exited
+//     (its process N is gone: pidfd)", and Config.OnPeerDown): a context
+//     rank's sessions with a SIGKILLed generation process fail at once,
+//     and drain their own writes before their sources are released, as
+//     on any Down. An exit that touched no request here is logged at
+//     info, one that did at warn.
 //   - Stale pool files of killed processes of this instance are swept at
 //     Open (SweepStale).
 //   - Identity: a peer given as (instance, parallel, rank) is rank

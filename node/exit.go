@@ -2,6 +2,7 @@ package node
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -89,6 +90,7 @@ func ucxSharedMemory(tls string) bool {
 type exitSink interface {
 	WriterProven(peer messages.PeerID, inc uint64, kind kvxfer.ProofKind, how string) (int, error)
 	WriterRequests(peer messages.PeerID, inc uint64) (int, error)
+	PeerIncarnationDown(peer messages.PeerID, inc uint64, why string)
 }
 
 // engineSink returns the engine engp holds, or nil before it starts.
@@ -115,6 +117,9 @@ type watch struct {
 	// agent is the data-plane agent address the Hello named (the ucx
 	// agent's proof goes to it: rdma.ExitProofTaker).
 	agent []byte
+	// proves: its exit may be proof for the peer's writes (watchExit);
+	// else it says only that the peer is down.
+	proves bool
 	// tied: the process was seen, alive, mapping this node's pool shared
 	// and writable; disputed: another peer's Hello names the same
 	// process. Its exit is proof for the peer's writes only when tied and
@@ -130,22 +135,29 @@ type watch struct {
 }
 
 // watchExit runs on the link's listener goroutine for each new Hello: if
-// the peer serves this node's backend, names a process of this host and
-// pid namespace whose start time matches, and this incarnation is not
-// watched yet, the node opens a pidfd for it; when it becomes readable
-// the engine gets the proof (Engine.WriterProven) for that incarnation —
-// provided the process was seen, while alive, mapping this node's pool
-// (tie; checked here and after each successful Result of the peer). A
-// peer's word names a process, the mapping proves it is one that can
-// write into the pool. A new incarnation is never a proof by itself: its
-// predecessor's pages leave quarantine only by that predecessor's own
-// proof.
+// the peer names a process of this host and pid namespace whose start
+// time matches, and this incarnation is not watched yet, the node opens a
+// pidfd for it, whatever the backend. Where the peer serves this node's
+// backend and the node's pool can be tied to a process (watchPools:
+// poolFile), the exit is the engine's proof (Engine.WriterProven) for
+// that incarnation when it becomes readable — provided the process was
+// seen, while alive, mapping this node's pool (tie; checked here and
+// after each successful Result of the peer). A peer's word names a
+// process, the mapping proves it is one that can write into the pool. A
+// new incarnation is never a proof by itself: its predecessor's pages
+// leave quarantine only by that predecessor's own proof. Elsewhere (a
+// send-only node, another backend) the watch is for liveness only: the
+// exit takes that incarnation down at once instead of after missed
+// heartbeats (writerExited).
 func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
-	if n.pids == nil || h.Incarnation == 0 || h.Backend != n.backend {
+	if n.pids == nil || h.Incarnation == 0 {
 		return
 	}
+	// proves: the exit may be proof for the peer's writes (once tied);
+	// else it is liveness news only, and nothing is checked.
+	proves := n.poolFile != (pidwatch.File{}) && h.Backend == n.backend
 	peer, inc := h.From, h.Incarnation
-	w := &watch{peer: peer, inc: inc, pid: h.Process.Pid, proc: h.Process, agent: slices.Clone(h.AgentAddr)}
+	w := &watch{peer: peer, inc: inc, pid: h.Process.Pid, proc: h.Process, agent: slices.Clone(h.AgentAddr), proves: proves, done: !proves}
 	n.mu.Lock()
 	old := n.watched[peer]
 	if old != nil && inc <= old.inc {
@@ -156,7 +168,7 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 	for p, o := range n.watched {
 		// Two peers naming one process: at most one says the truth, and
 		// the mapping cannot tell which; neither exit is proof.
-		if p != peer && !h.Process.IsZero() && o.proc == h.Process {
+		if proves && o.proves && p != peer && !h.Process.IsZero() && o.proc == h.Process {
 			w.disputed.Store(true)
 			o.disputed.Store(true)
 			n.log.Warn().Str("peer", peer.String()).Str("other", p.String()).Uint32("pid", h.Process.Pid).
@@ -169,7 +181,9 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 		old.done = true
 		n.untied.Add(-1)
 	}
-	n.untied.Add(1)
+	if proves {
+		n.untied.Add(1)
+	}
 	n.tieMu.Unlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Logger()
 	pidfd, err := n.pids.Watch(h.Process, func() { n.writerExited(w, eng) })
@@ -180,11 +194,15 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 		n.untied.Add(-1)
 	}
 	n.tieMu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil && proves:
 		lg.Info().Err(err).Msgf("no proof of death from %s's process: pages it may still write wait for its Result or CancelAck", peer)
 		return
+	case err != nil:
+		lg.Debug().Err(err).Msgf("%s's process is not watched: heartbeats tell when it is down", peer)
+		return
 	}
-	lg.Debug().Uint32("pid", h.Process.Pid).Msg("watching the peer's process (pidfd)")
+	lg.Debug().Uint32("pid", h.Process.Pid).Bool("proof", proves).Msg("watching the peer's process (pidfd)")
 	n.tie(w, false)
 }
 
@@ -245,11 +263,18 @@ type deadReclaimer interface{ ReclaimDead() int }
 // writerExited reports that the process of w exited. If it was tied to
 // this node's pool, the agent gets the proof for the peer's agent (a ucx
 // agent keeps the pool mapped while its link to that agent failed
-// without proof: rdma.ExitProofTaker), the engine ends the quarantine of
-// the requests addressed to that incarnation, and, unless a newer
-// incarnation said Hello meanwhile, the application hears the peer is
-// down. If not, the exit proves nothing about the peer's writes: its
-// pages stay quarantined until another proof, and liveness is left to
+// without proof: rdma.ExitProofTaker) and the engine ends the quarantine
+// of the requests addressed to that incarnation. If not, the exit proves
+// nothing about the peer's writes: its pages stay quarantined until
+// another proof. A tied exit, and the exit of a process watched for
+// liveness only (!w.proves: a send-only node's generation peer, a peer
+// of another backend), takes that incarnation down at once
+// (Engine.PeerIncarnationDown, the path missed heartbeats take, naming
+// the exit): the requests with it fail, and this node's own writes to it
+// drain before their sources are released, as on any Down; a later
+// incarnation's requests go on. Unless a newer incarnation said Hello
+// meanwhile, the application then hears the peer is down. An exit that
+// could be proof but is not (never tied, or disputed) leaves liveness to
 // heartbeats. Logged at warn only when requests of the peer were live or
 // quarantined.
 func (n *Node) writerExited(w *watch, eng func() exitSink) {
@@ -282,9 +307,20 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	var reqs int
 	var err error
 	if tied {
+		// First: the requests it proves fail naming the proof.
 		reqs, err = e.WriterProven(peer, inc, kvxfer.ProofPidfdExit, exitHow)
 	} else {
 		reqs, err = e.WriterRequests(peer, inc)
+	}
+	// down: the exit takes the incarnation down here, at once, as missed
+	// heartbeats would later (Engine.PeerIncarnationDown): its death is
+	// certain, not suspected. It is no proof that this node's writes to
+	// it are over: those drain as on any Down. An exit that could be
+	// proof but is not (the process never seen mapping this node's pool,
+	// or named by two peers) leaves liveness to heartbeats, as before.
+	down := tied || !w.proves
+	if down {
+		e.PeerIncarnationDown(peer, inc, fmt.Sprintf("exited (its process %d is gone: pidfd)", w.pid))
 	}
 	n.exitMu.RUnlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Uint32("pid", w.pid).Int("requests", reqs).Logger()
@@ -295,18 +331,29 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 		lg.Debug().Err(err).Msgf("peer %s's process %d exited as this node's engine closes", peer, w.pid)
 	case err != nil:
 		lg.Warn().Err(err).Msgf("peer %s's process %d exited; the engine did not answer", peer, w.pid)
-	case !tied && reqs == 0:
+	case !down && reqs == 0:
 		lg.Info().Msgf("peer %s's process %d exited; no request of it is live here", peer, w.pid)
-	case !tied:
+	case !down:
 		lg.Warn().Msgf("peer %s's process %d exited, but it was never seen mapping this node's pool, or another peer names it too: no proof that %s's writes are over; its %d requests here keep their pages quarantined until another proof",
 			peer, w.pid, peer, reqs)
+	case !tied && reqs == 0:
+		lg.Info().Msgf("peer %s's process %d exited: it is down, its requests here fail", peer, w.pid)
+	case !tied:
+		lg.Warn().Msgf("peer %s's process %d exited: it is down, its requests here fail; its exit is no proof that its writes are over: its %d requests here keep their pages quarantined until another proof",
+			peer, w.pid, reqs)
 	case reqs == 0:
 		lg.Info().Msgf("peer %s exited (pidfd); no request of it was live here", peer)
 	default:
 		lg.Warn().Msgf("peer %s exited (pidfd): its %d requests here fail and their pages leave quarantine", peer, reqs)
 	}
-	if !tied {
+	if !down {
 		return
+	}
+	n.mu.Lock()
+	latest := n.watched[peer]
+	n.mu.Unlock()
+	if latest != nil && latest.inc > inc {
+		return // a restart said Hello: the peer is up
 	}
 	if n.link != nil {
 		if h, err := n.link.Hello(peer); err == nil && h.Incarnation > inc {
@@ -394,15 +441,16 @@ func (n *Node) writerDrained(peer messages.PeerID, inc uint64, eng func() exitSi
 	}
 }
 
-// watchPools starts the pidfd watches if a writer's process can be tied
-// to this node's pool: the pool must be a shared mapping of a file (the
+// watchPools starts the pidfd watches, and makes a peer's exit proof for
+// its writes (watchExit), if a writer's process can be tied to this
+// node's pool: the pool must be a shared mapping of a file (the
 // shm backend's region file; UCX's System V or POSIX segment), which a
 // writer's process maps to write into it. Pool memory no other process
 // maps (a send-only node's private memory; UCX memory reached only
 // through cma) ties no process, and no exit is taken as proof.
 func (n *Node) watchPools(region *kvcache.Region) {
 	if region == nil {
-		n.log.Debug().Msg("no pool peers write into: no peer's exit is watched")
+		n.log.Debug().Msg("no pool peers write into: no peer's exit is proof that its writes are over")
 		return
 	}
 	f, err := pidwatch.BackingFile(region.Base)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,7 +59,6 @@ func TestWatchExitTrustsOnlyThisHostsProcess(t *testing.T) {
 		"another host":       hello(other, "shm"),
 		"another start time": hello(reused, "shm"),
 		"no process":         hello(messages.ProcessID{}, "shm"),
-		"another backend":    hello(self, "ucx"),
 		"no incarnation":     {From: messages.PeerID{Instance: "ctx", Rank: 1}, Backend: "shm", Process: self},
 	} {
 		n.watchExit(h, noEngine)
@@ -72,6 +72,16 @@ func TestWatchExitTrustsOnlyThisHostsProcess(t *testing.T) {
 	if w := n.pids.Watching(); w != 1 {
 		t.Fatalf("this host's process: %d pidfds open, want 1", w)
 	}
+	// A peer of another backend: its exit says it is down, and proves
+	// nothing (no pool file here either: not a tie-checked watch).
+	other2 := messages.PeerID{Instance: "ctx", Rank: 2}
+	n.watchExit(&messages.Hello{From: other2, Backend: "ucx", Incarnation: 1, Process: self}, noEngine)
+	if w := n.pids.Watching(); w != 2 {
+		t.Fatalf("another backend: %d pidfds open, want 2", w)
+	}
+	if w := n.watched[other2]; w.proves || !w.done || n.untied.Load() != 0 {
+		t.Fatalf("another backend: proves %v, done %v, %d untied; want a watch for liveness only", w.proves, w.done, n.untied.Load())
+	}
 }
 
 // sink is an exitSink that records what the node told it.
@@ -80,6 +90,7 @@ type sink struct {
 	exited   []messages.PeerID  // WriterProven calls
 	kinds    []kvxfer.ProofKind // their kinds
 	asked    []messages.PeerID  // WriterRequests calls
+	downs    []string           // PeerIncarnationDown calls: "peer inc why"
 	requests int                // what both answer
 }
 
@@ -96,6 +107,12 @@ func (s *sink) WriterRequests(peer messages.PeerID, inc uint64) (int, error) {
 	defer s.mu.Unlock()
 	s.asked = append(s.asked, peer)
 	return s.requests, nil
+}
+
+func (s *sink) PeerIncarnationDown(peer messages.PeerID, inc uint64, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.downs = append(s.downs, fmt.Sprintf("%s %d %s", peer, inc, why))
 }
 
 // calls is how many exits the node reported, proven or not.
@@ -242,18 +259,21 @@ func logLines(t *testing.T, n *Node, fn func()) []map[string]any {
 func TestExitLogLevel(t *testing.T) {
 	peer := messages.PeerID{Instance: "ctx", Rank: 0}
 	for _, c := range []struct {
-		tied     bool
-		requests int
-		level    string
-		says     string
+		proves, tied bool
+		requests     int
+		level        string
+		says         string
 	}{
-		{true, 0, "info", "no request of it was live"},
-		{true, 3, "warn", "its 3 requests here fail"},
-		{false, 0, "info", "no request of it is live"},
-		{false, 2, "warn", "its 2 requests here keep their pages quarantined"},
+		{true, true, 0, "info", "no request of it was live"},
+		{true, true, 3, "warn", "its 3 requests here fail"},
+		{true, false, 0, "info", "no request of it is live"},
+		{true, false, 2, "warn", "its 2 requests here keep their pages quarantined"},
+		// Watched for liveness only: down, whether or not requests wait.
+		{false, false, 0, "info", "exited: it is down, its requests here fail"},
+		{false, false, 2, "warn", "it is down, its requests here fail; its exit is no proof that its writes are over: its 2 requests here keep their pages quarantined"},
 	} {
 		n := &Node{log: zerolog.Nop()}
-		w := &watch{peer: peer, inc: 1, pid: 42}
+		w := &watch{peer: peer, inc: 1, pid: 42, proves: c.proves}
 		w.tied.Store(c.tied)
 		s := &sink{requests: c.requests}
 		lines := logLines(t, n, func() { n.writerExited(w, func() exitSink { return s }) })
@@ -386,6 +406,8 @@ func (closedSink) WriterRequests(peer messages.PeerID, inc uint64) (int, error) 
 	return 0, fmt.Errorf("kvxfer: WriterRequests(%s, incarnation %d): %w", peer, inc, kvxfer.ErrClosed)
 }
 
+func (closedSink) PeerIncarnationDown(messages.PeerID, uint64, string) {}
+
 // A proof (a pidfd exit, a drained goodbye) that reaches this node's
 // engine as it closes (its Close began before the node set engDone) is
 // logged at debug, not as a warning that the engine did not answer: the
@@ -457,5 +479,90 @@ func TestDrainedGoodbyeReachesTheAgent(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.kinds) != 2 || s.kinds[0] != kvxfer.ProofDrainedGoodbye || s.kinds[1] != kvxfer.ProofDrainedGoodbye {
 		t.Fatalf("the engine got proofs of kinds %v, want two drained goodbyes", s.kinds)
+	}
+}
+
+// A peer's process that exits is down at once, whatever the backend and
+// whether or not its exit proves anything (here no pool file: never a
+// proof): the engine hears PeerIncarnationDown for that incarnation,
+// naming the exit, and the application OnPeerDown — not after missed
+// heartbeats. A restarted peer (a newer incarnation said Hello) is not
+// taken down by its predecessor's exit: the Down names the old
+// incarnation alone, and OnPeerDown is not called.
+func TestPeerExitIsDownForItsIncarnation(t *testing.T) {
+	if _, err := pidwatch.Self(); err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	var mu sync.Mutex
+	var told []string
+	n := &Node{backend: "shm", pids: pidwatch.New(), watched: map[messages.PeerID]*watch{}, log: zerolog.Nop()}
+	n.cfg.OnPeerDown = func(instance string, rank int) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, fmt.Sprintf("%s/%d", instance, rank))
+	}
+	t.Cleanup(n.closePids)
+	s := &sink{}
+	eng := func() exitSink { return s }
+	// seen is what the node told, once it told want Downs and wantTold
+	// OnPeerDowns (polled, with a deadline).
+	seen := func(want, wantTold int) (downs, onDown []string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			s.mu.Lock()
+			downs = slices.Clone(s.downs)
+			s.mu.Unlock()
+			mu.Lock()
+			onDown = slices.Clone(told)
+			mu.Unlock()
+			if len(downs) >= want && len(onDown) >= wantTold {
+				return downs, onDown
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("within a minute: Downs %q, OnPeerDown %v; want %d and %d", downs, onDown, want, wantTold)
+			}
+			time.Sleep(time.Millisecond) // poll with a deadline
+		}
+	}
+	gen := messages.PeerID{Instance: "gen", Rank: 0}
+	first, fp := pidwatchtest.Idle(t)
+	second, sp := pidwatchtest.Idle(t)
+	n.watchExit(&messages.Hello{From: gen, Backend: "cudaipc", Incarnation: 7, Process: fp}, eng)
+	n.watchExit(&messages.Hello{From: gen, Backend: "cudaipc", Incarnation: 8, Process: sp}, eng)
+	if w := n.pids.Watching(); w != 2 {
+		t.Fatalf("%d pidfds open, want 2 (one per incarnation)", w)
+	}
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	downs, onDown := seen(1, 0)
+	if len(downs) != 1 || !strings.HasPrefix(downs[0], gen.String()+" 7 exited") {
+		t.Fatalf("the old incarnation's exit: Downs %q; want one, of incarnation 7, naming the exit", downs)
+	}
+	if err := second.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	downs, onDown = seen(2, 1)
+	want := fmt.Sprintf("%s 8 exited (its process %d is gone: pidfd)", gen, sp.Pid)
+	if len(downs) != 2 || downs[1] != want {
+		t.Fatalf("the current incarnation's exit: Downs %q; want the second %q", downs, want)
+	}
+	// Told once, for the current incarnation's exit: the old one's came
+	// first and told nothing. Close waits for the watches' callbacks.
+	n.closePids()
+	mu.Lock()
+	onDown = slices.Clone(told)
+	mu.Unlock()
+	if len(onDown) != 1 || onDown[0] != "gen/0" {
+		t.Fatalf("OnPeerDown %v; want gen/0 once (the restart's exit only)", onDown)
+	}
+	if c := s.calls(); c != 2 {
+		t.Fatalf("%d exits reported, want 2", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exited) != 0 {
+		t.Fatalf("WriterProven for %v; want none (no pool file: no proof)", s.exited)
 	}
 }

@@ -111,11 +111,13 @@ type Node struct {
 	err       error            // ErrMembershipLost
 
 	// Death proofs (exit.go): pids watches peer processes of this host
-	// (nil where the backend does not make an exit a proof); watched is
+	// (on every node with a control link: an exit says the peer is down;
+	// a proof only where poolFile is set); watched is
 	// the incarnation last watched per peer, under mu; exitMu keeps an
 	// exit's report from racing the engine's Close.
 	// poolFile is the file backing this node's pool, which a writer's
-	// process must map for its exit to be proof (exit.go: tie); tieMu
+	// process must map for its exit to be proof (exit.go: tie; zero: no
+	// exit is proof here); tieMu
 	// guards the watches' tie state, untied counts the watches whose tie
 	// is still checked.
 	pids     *pidwatch.Watcher
@@ -259,6 +261,12 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			n.log.Info().Msg("the pool is the framework's memory: no peer process can be tied to it, so no peer's exit counts as proof that its writes are over (pages wait for a Result or CancelAck)")
 		default:
 			n.watchPools(region)
+		}
+		if n.pids == nil {
+			// No peer's exit can prove its writes over here, but a peer
+			// process's exit still says it is down, at once instead of
+			// after missed heartbeats (watchExit, writerExited).
+			n.pids = pidwatch.New()
 		}
 		sink := engineSink(&engp)
 		oneHost, _ := n.agent.(*oneHostAgent)

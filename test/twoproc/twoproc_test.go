@@ -482,6 +482,46 @@ func testKillGenerationMidTransfer(t *testing.T, b string) {
 	}
 }
 
+// TestKillGenerationIsDownAtOnce: SIGKILL the generation process while
+// requests are in flight, with heartbeats so slow (a minute, five misses)
+// that they cannot tell the context process of the death before this
+// test gives up. The context process watches the generation process
+// through a pidfd (same host, the process its Hello named): its exit
+// takes the peer down at once, on the path missed heartbeats take — the
+// requests with a stream to it fail naming the exit ("gen/0 exited (its
+// process N is gone: pidfd)"), their ops drain before their source pages
+// are released, the role cancels the rest, and the process ends with 0
+// leaked blocks. (Before, it learned of the death from heartbeats only:
+// here never, and it did not end.)
+func TestKillGenerationIsDownAtOnce(t *testing.T) {
+	// Chunks that take a while to compute keep streams open at the kill.
+	g, c := options(t, 40, 50*time.Millisecond)
+	for _, o := range []*proc.Options{&g, &c} {
+		o.Heartbeat, o.HeartbeatMisses = time.Minute, 5
+	}
+	gen := spawn(t, "gen", g)
+	ctx := spawn(t, "ctx", c)
+	gen.waitLine(t, "ready", time.Minute)
+	_ = gen.cmd.Process.Kill()
+	_, _ = gen.wait(t, time.Minute)
+	cr, cerr := ctx.wait(t, time.Minute)
+	t.Logf("ctx: %+v", cr)
+	if cerr != nil {
+		t.Fatalf("ctx exited with %v after its generation peer was killed (its error is on stderr above)", cerr)
+	}
+	if cr.LeakedBlocks != 0 {
+		t.Fatalf("ctx leaked %d blocks", cr.LeakedBlocks)
+	}
+	if !cr.PeerDown || cr.Failed == 0 {
+		t.Fatalf("ctx did not take the generation process down at its exit (peer down %v, %d failed, errors %q)", cr.PeerDown, cr.Failed, cr.Errors)
+	}
+	for _, e := range cr.Errors {
+		if strings.Contains(e, "heartbeat") {
+			t.Fatalf("a request failed for missed heartbeats (%q), not for the exit", e)
+		}
+	}
+}
+
 // TestKillContextMidTransfer: SIGKILL the context process mid-transfer.
 // The generation process must fail the requests it waits for and free their
 // destination pages once the writer is known dead, then exit with 0 leaked
