@@ -846,7 +846,8 @@ func (p *rxParent) Receive(ctx actor.Context) {
 			// Missed heartbeats (or a record gone from etcd) are
 			// suspicion, not proof (DESIGN.md §3): the request fails, its
 			// blocks are quarantined.
-			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s %s", ErrPeerGone, m.peer, m.why)})
+			ctx.Send(p.sessions.pids[r.Request], RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s %s", ErrPeerGone, m.peer, m.why),
+				Incarnation: m.inc})
 		}
 	case *writerExited:
 		refs := p.table.Exited(m.peer, m.inc)

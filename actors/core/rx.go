@@ -70,9 +70,15 @@ type (
 	// It may be alive — partitioned, stalled, slow — so this fails the
 	// request logically but proves nothing: the writer stays pending and
 	// the blocks are quarantined until a proof (DESIGN.md §3).
+	// Incarnation: the Down was of that incarnation of the writer, or an
+	// earlier one (Engine.PeerIncarnationDown: its process exited); 0:
+	// any. A writer the session addressed to a later incarnation since
+	// (a Misaddressed taken while the Down was on its way to the parent,
+	// whose table still had the earlier one) is not suspected by it.
 	RxSuspect struct {
-		Writer int
-		Err    error
+		Writer      int
+		Err         error
+		Incarnation uint64 `json:",omitempty"`
 	}
 	// RxAbandon: the engine is closing. It does not wait for proofs from
 	// suspected writers (partitioned or stalled, perhaps for good): once
@@ -353,7 +359,8 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s: %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
 		}
 	case RxSuspect:
-		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending {
+		if m.Writer >= 0 && m.Writer < len(s.writers) && s.writers[m.Writer] == writerPending &&
+			(m.Incarnation == 0 || s.cfg.Writers[m.Writer].Incarnation <= m.Incarnation) {
 			if mutFreeOnSuspicion() {
 				s.writers[m.Writer] = writerStopped
 			}

@@ -925,3 +925,53 @@ func TestRx_CancelResendBacksOff(t *testing.T) {
 		t.Fatal("the CancelAck after the back-off did not release the blocks")
 	}
 }
+
+// TestRx_SuspectOfAnEarlierIncarnationLeavesAReaddressedWriter: a Down of
+// a writer's incarnation (Engine.PeerIncarnationDown: its process exited,
+// no proof) suspects only requests addressed to that incarnation or an
+// earlier one. The rx parent's table may still name the earlier one when
+// the session has already re-addressed the writer (a Misaddressed taken,
+// or RxAddress here) and sent the RequestData to the writer's next
+// incarnation (its Readdress on its way to the parent):
+// the session must leave that writer alone, or the restarted writer's
+// request fails for its predecessor's exit (the simulator's
+// FaultIncarnationDown found it).
+func TestRx_SuspectOfAnEarlierIncarnationLeavesAReaddressedWriter(t *testing.T) {
+	const was, now = 3, 9
+	for _, tc := range []struct {
+		name     string
+		down     uint64
+		suspects bool
+	}{
+		{"the predecessor's Down", was, false},
+		{"an earlier one's", was - 1, false},
+		{"the addressed incarnation's", now, true},
+		{"a later one's", now + 1, true},
+		{"any incarnation (heartbeats)", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRxHarness(t, 1, 10*time.Second)
+			rd := *h.s.cfg.Writers[0].Request
+			rd.ToIncarnation = was
+			h.s.cfg.Writers[0].Request, h.s.cfg.Writers[0].Incarnation = &rd, was
+			h.step(RxBegin{})
+			effs := h.step(RxAddress{Writer: 0, Incarnation: now})
+			if sends := effectsOf[SendRequestData](effs); len(sends) != 1 || sends[0].Frame.ToIncarnation != now {
+				t.Fatalf("not re-addressed: %s", fmtEffects(effs))
+			}
+			h.step(RxSent{Writer: 0})
+			effs = h.step(RxSuspect{Writer: 0, Err: errors.New("exited (pidfd)"), Incarnation: tc.down})
+			if !tc.suspects {
+				if len(effs) != 0 {
+					t.Fatalf("the Down of incarnation %d: %s, want nothing", tc.down, fmtEffects(effs))
+				}
+				h.wantState(RxReceiving)
+				return
+			}
+			h.wantState(RxFailed)
+			if !errors.Is(h.s.Err(), ErrPeerGone) || !h.s.Quarantined() {
+				t.Fatalf("suspected: err %v, quarantined %v", h.s.Err(), h.s.Quarantined())
+			}
+		})
+	}
+}
