@@ -160,6 +160,10 @@ func (t *TxTable) Open(request, generation string) (spawn bool, err error) {
 			// that no Send adopts (it would wait for its deadline) — also
 			// when the Cancel came from another instance than the request's.
 			t.tombs.add(tomb{request: request})
+			if why := t.cancelReason(request, by); why != "" {
+				return false, fmt.Errorf("%w: request %s was cancelled by generation instance %s before Send (its reason: %q)",
+					ErrPeerCancelled, request, by, why)
+			}
 			return false, fmt.Errorf("%w: request %s was cancelled by generation instance %s before Send",
 				ErrPeerCancelled, request, by)
 		}
@@ -344,7 +348,7 @@ func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, 
 		return false, false, true
 	}
 	if !t.live[m.RequestID] {
-		if m.From.Instance != "" && !t.tombs.has(m.RequestID) && !t.addCancel(m.RequestID, m.From.Instance, now) {
+		if m.From.Instance != "" && !t.tombs.has(m.RequestID) && !t.addCancel(m.RequestID, m.From.Instance, m.Reason, now) {
 			return false, false, true
 		}
 		return false, false, false
@@ -358,7 +362,7 @@ func (t *TxTable) Cancel(m *messages.Cancel, now time.Time) (deliver, notBound, 
 		// with ErrPeerCancelled, as when the Cancel comes first (without
 		// the tombstone it would say "already sent"). No slot free: it
 		// says that.
-		t.addCancel(m.RequestID, m.From.Instance, now)
+		t.addCancel(m.RequestID, m.From.Instance, m.Reason, now)
 	}
 	return true, false, false
 }
@@ -484,6 +488,9 @@ type tombstones struct {
 	// when is each slot's time (addAged only), last the newest.
 	when []time.Time
 	last time.Time
+	// why is the reason a tombstone was given with (addAged: a Cancel's
+	// Reason), where it was given one.
+	why map[tomb]string
 }
 
 func newTombstones(n int) tombstones {
@@ -504,10 +511,14 @@ func (t *tombstones) add(tb tomb) {
 	t.set[tb] = true
 }
 
-// addAged adds tb at now unless the ring is full and its oldest
-// tombstone is younger than minAge; it reports whether tb is held.
-func (t *tombstones) addAged(tb tomb, now time.Time, minAge time.Duration) bool {
+// addAged adds tb at now, with the reason why (kept while tb is, the
+// first one given), unless the ring is full and its oldest tombstone is
+// younger than minAge; it reports whether tb is held.
+func (t *tombstones) addAged(tb tomb, why string, now time.Time, minAge time.Duration) bool {
 	if t.set[tb] {
+		if why != "" && t.why[tb] == "" {
+			t.setWhy(tb, why)
+		}
 		return true
 	}
 	if len(t.ring) < t.n {
@@ -518,12 +529,23 @@ func (t *tombstones) addAged(tb tomb, now time.Time, minAge time.Duration) bool 
 			return false
 		}
 		delete(t.set, t.ring[t.at])
+		delete(t.why, t.ring[t.at])
 		t.ring[t.at], t.when[t.at] = tb, now
 		t.at = (t.at + 1) % t.n
 	}
 	t.set[tb] = true
 	t.last = now
+	if why != "" {
+		t.setWhy(tb, why)
+	}
 	return true
+}
+
+func (t *tombstones) setWhy(tb tomb, why string) {
+	if t.why == nil {
+		t.why = map[tomb]string{}
+	}
+	t.why[tb] = why
 }
 
 // has reports whether request finished here recently.
@@ -536,10 +558,11 @@ func (t *tombstones) has(request string) bool { return t.set[tomb{request: reque
 const maxCancelInstances = 64
 
 // addCancel remembers that instance cancelled request before any session
-// here had it, in instance's own ring (as many slots as the finished ring),
-// and reports whether it could: it forgets no tombstone younger than
-// CancelTombMinAge to make room (nor an instance's ring whose newest is).
-func (t *TxTable) addCancel(request, instance string, now time.Time) bool {
+// here had it, and the Cancel's reason (why: peer text, validated), in
+// instance's own ring (as many slots as the finished ring), and reports
+// whether it could: it forgets no tombstone younger than CancelTombMinAge
+// to make room (nor an instance's ring whose newest is).
+func (t *TxTable) addCancel(request, instance, why string, now time.Time) bool {
 	r := t.ctombs[instance]
 	if r == nil {
 		if len(t.corder) >= maxCancelInstances {
@@ -562,7 +585,16 @@ func (t *TxTable) addCancel(request, instance string, now time.Time) bool {
 		t.ctombs[instance] = r
 		t.corder = append(t.corder, instance)
 	}
-	return r.addAged(tomb{request: request, canceller: instance}, now, CancelTombMinAge)
+	return r.addAged(tomb{request: request, canceller: instance}, why, now, CancelTombMinAge)
+}
+
+// cancelReason is the reason instance's Cancel of request gave, if it
+// cancelled it before any session here had it ("": none given).
+func (t *TxTable) cancelReason(request, instance string) string {
+	if r := t.ctombs[instance]; r != nil {
+		return r.why[tomb{request: request, canceller: instance}]
+	}
+	return ""
 }
 
 // cancelled reports whether instance cancelled request before any session

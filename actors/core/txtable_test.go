@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -703,4 +704,34 @@ func TestTxTable_OrphanBlocksBounded(t *testing.T) {
 		t.Fatalf("after d stopped: %d orphans naming %d blocks, want none", tb.Orphans("gen"), n)
 	}
 	orphan(big("gen", "b", 2*OrphanBlocksEach))
+}
+
+// A Send after a Cancel that came before any session had its request is
+// refused naming the Cancel's reason: a generation rank whose RequestData
+// the control plane refused for good (past this writer's frame limit)
+// says why in its Cancel, and the serving process's Send must say it too,
+// not only that the request was cancelled (as a session the Cancel finds
+// does: TestTx_PeerCancelBeforeRequestNamesItsReason).
+func TestTxTable_OpenAfterCancelNamesItsReason(t *testing.T) {
+	tb := NewTxTable(3)
+	const why = `actors: control frame not sent: request a: RequestData for writer ctx/0 refused: control/zmq: frame too large: 960 bytes exceeds the peer's MaxFrameBytes 768`
+	for i, reason := range []string{why, "a re-sent Cancel's"} { // the first reason given is kept
+		deliver, notBound, hold := tb.Cancel(&messages.Cancel{RequestID: "a", Epoch: 1, From: messages.PeerID{Instance: "gen"}, Reason: reason}, t0)
+		if deliver || notBound || hold {
+			t.Fatalf("Cancel %d of a without a session: deliver %v notBound %v hold %v, want answered at once", i, deliver, notBound, hold)
+		}
+	}
+	if _, _, hold := tb.Cancel(&messages.Cancel{RequestID: "b", Epoch: 1, From: messages.PeerID{Instance: "gen"}}, t0); hold {
+		t.Fatal("Cancel of b held")
+	}
+	for _, gen := range []string{"", "gen"} {
+		_, err := tb.Open("a", gen)
+		if !errors.Is(err, ErrPeerCancelled) || !strings.Contains(err.Error(), "before Send") || !strings.Contains(err.Error(), strconv.Quote(why)) {
+			t.Fatalf("Open a naming %q after a Cancel saying why: %v, want ErrPeerCancelled naming its reason %q", gen, err, why)
+		}
+		// Without a reason, the error says none.
+		if _, err := tb.Open("b", gen); !errors.Is(err, ErrPeerCancelled) || strings.Contains(err.Error(), "reason") {
+			t.Fatalf("Open b naming %q after a Cancel without a reason: %v", gen, err)
+		}
+	}
 }
