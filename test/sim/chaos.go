@@ -125,6 +125,7 @@ func (s *Sim) kill(d death) {
 		s.genDied(g, inc)
 		g.alive = false
 		s.detect(true, d.rank, inc)
+		s.exitDowns(d, inc)
 		if d.back > 0 {
 			s.at(d.back, "chaos", "return", func() {
 				s.fired(FaultPeerReturn)
@@ -148,6 +149,7 @@ func (s *Sim) kill(d death) {
 	s.ctxDied(c)
 	c.alive, c.backAt = false, d.back
 	s.detect(false, d.rank, inc)
+	s.exitDowns(d, inc)
 	// The backend's proof of that incarnation's death (shm: its pidfd,
 	// opened at its Hello, becomes readable) reaches every live
 	// generation rank: Engine.WriterExited. For a rank that returns, one

@@ -73,6 +73,11 @@ type ctxRank struct {
 	// up, or down for good); frames sent to it meanwhile wait for it
 	// (linkSend).
 	backAt time.Duration
+	// cancelReasons: the reason of the first Cancel of each request that
+	// was not held: a Send refused after it (ErrPeerCancelled: it came
+	// before Send) must name it — the refusal for good of a RequestData
+	// (FaultFrameRefused) the writer never got, say.
+	cancelReasons map[string]string
 }
 
 // renewLease is txParent.renewLease: a sign of peer's life renews the
@@ -155,6 +160,7 @@ func (c *ctxRank) boot() {
 	c.routes = map[*actors.Route]routeMeta{}
 	c.written, c.srcOwner = map[blockKey]uint64{}, map[blockKey]*ctxApp{}
 	c.posted, c.maxFrame, c.apps, c.failed, c.exitDue = 0, 0, nil, false, false
+	c.cancelReasons = map[string]string{}
 	c.workers = nil
 	for i := range s.ctxW {
 		c.workers = append(c.workers, &worker{s: s, c: c, inc: c.inc, idx: i,
@@ -279,6 +285,16 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	}
 	if !s.checkDecide(ts, msg, before, after, effs) {
 		return
+	}
+	if m, ok := msg.(actors.TxPeerCancel); ok {
+		if s.checkRefusalCancel(ts, m, before, after); s.fail != nil {
+			return
+		}
+	}
+	if m, ok := msg.(actors.TxPeerGone); ok {
+		if s.checkIncDown(ts, m, before, after); s.fail != nil {
+			return
+		}
 	}
 	var ops map[actors.OpRef]actors.OpState
 	opsAfter := func() map[actors.OpRef]actors.OpState { // built once, when a check needs it
@@ -729,6 +745,9 @@ func (c *ctxRank) onFrame(f messages.Frame) {
 		if hold { // as txParent: unanswered until a tombstone ages; the Cancel is re-sent
 			return
 		}
+		if _, ok := c.cancelReasons[m.RequestID]; !ok {
+			c.cancelReasons[m.RequestID] = m.Reason
+		}
 		if !deliver {
 			c.reply(m.RequestID, m.From, &messages.CancelAck{RequestID: m.RequestID, Epoch: m.Epoch, From: c.self})
 			return
@@ -964,6 +983,10 @@ func (a *ctxApp) start() {
 	// Engine.Send: the tx parent opens (or adopts) the session.
 	spawn, err := c.table.Open(q.id, "")
 	if err != nil {
+		if why := c.cancelReasons[q.id]; why != "" && errors.Is(err, actors.ErrPeerCancelled) && !names(err, why) {
+			s.failf("%s: Send refused with %v after a Cancel that said why (%q), want the error naming that reason", a.name(), err, why)
+			return
+		}
 		a.finished()
 		return
 	}

@@ -131,6 +131,16 @@
 // A send fails (the frame never leaves) when the peer is in no directory
 // (a context instance that does not exist) or the seed makes the
 // connection refuse frames; a frame to a dead peer is taken and lost.
+// Under FaultFrameRefused (a stream of its own) the control plane refuses
+// a RequestData for the frame itself (control.ErrFrameRefused, as past
+// the writer's MaxFrameBytes), at any send of it — the first, a re-send
+// after a refusal for the connection, one re-addressed to a restarted
+// writer —, also when other writers of the request already have theirs:
+// the session must fail the request at once naming the refusal, owe that
+// writer nothing, and send it one Cancel carrying the reason; the
+// writer's session that Cancel reaches must fail naming it, and a Send
+// that comes after it must be refused naming it (the first Cancel's
+// reason, whatever it is).
 // A rank's death takes its incarnation's state, its in-flight frames (both
 // ways) and its in-flight writes with it; a return boots a fresh
 // incarnation (new region, new agent address). Frames a generation rank
@@ -168,6 +178,16 @@
 // for (heartbeats prove nothing), the rx parent's down set; when the rank
 // really is dead, the backend's proof of its death (shm: a pidfd) comes
 // with it as RxPeerGone. A rank that came back first is never declared.
+// Under FaultIncarnationDown (a stream of its own) a rank's exit is also
+// seen at once by every live rank on the other side (a same-host peer's
+// pidfd, which is no proof): Engine.PeerIncarnationDown for that
+// incarnation, through each side's parent — TxPeerGone naming it to every
+// tx session (only streams to it or an earlier incarnation fail),
+// core.RxTable.PeerDown with it and RxSuspect naming it on the generation
+// side (blocks quarantined until a proof) — soon after the exit or, for a
+// rank that returns, one time in two after its next incarnation booted,
+// whose requests must go on (a session that re-addressed a writer to it
+// while the parent's table still named the dead one included).
 // Partitions delay frames and writes until the heal; Config.SuspectPartitions
 // (make sim's default) declares them too. A stalled context rank
 // (FaultStall: SIGSTOP, GC) steps nothing until it resumes, its posted

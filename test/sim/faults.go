@@ -174,6 +174,35 @@ const (
 	// else meanwhile. Drawn from a stream of its own (Sim.lr); counted
 	// when an answer of the writer reached the session before the report.
 	FaultSentLate
+	// FaultFrameRefused: the control plane refuses a generation rank's
+	// RequestData for the frame itself (control.ErrFrameRefused: past the
+	// writer's advertised MaxFrameBytes, as control/zmq's
+	// ErrFrameTooLarge), at its first send, a re-send after a refusal
+	// for the connection, or a send re-addressed to a restarted writer:
+	// sent again it would be refused again, so the session fails the
+	// request at once (ErrFrameUnsent naming the refusal), counts that
+	// writer never reached (it owes no CancelAck) and sends it a Cancel
+	// carrying the reason, which ends the writer's session (or refuses
+	// its Send) naming it. Drawn from a stream of its own (Sim.fr);
+	// counted when a live session steps such a refusal.
+	FaultFrameRefused
+	// FaultFrameRefusedOthersLeft: FaultFrameRefused while another
+	// writer's RequestData of the same request had left (that writer
+	// may be writing): its blocks wait for its proof.
+	FaultFrameRefusedOthersLeft
+	// FaultIncarnationDown: a rank's process exits and a peer on the
+	// other side of the same host takes that incarnation down at once
+	// (its pidfd: Engine.PeerIncarnationDown(peer, inc, "exited …"), which
+	// is no proof that its writes are over): the context side's sessions
+	// with a stream to that incarnation (or an earlier one) fail, their
+	// ops in doubt; the generation side's requests addressed to it are
+	// suspected (RxSuspect: blocks quarantined until a proof). Drawn from
+	// a stream of its own (Sim.dr); counted per Down a live rank hears.
+	FaultIncarnationDown
+	// FaultIncarnationDownReplaced: FaultIncarnationDown heard after the
+	// rank's next incarnation booted: it must leave that incarnation's
+	// requests alone.
+	FaultIncarnationDownReplaced
 
 	numFaults
 )
@@ -194,6 +223,10 @@ var faultNames = [numFaults]string{
 	"endpoint close unproven, sources released",
 	"cut write landed 100+ ms after the cut",
 	"answer before its RequestData's sent report",
+	"RequestData refused for good (frame)",
+	"RequestData refused for good, another's left",
+	"peer incarnation down (exit, no proof)",
+	"incarnation down after its successor booted",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -327,6 +360,12 @@ type plan struct {
 	// order CI caught the engine out on, too rare otherwise).
 	pSentLate   float64
 	sentLateMis bool
+	// pFrameRefused is the probability that a RequestData's send is
+	// refused for the frame itself (FaultFrameRefused).
+	pFrameRefused float64
+	// incDown: a rank's exit takes its incarnation down at once on the
+	// other side's ranks (FaultIncarnationDown).
+	incDown bool
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -539,6 +578,20 @@ func (p *plan) drawSentLate(r *rand.Rand, density float64) {
 		p.pSentLate = 0.2 + 0.6*r.Float64()
 	}
 	p.sentLateMis = p.on[FaultSentLate] || density > 0 && r.IntN(4) != 0
+}
+
+// drawFrameRefused draws FaultFrameRefused from its own stream r
+// (Sim.fr) with the seed's density.
+func (p *plan) drawFrameRefused(r *rand.Rand, density float64) {
+	if r.Float64() < density {
+		p.pFrameRefused = 0.03 + 0.2*r.Float64()
+	}
+}
+
+// drawIncDown draws FaultIncarnationDown from its own stream r (Sim.dr)
+// with the seed's density.
+func (p *plan) drawIncDown(r *rand.Rand, density float64) {
+	p.incDown = r.Float64() < density
 }
 
 // partitioned returns the end of the partition between ctx rank c and gen

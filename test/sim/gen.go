@@ -189,6 +189,8 @@ type rxSess struct {
 	// the copy left, the session must have taken it (checkMisaddressedTaken).
 	sentOK  []bool
 	misTrue []uint64
+	// peers: each writer's peer.
+	peers []messages.PeerID
 }
 
 func (s *Sim) sendRx(from string, rs *rxSess, msg any) {
@@ -216,6 +218,14 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 			rs.name, m.Writer, m.Incarnation, before, after, len(effs), rs.writerInc[m.Writer])
 		return
 	}
+	if m, ok := msg.(actors.RxSuspect); ok && m.Writer >= 0 && m.Writer < len(rs.writerInc) && m.Incarnation != 0 &&
+		rs.writerInc[m.Writer] > m.Incarnation && (after != before || len(effs) > 0) {
+		// The RequestData went to a later incarnation since (readdress):
+		// the Down of an earlier one says nothing of it.
+		s.failf("%s: the Down of writer %d's incarnation %d moved the session (%v -> %v, %d effects), its RequestData went to incarnation %d",
+			rs.name, m.Writer, m.Incarnation, before, after, len(effs), rs.writerInc[m.Writer])
+		return
+	}
 	s.noteProof(rs, msg)
 	if m, ok := msg.(actors.RxSent); ok && m.Err == nil && m.Writer >= 0 && m.Writer < len(rs.sentOK) {
 		rs.sentOK[m.Writer] = true
@@ -232,6 +242,11 @@ func (s *Sim) stepRx(rs *rxSess, msg any) {
 		if rs.neverConn && s.vt > rs.deadlineAt {
 			s.failf("%s: %T: a writer is never connected, yet the request was decided (%v) at %v, after its deadline %v",
 				rs.name, msg, after, s.vt, rs.deadlineAt)
+			return
+		}
+	}
+	if m, ok := msg.(actors.RxSent); ok {
+		if s.checkFrameRefused(rs, m, before, after, effs); s.fail != nil {
 			return
 		}
 	}
@@ -996,6 +1011,7 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 		rs.proof = append(rs.proof, false)
 		rs.unreachable = append(rs.unreachable, unreachable)
 		rs.refused = append(rs.refused, false)
+		rs.peers = append(rs.peers, peer)
 		rs.writerInc = append(rs.writerInc, w.Incarnation)
 		rs.reported = append(rs.reported, -1)
 		rs.planned = append(rs.planned, s.plannedBytes(r, g, blocks))

@@ -26,8 +26,9 @@ var errQueueFull = errors.New("sim link: send queue full")
 //
 // It returns an error when the frame does not leave this process, as
 // control.Link's Dial and Conn.Send do: a peer that is in no directory (the
-// dial fails), or a connection the seed's plan makes refuse frames (send
-// queue full). A frame to a dead peer is taken and lost, as ZeroMQ queues
+// dial fails), a RequestData refused for the frame itself
+// (FaultFrameRefused: control.ErrFrameRefused), or a connection the seed's
+// plan makes refuse frames (send queue full). A frame to a dead peer is taken and lost, as ZeroMQ queues
 // frames for a peer that does not answer (a context rank that returns gets
 // them, above). A refusal other than a full
 // queue closes the worker's connection to the peer, as actors/worker.go
@@ -46,6 +47,14 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 	if toGen == fromGen {
 		s.failf("frame %T from %v side to its own side %v", f, fromGen, to)
 		return errors.New("sim link: wrong side")
+	}
+	if rd, ok := f.(*messages.RequestData); ok && fromGen && s.faults.pFrameRefused > 0 && s.fr.Float64() < s.faults.pFrameRefused {
+		// Refused for the frame itself (control/zmq's ErrFrameTooLarge:
+		// past the writer's MaxFrameBytes, its Hello), before any check
+		// of the connection, which is kept (actors/worker.go frameError).
+		limit := len(b) - 1 - s.fr.IntN(len(b)/2)
+		return fmt.Errorf("%w: sim link: send *messages.RequestData of request %q to %s: %d bytes exceeds the peer's MaxFrameBytes %d (its Hello)",
+			control.ErrFrameRefused, rd.RequestID, to, len(b), limit)
 	}
 	if fromGen {
 		if refused, _ := s.faults.refused(from, int(to.Rank), s.vt); refused {

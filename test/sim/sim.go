@@ -179,7 +179,12 @@ type Sim struct {
 	// lr draws the generation workers' late reports that a RequestData
 	// left (FaultSentLate, gen.go sentLate): a stream of its own, so that
 	// no other draw moves.
-	lr      *rand.Rand
+	lr *rand.Rand
+	// fr draws the RequestData the control plane refuses for good
+	// (FaultFrameRefused, linkSend); dr the downs of exited incarnations
+	// (FaultIncarnationDown, chaos.go incarnationDown): streams of their
+	// own, so that no other draw of a seed without them moves.
+	fr, dr  *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -238,6 +243,8 @@ func Run(cfg Config) *Result {
 		rr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767872656c73)),
 		mr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b76786d697361)),
 		lr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678736e746c)),
+		fr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767866726d72)),
+		dr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678696e6364)),
 		fifo:     map[fifoKey]time.Duration{},
 		links:    newConnTable(),
 		admitted: map[admitKey]bool{},

@@ -125,6 +125,8 @@ func (s *Sim) setup() {
 	s.faults.drawHung(s.hr, density)
 	s.faults.drawUnproven(s.xr, density)
 	s.faults.drawSentLate(s.lr, density)
+	s.faults.drawFrameRefused(s.fr, density)
+	s.faults.drawIncDown(s.dr, density)
 	var ctxBlocks, genMax, genSum int
 	for _, q := range s.reqs {
 		q.genPrompt = make([]int, s.genPar.Size())
