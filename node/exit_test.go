@@ -536,14 +536,14 @@ func TestPeerExitIsDownForItsIncarnation(t *testing.T) {
 	if err := first.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	downs, onDown := seen(1, 0)
+	downs, _ := seen(1, 0)
 	if len(downs) != 1 || !strings.HasPrefix(downs[0], gen.String()+" 7 exited") {
 		t.Fatalf("the old incarnation's exit: Downs %q; want one, of incarnation 7, naming the exit", downs)
 	}
 	if err := second.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	downs, onDown = seen(2, 1)
+	downs, _ = seen(2, 1)
 	want := fmt.Sprintf("%s 8 exited (its process %d is gone: pidfd)", gen, sp.Pid)
 	if len(downs) != 2 || downs[1] != want {
 		t.Fatalf("the current incarnation's exit: Downs %q; want the second %q", downs, want)
@@ -552,7 +552,7 @@ func TestPeerExitIsDownForItsIncarnation(t *testing.T) {
 	// first and told nothing. Close waits for the watches' callbacks.
 	n.closePids()
 	mu.Lock()
-	onDown = slices.Clone(told)
+	onDown := slices.Clone(told)
 	mu.Unlock()
 	if len(onDown) != 1 || onDown[0] != "gen/0" {
 		t.Fatalf("OnPeerDown %v; want gen/0 once (the restart's exit only)", onDown)
