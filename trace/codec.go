@@ -80,8 +80,9 @@ type (
 		Err *string `json:",omitempty"`
 	}
 	rxSuspect struct {
-		Writer int
-		Err    *string `json:",omitempty"`
+		Writer      int
+		Err         *string `json:",omitempty"`
+		Incarnation uint64  `json:",omitempty"`
 	}
 )
 
@@ -233,7 +234,7 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 	case actors.RxPanic:
 		return "RxPanic", rxPanic{Err: errText(m.Err)}
 	case actors.RxSuspect:
-		return "RxSuspect", rxSuspect{Writer: m.Writer, Err: errText(m.Err)}
+		return "RxSuspect", rxSuspect{Writer: m.Writer, Err: errText(m.Err), Incarnation: m.Incarnation}
 	case actors.RxAbandon:
 		return "RxAbandon", m
 	case actors.RxAddress:
@@ -354,7 +355,7 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 	case "RxSuspect":
 		var w rxSuspect
 		if err = unmarshal(raw, &w); err == nil {
-			out = actors.RxSuspect{Writer: w.Writer, Err: textErr(w.Err)}
+			out = actors.RxSuspect{Writer: w.Writer, Err: textErr(w.Err), Incarnation: w.Incarnation}
 		}
 	case "RxAbandon":
 		out, err = decodeAs[actors.RxAbandon](raw)
