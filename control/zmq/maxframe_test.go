@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -24,28 +25,10 @@ func TestPeerFrameLimitRefusedAtSend(t *testing.T) {
 	const limit = 1024
 	ctx := listen(t, pid("ctx", 0), Config{Insecure: true, MaxFrameBytes: limit})
 	gen := listen(t, pid("gen", 0), Config{Insecure: true})
-	introduce(t, ctx, gen)
-	introduce(t, gen, ctx)
-	// ctx/0 dials gen/0, as a context rank does to answer it: its Conn
-	// says Hello first.
-	back, err := ctx.link.Dial(gen.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer back.Close()
-	waitFor(t, patience, "ctx/0's Hello at gen/0", func() bool {
-		_, err := gen.link.Hello(ctx.id)
-		return err == nil
-	})
+	conn := dialAfterHello(t, ctx, gen)
 	if h, _ := gen.link.Hello(ctx.id); h.MaxFrameBytes != limit {
 		t.Fatalf("ctx/0's Hello says MaxFrameBytes %d, want %d", h.MaxFrameBytes, limit)
 	}
-
-	conn, err := gen.link.Dial(ctx.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	big := requestData(gen.id, 1)
 	blocks := make([]int32, 1000)
 	for i := range blocks {
@@ -56,6 +39,7 @@ func TestPeerFrameLimitRefusedAtSend(t *testing.T) {
 	if size <= limit || size > DefaultMaxFrameBytes {
 		t.Fatalf("test frame of %d bytes: want one past ctx/0's limit %d only", size, limit)
 	}
+	var err error
 	waitFor(t, patience, "Send taken or refused for good", func() bool {
 		err = conn.Send(big)
 		return !errors.Is(err, ErrQueueFull)
@@ -117,22 +101,7 @@ func TestPeerFrameLimitBelowOurHello(t *testing.T) {
 		t.Fatal(err)
 	}
 	gen := &node{id: pid("gen", 0), link: genLink, in: in}
-	introduce(t, ctx, gen)
-	introduce(t, gen, ctx)
-	back, err := ctx.link.Dial(gen.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer back.Close()
-	waitFor(t, patience, "ctx/0's Hello at gen/0", func() bool {
-		_, err := gen.link.Hello(ctx.id)
-		return err == nil
-	})
-	conn, err := gen.link.Dial(ctx.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialAfterHello(t, ctx, gen)
 	waitFor(t, patience, "Send taken or refused for good", func() bool {
 		err = conn.Send(requestData(gen.id, 1))
 		return !errors.Is(err, ErrQueueFull)
@@ -148,6 +117,31 @@ func TestPeerFrameLimitBelowOurHello(t *testing.T) {
 	waitFor(t, patience, "gen/0's Hello rejected oversize at ctx/0", func() bool {
 		return ctx.link.Stats().Rejected[RejectOversize] > 0
 	})
+}
+
+// dialAfterHello introduces ctx and gen to each other, has ctx dial gen
+// (as a context rank does to answer it: its Conn says Hello first), waits
+// for that Hello at gen, and returns gen's Conn to ctx. Both Conns close
+// with the test.
+func dialAfterHello(t *testing.T, ctx, gen *node) control.Conn {
+	t.Helper()
+	introduce(t, ctx, gen)
+	introduce(t, gen, ctx)
+	back, err := ctx.link.Dial(gen.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { back.Close() })
+	waitFor(t, patience, "ctx/0's Hello at gen/0", func() bool {
+		_, err := gen.link.Hello(ctx.id)
+		return err == nil
+	})
+	conn, err := gen.link.Dial(ctx.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // withMaxFrame is h as Listen sends it: saying the listener's limit.
