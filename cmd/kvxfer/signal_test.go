@@ -568,16 +568,17 @@ func TestTwoProcessDemoKilledEndsItsChildren(t *testing.T) {
 	if err != nil || len(left) != 1 {
 		t.Fatalf("the killed demo's key directory: %q (%v), want one", left, err)
 	}
+	// The next demo sweeps before it starts its children; how its run
+	// ends is not this test's subject (other tests run whole demos), and
+	// on a starved machine its children may miss their own deadlines.
 	next, _, nextErr := startCommand(t, "demo", "--processes", "2", "--backend", "shm", "--progress=false",
 		"--requests", "1", "--log-level", "info")
-	if err := next.Wait(); err != nil {
-		t.Fatalf("the next demo: %v\n%s", err, nextErr.String())
-	}
+	runErr := next.Wait()
 	if _, err := os.Stat(left[0]); !os.IsNotExist(err) {
-		t.Errorf("the next demo left the killed one's secret key %s (%v)", left[0], err)
+		t.Errorf("the next demo (%v) left the killed one's secret key %s (%v)", runErr, left[0], err)
 	}
 	if !nextErr.Has("removed the key directories of demos that were killed") || !nextErr.Has(filepath.Dir(left[0])) {
-		t.Errorf("the next demo did not say it removed %s:\n%s", filepath.Dir(left[0]), nextErr.String())
+		t.Errorf("the next demo (%v) did not say it removed %s:\n%s", runErr, filepath.Dir(left[0]), nextErr.String())
 	}
 }
 
