@@ -542,7 +542,7 @@ func (s *RxSession) onSent(m RxSent) {
 		s.neverReached(m.Writer)
 		return
 	}
-	if refusedForGood(m.Err) {
+	if RefusedForGood(m.Err) {
 		// The control plane refused this frame itself (larger than the
 		// writer's frame limit, invalid): sent again it is refused
 		// again, so the request fails now with the reason instead of at
@@ -572,11 +572,11 @@ func (s *RxSession) onSent(m RxSent) {
 	}
 }
 
-// refusedForGood reports whether err, a RequestData's send refusal, is
+// RefusedForGood reports whether err, a RequestData's send refusal, is
 // about the frame itself (control.ErrFrameRefused: too large for the
 // peer or for us; messages.ErrInvalid), which a re-send cannot change,
 // rather than about the connection (not up, queue full), which it can.
-func refusedForGood(err error) bool {
+func RefusedForGood(err error) bool {
 	return errors.Is(err, control.ErrFrameRefused) || errors.Is(err, messages.ErrInvalid)
 }
 

@@ -69,7 +69,7 @@ func (h *rxHarness) step(msg any) []Effect {
 				// A writer whose RequestData was refused for good is
 				// told (onSent), though it never got the request.
 				w := int(e.To.Rank)
-				if h.s.writers[w] != writerPending && !refusedForGood(h.s.sendErr[w]) {
+				if h.s.writers[w] != writerPending && !RefusedForGood(h.s.sendErr[w]) {
 					h.t.Fatalf("%T: Cancel to writer %d, which is quiescent", msg, w)
 				}
 			}

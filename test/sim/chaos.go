@@ -262,7 +262,7 @@ func (s *Sim) detectFor(gen bool, rank int) {
 			ginc := g.inc
 			s.after(s.between(2*time.Millisecond, 15*time.Millisecond), "chaos", "peerDown", func() {
 				if c.live(inc) && !g.alive && g.inc == ginc {
-					c.peerDown(g.self)
+					c.peerDown(g.self, 0, "")
 				}
 			})
 		}
@@ -276,7 +276,7 @@ func (s *Sim) declareDown(gen bool, rank, only int) {
 		peer := messages.PeerID{Instance: "gen", Rank: int32(rank)}
 		for _, c := range s.ctx {
 			if c.alive && (only < 0 || c.idx == only) {
-				c.peerDown(peer)
+				c.peerDown(peer, 0, "")
 			}
 		}
 		return

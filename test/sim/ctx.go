@@ -110,7 +110,7 @@ func (c *ctxRank) leaseLapsed() {
 	c.leaseArmed = false
 	for _, peer := range c.leases.Expired(c.now()) {
 		c.s.fired(FaultWriterLease)
-		c.peerDown(peer)
+		c.peerDown(peer, 0, "")
 	}
 	c.armLease()
 }
@@ -780,11 +780,13 @@ func (c *ctxRank) misaddressed(f messages.Frame) {
 	c.reply(rd.RequestID, rd.From, a)
 }
 
-// peerDown is txParent's peerDown (Engine.PeerDown): every session hears
-// that a generation rank was declared dead.
-func (c *ctxRank) peerDown(peer messages.PeerID) {
+// peerDown is txParent's peerDown: every session hears that incarnation
+// inc of a generation rank is down (Engine.PeerIncarnationDown; inc 0,
+// any: Engine.PeerDown, a rank declared dead), why saying how; those with
+// a stream to a later incarnation only go on.
+func (c *ctxRank) peerDown(peer messages.PeerID, inc uint64, why string) {
 	for _, ts := range sortedSessions(c.sessions) {
-		c.s.sendTx(c.parentName(), ts, actors.TxPeerGone{Peer: peer})
+		c.s.sendTx(c.parentName(), ts, actors.TxPeerGone{Peer: peer, Why: why, Incarnation: inc})
 	}
 }
 

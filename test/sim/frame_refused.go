@@ -7,16 +7,10 @@ import (
 	"strings"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
 	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/messages"
 )
-
-// refusedForGood reports whether err, a RequestData's send refusal, is
-// about the frame itself (FaultFrameRefused), which a re-send cannot
-// change.
-func refusedForGood(err error) bool {
-	return errors.Is(err, control.ErrFrameRefused) || errors.Is(err, messages.ErrInvalid)
-}
 
 // checkFrameRefused checks a live session's step of a report that writer
 // m.Writer's RequestData was refused for the frame itself
@@ -29,7 +23,7 @@ func refusedForGood(err error) bool {
 // proofs as always (ReleaseDest's checks).
 func (s *Sim) checkFrameRefused(rs *rxSess, m actors.RxSent, before, after actors.RxState, effs []actors.Effect) {
 	w := m.Writer
-	if m.Err == nil || !refusedForGood(m.Err) || before.Terminal() || w < 0 || w >= len(rs.peers) {
+	if m.Err == nil || !core.RefusedForGood(m.Err) || before.Terminal() || w < 0 || w >= len(rs.peers) {
 		return
 	}
 	s.fired(FaultFrameRefused)

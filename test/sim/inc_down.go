@@ -38,7 +38,7 @@ func (s *Sim) exitDowns(d death, inc int) {
 			s.after(delay(), c.parentName(), "incarnationDown", func() {
 				if c.live(cinc) {
 					s.noteIncDown(true, d.rank, inc)
-					c.incarnationDown(peer, uint64(inc+1))
+					c.peerDown(peer, uint64(inc+1), fmt.Sprintf("%d exited (its process is gone: pidfd)", inc+1))
 				}
 			})
 		}
@@ -76,16 +76,6 @@ func (s *Sim) noteIncDown(gen bool, rank, inc int) {
 	}
 	if now > inc {
 		s.fired(FaultIncarnationDownReplaced)
-	}
-}
-
-// incarnationDown is txParent's peerDown for incarnation inc of a
-// generation rank: every session hears TxPeerGone naming it; those with a
-// stream to a later incarnation only go on.
-func (c *ctxRank) incarnationDown(peer messages.PeerID, inc uint64) {
-	why := fmt.Sprintf("%d exited (its process is gone: pidfd)", inc)
-	for _, ts := range sortedSessions(c.sessions) {
-		c.s.sendTx(c.parentName(), ts, actors.TxPeerGone{Peer: peer, Why: why, Incarnation: inc})
 	}
 }
 
