@@ -66,6 +66,8 @@ type clusterOpts struct {
 	traceDir string
 	// ctxSendOnly starts the context engines with Config.SendOnly.
 	ctxSendOnly bool
+	// poolBytes is each engine's Config.PoolBytes (0: 4 MiB).
+	poolBytes uint64
 }
 
 // startClusterOn is startCluster with the engines' agents and links from o.
@@ -85,8 +87,12 @@ func startClusterOn(t *testing.T, l kvcache.Layout, ctxPar, genPar kvcache.Paral
 		if o.traceDir != "" {
 			tracePath = filepath.Join(o.traceDir, fmt.Sprintf("%s-%d.jsonl", inst, i))
 		}
+		poolBytes := o.poolBytes
+		if poolBytes == 0 {
+			poolBytes = 4 << 20
+		}
 		e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Parallel: p, Rank: p.RankAt(i),
-			Layout: &l, PoolBytes: 4 << 20, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second,
+			Layout: &l, PoolBytes: poolBytes, Workers: workers, Link: link, Agent: agent, TransferTimeout: 20 * time.Second,
 			TracePath: tracePath, SendOnly: o.ctxSendOnly && inst == "ctx"})
 		if err != nil {
 			t.Fatalf("start %s rank %d: %v", inst, i, err)

@@ -76,14 +76,14 @@ func testHello(id messages.PeerID) *messages.Hello {
 // (Before the fix the worker closed the Conn on any error but
 // ErrQueueFull, dropping the backlog: checked to fail without it.)
 func TestWorkerKeepsConnOnFrameError(t *testing.T) {
-	s, peer, endpoint, _ := zmqWorker(t, zmq.Config{MaxFrameBytes: 600})
+	s, peer, endpoint, _ := zmqWorker(t, zmq.Config{MaxFrameBytes: messages.MinFrameLimit})
 	self := messages.PeerID{Instance: "ctx"}
 	// The peer is not there: the CancelAck waits in the Conn's backlog.
 	if err := s.send(peer, &messages.CancelAck{RequestID: "queued", Epoch: 1, From: self}); err != nil {
 		t.Fatalf("CancelAck: %v, want it queued", err)
 	}
 	c := s.conns[peer]
-	big := &messages.Result{RequestID: "big", Epoch: 1, From: self, Status: messages.StatusFailed, Error: strings.Repeat("e", 1000)}
+	big := &messages.Result{RequestID: "big", Epoch: 1, From: self, Status: messages.StatusSuccess, Payload: make([]byte, 2*messages.MinFrameLimit)}
 	if err := s.send(peer, big); !errors.Is(err, zmq.ErrFrameTooLarge) {
 		t.Fatalf("a frame past MaxFrameBytes: %v, want ErrFrameTooLarge", err)
 	}

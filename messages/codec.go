@@ -23,6 +23,18 @@ import (
 // that worst case and checks it fits.
 const MaxFrameBytes = 6 << 20
 
+// MinFrameLimit is the smallest frame limit a listener may have
+// (zmq.Config.MaxFrameBytes, and the Hello's MaxFrameBytes that says it):
+// every frame that ends a request fits in it at its fields' bounds — a
+// FAILED Result without payload, with the longest error text; a Cancel
+// with the longest reason; a CancelAck; a Misaddressed — so that a
+// request's end always reaches its peer. A smaller limit would drop them
+// there, and the peer would wait for its deadline with its pages held.
+// (TestMinFrameLimitFitsEveryEnd encodes those worst cases.) A SUCCESS
+// Result whose payload makes it larger than the peer's limit is refused
+// at send, and its request ends with a FAILED Result, which fits.
+const MinFrameLimit = 4096
+
 // ErrVersion is wrapped, beside ErrInvalid, when a frame carries a protocol
 // version other than Version; the error is a *VersionError, which says the
 // version the frame carried.

@@ -171,7 +171,9 @@ type Hello struct {
 	// peer refuses to send it a larger one. 0: not said (a peer that
 	// predates the field), taken as MaxFrameBytes; above MaxFrameBytes (a
 	// later build's larger limit) it bounds nothing this build can send,
-	// so any value is valid (PeerFrameLimit).
+	// so any such value is valid (PeerFrameLimit); below MinFrameLimit
+	// the frames that end a request would not reach the sender, and the
+	// Hello is invalid.
 	MaxFrameBytes uint64
 }
 
@@ -496,6 +498,10 @@ func (m *Hello) Validate() error {
 	}
 	if len(m.Model) > MaxModelLen {
 		return invalid("hello model name of %d bytes, want at most %d", len(m.Model), MaxModelLen)
+	}
+	if m.MaxFrameBytes != 0 && m.MaxFrameBytes < MinFrameLimit {
+		return invalid("hello max frame bytes %d, want 0 (not said) or at least MinFrameLimit %d: the frames that end a request would not fit",
+			m.MaxFrameBytes, MinFrameLimit)
 	}
 	if len(m.AgentAddr) == 0 || len(m.AgentAddr) > 4096 {
 		return invalid("hello agent address length %d, want 1..4096", len(m.AgentAddr))

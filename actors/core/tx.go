@@ -742,6 +742,16 @@ func (s *TxSession) onPeerRequest(m TxPeerRequest) {
 // any more, so a RequestData gets a FAILED Result and a Cancel an ack.
 func (s *TxSession) afterStop(msg any) {
 	switch m := msg.(type) {
+	case TxSent:
+		// A failed session does not wait for its SUCCESS Results' reports
+		// to stop (maybeRelease). One refused for the frame itself never
+		// left: its peer gets the outcome now (onSent, as when live).
+		if st := s.streams[m.Peer]; st != nil && st.phase == streamSending && m.Err != nil {
+			st.phase = streamFinished
+			if RefusedForGood(m.Err) {
+				s.replyTo(st.route.Peer, st.peerInc, s.answer(st))
+			}
+		}
 	case TxPeerRequest:
 		if st := s.streams[m.Peer]; st != nil && (st.epoch == m.Epoch || st.silences(m.Incarnation)) {
 			// A duplicate of a request already answered, or a peer whose
@@ -891,18 +901,30 @@ func (s *TxSession) resultsHandedOver() bool {
 }
 
 // onSent records whether a stream's SUCCESS Result left this process: one
-// that did not fails the request (the peer waits for a Result that will
-// never come; its deadline or Cancel ends its side). Reports about other
-// terminal frames change nothing: the outcome is already decided.
+// that did not fails the request. Refused for the frame itself
+// (RefusedForGood: its payload makes it larger than the peer's frame
+// limit), it never left and never will, and the stream answers again as
+// any stream of a failed request does (finishStream): with a FAILED
+// Result, which carries no payload and fits any limit a peer may have
+// (messages.MinFrameLimit), so the peer ends its side now, naming the
+// reason, and frees its pages on it — every op of the stream is done and
+// proven landed. Refused for the connection (queue full, closed), the
+// peer waits for a Result that will never come; its deadline or Cancel
+// ends its side. Reports about other terminal frames change nothing: the
+// outcome is already decided.
 func (s *TxSession) onSent(m TxSent) {
 	st := s.streams[m.Peer]
 	if st == nil || st.phase != streamSending {
 		return
 	}
 	st.phase = streamFinished
-	if m.Err != nil {
-		s.fail(TxFailed, fmt.Errorf("%w: request %s: the Result for %s: %w", ErrFrameUnsent, s.cfg.Request, st.route.Peer, m.Err))
+	if m.Err == nil {
+		return
 	}
+	if RefusedForGood(m.Err) {
+		st.phase = streamFlushing // flushed: unanswered, for finishStream
+	}
+	s.fail(TxFailed, fmt.Errorf("%w: request %s: the Result for %s: %w", ErrFrameUnsent, s.cfg.Request, st.route.Peer, m.Err))
 }
 
 func (s *TxSession) onPeerGone(m TxPeerGone, now time.Time) {
@@ -1080,10 +1102,16 @@ func (s *TxSession) finishStream(st *stream) {
 				s.cfg.Request, st.route.Peer, st.cutOps)})
 		return
 	}
+	s.emit(SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: s.answer(st)})
+}
+
+// answer is the terminal frame of a stream of a decided session whose
+// ops are all quiescent: a CancelAck when its peer cancelled, else a
+// Result saying the outcome (IN_DOUBT for a stream with ops retired),
+// without payload.
+func (s *TxSession) answer(st *stream) messages.Frame {
 	if st.cancelled {
-		s.emit(SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.CancelAck{
-			RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Incarnations: s.incs(st)}})
-		return
+		return &messages.CancelAck{RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Incarnations: s.incs(st)}
 	}
 	status := messages.StatusFailed
 	switch {
@@ -1099,9 +1127,8 @@ func (s *TxSession) finishStream(st *stream) {
 	if status == messages.StatusFailed {
 		kind = errorKind(s.err) // a kind is only for FAILED (Result.Validate)
 	}
-	s.emit(SendFrame{Worker: st.worker, To: st.route.Peer, FromStream: true, Peer: st.peer, Frame: &messages.Result{
-		RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text,
-		ErrorKind: kind, Incarnations: s.incs(st)}})
+	return &messages.Result{RequestID: s.cfg.Request, Epoch: st.epoch, From: s.cfg.Self, Status: status, Bytes: st.bytes, Error: text,
+		ErrorKind: kind, Incarnations: s.incs(st)}
 }
 
 // incs are the incarnations of a stream's frames: from this rank's, to the

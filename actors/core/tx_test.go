@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -2156,4 +2157,82 @@ func TestTx_LateAfterEveryResultHandedOver(t *testing.T) {
 			h.wantReleased(c.writing, c.cause)
 		})
 	}
+}
+
+// TestTx_SuccessRefusedForItsSizeAnswersFailed: a SUCCESS Result the
+// control plane refuses for the frame itself (its payload past the peer's
+// frame limit) never left: the request fails naming the refusal, and the
+// stream answers again, with a FAILED Result that carries no payload and
+// names the same reason, so that the peer ends its side now and frees its
+// pages on it (every op of the stream is done and landed). A refusal for
+// the connection sends nothing more: a second frame would be refused as
+// the first. (Checked to fail without the refused-for-good branch: no
+// frame follows the refusal, and the peer waited for its deadline.)
+func TestTx_SuccessRefusedForItsSizeAnswersFailed(t *testing.T) {
+	tooLarge := fmt.Errorf("%w: send *messages.Result of request \"r1\" to gen/1: 70000 bytes exceeds the peer's MaxFrameBytes 65536", control.ErrFrameRefused)
+	for _, c := range []struct {
+		name   string
+		err    error
+		answer bool
+	}{
+		{"refused for its size", tooLarge, true},
+		{"connection closed", errors.New("connection closed"), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, _ := newTxHarness(t, txOpts{})
+			h.step(TxStart{PromptLen: 32, Payload: make([]byte, 60000)})
+			h.request(1, 1)
+			h.chunk(0, 32, true)
+			h.fence(0)
+			h.complete(1, 0, nil)
+			if r := wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess); len(r.Payload) != 60000 {
+				t.Fatalf("SUCCESS with a payload of %d bytes, want 60000", len(r.Payload))
+			}
+			effs := h.sent(1, c.err)
+			h.wantState(TxFailed)
+			if err := h.s.Err(); !errors.Is(err, ErrFrameUnsent) || !strings.Contains(err.Error(), c.err.Error()) {
+				t.Fatalf("err %v: want ErrFrameUnsent naming %q", err, c.err)
+			}
+			if !c.answer {
+				if fs := framesTo(effs, 1); len(fs) != 0 {
+					t.Fatalf("frames after a refusal for the connection: %s", fmtEffects(effs))
+				}
+				h.wantReleased(TxFailed, ErrFrameUnsent)
+				return
+			}
+			r := wantResult(t, effs, 1, messages.StatusFailed)
+			if len(r.Payload) != 0 || !strings.Contains(r.Error, "exceeds the peer's MaxFrameBytes 65536") {
+				t.Fatalf("FAILED Result with a payload of %d bytes saying %q: want none, naming the refusal", len(r.Payload), r.Error)
+			}
+			if b, err := messages.Encode(r); err != nil || len(b) > messages.MinFrameLimit {
+				t.Fatalf("FAILED Result of %d bytes (%v): want one within MinFrameLimit %d", len(b), err, messages.MinFrameLimit)
+			}
+			// Its own report changes nothing; the session is over.
+			wantNo(t, "the FAILED Result's report", h.sent(1, nil), "SendFrame", "Decide")
+			h.wantReleased(TxFailed, ErrFrameUnsent)
+		})
+	}
+	// The session failed (another stream's write) and stopped while the
+	// SUCCESS Result was on its way, which does not hold its release: the
+	// refusal's report comes to the stopped session, which still answers.
+	t.Run("after the session stopped", func(t *testing.T) {
+		h, _ := newTxHarness(t, txOpts{})
+		h.step(TxStart{PromptLen: 32, Payload: make([]byte, 60000)})
+		h.request(1, 1, 2)
+		h.request(2, 1, 2)
+		h.chunk(0, 32, true)
+		h.fence(0)
+		h.complete(1, 0, nil)
+		wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+		wantResult(t, h.complete(2, 0, errors.New("remote access error")), 2, messages.StatusFailed)
+		h.wantReleased(TxFailed, ErrPeerFailed)
+		effs := h.s.Step(TxSent{Peer: 1, Err: tooLarge}, h.now) // a stopped session's answer: past the harness's checks
+		r := wantResult(t, effs, 1, messages.StatusFailed)
+		if len(effs) != 1 || len(r.Payload) != 0 || !strings.Contains(r.Error, "remote access error") {
+			t.Fatalf("after Stop: %s; want only a FAILED Result without payload, naming the outcome", fmtEffects(effs))
+		}
+		if effs := h.s.Step(TxSent{Peer: 1}, h.now); len(effs) != 0 {
+			t.Fatalf("the FAILED Result's report after Stop: %s", fmtEffects(effs))
+		}
+	})
 }

@@ -95,7 +95,8 @@ type Config struct {
 	// and before it is delivered; it must not block. Optional.
 	OnFrame func(messages.Frame)
 	// MaxFrameBytes bounds one incoming frame (default and maximum
-	// messages.MaxFrameBytes). The link's Hello says it
+	// messages.MaxFrameBytes; at least messages.MinFrameLimit, within
+	// which every frame that ends a request fits). The link's Hello says it
 	// (Hello.MaxFrameBytes), and a peer's Conn refuses a larger frame to
 	// this link at Send (ErrFrameTooLarge, naming both limits); a link
 	// refuses one larger than its own limit too.
@@ -244,8 +245,9 @@ func (c Config) normalize() (Config, error) {
 	if c.MaxFrameBytes == 0 {
 		c.MaxFrameBytes = DefaultMaxFrameBytes
 	}
-	if c.MaxFrameBytes < 0 || c.MaxFrameBytes > messages.MaxFrameBytes {
-		return c, fmt.Errorf("%w: MaxFrameBytes %d, want 1..%d", ErrConfig, c.MaxFrameBytes, messages.MaxFrameBytes)
+	if c.MaxFrameBytes < messages.MinFrameLimit || c.MaxFrameBytes > messages.MaxFrameBytes {
+		return c, fmt.Errorf("%w: MaxFrameBytes %d, want %d..%d (below %d the frames that end a request would not fit)",
+			ErrConfig, c.MaxFrameBytes, messages.MinFrameLimit, messages.MaxFrameBytes, messages.MinFrameLimit)
 	}
 	if c.SendHWM <= 0 {
 		c.SendHWM = DefaultSendHWM

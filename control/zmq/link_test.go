@@ -465,8 +465,10 @@ func TestConfigErrors(t *testing.T) {
 			Identities: []Identity{{PublicKey: other.public}}}},
 		"identity rank out of range": {Bind: "tcp://127.0.0.1:0", Curve: Curve{Secret: k.secret,
 			Identities: []Identity{{PublicKey: other.public, Instance: "gen", Ranks: []int32{messages.MaxRank}}}}},
-		"huge frames":    {Insecure: true, Bind: "tcp://127.0.0.1:0", MaxFrameBytes: messages.MaxFrameBytes + 1},
-		"empty endpoint": {Insecure: true, Bind: "tcp://127.0.0.1:0", Peers: map[messages.PeerID]string{pid("x", 0): ""}},
+		"huge frames":     {Insecure: true, Bind: "tcp://127.0.0.1:0", MaxFrameBytes: messages.MaxFrameBytes + 1},
+		"tiny frames":     {Insecure: true, Bind: "tcp://127.0.0.1:0", MaxFrameBytes: messages.MinFrameLimit - 1},
+		"negative frames": {Insecure: true, Bind: "tcp://127.0.0.1:0", MaxFrameBytes: -1},
+		"empty endpoint":  {Insecure: true, Bind: "tcp://127.0.0.1:0", Peers: map[messages.PeerID]string{pid("x", 0): ""}},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {

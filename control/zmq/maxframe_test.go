@@ -11,7 +11,7 @@ import (
 )
 
 // Two links with different frame limits: ctx/0's listener takes frames of
-// at most 1024 bytes, gen/0's the default. ctx/0's Hello says its limit,
+// at most messages.MinFrameLimit bytes (4096), gen/0's the default. ctx/0's Hello says its limit,
 // so gen/0 refuses a RequestData larger than that at Send
 // (ErrFrameTooLarge), naming the request, the frame's size and both
 // limits, instead of sending what ctx/0's listener drops (counted
@@ -22,7 +22,7 @@ import (
 // Without the limit in Hello, Send takes the frame (gen/0's own limit
 // allows it) and ctx/0 counts it rejected oversize.
 func TestPeerFrameLimitRefusedAtSend(t *testing.T) {
-	const limit = 1024
+	const limit = messages.MinFrameLimit
 	ctx := listen(t, pid("ctx", 0), Config{Insecure: true, MaxFrameBytes: limit})
 	gen := listen(t, pid("gen", 0), Config{Insecure: true})
 	conn := dialAfterHello(t, ctx, gen)
@@ -30,7 +30,7 @@ func TestPeerFrameLimitRefusedAtSend(t *testing.T) {
 		t.Fatalf("ctx/0's Hello says MaxFrameBytes %d, want %d", h.MaxFrameBytes, limit)
 	}
 	big := requestData(gen.id, 1)
-	blocks := make([]int32, 1000)
+	blocks := make([]int32, 3000)
 	for i := range blocks {
 		blocks[i] = int32(1000 + i) // two bytes each on the wire
 	}
@@ -87,7 +87,7 @@ func mustEncodeFrame(t *testing.T, f messages.Frame) []byte {
 // Without the check, Send takes the frame and ctx/0 rejects the Hello
 // and the frame.
 func TestPeerFrameLimitBelowOurHello(t *testing.T) {
-	const limit = 1024
+	const limit = messages.MinFrameLimit
 	ctx := listen(t, pid("ctx", 0), Config{Insecure: true, MaxFrameBytes: limit})
 	in := &inbox{}
 	genLink, err := New(Config{Insecure: true, Bind: "tcp://127.0.0.1:0", HeartbeatInterval: -1, Logger: testLogger(t)})
@@ -96,7 +96,7 @@ func TestPeerFrameLimitBelowOurHello(t *testing.T) {
 	}
 	t.Cleanup(func() { genLink.Close() })
 	hello := helloOf(pid("gen", 0), "1")
-	hello.AgentAddr = make([]byte, 2000)
+	hello.AgentAddr = make([]byte, 4096) // the longest an address may be: the Hello is past 4096
 	if _, err := genLink.Listen(hello, in.deliver); err != nil {
 		t.Fatal(err)
 	}

@@ -742,6 +742,12 @@ func (w *worker) send(ts *txSess, e actors.SendFrame) {
 			ts.unsent = map[int]error{}
 		}
 		ts.unsent[e.Peer] = err
+		if r, ok := e.Frame.(*messages.Result); ok && r.Status == messages.StatusSuccess && core.RefusedForGood(err) {
+			if ts.refusedTo == nil {
+				ts.refusedTo = map[int]messages.PeerID{}
+			}
+			ts.refusedTo[e.Peer] = e.To
+		}
 	}
 	w.toSession(ts, actors.TxSent{Peer: e.Peer, Err: err})
 }

@@ -195,6 +195,9 @@ type txSess struct {
 	lateOps       map[actors.OpRef]bool
 	// unsent: the streams whose terminal frame the control plane refused.
 	unsent map[int]error
+	// refusedTo: the streams whose SUCCESS Result the control plane
+	// refused for good (FaultResultRefused), and the peer each was for.
+	refusedTo map[int]messages.PeerID
 	// decide is the Decide effect seen (at most one, at the terminal
 	// transition).
 	decide *actors.Decide
@@ -293,6 +296,11 @@ func (s *Sim) stepTx(ts *txSess, msg any) {
 	}
 	if m, ok := msg.(actors.TxPeerGone); ok {
 		if s.checkIncDown(ts, m, before, after); s.fail != nil {
+			return
+		}
+	}
+	if m, ok := msg.(actors.TxSent); ok {
+		if s.checkResultRefused(ts, m, before, after, effs); s.fail != nil {
 			return
 		}
 	}

@@ -141,6 +141,12 @@
 // writer's session that Cancel reaches must fail naming it, and a Send
 // that comes after it must be refused naming it (the first Cancel's
 // reason, whatever it is).
+// Under FaultResultRefused (a stream of its own) the control plane
+// refuses a context rank's SUCCESS Result for the frame itself (as past
+// the generation rank's MaxFrameBytes with its payload): the session must
+// not end DONE, must fail naming the refusal when it decides the request,
+// and must answer that stream's peer in the same step with its outcome
+// without payload, which the generation side takes as its proof.
 // A rank's death takes its incarnation's state, its in-flight frames (both
 // ways) and its in-flight writes with it; a return boots a fresh
 // incarnation (new region, new agent address). Frames a generation rank

@@ -203,6 +203,17 @@ const (
 	// rank's next incarnation booted: it must leave that incarnation's
 	// requests alone.
 	FaultIncarnationDownReplaced
+	// FaultResultRefused: the control plane refuses a context rank's
+	// SUCCESS Result for the frame itself (control.ErrFrameRefused: its
+	// payload past the generation rank's advertised MaxFrameBytes, as
+	// control/zmq's ErrFrameTooLarge): it never left, so the session
+	// fails the request naming the refusal and answers that stream again
+	// in the same step with its outcome — a FAILED (or CANCELLED,
+	// IN_DOUBT) Result without payload, or a CancelAck —, which the
+	// generation side takes as the proof it is (live, or stopped when its
+	// report reaches it). Drawn from a stream of its own (Sim.yr);
+	// counted when a session steps such a refusal.
+	FaultResultRefused
 
 	numFaults
 )
@@ -227,6 +238,7 @@ var faultNames = [numFaults]string{
 	"RequestData refused for good, another's left",
 	"peer incarnation down (exit, no proof)",
 	"incarnation down after its successor booted",
+	"SUCCESS Result refused for good (frame)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -366,6 +378,9 @@ type plan struct {
 	// incDown: a rank's exit takes its incarnation down at once on the
 	// other side's ranks (FaultIncarnationDown).
 	incDown bool
+	// pResultRefused is the probability that a SUCCESS Result's send is
+	// refused for the frame itself (FaultResultRefused).
+	pResultRefused float64
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -585,6 +600,14 @@ func (p *plan) drawSentLate(r *rand.Rand, density float64) {
 func (p *plan) drawFrameRefused(r *rand.Rand, density float64) {
 	if r.Float64() < density {
 		p.pFrameRefused = 0.03 + 0.2*r.Float64()
+	}
+}
+
+// drawResultRefused draws FaultResultRefused from its own stream r
+// (Sim.yr) with the seed's density.
+func (p *plan) drawResultRefused(r *rand.Rand, density float64) {
+	if r.Float64() < density {
+		p.pResultRefused = 0.05 + 0.3*r.Float64()
 	}
 }
 

@@ -56,6 +56,15 @@ func (s *Sim) linkSend(fromGen bool, from, inc, worker int, to messages.PeerID, 
 		return fmt.Errorf("%w: sim link: send *messages.RequestData of request %q to %s: %d bytes exceeds the peer's MaxFrameBytes %d (its Hello)",
 			control.ErrFrameRefused, rd.RequestID, to, len(b), limit)
 	}
+	if r, ok := f.(*messages.Result); ok && !fromGen && r.Status == messages.StatusSuccess &&
+		s.faults.pResultRefused > 0 && s.yr.Float64() < s.faults.pResultRefused {
+		// Refused for the frame itself (FaultResultRefused: its payload
+		// past the generation rank's MaxFrameBytes, its Hello), before
+		// any check of the connection, which is kept.
+		limit := len(b) - 1 - s.yr.IntN(len(b)/2)
+		return fmt.Errorf("%w: sim link: send *messages.Result of request %q to %s: %d bytes exceeds the peer's MaxFrameBytes %d (its Hello)",
+			control.ErrFrameRefused, r.RequestID, to, len(b), limit)
+	}
 	if fromGen {
 		if refused, _ := s.faults.refused(from, int(to.Rank), s.vt); refused {
 			return fmt.Errorf("%w: %T to %s", errQueueFull, f, to)

@@ -184,7 +184,11 @@ type Sim struct {
 	// (FaultFrameRefused, linkSend); dr the downs of exited incarnations
 	// (FaultIncarnationDown, chaos.go incarnationDown): streams of their
 	// own, so that no other draw of a seed without them moves.
-	fr, dr  *rand.Rand
+	fr, dr *rand.Rand
+	// yr draws the SUCCESS Results the control plane refuses for good
+	// (FaultResultRefused, linkSend): a stream of its own, so that no
+	// other draw of a seed without them moves.
+	yr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -245,6 +249,7 @@ func Run(cfg Config) *Result {
 		lr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678736e746c)),
 		fr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767866726d72)),
 		dr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678696e6364)),
+		yr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767873726672)),
 		fifo:     map[fifoKey]time.Duration{},
 		links:    newConnTable(),
 		admitted: map[admitKey]bool{},
