@@ -140,6 +140,9 @@ func TestRevokerNeedsShmAndRegion(t *testing.T) {
 // every byte verified — its RequestData names the moved runs as for
 // kvxfer's own blocks. (Checked to fail with the remap computed only for
 // kvxfer's own blocks: READY, and the view showed the spare page's bytes.)
+// The test ends once r1's proof came: before, it closed the engines
+// whenever r2 was READY, and under load r1's writer had not answered yet
+// (1 run in ~30 beside a make check), which Close reports undrained.
 func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
 	l := smallLayout()
 	c, link, rr := startRevocableCluster(t, l, false)
@@ -203,6 +206,14 @@ func TestFrameworkBlocksRevokedEarlierAreRemapped(t *testing.T) {
 	if n := verify(t, gen, l, 64, o.Blocks, 2); n == 0 {
 		t.Fatal("r2: no byte verified")
 	}
+	// r1's writer was suspected, not proven done: its proof (the answer
+	// to r1's Cancel, which waited in its worker for the down peer's old
+	// connection to close) may come after r2's READY, and an engine that
+	// closes first reports r1 undrained, its revoked memory held.
+	waitUntil(t, "r1's proof to release its revoked memory", func() bool {
+		_, q := rr.Spare()
+		return q == 0 && gen.Stats().RevokedHeldBlocks == 0
+	})
 }
 
 // startRevocableCluster is a TP1 pair over shm whose generation engine's
