@@ -32,6 +32,7 @@ type rawScenario struct {
 	segments int
 	peer     bool
 	pause    time.Duration
+	span     string
 	results  []rdmabench.Result
 }
 
@@ -48,14 +49,18 @@ func (*rawScenario) long() string {
 this process, or with --peer-process the receiver in a child process, as
 ucx_perftest runs its server; for shm the destination is a shared-memory
 file) and copies the same bytes with Go's copy, alternating the two --rounds
-times per size, and reports the medians and their ratio. Run from kvxfer
-bench without a backend set, it measures loopback and shm.`
+times per size, and reports the medians and their ratio. Every batch reuses
+one source and one destination, which stay in a CPU cache when they fit
+one; --span rotates the batches over that much distinct memory instead, as
+a request's own pages are. Run from kvxfer bench without a backend set, it
+measures loopback and shm.`
 }
 func (*rawScenario) example() string {
 	return examples("", "kvxfer bench raw --backend shm --sizes 64KiB,1MiB,16MiB --json",
 		"many small segments per batch", "kvxfer bench raw --backend loopback --sizes 4KiB --segments 256",
 		"the receiver in another process", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB",
-		"bursts after 200ms idle", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB --pause 200ms")
+		"bursts after 200ms idle", "kvxfer bench raw --backend ucx --peer-process --sizes 64KiB --pause 200ms",
+		"over 256MiB of distinct memory, beyond the CPU's caches", "kvxfer bench raw --backend loopback --sizes 1MiB,16MiB --span 256MiB")
 }
 func (*rawScenario) keys() ([]string, map[string]string) {
 	return []string{config.Backend}, map[string]string{config.Backend: "shm"}
@@ -67,6 +72,7 @@ func (r *rawScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&r.segments, "segments", r.segments, "segments per batch")
 	f.BoolVar(&r.peer, "peer-process", r.peer, "receive in a child process (shm and ucx)")
 	f.DurationVar(&r.pause, "pause", r.pause, "idle this long before each backend sample: a burst after a pause rather than a stream")
+	f.StringVar(&r.span, "span", r.span, "distinct memory the batches rotate over, in the source and in the destination (empty: every batch reuses one place)")
 }
 func (r *rawScenario) steps() int { return 2 * len(r.sizes) }
 
@@ -100,6 +106,19 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 	if len(r.sizes) == 0 {
 		return fmt.Errorf("--sizes: no size given")
 	}
+	var span uint64
+	if r.span != "" {
+		if span, err = config.ParseSize(r.span); err != nil {
+			return fmt.Errorf("--span: %w", err)
+		}
+	}
+	shape := func(size uint64) rdmabench.Shape {
+		s := rdmabench.Shape{SegmentBytes: size, Segments: r.segments}
+		if span > 0 {
+			s.Slots = rdmabench.SlotsFor(s, span)
+		}
+		return s
+	}
 	sizes := make([]uint64, len(r.sizes))
 	for i, v := range r.sizes {
 		if sizes[i], err = config.ParseSize(v); err != nil {
@@ -109,7 +128,10 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 		// cannot hold is refused now, not after the others ran (nor by
 		// the runtime's out of memory).
 		for _, b := range backends {
-			if err := rdmabench.CheckShape(b, rdmabench.Shape{SegmentBytes: sizes[i], Segments: r.segments}); err != nil {
+			if err := rdmabench.CheckShape(b, shape(sizes[i])); err != nil {
+				if span > 0 {
+					return fmt.Errorf("--sizes %s × --segments %d over --span %s (--backend %s): %w", v, r.segments, r.span, b, err)
+				}
 				return fmt.Errorf("--sizes %s × --segments %d (--backend %s): %w", v, r.segments, b, err)
 			}
 		}
@@ -126,7 +148,7 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 	r.results = nil
 	for _, b := range backends {
 		for _, size := range sizes {
-			m, err := rdmabench.Measure(b, rdmabench.Shape{SegmentBytes: size, Segments: r.segments}, cfg)
+			m, err := rdmabench.Measure(b, shape(size), cfg)
 			if err != nil {
 				return fmt.Errorf("%s size %s: %w", b, config.FormatSize(size), err)
 			}
@@ -144,9 +166,13 @@ func (r *rawScenario) print(w io.Writer, _ *report.Results, asJSON bool) error {
 		return jsonLines(w, r.results...)
 	}
 	tw := table(w)
-	fmt.Fprintf(tw, "BACKEND\tSIZE\tSEGMENTS\tBACKEND GB/s\tCOPY GB/s\tRATIO\t\n")
+	fmt.Fprintf(tw, "BACKEND\tSIZE\tSEGMENTS\tMEMORY\tBACKEND GB/s\tCOPY GB/s\tRATIO\t\n")
 	for _, m := range r.results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t\n", m.Backend, config.FormatSize(m.SizeBytes), m.Segments,
+		mem := "one place" // every batch reuses one source and one destination
+		if m.Slots > 1 {
+			mem = fmt.Sprintf("%d places, %s", m.Slots, config.FormatSize(uint64(m.Slots)*m.SizeBytes*uint64(m.Segments)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.2f\t%.2f\t%.2f\t\n", m.Backend, config.FormatSize(m.SizeBytes), m.Segments, mem,
 			m.BytesPerSec/1e9, m.CopyBytesPerSec/1e9, m.Ratio)
 	}
 	return tw.Flush()

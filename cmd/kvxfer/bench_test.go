@@ -111,6 +111,27 @@ func TestBenchRawJSON(t *testing.T) {
 	}
 }
 
+// TestBenchRawSpan: --span rotates the batches over that much distinct
+// memory (16 places of 64 KiB for 1 MiB), says so in the JSON and the
+// table, and the bytes of every place are verified (rdmabench.Measure).
+func TestBenchRawSpan(t *testing.T) {
+	out, err := run("bench", "raw", "--backend", "loopback", "--sizes", "64KiB", "--span", "1MiB", "--json", "--rounds", "1", "--bytes", "2MiB")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	objs := jsonObjects(t, out)
+	if len(objs) != 1 || objs[0]["slots"] != 16.0 || objs[0]["bytes_per_sec"].(float64) <= 0 {
+		t.Fatalf("want one result with slots 16 and a rate, got %v", objs)
+	}
+	out, err = run("bench", "raw", "--backend", "loopback", "--sizes", "64KiB", "--span", "1MiB", "--rounds", "1", "--bytes", "2MiB")
+	if err != nil || !strings.Contains(out, "16 places, 1MiB") {
+		t.Fatalf("table (%v):\n%s\nwant the row to say 16 places, 1MiB", err, out)
+	}
+	if out, err = run("bench", "raw", "--backend", "loopback", "--sizes", "64KiB", "--rounds", "1", "--bytes", "1MiB", "--json"); err != nil || jsonObjects(t, out)[0]["slots"] != nil {
+		t.Fatalf("without --span (%v): %s, want no slots (one place)", err, out)
+	}
+}
+
 // TestBenchRawPeerProcess: with --peer-process the receiver is a child
 // process (this binary, re-executed), which verifies the bytes landed.
 func TestBenchRawPeerProcess(t *testing.T) {
@@ -178,6 +199,9 @@ func TestBenchRawRefuses(t *testing.T) {
 			"--sizes 1GiB × --segments 1048576 (--backend shm): rdmabench: shape too large: 1048576 segments of 1GiB = 1PiB per batch"},
 		{[]string{"--backend", "shm", "--sizes", "8GiB", "--segments", "4294967296"}, "the batch's size overflows 64 bits"},
 		{[]string{"--pause", "-1ms"}, "--pause -1ms"},
+		{[]string{"--span", "lots"}, `--span: bad size "lots"`},
+		{[]string{"--span", "0"}, `--span: bad size "0": must be at least 1 byte`},
+		{[]string{"--backend", "loopback", "--sizes", "1GiB", "--span", "1048576GiB"}, "--sizes 1GiB × --segments 1 over --span 1048576GiB (--backend loopback): rdmabench: shape too large"},
 		{[]string{"--pause", "soon"}, `"soon"`},
 		{[]string{"extra"}, "extra"},
 	} {

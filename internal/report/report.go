@@ -115,9 +115,13 @@ func markdown(w io.Writer, r Results, plots map[string]bool) {
 	p("Figures are medians of alternating rounds in this one run; compare them with each other, not with another run's.\n\n")
 
 	if len(r.Raw) > 0 {
-		p("## Raw backend vs Go copy (`bench raw`)\n\n| backend | size | segments | backend GB/s | copy GB/s | ratio |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		p("## Raw backend vs Go copy (`bench raw`)\n\n| backend | size | segments | memory | backend GB/s | copy GB/s | ratio |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, m := range r.Raw {
-			p("| %s | %s | %d | %s | %s | %.2f |\n", m.Backend, sizeLabel(m.SizeBytes), m.Segments, gbps(m.BytesPerSec), gbps(m.CopyBytesPerSec), m.Ratio)
+			mem := "one place" // every batch reuses one source and one destination
+			if m.Slots > 1 {
+				mem = fmt.Sprintf("%d places, %s", m.Slots, sizeLabel(uint64(m.Slots)*m.SizeBytes*uint64(m.Segments)))
+			}
+			p("| %s | %s | %d | %s | %s | %s | %.2f |\n", m.Backend, sizeLabel(m.SizeBytes), m.Segments, mem, gbps(m.BytesPerSec), gbps(m.CopyBytesPerSec), m.Ratio)
 		}
 		p("\n")
 	}
