@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -101,7 +102,14 @@ func (s *Sim) closeConn(k linkKey) {
 	if !s.faults.on[FaultConnRemade] || len(c.inflight) == 0 {
 		return
 	}
-	r := s.cr
+	s.linger(c, s.cr, FaultConnRemade)
+}
+
+// linger is a closed connection's linger: the frames c still holds leave
+// only after a while, drawn from r (frames of a newer connection of its
+// key may overtake them), or the tail of them is lost; each lost frame
+// counts fault f.
+func (s *Sim) linger(c *conn, r *rand.Rand, f Fault) {
 	hold := s.vt + 500*time.Microsecond + time.Duration(r.Int64N(int64(maxLinger-500*time.Microsecond)))
 	keep := len(c.inflight)
 	if r.Float64() < pLingerLost {
@@ -114,7 +122,7 @@ func (s *Sim) closeConn(k linkKey) {
 				w.gone()
 			}
 			w.ev.msg = lostFrame{w.frame}
-			s.fired(FaultConnRemade)
+			s.fired(f)
 			continue
 		}
 		if w.ev.at < hold {
@@ -124,6 +132,48 @@ func (s *Sim) closeConn(k linkKey) {
 	}
 	c.inflight = c.inflight[:keep]
 }
+
+// downCloseConns is a worker's workerPeerDown (actors/worker.go): the
+// control plane declared peer `to` down, and each sender worker of the
+// rank closes its connection to it — a mailbox hop after the Down, in
+// order with the frames the worker takes meanwhile — whose frames still
+// in flight then leave late within the linger, or the tail of them is
+// lost (FaultDownClosesConn, drawn from Sim.wr). The worker's next frame
+// to the peer dials anew. Only with the fault on: off, a seed's draws do
+// not move.
+func (s *Sim) downCloseConns(fromGen bool, from, inc int, workers []string, sender string, to int) {
+	if !s.faults.downCloses {
+		return
+	}
+	for wi, name := range workers {
+		k := linkKey{fromGen: fromGen, from: from, inc: inc, worker: wi, to: to}
+		d := time.Duration(s.wr.Int64N(int64(200 * time.Microsecond)))
+		s.mail(sender, name, d, downClose{Peer: to}, func() {
+			c := s.links.open[k]
+			if c == nil || !s.rankLive(fromGen, from, inc) {
+				return
+			}
+			delete(s.links.open, k)
+			if len(c.inflight) > 0 {
+				s.fired(FaultDownClosesConn)
+				s.linger(c, s.wr, FaultDownClosesConnLost)
+			}
+		})
+	}
+}
+
+// rankLive reports whether incarnation inc of rank `from` of the side
+// fromGen says is still up.
+func (s *Sim) rankLive(fromGen bool, from, inc int) bool {
+	if fromGen {
+		return s.gen[from].live(inc)
+	}
+	return s.ctx[from].live(inc)
+}
+
+// downClose is the trace's name for a worker closing its connection to a
+// peer declared down (downCloseConns).
+type downClose struct{ Peer int }
 
 // connHop is the latency of one in-process mailbox hop, drawn from the
 // connection faults' own stream (Sim.cr).

@@ -793,6 +793,7 @@ func (c *ctxRank) misaddressed(f messages.Frame) {
 // any: Engine.PeerDown, a rank declared dead), why saying how; those with
 // a stream to a later incarnation only go on.
 func (c *ctxRank) peerDown(peer messages.PeerID, inc uint64, why string) {
+	c.s.downCloseConns(false, c.idx, c.inc, c.workerNames(), c.parentName(), int(peer.Rank))
 	for _, ts := range sortedSessions(c.sessions) {
 		c.s.sendTx(c.parentName(), ts, actors.TxPeerGone{Peer: peer, Why: why, Incarnation: inc})
 	}
@@ -1291,5 +1292,14 @@ func sortedSessions(m map[string]*txSess) []*txSess {
 		}
 		return 0
 	})
+	return out
+}
+
+// workerNames are the names of the rank's sender workers, in order.
+func (c *ctxRank) workerNames() []string {
+	out := make([]string, len(c.workers))
+	for i, w := range c.workers {
+		out[i] = w.name()
+	}
 	return out
 }

@@ -141,6 +141,11 @@
 // writer's session that Cancel reaches must fail naming it, and a Send
 // that comes after it must be refused naming it (the first Cancel's
 // reason, whatever it is).
+// Under FaultDownClosesConn (a stream of its own) a rank that hears a
+// peer is down closes each sender worker's connection to it, a mailbox
+// hop later, as actors/worker.go does on workerPeerDown: the frames still
+// in flight on it leave late within the linger or are lost from some
+// point on, and the worker's next frame dials anew.
 // Under FaultResultRefused (a stream of its own) the control plane
 // refuses a context rank's SUCCESS Result for the frame itself (as past
 // the generation rank's MaxFrameBytes with its payload): the session must

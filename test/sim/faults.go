@@ -214,6 +214,17 @@ const (
 	// report reaches it). Drawn from a stream of its own (Sim.yr);
 	// counted when a session steps such a refusal.
 	FaultResultRefused
+	// FaultDownClosesConn: a rank hears that a peer is down (missed
+	// heartbeats, its exit, a goodbye) and each of its sender workers
+	// closes its connection to that peer (actors/worker.go
+	// workerPeerDown), with frames still in flight on it: they leave late
+	// within the linger (frames of the next connection may overtake
+	// them), or the tail of them is lost (FaultDownClosesConnLost). Drawn
+	// from a stream of its own (Sim.wr); counted per connection closed
+	// with frames in flight.
+	FaultDownClosesConn
+	// FaultDownClosesConnLost: a frame lost at such a close.
+	FaultDownClosesConnLost
 
 	numFaults
 )
@@ -239,6 +250,8 @@ var faultNames = [numFaults]string{
 	"peer incarnation down (exit, no proof)",
 	"incarnation down after its successor booted",
 	"SUCCESS Result refused for good (frame)",
+	"connection closed on a Down, frames in flight",
+	"frame lost at a Down's connection close",
 }
 
 func (f Fault) String() string { return faultNames[f] }
@@ -381,6 +394,9 @@ type plan struct {
 	// pResultRefused is the probability that a SUCCESS Result's send is
 	// refused for the frame itself (FaultResultRefused).
 	pResultRefused float64
+	// downCloses: a Down closes the workers' connections to the peer
+	// (FaultDownClosesConn).
+	downCloses bool
 }
 
 // stallEnd returns when the stalls that hold actor at t end (stalls of
@@ -609,6 +625,12 @@ func (p *plan) drawResultRefused(r *rand.Rand, density float64) {
 	if r.Float64() < density {
 		p.pResultRefused = 0.05 + 0.3*r.Float64()
 	}
+}
+
+// drawDownCloses draws FaultDownClosesConn from its own stream r
+// (Sim.wr) with the seed's density.
+func (p *plan) drawDownCloses(r *rand.Rand, density float64) {
+	p.downCloses = r.Float64() < density
 }
 
 // drawIncDown draws FaultIncarnationDown from its own stream r (Sim.dr)

@@ -826,6 +826,7 @@ func (g *genRank) peerDown(peer messages.PeerID) {
 	// its death now proves nothing about what its next incarnation writes.
 	c := s.ctx[peer.Rank]
 	dead := !c.alive && c.backAt == 0
+	s.downCloseConns(true, g.idx, g.inc, g.workers, g.parentName(), int(peer.Rank))
 	for _, r := range g.table.PeerDown(peer, 0) {
 		var msg any = actors.RxSuspect{Writer: r.Writer, Err: fmt.Errorf("%w: %s missed its heartbeats", actors.ErrPeerGone, peer)}
 		if dead {

@@ -85,6 +85,7 @@ func (s *Sim) noteIncDown(gen bool, rank, inc int) {
 // quarantined until one); those addressed to a later one go on.
 func (g *genRank) incarnationDown(peer messages.PeerID, inc uint64) {
 	s := g.s
+	s.downCloseConns(true, g.idx, g.inc, g.workers, g.parentName(), int(peer.Rank))
 	for _, r := range g.table.PeerDown(peer, inc) {
 		rs := g.entries[r.Request]
 		if rs == nil || r.Writer < 0 || r.Writer >= len(rs.writerInc) {

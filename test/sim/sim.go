@@ -188,7 +188,10 @@ type Sim struct {
 	// yr draws the SUCCESS Results the control plane refuses for good
 	// (FaultResultRefused, linkSend): a stream of its own, so that no
 	// other draw of a seed without them moves.
-	yr      *rand.Rand
+	yr *rand.Rand
+	// wr draws the workers' connection closes on a Down
+	// (FaultDownClosesConn, downCloseConns): a stream of its own.
+	wr      *rand.Rand
 	vt      time.Duration
 	seq     uint64
 	q       eventHeap
@@ -250,6 +253,7 @@ func Run(cfg Config) *Result {
 		fr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767866726d72)),
 		dr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678696e6364)),
 		yr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b767873726672)),
+		wr:       rand.New(rand.NewPCG(cfg.Seed, 0x6b7678646e636c)),
 		fifo:     map[fifoKey]time.Duration{},
 		links:    newConnTable(),
 		admitted: map[admitKey]bool{},

@@ -128,6 +128,7 @@ func (s *Sim) setup() {
 	s.faults.drawFrameRefused(s.fr, density)
 	s.faults.drawIncDown(s.dr, density)
 	s.faults.drawResultRefused(s.yr, density)
+	s.faults.drawDownCloses(s.wr, density)
 	var ctxBlocks, genMax, genSum int
 	for _, q := range s.reqs {
 		q.genPrompt = make([]int, s.genPar.Size())
