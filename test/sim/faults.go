@@ -218,8 +218,10 @@ const (
 	// heartbeats, its exit, a goodbye) and each of its sender workers
 	// closes its connection to that peer (actors/worker.go
 	// workerPeerDown), with frames still in flight on it: they leave late
-	// within the linger (frames of the next connection may overtake
-	// them), or the tail of them is lost (FaultDownClosesConnLost). Drawn
+	// within the linger, or the tail of them is lost
+	// (FaultDownClosesConnLost). Frames of the next connection may
+	// overtake them here, which the real worker prevents (it holds them
+	// until the old connection closed): a superset of its orders. Drawn
 	// from a stream of its own (Sim.wr); counted per connection closed
 	// with frames in flight.
 	FaultDownClosesConn
