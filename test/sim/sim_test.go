@@ -77,9 +77,9 @@ func reportFailure(t *testing.T, f *Failure) {
 }
 
 // TestSeeds runs many seeds (-seeds, default 2,000; 200 under -race),
-// fails on the first few failing seeds, and checks that every fault kind,
-// every DESIGN.md §3 race and every kind of wrong chunk (WrongChunk) was
-// reached in at least one seed in 1,000.
+// fails on the first few failing seeds, and, over 1,000 seeds or more,
+// checks that every fault kind, every DESIGN.md §3 race and every kind of
+// wrong chunk (WrongChunk) was reached in at least one seed in 1,000.
 func TestSeeds(t *testing.T) {
 	setMutation(t, *flagMutation)
 	sw := RunSeeds(*flagBase, *flagSeeds, false, Config{SuspectPartitions: *flagSuspect, CtxWorkerStops: *flagCtxStops})
@@ -94,7 +94,12 @@ func TestSeeds(t *testing.T) {
 		}
 		reportFailure(t, f)
 	}
-	if *flagMutation == "" && sw.Seeds >= 200 {
+	// Coverage is asked of 1,000 seeds or more: a kind reached in 1 seed
+	// in 100 is absent from 200 seeds one time in seven, and any change
+	// to what a seed does moves which seeds reach it (the race slice, 200
+	// seeds, lost its two Misaddressed-first seeds to new faults drawn on
+	// others' streams). The runs of 2,000 seeds check it.
+	if *flagMutation == "" && sw.Seeds >= 1000 {
 		for _, u := range sw.Uncovered() {
 			t.Errorf("coverage: %s (need at least 1 in 1,000)", u)
 		}
