@@ -1318,8 +1318,9 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error {
 // its pages (or ctx to end), then stops the engine. It reports the requests
 // that could not drain by ctx's end; their pages stay pinned. It does not
 // wait for a proof that may never come — a receive whose writers were all
-// suspected (missed heartbeats) and never proved their writes over — but
-// reports such a request too (ErrUndrained, "quarantined"): its
+// suspected (missed heartbeats, and not heard since; an exit) and never
+// proved their writes over — but reports such a request too
+// (ErrUndrained, "quarantined"): its
 // blocks stay quarantined and, as after any error, the engine's own pool
 // stays mapped and memory the caller gave it must stay allocated. An engine
 // with nothing live closes cleanly even with ctx already ended. Close runs

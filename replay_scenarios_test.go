@@ -214,8 +214,9 @@ func TestReplaySuspicion(t *testing.T) {
 			waitUntil(t, "r1's blocks released", func() bool { return gen.Pools().Used()+gen.Pools().Quarantined() == 0 })
 		}
 	}
-	// r2's proof is held back: Close abandons it (RxAbandon), its blocks
-	// quarantined, and says so.
+	// r2's proof is held back, and the link hears nothing of the writer:
+	// Close abandons it (RxAbandon), its blocks quarantined, and says so.
+	link.deaf.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c.undrained = append(c.undrained, gen)

@@ -814,6 +814,7 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		for _, q := range p.queue.Clear() {
 			p.dropQueued(ctx, q, RxCancelled, ErrClosed)
 		}
+		p.heardAtClose(ctx)
 		for _, pid := range p.sessions.pids {
 			ctx.Send(pid, RxCancel{Reason: ErrClosed})
 			// Close does not wait for proofs that may never come (a
@@ -1062,6 +1063,31 @@ func (q *rxOpenReq) leftQueue() {
 	if q.deadline != nil {
 		q.deadline.Stop()
 		q.deadline = nil
+	}
+}
+
+// heardAtClose tells the sessions whose writer the control plane declared
+// down, and hears again now (a partition healed, a stall over), that it
+// is heard (RxHeard, with the incarnation its Hello names): a writer
+// suspected only of missed heartbeats may still answer the request's
+// Cancel, and a closing engine waits for that answer, within Close's
+// context, instead of leaving the blocks quarantined for the pool's
+// lifetime. Sent before RxAbandon, in the same mailbox.
+func (p *rxParent) heardAtClose(ctx actor.Context) {
+	if p.link == nil {
+		return
+	}
+	for _, peer := range p.table.DownPeers() {
+		h, err := p.link.Hello(peer)
+		if err != nil {
+			continue
+		}
+		p.table.Heard(peer)
+		for _, r := range p.table.WriterRefs(peer) {
+			if pid := p.sessions.pids[r.Request]; pid != nil {
+				ctx.Send(pid, RxHeard{Writer: r.Writer, Incarnation: h.Incarnation})
+			}
+		}
 	}
 }
 

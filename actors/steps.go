@@ -33,6 +33,7 @@ type (
 	RxPeerGone      = core.RxPeerGone
 	RxSuspect       = core.RxSuspect
 	RxAbandon       = core.RxAbandon
+	RxHeard         = core.RxHeard
 	QuarantineDest  = core.QuarantineDest
 	RxSent          = core.RxSent
 	RxAddress       = core.RxAddress

@@ -2,6 +2,7 @@ package capi
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,7 @@ import (
 
 // heldLink is an in-process control link whose frames to one instance
 // (to) can be held back (held), as a writer that cannot answer: stopped,
-// partitioned. atOther counts the RequestData the other engines got.
+// partitioned (to then hears nothing of the others: Hello). atOther counts the RequestData the other engines got.
 type heldLink struct {
 	*control.MemLink
 	to      string
@@ -43,6 +44,16 @@ func (l *heldLink) Listen(self *messages.Hello, deliver func(messages.Frame)) (c
 		}
 		deliver(f)
 	})
+}
+
+// Hello fails for the other instances' peers while frames to to are
+// held: to hears nothing of them, their heartbeats included (a zmq link's
+// Hello fails for a peer down), as of a writer partitioned or stopped.
+func (l *heldLink) Hello(peer messages.PeerID) (*messages.Hello, error) {
+	if l.held.Load() && peer.Instance != l.to {
+		return nil, fmt.Errorf("%w: %s missed its heartbeats (heldLink)", control.ErrPeerGone, peer)
+	}
+	return l.MemLink.Hello(peer)
 }
 
 // heldPair opens a context engine and a generation engine (instances

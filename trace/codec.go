@@ -237,6 +237,8 @@ func encodeMsg(msg any, hello *messages.Hello, rd *messages.RequestData) (string
 		return "RxSuspect", rxSuspect{Writer: m.Writer, Err: errText(m.Err), Incarnation: m.Incarnation}
 	case actors.RxAbandon:
 		return "RxAbandon", m
+	case actors.RxHeard:
+		return "RxHeard", m
 	case actors.RxAddress:
 		return "RxAddress", m
 	}
@@ -359,6 +361,8 @@ func decodeMsg(typ string, raw json.RawMessage) (any, error) {
 		}
 	case "RxAbandon":
 		out, err = decodeAs[actors.RxAbandon](raw)
+	case "RxHeard":
+		out, err = decodeAs[actors.RxHeard](raw)
 	case "RxAddress":
 		out, err = decodeAs[actors.RxAddress](raw)
 	default:

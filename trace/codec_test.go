@@ -68,6 +68,7 @@ func everyMessage() []any {
 		actors.RxSuspect{Writer: 1, Err: boom},
 		actors.RxSuspect{Writer: 0},
 		actors.RxAbandon{},
+		actors.RxHeard{Writer: 1, Incarnation: 7},
 	}
 }
 

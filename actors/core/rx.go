@@ -86,6 +86,22 @@ type (
 	// blocks stay quarantined — never freed — for the pool's lifetime.
 	// Writers that are heard from are still waited for (their CancelAck).
 	RxAbandon struct{}
+	// RxHeard: the control plane hears writer Writer again, in incarnation
+	// Incarnation (its Hello, after a Down), as the engine closes: a
+	// suspicion of missed heartbeats (an RxSuspect of no incarnation) is
+	// lifted for RxAbandon's wait, and the writer is sent the Cancel
+	// again at once, so that a writer that was only partitioned or
+	// stalled — the request's answer on its way — is waited for, within
+	// Close's context, instead of leaving the blocks quarantined for the
+	// pool's lifetime. It proves nothing and changes no outcome: the
+	// blocks stay quarantined until a proof. Ignored for another
+	// incarnation than the one the writer was addressed to, an unknown one
+	// (0), and a writer suspected on an incarnation's Down (its exit, its
+	// goodbye, its record gone), which hearing it does not undo.
+	RxHeard struct {
+		Writer      int
+		Incarnation uint64
+	}
 	// RxPanic: the session's shell recovered a panic.
 	RxPanic struct{ Err error }
 	// RxWorkerDead: sender worker Worker spent its restart budget and was
@@ -211,8 +227,8 @@ type RxSession struct {
 	// quarantined: the blocks went to quarantine (QuarantineDest): the
 	// request failed while a writer may still write.
 	quarantined bool
-	suspect     []bool // writers the control plane suspects
-	abandon     bool   // RxAbandon: stop without the suspects' proofs
+	suspect     []suspicion // writers the control plane suspects, and on what
+	abandon     bool        // RxAbandon: stop without the suspects' proofs
 	now         time.Time
 	eff         []Effect
 	spare       []Effect // a step's effects slice handed back (Recycle)
@@ -231,7 +247,7 @@ func NewRxSession(cfg RxConfig) *RxSession {
 			backoff: one.backoff[:], suspect: one.suspect[:]}
 	}
 	return &RxSession{cfg: cfg, writers: make([]writerState, n), sent: make([]delivery, n),
-		sendErr: make([]error, n), backoff: make([]time.Duration, n), suspect: make([]bool, n)}
+		sendErr: make([]error, n), backoff: make([]time.Duration, n), suspect: make([]suspicion, n)}
 }
 
 // rxOneWriter holds a one-writer session's per-writer slices (NewRxSession).
@@ -240,8 +256,22 @@ type rxOneWriter struct {
 	sent    [1]delivery
 	sendErr [1]error
 	backoff [1]time.Duration
-	suspect [1]bool
+	suspect [1]suspicion
 }
+
+// suspicion is what the control plane suspects a writer on (RxSuspect).
+type suspicion uint8
+
+const (
+	suspectNone suspicion = iota
+	// suspectHeard: missed heartbeats (an RxSuspect of no incarnation),
+	// which hearing the writer again lifts at close (RxHeard).
+	suspectHeard
+	// suspectDown: a Down of the writer's incarnation — its exit, its
+	// goodbye, its record gone (RxSuspect.Incarnation) — which hearing
+	// it does not undo.
+	suspectDown
+)
 
 // Quarantined reports whether the session's blocks are in quarantine.
 func (s *RxSession) Quarantined() bool { return s.quarantined }
@@ -364,12 +394,17 @@ func (s *RxSession) Step(msg any, now time.Time) []Effect {
 			if mutFreeOnSuspicion() {
 				s.writers[m.Writer] = writerStopped
 			}
-			s.suspect[m.Writer] = true
+			s.suspect[m.Writer] = max(s.suspect[m.Writer], suspectHeard)
+			if m.Incarnation != 0 {
+				s.suspect[m.Writer] = suspectDown
+			}
 			if m.Err == nil {
 				m.Err = errSuspected
 			}
 			s.terminal(RxFailed, fmt.Errorf("%w: request %s writer %s (suspected, not proven dead): %w", ErrPeerGone, s.cfg.Request, s.cfg.Writers[m.Writer].Peer, m.Err))
 		}
+	case RxHeard:
+		s.onHeard(m)
 	case RxAbandon:
 		s.abandon = true
 		s.terminal(RxCancelled, fmt.Errorf("%w: request %s", ErrClosed, s.cfg.Request))
@@ -807,7 +842,7 @@ func (s *RxSession) maybeAbandon() {
 		return
 	}
 	for i, w := range s.writers {
-		if w == writerPending && !s.suspect[i] {
+		if w == writerPending && s.suspect[i] == suspectNone {
 			return
 		}
 	}
@@ -843,6 +878,30 @@ func (s *RxSession) quarantine() {
 	s.emit(QuarantineDest{Blocks: s.cfg.Blocks, Writers: s.Unproven()})
 }
 
+// onHeard lifts writer m.Writer's suspicion of missed heartbeats when the
+// control plane hears it again in the incarnation it was addressed to
+// (RxHeard), and sends it the Cancel again at once: a closing engine then
+// waits for its answer (maybeAbandon).
+func (s *RxSession) onHeard(m RxHeard) {
+	w := m.Writer
+	if w < 0 || w >= len(s.writers) || s.writers[w] != writerPending || s.suspect[w] != suspectHeard ||
+		m.Incarnation == 0 || s.cfg.Writers[w].Incarnation != m.Incarnation {
+		return
+	}
+	s.suspect[w] = suspectNone
+	if s.state.Terminal() && s.sent[w] != deliveryRefused && s.sent[w] != deliveryNone {
+		s.cancelTo(w)
+	}
+}
+
+// cancelTo sends Cancel to writer i.
+func (s *RxSession) cancelTo(i int) {
+	wr := s.cfg.Writers[i]
+	s.emit(SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
+		RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String(),
+		Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
+}
+
 // cancelPending sends Cancel to every writer still pending and, as any
 // frame may be lost, arms a timer to send it again (CancelResend): Cancel
 // is idempotent, and a writer that is done with the request (or never
@@ -851,10 +910,7 @@ func (s *RxSession) cancelPending() {
 	sent := false
 	for i, w := range s.writers {
 		if w == writerPending && s.sent[i] != deliveryRefused && s.sent[i] != deliveryNone {
-			wr := s.cfg.Writers[i]
-			s.emit(SendFrame{Worker: wr.Worker, To: wr.Peer, Frame: &messages.Cancel{
-				RequestID: s.cfg.Request, Epoch: s.cfg.Epoch, From: s.cfg.Self, Reason: s.state.String(),
-				Incarnations: messages.Incarnations{FromIncarnation: s.cfg.Incarnation, ToIncarnation: wr.Incarnation}}})
+			s.cancelTo(i)
 			sent = true
 		}
 	}

@@ -975,3 +975,60 @@ func TestRx_SuspectOfAnEarlierIncarnationLeavesAReaddressedWriter(t *testing.T) 
 		})
 	}
 }
+
+// TestRx_HeardAgainIsWaitedForAtClose: a writer suspected of missed
+// heartbeats that the control plane hears again as the engine closes, in
+// the incarnation it was addressed to (RxHeard), may still answer: it is
+// sent the Cancel again at once, RxAbandon waits for it, and its
+// CancelAck releases the blocks from quarantine. Heard in another
+// incarnation, or an unknown one, or suspected on its incarnation's Down
+// (an exit), the session stops at RxAbandon, its blocks quarantined, as
+// before. Nothing is released before the proof. (Checked to fail with
+// RxHeard ignored: the session stopped at RxAbandon with the writer's
+// answer on its way.)
+func TestRx_HeardAgainIsWaitedForAtClose(t *testing.T) {
+	const inc = 5
+	for _, tc := range []struct {
+		name    string
+		downInc uint64 // the RxSuspect's incarnation (0: missed heartbeats)
+		heard   uint64 // the RxHeard's
+		waits   bool
+	}{
+		{"heartbeats, heard in its incarnation", 0, inc, true},
+		{"heartbeats, heard in a later one", 0, inc + 1, false},
+		{"heartbeats, incarnation unknown", 0, 0, false},
+		{"its incarnation's exit, heard", inc, inc, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRxHarness(t, 1, time.Minute)
+			h.s.cfg.Writers[0].Incarnation = inc
+			h.step(RxBegin{})
+			h.step(RxSent{Writer: 0})
+			h.step(RxSuspect{Writer: 0, Err: errors.New("missed its heartbeats"), Incarnation: tc.downInc})
+			h.wantState(RxFailed)
+			if !h.s.Quarantined() {
+				t.Fatal("suspected, not quarantined")
+			}
+			effs := h.step(RxHeard{Writer: 0, Incarnation: tc.heard})
+			if got := cancelsTo(effs); tc.waits && !slices.Equal(got, []int{0}) || !tc.waits && len(got) != 0 {
+				t.Fatalf("RxHeard: Cancels to %v (%s), want one to the writer: %v", got, fmtEffects(effs), tc.waits)
+			}
+			h.step(RxCancel{Reason: ErrClosed})
+			h.step(RxAbandon{})
+			if !tc.waits {
+				if !h.stopped || h.releases != 0 {
+					t.Fatalf("stopped %v, released %d: want stopped, blocks quarantined", h.stopped, h.releases)
+				}
+				return
+			}
+			if h.stopped || h.releases != 0 {
+				t.Fatalf("stopped %v, released %d at RxAbandon: want it waiting for the writer heard again", h.stopped, h.releases)
+			}
+			effs = h.cancelAck(0)
+			rel := effectsOf[ReleaseDest](effs)
+			if !h.stopped || len(rel) != 1 || !rel[0].Quarantined {
+				t.Fatalf("CancelAck: %s, want the quarantined blocks released and the session stopped", fmtEffects(effs))
+			}
+		})
+	}
+}

@@ -1,9 +1,11 @@
 package core
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -449,6 +451,22 @@ func (t *RxTable) ExitedWriters(o RxOpen) []messages.PeerID {
 			out = append(out, p)
 		}
 	}
+	return out
+}
+
+// DownPeers lists the peers the control plane declared down and this table
+// has not heard since, sorted.
+func (t *RxTable) DownPeers() []messages.PeerID {
+	out := make([]messages.PeerID, 0, len(t.down))
+	for p := range t.down {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b messages.PeerID) int {
+		if c := strings.Compare(a.Instance, b.Instance); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Rank, b.Rank)
+	})
 	return out
 }
 
