@@ -439,8 +439,11 @@ func (e *Engine) PeerIncarnationDown(peer messages.PeerID, inc uint64, why strin
 }
 
 // PeerAlive tells the engine that peer is alive now (its heartbeat
-// arrived): it renews this writer's lease on it (Config.WriterLease). It
-// does nothing on an Engine Start did not return.
+// arrived): it renews this writer's lease on it (Config.WriterLease), and
+// when peer was declared down (PeerDown) and the link hears it again, the
+// requests that suspected it send it their Cancel again at once, so that
+// its answer releases their quarantined blocks. It does nothing on an
+// Engine Start did not return.
 func (e *Engine) PeerAlive(peer messages.PeerID) {
 	if e.started() {
 		e.inner.PeerAlive(peer)

@@ -91,6 +91,14 @@ func (p *partLink) setCut(cut bool) {
 	}
 }
 
+// dropHeld loses the frames held for the generation side (the writer's
+// answers lost in the partition).
+func (p *partLink) dropHeld() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = nil
+}
+
 func (p *partLink) heldFrames() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -567,4 +575,42 @@ func TestCloseWaitsForASuspectHeardAgain(t *testing.T) {
 	if st := gen.Stats(); st.QuarantinedBytes != 0 {
 		t.Fatalf("%d bytes still quarantined after Close", st.QuarantinedBytes)
 	}
+}
+
+// TestSuspectHeardAgainGetsItsCancelAtOnce: a writer suspected of missed
+// heartbeats whose answer to the request's Cancel was lost is heard again
+// (its heartbeat: Engine.PeerAlive): its suspected request sends it the
+// Cancel again at once, and its answer releases the blocks from
+// quarantine — not only at the Cancel's next re-send (1 s, backing off to
+// 30 s). The generation engine runs on a fake clock that never moves, so
+// no re-send timer fires: only the heard writer's Cancel can bring the
+// proof. (Checked to fail with the rx parent ignoring PeerAlive: the
+// blocks stayed quarantined.)
+func TestSuspectHeardAgainGetsItsCancelAtOnce(t *testing.T) {
+	l := smallLayout()
+	clk := actors.NewFakeClock(time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, link := startPartClusterWith(t, l, func(inst string, cfg *kvxfer.Config) {
+		if inst == "gen" {
+			cfg.Clock = clk
+		}
+	})
+	gen, ctxE := c.gen[0], c.ctx[0]
+	rx := receiveAtWriter(t, gen, link, "r1")
+	link.setCut(true) // the writer's answers are held back
+	link.deaf.Store(true)
+	gen.PeerDown(ctxE.Hello().From)
+	if o := waitOutcome(t, rx.Done()); o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Fatalf("r1: %s %v, want the writer suspected", o.Status, o.Err)
+	}
+	waitUntil(t, "the writer's answer to r1's first Cancel, held", func() bool { return link.heldFrames() > 0 })
+	link.dropHeld() // lost in the partition
+	link.setCut(false)
+	link.deaf.Store(false) // the partition heals: the writer is heard again
+	if gen.Pools().Quarantined() == 0 {
+		t.Fatal("r1's blocks not quarantined")
+	}
+	gen.PeerAlive(ctxE.Hello().From)
+	waitUntil(t, "r1's blocks released on the answer to the Cancel sent when its writer was heard", func() bool {
+		return gen.Pools().Quarantined() == 0 && gen.Pools().Used() == 0
+	})
 }

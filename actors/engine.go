@@ -652,6 +652,7 @@ func (e *Engine) HeartbeatMissed(peer messages.PeerID) { e.env.meters.peerDown(p
 // arrived): the writer's lease on it is renewed (EngineConfig.WriterLease).
 func (e *Engine) PeerAlive(peer messages.PeerID) {
 	e.sys.Root.Send(e.tx, &peerAlive{peer: peer})
+	e.sys.Root.Send(e.rx, &peerAlive{peer: peer})
 }
 
 // WriterExited tells the engine that incarnation inc of peer is gone as

@@ -711,6 +711,13 @@ type rxParent struct {
 func (p *rxParent) Receive(ctx actor.Context) {
 	defer p.noteQueue()
 	switch m := ctx.Message().(type) {
+	case *peerAlive:
+		// A writer declared down is heard again (its heartbeat): its
+		// suspected requests send it their Cancel now, so that its answer
+		// releases their blocks without waiting for the next re-send.
+		if p.table.IsDown(m.peer) {
+			p.heard(ctx, m.peer)
+		}
 	case *rxOpenReq:
 		if hoptrace.On {
 			hoptrace.Mark("rxparent.open", m.req.ID)
@@ -1068,25 +1075,34 @@ func (q *rxOpenReq) leftQueue() {
 
 // heardAtClose tells the sessions whose writer the control plane declared
 // down, and hears again now (a partition healed, a stall over), that it
-// is heard (RxHeard, with the incarnation its Hello names): a writer
-// suspected only of missed heartbeats may still answer the request's
-// Cancel, and a closing engine waits for that answer, within Close's
-// context, instead of leaving the blocks quarantined for the pool's
-// lifetime. Sent before RxAbandon, in the same mailbox.
+// is heard (heard): a writer suspected only of missed heartbeats may still
+// answer the request's Cancel, and a closing engine waits for that
+// answer, within Close's context, instead of leaving the blocks
+// quarantined for the pool's lifetime. Sent before RxAbandon, in the same
+// mailbox.
 func (p *rxParent) heardAtClose(ctx actor.Context) {
+	for _, peer := range p.table.DownPeers() {
+		p.heard(ctx, peer)
+	}
+}
+
+// heard takes peer, declared down, out of the down set when the control
+// plane hears it again (its Hello is current), and tells the sessions it
+// is a writer of (RxHeard, with the incarnation its Hello names): those
+// that suspected it only of missed heartbeats send it their Cancel again
+// at once and, closing, wait for its answer.
+func (p *rxParent) heard(ctx actor.Context, peer messages.PeerID) {
 	if p.link == nil {
 		return
 	}
-	for _, peer := range p.table.DownPeers() {
-		h, err := p.link.Hello(peer)
-		if err != nil {
-			continue
-		}
-		p.table.Heard(peer)
-		for _, r := range p.table.WriterRefs(peer) {
-			if pid := p.sessions.pids[r.Request]; pid != nil {
-				ctx.Send(pid, RxHeard{Writer: r.Writer, Incarnation: h.Incarnation})
-			}
+	h, err := p.link.Hello(peer)
+	if err != nil {
+		return
+	}
+	p.table.Heard(peer)
+	for _, r := range p.table.WriterRefs(peer) {
+		if pid := p.sessions.pids[r.Request]; pid != nil {
+			ctx.Send(pid, RxHeard{Writer: r.Writer, Incarnation: h.Incarnation})
 		}
 	}
 }

@@ -87,17 +87,18 @@ type (
 	// Writers that are heard from are still waited for (their CancelAck).
 	RxAbandon struct{}
 	// RxHeard: the control plane hears writer Writer again, in incarnation
-	// Incarnation (its Hello, after a Down), as the engine closes: a
-	// suspicion of missed heartbeats (an RxSuspect of no incarnation) is
-	// lifted for RxAbandon's wait, and the writer is sent the Cancel
+	// Incarnation, after a Down (its heartbeat, or its Hello current as
+	// the engine closes): a suspicion of missed heartbeats (an RxSuspect
+	// of no incarnation) is lifted, and the writer is sent the Cancel
 	// again at once, so that a writer that was only partitioned or
-	// stalled — the request's answer on its way — is waited for, within
-	// Close's context, instead of leaving the blocks quarantined for the
-	// pool's lifetime. It proves nothing and changes no outcome: the
-	// blocks stay quarantined until a proof. Ignored for another
-	// incarnation than the one the writer was addressed to, an unknown one
-	// (0), and a writer suspected on an incarnation's Down (its exit, its
-	// goodbye, its record gone), which hearing it does not undo.
+	// stalled answers now, not at the Cancel's next re-send, and a
+	// closing engine waits for that answer (RxAbandon), within Close's
+	// context, instead of leaving the blocks quarantined for the pool's
+	// lifetime. It proves nothing and changes no outcome: the blocks stay
+	// quarantined until a proof. Ignored for another incarnation than the
+	// one the writer was addressed to, an unknown one (0), and a writer
+	// suspected on an incarnation's Down (its exit, its goodbye, its
+	// record gone), which hearing it does not undo.
 	RxHeard struct {
 		Writer      int
 		Incarnation uint64
@@ -880,8 +881,8 @@ func (s *RxSession) quarantine() {
 
 // onHeard lifts writer m.Writer's suspicion of missed heartbeats when the
 // control plane hears it again in the incarnation it was addressed to
-// (RxHeard), and sends it the Cancel again at once: a closing engine then
-// waits for its answer (maybeAbandon).
+// (RxHeard), and sends it the Cancel again at once: its answer comes now,
+// and a closing engine waits for it (maybeAbandon).
 func (s *RxSession) onHeard(m RxHeard) {
 	w := m.Writer
 	if w < 0 || w >= len(s.writers) || s.writers[w] != writerPending || s.suspect[w] != suspectHeard ||

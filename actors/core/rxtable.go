@@ -470,6 +470,10 @@ func (t *RxTable) DownPeers() []messages.PeerID {
 	return out
 }
 
+// IsDown reports whether peer is in the down set (declared down, not heard
+// since).
+func (t *RxTable) IsDown(peer messages.PeerID) bool { return t.down[peer] }
+
 // Heard takes peer out of the down set: the control plane hears it again.
 func (t *RxTable) Heard(peer messages.PeerID) { delete(t.down, peer) }
 
