@@ -57,6 +57,8 @@ func (s *Sim) scheduleFaults() {
 					s.declareDown(false, st.ctx, -1)
 				}
 			})
+			// Its heartbeats come back as it resumes (Engine.PeerAlive).
+			s.at(st.w.to+heardAfter, "chaos", "peerAlive", func() { s.declareHeard(st.ctx, -1) })
 		}
 	}
 	if s.cfg.SuspectPartitions {
@@ -68,6 +70,7 @@ func (s *Sim) scheduleFaults() {
 			if t := pt.w.from + s.between(2*time.Millisecond, 15*time.Millisecond); t < pt.w.to {
 				s.at(t, "chaos", "peerDown", func() { s.declareDown(true, pt.gen, pt.ctx) })
 			}
+			s.at(pt.w.to+heardAfter, "chaos", "peerAlive", func() { s.declareHeard(pt.ctx, pt.gen) })
 		}
 	}
 }

@@ -146,6 +146,13 @@
 // hop later, as actors/worker.go does on workerPeerDown: the frames still
 // in flight on it leave late within the linger or are lost from some
 // point on, and the worker's next frame dials anew.
+// A context rank the failure detector declared down for a stall, or for a
+// partition it suspected, is heard again as the stall ends or the
+// partition heals (Engine.PeerAlive, FaultHeardAgain): its generation
+// ranks' sessions hear RxHeard, and those that suspected it of missed
+// heartbeats send it the Cancel again at once; their blocks leave
+// quarantine only on its answer (a session that took hearing it as a
+// proof fails in 9 seeds in 100).
 // Under FaultResultRefused (a stream of its own) the control plane
 // refuses a context rank's SUCCESS Result for the frame itself (as past
 // the generation rank's MaxFrameBytes with its payload): the session must

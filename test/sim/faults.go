@@ -227,6 +227,12 @@ const (
 	FaultDownClosesConn
 	// FaultDownClosesConnLost: a frame lost at such a close.
 	FaultDownClosesConnLost
+	// FaultHeardAgain: a context rank declared down (a stall, a partition
+	// the failure detector suspected) is heard again as it ends
+	// (Engine.PeerAlive): the generation rank's sessions it writes for
+	// hear RxHeard, and those that suspected it of missed heartbeats send
+	// it the Cancel again at once. Counted when such a rank has sessions.
+	FaultHeardAgain
 
 	numFaults
 )
@@ -254,6 +260,7 @@ var faultNames = [numFaults]string{
 	"SUCCESS Result refused for good (frame)",
 	"connection closed on a Down, frames in flight",
 	"frame lost at a Down's connection close",
+	"suspect heard again (its heartbeat)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
