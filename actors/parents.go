@@ -1073,13 +1073,13 @@ func (q *rxOpenReq) leftQueue() {
 	}
 }
 
-// heardAtClose tells the sessions whose writer the control plane declared
-// down, and hears again now (a partition healed, a stall over), that it
-// is heard (heard): a writer suspected only of missed heartbeats may still
-// answer the request's Cancel, and a closing engine waits for that
+// heardAtClose runs heard for every peer the table holds down, as the
+// engine closes: a writer suspected only of missed heartbeats that the
+// control plane hears again now (a partition healed, a stall over) may
+// still answer the request's Cancel, and a closing engine waits for that
 // answer, within Close's context, instead of leaving the blocks
-// quarantined for the pool's lifetime. Sent before RxAbandon, in the same
-// mailbox.
+// quarantined for the pool's lifetime. Its RxHeard goes before
+// RxAbandon, in the same mailbox.
 func (p *rxParent) heardAtClose(ctx actor.Context) {
 	for _, peer := range p.table.DownPeers() {
 		p.heard(ctx, peer)

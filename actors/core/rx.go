@@ -266,7 +266,7 @@ type suspicion uint8
 const (
 	suspectNone suspicion = iota
 	// suspectHeard: missed heartbeats (an RxSuspect of no incarnation),
-	// which hearing the writer again lifts at close (RxHeard).
+	// which hearing the writer again lifts (RxHeard).
 	suspectHeard
 	// suspectDown: a Down of the writer's incarnation — its exit, its
 	// goodbye, its record gone (RxSuspect.Incarnation) — which hearing
