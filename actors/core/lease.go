@@ -1,7 +1,9 @@
 package core
 
 import (
+	"cmp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/messages"
@@ -66,16 +68,16 @@ func (l *PeerLeases) Expired(now time.Time) []messages.PeerID {
 			out = append(out, p)
 		}
 	}
-	slices.SortFunc(out, func(a, b messages.PeerID) int {
-		if a.Instance != b.Instance {
-			if a.Instance < b.Instance {
-				return -1
-			}
-			return 1
-		}
-		return int(a.Rank) - int(b.Rank)
-	})
+	slices.SortFunc(out, comparePeers)
 	return out
+}
+
+// comparePeers orders peers by instance, then rank.
+func comparePeers(a, b messages.PeerID) int {
+	if c := strings.Compare(a.Instance, b.Instance); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Rank, b.Rank)
 }
 
 // Next is when the earliest unexpired lease lapses (zero: none held).

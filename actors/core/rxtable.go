@@ -1,11 +1,9 @@
 package core
 
 import (
-	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/kvcache"
@@ -461,12 +459,7 @@ func (t *RxTable) DownPeers() []messages.PeerID {
 	for p := range t.down {
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b messages.PeerID) int {
-		if c := strings.Compare(a.Instance, b.Instance); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Rank, b.Rank)
-	})
+	slices.SortFunc(out, comparePeers)
 	return out
 }
 

@@ -922,7 +922,7 @@ func (s *TxSession) onSent(m TxSent) {
 		return
 	}
 	if RefusedForGood(m.Err) {
-		st.phase = streamFlushing // flushed: unanswered, for finishStream
+		st.phase = streamOpen // send the failure once quiescent (as onFlushed)
 	}
 	s.fail(TxFailed, fmt.Errorf("%w: request %s: the Result for %s: %w", ErrFrameUnsent, s.cfg.Request, st.route.Peer, m.Err))
 }
