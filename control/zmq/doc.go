@@ -279,6 +279,9 @@
 // the peer down, Hello(peer) returns control.ErrPeerGone, and OnPeerDown is
 // called once, on the listener goroutine (it must not block). It is called
 // again only after the peer was heard from again and fell silent again.
+// Silence is judged after a read of what waits in the ROUTER: a listener
+// held past a peer's timeout (a slow delivery, a collection, a starved
+// CPU) reads the heartbeats that came meanwhile first.
 //
 // deliver and OnPeerDown run on the listener goroutine and must not block
 // (nor close the link, which waits for that goroutine).
@@ -311,11 +314,13 @@
 // Hello(peer) returns control.ErrPeerGone and ErrPeerClosed ("closed (it
 // said goodbye)"), and OnPeerGoodbye(peer, incarnation) is called once
 // (OnPeerDown when OnPeerGoodbye is nil); a goodbye of a peer already
-// down changes nothing. "At once" is once the ROUTER is drained: the
-// peer's last frames come on its other connections, which the ROUTER
-// fair-queues with the goodbye's, so a goodbye read in a batch is acted
-// on after every frame read with it (a Result sent just before the close
-// ends its request as sent, not failed by the goodbye). From then on,
+// down changes nothing. "At once" is once a read finds the ROUTER empty:
+// the peer's last frames come on its other connections, which the ROUTER
+// fair-queues with the goodbye's, so a goodbye is acted on after every
+// frame read before the ROUTER was empty (a Result sent just before the
+// close ends its request as sent, not failed by the goodbye); while
+// other connections keep the ROUTER busy, a goodbye waits at most the
+// heartbeat timeout (one second without heartbeats). From then on,
 // that incarnation's frames are no sign of life (its heartbeats are
 // dropped; its Results and CancelAcks are delivered: they are proofs),
 // and a late Hello of it (a Conn's, fair-queued behind the goodbye)

@@ -51,6 +51,10 @@ type listener struct {
 	// probed: probeDead sent on the ROUTER during this drain, which may
 	// have taken ZMQ_FD's signal (drain).
 	probed bool
+	// busy: the last drain ended with a full batch, not with the ROUTER
+	// found empty; timedOut: the last wait ended at its deadline
+	// (afterWait).
+	busy, timedOut bool
 	// ghosts are, by routing id, the bindings probeDead forgot (a live
 	// connection whose transport was being re-established, same routing
 	// id, looked gone) and those of Hellos refused at a bound (room: a
@@ -101,11 +105,13 @@ var maxGhosts = 4096
 const ghostKeep = time.Minute
 
 // pendingBye is a goodbye read on a bound connection; drained: it says
-// the sender's writes are over (messages.Heartbeat.Drained).
+// the sender's writes are over (messages.Heartbeat.Drained); at: when it
+// was read (Config.Clock).
 type pendingBye struct {
 	id, key string
 	b       *binding
 	drained bool
+	at      time.Time
 }
 
 // binding is what a connection said it is in its Hello.
@@ -419,15 +425,31 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
 		go s.serveZAPs(stop, zw)
 	}
 	s.waitLoop(stop, "listener poll failed; listener stops",
-		func() error { _, err := rw.serve(s.tick(), s.drain); return err },
+		func() (err error) { s.timedOut, err = rw.serve(s.tick(), s.drain); return err },
 		s.afterWait)
 }
 
 // afterWait runs after each wait of the listener: the goodbyes read, the
 // liveness expiry, and the names RemovePeer forgot once down
 // (forgetRemoved).
+//
+// A wait that ended at its deadline may have ended while a delivery held
+// this goroutine (a slow callback, a collection, a starved CPU) after the
+// ROUTER was last found empty: the heartbeats that came meanwhile wait in
+// it, and the expiry would take their senders for silent. They are read
+// first. A goodbye is acted on once a read found the ROUTER empty, so
+// that the frames its sender sent before it, fair-queued behind it on
+// other connections, are handled while the peer is alive (goodbyes);
+// while the ROUTER stays busy (full batches) it waits at most byeWaitMax.
 func (s *listener) afterWait() {
-	s.goodbyes()
+	if s.timedOut {
+		s.drain()
+	}
+	if s.busy {
+		s.actOnGoodbyes(s.l.cfg.Clock().Add(-s.byeWaitMax()))
+	} else {
+		s.goodbyes()
+	}
 	if s.heldBytes > 0 {
 		if at := time.Now(); at.Sub(s.heldRetry) >= heldRetryEvery || at.Before(s.heldRetry) {
 			s.retryHeld()
@@ -558,6 +580,7 @@ func (s *listener) drain() (empty bool) {
 	if held {
 		s.handle(id, payload, key, parts)
 	}
+	s.busy = !empty
 	if empty {
 		s.goodbyes()
 	}
@@ -702,7 +725,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// Acted on once the ROUTER is drained (goodbyes): the peer's last
 		// frames on its other connections (a Result it sent just before
 		// it closed) may wait behind it in the ROUTER's fair queue.
-		s.addBye(pendingBye{id, key, b, hb.Drained})
+		s.addBye(pendingBye{id, key, b, hb.Drained, s.l.cfg.Clock()})
 		return
 	}
 	switch {
@@ -1199,13 +1222,28 @@ func (s *listener) down(p messages.PeerID) {
 }
 
 // goodbyes acts on the goodbyes read (goodbye), in order. The listener
-// calls it when a read found the ROUTER empty, and after each wait (a
-// full batch, or its deadline): a goodbye comes on the sender's heartbeat
-// connection, its last frames (a Result, a CancelAck) on others, which
-// the ROUTER fair-queues, so a goodbye read first may have overtaken
-// frames sent before it. Those are read, and handled while the peer is
-// alive, before it takes the peer down.
-func (s *listener) goodbyes() {
+// calls it when a read found the ROUTER empty: a goodbye comes on the
+// sender's heartbeat connection, its last frames (a Result, a CancelAck)
+// on others, which the ROUTER fair-queues, so a goodbye read first may
+// have overtaken frames sent before it. Those are read, and handled while
+// the peer is alive, before it takes the peer down.
+func (s *listener) goodbyes() { s.actOnGoodbyes(time.Time{}) }
+
+// byeWaitMax bounds how long a goodbye waits for the ROUTER to be found
+// empty while other connections keep it busy: the heartbeat timeout (a
+// second without heartbeats), after which the peer's silence would have
+// taken it down anyway; the frames it sent before its goodbye are read by
+// then unless far more than that is queued.
+func (s *listener) byeWaitMax() time.Duration {
+	if t := s.l.liveTimeout(); t > 0 {
+		return t
+	}
+	return time.Second
+}
+
+// actOnGoodbyes is goodbyes for those read no later than before (all
+// when zero); the others stay pending.
+func (s *listener) actOnGoodbyes(before time.Time) {
 	if len(s.byes) > 0 && s.heldBytes > 0 {
 		// Frames held on connections without binding (hold) came before
 		// these goodbyes, as the frames the drain read did: a peer's
@@ -1215,6 +1253,10 @@ func (s *listener) goodbyes() {
 	}
 	kept := s.byes[:0]
 	for _, g := range s.byes {
+		if !before.IsZero() && g.at.After(before) {
+			kept = append(kept, g) // the ROUTER still busy (afterWait)
+			continue
+		}
 		if s.heldBytes > 0 && s.holdsFramesOf(g.b) {
 			// Frames of this incarnation still wait for room (a probe
 			// runs at most once a second): the goodbye waits behind
