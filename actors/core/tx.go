@@ -979,6 +979,17 @@ func (s *TxSession) onTimeout(m TxTimeout, now time.Time) {
 // not change, but the deadline still bounds the physical drain: ops in
 // flight go IN_DOUBT and their endpoints are closed after the grace.
 func (s *TxSession) expire(now time.Time) {
+	if s.resultsHandedOver() {
+		// Every peer's SUCCESS Result was handed to its worker before the
+		// deadline: every peer ends READY on it, and no op is in flight.
+		// Failing now would only make this side disagree (as for a
+		// TxCancel or TxPanic then); the reports that the Results left,
+		// which come at once (a worker's Send does not wait), decide
+		// DONE, or fail the request.
+		s.emit(Log{Level: "info", Msg: "tx session " + s.cfg.Request +
+			" reached its deadline after every Result was handed over: its outcome waits for their reports"})
+		return
+	}
 	err := fmt.Errorf("%w: request %s", ErrTimeout, s.cfg.Request)
 	if s.refused != "" && len(s.order) == 0 {
 		err = fmt.Errorf("%w: request %s: no generation rank's RequestData resolved here; the one from %s", ErrTimeout, s.cfg.Request, s.refused)

@@ -2098,18 +2098,20 @@ func TestTx_PeerGoneOfAnEarlierIncarnation(t *testing.T) {
 }
 
 // TestTx_LateAfterEveryResultHandedOver: a panic of the session's shell
-// (TxPanic) or a local Cancel (TxCancel) after every expected stream's
-// SUCCESS Result was handed to its worker fails nothing — every peer ends
-// READY on its Result — and the reports that the Results left decide:
-// DONE, or FAILED for one that did not leave. Either one while another
-// stream still writes ends the request (FAILED by the crash, CANCELLED).
-// The Cancel was seen in CI: the ctx role cancels its live requests when
-// its peer says goodbye, and a peer that took its last Result and closed
-// made the context side report CANCELLED.
+// (TxPanic), a local Cancel (TxCancel) or the deadline (TxTimeout) after
+// every expected stream's SUCCESS Result was handed to its worker fails
+// nothing — every peer ends READY on its Result — and the reports that
+// the Results left decide: DONE, or FAILED for one that did not leave.
+// Any of them while another stream still writes ends the request (FAILED
+// by the crash or the deadline, CANCELLED). The Cancel was seen in CI:
+// the ctx role cancels its live requests when its peer says goodbye, and
+// a peer that took its last Result and closed made the context side
+// report CANCELLED.
 //
-// Without the resultsHandedOver check, either failed the session while
-// its Results were on their way: checked, this test fails ("state FAILED"
-// / "state CANCELLED, want TRANSFERRING").
+// Without the resultsHandedOver check, each failed the session while its
+// Results were on their way: checked, this test fails ("state FAILED" /
+// "state CANCELLED, want TRANSFERRING"; for the deadline, found in a
+// review, "state FAILED").
 func TestTx_LateAfterEveryResultHandedOver(t *testing.T) {
 	handedOver := func(t *testing.T, peers ...int) *txHarness {
 		h, _ := newTxHarness(t, txOpts{})
@@ -2132,6 +2134,7 @@ func TestTx_LateAfterEveryResultHandedOver(t *testing.T) {
 	}{
 		{"panic", TxPanic{Err: errors.New("tracer")}, TxFailed, messages.StatusFailed, ErrSessionCrashed},
 		{"cancel", TxCancel{}, TxCancelled, messages.StatusCancelled, ErrCancelled},
+		{"deadline", TxTimeout{Kind: TimerDeadline}, TxFailed, messages.StatusFailed, ErrTimeout},
 	} {
 		t.Run(c.name+"/sent", func(t *testing.T) {
 			h := handedOver(t, 1)
