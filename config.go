@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 
@@ -211,7 +212,8 @@ type resolved struct {
 }
 
 // checkInstance refuses an instance name its peers would refuse in every
-// frame (longer than messages.MaxInstanceLen), or one no C string or log
+// frame (longer than messages.MaxInstanceLen), one no frame can carry (not
+// valid UTF-8: the codec refuses to encode it), or one no C string or log
 // line can carry whole (a control character: NUL, a newline).
 func checkInstance(name string) error {
 	if why := instanceNameProblem(name); why != "" {
@@ -226,6 +228,9 @@ func checkInstance(name string) error {
 func instanceNameProblem(name string) string {
 	if len(name) > messages.MaxInstanceLen {
 		return fmt.Sprintf("%q… is %d bytes, at most %d", messages.TruncateText(name, quote.Max), len(name), messages.MaxInstanceLen)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Sprintf("%q is not valid UTF-8", name)
 	}
 	for _, c := range name {
 		if c < 0x20 || c == 0x7f {

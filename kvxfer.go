@@ -694,8 +694,11 @@ type TxHandle struct {
 // the request (a nil ctx is refused with ErrBadRequest). Cancelling ctx
 // later cancels the request (as TxHandle.Cancel); its deadline, when earlier than the request's timeout,
 // bounds the request, which then
-// ends as at its timeout (FAILED, ErrTimeout), not cancelled. Done fires
-// after every pin is released: then the caller may free the source blocks.
+// ends as at its timeout (FAILED, ErrTimeout), not cancelled. A timeout
+// after every generation rank's SUCCESS Result was handed over, as a
+// Cancel then, is too late: the request ends DONE once those Results left
+// (FAILED if one did not). Done fires after every pin is released: then
+// the caller may free the source blocks.
 // A request that its generation instance cancelled before Send is refused
 // with ErrPeerCancelled: that instance freed its blocks, and prefill may
 // stop.
@@ -1096,6 +1099,8 @@ func (h *TxHandle) Cancel() {
 }
 
 // Done delivers the outcome once, after the session released every pin.
+// It never fires for a request Engine.Close reported undrained
+// (ErrUndrained): its pins are never released.
 func (h *TxHandle) Done() <-chan Outcome {
 	if !h.valid() {
 		return failedOutcome("TxHandle.Done")
@@ -1319,7 +1324,9 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error {
 
 // Close cancels live requests, waits for every session to drain and release
 // its pages (or ctx to end), then stops the engine. It reports the requests
-// that could not drain by ctx's end; their pages stay pinned. It does not
+// that could not drain by ctx's end; their pages stay pinned, and their
+// handles' Done never fires (no session is left to release the pins, even
+// once a late fence fires). It does not
 // wait for a proof that may never come — a receive whose writers were all
 // suspected (missed heartbeats, and not heard since; an exit) and never
 // proved their writes over — but reports such a request too

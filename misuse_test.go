@@ -38,14 +38,18 @@ func TestCancelledContextNamesRequest(t *testing.T) {
 
 // TestImpossibleInstanceNamesRefused: a Receive whose Context, or a Send
 // whose Generation, names an instance no engine can have (Start refuses
-// the name: too long, a control character) is refused at once, naming the
-// field, instead of waiting out its timeout holding blocks; the ids stay
-// free. Start's own refusal quotes a long name cut short.
+// the name: too long, not valid UTF-8, a control character) is refused at
+// once, naming the field, instead of waiting out its timeout holding
+// blocks; the ids stay free. Start's own refusal quotes a long name cut
+// short, and refuses a name no frame can carry with ErrConfig. (Checked to
+// fail without the UTF-8 check, found in a review: "ctx\xff" was taken,
+// held 7 blocks until its deadline, and Start over zmq failed without
+// ErrConfig.)
 func TestImpossibleInstanceNamesRefused(t *testing.T) {
 	l := smallLayout()
 	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
 	long := strings.Repeat("x", messages.MaxInstanceLen+1)
-	for _, name := range []string{long, "ctx\n", "c\x00tx"} {
+	for _, name := range []string{long, "ctx\n", "c\x00tx", "ctx\xff"} {
 		_, err := c.gen[0].Receive(context.Background(), kvxfer.ReceiveRequest{ID: "named-rx", PromptLen: 16, Context: name})
 		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "named-rx: Context ") {
 			t.Fatalf("receive from instance %.20q: %v, want ErrBadRequest naming the request and Context", name, err)
@@ -66,6 +70,10 @@ func TestImpossibleInstanceNamesRefused(t *testing.T) {
 	_, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: huge, Layout: &l, PoolBytes: 1 << 20})
 	if !errors.Is(err, kvxfer.ErrConfig) || !strings.Contains(err.Error(), "is 1048576 bytes, at most 128") || len(err.Error()) > 1024 {
 		t.Fatalf("start as a 1 MiB instance name: %d-byte error %.200q, want ErrConfig naming its length, cut short", len(err.Error()), err)
+	}
+	_, err = kvxfer.Start(context.Background(), kvxfer.Config{Instance: "ctx\xff", Layout: &l, PoolBytes: 1 << 20})
+	if !errors.Is(err, kvxfer.ErrConfig) || !strings.Contains(err.Error(), `"ctx\xff" is not valid UTF-8`) {
+		t.Fatalf("start as an instance name that is not UTF-8: %v, want ErrConfig naming it", err)
 	}
 }
 
