@@ -585,6 +585,11 @@ func (c Config) Validate() error {
 			return bad("metrics_addr", c.MetricsAddr, "%v (want HOST:PORT)", err)
 		}
 	}
+	if c.Insecure {
+		if err := c.insecureKeys(); err != nil {
+			return err
+		}
+	}
 	if !c.Insecure && !inProcess {
 		if (c.KeyFile == "") == (c.SecretKey == "") {
 			return bad("key_file", c.KeyFile, "give exactly one of key_file and secret_key (or insecure: true)")
@@ -643,9 +648,15 @@ func (c Config) Validate() error {
 			return bad(f, id.String(), "is this node itself")
 		}
 		if p.Endpoint == "" && c.etcd() {
-			// Found through etcd; a key given pins it.
+			// Found through etcd; a key given pins it. A pinned key is
+			// checked as a static peer's is: a mistyped one would
+			// otherwise surface only once the peer registers, as a
+			// record refused for a key mismatch that is no mismatch.
 			if p.PublicKeyFile != "" && p.PublicKey != "" {
 				return bad(f+".public_key_file", p.PublicKeyFile, "give at most one of public_key_file and public_key")
+			}
+			if err := checkInlineKey(p.PublicKey); err != nil {
+				return bad(f+".public_key", p.PublicKey, "%v", err)
 			}
 			continue
 		}
@@ -661,8 +672,21 @@ func (c Config) Validate() error {
 	}
 	for i, id := range c.Identities {
 		f := fmt.Sprintf("identities[%d]", i)
-		if id.Instance == "" {
-			return bad(f+".instance", id.Instance, "empty")
+		// An identity names an instance as a peer does: a name no sender
+		// can have ("ctx/0": '/' separates an instance from its rank)
+		// would bind the key to no one, and the sender it was meant for
+		// be refused with no word of why. Its ranks are checked here
+		// too, by field, rather than by the link once Open starts it.
+		if id.Instance == "" || len(id.Instance) > messages.MaxInstanceLen {
+			return bad(f+".instance", id.Instance, "want 1..%d bytes", messages.MaxInstanceLen)
+		}
+		if why := instanceChars(id.Instance); why != "" {
+			return bad(f+".instance", id.Instance, "%s", why)
+		}
+		for j, r := range id.Ranks {
+			if r < 0 || r >= messages.MaxRank {
+				return bad(fmt.Sprintf("%s.ranks[%d]", f, j), r, "want a rank index 0..%d", messages.MaxRank-1)
+			}
 		}
 		if (id.PublicKey == "") == (id.PublicKeyFile == "") {
 			return bad(f+".public_key_file", id.PublicKeyFile, "give exactly one of public_key_file and public_key")
@@ -809,4 +833,34 @@ func (c Config) self() messages.PeerID {
 // id is the peer's control-plane identity: rank Parallel.Index(Rank).
 func (p Peer) id() messages.PeerID {
 	return messages.PeerID{Instance: p.Instance, Rank: int32(p.Parallel.orOne().kv().Index(p.Rank.kv()))}
+}
+
+// insecureKeys refuses keys given with Insecure, as the CLI refuses
+// --insecure with --key or --peer-key: insecure turns CURVE off, and the
+// keys were ignored without a word, the user believing the link
+// authenticated. A secret key is named by its field alone.
+func (c *Config) insecureKeys() error {
+	var given []string
+	if c.KeyFile != "" {
+		given = append(given, fmt.Sprintf("key_file %q", c.KeyFile))
+	}
+	if c.SecretKey != "" {
+		given = append(given, "secret_key")
+	}
+	for i, p := range c.Peers {
+		if p.PublicKeyFile != "" {
+			given = append(given, fmt.Sprintf("peers[%d].public_key_file %q", i, p.PublicKeyFile))
+		}
+		if p.PublicKey != "" {
+			given = append(given, fmt.Sprintf("peers[%d].public_key", i))
+		}
+	}
+	if len(c.Identities) > 0 {
+		given = append(given, "identities")
+	}
+	if len(given) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: insecure = true with %s: insecure turns CURVE off, so the keys would be ignored: drop insecure to authenticate with them, or drop the keys",
+		ErrConfig, strings.Join(given, " and "))
 }

@@ -85,6 +85,15 @@ func pair(t testing.TB, backend string) (ctxCfg, genCfg node.Config) {
 	return ctxCfg, genCfg
 }
 
+// insecure turns c's CURVE off, and drops the keys pair gave it (a node
+// refuses keys it would ignore).
+func insecure(c *node.Config) {
+	c.Insecure, c.SecretKey = true, ""
+	for i := range c.Peers {
+		c.Peers[i].PublicKey = ""
+	}
+}
+
 // open opens a node and closes it when the test ends.
 func open(t testing.TB, c node.Config) *node.Node {
 	t.Helper()

@@ -26,7 +26,7 @@ import (
 // named the hang-up.
 func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
-	gc.Insecure = true
+	insecure(&gc)
 	waiting := driveMismatchReason(t)
 	genN := open(t, gc)
 	open(t, cc)
@@ -56,7 +56,7 @@ func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 // the mismatch ending the wait: still waiting at the deadline.)
 func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
-	gc.Insecure = true
+	insecure(&gc)
 	for _, c := range []*node.Config{&cc, &gc} {
 		c.HeartbeatInterval = node.Duration(time.Hour)
 	}

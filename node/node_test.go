@@ -480,7 +480,7 @@ func TestWrongPeerKeyNamedOnBothSides(t *testing.T) {
 // and both sides log a failed handshake that points at --insecure.
 func TestInsecureMismatchNamed(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
-	gc.Insecure = true
+	insecure(&gc)
 	glog, clog := logged(t, &gc), logged(t, &cc)
 	genN := open(t, gc)
 	open(t, cc)

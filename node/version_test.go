@@ -159,8 +159,8 @@ func TestRestartedAsOtherVersionNamed(t *testing.T) {
 // unnamedVersion in WaitPeers' error the hint is missing.)
 func TestOtherVersionInsecureHinted(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
-	cc.Insecure, gc.Insecure = true, true
-	cc.SecretKey, gc.SecretKey = "", ""
+	insecure(&cc)
+	insecure(&gc)
 	genN := open(t, gc)
 	speakVersion(t, cc.Bind, gc.Bind, "", keys{}, messages.Version+1)
 	wait, cancel := context.WithTimeout(context.Background(), 3*beat)

@@ -402,14 +402,18 @@ func ContextParallel(o Options) kvcache.Parallel {
 // peers are the peer instance's ranks: the one static peer, or with etcd
 // every rank of PeerParallel, found there.
 func (o Options) peers() []node.Peer {
+	key := o.PeerPublicKey
+	if o.Insecure {
+		key = "" // no CURVE: a node refuses keys it would ignore
+	}
 	if !o.etcd() {
-		return []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: o.PeerPublicKey}}
+		return []node.Peer{{Instance: o.Peer, Endpoint: o.PeerEndpoint, PublicKey: key}}
 	}
 	pp := o.peerParallel()
 	var out []node.Peer
 	for p := range pp.PP {
 		for t := range pp.TP {
-			out = append(out, node.Peer{Instance: o.Peer, Parallel: pp, Rank: node.Rank{TP: t, PP: p}, PublicKey: o.PeerPublicKey})
+			out = append(out, node.Peer{Instance: o.Peer, Parallel: pp, Rank: node.Rank{TP: t, PP: p}, PublicKey: key})
 		}
 	}
 	return out
@@ -439,6 +443,9 @@ func (o Options) nodeConfig(sendOnly bool, down func()) node.Config {
 				down()
 			}
 		},
+	}
+	if o.Insecure {
+		c.SecretKey = "" // as peers: a node refuses keys it would ignore
 	}
 	if o.etcd() {
 		c.Discovery, c.Cluster, c.DiscoveryTTL = o.Discovery, o.Cluster, node.Duration(o.DiscoveryTTL)
