@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -19,8 +20,13 @@ import (
 )
 
 // clusterDefaults shrinks the demo for --cluster where the user did not
-// choose: three engines on a small machine.
-func clusterDefaults(cmd *cobra.Command, f *demoFlags) error {
+// choose: three engines on a small machine. A demo flag is the user's
+// choice when given; a setting (workers, pool, timeout) also when a
+// variable or the --config file gave it, so it is decided by the
+// setting's origin in s. Decided by the flag alone, a KVXFER_WORKERS or a
+// file's pool was replaced in the processes' flags while the settings log
+// showed the user's value.
+func clusterDefaults(cmd *cobra.Command, s *config.Settings, f *demoFlags) error {
 	if cmd.Flags().Changed("processes") {
 		return fmt.Errorf("--processes = %d: --cluster runs three processes of its own (context TP2, generation TP1)", f.processes)
 	}
@@ -30,17 +36,28 @@ func clusterDefaults(cmd *cobra.Command, f *demoFlags) error {
 			apply()
 		}
 	}
+	setting := func(key string, apply func()) {
+		if s.Origin(key).Source == config.SourceDefault {
+			apply()
+		}
+	}
 	set("requests", func() { f.o.Requests = 4 })
 	set("min-tokens", func() { f.o.MinTokens = 128 })
 	set("max-tokens", func() { f.o.MaxTokens = 512 })
 	set("chunk-tokens", func() { f.o.ChunkTokens = 128 })
 	set("concurrency", func() { f.o.Concurrency = 2 })
 	set("compute", func() { f.o.Compute = 0 })
-	set(config.Workers, func() { f.o.Workers = 2 })
-	set(config.Pool, func() { f.o.PoolBytes, f.pool = 192<<20, "192MiB" })
-	set(config.Timeout, func() { f.timeout = "1m" })
+	setting(config.Workers, func() { f.o.Workers = 2 })
+	setting(config.Pool, func() { f.o.PoolBytes, f.pool = 192<<20, "192MiB" })
+	// The processes' timeout (f.timeout) and the demo's own (f.o.Timeout)
+	// are one setting: both change, so that nothing of the demo's reads
+	// another timeout than its processes run with.
+	setting(config.Timeout, func() { f.o.Timeout, f.timeout = clusterTimeout, clusterTimeout.String() })
 	return nil
 }
+
+// clusterTimeout is demo --cluster's timeout when none was chosen.
+const clusterTimeout = time.Minute
 
 // clusterTTL is the demo's etcd lease TTL.
 const clusterTTL = "2s"

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -200,20 +201,41 @@ func parseFile(path string, b []byte) ([]fileEntry, error) {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, nil // an empty file sets nothing
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, &Error{Source: SourceFile, Where: name, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
+	badYAML := func(err error) error {
+		return &Error{Source: SourceFile, Where: name, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
-	if doc.Kind == 0 || (doc.Kind == yaml.DocumentNode && len(doc.Content) == 0) {
+	// A decoder, not yaml.Unmarshal: Unmarshal reads the first document
+	// and drops the rest without a word, so the settings of a second
+	// document (after a "---" line) were ignored, typos and bad values
+	// unseen, the user believing them applied.
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, badYAML(err)
+	}
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, badYAML(err)
+		}
+		// A document with nothing in it (a file that ends in "---", or
+		// one that holds only comments after it) sets nothing, so
+		// nothing of it is ignored.
+		if !emptyDocument(&next) {
+			return nil, fail(next.Line, "a YAML document after the first: only one document is read, so its settings would be ignored; put every setting in one mapping")
+		}
+	}
+	if emptyDocument(&doc) {
 		return nil, nil // only comments
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
 		return nil, fail(1, "want a mapping of settings (key: value)")
 	}
 	m := doc.Content[0]
-	if m.Kind == yaml.ScalarNode && m.Tag == "!!null" {
-		return nil, nil // only comments
-	}
 	if m.Kind != yaml.MappingNode {
 		return nil, fail(m.Line, "want a mapping of settings (key: value)")
 	}
@@ -237,6 +259,19 @@ func parseFile(path string, b []byte) ([]fileEntry, error) {
 		out = append(out, fileEntry{key: k, where: at, raw: vn.Value})
 	}
 	return out, nil
+}
+
+// emptyDocument reports whether the decoded document doc sets nothing: no
+// document at all, or one of only comments (a null).
+func emptyDocument(doc *yaml.Node) bool {
+	if doc.Kind == 0 || (doc.Kind == yaml.DocumentNode && len(doc.Content) == 0) {
+		return true
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		m := doc.Content[0]
+		return m.Kind == yaml.ScalarNode && m.Tag == "!!null"
+	}
+	return false
 }
 
 func knownKeys() string {
