@@ -590,6 +590,11 @@ def _close_at_exit():
             warnings.warn("kvxfer: at exit, unsetting engine %s's callback failed: %s" % (e._name(), exc),
                           RuntimeWarning)
         try:
+            # close() itself: where Python refuses to start a thread at
+            # exit (3.12, cpython gh-113964) it runs the library's close in
+            # this thread, elsewhere (3.9-3.11, 3.13) in its own thread.
+            # That fallback lives in close(), not here, since a user's own
+            # atexit handler that closes an engine needs it just as well.
             e.close(max(0, int((deadline - time.monotonic()) * 1000)))
         except Exception as exc:  # noqa: BLE001 - exiting: warn, go on with the others
             warnings.warn("kvxfer: at exit, closing engine %s failed: %s" % (e._name(), exc), RuntimeWarning)
@@ -795,7 +800,9 @@ class Engine:
         and ends as it would have (its memory referenced until then, a
         RuntimeWarning if it does not finish), and the interpreter waits for
         it at exit. A close() called again meanwhile raises KvxferError with
-        Status.CLOSED, leaving it to that one."""
+        Status.CLOSED, leaving it to that one. (Where Python refuses to start
+        that thread, at interpreter exit on 3.12, the close runs in the main
+        thread itself, and Ctrl-C waits for it.)"""
         h = self.handle
         if not h:
             return
@@ -823,7 +830,18 @@ class Engine:
                 res["err"] = exc
 
         th = threading.Thread(target=run, name="kvxfer-close-%d" % h)
-        th.start()
+        try:
+            th.start()
+        except RuntimeError:
+            # No thread could start, so run() never ran: Python 3.12
+            # refuses new threads once the interpreter is exiting, in
+            # atexit handlers too (_close_at_exit's close; cpython
+            # gh-113964), and any version when the process is out of
+            # threads. The close runs here instead, as run() would have (a
+            # Ctrl-C then waits for it to return), so that the engine is
+            # not left _closing with its handle open.
+            self._close_done(h, lib.kvxfer_engine_close(h, timeout_ms))
+            return
         while th.is_alive():
             th.join(_POLL_SLICE_MS / 1000.0)
         if "err" in res:

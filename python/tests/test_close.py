@@ -280,6 +280,47 @@ def test_exit_with_callbacks_and_open_engines_is_clean():
             assert bad not in p.stderr, (run, p.stderr[-2000:])
 
 
+EXIT_NOTHREAD_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_nothread_child.py")
+
+
+def test_exit_closes_open_engines_where_no_thread_can_start():
+    """Python 3.12 refuses to start a thread in an atexit handler; close()
+    of the main thread runs the library's close in a thread of its own.
+    The module's exit hook must close every engine still open (an Engine
+    and a Node) all the same, without a warning, not leave them open with
+    "closing engine ... failed: can't create new thread" (the child makes
+    thread starts fail at exit on any version)."""
+    with tempfile.TemporaryDirectory(prefix="kvx") as d:
+        p = subprocess.run([sys.executable, EXIT_NOTHREAD_CHILD, d], capture_output=True, text=True, timeout=60)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and len(lines) == 2 and lines[0].startswith("open "), (p.returncode, p.stdout,
+                                                                                    p.stderr[-2000:])
+    assert int(lines[0].split()[1]) >= 2, lines
+    assert lines[1] == "after exit: handles 0 engine 0 node 0", (lines[1], p.stderr[-2000:])
+    for bad in ("Warning", "Traceback", "Segmentation", "fatal"):
+        assert bad not in p.stderr, p.stderr[-2000:]
+
+
+def test_close_runs_in_the_calling_thread_where_no_thread_can_start(monkeypatch):
+    """close() in the main thread where threading refuses to start a thread
+    (RuntimeError, as at interpreter exit on Python 3.12): the library's
+    close runs in the main thread instead, and the engine is closed, its
+    handle released, not left half-closed with its handle open."""
+    before = kvxfer.handle_count()
+    e = kvxfer.Engine(small_config(unique("nothread")))
+    h = e.handle
+
+    def start(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    e.close()
+    monkeypatch.undo()
+    assert e.handle == 0 and kvxfer.handle_count() == before
+    assert h not in kvxfer.core._open
+    e.close()  # idempotent
+
+
 def test_concurrent_close_does_not_hold_memory_a_finished_close_released(monkeypatch):
     """Two threads close() one engine: the first's close finishes (the
     library releases the handle) before it sets engine.handle = 0; the
