@@ -164,7 +164,8 @@ type Config struct {
 	OnMembership func(discovery.Event) `json:"-"`
 
 	// Insecure turns CURVE off: no authentication, no encryption. Local
-	// demos only.
+	// demos only. Keys given with it (KeyFile, SecretKey, a peer's key,
+	// Identities) are refused: they would be ignored.
 	Insecure bool `json:"insecure"`
 	// KeyFile is this node's CURVE secret key file (`kvxfer keygen`);
 	// SecretKey the same key inline (Z85). Exactly one unless Insecure.
