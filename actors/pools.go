@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -58,6 +59,12 @@ type poolSet struct {
 	// the lends not yet over.
 	lentTo [][]*lend
 	lends  map[*lend]struct{}
+	// unwoken: a lend's end put blocks back on the free lists under a
+	// call that does not wake allocations (any that settles lends by the
+	// way: Stats, Alloc, Free, …). The lend's session calls settleOver or
+	// endLend right after it closes over, and wakes them then, whoever
+	// ended the lend.
+	unwoken bool
 	// sessQ[g] holds the blocks of group g that the sessions' view
 	// quarantined (a request failed without proof): only that view
 	// releases them (made at the group's first).
@@ -347,19 +354,21 @@ func (p *Pools) settleLend(l *lend) {
 }
 
 // settleOver ends every lend that is over (its receive proven done with
-// the blocks) and wakes allocations if that put blocks back on the free
-// lists: the rx session calls it as its caller-owned receive stops. Without
-// a lend it costs one length check.
+// the blocks) and wakes allocations if that, or the end of a lend under
+// a call that does not wake them (unwoken: a Stats between the session's
+// release and this call), put blocks back on the free lists: the rx
+// session calls it as its caller-owned receive stops.
 func (p *Pools) settleOver() {
 	p.mu.Lock()
-	freed := false
 	for l := range p.lends {
 		select {
 		case <-l.over:
-			freed = p.endLocked(l) || freed
+			p.endLocked(l)
 		default:
 		}
 	}
+	freed := p.unwoken
+	p.unwoken = false
 	f := p.onFree
 	p.mu.Unlock()
 	if freed && f != nil {
@@ -369,7 +378,8 @@ func (p *Pools) settleOver() {
 
 // endLocked gives l's blocks back to the caller: its allocated ones
 // allocated again, those that were free in the pool free again (it
-// reports whether there were any: allocations waiting may go on).
+// reports whether there were any: allocations waiting may go on, and
+// unwoken says so until settleOver or endLend wakes them).
 func (p *Pools) endLocked(l *lend) (freed bool) {
 	if _, live := p.lends[l]; !live {
 		return false
@@ -396,6 +406,7 @@ func (p *Pools) endLocked(l *lend) (freed bool) {
 	delete(p.lends, l)
 	if freed {
 		p.cond.Broadcast()
+		p.unwoken = true
 	}
 	return freed
 }
@@ -484,7 +495,9 @@ func (p *Pools) endLend(l *lend) {
 		return
 	}
 	p.mu.Lock()
-	freed := p.endLocked(l)
+	p.endLocked(l)
+	freed := p.unwoken
+	p.unwoken = false
 	f := p.onFree
 	p.mu.Unlock()
 	if freed && f != nil {
@@ -537,7 +550,11 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 			return nil, fmt.Errorf("layer group %d: %w", g, err)
 		}
 	}
-	if q, lim := p.quarantinedLocked(), p.limitLocked(); q >= lim {
+	// The quarantine's bound holds back what would take blocks: an
+	// allocation of none (a receive whose every block is a prefix hit)
+	// takes nothing, and waiting for a proof unrelated to it would only
+	// hold it, and the queue behind it, to a deadline.
+	if q, lim := p.quarantinedLocked(), p.limitLocked(); q >= lim && slices.ContainsFunc(counts, func(n int) bool { return n > 0 }) {
 		return nil, fmt.Errorf("%w: %d bytes quarantined, limit %d", ErrQuarantineFull, q, lim)
 	}
 	for l := range p.lends {

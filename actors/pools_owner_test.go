@@ -179,6 +179,45 @@ func TestPoolsLentBlocksGoBackToTheCaller(t *testing.T) {
 	}
 }
 
+// A lend's end that puts free blocks back wakes the allocations waiting,
+// whichever call ended it: the session's settleOver after its release, or
+// a Stats (a metrics scrape, Pools().Used()) that ran between the two and
+// settled the lend by the way. (Found in a review; checked to fail
+// without unwoken: the Stats ended the lend silently, settleOver found
+// nothing to end, and a receive queued for blocks waited for an unrelated
+// free or its deadline.)
+func TestLendEndedByTheWayStillWakesAllocations(t *testing.T) {
+	for _, by := range []string{"the session", "a Stats between"} {
+		p := testPools(t, 8, 64)
+		wakes := 0
+		p.setOnFree(func() { wakes++ })
+		over := make(chan struct{})
+		if _, err := p.lend("r1", [][]kvcache.BlockID{{5, 6, 7}, nil}, over); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.forSessions().Alloc([]int{5, 0}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.forSessions().Alloc([]int{1, 0}); err == nil {
+			t.Fatal("an Alloc with every block taken or lent succeeded")
+		}
+		close(over) // the session's release
+		if by != "the session" {
+			if free := p.Stats()[0].Free; free != 3 {
+				t.Fatalf("%s: %d blocks free, want the 3 lent back", by, free)
+			}
+		}
+		p.forSessions().settleOver()
+		if wakes != 1 {
+			t.Fatalf("lend ended by %s: allocations woken %d times, want once", by, wakes)
+		}
+		p.forSessions().settleOver()
+		if wakes != 1 {
+			t.Fatalf("lend ended by %s: a second settleOver woke again (%d)", by, wakes)
+		}
+	}
+}
+
 // Blocks the engine's sessions quarantined (a request failed without proof
 // that its writers stopped) are released only by the engine: the caller's
 // view refuses them, nothing released, and the sessions' view still can
@@ -236,5 +275,30 @@ func TestPoolsHeldNamesQuarantine(t *testing.T) {
 	}
 	if err := p.Held(0, []kvcache.BlockID{7}); !errors.Is(err, kvcache.ErrBlockFree) {
 		t.Fatalf("Held of a free block: %v, want ErrBlockFree", err)
+	}
+}
+
+// An allocation of no block at all (a receive whose every block is a
+// prefix hit) is not held back by a full quarantine, which bounds what
+// takes blocks: it would wait for a proof unrelated to it, and hold the
+// allocation queue behind it. An allocation of one block still waits.
+// (Found in a review; checked to fail without the zero-count exception:
+// "out of blocks: quarantine full".)
+func TestNoBlockAllocationPassesAFullQuarantine(t *testing.T) {
+	p := testPools(t, 8, 64)
+	s := p.forSessions()
+	b, err := s.Alloc([]int{8, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Quarantine(b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Alloc([]int{0, 0})
+	if err != nil || len(got) != 2 || len(got[0])+len(got[1]) != 0 {
+		t.Fatalf("Alloc of no block with the quarantine full: %v, %v; want two empty groups", got, err)
+	}
+	if _, err := s.Alloc([]int{0, 1}); !errors.Is(err, ErrQuarantineFull) {
+		t.Fatalf("Alloc of one block with the quarantine full: %v, want ErrQuarantineFull", err)
 	}
 }
