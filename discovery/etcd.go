@@ -101,7 +101,7 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 		return nil, err
 	}
 	e.mu.Lock()
-	e.q.push(e.m.sync(snapshot(resp.Kvs))...)
+	e.q.push(e.m.sync(snapshot(resp.Kvs), resp.Header.Revision)...)
 	e.mu.Unlock()
 	e.wg.Add(1)
 	go e.watch(resp.Header.Revision + 1)
@@ -238,7 +238,7 @@ func (e *Etcd) watch(rev int64) {
 		}
 		backoff = 50 * time.Millisecond
 		e.mu.Lock()
-		e.q.push(e.m.sync(snapshot(resp.Kvs))...)
+		e.q.push(e.m.sync(snapshot(resp.Kvs), resp.Header.Revision)...)
 		e.mu.Unlock()
 		rev = resp.Header.Revision + 1
 	}
@@ -333,7 +333,8 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	// The end of the lease ends a registration still in progress (waiting
 	// for an older incarnation to go, or for etcd): it can never complete.
 	go e.keepalive(kctx, ka, func() { cancel(errLeaseEnded) })
-	if err := e.put(ctx, r, key, value, lease.ID); err != nil {
+	rev, err := e.put(ctx, r, key, value, lease.ID)
+	if err != nil {
 		if errors.Is(context.Cause(ctx), errLeaseEnded) {
 			err = fmt.Errorf("discovery: etcd: registering %s: its lease %x ended before the registration completed "+
 				"(not renewed for its TTL, %ds: etcd stopped or unreachable); it was: %w", key, lease.ID, lease.TTL, err)
@@ -344,7 +345,7 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	// there: one lost meanwhile (the keepalive stopped, the key was
 	// deleted or taken) fails the Register, and is no Lost.
 	e.mu.Lock()
-	err = e.m.confirm()
+	err = e.m.confirm(rev)
 	e.mu.Unlock()
 	if err != nil {
 		return e.unregister(fmt.Errorf("discovery: etcd: registering %s under lease %x: %w", key, lease.ID, err), lease.ID)
@@ -398,7 +399,7 @@ var errLeaseEnded = errors.New("discovery: the registration's lease ended")
 // anyone may delete it, and a lower incarnation would then replace a live
 // higher one. Each write is conditional on the record key being as read
 // (absent, or at the revision checked), so the check holds at the commit.
-func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, lease clientv3.LeaseID) error {
+func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, lease clientv3.LeaseID) (rev int64, err error) {
 	incKey := key + IncarnationSuffix
 	writes := []clientv3.Op{
 		clientv3.OpPut(incKey, string(registration{Incarnation: r.Incarnation, Lease: int64(lease)}.encode())),
@@ -407,7 +408,7 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 	for {
 		g, err := e.cli.Get(ctx, incKey)
 		if err != nil {
-			return fmt.Errorf("discovery: etcd: reading %s: %w", incKey, err)
+			return 0, fmt.Errorf("discovery: etcd: reading %s: %w", incKey, err)
 		}
 		var incRev int64
 		var cur registration
@@ -420,14 +421,14 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			// incarnation back. Someone must look at it.
 			c, err := decodeRegistration(g.Kvs[0].Value)
 			if err != nil {
-				return fmt.Errorf("discovery: etcd: %s holds a value this build cannot decode, %.80q: %w; "+
+				return 0, fmt.Errorf("discovery: etcd: %s holds a value this build cannot decode, %.80q: %w; "+
 					"registering %s would overwrite it, and it may name a later incarnation (a later build's "+
 					"format): it is left as it is (delete it by hand only if it is damaged and no run of %s is up)",
 					incKey, g.Kvs[0].Value, err, r, r.Peer())
 			}
 			cur, named = c, true
 			if cur.Incarnation >= r.Incarnation {
-				return fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
+				return 0, fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
 			}
 		}
 		incSame := clientv3.Compare(clientv3.ModRevision(incKey), "=", incRev)
@@ -436,10 +437,10 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			Then(writes...).
 			Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
-			return fmt.Errorf("discovery: etcd: registering %s: %w", key, err)
+			return 0, fmt.Errorf("discovery: etcd: registering %s: %w", key, err)
 		}
 		if resp.Succeeded {
-			return nil
+			return resp.Header.Revision, nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
 		if len(kvs) == 0 {
@@ -452,7 +453,7 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			if incRev == 0 {
 				names = incKey + " is missing"
 			}
-			return fmt.Errorf("%w: %s holds incarnation %d under live lease %x (%s): incarnation %d is not above it",
+			return 0, fmt.Errorf("%w: %s holds incarnation %d under live lease %x (%s): incarnation %d is not above it",
 				ErrStaleIncarnation, key, old.Incarnation, kv.Lease, names, r.Incarnation)
 		}
 		switch {
@@ -468,10 +469,10 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision), incSame).
 				Then(writes...).Commit()
 			if err != nil {
-				return fmt.Errorf("discovery: etcd: registering %s over a value no peer accepts: %w", key, err)
+				return 0, fmt.Errorf("discovery: etcd: registering %s over a value no peer accepts: %w", key, err)
 			}
 			if resp.Succeeded {
-				return nil
+				return resp.Header.Revision, nil
 			}
 			continue
 		}
@@ -479,7 +480,7 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			e.opts.onHeld(old)
 		}
 		if err := e.waitGone(ctx, key, kv.ModRevision); err != nil {
-			return heldError{fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)}
+			return 0, heldError{fmt.Errorf("discovery: etcd: %s is still held by incarnation %d (its lease has not expired): %w", key, old.Incarnation, err)}
 		}
 	}
 }

@@ -35,6 +35,10 @@ type members struct {
 	confirmed bool
 	lost      bool
 	lostWhy   string
+	// selfRev is the etcd revision self's registration was committed at
+	// (confirm): a snapshot read at or after it must hold its record
+	// (sync).
+	selfRev int64
 	// failed holds this registry's own registrations (incarnation and
 	// lease) whose Register failed after its lease was granted: etcd may
 	// have committed the record (its reply lost) and, when the lease could
@@ -98,15 +102,16 @@ func (m *members) register(r Record) error {
 	return nil
 }
 
-// confirm marks this registry's own registration complete: from now on
-// the loss of its record is a Lost. It fails (naming the reason) when the
-// record or its lease was lost before: the registration did not complete,
-// and no Lost is ever said of it.
-func (m *members) confirm() error {
+// confirm marks this registry's own registration, committed at etcd
+// revision rev, complete: from now on the loss of its record is a Lost.
+// It fails (naming the reason) when the record or its lease was lost
+// before: the registration did not complete, and no Lost is ever said of
+// it.
+func (m *members) confirm(rev int64) error {
 	if m.lost {
 		return fmt.Errorf("its record was lost before the registration completed (%s)", m.lostWhy)
 	}
-	m.confirmed = true
+	m.confirmed, m.selfRev = true, rev
 	return nil
 }
 
@@ -290,10 +295,15 @@ func (m *members) del(key string) []Event {
 	return m.down(old, st.liveLease, ReasonLeaseExpired)
 }
 
-// sync applies a full snapshot of the prefix (at the start, and after the
-// watch lost its place): ranks no longer present went down; then the
-// incarnation keys, then the records are applied, each in key order.
-func (m *members) sync(snapshot map[string]storedValue) []Event {
+// sync applies a full snapshot of the prefix read at etcd revision rev
+// (at the start, and after the watch lost its place): ranks no longer
+// present went down; then the incarnation keys, then the records are
+// applied, each in key order. Last, this registry's own record, once its
+// Register completed at or before rev, must be its rank's live record:
+// a watch gap may have hidden both its put and its deletion or
+// overwrite, and then no event would ever say the rank is out (its
+// keepalive renews a lease that holds nothing).
+func (m *members) sync(snapshot map[string]storedValue, rev int64) []Event {
 	var evs []Event
 	ids := make([]messages.PeerID, 0, len(m.ranks))
 	for id := range m.ranks {
@@ -324,6 +334,15 @@ func (m *members) sync(snapshot map[string]storedValue) []Event {
 	})
 	for _, k := range keys {
 		evs = append(evs, m.put(k, snapshot[k].value, snapshot[k].lease)...)
+	}
+	if m.hasSelf && m.confirmed && !m.lost && rev >= m.selfRev {
+		if st := m.ranks[m.self]; st == nil || st.live == nil || st.live.Incarnation != m.selfInc {
+			reason := ReasonLeaseExpired // etcd tells a deletion from an expiry no more than del does
+			if _, ok := snapshot[Key(m.cluster, m.self.Instance, m.self.Rank)]; ok {
+				reason = ReasonOverwritten
+			}
+			evs = append(evs, m.lose(reason)...)
+		}
 	}
 	return evs
 }

@@ -293,6 +293,13 @@ func (n *Node) apply(ev discovery.Event) {
 		}
 		lvl.Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Str("reason", ev.Reason).
 			Msgf("peer %s is out of etcd cluster %s (%s): its requests fail", id, n.cfg.Cluster, ev.Reason)
+		if n.link != nil {
+			if h, err := n.link.Hello(id); err == nil && h.Incarnation > ev.Incarnation {
+				// A restart said Hello first: the peer is up, as a
+				// predecessor's exit (exit.go) tells the application.
+				return
+			}
+		}
 		if n.cfg.OnPeerDown != nil {
 			n.cfg.OnPeerDown(id.Instance, int(id.Rank))
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,14 +184,19 @@ func TestReceiveNamesARestartedWriterThatStaysSilent(t *testing.T) {
 // said Hello while etcd still held the old record, and a request
 // addressed to the new one is in flight when the old record's Down
 // (lease expired) comes. The Down fails the old incarnation's requests,
-// not this one: it moves, every byte verified. (Checked to fail: with
-// the node calling PeerDownBecause, by name, the request failed, "ctx/0
-// is out of etcd cluster … (lease expired)".)
+// not this one: it moves, every byte verified. Nor does the Down tell the
+// application the peer is down (OnPeerDown), as a predecessor's exit
+// does not. (Checked to fail: with the node calling PeerDownBecause, by
+// name, the request failed, "ctx/0 is out of etcd cluster … (lease
+// expired)"; without the Hello's check before OnPeerDown, found in a
+// review, the application was told ctx/0 was down while it served.)
 func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 	url, cluster, dir := etcdURL(t), clusterName("node-replaced"), t.TempDir()
 	gk, ck := newKeys(t), newKeys(t)
 	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
 	gc.SecretKey, gc.TransferTimeout = gk.secret, node.Duration(patience)
+	var downs atomic.Int32
+	gc.OnPeerDown = func(string, int) { downs.Add(1) }
 	genN := open(t, gc)
 	ep := "ipc://" + filepath.Join(dir, "ctx.sock")
 	cc := node.Config{Instance: "ctx", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, SendOnly: true,
@@ -223,7 +229,11 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := downs.Load() // the first incarnation's goodbye may have told it
 	genN.Apply(discovery.Event{Kind: discovery.EventDown, Instance: "ctx", Incarnation: inc1, Reason: discovery.ReasonLeaseExpired})
+	if n := downs.Load() - before; n != 0 {
+		t.Fatalf("OnPeerDown told %d times for the Down of ctx/0's first incarnation while its second is up", n)
+	}
 	sendAndVerify(t, ctx2, genN, rx, "r", "a request addressed to ctx/0's second incarnation, after the Down of its first")
 }
 
