@@ -22,12 +22,22 @@ func Chunks(promptLen, chunkTokens, tokensPerBlock int) ([]Chunk, error) {
 		return nil, fmt.Errorf("%w: chunk size %d tokens is not a positive multiple of TokensPerBlock %d",
 			ErrMisalignedChunk, chunkTokens, tokensPerBlock)
 	}
-	out := make([]Chunk, 0, (promptLen+chunkTokens-1)/chunkTokens)
+	out := make([]Chunk, 0, ceilDiv(promptLen, chunkTokens))
 	for start := 0; start < promptLen; start += chunkTokens {
 		end := start + min(chunkTokens, promptLen-start)
 		out = append(out, Chunk{Start: start, End: end, FirstBlock: start / tokensPerBlock, Last: end == promptLen})
 	}
 	return out, nil
+}
+
+// ceilDiv is ⌈a/b⌉ for a ≥ 0, b > 0, without the overflow of
+// (a+b-1)/b: a chunk size near the largest int is valid (one chunk).
+func ceilDiv(a, b int) int {
+	n := a / b
+	if a%b != 0 {
+		n++
+	}
+	return n
 }
 
 // Validate checks a chunk supplied from outside (a serving framework or a

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -273,5 +274,21 @@ func TestChunkClip(t *testing.T) {
 	}
 	if got := (Chunk{Start: 48, End: 50, FirstBlock: 3, Last: true}).Clip(16, BlockRun{First: 0, IDs: ids}); got.First != 3 || !slices.Equal(got.IDs, ids[3:4]) {
 		t.Errorf("a last chunk ending mid-block: Clip = %+v, want block 3 alone", got)
+	}
+}
+
+// TestChunksOfAHugeChunkSize: a chunk size at or above the prompt's gives
+// one chunk, up to the largest valid one: the slice's capacity was
+// (promptLen+chunkTokens-1)/chunkTokens, which overflowed to a negative
+// capacity and panicked (found in a review; checked to fail: "makeslice:
+// cap out of range" for prompts past 1024 tokens).
+func TestChunksOfAHugeChunkSize(t *testing.T) {
+	const tpb = 32
+	chunkTokens := math.MaxInt &^ 1023 // a positive multiple of 32
+	for _, prompt := range []int{1, 1024, 1025, 2049, 4096} {
+		cs, err := Chunks(prompt, chunkTokens, tpb)
+		if err != nil || len(cs) != 1 || cs[0] != (Chunk{End: prompt, Last: true}) {
+			t.Fatalf("Chunks(%d, %d, %d) = %v, %v; want one last chunk", prompt, chunkTokens, tpb, cs, err)
+		}
 	}
 }

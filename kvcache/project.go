@@ -41,7 +41,7 @@ func Project(c Chunk, tpb int, src, dst BlockRun) (srcIDs, dstIDs []BlockID, err
 			ErrBadChunk, c.FirstBlock, c.Start, tpb, c.Start/tpb)
 	}
 	lo := max(c.FirstBlock, dst.First)
-	hi := min(c.FirstBlock+(c.End-c.Start+tpb-1)/tpb, dst.End())
+	hi := min(c.FirstBlock+ceilDiv(c.End-c.Start, tpb), dst.End())
 	if lo >= hi {
 		return nil, nil, nil
 	}

@@ -17,8 +17,8 @@ type E2EConfig struct {
 	TokensPerBlock int
 	// Requests prompts spread evenly over [MinTokens, MaxTokens], shuffled
 	// (defaults 16, 512, 2048); ChunkTokens per prefill chunk (default
-	// 256), Compute per chunk (default 10ms); Concurrency requests in
-	// flight (default 4).
+	// 256), Compute per chunk (0: none, the transfer alone; the CLI's
+	// default is 10ms); Concurrency requests in flight (default 4).
 	Requests             int
 	MinTokens, MaxTokens int
 	ChunkTokens          int
@@ -49,9 +49,6 @@ func (c *E2EConfig) defaults() {
 	}
 	if c.ChunkTokens == 0 {
 		c.ChunkTokens = 256
-	}
-	if c.Compute == 0 {
-		c.Compute = 10 * time.Millisecond
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 4
