@@ -38,7 +38,10 @@
 // the recording goroutine that crossed the bound under the Writer's lock
 // (a flush, a close, up to keep renames and a create); one that fails
 // stops the Writer as a failed write does (WithOnStop, Close's error),
-// and the files written so far stay whole.
+// and the files written so far stay whole. Create removes the rotated
+// files an earlier run left at PATH (PATH.1 … PATH.keep, then PATH.N
+// while it begins as a trace, with or without rotation), so that PATH*
+// holds one run.
 //
 // # Deviation from DESIGN.md §7
 //

@@ -249,6 +249,13 @@ func (x *exporter) record(rec *Record) error {
 			return x.call(tr, rec)
 		}
 		x.skip(rec.Actor)
+	case KindMsg, KindTruncated, KindEnd:
+		// Nothing to draw (Replay reads them).
+	default:
+		// As Replay: a record of an unknown kind is damage, and taking
+		// it as nothing would leave out what it was (a birth: its
+		// session's records then counted as begun before the file).
+		return fmt.Errorf("%w: line %d: unknown record kind %q", ErrFormat, rec.Line, rec.Kind)
 	}
 	return nil
 }
@@ -369,7 +376,7 @@ func (x *exporter) step(s *pfSession, rec *Record) error {
 		return nil
 	}
 	if err := x.opsChanged(s, rec.T, d.Ops); err != nil {
-		return err
+		return fmt.Errorf("line %d: %w", rec.Line, err)
 	}
 	s.err = d.Err
 	if d.State != s.state {

@@ -164,8 +164,13 @@ var ErrInUse = errors.New("trace: another Writer (another process's --trace, or 
 // holds (ErrInUse) before truncating it.
 //
 // With WithRotate it rotates the file at its bound (see there): path must
-// then be a regular file, and Create removes the rotated files
-// path.1 … path.keep an earlier run left once it holds the lock.
+// then be a regular file. Once it holds a regular file's lock, Create
+// removes the rotated files an earlier run left: path.1 … path.keep,
+// which rotation would replace, and after them, with or without
+// rotation, path.N while it is there and begins as a trace: an earlier
+// run with a larger keep left more than this one rotates into, and
+// their part numbers run on into this run's, so that a replay of path*
+// would mix two runs.
 func Create(path string, opts ...Option) (*Writer, error) {
 	path = filepath.Clean(path)
 	var o options
@@ -179,16 +184,14 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.keep > 0 {
-		if !regular {
+	if o.keep > 0 && !regular {
+		_ = f.Close()
+		return nil, fmt.Errorf("trace: rotate: %s is not a regular file: only a regular file's trace rotates", path)
+	}
+	if regular {
+		if err := removeRotated(path, o.keep); err != nil {
 			_ = f.Close()
-			return nil, fmt.Errorf("trace: rotate: %s is not a regular file: only a regular file's trace rotates", path)
-		}
-		for i := 1; i <= o.keep; i++ {
-			if err := removeOld(rotated(path, i)); err != nil {
-				_ = f.Close()
-				return nil, fmt.Errorf("trace: rotate: removing an earlier run's file: %w", err)
-			}
+			return nil, fmt.Errorf("trace: rotate: removing an earlier run's file: %w", err)
 		}
 	}
 	w := NewWriter(f, opts...)
@@ -229,6 +232,35 @@ func openLocked(path string) (f *os.File, regular bool, err error) {
 func rotated(path string, i int) string { return fmt.Sprintf("%s.%d", path, i) }
 
 // removeOld removes an old rotated file; one that is not there is fine.
+// removeRotated removes path.1 … path.keep, and after them path.N while
+// it is there and begins as a trace does (a file of another kind under
+// such a name is left, and so are those after it).
+func removeRotated(path string, keep int) error {
+	for i := 1; ; i++ {
+		name := rotated(path, i)
+		if i > keep && !beginsAsTrace(name) {
+			return nil
+		}
+		if err := removeOld(name); err != nil {
+			return err
+		}
+	}
+}
+
+// beginsAsTrace reports whether the file name begins as a trace's first
+// line does ({"kind":"trace",…).
+func beginsAsTrace(name string) bool {
+	f, err := os.Open(name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	const head = `{"kind":"trace",`
+	b := make([]byte, len(head))
+	_, err = io.ReadFull(f, b)
+	return err == nil && string(b) == head
+}
+
 func removeOld(name string) error {
 	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
