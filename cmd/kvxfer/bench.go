@@ -304,7 +304,7 @@ func poolHint(scenario string, s config.Settings, err error) error {
 // runScenarios runs each scenario with progress, prints it, and writes the
 // report. JSON from several scenarios is one object per scenario.
 func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	gcfloor.Warm() // the engines' first requests, not only the later ones, as a server's run long
 	w := cmd.OutOrStdout()

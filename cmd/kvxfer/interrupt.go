@@ -12,7 +12,9 @@ import (
 	"time"
 )
 
-// interruptible returns a context that SIGINT or SIGTERM cancels, a
+// interruptible returns a context that SIGINT, SIGTERM or SIGHUP (a
+// closed terminal, an ssh session that dropped: by default it killed the
+// process with no report, its pool file left in /dev/shm) cancels, a
 // function that says which of them came (0 while none), and stop, which
 // stops listening. The first signal starts the drain and says so on
 // standard error; a second one ends the process at once, without
@@ -23,7 +25,7 @@ import (
 func interruptible(parent context.Context) (ctx context.Context, got func() syscall.Signal, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	var (
 		mu  sync.Mutex
 		sig syscall.Signal
@@ -142,8 +144,11 @@ func runForceExitHooks() {
 }
 
 func sigName(s syscall.Signal) string {
-	if s == syscall.SIGINT {
+	switch s {
+	case syscall.SIGINT:
 		return "SIGINT"
+	case syscall.SIGHUP:
+		return "SIGHUP"
 	}
 	return "SIGTERM"
 }

@@ -117,11 +117,23 @@ func reportRoles(out string) []string {
 }
 
 // TestRoleDrainsOnSIGTERM: `kvxfer gen` (and ctx, the same command
-// wrapper) stopped by SIGTERM, as systemd and Kubernetes stop it, drains
+// wrapper) stopped by SIGTERM, as systemd and Kubernetes stop it, or by
+// SIGHUP, as a closed terminal or a dropped ssh session stops it, drains
 // as on Ctrl-C: it prints its report and removes its pool file from
 // /dev/shm. (Checked to fail: with only os.Interrupt handled, SIGTERM
-// killed it, no report, and /dev/shm/kvxfer-gen-<pid> was left.)
+// killed it, no report, and /dev/shm/kvxfer-gen-<pid> was left; SIGHUP
+// did so until a review found it.)
 func TestRoleDrainsOnSIGTERM(t *testing.T) {
+	for _, c := range []struct {
+		sig  syscall.Signal
+		name string
+		code int
+	}{{syscall.SIGTERM, "SIGTERM", 143}, {syscall.SIGHUP, "SIGHUP", 129}} {
+		t.Run(c.name, func(t *testing.T) { roleDrainsOn(t, c.sig, c.name, c.code) })
+	}
+}
+
+func roleDrainsOn(t *testing.T, sig syscall.Signal, name string, code int) {
 	dir := t.TempDir()
 	cmd, out, errOut := startCommand(t, "gen", "--insecure", "--backend", "shm", "--pool", "64MiB",
 		"--bind", "ipc://"+filepath.Join(dir, "gen.sock"), "--peer-endpoint", "ipc://"+filepath.Join(dir, "ctx.sock"),
@@ -129,20 +141,20 @@ func TestRoleDrainsOnSIGTERM(t *testing.T) {
 	pool := "/dev/shm/kvxfer-gen-" + strconv.Itoa(cmd.Process.Pid)
 	t.Cleanup(func() { _ = os.Remove(pool) })
 	waitFor(t, errOut, "listening on")
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	waitExit(t, cmd, errOut)
-	exitedInterrupted(t, cmd, errOut, "SIGTERM", 143)
+	exitedInterrupted(t, cmd, errOut, name, code)
 	if roles := reportRoles(out.String()); len(roles) != 1 || roles[0] != "gen" {
-		t.Errorf("reports %v after SIGTERM, want gen's:\n%s", roles, out.String())
+		t.Errorf("reports %v after %s, want gen's:\n%s", roles, name, out.String())
 	}
 	if _, err := os.Stat(pool); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("%s after SIGTERM: %v, want it removed", pool, err)
+		t.Errorf("%s after %s: %v, want it removed", pool, name, err)
 	}
 	// And the socket file it bound.
 	if _, err := os.Lstat(filepath.Join(dir, "gen.sock")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("gen.sock after SIGTERM: %v, want it removed", err)
+		t.Errorf("gen.sock after %s: %v, want it removed", name, err)
 	}
 }
 
