@@ -799,6 +799,17 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 					ErrPeerUnreachable, id, endpoint)
 			}
 			if errors.Is(err, zmq.ErrPeerClosed) {
+				// A peer at a fixed endpoint whose Hello was refused on
+				// its side may have closed before this look read it (a
+				// model or backend mismatch found there first): its last
+				// Hello is judged as a live one would be, so that the
+				// mismatch is named now, not the silence at the deadline.
+				// (An etcd peer's successor may be starting, fixed.)
+				if h, ok := n.link.ClosedHello(id); ok && p.Endpoint != "" {
+					if err := n.checkPeer(p, h); err != nil {
+						return fmt.Errorf("node: %s at %s (it has closed since it said Hello): %w", id, endpoint, err)
+					}
+				}
 				// It closed on purpose; its next start (a restart) is
 				// judged afresh, as a new incarnation found through
 				// etcd is: its Hello, and our connection after it.

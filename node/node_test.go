@@ -282,6 +282,40 @@ func TestBackendMismatchNotCalledAModel(t *testing.T) {
 	}
 }
 
+// TestMismatchOfAPeerThatClosedIsNamed: ctx, over another backend, said
+// Hello and closed (as a ctx process does once its own check refused gen)
+// before gen's WaitPeers looked at its Hello: the wait judges the closed
+// peer's last Hello and names the mismatch at once, where it waited for a
+// restart until its deadline and then named only the silence ("it said
+// goodbye as it closed"). (Found in a review, 1 run in 12 of a two-process
+// start; checked to fail without the closed Hello's check: ErrPeerSilent
+// at the deadline.)
+func TestMismatchOfAPeerThatClosedIsNamed(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	cc.Backend = loopback.Backend
+	genN := open(t, gc)
+	ctxN, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	waitFor(t, patience, "ctx's Hello at gen", func() bool { _, err := genN.LinkHello(ctx0); return err == nil })
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := ctxN.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "ctx's goodbye at gen", func() bool {
+		_, err := genN.LinkHello(ctx0)
+		return errors.Is(err, zmq.ErrPeerClosed)
+	})
+	err = genN.WaitPeers(ctx)
+	if !errors.Is(err, kvxfer.ErrMismatch) || !strings.Contains(err.Error(), "has closed since it said Hello") ||
+		!strings.Contains(err.Error(), `"loopback" backend`) {
+		t.Fatalf("WaitPeers with a mismatched peer that closed: %v, want ErrMismatch naming the backends and the close", err)
+	}
+}
+
 // TestParallelismMismatchNamedWithinThreeBeats: gen's config lists ctx as
 // TP2 (ranks 0 and 1), but the process at rank 0 runs TP1. Its Hello says
 // so: WaitPeers returns ErrMismatch naming ctx/0 and both parallelisms

@@ -682,6 +682,20 @@ func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
 	return nil, err
 }
 
+// ClosedHello is the last Hello of peer when it is down for its goodbye
+// (it closed on purpose), and whether it is: what a caller that looked too
+// late judges it by (it may have closed because it found this link's
+// engine incompatible, before this one looked at its Hello).
+func (l *Link) ClosedHello(peer messages.PeerID) (*messages.Hello, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	info := l.peers[peer]
+	if info == nil || info.hello == nil || !info.down || !info.left {
+		return nil, false
+	}
+	return info.hello, true
+}
+
 // otherVersionLocked is the protocol version peer's frames were written
 // in, when a CURVE key that may speak for it sent frames of another
 // version than ours; else nil. Callers hold l.mu.
