@@ -205,7 +205,7 @@ func (m *meters) reject(r rejectReason) {
 // peerDown counts a peer the control plane declared down.
 func (m *meters) peerDown(peer messages.PeerID) {
 	if m != nil {
-		m.set.HeartbeatMisses.WithLabelValues(peer.String()).Inc()
+		m.set.PeerDown(peer.String())
 	}
 }
 

@@ -586,6 +586,8 @@ func (p *Pools) allocLocked(counts []int) ([][]kvcache.BlockID, error) {
 // AllocWait is Alloc that waits for blocks until ctx ends. A request larger
 // than a pool (kvcache.ErrPoolTooSmall) or otherwise malformed fails at
 // once: it waits only while blocks are in use (kvcache.ErrOutOfBlocks).
+// One whose ctx ended while it waited says so first, wrapping both
+// ctx.Err() and the last ErrOutOfBlocks.
 func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -608,7 +610,9 @@ func (p *Pools) AllocWait(ctx context.Context, counts []int) ([][]kvcache.BlockI
 			return nil, err // too small for the pool, a bad count: no free can help
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+			// The end of the wait first: a cancel (an interrupted run)
+			// reported as "out of blocks" sent users to grow the pool.
+			return nil, fmt.Errorf("waiting for blocks ended (%w): %w", ctx.Err(), err)
 		}
 		p.cond.Wait()
 		if ids, err = p.allocLocked(counts); err == nil {

@@ -3,7 +3,6 @@ package actors
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -89,7 +88,9 @@ func TestPoolsQuarantineBound(t *testing.T) {
 
 // TestPoolsAllocWait: AllocWait returns at once what fits, fails at once
 // what no free can make fit, waits while blocks are in use until a free
-// makes room, and gives up, naming both, when its ctx ends while it waits.
+// makes room, and gives up, naming both (the end first: a cancel read as
+// "out of blocks" sent a review's user to grow the pool), when its ctx
+// ends while it waits.
 func TestPoolsAllocWait(t *testing.T) {
 	p := testPools(t, 4, 64)
 	all, err := p.AllocWait(context.Background(), []int{4, 4})
@@ -130,8 +131,9 @@ func TestPoolsAllocWait(t *testing.T) {
 	cancel()
 	select {
 	case r := <-got:
-		if !errors.Is(r.err, kvcache.ErrOutOfBlocks) || !strings.Contains(fmt.Sprint(r.err), context.Canceled.Error()) {
-			t.Fatalf("AllocWait whose ctx ended: %v %v, want ErrOutOfBlocks naming the cancel", r.ids, r.err)
+		if !errors.Is(r.err, kvcache.ErrOutOfBlocks) || !errors.Is(r.err, context.Canceled) ||
+			!strings.HasPrefix(r.err.Error(), "waiting for blocks ended (context canceled): ") {
+			t.Fatalf("AllocWait whose ctx ended: %v %v, want the cancel first, wrapping it and ErrOutOfBlocks", r.ids, r.err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("AllocWait still waiting 10s after its ctx ended")

@@ -74,7 +74,8 @@
 //	                                                               goodbye (a peer's goodbye not taken: not its current incarnation's)
 //	kvxfer_worker_restarts_total        counter    -               sender workers restarted after a panic
 //	kvxfer_heartbeat_misses_total       counter    peer            peers declared down by the control plane (Engine.PeerDown, the zmq link's
-//	                                                               OnPeerDown); peer is "instance/rank"; a peer's goodbye is not counted
+//	                                                               OnPeerDown); peer is "instance/rank", or "other" past the first 256
+//	                                                               peers (MaxPeerSeries: peers choose their names); a goodbye is not counted
 //	kvxfer_pool_blocks                  gauge      group, state    blocks of each layer group's pool by state: free, allocated (no pin), pinned,
 //	                                                               quarantined; they sum to the pool's size. Sampled at scrape
 //	kvxfer_quarantined_bytes            gauge      -               bytes of destination blocks in quarantine: their request failed (suspicion,

@@ -56,8 +56,43 @@ type Set struct {
 	Failures *prometheus.CounterVec
 	// FramesRejected (reason): control frames dropped or refused.
 	FramesRejected *prometheus.CounterVec
-	// HeartbeatMisses (peer): peers the control plane declared down.
+	// HeartbeatMisses (peer): peers the control plane declared down
+	// (count them with PeerDown, which bounds the series).
 	HeartbeatMisses *prometheus.CounterVec
+
+	peersMu sync.Mutex
+	peers   map[string]struct{} // HeartbeatMisses' peer values (PeerDown)
+}
+
+// MaxPeerSeries bounds the peer label's values of HeartbeatMisses: peers
+// past it are counted under OtherPeer. A peer's name is its to choose (one
+// name per pod or restart, or any name at all on an insecure link), and
+// the link forgets the names of peers long down (its directory is
+// bounded); a series per name ever declared down would grow the registry
+// and every scrape for the engine's life.
+const MaxPeerSeries = 256
+
+// OtherPeer is the peer label of HeartbeatMisses for the peers past
+// MaxPeerSeries.
+const OtherPeer = "other"
+
+// PeerDown counts peer ("instance/rank") declared down by the control
+// plane, under its own label while fewer than MaxPeerSeries peers have
+// one, else under OtherPeer.
+func (s *Set) PeerDown(peer string) {
+	s.peersMu.Lock()
+	if _, ok := s.peers[peer]; !ok {
+		if len(s.peers) < MaxPeerSeries {
+			if s.peers == nil {
+				s.peers = map[string]struct{}{}
+			}
+			s.peers[peer] = struct{}{}
+		} else {
+			peer = OtherPeer
+		}
+	}
+	s.peersMu.Unlock()
+	s.HeartbeatMisses.WithLabelValues(peer).Inc()
 }
 
 // New makes the metric set of engine (its "instance/rank") in a fresh

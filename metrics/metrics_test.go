@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +212,41 @@ func TestCounterFuncs(t *testing.T) {
 	wantLines(t, body,
 		`kvxfer_write_proofs_total{engine="gen/0",kind="pidfd_exit"} 3`,
 		`kvxfer_write_proofs_total{engine="gen/0",kind="drained_goodbye"} 2`)
+}
+
+// TestPeerDownSeriesAreBounded: peers choose their names, so the peer
+// label of kvxfer_heartbeat_misses_total holds at most MaxPeerSeries
+// values; later peers are counted under "other", and a peer that has its
+// own series keeps counting there. (Found in a review; checked to fail
+// with a series per name: 5,000 peers made 5,000 series.)
+func TestPeerDownSeriesAreBounded(t *testing.T) {
+	s := metrics.New("gen/0")
+	const n = 5000
+	for i := range n {
+		s.PeerDown(fmt.Sprintf("churned-%d/0", i))
+	}
+	s.PeerDown("churned-0/0")
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvxfer_heartbeat_misses_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "peer" {
+					counts[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if len(counts) != metrics.MaxPeerSeries+1 {
+		t.Fatalf("%d peer series after %d peers went down, want %d and %q", len(counts), n, metrics.MaxPeerSeries, metrics.OtherPeer)
+	}
+	if counts["churned-0/0"] != 2 || counts[metrics.OtherPeer] != n-metrics.MaxPeerSeries {
+		t.Fatalf("churned-0/0 counted %v, other %v; want 2 and %d", counts["churned-0/0"], counts[metrics.OtherPeer], n-metrics.MaxPeerSeries)
+	}
 }
