@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -85,7 +86,11 @@ func (e *Engine) PublicKey() (string, error) {
 
 // WaitPeers waits up to timeout for every configured peer to say Hello:
 // ErrTimeout after it, ErrClosed at once when the engine is closed or
-// Close starts meanwhile.
+// Close starts meanwhile. A refused handshake or a mismatched peer is
+// named with its own status even when the timeout ended the wait that
+// followed it (WaitPeers gives the peer a few heartbeats to learn of the
+// refusal, within the timeout): a caller that waits in short slices, as
+// the Python package does, must see it, not TIMEOUT after TIMEOUT.
 func (e *Engine) WaitPeers(timeout time.Duration) error {
 	if err := e.needNode("kvxfer_node_wait_peers"); err != nil {
 		return err
@@ -99,7 +104,7 @@ func (e *Engine) WaitPeers(timeout time.Duration) error {
 		if e.ctx.Err() != nil {
 			return &Error{Code: ErrClosed, Err: fmt.Errorf("engine %d closed while waiting for peers: %w", e.h, err)}
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !errors.Is(err, node.ErrHandshake) && !errors.Is(err, kvxfer.ErrMismatch) {
 			return &Error{Code: ErrTimeout, Err: err}
 		}
 		return err
