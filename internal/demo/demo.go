@@ -454,9 +454,16 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 	}
 	parts := o.parts(l.Layers)
 	// compute simulates the prefill of chunk k on a prefill device: layer
-	// part by layer part, it writes the part's KV with the CPU and sleeps
-	// to the part's share of Compute. each, when set, hands the part over
-	// before it is computed and returns what fires its fence after.
+	// part by layer part, it sleeps to the part's share of Compute less
+	// the time its fill takes (the last part's, an estimate), then writes
+	// the part's KV with the CPU. each, when set, hands the part over
+	// before it is computed and returns what fires its fence after. The
+	// KV is written at the end of its compute, as a forward pass writes
+	// it, so that an engine that read a part before its fence fired would
+	// move the blocks' earlier contents, which the check refuses: written
+	// first, the right bytes were there long before the fence (a review's
+	// mutation firing every fence at once passed 5 demos in 5).
+	var fillTook time.Duration
 	compute := func(k int, c kvcache.Chunk, each func(part kvcache.LayerPart) (func(), error)) error {
 		devices <- struct{}{}
 		t := time.Now()
@@ -475,6 +482,10 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 					return err
 				}
 			}
+			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - fillTook - time.Since(t); rest > 0 {
+				time.Sleep(rest) // simulated prefill compute
+			}
+			fillAt := time.Now()
 			for g := range l.Groups {
 				per := int(shape.BlockBytes(l, g)) / max(1, len(shape.Layers[g]))
 				for b := b0; b < b1; b++ {
@@ -492,11 +503,9 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 					}
 				}
 			}
+			fillTook = time.Since(fillAt)
 			if pi == len(parts)-1 {
 				mark(k, ProbeFilled, filled)
-			}
-			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
-				time.Sleep(rest) // simulated prefill compute
 			}
 			if fire != nil {
 				fire()
@@ -558,24 +567,45 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 	if !ro.OK || !to.OK {
 		return res, fmt.Errorf("request %s: rx %s (%v), tx %s (%v)", id, ro.Status, ro.Err, to.Status, to.Err)
 	}
-	res.bytes = ro.Bytes
 	mark(-1, ProbeVerify, 0)
-	for g, grp := range l.Groups {
-		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
-		for bi, dst := range ro.Blocks[g] {
-			b := blockBytes(ge, g, dst)
-			if CheckBlock(b, i, g, first+bi) {
-				res.verified += uint64(len(b))
-			} else {
-				res.mismatches++
-			}
-		}
-	}
+	res.bytes, res.verified, res.mismatches = verifyOutcome(ge, l, promptLen, i, ro)
 	mark(-1, ProbeVerified, res.verified)
 	if err := ge.FreeBlocks(ro.Blocks); err != nil {
 		return res, fmt.Errorf("request %s: free destination: %w", id, err)
 	}
 	return res, nil
+}
+
+// verifyOutcome checks request i's destination blocks in ge, READY in ro,
+// against the pattern its source was filled with. The bytes the request
+// should have moved come from the layout, not from the engine's outcome:
+// a plan short of blocks would otherwise verify every block it has and
+// call the request whole. A block missing, or one past those the prompt
+// needs, is a mismatch, and so is an outcome that counts other bytes.
+func verifyOutcome(ge *kvxfer.Engine, l kvcache.Layout, promptLen, i int, ro kvxfer.Outcome) (bytes, verified uint64, mismatches int) {
+	for g, grp := range l.Groups {
+		first, end := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		bytes += uint64(end-first) * ge.Pools().Geometry(g).BlockBytes
+		if g >= len(ro.Blocks) {
+			mismatches += end - first
+			continue
+		}
+		if n := len(ro.Blocks[g]); n != end-first {
+			mismatches += max(n, end-first) - min(n, end-first)
+		}
+		for bi, dst := range ro.Blocks[g] {
+			b := blockBytes(ge, g, dst)
+			if first+bi < end && CheckBlock(b, i, g, first+bi) {
+				verified += uint64(len(b))
+			} else if first+bi < end {
+				mismatches++
+			}
+		}
+	}
+	if ro.Bytes != bytes {
+		mismatches++ // the engine says it moved another amount than the prompt's
+	}
+	return bytes, verified, mismatches
 }
 
 func blockBytes(e *kvxfer.Engine, g int, id kvcache.BlockID) []byte {

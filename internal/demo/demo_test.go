@@ -13,7 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 	"github.com/kvxfer/kvxfer/trace"
@@ -428,5 +430,59 @@ func TestDemoNamesItsTimeout(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "deadline") {
 		t.Errorf("demo with a 1ns timeout: %v, want it to say a deadline passed", err)
+	}
+}
+
+// TestVerifyCountsWhatThePromptNeeds: a request's check takes the bytes it
+// should move from the layout, not from the engine's outcome: an outcome
+// short of a block (a plan that dropped the prompt's last block), or one
+// that counts other bytes, is a mismatch, though every block it has checks.
+// (Found in a review: with one block fewer allocated per group, the demo
+// printed every byte verified; checked to fail with bytes taken from the
+// outcome and no count check.)
+func TestVerifyCountsWhatThePromptNeeds(t *testing.T) {
+	ge, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "verify-gen", Model: "Llama-3.1-8B", TokensPerBlock: 16,
+		PoolBytes: 64 << 20, Workers: 1, Link: control.NewMemLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ge.Close(context.Background()) })
+	l := ge.Layout()
+	const promptLen, req = 40, 3 // 3 blocks of 16 tokens, the last partial
+	counts := make([]int, len(l.Groups))
+	var want uint64
+	for g, grp := range l.Groups {
+		first, end := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		counts[g] = end - first
+		want += uint64(end-first) * ge.Pools().Geometry(g).BlockBytes
+	}
+	blocks, err := ge.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g, grp := range l.Groups {
+		first, _ := kvcache.NeededRange(promptLen, grp.Window, l.TokensPerBlock, 0)
+		for bi, id := range blocks[g] {
+			FillBlock(blockBytes(ge, g, id), req, g, first+bi)
+		}
+	}
+	whole := kvxfer.Outcome{OK: true, Blocks: blocks, Bytes: want}
+	if b, v, m := verifyOutcome(ge, l, promptLen, req, whole); b != want || v != want || m != 0 {
+		t.Fatalf("a whole outcome: bytes %d, verified %d, %d mismatches; want %d, %d, 0", b, v, m, want, want)
+	}
+	short := whole
+	short.Blocks = [][]kvcache.BlockID{blocks[0][:len(blocks[0])-1]}
+	short.Blocks = append(short.Blocks, blocks[1:]...)
+	short.Bytes = want - ge.Pools().Geometry(0).BlockBytes
+	if b, v, m := verifyOutcome(ge, l, promptLen, req, short); b != want || v == want || m == 0 {
+		t.Fatalf("an outcome short of the prompt's last block: bytes %d, verified %d, %d mismatches; want %d, less verified, a mismatch", b, v, m, want)
+	}
+	miscounted := whole
+	miscounted.Bytes = want - 1
+	if _, _, m := verifyOutcome(ge, l, promptLen, req, miscounted); m == 0 {
+		t.Fatal("an outcome counting other bytes than the prompt's: no mismatch")
+	}
+	if err := ge.Pools().Free(blocks); err != nil {
+		t.Fatal(err)
 	}
 }

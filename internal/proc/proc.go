@@ -677,11 +677,21 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				}
 				mu.Unlock()
 			}
-			var verified uint64
+			var verified, want uint64
 			bad := 0
 			for g, grp := range l.Groups {
-				first, _ := kvcache.NeededRange(pl, grp.Window, l.TokensPerBlock, 0)
+				first, end := kvcache.NeededRange(pl, grp.Window, l.TokensPerBlock, 0)
 				geom := n.eng.Pools().Geometry(g)
+				// What the prompt needs comes from the layout, not from
+				// the outcome: a plan short of blocks would verify every
+				// block it has (a review's mutation dropped each
+				// prompt's last block, and gen exited 0).
+				want += uint64(end-first) * geom.BlockBytes
+				if got := len(res.Blocks[g]); got != end-first {
+					bad += max(got, end-first) - min(got, end-first)
+					o.Log.Error().Str("request", RequestID(i)).Int("group", g).Int("blocks", got).Int("want", end-first).
+						Msg("READY with another number of blocks than the prompt needs")
+				}
 				buf := n.mem.scratch(geom.BlockBytes)
 				for bi, id := range res.Blocks[g] {
 					b, err := n.mem.get(geom.Offset+uint64(id)*geom.BlockBytes, geom.BlockBytes, buf)
@@ -689,12 +699,20 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 						fail(fmt.Errorf("%s: read block %d of group %d: %w", RequestID(i), id, g, err))
 						return
 					}
+					if first+bi >= end {
+						break // counted above
+					}
 					if checkBlock(b, l, shape, i, g, first+bi) {
 						verified += uint64(len(b))
 					} else {
 						bad++
 					}
 				}
+			}
+			if res.Bytes != want {
+				bad++
+				o.Log.Error().Str("request", RequestID(i)).Uint64("bytes", res.Bytes).Uint64("want", want).
+					Msg("READY counting other bytes than the prompt's")
 			}
 			err = n.eng.FreeBlocks(res.Blocks)
 			mu.Lock()
@@ -1068,11 +1086,14 @@ func ctxRequest(ctx context.Context, o Options, n *role, l kvcache.Layout, shape
 	for g := range bufs {
 		bufs[g] = n.mem.scratch(n.eng.Pools().Geometry(g).BlockBytes)
 	}
+	var fillTook time.Duration // the last part's fill: its compute ends with it
 chunks:
 	for _, c := range chunks {
 		// Part by part, as a forward pass computes it: hand the part
-		// over, write its layers' KV, spend its share of the compute,
-		// fire its fence.
+		// over, spend its share of the compute, write its layers' KV at
+		// its end, fire its fence. Written first, the right bytes were
+		// there long before the fence, and an engine that read a part
+		// early passed the check (a review's mutation).
 		t := time.Now()
 		b0, b1 := c.Blocks(l.TokensPerBlock)
 		runs := c.Runs(l.TokensPerBlock, src)
@@ -1088,13 +1109,15 @@ chunks:
 			if part.Final() {
 				handed.chunks.Add(1)
 			}
+			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - fillTook - time.Since(t); rest > 0 {
+				sleepCtx(ctx, rest) // simulated prefill compute: a signal's drain does not wait it out
+			}
+			fillAt := time.Now()
 			if err := fillChunk(n.mem, n.eng.Pools(), bufs, l, shape, src, i, b0, b1, part); err != nil {
 				f.Fire(err)
 				break chunks
 			}
-			if rest := o.Compute*time.Duration(pi+1)/time.Duration(len(parts)) - time.Since(t); rest > 0 {
-				sleepCtx(ctx, rest) // simulated prefill compute: a signal's drain does not wait it out
-			}
+			fillTook = time.Since(fillAt)
 			f.Fire(nil)
 		}
 		select {
