@@ -98,6 +98,16 @@ func Measure(backend string, s Shape, cfg Config) (Result, error) {
 		r.Copy(ops)
 		copyRates = append(copyRates, rate(ops, opBytes, time.Since(start)))
 	}
+	// The check's own round, untimed, over scribbled destinations: the
+	// warm-up wrote every slot with the bytes each operation writes, so
+	// a check of the timed rounds' slots would pass had they moved
+	// nothing (a review's mutation). Scribbling before a timed round
+	// would time its writes into freshly written memory instead.
+	r.Scribble()
+	if err := r.Run(ops); err != nil {
+		return Result{}, fmt.Errorf("rdmabench: %s: verifying round: %w", backend, err)
+	}
+	r.Copy(ops)
 	if err := r.Verify(); err != nil {
 		return Result{}, err
 	}

@@ -80,6 +80,9 @@ type Rig struct {
 	// next of each goes to slot count % len(slots), and Verify checks the
 	// slots written so far.
 	posted, copied uint64
+	// fromPosted and fromCopied are posted and copied at the last
+	// Scribble: Verify checks the slots written since.
+	fromPosted, fromCopied uint64
 
 	// Go's copy between plain buffers, the baseline.
 	copySrc, copyDst []byte
@@ -393,23 +396,49 @@ func (r *Rig) Copy(n int) {
 	}
 }
 
-// Verify checks, after Run, that the destination holds each segment's
-// source bytes, in every slot an operation went to (slot 0 before any).
-func (r *Rig) Verify() error {
-	ops := r.posted
-	if r.backend == Copy {
-		ops = r.copied
+// Scribble overwrites this process's destinations (the backend's and the
+// copy baseline's) with bytes no source holds, so that Verify checks what
+// the operations after it wrote: every operation writes the same source
+// bytes to its slot, and a warm-up has written every slot, so without it
+// timed rounds that moved nothing (or said done before the bytes landed)
+// would verify. A receiver in another process is not scribbled: its
+// Verify checks every slot written so far.
+func (r *Rig) Scribble() {
+	for _, dst := range [][]byte{r.dstBytes, r.copyDst} {
+		for i := range dst {
+			dst[i] = ^r.copySrc[i%len(r.copySrc)]
+		}
 	}
-	written := int(max(1, min(ops, uint64(len(r.slots)))))
+	r.fromPosted, r.fromCopied = r.posted, r.copied
+}
+
+// Verify checks, after Run, that the destination holds each segment's
+// source bytes, in every slot an operation went to since the last
+// Scribble (since the start without one; slot 0 before any).
+func (r *Rig) Verify() error {
+	ops, from := r.posted, r.fromPosted
+	if r.backend == Copy {
+		ops, from = r.copied, r.fromCopied
+	}
+	k := uint64(len(r.slots))
 	if r.peer != nil {
-		return r.peer.verify(written)
+		return r.peer.verify(int(max(1, min(ops, k))))
 	}
 	dst := r.dstBytes
 	if r.backend == Copy {
 		dst = r.copyDst
 	}
-	if k, i := firstMismatch(dst, r.copySrc, r.slots[:written]); k >= 0 {
-		return fmt.Errorf("rdmabench: %s: slot %d, segment %d %+v did not land", r.backend, k, i, r.slots[k][i])
+	if ops == from {
+		if ops > 0 {
+			return fmt.Errorf("rdmabench: %s: nothing was written since the destination was scribbled", r.backend)
+		}
+		from, ops = 0, 1 // slot 0 before any operation
+	}
+	for n := uint64(0); n < min(ops-from, k); n++ {
+		slot := (from + n) % k
+		if j, i := firstMismatch(dst, r.copySrc, r.slots[slot:slot+1]); j >= 0 {
+			return fmt.Errorf("rdmabench: %s: slot %d, segment %d %+v did not land", r.backend, slot, i, r.slots[slot][i])
+		}
 	}
 	return nil
 }
