@@ -367,23 +367,32 @@ func (p *Pools) settleOver() {
 		default:
 		}
 	}
-	freed := p.unwoken
-	p.unwoken = false
+	p.unlockWaking()
+}
+
+// unlockWaking unlocks p.mu and then, when a lend's end put blocks back on
+// the free lists since the last wake (unwoken), wakes allocations.
+func (p *Pools) unlockWaking() {
 	f := p.onFree
+	if !p.unwoken {
+		f = nil
+	}
+	p.unwoken = false
 	p.mu.Unlock()
-	if freed && f != nil {
+	if f != nil {
 		f()
 	}
 }
 
 // endLocked gives l's blocks back to the caller: its allocated ones
-// allocated again, those that were free in the pool free again (it
-// reports whether there were any: allocations waiting may go on, and
-// unwoken says so until settleOver or endLend wakes them).
-func (p *Pools) endLocked(l *lend) (freed bool) {
+// allocated again, those that were free in the pool free again (then
+// allocations waiting may go on: unwoken says so until settleOver or
+// endLend wakes them).
+func (p *Pools) endLocked(l *lend) {
 	if _, live := p.lends[l]; !live {
-		return false
+		return
 	}
+	freed := false
 	for g, ids := range l.blocks {
 		if len(ids) == 0 {
 			continue
@@ -408,7 +417,6 @@ func (p *Pools) endLocked(l *lend) (freed bool) {
 		p.cond.Broadcast()
 		p.unwoken = true
 	}
-	return freed
 }
 
 // lend lends the caller's allocated blocks among blocks (one receive's
@@ -496,13 +504,7 @@ func (p *Pools) endLend(l *lend) {
 	}
 	p.mu.Lock()
 	p.endLocked(l)
-	freed := p.unwoken
-	p.unwoken = false
-	f := p.onFree
-	p.mu.Unlock()
-	if freed && f != nil {
-		f()
-	}
+	p.unlockWaking()
 }
 
 // handOver gives a READY receive's blocks, receiving, to its caller:

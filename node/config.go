@@ -382,6 +382,19 @@ func instanceChars(s string) string {
 	return ""
 }
 
+// checkNamedInstance checks an instance name another entry gives (a
+// peer's, an identity's), as field: 1..MaxInstanceLen bytes of the
+// characters instanceChars takes.
+func checkNamedInstance(field, name string) error {
+	if name == "" || len(name) > messages.MaxInstanceLen {
+		return bad(field, name, "want 1..%d bytes", messages.MaxInstanceLen)
+	}
+	if why := instanceChars(name); why != "" {
+		return bad(field, name, "%s", why)
+	}
+	return nil
+}
+
 // bad is a configuration error naming field and value (show), and a
 // string value clipped in the reason too (an endpoint parser's error
 // quoting it whole).
@@ -616,11 +629,8 @@ func (c Config) Validate() error {
 	self := par.kv().Normal(layout.Layers)
 	for i, p := range c.Peers {
 		f := fmt.Sprintf("peers[%d]", i)
-		if p.Instance == "" || len(p.Instance) > messages.MaxInstanceLen {
-			return bad(f+".instance", p.Instance, "want 1..%d bytes", messages.MaxInstanceLen)
-		}
-		if why := instanceChars(p.Instance); why != "" {
-			return bad(f+".instance", p.Instance, "%s", why)
+		if err := checkNamedInstance(f+".instance", p.Instance); err != nil {
+			return err
 		}
 		pp := p.Parallel.orOne()
 		if pp.TP < 1 || pp.PP < 1 {
@@ -678,11 +688,8 @@ func (c Config) Validate() error {
 		// would bind the key to no one, and the sender it was meant for
 		// be refused with no word of why. Its ranks are checked here
 		// too, by field, rather than by the link once Open starts it.
-		if id.Instance == "" || len(id.Instance) > messages.MaxInstanceLen {
-			return bad(f+".instance", id.Instance, "want 1..%d bytes", messages.MaxInstanceLen)
-		}
-		if why := instanceChars(id.Instance); why != "" {
-			return bad(f+".instance", id.Instance, "%s", why)
+		if err := checkNamedInstance(f+".instance", id.Instance); err != nil {
+			return err
 		}
 		for j, r := range id.Ranks {
 			if r < 0 || r >= messages.MaxRank {

@@ -594,10 +594,12 @@ func verifyOutcome(ge *kvxfer.Engine, l kvcache.Layout, promptLen, i int, ro kvx
 			mismatches += max(n, end-first) - min(n, end-first)
 		}
 		for bi, dst := range ro.Blocks[g] {
-			b := blockBytes(ge, g, dst)
-			if first+bi < end && CheckBlock(b, i, g, first+bi) {
+			if first+bi >= end {
+				break // counted above
+			}
+			if b := blockBytes(ge, g, dst); CheckBlock(b, i, g, first+bi) {
 				verified += uint64(len(b))
-			} else if first+bi < end {
+			} else {
 				mismatches++
 			}
 		}

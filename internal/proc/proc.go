@@ -694,13 +694,13 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 				}
 				buf := n.mem.scratch(geom.BlockBytes)
 				for bi, id := range res.Blocks[g] {
+					if first+bi >= end {
+						break // counted above
+					}
 					b, err := n.mem.get(geom.Offset+uint64(id)*geom.BlockBytes, geom.BlockBytes, buf)
 					if err != nil {
 						fail(fmt.Errorf("%s: read block %d of group %d: %w", RequestID(i), id, g, err))
 						return
-					}
-					if first+bi >= end {
-						break // counted above
 					}
 					if checkBlock(b, l, shape, i, g, first+bi) {
 						verified += uint64(len(b))
