@@ -228,6 +228,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	var engp atomic.Pointer[kvxfer.Engine]
 	if zc != nil {
 		zc.Logger = n.log
+		if cfg.KeyFile != "" && !cfg.Insecure {
+			if w := config.SecretKeyExposed(cfg.KeyFile); w != "" {
+				n.log.Warn().Msg("key_file: " + w)
+			}
+		}
 		zc.OnPeerDown = func(p messages.PeerID) {
 			if e := engp.Load(); e != nil {
 				e.PeerDown(p)

@@ -609,6 +609,31 @@ func TestPublicKeyFileAsSecretRefused(t *testing.T) {
 	}
 }
 
+// TestExposedSecretKeyFileWarned: a key_file its group or others may read
+// opens (a mounted secret is often 0644) with a warning naming the file,
+// its mode and the fix; keygen's 0600 opens without one. (Checked to
+// fail: without Open's check, the 0644 file opened silently.)
+func TestExposedSecretKeyFileWarned(t *testing.T) {
+	for _, mode := range []os.FileMode{0o600, 0o644} {
+		t.Run(fmt.Sprintf("%#o", mode), func(t *testing.T) {
+			_, gc := pair(t, shm.Backend)
+			sec := filepath.Join(t.TempDir(), "gen.key")
+			k := newKeys(t)
+			if err := os.WriteFile(sec, config.FormatSecretKeyFile(k.public, k.secret), mode); err != nil {
+				t.Fatal(err)
+			}
+			gc.SecretKey, gc.KeyFile = "", sec
+			logs := logged(t, &gc)
+			open(t, gc)
+			warned := strings.Contains(logs.String(), "key_file: the CURVE secret key file "+sec+" is readable by others than its owner (mode 0644)") &&
+				strings.Contains(logs.String(), "chmod 600 "+sec)
+			if want := mode == 0o644; warned != want {
+				t.Fatalf("mode %#o: warned %v, want %v; logs:\n%s", mode, warned, want, logs.String())
+			}
+		})
+	}
+}
+
 // TestOwnPublicKeyAsPeerKeyRefused: a node given its peer's keypair (or
 // its own public key as the peer's) holds the same key for itself and
 // for the peer; each side then refuses the other's handshake, and that

@@ -126,3 +126,27 @@ func TestKeygenTwoPrefixes(t *testing.T) {
 		t.Fatalf("a refused keygen wrote %d files", len(entries))
 	}
 }
+
+// kvxfer keygen into a directory that does not exist names --out (or
+// PREFIX) and the directory, and says to create it, before writing
+// anything. (Checked to fail: before, it said only "invalid
+// configuration: key file: open DIR/ctx.key: no such file or directory",
+// naming neither the flag nor what to do.)
+func TestKeygenNamesMissingDirectory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "keys")
+	prefix := filepath.Join(missing, "ctx")
+	for _, args := range [][]string{{"--out", prefix}, {prefix}} {
+		_, err := run(append([]string{"keygen"}, args...)...)
+		flag := "--out"
+		if len(args) == 1 {
+			flag = "PREFIX"
+		}
+		want := "keygen " + flag + " " + prefix + ": directory " + missing + " does not exist: create it first (mkdir -p " + missing + ")"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("keygen %q: %v, want an error containing %q", args, err, want)
+		}
+	}
+	if _, err := os.Stat(missing); err == nil {
+		t.Errorf("a refused keygen made %s", missing)
+	}
+}

@@ -231,6 +231,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.o.SecretKey, err = config.ReadSecretKey(f.keyFile); err != nil {
 		return fmt.Errorf("--key: %w", err)
 	}
+	if w := config.SecretKeyExposed(f.keyFile); w != "" {
+		f.o.Log.Warn().Msg("--key: " + w)
+	}
 	if f.peerPubFile != "" {
 		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
 			return fmt.Errorf("--peer-key: %w", err)
@@ -672,12 +675,20 @@ is a symbolic link (its target is left alone).`,
 				}
 				out = args[0]
 			}
+			flag := "--out"
+			if len(args) == 1 {
+				flag = "PREFIX"
+			}
 			if err := config.CheckKeyPrefix(out); err != nil {
-				flag := "--out"
-				if len(args) == 1 {
-					flag = "PREFIX"
-				}
 				return fmt.Errorf("keygen %s: %w", flag, err)
+			}
+			// A prefix in a directory that is not there failed at the
+			// write, as "key file: open DIR/ctx.key: no such file or
+			// directory", naming neither the flag nor what to do.
+			if dir := filepath.Dir(out); dir != "." {
+				if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("keygen %s %s: directory %s does not exist: create it first (mkdir -p %s)", flag, out, dir, dir)
+				}
 			}
 			pub, sec, err := zmq.GenerateKeys()
 			if err != nil {

@@ -105,6 +105,20 @@ func ReadSecretKey(path string) (string, error) {
 	return kf.Secret, nil
 }
 
+// SecretKeyExposed says what a warning should say when the secret key
+// file at path can be read by others than its owner (a group or other
+// read bit, as kvxfer keygen never writes it: 0600), and "" when it
+// cannot, or when path cannot be examined (reading it reports that). A
+// warning, not a refusal: a mounted secret (a Kubernetes secret volume's
+// default mode is 0644) may be private to its container all the same.
+func SecretKeyExposed(path string) string {
+	fi, err := os.Stat(filepath.Clean(path))
+	if err != nil || fi.Mode().Perm()&0o044 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the CURVE secret key file %s is readable by others than its owner (mode %#o): whoever reads it can pose as this engine; chmod 600 %s", path, fi.Mode().Perm(), path)
+}
+
 // ReadPublicKey reads a peer's public key (--peer-key). A secret key file
 // is refused: a peer's secret key has no business here, and holding it
 // means it leaked. So is a bare key in a file named *.key.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -216,4 +217,49 @@ func TestWriteKeyPairForceReplacesBothOrNeither(t *testing.T) {
 	if len(ents) != 3 {
 		t.Errorf("the directory holds %d entries, want ctx.key, ctx.pub and target (no temporary file left)", len(ents))
 	}
+}
+
+// A secret key file others can read is named with its mode and the fix;
+// kvxfer keygen's 0600, and a file that is not there, say nothing (a
+// warning, not a refusal: a mounted secret is often 0644). (Checked to
+// fail: with the group/other read check removed, the 0644 file says
+// nothing.)
+func TestSecretKeyExposed(t *testing.T) {
+	dir := t.TempDir()
+	sec, _, err := WriteKeyPair(filepath.Join(dir, "ctx"), testPublic, testSecret, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := SecretKeyExposed(sec); w != "" {
+		t.Errorf("keygen's 0600 file: %q, want no warning", w)
+	}
+	for _, mode := range []os.FileMode{0o644, 0o640, 0o604} {
+		if err := os.Chmod(sec, mode); err != nil {
+			t.Fatal(err)
+		}
+		w := SecretKeyExposed(sec)
+		if want := []string{sec, "0" + strconvOctal(mode), "chmod 600"}; !containsAll(w, want...) {
+			t.Errorf("mode %#o: %q, want it to name %q", mode, w, want)
+		}
+	}
+	if err := os.Chmod(sec, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if w := SecretKeyExposed(sec); w != "" {
+		t.Errorf("mode 0400: %q, want no warning", w)
+	}
+	if w := SecretKeyExposed(filepath.Join(dir, "missing.key")); w != "" {
+		t.Errorf("a missing file: %q, want no warning (reading it reports that)", w)
+	}
+}
+
+func strconvOctal(m os.FileMode) string { return strings.TrimPrefix(fmt.Sprintf("%#o", m.Perm()), "0") }
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
