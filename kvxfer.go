@@ -493,9 +493,17 @@ type Stats struct {
 	// while the control plane knew no Hello of its writer.
 	FramesUnsent int64
 	// FramesRejected: control frames refused on arrival (invalid, from a
-	// peer that is not the request's, unresolvable).
+	// peer that is not the request's, unresolvable); a stale one is
+	// counted in FramesStale instead.
 	FramesRejected int64
-	// FramesStale: frames for requests already finished here.
+	// FramesStale: control frames that came too late to act on, dropped
+	// or answered FAILED: for a request finished or never started here
+	// (or, while the engine closes, one no Send here took), sent by an
+	// earlier incarnation of their peer than one already heard or
+	// addressed to an earlier incarnation of this engine, or ignored by
+	// a live request's session (a duplicate, another epoch or incarnation,
+	// after its writer answered). The same frames as the metric
+	// kvxfer_frames_rejected_total{reason="stale"}.
 	FramesStale int64
 	// FramesShed: RequestData and Cancel frames refused because their
 	// peer had too many frames in flight inside the engine.
@@ -523,6 +531,12 @@ type Stats struct {
 	// RevokedHeldBlocks: revoked blocks whose old memory (the only memory
 	// a stale writer can reach) is still held, waiting for its proof.
 	RevokedHeldBlocks int64
+	// DestBlockErrors: quarantines, releases and frees of a finished
+	// request's destination blocks that the pool refused (always a bug,
+	// logged at error level), and releases of revoked memory the Revoker
+	// failed. The blocks stay held as they were, counted as quarantined
+	// or in use by the pool, and are never freed.
+	DestBlockErrors int64
 	// QuarantinedBytes: destination bytes in quarantine now (their
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
@@ -594,7 +608,7 @@ func (e *Engine) Stats() Stats {
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(), ParentPanics: c.ParentPanics.Load(),
 		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
-		RevokedHeldBlocks: c.RevokedHeld.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
+		RevokedHeldBlocks: c.RevokedHeld.Load(), DestBlockErrors: c.DestBlockErrors.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
 		FramesSilenced:   c.FramesSilenced.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
@@ -1330,11 +1344,14 @@ func (e *Engine) FreeBlocks(blocks [][]kvcache.BlockID) error {
 // wait for a proof that may never come — a receive whose writers were all
 // suspected (missed heartbeats, and not heard since; an exit) and never
 // proved their writes over — but reports such a request too
-// (ErrUndrained, "quarantined"): its
-// blocks stay quarantined and, as after any error, the engine's own pool
-// stays mapped and memory the caller gave it must stay allocated. An engine
-// with nothing live closes cleanly even with ctx already ended. Close runs
-// once: a later or concurrent call waits for it and returns its error. A
+// (ErrUndrained, "quarantined"): its blocks stay quarantined and, as after
+// any error, the engine's own pool stays mapped and memory the caller gave
+// it must stay allocated. Stopping the engine waits, past ctx's end, for
+// every data-plane endpoint close already running to return (logged every
+// 10 s with its peer): until then a write through it may still land. An
+// engine with nothing live closes cleanly even with ctx already ended.
+// Close runs once: a later or concurrent call waits for it and returns
+// its error. A
 // nil ctx is refused (ErrBadRequest) and closes nothing: a later Close
 // with a ctx still runs.
 func (e *Engine) Close(ctx context.Context) error {

@@ -15,36 +15,27 @@ import (
 	"github.com/kvxfer/kvxfer/rdma/loopback"
 )
 
-// holdLink wraps a Link: its connections take the RequestData of one
-// request without delivering it, until release delivers it. That is what
-// a generation rank's control plane does when the sender worker that
-// queued the RequestData restarts (or dies) before it leaves: the old
-// connection still delivers what it queued while it lingers, and the
-// Cancel that follows leaves on a new connection — frames keep their order
-// within one connection only — so the Cancel may arrive first.
-type holdLink struct {
+// tapLink wraps a Link: every frame its connections send goes through on
+// first (on the sending worker's goroutine), which may hold it (it left,
+// as far as the sender knows, but is delivered only by release) or refuse
+// it with an error.
+type tapLink struct {
 	control.Link
-	request string
-	mu      sync.Mutex
-	held    []heldFrame
-	took    chan *messages.RequestData // each RequestData held
+	on   func(messages.Frame) (hold bool, err error)
+	mu   sync.Mutex
+	held []heldFrame
 }
 
-type heldFrame struct {
-	c control.Conn
-	f messages.Frame
-}
-
-func (l *holdLink) Dial(peer messages.PeerID) (control.Conn, error) {
+func (l *tapLink) Dial(peer messages.PeerID) (control.Conn, error) {
 	c, err := l.Link.Dial(peer)
 	if err != nil {
 		return nil, err
 	}
-	return &holdConn{Conn: c, l: l}, nil
+	return &tapConn{Conn: c, l: l}, nil
 }
 
 // release delivers the held frames, in the order they were sent.
-func (l *holdLink) release() error {
+func (l *tapLink) release() error {
 	l.mu.Lock()
 	held := l.held
 	l.held = nil
@@ -57,20 +48,28 @@ func (l *holdLink) release() error {
 	return nil
 }
 
-type holdConn struct {
+type tapConn struct {
 	control.Conn
-	l *holdLink
+	l *tapLink
 }
 
-func (c *holdConn) Send(f messages.Frame) error {
-	if rd, ok := f.(*messages.RequestData); ok && rd.RequestID == c.l.request {
+func (c *tapConn) Send(f messages.Frame) error {
+	hold, err := c.l.on(f)
+	if err != nil {
+		return err
+	}
+	if hold {
 		c.l.mu.Lock()
 		c.l.held = append(c.l.held, heldFrame{c: c.Conn, f: f})
 		c.l.mu.Unlock()
-		c.l.took <- rd
 		return nil
 	}
 	return c.Conn.Send(f)
+}
+
+type heldFrame struct {
+	c control.Conn
+	f messages.Frame
 }
 
 // testRank is one engine rank of TP 1, PP 1 on the loopback backend, with
@@ -103,6 +102,17 @@ func startTestRankOn(t *testing.T, inst string, link control.Link, agent rdma.Ag
 // engine's Recorder.
 func startTestRankClose(t *testing.T, inst string, link control.Link, agent rdma.Agent, drained bool, rec ...Recorder) *testRank {
 	t.Helper()
+	return startTestRankWith(t, inst, link, agent, drained, func(c *EngineConfig) {
+		if len(rec) > 0 {
+			c.Recorder = rec[0]
+		}
+	})
+}
+
+// startTestRankWith is startTestRankClose with the engine's config
+// adjusted by set before the engine starts.
+func startTestRankWith(t *testing.T, inst string, link control.Link, agent rdma.Agent, drained bool, set func(*EngineConfig)) *testRank {
+	t.Helper()
 	l := cancelOrderLayout
 	par := kvcache.Parallel{TP: 1, PP: 1}
 	rank := par.RankAt(0)
@@ -129,13 +139,11 @@ func startTestRankClose(t *testing.T, inst string, link control.Link, agent rdma
 		off += bb * 16
 	}
 	t.Cleanup(func() { _ = agent.Close() })
-	var recorder Recorder
-	if len(rec) > 0 {
-		recorder = rec[0]
-	}
-	r.e, err = StartEngine(EngineConfig{Self: messages.PeerID{Instance: inst},
+	cfg := EngineConfig{Self: messages.PeerID{Instance: inst},
 		Topology: Topology{Layout: l, LayoutHash: l.Hash(), Parallel: par, Rank: rank, Pools: geoms, Plans: NewPlanCache()},
-		Workers:  2, Agent: agent, Region: region, Pools: NewPools(r.pools), Link: link, Timeout: 20 * time.Second, Recorder: recorder})
+		Workers:  2, Agent: agent, Region: region, Pools: NewPools(r.pools), Link: link, Timeout: 20 * time.Second}
+	set(&cfg)
+	r.e, err = StartEngine(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +176,7 @@ func wait[T any](t *testing.T, what string, ch <-chan T) T {
 
 // TestCancelOvertakesRequestData drives the real shells in-process: a
 // generation rank's Cancel reaches the context rank before its own
-// RequestData (holdLink), the context rank acknowledges it, and the
+// RequestData (a tapLink holds it), the context rank acknowledges it, and the
 // generation rank frees the request's destination blocks (Released). The
 // RequestData that arrives afterwards must never lead to a write into
 // those blocks, whether the context side's Send comes after it (no session
@@ -191,7 +199,21 @@ func TestCancelOvertakesRequestData(t *testing.T) {
 func testCancelOvertakesRequestData(t *testing.T, sendFirst bool) {
 	const id, prompt = "overtaken", 32
 	ml := control.NewMemLink()
-	hl := &holdLink{Link: ml, request: id, took: make(chan *messages.RequestData, 4)}
+	// The generation rank's connections take the request's RequestData
+	// without delivering it, until release: what its control plane does
+	// when the sender worker that queued it restarts (or dies) before it
+	// leaves — the old connection still delivers what it queued while it
+	// lingers, and the Cancel that follows leaves on a new connection
+	// (frames keep their order within one connection only), so the
+	// Cancel may arrive first.
+	took := make(chan *messages.RequestData, 4)
+	hl := &tapLink{Link: ml, on: func(f messages.Frame) (bool, error) {
+		rd, ok := f.(*messages.RequestData)
+		if ok && rd.RequestID == id {
+			took <- rd
+		}
+		return ok && rd.RequestID == id, nil
+	}}
 	ctxR := startTestRank(t, "ctx", ml)
 	genR := startTestRank(t, "gen", hl)
 	tpb := cancelOrderLayout.TokensPerBlock
@@ -223,7 +245,7 @@ func testCancelOvertakesRequestData(t *testing.T, sendFirst bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd := wait(t, "RequestData", hl.took)
+	rd := wait(t, "RequestData", took)
 	rx.Cancel()
 	if o := wait(t, "generation outcome", rx.Done()); o.Status != StatusCancelled {
 		t.Fatalf("generation side: %s %v, want CANCELLED", o.Status, o.Err)

@@ -706,6 +706,9 @@ var ErrUndrained = errors.New("actors: sessions did not drain")
 // released its pages or ctx ends, then stops the workers and the tree. It
 // reports the requests that could not drain; their pages stay pinned. An
 // engine with nothing live closes cleanly even with ctx already ended.
+// Stopping a worker waits, past ctx's end and without bound, for each of
+// its endpoint closes that is running (logged every 10 s with the
+// endpoint's peers): until it returns, a write of the endpoint may land.
 func (e *Engine) Close(ctx context.Context) error {
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
 	return e.closeErr
@@ -762,8 +765,9 @@ func (e *Engine) close(ctx context.Context) error {
 	// would stop the workers by a system message, ahead of it, and the
 	// peer would never learn the outcome (its pages stay pinned until its
 	// own deadline and, without proof, its Close reports them undrained).
-	for _, w := range e.env.workers {
-		_ = e.sys.Root.PoisonFuture(w).Wait()
+	for i, w := range e.env.workers {
+		e.sys.Root.Poison(w)
+		e.awaitWorker(i)
 	}
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
@@ -782,6 +786,41 @@ func (e *Engine) close(ctx context.Context) error {
 	// leaves sessions undrained or ops cut: such an engine is broken.
 	e.writesOver.Store(txOver && !e.env.writesCut.Load() && !e.env.failed.Load())
 	return err
+}
+
+// workerStopLog is how long Close waits for a worker to stop before it
+// says which endpoint closes it waits for (and, each time again, while
+// they run).
+var workerStopLog = 10 * time.Second
+
+// awaitWorker waits for worker i, poisoned, to stop. Its Stopping waits
+// for every endpoint close it started, and only a close that returned
+// proves that no write of the endpoint lands: Close must not deregister
+// the memory nor hand it back before. So while one runs, the wait has no
+// bound (a hang, logged with the endpoints' peers, rather than a write
+// into memory freed). With none running, Close goes on after
+// workerStopLog, as it did (a worker stuck elsewhere: in a control
+// connection's close, a Connect).
+func (e *Engine) awaitWorker(i int) {
+	s := e.slots[i]
+	t := time.NewTimer(workerStopLog)
+	defer t.Stop()
+	for waited := workerStopLog; ; waited += workerStopLog {
+		select {
+		case <-s.stopped:
+			return
+		case <-t.C:
+		}
+		closing := s.closesRunning()
+		if len(closing) == 0 {
+			e.cfg.Log.Warn().Int("worker", i).Dur("waited", waited).
+				Msg("engine close: sender worker has not stopped, but no endpoint close of it is running: going on without it")
+			return
+		}
+		e.cfg.Log.Error().Int("worker", i).Dur("waited", waited).Strs("closing", closing).
+			Msg("engine close: sender worker has not stopped: its endpoint closes to these peers have not returned, so their writes are not proven over and Close waits for them before it deregisters or frees any memory; if this lasts, the data-plane backend's Endpoint.Close is stuck for those peers")
+		t.Reset(workerStopLog)
+	}
 }
 
 // WritesOver reports whether Close has returned having drained every

@@ -78,7 +78,7 @@ type rejectReason uint8
 const (
 	rejectInvalid    rejectReason = iota // failed validation at the listener
 	rejectNotWriter                      // from a peer that is not a writer of the request
-	rejectStale                          // for a request that is unknown here or already finished
+	rejectStale                          // too late to act on: Counters.FramesStale's frames (shellEnv.stale)
 	rejectUnresolved                     // a RequestData that could not be resolved into a route
 	rejectNotBound                       // from another generation instance than the request's
 	rejectOrphans                        // a new request past its instance's orphan limit
@@ -148,6 +148,7 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 		{"pin_errors_total", "Pin or unpin calls the pools refused.", &stats.PinErrors},
 		{"writer_leases_lapsed_total", "Writer leases that lapsed: the writer stopped posting to that peer and failed its requests with it.", &stats.LeasesLapsed},
 		{"revoked_blocks_total", "Destination blocks revoked (reused at once, their old memory held until proof) instead of quarantined.", &stats.BlocksRevoked},
+		{"dest_block_errors_total", "Quarantines, releases and frees of a finished request's destination blocks that the pools refused, and releases of revoked memory that failed: the blocks stay held as they were (quarantined or in use), never freed.", &stats.DestBlockErrors},
 	} {
 		v := c.v
 		if err := set.CounterFunc(c.name, c.help, func() float64 { return float64(v.Load()) }); err != nil {
@@ -412,7 +413,8 @@ func (r *rxMeter) born(s *RxSession, now time.Time) {
 
 func (r *rxMeter) stepped(s *RxSession, now time.Time) {
 	if s.StaleFrames != r.stale {
-		// Duplicate, stale-epoch or late frames: the session ignored them.
+		// Duplicate, stale-epoch or late frames: the session ignored them
+		// (Counters.FramesStale too: rxKind.stepped).
 		r.m.rejected[rejectStale].Add(float64(s.StaleFrames - r.stale))
 		r.stale = s.StaleFrames
 	}

@@ -498,8 +498,12 @@ func (p *txParent) reply(ctx actor.Context, request string, to messages.PeerID, 
 // refuse answers a RequestData that touches no session: FAILED to its
 // sender, counted, and forgotten (no session, no tombstone).
 func (p *txParent) refuse(ctx actor.Context, rd *messages.RequestData, why rejectReason, err error) {
-	p.env.meters.reject(why)
-	p.env.stats.FramesRejected.Add(1)
+	if why == rejectStale {
+		p.env.stale() // an earlier incarnation's, as the listener's (admit)
+	} else {
+		p.env.stats.FramesRejected.Add(1)
+		p.env.meters.reject(why)
+	}
 	p.env.warn(rd.From.String(), "refused "+rejectNames[why]).Err(err).Str("request", rd.RequestID).Msg("RequestData refused")
 	p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 		Status: messages.StatusFailed, Error: messages.TruncateText(err.Error(), messages.MaxErrorLen)})
@@ -539,6 +543,14 @@ type misaddressedRequestData struct{ rd *messages.RequestData }
 // credits (frameCredits), as the fields that name it: request id, epoch,
 // sender and incarnations.
 type shedRequestData struct{ rd *messages.RequestData }
+
+// stale counts one stale frame: Counters.FramesStale and
+// kvxfer_frames_rejected_total{reason="stale"} count the same frames, this
+// and RxSession.StaleFrames (rxKind.stepped, rxMeter.stepped).
+func (e *shellEnv) stale() {
+	e.stats.FramesStale.Add(1)
+	e.meters.reject(rejectStale)
+}
 
 // silenced counts a frame left unanswered for good (TxTable.Silence).
 func (p *txParent) silenced() {
@@ -609,12 +621,12 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 		p.silenced() // any answer would be a proof (TxTable.Silence)
 		return
 	case core.RequestDataStale:
-		p.env.meters.reject(rejectStale)
+		p.env.stale()
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 			Status: messages.StatusFailed, Error: "request already finished on the context side, or cancelled by this generation instance before it arrived"})
 		return
 	case core.RequestDataClosing:
-		p.env.meters.reject(rejectStale)
+		p.env.stale()
 		p.reply(ctx, rd.RequestID, rd.From, &messages.Result{RequestID: rd.RequestID, Epoch: rd.Epoch, From: p.self,
 			Status: messages.StatusFailed, Error: closingText(p.self, rd.RequestID)})
 		return
@@ -971,8 +983,7 @@ func hitOf(r RxRequest, g int) int {
 func (p *rxParent) route(ctx actor.Context, f messages.Frame) {
 	switch v, w := p.table.Route(f); v {
 	case core.RxRouteStale:
-		p.env.stats.FramesStale.Add(1)
-		p.env.meters.reject(rejectStale)
+		p.env.stale()
 	case core.RxRouteNotWriter:
 		p.env.stats.FramesRejected.Add(1)
 		p.env.meters.reject(rejectNotWriter)
@@ -1224,8 +1235,7 @@ func (l *listener) admit(f messages.Frame) bool {
 	if err == nil {
 		return true
 	}
-	l.env.stats.FramesStale.Add(1)
-	l.env.meters.reject(rejectStale)
+	l.env.stale()
 	if ev := l.env.warn(f.Sender().String(), "stale incarnation"); ev != nil {
 		ev.Err(err).Msg("control frame of an earlier incarnation dropped")
 	}

@@ -114,34 +114,9 @@ func TestCloseSendsFramesWaitingForADownPeersConnection(t *testing.T) {
 	// A request to gen2 leaves worker w an open data endpoint, which its
 	// Stopping closes: that close opens the gate, so the lingering close
 	// returns once the worker is stopping, never before.
-	const id, prompt = "r", 32
+	const id = "r"
 	w := WorkerFor(id, gen2, 2)
-	rx, err := gen2R.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
-		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := ctxR.e.Pools().Alloc([]int{prompt / 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := kvcache.Chunk{Start: 0, End: prompt, Last: true}
-	if err := tx.Chunk(c, c.Runs(16, src), nil); err != nil {
-		t.Fatal(err)
-	}
-	if o := wait(t, "the send's outcome", tx.Done()); !o.OK {
-		t.Fatalf("send %s %v", o.Status, o.Err)
-	}
-	ro := wait(t, "the receive's outcome", rx.Done())
-	if !ro.OK {
-		t.Fatalf("receive %s %v", ro.Status, ro.Err)
-	}
-	_ = gen2R.e.FreeBlocks(ro.Blocks)
-	_ = ctxR.e.FreeBlocks(src)
+	oneTransfer(t, ctxR, gen2R, id)
 
 	// Requests of gen whose frames go through worker w.
 	var ids []string
@@ -181,4 +156,38 @@ func TestCloseSendsFramesWaitingForADownPeersConnection(t *testing.T) {
 	if got := wait(t, "the CancelAck that waited for the down peer's old connection", acks); got != ids[1] {
 		t.Fatalf("CancelAck for %s, want %s", got, ids[1])
 	}
+}
+
+// oneTransfer moves request id (32 tokens, one chunk) from ctxR to genR,
+// whose ranks name the context "ctx", and frees both sides' blocks: the
+// sending worker keeps its data endpoint to genR open.
+func oneTransfer(t *testing.T, ctxR, genR *testRank, id string) {
+	t.Helper()
+	const prompt = 32
+	rx, err := genR.e.Receive(RxRequest{ID: id, PromptLen: prompt, Context: "ctx",
+		ContextParallel: kvcache.Parallel{TP: 1, PP: 1}, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ctxR.e.Pools().Alloc([]int{prompt / 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxR.e.Send(TxRequest{ID: id, PromptLen: prompt, Deadline: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := kvcache.Chunk{Start: 0, End: prompt, Last: true}
+	if err := tx.Chunk(c, c.Runs(16, src), nil); err != nil {
+		t.Fatal(err)
+	}
+	if o := wait(t, "the send's outcome", tx.Done()); !o.OK {
+		t.Fatalf("send %s %v", o.Status, o.Err)
+	}
+	ro := wait(t, "the receive's outcome", rx.Done())
+	if !ro.OK {
+		t.Fatalf("receive %s %v", ro.Status, ro.Err)
+	}
+	_ = genR.e.FreeBlocks(ro.Blocks)
+	_ = ctxR.e.FreeBlocks(src)
 }

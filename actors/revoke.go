@@ -101,13 +101,16 @@ func (env *shellEnv) revokeDest(request string, blocks [][]kvcache.BlockID) revo
 		env.stats.RevokedHeld.Add(int64(len(ids)))
 	})
 	if err := env.pools.Free(free); err != nil {
-		env.log.Error().Err(err).Str("request", request).Msg("free revoked destination blocks")
+		env.destRefused(request, "free (revoked)", free, err)
 	}
 	if refused != nil {
 		env.log.Warn().Err(refused).Str("request", request).Msg("destination blocks not revoked: quarantined until proof")
 	}
 	if err := env.pools.Quarantine(r.held); err != nil {
-		env.log.Error().Err(err).Str("request", request).Msg("quarantine destination blocks")
+		// Not quarantined: the proof's release must not release them
+		// from a quarantine they are not in.
+		env.destRefused(request, "quarantine", r.held, err)
+		r.held = nil
 	}
 	return r
 }
@@ -116,11 +119,14 @@ func (env *shellEnv) revokeDest(request string, blocks [][]kvcache.BlockID) revo
 func (env *shellEnv) releaseRevoked(request string, r revoked) {
 	for _, f := range r.releases {
 		if err := f(); err != nil {
-			env.log.Error().Err(err).Str("request", request).Msg("release revoked memory")
+			// The Revoker keeps that memory: counted as the pools'
+			// refusals are, never only logged.
+			env.stats.DestBlockErrors.Add(1)
+			env.log.Error().Err(err).Str("request", request).Msg("release revoked memory: the Revoker keeps it (counted in kvxfer_dest_block_errors_total)")
 		}
 	}
 	env.stats.RevokedHeld.Add(-int64(r.blocks))
 	if err := env.pools.ReleaseQuarantine(r.held); err != nil {
-		env.log.Error().Err(err).Str("request", request).Msg("release quarantined destination blocks")
+		env.destRefused(request, "release from quarantine", r.held, err)
 	}
 }

@@ -15,13 +15,20 @@ import (
 // blocks (freed, quarantined, released) and its RequestData reports.
 type rxKind struct {
 	s     *RxSession
+	stats *Counters
 	meter *rxMeter // nil: metrics off
+	// stale is how many of the session's StaleFrames stats counted.
+	stale int
 	// revoked is what a revocation of the destination blocks left for the
 	// proof to release (EngineConfig.Revoker); nil without one.
 	revoked *revoked
 	// callerHeld: the framework's blocks this session counts in
 	// Counters.CallerAwaitingProof.
 	callerHeld int64
+	// refused: the pools refused a quarantine, release or free of the
+	// destination blocks (destRefused): they stay where they were, and
+	// the session moves them no more.
+	refused bool
 }
 
 // newRxCell is a new RxSession's cell. The cell and its kind live and die
@@ -30,7 +37,7 @@ func newRxCell(env *shellEnv, s *RxSession, handle *Handle, meter *rxMeter) *cel
 	b := &struct {
 		c cell[*RxSession]
 		k rxKind
-	}{c: cell[*RxSession]{env: env, s: s, handle: handle}, k: rxKind{s: s, meter: meter}}
+	}{c: cell[*RxSession]{env: env, s: s, handle: handle}, k: rxKind{s: s, stats: env.stats, meter: meter}}
 	b.c.k = &b.k
 	return &b.c
 }
@@ -67,6 +74,12 @@ func (k *rxKind) restepping(*shell[*RxSession], any) {}
 func (k *rxKind) dropped(*shell[*RxSession], actor.Context, any, time.Time) {}
 
 func (k *rxKind) stepped(_ any, now time.Time) {
+	if n := k.s.StaleFrames - k.stale; n > 0 {
+		// Frames the session ignored: Counters.FramesStale, as the meter
+		// counts them kvxfer_frames_rejected_total{reason="stale"}.
+		k.stats.FramesStale.Add(int64(n))
+		k.stale = k.s.StaleFrames
+	}
 	if k.meter != nil {
 		k.meter.stepped(k.s, now)
 	}
@@ -161,7 +174,7 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 			break
 		}
 		if err := a.env.pools.Quarantine(e.Blocks); err != nil {
-			a.env.log.Error().Err(err).Str("request", k.request()).Msg("quarantine destination blocks")
+			k.destRefused(a, "quarantine", e.Blocks, err)
 		}
 	case ReleaseDest:
 		if k.s.Config().CallerOwned {
@@ -176,14 +189,20 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 			k.revoked = nil
 			break
 		}
+		if k.refused {
+			// Their quarantine was refused: they are not in quarantine,
+			// and what state they are in is not what this session
+			// thinks. They stay as the pools hold them (counted once).
+			break
+		}
 		if e.Quarantined {
 			if err := a.env.pools.ReleaseQuarantine(e.Blocks); err != nil {
-				a.env.log.Error().Err(err).Str("request", k.request()).Msg("release quarantined destination blocks")
+				k.destRefused(a, "release from quarantine", e.Blocks, err)
 			}
 			break
 		}
 		if err := a.env.pools.Free(e.Blocks); err != nil {
-			a.env.log.Error().Err(err).Str("request", k.request()).Msg("free destination blocks")
+			k.destRefused(a, "free", e.Blocks, err)
 		}
 	case Stop:
 		a.stopTimers()
@@ -204,6 +223,29 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), inDoubt: !quiet && k.s.HoldsBlocks()})
 		ctx.Stop(ctx.Self())
 	}
+}
+
+// destRefused records that the pools refused op (a quarantine, a release
+// from quarantine, a free) of the request's destination blocks. Both
+// effects follow the request's terminal outcome (its step emits them after
+// Finish, and READY's blocks are the caller's), so there is no request
+// left to fail: the refusal is counted (Counters.DestBlockErrors) and
+// logged once. The pools change every group or none, so the blocks stay
+// where they were: quarantined, or held by the receive (in use), as the
+// pools' own counters say. They are never freed: a block whose state is
+// not the one this session expects may be another's, or still written.
+func (k *rxKind) destRefused(a *shell[*RxSession], op string, blocks [][]kvcache.BlockID, err error) {
+	k.refused = true
+	a.env.destRefused(k.request(), op, blocks, err)
+}
+
+// destRefused counts (Counters.DestBlockErrors) and logs once a refused
+// op on request's destination blocks (rxKind.destRefused, revokeDest,
+// releaseRevoked).
+func (env *shellEnv) destRefused(request, op string, blocks [][]kvcache.BlockID, err error) {
+	env.stats.DestBlockErrors.Add(1)
+	env.log.Error().Err(err).Str("request", request).Str("op", op).Int("blocks", countBlocks(blocks)).
+		Msg("the pools refused this " + op + " of the request's destination blocks: they stay held as they are (quarantined or in use), never freed while the engine runs; a bug: report it with this line")
 }
 
 // countBlocks counts the block ids of every layer group.

@@ -21,7 +21,11 @@ type Counters struct {
 	WorkerRestarts atomic.Int64
 	FramesUnsent   atomic.Int64
 	FramesRejected atomic.Int64
-	FramesStale    atomic.Int64
+	// FramesStale counts the frames kvxfer_frames_rejected_total{reason=
+	// "stale"} counts (shellEnv.stale, rxKind.stepped): late for their
+	// request (finished, unknown, a closing rank's), of an earlier
+	// incarnation, or ignored by a live session (RxSession.StaleFrames).
+	FramesStale atomic.Int64
 	// FramesShed counts RequestData and Cancel frames refused because
 	// their peer's frame credits were spent (credits.go).
 	FramesShed    atomic.Int64
@@ -49,6 +53,11 @@ type Counters struct {
 	// request failed: kvxfer's pool does not hold them, the handle's
 	// Released is not closed yet.
 	CallerAwaitingProof atomic.Int64
+	// DestBlockErrors counts quarantines, releases and frees of a
+	// terminal request's destination blocks that the pools refused
+	// (shellEnv.destRefused), and revoked memory the Revoker failed to
+	// release: the blocks stay held where they were.
+	DestBlockErrors atomic.Int64
 
 	// LeasesLapsed counts writer leases that lapsed (the writer fenced
 	// itself from that peer: EngineConfig.WriterLease).

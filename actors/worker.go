@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -123,6 +124,46 @@ type workerSlot struct {
 	// stopped for good is lost with its mailbox, so its stop carries what
 	// those reports proved (releasedOps).
 	closed []*endpointClosed
+	// closing names the endpoints whose Close a closer goroutine is
+	// running, by closer (closeSeq), under closingMu: Engine.Close names
+	// them while it waits for the worker to stop (awaitWorker).
+	closingMu sync.Mutex
+	closeSeq  uint64
+	closing   map[uint64]string
+	// stopped is closed once the worker's Stopping has returned: every
+	// close it started has returned, so no write of its endpoints lands.
+	stopped chan struct{}
+}
+
+// closesRunning names the endpoints whose Close has not returned yet.
+func (s *workerSlot) closesRunning() []string {
+	s.closingMu.Lock()
+	defer s.closingMu.Unlock()
+	names := make([]string, 0, len(s.closing))
+	for _, n := range s.closing {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// endpointName names key's endpoint for a log: the peers whose ops go to
+// it, else the peer its agent says it serves, else its address.
+func (s *workerSlot) endpointName(key string, ep rdma.Endpoint) string {
+	var peers []string
+	for p, k := range s.peerKey {
+		if k == key {
+			peers = append(peers, p.String())
+		}
+	}
+	if len(peers) > 0 {
+		slices.Sort(peers)
+		return strings.Join(peers, ",")
+	}
+	if id, ok := ep.(rdma.IdentifiedEndpoint); ok && id.PeerIdentity() != "" {
+		return id.PeerIdentity()
+	}
+	return fmt.Sprintf("agent address %x", key)
 }
 
 // unprovenOps returns the ops whose endpoint's close proved nothing, of
@@ -203,7 +244,8 @@ func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link contro
 	return &workerSlot{idx: idx, agent: agent, reg: reg, link: link, env: env,
 		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{}, retiring: map[messages.PeerID][]*workerSend{},
 		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{},
-		peerKey: map[messages.PeerID]string{}, stale: map[string]bool{}}
+		peerKey: map[messages.PeerID]string{}, stale: map[string]bool{},
+		closing: map[uint64]string{}, stopped: make(chan struct{})}
 }
 
 func (w *workerActor) Receive(ctx actor.Context) {
@@ -362,6 +404,7 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			s.closeConn(id, c)
 			delete(s.conns, id)
 		}
+		close(s.stopped)
 	}
 }
 
@@ -555,10 +598,18 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		return
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
+	s.closingMu.Lock()
+	s.closeSeq++
+	seq := s.closeSeq
+	s.closing[seq] = s.endpointName(key, ep)
+	s.closingMu.Unlock()
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
 		err := ep.Close()
+		s.closingMu.Lock()
+		delete(s.closing, seq)
+		s.closingMu.Unlock()
 		m := &endpointClosed{retired: retired, err: err}
 		s.unprovenMu.Lock()
 		if errors.Is(err, rdma.ErrCloseUnproven) {

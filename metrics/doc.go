@@ -53,8 +53,11 @@
 //	                                                               request's session when bound to the sender and without a stream of it (the
 //	                                                               request fails), else by the tx parent; a Result that names a live request of its writer
 //	                                                               fails it, reason mismatch, the blocks quarantined until the writer's CancelAck),
-//	                                                               not_writer (from a peer that is not a writer of the request), stale (for a request
-//	                                                               unknown or finished here, a stale epoch or a duplicate), unresolved (a RequestData
+//	                                                               not_writer (from a peer that is not a writer of the request), stale (too late
+//	                                                               to act on: for a request unknown or finished here, or no Send took while the
+//	                                                               engine closes; sent by an earlier incarnation of its peer or addressed to an
+//	                                                               earlier one of this engine; a stale epoch or a duplicate a live request ignored;
+//	                                                               the frames kvxfer.Stats.FramesStale counts), unresolved (a RequestData
 //	                                                               that could not be resolved into a route; the request fails), not_bound (from
 //	                                                               another generation instance than the request's), orphan_limit (a new request
 //	                                                               past its instance's MaxOrphanRequests), shed (a RequestData or Cancel dropped
@@ -114,6 +117,8 @@
 //	                                                               unsent, or a RequestData waited for its writer's Hello (none known)
 //	kvxfer_session_panics_total         counter    -               sessions restarted after a panic
 //	kvxfer_pin_errors_total             counter    -               pin or unpin calls the pools refused
+//	kvxfer_dest_block_errors_total      counter    -               quarantines, releases and frees of a finished request's destination
+//	                                                               blocks the pools refused (a bug): the blocks stay held as they were
 //	kvxfer_writer_leases_lapsed_total   counter    -               writer leases that lapsed (WriterLease): the writer stopped posting to that
 //	                                                               peer and failed its requests with it
 //

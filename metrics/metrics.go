@@ -121,7 +121,7 @@ func New(engine string) *Set {
 		Name: "failures_total", Help: "Requests that ended without success, by side and reason."},
 		[]string{"side", "reason"})
 	s.FramesRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace,
-		Name: "frames_rejected_total", Help: "Control frames rejected or dropped, by reason."}, []string{"reason"})
+		Name: "frames_rejected_total", Help: "Control frames rejected or dropped, by reason; stale: too late to act on (for a request finished or unknown here, of an earlier incarnation, a duplicate or another epoch), the frames kvxfer.Stats.FramesStale counts."}, []string{"reason"})
 	s.HeartbeatMisses = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace,
 		Name: "heartbeat_misses_total", Help: "Peers the control plane declared down (missed heartbeats), by peer."},
 		[]string{"peer"})
