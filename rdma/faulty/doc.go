@@ -14,8 +14,10 @@
 //   - Partial(m, k): only the first k segments are posted; Done then gets a
 //     *rdma.SegmentError naming segment k and wrapping rdma.ErrInjected.
 //   - Hang: the batch is posted (its writes may land) but its Done is
-//     withheld until the endpoint closes, then gets rdma.ErrEndpointClosed:
-//     the in-doubt case. A Flush behind it never completes before Close.
+//     withheld until the endpoint closes, then gets rdma.ErrEndpointClosed
+//     (beside the wrapped endpoint's error, if it failed the batch: an
+//     rdma.ErrCloseUnproven there stays said): the in-doubt case. A Flush
+//     behind it never completes before Close.
 //   - Delay(m, d): Done is called d after the batch completed, on the Clock
 //     (WithClock; ManualClock lets a test move time).
 //   - Slow(m, g): Done waits until the test opens Gate g.

@@ -24,6 +24,7 @@ type endpoint struct {
 	cut      int // batches Cut failed: Close proves nothing about them
 	closed   bool
 	draining bool     // every entry is ready; the deliverer exits when empty
+	gone     bool     // the deliverer exited: nothing is delivered any more
 	fifo     []*entry // accepted batches and flushes, in post order
 
 	wake      chan struct{} // capacity 1
@@ -191,16 +192,23 @@ func (e *endpoint) release(ent *entry) {
 }
 
 // Flush queues a marker behind every earlier batch; its done gets nil, or
-// rdma.ErrPeerGone after an injected peer loss.
+// rdma.ErrPeerGone after an injected peer loss, or rdma.ErrEndpointClosed
+// once Close has begun. Only once the delivery goroutine has exited (every
+// earlier batch delivered) is done called at once.
 func (e *endpoint) Flush(done func(err error)) {
 	e.mu.Lock()
-	if e.closed {
+	if e.gone {
 		e.mu.Unlock()
 		done(fmt.Errorf("faulty: flush: %w", rdma.ErrEndpointClosed))
 		return
 	}
 	ent := &entry{flush: true, ready: true, batch: rdma.Batch{Done: done}}
-	if e.peerGone {
+	switch {
+	case e.closed:
+		// Close has begun, and batches posted before may not have been
+		// delivered: done keeps its place behind them.
+		ent.err = fmt.Errorf("faulty: flush: %w", rdma.ErrEndpointClosed)
+	case e.peerGone:
 		ent.err = fmt.Errorf("faulty: flush: %w (injected)", rdma.ErrPeerGone)
 	}
 	e.fifo = append(e.fifo, ent)
@@ -232,7 +240,14 @@ func (e *endpoint) Close() error {
 					ent.stop()
 				}
 				ent.ready = true
-				ent.err = fmt.Errorf("faulty: batch %d held at close: %w", ent.seq, rdma.ErrEndpointClosed)
+				err := fmt.Errorf("faulty: batch %d held at close: %w", ent.seq, rdma.ErrEndpointClosed)
+				if ent.err != nil {
+					// The wrapped endpoint's outcome, which may say
+					// that its writes can still land
+					// (rdma.ErrCloseUnproven): kept.
+					err = fmt.Errorf("%w; the wrapped endpoint completed it with: %w", err, ent.err)
+				}
+				ent.err = err
 				if e.agent.cfg.unproven {
 					ent.err = fmt.Errorf("%w: %w", ent.err, rdma.ErrCloseUnproven)
 				}
@@ -284,6 +299,7 @@ func (e *endpoint) deliver() {
 			clear(e.fifo[:n])
 			e.fifo = e.fifo[n:]
 			finished := e.draining && len(e.fifo) == 0
+			e.gone = finished
 			e.mu.Unlock()
 
 			for _, ent := range out {

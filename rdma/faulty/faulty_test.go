@@ -536,3 +536,96 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestFlushWhileClosingKeepsItsPlace: a Flush made while the agent closes
+// the endpoint (its Close has begun, batches posted before the Flush not
+// yet delivered) calls done after their Done, in its place (package
+// rdma: a flush's done proves every batch posted before it completed),
+// not at once on the caller's goroutine. Batch 0's Done waits for the
+// test — against the rule that Done must not block — to hold the
+// delivery goroutine with batch 1 behind it.
+func TestFlushWhileClosingKeepsItsPlace(t *testing.T) {
+	r := newRig(t, 64<<10)
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	entered, hold := make(chan struct{}), make(chan struct{})
+	if err := r.ep.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(), Segments: []kvcache.Segment{seg(0)},
+		Done: func(error) { close(entered); <-hold; note("0") }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ep.Post(rdma.Batch{Src: r.src, Dst: r.dst.Remote(), Segments: []kvcache.Segment{seg(1)},
+		Done: func(error) { note("1") }}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	closed := make(chan error, 1)
+	go func() { closed <- r.sender.Close() }() // Agent.Close closes the endpoint from another goroutine
+	// A batch out of range is refused whether or not Close has begun;
+	// once it has, with ErrEndpointClosed.
+	bad := rdma.Batch{Src: r.src, Dst: r.dst.Remote(), Segments: []kvcache.Segment{{Dst: 64 << 10, Len: 1}},
+		Done: func(err error) { t.Errorf("Done(%v) of a refused batch", err) }}
+	eventually(t, "the endpoint's Close to begin", func() bool { return errors.Is(r.ep.Post(bad), rdma.ErrEndpointClosed) })
+	flushed := make(chan error, 1)
+	r.ep.Flush(func(err error) { note("flush"); flushed <- err })
+	close(hold)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-flushed; !errors.Is(err, rdma.ErrEndpointClosed) {
+		t.Errorf("Flush during Close: %v, want ErrEndpointClosed", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(order, []string{"0", "1", "flush"}) {
+		t.Fatalf("completion order %v, want [0 1 flush]: the flush's done ran before batches posted earlier completed", order)
+	}
+}
+
+// TestHeldBatchKeepsUnprovenAtClose: a batch that a fault holds (Hang,
+// Slow) and whose wrapped endpoint cut it on the wire (its outcome wraps
+// rdma.ErrCloseUnproven: it may still land) keeps saying so when Close
+// completes it: a Done without ErrCloseUnproven is the batch's proof of
+// quiescence (rdma.Batch.Done). The wrapped endpoint here is a faulty one
+// that Cuts the batch.
+func TestHeldBatchKeepsUnprovenAtClose(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hold func() faulty.Option
+	}{
+		{"hang", func() faulty.Option { return faulty.Hang(faulty.Nth(0)) }},
+		{"slow", func() faulty.Option { return faulty.Slow(faulty.Nth(0), faulty.NewGate()) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			net := loopback.NewNetwork()
+			sender := faulty.New(faulty.New(loopback.New(loopback.WithNetwork(net)), faulty.Cut(faulty.Nth(0))), tc.hold())
+			receiver := loopback.New(loopback.WithNetwork(net))
+			t.Cleanup(func() { sender.Close(); receiver.Close() })
+			sr, _ := kvcache.NewHostRegion(4096)
+			dr, _ := kvcache.NewHostRegion(4096)
+			src, err := sender.Register(sr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst, err := receiver.Register(dr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ep, err := sender.Connect(receiver.Address())
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 1024}},
+				Done: func(err error) { done <- err }}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) {
+				t.Errorf("Close: %v, want ErrCloseUnproven (the wrapped endpoint's)", err)
+			}
+			if err := <-done; !errors.Is(err, rdma.ErrEndpointClosed) || !errors.Is(err, rdma.ErrCloseUnproven) {
+				t.Errorf("held batch cut by the wrapped endpoint: Done(%v), want ErrEndpointClosed and ErrCloseUnproven", err)
+			}
+		})
+	}
+}
