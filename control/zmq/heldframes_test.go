@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	zmq4 "github.com/pebbe/zmq4"
+
 	"github.com/kvxfer/kvxfer/messages"
 )
 
@@ -179,5 +181,71 @@ func TestHeldFramesComeBeforeTheSendersGoodbye(t *testing.T) {
 	f.s.afterWait()
 	if got := fmt.Sprint(order); got != fmt.Sprintf("[req-1 drained %s/1]", gen) {
 		t.Fatalf("handled %s, want the held Result before the drained goodbye: [req-1 drained %s/1]", got, gen)
+	}
+}
+
+// A frame the listener holds (hold) ends the wait in which it came, so
+// that its room is tried again (retryHeld) every heldRetryEvery: that
+// wait's deadline was set with nothing held (up to idleWait, 30 s with
+// heartbeats off), and a hold that probes nothing (the bindings in the
+// way were probed less than probeEvery ago, or, here, the directory does
+// not hold the refused Hello's incarnation yet) sends nothing that would
+// end it. (Checked to fail without it: the wait went on to its deadline;
+// end to end, TestClosedConnectionsLeaveRoom's Result, held behind its
+// refused Hello, was neither delivered nor rejected in 10 s, about 1
+// run in 100.)
+func TestHeldFrameEndsTheListenersWait(t *testing.T) {
+	f := newBoundFixture(t, false, 1000, 1)
+	gen := pid("gen", 0)
+	f.mustHello("c1", gen, 1, "")
+	// No ROUTER yet: nothing is probed, c2's Hello (incarnation 2) is
+	// refused at gen/0's bound.
+	if f.hello("c2", gen, 2, "") {
+		t.Fatal("c2's Hello taken past the bound")
+	}
+	f.probeRouter()
+	d, err := f.s.l.zctx.NewSocket(zmq4.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeSocket(d) }) // before the ROUTER's, and the link's Close
+	if err := d.SetIdentity("c2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect("inproc://probe-router-" + t.Name()); err != nil {
+		t.Fatal(err)
+	}
+	w, err := newSockWait(f.s.router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	type waited struct {
+		timedOut bool
+		err      error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		timedOut, err := w.serve(time.Hour, f.s.drain)
+		done <- waited{timedOut, err}
+	}()
+	r := result(gen, 1)
+	r.FromIncarnation = 2
+	if _, err := d.SendBytes(mustEncode(t, r), 0); err != nil {
+		t.Fatal(err)
+	}
+	var got waited
+	select {
+	case got = <-done:
+	case <-time.After(patience):
+		w.interrupt()
+		<-done
+		t.Fatalf("the listener's wait went on for %v after it held c2's Result: its room is tried again only at the wait's deadline", patience)
+	}
+	if got.timedOut || got.err != nil {
+		t.Fatalf("serve = %v, %v; want false, nil", got.timedOut, got.err)
+	}
+	if n := len(f.s.ghosts["c2"].held); n != 1 {
+		t.Fatalf("%d frames held on c2, want its Result", n)
 	}
 }

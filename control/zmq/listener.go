@@ -554,6 +554,14 @@ func (s *listener) waitLoop(stop <-chan struct{}, failed string, wait func() err
 // that delivery readied runs on this goroutine's P at once, instead of
 // being stolen, while this goroutine sits in a cgo call, by a thread
 // woken for it on another CPU.
+//
+// It also reports false when it held frames (hold) and none were held
+// before: the wait under way set its deadline (tick) with none held, up
+// to idleWait away, and only afterWait tries their room again
+// (retryHeld). A frame held without a probe (those of its bound were
+// probed less than probeEvery ago) sends nothing that ends the wait
+// otherwise: it waited for that deadline or a later message, with
+// heartbeats off 30 s, though a probe a second later finds room.
 func (s *listener) drain() (empty bool) {
 	var (
 		id, key string
@@ -561,6 +569,7 @@ func (s *listener) drain() (empty bool) {
 		parts   int
 		held    bool // id, key, payload, parts: read, not yet handled
 	)
+	heldBefore := s.heldBytes
 	for range maxBatch {
 		nid, npayload, nkey, nparts, err := s.recv()
 		if err != nil {
@@ -590,6 +599,9 @@ func (s *listener) drain() (empty bool) {
 		// that came after the empty receive: read again before parking.
 		s.probed = false
 		return false
+	}
+	if heldBefore == 0 && s.heldBytes > 0 {
+		return false // the next wait is bounded by heldRetryEvery (tick)
 	}
 	return empty
 }
