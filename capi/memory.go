@@ -159,7 +159,6 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 	}
 	const provisional = math.MaxUint64 >> 2 // before the span is known
 	kc.Memory = make([]*kvcache.KVMemory, len(l.Groups))
-	next := 0 // index into m.Layers of the group's first layer
 	for g := range l.Groups {
 		n := len(s.Layers[g])
 		if n == 0 {
@@ -167,13 +166,16 @@ func (m *Memory) describe(kc *kvxfer.Config) error {
 		}
 		offs := make([]uint64, n)
 		var voffs []uint64
-		for i := range offs {
-			offs[i] = m.Layers[next+i] - lo
+		for i, L := range s.Layers[g] {
+			// m.Layers is in ascending layer order, every layer of the
+			// stage [LayerLo, LayerHi) in one group or another: layer L's
+			// address is at L-LayerLo, wherever its group's layers interleave
+			// with another group's.
+			offs[i] = m.Layers[L-s.LayerLo] - lo
 			if split {
-				voffs = append(voffs, m.VLayers[next+i]-lo)
+				voffs = append(voffs, m.VLayers[L-s.LayerLo]-lo)
 			}
 		}
-		next += n
 		var d *kvcache.KVMemory
 		if st := m.Strides; st != nil {
 			// Validated with these strides: layers interleaved within a

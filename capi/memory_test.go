@@ -255,3 +255,44 @@ func TestLowHostAddressesRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryLayersOfInterleavedGroups: memory.layers lists the rank's
+// layers in ascending layer order (kvxfer.h), also when its layer groups
+// interleave (a sliding-window group of the even layers and a full one of
+// the odd, as GPT-OSS and Gemma 3 have them): each group's descriptor
+// places each of its layers at that layer's address, not at the next
+// address in the list.
+func TestMemoryLayersOfInterleavedGroups(t *testing.T) {
+	const layers, tensor = 4, memTensor // [2, blocks, 16 tokens, 2 heads, 4] per layer
+	r, err := kvcache.NewHostRegion(layers * tensor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	base := uint64(uintptr(unsafe.Pointer(&r.Bytes()[0])))
+	var addrs []string
+	for L := range layers {
+		addrs = append(addrs, fmt.Sprint(base+uint64(L)*tensor))
+	}
+	layout := fmt.Sprintf(`"layout":{"layers":%d,"kv_heads":2,"head_dim":4,"dtype_bytes":2,"tokens_per_block":16,`+
+		`"groups":[{"name":"swa","layers":[0,2],"window":32},{"name":"full","layers":[1,3]}]}`, layers)
+	c, err := ParseConfig(fmt.Sprintf(`{"instance":"mem-groups",%s,"workers":2,"memory":{"kind":"nhd","num_blocks":%d,"layers":[%s]}}`,
+		layout, memBlocks, strings.Join(addrs, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := c.engineConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Memory.describe(&kc); err != nil {
+		t.Fatal(err)
+	}
+	for g, d := range kc.Memory {
+		for i, L := range d.Layers {
+			if got, want := d.Base[i][0], uint64(L)*tensor; got != want {
+				t.Errorf("group %d layer %d: K tensor at offset %d (layer %d's address), want %d (its own)", g, L, got, got/tensor, want)
+			}
+		}
+	}
+}

@@ -216,8 +216,12 @@ func (p Parallel) Validate(l Layout) error {
 		}
 	}
 	if !l.MLA && l.KVHeads%p.TP != 0 {
-		return fmt.Errorf("%w: KVHeads %d of %q not divisible by TP %d",
-			ErrBadParallelism, l.KVHeads, l.Name, p.TP)
+		why := "each TP rank holds an equal share of the KV heads"
+		if p.TP > l.KVHeads {
+			why = "fewer KV heads than TP ranks: KV heads replicated over TP ranks are not supported"
+		}
+		return fmt.Errorf("%w: KVHeads %d of %q not divisible by TP %d (%s): use a TP that divides %d",
+			ErrBadParallelism, l.KVHeads, l.Name, p.TP, why, l.KVHeads)
 	}
 	return nil
 }

@@ -119,7 +119,11 @@ func TestShapeErrors(t *testing.T) {
 		err   error
 		names []string
 	}{
-		{"heads not divisible", testDense(4, 8, nil), Parallel{TP: 3, PP: 1}, Rank{}, ErrBadParallelism, []string{"KVHeads 8", "TP 3"}},
+		{"heads not divisible", testDense(4, 8, nil), Parallel{TP: 3, PP: 1}, Rank{}, ErrBadParallelism, []string{"KVHeads 8", "TP 3", "a TP that divides 8"}},
+		// GQA with fewer KV heads than TP ranks (vLLM would replicate
+		// them): refused, saying so and what TP would do.
+		{"heads fewer than TP", testDense(4, 8, nil), Parallel{TP: 16, PP: 1}, Rank{}, ErrBadParallelism,
+			[]string{"KVHeads 8", "TP 16", "replicated over TP ranks are not supported", "a TP that divides 8"}},
 		{"TP 0", testDense(4, 8, nil), Parallel{TP: 0, PP: 1}, Rank{}, ErrBadParallelism, []string{"TP 0"}},
 		{"PP 0", testDense(4, 8, nil), Parallel{TP: 1, PP: 0}, Rank{}, ErrBadParallelism, []string{"PP 0"}},
 		{"PP > Layers", testDense(4, 8, nil), Parallel{TP: 1, PP: 5}, Rank{}, ErrBadParallelism, []string{"PP 5", "Layers 4"}},

@@ -55,7 +55,6 @@ func (m *Memory) layout(cfg kvxfer.Config, regionLen uint64) ([]*kvcache.KVMemor
 			ErrConfig, m.NumBlocks, m.Kind, need, regionLen)
 	}
 	out := make([]*kvcache.KVMemory, len(l.Groups))
-	var off uint64
 	for g := range l.Groups {
 		n := len(s.Layers[g])
 		if n == 0 {
@@ -63,12 +62,14 @@ func (m *Memory) layout(cfg kvxfer.Config, regionLen uint64) ([]*kvcache.KVMemor
 		}
 		offs := make([]uint64, n)
 		var voffs []uint64
-		for i := range offs {
+		for i, L := range s.Layers[g] {
+			// Ascending layer order over the stage's layers, whichever
+			// group each is in: layer L's tensor is the (L-LayerLo)-th.
+			off := uint64(L-s.LayerLo) * uint64(l.Parts()) * part
 			offs[i] = off
 			if m.Kind == "split_kv" {
 				voffs = append(voffs, off+part)
 			}
-			off += uint64(l.Parts()) * part
 		}
 		if !slices.Contains(kvcache.FrameworkKinds, m.Kind) {
 			return nil, need, fmt.Errorf("%w: memory.kind = %q, want %s", ErrConfig, m.Kind, strings.Join(kvcache.FrameworkKinds, ", "))

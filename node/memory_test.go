@@ -142,3 +142,24 @@ func TestMemoryConfigRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryInPoolInLayerOrder: the framework's tensors lie back to back
+// in ascending layer order (kvxfer.h), also when the layer groups
+// interleave (sliding-window even layers, full odd ones, as GPT-OSS has
+// them): a framework that builds its tensors that way finds each group's
+// descriptor placing every layer where it put that layer's tensor.
+func TestMemoryInPoolInLayerOrder(t *testing.T) {
+	l := tiny()
+	l.Layers = 4
+	l.Groups = []kvcache.LayerGroup{{Name: "swa", Layers: []int{0, 2}, Window: 32}, {Name: "full", Layers: []int{1, 3}}}
+	n := open(t, node.Config{Instance: "mem-order", Layout: l, Backend: "loopback", Memory: &node.Memory{Kind: "nhd", NumBlocks: 4}})
+	tensor := uint64(2*4*l.TokensPerBlock*l.KVHeads*l.HeadDim) * uint64(l.DTypeBytes) // [2, 4 blocks, tokens, heads, dim]
+	for g := range l.Groups {
+		m := n.Engine().Memory(g)
+		for i, L := range m.Layers {
+			if got, want := m.Base[i][0], uint64(L)*tensor; got != want {
+				t.Errorf("group %d layer %d: tensor at pool offset %d (layer %d's place), want %d", g, L, got, got/tensor, want)
+			}
+		}
+	}
+}
