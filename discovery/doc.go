@@ -42,7 +42,8 @@
 // lease keepalive, the event deliverer) all end in Close; a Register in
 // flight is cut short by Close (ErrClosed) and over before Close returns. The consumer of
 // Events must keep reading: a registry that would hold more than its queue
-// bound stops with ErrEventOverflow instead of blocking or dropping.
+// bound (the etcd registry: beyond room for its cluster's size) stops
+// with ErrEventOverflow instead of blocking or dropping.
 //
 // # Values from etcd are peer bytes
 //

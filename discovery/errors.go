@@ -30,7 +30,10 @@ var (
 	// ErrHeld: Register gave up (its context ended) while the rank's key
 	// was held by another incarnation under a live lease: the rank's
 	// previous run, or another process running as the same rank. The
-	// error also wraps the context's error.
+	// error also wraps the context's error. A Register refused at once
+	// because the live holder's incarnation is not below its own
+	// (another process of the rank, started later by another clock)
+	// matches it too, with ErrStaleIncarnation.
 	ErrHeld = errors.New("discovery: rank held by a live lease")
 )
 

@@ -54,6 +54,8 @@ type Etcd struct {
 	key        string
 	value      []byte
 	lease      clientv3.LeaseID
+	// readKeys is how many keys the last read of the prefix held (push).
+	readKeys int
 	// stopKeepalive ends the keepalive of the registration in progress.
 	stopKeepalive context.CancelFunc
 	closeOnce     sync.Once
@@ -101,8 +103,12 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 		return nil, err
 	}
 	e.mu.Lock()
-	e.q.push(e.m.sync(snapshot(resp.Kvs), resp.Header.Revision)...)
+	e.sync(resp)
 	e.mu.Unlock()
+	if err := e.Err(); err != nil {
+		e.shut()
+		return nil, fmt.Errorf("discovery: etcd %v: reading %s: %w", e.cli.Endpoints(), e.prefix, err)
+	}
 	e.wg.Add(1)
 	go e.watch(resp.Header.Revision + 1)
 	return e, nil
@@ -198,9 +204,9 @@ func (e *Etcd) watch(rev int64) {
 			for _, ev := range evs {
 				switch ev.Type {
 				case clientv3.EventTypePut:
-					e.q.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease)...)
+					e.push(e.m.put(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease)...)
 				case clientv3.EventTypeDelete:
-					e.q.push(e.m.del(string(ev.Kv.Key))...)
+					e.push(e.m.del(string(ev.Kv.Key))...)
 				}
 			}
 			e.mu.Unlock()
@@ -238,7 +244,7 @@ func (e *Etcd) watch(rev int64) {
 		}
 		backoff = 50 * time.Millisecond
 		e.mu.Lock()
-		e.q.push(e.m.sync(snapshot(resp.Kvs), resp.Header.Revision)...)
+		e.sync(resp)
 		e.mu.Unlock()
 		rev = resp.Header.Revision + 1
 	}
@@ -246,8 +252,26 @@ func (e *Etcd) watch(rev int64) {
 
 func (e *Etcd) lose(reason string) {
 	e.mu.Lock()
-	e.q.push(e.m.lose(reason)...)
+	e.push(e.m.lose(reason)...)
 	e.mu.Unlock()
+}
+
+// push queues evs (callers hold mu). The queue's bound is on a consumer
+// that falls behind, not on the cluster's size: beyond it there is room
+// for two events per rank the table holds (each rank's Up as a rank
+// starts in a running cluster, a Down and an Up per rank as a
+// resynchronisation finds them changed) and one per key the last read of
+// the prefix held (a Rejected for each value no peer accepts). A cluster
+// of more ranks than the bound, or many ranks registering at once,
+// stopped every registry that started in it with ErrEventOverflow.
+func (e *Etcd) push(evs ...Event) {
+	e.q.pushWithin(e.q.limit+2*len(e.m.ranks)+e.readKeys, evs...)
+}
+
+// sync applies a read of the prefix (callers hold mu).
+func (e *Etcd) sync(resp *clientv3.GetResponse) {
+	e.readKeys = len(resp.Kvs)
+	e.push(e.m.sync(snapshot(resp.Kvs), resp.Header.Revision)...)
 }
 
 // Register publishes r under its key, attached to a new lease kept alive
@@ -285,7 +309,10 @@ func (e *Etcd) Register(ctx context.Context, r Record) error {
 	key := Key(e.cluster, r.Instance, r.Rank)
 	e.mu.Lock()
 	switch {
-	case e.closed || e.Err() != nil:
+	case e.Err() != nil:
+		e.mu.Unlock()
+		return fmt.Errorf("%w: cannot register %s: the registry stopped: %w", ErrClosed, r, e.Err())
+	case e.closed:
 		e.mu.Unlock()
 		return fmt.Errorf("%w: cannot register %s", ErrClosed, r)
 	case e.registered:
@@ -428,6 +455,13 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 			}
 			cur, named = c, true
 			if cur.Incarnation >= r.Incarnation {
+				// The registration named, live (its record under its
+				// lease), is another process of the rank: say so.
+				if h, err := e.cli.Get(ctx, key); err == nil && len(h.Kvs) > 0 && h.Kvs[0].Lease == cur.Lease {
+					if old, _, derr := decodeRecord(h.Kvs[0].Value); derr == nil && old.Peer() == r.Peer() && old.Incarnation == cur.Incarnation {
+						return 0, heldBelow(r, old, incKey)
+					}
+				}
 				return 0, fmt.Errorf("%w: %s names incarnation %d, not below %d", ErrStaleIncarnation, incKey, cur.Incarnation, r.Incarnation)
 			}
 		}
@@ -588,7 +622,8 @@ func (e *Etcd) Err() error {
 
 // Close marks the record leaving (peers see Down with reason "left"),
 // revokes the lease, stops watching and closes Events. A registry that
-// reported its record Lost withdraws nothing. A Register in
+// reported its record Lost withdraws what etcd still holds of it, if etcd
+// answers, and reports no failure to. A Register in
 // flight is cut short first (it fails with ErrClosed and undoes itself),
 // and Close returns only after it did. The error is the failure to
 // withdraw the record, if any (its lease then expires on its own).
@@ -602,13 +637,22 @@ func (e *Etcd) Close() error {
 		e.regs.Wait()
 		e.mu.Lock()
 		registered, lease, key, value, self := e.registered, e.lease, e.key, e.value, e.self
-		lost := e.m.lost // the record is gone already (Lost): nothing to withdraw, and etcd may be down
+		lost := e.m.lost
 		e.mu.Unlock()
 		// A registry that failed (ErrEventOverflow) withdraws its record
 		// too: its keepalive stopped with it, and its record would stay a
-		// TTL. One whose client was closed cannot.
-		if registered && lease != 0 && !lost && e.cli.Ctx().Err() == nil {
-			err = e.leave(self, key, value, lease)
+		// TTL. One whose client was closed cannot. One that reported its
+		// record Lost tries as well, and says nothing of a failure: its
+		// client gave the lease up after a TTL without etcd's answer, but
+		// an etcd that comes back from a restart (or a lost quorum)
+		// renews every lease it held for a TTL, record included, and the
+		// rank reopened would wait that TTL behind its own dead record.
+		// (A record deleted or taken over is left alone: the withdrawal
+		// marks the key only while it holds this registry's value.)
+		if registered && lease != 0 && e.cli.Ctx().Err() == nil {
+			if werr := e.leave(self, key, value, lease); !lost {
+				err = werr
+			}
 		}
 		e.shut()
 	})

@@ -659,12 +659,17 @@ func TestEtcdCloseAfterOverflowWithdraws(t *testing.T) {
 	waitEvent(t, b, waitFor, "gen/0 up", isUp("gen", 0, 1))
 	admin := newClient(t)
 	defer admin.Close()
-	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 4 {
-		adminRegister(t, admin, cluster, testRecord("ctx", int32(i), 1), lease.ID)
+	// A rank restarting while a does not read: an Up and a Down each
+	// time (the cluster does not grow, so the bound does not either).
+	for inc := range uint64(8) {
+		lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adminRegister(t, admin, cluster, testRecord("ctx", 0, inc+1), lease.ID)
+		if _, err := admin.Revoke(ctxFor(t, 10*time.Second), lease.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	poll(t, waitFor, "the registry to fail", func() bool { return a.Err() != nil })
 	if !errors.Is(a.Err(), ErrEventOverflow) {

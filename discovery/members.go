@@ -91,7 +91,11 @@ func (m *members) isOwn(id messages.PeerID, inc uint64, lease int64) bool {
 // record is accepted only at the incarnation that key names, so it holds
 // the highest one seen).
 func (m *members) register(r Record) error {
-	if st := m.ranks[r.Peer()]; st != nil && (r.Incarnation <= st.floor || r.Incarnation <= st.reg.Incarnation) {
+	st := m.ranks[r.Peer()]
+	if st != nil && st.live != nil && r.Incarnation <= st.live.Incarnation && !m.isOwn(r.Peer(), st.live.Incarnation, st.liveLease) {
+		return heldBelow(r, *st.live, IncarnationKey(m.cluster, r.Instance, r.Rank))
+	}
+	if st != nil && (r.Incarnation <= st.floor || r.Incarnation <= st.reg.Incarnation) {
 		return fmt.Errorf("%w: %s names incarnation %d, already registered for %s: incarnation %d is not above it "+
 			"(an incarnation is the rank's start time in nanoseconds: did this host's clock step back, or was the key written by hand?)",
 			ErrStaleIncarnation, IncarnationKey(m.cluster, r.Instance, r.Rank),
@@ -100,6 +104,17 @@ func (m *members) register(r Record) error {
 	m.self, m.selfInc, m.hasSelf = r.Peer(), r.Incarnation, true
 	m.confirmed, m.lost, m.lostWhy = false, false, ""
 	return nil
+}
+
+// heldBelow is Register's refusal of r when holder, a live record of its
+// rank under a live lease, is of an incarnation not below r's: another
+// process runs as the rank (its start stamped later: another host's clock
+// ahead, or two started together). It matches ErrStaleIncarnation and
+// ErrHeld.
+func heldBelow(r, holder Record, incKey string) error {
+	return heldError{fmt.Errorf("%w: %s is held by incarnation %d at %s, up under a live lease (%s names it): incarnation %d is not above it. "+
+		"Another process runs as %s (same instance and rank?): give this one its own instance or rank, or stop that one",
+		ErrStaleIncarnation, r.Peer(), holder.Incarnation, holder.ControlEndpoint, incKey, r.Incarnation, r.Peer())}
 }
 
 // confirm marks this registry's own registration, committed at etcd

@@ -87,6 +87,9 @@ func WithAuth(user, password string) Option {
 func WithOnHeld(f func(held Record)) Option { return func(o *options) { o.onHeld = f } }
 
 // WithEventQueue bounds the events held for a slow consumer of Events.
+// The etcd registry holds room for its cluster's size beyond it: two
+// events per rank it knows and one per key its last read of the prefix
+// held.
 func WithEventQueue(n int) Option { return func(o *options) { o.queue = n } }
 
 // ttlSeconds is the TTL etcd is asked for.

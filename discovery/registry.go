@@ -57,7 +57,10 @@ func newEventQueue(limit int, onFail func(error)) *eventQueue {
 }
 
 // push queues evs; over the bound it fails the queue (and the registry).
-func (q *eventQueue) push(evs ...Event) {
+func (q *eventQueue) push(evs ...Event) { q.pushWithin(q.limit, evs...) }
+
+// pushWithin is push with bound in place of the queue's own.
+func (q *eventQueue) pushWithin(bound int, evs ...Event) {
 	if len(evs) == 0 {
 		return
 	}
@@ -66,7 +69,7 @@ func (q *eventQueue) push(evs ...Event) {
 		q.mu.Unlock()
 		return
 	}
-	if len(q.pending)+len(evs) > q.limit {
+	if len(q.pending)+len(evs) > bound {
 		q.err = ErrEventOverflow
 		q.pending = nil
 		q.mu.Unlock()

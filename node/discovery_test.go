@@ -362,10 +362,10 @@ func TestEtcdUnreachableFailsOpen(t *testing.T) {
 // generation node (from etcd's prefix) and dials it before the generation
 // node learned the context node's key, so its heartbeat is refused at the
 // handshake — which libzmq never retries. The node redials once the key is
-// admitted, and the Hello gets through. The race is made certain: a stale
-// record of ctx/0 under a live lease holds the context node's Register
-// until it is withdrawn. (Checked to fail: with tend's Redial removed
-// WaitPeers names ctx/0 as silent.)
+// admitted, and the Hello gets through. The race is made certain: the
+// generation node takes the context node's record in only once it has
+// refused the context node's handshake. (Checked to fail: with tend's
+// Redial removed WaitPeers names ctx/0 as silent.)
 func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 	url := etcdURL(t)
 	cluster := clusterName("node-redial")
@@ -377,42 +377,23 @@ func TestEtcdRedialsAPeerThatRefusedFirst(t *testing.T) {
 	gc.Instance, gc.Bind, gc.SecretKey = "gen", "ipc://"+filepath.Join(dir, "gen.sock"), newKeys(t).secret
 	gc.Peers = []node.Peer{{Instance: "ctx"}}
 	logs := logged(t, &gc)
+	refused := func() bool { return logs.Has("refused CURVE handshake") }
+	node.SetPeerUpHook(func(self string, rec discovery.Record) {
+		if self != "gen" || rec.Instance != "ctx" {
+			return
+		}
+		deadline := time.Now().Add(patience)
+		for !refused() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // poll with a deadline
+		}
+	})
+	t.Cleanup(func() { node.SetPeerUpHook(nil) })
 	genN := open(t, gc)
-
-	// The stale record: an earlier incarnation of ctx/0, alive in etcd.
-	stale, err := discovery.Open(context.Background(), url, cluster, nil, discovery.WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stale.Close()
-	if err := stale.Register(context.Background(), discovery.Record{Instance: "ctx", Rank: 0, Incarnation: 1,
-		ControlEndpoint: "ipc://" + filepath.Join(dir, "stale.sock"), CurvePublicKey: newKeys(t).public, Backend: "shm",
-		AgentAddr: []byte("stale"), LayoutHash: 1, Parallel: messages.Parallel{TP: 1, PP: 1}}); err != nil {
-		t.Fatal(err)
-	}
 
 	cc := base
 	cc.Instance, cc.Bind, cc.SecretKey = "ctx", "ipc://"+filepath.Join(dir, "ctx.sock"), newKeys(t).secret
-	type opened struct {
-		n   *node.Node
-		err error
-	}
-	done := make(chan opened, 1)
-	go func() {
-		n, err := node.Open(context.Background(), cc) // waits for the stale record to go
-		done <- opened{n, err}
-	}()
-	waitFor(t, patience, "the generation node to refuse the context node's key", func() bool {
-		return logs.Has("refused CURVE handshake")
-	})
-	if err := stale.Close(); err != nil {
-		t.Fatal(err)
-	}
-	o := <-done
-	if o.err != nil {
-		t.Fatal(o.err)
-	}
-	defer o.n.Close(context.Background()) //nolint:errcheck
+	open(t, cc)
+	waitFor(t, patience, "the generation node to refuse the context node's key", refused)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := genN.WaitPeers(ctx); err != nil {

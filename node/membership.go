@@ -129,9 +129,9 @@ func (n *Node) hello(id messages.PeerID) (*messages.Hello, error) {
 	return h, nil
 }
 
-// register opens the etcd registry, starts the membership goroutine and
-// registers this node's record. The link listens already, so the record
-// carries the real endpoint. On error the registry is closed.
+// register opens the etcd registry, registers this node's record and
+// then starts the membership goroutine. The link listens already, so the
+// record carries the real endpoint. On error the registry is closed.
 func (n *Node) register(ctx context.Context) error {
 	opts, err := n.cfg.EtcdOptions()
 	if err != nil {
@@ -153,9 +153,6 @@ func (n *Node) register(ctx context.Context) error {
 		return fmt.Errorf("node: discovery = %q: %w", n.cfg.Discovery, err)
 	}
 	n.reg = reg
-	n.injected, n.membershipDone = make(chan injectedEvent), make(chan struct{})
-	n.watch.Add(1)
-	go n.membership()
 	// The record's incarnation is the engine's (its Hello's): a peer ties
 	// a Hello to the record of the same incarnation, and knows one of
 	// another incarnation for a departed incarnation's.
@@ -169,6 +166,16 @@ func (n *Node) register(ctx context.Context) error {
 	n.mu.Lock()
 	n.self = rec
 	n.mu.Unlock()
+	// Only now are the peers wired (peerUp: the link dials them and says
+	// Hello): a process whose Register waits — its rank's key held by a
+	// live lease — may be a second process of a rank that runs (the same
+	// config started twice), and its Hello, then its goodbye as its Open
+	// fails, would take the live rank's place at every peer (its requests
+	// failed, its frames refused as an earlier incarnation's). The events
+	// wait in the registry's queue meanwhile.
+	n.injected, n.membershipDone = make(chan injectedEvent), make(chan struct{})
+	n.watch.Add(1)
+	go n.membership()
 	n.log.Info().Str("cluster", n.cfg.Cluster).Uint64("incarnation", rec.Incarnation).Str("endpoint", rec.ControlEndpoint).
 		Msgf("registered %s in etcd cluster %s", rec, n.cfg.Cluster)
 	return nil
