@@ -15,6 +15,7 @@ import time
 import traceback
 import typing
 import warnings
+import weakref
 
 from . import _lib
 from ._lib import lib
@@ -172,12 +173,19 @@ def _u64(name, v):
 def _cstr(name, s):
     """s (a str) as the bytes of a C string, or ValueError naming it when it
     holds a NUL: C would end the string there, and "a\0b" and "a\0c" would
-    be the same id."""
+    be the same id; or when it is no UTF-8 (a lone surrogate)."""
     if not isinstance(s, str):
         raise TypeError("%s must be a str, not %s" % (name, type(s).__name__))
-    b = s.encode()
+    shown = s if len(s) <= 64 else s[:64] + "... (%d characters)" % len(s)
+    try:
+        b = s.encode()
+    except UnicodeEncodeError as exc:
+        # A lone surrogate (os.fsdecode's or surrogateescape's stand-in
+        # for a byte that is no UTF-8) has no UTF-8 form.
+        raise ValueError("%s = %r is not valid UTF-8 text: %r at %d is a lone surrogate (a byte that was not "
+                         "UTF-8, decoded with surrogateescape); pass the real text"
+                         % (name, shown, s[exc.start], exc.start)) from None
     if b"\0" in b:
-        shown = s if len(s) <= 64 else s[:64] + "... (%d characters)" % len(s)
         raise ValueError("%s = %r holds a NUL character (at %d): a C string would end there"
                          % (name, shown, s.index("\0")))
     return b
@@ -655,7 +663,10 @@ def _json(config):
         except ValueError:
             return config, None  # the library names what is wrong
     try:
-        return json.dumps(config), config
+        # Not ASCII-escaped: a lone surrogate ("\udc80") would reach the
+        # library as an escape it reads as U+FFFD, another name than the
+        # caller's; as text, _cstr refuses it naming the config.
+        return json.dumps(config, ensure_ascii=False), config
     except (TypeError, ValueError) as exc:  # a set, a tensor, a NaN...: name the config
         shown = repr(config)
         raise TypeError("config %s: not JSON: %s" % (shown if len(shown) <= 200 else shown[:200] + "...", exc)) from None
@@ -733,6 +744,13 @@ class Engine:
             self._config_tensors = None
         self._events = {}  # request handle -> Event, polled but not yet claimed
         self._waiting = {}  # request handle -> how many wait() calls wait for it
+        # request handle -> its Event, which one wait() (or the callback)
+        # got while other wait()s of it wait: each of them returns it too.
+        # Gone once the last of them returned.
+        self._shared = {}
+        # request handle -> its Request while the caller holds it: an
+        # event the callback takes is kept on it for a later wait().
+        self._requests = weakref.WeakValueDictionary()
         self._closing = False  # a close() is under way (or done)
         self._lock = threading.Lock()
         self._tls = threading.local()  # per-thread poll buffers: any thread may poll
@@ -882,6 +900,18 @@ class Engine:
         close() in another thread released the handle."""
         return st == Status.BAD_HANDLE and (self._closing or self.handle != h)
 
+    def _call(self, fn, *args):
+        """fn(handle, *args), a library call on the open engine, its status
+        checked: BAD_HANDLE because another thread's close() released the
+        handle after the closed check is CLOSED naming the engine, as the
+        check itself would have said."""
+        h = self._live()
+        st = fn(h, *args)
+        if self._closed_meanwhile(st, h):
+            raise KvxferError(Status.CLOSED, "engine %s (handle %d) was closed by another thread's close() during "
+                              "the call" % (self._name(), h))
+        _check(st)
+
     def _hold(self, handle, status):
         """Keeps the memory of an engine whose close did not finish alive
         for the rest of the process (_held), with a warning."""
@@ -907,18 +937,18 @@ class Engine:
             raise KvxferError(Status.OUT_OF_BLOCKS, "alloc: n = %d blocks, group %d has %d in all"
                               % (n, group, self.groups[group].blocks))
         ids = (ctypes.c_int32 * n)()
-        _check(lib.kvxfer_blocks_alloc(self._live(), group, n, ids))
+        self._call(lib.kvxfer_blocks_alloc, group, n, ids)
         return list(ids)
 
     def free(self, group, ids):
         group = _u32("group", group)
         a = _ids_array(ids, "free ids")
-        _check(lib.kvxfer_blocks_free(self._live(), group, a, len(a)))
+        self._call(lib.kvxfer_blocks_free, group, a, len(a))
 
     def used(self, group=0):
         group = _u32("group", group)
         n = ctypes.c_uint32()
-        _check(lib.kvxfer_blocks_used(self._live(), group, ctypes.byref(n)))
+        self._call(lib.kvxfer_blocks_used, group, ctypes.byref(n))
         return n.value
 
     def block_address(self, group, block):
@@ -942,7 +972,7 @@ class Engine:
         if "kvxfer_engine_pool_device" in _lib.missing:
             return None  # a library older than GPU memory: host memory only
         dev = ctypes.c_int32()
-        _check(lib.kvxfer_engine_pool_device(self._live(), ctypes.byref(dev)))
+        self._call(lib.kvxfer_engine_pool_device, ctypes.byref(dev))
         return None if dev.value < 0 else dev.value
 
     def block_bytes(self, group, block):
@@ -984,11 +1014,16 @@ class Engine:
                                _cstr("generation", generation) if generation else None, _u64("user_data", user_data))
         h = _lib.request_t()
         if told:
-            _check(lib.kvxfer_send_parallel(self._live(), ctypes.byref(req), generation_tp, generation_pp,
-                                            ctypes.byref(h)))
+            self._call(lib.kvxfer_send_parallel, ctypes.byref(req), generation_tp, generation_pp, ctypes.byref(h))
         else:
-            _check(lib.kvxfer_send(self._live(), ctypes.byref(req), ctypes.byref(h)))
-        return Request(self, h.value, id, prompt_len, "send")
+            self._call(lib.kvxfer_send, ctypes.byref(req), ctypes.byref(h))
+        return self._adopt(Request(self, h.value, id, prompt_len, "send"))
+
+    def _adopt(self, request):
+        """request, known by its handle until the caller drops it (the
+        callback keeps its event on it)."""
+        self._requests[request.handle] = request
+        return request
 
     def needed_range(self, prompt_len, group, prefix_hit_blocks=0):
         """(first, end): the global blocks [first, end) layer group `group`
@@ -1063,11 +1098,11 @@ class Engine:
             keep.append(ph)
         h = _lib.request_t()
         if stages:
-            _check(lib.kvxfer_receive_stages(self._live(), ctypes.byref(req), _cstr("context_pp_stages", stages),
-                                             ctypes.byref(h)))
+            self._call(lib.kvxfer_receive_stages, ctypes.byref(req), _cstr("context_pp_stages", stages),
+                       ctypes.byref(h))
         else:
-            _check(lib.kvxfer_receive(self._live(), ctypes.byref(req), ctypes.byref(h)))
-        return Request(self, h.value, id, prompt_len, "receive")
+            self._call(lib.kvxfer_receive, ctypes.byref(req), ctypes.byref(h))
+        return self._adopt(Request(self, h.value, id, prompt_len, "receive"))
 
     # Completions -----------------------------------------------------------
 
@@ -1126,7 +1161,12 @@ class Engine:
         timeout). A Request's event is kept on it: a later wait() returns
         it again, and a wait() on a Request released after poll() or a
         callback took its event raises KvxferError with Status.BAD_HANDLE at
-        once (not TimeoutError after timeout). A close() of the
+        once (not TimeoutError after timeout). Several wait()s of one
+        request (threads) each return its event. With a callback set
+        (set_callback), an event the callback gets is returned too to a
+        wait() of its request under way, and to a later wait() of a Request
+        the caller still holds (a wait() of a bare handle that starts after
+        the callback took its event waits out its timeout). A close() of the
         engine meanwhile raises KvxferError with Status.CLOSED. Events of
         other requests it polls are kept for their wait() or poll(). A
         Request of another engine raises ValueError naming both: its event
@@ -1146,6 +1186,7 @@ class Engine:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
             raise TypeError("timeout = %r: want seconds (a number) or None (no timeout)" % (timeout,))
         h = request.handle if isinstance(request, Request) else request
+        req = request if isinstance(request, Request) else self._requests.get(h)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._waiting[h] = self._waiting.get(h, 0) + 1
@@ -1153,6 +1194,11 @@ class Engine:
             while True:
                 with self._lock:
                     ev = self._events.pop(h, None)
+                    if ev is None:
+                        ev = self._shared.get(h)
+                    if ev is None and req is not None:
+                        ev = req._event  # the callback's
+                    self._share(h, ev)
                 if ev is not None:
                     break
                 left = 0.1 if deadline is None else deadline - time.monotonic()
@@ -1160,10 +1206,11 @@ class Engine:
                     raise KvxferTimeoutError(Status.TIMEOUT, "no event for request handle %d in %.1f s"
                                              % (h, timeout))
                 for e in self._poll_raw(int(min(left, 0.1) * 1000) + 1):
-                    if e.request == h:
-                        ev = e
-                    else:
-                        with self._lock:
+                    with self._lock:
+                        if e.request == h:
+                            ev = e
+                            self._share(h, ev)
+                        else:
                             self._events[e.request] = e
                 if ev is not None:
                     break
@@ -1172,9 +1219,27 @@ class Engine:
                 n = self._waiting.pop(h) - 1
                 if n:
                     self._waiting[h] = n
+                else:  # every wait() of it returned
+                    self._shared.pop(h, None)
         if isinstance(request, Request):
             request._event = ev
         return ev
+
+    def _share(self, h, ev):
+        """(Under self._lock.) Keeps ev, the event of request handle h that
+        a wait() got, for the other wait()s of h under way."""
+        if ev is not None and self._waiting.get(h, 0) > 1:
+            self._shared[h] = ev
+
+    def _delivered(self, ev):
+        """The callback got ev: a wait() of its request under way, or a
+        later one of the Request the caller holds, returns it too."""
+        req = self._requests.get(ev.request)
+        with self._lock:
+            if req is not None:
+                req._event = ev
+            if ev.request in self._waiting:
+                self._shared[ev.request] = ev
 
     def set_callback(self, fn):
         """Delivers each later event to fn(Event) on a library thread instead
@@ -1187,9 +1252,10 @@ class Engine:
         return (kvxfer_set_callback in kvxfer.h), so it raises KvxferError
         with Status.INVALID_ARGUMENT there instead. A callback being replaced
         may still run for an event already on its way, until close()
-        returns; after it, none runs (even when the close timed out)."""
+        returns; after it, none runs (even when the close timed out). A
+        wait() of a request still gets its event (see wait())."""
         if fn is None:
-            _check(lib.kvxfer_set_callback(self._live(), _lib.CALLBACK(), None))
+            self._call(lib.kvxfer_set_callback, _lib.CALLBACK(), None)
             return
         if not callable(fn):  # else each event would be lost to a TypeError on a library thread
             raise TypeError("set_callback: fn = %r is not callable (None goes back to polling)" % (fn,))
@@ -1212,7 +1278,9 @@ class Engine:
                 handles = _in_callback.handles = []
             handles.append(h)
             try:
-                fn(Event(evp.contents))
+                ev = Event(evp.contents)
+                self._delivered(ev)
+                fn(ev)
             except BaseException as exc:  # noqa: B036 - nothing may unwind into C
                 self.callback_errors.append(exc)
                 traceback.print_exc()
@@ -1220,7 +1288,7 @@ class Engine:
                 handles.pop()
 
         cb = _lib.CALLBACK(trampoline)
-        _check(lib.kvxfer_set_callback(h, cb, None))
+        self._call(lib.kvxfer_set_callback, cb, None)
         # Every thunk stays alive with the engine: one being replaced may
         # still run for an event already on its way.
         self._cbs.append(cb)
@@ -1273,7 +1341,7 @@ class Node(Engine):
 
     def _string(self, fn):
         buf = ctypes.create_string_buffer(512)
-        _check(fn(self._live(), buf, len(buf)))
+        self._call(fn, buf, len(buf))
         return buf.value.decode()
 
     def endpoint(self):
@@ -1306,19 +1374,36 @@ class Node(Engine):
         _check(st)
 
 
+def _engine_closed(engine):
+    """Whether engine (an Engine, or None) is closed or closing: the handles
+    of its requests and fences are released (or about to be)."""
+    return engine is not None and (engine._closing or not engine.handle)
+
+
 class Fence:
-    """A chunk's fence: ready() once its KV is written, or fail(reason)."""
+    """A chunk's fence: ready() once its KV is written, or fail(reason).
+    Once its engine is closed (its close failed the fence), either raises
+    KvxferError with Status.CLOSED naming the engine, as every call on a
+    Request of that engine does."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "engine")
 
-    def __init__(self, handle):
+    def __init__(self, handle, engine=None):
         self.handle = handle
+        self.engine = engine
+
+    def _check(self, st):
+        if st == Status.BAD_HANDLE and _engine_closed(self.engine):
+            raise KvxferError(Status.CLOSED, "fence %d: its engine %s was closed, which failed the fence (its chunk "
+                              "was not sent) and released it: %s"
+                              % (self.handle, self.engine._name(), lib.kvxfer_last_error().decode("utf-8", "replace")))
+        _check(st)
 
     def ready(self):
-        _check(lib.kvxfer_fence_ready(self.handle))
+        self._check(lib.kvxfer_fence_ready(self.handle))
 
     def fail(self, reason):
-        _check(lib.kvxfer_fence_fail(self.handle, _cstr("reason", reason)))
+        self._check(lib.kvxfer_fence_fail(self.handle, _cstr("reason", reason)))
 
 
 class Request:
@@ -1335,6 +1420,16 @@ class Request:
 
     def __repr__(self):
         return "Request(%r, %s, handle=%d)" % (self.id, self.side, self.handle)
+
+    def _check(self, st):
+        """_check(st) of a call on this request: BAD_HANDLE because its
+        engine was closed (here or by another thread), which released the
+        request's handle, is CLOSED naming the request and the engine."""
+        if st == Status.BAD_HANDLE and not self._released and _engine_closed(self.engine):
+            raise KvxferError(Status.CLOSED, "request %r (handle %d): its engine %s was closed, which released the "
+                              "request: %s" % (self.id, self.handle, self.engine._name(),
+                                               lib.kvxfer_last_error().decode("utf-8", "replace")))
+        _check(st)
 
     def chunk(self, start, end, runs, last=None, fenced=True, cuda_event=None, device=None, layers=None):
         """Hands over tokens [start, end) whose KV sits in runs: one
@@ -1368,11 +1463,12 @@ class Request:
         if cuda_event is not None:
             handle, dev = _cuda_event(cuda_event, device)
             if layers is None:
-                _check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle, dev))
+                self._check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle,
+                                                  dev))
             else:
                 lo, hi, of = _layer_part(layers)
-                _check(lib.kvxfer_chunk_layers_cuda(self.handle, start, end, 1 if last else 0, lo, hi, of, arr,
-                                                    len(runs), handle, dev))
+                self._check(lib.kvxfer_chunk_layers_cuda(self.handle, start, end, 1 if last else 0, lo, hi, of, arr,
+                                                         len(runs), handle, dev))
             return None
         return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep, layers=layers)
 
@@ -1393,18 +1489,18 @@ class Request:
         if layers is not None:
             lo, hi, of = _layer_part(layers)
             f = _lib.fence_t() if fenced else None
-            _check(lib.kvxfer_chunk_layers(self.handle, start, end, 1 if last else 0, lo, hi, of, runs_array, groups,
-                                           ctypes.byref(f) if fenced else None))
-            return Fence(f.value) if fenced else None
+            self._check(lib.kvxfer_chunk_layers(self.handle, start, end, 1 if last else 0, lo, hi, of, runs_array,
+                                                groups, ctypes.byref(f) if fenced else None))
+            return Fence(f.value, self.engine) if fenced else None
         if not fenced:
-            _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, None))
+            self._check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, None))
             return None
         f = _lib.fence_t()
-        _check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, ctypes.byref(f)))
-        return Fence(f.value)
+        self._check(lib.kvxfer_chunk(self.handle, start, end, 1 if last else 0, runs_array, groups, ctypes.byref(f)))
+        return Fence(f.value, self.engine)
 
     def cancel(self):
-        _check(lib.kvxfer_cancel(self.handle))
+        self._check(lib.kvxfer_cancel(self.handle))
 
     def wait(self, timeout=30.0):
         return self.engine.wait(self, timeout)
@@ -1418,21 +1514,21 @@ class Request:
         if st == Status.BUFFER_TOO_SMALL:
             ids = (ctypes.c_int32 * n.value)()
             st = lib.kvxfer_request_blocks(self.handle, group, ids, n.value, ctypes.byref(n), ctypes.byref(first))
-        _check(st)
+        self._check(st)
         return first.value, list(ids[: n.value])
 
     def payload(self):
         n = ctypes.c_uint32()
         st = lib.kvxfer_request_payload(self.handle, None, 0, ctypes.byref(n))
         if st not in (0, Status.BUFFER_TOO_SMALL):
-            _check(st)
+            self._check(st)
         buf = ctypes.create_string_buffer(n.value)
-        _check(lib.kvxfer_request_payload(self.handle, buf, n.value, ctypes.byref(n)))
+        self._check(lib.kvxfer_request_payload(self.handle, buf, n.value, ctypes.byref(n)))
         return buf.raw[: n.value]
 
     def error_message(self):
         buf = ctypes.create_string_buffer(1024)
-        _check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
+        self._check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
         return buf.value.decode("utf-8", "replace")
 
     def set_payload(self, data):
@@ -1445,15 +1541,15 @@ class Request:
         data = _payload_bytes(data)
         n = _u32("payload length", len(data))
         buf = ctypes.create_string_buffer(data, n) if data else None
-        _check(lib.kvxfer_request_set_payload(self.handle, buf, n))
+        self._check(lib.kvxfer_request_set_payload(self.handle, buf, n))
 
     def free_blocks(self):
         """Frees a READY request's engine-allocated destination blocks (a receive
         into the caller's own blocks is refused: they are the caller's to free)."""
-        _check(lib.kvxfer_request_free_blocks(self.handle))
+        self._check(lib.kvxfer_request_free_blocks(self.handle))
 
     def release(self):
-        _check(lib.kvxfer_request_release(self.handle))
+        self._check(lib.kvxfer_request_release(self.handle))
         self._released = True
 
 

@@ -327,12 +327,20 @@ def _describe(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+def _set_id(v):
+    """v as a request id its params set: TensorRT-LLM takes a
+    disagg_request_id for the request's own id only when it is a non-zero
+    int (executor_request_queue's _get_request_id), so 0 sets nothing."""
+    return None if v is None or (isinstance(v, int) and v == 0) else v
+
+
 def _local_id(req):
     """The id this transceiver reports a request by: its disaggregated
     unique id when its params carry one, else request_id (the ABC's
-    "ids the transceiver tracks")."""
+    "ids the transceiver tracks"; TensorRT-LLM frees the blocks of the
+    py_request_id reported, which is that id)."""
     params = getattr(req, "py_disaggregated_params", None)
-    rid = getattr(params, "disagg_request_id", None) if params is not None else None
+    rid = _set_id(getattr(params, "disagg_request_id", None)) if params is not None else None
     if rid is None:
         rid = getattr(req, "request_id", None)
     if rid is None:
@@ -1016,7 +1024,7 @@ class KvxferCacheTransceiver:
         the context_phase_params' req_id."""
         params = getattr(req, "py_disaggregated_params", None)
         for name in ("ctx_request_id", "disagg_request_id"):
-            v = getattr(params, name, None) if params is not None else None
+            v = _set_id(getattr(params, name, None)) if params is not None else None
             if v is not None:
                 return v
         cpp = getattr(req, "context_phase_params", None)

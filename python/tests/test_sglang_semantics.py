@@ -780,4 +780,4 @@ def test_close_between_poll_and_dispatch_loses_no_event(pair, monkeypatch, end):
     assert [ev.ok for ev in got] == [ready, ready]
     assert [a.poll(), b.poll()] == [F, F], (a.reason, b.reason)
     for r, room in ((a, 43), (b, 44)):
-        _failed(r, "sglang-%d" % room, "BAD_HANDLE" if ready else "TIMED_OUT")
+        _failed(r, "sglang-%d" % room, "CLOSED" if ready else "TIMED_OUT")  # its engine closed under it

@@ -247,6 +247,26 @@ def test_disagg_request_id_is_both_sides_id(cluster):
     assert (gm[0].bytes_view()[[8, 9]] == cm[0].bytes_view()[[1, 2]]).all()
 
 
+def test_zero_disagg_request_id_sets_nothing(cluster):
+    """A disagg_request_id of 0 is not an id to TensorRT-LLM (it gives the
+    request its own py_request_id, and frees the blocks of the ids
+    reported): the context reports request_id, and a generation request
+    with 0 receives under ctx_request_id and reports request_id. (Checked
+    to fail: with 0 taken as the id, the receive was reported as request
+    0, never as 42, so TensorRT-LLM would never free its blocks.)"""
+    cx, cm, gx, gm = cluster((1, 1), (1, 1))
+    cm[0].add_sequence(41, [1, 2])
+    cm[0].fill([1, 2], seed=9)
+    creq = LlmRequest(41, 8, DisaggregatedParams(request_type="context_only", disagg_request_id=0))
+    cx[0].respond_and_send_async(creq)
+    gm[0].add_sequence(42, [8, 9])
+    greq = LlmRequest(42, 8, gen_params(creq, disagg_request_id=0))
+    gx[0].request_and_receive_async(greq)
+    got = on_ranks([lambda: reap_ctx(cx[0], [41], timeout=20), lambda: reap_gen(gx[0], [42], timeout=20)])
+    assert got == [{41: "done"}, {42: "done"}]
+    assert (gm[0].bytes_view()[[8, 9]] == cm[0].bytes_view()[[1, 2]]).all()
+
+
 def test_synchronousreceive(cluster):
     """request_and_receive_sync (TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP=1):
     returns with DISAGG_GENERATION_TRANS_COMPLETE, nothing left in flight."""
