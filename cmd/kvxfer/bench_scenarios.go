@@ -211,8 +211,13 @@ func (o *overheadScenario) flags(f *pflag.FlagSet) {
 }
 func (*overheadScenario) steps() int { return 2 }
 func (o *overheadScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
-	if o.chunks < 1 || o.requests < 1 {
-		return fmt.Errorf("--chunks %d, --requests %d: want at least 1", o.chunks, o.requests)
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"chunks", o.chunks}, {"requests", o.requests}} {
+		if v.n < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
+		}
 	}
 	r, err := bench.ChunkOverhead(ctx, o.chunks, s.Workers)
 	if err != nil {
@@ -531,8 +536,13 @@ func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.Pro
 	if tpb == 0 {
 		tpb = 16
 	}
-	if sm.requests < 1 || sm.concurrency < 1 || sm.rounds < 1 {
-		return fmt.Errorf("--requests %d, --concurrency %d, --rounds %d: want at least 1", sm.requests, sm.concurrency, sm.rounds)
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"requests", sm.requests}, {"concurrency", sm.concurrency}, {"rounds", sm.rounds}} {
+		if v.n < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
+		}
 	}
 	if len(sm.tokens) == 0 {
 		return fmt.Errorf("--tokens: no request size given")

@@ -275,6 +275,13 @@ func TestBenchScenariosRefuseBadSettings(t *testing.T) {
 		{args: []string{"bench", "e2e", "--concurrency", "0"}, want: `--concurrency 0: want at least 1`},
 		{args: []string{"bench", "e2e", "--compute", "-1ms"}, want: `--compute -1ms: want zero or more`},
 		{args: []string{"bench", "small", "--tokens", "16,0"}, want: `--tokens 0: want at least 1`},
+		// One value wrong names that flag alone: before, each of these
+		// named all three (two) flags, "--requests 32, --concurrency 0,
+		// --rounds 3: want at least 1", leaving the reader to find which.
+		{args: []string{"bench", "small", "--concurrency", "0"}, want: `bench small: --concurrency 0: want at least 1`},
+		{args: []string{"bench", "small", "--requests", "0"}, want: `bench small: --requests 0: want at least 1`},
+		{args: []string{"bench", "overhead", "--chunks", "0"}, want: `bench overhead: --chunks 0: want at least 1`},
+		{args: []string{"bench", "overhead", "--requests", "-1"}, want: `bench overhead: --requests -1: want at least 1`},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)

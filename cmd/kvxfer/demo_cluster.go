@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -108,6 +109,7 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	common := append(roleArgs(a, f), "--discovery", srv.URL(), "--cluster", cluster, "--discovery-ttl", clusterTTL,
 		"--discovery-ca", pki.CA, "--discovery-cert", pki.ClientCert, "--discovery-key", pki.ClientKey,
 		"--discovery-user", "kvxfer", "--discovery-password-file", pwFile)
+	parent := ctx // ended by an interrupt of the demo itself
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Three children copy into the same writers from their own
@@ -129,9 +131,11 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 	a.log.Info().Str("etcd", srv.URL()).Str("cluster", cluster).Str("backend", f.backend).
 		Msg("kvxfer demo --cluster: gen (TP1), ctx rank 0 and 1 (TP2), found through etcd (TLS, client certificates, user auth), CURVE")
 	var (
-		mu   sync.Mutex
-		errs []string
-		wg   sync.WaitGroup
+		mu     sync.Mutex
+		first  string   // the process that failed first (none when the demo was interrupted)
+		cause  error    // how it failed
+		others []string // the processes that failed after it, or on the demo's interrupt
+		wg     sync.WaitGroup
 	)
 	for _, name := range names {
 		c := procs[name]
@@ -145,15 +149,29 @@ func runCluster(ctx context.Context, a *app, cmd *cobra.Command, f demoFlags) er
 			defer wg.Done()
 			if err := c.Wait(); err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Sprintf("%s: %v", name, err))
+				if first == "" && parent.Err() == nil {
+					first, cause = name, err
+					// The others are interrupted next and each says
+					// "interrupted (SIGINT)", as if the user had
+					// pressed Ctrl-C: say which process failed first.
+					a.log.Error().Str("process", name).Err(err).
+						Msgf("kvxfer demo --cluster: %s failed (%v): stopping the other processes (each then reports an interrupt, SIGINT)", name, err)
+				} else {
+					others = append(others, fmt.Sprintf("%s: %v", name, err))
+				}
 				mu.Unlock()
 				cancel() // one failed: the others would wait for it
 			}
 		}()
 	}
 	wg.Wait()
-	if len(errs) > 0 {
-		return fmt.Errorf("cluster demo failed: %v", errs)
+	switch {
+	case first != "" && len(others) == 0:
+		return fmt.Errorf("cluster demo failed: %s: %v", first, cause)
+	case first != "":
+		return fmt.Errorf("cluster demo failed: %s failed first (%v); the demo then interrupted the others: %s", first, cause, strings.Join(others, ", "))
+	case len(others) > 0: // the demo was interrupted: every process was
+		return fmt.Errorf("cluster demo failed: %s", strings.Join(others, ", "))
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), "OK: cluster of three processes (context TP2, generation TP1) found through etcd, every byte verified on the generation side, 0 leaked blocks")
 	return nil

@@ -628,3 +628,44 @@ func running(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }
+
+// TestClusterDemoNamesTheProcessThatFailed: one of `kvxfer demo
+// --cluster`'s processes is killed mid-run. The demo interrupts the other
+// two, which then say "interrupted (SIGINT)" as if the user had pressed
+// Ctrl-C: the demo says at once which process failed and that it stops
+// the others, and its error leads with that process, the others' exits
+// named as its consequence. (Checked to fail: before, the demo said
+// nothing until its last line, "cluster demo failed: [ctx1: signal:
+// killed ctx0: exit status 130 gen: exit status 130]", which put the
+// interrupted processes' exits beside the failure.)
+func TestClusterDemoNamesTheProcessThatFailed(t *testing.T) {
+	cmd, out, errOut := startCommand(t, "demo", "--cluster", "--requests", "100000", "--compute", "50ms", "--log-level", "info")
+	deadline := time.Now().Add(signalDeadline)
+	for errOut.Count("peers ready") < 3 { // all three are running requests
+		if time.Now().After(deadline) {
+			t.Fatalf("the three processes were not ready within %v:\n%s", signalDeadline, errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond) // poll with a deadline
+	}
+	var victim int
+	for _, pid := range childPids(t, cmd.Process.Pid) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(b), "\x00--tp-rank\x001\x00") {
+			victim = pid
+		}
+	}
+	if victim == 0 {
+		t.Fatalf("no child of the demo runs ctx rank 1:\n%s", errOut.String())
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, cmd, errOut)
+	if want := "ctx1 failed (signal: killed): stopping the other processes"; !errOut.Has(want) {
+		t.Errorf("the demo did not say %q:\n%s", want, errOut.String())
+	}
+	want := "cluster demo failed: ctx1 failed first (signal: killed); the demo then interrupted the others:"
+	if !errOut.Has(want) {
+		t.Errorf("the demo's error does not lead with %q:\n%s\n%s", want, out.String(), errOut.String())
+	}
+}

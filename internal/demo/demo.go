@@ -385,6 +385,17 @@ type reqResult struct {
 	end             time.Time       // both sides done with the transfer
 }
 
+// errNone stands for a side's nil error in a failed request's message.
+var errNone = errors.New("no error")
+
+// orNone is err, or errNone for nil.
+func orNone(err error) error {
+	if err == nil {
+		return errNone
+	}
+	return err
+}
+
 // runRequest moves request i of promptLen tokens in mode m, then checks
 // every byte that arrived (the request holds its --concurrency slot until
 // then).
@@ -565,7 +576,11 @@ func runRequest(ctx context.Context, o Options, m Mode, ce, ge *kvxfer.Engine, l
 		return res, fmt.Errorf("request %s: free source: %w", id, err)
 	}
 	if !ro.OK || !to.OK {
-		return res, fmt.Errorf("request %s: rx %s (%v), tx %s (%v)", id, ro.Status, ro.Err, to.Status, to.Err)
+		// Both causes wrapped (errors.Is ErrTimeout when a deadline
+		// ended it, whichever side's): a chunk handed over before the
+		// generation side's deadline cancelled the request ends here, not
+		// in abandon.
+		return res, fmt.Errorf("request %s: rx %s (%w), tx %s (%w)", id, ro.Status, orNone(ro.Err), to.Status, orNone(to.Err))
 	}
 	mark(-1, ProbeVerify, 0)
 	res.bytes, res.verified, res.mismatches = verifyOutcome(ge, l, promptLen, i, ro)
