@@ -342,9 +342,11 @@ kvxfer_status kvxfer_engine_open(const char *config_json, void *pool, uint64_t p
 kvxfer_status kvxfer_node_open(const char *config_json, kvxfer_engine_t *out);
 
 /* The node's bound control endpoint (a tcp port 0 resolved), NUL-terminated;
- * KVXFER_ERR_BUFFER_TOO_SMALL names the size needed. */
+ * KVXFER_ERR_BUFFER_TOO_SMALL names the size needed (buf NULL with cap 0
+ * asks for it). */
 kvxfer_status kvxfer_node_endpoint(kvxfer_engine_t node, char *buf, uint32_t cap);
-/* The node's CURVE public key (Z85, 40 characters), "" when insecure. */
+/* The node's CURVE public key (Z85, 40 characters), "" when insecure; a
+ * buffer too small as for kvxfer_node_endpoint. */
 kvxfer_status kvxfer_node_public_key(kvxfer_engine_t node, char *buf, uint32_t cap);
 /* Waits up to timeout_ms (0 or more) for every configured peer to say Hello
  * (KVXFER_ERR_TIMEOUT; a refused handshake is KVXFER_ERR_PEER_GONE, named).

@@ -187,11 +187,13 @@ func kvxfer_node_open(cfg *C.char, out *C.kvxfer_engine_t) (st C.int32_t) {
 
 // putString copies s and a NUL into buf of cap bytes.
 func putString(fn string, s string, buf uintptr, cap C.uint32_t) error {
-	if buf == 0 {
-		return nullArg(fn, "buf")
-	}
+	// The size first: (NULL, 0) asks for it, as a count-0 array is never
+	// read (kvxfer.h), and gets KVXFER_ERR_BUFFER_TOO_SMALL naming it.
 	if len(s)+1 > int(cap) {
 		return &capi.Error{Code: capi.ErrBufferTooSmall, Err: fmt.Errorf("%s: %d bytes needed, cap is %d", fn, len(s)+1, cap)}
+	}
+	if buf == 0 {
+		return nullArg(fn, "buf")
 	}
 	dst, err := cArray[byte](fn, argName{arg: "buf"}, buf, uint32(cap))
 	if err != nil {

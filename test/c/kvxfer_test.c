@@ -927,6 +927,32 @@ static void test_last_error_cut(void) {
     }
 }
 
+/* A string out of the library into (NULL, 0) asks for its size: a
+ * count-0 array is never read, so the answer is KVXFER_ERR_BUFFER_TOO_SMALL
+ * naming the bytes needed, as for any buffer too small (it was
+ * KVXFER_ERR_INVALID_ARGUMENT, "buf is NULL"); a buffer of that size then
+ * takes it. */
+static void test_size_query(void) {
+    const char *cfg = "{\"instance\":\"c-size\",\"model\":\"Llama-3.1-8B\",\"tokens_per_block\":16,"
+                      "\"pool_bytes\":4194304,\"backend\":\"loopback\",\"workers\":2,"
+                      "\"bind\":\"tcp://127.0.0.1:0\",\"insecure\":true}";
+    kvxfer_engine_t n = 0;
+    OK(kvxfer_node_open(cfg, &n));
+    CHECK(kvxfer_node_endpoint(n, NULL, 0) == KVXFER_ERR_BUFFER_TOO_SMALL, "endpoint into (NULL, 0)");
+    unsigned need = 0;
+    const char *m = strstr(kvxfer_last_error(), "kvxfer_node_endpoint: ");
+    CHECK(m && sscanf(m, "kvxfer_node_endpoint: %u bytes needed", &need) == 1 && need > 16 && need < 64,
+          "the size needed named: %s", kvxfer_last_error());
+    char ep[64];
+    OK(kvxfer_node_endpoint(n, ep, need));
+    CHECK(strlen(ep) + 1 == need && strncmp(ep, "tcp://127.0.0.1:", 16) == 0, "endpoint %s in %u bytes", ep, need);
+    CHECK(kvxfer_node_endpoint(n, NULL, need) == KVXFER_ERR_INVALID_ARGUMENT, "endpoint into NULL of %u bytes", need);
+    CHECK(kvxfer_node_public_key(n, NULL, 0) == KVXFER_ERR_BUFFER_TOO_SMALL && strstr(kvxfer_last_error(), "1 bytes needed"),
+          "an insecure node's public key (\"\") into (NULL, 0): %s", kvxfer_last_error());
+    printf("ok   (NULL, 0) asks for a string's size: %u bytes for %s\n", need, ep);
+    OK(kvxfer_engine_close(n, 5000));
+}
+
 /* An empty array may come with any pointer: Rust's empty slice is a
  * dangling non-NULL pointer (its alignment, 0x4 for int32_t), and other
  * bindings do the like. With a count of 0 the library must never hold it
@@ -1006,6 +1032,7 @@ int main(void) {
     test_callback_small_user();
     test_close_from_own_callback();
     test_last_error_cut();
+    test_size_query();
     test_empty_dangling();
     printf("PASS\n");
     return 0;
