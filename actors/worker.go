@@ -125,11 +125,10 @@ type workerSlot struct {
 	// those reports proved (releasedOps).
 	closed []*endpointClosed
 	// closing names the endpoints whose Close a closer goroutine is
-	// running, by closer (closeSeq), under closingMu: Engine.Close names
-	// them while it waits for the worker to stop (awaitWorker).
-	closingMu sync.Mutex
-	closeSeq  uint64
-	closing   map[uint64]string
+	// running, by closer (closeSeq), under unprovenMu: Engine.Close
+	// names them while it waits for the worker to stop (awaitWorker).
+	closeSeq uint64
+	closing  map[uint64]string
 	// stopped is closed once the worker's Stopping has returned: every
 	// close it started has returned, so no write of its endpoints lands.
 	stopped chan struct{}
@@ -137,8 +136,8 @@ type workerSlot struct {
 
 // closesRunning names the endpoints whose Close has not returned yet.
 func (s *workerSlot) closesRunning() []string {
-	s.closingMu.Lock()
-	defer s.closingMu.Unlock()
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
 	names := make([]string, 0, len(s.closing))
 	for _, n := range s.closing {
 		names = append(names, n)
@@ -598,20 +597,18 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		return
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	s.closingMu.Lock()
+	s.unprovenMu.Lock()
 	s.closeSeq++
 	seq := s.closeSeq
 	s.closing[seq] = s.endpointName(key, ep)
-	s.closingMu.Unlock()
+	s.unprovenMu.Unlock()
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
 		err := ep.Close()
-		s.closingMu.Lock()
-		delete(s.closing, seq)
-		s.closingMu.Unlock()
 		m := &endpointClosed{retired: retired, err: err}
 		s.unprovenMu.Lock()
+		delete(s.closing, seq)
 		if errors.Is(err, rdma.ErrCloseUnproven) {
 			s.stats.ClosesUnproven.Add(1)
 			s.unproven = append(s.unproven, retired...)
