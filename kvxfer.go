@@ -529,7 +529,8 @@ type Stats struct {
 	// quarantined.
 	BlocksRevoked int64
 	// RevokedHeldBlocks: revoked blocks whose old memory (the only memory
-	// a stale writer can reach) is still held, waiting for its proof.
+	// a stale writer can reach) is still held, waiting for its proof (or
+	// kept by a Revoker whose release failed, DestBlockErrors).
 	RevokedHeldBlocks int64
 	// DestBlockErrors: quarantines, releases and frees of a finished
 	// request's destination blocks that the pool refused (always a bug,

@@ -178,7 +178,7 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 		func() float64 { return float64(waiting.Load()) }); err != nil {
 		return nil, fmt.Errorf("metrics: requests_waiting_for_blocks: %w", err)
 	}
-	if err := set.GaugeFunc("revoked_held_blocks", "Revoked destination blocks whose old memory, the only memory a stale writer can reach, waits for its proof; sampled at scrape.",
+	if err := set.GaugeFunc("revoked_held_blocks", "Revoked destination blocks whose old memory, the only memory a stale writer can reach, waits for its proof or stays with a Revoker that failed to release it; sampled at scrape.",
 		func() float64 { return float64(stats.RevokedHeld.Load()) }); err != nil {
 		return nil, fmt.Errorf("metrics: revoked_held_blocks: %w", err)
 	}

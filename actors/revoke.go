@@ -73,9 +73,15 @@ func (env *shellEnv) remapFor(blocks [][]kvcache.BlockID) ([]messages.Extent, er
 // memory stale writers may still reach, and the blocks that could not be
 // revoked and went to quarantine instead.
 type revoked struct {
-	releases []func() error
-	blocks   int // revoked blocks whose old memory the releases hold
+	releases []revokedRun
 	held     [][]kvcache.BlockID
+}
+
+// revokedRun is one revoked run: the release of its old memory and how
+// many blocks it covers (Counters.RevokedHeld).
+type revokedRun struct {
+	release func() error
+	blocks  int
 }
 
 // revokeDest revokes the destination blocks of a request that failed
@@ -94,9 +100,8 @@ func (env *shellEnv) revokeDest(request string, blocks [][]kvcache.BlockID) revo
 			r.held[g] = append(r.held[g], ids...)
 			return
 		}
-		r.releases = append(r.releases, release)
+		r.releases = append(r.releases, revokedRun{release: release, blocks: len(ids)})
 		free[g] = append(free[g], ids...)
-		r.blocks += len(ids)
 		env.stats.BlocksRevoked.Add(int64(len(ids)))
 		env.stats.RevokedHeld.Add(int64(len(ids)))
 	})
@@ -117,15 +122,17 @@ func (env *shellEnv) revokeDest(request string, blocks [][]kvcache.BlockID) revo
 
 // release returns what revokeDest kept, once proof arrived.
 func (env *shellEnv) releaseRevoked(request string, r revoked) {
-	for _, f := range r.releases {
-		if err := f(); err != nil {
+	for _, run := range r.releases {
+		if err := run.release(); err != nil {
 			// The Revoker keeps that memory: counted as the pools'
-			// refusals are, never only logged.
+			// refusals are, never only logged, and still held
+			// (Counters.RevokedHeld).
 			env.stats.DestBlockErrors.Add(1)
-			env.log.Error().Err(err).Str("request", request).Msg("release revoked memory: the Revoker keeps it (counted in kvxfer_dest_block_errors_total)")
+			env.log.Error().Err(err).Str("request", request).Int("blocks", run.blocks).Msg("release revoked memory: the Revoker keeps it (counted in kvxfer_dest_block_errors_total, still in kvxfer_revoked_held_blocks)")
+			continue
 		}
+		env.stats.RevokedHeld.Add(-int64(run.blocks))
 	}
-	env.stats.RevokedHeld.Add(-int64(r.blocks))
 	if err := env.pools.ReleaseQuarantine(r.held); err != nil {
 		env.destRefused(request, "release from quarantine", r.held, err)
 	}

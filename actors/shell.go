@@ -46,7 +46,7 @@ type Counters struct {
 	// instead of quarantined.
 	BlocksRevoked atomic.Int64
 	// RevokedHeld is how many revoked blocks' old memory is still held
-	// (its proof has not come).
+	// (its proof has not come, or the Revoker failed to release it).
 	RevokedHeld atomic.Int64
 	// CallerAwaitingProof is how many of the framework's own destination
 	// blocks (RxRequest.Blocks) wait for a writer's proof after their

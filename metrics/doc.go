@@ -90,7 +90,7 @@
 //	                                                               or fail at their deadline. Sampled at scrape
 //	kvxfer_revoked_blocks_total         counter    -               destination blocks revoked instead of quarantined (Config.Revoker): reused at
 //	                                                               once, their old memory held until the proof
-//	kvxfer_revoked_held_blocks          gauge      -               revoked blocks whose old memory still waits for its proof. Sampled at scrape
+//	kvxfer_revoked_held_blocks          gauge      -               revoked blocks whose old memory still waits for its proof (or that a failed release left held). Sampled at scrape
 //	kvxfer_caller_blocks_awaiting_proof gauge      -               the framework's own destination blocks (ReceiveRequest.Blocks) in the same state:
 //	                                                               their request failed without a writer's proof; not Released yet (kvxfer's pool
 //	                                                               does not hold them, so kvxfer_quarantined_bytes does not count them). Sampled at scrape
