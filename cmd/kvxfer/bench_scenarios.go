@@ -72,7 +72,7 @@ func (r *rawScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&r.segments, "segments", r.segments, "segments per batch")
 	f.BoolVar(&r.peer, "peer-process", r.peer, "receive in a child process (shm and ucx)")
 	f.DurationVar(&r.pause, "pause", r.pause, "idle this long before each backend sample: a burst after a pause rather than a stream")
-	f.StringVar(&r.span, "span", r.span, "distinct memory the batches rotate over, in the source and in the destination (empty: every batch reuses one place)")
+	f.StringVar(&r.span, "span", r.span, "distinct memory the batches rotate over, in the source and in the destination: more than one batch, --sizes × --segments (empty: every batch reuses one place)")
 }
 func (r *rawScenario) steps() int { return 2 * len(r.sizes) }
 
@@ -134,6 +134,17 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 				}
 				return fmt.Errorf("--sizes %s × --segments %d (--backend %s): %w", v, r.segments, b, err)
 			}
+		}
+	}
+	if span > 0 {
+		// Within one batch the span gives one place, as no --span does:
+		// --span 256 is 256 bytes, not MiB. A span that rotates some
+		// sizes' batches is taken (the table says "one place" for the
+		// others).
+		least := slices.Min(sizes) * uint64(r.segments)
+		if span <= least {
+			return fmt.Errorf("--span %s: not more than one batch of the smallest --sizes (%s × --segments %d = %s), so every batch would reuse one place: give more than %s (%s: two places), or leave --span out",
+				r.span, config.FormatSize(slices.Min(sizes)), r.segments, config.FormatSize(least), config.FormatSize(least), config.FormatSize(2*least))
 		}
 	}
 	cfg := rdmabench.Config{Rounds: r.rounds, MinBytes: minBytes, Pause: r.pause}

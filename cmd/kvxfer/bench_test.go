@@ -202,6 +202,13 @@ func TestBenchRawRefuses(t *testing.T) {
 		{[]string{"--span", "lots"}, `--span: bad size "lots"`},
 		{[]string{"--span", "0"}, `--span: bad size "0": must be at least 1 byte`},
 		{[]string{"--backend", "loopback", "--sizes", "1GiB", "--span", "1048576GiB"}, "--sizes 1GiB × --segments 1 over --span 1048576GiB (--backend loopback): rdmabench: shape too large"},
+		// A span within one batch rotates nothing (--span 256 is bytes).
+		// (Checked to fail without the check: the run measured one place,
+		// as without --span, and exited 0.)
+		{[]string{"--backend", "loopback", "--sizes", "1MiB", "--span", "256", "--rounds", "1", "--bytes", "1MiB"},
+			"--span 256: not more than one batch of the smallest --sizes (1MiB × --segments 1 = 1MiB), so every batch would reuse one place: give more than 1MiB (2MiB: two places), or leave --span out"},
+		{[]string{"--backend", "loopback", "--sizes", "64KiB,1MiB", "--segments", "4", "--span", "256KiB", "--rounds", "1", "--bytes", "1MiB"},
+			"--span 256KiB: not more than one batch of the smallest --sizes (64KiB × --segments 4 = 256KiB)"},
 		{[]string{"--pause", "soon"}, `"soon"`},
 		{[]string{"extra"}, "extra"},
 	} {

@@ -4,7 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/internal/proc"
+	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 )
 
 // TestRunCauseNamesThisProcessFirst: when this process's node failed (it
@@ -55,5 +58,25 @@ func TestCtxRunFailsOnAnOrphan(t *testing.T) {
 	}
 	if ctxRunFailed(proc.Report{Role: "ctx", Requests: 8, OK: 8}) {
 		t.Error("a run where every request succeeded and nothing else is named fails")
+	}
+}
+
+// TestRunCauseNamesTheModelFlag: a peer that serves another model fails
+// every request at its Hello; the run's message names each side's model
+// and says to give both the same --model. One model laid out two ways
+// (the engine names --tokens-per-block itself) is not called a model
+// mismatch. (Checked to fail without the case: the message named the
+// two models in the engine's words, without the flag.)
+func TestRunCauseNamesTheModelFlag(t *testing.T) {
+	self := actors.Topology{Layout: kvcache.Layout{Name: "Llama-3.1-8B", TokensPerBlock: 32}, LayoutHash: 1}
+	other := actors.LayoutMismatch(self, &messages.Hello{From: messages.PeerID{Instance: "gen"}, Model: "Qwen3-8B", LayoutHash: 2})
+	rep := proc.Report{Role: "ctx", Requests: 2, Failed: 2, FirstError: "req-0: node: gen/0 at ipc://g.sock: " + other.Error()}
+	want := "the gen process runs --model Qwen3-8B, this one --model Llama-3.1-8B: give both the same --model: "
+	if got := runCause(rep, "gen"); got != want {
+		t.Errorf("cause %q, want %q", got, want)
+	}
+	same := actors.LayoutMismatch(self, &messages.Hello{From: messages.PeerID{Instance: "gen"}, Model: "Llama-3.1-8B", LayoutHash: 2})
+	if got := runCause(proc.Report{FirstError: "req-0: " + same.Error()}, "gen"); strings.Contains(got, "--model") {
+		t.Errorf("one model laid out two ways: cause %q names --model", got)
 	}
 }

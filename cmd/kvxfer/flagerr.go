@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -11,10 +12,16 @@ import (
 
 // flagError is every command's flag error: an unknown flag close to one
 // the command takes (a typo: --tokens-per-blok, --peer_key) is named
-// with that flag, and a long flag written with one dash (-pool, which
-// pflag reads as the shorthands p, o, o, l) with its two-dash form.
+// with that flag, a long flag written with one dash (-pool, which
+// pflag reads as the shorthands p, o, o, l) with its two-dash form, and
+// a flag of kvxfer ctx alone given to kvxfer gen (ctxOnlyFlags) as ctx's;
+// a value a flag cannot parse is named with what it takes (invalidValue).
 // Other errors pass as they are.
 func flagError(cmd *cobra.Command, err error) error {
+	var iv *pflag.InvalidValueError
+	if errors.As(err, &iv) {
+		return invalidValue(iv)
+	}
 	var ne *pflag.NotExistError
 	if !errors.As(err, &ne) {
 		return err
@@ -29,6 +36,9 @@ func flagError(cmd *cobra.Command, err error) error {
 		return err
 	}
 	typed := ne.GetSpecifiedName()
+	if why, ok := ctxOnlyFlags[typed]; ok && cmd.CommandPath() == "kvxfer gen" {
+		return fmt.Errorf("%w: --%s is kvxfer ctx's alone (%s): give it to kvxfer ctx, not to gen", err, typed, why)
+	}
 	best, bestD := "", 0
 	for name := range names {
 		d := editDistance(typed, name)
@@ -40,6 +50,40 @@ func flagError(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w: did you mean --%s? (%s --help lists its flags)", err, best, cmd.CommandPath())
 	}
 	return fmt.Errorf("%w (%s --help lists its flags)", err, cmd.CommandPath())
+}
+
+// wantValue is what a flag of each plain type takes, as an invalid value's
+// error says it.
+var wantValue = map[string]string{
+	"int":      "want a whole number",
+	"int32":    "want a whole number",
+	"int64":    "want a whole number",
+	"uint":     "want a whole number ≥ 0",
+	"uint32":   "want a whole number ≥ 0",
+	"uint64":   "want a whole number ≥ 0",
+	"float64":  "want a number",
+	"duration": "want a duration with its unit, such as 500ms, 2s or 1m",
+}
+
+// invalidValue is pflag's error for a value a flag of a plain type cannot
+// parse, naming the flag, the value and what the flag takes, with its
+// default: pflag's said `invalid argument "abc" for "--requests" flag:
+// strconv.ParseInt: parsing "abc": invalid syntax`, the parser's words.
+// Other types (the settings' own values) keep their error, which says
+// what they take.
+func invalidValue(iv *pflag.InvalidValueError) error {
+	f := iv.GetFlag()
+	if f.Value.Type() == "bool" {
+		return fmt.Errorf("--%s = %q: want true or false (--%s alone is true)", f.Name, iv.GetValue(), f.Name)
+	}
+	want, ok := wantValue[f.Value.Type()]
+	if !ok {
+		return iv
+	}
+	if errors.Is(iv, strconv.ErrRange) {
+		return fmt.Errorf("--%s = %q: out of range (default %s)", f.Name, iv.GetValue(), f.DefValue)
+	}
+	return fmt.Errorf("--%s = %q: %s (default %s)", f.Name, iv.GetValue(), want, f.DefValue)
 }
 
 // editDistance is the Levenshtein distance of a and b, with '_' and '-'

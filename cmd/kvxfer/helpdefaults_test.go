@@ -46,6 +46,12 @@ func TestHelpShowsOwnDefaults(t *testing.T) {
 		{[]string{"ctx"}, "chunk-tokens", "prefill chunk size in tokens (default 512)"},
 		{[]string{"gen"}, "chunk-tokens", "unused here: kvxfer ctx's"},
 		{[]string{"gen"}, "compute", "unused here: kvxfer ctx's"},
+		// gen takes neither --layer-parts nor --writer-lease: its help
+		// says so. (Checked to fail before: "taken so that both roles
+		// accept one command line", which kvxfer ctx --layer-parts 2 is
+		// not.)
+		{[]string{"gen"}, "chunk-tokens", "(not kvxfer ctx's own --layer-parts and --writer-lease: give those to ctx alone)"},
+		{[]string{"gen"}, "compute", "(not kvxfer ctx's own --layer-parts and --writer-lease: give those to ctx alone)"},
 	} {
 		out, err := run(append(c.cmd, "--help")...)
 		if err != nil {

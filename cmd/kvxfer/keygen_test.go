@@ -75,8 +75,25 @@ func TestRoleFlagsNameStartupMistakes(t *testing.T) {
 			"--key: invalid configuration: key file " + key("ctx.pub") + " holds a CURVE public key, not a secret key"},
 		{"secret key as --peer-key", append([]string{"ctx", "--key", key("ctx.key"), "--peer-key", key("gen.key")}, eps...),
 			"--peer-key: invalid configuration: key file " + key("gen.key") + " holds a CURVE secret key"},
+		// A key file that is not there: which file the flag wants and
+		// what writes it. (Checked to fail before: the open's error
+		// alone.)
+		{"missing --key", append([]string{"ctx", "--key", key("nope.key"), "--peer-key", key("gen.pub")}, eps...),
+			"--key: invalid configuration: key file: open " + key("nope.key") + ": no such file or directory: give this engine's secret key file (kvxfer keygen --out ctx writes ctx.key, and ctx.pub for the gen process's --peer-key)"},
+		{"missing --peer-key", append([]string{"gen", "--key", key("gen.key"), "--peer-key", key("nope.pub")}, eps...),
+			"no such file or directory: give the ctx process's public key file (the ctx.pub kvxfer keygen --out ctx wrote beside its ctx.key)"},
+		// The one endpoint flag missing is named alone. (Checked to fail
+		// before: "--bind and --peer-endpoint are required", --bind given.)
+		{"no --peer-endpoint", []string{"ctx", "--insecure", "--bind", "ipc://" + key("ctx.sock")},
+			"--peer-endpoint is required with --discovery static: the peer's control endpoint, its --bind"},
+		{"no --bind", []string{"gen", "--insecure", "--peer-endpoint", "ipc://" + key("ctx.sock")},
+			"--bind is required: this engine's control endpoint"},
 		{"bind without scheme", []string{"ctx", "--insecure", "--bind", "127.0.0.1:5000", "--peer-endpoint", "tcp://127.0.0.1:5001"},
 			`--bind: control/zmq: bad config: endpoint "127.0.0.1:5000" has no transport: did you mean tcp://127.0.0.1:5000?`},
+		// (Checked to fail before: "has no transport: did you mean
+		// ipc:///ctx.sock?", a socket in the filesystem root.)
+		{"ipc endpoint with one slash", []string{"ctx", "--insecure", "--bind", "ipc:/ctx.sock", "--peer-endpoint", "ipc:///run/gen.sock"},
+			`--bind: control/zmq: bad config: endpoint "ipc:/ctx.sock": the transport is followed by "://" (ipc://PATH): did you mean ipc://ctx.sock (ctx.sock in the working directory) or ipc:///ctx.sock (/ctx.sock in the filesystem root)?`},
 		{"peer endpoint without scheme", []string{"gen", "--insecure", "--bind", "tcp://127.0.0.1:5001", "--peer-endpoint", "127.0.0.1:5000"},
 			"--peer-endpoint: control/zmq: bad config: endpoint \"127.0.0.1:5000\" has no transport: did you mean tcp://127.0.0.1:5000?"},
 	} {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -70,6 +71,16 @@ func checkCrossProcessBackend(s config.Settings, what string) error {
 	return s.Invalid(config.Backend, what+" runs across processes: "+want)
 }
 
+// ctxOnlyFlags are the flags of kvxfer ctx that kvxfer gen does not take
+// (the context role alone hands chunks over and posts writes), with why;
+// ctxOnlyNote says so in gen's help.
+var ctxOnlyFlags = map[string]string{
+	"layer-parts":  "the context role alone hands chunks over",
+	"writer-lease": "the context role alone posts writes",
+}
+
+const ctxOnlyNote = "not kvxfer ctx's own --layer-parts and --writer-lease: give those to ctx alone"
+
 // roleFlags are the flags `kvxfer ctx` and `kvxfer gen` share.
 type roleFlags struct {
 	o           proc.Options
@@ -100,11 +111,13 @@ func addRoleFlags(cmd *cobra.Command, f *roleFlags, self, peer string) {
 	fl.IntVar(&f.o.MaxTokens, "max-tokens", f.o.MaxTokens, "longest prompt")
 	chunkUsage, computeUsage := "prefill chunk size in tokens", "simulated compute per chunk"
 	if self != "ctx" {
-		// Taken so that both roles accept one command line (kvxfer demo
-		// gives both the same), but only the context role prefills: the
-		// help showed its default as this role's own.
-		chunkUsage = "unused here: kvxfer ctx's prefill chunk size in tokens, taken so that both roles accept one command line"
-		computeUsage = "unused here: kvxfer ctx's simulated compute per chunk, taken so that both roles accept one command line"
+		// Taken so that ctx's workload flags can be given to gen
+		// unchanged (kvxfer demo gives both the same), but only the
+		// context role prefills: the help showed its default as this
+		// role's own. ctx's own flags (ctxOnlyFlags) are not taken, so
+		// the help says so rather than claim one command line for both.
+		chunkUsage = "unused here: kvxfer ctx's prefill chunk size in tokens, taken so that ctx's workload flags can be given to gen unchanged (" + ctxOnlyNote + ")"
+		computeUsage = "unused here: kvxfer ctx's simulated compute per chunk, taken so that ctx's workload flags can be given to gen unchanged (" + ctxOnlyNote + ")"
 	}
 	fl.IntVar(&f.o.ChunkTokens, "chunk-tokens", f.o.ChunkTokens, chunkUsage)
 	fl.DurationVar(&f.o.Compute, "compute", f.o.Compute, computeUsage)
@@ -188,8 +201,15 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 		return fmt.Errorf("--instance = \"\": want this engine's instance name (the peer's --peer)")
 	}
 	etcd := f.o.Discovery != "static"
-	if f.o.Bind == "" || (!etcd && f.o.PeerEndpoint == "") {
+	switch {
+	case f.o.Bind == "" && !etcd && f.o.PeerEndpoint == "":
 		return fmt.Errorf("--bind and --peer-endpoint are required (--peer-endpoint only with --discovery static)")
+	case f.o.Bind == "":
+		// Naming the one missing: the message named both, one of them
+		// given.
+		return fmt.Errorf("--bind is required: this engine's control endpoint, where its peer's --peer-endpoint points (tcp://127.0.0.1:PORT or ipc://PATH)")
+	case !etcd && f.o.PeerEndpoint == "":
+		return fmt.Errorf("--peer-endpoint is required with --discovery static: the peer's control endpoint, its --bind (tcp://HOST:PORT or ipc://PATH)")
 	}
 	if err := zmq.CheckEndpoint(f.o.Bind); err != nil {
 		return fmt.Errorf("--bind: %w", err)
@@ -228,7 +248,13 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	if f.keyFile == "" || (!etcd && f.peerPubFile == "") {
 		return fmt.Errorf("--key and --peer-key are required unless --insecure (with --discovery etcd://… --peer-key is optional: it pins the peer's key)")
 	}
+	// A key file that is not there named only the open's error: say
+	// which file each flag wants and what writes it.
+	self, other := cmd.Name(), map[string]string{"ctx": "gen", "gen": "ctx"}[cmd.Name()]
 	if f.o.SecretKey, err = config.ReadSecretKey(f.keyFile); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("--key: %w: give this engine's secret key file (kvxfer keygen --out %s writes %s.key, and %s.pub for the %s process's --peer-key)", err, self, self, self, other)
+		}
 		return fmt.Errorf("--key: %w", err)
 	}
 	if w := config.SecretKeyExposed(f.keyFile); w != "" {
@@ -236,6 +262,9 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	}
 	if f.peerPubFile != "" {
 		if f.o.PeerPublicKey, err = config.ReadPublicKey(f.peerPubFile); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("--peer-key: %w: give the %s process's public key file (the %s.pub kvxfer keygen --out %s wrote beside its %s.key)", err, other, other, other, other)
+			}
 			return fmt.Errorf("--peer-key: %w", err)
 		}
 		if own, err := zmq4.AuthCurvePublic(f.o.SecretKey); err == nil && own == f.o.PeerPublicKey {
@@ -580,12 +609,13 @@ func newGenCmd(a *app) *cobra.Command {
 		"without CURVE (local tests only)", "kvxfer gen --insecure --bind tcp://127.0.0.1:5601 --peer-endpoint tcp://127.0.0.1:5600",
 		"the generation side of a TP2 context, found through etcd", "kvxfer gen --bind tcp://10.0.0.2:5600 --key gen.key --discovery etcd://10.0.0.9:2379 --cluster prod --peer-tp 2",
 	), func(ctx context.Context, o proc.Options, cmd *cobra.Command) error {
-		// Unused here, but taken so that both roles accept one command
-		// line: a value kvxfer ctx refuses at once is refused here too,
-		// not after gen waited --timeout for a ctx that never came.
+		// Unused here, but taken so that ctx's workload flags can be
+		// given to gen unchanged: a value kvxfer ctx refuses at once is
+		// refused here too, not after gen waited --timeout for a ctx that
+		// never came.
 		if cmd.Flags().Changed("chunk-tokens") {
 			if err := o.CheckChunkTokens(); err != nil {
-				return fmt.Errorf("%w (kvxfer ctx refuses it; gen takes it only so that both roles accept one command line)", err)
+				return fmt.Errorf("%w (kvxfer ctx refuses it; gen takes it only so that ctx's workload flags can be given to gen unchanged)", err)
 			}
 		}
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
@@ -608,13 +638,19 @@ func withSummary(summary, err error) error {
 }
 
 // runCause leads a failed run's message with what the report saw that
-// explains its failures: the two roles' settings differing (the generation
-// role's payload check), else this process's node failing, else the
-// peer's death. The requests' own errors
+// explains its failures: the peer serving another model (refused at its
+// Hello: every request failed for it), else the two roles' settings
+// differing (the generation role's payload check), else this process's
+// node failing, else the peer's death. The requests' own errors
 // (cancelled, out of blocks, never sent) are their consequences, and the
 // first of them alone misleads.
 func runCause(rep proc.Report, peer string) string {
+	peerModel, selfModel, otherModel := modelMismatch(rep.FirstError)
 	switch {
+	case otherModel:
+		// Every request failed for it (the peer's Hello named another
+		// model), and their errors name the two models but not the flag.
+		return fmt.Sprintf("the %s process runs --model %s, this one --model %s: give both the same --model: ", peer, peerModel, selfModel)
 	case rep.SettingsMismatch != "":
 		return rep.SettingsMismatch + ": "
 	case rep.NodeFailed != "":
@@ -629,6 +665,26 @@ func runCause(rep proc.Report, peer string) string {
 			peer, rep.OK, rep.Requests, peer)
 	}
 	return ""
+}
+
+// layoutMismatch matches the engine's refusal of a peer that serves
+// another layout (actors.LayoutMismatch): the peer's model, then this
+// rank's, each quoted.
+var layoutMismatch = regexp.MustCompile(`serves model ("(?:[^"\\]|\\.)*") \(layout hash [^)]*\), this rank serves ("(?:[^"\\]|\\.)*")`)
+
+// modelMismatch reads the peer's model and this process's from err (a
+// request's error, as the report keeps it) when it says the peer serves
+// another model; ok is false otherwise. One model laid out two ways
+// (another --tokens-per-block) is not a model mismatch: the engine names
+// that setting itself.
+func modelMismatch(err string) (peer, self string, ok bool) {
+	m := layoutMismatch.FindStringSubmatch(err)
+	if m == nil || m[1] == m[2] {
+		return "", "", false
+	}
+	peer, err1 := strconv.Unquote(m[1])
+	self, err2 := strconv.Unquote(m[2])
+	return peer, self, err1 == nil && err2 == nil
 }
 
 // firstError is ": " and the report's first request error, or "".

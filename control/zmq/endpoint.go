@@ -29,6 +29,9 @@ func checkEndpoint(endpoint string, dial bool) error {
 	}
 	scheme, addr, ok := strings.Cut(endpoint, "://")
 	if !ok {
+		if form, meant := mistypedSeparator(endpoint); form != "" {
+			return fmt.Errorf("%w: endpoint %q: the transport is followed by \"://\" (%s): did you mean %s?", ErrConfig, endpoint, form, meant)
+		}
 		return fmt.Errorf("%w: endpoint %q has no transport: did you mean %s?", ErrConfig, endpoint, suggestEndpoint(endpoint))
 	}
 	known := false
@@ -336,11 +339,14 @@ var lookupIP = func(ctx context.Context, host string) ([]net.IP, error) {
 // name (a dial waits for a name's first).
 const dialLookupWait = time.Second
 
-// suggestEndpoint is what an endpoint without a transport probably meant:
-// a transport with a mistyped separator ("tcp//h:1", "tcp:h:1",
-// "ipc:/run/x.sock") that transport with "://"; else a path is an ipc
-// endpoint, anything else a tcp one.
-func suggestEndpoint(endpoint string) string {
+// mistypedSeparator is, for an endpoint that names a transport with its
+// "://" mistyped ("tcp//h:1", "tcp:h:1", "ipc:/run/x.sock"), that
+// transport's form (ipc://PATH) and the endpoint it probably meant; ""
+// for any other. An ipc path after a single slash is read as absolute,
+// unless that puts the socket in the filesystem root ("ipc:/ctx.sock"),
+// which is rarely meant: both readings are then offered, the working
+// directory's first.
+func mistypedSeparator(endpoint string) (form, meant string) {
 	for _, t := range transports {
 		rest, ok := strings.CutPrefix(endpoint, t)
 		if !ok {
@@ -351,11 +357,28 @@ func suggestEndpoint(endpoint string) string {
 		if sep == "" || addr == "" {
 			continue // "tcphost:1": a host name, not a transport
 		}
-		if t == "ipc" && strings.Contains(sep, "/") {
-			addr = "/" + addr // "ipc:/run/x.sock": an absolute path
+		form = t + "://ADDRESS"
+		switch t {
+		case "tcp":
+			form = "tcp://HOST:PORT"
+		case "ipc":
+			form = "ipc://PATH"
+			if strings.Contains(sep, "/") {
+				if !strings.Contains(addr, "/") {
+					return form, fmt.Sprintf("ipc://%s (%s in the working directory) or ipc:///%s (%s in the filesystem root)", addr, addr, addr, "/"+addr)
+				}
+				addr = "/" + addr // "ipc:/run/x.sock": an absolute path
+			}
 		}
-		return t + "://" + addr
+		return form, t + "://" + addr
 	}
+	return "", ""
+}
+
+// suggestEndpoint is what an endpoint without a transport (and without a
+// mistyped one: mistypedSeparator) probably meant: a path is an ipc
+// endpoint, anything else a tcp one.
+func suggestEndpoint(endpoint string) string {
 	if strings.HasPrefix(endpoint, "/") || strings.HasPrefix(endpoint, ".") || strings.HasSuffix(endpoint, ".sock") {
 		return "ipc://" + endpoint
 	}

@@ -69,6 +69,27 @@ func TestCheckTCPEndpoint(t *testing.T) {
 	}
 }
 
+// TestIPCEndpointWithOneSlash: an ipc endpoint written with one slash
+// (ipc:/ctx.sock, a typo for ipc://) is refused naming the value and the
+// form ipc://PATH; where the absolute reading would put the socket in the
+// filesystem root, the working directory's reading is offered first and
+// the root is named as such. (Checked to fail before: the error said the
+// endpoint had no transport and suggested ipc:///ctx.sock alone, a
+// socket in the root.)
+func TestIPCEndpointWithOneSlash(t *testing.T) {
+	for _, c := range []struct{ endpoint, want string }{
+		{"ipc:/ctx.sock", `endpoint "ipc:/ctx.sock": the transport is followed by "://" (ipc://PATH): did you mean ipc://ctx.sock (ctx.sock in the working directory) or ipc:///ctx.sock (/ctx.sock in the filesystem root)?`},
+		{"ipc:/run/ctx.sock", `endpoint "ipc:/run/ctx.sock": the transport is followed by "://" (ipc://PATH): did you mean ipc:///run/ctx.sock?`},
+		{"tcp:/h:1", `endpoint "tcp:/h:1": the transport is followed by "://" (tcp://HOST:PORT): did you mean tcp://h:1?`},
+	} {
+		for _, check := range []func(string) error{CheckEndpoint, CheckPeerEndpoint} {
+			if err := check(c.endpoint); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v, want ErrConfig with %s", c.endpoint, err, c.want)
+			}
+		}
+	}
+}
+
 // TestIPCInUseReleasedMeanwhile: a path whose listener goes away while
 // checkIPCFree probes it (as a process killed a moment ago releases its
 // socket once the kernel tore down its memory) is free, not in use; one

@@ -315,6 +315,7 @@ func TestEndpointWithoutSchemeSuggestsOne(t *testing.T) {
 		"tcp:10.0.0.1:5600":  "tcp://10.0.0.1:5600",
 		"tcp:/h:1":           "tcp://h:1",
 		"ipc:/run/ctx.sock":  "ipc:///run/ctx.sock",
+		"ipc:/ctx.sock":      "ipc://ctx.sock (ctx.sock in the working directory) or ipc:///ctx.sock (/ctx.sock in the filesystem root)",
 		"ipc:ctx.sock":       "ipc://ctx.sock",
 		"tcphost:5600":       "tcp://tcphost:5600",
 		"ipchost:5600":       "tcp://ipchost:5600",
