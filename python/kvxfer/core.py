@@ -575,6 +575,10 @@ _in_callback = threading.local()
 # (any signal's handler) waits at most this long.
 _POLL_SLICE_MS = 100
 
+# How many callback events of requests (Engine._called_back) an engine
+# keeps before it first looks for released handles among them.
+_PRUNE_MIN = 64
+
 # How long the exit hook lets all engines still open drain, in all.
 _EXIT_CLOSE_MS = 2000
 
@@ -751,8 +755,22 @@ class Engine:
         # request handle -> its Request while the caller holds it: an
         # event the callback takes is kept on it for a later wait().
         self._requests = weakref.WeakValueDictionary()
+        # request handle -> the Event the callback got, for a later wait()
+        # of its handle (its Request dropped meanwhile): until the handle is
+        # released (Request.release, or found released by _prune_called_back)
+        # or the engine closed.
+        self._called_back = {}
+        self._prune_at = _PRUNE_MIN
+        # request handle -> the CUDA events (chunk(cuda_event=)) the library
+        # may still query: kept alive until the request's event came, its
+        # handle was released or the engine closed (kvxfer_chunk_cuda).
+        self._cuda_events = {}
         self._closing = False  # a close() is under way (or done)
         self._lock = threading.Lock()
+        # Held by a read of the pool (block_bytes) and by close() while it
+        # marks the engine closing: a close never unmaps the pool under a
+        # read that passed its closed check.
+        self._reading = threading.Lock()
         self._tls = threading.local()  # per-thread poll buffers: any thread may poll
         self._cbs = []
         self.callback_errors = []
@@ -828,7 +846,8 @@ class Engine:
         if h in getattr(_in_callback, "handles", ()):
             raise KvxferError(Status.INVALID_ARGUMENT, "close() of engine %s (handle %d) called from its own "
                               "callback: the close would wait for that callback to return, forever" % (self._name(), h))
-        self._closing = True
+        with self._reading:  # a read of the pool under way ends first; none starts after
+            self._closing = True
         if threading.current_thread() is not threading.main_thread():
             self._close_done(h, lib.kvxfer_engine_close(h, timeout_ms))
             return
@@ -871,6 +890,7 @@ class Engine:
         and raises its error."""
         if st == Status.OK:
             self.handle = 0
+            self._forget_requests()
             with _open_lock:
                 _open.pop(h, None)
             if self._pin is not None:
@@ -890,10 +910,18 @@ class Engine:
             self._closing = False
         elif st != Status.CLOSED:  # (CLOSED: another close is under way) the handle is gone
             self.handle = 0
+            self._forget_requests()  # the library queries no CUDA event once its close returned
             self._hold(h, st)
             with _open_lock:
                 _open.pop(h, None)
         raise _error(st, msg)
+
+    def _forget_requests(self):
+        """The close released every request handle: what was kept for
+        them (callback events, CUDA events) goes."""
+        with self._lock:
+            self._called_back.clear()
+            self._cuda_events.clear()
 
     def _closed_meanwhile(self, st, h):
         """Whether st (of a call on handle h) is BAD_HANDLE because a
@@ -983,7 +1011,13 @@ class Engine:
         if dev is not None:
             raise ValueError("block %d of group %d is GPU memory (cuda:%d, device pointer %#x): block_bytes reads "
                              "host memory; copy it with CUDA" % (block, group, dev, addr))
-        return ctypes.string_at(addr, self.groups[group].block_bytes)
+        with self._reading:
+            # Another thread's close() may have begun since the checks
+            # above: its pool may be unmapped (a read would be SIGSEGV).
+            if self._closing or not self.handle:
+                raise KvxferError(Status.CLOSED, "engine %s was closed by another thread's close() during "
+                                  "block_bytes(%d, %d): its pool may be unmapped" % (self._name(), group, block))
+            return ctypes.string_at(addr, self.groups[group].block_bytes)
 
     # Requests --------------------------------------------------------------
 
@@ -1023,7 +1057,52 @@ class Engine:
         """request, known by its handle until the caller drops it (the
         callback keeps its event on it)."""
         self._requests[request.handle] = request
+        with self._lock:
+            ev = self._called_back.get(request.handle)  # the callback was first
+            if ev is not None:
+                request._event = ev
         return request
+
+    def _keep_cuda_event(self, h, event):
+        """Keeps event (a chunk's cuda_event) alive for request handle h."""
+        with self._lock:
+            self._cuda_events.setdefault(h, []).append(event)
+
+    def _let_go_cuda_event(self, h, event):
+        """The library refused the chunk behind event: one reference to it
+        that _keep_cuda_event took for h goes."""
+        with self._lock:
+            kept = self._cuda_events.get(h, [])
+            for i, e in enumerate(kept):
+                if e is event:
+                    del kept[i]
+                    break
+            if not kept:
+                self._cuda_events.pop(h, None)
+
+    def _ended(self, h):
+        """(Under self._lock.) Request handle h's event came: the library
+        queries none of its CUDA events any more."""
+        self._cuda_events.pop(h, None)
+
+    def _forget_request(self, h):
+        """Request handle h was released: nothing is kept for it."""
+        with self._lock:
+            self._cuda_events.pop(h, None)
+            self._called_back.pop(h, None)
+
+    def _prune_called_back(self):
+        """Forgets the callback's events of request handles that are
+        released (through the library, not Request.release), once there
+        are twice as many as after the last pruning."""
+        with self._lock:
+            handles = list(self._called_back)
+        buf = ctypes.create_string_buffer(1)
+        gone = [h for h in handles if lib.kvxfer_request_error(h, buf, 1) == Status.BAD_HANDLE]
+        with self._lock:
+            for h in gone:
+                self._called_back.pop(h, None)
+            self._prune_at = max(_PRUNE_MIN, 2 * len(self._called_back))
 
     def needed_range(self, prompt_len, group, prefix_hit_blocks=0):
         """(first, end): the global blocks [first, end) layer group `group`
@@ -1152,7 +1231,12 @@ class Engine:
         if self._closed_meanwhile(st, h):
             raise KvxferError(Status.CLOSED, "engine %s was closed" % self._name())
         _check(st)
-        return [Event(buf[i]) for i in range(tls.got.value)]
+        evs = [Event(buf[i]) for i in range(tls.got.value)]
+        if evs and self._cuda_events:
+            with self._lock:
+                for ev in evs:
+                    self._ended(ev.request)
+        return evs
 
     def wait(self, request, timeout=30.0):
         """The event of request (a Request or handle), polling until it
@@ -1165,12 +1249,11 @@ class Engine:
         request (threads) each return its event. With a callback set
         (set_callback), an event the callback gets is returned too to a
         wait() of its request under way, and to a later wait() of a Request
-        the caller still holds (a wait() of a bare handle that starts after
-        the callback took its event waits out its timeout). A close() of the
-        engine meanwhile raises KvxferError with Status.CLOSED. Events of
-        other requests it polls are kept for their wait() or poll(). A
-        Request of another engine raises ValueError naming both: its event
-        would never come here."""
+        the caller still holds or of its handle (until it is released). A
+        close() of the engine meanwhile raises KvxferError with
+        Status.CLOSED. Events of other requests it polls are kept for their
+        wait() or poll(). A Request of another engine raises ValueError
+        naming both: its event would never come here."""
         if not isinstance(request, Request) and (isinstance(request, bool) or not isinstance(request, int)):
             raise TypeError("wait: request = %r is a %s: want the Request send() or receive() returned (or its "
                             "handle), not its id" % (request, type(request).__name__))
@@ -1198,6 +1281,8 @@ class Engine:
                         ev = self._shared.get(h)
                     if ev is None and req is not None:
                         ev = req._event  # the callback's
+                    if ev is None:
+                        ev = self._called_back.get(h)  # the callback's, its Request dropped
                     self._share(h, ev)
                 if ev is not None:
                     break
@@ -1236,10 +1321,15 @@ class Engine:
         later one of the Request the caller holds, returns it too."""
         req = self._requests.get(ev.request)
         with self._lock:
+            self._ended(ev.request)
             if req is not None:
                 req._event = ev
             if ev.request in self._waiting:
                 self._shared[ev.request] = ev
+            self._called_back[ev.request] = ev
+            prune = len(self._called_back) > self._prune_at
+        if prune:
+            self._prune_called_back()
 
     def set_callback(self, fn):
         """Delivers each later event to fn(Event) on a library thread instead
@@ -1443,9 +1533,15 @@ class Request:
         created lazily by torch, so record it first), or a raw CUevent /
         cudaEvent_t handle as an int. device is its CUDA device ordinal:
         by default the torch event's own device, else 0. kvxfer only queries
-        the event: keep it alive and do not record it again until this
-        request's event arrived (wait()/poll). Without a CUDA driver in the
+        the event, and keeps a reference to it until this request's event
+        arrived (wait(), poll() or the callback), the request was released
+        or the engine closed: do not record it again before that (an int
+        handle is the caller's to keep alive). Without a CUDA driver in the
         process it raises KvxferError with Status.UNSUPPORTED.
+
+        A run may name more blocks than the chunk's own (a request's whole
+        block table, first 0): the engine reads and pins only the chunk's
+        blocks among them, and leaves the others alone.
 
         layers: hand only a layer part of the chunk, a LayerPart or (lo, hi,
         of) tuple: the model's layers [lo, hi) of its `of` layers, each part
@@ -1462,13 +1558,23 @@ class Request:
         arr, keep = _runs(runs)
         if cuda_event is not None:
             handle, dev = _cuda_event(cuda_event, device)
-            if layers is None:
-                self._check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs), handle,
-                                                  dev))
-            else:
-                lo, hi, of = _layer_part(layers)
-                self._check(lib.kvxfer_chunk_layers_cuda(self.handle, start, end, 1 if last else 0, lo, hi, of, arr,
-                                                         len(runs), handle, dev))
+            lo, hi, of = (0, 0, 0) if layers is None else _layer_part(layers)
+            # The engine holds the event, kept alive for it (a caller may
+            # drop its own: torch would destroy the CUevent the library
+            # queries) until the request's event came, it was released or
+            # the engine closed. Kept before the call: the event may come
+            # before the call returns.
+            self.engine._keep_cuda_event(self.handle, cuda_event)
+            try:
+                if layers is None:
+                    self._check(lib.kvxfer_chunk_cuda(self.handle, start, end, 1 if last else 0, arr, len(runs),
+                                                      handle, dev))
+                else:
+                    self._check(lib.kvxfer_chunk_layers_cuda(self.handle, start, end, 1 if last else 0, lo, hi, of,
+                                                             arr, len(runs), handle, dev))
+            except BaseException:
+                self.engine._let_go_cuda_event(self.handle, cuda_event)
+                raise
             return None
         return self.chunk_raw(start, end, last, arr, len(runs), fenced, keep, layers=layers)
 
@@ -1551,6 +1657,7 @@ class Request:
     def release(self):
         self._check(lib.kvxfer_request_release(self.handle))
         self._released = True
+        self.engine._forget_request(self.handle)
 
 
 def config_object(what, config):

@@ -3,7 +3,14 @@ for one request, a wait() beside a callback, the objects of an engine
 another thread closed, names that are no UTF-8. Each gets its event or an
 error naming what is wrong, never a wait that lasts forever."""
 
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -83,6 +90,48 @@ def test_wait_beside_a_callback_gets_the_event(pair):
     ctx.free(0, ids)
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_wait_of_a_bare_handle_after_the_callback_took_its_event(pair, held):
+    """A wait() of a request's handle that starts after the callback took
+    its event, the Request itself dropped (a server that keeps handles,
+    not Requests) or dropped once the event came: it waited out its whole
+    timeout, the event being nowhere but on the dropped Request (checked
+    to fail: TimeoutError after 5 s). It returns the callback's event at
+    once, as often as asked, until the handle is released (then it is
+    forgotten: released through the library, once the engine looks)."""
+    ctx, gen = pair
+    seen = []
+    gen.set_callback(seen.append)
+    rid = unique("r")
+    rx = gen.receive(rid, 32, ctx.instance)
+    h = rx.handle
+    if not held:
+        del rx
+        gc.collect()
+    ids = ctx.alloc(0, 2)
+    tx = ctx.send(rid, 32)
+    tx.chunk(0, 32, [(0, ids)]).ready()
+    wait_until(lambda: seen, what="the callback's event")
+    if held:
+        del rx
+        gc.collect()
+    t0 = time.monotonic()
+    for _ in range(2):
+        assert gen.wait(h, 5) is seen[0] and seen[0].outcome == Outcome.READY, seen
+    assert time.monotonic() - t0 < 1.0
+    gen.set_callback(None)
+    assert tx.wait(5).outcome == Outcome.DONE
+    tx.release()
+    ctx.free(0, ids)
+    blocks = (ctypes.c_int32 * 2)()
+    n, first = ctypes.c_uint32(), ctypes.c_int32()
+    assert kvxfer.core.lib.kvxfer_request_blocks(h, 0, blocks, 2, ctypes.byref(n), ctypes.byref(first)) == 0
+    gen.free(0, list(blocks[:n.value]))
+    assert kvxfer.core.lib.kvxfer_request_release(h) == 0
+    gen._prune_called_back()
+    assert h not in gen._called_back, gen._called_back
+
+
 def test_objects_of_a_closed_engine_say_it_was_closed():
     """A request and a fence whose engine another thread closed (a serving
     process's shutdown beside its step loop): each call raised BAD_HANDLE,
@@ -135,6 +184,46 @@ def test_engine_call_racing_a_close_says_closed(monkeypatch):
     with pytest.raises(KvxferError) as err:
         e.used(0)
     assert err.value.status == Status.CLOSED and repr(e.instance) in err.value.message, err.value
+
+
+# A child whose block_bytes loses the race with another thread's close():
+# the close lands after the read's own checks passed (here inside its
+# pool_device call), before the bytes are read.
+_BLOCK_BYTES_RACE_CHILD = r"""
+import json, sys, threading
+sys.path.insert(0, %(py)r)
+sys.path.insert(0, %(tests)r)
+import kvxfer
+from conftest import small_config, unique
+e = kvxfer.Engine(small_config(unique("race")))
+real = kvxfer.core.lib.kvxfer_engine_pool_device
+
+def pool_device(h, out):
+    st = real(h, out)
+    th = threading.Thread(target=e.close)
+    th.start()
+    th.join()
+    return st
+
+kvxfer.core.lib.kvxfer_engine_pool_device = pool_device
+try:
+    print(json.dumps({"read": len(e.block_bytes(0, 0))}))
+except kvxfer.KvxferError as err:
+    print(json.dumps({"status": err.status.name, "message": err.message}))
+"""
+
+
+def test_block_bytes_racing_a_close_says_closed():
+    """block_bytes whose engine another thread closed after its closed
+    check: it read the engine's pool after the close had unmapped it, and
+    the process died of SIGSEGV (checked to fail: the child's exit status
+    -11). It raises KvxferError with Status.CLOSED naming the engine."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = _BLOCK_BYTES_RACE_CHILD % {"py": os.path.dirname(here), "tests": here}
+    p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, "the child died (%d): %s" % (p.returncode, p.stderr[-2000:])
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out.get("status") == "CLOSED" and "race" in out["message"], out
 
 
 @pytest.mark.parametrize("call,name", [

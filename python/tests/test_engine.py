@@ -3,6 +3,7 @@
 import ctypes
 import gc
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -431,6 +432,96 @@ def test_chunk_behind_cuda_event_errors(pair):
     gen.free(0, rx.blocks(0)[1])
     tx.release()
     rx.release()
+    ctx.free(0, src)
+
+
+class _DroppedEvent:
+    """A torch.cuda.Event stand-in whose collection a weakref sees."""
+
+    def __init__(self, handle):
+        self.cuda_event = handle
+        self.device = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("ends", ["wait", "poll", "callback", "close"])
+@pytest.mark.parametrize("layers", [None, (0, LAYERS, LAYERS)])
+def test_chunk_keeps_its_cuda_event_until_the_request_ends(pair, monkeypatch, ends, layers):
+    """A chunk behind a CUDA event whose caller dropped its reference (a
+    fresh torch.cuda.Event per step, recorded and handed over): the event
+    was collected (torch destroys its CUevent) while the engine still
+    queried it, kept by nothing (checked to fail: collected at once).
+    Kept alive until the request's event arrived (wait, poll, a callback)
+    or its engine closed, then let go. The library is told the chunk is
+    watched (no driver here): the request then waits for a chunk it never
+    gets, and is cancelled."""
+    ctx, gen = pair
+    watched = []
+
+    def chunk_cuda(h, start, end, last, *rest):
+        watched.append(rest[-2])  # the event's handle: the library would query it
+        return 0
+
+    monkeypatch.setattr(kvxfer.core.lib, "kvxfer_chunk_cuda", chunk_cuda)
+    monkeypatch.setattr(kvxfer.core.lib, "kvxfer_chunk_layers_cuda", chunk_cuda)
+    src = ctx.alloc(0, 2)
+    tx = ctx.send(unique("cuev-keep"), 32)
+    ev = _DroppedEvent(0xE000)
+    ref = weakref.ref(ev)
+    assert tx.chunk(0, 32, [(0, src)], cuda_event=ev, layers=layers) is None
+    del ev
+    gc.collect()
+    assert watched == [0xE000]
+    assert ref() is not None, "the CUDA event of a watched chunk was collected: the engine queries a destroyed event"
+    if ends == "close":
+        ctx.close()
+    else:
+        if ends == "callback":
+            seen = []
+            ctx.set_callback(seen.append)
+            tx.cancel()
+            wait_until(lambda: seen, what="the callback's event")
+        elif ends == "poll":
+            tx.cancel()
+            assert ctx.poll(5000)[0].outcome == Outcome.CANCELLED
+        else:
+            tx.cancel()
+            assert tx.wait(5).outcome == Outcome.CANCELLED
+        gc.collect()
+        assert ref() is None, "the CUDA event outlived its request's event (%s)" % ends
+        tx.release()
+        ctx.free(0, src)
+    gc.collect()
+    assert ref() is None, "the CUDA event outlived its engine's close"
+    assert not ctx._cuda_events, ctx._cuda_events
+
+
+def test_cuda_event_of_a_refused_or_late_chunk(pair, monkeypatch):
+    """A chunk behind a CUDA event that the library refuses keeps nothing;
+    one it takes after the request's event came (a rank with nothing to
+    write takes chunks and drops them) is let go when the request is
+    released: neither lives for the rest of the process."""
+    ctx, gen = pair
+    src = ctx.alloc(0, 2)
+    tx = ctx.send(unique("cuev-late"), 32)
+    tx.cancel()
+    assert tx.wait(5).outcome == Outcome.CANCELLED
+    refs = []
+    for status in (Status.BAD_CHUNK, 0):
+        monkeypatch.setattr(kvxfer.core.lib, "kvxfer_chunk_cuda", lambda *a, st=status: st)
+        ev = _DroppedEvent(0xE100 + status)
+        refs.append(weakref.ref(ev))
+        if status:
+            with pytest.raises(KvxferError):
+                tx.chunk(0, 32, [(0, src)], cuda_event=ev)
+        else:
+            tx.chunk(0, 32, [(0, src)], cuda_event=ev)
+        del ev
+    gc.collect()
+    assert refs[0]() is None, "a refused chunk kept its CUDA event"
+    tx.release()
+    gc.collect()
+    assert refs[1]() is None, "a released request kept its CUDA event"
+    assert not ctx._cuda_events, ctx._cuda_events
     ctx.free(0, src)
 
 
