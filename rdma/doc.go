@@ -18,7 +18,9 @@
 //     never inside Post. They must not block, and must not call Close on the
 //     endpoint that runs them or on its agent (Close waits for that very
 //     goroutine). They may Post, Flush and Deregister: a batch's regions are
-//     no longer busy by the time its Done runs.
+//     no longer busy by the time its Done runs, except a batch failed with
+//     ErrCloseUnproven (its writes may still land: its regions stay busy
+//     until its endpoint's close has completed, or for good).
 //   - Done callbacks of one endpoint run one at a time, in post order, with a
 //     Flush callback in its place among them (the in-order completion of a
 //     reliable connection). A backend whose transport completes out of order

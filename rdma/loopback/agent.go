@@ -3,6 +3,7 @@ package loopback
 import (
 	"crypto/rand"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -28,6 +29,9 @@ type Agent struct {
 	nextReg uint64
 	regs    map[uint64]*registration
 	eps     map[*endpoint]struct{}
+	// written: the registrations Close revoked while another agent's
+	// batches into them were in flight (Close's proof waits for them).
+	written []*registration
 }
 
 var (
@@ -152,7 +156,12 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 }
 
 // Close closes every endpoint (waiting for their copies to stop), revokes
-// every registration and leaves the network. Idempotent.
+// every registration and leaves the network. Batches that endpoints of
+// other agents accepted into its registrations before still complete, on
+// those endpoints' goroutines: while one may still copy into its memory,
+// Close returns an error wrapping rdma.ErrCloseUnproven, so that the
+// memory stays mapped. Idempotent: a later call returns nil once those
+// batches have completed.
 func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
 		a.mu.Lock()
@@ -170,12 +179,37 @@ func (a *Agent) Close() error {
 
 		a.mu.Lock()
 		for id, r := range a.regs {
+			// No batch acquires it from here on; those counted in it
+			// are other agents' (this agent's endpoints have stopped)
+			// and release it when their copy is over.
 			r.lease.ForceRetire(true)
+			if r.lease.InFlight() > 0 {
+				a.written = append(a.written, r)
+			}
 			delete(a.regs, id)
 		}
 		a.mu.Unlock()
 	})
-	return nil
+	return a.unproven()
+}
+
+// unproven says which registrations revoked by Close other agents'
+// endpoints may still copy into, or nil when none.
+func (a *Agent) unproven() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var busy []string
+	for _, r := range a.written {
+		if n := r.lease.InFlight(); n > 0 {
+			busy = append(busy, fmt.Sprintf("registration %d (%d batches in flight)", r.id, n))
+		}
+	}
+	if len(busy) == 0 {
+		a.written = nil
+		return nil
+	}
+	return fmt.Errorf("%s: close: %w: endpoints of other agents still copy into %s: keep its memory mapped, and call Close again once their batches have completed (their Done called, or their endpoints closed)",
+		a, rdma.ErrCloseUnproven, strings.Join(busy, ", "))
 }
 
 // lookup returns the live registration id, or nil.

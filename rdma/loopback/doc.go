@@ -18,8 +18,12 @@
 //   - Only host memory registers (device memory has no Bytes to copy).
 //   - Closing an agent closes its endpoints and revokes its registrations;
 //     a peer's later posts into them fail with rdma.ErrPeerGone. Batches
-//     already accepted into them still complete: the memory is Go-owned or
-//     kept alive by its owner, so a late copy cannot fault.
+//     that a peer's endpoint accepted into them before still complete:
+//     its goroutine copies on into the closing agent's memory, which
+//     nothing of this agent can stop. So while one of them has not
+//     completed, Close returns an error wrapping rdma.ErrCloseUnproven
+//     naming the registrations, and the memory must stay mapped; Close
+//     called again once they have completed returns nil.
 //
 // The package rules of rdma (ownership, exactly-once Done, Flush, Close,
 // in-doubt retirement) hold as written in rdma's package documentation.

@@ -89,3 +89,70 @@ func TestErrorsNameTheValue(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestCloseWithAPeerWriteInFlightIsUnproven: agent B's Close cannot stop
+// a batch that agent A's endpoint accepted into B's region: A's copier
+// copies it on B's memory once it gets to it. While it may, B's Close must
+// not return nil (its owner would unmap the memory under the copy): it
+// returns rdma.ErrCloseUnproven naming the registration, and nil once the
+// batch has completed. The copier is held deterministically by an earlier
+// batch's Done, which runs on the same goroutine, in post order. Before
+// the fix B's Close returned nil with the batch still queued.
+func TestCloseWithAPeerWriteInFlightIsUnproven(t *testing.T) {
+	n := loopback.NewNetwork()
+	a, b := loopback.New(loopback.WithNetwork(n)), loopback.New(loopback.WithNetwork(n))
+	defer a.Close()
+	src, _ := kvcache.NewHostRegion(4096)
+	dst, _ := kvcache.NewHostRegion(4096)
+	defer src.Close()
+	sreg, err := a.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dreg, err := b.Register(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := a.Connect(b.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	copy(src.Bytes(), "late")
+	seg := []kvcache.Segment{{Src: 0, Dst: 0, Len: 4}}
+	holding, hold := make(chan struct{}), make(chan struct{})
+	if err := ep.Post(rdma.Batch{Src: sreg, Dst: dreg.Remote(), Segments: seg, Done: func(error) {
+		close(holding)
+		<-hold // the copier waits here: the next batch stays queued
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan error, 1)
+	if err := ep.Post(rdma.Batch{Src: sreg, Dst: dreg.Remote(), Segments: []kvcache.Segment{{Src: 0, Dst: 8, Len: 4}},
+		Done: func(err error) { late <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+
+	err = b.Close()
+	if !errors.Is(err, rdma.ErrCloseUnproven) {
+		close(hold)
+		t.Fatalf("B's Close with A's batch into its region queued: %v, want ErrCloseUnproven (the copy may still land in its memory)", err)
+	}
+	if !contains(err.Error(), "registration 1 (1 batches in flight)") {
+		t.Errorf("B's Close: %q does not name the registration still written", err)
+	}
+	close(hold)
+	if err := <-late; err != nil {
+		t.Fatalf("the queued batch: Done(%v), want nil (accepted before B closed)", err)
+	}
+	if got := string(dst.Bytes()[8:12]); got != "late" {
+		t.Errorf("the queued batch landed %q, want %q", got, "late")
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("B's Close again, the batch completed: %v, want nil", err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -185,3 +185,151 @@ func TestDataEndpointErrorCutsBatchesUnproven(t *testing.T) {
 		})
 	}
 }
+
+// TestCutBatchKeepsItsSourceBusyUntilTheForcedClose: a batch cut on the
+// wire (rdma.ErrCloseUnproven) may have its Done run before the forced
+// close of its UCP endpoint completes: UCX fails the flush first, and the
+// dispatcher runs the Done at once. Until that close completes UCX may
+// still read the batch's source (only the completed close purges its
+// requests: Close's rdma.ErrSourcesReleased), so the source registration
+// must stay busy past the Done: a Deregister of it then refuses rather
+// than unmap memory UCX reads. Once the close completed, it is released.
+// The test holds the sender's progress goroutine after UCX's failure of
+// the flush, so that the close cannot complete, and waits there for the
+// Done. Before the fix the batch stopped counting against its source
+// just before its Done, whatever the close.
+func TestCutBatchKeepsItsSourceBusyUntilTheForcedClose(t *testing.T) {
+	// tcp: a put's flush needs the receiver's worker, which the test holds.
+	t.Setenv("UCX_TLS", "tcp")
+	r, err := New(WithCloseTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(WithCloseTimeout(time.Minute), WithRevokeTimeout(100*time.Millisecond))
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	dst, _ := kvcache.NewHostRegion(1 << 16)
+	src, _ := kvcache.NewHostRegion(1 << 16)
+	defer dst.Close()
+	defer src.Close()
+	dreg, err := r.Register(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A source only: its Deregister asks no peer.
+	sregi, err := s.RegisterSource(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sreg := sregi.(*registration)
+	epi, err := s.Connect(r.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := epi.(*endpoint)
+	errs := make(chan error, 2)
+	post := func(off uint64) {
+		t.Helper()
+		if err := ep.Post(rdma.Batch{Src: sreg, Dst: dreg.Remote(),
+			Segments: []kvcache.Segment{{Src: off, Dst: off, Len: 4096}},
+			Done:     func(err error) { errs <- err }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One batch through first, so that UCX has wired the endpoint up both
+	// ways before the receiver is held.
+	post(0)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+
+	// Hold the receiver's worker: the sender's flush stays in flight.
+	rIn, rGo, rDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(rDone)
+		r.w.do(func() { close(rIn); <-rGo })
+	}()
+	<-rIn
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(rGo)
+			<-rDone
+		}
+	}
+	defer func() {
+		release()
+		s.Close()
+		r.Close()
+	}()
+
+	post(8192)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pending := false
+		s.w.do(func() { pending = len(ep.u.pend) > 0 })
+		if pending && OnTheWire(ep) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch never went on the wire")
+		}
+		time.Sleep(time.Millisecond) // poll with a deadline
+	}
+
+	// In one turn of the sender's progress goroutine: UCX fails the flush
+	// (its failure comes before the endpoint's error callback), which
+	// cuts the batch; the dispatcher runs its Done while the forced close
+	// cannot complete.
+	var (
+		doneErr   error
+		gotDone   bool
+		ucpClosed bool
+		busy      int64
+	)
+	s.w.do(func() {
+		for _, op := range ep.u.pend {
+			if !op.settled {
+				s.w.onFlush(op.id, ucsEndpointTimeout)
+				break
+			}
+		}
+		ep.signal()
+		timer := time.NewTimer(30 * time.Second)
+		defer timer.Stop()
+		select {
+		case doneErr = <-errs:
+			gotDone = true
+		case <-timer.C:
+			return
+		}
+		ep.mu.Lock()
+		ucpClosed = ep.ucpClosed
+		ep.mu.Unlock()
+		busy = sreg.busy.Load() // what Deregister checks (tryRevoke)
+	})
+	if !gotDone {
+		t.Fatal("no Done of the cut batch within 30s")
+	}
+	if !errors.Is(doneErr, rdma.ErrCloseUnproven) {
+		t.Fatalf("batch cut on the wire: Done(%v), want ErrCloseUnproven", doneErr)
+	}
+	if ucpClosed {
+		t.Fatal("the UCP endpoint closed before the test let it: the test does not hold the close")
+	}
+	if busy != 1 {
+		t.Errorf("source registration after the cut batch's Done, its endpoint's forced close not completed: %d batches counted, want 1 (UCX may still read it: a Deregister must refuse)", busy)
+	}
+
+	release()
+	if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) || !errors.Is(err, rdma.ErrSourcesReleased) {
+		t.Errorf("Close of the endpoint whose batch was cut: %v, want ErrCloseUnproven and ErrSourcesReleased", err)
+	}
+	// The forced close has completed: UCX reads the source no more.
+	if err := s.Deregister(sreg); err != nil {
+		t.Errorf("Deregister of the source after the endpoint's forced close completed: %v, want nil", err)
+	}
+}

@@ -56,7 +56,10 @@
 // stops counting against its regions just before its Done runs; one whose
 // writes were cut on the wire (rdma.ErrCloseUnproven) keeps counting
 // against the peer's region, which they may still reach, so that the
-// peer's Deregister of it stays busy.
+// peer's Deregister of it stays busy, and against its source registration
+// until the forced close of its endpoint has completed (UCX may read the
+// source until then; below, rdma.ErrSourcesReleased), so that a
+// Deregister of the source fails busy until then.
 //
 // # Links: keys, revocation, goodbye
 //

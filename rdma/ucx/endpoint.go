@@ -86,6 +86,11 @@ type endpoint struct {
 	// wire that may still land (the close timeout, an endpoint error:
 	// ErrCloseUnproven); Close returns it.
 	unproven error
+	// cutSrcs: the source registrations of batches cut on the wire
+	// (ErrCloseUnproven) whose Done ran before the forced close of the
+	// UCP endpoint completed (ucpClosed): UCX may read them until then,
+	// so each stays counted (busy) until the dispatcher sees ucpClosed.
+	cutSrcs []*registration
 
 	wake    chan struct{}
 	stopped chan struct{}
@@ -354,6 +359,11 @@ const (
 // once the endpoint is closed and drained.
 func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) {
 	e.mu.Lock()
+	ucpClosed := e.ucpClosed
+	if ucpClosed && len(e.cutSrcs) > 0 {
+		releaseAll(e.cutSrcs)
+		e.cutSrcs = nil
+	}
 	r := (*run)[:0]
 	done := e.doneSeq.Load()
 	flushes := false
@@ -388,16 +398,33 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) 
 		// were cut on the wire (rdma.ErrCloseUnproven) may still land
 		// in the peer's region: it stays counted there, so that the
 		// peer's revoke is answered busy and its Deregister refuses
-		// rather than unmap memory this agent may still write.
-		if !errors.Is(ent.err, rdma.ErrCloseUnproven) {
+		// rather than unmap memory this agent may still write. Its
+		// source stays counted until the forced close of the UCP
+		// endpoint has completed, which purges its requests: until
+		// then UCX may still read it (cutSrcs).
+		cut := errors.Is(ent.err, rdma.ErrCloseUnproven)
+		if !cut {
 			e.link.release(ent.key.reg)
 		}
-		ent.src.release()
+		if !cut || ucpClosed {
+			ent.src.release()
+		}
 		if ent.batch.Done != nil {
 			ent.batch.Done(ent.err)
 		}
 	}
 	e.mu.Lock()
+	if !ucpClosed {
+		for _, ent := range r {
+			if ent.flush == nil && errors.Is(ent.err, rdma.ErrCloseUnproven) {
+				e.cutSrcs = append(e.cutSrcs, ent.src)
+			}
+		}
+		if e.ucpClosed && len(e.cutSrcs) > 0 { // closed meanwhile
+			releaseAll(e.cutSrcs)
+			e.cutSrcs = nil
+		}
+	}
 	for i, ent := range r {
 		*ent = entry{ep: e}
 		e.free = append(e.free, ent)
@@ -405,6 +432,13 @@ func (e *endpoint) dispatchReady(run *[]*entry) (n int, outstanding, exit bool) 
 	}
 	e.mu.Unlock()
 	return len(r), outstanding, false
+}
+
+// releaseAll uncounts a batch from each of regs.
+func releaseAll(regs []*registration) {
+	for _, r := range regs {
+		r.release()
+	}
 }
 
 // flushErr is what a Flush reaching the head of the order reports. Called
