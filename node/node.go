@@ -502,13 +502,25 @@ func spareBytes(c Config) int64 {
 }
 
 // closeData closes the agent, then the pool memory (which the agent no
-// longer has registered).
+// longer has registered) when the agent's close proved no write will land
+// in it.
 func (n *Node) closeData() error {
 	err := n.agent.Close()
-	if n.pool != nil {
-		err = errors.Join(err, n.pool.Close())
+	if n.pool == nil {
+		return err
 	}
-	return err
+	if err != nil {
+		// The agent could not prove that no write will land in the pool
+		// any more (rdma.ErrCloseUnproven: another agent's batch still
+		// copying into it, a batch cut on the wire): the pool stays
+		// mapped, leaked rather than freed under a late write. Its name
+		// goes, as in Close's other path.
+		if u, ok := n.pool.(interface{ Unlink() error }); ok {
+			err = errors.Join(err, u.Unlink())
+		}
+		return err
+	}
+	return n.pool.Close()
 }
 
 // logListening says where this node listens and which peers it waits for.
