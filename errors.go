@@ -63,8 +63,11 @@ var (
 	ErrClosed = actors.ErrClosed
 	// ErrUndrained: Close could not drain every request by its ctx's end,
 	// or a receive keeps its destination blocks quarantined (its writers
-	// suspected, with no proof that their writes are over); the error
-	// names the requests. The pool memory stays mapped.
+	// suspected, with no proof that their writes are over), or a sender
+	// worker did not stop within 10 s of Close (stuck in a control send
+	// or a backend call: its endpoints' writes are not proven over); the
+	// error names the requests, or the worker and its peers. The pool
+	// memory stays mapped.
 	ErrUndrained = actors.ErrUndrained
 	// ErrMismatch: the two sides disagree about the request (prompt
 	// length, bytes written against bytes planned, layout) or about the

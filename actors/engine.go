@@ -709,6 +709,11 @@ var ErrUndrained = errors.New("actors: sessions did not drain")
 // Stopping a worker waits, past ctx's end and without bound, for each of
 // its endpoint closes that is running (logged every 10 s with the
 // endpoint's peers): until it returns, a write of the endpoint may land.
+// A worker that has not stopped after 10 s with no such close running
+// (stuck elsewhere: a control send, a backend call) is given up: Close
+// keeps the memory (no deregistration) and fails with ErrUndrained
+// naming it and its endpoints' peers, as their writes are not proven
+// over.
 func (e *Engine) Close(ctx context.Context) error {
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
 	return e.closeErr
@@ -765,15 +770,26 @@ func (e *Engine) close(ctx context.Context) error {
 	// would stop the workers by a system message, ahead of it, and the
 	// peer would never learn the outcome (its pages stay pinned until its
 	// own deadline and, without proof, its Close reports them undrained).
+	var givenUp []error // the workers Close went on without
 	for i, w := range e.env.workers {
 		e.sys.Root.Poison(w)
-		e.awaitWorker(i)
+		if gerr := e.awaitWorker(i); gerr != nil {
+			givenUp = append(givenUp, gerr)
+		}
 	}
 	_ = e.sys.Root.PoisonFuture(e.tx).Wait()
 	_ = e.sys.Root.PoisonFuture(e.rx).Wait()
-	_ = e.sys.Root.PoisonFuture(e.senders).Wait()
-	if derr := deregisterBy(ctx, e.cfg.Agent, e.reg); derr != nil && err == nil {
-		err = derr
+	if givenUp == nil {
+		_ = e.sys.Root.PoisonFuture(e.senders).Wait()
+		if derr := deregisterBy(ctx, e.cfg.Agent, e.reg); derr != nil && err == nil {
+			err = derr
+		}
+	} else {
+		// The senders stop only after each of their workers: no wait.
+		// The memory stays registered (and, as Close fails, mapped): a
+		// write of a given-up worker's endpoints may still touch it.
+		e.sys.Root.Poison(e.senders)
+		err = errors.Join(append([]error{err}, givenUp...)...)
 	}
 	e.sys.Shutdown()
 	e.env.dispatch.close()
@@ -784,7 +800,7 @@ func (e *Engine) close(ctx context.Context) error {
 	// be answered FAILED (TxTable.Close) — nothing it started may still
 	// write. The failure is excluded on principle, though what it loses
 	// leaves sessions undrained or ops cut: such an engine is broken.
-	e.writesOver.Store(txOver && !e.env.writesCut.Load() && !e.env.failed.Load())
+	e.writesOver.Store(txOver && !e.env.writesCut.Load() && !e.env.failed.Load() && givenUp == nil)
 	return err
 }
 
@@ -798,24 +814,34 @@ var workerStopLog = 10 * time.Second
 // proves that no write of the endpoint lands: Close must not deregister
 // the memory nor hand it back before. So while one runs, the wait has no
 // bound (a hang, logged with the endpoints' peers, rather than a write
-// into memory freed). With none running, Close goes on after
-// workerStopLog, as it did (a worker stuck elsewhere: in a control
-// connection's close, a Connect).
-func (e *Engine) awaitWorker(i int) {
+// into memory freed). With none running, Close gives the worker up after
+// workerStopLog (a worker stuck elsewhere: in a control send or a
+// connection's close, a backend's Post, a Connect), but not its writes:
+// it returns an error naming the worker and its endpoints' peers, and
+// Close keeps the memory. The worker posts nothing from then on, and an
+// endpoint a Connect of it opens later is closed at once (giveUp).
+func (e *Engine) awaitWorker(i int) error {
 	s := e.slots[i]
 	t := time.NewTimer(workerStopLog)
 	defer t.Stop()
 	for waited := workerStopLog; ; waited += workerStopLog {
 		select {
 		case <-s.stopped:
-			return
+			return nil
 		case <-t.C:
 		}
 		closing := s.closesRunning()
 		if len(closing) == 0 {
-			e.cfg.Log.Warn().Int("worker", i).Dur("waited", waited).
-				Msg("engine close: sender worker has not stopped, but no endpoint close of it is running: going on without it")
-			return
+			endpoints, connects := s.giveUp()
+			select {
+			case <-s.stopped: // it stopped meanwhile: its closes returned
+				return nil
+			default:
+			}
+			e.cfg.Log.Error().Int("worker", i).Dur("waited", waited).Strs("endpoints", endpoints).Strs("connecting", connects).
+				Msg("engine close: sender worker has not stopped, and no endpoint close of it is running: going on without it, but its endpoints' writes are not proven over, so the memory stays registered and mapped (Close fails); it posts nothing more, and a Connect of it that returns later closes its endpoint at once")
+			return fmt.Errorf("%w: sender worker %d did not stop within %v of Close (stuck outside its endpoint closes: a control send, a backend call), so the writes of its endpoints to %v (connecting to %v) are not proven over: the pool memory stays registered and must stay mapped until the process exits",
+				ErrUndrained, i, waited, endpoints, connects)
 		}
 		e.cfg.Log.Error().Int("worker", i).Dur("waited", waited).Strs("closing", closing).
 			Msg("engine close: sender worker has not stopped: its endpoint closes to these peers have not returned, so their writes are not proven over and Close waits for them before it deregisters or frees any memory; if this lasts, the data-plane backend's Endpoint.Close is stuck for those peers")

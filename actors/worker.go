@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -125,10 +126,23 @@ type workerSlot struct {
 	// those reports proved (releasedOps).
 	closed []*endpointClosed
 	// closing names the endpoints whose Close a closer goroutine is
-	// running, by closer (closeSeq), under unprovenMu: Engine.Close
-	// names them while it waits for the worker to stop (awaitWorker).
-	closeSeq uint64
+	// running, by endpoint (seq), under unprovenMu: Engine.Close names
+	// them while it waits for the worker to stop (awaitWorker). live
+	// names, the same way, every endpoint a Connect returned whose Close
+	// has not returned (open, not yet taken from opened, or closing), and
+	// connects the Connects running: what Engine.Close names when it
+	// gives up on the worker (giveUp).
+	seq      uint64
 	closing  map[uint64]string
+	live     map[uint64]string
+	connects map[uint64]string
+	// liveSeq is the seq of each open endpoint of the table, by key.
+	liveSeq map[string]uint64
+	// givenUp: Engine.Close gave up waiting for the worker to stop
+	// (giveUp). It keeps the memory for what the worker started, so from
+	// then on the worker starts nothing: it posts no op (refused), and an
+	// endpoint a Connect opens is closed at once, unused.
+	givenUp atomic.Bool
 	// stopped is closed once the worker's Stopping has returned: every
 	// close it started has returned, so no write of its endpoints lands.
 	stopped chan struct{}
@@ -144,6 +158,24 @@ func (s *workerSlot) closesRunning() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// giveUp marks the worker given up (givenUp) and names its endpoints
+// whose writes are not proven over, and its Connects running (one whose
+// endpoint returns from now on closes it at once).
+func (s *workerSlot) giveUp() (endpoints, connects []string) {
+	s.unprovenMu.Lock()
+	defer s.unprovenMu.Unlock()
+	s.givenUp.Store(true)
+	for _, n := range s.live {
+		endpoints = append(endpoints, n)
+	}
+	for _, n := range s.connects {
+		connects = append(connects, n)
+	}
+	slices.Sort(endpoints)
+	slices.Sort(connects)
+	return slices.Compact(endpoints), slices.Compact(connects)
 }
 
 // endpointName names key's endpoint for a log: the peers whose ops go to
@@ -229,6 +261,7 @@ func (s *workerSlot) takeClosed(m *endpointClosed) {
 type connectResult struct {
 	ep  rdma.Endpoint
 	err error
+	seq uint64 // the endpoint's, in live
 }
 
 // workerActor is the protoactor shell of one sender worker. It never
@@ -244,7 +277,8 @@ func newWorkerSlot(idx int, agent rdma.Agent, reg rdma.Registration, link contro
 		table: env.workerTable(idx), conns: map[messages.PeerID]control.Conn{}, retiring: map[messages.PeerID][]*workerSend{},
 		log: log.With().Int("worker", idx).Logger(), stats: stats, opened: map[string]connectResult{},
 		peerKey: map[messages.PeerID]string{}, stale: map[string]bool{},
-		closing: map[uint64]string{}, stopped: make(chan struct{})}
+		closing: map[uint64]string{}, live: map[uint64]string{}, connects: map[uint64]string{}, liveSeq: map[string]uint64{},
+		stopped: make(chan struct{})}
 }
 
 func (w *workerActor) Receive(ctx actor.Context) {
@@ -396,6 +430,9 @@ func (w *workerActor) Receive(ctx actor.Context) {
 		for key, r := range s.opened {
 			if r.ep != nil {
 				_ = r.ep.Close()
+				s.unprovenMu.Lock()
+				delete(s.live, r.seq)
+				s.unprovenMu.Unlock()
 			}
 			delete(s.opened, key)
 		}
@@ -411,6 +448,10 @@ func (w *workerActor) Receive(ctx actor.Context) {
 // one; the op is refused if the endpoint cannot be opened or the post is
 // refused. key is m.Route.AgentAddr's string (the table's key of the op).
 func (s *workerSlot) submit(ctx actor.Context, m *workerSubmit, key string) {
+	if s.givenUp.Load() {
+		s.refuse(ctx, m, fmt.Errorf("worker %d: %w: the engine's Close gave up waiting for this worker to stop, so it posts nothing more", s.idx, ErrClosed))
+		return
+	}
 	ep, open, queued := s.table.Endpoint(key, m)
 	if queued {
 		return
@@ -543,6 +584,11 @@ func (s *workerSlot) connect(ctx actor.Context, r *Route, m any) {
 	s.table.Connecting(key, m)
 	sys, self := ctx.ActorSystem(), ctx.Self()
 	agent, addr, idx, peer := s.agent, r.AgentAddr, s.idx, r.Peer
+	s.unprovenMu.Lock()
+	s.seq++
+	seq := s.seq
+	s.connects[seq] = peer.String()
+	s.unprovenMu.Unlock()
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
@@ -550,8 +596,25 @@ func (s *workerSlot) connect(ctx actor.Context, r *Route, m any) {
 		if err != nil {
 			err = fmt.Errorf("worker %d: connect to %s: %w", idx, peer, err)
 		}
+		// Named live, or found given up, in the lock section giveUp
+		// takes: each endpoint is either named by Engine.Close or closed
+		// here.
+		s.unprovenMu.Lock()
+		delete(s.connects, seq)
+		late := s.givenUp.Load()
+		if err == nil && !late {
+			s.live[seq] = peer.String()
+		}
+		s.unprovenMu.Unlock()
+		if late && err == nil {
+			cerr := ep.Close()
+			ep = nil
+			err = fmt.Errorf("worker %d: connect to %s: %w: it returned after the engine's Close gave up waiting for the worker; its endpoint was closed unused", idx, peer, ErrClosed)
+			s.log.Warn().AnErr("close", cerr).Str("peer", peer.String()).
+				Msg("connect returned after engine close gave up on the worker: endpoint closed at once, nothing posted through it")
+		}
 		s.openedMu.Lock()
-		s.opened[key] = connectResult{ep: ep, err: err}
+		s.opened[key] = connectResult{ep: ep, err: err, seq: seq}
 		s.openedMu.Unlock()
 		sys.Root.Send(self, &endpointOpened{key: key})
 	}()
@@ -566,7 +629,16 @@ func (s *workerSlot) connected(ctx actor.Context, key string) {
 	if !ok {
 		return
 	}
-	for _, m := range s.table.Connected(key, r.ep, r.err) {
+	if r.err == nil {
+		s.liveSeq[key] = r.seq
+	}
+	waiting := s.table.Connected(key, r.ep, r.err)
+	if r.err == nil && s.givenUp.Load() {
+		// Engine.Close gave up on the worker after this Connect returned:
+		// nothing is posted through it (its submits are refused).
+		s.closeEndpoint(ctx, key)
+	}
+	for _, m := range waiting {
 		switch m := m.(type) {
 		case *workerSubmit:
 			if r.err != nil {
@@ -597,9 +669,13 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		return
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
+	seq, known := s.liveSeq[key]
+	delete(s.liveSeq, key)
 	s.unprovenMu.Lock()
-	s.closeSeq++
-	seq := s.closeSeq
+	if !known { // every endpoint of the table came from connected
+		s.seq++
+		seq = s.seq
+	}
 	s.closing[seq] = s.endpointName(key, ep)
 	s.unprovenMu.Unlock()
 	s.background.Add(1)
@@ -609,6 +685,7 @@ func (s *workerSlot) closeEndpoint(ctx actor.Context, key string) {
 		m := &endpointClosed{retired: retired, err: err}
 		s.unprovenMu.Lock()
 		delete(s.closing, seq)
+		delete(s.live, seq)
 		if errors.Is(err, rdma.ErrCloseUnproven) {
 			s.stats.ClosesUnproven.Add(1)
 			s.unproven = append(s.unproven, retired...)
