@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -180,17 +181,61 @@ func (e *Etcd) fail(err error) {
 	e.q.end()
 }
 
-// watch follows the prefix from rev; when the watch breaks (compaction,
-// lost leader, an error) it reads the prefix again and resumes.
+// watch follows the prefix from rev. A watch that breaks without a
+// compaction (etcd lost its leader — the watch requires one, so every
+// rank's watch is cancelled at once —, or cancelled it, or an error)
+// resumes after the last event it delivered: etcd still holds every event
+// since, and sends them, each once and in order. Only a compaction past
+// rev (events this registry never saw are gone) makes it read the prefix
+// again and apply the difference, then watch from after that read.
+//
+// Each retry — a watch again, a read after a compaction — first waits a
+// random time below a bound (e.opts.jitter), so that the ranks of a
+// cluster whose watches broke together come back spread out, not at the
+// same moment. The bound starts at watchRetryMin and doubles with each
+// retry that finds etcd no better (a watch that delivered nothing), up to
+// retryMax; it starts over once a watch delivered something. A read after
+// a compaction (and each retry of one that failed) waits within retryMax
+// from the first: every rank reads the whole prefix then.
 func (e *Etcd) watch(rev int64) {
 	defer e.wg.Done()
-	backoff := 50 * time.Millisecond
+	maxWait := e.opts.retryMax()
+	bound := watchRetryMin
+	compacted := false
 	for e.ctx.Err() == nil {
+		if compacted {
+			// Resynchronise: what happened while the watch was broken
+			// shows as the difference between the table and the prefix
+			// now.
+			if !e.pause(maxWait) {
+				return
+			}
+			gctx, cancel := context.WithTimeout(e.ctx, e.opts.dialTimeout)
+			resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
+			cancel()
+			if err != nil {
+				if e.cli.Ctx().Err() != nil {
+					break
+				}
+				continue
+			}
+			e.mu.Lock()
+			e.sync(resp)
+			e.mu.Unlock()
+			rev, compacted = resp.Header.Revision+1, false
+		}
 		wch := e.cli.Watch(clientv3.WithRequireLeader(e.ctx), e.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		delivered := false
 		for resp := range wch {
-			if resp.CompactRevision != 0 || resp.Err() != nil {
+			// (etcd may also say so as a cancellation's reason.)
+			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+				compacted = true
 				break
 			}
+			if resp.Err() != nil {
+				break
+			}
+			delivered = true
 			// Within one revision (one transaction), apply incarnation keys
 			// before records: a registration writes both at once.
 			evs := slices.Clone(resp.Events)
@@ -212,9 +257,9 @@ func (e *Etcd) watch(rev int64) {
 			e.mu.Unlock()
 			// Resume after the last event applied, not after the header's
 			// revision: etcd sends a watcher that fell behind its events in
-			// batches of 1000 revisions, each with the store's current
-			// revision, and a watch resumed from there (below, when the
-			// read that resynchronises fails) would skip the rest.
+			// batches of 1000 revisions (a revision's events never split),
+			// each with the store's current revision, and a watch resumed
+			// from there would skip the rest.
 			if n := len(evs); n > 0 {
 				rev = max(rev, evs[n-1].Kv.ModRevision+1)
 			}
@@ -223,30 +268,39 @@ func (e *Etcd) watch(rev int64) {
 			return
 		}
 		if e.cli.Ctx().Err() != nil {
-			e.lose(ReasonKeepaliveStopped)
-			e.fail(fmt.Errorf("%w: its etcd client was closed", ErrClosed))
+			break
+		}
+		if delivered {
+			bound = watchRetryMin
+		}
+		if compacted {
+			continue // the read waits
+		}
+		if !e.pause(bound) {
 			return
 		}
-		// Resynchronise: what happened while the watch was broken shows as
-		// the difference between the table and the prefix now.
-		gctx, cancel := context.WithTimeout(e.ctx, e.opts.dialTimeout)
-		resp, err := e.cli.Get(gctx, e.prefix, clientv3.WithPrefix())
-		cancel()
-		if err != nil {
-			t := time.NewTimer(backoff)
-			select {
-			case <-t.C:
-			case <-e.ctx.Done():
-				t.Stop()
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 50 * time.Millisecond
-		e.mu.Lock()
-		e.sync(resp)
-		e.mu.Unlock()
-		rev = resp.Header.Revision + 1
+		bound = min(2*bound, maxWait)
+	}
+	if e.ctx.Err() == nil {
+		e.lose(ReasonKeepaliveStopped)
+		e.fail(fmt.Errorf("%w: its etcd client was closed", ErrClosed))
+	}
+}
+
+// watchRetryMin is the first bound of the random wait before the watch
+// is retried.
+const watchRetryMin = 50 * time.Millisecond
+
+// pause waits a random time below bound (false: the registry closed
+// meanwhile).
+func (e *Etcd) pause(bound time.Duration) bool {
+	t := time.NewTimer(e.opts.jitter(bound))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-e.ctx.Done():
+		return false
 	}
 }
 
@@ -535,7 +589,8 @@ func (e *Etcd) waitGone(ctx context.Context, key string, rev int64) error {
 	for {
 		compacted := false
 		for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(from)) {
-			if resp.CompactRevision != 0 {
+			// (etcd may also say so as a cancellation's reason.)
+			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
 				compacted = true
 				break
 			}

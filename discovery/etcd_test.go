@@ -764,9 +764,9 @@ func TestEtcdNoDownOfSelfAfterLost(t *testing.T) {
 }
 
 // TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue: while the watch was
-// broken, a live rank's lease expired and the rank registered again with
-// a record this registry refuses (a newer build's record of a version
-// this one does not read). The resynchronisation must put the rank that
+// broken (and its events compacted away), a live rank's lease expired and
+// the rank registered again with a record this registry refuses (a newer
+// build's record of a version this one does not read). The resynchronisation must put the rank that
 // was up Down: its key holds no record of it. It stayed up for good.
 func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
 	cluster := clusterName(t)
@@ -801,8 +801,9 @@ func TestEtcdResyncDownsRankWhoseKeyHoldsARefusedValue(t *testing.T) {
 		clientv3.OpPut(Key(cluster, "gen", 1), newer, clientv3.WithLease(l2.ID))).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	// The watch breaks: the registry reads the prefix again, then
-	// watches anew.
+	// etcd compacted the watch's revision away: the registry reads the
+	// prefix again, then watches anew.
+	first.ch <- clientv3.WatchResponse{Canceled: true, CompactRevision: first.rev + 1}
 	close(first.ch)
 	done := make(chan struct{})
 	t.Cleanup(func() { close(done) })

@@ -3,6 +3,7 @@ package discovery
 import (
 	"crypto/tls"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -28,10 +29,13 @@ type options struct {
 	tls         *tls.Config
 	user, pass  string
 	onHeld      func(held Record)
+	// jitter draws the random wait before a retry of the watch, below
+	// its bound (randomWait; tests record the bounds).
+	jitter func(bound time.Duration) time.Duration
 }
 
 func buildOptions(opts []Option) options {
-	o := options{ttl: DefaultTTL, dialTimeout: DefaultDialTimeout, queue: DefaultEventQueue}
+	o := options{ttl: DefaultTTL, dialTimeout: DefaultDialTimeout, queue: DefaultEventQueue, jitter: randomWait}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -96,4 +100,23 @@ func WithEventQueue(n int) Option { return func(o *options) { o.queue = n } }
 func (o options) ttlSeconds() int64 {
 	s := int64((o.ttl + time.Second - 1) / time.Second)
 	return max(s, 1)
+}
+
+// retryMax bounds the random wait before a retry of the etcd registry's
+// watch: a quarter of the TTL, at most 2 s (at least watchRetryMin). The
+// ranks of a cluster whose watches etcd cancelled together (a lost
+// leader, a compaction) come back spread over it: the wait adds that
+// much at most to how late they learn of a change made meanwhile, well
+// within the TTL a rank that dies takes to be seen.
+func (o options) retryMax() time.Duration {
+	ttl := time.Duration(o.ttlSeconds()) * time.Second
+	return max(watchRetryMin, min(ttl/4, 2*time.Second))
+}
+
+// randomWait is uniform in [0, bound): never one delay every rank shares.
+func randomWait(bound time.Duration) time.Duration {
+	if bound <= 0 {
+		return 0
+	}
+	return rand.N(bound)
 }
