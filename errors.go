@@ -69,6 +69,11 @@ var (
 	// error names the requests, or the worker and its peers. The pool
 	// memory stays mapped.
 	ErrUndrained = actors.ErrUndrained
+	// ErrWorkerStuck is wrapped beside ErrUndrained when a sender worker
+	// did not stop within 10 s of Close: it may still be inside a backend
+	// call, so the data-plane agent stays open (and the memory mapped)
+	// for the rest of the process.
+	ErrWorkerStuck = actors.ErrWorkerStuck
 	// ErrMismatch: the two sides disagree about the request (prompt
 	// length, bytes written against bytes planned, layout) or about the
 	// protocol (a writer's Result that fails validation, such as a status

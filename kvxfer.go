@@ -1398,7 +1398,9 @@ func (e *Engine) close(ctx context.Context) error {
 			err = fmt.Errorf("trace %s: %w", e.cfg.TracePath, terr)
 		}
 	}
-	if e.ownsAg {
+	// A sender worker Close gave up on may still be inside a backend
+	// call: the agent stays open under it (leaked, as the memory).
+	if e.ownsAg && !errors.Is(err, actors.ErrWorkerStuck) {
 		if cerr := e.agent.Close(); cerr != nil && err == nil {
 			err = cerr
 		}

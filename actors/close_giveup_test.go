@@ -202,8 +202,8 @@ func TestCloseKeepsMemoryOfAWorkerItGivesUpOn(t *testing.T) {
 	if n := agent.deregistered.Load(); n != 0 {
 		t.Errorf("Close deregistered the pool region (%d times) while the worker it gave up on held an endpoint to %s", n, gen2)
 	}
-	if !errors.Is(err, ErrUndrained) || !strings.Contains(err.Error(), "worker 0") || !strings.Contains(err.Error(), gen2.String()) {
-		t.Errorf("Close: %v; want ErrUndrained naming worker 0 and %s", err, gen2)
+	if !errors.Is(err, ErrUndrained) || !errors.Is(err, ErrWorkerStuck) || !strings.Contains(err.Error(), "worker 0") || !strings.Contains(err.Error(), gen2.String()) {
+		t.Errorf("Close: %v; want ErrUndrained and ErrWorkerStuck naming worker 0 and %s", err, gen2)
 	}
 	if ctxR.e.WritesOver() {
 		t.Error("WritesOver after Close gave up on a worker")

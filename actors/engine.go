@@ -702,6 +702,12 @@ func (e *Engine) ask(m any) (int, error) {
 // ErrUndrained is returned by Close when sessions could not drain in time.
 var ErrUndrained = errors.New("actors: sessions did not drain")
 
+// ErrWorkerStuck is wrapped, beside ErrUndrained, by a Close that gave up
+// on a sender worker: the worker may still be inside a backend call, so
+// the agent must not be closed under it either (its owner leaks it, as the
+// memory).
+var ErrWorkerStuck = errors.New("actors: a sender worker did not stop")
+
 // Close cancels every live session, waits until each has drained and
 // released its pages or ctx ends, then stops the workers and the tree. It
 // reports the requests that could not drain; their pages stay pinned. An
@@ -840,8 +846,8 @@ func (e *Engine) awaitWorker(i int) error {
 			}
 			e.cfg.Log.Error().Int("worker", i).Dur("waited", waited).Strs("endpoints", endpoints).Strs("connecting", connects).
 				Msg("engine close: sender worker has not stopped, and no endpoint close of it is running: going on without it, but its endpoints' writes are not proven over, so the memory stays registered and mapped (Close fails); it posts nothing more, and a Connect of it that returns later closes its endpoint at once")
-			return fmt.Errorf("%w: sender worker %d did not stop within %v of Close (stuck outside its endpoint closes: a control send, a backend call), so the writes of its endpoints to %v (connecting to %v) are not proven over: the pool memory stays registered and must stay mapped until the process exits",
-				ErrUndrained, i, waited, endpoints, connects)
+			return fmt.Errorf("%w: %w: sender worker %d did not stop within %v of Close (stuck outside its endpoint closes: a control send, a backend call), so the writes of its endpoints to %v (connecting to %v) are not proven over: the pool memory stays registered and must stay mapped until the process exits",
+				ErrUndrained, ErrWorkerStuck, i, waited, endpoints, connects)
 		}
 		e.cfg.Log.Error().Int("worker", i).Dur("waited", waited).Strs("closing", closing).
 			Msg("engine close: sender worker has not stopped: its endpoint closes to these peers have not returned, so their writes are not proven over and Close waits for them before it deregisters or frees any memory; if this lasts, the data-plane backend's Endpoint.Close is stuck for those peers")

@@ -1154,7 +1154,11 @@ func (n *Node) Close(ctx context.Context) error {
 			if k, ok := n.agent.(interface{ KeepMemory() }); ok {
 				k.KeepMemory()
 			}
-			err = errors.Join(err, n.agent.Close())
+			if !errors.Is(err, kvxfer.ErrWorkerStuck) {
+				// (A sender worker the engine gave up on may still be
+				// inside a backend call: the agent stays open under it.)
+				err = errors.Join(err, n.agent.Close())
+			}
 			// The pool stays mapped, but its name goes: peers that
 			// mapped it keep their mapping, and no file is left in
 			// /dev/shm once this process exits.
