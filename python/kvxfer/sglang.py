@@ -257,6 +257,11 @@ class KVManager:
     SGLang's split (sglang_pp_stages), KV buffers of unequal size, no node
     keys."""
 
+    # SGLang's runtime PD role switch (disaggregation/role_switch.py,
+    # _reject_reason) reads this of the current manager: kvxfer's node is
+    # opened for one role, so a switch is refused with SGLang's own message.
+    supports_role_switch = False
+
     def __init__(self, args, disaggregation_mode, server_args=None, is_mla_backend=False, config=None):
         self.kv_args = args
         self.mode = _mode_name(disaggregation_mode)
@@ -397,6 +402,31 @@ class KVManager:
 
     def register_to_bootstrap(self):
         """Nothing: routing comes from the config (prefill_instances)."""
+        return None
+
+    def submit_prefill_recompute(self, kv_receiver, payload):
+        """decode.py's pop_preallocated asks this for a request that
+        pause_generation(mode="retract") retracted (is_rebootstrap), right
+        after its send_metadata: SGLang's own managers POST it to the
+        prefill's /generate, whose HTTP port their bootstrap server knows.
+        kvxfer runs no bootstrap server, so the request fails alone
+        (its receive is cancelled; poll() says Failed once that ended,
+        failure_exception naming why), as SGLang's own managers fail one
+        whose /generate they cannot send. Never raises into the loop."""
+        payload = payload if isinstance(payload, dict) else {}
+        reason = ("PD retract rebootstrap of request %s (bootstrap_room %s): it needs the prefill's /generate, "
+                  "which kvxfer's SGLang backend cannot send (it runs no bootstrap server); the request fails: "
+                  "pause generation without mode=\"retract\", or retract with a transfer backend of SGLang's own"
+                  % (payload.get("rid"), payload.get("bootstrap_room", getattr(kv_receiver, "room", None))))
+        logger.error("kvxfer: %s", reason)
+        fail = getattr(kv_receiver, "_fail", None)
+        try:
+            if callable(fail):
+                fail(reason)
+            else:
+                kv_receiver.abort()
+        except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
+            logger.error("kvxfer: failing the rebootstrap of request %s: %s", payload.get("rid"), exc)
         return None
 
     def close(self, timeout_ms=5000):
