@@ -272,6 +272,7 @@ func toWire(f Frame) (*pb.Envelope, error) {
 			Seq:             m.Seq,
 			Leaving:         m.Leaving,
 			Drained:         m.Drained,
+			Reason:          m.Reason,
 			FromIncarnation: m.FromIncarnation,
 		}}
 	default:
@@ -388,7 +389,7 @@ func fromWire(env *pb.Envelope) (Frame, error) {
 	case *pb.Envelope_Heartbeat:
 		m := body.Heartbeat
 		return &Heartbeat{From: peerFromWire(m.GetFrom()), Seq: m.GetSeq(),
-			FromIncarnation: m.GetFromIncarnation(), Leaving: m.GetLeaving(), Drained: m.GetDrained()}, nil
+			FromIncarnation: m.GetFromIncarnation(), Leaving: m.GetLeaving(), Drained: m.GetDrained(), Reason: m.GetReason()}, nil
 	case nil:
 		if num, ok := firstUnknownField(env); ok {
 			return nil, invalid("unknown frame type (envelope field %d)", num)

@@ -412,6 +412,75 @@ func TestDrainedGoodbyeIsAGoodbyeToAnOlderPeer(t *testing.T) {
 	}
 }
 
+// TestGoodbyeReasonIsAGoodbyeToAnOlderPeer: a goodbye's reason
+// (Heartbeat.Reason, why its sender exits) is the goodbye's encoding plus
+// one optional string field, number 5, and round-trips; an older peer
+// skips it and reads the goodbye it knows, and a newer one reads an older
+// peer's goodbye as one without reason (a possible restart). A reason
+// longer than MaxGoodbyeReasonLen, holding a control character, or on a
+// heartbeat that is no goodbye is refused both ways, naming it;
+// GoodbyeReason makes any text one that is taken. (Checked to fail
+// without the field: the round trip loses Reason.)
+func TestGoodbyeReasonIsAGoodbyeToAnOlderPeer(t *testing.T) {
+	peer := messages.PeerID{Instance: "p", Rank: 3}
+	bye := &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Leaving: true}
+	why := &messages.Heartbeat{From: peer, Seq: 42, FromIncarnation: 7, Leaving: true, Reason: "no Hello from ctx/0"}
+	b := mustEncode(t, why)
+	if f, err := messages.Decode(b); err != nil || !reflect.DeepEqual(f, why) {
+		t.Fatalf("a goodbye with a reason decodes as %#v, %v; want %#v", f, err, why)
+	}
+	head := varintField(varintField(bytesField(nil, 1, rawPeer("p", 3)), 2, 42), 3, 1)
+	want := rawEnvelope(1, fieldHeartbeat, varintField(bytesField(slices.Clone(head), 5, []byte(why.Reason)), 20, 7))
+	if !bytes.Equal(b, want) {
+		t.Fatalf("a goodbye with a reason encodes as %x, want the goodbye with field 5: %x", b, want)
+	}
+	older := rawEnvelope(1, fieldHeartbeat, varintField(slices.Clone(head), 20, 7))
+	if plain := mustEncode(t, bye); !bytes.Equal(older, plain) {
+		t.Fatalf("a goodbye without field 5 is %x, want the plain goodbye %x", older, plain)
+	}
+	if f, err := messages.Decode(older); err != nil || !reflect.DeepEqual(f, bye) {
+		t.Fatalf("an older peer's goodbye decodes as %#v, %v; want %#v (no reason)", f, err, bye)
+	}
+	for _, c := range []struct {
+		hb   *messages.Heartbeat
+		says string
+	}{
+		{&messages.Heartbeat{From: peer, Seq: 1, Leaving: true, Reason: strings.Repeat("x", messages.MaxGoodbyeReasonLen+1)}, fmt.Sprintf("reason length %d > %d", messages.MaxGoodbyeReasonLen+1, messages.MaxGoodbyeReasonLen)},
+		{&messages.Heartbeat{From: peer, Seq: 1, Leaving: true, Reason: "two\nlines"}, "control character U+000A"},
+		{&messages.Heartbeat{From: peer, Seq: 1, Leaving: true, Reason: "c1\u0085"}, "control character U+0085"},
+		{&messages.Heartbeat{From: peer, Seq: 1, Reason: "not leaving"}, "reason without leaving"},
+	} {
+		if _, err := messages.Encode(c.hb); !errors.Is(err, messages.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Encode of reason %.20q: %v; want ErrInvalid saying %q", c.hb.Reason, err, c.says)
+		}
+		var leaving uint64
+		if c.hb.Leaving {
+			leaving = 1
+		}
+		raw := rawEnvelope(1, fieldHeartbeat, bytesField(varintField(bytesField(nil, 1, rawPeer("p", 3)), 3, leaving), 5, []byte(c.hb.Reason)))
+		if f, err := messages.Decode(raw); !errors.Is(err, messages.ErrInvalid) || f != nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Decode of reason %.20q: %#v, %v; want ErrInvalid saying %q", c.hb.Reason, f, err, c.says)
+		}
+	}
+	for in, out := range map[string]string{
+		"":                         "",
+		"plain é":                  "plain é",
+		"a\nb\tc\x00\x1b[2J\u0085": `a\nb\tc\x00\x1b[2J\u0085`,
+		"bad \xff utf-8":           "bad \uFFFD utf-8",
+	} {
+		if got := messages.GoodbyeReason(in); got != out {
+			t.Errorf("GoodbyeReason(%q) = %q, want %q", in, got, out)
+		}
+	}
+	long := messages.GoodbyeReason(strings.Repeat("é", messages.MaxGoodbyeReasonLen) + "\n")
+	if len(long) > messages.MaxGoodbyeReasonLen || !utf8.ValidString(long) {
+		t.Fatalf("GoodbyeReason of a long text: %d bytes, valid UTF-8 %v", len(long), utf8.ValidString(long))
+	}
+	if _, err := messages.Encode(&messages.Heartbeat{From: peer, Seq: 1, Leaving: true, Reason: long}); err != nil {
+		t.Fatalf("Encode of a goodbye with GoodbyeReason's text: %v", err)
+	}
+}
+
 // TestDecodeEveryPrefixAndSuffix splits every sample at every byte: each
 // part decodes to a valid frame or is rejected with ErrInvalid.
 func TestDecodeEveryPrefixAndSuffix(t *testing.T) {

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"math/bits"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is the control-plane protocol version carried in every frame.
@@ -24,6 +28,10 @@ const (
 	MaxRank          = 1 << 16
 	// MaxRemap bounds RequestData.Remap.
 	MaxRemap = 1 << 14
+	// MaxGoodbyeReasonLen bounds Heartbeat.Reason, in bytes: room for an
+	// error that names two endpoints and what to check (the sender cuts a
+	// longer one: GoodbyeReason).
+	MaxGoodbyeReasonLen = 512
 )
 
 // ErrInvalid is wrapped by every validation failure.
@@ -417,6 +425,34 @@ type Heartbeat struct {
 	// sender, or one whose close left a write in doubt) a goodbye proves
 	// nothing. A peer that predates it ignores the field.
 	Drained bool
+	// Reason, set only with Leaving, is why the sender closes when it
+	// exits on an error it found (a mistake its peer should name instead
+	// of waiting for a restart): at most MaxGoodbyeReasonLen bytes of
+	// UTF-8 without control characters (GoodbyeReason makes any text
+	// fit). "" (also from a peer that predates it): no reason given, and
+	// the sender may come back (a restart).
+	Reason string
+}
+
+// GoodbyeReason makes s fit Heartbeat.Reason: invalid UTF-8 is replaced
+// with U+FFFD, each control character is escaped as in a Go string
+// literal (a newline as \n), and the result is cut to at most
+// MaxGoodbyeReasonLen bytes on a rune boundary.
+func GoodbyeReason(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		var b strings.Builder
+		for _, r := range s {
+			if unicode.IsControl(r) {
+				q := strconv.QuoteRune(r)
+				b.WriteString(q[1 : len(q)-1])
+				continue
+			}
+			b.WriteRune(r)
+		}
+		s = b.String()
+	}
+	return TruncateText(s, MaxGoodbyeReasonLen)
 }
 
 func (m *Hello) Request() string        { return "" }
@@ -687,6 +723,21 @@ func (m *Heartbeat) Validate() error {
 	}
 	if m.Drained && !m.Leaving {
 		return invalid("heartbeat %d of %s says drained without leaving: only a goodbye may say that its writes are over", m.Seq, m.From)
+	}
+	if m.Reason != "" {
+		if !m.Leaving {
+			return invalid("heartbeat %d of %s gives a reason without leaving: only a goodbye may say why its sender closes", m.Seq, m.From)
+		}
+		if len(m.Reason) > MaxGoodbyeReasonLen {
+			return invalid("goodbye %d of %s: reason length %d > %d", m.Seq, m.From, len(m.Reason), MaxGoodbyeReasonLen)
+		}
+		if !utf8.ValidString(m.Reason) {
+			return invalid("goodbye %d of %s: reason is not valid UTF-8", m.Seq, m.From)
+		}
+		if i := strings.IndexFunc(m.Reason, unicode.IsControl); i >= 0 {
+			r, _ := utf8.DecodeRuneInString(m.Reason[i:])
+			return invalid("goodbye %d of %s: reason holds control character %U at byte %d (a sender escapes them: GoodbyeReason)", m.Seq, m.From, r, i)
+		}
 	}
 	return nil
 }

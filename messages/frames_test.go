@@ -82,6 +82,8 @@ func sampleFrames() map[string]messages.Frame {
 		"goodbye":       &messages.Heartbeat{From: testPeer, Seq: 9, FromIncarnation: math.MaxUint64, Leaving: true},
 		"goodbye_drained": &messages.Heartbeat{From: testPeer, Seq: 10, FromIncarnation: math.MaxUint64, Leaving: true,
 			Drained: true},
+		"goodbye_reason": &messages.Heartbeat{From: testPeer, Seq: 11, FromIncarnation: math.MaxUint64, Leaving: true,
+			Reason: messages.GoodbyeReason("gen/0: a Hello came from ctx2/0, which is not a peer of this engine: « é »")},
 		"misaddressed": &messages.Misaddressed{RequestID: "req-0001", Epoch: 7, From: testPeer, Addressed: 1<<62 + 3,
 			Incarnations: messages.Incarnations{FromIncarnation: math.MaxUint64, ToIncarnation: 1<<63 + 1}},
 	}

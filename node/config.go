@@ -213,6 +213,13 @@ type Config struct {
 	// rank index as in Peer. It may be called more than once for one
 	// death, and must not block.
 	OnPeerDown func(instance string, rank int) `json:"-"`
+	// OnPeerGoodbye, when set, is called when a peer said goodbye as its
+	// node closed, before OnPeerDown for it: reason is why it closed, as
+	// its goodbye said (it exits on an error it found, Node.CloseBecause,
+	// and is not coming back: its owner may stop waiting for it), "" when
+	// it gave none (a graceful stop, a restart, an older peer). It must
+	// not block.
+	OnPeerGoodbye func(instance string, rank int, reason string) `json:"-"`
 }
 
 // Parallel is an instance's tensor × pipeline parallelism.

@@ -50,8 +50,12 @@
 //     that closes gracefully (Close) says goodbye on its control link to
 //     each peer it is connected to; a peer takes that incarnation down at
 //     once (Engine.PeerIncarnationDown, "closed (it said goodbye)", and
-//     Config.OnPeerDown) instead of after the heartbeat timeout — with or
-//     without etcd. Suspicion too: it does what a Down does and frees
+//     Config.OnPeerGoodbye, Config.OnPeerDown) instead of after the
+//     heartbeat timeout — with or without etcd. A node closed on an error
+//     (CloseBecause) names it in its goodbye: the peer's requests fail
+//     naming it ("exited on an error (its goodbye says: …)"), and
+//     OnPeerGoodbye hears it, for an owner that stops waiting for a
+//     restart. Suspicion too: it does what a Down does and frees
 //     nothing more (docs/membership.md, "A graceful stop says goodbye") —
 //     unless it is a drained goodbye: a node whose engine's Close drained
 //     every write it started (kvxfer.Engine.WritesOver) says so in its

@@ -307,6 +307,12 @@ func (n *Node) apply(ev discovery.Event) {
 				return
 			}
 		}
+		if ev.Reason == discovery.ReasonLeft && n.cfg.OnPeerGoodbye != nil {
+			// Its Close withdrew its record first: the goodbye its link
+			// says next is no news to the link, unless it names a
+			// reason (zmq.Config.OnPeerGoodbye).
+			n.cfg.OnPeerGoodbye(id.Instance, int(id.Rank), "")
+		}
 		if n.cfg.OnPeerDown != nil {
 			n.cfg.OnPeerDown(id.Instance, int(id.Rank))
 		}

@@ -45,6 +45,10 @@ var (
 	// after its Hello. This node could send it nothing (no RequestData, no
 	// Result), so every request would wait for its deadline.
 	ErrPeerUnreachable = errors.New("node: peer unreachable")
+	// ErrPeerExited: a peer said goodbye naming an error it exits on
+	// (its node closed with CloseBecause): it is not coming back, and
+	// WaitPeers names it and returns instead of waiting for a restart.
+	ErrPeerExited = errors.New("node: peer exited on an error")
 	// ErrUnknownPeer: a request needs a rank that is not among the node's
 	// peers, or a peer found through etcd that etcd holds no record of
 	// now (Node.Receive).
@@ -244,13 +248,28 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		// A peer's graceful Close says goodbye on its link: that
 		// incarnation is down at once, as after missed heartbeats (its
-		// requests fail, naming the close; pages wait for a proof as
-		// for any Down), without the heartbeat timeout.
-		zc.OnPeerGoodbye = func(p messages.PeerID, inc uint64) {
-			if e := engp.Load(); e != nil {
-				e.PeerIncarnationDown(p, inc, zmq.ErrPeerClosed.Error())
+		// requests fail, naming the close and the reason it gave;
+		// pages wait for a proof as for any Down), without the
+		// heartbeat timeout.
+		zc.OnPeerGoodbye = func(p messages.PeerID, inc uint64, reason string) {
+			why := zmq.ErrPeerClosed.Error()
+			if reason != "" {
+				why = "exited on an error (its goodbye says: " + reason + ")"
 			}
-			n.log.Info().Str("peer", p.String()).Uint64("incarnation", inc).Msg("peer said goodbye (its node closed): its requests fail")
+			if e := engp.Load(); e != nil {
+				e.PeerIncarnationDown(p, inc, why)
+			}
+			if reason != "" {
+				n.log.Warn().Str("peer", p.String()).Uint64("incarnation", inc).Str("reason", reason).
+					Msgf("peer %s said goodbye as it exited on an error: %s; its requests here fail", p, reason)
+			} else {
+				// A graceful stop, as at the end of every run: what
+				// failed here says so itself.
+				n.log.Debug().Str("peer", p.String()).Uint64("incarnation", inc).Msg("peer said goodbye (its node closed): requests with it still live here fail")
+			}
+			if cfg.OnPeerGoodbye != nil {
+				cfg.OnPeerGoodbye(p.Instance, int(p.Rank), reason)
+			}
 			if cfg.OnPeerDown != nil {
 				cfg.OnPeerDown(p.Instance, int(p.Rank))
 			}
@@ -683,7 +702,8 @@ func (n *Node) Backend() string { return n.backend }
 // not up after 3 heartbeat intervals is named at once (ErrPeerUnreachable),
 // and so is one that said Hello and went down before that connection came
 // up (it exited, or fell silent, at its start); one that said goodbye as
-// it closed is waited for again, its next Hello judged afresh.
+// it closed is waited for again, its next Hello judged afresh, unless its
+// goodbye named an error it exits on (ErrPeerExited, naming it).
 // A peer still silent after 3 heartbeat intervals is named in a warning,
 // with what the link knows of it (nothing accepts connections at its
 // endpoint; or our connection to it is up and it has not connected back),
@@ -814,6 +834,11 @@ func (n *Node) WaitPeers(ctx context.Context) error {
 				// spoke (it exited, or fell silent, at its start).
 				return fmt.Errorf("%w: %s at %s said Hello, then went down before this node could reach it: see its log",
 					ErrPeerUnreachable, id, endpoint)
+			}
+			if why := n.link.ClosedReason(id); why != "" && errors.Is(err, zmq.ErrPeerClosed) {
+				// It closed naming the error it exits on: not a restart
+				// to wait for.
+				return fmt.Errorf("%w: %s at %s: %s", ErrPeerExited, id, endpoint, why)
 			}
 			if errors.Is(err, zmq.ErrPeerClosed) {
 				// A peer at a fixed endpoint whose Hello was refused on
@@ -1111,7 +1136,17 @@ func (n *Node) unnamedVersion() string {
 // incarnation's writes are over (a drained goodbye, proof for them) only
 // when the engine's Close drained every write it started
 // (kvxfer.Engine.WritesOver). Close is idempotent.
-func (n *Node) Close(ctx context.Context) error {
+func (n *Node) Close(ctx context.Context) error { return n.CloseBecause(ctx, nil) }
+
+// CloseBecause is Close for a node that closes because of cause, an error
+// its owner found and exits on (a mistake: another peer than the one
+// expected said Hello, the two sides' settings differ): the goodbye it
+// says to its peers names cause (zmq.Link.SetGoodbyeReason: its text,
+// made to fit messages.MaxGoodbyeReasonLen bytes), so that they fail
+// naming it at once (Config.OnPeerGoodbye) instead of taking the close
+// for a restart. A nil cause is Close's goodbye, which gives no reason.
+// Only the first Close or CloseBecause closes the node.
+func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 	n.closeOnce.Do(func() {
 		n.goMu.Lock()
 		n.closing.Store(true)
@@ -1129,6 +1164,9 @@ func (n *Node) Close(ctx context.Context) error {
 		n.engDone = true
 		n.exitMu.Unlock()
 		if n.link != nil {
+			if cause != nil {
+				n.link.SetGoodbyeReason(cause.Error())
+			}
 			if n.eng.WritesOver() {
 				// The engine read its last frame and every write it
 				// started is over: the goodbye may say so (a drained

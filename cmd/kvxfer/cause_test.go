@@ -36,9 +36,31 @@ func TestRunCauseNamesThisProcessFirst(t *testing.T) {
 // counts: the cause said only "the gen process went down (...) before the
 // run finished".)
 func TestRunCauseNamesTheCounts(t *testing.T) {
-	got := runCause(proc.Report{PeerDownMidRun: true, Requests: 8, OK: 6, Failed: 2}, "gen")
+	got := runCause(proc.Report{PeerDownMidRun: true, PeerClosed: true, Requests: 8, OK: 6, Failed: 2}, "gen")
 	if want := "before the run finished, after 6 of this process's 8 requests succeeded (a gen process given fewer --requests also leaves then"; !strings.Contains(got, want) {
 		t.Errorf("cause %q, want %q", got, want)
+	}
+}
+
+// TestRunCauseHintsAtRequestsOnlyForAGoodbye: a peer that went down
+// mid-run without a goodbye (killed, crashed, frozen: it never ran out
+// of requests) gets the counts but no --requests hint; one whose goodbye
+// named the error it exits on is named by it, first, with no hint.
+// (Checked to fail before: the hint came with every down, and the
+// goodbye's reason was not named.)
+func TestRunCauseHintsAtRequestsOnlyForAGoodbye(t *testing.T) {
+	killed := runCause(proc.Report{PeerDownMidRun: true, Requests: 8, OK: 6, Failed: 2}, "gen")
+	if !strings.Contains(killed, "the gen process went down") || !strings.Contains(killed, "after 6 of this process's 8 requests succeeded") ||
+		strings.Contains(killed, "--requests") {
+		t.Errorf("cause for a peer down without a goodbye: %q; want the counts and no --requests hint", killed)
+	}
+	why := "gen/0: node: peer said nothing (no Hello within 2s): ctx/0 at ipc://ctx.sock: a Hello came from ctx2/0, which is not a peer of this engine"
+	got := runCause(proc.Report{PeerDownMidRun: true, PeerClosed: true, PeerReason: why, Requests: 8, Failed: 8}, "gen")
+	if want := "the gen process exited on an error it found, as its goodbye said: " + why; !strings.HasPrefix(got, want) || strings.Contains(got, "--requests") {
+		t.Errorf("cause for a peer that exited naming an error: %q; want it to lead with %q, no --requests hint", got, want)
+	}
+	if !ctxRunFailed(proc.Report{Role: "ctx", Requests: 8, OK: 8, PeerReason: why}) {
+		t.Error("a ctx run whose peer exited naming an error exits 0")
 	}
 }
 

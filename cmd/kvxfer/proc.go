@@ -594,12 +594,12 @@ func newCtxCmd(a *app) *cobra.Command {
 }
 
 // ctxRunFailed is whether kvxfer ctx exits non-zero after its run: a
-// request failed, a block leaked, or the run's settings differ from the
+// request failed, a block leaked, the run's settings differ from the
 // generation process's (RunCtx names it: that process asked for requests
 // past this one's --requests, which every request here succeeding does
-// not show).
+// not show), or the generation process exited on an error it named.
 func ctxRunFailed(rep proc.Report) bool {
-	return rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.SettingsMismatch != ""
+	return rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.SettingsMismatch != "" || rep.PeerReason != ""
 }
 
 func newGenCmd(a *app) *cobra.Command {
@@ -619,7 +619,7 @@ func newGenCmd(a *app) *cobra.Command {
 			}
 		}
 		rep, err := proc.RunGen(ctx, o, cmd.OutOrStdout())
-		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes || rep.SettingsMismatch != "" {
+		if rep.Failed > 0 || rep.LeakedBlocks > 0 || rep.Mismatches > 0 || rep.BytesVerified != rep.Bytes || rep.SettingsMismatch != "" || rep.PeerReason != "" {
 			err = withSummary(fmt.Errorf("gen: %s%d failed, %d mismatched blocks, %d leaked blocks%s", runCause(rep, "ctx"), rep.Failed, rep.Mismatches, rep.LeakedBlocks, firstError(rep)), err)
 		}
 		return err
@@ -641,9 +641,10 @@ func withSummary(summary, err error) error {
 // explains its failures: the peer serving another model (refused at its
 // Hello: every request failed for it), else the two roles' settings
 // differing (the generation role's payload check), else this process's
-// node failing, else the peer's death. The requests' own errors
-// (cancelled, out of blocks, never sent) are their consequences, and the
-// first of them alone misleads.
+// node failing, else the error the peer exited on (its goodbye named it),
+// else the peer's death. The requests' own errors (cancelled, out of
+// blocks, never sent) are their consequences, and the first of them alone
+// misleads.
 func runCause(rep proc.Report, peer string) string {
 	peerModel, selfModel, otherModel := modelMismatch(rep.FirstError)
 	switch {
@@ -657,12 +658,19 @@ func runCause(rep proc.Report, peer string) string {
 		// Its own failure first: the peer, failing too (an etcd both
 		// lost), would otherwise be blamed.
 		return "this process's node failed: " + rep.NodeFailed + ": "
-	case rep.PeerDownMidRun:
+	case rep.PeerReason != "":
+		return fmt.Sprintf("the %s process exited on an error it found, as its goodbye said: %s: ", peer, rep.PeerReason)
+	case rep.PeerDownMidRun && rep.PeerClosed:
 		// The counts too: a peer started with fewer --requests leaves
-		// once its own are done, which from here is the same down (it
-		// never tells its count), and only they show it.
-		return fmt.Sprintf("the %s process went down (it exited, missed its heartbeats or left the etcd cluster) before the run finished, after %d of this process's %d requests succeeded (a %s process given fewer --requests also leaves then: give both the same): ",
+		// once its own are done, which from here is the same goodbye
+		// (it never tells its count), and only they show it.
+		return fmt.Sprintf("the %s process went down (it closed and said goodbye) before the run finished, after %d of this process's %d requests succeeded (a %s process given fewer --requests also leaves then: give both the same): ",
 			peer, rep.OK, rep.Requests, peer)
+	case rep.PeerDownMidRun:
+		// No goodbye: killed, crashed or frozen, not a peer that ran
+		// out of requests.
+		return fmt.Sprintf("the %s process went down (it exited without a goodbye, missed its heartbeats or its etcd lease expired) before the run finished, after %d of this process's %d requests succeeded: ",
+			peer, rep.OK, rep.Requests)
 	}
 	return ""
 }

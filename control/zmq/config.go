@@ -64,9 +64,12 @@ type Config struct {
 	// for the incarnation the directory holds for it (inc; a Hello that
 	// named none gets no goodbye taken): the peer is down from then on,
 	// as after missed heartbeats, without waiting for them. Liveness, not
-	// proof: its writes may still land. It must not block. Optional: when
-	// nil, OnPeerDown is called instead.
-	OnPeerGoodbye func(peer messages.PeerID, inc uint64)
+	// proof: its writes may still land. reason is why the peer closed
+	// when its goodbye said (messages.Heartbeat.Reason: it exits on an
+	// error it found, and is not coming back), "" when it said none (a
+	// graceful stop, an older peer: it may restart). It must not block.
+	// Optional: when nil, OnPeerDown is called instead.
+	OnPeerGoodbye func(peer messages.PeerID, inc uint64, reason string)
 	// OnPeerDrained is called, on the listener goroutine, when a goodbye
 	// that passed every check a goodbye passes (OnPeerGoodbye's, or one
 	// of an incarnation already down or out of the cluster, which calls

@@ -308,11 +308,12 @@
 // liveness tracks the peer; else it is rejected (reason goodbye), counted
 // and logged, and changes nothing, making no entry for anyone. The
 // goodbye of an incarnation that left (RemovePeer: with etcd, its lease
-// revoke came first) is its own and no news: ignored, not counted.
+// revoke came first) is its own and no news: ignored, not counted, but
+// for the reason it may give (below), which OnPeerGoodbye hears.
 //
 // Taken, it marks the peer down at once, as missed heartbeats do:
 // Hello(peer) returns control.ErrPeerGone and ErrPeerClosed ("closed (it
-// said goodbye)"), and OnPeerGoodbye(peer, incarnation) is called once
+// said goodbye)"), and OnPeerGoodbye(peer, incarnation, reason) is called once
 // (OnPeerDown when OnPeerGoodbye is nil); a goodbye of a peer already
 // down changes nothing. "At once" is once a read finds the ROUTER empty:
 // the peer's last frames come on its other connections, which the ROUTER
@@ -331,6 +332,16 @@
 // silence when its goodbye came). A new incarnation's Hello brings the
 // name back.
 //
+// A goodbye may say why its sender closes: Link.SetGoodbyeReason, before
+// Close, gives it a reason (messages.Heartbeat.Reason: the error its
+// owner exits on, made to fit messages.GoodbyeReason: control characters
+// escaped, at most messages.MaxGoodbyeReasonLen bytes). A goodbye whose
+// reason breaks those bounds fails messages.Decode and is rejected
+// (decode) like any invalid frame: nothing is told and no state is made.
+// OnPeerGoodbye gets the reason ("" for none: a graceful stop, or an
+// older peer), and the listener logs it; a goodbye with a reason says its
+// sender is not coming back, one without may be a restart.
+//
 // A plain goodbye is liveness, never proof that the peer's writes are
 // over (DESIGN.md §3): what a receiver does with it is what it does with
 // a Down. A drained goodbye is also proof: the link's owner calls
@@ -348,8 +359,9 @@
 // rejected by the checks every frame passes proves nothing.
 // docs/membership.md argues why the proof is sound.
 //
-// Mixed versions: Leaving, Drained and FromIncarnation are optional
-// fields of Heartbeat. A build that predates them ignores them
+// Mixed versions: Leaving, Drained, Reason and FromIncarnation are
+// optional fields of Heartbeat (an older build takes a goodbye with a
+// reason for one without). A build that predates them ignores them
 // (messages.Decode skips unknown fields) and takes a goodbye for a
 // heartbeat: it learns the close from missed heartbeats counted from the
 // goodbye (one more beat), at most one interval later than from a peer

@@ -16,8 +16,8 @@ type drainedLog struct {
 }
 
 func (g *drainedLog) watch(c *Config) {
-	c.OnPeerGoodbye = func(p messages.PeerID, inc uint64) {
-		g.goodbye(p, inc)
+	c.OnPeerGoodbye = func(p messages.PeerID, inc uint64, reason string) {
+		g.goodbye(p, inc, reason)
 		g.mu.Lock()
 		g.events = append(g.events, "goodbye")
 		g.mu.Unlock()

@@ -14,16 +14,19 @@ import (
 	"github.com/kvxfer/kvxfer/messages"
 )
 
-// goodbyeLog records OnPeerGoodbye and OnPeerDown calls.
+// goodbyeLog records OnPeerGoodbye and OnPeerDown calls, and each
+// goodbye's reason.
 type goodbyeLog struct {
-	mu    sync.Mutex
-	byes  []goneInc
-	downs []messages.PeerID
+	mu      sync.Mutex
+	byes    []goneInc
+	reasons []string
+	downs   []messages.PeerID
 }
 
-func (g *goodbyeLog) goodbye(p messages.PeerID, inc uint64) {
+func (g *goodbyeLog) goodbye(p messages.PeerID, inc uint64, reason string) {
 	g.mu.Lock()
 	g.byes = append(g.byes, goneInc{p, inc})
+	g.reasons = append(g.reasons, reason)
 	g.mu.Unlock()
 }
 
@@ -297,9 +300,8 @@ func TestCloseDoesNotWaitForAGonePeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bye := mustEncode(t, &messages.Heartbeat{From: pid("ctx", 0), Seq: 1, FromIncarnation: 1, Leaving: true})
 	l.mu.Lock()
-	l.byes = &goodbyes{frame: bye, socks: []*zmq4.Socket{sock}}
+	l.byes = &goodbyes{hb: messages.Heartbeat{From: pid("ctx", 0), Seq: 1, FromIncarnation: 1, Leaving: true}, socks: []*zmq4.Socket{sock}}
 	l.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
@@ -365,7 +367,7 @@ func TestLivenessLeave(t *testing.T) {
 func TestGoodbyeWaitsForTheFramesReadWithIt(t *testing.T) {
 	f := newDepartedFixture(t)
 	var events []string
-	f.s.l.cfg.OnPeerGoodbye = func(p messages.PeerID, inc uint64) { events = append(events, "goodbye") }
+	f.s.l.cfg.OnPeerGoodbye = func(messages.PeerID, uint64, string) { events = append(events, "goodbye") }
 	f.s.deliver = func(fr messages.Frame) {
 		if _, err := f.s.l.Hello(f.peer); err != nil {
 			events = append(events, "frame after down")

@@ -339,12 +339,13 @@ func (b *beater) closeAll() {
 const goodbyeLinger = 200 * time.Millisecond
 
 // goodbyes are the heartbeat sockets the heartbeat goroutine left, as it
-// stopped, for Link.Close to say goodbye on, and the goodbye: frame, or
-// drained (the same with Drained set) when the link's owner said its
-// writes are over (Link.MarkDrained) by the time Close sends it.
+// stopped, for Link.Close to say goodbye on, and the goodbye: hb, with
+// Drained set when the link's owner said its writes are over
+// (Link.MarkDrained) and its reason (Link.SetGoodbyeReason) by the time
+// Close sends it.
 type goodbyes struct {
-	frame, drained []byte
-	socks          []*zmq4.Socket
+	hb    messages.Heartbeat
+	socks []*zmq4.Socket
 }
 
 // park ends the heartbeat goroutine's sockets as the link stops: when
@@ -360,19 +361,7 @@ func (b *beater) park() {
 	if b.inc == 0 {
 		return // no goodbye is taken from a Hello without incarnation
 	}
-	hb := &messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true}
-	bye, err := encode(hb)
-	if err != nil {
-		b.l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
-		return
-	}
-	hb.Drained = true
-	drained, err := encode(hb)
-	if err != nil {
-		b.l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
-		return
-	}
-	g := &goodbyes{frame: bye, drained: drained}
+	g := &goodbyes{hb: messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true}}
 	for id, s := range b.socks {
 		if s.mon != nil {
 			b.events(s)
@@ -398,9 +387,10 @@ func (b *beater) park() {
 // sayGoodbye sends the goodbye on each socket the heartbeat goroutine
 // parked, without waiting, and closes them with goodbyeLinger (the rest
 // of the wait falls to the context's end): a drained goodbye when the
-// link's owner said its writes are over (MarkDrained). Best effort: a
-// goodbye the socket cannot queue is dropped, and the peer learns the
-// close from missed heartbeats as before (and gets no proof from it).
+// link's owner said its writes are over (MarkDrained), naming the reason
+// it gave (SetGoodbyeReason). Best effort: a goodbye the socket cannot
+// queue is dropped, and the peer learns the close from missed heartbeats
+// as before (and gets no proof from it).
 func (l *Link) sayGoodbye() {
 	l.mu.Lock()
 	g := l.byes
@@ -409,16 +399,24 @@ func (l *Link) sayGoodbye() {
 	if g == nil {
 		return
 	}
-	frame := g.frame
-	if l.drained.Load() && g.drained != nil {
-		frame = g.drained
+	hb := g.hb
+	hb.Drained = l.drained.Load()
+	if r := l.byeReason.Load(); r != nil {
+		hb.Reason = *r
+	}
+	frame, err := encode(&hb)
+	if err != nil {
+		l.log.Error().Err(err).Msg("control/zmq: encoding a goodbye")
+		frame = nil // the sockets still close, at once
 	}
 	for _, sock := range g.socks {
-		if _, err := sock.SendBytes(frame, zmq4.DONTWAIT); err == nil {
-			_ = sock.SetLinger(goodbyeLinger)
-		} else {
-			_ = sock.SetLinger(0)
+		linger := time.Duration(0)
+		if frame != nil {
+			if _, err := sock.SendBytes(frame, zmq4.DONTWAIT); err == nil {
+				linger = goodbyeLinger
+			}
 		}
+		_ = sock.SetLinger(linger)
 		_ = sock.Close()
 	}
 }

@@ -62,7 +62,10 @@ type Link struct {
 	// drained: the link's owner said its engine's writes are over
 	// (MarkDrained): the goodbye Close sends says so.
 	drained atomic.Bool
-	done    chan struct{} // closed by Close: Conns' backlogs stop flushing
+	// byeReason: why the link's owner closes it (SetGoodbyeReason), for
+	// the goodbye Close sends; nil: none given.
+	byeReason atomic.Pointer[string]
+	done      chan struct{} // closed by Close: Conns' backlogs stop flushing
 	// anonForeign is the protocol version, not ours, of the last frame
 	// that came on a connection without a CURVE key (insecure); 0: none.
 	anonForeign atomic.Uint32
@@ -134,8 +137,9 @@ type peerInfo struct {
 	key      string // CURVE key the PeerID is bound to, while alive
 	down     bool
 	// left: the peer is down for its goodbye (ErrPeerClosed), not for
-	// missed heartbeats.
-	left bool
+	// missed heartbeats; leftWhy: the reason that goodbye gave ("" none).
+	left    bool
+	leftWhy string
 	// conn is the heartbeat connection's state, connErr why it could not
 	// be made; both written by the heartbeat goroutine (PeerState).
 	conn    PeerState
@@ -655,7 +659,8 @@ func (l *Link) SaysAgent(addr []byte) bool {
 
 // Hello implements control.Link: the latest Hello peer said, while it is
 // alive; control.ErrPeerGone when unknown or down (wrapping ErrPeerClosed
-// too when it is down for its goodbye). When a CURVE key that
+// too when it is down for its goodbye, and naming the reason that goodbye
+// gave, if any: ClosedReason). When a CURVE key that
 // may speak for peer sent frames of another protocol version, the error
 // also wraps messages.ErrVersion and names that version.
 func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
@@ -669,6 +674,8 @@ func (l *Link) Hello(peer messages.PeerID) (*messages.Hello, error) {
 	switch {
 	case info == nil || info.hello == nil:
 		err = fmt.Errorf("%w: %s has not said Hello", control.ErrPeerGone, peer)
+	case info.down && info.left && info.leftWhy != "":
+		err = fmt.Errorf("%w: %s %w as it exited on an error: %s", control.ErrPeerGone, peer, ErrPeerClosed, info.leftWhy)
 	case info.down && info.left:
 		err = fmt.Errorf("%w: %s %w", control.ErrPeerGone, peer, ErrPeerClosed)
 	case info.down:
@@ -694,6 +701,18 @@ func (l *Link) ClosedHello(peer messages.PeerID) (*messages.Hello, bool) {
 		return nil, false
 	}
 	return info.hello, true
+}
+
+// ClosedReason is the reason peer's goodbye gave (messages.Heartbeat.Reason:
+// the error it exits on) while it is down for that goodbye; "" when it
+// gave none (it may be restarting), or is not down for a goodbye.
+func (l *Link) ClosedReason(peer messages.PeerID) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if info := l.peers[peer]; info != nil && info.down && info.left {
+		return info.leftWhy
+	}
+	return ""
 }
 
 // otherVersionLocked is the protocol version peer's frames were written
@@ -763,6 +782,20 @@ func (e *PeerVersionError) Unwrap() error { return &messages.VersionError{Got: e
 // default) the goodbye proves nothing. Once Close began it changes
 // nothing.
 func (l *Link) MarkDrained() { l.drained.Store(true) }
+
+// SetGoodbyeReason gives the goodbye Close sends a reason
+// (messages.Heartbeat.Reason): why the link's owner closes, when it exits
+// on an error it found, so that its peers name it and stop waiting for
+// it instead of taking the close for a restart (Config.OnPeerGoodbye).
+// reason is made to fit (messages.GoodbyeReason); "" gives none, as by
+// default. Once Close began it changes nothing.
+func (l *Link) SetGoodbyeReason(reason string) {
+	if reason = messages.GoodbyeReason(reason); reason == "" {
+		l.byeReason.Store(nil)
+		return
+	}
+	l.byeReason.Store(&reason)
+}
 
 // Close stops the listener and heartbeat goroutines (their sockets close
 // with linger 0) and removes the ipc:// socket file Listen bound, if it is

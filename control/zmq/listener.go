@@ -105,12 +105,14 @@ var maxGhosts = 4096
 const ghostKeep = time.Minute
 
 // pendingBye is a goodbye read on a bound connection; drained: it says
-// the sender's writes are over (messages.Heartbeat.Drained); at: when it
-// was read (Config.Clock).
+// the sender's writes are over (messages.Heartbeat.Drained); reason: why
+// the sender closes, as it said (messages.Heartbeat.Reason, validated);
+// at: when it was read (Config.Clock).
 type pendingBye struct {
 	id, key string
 	b       *binding
 	drained bool
+	reason  string
 	at      time.Time
 }
 
@@ -737,7 +739,7 @@ func (s *listener) handle(id string, payload []byte, key string, parts int) {
 		// Acted on once the ROUTER is drained (goodbyes): the peer's last
 		// frames on its other connections (a Result it sent just before
 		// it closed) may wait behind it in the ROUTER's fair queue.
-		s.addBye(pendingBye{id, key, b, hb.Drained, s.l.cfg.Clock()})
+		s.addBye(pendingBye{id, key, b, hb.Drained, hb.Reason, s.l.cfg.Clock()})
 		return
 	}
 	switch {
@@ -1278,7 +1280,7 @@ func (s *listener) actOnGoodbyes(before time.Time) {
 			kept = append(kept, g)
 			continue
 		}
-		s.goodbye(g.id, g.key, g.b, g.drained)
+		s.goodbye(g.id, g.key, g.b, g.drained, g.reason)
 	}
 	clear(s.byes[len(kept):])
 	s.byes = kept
@@ -1287,13 +1289,16 @@ func (s *listener) actOnGoodbyes(before time.Time) {
 // addBye keeps goodbye g for goodbyes, one per connection binding: a
 // goodbye repeated on a connection whose goodbye still waits (behind held
 // frames, up to ghostKeep) is folded into it, drained if either said so,
-// so that byes stays bounded by the bound connections however many a
-// peer sends. Acting on a goodbye twice changed nothing but telling
-// OnPeerDrained twice.
+// with the first reason given, so that byes stays bounded by the bound
+// connections however many a peer sends. Acting on a goodbye twice
+// changed nothing but telling OnPeerDrained twice.
 func (s *listener) addBye(g pendingBye) {
 	for i := range s.byes {
 		if s.byes[i].b == g.b && s.byes[i].id == g.id {
 			s.byes[i].drained = s.byes[i].drained || g.drained
+			if s.byes[i].reason == "" {
+				s.byes[i].reason = g.reason
+			}
 			return
 		}
 	}
@@ -1317,7 +1322,8 @@ func (s *listener) holdsFramesOf(b *binding) bool {
 // 0) the directory holds for the peer, while liveness tracks it: the peer
 // is then down at once, as after missed heartbeats (Hello returns
 // control.ErrPeerGone saying it closed), and OnPeerGoodbye (else
-// OnPeerDown) is told, once; from then on the frames of that incarnation
+// OnPeerDown) is told, once, with the goodbye's reason (reason, "" when
+// it gave none; logged too); from then on the frames of that incarnation
 // are no sign of life. The goodbye of an incarnation that left the
 // cluster (RemovePeer), or of a peer already down, is no news and
 // ignored. Any other goodbye is rejected (RejectGoodbye) and changes
@@ -1334,7 +1340,7 @@ func (s *listener) holdsFramesOf(b *binding) bool {
 // rejected by the checks every frame passes (identity, sender, no
 // Hello), or on a connection whose Hello named no incarnation, proves
 // nothing.
-func (s *listener) goodbye(id, key string, b *binding, drained bool) {
+func (s *listener) goodbye(id, key string, b *binding, drained bool, reason string) {
 	l := s.l
 	if b.inc == 0 {
 		// Without incarnations, a process's goodbye could not be told
@@ -1345,8 +1351,14 @@ func (s *listener) goodbye(id, key string, b *binding, drained bool) {
 	if l.departedInc(b.peer, b.inc) {
 		// It left the cluster already (etcd: its lease revoke, which a
 		// closing node says first) and is down: the goodbye is its own,
-		// and no news.
+		// and no news, but for the reason it may give (why it exits),
+		// which OnPeerGoodbye hears (not OnPeerDown: no down is news).
 		l.log.Debug().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Msg("control/zmq: goodbye of a peer incarnation that left the cluster")
+		if reason != "" && l.cfg.OnPeerGoodbye != nil {
+			l.log.Info().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Str("reason", reason).
+				Msg("control/zmq: the goodbye of a peer that left the cluster names why it exits")
+			l.cfg.OnPeerGoodbye(b.peer, b.inc, reason)
+		}
 		s.drainedBye(b, drained)
 		return
 	}
@@ -1374,12 +1386,16 @@ func (s *listener) goodbye(id, key string, b *binding, drained bool) {
 		s.drainedBye(b, drained) // down already, and told so
 		return
 	}
-	info.down, info.left = true, true
+	info.down, info.left, info.leftWhy = true, true, reason
 	l.mu.Unlock()
-	l.log.Info().Stringer("peer", b.peer).Uint64("incarnation", b.inc).Msg("control/zmq: peer down (it said goodbye: its control link closed)")
+	ev := l.log.Info().Stringer("peer", b.peer).Uint64("incarnation", b.inc)
+	if reason != "" {
+		ev = ev.Str("reason", reason)
+	}
+	ev.Msg("control/zmq: peer down (it said goodbye: its control link closed)")
 	switch {
 	case l.cfg.OnPeerGoodbye != nil:
-		l.cfg.OnPeerGoodbye(b.peer, b.inc)
+		l.cfg.OnPeerGoodbye(b.peer, b.inc, reason)
 	case l.cfg.OnPeerDown != nil:
 		l.cfg.OnPeerDown(b.peer)
 	}

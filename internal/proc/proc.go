@@ -158,6 +158,14 @@ type Report struct {
 	// ended (PeerDown also counts a peer that left after the run, as the
 	// context role waits for under etcd).
 	PeerDownMidRun bool `json:"peer_down_mid_run,omitempty"`
+	// PeerClosed: the peer said goodbye as its node closed (a graceful
+	// stop, as at the end of its run, or its exit on an error: PeerReason),
+	// rather than falling silent or its process dying.
+	PeerClosed bool `json:"peer_closed,omitempty"`
+	// PeerReason: the peer's goodbye named an error it exits on (the
+	// mistake it found: node.Node.CloseBecause), after its rank ("gen/0:
+	// …"); such a run fails, naming it.
+	PeerReason string `json:"peer_reason,omitempty"`
 	// NodeFailed: this process's node failed during the run (it lost its
 	// etcd membership: node.Err), which fails its requests and, seen from
 	// the peer, looks like the peer going down.
@@ -478,6 +486,25 @@ type role struct {
 	// for the proof that frees what that peer's unanswered requests keep
 	// quarantined (awaitProof).
 	proofWait time.Duration
+	// closedBye: the peer said goodbye (node.Config.OnPeerGoodbye);
+	// byeReason: the first reason such a goodbye named, after the peer's
+	// rank (nil: none). Set before down is closed for that goodbye.
+	closedBye atomic.Bool
+	byeReason atomic.Pointer[string]
+	// mistake is the error this role found in the pairing and fails on
+	// (waitPeer's), which its goodbye names (finish).
+	mistake error
+}
+
+// peerExit says how the peer left, for the errors of the requests it
+// ended: "exited on an error (peer_reason)" when its goodbye named one
+// (Report.PeerReason names it once, and the run's error leads with it),
+// else plain.
+func (n *role) peerExit(plain string) string {
+	if n.byeReason.Load() != nil {
+		return "exited on an error (peer_reason)"
+	}
+	return plain
 }
 
 func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
@@ -496,7 +523,18 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 		octx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	n, err := node.Open(octx, o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) }))
+	c := o.nodeConfig(sendOnly, func() { once.Do(func() { close(r.down) }) })
+	c.OnPeerGoodbye = func(instance string, rank int, reason string) {
+		if instance != o.Peer {
+			return
+		}
+		r.closedBye.Store(true)
+		if reason != "" { // the node logged it
+			named := fmt.Sprintf("%s/%d: %s", instance, rank, reason)
+			r.byeReason.CompareAndSwap(nil, &named)
+		}
+	}
+	n, err := node.Open(octx, c)
 	if err != nil {
 		if ctx.Err() == nil && octx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
 			// --timeout's own deadline, not one inside discovery (an etcd
@@ -573,6 +611,9 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	// deadline.
 	if err := waitPeer(ctx, n, o); err != nil {
 		o.Log.Error().Err(err).Msg("waiting for the context process")
+		if ctx.Err() == nil && !errors.Is(err, node.ErrPeerExited) { // the peer's mistake is not ours to tell it
+			n.mistake = err
+		}
 		for i := range Prompts(o) {
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
 		}
@@ -616,7 +657,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		if closed(n.down) {
-			fail(fmt.Errorf("%s: context peer is down", RequestID(i)))
+			fail(fmt.Errorf("%s: context peer %s", RequestID(i), n.peerExit("is down")))
 			end.ended(false)
 			<-sem
 			continue
@@ -666,7 +707,7 @@ func RunGen(ctx context.Context, o Options, out io.Writer) (Report, error) {
 					}
 					mu.Unlock()
 				}
-				fail(outcomeErr(RequestID(i), res, n.down, "context"))
+				fail(outcomeErr(RequestID(i), res, n, "context"))
 				return
 			}
 			if bad := settingsMismatch(res.Payload, mine); bad != "" {
@@ -789,6 +830,9 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 		if errors.Is(err, kvxfer.ErrMismatch) {
 			awaitPeerLeaves(ctx, n, o)
 		}
+		if ctx.Err() == nil && !errors.Is(err, node.ErrPeerExited) { // the peer's mistake is not ours to tell it
+			n.mistake = err
+		}
 		for i := range Prompts(o) {
 			fail(fmt.Errorf("%s: %w", RequestID(i), err))
 		}
@@ -805,7 +849,7 @@ func RunCtx(ctx context.Context, o Options, out io.Writer) (Report, error) {
 	for i, pl := range Prompts(o) {
 		sem <- struct{}{}
 		if closed(n.down) { // as RunGen: the rest fail at once, not one by one
-			fail(fmt.Errorf("%s: generation peer is down", RequestID(i)))
+			fail(fmt.Errorf("%s: generation peer %s", RequestID(i), n.peerExit("is down")))
 			end.ended(false)
 			<-sem
 			continue
@@ -1132,7 +1176,7 @@ chunks:
 		return 0, err
 	}
 	if !res.OK {
-		return 0, outcomeErr(RequestID(i), res, n.down, "generation")
+		return 0, outcomeErr(RequestID(i), res, n, "generation")
 	}
 	return res.Bytes, nil
 }
@@ -1396,15 +1440,16 @@ func (n *role) awaitProof() {
 // outcomeErr is a failed request's error in the report. One cancelled
 // once its peer was down says so: the role cancels its live requests
 // then (outcome), and the engine's own word for that is only "actors:
-// cancelled", which named no cause. It wraps the engine's error (for
+// cancelled", which named no cause; one whose peer's goodbye named an
+// error says so (peerExit). It wraps the engine's error (for
 // errors.Is: kvxfer.ErrPromptMismatch).
-func outcomeErr(id string, res kvxfer.Outcome, down <-chan struct{}, peer string) error {
+func outcomeErr(id string, res kvxfer.Outcome, n *role, peer string) error {
 	verb := "%w"
 	if res.Err == nil {
 		verb = "%v" // "<nil>", as ever
 	}
-	if res.Status == kvxfer.StatusCancelled && closed(down) {
-		return fmt.Errorf("%s: %s after the %s peer went down: "+verb, id, res.Status, peer, res.Err)
+	if res.Status == kvxfer.StatusCancelled && closed(n.down) {
+		return fmt.Errorf("%s: %s after the %s peer %s: "+verb, id, res.Status, peer, n.peerExit("went down"), res.Err)
 	}
 	return fmt.Errorf("%s: %s: "+verb, id, res.Status, res.Err)
 }
@@ -1431,10 +1476,20 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	}
 	// A failed request's handle fires at its logical outcome; its pages
 	// are released when its writers are quiescent. Close waits for every
-	// session to drain, so what is still used after it is a leak.
+	// session to drain, so what is still used after it is a leak. A run
+	// that ends on a mistake it found says it in its goodbye, for the
+	// peer to name it and leave at once instead of waiting for this
+	// process to come back.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := n.Close(ctx)
+	var cause error
+	switch {
+	case rep.SettingsMismatch != "":
+		cause = errors.New(rep.SettingsMismatch)
+	case n.mistake != nil:
+		cause = n.mistake
+	}
+	err := n.CloseBecause(ctx, cause)
 	if merr := n.mem.close(); merr != nil {
 		err = errors.Join(err, merr)
 	}
@@ -1451,6 +1506,10 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	case <-n.down:
 		rep.PeerDown = true
 	default:
+	}
+	rep.PeerClosed = n.closedBye.Load()
+	if r := n.byeReason.Load(); r != nil {
+		rep.PeerReason = *r
 	}
 	rep.LeakedBlocks = n.eng.Pools().Used()
 	rep.QuarantinedBlocks = n.eng.Pools().Quarantined()

@@ -1610,13 +1610,18 @@ func (x *Misaddressed) GetToIncarnation() uint64 {
 // (docs/membership.md, "A drained goodbye is proof"); drained is set only
 // with leaving. All three fields are optional: a peer that predates them
 // ignores them and takes a goodbye for a heartbeat (drained for a goodbye
-// that proves nothing).
+// that proves nothing). reason, set only with leaving, is why the
+// sender closes when it exits on an error (at most 512 bytes of UTF-8, no
+// control characters; a receiver refuses a heartbeat whose reason breaks
+// that); a goodbye without one may be a restart. A peer that predates it
+// ignores it and takes the goodbye as one without reason.
 type Heartbeat struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	From            *PeerID                `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	Seq             uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	Leaving         bool                   `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	Drained         bool                   `protobuf:"varint,4,opt,name=drained,proto3" json:"drained,omitempty"`
+	Reason          string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	FromIncarnation uint64                 `protobuf:"varint,20,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -1678,6 +1683,13 @@ func (x *Heartbeat) GetDrained() bool {
 		return x.Drained
 	}
 	return false
+}
+
+func (x *Heartbeat) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 func (x *Heartbeat) GetFromIncarnation() uint64 {
@@ -1821,12 +1833,13 @@ const file_messages_proto_kvxfer_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x1c\n" +
 	"\taddressed\x18\x04 \x01(\x04R\taddressed\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation\x12%\n" +
-	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xa3\x01\n" +
+	"\x0eto_incarnation\x18\x15 \x01(\x04R\rtoIncarnation\"\xbb\x01\n" +
 	"\tHeartbeat\x12%\n" +
 	"\x04from\x18\x01 \x01(\v2\x11.kvxfer.v1.PeerIDR\x04from\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
 	"\aleaving\x18\x03 \x01(\bR\aleaving\x12\x18\n" +
-	"\adrained\x18\x04 \x01(\bR\adrained\x12)\n" +
+	"\adrained\x18\x04 \x01(\bR\adrained\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12)\n" +
 	"\x10from_incarnation\x18\x14 \x01(\x04R\x0ffromIncarnation*n\n" +
 	"\x06Status\x12\x12\n" +
 	"\x0eSTATUS_UNKNOWN\x10\x00\x12\x12\n" +

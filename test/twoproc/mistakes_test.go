@@ -189,3 +189,38 @@ func TestOwnWrongKeyNamedOnBothSides(t *testing.T) {
 		t.Fatalf("ctx (the side with the wrong key) does not name gen/0's refusal of its key: %+v", cr)
 	}
 }
+
+// TestPeerExitingOnAMistakeIsNamedAtOnce: ctx runs as another instance
+// (ctx2) than gen expects. gen names the stranger's Hello when its wait
+// for ctx's ends (its --timeout, 3 s here) and exits on it; ctx, which
+// took gen's Hello and started its requests, must fail within seconds of
+// gen's exit naming gen/0 and the error gen exited on (its goodbye's
+// reason), not wait for a restart of gen until its own --timeout (2 min
+// here) nor blame a gen that merely went down. (Checked to fail before
+// the goodbye carried a reason: ctx's report named no reason, and its
+// requests said only that gen went down.)
+func TestPeerExitingOnAMistakeIsNamedAtOnce(t *testing.T) {
+	g, c := options(t, 4, 0)
+	g.Timeout, c.Timeout = 3*time.Second, 2*time.Minute
+	c.Instance = "ctx2"
+	gen := spawn(t, "gen", g)
+	ctx := spawn(t, "ctx", c)
+	gr, _ := gen.wait(t, time.Minute)
+	gone := time.Now()
+	cr, _ := ctx.wait(t, 30*time.Second) // far inside ctx's own 2 min --timeout
+	t.Logf("ctx ended %v after gen: %+v", time.Since(gone).Round(time.Millisecond), cr)
+	if gr.Failed != 4 || !strings.Contains(gr.FirstError, "ctx2/0") {
+		t.Fatalf("gen does not fail naming ctx2/0's Hello: %+v", gr)
+	}
+	if !strings.HasPrefix(cr.PeerReason, "gen/0: ") || !strings.Contains(cr.PeerReason, "ctx2/0") {
+		t.Fatalf("ctx does not name gen/0 and the error it exited on (a Hello from ctx2/0): peer_reason %q, report %+v", cr.PeerReason, cr)
+	}
+	if cr.Failed != 4 || cr.OK != 0 || cr.LeakedBlocks != 0 || !cr.PeerClosed {
+		t.Fatalf("ctx report %+v", cr)
+	}
+	for _, e := range cr.Errors {
+		if !strings.Contains(e, "exited on an error") {
+			t.Errorf("ctx's request error %q does not say that gen exited on an error", e)
+		}
+	}
+}
