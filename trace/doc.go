@@ -59,8 +59,8 @@
 // blocks and writers; version 1 (sessions only), 2 and 3 traces still
 // read and replay, their digests compared in the form they were written.
 //
-//	{"kind":"trace","version":1,"t":T}                          first line
-//	{"kind":"trace","version":4,"part":N,"t":T}                 first line of a rotated-in file
+//	{"kind":"trace","version":4,"build":B,"t":T}                first line
+//	{"kind":"trace","version":4,"part":N,"build":B,"t":T}       first line of a rotated-in file
 //	{"kind":"engine","engine":"ctx/0","t":T,"msg":EngineInfo}   once per engine
 //	{"kind":"birth","actor":A,"seq":0,"engine":"ctx/0","side":"tx","request":"r1",
 //	 "t":T,"type":"TxConfig","msg":TxConfig,"post":DIGEST}       once per session
@@ -71,9 +71,13 @@
 //	{"kind":"truncated","t":T}                                  MaxBytes reached
 //	{"kind":"end","t":T,"msg":{"records":N,"dropped":D}}        Close, last line
 //
-// T is the shell's clock in Unix nanoseconds (wall time: monotonic clock
-// readings are not recorded, so a run during which the wall clock jumps may
-// replay differently). A is the session's actor path, "instance/rank/pid",
+// B names the kvxfer build that wrote the trace ("v1.2.0", "(devel)
+// 0123456789ab+modified"; absent in traces of earlier builds, and not a
+// format change: readers ignore it). A header is the first line only: a
+// file with a second one holds two traces joined (cat), which replay
+// refuses. T is the shell's clock in Unix nanoseconds (wall time:
+// monotonic clock readings are not recorded, so a run during which the
+// wall clock jumps may replay differently). A is the session's actor path, "instance/rank/pid",
 // unique within a trace; seq counts each actor's records from 0 (its birth)
 // and is gapless.
 //
@@ -133,10 +137,15 @@
 // ("out.Verdict"), expected, got, and the recorded inputs. A trace whose
 // last line is a partial record (its process was killed or crashed while
 // writing it) replays up to its last whole record, and Result.TornLine
-// names the partial one. A trace of version 3 or later without its "end"
+// names the partial one; so does a trace whose last line ends in zero
+// bytes (its machine stopped before the file's last writes reached the
+// disk: Result.TornZeros). A trace of version 3 or later without its "end"
 // record was not closed (its process stopped between two flushes, or
 // still writes it): it replays, and Result.Unclosed says its last records
-// may be missing.
+// may be missing. A divergence in a trace that another kvxfer build
+// recorded (or an older format, or a build before headers named theirs)
+// may be a change of behaviour between the two builds, not a fault of
+// the run: Result.Print says so, naming both.
 //
 // # Timeline
 //

@@ -3,6 +3,7 @@ package trace_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -88,11 +89,15 @@ func fuzzSeeds(f *testing.F) {
 }
 
 // FuzzReplay: whatever the bytes, Replay returns (an error, a divergence
-// or a match) without panicking.
+// or a match) without panicking, and an error is about the trace
+// (ErrFormat) and names where in it (its line), or says it is empty.
 func FuzzReplay(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = trace.Replay(bytes.NewReader(b))
+		_, err := trace.Replay(bytes.NewReader(b))
+		if err != nil && (!errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), "line ") && !strings.Contains(err.Error(), "empty")) {
+			t.Fatalf("replay: %v: want ErrFormat naming a line, or the trace empty", err)
+		}
 	})
 }
 
@@ -146,5 +151,82 @@ func TestNotATraceIsNamed(t *testing.T) {
 	_, err := replay(t, `{"kind":"trace","version":2,"t":1}`+"\n# later\n")
 	if !errors.Is(err, trace.ErrFormat) || strings.Contains(err.Error(), "not a kvxfer trace") || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("replay of a trace whose line 2 is no record: %v, want ErrFormat naming line 2", err)
+	}
+}
+
+// TestJoinedTracesAreRefused: a trace header after the first line is two
+// traces in one file (files joined with cat: the parts of a rotated
+// trace, or two processes' traces). Replay refuses it naming the line and
+// what to do. (Before, a first trace without its end record was silently
+// merged with the second and replayed "identical", and one with its end
+// record was blamed on "two writers".)
+func TestJoinedTracesAreRefused(t *testing.T) {
+	gen, err := os.ReadFile("testdata/v2-gen.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, err := os.ReadFile("testdata/v2-ctx.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := strings.Count(string(ctx), "\n") + 1
+	var closed bytes.Buffer
+	if err := trace.NewWriter(&closed).Close(); err != nil {
+		t.Fatal(err)
+	}
+	part2 := strings.Replace(string(gen), `"version":2,`, `"version":2,"part":2,`, 1)
+	for _, c := range []struct {
+		name, body string
+		line       int
+		want       string
+	}{
+		{"unclosed first trace", string(ctx) + string(gen), second, "kvxfer replay each file"},
+		{"closed first trace", closed.String() + string(gen), 3, "kvxfer replay each file"},
+		{"rotated parts", string(ctx) + part2, second, "part 2 of a rotated trace"},
+	} {
+		_, err := replay(t, c.body)
+		if !errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), fmt.Sprintf("line %d:", c.line)) ||
+			!strings.Contains(err.Error(), "second trace header") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: replay: %v, want ErrFormat naming line %d as a second trace header and %q", c.name, err, c.line, c.want)
+		}
+		if err := export(t, c.body); !errors.Is(err, trace.ErrFormat) || !strings.Contains(err.Error(), "second trace header") {
+			t.Errorf("%s: export: %v, want ErrFormat naming a second trace header", c.name, err)
+		}
+	}
+}
+
+// TestDamageIsNamedWithWhatToDo: an empty trace, one a newer kvxfer
+// wrote, a damaged line inside a trace and a line longer than any record
+// are each named (the line) with what to do about it, not only with the
+// decoder's words ("empty trace", "unexpected end of JSON input",
+// "bufio.Scanner: token too long" after the line before).
+func TestDamageIsNamedWithWhatToDo(t *testing.T) {
+	ctx, err := os.ReadFile("testdata/v2-ctx.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(ctx), "\n")
+	cut := strings.Join(lines[:20], "") + lines[20][:50] + "\n" + strings.Join(lines[21:], "")
+	long := lines[0] + `{"kind":"step","msg":"` + strings.Repeat("x", 64<<20) + `"}` + "\n"
+	for _, c := range []struct {
+		name, body string
+		want       []string
+	}{
+		{"empty", "", []string{"empty", "first flush"}},
+		{"blank lines", "\n\n", []string{"empty", "first flush"}},
+		{"newer version", strings.Replace(lines[0], `"version":2`, `"version":99`, 1), []string{"line 1", "version 99", "newer kvxfer"}},
+		{"damaged line inside", cut, []string{"line 21", "the 20 lines before it are whole", "head -n 20"}},
+		{"line too long", long, []string{"line 2", "longer than 64 MiB"}},
+	} {
+		_, err := replay(t, c.body)
+		if !errors.Is(err, trace.ErrFormat) {
+			t.Errorf("%s: %v, want ErrFormat", c.name, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want it to say %q", c.name, err, w)
+			}
+		}
 	}
 }

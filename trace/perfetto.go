@@ -38,6 +38,9 @@ type ExportStats struct {
 	// process stopped while writing it), 0 when it ends in a whole one:
 	// the records before it were exported.
 	TornLine int `json:"torn_line,omitempty"`
+	// TornZeros is the zero bytes that line ends in (Torn.Zeros): its
+	// machine stopped before the trace's last writes reached the disk.
+	TornZeros int `json:"torn_zeros,omitempty"`
 	// Unclosed: the trace lacks its Writer's "end" record (its process
 	// stopped without closing it; Reader.Unclosed).
 	Unclosed bool `json:"unclosed,omitempty"`
@@ -159,7 +162,7 @@ func ExportPerfetto(r io.Reader, w io.Writer) (ExportStats, error) {
 	for started := false; ; {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
-			x.stats.TornLine, x.stats.Unclosed = rd.Torn().Line, rd.Unclosed()
+			x.stats.TornLine, x.stats.TornZeros, x.stats.Unclosed = rd.Torn().Line, rd.Torn().Zeros, rd.Unclosed()
 			break
 		}
 		if err != nil {

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,7 +67,10 @@ type Record struct {
 	// the first file a rotation started, and so on; 0 for a trace's
 	// first file. Sessions and tables of a part past the first may have
 	// been born in an earlier file.
-	Part    int             `json:"part,omitempty"`
+	Part int `json:"part,omitempty"`
+	// Build is a header's kvxfer build, the one that wrote the trace
+	// (absent in traces of kvxfer builds before it).
+	Build   string          `json:"build,omitempty"`
 	Actor   string          `json:"actor,omitempty"`
 	Seq     int             `json:"seq,omitempty"`
 	Engine  string          `json:"engine,omitempty"`
@@ -98,6 +102,7 @@ type Reader struct {
 	torn    Torn
 	version int
 	part    int
+	build   string
 	ended   bool
 }
 
@@ -106,7 +111,11 @@ type Reader struct {
 // The records before it are whole and read as usual.
 type Torn struct {
 	Line  int // its line number (0: the trace ends in a whole record)
-	Bytes int // the partial record's length
+	Bytes int // the partial record's length, its zero bytes not counted
+	// Zeros is the zero bytes the line ends in: its machine stopped
+	// (crashed, lost power) after the file grew but before the bytes
+	// written there reached the disk, which left zeros in their place.
+	Zeros int
 }
 
 // NewReader reads records from r.
@@ -134,6 +143,15 @@ func (r *Reader) Torn() Torn { return r.torn }
 // too.
 func (r *Reader) Unclosed() bool { return r.version >= endVersion && !r.ended }
 
+// Version is the trace's format version (its header's). Valid after the
+// first Next.
+func (r *Reader) Version() int { return r.version }
+
+// Build names the kvxfer build that wrote the trace (its header's Build),
+// "" for a trace of a build before headers named it. Valid after the
+// first Next.
+func (r *Reader) Build() string { return r.build }
+
 // Part is the trace's place in a rotated trace (its header's Part): 0 or
 // 1 for a first file, 2 for the file the first rotation started, and so
 // on. Valid after the first Next.
@@ -142,8 +160,9 @@ func (r *Reader) Part() int { return r.part }
 // Next returns the next record, or io.EOF after the last. The first record
 // must be the trace header of a version this package reads; blank lines
 // are skipped. A last line without its newline that is not a whole record
-// (the writer stopped mid-record) ends the trace: Next returns io.EOF and
-// Torn names it.
+// (the writer stopped mid-record), or that ends in zero bytes (its
+// machine stopped before the bytes reached the disk), ends the trace:
+// Next returns io.EOF and Torn names it.
 func (r *Reader) Next() (*Record, error) {
 	for r.sc.Scan() {
 		r.line++
@@ -153,9 +172,14 @@ func (r *Reader) Next() (*Record, error) {
 		}
 		var rec Record
 		if err := json.Unmarshal(b, &rec); err != nil {
-			if r.unended && r.started && cutShort(b, `{"kind":"`) {
-				r.torn = Torn{Line: r.line, Bytes: len(b)}
+			nz := bytes.TrimRight(b, "\x00")
+			zeros := len(b) - len(nz)
+			if r.unended && r.started && (cutShort(b, `{"kind":"`) || zeros > 0 && (len(nz) == 0 || recordPrefix(nz, `{"kind":"`))) {
+				r.torn = Torn{Line: r.line, Bytes: len(nz), Zeros: zeros}
 				return nil, io.EOF
+			}
+			if r.unended && !r.started && zeros > 0 && (len(nz) == 0 || recordPrefix(nz, `{"kind":"trace",`)) {
+				return nil, fmt.Errorf("%w: line %d: the trace holds %d zero bytes after %d bytes of its header: its machine stopped (crashed, lost power) before the trace reached the disk", ErrFormat, r.line, zeros, len(nz))
 			}
 			if r.unended && !r.started && cutShort(b, `{"kind":"trace",`) {
 				return nil, fmt.Errorf("%w: line %d: the trace holds only a partial header (%d bytes): the process stopped while writing it", ErrFormat, r.line, len(b))
@@ -165,19 +189,31 @@ func (r *Reader) Next() (*Record, error) {
 				// at all (a README, a binary, a compressed trace).
 				return nil, fmt.Errorf("%w: line %d is no JSON record (%v): not a kvxfer trace, whose first line is its {\"kind\":\"trace\",…} header (compressed? decompress it first)", ErrFormat, r.line, err)
 			}
-			return nil, fmt.Errorf("%w: line %d: %v", ErrFormat, r.line, err)
+			return nil, fmt.Errorf("%w: line %d is no whole record (%v): the file is damaged there; %s", ErrFormat, r.line, err, r.wholeBefore(r.line))
 		}
 		rec.Line = r.line
 		if !r.started {
 			if rec.Kind != KindTrace {
 				return nil, fmt.Errorf("%w: line %d: first record is %q, want the %q header", ErrFormat, r.line, rec.Kind, KindTrace)
 			}
-			if rec.Version < MinVersion || rec.Version > Version {
-				return nil, fmt.Errorf("%w: line %d: version %d, this kvxfer reads versions %d to %d", ErrFormat, r.line, rec.Version, MinVersion, Version)
+			if rec.Version > Version {
+				return nil, fmt.Errorf("%w: line %d: format version %d, written by a newer kvxfer than this one (which reads versions %d to %d): replay it with that kvxfer or a later one", ErrFormat, r.line, rec.Version, MinVersion, Version)
+			}
+			if rec.Version < MinVersion {
+				return nil, fmt.Errorf("%w: line %d: format version %d, which no kvxfer writes (this one reads versions %d to %d): the header is damaged, or this is no kvxfer trace", ErrFormat, r.line, rec.Version, MinVersion, Version)
 			}
 			r.started = true
 			r.version = rec.Version
 			r.part = rec.Part
+			r.build = rec.Build
+		} else if rec.Kind == KindTrace {
+			// A Writer writes its header once, first: a second one is
+			// another trace joined after this one.
+			what := "another trace's"
+			if rec.Part > 1 {
+				what = fmt.Sprintf("the header of part %d of a rotated trace,", rec.Part)
+			}
+			return nil, fmt.Errorf("%w: line %d: a second trace header (%s after the %d lines of this one): this file holds two traces one after the other (joined with cat?), which replay would mix up: kvxfer replay each file on its own (a rotated trace's FILE.N … FILE.1 FILE each replay alone)", ErrFormat, r.line, what, r.line-1)
 		}
 		if r.ended {
 			return nil, fmt.Errorf("%w: line %d: a %q record after the trace's %q record: two writers wrote this file", ErrFormat, r.line, rec.Kind, KindEnd)
@@ -188,12 +224,25 @@ func (r *Reader) Next() (*Record, error) {
 		return &rec, nil
 	}
 	if err := r.sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("%w: line %d is longer than %d MiB, more than any record holds: the file is damaged there, or is no kvxfer trace; %s", ErrFormat, r.line+1, maxLine>>20, r.wholeBefore(r.line+1))
+		}
 		return nil, fmt.Errorf("%w: after line %d: %v", ErrFormat, r.line, err)
 	}
 	if !r.started {
-		return nil, fmt.Errorf("%w: empty trace", ErrFormat)
+		return nil, fmt.Errorf("%w: the trace is empty (no header): the process that wrote it stopped before its Writer's first flush (a Writer from Create flushes every second, and at Close), or the file is no trace", ErrFormat)
 	}
 	return nil, io.EOF
+}
+
+// wholeBefore says that the lines before line are whole and how to
+// replay them.
+func (r *Reader) wholeBefore(line int) string {
+	n := line - 1
+	if n == 1 {
+		return "only its header before it is whole"
+	}
+	return fmt.Sprintf("the %d lines before it are whole (head -n %d of the file replays them)", n, n)
 }
 
 // cutShort reports whether b, a line that does not parse, is how a
@@ -201,9 +250,12 @@ func (r *Reader) Next() (*Record, error) {
 // process stopped in the middle of, not some other damage. A cut record
 // is never whole JSON: one that is (a field of the wrong type) is damage.
 func cutShort(b []byte, prefix string) bool {
-	if json.Valid(b) {
-		return false
-	}
+	return !json.Valid(b) && recordPrefix(b, prefix)
+}
+
+// recordPrefix reports whether b begins as a record does (prefix), or is
+// the beginning of prefix.
+func recordPrefix(b []byte, prefix string) bool {
 	if len(b) < len(prefix) {
 		return strings.HasPrefix(prefix, string(b))
 	}

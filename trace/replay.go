@@ -83,6 +83,15 @@ type Result struct {
 	// ends in a whole record. The records before it were replayed;
 	// sessions may end early.
 	TornLine int `json:"torn_line,omitempty"`
+	// TornZeros is the zero bytes that line ends in (Torn.Zeros): its
+	// machine stopped before the trace's last writes reached the disk.
+	TornZeros int `json:"torn_zeros,omitempty"`
+	// Version is the trace's format version and Build the kvxfer build
+	// that wrote it ("" before headers named it): replay runs this
+	// kvxfer's step functions, so a change of behaviour between the two
+	// shows as a divergence (Print says so).
+	Version int    `json:"version"`
+	Build   string `json:"build,omitempty"`
 	// Unclosed: the trace lacks the "end" record of its Writer's Close
 	// (Reader.Unclosed): its process stopped without closing it, and its
 	// last records (up to a flush interval's) may be missing.
@@ -191,7 +200,7 @@ func Replay(r io.Reader) (*Result, error) {
 	for {
 		rec, err := rd.Next()
 		if errors.Is(err, io.EOF) {
-			res.TornLine, res.Unclosed = rd.Torn().Line, rd.Unclosed()
+			res.TornLine, res.TornZeros, res.Unclosed = rd.Torn().Line, rd.Torn().Zeros, rd.Unclosed()
 			break
 		}
 		if err != nil {
@@ -200,7 +209,7 @@ func Replay(r io.Reader) (*Result, error) {
 		res.Records++
 		switch rec.Kind {
 		case KindTrace:
-			res.Part = rec.Part
+			res.Part, res.Version, res.Build = rec.Part, rec.Version, rec.Build
 		case KindEngine:
 			var info actors.EngineInfo
 			if err := json.Unmarshal(rec.Msg, &info); err != nil {
@@ -490,6 +499,9 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	switch {
+	case r.TornLine > 0 && r.TornZeros > 0:
+		fmt.Fprintf(w, "note: the trace ends in %d zero bytes at line %d (its machine stopped, crashed or lost power, before the file's last writes reached the disk); the %d whole records before them were replayed, sessions may end early\n",
+			r.TornZeros, r.TornLine, r.Records)
 	case r.TornLine > 0:
 		fmt.Fprintf(w, "note: the trace ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the %d whole records before it were replayed, sessions may end early\n",
 			r.TornLine, r.Records)
@@ -512,6 +524,9 @@ func (r *Result) Print(w io.Writer) {
 		if d.Input != "" {
 			fmt.Fprintf(w, "  input    %s\n", d.Input)
 		}
+		if note := r.recorderNote(); note != "" {
+			fmt.Fprintf(w, "note: %s\n", note)
+		}
 		return
 	}
 	fmt.Fprintf(w, "identical: %s on %s; %d records, %d births and %d steps replayed, every digest matched",
@@ -520,6 +535,26 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "; %s, %d calls replayed, every output matched", plural(len(r.Tables), "table"), r.Calls)
 	}
 	fmt.Fprintln(w)
+}
+
+// recorderNote says, for a divergence, that another kvxfer than this one
+// recorded the trace: "" when this build did.
+func (r *Result) recorderNote() string {
+	const means = "replay runs this kvxfer's step functions, so a change of behaviour between the two shows as a divergence that is no fault of the recorded run; replay the trace with the kvxfer that recorded it to tell them apart"
+	switch {
+	case r.Version < Version:
+		by := ""
+		if r.Build != "" {
+			by = " " + r.Build
+		}
+		return fmt.Sprintf("this trace was recorded in format version %d by an older kvxfer%s; this is kvxfer %s, which writes version %d: %s",
+			r.Version, by, recorderBuild(), Version, means)
+	case r.Build == "":
+		return fmt.Sprintf("this trace was recorded by a kvxfer that did not name its build, one older than this kvxfer %s: %s", recorderBuild(), means)
+	case r.Build != recorderBuild():
+		return fmt.Sprintf("this trace was recorded by kvxfer %s, replayed by kvxfer %s: %s", r.Build, recorderBuild(), means)
+	}
+	return ""
 }
 
 func oneLine(s string, n int) string {

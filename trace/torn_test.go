@@ -3,6 +3,7 @@ package trace_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -89,5 +90,58 @@ func TestWholeMalformedLastLineIsNotTorn(t *testing.T) {
 	}
 	if _, err := trace.ExportPerfetto(strings.NewReader(body), io.Discard); !errors.Is(err, trace.ErrFormat) {
 		t.Errorf("export of a trace whose whole last record is malformed: %v, want ErrFormat", err)
+	}
+}
+
+// TestZeroedTailIsTorn: a machine that stopped (crashed, lost power)
+// while the trace's last writes were in its page cache can leave the file
+// at its new length with zeros where those bytes were never written. The
+// whole records before the zeros replay and the note names the zeroed
+// tail, as for a record a killed process cut short; zeros inside the
+// trace, or garbage after them, are still damage. (Before, a zeroed tail
+// refused the whole trace: "invalid character '\x00'".)
+func TestZeroedTailIsTorn(t *testing.T) {
+	b, err := os.ReadFile("testdata/v2-ctx.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	keep := len(lines) / 2
+	whole := strings.Join(lines[:keep], "")
+	zeros := strings.Repeat("\x00", 4096)
+	want, err := trace.Replay(strings.NewReader(whole))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"zeros after a whole record":   whole + zeros,
+		"zeros after a partial record": whole + lines[keep][:40] + zeros,
+	} {
+		res, err := trace.Replay(strings.NewReader(body))
+		if err != nil {
+			t.Errorf("%s: %v, want the whole records replayed", name, err)
+			continue
+		}
+		if res.TornLine != keep+1 || res.Records != want.Records || !res.Identical() {
+			t.Errorf("%s: torn line %d, %d records, identical %t; want line %d, %d records, identical",
+				name, res.TornLine, res.Records, res.Identical(), keep+1, want.Records)
+		}
+		var out strings.Builder
+		res.Print(&out)
+		if !strings.Contains(out.String(), fmt.Sprintf("ends in %d zero bytes at line %d", len(zeros), keep+1)) || !strings.Contains(out.String(), "machine stopped") {
+			t.Errorf("%s: the report does not name the zeroed tail:\n%s", name, out.String())
+		}
+		if st, err := trace.ExportPerfetto(strings.NewReader(body), io.Discard); err != nil || st.TornLine != keep+1 {
+			t.Errorf("%s: export: torn line %d, %v; want line %d", name, st.TornLine, err, keep+1)
+		}
+	}
+	for name, body := range map[string]string{
+		"zeros inside":         whole + zeros + "\n" + lines[keep],
+		"garbage after zeros":  whole + zeros + "garbage",
+		"zeros in a whole one": whole + strings.Replace(lines[keep], `"kind"`, "\x00\x00\x00\x00\x00\x00", 1),
+	} {
+		if _, err := trace.Replay(strings.NewReader(body)); !errors.Is(err, trace.ErrFormat) {
+			t.Errorf("%s: %v, want ErrFormat", name, err)
+		}
 	}
 }

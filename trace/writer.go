@@ -3,6 +3,7 @@ package trace
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,13 +148,55 @@ func NewWriter(w io.Writer, opts ...Option) *Writer {
 	t := &Writer{bw: bufio.NewWriterSize(w, o.bufSize), o: o, part: 1}
 	// The header is written whatever the bound: without it the trace
 	// does not read, not even its "truncated" record.
-	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, T: o.clock().UnixNano()})
+	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, Build: recorderBuild(), T: o.clock().UnixNano()})
 	t.mu.Lock()
 	t.write(append(b, '\n'))
 	t.preamble = t.bytes
 	t.mu.Unlock()
 	return t
 }
+
+// module is kvxfer's module path, which recorderBuild looks for.
+const module = "github.com/kvxfer/kvxfer"
+
+// recorderBuild names the kvxfer build this process runs, for a header's
+// Build: the kvxfer module's version (its main module's or its
+// dependency's) and, when kvxfer is the main module, its VCS revision
+// ("v1.2.0", "(devel) 0123456789ab+modified"); "unknown" for a binary
+// without build information.
+var recorderBuild = sync.OnceValue(func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if bi.Main.Path != module {
+		for _, d := range bi.Deps {
+			if d.Path == module {
+				if d.Replace != nil {
+					d = d.Replace
+				}
+				return cmp.Or(d.Version, "(devel)")
+			}
+		}
+		return "unknown"
+	}
+	v := cmp.Or(bi.Main.Version, "(devel)")
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value[:min(len(s.Value), 12)]
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+modified"
+			}
+		}
+	}
+	if rev != "" && !strings.Contains(v, rev) {
+		v += " " + rev + dirty
+	}
+	return v
+})
 
 // ErrInUse is returned by Create for a file another Writer (of this
 // process or another) has open: both would write it at once, and neither
@@ -301,7 +346,7 @@ func (w *Writer) rotate() {
 	w.rotations++
 	w.part++
 	w.fileStart, w.fileRecs, w.fileDrops = w.bytes, w.records, w.dropped
-	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, Part: w.part, T: w.o.clock().UnixNano()})
+	b, _ := json.Marshal(&Record{Kind: KindTrace, Version: Version, Part: w.part, Build: recorderBuild(), T: w.o.clock().UnixNano()})
 	w.write(append(b, '\n'))
 	for _, e := range w.engines {
 		w.write(e)

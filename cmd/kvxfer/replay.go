@@ -26,7 +26,10 @@ message or method, field, expected, got, and a table call's inputs) and exits
 non-zero. Traces of the older format (sessions only) replay as before.
 A trace whose process was killed or crashed while writing it ends in a
 partial record: the whole records before it are replayed and a note names
-the partial one (so does one cut at its size bound).
+the partial one (so does one cut at its size bound, and one whose machine
+crashed, which can leave zero bytes at its end). A divergence in a trace
+another kvxfer build recorded is noted as such: it may be a change of
+behaviour between the builds, not a fault of the run.
 Each trace file is replayed on its own (a two-process run writes one per
 process): one that cannot be read is reported in its place, the others
 are still replayed, and the exit status is non-zero if any failed or
@@ -36,7 +39,8 @@ FILE.1, FILE, each replayable on its own: a file a rotation started begins
 with the engines' records again, and a note names the sessions and tables
 that began in an earlier file, whose records there are skipped (their state
 at the rotation is not recorded), not counted as a divergence; everything
-born in the file is replayed as usual.`,
+born in the file is replayed as usual. Files joined into one (cat) are
+refused: replay each on its own.`,
 		Example: examples(
 			"replay the traces kvxfer ctx --trace ctx.trace and kvxfer gen --trace gen.trace recorded",
 			"kvxfer replay ctx.trace gen.trace",

@@ -86,6 +86,9 @@ succeeded); an OUT that is TRACE itself, or a link to it, is refused.`,
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d events — %d engines, %d sessions, %d state slices, %d message instants, %d op slices, %d tables, %d table calls\n",
 				args[1], st.Events, st.Engines, st.Sessions, st.States, st.Instants, st.Ops, st.Tables, st.Calls)
 			switch {
+			case st.TornLine > 0 && st.TornZeros > 0:
+				fmt.Fprintf(cmd.OutOrStdout(), "note: %s ends in %d zero bytes at line %d (its machine stopped, crashed or lost power, before the file's last writes reached the disk); the records before them were exported\n",
+					args[0], st.TornZeros, st.TornLine)
 			case st.TornLine > 0:
 				fmt.Fprintf(cmd.OutOrStdout(), "note: %s ends in a partial record at line %d (its process stopped while writing it: killed or crashed); the records before it were exported\n",
 					args[0], st.TornLine)
