@@ -31,24 +31,28 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ordinal < 0 || ordinal >= n {
-		return nil, fmt.Errorf("%w: device %d requested, %d present", ErrNoDevice, ordinal, n)
+	switch {
+	case n <= 0:
+		return nil, fmt.Errorf("%w: device %d requested, none present: check that a GPU is visible to this process (nvidia-smi; $CUDA_VISIBLE_DEVICES)", ErrNoDevice, ordinal)
+	case ordinal < 0 || ordinal >= n:
+		return nil, fmt.Errorf("%w: device %d requested, %d present: use an ordinal in 0..%d (CUDA numbers the devices $CUDA_VISIBLE_DEVICES leaves visible from 0)",
+			ErrNoDevice, ordinal, n, n-1)
 	}
 	d := &Device{ordinal: ordinal}
 	if d.dev, err = libDeviceGet(ordinal); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
 	if d.name, err = libDeviceName(d.dev); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
 	if d.busID, err = libDevicePCIBusID(d.dev); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
 	if d.totalMem, err = libDeviceTotalMem(d.dev); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
 	if d.ctx, err = libPrimaryCtxRetain(d.dev); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
 	return d, nil
 }

@@ -52,10 +52,15 @@ func Init() error {
 // leaves nothing loaded.
 func initDriver(path string) error {
 	if err := libLoad(path); err != nil {
-		return fmt.Errorf("%w: no CUDA driver: %v", ErrNoDevice, err)
+		todo := fmt.Sprintf("install the NVIDIA driver, or set $%s to the path of its %s", LibraryEnv, DefaultLibrary)
+		if !cgoAvailable {
+			todo = "build kvxfer for linux with cgo (CGO_ENABLED=1)"
+		}
+		return fmt.Errorf("%w: no CUDA driver: %v: %s", ErrNoDevice, err, todo)
 	}
 	if err := libInit(); err != nil {
-		return fmt.Errorf("%w: %s loaded but %w", ErrNoDevice, path, err)
+		return fmt.Errorf("%w: %s loaded but %w: check that a GPU is visible to this process (nvidia-smi; $CUDA_VISIBLE_DEVICES) and the driver is recent enough",
+			ErrNoDevice, path, err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,9 @@ func TestMissingLibrary(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "no CUDA driver") || !strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
 		t.Errorf("error %q does not say which library is missing", err)
+	}
+	if cgoAvailable && !strings.Contains(err.Error(), LibraryEnv) {
+		t.Errorf("error %q does not say what to do (install the driver, or name its library in $%s)", err, LibraryEnv)
 	}
 	t.Logf("missing library: %v", err)
 }
@@ -44,11 +48,16 @@ func TestDevice(t *testing.T) {
 		t.Errorf("DriverVersion = %d, %v", v, err)
 	}
 	n, _ := DeviceCount()
-	if _, err := OpenDevice(n); !errors.Is(err, ErrNoDevice) {
-		t.Errorf("OpenDevice(%d) of %d devices: %v, want ErrNoDevice", n, n, err)
-	}
-	if _, err := OpenDevice(-1); !errors.Is(err, ErrNoDevice) {
-		t.Errorf("OpenDevice(-1): %v, want ErrNoDevice", err)
+	// A wrong ordinal is ErrNoDevice naming it and the ordinals to use.
+	for _, o := range []int{n, n + 7, -1, -1 << 31} {
+		_, err := OpenDevice(o)
+		if !errors.Is(err, ErrNoDevice) {
+			t.Errorf("OpenDevice(%d) of %d devices: %v, want ErrNoDevice", o, n, err)
+			continue
+		}
+		if s := err.Error(); !strings.Contains(s, fmt.Sprintf("device %d ", o)) || !strings.Contains(s, fmt.Sprintf("0..%d", n-1)) {
+			t.Errorf("OpenDevice(%d) of %d devices: %q does not name the ordinal and say to use one in 0..%d", o, n, s, n-1)
+		}
 	}
 	t.Logf("%s, %d bytes, driver %s, %d devices", d, d.TotalMem(), FormatCUDAVersion(v), n)
 }

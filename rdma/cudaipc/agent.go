@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -38,6 +39,11 @@ type Agent struct {
 	nextEp  uint64
 	regs    map[*registration]struct{}
 	eps     map[*endpoint]struct{}
+	// written are the registrations Close revoked with batches still
+	// counted in flight (endpoints of other agents copying into them, or
+	// copies of this agent's that ended unproven): their control files
+	// stay mapped, so that a later Close reads the count again.
+	written []*registration
 }
 
 var _ rdma.Agent = (*Agent)(nil)
@@ -170,7 +176,7 @@ func (a *Agent) RegisterSpans(r *kvcache.Region, spans []Span) (rdma.Registratio
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
-		reg.revoke(false)
+		_, _ = reg.revoke(false) // never published: nothing in flight
 		return nil, fmt.Errorf("%s: register: %w", a, rdma.ErrAgentClosed)
 	}
 	a.nextReg++
@@ -182,18 +188,28 @@ func (a *Agent) RegisterSpans(r *kvcache.Region, spans []Span) (rdma.Registratio
 
 // revoke retires a registration's lease (marking its owner gone when gone),
 // clears its secret, removes its control file and unmaps it. Peers that
-// mapped the file see the retirement; later ones find no file.
-func (r *registration) revoke(gone bool) error {
+// mapped the file see the retirement; later ones find no file. busy
+// reports batches still counted in flight after the retirement (accepted
+// before it: another endpoint may still copy into or from the region), or
+// a count that cannot be read (the file truncated under the mapping): the
+// file then stays mapped, for Agent.unproven to read the count again.
+func (r *registration) revoke(gone bool) (busy bool, err error) {
 	r.use.Lock()
 	defer r.use.Unlock()
 	r.dead.Store(true)
 	unexportLocal(r)
 	c := r.ctl.c
+	var inFlight uint64
 	ferr := r.ctl.guard(func() {
 		c.lease.ForceRetire(gone)
 		c.setSecret([16]byte{})
+		inFlight = c.lease.InFlight() // no batch acquires it any more
 	})
-	return errors.Join(ferr, os.Remove(r.ctl.path), r.ctl.close())
+	err = errors.Join(ferr, os.Remove(r.ctl.path))
+	if ferr != nil || inFlight > 0 {
+		return true, err
+	}
+	return false, errors.Join(err, r.ctl.close())
 }
 
 // Deregister revokes reg. With batches of any process in flight from or
@@ -223,7 +239,7 @@ func (a *Agent) Deregister(reg rdma.Registration) error {
 		return fmt.Errorf("%s: deregister registration %d: %w: %d batches in flight", a, r.id, rdma.ErrRegionBusy, inFlight)
 	}
 	delete(a.regs, r)
-	if err := r.revoke(false); err != nil {
+	if _, err := r.revoke(false); err != nil { // retired with nothing in flight: busy only with this error
 		return fmt.Errorf("%s: deregister registration %d: %w", a, r.id, err)
 	}
 	return nil
@@ -278,7 +294,13 @@ func (a *Agent) Connect(peer []byte) (rdma.Endpoint, error) {
 // Close closes every endpoint (each waits for its copies), revokes every
 // registration — peers' later posts into them fail with rdma.ErrPeerGone
 // (or rdma.ErrBadKey for a peer that never used the key) — and releases
-// the device. Idempotent.
+// the device. Batches that endpoints of other agents (of this process or
+// another) accepted into its registrations before still complete, on
+// their streams: nothing of this agent can stop them. While one may still
+// copy into its memory (or a copy of its own that ended unproven may still
+// read it), Close returns an error wrapping rdma.ErrCloseUnproven naming
+// the registrations, and the memory must stay allocated. Idempotent: a
+// later call returns nil once those batches have completed.
 func (a *Agent) Close() error {
 	var errs []error
 	a.closeOnce.Do(func() {
@@ -301,8 +323,12 @@ func (a *Agent) Close() error {
 
 		a.mu.Lock()
 		for r := range a.regs {
-			if err := r.revoke(true); err != nil {
+			busy, err := r.revoke(true)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: revoke registration %d: %w", a, r.id, err))
+			}
+			if busy {
+				a.written = append(a.written, r)
 			}
 			delete(a.regs, r)
 		}
@@ -314,6 +340,38 @@ func (a *Agent) Close() error {
 			errs = append(errs, fmt.Errorf("%s: %w", a, err))
 		}
 	})
+	return errors.Join(errors.Join(errs...), a.unproven())
+}
+
+// unproven says which registrations revoked by Close batches may still
+// copy into or from, or nil when none; it unmaps the control file of each
+// whose batches have all completed, and forgets it.
+func (a *Agent) unproven() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var busy []string
+	var errs []error
+	kept := a.written[:0]
+	for _, r := range a.written {
+		var inFlight uint64
+		if err := r.ctl.guard(func() { inFlight = r.ctl.c.lease.InFlight() }); err != nil {
+			busy = append(busy, fmt.Sprintf("registration %d (batches in flight unknown: %v)", r.id, err))
+		} else if inFlight > 0 {
+			busy = append(busy, fmt.Sprintf("registration %d (%d batches in flight)", r.id, inFlight))
+		} else {
+			if err := r.ctl.close(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: registration %d: %w", a, r.id, err))
+			}
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(a.written[len(kept):])
+	a.written = kept
+	if len(busy) > 0 {
+		errs = append(errs, fmt.Errorf("%s: close: %w: batches accepted before Close may still copy into or from %s: keep the memory allocated, and call Close again once they have completed (their Done called, or their endpoints closed)",
+			a, rdma.ErrCloseUnproven, strings.Join(busy, ", ")))
+	}
 	return errors.Join(errs...)
 }
 

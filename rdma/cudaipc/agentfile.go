@@ -168,7 +168,7 @@ func readAgentFile(a address) (identity string, proc *os.File, err error) {
 		return "", nil, fmt.Errorf("%w: agent file %s states the agent %s, not %s: a file named for one agent must describe it (another process wrote it): restart the peer", rdma.ErrBadAddress, path, f.addr, a)
 	}
 	if h, err := thisHost(); err == nil && f.host != h {
-		return "", nil, fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only", rdma.ErrPeerGone, path, f.host, h)
+		return "", nil, fmt.Errorf("%w: agent file %s: the agent runs on host %q, this process on %q: cudaipc reaches agents of one host and pid namespace only: run both ranks on one host in one pid namespace, or connect them with backend \"ucx\"", rdma.ErrPeerGone, path, f.host, h)
 	}
 	st, err := pidwatch.StartTime(a.pid)
 	if err != nil {

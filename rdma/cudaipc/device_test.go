@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -260,7 +261,7 @@ func TestCloseUnprovenWhenSyncFails(t *testing.T) {
 	d := gpu(t)
 	const n = 1 << 20
 	sm, dm := devMem(t, d, n, 7), devMem(t, d, n, 8)
-	s, r := agent(t), agent(t)
+	s, r := unprovenAgent(t), unprovenAgent(t)
 	src, dst, ep := linked(t, s, r, sm, dm, n)
 	done := postAll(t, ep, src, dst, n)
 	if err := ep.Close(); !errors.Is(err, rdma.ErrCloseUnproven) {
@@ -329,5 +330,53 @@ func TestPeerRegistrationsBounded(t *testing.T) {
 	}
 	if err := wait(t, postAll(t, ep, src, dsts[0], n), "a batch"); err != nil {
 		t.Fatalf("a batch into a registration mapped before the limit: %v", err)
+	}
+}
+
+// TestCloseWithAPeerBatchInFlightIsUnproven: agent r's Close cannot stop a
+// batch that s's endpoint accepted into r's region: s's stream copies it
+// into r's memory, and only s's completion releases it. While such a
+// batch may still write, r's Close must not return nil (its owner would
+// free the memory under the copy, and a later allocation there would take
+// the write): it returns rdma.ErrCloseUnproven naming the registration,
+// and nil, called again, once the batch has completed. s's completions are
+// held deterministically by an earlier batch's Done, which runs on the
+// same poller goroutine, in post order. (Checked to fail before the fix:
+// r's Close returned nil with the batch in flight.)
+func TestCloseWithAPeerBatchInFlightIsUnproven(t *testing.T) {
+	d := gpu(t)
+	const n = 1 << 16
+	sm, dm := devMem(t, d, n, 9), devMem(t, d, n, 10)
+	s, r := agent(t, cudaipc.WithPoller(cuda.NewPoller(0))), agent(t)
+	src, dst, ep := linked(t, s, r, sm, dm, n)
+	defer ep.Close()
+	holding, hold := make(chan struct{}), make(chan struct{})
+	unhold := sync.OnceFunc(func() { close(hold) })
+	defer unhold() // before ep.Close, which waits for the held callback
+	if err := ep.Post(rdma.Batch{Src: src, Dst: dst.Remote(), Segments: []kvcache.Segment{{Len: 64}}, Done: func(error) {
+		close(holding)
+		<-hold // s's poller waits here: the next batch's completion stays queued
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	late := postAll(t, ep, src, dst, n)
+	<-holding
+
+	err := r.Close()
+	if !errors.Is(err, rdma.ErrCloseUnproven) {
+		t.Fatalf("r's Close with s's batch into its region in flight: %v, want ErrCloseUnproven (the copy may still land in its memory)", err)
+	}
+	if !strings.Contains(err.Error(), "registration 1 (1 batches in flight)") {
+		t.Errorf("r's Close: %q does not name the registration still written", err)
+	}
+	unhold()
+	if err := wait(t, late, "the batch in flight"); err != nil {
+		t.Fatalf("the batch in flight: Done(%v), want nil (accepted before r closed)", err)
+	}
+	if !bytes.Equal(read(t, d, dm.Ptr(), n), pattern(n, 9)) {
+		t.Error("the batch in flight did not land")
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("r's Close again, the batch completed: %v, want nil", err)
 	}
 }

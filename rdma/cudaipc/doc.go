@@ -107,7 +107,9 @@
 // reporting an error instead of completing, or a stream synchronisation
 // that fails (a failed record, Close) — completes the batch with
 // rdma.ErrCloseUnproven (beside any segment's error) and keeps both
-// leases: the regions stay busy for as long as a copy may still run.
+// leases: the regions stay busy for as long as a copy may still run, until
+// a Close of the endpoint whose stream synchronisation succeeds proves
+// every copy over and releases them.
 //
 // # Close
 //
@@ -118,9 +120,15 @@
 // last endpoint of the process to use one calls cuIpcCloseMemHandle) and
 // destroys its events and stream. Agent.Close closes every endpoint, then
 // revokes every registration (lease retired, owner gone, secret cleared,
-// control file removed) and releases the device. The rules of package rdma
-// hold as written there; Deregister refuses with rdma.ErrRegionBusy while a
-// batch of any process reads or writes the region.
+// control file removed) and releases the device. A batch that an endpoint
+// of another agent (of this process or another) accepted into one of its
+// registrations before still runs on that endpoint's stream, which the
+// agent cannot stop: while the registration's lease counts any batch in
+// flight, Agent.Close returns rdma.ErrCloseUnproven naming it (the memory
+// must stay allocated), and called again, nil once they have completed.
+// The rules of package rdma hold as written there; Deregister refuses with
+// rdma.ErrRegionBusy while a batch of any process reads or writes the
+// region.
 //
 // A Close whose synchronisation fails returns rdma.ErrCloseUnproven and
 // never rdma.ErrSourcesReleased: a copy still enqueued on the stream may

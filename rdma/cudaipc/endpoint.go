@@ -49,6 +49,11 @@ type endpoint struct {
 	// right behind it proves nothing either. Only the queue's callbacks,
 	// which run one at a time, touch it.
 	lastUnproven error
+	// kept are the lease releases of batches that ended unproven (their
+	// leases held: a copy may still run), for Close to call once its
+	// stream synchronisation proved every copy over. Only the queue's
+	// callbacks append, and Close reads it once the queue has closed.
+	kept []func()
 
 	closeOnce sync.Once // concurrent Closes wait for the first
 	closeErr  error
@@ -227,12 +232,17 @@ func (e *endpoint) Post(b rdma.Batch) error {
 		// The leases say the copies are over only when they are: an
 		// unproven end (a synchronise that failed) keeps both held, so
 		// that the regions stay busy (Deregister refuses) for as long as a
-		// copy may still read or write them, and Done says so whatever
-		// else failed (a segment the driver refused after others were
+		// copy may still read or write them — until a Close of the
+		// endpoint proves them over — and Done says so whatever else
+		// failed (a segment the driver refused after others were
 		// enqueued).
+		if unproven == nil {
+			release()
+		} else {
+			e.kept = append(e.kept, release)
+		}
 		switch {
 		case unproven == nil:
-			release()
 		case err == nil:
 			err = unproven
 		case !errors.Is(err, rdma.ErrCloseUnproven):
@@ -477,7 +487,9 @@ func (e *endpoint) peerGone() bool {
 // Close refuses new batches, synchronises the stream (every copy enqueued
 // has landed or failed: nothing more will be written), completes every
 // batch and flush not yet reported with rdma.ErrEndpointClosed, in order,
-// then closes the peer mappings, the events and the stream. Every call
+// releases the leases that batches which ended unproven kept (the
+// synchronisation proved their copies over too), then closes the peer
+// mappings, the events and the stream. Every call
 // returns once that is done. A synchronisation that fails proves nothing
 // (the driver is failing; copies may still run): the batches complete
 // with rdma.ErrCloseUnproven too, Close's error wraps it, and the peer
@@ -500,6 +512,12 @@ func (e *endpoint) Close() error {
 			return
 		}
 		e.q.Close(fmt.Errorf("%s: %w", e.name, rdma.ErrEndpointClosed))
+		// The stream is idle: the copies of batches that ended unproven
+		// are over too, and their regions no longer busy.
+		for _, release := range e.kept {
+			release()
+		}
+		e.kept = nil
 
 		e.mu.Lock()
 		for id, t := range e.targets {
