@@ -493,8 +493,10 @@ type Stats struct {
 	// while the control plane knew no Hello of its writer.
 	FramesUnsent int64
 	// FramesRejected: control frames refused on arrival (invalid, from a
-	// peer that is not the request's, unresolvable); a stale one is
-	// counted in FramesStale instead.
+	// peer that is not the request's, unresolvable, past an instance's
+	// orphan limit); a stale one is counted in FramesStale instead. The
+	// same frames as kvxfer_frames_rejected_total's reasons invalid,
+	// not_writer, unresolved, not_bound and orphan_limit together.
 	FramesRejected int64
 	// FramesStale: control frames that came too late to act on, dropped
 	// or answered FAILED: for a request finished or never started here
@@ -508,6 +510,12 @@ type Stats struct {
 	// FramesShed: RequestData and Cancel frames refused because their
 	// peer had too many frames in flight inside the engine.
 	FramesShed int64
+	// CancelsDeferred: Cancel frames left unanswered for now because every
+	// cancel tombstone slot of their instance (or of the engine's
+	// instances) was younger than 30 s; their sender re-sends them, and
+	// one is answered once a slot ages. The same frames as
+	// kvxfer_frames_rejected_total{reason="tombstones_full"}.
+	CancelsDeferred int64
 	// SessionPanics: sessions restarted after a panic (each failed).
 	SessionPanics int64
 	// SessionPanicsPastBudget: session panics after the session's restart
@@ -532,6 +540,12 @@ type Stats struct {
 	// a stale writer can reach) is still held, waiting for its proof (or
 	// kept by a Revoker whose release failed, DestBlockErrors).
 	RevokedHeldBlocks int64
+	// CallerBlocksAwaitingProof: the caller's own destination blocks
+	// (ReceiveRequest.Blocks) whose request failed while a writer had
+	// given no proof that its writes are over, now: not Released yet, and
+	// not counted in QuarantinedBytes (kvxfer's pool does not hold them).
+	// The metric kvxfer_caller_blocks_awaiting_proof.
+	CallerBlocksAwaitingProof int64
 	// DestBlockErrors: quarantines, releases and frees of a finished
 	// request's destination blocks that the pool refused (always a bug,
 	// logged at error level), and releases of revoked memory the Revoker
@@ -605,11 +619,12 @@ func (e *Engine) Stats() Stats {
 	}
 	c := e.inner.Stats()
 	st := Stats{OpsPosted: c.OpsPosted.Load(), WorkerRestarts: c.WorkerRestarts.Load(), FramesUnsent: c.FramesUnsent.Load(),
-		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(), SessionPanics: c.SessionPanics.Load(),
+		FramesRejected: c.FramesRejected.Load(), FramesStale: c.FramesStale.Load(), FramesShed: c.FramesShed.Load(),
+		CancelsDeferred: c.CancelsDeferred.Load(), SessionPanics: c.SessionPanics.Load(),
 		SessionPanicsPastBudget: c.SessionPanicsPastBudget.Load(), ParentPanics: c.ParentPanics.Load(),
 		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
-		RevokedHeldBlocks: c.RevokedHeld.Load(), DestBlockErrors: c.DestBlockErrors.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
+		RevokedHeldBlocks: c.RevokedHeld.Load(), CallerBlocksAwaitingProof: c.CallerAwaitingProof.Load(), DestBlockErrors: c.DestBlockErrors.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
 		FramesSilenced:   c.FramesSilenced.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}

@@ -229,11 +229,18 @@ func TestMetricsQuarantineCallerOwned(t *testing.T) {
 	if s.get(t, "kvxfer_quarantined_bytes")+s["kvxfer_caller_blocks_awaiting_proof{}"] == 0 {
 		t.Errorf("kvxfer_quarantined_bytes = 0 while %d caller-owned destination blocks wait for their writer's proof", len(owned[0])+len(owned[1]))
 	}
+	// Stats says it too: the gauge is Stats.CallerBlocksAwaitingProof.
+	if n, st := s["kvxfer_caller_blocks_awaiting_proof{}"], gen.Stats().CallerBlocksAwaitingProof; n == 0 || float64(st) != n {
+		t.Errorf("Stats.CallerBlocksAwaitingProof = %d, kvxfer_caller_blocks_awaiting_proof = %v: want the same, not 0", st, n)
+	}
 	link.setCut(false)
 	<-rx.Released()
 	waitUntil(t, "caller blocks gauge back to zero", func() bool {
 		return scrape(t, gen, "gen/0")["kvxfer_caller_blocks_awaiting_proof{}"] == 0
 	})
+	if st := gen.Stats().CallerBlocksAwaitingProof; st != 0 {
+		t.Errorf("Stats.CallerBlocksAwaitingProof = %d once the blocks were released, want 0", st)
+	}
 }
 
 // TestHeartbeatMissesNotGracefulLeaves: a peer that left the etcd

@@ -415,6 +415,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		if hold {
 			// No tombstone can be kept for it yet (TxTable.Cancel): no
 			// answer, so that its sender keeps the blocks and re-sends.
+			p.env.stats.CancelsDeferred.Add(1)
 			p.env.meters.reject(rejectTombsFull)
 			if ev := p.env.warn(m.From.Instance, "tombs"); ev != nil {
 				ev.Str("peer", m.From.String()).Str("request", m.RequestID).
@@ -424,6 +425,7 @@ func (p *txParent) Receive(ctx actor.Context) {
 		}
 		if notBound {
 			// Not the request's instance: nothing of ours writes for it.
+			p.env.stats.FramesRejected.Add(1)
 			p.env.meters.reject(rejectNotBound)
 		}
 		if !deliver {
@@ -680,6 +682,7 @@ func (p *txParent) onRequestData(ctx actor.Context, rd *messages.RequestData) {
 	}
 	if err != nil {
 		// The request's own instance cannot be served: its session fails.
+		p.env.stats.FramesRejected.Add(1)
 		p.env.meters.reject(rejectUnresolved)
 	}
 	pid := p.sessions.pids[rd.RequestID]

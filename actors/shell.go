@@ -74,6 +74,11 @@ type Counters struct {
 	// terminal frame, its writes may still land there, and any answer
 	// would be a proof (TxTable.Silence).
 	FramesSilenced atomic.Int64
+	// CancelsDeferred counts Cancel frames left unanswered for now because
+	// no cancel tombstone could be kept for them (TxTable.Cancel's hold;
+	// their sender re-sends them): the frames
+	// kvxfer_frames_rejected_total{reason="tombstones_full"} counts.
+	CancelsDeferred atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,

@@ -64,11 +64,13 @@ extern "C" {
  * "layout" key; 7: GPU memory by address: the "memory" object's device and
  * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device; 8:
  * kvxfer_request_set_payload, and payloads of up to 65536 bytes; 9:
- * kvxfer_receive_stages. Where a request struct would need a new field,
- * a new function takes it as an argument instead: the structs keep their
- * size, so a caller built against an older header passes no shorter one
- * than the library reads. */
-#define KVXFER_ABI_MINOR 9
+ * kvxfer_receive_stages; 10: kvxfer_engine_stats_get. Where a request
+ * struct would need a new field, a new function takes it as an argument
+ * instead: the structs keep their size, so a caller built against an
+ * older header passes no shorter one than the library reads (and gets no
+ * longer one written: a counter added after kvxfer_engine_stats comes
+ * with a new function). */
+#define KVXFER_ABI_MINOR 10
 
 /* Status codes: what every call returns. A newer library of the same
  * KVXFER_ABI_VERSION may return codes added since (KVXFER_ERR_PEER_FAILED
@@ -155,6 +157,64 @@ typedef struct kvxfer_group_info {
     int32_t window;       /* attention window in tokens, 0 = full */
     uint32_t reserved;
 } kvxfer_group_info;
+
+/* (Since KVXFER_ABI_MINOR 10.) An engine's counters, a snapshot
+ * (kvxfer_engine_stats_get): Go's kvxfer.Stats, field for field. Counts
+ * (_total in the metric names) only grow; the others say what is so now.
+ * Its size and layout are fixed (240 bytes, 30 fields of 8 bytes). */
+typedef struct kvxfer_engine_stats {
+    int64_t ops_posted;       /* batches of writes handed to the data plane */
+    int64_t worker_restarts;  /* sender workers restarted after a panic */
+    int64_t frames_unsent;    /* control frames the control plane did not send (peer gone, queue full,
+                               * RequestData held back for want of its writer's Hello) */
+    /* Control frames refused on arrival (kvxfer_frames_rejected_total by
+     * reason): invalid, not from the request's peer or instance,
+     * unresolvable, past an instance's orphan limit (reasons invalid,
+     * not_writer, unresolved, not_bound, orphan_limit). */
+    int64_t frames_rejected;
+    int64_t frames_stale;     /* too late to act on (reason stale) */
+    int64_t frames_shed;      /* dropped: their peer's frame credits were spent (reason shed) */
+    int64_t cancels_deferred; /* Cancels left unanswered for now, every cancel tombstone young; re-sent by
+                               * their sender (reason tombstones_full) */
+    /* Panics and refusals kvxfer survived (each logged), and lapsed leases. */
+    int64_t session_panics;             /* sessions restarted after a panic (each request failed) */
+    int64_t session_panics_past_budget; /* session panics past its restart budget (resumed to drain) */
+    int64_t parent_panics;              /* top-level actor or listener panics: each failed the engine
+                                         * (KVXFER_ERR_ENGINE_FAILED) */
+    int64_t pin_errors;                 /* source pins and unpins the pool refused */
+    int64_t leases_lapsed;              /* writer leases on peers that lapsed (its requests failed) */
+    int64_t stream_violations;          /* peer streams that disagreed with their session (a bug) */
+    /* Pages held. */
+    int64_t blocks_revoked;               /* destination blocks revoked instead of quarantined */
+    int64_t revoked_held_blocks;          /* now: revoked blocks whose old memory waits for its proof */
+    int64_t caller_blocks_awaiting_proof; /* now: the caller's own destination blocks (kvxfer_receive_request
+                                           * .blocks) of failed requests, waiting for a writer's proof;
+                                           * not in quarantined_bytes */
+    int64_t dest_block_errors;            /* quarantines, releases and frees of destination blocks the pool
+                                           * refused (a bug): those blocks stay held for good */
+    uint64_t quarantined_bytes;           /* now: destination bytes quarantined (a writer gave no proof that
+                                           * its writes are over) */
+    uint64_t quarantine_limit_bytes;      /* the bound past which receives wait for blocks */
+    /* Writes in doubt. */
+    int64_t closes_unproven;  /* data-plane endpoint closes that proved nothing about the writes on them:
+                               * their ops stay in doubt, their requests keep their source pages unless
+                               * the backend proved them released */
+    int64_t frames_silenced;  /* Cancels and RequestData left unanswered for good after such a close
+                               * (reason silenced) */
+    int64_t waiting_for_blocks; /* now: receives waiting for destination blocks */
+    int64_t orphan_requests;    /* now: requests a generation instance asked this context engine for,
+                                 * that no kvxfer_send took yet */
+    int64_t orphans_ended;      /* such requests that ended with no kvxfer_send taking them */
+    /* Proofs that every write of one writer incarnation is over, by kind
+     * (kvxfer_write_proofs_total), and the requests they concerned
+     * (kvxfer_write_proof_requests_total). */
+    int64_t write_proofs_exited;
+    int64_t write_proof_requests_exited;
+    int64_t write_proofs_pidfd_exit;
+    int64_t write_proof_requests_pidfd_exit;
+    int64_t write_proofs_drained_goodbye;
+    int64_t write_proof_requests_drained_goodbye;
+} kvxfer_engine_stats;
 
 /* The context side of a request (kvxfer_send). Strings are copied. */
 typedef struct kvxfer_send_request {
@@ -388,6 +448,11 @@ kvxfer_status kvxfer_engine_info_get(kvxfer_engine_t engine, kvxfer_engine_info 
  * never with the CPU. */
 kvxfer_status kvxfer_engine_pool_device(kvxfer_engine_t engine, int32_t *device);
 kvxfer_status kvxfer_engine_group(kvxfer_engine_t engine, uint32_t group, kvxfer_group_info *out);
+/* (Since KVXFER_ABI_MINOR 10.) The engine's counters now, into *out (see
+ * kvxfer_engine_stats); a node handle's are its engine's. Atomic loads
+ * only: call it from any thread, as often as wanted, until
+ * kvxfer_engine_close releases the handle. */
+kvxfer_status kvxfer_engine_stats_get(kvxfer_engine_t engine, kvxfer_engine_stats *out);
 
 /* Allocates n blocks of layer group `group` from the engine's pool into ids
  * (source blocks to fill before a chunk; all or nothing). */

@@ -36,6 +36,14 @@ func TestDemoCluster(t *testing.T) {
 		}
 	}
 	for _, r := range jsonObjects(t, strings.Join(reports, "\n")) {
+		// Each report carries its engine's counters: nothing refused
+		// or held, no bug survived; the context ranks posted ops.
+		st, _ := r["engine_stats"].(map[string]any)
+		if st == nil || st["frames_rejected"] != float64(0) || st["parent_panics"] != float64(0) ||
+			st["dest_block_errors"] != float64(0) || st["quarantined_bytes"] != float64(0) ||
+			(r["role"] == "ctx") != (st["ops_posted"] != float64(0)) {
+			t.Errorf("%v report's engine_stats: %v", r["role"], r["engine_stats"])
+		}
 		switch r["role"] {
 		case "gen":
 			gen++

@@ -332,6 +332,46 @@ func kvxfer_engine_group(eh C.kvxfer_engine_t, g C.uint32_t, out *C.kvxfer_group
 	return 0
 }
 
+//export kvxfer_engine_stats_get
+func kvxfer_engine_stats_get(eh C.kvxfer_engine_t, out *C.kvxfer_engine_stats) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_stats_get")
+	if out == nil {
+		return fail(nullArg("kvxfer_engine_stats_get", "out"))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	*out = engineStats(e.Inner().Stats())
+	return 0
+}
+
+// engineStats is kvxfer_engine_stats of s, field for field (the struct's
+// layout is fixed: a Stats field added later comes with a new function).
+func engineStats(s kvxfer.Stats) C.kvxfer_engine_stats {
+	p := s.WriteProofs
+	return C.kvxfer_engine_stats{
+		ops_posted: C.int64_t(s.OpsPosted), worker_restarts: C.int64_t(s.WorkerRestarts),
+		frames_unsent: C.int64_t(s.FramesUnsent), frames_rejected: C.int64_t(s.FramesRejected),
+		frames_stale: C.int64_t(s.FramesStale), frames_shed: C.int64_t(s.FramesShed),
+		cancels_deferred: C.int64_t(s.CancelsDeferred), session_panics: C.int64_t(s.SessionPanics),
+		session_panics_past_budget: C.int64_t(s.SessionPanicsPastBudget), parent_panics: C.int64_t(s.ParentPanics),
+		pin_errors: C.int64_t(s.PinErrors), leases_lapsed: C.int64_t(s.LeasesLapsed),
+		stream_violations: C.int64_t(s.StreamViolations), blocks_revoked: C.int64_t(s.BlocksRevoked),
+		revoked_held_blocks: C.int64_t(s.RevokedHeldBlocks), caller_blocks_awaiting_proof: C.int64_t(s.CallerBlocksAwaitingProof),
+		dest_block_errors: C.int64_t(s.DestBlockErrors), quarantined_bytes: C.uint64_t(s.QuarantinedBytes),
+		quarantine_limit_bytes: C.uint64_t(s.QuarantineLimitBytes), closes_unproven: C.int64_t(s.ClosesUnproven),
+		frames_silenced: C.int64_t(s.FramesSilenced), waiting_for_blocks: C.int64_t(s.WaitingForBlocks),
+		orphan_requests: C.int64_t(s.OrphanRequests), orphans_ended: C.int64_t(s.OrphansEnded),
+		write_proofs_exited:                  C.int64_t(p[kvxfer.ProofExited].Proofs),
+		write_proof_requests_exited:          C.int64_t(p[kvxfer.ProofExited].Requests),
+		write_proofs_pidfd_exit:              C.int64_t(p[kvxfer.ProofPidfdExit].Proofs),
+		write_proof_requests_pidfd_exit:      C.int64_t(p[kvxfer.ProofPidfdExit].Requests),
+		write_proofs_drained_goodbye:         C.int64_t(p[kvxfer.ProofDrainedGoodbye].Proofs),
+		write_proof_requests_drained_goodbye: C.int64_t(p[kvxfer.ProofDrainedGoodbye].Requests),
+	}
+}
+
 //export kvxfer_blocks_alloc
 func kvxfer_blocks_alloc(eh C.kvxfer_engine_t, g, n C.uint32_t, ids C.uintptr_t) (st C.int32_t) {
 	defer guard(&st, "kvxfer_blocks_alloc")

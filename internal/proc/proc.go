@@ -206,6 +206,67 @@ type Report struct {
 	// Errors lists the first failures, one line each (request: status:
 	// cause), up to maxReportErrors.
 	Errors []string `json:"errors,omitempty"`
+	// EngineStats are the engine's counters once it closed.
+	EngineStats EngineStats `json:"engine_stats"`
+}
+
+// EngineStats are an engine's counters (kvxfer.Stats) in a report, each
+// named as the C ABI's kvxfer_engine_stats names it (include/kvxfer.h
+// says what each counts): pages held (quarantined_bytes,
+// revoked_held_blocks, caller_blocks_awaiting_proof, dest_block_errors),
+// writes left in doubt (closes_unproven, frames_silenced), frames refused
+// (frames_rejected, frames_stale, frames_shed, cancels_deferred) and bugs
+// the engine survived (session_panics, parent_panics, stream_violations).
+// Every field is written, zero too.
+type EngineStats struct {
+	OpsPosted                        int64  `json:"ops_posted"`
+	WorkerRestarts                   int64  `json:"worker_restarts"`
+	FramesUnsent                     int64  `json:"frames_unsent"`
+	FramesRejected                   int64  `json:"frames_rejected"`
+	FramesStale                      int64  `json:"frames_stale"`
+	FramesShed                       int64  `json:"frames_shed"`
+	CancelsDeferred                  int64  `json:"cancels_deferred"`
+	SessionPanics                    int64  `json:"session_panics"`
+	SessionPanicsPastBudget          int64  `json:"session_panics_past_budget"`
+	ParentPanics                     int64  `json:"parent_panics"`
+	PinErrors                        int64  `json:"pin_errors"`
+	LeasesLapsed                     int64  `json:"leases_lapsed"`
+	StreamViolations                 int64  `json:"stream_violations"`
+	BlocksRevoked                    int64  `json:"blocks_revoked"`
+	RevokedHeldBlocks                int64  `json:"revoked_held_blocks"`
+	CallerBlocksAwaitingProof        int64  `json:"caller_blocks_awaiting_proof"`
+	DestBlockErrors                  int64  `json:"dest_block_errors"`
+	QuarantinedBytes                 uint64 `json:"quarantined_bytes"`
+	QuarantineLimitBytes             uint64 `json:"quarantine_limit_bytes"`
+	ClosesUnproven                   int64  `json:"closes_unproven"`
+	FramesSilenced                   int64  `json:"frames_silenced"`
+	WaitingForBlocks                 int64  `json:"waiting_for_blocks"`
+	OrphanRequests                   int64  `json:"orphan_requests"`
+	OrphansEnded                     int64  `json:"orphans_ended"`
+	WriteProofsExited                int64  `json:"write_proofs_exited"`
+	WriteProofRequestsExited         int64  `json:"write_proof_requests_exited"`
+	WriteProofsPidfdExit             int64  `json:"write_proofs_pidfd_exit"`
+	WriteProofRequestsPidfdExit      int64  `json:"write_proof_requests_pidfd_exit"`
+	WriteProofsDrainedGoodbye        int64  `json:"write_proofs_drained_goodbye"`
+	WriteProofRequestsDrainedGoodbye int64  `json:"write_proof_requests_drained_goodbye"`
+}
+
+// engineStats is s in a report.
+func engineStats(s kvxfer.Stats) EngineStats {
+	p := s.WriteProofs
+	return EngineStats{OpsPosted: s.OpsPosted, WorkerRestarts: s.WorkerRestarts, FramesUnsent: s.FramesUnsent,
+		FramesRejected: s.FramesRejected, FramesStale: s.FramesStale, FramesShed: s.FramesShed,
+		CancelsDeferred: s.CancelsDeferred, SessionPanics: s.SessionPanics, SessionPanicsPastBudget: s.SessionPanicsPastBudget,
+		ParentPanics: s.ParentPanics, PinErrors: s.PinErrors, LeasesLapsed: s.LeasesLapsed,
+		StreamViolations: s.StreamViolations, BlocksRevoked: s.BlocksRevoked, RevokedHeldBlocks: s.RevokedHeldBlocks,
+		CallerBlocksAwaitingProof: s.CallerBlocksAwaitingProof, DestBlockErrors: s.DestBlockErrors,
+		QuarantinedBytes: s.QuarantinedBytes, QuarantineLimitBytes: s.QuarantineLimitBytes,
+		ClosesUnproven: s.ClosesUnproven, FramesSilenced: s.FramesSilenced, WaitingForBlocks: int64(s.WaitingForBlocks),
+		OrphanRequests: s.OrphanRequests, OrphansEnded: s.OrphansEnded,
+		WriteProofsExited: p[kvxfer.ProofExited].Proofs, WriteProofRequestsExited: p[kvxfer.ProofExited].Requests,
+		WriteProofsPidfdExit: p[kvxfer.ProofPidfdExit].Proofs, WriteProofRequestsPidfdExit: p[kvxfer.ProofPidfdExit].Requests,
+		WriteProofsDrainedGoodbye:        p[kvxfer.ProofDrainedGoodbye].Proofs,
+		WriteProofRequestsDrainedGoodbye: p[kvxfer.ProofDrainedGoodbye].Requests}
 }
 
 const maxReportErrors = 8
@@ -1513,6 +1574,7 @@ func finish(n *role, rep Report, t0 time.Time, cpu0 time.Duration, out io.Writer
 	}
 	rep.LeakedBlocks = n.eng.Pools().Used()
 	rep.QuarantinedBlocks = n.eng.Pools().Quarantined()
+	rep.EngineStats = engineStats(n.eng.Stats())
 	if out != nil {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(out, string(b))

@@ -90,6 +90,10 @@ func TestCtxReportsTheBytesItSent(t *testing.T) {
 	if ctxRep.Bytes != genRep.Bytes {
 		t.Fatalf("ctx reports %d bytes sent, gen %d received", ctxRep.Bytes, genRep.Bytes)
 	}
+	// Its engine's counters come with it: the ops it posted.
+	if ctxRep.EngineStats.OpsPosted == 0 {
+		t.Fatalf("ctx reports engine_stats %+v: no ops posted for %d bytes sent", ctxRep.EngineStats, ctxRep.Bytes)
+	}
 }
 
 // hookWriter calls hook with each line written to it.
@@ -305,6 +309,9 @@ func TestGenWithMoreRequestsFailsTheContextRole(t *testing.T) {
 	}
 	if want := "the generation process asked for req-3, past this process's --requests 3; give both roles the same --requests"; ctxRep.SettingsMismatch != want {
 		t.Fatalf("ctx names %q, want %q", ctxRep.SettingsMismatch, want)
+	}
+	if st := ctxRep.EngineStats; st.OrphanRequests+st.OrphansEnded != 1 {
+		t.Fatalf("ctx reports orphan_requests %d, orphans_ended %d: want req-3 counted", st.OrphanRequests, st.OrphansEnded)
 	}
 	if genRep.OK != 3 || genRep.Failed != 1 || genRep.LeakedBlocks != 0 ||
 		!strings.Contains(genRep.SettingsMismatch, "the context process runs --requests 3") || !strings.Contains(genRep.SettingsMismatch, "this one --requests 4") {

@@ -63,6 +63,20 @@ class GroupInfo(ctypes.Structure):
     ]
 
 
+class EngineStats(ctypes.Structure):
+    """kvxfer_engine_stats (KVXFER_ABI_MINOR 10): 30 fields of 8 bytes,
+    a layout that never changes."""
+
+    _fields_ = [(name, ctypes.c_uint64 if name.startswith("quarantine") else ctypes.c_int64) for name in (
+        "ops_posted", "worker_restarts", "frames_unsent", "frames_rejected", "frames_stale", "frames_shed",
+        "cancels_deferred", "session_panics", "session_panics_past_budget", "parent_panics", "pin_errors",
+        "leases_lapsed", "stream_violations", "blocks_revoked", "revoked_held_blocks",
+        "caller_blocks_awaiting_proof", "dest_block_errors", "quarantined_bytes", "quarantine_limit_bytes",
+        "closes_unproven", "frames_silenced", "waiting_for_blocks", "orphan_requests", "orphans_ended",
+        "write_proofs_exited", "write_proof_requests_exited", "write_proofs_pidfd_exit",
+        "write_proof_requests_pidfd_exit", "write_proofs_drained_goodbye", "write_proof_requests_drained_goodbye")]
+
+
 class SendRequest(ctypes.Structure):
     _fields_ = [
         ("id", ctypes.c_char_p),
@@ -150,6 +164,7 @@ SINCE_MINOR = {
     "kvxfer_request_set_payload": (8, (_st, [request_t, ctypes.c_void_p, ctypes.c_uint32])),
     "kvxfer_receive_stages": (9, (_st, [engine_t, ctypes.POINTER(ReceiveRequest), ctypes.c_char_p,
                                         ctypes.POINTER(request_t)])),
+    "kvxfer_engine_stats_get": (10, (_st, [engine_t, ctypes.POINTER(EngineStats)])),
 }
 
 

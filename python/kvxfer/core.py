@@ -1003,6 +1003,21 @@ class Engine:
         self._call(lib.kvxfer_engine_pool_device, ctypes.byref(dev))
         return None if dev.value < 0 else dev.value
 
+    def stats(self):
+        """The engine's counters now, a dict of kvxfer_engine_stats's
+        fields (kvxfer.h says what each counts): among them what holds
+        pages (quarantined_bytes, revoked_held_blocks,
+        caller_blocks_awaiting_proof, dest_block_errors), leaves writes in
+        doubt (closes_unproven, frames_silenced), refuses frames
+        (frames_rejected, frames_stale, frames_shed, cancels_deferred) and
+        bugs survived (session_panics, parent_panics, stream_violations).
+        A library older than KVXFER_ABI_MINOR 10 has none: KvxferError
+        with Status.UNSUPPORTED naming kvxfer_engine_stats_get."""
+        _require("kvxfer_engine_stats_get", "stats()")
+        out = _lib.EngineStats()
+        self._call(lib.kvxfer_engine_stats_get, ctypes.byref(out))
+        return {name: getattr(out, name) for name, _ in _lib.EngineStats._fields_}
+
     def block_bytes(self, group, block):
         """A copy of one block's bytes (host memory; a ValueError on a GPU
         pool, whose block_address is a device pointer: copy it with CUDA)."""

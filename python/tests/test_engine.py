@@ -674,3 +674,42 @@ def test_set_payload_before_the_last_chunk(pair):
     assert rx.payload() == big
     rx.free_blocks()
     ctx.free(0, ids)
+
+
+def test_stats(pair, monkeypatch):
+    """Engine.stats(): a fresh engine counts nothing (the quarantine bound
+    aside); a receive its context engine has no send for is an orphan
+    there until it is cancelled (orphan_requests, then orphans_ended); a
+    transfer posts ops. Every field of kvxfer_engine_stats is there, in
+    its fixed layout. A library older than KVXFER_ABI_MINOR 10 is named,
+    not called."""
+    ctx, gen = pair
+    assert ctypes.sizeof(kvxfer._lib.EngineStats) == 240
+    st = ctx.stats()
+    assert len(st) == 30 and {k for k, v in st.items() if v} <= {"quarantine_limit_bytes"}, st
+    for name in ("frames_stale", "cancels_deferred", "caller_blocks_awaiting_proof", "dest_block_errors",
+                 "revoked_held_blocks", "closes_unproven", "parent_panics", "write_proofs_drained_goodbye"):
+        assert name in st, name
+    rx = gen.receive("st-orphan", 32, ctx.instance)
+    wait_until(lambda: ctx.stats()["orphan_requests"] == 1, what="an orphan at the context engine")
+    rx.cancel()
+    assert rx.wait(10).outcome == Outcome.CANCELLED
+    rx.release()
+    wait_until(lambda: ctx.stats()["orphans_ended"] == 1 and ctx.stats()["orphan_requests"] == 0,
+               what="the orphan ended")
+    ids = ctx.alloc(0, 2)
+    rx = gen.receive("st-moved", 32, ctx.instance)
+    tx = ctx.send("st-moved", 32)
+    tx.chunk(0, 32, [(0, ids)], fenced=False)
+    assert tx.wait(10).outcome == Outcome.DONE and rx.wait(10).outcome == Outcome.READY
+    rx.free_blocks()
+    rx.release()
+    tx.release()
+    ctx.free(0, ids)
+    st = ctx.stats()
+    assert st["ops_posted"] > 0 and st["frames_rejected"] == 0 and st["quarantined_bytes"] == 0, st
+    monkeypatch.setattr(kvxfer._lib, "missing", {"kvxfer_engine_stats_get"})
+    with pytest.raises(KvxferError) as e:
+        ctx.stats()
+    assert e.value.status == Status.UNSUPPORTED, e.value
+    assert "kvxfer_engine_stats_get (KVXFER_ABI_MINOR 10)" in e.value.message, e.value.message

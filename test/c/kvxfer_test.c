@@ -3,6 +3,7 @@
  * include/kvxfer.h and lib/libkvxfer.so. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,8 @@ static void test_bad_input(void) {
         kvxfer_request_error(5555, NULL, 0),
         kvxfer_request_release(5555),
         kvxfer_bench_go(5555, 5556, 16, 16, 1, NULL, NULL),
+        kvxfer_engine_stats_get(5555, NULL),
+        kvxfer_engine_stats_get(5555, &(kvxfer_engine_stats){0}),
     };
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
         CHECK(st[i] == KVXFER_ERR_BAD_HANDLE || st[i] == KVXFER_ERR_INVALID_ARGUMENT, "call %zu returned %s", i,
@@ -1022,6 +1025,114 @@ static void test_empty_dangling(void) {
     printf("ok   empty arrays behind a dangling pointer (0x4) with count 0\n");
 }
 
+/* kvxfer_engine_stats keeps its layout (kvxfer.h: a counter added later
+ * comes with a new function): every field at the offset the ABI fixed. */
+#define STATS_AT(field, i) \
+    _Static_assert(offsetof(kvxfer_engine_stats, field) == 8 * (i), "kvxfer_engine_stats." #field " moved")
+STATS_AT(ops_posted, 0);
+STATS_AT(worker_restarts, 1);
+STATS_AT(frames_unsent, 2);
+STATS_AT(frames_rejected, 3);
+STATS_AT(frames_stale, 4);
+STATS_AT(frames_shed, 5);
+STATS_AT(cancels_deferred, 6);
+STATS_AT(session_panics, 7);
+STATS_AT(session_panics_past_budget, 8);
+STATS_AT(parent_panics, 9);
+STATS_AT(pin_errors, 10);
+STATS_AT(leases_lapsed, 11);
+STATS_AT(stream_violations, 12);
+STATS_AT(blocks_revoked, 13);
+STATS_AT(revoked_held_blocks, 14);
+STATS_AT(caller_blocks_awaiting_proof, 15);
+STATS_AT(dest_block_errors, 16);
+STATS_AT(quarantined_bytes, 17);
+STATS_AT(quarantine_limit_bytes, 18);
+STATS_AT(closes_unproven, 19);
+STATS_AT(frames_silenced, 20);
+STATS_AT(waiting_for_blocks, 21);
+STATS_AT(orphan_requests, 22);
+STATS_AT(orphans_ended, 23);
+STATS_AT(write_proofs_exited, 24);
+STATS_AT(write_proof_requests_exited, 25);
+STATS_AT(write_proofs_pidfd_exit, 26);
+STATS_AT(write_proof_requests_pidfd_exit, 27);
+STATS_AT(write_proofs_drained_goodbye, 28);
+STATS_AT(write_proof_requests_drained_goodbye, 29);
+_Static_assert(sizeof(kvxfer_engine_stats) == 240, "kvxfer_engine_stats changed size");
+
+/* Polls engine e's stats until ok(stats) (10 s deadline). */
+static kvxfer_engine_stats wait_stats(kvxfer_engine_t e, int (*ok)(const kvxfer_engine_stats *), const char *what) {
+    kvxfer_engine_stats s;
+    double deadline = now() + 10;
+    for (;;) {
+        OK(kvxfer_engine_stats_get(e, &s));
+        if (ok(&s)) return s;
+        CHECK(now() < deadline, "no %s in 10 s: orphan_requests %lld, orphans_ended %lld", what,
+              (long long)s.orphan_requests, (long long)s.orphans_ended);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL); /* poll with a deadline */
+    }
+}
+
+static int one_orphan(const kvxfer_engine_stats *s) { return s->orphan_requests == 1; }
+static int orphan_ended(const kvxfer_engine_stats *s) { return s->orphans_ended == 1 && s->orphan_requests == 0; }
+
+/* kvxfer_engine_stats_get: a fresh engine counts nothing (the quarantine
+ * bound aside); a receive whose context engine has no send of it is an
+ * orphan there (orphan_requests, at offset 176), which ends when the
+ * receive is cancelled (orphans_ended), and a transfer posts ops. Bad
+ * arguments are named. */
+static void test_stats(void) {
+    kvxfer_engine_t p = open_engine("c-stats-prefill", NULL, 1 << 20);
+    kvxfer_engine_t d = open_engine("c-stats-decode", NULL, 1 << 20);
+    kvxfer_engine_stats s;
+    memset(&s, 0xff, sizeof s);
+    OK(kvxfer_engine_stats_get(p, &s));
+    const int64_t *v = (const int64_t *)&s;
+    for (size_t i = 0; i < sizeof s / 8; i++)
+        CHECK(v[i] == 0 || i == offsetof(kvxfer_engine_stats, quarantine_limit_bytes) / 8,
+              "field %zu of a fresh engine's stats is %lld", i, (long long)v[i]);
+    CHECK(kvxfer_engine_stats_get(p, NULL) == KVXFER_ERR_INVALID_ARGUMENT, "stats into NULL");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_engine_stats_get") && strstr(kvxfer_last_error(), "out"),
+          "message names the call and the argument: %s", kvxfer_last_error());
+    CHECK(kvxfer_engine_stats_get(777777, &s) == KVXFER_ERR_BAD_HANDLE, "stats of a bad handle");
+    CHECK(strstr(kvxfer_last_error(), "777777"), "message names the handle: %s", kvxfer_last_error());
+
+    kvxfer_request_t rx = 0, tx = 0;
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-orphan", .prompt_len = 32, .context = "c-stats-prefill"},
+                      &rx));
+    wait_stats(p, one_orphan, "orphan at the context engine");
+    OK(kvxfer_cancel(rx));
+    kvxfer_event ev = wait_event(d, rx);
+    CHECK(ev.outcome == KVXFER_OUTCOME_CANCELLED, "rx outcome %d", ev.outcome);
+    OK(kvxfer_request_release(rx));
+    wait_stats(p, orphan_ended, "orphan ended at the context engine");
+
+    int32_t src[2];
+    OK(kvxfer_blocks_alloc(p, 0, 2, src));
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-stats", .prompt_len = 32, .context = "c-stats-prefill"},
+                      &rx));
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = "c-stats", .prompt_len = 32}, &tx));
+    OK(kvxfer_chunk(tx, 0, 32, 1, &(kvxfer_block_run){.first = 0, .count = 2, .ids = src}, 1, NULL));
+    CHECK(wait_event(p, tx).outcome == KVXFER_OUTCOME_DONE, "tx not DONE");
+    CHECK(wait_event(d, rx).outcome == KVXFER_OUTCOME_READY, "rx not READY");
+    OK(kvxfer_request_free_blocks(rx));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_blocks_free(p, 0, src, 2));
+    OK(kvxfer_engine_stats_get(p, &s));
+    CHECK(s.ops_posted > 0 && s.frames_rejected == 0 && s.frames_stale == 0 && s.parent_panics == 0 &&
+              s.quarantined_bytes == 0 && s.orphans_ended == 1,
+          "after a transfer: ops_posted %lld, frames_rejected %lld, frames_stale %lld, orphans_ended %lld",
+          (long long)s.ops_posted, (long long)s.frames_rejected, (long long)s.frames_stale, (long long)s.orphans_ended);
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(kvxfer_engine_stats_get(p, &s) == KVXFER_ERR_BAD_HANDLE, "stats of a closed engine");
+    CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   engine stats: orphans counted and ended, %lld ops posted\n", (long long)s.ops_posted);
+}
+
 int main(void) {
     test_bad_input();
     test_transfer();
@@ -1034,6 +1145,7 @@ int main(void) {
     test_last_error_cut();
     test_size_query();
     test_empty_dangling();
+    test_stats();
     printf("PASS\n");
     return 0;
 }
