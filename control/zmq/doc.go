@@ -84,7 +84,10 @@
 // ROUTER: the peer's frames are never seen, its Hello never stored. libzmq
 // ends a session that failed authentication for good (no reconnect), so a
 // peer admitted later (AllowKey) must dial again; a heartbeat socket that
-// was refused stays silent until its link restarts or Redial remakes it.
+// was refused is made again once the peer says Hello on a new connection
+// of its own (it learned this link's key: a registry told it of this link
+// after this link dialed it), or at Redial; else it stays silent until its
+// link restarts.
 //
 // # Startup mistakes are named, on the side that sees them
 //

@@ -20,8 +20,23 @@ type beatSock struct {
 	info      *peerInfo
 	helloInc  uint64
 	redials   uint64
+	// peerConns is the count of the peer's connections that said Hello
+	// (peerInfo.incarnation) when this socket was made (readmitted).
+	peerConns uint64
 	needHello bool
 	watch     connWatch
+}
+
+// readmitted reports whether s was refused at the peer's authentication
+// (ZAP) and the peer has since said Hello on a new connection of its own:
+// it knows this link now, and most likely admits its key (a registry told
+// it of this link only after this link dialed it). libzmq does not retry
+// a session refused at authentication, so refresh makes the socket anew,
+// once for each such connection: a peer that keeps refusing is not
+// redialed again until it connects anew.
+func (s *beatSock) readmitted() bool {
+	return s.watch.state.Conn == ConnHandshakeFailed && s.watch.state.Cause == CauseKeyRefused &&
+		s.info.incarnation.Load() != s.peerConns
 }
 
 // beater is the state of the heartbeat goroutine, which alone touches its
@@ -198,9 +213,11 @@ func (b *beater) logState(peer messages.PeerID, st PeerState) {
 }
 
 // refresh makes a socket for every directory peer with an endpoint,
-// remakes one whose endpoint or server key changed or that is a new
-// directory entry (a peer removed and added again), and closes those of
-// peers no longer in the directory (RemovePeer) or without an endpoint.
+// remakes one whose endpoint or server key changed, that is a new
+// directory entry (a peer removed and added again), that Redial asked for,
+// or that the peer refused before it said Hello to this link (readmitted),
+// and closes those of peers no longer in the directory (RemovePeer) or
+// without an endpoint.
 func (b *beater) refresh() {
 	type want struct {
 		endpoint, serverKey string
@@ -229,8 +246,13 @@ func (b *beater) refresh() {
 	}
 	for id, w := range wants {
 		old := b.socks[id]
-		if old != nil && old.info == w.info && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials {
+		same := old != nil && old.info == w.info && old.endpoint == w.endpoint && old.serverKey == w.serverKey && old.redials == w.redials
+		if same && !old.readmitted() {
 			continue
+		}
+		if same {
+			b.l.log.Info().Stringer("peer", id).Str("endpoint", w.endpoint).
+				Msg("control/zmq: dialing a peer again that refused our key and has said Hello since (it admits it now?)")
 		}
 		if old != nil {
 			old.close()
@@ -238,7 +260,8 @@ func (b *beater) refresh() {
 		}
 		now := b.l.cfg.Clock()
 		s := &beatSock{peer: id, endpoint: w.endpoint, serverKey: w.serverKey, redials: w.redials, info: w.info, needHello: true,
-			watch: connWatch{secure: !b.l.cfg.Insecure, state: PeerState{Conn: ConnConnecting, Endpoint: w.endpoint, Since: now}}}
+			peerConns: w.info.incarnation.Load(),
+			watch:     connWatch{secure: !b.l.cfg.Insecure, state: PeerState{Conn: ConnConnecting, Endpoint: w.endpoint, Since: now}}}
 		sock, err := b.l.newDealer(id, w.endpoint, w.serverKey, b.l.cfg.HeartbeatMisses+2, false, func(sock *zmq4.Socket) error {
 			if err := b.monitor(s, sock); err != nil {
 				b.l.log.Warn().Err(err).Stringer("peer", id).Msg("control/zmq: cannot watch the connection to peer; its handshake errors go unreported")

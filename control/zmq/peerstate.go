@@ -24,7 +24,9 @@ import (
 //
 // A new socket (the peer's endpoint or server key changed) starts again
 // at Connecting. A peer that refused our key (ZAP) stays HandshakeFailed:
-// libzmq does not retry a session refused by authentication.
+// libzmq does not retry a session refused by authentication; the socket is
+// made again (Connecting) once the peer says Hello on a new connection, or
+// at Redial.
 type ConnState uint8
 
 const (

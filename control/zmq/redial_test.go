@@ -55,3 +55,73 @@ func TestRedialAfterRefusal(t *testing.T) {
 		t.Fatal("Redial of a peer not in the directory: nil error")
 	}
 }
+
+// A heartbeat socket the peer refused at authentication because it did
+// not know this link's key yet (a registry told it of this link a moment
+// after this link dialed it) is dialed again on its own once the peer,
+// having learned the key, says Hello on a connection of its own: no
+// Redial is called, and the peer hears our Hello. The order is driven:
+// the refusal is seen before the peer learns the key. (Checked to fail:
+// without beatSock.readmitted, b never hears a's Hello, and a's
+// PeerState stays "the peer refused our key".)
+func TestRefusedHeartbeatDialsAgainOnThePeersHello(t *testing.T) {
+	ka, kb := newKeys(t), newKeys(t)
+	const hb = 50 * time.Millisecond
+	a := listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}, HeartbeatInterval: hb})
+	b := listen(t, pid("gen", 0), Config{Curve: Curve{Secret: kb.secret}, HeartbeatInterval: hb})
+	// a knows b from the start (a static peer: endpoint, key, admitted);
+	// b knows nothing of a.
+	if err := a.link.AddIdentity(Identity{PublicKey: kb.public, Instance: b.id.Instance}); err != nil {
+		t.Fatal(err)
+	}
+	introduce(t, a, b)
+	waitFor(t, patience, "a's heartbeat refused by b", func() bool {
+		st, err := a.link.PeerState(b.id)
+		return err == nil && st.Conn == ConnHandshakeFailed && st.Cause == CauseKeyRefused
+	})
+	// b learns a's record: admits its key and dials it.
+	if err := b.link.AddIdentity(Identity{PublicKey: ka.public, Instance: a.id.Instance}); err != nil {
+		t.Fatal(err)
+	}
+	introduce(t, b, a)
+	waitFor(t, patience, "b's Hello at a", func() bool {
+		_, err := a.link.Hello(b.id)
+		return err == nil
+	})
+	waitFor(t, patience, "a's Hello at b, a's refused heartbeat dialed again", func() bool {
+		_, err := b.link.Hello(a.id)
+		return err == nil
+	})
+	waitFor(t, patience, "a's connection to b up", func() bool {
+		st, err := a.link.PeerState(b.id)
+		return err == nil && st.Conn == ConnUp
+	})
+	// The socket was made again once, after b admitted the key.
+	if n := b.link.Refused(); n != 1 {
+		t.Fatalf("b refused %d handshakes, want the 1 before it learned a's key", n)
+	}
+}
+
+// readmitted: only a socket refused at authentication (ZAP) is made
+// again, and only after the peer said Hello on a new connection since the
+// socket was made; a peer that keeps refusing without connecting anew is
+// not redialed.
+func TestReadmitted(t *testing.T) {
+	info := &peerInfo{}
+	info.incarnation.Store(3)
+	sock := func(conn ConnState, cause Cause) *beatSock {
+		return &beatSock{info: info, peerConns: 3, watch: connWatch{state: PeerState{Conn: conn, Cause: cause}}}
+	}
+	refused := sock(ConnHandshakeFailed, CauseKeyRefused)
+	if refused.readmitted() {
+		t.Fatal("readmitted: a refused socket the peer has not connected to us since")
+	}
+	hungUp, up := sock(ConnHandshakeFailed, CauseHungUp), sock(ConnUp, CauseNone)
+	info.incarnation.Add(1) // the peer said Hello on a new connection
+	if !refused.readmitted() {
+		t.Fatal("not readmitted: a refused socket the peer said Hello to us since")
+	}
+	if hungUp.readmitted() || up.readmitted() {
+		t.Fatal("readmitted: a socket not refused at authentication")
+	}
+}
