@@ -34,6 +34,14 @@ older receiver API):
     receiver.poll() until Success (the pages and the aux slot hold the
         prefill's bytes) or Failed; abort(), clear()
 
+  KV pool released and restored (release_memory_occupation /
+  resume_memory_occupation, an RL weight update with torch_memory_saver):
+    the bootstrap (prefill) or prealloc (decode) queue clears itself and
+        calls mgr.deregister_buffer_to_engine(): the node closes (what is
+        live ends Failed), or a RuntimeError says its close did not finish
+    mgr.register_buffer_to_engine() on resume: a new node (incarnation)
+        over the same pool; requests made before the release fail
+
 No method SGLang calls from its scheduler loop raises for one request's
 trouble (poll, init, send, send_metadata, abort, clear): the request ends
 Failed and failure_exception() raises a RuntimeError naming the reason, as
@@ -347,15 +355,10 @@ class KVManager:
         self.pp_size, self.pp_rank = pp, rank_pp
         ncfg = node_config(cfg, "producer" if self.mode == "prefill" else "consumer")
         ncfg["memory"] = mem
-        self.node = Node(ncfg)
-        try:
-            self._check_geometry(items[0], len(layers))
-            # SGLang owns every page: kvxfer's allocator is unused.
-            for g, gi in enumerate(self.node.groups):
-                self.node.alloc(g, gi.blocks)
-        except BaseException:
-            self.node.close()
-            raise
+        # Kept to open the node again over the same pool once SGLang
+        # restores it (register_buffer_to_engine).
+        self._node_config, self._geometry = ncfg, (items[0], len(layers))
+        self._open_node()
         self.instance = self.node.instance
         self.aux = list(zip(getattr(args, "aux_data_ptrs", None) or [], getattr(args, "aux_item_lens", None) or []))
         self.aux_bytes = sum(n for _, n in self.aux)
@@ -375,6 +378,26 @@ class KVManager:
         self.closed = False  # a close() returned
         self._closing = False  # a close() under way
         self._close_finished = True
+        # SGLang's release_memory_occupation closed the node (its close
+        # finished) and no resume_memory_occupation reopened it yet.
+        self._released = False
+        # The node's incarnation: each reopen counts one; a request made
+        # on an earlier one fails (_Transfer._stale).
+        self._epoch = 0
+
+    def _open_node(self):
+        """Opens the node over SGLang's KV pool (self._node_config) and
+        hands every page to SGLang; closed again, raising, when kvxfer's
+        geometry is not SGLang's."""
+        self.node = Node(self._node_config)
+        try:
+            self._check_geometry(*self._geometry)
+            # SGLang owns every page: kvxfer's allocator is unused.
+            for g, gi in enumerate(self.node.groups):
+                self.node.alloc(g, gi.blocks)
+        except BaseException:
+            self.node.close()
+            raise
 
     def _check_geometry(self, item_len, nlayers):
         info = self.node.info
@@ -462,6 +485,68 @@ class KVManager:
                     self.closed, self._closing, self._close_finished = True, False, finished
                     self._close_done.set()
         return finished
+
+    def deregister_buffer_to_engine(self):
+        """SGLang's release_memory_occupation (prefill.py's
+        PrefillBootstrapQueue, decode.py's DecodePreallocQueue: an RL
+        weight update frees the KV pool, torch_memory_saver unmapping it
+        while keeping its addresses) calls this once it cleared its queues.
+        The node is closed: what is live ends (its requests poll Failed,
+        naming the release), peers hear its goodbye, and once this returns
+        no kvxfer transfer reads or writes the pool any more. (SGLang's
+        scheduler pauses the pool just before, having asserted that no
+        request is under way: nothing should be live here.)
+
+        A close that does not finish (a peer may still write the pool:
+        kvxfer keeps it referenced) is a RuntimeError naming the node:
+        SGLang must not reuse that memory, and its scheduler stops on the
+        error. Restart the process then. A second call returns at once."""
+        try:
+            finished = self.close()
+        except Exception as exc:  # noqa: BLE001 - named in the error below
+            finished, why = False, "kvxfer refused its close (%s)" % exc
+        else:
+            why = "its close ended unproven (a warning above names why)"
+            with self._close_lock:
+                under_way = self._closing
+            if under_way:  # another thread's close: it answers for the pool
+                finished = self._wait_close(time.monotonic() + CLEAR_WAIT_S)
+                why = "another thread's close of it did not finish within %g s" % CLEAR_WAIT_S
+        if not finished:
+            raise RuntimeError("kvxfer: release_memory_occupation: node %s did not finish closing: %s, so a peer "
+                               "may still write SGLang's KV pool, which kvxfer keeps referenced; that memory must "
+                               "not be freed or reused: restart this SGLang process" % (self.instance, why))
+        self._released = True
+
+    def register_buffer_to_engine(self):
+        """SGLang's resume_memory_occupation calls this once the KV pool is
+        mapped again (at the same addresses): a new node is opened over it
+        with the same configuration (a new incarnation of the rank: peers
+        take the old one's goodbye and the new one's Hello). The requests
+        made before it fail (poll() says Failed, naming the release); those
+        made after it run on the new node. Nothing to do while the node is
+        open. A RuntimeError names why no node could be opened (the last
+        close did not finish: the pool is not kvxfer's to hand out again;
+        or kvxfer refused the node)."""
+        with self._close_lock:
+            if self._closing or (self.closed and not self._close_finished):
+                raise RuntimeError("kvxfer: resume_memory_occupation: node %s did not finish closing (%s): a peer "
+                                   "may still write SGLang's KV pool, so no node is opened over it; restart this "
+                                   "SGLang process" % (self.instance, "still under way" if self._closing else
+                                                       "its close ended unproven"))
+            if not self.closed:
+                return
+        with self._lock:
+            try:
+                self._open_node()
+            except Exception as exc:
+                raise RuntimeError("kvxfer: resume_memory_occupation: reopening node %s over SGLang's KV pool "
+                                   "failed: %s" % (self.instance, exc)) from exc
+            self._owners.clear()  # the old node's: their events never come
+            self._epoch += 1
+            with self._close_lock:
+                self.closed, self._close_finished, self._released = False, True, False
+                self._close_done.clear()
 
     def _close_begun(self):
         """A close under way, or one that returned."""
@@ -587,6 +672,7 @@ class _Transfer:
         self.events = {}    # tag -> Event
         self.opened = False
         self.state = KVPoll.Bootstrapping
+        self.epoch = mgr._epoch  # the node's incarnation it runs on
         try:
             self.id = room_id(bootstrap_room)
         except ValueError as exc:
@@ -639,11 +725,31 @@ class _Transfer:
             except KvxferError:
                 pass  # it ended meanwhile: its event still comes
 
+    def _stale(self):
+        """Fails the request (True) when SGLang released the KV pool since
+        it was made (release_memory_occupation): the node it ran on was
+        closed, and that close finished (a release raises otherwise), so
+        no write of its requests lands any more and their events never
+        come. A new request runs on the node the resume opened."""
+        mgr = self.mgr
+        if self.epoch == mgr._epoch and not mgr._released:
+            return False
+        self.live.clear()
+        if mgr._released:
+            why = "SGLang's release_memory_occupation closed it, and no resume_memory_occupation reopened it yet"
+        else:
+            why = ("SGLang's release_memory_occupation closed it after this request was made (a new node runs "
+                   "since resume_memory_occupation): retry the request")
+        self._fail("kvxfer node %s was closed: %s" % (mgr.instance, why))
+        return True
+
     def _poll(self):
         try:
             self.mgr.reap()
         except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
             self._fail("kvxfer: polling failed: %s" % exc)
+        if self._stale():
+            return KVPoll.Failed
         mgr = self.mgr
         if self.live and mgr._close_unfinished():
             # A close under way, or one that did not finish (a peer may
@@ -704,7 +810,7 @@ class _Transfer:
         come within CLEAR_WAIT_S, or the close not finish, an error is
         logged: SGLang frees the pages all the same, and those stay live
         (poll() says Transferring)."""
-        if not self.live:
+        if not self.live or self._stale():
             return
         self._fail(reason)
         mgr = self.mgr
@@ -806,7 +912,7 @@ class KVSender(_Transfer):
             self.mgr.reap()  # a failure already known stops the chunk
         except Exception as exc:  # noqa: BLE001 - never into SGLang's loop
             self._fail("kvxfer: polling failed: %s" % exc)
-        if self.reason is not None:
+        if self._stale() or self.reason is not None:
             return
         try:
             pages = [int(p) for p in kv_indices]
@@ -891,7 +997,7 @@ class KVReceiver(_Transfer):
         self.send_metadata(kv_indices, aux_index)
 
     def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None, **kwargs):
-        if self.reason is not None or self.opened:
+        if self._stale() or self.reason is not None or self.opened:
             if self.opened:
                 self._fail("send_metadata called twice")
             return

@@ -575,12 +575,12 @@ def test_event_of_an_unknown_status_code_loses_no_other_event(pair):
     assert sum("(99)" in m for m in msgs) == 1, msgs  # the unknown code, as its number
 
 
-def _live(pair, room):
+def _live(pair, room, **kw):
     """A request both of whose sides hold a live kvxfer request: the first
     chunk (2 of 4 pages) handed over, the last one not. The pools are kept
     (on the managers) as long as the nodes: kvxfer writes them by raw
-    pointer."""
-    pm, dm, pp, dp = pair()
+    pointer. kw: pair()'s."""
+    pm, dm, pp, dp = pair(**kw)
     sender, receiver = KVSender(pm, ADDR, room, [0], 0), KVReceiver(dm, ADDR, room)
     _bootstrap(sender, receiver, 4, 0, [20, 21, 22, 23], 0)
     sender.send([3, 4])
@@ -781,3 +781,122 @@ def test_close_between_poll_and_dispatch_loses_no_event(pair, monkeypatch, end):
     assert [a.poll(), b.poll()] == [F, F], (a.reason, b.reason)
     for r, room in ((a, 43), (b, 44)):
         _failed(r, "sglang-%d" % room, "CLOSED" if ready else "TIMED_OUT")  # its engine closed under it
+
+
+class _Queue:
+    """SGLang's PrefillBootstrapQueue / DecodePreallocQueue as they drive
+    the manager when the KV cache is released and restored for a weight
+    update (python/sglang/srt/disaggregation/prefill.py and decode.py,
+    commit 0035ca4; their scheduler calls them once it paused the KV cache
+    and flushed it, and on resume). Lines as they read there."""
+
+    def __init__(self, kv_manager):
+        self.kv_manager = kv_manager
+        self.queue = []
+
+    def release_memory_occupation(self):
+        self.queue.clear()
+        if hasattr(self.kv_manager, "deregister_buffer_to_engine"):
+            self.kv_manager.deregister_buffer_to_engine()
+
+    def resume_memory_occupation(self):
+        if hasattr(self.kv_manager, "register_buffer_to_engine"):
+            self.kv_manager.register_buffer_to_engine()
+
+
+def test_release_then_resume_then_a_transfer_lands(pair):
+    """An RL weight update on both sides: SGLang's release_memory_occupation
+    closes each manager's node (no kvxfer transfer touches the pool it
+    frees), resume_memory_occupation opens a new incarnation over the
+    restored pool with the same configuration; the peers see the old one's
+    goodbye and the new one's Hello, and a request made after the resume
+    lands every byte. A receiver made before the release (its pages were
+    SGLang's before the release) fails, naming why, and does not hang.
+    (Checked to fail without the fix: the release left the node open.)"""
+    pm, dm, pp, dp = pair()
+    old = [pm.node, dm.node]
+    queues = [_Queue(pm), _Queue(dm)]
+    early = KVReceiver(dm, ADDR, 30)
+    assert early.poll() == P
+    for q in queues:
+        q.release_memory_occupation()
+    assert not old[0].handle and not old[1].handle, "the release left a kvxfer node open over the freed pool"
+    assert early.poll() == F
+    _failed(early, "release_memory_occupation")
+    for q in queues:
+        q.resume_memory_occupation()
+    assert pm.node is not old[0] and dm.node is not old[1] and pm.node.handle and dm.node.handle
+    pm.node.wait_peers(20000)
+    dm.node.wait_peers(20000)
+    early.init([20, 21], 0)  # nothing raises, nothing opens: it stays Failed
+    assert early.poll() == F and not early.live
+    src, dst = [3, 4, 5], [9, 14, 2]
+    pp.fill(src, seed=31)
+    pp.fill_aux(1, seed=32)
+    sender, receiver = KVSender(pm, ADDR, 31, [0], 0), KVReceiver(dm, ADDR, 31)
+    _bootstrap(sender, receiver, len(src), 1, dst, 2)
+    sender.send(src)
+    states = poll_until([sender, receiver], lambda s: all(x in TERMINAL for x in s))
+    assert states == [S, S], (sender.reason, receiver.reason)
+    assert (dp.pages(dst) == pp.pages(src)).all()
+    assert dp.aux_slot(2) == pp.aux_slot(1)
+
+
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_release_while_a_request_is_live_ends_it_before_returning(pair, side):
+    """A release with a kvxfer request still live (SGLang asserts it is idle,
+    but clears its queues without ending their receivers): the node's close
+    has finished, ending the request, before the release returns, so no
+    write lands in the pool SGLang then frees; poll() says Failed naming
+    the release (no hang), and the peer's side of the request ends too (a
+    send whose receiving node closed ends at its transfer timeout, 2 s
+    here). After the resume the old request stays Failed. (Checked to fail
+    without the fix: the release returned with the node open and the
+    request Transferring.)"""
+    pm, dm, sender, receiver = _live(pair, 32, prefill_kw={"transfer_timeout": "2s"},
+                                     decode_kw={"transfer_timeout": "2s"})
+    mgr, obj, other = (dm, receiver, sender) if side == "decode" else (pm, sender, receiver)
+    old, order = mgr.node, []
+    real = old.close
+
+    def close(timeout_ms=5000):
+        real(timeout_ms)
+        order.append("close finished")
+
+    old.close = close
+    q = _Queue(mgr)
+    q.release_memory_occupation()
+    order.append("release returned")
+    assert order == ["close finished", "release returned"], order
+    assert not old.handle
+    assert obj.poll() == F and not obj.live
+    _failed(obj, "release_memory_occupation")
+    assert poll_until([other], lambda s: s[0] in TERMINAL) == [F]
+    q.resume_memory_occupation()
+    assert obj.poll() == F and not obj.live
+    obj.clear()  # nothing live: returns at once
+
+
+def test_release_whose_close_is_unproven_raises(pair, monkeypatch):
+    """A release whose close does not finish (Status.TIMEOUT: a peer may
+    still write the pool) raises a RuntimeError naming the node and what
+    to do, so SGLang does not go on as if the pool were free (its scheduler
+    stops on the error); the live request stays Transferring, and a resume
+    refuses to open a node over that pool. (Checked to fail without the
+    fix: the release returned quietly.)"""
+    pm, dm, sender, receiver = _live(pair, 33)
+    real = dm.node.close
+
+    def timed_out(timeout_ms=5000):
+        raise KvxferError(Status.TIMEOUT, "close: 1 request did not drain")
+
+    monkeypatch.setattr(dm.node, "close", timed_out)
+    q = _Queue(dm)
+    with pytest.raises(RuntimeError, match=r"release_memory_occupation.*did not finish closing.*restart") as exc:
+        q.release_memory_occupation()
+    assert dm.instance in str(exc.value)
+    assert receiver.poll() == T and receiver.live
+    with pytest.raises(RuntimeError, match="did not finish closing"):
+        q.resume_memory_occupation()
+    monkeypatch.setattr(dm.node, "close", real)
+    dm.node.close()  # for the fixture's handle count
