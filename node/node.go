@@ -1144,7 +1144,9 @@ func (n *Node) Close(ctx context.Context) error { return n.CloseBecause(ctx, nil
 // says to its peers names cause (zmq.Link.SetGoodbyeReason: its text,
 // made to fit messages.MaxGoodbyeReasonLen bytes), so that they fail
 // naming it at once (Config.OnPeerGoodbye) instead of taking the close
-// for a restart. A nil cause is Close's goodbye, which gives no reason.
+// for a restart; to reach a peer whose connection is not up yet (the
+// mistake found at startup), the close waits for it at most 1 to 2 s.
+// A nil cause is Close's goodbye, which gives no reason.
 // Only the first Close or CloseBecause closes the node.
 func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 	n.closeOnce.Do(func() {
@@ -1157,6 +1159,13 @@ func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 		}
 		close(n.stop)
 		n.watch.Wait()
+		if n.link != nil && cause != nil {
+			// Before the engine closes the link's listener, which stops
+			// its heartbeats: the link then keeps the connections not up
+			// yet, and its Close waits (bounded) for them to come up and
+			// carry the goodbye naming cause.
+			n.link.SetGoodbyeReason(cause.Error())
+		}
 		// The pidfd watches stay on while the engine drains: a writer's
 		// exit is the proof that releases its quarantined pages.
 		err := n.eng.Close(ctx)
@@ -1164,9 +1173,6 @@ func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 		n.engDone = true
 		n.exitMu.Unlock()
 		if n.link != nil {
-			if cause != nil {
-				n.link.SetGoodbyeReason(cause.Error())
-			}
 			if n.eng.WritesOver() {
 				// The engine read its last frame and every write it
 				// started is over: the goodbye may say so (a drained

@@ -343,7 +343,14 @@
 // (decode) like any invalid frame: nothing is told and no state is made.
 // OnPeerGoodbye gets the reason ("" for none: a graceful stop, or an
 // older peer), and the listener logs it; a goodbye with a reason says its
-// sender is not coming back, one without may be a restart.
+// sender is not coming back, one without may be a restart. A close with a
+// reason (given before the listener closes) waits, at most 1 to 2 s,
+// for the heartbeat connections that are not up yet, connecting or
+// reconnecting, to come up, and says Hello and then the goodbye on each:
+// the mistake is often found at startup, before this side's connection
+// to the peer is up, and without it the peer would wait for a restart
+// until its timeout. A connection whose handshake failed is not waited
+// for, and a plain close waits for none.
 //
 // A plain goodbye is liveness, never proof that the peer's writes are
 // over (DESIGN.md §3): what a receiver does with it is what it does with

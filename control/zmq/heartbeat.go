@@ -369,20 +369,57 @@ const goodbyeLinger = 200 * time.Millisecond
 type goodbyes struct {
 	hb    messages.Heartbeat
 	socks []*zmq4.Socket
+	// waiting are the sockets whose connection was not up, or had not
+	// carried our Hello, as the goroutine stopped with a reason given:
+	// Close waits for them (awaitGoodbyes), with their monitors, and says
+	// hello (our Hello) and then the goodbye on each that comes up.
+	waiting []*beatSock
+	hello   []byte
 }
+
+// goodbyeWaitFloor is the least goodbyeWait is (a variable for tests).
+var goodbyeWaitFloor = time.Second
+
+// goodbyeWait bounds how long Link.Close waits, before it returns, for
+// the heartbeat connections that were not up as the link stopped to come
+// up and carry a goodbye that names a reason (awaitGoodbyes): two of
+// libzmq's reconnect intervals at their longest (reconnectMax, at most a
+// second), so that a peer that starts listening meanwhile is tried at
+// least once more and has time for its handshake, but never less than
+// goodbyeWaitFloor (1 s), the time a CURVE handshake with a peer on a
+// loaded machine may take when heartbeats are fast. So 1 to 2 s (2 s at
+// the default interval): spent only by a close on an error its owner
+// found, and only while such a connection is neither up nor failed.
+func (c *Config) goodbyeWait() time.Duration {
+	return max(2*c.reconnectMax(), goodbyeWaitFloor)
+}
+
+// goodbyePoll is how often awaitGoodbyes reads the monitors of the
+// connections it waits for.
+const goodbyePoll = 10 * time.Millisecond
 
 // park ends the heartbeat goroutine's sockets as the link stops: when
 // the link's Hello names an incarnation, the DEALERs to peers whose
 // connection is up (as its monitor last said, after the events waiting
 // are read) and that heard our Hello on it are left to Link.Close
-// (Link.byes), which sends each a goodbye; the rest, and every monitor,
-// are closed (closeAll). The goodbye waits for Link.Close, not
-// for the listener's Close: an engine closes its listener before its
-// workers send their last frames, which a goodbye sent then would
-// overtake.
+// (Link.byes), which sends each a goodbye. When the link's owner gave a
+// reason (SetGoodbyeReason) by then, the sockets are first brought up to
+// the directory (refresh), and the others it may still reach (awaitable)
+// are left too, with their monitors: Close waits, bounded, for them
+// to come up (awaitGoodbyes). The rest, and every other monitor, are
+// closed (closeAll). The goodbye waits for Link.Close, not for the
+// listener's Close: an engine closes its listener before its workers
+// send their last frames, which a goodbye sent then would overtake.
 func (b *beater) park() {
 	if b.inc == 0 {
 		return // no goodbye is taken from a Hello without incarnation
+	}
+	reason := b.l.byeReason.Load() != nil
+	if reason {
+		// The sockets the next beat would make: a peer's added since the
+		// last, one the peer refused at authentication and has said
+		// Hello since (readmitted).
+		b.refresh()
 	}
 	g := &goodbyes{hb: messages.Heartbeat{From: b.self, Seq: b.seq + 1, FromIncarnation: b.inc, Leaving: true}}
 	for id, s := range b.socks {
@@ -390,6 +427,10 @@ func (b *beater) park() {
 			b.events(s)
 		}
 		if s.watch.state.Conn != ConnUp || s.needHello {
+			if reason && b.awaitable(s) {
+				g.waiting = append(g.waiting, s)
+				delete(b.socks, id)
+			}
 			continue
 		}
 		if s.mon != nil {
@@ -399,21 +440,37 @@ func (b *beater) park() {
 		g.socks = append(g.socks, s.sock)
 		delete(b.socks, id)
 	}
-	if len(g.socks) == 0 {
+	if len(g.socks)+len(g.waiting) == 0 {
 		return
 	}
+	g.hello = b.hello
 	b.l.mu.Lock()
 	b.l.byes = g
 	b.l.mu.Unlock()
+}
+
+// awaitable reports whether a goodbye with a reason waits for s, whose
+// connection is not up or has not carried our Hello: its monitor says
+// when it comes up, its handshake has not failed (libzmq does not retry
+// one that failed on a protocol error), and its peer did not say goodbye
+// itself (its link closed: nothing would answer).
+func (b *beater) awaitable(s *beatSock) bool {
+	if s.mon == nil || s.watch.state.Conn == ConnHandshakeFailed {
+		return false
+	}
+	b.l.mu.Lock()
+	defer b.l.mu.Unlock()
+	return !s.info.left
 }
 
 // sayGoodbye sends the goodbye on each socket the heartbeat goroutine
 // parked, without waiting, and closes them with goodbyeLinger (the rest
 // of the wait falls to the context's end): a drained goodbye when the
 // link's owner said its writes are over (MarkDrained), naming the reason
-// it gave (SetGoodbyeReason). Best effort: a goodbye the socket cannot
-// queue is dropped, and the peer learns the close from missed heartbeats
-// as before (and gets no proof from it).
+// it gave (SetGoodbyeReason). Then, with a reason, it waits for the
+// connections that were not up (awaitGoodbyes). Best effort: a goodbye
+// the socket cannot queue is dropped, and the peer learns the close from
+// missed heartbeats as before (and gets no proof from it).
 func (l *Link) sayGoodbye() {
 	l.mu.Lock()
 	g := l.byes
@@ -442,4 +499,88 @@ func (l *Link) sayGoodbye() {
 		_ = sock.SetLinger(linger)
 		_ = sock.Close()
 	}
+	if frame == nil || hb.Reason == "" {
+		for _, s := range g.waiting {
+			s.close()
+		}
+		return
+	}
+	l.awaitGoodbyes(g.waiting, g.hello, frame)
+}
+
+// awaitGoodbyes waits, at most goodbyeWait, for the heartbeat connections
+// in waiting (not up, or without our Hello, as the link stopped) to come
+// up, as their monitors say, and says goodbye (frame, which names a
+// reason) on each that does, after our Hello (hello): a peer takes a
+// goodbye only on a connection that said Hello, and may never have heard
+// ours (the close came at startup, before the connection was up). The
+// Hello goes again on every connection that comes up during the wait:
+// what it carried before may have gone on an earlier connection. A
+// connection whose handshake fails is given up at once. Those still not
+// up at the end are closed without a goodbye; their peers learn the close
+// from missed heartbeats, without the reason.
+func (l *Link) awaitGoodbyes(waiting []*beatSock, hello, frame []byte) {
+	wait := l.cfg.goodbyeWait()
+	deadline := time.Now().Add(wait)
+	for _, s := range waiting {
+		s.needHello = true
+	}
+	for {
+		rest := waiting[:0]
+		for _, s := range waiting {
+			if !l.sayGoodbyeOn(s, hello, frame) {
+				rest = append(rest, s)
+			}
+		}
+		waiting = rest
+		left := time.Until(deadline)
+		if len(waiting) == 0 || left <= 0 {
+			break
+		}
+		sleep(min(left, goodbyePoll), nil)
+	}
+	for _, s := range waiting {
+		l.log.Info().Stringer("peer", s.peer).Str("endpoint", s.endpoint).Stringer("state", s.watch.state).
+			Msgf("control/zmq: no goodbye said to %s: its connection was not up within %v (it learns of the close from missed heartbeats, without the reason)", s.peer, wait)
+		s.close()
+	}
+}
+
+// sayGoodbyeOn reads s's monitor events and, its connection up, sends
+// our Hello (once per connection) and then frame, the goodbye, on it. It
+// reports whether it is done with s, which it then closed: the goodbye
+// is queued (s lingers goodbyeLinger for it to leave), or the handshake
+// failed.
+func (l *Link) sayGoodbyeOn(s *beatSock, hello, frame []byte) (done bool) {
+	for range maxBatch {
+		ev, _, value, err := s.mon.RecvEvent(zmq4.DONTWAIT)
+		if err != nil {
+			break
+		}
+		s.watch.step(ev, value, l.cfg.Clock())
+	}
+	switch s.watch.state.Conn {
+	case ConnUp:
+	case ConnHandshakeFailed:
+		s.close()
+		return true
+	default:
+		s.needHello = true // a connection that comes up hears our Hello first
+		return false
+	}
+	if s.needHello {
+		if _, err := s.sock.SendBytes(hello, zmq4.DONTWAIT); err != nil {
+			return false // the queue is full: again at the next poll
+		}
+		s.needHello = false
+	}
+	if _, err := s.sock.SendBytes(frame, zmq4.DONTWAIT); err != nil {
+		return false
+	}
+	l.log.Debug().Stringer("peer", s.peer).Msg("control/zmq: goodbye said on a connection that came up as the link closed")
+	_ = s.sock.Monitor("", 0)
+	closeSocket(s.mon)
+	_ = s.sock.SetLinger(goodbyeLinger)
+	_ = s.sock.Close()
+	return true
 }

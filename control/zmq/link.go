@@ -788,7 +788,14 @@ func (l *Link) MarkDrained() { l.drained.Store(true) }
 // on an error it found, so that its peers name it and stop waiting for
 // it instead of taking the close for a restart (Config.OnPeerGoodbye).
 // reason is made to fit (messages.GoodbyeReason); "" gives none, as by
-// default. Once Close began it changes nothing.
+// default. Once Close began it changes nothing. Given before the
+// listener closes (Listen's Closer, or Close), it also makes Close wait,
+// at most 1 to 2 s (goodbyeWait), for the heartbeat connections to peers
+// that are not up yet (connecting, or down and reconnecting; not one
+// whose handshake failed) to come up, and says the Hello and then the
+// goodbye on each: a mistake found at startup is often found before the
+// connection to the peer that made it is up. Given later, only the
+// connections up as the listener closed hear it.
 func (l *Link) SetGoodbyeReason(reason string) {
 	if reason = messages.GoodbyeReason(reason); reason == "" {
 		l.byeReason.Store(nil)
@@ -801,7 +808,8 @@ func (l *Link) SetGoodbyeReason(reason string) {
 // with linger 0) and removes the ipc:// socket file Listen bound, if it is
 // still the one bound (libzmq leaves it behind; a path the link did not
 // bind is never removed). The zmq context ends once every Conn is closed
-// too.
+// too. It says goodbye to the peers whose heartbeat connection is up
+// (and, with a reason, waits for those that are not: SetGoodbyeReason).
 func (l *Link) Close() error {
 	l.mu.Lock()
 	if l.closed {
