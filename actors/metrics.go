@@ -149,6 +149,10 @@ func newMeters(set *metrics.Set, stats *Counters, pools *Pools, groups []string,
 		{"writer_leases_lapsed_total", "Writer leases that lapsed: the writer stopped posting to that peer and failed its requests with it.", &stats.LeasesLapsed},
 		{"revoked_blocks_total", "Destination blocks revoked (reused at once, their old memory held until proof) instead of quarantined.", &stats.BlocksRevoked},
 		{"dest_block_errors_total", "Quarantines, releases and frees of a finished request's destination blocks that the pools refused, and releases of revoked memory that failed: the blocks stay held as they were (quarantined or in use), never freed.", &stats.DestBlockErrors},
+		{"session_panics_past_budget_total", "Session panics after the session's restart budget was spent: each resumed its session to drain, with the message it panicked on dropped (its request had failed already). A bug: report it with the engine's error log.", &stats.SessionPanicsPastBudget},
+		{"parent_panics_total", "Panics of the engine's top-level actors (tx and rx parents, senders) or of its listener routing a control frame: each failed the engine, which refuses new requests while live ones drain. A bug: report it with the engine's error log, then restart the engine.", &stats.ParentPanics},
+		{"stream_violations_total", "Peer-stream actors that disagreed with their session's step (a terminal frame while ops were unsettled, an effect after the terminal frame); the stream held its terminal frame. A bug: report it with the engine's error log.", &stats.StreamViolations},
+		{"closes_unproven_total", "Data-plane endpoint closes that could not prove the writes on them over (a peer alive but not progressing, or lost with writes on the wire): their ops stay in doubt and their requests send no terminal frame; they keep their source pages unless the backend proved it reads none of them. Rising: check the data-plane links and peers the engine logs.", &stats.ClosesUnproven},
 	} {
 		v := c.v
 		if err := set.CounterFunc(c.name, c.help, func() float64 { return float64(v.Load()) }); err != nil {

@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -394,5 +395,72 @@ func TestMeters_OneSetPerEngine(t *testing.T) {
 	}
 	if _, err := newMeters(set, &Counters{}, NewPools(nil), nil, new(atomic.Int64), new(orphanStats)); err == nil {
 		t.Fatal("a second engine registered on the same Set")
+	}
+}
+
+// TestMeters_EveryCounterScraped: every Counters field is scraped as a
+// series of its own with the counter's value, except the frame counts that
+// kvxfer_frames_rejected_total already counts by reason (the shells count
+// those series as frames are refused, not from Counters). A counter added
+// without a metric fails here, as the engine-failure counters once did.
+func TestMeters_EveryCounterScraped(t *testing.T) {
+	byReason := map[string]bool{"FramesRejected": true, "FramesStale": true, "FramesShed": true,
+		"CancelsDeferred": true, "FramesSilenced": true}
+	named := map[string]string{ // a few by name, so that a rename shows
+		"SessionPanicsPastBudget": "kvxfer_session_panics_past_budget_total",
+		"ParentPanics":            "kvxfer_parent_panics_total",
+		"StreamViolations":        "kvxfer_stream_violations_total",
+		"ClosesUnproven":          "kvxfer_closes_unproven_total",
+		"DestBlockErrors":         "kvxfer_dest_block_errors_total",
+	}
+	set := metrics.New("test/0")
+	stats := &Counters{}
+	if _, err := newMeters(set, stats, NewPools(nil), nil, new(atomic.Int64), new(orphanStats)); err != nil {
+		t.Fatal(err)
+	}
+	cv := reflect.ValueOf(stats).Elem()
+	want := map[float64]string{} // a distinct value per field
+	for i := range cv.NumField() {
+		f := cv.Type().Field(i)
+		c, ok := cv.Field(i).Addr().Interface().(*atomic.Int64)
+		if !ok {
+			t.Fatalf("Counters.%s is a %s, not an atomic.Int64: extend this test", f.Name, f.Type)
+		}
+		v := int64(1000 + 7*i)
+		c.Store(v)
+		want[float64(v)] = f.Name
+	}
+	mfs, err := set.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := map[string]string{} // field → the metric that shows its value
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != 1 { // engine only
+				continue
+			}
+			v := m.GetCounter().GetValue()
+			if m.GetCounter() == nil {
+				v = m.GetGauge().GetValue()
+			}
+			if field, ok := want[v]; ok {
+				scraped[field] = mf.GetName()
+			}
+		}
+	}
+	for i := range cv.NumField() {
+		name := cv.Type().Field(i).Name
+		got, ok := scraped[name]
+		switch {
+		case byReason[name]:
+			if ok {
+				t.Errorf("Counters.%s is scraped as %s: drop it from this test's byReason", name, got)
+			}
+		case !ok:
+			t.Errorf("Counters.%s has no metric: register one in newMeters and document it in package metrics", name)
+		case named[name] != "" && got != named[name]:
+			t.Errorf("Counters.%s is scraped as %s, want %s", name, got, named[name])
+		}
 	}
 }

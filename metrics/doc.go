@@ -121,6 +121,21 @@
 //	                                                               blocks the pools refused (a bug): the blocks stay held as they were
 //	kvxfer_writer_leases_lapsed_total   counter    -               writer leases that lapsed (WriterLease): the writer stopped posting to that
 //	                                                               peer and failed its requests with it
+//	kvxfer_session_panics_past_budget_total
+//	                                    counter    -               session panics after the session's restart budget was spent
+//	                                                               (Stats.SessionPanicsPastBudget): each resumed its session to drain, the
+//	                                                               message it panicked on dropped. A bug: report it with the engine's error log
+//	kvxfer_parent_panics_total          counter    -               panics of the engine's top-level actors (tx and rx parents, senders) or of its
+//	                                                               listener routing a control frame (Stats.ParentPanics): each failed the engine
+//	                                                               (ErrEngineFailed: new requests refused, live ones drain). A bug: report it with
+//	                                                               the engine's error log, then restart the engine
+//	kvxfer_stream_violations_total      counter    -               peer-stream actors that disagreed with their session's step
+//	                                                               (Stats.StreamViolations): the stream held its terminal frame. A bug: report it
+//	                                                               with the engine's error log
+//	kvxfer_closes_unproven_total        counter    -               data-plane endpoint closes that could not prove the writes on them over
+//	                                                               (Stats.ClosesUnproven): their ops stay in doubt (kvxfer_ops_in_doubt), their
+//	                                                               requests send no terminal frame and keep their source pages unless the backend
+//	                                                               proved it reads none of them. Rising: check the data-plane links and peers
 //
 // Buckets: TransferBuckets (100 µs to 60 s) and ChunkWriteBuckets (10 µs to
 // 10 s).
