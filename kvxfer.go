@@ -183,8 +183,10 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		return nil, fmt.Errorf("%w: TraceKeep = %d: want 0 (no rotation) or the number of rotated files to keep", ErrConfig, r.TraceKeep)
 	}
 	if r.TracePath != "" {
-		// Create locks the file before it truncates it: another engine,
-		// of this process or another, writing it is refused (trace.ErrInUse).
+		// Create locks the file first: another engine, of this process or
+		// another, writing it is refused (trace.ErrInUse). An earlier
+		// engine's trace there is moved aside (FILE.prev-<UTC time>), never
+		// truncated: it may be the failed run's.
 		path := r.TracePath
 		stopped := func(s trace.Stop) {
 			log.Warn().Str("trace", path).Msg(s.Error())
@@ -195,6 +197,9 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		}
 		if e.trace, err = trace.Create(r.TracePath, opts...); err != nil {
 			return nil, fmt.Errorf("%w: TracePath: %w", ErrConfig, quote.In(err, r.TracePath))
+		}
+		if prev := e.trace.MovedAside(); prev != "" {
+			log.Info().Str("trace", path).Str("earlier", prev).Msg("an earlier trace at this path was moved aside")
 		}
 		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)

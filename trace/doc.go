@@ -38,10 +38,11 @@
 // the recording goroutine that crossed the bound under the Writer's lock
 // (a flush, a close, up to keep renames and a create); one that fails
 // stops the Writer as a failed write does (WithOnStop, Close's error),
-// and the files written so far stay whole. Create removes the rotated
-// files an earlier run left at PATH (PATH.1 … PATH.keep, then PATH.N
-// while it begins as a trace, with or without rotation), so that PATH*
-// holds one run.
+// and the files written so far stay whole. Create moves an earlier run's
+// trace at PATH aside, never truncating it (it may be the failed run's):
+// PATH to PATH.prev-<UTC time> and its rotated parts (PATH.1 … PATH.N
+// while each begins as a trace) to PATH.prev-<UTC time>.1 …, so that PATH
+// and PATH.N hold one run (Writer.MovedAside names where it went).
 //
 // # Deviation from DESIGN.md §7
 //

@@ -55,9 +55,10 @@ func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
 // record the Writer wrote, so that each file replays on its own. At most
 // keep old files are kept beside PATH; at most (keep+1)×MaxBytes of disk,
 // give or take a record a file. keep 0 (the default) does not rotate: the
-// trace stops at its bound. Create removes the PATH.1 … PATH.keep an
-// earlier run left, as it truncates PATH, so that every file of the set
-// is this Writer's. A Writer from NewWriter (no path) does not rotate.
+// trace stops at its bound. Create moves an earlier run's PATH and
+// PATH.1 … PATH.N aside (see Create) and removes the PATH.1 … PATH.keep
+// left beside them, so that every file of the set is this Writer's. A
+// Writer from NewWriter (no path) does not rotate.
 //
 // A session or table born in an earlier file is not recorded again: the
 // later file holds only its later records, which replay skips and names
@@ -131,6 +132,9 @@ type Writer struct {
 	fileRecs  int64 // records written before the current file
 	fileDrops int64 // records dropped before the current file
 
+	// movedAside is where Create moved an earlier trace at its path.
+	movedAside string
+
 	// The periodic flush of a Writer from Create (WithFlushEvery).
 	stopFlush chan struct{}
 	flushed   chan struct{} // closed when the flusher returned
@@ -203,19 +207,26 @@ var recorderBuild = sync.OnceValue(func() string {
 // trace would read back.
 var ErrInUse = errors.New("trace: another Writer (another process's --trace, or another engine's TracePath) writes this file: each needs its own")
 
-// Create creates (or truncates) the file at path and writes a trace to
-// it; Close closes the file. It holds a regular file's exclusive advisory
-// lock (flock) until Close, and refuses a file whose lock another Writer
-// holds (ErrInUse) before truncating it.
+// Create creates the file at path and writes a trace to it; Close closes
+// the file. It holds a regular file's exclusive advisory lock (flock)
+// until Close, and refuses a file whose lock another Writer holds
+// (ErrInUse).
+//
+// An earlier trace at path (an engine restarted with the same TracePath,
+// a second run with the same --trace) is not destroyed: once it holds the
+// lock, Create renames a non-empty path to path.prev-<UTC time>, and the
+// earlier run's rotated files path.1 … path.N that begin as a trace to
+// path.prev-<UTC time>.1 … .N (with -2, -3, … after the time where that
+// name is taken), then starts a new file at path. MovedAside names where
+// they went. An empty path is reused as it is.
 //
 // With WithRotate it rotates the file at its bound (see there): path must
-// then be a regular file. Once it holds a regular file's lock, Create
-// removes the rotated files an earlier run left: path.1 … path.keep,
-// which rotation would replace, and after them, with or without
-// rotation, path.N while it is there and begins as a trace: an earlier
-// run with a larger keep left more than this one rotates into, and
-// their part numbers run on into this run's, so that a replay of path*
-// would mix two runs.
+// then be a regular file. The earlier run's path.N that begin as a
+// trace were moved aside with path, with or without rotation: left, an
+// earlier run with a larger keep left more than this one rotates into,
+// and their part numbers ran on into this run's, so that a replay of
+// path* mixed two runs. What else is left of path.1 … path.keep, which
+// rotation would replace, Create removes.
 func Create(path string, opts ...Option) (*Writer, error) {
 	path = filepath.Clean(path)
 	var o options
@@ -225,7 +236,10 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	if o.keep < 0 {
 		return nil, fmt.Errorf("trace: rotate: keep %d old files of %s: want 0 (no rotation) or more", o.keep, path)
 	}
-	f, regular, err := openLocked(path)
+	if o.clock == nil {
+		o.clock = time.Now
+	}
+	f, regular, prev, err := openAside(path, o.clock)
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +255,7 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	}
 	w := NewWriter(f, opts...)
 	w.closer = f
+	w.movedAside = prev
 	if w.o.keep > 0 {
 		w.path, w.file = path, f
 	}
@@ -249,6 +264,93 @@ func Create(path string, opts ...Option) (*Writer, error) {
 		go w.flushLoop(d)
 	}
 	return w, nil
+}
+
+// MovedAside returns the name Create moved an earlier trace at its path
+// to (its rotated files, if any, are that name's .1 … .N), or "" when
+// there was none.
+func (w *Writer) MovedAside() string { return w.movedAside }
+
+// openAside opens the file at path for Create: as openLocked, but a
+// regular file that holds an earlier trace (or has rotated files beside
+// it) is moved aside (moveAside) under the lock instead of truncated, and
+// a new file is started at path. prev is where the earlier one went.
+func openAside(path string, clock func() time.Time) (f *os.File, regular bool, prev string, err error) {
+	for range 3 {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+		if err != nil {
+			return nil, false, "", err
+		}
+		st, err := f.Stat()
+		if err != nil || !st.Mode().IsRegular() {
+			return f, false, "", nil
+		}
+		if err := lockFile(f); err != nil {
+			_ = f.Close()
+			return nil, false, "", &os.PathError{Op: "create trace", Path: path, Err: err}
+		}
+		if now, err := os.Stat(path); err != nil || !os.SameFile(st, now) {
+			// Another Create moved this file aside between the open
+			// and the lock: open the one at path now.
+			_ = f.Close()
+			continue
+		}
+		prev, err := moveAside(path, st.Size(), clock)
+		if err != nil {
+			_ = f.Close()
+			return nil, false, "", fmt.Errorf("trace: moving the earlier trace %s aside: %w; move or remove it, or trace to another file", path, err)
+		}
+		if prev == "" {
+			return f, true, "", nil // empty, nothing beside it
+		}
+		_ = f.Close() // the earlier trace, now at prev
+		f, regular, err = openLocked(path)
+		return f, regular, prev, err
+	}
+	return nil, false, "", &os.PathError{Op: "create trace", Path: path, Err: ErrInUse}
+}
+
+// moveAside renames an earlier trace at path (size bytes) and the rotated
+// files path.1 … path.N after it that begin as a trace to prev, prev.1 …
+// prev.N, where prev is path.prev-<UTC time> and a name none of them
+// takes. It moves nothing, and returns "", for an empty path with no
+// rotated files.
+func moveAside(path string, size int64, clock func() time.Time) (string, error) {
+	parts := 0
+	for beginsAsTrace(rotated(path, parts+1)) {
+		parts++
+	}
+	if size == 0 && parts == 0 {
+		return "", nil
+	}
+	base := path + ".prev-" + clock().UTC().Format("20060102T150405Z")
+	prev := base
+	for n := 2; taken(prev, parts); n++ {
+		prev = fmt.Sprintf("%s-%d", base, n)
+	}
+	if err := os.Rename(path, prev); err != nil {
+		return "", err
+	}
+	for i := 1; i <= parts; i++ {
+		if err := os.Rename(rotated(path, i), rotated(prev, i)); err != nil {
+			return "", fmt.Errorf("%s moved to %s, but: %w", path, prev, err)
+		}
+	}
+	return prev, nil
+}
+
+// taken reports whether name or any of name.1 … name.parts is there.
+func taken(name string, parts int) bool {
+	for i := 0; i <= parts; i++ {
+		n := name
+		if i > 0 {
+			n = rotated(name, i)
+		}
+		if _, err := os.Lstat(n); !errors.Is(err, fs.ErrNotExist) {
+			return true
+		}
+	}
+	return false
 }
 
 // openLocked opens the file at path for a trace: a regular file is

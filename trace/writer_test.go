@@ -350,3 +350,77 @@ func TestTraceEndRecord(t *testing.T) {
 		t.Errorf("a record after the end record: %v, want ErrFormat naming two writers", err)
 	}
 }
+
+// TestCreateMovesAnEarlierTraceAside: an engine restarted with the same
+// TracePath (or a second run with the same --trace) truncated the trace
+// of the run before it, the one a user wants to debug. Create now moves
+// it, and its rotated files, aside to a name it returns (MovedAside), a
+// new one each time. (Checked to fail: Create truncated it.)
+func TestCreateMovesAnEarlierTraceAside(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gen.trace")
+	clock := func() time.Time { return at }
+	record := func(opts ...Option) *Writer {
+		t.Helper()
+		w, err := Create(path, append([]Option{WithFlushEvery(0), WithClock(clock)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	replays := func(name string) {
+		t.Helper()
+		res, err := ReplayFile(name)
+		if err != nil || !res.Identical() || res.Steps != 2 {
+			t.Fatalf("the earlier trace, at %q: %+v, %v; want its 2 steps replayed", name, res, err)
+		}
+	}
+	if w := record(); w.MovedAside() != "" {
+		t.Fatalf("a first trace moved %q aside, want nothing", w.MovedAside())
+	}
+	first, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := record()
+	want := path + ".prev-" + at.UTC().Format("20060102T150405Z")
+	if got := w.MovedAside(); got != want {
+		t.Fatalf("the second Create moved the first trace to %q, want %q", got, want)
+	}
+	if b, err := os.ReadFile(want); err != nil || !bytes.Equal(b, first) {
+		t.Fatalf("%s: %d bytes, %v; want the first trace's %d", want, len(b), err, len(first))
+	}
+	replays(want)
+	replays(path)
+
+	// The same second again: a name of its own, the one before kept.
+	if w := record(); w.MovedAside() != want+"-2" {
+		t.Fatalf("a third Create in the same second moved %q, want %q", w.MovedAside(), want+"-2")
+	}
+	replays(want)
+	replays(want + "-2")
+
+	// A rotated trace moves with its parts, which keep their numbers.
+	record(WithMaxBytes(400), WithRotate(1))
+	if _, err := os.Stat(rotated(path, 1)); err != nil {
+		t.Fatalf("the rotated run left no %s: %v", filepath.Base(rotated(path, 1)), err)
+	}
+	part1, err := os.ReadFile(rotated(path, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = record()
+	if got := w.MovedAside(); got != want+"-4" {
+		t.Fatalf("the rotated trace moved to %q, want %q", got, want+"-4")
+	}
+	if b, err := os.ReadFile(rotated(want+"-4", 1)); err != nil || !bytes.Equal(b, part1) {
+		t.Fatalf("%s: %d bytes, %v; want the rotated part's %d", rotated(want+"-4", 1), len(b), err, len(part1))
+	}
+	if _, err := os.Stat(rotated(path, 1)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s is still there after the move: %v", filepath.Base(rotated(path, 1)), err)
+	}
+}

@@ -92,7 +92,11 @@ refused: replay each on its own.`,
 					fmt.Fprintf(out, "%s:\n", path)
 				}
 				if err != nil {
-					fmt.Fprintf(out, "FAILED: %v\n", err)
+					// A lone trace's failure is the command's error,
+					// which cobra prints ("Error: …"): said once.
+					if len(args) > 1 {
+						fmt.Fprintf(out, "FAILED: %v\n", err)
+					}
 					continue
 				}
 				res.Print(out)

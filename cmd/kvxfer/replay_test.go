@@ -356,3 +356,21 @@ func TestStrayArgumentNamesWhatWasMeant(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayOneFailedTraceSaysItOnce: replay of a single trace it cannot
+// read printed "FAILED: replay …" and cobra's "Error: replay …", one
+// failure said twice. It is now said once, as the command's error.
+// (Checked to fail: both were printed.)
+func TestReplayOneFailedTraceSaysItOnce(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte("nope\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := runApp(newApp(), "replay", bad)
+	if err == nil || !strings.Contains(err.Error(), "replay "+bad) {
+		t.Fatalf("replay of a bad trace: %v, want an error naming it", err)
+	}
+	if n := strings.Count(out+errOut, "replay "+bad+":"); n != 1 {
+		t.Fatalf("the failure is said %d times, want once:\nstdout:\n%s\nstderr:\n%s", n, out, errOut)
+	}
+}
