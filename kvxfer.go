@@ -201,6 +201,9 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if prev := e.trace.MovedAside(); prev != "" {
 			log.Info().Str("trace", path).Str("earlier", prev).Msg("an earlier trace at this path was moved aside")
 		}
+		if why := e.trace.NotMovedAside(); why != nil {
+			log.Warn().Str("trace", path).Err(why).Msg("the earlier trace at this path could not be moved aside, so it was truncated: copy a trace you need before the next run")
+		}
 		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)
 	}

@@ -132,8 +132,10 @@ type Writer struct {
 	fileRecs  int64 // records written before the current file
 	fileDrops int64 // records dropped before the current file
 
-	// movedAside is where Create moved an earlier trace at its path.
+	// movedAside is where Create moved an earlier trace at its path;
+	// notMoved why it could not move it (and truncated it, as before).
 	movedAside string
+	notMoved   error
 
 	// The periodic flush of a Writer from Create (WithFlushEvery).
 	stopFlush chan struct{}
@@ -239,7 +241,12 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	if o.clock == nil {
 		o.clock = time.Now
 	}
-	f, regular, prev, err := openAside(path, o.clock)
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		// A link's target is the trace: it is moved aside and started
+		// again where it is, and the link keeps pointing to it.
+		path = real
+	}
+	f, regular, prev, notMoved, err := openAside(path, o.keep, o.clock)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +262,7 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	}
 	w := NewWriter(f, opts...)
 	w.closer = f
-	w.movedAside = prev
+	w.movedAside, w.notMoved = prev, notMoved
 	if w.o.keep > 0 {
 		w.path, w.file = path, f
 	}
@@ -271,23 +278,28 @@ func Create(path string, opts ...Option) (*Writer, error) {
 // there was none.
 func (w *Writer) MovedAside() string { return w.movedAside }
 
+// NotMovedAside says why Create could not move an earlier trace at its
+// path aside (a file bind-mounted alone, a directory it may not write),
+// so that it truncated it as it always did; nil when it did not have to.
+func (w *Writer) NotMovedAside() error { return w.notMoved }
+
 // openAside opens the file at path for Create: as openLocked, but a
 // regular file that holds an earlier trace (or has rotated files beside
 // it) is moved aside (moveAside) under the lock instead of truncated, and
 // a new file is started at path. prev is where the earlier one went.
-func openAside(path string, clock func() time.Time) (f *os.File, regular bool, prev string, err error) {
+func openAside(path string, keep int, clock func() time.Time) (f *os.File, regular bool, prev string, notMoved, err error) {
 	for range 3 {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
 		if err != nil {
-			return nil, false, "", err
+			return nil, false, "", nil, err
 		}
 		st, err := f.Stat()
 		if err != nil || !st.Mode().IsRegular() {
-			return f, false, "", nil
+			return f, false, "", nil, nil
 		}
 		if err := lockFile(f); err != nil {
 			_ = f.Close()
-			return nil, false, "", &os.PathError{Op: "create trace", Path: path, Err: err}
+			return nil, false, "", nil, &os.PathError{Op: "create trace", Path: path, Err: err}
 		}
 		if now, err := os.Stat(path); err != nil || !os.SameFile(st, now) {
 			// Another Create moved this file aside between the open
@@ -295,30 +307,52 @@ func openAside(path string, clock func() time.Time) (f *os.File, regular bool, p
 			_ = f.Close()
 			continue
 		}
-		prev, err := moveAside(path, st.Size(), clock)
+		prev, err := moveAside(path, st.Size(), keep, clock)
+		var le *os.LinkError
+		if err != nil && errors.As(err, &le) && le.Old == path {
+			// The file itself cannot be renamed (bound into a
+			// container alone, a directory this process may not
+			// write): nothing moved, so it is truncated, as before
+			// files were moved aside; the caller says so.
+			if terr := f.Truncate(0); terr != nil {
+				_ = f.Close()
+				return nil, false, "", nil, fmt.Errorf("trace: %s: moving the earlier trace aside: %w; truncating it: %w", path, err, terr)
+			}
+			return f, true, "", err, nil
+		}
 		if err != nil {
 			_ = f.Close()
-			return nil, false, "", fmt.Errorf("trace: moving the earlier trace %s aside: %w; move or remove it, or trace to another file", path, err)
+			return nil, false, "", nil, fmt.Errorf("trace: moving the earlier trace %s aside: %w; move or remove it, or trace to another file", path, err)
 		}
 		if prev == "" {
-			return f, true, "", nil // empty, nothing beside it
+			return f, true, "", nil, nil // empty, nothing beside it
 		}
 		_ = f.Close() // the earlier trace, now at prev
 		f, regular, err = openLocked(path)
-		return f, regular, prev, err
+		return f, regular, prev, nil, err
 	}
-	return nil, false, "", &os.PathError{Op: "create trace", Path: path, Err: ErrInUse}
+	return nil, false, "", nil, &os.PathError{Op: "create trace", Path: path, Err: ErrInUse}
 }
 
-// moveAside renames an earlier trace at path (size bytes) and the rotated
-// files path.1 … path.N after it that begin as a trace to prev, prev.1 …
-// prev.N, where prev is path.prev-<UTC time> and a name none of them
-// takes. It moves nothing, and returns "", for an empty path with no
+// moveAside renames an earlier trace at path (size bytes), the rotated
+// files path.1 … path.keep that are there, and path.N after them that
+// begin as a trace, to prev, prev.1 … prev.N, where prev is
+// path.prev-<UTC time> and a name none of them takes. It moves nothing, and returns "", for an empty path with no
 // rotated files.
-func moveAside(path string, size int64, clock func() time.Time) (string, error) {
+func moveAside(path string, size int64, keep int, clock func() time.Time) (string, error) {
+	// Every path.1 … path.keep that is there goes too, whatever it holds
+	// (a gap, or one whose header never reached the disk): Create
+	// removes what is left of them. Past keep, those that begin as a
+	// trace, one after another.
 	parts := 0
-	for beginsAsTrace(rotated(path, parts+1)) {
-		parts++
+	for i := 1; ; i++ {
+		name := rotated(path, i)
+		if i > keep && !beginsAsTrace(name) {
+			break
+		}
+		if _, err := os.Lstat(name); err == nil {
+			parts = i
+		}
 	}
 	if size == 0 && parts == 0 {
 		return "", nil
@@ -328,16 +362,20 @@ func moveAside(path string, size int64, clock func() time.Time) (string, error) 
 	for n := 2; taken(prev, parts); n++ {
 		prev = fmt.Sprintf("%s-%d", base, n)
 	}
-	if err := os.Rename(path, prev); err != nil {
+	if err := rename(path, prev); err != nil {
 		return "", err
 	}
 	for i := 1; i <= parts; i++ {
-		if err := os.Rename(rotated(path, i), rotated(prev, i)); err != nil {
+		if err := rename(rotated(path, i), rotated(prev, i)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return "", fmt.Errorf("%s moved to %s, but: %w", path, prev, err)
 		}
 	}
 	return prev, nil
 }
+
+// rename is os.Rename (a variable for tests: a file that cannot be
+// renamed, as one bound into a container alone).
+var rename = os.Rename
 
 // taken reports whether name or any of name.1 … name.parts is there.
 func taken(name string, parts int) bool {

@@ -424,3 +424,100 @@ func TestCreateMovesAnEarlierTraceAside(t *testing.T) {
 		t.Fatalf("%s is still there after the move: %v", filepath.Base(rotated(path, 1)), err)
 	}
 }
+
+// TestCreateMovesEveryEarlierPartAside: an earlier run's rotated file
+// that does not begin as a trace (its header never reached the disk: the
+// machine stopped just after a rotation) or is missing (the process was
+// killed inside a rotation's renames) stopped the move there, and Create
+// then removed the earlier run's path.2 … path.keep after it.
+func TestCreateMovesEveryEarlierPartAside(t *testing.T) {
+	for name, part1 := range map[string][]byte{"torn": make([]byte, 64), "missing": nil} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "ctx.trace")
+			head := []byte(`{"kind":"trace","v":1}` + "\n")
+			for _, n := range []string{path, path + ".2", path + ".3"} {
+				if err := os.WriteFile(n, head, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if part1 != nil {
+				if err := os.WriteFile(path+".1", part1, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, err := Create(path, WithRotate(3), WithFlushEvery(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			for _, n := range []string{".2", ".3"} {
+				if b, err := os.ReadFile(w.MovedAside() + n); err != nil || !bytes.Equal(b, head) {
+					ents, _ := os.ReadDir(dir)
+					t.Errorf("the earlier run's %s%s is not at %s%s (%v): the directory holds %v", path, n, w.MovedAside(), n, err, ents)
+				}
+			}
+		})
+	}
+}
+
+// TestCreateThroughALinkOrUnmovable: a trace path that is a symbolic link
+// keeps its link (the target is moved aside beside it and started again,
+// not the link replaced by a file); a file that cannot be renamed (bound
+// into a container alone, a directory the process may not write) is
+// truncated, as before traces were moved aside, and NotMovedAside says
+// why. (Checked to fail: the link became a regular file; Create failed
+// on the rename.)
+func TestCreateThroughALinkOrUnmovable(t *testing.T) {
+	at := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return at }
+	record := func(path string) *Writer {
+		t.Helper()
+		w, err := Create(path, WithFlushEvery(0), WithClock(clock))
+		if err != nil {
+			t.Fatal(err)
+		}
+		driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	t.Run("link", func(t *testing.T) {
+		dir := t.TempDir()
+		target := filepath.Join(dir, "real.trace")
+		link := filepath.Join(dir, "gen.trace")
+		if err := os.WriteFile(target, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+		record(link)
+		w := record(link)
+		if want := target + ".prev-" + at.Format("20060102T150405Z"); w.MovedAside() != want {
+			t.Fatalf("moved aside to %q, want %q (the link's target, beside it)", w.MovedAside(), want)
+		}
+		if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("%s is no longer a link: %v, %v", link, fi, err)
+		}
+		if res, err := ReplayFile(link); err != nil || res.Steps != 2 {
+			t.Fatalf("the new trace through the link: %+v, %v", res, err)
+		}
+	})
+	t.Run("unmovable", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "gen.trace")
+		record(path)
+		refused := errors.New("device or resource busy (the test's)")
+		prev := rename
+		rename = func(old, new string) error { return &os.LinkError{Op: "rename", Old: old, New: new, Err: refused} }
+		t.Cleanup(func() { rename = prev })
+		w := record(path)
+		if w.MovedAside() != "" || !errors.Is(w.NotMovedAside(), refused) {
+			t.Fatalf("MovedAside %q, NotMovedAside %v; want nothing moved and the rename's error", w.MovedAside(), w.NotMovedAside())
+		}
+		if res, err := ReplayFile(path); err != nil || res.Steps != 2 {
+			t.Fatalf("the new trace, over the truncated one: %+v, %v", res, err)
+		}
+	})
+}
