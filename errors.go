@@ -13,6 +13,11 @@ import (
 // StatusTimedOut. Outcome.Status carries it.
 type Status = actors.Status
 
+// LayoutMismatchError is the ErrMismatch of a peer whose Hello names
+// another model or layout (Engine.CheckPeer, a RequestData from it): the
+// peer, its model and this engine's, for errors.As.
+type LayoutMismatchError = actors.LayoutMismatchError
+
 // Outcomes.
 const (
 	StatusDone      = actors.StatusDone

@@ -191,9 +191,27 @@ func LayoutMismatch(self Topology, hello *messages.Hello) error {
 				"KV dtype, heads and layer groups", self.Layout.TokensPerBlock)
 		}
 	}
-	return fmt.Errorf("%w: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)%s",
-		ErrMismatch, hello.From, hello.Model, hello.LayoutHash, modelName(self.Layout), self.LayoutHash, same)
+	return &LayoutMismatchError{Peer: hello.From, PeerModel: hello.Model, Model: modelName(self.Layout),
+		PeerHash: hello.LayoutHash, Hash: self.LayoutHash, detail: same}
 }
+
+// LayoutMismatchError is LayoutMismatch's error (it wraps ErrMismatch):
+// peer Peer's Hello names model PeerModel laid out as PeerHash, this rank
+// serves Model as Hash. One model laid out two ways (PeerModel == Model)
+// is a setting apart, which the message names.
+type LayoutMismatchError struct {
+	Peer             messages.PeerID
+	PeerModel, Model string
+	PeerHash, Hash   uint64
+	detail           string
+}
+
+func (e *LayoutMismatchError) Error() string {
+	return fmt.Sprintf("%v: peer %s serves model %q (layout hash %#x), this rank serves %q (layout hash %#x)%s",
+		ErrMismatch, e.Peer, e.PeerModel, e.PeerHash, e.Model, e.Hash, e.detail)
+}
+
+func (e *LayoutMismatchError) Unwrap() error { return ErrMismatch }
 
 // settingApart names the one setting by which the peer's layout (its hash)
 // differs from l, when it is the tokens per block or the KV element size

@@ -532,14 +532,20 @@ func (n *Node) closeData() error {
 		// The agent could not prove that no write will land in the pool
 		// any more (rdma.ErrCloseUnproven: another agent's batch still
 		// copying into it, a batch cut on the wire): the pool stays
-		// mapped, leaked rather than freed under a late write. Its name
-		// goes, as in Close's other path.
-		if u, ok := n.pool.(interface{ Unlink() error }); ok {
-			err = errors.Join(err, u.Unlink())
-		}
-		return err
+		// mapped, leaked rather than freed under a late write.
+		return errors.Join(err, n.keepPool())
 	}
 	return n.pool.Close()
+}
+
+// keepPool leaves the pool mapped for the process's life, but its name
+// goes: peers that mapped it keep their mapping, and no file is left in
+// /dev/shm once this process exits.
+func (n *Node) keepPool() error {
+	if u, ok := n.pool.(interface{ Unlink() error }); ok {
+		return u.Unlink()
+	}
+	return nil
 }
 
 // logListening says where this node listens and which peers it waits for.
@@ -1203,12 +1209,7 @@ func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 				// inside a backend call: the agent stays open under it.)
 				err = errors.Join(err, n.agent.Close())
 			}
-			// The pool stays mapped, but its name goes: peers that
-			// mapped it keep their mapping, and no file is left in
-			// /dev/shm once this process exits.
-			if u, ok := n.pool.(interface{ Unlink() error }); ok {
-				err = errors.Join(err, u.Unlink())
-			}
+			err = errors.Join(err, n.keepPool())
 		}
 		n.closeErr = errors.Join(regErr, err)
 	})

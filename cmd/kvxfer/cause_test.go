@@ -84,15 +84,17 @@ func TestCtxRunFailsOnAnOrphan(t *testing.T) {
 }
 
 // TestRunCauseNamesTheModelFlag: a peer that serves another model fails
-// every request at its Hello; the run's message names each side's model
-// and says to give both the same --model. One model laid out two ways
-// (the engine names --tokens-per-block itself) is not called a model
-// mismatch. (Checked to fail without the case: the message named the
-// two models in the engine's words, without the flag.)
+// every request at its Hello; the run's message names each side's model,
+// as the report keeps them (proc.Report.PeerModel, OwnModel), and says to
+// give both the same --model. A report without them (one model laid out
+// two ways: the engine names --tokens-per-block itself) is not called a
+// model mismatch. (Checked to fail without the case: the message named
+// the two models in the engine's words, without the flag.)
 func TestRunCauseNamesTheModelFlag(t *testing.T) {
 	self := actors.Topology{Layout: kvcache.Layout{Name: "Llama-3.1-8B", TokensPerBlock: 32}, LayoutHash: 1}
 	other := actors.LayoutMismatch(self, &messages.Hello{From: messages.PeerID{Instance: "gen"}, Model: "Qwen3-8B", LayoutHash: 2})
-	rep := proc.Report{Role: "ctx", Requests: 2, Failed: 2, FirstError: "req-0: node: gen/0 at ipc://g.sock: " + other.Error()}
+	rep := proc.Report{Role: "ctx", Requests: 2, Failed: 2, FirstError: "req-0: node: gen/0 at ipc://g.sock: " + other.Error(),
+		PeerModel: "Qwen3-8B", OwnModel: "Llama-3.1-8B"}
 	want := "the gen process runs --model Qwen3-8B, this one --model Llama-3.1-8B: give both the same --model: "
 	if got := runCause(rep, "gen"); got != want {
 		t.Errorf("cause %q, want %q", got, want)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -646,12 +645,11 @@ func withSummary(summary, err error) error {
 // blocks, never sent) are their consequences, and the first of them alone
 // misleads.
 func runCause(rep proc.Report, peer string) string {
-	peerModel, selfModel, otherModel := modelMismatch(rep.FirstError)
 	switch {
-	case otherModel:
+	case rep.PeerModel != "":
 		// Every request failed for it (the peer's Hello named another
 		// model), and their errors name the two models but not the flag.
-		return fmt.Sprintf("the %s process runs --model %s, this one --model %s: give both the same --model: ", peer, peerModel, selfModel)
+		return fmt.Sprintf("the %s process runs --model %s, this one --model %s: give both the same --model: ", peer, rep.PeerModel, rep.OwnModel)
 	case rep.SettingsMismatch != "":
 		return rep.SettingsMismatch + ": "
 	case rep.NodeFailed != "":
@@ -673,26 +671,6 @@ func runCause(rep proc.Report, peer string) string {
 			peer, rep.OK, rep.Requests)
 	}
 	return ""
-}
-
-// layoutMismatch matches the engine's refusal of a peer that serves
-// another layout (actors.LayoutMismatch): the peer's model, then this
-// rank's, each quoted.
-var layoutMismatch = regexp.MustCompile(`serves model ("(?:[^"\\]|\\.)*") \(layout hash [^)]*\), this rank serves ("(?:[^"\\]|\\.)*")`)
-
-// modelMismatch reads the peer's model and this process's from err (a
-// request's error, as the report keeps it) when it says the peer serves
-// another model; ok is false otherwise. One model laid out two ways
-// (another --tokens-per-block) is not a model mismatch: the engine names
-// that setting itself.
-func modelMismatch(err string) (peer, self string, ok bool) {
-	m := layoutMismatch.FindStringSubmatch(err)
-	if m == nil || m[1] == m[2] {
-		return "", "", false
-	}
-	peer, err1 := strconv.Unquote(m[1])
-	self, err2 := strconv.Unquote(m[2])
-	return peer, self, err1 == nil && err2 == nil
 }
 
 // firstError is ": " and the report's first request error, or "".

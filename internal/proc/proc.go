@@ -203,6 +203,11 @@ type Report struct {
 	LatencyP50Us float64 `json:"latency_p50_us,omitempty"`
 	LatencyP99Us float64 `json:"latency_p99_us,omitempty"`
 	FirstError   string  `json:"first_error,omitempty"`
+	// PeerModel and OwnModel: a request failed because the peer's Hello
+	// named another model than this process serves
+	// (kvxfer.LayoutMismatchError): each side's model, the first time.
+	PeerModel string `json:"peer_model,omitempty"`
+	OwnModel  string `json:"own_model,omitempty"`
 	// Errors lists the first failures, one line each (request: status:
 	// cause), up to maxReportErrors.
 	Errors []string `json:"errors,omitempty"`
@@ -276,6 +281,12 @@ func (r *Report) failed(err error) {
 	r.Failed++
 	if r.FirstError == "" {
 		r.FirstError = err.Error()
+	}
+	var lm *kvxfer.LayoutMismatchError
+	if r.PeerModel == "" && errors.As(err, &lm) && lm.PeerModel != lm.Model {
+		// One model laid out two ways is a setting apart, which the
+		// error names itself.
+		r.PeerModel, r.OwnModel = lm.PeerModel, lm.Model
 	}
 	if len(r.Errors) < maxReportErrors {
 		r.Errors = append(r.Errors, err.Error())

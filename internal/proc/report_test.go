@@ -2,6 +2,7 @@ package proc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -12,9 +13,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/testlog"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/node"
 	"github.com/kvxfer/kvxfer/rdma/shm"
 )
@@ -342,5 +345,26 @@ func TestOrphanCause(t *testing.T) {
 		if got := orphanText(c.ids, c.total, c.base, 8); !strings.HasPrefix(got, c.want) || (c.want == "") != (got == "") {
 			t.Errorf("orphans %v (%d, %d at the wait's start): %q, want %q", c.ids, c.total, c.base, got, c.want)
 		}
+	}
+}
+
+// TestReportKeepsBothModels: a request failed because the peer serves
+// another model (kvxfer.LayoutMismatchError, however wrapped) leaves each
+// side's model in the report, for the run's message to name the flag;
+// one model laid out two ways, or another failure, leaves them empty.
+// (Checked to fail with failed not reading the error's type.)
+func TestReportKeepsBothModels(t *testing.T) {
+	mismatch := func(peer string) error {
+		return &kvxfer.LayoutMismatchError{Peer: messages.PeerID{Instance: "gen"}, PeerModel: peer, Model: "Llama-3.1-8B", PeerHash: 2, Hash: 1}
+	}
+	var rep Report
+	rep.failed(errors.New("req-0: cancelled"))
+	rep.failed(fmt.Errorf("req-1: node: gen/0 at ipc://g.sock: %w", mismatch("Llama-3.1-8B")))
+	if rep.PeerModel != "" || rep.OwnModel != "" {
+		t.Fatalf("one model laid out two ways: report names models %q / %q", rep.PeerModel, rep.OwnModel)
+	}
+	rep.failed(fmt.Errorf("req-2: node: gen/0 at ipc://g.sock: %w", mismatch("Qwen3-8B")))
+	if rep.PeerModel != "Qwen3-8B" || rep.OwnModel != "Llama-3.1-8B" {
+		t.Fatalf("report models %q / %q, want Qwen3-8B / Llama-3.1-8B", rep.PeerModel, rep.OwnModel)
 	}
 }
