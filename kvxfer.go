@@ -204,6 +204,9 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		if why := e.trace.NotMovedAside(); why != nil {
 			log.Warn().Str("trace", path).Err(why).Msg("the earlier trace at this path could not be moved aside, so it was truncated: copy a trace you need before the next run")
 		}
+		if why := e.trace.NotPruned(); why != nil {
+			log.Warn().Str("trace", path).Err(why).Msgf("the earlier runs' traces beside this path past the newest %d could not all be removed", trace.DefaultKeepPrevious)
+		}
 		undo = append(undo, func() { _ = e.trace.Close() })
 		rec = trace.Tee(e.trace, r.Recorder)
 	}

@@ -61,8 +61,21 @@ type SessionTracer interface {
 	// Stepped is called after each step — and once after the birth, with a
 	// TxSession's Init effects (none for an RxSession) — with the session
 	// (*TxSession or *RxSession) and the effects the step returned. A step
-	// that panics gets no Stepped call.
+	// that panics gets no Stepped call (a StepPanicTracer is told of it).
 	Stepped(session any, eff []Effect)
+}
+
+// StepPanicTracer is a SessionTracer that is told of a step that
+// panicked, so that its trace holds that step even when nothing follows
+// it (the session's last step, a process that dies of the panic).
+// Package trace's sessions are one.
+type StepPanicTracer interface {
+	SessionTracer
+	// StepPanicked is called instead of Stepped when the step Record
+	// announced panics, with the panic's value, on the panic's way up to
+	// the session's supervisor (which it goes on to, unchanged). It must
+	// not panic.
+	StepPanicked(v any)
 }
 
 // stepper is what both session kinds offer their shells.
@@ -81,12 +94,29 @@ func traced(env *shellEnv, path string, tr SessionTracer, s stepper, m any, now 
 	switch {
 	case tr != nil:
 		tr.Record(m, now)
-		eff := s.Step(m, now)
+		var eff []Effect
+		if pt, ok := tr.(StepPanicTracer); ok {
+			eff = stepTold(pt, s, m, now)
+		} else {
+			eff = s.Step(m, now)
+		}
 		tr.Stepped(s, eff)
 		return eff
 	case env.recorder != nil:
 		env.recorder.Record(path, m, now)
 	}
+	return s.Step(m, now)
+}
+
+// stepTold steps s on m and tells tr of a panic in the step before it goes
+// on up (a panic in Stepped is the tracer's, not the step's: not told).
+func stepTold(tr StepPanicTracer, s stepper, m any, now time.Time) []Effect {
+	defer func() {
+		if r := recover(); r != nil {
+			tr.StepPanicked(r)
+			panic(r)
+		}
+	}()
 	return s.Step(m, now)
 }
 

@@ -22,7 +22,11 @@
 // the incident that came later. With WithRotate(keep) a Writer from
 // Create instead rotates at its bound: it ends the file with its "end"
 // record, renames PATH to PATH.1 (PATH.1 to PATH.2, …, deleting PATH.keep
-// beyond keep) and starts a new PATH whose header names its part
+// beyond keep) and starts a new PATH — made and locked beside it first
+// (PATH.rotating) and put in its place before the ended file is closed,
+// so that PATH stays locked and a Create there during the rotation is
+// refused (ErrInUse; on a file system without hard links, PATH is briefly
+// missing between two renames) — whose header names its part
 // ("part":2 for the first rotation's file, and so on) followed by every
 // engine record the Writer wrote, so that each file replays and exports
 // on its own. Nothing else is written again: a session's or table's state
@@ -36,13 +40,20 @@
 // without a part (a first file) a record before its actor's birth is
 // still malformed. The rotation runs where a full buffer's flush runs, on
 // the recording goroutine that crossed the bound under the Writer's lock
-// (a flush, a close, up to keep renames and a create); one that fails
-// stops the Writer as a failed write does (WithOnStop, Close's error),
-// and the files written so far stay whole. Create moves an earlier run's
-// trace at PATH aside, never truncating it (it may be the failed run's):
-// PATH to PATH.prev-<UTC time> and its rotated parts (PATH.1 … PATH.N
-// while each begins as a trace) to PATH.prev-<UTC time>.1 …, so that PATH
-// and PATH.N hold one run (Writer.MovedAside names where it went).
+// (a flush, a create, up to keep renames, a link, a rename and a
+// close); one that fails stops the Writer as a failed write does
+// (WithOnStop, Close's error), and the files written so far stay whole.
+// Create moves an earlier run's trace at PATH aside, never truncating it
+// (it may be the failed run's): PATH to PATH.prev-<UTC time> and its
+// rotated parts (PATH.1 … PATH.N while each begins as a trace) to
+// PATH.prev-<UTC time>.1 …, so that PATH and PATH.N hold one run
+// (Writer.MovedAside names where it went). It
+// keeps the newest DefaultKeepPrevious (4) earlier runs so moved
+// (WithKeepPrevious), by the time and -N in their names, the one it just
+// moved always among them, and removes the older sets with their parts,
+// so that a process restarted in a loop does not fill its disk; it
+// removes only names of exactly that form, and Writer.NotPruned says why
+// one could not be removed.
 //
 // # Deviation from DESIGN.md §7
 //
@@ -66,6 +77,7 @@
 //	{"kind":"birth","actor":A,"seq":0,"engine":"ctx/0","side":"tx","request":"r1",
 //	 "t":T,"type":"TxConfig","msg":TxConfig,"post":DIGEST}       once per session
 //	{"kind":"step","actor":A,"seq":N,"t":T,"type":"TxChunk","msg":MSG,"post":DIGEST}
+//	{"kind":"step",…,"type":"RxFrame","msg":MSG,"panic":true,"panic_value":P}  a step that panicked
 //	{"kind":"msg","actor":A,"t":T,"type":…,"msg":…}             plain Record calls
 //	{"kind":"table","actor":P,"engine":"ctx/0","t":T,"type":KIND,"msg":TableBirth}
 //	{"kind":"call","actor":P,"seq":N,"t":T,"type":METHOD,"msg":TableIn,"out":TableOut}
@@ -97,7 +109,12 @@
 // error text, whether it stopped, each stream's op states (one letter per
 // op, see OpLetter), pinned chunks, counters (late completions, stale
 // frames, violations), pending writers, and one line per effect. A step
-// that panicked has no digest and "panic":true.
+// that panicked has no digest, "panic":true and P, what it panicked with
+// (fmt.Sprint of the value; absent in traces of earlier builds, and not a
+// format change). Its record is written, and the trace flushed to its
+// file, as the panic goes up to the session's supervisor
+// (actors.StepPanicTracer): a session's last step is in the trace when it
+// panicked too, and so is it when the process dies of the panic.
 //
 // # Parent and worker steps (version 2)
 //
@@ -135,9 +152,14 @@
 // worker's endpoint being its key), and compares the outputs with the
 // recorded ones: a divergence there names the table's actor, the call's
 // sequence, method and line, the first output field that differs
-// ("out.Verdict"), expected, got, and the recorded inputs. A trace whose
-// last line is a partial record (its process was killed or crashed while
-// writing it) replays up to its last whole record, and Result.TornLine
+// ("out.Verdict"), expected, got, and the recorded inputs. A step
+// recorded as panicking must panic in replay too (one that does not, or
+// one that panics unrecorded, is a divergence, field "panic"); each that
+// does is in Result.Panics with what it panicked with, recorded and in
+// replay, and Result.Print says so — a reproduced panic, not a
+// divergence. A trace whose last line is a partial record (its process
+// was killed or crashed while writing it) replays up to its last whole
+// record, and Result.TornLine
 // names the partial one; so does a trace whose last line ends in zero
 // bytes (its machine stopped before the file's last writes reached the
 // disk: Result.TornZeros). A trace of version 3 or later without its "end"

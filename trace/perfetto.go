@@ -362,6 +362,9 @@ func (x *exporter) step(s *pfSession, rec *Record) error {
 	}
 	if rec.Panic {
 		args["panic"] = true
+		if rec.PanicValue != "" {
+			args["panic_value"] = rec.PanicValue
+		}
 	}
 	if d := rec.Post; d != nil {
 		args["state"] = d.State

@@ -81,8 +81,12 @@ type Record struct {
 	Msg     json.RawMessage `json:"msg,omitempty"`
 	Post    *Digest         `json:"post,omitempty"`
 	// Out is a "call" record's outputs (an actors.TableOut).
-	Out   json.RawMessage `json:"out,omitempty"`
-	Panic bool            `json:"panic,omitempty"`
+	Out json.RawMessage `json:"out,omitempty"`
+	// Panic marks a step that panicked (it has no Post), and PanicValue
+	// says with what (fmt.Sprint of the panic's value; absent in traces
+	// of builds before it, which readers ignore: not a format change).
+	Panic      bool   `json:"panic,omitempty"`
+	PanicValue string `json:"panic_value,omitempty"`
 	// Line is the record's line in its file (not written).
 	Line int `json:"-"`
 }

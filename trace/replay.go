@@ -115,10 +115,29 @@ type Result struct {
 	Tables       []TableResult `json:"tables,omitempty"`
 	Calls        int           `json:"calls,omitempty"`
 	CallsMatched int           `json:"calls_matched,omitempty"`
+	// Panics are the steps recorded as panicking that panicked in replay
+	// too, in file order: each reproduced, not a divergence.
+	Panics []StepPanic `json:"panics,omitempty"`
 	// Divergence is the first divergence in file order (nil: identical);
 	// Diverged counts the sessions and tables that diverged.
 	Divergence *Divergence `json:"divergence,omitempty"`
 	Diverged   int         `json:"diverged,omitempty"`
+}
+
+// StepPanic is a step that panicked when it was recorded and panicked
+// again in replay.
+type StepPanic struct {
+	Actor   string `json:"actor"`
+	Session string `json:"session"`
+	Seq     int    `json:"seq"`
+	Type    string `json:"type"`
+	Line    int    `json:"line"`
+	// Recorded is what the step panicked with when it was recorded (""
+	// in a trace of a build before records said) and Got what it
+	// panicked with in replay. Two different texts are no divergence
+	// (a panic's text may name an address): Print shows both.
+	Recorded string `json:"recorded,omitempty"`
+	Got      string `json:"got"`
 }
 
 // EarlierActor is a session or table born in an earlier file of a
@@ -394,6 +413,8 @@ func (s *replayed) step(rec *Record, res *Result) {
 		s.diverge(res, rec, "panic", "the step panics", "no panic")
 	case rec.Panic:
 		res.Matched++
+		res.Panics = append(res.Panics, StepPanic{Actor: rec.Actor, Session: s.name(), Seq: rec.Seq, Type: rec.Type, Line: rec.Line,
+			Recorded: rec.PanicValue, Got: panicked})
 	case panicked != "":
 		s.diverge(res, rec, "panic", "no panic", panicked)
 	default:
@@ -511,6 +532,15 @@ func (r *Result) Print(w io.Writer) {
 	}
 	if r.Dropped > 0 && !r.Truncated {
 		fmt.Fprintf(w, "note: the trace's writer dropped %d records (a write failed); sessions may end early\n", r.Dropped)
+	}
+	if len(r.Panics) > 0 {
+		p := r.Panics[0]
+		fmt.Fprintf(w, "note: %s panicked in replay as recorded (reproduced, not a divergence); the first, line %d: %s (%s) seq %d %s panicked with %q",
+			plural(len(r.Panics), "step"), p.Line, p.Actor, p.Session, p.Seq, p.Type, oneLine(p.Got, 200))
+		if p.Recorded != "" && p.Recorded != p.Got {
+			fmt.Fprintf(w, " (recorded with %q)", oneLine(p.Recorded, 200))
+		}
+		fmt.Fprintln(w)
 	}
 	if d := r.Divergence; d != nil {
 		if len(r.Tables) == 0 {

@@ -110,6 +110,94 @@ func TestRotateKeepsTheNewestFiles(t *testing.T) {
 	}
 }
 
+// TestRotateKeepsThePathLocked: a Create at a rotating Writer's path,
+// made at each rename of the rotation (before it), is refused with
+// ErrInUse as it is outside a rotation, and the rotated files stay one
+// run's, each replaying on its own. (Checked to fail: the rotation closed
+// the ended file, releasing its lock, before its renames; a Create then
+// took the path and moved the run's files aside under the rotation.)
+func TestRotateKeepsThePathLocked(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gen.jsonl")
+	var stops []Stop
+	w, err := Create(path, WithMaxBytes(2500), WithRotate(2), WithFlushEvery(0), WithOnStop(func(s Stop) { stops = append(stops, s) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tries []string
+	inCreate := false
+	prev := rename
+	rename = func(old, new string) error {
+		if !inCreate {
+			inCreate = true
+			w2, err := Create(path, WithFlushEvery(0))
+			inCreate = false
+			if err == nil {
+				_ = w2.Close()
+			}
+			if !errors.Is(err, ErrInUse) {
+				t.Errorf("Create during the rotation, before it renamed %s to %s: %v, want ErrInUse", filepath.Base(old), filepath.Base(new), err)
+			}
+			tries = append(tries, filepath.Base(old)+" to "+filepath.Base(new))
+		}
+		return prev(old, new)
+	}
+	t.Cleanup(func() { rename = prev })
+	w.Engine(actors.EngineInfo{Self: gen0, Workers: 2})
+	for i := range 20 {
+		driveRx(w, fmt.Sprintf("gen/0/$1/$%d", i), rxConfig(fmt.Sprint(i)), actors.RxBegin{}, success(fmt.Sprint(i)))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rename = prev
+	if st := w.Stats(); st.Rotations < 3 || len(stops) != 0 || len(tries) < 2*st.Rotations {
+		t.Fatalf("stats %+v, stops %v, Creates tried before the renames %q: want 3 or more rotations, none stopped, a Create before each rename", st, stops, tries)
+	}
+	replayEach(t, rotatedFiles(t, path))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{"gen.jsonl", "gen.jsonl.1", "gen.jsonl.2"}; !slices.Equal(names, want) {
+		t.Fatalf("the directory holds %q, want %q: the rotated run alone", names, want)
+	}
+}
+
+// TestRotateWithoutHardLinks: where the file system has no hard links,
+// the rotation renames the ended file, then the next one, and the run
+// rotates and replays as well.
+func TestRotateWithoutHardLinks(t *testing.T) {
+	prev := link
+	link = func(old, new string) error {
+		return &os.LinkError{Op: "link", Old: old, New: new, Err: errors.ErrUnsupported}
+	}
+	t.Cleanup(func() { link = prev })
+	path := filepath.Join(t.TempDir(), "gen.jsonl")
+	w, err := Create(path, WithMaxBytes(2500), WithRotate(2), WithFlushEvery(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Engine(actors.EngineInfo{Self: gen0, Workers: 2})
+	for i := range 20 {
+		driveRx(w, fmt.Sprintf("gen/0/$1/$%d", i), rxConfig(fmt.Sprint(i)), actors.RxBegin{}, success(fmt.Sprint(i)))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.Stats(); st.Rotations < 3 || st.Dropped != 0 {
+		t.Fatalf("stats %+v: want 3 or more rotations, nothing dropped", st)
+	}
+	if files := rotatedFiles(t, path); len(files) != 3 {
+		t.Fatalf("files %q, want path, path.1 and path.2", files)
+	}
+	replayEach(t, rotatedFiles(t, path))
+}
+
 // TestRotateSessionSpanningFiles: a session born before a rotation and
 // stepped after it has only its later steps in the new file. Replaying
 // that file names it as born in an earlier file and skips its records —

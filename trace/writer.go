@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +38,7 @@ type options struct {
 	flushEvery time.Duration
 	onStop     func(Stop)
 	keep       int
+	keepPrev   int
 }
 
 // DefaultFlushEvery is how often a Writer from Create writes its buffered
@@ -49,25 +52,43 @@ func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
 
 // WithRotate has a Writer from Create rotate its file when it reaches its
 // bound (WithMaxBytes) instead of dropping later records: it ends the
-// file with its "end" record and closes it, renames PATH.(keep-1) to
-// PATH.keep, …, PATH.1 to PATH.2 and PATH to PATH.1 (deleting the old
-// PATH.keep), and starts a new PATH with the header and every engine
-// record the Writer wrote, so that each file replays on its own. At most
-// keep old files are kept beside PATH; at most (keep+1)×MaxBytes of disk,
-// give or take a record a file. keep 0 (the default) does not rotate: the
-// trace stops at its bound. Create moves an earlier run's PATH and
-// PATH.1 … PATH.N aside (see Create) and removes the PATH.1 … PATH.keep
-// left beside them, so that every file of the set is this Writer's. A
-// Writer from NewWriter (no path) does not rotate.
+// file with its "end" record, starts the next file beside it
+// (PATH.rotating, locked), renames PATH.(keep-1) to PATH.keep, …, PATH.1
+// to PATH.2 and PATH to PATH.1 (deleting the old PATH.keep) and the next
+// file to PATH, and only then closes the ended file; the new PATH begins
+// with the header and every engine record the Writer wrote, so that each
+// file replays on its own. PATH names a locked file throughout, so a
+// Create at PATH during a rotation is refused (ErrInUse) as at any other
+// time (on a file system without hard links, not between the two last
+// renames). At most keep old files are kept beside PATH; at most
+// (keep+1)×MaxBytes of disk, give or take a record a file. keep 0 (the
+// default) does not rotate: the trace stops at its bound. Create moves an
+// earlier run's PATH and PATH.1 … PATH.N aside (see Create) and removes
+// the PATH.1 … PATH.keep left beside them, so that every file of the set
+// is this Writer's. A Writer from NewWriter (no path) does not rotate.
 //
 // A session or table born in an earlier file is not recorded again: the
 // later file holds only its later records, which replay skips and names
 // (Result.Earlier). The rotation runs on the recording goroutine that
 // crossed the bound, under the Writer's lock, like a flush of a full
-// buffer: a flush, a close, keep renames and a create. If one fails the
-// Writer stops as after a failed write (WithOnStop, Close's error) and
-// the files written so far stay whole.
+// buffer: a flush, a create, keep renames, a link, a rename and a close.
+// If one fails the Writer stops as after a failed write (WithOnStop,
+// Close's error) and the files written so far stay whole.
 func WithRotate(keep int) Option { return func(o *options) { o.keep = keep } }
+
+// DefaultKeepPrevious is how many earlier runs' traces Create keeps
+// beside its path unless WithKeepPrevious says otherwise.
+const DefaultKeepPrevious = 4
+
+// WithKeepPrevious has Create keep the newest n earlier runs' traces
+// beside its path (n ≥ 1; default DefaultKeepPrevious): when it moves an
+// earlier trace aside (see Create), it removes the sets beyond the newest
+// n — each path.prev-<UTC time>[-N] with its parts .1 … — the one it just
+// moved always kept, so that a process restarted in a loop does not fill
+// its disk with them. Only names of exactly that form are removed, never
+// another file beside them; a removal that fails is no error of Create's
+// (Writer.NotPruned says why).
+func WithKeepPrevious(n int) Option { return func(o *options) { o.keepPrev = n } }
 
 // WithBufferSize sets the write buffer's size (default 256 KiB).
 func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
@@ -136,6 +157,9 @@ type Writer struct {
 	// notMoved why it could not move it (and truncated it, as before).
 	movedAside string
 	notMoved   error
+	// notPruned is why Create could not remove an earlier run's trace
+	// past the newest it keeps (WithKeepPrevious).
+	notPruned error
 
 	// The periodic flush of a Writer from Create (WithFlushEvery).
 	stopFlush chan struct{}
@@ -220,7 +244,9 @@ var ErrInUse = errors.New("trace: another Writer (another process's --trace, or 
 // earlier run's rotated files path.1 … path.N that begin as a trace to
 // path.prev-<UTC time>.1 … .N (with -2, -3, … after the time where that
 // name is taken), then starts a new file at path. MovedAside names where
-// they went. An empty path is reused as it is.
+// they went. An empty path is reused as it is. Of the earlier runs' sets
+// so moved, it keeps the newest DefaultKeepPrevious (WithKeepPrevious)
+// and removes the older ones; NotPruned says why one could not be.
 //
 // With WithRotate it rotates the file at its bound (see there): path must
 // then be a regular file. The earlier run's path.N that begin as a
@@ -231,12 +257,15 @@ var ErrInUse = errors.New("trace: another Writer (another process's --trace, or 
 // rotation would replace, Create removes.
 func Create(path string, opts ...Option) (*Writer, error) {
 	path = filepath.Clean(path)
-	var o options
+	o := options{keepPrev: DefaultKeepPrevious}
 	for _, f := range opts {
 		f(&o)
 	}
 	if o.keep < 0 {
 		return nil, fmt.Errorf("trace: rotate: keep %d old files of %s: want 0 (no rotation) or more", o.keep, path)
+	}
+	if o.keepPrev < 1 {
+		return nil, fmt.Errorf("trace: keep %d earlier runs' traces beside %s: want 1 or more (the earlier trace Create moves aside is always kept)", o.keepPrev, path)
 	}
 	if o.clock == nil {
 		o.clock = time.Now
@@ -263,6 +292,9 @@ func Create(path string, opts ...Option) (*Writer, error) {
 	w := NewWriter(f, opts...)
 	w.closer = f
 	w.movedAside, w.notMoved = prev, notMoved
+	if prev != "" {
+		w.notPruned = prunePrevious(path, prev, o.keepPrev)
+	}
 	if w.o.keep > 0 {
 		w.path, w.file = path, f
 	}
@@ -282,6 +314,114 @@ func (w *Writer) MovedAside() string { return w.movedAside }
 // path aside (a file bind-mounted alone, a directory it may not write),
 // so that it truncated it as it always did; nil when it did not have to.
 func (w *Writer) NotMovedAside() error { return w.notMoved }
+
+// NotPruned says why Create could not remove an earlier run's trace past
+// the newest it keeps beside its path (WithKeepPrevious): the directory
+// could not be read, or a file not removed (each named); nil when it
+// removed every one it had to, or had none to remove. The trace itself
+// is written all the same.
+func (w *Writer) NotPruned() error { return w.notPruned }
+
+// prevLayout is the UTC time in the name of an earlier trace Create moved
+// aside (path.prev-<UTC time>).
+const prevLayout = "20060102T150405Z"
+
+// prunePrevious removes the earlier runs' traces beside path past the
+// newest keep: the sets path.prev-<UTC time>[-N] (Create's names, see
+// moveAside) and their parts .1 …, newest first by time, then N. The set
+// at moved, just moved aside, is kept whatever its time (a clock stepped
+// back). Files of any other name are left.
+func prunePrevious(path, moved string, keep int) error {
+	dir, base := filepath.Split(path)
+	ents, err := os.ReadDir(filepath.Clean(dir))
+	if err != nil {
+		return fmt.Errorf("trace: listing the earlier runs' traces beside %s, to keep the newest %d: %w", path, keep, err)
+	}
+	type set struct {
+		at    time.Time
+		n     int
+		files []string
+	}
+	sets := map[string]*set{}
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		name, at, n, ok := prevSet(base, e.Name())
+		if !ok || filepath.Join(dir, name) == moved {
+			continue
+		}
+		s := sets[name]
+		if s == nil {
+			s = &set{at: at, n: n}
+			sets[name] = s
+		}
+		s.files = append(s.files, filepath.Join(dir, e.Name()))
+	}
+	if len(sets) < keep {
+		return nil
+	}
+	older := make([]*set, 0, len(sets))
+	for _, s := range sets {
+		older = append(older, s)
+	}
+	slices.SortFunc(older, func(a, b *set) int {
+		return cmp.Or(b.at.Compare(a.at), cmp.Compare(b.n, a.n))
+	})
+	var errs []error
+	for _, s := range older[keep-1:] {
+		for _, f := range s.files {
+			if err := remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("trace: removing the earlier runs' traces beside %s past the newest %d: %w; remove them yourself, or they stay", path, keep, errors.Join(errs...))
+	}
+	return nil
+}
+
+// remove is os.Remove (a variable for tests: a file that cannot be
+// removed).
+var remove = os.Remove
+
+// prevSet reports whether name is an earlier trace Create moved aside
+// beside base, or one of its parts: base.prev-<UTC time>, with -N (N ≥ 2)
+// after the time where that name was taken, and .I (I ≥ 1) for a part;
+// set is the name without .I, at its time and n its N (1 without).
+func prevSet(base, name string) (set string, at time.Time, n int, ok bool) {
+	rest, found := strings.CutPrefix(name, base+".prev-")
+	if !found || len(rest) < len(prevLayout) {
+		return "", time.Time{}, 0, false
+	}
+	at, err := time.Parse(prevLayout, rest[:len(prevLayout)])
+	if err != nil || at.Format(prevLayout) != rest[:len(prevLayout)] {
+		return "", time.Time{}, 0, false
+	}
+	set, n = name, 1
+	suffix := rest[len(prevLayout):] // "", "-N", ".I" or "-N.I"
+	if i := strings.IndexByte(suffix, '.'); i >= 0 {
+		if _, ok := count(suffix[i+1:]); !ok {
+			return "", time.Time{}, 0, false
+		}
+		set, suffix = name[:len(name)-len(suffix)+i], suffix[:i]
+	}
+	if suffix != "" {
+		num, found := strings.CutPrefix(suffix, "-")
+		if n, ok = count(num); !found || !ok || n < 2 {
+			return "", time.Time{}, 0, false
+		}
+	}
+	return set, at, n, true
+}
+
+// count parses s as a count as Create writes one: decimal, from 1, no
+// leading zero.
+func count(s string) (int, bool) {
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 1 && strconv.Itoa(n) == s
+}
 
 // openAside opens the file at path for Create: as openLocked, but a
 // regular file that holds an earlier trace (or has rotated files beside
@@ -357,7 +497,7 @@ func moveAside(path string, size int64, keep int, clock func() time.Time) (strin
 	if size == 0 && parts == 0 {
 		return "", nil
 	}
-	base := path + ".prev-" + clock().UTC().Format("20060102T150405Z")
+	base := path + ".prev-" + clock().UTC().Format(prevLayout)
 	prev := base
 	for n := 2; taken(prev, parts); n++ {
 		prev = fmt.Sprintf("%s-%d", base, n)
@@ -458,6 +598,15 @@ func removeOld(name string) error {
 // with w.mu held, on the recording goroutine that crossed the bound. A
 // failure stops the Writer (setErr) and leaves the files written so far
 // whole: the ended file is renamed last, after the old ones made room.
+//
+// The file at w.path is locked throughout: the next file is made and
+// locked beside it (w.path.rotating) before anything moves, and the
+// ended file is closed, its lock released, only once the next one has
+// taken its place (switchIn). A Create at w.path during the rotation is
+// refused (ErrInUse), as it is before and after: with the ended file
+// closed first, one there between the close and the next file's lock
+// took the path, moved this run's files aside under the rotation and
+// wrote beside it.
 func (w *Writer) rotate() {
 	w.writeEnd()
 	if w.err == nil {
@@ -466,22 +615,24 @@ func (w *Writer) rotate() {
 	if w.err != nil {
 		return
 	}
-	f := w.file
-	w.file, w.closer = nil, nil
-	if err := f.Close(); err != nil {
-		w.setErr(fmt.Errorf("trace: rotate %s: close: %w", w.path, err))
-		return
-	}
-	if err := w.shift(); err != nil {
-		w.setErr(fmt.Errorf("trace: rotate %s: %w; the trace stops here, its files so far are whole", w.path, err))
-		return
-	}
-	nf, _, err := openLocked(w.path)
+	next := w.path + ".rotating"
+	nf, _, err := openLocked(next)
 	if err != nil {
 		w.setErr(fmt.Errorf("trace: rotate %s: start the next file: %w; the trace stops here, its files so far are whole", w.path, err))
 		return
 	}
+	if err := w.shift(next); err != nil {
+		_ = nf.Close()
+		_ = os.Remove(next)
+		w.setErr(fmt.Errorf("trace: rotate %s: %w; the trace stops here, its files so far are whole", w.path, err))
+		return
+	}
+	f := w.file
 	w.file, w.closer = nf, nf
+	if err := f.Close(); err != nil {
+		w.setErr(fmt.Errorf("trace: rotate %s: close the ended file (now %s): %w", w.path, rotated(w.path, 1), err))
+		return
+	}
 	w.bw.Reset(nf)
 	w.rotations++
 	w.part++
@@ -494,19 +645,43 @@ func (w *Writer) rotate() {
 	w.preamble = w.bytes
 }
 
-// shift makes room for the ended file at w.path as w.path.1: it removes
-// w.path.keep and renames each w.path.i to w.path.(i+1), newest last.
-func (w *Writer) shift() error {
+// shift makes room for the ended file at w.path as w.path.1 and puts the
+// next file (at next) in its place: it removes w.path.keep, renames each
+// w.path.i to w.path.(i+1), newest last, then switches the two (switchIn).
+func (w *Writer) shift(next string) error {
 	if err := removeOld(rotated(w.path, w.o.keep)); err != nil {
 		return err
 	}
 	for i := w.o.keep - 1; i >= 1; i-- {
-		if err := os.Rename(rotated(w.path, i), rotated(w.path, i+1)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := rename(rotated(w.path, i), rotated(w.path, i+1)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
-	return os.Rename(w.path, rotated(w.path, 1))
+	return switchIn(w.path, next)
 }
+
+// switchIn makes the file at path path.1 and the file at next path, so
+// that path always names one of the two (both locked by the rotating
+// Writer): it links path as path.1, then renames next over path. Where
+// the file system has no hard links it renames path to path.1 and then
+// next to path, and a Create between the two renames is not refused.
+func switchIn(path, next string) error {
+	if err := link(path, rotated(path, 1)); err != nil {
+		if err := rename(path, rotated(path, 1)); err != nil {
+			return err
+		}
+		return rename(next, path)
+	}
+	if err := rename(next, path); err != nil {
+		_ = os.Remove(rotated(path, 1)) // undo the link: path is still the ended file
+		return err
+	}
+	return nil
+}
+
+// link is os.Link (a variable for tests: a file system without hard
+// links).
+var link = os.Link
 
 // flushLoop writes the buffered records to the file every d until Close.
 func (w *Writer) flushLoop(d time.Duration) {
@@ -778,6 +953,29 @@ func (s *session) Stepped(session any, eff []actors.Effect) {
 	s.flush()
 }
 
+// StepPanicked implements actors.StepPanicTracer: the step on the
+// message Record took panicked with v. Its record ("panic":true, and v)
+// is written at once, and the trace flushed to its file, before the panic
+// goes on: the session's last step is in the trace even when nothing
+// comes after it, and so it is when the process dies of the panic.
+func (s *session) StepPanicked(v any) {
+	if !s.has {
+		return
+	}
+	s.pending.Panic, s.pending.PanicValue = true, fmt.Sprint(v)
+	s.flush()
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	if !s.w.closed && s.w.err == nil {
+		s.w.setErr(s.w.bw.Flush())
+	}
+}
+
+var (
+	_ actors.StepPanicTracer = (*session)(nil)
+	_ actors.StepPanicTracer = (*teeSession)(nil)
+)
+
 func (s *session) flush() {
 	s.has = false
 	s.buf.Reset()
@@ -856,5 +1054,13 @@ func (s *teeSession) Stepped(session any, eff []actors.Effect) {
 	}
 	if s.b != nil {
 		s.b.Stepped(session, eff)
+	}
+}
+
+func (s *teeSession) StepPanicked(v any) {
+	for _, t := range []actors.SessionTracer{s.a, s.b} {
+		if p, ok := t.(actors.StepPanicTracer); ok {
+			p.StepPanicked(v)
+		}
 	}
 }

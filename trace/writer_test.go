@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +25,8 @@ func rxConfig(id string) actors.RxConfig {
 }
 
 // driveRx runs an RxSession the way its shell does — birth, then for each
-// message Record, Step, Stepped — and returns how many steps panicked.
+// message Record, Step, Stepped (or, when the step panics, StepPanicked)
+// — and returns how many steps panicked.
 func driveRx(tr actors.Tracer, actor string, cfg actors.RxConfig, msgs ...any) (panics int) {
 	s := actors.NewRxSession(cfg)
 	st := tr.Session(actor, actors.Birth{Engine: gen0, At: at, Rx: &cfg})
@@ -33,8 +36,11 @@ func driveRx(tr actors.Tracer, actor string, cfg actors.RxConfig, msgs ...any) (
 		st.Record(m, now)
 		func() {
 			defer func() {
-				if recover() != nil {
+				if r := recover(); r != nil {
 					panics++
+					if p, ok := st.(interface{ StepPanicked(any) }); ok {
+						p.StepPanicked(r)
+					}
 				}
 			}()
 			eff := s.Step(m, now)
@@ -125,6 +131,47 @@ func TestWriterPanickingStep(t *testing.T) {
 	res := replayBytes(t, buf.Bytes())
 	if !res.Identical() || res.Steps != 3 || res.Sessions[0].State != "FAILED" {
 		t.Fatalf("%+v %+v", res, res.Divergence)
+	}
+}
+
+// TestWriterLastStepThatPanicked: a session whose last step panics (no
+// step after it, the process may die of it) has that step in its trace
+// file, marked and naming the panic, before anything else is written or
+// the trace closed; replay panics there too and says so, not a
+// divergence. (Checked to fail: the step was written only when a next
+// step came, so the file ended at the step before it.)
+func TestWriterLastStepThatPanicked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gen.trace")
+	w, err := Create(path, WithFlushEvery(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	// A typed-nil Result makes RxSession.Step panic.
+	if n := driveRx(w, "gen/0/$1/$2", rxConfig("p"), actors.RxBegin{}, actors.RxFrame{Writer: 0, Frame: (*messages.Result)(nil)}); n != 1 {
+		t.Fatalf("%d panics, want 1", n)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"seq":2,`) || !strings.Contains(string(b), `"panic":true,"panic_value":"runtime error: invalid memory address`) {
+		t.Fatalf("the file holds no record of the step that panicked (seq 2, marked, naming the panic):\n%s", b)
+	}
+	res, err := ReplayFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Identical() || res.Steps != 2 || !res.Unclosed || len(res.Panics) != 1 {
+		t.Fatalf("replay: %+v %+v; want 2 steps identical, the last one's panic reproduced", res, res.Divergence)
+	}
+	if p := res.Panics[0]; p.Actor != "gen/0/$1/$2" || p.Seq != 2 || p.Type != "RxFrame" || p.Recorded == "" || p.Got != p.Recorded {
+		t.Fatalf("replay's panic %+v: want seq 2's RxFrame, panicking as recorded", p)
+	}
+	var out strings.Builder
+	res.Print(&out)
+	if !strings.Contains(out.String(), "note: 1 step panicked in replay as recorded") || !strings.Contains(out.String(), "seq 2 RxFrame panicked with \"runtime error") {
+		t.Fatalf("Print does not say that the step panicked:\n%s", out.String())
 	}
 }
 
@@ -422,6 +469,135 @@ func TestCreateMovesAnEarlierTraceAside(t *testing.T) {
 	}
 	if _, err := os.Stat(rotated(path, 1)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s is still there after the move: %v", filepath.Base(rotated(path, 1)), err)
+	}
+}
+
+// TestCreateKeepsTheNewestEarlierRuns: a process restarted in a loop with
+// one trace path kept every earlier run's trace (path.prev-<UTC time>, its
+// parts with it) until its disk filled. Create keeps the newest
+// DefaultKeepPrevious of them, by the time and -N in their names, removes
+// the older ones with their parts, always keeps the one it just moved
+// (even when the clock stepped back), and leaves every other name.
+// (Checked to fail: every earlier run was kept.)
+func TestCreateKeepsTheNewestEarlierRuns(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gen.trace")
+	others := []string{"gen.trace.prev-notes.txt", "gen.trace.prev-20200101T000000Z.bak", "gen.trace.prev-20200101T000000Z-1",
+		"gen.trace.prev-20200101T000000Z.01", "gen.trace.prevx-20200101T000000Z", "other.trace.prev-20200101T000000Z"}
+	for _, n := range others {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("not an earlier run's trace of gen.trace\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	now := t0
+	var moved []string // each run's MovedAside, oldest first
+	run := func(at time.Time, opts ...Option) {
+		t.Helper()
+		now = at
+		w, err := Create(path, append([]Option{WithFlushEvery(0), WithClock(func() time.Time { return now })}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.NotPruned(); err != nil {
+			t.Fatalf("NotPruned: %v", err)
+		}
+		if w.MovedAside() != "" {
+			moved = append(moved, w.MovedAside())
+		}
+	}
+	// kept checks that the newest DefaultKeepPrevious sets moved are
+	// there (the set rotated is the 4th moved, with its part), and none
+	// older.
+	kept := func(want ...int) {
+		t.Helper()
+		for i, m := range moved {
+			keep := slices.Contains(want, i)
+			names := []string{m}
+			if i == 3 {
+				names = append(names, m+".1")
+			}
+			for _, n := range names {
+				_, err := os.Stat(n)
+				if there := err == nil; there != keep {
+					ents, _ := os.ReadDir(dir)
+					t.Fatalf("after %d runs moved aside, %s there %v, want %v (runs %v kept): the directory holds %v", len(moved), filepath.Base(n), there, keep, want, ents)
+				}
+			}
+		}
+	}
+	run(t0)
+	run(t0.Add(time.Minute))
+	run(t0.Add(time.Minute)) // the same second: -2
+	run(t0.Add(2*time.Minute), WithMaxBytes(400), WithRotate(1))
+	run(t0.Add(3 * time.Minute))
+	if want := path + ".prev-20261207T150100Z-2"; moved[1] != want {
+		t.Fatalf("moved aside to %q, want %q", moved[1], want)
+	}
+	kept(0, 1, 2, 3)
+	run(t0.Add(4 * time.Minute))
+	kept(1, 2, 3, 4) // the oldest removed
+	for i := 5; i <= 7; i++ {
+		run(t0.Add(time.Duration(i) * time.Minute))
+	}
+	kept(4, 5, 6, 7) // the rotated one removed with its part
+	// A clock stepped back: the trace moved aside now has the oldest
+	// name, and is kept all the same.
+	run(t0)
+	kept(5, 6, 7, 8)
+	for _, n := range others {
+		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+			t.Fatalf("%s, of another name, was removed: %v", n, err)
+		}
+	}
+}
+
+// TestCreateKeepPrevious: WithKeepPrevious sets how many earlier runs'
+// traces Create keeps (1 or more, named when refused), and a removal that
+// fails leaves the file, writes the trace all the same and says why
+// (NotPruned), naming the file.
+func TestCreateKeepPrevious(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gen.trace")
+	if _, err := Create(path, WithKeepPrevious(0)); err == nil || !strings.Contains(err.Error(), "keep 0 earlier runs' traces") {
+		t.Fatalf("WithKeepPrevious(0): %v, want refused naming 0", err)
+	}
+	now := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	run := func(opts ...Option) *Writer {
+		t.Helper()
+		now = now.Add(time.Minute)
+		w, err := Create(path, append([]Option{WithFlushEvery(0), WithClock(func() time.Time { return now })}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		driveRx(w, "gen/0/$1/$2", rxConfig("r"), actors.RxBegin{}, success("r"))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	run()
+	first := run(WithKeepPrevious(1)).MovedAside()
+	second := run(WithKeepPrevious(1)).MovedAside()
+	if _, err := os.Stat(first); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("keeping 1: the earlier %s is still there (%v)", filepath.Base(first), err)
+	}
+	refused := errors.New("operation not permitted (the test's)")
+	prev := remove
+	remove = func(name string) error { return &os.PathError{Op: "remove", Path: name, Err: refused} }
+	t.Cleanup(func() { remove = prev })
+	w := run(WithKeepPrevious(1))
+	if err := w.NotPruned(); !errors.Is(err, refused) || !strings.Contains(err.Error(), second) {
+		t.Fatalf("NotPruned: %v, want the removal's error naming %s", err, second)
+	}
+	if _, err := os.Stat(second); err != nil {
+		t.Fatalf("%s, which could not be removed: %v", filepath.Base(second), err)
+	}
+	if res, err := ReplayFile(path); err != nil || res.Steps != 2 {
+		t.Fatalf("the trace written all the same: %+v, %v", res, err)
 	}
 }
 

@@ -30,7 +30,8 @@ replays (kvxfer replay) and exports on its own: sessions and tables that
 began in an earlier file are named there and their records skipped, not
 reported as a divergence. A run at a FILE an earlier run wrote moves that
 trace aside (FILE.prev-<UTC time>, its rotated files with it) and says
-so: it is never truncated.`
+so: it is never truncated. The four newest runs' traces moved aside are
+kept; older ones are removed.`
 
 func addTraceFlags(fl *pflag.FlagSet, f *traceFlags) {
 	fl.StringVar(&f.maxBytes, "trace-max-bytes", config.FormatSize(trace.DefaultMaxBytes), "bound of a --trace file (B, KiB, MiB or GiB); past it the trace stops, or rotates with --trace-keep")
