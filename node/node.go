@@ -1150,8 +1150,9 @@ func (n *Node) Close(ctx context.Context) error { return n.CloseBecause(ctx, nil
 // says to its peers names cause (zmq.Link.SetGoodbyeReason: its text,
 // made to fit messages.MaxGoodbyeReasonLen bytes), so that they fail
 // naming it at once (Config.OnPeerGoodbye) instead of taking the close
-// for a restart; to reach a peer whose connection is not up yet (the
-// mistake found at startup), the close waits for it at most 1 to 2 s.
+// for a restart; to reach a peer it heard from whose connection is not
+// up yet (the mistake found at startup), the close waits for it at most
+// 1 to 2 s (not for a peer never heard from, one that never started).
 // A nil cause is Close's goodbye, which gives no reason.
 // Only the first Close or CloseBecause closes the node.
 func (n *Node) CloseBecause(ctx context.Context, cause error) error {

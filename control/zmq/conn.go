@@ -52,7 +52,23 @@ type Conn struct {
 	// enc is the buffer Send encodes into, reused frame after frame (nil
 	// once the backlog took it, or when a frame outgrew maxEncBuf).
 	enc []byte
+	// mon reads sock's socket monitor (connWatchedEvents) until a frame
+	// first leaves on sock (its handshake completed: mon is then stopped
+	// and nil, as when it could not be set up); failed is the Cause of a
+	// handshake of sock's that failed for good, CauseNone while none did.
+	mon    *zmq4.Socket
+	failed Cause
+	// peerConns and redials are the peer's count of connections that
+	// said Hello (peerInfo.incarnation) and of Redials when sock was
+	// made: a failed sock is made again when either changes
+	// (redialLocked).
+	peerConns, redials uint64
 }
+
+// connWatchedEvents are the socket-monitor events a Conn's socket reports
+// until a frame leaves on it: the handshake failures after which libzmq
+// ends the session and never dials it again (so at most one per socket).
+const connWatchedEvents = zmq4.EVENT_HANDSHAKE_FAILED_AUTH | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 // maxEncBuf is the largest encode buffer a Conn keeps for the next frame:
 // a rare large frame's buffer is not held for the Conn's life.
@@ -216,6 +232,98 @@ func (c *Conn) backlogLocked(p pending) {
 	}
 }
 
+// dialLocked makes c's socket: a DEALER to the peer at endpoint (Link.
+// newDealer, with ZMQ_IMMEDIATE) whose handshake failures a socket
+// monitor reports until a frame leaves on it. redials is the peer's
+// Redial count the socket answers. Callers hold c.mu, or own c alone.
+func (c *Conn) dialLocked(endpoint, serverKey string, redials uint64) error {
+	var mon *zmq4.Socket
+	peerConns := c.info.incarnation.Load()
+	sock, err := c.l.newDealer(c.peer, endpoint, serverKey, c.l.cfg.SendHWM, true, func(sock *zmq4.Socket) error {
+		addr := fmt.Sprintf("inproc://kvxfer.monitor.conn.%d", c.l.connMons.Add(1))
+		m, err := c.l.watchSocket(sock, addr, connWatchedEvents)
+		if err != nil {
+			c.l.warn(c.peer.String(), "conn monitor").Err(err).Stringer("peer", c.peer).
+				Msg("control/zmq: cannot watch the handshake of a connection to peer: if the peer refuses our key, this connection is not dialed again once it admits it (the heartbeat socket still is)")
+			return nil
+		}
+		mon = m
+		return nil
+	})
+	if err != nil {
+		closeSocket(mon) // newDealer closed sock, and its monitor with it
+		return err
+	}
+	c.sock, c.mon, c.failed, c.peerConns, c.redials = sock, mon, CauseNone, peerConns, redials
+	return nil
+}
+
+// unwatchLocked stops the monitor of c's socket and closes the PAIR that
+// read it. Callers hold c.mu.
+func (c *Conn) unwatchLocked() {
+	if c.mon == nil {
+		return
+	}
+	_ = c.sock.Monitor("", 0)
+	closeSocket(c.mon)
+	c.mon = nil
+}
+
+// redialLocked makes c's socket anew when its handshake failed for good,
+// as its monitor says, and, since the socket was made, either the peer
+// said Hello on a new connection of its own (it knows this link now, and
+// most likely admits its key: for a refused key only, as a heartbeat
+// socket's readmitted) or Redial was called for it. libzmq ends a
+// session that failed at authentication (ZAP) or on a protocol error and
+// never dials it again: the Conn would stay silent for good. The flusher
+// calls it while the backlog's first frame cannot leave. A socket whose
+// monitor still runs never took a frame (the monitor stops at the first,
+// and ZMQ_IMMEDIATE queues none on a connection that is not up), so
+// everything the Conn queued waits in its backlog, its Hello first, and
+// goes on the new connection, in order; the old socket closes at once.
+// A socket that cannot be made leaves the old one, until the next
+// change. Callers hold c.mu.
+func (c *Conn) redialLocked() {
+	if c.mon == nil || c.l.closing.Load() {
+		return
+	}
+	for range maxBatch {
+		ev, _, value, err := c.mon.RecvEvent(zmq4.DONTWAIT)
+		if err != nil {
+			break
+		}
+		switch ev {
+		case zmq4.EVENT_HANDSHAKE_FAILED_AUTH:
+			c.failed = CauseKeyRefused
+		case zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+			c.failed = protocolCause(value)
+		}
+	}
+	if c.failed == CauseNone {
+		return
+	}
+	inc := c.info.incarnation.Load()
+	c.l.mu.Lock()
+	endpoint, serverKey, redials := c.info.endpoint, c.info.serverKey, c.info.redials
+	c.l.mu.Unlock()
+	readmitted := c.failed == CauseKeyRefused && inc != c.peerConns
+	if endpoint == "" || !readmitted && redials == c.redials {
+		return
+	}
+	old, oldMon, failed := c.sock, c.mon, c.failed
+	if err := c.dialLocked(endpoint, serverKey, redials); err != nil {
+		c.peerConns, c.redials = inc, redials // not again before the next change
+		c.l.warn(c.peer.String(), "redial").Err(err).Stringer("peer", c.peer).Stringer("cause", failed).
+			Msg("control/zmq: cannot dial a peer again whose handshake failed: this connection stays silent until the peer says Hello anew or Redial")
+		return
+	}
+	c.l.log.Debug().Stringer("peer", c.peer).Str("endpoint", endpoint).Stringer("cause", failed).Bool("readmitted", readmitted).
+		Msg("control/zmq: dialing a connection again whose handshake failed for good")
+	_ = old.Monitor("", 0)
+	closeSocket(oldMon)
+	closeSocket(old)
+}
+
 // sayHello queues the Conn's first Hello: at once when the connection is
 // up, else first in the backlog, which the flusher sends as soon as the
 // handshake completes (so the peer learns who dialled it even before a
@@ -246,6 +354,7 @@ func (c *Conn) flush() {
 		for len(c.backlog) > 0 && !c.closed {
 			err := c.trySendLocked(c.backlog[0].b, "backlog")
 			if isAgain(err) {
+				c.redialLocked() // a socket refused for good
 				break
 			}
 			if err != nil {
@@ -315,6 +424,11 @@ func (c *Conn) trySendLocked(b []byte, what any) error {
 	}
 	switch {
 	case err == nil:
+		if c.mon != nil {
+			// The handshake completed (ZMQ_IMMEDIATE): its failures are
+			// no news any more.
+			c.unwatchLocked()
+		}
 		return nil
 	case isAgain(err):
 		return err
@@ -366,6 +480,7 @@ func (c *Conn) Close() error {
 	c.closed = true
 	c.dropBacklogLocked()
 	if c.sock != nil {
+		c.unwatchLocked()
 		_ = c.sock.SetLinger(closeLinger)
 		_ = c.sock.Close()
 	}

@@ -26,7 +26,9 @@
 //   - one DEALER per Conn returned by Dial, used by the goroutine that
 //     holds the Conn (a sender worker) and, while the Conn has a terminal
 //     backlog, by that backlog's flusher goroutine, one at a time under the
-//     Conn's mutex. Conn.Send never blocks (see Send queues below).
+//     Conn's mutex, and, until a frame first leaves on it, the PAIR
+//     connected to its socket monitor (handshake failures only), used
+//     the same way. Conn.Send never blocks (see Send queues below).
 //
 // Close stops these goroutines, which close their sockets with linger 0, and
 // every flusher; the heartbeat DEALERs that carry a goodbye close with a
@@ -87,7 +89,13 @@
 // was refused is made again once the peer says Hello on a new connection
 // of its own (it learned this link's key: a registry told it of this link
 // after this link dialed it), or at Redial; else it stays silent until its
-// link restarts.
+// link restarts. So is a Conn's DEALER refused before any frame left on
+// it (its monitor says so; Redial also redials one that failed on a
+// protocol error): nothing left, so everything the Conn queued (its
+// Hello first, then its terminal backlog) goes on the new connection, in
+// order. A Conn refused after a frame left on it (the peer restarted at
+// its endpoint refusing our key) is not watched: its owner dials anew
+// once it sees the peer down.
 //
 // # Startup mistakes are named, on the side that sees them
 //
@@ -105,8 +113,8 @@
 // "CURVE handshake with PEER at ENDPOINT failed: REASON" at warn
 // (throttled per peer) and PeerState(peer) reports the connection's
 // ConnState and the reason, for an embedder to print while it waits for a
-// peer's Hello. Only heartbeat sockets are watched: PeerState needs
-// heartbeats on.
+// peer's Hello. Only heartbeat sockets are watched for it: PeerState
+// needs heartbeats on.
 //
 // Endpoints must name a transport: "127.0.0.1:5000" is refused (ErrConfig)
 // with "did you mean tcp://127.0.0.1:5000?". An IPv6 address goes in
@@ -346,11 +354,15 @@
 // sender is not coming back, one without may be a restart. A close with a
 // reason (given before the listener closes) waits, at most 1 to 2 s,
 // for the heartbeat connections that are not up yet, connecting or
-// reconnecting, to come up, and says Hello and then the goodbye on each:
-// the mistake is often found at startup, before this side's connection
-// to the peer is up, and without it the peer would wait for a restart
-// until its timeout. A connection whose handshake failed is not waited
-// for, and a plain close waits for none.
+// reconnecting, to peers it heard from (that said Hello on this link) to
+// come up, and says Hello and then the goodbye on each: the mistake is
+// often found at startup, before this side's connection to the peer is
+// up, and without it the peer would wait for a restart until its
+// timeout. A peer never heard from (a static peer that never started)
+// waits for no goodbye and is not waited for (one that starts during
+// the wait learns the close from missed heartbeats, without the
+// reason), nor is a connection whose handshake failed; a plain close
+// waits for none.
 //
 // A plain goodbye is liveness, never proof that the peer's writes are
 // over (DESIGN.md §3): what a receiver does with it is what it does with

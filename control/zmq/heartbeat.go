@@ -296,11 +296,24 @@ func (b *beater) refresh() {
 // the DEALER connects, so that no event is missed.
 func (b *beater) monitor(s *beatSock, sock *zmq4.Socket) error {
 	b.monSeq++
-	addr := fmt.Sprintf("inproc://kvxfer.monitor.beat.%d", b.monSeq)
-	if err := sock.Monitor(addr, watchedEvents); err != nil {
+	mon, err := b.l.watchSocket(sock, fmt.Sprintf("inproc://kvxfer.monitor.beat.%d", b.monSeq), watchedEvents)
+	if err != nil {
 		return fmt.Errorf("control/zmq: monitor of %s: %w", s.peer, err)
 	}
-	mon, err := b.l.zctx.NewSocket(zmq4.PAIR)
+	s.mon = mon
+	return nil
+}
+
+// watchSocket attaches a socket monitor of events to sock, before it
+// connects, at the inproc address addr (unique in the link's context),
+// and returns the PAIR connected to it, from which its owner reads them
+// (RecvEvent). Stop the monitor (sock.Monitor("", 0)) before closing
+// either socket.
+func (l *Link) watchSocket(sock *zmq4.Socket, addr string, events zmq4.Event) (*zmq4.Socket, error) {
+	if err := sock.Monitor(addr, events); err != nil {
+		return nil, err
+	}
+	mon, err := l.zctx.NewSocket(zmq4.PAIR)
 	if err == nil {
 		err = mon.SetLinger(0)
 	}
@@ -310,10 +323,9 @@ func (b *beater) monitor(s *beatSock, sock *zmq4.Socket) error {
 	if err != nil {
 		closeSocket(mon)
 		_ = sock.Monitor("", 0)
-		return fmt.Errorf("control/zmq: monitor of %s: %w", s.peer, err)
+		return nil, err
 	}
-	s.mon = mon
-	return nil
+	return mon, nil
 }
 
 // close stops the monitor and closes both sockets.
@@ -370,7 +382,8 @@ type goodbyes struct {
 	hb    messages.Heartbeat
 	socks []*zmq4.Socket
 	// waiting are the sockets whose connection was not up, or had not
-	// carried our Hello, as the goroutine stopped with a reason given:
+	// carried our Hello, to peers heard from (awaitable), as the
+	// goroutine stopped with a reason given:
 	// Close waits for them (awaitGoodbyes), with their monitors, and says
 	// hello (our Hello) and then the goodbye on each that comes up.
 	waiting []*beatSock
@@ -389,7 +402,8 @@ var goodbyeWaitFloor = time.Second
 // goodbyeWaitFloor (1 s), the time a CURVE handshake with a peer on a
 // loaded machine may take when heartbeats are fast. So 1 to 2 s (2 s at
 // the default interval): spent only by a close on an error its owner
-// found, and only while such a connection is neither up nor failed.
+// found, and only while such a connection, to a peer heard from, is
+// neither up nor failed.
 func (c *Config) goodbyeWait() time.Duration {
 	return max(2*c.reconnectMax(), goodbyeWaitFloor)
 }
@@ -404,9 +418,9 @@ const goodbyePoll = 10 * time.Millisecond
 // are read) and that heard our Hello on it are left to Link.Close
 // (Link.byes), which sends each a goodbye. When the link's owner gave a
 // reason (SetGoodbyeReason) by then, the sockets are first brought up to
-// the directory (refresh), and the others it may still reach (awaitable)
-// are left too, with their monitors: Close waits, bounded, for them
-// to come up (awaitGoodbyes). The rest, and every other monitor, are
+// the directory (refresh), and the others it may still reach and whose
+// peer it heard from (awaitable) are left too, with their monitors:
+// Close waits, bounded, for them to come up (awaitGoodbyes). The rest, and every other monitor, are
 // closed (closeAll). The goodbye waits for Link.Close, not for the
 // listener's Close: an engine closes its listener before its workers
 // send their last frames, which a goodbye sent then would overtake.
@@ -452,11 +466,21 @@ func (b *beater) park() {
 // awaitable reports whether a goodbye with a reason waits for s, whose
 // connection is not up or has not carried our Hello: its monitor says
 // when it comes up, its handshake has not failed (libzmq does not retry
-// one that failed on a protocol error), and its peer did not say goodbye
-// itself (its link closed: nothing would answer).
+// one that failed on a protocol error), its peer was heard from (it said
+// Hello on this link, under its name or, misnamed, under another its key
+// may not speak for: a peer never heard from, most often a static peer
+// that never started, is not waiting for us, and the close would wait
+// for it in vain; one that starts meanwhile learns the close from missed
+// heartbeats), and its peer did not say goodbye itself (its link closed:
+// nothing would answer).
 func (b *beater) awaitable(s *beatSock) bool {
 	if s.mon == nil || s.watch.state.Conn == ConnHandshakeFailed {
 		return false
+	}
+	if s.info.incarnation.Load() == 0 {
+		if _, misnamed := b.l.MisnamedHello(s.peer, time.Time{}); !misnamed {
+			return false
+		}
 	}
 	b.l.mu.Lock()
 	defer b.l.mu.Unlock()

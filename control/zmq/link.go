@@ -75,6 +75,8 @@ type Link struct {
 	// beating is how many peers the heartbeat goroutine holds a socket
 	// for (Beating).
 	beating atomic.Int64
+	// connMons numbers the inproc addresses of Conns' socket monitors.
+	connMons atomic.Uint64
 	// goneNow is the set of departed incarnations (departedLocked), as of
 	// the latest change of what departedLocked reads (rebuildGoneLocked):
 	// the listener reads it for every frame without taking mu. nil: none.
@@ -263,13 +265,15 @@ func (l *Link) SetPeerServerKey(id messages.PeerID, key string) error {
 }
 
 // Redial makes the heartbeat goroutine close its socket to peer and dial
-// it again at its next beat, with a new handshake. libzmq does not retry
-// a session the peer refused at authentication (ZAP), so a peer that
-// admitted this link's key only after refusing it (a registry that told
-// one side of the other first) is reached again this way. From the call
-// on, PeerState says Connecting until the new connection reports: what the
-// old one said (up, say, to a previous incarnation of the peer at the same
-// endpoint) is no longer news. It is an error for a peer without an
+// it again at its next beat, with a new handshake, and each Conn to peer
+// whose handshake failed for good (a refused key, a protocol error) dial
+// again too, keeping what it queued (Conn.redialLocked). libzmq does not
+// retry a session the peer refused at authentication (ZAP), so a peer
+// that admitted this link's key only after refusing it (a registry that
+// told one side of the other first) is reached again this way. From the
+// call on, PeerState says Connecting until the new connection reports:
+// what the old one said (up, say, to a previous incarnation of the peer
+// at the same endpoint) is no longer news. It is an error for a peer without an
 // endpoint in the directory.
 func (l *Link) Redial(peer messages.PeerID) error {
 	l.mu.Lock()
@@ -287,7 +291,9 @@ func (l *Link) Redial(peer messages.PeerID) error {
 // for handshakes from now on; its frames are accepted only for the
 // identities it is bound to (AddIdentity, SetPeerServerKey). A DEALER
 // refused earlier does not retry (libzmq ends a session that failed
-// authentication): the peer must dial again.
+// authentication): the peer must dial again (its heartbeat socket and
+// Conns do once this link says Hello on a new connection to it, or at
+// its Redial).
 func (l *Link) AllowKey(public string) error {
 	if err := checkKey("allowed peer", public); err != nil {
 		return err
@@ -507,16 +513,15 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 		l.mu.Unlock()
 		return nil, fmt.Errorf("%w: dial %s: no endpoint in the directory", control.ErrPeerGone, peer)
 	}
-	endpoint, serverKey, hello := info.endpoint, info.serverKey, l.selfHello
+	endpoint, serverKey, hello, redials := info.endpoint, info.serverKey, l.selfHello, info.redials
 	l.refs++
 	l.mu.Unlock()
 
-	sock, err := l.newDealer(peer, endpoint, serverKey, l.cfg.SendHWM, true, nil)
-	if err != nil {
+	c := &Conn{l: l, peer: peer, info: info, helloInc: info.incarnation.Load(), stop: make(chan struct{})}
+	if err := c.dialLocked(endpoint, serverKey, redials); err != nil { // c is not shared yet
 		l.release()
 		return nil, err
 	}
-	c := &Conn{l: l, peer: peer, info: info, sock: sock, helloInc: info.incarnation.Load(), stop: make(chan struct{})}
 	// The connection is usually not up yet (the socket queues only on a
 	// connection that completed its handshake): then the Hello waits in
 	// the backlog, first, until it is.
@@ -791,11 +796,14 @@ func (l *Link) MarkDrained() { l.drained.Store(true) }
 // default. Once Close began it changes nothing. Given before the
 // listener closes (Listen's Closer, or Close), it also makes Close wait,
 // at most 1 to 2 s (goodbyeWait), for the heartbeat connections to peers
-// that are not up yet (connecting, or down and reconnecting; not one
-// whose handshake failed) to come up, and says the Hello and then the
-// goodbye on each: a mistake found at startup is often found before the
-// connection to the peer that made it is up. Given later, only the
-// connections up as the listener closed hear it.
+// it heard from (that said Hello on this link) that are not up yet
+// (connecting, or down and reconnecting; not one whose handshake failed)
+// to come up, and says the Hello and then the goodbye on each: a mistake
+// found at startup is often found before the connection to the peer
+// that made it is up. A peer never heard from (most often a static peer
+// that never started) is not waited for: it is not waiting for us (one
+// that starts meanwhile learns the close from missed heartbeats). Given
+// later, only the connections up as the listener closed hear it.
 func (l *Link) SetGoodbyeReason(reason string) {
 	if reason = messages.GoodbyeReason(reason); reason == "" {
 		l.byeReason.Store(nil)

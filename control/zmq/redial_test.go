@@ -125,3 +125,83 @@ func TestReadmitted(t *testing.T) {
 		t.Fatal("readmitted: a socket not refused at authentication")
 	}
 }
+
+// dialRefused makes a listening a and b, b refusing a's key, and a Conn
+// from a to b whose handshake b's ZAP handler refused (a's heartbeats are
+// off, so b's one refusal is the Conn's), with a Result queued in its
+// backlog behind its Hello: terminal frames wait for the connection. a
+// admits b's key from the start.
+func dialRefused(t *testing.T, bBeats time.Duration) (a, b *node, ka keypair, c *Conn) {
+	t.Helper()
+	ka, kb := newKeys(t), newKeys(t)
+	a = listen(t, pid("ctx", 0), Config{Curve: Curve{Secret: ka.secret}})
+	b = listen(t, pid("gen", 0), Config{Curve: Curve{Secret: kb.secret}, HeartbeatInterval: bBeats})
+	if err := a.link.AddIdentity(Identity{PublicKey: kb.public, Instance: b.id.Instance}); err != nil {
+		t.Fatal(err)
+	}
+	introduce(t, a, b)
+	cc, err := a.link.Dial(b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = cc.(*Conn)
+	t.Cleanup(func() { c.Close() })
+	waitFor(t, patience, "b to refuse a's Conn", func() bool { return b.link.Refused() == 1 })
+	if err := c.Send(result(a.id, 1)); err != nil {
+		t.Fatalf("a Result on a Conn not up: %v, want it backlogged", err)
+	}
+	return a, b, ka, c
+}
+
+// A Conn that dialed a peer while the peer refused its key (a registry
+// told the peer of this link a moment after this link dialed it) is
+// dialed again once the peer, having learned the key, says Hello on a
+// connection of its own: libzmq never retries a session refused at
+// authentication, and the Conn's frames, its Hello and a Result queued
+// behind it, reach the peer on the new connection, in order. (Checked to
+// fail: without Conn.redialLocked the Result never reached b.)
+func TestRefusedConnDialsAgainOnThePeersHello(t *testing.T) {
+	a, b, ka, c := dialRefused(t, 50*time.Millisecond)
+	// b learns a's record: admits its key and dials it (its heartbeat says
+	// Hello to a on a new connection).
+	if err := b.link.AllowKey(ka.public); err != nil {
+		t.Fatal(err)
+	}
+	introduce(t, b, a)
+	waitFor(t, patience, "b's Hello at a", func() bool {
+		_, err := a.link.Hello(b.id)
+		return err == nil
+	})
+	waitFor(t, patience, "the Result on a's refused Conn at b", func() bool {
+		return len(b.in.from(a.id)) == 1
+	})
+	if err := c.Send(result(a.id, 2)); err != nil {
+		t.Fatalf("Send on the Conn dialed again: %v", err)
+	}
+	waitFor(t, patience, "the second Result at b", func() bool {
+		return len(b.in.from(a.id)) == 2
+	})
+	if got := b.in.from(a.id); got[0].Request() != "req-1" || got[1].Request() != "req-2" {
+		t.Fatalf("b got %s then %s, want req-1 then req-2", got[0].Request(), got[1].Request())
+	}
+	if n := b.link.Refused(); n != 1 {
+		t.Fatalf("b refused %d handshakes, want the Conn's 1 before it admitted a's key", n)
+	}
+}
+
+// Redial dials a Conn refused at authentication again too: a peer that
+// admitted this link's key without ever saying Hello to it (it does not
+// dial this link) is reached again that way. (Checked to fail: without
+// Redial reaching Conns, the Result never reached b.)
+func TestRedialDialsARefusedConnAgain(t *testing.T) {
+	a, b, ka, _ := dialRefused(t, -1)
+	if err := b.link.AddIdentity(Identity{PublicKey: ka.public, Instance: a.id.Instance}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.link.Redial(b.id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, patience, "the Result on a's refused Conn at b after Redial", func() bool {
+		return len(b.in.from(a.id)) == 1
+	})
+}
