@@ -567,6 +567,16 @@ type Stats struct {
 	// request failed while a writer had given no proof that its writes
 	// are over); QuarantineLimitBytes is the bound in force.
 	QuarantinedBytes, QuarantineLimitBytes uint64
+	// OpsInDoubt: ops (batches of writes) of live requests in doubt now:
+	// their sender worker crashed, their endpoint was cut or their
+	// request's deadline passed while they were on the wire, and no
+	// endpoint close settled them yet. A close that proves them over
+	// retires them; an unproven one (ClosesUnproven) that proves their
+	// sources released takes them out too, one that proves nothing leaves
+	// them in doubt for good, their requests keeping their source pages.
+	// The same count as the metric kvxfer_ops_in_doubt, kept whether
+	// metrics are on or not.
+	OpsInDoubt int64
 	// ClosesUnproven: data-plane endpoint closes that could not prove the
 	// writes on them over (a peer alive but not progressing past the
 	// backend's close timeout, or lost by the backend with writes on the
@@ -636,7 +646,7 @@ func (e *Engine) Stats() Stats {
 		PinErrors: c.PinErrors.Load(), LeasesLapsed: c.LeasesLapsed.Load(),
 		StreamViolations: c.StreamViolations.Load(), BlocksRevoked: c.BlocksRevoked.Load(),
 		RevokedHeldBlocks: c.RevokedHeld.Load(), CallerBlocksAwaitingProof: c.CallerAwaitingProof.Load(), DestBlockErrors: c.DestBlockErrors.Load(), ClosesUnproven: c.ClosesUnproven.Load(),
-		FramesSilenced:   c.FramesSilenced.Load(),
+		FramesSilenced: c.FramesSilenced.Load(), OpsInDoubt: c.OpsInDoubt.Load(),
 		QuarantinedBytes: e.pools.QuarantinedBytes(), QuarantineLimitBytes: e.pools.QuarantineLimit(),
 		WaitingForBlocks: e.inner.WaitingForBlocks()}
 	o := e.inner.Orphans()

@@ -376,8 +376,26 @@ func (t *txMeter) sync(s *TxSession) {
 func (t *txMeter) add(st OpState, d float64) {
 	t.counts[st] += d
 	t.m.ops[st].Add(d)
-	if st == OpInDoubt {
-		t.m.inDoubt.Add(d)
+}
+
+// inDoubtShare is one tx session's share of the engine's ops in doubt, as
+// last published: the session's shell publishes TxSession.InDoubt after
+// each step (0 once the session stopped), to Counters.OpsInDoubt, which
+// Stats reads whether metrics are on or not, and to the
+// kvxfer_ops_in_doubt gauge, by the same amounts: both are one count.
+type inDoubtShare int64
+
+// publish makes n the session's share, on the counter and (m not nil) the
+// gauge.
+func (p *inDoubtShare) publish(n int, stats *Counters, m *meters) {
+	d := int64(n) - int64(*p)
+	if d == 0 {
+		return
+	}
+	*p = inDoubtShare(n)
+	stats.OpsInDoubt.Add(d)
+	if m != nil {
+		m.inDoubt.Add(float64(d))
 	}
 }
 

@@ -79,6 +79,11 @@ type Counters struct {
 	// their sender re-sends them): the frames
 	// kvxfer_frames_rejected_total{reason="tombstones_full"} counts.
 	CancelsDeferred atomic.Int64
+	// OpsInDoubt is how many ops of live tx sessions are IN_DOUBT now
+	// (TxSession.InDoubt): a crashed or cut worker may still be writing
+	// them. Moved only by inDoubtShare, with the kvxfer_ops_in_doubt
+	// gauge, metrics on or off.
+	OpsInDoubt atomic.Int64
 }
 
 // Fence says when a chunk's KV is written. OnReady calls f exactly once,

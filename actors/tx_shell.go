@@ -37,6 +37,8 @@ type txSetHandle struct {
 type txKind struct {
 	s     *TxSession
 	meter *txMeter // nil: metrics off
+	// inDoubt is the session's ops in doubt as published (Stats, gauge).
+	inDoubt inDoubtShare
 	// fence is the fence of the chunk being stepped: WatchFence takes it.
 	// A panic while the chunk's effects run leaves it set, for the
 	// restarted incarnation's run of the WatchFence (rerunnable).
@@ -156,12 +158,19 @@ func (k *txKind) stepped(m any, now time.Time) {
 	if k.meter != nil {
 		k.meter.stepped(k.s, m, now)
 	}
+	n := k.s.InDoubt()
+	if k.s.Stopped() {
+		n = 0 // (it has none: a session stops quiescent)
+	}
+	k.inDoubt.publish(n, k.env.stats, k.env.meters)
 }
 
 func (k *txKind) stopped() {
 	if k.meter != nil {
 		k.meter.close()
 	}
+	// Its ops in doubt leave the count with it, as they leave the gauges.
+	k.inDoubt.publish(0, k.env.stats, k.env.meters)
 	k.sweep() // (Finish did, unless the actor stopped without one)
 }
 

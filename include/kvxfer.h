@@ -64,13 +64,15 @@ extern "C" {
  * "layout" key; 7: GPU memory by address: the "memory" object's device and
  * kvxfer_node_open's pool_device, and kvxfer_engine_pool_device; 8:
  * kvxfer_request_set_payload, and payloads of up to 65536 bytes; 9:
- * kvxfer_receive_stages; 10: kvxfer_engine_stats_get. Where a request
- * struct would need a new field, a new function takes it as an argument
- * instead: the structs keep their size, so a caller built against an
- * older header passes no shorter one than the library reads (and gets no
- * longer one written: a counter added after kvxfer_engine_stats comes
- * with a new function). */
-#define KVXFER_ABI_MINOR 10
+ * kvxfer_receive_stages; 10: kvxfer_engine_stats_get; 11:
+ * kvxfer_engine_stats_ext_get (ops_in_doubt). Where a request struct
+ * would need a new field, a new function takes it as an argument instead:
+ * the structs keep their size, so a caller built against an older header
+ * passes no shorter one than the library reads (and gets no longer one
+ * written: kvxfer_engine_stats keeps its 240 bytes, and a counter added
+ * after it goes at the end of kvxfer_engine_stats_ext, whose size the
+ * caller passes to kvxfer_engine_stats_ext_get). */
+#define KVXFER_ABI_MINOR 11
 
 /* Status codes: what every call returns. A newer library of the same
  * KVXFER_ABI_VERSION may return codes added since (KVXFER_ERR_PEER_FAILED
@@ -159,9 +161,10 @@ typedef struct kvxfer_group_info {
 } kvxfer_group_info;
 
 /* (Since KVXFER_ABI_MINOR 10.) An engine's counters, a snapshot
- * (kvxfer_engine_stats_get): Go's kvxfer.Stats, field for field. Counts
- * (_total in the metric names) only grow; the others say what is so now.
- * Its size and layout are fixed (240 bytes, 30 fields of 8 bytes). */
+ * (kvxfer_engine_stats_get): Go's kvxfer.Stats, field for field, but for
+ * those added since (kvxfer_engine_stats_ext). Counts (_total in the
+ * metric names) only grow; the others say what is so now. Its size and
+ * layout are fixed (240 bytes, 30 fields of 8 bytes). */
 typedef struct kvxfer_engine_stats {
     int64_t ops_posted;       /* batches of writes handed to the data plane */
     int64_t worker_restarts;  /* sender workers restarted after a panic */
@@ -215,6 +218,20 @@ typedef struct kvxfer_engine_stats {
     int64_t write_proofs_drained_goodbye;
     int64_t write_proof_requests_drained_goodbye;
 } kvxfer_engine_stats;
+
+/* (Since KVXFER_ABI_MINOR 11.) The counters of Go's kvxfer.Stats added
+ * after kvxfer_engine_stats, in the same snapshot
+ * (kvxfer_engine_stats_ext_get). Fields of 8 bytes; a later minor adds
+ * its counters at the end and never moves one, so a caller's struct from
+ * an older header is a prefix of the library's. */
+typedef struct kvxfer_engine_stats_ext {
+    /* (Minor 11.) Now: ops (batches of writes) in doubt: their sender worker crashed, their
+     * endpoint was cut or their request's deadline passed while they were on the wire, and no
+     * endpoint close settled them yet; their requests keep their source pages. A close that
+     * proves nothing (closes_unproven) leaves them in doubt for good. The metric
+     * kvxfer_ops_in_doubt. */
+    int64_t ops_in_doubt;
+} kvxfer_engine_stats_ext;
 
 /* The context side of a request (kvxfer_send). Strings are copied. */
 typedef struct kvxfer_send_request {
@@ -453,6 +470,16 @@ kvxfer_status kvxfer_engine_group(kvxfer_engine_t engine, uint32_t group, kvxfer
  * only: call it from any thread, as often as wanted, until
  * kvxfer_engine_close releases the handle. */
 kvxfer_status kvxfer_engine_stats_get(kvxfer_engine_t engine, kvxfer_engine_stats *out);
+/* (Since KVXFER_ABI_MINOR 11.) kvxfer_engine_stats_get into *out, and the
+ * counters added since into *ext, from one snapshot. size is
+ * sizeof(kvxfer_engine_stats_ext) as the caller's header has it (a
+ * positive multiple of 8, else KVXFER_ERR_INVALID_ARGUMENT naming it):
+ * the library writes the first min(size, its own size) bytes of *ext and
+ * says how many in *written (may be NULL). Fewer than size: the library
+ * is older than the caller's header, and the fields past *written are left
+ * as they were (not counted by it). */
+kvxfer_status kvxfer_engine_stats_ext_get(kvxfer_engine_t engine, kvxfer_engine_stats *out,
+                                          kvxfer_engine_stats_ext *ext, size_t size, size_t *written);
 
 /* Allocates n blocks of layer group `group` from the engine's pool into ids
  * (source blocks to fill before a chunk; all or nothing). */

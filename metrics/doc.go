@@ -38,7 +38,7 @@
 //	kvxfer_ops                          gauge      state           ops of live tx sessions by state: ADMITTED, NOT_SUBMITTED, SUBMITTING, SUBMITTED,
 //	                                                               BACKEND_DONE, IN_DOUBT, RETIRED, SOURCES_RELEASED; a session's ops leave the gauge when it releases
 //	kvxfer_ops_in_doubt                 gauge      -               kvxfer_ops{state="IN_DOUBT"}: writes whose outcome is unknown until their endpoint is
-//	                                                               flushed or closed (their pages stay pinned)
+//	                                                               flushed or closed (their pages stay pinned); Stats.OpsInDoubt, metrics on or off
 //	kvxfer_sessions                     gauge      side, state     live sessions by state; tx: INIT, READY, TRANSFERRING, DONE, FAILED, CANCELLED;
 //	                                                               rx: REQUESTED, RECEIVING, READY, FAILED, CANCELLED, TIMED_OUT. A terminal state
 //	                                                               counts a session that is decided and still draining; rx requests waiting for

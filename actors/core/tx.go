@@ -287,6 +287,8 @@ type TxSession struct {
 	violations []string
 	// LateCompletions counts completions for ops that were already quiescent.
 	LateCompletions int
+	// inDoubt counts the ops in IN_DOUBT, kept by setOp (InDoubt).
+	inDoubt int
 }
 
 // NewTxSession returns a session in INIT.
@@ -458,6 +460,7 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 // checkCounts compares each stream's op counts with its ops (builds with
 // the kvxfer_invariants tag).
 func (s *TxSession) checkCounts() {
+	inDoubt := 0
 	for _, p := range s.order {
 		st := s.streams[p]
 		done, busy, cut := 0, 0, 0
@@ -471,6 +474,9 @@ func (s *TxSession) checkCounts() {
 			if !st.ops[i].state.SourceQuiescent() {
 				busy++
 			}
+			if st.ops[i].state == OpInDoubt {
+				inDoubt++
+			}
 		}
 		if done != st.doneOps || busy != st.busyOps || cut != st.cutOps {
 			s.violate("stream %d: counts done %d busy %d cut %d, ops say done %d busy %d cut %d",
@@ -479,6 +485,9 @@ func (s *TxSession) checkCounts() {
 		if st.silent && (st.cutOps == 0 || st.phase != streamFinished) {
 			s.violate("stream %d: silent with %d ops SOURCES_RELEASED, phase %d", p, st.cutOps, st.phase)
 		}
+	}
+	if inDoubt != s.inDoubt {
+		s.violate("counts %d ops IN_DOUBT, ops say %d", s.inDoubt, inDoubt)
 	}
 }
 
@@ -1246,8 +1255,20 @@ func (s *TxSession) setOp(r OpRef, o *op, to OpState) {
 			st.busyOps++
 		}
 	}
+	if o.state == OpInDoubt {
+		s.inDoubt--
+	}
+	if to == OpInDoubt {
+		s.inDoubt++
+	}
 	o.state = to
 }
+
+// InDoubt is how many of the session's ops are IN_DOUBT now: posted, and
+// neither proven over nor proven to read their source no more (a worker
+// crashed or an endpoint was cut under them, or the deadline passed with
+// them in flight). Kept as ops change state: O(1).
+func (s *TxSession) InDoubt() int { return s.inDoubt }
 
 // OpStates returns every op's state, keyed by reference (for tests, the
 // simulator and replay).

@@ -346,8 +346,45 @@ func kvxfer_engine_stats_get(eh C.kvxfer_engine_t, out *C.kvxfer_engine_stats) (
 	return 0
 }
 
+//export kvxfer_engine_stats_ext_get
+func kvxfer_engine_stats_ext_get(eh C.kvxfer_engine_t, out *C.kvxfer_engine_stats, ext *C.kvxfer_engine_stats_ext,
+	size C.size_t, written *C.size_t) (st C.int32_t) {
+	defer guard(&st, "kvxfer_engine_stats_ext_get")
+	if out == nil {
+		return fail(nullArg("kvxfer_engine_stats_ext_get", "out"))
+	}
+	if ext == nil {
+		return fail(nullArg("kvxfer_engine_stats_ext_get", "ext"))
+	}
+	if size == 0 || size%8 != 0 {
+		return fail(invalid("kvxfer_engine_stats_ext_get: size = %d bytes, not a positive multiple of 8: pass sizeof(kvxfer_engine_stats_ext)", uint64(size)))
+	}
+	e, err := capi.LookupEngine(uint64(eh))
+	if err != nil {
+		return fail(err)
+	}
+	s := e.Inner().Stats()
+	*out = engineStats(s)
+	full := engineStatsExt(s)
+	n := min(uintptr(size), unsafe.Sizeof(full))
+	// The caller's struct may be shorter (an older header) or longer (a
+	// newer one) than this library's: only its first n bytes are written.
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(ext)), n), unsafe.Slice((*byte)(unsafe.Pointer(&full)), n))
+	if written != nil {
+		*written = C.size_t(n)
+	}
+	return 0
+}
+
+// engineStatsExt is kvxfer_engine_stats_ext of s: the Stats fields added
+// after kvxfer_engine_stats, whose layout is fixed.
+func engineStatsExt(s kvxfer.Stats) C.kvxfer_engine_stats_ext {
+	return C.kvxfer_engine_stats_ext{ops_in_doubt: C.int64_t(s.OpsInDoubt)}
+}
+
 // engineStats is kvxfer_engine_stats of s, field for field (the struct's
-// layout is fixed: a Stats field added later comes with a new function).
+// layout is fixed: a Stats field added later goes in
+// kvxfer_engine_stats_ext, engineStatsExt).
 func engineStats(s kvxfer.Stats) C.kvxfer_engine_stats {
 	p := s.WriteProofs
 	return C.kvxfer_engine_stats{

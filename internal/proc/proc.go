@@ -216,13 +216,14 @@ type Report struct {
 }
 
 // EngineStats are an engine's counters (kvxfer.Stats) in a report, each
-// named as the C ABI's kvxfer_engine_stats names it (include/kvxfer.h
-// says what each counts): pages held (quarantined_bytes,
-// revoked_held_blocks, caller_blocks_awaiting_proof, dest_block_errors),
-// writes left in doubt (closes_unproven, frames_silenced), frames refused
-// (frames_rejected, frames_stale, frames_shed, cancels_deferred) and bugs
-// the engine survived (session_panics, parent_panics, stream_violations).
-// Every field is written, zero too.
+// named as the C ABI's kvxfer_engine_stats or kvxfer_engine_stats_ext
+// names it (include/kvxfer.h says what each counts): pages held
+// (quarantined_bytes, revoked_held_blocks, caller_blocks_awaiting_proof,
+// dest_block_errors), writes in doubt (ops_in_doubt, closes_unproven,
+// frames_silenced), frames refused (frames_rejected, frames_stale,
+// frames_shed, cancels_deferred) and bugs the engine survived
+// (session_panics, parent_panics, stream_violations). Every field is
+// written, zero too.
 type EngineStats struct {
 	OpsPosted                        int64  `json:"ops_posted"`
 	WorkerRestarts                   int64  `json:"worker_restarts"`
@@ -243,6 +244,7 @@ type EngineStats struct {
 	DestBlockErrors                  int64  `json:"dest_block_errors"`
 	QuarantinedBytes                 uint64 `json:"quarantined_bytes"`
 	QuarantineLimitBytes             uint64 `json:"quarantine_limit_bytes"`
+	OpsInDoubt                       int64  `json:"ops_in_doubt"`
 	ClosesUnproven                   int64  `json:"closes_unproven"`
 	FramesSilenced                   int64  `json:"frames_silenced"`
 	WaitingForBlocks                 int64  `json:"waiting_for_blocks"`
@@ -266,7 +268,7 @@ func engineStats(s kvxfer.Stats) EngineStats {
 		StreamViolations: s.StreamViolations, BlocksRevoked: s.BlocksRevoked, RevokedHeldBlocks: s.RevokedHeldBlocks,
 		CallerBlocksAwaitingProof: s.CallerBlocksAwaitingProof, DestBlockErrors: s.DestBlockErrors,
 		QuarantinedBytes: s.QuarantinedBytes, QuarantineLimitBytes: s.QuarantineLimitBytes,
-		ClosesUnproven: s.ClosesUnproven, FramesSilenced: s.FramesSilenced, WaitingForBlocks: int64(s.WaitingForBlocks),
+		OpsInDoubt: s.OpsInDoubt, ClosesUnproven: s.ClosesUnproven, FramesSilenced: s.FramesSilenced, WaitingForBlocks: int64(s.WaitingForBlocks),
 		OrphanRequests: s.OrphanRequests, OrphansEnded: s.OrphansEnded,
 		WriteProofsExited: p[kvxfer.ProofExited].Proofs, WriteProofRequestsExited: p[kvxfer.ProofExited].Requests,
 		WriteProofsPidfdExit: p[kvxfer.ProofPidfdExit].Proofs, WriteProofRequestsPidfdExit: p[kvxfer.ProofPidfdExit].Requests,

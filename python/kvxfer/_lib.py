@@ -77,6 +77,17 @@ class EngineStats(ctypes.Structure):
         "write_proof_requests_pidfd_exit", "write_proofs_drained_goodbye", "write_proof_requests_drained_goodbye")]
 
 
+class EngineStatsExt(ctypes.Structure):
+    """kvxfer_engine_stats_ext (KVXFER_ABI_MINOR 11): the counters added
+    after kvxfer_engine_stats, 8 bytes each, a later minor's at the end.
+    kvxfer_engine_stats_ext_get is told this struct's size and says how
+    many bytes of it the library wrote (an older library writes fewer)."""
+
+    _fields_ = [
+        ("ops_in_doubt", ctypes.c_int64),  # minor 11
+    ]
+
+
 class SendRequest(ctypes.Structure):
     _fields_ = [
         ("id", ctypes.c_char_p),
@@ -165,6 +176,8 @@ SINCE_MINOR = {
     "kvxfer_receive_stages": (9, (_st, [engine_t, ctypes.POINTER(ReceiveRequest), ctypes.c_char_p,
                                         ctypes.POINTER(request_t)])),
     "kvxfer_engine_stats_get": (10, (_st, [engine_t, ctypes.POINTER(EngineStats)])),
+    "kvxfer_engine_stats_ext_get": (11, (_st, [engine_t, ctypes.POINTER(EngineStats), ctypes.POINTER(EngineStatsExt),
+                                               ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])),
 }
 
 

@@ -1004,19 +1004,33 @@ class Engine:
         return None if dev.value < 0 else dev.value
 
     def stats(self):
-        """The engine's counters now, a dict of kvxfer_engine_stats's
-        fields (kvxfer.h says what each counts): among them what holds
-        pages (quarantined_bytes, revoked_held_blocks,
-        caller_blocks_awaiting_proof, dest_block_errors), leaves writes in
-        doubt (closes_unproven, frames_silenced), refuses frames
-        (frames_rejected, frames_stale, frames_shed, cancels_deferred) and
-        bugs survived (session_panics, parent_panics, stream_violations).
-        A library older than KVXFER_ABI_MINOR 10 has none: KvxferError
-        with Status.UNSUPPORTED naming kvxfer_engine_stats_get."""
+        """The engine's counters now, a dict of the fields of
+        kvxfer_engine_stats and kvxfer_engine_stats_ext (kvxfer.h says
+        what each counts): among them what holds pages (quarantined_bytes,
+        revoked_held_blocks, caller_blocks_awaiting_proof,
+        dest_block_errors), writes in doubt (ops_in_doubt now;
+        closes_unproven, frames_silenced), refused frames (frames_rejected,
+        frames_stale, frames_shed, cancels_deferred) and bugs survived
+        (session_panics, parent_panics, stream_violations). A library older
+        than KVXFER_ABI_MINOR 11 lacks kvxfer_engine_stats_ext_get: its
+        dict has no ops_in_doubt (nor any later counter the library does
+        not write). One older than KVXFER_ABI_MINOR 10 has none:
+        KvxferError with Status.UNSUPPORTED naming kvxfer_engine_stats_get."""
         _require("kvxfer_engine_stats_get", "stats()")
         out = _lib.EngineStats()
-        self._call(lib.kvxfer_engine_stats_get, ctypes.byref(out))
-        return {name: getattr(out, name) for name, _ in _lib.EngineStats._fields_}
+        if "kvxfer_engine_stats_ext_get" in _lib.missing:
+            self._call(lib.kvxfer_engine_stats_get, ctypes.byref(out))
+            ext, written = None, 0
+        else:
+            ext, n = _lib.EngineStatsExt(), ctypes.c_size_t()
+            self._call(lib.kvxfer_engine_stats_ext_get, ctypes.byref(out), ctypes.byref(ext),
+                       ctypes.sizeof(ext), ctypes.byref(n))
+            written = n.value
+        st = {name: getattr(out, name) for name, _ in _lib.EngineStats._fields_}
+        for name, typ in _lib.EngineStatsExt._fields_:
+            if getattr(_lib.EngineStatsExt, name).offset + ctypes.sizeof(typ) <= written:
+                st[name] = getattr(ext, name)
+        return st
 
     def block_bytes(self, group, block):
         """A copy of one block's bytes (host memory; a ValueError on a GPU

@@ -187,6 +187,9 @@ static void test_bad_input(void) {
         kvxfer_bench_go(5555, 5556, 16, 16, 1, NULL, NULL),
         kvxfer_engine_stats_get(5555, NULL),
         kvxfer_engine_stats_get(5555, &(kvxfer_engine_stats){0}),
+        kvxfer_engine_stats_ext_get(5555, NULL, NULL, 0, NULL),
+        kvxfer_engine_stats_ext_get(5555, &(kvxfer_engine_stats){0}, &(kvxfer_engine_stats_ext){0},
+                                    sizeof(kvxfer_engine_stats_ext), NULL),
     };
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
         CHECK(st[i] == KVXFER_ERR_BAD_HANDLE || st[i] == KVXFER_ERR_INVALID_ARGUMENT, "call %zu returned %s", i,
@@ -1026,7 +1029,8 @@ static void test_empty_dangling(void) {
 }
 
 /* kvxfer_engine_stats keeps its layout (kvxfer.h: a counter added later
- * comes with a new function): every field at the offset the ABI fixed. */
+ * goes in kvxfer_engine_stats_ext): every field at the offset the ABI
+ * fixed. */
 #define STATS_AT(field, i) \
     _Static_assert(offsetof(kvxfer_engine_stats, field) == 8 * (i), "kvxfer_engine_stats." #field " moved")
 STATS_AT(ops_posted, 0);
@@ -1060,6 +1064,12 @@ STATS_AT(write_proof_requests_pidfd_exit, 27);
 STATS_AT(write_proofs_drained_goodbye, 28);
 STATS_AT(write_proof_requests_drained_goodbye, 29);
 _Static_assert(sizeof(kvxfer_engine_stats) == 240, "kvxfer_engine_stats changed size");
+/* kvxfer_engine_stats_ext only grows at its end: the fields of each minor
+ * where that minor put them. */
+#define STATS_EXT_AT(field, i) \
+    _Static_assert(offsetof(kvxfer_engine_stats_ext, field) == 8 * (i), "kvxfer_engine_stats_ext." #field " moved")
+STATS_EXT_AT(ops_in_doubt, 0); /* minor 11 */
+_Static_assert(sizeof(kvxfer_engine_stats_ext) == 8, "kvxfer_engine_stats_ext: a field added without its STATS_EXT_AT");
 
 /* Polls engine e's stats until ok(stats) (10 s deadline). */
 static kvxfer_engine_stats wait_stats(kvxfer_engine_t e, int (*ok)(const kvxfer_engine_stats *), const char *what) {
@@ -1077,6 +1087,46 @@ static kvxfer_engine_stats wait_stats(kvxfer_engine_t e, int (*ok)(const kvxfer_
 
 static int one_orphan(const kvxfer_engine_stats *s) { return s->orphan_requests == 1; }
 static int orphan_ended(const kvxfer_engine_stats *s) { return s->orphans_ended == 1 && s->orphan_requests == 0; }
+
+/* kvxfer_engine_stats_ext_get on engine p, fresh: the same counters as
+ * kvxfer_engine_stats_get and none in doubt; a caller whose header is
+ * newer than the library (a longer struct) gets the library's fields
+ * written, the rest left as they were, and *written says how many bytes;
+ * a size that is no positive multiple of 8, or a NULL struct, is named. */
+static void test_stats_ext(kvxfer_engine_t p) {
+    kvxfer_engine_stats s, base;
+    struct {
+        kvxfer_engine_stats_ext ext;
+        int64_t later; /* a counter of a minor after this library's */
+    } big;
+    memset(&s, 0xff, sizeof s);
+    memset(&big, 0xff, sizeof big);
+    size_t written = 0;
+    OK(kvxfer_engine_stats_ext_get(p, &s, &big.ext, sizeof big, &written));
+    OK(kvxfer_engine_stats_get(p, &base));
+    CHECK(written == sizeof(kvxfer_engine_stats_ext), "written %zu of %zu bytes, want %zu", written, sizeof big,
+          sizeof(kvxfer_engine_stats_ext));
+    CHECK(big.ext.ops_in_doubt == 0, "a fresh engine has %lld ops in doubt", (long long)big.ext.ops_in_doubt);
+    CHECK(big.later == -1, "a field past *written was written: %lld", (long long)big.later);
+    CHECK(memcmp(&s, &base, sizeof s) == 0, "kvxfer_engine_stats_ext_get's *out differs from kvxfer_engine_stats_get's");
+    kvxfer_engine_stats_ext ext;
+    OK(kvxfer_engine_stats_ext_get(p, &s, &ext, sizeof ext, NULL)); /* written may be NULL */
+    size_t bad[] = {0, 4, 12};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(kvxfer_engine_stats_ext_get(p, &s, &ext, bad[i], &written) == KVXFER_ERR_INVALID_ARGUMENT,
+              "size %zu taken", bad[i]);
+        char want[64];
+        snprintf(want, sizeof want, "size = %zu bytes", bad[i]);
+        CHECK(strstr(kvxfer_last_error(), want) && strstr(kvxfer_last_error(), "sizeof(kvxfer_engine_stats_ext)"),
+              "message names the size and what to pass: %s", kvxfer_last_error());
+    }
+    CHECK(kvxfer_engine_stats_ext_get(p, &s, NULL, sizeof ext, NULL) == KVXFER_ERR_INVALID_ARGUMENT, "ext NULL");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_engine_stats_ext_get") && strstr(kvxfer_last_error(), "ext"),
+          "message names the call and the argument: %s", kvxfer_last_error());
+    CHECK(kvxfer_engine_stats_ext_get(p, NULL, &ext, sizeof ext, NULL) == KVXFER_ERR_INVALID_ARGUMENT, "out NULL");
+    CHECK(kvxfer_engine_stats_ext_get(777777, &s, &ext, sizeof ext, NULL) == KVXFER_ERR_BAD_HANDLE,
+          "ext stats of a bad handle");
+}
 
 /* kvxfer_engine_stats_get: a fresh engine counts nothing (the quarantine
  * bound aside); a receive whose context engine has no send of it is an
@@ -1098,6 +1148,7 @@ static void test_stats(void) {
           "message names the call and the argument: %s", kvxfer_last_error());
     CHECK(kvxfer_engine_stats_get(777777, &s) == KVXFER_ERR_BAD_HANDLE, "stats of a bad handle");
     CHECK(strstr(kvxfer_last_error(), "777777"), "message names the handle: %s", kvxfer_last_error());
+    test_stats_ext(p);
 
     kvxfer_request_t rx = 0, tx = 0;
     OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = "c-orphan", .prompt_len = 32, .context = "c-stats-prefill"},
@@ -1126,11 +1177,15 @@ static void test_stats(void) {
               s.quarantined_bytes == 0 && s.orphans_ended == 1,
           "after a transfer: ops_posted %lld, frames_rejected %lld, frames_stale %lld, orphans_ended %lld",
           (long long)s.ops_posted, (long long)s.frames_rejected, (long long)s.frames_stale, (long long)s.orphans_ended);
+    kvxfer_engine_stats_ext ext;
+    OK(kvxfer_engine_stats_ext_get(p, &s, &ext, sizeof ext, NULL));
+    CHECK(ext.ops_in_doubt == 0, "%lld ops in doubt after a transfer", (long long)ext.ops_in_doubt);
     OK(kvxfer_engine_close(p, 5000));
     OK(kvxfer_engine_close(d, 5000));
     CHECK(kvxfer_engine_stats_get(p, &s) == KVXFER_ERR_BAD_HANDLE, "stats of a closed engine");
     CHECK(kvxfer_handle_count() == 0, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
-    printf("ok   engine stats: orphans counted and ended, %lld ops posted\n", (long long)s.ops_posted);
+    printf("ok   engine stats: orphans counted and ended, %lld ops posted, none in doubt (kvxfer_engine_stats_ext)\n",
+           (long long)s.ops_posted);
 }
 
 int main(void) {
