@@ -582,6 +582,10 @@ _PRUNE_MIN = 64
 # How long the exit hook lets all engines still open drain, in all.
 _EXIT_CLOSE_MS = 2000
 
+# The longest request message Request.error_message() reads (it grows its
+# buffer up to this size while a message fills it).
+_ERROR_MESSAGE_MAX = 1 << 20
+
 
 def _close_at_exit():
     """Closes every engine still open when the interpreter exits: a
@@ -1364,7 +1368,10 @@ class Engine:
         """Delivers each later event to fn(Event) on a library thread instead
         of the poll queue; None goes back to polling. An exception fn raises
         is caught, printed and appended to callback_errors: it never reaches
-        the library.
+        the library. fn is called, never awaited: an async function is a
+        TypeError (hand the event to an event loop from a plain function,
+        loop.call_soon_threadsafe), and an awaitable fn returns anyway is
+        a TypeError in callback_errors.
 
         fn may call any method of this engine except close(): close() waits
         for every callback under way, its own caller's too, and would never
@@ -1388,6 +1395,13 @@ class Engine:
             except TypeError as exc:  # each event would be lost to this TypeError, on a library thread
                 raise TypeError("set_callback: fn = %r cannot be called with one Event (%s): it would lose every "
                                 "event" % (fn, exc)) from None
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            # Called on a library thread, it would only make a coroutine
+            # that nothing awaits: its body would never run.
+            raise TypeError("set_callback: fn = %r is an async function: kvxfer calls it on a library thread and never "
+                            "awaits what it returns, so its body would never run; pass a plain function that hands "
+                            "the event to your event loop (loop.call_soon_threadsafe, or "
+                            "asyncio.run_coroutine_threadsafe(fn(ev), loop))" % (fn,))
         h = self._live()
 
         def trampoline(evp, _user):
@@ -1399,7 +1413,14 @@ class Engine:
             try:
                 ev = Event(evp.contents)
                 self._delivered(ev)
-                fn(ev)
+                res = fn(ev)
+                if inspect.isawaitable(res):  # an async __call__: set_callback could not tell
+                    close = getattr(res, "close", None)
+                    if close is not None:
+                        close()  # never run: no "never awaited" warning besides this error
+                    raise TypeError("callback %r returned %r, an awaitable that kvxfer never awaits: it did not run "
+                                    "for %r; pass a plain function that hands the event to your event loop "
+                                    "(loop.call_soon_threadsafe)" % (fn, res, ev))
             except BaseException as exc:  # noqa: B036 - nothing may unwind into C
                 self.callback_errors.append(exc)
                 traceback.print_exc()
@@ -1662,9 +1683,18 @@ class Request:
         return buf.raw[: n.value]
 
     def error_message(self):
-        buf = ctypes.create_string_buffer(1024)
-        self._check(lib.kvxfer_request_error(self.handle, buf, len(buf)))
-        return buf.value.decode("utf-8", "replace")
+        """The outcome's message ("" on success), whole: the library cuts
+        one that does not fit the buffer (before a character, up to 3
+        bytes short of it), so a message that fills it is asked for again
+        with a larger one (a peer's reason nested in this side's message
+        outgrows 1 KiB), up to _ERROR_MESSAGE_MAX bytes."""
+        cap = 1024
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            self._check(lib.kvxfer_request_error(self.handle, buf, cap))
+            if len(buf.value) < cap - 4 or cap >= _ERROR_MESSAGE_MAX:
+                return buf.value.decode("utf-8", "replace")
+            cap *= 4
 
     def set_payload(self, data):
         """Sets the payload this send's generation side gets with SUCCESS

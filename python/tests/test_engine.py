@@ -188,6 +188,25 @@ def test_failed_fence(pair):
     ctx.free(0, src)
 
 
+def test_error_message_longer_than_1024_bytes_is_whole(pair):
+    """A request's message of more than 1023 bytes (a peer's reason
+    nested in the receiver's, each naming the request id) was cut to the
+    1024-byte buffer error_message() passed, losing its end, the reason
+    (checked to fail: the message ended inside the id or the padding)."""
+    ctx, gen = pair
+    rid = "long-" + "i" * 250  # the longest id: 256 bytes
+    reason = "the kernel writing layer 31 failed on " + "cuda:0 " * 50 + "CUDA error 700 (an illegal memory access)"
+    rx = gen.receive(rid, 32, ctx.instance)
+    tx = ctx.send(rid, 32)
+    tx.chunk(0, 32, [(0, ctx.alloc(0, 2))]).fail(reason)
+    assert tx.wait().error == Status.FENCE and rx.wait().error == Status.PEER_FAILED
+    msg = rx.error_message()
+    assert len(msg) > 1024 and msg.endswith(reason), (len(msg), msg[-80:])
+    assert tx.error_message().endswith(reason)
+    tx.release()
+    rx.release()
+
+
 def test_bad_input_is_an_error_naming_the_value(pair):
     ctx, gen = pair
     src = ctx.alloc(0, 2)

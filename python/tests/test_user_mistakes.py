@@ -461,3 +461,43 @@ def test_user_mistakes_callback_of_another_arity_refused(pair, fn):
     tx.cancel()
     assert tx.wait(10).outcome == kvxfer.Outcome.CANCELLED and not ctx.callback_errors
     tx.release()
+
+
+class _AsyncCall:
+    async def __call__(self, ev):
+        pass
+
+
+async def _async_callback(ev):
+    pass
+
+
+@pytest.mark.parametrize("fn", [_async_callback, _AsyncCall()])
+def test_user_mistakes_async_callback_refused_or_named(pair, fn):
+    """set_callback(fn) with an async fn (an asyncio serving loop's
+    handler) was taken: each call only made a coroutine that nothing
+    awaited, so fn's body never ran, callback_errors stayed empty and the
+    only trace was Python's "never awaited" warning (checked to fail: no
+    error). An async def is a TypeError at once saying how to hand events
+    to a loop; a callable that returns an awaitable anyway (an async
+    __call__) puts a TypeError naming it in callback_errors for each
+    event."""
+    ctx, _ = pair
+    if isinstance(fn, _AsyncCall):
+        ctx.set_callback(fn)
+    else:
+        with pytest.raises(TypeError) as e:
+            ctx.set_callback(fn)
+        assert "async" in str(e.value) and "call_soon_threadsafe" in str(e.value), e.value
+        ctx.set_callback(lambda ev: None)  # the loop is then told from a plain function
+    tx = ctx.send(unique("r"), 32)
+    tx.cancel()
+    assert tx.wait(10).outcome == kvxfer.Outcome.CANCELLED
+    if isinstance(fn, _AsyncCall):
+        wait_until(lambda: ctx.callback_errors, what="the awaitable named in callback_errors")
+        err = ctx.callback_errors[0]
+        assert isinstance(err, TypeError) and "awaitable" in str(err) and "never awaits" in str(err), err
+    else:
+        assert not ctx.callback_errors
+    ctx.set_callback(None)
+    tx.release()
