@@ -99,8 +99,9 @@ type Config struct {
 	// (blocks of requests that failed while a writer had given no proof
 	// that its writes are over, DESIGN.md §3): past it new requests wait
 	// for destination blocks (until their deadline); quarantined blocks
-	// are never freed early. 0: half of PoolBytes; more than PoolBytes is
-	// refused.
+	// are never freed early. 0: half of PoolBytes (with Memory, half of
+	// the bytes its descriptors' blocks hold, which are what a block
+	// weighs here too); more than PoolBytes is refused.
 	MaxQuarantinedBytes uint64
 	// MaxOrphanRequests bounds, per generation instance, the requests
 	// whose RequestData reached this context rank before its Send (their

@@ -154,6 +154,17 @@ func Start(ctx context.Context, cfg Config) (_ *Engine, err error) {
 		}
 	}
 	e.pools = actors.NewPools(pools)
+	if r.Memory != nil {
+		// Its pools number blocks of one byte: the quarantine's bound
+		// and bytes count what the descriptors say a block holds.
+		weights := make([]uint64, len(r.Memory))
+		for g, m := range r.Memory {
+			if m != nil {
+				weights[g] = m.BlockBytes()
+			}
+		}
+		e.pools.SetBlockWeights(weights)
+	}
 	e.pools.SetQuarantineLimit(r.MaxQuarantinedBytes)
 	e.memory = engineMemory(r, geoms)
 	e.agent = r.Agent

@@ -467,6 +467,43 @@ func TestPeerRestartWithAnotherLayout(t *testing.T) {
 // next rank) changes nothing of the engine's: Engine.Memory still says
 // what Start validated, and requests still move every byte into the
 // blocks the generation side described.
+// An engine over framework memory (Config.Memory) counts its quarantine
+// in the bytes the descriptors say a block holds, as a pool engine does:
+// the default bound is half of them, and Stats.QuarantineLimitBytes
+// says so. (Checked to fail: its id-only pools weighed a block at one
+// byte, so the default bound was half the block count, and a
+// MaxQuarantinedBytes was never reached.)
+func TestConfigMemoryQuarantineInBytes(t *testing.T) {
+	l := smallLayout()
+	s, err := l.Shape(tp1, tp1.RankAt(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, mem := frameworkMemory(t, l, s, memNHD, 24)
+	var total uint64
+	for _, m := range mem {
+		if m != nil {
+			total += m.BlockBytes() * uint64(m.Blocks)
+		}
+	}
+	if total < 24*2 {
+		t.Fatalf("layout %s holds %d bytes in 24 blocks: too small to tell bytes from blocks", l.Name, total)
+	}
+	e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: "gen", Layout: &l, Region: region, Memory: mem,
+		Workers: 1, Link: control.NewMemLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e.Close(context.Background()); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	if got := e.Stats().QuarantineLimitBytes; got != total/2 {
+		t.Fatalf("default quarantine bound %d bytes, want %d (half of the %d bytes the descriptors lay out)", got, total/2, total)
+	}
+}
+
 func TestConfigMemoryIsCopied(t *testing.T) {
 	tc := memCase{"NHD to NHD", smallLayout(), tp1, tp1, memNHD, memNHD}
 	l := tc.l

@@ -54,6 +54,9 @@ type poolSet struct {
 	// the pools' bytes): past it Alloc refuses (ErrQuarantineFull, which
 	// wraps kvcache.ErrOutOfBlocks, so the allocation queue waits).
 	quarantineLimit uint64
+	// weights[g] is what a block of group g weighs in the quarantine's
+	// bytes (SetBlockWeights; nil or 0: the pool's BlockBytes).
+	weights []uint64
 	// lentTo[g][id] is the receive the caller lent block id of group g to
 	// (nil: none); a group's row is made at its first lend. lends holds
 	// the lends not yet over.
@@ -129,18 +132,45 @@ func (p *Pools) limitLocked() uint64 {
 		return p.quarantineLimit
 	}
 	var total uint64
-	for _, pl := range p.pools {
-		total += pl.BlockBytes() * uint64(pl.Len())
+	for g, pl := range p.pools {
+		total += p.weightLocked(g) * uint64(pl.Len())
 	}
 	return max(total/2, 1)
 }
 
 func (p *Pools) quarantinedLocked() uint64 {
 	var n uint64
-	for _, pl := range p.pools {
-		n += pl.BlockBytes() * uint64(pl.Stats().Quarantined)
+	for g, pl := range p.pools {
+		n += p.weightLocked(g) * uint64(pl.Stats().Quarantined)
 	}
 	return n
+}
+
+// weightLocked is what a block of group g weighs in the quarantine's
+// bytes.
+func (p *Pools) weightLocked(g int) uint64 {
+	if g < len(p.weights) && p.weights[g] > 0 {
+		return p.weights[g]
+	}
+	return p.pools[g].BlockBytes()
+}
+
+// SetBlockWeights says what a block of each group holds, in bytes, where
+// its pool's BlockBytes does not (an engine over Config.Memory, whose
+// pools number blocks of one byte each while the descriptors say where
+// a block's bytes lie): the quarantine's bound (SetQuarantineLimit, its
+// default half of the pools) and QuarantinedBytes count them so. A
+// weight of 0 keeps the pool's BlockBytes. Allocations waiting for blocks
+// are woken, as by SetQuarantineLimit.
+func (p *Pools) SetBlockWeights(bytes []uint64) {
+	p.mu.Lock()
+	p.weights = slices.Clone(bytes)
+	p.cond.Broadcast()
+	f := p.onFree
+	p.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // QuarantinedBytes is the bytes of the blocks in quarantine.

@@ -27,6 +27,35 @@ func testPools(t *testing.T, blocks int, blockBytes uint64) *Pools {
 	return NewPools(pools)
 }
 
+// Pools whose blocks are ids over memory a descriptor lays out (an
+// engine over Config.Memory: blocks of one byte each) count the
+// quarantine's bytes and its default bound by what SetBlockWeights says a
+// block holds, so that a bound given in bytes is one: one block of 4 KiB
+// quarantined fills a bound of 4 KiB, and the next Alloc waits.
+// (Checked to fail: counted as one byte a block, 4 KiB of bound took
+// 4096 blocks.)
+func TestPoolsQuarantineCountsBlockWeights(t *testing.T) {
+	p := testPools(t, 8, 1)
+	p.SetBlockWeights([]uint64{4096, 0})
+	if got, want := p.QuarantineLimit(), uint64(8*4096+8*1)/2; got != want {
+		t.Fatalf("default limit %d, want %d (half of 8 blocks of 4096 bytes and 8 of 1)", got, want)
+	}
+	p.SetQuarantineLimit(4096)
+	a, err := p.Alloc([]int{1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Quarantine(a); err != nil {
+		t.Fatal(err)
+	}
+	if qb := p.QuarantinedBytes(); qb != 4096+1 {
+		t.Fatalf("quarantined %d bytes, want %d (a block of each group)", qb, 4096+1)
+	}
+	if _, err := p.Alloc([]int{1, 0}); !errors.Is(err, ErrQuarantineFull) {
+		t.Fatalf("Alloc past a bound of one block's bytes: %v, want ErrQuarantineFull", err)
+	}
+}
+
 // Issue 17: quarantined blocks are neither free nor used, counted in
 // bytes, and past the bound Alloc refuses with ErrQuarantineFull (which
 // wraps kvcache.ErrOutOfBlocks, so the allocation queue waits) although

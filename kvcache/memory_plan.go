@@ -144,6 +144,11 @@ func mergeInSourceOrder(pieces []Segment) []Segment {
 	return out
 }
 
+// BlockBytes is the number of bytes one block holds over all of m's
+// tensors (layers, parts, heads, tokens): what a block of its group
+// weighs, whatever the strides between its pieces.
+func (m *KVMemory) BlockBytes() uint64 { return m.blockContent() }
+
 // blockContent is the number of bytes one block holds over all of m's
 // tensors.
 func (m *KVMemory) blockContent() uint64 {
