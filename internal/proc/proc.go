@@ -1309,6 +1309,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	for g := range counts {
 		counts[g] = 1
 	}
+	limit := pools.QuarantineLimit() // the bound in force (a configured one, or the default's value)
 	pools.SetQuarantineLimit(1 << 62) // the canaries take every free block, whatever is quarantined
 	for {
 		b, aerr := pools.Alloc(counts)
@@ -1373,7 +1374,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 			err = ferr
 		}
 	}
-	pools.SetQuarantineLimit(0)
+	pools.SetQuarantineLimit(limit)
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "released %d corrupt %d\n", blocks, corrupt)
 	}
