@@ -126,6 +126,16 @@ type watch struct {
 	// not disputed.
 	tied     atomic.Bool
 	disputed atomic.Bool
+	// ended: no exit of the process will be reported from this watch
+	// (Watch failed, or writerExited runs). Until then the process may
+	// still be the peer's writer, and its Hello still names it.
+	ended atomic.Bool
+	// earlier are the watches of the peer's earlier incarnations that
+	// this one superseded and that had not ended then, under Node.mu:
+	// their Hellos still name their processes (a rolling restart's
+	// predecessor lives on, mapping the pool), so a peer naming one of
+	// them disputes it as it would a current one.
+	earlier []*watch
 	// Under Node.tieMu: the pidfd's Proc (nil until Watch returned), how
 	// many checks after a Result found no mapping, and whether the node
 	// stopped checking (tied or given up).
@@ -164,13 +174,31 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 		n.mu.Unlock()
 		return
 	}
+	if old != nil {
+		w.earlier = old.pending()
+		old.earlier = nil
+	}
 	n.watched[peer] = w
-	for p, o := range n.watched {
+	for p, cur := range n.watched {
+		if !proves || h.Process.IsZero() {
+			break
+		}
+		if p == peer {
+			continue
+		}
 		// Two peers naming one process: at most one says the truth, and
-		// the mapping cannot tell which; neither exit is proof.
-		if proves && o.proves && p != peer && !h.Process.IsZero() && o.proc == h.Process {
-			w.disputed.Store(true)
-			o.disputed.Store(true)
+		// the mapping cannot tell which; neither exit is proof. An
+		// earlier incarnation still watched names its process too: its
+		// exit would be proof for it.
+		both := false
+		for _, o := range append([]*watch{cur}, cur.earlier...) {
+			if o.proves && o.proc == h.Process {
+				w.disputed.Store(true)
+				o.disputed.Store(true)
+				both = true
+			}
+		}
+		if both {
 			n.log.Warn().Str("peer", peer.String()).Str("other", p.String()).Uint32("pid", h.Process.Pid).
 				Msgf("peers %s and %s both name process %d as theirs: its exit will not count as proof for either", peer, p, h.Process.Pid)
 		}
@@ -187,6 +215,9 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 	n.tieMu.Unlock()
 	lg := n.log.With().Str("peer", peer.String()).Uint64("incarnation", inc).Logger()
 	pidfd, err := n.pids.Watch(h.Process, func() { n.writerExited(w, eng) })
+	if err != nil {
+		w.ended.Store(true)
+	}
 	n.tieMu.Lock()
 	w.pidfd = pidfd
 	if err != nil && !w.done {
@@ -204,6 +235,21 @@ func (n *Node) watchExit(h *messages.Hello, eng func() exitSink) {
 	}
 	lg.Debug().Uint32("pid", h.Process.Pid).Bool("proof", proves).Msg("watching the peer's process (pidfd)")
 	n.tie(w, false)
+}
+
+// pending are w and the watches it superseded whose processes' exits may
+// still be reported (not ended). Callers hold Node.mu.
+func (w *watch) pending() []*watch {
+	var out []*watch
+	for _, o := range w.earlier {
+		if !o.ended.Load() {
+			out = append(out, o)
+		}
+	}
+	if !w.ended.Load() {
+		out = append(out, w)
+	}
+	return out
 }
 
 // onFrame runs on the link's listener goroutine before a frame is
@@ -278,6 +324,7 @@ type deadReclaimer interface{ ReclaimDead() int }
 // heartbeats. Logged at warn only when requests of the peer were live or
 // quarantined.
 func (n *Node) writerExited(w *watch, eng func() exitSink) {
+	w.ended.Store(true)
 	peer, inc := w.peer, w.inc
 	tied := w.tied.Load() && !w.disputed.Load()
 	if x, ok := n.agent.(rdma.ExitProofTaker); ok && tied && len(w.agent) > 0 {

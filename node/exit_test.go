@@ -566,3 +566,99 @@ func TestPeerExitIsDownForItsIncarnation(t *testing.T) {
 		t.Fatalf("WriterProven for %v; want none (no pool file: no proof)", s.exited)
 	}
 }
+
+// A rolling restart: a peer's new incarnation said Hello while the
+// process of its earlier one lives on, mapping the pool (its writes may
+// still land). That watch stays, and its exit is proof for the earlier
+// incarnation: its Hello still names the process. Another peer whose
+// Hello names that process too disputes it, as it would the current
+// incarnation's, and the exit is proof for neither. (Checked to fail
+// before: only the peers' latest watches were compared, so the other
+// peer was tied to the process and its exit was WriterProven for both,
+// freeing the other peer's pages while its own process may still write.)
+func TestExitOfAProcessAnEarlierIncarnationNamesIsNoProofForAnother(t *testing.T) {
+	n, path := newShmNode(t)
+	s := &sink{}
+	eng := func() exitSink { return s }
+	lingering, lp := pidwatchtest.Mapper(t, path)
+	_, np := pidwatchtest.Idle(t)
+	a, b := messages.PeerID{Instance: "ctx", Rank: 0}, messages.PeerID{Instance: "ctx", Rank: 1}
+	n.watchExit(&messages.Hello{From: a, Backend: "shm", Incarnation: 1, Process: lp}, eng)
+	earlier := n.watched[a]
+	n.watchExit(&messages.Hello{From: a, Backend: "shm", Incarnation: 2, Process: np}, eng)
+	n.watchExit(&messages.Hello{From: b, Backend: "shm", Incarnation: 1, Process: lp}, eng)
+	n.mu.Lock()
+	other := n.watched[b]
+	n.mu.Unlock()
+	if !earlier.tied.Load() || !other.tied.Load() {
+		t.Fatalf("tied: %s's earlier incarnation %v, %s %v; want both (the process maps the pool)", a, earlier.tied.Load(), b, other.tied.Load())
+	}
+	if !other.disputed.Load() || !earlier.disputed.Load() {
+		t.Errorf("disputed: %s %v, %s's earlier incarnation %v; want both (they name one process)", b, other.disputed.Load(), a, earlier.disputed.Load())
+	}
+	if err := lingering.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	awaitCalls(t, s, 2)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exited) != 0 {
+		t.Fatalf("WriterProven for %v; want none (a process two peers name)", s.exited)
+	}
+}
+
+// A departed peer's watch is forgotten with its departure (past
+// maxDepartedPeers), as its agent address is, once no exit can come of
+// it: a peer of another host (no pidfd), or one whose process exited.
+// Before, nothing removed a watch: a long-lived node whose peers come
+// and go under new names (an instance per pod) kept one per peer name
+// ever seen (checked to fail: all four stayed). A watch whose process
+// lives, the current one's or an earlier incarnation's, stays: its exit
+// may still be proof, and its process still disputed.
+func TestDepartedPeersWatchesAreBounded(t *testing.T) {
+	self, err := pidwatch.Self()
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	old := maxDepartedPeers
+	maxDepartedPeers = 2
+	t.Cleanup(func() { maxDepartedPeers = old })
+	n := &Node{backend: "shm", pids: pidwatch.New(), watched: map[messages.PeerID]*watch{}, log: zerolog.Nop(),
+		pastIncs: map[messages.PeerID][]uint64{}, departed: map[messages.PeerID]departure{},
+		found: map[messages.PeerID]*found{}, agents: map[messages.PeerID]helloAgent{}}
+	t.Cleanup(n.closePids)
+	s := &sink{}
+	eng := func() exitSink { return s }
+	elsewhere := self
+	elsewhere.Host = "00000000-0000-0000-0000-000000000000/pid:[1]"
+	id := func(r int32) messages.PeerID { return messages.PeerID{Instance: "ctx", Rank: r} }
+	hello := func(r int32, inc uint64, p messages.ProcessID) {
+		n.watchExit(&messages.Hello{From: id(r), Backend: "shm", Incarnation: inc, Process: p}, eng)
+	}
+	_, live := pidwatchtest.Idle(t)
+	_, lingering := pidwatchtest.Idle(t)
+	exiting, ep := pidwatchtest.Idle(t)
+	hello(0, 1, elsewhere) // another host: no pidfd
+	hello(1, 1, live)
+	hello(2, 1, lingering)
+	hello(2, 2, elsewhere) // its earlier incarnation's process lives on
+	hello(3, 1, ep)
+	if err := exiting.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	awaitCalls(t, s, 1)
+	n.mu.Lock()
+	for r := int32(0); r < 6; r++ {
+		n.notePastLocked(id(r), 1)
+	}
+	var kept []string
+	for p := range n.watched {
+		kept = append(kept, p.String())
+	}
+	n.mu.Unlock()
+	slices.Sort(kept)
+	want := []string{id(1).String(), id(2).String()}
+	if !slices.Equal(kept, want) {
+		t.Fatalf("watches kept %v after ctx/0 to ctx/3's departures were forgotten; want %v (those whose process lives)", kept, want)
+	}
+}

@@ -83,6 +83,13 @@ func (n *Node) notePastLocked(id messages.PeerID, inc uint64) {
 			// incarnation notes it again): agents stays bounded by the
 			// peers found and the departed ones remembered.
 			delete(n.agents, oldest)
+			// Its watch goes too, once no exit of its processes can
+			// come any more (a peer of another host, or one whose
+			// process exited): one whose process lives may still be
+			// proof, and its process still disputed.
+			if w := n.watched[oldest]; w != nil && len(w.pending()) == 0 {
+				delete(n.watched, oldest)
+			}
 		}
 	}
 	past := n.pastIncs[id]
