@@ -351,6 +351,10 @@ func (a *Agent) Close() error {
 		<-a.w.stopped
 		// The worker closed every endpoint, including any a racing
 		// Connect opened after the snapshot: wait for their callbacks.
+		// Such an endpoint whose UCP endpoint closed before the shutdown
+		// began (UCX reported it failed) was marked closing by neither
+		// the snapshot nor the shutdown, and its dispatcher exits only
+		// once it is.
 		a.mu.Lock()
 		for e := range a.eps {
 			eps = append(eps, e)
@@ -358,6 +362,7 @@ func (a *Agent) Close() error {
 		clear(a.eps)
 		a.mu.Unlock()
 		for _, e := range eps {
+			e.requestClose()
 			e.signal()
 			<-e.stopped
 		}

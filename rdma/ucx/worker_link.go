@@ -279,7 +279,11 @@ func (w *worker) failLink(l *link, err error) {
 	if l.setState(linkFailed, err) && l.unproven == "" && l.exited == "" && !l.byeAcked {
 		l.unproven = err.Error()
 	}
-	cut := l.unproven != "" && l.exited == ""
+	// This agent's own writes on the wire to the peer are cut unless the
+	// peer's exit is proven: its bye, drained goodbye or acknowledgement
+	// (what clears or spares l.unproven) prove only its writes into this
+	// agent over, never this agent's into it.
+	cut := l.exited == ""
 	for _, c := range l.waiters {
 		c.reply(fmt.Errorf("%s: connect: %w", w.a, err))
 	}
