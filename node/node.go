@@ -259,6 +259,24 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			if e := engp.Load(); e != nil {
 				e.PeerIncarnationDown(p, inc, why)
 			}
+			if l := n.vouch.Load(); l != nil {
+				if h, err := l.Hello(p); err == nil && h.Incarnation > inc {
+					// A restart said Hello first (the link passes on
+					// the goodbye of an incarnation that left the
+					// cluster for its reason): the peer is up, as
+					// after a predecessor's Down (membership.go) or
+					// exit (exit.go), and the application is not told.
+					// (vouch, not n.link: this runs on the listener's
+					// goroutine, which starts before n.link is set.)
+					what := "said goodbye"
+					if reason != "" {
+						what += " as it exited on an error: " + reason
+					}
+					n.log.Info().Str("peer", p.String()).Uint64("incarnation", inc).Uint64("successor", h.Incarnation).Str("reason", reason).
+						Msgf("incarnation %d of peer %s %s; its requests here fail, but the peer is up (its incarnation %d said Hello since)", inc, p, what, h.Incarnation)
+					return
+				}
+			}
 			if reason != "" {
 				n.log.Warn().Str("peer", p.String()).Uint64("incarnation", inc).Str("reason", reason).
 					Msgf("peer %s said goodbye as it exited on an error: %s; its requests here fail", p, reason)

@@ -3,8 +3,10 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,6 +237,107 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 		t.Fatalf("OnPeerDown told %d times for the Down of ctx/0's first incarnation while its second is up", n)
 	}
 	sendAndVerify(t, ctx2, genN, rx, "r", "a request addressed to ctx/0's second incarnation, after the Down of its first")
+}
+
+// TestGoodbyeOfAReplacedIncarnationSparesItsSuccessor: ctx/0 restarts
+// while its first incarnation still closes (a closing node revokes its
+// lease first, and says goodbye only once its engine drained). The first
+// incarnation leaves etcd, its successor says Hello, and then the first
+// says goodbye naming why it exits. The link passes on the goodbye of an
+// incarnation that left, for its reason: the generation node takes that
+// incarnation down, but does not tell the application that ctx/0 is down
+// and not coming back (OnPeerGoodbye, OnPeerDown), as a predecessor's
+// Down or exit does not: its successor is up, and a request addressed to
+// it moves. Two orders: the successor (same key, at another endpoint)
+// said Hello before the Down, and the goodbye comes before its record
+// (whose Up, same key, lets the first incarnation back at the link, which
+// then rejects its goodbye itself); or the successor has a new key, and
+// its record and Hello come after the Down. (Checked to fail: without the
+// Hello's check in the node's goodbye handler, found in a review, the
+// application heard OnPeerGoodbye with the reason and OnPeerDown, in
+// both.)
+func TestGoodbyeOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
+	t.Run("HelloBeforeTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, false) })
+	t.Run("NewKeyAfterTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, true) })
+}
+
+func goodbyeOfAReplacedIncarnation(t *testing.T, newKey bool) {
+	url, cluster, dir := etcdURL(t), clusterName("node-replaced-bye"), t.TempDir()
+	gk, ck := newKeys(t), newKeys(t)
+	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
+	gc.SecretKey, gc.TransferTimeout = gk.secret, node.Duration(patience)
+	var mu sync.Mutex
+	var told []string
+	tell := func(s string) { mu.Lock(); defer mu.Unlock(); told = append(told, s) }
+	toldSoFar := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), told...) }
+	gc.OnPeerGoodbye = func(instance string, rank int, reason string) {
+		tell(fmt.Sprintf("OnPeerGoodbye(%s, %d, %q)", instance, rank, reason))
+	}
+	gc.OnPeerDown = func(instance string, rank int) { tell(fmt.Sprintf("OnPeerDown(%s, %d)", instance, rank)) }
+	logs := logged(t, &gc)
+	genN := open(t, gc)
+	ep1 := "ipc://" + filepath.Join(dir, "ctx1.sock")
+	cc := node.Config{Instance: "ctx", Layout: tiny(), PoolBytes: 1 << 20, Backend: shm.Backend, SendOnly: true,
+		Bind: ep1, SecretKey: ck.secret, HeartbeatInterval: node.Duration(beat), TransferTimeout: node.Duration(patience),
+		Peers: []node.Peer{{Instance: "gen", Endpoint: gc.Bind, PublicKey: gk.public}}}
+	ctx1, err := node.Open(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc1 := ctx1.Engine().Hello().Incarnation
+	rec := newRecord(ep1, ck)
+	rec.Incarnation = inc1
+	genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: rec})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := genN.WaitPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	down1 := discovery.Event{Kind: discovery.EventDown, Instance: "ctx", Incarnation: inc1, Reason: discovery.ReasonLeft}
+	k2 := ck
+	if newKey {
+		// Nobody else is up under the name: the application hears it
+		// left.
+		genN.Apply(down1)
+		k2 = newKeys(t)
+	}
+	cc2 := cc
+	cc2.Bind, cc2.SecretKey = "ipc://"+filepath.Join(dir, "ctx2.sock"), k2.secret
+	ctx2 := open(t, cc2)
+	inc2 := ctx2.Engine().Hello().Incarnation
+	up2 := newRecord(cc2.Bind, k2)
+	up2.Incarnation = inc2
+	if newKey {
+		genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: up2})
+	}
+	ctx0 := messages.PeerID{Instance: "ctx"}
+	waitFor(t, patience, "the Hello of ctx/0's second incarnation", func() bool {
+		h, err := genN.LinkHello(ctx0)
+		return err == nil && h.Incarnation == inc2
+	})
+	if !newKey {
+		genN.Apply(down1)
+	}
+	before := toldSoFar()
+	if err := ctx1.CloseBecause(ctx, errors.New("its model is not the one configured")); err != nil {
+		t.Fatal(err)
+	}
+	// The goodbye is drained (ctx/0's first incarnation started no
+	// write): the link tells its proof after OnPeerGoodbye, on the same
+	// goroutine, and the node logs it.
+	drained := fmt.Sprintf(`"incarnation":%d,"requests":0,"message":"peer ctx/0 closed after draining its writes (goodbye)`, inc1)
+	waitFor(t, patience, "the goodbye of ctx/0's first incarnation taken (its proof logged)", func() bool { return logs.Has(drained) })
+	if got := toldSoFar()[len(before):]; len(got) != 0 {
+		t.Fatalf("the application was told %v for the goodbye of ctx/0's first incarnation while its second is up; want nothing", got)
+	}
+	if !newKey {
+		genN.Apply(discovery.Event{Kind: discovery.EventUp, Record: up2})
+	}
+	rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendAndVerify(t, ctx2, genN, rx, "r", "a request addressed to ctx/0's second incarnation, after the goodbye of its first")
 }
 
 // TestReceiveFromARestartedWriterThatFellSilentIsNotWaitedFor: ctx/0's
