@@ -984,6 +984,11 @@ func hitOf(r RxRequest, g int) int {
 }
 
 func (p *rxParent) route(ctx actor.Context, f messages.Frame) {
+	// A frame takes its sender out of the down set (RxTable.Route): it is
+	// heard again, and its suspected requests must hear it too, after the
+	// frame. Left to Engine.PeerAlive or Close, they never would: both
+	// tell only of a peer still in the down set.
+	down := p.table.IsDown(f.Sender())
 	switch v, w := p.table.Route(f); v {
 	case core.RxRouteStale:
 		p.env.stale()
@@ -993,6 +998,9 @@ func (p *rxParent) route(ctx actor.Context, f messages.Frame) {
 		p.env.log.Warn().Str("request", f.Request()).Str("peer", f.Sender().String()).Msg("frame from a peer that is not a writer of the request")
 	case core.RxRouteDeliver:
 		ctx.Send(p.sessions.pids[f.Request()], RxFrame{Writer: w, Frame: f})
+	}
+	if down {
+		p.tellHeard(ctx, f.Sender(), core.FromIncarnation(f))
 	}
 }
 
@@ -1114,9 +1122,16 @@ func (p *rxParent) heard(ctx actor.Context, peer messages.PeerID) {
 		return
 	}
 	p.table.Heard(peer)
+	p.tellHeard(ctx, peer, h.Incarnation)
+}
+
+// tellHeard sends RxHeard, for incarnation inc of peer, to the sessions
+// peer is a writer of: it has left the down set (heard, a request's start,
+// a frame of it).
+func (p *rxParent) tellHeard(ctx actor.Context, peer messages.PeerID, inc uint64) {
 	for _, r := range p.table.WriterRefs(peer) {
 		if pid := p.sessions.pids[r.Request]; pid != nil {
-			ctx.Send(pid, RxHeard{Writer: r.Writer, Incarnation: h.Incarnation})
+			ctx.Send(pid, RxHeard{Writer: r.Writer, Incarnation: inc})
 		}
 	}
 }
@@ -1127,13 +1142,16 @@ func (p *rxParent) start(ctx actor.Context, q *rxOpenReq, blocks [][]kvcache.Blo
 		PrefixHitBlocks: q.req.PrefixHitBlocks, Deadline: q.req.Deadline}
 	// A writer the control plane declared dead and does not hear again
 	// fails the request before any RequestData leaves (RxTable.Start).
+	// One it hears (its Hello is current) leaves the down set, and the
+	// requests that suspected it hear it too (tellHeard).
 	for _, peer := range p.table.DownWriters(o) {
 		if p.link == nil {
 			continue
 		}
-		_, err := p.link.Hello(peer)
+		h, err := p.link.Hello(peer)
 		if err == nil {
 			p.table.Heard(peer)
+			p.tellHeard(ctx, peer, h.Incarnation)
 		} else if p.otherVersion(q, blocks, peer, err) {
 			return
 		}

@@ -87,8 +87,8 @@ type (
 	// Writers that are heard from are still waited for (their CancelAck).
 	RxAbandon struct{}
 	// RxHeard: the control plane hears writer Writer again, in incarnation
-	// Incarnation, after a Down (its heartbeat, or its Hello current as
-	// the engine closes): a suspicion of missed heartbeats (an RxSuspect
+	// Incarnation, after a Down (its heartbeat, a frame of it, its Hello
+	// current as a request starts or as the engine closes): a suspicion of missed heartbeats (an RxSuspect
 	// of no incarnation) is lifted, and the writer is sent the Cancel
 	// again at once, so that a writer that was only partitioned or
 	// stalled answers now, not at the Cancel's next re-send, and a

@@ -753,11 +753,15 @@ func (g *genRank) onFrame(f messages.Frame) {
 		}
 		return
 	}
-	v, w := g.table.Route(f)
-	if v != core.RxRouteDeliver {
-		return // stale, or not a writer of the request
+	// A frame takes its sender out of the down set (RxTable.Route); its
+	// suspected requests hear it after the frame (rxParent.route).
+	down := g.table.IsDown(f.Sender())
+	if v, w := g.table.Route(f); v == core.RxRouteDeliver { // else stale, or not a writer of the request
+		s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f})
 	}
-	s.sendRx(g.parentName(), g.entries[f.Request()], actors.RxFrame{Writer: w, Frame: f})
+	if down {
+		g.tellHeard(f.Sender(), core.FromIncarnation(f))
+	}
 }
 
 // heardFrom: a frame of a context incarnation carries its Hello's
@@ -961,8 +965,13 @@ func (g *genRank) start(a *genApp, blocks [][]kvcache.BlockID) {
 	// A request that needs a writer the control plane declared dead (and
 	// does not hear again) fails before any RequestData leaves.
 	for _, peer := range g.table.DownWriters(o) {
-		if s.ctx[peer.Rank].alive {
+		if c := s.ctx[peer.Rank]; c.alive {
 			g.table.Heard(peer) // the control plane hears it again
+			inc := c.incarnation()
+			if h, ok := g.heard[c.idx]; ok && h < inc {
+				inc = h // the new incarnation's Hello has not come yet
+			}
+			g.tellHeard(peer, inc)
 		}
 	}
 	// The writers' Hellos name their incarnations (the control link's

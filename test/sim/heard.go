@@ -45,16 +45,24 @@ func (g *genRank) heardAgain(c *ctxRank) {
 		return
 	}
 	g.table.Heard(peer)
-	refs := g.table.WriterRefs(peer)
-	if len(refs) > 0 {
+	if len(g.table.WriterRefs(peer)) > 0 {
 		s.fired(FaultHeardAgain)
 	}
-	for _, r := range refs {
+	g.tellHeard(peer, c.incarnation())
+}
+
+// tellHeard is rxParent.tellHeard: every session peer writes for hears
+// RxHeard for its incarnation inc, once peer left the down set (its
+// heartbeats, a request's start that found its Hello current, a frame of
+// it).
+func (g *genRank) tellHeard(peer messages.PeerID, inc uint64) {
+	s := g.s
+	for _, r := range g.table.WriterRefs(peer) {
 		rs := g.entries[r.Request]
 		if rs == nil {
 			continue
 		}
-		msg := actors.RxHeard{Writer: r.Writer, Incarnation: uint64(c.inc + 1)}
+		msg := actors.RxHeard{Writer: r.Writer, Incarnation: inc}
 		s.mail(g.parentName(), rs.name, heardHop, msg, func() { s.stepRx(rs, msg) })
 	}
 }
