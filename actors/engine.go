@@ -632,10 +632,21 @@ func (e *Engine) PeerDown(peer messages.PeerID, why string) {
 // the sessions of its requests fail (those of a later incarnation go on:
 // a restarted peer whose Hello came before the Down of the incarnation it
 // replaced), and new requests from the peer fail while no later
-// incarnation of it is known.
+// incarnation of it is known. While the link knows a later incarnation,
+// the workers keep their control connection and data endpoint to the
+// peer: they serve that incarnation, whose flushes may be pending there.
+// The failed sessions close the endpoints of their own ops in doubt
+// (CloseEndpoint); an endpoint to the old incarnation's address, if
+// another, closes as stale when the next op to the peer finds its address
+// changed (or at the later incarnation's own Down, or Close).
 func (e *Engine) PeerIncarnationDown(peer messages.PeerID, inc uint64, why string) {
 	e.sys.Root.Send(e.tx, &peerDown{peer: peer, why: why, inc: inc})
 	e.sys.Root.Send(e.rx, &peerDown{peer: peer, why: why, inc: inc})
+	if inc != 0 && e.cfg.Link != nil {
+		if h, err := e.cfg.Link.Hello(peer); err == nil && h.Incarnation > inc {
+			return
+		}
+	}
 	for i := range e.env.workers {
 		if w := e.env.opWorker(i); w != nil {
 			e.sys.Root.Send(w, workerPeerDown{peer: peer})

@@ -1309,7 +1309,7 @@ func canary(ctx context.Context, n *role, o Options, inflight *atomic.Int64) (bl
 	for g := range counts {
 		counts[g] = 1
 	}
-	limit := pools.QuarantineLimit() // the bound in force (a configured one, or the default's value)
+	limit := pools.QuarantineLimit()  // the bound in force (a configured one, or the default's value)
 	pools.SetQuarantineLimit(1 << 62) // the canaries take every free block, whatever is quarantined
 	for {
 		b, aerr := pools.Alloc(counts)
