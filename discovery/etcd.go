@@ -338,7 +338,8 @@ func (e *Etcd) sync(resp *clientv3.GetResponse) {
 //
 // Close cuts a Register in flight short and waits for it: that Register
 // fails with ErrClosed and leaves no record, lease or goroutine behind; a
-// Register after Close is ErrClosed as well.
+// Register after Close is ErrClosed as well. A failure of the registry
+// (Err) cuts it short the same way, and its error names that failure.
 //
 // Register returns nil only once etcd has renewed the new lease once (the
 // keepalive's first reply, awaited within ctx and the dial timeout + 1 s): from
@@ -621,7 +622,13 @@ func (e *Etcd) unregister(err error, lease clientv3.LeaseID) error {
 		e.stopKeepalive() // before the revoke: a failed Register is no Lost
 	}
 	if e.ctx.Err() != nil && !errors.Is(err, ErrClosed) {
-		err = fmt.Errorf("%w: registering %s cut short: %w", ErrClosed, e.self, err)
+		if ferr := e.Err(); ferr != nil {
+			// Not a Close: the registry failed meanwhile (its event queue
+			// overflowed, its etcd client was closed), and that is why.
+			err = fmt.Errorf("%w: registering %s cut short: the registry stopped: %w: %w", ErrClosed, e.self, ferr, err)
+		} else {
+			err = fmt.Errorf("%w: registering %s cut short: %w", ErrClosed, e.self, err)
+		}
 	}
 	e.mu.Unlock()
 	if lease != 0 {

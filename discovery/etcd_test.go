@@ -406,6 +406,44 @@ func TestEtcdOverflowStops(t *testing.T) {
 	}
 }
 
+// TestEtcdRegisterCutShortByAFailureNamesIt: a registry that fails while
+// its Register waits (here the event queue overflows: the rank's key is
+// held, and a peer restarts over and over while nothing reads Events)
+// fails that Register naming why, as a Register started after the
+// failure does. It said only "registry closed … cut short … context
+// canceled": no Close was called, and the cause was in Err alone.
+func TestEtcdRegisterCutShortByAFailureNamesIt(t *testing.T) {
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminRegister(t, admin, cluster, testRecord("gen", 0, 1), lease.ID) // a live holder
+	held := make(chan struct{}, 1)
+	a := newEtcdRegistry(t, cluster, WithEventQueue(2), WithOnHeld(func(Record) {
+		select {
+		case held <- struct{}{}:
+		default:
+		}
+	}))
+	regErr := make(chan error, 1)
+	go func() { regErr <- a.Register(ctxFor(t, waitFor), testRecord("gen", 0, 5)) }()
+	receive(t, held, waitFor, "Register to wait for the holder")
+	for inc := uint64(1); a.Err() == nil; inc++ {
+		if inc > 1000 {
+			t.Fatal("the registry took 1000 restarts of a peer without overflowing its queue of 2")
+		}
+		adminRegister(t, admin, cluster, testRecord("gen", 1, inc), lease.ID) // a Down and an Up each
+	}
+	err = receive(t, regErr, waitFor, "Register to return")
+	t.Logf("Register: %v", err)
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrEventOverflow) {
+		t.Errorf("Register of a registry that overflowed meanwhile: %v, want %v and %v", err, ErrClosed, ErrEventOverflow)
+	}
+}
+
 // leaseID exposes the registry's lease to tests.
 func (e *Etcd) leaseID() clientv3.LeaseID {
 	e.mu.Lock()
