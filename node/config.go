@@ -217,8 +217,10 @@ type Config struct {
 	// node closed, before OnPeerDown for it: reason is why it closed, as
 	// its goodbye said (it exits on an error it found, Node.CloseBecause,
 	// and is not coming back: its owner may stop waiting for it), "" when
-	// it gave none (a graceful stop, a restart, an older peer). It must
-	// not block.
+	// it gave none (a graceful stop, a restart, an older peer). Neither
+	// is called for the goodbye of an incarnation whose successor said
+	// Hello first (a restart under etcd): the peer is up. It must not
+	// block.
 	OnPeerGoodbye func(instance string, rank int, reason string) `json:"-"`
 }
 

@@ -50,7 +50,8 @@
 //     that closes gracefully (Close) says goodbye on its control link to
 //     each peer it is connected to; a peer takes that incarnation down at
 //     once (Engine.PeerIncarnationDown, "closed (it said goodbye)", and
-//     Config.OnPeerGoodbye, Config.OnPeerDown) instead of after the
+//     Config.OnPeerGoodbye, Config.OnPeerDown, unless a later incarnation
+//     of it said Hello first: the peer is up) instead of after the
 //     heartbeat timeout — with or without etcd. A node closed on an error
 //     (CloseBecause) names it in its goodbye: the peer's requests fail
 //     naming it ("exited on an error (its goodbye says: …)"), and

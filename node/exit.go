@@ -136,6 +136,10 @@ type watch struct {
 	// predecessor lives on, mapping the pool), so a peer naming one of
 	// them disputes it as it would a current one.
 	earlier []*watch
+	// forgotten, under Node.mu: the peer's departure was forgotten
+	// (notePastLocked) while a process of it could still exit; the watch
+	// goes once none can (writerExited).
+	forgotten bool
 	// Under Node.tieMu: the pidfd's Proc (nil until Watch returned), how
 	// many checks after a Result found no mapping, and whether the node
 	// stopped checking (tied or given up).
@@ -326,6 +330,13 @@ type deadReclaimer interface{ ReclaimDead() int }
 func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	w.ended.Store(true)
 	peer, inc := w.peer, w.inc
+	n.mu.Lock()
+	if cur := n.watched[peer]; cur != nil && cur.forgotten && len(cur.pending()) == 0 {
+		// Its departure was forgotten while this process lived: with its
+		// exit, no exit of the peer's processes can come any more.
+		delete(n.watched, peer)
+	}
+	n.mu.Unlock()
 	tied := w.tied.Load() && !w.disputed.Load()
 	if x, ok := n.agent.(rdma.ExitProofTaker); ok && tied && len(w.agent) > 0 {
 		// Before the engine's part, and whether or not the engine still

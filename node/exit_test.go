@@ -636,7 +636,7 @@ func TestDepartedPeersWatchesAreBounded(t *testing.T) {
 		n.watchExit(&messages.Hello{From: id(r), Backend: "shm", Incarnation: inc, Process: p}, eng)
 	}
 	_, live := pidwatchtest.Idle(t)
-	_, lingering := pidwatchtest.Idle(t)
+	lingerer, lingering := pidwatchtest.Idle(t)
 	exiting, ep := pidwatchtest.Idle(t)
 	hello(0, 1, elsewhere) // another host: no pidfd
 	hello(1, 1, live)
@@ -660,5 +660,19 @@ func TestDepartedPeersWatchesAreBounded(t *testing.T) {
 	want := []string{id(1).String(), id(2).String()}
 	if !slices.Equal(kept, want) {
 		t.Fatalf("watches kept %v after ctx/0 to ctx/3's departures were forgotten; want %v (those whose process lives)", kept, want)
+	}
+	// The process ctx/2's earlier incarnation names exits: no exit of
+	// ctx/2's processes can come any more, and its watch goes. (Checked
+	// to fail: a watch kept at the forgetting stayed for good.)
+	if err := lingerer.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	awaitCalls(t, s, 2)
+	n.mu.Lock()
+	_, still := n.watched[id(2)]
+	_, live1 := n.watched[id(1)]
+	n.mu.Unlock()
+	if still || !live1 {
+		t.Fatalf("after ctx/2's last process exited: its watch kept %v, ctx/1's (alive) kept %v; want false, true", still, live1)
 	}
 }

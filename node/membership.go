@@ -89,6 +89,8 @@ func (n *Node) notePastLocked(id messages.PeerID, inc uint64) {
 			// proof, and its process still disputed.
 			if w := n.watched[oldest]; w != nil && len(w.pending()) == 0 {
 				delete(n.watched, oldest)
+			} else if w != nil {
+				w.forgotten = true // it goes at the last exit (writerExited)
 			}
 		}
 	}
