@@ -412,6 +412,15 @@ func (s *TxSession) Step(msg any, now time.Time) []Effect {
 		if st != nil && st.epoch == m.Epoch && !st.silent {
 			st.cancelled = true
 			s.fail(TxCancelled, fmt.Errorf("%w: request %s by %s", ErrPeerCancelled, s.cfg.Request, st.route.Peer))
+			if st.answered() {
+				// Its terminal frame was handed over already, every op
+				// of it quiescent, but the peer, which cancels, may never
+				// have got it (refused for its queue): acknowledge now,
+				// as a stopped session would (afterStop). Otherwise the
+				// peer's blocks wait for as long as another stream keeps
+				// this session alive.
+				s.replyTo(m.From, m.Incarnation, &messages.CancelAck{RequestID: s.cfg.Request, Epoch: m.Epoch, From: s.cfg.Self})
+			}
 			break
 		}
 		if st == nil {

@@ -1365,6 +1365,46 @@ func TestTx_PeerCancel(t *testing.T) {
 	h.wantReleased(TxCancelled, ErrPeerCancelled)
 }
 
+// TestTx_PeerCancelOfAnAnsweredStreamIsAcknowledged: a Cancel for a
+// stream whose terminal frame was already handed to its worker is
+// acknowledged at once, while the session lives on for another stream.
+// That frame may never have reached the peer (here a SUCCESS Result the
+// control plane refused for its queue): the peer's only way out is its
+// Cancel, re-sent until acknowledged, and every op of the stream is
+// quiescent, as a stopped session's CancelAck says (afterStop). Left
+// unanswered, the peer's blocks stay quarantined for as long as another
+// stream keeps the session alive — for good, with an op in doubt for good.
+func TestTx_PeerCancelOfAnAnsweredStreamIsAcknowledged(t *testing.T) {
+	h, _ := newTxHarness(t, txOpts{})
+	h.start(32, time.Minute)
+	h.request(1, 1, 2)
+	h.request(2, 1, 2)
+	h.chunk(0, 32, true)
+	h.fence(0)
+	h.complete(1, 0, nil)
+	wantResult(t, h.flushed(1, nil), 1, messages.StatusSuccess)
+	h.sent(1, fmt.Errorf("%w: its terminal backlog is full", control.ErrQueueFull))
+	h.wantState(TxFailed)
+	// Peer 2's op is still in flight: the session lives on.
+	h.wantOp(2, 0, OpSubmitting)
+
+	effs := h.step(TxPeerCancel{Peer: 1, From: genPeer(1), Epoch: 1})
+	fs := framesTo(effs, 1)
+	if len(fs) != 1 {
+		t.Fatalf("frames to peer 1 on its Cancel: %d, want one CancelAck (effects %s)", len(fs), fmtEffects(effs))
+	}
+	if a, ok := fs[0].(*messages.CancelAck); !ok || a.Epoch != 1 || a.RequestID != "r1" {
+		t.Fatalf("frame to peer 1: %s, want CancelAck of epoch 1", fmtFrame(fs[0]))
+	}
+	wantNo(t, "peer 2 still in flight", effs, "Unpin", "Finish")
+	if fs := framesTo(effs, 2); len(fs) != 0 {
+		t.Fatalf("frames to peer 2 with its op in flight: %v", fs)
+	}
+	effs = h.complete(2, 0, nil)
+	wantResult(t, effs, 2, messages.StatusFailed)
+	h.wantReleased(TxFailed, ErrFrameUnsent)
+}
+
 // TestTx_OrphanTimeout: a session that never gets Send (TxStart) is bounded
 // by TxConfig.Timeout; the peer that asked hears FAILED.
 func TestTx_OrphanTimeout(t *testing.T) {
