@@ -1,6 +1,7 @@
 package capi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,11 @@ type Engine struct {
 	shape    kvcache.Shape
 	node     *node.Node // set when opened by OpenNode: Close closes it
 	instance string
+	// pool is the pool Open allocated for the engine (no caller memory):
+	// Close unmaps it only once every callback has returned, and only
+	// when the engine drained (a callback may read its READY blocks; a
+	// write may land after a close that did not drain).
+	pool *kvcache.Region
 
 	// opening is held shared by Send and Receive from their closed check
 	// until their watcher is registered, and exclusively by Close while it
@@ -132,8 +138,23 @@ func openEngine(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engi
 		}
 		kc.PoolBytes = poolBytes
 	}
+	// The engine's own pool is allocated here, not by the engine, which
+	// would unmap it inside its Close, before the callbacks under way (and
+	// the drained events' ones) have returned. A length the engine refuses
+	// is left for it to name.
+	var own *kvcache.Region
+	if n := cmp.Or(kc.PoolBytes, kvxfer.DefaultPoolBytes); kc.Region == nil && n <= kvcache.MaxHostRegion {
+		r, err := kvcache.NewHostRegion(n)
+		if err != nil {
+			return nil, 0, errorf(ErrConfig, "pool of %d bytes: %v", n, err)
+		}
+		own, kc.Region, kc.PoolBytes = r, r, n
+	}
 	eng, err := kvxfer.Start(context.Background(), kc)
 	if err != nil {
+		if own != nil {
+			_ = own.Close() // nothing was started over it
+		}
 		// As OpenNode's: a resource the open could not get (an instance
 		// name another engine of the process listens as, a metrics_addr
 		// in use) is the caller's config, not a bug in kvxfer.
@@ -147,6 +168,7 @@ func openEngine(configJSON string, pool unsafe.Pointer, poolBytes uint64) (*Engi
 		return nil, 0, nodeError(err)
 	}
 	e := newEngine(eng, nil, kc.Instance)
+	e.pool = own
 	return e, e.h, nil
 }
 
@@ -247,6 +269,13 @@ func (e *Engine) Close(timeout time.Duration) error {
 	e.requests = map[uint64]*Request{}
 	e.events = nil
 	e.mu.Unlock()
+	// No callback runs any more: the pool Open allocated goes, unless the
+	// close left writes that may still land (then it stays, leaked).
+	if err == nil && e.pool != nil {
+		if perr := e.pool.Close(); perr != nil {
+			err = errorf(ErrInternal, "engine %d: close: unmapping its pool: %v", e.h, perr)
+		}
+	}
 	drop(e.h)
 	return err
 }
