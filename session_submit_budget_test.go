@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // TestSessionPastBudgetDropsSubmitsAndEnds: a TxSession panics running
@@ -133,6 +134,105 @@ func TestSessionPastBudgetDroppedSubmitSettlesItsStream(t *testing.T) {
 	}
 	if got := ce.Stats().SessionPanicsPastBudget; got != 2 {
 		t.Fatalf("%d panics past the budget, want 2 (%d Submit runs): the test proves nothing", got, n.Load())
+	}
+	if o.OK {
+		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free the source blocks after Done: %v", err)
+	}
+	if ro := waitOutcome(t, rh.Done()); ro.OK {
+		t.Fatalf("rx %s, want a failure", ro.Status)
+	}
+	select {
+	case <-rh.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("rx never released its blocks")
+	}
+}
+
+// TestSessionPastBudgetKeepsStepEffectsBehindLeftovers: a session resumed
+// past its restart budget takes the next message in its mailbox before
+// the supervisor's runLeftover — here the last chunk's fence, fired from
+// inside the panic that takes the session past its budget, so that it is
+// queued first. The fence's step emits a Submit (op 3), run behind what
+// the panic left (the Submits of ops 1 and 2). Before, a panic in those
+// leftovers lost the fence step's own effects (they were in no list a
+// later incarnation runs): op 3 stayed SUBMITTING for good, the session
+// never drained, Done never came, and the generation side waited for its
+// deadline. (It showed as a rare timeout of
+// TestSessionPastBudgetDropsSubmitsAndEnds/0/8 under load.) The Submits
+// panic at runs 1-8: each of ops 0-3 runs twice and is dropped.
+func TestSessionPastBudgetKeepsStepEffectsBehindLeftovers(t *testing.T) {
+	l := smallLayout()
+	ce, ge := faultyPairWith(t, l, 1, func(_ string, cfg *kvxfer.Config) { cfg.TransferTimeout = 10 * time.Minute })
+	th, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "k", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(64)
+	}
+	src, err := ce.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(64, 16, l.TokensPerBlock)
+	if err != nil || len(chunks) != 4 {
+		t.Fatalf("%d chunks (%v), want 4", len(chunks), err)
+	}
+	fences := make([]*kvxfer.ManualFence, len(chunks))
+	for i, ch := range chunks {
+		fences[i] = &kvxfer.ManualFence{}
+		if err := th.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fences[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n atomic.Int32
+	hook := func(side string, e actors.Effect) bool {
+		if _, ok := e.(actors.Submit); !ok || side != "tx" {
+			return false
+		}
+		i := n.Add(1)
+		if i == 4 {
+			// The panic that takes the session past its budget (three
+			// restarts): the last fence's TxFenceFired is queued before
+			// the supervisor's runLeftover.
+			fences[3].Fire(nil)
+		}
+		return i <= 8
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	// Fences 0-2 fire before the RequestData: the step that takes it emits
+	// the Submits of ops 0-2 in one batch.
+	var fired atomic.Int32
+	watch := func(side string, m any) bool {
+		if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
+			fired.Add(1)
+		}
+		return false
+	}
+	actors.PanicOnStep.Store(&watch)
+	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	for _, f := range fences[:3] {
+		f.Fire(nil)
+	}
+	waitUntil(t, "three fences stepped", func() bool { return fired.Load() == 3 })
+	rh, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "k", PromptLen: 64, Context: "ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o kvxfer.Outcome
+	select {
+	case o = <-th.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no tx outcome in 60 s (%d Submit runs, %d panics past budget): the fence step's Submit was lost behind the leftovers",
+			n.Load(), ce.Stats().SessionPanicsPastBudget)
+	}
+	if got := ce.Stats().SessionPanicsPastBudget; got < 2 {
+		t.Fatalf("%d panics past the budget, want 2 or more (%d Submit runs): the test proves nothing", got, n.Load())
 	}
 	if o.OK {
 		t.Fatalf("tx %s, want the request failed by the panics", o.Status)

@@ -59,6 +59,14 @@ type cell[S stepper] struct {
 	running  Effect
 	retried  bool
 	feedback []any
+	// behind are the effect lists that wait for what a panic left
+	// (pending, running) to run first — the effects of the steps taken
+	// since, each whole, in order: a panic in those leftovers leaves them
+	// here for the next incarnation (or, past the restart budget, the next
+	// run), after the rest of the leftovers. Before, it lost them: a
+	// resumed session's step, taken before the supervisor's runLeftover,
+	// lost its Submit, and the op stayed SUBMITTING for good.
+	behind [][]Effect
 	// stepping is the message a step is taking, nil between steps: a
 	// panic inside the step leaves it set — the message is lost with the
 	// panic. The next incarnation (or, past the restart budget, the next
@@ -409,8 +417,17 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 				d.droppedEffect(a, ctx, panicked)
 			}
 		}
+		// eff waits behind them, after what waited before it.
+		a.behind = append(a.behind, eff)
 		a.run(ctx, left, now)
 		a.retried = false
+		for len(a.behind) > 0 {
+			next := a.behind[0]
+			a.behind = a.behind[1:]
+			a.run(ctx, next, now) // (nothing left by a panic: it runs them)
+		}
+		a.behind = nil
+		return
 	}
 	// No defer: a panic must leave pending and running as they are.
 	for i, e := range eff {
