@@ -62,6 +62,7 @@ type Engine struct {
 	// without posting anything more.
 	stopped  bool
 	stop     chan struct{}
+	ending   bool // endCallbacks was called
 	requests map[uint64]*Request
 	fences   map[uint64]*fence
 	watchers sync.WaitGroup
@@ -223,6 +224,9 @@ func (e *Engine) Close(timeout time.Duration) error {
 	defer cancel()
 	var err error
 	if e.node != nil {
+		// The node calls endCallbacks itself once its engine closed,
+		// before its pool memory goes (nodeConfig's BeforeMemoryGoes); a
+		// close that failed before that point leaves it to us.
 		err = e.node.Close(ctx)
 	} else {
 		err = e.eng.Close(ctx)
@@ -235,6 +239,38 @@ func (e *Engine) Close(timeout time.Duration) error {
 		// still write: the caller's memory must stay, as after a timeout.
 		err = &Error{Code: ErrTimeout, Err: fmt.Errorf("engine %d: close: %w", e.h, err)}
 	}
+	e.endCallbacks(ctx, err)
+	e.mu.Lock()
+	for h := range e.requests {
+		drop(h)
+	}
+	e.requests = map[uint64]*Request{}
+	e.events = nil
+	e.mu.Unlock()
+	// No callback runs any more: the pool Open allocated goes, unless the
+	// close left writes that may still land (then it stays, leaked).
+	if err == nil && e.pool != nil {
+		if perr := e.pool.Close(); perr != nil {
+			err = errorf(ErrInternal, "engine %d: close: unmapping its pool: %v", e.h, perr)
+		}
+	}
+	drop(e.h)
+	return err
+}
+
+// endCallbacks ends the request watchers once the engine closed (err: its
+// close's error): after a drained close each posts its event first (its
+// callback runs), the others end posting nothing; a callback under way is
+// waited for. Called once, before the pool memory can go: by the node
+// (Config.BeforeMemoryGoes) for an engine it opened, else by Close.
+func (e *Engine) endCallbacks(ctx context.Context, err error) {
+	e.mu.Lock()
+	if e.ending {
+		e.mu.Unlock()
+		return
+	}
+	e.ending = true
+	e.mu.Unlock()
 	if err == nil {
 		// Every outcome is decided and each drained request's blocks
 		// released: each watcher posts its event at once. Bounded all the
@@ -262,22 +298,6 @@ func (e *Engine) Close(timeout time.Duration) error {
 	close(e.stop)
 	e.mu.Unlock()
 	e.watchers.Wait()
-	e.mu.Lock()
-	for h := range e.requests {
-		drop(h)
-	}
-	e.requests = map[uint64]*Request{}
-	e.events = nil
-	e.mu.Unlock()
-	// No callback runs any more: the pool Open allocated goes, unless the
-	// close left writes that may still land (then it stays, leaked).
-	if err == nil && e.pool != nil {
-		if perr := e.pool.Close(); perr != nil {
-			err = errorf(ErrInternal, "engine %d: close: unmapping its pool: %v", e.h, perr)
-		}
-	}
-	drop(e.h)
-	return err
 }
 
 // SetNotify sends every later event to f (on a goroutine of the engine)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,11 +42,20 @@ func openNode(configJSON string) (*Engine, uint64, error) {
 	if err := fillFromEnv(&cfg.Workers, &cfg.Backend); err != nil {
 		return nil, 0, err
 	}
+	// The engine's callbacks under way may read READY blocks of the
+	// node's pool: they end before the node's Close lets the memory go.
+	var opened atomic.Pointer[Engine]
+	cfg.BeforeMemoryGoes = func(ctx context.Context, engineErr error) {
+		if e := opened.Load(); e != nil {
+			e.endCallbacks(ctx, engineErr)
+		}
+	}
 	n, err := node.Open(context.Background(), cfg)
 	if err != nil {
 		return nil, 0, nodeError(err)
 	}
 	e := newEngine(n.Engine(), n, cfg.Instance)
+	opened.Store(e)
 	return e, e.h, nil
 }
 

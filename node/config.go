@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -222,6 +223,13 @@ type Config struct {
 	// Hello first (a restart under etcd): the peer is up. It must not
 	// block.
 	OnPeerGoodbye func(instance string, rank int, reason string) `json:"-"`
+	// BeforeMemoryGoes, when set, is called once by Close after the engine
+	// closed — every outcome decided; engineErr is its Close's error, nil
+	// when every session drained — and before the pool memory can go
+	// (Engine.Block returns nil from then on, the memory is unmapped):
+	// the embedder's callbacks that read blocks (a READY event's) end in
+	// it. ctx is Close's. Close waits for it: it must return.
+	BeforeMemoryGoes func(ctx context.Context, engineErr error) `json:"-"`
 }
 
 // Parallel is an instance's tensor × pipeline parallelism.

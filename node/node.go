@@ -1193,7 +1193,8 @@ func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 		}
 		// The pidfd watches stay on while the engine drains: a writer's
 		// exit is the proof that releases its quarantined pages.
-		err := n.eng.Close(ctx)
+		engErr := n.eng.Close(ctx)
+		err := engErr
 		n.exitMu.Lock()
 		n.engDone = true
 		n.exitMu.Unlock()
@@ -1208,6 +1209,11 @@ func (n *Node) CloseBecause(ctx context.Context, cause error) error {
 			err = errors.Join(err, n.link.Close())
 		}
 		n.closePids()
+		if f := n.cfg.BeforeMemoryGoes; f != nil {
+			// The embedder's callbacks under way may read the blocks of
+			// the requests they report: they end before the memory goes.
+			f(ctx, engErr)
+		}
 		if n.region != nil {
 			// Before the agent closes (a ucx agent frees the memory it
 			// allocated) and the pool's closer unmaps it: Engine.Block
