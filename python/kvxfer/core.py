@@ -432,7 +432,9 @@ def kv_memory(kind, layers, v_layers=None):
 
     Every tensor (V tensors too) must have the shape, dtype, strides and
     device of layers[0] (ValueError naming the first that differs):
-    num_blocks and the strides are read from it. Its element size goes in
+    num_blocks and the strides are read from it. A read-only NumPy array
+    is a ValueError naming it, as Engine(memory=) refuses one: a receive
+    writes into the layers. Its element size goes in
     as dtype_bytes, which the engine refuses unless it is the layout's;
     an Engine or Node opened with the result refuses (ValueError naming
     both shapes) tensors whose block size, heads or
@@ -461,6 +463,11 @@ def kv_memory(kind, layers, v_layers=None):
         if len(t.shape) != want_dims:
             raise ValueError("%s: %s tensor of shape %s, want %d dimensions" % (name, kind, tuple(t.shape), want_dims))
         a, shape, st, dtype, es, device = _tensor(t)
+        if not hasattr(t, "data_ptr") and t.__array_interface__["data"][1]:
+            # A receive writes into it: a memmap opened "r" is mapped
+            # read-only, and the copier's first write kills the process.
+            raise ValueError("%s is a read-only array (shape %s): a receive writes into the layers' memory; pass "
+                             "writable arrays (a memmap opened \"r+\", or a copy)" % (name, shape))
         if device is None and hasattr(t, "data_ptr"):  # a CPU tensor: resize_() would move it (_unresizable)
             _unresizable(t)
         neg = [d for d, x in enumerate(st) if x < 0]

@@ -309,3 +309,41 @@ def test_buffer_address_leaves_a_tensor_resizable():
     assert (addr, nbytes) == (t.data_ptr(), 64)
     t.resize_(64 << 10)
     assert t.numel() == 64 << 10
+
+
+def test_kv_memory_of_read_only_arrays_refused():
+    """Engine(memory=) refuses a read-only NumPy array ("array is
+    read-only"), but kv_memory took one (a memmap opened "r", an array of
+    bytes) as the layers' memory, which a receive writes: the copier's
+    first write into it killed the process (checked to fail: rc -6, a Go
+    SIGSEGV panic in copySegments). It is a ValueError naming the layer."""
+    rc, out = _child("""
+        import mmap
+        import tempfile
+        import numpy as np
+        import kvxfer
+        from conftest import small_config, unique
+        shape = (2, 8, 2, 16, 8)  # the tiny layout's "hnd" layer: [2, num_blocks, kv_heads, block_size, head_dim]
+        size = 2 * int(np.prod(shape))
+        f = tempfile.TemporaryFile()
+        f.truncate(4 * size)
+        ro = mmap.mmap(f.fileno(), 4 * size, access=mmap.ACCESS_READ)  # its pages are mapped read-only
+        layers = [np.frombuffer(ro, np.uint16, size // 2, i * size).reshape(shape) for i in range(4)]
+        try:
+            mem = kvxfer.kv_memory("hnd", layers)
+        except ValueError as exc:
+            print("refused:", exc)
+            raise SystemExit(0)
+        cfg = small_config(unique("gen"), memory=mem)
+        del cfg["pool_bytes"]
+        gen = kvxfer.Engine(cfg)
+        gen.alloc(0, 8)
+        ctx = kvxfer.Engine(small_config(unique("ctx")))
+        ids = ctx.alloc(0, 2)
+        rx = gen.receive("r", 32, ctx.instance, blocks=[[0, 1]])
+        tx = ctx.send("r", 32)
+        tx.chunk(0, 32, [(0, ids)], fenced=False)
+        print(rx.wait(10).outcome.name)
+    """)
+    assert rc == 0, "child died (rc %d):\n%s" % (rc, out[-1500:])
+    assert "refused: layers[0] is a read-only array" in out, out
