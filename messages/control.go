@@ -647,6 +647,15 @@ func (m *RequestData) Validate() error {
 	return nil
 }
 
+// WireStatus is the status a decoded Result carried when it is not a
+// defined one (Status is then StatusUnknown), the one Validate names; 0
+// otherwise. A trace records it beside the Result (package trace).
+func (m *Result) WireStatus() int32 { return m.wireStatus }
+
+// SetWireStatus sets what WireStatus returns: a Result rebuilt from a
+// record of a decoded one (a trace's replay) validates as that one did.
+func (m *Result) SetWireStatus(s int32) { m.wireStatus = s }
+
 // Validate implements Frame.
 func (m *Result) Validate() error {
 	if err := validateRequestID(m.RequestID); err != nil {

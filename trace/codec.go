@@ -97,6 +97,11 @@ type wireFrame struct {
 	Heartbeat   *messages.Heartbeat   `json:",omitempty"`
 	// Misaddressed: steps of builds before it leave it out.
 	Misaddressed *messages.Misaddressed `json:",omitempty"`
+	// WireStatus is a Result's status as it came when this build does
+	// not define it (messages.Result.WireStatus, which Validate names and
+	// encoding/json does not carry); absent otherwise, and in traces of
+	// builds before it.
+	WireStatus int32 `json:",omitempty"`
 }
 
 // Unknown stands for a message or frame of a type this package does not
@@ -133,7 +138,11 @@ func encodeFrame(f messages.Frame) *wireFrame {
 	case nil:
 		return nil
 	case *messages.Result:
-		return &wireFrame{Type: "Result", Result: f}
+		w := &wireFrame{Type: "Result", Result: f}
+		if f != nil {
+			w.WireStatus = f.WireStatus()
+		}
+		return w
 	case *messages.CancelAck:
 		return &wireFrame{Type: "CancelAck", CancelAck: f}
 	case *messages.Cancel:
@@ -159,6 +168,9 @@ func (w *wireFrame) frame() messages.Frame {
 	}
 	switch w.Type {
 	case "Result":
+		if w.Result != nil && w.WireStatus != 0 {
+			w.Result.SetWireStatus(w.WireStatus)
+		}
 		return w.Result
 	case "CancelAck":
 		return w.CancelAck

@@ -24,6 +24,8 @@ var (
 // on (TxPeerRequest without its Route, which does not travel).
 func everyMessage() []any {
 	boom := errors.New("boom: injected")
+	newer := &messages.Result{RequestID: "r", Epoch: 3, From: ctx1} // a status this build does not define
+	newer.SetWireStatus(9)
 	ops := []actors.OpRef{{Request: "r", Peer: 1, Seq: 2}, {Request: "r", Peer: 0, Seq: 5}}
 	return []any{
 		actors.TxStart{PromptLen: 100, Deadline: at, Payload: []byte{1, 2, 3}},
@@ -57,6 +59,7 @@ func everyMessage() []any {
 			Bytes: 1 << 40, Error: "x", Payload: []byte("tok")}},
 		actors.RxFrame{Writer: 0, Frame: &messages.CancelAck{RequestID: "r", Epoch: 3, From: ctx1}},
 		actors.RxFrame{Writer: 1, Frame: &messages.Result{RequestID: "r", Epoch: 3, From: ctx1}, Invalid: boom},
+		actors.RxFrame{Writer: 1, Frame: newer, Invalid: boom},
 		actors.RxFrame{Writer: 0, Frame: &messages.Heartbeat{From: ctx1, Seq: 9}},
 		actors.RxFrame{Writer: 0, Frame: (*messages.Result)(nil)},
 		actors.RxFrame{Writer: 0},

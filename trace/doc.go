@@ -98,7 +98,9 @@
 // package actors; times as RFC 3339 with nanoseconds), with three
 // exceptions: an error is its text (replay rebuilds it with errors.New, as
 // steps only test and format errors); a messages.Frame is
-// {"Type":"Result","Result":{…}}; and a TxPeerRequest carries, instead of
+// {"Type":"Result","Result":{…}} (with "WireStatus", the status as it
+// came, for a Result of a status this build does not define); and a
+// TxPeerRequest carries, instead of
 // its Route (whose Planner is code, not data), the generation rank's Hello
 // and RequestData that built it — replay calls actors.ResolveRequest on
 // them with the engine record's Topology and checks that the error and

@@ -1,12 +1,21 @@
 package trace_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvxfer/kvxfer/actors"
+	"github.com/kvxfer/kvxfer/actors/core"
+	"github.com/kvxfer/kvxfer/messages"
+	"github.com/kvxfer/kvxfer/messages/pb"
 	"github.com/kvxfer/kvxfer/trace"
 )
 
@@ -225,5 +234,43 @@ func TestReplayVersion1(t *testing.T) {
 		if len(res.Tables) != 0 || res.Calls != 0 {
 			t.Errorf("%s: a version-1 trace replayed %d tables, %d calls", path, len(res.Tables), res.Calls)
 		}
+	}
+}
+
+// TestReplayResultOfANewerStatus: a Result whose status this build does
+// not define (a newer writer's) reaches the listener, whose RouteFrame
+// refuses it naming the status that came ("result status 9"). The trace
+// kept the frame without that status, so replay's RouteFrame named
+// status 0 and diverged at out.Err on a faithful recording.
+func TestReplayResultOfANewerStatus(t *testing.T) {
+	const status = 9
+	b, err := proto.Marshal(&pb.Envelope{Version: messages.Version, Body: &pb.Envelope_Result{Result: &pb.Result{
+		RequestId: "r1", Epoch: 3, From: &pb.PeerID{Instance: "ctx"}, Status: status}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inv *messages.InvalidFrame
+	if _, err := messages.Decode(b); !errors.As(err, &inv) {
+		t.Fatalf("decode a Result of status %d: %v, want an InvalidFrame", status, err)
+	}
+	var buf bytes.Buffer
+	w := trace.NewWriter(&buf)
+	tr := w.Table(messages.PeerID{Instance: "gen", Rank: 0}, "listener", actors.TableRoute, actors.TableBirth{}, time.Unix(1, 0))
+	dest, rerr := core.RouteFrame(inv.Frame)
+	if want := fmt.Sprintf("result status %d", status); rerr == nil || !strings.Contains(rerr.Error(), want) {
+		t.Fatalf("RouteFrame: %v, want an error naming %q", rerr, want)
+	}
+	tr.Call("RouteFrame", time.Unix(2, 0), actors.TableIn{Frame: inv.Frame}, actors.TableOut{Dest: int(dest), Err: actors.ErrText(rerr)})
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := trace.Replay(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Identical() || res.Calls != 1 {
+		var p strings.Builder
+		res.Print(&p)
+		t.Fatalf("replay of a Result of status %d (%d calls):\n%s", status, res.Calls, p.String())
 	}
 }
