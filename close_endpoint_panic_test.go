@@ -112,3 +112,46 @@ func TestStreamDroppedCloseEndpointStillDrains(t *testing.T) {
 		t.Fatalf("close: %v", err)
 	}
 }
+
+// TestSessionPanicTwiceArmingTheDrainTimerStillDrains: as
+// TestSessionPanicRunningCloseEndpointStillDrains, but the session panics
+// twice as it arms the drain timer (the StartTimer that the deadline's
+// ops in doubt wait on): run again once, it panicked again and was
+// dropped. Before, nothing ever closed the op's endpoint: it stayed
+// IN_DOUBT for good (the deadline fires once), the session never drained,
+// its source pins were held, Done never came and Close reported it
+// undrained. Now a dropped timer is armed anyway: it touches no page and
+// no peer.
+func TestSessionPanicTwiceArmingTheDrainTimerStillDrains(t *testing.T) {
+	l := smallLayout()
+	var hits atomic.Int32
+	hook := func(side string, e actors.Effect) bool {
+		st, ok := e.(actors.StartTimer)
+		return ok && side == "tx" && st.Kind == actors.TimerDrain && hits.Add(1) <= 2
+	}
+	actors.PanicOnEffect.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+	var hung atomic.Bool
+	ce, ge := faultyPairWith(t, l, 1, nil, faulty.Hang(func(uint64, *rand.Rand) bool { return hung.CompareAndSwap(false, true) }))
+	_, tx, src := sendCut(t, ce, ge, l, "drainpanic", 300*time.Millisecond)
+	var o kvxfer.Outcome
+	select {
+	case o = <-tx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tx outcome 20 s after its drain timer was dropped (%d panics): its op stayed in doubt", hits.Load())
+	}
+	if n := hits.Load(); n < 2 {
+		t.Fatalf("%d runs of the drain's StartTimer, want 2 panics: the test proves nothing", n)
+	}
+	if o.OK || !errors.Is(o.Err, kvxfer.ErrTimeout) {
+		t.Fatalf("tx %s (%v): want FAILED by its deadline", o.Status, o.Err)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("the source blocks after Done: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ce.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}

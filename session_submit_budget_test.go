@@ -4,6 +4,7 @@ package kvxfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -247,5 +248,161 @@ func TestSessionPastBudgetKeepsStepEffectsBehindLeftovers(t *testing.T) {
 	case <-rh.Released():
 	case <-time.After(30 * time.Second):
 		t.Fatal("rx never released its blocks")
+	}
+}
+
+// TestSessionPastBudgetKeepsAMessageTakenBeforeItsCatchUp: a session
+// resumed past its restart budget takes the next message in its mailbox
+// before the supervisor's runLeftover — here the chunk's fence, fired from
+// inside the step panic that takes the session past its budget (a Cancel's
+// step, after three crashes), so that it is queued first. The shell first
+// steps the lost Cancel again, and that step panics too: the Cancel is
+// dropped, as a second panic drops a lost message. Before, the fence went
+// with it — taken from the mailbox, never stepped, in no list a later run
+// takes: the chunk stayed pinned and unfired for good, the session never
+// drained and Done never came, though its fence had fired.
+func TestSessionPastBudgetKeepsAMessageTakenBeforeItsCatchUp(t *testing.T) {
+	l := smallLayout()
+	ce, _ := faultyPairWith(t, l, 1, func(_ string, cfg *kvxfer.Config) { cfg.TransferTimeout = 10 * time.Minute })
+	th, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "f", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(64)
+	}
+	src, err := ce.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(64, 64, l.TokensPerBlock)
+	if err != nil || len(chunks) != 1 {
+		t.Fatalf("%d chunks (%v), want 1", len(chunks), err)
+	}
+	fence := &kvxfer.ManualFence{}
+	if err := th.Chunk(chunks[0], chunks[0].Runs(l.TokensPerBlock, src), fence); err != nil {
+		t.Fatal(err)
+	}
+	// The restart budget, spent: the session fails the request at the
+	// first restart and waits, pinned, for its chunk's fence.
+	for i := int64(1); i <= 3; i++ {
+		th.Crash()
+		waitUntil(t, fmt.Sprint("restart ", i), func() bool { return ce.Stats().SessionPanics == i })
+	}
+	var n atomic.Int32
+	hook := func(side string, m any) bool {
+		if _, ok := m.(actors.TxCancel); !ok || side != "tx" {
+			return false
+		}
+		i := n.Add(1)
+		if i == 1 {
+			fence.Fire(nil)
+		}
+		return i <= 2
+	}
+	actors.PanicOnStep.Store(&hook)
+	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	th.Cancel()
+	var o kvxfer.Outcome
+	select {
+	case o = <-th.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no tx outcome in 60 s (%d Cancel steps, %d panics past budget): the fence taken before the catch-up was lost",
+			n.Load(), ce.Stats().SessionPanicsPastBudget)
+	}
+	if got := ce.Stats().SessionPanicsPastBudget; got != 2 || n.Load() != 2 {
+		t.Fatalf("%d panics past the budget, %d Cancel steps, want 2 and 2: the test proves nothing", got, n.Load())
+	}
+	if o.OK {
+		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free the source blocks after Done: %v", err)
+	}
+}
+
+// TestSessionPastBudgetFailsWhenNoRestartSteppedThePanic: each restart's
+// Started panics in what the panic before left (the Submits of one batch
+// panic at their first run, each running again fine in the next
+// incarnation), before it steps TxPanic — until the session is past its
+// restart budget, resumed with no Started. Before, no incarnation ever
+// stepped TxPanic: the request, four panics later, ended DONE; and with
+// a panic as the Flush runs (flush=true; an effect a panic interrupts is
+// dropped: a failed request needs no flush) its stream stayed flushing
+// for good — the request, on both sides, waited for its deadline (here
+// ten minutes). Now the resumed session steps the panic no restart
+// stepped, once what the panics left has run: the request fails (no
+// Flush is emitted), and both sides end.
+func TestSessionPastBudgetFailsWhenNoRestartSteppedThePanic(t *testing.T) {
+	for _, flush := range []bool{false, true} {
+		t.Run(fmt.Sprint("flush=", flush), func(t *testing.T) {
+			l := smallLayout()
+			ce, ge := faultyPairWith(t, l, 1, func(_ string, cfg *kvxfer.Config) { cfg.TransferTimeout = 10 * time.Minute })
+			th, err := ce.Send(context.Background(), kvxfer.SendRequest{ID: "p", PromptLen: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var submits, flushes atomic.Int32
+			hook := func(side string, e actors.Effect) bool {
+				if side != "tx" {
+					return false
+				}
+				switch e.(type) {
+				case actors.Submit:
+					// Runs 1, 3, 5, 7: the first run of ops 0-3.
+					return submits.Add(1)%2 == 1
+				case actors.Flush:
+					return flush && flushes.Add(1) == 1
+				}
+				return false
+			}
+			actors.PanicOnEffect.Store(&hook)
+			t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
+			// Every chunk's fence fires before the RequestData: the step
+			// that takes it emits the four Submits in one batch.
+			var fired atomic.Int32
+			watch := func(side string, m any) bool {
+				if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
+					fired.Add(1)
+				}
+				return false
+			}
+			actors.PanicOnStep.Store(&watch)
+			t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+			src, err := sendFilled(t, ce, th, l, 64, 16, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "every chunk's fence stepped", func() bool { return fired.Load() == 4 })
+			rh, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "p", PromptLen: 64, Context: "ctx"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var o kvxfer.Outcome
+			select {
+			case o = <-th.Done():
+			case <-time.After(60 * time.Second):
+				t.Fatalf("no tx outcome in 60 s (%d Submit runs, %d Flush runs, %d restarts that stepped the panic, %d panics past budget): the dropped Flush left its stream flushing",
+					submits.Load(), flushes.Load(), ce.Stats().SessionPanics, ce.Stats().SessionPanicsPastBudget)
+			}
+			if got := ce.Stats().SessionPanicsPastBudget; got < 1 || submits.Load() != 8 {
+				t.Fatalf("%d panics past the budget, %d Submit runs, want 1 or more and 8: the test proves nothing", got, submits.Load())
+			}
+			if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+				t.Fatalf("tx %s (%v), want the request failed by the panics", o.Status, o.Err)
+			}
+			if err := ce.Pools().Free(src); err != nil {
+				t.Fatalf("free the source blocks after Done: %v", err)
+			}
+			if ro := waitOutcome(t, rh.Done()); ro.OK {
+				t.Fatalf("rx %s, want a failure", ro.Status)
+			}
+			select {
+			case <-rh.Released():
+			case <-time.After(30 * time.Second):
+				t.Fatal("rx never released its blocks")
+			}
+		})
 	}
 }

@@ -88,6 +88,27 @@ type cell[S stepper] struct {
 	// panic in it drops it for good (what it would have proved stays
 	// unproven: pins held, no terminal frame, blocks quarantined).
 	lostRetried bool
+	// waiting are the messages the shell took from its mailbox and has
+	// not handled yet, oldest first: each waits there while the shell
+	// first runs what a panic left and lost (Receive: a session resumed
+	// past its restart budget gets no Started), and a panic in that leaves
+	// it for the next run (a runLeftover follows each such panic, a
+	// Started each restart), which handles it after its own catch-up, in
+	// order. Before, it was lost with that panic: a fence fired, a
+	// worker's report, taken from the mailbox and never stepped — the
+	// session waited for it for good and never drained. waitBuf backs it
+	// until more than one waits (no allocation per message).
+	waiting []any
+	waitBuf [1]any
+	// owed is the error of the panic a restart's Started is to step
+	// (TxPanic, RxPanic), until it does: a panic before that (in what
+	// the panic left, run first) leaves it owed for the next incarnation
+	// or, past the restart budget, the next run (stepOwed). Before, a
+	// session whose every Started so panicked went past its budget with
+	// its request never failed: four panics later it ended DONE, and an
+	// effect its failure would have made moot (a Flush dropped) left it
+	// waiting for its deadline.
+	owed error
 	// restarting: between the actor's Restarting and its next
 	// incarnation's Started.
 	restarting bool
@@ -207,7 +228,7 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			if r, ok := a.k.(restarter[S]); ok {
 				r.restarted(a, ctx)
 			}
-			err := a.panicErr(a.takeLost())
+			a.owed = a.panicErr(a.takeLost())
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
 			a.exec(ctx, nil, now)
@@ -215,13 +236,16 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			// outcome, a terminal frame, the release: the session's state
 			// says they were sent), as it decided.
 			a.unreturned(ctx, now)
-			a.exec(ctx, a.step(a.k.panicked(err), now), now)
+			a.stepOwed(ctx, now)
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it (and a panic in what follows
 			// counts again).
 			a.env.stats.SessionPanics.Add(1)
-			// Then what a panic inside a step lost, the request failed.
+			// Then what a panic inside a step lost, the request failed,
+			// and what a panic in a catch-up left waiting (a message taken
+			// between a panic and its restart: a stream's Terminated).
 			a.restep(ctx, now)
+			a.handleWaiting(ctx, now)
 			return
 		}
 		a.exec(ctx, a.k.born(a, ctx, now), now)
@@ -235,26 +259,67 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 	case *panicNow:
 		panic(a.k.side() + " session: panic requested")
 	case runLeftover:
+		// The lost message first, as Started takes it: a step below (a
+		// failure of the leftovers, the panic owed) would take its place.
+		a.takeLost()
 		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
 		a.unreturned(ctx, now)
-		a.takeLost()
+		a.stepOwed(ctx, now)
 		a.restep(ctx, now)
+		a.handleWaiting(ctx, now)
 
 	default:
-		if !a.restarting {
-			// Resumed past its restart budget (no Started came, and
-			// runLeftover may be behind this): what a panic left and
-			// lost first. (While the actor restarts, its stream
-			// children's Terminated come before Started, which takes it.)
-			if a.takeLost() {
-				a.exec(ctx, nil, now)
-			}
-			a.unreturned(ctx, now)
-			a.restep(ctx, now)
+		if a.restarting {
+			// (While the actor restarts, its stream children's Terminated
+			// come before Started, which takes what a panic left.)
+			a.take(ctx, m, now)
+			return
 		}
-		if !a.k.receive(a, ctx, m, now) {
-			a.exec(ctx, a.step(m, now), now)
+		// Resumed past its restart budget (no Started came, and
+		// runLeftover may be behind this): what a panic left and lost
+		// first, m waiting meanwhile (cell.waiting).
+		if len(a.waiting) == 0 {
+			a.waiting = a.waitBuf[:0]
 		}
+		a.waiting = append(a.waiting, m)
+		if a.takeLost() || a.owed != nil {
+			a.exec(ctx, nil, now)
+		}
+		a.unreturned(ctx, now)
+		a.stepOwed(ctx, now)
+		a.restep(ctx, now)
+		a.handleWaiting(ctx, now)
+	}
+}
+
+// stepOwed steps the panic a restart owes the session (cell.owed), if
+// any: the request fails. Past the restart budget, the run that follows a
+// panic steps it when no Started did. A panic in that step leaves it in
+// stepping, lost: it is stepped again (restep), not owed.
+func (a *shell[S]) stepOwed(ctx actor.Context, now time.Time) {
+	err := a.owed
+	if err == nil {
+		return
+	}
+	a.owed = nil
+	a.exec(ctx, a.step(a.k.panicked(err), now), now)
+}
+
+// handleWaiting handles the messages waiting (cell.waiting), oldest
+// first; a panic in one leaves the rest there.
+func (a *shell[S]) handleWaiting(ctx actor.Context, now time.Time) {
+	for len(a.waiting) > 0 {
+		m := a.waiting[0]
+		a.waiting = a.waiting[1:]
+		a.take(ctx, m, now)
+	}
+	a.waitBuf[0], a.waiting = nil, nil
+}
+
+// take hands m to the kind, or steps it as it is.
+func (a *shell[S]) take(ctx actor.Context, m any, now time.Time) {
+	if !a.k.receive(a, ctx, m, now) {
+		a.exec(ctx, a.step(m, now), now)
 	}
 }
 
@@ -413,7 +478,14 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", panicked)).
 				Int("left", len(left)).Msg("session panicked running an effect: that effect dropped, the rest run now")
 			a.retried = false
-			if d, ok := a.k.(effectDropper[S]); ok && panicked != nil {
+			if t, ok := panicked.(StartTimer); ok {
+				// Armed anyway: a timer touches no page and no peer, and
+				// its timeout may be the only thing left to come (the
+				// drain's, which closes the endpoints of ops in doubt: it
+				// fires once). Before, dropped, those ops stayed IN_DOUBT
+				// for good: the session never drained, Done never came.
+				a.arm(ctx, t, now)
+			} else if d, ok := a.k.(effectDropper[S]); ok && panicked != nil {
 				d.droppedEffect(a, ctx, panicked)
 			}
 		}
@@ -444,13 +516,7 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 		}
 		switch e := e.(type) {
 		case StartTimer:
-			// Forget the timers that fired: a session that waits long
-			// (a quarantine re-sending Cancel every second) arms many.
-			a.timers = slices.DeleteFunc(a.timers, func(t *armedTimer) bool { return t.fired.Load() })
-			if a.timers == nil {
-				a.timers = a.timerBuf[:0]
-			}
-			a.timers = append(a.timers, a.env.startTimer(ctx, e, now, a.k.timeout(e.Kind)))
+			a.arm(ctx, e, now)
 		case Log:
 			a.env.logEffect(e)
 		default:
@@ -458,6 +524,17 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 		}
 	}
 	a.pending, a.running = nil, nil
+}
+
+// arm arms a session timer (StartTimer).
+func (a *shell[S]) arm(ctx actor.Context, e StartTimer, now time.Time) {
+	// Forget the timers that fired: a session that waits long (a
+	// quarantine re-sending Cancel every second) arms many.
+	a.timers = slices.DeleteFunc(a.timers, func(t *armedTimer) bool { return t.fired.Load() })
+	if a.timers == nil {
+		a.timers = a.timerBuf[:0]
+	}
+	a.timers = append(a.timers, a.env.startTimer(ctx, e, now, a.k.timeout(e.Kind)))
 }
 
 // rerunnable reports whether an effect a panic interrupted runs again in
@@ -484,11 +561,13 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 // held the session's release for good. So does a stream's CloseEndpoint:
 // dropped, the ops it was to prove over (in doubt after a deadline, a
 // peer gone) stayed IN_DOUBT for good — the drain timer fires once — and
-// the session never drained. A WatchFence runs again too: dropped,
-// the chunk's fence was never watched, and its pins and ops waited for it
-// for good. (Only a live session takes chunks, so only a restart — its
-// Started runs the rest first — can leave one, and the chunk's fence is
-// still the shell's then: txKind.fence.)
+// the session never drained, as they did when that timer was dropped
+// (one a second panic drops is armed anyway: run). A WatchFence runs
+// again too: dropped, the chunk's fence was never watched, and its pins
+// and ops waited for it for good; one a second panic drops is watched
+// anyway (txKind.droppedEffect). (Only a live session takes chunks, so
+// only a restart — its Started runs the rest first — can leave one, and
+// the chunk's fence is still the shell's then: txKind.fence.)
 func rerunnable(e Effect) bool {
 	switch e := e.(type) {
 	case Decide, Finish, Stop, StartTimer, Log, Submit, WatchFence, EndStream, CloseEndpoint:

@@ -280,20 +280,7 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 			a.env.log.Error().Err(err).Str("request", k.request()).Msg("unpin")
 		}
 	case WatchFence:
-		if k.chunkStepping && e.Chunk == k.chunkAt {
-			// The chunk's own WatchFence, from the effects its step
-			// emitted before it panicked (unreturned): dropped has
-			// nothing left to watch.
-			k.chunkStepping = false
-		}
-		f := k.fence
-		if f == nil {
-			f = FiredFence{}
-		}
-		sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
-		if err := watchFence(f, func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) }); err != nil {
-			a.feedback = append(a.feedback, TxFenceFired{Index: idx, Err: err})
-		}
+		k.watch(a, ctx, e)
 	case Submit:
 		k.toStream(a, ctx, e.Peer, e.Worker, eff)
 	case Flush:
@@ -333,6 +320,25 @@ func (k *txKind) effect(a *shell[*TxSession], ctx actor.Context, eff Effect, _ t
 		// mailbox, and the stopped session answers them instead of
 		// letting them fall into dead letters.
 		a.stopTimers()
+	}
+}
+
+// watch watches a chunk's fence (WatchFence): the chunk's own, which
+// k.fence holds while the chunk's effects run (and a panic leaves there).
+func (k *txKind) watch(a *shell[*TxSession], ctx actor.Context, e WatchFence) {
+	if k.chunkStepping && e.Chunk == k.chunkAt {
+		// The chunk's own WatchFence, from the effects its step
+		// emitted before it panicked (unreturned): dropped has
+		// nothing left to watch.
+		k.chunkStepping = false
+	}
+	f := k.fence
+	if f == nil {
+		f = FiredFence{}
+	}
+	sys, self, idx := ctx.ActorSystem(), ctx.Self(), e.Chunk
+	if err := watchFence(f, func(err error) { sys.Root.Send(self, TxFenceFired{Index: idx, Err: err}) }); err != nil {
+		a.feedback = append(a.feedback, TxFenceFired{Index: idx, Err: err})
 	}
 }
 
@@ -397,6 +403,12 @@ func (k *txKind) toStream(a *shell[*TxSession], ctx actor.Context, peer, worker 
 // never reached it, nor a worker, and it is what proves the ops in doubt
 // over (the drain timer fires once). Before, they stayed IN_DOUBT for
 // good: the session never drained, its pins held, Done never came.
+//
+// A chunk's WatchFence dropped is watched anyway: it touches no page and
+// no peer (watchFence turns a panic of the fence's own into the fence
+// failing), and the fence is the only word that the producer stopped
+// writing the chunk. Before, nothing watched it: the chunk stayed pinned
+// and unfired for good, the session never drained, Done never came.
 func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
@@ -424,6 +436,8 @@ func (k *txKind) droppedEffect(a *shell[*TxSession], ctx actor.Context, e Effect
 		}
 	case CloseEndpoint:
 		k.toStream(a, ctx, e.Peer, e.Worker, e)
+	case WatchFence:
+		k.watch(a, ctx, e)
 	}
 }
 
