@@ -8,11 +8,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -303,9 +301,17 @@ func poolHint(scenario string, s config.Settings, err error) error {
 
 // runScenarios runs each scenario with progress, prints it, and writes the
 // report. JSON from several scenarios is one object per scenario.
-func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) error {
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+//
+// SIGINT, SIGTERM and SIGHUP stop it as they stop ctx, gen and demo
+// (interruptible): the first cancels the scenario under way, a second
+// exits at once, and the error says a signal stopped the run (exit
+// status 128 + its number). With signal.NotifyContext every later signal
+// was swallowed: a scenario that does not watch its context (raw) ran to
+// its end through any number of Ctrl-Cs, and the run ended with status 1.
+func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings, run []scenario, several bool) (err error) {
+	ctx, got, stop := interruptible(cmd.Context())
 	defer stop()
+	defer func() { err = interrupted(got, err) }()
 	gcfloor.Warm() // the engines' first requests, not only the later ones, as a server's run long
 	w := cmd.OutOrStdout()
 	if out.report != "" {
@@ -324,6 +330,9 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 	}
 	res := report.Results{Command: commandLine(cmd), Started: time.Now()}
 	for i, sc := range run {
+		if ctx.Err() != nil {
+			return fmt.Errorf("bench %s: not started", sc.name())
+		}
 		a.log.Info().Str("scenario", sc.name()).Msg("bench starting")
 		p := a.newProgress(cmd, sc.steps(), sc.name(), out.json)
 		meter := cpustat.Start()

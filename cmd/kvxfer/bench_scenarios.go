@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
@@ -83,7 +84,7 @@ func (r *rawScenario) backends(s config.Settings) []string {
 	return []string{s.Backend}
 }
 
-func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
+func (r *rawScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	backends := r.backends(s)
 	for _, b := range backends {
 		if !slices.Contains(rdmabench.Backends(), b) {
@@ -159,6 +160,11 @@ func (r *rawScenario) run(_ context.Context, s config.Settings, p bench.Progress
 	r.results = nil
 	for _, b := range backends {
 		for _, size := range sizes {
+			// A measurement does not watch ctx: an interrupt stops the
+			// scenario at the next one (a second signal exits at once).
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%s size %s not measured: %w", b, config.FormatSize(size), err)
+			}
 			m, err := rdmabench.Measure(b, shape(size), cfg)
 			if err != nil {
 				return fmt.Errorf("%s size %s: %w", b, config.FormatSize(size), err)
@@ -229,6 +235,9 @@ func (o *overheadScenario) run(ctx context.Context, s config.Settings, p bench.P
 		if v.n < 1 {
 			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
 		}
+	}
+	if err := checkRequests(o.requests); err != nil {
+		return err
 	}
 	r, err := bench.ChunkOverhead(ctx, o.chunks, s.Workers)
 	if err != nil {
@@ -555,6 +564,9 @@ func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.Pro
 			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
 		}
 	}
+	if err := checkRequests(sm.requests); err != nil {
+		return err
+	}
 	if len(sm.tokens) == 0 {
 		return fmt.Errorf("--tokens: no request size given")
 	}
@@ -601,6 +613,18 @@ func (*smallScenario) print(w io.Writer, res *report.Results, asJSON bool) error
 			micros(z.LatencyP99), micros(b.Setup), micros(b.Data), micros(b.Finish), micros(b.RawCopy))
 	}
 	return tw.Flush()
+}
+
+// checkRequests bounds a scenario's --requests as kvxfer ctx, gen and
+// demo bound theirs (proc.MaxRequests): --requests 100000000 (a few zeros
+// too many) was taken, and bench e2e and small laid out a result for every
+// request before the first one ran, their memory growing for minutes
+// towards the machine's.
+func checkRequests(n int) error {
+	if n > proc.MaxRequests {
+		return fmt.Errorf("--requests %d: want at most %d (as kvxfer ctx, gen and demo): a scenario keeps every request's result until it ends", n, proc.MaxRequests)
+	}
+	return nil
 }
 
 // engineBackend checks that s.Backend is one a bench Pair runs.
@@ -659,6 +683,9 @@ func (fr *fragmentedScenario) run(ctx context.Context, s config.Settings, p benc
 		if v.n < 1 {
 			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
 		}
+	}
+	if err := checkRequests(fr.requests); err != nil {
+		return err
 	}
 	tpb := s.TokensPerBlock
 	if tpb == 0 {
@@ -796,6 +823,9 @@ func (e *e2eScenario) validate() error {
 		if v.n < 1 {
 			return fmt.Errorf("--%s %d: want at least 1", v.flag, v.n)
 		}
+	}
+	if err := checkRequests(e.requests); err != nil {
+		return err
 	}
 	switch {
 	case e.maxTokens < e.minTokens:

@@ -303,6 +303,22 @@ func TestBenchScenariosRefuseBadSettings(t *testing.T) {
 	}
 }
 
+// TestBenchRefusesRequestsPastTheBound: a scenario's --requests is bounded
+// as kvxfer ctx, gen and demo bound theirs, and named at once. Before,
+// bench e2e --requests 100000000 (a few zeros too many) laid out a result
+// for each request and ran, its memory growing for minutes to the
+// machine's 24 GiB (checked to fail without the bound: the test ran past
+// its timeout).
+func TestBenchRefusesRequestsPastTheBound(t *testing.T) {
+	for _, scenario := range []string{"e2e", "small", "fragmented", "overhead"} {
+		_, err := run("bench", scenario, "--requests", "100000000")
+		want := "bench " + scenario + ": --requests 100000000: want at most 1048576"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bench %s --requests 100000000: %v, want an error containing %q", scenario, err, want)
+		}
+	}
+}
+
 // TestBenchReport runs cheap scenarios from the parent command and checks
 // the JSON (one object per scenario) and the report directory.
 func TestBenchReport(t *testing.T) {

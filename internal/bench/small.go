@@ -460,8 +460,22 @@ func sampleSpecs(ctx context.Context, p *Pair, conc, n int, spec func(i int) Req
 	)
 	sem := make(chan struct{}, conc)
 	t0 := time.Now()
+	issued := 0
 	for i := range n {
-		sem <- struct{}{}
+		// No request after ctx ended (an interrupt) or one failed: the
+		// rest would fail one by one, and a long batch went on issuing
+		// them for minutes after Ctrl-C.
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		mu.Lock()
+		stop := first != nil || ctx.Err() != nil
+		mu.Unlock()
+		if stop {
+			break
+		}
+		issued++
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
@@ -479,6 +493,9 @@ func sampleSpecs(ctx context.Context, p *Pair, conc, n int, spec func(i int) Req
 	el := time.Since(t0)
 	if first != nil {
 		return sampleResult{}, first
+	}
+	if issued < n {
+		return sampleResult{}, fmt.Errorf("stopped after %d of %d requests: %w", issued, n, context.Cause(ctx))
 	}
 	b1, s1, _ := p.Posts()
 	out := sampleResult{bytesPerSec: float64(bytes) / el.Seconds(), results: results,
