@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvxfer/kvxfer"
+	"github.com/kvxfer/kvxfer/control/zmq"
 	"github.com/kvxfer/kvxfer/internal/pidwatch"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
@@ -413,10 +414,8 @@ func (n *Node) writerExited(w *watch, eng func() exitSink) {
 	if latest != nil && latest.inc > inc {
 		return // a restart said Hello: the peer is up
 	}
-	if n.link != nil {
-		if h, err := n.link.Hello(peer); err == nil && h.Incarnation > inc {
-			return
-		}
+	if succeeded(n.link, peer, inc) {
+		return
 	}
 	if n.cfg.OnPeerDown != nil {
 		n.cfg.OnPeerDown(peer.Instance, int(peer.Rank))
@@ -525,4 +524,15 @@ func (n *Node) closePids() {
 	if n.pids != nil {
 		n.pids.Close()
 	}
+}
+
+// succeeded reports whether a later incarnation of peer than inc said
+// Hello over l (nil: the in-process link, which knows none): the peer is
+// up, and a Down, exit or departure of inc is not the application's news.
+func succeeded(l *zmq.Link, peer messages.PeerID, inc uint64) bool {
+	if l == nil {
+		return false
+	}
+	h, err := l.Hello(peer)
+	return err == nil && h.Incarnation > inc
 }

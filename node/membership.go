@@ -309,12 +309,10 @@ func (n *Node) apply(ev discovery.Event) {
 		}
 		lvl.Str("peer", id.String()).Uint64("incarnation", ev.Incarnation).Str("reason", ev.Reason).
 			Msgf("peer %s is out of etcd cluster %s (%s): its requests fail", id, n.cfg.Cluster, ev.Reason)
-		if n.link != nil {
-			if h, err := n.link.Hello(id); err == nil && h.Incarnation > ev.Incarnation {
-				// A restart said Hello first: the peer is up, as a
-				// predecessor's exit (exit.go) tells the application.
-				return
-			}
+		if succeeded(n.link, id, ev.Incarnation) {
+			// A restart said Hello first: the peer is up, as a
+			// predecessor's exit (exit.go) tells the application.
+			return
 		}
 		if ev.Reason == discovery.ReasonLeft && n.cfg.OnPeerGoodbye != nil {
 			// Its Close withdrew its record first: the goodbye its link
