@@ -3,6 +3,8 @@ package node_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,7 +29,7 @@ import (
 func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 	cc, gc := pair(t, shm.Backend)
 	insecure(&gc)
-	waiting := driveMismatchReason(t)
+	waiting := driveMismatchReason(t, nil)
 	genN := open(t, gc)
 	open(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -48,7 +50,9 @@ func TestMechanismMismatchNamedAfterTheWait(t *testing.T) {
 // listener fail at the greeting, before any key is judged; an insecure
 // link has no ZAP handler at all) and the peer learns of the mismatch on
 // its own dial: WaitPeers' wait for its refusals ends as soon as the
-// link names the mismatch, and the error names it. As in
+// link names the mismatch and one of the peer's dials failed at our
+// listener (ctx's here, at its start; see
+// TestMechanismMismatchTellsTheLatePeer), and the error names it. As in
 // TestMechanismMismatchNamedAfterTheWait the link's reason is driven
 // (a hang-up, then the mismatch once the wait began); the heartbeat
 // interval is an hour, so a wait bounded only by 3 heartbeat intervals
@@ -60,7 +64,7 @@ func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	for _, c := range []*node.Config{&cc, &gc} {
 		c.HeartbeatInterval = node.Duration(time.Hour)
 	}
-	waiting := driveMismatchReason(t)
+	waiting := driveMismatchReason(t, nil)
 	genN := open(t, gc)
 	open(t, cc)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -80,6 +84,62 @@ func TestMechanismMismatchEndsTheRefusalsWait(t *testing.T) {
 	}
 }
 
+// TestMechanismMismatchTellsTheLatePeer: gen uses CURVE, ctx is
+// insecure. ctx learns of the mismatch only from a handshake of its own
+// that fails at gen's listener; gen, which found it on its own dial,
+// must not return (and its process exit) before one did, else ctx waits
+// out its deadline and blames a peer that is not running. Here ctx's
+// dials reach gen's listener only from the moment gen's WaitPeers waits
+// for its refusals (ctx's endpoint for gen is a link to gen's socket
+// made then: a ctx started first, whose reconnect interval had grown),
+// and gen's endpoint goes as soon as WaitPeers returns, as the process
+// exits. ctx's WaitPeers then names the failed handshake with gen/0, not
+// the silence. gen's reason is driven as in
+// TestMechanismMismatchEndsTheRefusalsWait, and its heartbeat interval
+// is an hour, so that only a handshake failed at its listener ends its
+// wait. (Checked to fail without that condition: gen returned at once
+// and ctx's WaitPeers ended with ErrPeerSilent, "nothing accepts
+// connections there".)
+func TestMechanismMismatchTellsTheLatePeer(t *testing.T) {
+	cc, gc := pair(t, shm.Backend)
+	insecure(&cc)
+	gate := filepath.Join(t.TempDir(), "gate.sock")
+	genSock := strings.TrimPrefix(gc.Bind, "ipc://")
+	cc.Peers[0].Endpoint = "ipc://" + gate
+	gc.HeartbeatInterval = node.Duration(time.Hour)
+	waiting := driveMismatchReason(t, func() {
+		if err := os.Symlink(genSock, gate); err != nil {
+			t.Errorf("link %s to gen's socket: %v", gate, err)
+		}
+	})
+	ctxN := open(t, cc)
+	genN := open(t, gc)
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- genN.WaitPeers(wctx) }()
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(patience):
+		t.Fatalf("gen's WaitPeers still waiting after %v", patience)
+	}
+	_ = os.Remove(gate) // gen's process exits: its endpoint is gone
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), mismatch) || !waiting.Load() {
+		t.Fatalf("gen's WaitPeers = %v, want ErrHandshake naming %q after it waited for its refusals", err, mismatch)
+	}
+	if err := genN.CloseBecause(context.Background(), err); err != nil {
+		t.Fatalf("gen's Close: %v", err)
+	}
+	dl, cancel2 := context.WithTimeout(context.Background(), 20*beat)
+	defer cancel2()
+	err = ctxN.WaitPeers(dl)
+	if !errors.Is(err, node.ErrHandshake) || !strings.Contains(err.Error(), "gen/0 at ipc://"+gate) ||
+		!strings.Contains(err.Error(), "security mechanism mismatch") {
+		t.Fatalf("ctx's WaitPeers = %v, want ErrHandshake naming gen/0 at ipc://%s and the security mechanism mismatch", err, gate)
+	}
+}
+
 // The driven reasons are worded unlike control/zmq's: node decides by
 // their zmq.Cause, not their words. The hang-up's starts as the link's
 // mismatch did and the mismatch's names no "security mechanism mismatch"
@@ -93,13 +153,16 @@ const (
 // driveMismatchReason makes the link's state of ctx/0's failed handshake
 // the hang-up (zmq.CauseHungUp) until WaitPeers waits for its refusals,
 // and the mechanism mismatch (zmq.CauseMechanismMismatch) from then on;
-// the flag says whether that wait began.
-func driveMismatchReason(t *testing.T) *atomic.Bool {
+// the flag says whether that wait began. onWait, when not nil, runs as
+// that wait begins, on WaitPeers' goroutine.
+func driveMismatchReason(t *testing.T, onWait func()) *atomic.Bool {
 	ctx0 := messages.PeerID{Instance: "ctx"}
 	var waiting atomic.Bool
 	node.SetAwaitHook(func(what string, id messages.PeerID) {
 		if what == "refusals" && id == ctx0 {
-			waiting.Store(true)
+			if !waiting.Swap(true) && onWait != nil {
+				onWait()
+			}
 		}
 	})
 	node.SetPeerStateHook(func(id messages.PeerID, st zmq.PeerState, err error) (zmq.PeerState, error) {

@@ -1027,13 +1027,21 @@ func (n *Node) awaitOurHello(ctx context.Context, peer messages.PeerID) {
 // for it), its only news is our refusal of its handshakes, which stops
 // with our listener. It waits until the link refused a handshake after
 // WaitPeers began (it had refused from before), or the link names a
-// security mechanism mismatch with peer, for at most waitHintBeats
-// heartbeat intervals, or until ctx ends or Close begins. On a mechanism
-// mismatch no refusal can come (the peer's handshakes with our listener
-// fail at the greeting, before any key is judged; an insecure link has
-// no ZAP handler at all), and the peer learns of the mismatch on its own
-// dial; until the link names it (libzmq often reports only a hang-up),
-// the wait gives it the time to, for WaitPeers' error.
+// security mechanism mismatch with peer and a handshake has failed at
+// our listener, for at most waitHintBeats heartbeat intervals, or until
+// ctx ends or Close begins. On a mechanism mismatch no refusal can come
+// (the peer's handshakes with our listener fail at the greeting, before
+// any key is judged; an insecure link has no ZAP handler at all): the
+// peer learns of the mismatch only on its own dial, which must reach our
+// listener before it closes. Its dials retry at up to a second apart,
+// and ours may have found the mismatch first: a process that exited then
+// left the peer to wait out its deadline and blame a peer that is not
+// running. So the wait goes on until a handshake has failed at our
+// listener (zmq.Link.FailedHandshakes, counted since the link listens: a
+// failed handshake stays in the dialer's PeerState, so one before this
+// wait counts too; a dialer of the other mechanism is most likely the
+// peer). Until the link names the mismatch (libzmq often reports only a
+// hang-up), the wait gives it the time to, for WaitPeers' error.
 func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from int64) {
 	if h := awaitHook.Load(); h != nil {
 		(*h)("refusals", peer)
@@ -1043,7 +1051,7 @@ func (n *Node) awaitOurRefusals(ctx context.Context, peer messages.PeerID, from 
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for n.link.Refused() <= from {
-		if st, err := n.peerState(peer); err == nil && mechanismMismatch(st) {
+		if st, err := n.peerState(peer); err == nil && mechanismMismatch(st) && n.link.FailedHandshakes() > 0 {
 			return
 		}
 		select {

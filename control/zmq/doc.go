@@ -13,6 +13,11 @@
 //     REP socket. Both wait in Go's netpoller on their socket's ZMQ_FD
 //     (sockwait.go), not in zmq_poll: a goroutine blocked in a cgo call
 //     keeps its P, and the goroutines a frame wakes would wait for it;
+//   - the PAIR connected to the ROUTER's socket monitor (failed handshakes
+//     only: FailedHandshakes), which Listen makes and a goroutine of the
+//     listener's reads, waiting in the netpoller too; once that goroutine
+//     ended, the listener goroutine stops the monitor and closes the PAIR,
+//     then the ROUTER;
 //   - one DEALER per directory peer, owned by the heartbeat goroutine, which
 //     says Hello and then sends a Heartbeat every HeartbeatInterval, and,
 //     for each, the PAIR socket connected to that DEALER's socket monitor

@@ -109,7 +109,7 @@ type Link struct {
 	// ipc): stopListening removes it, if it is still that file.
 	boundFile *ipcFile
 	stop      chan struct{} // closed to stop the listener and heartbeats
-	waits     []*sockWait   // the listener's and the ZAP handler's (nil when insecure), interrupted at stop
+	waits     []*sockWait   // the listener's, the ZAP handler's (nil when insecure) and the listener monitor's (nil when none), interrupted at stop
 	stopped   bool
 	closed    bool
 	refs      int // the link itself plus each open Conn; the context ends at 0
@@ -369,26 +369,36 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		l.listening = nil
 		return nil, fmt.Errorf("%w: listen as %s", control.ErrClosed, self.From)
 	}
-	router, zap, endpoint, err := l.bind()
+	router, zap, mon, endpoint, err := l.bind()
 	if err != nil {
 		l.listening = nil
 		return nil, err
 	}
 	rw, zw, err := sockWaits(router, zap)
 	if err != nil {
+		closeWatched(router, mon)
 		closeSocket(router)
 		closeSocket(zap)
 		l.listening = nil
 		return nil, fmt.Errorf("control/zmq: listen as %s: %w", self.From, err)
 	}
+	var mw *sockWait
+	if mon != nil {
+		if mw, err = newSockWait(mon); err != nil {
+			l.log.Warn().Err(err).Msg("control/zmq: cannot wait on the listener's monitor; FailedHandshakes stays 0")
+			closeWatched(router, mon)
+			mon = nil
+		}
+	}
 	l.self, l.selfHello, l.endpoint = self, hello, endpoint
 	l.boundFile = boundIPCFile(endpoint)
 	l.stop = make(chan struct{})
-	l.waits = []*sockWait{rw, zw}
+	l.waits = []*sockWait{rw, zw, mw}
 	s := &listener{
 		l:       l,
 		router:  router,
 		zap:     zap,
+		mon:     mon,
 		secure:  zap != nil,
 		deliver: deliver,
 		self:    self.From,
@@ -397,7 +407,7 @@ func (l *Link) Listen(self *messages.Hello, deliver func(messages.Frame)) (contr
 		live:    newLiveness(l.liveTimeout()),
 	}
 	l.wg.Add(1)
-	go s.serve(l.stop, rw, zw)
+	go s.serve(l.stop, rw, zw, mw)
 	if l.cfg.heartbeats() {
 		l.wg.Add(1)
 		go l.beat(l.stop, self.From, hello)
@@ -431,14 +441,18 @@ func (l *Link) liveTimeout() time.Duration {
 	return l.cfg.HeartbeatInterval * time.Duration(l.cfg.HeartbeatMisses)
 }
 
-// bind makes the ZAP handler (unless insecure) and the ROUTER. Both go to
-// the listener goroutine, which alone uses and closes them. Listen checked
-// an ipc:// path first (ipcFreeToListen).
-func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
-	fail := func(what string, e error) (*zmq4.Socket, *zmq4.Socket, string, error) {
+// bind makes the ZAP handler (unless insecure), the ROUTER and, unless
+// it cannot be set up (logged), the PAIR its socket monitor reports the
+// failed handshakes of the connections it accepts on (mon,
+// listenerWatchedEvents). All go to the listener goroutine, which alone
+// uses and closes them. Listen checked an ipc:// path first
+// (ipcFreeToListen).
+func (l *Link) bind() (router, zap, mon *zmq4.Socket, endpoint string, err error) {
+	fail := func(what string, e error) (*zmq4.Socket, *zmq4.Socket, *zmq4.Socket, string, error) {
+		closeWatched(router, mon)
 		closeSocket(router)
 		closeSocket(zap)
-		return nil, nil, "", fmt.Errorf("control/zmq: listen on %s: %s: %w", l.cfg.Bind, what, e)
+		return nil, nil, nil, "", fmt.Errorf("control/zmq: listen on %s: %s: %w", l.cfg.Bind, what, e)
 	}
 	if !l.cfg.Insecure {
 		// The ZAP handler must be bound before the ROUTER accepts a
@@ -487,13 +501,35 @@ func (l *Link) bind() (router, zap *zmq4.Socket, endpoint string, err error) {
 			return fail("ZAP domain", err)
 		}
 	}
+	// Before Bind, so that no connection's handshake goes unwatched.
+	if mon, err = l.watchSocket(router, "inproc://kvxfer.monitor.listener", listenerWatchedEvents); err != nil {
+		l.log.Warn().Err(err).Msg("control/zmq: cannot watch the listener's handshakes; FailedHandshakes stays 0")
+		mon, err = nil, nil
+	}
 	if err = router.Bind(l.cfg.Bind); err != nil {
 		return fail("bind", err)
 	}
 	if endpoint, err = router.GetLastEndpoint(); err != nil {
 		return fail("last endpoint", err)
 	}
-	return router, zap, endpoint, nil
+	return router, zap, mon, endpoint, nil
+}
+
+// listenerWatchedEvents are the socket-monitor events of the ROUTER that
+// FailedHandshakes counts: handshakes of the connections it accepted that
+// failed before the ZAP handler judged a key (those it refuses are
+// Refused).
+const listenerWatchedEvents = zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq4.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+// closeWatched stops sock's socket monitor and closes mon, the PAIR
+// connected to it (nil: none), leaving sock open: the monitor stops
+// before its PAIR closes.
+func closeWatched(sock, mon *zmq4.Socket) {
+	if mon == nil {
+		return
+	}
+	_ = sock.Monitor("", 0)
+	closeSocket(mon)
 }
 
 // Dial implements control.Link: a new DEALER to peer's ROUTER, which says

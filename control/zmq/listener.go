@@ -20,10 +20,13 @@ const maxBatch = 256
 // listener is the state of the listener goroutine, which alone touches
 // router; zap belongs to the ZAP goroutine it starts.
 type listener struct {
-	l       *Link
-	router  *zmq4.Socket
-	zap     *zmq4.Socket // nil when insecure
-	secure  bool         // CURVE: zap != nil
+	l      *Link
+	router *zmq4.Socket
+	zap    *zmq4.Socket // nil when insecure
+	// mon is the PAIR connected to the ROUTER's socket monitor
+	// (listenerWatchedEvents), nil when it could not be set up.
+	mon     *zmq4.Socket
+	secure  bool // CURVE: zap != nil
 	deliver func(messages.Frame)
 	self    messages.PeerID
 	// selfInc is the incarnation of this listener's Hello (0: none):
@@ -418,13 +421,28 @@ func (s *listener) ghost(id string, b *binding, at time.Time, refused bool) {
 // when there is one, has its own goroutine on zw (serveZAPs), so that the
 // listener waits on one socket. Listen made both waits, so that a socket
 // that cannot be waited on fails Listen instead of leaving a deaf link.
-func (s *listener) serve(stop <-chan struct{}, rw, zw *sockWait) {
+// The ROUTER's monitor, when there is one, is read by a goroutine of its
+// own on mw (watchHandshakes); once that goroutine ended, this one stops
+// the monitor and closes its PAIR, before the ROUTER.
+func (s *listener) serve(stop <-chan struct{}, rw, zw, mw *sockWait) {
 	defer s.l.wg.Done()
 	defer closeSocket(s.router)
 	defer rw.close()
 	if zw != nil {
 		s.l.wg.Add(1)
 		go s.serveZAPs(stop, zw)
+	}
+	if mw != nil {
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			s.watchHandshakes(stop, mw)
+		}()
+		defer func() {
+			<-watched // the PAIR is this goroutine's again
+			mw.close()
+			closeWatched(s.router, s.mon)
+		}()
 	}
 	s.waitLoop(stop, "listener poll failed; listener stops",
 		func() (err error) { s.timedOut, err = rw.serve(s.tick(), s.drain); return err },
@@ -524,6 +542,32 @@ func (s *listener) serveZAPs(stop <-chan struct{}, zw *sockWait) {
 		ok, err := zw.wait(idleWait)
 		if ok {
 			s.serveZAP()
+		}
+		return err
+	}, nil)
+}
+
+// watchHandshakes reads the ROUTER's monitor (mw, on s.mon) as its
+// events come until stop is closed, counting the handshakes that failed
+// at the listener (FailedHandshakes). It leaves the PAIR open: serve
+// closes it after the monitor stopped.
+func (s *listener) watchHandshakes(stop <-chan struct{}, mw *sockWait) {
+	s.waitLoop(stop, "listener monitor poll failed; handshakes that fail at the listener go uncounted", func() error {
+		ok, err := mw.wait(idleWait)
+		if !ok {
+			return err
+		}
+		for range maxBatch {
+			ev, _, _, rerr := s.mon.RecvEvent(zmq4.DONTWAIT)
+			if rerr != nil {
+				if !isAgain(rerr) {
+					s.l.log.Warn().Err(rerr).Msg("control/zmq: reading the listener's monitor")
+				}
+				break
+			}
+			if ev&listenerWatchedEvents != 0 {
+				s.l.stats.failedHandshake.Add(1)
+			}
 		}
 		return err
 	}, nil)

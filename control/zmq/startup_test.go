@@ -155,6 +155,68 @@ func TestHandshakeInsecureMismatchNamed(t *testing.T) {
 	}
 }
 
+// A handshake that fails at a listener before its ZAP handler judged a
+// key (a dialer of the other security mechanism, either way round) is
+// counted by that listener's FailedHandshakes: the news node.WaitPeers
+// waits for before it returns a mechanism mismatch, as the dialer learns
+// of it only so. A handshake the ZAP handler refused is Refused, not a
+// failed one; one that succeeds is neither. The server's heartbeats are
+// off: the count is the listener's. (Checked to fail with the listener's
+// monitor not set up: the count stayed 0.)
+func TestFailedHandshakesCounted(t *testing.T) {
+	for _, c := range []struct {
+		name                           string
+		serverInsecure, clientInsecure bool
+		wrongKey                       bool // the server does not admit the client's key
+		failed, refused                bool
+	}{
+		{name: "server insecure", serverInsecure: true, failed: true},
+		{name: "client insecure", clientInsecure: true, failed: true},
+		{name: "key refused", wrongKey: true, refused: true},
+		{name: "up"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ka, kb := newKeys(t), newKeys(t)
+			ctxID, genID := pid("ctx", 0), pid("gen", 0)
+			admitted := kb.public
+			if c.wrongKey {
+				admitted = newKeys(t).public
+			}
+			serverCfg := Config{Insecure: c.serverInsecure, HeartbeatInterval: -1}
+			if !c.serverInsecure {
+				serverCfg.Curve = Curve{Secret: ka.secret, Identities: []Identity{{PublicKey: admitted, Instance: "gen"}}}
+			}
+			server, _ := listenLogged(t, ctxID, serverCfg)
+			clientCfg := Config{Insecure: c.clientInsecure, Peers: map[messages.PeerID]string{ctxID: server.Endpoint()}}
+			if !c.clientInsecure {
+				clientCfg.Curve = Curve{Secret: kb.secret, PeerServerKeys: map[messages.PeerID]string{ctxID: ka.public}}
+			}
+			client, _ := listenLogged(t, genID, clientCfg)
+			want := ConnUp
+			if c.failed || c.refused {
+				want = ConnHandshakeFailed
+			}
+			within3Beats(t, "the client's handshake to end "+want.String(), peerStateIs(client, ctxID, want, ""))
+			if c.failed {
+				within3Beats(t, "the server to count the failed handshake", func() bool { return server.FailedHandshakes() > 0 })
+			}
+			if c.refused {
+				within3Beats(t, "the server to refuse the key", func() bool { return server.Refused() > 0 })
+			}
+			if !c.failed {
+				if n := server.FailedHandshakes(); n != 0 {
+					t.Errorf("server's FailedHandshakes = %d, want 0", n)
+				}
+			}
+			if !c.refused {
+				if n := server.Refused(); n != 0 {
+					t.Errorf("server's Refused = %d, want 0", n)
+				}
+			}
+		})
+	}
+}
+
 // A well-configured pair is Up; PeerState refuses what it cannot know.
 // (Checked to fail: without the monitor the state stays Connecting.)
 func TestPeerStateUp(t *testing.T) {

@@ -115,6 +115,7 @@ type Stats struct {
 type counters struct {
 	rejected        [numRejectReasons]atomic.Int64
 	refused         atomic.Int64
+	failedHandshake atomic.Int64 // FailedHandshakes
 	queueFull       atomic.Int64
 	backlogged      atomic.Int64
 	terminalRefused atomic.Int64
@@ -157,6 +158,16 @@ func (l *Link) Rejected() int64 {
 
 // Refused counts handshakes the ZAP handler refused (unknown CURVE keys).
 func (l *Link) Refused() int64 { return l.stats.refused.Load() }
+
+// FailedHandshakes counts the handshakes of connections the listener
+// accepted that failed before the ZAP handler judged a key (those it
+// refused are Refused): a dialer of the other security mechanism (one
+// side insecure, the other CURVE), a CURVE client that holds another
+// server key for this link, one that speaks no ZeroMQ, or one that hung
+// up during the handshake. Each such dialer's handshake failed
+// on its side too (its PeerState of this link says so). It stays 0 when
+// the listener's socket monitor could not be set up (logged).
+func (l *Link) FailedHandshakes() int64 { return l.stats.failedHandshake.Load() }
 
 // warn returns a warning event about peer of kind, or nil (which
 // discards; zerolog's methods accept a nil *Event) when the throttle holds
