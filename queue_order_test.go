@@ -88,3 +88,69 @@ func TestQueueHeadLeavingStartsTheNext(t *testing.T) {
 		})
 	}
 }
+
+// A Receive that needs no destination block (each one a prefix hit)
+// starts while the allocation queue's head waits for blocks, and
+// completes: held behind the head, it waited for blocks it does not need
+// — for as long as the head did, to its own deadline when no block came
+// back (found by a review; the pools already let such an allocation pass
+// a full quarantine, but only at the head).
+func TestQueueStartsANoBlockReceiveBehindAWaitingHead(t *testing.T) {
+	l := smallLayout() // 16 tokens per block: 64 tokens are 4 blocks
+	c := startCluster(t, l, kvcache.Parallel{TP: 1, PP: 1}, kvcache.Parallel{TP: 1, PP: 1}, 1)
+	gen, ctxE := c.gen[0], c.ctx[0]
+	held := holdFreeBlocks(t, gen)
+	big, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "big", PromptLen: 64, Context: "ctx", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "big queued", func() bool { return gen.Stats().WaitingForBlocks == 1 })
+	hit, err := gen.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "all-hit", PromptLen: 64, Context: "ctx",
+		PrefixHitBlocks: []int{4, 4}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(64)
+	}
+	src, err := ctxE.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ctxE.Send(context.Background(), kvxfer.SendRequest{ID: "all-hit", PromptLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(64, 64, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chunks {
+		f := &kvxfer.ManualFence{}
+		if err := tx.Chunk(ch, ch.Runs(l.TokensPerBlock, src), f); err != nil {
+			t.Fatal(err)
+		}
+		f.Fire(nil)
+	}
+	// big waits for a minute: only a start behind it ends all-hit within
+	// waitOutcome's bound.
+	if o := waitOutcome(t, hit.Done()); !o.OK || o.Bytes != 0 {
+		t.Fatalf("all-hit behind a waiting head: %s ok=%v %d bytes (%v), want READY with 0 bytes", o.Status, o.OK, o.Bytes, o.Err)
+	}
+	if o := waitOutcome(t, tx.Done()); !o.OK {
+		t.Fatalf("all-hit's send: %s (%v)", o.Status, o.Err)
+	}
+	if n := gen.Stats().WaitingForBlocks; n != 1 {
+		t.Fatalf("WaitingForBlocks %d, want big still waiting", n)
+	}
+	if err := ctxE.Pools().Free(src); err != nil {
+		t.Fatal(err)
+	}
+	big.Cancel()
+	waitOutcome(t, big.Done())
+	if err := gen.Pools().Free(held); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, c)
+}

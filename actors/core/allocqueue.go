@@ -2,14 +2,17 @@ package core
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/kvxfer/kvxfer/kvcache"
 )
 
 // AllocQueue is the rx parent's allocation queue: requests waiting for
-// destination blocks, started strictly in arrival order (a large request
-// is not overtaken by small ones). It decides; the caller's alloc
-// allocates. T is what the caller keeps per request.
+// destination blocks, started in arrival order (a large request is not
+// overtaken by small ones). Only a request that needs no block (each one
+// a prefix hit) is not held behind a head that waits: it takes nothing
+// the head waits for. It decides; the caller's alloc allocates. T is what
+// the caller keeps per request.
 type AllocQueue[T any] struct {
 	items []queued[T]
 	ids   map[string]bool // the queued requests
@@ -77,16 +80,45 @@ func (q *AllocQueue[T]) Len() int { return len(q.items) }
 // start gets each with its blocks. A request alloc refuses with
 // kvcache.ErrOutOfBlocks waits at the head (for blocks to be freed); one
 // refused for any other reason can never fit and goes to fail, so that it
-// does not block the queue.
+// does not block the queue. While the head waits, the requests behind it
+// that need no block are started (or failed) all the same, in order: held
+// there, they would wait for blocks they do not need — to their deadline,
+// when the head waits for a proof that frees the quarantine.
 func (q *AllocQueue[T]) Drain(alloc func(counts []int) ([][]kvcache.BlockID, error),
 	start func(v T, blocks [][]kvcache.BlockID), fail func(v T, err error)) {
 	for len(q.items) > 0 {
 		it := q.items[0]
 		blocks, err := alloc(it.counts)
 		if errors.Is(err, kvcache.ErrOutOfBlocks) {
+			q.drainNoBlocks(alloc, start, fail)
 			return
 		}
 		q.items = q.items[1:]
+		delete(q.ids, it.id)
+		if err != nil {
+			fail(it.v, err)
+			continue
+		}
+		start(it.v, blocks)
+	}
+}
+
+// drainNoBlocks is Drain behind a head that waits: it takes out the
+// requests that need no block, in order, each as Drain would.
+func (q *AllocQueue[T]) drainNoBlocks(alloc func(counts []int) ([][]kvcache.BlockID, error),
+	start func(v T, blocks [][]kvcache.BlockID), fail func(v T, err error)) {
+	for i := 1; i < len(q.items); {
+		it := q.items[i]
+		if slices.ContainsFunc(it.counts, func(n int) bool { return n != 0 }) {
+			i++
+			continue
+		}
+		blocks, err := alloc(it.counts)
+		if errors.Is(err, kvcache.ErrOutOfBlocks) {
+			i++
+			continue
+		}
+		q.items = slices.Delete(q.items, i, i+1)
 		delete(q.ids, it.id)
 		if err != nil {
 			fail(it.v, err)

@@ -106,3 +106,42 @@ func TestAllocQueue_QueuedOnlyWhileWaiting(t *testing.T) {
 		t.Error("c queued after Clear")
 	}
 }
+
+// TestAllocQueue_NothingNeededIsNotHeldBehindTheHead: a request that
+// needs no block (every one a prefix hit) starts while the head waits for
+// blocks: it takes nothing from the pool, so it cannot delay the head,
+// and held behind it, it would wait for blocks it does not need — to its
+// deadline when the head waits on the quarantine bound or on blocks a
+// long decode holds. Requests that need blocks still wait behind the
+// head, in order.
+func TestAllocQueue_NothingNeededIsNotHeldBehindTheHead(t *testing.T) {
+	free := 2
+	alloc := func(counts []int) ([][]kvcache.BlockID, error) {
+		n := counts[0] + counts[1]
+		if n > free {
+			return nil, fmt.Errorf("%w: %d > %d", kvcache.ErrOutOfBlocks, n, free)
+		}
+		free -= n
+		return [][]kvcache.BlockID{make([]kvcache.BlockID, counts[0]), make([]kvcache.BlockID, counts[1])}, nil
+	}
+	var started []string
+	drain := func(q *AllocQueue[string]) {
+		q.Drain(alloc, func(id string, _ [][]kvcache.BlockID) { started = append(started, id) },
+			func(id string, err error) { t.Errorf("%s failed: %v", id, err) })
+	}
+	var q AllocQueue[string]
+	q.Push("big", []int{4, 0}, "big")
+	q.Push("hit", []int{0, 0}, "hit") // every block a prefix hit
+	q.Push("small", []int{1, 0}, "small")
+	q.Push("hit2", []int{0, 0}, "hit2")
+	drain(&q)
+	if !slices.Equal(started, []string{"hit", "hit2"}) || q.Len() != 2 || q.Queued("hit") || !q.Queued("small") {
+		t.Fatalf("started %v, %d queued (hit queued %v, small queued %v); want hit and hit2 started, big waiting with small behind it",
+			started, q.Len(), q.Queued("hit"), q.Queued("small"))
+	}
+	free += 3 // enough for big and small
+	drain(&q)
+	if !slices.Equal(started, []string{"hit", "hit2", "big", "small"}) || q.Len() != 0 {
+		t.Fatalf("after a free: started %v, %d queued", started, q.Len())
+	}
+}
