@@ -16,12 +16,14 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/config"
 	"github.com/kvxfer/kvxfer/internal/cpustat"
 	"github.com/kvxfer/kvxfer/internal/gcfloor"
 	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -270,33 +272,88 @@ func newScenarioCmd(a *app, out *benchOutput, sc scenario) *cobra.Command {
 	return cmd
 }
 
-// sizeFlags names, for each scenario whose engines' pools it sizes itself
-// (--pool unset), the flags that size them.
-var sizeFlags = map[string]string{
-	"small":      "--tokens or --concurrency",
-	"fragmented": "--tokens",
-	"e2e":        "--max-tokens or --concurrency (or a --pool that fits)",
+// pooled is a scenario that sizes its engines' pools itself, to hold its
+// requests (e2e: unless --pool is set).
+type pooled interface {
+	// sizedBy names the flags that size the pools with their values
+	// ("--tokens 128,512 and --concurrency 8"), and those to make smaller
+	// for smaller pools ("--tokens or --concurrency").
+	sizedBy() (given, smaller string)
 }
 
 // poolHint adds to a scenario's error what to change when the error is its
 // pools': a pool the machine would not map (kvcache.ErrBadRegion: past
 // the largest host region, or refused by mmap), which the scenario sized
-// to its requests unless --pool was set, and a --pool too small for a
-// request. Without it the error named only a byte count ("kvxfer: bad
-// config: kvcache: bad region: region length 65558020096: mmap: cannot
-// allocate memory"), or the pool's blocks, and no flag.
-func poolHint(scenario string, s config.Settings, err error) error {
+// to its requests unless --pool was set, a pool so sized of more blocks
+// than a pool may hold (tooManyBlocks), and a --pool too small for a
+// request.
+// Without it the error named only a byte count ("kvxfer: bad config:
+// kvcache: bad region: region length 65558020096: mmap: cannot allocate
+// memory"), the engine's own field ("PoolBytes = 6920741060608 holds
+// 3300066 blocks per layer group …: use a smaller pool or more
+// TokensPerBlock", of bench small --concurrency 100000), or the pool's
+// blocks, and no flag. A pool set is named as the user set it: --pool,
+// KVXFER_POOL or the file's key.
+func poolHint(sc scenario, s config.Settings, err error) error {
 	set := s.Set(config.Pool) && s.Pool > 0
+	given, smaller := "", ""
+	if p, ok := sc.(pooled); ok {
+		given, smaller = p.sizedBy()
+	}
+	blocks, tooMany := tooManyBlocks(err)
 	switch {
 	case errors.Is(err, kvcache.ErrBadRegion) && set:
-		return fmt.Errorf("%w: this machine maps no pool of --pool %s: use a smaller --pool", err, config.FormatSize(s.Pool))
-	case errors.Is(err, kvcache.ErrBadRegion) && sizeFlags[scenario] != "":
+		name := settingName(s, config.Pool)
+		return fmt.Errorf("%w: this machine maps no pool of %s %s: use a smaller %s", err, name, s.Origin(config.Pool).Raw, name)
+	case errors.Is(err, kvcache.ErrBadRegion) && smaller != "":
 		return fmt.Errorf("%w: bench %s sizes its pools to hold its requests, and this machine maps no pool that large: use a smaller %s",
-			err, scenario, sizeFlags[scenario])
+			err, sc.name(), smaller)
+	case tooMany && !set && smaller != "": // a set pool is refused before (poolHoldsABlock)
+		return &renamed{msg: fmt.Sprintf("%s: the pools sized to hold these requests would hold %d blocks per layer group, more than the %d blocks a pool may hold: use a smaller %s%s",
+			given, blocks, messages.MaxBlocks, smaller, largerBlocks(sc)), err: err}
 	case errors.Is(err, kvcache.ErrPoolTooSmall) && set:
-		return fmt.Errorf("%w: use a larger --pool (unset, bench sizes the pools to the scenario)", err)
+		return fmt.Errorf("%w: use a larger %s (unset, bench sizes the pools to the scenario)", err, settingName(s, config.Pool))
 	}
 	return err
+}
+
+// largerBlocks is the other way to fewer blocks, where sc takes
+// --tokens-per-block.
+func largerBlocks(sc scenario) string {
+	if keys, _ := sc.keys(); slices.Contains(keys, config.TokensPerBlock) {
+		return ", or a larger --tokens-per-block"
+	}
+	return ""
+}
+
+// tooManyBlocks is, of the engine's refusal of a pool of more blocks than
+// a Hello may name ("kvxfer: bad config: PoolBytes = N holds B blocks per
+// layer group (…), at most M (messages.MaxBlocks): …"), its B.
+func tooManyBlocks(err error) (blocks uint64, ok bool) {
+	if !errors.Is(err, kvxfer.ErrConfig) {
+		return 0, false
+	}
+	_, rest, found := strings.Cut(err.Error(), kvxfer.ErrConfig.Error()+": PoolBytes = ")
+	if !found || !strings.Contains(rest, "(messages.MaxBlocks)") {
+		return 0, false
+	}
+	var pool uint64
+	if _, err := fmt.Sscanf(rest, "%d holds %d blocks per layer group", &pool, &blocks); err != nil {
+		return 0, false
+	}
+	return blocks, true
+}
+
+// settingName is how the user gave key: its flag, its variable, or the
+// file's key with where it is ("pool (kvxfer.yaml:3)").
+func settingName(s config.Settings, key string) string {
+	switch o := s.Origin(key); o.Source {
+	case config.SourceEnv:
+		return o.Where
+	case config.SourceFile:
+		return key + " (" + o.Where + ")"
+	}
+	return "--" + key
 }
 
 // runScenarios runs each scenario with progress, prints it, and writes the
@@ -339,7 +396,7 @@ func runScenarios(cmd *cobra.Command, a *app, out benchOutput, s config.Settings
 		err := sc.run(ctx, s, p.Step, &res)
 		p.Done()
 		if err != nil {
-			return fmt.Errorf("bench %s: %w", sc.name(), poolHint(sc.name(), s, err))
+			return fmt.Errorf("bench %s: %w", sc.name(), poolHint(sc, s, err))
 		}
 		steal, stealKnown := meter.Stop()
 		if stealKnown {

@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/proc"
 	"github.com/kvxfer/kvxfer/internal/report"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma/rdmabench"
 )
 
@@ -227,6 +228,9 @@ func (o *overheadScenario) flags(f *pflag.FlagSet) {
 	f.IntVar(&o.requests, "requests", o.requests, "one-token requests, one at a time")
 }
 func (*overheadScenario) steps() int { return 2 }
+func (o *overheadScenario) sizedBy() (string, string) {
+	return fmt.Sprintf("--chunks %d", o.chunks), "--chunks"
+}
 func (o *overheadScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	for _, v := range []struct {
 		flag string
@@ -321,6 +325,9 @@ func (w *workersScenario) flags(f *pflag.FlagSet) {
 	f.DurationVar(&w.postCost, "post-cost", w.postCost, "modelled CPU cost of one post")
 }
 func (*workersScenario) steps() int { return 2 }
+func (w *workersScenario) sizedBy() (string, string) {
+	return fmt.Sprintf("--chunks %d", w.chunks), "--chunks"
+}
 func (w *workersScenario) run(ctx context.Context, _ config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	if w.chunks < 1 {
 		return fmt.Errorf("--chunks %d: want at least 1", w.chunks)
@@ -551,6 +558,9 @@ func (sm *smallScenario) flags(f *pflag.FlagSet) {
 }
 func (sm *smallScenario) steps() int                    { return bench.SmallSteps(sm.rounds, len(sm.tokens)) }
 func (sm *smallScenario) check(s config.Settings) error { return engineBackend(s, "small") }
+func (sm *smallScenario) sizedBy() (string, string) {
+	return fmt.Sprintf("--tokens %s and --concurrency %d", joinInts(sm.tokens), sm.concurrency), "--tokens or --concurrency"
+}
 func (sm *smallScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	tpb := s.TokensPerBlock
 	if tpb == 0 {
@@ -627,12 +637,28 @@ func checkRequests(n int) error {
 	return nil
 }
 
-// engineBackend checks that s.Backend is one a bench Pair runs.
+// engineBackend checks that s.Backend is one a bench Pair runs, and
+// s.TokensPerBlock one the model's layout takes, named as the user gave
+// it (checkTokensPerBlock, as ctx and gen): kvcache named its own field,
+// "bench small: kvcache: bad layout: TokensPerBlock = 100000000, must be
+// ≤ 65536".
 func engineBackend(s config.Settings, scenario string) error {
 	if !slices.Contains(bench.Backends(), s.Backend) {
 		return s.Invalid(config.Backend, "bench "+scenario+" runs "+strings.Join(bench.Backends(), " or "))
 	}
-	return nil
+	return checkTokensPerBlock(&s)
+}
+
+// joinInts is ns comma-separated, as a flag takes them.
+func joinInts(ns []int) string {
+	var b strings.Builder
+	for i, n := range ns {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, n)
+	}
+	return b.String()
 }
 
 // ---- fragmented ----
@@ -675,6 +701,9 @@ func (fr *fragmentedScenario) flags(f *pflag.FlagSet) {
 }
 func (fr *fragmentedScenario) steps() int                    { return 2 * fr.rounds }
 func (fr *fragmentedScenario) check(s config.Settings) error { return engineBackend(s, "fragmented") }
+func (fr *fragmentedScenario) sizedBy() (string, string) {
+	return fmt.Sprintf("--tokens %d", fr.tokens), "--tokens"
+}
 func (fr *fragmentedScenario) run(ctx context.Context, s config.Settings, p bench.ProgressFunc, res *report.Results) error {
 	for _, v := range []struct {
 		flag string
@@ -765,17 +794,45 @@ func (e *e2eScenario) flags(f *pflag.FlagSet) {
 	f.Uint64Var(&e.seed, "seed", e.seed, "seed of the prompt-length shuffle")
 }
 func (*e2eScenario) steps() int { return 2 }
+func (e *e2eScenario) sizedBy() (string, string) {
+	return fmt.Sprintf("--max-tokens %d and --concurrency %d", e.maxTokens, e.concurrency), "--max-tokens or --concurrency (or a --pool that fits)"
+}
 func (e *e2eScenario) check(s config.Settings) error {
 	if err := engineBackend(s, "e2e"); err != nil {
 		return err
 	}
-	return poolHoldsABlock(s)
+	if err := poolHoldsABlock(s); err != nil {
+		return err
+	}
+	return e.chunkFitsBlocks(s)
+}
+
+// chunkFitsBlocks refuses a --chunk-tokens that is not a multiple of the
+// block size, naming both as demo does: kvcache named neither flag,
+// "kvcache: misaligned chunk: chunk size 256 tokens is not a positive
+// multiple of TokensPerBlock 3". An unknown model is named elsewhere.
+func (e *e2eScenario) chunkFitsBlocks(s config.Settings) error {
+	l, err := kvcache.Preset(s.Model)
+	if err != nil {
+		return nil
+	}
+	tpb, from := l.TokensPerBlock, l.Name+"'s preset"
+	if s.TokensPerBlock > 0 {
+		tpb, from = s.TokensPerBlock, settingName(s, config.TokensPerBlock)
+	}
+	if e.chunkTokens > 0 && e.chunkTokens%tpb != 0 {
+		return fmt.Errorf("--chunk-tokens = %d: want a positive multiple of the block size, %d tokens (%s)", e.chunkTokens, tpb, from)
+	}
+	return nil
 }
 
 // poolHoldsABlock refuses a --pool (or its variable or YAML key) that
-// holds no block of the model's layout, naming it as ctx and gen do: the
-// engine refused it naming its own field ("kvxfer: bad config: PoolBytes
-// = 1048576 holds no block"). An unknown model or a bad
+// holds no block of the model's layout, or more blocks than a pool may
+// (messages.MaxBlocks), naming it as ctx and gen do: the engine refused
+// it naming its own field ("kvxfer: bad config: PoolBytes = 1048576
+// holds no block", "PoolBytes = 8589934592000 holds 2048000 blocks per
+// layer group …: use a smaller pool or more TokensPerBlock"), the latter
+// only once the scenarios before e2e had run. An unknown model or a bad
 // --tokens-per-block is named elsewhere.
 func poolHoldsABlock(s config.Settings) error {
 	if !s.Set(config.Pool) || s.Pool == 0 {
@@ -797,6 +854,11 @@ func poolHoldsABlock(s config.Settings) error {
 	}
 	if s.Pool < perSet {
 		return s.Invalid(config.Pool, fmt.Sprintf("holds no block: one block of every layer group of %s is %d bytes", l.Name, perSet))
+	}
+	// Past the largest host region the region is the mistake (poolHint).
+	if n := s.Pool / perSet; n > messages.MaxBlocks && s.Pool <= kvcache.MaxHostRegion {
+		return s.Invalid(config.Pool, fmt.Sprintf("holds %d blocks per layer group (one block of every group of %s is %d bytes), more than the %d blocks a pool may hold: use a smaller one, or a larger --tokens-per-block",
+			n, l.Name, perSet, messages.MaxBlocks))
 	}
 	return nil
 }

@@ -579,6 +579,64 @@ func TestBenchNamesThePoolsFlags(t *testing.T) {
 	}
 }
 
+// A pool of more blocks than a pool may hold (messages.MaxBlocks), sized
+// by a scenario from its flags or set, names those flags with their
+// values and what to change; a set pool, --tokens-per-block and
+// --chunk-tokens are named as the user gave them (flag, variable). Before,
+// each named the engine's or kvcache's field: "bench small: kvxfer: bad
+// config: PoolBytes = 6920741060608 holds 3300066 blocks per layer group
+// (…), at most 1048576 (messages.MaxBlocks): use a smaller pool or more
+// TokensPerBlock", "kvcache: misaligned chunk: chunk size 256 tokens is
+// not a positive multiple of TokensPerBlock 3", and "use a larger --pool"
+// of a KVXFER_POOL. Every pool here is refused before it is mapped.
+// (Checked to fail without poolHint's tooManyBlocks, poolHoldsABlock's
+// bound, engineBackend's checkTokensPerBlock, chunkFitsBlocks and
+// settingName.)
+func TestBenchNamesTheFlagsOfTooManyBlocks(t *testing.T) {
+	small := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(small, []byte("pool: 100MiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"bench", "small", "--concurrency", "100000"},
+			want: "bench small: --tokens 128,512 and --concurrency 100000: the pools sized to hold these requests would hold 3300066 blocks per layer group, more than the 1048576 blocks a pool may hold: use a smaller --tokens or --concurrency, or a larger --tokens-per-block"},
+		{args: []string{"bench", "e2e", "--max-tokens", "10000000"},
+			want: "bench e2e: --max-tokens 10000000 and --concurrency 4: the pools sized to hold these requests would hold 1562505 blocks per layer group, more than the 1048576 blocks a pool may hold: use a smaller --max-tokens or --concurrency"},
+		{args: []string{"bench", "fragmented", "--tokens", "100000000"}, want: "bench fragmented: --tokens 100000000: the pools sized to hold these requests would hold 25000004 blocks"},
+		{args: []string{"bench", "overhead", "--chunks", "600000"}, want: "bench overhead: --chunks 600000: the pools sized to hold these requests would hold 1200016 blocks per layer group, more than the 1048576 blocks a pool may hold: use a smaller --chunks"},
+		{args: []string{"bench", "workers", "--chunks", "1100000"}, want: "bench workers: --chunks 1100000: the pools sized to hold these requests would hold 1100008 blocks"},
+		{args: []string{"bench", "e2e", "--pool", "8000GiB"},
+			want: `bench e2e: --pool = "8000GiB": holds 2048000 blocks per layer group (one block of every group of Llama-3.1-8B is 4194304 bytes), more than the 1048576 blocks a pool may hold: use a smaller one, or a larger --tokens-per-block`},
+		{args: []string{"bench", "e2e"}, env: map[string]string{"KVXFER_POOL": "8000GiB"}, want: `KVXFER_POOL = "8000GiB": holds 2048000 blocks`},
+		{args: []string{"bench", "e2e", "--requests", "2", "--concurrency", "1"}, env: map[string]string{"KVXFER_POOL": "100MiB"}, want: "use a larger KVXFER_POOL (unset,"},
+		{args: []string{"bench", "e2e", "--requests", "2", "--concurrency", "1", "--config", small}, want: "use a larger pool (pool.yaml:1) (unset,"},
+		{args: []string{"bench", "e2e"}, env: map[string]string{"KVXFER_POOL": "102400GiB"}, want: "this machine maps no pool of KVXFER_POOL 102400GiB: use a smaller KVXFER_POOL"},
+		{args: []string{"bench", "small", "--tokens-per-block", "100000000"}, want: `bench small: --tokens-per-block = "100000000": `},
+		{args: []string{"bench", "e2e", "--chunk-tokens", "100"}, want: "bench e2e: --chunk-tokens = 100: want a positive multiple of the block size, 32 tokens (Llama-3.1-8B's preset)"},
+		{args: []string{"bench", "e2e"}, env: map[string]string{"KVXFER_TOKENS_PER_BLOCK": "3"}, want: "bench e2e: --chunk-tokens = 256: want a positive multiple of the block size, 3 tokens (KVXFER_TOKENS_PER_BLOCK)"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := run(c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "PoolBytes") {
+			t.Errorf("%v %v: %v, want an error containing %s", c.env, c.args, err, c.want)
+		}
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+	}
+	// A set pool of too many blocks is refused before any scenario runs.
+	t.Setenv("KVXFER_POOL", "8000GiB")
+	if out, err := run("bench", "--scenarios", "overhead,e2e"); err == nil || !strings.Contains(err.Error(), `KVXFER_POOL = "8000GiB": holds 2048000 blocks`) || out != "" {
+		t.Errorf("bench --scenarios overhead,e2e with KVXFER_POOL=8000GiB: %v, want it refused before overhead ran\n%s", err, out)
+	}
+}
+
 // `kvxfer bench` given flags but neither --scenarios nor --report runs
 // nothing: it fails naming the flags and what to add, instead of printing
 // its help with exit status 0 as if the flags had been used. Bare, it

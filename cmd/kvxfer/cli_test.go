@@ -97,7 +97,16 @@ func TestConfigErrorsThroughCLI(t *testing.T) {
 			`--device = 1 with --backend = "shm": only backend cudaipc runs on a GPU`},
 		{"demo two processes", nil, []string{"demo", "--processes", "2", "--backend", "loopback"}, `--backend = "loopback": demo --processes 2 runs across processes: want shm or ucx`},
 		{"metrics port", nil, []string{"demo", "--metrics-addr", "localhost:65535"}, `--metrics-addr = "localhost:65535": port "65535" leaves no next port`},
-		{"missing file", nil, []string{"demo", "--config", filepath.Join(dir, "absent.yaml")}, "absent.yaml"},
+		// A file that cannot be read is named by what named it: the
+		// variable's was named --config, which the command line did not
+		// have. (Checked to fail before: "invalid configuration: --config:
+		// open …/absent.yaml: no such file or directory" for both.)
+		{"missing file", nil, []string{"demo", "--config", filepath.Join(dir, "absent.yaml")},
+			`--config = "` + filepath.Join(dir, "absent.yaml") + `": open ` + filepath.Join(dir, "absent.yaml") + ": no such file or directory: give --config a readable YAML settings file"},
+		{"missing KVXFER_CONFIG", map[string]string{"KVXFER_CONFIG": filepath.Join(dir, "absent.yaml")}, []string{"bench", "small"},
+			`KVXFER_CONFIG = "` + filepath.Join(dir, "absent.yaml") + `": open ` + filepath.Join(dir, "absent.yaml") + ": no such file or directory: set KVXFER_CONFIG to a readable YAML settings file, or unset it"},
+		{"--config over a missing KVXFER_CONFIG", map[string]string{"KVXFER_CONFIG": filepath.Join(dir, "pool.yaml")}, []string{"demo", "--config", filepath.Join(dir, "absent.yaml")},
+			`--config = "` + filepath.Join(dir, "absent.yaml") + `"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for k, v := range c.env {
@@ -165,6 +174,13 @@ func TestFlagValueNamesWhatItTakes(t *testing.T) {
 		{[]string{"gen", "--insecure=maybe"}, `--insecure = "maybe": want true or false (--insecure alone is true)`},
 		{[]string{"ctx", "--requests", "99999999999999999999"}, `--requests = "99999999999999999999": out of range (default 8)`},
 		{[]string{"bench", "raw", "--rounds", "x"}, `--rounds = "x": want a whole number (default 5)`},
+		// A list of whole numbers names the entry that is not one.
+		// (Checked to fail before: `invalid argument "abc" for "--tokens"
+		// flag: strconv.Atoi: parsing "abc": invalid syntax`.)
+		{[]string{"bench", "small", "--tokens", "abc"}, `--tokens = "abc": want whole numbers, comma-separated (default 128,512)`},
+		{[]string{"bench", "small", "--tokens", "128,x1"}, `--tokens = "128,x1": "x1" is not a whole number: want whole numbers, comma-separated (default 128,512)`},
+		{[]string{"bench", "small", "--tokens", "99999999999999999999"}, `--tokens = "99999999999999999999": 99999999999999999999 is out of range: want whole numbers`},
+		{[]string{"bench", "pipelining", "--chunk-sizes", "64,"}, `--chunk-sizes = "64,": an empty entry: want whole numbers, comma-separated (default 64,128,256,512,1024)`},
 	} {
 		_, _, err := runApp(newApp(), c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "strconv") {

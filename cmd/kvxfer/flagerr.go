@@ -69,12 +69,15 @@ var wantValue = map[string]string{
 // parse, naming the flag, the value and what the flag takes, with its
 // default: pflag's said `invalid argument "abc" for "--requests" flag:
 // strconv.ParseInt: parsing "abc": invalid syntax`, the parser's words.
-// Other types (the settings' own values) keep their error, which says
-// what they take.
+// A list of whole numbers is named by intSliceValue; other types (the
+// settings' own values) keep their error, which says what they take.
 func invalidValue(iv *pflag.InvalidValueError) error {
 	f := iv.GetFlag()
 	if f.Value.Type() == "bool" {
 		return fmt.Errorf("--%s = %q: want true or false (--%s alone is true)", f.Name, iv.GetValue(), f.Name)
+	}
+	if f.Value.Type() == "intSlice" {
+		return intSliceValue(iv)
 	}
 	want, ok := wantValue[f.Value.Type()]
 	if !ok {
@@ -84,6 +87,26 @@ func invalidValue(iv *pflag.InvalidValueError) error {
 		return fmt.Errorf("--%s = %q: out of range (default %s)", f.Name, iv.GetValue(), f.DefValue)
 	}
 	return fmt.Errorf("--%s = %q: %s (default %s)", f.Name, iv.GetValue(), want, f.DefValue)
+}
+
+// intSliceValue is invalidValue for a list of whole numbers (bench small
+// --tokens, bench pipelining --chunk-sizes), naming the entry that is not
+// one: pflag's error was its parser's, `invalid argument "128,abc" for
+// "--tokens" flag: strconv.Atoi: parsing "abc": invalid syntax`.
+func intSliceValue(iv *pflag.InvalidValueError) error {
+	f := iv.GetFlag()
+	want := fmt.Sprintf("want whole numbers, comma-separated (default %s)", strings.Trim(f.DefValue, "[]"))
+	var ne *strconv.NumError
+	switch {
+	case !errors.As(iv, &ne):
+	case ne.Num == "":
+		want = "an empty entry: " + want
+	case errors.Is(ne, strconv.ErrRange):
+		want = ne.Num + " is out of range: " + want
+	case ne.Num != iv.GetValue():
+		want = fmt.Sprintf("%q is not a whole number: %s", ne.Num, want)
+	}
+	return fmt.Errorf("--%s = %q: %s", f.Name, iv.GetValue(), want)
 }
 
 // editDistance is the Levenshtein distance of a and b, with '_' and '-'

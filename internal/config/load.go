@@ -19,6 +19,9 @@ import (
 type Loader struct {
 	// File is the YAML file to read; "" reads none.
 	File string
+	// FileFrom is what named File, as its error says it: "--config" (also
+	// when ""), or ConfigEnv.
+	FileFrom string
 	// Env looks a variable up (os.LookupEnv); nil reads no environment.
 	Env func(string) (string, bool)
 	// Environ lists the environment as KEY=VALUE (os.Environ), to warn of
@@ -34,10 +37,11 @@ type Loader struct {
 // FromOS is a Loader on the process environment and flags fs; file is the
 // --config value (when "", KVXFER_CONFIG names the file, if set).
 func FromOS(file string, fs *pflag.FlagSet) Loader {
+	from := "--config"
 	if file == "" {
-		file = os.Getenv(ConfigEnv)
+		file, from = os.Getenv(ConfigEnv), ConfigEnv
 	}
-	return Loader{File: file, Env: os.LookupEnv, Environ: os.Environ, Flags: fs}
+	return Loader{File: file, FileFrom: from, Env: os.LookupEnv, Environ: os.Environ, Flags: fs}
 }
 
 // Load resolves keys (every key when none is named) from the defaults, the
@@ -96,7 +100,7 @@ func (l Loader) load(strict bool, keys []string) (Settings, error) {
 	}
 	// 2. The file.
 	if l.File != "" {
-		entries, err := readFile(l.File)
+		entries, err := readFile(l.File, l.FileFrom)
 		if err != nil {
 			return s, err
 		}
@@ -185,10 +189,21 @@ type fileEntry struct {
 }
 
 // readFile reads the YAML file: one flat mapping of known keys to scalars.
-func readFile(path string) ([]fileEntry, error) {
+// from is what named it (Loader.FileFrom): a file that cannot be read is
+// named with it. It was always "--config", also of a file that
+// KVXFER_CONFIG named, which the user then looked for on a command line
+// that had none.
+func readFile(path, from string) ([]fileEntry, error) {
 	b, err := os.ReadFile(filepath.Clean(path))
 	if err != nil {
-		return nil, fmt.Errorf("%w: --config: %w", ErrInvalid, err)
+		if from == "" {
+			from = "--config"
+		}
+		fix := "give --config a readable YAML settings file"
+		if from == ConfigEnv {
+			fix = "set " + ConfigEnv + " to a readable YAML settings file, or unset it"
+		}
+		return nil, fmt.Errorf("%w: %s = %q: %w: %s (docs/configuration.md)", ErrInvalid, from, path, err, fix)
 	}
 	return parseFile(path, b)
 }
