@@ -16,6 +16,23 @@ import (
 // until it returned.
 func TestCloseKeepsPoolMappedDuringCallback(t *testing.T) {
 	p, d := open(t, "cbpool-p"), open(t, "cbpool-d")
+	// The engine's own Close returned, and Close waits for the callback.
+	closedBut := func() bool { return d.Inner().WritesOver() && goroutinesIn("kvxfer/kvxfer.(*Engine).Close") == 0 }
+	if callbackSawPoolGo(t, p, d, "cbpool-p", closedBut) {
+		t.Fatal("engine's pool unmapped while a callback of a READY event was still running")
+	}
+	if err := p.Close(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// callbackSawPoolGo runs a request from p into d whose READY callback
+// blocks, closes d, waits until closedBut (d's close went as far as it
+// may while the callback runs) or d's pool region is marked gone, then
+// lets the callback return and d's close end: true when the pool went
+// while the callback was running.
+func callbackSawPoolGo(t *testing.T, p, d *Engine, context string, closedBut func() bool) bool {
+	t.Helper()
 	src, err := p.AllocBlocks(0, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +42,7 @@ func TestCloseKeepsPoolMappedDuringCallback(t *testing.T) {
 		entered <- ev
 		<-release
 	})
-	_, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "cbpool-p"}})
+	_, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: context}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,28 +66,20 @@ func TestCloseKeepsPoolMappedDuringCallback(t *testing.T) {
 	region := d.Inner().Region()
 	closed := make(chan error, 1)
 	go func() { closed <- d.Close(10 * time.Second) }()
-	// The callback is under way: the pool it reads must stay mapped, also
-	// once the engine's own Close returned (Close then waits for the
-	// callback).
 	deadline := time.Now().Add(10 * time.Second)
-	for !d.Inner().WritesOver() || goroutinesIn("kvxfer/kvxfer.(*Engine).Close") > 0 {
+	for region.Bytes() != nil && !closedBut() {
 		if time.Now().After(deadline) {
 			close(release)
-			t.Fatal("the engine's Close did not return in 10 s")
+			t.Fatal("the engine's close did not get as far as the callback in 10 s")
 		}
 		runtime.Gosched()
 	}
-	unmapped := region.Bytes() == nil
+	gone := region.Bytes() == nil
 	close(release)
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	if unmapped {
-		t.Fatal("engine's pool unmapped while a callback of a READY event was still running")
-	}
-	if err := p.Close(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	return gone
 }
 
 // As TestCloseKeepsPoolMappedDuringCallback for an engine a node opened
@@ -96,56 +105,9 @@ func TestNodeCloseKeepsPoolMappedDuringCallback(t *testing.T) {
 	if err := d.WaitPeers(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	src, err := p.AllocBlocks(0, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entered, release := make(chan Event, 1), make(chan struct{})
-	d.SetNotify(func(ev Event) {
-		entered <- ev
-		<-release
-	})
-	_, rh, err := d.Receive(ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: "r", PromptLen: 32, Context: "cbnode-p"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, th, err := p.Send(SendRequest{SendRequest: kvxfer.SendRequest{ID: "r", PromptLen: 32}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Chunk(0, 32, true, []kvcache.BlockRun{{First: 0, IDs: src}}, false); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, p, th)
-	var ev Event
-	select {
-	case ev = <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no callback in 10 s")
-	}
-	if ev.Request != rh || ev.Outcome != OutcomeReady {
-		t.Fatalf("callback for %+v, want READY of request %d", ev, rh)
-	}
-	region := d.Inner().Region()
-	closed := make(chan error, 1)
-	go func() { closed <- d.Close(10 * time.Second) }()
-	// The callback is under way: the node's close goes as far as it may
-	// (its engine closed, then it waits for the callback) — or, as before,
-	// it lets the pool go.
-	deadline := time.Now().Add(10 * time.Second)
-	for region.Bytes() != nil && (!d.Inner().WritesOver() || goroutinesIn("capi.(*Engine).endCallbacks") == 0) {
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatal("the node's engine did not close in 10 s")
-		}
-		runtime.Gosched()
-	}
-	unmapped := region.Bytes() == nil
-	close(release)
-	if err := <-closed; err != nil {
-		t.Fatal(err)
-	}
-	if unmapped {
+	// The node's engine closed, and the node waits for the callback.
+	closedBut := func() bool { return d.Inner().WritesOver() && goroutinesIn("capi.(*Engine).endCallbacks") > 0 }
+	if callbackSawPoolGo(t, p, d, "cbnode-p", closedBut) {
 		t.Fatal("node's pool let go while a callback of a READY event was still running")
 	}
 }
