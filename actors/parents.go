@@ -1053,8 +1053,10 @@ func (p *rxParent) needed(r RxRequest) ([]int, error) {
 // before that attempt did, and the attempt sees its blocks.
 func (p *rxParent) noteQueue() { p.env.allocWaiting.Store(int64(p.queue.Len())) }
 
-// drainQueue starts queued requests, in order, while blocks are free; one
-// that no free can make fit fails rather than block the queue.
+// drainQueue starts queued requests, in order, while blocks are free (one
+// that needs no block, every block a prefix hit, even behind a head that
+// waits: core.AllocQueue.Drain); one that no free can make fit fails
+// rather than block the queue.
 func (p *rxParent) drainQueue(ctx actor.Context) {
 	p.waitErr = nil
 	p.queue.Drain(func(counts []int) ([][]kvcache.BlockID, error) {

@@ -228,7 +228,11 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			if r, ok := a.k.(restarter[S]); ok {
 				r.restarted(a, ctx)
 			}
-			a.owed = a.panicErr(a.takeLost())
+			// (An error still owed, a Started before this one having
+			// panicked first, is kept: it names the crash that began it.)
+			if err := a.panicErr(a.takeLost()); a.owed == nil {
+				a.owed = err
+			}
 			// What a panic while effects ran left (run: the rest of them,
 			// and their failures) first, as their step decided.
 			a.exec(ctx, nil, now)

@@ -433,13 +433,17 @@ func (s *listener) serve(stop <-chan struct{}, rw, zw, mw *sockWait) {
 		go s.serveZAPs(stop, zw)
 	}
 	if mw != nil {
-		watched := make(chan struct{})
+		// The watcher ends with this goroutine, at stop or when its poll
+		// failed (the ROUTER then closes at once, not at the link's stop).
+		done, watched := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(watched)
-			s.watchHandshakes(stop, mw)
+			s.watchHandshakes(done, mw)
 		}()
 		defer func() {
-			<-watched // the PAIR is this goroutine's again
+			close(done)
+			mw.interrupt() // (every later wait returns at once: it sees done)
+			<-watched      // the PAIR is this goroutine's again
 			mw.close()
 			closeWatched(s.router, s.mon)
 		}()
@@ -548,11 +552,11 @@ func (s *listener) serveZAPs(stop <-chan struct{}, zw *sockWait) {
 }
 
 // watchHandshakes reads the ROUTER's monitor (mw, on s.mon) as its
-// events come until stop is closed, counting the handshakes that failed
+// events come until done is closed (serve's end), counting the handshakes that failed
 // at the listener (FailedHandshakes). It leaves the PAIR open: serve
 // closes it after the monitor stopped.
-func (s *listener) watchHandshakes(stop <-chan struct{}, mw *sockWait) {
-	s.waitLoop(stop, "listener monitor poll failed; handshakes that fail at the listener go uncounted", func() error {
+func (s *listener) watchHandshakes(done <-chan struct{}, mw *sockWait) {
+	s.waitLoop(done, "listener monitor poll failed; handshakes that fail at the listener go uncounted", func() error {
 		ok, err := mw.wait(idleWait)
 		if !ok {
 			return err

@@ -23,8 +23,9 @@
 // claimed, Cancel answered at once, a tombstone left when no session
 // has the request) and core.RxTable (each writer's RequestData, worker
 // and planned bytes, the epoch, routing by writer, the down set) with
-// core.AllocQueue (requests start in arrival order while blocks last; one
-// that can never fit fails), and each sender worker's
+// core.AllocQueue (requests start in arrival order while blocks last, one
+// that needs no block even behind a waiting head; one that can never fit
+// fails), and each sender worker's
 // decisions are core.WorkerTable's (its endpoints, its ops in flight, what
 // closing an endpoint retires, what a crash puts in doubt; connects are
 // synchronous here). The rest of the shells are models of the real ones: the tx

@@ -943,7 +943,8 @@ func (g *genRank) unqueue(a *genApp) {
 }
 
 // drainQueue is rxParent.drainQueue: queued requests start in order
-// while blocks are free; one that can never fit fails.
+// while blocks are free (one that needs no block even behind a head that
+// waits); one that can never fit fails.
 func (g *genRank) drainQueue() {
 	g.queue.Drain(g.guard.Alloc,
 		func(a *genApp, blocks [][]kvcache.BlockID) {
