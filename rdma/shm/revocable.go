@@ -382,8 +382,9 @@ type Indirection struct {
 
 // Translate rewrites segments whose Dst are view offsets into segments whose
 // Dst are file offsets, splitting a segment at a block boundary where the
-// file offsets are not consecutive. A Dst range outside the table's blocks
-// is an error naming the segment (ErrBadRange).
+// file offsets are not consecutive. A Dst range outside the table's blocks,
+// or one whose file offsets would pass 2^64 (a corrupt table: no file is
+// that long), is an error naming the segment (ErrBadRange).
 func (ix Indirection) Translate(segs []kvcache.Segment) ([]kvcache.Segment, error) {
 	if ix.Block == 0 {
 		return nil, fmt.Errorf("shm: translate: %w: indirection with block size 0", ErrBadRange)
@@ -406,7 +407,12 @@ func (ix Indirection) Translate(segs []kvcache.Segment) ([]kvcache.Segment, erro
 		for left > 0 {
 			in := dst % ix.Block
 			n := min(ix.Block-in, left)
-			f := ix.Files[dst/ix.Block-ix.First] + in
+			fb := ix.Files[dst/ix.Block-ix.First]
+			if fb > math.MaxUint64-in-n { // in+n <= Block: no underflow
+				return nil, fmt.Errorf("shm: translate segment %d (dst [%d, +%d)): %w: the table puts view block %d at file offset %d, where the segment's bytes (%d into the block, %d long) pass 2^64: the table is corrupt, refuse the transfer",
+					i, s.Dst, s.Len, ErrBadRange, dst/ix.Block, fb, in, n)
+			}
+			f := fb + in
 			if last := len(out) - 1; last >= 0 && left != s.Len &&
 				out[last].Dst+out[last].Len == f && out[last].Src+out[last].Len == src {
 				out[last].Len += n

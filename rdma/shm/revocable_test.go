@@ -421,6 +421,30 @@ func TestIndirectionTranslateRefusesAnOverflowingTable(t *testing.T) {
 	}
 }
 
+// TestIndirectionTranslateRefusesAFileOffsetPast2to64: the file offsets
+// of an Indirection come from a peer too. An entry whose block's bytes
+// pass 2^64 is no offset of any file: Translate refuses it with
+// ErrBadRange naming the segment. Before, the offset plus the segment's
+// place in its block wrapped to a small file offset that Post's range
+// check let through, and the bytes landed at the start of the file, in
+// another block.
+func TestIndirectionTranslateRefusesAFileOffsetPast2to64(t *testing.T) {
+	for _, c := range []struct {
+		ix  shm.Indirection
+		seg kvcache.Segment
+	}{
+		// The segment's first byte wraps to file offset 99.
+		{shm.Indirection{Block: 4096, Files: []uint64{math.MaxUint64 - 100}}, kvcache.Segment{Src: 0, Dst: 200, Len: 10}},
+		// The block's last byte is at 2^64.
+		{shm.Indirection{Block: 4096, First: 1, Files: []uint64{0, math.MaxUint64 - 4095}}, kvcache.Segment{Src: 0, Dst: 8192, Len: 4096}},
+	} {
+		got, err := c.ix.Translate([]kvcache.Segment{{Src: 0, Dst: c.ix.First * c.ix.Block, Len: 8}, c.seg})
+		if !errors.Is(err, shm.ErrBadRange) || !strings.Contains(err.Error(), "segment 1") {
+			t.Errorf("Translate(%v) with table %+v: %v, %v; want ErrBadRange naming segment 1", c.seg, c.ix, got, err)
+		}
+	}
+}
+
 // ---- Across processes: a writer stopped mid-copy resumes after a revoke ----
 
 const (
