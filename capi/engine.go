@@ -59,10 +59,10 @@ type Engine struct {
 	wake   chan struct{} // closed and replaced when an event is queued, and when Close starts
 	notify func(Event)   // set: events go here instead of the queue
 	// stopped (and stop closed): Close is past the drain; watchers end
-	// without posting anything more.
+	// without posting anything more. Set by endCallbacks, which a second
+	// call finds set and returns.
 	stopped  bool
 	stop     chan struct{}
-	ending   bool // endCallbacks was called
 	requests map[uint64]*Request
 	fences   map[uint64]*fence
 	watchers sync.WaitGroup
@@ -261,16 +261,18 @@ func (e *Engine) Close(timeout time.Duration) error {
 // endCallbacks ends the request watchers once the engine closed (err: its
 // close's error): after a drained close each posts its event first (its
 // callback runs), the others end posting nothing; a callback under way is
-// waited for. Called once, before the pool memory can go: by the node
-// (Config.BeforeMemoryGoes) for an engine it opened, else by Close.
+// waited for. Called before the pool memory can go: by the node
+// (Config.BeforeMemoryGoes) for an engine it opened, then by Close, whose
+// call finds stopped set and returns. The two never overlap: Close calls
+// it after the node's Close returned, and node.Close runs once (a
+// concurrent call waits for the first).
 func (e *Engine) endCallbacks(ctx context.Context, err error) {
 	e.mu.Lock()
-	if e.ending {
-		e.mu.Unlock()
+	done := e.stopped
+	e.mu.Unlock()
+	if done {
 		return
 	}
-	e.ending = true
-	e.mu.Unlock()
 	if err == nil {
 		// Every outcome is decided and each drained request's blocks
 		// released: each watcher posts its event at once. Bounded all the
