@@ -383,8 +383,7 @@ func (c Config) resolve() (resolved, error) {
 	// more than messages.MaxBlocks blocks (and so does its encoder: a
 	// wire link would fail at Listen with no word of PoolBytes).
 	if n := (r.PoolBytes - empty) / perSet; n > messages.MaxBlocks {
-		return r, fmt.Errorf("%w: PoolBytes = %d holds %d blocks per layer group (a block of every group is %d bytes), at most %d (messages.MaxBlocks): use a smaller pool or more TokensPerBlock",
-			ErrConfig, r.PoolBytes, n, perSet, messages.MaxBlocks)
+		return r, &TooManyBlocksError{PoolBytes: r.PoolBytes, Blocks: n, SetBytes: perSet}
 	}
 	r.blocks = int((r.PoolBytes - empty) / perSet)
 	return r, nil

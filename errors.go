@@ -2,9 +2,11 @@ package kvxfer
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/kvcache"
+	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
@@ -17,6 +19,24 @@ type Status = actors.Status
 // another model or layout (Engine.CheckPeer, a RequestData from it): the
 // peer, its model and this engine's, for errors.As.
 type LayoutMismatchError = actors.LayoutMismatchError
+
+// TooManyBlocksError is the ErrConfig of a PoolBytes that holds more
+// blocks of a layer group than a Hello may name (messages.MaxBlocks), for
+// errors.As: a caller that sized the pool itself can name what it sized
+// it from, with Blocks, rather than PoolBytes.
+type TooManyBlocksError struct {
+	PoolBytes uint64 // the pool refused
+	Blocks    uint64 // the blocks per layer group it would hold
+	SetBytes  uint64 // one block of every layer group
+}
+
+func (e *TooManyBlocksError) Error() string {
+	return fmt.Sprintf("%v: PoolBytes = %d holds %d blocks per layer group (a block of every group is %d bytes), at most %d (messages.MaxBlocks): use a smaller pool or more TokensPerBlock",
+		ErrConfig, e.PoolBytes, e.Blocks, e.SetBytes, messages.MaxBlocks)
+}
+
+// Unwrap is ErrConfig.
+func (e *TooManyBlocksError) Unwrap() error { return ErrConfig }
 
 // Outcomes.
 const (

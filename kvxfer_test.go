@@ -428,6 +428,26 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestConfigTooManyBlocksIsTyped: a pool of more blocks than a Hello may
+// name is refused with a *TooManyBlocksError carrying the count, so that
+// a caller that sized the pool (kvxfer bench) names its own settings
+// without reading the message. (Checked to fail without the type: bench
+// parsed the count out of the error's text.)
+func TestConfigTooManyBlocksIsTyped(t *testing.T) {
+	l := smallLayout()
+	_, err := kvxfer.Start(context.Background(), kvxfer.Config{Layout: &l, TokensPerBlock: 1, PoolBytes: 1 << 30})
+	var tm *kvxfer.TooManyBlocksError
+	if !errors.As(err, &tm) || !errors.Is(err, kvxfer.ErrConfig) {
+		t.Fatalf("Start with 2^21 blocks per group: %v, want a *TooManyBlocksError wrapping ErrConfig", err)
+	}
+	if want := (kvxfer.TooManyBlocksError{PoolBytes: 1 << 30, Blocks: 1 << 21, SetBytes: 512}); *tm != want {
+		t.Fatalf("TooManyBlocksError = %+v, want %+v", *tm, want)
+	}
+	if tm.Blocks <= messages.MaxBlocks {
+		t.Fatalf("Blocks = %d, want more than messages.MaxBlocks (%d)", tm.Blocks, messages.MaxBlocks)
+	}
+}
+
 func contains(s, sub string) bool {
 	return len(sub) == 0 || (len(s) >= len(sub) && (func() bool {
 		for i := 0; i+len(sub) <= len(s); i++ {
