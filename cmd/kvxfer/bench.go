@@ -285,8 +285,8 @@ type pooled interface {
 // pools': a pool the machine would not map (kvcache.ErrBadRegion: past
 // the largest host region, or refused by mmap), which the scenario sized
 // to its requests unless --pool was set, a pool so sized of more blocks
-// than a pool may hold (tooManyBlocks), and a --pool too small for a
-// request.
+// than a pool may hold (kvxfer.TooManyBlocksError), and a --pool too
+// small for a request.
 // Without it the error named only a byte count ("kvxfer: bad config:
 // kvcache: bad region: region length 65558020096: mmap: cannot allocate
 // memory"), the engine's own field ("PoolBytes = 6920741060608 holds
@@ -300,7 +300,7 @@ func poolHint(sc scenario, s config.Settings, err error) error {
 	if p, ok := sc.(pooled); ok {
 		given, smaller = p.sizedBy()
 	}
-	blocks, tooMany := tooManyBlocks(err)
+	var tooMany *kvxfer.TooManyBlocksError
 	switch {
 	case errors.Is(err, kvcache.ErrBadRegion) && set:
 		name := settingName(s, config.Pool)
@@ -308,9 +308,9 @@ func poolHint(sc scenario, s config.Settings, err error) error {
 	case errors.Is(err, kvcache.ErrBadRegion) && smaller != "":
 		return fmt.Errorf("%w: bench %s sizes its pools to hold its requests, and this machine maps no pool that large: use a smaller %s",
 			err, sc.name(), smaller)
-	case tooMany && !set && smaller != "": // a set pool is refused before (poolHoldsABlock)
+	case errors.As(err, &tooMany) && !set && smaller != "": // a set pool is refused before (poolHoldsABlock)
 		return &renamed{msg: fmt.Sprintf("%s: the pools sized to hold these requests would hold %d blocks per layer group, more than the %d blocks a pool may hold: use a smaller %s%s",
-			given, blocks, messages.MaxBlocks, smaller, largerBlocks(sc)), err: err}
+			given, tooMany.Blocks, messages.MaxBlocks, smaller, largerBlocks(sc)), err: err}
 	case errors.Is(err, kvcache.ErrPoolTooSmall) && set:
 		return fmt.Errorf("%w: use a larger %s (unset, bench sizes the pools to the scenario)", err, settingName(s, config.Pool))
 	}
@@ -324,24 +324,6 @@ func largerBlocks(sc scenario) string {
 		return ", or a larger --tokens-per-block"
 	}
 	return ""
-}
-
-// tooManyBlocks is, of the engine's refusal of a pool of more blocks than
-// a Hello may name ("kvxfer: bad config: PoolBytes = N holds B blocks per
-// layer group (…), at most M (messages.MaxBlocks): …"), its B.
-func tooManyBlocks(err error) (blocks uint64, ok bool) {
-	if !errors.Is(err, kvxfer.ErrConfig) {
-		return 0, false
-	}
-	_, rest, found := strings.Cut(err.Error(), kvxfer.ErrConfig.Error()+": PoolBytes = ")
-	if !found || !strings.Contains(rest, "(messages.MaxBlocks)") {
-		return 0, false
-	}
-	var pool uint64
-	if _, err := fmt.Sscanf(rest, "%d holds %d blocks per layer group", &pool, &blocks); err != nil {
-		return 0, false
-	}
-	return blocks, true
 }
 
 // settingName is how the user gave key: its flag, its variable, or the

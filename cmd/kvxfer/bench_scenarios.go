@@ -131,10 +131,13 @@ func (r *rawScenario) run(ctx context.Context, s config.Settings, p bench.Progre
 		// the runtime's out of memory).
 		for _, b := range backends {
 			if err := rdmabench.CheckShape(b, shape(sizes[i])); err != nil {
+				// The backend as the user set it (KVXFER_BACKEND, the
+				// file's key), or the flag that picks it.
+				backend := settingName(s, config.Backend) + " " + b
 				if span > 0 {
-					return fmt.Errorf("--sizes %s × --segments %d over --span %s (--backend %s): %w", v, r.segments, r.span, b, err)
+					return fmt.Errorf("--sizes %s × --segments %d over --span %s (%s): %w", v, r.segments, r.span, backend, err)
 				}
-				return fmt.Errorf("--sizes %s × --segments %d (--backend %s): %w", v, r.segments, b, err)
+				return fmt.Errorf("--sizes %s × --segments %d (%s): %w", v, r.segments, backend, err)
 			}
 		}
 	}

@@ -219,6 +219,34 @@ func TestBenchRawRefuses(t *testing.T) {
 	}
 }
 
+// A batch bench raw cannot hold names the backend as the user set it:
+// KVXFER_BACKEND or the config file's key, not --backend, which the user
+// never gave. Before, both said "(--backend shm)".
+func TestBenchRawNamesTheBackendAsSet(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "backend.yaml")
+	if err := os.WriteFile(file, []byte("backend: shm\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"KVXFER_BACKEND": "shm"}, "--sizes 1GiB × --segments 1048576 (KVXFER_BACKEND shm): rdmabench: shape too large"},
+		{map[string]string{"KVXFER_CONFIG": file}, "--sizes 1GiB × --segments 1048576 (backend (backend.yaml:1) shm): rdmabench: shape too large"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := run("bench", "raw", "--sizes", "1,1GiB", "--segments", "1048576")
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "--backend") {
+			t.Errorf("bench raw with %v: %v, want an error containing %q and no --backend", c.env, err, c.want)
+		}
+		for k := range c.env {
+			t.Setenv(k, "")
+		}
+	}
+}
+
 // TestBenchSmallJSON: one object per request size with the fields the
 // issue names, the peak over --peak-span of distinct memory and the
 // cache-resident peak beside it.
@@ -589,9 +617,10 @@ func TestBenchNamesThePoolsFlags(t *testing.T) {
 // TokensPerBlock", "kvcache: misaligned chunk: chunk size 256 tokens is
 // not a positive multiple of TokensPerBlock 3", and "use a larger --pool"
 // of a KVXFER_POOL. Every pool here is refused before it is mapped.
-// (Checked to fail without poolHint's tooManyBlocks, poolHoldsABlock's
-// bound, engineBackend's checkTokensPerBlock, chunkFitsBlocks and
-// settingName.)
+// (Checked to fail without poolHint's kvxfer.TooManyBlocksError case,
+// poolHoldsABlock's bound, engineBackend's checkTokensPerBlock,
+// chunkFitsBlocks and settingName; and, with the engine's message
+// reworded, with poolHint reading the count from the message's text.)
 func TestBenchNamesTheFlagsOfTooManyBlocks(t *testing.T) {
 	small := filepath.Join(t.TempDir(), "pool.yaml")
 	if err := os.WriteFile(small, []byte("pool: 100MiB\n"), 0o600); err != nil {

@@ -107,6 +107,7 @@ otherwise each finished request is a log line on standard error.
 				return err
 			}
 			f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers, f.o.Timeout = s.Model, s.Pool, s.TokensPerBlock, s.Workers, s.Timeout
+			f.o.PoolName = settingName(s, config.Pool)
 			f.pool, f.timeout, f.metricsAddr = s.Origin(config.Pool).Raw, s.Timeout.String(), s.MetricsAddr
 			if f.cluster {
 				if err := clusterDefaults(cmd, &s, &f); err != nil {

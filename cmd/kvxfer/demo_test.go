@@ -123,8 +123,8 @@ func TestDemoHelpExampleModelSizesPool(t *testing.T) {
 	ctx, stop := context.WithTimeout(context.Background(), demoDeadline)
 	defer stop()
 	_, _, err := runAppCtx(ctx, newApp(), "demo", "--config", small, "--model", "Llama-3.1-70B", "--progress=false")
-	if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.Contains(err.Error(), "use --pool ≥ 2560MiB") {
-		t.Errorf("demo with pool: 2GiB from a file: %v, want kvcache.ErrPoolTooSmall naming --pool ≥ 2560MiB", err)
+	if !errors.Is(err, kvcache.ErrPoolTooSmall) || !strings.Contains(err.Error(), "use pool (small.yaml:1) ≥ 2560MiB") {
+		t.Errorf("demo with pool: 2GiB from a file: %v, want kvcache.ErrPoolTooSmall naming pool (small.yaml:1) ≥ 2560MiB", err)
 	}
 }
 
@@ -143,5 +143,46 @@ func TestDemoPoolPastMemory(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--pool = 65537GiB: 2 pools of it (context and generation, every page touched) are more than the ") ||
 		!strings.Contains(err.Error(), "of memory available (MemAvailable): use a --pool of at most ") {
 		t.Fatalf("demo --pool 65537GiB: %v, want a refusal naming --pool and the memory available\n%s", err, out)
+	}
+}
+
+// TestDemoNamesThePoolAsSet: a pool set by KVXFER_POOL or a config file
+// that is too small for the longest prompt, or past the memory available,
+// is named so, not as --pool, which the user never gave. Before, "demo:
+// --pool = 16MiB is too small: …; use --pool ≥ 1GiB" and "demo: bad
+// option: --pool = 65537GiB: … use a --pool of at most …".
+func TestDemoNamesThePoolAsSet(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(file, []byte("pool: 16MiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		env  map[string]string
+		want []string
+	}{
+		{map[string]string{"KVXFER_POOL": "16MiB"}, []string{"demo: KVXFER_POOL = 16MiB is too small: request ", "use KVXFER_POOL ≥ 1GiB"}},
+		{map[string]string{"KVXFER_CONFIG": file}, []string{"demo: pool (pool.yaml:1) = 16MiB is too small: request ", "use pool (pool.yaml:1) ≥ 1GiB"}},
+	}
+	if _, ok := meminfo.Available(); ok {
+		cases = append(cases, struct {
+			env  map[string]string
+			want []string
+		}{map[string]string{"KVXFER_POOL": "65537GiB"}, []string{"KVXFER_POOL = 65537GiB: 2 pools of it", "use a KVXFER_POOL of at most "}})
+	}
+	for _, c := range cases {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
+		_, _, err := runAppCtx(ctx, newApp(), "demo", "--requests", "1", "--progress=false", "--log-level", "warn")
+		cancel()
+		for _, want := range c.want {
+			if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "--pool") {
+				t.Errorf("demo with %v: %v, want an error containing %q and no --pool", c.env, err, want)
+			}
+		}
+		for k := range c.env {
+			t.Setenv(k, "")
+		}
 	}
 }

@@ -163,6 +163,7 @@ func (f *roleFlags) resolve(a *app, cmd *cobra.Command) error {
 	}
 	f.o.Backend = s.Backend
 	f.o.Model, f.o.PoolBytes, f.o.TokensPerBlock, f.o.Workers = s.Model, s.Pool, s.TokensPerBlock, s.Workers
+	f.o.PoolName = settingName(s, config.Pool)
 	f.o.Timeout, f.o.MetricsAddr = s.Timeout, s.MetricsAddr
 	if s.Backend != cudaipc.Backend { // a cudaipc pool is GPU memory
 		if err := checkPoolMemory(s, meminfo.Available); err != nil {
@@ -396,7 +397,7 @@ func checkBindPlace(bind string) error {
 // and the byte checks touch.
 func checkPoolMemory(s config.Settings, avail func() (uint64, bool)) error {
 	if have, ok := avail(); ok && s.Pool > have {
-		return s.Invalid(config.Pool, fmt.Sprintf("more than the %.1fGiB of memory available (MemAvailable): use a smaller --pool", float64(have)/(1<<30)))
+		return s.Invalid(config.Pool, fmt.Sprintf("more than the %.1fGiB of memory available (MemAvailable): use a smaller %s", float64(have)/(1<<30), settingName(s, config.Pool)))
 	}
 	return nil
 }
@@ -566,8 +567,8 @@ export). ` + traceRotationHelp,
 				err = fmt.Errorf("%w (%s)", err, h)
 			}
 			if errors.Is(err, kvcache.ErrBadRegion) {
-				// A pool the host cannot map says which flag set it.
-				err = fmt.Errorf("--pool = %s: %w", config.FormatSize(f.o.PoolBytes), err)
+				// A pool the host cannot map says which setting set it.
+				err = fmt.Errorf("%s = %s: %w", f.o.PoolName, config.FormatSize(f.o.PoolBytes), err)
 			}
 			return interrupted(got, err)
 		},

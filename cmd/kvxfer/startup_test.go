@@ -146,6 +146,51 @@ func TestRolePoolPastMemory(t *testing.T) {
 	}
 }
 
+// A role's pool set by KVXFER_POOL or a config file is named so in its
+// errors, not as --pool, which the user never gave: a pool too small for
+// the longest prompt, and one past the memory available (or, where that
+// is unknown, one the host cannot map). Before, they said "--pool is too
+// small for req-3 …: use a larger --pool" and "KVXFER_POOL = …: more
+// than the …GiB of memory available (MemAvailable): use a smaller
+// --pool".
+func TestRoleNamesThePoolAsSet(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "pool.yaml")
+	if err := os.WriteFile(file, []byte("pool: 64MiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, memKnown := meminfo.Available()
+	past := "use a smaller KVXFER_POOL"
+	if !memKnown {
+		past = "KVXFER_POOL = 65537GiB: "
+	}
+	for _, c := range []struct {
+		env  map[string]string
+		want []string
+	}{
+		{map[string]string{"KVXFER_POOL": "64MiB"}, []string{"KVXFER_POOL is too small for req-", "use a larger KVXFER_POOL or a smaller --max-tokens"}},
+		{map[string]string{"KVXFER_CONFIG": file}, []string{"pool (pool.yaml:1) is too small for req-", "use a larger pool (pool.yaml:1)"}},
+		{map[string]string{"KVXFER_POOL": "65537GiB"}, []string{past}},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		for _, role := range []string{"ctx", "gen"} {
+			args := []string{role, "--insecure", "--backend", "shm", "--max-tokens", "4096", "--timeout", "1s",
+				"--bind", "ipc://" + filepath.Join(dir, role+".sock"), "--peer-endpoint", "ipc://" + filepath.Join(dir, "peer.sock")}
+			_, err := run(args...)
+			for _, want := range c.want {
+				if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "--pool") {
+					t.Errorf("%v %v: %v, want an error containing %q and no --pool", c.env, args, err, want)
+				}
+			}
+		}
+		for k := range c.env {
+			t.Setenv(k, "")
+		}
+	}
+}
+
 // A --bind another process holds (a tcp:// port, an ipc:// path a live
 // process accepts on), or an address not of this host, is refused naming
 // --bind before the role maps its pool: with a large pool the bind's own

@@ -183,7 +183,7 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 	var genRegion *kvcache.Region
 	// A pool the host cannot map says which flag set it.
 	poolErr := func(err error) error {
-		return fmt.Errorf("--pool = %s: %w", config.FormatSize(o.PoolBytes), err)
+		return fmt.Errorf("%s = %s: %w", o.poolName(), config.FormatSize(o.PoolBytes), err)
 	}
 	switch o.Backend {
 	case "", loopback.Backend:
@@ -238,8 +238,9 @@ func runMode(ctx context.Context, o Options, m Mode, prompts []int, progress io.
 		}
 		e, err := kvxfer.Start(ctx, cfg)
 		// A pool the host cannot map, or of more blocks than the wire
-		// can name (Start names PoolBytes), is --pool's.
-		if errors.Is(err, kvcache.ErrBadRegion) || errors.Is(err, kvxfer.ErrConfig) && strings.Contains(err.Error(), "PoolBytes = ") {
+		// can name (Start names PoolBytes), is the pool setting's.
+		var tooMany *kvxfer.TooManyBlocksError
+		if errors.Is(err, kvcache.ErrBadRegion) || errors.As(err, &tooMany) {
 			err = poolErr(err)
 		}
 		return e, err

@@ -43,6 +43,10 @@ type Options struct {
 	// the pool holds is an error at once (Check); FitPool sizes a pool to
 	// the model.
 	PoolBytes uint64 `json:"pool_bytes"`
+	// PoolName is the pool's setting as the user gave it ("--pool",
+	// "KVXFER_POOL", a file's key and line), named by errors about the
+	// pool; empty is "--pool".
+	PoolName string `json:"-"`
 	// Compute is the simulated prefill time of one chunk.
 	Compute     time.Duration `json:"compute_ns"`
 	Workers     int           `json:"workers"`
@@ -272,8 +276,16 @@ func (o Options) checkMemory(l kvcache.Layout, avail func() (uint64, bool)) erro
 		return bad("max-tokens", o.MaxTokens, fmt.Sprintf("each engine's pool must hold a %d-token prompt of %s, %s; %d such pools (context and generation, every page touched) are more than the %s of memory available (MemAvailable): use a smaller --max-tokens",
 			o.MaxTokens, l.Name, config.FormatSize(longest), poolsAtOnce, roughSize(have)))
 	}
-	return bad("pool", config.FormatSize(pool), fmt.Sprintf("%d pools of it (context and generation, every page touched) are more than the %s of memory available (MemAvailable): use a --pool of at most %s (a %d-token prompt of %s, --max-tokens, needs %s)",
-		poolsAtOnce, roughSize(have), config.FormatSize(have/poolsAtOnce/(1<<20)*(1<<20)), o.MaxTokens, l.Name, config.FormatSize(longest)))
+	return fmt.Errorf("%w: %s = %v: %d pools of it (context and generation, every page touched) are more than the %s of memory available (MemAvailable): use a %s of at most %s (a %d-token prompt of %s, --max-tokens, needs %s)",
+		ErrBadOption, o.poolName(), config.FormatSize(pool), poolsAtOnce, roughSize(have), o.poolName(), config.FormatSize(have/poolsAtOnce/(1<<20)*(1<<20)), o.MaxTokens, l.Name, config.FormatSize(longest))
+}
+
+// poolName is how the user set the pool: PoolName, or "--pool".
+func (o Options) poolName() string {
+	if o.PoolName == "" {
+		return "--pool"
+	}
+	return o.PoolName
 }
 
 // roughSize is n bytes in GiB or MiB to one decimal ("22.8GiB"), for a
@@ -302,10 +314,10 @@ func (o Options) checkPool(l kvcache.Layout) error {
 			need, nerr := poolFor(l, n)
 			use := "a larger pool"
 			if nerr == nil {
-				use = "--pool ≥ " + config.FormatSize(roundUp(need, 1<<20))
+				use = o.poolName() + " ≥ " + config.FormatSize(roundUp(need, 1<<20))
 			}
-			return fmt.Errorf("demo: --pool = %s is too small: request %d (%d tokens of %s), layer group %d: %w; use %s",
-				config.FormatSize(pool), longest, n, l.Name, g, err, use)
+			return fmt.Errorf("demo: %s = %s is too small: request %d (%d tokens of %s), layer group %d: %w; use %s",
+				o.poolName(), config.FormatSize(pool), longest, n, l.Name, g, err, use)
 		}
 	}
 	return nil

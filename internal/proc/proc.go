@@ -85,7 +85,11 @@ type Options struct {
 	Layout         *kvcache.Layout
 	TokensPerBlock int
 	PoolBytes      uint64
-	Workers        int
+	// PoolName is the pool's setting as the user gave it ("--pool",
+	// "KVXFER_POOL", a file's key and line), named by errors about the
+	// pool; empty is "--pool".
+	PoolName string
+	Workers  int
 
 	Requests, MinTokens, MaxTokens, ChunkTokens int
 	Compute                                     time.Duration
@@ -639,7 +643,15 @@ func open(ctx context.Context, o Options, sendOnly bool) (*role, error) {
 	return r, nil
 }
 
-// fitsPool fails, wrapping kvcache.ErrPoolTooSmall and naming --pool and
+// poolName is how the user set the pool: PoolName, or "--pool".
+func (o Options) poolName() string {
+	if o.PoolName == "" {
+		return "--pool"
+	}
+	return o.PoolName
+}
+
+// fitsPool fails, wrapping kvcache.ErrPoolTooSmall and naming the pool and
 // --max-tokens, when the longest prompt of o's request list needs more
 // blocks in some layer group than this rank's pool holds: each side
 // allocates every block of a prompt in every group, so that request
@@ -654,8 +666,8 @@ func fitsPool(e *kvxfer.Engine, o Options) error {
 	l, pools := e.Layout(), e.Pools()
 	for g := range pools.Groups() {
 		if err := pools.Geometry(g).CheckFits(l.BlocksFor(n)); err != nil {
-			return fmt.Errorf("--pool is too small for %s (%d tokens of %s, --max-tokens %d), layer group %d: %w: use a larger --pool or a smaller --max-tokens",
-				RequestID(i), n, l.Name, o.MaxTokens, g, err)
+			return fmt.Errorf("%s is too small for %s (%d tokens of %s, --max-tokens %d), layer group %d: %w: use a larger %s or a smaller --max-tokens",
+				o.poolName(), RequestID(i), n, l.Name, o.MaxTokens, g, err, o.poolName())
 		}
 	}
 	return nil
