@@ -52,20 +52,7 @@ func TestSessionPastBudgetDropsSubmitsAndEnds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o := waitOutcome(t, th.Done()); o.OK {
-				t.Fatalf("tx %s, want the request failed by the panics", o.Status)
-			}
-			if err := ce.Pools().Free(src); err != nil {
-				t.Fatalf("free the source blocks after Done: %v", err)
-			}
-			if ro := waitOutcome(t, rh.Done()); ro.OK {
-				t.Fatalf("rx %s, want a failure", ro.Status)
-			}
-			select {
-			case <-rh.Released():
-			case <-time.After(30 * time.Second):
-				t.Fatal("rx never released its blocks")
-			}
+			endedFailed(t, ce, waitOutcome(t, th.Done()), src, rh)
 			if v := ce.Stats().StreamViolations; v != 0 {
 				t.Fatalf("%d stream violations", v)
 			}
@@ -106,17 +93,8 @@ func TestSessionPastBudgetDroppedSubmitSettlesItsStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every chunk's fence fires before the RequestData comes: the step
-	// that takes it emits the eight Submits in one batch. (The step hook
-	// only watches: it counts the fences the session stepped.)
-	var fired atomic.Int32
-	watch := func(side string, m any) bool {
-		if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
-			fired.Add(1)
-		}
-		return false
-	}
-	actors.PanicOnStep.Store(&watch)
-	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	// that takes it emits the eight Submits in one batch.
+	fired := fencesStepped(t)
 	src, err := sendFilled(t, ce, th, l, 128, 16, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -126,30 +104,14 @@ func TestSessionPastBudgetDroppedSubmitSettlesItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var o kvxfer.Outcome
-	select {
-	case o = <-th.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("no tx outcome 60 s after a Submit dropped past the restart budget (%d Submit runs, %d panics past budget): the stream holds the release",
+	o := waitTxOutcome(t, th, func() string {
+		return fmt.Sprintf("a Submit dropped past the restart budget (%d Submit runs, %d panics past budget): the stream holds the release",
 			n.Load(), ce.Stats().SessionPanicsPastBudget)
-	}
+	})
 	if got := ce.Stats().SessionPanicsPastBudget; got != 2 {
 		t.Fatalf("%d panics past the budget, want 2 (%d Submit runs): the test proves nothing", got, n.Load())
 	}
-	if o.OK {
-		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
-	}
-	if err := ce.Pools().Free(src); err != nil {
-		t.Fatalf("free the source blocks after Done: %v", err)
-	}
-	if ro := waitOutcome(t, rh.Done()); ro.OK {
-		t.Fatalf("rx %s, want a failure", ro.Status)
-	}
-	select {
-	case <-rh.Released():
-	case <-time.After(30 * time.Second):
-		t.Fatal("rx never released its blocks")
-	}
+	endedFailed(t, ce, o, src, rh)
 }
 
 // TestSessionPastBudgetKeepsStepEffectsBehindLeftovers: a session resumed
@@ -171,24 +133,9 @@ func TestSessionPastBudgetKeepsStepEffectsBehindLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counts := make([]int, len(l.Groups))
-	for g := range counts {
-		counts[g] = l.BlocksFor(64)
-	}
-	src, err := ce.Pools().Alloc(counts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(64, 16, l.TokensPerBlock)
-	if err != nil || len(chunks) != 4 {
-		t.Fatalf("%d chunks (%v), want 4", len(chunks), err)
-	}
-	fences := make([]*kvxfer.ManualFence, len(chunks))
-	for i, ch := range chunks {
-		fences[i] = &kvxfer.ManualFence{}
-		if err := th.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fences[i]); err != nil {
-			t.Fatal(err)
-		}
+	src, fences := chunksUnfired(t, ce, th, l, 64, 16)
+	if len(fences) != 4 {
+		t.Fatalf("%d chunks, want 4", len(fences))
 	}
 	var n atomic.Int32
 	hook := func(side string, e actors.Effect) bool {
@@ -208,15 +155,7 @@ func TestSessionPastBudgetKeepsStepEffectsBehindLeftovers(t *testing.T) {
 	t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
 	// Fences 0-2 fire before the RequestData: the step that takes it emits
 	// the Submits of ops 0-2 in one batch.
-	var fired atomic.Int32
-	watch := func(side string, m any) bool {
-		if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
-			fired.Add(1)
-		}
-		return false
-	}
-	actors.PanicOnStep.Store(&watch)
-	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	fired := fencesStepped(t)
 	for _, f := range fences[:3] {
 		f.Fire(nil)
 	}
@@ -225,30 +164,14 @@ func TestSessionPastBudgetKeepsStepEffectsBehindLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var o kvxfer.Outcome
-	select {
-	case o = <-th.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("no tx outcome in 60 s (%d Submit runs, %d panics past budget): the fence step's Submit was lost behind the leftovers",
+	o := waitTxOutcome(t, th, func() string {
+		return fmt.Sprintf("%d Submit runs, %d panics past budget: the fence step's Submit was lost behind the leftovers",
 			n.Load(), ce.Stats().SessionPanicsPastBudget)
-	}
+	})
 	if got := ce.Stats().SessionPanicsPastBudget; got < 2 {
 		t.Fatalf("%d panics past the budget, want 2 or more (%d Submit runs): the test proves nothing", got, n.Load())
 	}
-	if o.OK {
-		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
-	}
-	if err := ce.Pools().Free(src); err != nil {
-		t.Fatalf("free the source blocks after Done: %v", err)
-	}
-	if ro := waitOutcome(t, rh.Done()); ro.OK {
-		t.Fatalf("rx %s, want a failure", ro.Status)
-	}
-	select {
-	case <-rh.Released():
-	case <-time.After(30 * time.Second):
-		t.Fatal("rx never released its blocks")
-	}
+	endedFailed(t, ce, o, src, rh)
 }
 
 // TestSessionPastBudgetKeepsAMessageTakenBeforeItsCatchUp: a session
@@ -268,22 +191,11 @@ func TestSessionPastBudgetKeepsAMessageTakenBeforeItsCatchUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counts := make([]int, len(l.Groups))
-	for g := range counts {
-		counts[g] = l.BlocksFor(64)
+	src, fences := chunksUnfired(t, ce, th, l, 64, 64)
+	if len(fences) != 1 {
+		t.Fatalf("%d chunks, want 1", len(fences))
 	}
-	src, err := ce.Pools().Alloc(counts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunks, err := kvcache.Chunks(64, 64, l.TokensPerBlock)
-	if err != nil || len(chunks) != 1 {
-		t.Fatalf("%d chunks (%v), want 1", len(chunks), err)
-	}
-	fence := &kvxfer.ManualFence{}
-	if err := th.Chunk(chunks[0], chunks[0].Runs(l.TokensPerBlock, src), fence); err != nil {
-		t.Fatal(err)
-	}
+	fence := fences[0]
 	// The restart budget, spent: the session fails the request at the
 	// first restart and waits, pinned, for its chunk's fence.
 	for i := int64(1); i <= 3; i++ {
@@ -304,22 +216,14 @@ func TestSessionPastBudgetKeepsAMessageTakenBeforeItsCatchUp(t *testing.T) {
 	actors.PanicOnStep.Store(&hook)
 	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
 	th.Cancel()
-	var o kvxfer.Outcome
-	select {
-	case o = <-th.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("no tx outcome in 60 s (%d Cancel steps, %d panics past budget): the fence taken before the catch-up was lost",
+	o := waitTxOutcome(t, th, func() string {
+		return fmt.Sprintf("%d Cancel steps, %d panics past budget: the fence taken before the catch-up was lost",
 			n.Load(), ce.Stats().SessionPanicsPastBudget)
-	}
+	})
 	if got := ce.Stats().SessionPanicsPastBudget; got != 2 || n.Load() != 2 {
 		t.Fatalf("%d panics past the budget, %d Cancel steps, want 2 and 2: the test proves nothing", got, n.Load())
 	}
-	if o.OK {
-		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
-	}
-	if err := ce.Pools().Free(src); err != nil {
-		t.Fatalf("free the source blocks after Done: %v", err)
-	}
+	endedFailed(t, ce, o, src, nil)
 }
 
 // TestSessionPastBudgetFailsWhenNoRestartSteppedThePanic: each restart's
@@ -361,15 +265,7 @@ func TestSessionPastBudgetFailsWhenNoRestartSteppedThePanic(t *testing.T) {
 			t.Cleanup(func() { actors.PanicOnEffect.Store(nil) })
 			// Every chunk's fence fires before the RequestData: the step
 			// that takes it emits the four Submits in one batch.
-			var fired atomic.Int32
-			watch := func(side string, m any) bool {
-				if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
-					fired.Add(1)
-				}
-				return false
-			}
-			actors.PanicOnStep.Store(&watch)
-			t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+			fired := fencesStepped(t)
 			src, err := sendFilled(t, ce, th, l, 64, 16, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -379,30 +275,101 @@ func TestSessionPastBudgetFailsWhenNoRestartSteppedThePanic(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var o kvxfer.Outcome
-			select {
-			case o = <-th.Done():
-			case <-time.After(60 * time.Second):
-				t.Fatalf("no tx outcome in 60 s (%d Submit runs, %d Flush runs, %d restarts that stepped the panic, %d panics past budget): the dropped Flush left its stream flushing",
+			o := waitTxOutcome(t, th, func() string {
+				return fmt.Sprintf("%d Submit runs, %d Flush runs, %d restarts counted, %d panics past budget: the dropped Flush left its stream flushing",
 					submits.Load(), flushes.Load(), ce.Stats().SessionPanics, ce.Stats().SessionPanicsPastBudget)
-			}
+			})
 			if got := ce.Stats().SessionPanicsPastBudget; got < 1 || submits.Load() != 8 {
 				t.Fatalf("%d panics past the budget, %d Submit runs, want 1 or more and 8: the test proves nothing", got, submits.Load())
 			}
-			if o.OK || !errors.Is(o.Err, actors.ErrSessionCrashed) {
+			if !errors.Is(o.Err, actors.ErrSessionCrashed) {
 				t.Fatalf("tx %s (%v), want the request failed by the panics", o.Status, o.Err)
 			}
-			if err := ce.Pools().Free(src); err != nil {
-				t.Fatalf("free the source blocks after Done: %v", err)
-			}
-			if ro := waitOutcome(t, rh.Done()); ro.OK {
-				t.Fatalf("rx %s, want a failure", ro.Status)
-			}
-			select {
-			case <-rh.Released():
-			case <-time.After(30 * time.Second):
-				t.Fatal("rx never released its blocks")
-			}
+			endedFailed(t, ce, o, src, rh)
+			// Each of the three restarts is counted, though its Started
+			// panicked before it stepped the panic: the resumed run that
+			// stepped it counts them. Before, SessionPanics stayed 0.
+			waitUntil(t, "three restarts counted", func() bool { return ce.Stats().SessionPanics == 3 })
 		})
+	}
+}
+
+// fencesStepped counts the TxFenceFired the context side's sessions step:
+// its step hook only watches (it injects no panic).
+func fencesStepped(t *testing.T) *atomic.Int32 {
+	t.Helper()
+	var fired atomic.Int32
+	watch := func(side string, m any) bool {
+		if _, ok := m.(actors.TxFenceFired); ok && side == "tx" {
+			fired.Add(1)
+		}
+		return false
+	}
+	actors.PanicOnStep.Store(&watch)
+	t.Cleanup(func() { actors.PanicOnStep.Store(nil) })
+	return &fired
+}
+
+// chunksUnfired hands th promptLen tokens of fresh source blocks of ce in
+// chunks of chunkTokens, each with a fence of its own not fired yet; it
+// returns the blocks and the fences, in chunk order.
+func chunksUnfired(t *testing.T, ce *kvxfer.Engine, th *kvxfer.TxHandle, l kvcache.Layout, promptLen, chunkTokens int) ([][]kvcache.BlockID, []*kvxfer.ManualFence) {
+	t.Helper()
+	counts := make([]int, len(l.Groups))
+	for g := range counts {
+		counts[g] = l.BlocksFor(promptLen)
+	}
+	src, err := ce.Pools().Alloc(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvcache.Chunks(promptLen, chunkTokens, l.TokensPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fences := make([]*kvxfer.ManualFence, len(chunks))
+	for i, ch := range chunks {
+		fences[i] = &kvxfer.ManualFence{}
+		if err := th.Chunk(ch, ch.Runs(l.TokensPerBlock, src), fences[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return src, fences
+}
+
+// waitTxOutcome waits up to 60 s for th's outcome; past that it fails the
+// test with what why says (the test's counts, and what a hang means).
+func waitTxOutcome(t *testing.T, th *kvxfer.TxHandle, why func() string) kvxfer.Outcome {
+	t.Helper()
+	select {
+	case o := <-th.Done():
+		return o
+	case <-time.After(60 * time.Second):
+		t.Fatal("no tx outcome in 60 s (" + why() + ")")
+	}
+	return kvxfer.Outcome{}
+}
+
+// endedFailed requires the tx outcome o to be a failure and the source
+// blocks src to free (every pin dropped at Done); with rh, the rx side
+// to fail too and release its blocks.
+func endedFailed(t *testing.T, ce *kvxfer.Engine, o kvxfer.Outcome, src [][]kvcache.BlockID, rh *kvxfer.RxHandle) {
+	t.Helper()
+	if o.OK {
+		t.Fatalf("tx %s, want the request failed by the panics", o.Status)
+	}
+	if err := ce.Pools().Free(src); err != nil {
+		t.Fatalf("free the source blocks after Done: %v", err)
+	}
+	if rh == nil {
+		return
+	}
+	if ro := waitOutcome(t, rh.Done()); ro.OK {
+		t.Fatalf("rx %s, want a failure", ro.Status)
+	}
+	select {
+	case <-rh.Released():
+	case <-time.After(30 * time.Second):
+		t.Fatal("rx never released its blocks")
 	}
 }

@@ -53,8 +53,9 @@ type cell[S stepper] struct {
 	// page freed early) — unless it is one of the session's own ends
 	// (rerunnable), which touch no page and no peer and, dropped, would
 	// leave the handle without its outcome or the session never
-	// stopping: that one runs again, once (retried; a second panic in it
-	// drops it).
+	// stopping: that one runs again, once (retried), and a second panic
+	// in it has it run anyway, outside the run (run), once more: a third
+	// drops it.
 	pending  []Effect
 	running  Effect
 	retried  bool
@@ -109,6 +110,14 @@ type cell[S stepper] struct {
 	// effect its failure would have made moot (a Flush dropped) left it
 	// waiting for its deadline.
 	owed error
+	// counted is how many of the session's restarts (incarnations after
+	// the first) SessionPanics counts: each once the failure it owes is
+	// stepped (countRestarts). A restart whose Started panics first is
+	// counted by the next run that gets that far — the next Started or,
+	// past the restart budget, the resumed run. Before, it was never
+	// counted: a session whose every Started panicked showed no restart
+	// at all in SessionPanics (kvxfer_session_panics_total).
+	counted int
 	// restarting: between the actor's Restarting and its next
 	// incarnation's Started.
 	restarting bool
@@ -244,7 +253,7 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 			// Counted once its effects ran, so the count says the session
 			// has failed and acted on it (and a panic in what follows
 			// counts again).
-			a.env.stats.SessionPanics.Add(1)
+			a.countRestarts()
 			// Then what a panic inside a step lost, the request failed,
 			// and what a panic in a catch-up left waiting (a message taken
 			// between a panic and its restart: a stream's Terminated).
@@ -269,6 +278,7 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 		a.exec(ctx, nil, now) // run runs what a panic left, exec its failures
 		a.unreturned(ctx, now)
 		a.stepOwed(ctx, now)
+		a.countRestarts()
 		a.restep(ctx, now)
 		a.handleWaiting(ctx, now)
 
@@ -291,8 +301,18 @@ func (a *shell[S]) Receive(ctx actor.Context) {
 		}
 		a.unreturned(ctx, now)
 		a.stepOwed(ctx, now)
+		a.countRestarts()
 		a.restep(ctx, now)
 		a.handleWaiting(ctx, now)
+	}
+}
+
+// countRestarts counts in SessionPanics the session's restarts not
+// counted yet (cell.counted), once the failure they owe is stepped.
+func (a *shell[S]) countRestarts() {
+	if n := a.incarnations - 1 - a.counted; n > 0 {
+		a.env.stats.SessionPanics.Add(int64(n))
+		a.counted += n
 	}
 }
 
@@ -473,6 +493,8 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 		// it; sessionStrategy): first.
 		left, panicked := a.pending, a.running
 		a.pending, a.running = nil, nil
+		// eff waits behind them, after what waited before it.
+		a.behind = append(a.behind, eff)
 		if panicked != nil && !a.retried && rerunnable(panicked) {
 			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("again", fmt.Sprintf("%T", panicked)).
 				Int("left", len(left)).Msg("session panicked running an effect: that effect runs again, then the rest")
@@ -482,19 +504,35 @@ func (a *shell[S]) run(ctx actor.Context, eff []Effect, now time.Time) {
 			a.env.log.Error().Str("request", a.k.request()).Str("side", a.k.side()).Str("dropped", fmt.Sprintf("%T", panicked)).
 				Int("left", len(left)).Msg("session panicked running an effect: that effect dropped, the rest run now")
 			a.retried = false
-			if t, ok := panicked.(StartTimer); ok {
+			// The rest waits in pending while the dropped effect is acted
+			// on below: a panic there leaves it for the next run, which
+			// drops that effect for good (nothing is running).
+			a.pending = left
+			switch e := panicked.(type) {
+			case StartTimer:
 				// Armed anyway: a timer touches no page and no peer, and
 				// its timeout may be the only thing left to come (the
 				// drain's, which closes the endpoints of ops in doubt: it
 				// fires once). Before, dropped, those ops stayed IN_DOUBT
 				// for good: the session never drained, Done never came.
-				a.arm(ctx, t, now)
-			} else if d, ok := a.k.(effectDropper[S]); ok && panicked != nil {
-				d.droppedEffect(a, ctx, panicked)
+				a.arm(ctx, e, now)
+			case Decide, Finish, Stop:
+				// Run anyway, as the timer: the session's own ends touch
+				// no page and no peer, are safe twice (rerunnable), and
+				// nothing emits them again. Before, dropped, a Finish left
+				// Done unsent for good (and the tx parent never told: the
+				// session stayed on its table, Close reported it
+				// draining), a Stop left the session never stopping, and
+				// a Decide left the handle without its outcome until Done
+				// (Err said nil while a failed request drained).
+				a.k.effect(a, ctx, e, now)
+			default:
+				if d, ok := a.k.(effectDropper[S]); ok && panicked != nil {
+					d.droppedEffect(a, ctx, panicked)
+				}
 			}
+			a.pending = nil
 		}
-		// eff waits behind them, after what waited before it.
-		a.behind = append(a.behind, eff)
 		a.run(ctx, left, now)
 		a.retried = false
 		for len(a.behind) > 0 {
@@ -548,7 +586,8 @@ func (a *shell[S]) arm(ctx actor.Context, e StartTimer, now time.Time) {
 // ignores a second sessionStopped), the stop, a timer (a second one's
 // timeout changes nothing), a log line. Dropped, a Finish left the
 // handle's Done unsent for good and a Stop left the session never
-// stopping (Close reported it draining, holding nothing). Never an
+// stopping (Close reported it draining, holding nothing); one a second
+// panic drops runs anyway, once more (run), for the same reason. Never an
 // Unpin, a ReleaseDest or a QuarantineDest (twice, it could release what
 // another took since), nor a frame that goes to a worker (whether it left
 // is not known). A peer stream's op (Submit) and terminal frame
