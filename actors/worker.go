@@ -566,9 +566,20 @@ func (s *workerSlot) flush(ctx actor.Context, m *workerFlush) {
 	ep.Flush(func(err error) { sys.Root.Send(self, &flushDone{peer: peer, session: sess, err: err}) })
 }
 
+// close closes the peer's endpoint for a stream whose ops on it are in
+// doubt: the close is what proves them over. It is the stream's, not the
+// peer's: when none of the stream's ops is on the endpoint open now (the
+// endpoint they were posted on was closed already — by another request's
+// close, or by a restart — and its close retires them when it returns,
+// or proved nothing), closing this one proves nothing for the stream and
+// would only cut the writes of the requests posted on it since, failing
+// them.
 func (s *workerSlot) close(ctx actor.Context, m *workerClose) {
 	key := s.addrKey(m.Route)
 	if _, _, queued := s.table.Endpoint(key, m); queued {
+		return
+	}
+	if !s.table.Carries(key, m.session, m.Peer) {
 		return
 	}
 	s.closeEndpoint(ctx, key)

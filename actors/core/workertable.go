@@ -130,6 +130,19 @@ func (t *WorkerTable[S, E]) KeyOf(op OpRef) (key string, ok bool) {
 	return o.key, ok
 }
 
+// Carries reports whether an op of session's stream to peer (its rank
+// index, OpRef.Peer) is in flight to key: posted on key's open endpoint,
+// or waiting for the Connect that opens it. An op of an endpoint closed
+// since is not: the Close took it, and that close's return retires it.
+func (t *WorkerTable[S, E]) Carries(key string, session S, peer int) bool {
+	for r, o := range t.inflight {
+		if o.key == key && o.session == session && r.Peer == peer {
+			return true
+		}
+	}
+	return false
+}
+
 // InFlightOn is the number of ops in flight to the peer at key.
 func (t *WorkerTable[S, E]) InFlightOn(key string) int {
 	n := 0

@@ -85,6 +85,38 @@ func TestWorkerTable_CloseAndRestart(t *testing.T) {
 	}
 }
 
+// TestWorkerTable_Carries: a stream's ops are carried by key while they
+// are in flight to it (posted, or waiting for its Connect); once key's
+// endpoint is closed they are not, and an endpoint opened at key since
+// carries only the ops posted on it.
+func TestWorkerTable_Carries(t *testing.T) {
+	tb := NewWorkerTable[string, int]()
+	tb.Connecting("A", wSub{wop("r", 0)})
+	tb.Admit(wop("r", 0), "s1", "A")
+	if !tb.Carries("A", "s1", 1) {
+		t.Fatal("an op waiting for its Connect is not carried")
+	}
+	tb.Connected("A", 1, nil)
+	tb.Admit(wop("q", 0), "s2", "A")
+	for _, c := range []struct {
+		key, session string
+		peer         int
+	}{{"B", "s1", 1}, {"A", "s3", 1}, {"A", "s1", 2}} {
+		if tb.Carries(c.key, c.session, c.peer) {
+			t.Fatalf("%s carries an op of %s's stream to peer %d: it has none", c.key, c.session, c.peer)
+		}
+	}
+	tb.Close("A")
+	tb.Connected("A", 2, nil)
+	tb.Admit(wop("x", 0), "s3", "A")
+	if tb.Carries("A", "s1", 1) || tb.Carries("A", "s2", 1) {
+		t.Fatal("the endpoint opened after a close carries the ops that close took")
+	}
+	if !tb.Carries("A", "s3", 1) {
+		t.Fatal("the endpoint opened after a close does not carry the op posted on it")
+	}
+}
+
 // TestWorkerFor_SpreadsARequestsStreams: WorkerFor is fixed for a stream
 // and gives the streams of one request consecutive workers by peer rank,
 // so that they spread over distinct workers when there are enough; with

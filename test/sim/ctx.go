@@ -566,7 +566,13 @@ func (s *Sim) execTx(ts *txSess, effs []actors.Effect) {
 			}
 		case actors.CloseEndpoint:
 			if w := c.workers[e.Worker]; !w.dead {
-				s.mail(ts.name, w.name(), s.hop(), e, func() { w.closeEndpoint(string(e.Route.AgentAddr)) })
+				// workerSlot.close: only an endpoint that carries an op of
+				// the stream's is closed for it (core.WorkerTable.Carries).
+				s.mail(ts.name, w.name(), s.hop(), e, func() {
+					if key := string(e.Route.AgentAddr); w.tbl.Carries(key, ts, e.Peer) {
+						w.closeEndpoint(key)
+					}
+				})
 			}
 		case actors.EndStream:
 			// The stream ends without a terminal frame: nothing to send.
