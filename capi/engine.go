@@ -187,8 +187,10 @@ func (e *Engine) Handle() uint64 { return e.h }
 // for the drain) and releases every handle the engine owns. Once it
 // returns, whatever the outcome, no event is posted any more and no
 // watcher of the engine's is left: a drained close first delivers every
-// request's event (to the callback, if one is set); one that timed out
-// (ErrTimeout) delivers nothing more. Memory the caller registered must
+// request's event to the callback, if one is set; to a poller, the events
+// queued are Poll's until Close returns, and go with the handles then
+// (kvxfer_poll, include/kvxfer.h). One that timed out (ErrTimeout)
+// delivers nothing more. Memory the caller registered must
 // then stay valid for good: requests that did not drain may still be
 // written by their peers.
 func (e *Engine) Close(timeout time.Duration) error {
