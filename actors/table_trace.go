@@ -131,6 +131,12 @@ type TableOut struct {
 	Doubt    []core.SessionOps[string] `json:",omitempty"`
 	Keys     [][]byte                  `json:",omitempty"`
 	Dest     int                       `json:",omitempty"`
+	// Down is an RxTable Route's: whether the frame's sender was in the
+	// down set when it came (the frame takes it out, and the shell tells
+	// the sender's requests that it is heard). Nothing else records it: a
+	// late frame clears what PeerDown set before a later call shows it.
+	// Absent in traces of builds before it (replay then compares none).
+	Down *bool `json:",omitempty"`
 }
 
 // tableTracer opens the tracer of a table the shell makes, or nil when
@@ -296,10 +302,12 @@ func (t *rxTable) Start(o core.RxOpen, blocks [][]kvcache.BlockID, now time.Time
 }
 
 func (t *rxTable) Route(f messages.Frame) (core.RxRouteVerdict, int) {
-	v, w := t.RxTable.Route(f)
-	if t.tr != nil {
-		t.tr.Call("Route", t.clock.Now(), TableIn{Frame: f}, TableOut{Verdict: int(v), Writer: w})
+	if t.tr == nil {
+		return t.RxTable.Route(f)
 	}
+	down := t.IsDown(f.Sender())
+	v, w := t.RxTable.Route(f)
+	t.tr.Call("Route", t.clock.Now(), TableIn{Frame: f}, TableOut{Verdict: int(v), Writer: w, Down: ptr(down)})
 	return v, w
 }
 

@@ -105,8 +105,9 @@ type wireFrame struct {
 }
 
 // Unknown stands for a message or frame of a type this package does not
-// know; replay steps it as is (a TxSession counts it as a violation, an
-// RxSession ignores it or counts a stale frame).
+// know. A message of such a type is a divergence in replay (its session
+// is not replayed past it); a frame is stepped as is, in its RxFrame (an
+// RxSession counts a stale frame).
 type Unknown struct{ Type string }
 
 // Validate, Request and Sender make Unknown a messages.Frame.

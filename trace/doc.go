@@ -159,7 +159,12 @@
 // one that panics unrecorded, is a divergence, field "panic"); each that
 // does is in Result.Panics with what it panicked with, recorded and in
 // replay, and Result.Print says so — a reproduced panic, not a
-// divergence. A trace whose last line is a partial record (its process
+// divergence. A step of a message type this kvxfer does not know (a newer
+// build's, or one an older build's codec did not encode) is not stepped:
+// it is a divergence naming the type and its line (field "type"), as an
+// unknown table method is. An RxTable Route records whether its sender
+// was down (it leaves the down set on any frame), and replay compares
+// that too. A trace whose last line is a partial record (its process
 // was killed or crashed while writing it) replays up to its last whole
 // record, and Result.TornLine
 // names the partial one; so does a trace whose last line ends in zero

@@ -398,6 +398,14 @@ func (s *replayed) step(rec *Record, res *Result) {
 		s.diverge(res, rec, "decode", rec.Type, err.Error())
 		return
 	}
+	if u, ok := msg.(Unknown); ok {
+		// Stepped as is, it would change nothing (an RxSession ignores
+		// it; a TxSession only counts it with invariants on) and the
+		// recorded digest could match a step that was never replayed.
+		s.diverge(res, rec, "type", "a message type this kvxfer replays",
+			fmt.Sprintf("%q, which it does not know (recorded by a newer kvxfer, or by one whose trace did not encode it): replay that trace with the kvxfer that recorded it", u.Type))
+		return
+	}
 	if pr, ok := msg.(peerRequest); ok {
 		m, rerr := s.resolve(pr)
 		if rerr != nil {

@@ -104,6 +104,9 @@ func (t *replayedTable) call(rec *Record, res *Result) {
 		t.diverge(res, rec, "call", "a call this table replays", err.Error())
 		return
 	}
+	if want.Down == nil {
+		got.Down = nil // a Route of a build before it: no down bit to compare
+	}
 	if field, e, g, ok := diffOut(want, got); !ok {
 		if names := verdictNames[t.res.Kind]; names != nil && (field == "Verdict" || field == "Dest") {
 			e, g = named(e, names), named(g, names)
@@ -209,6 +212,8 @@ func (t *replayedTable) do(rec *Record, in actors.TableIn) (out actors.TableOut,
 			route := tb.Lookup
 			if m == "Route" {
 				route = tb.Route
+				down := tb.IsDown(in.Frame.Sender())
+				out.Down = &down
 			}
 			v, w := route(in.Frame)
 			out.Verdict, out.Writer = int(v), w

@@ -12,8 +12,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/actors"
 	"github.com/kvxfer/kvxfer/actors/core"
+	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 	"github.com/kvxfer/kvxfer/messages/pb"
 	"github.com/kvxfer/kvxfer/trace"
@@ -273,4 +275,93 @@ func TestReplayResultOfANewerStatus(t *testing.T) {
 		res.Print(&p)
 		t.Fatalf("replay of a Result of status %d (%d calls):\n%s", status, res.Calls, p.String())
 	}
+}
+
+// TestReplayChecksTheDownSetALateFrameClears: a writer declared down
+// (Engine.PeerDown) whose frame comes late — after its request failed on
+// the suspicion — leaves the down set on that frame, and the rx parent
+// tells its requests it is heard. The trace must say so: the first Route
+// after the PeerDown records its sender down, and replay compares it (a
+// recording whose table had not marked the writer down diverges there).
+// Before, the Route record held no down bit, and the frame cleared the
+// mark before any recorded output showed it: a build that no longer
+// marked the writer down replayed such a trace "identical". A trace of a
+// build before the bit (none recorded) still replays identically.
+func TestReplayChecksTheDownSetALateFrameClears(t *testing.T) {
+	dir := t.TempDir()
+	tp1 := kvcache.Parallel{TP: 1, PP: 1}
+	c := startCluster(t, tp1, tp1, dir, nil)
+	r := &request{c: c, id: "late", pl: 32}
+	c.receive(t, r)
+	checkFor(t, 10*time.Second, func() bool { return c.link.requestData(r.id) != nil })
+	writer := c.ctx[0].Hello().From
+	c.gen[0].PeerDown(writer)
+	if o := wait(t, r.rxs[0].Done()); o.OK || !errors.Is(o.Err, kvxfer.ErrPeerGone) {
+		t.Fatalf("%s after its writer was declared down: %s %v", r.id, o.Status, o.Err)
+	}
+	conn, err := c.link.Dial(c.gen[0].Hello().From)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Send(&messages.Result{RequestID: r.id, Epoch: c.link.requestData(r.id).Epoch, From: writer,
+		Status: messages.StatusSuccess}); err != nil {
+		t.Fatal(err)
+	}
+	// The link handed the Result to the rx parent's mailbox: a question
+	// the parent answers after it has routed it.
+	if _, err := c.gen[0].WriterRequests(writer, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, func() bool { return c.gen[0].Pools().Used()+c.gen[0].Pools().Quarantined() == 0 })
+	c.close(t)
+
+	path := filepath.Join(dir, "gen-0.jsonl")
+	lines := readLines(t, path)
+	const rx = "gen/0/rx"
+	down, first, result := -1, -1, -1
+	for i, l := range lines {
+		if l["kind"] != "call" || l["actor"] != rx {
+			continue
+		}
+		switch {
+		case l["type"] == "PeerDown":
+			down = i
+		case l["type"] == "Route" && down >= 0:
+			if first < 0 {
+				first = i
+			}
+			if l["msg"].(map[string]any)["Frame"].(map[string]any)["Type"] == "Result" {
+				result = i
+			}
+		}
+	}
+	if down < 0 || first < 0 || result < 0 {
+		t.Fatalf("%s: PeerDown at line %d, first Route after it at line %d, the late Result's at line %d: want all three", path, down+1, first+1, result+1)
+	}
+	out := func(i int) map[string]any { o, _ := lines[i]["out"].(map[string]any); return o }
+	if out(first)["Down"] != true {
+		t.Fatalf("line %d: the first Route after the writer was declared down records %v, want Down true (the frame takes it out of the down set)", first+1, out(first))
+	}
+	if first != result && out(result)["Down"] != false {
+		t.Errorf("line %d: the late Result's Route, the writer heard before it, records %v, want Down false", result+1, out(result))
+	}
+	requireIdentical(t, path, replayFile(t, path))
+
+	out(first)["Down"] = false // a recording whose table had not marked the writer down
+	edited := filepath.Join(t.TempDir(), "edited.jsonl")
+	writeLines(t, edited, lines)
+	res := replayFile(t, edited)
+	if d := res.Divergence; d == nil || d.Actor != rx || d.Type != "Route" || d.Line != first+1 || d.Field != "out.Down" {
+		var b strings.Builder
+		res.Print(&b)
+		t.Fatalf("a Route recorded with its down sender not down: divergence %+v, want %s Route at line %d, field out.Down:\n%s", d, rx, first+1, b.String())
+	}
+
+	for i, l := range lines {
+		if l["kind"] == "call" && l["type"] == "Route" {
+			delete(out(i), "Down") // as a build before the bit recorded it
+		}
+	}
+	writeLines(t, edited, lines)
+	requireIdentical(t, edited, replayFile(t, edited))
 }
