@@ -191,8 +191,10 @@ type Config struct {
 	// WriterLease (kvxfer.Config.WriterLease): when > 0, this node posts
 	// writes for a peer only while the peer's frames or heartbeats
 	// renewed its lease within WriterLease (the link reports each peer
-	// alive at most once per heartbeat interval: give several intervals).
-	// Liveness, not proof (docs/membership.md §3). Default off.
+	// alive at most once per heartbeat interval: give several intervals;
+	// less than two is refused, as it would lapse between a live peer's
+	// heartbeats). Liveness, not proof (docs/membership.md §3). Default
+	// off.
 	WriterLease Duration `json:"writer_lease"`
 
 	// MetricsAddr serves Prometheus metrics ("127.0.0.1:9464"); TracePath
@@ -601,6 +603,12 @@ func (c Config) Validate() error {
 	}
 	if c.WriterLease < 0 {
 		return bad("writer_lease", c.WriterLease, "must be ≥ 0 (0: off)")
+	}
+	if iv, _ := c.heartbeatParams(); c.WriterLease > 0 && time.Duration(c.WriterLease) < 2*iv {
+		// The link renews it at most once per heartbeat interval: shorter,
+		// it lapses between a live peer's heartbeats, and every request
+		// with that peer fails ("let its writer lease lapse").
+		return bad("writer_lease", c.WriterLease, "shorter than two heartbeat intervals (heartbeat_interval %v): a live peer's heartbeats renew the lease at most once per interval, so it would lapse between them and fail the requests with that peer; give at least %v, or 0 (off)", iv, 2*iv)
 	}
 	if c.TraceMaxBytes < 0 {
 		return bad("trace_max_bytes", c.TraceMaxBytes, "must be ≥ 0 (0: 1 GiB)")

@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/node"
+	"github.com/kvxfer/kvxfer/rdma/shm"
 	"github.com/kvxfer/kvxfer/rdma/ucx"
 )
 
@@ -128,6 +130,10 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"rank outside parallel", set(`{"rank": {"tp": 2, "pp": 0}}`), []string{"rank = {TP:2 PP:0}", "outside"}},
 		{"zero tp", set(`{"parallel": {"tp": 0, "pp": 2}}`), []string{"parallel = {TP:0 PP:2}"}},
 		{"negative workers", set(`{"workers": -1}`), []string{"workers = -1"}},
+		{"writer lease under two heartbeats", set(`{"writer_lease": "900ms"}`),
+			[]string{"writer_lease = 900ms", "two heartbeat intervals (heartbeat_interval 500ms)", "at least 1s"}},
+		{"writer lease under two default heartbeats", set(`{"heartbeat_interval": null, "writer_lease": "1500ms"}`),
+			[]string{"writer_lease = 1.5s", "heartbeat_interval 1s", "at least 2s"}},
 		{"negative trace_keep", set(`{"trace_path": "t.jsonl", "trace_keep": -1}`), []string{"trace_keep = -1"}},
 		{"negative trace_max_bytes", set(`{"trace_path": "t.jsonl", "trace_max_bytes": -5}`), []string{"trace_max_bytes = -5"}},
 		{"trace_keep without trace_path", set(`{"trace_path": null, "trace_keep": 2}`), []string{`trace_path = ""`, "trace_keep"}},
@@ -174,6 +180,10 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 				}
 			}
 		})
+	}
+	// A writer lease of two heartbeat intervals is accepted.
+	if _, err := node.ParseConfig([]byte(set(`{"writer_lease": "1s"}`))); err != nil {
+		t.Errorf("writer_lease 1s, heartbeat_interval 500ms: %v", err)
 	}
 	// The least heartbeat settings accepted are accepted.
 	least := set(`{"heartbeat_interval": "10ms", "heartbeat_misses": 2}`)
@@ -273,5 +283,26 @@ func TestUCXBackendWithoutUCXNamed(t *testing.T) {
 	_, err := node.ParseConfig([]byte(strings.Replace(goodJSON, `"backend": "shm"`, `"backend": "ucx"`, 1)))
 	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), `backend = "ucx"`) || !strings.Contains(err.Error(), `"shm"`) {
 		t.Fatalf("ParseConfig(backend ucx) = %v", err)
+	}
+}
+
+// TestWriterLeaseUnderTwoHeartbeatsRefused: a writer_lease shorter than
+// two heartbeat intervals is refused at Open, naming both, as kvxfer ctx
+// refuses --writer-lease. The link renews the lease at most once per
+// interval: such a lease lapses between a live peer's heartbeats. Before,
+// Open took it (from Go, the C ABI's JSON or Python's writer_lease), and
+// every request with a live generation peer whose prefill took longer
+// than the lease failed "gen/0 let its writer lease lapse".
+func TestWriterLeaseUnderTwoHeartbeatsRefused(t *testing.T) {
+	cc, _ := pair(t, shm.Backend)
+	cc.SendOnly = true
+	cc.WriterLease = node.Duration(beat / 5)
+	n, err := node.Open(context.Background(), cc)
+	if err == nil {
+		_ = n.Close(context.Background())
+	}
+	want := fmt.Sprintf("writer_lease = %v: shorter than two heartbeat intervals (heartbeat_interval %v)", beat/5, beat)
+	if !errors.Is(err, node.ErrConfig) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open with writer_lease %v, heartbeat_interval %v: %v, want ErrConfig with %q", beat/5, beat, err, want)
 	}
 }

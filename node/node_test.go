@@ -756,16 +756,26 @@ func TestReceiveWithoutContextIsABadRequest(t *testing.T) {
 
 // TestReceiveFromItselfIsABadRequest: a request whose Context is the
 // node's own instance is refused as the engine refuses it (ErrBadRequest:
-// "this engine itself"), not as a writer "not among this node's peers".
+// "this engine itself"), not as a writer "not among this node's peers" —
+// also when the config leaves the instance to its default (kvxfer), which
+// the node compared as "" and called writer kvxfer/0 not among its
+// peers.
 func TestReceiveFromItselfIsABadRequest(t *testing.T) {
-	_, gc := pair(t, shm.Backend)
-	genN := open(t, gc)
-	_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "self", PromptLen: 32, Context: gc.Instance})
-	if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "is this engine itself") {
-		t.Fatalf("Receive from the node's own instance %q: %v, want ErrBadRequest saying it is this engine", gc.Instance, err)
-	}
-	if u := genN.Engine().Pools().Used(); u != 0 {
-		t.Fatalf("%d blocks in use after the refusal", u)
+	for _, instance := range []string{"gen", ""} {
+		_, gc := pair(t, shm.Backend)
+		gc.Instance = instance
+		own := instance
+		if own == "" {
+			own = kvxfer.DefaultInstance
+		}
+		genN := open(t, gc)
+		_, err := genN.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "self", PromptLen: 32, Context: own})
+		if !errors.Is(err, kvxfer.ErrBadRequest) || !strings.Contains(err.Error(), "is this engine itself") {
+			t.Fatalf("Receive from the node's own instance %q (config instance %q): %v, want ErrBadRequest saying it is this engine", own, instance, err)
+		}
+		if u := genN.Engine().Pools().Used(); u != 0 {
+			t.Fatalf("%d blocks in use after the refusal", u)
+		}
 	}
 }
 

@@ -51,7 +51,7 @@ func (n *Node) Receive(ctx context.Context, req kvxfer.ReceiveRequest) (*kvxfer.
 	if err := n.Err(); err != nil {
 		return nil, fmt.Errorf("request %s: %w", req.ID, err)
 	}
-	if req.Context == n.cfg.Instance {
+	if req.Context == n.cfg.instance() {
 		// The engine names it (ErrBadRequest: this engine itself); the
 		// peers' check below would call the own rank "not among this
 		// node's peers".
