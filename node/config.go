@@ -546,16 +546,26 @@ func (c Config) Validate() error {
 		return bad("parallel", par, "%v", err)
 	}
 	if shape, err := layout.Shape(par.kv(), c.Rank.kv()); err == nil && c.PoolBytes > 0 {
-		var perSet uint64
+		var perSet, empty uint64
 		for g := range layout.Groups {
-			perSet += shape.BlockBytes(layout, g)
+			bb := shape.BlockBytes(layout, g)
+			perSet += bb
+			if bb == 0 {
+				empty++ // kvxfer.Config's placeholder pool: one byte
+			}
 		}
 		if c.PoolBytes < perSet {
 			return bad("pool_bytes", c.PoolBytes, "holds no block: one block of every layer group of %s is %d bytes on this rank", layout.Name, perSet)
 		}
+		// Before Open allocates it (seconds for a large pool), as the
+		// engine would refuse it after: a Hello names at most
+		// messages.MaxBlocks blocks of a group.
+		if n := (c.PoolBytes - min(empty, c.PoolBytes)) / max(perSet, 1); n > messages.MaxBlocks {
+			return bad("pool_bytes", c.PoolBytes, "holds %d blocks per layer group (one block of every group of %s is %d bytes on this rank), more than the %d a pool may hold: use a smaller pool_bytes or a larger tokens_per_block", n, layout.Name, perSet, messages.MaxBlocks)
+		}
 	}
-	if c.Workers < 0 {
-		return bad("workers", c.Workers, "must be ≥ 1 (0: the default)")
+	if c.Workers < 0 || c.Workers > kvxfer.MaxWorkers {
+		return bad("workers", c.Workers, "must be 1 to %d (0: the default)", kvxfer.MaxWorkers)
 	}
 	switch c.Backend {
 	case "", BackendAuto, shm.Backend, loopback.Backend, cudaipc.Backend:

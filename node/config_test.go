@@ -163,6 +163,11 @@ func TestParseConfigNamesBadValues(t *testing.T) {
 		{"secret key mistyped", inlineKey("secret_key", z85[:30]), []string{"secret_key", "30 characters", "want 40"}},
 		{"peer is self", set(`{"instance": "ctx", "rank": {"tp": 0, "pp": 0}}`), []string{"peers[0]", "ctx/0", "this node itself"}},
 		{"pool too small", set(`{"pool_bytes": 4096}`), []string{"pool_bytes = 4096", "holds no block"}},
+		// Refused before Open allocates it (seconds for a pool this
+		// large), naming the JSON key: before, Open mapped it, then the
+		// engine refused "PoolBytes = …", with no ErrConfig.
+		{"pool of more blocks than a Hello names", set(`{"pool_bytes": 1000000000000000}`), []string{"pool_bytes = 1000000000000000", "more than the 1048576 a pool may hold"}},
+		{"workers past the bound", set(`{"workers": 1025}`), []string{"workers = 1025", "must be 1 to 1024"}},
 		{"tp does not divide the heads", set(`{"parallel": {"tp": 3, "pp": 1}, "rank": {"tp": 0, "pp": 0}}`), []string{"parallel = {TP:3 PP:1}"}},
 		{"stages of another count", set(`{"parallel": {"tp": 1, "pp": 2, "stages": "7,8,8"}, "rank": {"tp": 0, "pp": 0}}`),
 			[]string{"parallel = {TP:1 PP:2 Stages:7,8,8}", `Stages "7,8,8": 3 stages of 23 layers in all, want PP 2 stages of the 32 layers`}},
