@@ -768,11 +768,32 @@ func (p *Pools) callerPinnedLocked(g int, ids []kvcache.BlockID) error {
 			n = want[id]
 		}
 		if pins[id] < n {
-			return fmt.Errorf("%w: Unpin: group %d block %d has no pin the caller took (Pools.Pin): a request's chunk pinned it, and its pins go at Done",
-				kvcache.ErrNotPinned, g, id)
+			return p.notCallerPinned(g, id, n, pins[id])
 		}
 	}
 	return nil
+}
+
+// notCallerPinned is callerPinnedLocked's refusal of block id of group g,
+// named n times where the caller holds held pins on it: out of range, not
+// pinned at all, named more often than the caller pinned it, or pinned by
+// a request's chunk alone.
+func (p *Pools) notCallerPinned(g int, id kvcache.BlockID, n, held uint32) error {
+	pl := p.pools[g]
+	st, err := pl.State(id)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: Unpin: group %d block %d out of range [0, %d): name a block the caller pinned (Pools.Pin)",
+			kvcache.ErrUnknownBlock, g, id, pl.Len())
+	case st != kvcache.BlockPinned:
+		return fmt.Errorf("%w: Unpin: group %d block %d is %v: it has no pin to drop (unpin only blocks the caller pinned with Pools.Pin)",
+			kvcache.ErrNotPinned, g, id, st)
+	case held > 0:
+		return fmt.Errorf("%w: Unpin: group %d block %d named %d times, the caller holds %d pins on it (Pools.Pin): name it at most once a pin it holds",
+			kvcache.ErrNotPinned, g, id, n, held)
+	}
+	return fmt.Errorf("%w: Unpin: group %d block %d has no pin the caller took (Pools.Pin): a request's chunk pinned it, and its pins go at Done",
+		kvcache.ErrNotPinned, g, id)
 }
 
 // dropCallerPinsLocked uncounts the caller's pins on ids of group g, which
@@ -819,9 +840,15 @@ func (p *Pools) PinRuns(src []kvcache.BlockRun) error {
 	return nil
 }
 
-// UnpinRuns unpins every run's blocks (run g: group g), reporting the
-// first refusal.
+// UnpinRuns unpins every run's blocks (run g: group g). In the caller's
+// view it is all or nothing, as PinRuns: when Unpin would refuse one
+// group, no pin drops and that refusal, naming the group, is returned.
+// In the sessions' view (a sweep of a chunk's pins) it unpins every group
+// it can and reports the first refusal.
 func (p *Pools) UnpinRuns(src []kvcache.BlockRun) error {
+	if !p.sessions {
+		return p.unpinCallerRuns(src)
+	}
 	var first error
 	for g, run := range src {
 		if len(run.IDs) > 0 {
@@ -831,6 +858,36 @@ func (p *Pools) UnpinRuns(src []kvcache.BlockRun) error {
 		}
 	}
 	return first
+}
+
+// unpinCallerRuns is the caller's UnpinRuns: every group is checked (its
+// pins the caller's own) before any is unpinned.
+func (p *Pools) unpinCallerRuns(src []kvcache.BlockRun) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for g, run := range src {
+		if len(run.IDs) == 0 {
+			continue
+		}
+		if g >= len(p.pools) {
+			return fmt.Errorf("%w: UnpinRuns: group %d, the pools have %d", kvcache.ErrUnknownBlock, g, len(p.pools))
+		}
+		if err := p.callerPinnedLocked(g, run.IDs); err != nil {
+			return err
+		}
+	}
+	for g, run := range src {
+		if len(run.IDs) == 0 {
+			continue
+		}
+		// Checked: the caller's pins are among the pool's.
+		if err := p.pools[g].Unpin(run.IDs...); err != nil {
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+		p.dropCallerPinsLocked(g, run.IDs)
+	}
+	p.cond.Broadcast()
+	return nil
 }
 
 // Unpin unpins blocks of group g. In the caller's view it drops only pins

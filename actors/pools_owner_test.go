@@ -302,3 +302,82 @@ func TestNoBlockAllocationPassesAFullQuarantine(t *testing.T) {
 		t.Fatalf("Alloc of one block with the quarantine full: %v, want ErrQuarantineFull", err)
 	}
 }
+
+// The caller's UnpinRuns is all or nothing, as PinRuns is: a run the
+// caller may not unpin (here a block of group 1 nobody pinned) refuses
+// the call, naming its group, and the other groups keep their pins, so
+// that the caller who sees the error still holds every pin it took.
+// (Found in a review: group 0 lost its pins while the call failed, and
+// the caller's retry of the same runs was refused for group 0.)
+func TestCallerUnpinRunsAllOrNothing(t *testing.T) {
+	p := testPools(t, 8, 64)
+	a, err := p.Alloc([]int{2, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := []kvcache.BlockRun{{IDs: a[0]}, {IDs: a[1]}}
+	if err := p.PinRuns(runs); err != nil {
+		t.Fatal(err)
+	}
+	bad := []kvcache.BlockRun{{IDs: a[0]}, {IDs: []kvcache.BlockID{a[1][0], 7}}}
+	if err := p.UnpinRuns(bad); !errors.Is(err, kvcache.ErrNotPinned) || !strings.Contains(err.Error(), "group 1 block 7") {
+		t.Fatalf("UnpinRuns with group 1's block 7 unpinned: %v, want ErrNotPinned naming group 1 block 7", err)
+	}
+	for g, ids := range a {
+		for _, id := range ids {
+			if st, err := p.pools[g].State(id); err != nil || st != kvcache.BlockPinned {
+				t.Fatalf("group %d block %d after the refused UnpinRuns: %v %v, want pinned", g, id, st, err)
+			}
+		}
+	}
+	if err := p.UnpinRuns(runs); err != nil {
+		t.Fatalf("UnpinRuns of the caller's own pins after a refusal: %v", err)
+	}
+	if err := p.Free(a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The caller's Unpin of a block it holds no pin on says why: an id out of
+// range wraps kvcache.ErrUnknownBlock, a block nobody pinned names its
+// state; only a block a request's chunk pinned is said to be one. (Found
+// in a review: each was "a request's chunk pinned it", and an id out of
+// range wrapped ErrNotPinned alone.)
+func TestCallerUnpinSaysWhyNotPinned(t *testing.T) {
+	p := testPools(t, 8, 64)
+	a, err := p.Alloc([]int{1, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id   kvcache.BlockID
+		want error
+		text string
+	}{
+		{99, kvcache.ErrUnknownBlock, "block 99 out of range [0, 8)"},
+		{-1, kvcache.ErrUnknownBlock, "block -1 out of range [0, 8)"},
+		{7, kvcache.ErrNotPinned, "block 7 is free"},
+		{a[0][0], kvcache.ErrNotPinned, fmt.Sprintf("block %d is allocated", a[0][0])},
+	} {
+		err := p.Unpin(0, []kvcache.BlockID{c.id})
+		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.text) || strings.Contains(err.Error(), "chunk pinned it") {
+			t.Errorf("caller's Unpin of block %d: %v, want %v saying %q", c.id, err, c.want, c.text)
+		}
+	}
+	if err := p.Pin(0, a[0]); err != nil {
+		t.Fatal(err)
+	}
+	twice := []kvcache.BlockID{a[0][0], a[0][0]}
+	if err := p.Unpin(0, twice); !errors.Is(err, kvcache.ErrNotPinned) || !strings.Contains(err.Error(), "named 2 times") {
+		t.Errorf("caller's Unpin of its one pin named twice: %v, want ErrNotPinned saying it is named 2 times", err)
+	}
+	if err := p.Unpin(0, a[0]); err != nil {
+		t.Fatalf("caller's Unpin of its own pin: %v", err)
+	}
+	if err := p.forSessions().Pin(0, a[0]); err != nil { // a chunk's pin
+		t.Fatal(err)
+	}
+	if err := p.Unpin(0, a[0]); !errors.Is(err, kvcache.ErrNotPinned) || !strings.Contains(err.Error(), "chunk pinned it") {
+		t.Errorf("caller's Unpin of a chunk's pin: %v, want ErrNotPinned saying a chunk pinned it", err)
+	}
+}
