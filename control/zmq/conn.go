@@ -139,6 +139,9 @@ func (c *Conn) Send(f messages.Frame) error {
 		return fmt.Errorf("%w: send %T of request %q to %s: %d bytes exceeds MaxFrameBytes %d",
 			ErrFrameTooLarge, f, f.Request(), c.peer, len(b), c.l.cfg.MaxFrameBytes)
 	}
+	if c.info.removed.Load() {
+		c.followLocked()
+	}
 	// The peer's listener would drop a frame past the limit its Hello
 	// said (oversize), and every frame of ours after a Hello of ours past
 	// it (no_hello), unseen here: the request would wait for its
@@ -219,6 +222,25 @@ func (c *Conn) Send(f messages.Frame) error {
 	c.backlogLocked(pending{b: b, terminal: true})
 	c.l.stats.backlogged.Add(1)
 	return nil
+}
+
+// followLocked moves c to its peer's directory entry when the one it
+// was dialled with was dropped (RemovePeer: an etcd Down) and the name
+// has an entry again (AddPeer, or a Hello of the peer's next
+// incarnation). The dropped entry no longer hears of the peer's Hellos:
+// kept on it, c would never say Hello again, and the next incarnation,
+// reached at the same endpoint, would reject every frame of c as sent
+// before Hello (no_hello) while Send returned nil. c says Hello before
+// its next frame, and again whenever the new entry hears of a new
+// connection of the peer. Callers hold c.mu (then l.mu, as redialLocked).
+func (c *Conn) followLocked() {
+	c.l.mu.Lock()
+	cur := c.l.peers[c.peer]
+	c.l.mu.Unlock()
+	if cur != nil && cur != c.info {
+		c.info = cur
+		c.helloSent = false
+	}
 }
 
 // backlogLocked appends b to the backlog and starts its flusher if none

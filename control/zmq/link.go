@@ -156,6 +156,10 @@ type peerInfo struct {
 	// redials counts Redial calls: the heartbeat goroutine remakes the
 	// peer's socket when it changes.
 	redials uint64
+	// removed: the directory dropped this entry (RemovePeer, or the full
+	// directory's forgetting); a Conn dialled with it then follows the
+	// name's entry made since, if any (Conn.followLocked).
+	removed atomic.Bool
 }
 
 var _ control.Link = (*Link)(nil)

@@ -29,7 +29,10 @@ type departedKey struct {
 // handshake and may still speak for the peer (its connections' last
 // frames, a Result or CancelAck, are delivered), up to the latest
 // maxDeparted departures. A later AddPeer of the name starts a new peer.
-// Conns dialled to the peer stay usable until their owner closes them.
+// Conns dialled to the peer stay usable until their owner closes them;
+// once the name has an entry again (AddPeer, or a Hello of its next
+// incarnation) they follow it, and say Hello to that incarnation as after
+// a restart (Conn.followLocked).
 // Removing an unknown peer, or the link's own id, does nothing.
 //
 // The incarnation whose Hello the entry held is remembered as departed
@@ -77,6 +80,7 @@ func (l *Link) RemovePeerIncarnation(peer messages.PeerID, inc uint64) {
 		return
 	}
 	delete(l.peers, peer)
+	info.removed.Store(true)
 	if h := info.hello; h != nil && h.Incarnation != 0 {
 		key := info.key
 		if key == "" {
@@ -128,6 +132,7 @@ func (l *Link) forgetDownPeerLocked(isDown func(messages.PeerID) bool) (messages
 	}
 	info := l.peers[oldest]
 	delete(l.peers, oldest)
+	info.removed.Store(true)
 	if info.key != "" {
 		l.departLocked(info.key, oldest)
 	}
