@@ -1,10 +1,14 @@
 package discovery
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestEtcdDuplicateBelowTheHolderIsNamed: a second process started as a
@@ -47,4 +51,55 @@ func TestEtcdDuplicateBelowTheHolderIsNamed(t *testing.T) {
 	blind.m = newMembers(cluster) // its watch has not delivered the holder yet
 	blind.mu.Unlock()
 	check("a registry that did not see the holder", blind.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 3)))
+}
+
+// readThenKV runs then once, right after the first read of key: what
+// another process does between a Register's read of its incarnation key
+// and its write.
+type readThenKV struct {
+	clientv3.KV
+	key  string
+	once sync.Once
+	then func()
+}
+
+func (k *readThenKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	resp, err := k.KV.Get(ctx, key, opts...)
+	if key == k.key {
+		k.once.Do(k.then)
+	}
+	return resp, err
+}
+
+// TestEtcdDuplicateStartedTogetherIsNamed: two processes started as one
+// rank at the same time, the later-stamped one registering first — it
+// commits between the other's read of the rank's incarnation key (still
+// empty) and its write. The other is refused at once, and the refusal
+// must say, as on the other paths, that a live incarnation holds the rank
+// at its endpoint, another process, and match ErrHeld: it said only that
+// the key holds a higher incarnation under a live lease, matching
+// ErrStaleIncarnation alone (the CLI gave no hint of the duplicate).
+func TestEtcdDuplicateStartedTogetherIsNamed(t *testing.T) {
+	cluster := clusterName(t)
+	holder := newEtcdRegistry(t, cluster)
+	live := testRecord("ctx", 0, 7)
+	live.ControlEndpoint = "tcp://10.1.2.3:5555"
+	cli := newClient(t)
+	defer cli.Close()
+	kv := &readThenKV{KV: cli.KV, key: IncarnationKey(cluster, "ctx", 0), then: func() {
+		if err := holder.Register(ctxFor(t, 10*time.Second), live); err != nil {
+			t.Errorf("the holder's Register: %v", err)
+		}
+	}}
+	cli.KV = kv
+	r := newEtcdRegistry(t, cluster, WithClient(cli))
+	err := r.Register(ctxFor(t, 10*time.Second), testRecord("ctx", 0, 3))
+	if !errors.Is(err, ErrStaleIncarnation) || !errors.Is(err, ErrHeld) {
+		t.Fatalf("Register below a holder that committed meanwhile: %v, want ErrStaleIncarnation and ErrHeld", err)
+	}
+	for _, want := range []string{"incarnation 7", live.ControlEndpoint, "Another process runs as ctx/0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
 }

@@ -47,6 +47,9 @@ type Etcd struct {
 	// registering is regs' count, for tests (a WaitGroup does not tell).
 	registering atomic.Int32
 
+	// cliCancel ends the context of a client of its own (shut).
+	cliCancel context.CancelFunc
+
 	mu         sync.Mutex
 	m          *members
 	registered bool
@@ -83,11 +86,23 @@ func NewEtcd(ctx context.Context, endpoints []string, cluster string, opts ...Op
 		if len(endpoints) == 0 {
 			return nil, fmt.Errorf("%w: no etcd endpoint", ErrInvalidURL)
 		}
-		cli, err := dial(context.Background(), endpoints, o, true)
+		// The client lives until Close, not ctx; but with a user it
+		// authenticates as it is made, and that wait ends with ctx too.
+		cctx, ccancel := context.WithCancel(context.Background())
+		stop := context.AfterFunc(ctx, ccancel)
+		cli, err := dial(cctx, endpoints, o, true)
+		if !stop() {
+			if err == nil {
+				_ = cli.Close()
+			}
+			ccancel()
+			return nil, explain(fmt.Errorf("discovery: etcd %v%s: connecting: %w", endpoints, e.authNote(), context.Cause(ctx)), endpoints, o.tls)
+		}
 		if err != nil {
+			ccancel()
 			return nil, explain(fmt.Errorf("discovery: etcd %v%s: %w", endpoints, e.authNote(), err), endpoints, o.tls)
 		}
-		e.cli, e.ownCli = cli, true
+		e.cli, e.ownCli, e.cliCancel = cli, true, ccancel
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.q = newEventQueue(o.queue, e.fail)
@@ -473,9 +488,11 @@ var errLeaseEnded = errors.New("discovery: the registration's lease ended")
 
 // put writes the record once the key is free (or holds a value no peer
 // accepts), together with the rank's incarnation key in one transaction;
-// it waits for an older incarnation's key to go, and refuses an
-// incarnation the incarnation key says was already registered, or one not
-// above the record the key holds under a live lease, and an incarnation
+// it waits for an older incarnation's key to go (also one holding a
+// value this build cannot read under the lease the incarnation key
+// names: a later build's record), and refuses an incarnation the
+// incarnation key says was already registered, or one not above the
+// record the key holds under a live lease, and an incarnation
 // key it cannot decode (left as it is). The incarnation key
 // alone does not do: it has no lease and etcd's compaction keeps it, but
 // anyone may delete it, and a lower incarnation would then replace a live
@@ -538,14 +555,25 @@ func (e *Etcd) put(ctx context.Context, r Record, key string, value []byte, leas
 		kv := kvs[0]
 		old, _, derr := decodeRecord(kv.Value)
 		if derr == nil && old.Peer() == r.Peer() && kv.Lease != 0 && old.Incarnation >= r.Incarnation {
-			names := fmt.Sprintf("%s names %d", incKey, cur.Incarnation)
+			// A live holder not below r: another process of the rank
+			// (started together with this one and stamped later, or
+			// the incarnation key deleted by hand), as heldBelow says.
+			names := fmt.Sprintf("%s named %d when read", incKey, cur.Incarnation)
 			if incRev == 0 {
-				names = incKey + " is missing"
+				names = incKey + " was missing when read"
 			}
-			return 0, fmt.Errorf("%w: %s holds incarnation %d under live lease %x (%s): incarnation %d is not above it",
-				ErrStaleIncarnation, key, old.Incarnation, kv.Lease, names, r.Incarnation)
+			return 0, heldError{fmt.Errorf("%w: %s holds incarnation %d at %s under live lease %x (%s): incarnation %d is not above it. "+
+				"Another process runs as %s (same instance and rank?): give this one its own instance or rank, or stop that one",
+				ErrStaleIncarnation, key, old.Incarnation, old.ControlEndpoint, kv.Lease, names, r.Incarnation, r.Peer())}
 		}
 		switch {
+		case derr != nil && named && kv.Lease == cur.Lease:
+			// A value this build cannot read, under the very lease the
+			// incarnation key names: that registration's own record (a
+			// later build's version), live while its lease is. Waited
+			// for below, as any live holder; replacing it pushed a live
+			// process of the rank out.
+			old = Record{Instance: r.Instance, Rank: r.Rank, Incarnation: cur.Incarnation}
 		case derr != nil || old.Peer() != r.Peer() || kv.Lease == 0 ||
 			named && (old.Incarnation != cur.Incarnation || kv.Lease != cur.Lease):
 			// A value no peer accepts holds the key (malformed, another
@@ -748,6 +776,7 @@ func (e *Etcd) shut() {
 	e.q.close()
 	if e.ownCli {
 		_ = e.cli.Close()
+		e.cliCancel()
 	}
 }
 

@@ -896,6 +896,60 @@ func TestEtcdRegisterWaitsForLiveHolderWithoutIncarnationKey(t *testing.T) {
 	}
 }
 
+// TestEtcdRegisterWaitsForALaterBuildsHolder: the rank's key holds a
+// record this build cannot read (a later build's record version) under
+// the very lease its incarnation key names: the live registration of a
+// later build's process of the rank (a duplicate, or a rollback started
+// before the upgraded run's lease ended). A Register of a higher
+// incarnation waits for it to go, as for any live holder; it replaced
+// the record at once, as it replaces garbage, and the live holder was
+// pushed out of its key (Lost) by a process that should have waited.
+func TestEtcdRegisterWaitsForALaterBuildsHolder(t *testing.T) {
+	cluster := clusterName(t)
+	admin := newClient(t)
+	defer admin.Close()
+	lease, err := admin.Grant(ctxFor(t, 10*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := Key(cluster, "ctx", 0)
+	later := `{"v":2,"state":"up","instance":"ctx","rank":0,"incarnation":"7","endpoints":["tcp://127.0.0.1:5555"]}`
+	if _, err := admin.Txn(ctxFor(t, 10*time.Second)).Then(
+		clientv3.OpPut(IncarnationKey(cluster, "ctx", 0), string(registration{Incarnation: 7, Lease: int64(lease.ID)}.encode())),
+		clientv3.OpPut(key, later, clientv3.WithLease(lease.ID))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan Record, 4)
+	r := newEtcdRegistry(t, cluster, WithOnHeld(func(h Record) { held <- h }))
+	done := make(chan error, 1)
+	go func() { done <- r.Register(ctxFor(t, time.Minute), testRecord("ctx", 0, 8)) }()
+	select {
+	case h := <-held:
+		if h.Peer() != (Record{Instance: "ctx"}).Peer() || h.Incarnation != 7 {
+			t.Errorf("held by %v, want ctx/0#7", h)
+		}
+	case err := <-done:
+		g, _ := admin.Get(ctxFor(t, 10*time.Second), key)
+		t.Fatalf("Register over a later build's live holder returned %v without waiting for it; %s now holds %v", err, key, g.Kvs)
+	case <-time.After(waitFor):
+		t.Fatal("Register neither waited for the live holder nor returned")
+	}
+	g, err := admin.Get(ctxFor(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Kvs) != 1 || string(g.Kvs[0].Value) != later || g.Kvs[0].Lease != int64(lease.ID) {
+		t.Fatalf("%s while the holder lives: %v, want its record under its lease", key, g.Kvs)
+	}
+	// The holder goes: the Register completes.
+	if _, err := admin.Revoke(ctxFor(t, 10*time.Second), lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := receive(t, done, waitFor, "Register once the holder went"); err != nil {
+		t.Fatalf("Register once the holder went: %v", err)
+	}
+}
+
 // TestEtcdRegisterKeepsAnIncarnationKeyItCannotRead: a rank's incarnation
 // key whose value this build cannot decode (a later build's version, or a
 // value damaged by hand) is never overwritten: it may name an incarnation

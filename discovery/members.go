@@ -39,6 +39,12 @@ type members struct {
 	// (confirm): a snapshot read at or after it must hold its record
 	// (sync).
 	selfRev int64
+	// missingRev is the revision of the last snapshot applied before
+	// self's Register completed when it did not hold self's record, and
+	// missingWhy why (0, "": it held it, or none was applied): confirm
+	// fails if that read came after the commit.
+	missingRev int64
+	missingWhy string
 	// failed holds this registry's own registrations (incarnation and
 	// lease) whose Register failed after its lease was granted: etcd may
 	// have committed the record (its reply lost) and, when the lease could
@@ -102,7 +108,7 @@ func (m *members) register(r Record) error {
 			max(st.floor, st.reg.Incarnation), r.Peer(), r.Incarnation)
 	}
 	m.self, m.selfInc, m.hasSelf = r.Peer(), r.Incarnation, true
-	m.confirmed, m.lost, m.lostWhy = false, false, ""
+	m.confirmed, m.lost, m.lostWhy, m.missingRev, m.missingWhy = false, false, "", 0, ""
 	return nil
 }
 
@@ -126,6 +132,10 @@ func (m *members) confirm(rev int64) error {
 	if m.lost {
 		return fmt.Errorf("its record was lost before the registration completed (%s)", m.lostWhy)
 	}
+	if m.missingWhy != "" && m.missingRev >= rev {
+		return fmt.Errorf("its record was lost before the registration completed (%s: a read of etcd at revision %d, after its commit at %d, did not hold it)",
+			m.missingWhy, m.missingRev, rev)
+	}
 	m.confirmed, m.selfRev = true, rev
 	return nil
 }
@@ -140,7 +150,7 @@ func (m *members) unregister(lease int64) {
 		}
 		m.failed[ownRegistration{m.self, m.selfInc, lease}] = true
 	}
-	m.hasSelf, m.selfInc, m.confirmed, m.lost, m.lostWhy = false, 0, false, false, ""
+	m.hasSelf, m.selfInc, m.confirmed, m.lost, m.lostWhy, m.missingRev, m.missingWhy = false, 0, false, false, "", 0, ""
 }
 
 func (m *members) reject(key string, err error) []Event {
@@ -317,7 +327,9 @@ func (m *members) del(key string) []Event {
 // Register completed at or before rev, must be its rank's live record:
 // a watch gap may have hidden both its put and its deletion or
 // overwrite, and then no event would ever say the rank is out (its
-// keepalive renews a lease that holds nothing).
+// keepalive renews a lease that holds nothing). Before its Register
+// completed, a read without it is noted for confirm, which alone knows
+// whether the read came after the commit.
 func (m *members) sync(snapshot map[string]storedValue, rev int64) []Event {
 	var evs []Event
 	ids := make([]messages.PeerID, 0, len(m.ranks))
@@ -350,12 +362,18 @@ func (m *members) sync(snapshot map[string]storedValue, rev int64) []Event {
 	for _, k := range keys {
 		evs = append(evs, m.put(k, snapshot[k].value, snapshot[k].lease)...)
 	}
-	if m.hasSelf && m.confirmed && !m.lost && rev >= m.selfRev {
+	if m.hasSelf && !m.lost && (!m.confirmed || rev >= m.selfRev) {
+		reason := ""
 		if st := m.ranks[m.self]; st == nil || st.live == nil || st.live.Incarnation != m.selfInc {
-			reason := ReasonLeaseExpired // etcd tells a deletion from an expiry no more than del does
+			reason = ReasonLeaseExpired // etcd tells a deletion from an expiry no more than del does
 			if _, ok := snapshot[Key(m.cluster, m.self.Instance, m.self.Rank)]; ok {
 				reason = ReasonOverwritten
 			}
+		}
+		switch {
+		case !m.confirmed:
+			m.missingRev, m.missingWhy = rev, reason
+		case reason != "":
 			evs = append(evs, m.lose(reason)...)
 		}
 	}

@@ -500,3 +500,52 @@ func TestMembersSyncLosesOwnRecordHiddenByAWatchGap(t *testing.T) {
 		})
 	}
 }
+
+// TestMembersResyncBeforeRegisterCompletes: Register committed this
+// rank's record at revision 10; before it completed (confirm), a
+// resynchronising read taken after the commit (revision 12) was applied,
+// and it no longer held the record (deleted, or overwritten with a value
+// no one accepts, at 11) — the watch gap hid both the put and its end. The
+// registration never completed: its Register must fail, naming why. It
+// returned nil, and no event ever said the rank was out (the check for
+// the record in a read was made only once the Register had completed):
+// the rank went on as registered while every peer had it down. A read
+// taken before the commit, or one that holds the record, changes nothing.
+func TestMembersResyncBeforeRegisterCompletes(t *testing.T) {
+	own := testRecord("ctx", 0, 4)
+	ik, k := IncarnationKey("c", "ctx", 0), Key("c", "ctx", 0)
+	inc := storedValue{registration{4, 7}.encode(), 0}
+	for _, c := range []struct {
+		name string
+		snap map[string]storedValue
+		rev  int64
+		why  string // "": the Register completes
+	}{
+		{"deleted", map[string]storedValue{ik: inc}, 12, ReasonLeaseExpired},
+		{"overwritten", map[string]storedValue{ik: inc, k: {[]byte("garbage"), 9}}, 12, ReasonOverwritten},
+		{"read before the commit", map[string]storedValue{}, 9, ""},
+		{"still there", map[string]storedValue{ik: inc, k: {enc(t, own, stateUp), 7}}, 12, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMembers("c")
+			if err := m.register(own); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range m.sync(c.snap, c.rev) {
+				if e.Kind != EventRejected {
+					t.Errorf("sync before the Register completed: %v, want no event but the garbage's rejection", e)
+				}
+			}
+			err := m.confirm(10)
+			if c.why == "" {
+				if err != nil {
+					t.Fatalf("confirm: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "before the registration completed") || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("confirm after a read at %d without the record committed at 10: %v, want an error naming %q", c.rev, err, c.why)
+			}
+		})
+	}
+}

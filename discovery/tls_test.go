@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -365,4 +366,61 @@ func TestEtcdThatAnswersNothingNamed(t *testing.T) {
 	addr := ln.Addr().String()
 	openFails(t, "etcd://"+addr, clusterName(t), []Option{WithDialTimeout(time.Second)},
 		"etcd at "+addr+" accepts connections but answers nothing")
+}
+
+// TestEtcdOpenEndsWithItsContextWhenAuthenticating: with a user
+// (WithAuth) the etcd client authenticates as it is made, and NewEtcd
+// made it within Background and the dial timeout, not ctx: a node's Open
+// whose context ended (a Ctrl-C as the rank starts) against an etcd that
+// accepts and answers nothing waited the whole dial timeout (here a
+// minute) on. It must end with ctx, and the registry's client must still
+// outlive ctx once made (the other tests).
+func TestEtcdOpenEndsWithItsContextWhenAuthenticating(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // kept open, never read or written
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	ctx := ctxFor(t, 200*time.Millisecond)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		r, err := Open(ctx, "etcd://"+ln.Addr().String(), clusterName(t), nil, WithAuth("u", "p"), WithDialTimeout(time.Minute))
+		if err == nil {
+			_ = r.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Open of an etcd that answers nothing: no error")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Open: %v, want its context's end", err)
+		}
+		t.Logf("Open after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Open whose context ended after 200 ms still waits 10 s on (for its dial timeout)")
+	}
 }

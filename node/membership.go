@@ -152,10 +152,14 @@ func (n *Node) register(ctx context.Context) error {
 		opts = append(opts, discovery.WithTTL(ttl))
 	}
 	opts = append(opts, discovery.WithOnHeld(func(held discovery.Record) {
+		at := held.ControlEndpoint
+		if at == "" { // a record this build cannot read: its holder's incarnation key names it
+			at = "an endpoint this kvxfer cannot read (a later kvxfer's record)"
+		}
 		n.log.Warn().Str("cluster", n.cfg.Cluster).Uint64("holder", held.Incarnation).Str("holder_endpoint", held.ControlEndpoint).
 			Msgf("%s is held in etcd cluster %s by incarnation %d at %s, whose lease is live: waiting for it to go. "+
 				"Another process runs as %s (same instance and rank?), or this rank's previous run has not been gone for its lease TTL (%v) yet",
-				held.Peer(), n.cfg.Cluster, held.Incarnation, held.ControlEndpoint, held.Peer(), ttl)
+				held.Peer(), n.cfg.Cluster, held.Incarnation, at, held.Peer(), ttl)
 	}))
 	reg, err := discovery.Open(ctx, n.cfg.Discovery, n.cfg.Cluster, nil, opts...)
 	if err != nil {
