@@ -79,6 +79,14 @@ type txModel struct {
 	stopped       bool
 	first         TxState
 	decided       bool
+	mayWrite      map[OpRef]bool // truth: the op's writes may still land
+	cut           map[OpRef]bool // truth: cut unproven on the wire
+	gone          map[int]bool
+	cutPending    map[OpRef]bool
+	dead          []int
+	pinsOf        []Pin
+	pinFailed     map[int]int // chunk → groups whose Pin was refused
+	pinned        map[int]int // chunk → groups pinned
 }
 
 func newTxModel(rt *rapid.T) *txModel {
@@ -87,7 +95,7 @@ func newTxModel(rt *rapid.T) *txModel {
 		requested: map[int]bool{}, peerCancelled: map[int]bool{}, watched: map[int]bool{}, fired: map[int]bool{},
 		inflight: map[OpRef]bool{}, doubted: map[OpRef]bool{}, nextSeq: map[int]int{}, flushing: map[int]bool{},
 		timers: map[TimerKind][]time.Time{}, pins: map[pinKey]int{}, frames: map[int]int{}, success: map[int]bool{},
-		sending: map[int]bool{}, left: map[int]bool{},
+		sending: map[int]bool{}, left: map[int]bool{}, mayWrite: map[OpRef]bool{}, cut: map[OpRef]bool{}, gone: map[int]bool{}, cutPending: map[OpRef]bool{}, pinFailed: map[int]int{}, pinned: map[int]int{},
 	}
 	peers := rapid.IntRange(1, 3).Draw(rt, "peers")
 	nChunks := rapid.IntRange(1, 4).Draw(rt, "chunks")
@@ -99,7 +107,8 @@ func newTxModel(rt *rapid.T) *txModel {
 				pl.skip[c*32] = true
 			}
 		}
-		m.routes[p] = &Route{Peer: genPeer(p), AgentAddr: []byte(fmt.Sprintf("gen-%d", p)), Planner: pl}
+		m.routes[p] = &Route{Peer: genPeer(p), AgentAddr: []byte(fmt.Sprintf("gen-%d", p)), Planner: pl,
+			CompletionsDeliver: rapid.Bool().Draw(rt, fmt.Sprintf("delivers-%d", p))}
 	}
 	groups := rapid.IntRange(1, 2).Draw(rt, "groups")
 	for c := range nChunks {
@@ -215,6 +224,13 @@ func (m *txModel) randomStep() {
 		add("retire", 4)
 	}
 	add("cancel", 1)
+	add("peer-gone", 1)
+	if len(m.dead) == 0 {
+		add("worker-dead", 1)
+	}
+	if len(m.inflight) > 0 {
+		add("cut", 1)
+	}
 	add("panic", 1)
 	add("bad-request", 1)
 	add("tick", 1)
@@ -231,7 +247,16 @@ func (m *txModel) randomStep() {
 	case "chunk":
 		c := m.chunks[m.sent]
 		m.sent++
+		m.pinsOf = nil
 		m.step(c)
+		if len(m.pinsOf) > 0 && rapid.IntRange(0, 3).Draw(rt, "pin-fails") == 0 {
+			pe := rapid.SampledFrom(m.pinsOf).Draw(rt, "pin")
+			for _, id := range pe.IDs {
+				m.pins[pinKey{pe.Group, id}]--
+			}
+			m.pinFailed[pe.Chunk]++
+			m.step(TxPinFailed{Chunk: pe.Chunk, Group: pe.Group, Err: errors.New("freed")})
+		}
 	case "fence":
 		c := rapid.SampledFrom(m.unfired()).Draw(rt, "fence")
 		var err error
@@ -309,6 +334,62 @@ func (m *txModel) randomStep() {
 		m.step(TxPeerCancel{Peer: p, Epoch: epoch})
 	case "cancel":
 		m.step(TxCancel{})
+	case "worker-dead":
+		w := rapid.IntRange(0, 1).Draw(rt, "dead-worker")
+		msg := TxWorkerDead{Worker: w}
+		for _, r := range sortedRefs(m.inflight) {
+			if WorkerFor("r1", genPeer(r.Peer), 2) != w {
+				continue
+			}
+			delete(m.inflight, r)
+			delete(m.doubted, r)
+			switch rapid.IntRange(0, 3).Draw(rt, "dead-op") {
+			case 0, 1:
+				msg.InDoubt = append(msg.InDoubt, r)
+				msg.Released = append(msg.Released, r)
+				m.cut[r] = true
+			default:
+				delete(m.mayWrite, r)
+			}
+		}
+		for _, r := range sortedRefs(m.cut) {
+			if WorkerFor("r1", genPeer(r.Peer), 2) != w {
+				continue
+			}
+			msg.InDoubt = append(msg.InDoubt, r)
+			if m.cutPending[r] {
+				delete(m.cutPending, r)
+				msg.Released = append(msg.Released, r)
+			}
+		}
+		for p := range m.flushing {
+			if WorkerFor("r1", genPeer(p), 2) == w {
+				delete(m.flushing, p)
+			}
+		}
+		for p := range m.sending {
+			if WorkerFor("r1", genPeer(p), 2) == w {
+				delete(m.sending, p)
+			}
+		}
+		m.dead = append(m.dead, w)
+		m.step(msg)
+	case "peer-gone":
+		p := rapid.SampledFrom(m.expected).Draw(rt, "gone-peer")
+		m.gone[p] = true
+		m.step(TxPeerGone{Peer: genPeer(p)})
+	case "cut":
+		// The backend cut the op on the wire: its writes may land.
+		r := rapid.SampledFrom(sortedRefs(m.inflight)).Draw(rt, "op")
+		delete(m.inflight, r)
+		delete(m.doubted, r)
+		m.cut[r] = true
+		m.step(TxCompleted{Op: r, Err: errors.New("cut"), Unproven: true})
+		if rapid.Bool().Draw(rt, "sources-released") {
+			m.step(TxRetired{Ops: []OpRef{r}, Unproven: true})
+		} else {
+			m.cutPending[r] = true
+		}
 	case "deadline":
 		m.fireTimer(TimerDeadline)
 	case "drain":
@@ -346,6 +427,20 @@ func (m *txModel) step(msg any) {
 		m.fired[f.Index] = true
 	}
 	msg = withPrompt(msg, &m.prompt)
+	switch x := msg.(type) {
+	case TxCompleted:
+		if !x.Unproven {
+			delete(m.mayWrite, x.Op)
+		}
+	case TxRetired:
+		if !x.Unproven {
+			for _, r := range x.Ops {
+				if !m.cut[r] {
+					delete(m.mayWrite, r)
+				}
+			}
+		}
+	}
 	effs := m.s.Step(msg, m.now)
 	m.apply(msg, effs, before)
 }
@@ -385,6 +480,8 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			for _, id := range e.IDs {
 				m.pins[pinKey{e.Group, id}]++
 			}
+			m.pinsOf = append(m.pinsOf, e)
+			m.pinned[e.Chunk]++
 		case Unpin:
 			unpinned = true
 			for _, id := range e.IDs {
@@ -395,12 +492,14 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 				m.pins[k]--
 			}
 			for r, st := range ops {
-				if !st.Quiescent() {
+				if !st.SourceQuiescent() {
 					rt.Fatalf("%T: Unpin while op %v is %v", msg, r, st)
 				}
 			}
-			if u := m.unfired(); len(u) > 0 {
-				rt.Fatalf("%T: Unpin while fences %v have not fired", msg, u)
+			for _, c := range m.unfired() {
+				if m.pinned[c] > m.pinFailed[c] {
+					rt.Fatalf("%T: Unpin while pinned chunk %d's fence has not fired", msg, c)
+				}
 			}
 		case WatchFence:
 			if m.watched[e.Chunk] {
@@ -423,6 +522,7 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			}
 			m.nextSeq[e.Op.Peer]++
 			m.inflight[e.Op] = true
+			m.mayWrite[e.Op] = true
 		case Flush:
 			if m.flushing[e.Peer] {
 				rt.Fatalf("%T: second Flush to %d", msg, e.Peer)
@@ -437,12 +537,28 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			// The worker closes the endpoint: every op still in flight
 			// on it is retired (reported later), and its Done follows.
 			for r := range m.inflight {
-				if r.Peer == e.Peer {
+				if r.Peer == e.Peer && !m.cut[r] {
 					m.doubted[r] = true
 				}
 			}
 		case SendFrame:
 			p := int(e.To.Rank)
+			for r := range m.mayWrite {
+				if r.Peer == p {
+					rt.Fatalf("%T: terminal frame %s to %d while op %v may still write", msg, fmtFrame(e.Frame), p, r)
+				}
+			}
+			if f, ok := e.Frame.(*messages.Result); ok && f.Status == messages.StatusSuccess {
+				var want uint64
+				for _, c := range m.chunks {
+					if !m.routes[p].Planner.(*fakePlanner).skip[c.Chunk.Start] {
+						want += uint64(c.Chunk.Tokens())
+					}
+				}
+				if f.Bytes != want {
+					rt.Fatalf("%T: SUCCESS to %d with %d bytes, planned %d", msg, p, f.Bytes, want)
+				}
+			}
 			m.frames[p]++
 			if m.frames[p] > 1 {
 				rt.Fatalf("%T: second terminal frame to %d: %s", msg, p, fmtFrame(e.Frame))
@@ -450,7 +566,11 @@ func (m *txModel) apply(msg any, effs []Effect, before TxState) {
 			switch f := e.Frame.(type) {
 			case *messages.Result:
 				if f.Status == messages.StatusSuccess {
-					if fl, ok := msg.(TxFlushed); !ok || fl.Peer != p || fl.Err != nil || after.Terminal() && after != TxDone {
+					if fl, ok := msg.(TxFlushed); m.routes[p].CompletionsDeliver {
+						if after.Terminal() && after != TxDone {
+							rt.Fatalf("%T: Result SUCCESS to %d not as the answer to its last completion (state %v)", msg, p, after)
+						}
+					} else if !ok || fl.Peer != p || fl.Err != nil || after.Terminal() && after != TxDone {
 						rt.Fatalf("%T: Result SUCCESS to %d not as the answer to its flush (state %v)", msg, p, after)
 					}
 					m.success[p] = true
@@ -550,6 +670,10 @@ func (m *txModel) drain() {
 			ops := sortedRefs(m.doubted)
 			clear(m.doubted)
 			m.step(TxRetired{Ops: ops})
+		case len(m.cutPending) > 0:
+			ops := sortedRefs(m.cutPending)
+			clear(m.cutPending)
+			m.step(TxRetired{Ops: ops, Unproven: true})
 		case len(m.flushing) > 0:
 			p := sortedInts(m.flushing)[0]
 			delete(m.flushing, p)
@@ -590,7 +714,7 @@ func (m *txModel) checkEnd() {
 		rt.Fatalf("end: %d Finish effects", len(m.finishes))
 	}
 	for p := range s.streams {
-		if m.frames[p] != 1 {
+		if m.frames[p] != 1 && !s.streams[p].silent {
 			rt.Fatalf("end: peer %d got %d terminal frames", p, m.frames[p])
 		}
 	}
