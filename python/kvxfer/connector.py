@@ -110,7 +110,8 @@ class KvxferConnectorMetadata:
     # of it in the local prefix cache).
     reqs_to_release: dict = field(default_factory=dict)
     reqs_to_cancel: set = field(default_factory=set)  # request ids whose send no decode side will read
-    # ids of P/D prefills preempted this step (scheduler_output.preempted_req_ids):
+    # ids of P/D prefills preempted this step (scheduler_output.preempted_req_ids, and
+    # those resumed with no preempted_req_ids naming them: build_connector_meta):
     # vLLM's newer model runners pass this metadata to handle_preemptions, not the ids
     preempted_req_ids: set = field(default_factory=set)
 
@@ -326,7 +327,14 @@ class KvxferSchedulerConnector:
         them and sets num_computed_tokens to 0; the worker's
         handle_preemptions cancels its send): resumed, it is computed and
         handed over again from its first token, under a new send id (the
-        engine refuses a second send of one id)."""
+        engine refuses a second send of one id). A request scheduled from
+        vLLM's waiting queue again (resumed_req_ids; Model Runner V2: in
+        scheduled_new_reqs again) that no preempted_req_ids named lost its
+        blocks all the same (vLLM's reset_prefix_cache with
+        reset_running_requests preempts outside schedule()): it is
+        preempted here, in this step's preempted_req_ids, so that the
+        worker cancels its send before this step's forward pass writes the
+        old blocks; its chunks handed so far name them."""
         meta = KvxferConnectorMetadata(reqs_to_recv=self._recv, reqs_to_release=self._release,
                                        reqs_to_cancel=self._cancel)
         self._recv, self._release, self._cancel = {}, {}, set()
@@ -334,15 +342,13 @@ class KvxferSchedulerConnector:
             return meta
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
             if rid in self._prompt:
-                meta.preempted_req_ids.add(rid)
-                self._blocks[rid] = []
-                self._computed.pop(rid, None)
-                self._handed.pop(rid, None)
-                self._preempted[rid] = self._preempted.get(rid, 0) + 1
+                self._preempt(meta, rid)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             rid = getattr(new, "req_id", None)
             if rid not in self._prompt:
                 continue
+            if rid in self._computed:  # scheduled before, and back from the waiting queue
+                self._preempt(meta, rid)
             if getattr(new, "block_ids", None) is not None:
                 self._blocks[rid] = _block_ids(new.block_ids)
             if rid not in self._computed:
@@ -355,6 +361,8 @@ class KvxferSchedulerConnector:
                 if rid not in self._prompt:
                     continue
                 if rid in resumed:
+                    if rid in self._computed:  # no preempted_req_ids named it
+                        self._preempt(meta, rid)
                     if ids is not None:
                         self._blocks[rid] = _block_ids(ids)
                     if computed:  # its local prefix hit, computed before it resumed
@@ -379,6 +387,16 @@ class KvxferSchedulerConnector:
             meta.reqs_to_send[rid] = SendSpec(prompt, [list(g) for g in self._blocks.get(rid, [])], [(start, end)],
                                               self._xfer_id(rid))
         return meta
+
+    def _preempt(self, meta, rid):
+        """Request rid lost its blocks: the worker cancels its send
+        (meta.preempted_req_ids), and it is handed over again from its
+        first token under a new send id."""
+        meta.preempted_req_ids.add(rid)
+        self._blocks[rid] = []
+        self._computed.pop(rid, None)
+        self._handed.pop(rid, None)
+        self._preempted[rid] = self._preempted.get(rid, 0) + 1
 
     def _xfer_id(self, rid):
         n = self._preempted.get(rid, 0)

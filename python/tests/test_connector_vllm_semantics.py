@@ -316,6 +316,49 @@ def test_decode_request_aborted_before_it_was_scheduled():
         finished(wp, "send", "p1", timeout=5.0, finished_req_ids={"p1"})
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_producer_preempted_outside_schedule(runner):
+    """vLLM's Scheduler.reset_prefix_cache(reset_running_requests=True)
+    preempts every running request outside schedule() (_preempt_request:
+    blocks freed, num_computed_tokens = 0): no preempted_req_ids ever
+    names them. The next step resumes a prefill from its first token into
+    new blocks (V1: in scheduled_cached_reqs.resumed_req_ids with its
+    whole table; Model Runner V2: in scheduled_new_reqs again), while
+    that step's forward writes other requests' KV into its old blocks.
+    The chunk handed before the reset still names the old blocks, unread
+    while no decode side asked: the decode side must get the prompt's KV,
+    not what the old blocks hold once reused."""
+    prompt, rid = 100, "reset-" + runner
+    old, new = [10, 11, 12, 13, 14, 15, 16], [30, 31, 32, 33, 34, 35, 36]
+    torch.manual_seed(24)
+    truth = torch.randn((LAYERS, 2, prompt, 2, 8)).to(torch.bfloat16)
+    with pd_pair(prefill=dict(transfer_timeout_ms=60000), decode=dict(transfer_timeout_ms=60000)) as (sp, sd, wp, p_layers, wd, d_layers):
+        req = prefill_request(rid, prompt)
+        sp.update_state_after_alloc(req, Blocks(old), 0)
+        forward(wp, p_layers, sp.build_connector_meta(sched_out({rid: 64}, new=[(rid, old, 0)])),
+                write_tokens(truth, old, 0, 64))
+        wp.get_finished(set())
+        # reset_prefix_cache: the blocks go back, nothing tells the connector.
+        sp.update_state_after_alloc(req, Blocks(new), 0)
+        if runner == "v1":
+            so = sched_out({rid: prompt}, cached=[(rid, new)], resumed=[rid])
+        else:
+            so = sched_out({rid: prompt}, new=[(rid, new, 0)])
+        meta = sp.build_connector_meta(so)
+        wp.handle_preemptions(meta.preempted_req_ids)  # vLLM: handle_preemptions(kv_connector_metadata)
+        recompute = write_tokens(truth, new, 0, prompt)
+
+        def step(i, layer):  # this step's forward: the prompt again, another request in the old blocks
+            recompute(i, layer)
+            layer[old] = 7.0
+        forward(wp, p_layers, meta, step)
+        keep, params = sp.request_finished(req, new)
+        assert keep and params is not None
+        load_and_check(sd, wd, d_layers, params, truth, prompt, [list(range(1, 8))], rid + "-d")
+        finished(wp, "send", rid, finished_req_ids={rid})
+        assert rid not in wp.failed, wp.failed
+
+
 def test_producer_preempted_while_a_decode_side_reads():
     """A decode side that already receives a prefill vLLM then preempts
     (possible when its params reached it early) must not read the freed
