@@ -67,7 +67,8 @@ FUZZMINIMIZE ?= 60s
 FUZZMINIMIZE_CI ?= 3s
 FUZZ_TARGETS := ./messages:FuzzDecode ./messages:FuzzDecodeSplit ./rdma/ucx:FuzzWorkerAddress \
 	./rdma/ucx:FuzzDecodeMessage ./rdma/ucx:FuzzParseAddress ./rdma/ucx:FuzzParseKey ./rdma/ucx:FuzzRkey \
-	./discovery:FuzzMembersPut ./capi:FuzzParseConfig ./control/zmq:FuzzListenerHandle
+	./discovery:FuzzMembersPut ./capi:FuzzParseConfig ./control/zmq:FuzzListenerHandle \
+	./actors:FuzzResolveRequest
 # Targets whose inputs are whole files (a trace: tens of KiB, ~1 ms an
 # execution), or whose every input is decoded at each of its prefixes
 # (an etcd record): CI gives them a smaller count.

@@ -368,10 +368,14 @@ func planGroup(self Topology, hello *messages.Hello, link kvcache.PeerLink, ctxS
 	}
 	var dst *kvcache.KVMemory
 	if peerMem != nil {
-		dst = kvMemory(peerMem, hello.Region.Len)
-		if err := dst.Validate(); err != nil {
+		// Checked against this rank's memory and layout before
+		// NewMemoryPlan validates it: Validate's work grows with the
+		// descriptor's tokens, heads and elements, which this layout
+		// then bounds, not the peer.
+		if err := peerMemoryFits(self.Layout, src, peerMem); err != nil {
 			return nil, fmt.Errorf("receiver %s group %d: %w", hello.From, g, err)
 		}
+		dst = kvMemory(peerMem, hello.Region.Len)
 	} else if dst, err = kvcache.PoolMemory(self.Layout, genShape, g, dstGeom); err != nil {
 		return nil, err
 	}
@@ -380,4 +384,32 @@ func planGroup(self Topology, hello *messages.Hello, link kvcache.PeerLink, ctxS
 		return nil, fmt.Errorf("receiver %s group %d: %w", hello.From, g, err)
 	}
 	return plan, err
+}
+
+// peerMemoryFits checks a receiver's descriptor against this rank's memory
+// src of the same group and layout l, on the fields that size the work of
+// validating it: the same tokens per block, head width, element size and
+// parts as src, and heads that are l's. Errors wrap kvcache.ErrBadMemory
+// and name the value.
+func peerMemoryFits(l kvcache.Layout, src *kvcache.KVMemory, m *messages.KVMemory) error {
+	kind := kvcache.MemoryKind(m.Kind)
+	for _, f := range []struct {
+		what      string
+		peer, own int
+	}{
+		{"tokens per block", int(m.TokensPerBlock), src.TokensPerBlock},
+		{"head dim", int(m.HeadDim), src.HeadDim},
+		{"element bytes", int(m.ElemBytes), src.ElemBytes},
+		{"parts", int(m.Parts), src.Parts},
+	} {
+		if f.peer != f.own {
+			return fmt.Errorf("%w: the receiver's %v memory has %s %d, this rank's %d: both sides must describe the layout of model %q",
+				kvcache.ErrBadMemory, kind, f.what, f.peer, f.own, modelName(l))
+		}
+	}
+	if lo, n := int(m.HeadLo), int(m.Heads); lo < 0 || n < 1 || lo+n > l.KVHeads {
+		return fmt.Errorf("%w: the receiver's %v memory holds heads [%d,%d), outside the model's KV heads [0,%d): a rank's memory holds heads of its model only",
+			kvcache.ErrBadMemory, kind, lo, lo+n, l.KVHeads)
+	}
+	return nil
 }
