@@ -102,6 +102,7 @@ func New(opts ...Option) (*Agent, error) {
 		<-a.w.stopped
 		return nil, fmt.Errorf("ucx: new agent: %w", err)
 	}
+	addLocalAgent(a.id)
 	return a, nil
 }
 
@@ -368,6 +369,7 @@ func (a *Agent) Close() error {
 		}
 		// The worker unmapped what they fill: they end at once.
 		a.prefaults.Wait()
+		removeLocalAgent(a.id)
 	})
 	return a.closeErr
 }

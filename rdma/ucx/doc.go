@@ -103,8 +103,11 @@
 // the packed rkey against UCX 1.13's format and what the owner's worker
 // address says of its memory domains, and the shared-memory segment it
 // names (sysv, posix: what a put on one host copies into) against the
-// kernel's object, which must be there and hold [base, base+len); a key
-// that fails is refused with rdma.ErrBadKey. UCX would crash the writer
+// kernel's object, which must be there and hold [base, base+len) and,
+// when the owner is an agent of another process, must not be this
+// process's own (a sysv segment it created, a posix file it holds open:
+// its pool, or the FIFO segments of UCX's own worker); a key that fails
+// is refused with rdma.ErrBadKey. UCX would crash the writer
 // on either: its unpack's error path dereferences NULL, and its
 // shared-memory puts copy without bounds. Deregister revokes the registration
 // at every linked peer and waits for each to answer: a peer with batches in

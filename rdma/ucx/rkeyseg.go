@@ -5,6 +5,8 @@ package ucx
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -68,6 +70,104 @@ func (pk packedRkey) probeSegments() (bounds []segBound, release func(), err err
 		bounds = append(bounds, segBound{s, size})
 	}
 	return bounds, release, nil
+}
+
+// localAgents are the ids of this process's agents, from New to Close:
+// only their keys may name a segment of this process's own (notOwn).
+var localAgents struct {
+	sync.Mutex
+	ids map[agentID]struct{}
+}
+
+func addLocalAgent(id agentID) {
+	localAgents.Lock()
+	defer localAgents.Unlock()
+	if localAgents.ids == nil {
+		localAgents.ids = make(map[agentID]struct{})
+	}
+	localAgents.ids[id] = struct{}{}
+}
+
+func removeLocalAgent(id agentID) {
+	localAgents.Lock()
+	defer localAgents.Unlock()
+	delete(localAgents.ids, id)
+}
+
+func isLocalAgent(id agentID) bool {
+	localAgents.Lock()
+	defer localAgents.Unlock()
+	_, ok := localAgents.ids[id]
+	return ok
+}
+
+// notOwn refuses the key of a peer outside this process whose packed
+// rkey names a shared-memory segment of this process's own: its sysv
+// shmid and the /proc/PID/fd/FD of its posix files are known to every
+// process of the user, and the writer would map that segment and copy
+// its write into its own memory (its pool, another request's pages, or
+// the FIFO segments of UCX's own worker, whose corruption crashes it).
+// Own means, for sysv, a segment this process created (shmctl's creator
+// pid; probeSegments holds an attachment, so it is still the segment UCX
+// attaches); for posix, a file this process holds open, as it holds its
+// UCX segments in procfs mode (UCX's default), whatever path names it
+// (/proc/PID/fd/FD of this process, or of another that opened the file
+// through it). Not seen: a posix segment of this process made with
+// UCX_POSIX_USE_PROC_LINK=n, whose file it maps but does not hold open.
+// Call it after probeSegments succeeded. Errors wrap rdma.ErrBadKey and
+// errBadRkey.
+func (pk packedRkey) notOwn() error {
+	for _, s := range pk.segments() {
+		switch s.kind {
+		case mdSysv:
+			var ds unix.SysvShmDesc
+			if _, err := unix.SysvShmCtl(int(s.shmid), unix.IPC_STAT, &ds); err != nil {
+				return s.refuse("shmctl: %v", err)
+			}
+			if int(ds.Cpid) == os.Getpid() {
+				return s.ownRefusal(fmt.Sprintf("created by this process (pid %d)", ds.Cpid))
+			}
+		case mdPosix:
+			var st unix.Stat_t
+			if err := unix.Stat(s.path, &st); err != nil {
+				return s.refuse("stat: %v", err)
+			}
+			fd, err := heldOpen(st.Dev, st.Ino)
+			if err != nil {
+				return s.refuse("cannot tell whether its file is this process's own: %v", err)
+			}
+			if fd >= 0 {
+				return s.ownRefusal(fmt.Sprintf("its file is open in this process (fd %d)", fd))
+			}
+		}
+	}
+	return nil
+}
+
+func (s *shmSegment) ownRefusal(why string) error {
+	return fmt.Errorf("%w: %w: %s is this process's own memory, %s: refused, as the key comes from an agent in another process (a put copies into the segment the key names; only an agent of this process may hand out keys to its segments)", rdma.ErrBadKey, errBadRkey, s, why)
+}
+
+// heldOpen is an fd of this process open on the regular file dev/ino, or
+// -1.
+func heldOpen(dev, ino uint64) (int, error) {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return -1, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return -1, err
+	}
+	for _, n := range names {
+		var st unix.Stat_t
+		if unix.Fstatat(int(d.Fd()), n, &st, 0) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Dev == dev && st.Ino == ino {
+			fd, _ := strconv.Atoi(n)
+			return fd, nil
+		}
+	}
+	return -1, nil
 }
 
 // rkeyChecks turns checkPackedRkey and the segment probe on the agent's

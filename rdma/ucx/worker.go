@@ -795,6 +795,9 @@ func (w *worker) unpack(u *uep, k *remoteKey) (*unpackedRkey, error) {
 		if err == nil {
 			err = within(ur.bounds, k.base, k.len)
 		}
+		if err == nil && !isLocalAgent(u.link.peer) {
+			err = k.parsed.notOwn()
+		}
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("%s: registration %d: %w", u.name, k.reg, err)
