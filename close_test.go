@@ -244,3 +244,81 @@ func TestBlockConcurrentWithClose(t *testing.T) {
 		t.Fatalf("Block after Close: %d bytes, want nil", len(b))
 	}
 }
+
+// TestCloseAtReleasedFindsTheSessionGone: a caller woken by a failed
+// receive's Released (the C ABI posts the request's event then) that
+// closes the engine at once, with no time left, finds nothing live: the
+// receive's session stopped before Released said so. The framework owns
+// the blocks and allocates from the pool meanwhile, as a serving process
+// does. (Checked to fail with the session saying Released before it told
+// its parent it stopped: the close reported "1 sessions still draining:
+// [rx:owned]" in 10 rounds of 10.)
+func TestCloseAtReleasedFindsTheSessionGone(t *testing.T) {
+	l := smallLayout()
+	counts := make([]int, len(l.Groups))
+	for g, grp := range l.Groups {
+		first, end := kvcache.NeededRange(64, grp.Window, l.TokensPerBlock, 0)
+		counts[g] = end - first
+	}
+	for round := range 10 {
+		link := control.NewMemLink()
+		start := func(inst string, poolBytes uint64) *kvxfer.Engine {
+			e, err := kvxfer.Start(context.Background(), kvxfer.Config{Instance: inst, Layout: &l, PoolBytes: poolBytes, Workers: 1,
+				Link: link, TransferTimeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		ce, ge := start("ctx", 1<<20), start("gen", 128<<20)
+		own, err := ge.Pools().Alloc(counts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rx, err := ge.Receive(context.Background(), kvxfer.ReceiveRequest{ID: "owned", PromptLen: 64, Context: "ctx", Blocks: own})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The framework takes and gives back every free block meanwhile.
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				free := make([]int, len(counts))
+				for g, s := range ge.Pools().Stats() {
+					free[g] = s.Free
+				}
+				if ids, err := ge.Pools().Alloc(free); err == nil {
+					_ = ge.Pools().Free(ids)
+				}
+			}
+		})
+		// The context rank has the request from its RequestData (no Send):
+		// it answers the Cancel, the proof that releases the blocks.
+		rx.Cancel()
+		if o := waitOutcome(t, rx.Done()); o.Status != kvxfer.StatusCancelled {
+			t.Fatalf("round %d: %s %v, want CANCELLED", round, o.Status, o.Err)
+		}
+		select {
+		case <-rx.Released():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: not Released within 10 s of the CancelAck", round)
+		}
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		err = ge.Close(ended)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("round %d: Close with no time left, at the only request's Released: %v, want nil (nothing live)", round, err)
+		}
+		if err := ce.Close(context.Background()); err != nil {
+			t.Fatalf("round %d: context rank close: %v", round, err)
+		}
+	}
+}

@@ -824,6 +824,15 @@ func (p *rxParent) Receive(ctx actor.Context) {
 		}
 		if m.inDoubt {
 			p.inDoubt = append(p.inDoubt, m.request)
+		} else if h := p.handles[m.request]; h != nil {
+			// No write can touch its blocks any more (every writer
+			// quiescent, or it holds none): Released is said here, as the
+			// context side's Done is, not by the session before this
+			// message left it. A caller it wakes finds the session gone
+			// (a Close with no time left drains: the C ABI's close after
+			// the request's event), and a Close that drains finds it said.
+			h.release()
+			p.env.pools.settleOver() // the framework's blocks lent to it, if any (Pools.lend)
 		}
 		delete(p.sessions.pids, m.request)
 		delete(p.handles, m.request)

@@ -208,18 +208,13 @@ func (k *rxKind) effect(a *shell[*RxSession], ctx actor.Context, eff Effect, _ t
 		a.stopTimers()
 		// Every writer is quiescent, or the request holds no destination
 		// block (each one a prefix hit): no write can touch its blocks,
-		// which may be reused. A session abandoned at Close with writers
-		// unproven keeps its blocks quarantined: the handle never says
-		// Released, and Close reports the request (inDoubt).
+		// which may be reused, and the parent says Released as it takes
+		// this (before, the session said it first, and a caller it woke
+		// could close the engine before the parent knew the session had
+		// stopped). A session abandoned at Close with writers unproven
+		// keeps its blocks quarantined: the handle never says Released,
+		// and Close reports the request (inDoubt).
 		quiet := k.s.WritersQuiescent()
-		if quiet || !k.s.HoldsBlocks() {
-			a.handle.release()
-			if k.s.Config().CallerOwned {
-				// The framework's blocks that were free in the pool go
-				// back on its free lists (Pools.lend).
-				a.env.pools.settleOver()
-			}
-		}
 		ctx.Send(ctx.Parent(), &sessionStopped{request: k.request(), session: ctx.Self(), inDoubt: !quiet && k.s.HoldsBlocks()})
 		ctx.Stop(ctx.Self())
 	}
