@@ -235,7 +235,8 @@ typedef struct kvxfer_engine_stats_ext {
 
 /* The context side of a request (kvxfer_send). Strings are copied. */
 typedef struct kvxfer_send_request {
-    const char *id;              /* 1 to 256 bytes of UTF-8, else KVXFER_ERR_BAD_REQUEST naming it */
+    const char *id;              /* 1 to 256 bytes of UTF-8, else KVXFER_ERR_BAD_REQUEST naming it (no
+                                  * more than 257 bytes are read: an id with no NUL in them is refused) */
     int32_t prompt_len;
     int32_t timeout_ms;          /* 0: the engine's transfer timeout; negative: KVXFER_ERR_INVALID_ARGUMENT */
     const void *payload;         /* handed to the generation side on READY; may be NULL */

@@ -9,6 +9,7 @@ package main
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../include -DKVXFER_TYPES_ONLY
 #include <stdlib.h>
+#include <string.h>
 #include "kvxfer.h"
 
 void kvxfer_set_error(const char *msg, size_t n);
@@ -28,6 +29,7 @@ import (
 
 	"github.com/kvxfer/kvxfer"
 	"github.com/kvxfer/kvxfer/capi"
+	"github.com/kvxfer/kvxfer/internal/quote"
 	"github.com/kvxfer/kvxfer/kvcache"
 	"github.com/kvxfer/kvxfer/messages"
 )
@@ -526,6 +528,27 @@ func invalid(format string, args ...any) error {
 	return &capi.Error{Code: capi.ErrInvalidArgument, Err: fmt.Errorf(format, args...)}
 }
 
+// requestID is the request id at p (fn's req->id, not NULL), read up to
+// its NUL but never past messages.MaxRequestIDLen+1 bytes, the longest id
+// and its NUL: an id with no NUL in them is refused (kvxfer.h: 1 to 256
+// bytes, else KVXFER_ERR_BAD_REQUEST naming it) with no byte past them
+// read. C.GoString reads up to the first NUL wherever it is: past the end
+// of the caller's buffer, to a fault where that ends at an unmapped page.
+func requestID(fn string, p *C.char) (string, error) {
+	n := int(C.strnlen(p, messages.MaxRequestIDLen+1))
+	s := C.GoStringN(p, C.int(n))
+	if n <= messages.MaxRequestIDLen {
+		return s, nil
+	}
+	k := quote.Max // its first bytes, cut before a character
+	for k > 0 && !utf8.RuneStart(s[k]) {
+		k--
+	}
+	return "", &capi.Error{Code: capi.ErrBadRequest, Err: fmt.Errorf(
+		"%s: req->id %q… is longer than %d bytes (no NUL in its first %d): give an id of 1 to %d bytes, NUL-terminated",
+		fn, s[:k], messages.MaxRequestIDLen, n, messages.MaxRequestIDLen)}
+}
+
 // requestTimeout is a request's timeout_ms: 0 is the engine's transfer
 // timeout, a negative one is refused.
 func requestTimeout(fn string, ms C.int32_t) (time.Duration, error) {
@@ -594,7 +617,11 @@ func send(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_send_request, genTP, ge
 	if err != nil {
 		return fail(err)
 	}
-	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
+	id, err := requestID(fn, req.id)
+	if err != nil {
+		return fail(err)
+	}
+	sr := capi.SendRequest{SendRequest: kvxfer.SendRequest{ID: id, PromptLen: int(req.prompt_len),
 		Timeout: timeout, GenerationParallel: gp}, UserData: uint64(req.user_data)}
 	payload, err := cArray[byte](fn, argName{arg: "req->payload"}, addrAt(&req.payload), uint32(req.payload_len))
 	if err != nil {
@@ -746,7 +773,11 @@ func receive(fn string, eh C.kvxfer_engine_t, req *C.kvxfer_receive_request, sta
 	if err := groupCount(fn, req.groups); err != nil {
 		return fail(err)
 	}
-	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: C.GoString(req.id), PromptLen: int(req.prompt_len),
+	id, err := requestID(fn, req.id)
+	if err != nil {
+		return fail(err)
+	}
+	rr := capi.ReceiveRequest{ReceiveRequest: kvxfer.ReceiveRequest{ID: id, PromptLen: int(req.prompt_len),
 		Context: C.GoString(req.context), ContextParallel: kvcache.Parallel{TP: int(req.context_tp), PP: int(req.context_pp)},
 		Timeout: timeout}, UserData: uint64(req.user_data)}
 	if stages != nil {

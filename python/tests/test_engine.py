@@ -320,8 +320,8 @@ def test_unsigned_and_string_arguments_are_refused_not_cut(pair):
 def test_requests_refused_at_the_call(pair):
     """A negative timeout (0 is the engine's), a negative parallelism, a
     payload past 65536 bytes are refused by the library naming the value;
-    a 5000-character id is named by its start and length, and the reason
-    still fits the message."""
+    a 5000-character id is named by its start and the 256-byte bound (the
+    library reads no more of it), and the reason still fits the message."""
     ctx, gen = pair
     before = kvxfer.handle_count()
     for call, status, needles in [
@@ -330,8 +330,9 @@ def test_requests_refused_at_the_call(pair):
          ["timeout_ms = -100000"]),
         (lambda: gen.receive("neg", 32, ctx.instance, context_tp=-1), Status.INVALID_ARGUMENT, ["context_tp = -1"]),
         (lambda: ctx.send("big", 32, payload=bytes(65537)), Status.INVALID_ARGUMENT, ["65537", "65536"]),
-        (lambda: ctx.send("x" * 5000, 32), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
-        (lambda: gen.receive("y" * 5000, 32, ctx.instance), Status.BAD_REQUEST, ["(5000 bytes)", "id length 5000"]),
+        (lambda: ctx.send("x" * 5000, 32), Status.BAD_REQUEST, ['req->id "xxxx', "longer than 256 bytes"]),
+        (lambda: gen.receive("y" * 5000, 32, ctx.instance), Status.BAD_REQUEST,
+         ['req->id "yyyy', "longer than 256 bytes"]),
     ]:
         with pytest.raises(KvxferError) as e:
             call()

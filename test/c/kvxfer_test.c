@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvxfer.h"
 
@@ -248,10 +250,57 @@ static void test_refused_requests(kvxfer_engine_t p, kvxfer_engine_t d) {
     id[5000] = 0;
     CHECK(kvxfer_send(p, &(kvxfer_send_request){.id = id, .prompt_len = 32}, &r) == KVXFER_ERR_BAD_REQUEST, "long id");
     const char *msg = kvxfer_last_error();
-    CHECK(strlen(msg) < 300 && strstr(msg, "(5000 bytes)") && strstr(msg, "id length 5000"),
+    /* Read no further than the longest id and its NUL (test_id_without_nul):
+     * named by its first 64 bytes and the bound. */
+    CHECK(strlen(msg) < 300 && strstr(msg, "req->id \"xxxx") && strstr(msg, "longer than 256 bytes"),
           "a long id is shown clipped, the reason kept (%zu bytes): %.300s", strlen(msg), msg);
     CHECK(r == 0 && kvxfer_handle_count() == handles, "a refused request left a handle");
     printf("ok   refused requests: payload, negative timeouts and parallelism, a long id named\n");
+}
+
+/* A request id is 1 to 256 bytes (kvxfer.h): the library reads at most
+ * 257 bytes of one, the longest id and its NUL. An id with no NUL in them
+ * is refused naming it, and no byte past them is read: each id below ends
+ * at a page that is not mapped. The library read an id up to its first
+ * NUL wherever that was (strlen), past the end of the caller's buffer, and
+ * an id with no NUL before the unmapped page crashed the process. An id of
+ * 256 bytes, its NUL the page's last byte, is taken. */
+static void test_id_without_nul(void) {
+    uint64_t handles = kvxfer_handle_count();
+    kvxfer_engine_t p = open_engine("c-nul-prefill", NULL, 1 << 20);
+    kvxfer_engine_t d = open_engine("c-nul-decode", NULL, 1 << 20);
+    long page = sysconf(_SC_PAGESIZE);
+    char *m = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED, "mmap of two pages");
+    CHECK(mprotect(m + page, page, PROT_NONE) == 0, "mprotect of the second page");
+    char *id = m + page - 257; /* 257 bytes, no NUL, then the unmapped page */
+    memset(id, 'a', 257);
+    kvxfer_request_t r = 0;
+    CHECK(kvxfer_send(p, &(kvxfer_send_request){.id = id, .prompt_len = 32}, &r) == KVXFER_ERR_BAD_REQUEST,
+          "send of an id with no NUL in 257 bytes");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_send: req->id \"aaaa") && strstr(kvxfer_last_error(), "longer than 256 bytes"),
+          "message names the id and the bound: %s", kvxfer_last_error());
+    CHECK(kvxfer_receive(d, &(kvxfer_receive_request){.id = id, .prompt_len = 32, .context = "c-nul-prefill"}, &r) ==
+              KVXFER_ERR_BAD_REQUEST,
+          "receive of an id with no NUL in 257 bytes");
+    CHECK(strstr(kvxfer_last_error(), "kvxfer_receive: req->id") && strstr(kvxfer_last_error(), "longer than 256 bytes"),
+          "message names the call, the id and the bound: %s", kvxfer_last_error());
+    CHECK(r == 0 && kvxfer_handle_count() == handles + 2, "a refused request left a handle");
+    id[256] = 0; /* 256 bytes and the NUL, the page's last byte */
+    kvxfer_request_t tx = 0, rx = 0;
+    OK(kvxfer_send(p, &(kvxfer_send_request){.id = id, .prompt_len = 32}, &tx));
+    OK(kvxfer_receive(d, &(kvxfer_receive_request){.id = id, .prompt_len = 32, .context = "c-nul-nobody"}, &rx));
+    OK(kvxfer_cancel(tx));
+    OK(kvxfer_cancel(rx));
+    CHECK(wait_event(p, tx).outcome == KVXFER_OUTCOME_CANCELLED, "a 256-byte id's send not cancelled");
+    CHECK(wait_event(d, rx).outcome == KVXFER_OUTCOME_CANCELLED, "a 256-byte id's receive not cancelled");
+    OK(kvxfer_request_release(tx));
+    OK(kvxfer_request_release(rx));
+    OK(kvxfer_engine_close(p, 5000));
+    OK(kvxfer_engine_close(d, 5000));
+    CHECK(munmap(m, 2 * page) == 0, "munmap");
+    CHECK(kvxfer_handle_count() == handles, "handles left: %llu", (unsigned long long)kvxfer_handle_count());
+    printf("ok   an id with no NUL in its first 257 bytes refused, nothing past them read\n");
 }
 
 /* A transfer from caller-owned pool memory to an engine-allocated pool,
@@ -1190,6 +1239,7 @@ static void test_stats(void) {
 
 int main(void) {
     test_bad_input();
+    test_id_without_nul();
     test_transfer();
     test_layer_parts();
     test_layer_parts_cuda();
