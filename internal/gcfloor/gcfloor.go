@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvxfer/kvxfer/internal/config"
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 	"github.com/kvxfer/kvxfer/internal/quote"
 )
 
@@ -67,6 +68,13 @@ func FromEnv() (uint64, error) {
 		n, err := config.ParseSize(v)
 		if err != nil {
 			return 0, fmt.Errorf("%s=%s: want a size such as 64MiB, or off: %w", Env, quote.String(v), quote.In(err, v))
+		}
+		// Warm makes the floor's heap resident at once: a floor past the
+		// memory available ended the process out of memory as it opened
+		// its first engine, naming nothing.
+		if avail, ok := meminfo.Available(); ok && n > avail {
+			return 0, fmt.Errorf("%s=%s: more than the %.1fGiB of memory available (MemAvailable), which the floor's heap is made resident from: want a size such as 64MiB, or off",
+				Env, quote.String(v), float64(avail)/(1<<30))
 		}
 		if _, gogc := os.LookupEnv("GOGC"); gogc {
 			return 0, nil

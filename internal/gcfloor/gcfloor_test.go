@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/internal/meminfo"
 )
 
 func TestPercent(t *testing.T) {
@@ -48,6 +50,14 @@ func TestFromEnv(t *testing.T) {
 	t.Setenv(Env, "64 elephants")
 	if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), `KVXFER_GC_FLOOR="64 elephants"`) {
 		t.Fatalf("bad value: err %v, want it named", err)
+	}
+	// Past the memory available: named, not set (Warm would make it
+	// resident and the process end out of memory, naming nothing).
+	if _, ok := meminfo.Available(); ok {
+		t.Setenv(Env, "100000GiB")
+		if _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), `KVXFER_GC_FLOOR="100000GiB": more than the `) {
+			t.Fatalf("a floor past the memory available: err %v, want it named", err)
+		}
 	}
 	t.Setenv(Env, "off")
 	if n, err := FromEnv(); n != 0 || err != nil {
