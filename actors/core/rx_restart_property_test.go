@@ -23,7 +23,6 @@ type rrWriter struct {
 	copyTo    uint64                   // the sending copy's address
 	mustLeave bool                     // a Misaddressed about the sending copy was delivered
 	dropped   []*messages.Misaddressed // answers of incarnations that dropped a copy
-	dead      []uint64
 	exact     bool
 }
 
