@@ -333,11 +333,11 @@ func TestEtcdRotatedCANamedInError(t *testing.T) {
 	}
 }
 
-// TestEtcdThatAnswersNothingNamed: an etcd that accepts connections and
-// answers nothing (a stopped process: SIGSTOP, or a wedged one) is named
-// as such, not only "context deadline exceeded" (a review). (Checked to
-// fail without the silent-endpoint case in diagnose.)
-func TestEtcdThatAnswersNothingNamed(t *testing.T) {
+// silentListener is the address of a TCP listener that accepts
+// connections and never reads or writes them (a stopped etcd), closed with
+// them when the test ends.
+func silentListener(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -355,15 +355,23 @@ func TestEtcdThatAnswersNothingNamed(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
 		for _, c := range held {
 			c.Close()
 		}
 		mu.Unlock()
-	}()
-	addr := ln.Addr().String()
+	})
+	return ln.Addr().String()
+}
+
+// TestEtcdThatAnswersNothingNamed: an etcd that accepts connections and
+// answers nothing (a stopped process: SIGSTOP, or a wedged one) is named
+// as such, not only "context deadline exceeded" (a review). (Checked to
+// fail without the silent-endpoint case in diagnose.)
+func TestEtcdThatAnswersNothingNamed(t *testing.T) {
+	addr := silentListener(t)
 	openFails(t, "etcd://"+addr, clusterName(t), []Option{WithDialTimeout(time.Second)},
 		"etcd at "+addr+" accepts connections but answers nothing")
 }
@@ -376,36 +384,12 @@ func TestEtcdThatAnswersNothingNamed(t *testing.T) {
 // minute) on. It must end with ctx, and the registry's client must still
 // outlive ctx once made (the other tests).
 func TestEtcdOpenEndsWithItsContextWhenAuthenticating(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // kept open, never read or written
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
+	addr := silentListener(t)
 	ctx := ctxFor(t, 200*time.Millisecond)
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		r, err := Open(ctx, "etcd://"+ln.Addr().String(), clusterName(t), nil, WithAuth("u", "p"), WithDialTimeout(time.Minute))
+		r, err := Open(ctx, "etcd://"+addr, clusterName(t), nil, WithAuth("u", "p"), WithDialTimeout(time.Minute))
 		if err == nil {
 			_ = r.Close()
 		}
