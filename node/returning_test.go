@@ -257,11 +257,24 @@ func TestDownOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
 // application heard OnPeerGoodbye with the reason and OnPeerDown, in
 // both.)
 func TestGoodbyeOfAReplacedIncarnationSparesItsSuccessor(t *testing.T) {
-	t.Run("HelloBeforeTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, false) })
-	t.Run("NewKeyAfterTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, true) })
+	t.Run("HelloBeforeTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, false, false) })
+	t.Run("NewKeyAfterTheDown", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, true, false) })
+	// Requests of the first incarnation first: every worker of gen/0 then
+	// holds a control connection to ctx/0's first endpoint, which the
+	// Down of the first incarnation, coming after the second's Hello,
+	// leaves open (the engine keeps its workers' connections when a later
+	// incarnation said Hello). The second incarnation listens elsewhere:
+	// before, those connections never followed it, and the request to it
+	// timed out ("RequestData never reached writer ctx/0": checked to
+	// fail without zmq's Conn.followEndpointLocked).
+	t.Run("HelloBeforeTheDownAfterRequests", func(t *testing.T) { goodbyeOfAReplacedIncarnation(t, false, true) })
 }
 
-func goodbyeOfAReplacedIncarnation(t *testing.T, newKey bool) {
+// goodbyeOfAReplacedIncarnation: newKey, ctx/0's second incarnation
+// comes with another key after the first one's Down (else with the same
+// key, its Hello before that Down); talked, requests of the first
+// incarnation ran before it was replaced.
+func goodbyeOfAReplacedIncarnation(t *testing.T, newKey, talked bool) {
 	url, cluster, dir := etcdURL(t), clusterName("node-replaced-bye"), t.TempDir()
 	gk, ck := newKeys(t), newKeys(t)
 	gc := etcdNode(t, url, cluster, dir, "gen", node.Peer{Instance: "ctx"})
@@ -292,6 +305,16 @@ func goodbyeOfAReplacedIncarnation(t *testing.T, newKey bool) {
 	defer cancel()
 	if err := genN.WaitPeers(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// As many requests as workers, at least: WorkerFor spreads requests
+	// over the workers.
+	for i := 0; talked && i < 8; i++ {
+		id := fmt.Sprintf("first-%d", i)
+		rx, err := genN.Receive(ctx, kvxfer.ReceiveRequest{ID: id, PromptLen: 32, Context: "ctx"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendAndVerify(t, ctx1, genN, rx, id, "a request of ctx/0's first incarnation")
 	}
 	down1 := discovery.Event{Kind: discovery.EventDown, Instance: "ctx", Incarnation: inc1, Reason: discovery.ReasonLeft}
 	k2 := ck

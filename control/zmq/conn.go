@@ -63,6 +63,11 @@ type Conn struct {
 	// made: a failed sock is made again when either changes
 	// (redialLocked).
 	peerConns, redials uint64
+	// endpoint is where sock is dialled, and moves the peer entry's count
+	// of endpoint changes when it was read (peerInfo.moves): when the
+	// entry's differs, the endpoint is read again (followEndpointLocked).
+	endpoint string
+	moves    uint64
 }
 
 // connWatchedEvents are the socket-monitor events a Conn's socket reports
@@ -141,6 +146,9 @@ func (c *Conn) Send(f messages.Frame) error {
 	}
 	if c.info.removed.Load() {
 		c.followLocked()
+	}
+	if c.info.moves.Load() != c.moves {
+		c.followEndpointLocked()
 	}
 	// The peer's listener would drop a frame past the limit its Hello
 	// said (oversize), and every frame of ours after a Hello of ours past
@@ -240,6 +248,52 @@ func (c *Conn) followLocked() {
 	if cur != nil && cur != c.info {
 		c.info = cur
 		c.helloSent = false
+		c.moves = ^cur.moves.Load() // its endpoint is compared before the frame
+	}
+}
+
+// followEndpointLocked dials c's peer at its directory endpoint when it is
+// not the one c's socket was dialled to (AddPeer moved the peer: its next
+// incarnation listens elsewhere). Kept on the old endpoint, c never
+// connected again — over ipc a socket file nobody listens on, over tcp an
+// address gone — and every frame of it waited in a queue that never
+// drained: a worker that had talked to the peer's previous incarnation
+// could not reach the next one when its Hello came before the previous
+// one's Down (the engine keeps its connections then), and every request
+// timed out with "RequestData never reached writer". The backlog goes on
+// the new socket, in order, after a Hello; the old socket closes with
+// Close's linger for what it queued. Callers hold c.mu.
+func (c *Conn) followEndpointLocked() {
+	c.l.mu.Lock()
+	endpoint, serverKey, redials, moves := c.info.endpoint, c.info.serverKey, c.info.redials, c.info.moves.Load()
+	c.l.mu.Unlock()
+	c.moves = moves
+	if endpoint == "" || endpoint == c.endpoint || c.l.closing.Load() {
+		return
+	}
+	old, oldMon, was := c.sock, c.mon, c.endpoint
+	if err := c.dialLocked(endpoint, serverKey, redials); err != nil {
+		c.l.warn(c.peer.String(), "move").Err(err).Stringer("peer", c.peer).Str("endpoint", endpoint).
+			Msg("control/zmq: cannot dial a peer at its new endpoint: this connection stays on the old one until the next change")
+		return
+	}
+	c.l.log.Debug().Stringer("peer", c.peer).Str("from", was).Str("endpoint", endpoint).
+		Msg("control/zmq: the peer moved: connection dialled at its new endpoint")
+	if old != nil {
+		_ = old.Monitor("", 0)
+		// What it queued is for the endpoint left (the previous
+		// incarnation, if it still listens there): it gets Close's
+		// linger to leave, as a Conn's Close gives it.
+		_ = old.SetLinger(closeLinger)
+		_ = old.Close()
+	}
+	closeSocket(oldMon)
+	// The new connection has heard no Hello of ours.
+	if len(c.backlog) > 0 {
+		c.backlog = append([]pending{{b: c.l.selfHello}}, c.backlog...)
+		c.helloInc, c.helloSent = c.info.incarnation.Load(), true
+	} else {
+		c.helloSent = false
 	}
 }
 
@@ -276,7 +330,7 @@ func (c *Conn) dialLocked(endpoint, serverKey string, redials uint64) error {
 		closeSocket(mon) // newDealer closed sock, and its monitor with it
 		return err
 	}
-	c.sock, c.mon, c.failed, c.peerConns, c.redials = sock, mon, CauseNone, peerConns, redials
+	c.sock, c.mon, c.failed, c.peerConns, c.redials, c.endpoint = sock, mon, CauseNone, peerConns, redials, endpoint
 	return nil
 }
 
@@ -377,6 +431,9 @@ func (c *Conn) flush() {
 			err := c.trySendLocked(c.backlog[0].b, "backlog")
 			if isAgain(err) {
 				c.redialLocked() // a socket refused for good
+				if c.info.moves.Load() != c.moves {
+					c.followEndpointLocked() // the peer moved
+				}
 				break
 			}
 			if err != nil {

@@ -160,6 +160,10 @@ type peerInfo struct {
 	// directory's forgetting); a Conn dialled with it then follows the
 	// name's entry made since, if any (Conn.followLocked).
 	removed atomic.Bool
+	// moves counts the changes of endpoint (AddPeer of another one): a
+	// Conn dialled before dials the new endpoint before its next frame
+	// (Conn.followEndpointLocked).
+	moves atomic.Uint64
 }
 
 var _ control.Link = (*Link)(nil)
@@ -237,7 +241,10 @@ func (l *Link) AddPeer(id messages.PeerID, endpoint string) error {
 	if l.closed {
 		return fmt.Errorf("%w: add peer %s", control.ErrClosed, id)
 	}
-	l.peerLocked(id).endpoint = endpoint
+	if info := l.peerLocked(id); info.endpoint != endpoint {
+		info.endpoint = endpoint
+		info.moves.Add(1)
+	}
 	l.readdLocked(id)
 	return nil
 }
@@ -557,7 +564,7 @@ func (l *Link) Dial(peer messages.PeerID) (control.Conn, error) {
 	l.refs++
 	l.mu.Unlock()
 
-	c := &Conn{l: l, peer: peer, info: info, helloInc: info.incarnation.Load(), stop: make(chan struct{})}
+	c := &Conn{l: l, peer: peer, info: info, helloInc: info.incarnation.Load(), stop: make(chan struct{}), moves: info.moves.Load()}
 	if err := c.dialLocked(endpoint, serverKey, redials); err != nil { // c is not shared yet
 		l.release()
 		return nil, err
