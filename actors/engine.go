@@ -108,6 +108,9 @@ type Engine struct {
 	// writesOver: Close drained every write this engine started
 	// (WritesOver), set before Close returns.
 	writesOver atomic.Bool
+	// warmed are the peers whose connections the workers were told to
+	// dial (warm), until the peer's Down closes them.
+	warmed sync.Map
 	// slots are the workers' slots (for tests), set before StartEngine
 	// returns.
 	slots []*workerSlot
@@ -647,6 +650,7 @@ func (e *Engine) PeerIncarnationDown(peer messages.PeerID, inc uint64, why strin
 			return
 		}
 	}
+	e.warmed.Delete(peer)
 	for i := range e.env.workers {
 		if w := e.env.opWorker(i); w != nil {
 			e.sys.Root.Send(w, workerPeerDown{peer: peer})
@@ -664,6 +668,21 @@ func (e *Engine) HeartbeatMissed(peer messages.PeerID) { e.env.meters.peerDown(p
 func (e *Engine) PeerAlive(peer messages.PeerID) {
 	e.sys.Root.Send(e.tx, &peerAlive{peer: peer})
 	e.sys.Root.Send(e.rx, &peerAlive{peer: peer})
+	e.warm(peer)
+}
+
+// warm has every worker dial its control connection to peer the first
+// time the peer is heard, and the first time again after a Down closed
+// them (workerWarm): a request's first frame then finds it up.
+func (e *Engine) warm(peer messages.PeerID) {
+	if _, done := e.warmed.LoadOrStore(peer, struct{}{}); done {
+		return
+	}
+	for i := range e.env.workers {
+		if w := e.env.opWorker(i); w != nil {
+			e.sys.Root.Send(w, workerWarm{peer: peer})
+		}
+	}
 }
 
 // WriterExited tells the engine that incarnation inc of peer is gone as

@@ -74,6 +74,13 @@ type (
 	// DEALER socket redialling a dead endpoint — for the engine's life.
 	// One that comes back is dialled afresh by the next frame to it.
 	workerPeerDown struct{ peer messages.PeerID }
+	// workerWarm: peer was heard (Engine.PeerAlive): the worker dials its
+	// connection to it now, unless it has one, so that its first frame
+	// to the peer finds the connection up. Dialled by that frame instead,
+	// the connection was not up yet: a RequestData was refused (counted
+	// unsent) and re-sent 20 ms later (core's resendFirst), a terminal
+	// frame waited in the backlog.
+	workerWarm struct{ peer messages.PeerID }
 	// connRetired comes back from the goroutine that closed a down
 	// peer's connection: the frames that waited for it go out.
 	connRetired struct{ peer messages.PeerID }
@@ -100,6 +107,9 @@ type workerSlot struct {
 	// retiring holds, per peer whose connection a goroutine is closing
 	// (workerPeerDown), the frames to it that wait until it is closed.
 	retiring map[messages.PeerID][]*workerSend
+	// rewarm: peers heard (workerWarm) while their connection was
+	// retiring: dialled once it has closed (connRetired).
+	rewarm map[messages.PeerID]bool
 	// sending is the frame being handed to the control plane (nil
 	// between sends): a crash inside the send reports it (restart).
 	sending *workerSend
@@ -391,11 +401,26 @@ func (w *workerActor) Receive(ctx actor.Context) {
 			}()
 		}
 		s.forgetPeerKey(ctx, m.peer)
+	case workerWarm:
+		// Not while an old connection to it closes: frames wait for that
+		// (retiring), and it is dialled once that one has closed.
+		if _, retiring := s.retiring[m.peer]; retiring {
+			if s.rewarm == nil {
+				s.rewarm = map[messages.PeerID]bool{}
+			}
+			s.rewarm[m.peer] = true
+			break
+		}
+		s.warm(m.peer)
 	case *connRetired:
 		q := s.retiring[m.peer]
 		delete(s.retiring, m.peer)
 		for _, w := range q {
 			s.deliver(ctx, w)
+		}
+		if s.rewarm[m.peer] {
+			delete(s.rewarm, m.peer)
+			s.warm(m.peer)
 		}
 	case *actor.Terminated:
 		// A session watched for its unproven ops (endpointClosed).
@@ -787,6 +812,18 @@ func (s *workerSlot) sampled(peer messages.PeerID, kind string) *zerolog.Event {
 		ev = ev.Int("worker", s.idx)
 	}
 	return ev
+}
+
+// warm dials the connection to peer unless there is one (workerWarm). A
+// dial that fails is left to the first frame to the peer, which dials
+// again and reports it.
+func (s *workerSlot) warm(peer messages.PeerID) {
+	if s.conns[peer] != nil {
+		return
+	}
+	if c, err := s.link.Dial(peer); err == nil {
+		s.conns[peer] = c
+	}
 }
 
 // send hands f to the control plane's connection to peer to; an error
